@@ -1,0 +1,158 @@
+"""The model catalog: architecture facts (a Hugging Face style config per model), each with its source.
+
+Data lives in `data/models/*.json`. A model can also be named by a local `config.json` (or a folder holding
+one) or by a hub id whose config is in the local Hugging Face cache; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from tunecost.errors import TunecostError, unknown_name_error
+
+MODEL_CATALOG_DIR = Path(__file__).parent / "data" / "models"
+
+# Config keys that name the expert count and the top-k, per family (transformers' own names).
+_NUM_EXPERTS_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
+_TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "experts_per_token")
+SUPPORTED_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v2", "llama", "mistral", "blackmamba")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """One model: its architecture config (facts) and where they came from. Derived sizes are properties."""
+
+    name: str
+    family: str  # transformers model_type, or "blackmamba"
+    config: dict[str, Any] = field(repr=False)
+    hub_id: str | None = None
+    source: str = ""
+    as_of: str = ""
+    published_total_params: float | None = None
+    published_active_params: float | None = None
+    published_params_source: str | None = None
+    local_path: str | None = None  # where weights may live (a local folder), when named by path
+
+    @property
+    def num_experts(self) -> int:
+        """Routed experts per MoE layer (1 for a dense model)."""
+        if self.family == "blackmamba":
+            return int(self.config.get("num_experts", 8))
+        for key in _NUM_EXPERTS_KEYS:
+            if self.config.get(key):
+                return int(self.config[key])
+        return 1
+
+    @property
+    def default_experts_per_token(self) -> int:
+        if self.family == "blackmamba":
+            return int(self.config.get("mlp_router_topk", self.config.get("experts_per_token", 1)))
+        for key in _TOP_K_KEYS:
+            if self.config.get(key):
+                return int(self.config[key])
+        return 1
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 1
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.config.get("num_hidden_layers", self.config.get("num_layers", 0)))
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.config["hidden_size"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config["vocab_size"])
+
+
+def _spec_from_catalog_file(path: Path) -> ModelSpec:
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise TunecostError(f"{path}: not valid JSON ({exc})") from None
+    try:
+        return ModelSpec(
+            name=raw["name"],
+            family=raw["family"],
+            config=raw["config"],
+            hub_id=raw.get("hub_id"),
+            source=raw.get("source", ""),
+            as_of=raw.get("as_of", ""),
+            published_total_params=raw.get("published_total_params"),
+            published_active_params=raw.get("published_active_params"),
+            published_params_source=raw.get("published_params_source"),
+        )
+    except KeyError as exc:
+        raise TunecostError(f"{path}: missing key {exc}") from None
+
+
+@lru_cache(maxsize=1)
+def model_catalog() -> dict[str, ModelSpec]:
+    specs = [_spec_from_catalog_file(p) for p in sorted(MODEL_CATALOG_DIR.glob("*.json"))]
+    return {s.name: s for s in specs}
+
+
+def _family_of(config: dict[str, Any], where: str) -> str:
+    if "mamba_moe_layers" in config:
+        return "blackmamba"
+    family = config.get("model_type")
+    if family not in SUPPORTED_FAMILIES:
+        raise TunecostError(
+            f"{where}: unsupported architecture model_type={family!r}; "
+            f"tunecost supports: {', '.join(SUPPORTED_FAMILIES)}"
+        )
+    return family
+
+
+def spec_from_config_file(path: Path) -> ModelSpec:
+    """A model named by a local config.json (or a folder holding one)."""
+    config_path = path / "config.json" if path.is_dir() else path
+    if not config_path.is_file():
+        raise TunecostError(f"no config.json at {path}")
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise TunecostError(f"{config_path}: not valid JSON ({exc})") from None
+    return ModelSpec(
+        name=str(path), family=_family_of(config, str(config_path)), config=config,
+        source=str(config_path), local_path=str(config_path.parent),
+    )
+
+
+def _cached_hub_config(repo_id: str) -> Path | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - huggingface_hub ships with transformers
+        return None
+    hit = try_to_load_from_cache(repo_id, "config.json")
+    return Path(hit) if isinstance(hit, str) else None
+
+
+def resolve_model(name: str) -> ModelSpec:
+    """A catalog name (any case, or its hub id), a local config path, or a hub id in the local cache."""
+    catalog = model_catalog()
+    key = name.strip().lower()
+    for spec in catalog.values():
+        if spec.name.lower() == key or (spec.hub_id and spec.hub_id.lower() == key):
+            return spec
+    path = Path(name).expanduser()
+    if path.exists():
+        return spec_from_config_file(path)
+    if "/" in name and not name.startswith((".", "/")):
+        cached = _cached_hub_config(name)
+        if cached is not None:
+            spec = spec_from_config_file(cached)
+            return ModelSpec(**{**spec.__dict__, "name": name, "hub_id": name})
+        raise TunecostError(
+            f"model {name!r} is not in the catalog and its config.json is not in the local Hugging Face cache "
+            f"(tunecost does not download). Catalog models: {', '.join(sorted(catalog))}"
+        )
+    raise unknown_name_error("model", name, catalog.keys())

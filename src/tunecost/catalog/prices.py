@@ -1,0 +1,88 @@
+"""The price catalog: $ per GPU-hour per provider, each row dated and sourced.
+
+`data/prices.csv` ships with tunecost; a user file (same columns) overrides rows with the same
+(provider, gpu) and adds new ones.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from tunecost.catalog._csv import parse_float, read_catalog_csv
+from tunecost.catalog.gpus import gpu_catalog, resolve_gpu_name
+from tunecost.errors import TunecostError, unknown_name_error
+
+PRICE_CATALOG_PATH = Path(__file__).parent / "data" / "prices.csv"
+_DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Price:
+    provider: str
+    gpu: str  # canonical GPU name from the GPU catalog
+    usd_per_gpu_hour: float
+    date: str  # ISO date the source recorded the price
+    source_url: str
+    notes: str = ""
+
+
+def load_prices(path: Path = PRICE_CATALOG_PATH) -> list[Price]:
+    required = ("provider", "gpu", "usd_per_gpu_hour", "date", "source_url")
+    prices = []
+    for i, row in read_catalog_csv(path, required):
+        usd = parse_float(path, i, "usd_per_gpu_hour", row["usd_per_gpu_hour"])
+        if usd <= 0:
+            raise TunecostError(f"{path}: row {i}: usd_per_gpu_hour must be > 0, got {usd}")
+        if not _DATE.match(row["date"]):
+            raise TunecostError(f"{path}: row {i}: date must be YYYY-MM-DD (or YYYY-MM), got {row['date']!r}")
+        if not row["source_url"]:
+            raise TunecostError(f"{path}: row {i}: every price needs a source_url")
+        if not row["provider"]:
+            raise TunecostError(f"{path}: row {i}: empty provider")
+        try:
+            gpu = resolve_gpu_name(row["gpu"]).gpu.name
+        except TunecostError as exc:
+            raise TunecostError(f"{path}: row {i}: {exc}") from None
+        prices.append(
+            Price(provider=row["provider"], gpu=gpu, usd_per_gpu_hour=usd, date=row["date"],
+                  source_url=row["source_url"], notes=row.get("notes", ""))
+        )
+    return prices
+
+
+@lru_cache(maxsize=1)
+def _builtin_prices() -> tuple[Price, ...]:
+    return tuple(load_prices())
+
+
+def price_catalog(extra: Path | None = None) -> list[Price]:
+    """The built-in prices, with rows from `extra` overriding the same (provider, gpu) and adding new ones."""
+    merged = {(p.provider.lower(), p.gpu): p for p in _builtin_prices()}
+    if extra is not None:
+        for p in load_prices(Path(extra)):
+            merged[(p.provider.lower(), p.gpu)] = p
+    return list(merged.values())
+
+
+def providers(prices: list[Price]) -> list[str]:
+    return sorted({p.provider for p in prices})
+
+
+def prices_for(gpu_name: str, prices: list[Price], provider: str | None = None) -> list[Price]:
+    """Prices of one GPU (canonical name), optionally from one provider (an unknown provider is an error)."""
+    if provider is not None:
+        known = providers(prices)
+        match = [p for p in known if p.lower() == provider.lower()]
+        if not match:
+            raise unknown_name_error("provider", provider, known)
+        provider = match[0]
+    return sorted(
+        (p for p in prices if p.gpu == gpu_name and (provider is None or p.provider == provider)),
+        key=lambda p: p.usd_per_gpu_hour,
+    )
+
+
+__all__ = ["Price", "load_prices", "price_catalog", "prices_for", "providers", "gpu_catalog"]

@@ -1,0 +1,128 @@
+"""`tunecost fit`, `tunecost cost`, `tunecost estimate`: the paper's cost model (§V) and its successors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tunecost.cli.common import cli_errors, console, print_json, print_table, split_list
+
+
+@cli_errors
+def fit(
+    measurements: Path = typer.Argument(..., help="CSV: model,dataset,gpu,experts_per_token,[sparsity],batch_size,queries_per_s"),
+    form: str = typer.Option("artifact", "--form", help="Eq. (2) form: artifact (a + b*log(B)/(s*c3)) or printed."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Fit eq. (2) per (model, dataset, GPU) group with scipy; report coefficients, RMSE, MAPE, points."""
+    from tunecost.estimate.fit import fit_all
+    from tunecost.estimate.measurements import load_measurements
+
+    fits = fit_all(load_measurements(measurements), form)  # type: ignore[arg-type]
+    if json_out:
+        print_json([{"model": f.model, "dataset": f.dataset, "gpu": f.gpu, "form": f.form,
+                     "coefficients": f.coefficients, "rmse": f.rmse, "mape": f.mape, "num_points": f.num_points,
+                     "batch_size_range": f.batch_size_range, "note": f.note} for f in fits])
+        return
+    print_table(f"Eq. (2) fits ({form} form)", ["model", "dataset", "gpu", "coefficients", "RMSE qps", "MAPE", "points"],
+                [[f.model, f.dataset, f.gpu, ", ".join(f"{k}={v:.4g}" for k, v in f.coefficients.items()),
+                  f"{f.rmse:.3f}", f"{100 * f.mape:.1f} %", f.num_points] for f in fits],
+                caption=fits[0].note if fits else None)
+
+
+@cli_errors
+def cost(
+    queries: float = typer.Option(..., "--queries", help="Queries in the dataset."),
+    epochs: float = typer.Option(..., "--epochs", help="Epochs."),
+    throughput: float = typer.Option(None, "--throughput", help="Queries per second."),
+    usd_per_hour: float = typer.Option(None, "--usd-per-hour", help="Price in $ per GPU-hour."),
+    gpu: str = typer.Option(None, "--gpu", help="Take the price from the catalog for this GPU."),
+    provider: str = typer.Option(None, "--provider", help="Provider for the catalog price (default: cheapest)."),
+    prices_file: Path = typer.Option(None, "--prices", help="A CSV overriding or extending the price catalog."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Hours and dollars of a fine-tune: queries x epochs / throughput / 3600 x $/h (Table IV)."""
+    from tunecost.catalog.gpus import resolve_gpu_name
+    from tunecost.catalog.prices import price_catalog, prices_for
+    from tunecost.errors import TunecostError
+    from tunecost.estimate.cost import simple_cost
+
+    if throughput is None:
+        raise TunecostError("give --throughput QPS (queries per second); `tunecost estimate` predicts it")
+    price_provider = price_date = gpu_name = None
+    if usd_per_hour is None:
+        if gpu is None:
+            raise TunecostError("give --usd-per-hour P, or --gpu G [--provider NAME] to take the price from the catalog")
+        gpu_name = resolve_gpu_name(gpu).gpu.name
+        found = prices_for(gpu_name, price_catalog(prices_file), provider)
+        if not found:
+            raise TunecostError(f"no price for {gpu_name}" + (f" from {provider}" if provider else "") + " in the catalog")
+        usd_per_hour, price_provider, price_date = found[0].usd_per_gpu_hour, found[0].provider, found[0].date
+    result = simple_cost(num_queries=queries, epochs=epochs, queries_per_s=throughput, usd_per_hour=usd_per_hour,
+                         provider=price_provider, price_date=price_date, gpu=gpu_name)
+    if json_out:
+        print_json(result)
+        return
+    where = f" ({result.gpu}, {result.provider}, price of {result.price_date})" if result.provider else ""
+    console.print(f"{queries:g} queries x {epochs:g} epochs at {throughput:g} queries/s = {result.hours:.2f} h; "
+                  f"at ${usd_per_hour:g}/h{where}: [bold]${result.usd:.2f}[/bold]")
+
+
+@cli_errors
+def estimate(
+    model: str = typer.Option(..., "--model", help="Catalog model, local config.json path, or cached hub id."),
+    gpu: str = typer.Option(..., "--gpu", help="Comma-separated GPUs, e.g. A40,A100-80GB,H100 (or 'all')."),
+    epochs: float = typer.Option(..., "--epochs"),
+    queries: int = typer.Option(None, "--queries", help="Queries (default: the dataset's size)."),
+    dataset: str = typer.Option(None, "--dataset", help="Dataset (sets queries and the throughput fit's dataset)."),
+    method: str = typer.Option("qlora", "--method", help="full | lora | qlora"),
+    experts_per_token: int = typer.Option(None, "--experts-per-token", help="Top-k (dense = number of experts)."),
+    estimator: str = typer.Option("paper", "--estimator", help="paper | simulate | calibrated"),
+    provider: str = typer.Option(None, "--provider", help="Only prices from this provider."),
+    prices_file: Path = typer.Option(None, "--prices", help="A CSV overriding or extending the price catalog."),
+    seq_len: int = typer.Option(None, "--seq-len", help="Sequence length for the batch-size model."),
+    calibrate: Path = typer.Option(None, "--calibrate", help="Throughput measurements to fit/calibrate on."),
+    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+) -> None:
+    """Cost of fine-tuning MODEL on each GPU and provider, cheapest first; says which estimator answered."""
+    from tunecost.catalog.gpus import gpu_catalog
+    from tunecost.errors import TunecostError
+    from tunecost.estimate.cost import estimate_costs
+
+    gpus = list(gpu_catalog()) if gpu.strip().lower() == "all" else split_list(gpu, what="GPU")
+    if queries is not None and queries <= 0:
+        raise TunecostError(f"--queries must be > 0, got {queries}")
+    rows = estimate_costs(model=model, gpus=gpus, epochs=epochs, num_queries=queries, dataset=dataset, method=method,
+                          experts_per_token=experts_per_token, estimator=estimator, provider=provider,
+                          prices_file=prices_file, seq_len=seq_len, calibrate=calibrate)
+    if json_out:
+        print_json(rows)
+        return
+    _print_cost_rows(rows)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _print_cost_rows(rows: list) -> None:
+    first = rows[0]
+    print_table(
+        f"Fine-tuning {first.model} on {first.dataset}: {first.num_queries} queries x {first.epochs:g} epochs "
+        f"(estimator: {first.estimator})",
+        ["gpu", "provider", "price date", "$/h", "max batch", "queries/s", "hours", "cost $"],
+        [[r.gpu, r.provider or "-", r.price_date or "-", _fmt(r.usd_per_hour, ".2f"), r.max_batch_size,
+          _fmt(r.queries_per_s, ".3f") + (f" [{r.queries_per_s_low:.2f}-{r.queries_per_s_high:.2f}]"
+                                          if r.queries_per_s_low is not None else ""),
+          _fmt(r.hours, ".1f"), _fmt(r.usd, ".2f")] for r in rows],
+    )
+    notes = sorted({r.notes for r in rows if r.notes})
+    for note in notes:
+        console.print(f"[dim]note: {note}[/dim]")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("fit")(fit)
+    app.command("cost")(cost)
+    app.command("estimate")(estimate)

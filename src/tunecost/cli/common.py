@@ -1,0 +1,92 @@
+"""Shared plumbing for CLI commands: error handling, JSON output, rich tables, list parsing.
+
+Library code never imports this module; commands call the Python API and render its results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import math
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tunecost.errors import TunecostError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def cli_errors(func: F) -> F:
+    """Turn a `TunecostError` (and a missing file) into one line on stderr and exit code 2."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except TunecostError as exc:
+            typer.echo(f"error: {exc}", err=True)
+            raise typer.Exit(code=2) from None
+        except FileNotFoundError as exc:
+            typer.echo(f"error: file not found: {exc.filename or exc}", err=True)
+            raise typer.Exit(code=2) from None
+        except KeyboardInterrupt:
+            typer.echo("interrupted: finished results are kept; rerun the same command to resume", err=True)
+            raise typer.Exit(code=130) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {k: _jsonable(v) for k, v in dataclasses.asdict(obj).items()}
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        return obj.item()
+    return obj
+
+
+def print_json(obj: Any) -> None:
+    """Print `obj` (dataclasses, lists, dicts) as JSON on stdout, nothing else."""
+    sys.stdout.write(json.dumps(_jsonable(obj), indent=2) + "\n")
+
+
+def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None) -> None:
+    table = Table(title=title, caption=caption)
+    for col in columns:
+        table.add_column(col)
+    for row in rows:
+        table.add_row(*[("" if v is None else str(v)) for v in row])
+    console.print(table)
+
+
+def split_list(value: str | None, cast: Callable[[str], Any] = str, what: str = "value") -> list[Any]:
+    """Parse a comma-separated option ("1,2,4") into a list, with a clear error on a bad item."""
+    if value is None or value.strip() == "":
+        return []
+    out = []
+    for item in value.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            out.append(cast(item))
+        except ValueError:
+            raise TunecostError(f"bad {what} {item!r} in {value!r}") from None
+    return out

@@ -1,0 +1,24 @@
+"""The one error type the library raises for user errors.
+
+The CLI turns a `TunecostError` into a one-line message and exit code 2; anything else is a bug.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class TunecostError(Exception):
+    """A user error: bad input, unknown name, a job that cannot run. The message is shown as is."""
+
+
+def unknown_name_error(kind: str, name: str, choices: Iterable[str]) -> TunecostError:
+    """An error for an unknown `kind` (model, GPU, provider, ...) that lists the valid choices
+    and, where one is close, suggests it ("did you mean")."""
+    valid = sorted(set(choices))
+    close = difflib.get_close_matches(name.lower(), [c.lower() for c in valid], n=1, cutoff=0.6)
+    hint = ""
+    if close:
+        hint = f" Did you mean {next(c for c in valid if c.lower() == close[0])!r}?"
+    return TunecostError(f"unknown {kind} {name!r}.{hint} Valid choices: {', '.join(valid)}")

@@ -1,0 +1,154 @@
+"""Estimators: for one (job, GPU), the maximum batch size and the throughput at it.
+
+Each estimator is a function registered by name; `tunecost estimate --estimator NAME` picks one and every
+output row names the estimator that answered. The paper's estimator is here; the simulator-based and the
+calibrated cross-GPU estimators register themselves from their own modules.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+from tunecost.catalog.gpus import GPU
+from tunecost.catalog.models import ModelSpec
+from tunecost.errors import TunecostError, unknown_name_error
+from tunecost.estimate.fit import ThroughputFit, fit_all
+from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS, load_measurements
+from tunecost.estimate.paper import (
+    EQ1_ARTIFACT_SEQ_LEN,
+    EQ1_COEFFICIENTS,
+    max_batch_size_eq1,
+    sparsity_fraction,
+)
+
+# The setup the paper measured each model in; its coefficients apply to that method only.
+PAPER_METHOD = {"mixtral-8x7b": "qlora", "blackmamba-2.8b": "full"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimateRequest:
+    spec: ModelSpec
+    gpu: GPU
+    method: str
+    experts_per_token: int
+    dataset: str
+    seq_len: int | None = None
+    calibrate: Path | None = None
+    coefficient_set: str = "artifact"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimatePoint:
+    max_batch_size: int  # 0: does not fit
+    batch_size: int  # the batch the throughput is for (the maximum, as the paper assumes)
+    queries_per_s: float | None  # None: this estimator cannot say for this GPU
+    queries_per_s_interval: tuple[float, float] | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+Estimator = Callable[[EstimateRequest], EstimatePoint]
+_REGISTRY: dict[str, Estimator] = {}
+_DESCRIPTIONS: dict[str, str] = {}
+
+
+def register_estimator(name: str, description: str) -> Callable[[Estimator], Estimator]:
+    def deco(func: Estimator) -> Estimator:
+        _REGISTRY[name] = func
+        _DESCRIPTIONS[name] = description
+        return func
+
+    return deco
+
+
+def _load_plugins() -> None:
+    """Estimators defined beside the modules they need (imported lazily: torch is heavy)."""
+    import importlib
+
+    for module in ("tunecost.estimate.simulated", "tunecost.estimate.calibrated"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+
+
+def estimator_names() -> dict[str, str]:
+    _load_plugins()
+    return dict(_DESCRIPTIONS)
+
+
+def get_estimator(name: str) -> Estimator:
+    _load_plugins()
+    if name not in _REGISTRY:
+        raise unknown_name_error("estimator", name, _REGISTRY.keys())
+    return _REGISTRY[name]
+
+
+@lru_cache(maxsize=8)
+def _fits_for(calibrate: Path | None) -> dict[tuple[str, str, str], ThroughputFit]:
+    points = load_measurements(PAPER_A40_MEASUREMENTS)
+    if calibrate is not None:
+        points = points + load_measurements(calibrate)
+    return {(f.model, f.dataset, f.gpu): f for f in fit_all(points, "artifact")}
+
+
+def paper_max_batch_size(req: EstimateRequest) -> tuple[int, str]:
+    """Eq. (1) for the request, with the coefficient set asked for (falling back to the text's)."""
+    name = req.spec.name
+    coeffs = EQ1_COEFFICIENTS.get((name, req.coefficient_set)) or EQ1_COEFFICIENTS.get((name, "text"))
+    if coeffs is None:
+        models = sorted({m for m, _ in EQ1_COEFFICIENTS})
+        raise TunecostError(
+            f"the paper's eq. (1) has coefficients only for {', '.join(models)}, not {name}; "
+            "use --estimator simulate (any model from its config)"
+        )
+    seq_len = req.seq_len or EQ1_ARTIFACT_SEQ_LEN
+    sparsity = sparsity_fraction(req.experts_per_token, req.spec.num_experts)
+    mbs = max_batch_size_eq1(gpu_memory_gb=req.gpu.memory_gb, model_memory_gb=coeffs.model_memory_gb,
+                             seq_len_tokens=seq_len, sparsity=sparsity, c0=coeffs.c0, c1=coeffs.c1)
+    set_used = "artifact" if (name, req.coefficient_set) in EQ1_COEFFICIENTS else "text"
+    return mbs, f"eq. (1) {set_used} coefficients C0={coeffs.c0}, C1={coeffs.c1}, model memory " \
+                f"{coeffs.model_memory_gb} GB, seq_len {seq_len}"
+
+
+def paper_throughput(req: EstimateRequest, batch_size: int) -> tuple[float | None, list[str]]:
+    """Eq. (2) (artifact form) fitted on measurements of this model, dataset and GPU, if there are any."""
+    fits = _fits_for(req.calibrate)
+    fit = fits.get((req.spec.name, req.dataset, req.gpu.name))
+    if fit is None:
+        have = sorted({g for (m, d, g) in fits if m == req.spec.name and d == req.dataset})
+        return None, [
+            f"eq. (2) is fitted per GPU and there are no {req.spec.name}/{req.dataset} measurements on {req.gpu.name} "
+            f"(have: {', '.join(have) or 'none'}); pass --calibrate FILE with measurements on it, "
+            "or use --estimator calibrated"
+        ]
+    sparsity = sparsity_fraction(req.experts_per_token, req.spec.num_experts)
+    qps = fit.predict_queries_per_s(batch_size=batch_size, sparsity=sparsity)
+    notes = [f"eq. (2) {fit.note}; fitted on {fit.num_points} points (RMSE {fit.rmse:.3f} qps)"]
+    lo, hi = fit.batch_size_range
+    if not lo <= batch_size <= hi:
+        notes.append(f"extrapolation: batch {batch_size} is outside the measured batch sizes {lo}..{hi}")
+    return qps, notes
+
+
+def _check_paper_method(req: EstimateRequest) -> None:
+    expected = PAPER_METHOD.get(req.spec.name)
+    if expected is not None and req.method != expected:
+        raise TunecostError(
+            f"the paper measured {req.spec.name} with --method {expected} only; its coefficients do not apply to "
+            f"{req.method} (use --estimator simulate)"
+        )
+
+
+@register_estimator("paper", "Xia et al. eq. (1) max batch size + eq. (2) throughput fitted on measurements")
+def paper_estimator(req: EstimateRequest) -> EstimatePoint:
+    _check_paper_method(req)
+    mbs, note = paper_max_batch_size(req)
+    if mbs < 1:
+        return EstimatePoint(max_batch_size=0, batch_size=0, queries_per_s=None,
+                             notes=(note, "does not fit: eq. (1) gives no room for a batch"))
+    qps, notes = paper_throughput(req, mbs)
+    return EstimatePoint(max_batch_size=mbs, batch_size=mbs, queries_per_s=qps, notes=(note, *notes))

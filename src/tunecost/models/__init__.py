@@ -1,0 +1,1 @@
+"""Model implementations and builders (tiny random models for CPU, full-size ones on meta/GPU)."""

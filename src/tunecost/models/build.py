@@ -1,0 +1,52 @@
+"""Build a model from a catalog `ModelSpec`: transformers classes for HF families, tunecost's own
+BlackMamba. On `device="meta"` nothing is allocated, which is how parameter counts and the step
+simulator see full-size models without weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tunecost.catalog.models import ModelSpec
+from tunecost.errors import TunecostError
+
+
+def hf_config(spec: ModelSpec, experts_per_token: int | None = None, **overrides: Any):
+    """A transformers config object for `spec` (top-k overridden when given)."""
+    from transformers import CONFIG_MAPPING
+
+    if spec.family not in CONFIG_MAPPING:
+        raise TunecostError(f"{spec.name}: family {spec.family!r} is not a transformers architecture")
+    raw = {k: v for k, v in spec.config.items() if k not in ("model_type", "architectures", "torch_dtype")}
+    if experts_per_token is not None:
+        if not spec.is_moe:
+            raise TunecostError(f"{spec.name} is a dense model: --experts-per-token does not apply")
+        if not 1 <= experts_per_token <= spec.num_experts:
+            raise TunecostError(
+                f"{spec.name}: experts per token must be between 1 and {spec.num_experts}, got {experts_per_token}"
+            )
+        raw["num_experts_per_tok"] = experts_per_token
+    raw.update(overrides)
+    return CONFIG_MAPPING[spec.family](**raw)
+
+
+def build_model(spec: ModelSpec, *, device: Any = "cpu", dtype: Any = None, experts_per_token: int | None = None,
+                seed: int | None = 0, attn_implementation: str | None = "sdpa", **overrides: Any):
+    """A randomly initialised causal LM of `spec`'s architecture (weights are NOT loaded; see loading code)."""
+    import torch
+
+    if spec.family == "blackmamba":
+        from tunecost.models.blackmamba import build_blackmamba, config_from_spec
+
+        config = config_from_spec(spec, experts_per_token=experts_per_token, **overrides)
+        with torch.device(device):
+            return build_blackmamba(config, dtype=dtype)
+    from transformers import AutoModelForCausalLM
+
+    config = hf_config(spec, experts_per_token=experts_per_token, **overrides)
+    if attn_implementation is not None:
+        config._attn_implementation = attn_implementation
+    if seed is not None and str(device) != "meta":
+        torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
+    return model

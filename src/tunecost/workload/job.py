@@ -1,0 +1,106 @@
+"""What job is being costed or measured: a frozen, keyword-only description that validates itself.
+
+Defaults follow the paper's Mixtral setup (§III and the artifact): QLoRA with 4-bit nf4 experts and double
+quantization, LoRA rank 16 (alpha 32) on the experts and the router, bf16 compute, FlashAttention-2,
+gradient checkpointing, AdamW.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from tunecost.errors import TunecostError
+
+Method = Literal["full", "lora", "qlora"]
+LoraTarget = Literal["attention", "experts", "router", "mlp"]
+METHODS: tuple[str, ...] = ("full", "lora", "qlora")
+LORA_TARGETS: tuple[str, ...] = ("attention", "experts", "router", "mlp")
+DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32")
+QUANT_TYPES: tuple[str, ...] = ("nf4", "fp4")
+ATTENTION_IMPLS: tuple[str, ...] = ("flash", "sdpa", "eager")
+OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw-8bit", "sgd")
+BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp32": 4}
+
+
+def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise TunecostError(f"unsupported {what} {value!r}; supported: {', '.join(choices)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoraConfig:
+    """LoRA adapters: rank, scaling alpha, and which parts of the model get them."""
+
+    rank: int = 16
+    alpha: float = 32.0
+    targets: tuple[str, ...] = ("experts", "router")
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise TunecostError(f"LoRA rank must be >= 1, got {self.rank}")
+        if not self.targets:
+            raise TunecostError("LoRA needs at least one target (attention, experts, router, mlp)")
+        for t in self.targets:
+            _check_choice("LoRA target", t, LORA_TARGETS)
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
+@dataclass(frozen=True, kw_only=True)
+class FineTuneJob:
+    """One fine-tuning configuration of one model at one batch shape.
+
+    Sequence length: either a fixed `seq_len` (every query padded or cut to it, as the paper's latency runs)
+    or the lengths of a dataset (`lengths`, tokens per query), batched by padding to the longest in batch.
+    """
+
+    model: str  # catalog name, local config path or cached hub id (see tunecost.catalog.models)
+    method: Method = "qlora"
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    experts_per_token: int | None = None  # None: the model's own top-k; num_experts: dense
+    compute_dtype: str = "bf16"
+    quant_type: str = "nf4"  # 4-bit storage for qlora
+    double_quant: bool = True
+    gradient_checkpointing: bool = True
+    attention: str = "flash"
+    optimizer: str = "adamw"
+    batch_size: int = 1
+    seq_len: int | None = 512
+    lengths: tuple[int, ...] | None = None  # per-query token counts of a dataset
+    dataset: str | None = None  # name of the dataset the lengths came from, for display
+
+    def __post_init__(self) -> None:
+        _check_choice("method", self.method, METHODS)
+        _check_choice("compute dtype", self.compute_dtype, DTYPES)
+        _check_choice("4-bit quantization type", self.quant_type, QUANT_TYPES)
+        _check_choice("attention implementation", self.attention, ATTENTION_IMPLS)
+        _check_choice("optimizer", self.optimizer, OPTIMIZERS)
+        if self.batch_size < 1:
+            raise TunecostError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.seq_len is None and not self.lengths:
+            raise TunecostError("give a sequence length or a dataset's lengths")
+        if self.seq_len is not None and self.seq_len < 1:
+            raise TunecostError(f"sequence length must be >= 1, got {self.seq_len}")
+        if self.lengths is not None and any(n < 1 for n in self.lengths):
+            raise TunecostError("every query length must be >= 1 token")
+        if self.experts_per_token is not None and self.experts_per_token < 1:
+            raise TunecostError(f"experts per token must be >= 1, got {self.experts_per_token}")
+
+    @property
+    def compute_bytes_per_element(self) -> int:
+        return BYTES_PER_DTYPE[self.compute_dtype]
+
+    @property
+    def worst_case_seq_len(self) -> int:
+        """The padded length of the longest batch: what decides whether a batch fits in memory."""
+        if self.seq_len is not None:
+            return self.seq_len
+        assert self.lengths
+        return max(self.lengths)
+
+    def with_(self, **changes: object) -> FineTuneJob:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
