@@ -1,0 +1,37 @@
+"""`tunecost demo`: the README's main command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tunecost.cli.common import cli_errors, console
+
+
+@cli_errors
+def demo(out: Path = typer.Option(Path("runs/demo"), "--out", help="Run directory for records and the report.")) -> None:
+    """Run the whole pipeline on the embedded default (no GPU, no downloads) and write the report."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tunecost.demo import run_demo
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("starting", total=1)
+
+        def on_stage(stage) -> None:  # noqa: ANN001
+            progress.update(task, description=stage.description, completed=0, total=1)
+
+        def on_progress(done: int, total: int, label: str) -> None:
+            progress.update(task, description=label, completed=done, total=total)
+
+        seconds = run_demo(out, on_stage=on_stage, on_progress=on_progress)
+    console.print(f"demo finished in {sum(seconds.values()):.0f} s; records in {out}/")
+    report = out / "report.html"
+    if report.exists():
+        console.print(f"report: [bold]{report.resolve()}[/bold]")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo)
