@@ -1,0 +1,32 @@
+"""`tunecost report RUN_DIR`: the paper's figures from a run's records, as one self-contained HTML page."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from tunecost.cli.common import cli_errors, console, print_json
+
+
+@cli_errors
+def report(
+    run_dir: Path = typer.Argument(..., help="A run directory written by tunecost (demo, profile, ...)."),
+    out: Path = typer.Option(None, "--out", help="HTML file to write (default: RUN_DIR/report.html)."),
+    json_out: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Write report.html (figures embedded; works offline) and figures/*.png|svg."""
+    from tunecost.report.html import build_report
+
+    result = build_report(run_dir, out)
+    if json_out:
+        print_json(result)
+        return
+    for key, why in result.sections_omitted.items():
+        console.print(f"[dim]section {key} omitted: {why}[/dim]")
+    console.print(f"report: [bold]{result.html_path.resolve()}[/bold] ({len(result.sections_shown)} sections, "
+                  f"{len(result.figure_paths)} figure files in {result.html_path.parent / 'figures'})")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report)

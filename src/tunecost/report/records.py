@@ -1,0 +1,77 @@
+"""Loading a run directory's records for the report (docs/dev/records.md), tolerating old or partial runs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from tunecost.errors import TunecostError
+from tunecost.results.io import read_jsonl
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class RunRecords:
+    """All records of a run directory, one DataFrame per kind (file stem), plus metadata."""
+
+    run_dir: Path
+    meta: dict[str, Any]
+    tables: dict[str, pd.DataFrame]
+    skipped: list[str] = field(default_factory=list)  # files not read, with the reason
+
+    def get(self, kind: str) -> pd.DataFrame | None:
+        df = self.tables.get(kind)
+        return df if df is not None and not df.empty else None
+
+
+def _read_meta(run_dir: Path) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for name in ("meta.json", "demo.json"):
+        path = run_dir / name
+        if path.is_file():
+            try:
+                meta[name.removesuffix(".json")] = json.loads(path.read_text(encoding="utf-8"))
+            except json.JSONDecodeError:
+                meta[name.removesuffix(".json")] = {"error": f"{name} is not valid JSON"}
+    # Sub-runs (e.g. runs/demo/profile-tiny-mixtral/meta.json) carry their own metadata.
+    for sub in sorted(run_dir.glob("*/meta.json")):
+        try:
+            meta[f"{sub.parent.name}/meta"] = json.loads(sub.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            continue
+    return meta
+
+
+def load_run(run_dir: str | Path) -> RunRecords:
+    """Every `*.jsonl` in the run directory and its immediate sub-directories, by kind (file stem)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise TunecostError(f"run directory not found: {run_dir}")
+    files = sorted(run_dir.glob("*.jsonl")) + sorted(run_dir.glob("*/*.jsonl"))
+    if not files:
+        raise TunecostError(
+            f"{run_dir} holds no run records (*.jsonl); run `tunecost demo` or `tunecost profile --out {run_dir}` first"
+        )
+    rows_by_kind: dict[str, list[dict[str, Any]]] = {}
+    skipped: list[str] = []
+    for path in files:
+        rows = read_jsonl(path)
+        if not rows:
+            skipped.append(f"{path.relative_to(run_dir)}: empty")
+            continue
+        versions = {r.get("schema_version") for r in rows}
+        if versions - {SCHEMA_VERSION}:
+            skipped.append(
+                f"{path.relative_to(run_dir)}: records in format version {sorted(map(str, versions))}, "
+                f"this tunecost reads version {SCHEMA_VERSION}; rerun the command that wrote it"
+            )
+            continue
+        source = str(path.parent.relative_to(run_dir)) if path.parent != run_dir else "."
+        rows_by_kind.setdefault(path.stem, []).extend({**r, "_source": source} for r in rows)
+    tables = {kind: pd.DataFrame(rows) for kind, rows in rows_by_kind.items()}
+    return RunRecords(run_dir=run_dir, meta=_read_meta(run_dir), tables=tables, skipped=skipped)
