@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
 
 from tunecost.errors import TunecostError
@@ -26,6 +27,9 @@ def read_catalog_csv(path: Path, required: tuple[str, ...]) -> list[tuple[int, d
 
 def parse_float(path: Path, row_number: int, column: str, value: str) -> float:
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise TunecostError(f"{path}: row {row_number}: column {column!r} is not a number: {value!r}") from None
+    if not math.isfinite(number):
+        raise TunecostError(f"{path}: row {row_number}: column {column!r} must be a finite number, got {value!r}")
+    return number

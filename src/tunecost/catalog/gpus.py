@@ -83,6 +83,8 @@ def resolve_gpu_name(name: str, catalog: dict[str, GPU] | None = None) -> Resolv
     if len(hits) > 1:
         raise TunecostError(f"ambiguous GPU {name!r}: matches {', '.join(g.name for g in hits)}")
     prefix = [gpu for gpu in catalog.values() if gpu.name.lower().startswith(key)]
+    if len(prefix) == 1:
+        return Resolved(prefix[0], name)
     if len(prefix) > 1:
         raise TunecostError(f"ambiguous GPU {name!r}: matches {', '.join(g.name for g in prefix)}")
     raise unknown_name_error("GPU", name, catalog.keys())

@@ -109,7 +109,7 @@ def paper_max_batch_size(req: EstimateRequest) -> tuple[int, str]:
     sparsity = sparsity_fraction(req.experts_per_token, req.spec.num_experts)
     mbs = max_batch_size_eq1(gpu_memory_gb=req.gpu.memory_gb, model_memory_gb=coeffs.model_memory_gb,
                              seq_len_tokens=seq_len, sparsity=sparsity, c0=coeffs.c0, c1=coeffs.c1)
-    set_used = "artifact" if (name, req.coefficient_set) in EQ1_COEFFICIENTS else "text"
+    set_used = req.coefficient_set if (name, req.coefficient_set) in EQ1_COEFFICIENTS else "text"
     return mbs, f"eq. (1) {set_used} coefficients C0={coeffs.c0}, C1={coeffs.c1}, model memory " \
                 f"{coeffs.model_memory_gb} GB, seq_len {seq_len}"
 

@@ -69,6 +69,9 @@ def fit_group(points: Sequence[Measurement], form: Form = "artifact", c3: float 
             f"group {name} has {len(points)} point(s): eq. (2) has {NUM_FREE_COEFFICIENTS} free coefficients "
             f"and needs at least {NUM_FREE_COEFFICIENTS + 1} points to fit"
         )
+    if len({p.batch_size for p in points}) < 2:
+        raise TunecostError(f"group {name}: every point has the same batch size; eq. (2) needs at least 2 distinct "
+                            "batch sizes to fit its slope")
     c3 = default_c3(first.model) if c3 is None else c3
     batch = np.array([p.batch_size for p in points], dtype=float)
     sparsity = np.array([p.sparsity for p in points], dtype=float)

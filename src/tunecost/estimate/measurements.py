@@ -7,6 +7,7 @@ Columns as `../shared/paper/measured_throughput_a40.csv`: model, dataset, gpu, e
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +42,8 @@ def _number(path: Path, row: int, column: str, text: str, *, integer: bool = Fal
         value = float(text)
     except (TypeError, ValueError):
         raise TunecostError(f"{path}: row {row}: column {column!r} is not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise TunecostError(f"{path}: row {row}: column {column!r} must be a finite number, got {text!r}")
     if integer and value != int(value):
         raise TunecostError(f"{path}: row {row}: column {column!r} must be a whole number, got {text!r}")
     return value

@@ -68,6 +68,8 @@ def throughput_eq2_artifact(*, batch_size: float, sparsity: float, a: float, b: 
 
 def training_seconds(*, num_queries: float, epochs: float, queries_per_s: float) -> float:
     """Wall time of a fine-tune: every query once per epoch at a steady throughput."""
+    if not all(math.isfinite(x) for x in (num_queries, epochs, queries_per_s)):
+        raise TunecostError("queries, epochs and throughput must be finite numbers")
     if num_queries <= 0:
         raise TunecostError(f"number of queries must be > 0, got {num_queries}")
     if epochs <= 0:
@@ -80,7 +82,7 @@ def training_seconds(*, num_queries: float, epochs: float, queries_per_s: float)
 def cost_usd(*, num_queries: float, epochs: float, queries_per_s: float, usd_per_gpu_hour: float,
              num_gpus: int = 1) -> float:
     """§V-C: queries x epochs / throughput / 3600 x $/h (Table IV)."""
-    if usd_per_gpu_hour <= 0:
+    if not math.isfinite(usd_per_gpu_hour) or usd_per_gpu_hour <= 0:
         raise TunecostError(f"price must be > 0 $/GPU-hour, got {usd_per_gpu_hour}")
     hours = training_seconds(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s) / 3600.0
     return hours * usd_per_gpu_hour * num_gpus

@@ -28,7 +28,7 @@ def fit(
     print_table(f"Eq. (2) fits ({form} form)", ["model", "dataset", "gpu", "coefficients", "RMSE qps", "MAPE", "points"],
                 [[f.model, f.dataset, f.gpu, ", ".join(f"{k}={v:.4g}" for k, v in f.coefficients.items()),
                   f"{f.rmse:.3f}", f"{100 * f.mape:.1f} %", f.num_points] for f in fits],
-                caption=fits[0].note if fits else None)
+                caption="; ".join(sorted({f"{f.model}: {f.note}" for f in fits})))
 
 
 @cli_errors

@@ -1,0 +1,113 @@
+"""The GPU catalog (data/gpus.csv): schema, the figures the paper uses, name resolution."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tunecost.catalog.gpus import GPU, get_gpu, gpu_catalog, load_gpus, resolve_gpu_name
+from tunecost.errors import TunecostError
+
+REQUIRED_GPUS = (  # issue 2: "at least" these
+    "A40-48GB", "A100-40GB", "A100-80GB-SXM", "A100-80GB-PCIE", "H100-80GB-SXM", "H100-80GB-PCIE", "H200-141GB",
+    "L40S-48GB", "L4-24GB", "A10G-24GB", "RTX4090-24GB",
+)
+
+
+def test_required_gpus_present() -> None:
+    assert set(REQUIRED_GPUS) <= set(gpu_catalog())
+
+
+@pytest.mark.parametrize("gpu", list(gpu_catalog().values()), ids=lambda g: g.name)
+def test_every_gpu_row_is_complete(gpu: GPU) -> None:
+    assert gpu.memory_gb > 0
+    assert gpu.mem_bandwidth_bytes_per_s > 1e11  # every listed card has > 100 GB/s
+    assert gpu.bf16_tensor_flops_per_s > 1e13
+    assert gpu.fp32_flops_per_s > 1e12
+    assert gpu.bf16_tensor_flops_per_s > gpu.fp32_flops_per_s  # tensor cores beat plain FP32
+    assert re.fullmatch(r"\d{4}-\d{2}-\d{2}", gpu.as_of)
+    # a source for each figure (the memory column shares its source with bandwidth)
+    for key in ("memory_bandwidth", "bf16", "fp32"):
+        assert gpu.sources.get(key, "").strip(), f"{gpu.name}: no source for {key}"
+    assert gpu.aliases, f"{gpu.name}: no alias"
+
+
+def test_paper_gpu_memory() -> None:
+    # §V-A: "A40, A100-40GB, A100-80GB and H100 with memory capacities of 48GB, 40GB, 80GB, and 80GB"
+    assert [get_gpu(n).memory_gb for n in ("A40", "A100-40GB", "A100-80GB", "H100")] == [48, 40, 80, 80]
+
+
+def test_memory_bytes_is_gib() -> None:
+    assert get_gpu("A40").memory_bytes == 48 * 2**30
+
+
+def test_units_are_base_units() -> None:
+    a40 = get_gpu("A40")  # gpus.csv: 0.696 TB/s, 149.7 BF16 TFLOP/s, 37.4 FP32 TFLOP/s
+    assert a40.mem_bandwidth_bytes_per_s == pytest.approx(0.696e12)
+    assert a40.bf16_tensor_flops_per_s == pytest.approx(149.7e12)
+    assert a40.fp32_flops_per_s == pytest.approx(37.4e12)
+
+
+@pytest.mark.parametrize(
+    ("typed", "canonical", "via_alias"),
+    [
+        ("h100", "H100-80GB-SXM", True),  # issue 2: `h100` is the SXM part
+        ("H100", "H100-80GB-SXM", True),
+        ("A40", "A40-48GB", True),
+        ("a40-48gb", "A40-48GB", False),
+        ("  A40-48GB ", "A40-48GB", False),
+        ("A100", "A100-80GB-SXM", True),
+        ("h100-pcie", "H100-80GB-PCIE", True),
+        ("RTX4090", "RTX4090-24GB", True),
+    ],
+)
+def test_names_resolve_case_insensitively(typed: str, canonical: str, via_alias: bool) -> None:
+    resolved = resolve_gpu_name(typed)
+    assert resolved.gpu.name == canonical
+    assert (resolved.via_alias is not None) == via_alias
+
+
+def test_ambiguous_prefix_lists_matches() -> None:
+    with pytest.raises(TunecostError, match=r"ambiguous GPU 'h100-80gb-': matches H100-80GB-SXM, H100-80GB-PCIE"):
+        resolve_gpu_name("h100-80gb-")
+
+
+def test_ambiguous_alias_lists_matches() -> None:
+    a = GPU(name="X1", aliases=("x",), vendor="", architecture="", memory_gb=1, mem_bandwidth_bytes_per_s=1,
+            bf16_tensor_flops_per_s=1, fp32_flops_per_s=1, as_of="2026-01-01", sources={})
+    b = GPU(**{**a.__dict__, "name": "X2"})
+    with pytest.raises(TunecostError, match="ambiguous GPU 'X': matches X1, X2"):
+        resolve_gpu_name("X", {"X1": a, "X2": b})
+
+
+def test_unknown_gpu_lists_valid_names() -> None:
+    with pytest.raises(TunecostError) as info:
+        resolve_gpu_name("B200")
+    message = str(info.value)
+    assert message.startswith("unknown GPU 'B200'.")
+    for name in REQUIRED_GPUS:
+        assert name in message
+    assert "\n" not in message
+
+
+def test_unknown_gpu_did_you_mean() -> None:
+    with pytest.raises(TunecostError, match="Did you mean 'L40S-48GB'"):
+        resolve_gpu_name("L40S-49GB")
+
+
+def test_unique_prefix_resolves_and_says_so() -> None:
+    resolved = resolve_gpu_name("rtx")
+    assert resolved.gpu.name == "RTX4090-24GB"
+    assert resolved.via_alias == "rtx"
+
+
+def test_bad_gpu_file_names_row(tmp_path) -> None:
+    path = tmp_path / "gpus.csv"
+    path.write_text("name,aliases,memory_gb,mem_bandwidth_tb_s,bf16_tensor_tflops,fp32_tflops,as_of\n"
+                    "G1,g1,48,1,100,10,2026-01-01\nG2,g2,lots,1,100,10,2026-01-01\n")
+    with pytest.raises(TunecostError, match=r"row 2: column 'memory_gb' is not a number: 'lots'"):
+        load_gpus(path)
+    path.write_text("name,aliases,memory_gb\nG1,g1,48\n")
+    with pytest.raises(TunecostError, match=r"missing column\(s\) mem_bandwidth_tb_s, bf16_tensor_tflops"):
+        load_gpus(path)

@@ -1,0 +1,83 @@
+"""`tunecost gpus`, `tunecost models`, `tunecost prices` through typer's CliRunner."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tunecost.cli.main import app
+
+
+def _ok_json(cli_runner, args: list[str]):
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_gpus_json(cli_runner) -> None:
+    rows = _ok_json(cli_runner, ["gpus", "--json"])
+    by_name = {r["name"]: r for r in rows}
+    a40 = by_name["A40-48GB"]
+    assert {"name", "aliases", "memory_gb", "memory_bytes", "mem_bandwidth_bytes_per_s", "bf16_tensor_flops_per_s",
+            "fp32_flops_per_s", "as_of", "sources"} <= set(a40)
+    assert a40["memory_gb"] == 48 and a40["memory_bytes"] == 48 * 2**30
+    assert "a40" in a40["aliases"]
+    assert by_name["H100-80GB-SXM"]["bf16_tensor_flops_per_s"] == pytest.approx(989e12)  # gpus.csv
+
+
+def test_gpus_table(cli_runner) -> None:
+    result = cli_runner.invoke(app, ["gpus"])
+    assert result.exit_code == 0
+    assert "A40-48GB" in result.stdout and "H200-141GB" in result.stdout
+
+
+def test_models_json(cli_runner) -> None:
+    rows = _ok_json(cli_runner, ["models", "--json"])
+    by_name = {r["name"]: r for r in rows}
+    mixtral = by_name["mixtral-8x7b"]
+    assert {"name", "family", "hub_id", "layers", "hidden_size", "vocab_size", "num_experts", "experts_per_token",
+            "total_params", "active_params", "published_total_params", "source", "as_of"} <= set(mixtral)
+    # Mixtral of experts: 46.7 B total, 12.9 B per token (within 1 %)
+    assert mixtral["total_params"] == pytest.approx(46.7e9, rel=0.01)
+    assert mixtral["active_params"] == pytest.approx(12.9e9, rel=0.01)
+    assert (mixtral["num_experts"], mixtral["experts_per_token"]) == (8, 2)
+    assert by_name["llama-3.1-8b"]["active_params"] == by_name["llama-3.1-8b"]["total_params"]
+
+
+def test_prices_json_and_filters(cli_runner) -> None:
+    rows = _ok_json(cli_runner, ["prices", "--json"])
+    assert all({"provider", "gpu", "usd_per_gpu_hour", "date", "source_url"} <= set(r) for r in rows)
+    paper = _ok_json(cli_runner, ["prices", "--provider", "paper-2024", "--json"])
+    assert {r["gpu"]: r["usd_per_gpu_hour"] for r in paper} == {"A40-48GB": 0.79, "A100-80GB-SXM": 1.67,
+                                                                 "H100-80GB-SXM": 2.1}  # Table IV
+    h100 = _ok_json(cli_runner, ["prices", "--gpu", "h100", "--json"])
+    assert {r["gpu"] for r in h100} == {"H100-80GB-SXM"}
+    assert [r["usd_per_gpu_hour"] for r in h100] == sorted(r["usd_per_gpu_hour"] for r in h100)
+
+
+def test_prices_file_overrides_and_extends(cli_runner, write_file) -> None:
+    path = write_file("p.csv", "provider,gpu,usd_per_gpu_hour,date,source_url\n"
+                               "paper-2024,A40,0.5,2025-01-02,https://example.com/a\n"
+                               "myco,A40-48GB,0.42,2025-02,https://example.com/b\n")
+    rows = _ok_json(cli_runner, ["prices", "--gpu", "A40", "--prices", str(path), "--json"])
+    got = {r["provider"]: (r["usd_per_gpu_hour"], r["date"]) for r in rows}
+    assert got["paper-2024"] == (0.5, "2025-01-02")
+    assert got["myco"] == (0.42, "2025-02")
+
+
+def test_unknown_gpu_and_provider(cli_error) -> None:
+    line = cli_error(["prices", "--gpu", "B200"])
+    assert line.startswith("error: unknown GPU 'B200'.") and "Valid choices:" in line and "A40-48GB" in line
+    line = cli_error(["prices", "--provider", "nocloud"])
+    assert "unknown provider 'nocloud'" in line and "paper-2024" in line
+    line = cli_error(["prices", "--gpu", "h100-80gb-"])
+    assert "ambiguous GPU 'h100-80gb-': matches H100-80GB-SXM, H100-80GB-PCIE" in line
+
+
+def test_bad_price_file_names_row(cli_error, write_file) -> None:
+    path = write_file("p.csv", "provider,gpu,usd_per_gpu_hour,date,source_url\n"
+                               "myco,A40,0.5,2025-01-02,https://example.com/a\n"
+                               "myco,L4,cheap,2025-01-02,https://example.com/a\n")
+    line = cli_error(["prices", "--prices", str(path)])
+    assert "row 2: column 'usd_per_gpu_hour' is not a number: 'cheap'" in line

@@ -1,0 +1,226 @@
+"""`tunecost fit`, `tunecost cost`, `tunecost estimate` through typer's CliRunner: JSON output and one-line
+errors (acceptance 2, 3, 5)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tunecost.cli.main import app
+
+HEADER = "model,dataset,gpu,experts_per_token,sparsity,batch_size,queries_per_s"
+
+
+def _ok_json(cli_runner, args: list[str]):
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+# ---- fit -----------------------------------------------------------------------------------------------------
+
+def test_fit_artifact_json(cli_runner, paper_a40_csv) -> None:
+    """Acceptance 2: `tunecost fit measured_throughput_a40.csv --form artifact --json`."""
+    fits = _ok_json(cli_runner, ["fit", str(paper_a40_csv), "--form", "artifact", "--json"])
+    assert isinstance(fits, list) and len(fits) == 4  # all four (model, dataset) groups
+    for f in fits:
+        assert {"model", "dataset", "gpu", "form", "coefficients", "rmse", "mape", "num_points"} <= set(f)
+        assert f["form"] == "artifact" and f["gpu"] == "A40-48GB"
+    by = {(f["model"], f["dataset"]): f for f in fits}
+    # ../shared/paper/README.md: in-sample RMSE 0.055 (Mixtral CS), 0.022 (Mixtral MATH)
+    assert by[("mixtral-8x7b", "commonsense_15k")]["rmse"] == pytest.approx(0.055, abs=0.005)
+    assert by[("mixtral-8x7b", "math_14k")]["rmse"] == pytest.approx(0.022, abs=0.003)
+    assert {k: f["num_points"] for k, f in by.items()} == {
+        ("blackmamba-2.8b", "commonsense_15k"): 26, ("blackmamba-2.8b", "math_14k"): 13,
+        ("mixtral-8x7b", "commonsense_15k"): 10, ("mixtral-8x7b", "math_14k"): 5,
+    }
+    assert set(by[("mixtral-8x7b", "math_14k")]["coefficients"]) == {"a", "b", "c3"}
+
+
+def test_fit_printed_json_and_table(cli_runner, paper_a40_csv) -> None:
+    fits = _ok_json(cli_runner, ["fit", str(paper_a40_csv), "--form", "printed", "--json"])
+    assert {f["form"] for f in fits} == {"printed"}
+    assert all(set(f["coefficients"]) == {"C2", "C3", "C4"} for f in fits)
+    table = cli_runner.invoke(app, ["fit", str(paper_a40_csv)])
+    assert table.exit_code == 0 and "Eq. (2) fits (artifact form)" in _flat(table.stdout)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("model,dataset,gpu,experts_per_token,sparsity,batch_size\nm,d,g,2,0.25,1\n",
+         "missing column(s) queries_per_s"),
+        (f"{HEADER}\nm,d,g,2,0.25,1,0.5\nm,d,g,2,0.25,2,fast\n", "row 2: column 'queries_per_s' is not a number: 'fast'"),
+        (f"{HEADER}\nm,d,g,2,0.25,1,0.5\nm,d,g,2,0.25,2,0.8\nm,d,g,2,0.25,4,1.1\nm,x,g,2,0.25,1,0.5\n",
+         "group m/x/g has 1 point(s)"),
+        (f"{HEADER}\nm,d,g,2,0.25,1,0.5\nm,d,g,2,0.25,2,-0.8\n", "row 2: queries_per_s must be > 0"),
+        ("", "missing column(s) model"),
+        (f"{HEADER}\n", "no measurements"),
+    ],
+    ids=["missing-column", "non-numeric", "too-few-points", "negative-throughput", "empty", "header-only"],
+)
+def test_fit_bad_csv(cli_error, write_file, text: str, expected: str) -> None:
+    line = cli_error(["fit", str(write_file("m.csv", text)), "--json"])
+    assert expected in line
+
+
+def test_fit_non_finite_cell(cli_error, write_file) -> None:
+    # 'nan' parses as a float; it must still be a one-line error naming the row (today: a scipy traceback).
+    path = write_file("m.csv", f"{HEADER}\nm,d,g,2,0.25,1,0.5\nm,d,g,2,0.25,2,nan\nm,d,g,2,0.25,4,1.1\n")
+    assert "row 2" in cli_error(["fit", str(path)])
+
+
+def test_fit_missing_file_and_bad_form(cli_error, tmp_path, paper_a40_csv) -> None:
+    assert "measurements file not found" in cli_error(["fit", str(tmp_path / "nope.csv")])
+    assert "unknown eq. (2) form 'cubic'" in cli_error(["fit", str(paper_a40_csv), "--form", "cubic"])
+
+
+# ---- cost ----------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("qps", "price", "usd", "target", "tol"),
+    [
+        # Table IV: 15000 queries x 10 epochs / qps / 3600 x $/h (see tests/estimate/test_paper.py)
+        (1.01, 0.79, 32.590759, 32.6, 0.3),  # paper prints 32.7; acceptance 3: 32.6 +- 0.3
+        (2.74, 1.67, 25.395377, 25.4, 0.05),
+        (4.90, 2.1, 17.857143, 17.9, 0.05),
+    ],
+)
+def test_cost_table_iv_json(cli_runner, qps, price, usd, target, tol) -> None:
+    out = _ok_json(cli_runner, ["cost", "--queries", "15000", "--epochs", "10", "--throughput", str(qps),
+                                "--usd-per-hour", str(price), "--json"])
+    assert {"hours", "usd", "num_queries", "epochs", "queries_per_s", "usd_per_hour", "provider",
+            "price_date"} <= set(out)
+    assert out["usd"] == pytest.approx(usd, abs=1e-6)
+    assert abs(out["usd"] - target) <= tol
+    assert out["hours"] == pytest.approx(15000 * 10 / qps / 3600)
+
+
+def test_cost_catalog_price_names_provider_and_date(cli_runner) -> None:
+    out = _ok_json(cli_runner, ["cost", "--queries", "15000", "--epochs", "10", "--throughput", "1.01",
+                                "--gpu", "A40", "--provider", "paper-2024", "--json"])
+    assert (out["provider"], out["price_date"], out["gpu"], out["usd_per_hour"]) == (
+        "paper-2024", "2024-08-08", "A40-48GB", 0.79)
+    assert out["usd"] == pytest.approx(32.590759, abs=1e-6)  # same as Table IV's A40 row
+    cheapest = _ok_json(cli_runner, ["cost", "--queries", "100", "--epochs", "1", "--throughput", "1",
+                                     "--gpu", "H100", "--json"])
+    assert cheapest["provider"] and cheapest["price_date"]  # the cheapest catalog price, named
+
+
+def test_cost_table_output(cli_runner) -> None:
+    result = cli_runner.invoke(app, ["cost", "--queries", "15000", "--epochs", "10", "--throughput", "1.01",
+                                     "--gpu", "A40", "--provider", "paper-2024"])
+    assert result.exit_code == 0
+    assert "$32.59" in result.stdout and "paper-2024" in result.stdout and "2024-08-08" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ({"--queries": "0"}, "number of queries must be > 0, got 0"),
+        ({"--queries": "-15000"}, "number of queries must be > 0"),
+        ({"--epochs": "0"}, "epochs must be > 0, got 0"),
+        ({"--epochs": "-1"}, "epochs must be > 0"),
+        ({"--throughput": "0"}, "throughput must be > 0 queries/s"),
+        ({"--throughput": "-1.01"}, "throughput must be > 0 queries/s"),
+        ({"--usd-per-hour": "0"}, "price must be > 0"),
+    ],
+)
+def test_cost_nonpositive_inputs(cli_error, override, expected) -> None:
+    opts = {"--queries": "15000", "--epochs": "10", "--throughput": "1.01", "--usd-per-hour": "0.79", **override}
+    args = ["cost", *[x for kv in opts.items() for x in kv], "--json"]
+    assert expected in cli_error(args)
+
+
+def test_cost_bad_names(cli_error) -> None:
+    base = ["cost", "--queries", "15000", "--epochs", "10", "--throughput", "1.01"]
+    line = cli_error([*base, "--gpu", "B200"])
+    assert "unknown GPU 'B200'" in line and "Valid choices:" in line and "H100-80GB-SXM" in line
+    line = cli_error([*base, "--gpu", "A40", "--provider", "nocloud"])
+    assert "unknown provider 'nocloud'" in line and "paper-2024" in line
+    assert "no price for L4-24GB from aws" in cli_error([*base, "--gpu", "L4", "--provider", "aws"])
+    assert "give --usd-per-hour P, or --gpu G" in cli_error(base)
+    assert "give --throughput QPS" in cli_error(["cost", "--queries", "1", "--epochs", "1", "--usd-per-hour", "1"])
+
+
+# ---- estimate ------------------------------------------------------------------------------------------------
+
+ESTIMATE = ["estimate", "--model", "mixtral-8x7b", "--gpu", "A40,H100", "--dataset", "math_14k", "--epochs", "10",
+            "--experts-per-token", "2"]
+
+
+def test_estimate_json(cli_runner) -> None:
+    rows = _ok_json(cli_runner, [*ESTIMATE, "--json"])
+    keys = {"max_batch_size", "queries_per_s", "hours", "usd_per_hour", "usd", "provider", "price_date", "estimator"}
+    assert rows and all(keys <= set(r) for r in rows)
+    assert {r["estimator"] for r in rows} == {"paper"}
+    assert {r["gpu"] for r in rows} == {"A40-48GB", "H100-80GB-SXM"}
+    costs = [r["usd"] for r in rows]
+    priced = [c for c in costs if c is not None]
+    assert priced == sorted(priced) and costs[: len(priced)] == priced  # cheapest first, unpriced last
+    a40 = next(r for r in rows if r["gpu"] == "A40-48GB" and r["provider"] == "paper-2024")
+    assert a40["max_batch_size"] == 8  # eq. (1), artifact coefficients, 48 GB (acceptance 4)
+    assert a40["price_date"] == "2024-08-08" and a40["usd_per_hour"] == 0.79
+    assert a40["usd"] == pytest.approx(14000 * 10 / a40["queries_per_s"] / 3600 * 0.79)
+    h100 = [r for r in rows if r["gpu"] == "H100-80GB-SXM"]
+    assert all(r["max_batch_size"] == 20 and r["queries_per_s"] is None for r in h100)  # no H100 measurements
+    assert all(r["provider"] and r["price_date"] for r in rows)
+
+
+def test_estimate_table_names_estimator(cli_runner) -> None:
+    result = cli_runner.invoke(app, ESTIMATE)
+    assert result.exit_code == 0, result.output
+    text = _flat(result.stdout)  # rich wraps the title and notes at the runner's 80 columns
+    assert "(estimator: paper)" in text
+    assert "no mixtral-8x7b/math_14k measurements on H100-80GB-SXM" in text
+
+
+def test_estimate_queries_and_calibrate(cli_runner, write_file) -> None:
+    # Synthetic H100 points on a + b*log(B)/(s*1.8), a=0.6, b=0.5: the H100 rows get a throughput and a cost.
+    rows_csv = [f"mixtral-8x7b,math_14k,H100-80GB-SXM,2,0.25,{b},{0.6 + 0.5 * math.log(b) / 0.45!r}"
+                for b in (1, 2, 4, 8)]
+    path = write_file("h100.csv", HEADER + "\n" + "\n".join(rows_csv) + "\n")
+    rows = _ok_json(cli_runner, [*ESTIMATE, "--queries", "15000", "--calibrate", str(path), "--provider",
+                                 "paper-2024", "--json"])
+    assert {r["num_queries"] for r in rows} == {15000}
+    h100 = next(r for r in rows if r["gpu"] == "H100-80GB-SXM")
+    assert h100["queries_per_s"] == pytest.approx(0.6 + 0.5 * math.log(20) / 0.45)
+    assert h100["usd"] == pytest.approx(15000 * 10 / h100["queries_per_s"] / 3600 * 2.1)
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ({"--gpu": "A40,B200"}, "unknown GPU 'B200'"),
+        ({"--model": "mixtral-9x9b"}, "unknown model 'mixtral-9x9b'"),
+        ({"--provider": "nocloud"}, "unknown provider 'nocloud'"),
+        ({"--estimator": "oracle"}, "unknown estimator 'oracle'"),
+        ({"--dataset": "math14k"}, "unknown dataset 'math14k'"),
+        ({"--queries": "0"}, "--queries must be > 0"),
+        ({"--queries": "-3"}, "--queries must be > 0"),
+        ({"--epochs": "0"}, "epochs must be > 0"),
+        ({"--epochs": "-2"}, "epochs must be > 0"),
+        ({"--method": "full"}, "measured mixtral-8x7b with --method qlora only"),
+        ({"--experts-per-token": "9"}, "experts per token must be in 1..8"),
+    ],
+)
+def test_estimate_bad_input(cli_error, override, expected) -> None:
+    opts = {"--model": "mixtral-8x7b", "--gpu": "A40,H100", "--dataset": "math_14k", "--epochs": "10", **override}
+    line = cli_error(["estimate", *[x for kv in opts.items() for x in kv]])
+    assert expected in line
+    if expected.startswith("unknown"):
+        assert "Valid choices:" in line
+
+
+def test_estimate_all_gpus(cli_runner) -> None:
+    rows = _ok_json(cli_runner, ["estimate", "--model", "mixtral-8x7b", "--gpu", "all", "--dataset", "math_14k",
+                                 "--epochs", "1", "--provider", "paper-2024", "--json"])
+    from tunecost.catalog.gpus import gpu_catalog
+
+    assert {r["gpu"] for r in rows} == set(gpu_catalog())

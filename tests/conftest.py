@@ -1,0 +1,56 @@
+"""Shared test fixtures. Tests never read ../shared: data they need is copied under tests/fixtures/."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+FIXTURES_DIR = Path(__file__).parent / "fixtures"
+# A verbatim copy of ../shared/paper/measured_throughput_a40.csv: the A40 points behind the paper's Fig. 14.
+PAPER_A40_CSV = FIXTURES_DIR / "measurements" / "measured_throughput_a40.csv"
+
+
+@pytest.fixture
+def paper_a40_csv() -> Path:
+    return PAPER_A40_CSV
+
+
+@pytest.fixture
+def write_file(tmp_path: Path) -> Callable[[str, str], Path]:
+    """Write `text` to tmp_path/name and return the path."""
+
+    def write(name: str, text: str) -> Path:
+        path = tmp_path / name
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    return write
+
+
+@pytest.fixture
+def cli_runner():
+    from typer.testing import CliRunner
+
+    return CliRunner()
+
+
+@pytest.fixture
+def cli_error(cli_runner):
+    """Run `tunecost ARGS` expecting a user error (acceptance 5): exit code 2, exactly one line on stderr
+    starting with 'error: ', nothing on stdout, no traceback. Returns that line."""
+    from tunecost.cli.main import app
+
+    def run(args: list[str]) -> str:
+        result = cli_runner.invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert isinstance(result.exception, SystemExit), result.exception  # not an unhandled error
+        assert "Traceback" not in result.output
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, result.stderr
+        assert lines[0].startswith("error: "), lines[0]
+        assert result.stdout == ""
+        return lines[0]
+
+    return run

@@ -1,0 +1,130 @@
+"""Cost tables (tunecost.estimate.cost): `simple_cost` (Table IV) and `estimate_costs` (one row per GPU and
+provider, sorted by cost, naming estimator, provider and price date)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunecost.errors import TunecostError
+from tunecost.estimate.cost import estimate_costs, simple_cost
+
+
+def test_simple_cost_table_iv_a40() -> None:
+    # Table IV, A40: 15000 queries x 10 epochs / 1.01 qps = 41.254 h; * $0.79 = $32.59 (printed 32.7;
+    # acceptance 3: 32.6 +- 0.3). See tests/estimate/test_paper.py for the query count.
+    est = simple_cost(num_queries=15000, epochs=10, queries_per_s=1.01, usd_per_hour=0.79)
+    assert est.hours == pytest.approx(41.254125, abs=1e-6)
+    assert est.usd == pytest.approx(32.590759, abs=1e-6)
+    assert abs(est.usd - 32.6) <= 0.3
+    assert est.provider is None and est.price_date is None
+
+
+def test_simple_cost_carries_price_provenance() -> None:
+    est = simple_cost(num_queries=14000, epochs=1, queries_per_s=2.0, usd_per_hour=3.6, provider="p",
+                      price_date="2024-08-08", gpu="A40-48GB")
+    assert est.hours == pytest.approx(14000 / 2.0 / 3600)  # 1.9444 h
+    assert est.usd == pytest.approx(7.0)  # 1.9444 h * 3.6
+    assert (est.provider, est.price_date, est.gpu) == ("p", "2024-08-08", "A40-48GB")
+
+
+@pytest.mark.parametrize("field", ["num_queries", "epochs", "queries_per_s", "usd_per_hour"])
+@pytest.mark.parametrize("bad", [0, -2])
+def test_simple_cost_rejects_nonpositive(field: str, bad: float) -> None:
+    kwargs = {"num_queries": 15000, "epochs": 10, "queries_per_s": 1.01, "usd_per_hour": 0.79, field: bad}
+    with pytest.raises(TunecostError, match="must be > 0"):
+        simple_cost(**kwargs)
+
+
+@pytest.fixture(scope="module")
+def mixtral_rows():
+    return estimate_costs(model="mixtral-8x7b", gpus=["A40", "H100"], dataset="math_14k", epochs=10,
+                          experts_per_token=2)
+
+
+def test_rows_sorted_by_cost_and_named(mixtral_rows) -> None:
+    rows = mixtral_rows
+    priced = [r.usd for r in rows if r.usd is not None]
+    assert priced == sorted(priced)
+    first_unpriced = next((i for i, r in enumerate(rows) if r.usd is None), len(rows))
+    assert all(r.usd is None for r in rows[first_unpriced:])  # rows without a cost come last
+    for r in rows:
+        assert r.estimator == "paper"
+        assert r.provider and r.price_date and r.price_source and r.usd_per_hour
+        assert r.num_queries == 14000  # math_14k, Table II
+        assert r.dataset == "math_14k" and r.epochs == 10
+    assert {r.gpu for r in rows} == {"A40-48GB", "H100-80GB-SXM"}
+
+
+def test_a40_row_uses_eq1_and_eq2(mixtral_rows) -> None:
+    a40 = next(r for r in mixtral_rows if r.gpu == "A40-48GB" and r.provider == "paper-2024")
+    assert a40.max_batch_size == 8  # eq. (1), artifact coefficients at 48 GB (acceptance 4)
+    assert a40.batch_size == 8
+    # eq. (2) artifact fit on the A40 MATH points, at B=8, s=0.25: a + b*log(8)/(0.25*1.8); a, b from the fit
+    from tunecost.estimate.fit import fit_all
+    from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS, load_measurements
+
+    fit = next(f for f in fit_all(load_measurements(PAPER_A40_MEASUREMENTS)) if
+               (f.model, f.dataset) == ("mixtral-8x7b", "math_14k"))
+    assert a40.queries_per_s == pytest.approx(fit.predict_queries_per_s(batch_size=8, sparsity=0.25))
+    assert a40.hours == pytest.approx(14000 * 10 / a40.queries_per_s / 3600)
+    assert a40.usd == pytest.approx(a40.hours * 0.79)  # paper-2024 A40 price
+    assert a40.price_date == "2024-08-08"
+    assert "'A40' resolved to A40-48GB" in a40.notes
+    assert "extrapolation" in a40.notes  # measured batches are 1..4
+
+
+def test_gpu_without_measurements_gets_none_and_a_note(mixtral_rows) -> None:
+    h100 = [r for r in mixtral_rows if r.gpu == "H100-80GB-SXM"]
+    assert h100
+    for r in h100:
+        assert r.max_batch_size == 20  # eq. (1) artifact at 80 GB: 62*56.65/170.24 = 20.6 -> 20
+        assert r.queries_per_s is None and r.hours is None and r.usd is None
+        assert "no mixtral-8x7b/math_14k measurements on H100-80GB-SXM" in r.notes
+
+
+def test_provider_filter_and_prices_override(write_file) -> None:
+    prices = write_file("p.csv", "provider,gpu,usd_per_gpu_hour,date,source_url\n"
+                                 "paper-2024,A40,0.5,2025-01-02,https://example.com/a\n")
+    (row,) = estimate_costs(model="mixtral-8x7b", gpus=["A40-48GB"], dataset="math_14k", epochs=10,
+                            provider="paper-2024", prices_file=prices)
+    assert (row.provider, row.usd_per_hour, row.price_date) == ("paper-2024", 0.5, "2025-01-02")
+    assert row.usd == pytest.approx(row.hours * 0.5)
+
+
+def test_explicit_queries_override_dataset_size() -> None:
+    (row,) = estimate_costs(model="mixtral-8x7b", gpus=["A40"], dataset="math_14k", num_queries=15000, epochs=10,
+                            provider="paper-2024")
+    assert row.num_queries == 15000
+
+
+def test_gpu_without_price_keeps_a_row() -> None:
+    # No provider in the catalog sells the L4 from 'paper-2024': one row, no price, a note saying so.
+    (row,) = estimate_costs(model="mixtral-8x7b", gpus=["L4"], dataset="math_14k", epochs=1, provider="paper-2024")
+    assert row.provider is None and row.usd is None
+    assert "no price for L4-24GB from paper-2024" in row.notes
+    assert row.max_batch_size == 0  # 24 GB - 23.35 GB leaves no room for a batch (62*0.65/170.24 = 0.24)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"gpus": []}, "at least one GPU"),
+        ({"epochs": 0}, "epochs must be > 0"),
+        ({"epochs": -1}, "epochs must be > 0"),
+        ({"num_queries": 0}, "number of queries must be > 0"),
+        ({"num_queries": -5}, "number of queries must be > 0"),
+        ({"dataset": None}, "give --queries N or --dataset D"),
+        ({"dataset": "nope"}, "unknown dataset 'nope'.*Valid choices: commonsense_15k"),
+        ({"gpus": ["B200"]}, "unknown GPU 'B200'.*Valid choices: .*A40-48GB"),
+        ({"model": "mixtral-9x9b"}, "unknown model 'mixtral-9x9b'.*Valid choices: .*mixtral-8x7b"),
+        ({"provider": "nocloud"}, "unknown provider 'nocloud'.*Valid choices: .*paper-2024"),
+        ({"estimator": "oracle"}, "unknown estimator 'oracle'.*Valid choices: .*paper"),
+        ({"method": "full"}, "measured mixtral-8x7b with --method qlora only"),
+        ({"experts_per_token": 9}, "experts per token must be in 1..8"),
+        ({"model": "llama-3.1-8b"}, "eq. \\(1\\) has coefficients only for .*mixtral-8x7b"),
+    ],
+)
+def test_bad_requests_raise(kwargs, message) -> None:
+    args = {"model": "mixtral-8x7b", "gpus": ["A40"], "dataset": "math_14k", "epochs": 10, **kwargs}
+    with pytest.raises(TunecostError, match=message):
+        estimate_costs(**args)

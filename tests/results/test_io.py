@@ -1,0 +1,39 @@
+"""Atomic, resumable result files (tunecost.results.io)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tunecost.results.io import append_jsonl, atomic_write_bytes, atomic_write_json, atomic_write_text, read_jsonl
+
+
+def test_atomic_write_replaces_and_leaves_no_temp(tmp_path) -> None:
+    target = tmp_path / "sub" / "result.json"  # parent folders are created
+    atomic_write_text(target, "old")
+    atomic_write_json(target, {"usd": 32.59, "gpu": "A40-48GB"})
+    assert json.loads(target.read_text()) == {"usd": 32.59, "gpu": "A40-48GB"}
+    atomic_write_bytes(tmp_path / "sub" / "blob.bin", b"\x00\x01")
+    assert (tmp_path / "sub" / "blob.bin").read_bytes() == b"\x00\x01"
+    assert sorted(p.name for p in target.parent.iterdir()) == ["blob.bin", "result.json"]  # no .tmp left
+
+
+def test_failed_write_keeps_old_content_and_no_temp(tmp_path) -> None:
+    target = tmp_path / "result.json"
+    atomic_write_text(target, "complete")
+    with pytest.raises(TypeError):
+        atomic_write_text(target, 12345)  # type: ignore[arg-type]  # fails mid-write
+    assert target.read_text() == "complete"
+    assert os.listdir(tmp_path) == ["result.json"]
+
+
+def test_jsonl_append_and_torn_last_line(tmp_path) -> None:
+    log = tmp_path / "rows.jsonl"
+    assert read_jsonl(log) == []  # a missing log is empty (nothing done yet)
+    append_jsonl(log, {"batch": 1, "qps": 0.34})
+    append_jsonl(log, {"batch": 2, "qps": 0.66})
+    with open(log, "a", encoding="utf-8") as fh:
+        fh.write('{"batch": 3, "qp')  # a kill mid-write
+    assert read_jsonl(log) == [{"batch": 1, "qps": 0.34}, {"batch": 2, "qps": 0.66}]
