@@ -1,0 +1,438 @@
+"""SM and DRAM utilization of the MoE layer's kernels under Nsight Compute (paper §IV-B4, Figs. 9 and 10).
+
+For each batch size a child Python process (`python -m tunecost.profile.gpu_counters --child ...`) builds the
+model as `tunecost profile` does (`tunecost.profile.model_setup`: method, experts implementation, 4-bit experts for
+qlora, gradient checkpointing; random weights, only the decoder layers up to the last profiled one), runs warm-up
+steps, labels the MoE blocks of the chosen layers (`tunecost.profile.nvtx`) and runs a few training steps
+(forward, backward, AdamW) on random token ids.
+`ncu` profiles only kernels inside the MoE-block NVTX range, so a profile takes minutes, not the artifact's hours:
+
+    ncu --clock-control none --target-processes all --nvtx --nvtx-include "tunecost.moe/" \
+        --nvtx-exclude "tunecost.recompute]" \
+        --metrics gpu__time_duration.sum,sm__throughput...,dram__throughput...,gpu__compute_memory_throughput... \
+        --csv --page raw --print-units base --log-file DIR/raw/ncu_bs{B}.csv python -m ... --child ...
+
+`--clock-control none` leaves the GPU's clocks as they are (by default ncu fixes them while profiling); nothing
+else about the card is changed. Without `ncu`, or where the counters are not permitted (ERR_NVGPUCTRPERM, common on
+virtualised GPUs), the same child runs under torch.profiler and reports kernel durations only (sm/dram = None,
+source "torch.profiler"). Results: DIR/counters.jsonl (one row per kernel launch) and DIR/utilization.json
+(time-weighted means per batch size and class), both rewritten atomically after every batch size; a rerun keeps
+batch sizes already measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tunecost.errors import TunecostError
+from tunecost.profile.kernels import classify_cpu_op, classify_kernel
+from tunecost.profile.ncu import DEFAULT_METRICS, KernelCounterRow, parse_ncu_csv_file, time_weighted_utilization
+from tunecost.profile.nvtx import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, RANGE_PREFIX, is_moe_work
+from tunecost.results.io import atomic_write_json, atomic_write_text, read_jsonl
+
+NO_CUDA_MESSAGE = (
+    "no CUDA GPU: gpu-counters needs an NVIDIA GPU and Nsight Compute (ncu); on a CPU machine use "
+    "`tunecost profile` for the torch.profiler kernel breakdown"
+)
+_OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuCountersJob:
+    """What to profile: one model / method / top-k at several batch sizes, random token ids."""
+
+    model: str = "tiny-mixtral"  # catalog name, local config folder, or cached hub id (random weights)
+    method: str = "full"  # full | lora | qlora
+    experts_impl: str | None = None  # tunecost.moe.spec.EXPERT_IMPLS; None: the method's default
+    experts_per_token: int | None = None  # top-k; None: the model's own
+    batch_sizes: tuple[int, ...] = (1, 32)
+    seq_len: int = 128  # the paper's latency / Nsight runs used 128
+    steps: int = 2  # profiled training steps per batch size
+    warmup_steps: int = 1  # unlabelled steps first (cuBLAS heuristics, allocator), not profiled
+    layers: tuple[int, ...] = (0, 1)  # decoder layers whose MoE block is profiled
+    max_kernels: int = 20000  # ncu --launch-count: a bound on profiling time
+
+    def __post_init__(self) -> None:
+        from tunecost.catalog.models import resolve_model
+        from tunecost.profile.model_setup import ModelSetup
+
+        ModelSetup(model=self.model, method=self.method, experts_impl=self.experts_impl)  # checks method, impl
+        resolve_model(self.model)  # unknown names fail here, with the catalog's "did you mean"
+        if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
+            raise TunecostError(f"batch sizes must be positive integers, got {list(self.batch_sizes)}")
+        if self.experts_per_token is not None and self.experts_per_token < 1:
+            raise TunecostError(f"--experts-per-token must be >= 1, got {self.experts_per_token}")
+        for name in ("seq_len", "steps", "max_kernels"):
+            if getattr(self, name) < 1:
+                raise TunecostError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.warmup_steps < 0:
+            raise TunecostError(f"warmup-steps must be >= 0, got {self.warmup_steps}")
+        if not self.layers or any(layer < 0 for layer in self.layers):
+            raise TunecostError(f"layers must be non-negative layer indices, got {list(self.layers)}")
+
+    def point_id(self, batch_size: int) -> str:
+        k = self.experts_per_token if self.experts_per_token is not None else "default"
+        layers = ",".join(map(str, self.layers))
+        return (f"gpu-counters|{self.model}|{self.method}|{self.experts_impl or 'default'}|k={k}|bs={batch_size}"
+                f"|seq={self.seq_len}|layers={layers}|steps={self.steps}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuCountersResult:
+    source: str  # "ncu" or "torch.profiler" (durations only)
+    rows: tuple[KernelCounterRow, ...]
+    utilization: tuple[Any, ...]  # tunecost.profile.ncu.ClassUtilization, per (batch size, class)
+    notes: tuple[str, ...]  # fallbacks, skipped batch sizes, parse warnings
+    out_dir: str
+
+
+def check_can_run(job: GpuCountersJob) -> None:
+    """Fail fast, before any child starts: a CUDA GPU is needed."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise TunecostError(NO_CUDA_MESSAGE)
+
+
+def find_ncu() -> str | None:
+    """The `ncu` executable on PATH or in the usual CUDA install folders."""
+    found = shutil.which("ncu")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and (Path(root) / "bin" / "ncu").is_file():
+            return str(Path(root) / "bin" / "ncu")
+    return None
+
+
+def child_command(job: GpuCountersJob, batch_size: int, *, mode: str, rows_out: Path | None = None) -> list[str]:
+    """The command line of the child process that runs the labelled training steps."""
+    cmd = [sys.executable, "-m", "tunecost.profile.gpu_counters", "--child", "--mode", mode,
+           "--model", job.model, "--method", job.method, "--batch-size", str(batch_size),
+           "--seq-len", str(job.seq_len), "--steps", str(job.steps), "--warmup-steps", str(job.warmup_steps),
+           "--layers", ",".join(map(str, job.layers))]
+    if job.experts_per_token is not None:
+        cmd += ["--experts-per-token", str(job.experts_per_token)]
+    if job.experts_impl is not None:
+        cmd += ["--experts-impl", job.experts_impl]
+    if rows_out is not None:
+        cmd += ["--rows-out", str(rows_out)]
+    return cmd
+
+
+def build_ncu_command(
+    app: Sequence[str], *, log_file: Path, ncu: str = "ncu", metrics: Sequence[str] = DEFAULT_METRICS,
+    nvtx_include: str = NCU_NVTX_INCLUDE, nvtx_exclude: str | None = NCU_NVTX_EXCLUDE,
+    launch_count: int | None = None,
+) -> list[str]:
+    """ncu's command line: counters of the kernels inside the MoE NVTX range, CSV (raw page, base units)."""
+    cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "--nvtx", "--nvtx-include", nvtx_include]
+    if nvtx_exclude:
+        cmd += ["--nvtx-exclude", nvtx_exclude]
+    cmd += ["--metrics", ",".join(metrics), "--csv", "--page", "raw", "--print-units", "base",
+           "--log-file", str(log_file)]
+    if launch_count is not None:
+        cmd += ["--launch-count", str(launch_count)]
+    return [*cmd, *app]
+
+
+def counters_not_permitted(text: str) -> bool:
+    """ncu's message when the driver does not let this user read GPU performance counters."""
+    return "ERR_NVGPUCTRPERM" in text
+
+
+def _last_error_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if "Error" in line or "error" in line or line.startswith("==ERROR=="):
+            return line[:300]
+    return lines[-1][:300] if lines else "no output"
+
+
+# --- rows from torch.profiler (the fallback, and CPU runs) ----------------------------------------------------
+
+
+def _range_stack(event: Any) -> tuple[str, ...]:
+    names = []
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name.startswith(RANGE_PREFIX):
+            names.append(parent.name)
+        parent = parent.cpu_parent
+    return tuple(reversed(names))
+
+
+def profiler_rows(events: Iterable[Any], *, batch_size: int | None, kernels: bool) -> list[KernelCounterRow]:
+    """Kernel rows from torch.profiler events, restricted (like the ncu filter) to MoE work (`is_moe_work`).
+
+    `kernels=True` (CUDA): one row per device kernel, attached to the CPU op that launched it, classified with
+    `classify_kernel`. `kernels=False` (CPU): one row per CPU op with its self time (nested ops are not counted
+    twice), classified with `classify_cpu_op`. Utilization is not measured here: sm_pct/dram_pct are None.
+    """
+    rows = []
+    for event in events:
+        if event.name.startswith(RANGE_PREFIX) or str(getattr(event, "device_type", "CPU")).split(".")[-1] != "CPU":
+            continue
+        stack = _range_stack(event)
+        if not is_moe_work(stack):
+            continue
+        if kernels:
+            for kernel in getattr(event, "kernels", ()):
+                if kernel.name.startswith(RANGE_PREFIX) or kernel.duration <= 0:
+                    continue
+                rows.append(_profiler_row(kernel.name, classify_kernel(kernel.name, stack), stack,
+                                          kernel.duration * 1e-6, batch_size))
+        elif event.self_cpu_time_total > 0:
+            rows.append(_profiler_row(event.name, classify_cpu_op(event.name, stack), stack,
+                                      event.self_cpu_time_total * 1e-6, batch_size))
+    return rows
+
+
+def _profiler_row(
+    name: str, cls: str, stack: tuple[str, ...], seconds: float, batch_size: int | None
+) -> KernelCounterRow:
+    return KernelCounterRow(kernel_name=name, kernel_class=cls, nvtx_ranges=stack, duration_s=seconds, sm_pct=None,
+                            dram_pct=None, mem_pct=None, batch_size=batch_size, source="torch.profiler")
+
+
+# --- the child: build, label, train a few steps ----------------------------------------------------------------
+
+
+def run_child(
+    *, model: str, method: str, batch_size: int, seq_len: int, steps: int, warmup_steps: int, layers: Sequence[int],
+    experts_per_token: int | None = None, experts_impl: str | None = None, mode: str = "steps",
+    device: str | None = None,
+) -> list[KernelCounterRow]:
+    """Build the model (`tunecost.profile.model_setup`, random weights, layers up to the last profiled one), train
+    `warmup_steps` unlabelled then `steps` labelled steps; with mode "torch-profiler", return the kernel rows."""
+    import torch
+
+    from tunecost.profile.model_setup import ModelSetup, build_training_model
+    from tunecost.profile.nvtx import instrument_model
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    setup = ModelSetup(model=model, method=method, experts_per_token=experts_per_token, experts_impl=experts_impl,
+                       device=device, random_weights=True, num_layers=max(layers) + 1)
+    net = build_training_model(setup).model
+    params = [p for p in net.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=1e-5)
+    vocab = net.config.vocab_size
+    ids = torch.randint(0, vocab, (batch_size, seq_len), device=device)
+
+    def step() -> None:
+        loss = net(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    def sync() -> None:
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    for _ in range(warmup_steps):
+        step()
+    sync()
+    with instrument_model(net, layers):
+        if mode != "torch-profiler":
+            for _ in range(steps):
+                step()
+            sync()
+            return []
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
+        with profile(activities=activities) as prof:
+            for _ in range(steps):
+                step()
+            sync()
+    return profiler_rows(prof.events(), batch_size=batch_size, kernels=device.startswith("cuda"))
+
+
+def _child_main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tunecost.profile.gpu_counters --child")
+    parser.add_argument("--child", action="store_true", required=True)
+    parser.add_argument("--mode", choices=("steps", "torch-profiler"), default="steps")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--method", default="full")
+    parser.add_argument("--batch-size", type=int, required=True)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--warmup-steps", type=int, default=1)
+    parser.add_argument("--layers", default="0,1")
+    parser.add_argument("--experts-per-token", type=int, default=None)
+    parser.add_argument("--experts-impl", default=None)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--rows-out", default=None)
+    args = parser.parse_args(argv)
+    try:
+        rows = run_child(model=args.model, method=args.method, batch_size=args.batch_size, seq_len=args.seq_len,
+                         steps=args.steps, warmup_steps=args.warmup_steps,
+                         layers=[int(x) for x in args.layers.split(",") if x.strip()],
+                         experts_per_token=args.experts_per_token, experts_impl=args.experts_impl, mode=args.mode,
+                         device=args.device)
+    except TunecostError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.rows_out:
+        atomic_write_text(args.rows_out, "".join(json.dumps(r.to_dict()) + "\n" for r in rows))
+    return 0
+
+
+# --- the parent: one child per batch size, under ncu or torch.profiler ------------------------------------------
+
+
+def _run(cmd: Sequence[str], timeout_s: float | None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout_s, env=env, check=False)
+
+
+def _row_from_dict(data: dict[str, Any]) -> KernelCounterRow:
+    names = {f.name for f in dataclasses.fields(KernelCounterRow)}
+    fields = {k: v for k, v in data.items() if k in names}
+    fields["nvtx_ranges"] = tuple(fields.get("nvtx_ranges") or ())
+    return KernelCounterRow(**fields)
+
+
+def _record(job: GpuCountersJob, row: KernelCounterRow, device: str) -> dict[str, Any]:
+    return {"schema_version": 1, "kind": "counters", "point_id": job.point_id(row.batch_size or 0),
+            "model": job.model, "method": job.method, "experts_per_token": job.experts_per_token,
+            "seq_len": job.seq_len, "dataset": None, "device": device, "layers": list(job.layers), **row.to_dict()}
+
+
+def _source_of(rows: Sequence[KernelCounterRow]) -> str:
+    sources = {r.source for r in rows}
+    return sources.pop() if len(sources) == 1 else "mixed"
+
+
+def _write_results(out_dir: Path, job: GpuCountersJob, rows: list[KernelCounterRow], *, device: str,
+                   notes: list[str], command: list[str] | None, foreign: list[dict[str, Any]]) -> tuple[Any, ...]:
+    """Rewrite counters.jsonl (this job's rows after rows of other jobs found there) and utilization.json."""
+    utilization = tuple(time_weighted_utilization(rows).values())
+    lines = [json.dumps(r) for r in foreign] + [json.dumps(_record(job, r, device)) for r in rows]
+    atomic_write_text(out_dir / "counters.jsonl", "".join(line + "\n" for line in lines))
+    atomic_write_json(out_dir / "utilization.json", {
+        "schema_version": 1, "kind": "utilization", "model": job.model, "method": job.method,
+        "experts_impl": job.experts_impl, "experts_per_token": job.experts_per_token, "seq_len": job.seq_len,
+        "layers": list(job.layers), "steps": job.steps, "source": _source_of(rows), "device": device,
+        "command": command, "notes": notes, "classes": [dataclasses.asdict(u) for u in utilization],
+    })
+    return utilization
+
+
+def _oom(text: str) -> bool:
+    return any(marker in text for marker in _OOM_MARKERS)
+
+
+def _measure_with_ncu(
+    job: GpuCountersJob, batch: int, out: Path, ncu: str, timeout_s: float | None, notes: list[str]
+) -> tuple[str, list[KernelCounterRow], list[str]]:
+    """("ok" | "oom" | "not-permitted", rows, command) of one batch size under ncu."""
+    log_file = out / "raw" / f"ncu_bs{batch}.csv"
+    log_file.unlink(missing_ok=True)
+    command = build_ncu_command(child_command(job, batch, mode="steps"), log_file=log_file, ncu=ncu,
+                                launch_count=job.max_kernels)
+    proc = _run(command, timeout_s)
+    text = proc.stdout + proc.stderr + (log_file.read_text(errors="replace") if log_file.exists() else "")
+    if counters_not_permitted(text):
+        return "not-permitted", [], command
+    if _oom(text):
+        return "oom", [], command
+    if proc.returncode != 0:
+        raise TunecostError(f"ncu run for batch size {batch} failed (exit {proc.returncode}): {_last_error_line(text)}")
+    if not log_file.exists():
+        raise TunecostError(f"ncu wrote no CSV for batch size {batch}: {_last_error_line(text)}")
+    parsed = parse_ncu_csv_file(log_file, batch_size=batch)
+    if not parsed.rows:
+        raise TunecostError(f"ncu profiled no kernel inside the MoE range for batch size {batch} "
+                            f"(filter --nvtx-include {NCU_NVTX_INCLUDE!r}); see {log_file}")
+    notes.extend(f"batch size {batch}: {w}" for w in parsed.warnings[:20])
+    rows = [r for r in parsed.rows if is_moe_work(r.nvtx_ranges)]
+    if len(rows) < len(parsed.rows):
+        notes.append(f"batch size {batch}: left out {len(parsed.rows) - len(rows)} kernels that are not MoE work "
+                     "(checkpoint recomputation of attention/norms inside a MoE range)")
+    return "ok", rows, command
+
+
+def _measure_with_torch_profiler(
+    job: GpuCountersJob, batch: int, out: Path, timeout_s: float | None
+) -> tuple[str, list[KernelCounterRow], list[str]]:
+    rows_file = out / "raw" / f"torch_profiler_bs{batch}.jsonl"
+    command = child_command(job, batch, mode="torch-profiler", rows_out=rows_file)
+    proc = _run(command, timeout_s)
+    text = proc.stdout + proc.stderr
+    if _oom(text):
+        return "oom", [], command
+    if proc.returncode != 0:
+        raise TunecostError(f"profiling batch size {batch} failed (exit {proc.returncode}): {_last_error_line(text)}")
+    return "ok", [_row_from_dict(r) for r in read_jsonl(rows_file)], command
+
+
+def run_gpu_counters(
+    job: GpuCountersJob, out_dir: str | Path, *, ncu_path: str | None = None, timeout_s: float | None = None,
+    on_progress: Callable[[int, int, str], None] | None = None,
+) -> GpuCountersResult:
+    """Profile every batch size of `job` (see module docstring) and write the results into `out_dir`."""
+    import torch
+
+    check_can_run(job)
+    out = Path(out_dir)
+    (out / "raw").mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name(0)
+    ncu = ncu_path or find_ncu()
+    notes: list[str] = []
+    if ncu is None:
+        notes.append("ncu not found (install Nsight Compute or put ncu on PATH): kernel durations from "
+                     "torch.profiler only, no SM/DRAM utilization")
+    ours = {job.point_id(b) for b in job.batch_sizes}
+    records = read_jsonl(out / "counters.jsonl")
+    foreign = [r for r in records if r.get("point_id") not in ours]  # other jobs' rows in this folder: kept
+    rows = [_row_from_dict(r) for r in records if r.get("point_id") in ours]
+    done = {r.batch_size for r in rows}
+    if done:
+        notes.append(f"kept batch sizes {sorted(done)} measured by a previous run")
+    command: list[str] | None = None
+    total = len(job.batch_sizes)
+    for index, batch in enumerate(job.batch_sizes):
+        if on_progress:
+            on_progress(index, total, f"batch size {batch}")
+        if batch in done:
+            continue
+        status = "fallback"
+        if ncu is not None:
+            status, new_rows, command = _measure_with_ncu(job, batch, out, ncu, timeout_s, notes)
+            if status == "not-permitted":
+                notes.append("ncu may not read GPU performance counters here (ERR_NVGPUCTRPERM): kernel "
+                             "durations from torch.profiler only, no SM/DRAM utilization")
+                ncu, status = None, "fallback"
+        if status == "fallback":
+            status, new_rows, command = _measure_with_torch_profiler(job, batch, out, timeout_s)
+        if status == "oom":
+            notes.append(f"batch size {batch}: out of GPU memory (skipped)")
+            continue
+        rows.extend(new_rows)
+        _write_results(out, job, rows, device=device, notes=notes, command=command, foreign=foreign)
+    if not rows:
+        raise TunecostError(f"no batch size could be profiled: {'; '.join(notes) or 'no rows'}")
+    utilization = _write_results(out, job, rows, device=device, notes=notes, command=command, foreign=foreign)
+    if on_progress:
+        on_progress(total, total, "done")
+    return GpuCountersResult(source=_source_of(rows), rows=tuple(rows), utilization=utilization,
+                             notes=tuple(notes), out_dir=str(out))
+
+
+if __name__ == "__main__":
+    if "--child" not in sys.argv[1:]:
+        print("usage: python -m tunecost.profile.gpu_counters --child ... (use `tunecost gpu-counters`)",
+              file=sys.stderr)
+        sys.exit(2)
+    sys.exit(_child_main(sys.argv[1:]))
