@@ -1,0 +1,156 @@
+"""The few architecture numbers the throughput model needs, read from a model's config (no torch).
+
+`Arch` holds parameter counts per kind of matmul (per layer or summed over layers) and the shapes the attention,
+scan and loss terms need. Every count is computed from the config here, so the analytic step counts
+(`throughput_counts`) are pure and fast; `tests/estimate/test_throughput_counts.py` checks the totals against
+`tunecost.models.params.count_parameters` (which builds the real model on the meta device).
+
+Families: Mixtral-style MoE transformers (mixtral, olmoe, qwen2_moe, qwen3_moe), dense llama/mistral, and
+BlackMamba (Zyphra's config keys). Other families raise a `TunecostError` naming the supported ones.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from tunecost.catalog.models import ModelSpec
+from tunecost.errors import TunecostError
+
+TRANSFORMER_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "llama", "mistral")
+
+@dataclass(frozen=True, kw_only=True)
+class Arch:
+    """Matmul parameter counts (weights, not bytes) and shapes of one model."""
+
+    family: str
+    hidden: int
+    num_layers: int  # decoder blocks (BlackMamba: Mamba and MoE blocks together)
+    num_moe_layers: int
+    num_experts: int  # routed experts per MoE layer (1: dense model)
+    expert_params: int  # one routed expert of one layer (gate/up + down, or fc1 + fc2)
+    expert_ffn: int  # the expert's intermediate width (where the activation and gating run)
+    expert_in_out: int  # sum of (in + out) over the expert's matrices: LoRA rank-r work per token is r * this
+    num_expert_matrices: int  # GEMMs per expert call (3: gate, up, down; BlackMamba: fc1, fc2 = 2)
+    router_params_per_layer: int
+    # every other matmul weight over all layers: attention / Mamba projections, shared experts, dense MLPs
+    dense_params: int
+    dense_in_out: int  # sum of (in + out) over the dense matrices (for LoRA on them)
+    num_dense_matrices: int  # GEMMs per step through `dense_params` (one forward)
+    lm_head_params: int
+    tied_embedding: bool
+    embedding_params: int
+    norm_params: int  # norms, biases, conv, A/D: trained under full fine-tuning, no GEMM
+    num_attention_layers: int
+    num_heads: int
+    head_dim: int
+    num_mamba_layers: int
+    mamba_inner: int  # d_inner
+    mamba_state: int  # d_state
+
+    @property
+    def routed_expert_params(self) -> int:
+        return self.num_moe_layers * self.num_experts * self.expert_params
+
+    @property
+    def total_params(self) -> int:
+        lm_head = 0 if self.tied_embedding else self.lm_head_params
+        return (self.routed_expert_params + self.num_moe_layers * self.router_params_per_layer + self.dense_params
+                + self.embedding_params + lm_head + self.norm_params)
+
+    def active_params(self, experts_per_token: int) -> int:
+        k = min(experts_per_token, self.num_experts)
+        return self.total_params - self.routed_expert_params + self.num_moe_layers * k * self.expert_params
+
+
+def _get(config: dict[str, Any], *keys: str, default: Any = None) -> Any:
+    for key in keys:
+        if config.get(key) is not None:
+            return config[key]
+    if default is not None:
+        return default
+    raise TunecostError(f"model config lacks {' / '.join(keys)}")
+
+
+def _blackmamba_arch(config: dict[str, Any]) -> Arch:
+    hidden = int(_get(config, "hidden_size"))
+    pattern = config.get("mamba_moe_layers") or (["r", "8"] * (int(_get(config, "num_layers")) // 2))
+    num_mamba = sum(1 for t in pattern if str(t) == "r")
+    num_moe = len(pattern) - num_mamba
+    num_experts = int(_get(config, "num_experts", default=max(int(t) for t in pattern if str(t) != "r")))
+    ffn = int(_get(config, "ffn_hidden_size", "intermediate_size"))
+    inner = int(_get(config, "expansion_factor", default=2)) * hidden
+    state = int(_get(config, "state_size", "d_state", default=16))
+    conv = int(_get(config, "conv_dimension", "d_conv", default=4))
+    dt_rank = int(_get(config, "time_step_rank", "dt_rank", default=math.ceil(hidden / 16)))
+    vocab = int(_get(config, "vocab_size"))
+    # Mamba mixer: in_proj H->2D, x_proj D->(R+2S), dt_proj R->D, out_proj D->H (stack-facts.md).
+    mamba_mats = [(hidden, 2 * inner), (inner, dt_rank + 2 * state), (dt_rank, inner), (inner, hidden)]
+    mamba_params = sum(i * o for i, o in mamba_mats)
+    # conv weight + bias, dt bias, A_log, D, one RMSNorm per block, final LayerNorm (weight + bias).
+    mamba_other = inner * conv + inner + inner + inner * state + inner
+    norm_params = num_mamba * mamba_other + len(pattern) * hidden + 2 * hidden + num_moe * num_experts  # + router bias
+    return Arch(
+        family="blackmamba", hidden=hidden, num_layers=len(pattern), num_moe_layers=num_moe, num_experts=num_experts,
+        expert_params=hidden * 2 * ffn + ffn * hidden, expert_ffn=ffn,
+        expert_in_out=(hidden + 2 * ffn) + (ffn + hidden),
+        num_expert_matrices=2, router_params_per_layer=hidden * num_experts,
+        dense_params=num_mamba * mamba_params, dense_in_out=num_mamba * sum(i + o for i, o in mamba_mats),
+        num_dense_matrices=num_mamba * len(mamba_mats), lm_head_params=vocab * hidden, tied_embedding=True,
+        embedding_params=vocab * hidden, norm_params=norm_params, num_attention_layers=0, num_heads=0, head_dim=0,
+        num_mamba_layers=num_mamba, mamba_inner=inner, mamba_state=state,
+    )
+
+
+def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
+    hidden = int(_get(config, "hidden_size"))
+    layers = int(_get(config, "num_hidden_layers"))
+    heads = int(_get(config, "num_attention_heads"))
+    kv_heads = int(_get(config, "num_key_value_heads", default=heads))
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    vocab = int(_get(config, "vocab_size"))
+    num_experts = int(_get(config, "num_local_experts", "num_experts", default=1))
+    # (in, out, how many of them in the model): q, k, v, o in every layer, then the non-routed MLP work.
+    mats = [(hidden, heads * head_dim, layers), (hidden, kv_heads * head_dim, layers),
+            (hidden, kv_heads * head_dim, layers), (heads * head_dim, hidden, layers)]
+    ffn, num_moe = 0, 0
+    if num_experts > 1:
+        ffn = int(_get(config, "moe_intermediate_size", "intermediate_size"))
+        num_moe = layers
+        if family == "qwen3_moe":
+            step = int(config.get("decoder_sparse_step") or 1)
+            dense_only = set(config.get("mlp_only_layers") or [])
+            num_moe = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
+        shared = int(config.get("shared_expert_intermediate_size") or 0)
+        if shared:  # qwen2_moe: an always-on shared expert and its scalar gate in every MoE layer
+            mats += [(hidden, shared, num_moe), (hidden, shared, num_moe), (shared, hidden, num_moe),
+                     (hidden, 1, num_moe)]
+    num_mlp_layers = layers - num_moe
+    if num_mlp_layers:
+        inter = int(_get(config, "intermediate_size"))
+        mats += [(hidden, inter, num_mlp_layers), (hidden, inter, num_mlp_layers), (inter, hidden, num_mlp_layers)]
+    qk_norm = {"qwen3_moe": 2 * head_dim, "olmoe": (heads + kv_heads) * head_dim}.get(family, 0)
+    qkv_bias = (heads + 2 * kv_heads) * head_dim if family == "qwen2_moe" else 0  # Qwen's q/k/v biases
+    return Arch(
+        family=family, hidden=hidden, num_layers=layers, num_moe_layers=num_moe, num_experts=num_experts,
+        expert_params=3 * hidden * ffn, expert_ffn=ffn, expert_in_out=3 * (hidden + ffn), num_expert_matrices=3,
+        router_params_per_layer=hidden * num_experts if num_experts > 1 else 0,
+        dense_params=sum(i * o * n for i, o, n in mats), dense_in_out=sum((i + o) * n for i, o, n in mats),
+        num_dense_matrices=sum(n for _, _, n in mats), lm_head_params=vocab * hidden,
+        tied_embedding=bool(config.get("tie_word_embeddings", False)), embedding_params=vocab * hidden,
+        norm_params=layers * (2 * hidden + qk_norm + qkv_bias) + hidden, num_attention_layers=layers, num_heads=heads,
+        head_dim=head_dim, num_mamba_layers=0, mamba_inner=0, mamba_state=0,
+    )
+
+
+def arch_of(spec: ModelSpec) -> Arch:
+    """The `Arch` of a catalog model (or any `ModelSpec` of a supported family)."""
+    if spec.family == "blackmamba":
+        return _blackmamba_arch(spec.config)
+    if spec.family in TRANSFORMER_FAMILIES:
+        return _transformer_arch(spec.family, spec.config)
+    raise TunecostError(
+        f"{spec.name}: the throughput model reads {', '.join(TRANSFORMER_FAMILIES)} and blackmamba configs, "
+        f"not {spec.family!r}"
+    )

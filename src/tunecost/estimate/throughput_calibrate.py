@@ -1,0 +1,298 @@
+"""Calibrate the cross-GPU throughput model on measurements, then predict any (model, GPU, batch) with an interval.
+
+`calibrate(points)` fits six numbers shared by every model and GPU in the file: the five `StackParams` and a fixed
+time per measured run (`run_overhead_s`: start-up, warm-up and checkpointing inside the trainer's train_runtime,
+which the paper divides 1000 queries by). It is a maximum-a-posteriori least squares on log throughput
+(scipy.optimize.least_squares): every (model, dataset, GPU) group weighs the same, and each parameter has a weak
+log-normal prior (`PRIORS`, stated with its reason) so that parameters the data cannot separate stay physical.
+The prediction interval is t-based on the calibration's log residuals; a target outside what was calibrated
+(another GPU, model, method, top-k, or batch range) is flagged as an extrapolation, with the reasons.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from tunecost.catalog.gpus import GPU, resolve_gpu_name
+from tunecost.catalog.models import resolve_model
+from tunecost.errors import TunecostError
+from tunecost.estimate.measurements import Measurement, load_measurements
+from tunecost.estimate.throughput_counts import StepCounts, analytic_step_counts
+from tunecost.estimate.throughput_lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, fixed_lengths
+from tunecost.estimate.throughput_model import PARAM_NAMES, StackParams, StepTime, step_time
+from tunecost.workload.job import FineTuneJob
+
+PAPER_METHOD = {"mixtral-8x7b": "qlora", "blackmamba-2.8b": "full"}  # the paper's setups (§III)
+PAPER_RUN_QUERIES = 1000  # the paper's throughput = 1000 queries / train_runtime
+FIT_NAMES = (*PARAM_NAMES, "run_overhead_s")
+MIN_POINTS = len(FIT_NAMES) + 1
+LOG_NOISE = 0.05  # assumed measurement noise on log throughput: weighs the data against the priors
+INTERVAL_LEVEL = 0.95
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prior:
+    centre: float
+    factor: float  # one standard deviation is x/÷ this factor
+    lower: float
+    upper: float
+    reason: str
+
+
+PRIORS: dict[str, Prior] = {
+    "gemm_efficiency": Prior(centre=0.7, factor=1.5, lower=0.02, upper=1.0,
+                             reason="cuBLAS bf16 GEMMs reach 60-80 % of the dense datasheet peak"),
+    "gemm_half_rows": Prior(centre=64, factor=3.0, lower=1.0, upper=1e5,
+                            reason="GEMMs with K, N in the thousands reach half their rate at some tens of rows"),
+    "memory_efficiency": Prior(centre=0.75, factor=1.3, lower=0.05, upper=1.0,
+                               reason="streaming kernels reach 70-90 % of datasheet bandwidth"),
+    "kernel_overhead_s": Prior(centre=20e-6, factor=3.0, lower=1e-7, upper=1e-3,
+                               reason="eager PyTorch: dispatch + autograd + launch, about 10-50 us per op"),
+    "step_overhead_s": Prior(centre=0.05, factor=10.0, lower=1e-4, upper=10.0,
+                             reason="trainer bookkeeping per step (weak)"),
+    "run_overhead_s": Prior(centre=10.0, factor=10.0, lower=1e-2, upper=600.0,
+                            reason="start-up and warm-up inside the measured train_runtime (weak)"),
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ThroughputTarget:
+    """One workload to predict: model, GPU, top-k, batch, and a dataset (length distribution) or a fixed seq_len."""
+
+    model: str
+    gpu: str
+    batch_size: int
+    experts_per_token: int | None = None
+    dataset: str | None = None
+    seq_len: int | None = None
+    method: str | None = None  # default: the paper's method for its models, else qlora
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise TunecostError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.dataset is None and self.seq_len is None:
+            raise TunecostError(f"{self.model} on {self.gpu}: give a dataset or a seq_len")
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationPoint:
+    target: ThroughputTarget
+    queries_per_s: float
+    run_queries: int | None = PAPER_RUN_QUERIES  # queries in the measured run; None: steady state
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prediction:
+    target: ThroughputTarget
+    gpu: str  # canonical catalog name
+    experts_per_token: int  # as resolved (the model's default when the target left it out)
+    method: str  # as resolved (the paper's setup for its models)
+    queries_per_s: float
+    queries_per_s_low: float
+    queries_per_s_high: float
+    step: StepTime
+    counts: StepCounts
+    run_queries: int | None
+    extrapolation: bool
+    extrapolation_reasons: tuple[str, ...]
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelRange:
+    batch_sizes: tuple[int, int]
+    experts_per_token: frozenset[int]
+    methods: frozenset[str]
+    tokens_per_step: tuple[float, float]
+
+
+def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, StepCounts]:
+    """The job a target describes (the paper's setup for its models) and its analytic step counts."""
+    spec = resolve_model(target.model)
+    method = target.method or PAPER_METHOD.get(spec.name, "qlora")
+    k = target.experts_per_token or spec.default_experts_per_token
+    if target.seq_len is not None:
+        lengths = fixed_lengths(target.seq_len, target.batch_size)
+    else:
+        lengths = dataset_lengths(str(target.dataset), target.batch_size)
+    job = FineTuneJob(model=spec.name, method=method, experts_per_token=k, batch_size=target.batch_size,
+                      seq_len=target.seq_len or PAPER_CUTOFF_TOKENS, dataset=target.dataset,
+                      gradient_checkpointing=method != "full")  # the paper: checkpointing for Mixtral QLoRA only
+    return job, analytic_step_counts(spec, job, lengths)
+
+
+def run_queries_per_s(step_s: float, batch_size: int, run_overhead_s: float, run_queries: int | None) -> float:
+    """Throughput of a run of `run_queries` queries with a fixed overhead; steady state when None."""
+    if run_queries is None:
+        return batch_size / step_s
+    return run_queries / (run_overhead_s + run_queries / batch_size * step_s)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibratedModel:
+    params: StackParams
+    run_overhead_s: float
+    log_residual_sd: float
+    interval_log_halfwidth: float
+    num_points: int
+    in_sample_mape: float  # on the points as measured (their run length)
+    ranges: Mapping[str, ModelRange]
+    gpus: tuple[str, ...]
+    source: str
+    notes: tuple[str, ...] = ()
+
+    def predict(self, target: ThroughputTarget, run_queries: int | None = None) -> Prediction:
+        gpu = resolve_gpu_name(target.gpu).gpu
+        job, counts = job_for(target)
+        step = step_time(counts, gpu, self.params)
+        qps = run_queries_per_s(step.step_s, target.batch_size, self.run_overhead_s, run_queries)
+        reasons = self._extrapolation(job, counts, gpu)
+        factor = math.exp(self.interval_log_halfwidth)
+        notes = [f"lengths: {counts.lengths.source}", f"counts: {counts.source} (the paper's stack)"]
+        return Prediction(target=target, gpu=gpu.name, experts_per_token=int(job.experts_per_token or 0),
+                          method=job.method, queries_per_s=qps, queries_per_s_low=qps / factor,
+                          queries_per_s_high=qps * factor, step=step, counts=counts, run_queries=run_queries,
+                          extrapolation=bool(reasons), extrapolation_reasons=tuple(reasons), notes=tuple(notes))
+
+    def _extrapolation(self, job: FineTuneJob, counts: StepCounts, gpu: GPU) -> list[str]:
+        reasons = []
+        if gpu.name not in self.gpus:
+            reasons.append(f"GPU {gpu.name} not in the calibration ({', '.join(self.gpus)}): cross-GPU transfer")
+        rng = self.ranges.get(job.model)
+        if rng is None:
+            return reasons + [f"model {job.model} not in the calibration ({', '.join(sorted(self.ranges))})"]
+        lo, hi = rng.batch_sizes
+        if not lo <= job.batch_size <= hi:
+            far = " (far outside)" if job.batch_size > 2 * hi or job.batch_size * 2 < lo else ""
+            reasons.append(f"batch {job.batch_size} outside calibrated {lo}..{hi} for {job.model}{far}")
+        if job.experts_per_token not in rng.experts_per_token:
+            reasons.append(f"top-{job.experts_per_token} not calibrated for {job.model} "
+                           f"(have {sorted(rng.experts_per_token)})")
+        if job.method not in rng.methods:
+            reasons.append(f"method {job.method} not calibrated for {job.model} (have {sorted(rng.methods)})")
+        t_lo, t_hi = rng.tokens_per_step
+        if not 0.5 * t_lo <= counts.tokens_per_step <= 2.0 * t_hi:
+            reasons.append(f"{counts.tokens_per_step:.0f} tokens per step, calibrated {t_lo:.0f}..{t_hi:.0f}")
+        return reasons
+
+
+def _optional_columns(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(line for line in fh if not line.lstrip().startswith("#")))
+
+
+def points_from_measurements(measurements: Sequence[Measurement],
+                             extra: Sequence[Mapping[str, str]] = ()) -> list[CalibrationPoint]:
+    """Calibration points from `load_measurements` rows; `extra` (same order) may carry method and num_queries."""
+    out = []
+    for i, m in enumerate(measurements):
+        row = extra[i] if i < len(extra) else {}
+        method = (row.get("method") or "").strip() or None
+        n = (row.get("num_queries") or "").strip()
+        target = ThroughputTarget(model=m.model, gpu=m.gpu, batch_size=m.batch_size,
+                                  experts_per_token=m.experts_per_token,
+                                  dataset=None if m.seq_len else m.dataset, seq_len=m.seq_len, method=method)
+        out.append(CalibrationPoint(target=target, queries_per_s=m.queries_per_s,
+                                    run_queries=int(float(n)) if n else PAPER_RUN_QUERIES))
+    return out
+
+
+def load_calibration_points(path: str | Path) -> list[CalibrationPoint]:
+    """A measurements CSV (see `tunecost.estimate.measurements`), with optional method and num_queries columns."""
+    path = Path(path)
+    return points_from_measurements(load_measurements(path), _optional_columns(path))
+
+
+def _unpack(x: np.ndarray) -> tuple[StackParams, float]:
+    values = {name: float(v) for name, v in zip(FIT_NAMES, np.exp(x))}
+    run = values.pop("run_overhead_s")
+    return StackParams(**values), run
+
+
+def calibrate(points: Sequence[CalibrationPoint], *, source: str = "measurements", use_priors: bool = True,
+              priors: Mapping[str, Prior] | None = None) -> CalibratedModel:
+    """Fit the shared parameters to `points` (any models and GPUs together); see the module docstring.
+    `priors` replaces some of `PRIORS`; `use_priors=False` drops them (plain least squares within the bounds).
+    Both are for sensitivity studies."""
+    from scipy.optimize import least_squares
+    from scipy.stats import t as student_t
+
+    if len(points) < MIN_POINTS:
+        raise TunecostError(
+            f"calibration needs at least {MIN_POINTS} measurements ({len(FIT_NAMES)} shared parameters), got "
+            f"{len(points)}; measure several batch sizes (ideally of two models)"
+        )
+    prepared = [(p, resolve_gpu_name(p.target.gpu).gpu, *job_for(p.target)) for p in points]
+    y = np.log([p.queries_per_s for p in points])
+    groups: dict[tuple[str, str, str], int] = defaultdict(int)
+    keys = [(job.model, p.target.dataset or f"seq{p.target.seq_len}", gpu.name) for p, gpu, job, _ in prepared]
+    for key in keys:
+        groups[key] += 1
+    weights = np.sqrt([len(points) / (len(groups) * groups[k]) for k in keys])  # every group weighs the same
+    prior = {**PRIORS, **(priors or {})}
+    centre = np.log([prior[n].centre for n in FIT_NAMES])
+    width = np.log([prior[n].factor for n in FIT_NAMES])
+    bounds = (np.log([prior[n].lower for n in FIT_NAMES]), np.log([prior[n].upper for n in FIT_NAMES]))
+
+    def predicted_log(x: np.ndarray) -> np.ndarray:
+        params, run = _unpack(x)
+        return np.log([run_queries_per_s(step_time(c, gpu, params).step_s, p.target.batch_size, run, p.run_queries)
+                       for p, gpu, _, c in prepared])
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        data = weights * (predicted_log(x) - y) / LOG_NOISE
+        return np.concatenate([data, (x - centre) / width]) if use_priors else data
+
+    best = None
+    for half_rows, overhead in ((64.0, 20e-6), (512.0, 5e-6), (64.0, 60e-6), (512.0, 60e-6)):
+        start = centre.copy()
+        start[FIT_NAMES.index("gemm_half_rows")] = math.log(half_rows)
+        start[FIT_NAMES.index("kernel_overhead_s")] = math.log(overhead)
+        fit = least_squares(residuals, np.clip(start, bounds[0] + 1e-9, bounds[1] - 1e-9), bounds=bounds)
+        if best is None or fit.cost < best.cost:
+            best = fit
+    assert best is not None
+    params, run = _unpack(best.x)
+    log_res = predicted_log(best.x) - y
+    dof = len(points) - len(FIT_NAMES)
+    sd = float(np.sqrt(np.sum(log_res**2) / dof))
+    halfwidth = float(student_t.ppf(0.5 + INTERVAL_LEVEL / 2, dof)) * sd
+    return CalibratedModel(
+        params=params, run_overhead_s=run, log_residual_sd=sd, interval_log_halfwidth=halfwidth,
+        num_points=len(points), in_sample_mape=float(np.mean(np.abs(np.expm1(log_res)))),
+        ranges=_ranges(prepared), gpus=tuple(sorted({gpu.name for _, gpu, _, _ in prepared})), source=source,
+        notes=tuple(_coverage_notes(prepared)),
+    )
+
+
+def _ranges(prepared: Sequence[tuple]) -> dict[str, ModelRange]:
+    by_model: dict[str, list] = defaultdict(list)
+    for _, _, job, counts in prepared:
+        by_model[job.model].append((job, counts))
+    return {model: ModelRange(
+        batch_sizes=(min(j.batch_size for j, _ in rows), max(j.batch_size for j, _ in rows)),
+        experts_per_token=frozenset(int(j.experts_per_token) for j, _ in rows),
+        methods=frozenset(j.method for j, _ in rows),
+        tokens_per_step=(min(c.tokens_per_step for _, c in rows), max(c.tokens_per_step for _, c in rows)),
+    ) for model, rows in by_model.items()}
+
+
+def _coverage_notes(prepared: Sequence[tuple]) -> list[str]:
+    notes = []
+    models = {job.model for _, _, job, _ in prepared}
+    if len(models) == 1:
+        notes.append("calibrated on one model only: launch/host overheads and GPU efficiencies are poorly separated")
+    if len({job.batch_size for _, _, job, _ in prepared}) == 1:
+        notes.append("all points share one batch size: the batch-size saturation is not constrained by data")
+    return notes
+
+
+def calibrate_file(path: str | Path) -> CalibratedModel:
+    return calibrate(load_calibration_points(path), source=str(path))

@@ -1,0 +1,280 @@
+"""Work per training step, split by op class: FLOPs, bytes moved, kernel launches, GEMM problem size.
+
+`analytic_step_counts(spec, job, lengths)` counts one step of the paper's software stack from the config alone
+(pure, no torch; milliseconds): transformers 4.40 eager MoE (a Python loop over the experts that got tokens),
+bitsandbytes 0.42 per-expert `Linear4bit` (nf4, double quantization: every use of a 4-bit weight dequantizes it
+to bf16 first), PEFT 0.7 LoRA (adapters upcast to fp32 by LLaMA-Factory), FlashAttention-2 varlen, gradient
+checkpointing per decoder layer, torch AdamW (foreach) with gradient clipping. Every term is written out below.
+
+Passes over a weight per step: forward (1) + recompute under gradient checkpointing (1) + backward grad-input (1)
++ backward grad-weight (1, trainable weights only: none of the frozen base weights under (Q)LoRA).
+Routing is taken as uniform (expected experts hit per layer E(1 - (1 - k/E)^T)); the paper's Fig. 11 imbalance is
+not modelled. A step simulator (`tunecost.simulate`) counts the same classes on tunecost's own stack; the
+test `tests/estimate/test_throughput_counts.py` compares the two where it exists.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from tunecost.catalog.models import ModelSpec
+from tunecost.errors import TunecostError
+from tunecost.estimate.throughput_arch import Arch, arch_of
+from tunecost.estimate.throughput_lengths import SeqLengths, empirical_lengths, fixed_lengths
+from tunecost.workload.job import FineTuneJob
+
+OP_CLASSES = ("expert_matmul", "dense_matmul", "lm_head", "router", "lora", "attention", "scan", "dequant",
+              "elementwise", "optimizer")
+GEMM_CLASSES = ("expert_matmul", "dense_matmul", "lm_head", "router", "lora")
+TENSOR_CORE = "bf16_tensor"
+CUDA_CORE = "fp32"
+
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64  # 4-bit codes + 8-bit absmax per 64-block (double quantization)
+DEQUANT_KERNELS_PER_CALL = 2  # absmax dequantization, then the weights (bnb double quantization)
+DEQUANT_FLOPS_PER_PARAM = 2  # table lookup + scale
+LORA_BYTES_PER_IN_OUT = 12  # fp32 adapter path: cast x to fp32, x@A, @B, * scaling, add into the bf16 output
+LORA_KERNELS_FWD, LORA_KERNELS_BWD = 5, 8  # cast, A, B, scale, add / their gradients (incl. A, B weight grads)
+LORA_PARAM_BYTES = 4  # LLaMA-Factory upcasts trainable adapter weights to fp32
+BWD_KERNELS_PER_FWD_KERNEL = 1.5  # non-GEMM ops: autograd launches about 1.5 kernels per forward kernel
+BWD_BYTES_PER_FWD_BYTE = 2.0  # element-wise backward reads the saved input and the incoming grad, writes a grad
+FA2_BWD_FLOPS_PER_FWD = 2.5  # FlashAttention-2 backward recomputes the scores: 5 matmuls vs 2
+SCAN_FLOPS_PER_STATE = 9  # selective scan: 9 B L D N FLOPs forward (Gu & Dao 2023, §3.3)
+# Element-wise traffic per token per layer, forward, in bytes per element of the named width:
+RMSNORM_BYTES_PER_HIDDEN = 34  # HF RMSNorm: upcast, pow, mean, rsqrt, mul, downcast, * weight
+RMSNORM_KERNELS = 7
+ROTARY_BYTES_PER_QK = 20  # q*cos + rotate_half(q)*sin on q and k (slice, neg, cat, mul, mul, add)
+ROTARY_KERNELS = 12
+RESIDUAL_BYTES_PER_HIDDEN = 6  # read two bf16, write one
+FA2_VARLEN_BYTES_PER_HIDDEN = 16  # unpad q, k, v and pad the output back (index ops)
+FA2_VARLEN_KERNELS = 8
+EXPERT_ACT_BYTES_PER_FFN = 10  # act(gate) and gate * up on the expert's tokens
+EXPERT_DISPATCH_BYTES_PER_HIDDEN = 14  # gather tokens, * routing weight, index_add back
+EXPERT_DISPATCH_KERNELS = 9  # where (nonzero: a host sync), index, act, mul, weight index + mul, index_add, cast
+ROUTER_KERNELS = 10  # softmax in fp32, topk, renormalise, cast, one_hot, permute
+ROUTER_FLOPS_PER_LOGIT = 10  # softmax, top-k, renormalisation
+MAMBA_NORM_BYTES_PER_HIDDEN = 12  # fused residual (fp32) + RMSNorm
+MAMBA_ELEMENTWISE_KERNELS = 8
+LOSS_BYTES_PER_VOCAB = 26  # logits upcast to fp32, log-softmax, NLL, and their backward
+LOSS_KERNELS = 12
+ADAMW_ACCESSES_PER_PARAM = 20  # foreach AdamW: lerp m, v*b2 + g^2, sqrt/div/add eps, decay, addcdiv (reads+writes)
+CLIP_ACCESSES_PER_PARAM = 3  # gradient-norm clipping: norm (read), scale (read + write)
+ADAMW_FOREACH_OPS = 12
+FOREACH_TENSORS_PER_LAUNCH = 32
+ADAMW_FLOPS_PER_PARAM = 15
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepCounts:
+    """One training step's work per op class (see OP_CLASSES); all values are per step."""
+
+    flops_by_class: Mapping[str, float]
+    bytes_by_class: Mapping[str, float]
+    kernels_by_class: Mapping[str, float]
+    gemm_rows_by_class: Mapping[str, float]  # problem size: rows (tokens) per GEMM/attention call
+    peak_by_class: Mapping[str, str]  # which peak bounds the class's FLOPs: TENSOR_CORE or CUDA_CORE
+    batch_size: int
+    tokens_per_step: float
+    lengths: SeqLengths
+    source: str = "analytic"
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def total_flops(self) -> float:
+        return sum(self.flops_by_class.values())
+
+    @property
+    def total_bytes(self) -> float:
+        return sum(self.bytes_by_class.values())
+
+    @property
+    def total_kernels(self) -> float:
+        return sum(self.kernels_by_class.values())
+
+
+def lengths_of_job(job: FineTuneJob) -> SeqLengths:
+    """The job's own lengths: its fixed seq_len, else its dataset lengths (padded to the longest per batch)."""
+    if job.seq_len is not None:
+        return fixed_lengths(job.seq_len, job.batch_size)
+    assert job.lengths
+    return empirical_lengths(job.lengths, job.batch_size, source=f"{job.dataset or 'dataset'} lengths")
+
+
+def experts_hit(num_experts: int, experts_per_token: int, tokens: float) -> float:
+    """Expected experts with at least one token in a layer under uniform top-k routing."""
+    if num_experts <= 1:
+        return 1.0
+    return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** tokens)
+
+
+class _Acc:
+    def __init__(self) -> None:
+        self.flops: dict[str, float] = defaultdict(float)
+        self.bytes: dict[str, float] = defaultdict(float)
+        self.kernels: dict[str, float] = defaultdict(float)
+
+    def add(self, cls: str, *, flops: float = 0.0, bytes_: float = 0.0, kernels: float = 0.0) -> None:
+        self.flops[cls] += flops
+        self.bytes[cls] += bytes_
+        self.kernels[cls] += kernels
+
+
+def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths | None = None) -> StepCounts:
+    """Count one step of `job` on `spec` (see the module docstring for the stack it describes)."""
+    arch = arch_of(spec)
+    lengths = lengths or lengths_of_job(job)
+    if lengths.batch_size != job.batch_size:
+        raise TunecostError(f"lengths are for batch {lengths.batch_size}, the job for batch {job.batch_size}")
+    k = job.experts_per_token or spec.default_experts_per_token
+    if arch.num_experts > 1 and not 1 <= k <= arch.num_experts:
+        raise TunecostError(f"{spec.name}: experts per token must be in 1..{arch.num_experts}, got {k}")
+    tokens = lengths.tokens_per_step
+    acc = _Acc()
+    gc = 1.0 if job.gradient_checkpointing else 0.0
+    full = job.method == "full"
+    quantized = job.method == "qlora"
+    w_bytes = job.compute_bytes_per_element
+    frozen_passes = 1.0 + gc + 1.0  # forward, recompute, grad-input
+    base_passes = frozen_passes + (1.0 if full else 0.0)  # + grad-weight when the base weights train
+    fwd_passes = 1.0 + gc  # element-wise and dispatch ops run forward again under recompute
+    hit = experts_hit(arch.num_experts, k, tokens) if arch.num_experts > 1 else 0.0
+    rows_expert = tokens * k / hit if hit else 0.0
+
+    # Routed experts: one GEMM per expert matrix per hit expert; weights re-read on every pass.
+    if arch.num_experts > 1:
+        acc.add("expert_matmul",
+                flops=base_passes * 2.0 * tokens * k * arch.expert_params * arch.num_moe_layers,
+                bytes_=base_passes * arch.num_moe_layers * (hit * arch.expert_params * w_bytes
+                                                            + tokens * k * arch.expert_in_out * w_bytes),
+                kernels=base_passes * arch.num_moe_layers * hit * arch.num_expert_matrices)
+        router_params = arch.num_moe_layers * arch.router_params_per_layer
+        acc.add("router",
+                flops=base_passes * 2.0 * tokens * router_params
+                + fwd_passes * arch.num_moe_layers * tokens * arch.num_experts * ROUTER_FLOPS_PER_LOGIT,
+                bytes_=base_passes * (router_params * w_bytes + arch.num_moe_layers * tokens * arch.hidden * w_bytes)
+                + (fwd_passes + BWD_BYTES_PER_FWD_BYTE) * arch.num_moe_layers * tokens * k * arch.hidden
+                * EXPERT_DISPATCH_BYTES_PER_HIDDEN,
+                kernels=base_passes * arch.num_moe_layers
+                + (fwd_passes + BWD_KERNELS_PER_FWD_KERNEL) * arch.num_moe_layers
+                * (ROUTER_KERNELS + hit * EXPERT_DISPATCH_KERNELS))
+        acc.add("elementwise", bytes_=(fwd_passes + BWD_BYTES_PER_FWD_BYTE) * arch.num_moe_layers * tokens * k
+                * arch.expert_ffn * EXPERT_ACT_BYTES_PER_FFN)
+
+    # Every other matmul weight (attention or Mamba projections, shared experts, dense MLPs).
+    acc.add("dense_matmul", flops=base_passes * 2.0 * tokens * arch.dense_params,
+            bytes_=base_passes * (arch.dense_params * w_bytes + tokens * arch.dense_in_out * w_bytes),
+            kernels=base_passes * arch.num_dense_matrices)
+
+    # Output head (not recomputed; tied to the embedding in BlackMamba, which trains under full FT).
+    head_passes = 2.0 + (1.0 if full else 0.0)
+    acc.add("lm_head", flops=head_passes * 2.0 * tokens * arch.lm_head_params,
+            bytes_=head_passes * (arch.lm_head_params * w_bytes + tokens * (arch.hidden + spec.vocab_size) * w_bytes),
+            kernels=head_passes)
+    acc.add("elementwise", bytes_=tokens * spec.vocab_size * LOSS_BYTES_PER_VOCAB, kernels=LOSS_KERNELS)
+
+    # 4-bit weights (every Linear but the head under QLoRA) are dequantized on forward, recompute, backward.
+    if quantized:
+        quant_params = arch.dense_params + arch.num_moe_layers * arch.router_params_per_layer
+        quant_calls = arch.num_dense_matrices + arch.num_moe_layers  # + one router per MoE layer
+        if arch.num_experts > 1:
+            quant_params += arch.num_moe_layers * hit * arch.expert_params
+            quant_calls += arch.num_moe_layers * hit * arch.num_expert_matrices
+        acc.add("dequant", flops=frozen_passes * quant_params * DEQUANT_FLOPS_PER_PARAM,
+                bytes_=frozen_passes * quant_params * (NF4_BYTES_PER_PARAM + w_bytes),
+                kernels=frozen_passes * quant_calls * DEQUANT_KERNELS_PER_CALL)
+
+    _add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
+    _add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes)
+    trainable_params, trainable_tensors, param_bytes = _trainable(arch, job, k)
+    acc.add("optimizer", flops=trainable_params * ADAMW_FLOPS_PER_PARAM,
+            bytes_=trainable_params * param_bytes * (ADAMW_ACCESSES_PER_PARAM + CLIP_ACCESSES_PER_PARAM),
+            kernels=(ADAMW_FOREACH_OPS + 4) * -(-trainable_tensors // FOREACH_TENSORS_PER_LAUNCH))
+    if full:  # embedding gradient: zero-fill + scatter into a vocab x hidden buffer
+        acc.add("elementwise", bytes_=2.0 * arch.embedding_params * w_bytes, kernels=3)
+
+    lora_rows = rows_expert if "experts" in job.lora.targets and arch.num_experts > 1 else tokens
+    rows = {"expert_matmul": rows_expert, "dense_matmul": tokens, "lm_head": tokens, "router": tokens,
+            "lora": lora_rows, "attention": lengths.padded_len_tokens, "scan": tokens}
+    peaks = {c: (TENSOR_CORE if c in ("expert_matmul", "dense_matmul", "lm_head", "router", "attention")
+                 else CUDA_CORE) for c in OP_CLASSES}
+    return StepCounts(
+        flops_by_class=MappingProxyType({c: acc.flops.get(c, 0.0) for c in OP_CLASSES}),
+        bytes_by_class=MappingProxyType({c: acc.bytes.get(c, 0.0) for c in OP_CLASSES}),
+        kernels_by_class=MappingProxyType({c: acc.kernels.get(c, 0.0) for c in OP_CLASSES}),
+        gemm_rows_by_class=MappingProxyType(rows), peak_by_class=MappingProxyType(peaks),
+        batch_size=job.batch_size, tokens_per_step=tokens, lengths=lengths, source="analytic",
+    )
+
+
+def _add_lora(acc: _Acc, arch: Arch, job: FineTuneJob, *, tokens: float, k: int, hit: float, gc: float) -> None:
+    """Rank-r adapters (fp32) beside the frozen weights they target: x@A@B on every pass, plus A/B grads."""
+    if job.method == "full":
+        return
+    r = job.lora.rank
+    token_io = 0.0  # sum over adapter calls of tokens x (in + out)
+    calls = 0.0
+    if "experts" in job.lora.targets and arch.num_experts > 1:
+        token_io += arch.num_moe_layers * tokens * k * arch.expert_in_out
+        calls += arch.num_moe_layers * hit * arch.num_expert_matrices
+    if "router" in job.lora.targets and arch.num_experts > 1:
+        token_io += arch.num_moe_layers * tokens * (arch.hidden + arch.num_experts)
+        calls += arch.num_moe_layers
+    if "attention" in job.lora.targets or "mlp" in job.lora.targets:  # coarse: adapters on every dense matrix
+        token_io += tokens * arch.dense_in_out
+        calls += arch.num_dense_matrices
+    passes = 1.0 + gc + 2.0  # forward, recompute, grad-input, grad-weight of A and B
+    acc.add("lora", flops=passes * 2.0 * r * token_io, bytes_=(1.0 + gc + 2.0) * token_io * LORA_BYTES_PER_IN_OUT,
+            kernels=calls * ((1.0 + gc) * LORA_KERNELS_FWD + LORA_KERNELS_BWD))
+
+
+def _add_mixers(acc: _Acc, arch: Arch, lengths: SeqLengths, *, gc: float, w_bytes: int) -> None:
+    """Attention (FlashAttention-2 varlen: causal l^2 work on real lengths) or the Mamba conv + scan, and the
+    per-layer element-wise work around them (norms, rotary, residuals)."""
+    batch = lengths.batch_size
+    tokens = lengths.tokens_per_step
+    fwd_passes = 1.0 + gc
+    ew_passes = fwd_passes + BWD_BYTES_PER_FWD_BYTE
+    ew_kernel_passes = fwd_passes + BWD_KERNELS_PER_FWD_KERNEL
+    if arch.num_attention_layers:
+        width = arch.num_heads * arch.head_dim
+        fwd_flops = arch.num_attention_layers * batch * lengths.mean_sq_len_tokens2 * 2.0 * width
+        acc.add("attention", flops=(fwd_passes + FA2_BWD_FLOPS_PER_FWD) * fwd_flops,
+                bytes_=(fwd_passes + FA2_BWD_FLOPS_PER_FWD) * arch.num_attention_layers * tokens * 4 * width * w_bytes,
+                kernels=arch.num_attention_layers * (fwd_passes + 3.0))
+        per_token_layer = (2 * RMSNORM_BYTES_PER_HIDDEN + 2 * RESIDUAL_BYTES_PER_HIDDEN
+                           + FA2_VARLEN_BYTES_PER_HIDDEN) * arch.hidden + ROTARY_BYTES_PER_QK * 2 * width
+        kernels_layer = 2 * RMSNORM_KERNELS + ROTARY_KERNELS + 2 + FA2_VARLEN_KERNELS
+        acc.add("elementwise", bytes_=ew_passes * arch.num_attention_layers * tokens * per_token_layer,
+                kernels=ew_kernel_passes * arch.num_attention_layers * kernels_layer)
+    if arch.num_mamba_layers:
+        d, n = arch.mamba_inner, arch.mamba_state
+        fwd_flops = arch.num_mamba_layers * tokens * (SCAN_FLOPS_PER_STATE * d * n + 2 * 4 * d)  # scan + conv
+        fwd_bytes = arch.num_mamba_layers * tokens * ((6 * d + 4 * n) * w_bytes)  # x, dt, z in, y out, conv io, B, C
+        acc.add("scan", flops=(fwd_passes + 2.0) * fwd_flops, bytes_=(fwd_passes + 2.5) * fwd_bytes,
+                kernels=arch.num_mamba_layers * (2 * fwd_passes + 4))
+        acc.add("elementwise", bytes_=ew_passes * arch.num_layers * tokens * MAMBA_NORM_BYTES_PER_HIDDEN * arch.hidden
+                + ew_passes * arch.num_mamba_layers * tokens * 6 * d,
+                kernels=ew_kernel_passes * (arch.num_layers * 2 + arch.num_mamba_layers * MAMBA_ELEMENTWISE_KERNELS))
+
+
+def _trainable(arch: Arch, job: FineTuneJob, k: int) -> tuple[float, int, int]:
+    """(trainable parameters, trainable tensors, bytes per trainable parameter)."""
+    if job.method == "full":
+        tensors = (arch.num_moe_layers * (arch.num_experts * arch.num_expert_matrices + 1)
+                   + arch.num_dense_matrices + 2 * arch.num_layers + 3)
+        return float(arch.total_params), tensors, job.compute_bytes_per_element
+    r = job.lora.rank
+    params = 0.0
+    mats = 0
+    if "experts" in job.lora.targets and arch.num_experts > 1:
+        params += arch.num_moe_layers * arch.num_experts * r * arch.expert_in_out
+        mats += arch.num_moe_layers * arch.num_experts * arch.num_expert_matrices
+    if "router" in job.lora.targets and arch.num_experts > 1:
+        params += arch.num_moe_layers * r * (arch.hidden + arch.num_experts)
+        mats += arch.num_moe_layers
+    if "attention" in job.lora.targets or "mlp" in job.lora.targets:
+        params += r * arch.dense_in_out
+        mats += arch.num_dense_matrices
+    return params, 2 * mats, LORA_PARAM_BYTES

@@ -1,0 +1,146 @@
+"""Analytic step counts (tunecost.estimate.throughput_counts) and the architecture numbers they use."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunecost.catalog.models import resolve_model
+from tunecost.errors import TunecostError
+from tunecost.estimate.throughput_arch import arch_of
+from tunecost.estimate.throughput_counts import (
+    NF4_BYTES_PER_PARAM,
+    OP_CLASSES,
+    analytic_step_counts,
+    experts_hit,
+)
+from tunecost.estimate.throughput_lengths import fixed_lengths
+from tunecost.workload.job import FineTuneJob
+
+# Mixtral-8x7B by hand (config: H 4096, I 14336, 32 layers, 32 q / 8 kv heads of 128, vocab 32000):
+MIXTRAL_EXPERT_PARAMS = 3 * 4096 * 14336  # w1, w3, w2 of one expert
+MIXTRAL_ATTN_PARAMS = 32 * (2 * 4096 * 4096 + 2 * 4096 * 1024)  # q, o + k, v over 32 layers
+
+
+def _mixtral_job(**kw) -> FineTuneJob:
+    return FineTuneJob(model="mixtral-8x7b", **{"experts_per_token": 2, "batch_size": 1, "seq_len": 128, **kw})
+
+
+def test_mixtral_arch_matches_hand_count_and_published_totals() -> None:
+    arch = arch_of(resolve_model("mixtral-8x7b"))
+    assert arch.expert_params == MIXTRAL_EXPERT_PARAMS
+    assert arch.dense_params == MIXTRAL_ATTN_PARAMS
+    assert arch.total_params == 46_702_792_704  # Mistral AI: 46.7 B total
+    assert arch.active_params(2) == pytest.approx(12.9e9, rel=0.01)  # Mistral AI: 12.9 B used per token
+
+
+def test_blackmamba_arch_matches_published_sizes() -> None:
+    arch = arch_of(resolve_model("blackmamba-2.8b"))
+    assert arch.total_params == pytest.approx(2.78e9, rel=0.005)  # "2.8B" model: 2.78 B (issue 5)
+    assert arch.active_params(1) == pytest.approx(0.63e9, rel=0.01)  # "630M" active at the released top-1
+    assert (arch.num_mamba_layers, arch.num_moe_layers, arch.num_attention_layers) == (18, 18, 0)
+
+
+@pytest.mark.parametrize("name", ["mixtral-8x7b", "olmoe-1b-7b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "tiny-mixtral"])
+def test_arch_totals_match_the_meta_built_model(name: str) -> None:
+    from tunecost.models.params import count_parameters
+
+    spec = resolve_model(name)
+    counts = count_parameters(spec)
+    arch = arch_of(spec)
+    assert arch.total_params == counts.total
+    assert arch.routed_expert_params == counts.routed_experts
+    assert arch.active_params(spec.default_experts_per_token) == counts.active
+
+
+def test_unsupported_family_is_a_clear_error() -> None:
+    with pytest.raises(TunecostError, match="deepseek_v2"):
+        arch_of(resolve_model("deepseek-v2-lite"))
+
+
+def test_experts_hit_limits() -> None:
+    assert experts_hit(8, 2, 1) == pytest.approx(2.0)  # one token touches exactly k experts
+    assert experts_hit(8, 8, 3) == pytest.approx(8.0)  # dense: every expert
+    assert experts_hit(8, 2, 1000) == pytest.approx(8.0)  # many tokens: all experts
+
+
+def test_qlora_expert_and_dequant_terms_by_hand() -> None:
+    # Frozen 4-bit experts under gradient checkpointing: forward + recompute + grad-input = 3 passes, no weight grad.
+    counts = analytic_step_counts(resolve_model("mixtral-8x7b"), _mixtral_job())
+    tokens = 128
+    fwd_expert_flops = 2 * tokens * 2 * MIXTRAL_EXPERT_PARAMS * 32
+    assert counts.flops_by_class["expert_matmul"] == pytest.approx(3 * fwd_expert_flops)
+    # Every expert is hit (128 tokens x 2): dequantize all 4-bit weights 3 times (read nf4 + absmax, write bf16).
+    quantized = 8 * 32 * MIXTRAL_EXPERT_PARAMS + MIXTRAL_ATTN_PARAMS + 32 * 4096 * 8
+    assert counts.bytes_by_class["dequant"] == pytest.approx(3 * quantized * (NF4_BYTES_PER_PARAM + 2), rel=1e-3)
+    assert set(counts.flops_by_class) == set(OP_CLASSES)
+    assert counts.source == "analytic"
+
+
+def test_lora_without_quantization_has_no_dequant_and_full_ft_trains_everything() -> None:
+    lora = analytic_step_counts(resolve_model("mixtral-8x7b"), _mixtral_job(method="lora"))
+    assert lora.bytes_by_class["dequant"] == 0
+    full = analytic_step_counts(resolve_model("mixtral-8x7b"),
+                                _mixtral_job(method="full", gradient_checkpointing=False))
+    # full fine-tuning: forward + grad-input + grad-weight = 3 passes; no adapters; optimizer over all weights
+    assert full.flops_by_class["expert_matmul"] == pytest.approx(3 * 2 * 128 * 2 * MIXTRAL_EXPERT_PARAMS * 32)
+    assert full.flops_by_class["lora"] == 0
+    assert full.bytes_by_class["optimizer"] > 100 * lora.bytes_by_class["optimizer"]
+
+
+def test_dense_routing_quadruples_expert_work() -> None:
+    spec = resolve_model("mixtral-8x7b")
+    sparse = analytic_step_counts(spec, _mixtral_job(experts_per_token=2))
+    dense = analytic_step_counts(spec, _mixtral_job(experts_per_token=8))
+    assert dense.flops_by_class["expert_matmul"] == pytest.approx(4 * sparse.flops_by_class["expert_matmul"])
+    assert dense.flops_by_class["dense_matmul"] == sparse.flops_by_class["dense_matmul"]
+
+
+def test_gemm_rows_are_tokens_per_expert() -> None:
+    counts = analytic_step_counts(resolve_model("mixtral-8x7b"), _mixtral_job(batch_size=4))
+    assert counts.tokens_per_step == 512
+    assert counts.gemm_rows_by_class["expert_matmul"] == pytest.approx(512 * 2 / 8, rel=1e-6)
+    assert counts.gemm_rows_by_class["dense_matmul"] == 512
+
+
+def test_work_grows_with_tokens_but_weight_traffic_does_not() -> None:
+    spec = resolve_model("mixtral-8x7b")
+    small = analytic_step_counts(spec, _mixtral_job(batch_size=1))
+    big = analytic_step_counts(spec, _mixtral_job(batch_size=8))
+    assert big.flops_by_class["expert_matmul"] == pytest.approx(8 * small.flops_by_class["expert_matmul"])
+    assert big.bytes_by_class["dequant"] == pytest.approx(small.bytes_by_class["dequant"])  # per weight, not per token
+    assert big.total_kernels == pytest.approx(small.total_kernels)  # the eager loop launches per expert, not per token
+
+
+def test_blackmamba_full_finetune_counts_scan_and_no_attention() -> None:
+    spec = resolve_model("blackmamba-2.8b")
+    job = FineTuneJob(model="blackmamba-2.8b", method="full", gradient_checkpointing=False, experts_per_token=2,
+                      batch_size=2, seq_len=100)
+    counts = analytic_step_counts(spec, job)
+    assert counts.flops_by_class["attention"] == 0
+    assert counts.flops_by_class["scan"] > 0
+    arch = arch_of(spec)
+    assert counts.flops_by_class["expert_matmul"] == pytest.approx(3 * 2 * 200 * 2 * arch.expert_params * 18)
+
+
+def test_lengths_must_match_the_job_batch() -> None:
+    with pytest.raises(TunecostError, match="batch"):
+        analytic_step_counts(resolve_model("mixtral-8x7b"), _mixtral_job(batch_size=2), fixed_lengths(128, 3))
+
+
+def test_analytic_counts_agree_with_the_step_simulator() -> None:
+    """The step simulator traces the paper's stack ("hf-2024") on fake tensors; the analytic counts must agree on
+    the matmul classes, which do not depend on how kernels are fused. (De-quantization and element-wise bytes
+    differ: the simulator counts every op's reads and writes as traced; docs/throughput-model.md compares them.)"""
+    from tunecost.simulate import simulate_step
+
+    job = _mixtral_job(batch_size=2)
+    sim = simulate_step(job, stack="hf-2024", use_cache=False).total_counts
+    ours = analytic_step_counts(resolve_model("mixtral-8x7b"), job)
+    for cls in ("expert_matmul", "lm_head"):
+        assert ours.flops_by_class[cls] == pytest.approx(sim.flops_by_class[cls], rel=1e-3)
+        assert ours.bytes_by_class[cls] == pytest.approx(sim.bytes_by_class[cls], rel=1e-2)
+    assert ours.flops_by_class["lora"] == pytest.approx(sim.flops_by_class["lora"], rel=0.1)
+    # the simulator files q/k/v/o under "attention" with the attention kernel, and counts no causal saving
+    ours_attention = ours.flops_by_class["attention"] + ours.flops_by_class["dense_matmul"]
+    assert ours_attention == pytest.approx(sim.flops_by_class["attention"] + sim.flops_by_class.get("dense_matmul", 0),
+                                           rel=0.05)
