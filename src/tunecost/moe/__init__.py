@@ -1,1 +1,46 @@
-"""tunecost.moe"""
+"""MoE layers for fine-tuning: switchable experts implementations, LoRA/QLoRA on experts and router, a benchmark.
+
+    from tunecost.models.tiny import build_tiny_mixtral
+    from tunecost.moe import LoraSpec, install_experts
+    model = install_experts(build_tiny_mixtral(), "qlora-linear4bit", LoraSpec())   # the paper's QLoRA stack
+    model = install_experts(build_tiny_mixtral(), "fast-4bit", LoraSpec())          # tunecost's faster one
+
+`EXPERT_IMPLS` and `LoraSpec` import without torch; everything else loads torch on first use. See
+docs/moe-layer.md for the design and the measurements.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from tunecost.moe.spec import EXPERT_IMPLS, EXPERT_LORA_LAYOUTS, LORA_TARGETS, LoraSpec
+
+_LAZY = {
+    "install_experts": "tunecost.moe.install",
+    "uninstall_experts": "tunecost.moe.install",
+    "installed_impl": "tunecost.moe.install",
+    "set_experts_per_token": "tunecost.moe.install",
+    "trainable_parameters": "tunecost.moe.install",
+    "moe_layers": "tunecost.moe.install",
+    "MoeLayer": "tunecost.moe.install",
+    "save_adapter": "tunecost.moe.adapters",
+    "load_adapter": "tunecost.moe.adapters",
+    "adapter_state_dict": "tunecost.moe.adapters",
+    "ExpertLoadRecorder": "tunecost.moe.loads",
+    "FastExperts": "tunecost.moe.fast",
+    "Linear4bitExperts": "tunecost.moe.linear4bit",
+    "LoraRouter": "tunecost.moe.router",
+    "NF4ExpertWeights": "tunecost.moe.nf4",
+    "bench_moe_layer": "tunecost.moe.bench",
+    "MoeBenchRow": "tunecost.moe.bench",
+    "BENCH_IMPLS": "tunecost.moe.bench",
+}
+
+__all__ = ["EXPERT_IMPLS", "EXPERT_LORA_LAYOUTS", "LORA_TARGETS", "LoraSpec", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tunecost.moe' has no attribute {name!r}")

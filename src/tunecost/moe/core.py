@@ -1,0 +1,346 @@
+"""The expert computation of `FastExperts`: route once, grouped GEMMs, split LoRA on routed rows only.
+
+For the rows (token, expert) sorted by expert, with frozen base weights W and LoRA factors A, B per expert:
+
+    h = x W_gu^T + s (x A_gu^T) B_gu^T          (rows, 2I)   gate half first, as transformers stores it
+    a = act(h_gate) * h_up                       (rows, I)    act = SiLU (Mixtral) or GELU (BlackMamba)
+    y = a W_d^T + s (a A_d^T) B_d^T              (rows, H)
+
+W + s B A is never built. The backward is written out by hand (`_ExpertMLP`) so that it computes exactly what
+training needs: input gradients through W, gradients for A and B from the routed rows, none for a frozen W. It
+keeps x, h, act(h_gate) and the two rank-r products; the gated product is recomputed, and the backward runs over
+about half the rows (whole experts) at a time, so its (rows, 2I) and (rows, I) gradients exist for half the rows
+only. LoRA terms are accumulated in place (`grouped_addmm_`). Each phase, forward and backward, runs in a
+`record_function` range named as `tunecost.profile.nvtx` names them (w1w3, w2, lora, act, dequant). Base weights
+come from a `BaseWeights` object: dense parameters, or NF4 stacks de-quantized for the experts that received tokens only, once per
+forward, then kept for the backward where memory allows (by default: when the forward is a gradient-checkpointing
+recomputation, i.e. one layer at a time) and otherwise de-quantized again in the backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch.profiler import record_function
+
+from tunecost.moe.grouped import (
+    Groups,
+    grouped_addmm_,
+    grouped_matmul,
+    grouped_matmul_wgrad,
+    groups_from_counts,
+)
+from tunecost.moe.nf4 import NF4ExpertWeights
+
+ACTIVATIONS: tuple[str, ...] = ("silu", "gelu", "gelu_tanh")
+# torch.profiler / NVTX range names, the same strings as tunecost.profile.nvtx (W1W3, W2, LORA, ACTIVATION,
+# DEQUANT) so its kernel classifier reads them; forward and backward work carry the same name.
+W1W3_RANGE, W2_RANGE = "tunecost.moe.w1w3", "tunecost.moe.w2"
+LORA_RANGE, ACT_RANGE, DEQUANT_RANGE = "tunecost.moe.lora", "tunecost.moe.act", "tunecost.moe.dequant"
+_BACKWARD_CHUNKS = 2
+
+
+def activation_forward(name: str, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """act(x), written into `out` when given (a column slice: no temporary, no copy)."""
+    approximate = "tanh" if name == "gelu_tanh" else "none"
+    if out is None:
+        return F.silu(x) if name == "silu" else F.gelu(x, approximate=approximate)
+    if name == "silu":
+        return torch.ops.aten.silu.out(x, out=out)
+    return torch.ops.aten.gelu.out(x, approximate=approximate, out=out)
+
+
+def activation_backward(name: str, grad: torch.Tensor, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """d act(x) / dx * grad, written into `out` (a column slice of the (rows, 2I) gradient: no extra copy)."""
+    if name == "silu":
+        return torch.ops.aten.silu_backward.grad_input(grad, x, grad_input=out)
+    approximate = "tanh" if name == "gelu_tanh" else "none"
+    return torch.ops.aten.gelu_backward.grad_input(grad, x, approximate=approximate, grad_input=out)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Tokens routed once: rows are (token, slot) pairs sorted by expert (stable, so ties keep token order).
+
+    perm: row -> index into the flattened (tokens * top_k) routing tensors.
+    token_of_row: row -> token index.
+    groups: per-expert row ranges over all E experts.
+    tokens_per_expert: (E,) counts on the device.
+    """
+
+    perm: torch.Tensor
+    token_of_row: torch.Tensor
+    groups: Groups
+    tokens_per_expert: torch.Tensor
+
+    @property
+    def hit_experts(self) -> list[int]:
+        return [expert for expert, _, _ in self.groups.bounds()]
+
+    def hit_groups(self) -> Groups:
+        """Row ranges over the experts that received tokens only (for compact de-quantized weights)."""
+        counts = [end - begin for _, begin, end in self.groups.bounds()]
+        return groups_from_counts(counts, self.groups.offsets.device)
+
+
+def route(top_k_index: torch.Tensor, num_experts: int) -> Routing:
+    num_top_k = top_k_index.shape[-1]
+    flat = top_k_index.reshape(-1)
+    _, perm = torch.sort(flat, stable=True)
+    tokens_per_expert = torch.bincount(flat, minlength=num_experts)[:num_experts]
+    # One host sync per layer: the group bounds drive the loop fallback and which experts to de-quantize.
+    groups = groups_from_counts(tokens_per_expert.tolist(), flat.device)
+    return Routing(perm=perm, token_of_row=perm // num_top_k, groups=groups, tokens_per_expert=tokens_per_expert)
+
+
+class BaseWeights:
+    """Frozen or trainable dense expert weights, or NF4 stacks (frozen). `get` returns (W_gu, W_d, groups)."""
+
+    def __init__(
+        self,
+        gate_up: torch.Tensor | NF4ExpertWeights,
+        down: torch.Tensor | NF4ExpertWeights,
+        *,
+        keep_dequantized: bool | None = None,
+    ) -> None:
+        self.gate_up = gate_up
+        self.down = down
+        self.quantized = isinstance(gate_up, NF4ExpertWeights)
+        self.keep_dequantized = keep_dequantized
+
+    def get(self, routing: Routing) -> tuple[torch.Tensor, torch.Tensor, Groups]:
+        if not self.quantized:
+            return self.gate_up, self.down, routing.groups
+        hit = routing.hit_experts
+        return self.gate_up.dequantize(hit), self.down.dequantize(hit), routing.hit_groups()
+
+
+@dataclass(frozen=True)
+class ExpertLora:
+    """LoRA factors of one experts module (any may be None: no LoRA there).
+
+    a_gate_up: (E, R, H); fused layout R = r and b_gate_up (E, 2I, r) covers both halves; per-projection
+    layout R = 2r, rows [0, r) feed b_gate (E, I, r) and rows [r, 2r) feed b_up (E, I, r).
+    a_down (E, r, I), b_down (E, H, r).
+    """
+
+    scaling: float
+    a_gate_up: torch.Tensor | None = None
+    b_gate_up: torch.Tensor | None = None
+    b_gate: torch.Tensor | None = None
+    b_up: torch.Tensor | None = None
+    a_down: torch.Tensor | None = None
+    b_down: torch.Tensor | None = None
+
+
+def _keep_dequantized(policy: bool | None) -> bool:
+    """Whether a forward keeps its de-quantized experts for the backward. Default (None): only when that costs
+    one layer's worth at a time, i.e. inside a backward (a reentrant checkpoint's recomputation) or under
+    saved-tensor hooks (non-reentrant checkpointing: it drops what the first forward saves and keeps what the
+    recomputation saves; both forwards must save the same tensors, which this rule guarantees). Plain training
+    would otherwise hold every layer's de-quantized experts until its backward: the model in full precision."""
+    if policy is not None:
+        return policy
+    try:
+        in_backward = torch._C._current_graph_task_id() != -1
+        hooked = torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+    except (AttributeError, TypeError):  # private API moved: fall back to the memory-safe choice
+        return False
+    return in_backward or hooked
+
+
+def _up_blocks(b_gate_up, b_gate, b_up, intermediate: int):
+    """(B, input columns of x A^T, output columns of h) for each LoRA block of the gate/up projection."""
+    if b_gate_up is not None:
+        rank = b_gate_up.shape[-1]
+        return [(0, b_gate_up, slice(0, rank), slice(0, 2 * intermediate))]
+    rank = b_gate.shape[-1]
+    return [
+        (1, b_gate, slice(0, rank), slice(0, intermediate)),
+        (2, b_up, slice(rank, 2 * rank), slice(intermediate, 2 * intermediate)),
+    ]
+
+
+class _ExpertMLP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w_gu, w_d, a_gu, b_gu, b_g, b_u, a_d, b_d, base, routing, scaling, activation):
+        # w_gu / w_d are the dense weights when dense (so autograd can give them gradients in a full fine-tune),
+        # None when the base weights are NF4 (then `base` de-quantizes them).
+        with record_function(DEQUANT_RANGE):
+            w_gu_g, w_d_g, base_groups = base.get(routing) if base.quantized else (w_gu, w_d, routing.groups)
+        groups = routing.groups
+        intermediate = w_d_g.shape[-1]
+        with record_function(W1W3_RANGE):  # w1 and w3 of every expert, one grouped GEMM
+            h = grouped_matmul(x, w_gu_g.transpose(1, 2), base_groups)
+        xa = None
+        if a_gu is not None:
+            with record_function(LORA_RANGE):
+                xa = grouped_matmul(x, a_gu.transpose(1, 2), groups)
+                for _, b, cols_in, cols_out in _up_blocks(b_gu, b_g, b_u, intermediate):
+                    grouped_addmm_(h[:, cols_out], xa[:, cols_in], b.transpose(1, 2), groups, alpha=scaling)
+        with record_function(ACT_RANGE):
+            gate, up = h[:, :intermediate], h[:, intermediate:]
+            act = activation_forward(activation, gate)  # kept: recomputing it costs two passes in the backward
+            a = act * up
+        with record_function(W2_RANGE):
+            y = grouped_matmul(a, w_d_g.transpose(1, 2), base_groups)
+        aa = None
+        if a_d is not None:
+            with record_function(LORA_RANGE):
+                aa = grouped_matmul(a, a_d.transpose(1, 2), groups)
+                grouped_addmm_(y, aa, b_d.transpose(1, 2), groups, alpha=scaling)
+
+        if base.quantized:
+            weights = (w_gu_g, w_d_g) if _keep_dequantized(base.keep_dequantized) else ()
+        else:
+            weights = (w_gu, w_d)
+        ctx.save_for_backward(x, h, act, xa, aa, a_gu, b_gu, b_g, b_u, a_d, b_d, *weights)
+        ctx.base, ctx.routing, ctx.base_groups = base, routing, base_groups
+        ctx.scaling, ctx.activation = scaling, activation
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, h, act, xa, aa, a_gu, b_gu, b_g, b_u, a_d, b_d, *weights = ctx.saved_tensors
+        if weights:  # dense, or de-quantized ones kept since the forward
+            w_gu_g, w_d_g = weights
+        else:  # de-quantize the hit experts again rather than having held them since the forward
+            with record_function(DEQUANT_RANGE):
+                w_gu_g, w_d_g, _ = ctx.base.get(ctx.routing)
+        need = ctx.needs_input_grad
+        dy = dy.contiguous()
+        lora = (a_gu, b_gu, b_g, b_u, a_d, b_d)
+        grads: list = [None] * 13
+        if need[0]:
+            grads[0] = torch.empty_like(x)
+        for index, tensor in ((1, w_gu_g), (2, w_d_g), *((3 + i, t) for i, t in enumerate(lora))):
+            if need[index]:
+                grads[index] = torch.zeros_like(tensor)
+        # Expert by expert range, about half the rows at a time: the (rows, 2I) and (rows, I) gradients of the
+        # backward then exist for half the rows only. Each expert is in one range, so no gradient is summed.
+        for rows, experts, compact, groups, base_groups in _row_chunks(ctx.routing, ctx.base_groups, ctx.base):
+            w_gu_c, w_d_c = w_gu_g[compact], w_d_g[compact]
+            lora_c = tuple(None if t is None else t[experts] for t in lora)
+            saved_c = tuple(None if t is None else t[rows] for t in (x, h, act, xa, aa))
+            out = _backward_rows(dy[rows], saved_c, w_gu_c, w_d_c, lora_c, groups, base_groups, need,
+                                 ctx.scaling, ctx.activation)
+            for index, value in out.items():
+                target = grads[index][rows] if index == 0 else grads[index][experts]
+                target.copy_(value)
+        return tuple(grads)
+
+
+def _row_chunks(routing: Routing, base_groups: Groups, base: BaseWeights):
+    """(rows, experts, base-weight indices, groups, base groups) for consecutive expert ranges of about
+    1/_BACKWARD_CHUNKS of the rows each; groups are relative to the range's first row."""
+    hit = routing.hit_experts
+    ends = routing.groups.ends
+    total = routing.groups.num_rows
+    device = routing.groups.offsets.device
+    cuts, target = [0], total / _BACKWARD_CHUNKS
+    for position, expert in enumerate(hit[:-1]):
+        if ends[expert] >= target * len(cuts):
+            cuts.append(position + 1)
+    cuts.append(len(hit))
+    for first, last in zip(cuts[:-1], cuts[1:]):
+        if first == last:
+            continue
+        e0, e1 = hit[first], hit[last - 1] + 1
+        r0, r1 = (ends[e0 - 1] if e0 else 0), ends[e1 - 1]
+        groups = groups_from_counts([ends[e] - (ends[e - 1] if e else 0) for e in range(e0, e1)], device)
+        if base.quantized:  # compact weights: one per hit expert
+            compact = slice(first, last)
+            base_c = groups_from_counts([ends[e] - (ends[e - 1] if e else 0) for e in hit[first:last]], device)
+        else:
+            compact, base_c = slice(e0, e1), groups
+        yield slice(r0, r1), slice(e0, e1), compact, groups, base_c
+
+
+def _backward_rows(dy, saved, w_gu_g, w_d_g, lora, groups, base_groups, need, s, activation) -> dict:
+    """Gradients for one range of rows (see _ExpertMLP); returns {input index: gradient for the range}."""
+    x, h, act, xa, aa = saved
+    a_gu, b_gu, b_g, b_u, a_d, b_d = lora
+    intermediate = w_d_g.shape[-1]
+    gate, up = h[:, :intermediate], h[:, intermediate:]
+    out = {}
+    need_a = (a_d is not None and need[7]) or need[2]
+    with record_function(ACT_RANGE):
+        a = act * up if need_a else None  # the gated product, only for the down projection's weight gradients
+    with record_function(W2_RANGE):
+        d_a = grouped_matmul(dy, w_d_g, base_groups)
+        if need[2]:
+            out[2] = grouped_matmul_wgrad(dy, a, groups)
+    if a_d is not None:
+        with record_function(LORA_RANGE):
+            if need[8]:
+                out[8] = grouped_matmul_wgrad(dy, aa, groups).mul_(s)
+            d_aa = grouped_matmul(dy, b_d, groups).mul_(s)
+            if need[7]:
+                out[7] = grouped_matmul_wgrad(d_aa, a, groups)
+            grouped_addmm_(d_a, d_aa, a_d, groups, alpha=1.0)
+    del a
+    with record_function(ACT_RANGE):
+        dh = torch.empty_like(h)
+        torch.mul(d_a, act, out=dh[:, intermediate:])  # d(act(g) * u)/du = act(g)
+        activation_backward(activation, d_a.mul_(up), gate, out=dh[:, :intermediate])
+        del d_a
+    with record_function(W1W3_RANGE):
+        if need[0]:
+            out[0] = grouped_matmul(dh, w_gu_g, base_groups)
+        if need[1]:
+            out[1] = grouped_matmul_wgrad(dh, x, groups)
+    if a_gu is not None:
+        with record_function(LORA_RANGE):
+            d_xa = torch.empty_like(xa)
+            for index, b, cols_in, cols_out in _up_blocks(b_gu, b_g, b_u, intermediate):
+                if need[4 + index]:
+                    out[4 + index] = grouped_matmul_wgrad(dh[:, cols_out], xa[:, cols_in], groups).mul_(s)
+                d_xa[:, cols_in] = grouped_matmul(dh[:, cols_out], b, groups).mul_(s)
+            if need[3]:
+                out[3] = grouped_matmul_wgrad(d_xa, x, groups)
+            if need[0]:
+                grouped_addmm_(out[0], d_xa, a_gu, groups, alpha=1.0)
+    return out
+
+
+def experts_forward(
+    hidden_states: torch.Tensor,
+    top_k_index: torch.Tensor,
+    top_k_weights: torch.Tensor,
+    *,
+    base: BaseWeights,
+    lora: ExpertLora | None,
+    activation: str,
+    num_experts: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The experts' output (tokens, H) and tokens per expert (E,), same contract as transformers' experts."""
+    routing = route(top_k_index, num_experts)
+    num_tokens, hidden_dim = hidden_states.shape
+    num_top_k = top_k_index.shape[-1]
+    rows = hidden_states[routing.token_of_row]
+    lora = lora or ExpertLora(scaling=1.0)
+    dense = not base.quantized
+    y = _ExpertMLP.apply(
+        rows,
+        base.gate_up if dense else None,
+        base.down if dense else None,
+        lora.a_gate_up,
+        lora.b_gate_up,
+        lora.b_gate,
+        lora.b_up,
+        lora.a_down,
+        lora.b_down,
+        base,
+        routing,
+        lora.scaling,
+        activation,
+    )
+    # Weight by the router scores and restore token order: gather back, then sum the top_k slots of each token
+    # (deterministic, unlike index_add_ on CUDA), in the scores' dtype as transformers' grouped_mm path does.
+    weighted = y * top_k_weights.reshape(-1)[routing.perm].unsqueeze(-1)
+    inverse = torch.empty_like(routing.perm)
+    inverse[routing.perm] = torch.arange(routing.perm.numel(), device=routing.perm.device)
+    out = weighted[inverse].view(num_tokens, num_top_k, hidden_dim).sum(dim=1)
+    return out.to(hidden_states.dtype), routing.tokens_per_expert

@@ -1,0 +1,29 @@
+"""Makes `moe_helpers` (shared builders and the PEFT reference for these tests) importable by the test modules:
+the suite runs with --import-mode=importlib, which puts no test folder on sys.path."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+if "moe_helpers" not in sys.modules:
+    _spec = importlib.util.spec_from_file_location("moe_helpers", Path(__file__).with_name("moe_helpers.py"))
+    _module = importlib.util.module_from_spec(_spec)
+    sys.modules["moe_helpers"] = _module
+    _spec.loader.exec_module(_module)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """These tests run tiny ops; with other work on the machine, intra-op threads mostly wait for each other
+    (measured: a 12 ms forward took over 1 s), so run them on one thread and restore the setting after."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
