@@ -1,0 +1,108 @@
+"""Simulated peak vs `torch.cuda.max_memory_allocated` on a CUDA GPU (issue 3, acceptance 5; target 5 %).
+
+For each configuration: build the model with random weights on the GPU through the same code the simulator uses
+(tunecost.simulate.prepare: the same LoRA / 4-bit modules, bitsandbytes quantizing the weights), run one warm-up
+training step, reset the peak counter, run one more step and read `torch.cuda.max_memory_allocated()`. The
+simulation of the same job (full depth, 512-byte granules, no device overhead) is printed beside it, plus
+`memory_reserved` and the whole-device use from `torch.cuda.mem_get_info` (what the overhead model has to cover).
+
+Run on a GPU machine: .venv/bin/python benchmarks/gpu_memory_check.py [--configs all|NAME,...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "tests" / "fixtures" / "simulate"
+GIB = 2**30
+
+# A mid-size Mixtral-like model (4 layers of Mixtral-8x7B's width with smaller experts): ~1.6 B parameters.
+MID_MIXTRAL = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": 32000,
+               "hidden_size": 4096, "intermediate_size": 3584, "num_hidden_layers": 4, "num_attention_heads": 32,
+               "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
+               "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
+               "router_aux_loss_coef": 0.02, "sliding_window": None, "tie_word_embeddings": False,
+               "hidden_act": "silu"}
+
+
+def _configs(mid_path: str) -> dict[str, dict]:
+    return {
+        "tiny-qlora-top2": dict(model="tiny-mixtral", method="qlora", experts_per_token=2, batch_size=8,
+                                seq_len=256, gradient_checkpointing=True),
+        "small-full-top8": dict(model=str(CONFIGS / "small-mixtral.json"), method="full", experts_per_token=8,
+                                batch_size=8, seq_len=256, gradient_checkpointing=False),
+        "mid-qlora-top2": dict(model=mid_path, method="qlora", experts_per_token=2, batch_size=4, seq_len=512,
+                               gradient_checkpointing=True),
+        "mid-lora-dense-nockpt": dict(model=mid_path, method="lora", experts_per_token=8, batch_size=2,
+                                      seq_len=256, gradient_checkpointing=False),
+        "olmoe-like-qlora": dict(model=str(CONFIGS / "tiny-olmoe.json"), method="qlora", experts_per_token=4,
+                                 batch_size=16, seq_len=256, gradient_checkpointing=True),
+    }
+
+
+def measure_cuda(job) -> dict:
+    import torch
+
+    from tunecost.simulate.prepare import build_prepared
+    from tunecost.simulate.step import make_batch, run_step
+
+    torch.cuda.empty_cache()
+    prepared = build_prepared(job, num_units=None, real=True, device="cuda")
+    batch = make_batch(int(prepared.model.config.vocab_size), job.batch_size, job.worst_case_seq_len, None,
+                       device="cuda")
+    run_step(prepared, batch)  # warm-up (cuBLAS handles, lazy buffers)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    run_step(prepared, batch)
+    torch.cuda.synchronize()
+    free, total = torch.cuda.mem_get_info()
+    out = {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
+           "device_used": total - free}
+    del prepared, batch
+    torch.cuda.empty_cache()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", default="all")
+    parser.add_argument("--json", dest="json_out", help="also write the rows to this JSON file")
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    from tunecost.simulate import simulate_step
+    from tunecost.workload.job import FineTuneJob, LoraConfig
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mid_path = os.path.join(tmp, "mid-mixtral.json")
+        Path(mid_path).write_text(json.dumps(MID_MIXTRAL))
+        configs = _configs(mid_path)
+        names = list(configs) if args.configs == "all" else args.configs.split(",")
+        print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+        print(f"{'config':24} {'simulated GiB':>14} {'max_alloc GiB':>14} {'error':>8} {'reserved GiB':>13} "
+              f"{'device used GiB':>16} {'sim+overhead GiB':>17}")
+        rows = []
+        for name in names:
+            spec = configs[name]
+            job = FineTuneJob(compute_dtype="bf16", lora=LoraConfig(rank=16), **spec)
+            sim = simulate_step(job, num_layers_to_trace=999, use_cache=False)
+            real = measure_cuda(job)
+            err = sim.peak_bytes / real["max_allocated"] - 1
+            rows.append({"config": name, **spec, "simulated": sim.peak_bytes, **real, "error": err,
+                         "simulated_with_overhead": sim.peak_bytes + sim.device_overhead_bytes})
+            print(f"{name:24} {sim.peak_bytes / GIB:14.3f} {real['max_allocated'] / GIB:14.3f} {100 * err:7.2f}% "
+                  f"{real['max_reserved'] / GIB:13.3f} {real['device_used'] / GIB:16.3f} "
+                  f"{(sim.peak_bytes + sim.device_overhead_bytes) / GIB:17.3f}", flush=True)
+        if args.json_out:
+            Path(args.json_out).write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Simulation results cached per workload: in process, and on disk under ``~/.cache/tunecost/simulate/`` (or
+``$TUNECOST_CACHE_DIR/simulate/``), one JSON file per key. The key hashes the job, the stack, the trace depth, the
+overhead model, the model's config and the tunecost + simulator versions, so any change misses the cache."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from tunecost import __version__
+from tunecost.results.io import atomic_write_json
+from tunecost.simulate.records import StepCounts
+
+CACHE_ENV = "TUNECOST_CACHE_DIR"
+_MEMORY: dict[str, object] = {}
+
+
+def cache_dir() -> Path:
+    root = os.environ.get(CACHE_ENV)
+    base = Path(root).expanduser() if root else Path.home() / ".cache" / "tunecost"
+    return base / "simulate"
+
+
+def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512) -> str:
+    from tunecost.catalog.models import resolve_model
+    from tunecost.simulate.simulator import SIMULATOR_VERSION
+
+    spec = resolve_model(job.model)
+    payload = {"job": dataclasses.asdict(job), "trace": num_layers_to_trace, "stack": stack,
+               "overhead": dataclasses.asdict(overhead), "granule": granule_bytes, "config": spec.config, "family": spec.family,
+               "version": __version__, "simulator": SIMULATOR_VERSION}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _to_json(sim) -> dict:
+    d = dataclasses.asdict(sim)
+    d["layers_traced"] = list(sim.layers_traced)
+    d["assumptions"] = list(sim.assumptions)
+    return d
+
+
+def _from_json(d: dict):
+    from tunecost.simulate.simulator import StepSimulation
+
+    d = dict(d)
+    d["counts"] = {k: StepCounts(**v) for k, v in d["counts"].items()}
+    d["layers_traced"] = tuple(d["layers_traced"])
+    d["assumptions"] = tuple(d["assumptions"])
+    return StepSimulation(**d)
+
+
+def load(key: str):
+    hit = _MEMORY.get(key)
+    if hit is not None:
+        return hit
+    path = cache_dir() / f"{key}.json"
+    try:
+        sim = _from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    _MEMORY[key] = sim
+    return sim
+
+
+def store(key: str, sim) -> None:
+    _MEMORY[key] = sim
+    try:
+        path = cache_dir() / f"{key}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(path, _to_json(sim))
+    except OSError:
+        pass  # a read-only cache directory only costs speed
+
+
+def clear_memory() -> None:
+    _MEMORY.clear()

@@ -1,0 +1,91 @@
+"""The paper's 2024 software stack, as far as it changes memory: transformers 4.40 + PEFT 0.7 + bitsandbytes 0.42
+under LLaMA-Factory (the artifact's versions; see ../shared/notes/stack-facts.md).
+
+- Experts were one module per expert (`w1`, `w3`, `w2` as bitsandbytes `Linear4bit`, each wrapped by PEFT's LoRA
+  `Linear4bit`) and the MoE block looped over experts, gathering each expert's tokens (`hidden[top_x]`), then
+  `index_add_` into a zero tensor (`Loop2024Experts` reproduces that loop on fake tensors, with token counts that
+  are uniform when routing is unknown).
+- The causal-LM loss upcast the logits to fp32 (`logits.float()`), copied the shifted logits
+  (`logits[..., :-1, :].contiguous()`) and ran `CrossEntropyLoss` on them (`causal_lm_loss_2024`); the router
+  auxiliary loss concatenated every layer's router logits and one-hot encoded the top-k choice
+  (`load_balancing_loss_2024`).
+- Gradient checkpointing was re-entrant (LLaMA-Factory passed `use_reentrant=True`), and batches were padded to a
+  multiple of 8 (`DataCollatorForSeq2Seq(pad_to_multiple_of=8)`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tunecost.simulate.modules import SimLinear
+from tunecost.simulate.quant4bit import QuantSpec, tokens_per_expert
+
+PAD_TO_MULTIPLE_OF = 8
+
+
+class Loop2024Experts(nn.Module):
+    """Per-expert w1/w3/w2 modules (4-bit or frozen + PEFT-style LoRA, or trainable for full fine-tuning) looped
+    over experts as in transformers 4.40's `MixtralSparseMoeBlock`."""
+
+    def __init__(self, experts: nn.Module, *, quant: QuantSpec | None, lora_rank: int | None, lora_alpha: float,
+                 trainable: bool) -> None:
+        super().__init__()
+        gate_up, down = experts.gate_up_proj, experts.down_proj
+        self.num_experts, two_i, self.hidden_dim = gate_up.shape
+        inter = two_i // 2
+        self.act_fn = experts.act_fn
+        self.w1, self.w3, self.w2 = nn.ModuleList(), nn.ModuleList(), nn.ModuleList()
+        for e in range(self.num_experts):
+            mats = {"w1": gate_up[e, :inter], "w3": gate_up[e, inter:], "w2": down[e]}
+            for name, w in mats.items():
+                lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+                lin.weight = nn.Parameter(w.data.clone() if w.device.type != "meta" else
+                                          torch.empty_like(w, device="meta"), requires_grad=trainable)
+                if not trainable:
+                    lin = SimLinear(lin, quant=quant, lora_rank=lora_rank, lora_alpha=lora_alpha, style="peft-2024")
+                getattr(self, name).append(lin)
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        num_top_k = top_k_index.size(-1)
+        final = torch.zeros_like(hidden_states)
+        routing_weights = top_k_weights.to(hidden_states.dtype)
+        expert_ids_g, perm = torch.sort(top_k_index.reshape(-1))
+        counts = tokens_per_expert(expert_ids_g, self.num_experts)
+        token_idx, pos_idx = perm // num_top_k, perm % num_top_k
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            top_x, idx = token_idx[start:start + n], pos_idx[start:start + n]
+            current_state = hidden_states[top_x]
+            h = self.act_fn(self.w1[e](current_state)) * self.w3[e](current_state)
+            h = self.w2[e](h) * routing_weights[top_x, idx, None]
+            final.index_add_(0, top_x, h.to(hidden_states.dtype))
+            start += n
+        return final
+
+
+def causal_lm_loss_2024(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """transformers 4.40's Mixtral/Llama loss: fp32 logits, a contiguous shifted copy, CrossEntropyLoss."""
+    logits = logits.float()
+    shift_logits = logits[..., :-1, :].contiguous()
+    shift_labels = labels[..., 1:].contiguous()
+    return nn.functional.cross_entropy(shift_logits.view(-1, shift_logits.size(-1)), shift_labels.view(-1))
+
+
+def load_balancing_loss_2024(gate_logits: tuple[torch.Tensor, ...], num_experts: int, top_k: int) -> torch.Tensor:
+    """transformers 4.40's `load_balancing_loss_func` without an attention mask."""
+    concatenated = torch.cat(list(gate_logits), dim=0)
+    routing_weights = nn.functional.softmax(concatenated, dim=-1)
+    _, selected_experts = torch.topk(routing_weights, top_k, dim=-1)
+    expert_mask = nn.functional.one_hot(selected_experts, num_experts)
+    tokens_per_expert_frac = torch.mean(expert_mask.float(), dim=0)
+    router_prob_per_expert = torch.mean(routing_weights, dim=0)
+    overall = torch.sum(tokens_per_expert_frac * router_prob_per_expert.unsqueeze(0))
+    return overall * num_experts
+
+
+def padded_seq_len_2024(seq_len: int) -> int:
+    return -(-seq_len // PAD_TO_MULTIPLE_OF) * PAD_TO_MULTIPLE_OF

@@ -1,0 +1,178 @@
+"""Frozen / 4-bit / LoRA modules the simulator swaps into a transformers model (fake- and real-tensor safe).
+
+- `SimLinear`: a frozen `nn.Linear` (compute dtype or 4-bit) with an optional LoRA branch computed as
+  x @ A^T then @ B^T (never a merged weight). `style="peft-2024"` reproduces PEFT 0.7's `Linear4bit` LoRA forward
+  (defensive `result.clone()`, then `result += lora_B(lora_A(x)) * scaling`).
+- `SimExperts`: a drop-in for transformers' fused experts (`gate_up_proj` (E, 2I, H), `down_proj` (E, H, I)) with
+  frozen or 4-bit weights and split LoRA on gate, up and down per expert, on the routed tokens only. Its data
+  flow mirrors transformers' `grouped_mm_experts_forward` (sort by expert, gather, grouped GEMMs, weight, restore).
+- `LoraRouter`: LoRA on a router's bare `weight` (E, H): W + s * B @ A, which is tiny (E x H), then the router's
+  own forward via `torch.func.functional_call`.
+
+LoRA factors are fp32 parameters (as PEFT under LLaMA-Factory keeps them) cast to the compute dtype in forward,
+which is what autocast does; `B` starts at zero as in PEFT.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from tunecost.simulate.counts import op_class_scope
+from tunecost.simulate.quant4bit import (QuantSpec, Quantized4bit, grouped_matmul_4bit, is_fake, matmul_4bit,
+                                         tokens_per_expert)
+
+
+def _new_param(shape, *, device, dtype, zero: bool = False) -> nn.Parameter:
+    t = torch.empty(shape, device=device, dtype=dtype)
+    if device is not None and torch.device(device).type != "meta":
+        if zero:
+            t.zero_()
+        else:
+            nn.init.kaiming_uniform_(t.view(-1, shape[-1]), a=math.sqrt(5))
+    return nn.Parameter(t)
+
+
+class SimLinear(nn.Module):
+    """y = x W^T (+ b) with W frozen (compute dtype or 4-bit), plus s * (x A^T) B^T when LoRA is on."""
+
+    def __init__(self, base: nn.Linear, *, quant: QuantSpec | None, lora_rank: int | None = None,
+                 lora_alpha: float = 32.0, lora_dtype: torch.dtype = torch.float32, style: str = "tunecost") -> None:
+        super().__init__()
+        w = base.weight
+        self.out_features, self.in_features = w.shape
+        self.compute_dtype = w.dtype
+        self.style = style
+        dev = w.device
+        if quant is not None:
+            self.qweight = Quantized4bit(1, self.out_features, self.in_features, quant, device=dev)
+            if dev.type != "meta" and not is_fake(w):
+                self.qweight.load_from(w.data[None])
+            self.weight = None
+        else:
+            self.qweight = None
+            self.weight = nn.Parameter(w.data, requires_grad=False)
+        self.bias = None if base.bias is None else nn.Parameter(base.bias.data, requires_grad=False)
+        self.lora_rank = lora_rank
+        if lora_rank:
+            self.scaling = lora_alpha / lora_rank
+            self.lora_A = _new_param((lora_rank, self.in_features), device=dev, dtype=lora_dtype)
+            self.lora_B = _new_param((self.out_features, lora_rank), device=dev, dtype=lora_dtype, zero=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features)
+        if self.qweight is not None:
+            y = matmul_4bit(x2, self.qweight)
+            if self.bias is not None:
+                y = y + self.bias
+        else:
+            y = nn.functional.linear(x2, self.weight, self.bias)
+        if self.lora_rank:
+            with op_class_scope("lora"):
+                a = x2 @ self.lora_A.to(x2.dtype).t()
+                b_t = self.lora_B.to(x2.dtype).t()
+                if self.style == "peft-2024":
+                    y = y.clone()
+                    y += (a @ b_t) * self.scaling
+                else:
+                    y = torch.addmm(y, a, b_t, alpha=self.scaling)
+        return y.view(*lead, self.out_features)
+
+
+class SimExperts(nn.Module):
+    """Routed experts with frozen (or 4-bit) weights and split LoRA; forward(hidden (T, H), top_k_index (T, k),
+    top_k_weights (T, k)) like transformers' experts modules."""
+
+    def __init__(self, experts: nn.Module, *, quant: QuantSpec | None, lora_rank: int | None,
+                 lora_alpha: float = 32.0, lora_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        gate_up, down = experts.gate_up_proj, experts.down_proj
+        self.num_experts, two_i, self.hidden_dim = gate_up.shape
+        self.intermediate_dim = two_i // 2
+        self.act_fn = experts.act_fn
+        dev = gate_up.device
+        if quant is not None:
+            self.q_gate_up = Quantized4bit(self.num_experts, two_i, self.hidden_dim, quant, device=dev)
+            self.q_down = Quantized4bit(self.num_experts, self.hidden_dim, self.intermediate_dim, quant, device=dev)
+            if dev.type != "meta" and not is_fake(gate_up):
+                self.q_gate_up.load_from(gate_up.data)
+                self.q_down.load_from(down.data)
+            self.gate_up_proj = self.down_proj = None
+        else:
+            self.q_gate_up = self.q_down = None
+            self.gate_up_proj = nn.Parameter(gate_up.data, requires_grad=False)
+            self.down_proj = nn.Parameter(down.data, requires_grad=False)
+        self.lora_rank = lora_rank
+        if lora_rank:
+            e, r, h, i = self.num_experts, lora_rank, self.hidden_dim, self.intermediate_dim
+            self.scaling = lora_alpha / lora_rank
+            kw = {"device": dev, "dtype": lora_dtype}
+            self.lora_A_gate = _new_param((e, r, h), **kw)
+            self.lora_B_gate = _new_param((e, i, r), zero=True, **kw)
+            self.lora_A_up = _new_param((e, r, h), **kw)
+            self.lora_B_up = _new_param((e, i, r), zero=True, **kw)
+            self.lora_A_down = _new_param((e, r, i), **kw)
+            self.lora_B_down = _new_param((e, h, r), zero=True, **kw)
+
+    def _lora(self, x: torch.Tensor, a: nn.Parameter, b: nn.Parameter, offsets: torch.Tensor) -> torch.Tensor:
+        with op_class_scope("lora"):
+            xa = nn.functional.grouped_mm(x, a.to(x.dtype).transpose(-2, -1), offs=offsets)
+            return nn.functional.grouped_mm(xa, b.to(x.dtype).transpose(-2, -1), offs=offsets)
+
+    def _base(self, x, weight, qweight, counts, offsets) -> torch.Tensor:
+        if qweight is not None:
+            return grouped_matmul_4bit(x, qweight, counts)
+        return nn.functional.grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
+
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        num_top_k = top_k_index.size(-1)
+        num_tokens = hidden_states.size(0)
+        sample_weights = top_k_weights.reshape(-1)
+        expert_ids_g, perm = torch.sort(top_k_index.reshape(-1))
+        x = hidden_states[perm // num_top_k]
+        sample_weights_g = sample_weights[perm]
+        histc = torch.histc(expert_ids_g.float(), bins=self.num_experts, min=0, max=self.num_experts - 1)
+        offsets = torch.cumsum(histc, dim=0, dtype=torch.int32)
+        counts = tokens_per_expert(expert_ids_g, self.num_experts) if self.q_gate_up is not None else ()
+
+        gate_up = self._base(x, self.gate_up_proj, self.q_gate_up, counts, offsets)
+        gate, up = gate_up.chunk(2, dim=-1)
+        if self.lora_rank:
+            gate = torch.add(gate, self._lora(x, self.lora_A_gate, self.lora_B_gate, offsets), alpha=self.scaling)
+            up = torch.add(up, self._lora(x, self.lora_A_up, self.lora_B_up, offsets), alpha=self.scaling)
+        h = self.act_fn(gate) * up
+        out = self._base(h, self.down_proj, self.q_down, counts, offsets)
+        if self.lora_rank:
+            out = torch.add(out, self._lora(h, self.lora_A_down, self.lora_B_down, offsets), alpha=self.scaling)
+
+        weighted = out * sample_weights_g.unsqueeze(-1)
+        inv_perm = torch.empty_like(perm)
+        inv_perm[perm] = torch.arange(perm.size(0), device=perm.device)
+        weighted = weighted[inv_perm]
+        final = weighted.view(num_tokens, num_top_k, self.hidden_dim).sum(dim=1)
+        return final.to(hidden_states.dtype)
+
+
+class LoraRouter(nn.Module):
+    """LoRA on a router's `weight` (E, H): the router's own forward with W + s * B @ A."""
+
+    def __init__(self, router: nn.Module, *, lora_rank: int, lora_alpha: float = 32.0,
+                 lora_dtype: torch.dtype = torch.float32) -> None:
+        super().__init__()
+        self.base = router
+        num_experts, hidden = router.weight.shape
+        dev = router.weight.device
+        self.scaling = lora_alpha / lora_rank
+        self.lora_A = _new_param((lora_rank, hidden), device=dev, dtype=lora_dtype)
+        self.lora_B = _new_param((num_experts, lora_rank), device=dev, dtype=lora_dtype, zero=True)
+
+    def forward(self, hidden_states: torch.Tensor, *args, **kwargs):
+        w = self.base.weight
+        with op_class_scope("lora"):
+            merged = torch.addmm(w, self.lora_B.to(w.dtype), self.lora_A.to(w.dtype), alpha=self.scaling)
+        return torch.func.functional_call(self.base, {"weight": merged}, (hidden_states, *args), kwargs,
+                                          strict=False)

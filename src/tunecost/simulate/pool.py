@@ -1,0 +1,39 @@
+"""Prepared (fake) models kept per workload shape within a process: a batch-size search re-steps the same model
+instead of rebuilding it. The key leaves out batch size and lengths, which only change the inputs."""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import asdict
+
+from tunecost.workload.job import FineTuneJob
+
+_POOL: OrderedDict[str, object] = OrderedDict()
+_POOL_SIZE = 6
+
+
+def _shape_key(job: FineTuneJob, num_units: int, stack: str) -> str:
+    fields = asdict(job)
+    for k in ("batch_size", "seq_len", "lengths", "dataset"):
+        fields.pop(k, None)
+    return json.dumps([fields, num_units, stack], sort_keys=True, default=str)
+
+
+def prepared_model(job: FineTuneJob, num_units: int, stack: str):
+    from tunecost.simulate.prepare import build_prepared
+
+    key = _shape_key(job, num_units, stack)
+    hit = _POOL.get(key)
+    if hit is not None:
+        _POOL.move_to_end(key)
+        return hit
+    prepared = build_prepared(job, num_units=num_units, stack=stack)
+    _POOL[key] = prepared
+    while len(_POOL) > _POOL_SIZE:
+        _POOL.popitem(last=False)
+    return prepared
+
+
+def clear() -> None:
+    _POOL.clear()

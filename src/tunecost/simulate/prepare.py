@@ -1,0 +1,326 @@
+"""Turn a `FineTuneJob` into a ready-to-step model: built from the config (meta device, then empty fake CPU
+tensors; or real random CPU tensors for measurements), frozen, quantized and LoRA-wrapped per the method and the
+software stack, with gradient checkpointing and an optimizer whose states already exist (a steady-state step).
+
+Stacks: ``"tunecost"`` (transformers 5 model code; our grouped split-LoRA experts with per-expert 4-bit weights)
+and ``"hf-2024"`` (the paper's transformers 4.40 / PEFT 0.7 / bitsandbytes memory behaviour, see `hf2024`).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from tunecost.catalog.models import ModelSpec, resolve_model
+from tunecost.errors import TunecostError
+from tunecost.simulate.hf2024 import Loop2024Experts
+from tunecost.simulate.modules import LoraRouter, SimExperts, SimLinear
+from tunecost.simulate.quant4bit import QuantSpec, Quantized4bit
+from tunecost.simulate.recorder import LayerPlan
+from tunecost.workload.job import FineTuneJob
+
+STACKS = ("tunecost", "hf-2024")
+SIMULATED_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v2", "llama", "mistral", "blackmamba")
+TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
+_QUANT_BUFFERS = {"packed": "weights_4bit"}
+
+
+@dataclass
+class Prepared:
+    """A model ready for `step.run_step`, with what the recorder needs to know about it."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    trainable: list[nn.Parameter]
+    fake_mode: Any  # FakeTensorMode or None (real tensors)
+    plan: LayerPlan
+    module_info: dict[int, tuple[str, int | None]]
+    static: list[tuple[torch.Tensor, str, str]]  # (tensor, category, module group)
+    spec: ModelSpec
+    stack: str
+    is_moe: bool
+    num_experts: int
+    top_k: int
+
+
+def check_supported(job: FineTuneJob, spec: ModelSpec, stack: str) -> None:
+    """Raise a one-line TunecostError naming exactly what is unsupported."""
+    if stack not in STACKS:
+        raise TunecostError(f"unsupported software stack {stack!r}; supported: {', '.join(STACKS)}")
+    if spec.family not in SIMULATED_FAMILIES:
+        raise TunecostError(f"{spec.name}: architecture {spec.family!r} is not supported by the step simulator; "
+                            f"supported: {', '.join(SIMULATED_FAMILIES)}")
+    if spec.family == "blackmamba" and job.method != "full":
+        raise TunecostError(f"{spec.name}: the step simulator supports BlackMamba full fine-tuning only (as the "
+                            f"paper), not {job.method}")
+    if job.method != "full":
+        targets = set(job.lora.targets)
+        if not spec.is_moe and targets & {"experts", "router"}:
+            bad = ", ".join(sorted(targets & {"experts", "router"}))
+            raise TunecostError(f"LoRA target(s) {bad} do not apply to {spec.name}: it is a dense model with no MoE "
+                                f"layers; use --lora-targets attention,mlp")
+    if job.method == "qlora" and job.compute_dtype == "fp32" and stack == "hf-2024":
+        raise TunecostError("stack hf-2024 ran QLoRA with bf16 compute only; use --dtype bf16 or the tunecost stack")
+
+
+def layer_pattern(spec: ModelSpec) -> tuple[int, int, int]:
+    """(prefix, period, num_units) of the decoder stack: layers that repeat identically can be traced a few at a
+    time and scaled. DeepSeek's first dense layers form a prefix; BlackMamba alternates Mamba and MoE (period 2)."""
+    cfg = spec.config
+    n = spec.num_layers
+    if spec.family == "deepseek_v2":
+        prefix = min(int(cfg.get("first_k_dense_replace") or 0), n)
+        return prefix, 1, n - prefix
+    if spec.family == "blackmamba":
+        return 0, 2, n // 2
+    if spec.family in ("qwen2_moe", "qwen3_moe"):
+        if cfg.get("mlp_only_layers"):
+            return n, 1, 0  # irregular: trace every layer
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        return 0, step, n // step
+    return 0, 1, n
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    for path in ("model.layers", "decoder.layers", "backbone.layers", "layers"):
+        obj = model
+        for attr in path.split("."):
+            obj = getattr(obj, attr, None)
+            if obj is None:
+                break
+        if isinstance(obj, nn.ModuleList):
+            return obj
+    raise TunecostError(f"cannot find the decoder layers of {type(model).__name__}")
+
+
+def _swap_linears(parent: nn.Module, *, quant: QuantSpec | None, lora: tuple[int, float] | None, style: str,
+                  skip: tuple[str, ...] = ()) -> None:
+    for name, child in list(parent.named_children()):
+        if name in skip:
+            continue
+        if type(child) is nn.Linear:
+            rank, alpha = lora if lora else (None, 0.0)
+            setattr(parent, name, SimLinear(child, quant=quant, lora_rank=rank, lora_alpha=alpha, style=style))
+        else:
+            _swap_linears(child, quant=quant, lora=lora, style=style)
+
+
+def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
+    """Freeze, quantize and add LoRA in place (method full: every weight trainable, stack changes the experts)."""
+    quant = QuantSpec(job.quant_type, job.double_quant) if job.method == "qlora" else None
+    lora = (job.lora.rank, job.lora.alpha)
+    targets = set(job.lora.targets)
+    style = "peft-2024" if stack == "hf-2024" else "tunecost"
+    if job.method == "full":
+        for layer in decoder_layers(model):
+            mlp = getattr(layer, "mlp", None)
+            if stack == "hf-2024" and mlp is not None and hasattr(mlp, "experts"):
+                mlp.experts = Loop2024Experts(mlp.experts, quant=None, lora_rank=None, lora_alpha=0.0,
+                                              trainable=True)
+        return
+    model.requires_grad_(False)
+    for layer in decoder_layers(model):
+        attn = getattr(layer, "self_attn", None)
+        if attn is not None:
+            _swap_linears(attn, quant=quant, lora=lora if "attention" in targets else None, style=style)
+        mlp = getattr(layer, "mlp", None)
+        if mlp is None:
+            continue
+        if hasattr(mlp, "experts"):
+            experts_lora = lora if "experts" in targets else None
+            if stack == "hf-2024":
+                mlp.experts = Loop2024Experts(mlp.experts, quant=quant, lora_rank=experts_lora and experts_lora[0],
+                                              lora_alpha=lora[1], trainable=False)
+            else:
+                mlp.experts = SimExperts(mlp.experts, quant=quant, lora_rank=experts_lora and experts_lora[0],
+                                         lora_alpha=lora[1])
+            for shared in ("shared_expert", "shared_experts"):
+                if hasattr(mlp, shared):
+                    _swap_linears(getattr(mlp, shared), quant=quant, lora=experts_lora, style=style)
+            if "router" in targets and hasattr(mlp, "gate"):
+                mlp.gate = LoraRouter(mlp.gate, lora_rank=lora[0], lora_alpha=lora[1])
+        else:
+            _swap_linears(mlp, quant=quant, lora=lora if "mlp" in targets else None, style=style)
+    if not any(p.requires_grad for p in model.parameters()):
+        raise TunecostError(f"no LoRA target among {', '.join(job.lora.targets)} exists in {job.model}")
+
+
+def module_group(path: str, module: nn.Module, parent_group: str | None) -> str | None:
+    """The reporting group of a module (None: inherit the parent's)."""
+    name = path.rsplit(".", 1)[-1]
+    cls = type(module).__name__
+    if path == "":
+        return "lm_head/loss"
+    if name in ("embed_tokens", "word_embeddings", "embedding", "wte"):
+        return "embedding"
+    if name in ("lm_head", "output_layer"):
+        return "lm_head/loss"
+    if name == "rotary_emb":
+        return "other"
+    if parent_group != "router" and (name in ("gate", "router", "shared_expert_gate") or "Router" in cls):
+        return "router"
+    if name in ("experts", "local_experts"):
+        return "experts"
+    if name in ("shared_expert", "shared_experts"):
+        return "shared_experts"
+    if parent_group in ("attention", "router", "experts", "shared_experts", "mlp", "mamba"):
+        return None  # everything inside those belongs to them (q_norm, LoRA factors, ...)
+    if "Norm" in cls or name.endswith("norm") or name.endswith("layernorm"):
+        return "norms"
+    if name in ("self_attn", "attention") or "Attention" in cls:
+        return "attention"
+    if name == "mlp":
+        return "experts" if hasattr(module, "experts") else "mlp"
+    if name == "mixer":
+        return "experts" if hasattr(module, "router") else "mamba"
+    if _LAYER_RE.search(path) and re.fullmatch(r"\d+", name):
+        return "residual"
+    if path in ("model", "decoder", "backbone"):
+        return "other"
+    return None
+
+
+def module_info(model: nn.Module) -> dict[int, tuple[str, int | None]]:
+    info: dict[int, tuple[str, int | None]] = {}
+    groups: dict[str, str] = {}
+    for path, module in model.named_modules():
+        parent = path.rsplit(".", 1)[0] if "." in path else ""
+        parent_group = groups.get(parent) if path else None
+        group = module_group(path, module, parent_group) or parent_group or "other"
+        groups[path] = group
+        m = _LAYER_RE.search(path)
+        info[id(module)] = (group, int(m.group(1)) if m else None)
+    return info
+
+
+def static_tensors(model: nn.Module, info: dict[int, tuple[str, int | None]]) -> list[tuple[torch.Tensor, str, str]]:
+    """Every parameter and buffer with its memory category and module group (tied tensors once)."""
+    out, seen = [], set()
+    for module in model.modules():
+        group = info[id(module)][0]
+        for name, p in module.named_parameters(recurse=False):
+            if id(p) not in seen:
+                seen.add(id(p))
+                out.append((p, "trainable_params" if p.requires_grad else "frozen_weights", group))
+        for name, b in module.named_buffers(recurse=False):
+            if b is not None and id(b) not in seen:
+                seen.add(id(b))
+                if isinstance(module, Quantized4bit):
+                    out.append((b, _QUANT_BUFFERS.get(name, "quant_constants"), group))
+                else:
+                    out.append((b, "buffers", group))
+    return out
+
+
+def to_fake(model: nn.Module, fake_mode) -> None:
+    """Replace every meta parameter and buffer with an empty fake CPU tensor (ties kept)."""
+    memo: dict[int, torch.Tensor] = {}
+
+    def fake(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in memo:
+            with fake_mode:
+                new = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+            memo[id(t)] = nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else new
+        return memo[id(t)]
+
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                module._parameters[name] = fake(p)
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                module._buffers[name] = fake(b)
+
+
+MASK_FREE_SDPA = "tunecost_sdpa"
+
+
+def mask_free_sdpa() -> str:
+    """Register (once) transformers' SDPA attention under a name with no mask function, so no 4-D mask is built
+    and SDPA runs causal without one, on real and fake tensors alike: what flash-attention / SDPA do for a batch
+    without padding. (For fake tensors transformers cannot prove the mask is all ones, so its own `sdpa` path would
+    materialize a (B, 1, L, L) mask that a real run skips.)"""
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if MASK_FREE_SDPA not in AttentionInterface._global_mapping:
+        AttentionInterface.register(MASK_FREE_SDPA, sdpa_attention_forward)
+    return MASK_FREE_SDPA
+
+
+def num_traced_layers(spec: ModelSpec, num_units: int) -> int:
+    prefix, period, _ = layer_pattern(spec)
+    return prefix + num_units * period
+
+
+def build_prepared(job: FineTuneJob, *, num_units: int | None, stack: str = "tunecost", real: bool = False,
+                   seed: int = 0, device: str = "cpu") -> Prepared:
+    """Build the model of `job` with `num_units` repeating units (None: full depth), ready to step: on fake
+    tensors, or with `real=True` on real random tensors on `device` (measurements)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tunecost.models.build import build_model
+    from tunecost.simulate.step import make_optimizer, optimizer_state_tensors, warm_up_optimizer
+
+    spec = resolve_model(job.model)
+    check_supported(job, spec, stack)
+    prefix, period, full_units = layer_pattern(spec)
+    if num_units is None or num_units >= full_units:
+        num_units = full_units
+    num_layers = spec.num_layers if num_units == full_units else prefix + num_units * period
+    overrides: dict[str, Any] = {}
+    if spec.family == "blackmamba":
+        overrides["num_layers"] = num_layers
+    else:
+        overrides["num_hidden_layers"] = num_layers
+        if spec.is_moe:
+            overrides["output_router_logits"] = True
+    experts_per_token = job.experts_per_token if spec.is_moe else None
+    if job.experts_per_token is not None and not spec.is_moe:
+        raise TunecostError(f"{spec.name} is a dense model: --experts-per-token does not apply")
+    dtype = TORCH_DTYPES[job.compute_dtype]
+    if spec.family == "blackmamba":
+        if real:
+            raise TunecostError("BlackMamba steps are simulated only (fused Mamba kernels), not measured on CPU")
+        from tunecost.simulate.mamba import build_blackmamba_for_sim
+
+        model = build_blackmamba_for_sim(spec, num_layers=num_layers, experts_per_token=experts_per_token,
+                                         dtype=dtype, device="meta")
+    else:
+        model = build_model(spec, device=device if real else "meta", dtype=dtype,
+                            experts_per_token=experts_per_token, seed=seed,
+                            attn_implementation="eager" if job.attention == "eager" else "sdpa", **overrides)
+        if job.attention != "eager":
+            model.config._attn_implementation = mask_free_sdpa()
+        transform(model, job, stack)
+    fake_mode = None
+    if not real:
+        fake_mode = FakeTensorMode()
+        to_fake(model, fake_mode)
+    model.train()
+    if job.gradient_checkpointing:
+        reentrant = stack == "hf-2024"
+        enable = getattr(model, "activation_checkpointing_enable", None)
+        if spec.family == "blackmamba":
+            model.gradient_checkpointing_enable()  # its own: non-reentrant per block
+        elif enable is not None:
+            enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+        if reentrant and job.method != "full":
+            model.enable_input_require_grads()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(job.optimizer, trainable)
+    warm_up_optimizer(optimizer, trainable)
+    info = module_info(model)
+    static = static_tensors(model, info)
+    static += [(t, "optimizer_states", "optimizer") for t in optimizer_state_tensors(optimizer)]
+    top_k = experts_per_token or spec.default_experts_per_token
+    return Prepared(model=model, optimizer=optimizer, trainable=trainable, fake_mode=fake_mode,
+                    plan=LayerPlan(prefix, period, num_units), module_info=info, static=static, spec=spec,
+                    stack=stack, is_moe=spec.is_moe, num_experts=spec.num_experts, top_k=top_k)

@@ -1,0 +1,318 @@
+"""A dispatch-level recorder of one training step: every storage allocation and release, FLOPs and bytes per op.
+
+`torch.distributed._tools.mem_tracker.MemTracker` fails on frozen parameters (every LoRA/QLoRA model), so this is
+our own `TorchDispatchMode`. It logs, per storage, when it was allocated (op index), when it was released (a weak
+reference callback on the storage), its bytes, and the context at allocation: the phase (forward, backward,
+recompute, optimizer), the module group (attention, router, experts, ...) and the decoder layer. The breakdown
+is computed afterwards from the log, so a storage can be classified with hindsight: a forward allocation still
+alive when the forward ends is a saved activation; one freed inside the forward was a temporary; a backward
+allocation that became `param.grad` (seen by a post-accumulate-grad hook) is a gradient.
+
+Backward ops are attributed to modules through autograd sequence numbers: module hooks record the sequence
+number at each module boundary in forward (and recompute), and in backward the running autograd node's sequence
+number finds the module that created it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.weak import WeakIdKeyDictionary
+
+from tunecost.simulate import counts as _counts
+
+_SEQ_NONE = 2**63  # AccumulateGrad nodes carry UINT64_MAX
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """Which decoder layers repeat: `prefix` leading layers, then units of `period` identical layers."""
+
+    prefix: int
+    period: int
+    num_units: int
+
+    def regions(self, layer: int) -> tuple[str, ...]:
+        if layer < self.prefix:
+            return ("prefix",)
+        unit = (layer - self.prefix) // self.period
+        keys = []
+        if unit == 0:
+            keys.append("unit_first")
+        if unit == self.num_units - 1:
+            keys.append("unit_last")
+        return tuple(keys) or ("unit_mid",)
+
+
+@dataclass
+class StorageRecord:
+    nbytes: int
+    t_alloc: int
+    phase: str  # static | forward | backward | recompute | optimizer
+    group: str
+    static_category: str | None = None
+    t_free: int | None = None
+    t_grad: int | None = None  # when the storage became a parameter's .grad
+
+
+@dataclass
+class _OpCounter:
+    flops: dict = field(default_factory=dict)  # (phase, class) -> FLOPs
+    bytes: dict = field(default_factory=dict)  # (phase, class) -> bytes
+    flops_by_group: dict = field(default_factory=dict)  # (group, phase) -> FLOPs
+
+    def add(self, phase: str, op_class: str, group: str, flops: int, nbytes: int) -> None:
+        if flops:
+            self.flops[(phase, op_class)] = self.flops.get((phase, op_class), 0) + flops
+            self.flops_by_group[(group, phase)] = self.flops_by_group.get((group, phase), 0) + flops
+        if nbytes:
+            self.bytes[(phase, op_class)] = self.bytes.get((phase, op_class), 0) + nbytes
+
+
+class StepRecorder(TorchDispatchMode):
+    """Record one step. Use: register static tensors, install hooks, then set_phase() around each phase."""
+
+    def __init__(self, *, plan: LayerPlan, module_info: dict[int, tuple[str, int | None]], round_bytes: int = 1):
+        super().__init__()
+        self.plan = plan
+        self.module_info = module_info  # id(module) -> (group, layer index or None)
+        self.round_bytes = round_bytes
+        self.records: list[StorageRecord] = []
+        self._by_storage: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        self._refs: list[weakref.ref] = []
+        self.t = 0
+        self.phase = "setup"
+        self.t_forward_end: int | None = None
+        self.t_end: int | None = None
+        self._stack: list[tuple[str, int | None]] = []
+        self._seq_marks: list[int] = []
+        self._seq_tags: list[tuple[str, int | None, str | None]] = []
+        self._layers_seen = {"forward": False, "backward": False}
+        self.op_segments: list[tuple[str, ...]] = []  # per op index: its segment keys
+        self.counter = _OpCounter()
+        self._handles: list = []
+
+    # ---- static tensors and hooks -------------------------------------------------------------------------
+    def _rounded(self, nbytes: int) -> int:
+        r = self.round_bytes
+        return nbytes if r <= 1 else -(-nbytes // r) * r
+
+    def _record_storage(self, st, phase: str, group: str, static_category: str | None = None) -> StorageRecord | None:
+        rec = self._by_storage.get(st)
+        if rec is not None:
+            return rec
+        nbytes = st.nbytes()
+        if nbytes == 0:
+            return None
+        rec = StorageRecord(nbytes=self._rounded(nbytes), t_alloc=self.t, phase=phase, group=group,
+                            static_category=static_category)
+        self.records.append(rec)
+        self._by_storage[st] = rec
+        self._refs.append(weakref.ref(st, lambda _ref, rec=rec: self._on_free(rec)))
+        return rec
+
+    def _on_free(self, rec: StorageRecord) -> None:
+        if rec.t_free is None and self.t_end is None:
+            rec.t_free = self.t
+
+    def register_static(self, tensor: torch.Tensor, category: str, group: str) -> None:
+        self._record_storage(tensor.untyped_storage(), "static", group, category)
+
+    def install_hooks(self, model: torch.nn.Module, trainable: list[torch.nn.Parameter]) -> None:
+        for module in model.modules():
+            info = self.module_info.get(id(module))
+            if info is None:
+                continue
+            self._handles.append(module.register_forward_pre_hook(
+                lambda _m, _a, info=info: self._enter(info)))
+            self._handles.append(module.register_forward_hook(
+                lambda _m, _a, _o, info=info: self._exit(), always_call=True))
+        for p in trainable:
+            self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
+        _counts.LISTENERS.append(self._mark_seq)
+        _counts.WORK_LISTENERS.append(self._add_work)
+
+    def remove_hooks(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        if self._mark_seq in _counts.LISTENERS:
+            _counts.LISTENERS.remove(self._mark_seq)
+        if self._add_work in _counts.WORK_LISTENERS:
+            _counts.WORK_LISTENERS.remove(self._add_work)
+
+    def _add_work(self, op_class: str, flops: int, nbytes: int) -> None:
+        if self.phase != "setup":
+            phase, group, _layer, _override = self._context()
+            self.counter.add(phase, "optimizer" if phase == "optimizer" else op_class, group, flops, nbytes)
+
+    def _mark_seq(self) -> None:
+        group, layer = self._stack[-1] if self._stack else ("other", None)
+        tag = (group, layer, _counts.current_override())
+        seq = torch._C._autograd._get_sequence_nr()
+        if self._seq_marks and self._seq_marks[-1] == seq:
+            self._seq_tags[-1] = tag
+        else:
+            self._seq_marks.append(seq)
+            self._seq_tags.append(tag)
+
+    def _enter(self, info: tuple[str, int | None]) -> None:
+        group, layer = info
+        if layer is None and self._stack:  # inherit the layer of the enclosing module
+            layer = self._stack[-1][1]
+        self._stack.append((group, layer))
+        self._mark_seq()
+
+    def _exit(self) -> None:
+        if self._stack:
+            self._stack.pop()
+        self._mark_seq()
+
+    def _on_grad(self, param: torch.Tensor) -> None:
+        if param.grad is not None:
+            rec = self._by_storage.get(param.grad.untyped_storage())
+            if rec is not None and rec.t_grad is None and rec.static_category is None:
+                rec.t_grad = self.t
+
+    def set_phase(self, phase: str) -> None:
+        if self.phase == "forward" and phase != "forward":
+            self.t_forward_end = self.t
+        self.phase = phase
+
+    def finish(self) -> None:
+        self.t_end = self.t
+        self.remove_hooks()
+
+    # ---- context of the running op ------------------------------------------------------------------------
+    def _context(self) -> tuple[str, str, int | None, str | None]:
+        """(phase, group, layer, op-class override) of the op being dispatched."""
+        if self.phase == "optimizer":
+            return "optimizer", "optimizer", None, None
+        if self._stack:
+            group, layer = self._stack[-1]
+            phase = "recompute" if self.phase == "backward" else self.phase
+            return phase, group, layer, _counts.current_override()
+        if self.phase == "backward":
+            node = torch._C._current_autograd_node()
+            if node is not None:
+                seq = node._sequence_nr()
+                if seq < _SEQ_NONE:
+                    i = bisect.bisect_right(self._seq_marks, seq) - 1
+                    if i >= 0:
+                        group, layer, override = self._seq_tags[i]
+                        return "backward", group, layer, override
+            return "backward", "other", None, None
+        return self.phase, "lm_head/loss", None, _counts.current_override()
+
+    def _segment(self, phase: str, layer: int | None) -> tuple[str, ...]:
+        if phase == "optimizer":
+            return ("optimizer:opt",)
+        kind = "forward" if phase == "forward" else "backward"
+        if layer is not None:
+            self._layers_seen[kind] = True
+            return tuple(f"{kind}:{r}" for r in self.plan.regions(layer))
+        if kind == "forward":
+            return ("forward:post",) if self._layers_seen["forward"] else ("forward:pre",)
+        return ("backward:pre",) if self._layers_seen["backward"] else ("backward:post",)
+
+    # ---- dispatch -------------------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.phase == "setup":
+            return func(*args, **kwargs)
+        self.t += 1
+        out = _fake_grouped_mm(func, args, kwargs)
+        if out is None:
+            out = func(*args, **kwargs)
+        phase, group, layer, override = self._context()
+        out_tensors = _tensors(out)
+        for t in out_tensors:
+            st = t.untyped_storage()
+            rec = self._by_storage.get(st)
+            if rec is None:
+                self._record_storage(st, phase, group)
+            elif st.nbytes() > rec.nbytes:  # resized in place: count the growth as a new allocation
+                self._record_storage_growth(rec, st.nbytes())
+        self.op_segments.append(self._segment(phase, layer))
+        info = _op_info(func)
+        op_class = _counts.classify_op(func, group, phase, override)
+        flops = _counts.op_flops(func, args, kwargs, out) if info.has_formula and op_class != "dequant" else 0
+        if not flops and op_class != "dequant" and info.elementwise:
+            flops = _counts.elementwise_flops(func, args, out_tensors)
+            if flops and op_class == "lora":  # LoRA's scaling/adds are element-wise work
+                op_class = "elementwise"
+        nbytes = 0
+        if info.moves_bytes or op_class == "dequant":
+            nbytes = sum(t.numel() * t.element_size() for t in _tensors(args))
+            nbytes += sum(t.numel() * t.element_size() for t in out_tensors)
+        self.counter.add(phase, op_class, group, flops, nbytes)
+        return out
+
+    def _record_storage_growth(self, rec: StorageRecord, new_nbytes: int) -> None:
+        grown = StorageRecord(nbytes=self._rounded(new_nbytes) - rec.nbytes, t_alloc=self.t, phase=rec.phase,
+                              group=rec.group, static_category=rec.static_category)
+        rec.nbytes += grown.nbytes
+        self.records.append(grown)
+
+
+@dataclass(frozen=True)
+class _OpInfo:
+    has_formula: bool
+    elementwise: bool
+    moves_bytes: bool
+
+
+_OP_INFO: dict = {}
+
+
+def _op_info(func) -> _OpInfo:
+    info = _OP_INFO.get(func)
+    if info is None:
+        info = _OpInfo(has_formula=func._overloadpacket in _counts._fc.flop_registry,
+                       elementwise=_counts.may_count_elementwise(func), moves_bytes=_counts.moves_bytes(func))
+        _OP_INFO[func] = info
+    return info
+
+
+def _tensors(obj) -> list[torch.Tensor]:
+    """Tensors in an op's arguments or outputs (flat tuples/lists, one level of nesting as in foreach ops)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    out = []
+    if isinstance(obj, (tuple, list)):
+        for x in obj:
+            if isinstance(x, torch.Tensor):
+                out.append(x)
+            elif isinstance(x, (tuple, list)):
+                out.extend(y for y in x if isinstance(y, torch.Tensor))
+    return out
+
+
+def _fake_grouped_mm(func, args, kwargs):
+    """`aten._grouped_mm`'s meta kernel accepts bf16 only, while the CPU kernel also runs fp32; on fake
+    tensors of other dtypes, make the output (same shape rules) ourselves. None when not applicable."""
+    if func._overloadpacket is not torch.ops.aten._grouped_mm:
+        return None
+    a, b = args[0], args[1]
+    if a.dtype == torch.bfloat16 or not _is_fake(a):
+        return None
+    offs = kwargs.get("offs", args[2] if len(args) > 2 else None)
+    if a.dim() == 2 and b.dim() == 3:
+        shape = (a.shape[0], b.shape[-1])
+    elif a.dim() == 2 and b.dim() == 2:
+        shape = (offs.shape[0], a.shape[0], b.shape[1])
+    elif a.dim() == 3 and b.dim() == 2:
+        shape = (a.shape[1], b.shape[1])
+    else:
+        shape = (a.shape[0], a.shape[1], b.shape[-1])
+    return a.new_empty(shape)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)

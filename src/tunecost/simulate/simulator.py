@@ -1,0 +1,193 @@
+"""`simulate_step`: one fine-tuning step of any catalog model from its config alone, on fake tensors.
+
+Layers repeat, so by default two small depths are traced (one and two repeating units after any irregular
+prefix, e.g. DeepSeek's first dense layer; a unit is two layers for BlackMamba) and every figure is scaled
+linearly to the full depth: peaks per segment (phase x region, see `trace`), the breakdown at the peak, FLOPs and
+bytes. The scaling is exact when the units are identical (tests check it against full traces).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from typing import TYPE_CHECKING
+
+from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
+from tunecost.simulate.records import STATIC_CATEGORIES, StepCounts, total_counts
+
+if TYPE_CHECKING:
+    from tunecost.simulate.trace import TraceResult
+from tunecost.workload.job import FineTuneJob
+
+SIMULATOR_VERSION = "2"
+DEFAULT_STACK = "tunecost"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSimulation:
+    """The simulated step. Bytes are device bytes as `torch.cuda.max_memory_allocated` counts them (512-byte
+    granules), without the device overhead, which is given separately."""
+
+    model: str
+    method: str
+    stack: str
+    batch_size: int
+    seq_len: int
+    num_layers: int
+    peak_bytes: int
+    peak_segment: str  # where in the step the peak falls, e.g. "backward:unit_last"
+    breakdown_bytes: dict[str, int]  # category -> bytes at the peak
+    module_bytes: dict[str, int]  # module group -> bytes at the peak
+    weight_bytes: dict[str, int]  # "group/category" -> bytes of the stored weights (4-bit, constants, ...)
+    counts: dict[str, StepCounts]  # phase (forward, backward, recompute, optimizer) -> FLOPs and bytes by class
+    flops_by_module: dict[str, dict[str, float]]  # module group -> phase -> FLOPs
+    device_overhead_bytes: int
+    layers_traced: tuple[int, ...]
+    seconds_taken: float
+    assumptions: tuple[str, ...] = field(default=())
+
+    @property
+    def total_counts(self) -> StepCounts:
+        return total_counts(self.counts)
+
+    @property
+    def flops_per_step(self) -> float:
+        return self.total_counts.flops
+
+    @property
+    def static_bytes(self) -> int:
+        return sum(v for k, v in self.breakdown_bytes.items() if k in STATIC_CATEGORIES)
+
+    @property
+    def weight_storage_bytes(self) -> int:
+        return sum(v for k, v in self.weight_bytes.items() if not k.endswith("trainable_params"))
+
+
+def _lerp(a: float, b: float, t: float) -> float:
+    return a + (b - a) * t
+
+
+def _lerp_dict(a: dict, b: dict, t: float) -> dict:
+    return {k: max(0.0, _lerp(a.get(k, 0), b.get(k, 0), t)) for k in set(a) | set(b)}
+
+
+def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layers: int) -> dict:
+    """Scale two traces (units a < b) to `full_units`; with one trace (already full depth) just unpack it."""
+    if tb is None:
+        t, ta_, tb_ = 0.0, ta, ta
+    else:
+        t = (full_units - ta.num_units) / (tb.num_units - ta.num_units)
+        ta_, tb_ = ta, tb
+    peaks = {}
+    for key in set(ta_.segments) & set(tb_.segments):
+        if key.endswith("unit_mid"):
+            continue  # affine in the unit index: never above both ends
+        sa, sb = ta_.segments[key], tb_.segments[key]
+        peaks[key] = (_lerp(sa.total, sb.total, t), sa, sb)
+    key, (total, sa, sb) = max(peaks.items(), key=lambda kv: kv[1][0])
+    by_group_flops: dict[str, dict[str, float]] = {}
+    for (group, phase), v in _lerp_dict(ta_.flops_by_group, tb_.flops_by_group, t).items():
+        by_group_flops.setdefault(group, {})[phase] = v
+    counts: dict[str, StepCounts] = {}
+    flops = _lerp_dict(ta_.flops, tb_.flops, t)
+    nbytes = _lerp_dict(ta_.bytes, tb_.bytes, t)
+    for phase in sorted({p for p, _ in flops} | {p for p, _ in nbytes}):
+        counts[phase] = StepCounts(flops_by_class={c: v for (p, c), v in flops.items() if p == phase},
+                                   bytes_by_class={c: v for (p, c), v in nbytes.items() if p == phase})
+    return {
+        "peak_bytes": int(round(total)), "peak_segment": key,
+        "breakdown_bytes": {k: int(round(v)) for k, v in _lerp_dict(sa.by_category, sb.by_category, t).items() if v},
+        "module_bytes": {k: int(round(v)) for k, v in _lerp_dict(sa.by_group, sb.by_group, t).items() if v},
+        "weight_bytes": {k: int(round(v)) for k, v in _lerp_dict(ta_.weight_bytes, tb_.weight_bytes, t).items()},
+        "counts": counts, "flops_by_module": by_group_flops,
+        "layers_traced": (ta.num_layers,) if tb is None else (ta.num_layers, tb.num_layers),
+        "num_layers": full_layers,
+    }
+
+
+def _assumptions(job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOverhead) -> tuple[str, ...]:
+    out = [
+        f"worst batch: {job.batch_size} x {seq_len} tokens, every position computed (padding to the longest "
+        "query in the batch; some batch holds the longest query)",
+        "steady-state step: optimizer states already allocated; gradients set to None after the step",
+        "bytes rounded up to 512-byte allocator granules (torch.cuda.max_memory_allocated semantics)",
+        overhead.describe(),
+    ]
+    if job.method != "full":
+        out.append("LoRA factors stored in fp32 and cast to the compute dtype in forward (PEFT + autocast)")
+    else:
+        out.append(f"full fine-tune in {job.compute_dtype}: parameters, gradients and optimizer states in "
+                   f"{job.compute_dtype} (no fp32 master weights)")
+    if job.optimizer == "adamw":
+        out.append("torch AdamW multi-tensor (foreach) path, as on CUDA: its temporaries span all trainable tensors")
+    if job.attention in ("flash", "sdpa"):
+        out.append("attention memory as a fused kernel: output + fp32 log-sum-exp saved, no L x L scores")
+    if job.method == "qlora":
+        out.append("4-bit weights de-quantized per matrix into a temporary that is freed after the matmul "
+                   "(forward and backward), as bitsandbytes does")
+    if stack == "hf-2024":
+        out.append("hf-2024 stack: per-expert loop, PEFT 0.7 Linear4bit LoRA (clone), fp32 logits copies in the "
+                   "loss, re-entrant checkpointing, lengths padded to a multiple of 8")
+    if job.method == "qlora" or stack == "hf-2024":
+        out.append("routing is unknown without data: expert loops assume tokens spread evenly over experts "
+                   "(the memory of grouped or looped expert compute depends on the total routed tokens)")
+    return tuple(out)
+
+
+def simulate_step(job: FineTuneJob, *, num_layers_to_trace: int | None = None, stack: str = DEFAULT_STACK,
+                  overhead: DeviceOverhead = DEFAULT_OVERHEAD, granule_bytes: int = 512, use_cache: bool = True,
+                  on_progress: Callable[[int, int, str], None] | None = None) -> StepSimulation:
+    """Simulate one training step of `job` (its batch size at its worst-case padded length).
+
+    num_layers_to_trace: None traces one and two repeating units and scales; an integer traces that many layers
+    (rounded to whole units) and one unit fewer; at or above the model's depth, the full model once.
+    granule_bytes: allocation rounding (512 as CUDA's caching allocator; 1 to compare with CPU measurements).
+    """
+    from tunecost.simulate import cache as _cache
+
+    key = _cache.job_key(job, num_layers_to_trace, stack, overhead, granule_bytes)
+    if use_cache:
+        hit = _cache.load(key)
+        if hit is not None:
+            return hit
+    sim = _simulate_uncached(job, num_layers_to_trace, stack, overhead, granule_bytes, on_progress)
+    if use_cache:
+        _cache.store(key, sim)
+    return sim
+
+
+def _simulate_uncached(job, num_layers_to_trace, stack, overhead, granule_bytes, on_progress) -> StepSimulation:
+    from tunecost.catalog.models import resolve_model
+    from tunecost.simulate.hf2024 import padded_seq_len_2024
+    from tunecost.simulate.pool import prepared_model
+    from tunecost.simulate.prepare import check_supported, layer_pattern
+    from tunecost.simulate.trace import trace_step
+
+    start = time.perf_counter()
+    spec = resolve_model(job.model)
+    check_supported(job, spec, stack)
+    prefix, period, full_units = layer_pattern(spec)
+    seq_len = job.worst_case_seq_len
+    if stack == "hf-2024":
+        seq_len = padded_seq_len_2024(seq_len)
+    if num_layers_to_trace is None:
+        units_b = 2
+    else:
+        units_b = max(1, (num_layers_to_trace - prefix) // period)
+    units = [full_units] if units_b >= full_units or full_units <= 2 else [max(1, units_b - 1), units_b]
+    traces = []
+    for i, u in enumerate(units):
+        if on_progress:
+            on_progress(i, len(units), f"tracing {prefix + u * period} layers")
+        prepared = prepared_model(job, u, stack)
+        traces.append(trace_step(prepared, job.batch_size, seq_len, round_bytes=granule_bytes))
+    if on_progress:
+        on_progress(len(units), len(units), "done")
+    parts = combine(traces[0], traces[1] if len(traces) > 1 else None, full_units, spec.num_layers)
+    static = sum(v for k, v in parts["breakdown_bytes"].items() if k in STATIC_CATEGORIES)
+    return StepSimulation(
+        model=spec.name, method=job.method, stack=stack, batch_size=job.batch_size, seq_len=seq_len,
+        device_overhead_bytes=overhead.overhead_bytes(parts["peak_bytes"], static),
+        seconds_taken=time.perf_counter() - start, assumptions=_assumptions(job, stack, seq_len, overhead), **parts)

@@ -1,0 +1,143 @@
+"""Trace one step of a prepared model and reduce the recorder's log to peaks per segment and counts.
+
+Segments are (phase, region) pairs: forward/backward/optimizer x {pre, prefix, unit_first, unit_last,
+unit_mid, post, opt}. For a stack of identical units, every segment's peak is an affine function of the number
+of units (activations saved per unit, gradients accumulated per unit, ...), which is what lets the simulator trace
+two small depths and extrapolate; the middle units never peak above both ends (affine in the unit index).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tunecost.simulate.recorder import StepRecorder
+from tunecost.simulate.records import CATEGORIES, WEIGHT_CATEGORIES
+from tunecost.simulate.step import make_batch, run_step
+
+
+
+@dataclass
+class SegmentPeak:
+    total: int
+    by_category: dict[str, int]
+    by_group: dict[str, int]
+
+
+@dataclass
+class TraceResult:
+    num_layers: int
+    num_units: int
+    segments: dict[str, SegmentPeak]
+    flops: dict[tuple[str, str], float]  # (phase, op class)
+    bytes: dict[tuple[str, str], float]
+    flops_by_group: dict[tuple[str, str], float]  # (module group, phase)
+    weight_bytes: dict[str, int]  # "group/category" -> bytes of static weights
+    seconds: float
+    num_ops: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def _classify(rec_list, t_forward_end: int) -> tuple[np.ndarray, ...]:
+    n = len(rec_list)
+    t_alloc = np.empty(n, dtype=np.int64)
+    t_free = np.empty(n, dtype=np.int64)
+    t_grad = np.empty(n, dtype=np.int64)
+    nbytes = np.empty(n, dtype=np.int64)
+    big = np.iinfo(np.int64).max
+    for i, r in enumerate(rec_list):
+        t_alloc[i] = r.t_alloc
+        t_free[i] = big if r.t_free is None else r.t_free
+        t_grad[i] = big if r.t_grad is None else r.t_grad
+        nbytes[i] = r.nbytes
+    return t_alloc, t_free, t_grad, nbytes
+
+
+def _codes(records, t_free: np.ndarray, t_fwd_end: int):
+    """Category (before the gradient override) and module-group codes per storage record."""
+    cat_names = list(CATEGORIES)
+    group_names: list[str] = []
+    group_index: dict[str, int] = {}
+    cat_codes = np.empty(len(records), dtype=np.int64)
+    group_codes = np.empty(len(records), dtype=np.int64)
+    for i, r in enumerate(records):
+        cat = r.static_category
+        if cat is None:
+            if r.phase == "forward":
+                cat = "activations" if t_free[i] > t_fwd_end else "temporaries"
+            elif r.phase == "recompute":
+                cat = "activations"
+            else:
+                cat = "temporaries"
+        cat_codes[i] = cat_names.index(cat)
+        g = group_index.get(r.group)
+        if g is None:
+            g = group_index[r.group] = len(group_names)
+            group_names.append(r.group)
+        group_codes[i] = g
+    group_names.append("gradients")
+    return cat_codes, group_codes, cat_names, group_names
+
+
+def analyze(rec: StepRecorder, num_layers: int, seconds: float) -> TraceResult:
+    records = rec.records
+    num_ops = rec.t_end or 0
+    t_alloc, t_free, t_grad, nbytes = _classify(records, rec.t_forward_end or num_ops)
+    alloc_at = np.bincount(t_alloc, weights=nbytes, minlength=num_ops + 2)
+    freed = t_free < np.iinfo(np.int64).max
+    free_at = np.bincount(t_free[freed], weights=nbytes[freed], minlength=num_ops + 2)
+    # live after op k = allocations up to k minus frees before k
+    live = np.cumsum(alloc_at)[: num_ops + 1] - np.concatenate(([0.0], np.cumsum(free_at)[:num_ops]))
+
+    t_fwd_end = rec.t_forward_end if rec.t_forward_end is not None else num_ops
+    cat_codes, group_codes, cat_names, group_names = _codes(records, t_free, t_fwd_end)
+    grad_code = cat_names.index("gradients")
+    keys: dict[str, list[int]] = {}
+    for k, segs in enumerate(rec.op_segments, start=1):
+        for key in segs:
+            keys.setdefault(key, []).append(k)
+    segments: dict[str, SegmentPeak] = {}
+    for key, ops in keys.items():
+        ops_arr = np.asarray(ops)
+        k_star = int(ops_arr[np.argmax(live[ops_arr])])
+        alive = (t_alloc <= k_star) & (t_free >= k_star)
+        cats = np.where(t_grad <= k_star, grad_code, cat_codes)
+        by_cat_arr = np.bincount(cats[alive], weights=nbytes[alive], minlength=len(cat_names))
+        groups = np.where(cats == grad_code, len(group_names) - 1, group_codes)
+        by_group_arr = np.bincount(groups[alive], weights=nbytes[alive], minlength=len(group_names))
+        segments[key] = SegmentPeak(
+            total=int(live[k_star]),
+            by_category={cat_names[i]: int(v) for i, v in enumerate(by_cat_arr) if v},
+            by_group={group_names[i]: int(v) for i, v in enumerate(by_group_arr) if v})
+
+    weight_bytes: dict[str, int] = {}
+    for r in records:
+        if r.static_category in WEIGHT_CATEGORIES:
+            key = f"{r.group}/{r.static_category}"
+            weight_bytes[key] = weight_bytes.get(key, 0) + r.nbytes
+    c = rec.counter
+    return TraceResult(num_layers=num_layers, num_units=rec.plan.num_units, segments=segments, flops=dict(c.flops),
+                       bytes=dict(c.bytes), flops_by_group=dict(c.flops_by_group), weight_bytes=weight_bytes,
+                       seconds=seconds, num_ops=num_ops)
+
+
+def trace_step(prepared, batch_size: int, seq_len: int, *, round_bytes: int = 512) -> TraceResult:
+    """Run one recorded step of `prepared` at (batch_size, seq_len)."""
+    start = time.perf_counter()
+    vocab = int(getattr(prepared.model.config, "vocab_size", 0) or prepared.spec.vocab_size)
+    batch = make_batch(vocab, batch_size, seq_len, prepared.fake_mode)
+    rec = StepRecorder(plan=prepared.plan, module_info=prepared.module_info, round_bytes=round_bytes)
+    for tensor, category, group in prepared.static:
+        rec.register_static(tensor, category, group)
+    for tensor in batch.values():
+        rec.register_static(tensor, "inputs", "other")
+    rec.install_hooks(prepared.model, prepared.trainable)
+    try:
+        run_step(prepared, batch, rec)
+    finally:
+        rec.finish()
+    num_layers = prepared.plan.prefix + prepared.plan.num_units * prepared.plan.period
+    del batch
+    return analyze(rec, num_layers, time.perf_counter() - start)

@@ -1,0 +1,69 @@
+"""max_batch_size: the search (against synthetic peaks), a real simulated answer checked independently, and the
+shortfall error when even one query does not fit (acceptance 6)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunecost.errors import TunecostError
+from tunecost.simulate import batch as batch_mod
+from tunecost.simulate import max_batch_size, simulate_step, simulated_max_batch_size
+from tunecost.workload.job import FineTuneJob, LoraConfig
+
+GB = 10**9
+
+
+class _FakeSim:
+    def __init__(self, peak: int) -> None:
+        self.peak_bytes, self.device_overhead_bytes, self.seq_len, self.model = peak, 0, 128, "m"
+        self.assumptions = ()
+
+
+def _patch(monkeypatch, need):
+    calls = []
+
+    def fake_simulate(job, **_kw):
+        calls.append(job.batch_size)
+        return _FakeSim(need(job.batch_size))
+
+    monkeypatch.setattr(batch_mod, "simulate_step", fake_simulate)
+    return calls
+
+
+@pytest.mark.parametrize("answer", [1, 7, 47, 300])
+def test_affine_memory_needs_few_simulations(monkeypatch, answer):
+    calls = _patch(monkeypatch, lambda b: 20 * GB + b * GB // 4)
+    mem = 20 * GB + answer * GB // 4 + GB // 8  # fits `answer`, not answer + 1
+    result = max_batch_size(FineTuneJob(model="mixtral-8x7b"), mem)
+    assert result.batch_size == answer
+    assert len(calls) <= 6
+
+
+def test_flat_start_and_convex_memory(monkeypatch):
+    # flat until 16 (a phase that does not depend on the batch), then steeper and steeper
+    need = lambda b: 30 * GB + max(0, b - 16) * GB // 2 + max(0, b - 40) ** 2 * GB // 10  # noqa: E731
+    calls = _patch(monkeypatch, need)
+    mem = 44 * GB
+    result = max_batch_size(FineTuneJob(model="mixtral-8x7b"), mem)
+    assert need(result.batch_size) <= mem < need(result.batch_size + 1)
+    assert len(calls) <= 10
+
+
+def test_shortfall_when_batch_one_does_not_fit(monkeypatch):
+    _patch(monkeypatch, lambda b: 50 * GB + b)
+    with pytest.raises(TunecostError, match=r"does not fit even at batch size 1.*short by 2\.00 GB"):
+        max_batch_size(FineTuneJob(model="mixtral-8x7b"), 48 * GB)
+    _patch(monkeypatch, lambda b: 60 * GB + b)  # above the A40's catalog memory (48 GiB)
+    assert simulated_max_batch_size(FineTuneJob(model="mixtral-8x7b"), "a40") == 0
+
+
+def test_simulated_answer_is_the_boundary(config_path):
+    job = FineTuneJob(model=config_path("tiny-mixtral-2l"), method="qlora", batch_size=1, seq_len=64,
+                      lora=LoraConfig(rank=8))
+    one = simulate_step(job)
+    mem = one.peak_bytes + one.device_overhead_bytes + 4 * 2**20
+    result = max_batch_size(job, mem)
+    b = result.batch_size
+    at, above = simulate_step(job.with_(batch_size=b)), simulate_step(job.with_(batch_size=b + 1))
+    assert at.peak_bytes + at.device_overhead_bytes <= mem < above.peak_bytes + above.device_overhead_bytes
+    assert b > 1
