@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
+# Idle OpenMP threads spin by default; with 2 cores that starves the next op. Set before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from collections.abc import Callable
 from pathlib import Path
 

@@ -1,0 +1,229 @@
+"""Largest batch size that fits (paper Table III): grow by doubling until a probe fails, then bisect.
+
+- CUDA (`measured_max_batch_size`): each probe runs one real training step (forward, backward, AdamW step, so the
+  optimizer state exists) on the longest batch the input can produce; `torch.OutOfMemoryError` is caught, memory
+  released (gc + empty_cache) and the probe recorded as a boundary. A cap below the device's memory emulates a
+  smaller GPU (`torch.cuda.set_per_process_memory_fraction`).
+- CPU (`simulated_max_batch_size`): the same search where a probe asks the step simulator (`tunecost.simulate`)
+  whether the step's simulated peak fits a memory budget (a GPU's memory).
+
+A search that fails at batch size 1 returns 0 with the failing probe: nothing fits, which is a result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tunecost.errors import TunecostError
+
+
+@dataclass(frozen=True, kw_only=True)
+class Probe:
+    batch_size: int
+    fits: bool
+    peak_bytes: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaxBatchResult:
+    max_batch_size: int  # 0: not even batch size 1 fits
+    probes: tuple[Probe, ...]
+    memory_bytes: int | None  # the budget searched against
+    source: str  # "measured-cuda" | "simulated"
+    estimator: str  # how a probe decided
+    seq_len: int  # tokens per query of the probed (longest) batch
+    hit_limit: bool = False  # stopped at `limit` while still fitting
+
+    @property
+    def boundary(self) -> Probe | None:
+        """The smallest batch size that did not fit (None if none failed)."""
+        fails = [p for p in self.probes if not p.fits]
+        return min(fails, key=lambda p: p.batch_size) if fails else None
+
+
+def search_max_batch_size(probe: Callable[[int], Probe], *, start: int = 1, limit: int = 4096,
+                          on_probe: Callable[[Probe], None] | None = None) -> tuple[int, list[Probe], bool]:
+    """Grow (x2) from `start` until a probe fails or `limit`, then bisect. Returns (max that fit, probes, hit_limit).
+
+    Assumes fitting is monotone in the batch size (a larger batch never needs less memory).
+    """
+    if start < 1 or limit < start:
+        raise TunecostError(f"bad batch-size search range: start {start}, limit {limit}")
+    probes: list[Probe] = []
+
+    def run(b: int) -> bool:
+        p = probe(b)
+        probes.append(p)
+        if on_probe:
+            on_probe(p)
+        return p.fits
+
+    good, bad, b = 0, None, start
+    while b <= limit:
+        if run(b):
+            good = b
+            if b == limit:
+                break
+            b = min(b * 2, limit)
+        else:
+            bad = b
+            break
+    if bad is None:
+        return good, probes, good == limit
+    lo, hi = good, bad  # lo fits (0: nothing yet), hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if run(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, probes, False
+
+
+# ------------------------------------------------------------------------------------------------- CUDA
+
+
+def measured_max_batch_size(prepared: Any, source: Any, *, device: str, memory_bytes: int | None = None,
+                            limit: int = 4096, router_aux_loss: bool = True,
+                            on_probe: Callable[[Probe], None] | None = None) -> MaxBatchResult:
+    """Search on the GPU with real training steps on `source.longest_batch(b)` (see module docstring)."""
+    import torch
+
+    from tunecost.profile.loop import make_optimizer, train_step
+    from tunecost.profile.point import is_out_of_memory, release_memory
+    from tunecost.profile.timers import make_clock
+
+    if not device.startswith("cuda"):
+        raise TunecostError("a measured max-batch search needs a CUDA device; on CPU use the simulated search")
+    index = torch.device(device).index or 0
+    total = torch.cuda.get_device_properties(index).total_memory
+    if memory_bytes is not None:
+        if memory_bytes > total:
+            raise TunecostError(f"memory budget {memory_bytes / 2**30:.1f} GiB exceeds this GPU's "
+                                f"{total / 2**30:.1f} GiB")
+        torch.cuda.set_per_process_memory_fraction(memory_bytes / total, index)
+    model = prepared.model
+    clock = make_clock(device)
+
+    def probe(b: int) -> Probe:
+        optimizer = batch = None
+        try:
+            batch = source.longest_batch(b).to(device)
+            optimizer = make_optimizer(model)
+            torch.cuda.reset_peak_memory_stats(index)
+            train_step(model, optimizer, batch, clock, device=device, router_aux_loss=router_aux_loss)
+            return Probe(batch_size=b, fits=True, peak_bytes=int(torch.cuda.max_memory_allocated(index)))
+        except Exception as exc:  # noqa: BLE001 - an OOM is a measured boundary; anything else is a bug
+            if not is_out_of_memory(exc):
+                raise
+            return Probe(batch_size=b, fits=False, detail=str(exc).splitlines()[0][:200])
+        finally:
+            if optimizer is not None:
+                optimizer.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)
+            del optimizer, batch
+            release_memory(device)
+
+    try:
+        best, probes, hit = search_max_batch_size(probe, limit=limit, on_probe=on_probe)
+    finally:
+        if memory_bytes is not None:
+            torch.cuda.set_per_process_memory_fraction(1.0, index)
+    return MaxBatchResult(max_batch_size=best, probes=tuple(probes), memory_bytes=memory_bytes or total,
+                          source="measured-cuda", estimator="training step on the longest batch, OOM caught",
+                          seq_len=source.max_length, hit_limit=hit)
+
+
+# -------------------------------------------------------------------------------------------------- CPU
+
+
+def simulated_max_batch_size(job: Any, memory_bytes: int, *, limit: int = 4096,
+                             peak_bytes_fn: Callable[[Any], int] | None = None,
+                             on_probe: Callable[[Probe], None] | None = None) -> MaxBatchResult:
+    """The same search against `memory_bytes`, each probe the simulated peak of `job` at that batch size."""
+    peak_of = peak_bytes_fn or simulator_peak_bytes
+
+    def probe(b: int) -> Probe:
+        peak = int(peak_of(job.with_(batch_size=b)))
+        return Probe(batch_size=b, fits=peak <= memory_bytes, peak_bytes=peak)
+
+    best, probes, hit = search_max_batch_size(probe, limit=limit, on_probe=on_probe)
+    return MaxBatchResult(max_batch_size=best, probes=tuple(probes), memory_bytes=memory_bytes, source="simulated",
+                          estimator=getattr(peak_of, "estimator", "tunecost.simulate step simulator"),
+                          seq_len=job.worst_case_seq_len, hit_limit=hit)
+
+
+def simulator_peak_bytes(job: Any) -> int:
+    """Bytes one training step of `job` needs on a GPU per the step simulator: simulated tensor peak plus the
+    device overhead (CUDA context, allocator reserve) that `tunecost.simulate` models."""
+    from tunecost.simulate.simulator import simulate_step
+
+    sim = simulate_step(job)
+    return int(sim.peak_bytes + sim.device_overhead_bytes)
+
+
+simulator_peak_bytes.estimator = (  # type: ignore[attr-defined]
+    "tunecost.simulate.simulate_step: simulated peak + device overhead")
+
+
+# ------------------------------------------------------------------------------------------- entry point
+
+
+def find_max_batch_size(setup: Any, inputs: Any, *, memory_bytes: int | None = None, limit: int = 4096,
+                        on_probe: Callable[[Probe], None] | None = None) -> MaxBatchResult:
+    """Measured search on CUDA (`setup.device`), simulated search against `memory_bytes` elsewhere.
+
+    setup: a `tunecost.profile.model_setup.ModelSetup`; inputs: a `tunecost.profile.sweep.InputSpec` with one
+    sequence length or a dataset (the probes use its longest queries).
+    """
+    from tunecost.profile.model_setup import resolve_profile_model
+
+    if len(inputs.resolved_seq_lens) != 1:
+        raise TunecostError("max-batch takes one sequence length (or a dataset)")
+    seq_len = inputs.resolved_seq_lens[0]
+    spec = resolve_profile_model(setup.model)
+    if setup.device.startswith("cuda"):
+        from tunecost.profile.model_setup import build_training_model
+        from tunecost.profile.sweep import make_source
+
+        prepared = build_training_model(setup, spec=spec)
+        vocab = int(getattr(prepared.model.config, "vocab_size", spec.vocab_size))
+        source = make_source(inputs, vocab_size=vocab, seq_len=seq_len, num_queries=1, seed=setup.seed)
+        return measured_max_batch_size(prepared, source, device=setup.device, memory_bytes=memory_bytes,
+                                       limit=limit, on_probe=on_probe)
+    if memory_bytes is None:
+        raise TunecostError("on CPU the search is simulated against a GPU's memory: give --gpu G or --gpu-memory-gb X")
+    from tunecost.workload.job import FineTuneJob, LoraConfig
+
+    lengths = None
+    if inputs.dataset:
+        from tunecost.profile.sweep import make_source
+
+        lengths = make_source(inputs, vocab_size=spec.vocab_size, seq_len=None, num_queries=1).lengths
+    job = FineTuneJob(model=setup.model, method=setup.method, experts_per_token=setup.experts_per_token,
+                      lora=LoraConfig(rank=setup.lora_rank, alpha=setup.lora_alpha),
+                      compute_dtype=setup.dtype or "bf16", gradient_checkpointing=setup.gradient_checkpointing,
+                      batch_size=1, seq_len=seq_len, lengths=lengths, dataset=inputs.dataset)
+    return simulated_max_batch_size(job, memory_bytes, limit=limit, on_probe=on_probe)
+
+
+def max_batch_row(result: MaxBatchResult, setup: Any, inputs: Any, *, gpu: str | None = None) -> dict[str, Any]:
+    """The `max_batch.jsonl` row (docs/dev/records.md) of a search, with every probe."""
+    from tunecost.profile.model_setup import resolve_profile_model
+    from tunecost.profile.point import point_id
+
+    spec = resolve_profile_model(setup.model)
+    keys = {"model": setup.model, "method": setup.method, "experts_impl": setup.resolved_experts_impl,
+            "experts_per_token": setup.experts_per_token or spec.default_experts_per_token, "batch_size": None,
+            "seq_len": inputs.resolved_seq_lens[0], "dataset": inputs.dataset,
+            "device": "cuda" if setup.device.startswith("cuda") else "cpu"}
+    return {"schema_version": 1, "kind": "max_batch", **keys,
+            "point_id": point_id({**keys, "memory_bytes": result.memory_bytes}),
+            "max_batch_size": result.max_batch_size, "gpu": gpu, "memory_bytes": result.memory_bytes,
+            "source": result.source, "estimator": result.estimator, "probe_seq_len": result.seq_len,
+            "hit_limit": result.hit_limit,
+            "probes": [{"batch_size": p.batch_size, "fits": p.fits, "peak_bytes": p.peak_bytes, "detail": p.detail}
+                       for p in result.probes]}

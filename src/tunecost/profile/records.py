@@ -1,0 +1,176 @@
+"""Turn a point's measurements into the tidy rows of docs/dev/records.md and write them resumably.
+
+Files (one JSON object per line, appended and fsync'd): throughput, stages, layers, kernels, expert_load, memory,
+overhead, and `points.jsonl`, the completion log: a point's row there is written after all its other rows, so a
+point is finished exactly when it has a `points` row. On resume, rows of unfinished points (a kill between two
+files) are dropped first (`purge_unfinished`), then only unfinished points run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from tunecost.profile.point import PointMeasurement
+from tunecost.profile.timers import median_step_index
+from tunecost.results.io import append_jsonl, atomic_write_text, read_jsonl
+
+SCHEMA_VERSION = 1
+KINDS: tuple[str, ...] = ("throughput", "stages", "layers", "kernels", "expert_load", "memory", "overhead")
+POINTS_FILE = "points.jsonl"
+
+
+def _base(kind: str, m: PointMeasurement) -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "kind": kind, **m.workload.keys(), "point_id": m.workload.point_id}
+
+
+def point_rows(m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
+    """All rows of one measured point, by kind (file stem). An "oom" point has only its `points` row."""
+    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in (*KINDS, "points")}
+    point = {**_base("point", m), "status": m.status, "message": m.message,
+             "elapsed_seconds": m.elapsed_seconds, **(extra or {})}
+    rows["points"].append(point)
+    if m.status != "done":
+        return rows
+    steps = len(m.plain)
+    plain_seconds = sum(s.wall_seconds for s in m.plain)
+    rows["throughput"].append({**_base("throughput", m), "queries_per_s": m.num_queries / plain_seconds,
+                               "tokens_per_s": m.num_tokens / plain_seconds, "num_queries": m.num_queries,
+                               "num_tokens": m.num_tokens, "padded_tokens": m.padded_tokens,
+                               "seconds": plain_seconds, "steps": steps})
+    times = [s.times for s in m.plain]
+    mid = times[median_step_index(times)]
+    for stage in ("forward", "backward", "optimizer", "step"):
+        per_step = [t.stage_seconds(stage) for t in times]
+        rows["stages"].append({**_base("stages", m), "stage": stage, "seconds": mid.stage_seconds(stage),
+                               "median_seconds": statistics.median(per_step),
+                               "mean_seconds": statistics.fmean(per_step),
+                               "per_step_seconds": per_step, "steps": steps, "timer": m.timer,
+                               "note": "seconds: the median step (by step time), so stages add up to it"})
+    if m.layers is not None and m.layers_step is not None:
+        pass_total = {"forward": m.layers_step.forward_seconds, "backward": m.layers_step.backward_seconds,
+                      "recompute": m.layers_step.backward_seconds}
+        for row in m.layers.rows():
+            rows["layers"].append({**_base("layers", m), **row, "step_pass_seconds": pass_total[row["pass"]],
+                                   "timer": m.timer})
+    if m.kernels is not None:
+        for c in m.kernels.classes:
+            rows["kernels"].append({**_base("kernels", m), "kernel_class": c.kernel_class, "seconds": c.seconds,
+                                    "count": c.count, "source": m.kernels.source, "timing": m.kernels.timing,
+                                    "scope": "moe_layer", "profiled_seconds": m.kernels.profiled_seconds})
+    for phase, load in (("before", m.load_before), ("after", m.load_after)):
+        if load is not None:
+            for row in load.rows():
+                rows["expert_load"].append({**_base("expert_load", m), "phase": phase, **row,
+                                            "num_queries": m.num_queries})
+    if m.memory is not None and m.memory.peak_bytes is not None:
+        rows["memory"].append({**_base("memory", m), "peak_bytes": m.memory.peak_bytes, "source": m.memory.source,
+                               **m.memory.detail})
+    if m.instrumented and len(m.instrumented) == len(m.plain):
+        inst = sum(s.wall_seconds for s in m.instrumented)
+        rows["overhead"].append({**_base("overhead", m), "instrumentation": "layer-hooks",
+                                 "instrumented_seconds": inst, "plain_seconds": plain_seconds,
+                                 "ratio": inst / plain_seconds, "steps": steps})
+    if m.kernels is not None:
+        plain_median = statistics.median(s.wall_seconds for s in m.plain)
+        rows["overhead"].append({**_base("overhead", m), "instrumentation": "torch.profiler",
+                                 "instrumented_seconds": m.kernels.profiled_seconds, "plain_seconds": plain_median,
+                                 "ratio": m.kernels.profiled_seconds / plain_median, "steps": 1})
+    return rows
+
+
+def write_point(out_dir: str | Path, m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> None:
+    """Append every row of the point, then its completion row (last, so a kill leaves the point unfinished)."""
+    out = Path(out_dir)
+    rows = point_rows(m, extra=extra)
+    for kind in KINDS:
+        for row in rows[kind]:
+            append_jsonl(out / f"{kind}.jsonl", row)
+    for row in rows["points"]:
+        append_jsonl(out / POINTS_FILE, row)
+
+
+def finished_points(out_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """point_id -> its completion row."""
+    return {r["point_id"]: r for r in read_jsonl(Path(out_dir) / POINTS_FILE) if "point_id" in r}
+
+
+def purge_unfinished(out_dir: str | Path, kinds: Iterable[str] = KINDS) -> int:
+    """Drop rows of points without a completion row (left by an interrupted point); returns how many."""
+    import json
+
+    out = Path(out_dir)
+    done = set(finished_points(out))
+    dropped = 0
+    for kind in kinds:
+        path = out / f"{kind}.jsonl"
+        if not path.exists():
+            continue
+        rows = read_jsonl(path)
+        keep = [r for r in rows if r.get("point_id") in done]
+        torn = path.read_text(encoding="utf-8").count("\n") != len(rows)
+        if len(keep) != len(rows) or torn:
+            dropped += len(rows) - len(keep)
+            atomic_write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in keep))
+    return dropped
+
+
+def read_rows(out_dir: str | Path, kind: str) -> list[dict[str, Any]]:
+    return read_jsonl(Path(out_dir) / (POINTS_FILE if kind == "points" else f"{kind}.jsonl"))
+
+
+def summary(out_dir: str | Path, point_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """One row per point from the record files: throughput, stages, memory, MoE share, overhead, load variance."""
+    out = Path(out_dir)
+    wanted = None if point_ids is None else list(point_ids)
+    points = finished_points(out)
+    by_kind = {k: _index(read_rows(out, k)) for k in KINDS}
+    table = []
+    for pid in (wanted if wanted is not None else list(points)):
+        p = points.get(pid)
+        if p is None:
+            continue
+        row: dict[str, Any] = {k: p.get(k) for k in ("model", "method", "experts_impl", "experts_per_token",
+                                                     "batch_size", "seq_len", "dataset", "device", "status")}
+        row["point_id"] = pid
+        thr = by_kind["throughput"].get(pid, [])
+        if thr:
+            row.update(queries_per_s=thr[0]["queries_per_s"], tokens_per_s=thr[0]["tokens_per_s"])
+        for s in by_kind["stages"].get(pid, []):
+            row[f"{s['stage']}_seconds"] = s["seconds"]
+        layers = by_kind["layers"].get(pid, [])
+        if layers:
+            total = sum(r["seconds"] for r in layers)
+            moe = sum(r["seconds"] for r in layers if r["component"] in ("moe_router", "moe_experts"))
+            row["moe_share"] = moe / total if total > 0 else None
+        mem = by_kind["memory"].get(pid, [])
+        if mem:
+            row["peak_bytes"] = mem[0]["peak_bytes"]
+        for o in by_kind["overhead"].get(pid, []):
+            if o.get("instrumentation") == "layer-hooks":
+                row["overhead_ratio"] = o["ratio"]
+        for phase in ("before", "after"):
+            load = [r for r in by_kind["expert_load"].get(pid, []) if r["phase"] == phase]
+            if load:
+                row[f"load_variance_{phase}"] = _mean_layer_variance(load)
+        kern = by_kind["kernels"].get(pid, [])
+        if kern:
+            row["kernel_classes"] = len(kern)
+        table.append(row)
+    return table
+
+
+def _index(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(r.get("point_id"), []).append(r)
+    return out
+
+
+def _mean_layer_variance(rows: list[dict[str, Any]]) -> float:
+    by_layer: dict[int, list[int]] = {}
+    for r in rows:
+        by_layer.setdefault(r["layer_index"], []).append(r["tokens"])
+    return statistics.fmean(statistics.pvariance(v) for v in by_layer.values())

@@ -1,0 +1,123 @@
+"""Run metadata (`meta.json`): what ran, where, with which versions, from which source revision.
+
+The format is in docs/dev/records.md. Every field is collected defensively: a missing library, no git, or no GPU
+gives `None` rather than an error, because metadata must never stop a measurement from being written.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+TRACKED_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes")
+
+
+def package_versions(names: Sequence[str] = TRACKED_PACKAGES) -> dict[str, str | None]:
+    """Installed version of each package (None when absent); read from package metadata, nothing is imported."""
+    out: dict[str, str | None] = {}
+    for name in names:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def git_revision(cwd: str | os.PathLike[str] | None = None) -> str | None:
+    """`git rev-parse HEAD` of the source tree (of this package unless `cwd`); None without git or commits."""
+    where = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
+    try:
+        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5,
+                              check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    rev = done.stdout.strip()
+    if done.returncode != 0 or not rev:
+        return None
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where, capture_output=True,
+                           text=True, timeout=5, check=False)
+    return rev + ("-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
+
+
+def device_info(device: str | None = None) -> dict[str, Any]:
+    """kind ("cpu" | "cuda"), name, torch, cuda, num_threads (and memory_bytes on CUDA) of the measuring device."""
+    import torch
+
+    kind = "cuda" if (device or "").startswith("cuda") else "cpu"
+    info: dict[str, Any] = {"kind": kind, "name": None, "torch": torch.__version__,
+                            "cuda": torch.version.cuda, "num_threads": torch.get_num_threads(),
+                            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+    if kind == "cuda" and torch.cuda.is_available():
+        index = torch.device(device).index or 0
+        props = torch.cuda.get_device_properties(index)
+        info.update(name=props.name, memory_bytes=int(props.total_memory), capability=f"{props.major}.{props.minor}")
+    else:
+        info["name"] = _cpu_name()
+    return info
+
+
+def _cpu_name() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine() or None
+
+
+def command_line(argv: Sequence[str] | None = None) -> str:
+    """The command as a shell-quoted string (sys.argv by default)."""
+    return shlex.join(list(sys.argv if argv is None else argv))
+
+
+def run_metadata(*, device: str | None = None, command: str | Sequence[str] | None = None,
+                 workloads: Sequence[dict[str, Any]] = (), extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `meta.json` object of docs/dev/records.md for one run directory."""
+    from tunecost import __version__
+
+    meta: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "tool": "tunecost",
+        "tool_version": __version__,
+        "git_revision": git_revision(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": device_info(device),
+        "versions": package_versions(),
+        "command": command if isinstance(command, str) else command_line(command),
+        "workloads": list(workloads),
+    }
+    if extra:
+        meta.update(extra)
+    return meta
+
+
+def merge_metadata(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """`new`, keeping the first `created` and the union of workloads of a resumed run; earlier commands are kept
+    under `previous_commands` so a run directory says every invocation that wrote to it."""
+    if not old:
+        return new
+    merged = dict(new)
+    merged["created"] = old.get("created", new["created"])
+    merged["updated"] = new["created"]
+    seen = []
+    for w in [*old.get("workloads", []), *new.get("workloads", [])]:
+        if w not in seen:
+            seen.append(w)
+    merged["workloads"] = seen
+    previous = list(old.get("previous_commands", []))
+    if old.get("command") and old.get("command") != new.get("command"):
+        previous.append(old["command"])
+    if previous:
+        merged["previous_commands"] = previous
+    return merged
