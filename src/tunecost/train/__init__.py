@@ -1,0 +1,1 @@
+"""tunecost.train: the trainability experiment (fine-tune, evaluate per epoch, dense vs sparse)."""

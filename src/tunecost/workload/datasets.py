@@ -1,0 +1,454 @@
+"""Fine-tuning and evaluation datasets: local files, known names, the Hugging Face hub, the embedded task.
+
+Formats (detected from the columns, or named):
+
+- ``llm-adapters`` (also Alpaca): ``instruction``, ``output`` [, ``input``, ``answer``]: commonsense_15k,
+  math_14k and the LLM-Adapters test sets. Prompt = instruction (+ "\\n" + input when non-empty, as LLaMA-Factory
+  joins them); response = ``output`` (the full ground-truth response); reference answer = ``answer``.
+- ``gsm8k``: GSM8K's original JSONL, ``question`` and ``answer`` ending in ``#### N``; reference answer = N.
+- ``hellaswag``: ``ctx``, ``endings``, ``label``; scored by the log-likelihood of each ending.
+- ``columns``: any JSON/JSONL with a column mapping ``{"prompt": COL, "response": COL[, "answer": COL]}``.
+
+A dataset spec is a file path, a known name (`KNOWN_DATASETS`, resolved under ``$TUNECOST_DATA_DIR`` or, for names
+with a hub id, the local hub cache; downloads only when allowed), a hub id ``org/name``, or ``synthetic-arith``
+(embedded, `tunecost.workload.synthetic`). Bad input raises `TunecostError`: an unknown format names the columns
+found and the formats accepted; a malformed row names its index (skipped only with ``skip_bad_rows=True``); an empty
+dataset is an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from tunecost.errors import TunecostError, unknown_name_error
+
+DATA_DIR_ENV = "TUNECOST_DATA_DIR"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Example:
+    """One query: a prompt and its ground-truth response, plus what evaluation compares against."""
+
+    prompt: str
+    response: str
+    answer: str = ""  # reference answer for scoring: "576.0", "answer3", "true", "A"; may be empty
+    choices: tuple[str, ...] = ()  # continuations scored by log-likelihood (HellaSwag)
+    label: int | None = None  # index of the right choice
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dataset:
+    """Loaded examples with where they came from."""
+
+    name: str
+    source: str  # file path, hub id or "embedded"
+    format: str
+    examples: tuple[Example, ...]
+    skipped_rows: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.examples:
+            raise TunecostError(f"dataset {self.name!r} ({self.source}) is empty: no usable rows")
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def head(self, limit: int | None) -> Dataset:
+        """The first `limit` examples (all when None)."""
+        if limit is None or limit >= len(self.examples):
+            return self
+        if limit <= 0:
+            raise TunecostError(f"limit must be positive, got {limit}")
+        return replace(self, examples=self.examples[:limit])
+
+
+# ----------------------------------------------------------------------------------------------- formats
+
+@dataclass(frozen=True)
+class BadLine:
+    """A JSONL line that is not JSON: kept in place so `rows_to_dataset` reports it with its row index."""
+
+    error: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetFormat:
+    name: str
+    required: tuple[str, ...]
+    description: str
+    to_example: Callable[[Mapping[str, Any]], Example] = field(repr=False)
+
+
+def _text(row: Mapping[str, Any], key: str, *, required: bool = True) -> str:
+    value = row.get(key)
+    if isinstance(value, float) and value != value:  # NaN: a missing cell in a parquet/csv file
+        value = None
+    if value is None:
+        if required:
+            raise ValueError(f"missing {key!r}")
+        return ""
+    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+        raise ValueError(f"{key!r} should be text, got {type(value).__name__}")
+    return str(value)
+
+
+def _llm_adapters_example(row: Mapping[str, Any]) -> Example:
+    instruction = _text(row, "instruction")
+    extra = _text(row, "input", required=False)
+    prompt = f"{instruction}\n{extra}" if extra.strip() else instruction
+    if not prompt.strip():
+        raise ValueError("empty 'instruction'")
+    return Example(prompt=prompt, response=_text(row, "output"), answer=_text(row, "answer", required=False).strip())
+
+
+GSM8K_ANSWER = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
+
+
+def gsm8k_reference_answer(answer_text: str) -> str:
+    """The number after ``####`` in a GSM8K answer, thousands separators removed ("1,000" -> "1000")."""
+    match = GSM8K_ANSWER.search(answer_text)
+    if match is None:
+        raise ValueError("'answer' has no '#### N' final answer")
+    return match.group(1).replace(",", "").strip()
+
+
+def _gsm8k_example(row: Mapping[str, Any]) -> Example:
+    question, answer_text = _text(row, "question"), _text(row, "answer")
+    return Example(prompt=question, response=answer_text, answer=gsm8k_reference_answer(answer_text))
+
+
+def _hellaswag_clean(text: str) -> str:
+    # HellaSwag's WikiHow contexts carry "[title]"/"[header]" markers and double spaces.
+    text = text.strip().replace(" [title]", ". ")
+    text = re.sub(r"\[.*?\]", "", text)
+    return text.replace("  ", " ")
+
+
+def _hellaswag_example(row: Mapping[str, Any]) -> Example:
+    ctx = _hellaswag_clean(_text(row, "ctx"))
+    endings = row.get("endings")
+    if not isinstance(endings, (list, tuple)) or len(endings) < 2 or not all(isinstance(e, str) for e in endings):
+        raise ValueError("'endings' should be a list of at least two strings")
+    raw_label = row.get("label")
+    try:
+        label = int(raw_label)  # the hub's label is a string "0".."3"
+    except (TypeError, ValueError):
+        raise ValueError(f"'label' should be an ending index, got {raw_label!r}") from None
+    if not 0 <= label < len(endings):
+        raise ValueError(f"'label' {label} is out of range for {len(endings)} endings")
+    choices = tuple(" " + _hellaswag_clean(e) for e in endings)
+    return Example(prompt=ctx, response=choices[label], answer=str(label), choices=choices, label=label)
+
+
+FORMATS: dict[str, DatasetFormat] = {
+    f.name: f
+    for f in (
+        DatasetFormat(name="llm-adapters", required=("instruction", "output"),
+                      description="llm-adapters/alpaca (instruction, output[, input, answer])",
+                      to_example=_llm_adapters_example),
+        DatasetFormat(name="gsm8k", required=("question", "answer"),
+                      description="gsm8k (question, answer with '#### N')", to_example=_gsm8k_example),
+        DatasetFormat(name="hellaswag", required=("ctx", "endings", "label"),
+                      description="hellaswag (ctx, endings, label)", to_example=_hellaswag_example),
+    )
+}
+FORMAT_ALIASES = {"alpaca": "llm-adapters"}
+
+
+def columns_format(columns: Mapping[str, str]) -> DatasetFormat:
+    """A format from a column mapping: keys ``prompt`` and ``response`` (required) and ``answer`` (optional)."""
+    unknown = set(columns) - {"prompt", "response", "answer"}
+    if unknown or not {"prompt", "response"} <= set(columns):
+        raise TunecostError(f"a column mapping needs prompt=COL and response=COL (optionally answer=COL); got {dict(columns)}")
+
+    def to_example(row: Mapping[str, Any]) -> Example:
+        answer = _text(row, columns["answer"]) if "answer" in columns else ""
+        return Example(prompt=_text(row, columns["prompt"]), response=_text(row, columns["response"]), answer=answer.strip())
+
+    return DatasetFormat(name="columns", required=tuple(columns.values()),
+                         description=f"columns {dict(columns)}", to_example=to_example)
+
+
+def accepted_formats_text() -> str:
+    kinds = "; ".join(f.description for f in FORMATS.values())
+    return f"{kinds}; or any JSON/JSONL with a column mapping (prompt=COL,response=COL[,answer=COL])"
+
+
+def detect_format(columns: Iterable[str], source: str) -> DatasetFormat:
+    found = set(columns)
+    for fmt in FORMATS.values():
+        if set(fmt.required) <= found:
+            return fmt
+    raise TunecostError(
+        f"{source}: unknown dataset format; found columns {sorted(found)}. Accepted formats: {accepted_formats_text()}"
+    )
+
+
+def rows_to_dataset(
+    rows: list[Any],
+    *,
+    name: str,
+    source: str,
+    fmt: DatasetFormat | str | None = None,
+    columns: Mapping[str, str] | None = None,
+    skip_bad_rows: bool = False,
+) -> Dataset:
+    """Turn raw rows (dicts) into a `Dataset`, validating every row."""
+    if not rows:
+        raise TunecostError(f"dataset {name!r} ({source}) is empty: no rows")
+    if columns:
+        fmt = columns_format(columns)
+    elif isinstance(fmt, str):
+        key = FORMAT_ALIASES.get(fmt, fmt)
+        if key not in FORMATS:
+            raise unknown_name_error("dataset format", fmt, [*FORMATS, *FORMAT_ALIASES])
+        fmt = FORMATS[key]
+    elif fmt is None:
+        seen: set[str] = set()
+        for row in rows[:50]:
+            if isinstance(row, Mapping):
+                seen.update(str(k) for k in row)
+        fmt = detect_format(seen, source)
+    examples: list[Example] = []
+    skipped: list[int] = []
+    for index, row in enumerate(rows):
+        try:
+            if isinstance(row, BadLine):
+                raise ValueError(row.error)
+            if not isinstance(row, Mapping):
+                raise ValueError(f"expected an object, got {type(row).__name__}")
+            examples.append(fmt.to_example(row))
+        except ValueError as exc:
+            if not skip_bad_rows:
+                raise TunecostError(
+                    f"{source}: row {index} is malformed ({exc}) for format {fmt.name}; fix it or skip bad rows "
+                    "(skip_bad_rows=True / --skip-bad-rows)"
+                ) from None
+            skipped.append(index)
+    if not examples:
+        raise TunecostError(f"dataset {name!r} ({source}) is empty: all {len(rows)} rows are malformed")
+    return Dataset(name=name, source=source, format=fmt.name, examples=tuple(examples), skipped_rows=tuple(skipped))
+
+
+# ----------------------------------------------------------------------------------------------- files
+
+def read_rows(path: str | os.PathLike[str]) -> list[Any]:
+    """Raw rows of a .json (a list, or an object holding one list), .jsonl, .parquet or .csv file."""
+    target = Path(path)
+    if not target.is_file():
+        raise TunecostError(f"dataset file not found: {target}")
+    suffix = target.suffix.lower()
+    if suffix in (".parquet", ".csv"):
+        import pandas as pd
+
+        frame = pd.read_parquet(target) if suffix == ".parquet" else pd.read_csv(target)
+        return frame.to_dict(orient="records")
+    text = target.read_text(encoding="utf-8")
+    if suffix == ".jsonl" or (suffix != ".json" and not text.lstrip().startswith("[")):
+        rows: list[Any] = []
+        for line_no, line in enumerate(text.splitlines()):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                rows.append(BadLine(f"line {line_no + 1} is not JSON: {exc.msg}"))
+        return rows
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise TunecostError(f"{target}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
+    if isinstance(data, dict):
+        lists = [v for v in data.values() if isinstance(v, list)]
+        if len(lists) == 1:
+            return lists[0]
+        raise TunecostError(f"{target}: expected a JSON list of rows; found an object with keys {sorted(data)[:10]}")
+    if not isinstance(data, list):
+        raise TunecostError(f"{target}: expected a JSON list of rows, got {type(data).__name__}")
+    return data
+
+
+def load_file(
+    path: str | os.PathLike[str],
+    *,
+    name: str | None = None,
+    fmt: str | None = None,
+    columns: Mapping[str, str] | None = None,
+    skip_bad_rows: bool = False,
+) -> Dataset:
+    target = Path(path)
+    rows = read_rows(target)
+    return rows_to_dataset(rows, name=name or target.stem, source=str(target), fmt=fmt, columns=columns,
+                           skip_bad_rows=skip_bad_rows)
+
+
+# ----------------------------------------------------------------------------------------------- known names
+
+@dataclass(frozen=True, kw_only=True)
+class KnownDataset:
+    name: str
+    description: str
+    files: tuple[str, ...] = ()  # relative paths tried under each data dir
+    hub: tuple[str, str | None, str] | None = None  # (repo id, config, split)
+
+
+def _llm_adapters_test(name: str, what: str) -> KnownDataset:
+    return KnownDataset(name=name, description=f"LLM-Adapters {what} test set",
+                        files=(f"{name}_test.json", f"llm-adapters/{name}_test.json", f"dataset/{name}/test.json"))
+
+
+KNOWN_DATASETS: dict[str, KnownDataset] = {
+    k.name: k
+    for k in (
+        KnownDataset(name="commonsense_15k", description="LLM-Adapters commonsense_15k (the paper's CS)",
+                     files=("commonsense_15k.json", "llm-adapters/commonsense_15k.json",
+                            "ft-training_set/commonsense_15k.json")),
+        KnownDataset(name="commonsense_170k", description="LLM-Adapters commonsense_170k",
+                     files=("commonsense_170k.json", "llm-adapters/commonsense_170k.json",
+                            "ft-training_set/commonsense_170k.json")),
+        KnownDataset(name="math_14k", description="LLM-Adapters math_14k (the paper's MATH)",
+                     files=("math_14k.json", "llm-adapters/math_14k.json", "ft-training_set/math_14k.json")),
+        KnownDataset(name="math_10k", description="LLM-Adapters math_10k",
+                     files=("math_10k.json", "llm-adapters/math_10k.json", "ft-training_set/math_10k.json")),
+        KnownDataset(name="math_data", description="LLM-Adapters math_data.json",
+                     files=("math_data.json", "llm-adapters/math_data.json")),
+        KnownDataset(name="gsm8k", description="GSM8K test (1319; LLM-Adapters file or original JSONL)",
+                     files=("gsm8k_test.json", "llm-adapters/gsm8k_test.json", "dataset/gsm8k/test.json",
+                            "gsm8k/test.jsonl"),
+                     hub=("openai/gsm8k", "main", "test")),
+        KnownDataset(name="gsm8k-train", description="GSM8K train (7473, original JSONL)",
+                     files=("gsm8k/train.jsonl", "gsm8k_train.jsonl"), hub=("openai/gsm8k", "main", "train")),
+        KnownDataset(name="hellaswag", description="HellaSwag validation (ctx/endings/label)",
+                     files=("hellaswag/validation.jsonl", "hellaswag_val.jsonl", "hellaswag.jsonl"),
+                     hub=("Rowan/hellaswag", None, "validation")),
+        _llm_adapters_test("boolq", "BoolQ"),
+        _llm_adapters_test("piqa", "PIQA"),
+        _llm_adapters_test("social_i_qa", "SIQA"),
+        _llm_adapters_test("ARC-Challenge", "ARC-Challenge"),
+        _llm_adapters_test("ARC-Easy", "ARC-Easy"),
+        _llm_adapters_test("openbookqa", "OpenBookQA"),
+        _llm_adapters_test("winogrande", "WinoGrande"),
+        _llm_adapters_test("hellaswag_llm-adapters", "HellaSwag (generation, ending1..4)"),
+        _llm_adapters_test("AQuA", "AQuA"),
+        _llm_adapters_test("SVAMP", "SVAMP"),
+        KnownDataset(name="synthetic-arith", description="embedded arithmetic word problems (train split)"),
+        KnownDataset(name="synthetic-arith-test", description="embedded arithmetic word problems (held-out split)"),
+    )
+}
+# The LLM-Adapters HellaSwag file is named hellaswag_test.json.
+KNOWN_DATASETS["hellaswag_llm-adapters"] = replace(
+    KNOWN_DATASETS["hellaswag_llm-adapters"],
+    files=("hellaswag_test.json", "llm-adapters/hellaswag_test.json", "dataset/hellaswag/test.json"),
+)
+
+
+def data_dirs() -> list[Path]:
+    """Folders searched for known names: ``$TUNECOST_DATA_DIR`` (several separated by the OS path separator)."""
+    raw = os.environ.get(DATA_DIR_ENV, "")
+    return [Path(os.path.expanduser(p)) for p in raw.split(os.pathsep) if p.strip()]
+
+
+def resolve_known(name: str) -> Path | None:
+    """The first local file for a known name under the data dirs, or None."""
+    known = KNOWN_DATASETS[name]
+    for folder in data_dirs():
+        for rel in known.files:
+            candidate = folder / rel
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def _canonical_name(spec: str) -> str | None:
+    lowered = {k.lower(): k for k in KNOWN_DATASETS}
+    return lowered.get(spec.strip().lower())
+
+
+def load_hub_rows(repo_id: str, config: str | None, split: str, *, allow_download: bool = False) -> list[dict]:
+    """Rows of a hub dataset split: from the local hub cache, or downloaded when `allow_download`."""
+    try:
+        import datasets as hf_datasets
+        from huggingface_hub import snapshot_download
+    except ImportError:  # pragma: no cover - declared dependencies
+        raise TunecostError("loading from the hub needs the 'datasets' package") from None
+    if allow_download:
+        source: str = repo_id
+    else:
+        try:
+            source = snapshot_download(repo_id, repo_type="dataset", local_files_only=True)
+        except Exception:  # noqa: BLE001 - any failure means "not in the cache"
+            raise TunecostError(
+                f"hub dataset {repo_id!r} is not in the local cache and downloads are off "
+                f"(allow_download=True / --allow-download, or put a file under ${DATA_DIR_ENV})"
+            ) from None
+    try:
+        ds = hf_datasets.load_dataset(source, name=config, split=split)
+    except Exception as exc:  # noqa: BLE001 - datasets raises many types; report one line
+        raise TunecostError(f"cannot load hub dataset {repo_id!r} (config {config}, split {split}): "
+                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    return [dict(row) for row in ds]
+
+
+def load_dataset(
+    spec: str,
+    *,
+    fmt: str | None = None,
+    columns: Mapping[str, str] | None = None,
+    skip_bad_rows: bool = False,
+    allow_download: bool = False,
+    split: str = "train",
+    limit: int | None = None,
+) -> Dataset:
+    """Load a dataset from a file path, a known name, ``synthetic-arith`` or a hub id ``org/name``."""
+    path = Path(os.path.expanduser(spec))
+    if path.is_file():
+        return load_file(path, fmt=fmt, columns=columns, skip_bad_rows=skip_bad_rows).head(limit)
+    if path.is_dir():
+        raise TunecostError(f"{spec} is a folder; pass a .json/.jsonl/.parquet/.csv file")
+    known = _canonical_name(spec)
+    if known in ("synthetic-arith", "synthetic-arith-test"):
+        from tunecost.workload.synthetic import synthetic_arith_dataset
+
+        return synthetic_arith_dataset(split="test" if known.endswith("-test") else "train").head(limit)
+    if known is not None:
+        local = resolve_known(known)
+        if local is not None:
+            return load_file(local, name=known, fmt=fmt, columns=columns, skip_bad_rows=skip_bad_rows).head(limit)
+        entry = KNOWN_DATASETS[known]
+        looked = ", ".join(str(d) for d in data_dirs()) or f"(${DATA_DIR_ENV} is not set)"
+        if entry.hub is None:
+            raise TunecostError(f"dataset {known!r} not found: looked for {', '.join(entry.files)} under {looked}; "
+                                f"set ${DATA_DIR_ENV} to the folder holding it or pass the file path")
+        repo_id, config, hub_split = entry.hub
+        try:
+            rows = load_hub_rows(repo_id, config, hub_split, allow_download=allow_download)
+        except TunecostError as exc:
+            raise TunecostError(f"dataset {known!r} not found under {looked}; {exc}") from None
+        return rows_to_dataset(rows, name=known, source=f"hub:{repo_id}:{hub_split}", fmt=fmt, columns=columns,
+                               skip_bad_rows=skip_bad_rows).head(limit)
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec) and not path.suffix:
+        rows = load_hub_rows(spec, None, split, allow_download=allow_download)
+        return rows_to_dataset(rows, name=spec, source=f"hub:{spec}:{split}", fmt=fmt, columns=columns,
+                               skip_bad_rows=skip_bad_rows).head(limit)
+    if path.suffix or os.sep in spec:
+        raise TunecostError(f"dataset file not found: {spec}")
+    raise unknown_name_error("dataset", spec, KNOWN_DATASETS)
+
+
+def parse_columns(text: str | None) -> dict[str, str] | None:
+    """Parse a CLI column mapping ``prompt=question,response=solution[,answer=final]``."""
+    if not text:
+        return None
+    mapping: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip() or not value.strip():
+            raise TunecostError(f"bad column mapping item {item!r}; expected KEY=COLUMN, e.g. prompt=question")
+        mapping[key.strip()] = value.strip()
+    return mapping

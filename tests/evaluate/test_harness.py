@@ -1,0 +1,76 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from tunecost.evaluate.generation import continuation_logprobs, greedy_generate
+from tunecost.evaluate.harness import evaluate_model
+from tunecost.models.tiny import build_tiny_mixtral
+from tunecost.workload.datasets import load_dataset
+from tunecost.workload.templates import template_by_name
+from tunecost.workload.tokenizers import tokenizer_by_name
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
+SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
+             num_key_value_heads=1, head_dim=32)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_tiny_mixtral(seed=0, **SMALL).eval()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tokenizer_by_name("mistral")
+
+
+def test_batched_greedy_generation_matches_one_by_one(model, tok):
+    prompts = [[tok.bos_id, *tok.encode("Tom has 3 apples.")], [tok.bos_id, *tok.encode("Hi")],
+               [tok.bos_id, *tok.encode("A much longer prompt, with several more words in it.")]]
+    batched = greedy_generate(model, prompts, pad_id=tok.pad_id, eos_id=tok.eos_id, max_new_tokens=5, batch_size=3)
+    single = [greedy_generate(model, [p], pad_id=tok.pad_id, eos_id=tok.eos_id, max_new_tokens=5)[0] for p in prompts]
+    assert batched == single  # left padding must not change what a row generates
+    assert all(0 < len(row) <= 5 for row in batched)
+
+
+def test_continuation_logprobs_match_a_manual_forward(model, tok):
+    contexts = [[tok.bos_id, *tok.encode("The cat")], [tok.bos_id, *tok.encode("A much longer context here")]]
+    conts = [tok.encode(" sat down"), tok.encode(" ends")]
+    got = continuation_logprobs(model, contexts, conts, pad_id=tok.pad_id, batch_size=2)
+    for (ctx, cont), (logprob, n) in zip(zip(contexts, conts), got):
+        ids = torch.tensor([ctx + cont])
+        with torch.no_grad():
+            logp = torch.log_softmax(model(input_ids=ids).logits.float(), dim=-1)[0]
+        manual = sum(logp[len(ctx) - 1 + i, t].item() for i, t in enumerate(cont))
+        assert n == len(cont) and logprob == pytest.approx(manual, abs=1e-4)
+
+
+def test_evaluate_model_generation_and_loglik(model, tok):
+    math_ds = load_dataset(str(FIXTURES / "llm_adapters_math.json"))
+    result = evaluate_model(model, tok, math_ds, template=template_by_name("mistral"), model_name="small",
+                            limit=2, max_new_tokens=4, batch_size=2)
+    assert (result.num_eval, result.scorer, result.tokenizer) == (2, "number", tok.name)
+    assert 0.0 <= result.accuracy <= 1.0 and len(result.predictions) == 2
+    hs = load_dataset(str(FIXTURES / "hellaswag.jsonl"))
+    result = evaluate_model(model, tok, hs, template=template_by_name("none"), batch_size=4)
+    assert result.scorer == "loglik" and result.num_eval == 3
+    assert all(p.prediction in {"0", "1", "2", "3"} for p in result.predictions)
+
+
+def test_cli_eval_tiny_mixtral():
+    from tunecost.cli.main import app
+
+    runner = CliRunner()
+    result = runner.invoke(app, ["eval", "--model", "tiny-mixtral", "--dataset", str(FIXTURES / "llm_adapters_boolq.json"),
+                                 "--limit", "2", "--max-new-tokens", "3", "--json"])
+    assert result.exit_code == 0, result.output
+    payload = json.loads(result.stdout)
+    assert payload["num_eval"] == 2 and payload["scorer"] == "choice:boolean" and "mistral" in payload["tokenizer"]
+    assert "predictions" not in payload
+    missing = runner.invoke(app, ["eval", "--model", "tiny-mixtral", "--dataset", "no_such_dataset_xyz"])
+    assert missing.exit_code == 2
