@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test bench clean browser-deps
 
 setup: $(VENV)/.installed
 
@@ -18,6 +18,14 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q -m "not gpu"
+
+# Headless Chromium for tests/report/test_browser.py (Debian's package); does nothing when it is installed.
+browser-deps:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$([ "$$(id -u)" -eq 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@command -v chromium >/dev/null 2>&1 || { echo "browser-deps: chromium still not found" >&2; exit 1; }
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -42,11 +42,23 @@ def _plt():
     return plt
 
 
+def _panels(plt, num: int, width: float, height: float, max_cols: int = 3) -> tuple[object, list]:
+    """`num` panels of `width` x `height` inches, at most `max_cols` a row (one long row shrank the text on the
+    page); unused cells of the last row are hidden."""
+    cols = max(1, min(num, max_cols))
+    rows = -(-num // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[num:]:
+        ax.set_visible(False)
+    return fig, flat[:num]
+
+
 def _need(records: RunRecords, kind: str, columns: tuple[str, ...]) -> pd.DataFrame | str:
     df = records.get(kind)
     if df is None:
         return f"no `{kind}.jsonl` records in this run"
-    missing = [c for c in columns if c not in df.columns]
+    missing = [c for c in columns if c not in df.columns or df[c].isna().all()]
     if missing:
         return f"`{kind}.jsonl` lacks {', '.join(missing)} (written by an older or partial run)"
     return df
@@ -66,7 +78,9 @@ def _label(row: pd.Series) -> str:
 # --- Fig. 14: eq. (2) fitted to measurements --------------------------------------------------------------
 
 def fig_throughput_fit(records: RunRecords) -> FigureResult | str:
-    df = _need(records, "fit", ("kind",))
+    df = _need(records, "fit", ("kind", "model", "dataset", "gpu", "form", "coefficients", "rmse", "mape",
+                                "num_points", "batch_size_range", "note", "experts_per_token", "sparsity",
+                                "batch_size", "queries_per_s"))
     if isinstance(df, str):
         return df
     points, fits = df[df["kind"] == "fit_point"], df[(df["kind"] == "fit") & (df.get("form") == "artifact")]
@@ -76,9 +90,9 @@ def fig_throughput_fit(records: RunRecords) -> FigureResult | str:
 
     plt = _plt()
     groups = list(fits.itertuples())
-    fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups), 3.4), squeeze=False)
+    fig, axes = _panels(plt, len(groups), 3.6, 3.4, max_cols=2)
     rows = []
-    for ax, f in zip(axes[0], groups):
+    for ax, f in zip(axes, groups):
         fit = ThroughputFit(model=f.model, dataset=f.dataset, gpu=f.gpu, form=f.form, coefficients=f.coefficients,
                             rmse=f.rmse, mape=f.mape, num_points=f.num_points,
                             batch_size_range=tuple(f.batch_size_range), note=f.note)
@@ -97,11 +111,13 @@ def fig_throughput_fit(records: RunRecords) -> FigureResult | str:
         ax.set_ylabel("throughput (queries/s)")
         ax.text(0.97, 0.05, f"RMSE {f.rmse:.3f} q/s\nMAPE {100 * f.mape:.1f} %", transform=ax.transAxes,
                 ha="right", va="bottom", fontsize=8)
-        ax.legend(fontsize=7, loc="upper left")
         rows.append({"model": f.model, "dataset": f.dataset, "gpu": f.gpu, "rmse_qps": round(f.rmse, 4),
                      "mape_pct": round(100 * f.mape, 2), "points": f.num_points,
                      "coefficients": ", ".join(f"{k}={v:.4g}" for k, v in f.coefficients.items())})
     fig.tight_layout()
+    handles = {lbl: h for ax in axes for h, lbl in zip(*ax.get_legend_handles_labels())}
+    fig.legend(handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, 0.0),
+               ncol=len(handles), fontsize=8, frameon=False)
     caption = ("Measured: the paper's A40 throughput (its artifact's data, bundled). Estimator: eq. (2), artifact "
                "form a + b·log(B)/(sparsity·c3), fitted per (model, dataset, GPU) with scipy.")
     return FigureResult(fig, caption, pd.DataFrame(rows))
@@ -110,7 +126,9 @@ def fig_throughput_fit(records: RunRecords) -> FigureResult | str:
 # --- Table IV: cost per GPU and provider --------------------------------------------------------------------
 
 def table_costs(records: RunRecords) -> FigureResult | str:
-    df = _need(records, "estimate", ("model", "gpu", "usd", "estimator", "provider", "price_date"))
+    df = _need(records, "estimate", ("model", "gpu", "usd", "estimator", "provider", "price_date", "experts_per_token",
+                                     "usd_per_hour", "max_batch_size", "queries_per_s", "hours", "num_queries",
+                                     "epochs", "dataset"))
     if isinstance(df, str):
         return df
     df = df[df["usd"].notna()]
@@ -124,8 +142,8 @@ def table_costs(records: RunRecords) -> FigureResult | str:
         table[col] = table[col].astype(float).round(nd)
     plt = _plt()
     keys = list(table.groupby(["model", "experts_per_token", "estimator"]).groups)
-    fig, axes = plt.subplots(1, len(keys), figsize=(max(4.0, 3.8 * len(keys)), 3.6), squeeze=False)
-    for ax, key in zip(axes[0], keys):
+    fig, axes = _panels(plt, len(keys), 3.8, 3.6)
+    for ax, key in zip(axes, keys):
         sel = table[(table.model == key[0]) & (table.experts_per_token == key[1]) & (table.estimator == key[2])]
         ax.barh(sel.gpu + " (" + sel.provider + ")", sel.usd, color="tab:green")
         ax.set_xlabel("cost of the fine-tune (USD)")
@@ -146,8 +164,8 @@ def fig_throughput(records: RunRecords) -> FigureResult | str:
         return df
     plt = _plt()
     models = sorted(df.model.unique())
-    fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False)
-    for ax, model in zip(axes[0], models):
+    fig, axes = _panels(plt, len(models), 4.2, 3.4)
+    for ax, model in zip(axes, models):
         sel = df[df.model == model]
         for k, g in sel.groupby("experts_per_token"):
             g = g.groupby("batch_size", as_index=False)["queries_per_s"].median()
@@ -165,7 +183,7 @@ def fig_throughput(records: RunRecords) -> FigureResult | str:
 def _stacked(ax, table: pd.DataFrame, colors: dict[str, str] | None = None) -> None:
     left = np.zeros(len(table))
     for col in table.columns:
-        vals = table[col].to_numpy(dtype=float)
+        vals = np.nan_to_num(table[col].to_numpy(dtype=float))  # a part one config lacks (mamba vs attention): 0
         ax.barh(table.index, vals, left=left, label=col, color=(colors or {}).get(col))
         left += vals
 
@@ -186,8 +204,8 @@ def fig_stages(records: RunRecords) -> FigureResult | str:
     ax.set_xlabel("time per training step (ms)")
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    return FigureResult(fig, f"Median stage time per step on {_device_of(df)} (Fig. 4 analogue).",
-                        table.round(2).reset_index())
+    return FigureResult(fig, f"Median stage time per step on {_device_of(df)} (Fig. 4 analogue); table in ms per "
+                             "step.", table.round(2).reset_index())
 
 
 # --- Fig. 5: per-layer breakdown --------------------------------------------------------------------------------
@@ -209,13 +227,14 @@ def fig_layers(records: RunRecords) -> FigureResult | str:
     fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(share) + 1.6))
     _stacked(ax, share)
     ax.set_xlabel("share of layer time (%)")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     moe_cols = [c for c in share.columns if str(c).startswith("moe")]
     moe = share[moe_cols].sum(axis=1).mean() if moe_cols else float("nan")
     passes = ", ".join(sorted(df[pass_col].unique())) if pass_col else "forward"
     return FigureResult(fig, f"Per-layer time split ({passes}) on {_device_of(df)}; MoE share averages "
-                             f"{moe:.0f} % (Fig. 5 analogue; the paper: 85 %).", table.round(3).reset_index())
+                             f"{moe:.0f} % (Fig. 5 analogue; the paper: 85 %); table in ms per step.",
+                        table.round(3).reset_index())
 
 
 # --- Fig. 6: MoE kernel breakdown ------------------------------------------------------------------------------
@@ -230,11 +249,11 @@ def fig_kernels(records: RunRecords) -> FigureResult | str:
     fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(table) + 1.6))
     _stacked(ax, table.fillna(0))
     ax.set_xlabel("MoE-layer time by kernel class (ms, profiled steps)")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=4)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     src = ", ".join(sorted(df["source"].dropna().unique())) if "source" in df.columns else "torch.profiler"
-    return FigureResult(fig, f"MoE kernel classes from {src} on {_device_of(df)} (Fig. 6 analogue).",
-                        table.round(3).reset_index())
+    return FigureResult(fig, f"MoE kernel classes from {src} on {_device_of(df)} (Fig. 6 analogue); table in ms "
+                             "over the profiled steps.", table.round(3).reset_index())
 
 
 # --- Fig. 11: tokens per expert ---------------------------------------------------------------------------------
@@ -246,9 +265,9 @@ def fig_expert_load(records: RunRecords) -> FigureResult | str:
     plt = _plt()
     keys = list(df.groupby(["model", "experts_per_token"]).groups) if "experts_per_token" in df.columns \
         else [(m, None) for m in df.model.unique()]
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.4), squeeze=False)
+    fig, axes = _panels(plt, len(keys), 4.2, 3.4)
     rows = []
-    for ax, (model, k) in zip(axes[0], keys):
+    for ax, (model, k) in zip(axes, keys):
         sel = df[(df.model == model) & ((df.experts_per_token == k) if k is not None else True)]
         width = 0.4
         for i, phase in enumerate(("before", "after")):
@@ -262,7 +281,8 @@ def fig_expert_load(records: RunRecords) -> FigureResult | str:
         ax.set_title(f"{model} {'dense' if k == 8 else f'top-{k}'}", fontsize=9)
         ax.set_xlabel("expert")
         ax.set_ylabel("tokens routed (all MoE layers)")
-        ax.legend(fontsize=8)
+        ax.set_ylim(top=1.3 * ax.get_ylim()[1])  # headroom: the legend sits above the bars, never over them
+        ax.legend(fontsize=8, loc="upper center", ncol=2)
     fig.tight_layout()
     return FigureResult(fig, "Tokens per expert before and after fine-tuning, with the variance across experts "
                              "(Fig. 11 analogue).", pd.DataFrame(rows))
@@ -280,10 +300,11 @@ def fig_trainability(records: RunRecords) -> FigureResult | str:
     for name, g in df.groupby(key):
         g = g.sort_values("epoch")
         ax.plot(g.epoch, 100 * g.accuracy.astype(float), "o-", label=str(name))
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("epoch")
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(0, 100)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower right")  # accuracy rises: the lower right stays empty
     fig.tight_layout()
     table = df.pivot_table(index="epoch", columns=key, values="accuracy", aggfunc="last").round(3).reset_index()
     model = ", ".join(sorted(map(str, df["model"].unique()))) if "model" in df.columns else ""
@@ -293,25 +314,46 @@ def fig_trainability(records: RunRecords) -> FigureResult | str:
 
 # --- Fig. 2: sequence lengths ---------------------------------------------------------------------------------------
 
+def _length_histograms(df: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray, float | None]]:
+    """Per dataset: (bin edges, counts, median) from per-query `length` rows, or from the histogram and summary
+    rows `tunecost data stats --out` writes."""
+    out: dict[str, tuple[np.ndarray, np.ndarray, float | None]] = {}
+    for name, g in df.groupby("dataset"):
+        if "length" in g.columns and g["length"].notna().any():
+            lengths = g["length"].dropna().astype(float).to_numpy()
+            counts, edges = np.histogram(lengths, bins=40)
+            out[str(name)] = (edges, counts, float(np.median(lengths)))
+        elif {"bin_lo", "bin_hi", "count"} <= set(g.columns) and g["count"].notna().any():
+            h = g.dropna(subset=["count"]).sort_values("bin_lo")
+            edges = np.append(h.bin_lo.to_numpy(dtype=float), float(h.bin_hi.iloc[-1]))
+            med = g["median_tokens"].dropna() if "median_tokens" in g.columns else pd.Series(dtype=float)
+            out[str(name)] = (edges, h["count"].to_numpy(dtype=float), float(med.iloc[0]) if len(med) else None)
+    return out
+
+
 def fig_lengths(records: RunRecords) -> FigureResult | str:
-    df = _need(records, "lengths", ("dataset", "length"))
+    df = _need(records, "lengths", ("dataset",))
     if isinstance(df, str):
         return df
+    hists = _length_histograms(df)
+    if not hists:
+        return "`lengths.jsonl` lacks length (written by an older or partial run)"  # nor histogram rows
     plt = _plt()
-    names = sorted(df.dataset.unique())
-    fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.2), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        lengths = df[df.dataset == name]["length"].astype(float)
-        med = float(np.median(lengths))
-        ax.hist(lengths, bins=40, color="tab:blue", alpha=0.8)
-        ax.axvline(med, color="tab:red", ls="--", label=f"median = {med:.0f}")
+    fig, axes = _panels(plt, len(hists), 4.2, 3.2)
+    rows = []
+    for ax, (name, (edges, counts, med)) in zip(axes, sorted(hists.items())):
+        ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", color="tab:blue", alpha=0.8)
+        if med is not None:
+            ax.axvline(med, color="tab:red", ls="--", label=f"median = {med:.0f}")
+            ax.legend(fontsize=8)
         ax.set_xlabel("tokens per query")
         ax.set_ylabel("queries")
         ax.set_title(name, fontsize=9)
-        ax.legend(fontsize=8)
+        rows.append({"dataset": name, "queries": int(counts.sum()), "median_tokens": med,
+                     "max_tokens_bin": float(edges[-1])})
     fig.tight_layout()
-    tok = ", ".join(sorted(map(str, df["tokenizer"].unique()))) if "tokenizer" in df.columns else "?"
-    return FigureResult(fig, f"Sequence-length distribution (Fig. 2 analogue); tokenizer: {tok}.")
+    tok = ", ".join(sorted(map(str, df["tokenizer"].dropna().unique()))) if "tokenizer" in df.columns else "?"
+    return FigureResult(fig, f"Sequence-length distribution (Fig. 2 analogue); tokenizer: {tok}.", pd.DataFrame(rows))
 
 
 # --- Fig. 13 / Table III: maximum batch size ---------------------------------------------------------------------
@@ -328,7 +370,11 @@ def fig_max_batch(records: RunRecords) -> FigureResult | str:
     group_cols = [c for c in ("model", "experts_per_token", "source", "estimator") if c in df.columns]
     for key, g in df.groupby(group_cols):
         g = g.sort_values(mem_col)
-        label = " ".join(str(x) for x in (key if isinstance(key, tuple) else (key,)))
+        parts = dict(zip(group_cols, key if isinstance(key, tuple) else (key,)))
+        if "experts_per_token" in parts:
+            k = parts["experts_per_token"]
+            parts["experts_per_token"] = "dense" if k == 8 else f"top-{k}"
+        label = " ".join(str(x) for x in parts.values())
         ax.plot(g[mem_col], g.max_batch_size, "o-", label=label)
     ax.set_xlabel("GPU memory (GB)")
     ax.set_ylabel("maximum batch size (queries)")
@@ -352,10 +398,13 @@ def fig_counters(records: RunRecords) -> FigureResult | str:
     for ax, col, label in ((axes[0], "sm_pct", "SM utilization (%)"), (axes[1], "dram_pct", "DRAM bandwidth (%)")):
         w = df.assign(w=df[col] * df.duration_s).groupby(["kernel_class", "batch_size"])[["w", "duration_s"]].sum()
         t = (w.w / w.duration_s).unstack("batch_size")
-        t.plot.bar(ax=ax)
+        t.plot.bar(ax=ax, legend=False)
         ax.set_ylabel(f"time-weighted {label}")
         ax.set_xlabel("")
     fig.tight_layout()
+    # one legend below both panels (inside a panel it covered bars)
+    fig.legend(*axes[0].get_legend_handles_labels(), title="batch size (queries)", loc="upper center",
+               bbox_to_anchor=(0.5, 0.0), ncol=t.shape[1], fontsize=8, title_fontsize=8, frameon=False)
     return FigureResult(fig, f"Time-weighted SM and DRAM utilization per MoE kernel class on {_device_of(df)} "
                              "(Figs. 9 and 10 analogue).")
 

@@ -21,7 +21,7 @@ h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:2em;border-b
 .caption{color:#444;font-size:.92em}.omitted{color:#777;font-style:italic}
 img{max-width:100%;height:auto;border:1px solid #eee}
 table{border-collapse:collapse;font-size:.85em;margin:.6em 0;display:block;overflow-x:auto}
-th,td{border:1px solid #ddd;padding:3px 7px;text-align:right}th{background:#f4f4f4}
+th,td{border:1px solid #ddd;padding:3px 7px;text-align:right;white-space:nowrap}th{background:#f4f4f4}
 .meta{font-size:.85em;color:#555}code{background:#f4f4f4;padding:0 3px}
 """
 
@@ -48,6 +48,8 @@ def _meta_html(records: RunRecords) -> str:
         device = meta.get("device")
         versions = meta.get("versions")
         parts = []
+        if isinstance(device, dict):  # e.g. {"kind": "cpu", "name": ...}: "kind cpu, name ..." not a dict repr
+            device = ", ".join(f"{k} {v}" for k, v in device.items() if v is not None)
         if device:
             parts.append(f"device: {html.escape(str(device))}")
         if versions:
@@ -75,7 +77,8 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> ReportRe
     for section in SECTIONS:
         try:
             result = section.build(records)
-        except (KeyError, ValueError, TypeError) as exc:  # a record set we cannot read: omit, never crash
+        except (KeyError, ValueError, TypeError, AttributeError, IndexError, ArithmeticError) as exc:
+            # a record set we cannot read: omit, never crash
             result = f"records could not be read ({type(exc).__name__}: {exc})"
         if isinstance(result, str):
             omitted[section.key] = result
@@ -100,6 +103,11 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> ReportRe
                         sections_omitted=omitted)
 
 
+def _format_number(x: float) -> str:
+    """4 significant digits, without scientific notation from 1000 up (a variance of 24519 reads 24519)."""
+    return f"{x:.4g}" if abs(x) < 1000 else f"{x:.0f}"
+
+
 def _figure_html(key: str, result: FigureResult, fig_dir: Path, figure_paths: list[Path]) -> str:
     parts = []
     if result.figure is not None:
@@ -111,5 +119,7 @@ def _figure_html(key: str, result: FigureResult, fig_dir: Path, figure_paths: li
         parts.append(f"<img alt='{html.escape(key)}' src='data:image/png;base64,{data}'>")
     parts.append(f"<p class='caption'>{html.escape(result.caption)}</p>")
     if result.table is not None and not result.table.empty:
-        parts.append(result.table.to_html(index=False, border=0, na_rep="-", float_format=lambda x: f"{x:.4g}"))
+        # rename_axis: a pivot's column name would otherwise add a spurious header cell and an empty column
+        parts.append(result.table.rename_axis(columns=None).to_html(index=False, border=0, na_rep="-",
+                                                                    float_format=_format_number))
     return "".join(parts)

@@ -64,6 +64,9 @@ def load_run(run_dir: str | Path) -> RunRecords:
         if not rows:
             skipped.append(f"{path.relative_to(run_dir)}: empty")
             continue
+        if not all(isinstance(r, dict) for r in rows):  # valid JSON but not records (e.g. a list per line)
+            skipped.append(f"{path.relative_to(run_dir)}: holds lines that are not JSON objects")
+            continue
         versions = {r.get("schema_version") for r in rows}
         if versions - {SCHEMA_VERSION}:
             skipped.append(
