@@ -7,12 +7,14 @@ The demo adds no logic of its own: each stage calls the same library function as
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunecost.results.io import append_jsonl, atomic_write_json
+from tunecost.catalog.gpus import BYTES_PER_GIB
+from tunecost.results.io import append_jsonl, atomic_write_json, atomic_write_text
 
 ProgressFn = Callable[[int, int, str], None]
 
@@ -68,16 +70,137 @@ def _stage_estimate(out: Path, on_progress: ProgressFn | None) -> None:
                     on_progress(done, total, f"estimate {model} top-{k} ({estimator})")
 
 
+DEMO_DATASET = "synthetic-arith"  # embedded: generated, no download
+MAX_BATCH_MEMORY_GB = (24, 40, 48, 80, 141)  # GiB: GPU memory sizes of the catalog
+# (model, method, [(simulator stack, gradient checkpointing)]): Mixtral on the paper's 2024 stack as it reproduces
+# Table III (docs/memory-model.md: checkpointing off) and on today's stack with checkpointing; BlackMamba is
+# tunecost's own model on both stacks, full fine-tune without checkpointing.
+MAX_BATCH_JOBS = (("mixtral-8x7b", "qlora", (("hf-2024", False), ("tunecost", True))),
+                  ("blackmamba-2.8b", "full", (("tunecost", False),)))
+PROFILE_JOBS = (("tiny-mixtral", "qlora"), ("tiny-blackmamba", "full"))
+PROFILE_BATCH_SIZES = (1, 2, 4)
+DENSE_SPARSE = (2, 8)
+
+
+def _stage_lengths(out: Path, on_progress: ProgressFn | None) -> None:
+    """Tokens per query of the embedded dataset with the real Mixtral tokenizer and prompt template (Fig. 2)."""
+    from tunecost.workload.datasets import load_dataset
+    from tunecost.workload.lengths import length_distribution
+    from tunecost.workload.templates import template_by_name
+    from tunecost.workload.tokenizers import tokenizer_by_name
+
+    dist = length_distribution(load_dataset(DEMO_DATASET), tokenizer_by_name("mistral"), template_by_name("mistral"))
+    rows = [{"schema_version": 1, "kind": "lengths", "dataset": dist.dataset, "tokenizer": dist.tokenizer,
+             "template": dist.template, "query_index": i, "length": n} for i, n in enumerate(dist.lengths)]
+    atomic_write_text(out / "lengths.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
+    """Largest batch vs GPU memory for the real models: eq. (1) beside the step simulator on the paper's 2024
+    stack and on today's (Fig. 13 and Table III)."""
+    from tunecost.catalog.models import resolve_model
+    from tunecost.errors import TunecostError
+    from tunecost.estimate.paper import EQ1_ARTIFACT_SEQ_LEN, EQ1_COEFFICIENTS, max_batch_size_eq1, sparsity_fraction
+    from tunecost.simulate import max_batch_size
+    from tunecost.workload.job import FineTuneJob
+
+    seq_len = EQ1_ARTIFACT_SEQ_LEN
+    rows: list[dict] = []
+    total = len(MAX_BATCH_JOBS) * len(DENSE_SPARSE) * len(MAX_BATCH_MEMORY_GB)
+    done = 0
+    for model, method, setups in MAX_BATCH_JOBS:
+        spec = resolve_model(model)
+        coeffs = EQ1_COEFFICIENTS.get((model, "artifact")) or EQ1_COEFFICIENTS[(model, "text")]
+        for k in DENSE_SPARSE:
+            keys = {"schema_version": 1, "kind": "max_batch", "model": model, "method": method,
+                    "experts_per_token": k, "seq_len": seq_len, "dataset": None, "device": "none"}
+            for gb in MAX_BATCH_MEMORY_GB:
+                eq1 = max_batch_size_eq1(gpu_memory_gb=gb, model_memory_gb=coeffs.model_memory_gb,
+                                         seq_len_tokens=seq_len, sparsity=sparsity_fraction(k, spec.num_experts),
+                                         c0=coeffs.c0, c1=coeffs.c1)
+                rows.append({**keys, "gpu_memory_gb": gb, "max_batch_size": max(0, eq1), "source": "eq1",
+                             "estimator": "paper eq. (1)"})
+                for stack, checkpointing in setups:
+                    job = FineTuneJob(model=model, method=method, experts_per_token=k,  # type: ignore[arg-type]
+                                      seq_len=seq_len, gradient_checkpointing=checkpointing)
+                    try:
+                        mbs = max_batch_size(job, int(gb * BYTES_PER_GIB), stack=stack).batch_size
+                    except TunecostError as exc:
+                        if "does not fit even at batch size 1" not in str(exc):
+                            raise
+                        mbs = 0
+                    rows.append({**keys, "gpu_memory_gb": gb, "max_batch_size": mbs, "source": "simulated",
+                                 "estimator": f"simulator, {stack} stack, checkpointing {'on' if checkpointing else 'off'}",
+                                 "stack": stack, "gradient_checkpointing": checkpointing})
+                done += 1
+                if on_progress:
+                    on_progress(done, total, f"max batch {model} top-{k} at {gb} GB")
+    atomic_write_text(out / "max_batch.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _stage_profile(out: Path, on_progress: ProgressFn | None) -> None:
+    """Fine-tune tiny random-weight models of the real architectures on the embedded dataset on this CPU, dense vs
+    sparse: throughput,
+    stage / layer / kernel breakdown, expert load, memory (Figs. 4-8, 11). Resumes finished points."""
+    from tunecost.profile.model_setup import ModelSetup
+    from tunecost.profile.sweep import InputSpec, SweepSpec, run_sweep
+
+    total = len(PROFILE_JOBS) * len(DENSE_SPARSE) * len(PROFILE_BATCH_SIZES)
+    done = 0
+    for model, method in PROFILE_JOBS:
+        spec = SweepSpec(setup=ModelSetup(model=model, method=method, device="cpu"),
+                         experts_per_token=DENSE_SPARSE, batch_sizes=PROFILE_BATCH_SIZES,
+                         inputs=InputSpec(dataset=DEMO_DATASET))
+
+        def progress(d: int, t: int, label: str, _base: int = done) -> None:
+            if on_progress:
+                on_progress(_base + d, total, f"profile {model}: {label}")
+
+        result = run_sweep(spec, out / f"profile-{model}", command=["tunecost", "demo"], on_progress=progress)
+        done += len(result.points)
+
+
+def _stage_trainability(out: Path, on_progress: ProgressFn | None) -> None:
+    """Fine-tune a tiny MoE on the embedded arithmetic task, top-2 vs dense: accuracy per epoch (Fig. 3)."""
+    from tunecost.train.trainability import run_trainability
+
+    run_trainability(trainability_job(), out, on_progress=on_progress)
+
+
+def trainability_job():  # noqa: ANN201 (torch-free import of the module)
+    """The paper's setup on the embedded task: tiny Mixtral, top-2 and dense, 10 epochs (TrainabilityJob defaults)."""
+    from tunecost.train.trainability import TrainabilityJob
+
+    return TrainabilityJob()
+
+
+def _stage_report(out: Path, on_progress: ProgressFn | None) -> None:
+    """One self-contained HTML page from every record above."""
+    from tunecost.report.html import build_report
+
+    build_report(out, out / "report.html")
+
+
 STAGES: tuple[DemoStage, ...] = (
+    DemoStage(name="lengths", description="sequence lengths of the embedded dataset", run=_stage_lengths),
     DemoStage(name="fit", description="fit eq. (2) to the paper's A40 measurements", run=_stage_fit),
+    DemoStage(name="max_batch", description="max batch size: eq. (1) vs the step simulator", run=_stage_max_batch),
     DemoStage(name="estimate", description="estimate costs on catalog GPUs", run=_stage_estimate),
+    DemoStage(name="profile", description="profile tiny Mixtral (QLoRA) and BlackMamba (full)", run=_stage_profile),
+    DemoStage(name="trainability", description="trainability: top-2 vs dense", run=_stage_trainability),
+    DemoStage(name="report", description="build the report", run=_stage_report),
 )
 
 
 def run_demo(out_dir: Path, *, on_stage: Callable[[DemoStage], None] | None = None,
              on_progress: ProgressFn | None = None) -> dict[str, float]:
-    """Run every demo stage into `out_dir`; returns seconds per stage."""
+    """Run every demo stage into `out_dir`; returns seconds per stage. Rerunning resumes the profile sweeps and
+    the trainability runs where they stopped; the quick stages are redone."""
+    from tunecost.results.meta import run_metadata
+
     out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out_dir / "meta.json", run_metadata(device="cpu", command=["tunecost", "demo"],
+                                                         extra={"demo_stages": [s.name for s in STAGES]}))
     seconds: dict[str, float] = {}
     for stage in STAGES:
         if on_stage:
@@ -85,5 +208,5 @@ def run_demo(out_dir: Path, *, on_stage: Callable[[DemoStage], None] | None = No
         start = time.perf_counter()
         stage.run(out_dir, on_progress)
         seconds[stage.name] = time.perf_counter() - start
-    atomic_write_json(out_dir / "demo.json", {"schema_version": 1, "stages_seconds": seconds})
+        atomic_write_json(out_dir / "demo.json", {"schema_version": 1, "stages_seconds": seconds})
     return seconds

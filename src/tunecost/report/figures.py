@@ -321,7 +321,10 @@ def _length_histograms(df: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarr
     for name, g in df.groupby("dataset"):
         if "length" in g.columns and g["length"].notna().any():
             lengths = g["length"].dropna().astype(float).to_numpy()
-            counts, edges = np.histogram(lengths, bins=40)
+            lo, hi = lengths.min(), lengths.max()
+            # Token counts are integers: one bar per length when the range is narrow, else 40 bins.
+            bins = np.arange(lo - 0.5, hi + 1.5) if hi - lo < 60 else 40
+            counts, edges = np.histogram(lengths, bins=bins)
             out[str(name)] = (edges, counts, float(np.median(lengths)))
         elif {"bin_lo", "bin_hi", "count"} <= set(g.columns) and g["count"].notna().any():
             h = g.dropna(subset=["count"]).sort_values("bin_lo")
@@ -366,21 +369,32 @@ def fig_max_batch(records: RunRecords) -> FigureResult | str:
     mem_col = "gpu_memory_gb" if "gpu_memory_gb" in df.columns else None
     if mem_col is None:
         return FigureResult(None, "Maximum batch sizes (Table III analogue).", df.drop(columns=["_source"], errors="ignore"))
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    group_cols = [c for c in ("model", "experts_per_token", "source", "estimator") if c in df.columns]
-    for key, g in df.groupby(group_cols):
-        g = g.sort_values(mem_col)
-        parts = dict(zip(group_cols, key if isinstance(key, tuple) else (key,)))
-        if "experts_per_token" in parts:
-            k = parts["experts_per_token"]
-            parts["experts_per_token"] = "dense" if k == 8 else f"top-{k}"
-        label = " ".join(str(x) for x in parts.values())
-        ax.plot(g[mem_col], g.max_batch_size, "o-", label=label)
-    ax.set_xlabel("GPU memory (GB)")
-    ax.set_ylabel("maximum batch size (queries)")
-    ax.legend(fontsize=7)
+    models = sorted(df.model.unique())
+    fig, axes = _panels(plt, len(models), 4.6, 3.6, max_cols=2)
+    est_col = "estimator" if "estimator" in df.columns else ("source" if "source" in df.columns else None)
+    names = sorted(df[est_col].dropna().unique()) if est_col else [None]
+    colors = {n: f"C{i}" for i, n in enumerate(names)}
+    for ax, model in zip(axes, models):
+        sel = df[df.model == model]
+        ks = sorted(sel.experts_per_token.dropna().unique()) if "experts_per_token" in sel.columns else [None]
+        for name in names:
+            for j, k in enumerate(ks):
+                g = sel[((sel[est_col] == name) if est_col else True) & ((sel.experts_per_token == k) if k is not None
+                                                                         else True)].sort_values(mem_col)
+                if g.empty:
+                    continue
+                routing = "" if k is None else ("dense" if k == 8 else f"top-{int(k)}")
+                ax.plot(g[mem_col], g.max_batch_size, marker="o", ls=("-", "--", ":")[j % 3], color=colors[name],
+                        label=f"{name or ''} {routing}".strip())
+        ax.set_title(model, fontsize=9)
+        ax.set_xlabel("GPU memory (GB)")
+        ax.set_ylabel("maximum batch size (queries)")
+        ax.legend(fontsize=6.5, loc="upper left")
     fig.tight_layout()
-    return FigureResult(fig, "Maximum batch size vs GPU memory: eq. (1) and the step simulator (Fig. 13 analogue).",
+    seq = sorted(df.seq_len.dropna().unique()) if "seq_len" in df.columns else []
+    return FigureResult(fig, "Maximum batch size vs GPU memory: the paper's eq. (1) beside the step simulator "
+                             f"(Fig. 13 analogue{'; ' + ', '.join(str(int(x)) for x in seq) + ' tokens per query' if seq else ''}); "
+                             "solid = sparse, dashed = dense.",
                         df.drop(columns=["_source", "schema_version", "kind"], errors="ignore"))
 
 

@@ -124,8 +124,11 @@ def _task_tokenizer(job: TrainabilityJob, base: Any, texts: list[str]) -> Any:
 
 
 def _save_final(model: Any, folder: Path, job: TrainabilityJob, tokenizer: Any) -> None:
+    from transformers.utils import logging as hf_logging
+
     from tunecost.evaluate.harness import TOKENIZER_FILE
 
+    hf_logging.disable_progress_bar()  # tunecost shows its own (rich) progress; tqdm's would interleave with it
     model.save_pretrained(str(folder))
     marker: dict[str, Any] = {"tokenizer": job.resolved_tokenizer, "template": job.template}
     if hasattr(tokenizer, "base_ids"):
