@@ -238,3 +238,14 @@ def test_lengths_from_data_stats_histogram_rows(tmp_path: Path) -> None:
     legend = [t.get_text() for ax in result.figure.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
     assert legend == ["median = 15"]
     assert result.table.to_dict("records")[0]["queries"] == 6
+
+
+def test_runs_comparing_experts_implementations_label_each() -> None:
+    import pandas as pd
+
+    from tunecost.report.figures import _config_labels
+
+    df = pd.DataFrame([{"model": "m", "experts_per_token": 2, "batch_size": 4, "experts_impl": impl}
+                       for impl in ("stock", "fast")])
+    assert list(_config_labels(df)) == ["m top-2 [stock] bsz=4", "m top-2 [fast] bsz=4"]
+    assert list(_config_labels(df.assign(experts_impl="fast"))) == ["m top-2 bsz=4"] * 2

@@ -75,6 +75,17 @@ def _label(row: pd.Series) -> str:
     return f"{row.get('model', '?')} {'dense' if k == 8 else f'top-{k}'}" if k is not None else str(row.get("model"))
 
 
+def _config_labels(df: pd.DataFrame) -> pd.Series:
+    """"model top-k bsz=B" per row, plus the experts implementation when the run compares several."""
+    show_impl = "experts_impl" in df.columns and df["experts_impl"].dropna().nunique() > 1
+
+    def label(r: pd.Series) -> str:
+        impl = f" [{r.experts_impl}]" if show_impl and isinstance(r.get("experts_impl"), str) else ""
+        return f"{_label(r)}{impl} bsz={r.batch_size}"
+
+    return df.apply(label, axis=1)
+
+
 # --- Fig. 14: eq. (2) fitted to measurements --------------------------------------------------------------
 
 def fig_throughput_fit(records: RunRecords) -> FigureResult | str:
@@ -167,9 +178,13 @@ def fig_throughput(records: RunRecords) -> FigureResult | str:
     fig, axes = _panels(plt, len(models), 4.2, 3.4)
     for ax, model in zip(axes, models):
         sel = df[df.model == model]
-        for k, g in sel.groupby("experts_per_token"):
+        impls = sel["experts_impl"].dropna().unique() if "experts_impl" in sel.columns else []
+        keys = ["experts_per_token", "experts_impl"] if len(impls) > 1 else ["experts_per_token"]
+        for key, g in sel.groupby(keys):
+            k, impl = (key if isinstance(key, tuple) else (key,)) + ((None,) if len(keys) == 1 else ())
             g = g.groupby("batch_size", as_index=False)["queries_per_s"].median()
-            ax.plot(g.batch_size, g.queries_per_s, "o-", label=f"{'dense' if k == 8 else f'top-{k}'}")
+            ax.plot(g.batch_size, g.queries_per_s, "o-",
+                    label=f"{'dense' if k == 8 else f'top-{k}'}" + (f" [{impl}]" if impl else ""))
         ax.set_title(model, fontsize=9)
         ax.set_xlabel("batch size (queries)")
         ax.set_ylabel("throughput (queries/s)")
@@ -196,7 +211,7 @@ def fig_stages(records: RunRecords) -> FigureResult | str:
     if df.empty:
         return "no forward/backward/optimizer stage rows"
     plt = _plt()
-    df = df.assign(config=df.apply(lambda r: f"{_label(r)} bsz={r.batch_size}", axis=1))
+    df = df.assign(config=_config_labels(df))
     table = df.pivot_table(index="config", columns="stage", values="seconds", aggfunc="median")
     table = table[[c for c in ("forward", "backward", "optimizer") if c in table.columns]] * 1e3
     fig, ax = plt.subplots(figsize=(7, 0.45 * len(table) + 1.4))
@@ -216,7 +231,7 @@ def fig_layers(records: RunRecords) -> FigureResult | str:
         return df
     plt = _plt()
     pass_col = "pass" if "pass" in df.columns else None
-    df = df.assign(config=df.apply(lambda r: f"{_label(r)} bsz={r.batch_size}", axis=1))
+    df = df.assign(config=_config_labels(df))
     # Sum over layers and passes (forward + backward + recompute) per step: the paper's per-layer time.
     table = df.pivot_table(index="config", columns="component", values="seconds", aggfunc="sum")
     steps = df.groupby("config")["step"].nunique() if "step" in df.columns else None
@@ -244,7 +259,7 @@ def fig_kernels(records: RunRecords) -> FigureResult | str:
     if isinstance(df, str):
         return df
     plt = _plt()
-    df = df.assign(config=df.apply(lambda r: f"{_label(r)} bsz={r.batch_size}", axis=1))
+    df = df.assign(config=_config_labels(df))
     table = df.pivot_table(index="config", columns="kernel_class", values="seconds", aggfunc="sum") * 1e3
     fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(table) + 1.6))
     _stacked(ax, table.fillna(0))
