@@ -20,11 +20,16 @@ def test_atomic_write_replaces_and_leaves_no_temp(tmp_path) -> None:
     assert sorted(p.name for p in target.parent.iterdir()) == ["blob.bin", "result.json"]  # no .tmp left
 
 
-def test_failed_write_keeps_old_content_and_no_temp(tmp_path) -> None:
+def test_failed_write_keeps_old_content_and_no_temp(tmp_path, monkeypatch) -> None:
     target = tmp_path / "result.json"
     atomic_write_text(target, "complete")
-    with pytest.raises(TypeError):
-        atomic_write_text(target, 12345)  # type: ignore[arg-type]  # fails mid-write
+
+    def disk_full(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", disk_full)  # fails mid-write, after the temp file has data
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write_text(target, "partial")
     assert target.read_text() == "complete"
     assert os.listdir(tmp_path) == ["result.json"]
 

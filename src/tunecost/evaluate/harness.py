@@ -96,12 +96,9 @@ def _loglik_predictions(model: Any, tokenizer: Tokenizer, dataset: Dataset, temp
 
 
 def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    from tunecost.workload.templates import common_prefix_len
+
+    return common_prefix_len(a, b)
 
 
 def evaluate_model(

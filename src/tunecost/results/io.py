@@ -17,19 +17,7 @@ from typing import Any
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write `text` to `path` atomically (temp file + fsync + rename)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:

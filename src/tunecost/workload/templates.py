@@ -18,6 +18,7 @@ A *query* is the concatenation of a prompt and its ground-truth response (paper 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tunecost.errors import TunecostError, unknown_name_error
@@ -127,7 +128,7 @@ def encode_queries(
         pairs = [_chat_texts(tokenizer, p, r) for p, r in zip(prompts, responses)]
         prompt_ids = tokenizer.encode_batch([p for p, _ in pairs])
         full_ids = tokenizer.encode_batch([f for _, f in pairs])
-        return [EncodedQuery(ids=tuple(f), num_prompt_tokens=_common_prefix(p, f)) for p, f in zip(prompt_ids, full_ids)]
+        return [EncodedQuery(ids=tuple(f), num_prompt_tokens=common_prefix_len(p, f)) for p, f in zip(prompt_ids, full_ids)]
     bos = [tokenizer.bos_id] if template.add_bos and tokenizer.bos_id is not None else []
     eos = [tokenizer.eos_id] if template.add_eos and tokenizer.eos_id is not None else []
     prompt_texts = [template.render_prompt(p) for p in prompts]
@@ -142,12 +143,13 @@ def encode_queries(
     full_ids = tokenizer.encode_batch([p + r for p, r in zip(prompt_texts, response_texts)])
     # Tokenized as one text, a piece may straddle the boundary: the prompt is the common prefix.
     return [
-        EncodedQuery(ids=tuple(bos + f + eos), num_prompt_tokens=len(bos) + _common_prefix(p, f))
+        EncodedQuery(ids=tuple(bos + f + eos), num_prompt_tokens=len(bos) + common_prefix_len(p, f))
         for p, f in zip(prompt_ids, full_ids)
     ]
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Number of leading tokens two id sequences share."""
     n = 0
     for x, y in zip(a, b):
         if x != y:
