@@ -100,7 +100,8 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
     stack and on today's (Fig. 13 and Table III)."""
     from tunecost.catalog.models import resolve_model
     from tunecost.errors import TunecostError
-    from tunecost.estimate.paper import EQ1_ARTIFACT_SEQ_LEN, EQ1_COEFFICIENTS, max_batch_size_eq1, sparsity_fraction
+    from tunecost.estimate.estimators import eq1_max_batch_size
+    from tunecost.estimate.paper import EQ1_ARTIFACT_SEQ_LEN
     from tunecost.simulate import max_batch_size
     from tunecost.workload.job import FineTuneJob
 
@@ -110,16 +111,13 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
     done = 0
     for model, method, setups in MAX_BATCH_JOBS:
         spec = resolve_model(model)
-        coeffs = EQ1_COEFFICIENTS.get((model, "artifact")) or EQ1_COEFFICIENTS[(model, "text")]
         for k in DENSE_SPARSE:
             keys = {"schema_version": 1, "kind": "max_batch", "model": model, "method": method,
                     "experts_per_token": k, "seq_len": seq_len, "dataset": None, "device": "none"}
             for gb in MAX_BATCH_MEMORY_GB:
-                eq1 = max_batch_size_eq1(gpu_memory_gb=gb, model_memory_gb=coeffs.model_memory_gb,
-                                         seq_len_tokens=seq_len, sparsity=sparsity_fraction(k, spec.num_experts),
-                                         c0=coeffs.c0, c1=coeffs.c1)
+                eq1, note = eq1_max_batch_size(spec, gpu_memory_gb=gb, experts_per_token=k, seq_len=seq_len)
                 rows.append({**keys, "gpu_memory_gb": gb, "max_batch_size": max(0, eq1), "source": "eq1",
-                             "estimator": "paper eq. (1)"})
+                             "estimator": "paper eq. (1)", "note": note})
                 for stack, checkpointing in setups:
                     job = FineTuneJob(model=model, method=method, experts_per_token=k,  # type: ignore[arg-type]
                                       seq_len=seq_len, gradient_checkpointing=checkpointing)
