@@ -99,10 +99,9 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
     """Largest batch vs GPU memory for the real models: eq. (1) beside the step simulator on the paper's 2024
     stack and on today's (Fig. 13 and Table III)."""
     from tunecost.catalog.models import resolve_model
-    from tunecost.errors import TunecostError
     from tunecost.estimate.estimators import eq1_max_batch_size
     from tunecost.estimate.paper import EQ1_ARTIFACT_SEQ_LEN
-    from tunecost.simulate import max_batch_size
+    from tunecost.simulate.batch import fitting_batch_size
     from tunecost.workload.job import FineTuneJob
 
     seq_len = EQ1_ARTIFACT_SEQ_LEN
@@ -121,12 +120,7 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
                 for stack, checkpointing in setups:
                     job = FineTuneJob(model=model, method=method, experts_per_token=k,  # type: ignore[arg-type]
                                       seq_len=seq_len, gradient_checkpointing=checkpointing)
-                    try:
-                        mbs = max_batch_size(job, int(gb * BYTES_PER_GIB), stack=stack).batch_size
-                    except TunecostError as exc:
-                        if "does not fit even at batch size 1" not in str(exc):
-                            raise
-                        mbs = 0
+                    mbs = fitting_batch_size(job, int(gb * BYTES_PER_GIB), stack=stack)
                     rows.append({**keys, "gpu_memory_gb": gb, "max_batch_size": mbs, "source": "simulated",
                                  "estimator": f"simulator, {stack} stack, checkpointing {'on' if checkpointing else 'off'}",
                                  "stack": stack, "gradient_checkpointing": checkpointing})
@@ -138,8 +132,8 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
 
 def _stage_profile(out: Path, on_progress: ProgressFn | None) -> None:
     """Fine-tune tiny random-weight models of the real architectures on the embedded dataset on this CPU, dense vs
-    sparse: throughput,
-    stage / layer / kernel breakdown, expert load, memory (Figs. 4-8, 11). Resumes finished points."""
+    sparse: throughput, stage / layer / kernel breakdown, expert load, memory (Figs. 4-8, 11). Resumes finished
+    points."""
     from tunecost.profile.model_setup import ModelSetup
     from tunecost.profile.sweep import InputSpec, SweepSpec, run_sweep
 

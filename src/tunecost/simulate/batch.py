@@ -130,15 +130,20 @@ def _line_guess(need: Callable[[int], int], simulated, lo: int, hi: int | None, 
     return lo + int((mem - need(lo)) // slope) if slope > 0 else None
 
 
+def fitting_batch_size(job: FineTuneJob, gpu_memory_bytes: int, *, stack: str = DEFAULT_STACK) -> int:
+    """Largest batch of `job` that fits `gpu_memory_bytes`, 0 when not even one query fits (not an error)."""
+    try:
+        return max_batch_size(job, gpu_memory_bytes, stack=stack).batch_size
+    except TunecostError as exc:
+        if "does not fit even at batch size 1" in str(exc):
+            return 0
+        raise
+
+
 def simulated_max_batch_size(job: FineTuneJob, gpu, *, stack: str = DEFAULT_STACK) -> int:
     """Largest batch of `job` that fits `gpu` (a catalog GPU or its name), 0 when not even one query fits.
     The GPU's memory is the catalog's `memory_bytes`."""
     from tunecost.catalog.gpus import GPU, resolve_gpu_name
 
     gpu_obj = gpu if isinstance(gpu, GPU) else resolve_gpu_name(str(gpu)).gpu
-    try:
-        return max_batch_size(job, gpu_obj.memory_bytes, stack=stack).batch_size
-    except TunecostError as exc:
-        if "does not fit even at batch size 1" in str(exc):
-            return 0
-        raise
+    return fitting_batch_size(job, gpu_obj.memory_bytes, stack=stack)
