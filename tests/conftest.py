@@ -58,3 +58,16 @@ def cli_error(cli_runner):
         return lines[0]
 
     return run
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Run a test on one torch thread and restore the setting after. For tiny tensors one thread is as fast, and
+    on a shared, busy 2-core CPU two intra-op threads mostly spin-wait on each other (measured: a 12 ms forward
+    took over 1 s; ~10x the CPU time per training step)."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

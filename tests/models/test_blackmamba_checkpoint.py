@@ -15,14 +15,6 @@ from tunecost.models.blackmamba import build_blackmamba, load_blackmamba, save_b
 VOCAB = 256
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """Small tensors: one thread is as fast and avoids two threads spin-waiting on a busy shared CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
 def model():

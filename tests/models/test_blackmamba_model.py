@@ -12,15 +12,6 @@ from tunecost.models.blackmamba import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _one_torch_thread():
-    """These tensors are small: one thread is as fast, and on a shared, busy CPU two threads spin-wait on
-    each other (measured here: ~10x the CPU time and 10-20x the wall time per training step)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 VOCAB = 512  # a small vocabulary keeps the output layer cheap on CPU; everything else is the tiny preset
 

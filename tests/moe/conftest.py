@@ -18,12 +18,5 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """These tests run tiny ops; with other work on the machine, intra-op threads mostly wait for each other
-    (measured: a 12 ms forward took over 1 s), so run them on one thread and restore the setting after."""
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+def _one_thread(one_torch_thread):
+    """These tests run tiny ops: one torch thread (tests/conftest.py)."""
