@@ -180,24 +180,32 @@ def test_per_projection_layout_matches_merged_reference():
 
 
 @pytest.mark.parametrize(
-    ("keep", "checkpoint", "calls"),
-    [(True, None, 2), (False, None, 4), (None, None, 4), (None, "non-reentrant", 4), (None, "reentrant", 4)],
+    ("keep", "checkpoint", "passes", "whole_backward"),
+    [(True, None, 1, True), (False, None, 2, False), (None, None, 2, False), (None, "non-reentrant", 2, True),
+     (None, "reentrant", 2, True)],
 )
-def test_dequantization_count_per_step(keep, checkpoint, calls):
+def test_dequantization_count_per_step(keep, checkpoint, passes, whole_backward):
     """Hit experts are de-quantized once per forward; the backward reuses them when kept (always with True;
-    with the default only for a checkpoint recomputation, whose backward follows at once): 2 calls (gate_up and
-    down) per de-quantization, so 4 = forward + backward, or forward + recomputation with the backward reusing."""
+    with the default only for a checkpoint recomputation, whose backward follows at once), and otherwise
+    de-quantizes them again one expert range at a time. Counted per expert and stack (gate_up, down): `passes`
+    de-quantizations of every hit expert per step (forward + backward, or forward + recomputation), and when the
+    backward de-quantizes, no call in it covers all hit experts."""
     from torch.utils.checkpoint import checkpoint as run_checkpointed
 
     fast, _ = _fast_and_reference(2, quantize_4bit=True, keep=keep)
-    experts, counter = fast.experts, []
+    experts, calls = fast.experts, []
     for stack in (experts.gate_up_nf4, experts.down_nf4):
         original = stack.dequantize
-        stack.dequantize = lambda hit=None, _orig=original: counter.append(1) or _orig(hit)
+        stack.dequantize = lambda hit=None, _orig=original: calls.append(list(hit)) or _orig(hit)
     x = make_inputs().requires_grad_(True)
     out = run_checkpointed(fast, x, use_reentrant=checkpoint == "reentrant") if checkpoint else fast(x)
+    hit = sorted(calls[0])
+    assert len(hit) > 2  # the test routing hits several experts, so ranges can split them
     out.square().sum().backward()
-    assert len(counter) == calls
+    dequantized = sorted(expert for call in calls for expert in call)
+    assert dequantized == sorted(hit * 2 * passes)
+    if not whole_backward:  # forward: one call per stack with every hit expert; backward: ranges of them
+        assert calls[0] == calls[1] == hit and all(len(call) < len(hit) for call in calls[2:])
     grad = fast.experts.lora_A_down.grad.clone()
     fast.zero_grad(set_to_none=True)
     fast(x).square().sum().backward()

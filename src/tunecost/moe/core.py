@@ -14,7 +14,7 @@ only. LoRA terms are accumulated in place (`grouped_addmm_`). Each phase, forwar
 `record_function` range named as `tunecost.profile.nvtx` names them (w1w3, w2, lora, act, dequant). Base weights
 come from a `BaseWeights` object: dense parameters, or NF4 stacks de-quantized for the experts that received tokens only, once per
 forward, then kept for the backward where memory allows (by default: when the forward is a gradient-checkpointing
-recomputation, i.e. one layer at a time) and otherwise de-quantized again in the backward.
+recomputation, i.e. one layer at a time) and otherwise de-quantized again in the backward, one expert range at a time.
 """
 
 from __future__ import annotations
@@ -204,24 +204,30 @@ class _ExpertMLP(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         x, h, act, xa, aa, a_gu, b_gu, b_g, b_u, a_d, b_d, *weights = ctx.saved_tensors
-        if weights:  # dense, or de-quantized ones kept since the forward
-            w_gu_g, w_d_g = weights
-        else:  # de-quantize the hit experts again rather than having held them since the forward
-            with record_function(DEQUANT_RANGE):
-                w_gu_g, w_d_g, _ = ctx.base.get(ctx.routing)
+        # `weights`: the dense weights, or the de-quantized ones kept since the forward; empty when the NF4 experts
+        # were not kept, and then each expert range below de-quantizes only its own experts (about half of the
+        # hit experts at a time instead of all of them: the full-precision copy is half the size).
         need = ctx.needs_input_grad
         dy = dy.contiguous()
         lora = (a_gu, b_gu, b_g, b_u, a_d, b_d)
         grads: list = [None] * 13
         if need[0]:
             grads[0] = torch.empty_like(x)
-        for index, tensor in ((1, w_gu_g), (2, w_d_g), *((3 + i, t) for i, t in enumerate(lora))):
+        for index, tensor in ((1, weights[:1]), (2, weights[1:])):  # only a trainable dense base asks for these
+            if need[index]:
+                grads[index] = torch.zeros_like(tensor[0])
+        for index, tensor in enumerate(lora, start=3):
             if need[index]:
                 grads[index] = torch.zeros_like(tensor)
         # Expert by expert range, about half the rows at a time: the (rows, 2I) and (rows, I) gradients of the
         # backward then exist for half the rows only. Each expert is in one range, so no gradient is summed.
         for rows, experts, compact, groups, base_groups in _row_chunks(ctx.routing, ctx.base_groups, ctx.base):
-            w_gu_c, w_d_c = w_gu_g[compact], w_d_g[compact]
+            if weights:
+                w_gu_c, w_d_c = weights[0][compact], weights[1][compact]
+            else:
+                with record_function(DEQUANT_RANGE):
+                    hit = ctx.routing.hit_experts[compact]
+                    w_gu_c, w_d_c = ctx.base.gate_up.dequantize(hit), ctx.base.down.dequantize(hit)
             lora_c = tuple(None if t is None else t[experts] for t in lora)
             saved_c = tuple(None if t is None else t[rows] for t in (x, h, act, xa, aa))
             out = _backward_rows(dy[rows], saved_c, w_gu_c, w_d_c, lora_c, groups, base_groups, need,
