@@ -165,3 +165,31 @@ def test_bad_local_config(tmp_path) -> None:
     empty.mkdir()
     with pytest.raises(TunecostError, match="no config.json at"):
         resolve_model(str(empty))
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"[1, 2]", "a model config is a JSON object, found a list"),
+        (b"\xff\xfe\x00binary", "not a text file"),
+        (b'{"model_type": "mixtral", "hidden_size": "x"}', "transformers rejects this mixtral config: .*hidden_size"),
+    ],
+)
+def test_local_config_that_is_not_a_config(tmp_path, content, message) -> None:
+    (tmp_path / "config.json").write_bytes(content)
+    with pytest.raises(TunecostError, match=message):
+        resolve_model(str(tmp_path))
+
+
+def test_local_config_missing_keys_take_transformers_defaults(tmp_path) -> None:
+    """A minimal config is the model transformers would build from it (Mixtral's defaults: 8 experts, top-2,
+    32 layers), not a dense model; keys the user gave win."""
+    from transformers import MixtralConfig
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "mixtral", "num_hidden_layers": 2}))
+    spec = resolve_model(str(tmp_path))
+    defaults = MixtralConfig()
+    assert spec.num_experts == defaults.num_local_experts == 8 and spec.is_moe
+    assert spec.default_experts_per_token == defaults.num_experts_per_tok
+    assert spec.num_layers == 2 and spec.hidden_size == defaults.hidden_size
+    assert "transformers_version" not in spec.config and "architectures" not in spec.config

@@ -74,3 +74,21 @@ def test_cli_eval_tiny_mixtral():
     assert "predictions" not in payload
     missing = runner.invoke(app, ["eval", "--model", "tiny-mixtral", "--dataset", "no_such_dataset_xyz"])
     assert missing.exit_code == 2
+
+
+def test_load_eval_model_names(tmp_path):
+    """A catalog name loads its hub id (cache only: here that is a one-line error naming it), an unknown name
+    lists the catalog, and a BlackMamba checkpoint folder loads with tunecost's loader."""
+    from tunecost.errors import TunecostError
+    from tunecost.evaluate.harness import load_eval_model
+    from tunecost.models.blackmamba import build_blackmamba, save_blackmamba, tiny_blackmamba_config
+
+    with pytest.raises(TunecostError, match="mistralai/Mixtral-8x7B-v0.1"):
+        load_eval_model("mixtral-8x7b")
+    with pytest.raises(TunecostError, match="unknown model 'no-such-model'. Valid choices: .*mixtral-8x7b"):
+        load_eval_model("no-such-model")
+    saved = build_blackmamba(tiny_blackmamba_config(vocab_size=256), seed=2)
+    save_blackmamba(saved, tmp_path / "bm")
+    net, tokenizer = load_eval_model(str(tmp_path / "bm"), tokenizer="mistral")
+    assert not net.training and "mistral" in tokenizer.name
+    assert all(torch.equal(net.state_dict()[k], v) for k, v in saved.state_dict().items())

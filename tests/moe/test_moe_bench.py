@@ -53,3 +53,15 @@ def test_cli_table_and_errors(cli_runner, cli_error):
     assert "fast" in result.stdout
     assert "Valid choices" in cli_error(["bench", "moe", "--impls", "fastest"])
     assert "top-k" in cli_error(["bench", "moe", "--experts", "4", "--top-k", "5"])
+    # 0 is an error, not "the default size"; a device this machine does not have is named, not a traceback
+    assert "must be positive" in cli_error(["bench", "moe", "--tokens", "0"])
+    assert "must be positive" in cli_error(["bench", "moe", "--hidden", "0"])
+    assert "unsupported device 'tpu'" in cli_error(["bench", "moe", "--device", "tpu"])
+
+
+def test_cuda_without_cuda_is_a_clear_error(cli_error):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert "CUDA is not available" in cli_error(["bench", "moe", "--device", "cuda"])

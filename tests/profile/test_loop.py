@@ -184,3 +184,19 @@ def test_pretrained_weights_are_loaded_from_a_local_folder(tmp_path):
     assert prepared.weights == f"pretrained:{tmp_path / 'micro'}"
     a = saved.model.layers[0].self_attn.q_proj.weight
     assert torch.equal(prepared.model.model.layers[0].self_attn.q_proj.weight.detach(), a.detach())
+
+
+def test_pretrained_blackmamba_loads_with_its_own_strict_loader(tmp_path):
+    """A BlackMamba checkpoint folder in Zyphra's layout (what `hf download Zyphra/BlackMamba-2.8B` gives) is
+    loaded by tunecost's loader, not transformers' (which has no BlackMamba class), and trains."""
+    from tunecost.models.blackmamba import build_blackmamba, save_blackmamba, tiny_blackmamba_config
+
+    saved = build_blackmamba(tiny_blackmamba_config(vocab_size=256), seed=5)
+    save_blackmamba(saved, tmp_path / "bm")
+    prepared = build_training_model(ModelSetup(model=str(tmp_path / "bm"), method="full", experts_per_token=2))
+    assert prepared.weights == f"pretrained:{tmp_path / 'bm'}" and prepared.model.training
+    for name, value in saved.state_dict().items():
+        assert torch.equal(prepared.model.state_dict()[name], value), name
+    assert prepared.experts_per_token == 2 and prepared.trainable_params == prepared.total_params
+    with pytest.raises(TunecostError, match="load strictly, without config changes"):
+        build_training_model(ModelSetup(model=str(tmp_path / "bm"), method="full", num_layers=2))

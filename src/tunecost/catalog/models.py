@@ -112,6 +112,29 @@ def _family_of(config: dict[str, Any], where: str) -> str:
     return family
 
 
+# transformers' bookkeeping keys, not architecture facts: never filled in from its defaults.
+_NOT_DEFAULTED = frozenset({"_name_or_path", "architectures", "dtype", "torch_dtype", "transformers_version",
+                            "id2label", "label2id", "model_type"})
+
+
+def _with_transformers_defaults(config: dict[str, Any], family: str, where: str) -> dict[str, Any]:
+    """A user's config as transformers will read it: each missing key takes transformers' default (a minimal
+    {"model_type": "mixtral"} has 8 experts there too), and a value transformers rejects is a one-line error here
+    rather than a traceback later. BlackMamba configs are checked by tunecost's own BlackMambaConfig."""
+    if family == "blackmamba":
+        return config
+    from transformers import CONFIG_MAPPING
+
+    raw = {k: v for k, v in config.items() if k not in _NOT_DEFAULTED}
+    try:
+        defaults = CONFIG_MAPPING[family](**raw).to_dict()
+    except Exception as exc:  # noqa: BLE001 - transformers and huggingface_hub validation errors share no base
+        reason = str(exc).strip().splitlines() or [type(exc).__name__]
+        raise TunecostError(f"{where}: transformers rejects this {family} config: {' '.join(reason[:3])}") from None
+    filled = {k: v for k, v in defaults.items() if k not in config and k not in _NOT_DEFAULTED and v is not None}
+    return {**config, **filled}
+
+
 def spec_from_config_file(path: Path) -> ModelSpec:
     """A model named by a local config.json (or a folder holding one)."""
     config_path = path / "config.json" if path.is_dir() else path
@@ -121,8 +144,13 @@ def spec_from_config_file(path: Path) -> ModelSpec:
         config = json.loads(config_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise TunecostError(f"{config_path}: not valid JSON ({exc})") from None
+    except UnicodeDecodeError:
+        raise TunecostError(f"{config_path}: not a text file (a model config.json is UTF-8 JSON)") from None
+    if not isinstance(config, dict):
+        raise TunecostError(f"{config_path}: a model config is a JSON object, found a {type(config).__name__}")
+    family = _family_of(config, str(config_path))
     return ModelSpec(
-        name=str(path), family=_family_of(config, str(config_path)), config=config,
+        name=str(path), family=family, config=_with_transformers_defaults(config, family, str(config_path)),
         source=str(config_path), local_path=str(config_path.parent),
     )
 

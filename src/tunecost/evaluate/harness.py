@@ -1,8 +1,9 @@
 """Evaluate a causal LM on a dataset: batched greedy generation + answer parsing, or HellaSwag log-likelihood.
 
 `score_generations` is the pure part (texts in, accuracy out) so parsers can be checked against reference answers;
-`evaluate_model` runs a model; `load_eval_model` loads ``tiny-mixtral``, a local folder (ours or a transformers
-checkpoint) or a hub id, plus an optional PEFT adapter.
+`evaluate_model` runs a model; `load_eval_model` loads ``tiny-mixtral``, a catalog model (its hub id, e.g.
+``mixtral-8x7b``), a local folder (ours, a transformers checkpoint or a BlackMamba checkpoint in Zyphra's layout)
+or a hub id, plus an optional PEFT adapter.
 """
 
 from __future__ import annotations
@@ -142,7 +143,8 @@ def load_eval_model(
     allow_download: bool = False,
     seed: int = 0,
 ) -> tuple[Any, Tokenizer]:
-    """(model in eval mode, tokenizer) for ``tiny-mixtral`` (random init), a local folder or a hub id."""
+    """(model in eval mode, tokenizer) for ``tiny-mixtral`` (random init), a catalog name, a local folder or a hub
+    id; the tokenizer defaults to the model's own (`tunecost.models.build.default_tokenizer`)."""
     import torch
 
     if spec == "tiny-mixtral":
@@ -151,21 +153,15 @@ def load_eval_model(
         model = build_tiny_mixtral(seed=seed)
         tok = tokenizer_by_name(tokenizer or "mistral", allow_download=allow_download)
     else:
-        from transformers import AutoModelForCausalLM
+        from tunecost.models.build import default_tokenizer, load_pretrained
 
         path = Path(spec).expanduser()
+        model_spec = pretrained_spec(spec, allow_download)
         dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32  # bf16 matmuls crawl on CPU
-        try:
-            model = AutoModelForCausalLM.from_pretrained(
-                str(path) if path.is_dir() else spec, dtype=dtype, local_files_only=not allow_download,
-                trust_remote_code=False,
-            )
-        except (OSError, ValueError) as exc:
-            raise TunecostError(f"cannot load model {spec!r}: {str(exc).splitlines()[0]}") from None
-        if torch.cuda.is_available():
-            model = model.to("cuda")
+        model = load_pretrained(model_spec, dtype=dtype, device="cuda" if torch.cuda.is_available() else "cpu",
+                                allow_download=allow_download)
         saved = None if tokenizer else saved_tokenizer(path)
-        tok = saved or tokenizer_by_name(tokenizer or spec, allow_download=allow_download)
+        tok = saved or tokenizer_by_name(tokenizer or default_tokenizer(model_spec), allow_download=allow_download)
     if adapter:
         try:
             from peft import PeftModel
@@ -175,6 +171,20 @@ def load_eval_model(
             raise TunecostError(f"cannot load adapter {adapter!r}: {str(exc).splitlines()[0]}") from None
     model.eval()
     return model, tok
+
+
+def pretrained_spec(name: str, allow_download: bool) -> Any:
+    """The catalog entry, local folder or cached hub id `name` names (a catalog name loads its hub id, e.g.
+    mixtral-8x7b -> mistralai/Mixtral-8x7B-v0.1); with downloads on, any hub id (its architecture is read from
+    the download). An unknown name is an error that lists the catalog."""
+    from tunecost.catalog.models import ModelSpec, resolve_model
+
+    try:
+        return resolve_model(name)
+    except TunecostError:
+        if allow_download and "/" in name and not name.startswith((".", "/")):
+            return ModelSpec(name=name, family="", config={}, hub_id=name)
+        raise
 
 
 def saved_template(folder: str | Path) -> str | None:

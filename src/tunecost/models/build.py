@@ -50,3 +50,45 @@ def build_model(spec: ModelSpec, *, device: Any = "cpu", dtype: Any = None, expe
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype or torch.float32)
     return model
+
+
+# The tokenizer a model was trained with, where it is not the model's own hub repository. "mistral" is the
+# Mixtral/Mistral v1 SentencePiece model that ships offline with mistral-common (tunecost.workload.tokenizers);
+# BlackMamba uses GPT-NeoX-20B's (Zyphra's README; its hub repository has no tokenizer files).
+BLACKMAMBA_TOKENIZER = "EleutherAI/gpt-neox-20b"
+_MISTRAL_V1_VOCAB = 32000
+
+
+def default_tokenizer(spec: ModelSpec) -> str:
+    """The tokenizer name (for `tokenizer_by_name`) that belongs to `spec`."""
+    if spec.family == "blackmamba":
+        return BLACKMAMBA_TOKENIZER
+    if spec.family in ("mixtral", "mistral") and int(spec.config.get("vocab_size", 0)) == _MISTRAL_V1_VOCAB:
+        return "mistral"
+    return spec.local_path or spec.hub_id or "mistral"
+
+
+def load_pretrained(spec: ModelSpec, where: str | None = None, *, dtype: Any = None, device: Any = "cpu",
+                    allow_download: bool = False, **overrides: Any):
+    """Real weights of `spec` from `where` (a local folder or a hub id; default: the spec's folder or hub id):
+    transformers' `from_pretrained` (no remote code; the local cache only unless `allow_download`), or
+    tunecost's strict loader for BlackMamba checkpoints in Zyphra's layout. `overrides` change the config
+    (e.g. fewer layers); BlackMamba's strict loader takes none."""
+    where = where or spec.local_path or spec.hub_id
+    if where is None:
+        raise TunecostError(f"{spec.name} is a built-in architecture with no weights anywhere; build it instead")
+    if spec.family == "blackmamba":
+        if overrides:
+            raise TunecostError(f"{spec.name}: real BlackMamba weights load strictly, without config changes "
+                                f"({', '.join(sorted(overrides))}); use random weights for a smaller model")
+        from tunecost.models.blackmamba import load_blackmamba
+
+        return load_blackmamba(where, dtype=dtype, device=device, allow_download=allow_download)
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(where, dtype=dtype, device_map=device,
+                                                    local_files_only=not allow_download, trust_remote_code=False,
+                                                    **overrides)
+    except (OSError, ValueError) as exc:
+        raise TunecostError(f"cannot load {where}: {str(exc).splitlines()[0]}") from None

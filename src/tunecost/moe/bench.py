@@ -172,11 +172,15 @@ def bench_moe_layer(
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    from tunecost.profile.model_setup import check_device
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    check_device(device)
+    dev = torch.device(device)
     shape = GPU_SHAPE if dev.type == "cuda" else CPU_SHAPE
-    tokens = tokens or shape["tokens"]
-    hidden = hidden or shape["hidden"]
-    intermediate = intermediate or shape["intermediate"]
+    tokens = shape["tokens"] if tokens is None else tokens  # 0 is an error below, not "the default"
+    hidden = shape["hidden"] if hidden is None else hidden
+    intermediate = shape["intermediate"] if intermediate is None else intermediate
     dtype_name = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
     if dtype_name not in ("float32", "bfloat16", "float16"):
         raise TunecostError(f"dtype must be float32, bfloat16 or float16, got {dtype_name!r}")

@@ -177,13 +177,13 @@ def build_training_model(setup: ModelSetup, *, spec: Any = None) -> PreparedMode
     streamed_4bit = setup.method == "qlora" and setup.device.startswith("cuda")
     if weights_at is not None and streamed_4bit:
         # bf16 weights go to CPU memory first; each layer then moves to the GPU and is quantized there
-        model = _from_pretrained(weights_at, dtype=dtype, device="cpu", overrides=overrides)
+        model = _from_pretrained(spec, weights_at, dtype=dtype, device="cpu", overrides=overrides)
         _prepare_layer_by_layer(model, setup, bring=lambda modules, layer: layer.to(setup.device),
                                 bring_rest=lambda: model.to(setup.device))
         weights = f"pretrained:{weights_at}"
         notes.append("loaded to CPU, then moved and quantized layer by layer on the GPU")
     elif weights_at is not None:
-        model = _from_pretrained(weights_at, dtype=dtype, device=setup.device, overrides=overrides)
+        model = _from_pretrained(spec, weights_at, dtype=dtype, device=setup.device, overrides=overrides)
         weights = f"pretrained:{weights_at}"
     elif setup.method == "qlora" and setup.device.startswith("cuda") and spec.family != "blackmamba":
         model = _random_streamed_4bit(spec, setup, dtype, overrides)
@@ -207,14 +207,11 @@ def build_training_model(setup: ModelSetup, *, spec: Any = None) -> PreparedMode
                          total_params=total, notes=notes)
 
 
-def _from_pretrained(where: str, *, dtype: Any, device: str, overrides: dict[str, Any]) -> Any:
-    from transformers import AutoModelForCausalLM
+def _from_pretrained(spec: Any, where: str, *, dtype: Any, device: str, overrides: dict[str, Any]) -> Any:
+    from tunecost.models.build import load_pretrained
 
-    try:
-        return AutoModelForCausalLM.from_pretrained(where, dtype=dtype, device_map=device, local_files_only=True,
-                                                    trust_remote_code=False, **overrides)
-    except (OSError, ValueError) as exc:
-        raise TunecostError(f"cannot load {where}: {str(exc).splitlines()[0]}") from None
+    model = load_pretrained(spec, where, dtype=dtype, device=device, **overrides)
+    return model.train()
 
 
 def lora_spec(setup: ModelSetup) -> Any:

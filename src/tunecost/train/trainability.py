@@ -80,7 +80,12 @@ class TrainabilityJob:
 
     @property
     def resolved_tokenizer(self) -> str:
-        return self.tokenizer or ("mistral" if self.model == "tiny-mixtral" else self.model)
+        if self.tokenizer or self.model == "tiny-mixtral":
+            return self.tokenizer or "mistral"
+        from tunecost.evaluate.harness import pretrained_spec
+        from tunecost.models.build import default_tokenizer
+
+        return default_tokenizer(pretrained_spec(self.model, allow_download=False))
 
     @property
     def resolved_eval_dataset(self) -> str:
