@@ -14,7 +14,8 @@ only. LoRA terms are accumulated in place (`grouped_addmm_`). Each phase, forwar
 `record_function` range named as `tunecost.profile.nvtx` names them (w1w3, w2, lora, act, dequant). Base weights
 come from a `BaseWeights` object: dense parameters, or NF4 stacks de-quantized for the experts that received tokens only, once per
 forward, then kept for the backward where memory allows (by default: when the forward is a gradient-checkpointing
-recomputation, i.e. one layer at a time) and otherwise de-quantized again in the backward, one expert range at a time.
+recomputation, i.e. one layer at a time) and otherwise de-quantized again in the backward; whenever they are not kept,
+forward and backward de-quantize one expert range and one matrix at a time (a fraction of the block in full precision).
 """
 
 from __future__ import annotations
@@ -167,13 +168,17 @@ class _ExpertMLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_gu, w_d, a_gu, b_gu, b_g, b_u, a_d, b_d, base, routing, scaling, activation):
         # w_gu / w_d are the dense weights when dense (so autograd can give them gradients in a full fine-tune),
-        # None when the base weights are NF4 (then `base` de-quantizes them).
-        with record_function(DEQUANT_RANGE):
-            w_gu_g, w_d_g, base_groups = base.get(routing) if base.quantized else (w_gu, w_d, routing.groups)
+        # None when the base weights are NF4 (then `base` de-quantizes them: all hit experts at once when they are
+        # kept for the backward, else one expert range and one matrix at a time, as the backward does).
+        keep = not base.quantized or _keep_dequantized(base.keep_dequantized)
+        if keep:
+            with record_function(DEQUANT_RANGE):
+                w_gu_g, w_d_g, base_groups = base.get(routing) if base.quantized else (w_gu, w_d, routing.groups)
         groups = routing.groups
-        intermediate = w_d_g.shape[-1]
-        with record_function(W1W3_RANGE):  # w1 and w3 of every expert, one grouped GEMM
-            h = grouped_matmul(x, w_gu_g.transpose(1, 2), base_groups)
+        intermediate = (w_d_g if keep else base.down).shape[-1]
+        with record_function(W1W3_RANGE):  # w1 and w3 of every expert, one grouped GEMM (per range without keep)
+            h = grouped_matmul(x, w_gu_g.transpose(1, 2), base_groups) if keep else \
+                _nf4_matmul_by_range(x, base.gate_up, routing, base)
         xa = None
         if a_gu is not None:
             with record_function(LORA_RANGE):
@@ -185,7 +190,8 @@ class _ExpertMLP(torch.autograd.Function):
             act = activation_forward(activation, gate)  # kept: recomputing it costs two passes in the backward
             a = act * up
         with record_function(W2_RANGE):
-            y = grouped_matmul(a, w_d_g.transpose(1, 2), base_groups)
+            y = grouped_matmul(a, w_d_g.transpose(1, 2), base_groups) if keep else \
+                _nf4_matmul_by_range(a, base.down, routing, base)
         aa = None
         if a_d is not None:
             with record_function(LORA_RANGE):
@@ -193,11 +199,11 @@ class _ExpertMLP(torch.autograd.Function):
                 grouped_addmm_(y, aa, b_d.transpose(1, 2), groups, alpha=scaling)
 
         if base.quantized:
-            weights = (w_gu_g, w_d_g) if _keep_dequantized(base.keep_dequantized) else ()
+            weights = (w_gu_g, w_d_g) if keep else ()
         else:
             weights = (w_gu, w_d)
         ctx.save_for_backward(x, h, act, xa, aa, a_gu, b_gu, b_g, b_u, a_d, b_d, *weights)
-        ctx.base, ctx.routing, ctx.base_groups = base, routing, base_groups
+        ctx.base, ctx.routing = base, routing
         ctx.scaling, ctx.activation = scaling, activation
         return y
 
@@ -221,24 +227,47 @@ class _ExpertMLP(torch.autograd.Function):
                 grads[index] = torch.zeros_like(tensor)
         # Expert by expert range, about half the rows at a time: the (rows, 2I) and (rows, I) gradients of the
         # backward then exist for half the rows only. Each expert is in one range, so no gradient is summed.
-        for rows, experts, compact, groups, base_groups in _row_chunks(ctx.routing, ctx.base_groups, ctx.base):
-            if weights:
-                w_gu_c, w_d_c = weights[0][compact], weights[1][compact]
-            else:
-                with record_function(DEQUANT_RANGE):
-                    hit = ctx.routing.hit_experts[compact]
-                    w_gu_c, w_d_c = ctx.base.gate_up.dequantize(hit), ctx.base.down.dequantize(hit)
+        for rows, experts, compact, groups, base_groups in _row_chunks(ctx.routing, ctx.base):
             lora_c = tuple(None if t is None else t[experts] for t in lora)
             saved_c = tuple(None if t is None else t[rows] for t in (x, h, act, xa, aa))
-            out = _backward_rows(dy[rows], saved_c, w_gu_c, w_d_c, lora_c, groups, base_groups, need,
-                                 ctx.scaling, ctx.activation)
+            out = _backward_rows(dy[rows], saved_c, _range_weight(weights, 0, ctx.base.gate_up, ctx.routing, compact),
+                                 _range_weight(weights, 1, ctx.base.down, ctx.routing, compact), lora_c, groups,
+                                 base_groups, need, ctx.scaling, ctx.activation)
             for index, value in out.items():
                 target = grads[index][rows] if index == 0 else grads[index][experts]
                 target.copy_(value)
+            del out  # this range's gradients, before the next range's weights are de-quantized
         return tuple(grads)
 
 
-def _row_chunks(routing: Routing, base_groups: Groups, base: BaseWeights):
+def _range_weight(weights: tuple, which: int, stack, routing: Routing, compact: slice):
+    """A getter for one expert range's weight matrix: a slice of the dense or kept weights, or the range
+    de-quantized when asked (so the down matrix is freed before the gate/up one is de-quantized)."""
+    if weights:
+        return lambda: weights[which][compact]
+
+    def dequantized() -> torch.Tensor:
+        with record_function(DEQUANT_RANGE):
+            return stack.dequantize(routing.hit_experts[compact])
+
+    return dequantized
+
+
+def _nf4_matmul_by_range(inp: torch.Tensor, stack: NF4ExpertWeights, routing: Routing,
+                         base: BaseWeights) -> torch.Tensor:
+    """Rows of `inp` (sorted by expert) times W^T of their expert, W from the NF4 `stack`, de-quantizing only one
+    expert range of `_row_chunks` at a time: a fraction of one matrix's hit experts exists in full precision."""
+    out = inp.new_empty(inp.shape[0], stack.shape[0])
+    hit = routing.hit_experts
+    for rows, _, compact, _, base_groups in _row_chunks(routing, base):
+        with record_function(DEQUANT_RANGE):
+            weight = stack.dequantize(hit[compact])
+        out[rows] = grouped_matmul(inp[rows], weight.transpose(1, 2), base_groups)
+        del weight  # before the next range is de-quantized, not after
+    return out
+
+
+def _row_chunks(routing: Routing, base: BaseWeights):
     """(rows, experts, base-weight indices, groups, base groups) for consecutive expert ranges of about
     1/_BACKWARD_CHUNKS of the rows each; groups are relative to the range's first row."""
     hit = routing.hit_experts
@@ -264,11 +293,14 @@ def _row_chunks(routing: Routing, base_groups: Groups, base: BaseWeights):
         yield slice(r0, r1), slice(e0, e1), compact, groups, base_c
 
 
-def _backward_rows(dy, saved, w_gu_g, w_d_g, lora, groups, base_groups, need, s, activation) -> dict:
-    """Gradients for one range of rows (see _ExpertMLP); returns {input index: gradient for the range}."""
+def _backward_rows(dy, saved, get_w_gu, get_w_d, lora, groups, base_groups, need, s, activation) -> dict:
+    """Gradients for one range of rows (see _ExpertMLP); returns {input index: gradient for the range}.
+    `get_w_gu` / `get_w_d` return the range's weights when first needed (down first), and each is dropped after
+    its use, so de-quantized ranges exist one matrix at a time."""
     x, h, act, xa, aa = saved
     a_gu, b_gu, b_g, b_u, a_d, b_d = lora
-    intermediate = w_d_g.shape[-1]
+    intermediate = h.shape[-1] // 2
+    w_d_g = get_w_d()
     gate, up = h[:, :intermediate], h[:, intermediate:]
     out = {}
     need_a = (a_d is not None and need[7]) or need[2]
@@ -276,6 +308,7 @@ def _backward_rows(dy, saved, w_gu_g, w_d_g, lora, groups, base_groups, need, s,
         a = act * up if need_a else None  # the gated product, only for the down projection's weight gradients
     with record_function(W2_RANGE):
         d_a = grouped_matmul(dy, w_d_g, base_groups)
+        del w_d_g
         if need[2]:
             out[2] = grouped_matmul_wgrad(dy, a, groups)
     if a_d is not None:
@@ -294,7 +327,7 @@ def _backward_rows(dy, saved, w_gu_g, w_d_g, lora, groups, base_groups, need, s,
         del d_a
     with record_function(W1W3_RANGE):
         if need[0]:
-            out[0] = grouped_matmul(dh, w_gu_g, base_groups)
+            out[0] = grouped_matmul(dh, get_w_gu(), base_groups)
         if need[1]:
             out[1] = grouped_matmul_wgrad(dh, x, groups)
     if a_gu is not None:
