@@ -13,6 +13,11 @@ class TunecostError(Exception):
     """A user error: bad input, unknown name, a job that cannot run. The message is shown as is."""
 
 
+class TunecostWarning(UserWarning):
+    """Something the user should know that does not stop the work (e.g. a skipped corrupt result line); the CLI
+    prints it as one `warning:` line."""
+
+
 def unknown_name_error(kind: str, name: str, choices: Iterable[str]) -> TunecostError:
     """An error for an unknown `kind` (model, GPU, provider, ...) that lists the valid choices
     and, where one is close, suggests it ("did you mean")."""

@@ -42,3 +42,41 @@ def test_jsonl_append_and_torn_last_line(tmp_path) -> None:
     with open(log, "a", encoding="utf-8") as fh:
         fh.write('{"batch": 3, "qp')  # a kill mid-write
     assert read_jsonl(log) == [{"batch": 1, "qps": 0.34}, {"batch": 2, "qps": 0.66}]
+
+
+def test_a_row_appended_after_a_torn_line_is_kept(tmp_path, recwarn) -> None:
+    """Resuming after a kill mid-write: the next row must not be glued onto the torn fragment (it would be lost
+    and redone on every later resume). The fragment becomes a line of its own, skipped with a warning that
+    names it."""
+    from tunecost.errors import TunecostWarning
+
+    log = tmp_path / "rows.jsonl"
+    append_jsonl(log, {"batch": 1})
+    with open(log, "a", encoding="utf-8") as fh:
+        fh.write('{"batch": 2, "qp')  # a kill mid-write
+    assert read_jsonl(log) == [{"batch": 1}] and not recwarn.list  # a torn tail is expected: silent
+    append_jsonl(log, {"batch": 2, "qps": 0.66})  # the resumed point
+    with pytest.warns(TunecostWarning, match=r"rows.jsonl:2: skipped a line that is not a JSON record"):
+        assert read_jsonl(log) == [{"batch": 1}, {"batch": 2, "qps": 0.66}]
+
+
+def test_corrupt_middle_lines_are_named(tmp_path) -> None:
+    from tunecost.errors import TunecostWarning
+
+    log = tmp_path / "rows.jsonl"
+    log.write_text('{"a": 1}\nnot json\n[1, 2]\n{"a": 2}\n', encoding="utf-8")
+    with pytest.warns(TunecostWarning) as caught:
+        assert read_jsonl(log) == [{"a": 1}, {"a": 2}]
+    assert [str(w.message).split(": ")[0] for w in caught] == [f"{log}:2", f"{log}:3"]
+
+
+def test_cli_prints_tunecost_warnings_as_one_line(tmp_path, cli_runner) -> None:
+    from tunecost.cli.main import app
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "estimate.jsonl").write_text("not json\n", encoding="utf-8")
+    result = cli_runner.invoke(app, ["report", str(run)])
+    assert result.exit_code == 0, result.output
+    assert f"warning: {run / 'estimate.jsonl'}:1: skipped a line" in result.output
+    assert "Traceback" not in result.output and "TunecostWarning" not in result.output

@@ -10,6 +10,7 @@ import functools
 import json
 import math
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -18,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tunecost.errors import TunecostError
+from tunecost.errors import TunecostError, TunecostWarning
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -26,13 +27,30 @@ console = Console()
 err_console = Console(stderr=True)
 
 
+def _show_tunecost_warnings(previous: Callable[..., Any]) -> Callable[..., Any]:
+    """A `warnings.showwarning` that prints a `TunecostWarning` as one `warning:` line on stderr and leaves every
+    other warning to `previous`."""
+
+    def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if issubclass(category, TunecostWarning):
+            typer.echo(f"warning: {message}", err=True)
+        else:
+            previous(message, category, filename, lineno, file, line)
+
+    return show
+
+
 def cli_errors(func: F) -> F:
-    """Turn a `TunecostError` (and a missing file) into one line on stderr and exit code 2."""
+    """Turn a `TunecostError` (and a missing file) into one line on stderr and exit code 2, and a
+    `TunecostWarning` into one `warning:` line."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return func(*args, **kwargs)
+            with warnings.catch_warnings():
+                warnings.simplefilter("always", TunecostWarning)
+                warnings.showwarning = _show_tunecost_warnings(warnings.showwarning)
+                return func(*args, **kwargs)
         except TunecostError as exc:
             typer.echo(f"error: {exc}", err=True)
             raise typer.Exit(code=2) from None

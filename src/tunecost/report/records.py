@@ -60,12 +60,11 @@ def load_run(run_dir: str | Path) -> RunRecords:
     rows_by_kind: dict[str, list[dict[str, Any]]] = {}
     skipped: list[str] = []
     for path in files:
-        rows = read_jsonl(path)
+        rows = read_jsonl(path)  # only JSON objects; other lines are skipped with a warning naming them
         if not rows:
-            skipped.append(f"{path.relative_to(run_dir)}: empty")
-            continue
-        if not all(isinstance(r, dict) for r in rows):  # valid JSON but not records (e.g. a list per line)
-            skipped.append(f"{path.relative_to(run_dir)}: holds lines that are not JSON objects")
+            text = path.read_text(encoding="utf-8", errors="replace").strip()
+            skipped.append(f"{path.relative_to(run_dir)}: " + ("holds lines that are not JSON objects" if text
+                                                                else "empty"))
             continue
         versions = {r.get("schema_version") for r in rows}
         if versions - {SCHEMA_VERSION}:

@@ -2,7 +2,8 @@
 
 Every finished measurement is written so that an interrupted run loses nothing: whole files are written to a
 temporary file in the same folder and renamed over the target (atomic on POSIX); row logs are appended one
-JSON line at a time and fsync'd, and a torn last line (a kill mid-write) is ignored on read.
+JSON line at a time and fsync'd, and a torn last line (a kill mid-write) is ignored on read and ended with a
+newline before the next row is appended (so the resumed row is not glued onto it).
 """
 
 from __future__ import annotations
@@ -10,9 +11,12 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from tunecost.errors import TunecostWarning
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
@@ -45,14 +49,30 @@ def append_jsonl(path: str | os.PathLike[str], row: dict[str, Any]) -> None:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     line = json.dumps(row, default=str) + "\n"
+    if _ends_torn(target):  # a kill mid-write left a line without its newline: end it, or this row joins it
+        line = "\n" + line
     with open(target, "a", encoding="utf-8") as fh:
         fh.write(line)
         fh.flush()
         os.fsync(fh.fileno())
 
 
+def _ends_torn(path: Path) -> bool:
+    """Whether a non-empty file's last byte is not a newline."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() == 0:
+                return False
+            fh.seek(-1, os.SEEK_END)
+            return fh.read(1) != b"\n"
+    except FileNotFoundError:
+        return False
+
+
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """All complete rows of a JSON-lines file; a torn trailing line from an interrupted write is skipped."""
+    """All complete rows of a JSON-lines file. A torn last line (an interrupted write) is skipped silently; any
+    other line that is not a JSON object is skipped with a `TunecostWarning` naming the file and line."""
     return list(iter_jsonl(path))
 
 
@@ -60,12 +80,18 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     target = Path(path)
     if not target.exists():
         return
-    with open(target, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line: the point will be redone
+    with open(target, encoding="utf-8", errors="replace") as fh:
+        lines = fh.readlines()
+    for number, raw in enumerate(lines, start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            row = None
+        if isinstance(row, dict):
+            yield row
+        elif number < len(lines) or raw.endswith("\n"):  # not the torn tail of an interrupted write
+            warnings.warn(f"{target}:{number}: skipped a line that is not a JSON record (an interrupted write "
+                          "or an edit); results on the other lines are used", TunecostWarning, stacklevel=2)
