@@ -35,3 +35,20 @@ def test_load_pretrained_blackmamba_folder_and_errors(tmp_path):
     # a catalog model whose weights are not on this machine: one line naming the hub id (nothing downloaded)
     with pytest.raises(TunecostError, match="Zyphra/BlackMamba-2.8B"):
         load_pretrained(resolve_model("blackmamba-2.8b"))
+
+
+def test_offline_load_asks_no_server_for_files(monkeypatch):
+    """Without downloads, a model that is not cached fails at once with one line and without asking the hub for
+    any file (transformers' own PEFT adapter lookup otherwise sends HEAD requests, five retries offline)."""
+    from huggingface_hub import file_download
+
+    asked = []
+
+    def no_metadata(url, *args, **kwargs):
+        asked.append(url)
+        raise OSError(f"HEAD {url} during an offline load")
+
+    monkeypatch.setattr(file_download, "get_hf_file_metadata", no_metadata)
+    with pytest.raises(TunecostError, match="cannot load mistralai/Mixtral-8x7B-v0.1"):
+        load_pretrained(resolve_model("mixtral-8x7b"))
+    assert asked == []

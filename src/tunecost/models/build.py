@@ -86,9 +86,12 @@ def load_pretrained(spec: ModelSpec, where: str | None = None, *, dtype: Any = N
         return load_blackmamba(where, dtype=dtype, device=device, allow_download=allow_download)
     from transformers import AutoModelForCausalLM
 
+    # transformers 5.23's Auto classes do not pass `local_files_only` on to their PEFT adapter lookup, which then
+    # asks the hub (five retries, ~25 s offline) for adapter_config.json; `adapter_kwargs` reaches that lookup.
+    offline = {} if allow_download else {"adapter_kwargs": {"local_files_only": True}}
     try:
         return AutoModelForCausalLM.from_pretrained(where, dtype=dtype, device_map=device,
                                                     local_files_only=not allow_download, trust_remote_code=False,
-                                                    **overrides)
+                                                    **offline, **overrides)
     except (OSError, ValueError) as exc:
         raise TunecostError(f"cannot load {where}: {str(exc).splitlines()[0]}") from None
