@@ -40,6 +40,13 @@ def test_comments_and_seq_len(write_file) -> None:
     assert point.seq_len == 512 and point.batch_size == 3
 
 
+def test_a_utf8_bom_is_not_part_of_the_first_column(write_file) -> None:
+    """Spreadsheets save CSV with a byte-order mark; the first column is still `model`."""
+    text = "\ufeff" + _csv("m,d,g,2,0.25,3,1.5", header=MEASUREMENT_HEADER)
+    (point,) = load_measurements(write_file("m.csv", text))
+    assert point.model == "m" and point.batch_size == 3
+
+
 @pytest.mark.parametrize("column", REQUIRED_COLUMNS)
 def test_missing_column_is_named(write_file, column: str) -> None:
     header = ",".join(c for c in MEASUREMENT_HEADER.split(",") if c != column)

@@ -92,3 +92,26 @@ def test_load_eval_model_names(tmp_path):
     net, tokenizer = load_eval_model(str(tmp_path / "bm"), tokenizer="mistral")
     assert not net.training and "mistral" in tokenizer.name
     assert all(torch.equal(net.state_dict()[k], v) for k, v in saved.state_dict().items())
+
+
+def test_eval_adapter_from_a_local_folder_and_a_missing_one(tmp_path):
+    """`--adapter` loads a PEFT adapter folder onto the model; a name that is neither a folder nor cached is one
+    line (PEFT alone would ask the hub, with retries, although downloads are off)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from tunecost.errors import TunecostError
+    from tunecost.evaluate.harness import load_eval_model
+
+    trained = get_peft_model(build_tiny_mixtral(seed=0), LoraConfig(r=4, target_modules=["q_proj"]))
+    for name, param in trained.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(param)  # a non-zero adapter, so loading it changes the model
+    trained.save_pretrained(tmp_path / "adapter")
+    net, _ = load_eval_model("tiny-mixtral", adapter=str(tmp_path / "adapter"))
+    assert isinstance(net, PeftModel)
+    loaded = dict(net.named_parameters())
+    for name, param in trained.named_parameters():
+        if "lora_" in name:
+            assert torch.equal(loaded[name], param), name
+    with pytest.raises(TunecostError, match="neither a local folder nor a hub id in the local Hugging Face cache"):
+        load_eval_model("tiny-mixtral", adapter="no/such-adapter")

@@ -80,3 +80,12 @@ def test_cli_prints_tunecost_warnings_as_one_line(tmp_path, cli_runner) -> None:
     assert result.exit_code == 0, result.output
     assert f"warning: {run / 'estimate.jsonl'}:1: skipped a line" in result.output
     assert "Traceback" not in result.output and "TunecostWarning" not in result.output
+
+
+def test_atomic_writes_get_the_mode_of_an_ordinary_new_file(tmp_path) -> None:
+    umask = os.umask(0o022)
+    try:
+        path = atomic_write_text(tmp_path / "out.csv", "a,b\n")
+    finally:
+        os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o644

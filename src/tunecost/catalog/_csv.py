@@ -13,7 +13,7 @@ from tunecost.errors import TunecostError
 def read_catalog_csv(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
     """Rows of a catalog CSV as (1-based data-row number, dict). Missing columns are an error naming them."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise TunecostError(f"catalog file not found: {path}") from None
     lines = [line for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]

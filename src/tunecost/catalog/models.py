@@ -112,6 +112,10 @@ def _family_of(config: dict[str, Any], where: str) -> str:
     return family
 
 
+# Architecture sizes a config must give as positive integers (transformers accepts e.g. a negative hidden size).
+_POSITIVE_SIZES = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
+                   "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", *_NUM_EXPERTS_KEYS,
+                   *_TOP_K_KEYS)
 # transformers' bookkeeping keys, not architecture facts: never filled in from its defaults.
 _NOT_DEFAULTED = frozenset({"_name_or_path", "architectures", "dtype", "torch_dtype", "transformers_version",
                             "id2label", "label2id", "model_type"})
@@ -132,7 +136,12 @@ def _with_transformers_defaults(config: dict[str, Any], family: str, where: str)
         reason = str(exc).strip().splitlines() or [type(exc).__name__]
         raise TunecostError(f"{where}: transformers rejects this {family} config: {' '.join(reason[:3])}") from None
     filled = {k: v for k, v in defaults.items() if k not in config and k not in _NOT_DEFAULTED and v is not None}
-    return {**config, **filled}
+    merged = {**config, **filled}
+    bad = [f"{k}={merged[k]!r}" for k in _POSITIVE_SIZES
+           if merged.get(k) is not None and not (isinstance(merged[k], int) and merged[k] > 0)]
+    if bad:
+        raise TunecostError(f"{where}: sizes must be positive integers: {', '.join(bad)}")
+    return merged
 
 
 def spec_from_config_file(path: Path) -> ModelSpec:

@@ -57,6 +57,14 @@ def cli_errors(func: F) -> F:
         except FileNotFoundError as exc:
             typer.echo(f"error: file not found: {exc.filename or exc}", err=True)
             raise typer.Exit(code=2) from None
+        except UnicodeDecodeError as exc:  # a binary or non-UTF-8 file where text was expected
+            typer.echo(f"error: an input file is not UTF-8 text ({exc.reason} at byte {exc.start}); check the "
+                       "file given", err=True)
+            raise typer.Exit(code=2) from None
+        except OSError as exc:  # a folder where a file belongs, an existing file where a folder belongs, ...
+            where = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p)
+            typer.echo(f"error: {exc.strerror or exc}{': ' + where if where else ''}", err=True)
+            raise typer.Exit(code=2) from None
         except KeyboardInterrupt:
             typer.echo("interrupted: finished results are kept; rerun the same command to resume", err=True)
             raise typer.Exit(code=130) from None
@@ -108,3 +116,10 @@ def split_list(value: str | None, cast: Callable[[str], Any] = str, what: str = 
         except ValueError:
             raise TunecostError(f"bad {what} {item!r} in {value!r}") from None
     return out
+
+
+def positive_finite(option: str, value: float | None) -> float | None:
+    """`value` unchanged when it is None or a positive finite number; else a one-line error naming `option`."""
+    if value is not None and not (math.isfinite(value) and value > 0):
+        raise TunecostError(f"{option} must be a positive number, got {value}")
+    return value

@@ -53,7 +53,7 @@ def load_measurements(path: str | Path) -> list[Measurement]:
     path = Path(path)
     if not path.is_file():
         raise TunecostError(f"measurements file not found: {path}")
-    with open(path, newline="", encoding="utf-8") as fh:
+    with open(path, newline="", encoding="utf-8-sig") as fh:  # utf-8-sig: an Excel BOM is not part of a column name
         reader = csv.DictReader(line for line in fh if not line.lstrip().startswith("#"))
         header = reader.fieldnames or []
         missing = [c for c in REQUIRED_COLUMNS if c not in header]

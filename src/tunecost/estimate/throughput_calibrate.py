@@ -184,7 +184,7 @@ class CalibratedModel:
 
 
 def _optional_columns(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="", encoding="utf-8") as fh:
+    with open(path, newline="", encoding="utf-8-sig") as fh:
         return list(csv.DictReader(line for line in fh if not line.lstrip().startswith("#")))
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tunecost.errors import TunecostError
+
 ProgressFn = Callable[[int, int, str], None]
 
 
@@ -26,7 +28,7 @@ def greedy_generate(
     import torch
 
     if max_new_tokens <= 0 or batch_size <= 0:
-        raise ValueError("max_new_tokens and batch_size must be positive")
+        raise TunecostError(f"max new tokens and batch size must be positive, got {max_new_tokens} and {batch_size}")
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()

@@ -163,14 +163,30 @@ def load_eval_model(
         saved = None if tokenizer else saved_tokenizer(path)
         tok = saved or tokenizer_by_name(tokenizer or default_tokenizer(model_spec), allow_download=allow_download)
     if adapter:
+        where = adapter if allow_download else _local_adapter(adapter)
         try:
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, adapter)
+            model = PeftModel.from_pretrained(model, where)
         except (OSError, ValueError) as exc:
             raise TunecostError(f"cannot load adapter {adapter!r}: {str(exc).splitlines()[0]}") from None
     model.eval()
     return model, tok
+
+
+def _local_adapter(adapter: str) -> str:
+    """A local adapter folder, or the cached snapshot folder of a hub id: PEFT itself would ask the hub (with
+    retries) even when the files are not wanted from there."""
+    if Path(adapter).expanduser().is_dir():
+        return str(Path(adapter).expanduser())
+    if "/" in adapter and not adapter.startswith((".", "/")):
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(adapter, "adapter_config.json")
+        if isinstance(cached, str):
+            return str(Path(cached).parent)
+    raise TunecostError(f"adapter {adapter!r} is neither a local folder nor a hub id in the local Hugging Face cache "
+                        "(downloads are off: --allow-download)")
 
 
 def pretrained_spec(name: str, allow_download: bool) -> Any:

@@ -29,6 +29,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, _new_file_mode())  # mkstemp makes 0600; results are ordinary files (0644 under umask 022)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
@@ -38,6 +39,13 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def _new_file_mode() -> int:
+    """The mode `open()` would give a new file: 0666 minus the process umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def atomic_write_json(path: str | os.PathLike[str], obj: Any) -> Path:

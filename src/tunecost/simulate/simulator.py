@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from typing import TYPE_CHECKING
 
+from tunecost.errors import TunecostError
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.records import STATIC_CATEGORIES, StepCounts, total_counts
 
@@ -147,6 +148,8 @@ def simulate_step(job: FineTuneJob, *, num_layers_to_trace: int | None = None, s
     """
     from tunecost.simulate import cache as _cache
 
+    if num_layers_to_trace is not None and num_layers_to_trace < 1:
+        raise TunecostError(f"layers to trace must be at least 1, got {num_layers_to_trace}")
     key = _cache.job_key(job, num_layers_to_trace, stack, overhead, granule_bytes)
     if use_cache:
         hit = _cache.load(key)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import os
 import time
 from collections.abc import Callable
@@ -71,8 +72,9 @@ class TrainabilityJob:
             raise TunecostError(f"epochs must be positive, got {self.epochs}")
         if not self.experts_per_token or any(k <= 0 for k in self.experts_per_token):
             raise TunecostError(f"experts per token must be positive integers, got {self.experts_per_token}")
-        if self.batch_size <= 0 or self.lr <= 0:
-            raise TunecostError("batch size and learning rate must be positive")
+        if self.batch_size <= 0 or not (math.isfinite(self.lr) and self.lr > 0):
+            raise TunecostError(f"batch size and learning rate must be positive (and finite), got {self.batch_size} "
+                                f"and {self.lr}")
         if self.vocab not in ("task", "full"):
             raise TunecostError(f"vocab must be 'task' or 'full', got {self.vocab!r}")
         if self.eval_dataset is None and not self.dataset.startswith("synthetic-arith"):

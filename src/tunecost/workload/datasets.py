@@ -247,7 +247,11 @@ def read_rows(path: str | os.PathLike[str]) -> list[Any]:
     if suffix in (".parquet", ".csv"):
         import pandas as pd
 
-        frame = pd.read_parquet(target) if suffix == ".parquet" else pd.read_csv(target)
+        try:
+            frame = pd.read_parquet(target) if suffix == ".parquet" else pd.read_csv(target)
+        except (ValueError, OSError) as exc:  # pyarrow's and pandas' parse errors are ValueErrors
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise TunecostError(f"{target}: cannot read it as {suffix[1:]} ({reason})") from None
         return frame.to_dict(orient="records")
     text = target.read_text(encoding="utf-8")
     if suffix == ".jsonl" or (suffix != ".json" and not text.lstrip().startswith("[")):

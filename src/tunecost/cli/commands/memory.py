@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from tunecost.cli.common import cli_errors, console, err_console, print_json, print_table, split_list
+from tunecost.cli.common import cli_errors, console, err_console, positive_finite, print_json, print_table, split_list
 from tunecost.errors import TunecostError
 
 GB, GIB = 1e9, 2**30
@@ -106,8 +106,7 @@ def memory(
         g = resolve_gpu_name(gpu).gpu
         gpu_bytes, gpu_name = g.memory_bytes, g.name
     elif gpu_memory_gb is not None:
-        if gpu_memory_gb <= 0:
-            raise TunecostError(f"--gpu-memory-gb must be positive, got {gpu_memory_gb}")
+        positive_finite("--gpu-memory-gb", gpu_memory_gb)
         gpu_bytes, gpu_name = int(gpu_memory_gb * GB), f"{gpu_memory_gb:g} GB"
 
     with _progress(enabled=not json_out) as report:

@@ -9,7 +9,7 @@ from typing import Any
 
 import typer
 
-from tunecost.cli.common import cli_errors, console, err_console, print_json, print_table, split_list
+from tunecost.cli.common import cli_errors, console, err_console, positive_finite, print_json, print_table, split_list
 
 _GIB = 2**30
 
@@ -32,6 +32,9 @@ def _passive_openmp(device: str) -> None:
 
 def _device(device: str) -> str:
     if device != "auto":
+        from tunecost.profile.model_setup import check_device
+
+        check_device(device)  # a typo is an error, not "auto"
         return device
     import torch
 
@@ -209,6 +212,7 @@ def max_batch(
     from tunecost.profile.model_setup import ModelSetup
 
     memory_bytes, gpu_name = None, None
+    positive_finite("--gpu-memory-gb", gpu_memory_gb)
     if gpu and gpu_memory_gb:
         raise TunecostError("give --gpu or --gpu-memory-gb, not both")
     if gpu:
