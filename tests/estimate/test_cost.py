@@ -122,9 +122,16 @@ def test_gpu_without_price_keeps_a_row() -> None:
         ({"method": "full"}, "measured mixtral-8x7b with --method qlora only"),
         ({"experts_per_token": 9}, "experts per token must be in 1..8"),
         ({"model": "llama-3.1-8b"}, "eq. \\(1\\) has coefficients only for .*mixtral-8x7b"),
+        ({"seq_len": 0}, "sequence length must be >= 1, got 0"),  # 0 is not "the default"
     ],
 )
 def test_bad_requests_raise(kwargs, message) -> None:
     args = {"model": "mixtral-8x7b", "gpus": ["A40"], "dataset": "math_14k", "epochs": 10, **kwargs}
     with pytest.raises(TunecostError, match=message):
         estimate_costs(**args)
+
+
+def test_a_gpu_named_twice_gets_one_set_of_rows() -> None:
+    once = estimate_costs(model="mixtral-8x7b", gpus=["A40"], dataset="math_14k", epochs=1)
+    twice = estimate_costs(model="mixtral-8x7b", gpus=["A40", "A40-48GB"], dataset="math_14k", epochs=1)
+    assert [(r.gpu, r.provider) for r in twice] == [(r.gpu, r.provider) for r in once]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
+
 from tunecost.cli.main import app
 
 TARGETS = ("model,dataset,gpu,experts_per_token,batch_size\n"
@@ -71,3 +73,12 @@ def test_estimate_with_the_calibrated_estimator(cli_runner, monkeypatch) -> None
     rows = json.loads(result.stdout)
     assert {r["estimator"] for r in rows} == {"calibrated"}
     assert all(r["queries_per_s_low"] < r["queries_per_s"] < r["queries_per_s_high"] for r in rows)
+
+
+@pytest.mark.parametrize(("column", "header"), [("experts_per_token", "model,dataset,gpu,experts_per_token,batch_size"),
+                                                ("seq_len", "model,dataset,gpu,experts_per_token,batch_size,seq_len")])
+def test_zero_is_not_the_default(cli_error, write_file, column, header) -> None:
+    """An empty cell means the default; 0 is an error naming the row (it used to predict top-2 / the default)."""
+    row = "mixtral-8x7b,math_14k,A40,0,2" if column == "experts_per_token" else "mixtral-8x7b,,A40,2,2,0"
+    line = cli_error(["predict", "--input", str(write_file("t.csv", f"{header}\n{row}\n"))])
+    assert "row 1:" in line and ">= 1, got 0" in line

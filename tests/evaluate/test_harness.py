@@ -115,3 +115,11 @@ def test_eval_adapter_from_a_local_folder_and_a_missing_one(tmp_path):
             assert torch.equal(loaded[name], param), name
     with pytest.raises(TunecostError, match="neither a local folder nor a hub id in the local Hugging Face cache"):
         load_eval_model("tiny-mixtral", adapter="no/such-adapter")
+
+
+@pytest.mark.parametrize(("option", "message"), [("--max-new-tokens", "max new tokens must be >= 1, got 0"),
+                                                 ("--batch-size", "batch size must be positive")])
+def test_zero_generation_settings_are_errors(cli_error, option, message):
+    line = cli_error(["eval", "--model", "tiny-mixtral", "--dataset", "synthetic-arith-test", "--limit", "2",
+                      option, "0"])
+    assert message in line

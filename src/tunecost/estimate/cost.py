@@ -89,9 +89,13 @@ def estimate_costs(*, model: str, gpus: Sequence[str], epochs: float, num_querie
     func = get_estimator(estimator)
     prices = price_catalog(prices_file)
     rows: list[CostRow] = []
+    done: set[str] = set()
     for gpu_name in gpus:
         resolved = resolve_gpu_name(gpu_name)
         gpu = resolved.gpu
+        if gpu.name in done:  # named twice (or by two aliases): one set of rows
+            continue
+        done.add(gpu.name)
         req = EstimateRequest(spec=spec, gpu=gpu, method=method, experts_per_token=k, dataset=dataset_name,
                               seq_len=seq_len, calibrate=calibrate, coefficient_set=coefficient_set)
         point = func(req)

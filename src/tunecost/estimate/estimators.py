@@ -39,6 +39,10 @@ class EstimateRequest:
     calibrate: Path | None = None
     coefficient_set: str = "artifact"
 
+    def __post_init__(self) -> None:
+        if self.seq_len is not None and self.seq_len < 1:  # None (not 0) means the estimator's default
+            raise TunecostError(f"sequence length must be >= 1, got {self.seq_len}")
+
 
 @dataclass(frozen=True, kw_only=True)
 class EstimatePoint:

@@ -77,6 +77,10 @@ class ThroughputTarget:
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise TunecostError(f"batch size must be >= 1, got {self.batch_size}")
+        if self.experts_per_token is not None and self.experts_per_token < 1:  # None (not 0) means the default
+            raise TunecostError(f"experts per token must be >= 1, got {self.experts_per_token}")
+        if self.seq_len is not None and self.seq_len < 1:
+            raise TunecostError(f"sequence length must be >= 1, got {self.seq_len}")
         if self.dataset is None and self.seq_len is None:
             raise TunecostError(f"{self.model} on {self.gpu}: give a dataset or a seq_len")
 

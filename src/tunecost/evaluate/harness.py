@@ -122,6 +122,8 @@ def evaluate_model(
         predictions = _loglik_predictions(model, tokenizer, data, template, batch_size)
     else:
         prompts = [encode_prompt(template, tokenizer, ex.prompt) for ex in data.examples]
+        if max_new_tokens is not None and max_new_tokens < 1:  # None (not 0) means the scorer's default
+            raise TunecostError(f"max new tokens must be >= 1, got {max_new_tokens}")
         new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS[scorer.kind]
         generated = greedy_generate(model, prompts, pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id,
                                     max_new_tokens=new_tokens, batch_size=batch_size, on_progress=on_progress)

@@ -7,14 +7,14 @@ from typing import Optional
 
 import typer
 
-from tunecost.cli.common import cli_errors, print_json, print_table
+from tunecost.cli.common import cli_errors, err_console, print_json, print_table
 
 
 def _progress_bar():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    transient=True)
+                    console=err_console, transient=True)  # stderr: stdout carries only the results
 
 
 def register(app: typer.Typer) -> None:

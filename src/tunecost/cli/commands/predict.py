@@ -23,7 +23,7 @@ def read_targets(path: Path) -> list:
 
     if not path.is_file():
         raise TunecostError(f"targets file not found: {path}")
-    with open(path, newline="", encoding="utf-8") as fh:
+    with open(path, newline="", encoding="utf-8-sig") as fh:
         reader = csv.DictReader(line for line in fh if not line.lstrip().startswith("#"))
         missing = [c for c in TARGET_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:

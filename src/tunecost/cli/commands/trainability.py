@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from tunecost.cli.common import cli_errors, print_json, print_table, split_list
+from tunecost.cli.common import cli_errors, err_console, print_json, print_table, split_list
 
 
 def register(app: typer.Typer) -> None:
@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
             print_json(rows)
             return
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      transient=True) as bar:
+                      console=err_console, transient=True) as bar:  # stderr: stdout carries only the results
             task = bar.add_task("training", total=None)
             rows = run_trainability(
                 job, out,
