@@ -135,3 +135,9 @@ def test_errors_are_one_line(write_file) -> None:
         load_measurements(write_file("m.csv", _csv("m,d,g,2,0.25,1,fast")))
     assert "\n" not in str(info.value)
     assert "m.csv" in str(info.value)  # names the file
+
+
+def test_seq_len_below_one_names_the_row(write_file) -> None:
+    text = _csv("m,d,g,2,0.25,3,1.5,512", "m,d,g,2,0.25,3,1.5,0", header=MEASUREMENT_HEADER + ",seq_len")
+    with pytest.raises(TunecostError, match=r"row 2: seq_len must be >= 1, got 0"):
+        load_measurements(write_file("m.csv", text))

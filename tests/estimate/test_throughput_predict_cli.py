@@ -82,3 +82,12 @@ def test_zero_is_not_the_default(cli_error, write_file, column, header) -> None:
     row = "mixtral-8x7b,math_14k,A40,0,2" if column == "experts_per_token" else "mixtral-8x7b,,A40,2,2,0"
     line = cli_error(["predict", "--input", str(write_file("t.csv", f"{header}\n{row}\n"))])
     assert "row 1:" in line and ">= 1, got 0" in line
+
+
+def test_calibration_errors_name_the_file_and_row(cli_error, write_file, paper_a40_csv) -> None:
+    """A bad GPU or top-k in a calibration file (found only when the point is modelled) names its row."""
+    lines = paper_a40_csv.read_text(encoding="utf-8").splitlines()
+    lines[3] = lines[3].replace("A40-48GB", "NOPEGPU")  # data row 3
+    bad = write_file("cal.csv", "\n".join(lines) + "\n")
+    line = cli_error(["predict", "--input", str(write_file("t.csv", TARGETS)), "--calibrate", str(bad)])
+    assert f"{bad}: row 3: unknown GPU 'NOPEGPU'" in line

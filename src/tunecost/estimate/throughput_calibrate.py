@@ -12,6 +12,7 @@ The prediction interval is t-based on the calibration's log residuals; a target 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -90,6 +91,7 @@ class CalibrationPoint:
     target: ThroughputTarget
     queries_per_s: float
     run_queries: int | None = PAPER_RUN_QUERIES  # queries in the measured run; None: steady state
+    source: str = ""  # where it came from, for error messages ("file: row N")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -209,9 +211,26 @@ def points_from_measurements(measurements: Sequence[Measurement],
 
 
 def load_calibration_points(path: str | Path) -> list[CalibrationPoint]:
-    """A measurements CSV (see `tunecost.estimate.measurements`), with optional method and num_queries columns."""
+    """A measurements CSV (see `tunecost.estimate.measurements`), with optional method and num_queries columns.
+    Each point's `source` is "file: row N", so later errors about a point name its row."""
     path = Path(path)
-    return points_from_measurements(load_measurements(path), _optional_columns(path))
+    measurements, extra = load_measurements(path), _optional_columns(path)
+    out = []
+    for i, m in enumerate(measurements):
+        try:
+            (point,) = points_from_measurements([m], extra[i:i + 1])
+        except (TunecostError, ValueError) as exc:
+            raise TunecostError(f"{path}: row {i + 1}: {exc}") from None
+        out.append(dataclasses.replace(point, source=f"{path}: row {i + 1}"))
+    return out
+
+
+def _prepared(point: CalibrationPoint, index: int) -> tuple:
+    """(point, GPU, job, counts) for one calibration point; an error names the point's row (or its index)."""
+    try:
+        return (point, resolve_gpu_name(point.target.gpu).gpu, *job_for(point.target))
+    except TunecostError as exc:
+        raise TunecostError(f"{point.source or f'calibration point {index}'}: {exc}") from None
 
 
 def _unpack(x: np.ndarray) -> tuple[StackParams, float]:
@@ -233,7 +252,7 @@ def calibrate(points: Sequence[CalibrationPoint], *, source: str = "measurements
             f"calibration needs at least {MIN_POINTS} measurements ({len(FIT_NAMES)} shared parameters), got "
             f"{len(points)}; measure several batch sizes (ideally of two models)"
         )
-    prepared = [(p, resolve_gpu_name(p.target.gpu).gpu, *job_for(p.target)) for p in points]
+    prepared = [_prepared(p, i) for i, p in enumerate(points, start=1)]
     y = np.log([p.queries_per_s for p in points])
     groups: dict[tuple[str, str, str], int] = defaultdict(int)
     keys = [(job.model, p.target.dataset or f"seq{p.target.seq_len}", gpu.name) for p, gpu, job, _ in prepared]
