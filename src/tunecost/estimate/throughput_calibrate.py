@@ -12,7 +12,6 @@ The prediction interval is t-based on the calibration's log residuals; a target 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -194,19 +193,25 @@ def _optional_columns(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(line for line in fh if not line.lstrip().startswith("#")))
 
 
-def points_from_measurements(measurements: Sequence[Measurement],
-                             extra: Sequence[Mapping[str, str]] = ()) -> list[CalibrationPoint]:
-    """Calibration points from `load_measurements` rows; `extra` (same order) may carry method and num_queries."""
+def points_from_measurements(measurements: Sequence[Measurement], extra: Sequence[Mapping[str, str]] = (),
+                             *, source: str = "") -> list[CalibrationPoint]:
+    """Calibration points from `load_measurements` rows; `extra` (same order) may carry method and num_queries.
+    With `source` (a file name), each point's `source` is "file: row N" and an error about a row names it."""
     out = []
     for i, m in enumerate(measurements):
         row = extra[i] if i < len(extra) else {}
-        method = (row.get("method") or "").strip() or None
-        n = (row.get("num_queries") or "").strip()
-        target = ThroughputTarget(model=m.model, gpu=m.gpu, batch_size=m.batch_size,
-                                  experts_per_token=m.experts_per_token,
-                                  dataset=None if m.seq_len else m.dataset, seq_len=m.seq_len, method=method)
-        out.append(CalibrationPoint(target=target, queries_per_s=m.queries_per_s,
-                                    run_queries=int(float(n)) if n else PAPER_RUN_QUERIES))
+        where = f"{source}: row {i + 1}" if source else ""
+        try:
+            method = (row.get("method") or "").strip() or None
+            n = (row.get("num_queries") or "").strip()
+            target = ThroughputTarget(model=m.model, gpu=m.gpu, batch_size=m.batch_size,
+                                      experts_per_token=m.experts_per_token,
+                                      dataset=None if m.seq_len else m.dataset, seq_len=m.seq_len, method=method)
+            run_queries = int(float(n)) if n else PAPER_RUN_QUERIES
+        except (TunecostError, ValueError) as exc:
+            raise TunecostError(f"{where or f'measurement {i + 1}'}: {exc}") from None
+        out.append(CalibrationPoint(target=target, queries_per_s=m.queries_per_s, run_queries=run_queries,
+                                    source=where))
     return out
 
 
@@ -214,15 +219,7 @@ def load_calibration_points(path: str | Path) -> list[CalibrationPoint]:
     """A measurements CSV (see `tunecost.estimate.measurements`), with optional method and num_queries columns.
     Each point's `source` is "file: row N", so later errors about a point name its row."""
     path = Path(path)
-    measurements, extra = load_measurements(path), _optional_columns(path)
-    out = []
-    for i, m in enumerate(measurements):
-        try:
-            (point,) = points_from_measurements([m], extra[i:i + 1])
-        except (TunecostError, ValueError) as exc:
-            raise TunecostError(f"{path}: row {i + 1}: {exc}") from None
-        out.append(dataclasses.replace(point, source=f"{path}: row {i + 1}"))
-    return out
+    return points_from_measurements(load_measurements(path), _optional_columns(path), source=str(path))
 
 
 def _prepared(point: CalibrationPoint, index: int) -> tuple:

@@ -245,12 +245,13 @@ def _range_weight(weights: tuple, which: int, stack, routing: Routing, compact: 
     de-quantized when asked (so the down matrix is freed before the gate/up one is de-quantized)."""
     if weights:
         return lambda: weights[which][compact]
+    return lambda: _dequantize_range(stack, routing, compact)
 
-    def dequantized() -> torch.Tensor:
-        with record_function(DEQUANT_RANGE):
-            return stack.dequantize(routing.hit_experts[compact])
 
-    return dequantized
+def _dequantize_range(stack: NF4ExpertWeights, routing: Routing, compact: slice) -> torch.Tensor:
+    """The hit experts `compact` (a `_row_chunks` range) of an NF4 stack, in full precision."""
+    with record_function(DEQUANT_RANGE):
+        return stack.dequantize(routing.hit_experts[compact])
 
 
 def _nf4_matmul_by_range(inp: torch.Tensor, stack: NF4ExpertWeights, routing: Routing,
@@ -258,10 +259,8 @@ def _nf4_matmul_by_range(inp: torch.Tensor, stack: NF4ExpertWeights, routing: Ro
     """Rows of `inp` (sorted by expert) times W^T of their expert, W from the NF4 `stack`, de-quantizing only one
     expert range of `_row_chunks` at a time: a fraction of one matrix's hit experts exists in full precision."""
     out = inp.new_empty(inp.shape[0], stack.shape[0])
-    hit = routing.hit_experts
     for rows, _, compact, _, base_groups in _row_chunks(routing, base):
-        with record_function(DEQUANT_RANGE):
-            weight = stack.dequantize(hit[compact])
+        weight = _dequantize_range(stack, routing, compact)
         out[rows] = grouped_matmul(inp[rows], weight.transpose(1, 2), base_groups)
         del weight  # before the next range is de-quantized, not after
     return out
