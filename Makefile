@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test bench clean browser-deps
+.PHONY: setup demo test lint bench clean browser-deps
 
 setup: $(VENV)/.installed
 
@@ -18,6 +18,12 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q -m "not gpu"
+
+# Formatter check, linter and type checker (CI runs this before the tests).
+lint: setup
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 # Headless Chromium for tests/report/test_browser.py (Debian's package); does nothing when it is installed.
 browser-deps:

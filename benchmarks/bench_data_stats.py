@@ -40,8 +40,10 @@ def main(argv: list[str]) -> int:
     tok = tokenizer_by_name("mistral")
     none, mistral = template_by_name("none"), template_by_name("mistral")
     print(f"tokenizer: {tok.name}")
-    print(f"{'file':34s} {'format':12s} {'queries':>7s} {'min':>5s} {'median':>7s} {'p90':>6s} {'p99':>6s} "
-          f"{'max':>5s} {'median(mistral tmpl)':>21s} {'s':>5s}")
+    print(
+        f"{'file':34s} {'format':12s} {'queries':>7s} {'min':>5s} {'median':>7s} {'p90':>6s} {'p99':>6s} "
+        f"{'max':>5s} {'median(mistral tmpl)':>21s} {'s':>5s}"
+    )
     medians: dict[str, tuple[int, float]] = {}
     for path in files:
         start = time.perf_counter()
@@ -49,9 +51,11 @@ def main(argv: list[str]) -> int:
         d = length_distribution(ds, tok, none)
         m = length_distribution(ds, tok, mistral)
         medians[path.name] = (d.num_queries, d.median_tokens)
-        print(f"{path.name:34s} {ds.format:12s} {d.num_queries:7d} {d.min_tokens:5d} {d.median_tokens:7.1f} "
-              f"{d.percentile(90):6.1f} {d.percentile(99):6.1f} {d.max_tokens:5d} {m.median_tokens:21.1f} "
-              f"{time.perf_counter() - start:5.2f}")
+        print(
+            f"{path.name:34s} {ds.format:12s} {d.num_queries:7d} {d.min_tokens:5d} {d.median_tokens:7.1f} "
+            f"{d.percentile(90):6.1f} {d.percentile(99):6.1f} {d.max_tokens:5d} {m.median_tokens:21.1f} "
+            f"{time.perf_counter() - start:5.2f}"
+        )
 
     failures = []
     count, median = medians.get("gsm8k_test.json", (0, float("nan")))

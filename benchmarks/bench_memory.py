@@ -57,14 +57,23 @@ def section_accuracy() -> None:
     print(f"{'model':17} {'method':6} {'top-k':>5} {'ckpt':>5} {'simulated B':>13} {'measured B':>13} {'error':>8}")
     worst = 0.0
     for name, method, k, ckpt in ACCURACY_CASES:
-        job = FineTuneJob(model=_model(name), method=method, experts_per_token=k, gradient_checkpointing=ckpt,
-                          compute_dtype="fp32", batch_size=4, seq_len=64, lora=LoraConfig(rank=8))
+        job = FineTuneJob(
+            model=_model(name),
+            method=method,
+            experts_per_token=k,
+            gradient_checkpointing=ckpt,
+            compute_dtype="fp32",
+            batch_size=4,
+            seq_len=64,
+            lora=LoraConfig(rank=8),
+        )
         sim = simulate_step(job, num_layers_to_trace=99, granule_bytes=1, use_cache=False)
         real = measure_step_peak(job)
         err = sim.peak_bytes / real.peak_bytes - 1
         worst = max(worst, abs(err))
-        print(f"{name:17} {method:6} {k:>5} {str(ckpt):>5} {sim.peak_bytes:>13,} {real.peak_bytes:>13,} "
-              f"{100 * err:>7.3f}%")
+        print(
+            f"{name:17} {method:6} {k:>5} {ckpt!s:>5} {sim.peak_bytes:>13,} {real.peak_bytes:>13,} {100 * err:>7.3f}%"
+        )
     print(f"worst |error|: {100 * worst:.3f}% over {len(ACCURACY_CASES)} configurations (target 3 %)")
 
 
@@ -73,28 +82,56 @@ def section_scaling() -> None:
     from tunecost.workload.job import FineTuneJob, LoraConfig
 
     print("\n== scaling: traces of 1 and 2 repeating units scaled to the full depth vs a full trace ==")
-    cases = [("small-mixtral", "qlora", 2, True), ("small-mixtral", "full", 8, False),
-             ("small-mixtral", "lora", 2, False), ("tiny-deepseek-v2", "qlora", 2, True),
-             ("tiny-blackmamba", "full", 8, False)]
+    cases = [
+        ("small-mixtral", "qlora", 2, True),
+        ("small-mixtral", "full", 8, False),
+        ("small-mixtral", "lora", 2, False),
+        ("tiny-deepseek-v2", "qlora", 2, True),
+        ("tiny-blackmamba", "full", 8, False),
+    ]
     for name, method, k, ckpt in cases:
-        job = FineTuneJob(model=_model(name), method=method, experts_per_token=k, gradient_checkpointing=ckpt,
-                          compute_dtype="bf16" if "blackmamba" in name else "fp32", batch_size=4, seq_len=64,
-                          lora=LoraConfig(rank=8))
+        job = FineTuneJob(
+            model=_model(name),
+            method=method,
+            experts_per_token=k,
+            gradient_checkpointing=ckpt,
+            compute_dtype="bf16" if "blackmamba" in name else "fp32",
+            batch_size=4,
+            seq_len=64,
+            lora=LoraConfig(rank=8),
+        )
         t0 = time.perf_counter()
         full = simulate_step(job, num_layers_to_trace=99, use_cache=False)
         t1 = time.perf_counter()
         scaled = simulate_step(job, use_cache=False)
         t2 = time.perf_counter()
-        print(f"{name:17} {method:6} k={k} ckpt={ckpt!s:5} layers {full.num_layers:2}: peak full {full.peak_bytes:>12,}"
-              f" scaled {scaled.peak_bytes:>12,} ({100 * (scaled.peak_bytes / full.peak_bytes - 1):+.3f}%), FLOPs "
-              f"{100 * (scaled.flops_per_step / full.flops_per_step - 1):+.4f}%; {t1 - t0:.1f} s vs {t2 - t1:.1f} s")
+        print(
+            f"{name:17} {method:6} k={k} ckpt={ckpt!s:5} layers {full.num_layers:2}: peak full {full.peak_bytes:>12,}"
+            f" scaled {scaled.peak_bytes:>12,} ({100 * (scaled.peak_bytes / full.peak_bytes - 1):+.3f}%), FLOPs "
+            f"{100 * (scaled.flops_per_step / full.flops_per_step - 1):+.4f}%; {t1 - t0:.1f} s vs {t2 - t1:.1f} s"
+        )
 
 
 def section_speed() -> None:
     print("\n== speed: tunecost memory, full-size Mixtral-8x7B, qlora top-2, seq 512, --gpu-memory-gb 48 ==")
     print(f"load average before: {os.getloadavg()}")
-    cmd = [str(ROOT / ".venv" / "bin" / "tunecost"), "memory", "--model", "mixtral-8x7b", "--method", "qlora",
-           "--experts-per-token", "2", "--seq-len", "512", "--batch-size", "8", "--gpu-memory-gb", "48", "--json"]
+    cmd = [
+        str(ROOT / ".venv" / "bin" / "tunecost"),
+        "memory",
+        "--model",
+        "mixtral-8x7b",
+        "--method",
+        "qlora",
+        "--experts-per-token",
+        "2",
+        "--seq-len",
+        "512",
+        "--batch-size",
+        "8",
+        "--gpu-memory-gb",
+        "48",
+        "--json",
+    ]
     with tempfile.TemporaryDirectory() as cache_dir:
         env = {**os.environ, "TUNECOST_CACHE_DIR": cache_dir}
         times, outs = [], []
@@ -107,11 +144,16 @@ def section_speed() -> None:
     out = outs[0]
     assert outs[1]["peak_bytes"] == out["peak_bytes"]
     print(f"ratio cold/cached: {times[0] / times[1]:.1f}x; load average after: {os.getloadavg()}")
-    print(f"peak {out['peak_bytes'] / GB:.2f} GB at batch 8; max batch {out['max_batch_size']} "
-          f"({out['max_batch']['simulations']})")
+    print(
+        f"peak {out['peak_bytes'] / GB:.2f} GB at batch 8; max batch {out['max_batch_size']} "
+        f"({out['max_batch']['simulations']})"
+    )
     w = out["weight_bytes"]
     stored = {k: v for k, v in w.items() if not k.endswith("trainable_params")}
-    print("stored weights (GB): " + ", ".join(f"{k} {v / GB:.3f}" for k, v in sorted(stored.items(), key=lambda kv: -kv[1])))
+    print(
+        "stored weights (GB): "
+        + ", ".join(f"{k} {v / GB:.3f}" for k, v in sorted(stored.items(), key=lambda kv: -kv[1]))
+    )
     print(f"stored total {sum(stored.values()) / GB:.2f} GB (paper Table I: 23.35 GB = 0.5 byte x 46.7 B parameters)")
 
 
@@ -122,8 +164,15 @@ def _dataset_lengths() -> dict[str, tuple[int, ...]]:
     from tunecost.workload.tokenizers import tokenizer_by_name
 
     tok, tpl = tokenizer_by_name("mistral"), template_by_name("mistral")
-    cs_files = ["boolq_train", "ARC-Easy_train", "ARC-Challenge_train", "openbookqa_train", "piqa_test",
-                "social_i_qa_test", "winogrande_test"]
+    cs_files = [
+        "boolq_train",
+        "ARC-Easy_train",
+        "ARC-Challenge_train",
+        "openbookqa_train",
+        "piqa_test",
+        "social_i_qa_test",
+        "winogrande_test",
+    ]
     cs: list[int] = []
     for name in cs_files:
         cs += length_distribution(load_file(SHARED_DATA / f"{name}.json"), tok, tpl).lengths
@@ -134,9 +183,16 @@ def _dataset_lengths() -> dict[str, tuple[int, ...]]:
     return {"CS": tuple(cs), "MATH": tuple(math), "CS-train": tuple(train_only)}
 
 
-PAPER_TABLE3 = {("mixtral-8x7b", "CS", 8): 2, ("mixtral-8x7b", "CS", 2): 8, ("mixtral-8x7b", "MATH", 8): 1,
-                ("mixtral-8x7b", "MATH", 2): 3, ("blackmamba-2.8b", "CS", 8): 6, ("blackmamba-2.8b", "CS", 2): 20,
-                ("blackmamba-2.8b", "MATH", 8): 2, ("blackmamba-2.8b", "MATH", 2): 8}
+PAPER_TABLE3 = {
+    ("mixtral-8x7b", "CS", 8): 2,
+    ("mixtral-8x7b", "CS", 2): 8,
+    ("mixtral-8x7b", "MATH", 8): 1,
+    ("mixtral-8x7b", "MATH", 2): 3,
+    ("blackmamba-2.8b", "CS", 8): 6,
+    ("blackmamba-2.8b", "CS", 2): 20,
+    ("blackmamba-2.8b", "MATH", 8): 2,
+    ("blackmamba-2.8b", "MATH", 2): 8,
+}
 CUTOFF_LEN = 1024  # LLaMA-Factory cutoff_len in the paper's runs
 
 
@@ -149,22 +205,30 @@ def section_table3() -> None:
     lengths = _dataset_lengths()
     for ds, xs in lengths.items():
         s = sorted(xs)
-        print(f"{ds}: {len(xs)} queries, median {s[len(s) // 2]}, max {s[-1]} tokens (Mixtral tokenizer, "
-              f"LLaMA-Factory 'mistral' template)")
+        print(
+            f"{ds}: {len(xs)} queries, median {s[len(s) // 2]}, max {s[-1]} tokens (Mixtral tokenizer, "
+            f"LLaMA-Factory 'mistral' template)"
+        )
     variants = [("tunecost", True), ("hf-2024", True), ("hf-2024", False)]
     print(f"{'model':16} {'data':5} {'mode':6} {'paper':>5}  " + "  ".join(f"{s}/ckpt={c!s:5}" for s, c in variants))
     cells = list(PAPER_TABLE3.items())
-    cells += [((m, "CS-train", k), PAPER_TABLE3[(m, "CS", k)]) for m in ("mixtral-8x7b", "blackmamba-2.8b")
-              for k in (8, 2)]  # sensitivity: CS from the four train files only (longest query 249 tokens)
+    cells += [
+        ((m, "CS-train", k), PAPER_TABLE3[(m, "CS", k)]) for m in ("mixtral-8x7b", "blackmamba-2.8b") for k in (8, 2)
+    ]  # sensitivity: CS from the four train files only (longest query 249 tokens)
     for (model, ds, k), paper in cells:
         row = []
         for stack, ckpt in variants:
             if model.startswith("blackmamba") and stack == "hf-2024" and ckpt:
                 row.append("   (same as tunecost)")
                 continue
-            job = FineTuneJob(model=model, method="qlora" if model.startswith("mixtral") else "full",
-                              experts_per_token=k, seq_len=None,
-                              lengths=tuple(min(CUTOFF_LEN, x) for x in lengths[ds]), gradient_checkpointing=ckpt)
+            job = FineTuneJob(
+                model=model,
+                method="qlora" if model.startswith("mixtral") else "full",
+                experts_per_token=k,
+                seq_len=None,
+                lengths=tuple(min(CUTOFF_LEN, x) for x in lengths[ds]),
+                gradient_checkpointing=ckpt,
+            )
             try:
                 r = max_batch_size(job, int(48 * GB), stack=stack)
                 row.append(f"{r.batch_size:>4} (L={r.seq_len}, {r.bytes_per_sample / GB:.2f} GB/query)")
@@ -174,8 +238,7 @@ def section_table3() -> None:
         print(f"{model:16} {ds:5} {mode:6} {paper:>5}  " + "  ".join(row), flush=True)
 
 
-SECTIONS = {"accuracy": section_accuracy, "scaling": section_scaling, "speed": section_speed,
-            "table3": section_table3}
+SECTIONS = {"accuracy": section_accuracy, "scaling": section_scaling, "speed": section_speed, "table3": section_table3}
 
 
 def main() -> None:

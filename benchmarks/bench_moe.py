@@ -35,20 +35,30 @@ def main() -> None:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     threads = args.threads if args.threads is not None else (1 if device == "cpu" else None)
-    rows = {r.impl: r for r in bench_moe_layer(tokens=args.tokens, top_k=args.top_k, repeats=args.repeats,
-                                                impls=IMPLS, device=device, threads=threads)}
+    rows = {
+        r.impl: r
+        for r in bench_moe_layer(
+            tokens=args.tokens, top_k=args.top_k, repeats=args.repeats, impls=IMPLS, device=device, threads=threads
+        )
+    }
     first = rows["fast"]
     load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") and device == "cpu" else ""
-    print(f"{first.tokens} tokens, H={first.hidden}, I={first.intermediate}, E={first.experts}, top-{first.top_k}, "
-          f"{first.dtype} on {first.device}, {first.threads} thread(s){load}")
+    print(
+        f"{first.tokens} tokens, H={first.hidden}, I={first.intermediate}, E={first.experts}, top-{first.top_k}, "
+        f"{first.dtype} on {first.device}, {first.threads} thread(s){load}"
+    )
     for row in rows.values():
-        print(f"  {row.impl:18s} {row.ms_forward_backward:9.1f} ms  (CPU {row.cpu_ms_forward_backward:9.1f} ms)  "
-              f"peak {row.peak_bytes / 2**20:9.1f} MiB  x{row.speedup_vs_peft_fused:.2f} vs peft-fused")
+        print(
+            f"  {row.impl:18s} {row.ms_forward_backward:9.1f} ms  (CPU {row.cpu_ms_forward_backward:9.1f} ms)  "
+            f"peak {row.peak_bytes / 2**20:9.1f} MiB  x{row.speedup_vs_peft_fused:.2f} vs peft-fused"
+        )
     fast, peft = rows["fast"], rows["peft-fused"]
     speedup = peft.ms_forward_backward / fast.ms_forward_backward
-    print(f"fast vs peft-fused: {speedup:.2f}x (target >= 2x: {'met' if speedup >= 2 else 'NOT met'}), "
-          f"peak {fast.peak_bytes / peft.peak_bytes:.2f}x (target < 1: "
-          f"{'met' if fast.peak_bytes < peft.peak_bytes else 'NOT met'})")
+    print(
+        f"fast vs peft-fused: {speedup:.2f}x (target >= 2x: {'met' if speedup >= 2 else 'NOT met'}), "
+        f"peak {fast.peak_bytes / peft.peak_bytes:.2f}x (target < 1: "
+        f"{'met' if fast.peak_bytes < peft.peak_bytes else 'NOT met'})"
+    )
     floor = peft.ms_forward_backward / rows["grouped_mm-frozen"].ms_forward_backward
     print(f"  (no-LoRA floor grouped_mm-frozen is {floor:.2f}x faster than peft-fused)")
     if device != "cpu":

@@ -70,8 +70,17 @@ def run_once_seconds(fn, inputs: dict[str, torch.Tensor], backward: bool) -> tup
     args = {k: v.detach().requires_grad_(backward) for k, v in inputs.items()}
     wall, cpu = time.perf_counter(), time.process_time()
     with torch.set_grad_enabled(backward):
-        out = fn(args["u"], args["delta"], args["A"], args["B"], args["C"], args["D"], z=args["z"],
-                 delta_bias=args["delta_bias"], delta_softplus=True)
+        out = fn(
+            args["u"],
+            args["delta"],
+            args["A"],
+            args["B"],
+            args["C"],
+            args["D"],
+            z=args["z"],
+            delta_bias=args["delta_bias"],
+            delta_softplus=True,
+        )
         if backward:
             out.sum().backward()
     return time.perf_counter() - wall, time.process_time() - cpu
@@ -90,14 +99,20 @@ def main() -> None:
     inputs = make_inputs(args.batch, args.d_inner, args.d_state, args.seqlen)
 
     with torch.no_grad():  # sanity: all three compute the same thing
-        outs = {name: fn(*(inputs[k] for k in "u delta A B C D".split()), z=inputs["z"],
-                         delta_bias=inputs["delta_bias"]) for name, fn in IMPLEMENTATIONS.items()}
+        outs = {
+            name: fn(
+                *(inputs[k] for k in ["u", "delta", "A", "B", "C", "D"]), z=inputs["z"], delta_bias=inputs["delta_bias"]
+            )
+            for name, fn in IMPLEMENTATIONS.items()
+        }
     err = max((outs[name] - outs["reference"]).abs().max().item() for name in outs)
 
-    print(f"selective scan on CPU: batch {args.batch}, d_inner {args.d_inner}, d_state {args.d_state}, "
-          f"length {args.seqlen}; {args.threads} thread(s); load average {os.getloadavg()[0]:.1f} on "
-          f"{os.cpu_count()} CPUs; median of {args.repeats} interleaved repeats after 1 warm-up; "
-          f"max |difference| to the reference {err:.1e}")
+    print(
+        f"selective scan on CPU: batch {args.batch}, d_inner {args.d_inner}, d_state {args.d_state}, "
+        f"length {args.seqlen}; {args.threads} thread(s); load average {os.getloadavg()[0]:.1f} on "
+        f"{os.cpu_count()} CPUs; median of {args.repeats} interleaved repeats after 1 warm-up; "
+        f"max |difference| to the reference {err:.1e}"
+    )
     header = f"{'reference':>11}{'loop':>11}{'chunked':>11}{'ref/chunked':>13}{'loop/chunked':>14}"
     print(f"{'pass':<18}{'clock':<7}{header}")
     for backward in (False, True):
@@ -110,8 +125,12 @@ def main() -> None:
         label = "forward+backward" if backward else "forward"
         for clock, index in (("wall", 0), ("cpu", 1)):
             med = {name: statistics.median(t[index] for t in ts) for name, ts in times.items()}
-            print(f"{label:<18}{clock:<7}" + "".join(f"{med[n] * 1e3:>9.1f}ms" for n in IMPLEMENTATIONS)
-                  + f"{med['reference'] / med['chunked']:>12.1f}x{med['loop'] / med['chunked']:>13.1f}x")
+            print(
+                f"{label:<18}{clock:<7}"
+                + "".join(f"{med[n] * 1e3:>9.1f}ms" for n in IMPLEMENTATIONS)
+                + f"{med['reference'] / med['chunked']:>12.1f}x{med['loop'] / med['chunked']:>13.1f}x"
+            )
+
 
 if __name__ == "__main__":
     main()

@@ -24,11 +24,11 @@ from pathlib import Path
 import numpy as np
 
 from tunecost.catalog.gpus import get_gpu
-from tunecost.estimate import throughput_calibrate as tc
 from tunecost.estimate.fit import fit_all
 from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS, load_measurements
-from tunecost.estimate.throughput_lengths import DEFAULT_LOG_SIGMA, dataset_lengths
-from tunecost.estimate.throughput_validate import check_points, group_of, leave_one_group_out, mape
+from tunecost.estimate.throughput import calibrate as tc
+from tunecost.estimate.throughput.lengths import DEFAULT_LOG_SIGMA, dataset_lengths
+from tunecost.estimate.throughput.validate import check_points, group_of, leave_one_group_out, mape
 
 # The paper's Table IV (Mixtral-8x7B, sparse, math, at each GPU's maximum batch size). EXTERNAL REFERENCE ONLY:
 # the paper's eq. (2) estimates on each GPU, fitted to measurements on that GPU; not measurements we hold.
@@ -42,86 +42,119 @@ def _pct(x: float) -> str:
 
 
 def calibration_report(points, model) -> None:
-    print(f"calibrated on {model.num_points} points ({', '.join(model.gpus)}), "
-          f"in-sample MAPE {_pct(model.in_sample_mape)}")
+    print(
+        f"calibrated on {model.num_points} points ({', '.join(model.gpus)}), "
+        f"in-sample MAPE {_pct(model.in_sample_mape)}"
+    )
     for name, value in model.params.as_dict().items():
         print(f"  {name:20s} {value:.4g}")
     print(f"  {'run_overhead_s':20s} {model.run_overhead_s:.4g}")
-    print(f"  95 % interval: x/÷ {np.exp(model.interval_log_halfwidth):.3f} "
-          f"(log residual sd {model.log_residual_sd:.3f})")
+    print(
+        f"  95 % interval: x/÷ {np.exp(model.interval_log_halfwidth):.3f} (log residual sd {model.log_residual_sd:.3f})"
+    )
     checks = check_points(model, points)
     eq2 = {(f.model, f.dataset): f for f in fit_all(load_measurements(PAPER_A40_MEASUREMENTS), "artifact")}
     print(f"\n{'group':42s} {'n':>3s} {'ours MAPE':>10s} {'ours max':>9s} {'eq.(2) per group':>17s}")
     for key in sorted({group_of(c.point) for c in checks}):
         mine = [c for c in checks if group_of(c.point) == key]
         fit = eq2.get(key[:2])
-        print(f"{'/'.join(key):42s} {len(mine):3d} {_pct(mape(mine)):>10s} {_pct(max(abs(c.error) for c in mine)):>9s} "
-              f"{_pct(fit.mape) if fit else '-':>17s}")
+        print(
+            f"{'/'.join(key):42s} {len(mine):3d} {_pct(mape(mine)):>10s} {_pct(max(abs(c.error) for c in mine)):>9s} "
+            f"{_pct(fit.mape) if fit else '-':>17s}"
+        )
     eq2_all = sum(f.mape * f.num_points for f in eq2.values()) / sum(f.num_points for f in eq2.values())
-    print(f"{'all':42s} {len(checks):3d} {_pct(mape(checks)):>10s} {'':>9s} {_pct(eq2_all):>17s}   (ours: 6 shared "
-          f"parameters; eq. (2): 2 per group, {2 * len(eq2)} in all)")
+    print(
+        f"{'all':42s} {len(checks):3d} {_pct(mape(checks)):>10s} {'':>9s} {_pct(eq2_all):>17s}   (ours: 6 shared "
+        f"parameters; eq. (2): 2 per group, {2 * len(eq2)} in all)"
+    )
 
 
 def logo_report(points) -> None:
     print("\nleave-one-group-out (calibrate on the other groups, predict the held-out one as measured):")
     results = leave_one_group_out(points)
     for r in results:
-        print(f"  {'/'.join(r.group):42s} n={len(r.checks):2d}  MAPE {_pct(r.mape)}  max {_pct(r.max_ape)}  "
-              f"mean signed {_pct(float(np.mean([c.error for c in r.checks])))}")
+        print(
+            f"  {'/'.join(r.group):42s} n={len(r.checks):2d}  MAPE {_pct(r.mape)}  max {_pct(r.max_ape)}  "
+            f"mean signed {_pct(float(np.mean([c.error for c in r.checks])))}"
+        )
     all_checks = [c for r in results for c in r.checks]
-    print(f"  {'all held-out points':42s} n={len(all_checks):2d}  MAPE {_pct(mape(all_checks))}"
-          "   (eq. (2) cannot predict a held-out group: its coefficients are per group)")
+    print(
+        f"  {'all held-out points':42s} n={len(all_checks):2d}  MAPE {_pct(mape(all_checks))}"
+        "   (eq. (2) cannot predict a held-out group: its coefficients are per group)"
+    )
 
 
 def table_iv_report(model) -> None:
-    print("\nTable IV comparison (EXTERNAL REFERENCE: the paper's eq. (2) estimates, fitted to its own measurements "
-          "on each GPU; NOT measurements)")
+    print(
+        "\nTable IV comparison (EXTERNAL REFERENCE: the paper's eq. (2) estimates, fitted to its own measurements "
+        "on each GPU; NOT measurements)"
+    )
     eq2 = {f.model + f.dataset: f for f in fit_all(load_measurements(PAPER_A40_MEASUREMENTS), "artifact")}
     eq2_a40 = eq2["mixtral-8x7bmath_14k"]
-    print(f"  {'GPU':16s} {'batch':>5s} {'Table IV':>8s} {'ours (1000-q run)':>18s} {'APE':>7s} {'ours steady':>11s} "
-          f"{'eq.(2)@A40':>10s} {'APE':>7s}  flags")
+    print(
+        f"  {'GPU':16s} {'batch':>5s} {'Table IV':>8s} {'ours (1000-q run)':>18s} {'APE':>7s} {'ours steady':>11s} "
+        f"{'eq.(2)@A40':>10s} {'APE':>7s}  flags"
+    )
     ours_ape, eq2_ape = [], []
     for gpu, batch, ref in (*TABLE_IV, *PCIE_VARIANTS):
-        target = tc.ThroughputTarget(model="mixtral-8x7b", gpu=gpu, batch_size=batch, experts_per_token=2,
-                                     dataset="math_14k")
+        target = tc.ThroughputTarget(
+            model="mixtral-8x7b", gpu=gpu, batch_size=batch, experts_per_token=2, dataset="math_14k"
+        )
         run = model.predict(target, run_queries=1000)
         steady = model.predict(target)
         a40_fit = eq2_a40.predict_queries_per_s(batch_size=batch, sparsity=0.25)
         ours_ape.append(abs(run.queries_per_s / ref - 1))
         eq2_ape.append(abs(a40_fit / ref - 1))
         flags = "; ".join(r.split(":")[0].split(" (")[0] for r in run.extrapolation_reasons) or "-"
-        print(f"  {gpu:16s} {batch:5d} {ref:8.2f} {run.queries_per_s:11.2f} [{run.queries_per_s_low:.2f}-"
-              f"{run.queries_per_s_high:.2f}] {_pct(ours_ape[-1]):>7s} {steady.queries_per_s:11.2f} {a40_fit:10.2f} "
-              f"{_pct(eq2_ape[-1]):>7s}  {flags}")
-    print(f"  MAPE over the three (SXM parts): ours {_pct(float(np.mean(ours_ape[:3])))}, eq. (2) fitted on A40 "
-          f"{_pct(float(np.mean(eq2_ape[:3])))}; A100 + H100 SXM only: ours {_pct(float(np.mean(ours_ape[1:3])))}, "
-          f"eq. (2)@A40 {_pct(float(np.mean(eq2_ape[1:3])))}; if the paper's parts were PCIe: A100 + H100 ours "
-          f"{_pct(float(np.mean(ours_ape[3:])))}")
-    print("  The issue's target (<= 10 % MAPE against the real A100-40GB/A100-80GB/H100 measurements, batch 1..17) "
-          "is UNVERIFIED: those measurements are not in this repository.")
+        print(
+            f"  {gpu:16s} {batch:5d} {ref:8.2f} {run.queries_per_s:11.2f} [{run.queries_per_s_low:.2f}-"
+            f"{run.queries_per_s_high:.2f}] {_pct(ours_ape[-1]):>7s} {steady.queries_per_s:11.2f} {a40_fit:10.2f} "
+            f"{_pct(eq2_ape[-1]):>7s}  {flags}"
+        )
+    print(
+        f"  MAPE over the three (SXM parts): ours {_pct(float(np.mean(ours_ape[:3])))}, eq. (2) fitted on A40 "
+        f"{_pct(float(np.mean(eq2_ape[:3])))}; A100 + H100 SXM only: ours {_pct(float(np.mean(ours_ape[1:3])))}, "
+        f"eq. (2)@A40 {_pct(float(np.mean(eq2_ape[1:3])))}; if the paper's parts were PCIe: A100 + H100 ours "
+        f"{_pct(float(np.mean(ours_ape[3:])))}"
+    )
+    print(
+        "  The issue's target (<= 10 % MAPE against the real A100-40GB/A100-80GB/H100 measurements, batch 1..17) "
+        "is UNVERIFIED: those measurements are not in this repository."
+    )
 
 
 def ratio_report(model) -> None:
     a40, h100 = get_gpu("A40"), get_gpu("H100")
-    print(f"\nH100 / A40 at equal batch (Mixtral-8x7B QLoRA sparse, math; steady state); datasheet: bf16 "
-          f"{h100.bf16_tensor_flops_per_s / a40.bf16_tensor_flops_per_s:.1f}x, bandwidth "
-          f"{h100.mem_bandwidth_bytes_per_s / a40.mem_bandwidth_bytes_per_s:.1f}x")
+    print(
+        f"\nH100 / A40 at equal batch (Mixtral-8x7B QLoRA sparse, math; steady state); datasheet: bf16 "
+        f"{h100.bf16_tensor_flops_per_s / a40.bf16_tensor_flops_per_s:.1f}x, bandwidth "
+        f"{h100.mem_bandwidth_bytes_per_s / a40.mem_bandwidth_bytes_per_s:.1f}x"
+    )
     for batch in (1, 4, 8, 17, 32):
-        q = {g: model.predict(tc.ThroughputTarget(model="mixtral-8x7b", gpu=g, batch_size=batch, experts_per_token=2,
-                                                  dataset="math_14k")) for g in ("A40", "A100-80GB", "H100")}
+        q = {
+            g: model.predict(
+                tc.ThroughputTarget(
+                    model="mixtral-8x7b", gpu=g, batch_size=batch, experts_per_token=2, dataset="math_14k"
+                )
+            )
+            for g in ("A40", "A100-80GB", "H100")
+        }
         step = q["H100"].step
         where = max(step.class_s, key=step.class_s.get)
-        print(f"  batch {batch:2d}: A40 {q['A40'].queries_per_s:6.2f}  A100-80GB {q['A100-80GB'].queries_per_s:6.2f}  "
-              f"H100 {q['H100'].queries_per_s:6.2f} qps -> "
-              f"H100/A40 {q['H100'].queries_per_s / q['A40'].queries_per_s:4.2f}x"
-              f"  (H100 step {step.step_s:.2f} s: launch {step.kernel_overhead_s:.2f} s, largest class {where} "
-              f"{step.class_s[where]:.2f} s)")
+        print(
+            f"  batch {batch:2d}: A40 {q['A40'].queries_per_s:6.2f}  A100-80GB {q['A100-80GB'].queries_per_s:6.2f}  "
+            f"H100 {q['H100'].queries_per_s:6.2f} qps -> "
+            f"H100/A40 {q['H100'].queries_per_s / q['A40'].queries_per_s:4.2f}x"
+            f"  (H100 step {step.step_s:.2f} s: launch {step.kernel_overhead_s:.2f} s, largest class {where} "
+            f"{step.class_s[where]:.2f} s)"
+        )
 
 
 def sensitivity_report(points) -> None:
     print("\nsensitivity (refit on the A40 points; H100 = Mixtral math sparse batch 17, 1000-query run):")
-    target = tc.ThroughputTarget(model="mixtral-8x7b", gpu="H100", batch_size=17, experts_per_token=2,
-                                 dataset="math_14k")
+    target = tc.ThroughputTarget(
+        model="mixtral-8x7b", gpu="H100", batch_size=17, experts_per_token=2, dataset="math_14k"
+    )
     original = tc.dataset_lengths
     try:
         for sigma in (0.25, DEFAULT_LOG_SIGMA, 0.5):
@@ -129,32 +162,38 @@ def sensitivity_report(points) -> None:
                 tc.dataset_lengths = functools.partial(dataset_lengths, log_sigma=sigma)
                 model = tc.calibrate(points, use_priors=use_priors)
                 p = model.params
-                print(f"  sigma {sigma:4.2f} priors {'on ' if use_priors else 'off'}: "
-                      f"in-sample {_pct(model.in_sample_mape)}  gemm_eff {p.gemm_efficiency:.2f} "
-                      f"half_rows {p.gemm_half_rows:6.0f} mem_eff {p.memory_efficiency:.2f} "
-                      f"kernel {1e6 * p.kernel_overhead_s:5.1f} us step {p.step_overhead_s:.3f} s run "
-                      f"{model.run_overhead_s:5.1f} s  -> "
-                      f"H100 {model.predict(target, run_queries=1000).queries_per_s:.2f} qps")
+                print(
+                    f"  sigma {sigma:4.2f} priors {'on ' if use_priors else 'off'}: "
+                    f"in-sample {_pct(model.in_sample_mape)}  gemm_eff {p.gemm_efficiency:.2f} "
+                    f"half_rows {p.gemm_half_rows:6.0f} mem_eff {p.memory_efficiency:.2f} "
+                    f"kernel {1e6 * p.kernel_overhead_s:5.1f} us step {p.step_overhead_s:.3f} s run "
+                    f"{model.run_overhead_s:5.1f} s  -> "
+                    f"H100 {model.predict(target, run_queries=1000).queries_per_s:.2f} qps"
+                )
     finally:
         tc.dataset_lengths = original
     # The fitted gemm_half_rows (hundreds of rows) is far above what cuBLAS needs: pin the GEMM parameters near
     # microbenchmark values to see what the A40 data then say (and how the transfer moves).
-    tight = {"gemm_efficiency": tc.Prior(centre=0.7, factor=1.05, lower=0.02, upper=1.0, reason="pinned"),
-             "gemm_half_rows": tc.Prior(centre=64, factor=1.05, lower=1.0, upper=1e5, reason="pinned")}
+    tight = {
+        "gemm_efficiency": tc.Prior(centre=0.7, factor=1.05, lower=0.02, upper=1.0, reason="pinned"),
+        "gemm_half_rows": tc.Prior(centre=64, factor=1.05, lower=1.0, upper=1e5, reason="pinned"),
+    }
     model = tc.calibrate(points, priors=tight)
     a100 = tc.ThroughputTarget(**{**target.__dict__, "gpu": "A100-80GB"})
     p = model.params
-    print(f"  GEMM pinned (0.7, 64 rows)  : in-sample {_pct(model.in_sample_mape)}  gemm_eff {p.gemm_efficiency:.2f} "
-          f"half_rows {p.gemm_half_rows:6.0f} mem_eff {p.memory_efficiency:.2f} "
-          f"kernel {1e6 * p.kernel_overhead_s:5.1f} us "
-          f"step {p.step_overhead_s:.3f} s run {model.run_overhead_s:5.1f} s  -> H100 "
-          f"{model.predict(target, run_queries=1000).queries_per_s:.2f} qps, A100-80GB-SXM "
-          f"{model.predict(a100, run_queries=1000).queries_per_s:.2f} qps")
+    print(
+        f"  GEMM pinned (0.7, 64 rows)  : in-sample {_pct(model.in_sample_mape)}  gemm_eff {p.gemm_efficiency:.2f} "
+        f"half_rows {p.gemm_half_rows:6.0f} mem_eff {p.memory_efficiency:.2f} "
+        f"kernel {1e6 * p.kernel_overhead_s:5.1f} us "
+        f"step {p.step_overhead_s:.3f} s run {model.run_overhead_s:5.1f} s  -> H100 "
+        f"{model.predict(target, run_queries=1000).queries_per_s:.2f} qps, A100-80GB-SXM "
+        f"{model.predict(a100, run_queries=1000).queries_per_s:.2f} qps"
+    )
 
 
 def simulator_report() -> None:
     from tunecost.catalog.models import resolve_model
-    from tunecost.estimate.throughput_counts import analytic_step_counts
+    from tunecost.estimate.throughput.counts import analytic_step_counts
     from tunecost.simulate import simulate_step
     from tunecost.workload.job import FineTuneJob
 
@@ -164,18 +203,29 @@ def simulator_report() -> None:
     print("\nanalytic counts vs the step simulator (hf-2024 stack), Mixtral-8x7B QLoRA top-2, batch 2 x 128 tokens:")
     print(f"  {'class':14s} {'GFLOP ours':>11s} {'sim':>11s} {'GB ours':>9s} {'sim':>9s}")
     for cls in sorted(set(sim.flops_by_class) | set(ours.flops_by_class)):
-        print(f"  {cls:14s} {ours.flops_by_class.get(cls, 0) / 1e9:11.1f} {sim.flops_by_class.get(cls, 0) / 1e9:11.1f} "
-              f"{ours.bytes_by_class.get(cls, 0) / 1e9:9.2f} {sim.bytes_by_class.get(cls, 0) / 1e9:9.2f}")
+        print(
+            f"  {cls:14s} {ours.flops_by_class.get(cls, 0) / 1e9:11.1f} {sim.flops_by_class.get(cls, 0) / 1e9:11.1f} "
+            f"{ours.bytes_by_class.get(cls, 0) / 1e9:9.2f} {sim.bytes_by_class.get(cls, 0) / 1e9:9.2f}"
+        )
     for batch in (1, 4):  # how the simulator's element-wise traffic grows with the batch
         counts = simulate_step(job.with_(batch_size=batch), stack="hf-2024", use_cache=False).total_counts
         ours_b = analytic_step_counts(resolve_model("mixtral-8x7b"), job.with_(batch_size=batch))
-        print(f"  batch {batch} x 128: element-wise GB sim {counts.bytes_by_class.get('elementwise', 0) / 1e9:.1f}, "
-              f"ours {ours_b.bytes_by_class['elementwise'] / 1e9:.1f}")
+        print(
+            f"  batch {batch} x 128: element-wise GB sim {counts.bytes_by_class.get('elementwise', 0) / 1e9:.1f}, "
+            f"ours {ours_b.bytes_by_class['elementwise'] / 1e9:.1f}"
+        )
 
 
 # commonsense_170k's mix (LLM-Adapters): queries per task; HellaSwag (39,905) has no file here and is left out
-COMMONSENSE_MIX = {"boolq_train": 9427, "piqa_test": 16113, "social_i_qa_test": 33410, "winogrande_test": 40398,
-                   "ARC-Easy_train": 2251, "ARC-Challenge_train": 1119, "openbookqa_train": 4957}
+COMMONSENSE_MIX = {
+    "boolq_train": 9427,
+    "piqa_test": 16113,
+    "social_i_qa_test": 33410,
+    "winogrande_test": 40398,
+    "ARC-Easy_train": 2251,
+    "ARC-Challenge_train": 1119,
+    "openbookqa_train": 4957,
+}
 
 
 def lengths_report(data_dir: Path) -> None:
@@ -193,8 +243,10 @@ def lengths_report(data_dir: Path) -> None:
         return len(sp.encode(f"[INST] {prompt} [/INST]{response}")) + 2
 
     def summary(name: str, lengths: np.ndarray) -> None:
-        print(f"  {name:34s} n={lengths.size:6d} median {np.median(lengths):5.0f}  sigma(log) "
-              f"{np.log(lengths).std():.2f}  max {lengths.max()}")
+        print(
+            f"  {name:34s} n={lengths.size:6d} median {np.median(lengths):5.0f}  sigma(log) "
+            f"{np.log(lengths).std():.2f}  max {lengths.max()}"
+        )
 
     print(f"\nquery lengths (tokens) from {data_dir}:")
     rng = np.random.default_rng(0)
@@ -215,11 +267,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--measurements", type=Path, default=PAPER_A40_MEASUREMENTS)
     parser.add_argument("--sensitivity", action="store_true")
     parser.add_argument("--simulator", action="store_true")
-    parser.add_argument("--lengths", type=Path, default=None, metavar="DATA_DIR",
-                        help="measure length spreads on DATA_DIR/llm-adapters and DATA_DIR/gsm8k (../shared/data)")
+    parser.add_argument(
+        "--lengths",
+        type=Path,
+        default=None,
+        metavar="DATA_DIR",
+        help="measure length spreads on DATA_DIR/llm-adapters and DATA_DIR/gsm8k (../shared/data)",
+    )
     args = parser.parse_args(argv)
-    print(f"# bench_throughput_model  {datetime.date.today().isoformat()}  "
-          f"command: {' '.join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])}")
+    print(
+        f"# bench_throughput_model  {datetime.date.today().isoformat()}  "
+        f"command: {' '.join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])}"
+    )
     points = tc.load_calibration_points(args.measurements)
     start = time.perf_counter()
     model = tc.calibrate(points, source=str(args.measurements))

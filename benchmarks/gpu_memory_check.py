@@ -22,26 +22,59 @@ CONFIGS = ROOT / "tests" / "fixtures" / "simulate"
 GIB = 2**30
 
 # A mid-size Mixtral-like model (4 layers of Mixtral-8x7B's width with smaller experts): ~1.6 B parameters.
-MID_MIXTRAL = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": 32000,
-               "hidden_size": 4096, "intermediate_size": 3584, "num_hidden_layers": 4, "num_attention_heads": 32,
-               "num_key_value_heads": 8, "num_local_experts": 8, "num_experts_per_tok": 2,
-               "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
-               "router_aux_loss_coef": 0.02, "sliding_window": None, "tie_word_embeddings": False,
-               "hidden_act": "silu"}
+MID_MIXTRAL = {
+    "model_type": "mixtral",
+    "architectures": ["MixtralForCausalLM"],
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 3584,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.02,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+}
 
 
 def _configs(mid_path: str) -> dict[str, dict]:
     return {
-        "tiny-qlora-top2": dict(model="tiny-mixtral", method="qlora", experts_per_token=2, batch_size=8,
-                                seq_len=256, gradient_checkpointing=True),
-        "small-full-top8": dict(model=str(CONFIGS / "small-mixtral.json"), method="full", experts_per_token=8,
-                                batch_size=8, seq_len=256, gradient_checkpointing=False),
-        "mid-qlora-top2": dict(model=mid_path, method="qlora", experts_per_token=2, batch_size=4, seq_len=512,
-                               gradient_checkpointing=True),
-        "mid-lora-dense-nockpt": dict(model=mid_path, method="lora", experts_per_token=8, batch_size=2,
-                                      seq_len=256, gradient_checkpointing=False),
-        "olmoe-like-qlora": dict(model=str(CONFIGS / "tiny-olmoe.json"), method="qlora", experts_per_token=4,
-                                 batch_size=16, seq_len=256, gradient_checkpointing=True),
+        "tiny-qlora-top2": dict(
+            model="tiny-mixtral",
+            method="qlora",
+            experts_per_token=2,
+            batch_size=8,
+            seq_len=256,
+            gradient_checkpointing=True,
+        ),
+        "small-full-top8": dict(
+            model=str(CONFIGS / "small-mixtral.json"),
+            method="full",
+            experts_per_token=8,
+            batch_size=8,
+            seq_len=256,
+            gradient_checkpointing=False,
+        ),
+        "mid-qlora-top2": dict(
+            model=mid_path, method="qlora", experts_per_token=2, batch_size=4, seq_len=512, gradient_checkpointing=True
+        ),
+        "mid-lora-dense-nockpt": dict(
+            model=mid_path, method="lora", experts_per_token=8, batch_size=2, seq_len=256, gradient_checkpointing=False
+        ),
+        "olmoe-like-qlora": dict(
+            model=str(CONFIGS / "tiny-olmoe.json"),
+            method="qlora",
+            experts_per_token=4,
+            batch_size=16,
+            seq_len=256,
+            gradient_checkpointing=True,
+        ),
     }
 
 
@@ -53,16 +86,20 @@ def measure_cuda(job) -> dict:
 
     torch.cuda.empty_cache()
     prepared = build_prepared(job, num_units=None, real=True, device="cuda")
-    batch = make_batch(int(prepared.model.config.vocab_size), job.batch_size, job.worst_case_seq_len, None,
-                       device="cuda")
+    batch = make_batch(
+        int(prepared.model.config.vocab_size), job.batch_size, job.worst_case_seq_len, None, device="cuda"
+    )
     run_step(prepared, batch)  # warm-up (cuBLAS handles, lazy buffers)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     run_step(prepared, batch)
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info()
-    out = {"max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
-           "device_used": total - free}
+    out = {
+        "max_allocated": torch.cuda.max_memory_allocated(),
+        "max_reserved": torch.cuda.max_memory_reserved(),
+        "device_used": total - free,
+    }
     del prepared, batch
     torch.cuda.empty_cache()
     return out
@@ -86,8 +123,10 @@ def main() -> None:
         configs = _configs(mid_path)
         names = list(configs) if args.configs == "all" else args.configs.split(",")
         print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
-        print(f"{'config':24} {'simulated GiB':>14} {'max_alloc GiB':>14} {'error':>8} {'reserved GiB':>13} "
-              f"{'device used GiB':>16} {'sim+overhead GiB':>17}")
+        print(
+            f"{'config':24} {'simulated GiB':>14} {'max_alloc GiB':>14} {'error':>8} {'reserved GiB':>13} "
+            f"{'device used GiB':>16} {'sim+overhead GiB':>17}"
+        )
         rows = []
         for name in names:
             spec = configs[name]
@@ -95,11 +134,22 @@ def main() -> None:
             sim = simulate_step(job, num_layers_to_trace=999, use_cache=False)
             real = measure_cuda(job)
             err = sim.peak_bytes / real["max_allocated"] - 1
-            rows.append({"config": name, **spec, "simulated": sim.peak_bytes, **real, "error": err,
-                         "simulated_with_overhead": sim.peak_bytes + sim.device_overhead_bytes})
-            print(f"{name:24} {sim.peak_bytes / GIB:14.3f} {real['max_allocated'] / GIB:14.3f} {100 * err:7.2f}% "
-                  f"{real['max_reserved'] / GIB:13.3f} {real['device_used'] / GIB:16.3f} "
-                  f"{(sim.peak_bytes + sim.device_overhead_bytes) / GIB:17.3f}", flush=True)
+            rows.append(
+                {
+                    "config": name,
+                    **spec,
+                    "simulated": sim.peak_bytes,
+                    **real,
+                    "error": err,
+                    "simulated_with_overhead": sim.peak_bytes + sim.device_overhead_bytes,
+                }
+            )
+            print(
+                f"{name:24} {sim.peak_bytes / GIB:14.3f} {real['max_allocated'] / GIB:14.3f} {100 * err:7.2f}% "
+                f"{real['max_reserved'] / GIB:13.3f} {real['device_used'] / GIB:16.3f} "
+                f"{(sim.peak_bytes + sim.device_overhead_bytes) / GIB:17.3f}",
+                flush=True,
+            )
         if args.json_out:
             Path(args.json_out).write_text(json.dumps(rows, indent=2))
 

@@ -18,15 +18,21 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 from pathlib import Path
 
 # (substring tests on torch's device name) -> catalog name; first match wins
 _DEVICE_NAMES = (
-    (("H200",), "H200-141GB"), (("H100", "PCIE"), "H100-80GB-PCIE"), (("H100",), "H100-80GB-SXM"),
-    (("A100", "80GB", "PCIE"), "A100-80GB-PCIE"), (("A100", "80GB"), "A100-80GB-SXM"), (("A100",), "A100-40GB"),
-    (("L40S",), "L40S-48GB"), (("A40",), "A40-48GB"), (("L4",), "L4-24GB"), (("A10",), "A10G-24GB"),
+    (("H200",), "H200-141GB"),
+    (("H100", "PCIE"), "H100-80GB-PCIE"),
+    (("H100",), "H100-80GB-SXM"),
+    (("A100", "80GB", "PCIE"), "A100-80GB-PCIE"),
+    (("A100", "80GB"), "A100-80GB-SXM"),
+    (("A100",), "A100-40GB"),
+    (("L40S",), "L40S-48GB"),
+    (("A40",), "A40-48GB"),
+    (("L4",), "L4-24GB"),
+    (("A10",), "A10G-24GB"),
     (("4090",), "RTX4090-24GB"),
 )
 
@@ -66,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tunecost.errors import TunecostError
     from tunecost.estimate.calibrated import calibrated_model
-    from tunecost.estimate.throughput_calibrate import ThroughputTarget
+    from tunecost.estimate.throughput.calibrate import ThroughputTarget
 
     gpu, device = (args.gpu, "named with --gpu") if args.gpu else detect_gpu()
     if gpu is None:
@@ -77,43 +83,83 @@ def main(argv: list[str] | None = None) -> int:
     try:
         batches = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
         model = calibrated_model(args.calibrate)
-        preds = [model.predict(ThroughputTarget(model=args.model, gpu=gpu, batch_size=b, method=args.method,
-                                                experts_per_token=args.experts_per_token, dataset=args.dataset,
-                                                seq_len=args.seq_len), run_queries=args.run_queries) for b in batches]
+        preds = [
+            model.predict(
+                ThroughputTarget(
+                    model=args.model,
+                    gpu=gpu,
+                    batch_size=b,
+                    method=args.method,
+                    experts_per_token=args.experts_per_token,
+                    dataset=args.dataset,
+                    seq_len=args.seq_len,
+                ),
+                run_queries=args.run_queries,
+            )
+            for b in batches
+        ]
     except (TunecostError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"# gpu_throughput_check {datetime.datetime.now().isoformat(timespec='seconds')}  device: {device} -> "
-          f"{preds[0].gpu}")
-    print(f"# calibration: {model.source} ({model.num_points} points on {', '.join(model.gpus)}, "
-          f"in-sample MAPE {100 * model.in_sample_mape:.1f} %), no refit")
-    print(f"# workload: {args.model} {preds[0].method} top-{preds[0].experts_per_token}, "
-          + (f"{args.seq_len} tokens per query" if args.seq_len else f"{args.dataset} lengths")
-          + ("; steady state" if args.run_queries is None else f"; runs of {args.run_queries} queries"))
+    print(
+        f"# gpu_throughput_check {datetime.datetime.now().isoformat(timespec='seconds')}  device: {device} -> "
+        f"{preds[0].gpu}"
+    )
+    print(
+        f"# calibration: {model.source} ({model.num_points} points on {', '.join(model.gpus)}, "
+        f"in-sample MAPE {100 * model.in_sample_mape:.1f} %), no refit"
+    )
+    print(
+        f"# workload: {args.model} {preds[0].method} top-{preds[0].experts_per_token}, "
+        + (f"{args.seq_len} tokens per query" if args.seq_len else f"{args.dataset} lengths")
+        + ("; steady state" if args.run_queries is None else f"; runs of {args.run_queries} queries")
+    )
     print(f"{'batch':>5s} {'queries/s':>10s} {'95 % interval':>17s} {'step s':>8s} {'launch s':>9s}  top classes (s)")
     rows = []
     for p in preds:
         top = sorted(p.step.class_s.items(), key=lambda kv: -kv[1])[:3]
-        print(f"{p.target.batch_size:5d} {p.queries_per_s:10.3f} "
-              f"{p.queries_per_s_low:8.3f}-{p.queries_per_s_high:<8.3f} "
-              f"{p.step.step_s:8.3f} {p.step.kernel_overhead_s:9.3f}  "
-              + ", ".join(f"{k} {v:.3f} ({p.step.bound_by_class[k]})" for k, v in top))
-        rows.append({"gpu": p.gpu, "device": device, "model": args.model, "method": p.method,
-                     "experts_per_token": p.experts_per_token, "batch_size": p.target.batch_size,
-                     "seq_len": args.seq_len, "dataset": args.dataset, "queries_per_s": p.queries_per_s,
-                     "queries_per_s_low": p.queries_per_s_low, "queries_per_s_high": p.queries_per_s_high,
-                     "step_s": p.step.step_s, "run_queries": args.run_queries,
-                     "extrapolation_reasons": list(p.extrapolation_reasons)})
+        print(
+            f"{p.target.batch_size:5d} {p.queries_per_s:10.3f} "
+            f"{p.queries_per_s_low:8.3f}-{p.queries_per_s_high:<8.3f} "
+            f"{p.step.step_s:8.3f} {p.step.kernel_overhead_s:9.3f}  "
+            + ", ".join(f"{k} {v:.3f} ({p.step.bound_by_class[k]})" for k, v in top)
+        )
+        rows.append(
+            {
+                "gpu": p.gpu,
+                "device": device,
+                "model": args.model,
+                "method": p.method,
+                "experts_per_token": p.experts_per_token,
+                "batch_size": p.target.batch_size,
+                "seq_len": args.seq_len,
+                "dataset": args.dataset,
+                "queries_per_s": p.queries_per_s,
+                "queries_per_s_low": p.queries_per_s_low,
+                "queries_per_s_high": p.queries_per_s_high,
+                "step_s": p.step.step_s,
+                "run_queries": args.run_queries,
+                "extrapolation_reasons": list(p.extrapolation_reasons),
+            }
+        )
     flags = sorted({r for p in preds for r in p.extrapolation_reasons})
     if flags:
         print("extrapolation: " + "; ".join(flags))
-    print("caveat: the model describes the paper's 2024 stack (HF 4.40 eager expert loop, bnb per-expert 4-bit, PEFT "
-          "LoRA, FA2, checkpointing); a run on another stack launches different kernels.")
+    print(
+        "caveat: the model describes the paper's 2024 stack (HF 4.40 eager expert loop, bnb per-expert 4-bit, PEFT "
+        "LoRA, FA2, checkpointing); a run on another stack launches different kernels."
+    )
     if args.json is not None:
         from tunecost.results.io import atomic_write_json
 
-        atomic_write_json(args.json, {"predicted_at": datetime.datetime.now().isoformat(timespec="seconds"),
-                                      "calibration": model.source, "predictions": rows})
+        atomic_write_json(
+            args.json,
+            {
+                "predicted_at": datetime.datetime.now().isoformat(timespec="seconds"),
+                "calibration": model.source,
+                "predictions": rows,
+            },
+        )
         print(f"wrote {args.json}")
     return 0
 

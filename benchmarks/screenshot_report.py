@@ -47,18 +47,40 @@ def find_chromium() -> str | None:
     return None
 
 
-def chromium_command(chromium: str, url: str, png_path: Path, user_data_dir: Path, *, width: int = 1280,
-                     height: int = 4000) -> list[str]:
+def chromium_command(
+    chromium: str, url: str, png_path: Path, user_data_dir: Path, *, width: int = 1280, height: int = 4000
+) -> list[str]:
     """Headless, sandbox-free (containers run as root), no GPU, no network chatter, a fresh profile, logging to
     stderr at verbosity 1 (console messages and file loads are logged there)."""
-    return [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            f"--user-data-dir={user_data_dir}", "--enable-logging=stderr", "--v=1", f"--screenshot={png_path}",
-            f"--window-size={width},{height}", "--hide-scrollbars", url]
+    return [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={user_data_dir}",
+        "--enable-logging=stderr",
+        "--v=1",
+        f"--screenshot={png_path}",
+        f"--window-size={width},{height}",
+        "--hide-scrollbars",
+        url,
+    ]
 
 
-def screenshot(html_path: Path, png_path: Path, *, chromium: str | None = None, width: int = 1280,
-               height: int = 4000, timeout_s: float = TIMEOUT_SECONDS) -> Screenshot:
+def screenshot(
+    html_path: Path,
+    png_path: Path,
+    *,
+    chromium: str | None = None,
+    width: int = 1280,
+    height: int = 4000,
+    timeout_s: float = TIMEOUT_SECONDS,
+) -> Screenshot:
     """Open `html_path` in headless Chromium and save a `width` x `height` screenshot to `png_path`."""
     chromium = chromium or find_chromium()
     if chromium is None:
@@ -67,15 +89,20 @@ def screenshot(html_path: Path, png_path: Path, *, chromium: str | None = None, 
     png_path.parent.mkdir(parents=True, exist_ok=True)
     png_path.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="tunecost-chromium-") as profile:
-        cmd = chromium_command(chromium, Path(html_path).resolve().as_uri(), png_path, Path(profile), width=width,
-                               height=height)
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=False,
-                              env={**os.environ, "LANG": "C.UTF-8"})
+        cmd = chromium_command(
+            chromium, Path(html_path).resolve().as_uri(), png_path, Path(profile), width=width, height=height
+        )
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout_s, check=False, env={**os.environ, "LANG": "C.UTF-8"}
+        )
     lines = done.stderr.splitlines()
-    return Screenshot(png_path=png_path, returncode=done.returncode,
-                      console_lines=tuple(line for line in lines if _CONSOLE.search(line)),
-                      file_loads=tuple(m.group(1) for line in lines if (m := _FILE_LOAD.search(line))),
-                      stderr=done.stderr)
+    return Screenshot(
+        png_path=png_path,
+        returncode=done.returncode,
+        console_lines=tuple(line for line in lines if _CONSOLE.search(line)),
+        file_loads=tuple(m.group(1) for line in lines if (m := _FILE_LOAD.search(line))),
+        stderr=done.stderr,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if shot.returncode != 0 or not shot.png_path.is_file():
-        print(f"error: chromium exited with {shot.returncode} and no screenshot; its log:\n{shot.stderr[-3000:]}",
-              file=sys.stderr)
+        print(
+            f"error: chromium exited with {shot.returncode} and no screenshot; its log:\n{shot.stderr[-3000:]}",
+            file=sys.stderr,
+        )
         return 1
     others = [u for u in shot.file_loads if u != html_path.resolve().as_uri()]
     for line in shot.console_lines:

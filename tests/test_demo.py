@@ -62,16 +62,27 @@ def test_max_batch_rows_are_eq1_and_the_simulator(small_demo: Path) -> None:
     small_demo.mkdir(parents=True)
     demo._stage_max_batch(small_demo, None)
     rows = _rows(small_demo / "max_batch.jsonl")
-    eq1 = next(r for r in rows if r["model"] == "mixtral-8x7b" and r["experts_per_token"] == 2
-               and r["source"] == "eq1")
+    eq1 = next(r for r in rows if r["model"] == "mixtral-8x7b" and r["experts_per_token"] == 2 and r["source"] == "eq1")
     c = EQ1_COEFFICIENTS[("mixtral-8x7b", "artifact")]
-    assert eq1["max_batch_size"] == max_batch_size_eq1(gpu_memory_gb=48, model_memory_gb=c.model_memory_gb,
-                                                       seq_len_tokens=512, sparsity=sparsity_fraction(2, 8),
-                                                       c0=c.c0, c1=c.c1)
-    sim = next(r for r in rows if r["model"] == "blackmamba-2.8b" and r["experts_per_token"] == 8
-               and r["source"] == "simulated")
-    job = FineTuneJob(model="blackmamba-2.8b", method="full", experts_per_token=8, seq_len=512,
-                      gradient_checkpointing=False)
+    assert eq1["max_batch_size"] == max_batch_size_eq1(
+        gpu_memory_gb=48,
+        model_memory_gb=c.model_memory_gb,
+        seq_len_tokens=512,
+        sparsity=sparsity_fraction(2, 8),
+        c0=c.c0,
+        c1=c.c1,
+    )
+    sim = next(
+        r
+        for r in rows
+        if r["model"] == "blackmamba-2.8b" and r["experts_per_token"] == 8 and r["source"] == "simulated"
+    )
+    job = FineTuneJob(
+        model="blackmamba-2.8b", method="full", experts_per_token=8, seq_len=512, gradient_checkpointing=False
+    )
     assert sim["max_batch_size"] == max_batch_size(job, 48 * BYTES_PER_GIB, stack="tunecost").batch_size > 0
     assert {r["estimator"] for r in rows if r["model"] == "mixtral-8x7b"} == {
-        "paper eq. (1)", "simulator, hf-2024 stack, checkpointing off", "simulator, tunecost stack, checkpointing on"}
+        "paper eq. (1)",
+        "simulator, hf-2024 stack, checkpointing off",
+        "simulator, tunecost stack, checkpointing on",
+    }

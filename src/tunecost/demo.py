@@ -37,8 +37,15 @@ def _stage_fit(out: Path, on_progress: ProgressFn | None) -> None:
     path = out / "fit.jsonl"
     path.unlink(missing_ok=True)
     for p in points:
-        append_jsonl(out / "fit.jsonl", {"schema_version": 1, "kind": "fit_point", **dataclasses.asdict(p),
-                                         "source": "paper A40 measurements (bundled)"})
+        append_jsonl(
+            out / "fit.jsonl",
+            {
+                "schema_version": 1,
+                "kind": "fit_point",
+                **dataclasses.asdict(p),
+                "source": "paper A40 measurements (bundled)",
+            },
+        )
     for form in ("artifact", "printed"):
         for f in fit_all(points, form):  # type: ignore[arg-type]
             append_jsonl(path, {"schema_version": 1, "kind": "fit", **dataclasses.asdict(f)})
@@ -60,11 +67,26 @@ def _stage_estimate(out: Path, on_progress: ProgressFn | None) -> None:
     for model, method in jobs:
         for estimator in names:
             for k in (2, 8):
-                rows = estimate_costs(model=model, gpus=list(DEMO_GPUS), epochs=10, dataset="math_14k",
-                                      method=method, experts_per_token=k, estimator=estimator)
+                rows = estimate_costs(
+                    model=model,
+                    gpus=list(DEMO_GPUS),
+                    epochs=10,
+                    dataset="math_14k",
+                    method=method,
+                    experts_per_token=k,
+                    estimator=estimator,
+                )
                 for row in rows:
-                    append_jsonl(path, {"schema_version": 1, "kind": "estimate", "experts_per_token": k,
-                                        "method": method, **dataclasses.asdict(row)})
+                    append_jsonl(
+                        path,
+                        {
+                            "schema_version": 1,
+                            "kind": "estimate",
+                            "experts_per_token": k,
+                            "method": method,
+                            **dataclasses.asdict(row),
+                        },
+                    )
                 done += 1
                 if on_progress:
                     on_progress(done, total, f"estimate {model} top-{k} ({estimator})")
@@ -75,8 +97,10 @@ MAX_BATCH_MEMORY_GB = (24, 40, 48, 80, 141)  # GiB: GPU memory sizes of the cata
 # (model, method, [(simulator stack, gradient checkpointing)]): Mixtral on the paper's 2024 stack as it reproduces
 # Table III (docs/memory-model.md: checkpointing off) and on today's stack with checkpointing; BlackMamba is
 # tunecost's own model on both stacks, full fine-tune without checkpointing.
-MAX_BATCH_JOBS = (("mixtral-8x7b", "qlora", (("hf-2024", False), ("tunecost", True))),
-                  ("blackmamba-2.8b", "full", (("tunecost", False),)))
+MAX_BATCH_JOBS = (
+    ("mixtral-8x7b", "qlora", (("hf-2024", False), ("tunecost", True))),
+    ("blackmamba-2.8b", "full", (("tunecost", False),)),
+)
 PROFILE_JOBS = (("tiny-mixtral", "qlora"), ("tiny-blackmamba", "full"))
 PROFILE_BATCH_SIZES = (1, 2, 4)
 DENSE_SPARSE = (2, 8)
@@ -90,8 +114,18 @@ def _stage_lengths(out: Path, on_progress: ProgressFn | None) -> None:
     from tunecost.workload.tokenizers import tokenizer_by_name
 
     dist = length_distribution(load_dataset(DEMO_DATASET), tokenizer_by_name("mistral"), template_by_name("mistral"))
-    rows = [{"schema_version": 1, "kind": "lengths", "dataset": dist.dataset, "tokenizer": dist.tokenizer,
-             "template": dist.template, "query_index": i, "length": n} for i, n in enumerate(dist.lengths)]
+    rows = [
+        {
+            "schema_version": 1,
+            "kind": "lengths",
+            "dataset": dist.dataset,
+            "tokenizer": dist.tokenizer,
+            "template": dist.template,
+            "query_index": i,
+            "length": n,
+        }
+        for i, n in enumerate(dist.lengths)
+    ]
     atomic_write_text(out / "lengths.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
 
 
@@ -111,19 +145,48 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
     for model, method, setups in MAX_BATCH_JOBS:
         spec = resolve_model(model)
         for k in DENSE_SPARSE:
-            keys = {"schema_version": 1, "kind": "max_batch", "model": model, "method": method,
-                    "experts_per_token": k, "seq_len": seq_len, "dataset": None, "device": "none"}
+            keys = {
+                "schema_version": 1,
+                "kind": "max_batch",
+                "model": model,
+                "method": method,
+                "experts_per_token": k,
+                "seq_len": seq_len,
+                "dataset": None,
+                "device": "none",
+            }
             for gb in MAX_BATCH_MEMORY_GB:
                 eq1, note = eq1_max_batch_size(spec, gpu_memory_gb=gb, experts_per_token=k, seq_len=seq_len)
-                rows.append({**keys, "gpu_memory_gb": gb, "max_batch_size": max(0, eq1), "source": "eq1",
-                             "estimator": "paper eq. (1)", "note": note})
+                rows.append(
+                    {
+                        **keys,
+                        "gpu_memory_gb": gb,
+                        "max_batch_size": max(0, eq1),
+                        "source": "eq1",
+                        "estimator": "paper eq. (1)",
+                        "note": note,
+                    }
+                )
                 for stack, checkpointing in setups:
-                    job = FineTuneJob(model=model, method=method, experts_per_token=k,  # type: ignore[arg-type]
-                                      seq_len=seq_len, gradient_checkpointing=checkpointing)
+                    job = FineTuneJob(
+                        model=model,
+                        method=method,
+                        experts_per_token=k,  # type: ignore[arg-type]
+                        seq_len=seq_len,
+                        gradient_checkpointing=checkpointing,
+                    )
                     mbs = fitting_batch_size(job, int(gb * BYTES_PER_GIB), stack=stack)
-                    rows.append({**keys, "gpu_memory_gb": gb, "max_batch_size": mbs, "source": "simulated",
-                                 "estimator": f"simulator, {stack} stack, checkpointing {'on' if checkpointing else 'off'}",
-                                 "stack": stack, "gradient_checkpointing": checkpointing})
+                    rows.append(
+                        {
+                            **keys,
+                            "gpu_memory_gb": gb,
+                            "max_batch_size": mbs,
+                            "source": "simulated",
+                            "estimator": f"simulator, {stack} stack, checkpointing {'on' if checkpointing else 'off'}",
+                            "stack": stack,
+                            "gradient_checkpointing": checkpointing,
+                        }
+                    )
                 done += 1
                 if on_progress:
                     on_progress(done, total, f"max batch {model} top-{k} at {gb} GB")
@@ -140,9 +203,12 @@ def _stage_profile(out: Path, on_progress: ProgressFn | None) -> None:
     total = len(PROFILE_JOBS) * len(DENSE_SPARSE) * len(PROFILE_BATCH_SIZES)
     done = 0
     for model, method in PROFILE_JOBS:
-        spec = SweepSpec(setup=ModelSetup(model=model, method=method, device="cpu"),
-                         experts_per_token=DENSE_SPARSE, batch_sizes=PROFILE_BATCH_SIZES,
-                         inputs=InputSpec(dataset=DEMO_DATASET))
+        spec = SweepSpec(
+            setup=ModelSetup(model=model, method=method, device="cpu"),
+            experts_per_token=DENSE_SPARSE,
+            batch_sizes=PROFILE_BATCH_SIZES,
+            inputs=InputSpec(dataset=DEMO_DATASET),
+        )
 
         def progress(d: int, t: int, label: str, _base: int = done) -> None:
             if on_progress:
@@ -159,7 +225,7 @@ def _stage_trainability(out: Path, on_progress: ProgressFn | None) -> None:
     run_trainability(trainability_job(), out, on_progress=on_progress)
 
 
-def trainability_job():  # noqa: ANN201 (torch-free import of the module)
+def trainability_job():
     """The paper's setup on the embedded task: tiny Mixtral, top-2 and dense, 10 epochs (TrainabilityJob defaults)."""
     from tunecost.train.trainability import TrainabilityJob
 
@@ -184,15 +250,18 @@ STAGES: tuple[DemoStage, ...] = (
 )
 
 
-def run_demo(out_dir: Path, *, on_stage: Callable[[DemoStage], None] | None = None,
-             on_progress: ProgressFn | None = None) -> dict[str, float]:
+def run_demo(
+    out_dir: Path, *, on_stage: Callable[[DemoStage], None] | None = None, on_progress: ProgressFn | None = None
+) -> dict[str, float]:
     """Run every demo stage into `out_dir`; returns seconds per stage. Rerunning resumes the profile sweeps and
     the trainability runs where they stopped; the quick stages are redone."""
     from tunecost.results.meta import run_metadata
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(out_dir / "meta.json", run_metadata(device="cpu", command=["tunecost", "demo"],
-                                                         extra={"demo_stages": [s.name for s in STAGES]}))
+    atomic_write_json(
+        out_dir / "meta.json",
+        run_metadata(device="cpu", command=["tunecost", "demo"], extra={"demo_stages": [s.name for s in STAGES]}),
+    )
     seconds: dict[str, float] = {}
     for stage in STAGES:
         if on_stage:

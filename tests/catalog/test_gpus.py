@@ -10,8 +10,17 @@ from tunecost.catalog.gpus import GPU, get_gpu, gpu_catalog, load_gpus, resolve_
 from tunecost.errors import TunecostError
 
 REQUIRED_GPUS = (  # issue 2: "at least" these
-    "A40-48GB", "A100-40GB", "A100-80GB-SXM", "A100-80GB-PCIE", "H100-80GB-SXM", "H100-80GB-PCIE", "H200-141GB",
-    "L40S-48GB", "L4-24GB", "A10G-24GB", "RTX4090-24GB",
+    "A40-48GB",
+    "A100-40GB",
+    "A100-80GB-SXM",
+    "A100-80GB-PCIE",
+    "H100-80GB-SXM",
+    "H100-80GB-PCIE",
+    "H200-141GB",
+    "L40S-48GB",
+    "L4-24GB",
+    "A10G-24GB",
+    "RTX4090-24GB",
 )
 
 
@@ -74,8 +83,18 @@ def test_ambiguous_prefix_lists_matches() -> None:
 
 
 def test_ambiguous_alias_lists_matches() -> None:
-    a = GPU(name="X1", aliases=("x",), vendor="", architecture="", memory_gb=1, mem_bandwidth_bytes_per_s=1,
-            bf16_tensor_flops_per_s=1, fp32_flops_per_s=1, as_of="2026-01-01", sources={})
+    a = GPU(
+        name="X1",
+        aliases=("x",),
+        vendor="",
+        architecture="",
+        memory_gb=1,
+        mem_bandwidth_bytes_per_s=1,
+        bf16_tensor_flops_per_s=1,
+        fp32_flops_per_s=1,
+        as_of="2026-01-01",
+        sources={},
+    )
     b = GPU(**{**a.__dict__, "name": "X2"})
     with pytest.raises(TunecostError, match="ambiguous GPU 'X': matches X1, X2"):
         resolve_gpu_name("X", {"X1": a, "X2": b})
@@ -104,8 +123,10 @@ def test_unique_prefix_resolves_and_says_so() -> None:
 
 def test_bad_gpu_file_names_row(tmp_path) -> None:
     path = tmp_path / "gpus.csv"
-    path.write_text("name,aliases,memory_gb,mem_bandwidth_tb_s,bf16_tensor_tflops,fp32_tflops,as_of\n"
-                    "G1,g1,48,1,100,10,2026-01-01\nG2,g2,lots,1,100,10,2026-01-01\n")
+    path.write_text(
+        "name,aliases,memory_gb,mem_bandwidth_tb_s,bf16_tensor_tflops,fp32_tflops,as_of\n"
+        "G1,g1,48,1,100,10,2026-01-01\nG2,g2,lots,1,100,10,2026-01-01\n"
+    )
     with pytest.raises(TunecostError, match=r"row 2: column 'memory_gb' is not a number: 'lots'"):
         load_gpus(path)
     path.write_text("name,aliases,memory_gb\nG1,g1,48\n")

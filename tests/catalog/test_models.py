@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-
 import math
 
 import pytest
@@ -15,7 +14,12 @@ from tunecost.models.params import count_parameters
 
 CATALOG = model_catalog()
 REQUIRED_MODELS = (  # issue 2 (the BlackMamba entries come from another issue: tested below when present)
-    "mixtral-8x7b", "mixtral-8x22b", "olmoe-1b-7b", "qwen1.5-moe-a2.7b", "qwen3-30b-a3b", "deepseek-v2-lite",
+    "mixtral-8x7b",
+    "mixtral-8x22b",
+    "olmoe-1b-7b",
+    "qwen1.5-moe-a2.7b",
+    "qwen3-30b-a3b",
+    "deepseek-v2-lite",
     "llama-3.1-8b",
 )
 PUBLISHED_TOTAL = [s for s in CATALOG.values() if s.published_total_params]
@@ -104,8 +108,10 @@ def _blackmamba_present() -> bool:
     return "blackmamba-2.8b" in CATALOG
 
 
-@pytest.mark.skipif(not _blackmamba_present(), reason="blackmamba-2.8b is not in the model catalog yet "
-                    "(its entry and model code are added by another worker)")
+@pytest.mark.skipif(
+    not _blackmamba_present(),
+    reason="blackmamba-2.8b is not in the model catalog yet (its entry and model code are added by another worker)",
+)
 def test_blackmamba_2_8b_params() -> None:
     # Issue 2 (BlackMamba paper / model card): 2.78 B total, 0.63 B active at top-1.
     spec = resolve_model("blackmamba-2.8b")

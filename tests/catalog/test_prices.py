@@ -52,9 +52,12 @@ def test_unknown_provider_lists_valid_names() -> None:
 
 def test_user_file_overrides_and_extends(tmp_path) -> None:
     extra = tmp_path / "mine.csv"
-    extra.write_text("# my prices\n" + HEADER
-                     + "paper-2024,a40,0.55,2025-03-01,https://example.com/a40,renegotiated\n"
-                     + "myco,H100,1.23,2025-03,https://example.com/h100,\n")
+    extra.write_text(
+        "# my prices\n"
+        + HEADER
+        + "paper-2024,a40,0.55,2025-03-01,https://example.com/a40,renegotiated\n"
+        + "myco,H100,1.23,2025-03,https://example.com/h100,\n"
+    )
     merged = price_catalog(extra)
     assert len(merged) == len(price_catalog()) + 1  # one overridden, one added
     (a40,) = prices_for("A40-48GB", merged, "paper-2024")

@@ -19,8 +19,17 @@ def test_gpus_json(cli_runner) -> None:
     rows = _ok_json(cli_runner, ["gpus", "--json"])
     by_name = {r["name"]: r for r in rows}
     a40 = by_name["A40-48GB"]
-    assert {"name", "aliases", "memory_gb", "memory_bytes", "mem_bandwidth_bytes_per_s", "bf16_tensor_flops_per_s",
-            "fp32_flops_per_s", "as_of", "sources"} <= set(a40)
+    assert {
+        "name",
+        "aliases",
+        "memory_gb",
+        "memory_bytes",
+        "mem_bandwidth_bytes_per_s",
+        "bf16_tensor_flops_per_s",
+        "fp32_flops_per_s",
+        "as_of",
+        "sources",
+    } <= set(a40)
     assert a40["memory_gb"] == 48 and a40["memory_bytes"] == 48 * 2**30
     assert "a40" in a40["aliases"]
     assert by_name["H100-80GB-SXM"]["bf16_tensor_flops_per_s"] == pytest.approx(989e12)  # gpus.csv
@@ -36,8 +45,21 @@ def test_models_json(cli_runner) -> None:
     rows = _ok_json(cli_runner, ["models", "--json"])
     by_name = {r["name"]: r for r in rows}
     mixtral = by_name["mixtral-8x7b"]
-    assert {"name", "family", "hub_id", "layers", "hidden_size", "vocab_size", "num_experts", "experts_per_token",
-            "total_params", "active_params", "published_total_params", "source", "as_of"} <= set(mixtral)
+    assert {
+        "name",
+        "family",
+        "hub_id",
+        "layers",
+        "hidden_size",
+        "vocab_size",
+        "num_experts",
+        "experts_per_token",
+        "total_params",
+        "active_params",
+        "published_total_params",
+        "source",
+        "as_of",
+    } <= set(mixtral)
     # Mixtral of experts: 46.7 B total, 12.9 B per token (within 1 %)
     assert mixtral["total_params"] == pytest.approx(46.7e9, rel=0.01)
     assert mixtral["active_params"] == pytest.approx(12.9e9, rel=0.01)
@@ -49,17 +71,23 @@ def test_prices_json_and_filters(cli_runner) -> None:
     rows = _ok_json(cli_runner, ["prices", "--json"])
     assert all({"provider", "gpu", "usd_per_gpu_hour", "date", "source_url"} <= set(r) for r in rows)
     paper = _ok_json(cli_runner, ["prices", "--provider", "paper-2024", "--json"])
-    assert {r["gpu"]: r["usd_per_gpu_hour"] for r in paper} == {"A40-48GB": 0.79, "A100-80GB-SXM": 1.67,
-                                                                 "H100-80GB-SXM": 2.1}  # Table IV
+    assert {r["gpu"]: r["usd_per_gpu_hour"] for r in paper} == {
+        "A40-48GB": 0.79,
+        "A100-80GB-SXM": 1.67,
+        "H100-80GB-SXM": 2.1,
+    }  # Table IV
     h100 = _ok_json(cli_runner, ["prices", "--gpu", "h100", "--json"])
     assert {r["gpu"] for r in h100} == {"H100-80GB-SXM"}
     assert [r["usd_per_gpu_hour"] for r in h100] == sorted(r["usd_per_gpu_hour"] for r in h100)
 
 
 def test_prices_file_overrides_and_extends(cli_runner, write_file) -> None:
-    path = write_file("p.csv", "provider,gpu,usd_per_gpu_hour,date,source_url\n"
-                               "paper-2024,A40,0.5,2025-01-02,https://example.com/a\n"
-                               "myco,A40-48GB,0.42,2025-02,https://example.com/b\n")
+    path = write_file(
+        "p.csv",
+        "provider,gpu,usd_per_gpu_hour,date,source_url\n"
+        "paper-2024,A40,0.5,2025-01-02,https://example.com/a\n"
+        "myco,A40-48GB,0.42,2025-02,https://example.com/b\n",
+    )
     rows = _ok_json(cli_runner, ["prices", "--gpu", "A40", "--prices", str(path), "--json"])
     got = {r["provider"]: (r["usd_per_gpu_hour"], r["date"]) for r in rows}
     assert got["paper-2024"] == (0.5, "2025-01-02")
@@ -76,8 +104,11 @@ def test_unknown_gpu_and_provider(cli_error) -> None:
 
 
 def test_bad_price_file_names_row(cli_error, write_file) -> None:
-    path = write_file("p.csv", "provider,gpu,usd_per_gpu_hour,date,source_url\n"
-                               "myco,A40,0.5,2025-01-02,https://example.com/a\n"
-                               "myco,L4,cheap,2025-01-02,https://example.com/a\n")
+    path = write_file(
+        "p.csv",
+        "provider,gpu,usd_per_gpu_hour,date,source_url\n"
+        "myco,A40,0.5,2025-01-02,https://example.com/a\n"
+        "myco,L4,cheap,2025-01-02,https://example.com/a\n",
+    )
     line = cli_error(["prices", "--prices", str(path)])
     assert "row 2: column 'usd_per_gpu_hour' is not a number: 'cheap'" in line

@@ -31,7 +31,8 @@ def test_corrupt_parquet_dataset(tmp_path, cli_error) -> None:
 @pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
 def test_gpu_memory_must_be_a_positive_number(cli_error, value) -> None:
     assert "--gpu-memory-gb must be a positive number" in cli_error(
-        ["max-batch", "--model", "tiny-mixtral", "--device", "cpu", "--gpu-memory-gb", value])
+        ["max-batch", "--model", "tiny-mixtral", "--device", "cpu", "--gpu-memory-gb", value]
+    )
 
 
 def test_negative_size_in_a_local_config(tmp_path, cli_error) -> None:
@@ -40,5 +41,6 @@ def test_negative_size_in_a_local_config(tmp_path, cli_error) -> None:
 
 
 def test_a_misspelt_device_is_not_auto(cli_error) -> None:
-    assert "unsupported device 'gpu0'" in cli_error(["max-batch", "--model", "tiny-mixtral", "--gpu", "A40",
-                                                     "--device", "gpu0"])
+    assert "unsupported device 'gpu0'" in cli_error(
+        ["max-batch", "--model", "tiny-mixtral", "--gpu", "A40", "--device", "gpu0"]
+    )

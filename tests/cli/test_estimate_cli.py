@@ -25,6 +25,7 @@ def _flat(text: str) -> str:
 
 # ---- fit -----------------------------------------------------------------------------------------------------
 
+
 def test_fit_artifact_json(cli_runner, paper_a40_csv) -> None:
     """Acceptance 2: `tunecost fit measured_throughput_a40.csv --form artifact --json`."""
     fits = _ok_json(cli_runner, ["fit", str(paper_a40_csv), "--form", "artifact", "--json"])
@@ -37,8 +38,10 @@ def test_fit_artifact_json(cli_runner, paper_a40_csv) -> None:
     assert by[("mixtral-8x7b", "commonsense_15k")]["rmse"] == pytest.approx(0.055, abs=0.005)
     assert by[("mixtral-8x7b", "math_14k")]["rmse"] == pytest.approx(0.022, abs=0.003)
     assert {k: f["num_points"] for k, f in by.items()} == {
-        ("blackmamba-2.8b", "commonsense_15k"): 26, ("blackmamba-2.8b", "math_14k"): 13,
-        ("mixtral-8x7b", "commonsense_15k"): 10, ("mixtral-8x7b", "math_14k"): 5,
+        ("blackmamba-2.8b", "commonsense_15k"): 26,
+        ("blackmamba-2.8b", "math_14k"): 13,
+        ("mixtral-8x7b", "commonsense_15k"): 10,
+        ("mixtral-8x7b", "math_14k"): 5,
     }
     assert set(by[("mixtral-8x7b", "math_14k")]["coefficients"]) == {"a", "b", "c3"}
 
@@ -54,11 +57,18 @@ def test_fit_printed_json_and_table(cli_runner, paper_a40_csv) -> None:
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("model,dataset,gpu,experts_per_token,sparsity,batch_size\nm,d,g,2,0.25,1\n",
-         "missing column(s) queries_per_s"),
-        (f"{HEADER}\nm,d,g,2,0.25,1,0.5\nm,d,g,2,0.25,2,fast\n", "row 2: column 'queries_per_s' is not a number: 'fast'"),
-        (f"{HEADER}\nm,d,g,2,0.25,1,0.5\nm,d,g,2,0.25,2,0.8\nm,d,g,2,0.25,4,1.1\nm,x,g,2,0.25,1,0.5\n",
-         "group m/x/g has 1 point(s)"),
+        (
+            "model,dataset,gpu,experts_per_token,sparsity,batch_size\nm,d,g,2,0.25,1\n",
+            "missing column(s) queries_per_s",
+        ),
+        (
+            f"{HEADER}\nm,d,g,2,0.25,1,0.5\nm,d,g,2,0.25,2,fast\n",
+            "row 2: column 'queries_per_s' is not a number: 'fast'",
+        ),
+        (
+            f"{HEADER}\nm,d,g,2,0.25,1,0.5\nm,d,g,2,0.25,2,0.8\nm,d,g,2,0.25,4,1.1\nm,x,g,2,0.25,1,0.5\n",
+            "group m/x/g has 1 point(s)",
+        ),
         (f"{HEADER}\nm,d,g,2,0.25,1,0.5\nm,d,g,2,0.25,2,-0.8\n", "row 2: queries_per_s must be > 0"),
         ("", "missing column(s) model"),
         (f"{HEADER}\n", "no measurements"),
@@ -83,6 +93,7 @@ def test_fit_missing_file_and_bad_form(cli_error, tmp_path, paper_a40_csv) -> No
 
 # ---- cost ----------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize(
     ("qps", "price", "usd", "target", "tol"),
     [
@@ -93,29 +104,77 @@ def test_fit_missing_file_and_bad_form(cli_error, tmp_path, paper_a40_csv) -> No
     ],
 )
 def test_cost_table_iv_json(cli_runner, qps, price, usd, target, tol) -> None:
-    out = _ok_json(cli_runner, ["cost", "--queries", "15000", "--epochs", "10", "--throughput", str(qps),
-                                "--usd-per-hour", str(price), "--json"])
-    assert {"hours", "usd", "num_queries", "epochs", "queries_per_s", "usd_per_hour", "provider",
-            "price_date"} <= set(out)
+    out = _ok_json(
+        cli_runner,
+        [
+            "cost",
+            "--queries",
+            "15000",
+            "--epochs",
+            "10",
+            "--throughput",
+            str(qps),
+            "--usd-per-hour",
+            str(price),
+            "--json",
+        ],
+    )
+    assert {"hours", "usd", "num_queries", "epochs", "queries_per_s", "usd_per_hour", "provider", "price_date"} <= set(
+        out
+    )
     assert out["usd"] == pytest.approx(usd, abs=1e-6)
     assert abs(out["usd"] - target) <= tol
     assert out["hours"] == pytest.approx(15000 * 10 / qps / 3600)
 
 
 def test_cost_catalog_price_names_provider_and_date(cli_runner) -> None:
-    out = _ok_json(cli_runner, ["cost", "--queries", "15000", "--epochs", "10", "--throughput", "1.01",
-                                "--gpu", "A40", "--provider", "paper-2024", "--json"])
+    out = _ok_json(
+        cli_runner,
+        [
+            "cost",
+            "--queries",
+            "15000",
+            "--epochs",
+            "10",
+            "--throughput",
+            "1.01",
+            "--gpu",
+            "A40",
+            "--provider",
+            "paper-2024",
+            "--json",
+        ],
+    )
     assert (out["provider"], out["price_date"], out["gpu"], out["usd_per_hour"]) == (
-        "paper-2024", "2024-08-08", "A40-48GB", 0.79)
+        "paper-2024",
+        "2024-08-08",
+        "A40-48GB",
+        0.79,
+    )
     assert out["usd"] == pytest.approx(32.590759, abs=1e-6)  # same as Table IV's A40 row
-    cheapest = _ok_json(cli_runner, ["cost", "--queries", "100", "--epochs", "1", "--throughput", "1",
-                                     "--gpu", "H100", "--json"])
+    cheapest = _ok_json(
+        cli_runner, ["cost", "--queries", "100", "--epochs", "1", "--throughput", "1", "--gpu", "H100", "--json"]
+    )
     assert cheapest["provider"] and cheapest["price_date"]  # the cheapest catalog price, named
 
 
 def test_cost_table_output(cli_runner) -> None:
-    result = cli_runner.invoke(app, ["cost", "--queries", "15000", "--epochs", "10", "--throughput", "1.01",
-                                     "--gpu", "A40", "--provider", "paper-2024"])
+    result = cli_runner.invoke(
+        app,
+        [
+            "cost",
+            "--queries",
+            "15000",
+            "--epochs",
+            "10",
+            "--throughput",
+            "1.01",
+            "--gpu",
+            "A40",
+            "--provider",
+            "paper-2024",
+        ],
+    )
     assert result.exit_code == 0
     assert "$32.59" in result.stdout and "paper-2024" in result.stdout and "2024-08-08" in result.stdout
 
@@ -151,8 +210,19 @@ def test_cost_bad_names(cli_error) -> None:
 
 # ---- estimate ------------------------------------------------------------------------------------------------
 
-ESTIMATE = ["estimate", "--model", "mixtral-8x7b", "--gpu", "A40,H100", "--dataset", "math_14k", "--epochs", "10",
-            "--experts-per-token", "2"]
+ESTIMATE = [
+    "estimate",
+    "--model",
+    "mixtral-8x7b",
+    "--gpu",
+    "A40,H100",
+    "--dataset",
+    "math_14k",
+    "--epochs",
+    "10",
+    "--experts-per-token",
+    "2",
+]
 
 
 def test_estimate_json(cli_runner) -> None:
@@ -183,11 +253,13 @@ def test_estimate_table_names_estimator(cli_runner) -> None:
 
 def test_estimate_queries_and_calibrate(cli_runner, write_file) -> None:
     # Synthetic H100 points on a + b*log(B)/(s*1.8), a=0.6, b=0.5: the H100 rows get a throughput and a cost.
-    rows_csv = [f"mixtral-8x7b,math_14k,H100-80GB-SXM,2,0.25,{b},{0.6 + 0.5 * math.log(b) / 0.45!r}"
-                for b in (1, 2, 4, 8)]
+    rows_csv = [
+        f"mixtral-8x7b,math_14k,H100-80GB-SXM,2,0.25,{b},{0.6 + 0.5 * math.log(b) / 0.45!r}" for b in (1, 2, 4, 8)
+    ]
     path = write_file("h100.csv", HEADER + "\n" + "\n".join(rows_csv) + "\n")
-    rows = _ok_json(cli_runner, [*ESTIMATE, "--queries", "15000", "--calibrate", str(path), "--provider",
-                                 "paper-2024", "--json"])
+    rows = _ok_json(
+        cli_runner, [*ESTIMATE, "--queries", "15000", "--calibrate", str(path), "--provider", "paper-2024", "--json"]
+    )
     assert {r["num_queries"] for r in rows} == {15000}
     h100 = next(r for r in rows if r["gpu"] == "H100-80GB-SXM")
     assert h100["queries_per_s"] == pytest.approx(0.6 + 0.5 * math.log(20) / 0.45)
@@ -219,8 +291,23 @@ def test_estimate_bad_input(cli_error, override, expected) -> None:
 
 
 def test_estimate_all_gpus(cli_runner) -> None:
-    rows = _ok_json(cli_runner, ["estimate", "--model", "mixtral-8x7b", "--gpu", "all", "--dataset", "math_14k",
-                                 "--epochs", "1", "--provider", "paper-2024", "--json"])
+    rows = _ok_json(
+        cli_runner,
+        [
+            "estimate",
+            "--model",
+            "mixtral-8x7b",
+            "--gpu",
+            "all",
+            "--dataset",
+            "math_14k",
+            "--epochs",
+            "1",
+            "--provider",
+            "paper-2024",
+            "--json",
+        ],
+    )
     from tunecost.catalog.gpus import gpu_catalog
 
     assert {r["gpu"] for r in rows} == set(gpu_catalog())

@@ -21,8 +21,14 @@ def no_simulator(monkeypatch):
 
 
 def _req(gpu: str = "A40", **kw) -> EstimateRequest:
-    args = {"spec": resolve_model("mixtral-8x7b"), "gpu": get_gpu(gpu), "method": "qlora", "experts_per_token": 2,
-            "dataset": "math_14k", **kw}
+    args = {
+        "spec": resolve_model("mixtral-8x7b"),
+        "gpu": get_gpu(gpu),
+        "method": "qlora",
+        "experts_per_token": 2,
+        "dataset": "math_14k",
+        **kw,
+    }
     return EstimateRequest(**args)
 
 
@@ -43,8 +49,14 @@ def test_estimates_every_gpu_from_the_a40_calibration(no_simulator) -> None:
 
 
 def test_cost_table_with_the_calibrated_estimator(no_simulator) -> None:
-    rows = estimate_costs(model="mixtral-8x7b", gpus=["A40", "H100"], epochs=10, dataset="math_14k",
-                          experts_per_token=2, estimator="calibrated")
+    rows = estimate_costs(
+        model="mixtral-8x7b",
+        gpus=["A40", "H100"],
+        epochs=10,
+        dataset="math_14k",
+        experts_per_token=2,
+        estimator="calibrated",
+    )
     assert {r.gpu for r in rows} == {"A40-48GB", "H100-80GB-SXM"}
     for r in rows:
         assert r.estimator == "calibrated" and r.queries_per_s_low < r.queries_per_s < r.queries_per_s_high
@@ -54,8 +66,9 @@ def test_own_calibration_file_replaces_the_default(no_simulator, write_file) -> 
     from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS
 
     rows = [line for line in PAPER_A40_MEASUREMENTS.read_text().splitlines()[2:] if "blackmamba" in line]
-    path = write_file("bm.csv", "model,dataset,gpu,experts_per_token,sparsity,batch_size,queries_per_s\n"
-                      + "\n".join(rows) + "\n")
+    path = write_file(
+        "bm.csv", "model,dataset,gpu,experts_per_token,sparsity,batch_size,queries_per_s\n" + "\n".join(rows) + "\n"
+    )
     point = calibrated.calibrated_estimator(_req(calibrate=path))
     assert any(f"{len(rows)} points of {path}" in n for n in point.notes)
     assert any("model mixtral-8x7b not in the calibration" in n for n in point.notes)

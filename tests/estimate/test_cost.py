@@ -20,8 +20,15 @@ def test_simple_cost_table_iv_a40() -> None:
 
 
 def test_simple_cost_carries_price_provenance() -> None:
-    est = simple_cost(num_queries=14000, epochs=1, queries_per_s=2.0, usd_per_hour=3.6, provider="p",
-                      price_date="2024-08-08", gpu="A40-48GB")
+    est = simple_cost(
+        num_queries=14000,
+        epochs=1,
+        queries_per_s=2.0,
+        usd_per_hour=3.6,
+        provider="p",
+        price_date="2024-08-08",
+        gpu="A40-48GB",
+    )
     assert est.hours == pytest.approx(14000 / 2.0 / 3600)  # 1.9444 h
     assert est.usd == pytest.approx(7.0)  # 1.9444 h * 3.6
     assert (est.provider, est.price_date, est.gpu) == ("p", "2024-08-08", "A40-48GB")
@@ -37,8 +44,9 @@ def test_simple_cost_rejects_nonpositive(field: str, bad: float) -> None:
 
 @pytest.fixture(scope="module")
 def mixtral_rows():
-    return estimate_costs(model="mixtral-8x7b", gpus=["A40", "H100"], dataset="math_14k", epochs=10,
-                          experts_per_token=2)
+    return estimate_costs(
+        model="mixtral-8x7b", gpus=["A40", "H100"], dataset="math_14k", epochs=10, experts_per_token=2
+    )
 
 
 def test_rows_sorted_by_cost_and_named(mixtral_rows) -> None:
@@ -63,8 +71,11 @@ def test_a40_row_uses_eq1_and_eq2(mixtral_rows) -> None:
     from tunecost.estimate.fit import fit_all
     from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS, load_measurements
 
-    fit = next(f for f in fit_all(load_measurements(PAPER_A40_MEASUREMENTS)) if
-               (f.model, f.dataset) == ("mixtral-8x7b", "math_14k"))
+    fit = next(
+        f
+        for f in fit_all(load_measurements(PAPER_A40_MEASUREMENTS))
+        if (f.model, f.dataset) == ("mixtral-8x7b", "math_14k")
+    )
     assert a40.queries_per_s == pytest.approx(fit.predict_queries_per_s(batch_size=8, sparsity=0.25))
     assert a40.hours == pytest.approx(14000 * 10 / a40.queries_per_s / 3600)
     assert a40.usd == pytest.approx(a40.hours * 0.79)  # paper-2024 A40 price
@@ -83,17 +94,25 @@ def test_gpu_without_measurements_gets_none_and_a_note(mixtral_rows) -> None:
 
 
 def test_provider_filter_and_prices_override(write_file) -> None:
-    prices = write_file("p.csv", "provider,gpu,usd_per_gpu_hour,date,source_url\n"
-                                 "paper-2024,A40,0.5,2025-01-02,https://example.com/a\n")
-    (row,) = estimate_costs(model="mixtral-8x7b", gpus=["A40-48GB"], dataset="math_14k", epochs=10,
-                            provider="paper-2024", prices_file=prices)
+    prices = write_file(
+        "p.csv", "provider,gpu,usd_per_gpu_hour,date,source_url\npaper-2024,A40,0.5,2025-01-02,https://example.com/a\n"
+    )
+    (row,) = estimate_costs(
+        model="mixtral-8x7b",
+        gpus=["A40-48GB"],
+        dataset="math_14k",
+        epochs=10,
+        provider="paper-2024",
+        prices_file=prices,
+    )
     assert (row.provider, row.usd_per_hour, row.price_date) == ("paper-2024", 0.5, "2025-01-02")
     assert row.usd == pytest.approx(row.hours * 0.5)
 
 
 def test_explicit_queries_override_dataset_size() -> None:
-    (row,) = estimate_costs(model="mixtral-8x7b", gpus=["A40"], dataset="math_14k", num_queries=15000, epochs=10,
-                            provider="paper-2024")
+    (row,) = estimate_costs(
+        model="mixtral-8x7b", gpus=["A40"], dataset="math_14k", num_queries=15000, epochs=10, provider="paper-2024"
+    )
     assert row.num_queries == 15000
 
 

@@ -19,8 +19,14 @@ from tunecost.estimate.estimators import (
 
 
 def _req(gpu: str = "A40", **kw) -> EstimateRequest:
-    args = {"spec": resolve_model("mixtral-8x7b"), "gpu": get_gpu(gpu), "method": "qlora", "experts_per_token": 2,
-            "dataset": "math_14k", **kw}
+    args = {
+        "spec": resolve_model("mixtral-8x7b"),
+        "gpu": get_gpu(gpu),
+        "method": "qlora",
+        "experts_per_token": 2,
+        "dataset": "math_14k",
+        **kw,
+    }
     return EstimateRequest(**args)
 
 
@@ -31,7 +37,9 @@ def test_registry_has_paper() -> None:
 
 
 def test_unknown_estimator_lists_choices() -> None:
-    with pytest.raises(TunecostError, match=r"unknown estimator 'papr'\. Did you mean 'paper'\?.*Valid choices: .*paper"):
+    with pytest.raises(
+        TunecostError, match=r"unknown estimator 'papr'\. Did you mean 'paper'\?.*Valid choices: .*paper"
+    ):
         get_estimator("papr")
 
 
@@ -85,16 +93,19 @@ def test_calibrate_adds_measurements_on_another_gpu(write_file) -> None:
     # (20 at 80 GB, artifact) must be the curve's value there.
     a, b = 0.6, 0.5
     rows = [f"mixtral-8x7b,math_14k,H100-80GB-SXM,2,0.25,{bs},{a + b * math.log(bs) / 0.45!r}" for bs in (1, 2, 4, 8)]
-    path = write_file("h100.csv", "model,dataset,gpu,experts_per_token,sparsity,batch_size,queries_per_s\n"
-                      + "\n".join(rows) + "\n")
+    path = write_file(
+        "h100.csv", "model,dataset,gpu,experts_per_token,sparsity,batch_size,queries_per_s\n" + "\n".join(rows) + "\n"
+    )
     point = paper_estimator(_req("H100", calibrate=path))
     assert point.max_batch_size == 20
     assert point.queries_per_s == pytest.approx(a + b * math.log(20) / 0.45, rel=1e-9)  # 0.6 + 0.5*2.9957/0.45
     assert any("extrapolation: batch 20 is outside the measured batch sizes 1..8" in n for n in point.notes)
 
 
-@pytest.mark.skipif("blackmamba-2.8b" not in model_catalog(),
-                    reason="blackmamba-2.8b is not in the model catalog yet (added by another issue)")
+@pytest.mark.skipif(
+    "blackmamba-2.8b" not in model_catalog(),
+    reason="blackmamba-2.8b is not in the model catalog yet (added by another issue)",
+)
 def test_blackmamba_falls_back_to_text_coefficients() -> None:
     spec = resolve_model("blackmamba-2.8b")
     req = EstimateRequest(spec=spec, gpu=get_gpu("A40"), method="full", experts_per_token=2, dataset="math_14k")

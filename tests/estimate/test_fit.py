@@ -80,15 +80,24 @@ def test_printed_form_equals_free_three_parameter_fit(paper_points) -> None:
         y = np.array([p.queries_per_s for p in group])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", OptimizeWarning)  # C3 and C4 are not separately identifiable
-            params, _ = curve_fit(printed, xs, y, p0=[1.0, 1.0, float(y.mean())],
-                                  bounds=([-np.inf, 1e-6, -np.inf], [np.inf, np.inf, np.inf]))
+            params, _ = curve_fit(
+                printed,
+                xs,
+                y,
+                p0=[1.0, 1.0, float(y.mean())],
+                bounds=([-np.inf, 1e-6, -np.inf], [np.inf, np.inf, np.inf]),
+            )
         free_rmse = math.sqrt(float(np.mean((printed(xs, *params) - y) ** 2)))
         assert fit.rmse == pytest.approx(free_rmse, rel=1e-4, abs=1e-6), fit.model + "/" + fit.dataset
 
 
 def _synthetic(model: str, values) -> list[Measurement]:
-    return [Measurement(model=model, dataset="d", gpu="g", experts_per_token=k, sparsity=k / 8, batch_size=b,
-                        queries_per_s=q) for k, b, q in values]
+    return [
+        Measurement(
+            model=model, dataset="d", gpu="g", experts_per_token=k, sparsity=k / 8, batch_size=b, queries_per_s=q
+        )
+        for k, b, q in values
+    ]
 
 
 def test_artifact_fit_recovers_known_coefficients() -> None:
@@ -125,8 +134,12 @@ def test_unknown_model_gets_c3_one() -> None:
 
 def test_too_few_points_names_the_group() -> None:
     ok = _synthetic("m", [(2, 1, 1.0), (2, 2, 1.5), (2, 4, 1.9)])
-    short = [Measurement(model="m", dataset="tiny", gpu="L4", experts_per_token=2, sparsity=0.25, batch_size=b,
-                         queries_per_s=q) for b, q in ((1, 1.0), (2, 1.4))]
+    short = [
+        Measurement(
+            model="m", dataset="tiny", gpu="L4", experts_per_token=2, sparsity=0.25, batch_size=b, queries_per_s=q
+        )
+        for b, q in ((1, 1.0), (2, 1.4))
+    ]
     with pytest.raises(TunecostError, match=r"group m/tiny/L4 has 2 point\(s\).*at least 3 points"):
         fit_all(ok + short, "artifact")
     assert len(fit_all(ok, "artifact")) == 1

@@ -27,8 +27,12 @@ def test_paper_csv_loads(paper_a40_csv) -> None:
 
 
 def test_sparsity_defaults_to_k_over_experts(write_file) -> None:
-    text = _csv("mixtral-8x7b,cs,A40,2,1,0.5", "olmoe-1b-7b,cs,A40,8,1,0.5", "unknown-model,cs,A40,4,1,0.5",
-                header="model,dataset,gpu,experts_per_token,batch_size,queries_per_s")
+    text = _csv(
+        "mixtral-8x7b,cs,A40,2,1,0.5",
+        "olmoe-1b-7b,cs,A40,8,1,0.5",
+        "unknown-model,cs,A40,4,1,0.5",
+        header="model,dataset,gpu,experts_per_token,batch_size,queries_per_s",
+    )
     points = load_measurements(write_file("m.csv", text))
     # Mixtral: 2 of 8 experts (catalog); OLMoE: 8 of 64 (catalog); a model not in the catalog: of 8 (the paper's)
     assert [p.sparsity for p in points] == [0.25, 0.125, 0.5]
@@ -50,7 +54,9 @@ def test_a_utf8_bom_is_not_part_of_the_first_column(write_file) -> None:
 @pytest.mark.parametrize("column", REQUIRED_COLUMNS)
 def test_missing_column_is_named(write_file, column: str) -> None:
     header = ",".join(c for c in MEASUREMENT_HEADER.split(",") if c != column)
-    row = ",".join(v for c, v in zip(MEASUREMENT_HEADER.split(","), "m,d,g,2,0.25,1,0.5".split(",")) if c != column)
+    row = ",".join(
+        v for c, v in zip(MEASUREMENT_HEADER.split(","), ["m", "d", "g", "2", "0.25", "1", "0.5"]) if c != column
+    )
     with pytest.raises(TunecostError, match=rf"missing column\(s\) {column};"):
         load_measurements(write_file("m.csv", _csv(row, header=header)))
 
@@ -76,7 +82,7 @@ def test_non_numeric_cell_names_row_and_column(write_file, row: str, column: str
 def test_non_finite_cell_names_row(write_file, cell: str, column_index: int) -> None:
     # float() accepts "nan"/"inf"; they are not usable measurements and must be a one-line error naming the row
     # (today: a NaN queries_per_s is accepted and crashes scipy later; a NaN batch_size raises ValueError).
-    cells = "m,d,g,2,0.25,2,0.8".split(",")
+    cells = ["m", "d", "g", "2", "0.25", "2", "0.8"]
     cells[column_index] = cell
     text = _csv("m,d,g,2,0.25,1,0.5", ",".join(cells))
     with pytest.raises(TunecostError, match="row 2"):

@@ -24,11 +24,13 @@ MIXTRAL_MODEL_GB = 23.35  # Table I (and the artifact's Fig. 13 projection)
 
 
 def _eq1_artifact(gpu_gb: float, sparsity: float = 0.25) -> int:
-    return max_batch_size_eq1(gpu_memory_gb=gpu_gb, model_memory_gb=MIXTRAL_MODEL_GB, seq_len_tokens=512,
-                              sparsity=sparsity, c0=62, c1=0.89)
+    return max_batch_size_eq1(
+        gpu_memory_gb=gpu_gb, model_memory_gb=MIXTRAL_MODEL_GB, seq_len_tokens=512, sparsity=sparsity, c0=62, c1=0.89
+    )
 
 
 # ---- eq. (1): max batch size ---------------------------------------------------------------------------------
+
 
 def test_coefficient_sets_are_the_papers() -> None:
     # ../shared/paper/README.md: artifact C0=62, C1=0.89, model 23.35 GB, seq 512; §V-A text: Mixtral C0=82,
@@ -64,15 +66,21 @@ def test_eq1_artifact_coefficients_mixtral_top2(gpu_gb: float, expected: int) ->
 def test_eq1_text_coefficients_hand_computed() -> None:
     # Mixtral, text coefficients C0=82, C1=0.95 (§V-A), 48 GB, seq 512:
     # sparse (0.25): per query 512*(0.05+0.2375) = 147.2; 82*24.65/147.2 = 2021.3/147.2 = 13.73 -> 13
-    assert max_batch_size_eq1(gpu_memory_gb=48, model_memory_gb=23.35, seq_len_tokens=512, sparsity=0.25,
-                              c0=82, c1=0.95) == 13
+    assert (
+        max_batch_size_eq1(gpu_memory_gb=48, model_memory_gb=23.35, seq_len_tokens=512, sparsity=0.25, c0=82, c1=0.95)
+        == 13
+    )
     # dense (1.0): per query 512*(0.05+0.95) = 512; 2021.3/512 = 3.948 -> 3
-    assert max_batch_size_eq1(gpu_memory_gb=48, model_memory_gb=23.35, seq_len_tokens=512, sparsity=1.0,
-                              c0=82, c1=0.95) == 3
+    assert (
+        max_batch_size_eq1(gpu_memory_gb=48, model_memory_gb=23.35, seq_len_tokens=512, sparsity=1.0, c0=82, c1=0.95)
+        == 3
+    )
     # BlackMamba, C0=83, C1=0.88, 5.6 GB (Table I), 48 GB, seq 512, sparsity 0.25:
     # per query 512*(0.12+0.22) = 174.08; 83*42.4/174.08 = 3519.2/174.08 = 20.216 -> 20
-    assert max_batch_size_eq1(gpu_memory_gb=48, model_memory_gb=5.6, seq_len_tokens=512, sparsity=0.25,
-                              c0=83, c1=0.88) == 20
+    assert (
+        max_batch_size_eq1(gpu_memory_gb=48, model_memory_gb=5.6, seq_len_tokens=512, sparsity=0.25, c0=83, c1=0.88)
+        == 20
+    )
 
 
 def test_eq1_zero_when_model_does_not_fit() -> None:
@@ -103,21 +111,28 @@ def test_sparsity_fraction() -> None:
 
 # ---- eq. (2): throughput -------------------------------------------------------------------------------------
 
+
 def test_eq2_printed_hand_computed() -> None:
     # C2*log(B/(s*C3))+C4 with C2=1, C3=1.8, C4=0.5, B=4, s=0.25: log(4/0.45) = log(8.8889) = 2.18480 -> 2.68480
-    assert throughput_eq2_printed(batch_size=4, sparsity=0.25, c2=1.0, c3=1.8, c4=0.5) == pytest.approx(2.684802, abs=1e-6)
+    assert throughput_eq2_printed(batch_size=4, sparsity=0.25, c2=1.0, c3=1.8, c4=0.5) == pytest.approx(
+        2.684802, abs=1e-6
+    )
     # "C4 ... equals the throughput when ... the logarithmic part is zero" (§V-B): B = s*C3
     assert throughput_eq2_printed(batch_size=0.45, sparsity=0.25, c2=3.0, c3=1.8, c4=0.7) == pytest.approx(0.7)
 
 
 def test_eq2_artifact_hand_computed() -> None:
     # a + b*log(B)/(s*c3), a=0.3, b=0.2, c3=1.8, B=4, s=0.25: 0.2*1.386294/0.45 = 0.616131 -> 0.916131
-    assert throughput_eq2_artifact(batch_size=4, sparsity=0.25, a=0.3, b=0.2, c3=1.8) == pytest.approx(0.916131, abs=1e-6)
+    assert throughput_eq2_artifact(batch_size=4, sparsity=0.25, a=0.3, b=0.2, c3=1.8) == pytest.approx(
+        0.916131, abs=1e-6
+    )
     # batch 1: log(1) = 0, the throughput is the intercept a whatever the sparsity
     for s in (0.25, 1.0):
         assert throughput_eq2_artifact(batch_size=1, sparsity=s, a=0.3, b=0.2, c3=1.8) == pytest.approx(0.3)
     # dense, B=8: 0.3 + 0.2*log(8)/1.8 = 0.3 + 0.2*2.079442/1.8 = 0.531049
-    assert throughput_eq2_artifact(batch_size=8, sparsity=1.0, a=0.3, b=0.2, c3=1.8) == pytest.approx(0.531049, abs=1e-6)
+    assert throughput_eq2_artifact(batch_size=8, sparsity=1.0, a=0.3, b=0.2, c3=1.8) == pytest.approx(
+        0.531049, abs=1e-6
+    )
 
 
 def test_eq2_forms_differ_only_by_a_constant_at_fixed_sparsity() -> None:
@@ -127,13 +142,15 @@ def test_eq2_forms_differ_only_by_a_constant_at_fixed_sparsity() -> None:
     c4 = a - c2 * math.log(1 / (s * c3))
     for batch in (1, 2, 5, 17):
         assert throughput_eq2_printed(batch_size=batch, sparsity=s, c2=c2, c3=c3, c4=c4) == pytest.approx(
-            throughput_eq2_artifact(batch_size=batch, sparsity=s, a=a, b=b, c3=c3))
+            throughput_eq2_artifact(batch_size=batch, sparsity=s, a=a, b=b, c3=c3)
+        )
 
 
 # ---- cost (§V-C, Table IV) -----------------------------------------------------------------------------------
 # Table IV ("Mixtral on GS with sparse MoE", 10 epochs, CUDO prices). The printed costs reproduce with 15000
 # queries (commonsense_15k's size, Table II), not 14000 (math_14k, which §V-C names): with 14000 the A40 row
 # would be $30.42. Hand computation: cost = 15000*10/qps/3600 * $/h.
+
 
 @pytest.mark.parametrize(
     ("qps", "usd_per_hour", "hours", "usd", "target", "tolerance"),
@@ -158,7 +175,9 @@ def test_table_iv(qps: float, usd_per_hour: float, hours: float, usd: float, tar
 def test_cost_scales_with_gpus() -> None:
     one = cost_usd(num_queries=1000, epochs=2, queries_per_s=2.0, usd_per_gpu_hour=3.6)
     assert one == pytest.approx(1.0)  # 2000 q / 2 qps = 1000 s = 0.2778 h; * 3.6 = 1.0
-    assert cost_usd(num_queries=1000, epochs=2, queries_per_s=2.0, usd_per_gpu_hour=3.6, num_gpus=4) == pytest.approx(4.0)
+    assert cost_usd(num_queries=1000, epochs=2, queries_per_s=2.0, usd_per_gpu_hour=3.6, num_gpus=4) == pytest.approx(
+        4.0
+    )
 
 
 @pytest.mark.parametrize("bad", [0, -1, -0.5])

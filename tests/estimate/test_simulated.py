@@ -15,8 +15,14 @@ from tunecost.workload.job import FineTuneJob
 
 
 def _req(model: str = "mixtral-8x7b", gpu: str = "A40", **kw) -> EstimateRequest:
-    args = {"spec": resolve_model(model), "gpu": get_gpu(gpu), "method": "qlora", "experts_per_token": 2,
-            "dataset": "math_14k", **kw}
+    args = {
+        "spec": resolve_model(model),
+        "gpu": get_gpu(gpu),
+        "method": "qlora",
+        "experts_per_token": 2,
+        "dataset": "math_14k",
+        **kw,
+    }
     return EstimateRequest(**args)
 
 
@@ -73,8 +79,16 @@ def test_does_not_fit_is_a_row_not_a_crash(monkeypatch) -> None:
 def test_real_simulation_of_a_tiny_model_on_a_small_gpu() -> None:
     """No fakes: the estimator's batch is the simulator's boundary (fits at B, not at B + 1)."""
     gpu = dataclasses.replace(get_gpu("A40"), memory_gb=1.2)
-    point = simulated.simulate_estimator(EstimateRequest(spec=resolve_model("tiny-mixtral"), gpu=gpu, method="qlora",
-                                                         experts_per_token=2, dataset="math_14k", seq_len=128))
+    point = simulated.simulate_estimator(
+        EstimateRequest(
+            spec=resolve_model("tiny-mixtral"),
+            gpu=gpu,
+            method="qlora",
+            experts_per_token=2,
+            dataset="math_14k",
+            seq_len=128,
+        )
+    )
     job = FineTuneJob(model="tiny-mixtral", method="qlora", experts_per_token=2, seq_len=128)
     result = max_batch_size(job, gpu.memory_bytes, stack="tunecost")
     assert point.max_batch_size == result.batch_size >= 1

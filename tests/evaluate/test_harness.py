@@ -15,8 +15,14 @@ from tunecost.workload.templates import template_by_name
 from tunecost.workload.tokenizers import tokenizer_by_name
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
-             num_key_value_heads=1, head_dim=32)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +36,11 @@ def tok():
 
 
 def test_batched_greedy_generation_matches_one_by_one(model, tok):
-    prompts = [[tok.bos_id, *tok.encode("Tom has 3 apples.")], [tok.bos_id, *tok.encode("Hi")],
-               [tok.bos_id, *tok.encode("A much longer prompt, with several more words in it.")]]
+    prompts = [
+        [tok.bos_id, *tok.encode("Tom has 3 apples.")],
+        [tok.bos_id, *tok.encode("Hi")],
+        [tok.bos_id, *tok.encode("A much longer prompt, with several more words in it.")],
+    ]
     batched = greedy_generate(model, prompts, pad_id=tok.pad_id, eos_id=tok.eos_id, max_new_tokens=5, batch_size=3)
     single = [greedy_generate(model, [p], pad_id=tok.pad_id, eos_id=tok.eos_id, max_new_tokens=5)[0] for p in prompts]
     assert batched == single  # left padding must not change what a row generates
@@ -52,8 +61,16 @@ def test_continuation_logprobs_match_a_manual_forward(model, tok):
 
 def test_evaluate_model_generation_and_loglik(model, tok):
     math_ds = load_dataset(str(FIXTURES / "llm_adapters_math.json"))
-    result = evaluate_model(model, tok, math_ds, template=template_by_name("mistral"), model_name="small",
-                            limit=2, max_new_tokens=4, batch_size=2)
+    result = evaluate_model(
+        model,
+        tok,
+        math_ds,
+        template=template_by_name("mistral"),
+        model_name="small",
+        limit=2,
+        max_new_tokens=4,
+        batch_size=2,
+    )
     assert (result.num_eval, result.scorer, result.tokenizer) == (2, "number", tok.name)
     assert 0.0 <= result.accuracy <= 1.0 and len(result.predictions) == 2
     hs = load_dataset(str(FIXTURES / "hellaswag.jsonl"))
@@ -66,8 +83,21 @@ def test_cli_eval_tiny_mixtral():
     from tunecost.cli.main import app
 
     runner = CliRunner()
-    result = runner.invoke(app, ["eval", "--model", "tiny-mixtral", "--dataset", str(FIXTURES / "llm_adapters_boolq.json"),
-                                 "--limit", "2", "--max-new-tokens", "3", "--json"])
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "--model",
+            "tiny-mixtral",
+            "--dataset",
+            str(FIXTURES / "llm_adapters_boolq.json"),
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "3",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload["num_eval"] == 2 and payload["scorer"] == "choice:boolean" and "mistral" in payload["tokenizer"]
@@ -117,9 +147,12 @@ def test_eval_adapter_from_a_local_folder_and_a_missing_one(tmp_path):
         load_eval_model("tiny-mixtral", adapter="no/such-adapter")
 
 
-@pytest.mark.parametrize(("option", "message"), [("--max-new-tokens", "max new tokens must be >= 1, got 0"),
-                                                 ("--batch-size", "batch size must be positive")])
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [("--max-new-tokens", "max new tokens must be >= 1, got 0"), ("--batch-size", "batch size must be positive")],
+)
 def test_zero_generation_settings_are_errors(cli_error, option, message):
-    line = cli_error(["eval", "--model", "tiny-mixtral", "--dataset", "synthetic-arith-test", "--limit", "2",
-                      option, "0"])
+    line = cli_error(
+        ["eval", "--model", "tiny-mixtral", "--dataset", "synthetic-arith-test", "--limit", "2", option, "0"]
+    )
     assert message in line

@@ -31,8 +31,14 @@ def test_scorer_is_picked_from_format_and_answers(fixture, name):
 
 @pytest.mark.parametrize(
     "fixture",
-    ["llm_adapters_math.json", "llm_adapters_commonsense.json", "llm_adapters_boolq.json",
-     "llm_adapters_winogrande.json", "llm_adapters_piqa.json", "llm_adapters_aqua.json"],
+    [
+        "llm_adapters_math.json",
+        "llm_adapters_commonsense.json",
+        "llm_adapters_boolq.json",
+        "llm_adapters_winogrande.json",
+        "llm_adapters_piqa.json",
+        "llm_adapters_aqua.json",
+    ],
 )
 def test_reference_answers_and_outputs_of_fixtures_score_100_percent(fixture):
     ds = load_dataset(str(FIXTURES / fixture))

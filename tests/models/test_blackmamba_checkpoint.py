@@ -15,7 +15,6 @@ from tunecost.models.blackmamba import build_blackmamba, load_blackmamba, save_b
 VOCAB = 256
 
 
-
 @pytest.fixture(scope="module")
 def model():
     return build_blackmamba(tiny_blackmamba_config(vocab_size=VOCAB), seed=0).eval()
@@ -29,10 +28,19 @@ def ids():
 def _zyphra_config_json(model) -> dict:
     """The config.json keys of Zyphra's hub files, nothing of ours (experts_per_token) in it."""
     c = model.config
-    return {"num_layers": c.num_layers, "hidden_size": c.hidden_size, "state_size": c.state_size,
-            "conv_dimension": c.conv_dimension, "vocab_size": c.vocab_size, "expansion_factor": c.expansion_factor,
-            "mamba_moe_layers": list(c.mamba_moe_layers), "ffn_hidden_size": c.ffn_hidden_size,
-            "add_bias_linear": False, "swiglu": True, "max_sequence_length": 2048}
+    return {
+        "num_layers": c.num_layers,
+        "hidden_size": c.hidden_size,
+        "state_size": c.state_size,
+        "conv_dimension": c.conv_dimension,
+        "vocab_size": c.vocab_size,
+        "expansion_factor": c.expansion_factor,
+        "mamba_moe_layers": list(c.mamba_moe_layers),
+        "ffn_hidden_size": c.ffn_hidden_size,
+        "add_bias_linear": False,
+        "swiglu": True,
+        "max_sequence_length": 2048,
+    }
 
 
 def _write_zyphra_checkpoint(folder: Path, model, state: dict | None = None, wrap: bool = True) -> Path:
@@ -106,8 +114,11 @@ def test_key_and_shape_mismatches_are_listed(tmp_path, model):
     del state["decoder.layers.0.mixer.A_log"]
     state["decoder.layers.0.mixer.bogus"] = torch.zeros(1)
     folder = _write_zyphra_checkpoint(tmp_path / "keys", model, state)
-    with pytest.raises(TunecostError, match=r"missing keys: decoder\.layers\.0\.mixer\.A_log.*"
-                                            r"unexpected keys: decoder\.layers\.0\.mixer\.bogus"):
+    with pytest.raises(
+        TunecostError,
+        match=r"missing keys: decoder\.layers\.0\.mixer\.A_log.*"
+        r"unexpected keys: decoder\.layers\.0\.mixer\.bogus",
+    ):
         load_blackmamba(folder)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     state["decoder.layers.1.mixer.router.weight"] = torch.zeros(4, 128)

@@ -16,9 +16,17 @@ CATALOG = Path(tunecost.__file__).parent / "catalog" / "data" / "models"
 
 # The 2.8B model's config.json keys and values (Zyphra/BlackMamba-2.8B; the keys Zyphra's loader reads).
 ZYPHRA_2_8B = {
-    "num_layers": 36, "hidden_size": 1472, "state_size": 16, "conv_dimension": 4, "vocab_size": 50304,
-    "expansion_factor": 2, "mamba_moe_layers": ["r", "8"] * 18, "ffn_hidden_size": 3872,
-    "add_bias_linear": False, "swiglu": True, "max_sequence_length": 2048,
+    "num_layers": 36,
+    "hidden_size": 1472,
+    "state_size": 16,
+    "conv_dimension": 4,
+    "vocab_size": 50304,
+    "expansion_factor": 2,
+    "mamba_moe_layers": ["r", "8"] * 18,
+    "ffn_hidden_size": 3872,
+    "add_bias_linear": False,
+    "swiglu": True,
+    "max_sequence_length": 2048,
 }
 
 
@@ -42,16 +50,19 @@ def test_to_dict_round_trips_and_keeps_unknown_keys(tmp_path):
     assert cfg.with_experts_per_token(2).experts_per_token == 2
 
 
-@pytest.mark.parametrize("change,match", [
-    ({"hidden_size": None}, "missing hidden_size"),
-    ({"mamba_moe_layers": ["r", "8"]}, "one per layer"),
-    ({"mamba_moe_layers": ["r", "r1"] * 18}, "unsupported mamba_moe_layers entry"),
-    ({"mamba_moe_layers": ["r", "8"] * 17 + ["r", "4"]}, "share one expert count"),
-    ({"experts_per_token": 9}, "experts_per_token must be in 1..8"),
-    ({"hidden_size": "1472"}, "positive integer"),
-    ({"mamba_moe_layers": "r8"}, "must be a list"),
-    ({"swiglu": "false"}, "true or false"),
-])
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"hidden_size": None}, "missing hidden_size"),
+        ({"mamba_moe_layers": ["r", "8"]}, "one per layer"),
+        ({"mamba_moe_layers": ["r", "r1"] * 18}, "unsupported mamba_moe_layers entry"),
+        ({"mamba_moe_layers": ["r", "8"] * 17 + ["r", "4"]}, "share one expert count"),
+        ({"experts_per_token": 9}, "experts_per_token must be in 1..8"),
+        ({"hidden_size": "1472"}, "positive integer"),
+        ({"mamba_moe_layers": "r8"}, "must be a list"),
+        ({"swiglu": "false"}, "true or false"),
+    ],
+)
 def test_bad_configs_are_user_errors(change, match):
     raw = {**ZYPHRA_2_8B, **change}
     raw = {k: v for k, v in raw.items() if v is not None}

@@ -8,10 +8,13 @@ import torch.nn.functional as F
 
 from tunecost.errors import TunecostError
 from tunecost.models.blackmamba import (
-    BlackMambaConfig, BlackMambaRMSNorm, MambaMixer, MoEMixer, build_blackmamba, tiny_blackmamba_config,
+    BlackMambaConfig,
+    BlackMambaRMSNorm,
+    MambaMixer,
+    MoEMixer,
+    build_blackmamba,
+    tiny_blackmamba_config,
 )
-
-
 
 VOCAB = 512  # a small vocabulary keeps the output layer cheap on CPU; everything else is the tiny preset
 
@@ -31,8 +34,20 @@ def _zyphra_keys(cfg: BlackMambaConfig) -> set[str]:
         p = f"decoder.layers.{i}."
         keys.add(p + "norm.weight")
         if kind == "r":
-            keys |= {p + "mixer." + k for k in ("in_proj.weight", "conv1d.weight", "conv1d.bias", "x_proj.weight",
-                                                "dt_proj.weight", "dt_proj.bias", "A_log", "D", "out_proj.weight")}
+            keys |= {
+                p + "mixer." + k
+                for k in (
+                    "in_proj.weight",
+                    "conv1d.weight",
+                    "conv1d.bias",
+                    "x_proj.weight",
+                    "dt_proj.weight",
+                    "dt_proj.bias",
+                    "A_log",
+                    "D",
+                    "out_proj.weight",
+                )
+            }
         else:
             keys |= {p + "mixer.router.weight", p + "mixer.router.bias"}
             keys |= {f"{p}mixer.local_experts.{e}.linear_fc{j}.weight" for e in range(int(kind)) for j in (1, 2)}
@@ -98,7 +113,7 @@ def _zyphra_switch_mlp(mixer: MoEMixer, x: torch.Tensor) -> torch.Tensor:
 
 def _dense_reference(mixer: MoEMixer, x: torch.Tensor) -> torch.Tensor:
     scores = torch.sigmoid(mixer.router(x))
-    return sum(scores[..., e:e + 1] * expert(x) for e, expert in enumerate(mixer.local_experts))
+    return sum(scores[..., e : e + 1] * expert(x) for e, expert in enumerate(mixer.local_experts))
 
 
 def test_moe_routing_top1_is_zyphras_and_top8_is_the_score_weighted_sum():
@@ -164,8 +179,16 @@ def test_residual_stream_is_fp32_under_bf16():
 
 
 def test_full_size_model_builds_on_meta_without_memory():
-    cfg = BlackMambaConfig(num_layers=36, hidden_size=1472, state_size=16, conv_dimension=4, vocab_size=50304,
-                           expansion_factor=2, mamba_moe_layers=["r", "8"] * 18, ffn_hidden_size=3872)
+    cfg = BlackMambaConfig(
+        num_layers=36,
+        hidden_size=1472,
+        state_size=16,
+        conv_dimension=4,
+        vocab_size=50304,
+        expansion_factor=2,
+        mamba_moe_layers=["r", "8"] * 18,
+        ffn_hidden_size=3872,
+    )
     model = build_blackmamba(cfg, device="meta", dtype=torch.bfloat16)
     p = next(model.parameters())
     assert p.is_meta and p.dtype == torch.bfloat16

@@ -8,10 +8,12 @@ import torch.nn.functional as F
 
 from tunecost.errors import TunecostError
 from tunecost.models.blackmamba.scan import (
-    causal_conv1d, default_chunk_size, selective_scan, selective_scan_chunked, selective_scan_reference,
+    causal_conv1d,
+    default_chunk_size,
+    selective_scan,
+    selective_scan_chunked,
+    selective_scan_reference,
 )
-
-
 
 NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
 
@@ -32,8 +34,19 @@ def _inputs(b: int, d: int, n: int, seqlen: int, *, dtype=torch.float32, seed: i
 
 
 def _run(fn, t, **kw):
-    return fn(t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], z=t["z"], delta_bias=t["delta_bias"],
-              delta_softplus=True, return_last_state=True, **kw)
+    return fn(
+        t["u"],
+        t["delta"],
+        t["A"],
+        t["B"],
+        t["C"],
+        t["D"],
+        z=t["z"],
+        delta_bias=t["delta_bias"],
+        delta_softplus=True,
+        return_last_state=True,
+        **kw,
+    )
 
 
 def _grads(out, last, t, weight_out, weight_last):
@@ -100,8 +113,7 @@ def test_optional_inputs_and_dtype():
 def test_dispatch_on_cpu_is_the_chunked_scan():
     t = _inputs(1, 4, 2, 9)
     a = selective_scan(t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], z=t["z"], delta_bias=t["delta_bias"])
-    b = selective_scan_chunked(t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], z=t["z"],
-                               delta_bias=t["delta_bias"])
+    b = selective_scan_chunked(t["u"], t["delta"], t["A"], t["B"], t["C"], t["D"], z=t["z"], delta_bias=t["delta_bias"])
     assert torch.equal(a, b)
 
 
@@ -122,7 +134,7 @@ def test_causal_conv1d_matches_a_hand_loop_and_is_causal():
     x, w, bias = torch.randn(2, 3, 10, generator=g), torch.randn(3, 1, 4, generator=g), torch.randn(3, generator=g)
     y = causal_conv1d(x, w, bias, activation=None)
     padded = F.pad(x, (3, 0))
-    expected = torch.stack([(padded[:, :, t:t + 4] * w[:, 0]).sum(-1) + bias for t in range(10)], dim=-1)
+    expected = torch.stack([(padded[:, :, t : t + 4] * w[:, 0]).sum(-1) + bias for t in range(10)], dim=-1)
     torch.testing.assert_close(y, expected)
     torch.testing.assert_close(causal_conv1d(x, w.squeeze(1), bias), F.silu(expected))
     x2 = x.clone()

@@ -12,8 +12,12 @@ from tunecost.models.build import BLACKMAMBA_TOKENIZER, default_tokenizer, load_
 
 @pytest.mark.parametrize(
     ("model", "tokenizer"),
-    [("mixtral-8x7b", "mistral"), ("tiny-mixtral", "mistral"), ("blackmamba-2.8b", BLACKMAMBA_TOKENIZER),
-     ("olmoe-1b-7b", None)],
+    [
+        ("mixtral-8x7b", "mistral"),
+        ("tiny-mixtral", "mistral"),
+        ("blackmamba-2.8b", BLACKMAMBA_TOKENIZER),
+        ("olmoe-1b-7b", None),
+    ],
 )
 def test_default_tokenizer(model, tokenizer):
     """Mixtral's 32000-piece SentencePiece ships offline ("mistral"); BlackMamba's is GPT-NeoX-20B's; any other

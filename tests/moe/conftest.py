@@ -14,7 +14,7 @@ if "moe_helpers" not in sys.modules:
     _spec.loader.exec_module(_module)
 
 
-import pytest  # noqa: E402
+import pytest
 
 
 @pytest.fixture(autouse=True)

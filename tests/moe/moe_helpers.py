@@ -7,15 +7,28 @@ import copy
 import torch
 
 
-def make_block(*, hidden=32, intermediate=48, experts=8, top_k=2, seed=0, starve_expert: int | None = 3,
-               experts_impl: str = "grouped_mm"):
+def make_block(
+    *,
+    hidden=32,
+    intermediate=48,
+    experts=8,
+    top_k=2,
+    seed=0,
+    starve_expert: int | None = 3,
+    experts_impl: str = "grouped_mm",
+):
     """A transformers MixtralSparseMoeBlock with random weights; `starve_expert` never wins the routing
     for inputs from `make_inputs` (its router row points away from their mean), so it gets no tokens."""
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
-    config = MixtralConfig(hidden_size=hidden, intermediate_size=intermediate, num_local_experts=experts,
-                           num_experts_per_tok=top_k, router_jitter_noise=0.0)
+    config = MixtralConfig(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        router_jitter_noise=0.0,
+    )
     config._experts_implementation = experts_impl
     torch.manual_seed(seed)
     block = MixtralSparseMoeBlock(config)
@@ -60,8 +73,6 @@ def assert_close(actual, expected, rtol=1e-4):
     torch.testing.assert_close(actual, expected, rtol=rtol, atol=rtol * scale)
 
 
-
-
 def peft_reference(block, *, rank: int, alpha: float, router: bool = True):
     """The reference path: PEFT LoRA (ParamWrapper) on a copy of the stock block's fused experts (+ router)."""
     from peft import LoraConfig, inject_adapter_in_model
@@ -78,9 +89,12 @@ def peft_reference(block, *, rank: int, alpha: float, router: bool = True):
 
 def peft_factors(ref):
     """{name: PEFT lora weight} of a peft_reference block (gate_up is the inner wrapper, down the outer)."""
-    out = {"A_down": ref.experts.lora_A["default"].weight, "B_down": ref.experts.lora_B["default"].weight,
-           "A_gate_up": ref.experts.base_layer.lora_A["default"].weight,
-           "B_gate_up": ref.experts.base_layer.lora_B["default"].weight}
+    out = {
+        "A_down": ref.experts.lora_A["default"].weight,
+        "B_down": ref.experts.lora_B["default"].weight,
+        "A_gate_up": ref.experts.base_layer.lora_A["default"].weight,
+        "B_gate_up": ref.experts.base_layer.lora_B["default"].weight,
+    }
     assert ref.experts.parameter_name == "down_proj" and ref.experts.base_layer.parameter_name == "gate_up_proj"
     if hasattr(ref.gate, "lora_A"):
         out["A_router"] = ref.gate.lora_A["default"].weight

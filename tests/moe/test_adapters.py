@@ -11,8 +11,15 @@ from moe_helpers import randomize_lora
 from tunecost.errors import TunecostError
 from tunecost.moe import LoraSpec, adapter_state_dict, install_experts, load_adapter, save_adapter
 
-SMALL = dict(num_hidden_layers=2, vocab_size=128, hidden_size=64, intermediate_size=64, num_attention_heads=2,
-             num_key_value_heads=1, head_dim=32)
+SMALL = dict(
+    num_hidden_layers=2,
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=64,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+)
 
 
 def _model():
@@ -33,8 +40,11 @@ def test_fast_adapter_loads_into_stock_peft(tmp_path, ids):
     randomize_lora(model, std=0.05)
     save_adapter(model, tmp_path)
     config = json.loads((tmp_path / "adapter_config.json").read_text())
-    assert sorted(config["target_parameters"]) == ["mlp.experts.down_proj", "mlp.experts.gate_up_proj",
-                                                   "mlp.gate.weight"]
+    assert sorted(config["target_parameters"]) == [
+        "mlp.experts.down_proj",
+        "mlp.experts.gate_up_proj",
+        "mlp.gate.weight",
+    ]
     peft_model = PeftModel.from_pretrained(_model(), tmp_path)  # stock transformers + stock PEFT
     with torch.no_grad():
         expected = model(ids).logits

@@ -35,8 +35,13 @@ def _fast_and_reference(top_k: int, hidden: int = 32, quantize_4bit: bool = Fals
     # transformers' grouped_mm experts crash on rows that are not 16-byte multiples (torch 2.13 CPU; its
     # alignment check stops at torch 2.10), so such references run its eager experts.
     block = make_block(top_k=top_k, hidden=hidden, experts_impl="grouped_mm" if hidden % 4 == 0 else "eager")
-    fast = install_experts(copy.deepcopy(block), "fast", LoraSpec(rank=RANK, alpha=ALPHA),
-                           quantize_4bit=quantize_4bit, keep_dequantized=keep)
+    fast = install_experts(
+        copy.deepcopy(block),
+        "fast",
+        LoraSpec(rank=RANK, alpha=ALPHA),
+        quantize_4bit=quantize_4bit,
+        keep_dequantized=keep,
+    )
     randomize_lora(fast)
     if quantize_4bit:  # the reference holds the de-quantized weights
         gate_up, down = fast.experts.dense_weights()
@@ -165,9 +170,12 @@ def test_per_projection_layout_matches_merged_reference():
     w_gu, w_d = block.experts.gate_up_proj.detach(), block.experts.down_proj.detach()
     xr = x.clone().requires_grad_(True)
     expected = merged_reference(
-        xr, router_weight=block.gate.weight.detach(), top_k=2,
+        xr,
+        router_weight=block.gate.weight.detach(),
+        top_k=2,
         router_lora=(fast.gate.lora_A.weight.detach(), fast.gate.lora_B.weight.detach(), s),
-        gate=w_gu[:, :i] + s * b_g @ a_gu[:, :RANK], up=w_gu[:, i:] + s * b_u @ a_gu[:, RANK:],
+        gate=w_gu[:, :i] + s * b_g @ a_gu[:, :RANK],
+        up=w_gu[:, i:] + s * b_u @ a_gu[:, RANK:],
         down=w_d + s * b_d @ a_d,
     )
     torch.manual_seed(0)
@@ -181,8 +189,13 @@ def test_per_projection_layout_matches_merged_reference():
 
 @pytest.mark.parametrize(
     ("keep", "checkpoint", "passes", "whole_calls"),
-    [(True, None, 1, 2), (False, None, 2, 0), (None, None, 2, 0), (None, "non-reentrant", 2, 4),
-     (None, "reentrant", 2, 2)],
+    [
+        (True, None, 1, 2),
+        (False, None, 2, 0),
+        (None, None, 2, 0),
+        (None, "non-reentrant", 2, 4),
+        (None, "reentrant", 2, 2),
+    ],
 )
 def test_dequantization_count_per_step(keep, checkpoint, passes, whole_calls):
     """Hit experts are de-quantized once per forward; the backward reuses them when kept (always with True;

@@ -18,8 +18,15 @@ from tunecost.moe import (
     uninstall_experts,
 )
 
-SMALL = dict(num_hidden_layers=2, vocab_size=128, hidden_size=64, intermediate_size=64, num_attention_heads=2,
-             num_key_value_heads=1, head_dim=32)
+SMALL = dict(
+    num_hidden_layers=2,
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=64,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+)
 LORA = LoraSpec(rank=4, alpha=8)
 
 

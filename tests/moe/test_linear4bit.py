@@ -40,8 +40,11 @@ def test_stored_expert_bytes_are_4bit(qlora_block):
             assert state.quant_type == "nf4" and state.blocksize == 64 and state.nested  # QLoRA double quant
             packed_numel += weight.numel()
     assert packed_numel == dense_numel // 2
-    assert not any("weight" in n and p.dtype.is_floating_point and p.numel() >= 64 * 64
-                   for n, p in experts.named_parameters() if "lora_" not in n)
+    assert not any(
+        "weight" in n and p.dtype.is_floating_point and p.numel() >= 64 * 64
+        for n, p in experts.named_parameters()
+        if "lora_" not in n
+    )
 
 
 def test_every_lora_factor_changes_the_output_and_gets_a_gradient(qlora_block):
@@ -73,12 +76,17 @@ def test_matches_a_dense_reference_with_the_dequantized_weights(qlora_block):
     gate_up, down = qlora.experts.dense_weights()
     experts = qlora.experts.experts
     lora = {name: [getattr(e, name) for e in experts] for name in ("w1", "w3", "w2")}
-    leaves = {f"{n}.{ab}": torch.stack([getattr(m, f"lora_{ab}").weight.detach() for m in mods]).requires_grad_(True)
-              for n, mods in lora.items() for ab in ("A", "B")}
+    leaves = {
+        f"{n}.{ab}": torch.stack([getattr(m, f"lora_{ab}").weight.detach() for m in mods]).requires_grad_(True)
+        for n, mods in lora.items()
+        for ab in ("A", "B")
+    }
     i = down.shape[-1]
     xr = x.clone().requires_grad_(True)
     expected = merged_reference(
-        xr, router_weight=block.gate.weight.detach(), top_k=2,
+        xr,
+        router_weight=block.gate.weight.detach(),
+        top_k=2,
         router_lora=(qlora.gate.lora_A.weight.detach(), qlora.gate.lora_B.weight.detach(), s),
         gate=gate_up[:, :i] + s * leaves["w1.B"] @ leaves["w1.A"],
         up=gate_up[:, i:] + s * leaves["w3.B"] @ leaves["w3.A"],

@@ -34,9 +34,28 @@ def test_every_impl_gets_a_row_with_ratios_against_peft_fused(rows):
 def test_cli_json(cli_runner):
     from tunecost.cli.main import app
 
-    result = cli_runner.invoke(app, ["bench", "moe", "--tokens", "16", "--hidden", "32", "--intermediate", "64",
-                                     "--experts", "4", "--repeats", "1", "--warmup", "0", "--impls",
-                                     "peft-fused,fast", "--json"])
+    result = cli_runner.invoke(
+        app,
+        [
+            "bench",
+            "moe",
+            "--tokens",
+            "16",
+            "--hidden",
+            "32",
+            "--intermediate",
+            "64",
+            "--experts",
+            "4",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--impls",
+            "peft-fused,fast",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert [r["impl"] for r in rows] == ["peft-fused", "fast"]
@@ -46,9 +65,28 @@ def test_cli_json(cli_runner):
 def test_cli_table_and_errors(cli_runner, cli_error):
     from tunecost.cli.main import app
 
-    result = cli_runner.invoke(app, ["bench", "moe", "--tokens", "16", "--hidden", "32", "--intermediate", "64",
-                                     "--experts", "4", "--repeats", "1", "--warmup", "0", "--impls", "fast",
-                                     "--no-memory"])
+    result = cli_runner.invoke(
+        app,
+        [
+            "bench",
+            "moe",
+            "--tokens",
+            "16",
+            "--hidden",
+            "32",
+            "--intermediate",
+            "64",
+            "--experts",
+            "4",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--impls",
+            "fast",
+            "--no-memory",
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "fast" in result.stdout
     assert "Valid choices" in cli_error(["bench", "moe", "--impls", "fastest"])

@@ -41,8 +41,12 @@ def test_last_dimension_not_a_multiple_of_the_blocksize():
     weight = torch.randn(3, 32, 48)
     stack = NF4ExpertWeights.from_dense(weight, double_quant=False)
     code = _get_4bit_code("nf4", weight.device)
-    expected = torch.stack([_dequantize_4bit_compute(stack.packed[e], stack.absmax[e].reshape(-1), code, 64,
-                                                     (32, 48), torch.float32) for e in range(3)])
+    expected = torch.stack(
+        [
+            _dequantize_4bit_compute(stack.packed[e], stack.absmax[e].reshape(-1), code, 64, (32, 48), torch.float32)
+            for e in range(3)
+        ]
+    )
     assert torch.equal(stack.dequantize(), expected)
     assert torch.equal(stack.dequantize([2]), expected[[2]])
 

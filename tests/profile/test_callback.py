@@ -25,12 +25,30 @@ class _Rows(torch.utils.data.Dataset):
 def test_trainer_run_records_stages_layers_and_expert_loads(tmp_path):
     from transformers import Trainer, TrainingArguments
 
-    model = build_tiny_mixtral(num_hidden_layers=2, hidden_size=64, intermediate_size=128, vocab_size=256,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4)
-    args = TrainingArguments(output_dir=str(tmp_path / "trainer"), max_steps=2, per_device_train_batch_size=2,
-                             gradient_accumulation_steps=2, use_cpu=True, report_to=[], save_strategy="no",
-                             logging_strategy="no", learning_rate=1e-3, gradient_checkpointing=True,
-                             dataloader_num_workers=0, disable_tqdm=True)
+    model = build_tiny_mixtral(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=128,
+        vocab_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+    )
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "trainer"),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        use_cpu=True,
+        report_to=[],
+        save_strategy="no",
+        logging_strategy="no",
+        learning_rate=1e-3,
+        gradient_checkpointing=True,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
     out = tmp_path / "run"
     callback = TunecostCallback(out, warmup_steps=0, workload={"dataset": "random-ids", "seq_len": 16})
     Trainer(model=model, args=args, train_dataset=_Rows(8, 16, 256), callbacks=[callback]).train()

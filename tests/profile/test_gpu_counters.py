@@ -71,7 +71,7 @@ def test_ncu_command_line(tmp_path):
     assert cmd[cmd.index("--page") + 1] == "raw" and "--csv" in cmd
     assert cmd[cmd.index("--print-units") + 1] == "base"
     assert cmd[cmd.index("--launch-count") + 1] == "500"
-    assert cmd[-len(child):] == child  # the application comes last
+    assert cmd[-len(child) :] == child  # the application comes last
     assert G.counters_not_permitted("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission to access ...")
 
 
@@ -88,10 +88,26 @@ def _fake_gpu(monkeypatch, ncu: str | None):
 
 def _fallback_rows(batch: int) -> str:
     rows = [
-        KernelCounterRow(kernel_name="sm90_xmma_gemm", kernel_class=K.MATMUL_W2_DOWN, nvtx_ranges=(N.MOE_BLOCK, N.W2),
-                         duration_s=3e-6, sm_pct=None, dram_pct=None, batch_size=batch, source="torch.profiler"),
-        KernelCounterRow(kernel_name="softmax", kernel_class=K.SOFTMAX, nvtx_ranges=(N.MOE_BLOCK, N.ROUTER),
-                         duration_s=1e-6, sm_pct=None, dram_pct=None, batch_size=batch, source="torch.profiler"),
+        KernelCounterRow(
+            kernel_name="sm90_xmma_gemm",
+            kernel_class=K.MATMUL_W2_DOWN,
+            nvtx_ranges=(N.MOE_BLOCK, N.W2),
+            duration_s=3e-6,
+            sm_pct=None,
+            dram_pct=None,
+            batch_size=batch,
+            source="torch.profiler",
+        ),
+        KernelCounterRow(
+            kernel_name="softmax",
+            kernel_class=K.SOFTMAX,
+            nvtx_ranges=(N.MOE_BLOCK, N.ROUTER),
+            duration_s=1e-6,
+            sm_pct=None,
+            dram_pct=None,
+            batch_size=batch,
+            source="torch.profiler",
+        ),
     ]
     return "".join(json.dumps(r.to_dict()) + "\n" for r in rows)
 
@@ -187,8 +203,15 @@ def test_cli_json_with_a_fake_gpu(tmp_path, monkeypatch):
 def tiny():
     from tunecost.models.tiny import build_tiny_mixtral
 
-    return build_tiny_mixtral(num_hidden_layers=2, hidden_size=64, intermediate_size=96, head_dim=8,
-                              num_attention_heads=8, num_key_value_heads=4, vocab_size=128)
+    return build_tiny_mixtral(
+        num_hidden_layers=2,
+        hidden_size=64,
+        intermediate_size=96,
+        head_dim=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        vocab_size=128,
+    )
 
 
 def _loss_and_grads(model, ids):
@@ -307,8 +330,17 @@ def test_per_expert_modules_and_lora_get_their_ranges():
 
 
 def test_torch_profiler_rows_on_cpu_ops():
-    rows = G.run_child(model="tiny-mixtral", method="full", batch_size=2, seq_len=16, steps=1, warmup_steps=0,
-                       layers=[0], mode="torch-profiler", device="cpu")
+    rows = G.run_child(
+        model="tiny-mixtral",
+        method="full",
+        batch_size=2,
+        seq_len=16,
+        steps=1,
+        warmup_steps=0,
+        layers=[0],
+        mode="torch-profiler",
+        device="cpu",
+    )
     assert rows and all(r.source == "torch.profiler" and r.sm_pct is None and r.batch_size == 2 for r in rows)
     assert all(N.is_moe_work(r.nvtx_ranges) for r in rows)  # the recomputed attention is not MoE work
     seconds: dict[str, float] = {}

@@ -11,8 +11,16 @@ from tunecost.profile.layers import LayerTimer, find_decoder_layers, layer_parts
 from tunecost.profile.loop import make_optimizer, train_step
 from tunecost.profile.timers import PerfCounterClock, median_step_index
 
-MICRO = dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, vocab_size=512, num_attention_heads=4,
-             num_key_value_heads=2, head_dim=16, num_local_experts=4)
+MICRO = dict(
+    num_hidden_layers=2,
+    hidden_size=64,
+    intermediate_size=128,
+    vocab_size=512,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_local_experts=4,
+)
 
 
 def _micro(checkpointing: bool):
@@ -41,7 +49,11 @@ def test_mixtral_layer_parts():
     parts = model_layer_parts(model)
     assert [p.index for p in parts] == [0, 1]
     assert [(k, c) for k, c, _ in parts[0].parts] == [
-        ("attention", "attention"), ("moe", "moe_experts"), ("norm0", "norm"), ("norm1", "norm")]
+        ("attention", "attention"),
+        ("moe", "moe_experts"),
+        ("norm0", "norm"),
+        ("norm1", "norm"),
+    ]
     assert parts[0].router is model.model.layers[0].mlp.gate
 
 

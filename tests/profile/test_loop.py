@@ -85,8 +85,15 @@ def test_streamed_random_qlora_build_matches_the_plain_path():
 
 def test_dense_costs_more_than_sparse_on_the_same_batch():
     """Acceptance 3 (paper §IV-B): top-8 of 8 experts routes 4x the tokens of top-2, and the experts take longer."""
-    model = build_tiny_mixtral(num_hidden_layers=2, hidden_size=128, intermediate_size=512, vocab_size=512,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=32)
+    model = build_tiny_mixtral(
+        num_hidden_layers=2,
+        hidden_size=128,
+        intermediate_size=512,
+        vocab_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+    )
     model.train()
     batch = synthetic_source(vocab_size=512, seq_len=128).batches(2, 1)[0]
     tokens = {}
@@ -121,8 +128,16 @@ def test_dense_costs_more_than_sparse_on_the_same_batch():
 
 
 def test_expert_load_counter_skips_padding_and_reports_variance():
-    model = build_tiny_mixtral(num_hidden_layers=1, hidden_size=64, intermediate_size=64, vocab_size=256,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_local_experts=4)
+    model = build_tiny_mixtral(
+        num_hidden_layers=1,
+        hidden_size=64,
+        intermediate_size=64,
+        vocab_size=256,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_local_experts=4,
+    )
     batch = pad_batch([Query(tuple(range(5, 15))), Query(tuple(range(5, 9)))], pad_id=0)
     counter = ExpertLoadCounter(model).attach()
     counter.set_token_mask(batch.attention_mask)
@@ -175,8 +190,8 @@ def test_expert_load_sees_through_peft_router_wrappers():
 
 
 def test_pretrained_weights_are_loaded_from_a_local_folder(tmp_path):
-    from tunecost.models.build import build_model
     from tunecost.catalog.models import resolve_model
+    from tunecost.models.build import build_model
 
     saved = build_model(resolve_model(str(MICRO_DIR)), seed=3)
     saved.save_pretrained(tmp_path / "micro")

@@ -66,8 +66,21 @@ def test_cli_max_batch_on_cpu_simulates_and_records(cli_runner, tmp_path, monkey
 
     fake_peak.estimator = "test"
     monkeypatch.setattr(maxbatch, "simulator_peak_bytes", fake_peak)
-    args = ["max-batch", "--model", "tiny-mixtral", "--experts-per-token", "2", "--seq-len", "256",
-            "--gpu-memory-gb", "2", "--device", "cpu", "--out", str(tmp_path)]
+    args = [
+        "max-batch",
+        "--model",
+        "tiny-mixtral",
+        "--experts-per-token",
+        "2",
+        "--seq-len",
+        "256",
+        "--gpu-memory-gb",
+        "2",
+        "--device",
+        "cpu",
+        "--out",
+        str(tmp_path),
+    ]
     result = cli_runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())  # rich wraps long lines

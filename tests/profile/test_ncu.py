@@ -39,8 +39,10 @@ def test_numbers_and_units():
 
 
 def test_nvtx_cell():
-    cell = ('3170  "<default domain>:tunecost.moe:none:none:none:none:none:none"  '
-            '"<default domain>:tunecost.moe.experts:none:none:none:none:none:none" ')
+    cell = (
+        '3170  "<default domain>:tunecost.moe:none:none:none:none:none:none"  '
+        '"<default domain>:tunecost.moe.experts:none:none:none:none:none:none" '
+    )
     assert parse_nvtx_cell(cell) == (N.MOE_BLOCK, N.EXPERTS)
     # a range name holding ":" survives (the six attribute fields are counted from the end)
     assert parse_nvtx_cell('1  "<default domain>:a:b:none:none:none:none:none:none"') == ("a:b",)
@@ -60,8 +62,17 @@ def test_raw_page_fixture():
     assert first.kernel_name.startswith("void cutlass::Kernel2<")
     classes = {i: r.kernel_class for i, r in rows.items()}
     assert classes == {
-        0: K.MATMUL_W1W3_GATE_UP, 1: K.MATMUL_W2_DOWN, 2: K.ROUTER, 3: K.SOFTMAX, 4: K.TOPK, 5: K.ELEMENTWISE,
-        6: K.DEQUANTIZE, 7: K.OTHER, 8: K.MATMUL_W1W3_GATE_UP, 9: K.LORA, 10: K.OTHER,
+        0: K.MATMUL_W1W3_GATE_UP,
+        1: K.MATMUL_W2_DOWN,
+        2: K.ROUTER,
+        3: K.SOFTMAX,
+        4: K.TOPK,
+        5: K.ELEMENTWISE,
+        6: K.DEQUANTIZE,
+        7: K.OTHER,
+        8: K.MATMUL_W1W3_GATE_UP,
+        9: K.LORA,
+        10: K.OTHER,
     }
     # kernel names with commas inside quotes came through whole
     assert rows[4].kernel_name.endswith("T2, T1 *)")
@@ -130,8 +141,15 @@ def test_time_weighted_utilization_by_hand():
 
 
 def _row(batch: int, cls: str, seconds: float, sm: float | None, dram: float | None) -> KernelCounterRow:
-    return KernelCounterRow(kernel_name="k", kernel_class=cls, nvtx_ranges=(), duration_s=seconds, sm_pct=sm,
-                            dram_pct=dram, batch_size=batch)
+    return KernelCounterRow(
+        kernel_name="k",
+        kernel_class=cls,
+        nvtx_ranges=(),
+        duration_s=seconds,
+        sm_pct=sm,
+        dram_pct=dram,
+        batch_size=batch,
+    )
 
 
 def test_time_weighting_keeps_batch_sizes_apart():

@@ -13,35 +13,71 @@ from tunecost.profile.layers import LayerTimes
 from tunecost.profile.loop import StepResult
 from tunecost.profile.memory import PeakMemory
 from tunecost.profile.point import PointMeasurement, Workload, point_id
-from tunecost.profile.records import (KINDS, finished_points, point_rows, purge_unfinished, read_rows, summary,
-                                      write_point)
+from tunecost.profile.records import (
+    KINDS,
+    finished_points,
+    point_rows,
+    purge_unfinished,
+    read_rows,
+    summary,
+    write_point,
+)
 from tunecost.profile.timers import StepTimes
 
 MICRO_DIR = Path(__file__).parents[1] / "fixtures" / "profile" / "micro-mixtral"
 
 
 def _measurement(batch_size: int = 2, status: str = "done") -> PointMeasurement:
-    w = Workload(model="m", method="qlora", experts_impl="qlora-linear4bit", experts_per_token=2,
-                 batch_size=batch_size, seq_len=128, dataset=None, device="cpu")
+    w = Workload(
+        model="m",
+        method="qlora",
+        experts_impl="qlora-linear4bit",
+        experts_per_token=2,
+        batch_size=batch_size,
+        seq_len=128,
+        dataset=None,
+        device="cpu",
+    )
 
     def step(f, b, o, wall, layers=None):
-        return StepResult(times=StepTimes(forward_seconds=f, backward_seconds=b, optimizer_seconds=o,
-                                          step_seconds=wall), wall_seconds=wall, loss=None, layers=layers)
+        return StepResult(
+            times=StepTimes(forward_seconds=f, backward_seconds=b, optimizer_seconds=o, step_seconds=wall),
+            wall_seconds=wall,
+            loss=None,
+            layers=layers,
+        )
 
-    layers = LayerTimes(seconds={("forward", 0, "moe_experts"): 0.6, ("forward", 0, "attention"): 0.3,
-                                 ("backward", 0, "moe_experts"): 1.0, ("recompute", 0, "moe_experts"): 0.5,
-                                 ("forward", None, "embedding"): 0.05}, num_model_calls=1)
+    layers = LayerTimes(
+        seconds={
+            ("forward", 0, "moe_experts"): 0.6,
+            ("forward", 0, "attention"): 0.3,
+            ("backward", 0, "moe_experts"): 1.0,
+            ("recompute", 0, "moe_experts"): 0.5,
+            ("forward", None, "embedding"): 0.05,
+        },
+        num_model_calls=1,
+    )
     return PointMeasurement(
-        workload=w, status=status,
+        workload=w,
+        status=status,
         plain=[step(1.0, 2.0, 0.1, 3.2), step(1.1, 2.1, 0.1, 3.4), step(0.9, 1.9, 0.1, 3.0)],
-        instrumented=[step(1.0, 2.0, 0.1, 3.3, layers)] * 3, layers=layers,
+        instrumented=[step(1.0, 2.0, 0.1, 3.3, layers)] * 3,
+        layers=layers,
         layers_step=StepTimes(forward_seconds=1.0, backward_seconds=2.0, optimizer_seconds=0.1, step_seconds=3.3),
-        num_queries=6, num_tokens=768, padded_tokens=768,
+        num_queries=6,
+        num_tokens=768,
+        padded_tokens=768,
         memory=PeakMemory(peak_bytes=10 * 2**20, source="measured-cpu", detail={}),
-        kernels=KernelBreakdown(classes=(KernelClassTime(kernel_class="matmul_w2_down", seconds=0.2, count=8),),
-                                source="torch.profiler", timing="cpu-self-time", profiled_seconds=5.0),
-        load_before=ExpertLoad(tokens={0: [100, 150, 6, 0]}), load_after=ExpertLoad(tokens={0: [64, 64, 64, 64]}),
-        elapsed_seconds=20.0)
+        kernels=KernelBreakdown(
+            classes=(KernelClassTime(kernel_class="matmul_w2_down", seconds=0.2, count=8),),
+            source="torch.profiler",
+            timing="cpu-self-time",
+            profiled_seconds=5.0,
+        ),
+        load_before=ExpertLoad(tokens={0: [100, 150, 6, 0]}),
+        load_after=ExpertLoad(tokens={0: [64, 64, 64, 64]}),
+        elapsed_seconds=20.0,
+    )
 
 
 def test_point_rows_follow_the_record_format():
@@ -50,9 +86,21 @@ def test_point_rows_follow_the_record_format():
     for kind, kind_rows in rows.items():
         for r in kind_rows:
             assert r["schema_version"] == 1 and r["kind"] == ("point" if kind == "points" else kind)
-            assert r["point_id"] == point_id({k: r[k] for k in ("model", "method", "experts_impl",
-                                                                "experts_per_token", "batch_size", "seq_len",
-                                                                "dataset", "device")})
+            assert r["point_id"] == point_id(
+                {
+                    k: r[k]
+                    for k in (
+                        "model",
+                        "method",
+                        "experts_impl",
+                        "experts_per_token",
+                        "batch_size",
+                        "seq_len",
+                        "dataset",
+                        "device",
+                    )
+                }
+            )
     thr = rows["throughput"][0]
     assert thr["queries_per_s"] == pytest.approx(6 / 9.6) and thr["tokens_per_s"] == pytest.approx(768 / 9.6)
     stages = {r["stage"]: r for r in rows["stages"]}
@@ -61,8 +109,9 @@ def test_point_rows_follow_the_record_format():
     over = {r["instrumentation"]: r for r in rows["overhead"]}
     assert over["layer-hooks"]["ratio"] == pytest.approx(9.9 / 9.6)
     assert over["torch.profiler"]["ratio"] == pytest.approx(5.0 / 3.2)
-    assert {(r["phase"], r["expert"]) for r in rows["expert_load"]} == {(p, e) for p in ("before", "after")
-                                                                         for e in range(4)}
+    assert {(r["phase"], r["expert"]) for r in rows["expert_load"]} == {
+        (p, e) for p in ("before", "after") for e in range(4)
+    }
     assert [r["component"] for r in rows["layers"] if r["pass"] == "forward"][0] == "embedding"
     assert all(r["step_pass_seconds"] == (1.0 if r["pass"] == "forward" else 2.0) for r in rows["layers"])
 
@@ -89,9 +138,31 @@ def test_write_purge_and_summary(tmp_path):
 
 
 def _profile_args(out: Path, *extra: str) -> list[str]:
-    return ["profile", "--model", str(MICRO_DIR), "--random-weights", "--method", "lora", "--experts-per-token",
-            "1,4", "--batch-sizes", "1", "--seq-len", "16", "--steps", "1", "--warmup-steps", "0", "--no-kernels",
-            "--no-instrumentation-overhead", "--device", "cpu", "--out", str(out), *extra]
+    return [
+        "profile",
+        "--model",
+        str(MICRO_DIR),
+        "--random-weights",
+        "--method",
+        "lora",
+        "--experts-per-token",
+        "1,4",
+        "--batch-sizes",
+        "1",
+        "--seq-len",
+        "16",
+        "--steps",
+        "1",
+        "--warmup-steps",
+        "0",
+        "--no-kernels",
+        "--no-instrumentation-overhead",
+        "--device",
+        "cpu",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 def test_cli_profile_writes_records_and_prints_the_table(cli_runner, tmp_path):
@@ -113,8 +184,25 @@ def test_cli_profile_bad_input_is_one_clear_line(cli_error, tmp_path):
     assert "bad batch size" in cli_error(["profile", "--batch-sizes", "1,x", "--out", str(tmp_path / "c")])
     data = tmp_path / "two.jsonl"
     data.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": "d"}\n')
-    line = cli_error(["profile", "--model", "tiny-mixtral", "--method", "lora", "--dataset", str(data),
-                      "--batch-sizes", "2", "--steps", "3", "--out", str(tmp_path / "d"), "--device", "cpu"])
+    line = cli_error(
+        [
+            "profile",
+            "--model",
+            "tiny-mixtral",
+            "--method",
+            "lora",
+            "--dataset",
+            str(data),
+            "--batch-sizes",
+            "2",
+            "--steps",
+            "3",
+            "--out",
+            str(tmp_path / "d"),
+            "--device",
+            "cpu",
+        ]
+    )
     assert "has 2 queries, but 3 steps at batch size 2 need 6" in line
 
 

@@ -20,9 +20,13 @@ WORKLOAD_KEYS = ("model", "method", "experts_per_token", "batch_size", "seq_len"
 
 def _spec(method="lora", ks=(1, 2), batch_sizes=(1, 2), seq_lens=(32,), **options) -> SweepSpec:
     opts = {"steps": 2, "warmup_steps": 1, **options}
-    return SweepSpec(setup=ModelSetup(model=str(MICRO_DIR), method=method, random_weights=True),
-                     experts_per_token=ks, batch_sizes=batch_sizes, inputs=InputSpec(seq_lens=seq_lens),
-                     options=MeasureOptions(**opts))
+    return SweepSpec(
+        setup=ModelSetup(model=str(MICRO_DIR), method=method, random_weights=True),
+        experts_per_token=ks,
+        batch_sizes=batch_sizes,
+        inputs=InputSpec(seq_lens=seq_lens),
+        options=MeasureOptions(**opts),
+    )
 
 
 def test_sweep_writes_every_record_kind(tmp_path):
@@ -40,16 +44,22 @@ def test_sweep_writes_every_record_kind(tmp_path):
     assert {r["stage"] for r in read_rows(tmp_path, "stages")} == {"forward", "backward", "optimizer", "step"}
     for r in read_rows(tmp_path, "stages"):
         if r["stage"] == "step":
-            parts = [s["seconds"] for s in read_rows(tmp_path, "stages")
-                     if s["point_id"] == r["point_id"] and s["stage"] != "step"]
+            parts = [
+                s["seconds"]
+                for s in read_rows(tmp_path, "stages")
+                if s["point_id"] == r["point_id"] and s["stage"] != "step"
+            ]
             assert sum(parts) == pytest.approx(r["seconds"], rel=0.05)
     layers = read_rows(tmp_path, "layers")
     assert {r["pass"] for r in layers} == {"forward", "backward", "recompute"}  # checkpointing is on
     loads = read_rows(tmp_path, "expert_load")
     assert {r["phase"] for r in loads} == {"before", "after"} and {r["layer_index"] for r in loads} == {0, 1}
     for r in thr:  # tokens per expert add up to top-k x tokens, per layer
-        per_layer = sum(x["tokens"] for x in loads if x["point_id"] == r["point_id"] and x["phase"] == "before"
-                        and x["layer_index"] == 0)
+        per_layer = sum(
+            x["tokens"]
+            for x in loads
+            if x["point_id"] == r["point_id"] and x["phase"] == "before" and x["layer_index"] == 0
+        )
         assert per_layer == r["experts_per_token"] * r["num_tokens"]
     classes = {r["kernel_class"] for r in read_rows(tmp_path, "kernels")}
     assert {"lora", "dequantize", "topk", "softmax", "router", "elementwise"} <= classes
@@ -112,9 +122,12 @@ def test_out_of_memory_point_is_a_recorded_boundary(tmp_path, monkeypatch):
 def test_dataset_too_small_is_an_error_before_measuring(tmp_path):
     data = tmp_path / "tiny.jsonl"
     data.write_text("".join(json.dumps({"instruction": f"q{i}", "output": "a"}) + "\n" for i in range(3)))
-    spec = SweepSpec(setup=ModelSetup(model="tiny-mixtral", method="lora"),
-                     batch_sizes=(2,), inputs=InputSpec(dataset=str(data), tokenizer="mistral"),
-                     options=MeasureOptions(steps=2))
+    spec = SweepSpec(
+        setup=ModelSetup(model="tiny-mixtral", method="lora"),
+        batch_sizes=(2,),
+        inputs=InputSpec(dataset=str(data), tokenizer="mistral"),
+        options=MeasureOptions(steps=2),
+    )
     with pytest.raises(TunecostError, match="has 3 queries, but 2 steps at batch size 2 need 4"):
         run_sweep(spec, tmp_path / "run")
     assert not (tmp_path / "run" / "points.jsonl").exists()

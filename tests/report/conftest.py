@@ -48,8 +48,14 @@ def _throughput(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
             for b in (1, 2, 4, 8):
                 qps = speed * (1.4 if k == 2 else 1.0) * (2.0 + 3.0 * math.log(b)) * rng.uniform(0.95, 1.05)
                 n = 8 * b
-                yield _row("throughput", _tiny(k, b, model), queries_per_s=qps, tokens_per_s=qps * TINY["seq_len"],
-                           num_queries=n, seconds=n / qps)
+                yield _row(
+                    "throughput",
+                    _tiny(k, b, model),
+                    queries_per_s=qps,
+                    tokens_per_s=qps * TINY["seq_len"],
+                    num_queries=n,
+                    seconds=n / qps,
+                )
 
 
 def _stages(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
@@ -59,12 +65,16 @@ def _stages(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
             for b in (2, 4):
                 for repeat in range(3):
                     fwd = scale * 0.012 * b * (1.0 if k == 2 else 2.6) * rng.uniform(0.8, 1.3)
-                    parts = {"forward": fwd, "backward": 2.1 * fwd * rng.uniform(0.9, 1.1),
-                             "optimizer": 0.004 * rng.uniform(0.9, 1.1)}
+                    parts = {
+                        "forward": fwd,
+                        "backward": 2.1 * fwd * rng.uniform(0.9, 1.1),
+                        "optimizer": 0.004 * rng.uniform(0.9, 1.1),
+                    }
                     parts["step"] = sum(parts.values())
                     for stage, seconds in parts.items():
-                        yield _row("stages", _tiny(k, b, model), stage=stage, seconds=seconds, num_steps=5,
-                                   repeat=repeat)
+                        yield _row(
+                            "stages", _tiny(k, b, model), stage=stage, seconds=seconds, num_steps=5, repeat=repeat
+                        )
 
 
 def _layers(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
@@ -78,23 +88,51 @@ def _layers(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
                     for layer in range(4):
                         for comp, s in scale.items():
                             s = s * factor * (1.0 if k == 2 or comp != "moe_experts" else 3.5)
-                            yield _row("layers", w, **{"pass": pass_}, layer_index=layer, component=comp,
-                                       seconds=s * rng.uniform(0.8, 1.2), step=step)
+                            yield _row(
+                                "layers",
+                                w,
+                                **{"pass": pass_},
+                                layer_index=layer,
+                                component=comp,
+                                seconds=s * rng.uniform(0.8, 1.2),
+                                step=step,
+                            )
                     if pass_ != "recompute":
                         for comp, s in (("embedding", 3e-5), ("lm_head_loss", 9e-4)):
-                            yield _row("layers", w, **{"pass": pass_}, layer_index=None, component=comp,
-                                       seconds=s * factor * rng.uniform(0.8, 1.2), step=step)
+                            yield _row(
+                                "layers",
+                                w,
+                                **{"pass": pass_},
+                                layer_index=None,
+                                component=comp,
+                                seconds=s * factor * rng.uniform(0.8, 1.2),
+                                step=step,
+                            )
 
 
 def _kernels(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
-    classes = {"matmul_w1_gate": 0.30, "matmul_w3_up": 0.30, "matmul_w2_down": 0.28, "lora": 0.10,
-               "softmax": 0.02, "topk": 0.02, "router": 0.03, "elementwise": 0.08, "other": 0.01}
+    classes = {
+        "matmul_w1_gate": 0.30,
+        "matmul_w3_up": 0.30,
+        "matmul_w2_down": 0.28,
+        "lora": 0.10,
+        "softmax": 0.02,
+        "topk": 0.02,
+        "router": 0.03,
+        "elementwise": 0.08,
+        "other": 0.01,
+    }
     for model in PROFILE_MODELS:
         for k in (2, 8):
             for cls, s in classes.items():
-                yield _row("kernels", _tiny(k, 4, model), kernel_class=cls,
-                           seconds=s * (1 if k == 2 else 3) * rng.uniform(0.9, 1.1), count=int(rng.integers(40, 400)),
-                           source="torch.profiler")
+                yield _row(
+                    "kernels",
+                    _tiny(k, 4, model),
+                    kernel_class=cls,
+                    seconds=s * (1 if k == 2 else 3) * rng.uniform(0.9, 1.1),
+                    count=int(rng.integers(40, 400)),
+                    source="torch.profiler",
+                )
 
 
 def _expert_load(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
@@ -105,23 +143,37 @@ def _expert_load(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
             for layer in range(4):
                 tokens = rng.multinomial(num_tokens * k, rng.permutation(p))
                 for e, t in enumerate(tokens):
-                    yield _row("expert_load", _tiny(k, 4, model), phase=phase, layer_index=layer, expert=e,
-                               tokens=int(t))
+                    yield _row(
+                        "expert_load", _tiny(k, 4, model), phase=phase, layer_index=layer, expert=e, tokens=int(t)
+                    )
 
 
 def _trainability(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
     for routing, k, top in (("dense", 8, 0.84), ("sparse", 2, 0.79)):
         for epoch in range(1, 6):
             acc = round(top * (1 - math.exp(-0.9 * epoch)) + rng.uniform(-0.02, 0.02), 3)
-            yield _row("trainability", {**TINY, "experts_per_token": k, "batch_size": 8}, routing=routing,
-                       epoch=epoch, accuracy=acc, train_loss=2.5 * math.exp(-0.5 * epoch), num_eval=200)
+            yield _row(
+                "trainability",
+                {**TINY, "experts_per_token": k, "batch_size": 8},
+                routing=routing,
+                epoch=epoch,
+                accuracy=acc,
+                train_loss=2.5 * math.exp(-0.5 * epoch),
+                num_eval=200,
+            )
 
 
 def _lengths(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
     for dataset, median in (("commonsense_15k", 79.0), ("math_14k", 148.0)):
         for length in np.rint(rng.lognormal(math.log(median), 0.35, size=300)).astype(int):
-            yield {"schema_version": 1, "kind": "lengths", "dataset": dataset,
-                   "tokenizer": "mistral-7b-v0.1 (sentencepiece)", "template": "alpaca", "length": int(length)}
+            yield {
+                "schema_version": 1,
+                "kind": "lengths",
+                "dataset": dataset,
+                "tokenizer": "mistral-7b-v0.1 (sentencepiece)",
+                "template": "alpaca",
+                "length": int(length),
+            }
 
 
 def _max_batch(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
@@ -131,10 +183,21 @@ def _max_batch(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
             for gpu, mem in gpus.items():
                 per_query_gb = 2.9 if k == 2 else 3.4
                 mbs = max(0, int(slack * (mem - 23.35) / per_query_gb))
-                yield {"schema_version": 1, "kind": "max_batch", "model": "mixtral-8x7b", "method": "qlora",
-                       "experts_per_token": k, "seq_len": 512, "dataset": "math_14k", "gpu": gpu,
-                       "gpu_memory_gb": mem, "memory_bytes": int(mem * 1e9), "max_batch_size": mbs,
-                       "source": source, "estimator": estimator}
+                yield {
+                    "schema_version": 1,
+                    "kind": "max_batch",
+                    "model": "mixtral-8x7b",
+                    "method": "qlora",
+                    "experts_per_token": k,
+                    "seq_len": 512,
+                    "dataset": "math_14k",
+                    "gpu": gpu,
+                    "gpu_memory_gb": mem,
+                    "memory_bytes": int(mem * 1e9),
+                    "max_batch_size": mbs,
+                    "source": source,
+                    "estimator": estimator,
+                }
 
 
 def _counters(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
@@ -143,31 +206,54 @@ def _counters(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
         for cls, (sm, dram) in base.items():
             for launch in range(6):
                 w = {**TINY, "device": GPU_DEVICE, "experts_per_token": 2, "batch_size": b}
-                yield _row("counters", w, kernel_name=f"{cls}_kernel", kernel_class=cls, nvtx_ranges=["moe"],
-                           duration_s=float(rng.uniform(2e-5, 9e-5) * b ** 0.5),
-                           sm_pct=float(min(99, sm * (1 + 0.25 * math.log2(b)) * rng.uniform(0.9, 1.1))),
-                           dram_pct=float(min(99, dram * rng.uniform(0.9, 1.1))), mem_pct=None,
-                           launch_id=launch, source="ncu")
+                yield _row(
+                    "counters",
+                    w,
+                    kernel_name=f"{cls}_kernel",
+                    kernel_class=cls,
+                    nvtx_ranges=["moe"],
+                    duration_s=float(rng.uniform(2e-5, 9e-5) * b**0.5),
+                    sm_pct=float(min(99, sm * (1 + 0.25 * math.log2(b)) * rng.uniform(0.9, 1.1))),
+                    dram_pct=float(min(99, dram * rng.uniform(0.9, 1.1))),
+                    mem_pct=None,
+                    launch_id=launch,
+                    source="ncu",
+                )
 
 
 _WRITERS: dict[str, Callable[[np.random.Generator], Iterable[dict[str, Any]]]] = {
-    "throughput": _throughput, "stages": _stages, "layers": _layers, "kernels": _kernels,
-    "expert_load": _expert_load, "trainability": _trainability, "lengths": _lengths, "max_batch": _max_batch,
+    "throughput": _throughput,
+    "stages": _stages,
+    "layers": _layers,
+    "kernels": _kernels,
+    "expert_load": _expert_load,
+    "trainability": _trainability,
+    "lengths": _lengths,
+    "max_batch": _max_batch,
     "counters": _counters,
 }
 
 META = {
-    "schema_version": 1, "tool": "tunecost", "tool_version": "0.1.0", "git_revision": "0123456789abcdef",
+    "schema_version": 1,
+    "tool": "tunecost",
+    "tool_version": "0.1.0",
+    "git_revision": "0123456789abcdef",
     "created": "2026-01-02T03:04:05+00:00",
     "device": {"kind": "cpu", "name": "Test CPU", "torch": "2.13.0", "cuda": None, "num_threads": 2},
     "versions": {"torch": "2.13.0", "transformers": "5.23.0", "peft": "0.21.2", "bitsandbytes": "0.50.2"},
-    "command": "tunecost demo --out runs/test", "workloads": [],
+    "command": "tunecost demo --out runs/test",
+    "workloads": [],
 }
 
 
-def write_run(run_dir: Path, *, kinds: Iterable[str] = ALL_KINDS,
-              drop_columns: dict[str, tuple[str, ...]] | None = None, schema_version: dict[str, int] | None = None,
-              seed: int = 0) -> Path:
+def write_run(
+    run_dir: Path,
+    *,
+    kinds: Iterable[str] = ALL_KINDS,
+    drop_columns: dict[str, tuple[str, ...]] | None = None,
+    schema_version: dict[str, int] | None = None,
+    seed: int = 0,
+) -> Path:
     """Write `kinds` records into `run_dir`; `drop_columns[kind]` removes keys from every row of that kind;
     `schema_version[kind]` rewrites that kind's rows in an older format version."""
     from tunecost.demo import _stage_estimate, _stage_fit

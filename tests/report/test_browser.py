@@ -87,9 +87,11 @@ def test_report_opens_without_console_messages(chromium: str, full_report, tmp_p
 
 def test_control_page_errors_are_detected(chromium: str, tmp_path: Path) -> None:
     page = tmp_path / "bad.html"
-    page.write_text("<!DOCTYPE html><html><body><p>control</p><img src='missing.png'>"
-                    "<script>console.error('control error'); not_defined();</script></body></html>",
-                    encoding="utf-8")
+    page.write_text(
+        "<!DOCTYPE html><html><body><p>control</p><img src='missing.png'>"
+        "<script>console.error('control error'); not_defined();</script></body></html>",
+        encoding="utf-8",
+    )
     shot = shot_mod.screenshot(page, tmp_path / "bad.png", chromium=chromium, width=400, height=300)
     joined = "\n".join(shot.console_lines)
     assert "control error" in joined

@@ -11,18 +11,28 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pytest  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
 
-from tunecost.report.figures import SECTIONS, FigureResult  # noqa: E402
-from tunecost.report.records import load_run  # noqa: E402
+from tunecost.report.figures import SECTIONS, FigureResult
+from tunecost.report.records import load_run
 
 SECTION_KEYS = [s.key for s in SECTIONS]
 # The unit each section's axes must name (a label containing it), from the paper's figures.
-UNITS = {"lengths": "tokens", "trainability": "(%)", "stages": "(ms)", "layers": "(%)", "kernels": "ms",
-         "throughput": "(queries/s)", "counters": "(%)", "expert_load": "tokens", "max_batch": "(GB)",
-         "fit": "(queries/s)", "costs": "(USD)"}
+UNITS = {
+    "lengths": "tokens",
+    "trainability": "(%)",
+    "stages": "(ms)",
+    "layers": "(%)",
+    "kernels": "ms",
+    "throughput": "(queries/s)",
+    "counters": "(%)",
+    "expert_load": "tokens",
+    "max_batch": "(GB)",
+    "fit": "(queries/s)",
+    "costs": "(USD)",
+}
 
 
 @pytest.fixture(scope="module")
@@ -41,20 +51,35 @@ def _drawn_tick_labels(axis) -> list:
     """Tick labels matplotlib draws: those of ticks inside the view (the others keep stale positions)."""
     lo, hi = sorted(axis.get_view_interval())
     eps = 1e-9 * max(1.0, abs(hi - lo))
-    return [tick.label1 for tick, loc in zip(axis.get_major_ticks(), axis.get_majorticklocs())
-            if lo - eps <= loc <= hi + eps]
+    return [
+        tick.label1
+        for tick, loc in zip(axis.get_major_ticks(), axis.get_majorticklocs())
+        if lo - eps <= loc <= hi + eps
+    ]
 
 
 def _texts(fig) -> list:
     """Every visible, non-empty text drawn in the figure, legend texts and drawn tick labels included."""
     fig.canvas.draw()
-    ticks = {id(t) for ax in fig.axes for axis in (ax.xaxis, ax.yaxis)
-             for tick in axis.get_major_ticks() + axis.get_minor_ticks() for t in (tick.label1, tick.label2)}
-    drawn = [t for ax in fig.axes if ax.get_visible() for axis in (ax.xaxis, ax.yaxis)
-             for t in _drawn_tick_labels(axis)]
+    ticks = {
+        id(t)
+        for ax in fig.axes
+        for axis in (ax.xaxis, ax.yaxis)
+        for tick in axis.get_major_ticks() + axis.get_minor_ticks()
+        for t in (tick.label1, tick.label2)
+    }
+    drawn = [
+        t for ax in fig.axes if ax.get_visible() for axis in (ax.xaxis, ax.yaxis) for t in _drawn_tick_labels(axis)
+    ]
     others = [t for t in fig.findobj(matplotlib.text.Text) if id(t) not in ticks]
-    return [t for t in others + drawn if t.get_visible() and t.get_text().strip()
-            and t.get_window_extent().width > 0 and (t.axes is None or t.axes.get_visible())]
+    return [
+        t
+        for t in others + drawn
+        if t.get_visible()
+        and t.get_text().strip()
+        and t.get_window_extent().width > 0
+        and (t.axes is None or t.axes.get_visible())
+    ]
 
 
 def overlapping_texts(fig, tolerance_px: float = 1.0) -> list[tuple[str, str]]:
@@ -161,8 +186,11 @@ def test_expert_variance_is_across_experts_of_summed_tokens(built, full_run: Pat
 
 def test_layers_are_per_step_sums_over_layers_and_passes(built, full_run: Path, rows) -> None:
     table = built["layers"].table.set_index("config")
-    raw = [r for r in rows(full_run, "layers")
-           if (r["model"], r["experts_per_token"], r["component"]) == ("tiny-mixtral", 2, "moe_experts")]
+    raw = [
+        r
+        for r in rows(full_run, "layers")
+        if (r["model"], r["experts_per_token"], r["component"]) == ("tiny-mixtral", 2, "moe_experts")
+    ]
     per_step_ms = 1e3 * sum(r["seconds"] for r in raw) / len({r["step"] for r in raw})
     assert table.loc["tiny-mixtral top-2 bsz=4", "moe_experts"] == pytest.approx(per_step_ms, abs=5e-4)
 
@@ -202,18 +230,32 @@ def test_counters_without_sm_readings_are_omitted_with_the_reason(tmp_path: Path
     run = make_run(tmp_path / "run", kinds=("counters",))
     path = run / "counters.jsonl"
     rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-    path.write_text("".join(json.dumps({**r, "sm_pct": None, "dram_pct": None, "source": "torch.profiler"}) + "\n"
-                            for r in rows), encoding="utf-8")
+    path.write_text(
+        "".join(json.dumps({**r, "sm_pct": None, "dram_pct": None, "source": "torch.profiler"}) + "\n" for r in rows),
+        encoding="utf-8",
+    )
     counters = next(s for s in SECTIONS if s.key == "counters")
     reason = counters.build(load_run(run))
     assert isinstance(reason, str) and "lacks sm_pct, dram_pct" in reason
 
 
-@pytest.mark.parametrize(("kind", "column"), [
-    ("throughput", "queries_per_s"), ("stages", "stage"), ("layers", "component"), ("kernels", "kernel_class"),
-    ("expert_load", "phase"), ("trainability", "accuracy"), ("lengths", "length"), ("max_batch", "max_batch_size"),
-    ("counters", "duration_s"), ("fit", "rmse"), ("fit", "coefficients"), ("estimate", "usd_per_hour"),
-])
+@pytest.mark.parametrize(
+    ("kind", "column"),
+    [
+        ("throughput", "queries_per_s"),
+        ("stages", "stage"),
+        ("layers", "component"),
+        ("kernels", "kernel_class"),
+        ("expert_load", "phase"),
+        ("trainability", "accuracy"),
+        ("lengths", "length"),
+        ("max_batch", "max_batch_size"),
+        ("counters", "duration_s"),
+        ("fit", "rmse"),
+        ("fit", "coefficients"),
+        ("estimate", "usd_per_hour"),
+    ],
+)
 def test_a_missing_column_omits_the_section_with_its_name(tmp_path: Path, make_run, kind: str, column: str) -> None:
     run = make_run(tmp_path / "run", kinds=(kind,), drop_columns={kind: (column,)})
     key = "costs" if kind == "estimate" else kind
@@ -230,8 +272,9 @@ def test_lengths_from_data_stats_histogram_rows(tmp_path: Path) -> None:
     histogram = [{"lo": 10, "hi": 20, "count": 4}, {"lo": 20, "hi": 30, "count": 2}]
     run = tmp_path / "run"
     run.mkdir()
-    (run / "lengths.jsonl").write_text("".join(json.dumps(r) + "\n" for r in stats_rows(summary, histogram, {})),
-                                       encoding="utf-8")
+    (run / "lengths.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in stats_rows(summary, histogram, {})), encoding="utf-8"
+    )
     section = next(s for s in SECTIONS if s.key == "lengths")
     result = section.build(load_run(run))
     assert not isinstance(result, str), result
@@ -245,7 +288,8 @@ def test_runs_comparing_experts_implementations_label_each() -> None:
 
     from tunecost.report.figures import _config_labels
 
-    df = pd.DataFrame([{"model": "m", "experts_per_token": 2, "batch_size": 4, "experts_impl": impl}
-                       for impl in ("stock", "fast")])
+    df = pd.DataFrame(
+        [{"model": "m", "experts_per_token": 2, "batch_size": 4, "experts_impl": impl} for impl in ("stock", "fast")]
+    )
     assert list(_config_labels(df)) == ["m top-2 [stock] bsz=4", "m top-2 [fast] bsz=4"]
     assert list(_config_labels(df.assign(experts_impl="fast"))) == ["m top-2 bsz=4"] * 2

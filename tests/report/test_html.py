@@ -35,8 +35,9 @@ def test_fit_table_matches_a_least_squares_refit_of_the_points(full_page: str, f
     """Refit eq. (2) (artifact form: q = a + b*log(B)/(sparsity*c3)) on the fit_point rows with numpy and find
     the coefficients and RMSE in the Fig. 14 table."""
     points = [r for r in rows(full_run, "fit") if r["kind"] == "fit_point"]
-    fits = {(r["model"], r["dataset"]): r for r in rows(full_run, "fit") if r["kind"] == "fit"
-            and r["form"] == "artifact"}
+    fits = {
+        (r["model"], r["dataset"]): r for r in rows(full_run, "fit") if r["kind"] == "fit" and r["form"] == "artifact"
+    }
     table = tables(full_page)["fit"]
     assert len(table) == len(fits) == 4
     for row in table:
@@ -82,9 +83,11 @@ def test_stage_table_is_the_median_over_repeats_in_ms(full_page: str, full_run: 
         for k, name in ((2, "top-2"), (8, "dense")):
             for b in (2, 4):
                 for stage in ("forward", "backward", "optimizer"):
-                    seconds = [r["seconds"] for r in rows(full_run, "stages")
-                               if (r["model"], r["experts_per_token"], r["batch_size"], r["stage"])
-                               == (model, k, b, stage)]
+                    seconds = [
+                        r["seconds"]
+                        for r in rows(full_run, "stages")
+                        if (r["model"], r["experts_per_token"], r["batch_size"], r["stage"]) == (model, k, b, stage)
+                    ]
                     assert len(seconds) == 3
                     _shown(table[f"{model} {name} bsz={b}"][stage], 1e3 * statistics.median(seconds), 2)
 
@@ -109,14 +112,16 @@ def test_accuracy_at_the_last_epoch(full_page: str, full_run: Path, tables, rows
     last = max(r["epoch"] for r in rows(full_run, "trainability"))
     shown = next(row for row in table if row["epoch"] == str(last))
     for routing in ("dense", "sparse"):
-        acc = next(r["accuracy"] for r in rows(full_run, "trainability")
-                   if r["routing"] == routing and r["epoch"] == last)
+        acc = next(
+            r["accuracy"] for r in rows(full_run, "trainability") if r["routing"] == routing and r["epoch"] == last
+        )
         _shown(shown[routing], acc, 3)
 
 
 def test_max_batch_table_has_every_record(full_page: str, full_run: Path, tables, rows) -> None:
-    shown = {(r["gpu"], r["experts_per_token"], r["source"]): r["max_batch_size"]
-             for r in tables(full_page)["max_batch"]}
+    shown = {
+        (r["gpu"], r["experts_per_token"], r["source"]): r["max_batch_size"] for r in tables(full_page)["max_batch"]
+    }
     records = rows(full_run, "max_batch")
     assert len(shown) == len(records)
     for r in records:
@@ -165,7 +170,8 @@ def test_every_figure_is_an_embedded_png_with_files_beside(full_report, full_pag
         assert (fig_dir / f"{key}.png").read_bytes() == png
         assert ET.parse(fig_dir / f"{key}.svg").getroot().tag.endswith("svg")
     assert sorted(p.name for p in full_report.figure_paths) == sorted(
-        f"{key}.{ext}" for key, _ in images for ext in ("png", "svg"))
+        f"{key}.{ext}" for key, _ in images for ext in ("png", "svg")
+    )
 
 
 def test_html_in_record_values_is_escaped(tmp_path: Path, make_run, rows) -> None:
@@ -240,8 +246,17 @@ def test_missing_kinds_are_omitted_each_with_its_reason(tmp_path: Path, make_run
     result = build_report(run)
     page = result.html_path.read_text(encoding="utf-8")
     assert result.sections_shown == ("fit", "costs")
-    for key in ("lengths", "trainability", "stages", "layers", "kernels", "throughput", "counters", "expert_load",
-                "max_batch"):
+    for key in (
+        "lengths",
+        "trainability",
+        "stages",
+        "layers",
+        "kernels",
+        "throughput",
+        "counters",
+        "expert_load",
+        "max_batch",
+    ):
         reason = f"no `{key}.jsonl` records in this run"
         assert result.sections_omitted[key] == reason
         assert f"<p class='omitted'>Omitted: {reason}</p>" in page
@@ -249,11 +264,13 @@ def test_missing_kinds_are_omitted_each_with_its_reason(tmp_path: Path, make_run
 
 
 def test_missing_column_omits_only_that_section(tmp_path: Path, make_run) -> None:
-    run = make_run(tmp_path / "run", kinds=("throughput", "trainability"),
-                   drop_columns={"throughput": ("queries_per_s",)})
+    run = make_run(
+        tmp_path / "run", kinds=("throughput", "trainability"), drop_columns={"throughput": ("queries_per_s",)}
+    )
     result = build_report(run)
     assert result.sections_omitted["throughput"] == (
-        "`throughput.jsonl` lacks queries_per_s (written by an older or partial run)")
+        "`throughput.jsonl` lacks queries_per_s (written by an older or partial run)"
+    )
     assert "trainability" in result.sections_shown
     assert not (result.html_path.parent / "figures" / "throughput.png").exists()
 
@@ -261,8 +278,9 @@ def test_missing_column_omits_only_that_section(tmp_path: Path, make_run) -> Non
 def test_column_null_in_every_row_is_missing(tmp_path: Path, make_run) -> None:
     run = make_run(tmp_path / "run", kinds=("layers",))
     path = run / "layers.jsonl"
-    path.write_text(re.sub(r'"seconds": [0-9.e-]+', '"seconds": null', path.read_text(encoding="utf-8")),
-                    encoding="utf-8")
+    path.write_text(
+        re.sub(r'"seconds": [0-9.e-]+', '"seconds": null', path.read_text(encoding="utf-8")), encoding="utf-8"
+    )
     result = build_report(run)
     assert result.sections_omitted["layers"] == "`layers.jsonl` lacks seconds (written by an older or partial run)"
 
@@ -278,9 +296,11 @@ def test_unreadable_values_omit_the_section_not_the_report(tmp_path: Path, make_
     """Values of the wrong type (a string where a number belongs): the section is omitted with the error."""
     run = make_run(tmp_path / "run", kinds=("throughput", "trainability"))
     path = run / "trainability.jsonl"
-    path.write_text(re.sub(r'"accuracy": [0-9.]+', '"accuracy": "n/a"', path.read_text(encoding="utf-8")),
-                    encoding="utf-8")
+    path.write_text(
+        re.sub(r'"accuracy": [0-9.]+', '"accuracy": "n/a"', path.read_text(encoding="utf-8")), encoding="utf-8"
+    )
     result = build_report(run)
     assert "throughput" in result.sections_shown
     assert result.sections_omitted["trainability"] == (
-        "records could not be read (ValueError: could not convert string to float: 'n/a')")
+        "records could not be read (ValueError: could not convert string to float: 'n/a')"
+    )

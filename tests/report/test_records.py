@@ -14,8 +14,19 @@ from tunecost.results.io import append_jsonl
 
 def test_every_kind_is_read_with_its_rows(full_run: Path, rows) -> None:
     records = load_run(full_run)
-    expected = ("throughput", "stages", "layers", "kernels", "expert_load", "trainability", "lengths", "max_batch",
-                "counters", "fit", "estimate")
+    expected = (
+        "throughput",
+        "stages",
+        "layers",
+        "kernels",
+        "expert_load",
+        "trainability",
+        "lengths",
+        "max_batch",
+        "counters",
+        "fit",
+        "estimate",
+    )
     assert set(records.tables) == set(expected)
     for kind in expected:
         assert len(records.get(kind)) == len(rows(full_run, kind)), kind

@@ -22,7 +22,11 @@ def test_json_says_what_was_written(tmp_path: Path, make_run, cli_runner) -> Non
     assert out["sections_shown"] == ["trainability", "throughput"]
     assert out["sections_omitted"]["stages"] == "no `stages.jsonl` records in this run"
     assert sorted(Path(p).name for p in out["figure_paths"]) == [
-        "throughput.png", "throughput.svg", "trainability.png", "trainability.svg"]
+        "throughput.png",
+        "throughput.svg",
+        "trainability.png",
+        "trainability.svg",
+    ]
     assert (run / "report.html").is_file()
 
 
@@ -51,7 +55,8 @@ def test_missing_column_is_a_line_not_a_traceback(tmp_path: Path, make_run, cli_
     assert result.exit_code == 0, result.output
     assert "Traceback" not in result.output
     assert _unwrapped("section fit omitted: `fit.jsonl` lacks rmse (written by an older or partial run)") in _unwrapped(
-        result.stdout)
+        result.stdout
+    )
 
 
 def test_empty_run_dir_is_exit_2_with_one_line(tmp_path: Path, cli_error) -> None:

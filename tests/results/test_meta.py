@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
-from tunecost.results.meta import (SCHEMA_VERSION, command_line, git_revision, merge_metadata, package_versions,
-                                   run_metadata)
+from tunecost.results.meta import (
+    SCHEMA_VERSION,
+    command_line,
+    git_revision,
+    merge_metadata,
+    package_versions,
+    run_metadata,
+)
 
 
 def test_run_metadata_has_every_documented_field():
     meta = run_metadata(device="cpu", command=["tunecost", "profile", "--out", "my dir"], workloads=[{"model": "m"}])
-    for key in ("schema_version", "tool", "tool_version", "git_revision", "created", "device", "versions", "command",
-                "workloads"):
+    for key in (
+        "schema_version",
+        "tool",
+        "tool_version",
+        "git_revision",
+        "created",
+        "device",
+        "versions",
+        "command",
+        "workloads",
+    ):
         assert key in meta
     assert meta["schema_version"] == SCHEMA_VERSION and meta["tool"] == "tunecost"
     assert meta["device"]["kind"] == "cpu"

@@ -58,8 +58,9 @@ def test_shortfall_when_batch_one_does_not_fit(monkeypatch):
 
 
 def test_simulated_answer_is_the_boundary(config_path):
-    job = FineTuneJob(model=config_path("tiny-mixtral-2l"), method="qlora", batch_size=1, seq_len=64,
-                      lora=LoraConfig(rank=8))
+    job = FineTuneJob(
+        model=config_path("tiny-mixtral-2l"), method="qlora", batch_size=1, seq_len=64, lora=LoraConfig(rank=8)
+    )
     one = simulate_step(job)
     mem = one.peak_bytes + one.device_overhead_bytes + 4 * 2**20
     result = max_batch_size(job, mem)

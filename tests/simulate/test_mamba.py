@@ -9,13 +9,15 @@ from tunecost.workload.job import FineTuneJob
 
 
 def _job(config_path, **kw):
-    return FineTuneJob(model=config_path("tiny-blackmamba"), method="full", compute_dtype="bf16", batch_size=4,
-                       seq_len=128, **kw)
+    return FineTuneJob(
+        model=config_path("tiny-blackmamba"), method="full", compute_dtype="bf16", batch_size=4, seq_len=128, **kw
+    )
 
 
 def test_blackmamba_full_fine_tune_simulates_and_scales(config_path):
-    full = simulate_step(_job(config_path, experts_per_token=2, gradient_checkpointing=False), num_layers_to_trace=99,
-                         use_cache=False)
+    full = simulate_step(
+        _job(config_path, experts_per_token=2, gradient_checkpointing=False), num_layers_to_trace=99, use_cache=False
+    )
     scaled = simulate_step(_job(config_path, experts_per_token=2, gradient_checkpointing=False), use_cache=False)
     assert full.layers_traced == (8,) and scaled.layers_traced == (2, 4)  # units of (Mamba, MoE) layers
     assert scaled.peak_bytes == pytest.approx(full.peak_bytes, rel=0.01)

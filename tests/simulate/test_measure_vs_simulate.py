@@ -20,8 +20,9 @@ CASES = [
 
 @pytest.mark.parametrize(("model", "options"), CASES)
 def test_simulated_peak_matches_cpu_allocator(model, options, config_path):
-    job = FineTuneJob(model=config_path(model), compute_dtype="fp32", batch_size=2, seq_len=16,
-                      lora=LoraConfig(rank=8), **options)
+    job = FineTuneJob(
+        model=config_path(model), compute_dtype="fp32", batch_size=2, seq_len=16, lora=LoraConfig(rank=8), **options
+    )
     simulated = simulate_step(job, num_layers_to_trace=99, granule_bytes=1, use_cache=False)
     measured = measure_step_peak(job)
     assert measured.num_events > 100  # the profiler did see the step's allocations

@@ -6,8 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tunecost.simulate.quant4bit import (QuantSpec, Quantized4bit, matmul_4bit, packed_bytes,
-                                         quant_constant_bytes)
+from tunecost.simulate.quant4bit import Quantized4bit, QuantSpec, matmul_4bit, packed_bytes, quant_constant_bytes
 
 
 @pytest.mark.parametrize("double_quant", [True, False])
@@ -19,8 +18,7 @@ def test_dequantize_matches_bitsandbytes(double_quant, quant_type):
     q = Quantized4bit(3, 96, 200, QuantSpec(quant_type, double_quant))
     q.load_from(w)
     for i in range(3):
-        packed, state = bnbf.quantize_4bit(w[i], blocksize=64, compress_statistics=double_quant,
-                                           quant_type=quant_type)
+        packed, state = bnbf.quantize_4bit(w[i], blocksize=64, compress_statistics=double_quant, quant_type=quant_type)
         expected = bnbf.dequantize_4bit(packed, state)
         got = q.dequantize(i, torch.float32)
         assert got.shape == (96, 200)

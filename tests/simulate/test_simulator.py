@@ -15,15 +15,21 @@ SMALL = dict(H=128, I=256, V=2048, NH=4, NKV=2, HD=32, E=8, N=6)  # tests/fixtur
 
 
 def _job(config_path, **kw) -> FineTuneJob:
-    base = dict(model=config_path("small-mixtral"), compute_dtype="fp32", batch_size=2, seq_len=64,
-                lora=LoraConfig(rank=8))
+    base = dict(
+        model=config_path("small-mixtral"), compute_dtype="fp32", batch_size=2, seq_len=64, lora=LoraConfig(rank=8)
+    )
     base.update(kw)
     return FineTuneJob(**base)
 
 
-@pytest.mark.parametrize("options", [dict(method="qlora", gradient_checkpointing=True),
-                                     dict(method="full", gradient_checkpointing=False),
-                                     dict(method="lora", gradient_checkpointing=False, experts_per_token=8)])
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(method="qlora", gradient_checkpointing=True),
+        dict(method="full", gradient_checkpointing=False),
+        dict(method="lora", gradient_checkpointing=False, experts_per_token=8),
+    ],
+)
 def test_scaled_two_depths_match_full_trace(config_path, options):
     job = _job(config_path, **options)
     full = simulate_step(job, num_layers_to_trace=99, use_cache=False)
@@ -36,8 +42,14 @@ def test_scaled_two_depths_match_full_trace(config_path, options):
 
 
 def test_scaling_with_a_dense_prefix_layer(config_path):
-    job = FineTuneJob(model=config_path("tiny-deepseek-v2"), method="qlora", compute_dtype="fp32", batch_size=2,
-                      seq_len=32, lora=LoraConfig(rank=8))
+    job = FineTuneJob(
+        model=config_path("tiny-deepseek-v2"),
+        method="qlora",
+        compute_dtype="fp32",
+        batch_size=2,
+        seq_len=32,
+        lora=LoraConfig(rank=8),
+    )
     full = simulate_step(job, num_layers_to_trace=99, use_cache=False)
     scaled = simulate_step(job, num_layers_to_trace=3, use_cache=False)
     assert scaled.layers_traced == (2, 3)  # the dense layer plus one and two MoE layers
@@ -78,8 +90,9 @@ def _hand_count(B, L, k, r, *, method, checkpointing):
     return fwd + bwd + (N * layer_fwd if checkpointing else 0)
 
 
-@pytest.mark.parametrize(("method", "checkpointing", "k"), [("full", False, 2), ("full", True, 8),
-                                                             ("qlora", True, 2), ("qlora", False, 8)])
+@pytest.mark.parametrize(
+    ("method", "checkpointing", "k"), [("full", False, 2), ("full", True, 8), ("qlora", True, 2), ("qlora", False, 8)]
+)
 def test_flops_match_hand_count(config_path, method, checkpointing, k):
     B, L, r = 2, 64, 8
     job = _job(config_path, method=method, gradient_checkpointing=checkpointing, experts_per_token=k)

@@ -7,9 +7,19 @@ from tunecost.models.tiny import build_tiny_mixtral
 from tunecost.train.finetune import IGNORE_INDEX, OptimConfig, causal_lm_loss, make_batches, make_optimizer, train_epoch
 from tunecost.workload.templates import EncodedQuery
 
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
-             num_key_value_heads=1, head_dim=32, vocab_size=64)
-QUERIES = [EncodedQuery(ids=(1, 5, 6, 7, 8, 2), num_prompt_tokens=3), EncodedQuery(ids=(1, 9, 10, 2), num_prompt_tokens=2)]
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    vocab_size=64,
+)
+QUERIES = [
+    EncodedQuery(ids=(1, 5, 6, 7, 8, 2), num_prompt_tokens=3),
+    EncodedQuery(ids=(1, 9, 10, 2), num_prompt_tokens=2),
+]
 
 
 def test_batches_pad_right_and_mask_the_prompt():

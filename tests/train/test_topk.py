@@ -7,8 +7,15 @@ from tunecost.errors import TunecostError
 from tunecost.models.tiny import build_tiny_mixtral
 from tunecost.train.topk import routing_name, set_experts_per_token
 
-SMALL = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2,
-             num_key_value_heads=1, head_dim=32, vocab_size=64)
+SMALL = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=32,
+    vocab_size=64,
+)
 
 
 def test_dense_and_sparse_routing_change_the_model():

@@ -49,8 +49,9 @@ def test_hellaswag_format():
 
 
 def test_column_mapping():
-    ds = load_dataset(str(FIXTURES / "custom_columns.jsonl"),
-                      columns=parse_columns("prompt=question,response=solution,answer=final"))
+    ds = load_dataset(
+        str(FIXTURES / "custom_columns.jsonl"), columns=parse_columns("prompt=question,response=solution,answer=final")
+    )
     assert ds.format == "columns" and [e.answer for e in ds.examples] == ["42", "5"]
     with pytest.raises(TunecostError, match="KEY=COLUMN"):
         parse_columns("prompt")
@@ -140,6 +141,7 @@ def test_limit_and_synthetic_names():
 
 # ------------------------------------------------------------------------------------------ CLI: data stats
 
+
 def _cli(args):
     from tunecost.cli.main import app
 
@@ -148,8 +150,22 @@ def _cli(args):
 
 def test_cli_data_stats_json_and_out(tmp_path):
     out = tmp_path / "lengths.jsonl"
-    result = _cli(["data", "stats", str(FIXTURES / "llm_adapters_math.json"), "--tokenizer", "mistral",
-                   "--template", "none", "--batch-size", "2", "--json", "--out", str(out)])
+    result = _cli(
+        [
+            "data",
+            "stats",
+            str(FIXTURES / "llm_adapters_math.json"),
+            "--tokenizer",
+            "mistral",
+            "--template",
+            "none",
+            "--batch-size",
+            "2",
+            "--json",
+            "--out",
+            str(out),
+        ]
+    )
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     assert report["num_queries"] == 4 and "mistral" in report["tokenizer"] and report["template"] == "none"

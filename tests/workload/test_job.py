@@ -64,7 +64,10 @@ def test_lengths_instead_of_seq_len() -> None:
     [
         ({"rank": 0}, "LoRA rank must be >= 1, got 0"),
         ({"targets": ()}, "LoRA needs at least one target"),
-        ({"targets": ("experts", "embeddings")}, "unsupported LoRA target 'embeddings'; supported: attention, experts, router, mlp"),
+        (
+            {"targets": ("experts", "embeddings")},
+            "unsupported LoRA target 'embeddings'; supported: attention, experts, router, mlp",
+        ),
     ],
 )
 def test_bad_lora_config(kwargs, message) -> None:

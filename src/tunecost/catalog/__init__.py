@@ -5,6 +5,14 @@ from tunecost.catalog.models import ModelSpec, model_catalog, resolve_model
 from tunecost.catalog.prices import Price, price_catalog, prices_for
 
 __all__ = [
-    "GPU", "ModelSpec", "Price", "get_gpu", "gpu_catalog", "model_catalog", "price_catalog", "prices_for",
-    "resolve_gpu_name", "resolve_model",
+    "GPU",
+    "ModelSpec",
+    "Price",
+    "get_gpu",
+    "gpu_catalog",
+    "model_catalog",
+    "price_catalog",
+    "prices_for",
+    "resolve_gpu_name",
+    "resolve_model",
 ]

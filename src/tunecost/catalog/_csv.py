@@ -22,7 +22,9 @@ def read_catalog_csv(path: Path, required: tuple[str, ...]) -> list[tuple[int, d
     missing = [c for c in required if c not in header]
     if missing:
         raise TunecostError(f"{path}: missing column(s) {', '.join(missing)}; found {', '.join(header) or 'none'}")
-    return [(i, {k: (v or "").strip() for k, v in row.items() if k is not None}) for i, row in enumerate(reader, start=1)]
+    return [
+        (i, {k: (v or "").strip() for k, v in row.items() if k is not None}) for i, row in enumerate(reader, start=1)
+    ]
 
 
 def parse_float(path: Path, row_number: int, column: str, value: str) -> float:

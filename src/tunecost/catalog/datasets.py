@@ -29,9 +29,13 @@ def dataset_catalog() -> dict[str, DatasetFacts]:
     out = {}
     for i, row in read_catalog_csv(path, ("name", "num_queries", "median_tokens_paper", "source", "as_of")):
         out[row["name"]] = DatasetFacts(
-            name=row["name"], num_queries=int(parse_float(path, i, "num_queries", row["num_queries"])),
+            name=row["name"],
+            num_queries=int(parse_float(path, i, "num_queries", row["num_queries"])),
             median_tokens_paper=parse_float(path, i, "median_tokens_paper", row["median_tokens_paper"]),
-            kind=row.get("kind", ""), hub_id=row.get("hub_id", ""), source=row["source"], as_of=row["as_of"],
+            kind=row.get("kind", ""),
+            hub_id=row.get("hub_id", ""),
+            source=row["source"],
+            as_of=row["as_of"],
         )
     return out
 

@@ -113,12 +113,31 @@ def _family_of(config: dict[str, Any], where: str) -> str:
 
 
 # Architecture sizes a config must give as positive integers (transformers accepts e.g. a negative hidden size).
-_POSITIVE_SIZES = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
-                   "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", *_NUM_EXPERTS_KEYS,
-                   *_TOP_K_KEYS)
+_POSITIVE_SIZES = (
+    "hidden_size",
+    "intermediate_size",
+    "moe_intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    *_NUM_EXPERTS_KEYS,
+    *_TOP_K_KEYS,
+)
 # transformers' bookkeeping keys, not architecture facts: never filled in from its defaults.
-_NOT_DEFAULTED = frozenset({"_name_or_path", "architectures", "dtype", "torch_dtype", "transformers_version",
-                            "id2label", "label2id", "model_type"})
+_NOT_DEFAULTED = frozenset(
+    {
+        "_name_or_path",
+        "architectures",
+        "dtype",
+        "torch_dtype",
+        "transformers_version",
+        "id2label",
+        "label2id",
+        "model_type",
+    }
+)
 
 
 def _with_transformers_defaults(config: dict[str, Any], family: str, where: str) -> dict[str, Any]:
@@ -132,13 +151,16 @@ def _with_transformers_defaults(config: dict[str, Any], family: str, where: str)
     raw = {k: v for k, v in config.items() if k not in _NOT_DEFAULTED}
     try:
         defaults = CONFIG_MAPPING[family](**raw).to_dict()
-    except Exception as exc:  # noqa: BLE001 - transformers and huggingface_hub validation errors share no base
+    except Exception as exc:
         reason = str(exc).strip().splitlines() or [type(exc).__name__]
         raise TunecostError(f"{where}: transformers rejects this {family} config: {' '.join(reason[:3])}") from None
     filled = {k: v for k, v in defaults.items() if k not in config and k not in _NOT_DEFAULTED and v is not None}
     merged = {**config, **filled}
-    bad = [f"{k}={merged[k]!r}" for k in _POSITIVE_SIZES
-           if merged.get(k) is not None and not (isinstance(merged[k], int) and merged[k] > 0)]
+    bad = [
+        f"{k}={merged[k]!r}"
+        for k in _POSITIVE_SIZES
+        if merged.get(k) is not None and not (isinstance(merged[k], int) and merged[k] > 0)
+    ]
     if bad:
         raise TunecostError(f"{where}: sizes must be positive integers: {', '.join(bad)}")
     return merged
@@ -159,8 +181,11 @@ def spec_from_config_file(path: Path) -> ModelSpec:
         raise TunecostError(f"{config_path}: a model config is a JSON object, found a {type(config).__name__}")
     family = _family_of(config, str(config_path))
     return ModelSpec(
-        name=str(path), family=family, config=_with_transformers_defaults(config, family, str(config_path)),
-        source=str(config_path), local_path=str(config_path.parent),
+        name=str(path),
+        family=family,
+        config=_with_transformers_defaults(config, family, str(config_path)),
+        source=str(config_path),
+        local_path=str(config_path.parent),
     )
 
 

@@ -47,8 +47,14 @@ def load_prices(path: Path = PRICE_CATALOG_PATH) -> list[Price]:
         except TunecostError as exc:
             raise TunecostError(f"{path}: row {i}: {exc}") from None
         prices.append(
-            Price(provider=row["provider"], gpu=gpu, usd_per_gpu_hour=usd, date=row["date"],
-                  source_url=row["source_url"], notes=row.get("notes", ""))
+            Price(
+                provider=row["provider"],
+                gpu=gpu,
+                usd_per_gpu_hour=usd,
+                date=row["date"],
+                source_url=row["source_url"],
+                notes=row.get("notes", ""),
+            )
         )
     return prices
 
@@ -85,4 +91,4 @@ def prices_for(gpu_name: str, prices: list[Price], provider: str | None = None) 
     )
 
 
-__all__ = ["Price", "load_prices", "price_catalog", "prices_for", "providers", "gpu_catalog"]
+__all__ = ["Price", "gpu_catalog", "load_prices", "price_catalog", "prices_for", "providers"]

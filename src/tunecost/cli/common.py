@@ -58,8 +58,10 @@ def cli_errors(func: F) -> F:
             typer.echo(f"error: file not found: {exc.filename or exc}", err=True)
             raise typer.Exit(code=2) from None
         except UnicodeDecodeError as exc:  # a binary or non-UTF-8 file where text was expected
-            typer.echo(f"error: an input file is not UTF-8 text ({exc.reason} at byte {exc.start}); check the "
-                       "file given", err=True)
+            typer.echo(
+                f"error: an input file is not UTF-8 text ({exc.reason} at byte {exc.start}); check the file given",
+                err=True,
+            )
             raise typer.Exit(code=2) from None
         except OSError as exc:  # a folder where a file belongs, an existing file where a folder belongs, ...
             where = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p)

@@ -28,7 +28,9 @@ def _version_callback(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version_callback, is_eager=True, help="Show the version."),
+    version: bool = typer.Option(
+        False, "--version", callback=_version_callback, is_eager=True, help="Show the version."
+    ),
 ) -> None:
     """tunecost: fine-tuning cost estimates and MoE fine-tuning profiles."""
 

@@ -1,4 +1,4 @@
-"""The `calibrated` estimator: the cross-GPU throughput model (`throughput_model`) at the maximum batch size.
+"""The `calibrated` estimator: the cross-GPU throughput model (`throughput.model`) at the maximum batch size.
 
 `tunecost estimate --estimator calibrated [--calibrate FILE]`. Calibration: FILE when given (it replaces the
 default), else the bundled copy of the paper's A40 measurements. The maximum batch size comes from the step
@@ -17,7 +17,7 @@ from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import EstimatePoint, EstimateRequest, paper_max_batch_size, register_estimator
 from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS
 from tunecost.estimate.paper import EQ1_ARTIFACT_SEQ_LEN
-from tunecost.estimate.throughput_calibrate import CalibratedModel, ThroughputTarget, calibrate_file
+from tunecost.estimate.throughput.calibrate import CalibratedModel, ThroughputTarget, calibrate_file
 
 ESTIMATOR_NAME = "calibrated"
 SIMULATOR_STACKS = ("hf-2024", "tunecost")  # the paper's stack first: the throughput model describes it
@@ -46,9 +46,13 @@ def _simulated_max_batch(req: EstimateRequest) -> tuple[int, str] | None:
     from tunecost.workload.job import FineTuneJob
 
     seq_len = req.seq_len or EQ1_ARTIFACT_SEQ_LEN
-    job = FineTuneJob(model=req.spec.name, method=req.method,  # type: ignore[arg-type]
-                      experts_per_token=req.experts_per_token,
-                      seq_len=seq_len, gradient_checkpointing=req.method != "full")
+    job = FineTuneJob(
+        model=req.spec.name,
+        method=req.method,  # type: ignore[arg-type]
+        experts_per_token=req.experts_per_token,
+        seq_len=seq_len,
+        gradient_checkpointing=req.method != "full",
+    )
     errors = []
     for stack in SIMULATOR_STACKS:
         try:
@@ -77,22 +81,40 @@ def max_batch_size_for(req: EstimateRequest) -> tuple[int, str]:
     return mbs, f"{note} ({why})"
 
 
-@register_estimator(ESTIMATOR_NAME, "cross-GPU throughput model (rooflines per op class + overheads) calibrated on "
-                                    "measurements (default: the paper's A40 data); max batch from the simulator or "
-                                    "eq. (1)")
+@register_estimator(
+    ESTIMATOR_NAME,
+    "cross-GPU throughput model (rooflines per op class + overheads) calibrated on "
+    "measurements (default: the paper's A40 data); max batch from the simulator or "
+    "eq. (1)",
+)
 def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
     model = calibrated_model(req.calibrate)
     mbs, mbs_note = max_batch_size_for(req)
     if mbs < 1:
-        return EstimatePoint(max_batch_size=0, batch_size=0, queries_per_s=None,
-                             notes=(mbs_note, "does not fit: no room for a batch"))
-    target = ThroughputTarget(model=req.spec.name, gpu=req.gpu.name, batch_size=mbs,
-                              experts_per_token=req.experts_per_token, dataset=None if req.seq_len else req.dataset,
-                              seq_len=req.seq_len, method=req.method)
+        return EstimatePoint(
+            max_batch_size=0, batch_size=0, queries_per_s=None, notes=(mbs_note, "does not fit: no room for a batch")
+        )
+    target = ThroughputTarget(
+        model=req.spec.name,
+        gpu=req.gpu.name,
+        batch_size=mbs,
+        experts_per_token=req.experts_per_token,
+        dataset=None if req.seq_len else req.dataset,
+        seq_len=req.seq_len,
+        method=req.method,
+    )
     pred = model.predict(target)
-    notes = [mbs_note, f"calibrated on {model.num_points} points of {model.source} "
-                       f"(in-sample MAPE {100 * model.in_sample_mape:.1f} %); steady-state throughput"]
+    notes = [
+        mbs_note,
+        f"calibrated on {model.num_points} points of {model.source} "
+        f"(in-sample MAPE {100 * model.in_sample_mape:.1f} %); steady-state throughput",
+    ]
     if pred.extrapolation:
         notes.append("extrapolation: " + "; ".join(pred.extrapolation_reasons))
-    return EstimatePoint(max_batch_size=mbs, batch_size=mbs, queries_per_s=pred.queries_per_s,
-                         queries_per_s_interval=(pred.queries_per_s_low, pred.queries_per_s_high), notes=tuple(notes))
+    return EstimatePoint(
+        max_batch_size=mbs,
+        batch_size=mbs,
+        queries_per_s=pred.queries_per_s,
+        queries_per_s_interval=(pred.queries_per_s_low, pred.queries_per_s_high),
+        notes=tuple(notes),
+    )

@@ -54,23 +54,51 @@ class CostEstimate:
     gpu: str | None = None
 
 
-def simple_cost(*, num_queries: float, epochs: float, queries_per_s: float, usd_per_hour: float,
-                provider: str | None = None, price_date: str | None = None, gpu: str | None = None) -> CostEstimate:
+def simple_cost(
+    *,
+    num_queries: float,
+    epochs: float,
+    queries_per_s: float,
+    usd_per_hour: float,
+    provider: str | None = None,
+    price_date: str | None = None,
+    gpu: str | None = None,
+) -> CostEstimate:
     hours = training_seconds(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s) / 3600.0
     usd = cost_usd(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s, usd_per_gpu_hour=usd_per_hour)
-    return CostEstimate(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s, usd_per_hour=usd_per_hour,
-                        hours=hours, usd=usd, provider=provider, price_date=price_date, gpu=gpu)
+    return CostEstimate(
+        num_queries=num_queries,
+        epochs=epochs,
+        queries_per_s=queries_per_s,
+        usd_per_hour=usd_per_hour,
+        hours=hours,
+        usd=usd,
+        provider=provider,
+        price_date=price_date,
+        gpu=gpu,
+    )
 
 
 def _sort_key(row: CostRow) -> tuple[int, float, str]:
     return (row.usd is None, row.usd if row.usd is not None else 0.0, row.gpu)
 
 
-def estimate_costs(*, model: str, gpus: Sequence[str], epochs: float, num_queries: int | None = None,
-                   dataset: str | None = None, method: str = "qlora", experts_per_token: int | None = None,
-                   estimator: str = "paper", provider: str | None = None, prices_file: Path | None = None,
-                   seq_len: int | None = None, calibrate: Path | None = None,
-                   coefficient_set: str = "artifact") -> list[CostRow]:
+def estimate_costs(
+    *,
+    model: str,
+    gpus: Sequence[str],
+    epochs: float,
+    num_queries: int | None = None,
+    dataset: str | None = None,
+    method: str = "qlora",
+    experts_per_token: int | None = None,
+    estimator: str = "paper",
+    provider: str | None = None,
+    prices_file: Path | None = None,
+    seq_len: int | None = None,
+    calibrate: Path | None = None,
+    coefficient_set: str = "artifact",
+) -> list[CostRow]:
     """One row per (GPU, provider price), sorted by cost (rows without a price or throughput last)."""
     if not gpus:
         raise TunecostError("give at least one GPU (--gpu A40,H100,...)")
@@ -96,8 +124,16 @@ def estimate_costs(*, model: str, gpus: Sequence[str], epochs: float, num_querie
         if gpu.name in done:  # named twice (or by two aliases): one set of rows
             continue
         done.add(gpu.name)
-        req = EstimateRequest(spec=spec, gpu=gpu, method=method, experts_per_token=k, dataset=dataset_name,
-                              seq_len=seq_len, calibrate=calibrate, coefficient_set=coefficient_set)
+        req = EstimateRequest(
+            spec=spec,
+            gpu=gpu,
+            method=method,
+            experts_per_token=k,
+            dataset=dataset_name,
+            seq_len=seq_len,
+            calibrate=calibrate,
+            coefficient_set=coefficient_set,
+        )
         point = func(req)
         notes = list(point.notes)
         if resolved.via_alias:
@@ -109,19 +145,36 @@ def estimate_costs(*, model: str, gpus: Sequence[str], epochs: float, num_querie
         for price in gpu_prices or [None]:
             hours = usd = None
             if point.queries_per_s is not None and point.queries_per_s > 0:
-                hours = training_seconds(num_queries=num_queries, epochs=epochs,
-                                         queries_per_s=point.queries_per_s) / 3600.0
+                hours = (
+                    training_seconds(num_queries=num_queries, epochs=epochs, queries_per_s=point.queries_per_s) / 3600.0
+                )
                 if price is not None:
-                    usd = cost_usd(num_queries=num_queries, epochs=epochs, queries_per_s=point.queries_per_s,
-                                   usd_per_gpu_hour=price.usd_per_gpu_hour)
-            rows.append(CostRow(
-                model=spec.name, dataset=dataset_name, gpu=gpu.name,
-                provider=price.provider if price else None, price_date=price.date if price else None,
-                price_source=price.source_url if price else None,
-                usd_per_hour=price.usd_per_gpu_hour if price else None,
-                max_batch_size=point.max_batch_size, batch_size=point.batch_size, queries_per_s=point.queries_per_s,
-                queries_per_s_low=interval[0] if interval else None, queries_per_s_high=interval[1] if interval else None,
-                num_queries=num_queries, epochs=epochs, hours=hours, usd=usd, estimator=estimator,
-                notes="; ".join(notes),
-            ))
+                    usd = cost_usd(
+                        num_queries=num_queries,
+                        epochs=epochs,
+                        queries_per_s=point.queries_per_s,
+                        usd_per_gpu_hour=price.usd_per_gpu_hour,
+                    )
+            rows.append(
+                CostRow(
+                    model=spec.name,
+                    dataset=dataset_name,
+                    gpu=gpu.name,
+                    provider=price.provider if price else None,
+                    price_date=price.date if price else None,
+                    price_source=price.source_url if price else None,
+                    usd_per_hour=price.usd_per_gpu_hour if price else None,
+                    max_batch_size=point.max_batch_size,
+                    batch_size=point.batch_size,
+                    queries_per_s=point.queries_per_s,
+                    queries_per_s_low=interval[0] if interval else None,
+                    queries_per_s_high=interval[1] if interval else None,
+                    num_queries=num_queries,
+                    epochs=epochs,
+                    hours=hours,
+                    usd=usd,
+                    estimator=estimator,
+                    notes="; ".join(notes),
+                )
+            )
     return sorted(rows, key=_sort_key)

@@ -99,8 +99,14 @@ def _fits_for(calibrate: Path | None) -> dict[tuple[str, str, str], ThroughputFi
     return {(f.model, f.dataset, f.gpu): f for f in fit_all(points, "artifact")}
 
 
-def eq1_max_batch_size(spec: ModelSpec, *, gpu_memory_gb: float, experts_per_token: int, seq_len: int | None = None,
-                       coefficient_set: str = "artifact") -> tuple[int, str]:
+def eq1_max_batch_size(
+    spec: ModelSpec,
+    *,
+    gpu_memory_gb: float,
+    experts_per_token: int,
+    seq_len: int | None = None,
+    coefficient_set: str = "artifact",
+) -> tuple[int, str]:
     """Eq. (1) for `spec` on `gpu_memory_gb`, with the coefficient set asked for (falling back to the text's);
     (batch size, a note naming the coefficients). TunecostError for a model the paper has no coefficients for."""
     name = spec.name
@@ -113,17 +119,31 @@ def eq1_max_batch_size(spec: ModelSpec, *, gpu_memory_gb: float, experts_per_tok
         )
     seq_len = seq_len or EQ1_ARTIFACT_SEQ_LEN
     sparsity = sparsity_fraction(experts_per_token, spec.num_experts)
-    mbs = max_batch_size_eq1(gpu_memory_gb=gpu_memory_gb, model_memory_gb=coeffs.model_memory_gb,
-                             seq_len_tokens=seq_len, sparsity=sparsity, c0=coeffs.c0, c1=coeffs.c1)
+    mbs = max_batch_size_eq1(
+        gpu_memory_gb=gpu_memory_gb,
+        model_memory_gb=coeffs.model_memory_gb,
+        seq_len_tokens=seq_len,
+        sparsity=sparsity,
+        c0=coeffs.c0,
+        c1=coeffs.c1,
+    )
     set_used = coefficient_set if (name, coefficient_set) in EQ1_COEFFICIENTS else "text"
-    return mbs, f"eq. (1) {set_used} coefficients C0={coeffs.c0}, C1={coeffs.c1}, model memory " \
-                f"{coeffs.model_memory_gb} GB, seq_len {seq_len}"
+    return (
+        mbs,
+        f"eq. (1) {set_used} coefficients C0={coeffs.c0}, C1={coeffs.c1}, model memory "
+        f"{coeffs.model_memory_gb} GB, seq_len {seq_len}",
+    )
 
 
 def paper_max_batch_size(req: EstimateRequest) -> tuple[int, str]:
     """Eq. (1) for the request's model and GPU."""
-    return eq1_max_batch_size(req.spec, gpu_memory_gb=req.gpu.memory_gb, experts_per_token=req.experts_per_token,
-                              seq_len=req.seq_len, coefficient_set=req.coefficient_set)
+    return eq1_max_batch_size(
+        req.spec,
+        gpu_memory_gb=req.gpu.memory_gb,
+        experts_per_token=req.experts_per_token,
+        seq_len=req.seq_len,
+        coefficient_set=req.coefficient_set,
+    )
 
 
 def paper_throughput(req: EstimateRequest, batch_size: int) -> tuple[float | None, list[str]]:
@@ -160,7 +180,11 @@ def paper_estimator(req: EstimateRequest) -> EstimatePoint:
     _check_paper_method(req)
     mbs, note = paper_max_batch_size(req)
     if mbs < 1:
-        return EstimatePoint(max_batch_size=0, batch_size=0, queries_per_s=None,
-                             notes=(note, "does not fit: eq. (1) gives no room for a batch"))
+        return EstimatePoint(
+            max_batch_size=0,
+            batch_size=0,
+            queries_per_s=None,
+            notes=(note, "does not fit: eq. (1) gives no room for a batch"),
+        )
     qps, notes = paper_throughput(req, mbs)
     return EstimatePoint(max_batch_size=mbs, batch_size=mbs, queries_per_s=qps, notes=(note, *notes))

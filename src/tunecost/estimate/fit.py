@@ -70,8 +70,10 @@ def fit_group(points: Sequence[Measurement], form: Form = "artifact", c3: float 
             f"and needs at least {NUM_FREE_COEFFICIENTS + 1} points to fit"
         )
     if len({p.batch_size for p in points}) < 2:
-        raise TunecostError(f"group {name}: every point has the same batch size; eq. (2) needs at least 2 distinct "
-                            "batch sizes to fit its slope")
+        raise TunecostError(
+            f"group {name}: every point has the same batch size; eq. (2) needs at least 2 distinct "
+            "batch sizes to fit its slope"
+        )
     c3 = default_c3(first.model) if c3 is None else c3
     batch = np.array([p.batch_size for p in points], dtype=float)
     sparsity = np.array([p.sparsity for p in points], dtype=float)
@@ -87,9 +89,16 @@ def fit_group(points: Sequence[Measurement], form: Form = "artifact", c3: float 
         coefficients = {"C2": c2, "C3": c3, "C4": c4}
         note = f"printed form C2*log(B/(sparsity*C3))+C4, C3={c3} fixed (not identifiable with C4)"
     fit = ThroughputFit(
-        model=first.model, dataset=first.dataset, gpu=first.gpu, form=form, coefficients=coefficients,
-        rmse=0.0, mape=0.0, num_points=len(points),
-        batch_size_range=(int(batch.min()), int(batch.max())), note=note,
+        model=first.model,
+        dataset=first.dataset,
+        gpu=first.gpu,
+        form=form,
+        coefficients=coefficients,
+        rmse=0.0,
+        mape=0.0,
+        num_points=len(points),
+        batch_size_range=(int(batch.min()), int(batch.max())),
+        note=note,
     )
     pred = np.array([fit.predict_queries_per_s(batch_size=p.batch_size, sparsity=p.sparsity) for p in points])
     rmse = math.sqrt(float(np.mean((pred - y) ** 2)))

@@ -88,8 +88,16 @@ def load_measurements(path: str | Path) -> list[Measurement]:
         seq_len = int(_number(path, i, "seq_len", seq, integer=True)) if seq else None
         if seq_len is not None and seq_len < 1:
             raise TunecostError(f"{path}: row {i}: seq_len must be >= 1, got {seq_len}")
-        out.append(Measurement(
-            model=model, dataset=row["dataset"].strip(), gpu=row["gpu"].strip(), experts_per_token=k,
-            sparsity=sparsity, batch_size=batch, queries_per_s=qps, seq_len=seq_len,
-        ))
+        out.append(
+            Measurement(
+                model=model,
+                dataset=row["dataset"].strip(),
+                gpu=row["gpu"].strip(),
+                experts_per_token=k,
+                sparsity=sparsity,
+                batch_size=batch,
+                queries_per_s=qps,
+                seq_len=seq_len,
+            )
+        )
     return out

@@ -25,11 +25,15 @@ class BatchSizeCoefficients:
 # Eq. (1) coefficient sets. "text": printed in §V-A; "artifact": used by the artifact's Fig. 13 projection
 # (../shared/paper/README.md). Model memory from Table I.
 EQ1_COEFFICIENTS: dict[tuple[str, str], BatchSizeCoefficients] = {
-    ("mixtral-8x7b", "text"): BatchSizeCoefficients(c0=82, c1=0.95, model_memory_gb=23.35, source="paper §V-A text; Table I"),
+    ("mixtral-8x7b", "text"): BatchSizeCoefficients(
+        c0=82, c1=0.95, model_memory_gb=23.35, source="paper §V-A text; Table I"
+    ),
     ("mixtral-8x7b", "artifact"): BatchSizeCoefficients(
         c0=62, c1=0.89, model_memory_gb=23.35, source="artifact Fig. 13 projection; Table I"
     ),
-    ("blackmamba-2.8b", "text"): BatchSizeCoefficients(c0=83, c1=0.88, model_memory_gb=5.6, source="paper §V-A text; Table I"),
+    ("blackmamba-2.8b", "text"): BatchSizeCoefficients(
+        c0=83, c1=0.88, model_memory_gb=5.6, source="paper §V-A text; Table I"
+    ),
 }
 EQ1_ARTIFACT_SEQ_LEN = 512  # the sequence length the artifact's projection used
 
@@ -44,8 +48,9 @@ def sparsity_fraction(experts_per_token: int, num_experts: int) -> float:
     return experts_per_token / num_experts
 
 
-def max_batch_size_eq1(*, gpu_memory_gb: float, model_memory_gb: float, seq_len_tokens: float, sparsity: float,
-                       c0: float, c1: float) -> int:
+def max_batch_size_eq1(
+    *, gpu_memory_gb: float, model_memory_gb: float, seq_len_tokens: float, sparsity: float, c0: float, c1: float
+) -> int:
     """Eq. (1): floor(C0 * (GPU_mem - model_mem) / (seq_len * ((1 - C1) + C1 * sparsity))). 0 if it does not fit."""
     if seq_len_tokens <= 0:
         raise TunecostError(f"sequence length must be > 0, got {seq_len_tokens}")
@@ -79,8 +84,9 @@ def training_seconds(*, num_queries: float, epochs: float, queries_per_s: float)
     return num_queries * epochs / queries_per_s
 
 
-def cost_usd(*, num_queries: float, epochs: float, queries_per_s: float, usd_per_gpu_hour: float,
-             num_gpus: int = 1) -> float:
+def cost_usd(
+    *, num_queries: float, epochs: float, queries_per_s: float, usd_per_gpu_hour: float, num_gpus: int = 1
+) -> float:
     """§V-C: queries x epochs / throughput / 3600 x $/h (Table IV)."""
     if not math.isfinite(usd_per_gpu_hour) or usd_per_gpu_hour <= 0:
         raise TunecostError(f"price must be > 0 $/GPU-hour, got {usd_per_gpu_hour}")

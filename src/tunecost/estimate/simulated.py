@@ -24,12 +24,18 @@ def simulated_max_batch(req: EstimateRequest) -> tuple[int, str]:
 
     seq_len = req.seq_len or EQ1_ARTIFACT_SEQ_LEN
     checkpointing = req.method != "full"
-    job = FineTuneJob(model=req.spec.name, method=req.method,  # type: ignore[arg-type]
-                      experts_per_token=req.experts_per_token, seq_len=seq_len,
-                      gradient_checkpointing=checkpointing)
+    job = FineTuneJob(
+        model=req.spec.name,
+        method=req.method,  # type: ignore[arg-type]
+        experts_per_token=req.experts_per_token,
+        seq_len=seq_len,
+        gradient_checkpointing=checkpointing,
+    )
     mbs = int(simulated_max_batch_size(job, req.gpu, stack=SIMULATOR_STACK))
-    return mbs, (f"max batch size from the step simulator ({SIMULATOR_STACK} stack, {seq_len} tokens per query, "
-                 f"gradient checkpointing {'on' if checkpointing else 'off'}, {req.gpu.memory_gb:g} GB)")
+    return mbs, (
+        f"max batch size from the step simulator ({SIMULATOR_STACK} stack, {seq_len} tokens per query, "
+        f"gradient checkpointing {'on' if checkpointing else 'off'}, {req.gpu.memory_gb:g} GB)"
+    )
 
 
 def _throughput(req: EstimateRequest, batch_size: int) -> tuple[float | None, tuple[float, float] | None, list[str]]:
@@ -37,30 +43,46 @@ def _throughput(req: EstimateRequest, batch_size: int) -> tuple[float | None, tu
     if qps is not None:
         return qps, None, notes
     from tunecost.estimate.calibrated import calibrated_model
-    from tunecost.estimate.throughput_calibrate import ThroughputTarget
+    from tunecost.estimate.throughput.calibrate import ThroughputTarget
 
     model = calibrated_model(req.calibrate)
-    target = ThroughputTarget(model=req.spec.name, gpu=req.gpu.name, batch_size=batch_size,
-                              experts_per_token=req.experts_per_token,
-                              dataset=None if req.seq_len else req.dataset, seq_len=req.seq_len, method=req.method)
+    target = ThroughputTarget(
+        model=req.spec.name,
+        gpu=req.gpu.name,
+        batch_size=batch_size,
+        experts_per_token=req.experts_per_token,
+        dataset=None if req.seq_len else req.dataset,
+        seq_len=req.seq_len,
+        method=req.method,
+    )
     try:
         pred = model.predict(target)
     except TunecostError as exc:
         return None, None, [f"no throughput: {exc}"]
-    out = [f"throughput from the cross-GPU model calibrated on {model.num_points} points of {model.source} "
-           "(no eq. (2) fit for this model, dataset and GPU)"]
+    out = [
+        f"throughput from the cross-GPU model calibrated on {model.num_points} points of {model.source} "
+        "(no eq. (2) fit for this model, dataset and GPU)"
+    ]
     if pred.extrapolation:
         out.append("extrapolation: " + "; ".join(pred.extrapolation_reasons))
     return pred.queries_per_s, (pred.queries_per_s_low, pred.queries_per_s_high), out
 
 
-@register_estimator(ESTIMATOR_NAME, "step simulator (fake tensors, any model config) for the max batch size; "
-                                    "eq. (2) or the cross-GPU model for the throughput at it")
+@register_estimator(
+    ESTIMATOR_NAME,
+    "step simulator (fake tensors, any model config) for the max batch size; "
+    "eq. (2) or the cross-GPU model for the throughput at it",
+)
 def simulate_estimator(req: EstimateRequest) -> EstimatePoint:
     mbs, note = simulated_max_batch(req)
     if mbs < 1:
-        return EstimatePoint(max_batch_size=0, batch_size=0, queries_per_s=None,
-                             notes=(note, "does not fit: one query at this length needs more than the GPU has"))
+        return EstimatePoint(
+            max_batch_size=0,
+            batch_size=0,
+            queries_per_s=None,
+            notes=(note, "does not fit: one query at this length needs more than the GPU has"),
+        )
     qps, interval, notes = _throughput(req, mbs)
-    return EstimatePoint(max_batch_size=mbs, batch_size=mbs, queries_per_s=qps, queries_per_s_interval=interval,
-                         notes=(note, *notes))
+    return EstimatePoint(
+        max_batch_size=mbs, batch_size=mbs, queries_per_s=qps, queries_per_s_interval=interval, notes=(note, *notes)
+    )

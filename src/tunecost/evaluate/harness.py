@@ -49,7 +49,9 @@ class EvalResult:
     predictions: tuple[Prediction, ...] = ()
 
 
-def score_generations(dataset: Dataset, generations: Sequence[str], scorer: Scorer | None = None) -> tuple[Prediction, ...]:
+def score_generations(
+    dataset: Dataset, generations: Sequence[str], scorer: Scorer | None = None
+) -> tuple[Prediction, ...]:
     """Score one generation per example (the first len(generations) examples)."""
     scorer = scorer or scorer_for(dataset)
     if scorer.kind == "loglik":
@@ -57,14 +59,20 @@ def score_generations(dataset: Dataset, generations: Sequence[str], scorer: Scor
     if len(generations) > len(dataset):
         raise TunecostError(f"{len(generations)} generations for {len(dataset)} examples")
     return tuple(
-        Prediction(index=i, generation=text, prediction=scorer.parse(text), reference=ex.answer,
-                   correct=scorer.is_correct(text, ex))
+        Prediction(
+            index=i,
+            generation=text,
+            prediction=scorer.parse(text),
+            reference=ex.answer,
+            correct=scorer.is_correct(text, ex),
+        )
         for i, (text, ex) in enumerate(zip(generations, dataset.examples))
     )
 
 
-def _loglik_predictions(model: Any, tokenizer: Tokenizer, dataset: Dataset, template: Template,
-                        batch_size: int) -> tuple[Prediction, ...]:
+def _loglik_predictions(
+    model: Any, tokenizer: Tokenizer, dataset: Dataset, template: Template, batch_size: int
+) -> tuple[Prediction, ...]:
     contexts, conts, owners = [], [], []
     bos = [tokenizer.bos_id] if template.add_bos and tokenizer.bos_id is not None else []
     for i, ex in enumerate(dataset.examples):
@@ -91,8 +99,9 @@ def _loglik_predictions(model: Any, tokenizer: Tokenizer, dataset: Dataset, temp
     for i, ex in enumerate(dataset.examples):
         values = per_example[i]
         best = max(range(len(values)), key=values.__getitem__)
-        out.append(Prediction(index=i, generation="", prediction=str(best), reference=str(ex.label),
-                              correct=best == ex.label))
+        out.append(
+            Prediction(index=i, generation="", prediction=str(best), reference=str(ex.label), correct=best == ex.label)
+        )
     return tuple(out)
 
 
@@ -125,14 +134,28 @@ def evaluate_model(
         if max_new_tokens is not None and max_new_tokens < 1:  # None (not 0) means the scorer's default
             raise TunecostError(f"max new tokens must be >= 1, got {max_new_tokens}")
         new_tokens = max_new_tokens or DEFAULT_MAX_NEW_TOKENS[scorer.kind]
-        generated = greedy_generate(model, prompts, pad_id=tokenizer.pad_id, eos_id=tokenizer.eos_id,
-                                    max_new_tokens=new_tokens, batch_size=batch_size, on_progress=on_progress)
+        generated = greedy_generate(
+            model,
+            prompts,
+            pad_id=tokenizer.pad_id,
+            eos_id=tokenizer.eos_id,
+            max_new_tokens=new_tokens,
+            batch_size=batch_size,
+            on_progress=on_progress,
+        )
         predictions = score_generations(data, [tokenizer.decode(ids) for ids in generated], scorer)
     seconds = time.perf_counter() - start
     num_correct = sum(p.correct for p in predictions)
     return EvalResult(
-        model=model_name, dataset=data.name, tokenizer=tokenizer.name, template=template.name, scorer=scorer.name,
-        num_eval=len(predictions), num_correct=num_correct, accuracy=num_correct / len(predictions), seconds=seconds,
+        model=model_name,
+        dataset=data.name,
+        tokenizer=tokenizer.name,
+        template=template.name,
+        scorer=scorer.name,
+        num_eval=len(predictions),
+        num_correct=num_correct,
+        accuracy=num_correct / len(predictions),
+        seconds=seconds,
         predictions=predictions,
     )
 
@@ -160,8 +183,12 @@ def load_eval_model(
         path = Path(spec).expanduser()
         model_spec = pretrained_spec(spec, allow_download)
         dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32  # bf16 matmuls crawl on CPU
-        model = load_pretrained(model_spec, dtype=dtype, device="cuda" if torch.cuda.is_available() else "cpu",
-                                allow_download=allow_download)
+        model = load_pretrained(
+            model_spec,
+            dtype=dtype,
+            device="cuda" if torch.cuda.is_available() else "cpu",
+            allow_download=allow_download,
+        )
         saved = None if tokenizer else saved_tokenizer(path)
         tok = saved or tokenizer_by_name(tokenizer or default_tokenizer(model_spec), allow_download=allow_download)
     if adapter:
@@ -187,8 +214,10 @@ def _local_adapter(adapter: str) -> str:
         cached = try_to_load_from_cache(adapter, "adapter_config.json")
         if isinstance(cached, str):
             return str(Path(cached).parent)
-    raise TunecostError(f"adapter {adapter!r} is neither a local folder nor a hub id in the local Hugging Face cache "
-                        "(downloads are off: --allow-download)")
+    raise TunecostError(
+        f"adapter {adapter!r} is neither a local folder nor a hub id in the local Hugging Face cache "
+        "(downloads are off: --allow-download)"
+    )
 
 
 def pretrained_spec(name: str, allow_download: bool) -> Any:

@@ -61,8 +61,10 @@ def scorer_for(dataset: Dataset) -> Scorer:
     answers = [e.answer.strip() for e in dataset.examples]
     missing = [i for i, a in enumerate(answers) if not a]
     if missing:
-        raise TunecostError(f"dataset {dataset.name!r} has no reference answer in row {missing[0]} "
-                            f"({len(missing)} rows without one); cannot score it")
+        raise TunecostError(
+            f"dataset {dataset.name!r} has no reference answer in row {missing[0]} "
+            f"({len(missing)} rows without one); cannot score it"
+        )
     style = choice_style_for(answers)
     if style is not None:
         return Scorer(kind="choice", style=style)
@@ -71,5 +73,7 @@ def scorer_for(dataset: Dataset) -> Scorer:
     if all(not math.isnan(parse_reference_number(a)) for a in answers):
         return Scorer(kind="number")
     sample = sorted(set(answers))[:5]
-    raise TunecostError(f"cannot tell how to score dataset {dataset.name!r}: its answers (e.g. {sample}) are not "
-                        "numbers, A-E letters or LLM-Adapters option words")
+    raise TunecostError(
+        f"cannot tell how to score dataset {dataset.name!r}: its answers (e.g. {sample}) are not "
+        "numbers, A-E letters or LLM-Adapters option words"
+    )

@@ -29,8 +29,16 @@ def hf_config(spec: ModelSpec, experts_per_token: int | None = None, **overrides
     return CONFIG_MAPPING[spec.family](**raw)
 
 
-def build_model(spec: ModelSpec, *, device: Any = "cpu", dtype: Any = None, experts_per_token: int | None = None,
-                seed: int | None = 0, attn_implementation: str | None = "sdpa", **overrides: Any):
+def build_model(
+    spec: ModelSpec,
+    *,
+    device: Any = "cpu",
+    dtype: Any = None,
+    experts_per_token: int | None = None,
+    seed: int | None = 0,
+    attn_implementation: str | None = "sdpa",
+    **overrides: Any,
+):
     """A randomly initialised causal LM of `spec`'s architecture (weights are NOT loaded; see loading code)."""
     import torch
 
@@ -68,8 +76,15 @@ def default_tokenizer(spec: ModelSpec) -> str:
     return spec.local_path or spec.hub_id or "mistral"
 
 
-def load_pretrained(spec: ModelSpec, where: str | None = None, *, dtype: Any = None, device: Any = "cpu",
-                    allow_download: bool = False, **overrides: Any):
+def load_pretrained(
+    spec: ModelSpec,
+    where: str | None = None,
+    *,
+    dtype: Any = None,
+    device: Any = "cpu",
+    allow_download: bool = False,
+    **overrides: Any,
+):
     """Real weights of `spec` from `where` (a local folder or a hub id; default: the spec's folder or hub id):
     transformers' `from_pretrained` (no remote code; the local cache only unless `allow_download`), or
     tunecost's strict loader for BlackMamba checkpoints in Zyphra's layout. `overrides` change the config
@@ -79,8 +94,10 @@ def load_pretrained(spec: ModelSpec, where: str | None = None, *, dtype: Any = N
         raise TunecostError(f"{spec.name} is a built-in architecture with no weights anywhere; build it instead")
     if spec.family == "blackmamba":
         if overrides:
-            raise TunecostError(f"{spec.name}: real BlackMamba weights load strictly, without config changes "
-                                f"({', '.join(sorted(overrides))}); use random weights for a smaller model")
+            raise TunecostError(
+                f"{spec.name}: real BlackMamba weights load strictly, without config changes "
+                f"({', '.join(sorted(overrides))}); use random weights for a smaller model"
+            )
         from tunecost.models.blackmamba import load_blackmamba
 
         return load_blackmamba(where, dtype=dtype, device=device, allow_download=allow_download)
@@ -90,8 +107,14 @@ def load_pretrained(spec: ModelSpec, where: str | None = None, *, dtype: Any = N
     # asks the hub (five retries, ~25 s offline) for adapter_config.json; `adapter_kwargs` reaches that lookup.
     offline = {} if allow_download else {"adapter_kwargs": {"local_files_only": True}}
     try:
-        return AutoModelForCausalLM.from_pretrained(where, dtype=dtype, device_map=device,
-                                                    local_files_only=not allow_download, trust_remote_code=False,
-                                                    **offline, **overrides)
+        return AutoModelForCausalLM.from_pretrained(
+            where,
+            dtype=dtype,
+            device_map=device,
+            local_files_only=not allow_download,
+            trust_remote_code=False,
+            **offline,
+            **overrides,
+        )
     except (OSError, ValueError) as exc:
         raise TunecostError(f"cannot load {where}: {str(exc).splitlines()[0]}") from None

@@ -52,8 +52,14 @@ def _count(spec: ModelSpec, experts_per_token: int) -> ParamCounts:
             embedding += n
     num_experts = spec.num_experts
     active = total - routed + routed * experts_per_token // num_experts
-    return ParamCounts(total=total, active=active, routed_experts=routed, embedding=embedding,
-                       experts_per_token=experts_per_token, num_experts=num_experts)
+    return ParamCounts(
+        total=total,
+        active=active,
+        routed_experts=routed,
+        embedding=embedding,
+        experts_per_token=experts_per_token,
+        num_experts=num_experts,
+    )
 
 
 def count_parameters(spec: ModelSpec, experts_per_token: int | None = None) -> ParamCounts:

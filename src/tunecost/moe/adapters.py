@@ -104,8 +104,10 @@ def _installed(model) -> tuple[str, LoraSpec]:
     if not state or state.get("lora") is None:
         raise TunecostError("no MoE LoRA installed: call install_experts(model, impl, LoraSpec(...)) first")
     if not all(hasattr(layer.block, "gate") for layer in moe_layers(model)):
-        raise TunecostError("saving MoE adapters is implemented for Mixtral-style models; for BlackMamba use "
-                            "PEFT's own save on impl 'stock', or torch.save(trainable_parameters(model))")
+        raise TunecostError(
+            "saving MoE adapters is implemented for Mixtral-style models; for BlackMamba use "
+            "PEFT's own save on impl 'stock', or torch.save(trainable_parameters(model))"
+        )
     lora: LoraSpec = state["lora"]
     layout = lora.expert_layout or ("per-projection" if state["impl"] == "qlora-linear4bit" else "fused")
     return layout, lora
@@ -129,8 +131,9 @@ def _adapter_config(lora: LoraSpec, layout: str) -> dict:
         targets = (["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] if lora.on_experts else []) + (
             ["mlp.gate.weight"] if lora.on_router else []
         )
-        config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=[],
-                            target_parameters=targets)
+        config = LoraConfig(
+            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=[], target_parameters=targets
+        )
     else:
         modules = (["w1", "w2", "w3"] if lora.on_experts else []) + (["gate"] if lora.on_router else [])
         config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=modules)
@@ -149,6 +152,7 @@ def save_adapter(model, directory: str | Path) -> Path:
     _, tensors = adapter_state_dict(model)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+
     def plain(value):  # LoraConfig.to_dict holds sets and enums
         return sorted(value) if isinstance(value, set) else str(value)
 

@@ -163,9 +163,22 @@ def bench_moe_layer(
         torch.set_num_threads(threads)
         try:
             return bench_moe_layer(
-                tokens=tokens, hidden=hidden, intermediate=intermediate, experts=experts, top_k=top_k, rank=rank,
-                alpha=alpha, repeats=repeats, warmup=warmup, impls=impls, device=device, dtype=dtype, seed=seed,
-                measure_memory=measure_memory, threads=None, on_progress=on_progress,
+                tokens=tokens,
+                hidden=hidden,
+                intermediate=intermediate,
+                experts=experts,
+                top_k=top_k,
+                rank=rank,
+                alpha=alpha,
+                repeats=repeats,
+                warmup=warmup,
+                impls=impls,
+                device=device,
+                dtype=dtype,
+                seed=seed,
+                measure_memory=measure_memory,
+                threads=None,
+                on_progress=on_progress,
             )
         finally:
             torch.set_num_threads(previous)

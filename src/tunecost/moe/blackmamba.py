@@ -89,8 +89,7 @@ def _plain_linear(module: nn.Module, merge_lora: bool) -> nn.Linear:
     base = _unwrap_linear(module)
     weight = _linear_weight(module, merge_lora)
     bias = getattr(base, "bias", None)
-    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device,
-                      dtype=weight.dtype)
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=bias is not None, device=weight.device, dtype=weight.dtype)
     with torch.no_grad():
         layer.weight.copy_(weight)
         if bias is not None:
@@ -143,8 +142,10 @@ def install_blackmamba(
     mixers = moe_mixers(model)
     uninstall_blackmamba(model)
     if impl == "peft-fused":
-        raise TunecostError("BlackMamba has per-expert Linear layers, no fused experts: use stock (PEFT lora.Linear), "
-                            "fast or qlora-linear4bit")
+        raise TunecostError(
+            "BlackMamba has per-expert Linear layers, no fused experts: use stock (PEFT lora.Linear), "
+            "fast or qlora-linear4bit"
+        )
     if impl == "stock":
         if lora is not None:
             _install_peft_linear(model, mixers, lora)
@@ -165,14 +166,24 @@ def install_blackmamba(
             continue
         fc1, fc2 = _stacked(mixer)
         experts = FastExperts(
-            fc1, fc2, activation="gelu", lora_rank=lora.rank if on_experts else None,
-            lora_alpha=lora.alpha if lora is not None else 32, quantize_4bit=quantize_4bit,
-            keep_dequantized=keep_dequantized, gate_up_quant_parts=1,  # linear_fc1 is one Linear4bit in qlora
-            trainable_base=lora is None and not quantize_4bit
+            fc1,
+            fc2,
+            activation="gelu",
+            lora_rank=lora.rank if on_experts else None,
+            lora_alpha=lora.alpha if lora is not None else 32,
+            quantize_4bit=quantize_4bit,
+            keep_dequantized=keep_dequantized,
+            gate_up_quant_parts=1,  # linear_fc1 is one Linear4bit in qlora
+            trainable_base=lora is None
+            and not quantize_4bit
             and bool(mixer.local_experts[0].linear_fc1.weight.requires_grad),
         )
-        fast = FastMoEMixer(layer_idx=mixer.layer_idx, experts_per_token=mixer.experts_per_token,
-                            router=_lora_router(mixer.router, lora), experts=experts)
+        fast = FastMoEMixer(
+            layer_idx=mixer.layer_idx,
+            experts_per_token=mixer.experts_per_token,
+            router=_lora_router(mixer.router, lora),
+            experts=experts,
+        )
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, fast)
 
@@ -183,14 +194,18 @@ def _install_peft_linear(model: nn.Module, mixers, lora: LoraSpec) -> None:
     targets = []
     for name, mixer in mixers:
         if lora.on_experts:
-            targets += [f"{name}.local_experts.{e}.{proj}" for e in range(len(mixer.local_experts))
-                        for proj in ("linear_fc1", "linear_fc2")]
+            targets += [
+                f"{name}.local_experts.{e}.{proj}"
+                for e in range(len(mixer.local_experts))
+                for proj in ("linear_fc1", "linear_fc2")
+            ]
         if lora.on_router:
             targets.append(f"{name}.router")
     requires_grad = {id(p): p.requires_grad for p in model.parameters()}
     had_config = hasattr(model, "peft_config")
-    inject_adapter_in_model(LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0,
-                                       target_modules=targets), model)
+    inject_adapter_in_model(
+        LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=targets), model
+    )
     if not had_config and hasattr(model, "peft_config"):
         del model.peft_config
     for p in model.parameters():

@@ -177,8 +177,11 @@ class _ExpertMLP(torch.autograd.Function):
         groups = routing.groups
         intermediate = (w_d_g if keep else base.down).shape[-1]
         with record_function(W1W3_RANGE):  # w1 and w3 of every expert, one grouped GEMM (per range without keep)
-            h = grouped_matmul(x, w_gu_g.transpose(1, 2), base_groups) if keep else \
-                _nf4_matmul_by_range(x, base.gate_up, routing, base)
+            h = (
+                grouped_matmul(x, w_gu_g.transpose(1, 2), base_groups)
+                if keep
+                else _nf4_matmul_by_range(x, base.gate_up, routing, base)
+            )
         xa = None
         if a_gu is not None:
             with record_function(LORA_RANGE):
@@ -190,8 +193,11 @@ class _ExpertMLP(torch.autograd.Function):
             act = activation_forward(activation, gate)  # kept: recomputing it costs two passes in the backward
             a = act * up
         with record_function(W2_RANGE):
-            y = grouped_matmul(a, w_d_g.transpose(1, 2), base_groups) if keep else \
-                _nf4_matmul_by_range(a, base.down, routing, base)
+            y = (
+                grouped_matmul(a, w_d_g.transpose(1, 2), base_groups)
+                if keep
+                else _nf4_matmul_by_range(a, base.down, routing, base)
+            )
         aa = None
         if a_d is not None:
             with record_function(LORA_RANGE):
@@ -230,9 +236,18 @@ class _ExpertMLP(torch.autograd.Function):
         for rows, experts, compact, groups, base_groups in _row_chunks(ctx.routing, ctx.base):
             lora_c = tuple(None if t is None else t[experts] for t in lora)
             saved_c = tuple(None if t is None else t[rows] for t in (x, h, act, xa, aa))
-            out = _backward_rows(dy[rows], saved_c, _range_weight(weights, 0, ctx.base.gate_up, ctx.routing, compact),
-                                 _range_weight(weights, 1, ctx.base.down, ctx.routing, compact), lora_c, groups,
-                                 base_groups, need, ctx.scaling, ctx.activation)
+            out = _backward_rows(
+                dy[rows],
+                saved_c,
+                _range_weight(weights, 0, ctx.base.gate_up, ctx.routing, compact),
+                _range_weight(weights, 1, ctx.base.down, ctx.routing, compact),
+                lora_c,
+                groups,
+                base_groups,
+                need,
+                ctx.scaling,
+                ctx.activation,
+            )
             for index, value in out.items():
                 target = grads[index][rows] if index == 0 else grads[index][experts]
                 target.copy_(value)
@@ -254,8 +269,9 @@ def _dequantize_range(stack: NF4ExpertWeights, routing: Routing, compact: slice)
         return stack.dequantize(routing.hit_experts[compact])
 
 
-def _nf4_matmul_by_range(inp: torch.Tensor, stack: NF4ExpertWeights, routing: Routing,
-                         base: BaseWeights) -> torch.Tensor:
+def _nf4_matmul_by_range(
+    inp: torch.Tensor, stack: NF4ExpertWeights, routing: Routing, base: BaseWeights
+) -> torch.Tensor:
     """Rows of `inp` (sorted by expert) times W^T of their expert, W from the NF4 `stack`, de-quantizing only one
     expert range of `_row_chunks` at a time: a fraction of one matrix's hit experts exists in full precision."""
     out = inp.new_empty(inp.shape[0], stack.shape[0])

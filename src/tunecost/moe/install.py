@@ -29,7 +29,11 @@ _HOOK_DICTS = (
 )
 _STATE_ATTR = "_tunecost_experts"  # on the model: {"impl": name, "lora": LoraSpec | None, "quantize_4bit": bool}
 _ACTIVATIONS = {  # config.hidden_act -> our activation names
-    "silu": "silu", "swish": "silu", "gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh", "gelu_new": "gelu_tanh",
+    "silu": "silu",
+    "swish": "silu",
+    "gelu": "gelu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_new": "gelu_tanh",
 }
 
 
@@ -79,8 +83,9 @@ def moe_layers(model: nn.Module) -> list[MoeLayer]:
         if _is_moe_block(module)
     ]
     layers += [
-        MoeLayer(name=name, block=mixer, router=mixer.router,
-                 experts=getattr(mixer, "experts", None) or mixer.local_experts)
+        MoeLayer(
+            name=name, block=mixer, router=mixer.router, experts=getattr(mixer, "experts", None) or mixer.local_experts
+        )
         for name, mixer in _blackmamba_mixers(model)
     ]
     if not layers:
@@ -240,8 +245,9 @@ def _install_peft(model: nn.Module, layers: list[MoeLayer], lora: LoraSpec) -> N
             targets.append(f"{prefix}gate.weight")
     requires_grad = {id(p): p.requires_grad for p in model.parameters()}
     had_config = hasattr(model, "peft_config")
-    config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=[],
-                        target_parameters=targets)
+    config = LoraConfig(
+        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=[], target_parameters=targets
+    )
     inject_adapter_in_model(config, model)
     if not had_config and hasattr(model, "peft_config"):
         del model.peft_config  # PEFT leaves its config on the model; we keep ours in _STATE_ATTR

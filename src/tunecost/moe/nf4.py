@@ -143,12 +143,16 @@ class NF4ExpertWeights(nn.Module):
         # kernel indexes blocks by row and gets matrices whose last dimension is not a multiple of the blocksize
         # wrong (about twice the quantization error of its own Python reference); this shape sidesteps that.
         flat = torch.ops.bitsandbytes.dequantize_4bit.default(
-            packed, absmax, self.blocksize, "nf4", [len(experts) * rows * cols // self.blocksize, self.blocksize],
+            packed,
+            absmax,
+            self.blocksize,
+            "nf4",
+            [len(experts) * rows * cols // self.blocksize, self.blocksize],
             self.dtype,
         )
         return flat.view(len(experts), rows, cols)
 
-    def _apply(self, fn, recurse=True):  # noqa: ANN001 - nn.Module's signature
+    def _apply(self, fn, recurse=True):
         # `model.to(dtype)` must not round the quantization constants: buffers only change device, and the
         # requested dtype becomes the de-quantized (compute) dtype.
         probe = fn(torch.empty(0, dtype=self.dtype, device=self.packed.device))

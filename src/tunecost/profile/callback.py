@@ -34,8 +34,10 @@ from tunecost.results.io import append_jsonl, atomic_write_json
 def _method_of(model: Any) -> str:
     names = [n for n, p in model.named_parameters() if p.requires_grad]
     if names and all("lora_" in n for n in names):
-        quantized = any("4bit" in type(m).__name__.lower() or "Params4bit" in type(getattr(m, "weight", None)).__name__
-                        for m in model.modules())
+        quantized = any(
+            "4bit" in type(m).__name__.lower() or "Params4bit" in type(getattr(m, "weight", None)).__name__
+            for m in model.modules()
+        )
         return "qlora" if quantized else "lora"
     return "full"
 
@@ -48,8 +50,15 @@ class TunecostCallback(TrainerCallback):
     seq_len, ...), which are otherwise read from the model and the training arguments.
     """
 
-    def __init__(self, out_dir: str | Path, *, warmup_steps: int = 1, record_steps: int = 10,
-                 expert_load: bool = True, workload: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        out_dir: str | Path,
+        *,
+        warmup_steps: int = 1,
+        record_steps: int = 10,
+        expert_load: bool = True,
+        workload: dict[str, Any] | None = None,
+    ) -> None:
         self.out_dir = Path(out_dir)
         self.warmup_steps = warmup_steps
         self.record_steps = record_steps
@@ -85,18 +94,26 @@ class TunecostCallback(TrainerCallback):
             "method": _method_of(model),
             "experts_impl": getattr(model, "_tunecost_experts", {}).get("impl", "stock"),
             "experts_per_token": getattr(config, "num_experts_per_tok", None),
-            "batch_size": args.per_device_train_batch_size, "seq_len": None, "dataset": None,
-            "device": "cuda" if device.startswith("cuda") else "cpu", **self.workload_overrides,
+            "batch_size": args.per_device_train_batch_size,
+            "seq_len": None,
+            "dataset": None,
+            "device": "cuda" if device.startswith("cuda") else "cpu",
+            **self.workload_overrides,
         }
         self._queries_per_step = args.per_device_train_batch_size * args.gradient_accumulation_steps
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(self.out_dir / "meta.json", run_metadata(
-            device=device, workloads=[self._keys],
-            extra={"source": "TunecostCallback", "gradient_accumulation_steps": args.gradient_accumulation_steps}))
+        atomic_write_json(
+            self.out_dir / "meta.json",
+            run_metadata(
+                device=device,
+                workloads=[self._keys],
+                extra={"source": "TunecostCallback", "gradient_accumulation_steps": args.gradient_accumulation_steps},
+            ),
+        )
         if self.expert_load:
             try:
                 self._counter = ExpertLoadCounter(model, experts_per_token=self._keys["experts_per_token"]).attach()
-            except Exception:  # noqa: BLE001 - a model without routers still gets its timings
+            except Exception:
                 self._counter = None
             if self._counter is not None:
                 self._capture_handle = model.register_forward_pre_hook(self._capture, with_kwargs=True)
@@ -147,11 +164,20 @@ class TunecostCallback(TrainerCallback):
             return
         self._steps.append(step)
         self._layers.append(layers)
-        append_jsonl(self.out_dir / "trainer_steps.jsonl", {
-            "schema_version": 1, "kind": "trainer_step", **self._keys, "point_id": self._point_id,
-            "step": state.global_step, "forward_seconds": step.forward_seconds,
-            "backward_seconds": step.backward_seconds, "optimizer_seconds": step.optimizer_seconds,
-            "step_seconds": step.step_seconds})
+        append_jsonl(
+            self.out_dir / "trainer_steps.jsonl",
+            {
+                "schema_version": 1,
+                "kind": "trainer_step",
+                **self._keys,
+                "point_id": self._point_id,
+                "step": state.global_step,
+                "forward_seconds": step.forward_seconds,
+                "backward_seconds": step.backward_seconds,
+                "optimizer_seconds": step.optimizer_seconds,
+                "step_seconds": step.step_seconds,
+            },
+        )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self._model is None:
@@ -168,29 +194,54 @@ class TunecostCallback(TrainerCallback):
             chosen = self._steps[mid]
             for stage in ("forward", "backward", "optimizer", "step"):
                 per_step = [s.stage_seconds(stage) for s in self._steps]
-                append_jsonl(self.out_dir / "stages.jsonl", {
-                    **base, "kind": "stages", "stage": stage, "seconds": chosen.stage_seconds(stage),
-                    "median_seconds": statistics.median(per_step), "per_step_seconds": per_step,
-                    "steps": len(self._steps), "timer": type(self._clock).__name__, "source": "TunecostCallback"})
-            pass_total = {"forward": chosen.forward_seconds, "backward": chosen.backward_seconds,
-                          "recompute": chosen.backward_seconds}
+                append_jsonl(
+                    self.out_dir / "stages.jsonl",
+                    {
+                        **base,
+                        "kind": "stages",
+                        "stage": stage,
+                        "seconds": chosen.stage_seconds(stage),
+                        "median_seconds": statistics.median(per_step),
+                        "per_step_seconds": per_step,
+                        "steps": len(self._steps),
+                        "timer": type(self._clock).__name__,
+                        "source": "TunecostCallback",
+                    },
+                )
+            pass_total = {
+                "forward": chosen.forward_seconds,
+                "backward": chosen.backward_seconds,
+                "recompute": chosen.backward_seconds,
+            }
             for row in self._layers[mid].rows():
-                append_jsonl(self.out_dir / "layers.jsonl", {**base, "kind": "layers", **row,
-                                                             "step_pass_seconds": pass_total[row["pass"]]})
+                append_jsonl(
+                    self.out_dir / "layers.jsonl",
+                    {**base, "kind": "layers", **row, "step_pass_seconds": pass_total[row["pass"]]},
+                )
             seconds = sum(s.step_seconds for s in self._steps)
             queries = self._queries_per_step * len(self._steps)
-            append_jsonl(self.out_dir / "throughput.jsonl", {
-                **base, "kind": "throughput", "queries_per_s": queries / seconds, "num_queries": queries,
-                "seconds": seconds, "steps": len(self._steps)})
+            append_jsonl(
+                self.out_dir / "throughput.jsonl",
+                {
+                    **base,
+                    "kind": "throughput",
+                    "queries_per_s": queries / seconds,
+                    "num_queries": queries,
+                    "seconds": seconds,
+                    "steps": len(self._steps),
+                },
+            )
         for phase, load in (("before", self._before), ("after", after)):
-            for row in (load.rows() if load is not None else []):
-                append_jsonl(self.out_dir / "expert_load.jsonl", {**base, "kind": "expert_load", "phase": phase,
-                                                                  **row})
+            for row in load.rows() if load is not None else []:
+                append_jsonl(self.out_dir / "expert_load.jsonl", {**base, "kind": "expert_load", "phase": phase, **row})
         if peak is not None and peak.peak_bytes is not None:
-            append_jsonl(self.out_dir / "memory.jsonl", {**base, "kind": "memory", "peak_bytes": peak.peak_bytes,
-                                                         "source": peak.source, **peak.detail})
-        append_jsonl(self.out_dir / "points.jsonl", {**base, "kind": "point", "status": "done",
-                                                     "global_step": state.global_step})
+            append_jsonl(
+                self.out_dir / "memory.jsonl",
+                {**base, "kind": "memory", "peak_bytes": peak.peak_bytes, "source": peak.source, **peak.detail},
+            )
+        append_jsonl(
+            self.out_dir / "points.jsonl", {**base, "kind": "point", "status": "done", "global_step": state.global_step}
+        )
 
     # -- helpers --------------------------------------------------------------------------------------------
     @property
@@ -216,8 +267,9 @@ class TunecostCallback(TrainerCallback):
         return self._counter.counts()
 
 
-def _stage_times(times: list[float], marks: dict[str, int], calls: list[list[int]], loss_marks: list[int],
-                 end: int) -> StepTimes | None:
+def _stage_times(
+    times: list[float], marks: dict[str, int], calls: list[list[int]], loss_marks: list[int], end: int
+) -> StepTimes | None:
     if "pre_optimizer" not in marks or "optimizer" not in marks or not calls:
         return None
     forward = sum(times[e] - times[s] for s, e in calls if e >= 0)
@@ -226,6 +278,9 @@ def _stage_times(times: list[float], marks: dict[str, int], calls: list[list[int
     for b in loss_marks:
         following = [s for s in starts if s > b] + [marks["pre_optimizer"]]
         backward += times[min(following)] - times[b]
-    return StepTimes(forward_seconds=forward, backward_seconds=backward,
-                     optimizer_seconds=times[marks["optimizer"]] - times[marks["pre_optimizer"]],
-                     step_seconds=times[end] - times[marks["step_begin"]])
+    return StepTimes(
+        forward_seconds=forward,
+        backward_seconds=backward,
+        optimizer_seconds=times[marks["optimizer"]] - times[marks["pre_optimizer"]],
+        step_seconds=times[end] - times[marks["step_begin"]],
+    )

@@ -32,8 +32,11 @@ class ExpertLoad:
         return statistics.fmean(self.variance(i) for i in self.tokens) if self.tokens else float("nan")
 
     def rows(self) -> list[dict[str, Any]]:
-        return [{"layer_index": layer, "expert": e, "tokens": n}
-                for layer, counts in sorted(self.tokens.items()) for e, n in enumerate(counts)]
+        return [
+            {"layer_index": layer, "expert": e, "tokens": n}
+            for layer, counts in sorted(self.tokens.items())
+            for e, n in enumerate(counts)
+        ]
 
 
 def _unwrapped(module: Any) -> list[Any]:
@@ -47,8 +50,7 @@ def _unwrapped(module: Any) -> list[Any]:
 def _num_experts(router: Any, block: Any) -> int:
     experts = getattr(block, "experts", None) or getattr(block, "local_experts", None)
     # innermost first: PEFT's ParamWrapper has a `num_experts` of its own (1 for a 2-D weight)
-    candidates = [*reversed(_unwrapped(router)), block,
-                  *(reversed(_unwrapped(experts)) if experts is not None else [])]
+    candidates = [*reversed(_unwrapped(router)), block, *(reversed(_unwrapped(experts)) if experts is not None else [])]
     for obj in candidates:
         for name in ("num_experts", "num_local_experts", "n_routed_experts"):
             value = getattr(obj, name, None)
@@ -81,8 +83,9 @@ class ExpertLoadCounter:
             if lp.router is None:
                 continue
             block = next(m for key, _, m in lp.parts if key == "moe")
-            self._routers.append((lp.index, lp.router, _num_experts(lp.router, block),
-                                  _top_k(lp.router, block, experts_per_token)))
+            self._routers.append(
+                (lp.index, lp.router, _num_experts(lp.router, block), _top_k(lp.router, block, experts_per_token))
+            )
         if not self._routers:
             raise TunecostError(f"{type(model).__name__} has no MoE routers to count tokens per expert")
         self._handles: list[Any] = []

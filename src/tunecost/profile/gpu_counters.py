@@ -83,8 +83,10 @@ class GpuCountersJob:
     def point_id(self, batch_size: int) -> str:
         k = self.experts_per_token if self.experts_per_token is not None else "default"
         layers = ",".join(map(str, self.layers))
-        return (f"gpu-counters|{self.model}|{self.method}|{self.experts_impl or 'default'}|k={k}|bs={batch_size}"
-                f"|seq={self.seq_len}|layers={layers}|steps={self.steps}")
+        return (
+            f"gpu-counters|{self.model}|{self.method}|{self.experts_impl or 'default'}|k={k}|bs={batch_size}"
+            f"|seq={self.seq_len}|layers={layers}|steps={self.steps}"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,10 +119,28 @@ def find_ncu() -> str | None:
 
 def child_command(job: GpuCountersJob, batch_size: int, *, mode: str, rows_out: Path | None = None) -> list[str]:
     """The command line of the child process that runs the labelled training steps."""
-    cmd = [sys.executable, "-m", "tunecost.profile.gpu_counters", "--child", "--mode", mode,
-           "--model", job.model, "--method", job.method, "--batch-size", str(batch_size),
-           "--seq-len", str(job.seq_len), "--steps", str(job.steps), "--warmup-steps", str(job.warmup_steps),
-           "--layers", ",".join(map(str, job.layers))]
+    cmd = [
+        sys.executable,
+        "-m",
+        "tunecost.profile.gpu_counters",
+        "--child",
+        "--mode",
+        mode,
+        "--model",
+        job.model,
+        "--method",
+        job.method,
+        "--batch-size",
+        str(batch_size),
+        "--seq-len",
+        str(job.seq_len),
+        "--steps",
+        str(job.steps),
+        "--warmup-steps",
+        str(job.warmup_steps),
+        "--layers",
+        ",".join(map(str, job.layers)),
+    ]
     if job.experts_per_token is not None:
         cmd += ["--experts-per-token", str(job.experts_per_token)]
     if job.experts_impl is not None:
@@ -131,16 +151,30 @@ def child_command(job: GpuCountersJob, batch_size: int, *, mode: str, rows_out: 
 
 
 def build_ncu_command(
-    app: Sequence[str], *, log_file: Path, ncu: str = "ncu", metrics: Sequence[str] = DEFAULT_METRICS,
-    nvtx_include: str = NCU_NVTX_INCLUDE, nvtx_exclude: str | None = NCU_NVTX_EXCLUDE,
+    app: Sequence[str],
+    *,
+    log_file: Path,
+    ncu: str = "ncu",
+    metrics: Sequence[str] = DEFAULT_METRICS,
+    nvtx_include: str = NCU_NVTX_INCLUDE,
+    nvtx_exclude: str | None = NCU_NVTX_EXCLUDE,
     launch_count: int | None = None,
 ) -> list[str]:
     """ncu's command line: counters of the kernels inside the MoE NVTX range, CSV (raw page, base units)."""
     cmd = [ncu, "--clock-control", "none", "--target-processes", "all", "--nvtx", "--nvtx-include", nvtx_include]
     if nvtx_exclude:
         cmd += ["--nvtx-exclude", nvtx_exclude]
-    cmd += ["--metrics", ",".join(metrics), "--csv", "--page", "raw", "--print-units", "base",
-           "--log-file", str(log_file)]
+    cmd += [
+        "--metrics",
+        ",".join(metrics),
+        "--csv",
+        "--page",
+        "raw",
+        "--print-units",
+        "base",
+        "--log-file",
+        str(log_file),
+    ]
     if launch_count is not None:
         cmd += ["--launch-count", str(launch_count)]
     return [*cmd, *app]
@@ -190,27 +224,51 @@ def profiler_rows(events: Iterable[Any], *, batch_size: int | None, kernels: boo
             for kernel in getattr(event, "kernels", ()):
                 if kernel.name.startswith(RANGE_PREFIX) or kernel.duration <= 0:
                     continue
-                rows.append(_profiler_row(kernel.name, classify_kernel(kernel.name, stack), stack,
-                                          kernel.duration * 1e-6, batch_size))
+                rows.append(
+                    _profiler_row(
+                        kernel.name, classify_kernel(kernel.name, stack), stack, kernel.duration * 1e-6, batch_size
+                    )
+                )
         elif event.self_cpu_time_total > 0:
-            rows.append(_profiler_row(event.name, classify_cpu_op(event.name, stack), stack,
-                                      event.self_cpu_time_total * 1e-6, batch_size))
+            rows.append(
+                _profiler_row(
+                    event.name, classify_cpu_op(event.name, stack), stack, event.self_cpu_time_total * 1e-6, batch_size
+                )
+            )
     return rows
 
 
 def _profiler_row(
     name: str, cls: str, stack: tuple[str, ...], seconds: float, batch_size: int | None
 ) -> KernelCounterRow:
-    return KernelCounterRow(kernel_name=name, kernel_class=cls, nvtx_ranges=stack, duration_s=seconds, sm_pct=None,
-                            dram_pct=None, mem_pct=None, batch_size=batch_size, source="torch.profiler")
+    return KernelCounterRow(
+        kernel_name=name,
+        kernel_class=cls,
+        nvtx_ranges=stack,
+        duration_s=seconds,
+        sm_pct=None,
+        dram_pct=None,
+        mem_pct=None,
+        batch_size=batch_size,
+        source="torch.profiler",
+    )
 
 
 # --- the child: build, label, train a few steps ----------------------------------------------------------------
 
 
 def run_child(
-    *, model: str, method: str, batch_size: int, seq_len: int, steps: int, warmup_steps: int, layers: Sequence[int],
-    experts_per_token: int | None = None, experts_impl: str | None = None, mode: str = "steps",
+    *,
+    model: str,
+    method: str,
+    batch_size: int,
+    seq_len: int,
+    steps: int,
+    warmup_steps: int,
+    layers: Sequence[int],
+    experts_per_token: int | None = None,
+    experts_impl: str | None = None,
+    mode: str = "steps",
     device: str | None = None,
 ) -> list[KernelCounterRow]:
     """Build the model (`tunecost.profile.model_setup`, random weights, layers up to the last profiled one), train
@@ -221,8 +279,15 @@ def run_child(
     from tunecost.profile.nvtx import instrument_model
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    setup = ModelSetup(model=model, method=method, experts_per_token=experts_per_token, experts_impl=experts_impl,
-                       device=device, random_weights=True, num_layers=max(layers) + 1)
+    setup = ModelSetup(
+        model=model,
+        method=method,
+        experts_per_token=experts_per_token,
+        experts_impl=experts_impl,
+        device=device,
+        random_weights=True,
+        num_layers=max(layers) + 1,
+    )
     net = build_training_model(setup).model
     params = [p for p in net.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5)
@@ -275,11 +340,19 @@ def _child_main(argv: Sequence[str]) -> int:
     parser.add_argument("--rows-out", default=None)
     args = parser.parse_args(argv)
     try:
-        rows = run_child(model=args.model, method=args.method, batch_size=args.batch_size, seq_len=args.seq_len,
-                         steps=args.steps, warmup_steps=args.warmup_steps,
-                         layers=[int(x) for x in args.layers.split(",") if x.strip()],
-                         experts_per_token=args.experts_per_token, experts_impl=args.experts_impl, mode=args.mode,
-                         device=args.device)
+        rows = run_child(
+            model=args.model,
+            method=args.method,
+            batch_size=args.batch_size,
+            seq_len=args.seq_len,
+            steps=args.steps,
+            warmup_steps=args.warmup_steps,
+            layers=[int(x) for x in args.layers.split(",") if x.strip()],
+            experts_per_token=args.experts_per_token,
+            experts_impl=args.experts_impl,
+            mode=args.mode,
+            device=args.device,
+        )
     except TunecostError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -304,9 +377,19 @@ def _row_from_dict(data: dict[str, Any]) -> KernelCounterRow:
 
 
 def _record(job: GpuCountersJob, row: KernelCounterRow, device: str) -> dict[str, Any]:
-    return {"schema_version": 1, "kind": "counters", "point_id": job.point_id(row.batch_size or 0),
-            "model": job.model, "method": job.method, "experts_per_token": job.experts_per_token,
-            "seq_len": job.seq_len, "dataset": None, "device": device, "layers": list(job.layers), **row.to_dict()}
+    return {
+        "schema_version": 1,
+        "kind": "counters",
+        "point_id": job.point_id(row.batch_size or 0),
+        "model": job.model,
+        "method": job.method,
+        "experts_per_token": job.experts_per_token,
+        "seq_len": job.seq_len,
+        "dataset": None,
+        "device": device,
+        "layers": list(job.layers),
+        **row.to_dict(),
+    }
 
 
 def _source_of(rows: Sequence[KernelCounterRow]) -> str:
@@ -314,18 +397,39 @@ def _source_of(rows: Sequence[KernelCounterRow]) -> str:
     return sources.pop() if len(sources) == 1 else "mixed"
 
 
-def _write_results(out_dir: Path, job: GpuCountersJob, rows: list[KernelCounterRow], *, device: str,
-                   notes: list[str], command: list[str] | None, foreign: list[dict[str, Any]]) -> tuple[Any, ...]:
+def _write_results(
+    out_dir: Path,
+    job: GpuCountersJob,
+    rows: list[KernelCounterRow],
+    *,
+    device: str,
+    notes: list[str],
+    command: list[str] | None,
+    foreign: list[dict[str, Any]],
+) -> tuple[Any, ...]:
     """Rewrite counters.jsonl (this job's rows after rows of other jobs found there) and utilization.json."""
     utilization = tuple(time_weighted_utilization(rows).values())
     lines = [json.dumps(r) for r in foreign] + [json.dumps(_record(job, r, device)) for r in rows]
     atomic_write_text(out_dir / "counters.jsonl", "".join(line + "\n" for line in lines))
-    atomic_write_json(out_dir / "utilization.json", {
-        "schema_version": 1, "kind": "utilization", "model": job.model, "method": job.method,
-        "experts_impl": job.experts_impl, "experts_per_token": job.experts_per_token, "seq_len": job.seq_len,
-        "layers": list(job.layers), "steps": job.steps, "source": _source_of(rows), "device": device,
-        "command": command, "notes": notes, "classes": [dataclasses.asdict(u) for u in utilization],
-    })
+    atomic_write_json(
+        out_dir / "utilization.json",
+        {
+            "schema_version": 1,
+            "kind": "utilization",
+            "model": job.model,
+            "method": job.method,
+            "experts_impl": job.experts_impl,
+            "experts_per_token": job.experts_per_token,
+            "seq_len": job.seq_len,
+            "layers": list(job.layers),
+            "steps": job.steps,
+            "source": _source_of(rows),
+            "device": device,
+            "command": command,
+            "notes": notes,
+            "classes": [dataclasses.asdict(u) for u in utilization],
+        },
+    )
     return utilization
 
 
@@ -339,8 +443,9 @@ def _measure_with_ncu(
     """("ok" | "oom" | "not-permitted", rows, command) of one batch size under ncu."""
     log_file = out / "raw" / f"ncu_bs{batch}.csv"
     log_file.unlink(missing_ok=True)
-    command = build_ncu_command(child_command(job, batch, mode="steps"), log_file=log_file, ncu=ncu,
-                                launch_count=job.max_kernels)
+    command = build_ncu_command(
+        child_command(job, batch, mode="steps"), log_file=log_file, ncu=ncu, launch_count=job.max_kernels
+    )
     proc = _run(command, timeout_s)
     text = proc.stdout + proc.stderr + (log_file.read_text(errors="replace") if log_file.exists() else "")
     if counters_not_permitted(text):
@@ -353,13 +458,17 @@ def _measure_with_ncu(
         raise TunecostError(f"ncu wrote no CSV for batch size {batch}: {_last_error_line(text)}")
     parsed = parse_ncu_csv_file(log_file, batch_size=batch)
     if not parsed.rows:
-        raise TunecostError(f"ncu profiled no kernel inside the MoE range for batch size {batch} "
-                            f"(filter --nvtx-include {NCU_NVTX_INCLUDE!r}); see {log_file}")
+        raise TunecostError(
+            f"ncu profiled no kernel inside the MoE range for batch size {batch} "
+            f"(filter --nvtx-include {NCU_NVTX_INCLUDE!r}); see {log_file}"
+        )
     notes.extend(f"batch size {batch}: {w}" for w in parsed.warnings[:20])
     rows = [r for r in parsed.rows if is_moe_work(r.nvtx_ranges)]
     if len(rows) < len(parsed.rows):
-        notes.append(f"batch size {batch}: left out {len(parsed.rows) - len(rows)} kernels that are not MoE work "
-                     "(checkpoint recomputation of attention/norms inside a MoE range)")
+        notes.append(
+            f"batch size {batch}: left out {len(parsed.rows) - len(rows)} kernels that are not MoE work "
+            "(checkpoint recomputation of attention/norms inside a MoE range)"
+        )
     return "ok", rows, command
 
 
@@ -378,7 +487,11 @@ def _measure_with_torch_profiler(
 
 
 def run_gpu_counters(
-    job: GpuCountersJob, out_dir: str | Path, *, ncu_path: str | None = None, timeout_s: float | None = None,
+    job: GpuCountersJob,
+    out_dir: str | Path,
+    *,
+    ncu_path: str | None = None,
+    timeout_s: float | None = None,
     on_progress: Callable[[int, int, str], None] | None = None,
 ) -> GpuCountersResult:
     """Profile every batch size of `job` (see module docstring) and write the results into `out_dir`."""
@@ -391,8 +504,10 @@ def run_gpu_counters(
     ncu = ncu_path or find_ncu()
     notes: list[str] = []
     if ncu is None:
-        notes.append("ncu not found (install Nsight Compute or put ncu on PATH): kernel durations from "
-                     "torch.profiler only, no SM/DRAM utilization")
+        notes.append(
+            "ncu not found (install Nsight Compute or put ncu on PATH): kernel durations from "
+            "torch.profiler only, no SM/DRAM utilization"
+        )
     ours = {job.point_id(b) for b in job.batch_sizes}
     records = read_jsonl(out / "counters.jsonl")
     foreign = [r for r in records if r.get("point_id") not in ours]  # other jobs' rows in this folder: kept
@@ -411,8 +526,10 @@ def run_gpu_counters(
         if ncu is not None:
             status, new_rows, command = _measure_with_ncu(job, batch, out, ncu, timeout_s, notes)
             if status == "not-permitted":
-                notes.append("ncu may not read GPU performance counters here (ERR_NVGPUCTRPERM): kernel "
-                             "durations from torch.profiler only, no SM/DRAM utilization")
+                notes.append(
+                    "ncu may not read GPU performance counters here (ERR_NVGPUCTRPERM): kernel "
+                    "durations from torch.profiler only, no SM/DRAM utilization"
+                )
                 ncu, status = None, "fallback"
         if status == "fallback":
             status, new_rows, command = _measure_with_torch_profiler(job, batch, out, timeout_s)
@@ -426,13 +543,15 @@ def run_gpu_counters(
     utilization = _write_results(out, job, rows, device=device, notes=notes, command=command, foreign=foreign)
     if on_progress:
         on_progress(total, total, "done")
-    return GpuCountersResult(source=_source_of(rows), rows=tuple(rows), utilization=utilization,
-                             notes=tuple(notes), out_dir=str(out))
+    return GpuCountersResult(
+        source=_source_of(rows), rows=tuple(rows), utilization=utilization, notes=tuple(notes), out_dir=str(out)
+    )
 
 
 if __name__ == "__main__":
     if "--child" not in sys.argv[1:]:
-        print("usage: python -m tunecost.profile.gpu_counters --child ... (use `tunecost gpu-counters`)",
-              file=sys.stderr)
+        print(
+            "usage: python -m tunecost.profile.gpu_counters --child ... (use `tunecost gpu-counters`)", file=sys.stderr
+        )
         sys.exit(2)
     sys.exit(_child_main(sys.argv[1:]))

@@ -42,8 +42,11 @@ class Batch:
         return self.batch_size * self.seq_len
 
     def to(self, device: Any) -> Batch:
-        return Batch(self.input_ids.to(device, non_blocking=True), self.attention_mask.to(device, non_blocking=True),
-                     self.labels.to(device, non_blocking=True))
+        return Batch(
+            self.input_ids.to(device, non_blocking=True),
+            self.attention_mask.to(device, non_blocking=True),
+            self.labels.to(device, non_blocking=True),
+        )
 
     def model_kwargs(self) -> dict[str, Any]:
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, "labels": self.labels}
@@ -68,15 +71,16 @@ def pad_batch(queries: Sequence[Query], pad_id: int) -> Batch:
         n = len(q.ids)
         ids[row, :n] = torch.tensor(q.ids, dtype=torch.long)
         mask[row, :n] = 1
-        labels[row, q.num_prompt_tokens:n] = ids[row, q.num_prompt_tokens:n]
+        labels[row, q.num_prompt_tokens : n] = ids[row, q.num_prompt_tokens : n]
     return Batch(ids, mask, labels)
 
 
 class BatchSource:
     """Queries in a fixed order, served as batches. `describe()` gives the workload keys (seq_len, dataset)."""
 
-    def __init__(self, queries: Sequence[Query], *, pad_id: int, seq_len: int | None, dataset: str | None,
-                 cycle: bool = False) -> None:
+    def __init__(
+        self, queries: Sequence[Query], *, pad_id: int, seq_len: int | None, dataset: str | None, cycle: bool = False
+    ) -> None:
         if not queries:
             raise TunecostError("no queries to train on")
         self.queries = list(queries)
@@ -96,7 +100,8 @@ class BatchSource:
         if not self.cycle and need > len(self.queries):
             raise TunecostError(
                 f"dataset {self.dataset!r} has {len(self.queries)} queries, but {num_batches} steps at batch size "
-                f"{batch_size} need {need}; lower --steps or the batch size, or use a larger dataset")
+                f"{batch_size} need {need}; lower --steps or the batch size, or use a larger dataset"
+            )
 
     def batches(self, batch_size: int, num_batches: int) -> list[Batch]:
         """`num_batches` consecutive batches from the start (the same ones on every call)."""
@@ -140,8 +145,9 @@ def synthetic_source(*, vocab_size: int, seq_len: int, num_queries: int = 64, se
     return BatchSource(queries, pad_id=0, seq_len=seq_len, dataset=None, cycle=True)
 
 
-def lengths_source(*, vocab_size: int, lengths: Sequence[int], dataset: str, seed: int = 0,
-                   max_length: int | None = None) -> BatchSource:
+def lengths_source(
+    *, vocab_size: int, lengths: Sequence[int], dataset: str, seed: int = 0, max_length: int | None = None
+) -> BatchSource:
     """Random token ids with the given per-query lengths (a dataset's shape without its text)."""
     import numpy as np
 
@@ -151,8 +157,15 @@ def lengths_source(*, vocab_size: int, lengths: Sequence[int], dataset: str, see
     return BatchSource(queries, pad_id=0, seq_len=None, dataset=dataset)
 
 
-def dataset_source(name: str, *, vocab_size: int, tokenizer: str = "mistral", template: str = "mistral",
-                   max_length: int = 1024, limit: int | None = None) -> BatchSource:
+def dataset_source(
+    name: str,
+    *,
+    vocab_size: int,
+    tokenizer: str = "mistral",
+    template: str = "mistral",
+    max_length: int = 1024,
+    limit: int | None = None,
+) -> BatchSource:
     """A real dataset (tunecost.workload.datasets), tokenized and templated, cut to `max_length` tokens."""
     from tunecost.workload.datasets import load_dataset
     from tunecost.workload.templates import encode_queries, template_by_name
@@ -161,9 +174,12 @@ def dataset_source(name: str, *, vocab_size: int, tokenizer: str = "mistral", te
     data = load_dataset(name, limit=limit)
     tok = tokenizer_by_name(tokenizer)
     if tok.vocab_size > vocab_size:
-        raise TunecostError(f"tokenizer {tok.name} has {tok.vocab_size} ids but the model's vocabulary has "
-                            f"{vocab_size}; pass the model's own tokenizer with --tokenizer")
-    encoded = encode_queries(template_by_name(template), tok, [e.prompt for e in data.examples],
-                             [e.response for e in data.examples])
+        raise TunecostError(
+            f"tokenizer {tok.name} has {tok.vocab_size} ids but the model's vocabulary has "
+            f"{vocab_size}; pass the model's own tokenizer with --tokenizer"
+        )
+    encoded = encode_queries(
+        template_by_name(template), tok, [e.prompt for e in data.examples], [e.response for e in data.examples]
+    )
     queries = [Query(q.ids[:max_length], min(q.num_prompt_tokens, max_length - 1)) for q in encoded]
     return BatchSource(queries, pad_id=tok.pad_id, seq_len=None, dataset=data.name)

@@ -25,8 +25,16 @@ from typing import Any
 from tunecost.profile import kernels as taxonomy
 from tunecost.profile import nvtx
 
-_EXPERT_PROJECTIONS = {"w1": nvtx.W1, "w3": nvtx.W3, "w2": nvtx.W2, "gate_proj": nvtx.W1, "up_proj": nvtx.W3,
-                       "down_proj": nvtx.W2, "linear_fc1": nvtx.W1W3, "linear_fc2": nvtx.W2}
+_EXPERT_PROJECTIONS = {
+    "w1": nvtx.W1,
+    "w3": nvtx.W3,
+    "w2": nvtx.W2,
+    "gate_proj": nvtx.W1,
+    "up_proj": nvtx.W3,
+    "down_proj": nvtx.W2,
+    "linear_fc1": nvtx.W1W3,
+    "linear_fc2": nvtx.W2,
+}
 _LORA_FACTORS = ("lora_A", "lora_B")
 
 
@@ -129,8 +137,12 @@ def profile_kernels(run_step: Callable[[], None], model: Any, *, device: str) ->
             with _quiet_native_stderr():
                 prof.stop()
     classes = classify_events(prof.events(), cuda=cuda)
-    return KernelBreakdown(classes=classes, source="torch.profiler",
-                           timing="cuda-kernels" if cuda else "cpu-self-time", profiled_seconds=seconds)
+    return KernelBreakdown(
+        classes=classes,
+        source="torch.profiler",
+        timing="cuda-kernels" if cuda else "cpu-self-time",
+        profiled_seconds=seconds,
+    )
 
 
 @contextlib.contextmanager
@@ -195,8 +207,10 @@ def classify_events(events: Iterable[Any], *, cuda: bool) -> tuple[KernelClassTi
                 seconds[cls] += own * 1e-6
                 counts[cls] += 1
     order = {c: i for i, c in enumerate(taxonomy.KERNEL_CLASSES)}
-    return tuple(KernelClassTime(kernel_class=c, seconds=seconds[c], count=counts[c])
-                 for c in sorted(seconds, key=lambda c: order.get(c, 99)))
+    return tuple(
+        KernelClassTime(kernel_class=c, seconds=seconds[c], count=counts[c])
+        for c in sorted(seconds, key=lambda c: order.get(c, 99))
+    )
 
 
 def _with_ranges(ops: list[Any], ranges: list[tuple[float, float, str]]) -> Iterable[tuple[Any, list[str]]]:

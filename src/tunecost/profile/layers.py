@@ -37,8 +37,17 @@ from tunecost.errors import TunecostError
 from tunecost.profile.timers import Clock
 
 PASSES: tuple[str, ...] = ("forward", "backward", "recompute")
-COMPONENTS: tuple[str, ...] = ("embedding", "norm", "attention", "mamba", "mlp", "moe_router", "moe_experts",
-                               "other", "lm_head_loss")
+COMPONENTS: tuple[str, ...] = (
+    "embedding",
+    "norm",
+    "attention",
+    "mamba",
+    "mlp",
+    "moe_router",
+    "moe_experts",
+    "other",
+    "lm_head_loss",
+)
 _ATTENTION_NAMES = ("self_attn", "attention", "attn", "self_attention")
 _MOE_BLOCK_NAMES = ("mlp", "block_sparse_moe", "moe", "mixer", "feed_forward")
 
@@ -63,10 +72,17 @@ class LayerParts:
 def _router_and_experts(block: Any) -> tuple[Any, Any] | None:
     import torch
 
-    router = next((getattr(block, n) for n in ("gate", "router") if isinstance(getattr(block, n, None),
-                                                                            torch.nn.Module)), None)
-    experts = next((getattr(block, n) for n in ("experts", "local_experts") if isinstance(getattr(block, n, None),
-                                                                                       torch.nn.Module)), None)
+    router = next(
+        (getattr(block, n) for n in ("gate", "router") if isinstance(getattr(block, n, None), torch.nn.Module)), None
+    )
+    experts = next(
+        (
+            getattr(block, n)
+            for n in ("experts", "local_experts")
+            if isinstance(getattr(block, n, None), torch.nn.Module)
+        ),
+        None,
+    )
     return (router, experts) if router is not None and experts is not None else None
 
 
@@ -173,8 +189,10 @@ class LayerTimes:
         return sum(v for (p, _, _), v in self.seconds.items() if p == pass_)
 
     def rows(self) -> list[dict[str, Any]]:
-        return [{"pass": p, "layer_index": layer, "component": c, "seconds": s}
-                for (p, layer, c), s in sorted(self.seconds.items(), key=_row_order)]
+        return [
+            {"pass": p, "layer_index": layer, "component": c, "seconds": s}
+            for (p, layer, c), s in sorted(self.seconds.items(), key=_row_order)
+        ]
 
 
 def _row_order(item: tuple[tuple[str, int | None, str], float]) -> tuple[int, int, int]:
@@ -334,8 +352,9 @@ class LayerTimer:
                 part[("backward", inst.layer, inst.key)] += backward_seconds(t[b0], t[b1])
         for (p, layer, key), s in part.items():
             if key == "layer":  # the layer's own glue: residual adds, casts, call overhead between its parts
-                inner = sum(v for (p2, l2, k2), v in part.items() if (p2, l2) == (p, layer)
-                            and k2 not in ("layer", "router"))
+                inner = sum(
+                    v for (p2, l2, k2), v in part.items() if (p2, l2) == (p, layer) and k2 not in ("layer", "router")
+                )
                 out[(p, layer, "other")] += max(0.0, s - inner)
                 continue
             if key == "moe":  # experts = block - router

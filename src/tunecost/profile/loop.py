@@ -47,9 +47,17 @@ class StepResult:
     layers: LayerTimes | None = None
 
 
-def train_step(model: Any, optimizer: Any, batch: Batch, clock: Clock, *, device: str,
-               layer_timer: LayerTimer | None = None, router_aux_loss: bool = True,
-               read_loss: bool = False) -> StepResult:
+def train_step(
+    model: Any,
+    optimizer: Any,
+    batch: Batch,
+    clock: Clock,
+    *,
+    device: str,
+    layer_timer: LayerTimer | None = None,
+    router_aux_loss: bool = True,
+    read_loss: bool = False,
+) -> StepResult:
     """One optimizer step on `batch` (already on the device); times each stage with `clock`."""
     kwargs = batch.model_kwargs()
     if router_aux_loss and accepts_router_logits(model):
@@ -75,9 +83,17 @@ def train_step(model: Any, optimizer: Any, batch: Batch, clock: Clock, *, device
     value = float(loss.detach()) if read_loss else None
     # The step time is the wall clock around the whole step, device synchronised at both edges: measured
     # independently of the stage marks, so "stages add up to the step" is a real check.
-    return StepResult(times=StepTimes(forward_seconds=times[m1] - times[m0], backward_seconds=times[m2] - times[m1],
-                                      optimizer_seconds=times[m3] - times[m2], step_seconds=wall),
-                      wall_seconds=wall, loss=value, layers=layers)
+    return StepResult(
+        times=StepTimes(
+            forward_seconds=times[m1] - times[m0],
+            backward_seconds=times[m2] - times[m1],
+            optimizer_seconds=times[m3] - times[m2],
+            step_seconds=wall,
+        ),
+        wall_seconds=wall,
+        loss=value,
+        layers=layers,
+    )
 
 
 class TrainableSnapshot:

@@ -44,8 +44,9 @@ class MaxBatchResult:
         return min(fails, key=lambda p: p.batch_size) if fails else None
 
 
-def search_max_batch_size(probe: Callable[[int], Probe], *, start: int = 1, limit: int = 4096,
-                          on_probe: Callable[[Probe], None] | None = None) -> tuple[int, list[Probe], bool]:
+def search_max_batch_size(
+    probe: Callable[[int], Probe], *, start: int = 1, limit: int = 4096, on_probe: Callable[[Probe], None] | None = None
+) -> tuple[int, list[Probe], bool]:
     """Grow (x2) from `start` until a probe fails or `limit`, then bisect. Returns (max that fit, probes, hit_limit).
 
     Assumes fitting is monotone in the batch size (a larger batch never needs less memory).
@@ -86,9 +87,16 @@ def search_max_batch_size(probe: Callable[[int], Probe], *, start: int = 1, limi
 # ------------------------------------------------------------------------------------------------- CUDA
 
 
-def measured_max_batch_size(prepared: Any, source: Any, *, device: str, memory_bytes: int | None = None,
-                            limit: int = 4096, router_aux_loss: bool = True,
-                            on_probe: Callable[[Probe], None] | None = None) -> MaxBatchResult:
+def measured_max_batch_size(
+    prepared: Any,
+    source: Any,
+    *,
+    device: str,
+    memory_bytes: int | None = None,
+    limit: int = 4096,
+    router_aux_loss: bool = True,
+    on_probe: Callable[[Probe], None] | None = None,
+) -> MaxBatchResult:
     """Search on the GPU with real training steps on `source.longest_batch(b)` (see module docstring)."""
     import torch
 
@@ -102,8 +110,9 @@ def measured_max_batch_size(prepared: Any, source: Any, *, device: str, memory_b
     total = torch.cuda.get_device_properties(index).total_memory
     if memory_bytes is not None:
         if memory_bytes > total:
-            raise TunecostError(f"memory budget {memory_bytes / 2**30:.1f} GiB exceeds this GPU's "
-                                f"{total / 2**30:.1f} GiB")
+            raise TunecostError(
+                f"memory budget {memory_bytes / 2**30:.1f} GiB exceeds this GPU's {total / 2**30:.1f} GiB"
+            )
         torch.cuda.set_per_process_memory_fraction(memory_bytes / total, index)
     model = prepared.model
     clock = make_clock(device)
@@ -116,7 +125,7 @@ def measured_max_batch_size(prepared: Any, source: Any, *, device: str, memory_b
             torch.cuda.reset_peak_memory_stats(index)
             train_step(model, optimizer, batch, clock, device=device, router_aux_loss=router_aux_loss)
             return Probe(batch_size=b, fits=True, peak_bytes=int(torch.cuda.max_memory_allocated(index)))
-        except Exception as exc:  # noqa: BLE001 - an OOM is a measured boundary; anything else is a bug
+        except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
             return Probe(batch_size=b, fits=False, detail=str(exc).splitlines()[0][:200])
@@ -132,17 +141,28 @@ def measured_max_batch_size(prepared: Any, source: Any, *, device: str, memory_b
     finally:
         if memory_bytes is not None:
             torch.cuda.set_per_process_memory_fraction(1.0, index)
-    return MaxBatchResult(max_batch_size=best, probes=tuple(probes), memory_bytes=memory_bytes or total,
-                          source="measured-cuda", estimator="training step on the longest batch, OOM caught",
-                          seq_len=source.max_length, hit_limit=hit)
+    return MaxBatchResult(
+        max_batch_size=best,
+        probes=tuple(probes),
+        memory_bytes=memory_bytes or total,
+        source="measured-cuda",
+        estimator="training step on the longest batch, OOM caught",
+        seq_len=source.max_length,
+        hit_limit=hit,
+    )
 
 
 # -------------------------------------------------------------------------------------------------- CPU
 
 
-def simulated_max_batch_size(job: Any, memory_bytes: int, *, limit: int = 4096,
-                             peak_bytes_fn: Callable[[Any], int] | None = None,
-                             on_probe: Callable[[Probe], None] | None = None) -> MaxBatchResult:
+def simulated_max_batch_size(
+    job: Any,
+    memory_bytes: int,
+    *,
+    limit: int = 4096,
+    peak_bytes_fn: Callable[[Any], int] | None = None,
+    on_probe: Callable[[Probe], None] | None = None,
+) -> MaxBatchResult:
     """The same search against `memory_bytes`, each probe the simulated peak of `job` at that batch size."""
     peak_of = peak_bytes_fn or simulator_peak_bytes
 
@@ -151,9 +171,15 @@ def simulated_max_batch_size(job: Any, memory_bytes: int, *, limit: int = 4096,
         return Probe(batch_size=b, fits=peak <= memory_bytes, peak_bytes=peak)
 
     best, probes, hit = search_max_batch_size(probe, limit=limit, on_probe=on_probe)
-    return MaxBatchResult(max_batch_size=best, probes=tuple(probes), memory_bytes=memory_bytes, source="simulated",
-                          estimator=getattr(peak_of, "estimator", "tunecost.simulate step simulator"),
-                          seq_len=job.worst_case_seq_len, hit_limit=hit)
+    return MaxBatchResult(
+        max_batch_size=best,
+        probes=tuple(probes),
+        memory_bytes=memory_bytes,
+        source="simulated",
+        estimator=getattr(peak_of, "estimator", "tunecost.simulate step simulator"),
+        seq_len=job.worst_case_seq_len,
+        hit_limit=hit,
+    )
 
 
 def simulator_peak_bytes(job: Any) -> int:
@@ -166,14 +192,21 @@ def simulator_peak_bytes(job: Any) -> int:
 
 
 simulator_peak_bytes.estimator = (  # type: ignore[attr-defined]
-    "tunecost.simulate.simulate_step: simulated peak + device overhead")
+    "tunecost.simulate.simulate_step: simulated peak + device overhead"
+)
 
 
 # ------------------------------------------------------------------------------------------- entry point
 
 
-def find_max_batch_size(setup: Any, inputs: Any, *, memory_bytes: int | None = None, limit: int = 4096,
-                        on_probe: Callable[[Probe], None] | None = None) -> MaxBatchResult:
+def find_max_batch_size(
+    setup: Any,
+    inputs: Any,
+    *,
+    memory_bytes: int | None = None,
+    limit: int = 4096,
+    on_probe: Callable[[Probe], None] | None = None,
+) -> MaxBatchResult:
     """Measured search on CUDA (`setup.device`), simulated search against `memory_bytes` elsewhere.
 
     setup: a `tunecost.profile.model_setup.ModelSetup`; inputs: a `tunecost.profile.sweep.InputSpec` with one
@@ -192,8 +225,9 @@ def find_max_batch_size(setup: Any, inputs: Any, *, memory_bytes: int | None = N
         prepared = build_training_model(setup, spec=spec)
         vocab = int(getattr(prepared.model.config, "vocab_size", spec.vocab_size))
         source = make_source(inputs, vocab_size=vocab, seq_len=seq_len, num_queries=1, seed=setup.seed)
-        return measured_max_batch_size(prepared, source, device=setup.device, memory_bytes=memory_bytes,
-                                       limit=limit, on_probe=on_probe)
+        return measured_max_batch_size(
+            prepared, source, device=setup.device, memory_bytes=memory_bytes, limit=limit, on_probe=on_probe
+        )
     if memory_bytes is None:
         raise TunecostError("on CPU the search is simulated against a GPU's memory: give --gpu G or --gpu-memory-gb X")
     from tunecost.workload.job import FineTuneJob, LoraConfig
@@ -203,10 +237,18 @@ def find_max_batch_size(setup: Any, inputs: Any, *, memory_bytes: int | None = N
         from tunecost.profile.sweep import make_source
 
         lengths = make_source(inputs, vocab_size=spec.vocab_size, seq_len=None, num_queries=1).lengths
-    job = FineTuneJob(model=setup.model, method=setup.method, experts_per_token=setup.experts_per_token,
-                      lora=LoraConfig(rank=setup.lora_rank, alpha=setup.lora_alpha),
-                      compute_dtype=setup.dtype or "bf16", gradient_checkpointing=setup.gradient_checkpointing,
-                      batch_size=1, seq_len=seq_len, lengths=lengths, dataset=inputs.dataset)
+    job = FineTuneJob(
+        model=setup.model,
+        method=setup.method,
+        experts_per_token=setup.experts_per_token,
+        lora=LoraConfig(rank=setup.lora_rank, alpha=setup.lora_alpha),
+        compute_dtype=setup.dtype or "bf16",
+        gradient_checkpointing=setup.gradient_checkpointing,
+        batch_size=1,
+        seq_len=seq_len,
+        lengths=lengths,
+        dataset=inputs.dataset,
+    )
     return simulated_max_batch_size(job, memory_bytes, limit=limit, on_probe=on_probe)
 
 
@@ -216,14 +258,30 @@ def max_batch_row(result: MaxBatchResult, setup: Any, inputs: Any, *, gpu: str |
     from tunecost.profile.point import point_id
 
     spec = resolve_profile_model(setup.model)
-    keys = {"model": setup.model, "method": setup.method, "experts_impl": setup.resolved_experts_impl,
-            "experts_per_token": setup.experts_per_token or spec.default_experts_per_token, "batch_size": None,
-            "seq_len": inputs.resolved_seq_lens[0], "dataset": inputs.dataset,
-            "device": "cuda" if setup.device.startswith("cuda") else "cpu"}
-    return {"schema_version": 1, "kind": "max_batch", **keys,
-            "point_id": point_id({**keys, "memory_bytes": result.memory_bytes}),
-            "max_batch_size": result.max_batch_size, "gpu": gpu, "memory_bytes": result.memory_bytes,
-            "source": result.source, "estimator": result.estimator, "probe_seq_len": result.seq_len,
-            "hit_limit": result.hit_limit,
-            "probes": [{"batch_size": p.batch_size, "fits": p.fits, "peak_bytes": p.peak_bytes, "detail": p.detail}
-                       for p in result.probes]}
+    keys = {
+        "model": setup.model,
+        "method": setup.method,
+        "experts_impl": setup.resolved_experts_impl,
+        "experts_per_token": setup.experts_per_token or spec.default_experts_per_token,
+        "batch_size": None,
+        "seq_len": inputs.resolved_seq_lens[0],
+        "dataset": inputs.dataset,
+        "device": "cuda" if setup.device.startswith("cuda") else "cpu",
+    }
+    return {
+        "schema_version": 1,
+        "kind": "max_batch",
+        **keys,
+        "point_id": point_id({**keys, "memory_bytes": result.memory_bytes}),
+        "max_batch_size": result.max_batch_size,
+        "gpu": gpu,
+        "memory_bytes": result.memory_bytes,
+        "source": result.source,
+        "estimator": result.estimator,
+        "probe_seq_len": result.seq_len,
+        "hit_limit": result.hit_limit,
+        "probes": [
+            {"batch_size": p.batch_size, "fits": p.fits, "peak_bytes": p.peak_bytes, "detail": p.detail}
+            for p in result.probes
+        ],
+    }

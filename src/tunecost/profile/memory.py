@@ -69,9 +69,13 @@ class PeakMemoryMeter:
             import torch
 
             torch.cuda.synchronize()
-            return PeakMemory(peak_bytes=int(torch.cuda.max_memory_allocated()), source="measured-cuda",
-                              detail={"before_bytes": self._baseline,
-                                      "reserved_peak_bytes": int(torch.cuda.max_memory_reserved())})
-        return PeakMemory(peak_bytes=_vm_hwm_bytes(), source="measured-cpu",
-                          detail={"before_bytes": self._baseline, "what": "process peak RSS",
-                                  "window_reset": self._resettable})
+            return PeakMemory(
+                peak_bytes=int(torch.cuda.max_memory_allocated()),
+                source="measured-cuda",
+                detail={"before_bytes": self._baseline, "reserved_peak_bytes": int(torch.cuda.max_memory_reserved())},
+            )
+        return PeakMemory(
+            peak_bytes=_vm_hwm_bytes(),
+            source="measured-cpu",
+            detail={"before_bytes": self._baseline, "what": "process peak RSS", "window_reset": self._resettable},
+        )

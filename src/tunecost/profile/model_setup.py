@@ -123,8 +123,12 @@ def resolve_profile_model(name: str) -> Any:
     from tunecost.models.blackmamba.config import tiny_blackmamba_config
 
     config = tiny_blackmamba_config().to_dict()
-    return ModelSpec(name="tiny-blackmamba", family="blackmamba", config=config,
-                     source="tunecost built-in (tunecost.models.blackmamba.tiny_blackmamba_config): random init")
+    return ModelSpec(
+        name="tiny-blackmamba",
+        family="blackmamba",
+        config=config,
+        source="tunecost built-in (tunecost.models.blackmamba.tiny_blackmamba_config): random init",
+    )
 
 
 def find_weights(spec: Any) -> str | None:
@@ -139,8 +143,12 @@ def find_weights(spec: Any) -> str | None:
             from huggingface_hub import try_to_load_from_cache
         except ImportError:  # pragma: no cover
             return None
-        for filename in ("model.safetensors.index.json", "model.safetensors", "pytorch_model.bin.index.json",
-                         "pytorch_model.bin"):
+        for filename in (
+            "model.safetensors.index.json",
+            "model.safetensors",
+            "pytorch_model.bin.index.json",
+            "pytorch_model.bin",
+        ):
             if isinstance(try_to_load_from_cache(spec.hub_id, filename), str):
                 return spec.hub_id
     return None
@@ -168,7 +176,8 @@ def build_training_model(setup: ModelSetup, *, spec: Any = None) -> PreparedMode
     if weights_at is None and not (setup.random_weights or is_builtin(spec)):
         raise TunecostError(
             f"no weights for {spec.name} ({spec.hub_id or spec.local_path}) on this machine (tunecost does not "
-            "download); pass --random-weights to profile a randomly initialised model of the same architecture")
+            "download); pass --random-weights to profile a randomly initialised model of the same architecture"
+        )
     overrides: dict[str, Any] = {}
     if setup.num_layers is not None:
         overrides["num_hidden_layers"] = setup.num_layers
@@ -178,8 +187,9 @@ def build_training_model(setup: ModelSetup, *, spec: Any = None) -> PreparedMode
     if weights_at is not None and streamed_4bit:
         # bf16 weights go to CPU memory first; each layer then moves to the GPU and is quantized there
         model = _from_pretrained(spec, weights_at, dtype=dtype, device="cpu", overrides=overrides)
-        _prepare_layer_by_layer(model, setup, bring=lambda modules, layer: layer.to(setup.device),
-                                bring_rest=lambda: model.to(setup.device))
+        _prepare_layer_by_layer(
+            model, setup, bring=lambda modules, layer: layer.to(setup.device), bring_rest=lambda: model.to(setup.device)
+        )
         weights = f"pretrained:{weights_at}"
         notes.append("loaded to CPU, then moved and quantized layer by layer on the GPU")
     elif weights_at is not None:
@@ -202,9 +212,18 @@ def build_training_model(setup: ModelSetup, *, spec: Any = None) -> PreparedMode
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     if trainable == 0:
         raise TunecostError(f"{spec.name} with method {setup.method}: no trainable parameters")
-    return PreparedModel(model=model, spec=spec, num_experts=spec.num_experts, experts_per_token=k,
-                         experts_impl=impl, dtype=setup.resolved_dtype, weights=weights, trainable_params=trainable,
-                         total_params=total, notes=notes)
+    return PreparedModel(
+        model=model,
+        spec=spec,
+        num_experts=spec.num_experts,
+        experts_per_token=k,
+        experts_impl=impl,
+        dtype=setup.resolved_dtype,
+        weights=weights,
+        trainable_params=trainable,
+        total_params=total,
+        notes=notes,
+    )
 
 
 def _from_pretrained(spec: Any, where: str, *, dtype: Any, device: str, overrides: dict[str, Any]) -> Any:
@@ -239,10 +258,13 @@ def prepare_method(model: Any, setup: ModelSetup, *, layers_only: Any = None) ->
         install_experts(target, impl, lora_spec(setup))
     else:  # qlora
         if impl in ("stock", "peft-fused"):
-            raise TunecostError(f"{impl} cannot hold experts in 4-bit (transformers 5 does not quantize fused "
-                                "experts); use qlora-linear4bit or fast-4bit for --method qlora")
-        install_experts(target, "fast" if impl == "fast-4bit" else impl, lora_spec(setup),
-                        quantize_4bit=impl == "fast-4bit")
+            raise TunecostError(
+                f"{impl} cannot hold experts in 4-bit (transformers 5 does not quantize fused "
+                "experts); use qlora-linear4bit or fast-4bit for --method qlora"
+            )
+        install_experts(
+            target, "fast" if impl == "fast-4bit" else impl, lora_spec(setup), quantize_4bit=impl == "fast-4bit"
+        )
         if setup.quantize_attention:
             quantize_attention_4bit(target)
     if layers_only is None:
@@ -256,10 +278,12 @@ def _enable_training_features(model: Any, setup: ModelSetup) -> None:
         config.use_cache = False
     if setup.gradient_checkpointing:
         enable = getattr(model, "activation_checkpointing_enable", None) or getattr(
-            model, "gradient_checkpointing_enable", None)
+            model, "gradient_checkpointing_enable", None
+        )
         if enable is None:
-            raise TunecostError(f"{type(model).__name__} does not support gradient checkpointing "
-                                "(use --no-gradient-checkpointing)")
+            raise TunecostError(
+                f"{type(model).__name__} does not support gradient checkpointing (use --no-gradient-checkpointing)"
+            )
         enable()  # transformers: non-reentrant torch.utils.checkpoint per decoder layer
     if setup.method != "full" and hasattr(model, "enable_input_require_grads"):
         # As PEFT / prepare_model_for_kbit_training do: the layers' inputs require grad even though the embedding
@@ -317,8 +341,11 @@ def _random_streamed_4bit(spec: Any, setup: ModelSetup, dtype: Any, overrides: d
     inside = {id(m) for layer in find_decoder_layers(model) for m in layer.modules()}
     torch.manual_seed(setup.seed)
     _prepare_layer_by_layer(
-        model, setup, bring=lambda modules, layer: _materialize(model, modules, device),
-        bring_rest=lambda: _materialize(model, (m for m in model.modules() if id(m) not in inside), device))
+        model,
+        setup,
+        bring=lambda modules, layer: _materialize(model, modules, device),
+        bring_rest=lambda: _materialize(model, (m for m in model.modules() if id(m) not in inside), device),
+    )
     return model
 
 
@@ -348,8 +375,9 @@ def _materialize(model: Any, modules: Any, device: Any) -> None:
 
     with torch.no_grad():
         for module in modules:
-            has_meta = any(t.device.type == "meta" for t in [*module.parameters(recurse=False),
-                                                             *module.buffers(recurse=False)])
+            has_meta = any(
+                t.device.type == "meta" for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+            )
             if has_meta:
                 module.to_empty(device=device, recurse=False)
                 model._init_weights(module)

@@ -45,8 +45,15 @@ _ALIASES: dict[str, tuple[str, ...]] = {
     "mem": (MEMORY_THROUGHPUT, "Memory Throughput"),
 }
 _SECONDS_PER_UNIT = {
-    "nsecond": 1e-9, "ns": 1e-9, "usecond": 1e-6, "us": 1e-6, "\u00b5s": 1e-6, "msecond": 1e-3, "ms": 1e-3,
-    "second": 1.0, "s": 1.0,
+    "nsecond": 1e-9,
+    "ns": 1e-9,
+    "usecond": 1e-6,
+    "us": 1e-6,
+    "\u00b5s": 1e-6,
+    "msecond": 1e-3,
+    "ms": 1e-3,
+    "second": 1.0,
+    "s": 1.0,
 }
 _PERCENT_UNITS = {"%", "pct", "percent", ""}
 _QUOTED = re.compile(r'"([^"]*)"')
@@ -163,8 +170,15 @@ def _nvtx_columns(header: Sequence[str]) -> list[int]:
 
 
 def _make_row(
-    *, kernel_name: str, nvtx_ranges: tuple[str, ...], duration_s: float, sm: float | None, dram: float | None,
-    mem: float | None, batch_size: int | None, launch_id: str,
+    *,
+    kernel_name: str,
+    nvtx_ranges: tuple[str, ...],
+    duration_s: float,
+    sm: float | None,
+    dram: float | None,
+    mem: float | None,
+    batch_size: int | None,
+    launch_id: str,
 ) -> KernelCounterRow:
     launch = parse_number(launch_id)
     return KernelCounterRow(
@@ -212,8 +226,18 @@ def _parse_raw(lines: list[tuple[int, list[str]]], batch_size: int | None) -> tu
             if cols[key] is not None and got is None:
                 warnings.append(f"line {number}: no usable {_ALIASES[key][0]} ({fields[cols[key]]!r}); kept as None")
         ranges = tuple(r for col in nvtx_cols for r in parse_nvtx_cell(fields[col]))
-        rows.append(_make_row(kernel_name=fields[name_col], nvtx_ranges=ranges, duration_s=duration, sm=sm,
-                              dram=dram, mem=mem, batch_size=batch_size, launch_id=fields[id_col]))
+        rows.append(
+            _make_row(
+                kernel_name=fields[name_col],
+                nvtx_ranges=ranges,
+                duration_s=duration,
+                sm=sm,
+                dram=dram,
+                mem=mem,
+                batch_size=batch_size,
+                launch_id=fields[id_col],
+            )
+        )
     return rows, warnings, errors
 
 
@@ -244,8 +268,10 @@ def _parse_details(lines: list[tuple[int, list[str]]], batch_size: int | None) -
 
         duration, shown = value("duration", duration_seconds)
         if duration is None:
-            errors.append(f"line {launch['line']}: kernel {fields[col['Kernel Name']]!r} has "
-                          + (f"unusable duration {shown}" if shown else "no duration metric"))
+            errors.append(
+                f"line {launch['line']}: kernel {fields[col['Kernel Name']]!r} has "
+                + (f"unusable duration {shown}" if shown else "no duration metric")
+            )
             continue
         (sm, sm_shown), (dram, dram_shown) = value("sm", percent), value("dram", percent)
         mem, _ = value("mem", percent)
@@ -253,8 +279,18 @@ def _parse_details(lines: list[tuple[int, list[str]]], batch_size: int | None) -
             if got is None and got_shown is not None:
                 warnings.append(f"line {launch['line']}: no usable {name} ({got_shown}); kept as None")
         ranges = tuple(r for i in nvtx_cols for r in parse_nvtx_cell(fields[i]))
-        rows.append(_make_row(kernel_name=fields[col["Kernel Name"]], nvtx_ranges=ranges, duration_s=duration,
-                              sm=sm, dram=dram, mem=mem, batch_size=batch_size, launch_id=fields[col["ID"]]))
+        rows.append(
+            _make_row(
+                kernel_name=fields[col["Kernel Name"]],
+                nvtx_ranges=ranges,
+                duration_s=duration,
+                sm=sm,
+                dram=dram,
+                mem=mem,
+                batch_size=batch_size,
+                launch_id=fields[col["ID"]],
+            )
+        )
     return rows, warnings, errors
 
 
@@ -296,8 +332,9 @@ def time_weighted_utilization(rows: Iterable[KernelCounterRow]) -> dict[tuple[in
     for row in rows:
         groups[(row.batch_size, row.kernel_class)].append(row)
         groups[(row.batch_size, ALL_CLASSES)].append(row)
-    totals = {batch: sum(r.duration_s for r in members)
-              for (batch, cls), members in groups.items() if cls == ALL_CLASSES}
+    totals = {
+        batch: sum(r.duration_s for r in members) for (batch, cls), members in groups.items() if cls == ALL_CLASSES
+    }
     out = {}
     for (batch, cls), members in sorted(groups.items(), key=lambda kv: (kv[0][0] is None, kv[0][0] or 0, kv[0][1])):
         duration = sum(r.duration_s for r in members)

@@ -104,7 +104,7 @@ def moe_range(name: str) -> Iterator[None]:
 class _Span:
     """A range opened on one autograd callback and closed on a later one (same autograd thread)."""
 
-    __slots__ = ("name", "_rf", "is_open")
+    __slots__ = ("_rf", "is_open", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -323,7 +323,16 @@ def _fused_expert_shapes(experts: Any) -> dict[str, tuple[int, int]] | None:
 
 
 _MATMUL_FUNCTIONS = (
-    "linear", "_grouped_mm", "grouped_mm", "bmm", "matmul", "mm", "baddbmm", "addmm", "__matmul__", "einsum",
+    "linear",
+    "_grouped_mm",
+    "grouped_mm",
+    "bmm",
+    "matmul",
+    "mm",
+    "baddbmm",
+    "addmm",
+    "__matmul__",
+    "einsum",
 )
 _WEIGHT_SECOND = ("linear", "_grouped_mm", "grouped_mm")  # called as f(input, weight, ...)
 
@@ -368,8 +377,15 @@ def _expert_matmul_mode(shapes: dict[str, tuple[int, int]], lora_params: Sequenc
 
 # Submodules that compute one expert weight's matmul (the paper's per-expert `w1`/`w3`/`w2` modules, or
 # `gate_proj`/`up_proj`/`down_proj`), and LoRA factor modules (PEFT-style `lora_A` / `lora_B`).
-_SUBMODULE_RANGES = {"w1": W1, "gate_proj": W1, "w3": W3, "up_proj": W3, "w2": W2, "down_proj": W2,
-                     "gate_up_proj": W1W3}
+_SUBMODULE_RANGES = {
+    "w1": W1,
+    "gate_proj": W1,
+    "w3": W3,
+    "up_proj": W3,
+    "w2": W2,
+    "down_proj": W2,
+    "gate_up_proj": W1W3,
+}
 
 
 def _labelled_submodules(root: Any) -> list[tuple[Any, str]]:

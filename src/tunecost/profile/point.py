@@ -20,8 +20,7 @@ from tunecost.profile.expert_load import ExpertLoad, ExpertLoadCounter
 from tunecost.profile.inputs import BatchSource
 from tunecost.profile.kernel_breakdown import KernelBreakdown, profile_kernels
 from tunecost.profile.layers import LayerTimer, LayerTimes
-from tunecost.profile.loop import (DEFAULT_LR, StepResult, TrainableSnapshot, forward_only, make_optimizer,
-                                   train_step)
+from tunecost.profile.loop import DEFAULT_LR, StepResult, TrainableSnapshot, forward_only, make_optimizer, train_step
 from tunecost.profile.memory import PeakMemory, PeakMemoryMeter
 from tunecost.profile.model_setup import PreparedModel, set_experts_per_token
 from tunecost.profile.timers import StepTimes, make_clock, median_step_index
@@ -71,9 +70,16 @@ class Workload:
     device: str
 
     def keys(self) -> dict[str, Any]:
-        return {"model": self.model, "method": self.method, "experts_impl": self.experts_impl,
-                "experts_per_token": self.experts_per_token, "batch_size": self.batch_size,
-                "seq_len": self.seq_len, "dataset": self.dataset, "device": self.device}
+        return {
+            "model": self.model,
+            "method": self.method,
+            "experts_impl": self.experts_impl,
+            "experts_per_token": self.experts_per_token,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "dataset": self.dataset,
+            "device": self.device,
+        }
 
     @property
     def point_id(self) -> str:
@@ -115,8 +121,9 @@ def is_out_of_memory(exc: BaseException) -> bool:
     oom = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
     if isinstance(exc, oom):
         return True
-    return isinstance(exc, RuntimeError) and ("out of memory" in str(exc).lower()
-                                              or "can't allocate memory" in str(exc).lower())
+    return isinstance(exc, RuntimeError) and (
+        "out of memory" in str(exc).lower() or "can't allocate memory" in str(exc).lower()
+    )
 
 
 def release_memory(device: str) -> None:
@@ -127,8 +134,15 @@ def release_memory(device: str) -> None:
         torch.cuda.empty_cache()
 
 
-def measure_point(prepared: PreparedModel, source: BatchSource, workload: Workload, options: MeasureOptions, *,
-                  snapshot: TrainableSnapshot | None = None, on_step: ProgressFn | None = None) -> PointMeasurement:
+def measure_point(
+    prepared: PreparedModel,
+    source: BatchSource,
+    workload: Workload,
+    options: MeasureOptions,
+    *,
+    snapshot: TrainableSnapshot | None = None,
+    on_step: ProgressFn | None = None,
+) -> PointMeasurement:
     """Measure one point on an already prepared model (see module docstring)."""
     model, device = prepared.model, workload.device
     t_start = time.perf_counter()
@@ -136,16 +150,18 @@ def measure_point(prepared: PreparedModel, source: BatchSource, workload: Worklo
     set_experts_per_token(model, workload.experts_per_token)
     if snapshot is not None:
         snapshot.restore()
-    result = PointMeasurement(workload=workload, status="done",
-                              timer="cuda-events" if device.startswith("cuda") else "perf_counter")
+    result = PointMeasurement(
+        workload=workload, status="done", timer="cuda-events" if device.startswith("cuda") else "perf_counter"
+    )
     optimizer, batches = None, []
     try:
         batches = [b.to(device) for b in batches_cpu]
         result.num_queries = sum(b.batch_size for b in batches)
         result.num_tokens = sum(b.num_tokens for b in batches)
         result.padded_tokens = sum(b.padded_tokens for b in batches)
-        counter = (ExpertLoadCounter(model, experts_per_token=workload.experts_per_token)
-                   if options.expert_load else None)
+        counter = (
+            ExpertLoadCounter(model, experts_per_token=workload.experts_per_token) if options.expert_load else None
+        )
         if counter is not None:
             result.load_before = _expert_load(model, counter, batches)
         optimizer = make_optimizer(model, options.lr)
@@ -158,12 +174,15 @@ def measure_point(prepared: PreparedModel, source: BatchSource, workload: Worklo
             result.kernels = profile_kernels(lambda: step(batches[0], None), model, device=device)
         if counter is not None:
             result.load_after = _expert_load(model, counter, batches)
-    except Exception as exc:  # noqa: BLE001 - only an out-of-memory error is a measured outcome
+    except Exception as exc:
         if not is_out_of_memory(exc):
             raise
-        result = PointMeasurement(workload=workload, status="oom", timer=result.timer,
-                                  message=f"out of memory at batch size {workload.batch_size}: "
-                                          f"{str(exc).splitlines()[0][:200]}")
+        result = PointMeasurement(
+            workload=workload,
+            status="oom",
+            timer=result.timer,
+            message=f"out of memory at batch size {workload.batch_size}: {str(exc).splitlines()[0][:200]}",
+        )
     finally:
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
@@ -176,14 +195,28 @@ def measure_point(prepared: PreparedModel, source: BatchSource, workload: Worklo
 
 def _stepper(model: Any, optimizer: Any, clock: Any, device: str, options: MeasureOptions) -> Callable:
     def step(batch: Any, layer_timer: LayerTimer | None) -> StepResult:
-        return train_step(model, optimizer, batch, clock, device=device, layer_timer=layer_timer,
-                          router_aux_loss=options.router_aux_loss)
+        return train_step(
+            model,
+            optimizer,
+            batch,
+            clock,
+            device=device,
+            layer_timer=layer_timer,
+            router_aux_loss=options.router_aux_loss,
+        )
 
     return step
 
 
-def _measure_steps(result: PointMeasurement, model: Any, clock: Any, step: Callable, batches: list,
-                   options: MeasureOptions, on_step: ProgressFn | None) -> None:
+def _measure_steps(
+    result: PointMeasurement,
+    model: Any,
+    clock: Any,
+    step: Callable,
+    batches: list,
+    options: MeasureOptions,
+    on_step: ProgressFn | None,
+) -> None:
     meter = PeakMemoryMeter(result.workload.device)
     timer = LayerTimer(model, clock)
     total = 2 * len(batches) if options.instrumentation_overhead else len(batches) + 1

@@ -29,55 +29,105 @@ def _base(kind: str, m: PointMeasurement) -> dict[str, Any]:
 def point_rows(m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
     """All rows of one measured point, by kind (file stem). An "oom" point has only its `points` row."""
     rows: dict[str, list[dict[str, Any]]] = {k: [] for k in (*KINDS, "points")}
-    point = {**_base("point", m), "status": m.status, "message": m.message,
-             "elapsed_seconds": m.elapsed_seconds, **(extra or {})}
+    point = {
+        **_base("point", m),
+        "status": m.status,
+        "message": m.message,
+        "elapsed_seconds": m.elapsed_seconds,
+        **(extra or {}),
+    }
     rows["points"].append(point)
     if m.status != "done":
         return rows
     steps = len(m.plain)
     plain_seconds = sum(s.wall_seconds for s in m.plain)
-    rows["throughput"].append({**_base("throughput", m), "queries_per_s": m.num_queries / plain_seconds,
-                               "tokens_per_s": m.num_tokens / plain_seconds, "num_queries": m.num_queries,
-                               "num_tokens": m.num_tokens, "padded_tokens": m.padded_tokens,
-                               "seconds": plain_seconds, "steps": steps})
+    rows["throughput"].append(
+        {
+            **_base("throughput", m),
+            "queries_per_s": m.num_queries / plain_seconds,
+            "tokens_per_s": m.num_tokens / plain_seconds,
+            "num_queries": m.num_queries,
+            "num_tokens": m.num_tokens,
+            "padded_tokens": m.padded_tokens,
+            "seconds": plain_seconds,
+            "steps": steps,
+        }
+    )
     times = [s.times for s in m.plain]
     mid = times[median_step_index(times)]
     for stage in ("forward", "backward", "optimizer", "step"):
         per_step = [t.stage_seconds(stage) for t in times]
-        rows["stages"].append({**_base("stages", m), "stage": stage, "seconds": mid.stage_seconds(stage),
-                               "median_seconds": statistics.median(per_step),
-                               "mean_seconds": statistics.fmean(per_step),
-                               "per_step_seconds": per_step, "steps": steps, "timer": m.timer,
-                               "note": "seconds: the median step (by step time), so stages add up to it"})
+        rows["stages"].append(
+            {
+                **_base("stages", m),
+                "stage": stage,
+                "seconds": mid.stage_seconds(stage),
+                "median_seconds": statistics.median(per_step),
+                "mean_seconds": statistics.fmean(per_step),
+                "per_step_seconds": per_step,
+                "steps": steps,
+                "timer": m.timer,
+                "note": "seconds: the median step (by step time), so stages add up to it",
+            }
+        )
     if m.layers is not None and m.layers_step is not None:
-        pass_total = {"forward": m.layers_step.forward_seconds, "backward": m.layers_step.backward_seconds,
-                      "recompute": m.layers_step.backward_seconds}
+        pass_total = {
+            "forward": m.layers_step.forward_seconds,
+            "backward": m.layers_step.backward_seconds,
+            "recompute": m.layers_step.backward_seconds,
+        }
         for row in m.layers.rows():
-            rows["layers"].append({**_base("layers", m), **row, "step_pass_seconds": pass_total[row["pass"]],
-                                   "timer": m.timer})
+            rows["layers"].append(
+                {**_base("layers", m), **row, "step_pass_seconds": pass_total[row["pass"]], "timer": m.timer}
+            )
     if m.kernels is not None:
         for c in m.kernels.classes:
-            rows["kernels"].append({**_base("kernels", m), "kernel_class": c.kernel_class, "seconds": c.seconds,
-                                    "count": c.count, "source": m.kernels.source, "timing": m.kernels.timing,
-                                    "scope": "moe_layer", "profiled_seconds": m.kernels.profiled_seconds})
+            rows["kernels"].append(
+                {
+                    **_base("kernels", m),
+                    "kernel_class": c.kernel_class,
+                    "seconds": c.seconds,
+                    "count": c.count,
+                    "source": m.kernels.source,
+                    "timing": m.kernels.timing,
+                    "scope": "moe_layer",
+                    "profiled_seconds": m.kernels.profiled_seconds,
+                }
+            )
     for phase, load in (("before", m.load_before), ("after", m.load_after)):
         if load is not None:
             for row in load.rows():
-                rows["expert_load"].append({**_base("expert_load", m), "phase": phase, **row,
-                                            "num_queries": m.num_queries})
+                rows["expert_load"].append(
+                    {**_base("expert_load", m), "phase": phase, **row, "num_queries": m.num_queries}
+                )
     if m.memory is not None and m.memory.peak_bytes is not None:
-        rows["memory"].append({**_base("memory", m), "peak_bytes": m.memory.peak_bytes, "source": m.memory.source,
-                               **m.memory.detail})
+        rows["memory"].append(
+            {**_base("memory", m), "peak_bytes": m.memory.peak_bytes, "source": m.memory.source, **m.memory.detail}
+        )
     if m.instrumented and len(m.instrumented) == len(m.plain):
         inst = sum(s.wall_seconds for s in m.instrumented)
-        rows["overhead"].append({**_base("overhead", m), "instrumentation": "layer-hooks",
-                                 "instrumented_seconds": inst, "plain_seconds": plain_seconds,
-                                 "ratio": inst / plain_seconds, "steps": steps})
+        rows["overhead"].append(
+            {
+                **_base("overhead", m),
+                "instrumentation": "layer-hooks",
+                "instrumented_seconds": inst,
+                "plain_seconds": plain_seconds,
+                "ratio": inst / plain_seconds,
+                "steps": steps,
+            }
+        )
     if m.kernels is not None:
         plain_median = statistics.median(s.wall_seconds for s in m.plain)
-        rows["overhead"].append({**_base("overhead", m), "instrumentation": "torch.profiler",
-                                 "instrumented_seconds": m.kernels.profiled_seconds, "plain_seconds": plain_median,
-                                 "ratio": m.kernels.profiled_seconds / plain_median, "steps": 1})
+        rows["overhead"].append(
+            {
+                **_base("overhead", m),
+                "instrumentation": "torch.profiler",
+                "instrumented_seconds": m.kernels.profiled_seconds,
+                "plain_seconds": plain_median,
+                "ratio": m.kernels.profiled_seconds / plain_median,
+                "steps": 1,
+            }
+        )
     return rows
 
 
@@ -128,12 +178,24 @@ def summary(out_dir: str | Path, point_ids: Iterable[str] | None = None) -> list
     points = finished_points(out)
     by_kind = {k: _index(read_rows(out, k)) for k in KINDS}
     table = []
-    for pid in (wanted if wanted is not None else list(points)):
+    for pid in wanted if wanted is not None else list(points):
         p = points.get(pid)
         if p is None:
             continue
-        row: dict[str, Any] = {k: p.get(k) for k in ("model", "method", "experts_impl", "experts_per_token",
-                                                     "batch_size", "seq_len", "dataset", "device", "status")}
+        row: dict[str, Any] = {
+            k: p.get(k)
+            for k in (
+                "model",
+                "method",
+                "experts_impl",
+                "experts_per_token",
+                "batch_size",
+                "seq_len",
+                "dataset",
+                "device",
+                "status",
+            )
+        }
         row["point_id"] = pid
         thr = by_kind["throughput"].get(pid, [])
         if thr:

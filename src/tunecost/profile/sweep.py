@@ -78,20 +78,39 @@ def sweep_points(spec: SweepSpec, model_spec: Any) -> list[Workload]:
     ks = spec.experts_per_token or (model_spec.default_experts_per_token,)
     for k in ks:
         if not 1 <= k <= model_spec.num_experts:
-            raise TunecostError(f"{model_spec.name}: experts per token must be between 1 and "
-                                f"{model_spec.num_experts}, got {k}")
+            raise TunecostError(
+                f"{model_spec.name}: experts per token must be between 1 and {model_spec.num_experts}, got {k}"
+            )
     device = spec.setup.device
-    return [Workload(model=spec.setup.model, method=spec.setup.method, experts_impl=spec.setup.resolved_experts_impl,
-                     experts_per_token=k, batch_size=b, seq_len=seq, dataset=spec.inputs.dataset,
-                     device="cuda" if device.startswith("cuda") else device)
-            for k in ks for seq in spec.inputs.resolved_seq_lens for b in spec.batch_sizes]
+    return [
+        Workload(
+            model=spec.setup.model,
+            method=spec.setup.method,
+            experts_impl=spec.setup.resolved_experts_impl,
+            experts_per_token=k,
+            batch_size=b,
+            seq_len=seq,
+            dataset=spec.inputs.dataset,
+            device="cuda" if device.startswith("cuda") else device,
+        )
+        for k in ks
+        for seq in spec.inputs.resolved_seq_lens
+        for b in spec.batch_sizes
+    ]
 
 
-def make_source(inputs: InputSpec, *, vocab_size: int, seq_len: int | None, num_queries: int, seed: int = 0
-                ) -> BatchSource:
+def make_source(
+    inputs: InputSpec, *, vocab_size: int, seq_len: int | None, num_queries: int, seed: int = 0
+) -> BatchSource:
     if inputs.dataset:
-        return dataset_source(inputs.dataset, vocab_size=vocab_size, tokenizer=inputs.tokenizer,
-                              template=inputs.template, max_length=inputs.max_length, limit=inputs.dataset_limit)
+        return dataset_source(
+            inputs.dataset,
+            vocab_size=vocab_size,
+            tokenizer=inputs.tokenizer,
+            template=inputs.template,
+            max_length=inputs.max_length,
+            limit=inputs.dataset_limit,
+        )
     assert seq_len is not None
     return synthetic_source(vocab_size=vocab_size, seq_len=seq_len, num_queries=num_queries, seed=seed)
 
@@ -108,17 +127,34 @@ def write_meta(out_dir: Path, spec: SweepSpec, points: list[Workload], command: 
             old = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError:
             old = None
-    new = run_metadata(device=spec.setup.device, command=command, workloads=[p.keys() for p in points],
-                       extra={"profile": {"steps": spec.options.steps, "warmup_steps": spec.options.warmup_steps,
-                                          "gradient_checkpointing": spec.setup.gradient_checkpointing,
-                                          "lora_rank": spec.setup.lora_rank, "lora_alpha": spec.setup.lora_alpha,
-                                          "random_weights": spec.setup.random_weights, **extra}})
+    new = run_metadata(
+        device=spec.setup.device,
+        command=command,
+        workloads=[p.keys() for p in points],
+        extra={
+            "profile": {
+                "steps": spec.options.steps,
+                "warmup_steps": spec.options.warmup_steps,
+                "gradient_checkpointing": spec.setup.gradient_checkpointing,
+                "lora_rank": spec.setup.lora_rank,
+                "lora_alpha": spec.setup.lora_alpha,
+                "random_weights": spec.setup.random_weights,
+                **extra,
+            }
+        },
+    )
     atomic_write_json(path, merge_metadata(old, new))
 
 
-def run_sweep(spec: SweepSpec, out_dir: str | Path, *, command: Any = None, on_progress: ProgressFn | None = None,
-              on_point: Callable[[PointMeasurement], None] | None = None, on_step: ProgressFn | None = None
-              ) -> SweepResult:
+def run_sweep(
+    spec: SweepSpec,
+    out_dir: str | Path,
+    *,
+    command: Any = None,
+    on_progress: ProgressFn | None = None,
+    on_point: Callable[[PointMeasurement], None] | None = None,
+    on_step: ProgressFn | None = None,
+) -> SweepResult:
     """Measure every unfinished point of `spec` into `out_dir` (see module docstring).
 
     `on_progress(done, total, label)` after each point; `on_point(measurement)` after each point is written;
@@ -143,17 +179,25 @@ def _exclusive(out: Path) -> Iterator[None]:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise TunecostError(f"another tunecost profile is writing to {out}; wait for it or use another --out"
-                                ) from None
+            raise TunecostError(
+                f"another tunecost profile is writing to {out}; wait for it or use another --out"
+            ) from None
         try:
             yield
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _run_locked(spec: SweepSpec, out: Path, model_spec: Any, points: list[Workload], command: Any,
-                on_progress: ProgressFn | None, on_point: Callable[[PointMeasurement], None] | None,
-                on_step: ProgressFn | None) -> SweepResult:
+def _run_locked(
+    spec: SweepSpec,
+    out: Path,
+    model_spec: Any,
+    points: list[Workload],
+    command: Any,
+    on_progress: ProgressFn | None,
+    on_point: Callable[[PointMeasurement], None] | None,
+    on_step: ProgressFn | None,
+) -> SweepResult:
     from tunecost.profile.loop import TrainableSnapshot
     from tunecost.profile.model_setup import build_training_model
 
@@ -170,19 +214,30 @@ def _run_locked(spec: SweepSpec, out: Path, model_spec: Any, points: list[Worklo
         num_queries = max(spec.batch_sizes) * spec.options.steps
         sources: dict[int | None, BatchSource] = {}
         for seq in spec.inputs.resolved_seq_lens:  # inputs first: a too-small dataset fails before any build
-            sources[seq] = make_source(spec.inputs, vocab_size=model_spec.vocab_size, seq_len=seq,
-                                       num_queries=num_queries, seed=spec.setup.seed)
+            sources[seq] = make_source(
+                spec.inputs,
+                vocab_size=model_spec.vocab_size,
+                seq_len=seq,
+                num_queries=num_queries,
+                seed=spec.setup.seed,
+            )
             for p in todo:
                 if p.seq_len == seq:
                     sources[seq].check_enough(p.batch_size, spec.options.steps)
         first_k = todo[0].experts_per_token
         prepared = build_training_model(replace(spec.setup, experts_per_token=first_k), spec=model_spec)
         snapshot = TrainableSnapshot(prepared.model)
-        extra = {"weights": prepared.weights, "dtype": prepared.dtype, "trainable_params": prepared.trainable_params,
-                 "total_params": prepared.total_params, "num_experts": prepared.num_experts}
+        extra = {
+            "weights": prepared.weights,
+            "dtype": prepared.dtype,
+            "trainable_params": prepared.trainable_params,
+            "total_params": prepared.total_params,
+            "num_experts": prepared.num_experts,
+        }
         for p in todo:
-            label = f"k={p.experts_per_token} batch={p.batch_size} " + (f"seq={p.seq_len}" if p.seq_len else
-                                                                          f"dataset={p.dataset}")
+            label = f"k={p.experts_per_token} batch={p.batch_size} " + (
+                f"seq={p.seq_len}" if p.seq_len else f"dataset={p.dataset}"
+            )
             if on_progress:
                 on_progress(done, total, label)
             m = measure_point(prepared, sources[p.seq_len], p, spec.options, snapshot=snapshot, on_step=on_step)
@@ -196,6 +251,11 @@ def _run_locked(spec: SweepSpec, out: Path, model_spec: Any, points: list[Worklo
             if on_progress:
                 on_progress(done, total, label)
     table = summary(out, [p.point_id for p in points])
-    return SweepResult(out_dir=out, points=tuple(points), measured=tuple(measured),
-                       skipped=tuple(p.point_id for p in points if p.point_id in done_before), oom=tuple(oom),
-                       table=tuple(table))
+    return SweepResult(
+        out_dir=out,
+        points=tuple(points),
+        measured=tuple(measured),
+        skipped=tuple(p.point_id for p in points if p.point_id in done_before),
+        oom=tuple(oom),
+        table=tuple(table),
+    )

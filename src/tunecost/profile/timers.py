@@ -103,8 +103,12 @@ class StepTimes:
     step_seconds: float
 
     def stage_seconds(self, stage: str) -> float:
-        return {"forward": self.forward_seconds, "backward": self.backward_seconds,
-                "optimizer": self.optimizer_seconds, "step": self.step_seconds}[stage]
+        return {
+            "forward": self.forward_seconds,
+            "backward": self.backward_seconds,
+            "optimizer": self.optimizer_seconds,
+            "step": self.step_seconds,
+        }[stage]
 
     @property
     def stages_sum_seconds(self) -> float:

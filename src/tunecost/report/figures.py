@@ -37,8 +37,16 @@ def _plt():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"figure.dpi": 110, "font.size": 10, "axes.grid": True, "grid.alpha": 0.3,
-                         "axes.spines.top": False, "axes.spines.right": False})
+    plt.rcParams.update(
+        {
+            "figure.dpi": 110,
+            "font.size": 10,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+        }
+    )
     return plt
 
 
@@ -76,7 +84,7 @@ def _label(row: pd.Series) -> str:
 
 
 def _config_labels(df: pd.DataFrame) -> pd.Series:
-    """"model top-k bsz=B" per row, plus the experts implementation when the run compares several."""
+    """ "model top-k bsz=B" per row, plus the experts implementation when the run compares several."""
     show_impl = "experts_impl" in df.columns and df["experts_impl"].dropna().nunique() > 1
 
     def label(r: pd.Series) -> str:
@@ -88,10 +96,29 @@ def _config_labels(df: pd.DataFrame) -> pd.Series:
 
 # --- Fig. 14: eq. (2) fitted to measurements --------------------------------------------------------------
 
+
 def fig_throughput_fit(records: RunRecords) -> FigureResult | str:
-    df = _need(records, "fit", ("kind", "model", "dataset", "gpu", "form", "coefficients", "rmse", "mape",
-                                "num_points", "batch_size_range", "note", "experts_per_token", "sparsity",
-                                "batch_size", "queries_per_s"))
+    df = _need(
+        records,
+        "fit",
+        (
+            "kind",
+            "model",
+            "dataset",
+            "gpu",
+            "form",
+            "coefficients",
+            "rmse",
+            "mape",
+            "num_points",
+            "batch_size_range",
+            "note",
+            "experts_per_token",
+            "sparsity",
+            "batch_size",
+            "queries_per_s",
+        ),
+    )
     if isinstance(df, str):
         return df
     points, fits = df[df["kind"] == "fit_point"], df[(df["kind"] == "fit") & (df.get("form") == "artifact")]
@@ -104,50 +131,121 @@ def fig_throughput_fit(records: RunRecords) -> FigureResult | str:
     fig, axes = _panels(plt, len(groups), 3.6, 3.4, max_cols=2)
     rows = []
     for ax, f in zip(axes, groups):
-        fit = ThroughputFit(model=f.model, dataset=f.dataset, gpu=f.gpu, form=f.form, coefficients=f.coefficients,
-                            rmse=f.rmse, mape=f.mape, num_points=f.num_points,
-                            batch_size_range=tuple(f.batch_size_range), note=f.note)
+        fit = ThroughputFit(
+            model=f.model,
+            dataset=f.dataset,
+            gpu=f.gpu,
+            form=f.form,
+            coefficients=f.coefficients,
+            rmse=f.rmse,
+            mape=f.mape,
+            num_points=f.num_points,
+            batch_size_range=tuple(f.batch_size_range),
+            note=f.note,
+        )
         sel = points[(points.model == f.model) & (points.dataset == f.dataset) & (points.gpu == f.gpu)]
         for k, color in ((2, "tab:blue"), (8, "tab:red")):
             s = sel[sel.experts_per_token == k]
             if s.empty:
                 continue
-            ax.plot(s.batch_size, s.queries_per_s, "o", color=color, label=f"measured {'sparse' if k == 2 else 'dense'}")
+            ax.plot(
+                s.batch_size, s.queries_per_s, "o", color=color, label=f"measured {'sparse' if k == 2 else 'dense'}"
+            )
             b = np.linspace(1, s.batch_size.max(), 50)
             sp = float(s.sparsity.iloc[0])
-            ax.plot(b, [fit.predict_queries_per_s(batch_size=x, sparsity=sp) for x in b], "-", color=color,
-                    label=f"eq. (2) {'sparse' if k == 2 else 'dense'}")
+            ax.plot(
+                b,
+                [fit.predict_queries_per_s(batch_size=x, sparsity=sp) for x in b],
+                "-",
+                color=color,
+                label=f"eq. (2) {'sparse' if k == 2 else 'dense'}",
+            )
         ax.set_title(f"{f.model}\n{f.dataset} on {f.gpu}", fontsize=9)
         ax.set_xlabel("batch size (queries)")
         ax.set_ylabel("throughput (queries/s)")
-        ax.text(0.97, 0.05, f"RMSE {f.rmse:.3f} q/s\nMAPE {100 * f.mape:.1f} %", transform=ax.transAxes,
-                ha="right", va="bottom", fontsize=8)
-        rows.append({"model": f.model, "dataset": f.dataset, "gpu": f.gpu, "rmse_qps": round(f.rmse, 4),
-                     "mape_pct": round(100 * f.mape, 2), "points": f.num_points,
-                     "coefficients": ", ".join(f"{k}={v:.4g}" for k, v in f.coefficients.items())})
+        ax.text(
+            0.97,
+            0.05,
+            f"RMSE {f.rmse:.3f} q/s\nMAPE {100 * f.mape:.1f} %",
+            transform=ax.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize=8,
+        )
+        rows.append(
+            {
+                "model": f.model,
+                "dataset": f.dataset,
+                "gpu": f.gpu,
+                "rmse_qps": round(f.rmse, 4),
+                "mape_pct": round(100 * f.mape, 2),
+                "points": f.num_points,
+                "coefficients": ", ".join(f"{k}={v:.4g}" for k, v in f.coefficients.items()),
+            }
+        )
     fig.tight_layout()
     handles = {lbl: h for ax in axes for h, lbl in zip(*ax.get_legend_handles_labels())}
-    fig.legend(handles.values(), handles.keys(), loc="upper center", bbox_to_anchor=(0.5, 0.0),
-               ncol=len(handles), fontsize=8, frameon=False)
-    caption = ("Measured: the paper's A40 throughput (its artifact's data, bundled). Estimator: eq. (2), artifact "
-               "form a + b·log(B)/(sparsity·c3), fitted per (model, dataset, GPU) with scipy.")
+    fig.legend(
+        handles.values(),
+        handles.keys(),
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=len(handles),
+        fontsize=8,
+        frameon=False,
+    )
+    caption = (
+        "Measured: the paper's A40 throughput (its artifact's data, bundled). Estimator: eq. (2), artifact "
+        "form a + b·log(B)/(sparsity·c3), fitted per (model, dataset, GPU) with scipy."
+    )
     return FigureResult(fig, caption, pd.DataFrame(rows))
 
 
 # --- Table IV: cost per GPU and provider --------------------------------------------------------------------
 
+
 def table_costs(records: RunRecords) -> FigureResult | str:
-    df = _need(records, "estimate", ("model", "gpu", "usd", "estimator", "provider", "price_date", "experts_per_token",
-                                     "usd_per_hour", "max_batch_size", "queries_per_s", "hours", "num_queries",
-                                     "epochs", "dataset"))
+    df = _need(
+        records,
+        "estimate",
+        (
+            "model",
+            "gpu",
+            "usd",
+            "estimator",
+            "provider",
+            "price_date",
+            "experts_per_token",
+            "usd_per_hour",
+            "max_batch_size",
+            "queries_per_s",
+            "hours",
+            "num_queries",
+            "epochs",
+            "dataset",
+        ),
+    )
     if isinstance(df, str):
         return df
     df = df[df["usd"].notna()]
     if df.empty:
         return "no estimate has both a throughput and a price"
-    best = (df.sort_values("usd").groupby(["model", "experts_per_token", "estimator", "gpu"], as_index=False).first())
-    table = best[["model", "experts_per_token", "estimator", "gpu", "provider", "price_date", "usd_per_hour",
-                  "max_batch_size", "queries_per_s", "hours", "usd"]].copy()
+    best = df.sort_values("usd").groupby(["model", "experts_per_token", "estimator", "gpu"], as_index=False).first()
+    table = best[
+        [
+            "model",
+            "experts_per_token",
+            "estimator",
+            "gpu",
+            "provider",
+            "price_date",
+            "usd_per_hour",
+            "max_batch_size",
+            "queries_per_s",
+            "hours",
+            "usd",
+        ]
+    ].copy()
     table = table.sort_values(["model", "experts_per_token", "estimator", "usd"])
     for col, nd in (("queries_per_s", 3), ("hours", 1), ("usd", 2)):
         table[col] = table[col].astype(float).round(nd)
@@ -162,12 +260,15 @@ def table_costs(records: RunRecords) -> FigureResult | str:
         ax.invert_yaxis()
     fig.tight_layout()
     q = df.iloc[0]
-    caption = (f"Cheapest provider per GPU for {int(q['num_queries'])} queries x {q['epochs']:g} epochs of "
-               f"{q['dataset']}; price dates in the table. Estimators named per panel.")
+    caption = (
+        f"Cheapest provider per GPU for {int(q['num_queries'])} queries x {q['epochs']:g} epochs of "
+        f"{q['dataset']}; price dates in the table. Estimators named per panel."
+    )
     return FigureResult(fig, caption, table)
 
 
 # --- Fig. 8: throughput vs batch size --------------------------------------------------------------------------
+
 
 def fig_throughput(records: RunRecords) -> FigureResult | str:
     df = _need(records, "throughput", ("model", "experts_per_token", "batch_size", "queries_per_s"))
@@ -183,8 +284,12 @@ def fig_throughput(records: RunRecords) -> FigureResult | str:
         for key, g in sel.groupby(keys):
             k, impl = (key if isinstance(key, tuple) else (key,)) + ((None,) if len(keys) == 1 else ())
             g = g.groupby("batch_size", as_index=False)["queries_per_s"].median()
-            ax.plot(g.batch_size, g.queries_per_s, "o-",
-                    label=f"{'dense' if k == 8 else f'top-{k}'}" + (f" [{impl}]" if impl else ""))
+            ax.plot(
+                g.batch_size,
+                g.queries_per_s,
+                "o-",
+                label=f"{'dense' if k == 8 else f'top-{k}'}" + (f" [{impl}]" if impl else ""),
+            )
         ax.set_title(model, fontsize=9)
         ax.set_xlabel("batch size (queries)")
         ax.set_ylabel("throughput (queries/s)")
@@ -194,6 +299,7 @@ def fig_throughput(records: RunRecords) -> FigureResult | str:
 
 
 # --- Fig. 4: forward / backward / optimizer --------------------------------------------------------------------
+
 
 def _stacked(ax, table: pd.DataFrame, colors: dict[str, str] | None = None) -> None:
     left = np.zeros(len(table))
@@ -219,11 +325,15 @@ def fig_stages(records: RunRecords) -> FigureResult | str:
     ax.set_xlabel("time per training step (ms)")
     ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
-    return FigureResult(fig, f"Median stage time per step on {_device_of(df)} (Fig. 4 analogue); table in ms per "
-                             "step.", table.round(2).reset_index())
+    return FigureResult(
+        fig,
+        f"Median stage time per step on {_device_of(df)} (Fig. 4 analogue); table in ms per step.",
+        table.round(2).reset_index(),
+    )
 
 
 # --- Fig. 5: per-layer breakdown --------------------------------------------------------------------------------
+
 
 def fig_layers(records: RunRecords) -> FigureResult | str:
     df = _need(records, "layers", ("model", "experts_per_token", "batch_size", "component", "seconds"))
@@ -247,12 +357,16 @@ def fig_layers(records: RunRecords) -> FigureResult | str:
     moe_cols = [c for c in share.columns if str(c).startswith("moe")]
     moe = share[moe_cols].sum(axis=1).mean() if moe_cols else float("nan")
     passes = ", ".join(sorted(df[pass_col].unique())) if pass_col else "forward"
-    return FigureResult(fig, f"Per-layer time split ({passes}) on {_device_of(df)}; MoE share averages "
-                             f"{moe:.0f} % (Fig. 5 analogue; the paper: 85 %); table in ms per step.",
-                        table.round(3).reset_index())
+    return FigureResult(
+        fig,
+        f"Per-layer time split ({passes}) on {_device_of(df)}; MoE share averages "
+        f"{moe:.0f} % (Fig. 5 analogue; the paper: 85 %); table in ms per step.",
+        table.round(3).reset_index(),
+    )
 
 
 # --- Fig. 6: MoE kernel breakdown ------------------------------------------------------------------------------
+
 
 def fig_kernels(records: RunRecords) -> FigureResult | str:
     df = _need(records, "kernels", ("model", "experts_per_token", "batch_size", "kernel_class", "seconds"))
@@ -267,19 +381,26 @@ def fig_kernels(records: RunRecords) -> FigureResult | str:
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     src = ", ".join(sorted(df["source"].dropna().unique())) if "source" in df.columns else "torch.profiler"
-    return FigureResult(fig, f"MoE kernel classes from {src} on {_device_of(df)} (Fig. 6 analogue); table in ms "
-                             "over the profiled steps.", table.round(3).reset_index())
+    return FigureResult(
+        fig,
+        f"MoE kernel classes from {src} on {_device_of(df)} (Fig. 6 analogue); table in ms over the profiled steps.",
+        table.round(3).reset_index(),
+    )
 
 
 # --- Fig. 11: tokens per expert ---------------------------------------------------------------------------------
+
 
 def fig_expert_load(records: RunRecords) -> FigureResult | str:
     df = _need(records, "expert_load", ("model", "phase", "expert", "tokens"))
     if isinstance(df, str):
         return df
     plt = _plt()
-    keys = list(df.groupby(["model", "experts_per_token"]).groups) if "experts_per_token" in df.columns \
+    keys = (
+        list(df.groupby(["model", "experts_per_token"]).groups)
+        if "experts_per_token" in df.columns
         else [(m, None) for m in df.model.unique()]
+    )
     fig, axes = _panels(plt, len(keys), 4.2, 3.4)
     rows = []
     for ax, (model, k) in zip(axes, keys):
@@ -291,19 +412,30 @@ def fig_expert_load(records: RunRecords) -> FigureResult | str:
                 continue
             var = float(np.var(p.to_numpy(dtype=float)))
             ax.bar(p.index.to_numpy() + (i - 0.5) * width, p.to_numpy(), width, label=f"{phase} (var {var:.0f})")
-            rows.append({"model": model, "experts_per_token": k, "phase": phase, "variance": round(var, 1),
-                         **{f"expert_{e}": int(t) for e, t in p.items()}})
+            rows.append(
+                {
+                    "model": model,
+                    "experts_per_token": k,
+                    "phase": phase,
+                    "variance": round(var, 1),
+                    **{f"expert_{e}": int(t) for e, t in p.items()},
+                }
+            )
         ax.set_title(f"{model} {'dense' if k == 8 else f'top-{k}'}", fontsize=9)
         ax.set_xlabel("expert")
         ax.set_ylabel("tokens routed (all MoE layers)")
         ax.set_ylim(top=1.3 * ax.get_ylim()[1])  # headroom: the legend sits above the bars, never over them
         ax.legend(fontsize=8, loc="upper center", ncol=2)
     fig.tight_layout()
-    return FigureResult(fig, "Tokens per expert before and after fine-tuning, with the variance across experts "
-                             "(Fig. 11 analogue).", pd.DataFrame(rows))
+    return FigureResult(
+        fig,
+        "Tokens per expert before and after fine-tuning, with the variance across experts (Fig. 11 analogue).",
+        pd.DataFrame(rows),
+    )
 
 
 # --- Fig. 3: accuracy per epoch -----------------------------------------------------------------------------------
+
 
 def fig_trainability(records: RunRecords) -> FigureResult | str:
     df = _need(records, "trainability", ("epoch", "accuracy"))
@@ -323,11 +455,13 @@ def fig_trainability(records: RunRecords) -> FigureResult | str:
     fig.tight_layout()
     table = df.pivot_table(index="epoch", columns=key, values="accuracy", aggfunc="last").round(3).reset_index()
     model = ", ".join(sorted(map(str, df["model"].unique()))) if "model" in df.columns else ""
-    return FigureResult(fig, f"Accuracy per epoch, dense vs sparse, {model} on the embedded task (Fig. 3 analogue).",
-                        table)
+    return FigureResult(
+        fig, f"Accuracy per epoch, dense vs sparse, {model} on the embedded task (Fig. 3 analogue).", table
+    )
 
 
 # --- Fig. 2: sequence lengths ---------------------------------------------------------------------------------------
+
 
 def _length_histograms(df: pd.DataFrame) -> dict[str, tuple[np.ndarray, np.ndarray, float | None]]:
     """Per dataset: (bin edges, counts, median) from per-query `length` rows, or from the histogram and summary
@@ -367,14 +501,16 @@ def fig_lengths(records: RunRecords) -> FigureResult | str:
         ax.set_xlabel("tokens per query")
         ax.set_ylabel("queries")
         ax.set_title(name, fontsize=9)
-        rows.append({"dataset": name, "queries": int(counts.sum()), "median_tokens": med,
-                     "max_tokens_bin": float(edges[-1])})
+        rows.append(
+            {"dataset": name, "queries": int(counts.sum()), "median_tokens": med, "max_tokens_bin": float(edges[-1])}
+        )
     fig.tight_layout()
     tok = ", ".join(sorted(map(str, df["tokenizer"].dropna().unique()))) if "tokenizer" in df.columns else "?"
     return FigureResult(fig, f"Sequence-length distribution (Fig. 2 analogue); tokenizer: {tok}.", pd.DataFrame(rows))
 
 
 # --- Fig. 13 / Table III: maximum batch size ---------------------------------------------------------------------
+
 
 def fig_max_batch(records: RunRecords) -> FigureResult | str:
     df = _need(records, "max_batch", ("model", "max_batch_size"))
@@ -383,7 +519,9 @@ def fig_max_batch(records: RunRecords) -> FigureResult | str:
     plt = _plt()
     mem_col = "gpu_memory_gb" if "gpu_memory_gb" in df.columns else None
     if mem_col is None:
-        return FigureResult(None, "Maximum batch sizes (Table III analogue).", df.drop(columns=["_source"], errors="ignore"))
+        return FigureResult(
+            None, "Maximum batch sizes (Table III analogue).", df.drop(columns=["_source"], errors="ignore")
+        )
     models = sorted(df.model.unique())
     fig, axes = _panels(plt, len(models), 4.6, 3.6, max_cols=2)
     est_col = "estimator" if "estimator" in df.columns else ("source" if "source" in df.columns else None)
@@ -394,26 +532,38 @@ def fig_max_batch(records: RunRecords) -> FigureResult | str:
         ks = sorted(sel.experts_per_token.dropna().unique()) if "experts_per_token" in sel.columns else [None]
         for name in names:
             for j, k in enumerate(ks):
-                g = sel[((sel[est_col] == name) if est_col else True) & ((sel.experts_per_token == k) if k is not None
-                                                                         else True)].sort_values(mem_col)
+                g = sel[
+                    ((sel[est_col] == name) if est_col else True)
+                    & ((sel.experts_per_token == k) if k is not None else True)
+                ].sort_values(mem_col)
                 if g.empty:
                     continue
                 routing = "" if k is None else ("dense" if k == 8 else f"top-{int(k)}")
-                ax.plot(g[mem_col], g.max_batch_size, marker="o", ls=("-", "--", ":")[j % 3], color=colors[name],
-                        label=f"{name or ''} {routing}".strip())
+                ax.plot(
+                    g[mem_col],
+                    g.max_batch_size,
+                    marker="o",
+                    ls=("-", "--", ":")[j % 3],
+                    color=colors[name],
+                    label=f"{name or ''} {routing}".strip(),
+                )
         ax.set_title(model, fontsize=9)
         ax.set_xlabel("GPU memory (GB)")
         ax.set_ylabel("maximum batch size (queries)")
         ax.legend(fontsize=6.5, loc="upper left")
     fig.tight_layout()
     seq = sorted(df.seq_len.dropna().unique()) if "seq_len" in df.columns else []
-    return FigureResult(fig, "Maximum batch size vs GPU memory: the paper's eq. (1) beside the step simulator "
-                             f"(Fig. 13 analogue{'; ' + ', '.join(str(int(x)) for x in seq) + ' tokens per query' if seq else ''}); "
-                             "solid = sparse, dashed = dense.",
-                        df.drop(columns=["_source", "schema_version", "kind"], errors="ignore"))
+    return FigureResult(
+        fig,
+        "Maximum batch size vs GPU memory: the paper's eq. (1) beside the step simulator "
+        f"(Fig. 13 analogue{'; ' + ', '.join(str(int(x)) for x in seq) + ' tokens per query' if seq else ''}); "
+        "solid = sparse, dashed = dense.",
+        df.drop(columns=["_source", "schema_version", "kind"], errors="ignore"),
+    )
 
 
 # --- Figs. 9 / 10: SM and DRAM utilization ----------------------------------------------------------------------------
+
 
 def fig_counters(records: RunRecords) -> FigureResult | str:
     df = _need(records, "counters", ("kernel_class", "batch_size", "duration_s", "sm_pct", "dram_pct"))
@@ -432,10 +582,20 @@ def fig_counters(records: RunRecords) -> FigureResult | str:
         ax.set_xlabel("")
     fig.tight_layout()
     # one legend below both panels (inside a panel it covered bars)
-    fig.legend(*axes[0].get_legend_handles_labels(), title="batch size (queries)", loc="upper center",
-               bbox_to_anchor=(0.5, 0.0), ncol=t.shape[1], fontsize=8, title_fontsize=8, frameon=False)
-    return FigureResult(fig, f"Time-weighted SM and DRAM utilization per MoE kernel class on {_device_of(df)} "
-                             "(Figs. 9 and 10 analogue).")
+    fig.legend(
+        *axes[0].get_legend_handles_labels(),
+        title="batch size (queries)",
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        ncol=t.shape[1],
+        fontsize=8,
+        title_fontsize=8,
+        frameon=False,
+    )
+    return FigureResult(
+        fig,
+        f"Time-weighted SM and DRAM utilization per MoE kernel class on {_device_of(df)} (Figs. 9 and 10 analogue).",
+    )
 
 
 SECTIONS: tuple[Section, ...] = (

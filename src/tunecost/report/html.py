@@ -96,11 +96,13 @@ def build_report(run_dir: str | Path, out: str | Path | None = None) -> ReportRe
         f"<h1>tunecost report</h1><p class='meta'>Run directory <code>{html.escape(str(records.run_dir))}</code>; "
         f"tunecost {__version__}. Figures follow Xia et al., IISWC 2024.</p>{_meta_html(records)}"
         + (f"<p class='omitted'>Records not read:</p><ul class='meta'>{skipped}</ul>" if skipped else "")
-        + "".join(body) + "</body></html>"
+        + "".join(body)
+        + "</body></html>"
     )
     atomic_write_text(html_path, page)
-    return ReportResult(html_path=html_path, figure_paths=tuple(figure_paths), sections_shown=tuple(shown),
-                        sections_omitted=omitted)
+    return ReportResult(
+        html_path=html_path, figure_paths=tuple(figure_paths), sections_shown=tuple(shown), sections_omitted=omitted
+    )
 
 
 def _format_number(x: float) -> str:
@@ -120,6 +122,9 @@ def _figure_html(key: str, result: FigureResult, fig_dir: Path, figure_paths: li
     parts.append(f"<p class='caption'>{html.escape(result.caption)}</p>")
     if result.table is not None and not result.table.empty:
         # rename_axis: a pivot's column name would otherwise add a spurious header cell and an empty column
-        parts.append(result.table.rename_axis(columns=None).to_html(index=False, border=0, na_rep="-",
-                                                                    float_format=_format_number))
+        parts.append(
+            result.table.rename_axis(columns=None).to_html(
+                index=False, border=0, na_rep="-", float_format=_format_number
+            )
+        )
     return "".join(parts)

@@ -63,8 +63,9 @@ def load_run(run_dir: str | Path) -> RunRecords:
         rows = read_jsonl(path)  # only JSON objects; other lines are skipped with a warning naming them
         if not rows:
             text = path.read_text(encoding="utf-8", errors="replace").strip()
-            skipped.append(f"{path.relative_to(run_dir)}: " + ("holds lines that are not JSON objects" if text
-                                                                else "empty"))
+            skipped.append(
+                f"{path.relative_to(run_dir)}: " + ("holds lines that are not JSON objects" if text else "empty")
+            )
             continue
         versions = {r.get("schema_version") for r in rows}
         if versions - {SCHEMA_VERSION}:

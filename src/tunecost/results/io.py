@@ -101,5 +101,9 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
         if isinstance(row, dict):
             yield row
         elif number < len(lines) or raw.endswith("\n"):  # not the torn tail of an interrupted write
-            warnings.warn(f"{target}:{number}: skipped a line that is not a JSON record (an interrupted write "
-                          "or an edit); results on the other lines are used", TunecostWarning, stacklevel=2)
+            warnings.warn(
+                f"{target}:{number}: skipped a line that is not a JSON record (an interrupted write "
+                "or an edit); results on the other lines are used",
+                TunecostWarning,
+                stacklevel=2,
+            )

@@ -35,15 +35,22 @@ def git_revision(cwd: str | os.PathLike[str] | None = None) -> str | None:
     """`git rev-parse HEAD` of the source tree (of this package unless `cwd`); None without git or commits."""
     where = Path(cwd) if cwd is not None else Path(__file__).resolve().parent
     try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5,
-                              check=False)
+        done = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=5, check=False
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     rev = done.stdout.strip()
     if done.returncode != 0 or not rev:
         return None
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=where, capture_output=True,
-                           text=True, timeout=5, check=False)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        cwd=where,
+        capture_output=True,
+        text=True,
+        timeout=5,
+        check=False,
+    )
     return rev + ("-dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
 
 
@@ -52,9 +59,14 @@ def device_info(device: str | None = None) -> dict[str, Any]:
     import torch
 
     kind = "cuda" if (device or "").startswith("cuda") else "cpu"
-    info: dict[str, Any] = {"kind": kind, "name": None, "torch": torch.__version__,
-                            "cuda": torch.version.cuda, "num_threads": torch.get_num_threads(),
-                            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
+    info: dict[str, Any] = {
+        "kind": kind,
+        "name": None,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "num_threads": torch.get_num_threads(),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+    }
     if kind == "cuda" and torch.cuda.is_available():
         index = torch.device(device).index or 0
         props = torch.cuda.get_device_properties(index)
@@ -81,8 +93,13 @@ def command_line(argv: Sequence[str] | None = None) -> str:
     return shlex.join(list(sys.argv if argv is None else argv))
 
 
-def run_metadata(*, device: str | None = None, command: str | Sequence[str] | None = None,
-                 workloads: Sequence[dict[str, Any]] = (), extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_metadata(
+    *,
+    device: str | None = None,
+    command: str | Sequence[str] | None = None,
+    workloads: Sequence[dict[str, Any]] = (),
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """The `meta.json` object of docs/dev/records.md for one run directory."""
     from tunecost import __version__
 

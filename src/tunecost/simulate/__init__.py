@@ -13,5 +13,13 @@ from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.records import StepCounts
 from tunecost.simulate.simulator import StepSimulation, simulate_step
 
-__all__ = ["DEFAULT_OVERHEAD", "DeviceOverhead", "MaxBatchResult", "StepCounts", "StepSimulation",
-           "max_batch_size", "simulate_step", "simulated_max_batch_size"]
+__all__ = [
+    "DEFAULT_OVERHEAD",
+    "DeviceOverhead",
+    "MaxBatchResult",
+    "StepCounts",
+    "StepSimulation",
+    "max_batch_size",
+    "simulate_step",
+    "simulated_max_batch_size",
+]

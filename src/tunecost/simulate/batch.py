@@ -47,10 +47,17 @@ def _need(sim: StepSimulation) -> int:
     return sim.peak_bytes + sim.device_overhead_bytes
 
 
-def max_batch_size(job: FineTuneJob, gpu_memory_bytes: int, *, stack: str = DEFAULT_STACK,
-                   overhead: DeviceOverhead = DEFAULT_OVERHEAD, num_layers_to_trace: int | None = None,
-                   max_batch: int = MAX_BATCH, use_cache: bool = True,
-                   on_progress: Callable[[int, int, str], None] | None = None) -> MaxBatchResult:
+def max_batch_size(
+    job: FineTuneJob,
+    gpu_memory_bytes: int,
+    *,
+    stack: str = DEFAULT_STACK,
+    overhead: DeviceOverhead = DEFAULT_OVERHEAD,
+    num_layers_to_trace: int | None = None,
+    max_batch: int = MAX_BATCH,
+    use_cache: bool = True,
+    on_progress: Callable[[int, int, str], None] | None = None,
+) -> MaxBatchResult:
     """Largest B with simulated peak(B) + device overhead <= gpu_memory_bytes; TunecostError when B=1 does not fit."""
     start = time.perf_counter()
     sims: dict[int, StepSimulation] = {}
@@ -59,8 +66,13 @@ def max_batch_size(job: FineTuneJob, gpu_memory_bytes: int, *, stack: str = DEFA
         if b not in sims:
             if on_progress:
                 on_progress(len(sims), len(sims) + 2, f"simulating batch {b}")
-            sims[b] = simulate_step(job.with_(batch_size=b), num_layers_to_trace=num_layers_to_trace, stack=stack,
-                                    overhead=overhead, use_cache=use_cache)
+            sims[b] = simulate_step(
+                job.with_(batch_size=b),
+                num_layers_to_trace=num_layers_to_trace,
+                stack=stack,
+                overhead=overhead,
+                use_cache=use_cache,
+            )
         return _need(sims[b])
 
     lo, hi = 0, None  # lo fits; hi (when known) does not
@@ -78,7 +90,8 @@ def max_batch_size(job: FineTuneJob, gpu_memory_bytes: int, *, stack: str = DEFA
                 f"{s.model} ({job.method}, {s.seq_len} tokens per query) does not fit even at batch size 1: needs "
                 f"{n1 / GB:.2f} GB ({s.peak_bytes / GB:.2f} GB simulated peak + {s.device_overhead_bytes / GB:.2f} "
                 f"GB device overhead) but the GPU has {gpu_memory_bytes / GB:.2f} GB: short by "
-                f"{(n1 - gpu_memory_bytes) / GB:.2f} GB")
+                f"{(n1 - gpu_memory_bytes) / GB:.2f} GB"
+            )
         lo = 1
     if hi is not None:
         probe, predicted = _next_probe(need, sorted(sims), lo, hi, gpu_memory_bytes, max_batch)
@@ -99,16 +112,23 @@ def max_batch_size(job: FineTuneJob, gpu_memory_bytes: int, *, stack: str = DEFA
     other = min(above) if above else max((b for b in sims if b < lo), default=lo)
     slope = (need(other) - need(lo)) / (other - lo) if other != lo else 0.0  # local slope at the answer
     return MaxBatchResult(
-        batch_size=lo, seq_len=best.seq_len, gpu_memory_bytes=gpu_memory_bytes, peak_bytes=best.peak_bytes,
+        batch_size=lo,
+        seq_len=best.seq_len,
+        gpu_memory_bytes=gpu_memory_bytes,
+        peak_bytes=best.peak_bytes,
         device_overhead_bytes=best.device_overhead_bytes,
         next_batch_need_bytes=need(lo + 1) if (lo + 1) in sims else None,
-        bytes_per_sample=slope, fixed_bytes=need(lo) - slope * lo,
-        simulations=tuple((b, _need(sims[b])) for b in sorted(sims)), seconds_taken=time.perf_counter() - start,
-        assumptions=best.assumptions)
+        bytes_per_sample=slope,
+        fixed_bytes=need(lo) - slope * lo,
+        simulations=tuple((b, _need(sims[b])) for b in sorted(sims)),
+        seconds_taken=time.perf_counter() - start,
+        assumptions=best.assumptions,
+    )
 
 
-def _next_probe(need: Callable[[int], int], simulated: list[int], lo: int, hi: int | None, mem: int,
-                cap: int) -> tuple[int | None, int | None]:
+def _next_probe(
+    need: Callable[[int], int], simulated: list[int], lo: int, hi: int | None, mem: int, cap: int
+) -> tuple[int | None, int | None]:
     """Next batch to simulate, strictly inside the bracket (lo fits, hi does not): where the line through the two
     simulations nearest the boundary reaches `mem` (and that guess when it was not clamped). None when closed."""
     if hi is not None and hi - lo <= 1:

@@ -29,9 +29,17 @@ def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512)
     from tunecost.simulate.simulator import SIMULATOR_VERSION
 
     spec = resolve_model(job.model)
-    payload = {"job": dataclasses.asdict(job), "trace": num_layers_to_trace, "stack": stack,
-               "overhead": dataclasses.asdict(overhead), "granule": granule_bytes, "config": spec.config, "family": spec.family,
-               "version": __version__, "simulator": SIMULATOR_VERSION}
+    payload = {
+        "job": dataclasses.asdict(job),
+        "trace": num_layers_to_trace,
+        "stack": stack,
+        "overhead": dataclasses.asdict(overhead),
+        "granule": granule_bytes,
+        "config": spec.config,
+        "family": spec.family,
+        "version": __version__,
+        "simulator": SIMULATOR_VERSION,
+    }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

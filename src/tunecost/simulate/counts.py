@@ -16,8 +16,19 @@ from torch.utils import flop_counter as _fc
 
 aten = torch.ops.aten
 
-OP_CLASSES = ("expert_matmul", "lora", "dequant", "attention", "router", "dense_matmul", "lm_head", "embedding",
-              "ssm_scan", "elementwise", "optimizer")
+OP_CLASSES = (
+    "expert_matmul",
+    "lora",
+    "dequant",
+    "attention",
+    "router",
+    "dense_matmul",
+    "lm_head",
+    "embedding",
+    "ssm_scan",
+    "elementwise",
+    "optimizer",
+)
 PHASES = ("forward", "backward", "recompute", "optimizer")
 
 
@@ -25,9 +36,11 @@ def _register_missing_formulas() -> None:
     reg = _fc.flop_registry
 
     if aten._grouped_mm not in reg:
+
         @_fc.register_flop_formula(aten._grouped_mm)
-        def _grouped_mm_flop(a_shape, b_shape, offs_shape=None, bias_shape=None, out_dtype=None, *args,
-                             out_shape=None, **kwargs) -> int:
+        def _grouped_mm_flop(
+            a_shape, b_shape, offs_shape=None, bias_shape=None, out_dtype=None, *args, out_shape=None, **kwargs
+        ) -> int:
             if len(a_shape) == 2 and len(b_shape) == 2:  # (M, K_total) x (K_total, N): K jagged
                 return 2 * a_shape[0] * a_shape[1] * b_shape[1]
             out_numel = 1
@@ -37,12 +50,14 @@ def _register_missing_formulas() -> None:
 
     cpu_fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if cpu_fwd is not None and cpu_fwd not in reg:
+
         @_fc.register_flop_formula(cpu_fwd)
         def _cpu_flash_fwd(q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
             return _fc.sdpa_flop_count(q_shape, k_shape, v_shape)
 
     cpu_bwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
     if cpu_bwd is not None and cpu_bwd not in reg:
+
         @_fc.register_flop_formula(cpu_bwd)
         def _cpu_flash_bwd(grad_out_shape, q_shape, k_shape, v_shape, *args, out_shape=None, **kwargs) -> int:
             return _fc.sdpa_backward_flop_count(grad_out_shape, q_shape, k_shape, v_shape)
@@ -51,19 +66,46 @@ def _register_missing_formulas() -> None:
 _register_missing_formulas()
 
 _ATTENTION_OPS = {
-    aten._scaled_dot_product_flash_attention_for_cpu, aten._scaled_dot_product_flash_attention_for_cpu_backward,
-    aten._scaled_dot_product_flash_attention, aten._scaled_dot_product_flash_attention_backward,
-    aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_efficient_attention_backward,
-    aten._flash_attention_forward, aten._flash_attention_backward,
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_efficient_attention_backward,
+    aten._flash_attention_forward,
+    aten._flash_attention_backward,
 }
 _MATMUL_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten._grouped_mm}
 _EMBEDDING_OPS = {aten.embedding, aten.embedding_dense_backward}
-_REDUCTION_FLOP_OPS = {aten._softmax, aten._log_softmax, aten.sum, aten.mean, aten.nll_loss_forward,
-                       aten._softmax_backward_data, aten._log_softmax_backward_data, aten.topk}
-_NO_TRAFFIC_OPS = {aten.empty, aten.empty_like, aten.empty_strided, aten.new_empty, aten.new_empty_strided,
-                   aten.detach, aten.lift_fresh, aten.alias}
-_GROUP_MATMUL_CLASS = {"experts": "expert_matmul", "shared_experts": "expert_matmul", "attention": "attention",
-                       "router": "router", "lm_head/loss": "lm_head", "mlp": "dense_matmul", "mamba": "dense_matmul"}
+_REDUCTION_FLOP_OPS = {
+    aten._softmax,
+    aten._log_softmax,
+    aten.sum,
+    aten.mean,
+    aten.nll_loss_forward,
+    aten._softmax_backward_data,
+    aten._log_softmax_backward_data,
+    aten.topk,
+}
+_NO_TRAFFIC_OPS = {
+    aten.empty,
+    aten.empty_like,
+    aten.empty_strided,
+    aten.new_empty,
+    aten.new_empty_strided,
+    aten.detach,
+    aten.lift_fresh,
+    aten.alias,
+}
+_GROUP_MATMUL_CLASS = {
+    "experts": "expert_matmul",
+    "shared_experts": "expert_matmul",
+    "attention": "attention",
+    "router": "router",
+    "lm_head/loss": "lm_head",
+    "mlp": "dense_matmul",
+    "mamba": "dense_matmul",
+}
 
 
 def op_flops(func, args, kwargs, out) -> int:
@@ -89,8 +131,12 @@ def elementwise_flops(func, args, out_tensors: list[torch.Tensor]) -> int:
 
 def may_count_elementwise(func) -> bool:
     packet = func._overloadpacket
-    return (packet in _REDUCTION_FLOP_OPS or torch.Tag.pointwise in func.tags
-            or packet in {aten.add_, aten.mul_, aten.addcmul_, aten.addcdiv_} or str(packet).startswith("aten._foreach_"))
+    return (
+        packet in _REDUCTION_FLOP_OPS
+        or torch.Tag.pointwise in func.tags
+        or packet in {aten.add_, aten.mul_, aten.addcmul_, aten.addcdiv_}
+        or str(packet).startswith("aten._foreach_")
+    )
 
 
 def moves_bytes(func) -> bool:

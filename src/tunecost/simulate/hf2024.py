@@ -28,8 +28,9 @@ class Loop2024Experts(nn.Module):
     """Per-expert w1/w3/w2 modules (4-bit or frozen + PEFT-style LoRA, or trainable for full fine-tuning) looped
     over experts as in transformers 4.40's `MixtralSparseMoeBlock`."""
 
-    def __init__(self, experts: nn.Module, *, quant: QuantSpec | None, lora_rank: int | None, lora_alpha: float,
-                 trainable: bool) -> None:
+    def __init__(
+        self, experts: nn.Module, *, quant: QuantSpec | None, lora_rank: int | None, lora_alpha: float, trainable: bool
+    ) -> None:
         super().__init__()
         gate_up, down = experts.gate_up_proj, experts.down_proj
         self.num_experts, two_i, self.hidden_dim = gate_up.shape
@@ -40,14 +41,17 @@ class Loop2024Experts(nn.Module):
             mats = {"w1": gate_up[e, :inter], "w3": gate_up[e, inter:], "w2": down[e]}
             for name, w in mats.items():
                 lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
-                lin.weight = nn.Parameter(w.data.clone() if w.device.type != "meta" else
-                                          torch.empty_like(w, device="meta"), requires_grad=trainable)
+                lin.weight = nn.Parameter(
+                    w.data.clone() if w.device.type != "meta" else torch.empty_like(w, device="meta"),
+                    requires_grad=trainable,
+                )
                 if not trainable:
                     lin = SimLinear(lin, quant=quant, lora_rank=lora_rank, lora_alpha=lora_alpha, style="peft-2024")
                 getattr(self, name).append(lin)
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
         num_top_k = top_k_index.size(-1)
         final = torch.zeros_like(hidden_states)
         routing_weights = top_k_weights.to(hidden_states.dtype)
@@ -58,7 +62,7 @@ class Loop2024Experts(nn.Module):
         for e, n in enumerate(counts):
             if n == 0:
                 continue
-            top_x, idx = token_idx[start:start + n], pos_idx[start:start + n]
+            top_x, idx = token_idx[start : start + n], pos_idx[start : start + n]
             current_state = hidden_states[top_x]
             h = self.act_fn(self.w1[e](current_state)) * self.w3[e](current_state)
             h = self.w2[e](h) * routing_weights[top_x, idx, None]

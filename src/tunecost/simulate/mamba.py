@@ -41,24 +41,29 @@ class _FusedMambaInner(torch.autograd.Function):
         conv_out = xz.new_empty((b, d, seqlen))  # causal_conv1d_fwd (+SiLU)
         x_dbl = F.linear(conv_out.transpose(1, 2).reshape(b * seqlen, d), x_proj_w)  # (bL, r + 2n)
         delta = dt_proj_w @ x_dbl[:, :r].t()  # (d, bL)
-        B = x_dbl[:, r:r + n].reshape(b, seqlen, n).permute(0, 2, 1).contiguous().unsqueeze(1)
+        B = x_dbl[:, r : r + n].reshape(b, seqlen, n).permute(0, 2, 1).contiguous().unsqueeze(1)
         C = x_dbl[:, -n:].reshape(b, seqlen, n).permute(0, 2, 1).contiguous().unsqueeze(1)
         out = xz.new_empty((b, d, seqlen))
         states = xz.new_empty((b, d, math.ceil(seqlen / SCAN_CHUNK), 2 * n), dtype=torch.float32)
         out_z = xz.new_empty((b, d, seqlen))
         k = conv_w.shape[-1]
         es = xz.element_size()
-        add_work("ssm_scan", flops=_scan_flops(b, d, seqlen, n, k),
-                 nbytes=es * b * d * seqlen * 6 + 2 * 4 * b * seqlen * n + states.numel() * 4)
+        add_work(
+            "ssm_scan",
+            flops=_scan_flops(b, d, seqlen, n, k),
+            nbytes=es * b * d * seqlen * 6 + 2 * 4 * b * seqlen * n + states.numel() * 4,
+        )
         del conv_out, delta  # checkpoint_lvl=1: recomputed in backward
-        ctx.save_for_backward(xz, conv_w, conv_b, x_dbl, x_proj_w, dt_proj_w, out_proj_w, A, B, C, D, dt_bias,
-                              states, out)
+        ctx.save_for_backward(
+            xz, conv_w, conv_b, x_dbl, x_proj_w, dt_proj_w, out_proj_w, A, B, C, D, dt_bias, states, out
+        )
         return F.linear(out_z.transpose(1, 2), out_proj_w)
 
     @staticmethod
     def backward(ctx, dout):
-        (xz, conv_w, conv_b, x_dbl, x_proj_w, dt_proj_w, out_proj_w, A, B, C, D, dt_bias, states,
-         out) = ctx.saved_tensors
+        (xz, conv_w, conv_b, x_dbl, x_proj_w, dt_proj_w, out_proj_w, A, B, C, D, dt_bias, states, out) = (
+            ctx.saved_tensors
+        )
         b, two_d, seqlen = xz.shape
         d, n, r = two_d // 2, A.shape[-1], dt_proj_w.shape[1]
         conv_out = xz.new_empty((b, d, seqlen))  # recomputed
@@ -76,13 +81,16 @@ class _FusedMambaInner(torch.autograd.Function):
         out_z = xz.new_empty((b, d, seqlen))  # recomputed by the scan backward
         k = conv_w.shape[-1]
         es = xz.element_size()
-        add_work("ssm_scan", flops=2 * _scan_flops(b, d, seqlen, n, k),
-                 nbytes=es * b * d * seqlen * 10 + 4 * 4 * b * seqlen * n + 2 * states.numel() * 4)
+        add_work(
+            "ssm_scan",
+            flops=2 * _scan_flops(b, d, seqlen, n, k),
+            nbytes=es * b * d * seqlen * 10 + 4 * 4 * b * seqlen * n + 2 * states.numel() * 4,
+        )
         del dout_y, delta
         dout_proj_w = dout2 @ out_z.transpose(1, 2).reshape(b * seqlen, d)
         del out_z
         dx_dbl = torch.empty_like(x_dbl)
-        dx_dbl[:, r:r + n] = dB.squeeze(1).permute(0, 2, 1).reshape(b * seqlen, n)
+        dx_dbl[:, r : r + n] = dB.squeeze(1).permute(0, 2, 1).reshape(b * seqlen, n)
         dx_dbl[:, -n:] = dC.squeeze(1).permute(0, 2, 1).reshape(b * seqlen, n)
         ddelta2 = ddelta.reshape(b, d, seqlen).permute(1, 0, 2).reshape(d, b * seqlen)
         ddt_proj_w = ddelta2 @ x_dbl[:, :r]
@@ -94,8 +102,17 @@ class _FusedMambaInner(torch.autograd.Function):
         dconv_flat = torch.addmm(dconv_flat, x_proj_w.t(), dx_dbl.t())
         dconv_w = torch.empty_like(conv_w)  # causal_conv1d_bwd writes dx into dxz
         dconv_b = torch.empty_like(conv_b)
-        return dxz, dconv_w, dconv_b, dx_proj_w.to(x_proj_w.dtype), ddt_proj_w.to(dt_proj_w.dtype), \
-            dout_proj_w.to(out_proj_w.dtype), dA, dD, ddt_bias
+        return (
+            dxz,
+            dconv_w,
+            dconv_b,
+            dx_proj_w.to(x_proj_w.dtype),
+            ddt_proj_w.to(dt_proj_w.dtype),
+            dout_proj_w.to(out_proj_w.dtype),
+            dA,
+            dD,
+            ddt_bias,
+        )
 
 
 class FusedMambaMixer(nn.Module):
@@ -115,9 +132,17 @@ class FusedMambaMixer(nn.Module):
         xz = (self.in_proj.weight @ hidden_states.reshape(b * seqlen, h).t()).reshape(-1, b, seqlen)
         xz = xz.permute(1, 0, 2)  # (b, 2d, L) view, as Zyphra's rearrange
         A = -torch.exp(self.A_log.float())
-        return _FusedMambaInner.apply(xz, self.conv1d.weight, self.conv1d.bias, self.x_proj.weight,
-                                      self.dt_proj.weight, self.out_proj.weight, A, self.D.float(),
-                                      self.dt_proj.bias.float())
+        return _FusedMambaInner.apply(
+            xz,
+            self.conv1d.weight,
+            self.conv1d.bias,
+            self.x_proj.weight,
+            self.dt_proj.weight,
+            self.out_proj.weight,
+            A,
+            self.D.float(),
+            self.dt_proj.bias.float(),
+        )
 
 
 class LoopMoEMixer(nn.Module):
@@ -141,7 +166,7 @@ class LoopMoEMixer(nn.Module):
         start = 0
         for e, n in enumerate(counts):
             if n:
-                token_idx, slot = token_idx_all[start:start + n], slot_all[start:start + n]
+                token_idx, slot = token_idx_all[start : start + n], slot_all[start : start + n]
                 y = self.local_experts[e](x[token_idx]) * scores[token_idx, slot].unsqueeze(-1).to(x.dtype)
                 out.index_add_(0, token_idx, y)
             start += n

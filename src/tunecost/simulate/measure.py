@@ -43,8 +43,11 @@ def profile_step_peak(prepared, batch: dict) -> MeasuredPeak:
     static = _storage_bytes(tensors + list(batch.values()))
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         run_step(prepared, batch)
-    events = [(e.start_ns(), i, e.nbytes()) for i, e in enumerate(prof.profiler.kineto_results.events())
-              if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU]
+    events = [
+        (e.start_ns(), i, e.nbytes())
+        for i, e in enumerate(prof.profiler.kineto_results.events())
+        if e.name() == "[memory]" and e.device_type() == torch.autograd.DeviceType.CPU
+    ]
     events.sort()
     running = best = 0
     for _, _, nbytes in events:

@@ -21,8 +21,14 @@ import torch
 from torch import nn
 
 from tunecost.simulate.counts import op_class_scope
-from tunecost.simulate.quant4bit import (QuantSpec, Quantized4bit, grouped_matmul_4bit, is_fake, matmul_4bit,
-                                         tokens_per_expert)
+from tunecost.simulate.quant4bit import (
+    Quantized4bit,
+    QuantSpec,
+    grouped_matmul_4bit,
+    is_fake,
+    matmul_4bit,
+    tokens_per_expert,
+)
 
 
 def _new_param(shape, *, device, dtype, zero: bool = False) -> nn.Parameter:
@@ -38,8 +44,16 @@ def _new_param(shape, *, device, dtype, zero: bool = False) -> nn.Parameter:
 class SimLinear(nn.Module):
     """y = x W^T (+ b) with W frozen (compute dtype or 4-bit), plus s * (x A^T) B^T when LoRA is on."""
 
-    def __init__(self, base: nn.Linear, *, quant: QuantSpec | None, lora_rank: int | None = None,
-                 lora_alpha: float = 32.0, lora_dtype: torch.dtype = torch.float32, style: str = "tunecost") -> None:
+    def __init__(
+        self,
+        base: nn.Linear,
+        *,
+        quant: QuantSpec | None,
+        lora_rank: int | None = None,
+        lora_alpha: float = 32.0,
+        lora_dtype: torch.dtype = torch.float32,
+        style: str = "tunecost",
+    ) -> None:
         super().__init__()
         w = base.weight
         self.out_features, self.in_features = w.shape
@@ -86,8 +100,15 @@ class SimExperts(nn.Module):
     """Routed experts with frozen (or 4-bit) weights and split LoRA; forward(hidden (T, H), top_k_index (T, k),
     top_k_weights (T, k)) like transformers' experts modules."""
 
-    def __init__(self, experts: nn.Module, *, quant: QuantSpec | None, lora_rank: int | None,
-                 lora_alpha: float = 32.0, lora_dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        experts: nn.Module,
+        *,
+        quant: QuantSpec | None,
+        lora_rank: int | None,
+        lora_alpha: float = 32.0,
+        lora_dtype: torch.dtype = torch.float32,
+    ) -> None:
         super().__init__()
         gate_up, down = experts.gate_up_proj, experts.down_proj
         self.num_experts, two_i, self.hidden_dim = gate_up.shape
@@ -127,8 +148,9 @@ class SimExperts(nn.Module):
             return grouped_matmul_4bit(x, qweight, counts)
         return nn.functional.grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
         num_top_k = top_k_index.size(-1)
         num_tokens = hidden_states.size(0)
         sample_weights = top_k_weights.reshape(-1)
@@ -160,8 +182,9 @@ class SimExperts(nn.Module):
 class LoraRouter(nn.Module):
     """LoRA on a router's `weight` (E, H): the router's own forward with W + s * B @ A."""
 
-    def __init__(self, router: nn.Module, *, lora_rank: int, lora_alpha: float = 32.0,
-                 lora_dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, router: nn.Module, *, lora_rank: int, lora_alpha: float = 32.0, lora_dtype: torch.dtype = torch.float32
+    ) -> None:
         super().__init__()
         self.base = router
         num_experts, hidden = router.weight.shape
@@ -174,5 +197,4 @@ class LoraRouter(nn.Module):
         w = self.base.weight
         with op_class_scope("lora"):
             merged = torch.addmm(w, self.lora_B.to(w.dtype), self.lora_A.to(w.dtype), alpha=self.scaling)
-        return torch.func.functional_call(self.base, {"weight": merged}, (hidden_states, *args), kwargs,
-                                          strict=False)
+        return torch.func.functional_call(self.base, {"weight": merged}, (hidden_states, *args), kwargs, strict=False)

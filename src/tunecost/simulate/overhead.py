@@ -30,8 +30,10 @@ class DeviceOverhead:
         return int(self.cuda_context_bytes + self.allocator_fraction * transient)
 
     def describe(self) -> str:
-        return (f"device overhead = CUDA context {self.cuda_context_bytes / GIB:.2f} GiB + caching-allocator reserve "
-                f"{self.allocator_fraction:.0%} of the non-static peak (assumed, not measured)")
+        return (
+            f"device overhead = CUDA context {self.cuda_context_bytes / GIB:.2f} GiB + caching-allocator reserve "
+            f"{self.allocator_fraction:.0%} of the non-static peak (assumed, not measured)"
+        )
 
 
 DEFAULT_OVERHEAD = DeviceOverhead()

@@ -19,7 +19,7 @@ from tunecost.catalog.models import ModelSpec, resolve_model
 from tunecost.errors import TunecostError
 from tunecost.simulate.hf2024 import Loop2024Experts
 from tunecost.simulate.modules import LoraRouter, SimExperts, SimLinear
-from tunecost.simulate.quant4bit import QuantSpec, Quantized4bit
+from tunecost.simulate.quant4bit import Quantized4bit, QuantSpec
 from tunecost.simulate.recorder import LayerPlan
 from tunecost.workload.job import FineTuneJob
 
@@ -53,17 +53,23 @@ def check_supported(job: FineTuneJob, spec: ModelSpec, stack: str) -> None:
     if stack not in STACKS:
         raise TunecostError(f"unsupported software stack {stack!r}; supported: {', '.join(STACKS)}")
     if spec.family not in SIMULATED_FAMILIES:
-        raise TunecostError(f"{spec.name}: architecture {spec.family!r} is not supported by the step simulator; "
-                            f"supported: {', '.join(SIMULATED_FAMILIES)}")
+        raise TunecostError(
+            f"{spec.name}: architecture {spec.family!r} is not supported by the step simulator; "
+            f"supported: {', '.join(SIMULATED_FAMILIES)}"
+        )
     if spec.family == "blackmamba" and job.method != "full":
-        raise TunecostError(f"{spec.name}: the step simulator supports BlackMamba full fine-tuning only (as the "
-                            f"paper), not {job.method}")
+        raise TunecostError(
+            f"{spec.name}: the step simulator supports BlackMamba full fine-tuning only (as the "
+            f"paper), not {job.method}"
+        )
     if job.method != "full":
         targets = set(job.lora.targets)
         if not spec.is_moe and targets & {"experts", "router"}:
             bad = ", ".join(sorted(targets & {"experts", "router"}))
-            raise TunecostError(f"LoRA target(s) {bad} do not apply to {spec.name}: it is a dense model with no MoE "
-                                f"layers; use --lora-targets attention,mlp")
+            raise TunecostError(
+                f"LoRA target(s) {bad} do not apply to {spec.name}: it is a dense model with no MoE "
+                f"layers; use --lora-targets attention,mlp"
+            )
     if job.method == "qlora" and job.compute_dtype == "fp32" and stack == "hf-2024":
         raise TunecostError("stack hf-2024 ran QLoRA with bf16 compute only; use --dtype bf16 or the tunecost stack")
 
@@ -98,8 +104,14 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     raise TunecostError(f"cannot find the decoder layers of {type(model).__name__}")
 
 
-def _swap_linears(parent: nn.Module, *, quant: QuantSpec | None, lora: tuple[int, float] | None, style: str,
-                  skip: tuple[str, ...] = ()) -> None:
+def _swap_linears(
+    parent: nn.Module,
+    *,
+    quant: QuantSpec | None,
+    lora: tuple[int, float] | None,
+    style: str,
+    skip: tuple[str, ...] = (),
+) -> None:
     for name, child in list(parent.named_children()):
         if name in skip:
             continue
@@ -120,8 +132,7 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
         for layer in decoder_layers(model):
             mlp = getattr(layer, "mlp", None)
             if stack == "hf-2024" and mlp is not None and hasattr(mlp, "experts"):
-                mlp.experts = Loop2024Experts(mlp.experts, quant=None, lora_rank=None, lora_alpha=0.0,
-                                              trainable=True)
+                mlp.experts = Loop2024Experts(mlp.experts, quant=None, lora_rank=None, lora_alpha=0.0, trainable=True)
         return
     model.requires_grad_(False)
     for layer in decoder_layers(model):
@@ -134,11 +145,17 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
         if hasattr(mlp, "experts"):
             experts_lora = lora if "experts" in targets else None
             if stack == "hf-2024":
-                mlp.experts = Loop2024Experts(mlp.experts, quant=quant, lora_rank=experts_lora and experts_lora[0],
-                                              lora_alpha=lora[1], trainable=False)
+                mlp.experts = Loop2024Experts(
+                    mlp.experts,
+                    quant=quant,
+                    lora_rank=experts_lora and experts_lora[0],
+                    lora_alpha=lora[1],
+                    trainable=False,
+                )
             else:
-                mlp.experts = SimExperts(mlp.experts, quant=quant, lora_rank=experts_lora and experts_lora[0],
-                                         lora_alpha=lora[1])
+                mlp.experts = SimExperts(
+                    mlp.experts, quant=quant, lora_rank=experts_lora and experts_lora[0], lora_alpha=lora[1]
+                )
             for shared in ("shared_expert", "shared_experts"):
                 if hasattr(mlp, shared):
                     _swap_linears(getattr(mlp, shared), quant=quant, lora=experts_lora, style=style)
@@ -258,8 +275,15 @@ def num_traced_layers(spec: ModelSpec, num_units: int) -> int:
     return prefix + num_units * period
 
 
-def build_prepared(job: FineTuneJob, *, num_units: int | None, stack: str = "tunecost", real: bool = False,
-                   seed: int = 0, device: str = "cpu") -> Prepared:
+def build_prepared(
+    job: FineTuneJob,
+    *,
+    num_units: int | None,
+    stack: str = "tunecost",
+    real: bool = False,
+    seed: int = 0,
+    device: str = "cpu",
+) -> Prepared:
     """Build the model of `job` with `num_units` repeating units (None: full depth), ready to step: on fake
     tensors, or with `real=True` on real random tensors on `device` (measurements)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -289,12 +313,19 @@ def build_prepared(job: FineTuneJob, *, num_units: int | None, stack: str = "tun
             raise TunecostError("BlackMamba steps are simulated only (fused Mamba kernels), not measured on CPU")
         from tunecost.simulate.mamba import build_blackmamba_for_sim
 
-        model = build_blackmamba_for_sim(spec, num_layers=num_layers, experts_per_token=experts_per_token,
-                                         dtype=dtype, device="meta")
+        model = build_blackmamba_for_sim(
+            spec, num_layers=num_layers, experts_per_token=experts_per_token, dtype=dtype, device="meta"
+        )
     else:
-        model = build_model(spec, device=device if real else "meta", dtype=dtype,
-                            experts_per_token=experts_per_token, seed=seed,
-                            attn_implementation="eager" if job.attention == "eager" else "sdpa", **overrides)
+        model = build_model(
+            spec,
+            device=device if real else "meta",
+            dtype=dtype,
+            experts_per_token=experts_per_token,
+            seed=seed,
+            attn_implementation="eager" if job.attention == "eager" else "sdpa",
+            **overrides,
+        )
         if job.attention != "eager":
             model.config._attn_implementation = mask_free_sdpa()
         transform(model, job, stack)
@@ -321,6 +352,17 @@ def build_prepared(job: FineTuneJob, *, num_units: int | None, stack: str = "tun
     static = static_tensors(model, info)
     static += [(t, "optimizer_states", "optimizer") for t in optimizer_state_tensors(optimizer)]
     top_k = experts_per_token or spec.default_experts_per_token
-    return Prepared(model=model, optimizer=optimizer, trainable=trainable, fake_mode=fake_mode,
-                    plan=LayerPlan(prefix, period, num_units), module_info=info, static=static, spec=spec,
-                    stack=stack, is_moe=spec.is_moe, num_experts=spec.num_experts, top_k=top_k)
+    return Prepared(
+        model=model,
+        optimizer=optimizer,
+        trainable=trainable,
+        fake_mode=fake_mode,
+        plan=LayerPlan(prefix, period, num_units),
+        module_info=info,
+        static=static,
+        spec=spec,
+        stack=stack,
+        is_moe=spec.is_moe,
+        num_experts=spec.num_experts,
+        top_k=top_k,
+    )

@@ -45,8 +45,9 @@ def quant_constant_bytes(numel: int, double_quant: bool) -> int:
     return blocks + 4 * num_blocks(blocks, NESTED_BLOCKSIZE) + 4
 
 
-def _dequantize_absmax_cpu(qabsmax: torch.Tensor, absmax2: torch.Tensor, code2: torch.Tensor,
-                           offset: torch.Tensor) -> torch.Tensor:
+def _dequantize_absmax_cpu(
+    qabsmax: torch.Tensor, absmax2: torch.Tensor, code2: torch.Tensor, offset: torch.Tensor
+) -> torch.Tensor:
     """Double quantization, second level: 8-bit absmax codes -> fp32 absmax per 64-block."""
     n = qabsmax.numel()
     vals = code2[qabsmax.reshape(-1).long()]
@@ -58,8 +59,9 @@ def _dequantize_absmax_meta(qabsmax, absmax2, code2, offset):
     return qabsmax.new_empty((qabsmax.numel(),), dtype=torch.float32)
 
 
-def _dequantize_4bit_cpu(packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, rows: int, cols: int,
-                         dtype: torch.dtype) -> torch.Tensor:
+def _dequantize_4bit_cpu(
+    packed: torch.Tensor, absmax: torch.Tensor, code: torch.Tensor, rows: int, cols: int, dtype: torch.dtype
+) -> torch.Tensor:
     """Packed 4-bit codes (bitsandbytes layout) and fp32 absmax -> a (rows, cols) matrix in `dtype`."""
     n = rows * cols
     flat = packed.reshape(-1)
@@ -67,7 +69,7 @@ def _dequantize_4bit_cpu(packed: torch.Tensor, absmax: torch.Tensor, code: torch
     step = _DECODE_CHUNK_ELEMS  # a multiple of 2 * BLOCKSIZE: chunks start at block and byte boundaries
     for start in range(0, n, step):
         stop = min(n, start + step)
-        pairs = flat[start // 2: -(-stop // 2)]
+        pairs = flat[start // 2 : -(-stop // 2)]
         codes = torch.stack(((pairs >> 4), (pairs & 0xF)), dim=-1).reshape(-1)[: stop - start].long()
         vals = code[codes]
         block_ids = torch.arange(start, stop, device=packed.device) // BLOCKSIZE
@@ -83,8 +85,9 @@ def _dequantize_4bit_meta(packed, absmax, code, rows, cols, dtype):
 # output, as bitsandbytes' fused kernels do. (torch.library.custom_op costs ~10 ms per call under fake tensors.)
 _LIB = torch.library.Library("tunecost", "DEF")
 _LIB.define("dequantize_absmax(Tensor qabsmax, Tensor absmax2, Tensor code2, Tensor offset) -> Tensor")
-_LIB.define("dequantize_4bit(Tensor packed, Tensor absmax, Tensor code, int rows, int cols, ScalarType dtype)"
-            " -> Tensor")
+_LIB.define(
+    "dequantize_4bit(Tensor packed, Tensor absmax, Tensor code, int rows, int cols, ScalarType dtype) -> Tensor"
+)
 for _key in ("CPU", "CUDA"):  # the decode is plain torch: the same code runs on a GPU (benchmarks/gpu_memory_check)
     _LIB.impl("dequantize_absmax", _dequantize_absmax_cpu, _key)
     _LIB.impl("dequantize_4bit", _dequantize_4bit_cpu, _key)
@@ -116,8 +119,9 @@ class Quantized4bit(torch.nn.Module):
         self.register_buffer("code", torch.empty(16, dtype=torch.float32, **kw))
         if spec.double_quant:
             self.register_buffer("absmax", torch.empty(num_mats, blocks, dtype=torch.uint8, **kw))
-            self.register_buffer("absmax2", torch.empty(num_mats, num_blocks(blocks, NESTED_BLOCKSIZE),
-                                                        dtype=torch.float32, **kw))
+            self.register_buffer(
+                "absmax2", torch.empty(num_mats, num_blocks(blocks, NESTED_BLOCKSIZE), dtype=torch.float32, **kw)
+            )
             self.register_buffer("offset", torch.empty(num_mats, dtype=torch.float32, **kw))
             self.register_buffer("code2", torch.empty(NESTED_BLOCKSIZE, dtype=torch.float32, **kw))
         else:
@@ -129,9 +133,12 @@ class Quantized4bit(torch.nn.Module):
         import bitsandbytes.functional as bnbf
 
         for i in range(self.num_mats):
-            packed, state = bnbf.quantize_4bit(weights[i].float().contiguous(), blocksize=BLOCKSIZE,
-                                               compress_statistics=self.spec.double_quant,
-                                               quant_type=self.spec.quant_type)
+            packed, state = bnbf.quantize_4bit(
+                weights[i].float().contiguous(),
+                blocksize=BLOCKSIZE,
+                compress_statistics=self.spec.double_quant,
+                quant_type=self.spec.quant_type,
+            )
             self.packed[i].copy_(packed.reshape(-1))
             self.absmax[i].copy_(state.absmax.reshape(-1))
             self.code.copy_(state.code)
@@ -146,8 +153,11 @@ class Quantized4bit(torch.nn.Module):
             # Same allocations as the kernels (fp32 absmax, then the output), without operator dispatch cost;
             # the recorder counts the bytes read (packed codes, absmax codes) and written under "dequant".
             with op_class_scope("dequant"):
-                absmax_fp32 = (self.absmax[i].new_empty((self.absmax.shape[1],), dtype=torch.float32)
-                               if self.spec.double_quant else None)
+                absmax_fp32 = (
+                    self.absmax[i].new_empty((self.absmax.shape[1],), dtype=torch.float32)
+                    if self.spec.double_quant
+                    else None
+                )
                 w = self.packed[i].new_empty((self.rows, self.cols), dtype=dtype)
                 del absmax_fp32  # freed once the matrix is written, as the kernel's temporary is
                 return w
@@ -226,7 +236,7 @@ def _grouped_loop(x: torch.Tensor, qweight: Quantized4bit, counts: tuple[int, ..
     for e, n in enumerate(counts):
         if n:
             w = qweight.dequantize(e, x.dtype)
-            torch.mm(x[start:start + n], w if transpose else w.t(), out=y[start:start + n])
+            torch.mm(x[start : start + n], w if transpose else w.t(), out=y[start : start + n])
             del w
         start += n
     return y
@@ -256,4 +266,3 @@ def bytes_per_param_4bit(double_quant: bool) -> float:
     """Storage bytes per quantized weight (large-matrix limit): 0.5 + constants."""
     n = 1 << 24
     return (packed_bytes(n) + quant_constant_bytes(n, double_quant)) / n
-

@@ -108,8 +108,9 @@ class StepRecorder(TorchDispatchMode):
         nbytes = st.nbytes()
         if nbytes == 0:
             return None
-        rec = StorageRecord(nbytes=self._rounded(nbytes), t_alloc=self.t, phase=phase, group=group,
-                            static_category=static_category)
+        rec = StorageRecord(
+            nbytes=self._rounded(nbytes), t_alloc=self.t, phase=phase, group=group, static_category=static_category
+        )
         self.records.append(rec)
         self._by_storage[st] = rec
         self._refs.append(weakref.ref(st, lambda _ref, rec=rec: self._on_free(rec)))
@@ -127,10 +128,10 @@ class StepRecorder(TorchDispatchMode):
             info = self.module_info.get(id(module))
             if info is None:
                 continue
-            self._handles.append(module.register_forward_pre_hook(
-                lambda _m, _a, info=info: self._enter(info)))
-            self._handles.append(module.register_forward_hook(
-                lambda _m, _a, _o, info=info: self._exit(), always_call=True))
+            self._handles.append(module.register_forward_pre_hook(lambda _m, _a, info=info: self._enter(info)))
+            self._handles.append(
+                module.register_forward_hook(lambda _m, _a, _o, info=info: self._exit(), always_call=True)
+            )
         for p in trainable:
             self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
         _counts.LISTENERS.append(self._mark_seq)
@@ -253,8 +254,13 @@ class StepRecorder(TorchDispatchMode):
         return out
 
     def _record_storage_growth(self, rec: StorageRecord, new_nbytes: int) -> None:
-        grown = StorageRecord(nbytes=self._rounded(new_nbytes) - rec.nbytes, t_alloc=self.t, phase=rec.phase,
-                              group=rec.group, static_category=rec.static_category)
+        grown = StorageRecord(
+            nbytes=self._rounded(new_nbytes) - rec.nbytes,
+            t_alloc=self.t,
+            phase=rec.phase,
+            group=rec.group,
+            static_category=rec.static_category,
+        )
         rec.nbytes += grown.nbytes
         self.records.append(grown)
 
@@ -272,8 +278,11 @@ _OP_INFO: dict = {}
 def _op_info(func) -> _OpInfo:
     info = _OP_INFO.get(func)
     if info is None:
-        info = _OpInfo(has_formula=func._overloadpacket in _counts._fc.flop_registry,
-                       elementwise=_counts.may_count_elementwise(func), moves_bytes=_counts.moves_bytes(func))
+        info = _OpInfo(
+            has_formula=func._overloadpacket in _counts._fc.flop_registry,
+            elementwise=_counts.may_count_elementwise(func),
+            moves_bytes=_counts.moves_bytes(func),
+        )
         _OP_INFO[func] = info
     return info
 

@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-CATEGORIES = ("weights_4bit", "quant_constants", "frozen_weights", "trainable_params", "buffers", "gradients",
-              "optimizer_states", "activations", "temporaries", "inputs")
+CATEGORIES = (
+    "weights_4bit",
+    "quant_constants",
+    "frozen_weights",
+    "trainable_params",
+    "buffers",
+    "gradients",
+    "optimizer_states",
+    "activations",
+    "temporaries",
+    "inputs",
+)
 WEIGHT_CATEGORIES = ("weights_4bit", "quant_constants", "frozen_weights", "trainable_params", "buffers")
 STATIC_CATEGORIES = (*WEIGHT_CATEGORIES, "optimizer_states")
 
@@ -31,8 +41,10 @@ class StepCounts:
         return float(sum(self.bytes_by_class.values()))
 
     def plus(self, other: StepCounts) -> StepCounts:
-        return StepCounts(flops_by_class=_add(self.flops_by_class, other.flops_by_class),
-                          bytes_by_class=_add(self.bytes_by_class, other.bytes_by_class))
+        return StepCounts(
+            flops_by_class=_add(self.flops_by_class, other.flops_by_class),
+            bytes_by_class=_add(self.bytes_by_class, other.bytes_by_class),
+        )
 
 
 def _add(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-
 from typing import TYPE_CHECKING
 
 from tunecost.errors import TunecostError
@@ -95,14 +94,18 @@ def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layer
     flops = _lerp_dict(ta_.flops, tb_.flops, t)
     nbytes = _lerp_dict(ta_.bytes, tb_.bytes, t)
     for phase in sorted({p for p, _ in flops} | {p for p, _ in nbytes}):
-        counts[phase] = StepCounts(flops_by_class={c: v for (p, c), v in flops.items() if p == phase},
-                                   bytes_by_class={c: v for (p, c), v in nbytes.items() if p == phase})
+        counts[phase] = StepCounts(
+            flops_by_class={c: v for (p, c), v in flops.items() if p == phase},
+            bytes_by_class={c: v for (p, c), v in nbytes.items() if p == phase},
+        )
     return {
-        "peak_bytes": int(round(total)), "peak_segment": key,
+        "peak_bytes": int(round(total)),
+        "peak_segment": key,
         "breakdown_bytes": {k: int(round(v)) for k, v in _lerp_dict(sa.by_category, sb.by_category, t).items() if v},
         "module_bytes": {k: int(round(v)) for k, v in _lerp_dict(sa.by_group, sb.by_group, t).items() if v},
         "weight_bytes": {k: int(round(v)) for k, v in _lerp_dict(ta_.weight_bytes, tb_.weight_bytes, t).items()},
-        "counts": counts, "flops_by_module": by_group_flops,
+        "counts": counts,
+        "flops_by_module": by_group_flops,
         "layers_traced": (ta.num_layers,) if tb is None else (ta.num_layers, tb.num_layers),
         "num_layers": full_layers,
     }
@@ -119,27 +122,42 @@ def _assumptions(job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOve
     if job.method != "full":
         out.append("LoRA factors stored in fp32 and cast to the compute dtype in forward (PEFT + autocast)")
     else:
-        out.append(f"full fine-tune in {job.compute_dtype}: parameters, gradients and optimizer states in "
-                   f"{job.compute_dtype} (no fp32 master weights)")
+        out.append(
+            f"full fine-tune in {job.compute_dtype}: parameters, gradients and optimizer states in "
+            f"{job.compute_dtype} (no fp32 master weights)"
+        )
     if job.optimizer == "adamw":
         out.append("torch AdamW multi-tensor (foreach) path, as on CUDA: its temporaries span all trainable tensors")
     if job.attention in ("flash", "sdpa"):
         out.append("attention memory as a fused kernel: output + fp32 log-sum-exp saved, no L x L scores")
     if job.method == "qlora":
-        out.append("4-bit weights de-quantized per matrix into a temporary that is freed after the matmul "
-                   "(forward and backward), as bitsandbytes does")
+        out.append(
+            "4-bit weights de-quantized per matrix into a temporary that is freed after the matmul "
+            "(forward and backward), as bitsandbytes does"
+        )
     if stack == "hf-2024":
-        out.append("hf-2024 stack: per-expert loop, PEFT 0.7 Linear4bit LoRA (clone), fp32 logits copies in the "
-                   "loss, re-entrant checkpointing, lengths padded to a multiple of 8")
+        out.append(
+            "hf-2024 stack: per-expert loop, PEFT 0.7 Linear4bit LoRA (clone), fp32 logits copies in the "
+            "loss, re-entrant checkpointing, lengths padded to a multiple of 8"
+        )
     if job.method == "qlora" or stack == "hf-2024":
-        out.append("routing is unknown without data: expert loops assume tokens spread evenly over experts "
-                   "(the memory of grouped or looped expert compute depends on the total routed tokens)")
+        out.append(
+            "routing is unknown without data: expert loops assume tokens spread evenly over experts "
+            "(the memory of grouped or looped expert compute depends on the total routed tokens)"
+        )
     return tuple(out)
 
 
-def simulate_step(job: FineTuneJob, *, num_layers_to_trace: int | None = None, stack: str = DEFAULT_STACK,
-                  overhead: DeviceOverhead = DEFAULT_OVERHEAD, granule_bytes: int = 512, use_cache: bool = True,
-                  on_progress: Callable[[int, int, str], None] | None = None) -> StepSimulation:
+def simulate_step(
+    job: FineTuneJob,
+    *,
+    num_layers_to_trace: int | None = None,
+    stack: str = DEFAULT_STACK,
+    overhead: DeviceOverhead = DEFAULT_OVERHEAD,
+    granule_bytes: int = 512,
+    use_cache: bool = True,
+    on_progress: Callable[[int, int, str], None] | None = None,
+) -> StepSimulation:
     """Simulate one training step of `job` (its batch size at its worst-case padded length).
 
     num_layers_to_trace: None traces one and two repeating units and scales; an integer traces that many layers
@@ -191,6 +209,13 @@ def _simulate_uncached(job, num_layers_to_trace, stack, overhead, granule_bytes,
     parts = combine(traces[0], traces[1] if len(traces) > 1 else None, full_units, spec.num_layers)
     static = sum(v for k, v in parts["breakdown_bytes"].items() if k in STATIC_CATEGORIES)
     return StepSimulation(
-        model=spec.name, method=job.method, stack=stack, batch_size=job.batch_size, seq_len=seq_len,
+        model=spec.name,
+        method=job.method,
+        stack=stack,
+        batch_size=job.batch_size,
+        seq_len=seq_len,
         device_overhead_bytes=overhead.overhead_bytes(parts["peak_bytes"], static),
-        seconds_taken=time.perf_counter() - start, assumptions=_assumptions(job, stack, seq_len, overhead), **parts)
+        seconds_taken=time.perf_counter() - start,
+        assumptions=_assumptions(job, stack, seq_len, overhead),
+        **parts,
+    )

@@ -80,8 +80,9 @@ def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tens
     return out
 
 
-def make_batch(vocab_size: int, batch_size: int, seq_len: int, fake_mode=None, seed: int = 0,
-               device: str = "cpu") -> dict:
+def make_batch(
+    vocab_size: int, batch_size: int, seq_len: int, fake_mode=None, seed: int = 0, device: str = "cpu"
+) -> dict:
     """Random token ids, every position a real token (padding costs the same memory as a token)."""
     ctx = fake_mode if fake_mode is not None else contextlib.nullcontext()
     with ctx:

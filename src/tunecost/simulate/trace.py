@@ -18,7 +18,6 @@ from tunecost.simulate.records import CATEGORIES, WEIGHT_CATEGORIES
 from tunecost.simulate.step import make_batch, run_step
 
 
-
 @dataclass
 class SegmentPeak:
     total: int
@@ -110,7 +109,8 @@ def analyze(rec: StepRecorder, num_layers: int, seconds: float) -> TraceResult:
         segments[key] = SegmentPeak(
             total=int(live[k_star]),
             by_category={cat_names[i]: int(v) for i, v in enumerate(by_cat_arr) if v},
-            by_group={group_names[i]: int(v) for i, v in enumerate(by_group_arr) if v})
+            by_group={group_names[i]: int(v) for i, v in enumerate(by_group_arr) if v},
+        )
 
     weight_bytes: dict[str, int] = {}
     for r in records:
@@ -118,9 +118,17 @@ def analyze(rec: StepRecorder, num_layers: int, seconds: float) -> TraceResult:
             key = f"{r.group}/{r.static_category}"
             weight_bytes[key] = weight_bytes.get(key, 0) + r.nbytes
     c = rec.counter
-    return TraceResult(num_layers=num_layers, num_units=rec.plan.num_units, segments=segments, flops=dict(c.flops),
-                       bytes=dict(c.bytes), flops_by_group=dict(c.flops_by_group), weight_bytes=weight_bytes,
-                       seconds=seconds, num_ops=num_ops)
+    return TraceResult(
+        num_layers=num_layers,
+        num_units=rec.plan.num_units,
+        segments=segments,
+        flops=dict(c.flops),
+        bytes=dict(c.bytes),
+        flops_by_group=dict(c.flops_by_group),
+        weight_bytes=weight_bytes,
+        seconds=seconds,
+        num_ops=num_ops,
+    )
 
 
 def trace_step(prepared, batch_size: int, seq_len: int, *, round_bytes: int = 512) -> TraceResult:

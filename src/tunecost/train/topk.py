@@ -40,5 +40,5 @@ def set_experts_per_token(model: Any, k: int) -> int:
 
 
 def routing_name(k: int, num_experts: int) -> str:
-    """"dense" when every expert is used, else "sparse" (paper §III)."""
+    """ "dense" when every expert is used, else "sparse" (paper §III)."""
     return "dense" if k >= num_experts else "sparse"

@@ -38,7 +38,11 @@ ROWS_FILE = "trainability.jsonl"
 STATE_FILE = "resume_state.pt"
 
 TRAINABILITY_TINY_OVERRIDES: dict[str, Any] = dict(
-    hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
     head_dim=32,
 )
 
@@ -73,8 +77,9 @@ class TrainabilityJob:
         if not self.experts_per_token or any(k <= 0 for k in self.experts_per_token):
             raise TunecostError(f"experts per token must be positive integers, got {self.experts_per_token}")
         if self.batch_size <= 0 or not (math.isfinite(self.lr) and self.lr > 0):
-            raise TunecostError(f"batch size and learning rate must be positive (and finite), got {self.batch_size} "
-                                f"and {self.lr}")
+            raise TunecostError(
+                f"batch size and learning rate must be positive (and finite), got {self.batch_size} and {self.lr}"
+            )
         if self.vocab not in ("task", "full"):
             raise TunecostError(f"vocab must be 'task' or 'full', got {self.vocab!r}")
         if self.eval_dataset is None and not self.dataset.startswith("synthetic-arith"):
@@ -147,8 +152,16 @@ def _save_state(path: Path, epoch: int, run_key: str, model: Any, optimizer: Any
     import torch
 
     buffer = io.BytesIO()
-    torch.save({"epoch": epoch, "run_key": run_key, "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, buffer)
+    torch.save(
+        {
+            "epoch": epoch,
+            "run_key": run_key,
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(),
+        },
+        buffer,
+    )
     atomic_write_bytes(path, buffer.getvalue())
 
 
@@ -183,8 +196,9 @@ def run_trainability(
     texts = [template.render_prompt(e.prompt) for e in train_set.examples + eval_set.examples]
     texts += [template.render_response(e.response) for e in train_set.examples]
     tokenizer = _task_tokenizer(job, tokenizer_by_name(job.resolved_tokenizer), texts)
-    encoded = encode_queries(template, tokenizer, [e.prompt for e in train_set.examples],
-                             [e.response for e in train_set.examples])
+    encoded = encode_queries(
+        template, tokenizer, [e.prompt for e in train_set.examples], [e.response for e in train_set.examples]
+    )
     steps_per_epoch = (len(encoded) + job.batch_size - 1) // job.batch_size
     device = "cuda" if torch.cuda.is_available() else "cpu"
     total_steps = len(job.experts_per_token) * job.epochs * steps_per_epoch
@@ -214,23 +228,53 @@ def run_trainability(
             start_epoch = int(state["epoch"]) + 1
             done_steps += int(state["epoch"]) * steps_per_epoch
         base = {
-            "schema_version": 1, "kind": "trainability", "model": job.model, "method": "full",
-            "experts_per_token": k, "num_experts": num_experts, "routing": routing, "batch_size": job.batch_size,
-            "seq_len": None, "dataset": train_set.name, "eval_dataset": eval_set.name, "device": device,
-            "tokenizer": tokenizer.name, "template": template.name, "lr": job.lr, "seed": job.seed,
-            "num_train": len(train_set), "run_key": run_key,
+            "schema_version": 1,
+            "kind": "trainability",
+            "model": job.model,
+            "method": "full",
+            "experts_per_token": k,
+            "num_experts": num_experts,
+            "routing": routing,
+            "batch_size": job.batch_size,
+            "seq_len": None,
+            "dataset": train_set.name,
+            "eval_dataset": eval_set.name,
+            "device": device,
+            "tokenizer": tokenizer.name,
+            "template": template.name,
+            "lr": job.lr,
+            "seed": job.seed,
+            "num_train": len(train_set),
+            "run_key": run_key,
         }
         if job.model == "tiny-mixtral":
             base["model_overrides"] = dict(job.tiny_overrides)
 
         def record(epoch: int, train_loss: float | None, train_seconds: float) -> None:
-            result = evaluate_model(model, tokenizer, eval_set, template=template, model_name=job.model,
-                                    max_new_tokens=job.max_new_tokens, batch_size=job.eval_batch_size)
-            append_jsonl(rows_path, {
-                **base, "point_id": f"{run_key}:epoch{epoch}", "epoch": epoch, "accuracy": result.accuracy,
-                "num_correct": result.num_correct, "num_eval": result.num_eval, "scorer": result.scorer,
-                "train_loss": train_loss, "seconds": round(train_seconds, 3), "eval_seconds": round(result.seconds, 3),
-            })
+            result = evaluate_model(
+                model,
+                tokenizer,
+                eval_set,
+                template=template,
+                model_name=job.model,
+                max_new_tokens=job.max_new_tokens,
+                batch_size=job.eval_batch_size,
+            )
+            append_jsonl(
+                rows_path,
+                {
+                    **base,
+                    "point_id": f"{run_key}:epoch{epoch}",
+                    "epoch": epoch,
+                    "accuracy": result.accuracy,
+                    "num_correct": result.num_correct,
+                    "num_eval": result.num_eval,
+                    "scorer": result.scorer,
+                    "train_loss": train_loss,
+                    "seconds": round(train_seconds, 3),
+                    "eval_seconds": round(result.seconds, 3),
+                },
+            )
 
         if 0 not in finished:
             record(0, None, 0.0)  # before fine-tuning: the near-chance starting point

@@ -70,6 +70,7 @@ class Dataset:
 
 # ----------------------------------------------------------------------------------------------- formats
 
+
 @dataclass(frozen=True)
 class BadLine:
     """A JSONL line that is not JSON: kept in place so `rows_to_dataset` reports it with its row index."""
@@ -149,13 +150,24 @@ def _hellaswag_example(row: Mapping[str, Any]) -> Example:
 FORMATS: dict[str, DatasetFormat] = {
     f.name: f
     for f in (
-        DatasetFormat(name="llm-adapters", required=("instruction", "output"),
-                      description="llm-adapters/alpaca (instruction, output[, input, answer])",
-                      to_example=_llm_adapters_example),
-        DatasetFormat(name="gsm8k", required=("question", "answer"),
-                      description="gsm8k (question, answer with '#### N')", to_example=_gsm8k_example),
-        DatasetFormat(name="hellaswag", required=("ctx", "endings", "label"),
-                      description="hellaswag (ctx, endings, label)", to_example=_hellaswag_example),
+        DatasetFormat(
+            name="llm-adapters",
+            required=("instruction", "output"),
+            description="llm-adapters/alpaca (instruction, output[, input, answer])",
+            to_example=_llm_adapters_example,
+        ),
+        DatasetFormat(
+            name="gsm8k",
+            required=("question", "answer"),
+            description="gsm8k (question, answer with '#### N')",
+            to_example=_gsm8k_example,
+        ),
+        DatasetFormat(
+            name="hellaswag",
+            required=("ctx", "endings", "label"),
+            description="hellaswag (ctx, endings, label)",
+            to_example=_hellaswag_example,
+        ),
     )
 }
 FORMAT_ALIASES = {"alpaca": "llm-adapters"}
@@ -165,14 +177,19 @@ def columns_format(columns: Mapping[str, str]) -> DatasetFormat:
     """A format from a column mapping: keys ``prompt`` and ``response`` (required) and ``answer`` (optional)."""
     unknown = set(columns) - {"prompt", "response", "answer"}
     if unknown or not {"prompt", "response"} <= set(columns):
-        raise TunecostError(f"a column mapping needs prompt=COL and response=COL (optionally answer=COL); got {dict(columns)}")
+        raise TunecostError(
+            f"a column mapping needs prompt=COL and response=COL (optionally answer=COL); got {dict(columns)}"
+        )
 
     def to_example(row: Mapping[str, Any]) -> Example:
         answer = _text(row, columns["answer"]) if "answer" in columns else ""
-        return Example(prompt=_text(row, columns["prompt"]), response=_text(row, columns["response"]), answer=answer.strip())
+        return Example(
+            prompt=_text(row, columns["prompt"]), response=_text(row, columns["response"]), answer=answer.strip()
+        )
 
-    return DatasetFormat(name="columns", required=tuple(columns.values()),
-                         description=f"columns {dict(columns)}", to_example=to_example)
+    return DatasetFormat(
+        name="columns", required=tuple(columns.values()), description=f"columns {dict(columns)}", to_example=to_example
+    )
 
 
 def accepted_formats_text() -> str:
@@ -238,6 +255,7 @@ def rows_to_dataset(
 
 # ----------------------------------------------------------------------------------------------- files
 
+
 def read_rows(path: str | os.PathLike[str]) -> list[Any]:
     """Raw rows of a .json (a list, or an object holding one list), .jsonl, .parquet or .csv file."""
     target = Path(path)
@@ -288,11 +306,13 @@ def load_file(
 ) -> Dataset:
     target = Path(path)
     rows = read_rows(target)
-    return rows_to_dataset(rows, name=name or target.stem, source=str(target), fmt=fmt, columns=columns,
-                           skip_bad_rows=skip_bad_rows)
+    return rows_to_dataset(
+        rows, name=name or target.stem, source=str(target), fmt=fmt, columns=columns, skip_bad_rows=skip_bad_rows
+    )
 
 
 # ----------------------------------------------------------------------------------------------- known names
+
 
 @dataclass(frozen=True, kw_only=True)
 class KnownDataset:
@@ -303,34 +323,63 @@ class KnownDataset:
 
 
 def _llm_adapters_test(name: str, what: str) -> KnownDataset:
-    return KnownDataset(name=name, description=f"LLM-Adapters {what} test set",
-                        files=(f"{name}_test.json", f"llm-adapters/{name}_test.json", f"dataset/{name}/test.json"))
+    return KnownDataset(
+        name=name,
+        description=f"LLM-Adapters {what} test set",
+        files=(f"{name}_test.json", f"llm-adapters/{name}_test.json", f"dataset/{name}/test.json"),
+    )
 
 
 KNOWN_DATASETS: dict[str, KnownDataset] = {
     k.name: k
     for k in (
-        KnownDataset(name="commonsense_15k", description="LLM-Adapters commonsense_15k (the paper's CS)",
-                     files=("commonsense_15k.json", "llm-adapters/commonsense_15k.json",
-                            "ft-training_set/commonsense_15k.json")),
-        KnownDataset(name="commonsense_170k", description="LLM-Adapters commonsense_170k",
-                     files=("commonsense_170k.json", "llm-adapters/commonsense_170k.json",
-                            "ft-training_set/commonsense_170k.json")),
-        KnownDataset(name="math_14k", description="LLM-Adapters math_14k (the paper's MATH)",
-                     files=("math_14k.json", "llm-adapters/math_14k.json", "ft-training_set/math_14k.json")),
-        KnownDataset(name="math_10k", description="LLM-Adapters math_10k",
-                     files=("math_10k.json", "llm-adapters/math_10k.json", "ft-training_set/math_10k.json")),
-        KnownDataset(name="math_data", description="LLM-Adapters math_data.json",
-                     files=("math_data.json", "llm-adapters/math_data.json")),
-        KnownDataset(name="gsm8k", description="GSM8K test (1319; LLM-Adapters file or original JSONL)",
-                     files=("gsm8k_test.json", "llm-adapters/gsm8k_test.json", "dataset/gsm8k/test.json",
-                            "gsm8k/test.jsonl"),
-                     hub=("openai/gsm8k", "main", "test")),
-        KnownDataset(name="gsm8k-train", description="GSM8K train (7473, original JSONL)",
-                     files=("gsm8k/train.jsonl", "gsm8k_train.jsonl"), hub=("openai/gsm8k", "main", "train")),
-        KnownDataset(name="hellaswag", description="HellaSwag validation (ctx/endings/label)",
-                     files=("hellaswag/validation.jsonl", "hellaswag_val.jsonl", "hellaswag.jsonl"),
-                     hub=("Rowan/hellaswag", None, "validation")),
+        KnownDataset(
+            name="commonsense_15k",
+            description="LLM-Adapters commonsense_15k (the paper's CS)",
+            files=("commonsense_15k.json", "llm-adapters/commonsense_15k.json", "ft-training_set/commonsense_15k.json"),
+        ),
+        KnownDataset(
+            name="commonsense_170k",
+            description="LLM-Adapters commonsense_170k",
+            files=(
+                "commonsense_170k.json",
+                "llm-adapters/commonsense_170k.json",
+                "ft-training_set/commonsense_170k.json",
+            ),
+        ),
+        KnownDataset(
+            name="math_14k",
+            description="LLM-Adapters math_14k (the paper's MATH)",
+            files=("math_14k.json", "llm-adapters/math_14k.json", "ft-training_set/math_14k.json"),
+        ),
+        KnownDataset(
+            name="math_10k",
+            description="LLM-Adapters math_10k",
+            files=("math_10k.json", "llm-adapters/math_10k.json", "ft-training_set/math_10k.json"),
+        ),
+        KnownDataset(
+            name="math_data",
+            description="LLM-Adapters math_data.json",
+            files=("math_data.json", "llm-adapters/math_data.json"),
+        ),
+        KnownDataset(
+            name="gsm8k",
+            description="GSM8K test (1319; LLM-Adapters file or original JSONL)",
+            files=("gsm8k_test.json", "llm-adapters/gsm8k_test.json", "dataset/gsm8k/test.json", "gsm8k/test.jsonl"),
+            hub=("openai/gsm8k", "main", "test"),
+        ),
+        KnownDataset(
+            name="gsm8k-train",
+            description="GSM8K train (7473, original JSONL)",
+            files=("gsm8k/train.jsonl", "gsm8k_train.jsonl"),
+            hub=("openai/gsm8k", "main", "train"),
+        ),
+        KnownDataset(
+            name="hellaswag",
+            description="HellaSwag validation (ctx/endings/label)",
+            files=("hellaswag/validation.jsonl", "hellaswag_val.jsonl", "hellaswag.jsonl"),
+            hub=("Rowan/hellaswag", None, "validation"),
+        ),
         _llm_adapters_test("boolq", "BoolQ"),
         _llm_adapters_test("piqa", "PIQA"),
         _llm_adapters_test("social_i_qa", "SIQA"),
@@ -386,16 +435,18 @@ def load_hub_rows(repo_id: str, config: str | None, split: str, *, allow_downloa
     else:
         try:
             source = snapshot_download(repo_id, repo_type="dataset", local_files_only=True)
-        except Exception:  # noqa: BLE001 - any failure means "not in the cache"
+        except Exception:
             raise TunecostError(
                 f"hub dataset {repo_id!r} is not in the local cache and downloads are off "
                 f"(allow_download=True / --allow-download, or put a file under ${DATA_DIR_ENV})"
             ) from None
     try:
         ds = hf_datasets.load_dataset(source, name=config, split=split)
-    except Exception as exc:  # noqa: BLE001 - datasets raises many types; report one line
-        raise TunecostError(f"cannot load hub dataset {repo_id!r} (config {config}, split {split}): "
-                            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    except Exception as exc:
+        raise TunecostError(
+            f"cannot load hub dataset {repo_id!r} (config {config}, split {split}): "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
     return [dict(row) for row in ds]
 
 
@@ -427,19 +478,23 @@ def load_dataset(
         entry = KNOWN_DATASETS[known]
         looked = ", ".join(str(d) for d in data_dirs()) or f"(${DATA_DIR_ENV} is not set)"
         if entry.hub is None:
-            raise TunecostError(f"dataset {known!r} not found: looked for {', '.join(entry.files)} under {looked}; "
-                                f"set ${DATA_DIR_ENV} to the folder holding it or pass the file path")
+            raise TunecostError(
+                f"dataset {known!r} not found: looked for {', '.join(entry.files)} under {looked}; "
+                f"set ${DATA_DIR_ENV} to the folder holding it or pass the file path"
+            )
         repo_id, config, hub_split = entry.hub
         try:
             rows = load_hub_rows(repo_id, config, hub_split, allow_download=allow_download)
         except TunecostError as exc:
             raise TunecostError(f"dataset {known!r} not found under {looked}; {exc}") from None
-        return rows_to_dataset(rows, name=known, source=f"hub:{repo_id}:{hub_split}", fmt=fmt, columns=columns,
-                               skip_bad_rows=skip_bad_rows).head(limit)
+        return rows_to_dataset(
+            rows, name=known, source=f"hub:{repo_id}:{hub_split}", fmt=fmt, columns=columns, skip_bad_rows=skip_bad_rows
+        ).head(limit)
     if re.fullmatch(r"[\w.-]+/[\w.-]+", spec) and not path.suffix:
         rows = load_hub_rows(spec, None, split, allow_download=allow_download)
-        return rows_to_dataset(rows, name=spec, source=f"hub:{spec}:{split}", fmt=fmt, columns=columns,
-                               skip_bad_rows=skip_bad_rows).head(limit)
+        return rows_to_dataset(
+            rows, name=spec, source=f"hub:{spec}:{split}", fmt=fmt, columns=columns, skip_bad_rows=skip_bad_rows
+        ).head(limit)
     if path.suffix or os.sep in spec:
         raise TunecostError(f"dataset file not found: {spec}")
     raise unknown_name_error("dataset", spec, KNOWN_DATASETS)

@@ -99,7 +99,8 @@ class LengthDistribution:
         for n in self.lengths:
             counts[(n - start) // bin_width] += 1
         return tuple(
-            HistogramBin(lo=start + i * bin_width, hi=start + (i + 1) * bin_width, count=c) for i, c in enumerate(counts)
+            HistogramBin(lo=start + i * bin_width, hi=start + (i + 1) * bin_width, count=c)
+            for i, c in enumerate(counts)
         )
 
     def _ordered(self, order: BatchOrder, seed: int) -> tuple[int, ...]:
@@ -151,9 +152,12 @@ def length_distribution(dataset: Dataset, tokenizer: Tokenizer, template: Templa
     """Tokenize every query (prompt + response) of `dataset` and return its length distribution."""
     from tunecost.workload.templates import encode_queries
 
-    encoded = encode_queries(template, tokenizer, [e.prompt for e in dataset.examples],
-                             [e.response for e in dataset.examples])
+    encoded = encode_queries(
+        template, tokenizer, [e.prompt for e in dataset.examples], [e.response for e in dataset.examples]
+    )
     return LengthDistribution(
-        lengths=tuple(len(q.ids) for q in encoded), dataset=dataset.name, tokenizer=tokenizer.name,
+        lengths=tuple(len(q.ids) for q in encoded),
+        dataset=dataset.name,
+        tokenizer=tokenizer.name,
         template=template.name,
     )

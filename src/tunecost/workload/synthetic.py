@@ -21,8 +21,20 @@ from dataclasses import dataclass
 from tunecost.errors import TunecostError
 
 NAMES = ("Mia", "Tom", "Ava", "Leo", "Zoe", "Sam", "Ivy", "Max", "Amy", "Ben", "Eva", "Dan")
-PRONOUN = {"Mia": "She", "Ava": "She", "Zoe": "She", "Ivy": "She", "Amy": "She", "Eva": "She",
-           "Tom": "He", "Leo": "He", "Sam": "He", "Max": "He", "Ben": "He", "Dan": "He"}
+PRONOUN = {
+    "Mia": "She",
+    "Ava": "She",
+    "Zoe": "She",
+    "Ivy": "She",
+    "Amy": "She",
+    "Eva": "She",
+    "Tom": "He",
+    "Leo": "He",
+    "Sam": "He",
+    "Max": "He",
+    "Ben": "He",
+    "Dan": "He",
+}
 ITEMS = ("apples", "books", "coins", "pens", "cards", "shells", "stamps", "balls", "cups", "eggs")
 
 ADD_TEMPLATES = (
@@ -118,5 +130,6 @@ def synthetic_arith_dataset(
         raise TunecostError(f"synthetic-arith split must be 'train' or 'test', got {split!r}")
     train, test = synthetic_arith_rows(num_train, num_test, seed=seed, config=config)
     name = "synthetic-arith" if split == "train" else "synthetic-arith-test"
-    return rows_to_dataset(train if split == "train" else test, name=name, source=f"embedded:seed={seed}",
-                           fmt="llm-adapters")
+    return rows_to_dataset(
+        train if split == "train" else test, name=name, source=f"embedded:seed={seed}", fmt="llm-adapters"
+    )

@@ -96,11 +96,14 @@ class EncodedQuery:
 def _chat_texts(tokenizer: Tokenizer, prompt: str, response: str) -> tuple[str, str]:
     apply = getattr(tokenizer, "apply_chat_template", None)
     if apply is None or not tokenizer.chat_template:
-        raise TunecostError(f"template 'chat' needs a tokenizer with a chat template; {tokenizer.name} has none "
-                            "(use --template mistral, alpaca or none)")
+        raise TunecostError(
+            f"template 'chat' needs a tokenizer with a chat template; {tokenizer.name} has none "
+            "(use --template mistral, alpaca or none)"
+        )
     prompt_text = apply([{"role": "user", "content": prompt}], add_generation_prompt=True)
-    full_text = apply([{"role": "user", "content": prompt}, {"role": "assistant", "content": response}],
-                      add_generation_prompt=False)
+    full_text = apply(
+        [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}], add_generation_prompt=False
+    )
     return prompt_text, full_text
 
 
@@ -128,7 +131,9 @@ def encode_queries(
         pairs = [_chat_texts(tokenizer, p, r) for p, r in zip(prompts, responses)]
         prompt_ids = tokenizer.encode_batch([p for p, _ in pairs])
         full_ids = tokenizer.encode_batch([f for _, f in pairs])
-        return [EncodedQuery(ids=tuple(f), num_prompt_tokens=common_prefix_len(p, f)) for p, f in zip(prompt_ids, full_ids)]
+        return [
+            EncodedQuery(ids=tuple(f), num_prompt_tokens=common_prefix_len(p, f)) for p, f in zip(prompt_ids, full_ids)
+        ]
     bos = [tokenizer.bos_id] if template.add_bos and tokenizer.bos_id is not None else []
     eos = [tokenizer.eos_id] if template.add_eos and tokenizer.eos_id is not None else []
     prompt_texts = [template.render_prompt(p) for p in prompts]

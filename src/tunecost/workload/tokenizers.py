@@ -32,7 +32,9 @@ def mistral_v1_model_path() -> Path:
     try:
         import mistral_common
     except ImportError:  # pragma: no cover - a declared dependency
-        raise TunecostError("the offline Mixtral tokenizer needs the 'mistral-common' package (pip install mistral-common)") from None
+        raise TunecostError(
+            "the offline Mixtral tokenizer needs the 'mistral-common' package (pip install mistral-common)"
+        ) from None
     path = Path(mistral_common.__file__).parent / MISTRAL_V1_FILE
     if not path.is_file():
         raise TunecostError(f"mistral-common is installed but has no {MISTRAL_V1_FILE} (looked at {path})")
@@ -215,8 +217,12 @@ def _hf_tokenizer(name_or_path: str, allow_download: bool) -> HFTokenizer:
         tok = AutoTokenizer.from_pretrained(name_or_path, local_files_only=not allow_download, trust_remote_code=False)
     except (OSError, ValueError, KeyError) as exc:
         where = "local path" if Path(name_or_path).exists() else "hub id"
-        hint = "" if allow_download else " (downloads are off: pass allow_download / --allow-download, or use 'mistral')"
-        raise TunecostError(f"cannot load tokenizer from {where} {name_or_path!r}{hint}: {str(exc).splitlines()[0]}") from None
+        hint = (
+            "" if allow_download else " (downloads are off: pass allow_download / --allow-download, or use 'mistral')"
+        )
+        raise TunecostError(
+            f"cannot load tokenizer from {where} {name_or_path!r}{hint}: {str(exc).splitlines()[0]}"
+        ) from None
     return HFTokenizer(tok, name=f"hf:{name_or_path}")
 
 

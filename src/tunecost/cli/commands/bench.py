@@ -8,8 +8,9 @@ import typer
 
 from tunecost.cli.common import cli_errors, err_console, print_json, print_table, split_list
 
-bench_app = typer.Typer(help="Micro-benchmarks (side by side in one run, ratios measured together).",
-                        no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Micro-benchmarks (side by side in one run, ratios measured together).", no_args_is_help=True
+)
 
 
 def _mib(num_bytes: int) -> str:
@@ -63,9 +64,20 @@ def bench_moe(
             progress.update(task, completed=done, total=total, description=label)
 
         rows = bench_moe_layer(
-            tokens=tokens, hidden=hidden, intermediate=intermediate, experts=experts, top_k=top_k, rank=rank,
-            repeats=repeats, warmup=warmup, impls=chosen, device=device, dtype=dtype,
-            measure_memory=not no_memory, threads=threads, on_progress=on_progress,
+            tokens=tokens,
+            hidden=hidden,
+            intermediate=intermediate,
+            experts=experts,
+            top_k=top_k,
+            rank=rank,
+            repeats=repeats,
+            warmup=warmup,
+            impls=chosen,
+            device=device,
+            dtype=dtype,
+            measure_memory=not no_memory,
+            threads=threads,
+            on_progress=on_progress,
         )
     if json_out:
         print_json(rows)
@@ -77,13 +89,31 @@ def bench_moe(
     print_table(
         f"One MoE block, forward+backward: {first.tokens} tokens, H={first.hidden}, I={first.intermediate}, "
         f"E={first.experts}, top-{first.top_k}, {first.dtype} on {first.device}",
-        ["impl", "trains", "fwd+bwd ms", "fwd ms", "vs peft-fused", "CPU ms", "CPU vs peft", "peak MiB",
-         "weights MiB", "peak vs peft"],
         [
-            (r.impl, f"LoRA r{r.rank}" if r.trainable == "lora" else r.trainable, f"{r.ms_forward_backward:.1f}",
-             f"{r.ms_forward:.1f}", _ratio(r.speedup_vs_peft_fused), f"{r.cpu_ms_forward_backward:.1f}",
-             _ratio(r.cpu_speedup_vs_peft_fused), _mib(r.peak_bytes) if not no_memory else "-",
-             _mib(r.weight_bytes), _ratio(r.peak_vs_peft_fused))
+            "impl",
+            "trains",
+            "fwd+bwd ms",
+            "fwd ms",
+            "vs peft-fused",
+            "CPU ms",
+            "CPU vs peft",
+            "peak MiB",
+            "weights MiB",
+            "peak vs peft",
+        ],
+        [
+            (
+                r.impl,
+                f"LoRA r{r.rank}" if r.trainable == "lora" else r.trainable,
+                f"{r.ms_forward_backward:.1f}",
+                f"{r.ms_forward:.1f}",
+                _ratio(r.speedup_vs_peft_fused),
+                f"{r.cpu_ms_forward_backward:.1f}",
+                _ratio(r.cpu_speedup_vs_peft_fused),
+                _mib(r.peak_bytes) if not no_memory else "-",
+                _mib(r.weight_bytes),
+                _ratio(r.peak_vs_peft_fused),
+            )
             for r in rows
         ],
         caption=f"median of {first.repeats} round-robin repeats, {first.threads} torch thread(s); "

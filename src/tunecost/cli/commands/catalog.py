@@ -19,9 +19,19 @@ def gpus(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
         print_json([{**g.__dict__, "memory_bytes": g.memory_bytes} for g in rows])
         return
     print_table(
-        "GPUs (datasheet, dense)", ["name", "aliases", "memory GB", "bandwidth TB/s", "BF16 TFLOP/s", "FP32 TFLOP/s"],
-        [[g.name, ", ".join(g.aliases), f"{g.memory_gb:g}", f"{g.mem_bandwidth_bytes_per_s / 1e12:.3g}",
-          f"{g.bf16_tensor_flops_per_s / 1e12:g}", f"{g.fp32_flops_per_s / 1e12:g}"] for g in rows],
+        "GPUs (datasheet, dense)",
+        ["name", "aliases", "memory GB", "bandwidth TB/s", "BF16 TFLOP/s", "FP32 TFLOP/s"],
+        [
+            [
+                g.name,
+                ", ".join(g.aliases),
+                f"{g.memory_gb:g}",
+                f"{g.mem_bandwidth_bytes_per_s / 1e12:.3g}",
+                f"{g.bf16_tensor_flops_per_s / 1e12:g}",
+                f"{g.fp32_flops_per_s / 1e12:g}",
+            ]
+            for g in rows
+        ],
         caption="Sources per figure: tunecost gpus --json",
     )
 
@@ -35,21 +45,43 @@ def models(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -
     out = []
     for spec in model_catalog().values():
         counts = count_parameters(spec)
-        out.append({
-            "name": spec.name, "family": spec.family, "hub_id": spec.hub_id, "layers": spec.num_layers,
-            "hidden_size": spec.hidden_size, "vocab_size": spec.vocab_size, "num_experts": spec.num_experts,
-            "experts_per_token": spec.default_experts_per_token, "total_params": counts.total,
-            "active_params": counts.active, "published_total_params": spec.published_total_params,
-            "source": spec.source, "as_of": spec.as_of,
-        })
+        out.append(
+            {
+                "name": spec.name,
+                "family": spec.family,
+                "hub_id": spec.hub_id,
+                "layers": spec.num_layers,
+                "hidden_size": spec.hidden_size,
+                "vocab_size": spec.vocab_size,
+                "num_experts": spec.num_experts,
+                "experts_per_token": spec.default_experts_per_token,
+                "total_params": counts.total,
+                "active_params": counts.active,
+                "published_total_params": spec.published_total_params,
+                "source": spec.source,
+                "as_of": spec.as_of,
+            }
+        )
     if json_out:
         print_json(out)
         return
     print_table(
         "Models (parameter counts computed from the config)",
         ["name", "family", "layers", "hidden", "experts", "top-k", "total (B)", "active (B)", "hub id"],
-        [[m["name"], m["family"], m["layers"], m["hidden_size"], m["num_experts"], m["experts_per_token"],
-          f"{m['total_params'] / 1e9:.2f}", f"{m['active_params'] / 1e9:.2f}", m["hub_id"] or "-"] for m in out],
+        [
+            [
+                m["name"],
+                m["family"],
+                m["layers"],
+                m["hidden_size"],
+                m["num_experts"],
+                m["experts_per_token"],
+                f"{m['total_params'] / 1e9:.2f}",
+                f"{m['active_params'] / 1e9:.2f}",
+                m["hub_id"] or "-",
+            ]
+            for m in out
+        ],
     )
 
 
@@ -72,8 +104,11 @@ def prices(
     if json_out:
         print_json(rows)
         return
-    print_table("GPU prices ($ per GPU-hour, on demand)", ["gpu", "provider", "$/h", "date", "source"],
-                [[p.gpu, p.provider, f"{p.usd_per_gpu_hour:.2f}", p.date, p.source_url] for p in rows])
+    print_table(
+        "GPU prices ($ per GPU-hour, on demand)",
+        ["gpu", "provider", "$/h", "date", "source"],
+        [[p.gpu, p.provider, f"{p.usd_per_gpu_hour:.2f}", p.date, p.source_url] for p in rows],
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -15,27 +14,38 @@ data_app = typer.Typer(help="Datasets: sequence-length statistics and known name
 
 def stats_rows(summary: dict, histogram: list[dict], padding: dict) -> list[dict]:
     """JSONL rows of kind "lengths" (docs/dev/records.md): one summary row and one row per histogram bin."""
-    keys = {"schema_version": 1, "kind": "lengths", "dataset": summary["dataset"], "tokenizer": summary["tokenizer"],
-            "template": summary["template"]}
+    keys = {
+        "schema_version": 1,
+        "kind": "lengths",
+        "dataset": summary["dataset"],
+        "tokenizer": summary["tokenizer"],
+        "template": summary["template"],
+    }
     rows = [{**keys, "record": "summary", **{k: v for k, v in summary.items() if k not in keys}, **padding}]
-    rows += [{**keys, "record": "histogram", "bin_lo": b["lo"], "bin_hi": b["hi"], "count": b["count"]}
-             for b in histogram]
+    rows += [
+        {**keys, "record": "histogram", "bin_lo": b["lo"], "bin_hi": b["hi"], "count": b["count"]} for b in histogram
+    ]
     return rows
 
 
 @data_app.command("stats")
 @cli_errors
 def stats(
-    dataset: str = typer.Argument(..., help="A file (.json/.jsonl/.parquet/.csv), a known name (see `tunecost data "
-                                            "list`), a hub id, or synthetic-arith."),
-    tokenizer: str = typer.Option("mistral", "--tokenizer", help="'mistral' (offline Mixtral), a local path or a hub id."),
+    dataset: str = typer.Argument(
+        ...,
+        help="A file (.json/.jsonl/.parquet/.csv), a known name (see `tunecost data "
+        "list`), a hub id, or synthetic-arith.",
+    ),
+    tokenizer: str = typer.Option(
+        "mistral", "--tokenizer", help="'mistral' (offline Mixtral), a local path or a hub id."
+    ),
     template: str = typer.Option("none", "--template", help="none | mistral | alpaca | chat"),
     batch_size: int = typer.Option(8, "--batch-size", help="Batch size for the padding-waste figures."),
     bins: int = typer.Option(30, "--bins", help="Histogram bins."),
-    columns: Optional[str] = typer.Option(None, "--columns", help="Column mapping: prompt=COL,response=COL[,answer=COL]"),
+    columns: str | None = typer.Option(None, "--columns", help="Column mapping: prompt=COL,response=COL[,answer=COL]"),
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip malformed rows instead of failing."),
     allow_download: bool = typer.Option(False, "--allow-download", help="Allow hub downloads (tokenizer, dataset)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write JSONL rows (summary + histogram) to this file."),
+    out: Path | None = typer.Option(None, "--out", help="Write JSONL rows (summary + histogram) to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
 ) -> None:
     """Token-length statistics of a dataset's queries (prompt + ground-truth response)."""
@@ -47,8 +57,9 @@ def stats(
 
     tmpl = template_by_name(template)
     tok = tokenizer_by_name(tokenizer, allow_download=allow_download)
-    ds = load_dataset(dataset, columns=parse_columns(columns), skip_bad_rows=skip_bad_rows,
-                      allow_download=allow_download)
+    ds = load_dataset(
+        dataset, columns=parse_columns(columns), skip_bad_rows=skip_bad_rows, allow_download=allow_download
+    )
     dist = length_distribution(ds, tok, tmpl)
     summary = dist.summary()
     padding = {
@@ -60,8 +71,14 @@ def stats(
         "worst_batch_length": dist.worst_batch_length(batch_size),
     }
     histogram = [{"lo": b.lo, "hi": b.hi, "count": b.count} for b in dist.histogram(num_bins=bins)]
-    report = {**summary, "source": ds.source, "format": ds.format, "skipped_rows": list(ds.skipped_rows),
-              **padding, "histogram": histogram}
+    report = {
+        **summary,
+        "source": ds.source,
+        "format": ds.format,
+        "skipped_rows": list(ds.skipped_rows),
+        **padding,
+        "histogram": histogram,
+    }
     if out is not None:
         rows = stats_rows(summary, histogram, padding)
         atomic_write_text(out, "".join(json.dumps(r) + "\n" for r in rows))
@@ -71,10 +88,16 @@ def stats(
     print_table(
         f"{ds.name}: {dist.num_queries} queries ({ds.format}, {ds.source})",
         ["statistic", "tokens"],
-        [["min", summary["min_tokens"]], ["median", summary["median_tokens"]], ["mean", summary["mean_tokens"]],
-         ["p90", summary["p90_tokens"]], ["p99", summary["p99_tokens"]], ["max", summary["max_tokens"]],
-         [f"padding waste, batch {batch_size} (dataset order)", f"{padding['padding_waste_dataset_order']:.1%}"],
-         [f"padding waste, batch {batch_size} (sorted)", f"{padding['padding_waste_sorted']:.1%}"]],
+        [
+            ["min", summary["min_tokens"]],
+            ["median", summary["median_tokens"]],
+            ["mean", summary["mean_tokens"]],
+            ["p90", summary["p90_tokens"]],
+            ["p99", summary["p99_tokens"]],
+            ["max", summary["max_tokens"]],
+            [f"padding waste, batch {batch_size} (dataset order)", f"{padding['padding_waste_dataset_order']:.1%}"],
+            [f"padding waste, batch {batch_size} (sorted)", f"{padding['padding_waste_sorted']:.1%}"],
+        ],
         caption=f"tokenizer: {tok.name}; template: {tmpl.name}"
         + (f"; skipped {len(ds.skipped_rows)} malformed rows" if ds.skipped_rows else "")
         + (f"; rows written to {out}" if out else ""),
@@ -96,9 +119,12 @@ def list_known(as_json: bool = typer.Option(False, "--json", help="Print JSON on
     if as_json:
         print_json(rows)
         return
-    print_table("Known datasets", ["name", "description", "local file", "hub"],
-                [[r["name"], r["description"], r["local"] or "-", r["hub"] or "-"] for r in rows],
-                caption="Local files are looked up under $TUNECOST_DATA_DIR.")
+    print_table(
+        "Known datasets",
+        ["name", "description", "local file", "hub"],
+        [[r["name"], r["description"], r["local"] or "-", r["hub"] or "-"] for r in rows],
+        caption="Local files are looked up under $TUNECOST_DATA_DIR.",
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -10,17 +10,24 @@ from tunecost.cli.common import cli_errors, console
 
 
 @cli_errors
-def demo(out: Path = typer.Option(Path("runs/demo"), "--out", help="Run directory for records and the report.")) -> None:
+def demo(
+    out: Path = typer.Option(Path("runs/demo"), "--out", help="Run directory for records and the report."),
+) -> None:
     """Run the whole pipeline on the embedded default (no GPU, no downloads) and write the report."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     from tunecost.demo import run_demo
 
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
         task = progress.add_task("starting", total=1)
 
-        def on_stage(stage) -> None:  # noqa: ANN001
+        def on_stage(stage) -> None:
             progress.update(task, description=stage.description, completed=0, total=1)
 
         def on_progress(done: int, total: int, label: str) -> None:

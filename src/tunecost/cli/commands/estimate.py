@@ -11,7 +11,9 @@ from tunecost.cli.common import cli_errors, console, print_json, print_table, sp
 
 @cli_errors
 def fit(
-    measurements: Path = typer.Argument(..., help="CSV: model,dataset,gpu,experts_per_token,[sparsity],batch_size,queries_per_s"),
+    measurements: Path = typer.Argument(
+        ..., help="CSV: model,dataset,gpu,experts_per_token,[sparsity],batch_size,queries_per_s"
+    ),
     form: str = typer.Option("artifact", "--form", help="Eq. (2) form: artifact (a + b*log(B)/(s*c3)) or printed."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -21,14 +23,41 @@ def fit(
 
     fits = fit_all(load_measurements(measurements), form)  # type: ignore[arg-type]
     if json_out:
-        print_json([{"model": f.model, "dataset": f.dataset, "gpu": f.gpu, "form": f.form,
-                     "coefficients": f.coefficients, "rmse": f.rmse, "mape": f.mape, "num_points": f.num_points,
-                     "batch_size_range": f.batch_size_range, "note": f.note} for f in fits])
+        print_json(
+            [
+                {
+                    "model": f.model,
+                    "dataset": f.dataset,
+                    "gpu": f.gpu,
+                    "form": f.form,
+                    "coefficients": f.coefficients,
+                    "rmse": f.rmse,
+                    "mape": f.mape,
+                    "num_points": f.num_points,
+                    "batch_size_range": f.batch_size_range,
+                    "note": f.note,
+                }
+                for f in fits
+            ]
+        )
         return
-    print_table(f"Eq. (2) fits ({form} form)", ["model", "dataset", "gpu", "coefficients", "RMSE qps", "MAPE", "points"],
-                [[f.model, f.dataset, f.gpu, ", ".join(f"{k}={v:.4g}" for k, v in f.coefficients.items()),
-                  f"{f.rmse:.3f}", f"{100 * f.mape:.1f} %", f.num_points] for f in fits],
-                caption="; ".join(sorted({f"{f.model}: {f.note}" for f in fits})))
+    print_table(
+        f"Eq. (2) fits ({form} form)",
+        ["model", "dataset", "gpu", "coefficients", "RMSE qps", "MAPE", "points"],
+        [
+            [
+                f.model,
+                f.dataset,
+                f.gpu,
+                ", ".join(f"{k}={v:.4g}" for k, v in f.coefficients.items()),
+                f"{f.rmse:.3f}",
+                f"{100 * f.mape:.1f} %",
+                f.num_points,
+            ]
+            for f in fits
+        ],
+        caption="; ".join(sorted({f"{f.model}: {f.note}" for f in fits})),
+    )
 
 
 @cli_errors
@@ -53,20 +82,33 @@ def cost(
     price_provider = price_date = gpu_name = None
     if usd_per_hour is None:
         if gpu is None:
-            raise TunecostError("give --usd-per-hour P, or --gpu G [--provider NAME] to take the price from the catalog")
+            raise TunecostError(
+                "give --usd-per-hour P, or --gpu G [--provider NAME] to take the price from the catalog"
+            )
         gpu_name = resolve_gpu_name(gpu).gpu.name
         found = prices_for(gpu_name, price_catalog(prices_file), provider)
         if not found:
-            raise TunecostError(f"no price for {gpu_name}" + (f" from {provider}" if provider else "") + " in the catalog")
+            raise TunecostError(
+                f"no price for {gpu_name}" + (f" from {provider}" if provider else "") + " in the catalog"
+            )
         usd_per_hour, price_provider, price_date = found[0].usd_per_gpu_hour, found[0].provider, found[0].date
-    result = simple_cost(num_queries=queries, epochs=epochs, queries_per_s=throughput, usd_per_hour=usd_per_hour,
-                         provider=price_provider, price_date=price_date, gpu=gpu_name)
+    result = simple_cost(
+        num_queries=queries,
+        epochs=epochs,
+        queries_per_s=throughput,
+        usd_per_hour=usd_per_hour,
+        provider=price_provider,
+        price_date=price_date,
+        gpu=gpu_name,
+    )
     if json_out:
         print_json(result)
         return
     where = f" ({result.gpu}, {result.provider}, price of {result.price_date})" if result.provider else ""
-    console.print(f"{queries:g} queries x {epochs:g} epochs at {throughput:g} queries/s = {result.hours:.2f} h; "
-                  f"at ${usd_per_hour:g}/h{where}: [bold]${result.usd:.2f}[/bold]")
+    console.print(
+        f"{queries:g} queries x {epochs:g} epochs at {throughput:g} queries/s = {result.hours:.2f} h; "
+        f"at ${usd_per_hour:g}/h{where}: [bold]${result.usd:.2f}[/bold]"
+    )
 
 
 @cli_errors
@@ -93,9 +135,20 @@ def estimate(
     gpus = list(gpu_catalog()) if gpu.strip().lower() == "all" else split_list(gpu, what="GPU")
     if queries is not None and queries <= 0:
         raise TunecostError(f"--queries must be > 0, got {queries}")
-    rows = estimate_costs(model=model, gpus=gpus, epochs=epochs, num_queries=queries, dataset=dataset, method=method,
-                          experts_per_token=experts_per_token, estimator=estimator, provider=provider,
-                          prices_file=prices_file, seq_len=seq_len, calibrate=calibrate)
+    rows = estimate_costs(
+        model=model,
+        gpus=gpus,
+        epochs=epochs,
+        num_queries=queries,
+        dataset=dataset,
+        method=method,
+        experts_per_token=experts_per_token,
+        estimator=estimator,
+        provider=provider,
+        prices_file=prices_file,
+        seq_len=seq_len,
+        calibrate=calibrate,
+    )
     if json_out:
         print_json(rows)
         return
@@ -112,10 +165,24 @@ def _print_cost_rows(rows: list) -> None:
         f"Fine-tuning {first.model} on {first.dataset}: {first.num_queries} queries x {first.epochs:g} epochs "
         f"(estimator: {first.estimator})",
         ["gpu", "provider", "price date", "$/h", "max batch", "queries/s", "hours", "cost $"],
-        [[r.gpu, r.provider or "-", r.price_date or "-", _fmt(r.usd_per_hour, ".2f"), r.max_batch_size,
-          _fmt(r.queries_per_s, ".3f") + (f" [{r.queries_per_s_low:.2f}-{r.queries_per_s_high:.2f}]"
-                                          if r.queries_per_s_low is not None else ""),
-          _fmt(r.hours, ".1f"), _fmt(r.usd, ".2f")] for r in rows],
+        [
+            [
+                r.gpu,
+                r.provider or "-",
+                r.price_date or "-",
+                _fmt(r.usd_per_hour, ".2f"),
+                r.max_batch_size,
+                _fmt(r.queries_per_s, ".3f")
+                + (
+                    f" [{r.queries_per_s_low:.2f}-{r.queries_per_s_high:.2f}]"
+                    if r.queries_per_s_low is not None
+                    else ""
+                ),
+                _fmt(r.hours, ".1f"),
+                _fmt(r.usd, ".2f"),
+            ]
+            for r in rows
+        ],
     )
     notes = sorted({r.notes for r in rows if r.notes})
     for note in notes:

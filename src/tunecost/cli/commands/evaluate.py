@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import typer
 
@@ -13,8 +12,14 @@ from tunecost.cli.common import cli_errors, err_console, print_json, print_table
 def _progress_bar():
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=err_console, transient=True)  # stderr: stdout carries only the results
+    return Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    )  # stderr: stdout carries only the results
 
 
 def register(app: typer.Typer) -> None:
@@ -23,14 +28,16 @@ def register(app: typer.Typer) -> None:
     def eval_command(
         model: str = typer.Option(..., "--model", help="tiny-mixtral (random init), a local folder or a hub id."),
         dataset: str = typer.Option(..., "--dataset", help="A file, a known name or synthetic-arith-test."),
-        adapter: Optional[str] = typer.Option(None, "--adapter", help="A PEFT adapter folder to apply."),
-        limit: Optional[int] = typer.Option(None, "--limit", help="Evaluate the first N examples."),
-        template: Optional[str] = typer.Option(None, "--template",
-                                               help="none | mistral | alpaca | chat (default: the checkpoint's, else mistral)"),
-        tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Override the model's tokenizer."),
+        adapter: str | None = typer.Option(None, "--adapter", help="A PEFT adapter folder to apply."),
+        limit: int | None = typer.Option(None, "--limit", help="Evaluate the first N examples."),
+        template: str | None = typer.Option(
+            None, "--template", help="none | mistral | alpaca | chat (default: the checkpoint's, else mistral)"
+        ),
+        tokenizer: str | None = typer.Option(None, "--tokenizer", help="Override the model's tokenizer."),
         batch_size: int = typer.Option(16, "--batch-size", help="Generation batch size."),
-        max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens",
-                                                     help="Generation limit (default 256 for math, 32 for options)."),
+        max_new_tokens: int | None = typer.Option(
+            None, "--max-new-tokens", help="Generation limit (default 256 for math, 32 for options)."
+        ),
         skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip malformed dataset rows."),
         allow_download: bool = typer.Option(False, "--allow-download", help="Allow hub downloads."),
         predictions: bool = typer.Option(False, "--predictions", help="Include every prediction in --json output."),
@@ -48,13 +55,27 @@ def register(app: typer.Typer) -> None:
         tmpl = template_by_name(template or saved_template(model) or "mistral")
         net, tok = load_eval_model(model, adapter=adapter, tokenizer=tokenizer, allow_download=allow_download)
         if as_json:
-            result = evaluate_model(net, tok, ds, template=tmpl, model_name=model, limit=limit,
-                                    batch_size=batch_size, max_new_tokens=max_new_tokens)
+            result = evaluate_model(
+                net,
+                tok,
+                ds,
+                template=tmpl,
+                model_name=model,
+                limit=limit,
+                batch_size=batch_size,
+                max_new_tokens=max_new_tokens,
+            )
         else:
             with _progress_bar() as bar:
                 task = bar.add_task(f"eval {ds.name}", total=None)
                 result = evaluate_model(
-                    net, tok, ds, template=tmpl, model_name=model, limit=limit, batch_size=batch_size,
+                    net,
+                    tok,
+                    ds,
+                    template=tmpl,
+                    model_name=model,
+                    limit=limit,
+                    batch_size=batch_size,
                     max_new_tokens=max_new_tokens,
                     on_progress=lambda done, total, label: bar.update(task, completed=done, total=total),
                 )
@@ -69,5 +90,6 @@ def register(app: typer.Typer) -> None:
             f"{model} on {result.dataset}",
             ["scorer", "examples", "correct", "accuracy", "seconds"],
             [[result.scorer, result.num_eval, result.num_correct, f"{result.accuracy:.1%}", f"{result.seconds:.1f}"]],
-            caption=f"tokenizer: {result.tokenizer}; template: {result.template}" + (f"; adapter: {adapter}" if adapter else ""),
+            caption=f"tokenizer: {result.tokenizer}; template: {result.template}"
+            + (f"; adapter: {adapter}" if adapter else ""),
         )

@@ -20,8 +20,11 @@ def register(app: typer.Typer) -> None:
         out: Path = typer.Option(..., "--out", help="Folder for counters.jsonl, utilization.json and raw CSVs."),
         model: str = typer.Option("tiny-mixtral", "--model", help="tiny-mixtral, a local folder or a HF id."),
         method: str = typer.Option("full", "--method", help="full | lora | qlora"),
-        experts_impl: str = typer.Option(None, "--experts-impl", help="Experts implementation (default: the "
-                                         "method's; see `tunecost profile --help`)."),
+        experts_impl: str = typer.Option(
+            None,
+            "--experts-impl",
+            help="Experts implementation (default: the method's; see `tunecost profile --help`).",
+        ),
         experts_per_token: int = typer.Option(None, "--experts-per-token", help="Top-k (default: the model's)."),
         batch_sizes: str = typer.Option("1,32", "--batch-sizes", help="Comma-separated batch sizes."),
         seq_len: int = typer.Option(128, "--seq-len", help="Tokens per query (random ids)."),
@@ -64,15 +67,29 @@ def register(app: typer.Typer) -> None:
 
             result = run_gpu_counters(job, out, ncu_path=ncu, on_progress=on_progress)
         if json_out:
-            print_json({"source": result.source, "out_dir": result.out_dir, "notes": list(result.notes),
-                        "num_kernels": len(result.rows), "utilization": list(result.utilization)})
+            print_json(
+                {
+                    "source": result.source,
+                    "out_dir": result.out_dir,
+                    "notes": list(result.notes),
+                    "num_kernels": len(result.rows),
+                    "utilization": list(result.utilization),
+                }
+            )
             return
         print_table(
             f"MoE kernels of layers {layers}: time-weighted utilization ({result.source})",
             ["batch", "class", "kernels", "time ms", "share %", "SM %", "DRAM %"],
             [
-                (u.batch_size, u.kernel_class, u.num_kernels, f"{u.duration_s * 1e3:.3f}",
-                 f"{u.time_share * 100:.1f}", _pct(u.sm_pct), _pct(u.dram_pct))
+                (
+                    u.batch_size,
+                    u.kernel_class,
+                    u.num_kernels,
+                    f"{u.duration_s * 1e3:.3f}",
+                    f"{u.time_share * 100:.1f}",
+                    _pct(u.sm_pct),
+                    _pct(u.dram_pct),
+                )
                 for u in result.utilization
             ],
             caption=f"rows: {result.out_dir}/counters.jsonl",

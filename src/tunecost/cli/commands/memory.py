@@ -62,9 +62,12 @@ def memory(
     experts_per_token: int = typer.Option(None, "--experts-per-token", help="Top-k (dense = all experts)."),
     seq_len: int = typer.Option(512, "--seq-len", help="Tokens per query (padded length)."),
     batch_size: int = typer.Option(1, "--batch-size", help="Queries per step."),
-    dataset_lengths: Path = typer.Option(None, "--dataset-lengths",
-                                         help="Token lengths of a dataset (JSON list or one per line): the worst "
-                                              "batch (the longest query, padded) decides; overrides --seq-len."),
+    dataset_lengths: Path = typer.Option(
+        None,
+        "--dataset-lengths",
+        help="Token lengths of a dataset (JSON list or one per line): the worst "
+        "batch (the longest query, padded) decides; overrides --seq-len.",
+    ),
     lora_rank: int = typer.Option(16, "--lora-rank"),
     lora_alpha: float = typer.Option(32.0, "--lora-alpha"),
     lora_targets: str = typer.Option("experts,router", "--lora-targets", help="attention, experts, router, mlp."),
@@ -76,10 +79,12 @@ def memory(
     double_quant: bool = typer.Option(True, "--double-quant/--no-double-quant"),
     stack: str = typer.Option("tunecost", "--stack", help="tunecost | hf-2024 (the paper's software stack)."),
     gpu: str = typer.Option(None, "--gpu", help="GPU from the catalog: also report the largest batch that fits."),
-    gpu_memory_gb: float = typer.Option(None, "--gpu-memory-gb",
-                                        help="Device memory in GB (10^9 bytes), instead of --gpu."),
-    layers_to_trace: int = typer.Option(None, "--layers-to-trace", help="Trace this many layers (default: scale "
-                                                                        "from one and two repeating units)."),
+    gpu_memory_gb: float = typer.Option(
+        None, "--gpu-memory-gb", help="Device memory in GB (10^9 bytes), instead of --gpu."
+    ),
+    layers_to_trace: int = typer.Option(
+        None, "--layers-to-trace", help="Trace this many layers (default: scale from one and two repeating units)."
+    ),
     no_cache: bool = typer.Option(False, "--no-cache", help="Ignore and do not write the result cache."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
@@ -92,10 +97,18 @@ def memory(
         raise TunecostError("give --gpu or --gpu-memory-gb, not both")
     lengths = _read_lengths(dataset_lengths) if dataset_lengths else None
     job = FineTuneJob(
-        model=model, method=method, experts_per_token=experts_per_token, compute_dtype=dtype,
-        quant_type=quant_type, double_quant=double_quant, gradient_checkpointing=gradient_checkpointing,
-        attention=attention, optimizer=optimizer, batch_size=batch_size,
-        seq_len=None if lengths else seq_len, lengths=lengths,
+        model=model,
+        method=method,
+        experts_per_token=experts_per_token,
+        compute_dtype=dtype,
+        quant_type=quant_type,
+        double_quant=double_quant,
+        gradient_checkpointing=gradient_checkpointing,
+        attention=attention,
+        optimizer=optimizer,
+        batch_size=batch_size,
+        seq_len=None if lengths else seq_len,
+        lengths=lengths,
         dataset=str(dataset_lengths) if dataset_lengths else None,
         lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=tuple(split_list(lora_targets))),
     )
@@ -110,35 +123,56 @@ def memory(
         gpu_bytes, gpu_name = int(gpu_memory_gb * GB), f"{gpu_memory_gb:g} GB"
 
     with _progress(enabled=not json_out) as report:
-        sim = simulate_step(job, num_layers_to_trace=layers_to_trace, stack=stack, use_cache=not no_cache,
-                            on_progress=report)
+        sim = simulate_step(
+            job, num_layers_to_trace=layers_to_trace, stack=stack, use_cache=not no_cache, on_progress=report
+        )
         best = None
         if gpu_bytes is not None:
-            best = max_batch_size(job, gpu_bytes, stack=stack, num_layers_to_trace=layers_to_trace,
-                                  use_cache=not no_cache, on_progress=report)
+            best = max_batch_size(
+                job,
+                gpu_bytes,
+                stack=stack,
+                num_layers_to_trace=layers_to_trace,
+                use_cache=not no_cache,
+                on_progress=report,
+            )
     total = sim.total_counts
     out = {
-        "model": sim.model, "method": sim.method, "stack": sim.stack, "batch_size": sim.batch_size,
-        "seq_len": sim.seq_len, "num_layers": sim.num_layers, "layers_traced": list(sim.layers_traced),
-        "peak_bytes": sim.peak_bytes, "peak_segment": sim.peak_segment, "breakdown": sim.breakdown_bytes,
-        "module_bytes": sim.module_bytes, "weight_bytes": sim.weight_bytes,
+        "model": sim.model,
+        "method": sim.method,
+        "stack": sim.stack,
+        "batch_size": sim.batch_size,
+        "seq_len": sim.seq_len,
+        "num_layers": sim.num_layers,
+        "layers_traced": list(sim.layers_traced),
+        "peak_bytes": sim.peak_bytes,
+        "peak_segment": sim.peak_segment,
+        "breakdown": sim.breakdown_bytes,
+        "module_bytes": sim.module_bytes,
+        "weight_bytes": sim.weight_bytes,
         "weight_storage_bytes": sim.weight_storage_bytes,
-        "flops_per_step": total.flops, "matmul_flops_per_step": total.matmul_flops,
+        "flops_per_step": total.flops,
+        "matmul_flops_per_step": total.matmul_flops,
         "bytes_moved_per_step": total.bytes_moved,
         "flops_by_phase": {p: c.flops_by_class for p, c in sim.counts.items()},
         "bytes_by_phase": {p: c.bytes_by_class for p, c in sim.counts.items()},
         "device_overhead_bytes": sim.device_overhead_bytes,
-        "seconds_taken": sim.seconds_taken, "assumptions": list(sim.assumptions),
+        "seconds_taken": sim.seconds_taken,
+        "assumptions": list(sim.assumptions),
     }
     if best is not None:
         out["gpu"] = gpu_name
         out["gpu_memory_bytes"] = gpu_bytes
         out["max_batch_size"] = best.batch_size
-        out["max_batch"] = {"batch_size": best.batch_size, "seq_len": best.seq_len,
-                            "peak_bytes": best.peak_bytes, "device_overhead_bytes": best.device_overhead_bytes,
-                            "headroom_bytes": best.headroom_bytes,
-                            "next_batch_need_bytes": best.next_batch_need_bytes,
-                            "simulations": [list(s) for s in best.simulations]}
+        out["max_batch"] = {
+            "batch_size": best.batch_size,
+            "seq_len": best.seq_len,
+            "peak_bytes": best.peak_bytes,
+            "device_overhead_bytes": best.device_overhead_bytes,
+            "headroom_bytes": best.headroom_bytes,
+            "next_batch_need_bytes": best.next_batch_need_bytes,
+            "simulations": [list(s) for s in best.simulations],
+        }
     if json_out:
         print_json(out)
         return
@@ -146,23 +180,36 @@ def memory(
 
 
 def _render(sim, best, gpu_name) -> None:
-    title = (f"{sim.model} {sim.method} ({sim.stack} stack): batch {sim.batch_size} x {sim.seq_len} tokens, "
-             f"{sim.num_layers} layers (traced {', '.join(map(str, sim.layers_traced))} and scaled)")
+    title = (
+        f"{sim.model} {sim.method} ({sim.stack} stack): batch {sim.batch_size} x {sim.seq_len} tokens, "
+        f"{sim.num_layers} layers (traced {', '.join(map(str, sim.layers_traced))} and scaled)"
+    )
     rows = [[k, _gb(v)] for k, v in sorted(sim.breakdown_bytes.items(), key=lambda kv: -kv[1])]
     rows.append(["PEAK (tensors)", _gb(sim.peak_bytes)])
     rows.append(["+ device overhead (assumed)", _gb(sim.device_overhead_bytes)])
     print_table(title, ["at the peak (" + sim.peak_segment + ")", "bytes"], rows)
-    print_table("Stored weights", ["part", "bytes"],
-                [[k, _gb(v)] for k, v in sorted(sim.weight_bytes.items(), key=lambda kv: -kv[1]) if v])
-    print_table("Peak by module", ["module", "bytes"],
-                [[k, _gb(v)] for k, v in sorted(sim.module_bytes.items(), key=lambda kv: -kv[1])])
+    print_table(
+        "Stored weights",
+        ["part", "bytes"],
+        [[k, _gb(v)] for k, v in sorted(sim.weight_bytes.items(), key=lambda kv: -kv[1]) if v],
+    )
+    print_table(
+        "Peak by module",
+        ["module", "bytes"],
+        [[k, _gb(v)] for k, v in sorted(sim.module_bytes.items(), key=lambda kv: -kv[1])],
+    )
     total = sim.total_counts
-    print_table("Work per step", ["phase", "TFLOP", "GB moved"],
-                [[p, f"{c.flops / 1e12:,.3f}", f"{c.bytes_moved / GB:,.2f}"] for p, c in sim.counts.items()]
-                + [["total", f"{total.flops / 1e12:,.3f}", f"{total.bytes_moved / GB:,.2f}"]])
+    print_table(
+        "Work per step",
+        ["phase", "TFLOP", "GB moved"],
+        [[p, f"{c.flops / 1e12:,.3f}", f"{c.bytes_moved / GB:,.2f}"] for p, c in sim.counts.items()]
+        + [["total", f"{total.flops / 1e12:,.3f}", f"{total.bytes_moved / GB:,.2f}"]],
+    )
     if best is not None:
-        console.print(f"Largest batch on {gpu_name}: [bold]{best.batch_size}[/bold] x {best.seq_len} tokens "
-                      f"(needs {_gb(best.peak_bytes + best.device_overhead_bytes)}; headroom {_gb(best.headroom_bytes)})")
+        console.print(
+            f"Largest batch on {gpu_name}: [bold]{best.batch_size}[/bold] x {best.seq_len} tokens "
+            f"(needs {_gb(best.peak_bytes + best.device_overhead_bytes)}; headroom {_gb(best.headroom_bytes)})"
+        )
     console.print(f"simulated in {sim.seconds_taken:.1f} s. Assumptions:")
     for a in sim.assumptions:
         console.print(f"  - {a}")

@@ -9,9 +9,23 @@ import typer
 from tunecost.cli.common import cli_errors, console, print_json, print_table
 
 TARGET_COLUMNS = ("model", "dataset", "gpu", "experts_per_token", "batch_size")
-OUTPUT_COLUMNS = ("model", "dataset", "gpu", "experts_per_token", "batch_size", "seq_len", "method", "queries_per_s",
-                  "queries_per_s_low", "queries_per_s_high", "step_s", "run_queries", "extrapolation",
-                  "extrapolation_reasons", "estimator")
+OUTPUT_COLUMNS = (
+    "model",
+    "dataset",
+    "gpu",
+    "experts_per_token",
+    "batch_size",
+    "seq_len",
+    "method",
+    "queries_per_s",
+    "queries_per_s_low",
+    "queries_per_s_high",
+    "step_s",
+    "run_queries",
+    "extrapolation",
+    "extrapolation_reasons",
+    "estimator",
+)
 
 
 def read_targets(path: Path) -> list:
@@ -19,7 +33,7 @@ def read_targets(path: Path) -> list:
     import csv
 
     from tunecost.errors import TunecostError
-    from tunecost.estimate.throughput_calibrate import ThroughputTarget
+    from tunecost.estimate.throughput.calibrate import ThroughputTarget
 
     if not path.is_file():
         raise TunecostError(f"targets file not found: {path}")
@@ -27,8 +41,10 @@ def read_targets(path: Path) -> list:
         reader = csv.DictReader(line for line in fh if not line.lstrip().startswith("#"))
         missing = [c for c in TARGET_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
-            raise TunecostError(f"{path}: missing column(s) {', '.join(missing)}; "
-                                f"required: {', '.join(TARGET_COLUMNS)} (optional: seq_len, method)")
+            raise TunecostError(
+                f"{path}: missing column(s) {', '.join(missing)}; "
+                f"required: {', '.join(TARGET_COLUMNS)} (optional: seq_len, method)"
+            )
         rows = list(reader)
     if not rows:
         raise TunecostError(f"{path}: no targets")
@@ -48,12 +64,17 @@ def read_targets(path: Path) -> list:
         if batch is None:
             raise TunecostError(f"{path}: row {i}: empty batch_size")
         try:
-            out.append(ThroughputTarget(
-                model=(row.get("model") or "").strip(), gpu=(row.get("gpu") or "").strip(), batch_size=batch,
-                experts_per_token=integer(i, row, "experts_per_token"),
-                dataset=(row.get("dataset") or "").strip() or None,
-                seq_len=integer(i, row, "seq_len"), method=(row.get("method") or "").strip() or None,
-            ))
+            out.append(
+                ThroughputTarget(
+                    model=(row.get("model") or "").strip(),
+                    gpu=(row.get("gpu") or "").strip(),
+                    batch_size=batch,
+                    experts_per_token=integer(i, row, "experts_per_token"),
+                    dataset=(row.get("dataset") or "").strip() or None,
+                    seq_len=integer(i, row, "seq_len"),
+                    method=(row.get("method") or "").strip() or None,
+                )
+            )
         except TunecostError as exc:
             raise TunecostError(f"{path}: row {i}: {exc}") from None
     return out
@@ -74,12 +95,21 @@ def _predict_all(model, targets: list, path: Path, run_queries: int | None) -> l
 def _row(pred) -> dict:
     t = pred.target
     return {
-        "model": t.model, "dataset": t.dataset or "", "gpu": pred.gpu, "experts_per_token": pred.experts_per_token,
-        "batch_size": t.batch_size, "seq_len": t.seq_len or "", "method": pred.method,
-        "queries_per_s": round(pred.queries_per_s, 6), "queries_per_s_low": round(pred.queries_per_s_low, 6),
-        "queries_per_s_high": round(pred.queries_per_s_high, 6), "step_s": round(pred.step.step_s, 6),
-        "run_queries": pred.run_queries or "", "extrapolation": str(pred.extrapolation).lower(),
-        "extrapolation_reasons": "; ".join(pred.extrapolation_reasons), "estimator": "calibrated",
+        "model": t.model,
+        "dataset": t.dataset or "",
+        "gpu": pred.gpu,
+        "experts_per_token": pred.experts_per_token,
+        "batch_size": t.batch_size,
+        "seq_len": t.seq_len or "",
+        "method": pred.method,
+        "queries_per_s": round(pred.queries_per_s, 6),
+        "queries_per_s_low": round(pred.queries_per_s_low, 6),
+        "queries_per_s_high": round(pred.queries_per_s_high, 6),
+        "step_s": round(pred.step.step_s, 6),
+        "run_queries": pred.run_queries or "",
+        "extrapolation": str(pred.extrapolation).lower(),
+        "extrapolation_reasons": "; ".join(pred.extrapolation_reasons),
+        "estimator": "calibrated",
     }
 
 
@@ -96,13 +126,18 @@ def _csv_text(rows: list[dict]) -> str:
 
 @cli_errors
 def predict(
-    input_csv: Path = typer.Option(..., "--input", help="TARGETS.csv: model,dataset,gpu,experts_per_token,batch_size"
-                                                       "[,seq_len][,method]"),
-    calibrate: Path = typer.Option(None, "--calibrate", help="Measurements CSV to calibrate on "
-                                                             "(default: the paper's A40 measurements, bundled)."),
+    input_csv: Path = typer.Option(
+        ..., "--input", help="TARGETS.csv: model,dataset,gpu,experts_per_token,batch_size[,seq_len][,method]"
+    ),
+    calibrate: Path = typer.Option(
+        None, "--calibrate", help="Measurements CSV to calibrate on (default: the paper's A40 measurements, bundled)."
+    ),
     output: Path = typer.Option(None, "--output", help="Write the predictions to this CSV (atomically)."),
-    run_queries: int = typer.Option(None, "--run-queries", help="Predict a measured run of N queries (start-up "
-                                    "included, as the paper's 1000); default: steady state."),
+    run_queries: int = typer.Option(
+        None,
+        "--run-queries",
+        help="Predict a measured run of N queries (start-up included, as the paper's 1000); default: steady state.",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Predict queries/s with a 95 % interval for every target, from one calibration; flag extrapolations."""
@@ -119,25 +154,44 @@ def predict(
     rows = [_row(p) for p in _predict_all(model, targets, input_csv, run_queries)]
     if output is not None:
         atomic_write_text(output, _csv_text(rows))
-    summary = {"calibration": model.source, "num_points": model.num_points, "in_sample_mape": model.in_sample_mape,
-               "params": model.params.as_dict(), "run_overhead_s": model.run_overhead_s,
-               "interval": f"{100 * math.expm1(model.interval_log_halfwidth):.1f} % (95 %, t on log residuals)",
-               "notes": list(model.notes)}
+    summary = {
+        "calibration": model.source,
+        "num_points": model.num_points,
+        "in_sample_mape": model.in_sample_mape,
+        "params": model.params.as_dict(),
+        "run_overhead_s": model.run_overhead_s,
+        "interval": f"{100 * math.expm1(model.interval_log_halfwidth):.1f} % (95 %, t on log residuals)",
+        "notes": list(model.notes),
+    }
     if json_out:
         print_json({"calibration": summary, "predictions": rows, "output": str(output) if output else None})
         return
-    print_table("Predicted throughput (estimator: calibrated)",
-                ["model", "dataset", "gpu", "top-k", "batch", "queries/s [95 %]", "step s", "extrapolation"],
-                [[r["model"], r["dataset"] or f"seq {r['seq_len']}", r["gpu"], r["experts_per_token"], r["batch_size"],
-                  f"{r['queries_per_s']:.3f} [{r['queries_per_s_low']:.3f}-{r['queries_per_s_high']:.3f}]",
-                  f"{r['step_s']:.3f}", "yes" if r["extrapolation"] == "true" else "no"] for r in rows],
-                caption=f"calibrated on {model.num_points} points of {model.source}; in-sample MAPE "
-                        f"{100 * model.in_sample_mape:.1f} %; " + ("steady state" if run_queries is None
-                                                                    else f"runs of {run_queries} queries"))
+    print_table(
+        "Predicted throughput (estimator: calibrated)",
+        ["model", "dataset", "gpu", "top-k", "batch", "queries/s [95 %]", "step s", "extrapolation"],
+        [
+            [
+                r["model"],
+                r["dataset"] or f"seq {r['seq_len']}",
+                r["gpu"],
+                r["experts_per_token"],
+                r["batch_size"],
+                f"{r['queries_per_s']:.3f} [{r['queries_per_s_low']:.3f}-{r['queries_per_s_high']:.3f}]",
+                f"{r['step_s']:.3f}",
+                "yes" if r["extrapolation"] == "true" else "no",
+            ]
+            for r in rows
+        ],
+        caption=f"calibrated on {model.num_points} points of {model.source}; in-sample MAPE "
+        f"{100 * model.in_sample_mape:.1f} %; "
+        + ("steady state" if run_queries is None else f"runs of {run_queries} queries"),
+    )
     for r in rows:
         if r["extrapolation_reasons"]:
-            console.print(f"extrapolation ({r['model']}, {r['gpu']}, batch {r['batch_size']}): "
-                          f"{r['extrapolation_reasons']}", highlight=False)
+            console.print(
+                f"extrapolation ({r['model']}, {r['gpu']}, batch {r['batch_size']}): {r['extrapolation_reasons']}",
+                highlight=False,
+            )
     if output is not None:
         console.print(f"wrote {len(rows)} predictions to {output}")
 

@@ -41,12 +41,19 @@ def _device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _inputs(seq_len: str | None, dataset: str | None, tokenizer: str, template: str, max_length: int,
-            dataset_limit: int | None) -> Any:
+def _inputs(
+    seq_len: str | None, dataset: str | None, tokenizer: str, template: str, max_length: int, dataset_limit: int | None
+) -> Any:
     from tunecost.profile.sweep import InputSpec
 
-    return InputSpec(seq_lens=tuple(split_list(seq_len, int, "sequence length")), dataset=dataset,
-                     tokenizer=tokenizer, template=template, max_length=max_length, dataset_limit=dataset_limit)
+    return InputSpec(
+        seq_lens=tuple(split_list(seq_len, int, "sequence length")),
+        dataset=dataset,
+        tokenizer=tokenizer,
+        template=template,
+        max_length=max_length,
+        dataset_limit=dataset_limit,
+    )
 
 
 def _fmt(value: Any, spec: str = ".3g", scale: float = 1.0) -> str:
@@ -55,29 +62,48 @@ def _fmt(value: Any, spec: str = ".3g", scale: float = 1.0) -> str:
 
 @cli_errors
 def profile(
-    model: str = typer.Option("tiny-mixtral", "--model", help="Catalog model (tiny-mixtral, mixtral-8x7b, ...), "
-                              "local folder or cached hub id."),
+    model: str = typer.Option(
+        "tiny-mixtral",
+        "--model",
+        help="Catalog model (tiny-mixtral, mixtral-8x7b, ...), local folder or cached hub id.",
+    ),
     method: str = typer.Option("qlora", "--method", help="full | lora | qlora"),
-    experts_per_token: str = typer.Option(None, "--experts-per-token", help="Comma list of top-k, e.g. 2,8 "
-                                          "(sparse vs dense); default: the model's own."),
+    experts_per_token: str = typer.Option(
+        None, "--experts-per-token", help="Comma list of top-k, e.g. 2,8 (sparse vs dense); default: the model's own."
+    ),
     batch_sizes: str = typer.Option("1", "--batch-sizes", help="Comma list, e.g. 1,2,4."),
-    seq_len: str = typer.Option(None, "--seq-len", help="Comma list of sequence lengths of random-token queries "
-                                "(default 128, the paper's); 64,128,256,512,1024 is the §IV-B6 study."),
+    seq_len: str = typer.Option(
+        None,
+        "--seq-len",
+        help="Comma list of sequence lengths of random-token queries "
+        "(default 128, the paper's); 64,128,256,512,1024 is the §IV-B6 study.",
+    ),
     dataset: str = typer.Option(None, "--dataset", help="Train on a dataset instead (name or file; tokenized)."),
     steps: int = typer.Option(3, "--steps", help="Timed steps per point."),
     out: Path = typer.Option(..., "--out", help="Run folder for the records (resumable: rerun to continue)."),
-    experts_impl: str = typer.Option(None, "--experts-impl", help="stock | peft-fused | qlora-linear4bit | fast | "
-                                     "fast-4bit (default: stock for full, peft-fused for lora, qlora-linear4bit "
-                                     "for qlora)."),
-    no_overhead: bool = typer.Option(False, "--no-instrumentation-overhead", help="Skip the plain-vs-instrumented "
-                                     "comparison (one instrumented step for the layer breakdown)."),
+    experts_impl: str = typer.Option(
+        None,
+        "--experts-impl",
+        help="stock | peft-fused | qlora-linear4bit | fast | "
+        "fast-4bit (default: stock for full, peft-fused for lora, qlora-linear4bit "
+        "for qlora).",
+    ),
+    no_overhead: bool = typer.Option(
+        False,
+        "--no-instrumentation-overhead",
+        help="Skip the plain-vs-instrumented comparison (one instrumented step for the layer breakdown).",
+    ),
     no_kernels: bool = typer.Option(False, "--no-kernels", help="Skip the torch.profiler kernel breakdown."),
     warmup_steps: int = typer.Option(1, "--warmup-steps", help="Untimed steps before timing."),
     device: str = typer.Option("auto", "--device", help="cpu | cuda | auto (cuda when available)."),
-    random_weights: bool = typer.Option(False, "--random-weights", help="Random weights from the config (full-size "
-                                        "models without downloaded weights)."),
-    no_checkpointing: bool = typer.Option(False, "--no-gradient-checkpointing", help="Train without activation "
-                                          "checkpointing (the paper's Mixtral runs used it)."),
+    random_weights: bool = typer.Option(
+        False, "--random-weights", help="Random weights from the config (full-size models without downloaded weights)."
+    ),
+    no_checkpointing: bool = typer.Option(
+        False,
+        "--no-gradient-checkpointing",
+        help="Train without activation checkpointing (the paper's Mixtral runs used it).",
+    ),
     num_layers: int = typer.Option(None, "--num-layers", help="Keep only the first N decoder layers."),
     tokenizer: str = typer.Option("mistral", "--tokenizer", help="Tokenizer for --dataset."),
     template: str = typer.Option("mistral", "--template", help="Prompt template for --dataset."),
@@ -89,28 +115,44 @@ def profile(
     _passive_openmp(device)
     from tunecost.profile.model_setup import ModelSetup
     from tunecost.profile.point import MeasureOptions
-    from tunecost.profile.sweep import SweepSpec, run_sweep
+    from tunecost.profile.sweep import SweepSpec
 
     spec = SweepSpec(
-        setup=ModelSetup(model=model, method=method, experts_impl=experts_impl, device=_device(device),
-                         random_weights=random_weights, gradient_checkpointing=not no_checkpointing,
-                         num_layers=num_layers),
+        setup=ModelSetup(
+            model=model,
+            method=method,
+            experts_impl=experts_impl,
+            device=_device(device),
+            random_weights=random_weights,
+            gradient_checkpointing=not no_checkpointing,
+            num_layers=num_layers,
+        ),
         experts_per_token=tuple(split_list(experts_per_token, int, "experts per token")),
         batch_sizes=tuple(split_list(batch_sizes, int, "batch size")),
         inputs=_inputs(seq_len, dataset, tokenizer, template, max_length, dataset_limit),
-        options=MeasureOptions(steps=steps, warmup_steps=warmup_steps, instrumentation_overhead=not no_overhead,
-                               kernels=not no_kernels),
+        options=MeasureOptions(
+            steps=steps, warmup_steps=warmup_steps, instrumentation_overhead=not no_overhead, kernels=not no_kernels
+        ),
     )
     finished = [0]
     try:
         result = _run_with_progress(spec, out, json_out, finished)
     except KeyboardInterrupt:
-        err_console.print(f"interrupted: {finished[0]} finished point(s) are kept in {out}; rerun the same "
-                          "command to resume (finished points are skipped)")
+        err_console.print(
+            f"interrupted: {finished[0]} finished point(s) are kept in {out}; rerun the same "
+            "command to resume (finished points are skipped)"
+        )
         raise typer.Exit(code=130) from None
     if json_out:
-        print_json({"out_dir": str(result.out_dir), "measured": list(result.measured),
-                    "skipped": list(result.skipped), "oom": list(result.oom), "points": list(result.table)})
+        print_json(
+            {
+                "out_dir": str(result.out_dir),
+                "measured": list(result.measured),
+                "skipped": list(result.skipped),
+                "oom": list(result.oom),
+                "points": list(result.table),
+            }
+        )
         return
     _print_summary(result)
 
@@ -125,8 +167,14 @@ def _run_with_progress(spec: Any, out: Path, quiet: bool, finished: list[int]) -
 
     if quiet:
         return run_sweep(spec, out, on_point=count)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=err_console, transient=True) as progress:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
+        transient=True,
+    ) as progress:
         points = progress.add_task("points", total=None)
         steps = progress.add_task("steps", total=None, visible=False)
 
@@ -165,23 +213,47 @@ def _print_summary(result: Any) -> None:
         if r["status"] != "done":
             rows.append([r["experts_per_token"], r["batch_size"], where, r["status"].upper()] + ["-"] * 6)
             continue
-        rows.append([r["experts_per_token"], r["batch_size"], where, _short(r.get("queries_per_s")),
-                     _short(r.get("tokens_per_s")), _short(r.get("step_seconds")), _stage_split(r),
-                     _fmt(r.get("moe_share"), ".0%"), _fmt(r.get("peak_bytes"), ".2f", 1 / _GIB),
-                     _fmt(r.get("overhead_ratio"), ".2f")])
-        loads.append([r["experts_per_token"], r["batch_size"], where, _short(r.get("load_variance_before")),
-                      _short(r.get("load_variance_after"))])
+        rows.append(
+            [
+                r["experts_per_token"],
+                r["batch_size"],
+                where,
+                _short(r.get("queries_per_s")),
+                _short(r.get("tokens_per_s")),
+                _short(r.get("step_seconds")),
+                _stage_split(r),
+                _fmt(r.get("moe_share"), ".0%"),
+                _fmt(r.get("peak_bytes"), ".2f", 1 / _GIB),
+                _fmt(r.get("overhead_ratio"), ".2f"),
+            ]
+        )
+        loads.append(
+            [
+                r["experts_per_token"],
+                r["batch_size"],
+                where,
+                _short(r.get("load_variance_before")),
+                _short(r.get("load_variance_after")),
+            ]
+        )
     first = result.table[0] if result.table else {}
-    print_table(f"{first.get('model')} {first.get('method')} ({first.get('experts_impl')}) on {first.get('device')}",
-                ["k", "bs", "seq", "q/s", "tok/s", "step s", "f/b/o %", "MoE", "GiB", "ovh"], rows,
-                caption="k: experts per token; step s: median step; f/b/o: forward/backward/optimizer share; "
-                        "MoE: router + experts share of layer time; GiB: peak memory; ovh: instrumented / plain")
+    print_table(
+        f"{first.get('model')} {first.get('method')} ({first.get('experts_impl')}) on {first.get('device')}",
+        ["k", "bs", "seq", "q/s", "tok/s", "step s", "f/b/o %", "MoE", "GiB", "ovh"],
+        rows,
+        caption="k: experts per token; step s: median step; f/b/o: forward/backward/optimizer share; "
+        "MoE: router + experts share of layer time; GiB: peak memory; ovh: instrumented / plain",
+    )
     if loads:
         print_table("Tokens-per-expert variance (mean over layers)", ["k", "bs", "seq", "before", "after"], loads)
-    console.print(f"measured {len(result.measured)} point(s), {len(result.skipped)} already finished"
-                  + (f", {len(result.oom)} out of memory (recorded as a boundary)" if result.oom else ""))
-    console.print(f"records: {result.out_dir}/ (meta.json, points, throughput, stages, layers, kernels, "
-                  "expert_load, memory, overhead .jsonl)")
+    console.print(
+        f"measured {len(result.measured)} point(s), {len(result.skipped)} already finished"
+        + (f", {len(result.oom)} out of memory (recorded as a boundary)" if result.oom else "")
+    )
+    console.print(
+        f"records: {result.out_dir}/ (meta.json, points, throughput, stages, layers, kernels, "
+        "expert_load, memory, overhead .jsonl)"
+    )
 
 
 @cli_errors
@@ -193,8 +265,9 @@ def max_batch(
     dataset: str = typer.Option(None, "--dataset", help="Probe with the dataset's longest queries."),
     gpu: str = typer.Option(None, "--gpu", help="Search against this catalog GPU's memory."),
     gpu_memory_gb: float = typer.Option(None, "--gpu-memory-gb", help="Search against this much memory (GiB)."),
-    device: str = typer.Option("auto", "--device", help="cuda: measured search; cpu: simulated (auto: cuda if "
-                               "available)."),
+    device: str = typer.Option(
+        "auto", "--device", help="cuda: measured search; cpu: simulated (auto: cuda if available)."
+    ),
     experts_impl: str = typer.Option(None, "--experts-impl", help="Experts implementation (see tunecost profile)."),
     random_weights: bool = typer.Option(False, "--random-weights", help="Random weights from the config."),
     no_checkpointing: bool = typer.Option(False, "--no-gradient-checkpointing", help="No activation checkpointing."),
@@ -222,15 +295,23 @@ def max_batch(
         memory_bytes, gpu_name = g.memory_bytes, g.name
     elif gpu_memory_gb:
         memory_bytes = int(gpu_memory_gb * _GIB)
-    setup = ModelSetup(model=model, method=method, experts_per_token=experts_per_token, experts_impl=experts_impl,
-                       device=_device(device), random_weights=random_weights,
-                       gradient_checkpointing=not no_checkpointing)
+    setup = ModelSetup(
+        model=model,
+        method=method,
+        experts_per_token=experts_per_token,
+        experts_impl=experts_impl,
+        device=_device(device),
+        random_weights=random_weights,
+        gradient_checkpointing=not no_checkpointing,
+    )
     inputs = _inputs(None if seq_len is None else str(seq_len), dataset, tokenizer, template, max_length, None)
 
     def on_probe(p: Any) -> None:
         if not json_out:
-            err_console.print(f"  batch {p.batch_size}: {'fits' if p.fits else 'does not fit'}"
-                              + (f" ({p.peak_bytes / _GIB:.2f} GiB)" if p.peak_bytes else ""))
+            err_console.print(
+                f"  batch {p.batch_size}: {'fits' if p.fits else 'does not fit'}"
+                + (f" ({p.peak_bytes / _GIB:.2f} GiB)" if p.peak_bytes else "")
+            )
 
     result = find_max_batch_size(setup, inputs, memory_bytes=memory_bytes, limit=limit, on_probe=on_probe)
     row = max_batch_row(result, setup, inputs, gpu=gpu_name)
@@ -244,14 +325,20 @@ def max_batch(
     budget = f"{result.memory_bytes / _GIB:.1f} GiB" + (f" ({gpu_name})" if gpu_name else "")
     if result.max_batch_size == 0:
         b = result.boundary
-        console.print(f"[bold]nothing fits[/bold]: batch size 1 at {result.seq_len} tokens per query needs more "
-                      f"than {budget}" + (f" ({b.detail})" if b and b.detail else "")
-                      + (f"; peak {b.peak_bytes / _GIB:.2f} GiB" if b and b.peak_bytes else ""))
+        console.print(
+            f"[bold]nothing fits[/bold]: batch size 1 at {result.seq_len} tokens per query needs more "
+            f"than {budget}"
+            + (f" ({b.detail})" if b and b.detail else "")
+            + (f"; peak {b.peak_bytes / _GIB:.2f} GiB" if b and b.peak_bytes else "")
+        )
     else:
         edge = result.boundary
-        console.print(f"max batch size: [bold]{result.max_batch_size}[/bold] at {result.seq_len} tokens per query "
-                      f"in {budget} ({result.source}; "
-                      + (f"batch {edge.batch_size} does not fit" if edge else f"stopped at --limit {limit}") + ")")
+        console.print(
+            f"max batch size: [bold]{result.max_batch_size}[/bold] at {result.seq_len} tokens per query "
+            f"in {budget} ({result.source}; "
+            + (f"batch {edge.batch_size} does not fit" if edge else f"stopped at --limit {limit}")
+            + ")"
+        )
     if out is not None:
         console.print(f"record: {Path(out) / 'max_batch.jsonl'}")
 

@@ -24,8 +24,10 @@ def report(
         return
     for key, why in result.sections_omitted.items():
         console.print(f"[dim]section {key} omitted: {why}[/dim]")
-    console.print(f"report: [bold]{result.html_path.resolve()}[/bold] ({len(result.sections_shown)} sections, "
-                  f"{len(result.figure_paths)} figure files in {result.html_path.parent / 'figures'})")
+    console.print(
+        f"report: [bold]{result.html_path.resolve()}[/bold] ({len(result.sections_shown)} sections, "
+        f"{len(result.figure_paths)} figure files in {result.html_path.parent / 'figures'})"
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -35,8 +35,12 @@ _MAX_LISTED = 8
 _UNSAFE_GLOBAL = re.compile(r"Unsupported global: GLOBAL ([\w.]+)")
 
 
-def resolve_blackmamba_dir(path_or_hub_id: str | os.PathLike[str], *, allow_download: bool = False,
-                           cache_dir: str | os.PathLike[str] | None = None) -> Path:
+def resolve_blackmamba_dir(
+    path_or_hub_id: str | os.PathLike[str],
+    *,
+    allow_download: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> Path:
     """A local checkpoint folder, or a hub id's snapshot folder in the local HF cache (downloads only when
     `allow_download`)."""
     name = str(path_or_hub_id)
@@ -50,8 +54,12 @@ def resolve_blackmamba_dir(path_or_hub_id: str | os.PathLike[str], *, allow_down
     from huggingface_hub import snapshot_download
 
     try:
-        folder = snapshot_download(repo_id=name, cache_dir=cache_dir, local_files_only=not allow_download,
-                                   allow_patterns=[CONFIG_NAME, BIN_NAME, SAFETENSORS_NAME])
+        folder = snapshot_download(
+            repo_id=name,
+            cache_dir=cache_dir,
+            local_files_only=not allow_download,
+            allow_patterns=[CONFIG_NAME, BIN_NAME, SAFETENSORS_NAME],
+        )
     except Exception as exc:  # the hub client's own error types vary across versions
         if allow_download:
             raise TunecostError(f"could not download {name} from the Hugging Face hub ({exc})") from None
@@ -132,17 +140,23 @@ def _check_against(model: BlackMambaForCausalLM, state: dict[str, torch.Tensor],
     unexpected = sorted(set(state) - set(expected))
     if missing or unexpected:
         parts = ([f"missing keys: {_listed(missing)}"] if missing else []) + (
-            [f"unexpected keys: {_listed(unexpected)}"] if unexpected else [])
+            [f"unexpected keys: {_listed(unexpected)}"] if unexpected else []
+        )
         raise TunecostError(f"{where}: weights do not match config.json; " + "; ".join(parts))
     wrong = [f"{k} {tuple(state[k].shape)} != {tuple(s)}" for k, s in expected.items() if state[k].shape != s]
     if wrong:
         raise TunecostError(f"{where}: weight shapes do not match config.json: {_listed(wrong)}")
 
 
-def load_blackmamba(path_or_hub_id: str | os.PathLike[str], *, dtype: torch.dtype | None = None,
-                    device: torch.device | str = "cpu", experts_per_token: int | None = None,
-                    allow_download: bool = False,
-                    cache_dir: str | os.PathLike[str] | None = None) -> BlackMambaForCausalLM:
+def load_blackmamba(
+    path_or_hub_id: str | os.PathLike[str],
+    *,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str = "cpu",
+    experts_per_token: int | None = None,
+    allow_download: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+) -> BlackMambaForCausalLM:
     """A BlackMamba from a checkpoint folder or a cached hub id, strictly loaded, in eval mode.
 
     `dtype` None keeps the checkpoint's dtype; `experts_per_token` overrides the routing top-k.
@@ -159,8 +173,7 @@ def load_blackmamba(path_or_hub_id: str | os.PathLike[str], *, dtype: torch.dtyp
     return model.eval()
 
 
-def save_blackmamba(model: BlackMambaForCausalLM, directory: str | os.PathLike[str], *,
-                    format: str = "bin") -> Path:
+def save_blackmamba(model: BlackMambaForCausalLM, directory: str | os.PathLike[str], *, format: str = "bin") -> Path:
     """Write config.json and the weights in Zyphra's layout ("bin": pytorch_model.bin = {"model": sd};
     "safetensors": model.safetensors = sd). A weights file of the other format in `directory` is removed
     so that loading cannot pick up stale weights. Returns the weights file."""

@@ -23,8 +23,16 @@ from tunecost.errors import TunecostError
 
 MAMBA_LAYER = "mamba"
 MOE_LAYER = "moe"
-_REQUIRED = ("num_layers", "hidden_size", "state_size", "conv_dimension", "vocab_size", "expansion_factor",
-             "mamba_moe_layers", "ffn_hidden_size")
+_REQUIRED = (
+    "num_layers",
+    "hidden_size",
+    "state_size",
+    "conv_dimension",
+    "vocab_size",
+    "expansion_factor",
+    "mamba_moe_layers",
+    "ffn_hidden_size",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,8 +56,17 @@ class BlackMambaConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mamba_moe_layers", tuple(str(x) for x in self.mamba_moe_layers))
-        for name in ("num_layers", "hidden_size", "state_size", "conv_dimension", "vocab_size",
-                     "expansion_factor", "ffn_hidden_size", "max_sequence_length", "experts_per_token"):
+        for name in (
+            "num_layers",
+            "hidden_size",
+            "state_size",
+            "conv_dimension",
+            "vocab_size",
+            "expansion_factor",
+            "ffn_hidden_size",
+            "max_sequence_length",
+            "experts_per_token",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TunecostError(f"BlackMamba config: {name} must be a positive integer, got {value!r}")
@@ -59,13 +76,15 @@ class BlackMambaConfig:
         if len(self.mamba_moe_layers) != self.num_layers:
             raise TunecostError(
                 f"BlackMamba config: mamba_moe_layers has {len(self.mamba_moe_layers)} entries for "
-                f"num_layers={self.num_layers}; it needs one per layer")
+                f"num_layers={self.num_layers}; it needs one per layer"
+            )
         counts = {self._experts_in(entry) for entry in self.mamba_moe_layers} - {0}
         if len(counts) > 1:
             raise TunecostError(f"BlackMamba config: MoE layers must share one expert count, got {sorted(counts)}")
         if counts and not 1 <= self.experts_per_token <= self.num_experts:
-            raise TunecostError(f"BlackMamba config: experts_per_token must be in 1..{self.num_experts}, "
-                                f"got {self.experts_per_token}")
+            raise TunecostError(
+                f"BlackMamba config: experts_per_token must be in 1..{self.num_experts}, got {self.experts_per_token}"
+            )
 
     @staticmethod
     def _experts_in(entry: str) -> int:
@@ -76,7 +95,8 @@ class BlackMambaConfig:
             return int(entry)
         raise TunecostError(
             f"BlackMamba config: unsupported mamba_moe_layers entry {entry!r}; tunecost supports 'r' (Mamba) "
-            "and an expert count >= 2 (MoE), the only kinds in Zyphra's released models")
+            "and an expert count >= 2 (MoE), the only kinds in Zyphra's released models"
+        )
 
     # Derived sizes (Zyphra `mamba_layer.py`: d_inner = expand * d_model, dt_rank = ceil(d_model / 16)).
     @property
@@ -179,8 +199,17 @@ def tiny_blackmamba_config(**overrides: Any) -> BlackMambaConfig:
     """A CPU-sized BlackMamba: hidden 128, 4 layers (Mamba, MoE, Mamba, MoE), 8 experts of width 256, top-2,
     and the real vocabulary (50304, GPT-NeoX tokenizer) so real text works; override anything by keyword."""
     base: dict[str, Any] = dict(
-        num_layers=4, hidden_size=128, state_size=16, conv_dimension=4, vocab_size=50304, expansion_factor=2,
-        mamba_moe_layers=("r", "8", "r", "8"), ffn_hidden_size=256, add_bias_linear=False, swiglu=True,
-        max_sequence_length=2048, experts_per_token=2,
+        num_layers=4,
+        hidden_size=128,
+        state_size=16,
+        conv_dimension=4,
+        vocab_size=50304,
+        expansion_factor=2,
+        mamba_moe_layers=("r", "8", "r", "8"),
+        ffn_hidden_size=256,
+        add_bias_linear=False,
+        swiglu=True,
+        max_sequence_length=2048,
+        experts_per_token=2,
     )
     return BlackMambaConfig(**_with_depth(base, overrides))

@@ -56,11 +56,12 @@ class MambaMixer(nn.Module):
     def reset_ssm_parameters(self, dt_min: float = 1e-3, dt_max: float = 0.1, dt_floor: float = 1e-4) -> None:
         """Zyphra's (and Mamba's) SSM init: S4D-real A, D = 1, dt_proj bias = softplus^-1 of a log-uniform
         dt in [dt_min, dt_max], dt_proj weight uniform in +-dt_rank^-0.5."""
-        bound = self.dt_rank ** -0.5
+        bound = self.dt_rank**-0.5
         self.dt_proj.weight.uniform_(-bound, bound)
         device = self.dt_proj.bias.device
-        dt = torch.exp(torch.rand(self.d_inner, device=device) * (math.log(dt_max) - math.log(dt_min))
-                       + math.log(dt_min)).clamp(min=dt_floor)
+        dt = torch.exp(
+            torch.rand(self.d_inner, device=device) * (math.log(dt_max) - math.log(dt_min)) + math.log(dt_min)
+        ).clamp(min=dt_floor)
         self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
         a = torch.arange(1, self.d_state + 1, dtype=torch.float32, device=device)
         self.A_log.copy_(torch.log(a).expand(self.d_inner, -1))
@@ -74,8 +75,17 @@ class MambaMixer(nn.Module):
         dt, b, c = torch.split(x_dbl, [self.dt_rank, self.d_state, self.d_state], dim=-1)
         dt = F.linear(dt, self.dt_proj.weight).transpose(1, 2)  # its bias goes in as delta_bias, in fp32
         a = -torch.exp(self.A_log.float())
-        y = selective_scan(x, dt, a, b.transpose(1, 2), c.transpose(1, 2), self.D.float(), z=z,
-                           delta_bias=self.dt_proj.bias.float(), delta_softplus=True)
+        y = selective_scan(
+            x,
+            dt,
+            a,
+            b.transpose(1, 2),
+            c.transpose(1, 2),
+            self.D.float(),
+            z=z,
+            delta_bias=self.dt_proj.bias.float(),
+            delta_softplus=True,
+        )
         return self.out_proj(y.transpose(1, 2))
 
 
@@ -120,8 +130,9 @@ class MoEMixer(nn.Module):
     def top_k(self, k: int) -> None:
         self.experts_per_token = k
 
-    def forward(self, hidden_states: torch.Tensor,
-                output_router_logits: bool = False) -> torch.Tensor | tuple[torch.Tensor, RouterInfo]:
+    def forward(
+        self, hidden_states: torch.Tensor, output_router_logits: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, RouterInfo]:
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         router_logits = self.router(x)  # (tokens, E)
@@ -154,8 +165,9 @@ class BlackMambaBlock(nn.Module):
         else:
             self.mixer = MoEMixer(config, layer_idx)
 
-    def forward(self, hidden_states: torch.Tensor, residual: torch.Tensor | None = None,
-                output_router_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor, RouterInfo | None]:
+    def forward(
+        self, hidden_states: torch.Tensor, residual: torch.Tensor | None = None, output_router_logits: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor, RouterInfo | None]:
         residual = hidden_states if residual is None else hidden_states + residual
         normed = self.norm(residual.to(self.norm.weight.dtype))
         residual = residual.float()

@@ -74,15 +74,16 @@ class BlackMambaDecoder(nn.Module):
         self.gradient_checkpointing = False
         self.checkpoint_use_reentrant = False
 
-    def forward(self, hidden_states: torch.Tensor, output_router_logits: bool = False
-                ) -> tuple[torch.Tensor, list[RouterInfo]]:
+    def forward(
+        self, hidden_states: torch.Tensor, output_router_logits: bool = False
+    ) -> tuple[torch.Tensor, list[RouterInfo]]:
         residual = None
         infos: list[RouterInfo] = []
         for layer in self.layers:
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 hidden_states, residual, info = checkpoint(
-                    layer, hidden_states, residual, output_router_logits,
-                    use_reentrant=self.checkpoint_use_reentrant)
+                    layer, hidden_states, residual, output_router_logits, use_reentrant=self.checkpoint_use_reentrant
+                )
             else:
                 hidden_states, residual, info = layer(hidden_states, residual, output_router_logits)
             if info is not None:
@@ -138,9 +139,13 @@ class BlackMambaForCausalLM(nn.Module):
 
         self._input_grads_hook = self.embedding.register_forward_hook(hook)
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None,
-                output_router_logits: bool = False) -> BlackMambaOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        output_router_logits: bool = False,
+    ) -> BlackMambaOutput:
         """`labels` are shifted inside (predict token t+1 from tokens <= t); -100 is ignored. There is no
         attention: `attention_mask` is accepted for trainer compatibility and unused (pad on the right and
         mask the padding with -100 labels)."""
@@ -151,12 +156,15 @@ class BlackMambaForCausalLM(nn.Module):
         loss = None
         if labels is not None:  # shift the labels, not the logits: slicing logits copies them twice in backward
             targets = F.pad(labels[:, 1:], (0, 1), value=-100)
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1),
-                                   ignore_index=-100)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100)
         if not output_router_logits:
             return BlackMambaOutput(logits=logits, loss=loss)
-        return BlackMambaOutput(logits=logits, loss=loss, router_logits=tuple(i[0] for i in infos),
-                                tokens_per_expert=tuple(i[1] for i in infos))
+        return BlackMambaOutput(
+            logits=logits,
+            loss=loss,
+            router_logits=tuple(i[0] for i in infos),
+            tokens_per_expert=tuple(i[1] for i in infos),
+        )
 
 
 @torch.no_grad()
@@ -175,8 +183,13 @@ def init_blackmamba_weights(model: BlackMambaForCausalLM, initializer_range: flo
         mixer.out_proj.weight /= math.sqrt(model.config.num_layers)
 
 
-def build_blackmamba(config: BlackMambaConfig, *, device: torch.device | str | None = None,
-                     dtype: torch.dtype | None = None, seed: int | None = None) -> BlackMambaForCausalLM:
+def build_blackmamba(
+    config: BlackMambaConfig,
+    *,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    seed: int | None = None,
+) -> BlackMambaForCausalLM:
     """A randomly initialised BlackMamba on `device` (None: the ambient default device, so an enclosing
     `with torch.device("meta"):` is honoured). On the meta device nothing is allocated or initialised: shapes
     only, for parameter counts, memory estimates, or loading a checkpoint with `assign=True`."""

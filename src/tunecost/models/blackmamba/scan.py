@@ -53,8 +53,7 @@ def _cuda_causal_conv1d_fn() -> Any:
 
 def fused_kernels_available() -> dict[str, bool]:
     """Which CUDA kernels are importable here (both are used only for CUDA tensors)."""
-    return {"mamba_ssm": _cuda_selective_scan_fn() is not None,
-            "causal_conv1d": _cuda_causal_conv1d_fn() is not None}
+    return {"mamba_ssm": _cuda_selective_scan_fn() is not None, "causal_conv1d": _cuda_causal_conv1d_fn() is not None}
 
 
 def _check_shapes(u, delta, A, B, C, D, z) -> None:
@@ -62,8 +61,7 @@ def _check_shapes(u, delta, A, B, C, D, z) -> None:
         raise TunecostError(f"selective_scan: u must be (batch, d_inner, seqlen), got {tuple(u.shape)}")
     b, d, seqlen = u.shape
     n = A.shape[-1]
-    expected = {"delta": (delta, (b, d, seqlen)), "A": (A, (d, n)), "B": (B, (b, n, seqlen)),
-                "C": (C, (b, n, seqlen))}
+    expected = {"delta": (delta, (b, d, seqlen)), "A": (A, (d, n)), "B": (B, (b, n, seqlen)), "C": (C, (b, n, seqlen))}
     if D is not None:
         expected["D"] = (D, (d,))
     if z is not None:
@@ -110,8 +108,9 @@ def _to_chunk_major(x: torch.Tensor, chunk: int, num_chunks: int) -> torch.Tenso
     return x.reshape(b, k, num_chunks, chunk).permute(3, 2, 0, 1).contiguous()
 
 
-def chunked_scan_readout(delta: torch.Tensor, A: torch.Tensor, drive: torch.Tensor,
-                         readout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked_scan_readout(
+    delta: torch.Tensor, A: torch.Tensor, drive: torch.Tensor, readout: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """y = <C, h> for the recurrence h = exp(delta * A) * h_prev + drive, on chunk-major tensors.
 
     delta: (T, chunks, b, d, 1) >= 0; A: (d, n) <= 0; drive: (T, chunks, b, d, n); readout: (T, chunks, b, n, 1).
@@ -145,8 +144,19 @@ def chunked_scan_readout(delta: torch.Tensor, A: torch.Tensor, drive: torch.Tens
     return torch.stack(ys), state[-1]
 
 
-def selective_scan_chunked(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=True,
-                           return_last_state=False, chunk_size: int | None = None):
+def selective_scan_chunked(
+    u,
+    delta,
+    A,
+    B,
+    C,
+    D=None,
+    z=None,
+    delta_bias=None,
+    delta_softplus=True,
+    return_last_state=False,
+    chunk_size: int | None = None,
+):
     """The pure-PyTorch chunked scan (any device, autograd-friendly); see the module docstring."""
     _check_shapes(u, delta, A, B, C, D, z)
     dtype = _compute_dtype(u)
@@ -164,8 +174,9 @@ def selective_scan_chunked(u, delta, A, B, C, D=None, z=None, delta_bias=None, d
     return (out, last_state) if return_last_state else out
 
 
-def selective_scan_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=True,
-                             return_last_state=False):
+def selective_scan_reference(
+    u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=True, return_last_state=False
+):
     """The naive sequential loop, one Python step per position, written as mamba-ssm's `selective_scan_ref`
     (which Zyphra's BlackMamba code falls back to without CUDA). For tests and as the benchmark baseline."""
     _check_shapes(u, delta, A, B, C, D, z)
@@ -183,20 +194,40 @@ def selective_scan_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None,
     return (out, state) if return_last_state else out
 
 
-def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=True,
-                   return_last_state=False):
+def selective_scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=True, return_last_state=False):
     """Selective scan: mamba-ssm's fused kernel for CUDA tensors when installed, else the chunked scan."""
     if u.is_cuda:
         fused = _cuda_selective_scan_fn()
         if fused is not None:
-            return fused(u, delta, A, B, C, D, z=z, delta_bias=delta_bias, delta_softplus=delta_softplus,
-                         return_last_state=return_last_state)
-    return selective_scan_chunked(u, delta, A, B, C, D, z=z, delta_bias=delta_bias,
-                                  delta_softplus=delta_softplus, return_last_state=return_last_state)
+            return fused(
+                u,
+                delta,
+                A,
+                B,
+                C,
+                D,
+                z=z,
+                delta_bias=delta_bias,
+                delta_softplus=delta_softplus,
+                return_last_state=return_last_state,
+            )
+    return selective_scan_chunked(
+        u,
+        delta,
+        A,
+        B,
+        C,
+        D,
+        z=z,
+        delta_bias=delta_bias,
+        delta_softplus=delta_softplus,
+        return_last_state=return_last_state,
+    )
 
 
-def causal_conv1d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                  activation: str | None = "silu") -> torch.Tensor:
+def causal_conv1d(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, activation: str | None = "silu"
+) -> torch.Tensor:
     """Depthwise causal convolution of x (b, d, L) with weight (d, 1, k) or (d, k), then optional SiLU.
 
     Output position t sees inputs t-k+1..t only (left padding k-1, right side cut), as Mamba's conv1d.

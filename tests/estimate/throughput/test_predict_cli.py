@@ -9,10 +9,12 @@ import pytest
 
 from tunecost.cli.main import app
 
-TARGETS = ("model,dataset,gpu,experts_per_token,batch_size\n"
-           "mixtral-8x7b,math_14k,A40,2,4\n"
-           "mixtral-8x7b,math_14k,H100,2,17\n"
-           "blackmamba-2.8b,commonsense_15k,A100-80GB,8,4\n")
+TARGETS = (
+    "model,dataset,gpu,experts_per_token,batch_size\n"
+    "mixtral-8x7b,math_14k,A40,2,4\n"
+    "mixtral-8x7b,math_14k,H100,2,17\n"
+    "blackmamba-2.8b,commonsense_15k,A100-80GB,8,4\n"
+)
 
 
 def test_predict_writes_the_output_csv(cli_runner, write_file, tmp_path) -> None:
@@ -30,8 +32,7 @@ def test_predict_writes_the_output_csv(cli_runner, write_file, tmp_path) -> None
 
 
 def test_predict_json_with_seq_len_and_run_length(cli_runner, write_file) -> None:
-    path = write_file("t.csv", "model,dataset,gpu,experts_per_token,batch_size,seq_len\n"
-                               "mixtral-8x7b,,A40,2,2,128\n")
+    path = write_file("t.csv", "model,dataset,gpu,experts_per_token,batch_size,seq_len\nmixtral-8x7b,,A40,2,2,128\n")
     result = cli_runner.invoke(app, ["predict", "--input", str(path), "--run-queries", "1000", "--json"])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
@@ -45,14 +46,17 @@ def test_unknown_gpu_or_model_names_the_row(cli_error, write_file) -> None:
     line = cli_error(["predict", "--input", str(bad_gpu)])
     assert "row 4: unknown GPU 'H900'" in line and "Valid choices" in line
     bad_model = write_file("m.csv", "model,dataset,gpu,experts_per_token,batch_size\nmixtrl-8x7b,math_14k,A40,2,1\n")
-    assert "row 1: unknown model 'mixtrl-8x7b'. Did you mean 'mixtral-8x7b'?" in cli_error(["predict", "--input",
-                                                                                            str(bad_model)])
+    assert "row 1: unknown model 'mixtrl-8x7b'. Did you mean 'mixtral-8x7b'?" in cli_error(
+        ["predict", "--input", str(bad_model)]
+    )
 
 
 def test_bad_calibration_and_targets_files(cli_error, write_file) -> None:
     targets = write_file("t.csv", TARGETS)
-    single = write_file("one.csv", "model,dataset,gpu,experts_per_token,batch_size,queries_per_s\n"
-                                   "mixtral-8x7b,math_14k,A40-48GB,2,1,0.33\n")
+    single = write_file(
+        "one.csv",
+        "model,dataset,gpu,experts_per_token,batch_size,queries_per_s\nmixtral-8x7b,math_14k,A40-48GB,2,1,0.33\n",
+    )
     assert "at least 7 measurements" in cli_error(["predict", "--input", str(targets), "--calibrate", str(single)])
     missing = write_file("x.csv", "model,gpu,batch_size\nmixtral-8x7b,A40,1\n")
     assert "missing column(s) dataset, experts_per_token" in cli_error(["predict", "--input", str(missing)])
@@ -66,17 +70,38 @@ def test_estimate_with_the_calibrated_estimator(cli_runner, monkeypatch) -> None
     from tunecost.estimate import calibrated
 
     monkeypatch.setattr(calibrated, "_simulated_max_batch", lambda req: None)
-    result = cli_runner.invoke(app, ["estimate", "--model", "mixtral-8x7b", "--gpu", "A40,H100", "--epochs", "10",
-                                     "--dataset", "math_14k", "--experts-per-token", "2", "--estimator", "calibrated",
-                                     "--json"])
+    result = cli_runner.invoke(
+        app,
+        [
+            "estimate",
+            "--model",
+            "mixtral-8x7b",
+            "--gpu",
+            "A40,H100",
+            "--epochs",
+            "10",
+            "--dataset",
+            "math_14k",
+            "--experts-per-token",
+            "2",
+            "--estimator",
+            "calibrated",
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert {r["estimator"] for r in rows} == {"calibrated"}
     assert all(r["queries_per_s_low"] < r["queries_per_s"] < r["queries_per_s_high"] for r in rows)
 
 
-@pytest.mark.parametrize(("column", "header"), [("experts_per_token", "model,dataset,gpu,experts_per_token,batch_size"),
-                                                ("seq_len", "model,dataset,gpu,experts_per_token,batch_size,seq_len")])
+@pytest.mark.parametrize(
+    ("column", "header"),
+    [
+        ("experts_per_token", "model,dataset,gpu,experts_per_token,batch_size"),
+        ("seq_len", "model,dataset,gpu,experts_per_token,batch_size,seq_len"),
+    ],
+)
 def test_zero_is_not_the_default(cli_error, write_file, column, header) -> None:
     """An empty cell means the default; 0 is an error naming the row (it used to predict top-2 / the default)."""
     row = "mixtral-8x7b,math_14k,A40,0,2" if column == "experts_per_token" else "mixtral-8x7b,,A40,2,2,0"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tunecost.estimate.throughput_calibrate import CalibratedModel, CalibrationPoint, calibrate
+from tunecost.estimate.throughput.calibrate import CalibratedModel, CalibrationPoint, calibrate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,13 +56,15 @@ def mape(checks: Sequence[PointCheck]) -> float:
 
 def check_points(model: CalibratedModel, points: Sequence[CalibrationPoint]) -> list[PointCheck]:
     """Predict each point as measured (same run length) with `model`."""
-    return [PointCheck(point=p,
-                       predicted_queries_per_s=model.predict(p.target, run_queries=p.run_queries).queries_per_s)
-            for p in points]
+    return [
+        PointCheck(point=p, predicted_queries_per_s=model.predict(p.target, run_queries=p.run_queries).queries_per_s)
+        for p in points
+    ]
 
 
-def leave_one_group_out(points: Sequence[CalibrationPoint],
-                        on_progress: Callable[[int, int, str], None] | None = None) -> list[GroupCheck]:
+def leave_one_group_out(
+    points: Sequence[CalibrationPoint], on_progress: Callable[[int, int, str], None] | None = None
+) -> list[GroupCheck]:
     """Calibrate without each group in turn and predict it."""
     groups: dict[tuple[str, str, str], list[CalibrationPoint]] = defaultdict(list)
     for p in points:

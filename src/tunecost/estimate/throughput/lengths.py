@@ -58,8 +58,13 @@ def fixed_lengths(seq_len: int, batch_size: int) -> SeqLengths:
     _check_batch(batch_size)
     if seq_len < 1:
         raise TunecostError(f"sequence length must be >= 1, got {seq_len}")
-    return SeqLengths(batch_size=batch_size, padded_len_tokens=float(seq_len), mean_len_tokens=float(seq_len),
-                      mean_sq_len_tokens2=float(seq_len) ** 2, source=f"fixed seq_len {seq_len}")
+    return SeqLengths(
+        batch_size=batch_size,
+        padded_len_tokens=float(seq_len),
+        mean_len_tokens=float(seq_len),
+        mean_sq_len_tokens2=float(seq_len) ** 2,
+        source=f"fixed seq_len {seq_len}",
+    )
 
 
 def _pad_up(xs: np.ndarray, multiple: int) -> np.ndarray:
@@ -79,19 +84,33 @@ def expected_max_of_sample(sorted_lengths: Sequence[float], batch_size: int, pad
     return float(np.dot(xs, weights))
 
 
-def empirical_lengths(lengths: Sequence[int], batch_size: int, *, source: str = "measured lengths",
-                      cutoff_tokens: int = PAPER_CUTOFF_TOKENS) -> SeqLengths:
+def empirical_lengths(
+    lengths: Sequence[int],
+    batch_size: int,
+    *,
+    source: str = "measured lengths",
+    cutoff_tokens: int = PAPER_CUTOFF_TOKENS,
+) -> SeqLengths:
     xs = np.minimum(np.asarray(lengths, dtype=float), cutoff_tokens)
     if xs.size == 0 or np.any(xs < 1):
         raise TunecostError("lengths must be a non-empty list of positive token counts")
-    return SeqLengths(batch_size=batch_size,
-                      padded_len_tokens=expected_max_of_sample(xs, batch_size, PAD_TO_MULTIPLE_OF),
-                      mean_len_tokens=float(xs.mean()), mean_sq_len_tokens2=float(np.mean(xs**2)),
-                      source=f"{source} ({xs.size} queries, cut at {cutoff_tokens})")
+    return SeqLengths(
+        batch_size=batch_size,
+        padded_len_tokens=expected_max_of_sample(xs, batch_size, PAD_TO_MULTIPLE_OF),
+        mean_len_tokens=float(xs.mean()),
+        mean_sq_len_tokens2=float(np.mean(xs**2)),
+        source=f"{source} ({xs.size} queries, cut at {cutoff_tokens})",
+    )
 
 
-def lognormal_lengths(median_tokens: float, batch_size: int, *, log_sigma: float = DEFAULT_LOG_SIGMA,
-                      cutoff_tokens: int = PAPER_CUTOFF_TOKENS, source: str = "") -> SeqLengths:
+def lognormal_lengths(
+    median_tokens: float,
+    batch_size: int,
+    *,
+    log_sigma: float = DEFAULT_LOG_SIGMA,
+    cutoff_tokens: int = PAPER_CUTOFF_TOKENS,
+    source: str = "",
+) -> SeqLengths:
     """Log-normal lengths with this median: E[max of B] = integral over v in (0,1) of Q(v^(1/B)) dv."""
     _check_batch(batch_size)
     if median_tokens <= 0 or log_sigma < 0:
@@ -103,10 +122,17 @@ def lognormal_lengths(median_tokens: float, batch_size: int, *, log_sigma: float
     z = ndtri(v)
     q_max = _pad_up(np.minimum(median_tokens * np.exp(log_sigma * z_max), cutoff_tokens), PAD_TO_MULTIPLE_OF)
     q = np.minimum(median_tokens * np.exp(log_sigma * z), cutoff_tokens)
-    label = source or (f"log-normal, median {median_tokens:g} tokens, sigma {log_sigma:g}, cut at {cutoff_tokens}, "
-                       f"padded to the longest (multiple of {PAD_TO_MULTIPLE_OF})")
-    return SeqLengths(batch_size=batch_size, padded_len_tokens=float(q_max.mean()), mean_len_tokens=float(q.mean()),
-                      mean_sq_len_tokens2=float(np.mean(q**2)), source=label)
+    label = source or (
+        f"log-normal, median {median_tokens:g} tokens, sigma {log_sigma:g}, cut at {cutoff_tokens}, "
+        f"padded to the longest (multiple of {PAD_TO_MULTIPLE_OF})"
+    )
+    return SeqLengths(
+        batch_size=batch_size,
+        padded_len_tokens=float(q_max.mean()),
+        mean_len_tokens=float(q.mean()),
+        mean_sq_len_tokens2=float(np.mean(q**2)),
+        source=label,
+    )
 
 
 @lru_cache(maxsize=512)
@@ -118,6 +144,10 @@ def dataset_lengths(dataset: str, batch_size: int, *, log_sigma: float = DEFAULT
     median = facts.median_tokens_paper
     if not math.isfinite(median) or median <= 0:
         raise TunecostError(f"dataset {facts.name} has no median length in the catalog; give seq_len")
-    return lognormal_lengths(median, batch_size, log_sigma=log_sigma,
-                             source=f"{facts.name}: log-normal, paper median {median:g} tokens, sigma {log_sigma:g}, "
-                                    f"cut at {PAPER_CUTOFF_TOKENS}, padded to the longest in the batch")
+    return lognormal_lengths(
+        median,
+        batch_size,
+        log_sigma=log_sigma,
+        source=f"{facts.name}: log-normal, paper median {median:g} tokens, sigma {log_sigma:g}, "
+        f"cut at {PAPER_CUTOFF_TOKENS}, padded to the longest in the batch",
+    )

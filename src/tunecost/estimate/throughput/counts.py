@@ -10,7 +10,7 @@ Passes over a weight per step: forward (1) + recompute under gradient checkpoint
 + backward grad-weight (1, trainable weights only: none of the frozen base weights under (Q)LoRA).
 Routing is taken as uniform (expected experts hit per layer E(1 - (1 - k/E)^T)); the paper's Fig. 11 imbalance is
 not modelled. A step simulator (`tunecost.simulate`) counts the same classes on tunecost's own stack; the
-test `tests/estimate/test_throughput_counts.py` compares the two where it exists.
+test `tests/estimate/throughput/test_counts.py` compares the two where it exists.
 """
 
 from __future__ import annotations
@@ -22,12 +22,22 @@ from types import MappingProxyType
 
 from tunecost.catalog.models import ModelSpec
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput_arch import Arch, arch_of
-from tunecost.estimate.throughput_lengths import SeqLengths, empirical_lengths, fixed_lengths
+from tunecost.estimate.throughput.arch import Arch, arch_of
+from tunecost.estimate.throughput.lengths import SeqLengths, empirical_lengths, fixed_lengths
 from tunecost.workload.job import FineTuneJob
 
-OP_CLASSES = ("expert_matmul", "dense_matmul", "lm_head", "router", "lora", "attention", "scan", "dequant",
-              "elementwise", "optimizer")
+OP_CLASSES = (
+    "expert_matmul",
+    "dense_matmul",
+    "lm_head",
+    "router",
+    "lora",
+    "attention",
+    "scan",
+    "dequant",
+    "elementwise",
+    "optimizer",
+)
 GEMM_CLASSES = ("expert_matmul", "dense_matmul", "lm_head", "router", "lora")
 TENSOR_CORE = "bf16_tensor"
 CUDA_CORE = "fp32"
@@ -144,34 +154,57 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
 
     # Routed experts: one GEMM per expert matrix per hit expert; weights re-read on every pass.
     if arch.num_experts > 1:
-        acc.add("expert_matmul",
-                flops=base_passes * 2.0 * tokens * k * arch.expert_params * arch.num_moe_layers,
-                bytes_=base_passes * arch.num_moe_layers * (hit * arch.expert_params * w_bytes
-                                                            + tokens * k * arch.expert_in_out * w_bytes),
-                kernels=base_passes * arch.num_moe_layers * hit * arch.num_expert_matrices)
+        acc.add(
+            "expert_matmul",
+            flops=base_passes * 2.0 * tokens * k * arch.expert_params * arch.num_moe_layers,
+            bytes_=base_passes
+            * arch.num_moe_layers
+            * (hit * arch.expert_params * w_bytes + tokens * k * arch.expert_in_out * w_bytes),
+            kernels=base_passes * arch.num_moe_layers * hit * arch.num_expert_matrices,
+        )
         router_params = arch.num_moe_layers * arch.router_params_per_layer
-        acc.add("router",
-                flops=base_passes * 2.0 * tokens * router_params
-                + fwd_passes * arch.num_moe_layers * tokens * arch.num_experts * ROUTER_FLOPS_PER_LOGIT,
-                bytes_=base_passes * (router_params * w_bytes + arch.num_moe_layers * tokens * arch.hidden * w_bytes)
-                + (fwd_passes + BWD_BYTES_PER_FWD_BYTE) * arch.num_moe_layers * tokens * k * arch.hidden
-                * EXPERT_DISPATCH_BYTES_PER_HIDDEN,
-                kernels=base_passes * arch.num_moe_layers
-                + (fwd_passes + BWD_KERNELS_PER_FWD_KERNEL) * arch.num_moe_layers
-                * (ROUTER_KERNELS + hit * EXPERT_DISPATCH_KERNELS))
-        acc.add("elementwise", bytes_=(fwd_passes + BWD_BYTES_PER_FWD_BYTE) * arch.num_moe_layers * tokens * k
-                * arch.expert_ffn * EXPERT_ACT_BYTES_PER_FFN)
+        acc.add(
+            "router",
+            flops=base_passes * 2.0 * tokens * router_params
+            + fwd_passes * arch.num_moe_layers * tokens * arch.num_experts * ROUTER_FLOPS_PER_LOGIT,
+            bytes_=base_passes * (router_params * w_bytes + arch.num_moe_layers * tokens * arch.hidden * w_bytes)
+            + (fwd_passes + BWD_BYTES_PER_FWD_BYTE)
+            * arch.num_moe_layers
+            * tokens
+            * k
+            * arch.hidden
+            * EXPERT_DISPATCH_BYTES_PER_HIDDEN,
+            kernels=base_passes * arch.num_moe_layers
+            + (fwd_passes + BWD_KERNELS_PER_FWD_KERNEL)
+            * arch.num_moe_layers
+            * (ROUTER_KERNELS + hit * EXPERT_DISPATCH_KERNELS),
+        )
+        acc.add(
+            "elementwise",
+            bytes_=(fwd_passes + BWD_BYTES_PER_FWD_BYTE)
+            * arch.num_moe_layers
+            * tokens
+            * k
+            * arch.expert_ffn
+            * EXPERT_ACT_BYTES_PER_FFN,
+        )
 
     # Every other matmul weight (attention or Mamba projections, shared experts, dense MLPs).
-    acc.add("dense_matmul", flops=base_passes * 2.0 * tokens * arch.dense_params,
-            bytes_=base_passes * (arch.dense_params * w_bytes + tokens * arch.dense_in_out * w_bytes),
-            kernels=base_passes * arch.num_dense_matrices)
+    acc.add(
+        "dense_matmul",
+        flops=base_passes * 2.0 * tokens * arch.dense_params,
+        bytes_=base_passes * (arch.dense_params * w_bytes + tokens * arch.dense_in_out * w_bytes),
+        kernels=base_passes * arch.num_dense_matrices,
+    )
 
     # Output head (not recomputed; tied to the embedding in BlackMamba, which trains under full FT).
     head_passes = 2.0 + (1.0 if full else 0.0)
-    acc.add("lm_head", flops=head_passes * 2.0 * tokens * arch.lm_head_params,
-            bytes_=head_passes * (arch.lm_head_params * w_bytes + tokens * (arch.hidden + spec.vocab_size) * w_bytes),
-            kernels=head_passes)
+    acc.add(
+        "lm_head",
+        flops=head_passes * 2.0 * tokens * arch.lm_head_params,
+        bytes_=head_passes * (arch.lm_head_params * w_bytes + tokens * (arch.hidden + spec.vocab_size) * w_bytes),
+        kernels=head_passes,
+    )
     acc.add("elementwise", bytes_=tokens * spec.vocab_size * LOSS_BYTES_PER_VOCAB, kernels=LOSS_KERNELS)
 
     # 4-bit weights (every Linear but the head under QLoRA) are dequantized on forward, recompute, backward.
@@ -181,30 +214,49 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
         if arch.num_experts > 1:
             quant_params += arch.num_moe_layers * hit * arch.expert_params
             quant_calls += arch.num_moe_layers * hit * arch.num_expert_matrices
-        acc.add("dequant", flops=frozen_passes * quant_params * DEQUANT_FLOPS_PER_PARAM,
-                bytes_=frozen_passes * quant_params * (NF4_BYTES_PER_PARAM + w_bytes),
-                kernels=frozen_passes * quant_calls * DEQUANT_KERNELS_PER_CALL)
+        acc.add(
+            "dequant",
+            flops=frozen_passes * quant_params * DEQUANT_FLOPS_PER_PARAM,
+            bytes_=frozen_passes * quant_params * (NF4_BYTES_PER_PARAM + w_bytes),
+            kernels=frozen_passes * quant_calls * DEQUANT_KERNELS_PER_CALL,
+        )
 
     _add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
     _add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes)
     trainable_params, trainable_tensors, param_bytes = _trainable(arch, job, k)
-    acc.add("optimizer", flops=trainable_params * ADAMW_FLOPS_PER_PARAM,
-            bytes_=trainable_params * param_bytes * (ADAMW_ACCESSES_PER_PARAM + CLIP_ACCESSES_PER_PARAM),
-            kernels=(ADAMW_FOREACH_OPS + 4) * -(-trainable_tensors // FOREACH_TENSORS_PER_LAUNCH))
+    acc.add(
+        "optimizer",
+        flops=trainable_params * ADAMW_FLOPS_PER_PARAM,
+        bytes_=trainable_params * param_bytes * (ADAMW_ACCESSES_PER_PARAM + CLIP_ACCESSES_PER_PARAM),
+        kernels=(ADAMW_FOREACH_OPS + 4) * -(-trainable_tensors // FOREACH_TENSORS_PER_LAUNCH),
+    )
     if full:  # embedding gradient: zero-fill + scatter into a vocab x hidden buffer
         acc.add("elementwise", bytes_=2.0 * arch.embedding_params * w_bytes, kernels=3)
 
     lora_rows = rows_expert if "experts" in job.lora.targets and arch.num_experts > 1 else tokens
-    rows = {"expert_matmul": rows_expert, "dense_matmul": tokens, "lm_head": tokens, "router": tokens,
-            "lora": lora_rows, "attention": lengths.padded_len_tokens, "scan": tokens}
-    peaks = {c: (TENSOR_CORE if c in ("expert_matmul", "dense_matmul", "lm_head", "router", "attention")
-                 else CUDA_CORE) for c in OP_CLASSES}
+    rows = {
+        "expert_matmul": rows_expert,
+        "dense_matmul": tokens,
+        "lm_head": tokens,
+        "router": tokens,
+        "lora": lora_rows,
+        "attention": lengths.padded_len_tokens,
+        "scan": tokens,
+    }
+    peaks = {
+        c: (TENSOR_CORE if c in ("expert_matmul", "dense_matmul", "lm_head", "router", "attention") else CUDA_CORE)
+        for c in OP_CLASSES
+    }
     return StepCounts(
         flops_by_class=MappingProxyType({c: acc.flops.get(c, 0.0) for c in OP_CLASSES}),
         bytes_by_class=MappingProxyType({c: acc.bytes.get(c, 0.0) for c in OP_CLASSES}),
         kernels_by_class=MappingProxyType({c: acc.kernels.get(c, 0.0) for c in OP_CLASSES}),
-        gemm_rows_by_class=MappingProxyType(rows), peak_by_class=MappingProxyType(peaks),
-        batch_size=job.batch_size, tokens_per_step=tokens, lengths=lengths, source="analytic",
+        gemm_rows_by_class=MappingProxyType(rows),
+        peak_by_class=MappingProxyType(peaks),
+        batch_size=job.batch_size,
+        tokens_per_step=tokens,
+        lengths=lengths,
+        source="analytic",
     )
 
 
@@ -225,8 +277,12 @@ def _add_lora(acc: _Acc, arch: Arch, job: FineTuneJob, *, tokens: float, k: int,
         token_io += tokens * arch.dense_in_out
         calls += arch.num_dense_matrices
     passes = 1.0 + gc + 2.0  # forward, recompute, grad-input, grad-weight of A and B
-    acc.add("lora", flops=passes * 2.0 * r * token_io, bytes_=(1.0 + gc + 2.0) * token_io * LORA_BYTES_PER_IN_OUT,
-            kernels=calls * ((1.0 + gc) * LORA_KERNELS_FWD + LORA_KERNELS_BWD))
+    acc.add(
+        "lora",
+        flops=passes * 2.0 * r * token_io,
+        bytes_=(1.0 + gc + 2.0) * token_io * LORA_BYTES_PER_IN_OUT,
+        kernels=calls * ((1.0 + gc) * LORA_KERNELS_FWD + LORA_KERNELS_BWD),
+    )
 
 
 def _add_mixers(acc: _Acc, arch: Arch, lengths: SeqLengths, *, gc: float, w_bytes: int) -> None:
@@ -240,30 +296,48 @@ def _add_mixers(acc: _Acc, arch: Arch, lengths: SeqLengths, *, gc: float, w_byte
     if arch.num_attention_layers:
         width = arch.num_heads * arch.head_dim
         fwd_flops = arch.num_attention_layers * batch * lengths.mean_sq_len_tokens2 * 2.0 * width
-        acc.add("attention", flops=(fwd_passes + FA2_BWD_FLOPS_PER_FWD) * fwd_flops,
-                bytes_=(fwd_passes + FA2_BWD_FLOPS_PER_FWD) * arch.num_attention_layers * tokens * 4 * width * w_bytes,
-                kernels=arch.num_attention_layers * (fwd_passes + 3.0))
-        per_token_layer = (2 * RMSNORM_BYTES_PER_HIDDEN + 2 * RESIDUAL_BYTES_PER_HIDDEN
-                           + FA2_VARLEN_BYTES_PER_HIDDEN) * arch.hidden + ROTARY_BYTES_PER_QK * 2 * width
+        acc.add(
+            "attention",
+            flops=(fwd_passes + FA2_BWD_FLOPS_PER_FWD) * fwd_flops,
+            bytes_=(fwd_passes + FA2_BWD_FLOPS_PER_FWD) * arch.num_attention_layers * tokens * 4 * width * w_bytes,
+            kernels=arch.num_attention_layers * (fwd_passes + 3.0),
+        )
+        per_token_layer = (
+            2 * RMSNORM_BYTES_PER_HIDDEN + 2 * RESIDUAL_BYTES_PER_HIDDEN + FA2_VARLEN_BYTES_PER_HIDDEN
+        ) * arch.hidden + ROTARY_BYTES_PER_QK * 2 * width
         kernels_layer = 2 * RMSNORM_KERNELS + ROTARY_KERNELS + 2 + FA2_VARLEN_KERNELS
-        acc.add("elementwise", bytes_=ew_passes * arch.num_attention_layers * tokens * per_token_layer,
-                kernels=ew_kernel_passes * arch.num_attention_layers * kernels_layer)
+        acc.add(
+            "elementwise",
+            bytes_=ew_passes * arch.num_attention_layers * tokens * per_token_layer,
+            kernels=ew_kernel_passes * arch.num_attention_layers * kernels_layer,
+        )
     if arch.num_mamba_layers:
         d, n = arch.mamba_inner, arch.mamba_state
         fwd_flops = arch.num_mamba_layers * tokens * (SCAN_FLOPS_PER_STATE * d * n + 2 * 4 * d)  # scan + conv
         fwd_bytes = arch.num_mamba_layers * tokens * ((6 * d + 4 * n) * w_bytes)  # x, dt, z in, y out, conv io, B, C
-        acc.add("scan", flops=(fwd_passes + 2.0) * fwd_flops, bytes_=(fwd_passes + 2.5) * fwd_bytes,
-                kernels=arch.num_mamba_layers * (2 * fwd_passes + 4))
-        acc.add("elementwise", bytes_=ew_passes * arch.num_layers * tokens * MAMBA_NORM_BYTES_PER_HIDDEN * arch.hidden
-                + ew_passes * arch.num_mamba_layers * tokens * 6 * d,
-                kernels=ew_kernel_passes * (arch.num_layers * 2 + arch.num_mamba_layers * MAMBA_ELEMENTWISE_KERNELS))
+        acc.add(
+            "scan",
+            flops=(fwd_passes + 2.0) * fwd_flops,
+            bytes_=(fwd_passes + 2.5) * fwd_bytes,
+            kernels=arch.num_mamba_layers * (2 * fwd_passes + 4),
+        )
+        acc.add(
+            "elementwise",
+            bytes_=ew_passes * arch.num_layers * tokens * MAMBA_NORM_BYTES_PER_HIDDEN * arch.hidden
+            + ew_passes * arch.num_mamba_layers * tokens * 6 * d,
+            kernels=ew_kernel_passes * (arch.num_layers * 2 + arch.num_mamba_layers * MAMBA_ELEMENTWISE_KERNELS),
+        )
 
 
 def _trainable(arch: Arch, job: FineTuneJob, k: int) -> tuple[float, int, int]:
     """(trainable parameters, trainable tensors, bytes per trainable parameter)."""
     if job.method == "full":
-        tensors = (arch.num_moe_layers * (arch.num_experts * arch.num_expert_matrices + 1)
-                   + arch.num_dense_matrices + 2 * arch.num_layers + 3)
+        tensors = (
+            arch.num_moe_layers * (arch.num_experts * arch.num_expert_matrices + 1)
+            + arch.num_dense_matrices
+            + 2 * arch.num_layers
+            + 3
+        )
         return float(arch.total_params), tensors, job.compute_bytes_per_element
     r = job.lora.rank
     params = 0.0

@@ -1,4 +1,4 @@
-"""The roofline step-time model (tunecost.estimate.throughput_model) on hand-made counts and known parameters."""
+"""The roofline step-time model (tunecost.estimate.throughput.model) on hand-made counts and known parameters."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 from tunecost.catalog.gpus import get_gpu
 from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput_counts import analytic_step_counts
-from tunecost.estimate.throughput_lengths import dataset_lengths
-from tunecost.estimate.throughput_model import (
+from tunecost.estimate.throughput.counts import analytic_step_counts
+from tunecost.estimate.throughput.lengths import dataset_lengths
+from tunecost.estimate.throughput.model import (
     SMOOTH_MAX_POWER,
     StackParams,
     gemm_efficiency_at,
@@ -18,8 +18,9 @@ from tunecost.estimate.throughput_model import (
 )
 from tunecost.workload.job import FineTuneJob
 
-PARAMS = StackParams(gemm_efficiency=0.6, gemm_half_rows=64, memory_efficiency=0.8, kernel_overhead_s=20e-6,
-                     step_overhead_s=0.05)
+PARAMS = StackParams(
+    gemm_efficiency=0.6, gemm_half_rows=64, memory_efficiency=0.8, kernel_overhead_s=20e-6, step_overhead_s=0.05
+)
 
 
 def _counts(batch: int, k: int = 2, dataset: str = "commonsense_15k"):
@@ -73,8 +74,10 @@ def test_faster_gpu_is_faster_but_less_than_its_datasheet_ratio() -> None:
 
 def test_stack_params_validate() -> None:
     with pytest.raises(TunecostError, match="efficiencies"):
-        StackParams(gemm_efficiency=1.5, gemm_half_rows=1, memory_efficiency=0.5, kernel_overhead_s=0,
-                    step_overhead_s=0)
+        StackParams(
+            gemm_efficiency=1.5, gemm_half_rows=1, memory_efficiency=0.5, kernel_overhead_s=0, step_overhead_s=0
+        )
     with pytest.raises(TunecostError, match="kernel_overhead_s"):
-        StackParams(gemm_efficiency=0.5, gemm_half_rows=1, memory_efficiency=0.5, kernel_overhead_s=-1,
-                    step_overhead_s=0)
+        StackParams(
+            gemm_efficiency=0.5, gemm_half_rows=1, memory_efficiency=0.5, kernel_overhead_s=-1, step_overhead_s=0
+        )

@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 from tunecost.catalog.gpus import GPU
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput_counts import OP_CLASSES, TENSOR_CORE, StepCounts
+from tunecost.estimate.throughput.counts import OP_CLASSES, TENSOR_CORE, StepCounts
 
 SMOOTH_MAX_POWER = 4.0  # (a^p + b^p)^(1/p): a roofline with a soft corner (p -> inf is the hard max)
 
@@ -106,8 +106,14 @@ def step_time(counts: StepCounts, gpu: GPU, params: StackParams) -> StepTime:
         bound[cls] = "compute" if compute_s >= memory_s else "memory"
     launch_s = params.kernel_overhead_s * counts.total_kernels
     total = sum(class_s.values()) + launch_s + params.step_overhead_s
-    return StepTime(step_s=total, class_s=MappingProxyType(class_s), bound_by_class=MappingProxyType(bound),
-                    kernel_overhead_s=launch_s, step_overhead_s=params.step_overhead_s, batch_size=counts.batch_size)
+    return StepTime(
+        step_s=total,
+        class_s=MappingProxyType(class_s),
+        bound_by_class=MappingProxyType(bound),
+        kernel_overhead_s=launch_s,
+        step_overhead_s=params.step_overhead_s,
+        batch_size=counts.batch_size,
+    )
 
 
 def queries_per_s(counts: StepCounts, gpu: GPU, params: StackParams) -> float:

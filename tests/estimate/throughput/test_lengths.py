@@ -1,11 +1,11 @@
-"""Sequence lengths as the throughput model sees them (tunecost.estimate.throughput_lengths)."""
+"""Sequence lengths as the throughput model sees them (tunecost.estimate.throughput.lengths)."""
 
 from __future__ import annotations
 
 import pytest
 
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput_lengths import (
+from tunecost.estimate.throughput.lengths import (
     PAPER_CUTOFF_TOKENS,
     dataset_lengths,
     empirical_lengths,

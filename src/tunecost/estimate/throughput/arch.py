@@ -2,7 +2,7 @@
 
 `Arch` holds parameter counts per kind of matmul (per layer or summed over layers) and the shapes the attention,
 scan and loss terms need. Every count is computed from the config here, so the analytic step counts
-(`throughput_counts`) are pure and fast; `tests/estimate/test_throughput_counts.py` checks the totals against
+(`throughput.counts`) are pure and fast; `tests/estimate/throughput/test_counts.py` checks the totals against
 `tunecost.models.params.count_parameters` (which builds the real model on the meta device).
 
 Families: Mixtral-style MoE transformers (mixtral, olmoe, qwen2_moe, qwen3_moe), dense llama/mistral, and
@@ -19,6 +19,7 @@ from tunecost.catalog.models import ModelSpec
 from tunecost.errors import TunecostError
 
 TRANSFORMER_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "llama", "mistral")
+
 
 @dataclass(frozen=True, kw_only=True)
 class Arch:
@@ -56,8 +57,14 @@ class Arch:
     @property
     def total_params(self) -> int:
         lm_head = 0 if self.tied_embedding else self.lm_head_params
-        return (self.routed_expert_params + self.num_moe_layers * self.router_params_per_layer + self.dense_params
-                + self.embedding_params + lm_head + self.norm_params)
+        return (
+            self.routed_expert_params
+            + self.num_moe_layers * self.router_params_per_layer
+            + self.dense_params
+            + self.embedding_params
+            + lm_head
+            + self.norm_params
+        )
 
     def active_params(self, experts_per_token: int) -> int:
         k = min(experts_per_token, self.num_experts)
@@ -92,14 +99,29 @@ def _blackmamba_arch(config: dict[str, Any]) -> Arch:
     mamba_other = inner * conv + inner + inner + inner * state + inner
     norm_params = num_mamba * mamba_other + len(pattern) * hidden + 2 * hidden + num_moe * num_experts  # + router bias
     return Arch(
-        family="blackmamba", hidden=hidden, num_layers=len(pattern), num_moe_layers=num_moe, num_experts=num_experts,
-        expert_params=hidden * 2 * ffn + ffn * hidden, expert_ffn=ffn,
+        family="blackmamba",
+        hidden=hidden,
+        num_layers=len(pattern),
+        num_moe_layers=num_moe,
+        num_experts=num_experts,
+        expert_params=hidden * 2 * ffn + ffn * hidden,
+        expert_ffn=ffn,
         expert_in_out=(hidden + 2 * ffn) + (ffn + hidden),
-        num_expert_matrices=2, router_params_per_layer=hidden * num_experts,
-        dense_params=num_mamba * mamba_params, dense_in_out=num_mamba * sum(i + o for i, o in mamba_mats),
-        num_dense_matrices=num_mamba * len(mamba_mats), lm_head_params=vocab * hidden, tied_embedding=True,
-        embedding_params=vocab * hidden, norm_params=norm_params, num_attention_layers=0, num_heads=0, head_dim=0,
-        num_mamba_layers=num_mamba, mamba_inner=inner, mamba_state=state,
+        num_expert_matrices=2,
+        router_params_per_layer=hidden * num_experts,
+        dense_params=num_mamba * mamba_params,
+        dense_in_out=num_mamba * sum(i + o for i, o in mamba_mats),
+        num_dense_matrices=num_mamba * len(mamba_mats),
+        lm_head_params=vocab * hidden,
+        tied_embedding=True,
+        embedding_params=vocab * hidden,
+        norm_params=norm_params,
+        num_attention_layers=0,
+        num_heads=0,
+        head_dim=0,
+        num_mamba_layers=num_mamba,
+        mamba_inner=inner,
+        mamba_state=state,
     )
 
 
@@ -112,8 +134,12 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
     vocab = int(_get(config, "vocab_size"))
     num_experts = int(_get(config, "num_local_experts", "num_experts", default=1))
     # (in, out, how many of them in the model): q, k, v, o in every layer, then the non-routed MLP work.
-    mats = [(hidden, heads * head_dim, layers), (hidden, kv_heads * head_dim, layers),
-            (hidden, kv_heads * head_dim, layers), (heads * head_dim, hidden, layers)]
+    mats = [
+        (hidden, heads * head_dim, layers),
+        (hidden, kv_heads * head_dim, layers),
+        (hidden, kv_heads * head_dim, layers),
+        (heads * head_dim, hidden, layers),
+    ]
     ffn, num_moe = 0, 0
     if num_experts > 1:
         ffn = int(_get(config, "moe_intermediate_size", "intermediate_size"))
@@ -124,8 +150,12 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
             num_moe = sum(1 for i in range(layers) if i not in dense_only and (i + 1) % step == 0)
         shared = int(config.get("shared_expert_intermediate_size") or 0)
         if shared:  # qwen2_moe: an always-on shared expert and its scalar gate in every MoE layer
-            mats += [(hidden, shared, num_moe), (hidden, shared, num_moe), (shared, hidden, num_moe),
-                     (hidden, 1, num_moe)]
+            mats += [
+                (hidden, shared, num_moe),
+                (hidden, shared, num_moe),
+                (shared, hidden, num_moe),
+                (hidden, 1, num_moe),
+            ]
     num_mlp_layers = layers - num_moe
     if num_mlp_layers:
         inter = int(_get(config, "intermediate_size"))
@@ -133,14 +163,29 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
     qk_norm = {"qwen3_moe": 2 * head_dim, "olmoe": (heads + kv_heads) * head_dim}.get(family, 0)
     qkv_bias = (heads + 2 * kv_heads) * head_dim if family == "qwen2_moe" else 0  # Qwen's q/k/v biases
     return Arch(
-        family=family, hidden=hidden, num_layers=layers, num_moe_layers=num_moe, num_experts=num_experts,
-        expert_params=3 * hidden * ffn, expert_ffn=ffn, expert_in_out=3 * (hidden + ffn), num_expert_matrices=3,
+        family=family,
+        hidden=hidden,
+        num_layers=layers,
+        num_moe_layers=num_moe,
+        num_experts=num_experts,
+        expert_params=3 * hidden * ffn,
+        expert_ffn=ffn,
+        expert_in_out=3 * (hidden + ffn),
+        num_expert_matrices=3,
         router_params_per_layer=hidden * num_experts if num_experts > 1 else 0,
-        dense_params=sum(i * o * n for i, o, n in mats), dense_in_out=sum((i + o) * n for i, o, n in mats),
-        num_dense_matrices=sum(n for _, _, n in mats), lm_head_params=vocab * hidden,
-        tied_embedding=bool(config.get("tie_word_embeddings", False)), embedding_params=vocab * hidden,
-        norm_params=layers * (2 * hidden + qk_norm + qkv_bias) + hidden, num_attention_layers=layers, num_heads=heads,
-        head_dim=head_dim, num_mamba_layers=0, mamba_inner=0, mamba_state=0,
+        dense_params=sum(i * o * n for i, o, n in mats),
+        dense_in_out=sum((i + o) * n for i, o, n in mats),
+        num_dense_matrices=sum(n for _, _, n in mats),
+        lm_head_params=vocab * hidden,
+        tied_embedding=bool(config.get("tie_word_embeddings", False)),
+        embedding_params=vocab * hidden,
+        norm_params=layers * (2 * hidden + qk_norm + qkv_bias) + hidden,
+        num_attention_layers=layers,
+        num_heads=heads,
+        head_dim=head_dim,
+        num_mamba_layers=0,
+        mamba_inner=0,
+        mamba_state=0,
     )
 
 

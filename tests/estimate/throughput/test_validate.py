@@ -1,14 +1,14 @@
-"""Leave-one-group-out validation (tunecost.estimate.throughput_validate) on the paper's A40 points."""
+"""Leave-one-group-out validation (tunecost.estimate.throughput.validate) on the paper's A40 points."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-from tunecost.estimate.throughput_calibrate import load_calibration_points
-from tunecost.estimate.throughput_validate import check_points, group_of, leave_one_group_out, mape
+from tunecost.estimate.throughput.calibrate import load_calibration_points
+from tunecost.estimate.throughput.validate import check_points, group_of, leave_one_group_out, mape
 
-PAPER_A40_CSV = Path(__file__).parents[1] / "fixtures" / "measurements" / "measured_throughput_a40.csv"
+PAPER_A40_CSV = Path(__file__).parents[2] / "fixtures" / "measurements" / "measured_throughput_a40.csv"
 
 
 def test_leave_one_group_out_holds_out_each_group_once() -> None:
@@ -16,8 +16,11 @@ def test_leave_one_group_out_holds_out_each_group_once() -> None:
     progress: list[str] = []
     results = leave_one_group_out(points, on_progress=lambda done, total, label: progress.append(label))
     assert [r.group[:2] for r in results] == [
-        ("blackmamba-2.8b", "commonsense_15k"), ("blackmamba-2.8b", "math_14k"),
-        ("mixtral-8x7b", "commonsense_15k"), ("mixtral-8x7b", "math_14k")]
+        ("blackmamba-2.8b", "commonsense_15k"),
+        ("blackmamba-2.8b", "math_14k"),
+        ("mixtral-8x7b", "commonsense_15k"),
+        ("mixtral-8x7b", "math_14k"),
+    ]
     assert sum(len(r.checks) for r in results) == len(points)
     for r in results:
         assert r.model.num_points == len(points) - len(r.checks)  # calibrated without the held-out group
@@ -27,7 +30,7 @@ def test_leave_one_group_out_holds_out_each_group_once() -> None:
 
 
 def test_check_points_errors_are_signed() -> None:
-    from tunecost.estimate.throughput_calibrate import calibrate
+    from tunecost.estimate.throughput.calibrate import calibrate
 
     points = load_calibration_points(PAPER_A40_CSV)
     checks = check_points(calibrate(points), points)

@@ -24,9 +24,9 @@ from tunecost.catalog.gpus import GPU, resolve_gpu_name
 from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.estimate.measurements import Measurement, load_measurements
-from tunecost.estimate.throughput_counts import StepCounts, analytic_step_counts
-from tunecost.estimate.throughput_lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, fixed_lengths
-from tunecost.estimate.throughput_model import PARAM_NAMES, StackParams, StepTime, step_time
+from tunecost.estimate.throughput.counts import StepCounts, analytic_step_counts
+from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, fixed_lengths
+from tunecost.estimate.throughput.model import PARAM_NAMES, StackParams, StepTime, step_time
 from tunecost.workload.job import FineTuneJob
 
 PAPER_METHOD = {"mixtral-8x7b": "qlora", "blackmamba-2.8b": "full"}  # the paper's setups (§III)
@@ -47,18 +47,40 @@ class Prior:
 
 
 PRIORS: dict[str, Prior] = {
-    "gemm_efficiency": Prior(centre=0.7, factor=1.5, lower=0.02, upper=1.0,
-                             reason="cuBLAS bf16 GEMMs reach 60-80 % of the dense datasheet peak"),
-    "gemm_half_rows": Prior(centre=64, factor=3.0, lower=1.0, upper=1e5,
-                            reason="GEMMs with K, N in the thousands reach half their rate at some tens of rows"),
-    "memory_efficiency": Prior(centre=0.75, factor=1.3, lower=0.05, upper=1.0,
-                               reason="streaming kernels reach 70-90 % of datasheet bandwidth"),
-    "kernel_overhead_s": Prior(centre=20e-6, factor=3.0, lower=1e-7, upper=1e-3,
-                               reason="eager PyTorch: dispatch + autograd + launch, about 10-50 us per op"),
-    "step_overhead_s": Prior(centre=0.05, factor=10.0, lower=1e-4, upper=10.0,
-                             reason="trainer bookkeeping per step (weak)"),
-    "run_overhead_s": Prior(centre=10.0, factor=10.0, lower=1e-2, upper=600.0,
-                            reason="start-up and warm-up inside the measured train_runtime (weak)"),
+    "gemm_efficiency": Prior(
+        centre=0.7,
+        factor=1.5,
+        lower=0.02,
+        upper=1.0,
+        reason="cuBLAS bf16 GEMMs reach 60-80 % of the dense datasheet peak",
+    ),
+    "gemm_half_rows": Prior(
+        centre=64,
+        factor=3.0,
+        lower=1.0,
+        upper=1e5,
+        reason="GEMMs with K, N in the thousands reach half their rate at some tens of rows",
+    ),
+    "memory_efficiency": Prior(
+        centre=0.75, factor=1.3, lower=0.05, upper=1.0, reason="streaming kernels reach 70-90 % of datasheet bandwidth"
+    ),
+    "kernel_overhead_s": Prior(
+        centre=20e-6,
+        factor=3.0,
+        lower=1e-7,
+        upper=1e-3,
+        reason="eager PyTorch: dispatch + autograd + launch, about 10-50 us per op",
+    ),
+    "step_overhead_s": Prior(
+        centre=0.05, factor=10.0, lower=1e-4, upper=10.0, reason="trainer bookkeeping per step (weak)"
+    ),
+    "run_overhead_s": Prior(
+        centre=10.0,
+        factor=10.0,
+        lower=1e-2,
+        upper=600.0,
+        reason="start-up and warm-up inside the measured train_runtime (weak)",
+    ),
 }
 
 
@@ -127,9 +149,15 @@ def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, StepCounts]:
         lengths = fixed_lengths(target.seq_len, target.batch_size)
     else:
         lengths = dataset_lengths(str(target.dataset), target.batch_size)
-    job = FineTuneJob(model=spec.name, method=method, experts_per_token=k, batch_size=target.batch_size,
-                      seq_len=target.seq_len or PAPER_CUTOFF_TOKENS, dataset=target.dataset,
-                      gradient_checkpointing=method != "full")  # the paper: checkpointing for Mixtral QLoRA only
+    job = FineTuneJob(
+        model=spec.name,
+        method=method,
+        experts_per_token=k,
+        batch_size=target.batch_size,
+        seq_len=target.seq_len or PAPER_CUTOFF_TOKENS,
+        dataset=target.dataset,
+        gradient_checkpointing=method != "full",
+    )  # the paper: checkpointing for Mixtral QLoRA only
     return job, analytic_step_counts(spec, job, lengths)
 
 
@@ -161,10 +189,21 @@ class CalibratedModel:
         reasons = self._extrapolation(job, counts, gpu)
         factor = math.exp(self.interval_log_halfwidth)
         notes = [f"lengths: {counts.lengths.source}", f"counts: {counts.source} (the paper's stack)"]
-        return Prediction(target=target, gpu=gpu.name, experts_per_token=int(job.experts_per_token or 0),
-                          method=job.method, queries_per_s=qps, queries_per_s_low=qps / factor,
-                          queries_per_s_high=qps * factor, step=step, counts=counts, run_queries=run_queries,
-                          extrapolation=bool(reasons), extrapolation_reasons=tuple(reasons), notes=tuple(notes))
+        return Prediction(
+            target=target,
+            gpu=gpu.name,
+            experts_per_token=int(job.experts_per_token or 0),
+            method=job.method,
+            queries_per_s=qps,
+            queries_per_s_low=qps / factor,
+            queries_per_s_high=qps * factor,
+            step=step,
+            counts=counts,
+            run_queries=run_queries,
+            extrapolation=bool(reasons),
+            extrapolation_reasons=tuple(reasons),
+            notes=tuple(notes),
+        )
 
     def _extrapolation(self, job: FineTuneJob, counts: StepCounts, gpu: GPU) -> list[str]:
         reasons = []
@@ -178,8 +217,9 @@ class CalibratedModel:
             far = " (far outside)" if job.batch_size > 2 * hi or job.batch_size * 2 < lo else ""
             reasons.append(f"batch {job.batch_size} outside calibrated {lo}..{hi} for {job.model}{far}")
         if job.experts_per_token not in rng.experts_per_token:
-            reasons.append(f"top-{job.experts_per_token} not calibrated for {job.model} "
-                           f"(have {sorted(rng.experts_per_token)})")
+            reasons.append(
+                f"top-{job.experts_per_token} not calibrated for {job.model} (have {sorted(rng.experts_per_token)})"
+            )
         if job.method not in rng.methods:
             reasons.append(f"method {job.method} not calibrated for {job.model} (have {sorted(rng.methods)})")
         t_lo, t_hi = rng.tokens_per_step
@@ -193,8 +233,9 @@ def _optional_columns(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(line for line in fh if not line.lstrip().startswith("#")))
 
 
-def points_from_measurements(measurements: Sequence[Measurement], extra: Sequence[Mapping[str, str]] = (),
-                             *, source: str = "") -> list[CalibrationPoint]:
+def points_from_measurements(
+    measurements: Sequence[Measurement], extra: Sequence[Mapping[str, str]] = (), *, source: str = ""
+) -> list[CalibrationPoint]:
     """Calibration points from `load_measurements` rows; `extra` (same order) may carry method and num_queries.
     With `source` (a file name), each point's `source` is "file: row N" and an error about a row names it."""
     out = []
@@ -204,14 +245,21 @@ def points_from_measurements(measurements: Sequence[Measurement], extra: Sequenc
         try:
             method = (row.get("method") or "").strip() or None
             n = (row.get("num_queries") or "").strip()
-            target = ThroughputTarget(model=m.model, gpu=m.gpu, batch_size=m.batch_size,
-                                      experts_per_token=m.experts_per_token,
-                                      dataset=None if m.seq_len else m.dataset, seq_len=m.seq_len, method=method)
+            target = ThroughputTarget(
+                model=m.model,
+                gpu=m.gpu,
+                batch_size=m.batch_size,
+                experts_per_token=m.experts_per_token,
+                dataset=None if m.seq_len else m.dataset,
+                seq_len=m.seq_len,
+                method=method,
+            )
             run_queries = int(float(n)) if n else PAPER_RUN_QUERIES
         except (TunecostError, ValueError) as exc:
             raise TunecostError(f"{where or f'measurement {i + 1}'}: {exc}") from None
-        out.append(CalibrationPoint(target=target, queries_per_s=m.queries_per_s, run_queries=run_queries,
-                                    source=where))
+        out.append(
+            CalibrationPoint(target=target, queries_per_s=m.queries_per_s, run_queries=run_queries, source=where)
+        )
     return out
 
 
@@ -236,8 +284,13 @@ def _unpack(x: np.ndarray) -> tuple[StackParams, float]:
     return StackParams(**values), run
 
 
-def calibrate(points: Sequence[CalibrationPoint], *, source: str = "measurements", use_priors: bool = True,
-              priors: Mapping[str, Prior] | None = None) -> CalibratedModel:
+def calibrate(
+    points: Sequence[CalibrationPoint],
+    *,
+    source: str = "measurements",
+    use_priors: bool = True,
+    priors: Mapping[str, Prior] | None = None,
+) -> CalibratedModel:
     """Fit the shared parameters to `points` (any models and GPUs together); see the module docstring.
     `priors` replaces some of `PRIORS`; `use_priors=False` drops them (plain least squares within the bounds).
     Both are for sensitivity studies."""
@@ -263,8 +316,12 @@ def calibrate(points: Sequence[CalibrationPoint], *, source: str = "measurements
 
     def predicted_log(x: np.ndarray) -> np.ndarray:
         params, run = _unpack(x)
-        return np.log([run_queries_per_s(step_time(c, gpu, params).step_s, p.target.batch_size, run, p.run_queries)
-                       for p, gpu, _, c in prepared])
+        return np.log(
+            [
+                run_queries_per_s(step_time(c, gpu, params).step_s, p.target.batch_size, run, p.run_queries)
+                for p, gpu, _, c in prepared
+            ]
+        )
 
     def residuals(x: np.ndarray) -> np.ndarray:
         data = weights * (predicted_log(x) - y) / LOG_NOISE
@@ -285,9 +342,15 @@ def calibrate(points: Sequence[CalibrationPoint], *, source: str = "measurements
     sd = float(np.sqrt(np.sum(log_res**2) / dof))
     halfwidth = float(student_t.ppf(0.5 + INTERVAL_LEVEL / 2, dof)) * sd
     return CalibratedModel(
-        params=params, run_overhead_s=run, log_residual_sd=sd, interval_log_halfwidth=halfwidth,
-        num_points=len(points), in_sample_mape=float(np.mean(np.abs(np.expm1(log_res)))),
-        ranges=_ranges(prepared), gpus=tuple(sorted({gpu.name for _, gpu, _, _ in prepared})), source=source,
+        params=params,
+        run_overhead_s=run,
+        log_residual_sd=sd,
+        interval_log_halfwidth=halfwidth,
+        num_points=len(points),
+        in_sample_mape=float(np.mean(np.abs(np.expm1(log_res)))),
+        ranges=_ranges(prepared),
+        gpus=tuple(sorted({gpu.name for _, gpu, _, _ in prepared})),
+        source=source,
         notes=tuple(_coverage_notes(prepared)),
     )
 
@@ -296,12 +359,15 @@ def _ranges(prepared: Sequence[tuple]) -> dict[str, ModelRange]:
     by_model: dict[str, list] = defaultdict(list)
     for _, _, job, counts in prepared:
         by_model[job.model].append((job, counts))
-    return {model: ModelRange(
-        batch_sizes=(min(j.batch_size for j, _ in rows), max(j.batch_size for j, _ in rows)),
-        experts_per_token=frozenset(int(j.experts_per_token) for j, _ in rows),
-        methods=frozenset(j.method for j, _ in rows),
-        tokens_per_step=(min(c.tokens_per_step for _, c in rows), max(c.tokens_per_step for _, c in rows)),
-    ) for model, rows in by_model.items()}
+    return {
+        model: ModelRange(
+            batch_sizes=(min(j.batch_size for j, _ in rows), max(j.batch_size for j, _ in rows)),
+            experts_per_token=frozenset(int(j.experts_per_token) for j, _ in rows),
+            methods=frozenset(j.method for j, _ in rows),
+            tokens_per_step=(min(c.tokens_per_step for _, c in rows), max(c.tokens_per_step for _, c in rows)),
+        )
+        for model, rows in by_model.items()
+    }
 
 
 def _coverage_notes(prepared: Sequence[tuple]) -> list[str]:

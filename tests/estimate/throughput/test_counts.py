@@ -1,4 +1,4 @@
-"""Analytic step counts (tunecost.estimate.throughput_counts) and the architecture numbers they use."""
+"""Analytic step counts (tunecost.estimate.throughput.counts) and the architecture numbers they use."""
 
 from __future__ import annotations
 
@@ -6,14 +6,14 @@ import pytest
 
 from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput_arch import arch_of
-from tunecost.estimate.throughput_counts import (
+from tunecost.estimate.throughput.arch import arch_of
+from tunecost.estimate.throughput.counts import (
     NF4_BYTES_PER_PARAM,
     OP_CLASSES,
     analytic_step_counts,
     experts_hit,
 )
-from tunecost.estimate.throughput_lengths import fixed_lengths
+from tunecost.estimate.throughput.lengths import fixed_lengths
 from tunecost.workload.job import FineTuneJob
 
 # Mixtral-8x7B by hand (config: H 4096, I 14336, 32 layers, 32 q / 8 kv heads of 128, vocab 32000):
@@ -79,8 +79,9 @@ def test_qlora_expert_and_dequant_terms_by_hand() -> None:
 def test_lora_without_quantization_has_no_dequant_and_full_ft_trains_everything() -> None:
     lora = analytic_step_counts(resolve_model("mixtral-8x7b"), _mixtral_job(method="lora"))
     assert lora.bytes_by_class["dequant"] == 0
-    full = analytic_step_counts(resolve_model("mixtral-8x7b"),
-                                _mixtral_job(method="full", gradient_checkpointing=False))
+    full = analytic_step_counts(
+        resolve_model("mixtral-8x7b"), _mixtral_job(method="full", gradient_checkpointing=False)
+    )
     # full fine-tuning: forward + grad-input + grad-weight = 3 passes; no adapters; optimizer over all weights
     assert full.flops_by_class["expert_matmul"] == pytest.approx(3 * 2 * 128 * 2 * MIXTRAL_EXPERT_PARAMS * 32)
     assert full.flops_by_class["lora"] == 0
@@ -113,8 +114,14 @@ def test_work_grows_with_tokens_but_weight_traffic_does_not() -> None:
 
 def test_blackmamba_full_finetune_counts_scan_and_no_attention() -> None:
     spec = resolve_model("blackmamba-2.8b")
-    job = FineTuneJob(model="blackmamba-2.8b", method="full", gradient_checkpointing=False, experts_per_token=2,
-                      batch_size=2, seq_len=100)
+    job = FineTuneJob(
+        model="blackmamba-2.8b",
+        method="full",
+        gradient_checkpointing=False,
+        experts_per_token=2,
+        batch_size=2,
+        seq_len=100,
+    )
     counts = analytic_step_counts(spec, job)
     assert counts.flops_by_class["attention"] == 0
     assert counts.flops_by_class["scan"] > 0
@@ -142,5 +149,6 @@ def test_analytic_counts_agree_with_the_step_simulator() -> None:
     assert ours.flops_by_class["lora"] == pytest.approx(sim.flops_by_class["lora"], rel=0.1)
     # the simulator files q/k/v/o under "attention" with the attention kernel, and counts no causal saving
     ours_attention = ours.flops_by_class["attention"] + ours.flops_by_class["dense_matmul"]
-    assert ours_attention == pytest.approx(sim.flops_by_class["attention"] + sim.flops_by_class.get("dense_matmul", 0),
-                                           rel=0.05)
+    assert ours_attention == pytest.approx(
+        sim.flops_by_class["attention"] + sim.flops_by_class.get("dense_matmul", 0), rel=0.05
+    )
