@@ -188,7 +188,10 @@ def test_out_elsewhere_puts_figures_beside_it(tmp_path: Path, make_run) -> None:
     run = make_run(tmp_path / "run", kinds=("trainability",))
     result = build_report(run, tmp_path / "site" / "index.html")
     assert result.html_path == tmp_path / "site" / "index.html"
-    assert {p.name for p in (tmp_path / "site" / "figures").iterdir()} == {"trainability.png", "trainability.svg"}
+    assert {p.name for p in (tmp_path / "site" / "figures").iterdir() if not p.name.startswith(".")} == {
+        "trainability.png",
+        "trainability.svg",
+    }
     assert not (run / "report.html").exists()
 
 
@@ -197,7 +200,7 @@ def test_rebuilding_gives_the_same_page(tmp_path: Path, make_run) -> None:
     first = build_report(run).html_path.read_text(encoding="utf-8")
     second = build_report(run).html_path.read_text(encoding="utf-8")
     assert first == second
-    assert first.count("<h2") == len(SECTIONS)
+    assert first.count("<h2") == len(SECTIONS) + 1  # the summary, then one heading per section
 
 
 def test_max_batch_without_gpu_memory_is_a_table_without_figure(tmp_path: Path, make_run) -> None:
@@ -304,3 +307,42 @@ def test_unreadable_values_omit_the_section_not_the_report(tmp_path: Path, make_
     assert result.sections_omitted["trainability"] == (
         "records could not be read (ValueError: could not convert string to float: 'n/a')"
     )
+
+
+def test_report_never_writes_onto_run_records(tmp_path: Path, make_run) -> None:
+    run = make_run(tmp_path / "run", kinds=("throughput",))
+    records = run / "throughput.jsonl"
+    before = records.read_bytes()
+    with pytest.raises(TunecostError, match="inputs"):
+        build_report(run, records, force=True)
+    assert records.read_bytes() == before
+
+
+def test_report_owns_its_figures_folder(tmp_path: Path, make_run) -> None:
+    run = make_run(tmp_path / "run", kinds=("trainability", "throughput"))
+    paper = tmp_path / "paper"
+    (paper / "figures").mkdir(parents=True)
+    mine = paper / "figures" / "plot.png"
+    mine.write_bytes(b"user's figure")
+    with pytest.raises(TunecostError, match="did not write"):
+        build_report(run, paper / "report.html")
+    assert not (paper / "report.html").exists() and sorted((paper / "figures").iterdir()) == [mine]
+    build_report(run, paper / "report.html", force=True)  # writes beside the foreign file, keeps it
+    assert mine.read_bytes() == b"user's figure"
+    # own stale figures go: a second report without the throughput section removes throughput.png
+    first = build_report(run)
+    assert (run / "figures" / "throughput.png").exists()
+    (run / "throughput.jsonl").unlink()
+    second = build_report(run)
+    assert "throughput" in first.sections_shown and "throughput" not in second.sections_shown
+    assert not (run / "figures" / "throughput.png").exists()
+
+
+def test_report_keeps_a_foreign_html_without_force(tmp_path: Path, make_run) -> None:
+    run = make_run(tmp_path / "run", kinds=("trainability",))
+    page = tmp_path / "index.html"
+    page.write_text("<p>my page</p>", encoding="utf-8")
+    with pytest.raises(TunecostError, match="not a tunecost report"):
+        build_report(run, page)
+    assert page.read_text(encoding="utf-8") == "<p>my page</p>"
+    assert not (tmp_path / "figures").exists()

@@ -4,13 +4,49 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
+from typing import Any
 
 import typer
+from typer.core import TyperGroup
+
+try:  # typer >= 0.22 carries its own copy of click
+    from typer._click import exceptions as click_exceptions
+except ImportError:  # pragma: no cover - older typer on the real click
+    from click import exceptions as click_exceptions  # type: ignore[no-redef]
 
 from tunecost import __version__
 from tunecost.cli import commands
 
+
+class _OneLineErrors(TyperGroup):
+    """The command group, with usage errors (unknown option, bad or missing value) as one `error: ...` line and
+    exit code 2, the same as every other user error, instead of a boxed panel."""
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            result = super().main(*args, standalone_mode=False, **kwargs)
+        except click_exceptions.NoArgsIsHelpError as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click_exceptions.UsageError as exc:
+            message = " ".join(exc.format_message().split())
+            where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
+            typer.echo(f"error: {message}{where}", err=True)
+            sys.exit(2)
+        except click_exceptions.ClickException as exc:
+            typer.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+            sys.exit(exc.exit_code)
+        except click_exceptions.Abort:
+            typer.echo("aborted", err=True)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
+
+
 app = typer.Typer(
+    cls=_OneLineErrors,
     name="tunecost",
     help="What will fine-tuning an LLM cost, on which GPU, and where does the time go? "
     "(Xia et al., IISWC 2024, as a tool.)",

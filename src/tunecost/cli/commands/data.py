@@ -46,15 +46,19 @@ def stats(
     skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip malformed rows instead of failing."),
     allow_download: bool = typer.Option(False, "--allow-download", help="Allow hub downloads (tokenizer, dataset)."),
     out: Path | None = typer.Option(None, "--out", help="Write JSONL rows (summary + histogram) to this file."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
 ) -> None:
     """Token-length statistics of a dataset's queries (prompt + ground-truth response)."""
+    from tunecost.outputs import check_output_path
     from tunecost.results.io import atomic_write_text
     from tunecost.workload.datasets import load_dataset, parse_columns
     from tunecost.workload.lengths import length_distribution
     from tunecost.workload.templates import template_by_name
     from tunecost.workload.tokenizers import tokenizer_by_name
 
+    if out is not None:
+        check_output_path(out, force=force, inputs=(dataset,))
     tmpl = template_by_name(template)
     tok = tokenizer_by_name(tokenizer, allow_download=allow_download)
     ds = load_dataset(

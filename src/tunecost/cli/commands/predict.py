@@ -138,6 +138,7 @@ def predict(
         "--run-queries",
         help="Predict a measured run of N queries (start-up included, as the paper's 1000); default: steady state.",
     ),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --output file."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Predict queries/s with a 95 % interval for every target, from one calibration; flag extrapolations."""
@@ -145,10 +146,13 @@ def predict(
 
     from tunecost.errors import TunecostError
     from tunecost.estimate.calibrated import calibrated_model
+    from tunecost.outputs import check_output_path
     from tunecost.results.io import atomic_write_text
 
     if run_queries is not None and run_queries < 1:
         raise TunecostError(f"--run-queries must be >= 1, got {run_queries}")
+    if output is not None:
+        check_output_path(output, force=force, inputs=(input_csv, calibrate), option="--output")
     targets = read_targets(input_csv)
     model = calibrated_model(calibrate)
     rows = [_row(p) for p in _predict_all(model, targets, input_csv, run_queries)]

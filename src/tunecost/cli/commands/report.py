@@ -13,12 +13,18 @@ from tunecost.cli.common import cli_errors, console, print_json
 def report(
     run_dir: Path = typer.Argument(..., help="A run directory written by tunecost (demo, profile, ...)."),
     out: Path = typer.Option(None, "--out", help="HTML file to write (default: RUN_DIR/report.html)."),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Replace an existing HTML file tunecost did not write; write into a figures/ "
+        "folder that holds other files (they are kept).",
+    ),
     json_out: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
 ) -> None:
     """Write report.html (figures embedded; works offline) and figures/*.png|svg."""
     from tunecost.report.html import build_report
 
-    result = build_report(run_dir, out)
+    result = build_report(run_dir, out, force=force)
     if json_out:
         print_json(result)
         return

@@ -1,0 +1,64 @@
+"""Output-path guard shared by every command that writes a file the user names.
+
+A command never replaces a file the user already had without `force`, and never (even with `force`) writes onto
+one of its own inputs. The checks run before any work, so a long computation never ends in a refused write.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from tunecost.errors import TunecostError
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_output_path(
+    path: str | os.PathLike[str],
+    *,
+    force: bool,
+    inputs: Iterable[str | os.PathLike[str] | None] = (),
+    option: str = "--out",
+) -> Path:
+    """`path` as a Path when it may be written; else a `TunecostError` naming `option` and the path.
+
+    Refused always: `path` is one of `inputs`, `path` is a folder, or a
+    parent of `path` is an existing file. Refused without `force`: `path` already exists.
+    """
+    target = Path(path)
+    for given in inputs:
+        if given is None:
+            continue
+        source = Path(given)
+        if _same_file(target, source) or target.resolve() == source.resolve():
+            raise TunecostError(f"{option} {str(target)!r} is one of this command's inputs; choose another file")
+    if target.is_dir():
+        raise TunecostError(f"{option} {str(target)!r} is a folder; give a file name")
+    for parent in target.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise TunecostError(f"{option} {str(target)!r}: {str(parent)!r} is a file, not a folder")
+            break
+    if target.exists() and not force:
+        raise TunecostError(f"{option} {str(target)!r} already exists; pass --force to replace it")
+    return target
+
+
+def check_output_folder(path: str | os.PathLike[str], *, option: str = "--out") -> Path:
+    """`path` as a Path when it is, or can become, a folder; else a `TunecostError` naming `option`."""
+    target = Path(path)
+    if target.exists() and not target.is_dir():
+        raise TunecostError(f"{option} {str(target)!r} is a file; give a folder")
+    for parent in target.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise TunecostError(f"{option} {str(target)!r}: {str(parent)!r} is a file, not a folder")
+            break
+    return target
