@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from tunecost import __version__
 from tunecost.errors import TunecostError
 from tunecost.outputs import check_output_path
@@ -21,7 +23,8 @@ from tunecost.results.io import atomic_write_bytes, atomic_write_json, atomic_wr
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
 color:#222;line-height:1.45}
-h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+h1{font-size:1.6em;margin-bottom:.2em}
+h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:.2em}
 .caption{color:#444;font-size:.92em}.omitted{color:#777;font-style:italic}
 img{max-width:100%;height:auto;border:1px solid #eee}
 table{border-collapse:collapse;font-size:.85em;margin:.6em 0;display:block;overflow-x:auto}
@@ -197,11 +200,8 @@ def _figure_html(key: str, result: FigureResult, figures: dict[str, bytes]) -> s
 LONG_TABLE_ROWS = 8
 
 
-def _without_empty_columns(table: object) -> object:
+def _without_empty_columns(table: pd.DataFrame) -> pd.DataFrame:
     """`table` without columns that hold nothing but missing values or the word none."""
-    import pandas as pd
-
-    assert isinstance(table, pd.DataFrame)
     empty = [c for c in table.columns if table[c].map(_is_empty).all()]
     return table.drop(columns=empty)
 
