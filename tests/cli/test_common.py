@@ -16,7 +16,7 @@ def test_binary_file_is_one_line(tmp_path, cli_error) -> None:
 def test_folder_where_a_file_belongs_and_file_where_a_folder_belongs(tmp_path, cli_error) -> None:
     folder = tmp_path / "adir"
     folder.mkdir()
-    assert cli_error(["prices", "--prices", str(folder)]).startswith("error: Is a directory")
+    assert "is a folder, not a file" in cli_error(["prices", "--prices", str(folder)])
     taken = tmp_path / "taken.csv"
     taken.write_text("x\n", encoding="utf-8")
     assert "File exists" in cli_error(["profile", "--model", "tiny-mixtral", "--out", str(taken)])

@@ -6,11 +6,11 @@ Columns as `../shared/paper/measured_throughput_a40.csv`: model, dataset, gpu, e
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunecost.csvfile import read_csv_rows
 from tunecost.errors import TunecostError
 
 PAPER_A40_MEASUREMENTS = Path(__file__).parents[1] / "catalog" / "data" / "measurements" / "paper_a40_throughput.csv"
@@ -51,18 +51,13 @@ def _number(path: Path, row: int, column: str, text: str, *, integer: bool = Fal
 
 def load_measurements(path: str | Path) -> list[Measurement]:
     path = Path(path)
-    if not path.is_file():
-        raise TunecostError(f"measurements file not found: {path}")
-    with open(path, newline="", encoding="utf-8-sig") as fh:  # utf-8-sig: an Excel BOM is not part of a column name
-        reader = csv.DictReader(line for line in fh if not line.lstrip().startswith("#"))
-        header = reader.fieldnames or []
-        missing = [c for c in REQUIRED_COLUMNS if c not in header]
-        if missing:
-            raise TunecostError(
-                f"{path}: missing column(s) {', '.join(missing)}; found {', '.join(header) or 'none'}; "
-                f"required: {', '.join(REQUIRED_COLUMNS)}"
-            )
-        rows = list(reader)
+    header, rows = read_csv_rows(path, "measurements file")
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise TunecostError(
+            f"{path}: missing column(s) {', '.join(missing)}; found {', '.join(map(repr, header)) or 'none'}; "
+            f"required: {', '.join(REQUIRED_COLUMNS)}"
+        )
     if not rows:
         raise TunecostError(f"{path}: no measurements")
     out = []

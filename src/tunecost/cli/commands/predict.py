@@ -30,22 +30,17 @@ OUTPUT_COLUMNS = (
 
 def read_targets(path: Path) -> list:
     """TARGETS.csv rows as `ThroughputTarget`s; every error names the row (1-based, header excluded)."""
-    import csv
-
+    from tunecost.csvfile import read_csv_rows
     from tunecost.errors import TunecostError
     from tunecost.estimate.throughput.calibrate import ThroughputTarget
 
-    if not path.is_file():
-        raise TunecostError(f"targets file not found: {path}")
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        reader = csv.DictReader(line for line in fh if not line.lstrip().startswith("#"))
-        missing = [c for c in TARGET_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise TunecostError(
-                f"{path}: missing column(s) {', '.join(missing)}; "
-                f"required: {', '.join(TARGET_COLUMNS)} (optional: seq_len, method)"
-            )
-        rows = list(reader)
+    header, rows = read_csv_rows(path, "targets file")
+    missing = [c for c in TARGET_COLUMNS if c not in header]
+    if missing:
+        raise TunecostError(
+            f"{path}: missing column(s) {', '.join(missing)}; "
+            f"required: {', '.join(TARGET_COLUMNS)} (optional: seq_len, method)"
+        )
     if not rows:
         raise TunecostError(f"{path}: no targets")
 

@@ -11,7 +11,6 @@ The prediction interval is t-based on the calibration's log residuals; a target 
 
 from __future__ import annotations
 
-import csv
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -22,6 +21,7 @@ import numpy as np
 
 from tunecost.catalog.gpus import GPU, resolve_gpu_name
 from tunecost.catalog.models import resolve_model
+from tunecost.csvfile import read_csv_rows
 from tunecost.errors import TunecostError
 from tunecost.estimate.measurements import Measurement, load_measurements
 from tunecost.estimate.throughput.counts import StepCounts, analytic_step_counts
@@ -229,8 +229,7 @@ class CalibratedModel:
 
 
 def _optional_columns(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        return list(csv.DictReader(line for line in fh if not line.lstrip().startswith("#")))
+    return read_csv_rows(path, "measurements file")[1]
 
 
 def points_from_measurements(
