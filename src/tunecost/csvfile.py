@@ -30,12 +30,13 @@ def read_csv_rows(path: str | os.PathLike[str], what: str = "CSV file") -> tuple
         with open(target, newline="", encoding="utf-8-sig") as fh:  # utf-8-sig: an Excel BOM is no column name
             reader = csv.DictReader(line for line in fh if not line.lstrip().startswith("#"))
             rows: list[dict[str, str]] = []
+            header: list[str] | None = None
             try:
                 header = [h for h in (reader.fieldnames or []) if h is not None]
                 for row in reader:
                     rows.append({k: v if isinstance(v, str) else "" for k, v in row.items() if isinstance(k, str)})
             except csv.Error as exc:
-                where = "header" if not rows else f"row {len(rows) + 1}"
+                where = "header" if header is None else f"row {len(rows) + 1}"
                 raise TunecostError(f"{str(target)!r}: {where}: not readable as CSV ({exc})") from None
     except UnicodeDecodeError as exc:
         raise TunecostError(f"{str(target)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None

@@ -69,7 +69,7 @@ def test_fit_printed_json_and_table(cli_runner, paper_a40_csv) -> None:
             f"{HEADER}\nm,d,g,2,0.25,1,0.5\nm,d,g,2,0.25,2,0.8\nm,d,g,2,0.25,4,1.1\nm,x,g,2,0.25,1,0.5\n",
             "group m/x/g has 1 point(s)",
         ),
-        (f"{HEADER}\nm,d,g,2,0.25,1,0.5\nm,d,g,2,0.25,2,-0.8\n", "row 2: queries_per_s must be > 0"),
+        (f"{HEADER}\nm,d,g,2,0.25,1,0.5\nm,d,g,2,0.25,2,-0.8\n", "row 2: queries_per_s must be between"),
         ("", "missing column(s) model"),
         (f"{HEADER}\n", "no measurements"),
     ],

@@ -112,8 +112,10 @@ def test_missing_file(tmp_path) -> None:
 @pytest.mark.parametrize(
     ("row", "message"),
     [
-        ("m,d,g,2,0.25,1,0", "row 2: queries_per_s must be > 0"),
-        ("m,d,g,2,0.25,1,-0.5", "row 2: queries_per_s must be > 0"),
+        ("m,d,g,2,0.25,1,0", "row 2: queries_per_s must be between"),
+        ("m,d,g,2,0.25,1,-0.5", "row 2: queries_per_s must be between"),
+        ("m,d,g,2,0.25,1,1e300", r"row 2: queries_per_s must be between 1e-06 and 1e\+06, got 1e\+300"),
+        ("m,d,g,2,0.25,1,5e-324", r"row 2: queries_per_s must be between 1e-06 and 1e\+06, got 4.94066e-324"),
         ("m,d,g,2,0.25,0,0.5", "row 2: experts_per_token and batch_size must be >= 1"),
         ("m,d,g,2,0.25,-3,0.5", "row 2: experts_per_token and batch_size must be >= 1"),
         ("m,d,g,0,0.25,1,0.5", "row 2: experts_per_token and batch_size must be >= 1"),
@@ -145,5 +147,5 @@ def test_errors_are_one_line(write_file) -> None:
 
 def test_seq_len_below_one_names_the_row(write_file) -> None:
     text = _csv("m,d,g,2,0.25,3,1.5,512", "m,d,g,2,0.25,3,1.5,0", header=MEASUREMENT_HEADER + ",seq_len")
-    with pytest.raises(TunecostError, match=r"row 2: seq_len must be >= 1, got 0"):
+    with pytest.raises(TunecostError, match=r"row 2: seq_len must be between 1 and 1048576, got 0"):
         load_measurements(write_file("m.csv", text))

@@ -39,7 +39,7 @@ class _OneLineErrors(TyperGroup):
         except click_exceptions.ClickException as exc:
             typer.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
             sys.exit(exc.exit_code)
-        except click_exceptions.Abort:
+        except typer.Abort:
             typer.echo("aborted", err=True)
             sys.exit(1)
         sys.exit(result if isinstance(result, int) else 0)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tunecost.csvfile import read_csv_rows
 from tunecost.errors import TunecostError
+from tunecost.limits import MAX_BATCH_SIZE, MAX_QUERIES_PER_S, MAX_SEQ_LEN, MIN_QUERIES_PER_S
 
 PAPER_A40_MEASUREMENTS = Path(__file__).parents[1] / "catalog" / "data" / "measurements" / "paper_a40_throughput.csv"
 REQUIRED_COLUMNS = ("model", "dataset", "gpu", "experts_per_token", "batch_size", "queries_per_s")
@@ -70,8 +71,13 @@ def load_measurements(path: str | Path) -> list[Measurement]:
         qps = _number(path, i, "queries_per_s", row["queries_per_s"])
         if k < 1 or batch < 1:
             raise TunecostError(f"{path}: row {i}: experts_per_token and batch_size must be >= 1")
-        if qps <= 0:
-            raise TunecostError(f"{path}: row {i}: queries_per_s must be > 0, got {qps}")
+        if not MIN_QUERIES_PER_S <= qps <= MAX_QUERIES_PER_S:
+            raise TunecostError(
+                f"{path}: row {i}: queries_per_s must be between {MIN_QUERIES_PER_S:g} and {MAX_QUERIES_PER_S:g}, "
+                f"got {qps:g}"
+            )
+        if batch > MAX_BATCH_SIZE or k > MAX_BATCH_SIZE:
+            raise TunecostError(f"{path}: row {i}: batch_size and experts_per_token must be at most {MAX_BATCH_SIZE}")
         model = row["model"].strip()
         if (row.get("sparsity") or "").strip():
             sparsity = _number(path, i, "sparsity", row["sparsity"])
@@ -81,8 +87,8 @@ def load_measurements(path: str | Path) -> list[Measurement]:
             raise TunecostError(f"{path}: row {i}: sparsity must be in (0, 1], got {sparsity}")
         seq = (row.get("seq_len") or "").strip()
         seq_len = int(_number(path, i, "seq_len", seq, integer=True)) if seq else None
-        if seq_len is not None and seq_len < 1:
-            raise TunecostError(f"{path}: row {i}: seq_len must be >= 1, got {seq_len}")
+        if seq_len is not None and not 1 <= seq_len <= MAX_SEQ_LEN:
+            raise TunecostError(f"{path}: row {i}: seq_len must be between 1 and {MAX_SEQ_LEN}, got {seq_len}")
         out.append(
             Measurement(
                 model=model,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import typer
@@ -74,11 +75,28 @@ def cost(
     """Hours and dollars of a fine-tune: queries x epochs / throughput / 3600 x $/h (Table IV)."""
     from tunecost.catalog.gpus import resolve_gpu_name
     from tunecost.catalog.prices import price_catalog, prices_for
-    from tunecost.errors import TunecostError
+    from tunecost.errors import TunecostError, unknown_name_error
     from tunecost.estimate.cost import simple_cost
+    from tunecost.limits import (
+        MAX_EPOCHS,
+        MAX_QUERIES,
+        MAX_QUERIES_PER_S,
+        MAX_USD_PER_HOUR,
+        MIN_QUERIES_PER_S,
+        check_finite_at_most,
+    )
 
     if throughput is None:
         raise TunecostError("give --throughput QPS (queries per second); `tunecost estimate` predicts it")
+    check_finite_at_most("--queries", queries, MAX_QUERIES)
+    check_finite_at_most("--epochs", epochs, MAX_EPOCHS)
+    check_finite_at_most("--throughput", throughput, MAX_QUERIES_PER_S)
+    check_finite_at_most("--usd-per-hour", usd_per_hour, MAX_USD_PER_HOUR)
+    if 0 < throughput < MIN_QUERIES_PER_S:
+        raise TunecostError(f"--throughput must be at least {MIN_QUERIES_PER_S:g} queries/s, got {throughput!r}")
+    catalog = price_catalog(prices_file)  # a --prices file is read (and checked) even beside --usd-per-hour
+    if provider is not None and provider.lower() not in {p.provider.lower() for p in catalog}:
+        raise unknown_name_error("provider", provider, {p.provider for p in catalog})
     price_provider = price_date = gpu_name = None
     if usd_per_hour is None:
         if gpu is None:
@@ -86,7 +104,7 @@ def cost(
                 "give --usd-per-hour P, or --gpu G [--provider NAME] to take the price from the catalog"
             )
         gpu_name = resolve_gpu_name(gpu).gpu.name
-        found = prices_for(gpu_name, price_catalog(prices_file), provider)
+        found = prices_for(gpu_name, catalog, provider)
         if not found:
             raise TunecostError(
                 f"no price for {gpu_name}" + (f" from {provider}" if provider else "") + " in the catalog"
@@ -101,6 +119,8 @@ def cost(
         price_date=price_date,
         gpu=gpu_name,
     )
+    if not (math.isfinite(result.hours) and math.isfinite(result.usd)):
+        raise TunecostError("the cost overflows: check --queries, --epochs, --throughput and the price")
     if json_out:
         print_json(result)
         return
@@ -131,10 +151,14 @@ def estimate(
     from tunecost.catalog.gpus import gpu_catalog
     from tunecost.errors import TunecostError
     from tunecost.estimate.cost import estimate_costs
+    from tunecost.limits import MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_finite_at_most
 
     gpus = list(gpu_catalog()) if gpu.strip().lower() == "all" else split_list(gpu, what="GPU")
+    check_finite_at_most("--epochs", epochs, MAX_EPOCHS)
     if queries is not None and queries <= 0:
         raise TunecostError(f"--queries must be > 0, got {queries}")
+    check_count("--queries", queries, MAX_QUERIES)
+    check_count("--seq-len", seq_len, MAX_SEQ_LEN)
     rows = estimate_costs(
         model=model,
         gpus=gpus,

@@ -1,0 +1,54 @@
+"""Bounds on the sizes a user can give (on the command line or in a file), checked where they enter.
+
+The bounds are what a single GPU could hold, with a wide margin: a value past them is a typo (an extra digit, a
+number in scientific notation), and accepting it would overflow int64 inside torch or allocate without limit.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tunecost.errors import TunecostError
+
+MAX_BATCH_SIZE = 65536  # sequences per step; the paper's largest is 44 (Table III)
+MAX_SEQ_LEN = 1 << 20  # tokens per sequence
+MAX_TOKENS = 1 << 26  # tokens in one step or benchmark call (MAX_BATCH_SIZE x 1024)
+MAX_QUERIES = 10**12  # queries in one fine-tune
+MAX_EPOCHS = 10**6
+MAX_QUERIES_PER_S = 1e6  # measured throughput of one fine-tune, queries/s
+MIN_QUERIES_PER_S = 1e-6
+MAX_USD_PER_HOUR = 1e4  # price of one GPU-hour
+
+
+def check_count(option: str, value: int | float | None, maximum: int, *, minimum: int = 1) -> int | None:
+    """`value` as an int when it is a whole number in [minimum, maximum] (or None); else an error naming `option`."""
+    if value is None:
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        raise TunecostError(f"{option} must be a whole number, got {value!r}")
+    number = int(value)
+    if not minimum <= number <= maximum:
+        raise TunecostError(f"{option} must be between {minimum} and {maximum}, got {number}")
+    return number
+
+
+def check_positive(option: str, value: float | None, maximum: float = math.inf) -> float | None:
+    """`value` when it is None or a finite number in (0, maximum]; else an error naming `option`."""
+    if value is None:
+        return None
+    if not (math.isfinite(value) and 0 < value <= maximum):
+        bound = "" if math.isinf(maximum) else f" at most {maximum:g}"
+        raise TunecostError(f"{option} must be a positive number{bound}, got {value!r}")
+    return value
+
+
+def check_finite_at_most(option: str, value: float | None, maximum: float) -> float | None:
+    """`value` when it is None or a finite number at most `maximum` (sign checks are the caller's); else an error
+    naming `option`."""
+    if value is None:
+        return None
+    if not math.isfinite(value):
+        raise TunecostError(f"{option} must be a finite number, got {value!r}")
+    if value > maximum:
+        raise TunecostError(f"{option} must be at most {maximum:g}, got {value:g}")
+    return value
