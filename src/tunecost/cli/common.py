@@ -47,6 +47,7 @@ def cli_errors(func: F) -> F:
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
+            check_numbers(kwargs)
             with warnings.catch_warnings():
                 warnings.simplefilter("always", TunecostWarning)
                 warnings.showwarning = _show_tunecost_warnings(warnings.showwarning)
@@ -58,10 +59,10 @@ def cli_errors(func: F) -> F:
             typer.echo(f"error: file not found: {exc.filename or exc}", err=True)
             raise typer.Exit(code=2) from None
         except UnicodeDecodeError as exc:  # a binary or non-UTF-8 file where text was expected
-            typer.echo(
-                f"error: an input file is not UTF-8 text ({exc.reason} at byte {exc.start}); check the file given",
-                err=True,
-            )
+            typer.echo(f"error: {_not_utf8(exc, kwargs)}", err=True)
+            raise typer.Exit(code=2) from None
+        except RecursionError:  # json nested deeper than Python's stack, in a reader without its own check
+            typer.echo("error: an input file is nested too deeply to read (JSON arrays or objects)", err=True)
             raise typer.Exit(code=2) from None
         except OSError as exc:  # a folder where a file belongs, an existing file where a folder belongs, ...
             where = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p)
@@ -72,6 +73,29 @@ def cli_errors(func: F) -> F:
             raise typer.Exit(code=130) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+MAX_INT_OPTION = 2**31 - 1  # no count or size on the command line comes near it; past int64 torch overflows
+
+
+def check_numbers(kwargs: dict[str, Any]) -> None:
+    """Every number a command receives from the command line is finite, and every whole number is below
+    `MAX_INT_OPTION`; else a `TunecostError` naming the option."""
+    for name, value in kwargs.items():
+        option = "--" + name.replace("_", "-")
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
+            raise TunecostError(f"{option} must be a finite number, got {value!r}")
+        if isinstance(value, int) and abs(value) > MAX_INT_OPTION:
+            raise TunecostError(f"{option} is too large: {value} (at most {MAX_INT_OPTION})")
+
+
+def _not_utf8(exc: UnicodeDecodeError, kwargs: dict[str, Any]) -> str:
+    """The message for a file that is not UTF-8; names the file when one path argument is a file."""
+    files = [str(v) for v in kwargs.values() if isinstance(v, Path) and v.is_file()]
+    which = f"{files[0]!r}" if len(files) == 1 else "an input file"
+    return f"{which} is not UTF-8 text ({exc.reason} at byte {exc.start}); check the file given"
 
 
 def _jsonable(obj: Any) -> Any:

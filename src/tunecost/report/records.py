@@ -36,13 +36,13 @@ def _read_meta(run_dir: Path) -> dict[str, Any]:
         if path.is_file():
             try:
                 meta[name.removesuffix(".json")] = json.loads(path.read_text(encoding="utf-8"))
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 meta[name.removesuffix(".json")] = {"error": f"{name} is not valid JSON"}
     # Sub-runs (e.g. runs/demo/profile-tiny-mixtral/meta.json) carry their own metadata.
     for sub in sorted(run_dir.glob("*/meta.json")):
         try:
             meta[f"{sub.parent.name}/meta"] = json.loads(sub.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue
     return meta
 
@@ -59,6 +59,7 @@ def load_run(run_dir: str | Path) -> RunRecords:
         )
     rows_by_kind: dict[str, list[dict[str, Any]]] = {}
     skipped: list[str] = []
+    any_records = False
     for path in files:
         rows = read_jsonl(path)  # only JSON objects; other lines are skipped with a warning naming them
         if not rows:
@@ -67,14 +68,18 @@ def load_run(run_dir: str | Path) -> RunRecords:
                 f"{path.relative_to(run_dir)}: " + ("holds lines that are not JSON objects" if text else "empty")
             )
             continue
-        versions = {r.get("schema_version") for r in rows}
-        if versions - {SCHEMA_VERSION}:
+        any_records = True
+        raw_versions = [r.get("schema_version") for r in rows]
+        versions = {str(v) for v in raw_versions}  # str: a version may be any JSON value, even a list
+        if any(type(v) is not int or v != SCHEMA_VERSION for v in raw_versions):
             skipped.append(
-                f"{path.relative_to(run_dir)}: records in format version {sorted(map(str, versions))}, "
+                f"{path.relative_to(run_dir)}: records in format version {sorted(versions)}, "
                 f"this tunecost reads version {SCHEMA_VERSION}; rerun the command that wrote it"
             )
             continue
         source = str(path.parent.relative_to(run_dir)) if path.parent != run_dir else "."
         rows_by_kind.setdefault(path.stem, []).extend({**r, "_source": source} for r in rows)
+    if not rows_by_kind and not any_records:  # every file empty or garbage: a page would say nothing
+        raise TunecostError(f"{run_dir}: no readable run records: " + "; ".join(skipped))
     tables = {kind: pd.DataFrame(rows) for kind, rows in rows_by_kind.items()}
     return RunRecords(run_dir=run_dir, meta=_read_meta(run_dir), tables=tables, skipped=skipped)

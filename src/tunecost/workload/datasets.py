@@ -139,7 +139,7 @@ def _hellaswag_example(row: Mapping[str, Any]) -> Example:
     raw_label = row.get("label")
     try:
         label = int(raw_label)  # the hub's label is a string "0".."3"
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise ValueError(f"'label' should be an ending index, got {raw_label!r}") from None
     if not 0 <= label < len(endings):
         raise ValueError(f"'label' {label} is out of range for {len(endings)} endings")
@@ -271,7 +271,10 @@ def read_rows(path: str | os.PathLike[str]) -> list[Any]:
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise TunecostError(f"{target}: cannot read it as {suffix[1:]} ({reason})") from None
         return frame.to_dict(orient="records")
-    text = target.read_text(encoding="utf-8")
+    try:
+        text = target.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TunecostError(f"{target} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if suffix == ".jsonl" or (suffix != ".json" and not text.lstrip().startswith("[")):
         rows: list[Any] = []
         for line_no, line in enumerate(text.splitlines()):
@@ -281,9 +284,13 @@ def read_rows(path: str | os.PathLike[str]) -> list[Any]:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 rows.append(BadLine(f"line {line_no + 1} is not JSON: {exc.msg}"))
+            except RecursionError:
+                rows.append(BadLine(f"line {line_no + 1} is nested too deeply"))
         return rows
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise TunecostError(f"{target}: nested too deeply to read") from None
     except json.JSONDecodeError as exc:
         raise TunecostError(f"{target}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})") from None
     if isinstance(data, dict):

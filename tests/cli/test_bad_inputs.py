@@ -1,0 +1,95 @@
+"""Bad inputs found by a new user's audit: each is one `error:` line naming the option or file, exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+
+
+def test_huge_csv_field_names_file_and_row(tmp_path: Path, cli_error) -> None:
+    path = tmp_path / "m.csv"
+    path.write_text("model,dataset,gpu,experts_per_token,batch_size,queries_per_s\n" + "x" * 200_000 + "\n")
+    line = cli_error(["fit", str(path)])
+    assert "m.csv" in line and "row 1" in line and "field larger than field limit" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["memory", "--model", "mixtral-8x7b", "--batch-size", "100000000000000000000"],
+        ["bench", "moe", "--tokens", "100000000000000000000"],
+    ],
+)
+def test_sizes_past_int64_name_the_option(cli_error, args: list[str]) -> None:
+    option = next(a for a in args if a.startswith("--batch-size") or a == "--tokens")
+    assert f"{option} is too large" in cli_error(args)
+
+
+def test_nan_names_the_option(cli_error) -> None:
+    assert "--epochs must be a finite number" in cli_error(
+        ["estimate", "--model", "mixtral-8x7b", "--gpu", "A40", "--epochs", "nan"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--queries", "1e300", "--epochs", "1e300", "--throughput", "1e-300", "--usd-per-hour", "1"], "at most"),
+        (
+            ["--queries", "1", "--epochs", "1", "--throughput", "1", "--usd-per-hour", "1", "--provider", "nosuchprov"],
+            "unknown provider 'nosuchprov'",
+        ),
+    ],
+)
+def test_cost_refuses_absurd_inputs(cli_error, args: list[str], expected: str) -> None:
+    assert expected in cli_error(["cost", *args])
+
+
+def test_cost_reads_a_garbage_prices_file_beside_usd_per_hour(tmp_path: Path, cli_error) -> None:
+    prices = tmp_path / "p.csv"
+    prices.write_text("garbage\n1,2\n", encoding="utf-8")
+    line = cli_error(
+        ["cost", "--queries", "1", "--epochs", "1", "--throughput", "1", "--usd-per-hour", "1", "--prices", str(prices)]
+    )
+    assert "p.csv" in line
+
+
+@pytest.mark.parametrize(("cell", "shown"), [("1e300", "1e+300"), ("5e-324", "4.94066e-324")])
+def test_fit_refuses_absurd_measurements(tmp_path: Path, cli_error, paper_a40_csv: Path, cell: str, shown: str) -> None:
+    lines = paper_a40_csv.read_text(encoding="utf-8").splitlines()
+    lines[1] = lines[1].rsplit(",", 1)[0] + "," + cell
+    path = tmp_path / "m.csv"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert f"row 1: queries_per_s must be between 1e-06 and 1e+06, got {shown}" in cli_error(["fit", str(path)])
+
+
+def test_data_stats_deep_nesting_and_infinite_label(tmp_path: Path, cli_error) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    assert "nested too deeply" in cli_error(["data", "stats", str(deep)])
+    row = json.loads((FIXTURES / "data" / "hellaswag.jsonl").read_text(encoding="utf-8").splitlines()[0])
+    bad = tmp_path / "inf.jsonl"
+    bad.write_text(json.dumps(row).replace(json.dumps(row["label"]) + ', "split"', '1e999, "split"') + "\n")
+    assert "'label' should be an ending index, got inf" in cli_error(["data", "stats", str(bad)])
+
+
+def test_report_on_odd_records(tmp_path: Path, cli_error, cli_runner) -> None:
+    from tunecost.cli.main import app
+
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "throughput.jsonl").write_text("garbage\n", encoding="utf-8")
+    result = cli_runner.invoke(app, ["report", str(garbage)])
+    assert result.exit_code == 2 and "no readable run records" in result.stderr
+    listed = tmp_path / "listed"
+    listed.mkdir()
+    (listed / "throughput.jsonl").write_text('{"schema_version": [1], "model": "m"}\n', encoding="utf-8")
+    (listed / "deep.jsonl").write_text('{"a": ' + "[" * 100_000 + "]" * 100_000 + "}\n", encoding="utf-8")
+    (listed / "meta.json").write_text('{"versions": [1, 2]}', encoding="utf-8")
+    result = cli_runner.invoke(app, ["report", str(listed)])
+    assert result.exit_code == 0, result.output
+    assert "format version [&#x27;[1]&#x27;]" in (listed / "report.html").read_text(encoding="utf-8")
