@@ -23,7 +23,10 @@ from tunecost.errors import TunecostError, TunecostWarning
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-console = Console()
+# Piped or redirected output is never cut to a terminal's width: a wide virtual width, so every cell is whole
+# (`tunecost models | grep NAME` finds the row).
+PIPE_WIDTH = 10_000
+console = Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH, soft_wrap=True)
 err_console = Console(stderr=True)
 
 
@@ -120,9 +123,9 @@ def print_json(obj: Any) -> None:
 
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None) -> None:
-    table = Table(title=title, caption=caption)
+    table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     for col in columns:
-        table.add_column(col)
+        table.add_column(col, overflow="fold")
     for row in rows:
         table.add_row(*[("" if v is None else str(v)) for v in row])
     console.print(table)

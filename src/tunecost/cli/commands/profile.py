@@ -41,13 +41,30 @@ def _device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def _batch_sizes(text: str, steps: int, warmup_steps: int) -> tuple[int, ...]:
+    """--batch-sizes, each within what a GPU could hold, checked before any query is built."""
+    from tunecost.limits import MAX_BATCH_SIZE, MAX_STEPS, check_count
+
+    sizes = tuple(split_list(text, int, "batch size"))
+    for size in sizes:
+        check_count("--batch-sizes", size, MAX_BATCH_SIZE)
+    check_count("--steps", steps, MAX_STEPS)
+    check_count("--warmup-steps", warmup_steps, MAX_STEPS, minimum=0)
+    return sizes
+
+
 def _inputs(
     seq_len: str | None, dataset: str | None, tokenizer: str, template: str, max_length: int, dataset_limit: int | None
 ) -> Any:
+    from tunecost.limits import MAX_SEQ_LEN, check_count
     from tunecost.profile.sweep import InputSpec
 
+    seq_lens = tuple(split_list(seq_len, int, "sequence length"))
+    for n in seq_lens:
+        check_count("--seq-len", n, MAX_SEQ_LEN)
+    check_count("--max-length", max_length, MAX_SEQ_LEN)
     return InputSpec(
-        seq_lens=tuple(split_list(seq_len, int, "sequence length")),
+        seq_lens=seq_lens,
         dataset=dataset,
         tokenizer=tokenizer,
         template=template,
@@ -128,7 +145,7 @@ def profile(
             num_layers=num_layers,
         ),
         experts_per_token=tuple(split_list(experts_per_token, int, "experts per token")),
-        batch_sizes=tuple(split_list(batch_sizes, int, "batch size")),
+        batch_sizes=_batch_sizes(batch_sizes, steps, warmup_steps),
         inputs=_inputs(seq_len, dataset, tokenizer, template, max_length, dataset_limit),
         options=MeasureOptions(
             steps=steps, warmup_steps=warmup_steps, instrumentation_overhead=not no_overhead, kernels=not no_kernels
