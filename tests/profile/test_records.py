@@ -225,3 +225,56 @@ def test_cli_profile_interrupt_keeps_finished_points(cli_runner, tmp_path, monke
     assert "1 finished point(s) are kept" in " ".join(result.stderr.split())
     assert "rerun the same command to resume" in " ".join(result.stderr.split())
     assert len(read_rows(tmp_path / "run", "points")) == 1
+
+
+def _files_and_lines(out: Path) -> list[tuple[str, int]]:
+    return [
+        (path.name, i)
+        for path in sorted(out.glob("*.jsonl"))
+        for i, _ in enumerate(path.read_text(encoding="utf-8").splitlines())
+    ]
+
+
+@pytest.mark.parametrize("damage", ["cut", "delete"])
+def test_damaging_any_line_of_a_finished_point_reruns_that_point_only(tmp_path, damage):
+    import warnings
+
+    reference = tmp_path / "reference"
+    for batch in (2, 4):
+        write_point(reference, _measurement(batch))
+    user_row = {"note": "a row of the user's own"}
+    with open(reference / "throughput.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps(user_row) + "\n")
+    ids = {p["batch_size"]: pid for pid, p in finished_points(reference).items()}
+    assert len(ids) == 2
+    cases = _files_and_lines(reference)
+    assert len(cases) > 20  # every line of every file, both points
+    for name, index in cases:
+        out = tmp_path / f"{name}-{index}"
+        out.mkdir()
+        for path in reference.iterdir():
+            (out / path.name).write_bytes(path.read_bytes())
+        lines = (out / name).read_text(encoding="utf-8").splitlines(keepends=True)
+        line = lines[index]
+        if "point_id" not in line:
+            continue  # the user's own row: not a point's record
+        hit = json.loads(line)["point_id"]
+        lines[index] = line[: len(line) // 2] + "\n" if damage == "cut" else ""
+        (out / name).write_text("".join(lines), encoding="utf-8")
+        with warnings.catch_warnings(record=True) as first:
+            warnings.simplefilter("always")
+            purge_unfinished(out)
+        assert set(finished_points(out)) == set(ids.values()) - {hit}, (name, index)
+        kept = [r for r in read_rows(out, "throughput") if "point_id" in r]
+        assert {r["point_id"] for r in kept} <= set(ids.values()) - {hit}
+        assert user_row in read_rows(out, "throughput")  # never deleted
+        for other in set(ids.values()) - {hit}:  # the other point is untouched, row for row
+            for kind in (*KINDS, "points"):
+                assert [r for r in read_rows(out, kind) if r.get("point_id") == other] == [
+                    r for r in read_rows(reference, kind) if r.get("point_id") == other
+                ]
+        with warnings.catch_warnings(record=True) as again:  # the damage was reported once, not forever
+            warnings.simplefilter("always")
+            purge_unfinished(out)
+            finished_points(out)
+        assert len(first) == (1 if damage == "cut" else 0) and again == [], (name, index)

@@ -1,9 +1,11 @@
 """Turn a point's measurements into the tidy rows of docs/dev/records.md and write them resumably.
 
 Files (one JSON object per line, appended and fsync'd): throughput, stages, layers, kernels, expert_load, memory,
-overhead, and `points.jsonl`, the completion log: a point's row there is written after all its other rows, so a
-point is finished exactly when it has a `points` row. On resume, rows of unfinished points (a kill between two
-files) are dropped first (`purge_unfinished`), then only unfinished points run.
+overhead, and `points.jsonl`, the completion log: a point's row there is written after all its other rows and
+counts them (`row_counts`), so a point is finished exactly when it has a `points` row and every row it counts is
+intact. On resume, rows of unfinished or damaged points (a kill between two files, a cut line) are dropped first
+(`purge_unfinished`, which rewrites the files so damage is reported once), then only those points run again.
+Rows without a `point_id` (not written by a sweep) are never dropped.
 """
 
 from __future__ import annotations
@@ -37,8 +39,13 @@ def point_rows(m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> d
         **(extra or {}),
     }
     rows["points"].append(point)
-    if m.status != "done":
-        return rows
+    if m.status == "done":
+        _measured_rows(rows, m)
+    point["row_counts"] = {kind: len(rows[kind]) for kind in KINDS}
+    return rows
+
+
+def _measured_rows(rows: dict[str, list[dict[str, Any]]], m: PointMeasurement) -> None:
     steps = len(m.plain)
     plain_seconds = sum(s.wall_seconds for s in m.plain)
     rows["throughput"].append(
@@ -128,7 +135,6 @@ def point_rows(m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> d
                 "steps": 1,
             }
         )
-    return rows
 
 
 def write_point(out_dir: str | Path, m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> None:
@@ -142,27 +148,52 @@ def write_point(out_dir: str | Path, m: PointMeasurement, *, extra: dict[str, An
         append_jsonl(out / POINTS_FILE, row)
 
 
+def _intact(
+    completions: dict[str, dict[str, Any]], rows_by_kind: dict[str, list[dict[str, Any]]]
+) -> dict[str, dict[str, Any]]:
+    """The completion rows whose points have every row they count (a row without counts is trusted: older runs)."""
+    counts: dict[tuple[str, Any], int] = {}
+    for kind, rows in rows_by_kind.items():
+        for r in rows:
+            counts[(kind, r.get("point_id"))] = counts.get((kind, r.get("point_id")), 0) + 1
+    intact = {}
+    for pid, row in completions.items():
+        expected = row.get("row_counts")
+        if isinstance(expected, dict) and any(
+            counts.get((kind, pid), 0) != n for kind, n in expected.items() if kind in rows_by_kind
+        ):
+            continue
+        intact[pid] = row
+    return intact
+
+
 def finished_points(out_dir: str | Path) -> dict[str, dict[str, Any]]:
-    """point_id -> its completion row."""
-    return {r["point_id"]: r for r in read_jsonl(Path(out_dir) / POINTS_FILE) if "point_id" in r}
+    """point_id -> its completion row, for points whose rows are all intact."""
+    out = Path(out_dir)
+    completions = {r["point_id"]: r for r in read_jsonl(out / POINTS_FILE) if "point_id" in r}
+    return _intact(completions, {kind: read_jsonl(out / f"{kind}.jsonl") for kind in KINDS})
 
 
 def purge_unfinished(out_dir: str | Path, kinds: Iterable[str] = KINDS) -> int:
-    """Drop rows of points without a completion row (left by an interrupted point); returns how many."""
+    """Drop the rows of points that are unfinished (no completion row: an interrupted point) or damaged (a row it
+    counts is missing or cut), and their completion rows, so they run again; rewrite files with broken lines so
+    each damage is reported once. Rows without a `point_id` are kept. Returns how many rows were dropped."""
     import json
 
     out = Path(out_dir)
-    done = set(finished_points(out))
+    files = {kind: out / f"{kind}.jsonl" for kind in kinds} | {"points": out / POINTS_FILE}
+    rows = {kind: read_jsonl(path) for kind, path in files.items()}
+    completions = {r["point_id"]: r for r in rows["points"] if "point_id" in r}
+    done = set(_intact(completions, {k: v for k, v in rows.items() if k != "points"}))
     dropped = 0
-    for kind in kinds:
-        path = out / f"{kind}.jsonl"
+    for kind, path in files.items():
         if not path.exists():
             continue
-        rows = read_jsonl(path)
-        keep = [r for r in rows if r.get("point_id") in done]
-        torn = path.read_text(encoding="utf-8").count("\n") != len(rows)
-        if len(keep) != len(rows) or torn:
-            dropped += len(rows) - len(keep)
+        keep = [r for r in rows[kind] if "point_id" not in r or r.get("point_id") in done]
+        lines = sum(1 for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip())
+        broken = lines != len(rows[kind]) or not path.read_bytes().endswith(b"\n")
+        if len(keep) != len(rows[kind]) or broken:
+            dropped += len(rows[kind]) - len(keep)
             atomic_write_text(path, "".join(json.dumps(r, default=str) + "\n" for r in keep))
     return dropped
 

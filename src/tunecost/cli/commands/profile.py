@@ -43,13 +43,15 @@ def _device(device: str) -> str:
 
 def _batch_sizes(text: str, steps: int, warmup_steps: int) -> tuple[int, ...]:
     """--batch-sizes, each within what a GPU could hold, checked before any query is built."""
+    from tunecost.errors import TunecostError
     from tunecost.limits import MAX_BATCH_SIZE, MAX_STEPS, check_count
 
     sizes = tuple(split_list(text, int, "batch size"))
     for size in sizes:
         check_count("--batch-sizes", size, MAX_BATCH_SIZE)
-    check_count("--steps", steps, MAX_STEPS)
-    check_count("--warmup-steps", warmup_steps, MAX_STEPS, minimum=0)
+    for option, value in (("--steps", steps), ("--warmup-steps", warmup_steps)):
+        if value > MAX_STEPS:  # the lower bounds are the sweep's own checks
+            raise TunecostError(f"{option} must be at most {MAX_STEPS}, got {value}")
     return sizes
 
 
