@@ -36,13 +36,13 @@ def _read_meta(run_dir: Path) -> dict[str, Any]:
         if path.is_file():
             try:
                 meta[name.removesuffix(".json")] = json.loads(path.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, RecursionError):
+            except (json.JSONDecodeError, RecursionError, UnicodeDecodeError):
                 meta[name.removesuffix(".json")] = {"error": f"{name} is not valid JSON"}
     # Sub-runs (e.g. runs/demo/profile-tiny-mixtral/meta.json) carry their own metadata.
     for sub in sorted(run_dir.glob("*/meta.json")):
         try:
             meta[f"{sub.parent.name}/meta"] = json.loads(sub.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, RecursionError):
+        except (json.JSONDecodeError, RecursionError, UnicodeDecodeError):
             continue
     return meta
 
