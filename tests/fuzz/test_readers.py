@@ -3,6 +3,7 @@ rows or a `TunecostError`, never another exception. Each test is bounded to a fe
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import warnings
@@ -38,10 +39,8 @@ def _file(data: bytes, name: str) -> Path:
 def _only_tunecost_errors(read, path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        try:
+        with contextlib.suppress(TunecostError):
             read(path)
-        except TunecostError:
-            pass
 
 
 @FUZZ
