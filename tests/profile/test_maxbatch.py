@@ -22,7 +22,7 @@ def _threshold_probe(max_fit: int, seen: list[int]):
 @pytest.mark.parametrize("max_fit", [1, 2, 3, 5, 8, 13, 100])
 def test_grow_then_bisect_finds_the_largest_fitting_batch(max_fit):
     seen: list[int] = []
-    best, probes, hit = search_max_batch_size(_threshold_probe(max_fit, seen), limit=4096)
+    best, _probes, hit = search_max_batch_size(_threshold_probe(max_fit, seen), limit=4096)
     assert best == max_fit and not hit
     grow = [b for b in seen if b & (b - 1) == 0][: max_fit.bit_length() + 1]
     assert seen[: len(grow)] == [2**i for i in range(len(grow))]  # doubling first

@@ -37,7 +37,7 @@ def test_loss_matches_transformers_loss_on_response_tokens():
     model = build_tiny_mixtral(seed=0, **SMALL).eval()
     model.router_aux_loss_coef = 0.0  # compare the LM part only
     (batch,) = make_batches(QUERIES, 2, pad_id=2)
-    loss, value = causal_lm_loss(model, batch)
+    _loss, value = causal_lm_loss(model, batch)
     reference = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
     assert value == pytest.approx(reference.item(), rel=1e-5)
     model.router_aux_loss_coef = 0.02

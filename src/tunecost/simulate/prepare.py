@@ -220,7 +220,7 @@ def static_tensors(model: nn.Module, info: dict[int, tuple[str, int | None]]) ->
     out, seen = [], set()
     for module in model.modules():
         group = info[id(module)][0]
-        for name, p in module.named_parameters(recurse=False):
+        for p in module.parameters(recurse=False):
             if id(p) not in seen:
                 seen.add(id(p))
                 out.append((p, "trainable_params" if p.requires_grad else "frozen_weights", group))

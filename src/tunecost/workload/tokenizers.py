@@ -189,7 +189,7 @@ class SubsetTokenizer:
 def subset_tokenizer(base: Any, texts: Sequence[str], *, unk_id: int = 0) -> SubsetTokenizer:
     """The `SubsetTokenizer` of every piece `base` produces on `texts` (plus UNK, BOS, EOS and the digits)."""
     used: set[int] = set()
-    for ids in base.encode_batch(list(texts) + [" 0 1 2 3 4 5 6 7 8 9 -"]):
+    for ids in base.encode_batch([*texts, " 0 1 2 3 4 5 6 7 8 9 -"]):
         used.update(ids)
     specials = [unk_id] + [i for i in (base.bos_id, base.eos_id) if i is not None and i != unk_id]
     base_ids = tuple(specials + sorted(used - set(specials)))

@@ -211,7 +211,7 @@ class CalibratedModel:
             reasons.append(f"GPU {gpu.name} not in the calibration ({', '.join(self.gpus)}): cross-GPU transfer")
         rng = self.ranges.get(job.model)
         if rng is None:
-            return reasons + [f"model {job.model} not in the calibration ({', '.join(sorted(self.ranges))})"]
+            return [*reasons, f"model {job.model} not in the calibration ({', '.join(sorted(self.ranges))})"]
         lo, hi = rng.batch_sizes
         if not lo <= job.batch_size <= hi:
             far = " (far outside)" if job.batch_size > 2 * hi or job.batch_size * 2 < lo else ""
