@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tunecost.errors import TunecostError
-from tunecost.profile.maxbatch import Probe, search_max_batch_size, simulated_max_batch_size
+from tunecost.profile.maxbatch import Probe, search_max_batch_size, simulated_search
 from tunecost.workload.job import FineTuneJob
 
 
@@ -50,10 +50,10 @@ def test_simulated_search_against_a_budget():
     def peak(j: FineTuneJob) -> int:
         return fixed + per_query * j.batch_size
 
-    result = simulated_max_batch_size(job, fixed + per_query * 6 + 1, peak_bytes_fn=peak)
+    result = simulated_search(job, fixed + per_query * 6 + 1, peak_bytes_fn=peak)
     assert result.max_batch_size == 6 and result.source == "simulated" and result.seq_len == 128
     assert result.boundary is not None and result.boundary.batch_size == 7
-    nothing = simulated_max_batch_size(job, fixed, peak_bytes_fn=peak)
+    nothing = simulated_search(job, fixed, peak_bytes_fn=peak)
     assert nothing.max_batch_size == 0 and nothing.boundary.batch_size == 1
 
 
