@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 from tunecost.errors import TunecostError
 
+# The setup the paper measured each model in (§III); its coefficients and throughputs apply to that method only.
+PAPER_METHOD = {"mixtral-8x7b": "qlora", "blackmamba-2.8b": "full"}
+
 
 @dataclass(frozen=True, kw_only=True)
 class BatchSizeCoefficients:

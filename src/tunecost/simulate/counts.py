@@ -29,7 +29,6 @@ OP_CLASSES = (
     "elementwise",
     "optimizer",
 )
-PHASES = ("forward", "backward", "recompute", "optimizer")
 
 
 def _register_missing_formulas() -> None:

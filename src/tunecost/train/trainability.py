@@ -30,7 +30,7 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.results.io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
-from tunecost.train.finetune import OptimConfig, make_batches, make_optimizer, train_epoch
+from tunecost.train.finetune import OptimConfig, make_batches, make_optimizer_with_schedule, train_epoch
 from tunecost.train.topk import routing_name, set_experts_per_token
 
 ProgressFn = Callable[[int, int, str], None]
@@ -214,7 +214,7 @@ def run_trainability(
         routing = routing_name(k, num_experts)
         run_dir = out / f"{routing}-k{k}"
         state_path = run_dir / STATE_FILE
-        optimizer, scheduler = make_optimizer(model, OptimConfig(lr=job.lr), job.epochs * steps_per_epoch)
+        optimizer, scheduler = make_optimizer_with_schedule(model, OptimConfig(lr=job.lr), job.epochs * steps_per_epoch)
         start_epoch = 1
         state = _load_state(state_path)
         last_done = max((e for e in finished if e > 0), default=0)

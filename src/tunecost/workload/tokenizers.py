@@ -240,14 +240,3 @@ def tokenizer_by_name(name: str, *, allow_download: bool = False) -> Tokenizer:
             return SentencePieceTokenizer(str(path), name=f"sentencepiece:{path.name}")
         raise TunecostError(f"tokenizer file {key!r} is not a SentencePiece .model file; pass its folder instead")
     return _hf_tokenizer(str(path) if path.is_dir() else key, allow_download)
-
-
-def tokenizer_for_model(model: Any, fallback: str = "mistral") -> Tokenizer:
-    """The tokenizer that belongs to a loaded transformers model (its `name_or_path`), else `fallback`."""
-    name_or_path = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
-    if name_or_path and Path(name_or_path).is_dir():
-        try:
-            return tokenizer_by_name(name_or_path)
-        except TunecostError:
-            pass
-    return tokenizer_by_name(fallback)
