@@ -1,5 +1,5 @@
 """max_batch_size: the search (against synthetic peaks), a real simulated answer checked independently, and the
-shortfall error when even one query does not fit (acceptance 6)."""
+shortfall error when even one query does not fit."""
 
 from __future__ import annotations
 

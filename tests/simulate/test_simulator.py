@@ -1,5 +1,5 @@
-"""simulate_step: layer scaling against full traces, FLOPs against a hand count (acceptance 2), weight storage
-parts, the result cache, and one-line errors for what is unsupported (acceptance 6)."""
+"""simulate_step: layer scaling against full traces, FLOPs against a hand count, weight storage
+parts, the result cache, and one-line errors for what is unsupported."""
 
 from __future__ import annotations
 
