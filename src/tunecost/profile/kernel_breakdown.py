@@ -93,9 +93,13 @@ def label_moe_layers(model: Any) -> nvtx.InstrumentationHandle:
                     experts = getattr(module, "experts", None) or getattr(module, "local_experts", None)
                     _wrap(module, nvtx.MOE_BLOCK, handle._restores)
                     _wrap(lp.router, nvtx.ROUTER, handle._restores)
-                    if experts is not None and hasattr(experts, "forward") and not isinstance(experts, list):
-                        if type(experts).__name__ != "ModuleList":
-                            _wrap(experts, nvtx.EXPERTS, handle._restores)
+                    if (
+                        experts is not None
+                        and hasattr(experts, "forward")
+                        and not isinstance(experts, list)
+                        and type(experts).__name__ != "ModuleList"
+                    ):
+                        _wrap(experts, nvtx.EXPERTS, handle._restores)
                     block_ids.add(id(module))
         for name, module in model.named_modules():
             leaf = name.rsplit(".", 1)[-1]
