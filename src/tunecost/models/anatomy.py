@@ -169,6 +169,11 @@ def _block_of(module: Any, router_names: tuple[str, ...], experts_names: tuple[s
     return (router, experts) if router is not None and experts is not None else None
 
 
+def router_and_experts(module: Any) -> tuple[Any, Any] | None:
+    """(router, experts) of a module that is an MoE block of any supported family, else None."""
+    return _block_of(module, _ROUTER_NAMES, _EXPERTS_NAMES)
+
+
 def moe_blocks(model: Any) -> list[MoeBlock]:
     """Every MoE block of `model` in layer order (none for a dense model). A model of no known family is searched
     for modules with a router (`gate` / `router`) and experts (`experts` / `local_experts`), itself included."""
@@ -177,17 +182,18 @@ def moe_blocks(model: Any) -> list[MoeBlock]:
         spec = _FAMILIES[family]
         if spec.block is None:
             return []
-        base = unwrap_peft(model)
+        names = {id(module): name for name, module in model.named_modules()}  # paths as `model` names them
         found = []
-        for index, layer in enumerate(_attr_path(base, spec.layers)):
+        for index, layer in enumerate(_attr_path(unwrap_peft(model), spec.layers)):
             block = getattr(layer, spec.block, None)
             parts = _block_of(block, (spec.router,), spec.experts) if block is not None else None
             if parts is not None:
-                found.append(MoeBlock(index, f"{spec.layers}.{index}.{spec.block}", block, *parts))
+                name = names.get(id(block), f"{spec.layers}.{index}.{spec.block}")
+                found.append(MoeBlock(index, name, block, *parts))
         return found
     found = []
     for name, module in model.named_modules():
-        parts = _block_of(module, _ROUTER_NAMES, _EXPERTS_NAMES)
+        parts = router_and_experts(module)
         if parts is not None and not type(module).__module__.startswith("peft"):
             match = _LAYER_INDEX.search(name + ".")
             found.append(MoeBlock(int(match.group(1)) if match else len(found), name, module, *parts))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import torch
 
 from tunecost.errors import TunecostError
-from tunecost.moe.install import _unwrap, moe_layers
+from tunecost.models.anatomy import unwrap_peft as _unwrap
+from tunecost.moe.install import moe_layers
 
 
 class ExpertLoadRecorder:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import MoeBlock, moe_blocks, unwrap_peft
 
 RANGE_PREFIX = "tunecost."
 MOE_BLOCK = "tunecost.moe"  # a whole MoE block (router + experts); the ncu filter keys on it
@@ -303,16 +304,9 @@ def _wrap_forward(
     return _shadow_forward(module, make)
 
 
-def _unwrapped(module: Any) -> Any:
-    """The module under PEFT wrappers (`lora.ParamWrapper` nests one `base_layer` per targeted parameter)."""
-    while hasattr(module, "base_layer"):
-        module = module.base_layer
-    return module
-
-
 def _fused_expert_shapes(experts: Any) -> dict[str, tuple[int, int]] | None:
     """Sorted (rows, cols) of the fused gate_up and down weights of a transformers experts module, or None."""
-    experts = _unwrapped(experts)
+    experts = unwrap_peft(experts)
     hidden = getattr(experts, "hidden_dim", None)
     inter = getattr(experts, "intermediate_dim", None)
     if not (isinstance(hidden, int) and isinstance(inter, int)) or not hasattr(experts, "gate_up_proj"):
@@ -445,9 +439,6 @@ def instrument_moe_block(
     return handle
 
 
-_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
 def _in_backward() -> bool:
     import torch
 
@@ -474,18 +465,10 @@ def _wrap_recompute(module: Any) -> Callable[[], None]:
     return _shadow_forward(module, make)
 
 
-def find_moe_blocks(model: Any) -> list[tuple[int, str, Any]]:
-    """(decoder layer index, module name, block) of every module with `.gate` and `.experts` submodules."""
-    import torch
-
-    found = []
-    for name, module in model.named_modules():
-        gate = getattr(module, "gate", None)
-        experts = getattr(module, "experts", None)
-        if isinstance(gate, torch.nn.Module) and isinstance(experts, torch.nn.Module):
-            match = _LAYER_INDEX.search(name + ".")
-            found.append((int(match.group(1)) if match else len(found), name, module))
-    return found
+def gated_moe_blocks(model: Any) -> list[MoeBlock]:
+    """The MoE blocks of `model` that `instrument_moe_block` labels: transformers-style, with `.gate` and
+    `.experts` modules (BlackMamba's mixers have a `router` instead)."""
+    return [b for b in moe_blocks(model) if b.router is getattr(b.block, "gate", None)]
 
 
 def instrument_model(
@@ -494,17 +477,18 @@ def instrument_model(
     """`instrument_moe_block` on the MoE blocks of the given decoder layers (all when `layers` is None)."""
     import torch
 
-    blocks = find_moe_blocks(model)
+    blocks = gated_moe_blocks(model)
     if not blocks:
         raise TunecostError(f"{type(model).__name__} has no MoE blocks (modules with .gate and .experts)")
-    available = sorted({index for index, _, _ in blocks})
+    available = sorted({b.layer_index for b in blocks})
     wanted = set(available if layers is None else layers)
     missing = sorted(wanted - set(available))
     if missing:
         raise TunecostError(f"no MoE block in layer(s) {missing}; MoE layers: {available}")
     handle = InstrumentationHandle()
     try:
-        for index, name, block in blocks:
+        for found in blocks:
+            index, name, block = found.layer_index, found.name, found.block
             if index in wanted:
                 handle._restores.extend(instrument_moe_block(block, backward=backward)._restores)
                 if "." in name:  # the other parts of the decoder layer holding the block
