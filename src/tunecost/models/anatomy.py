@@ -203,6 +203,8 @@ def moe_blocks(model: Any) -> list[MoeBlock]:
 def _config_of(model_or_config: Any) -> tuple[str | None, Any]:
     """(family, config) of a model, a transformers / BlackMamba config, or a config.json dict."""
     if isinstance(model_or_config, Mapping):
+        if "mamba_moe_layers" in model_or_config:  # Zyphra's config.json has no model_type
+            return "blackmamba", model_or_config
         return model_or_config.get("model_type"), model_or_config
     from tunecost.models.blackmamba.config import BlackMambaConfig
 
@@ -232,6 +234,10 @@ def num_experts(model_or_config: Any) -> int:
         value = _config_value(config, spec.num_experts_keys)
         if value is not None:
             return value
+        if isinstance(config, Mapping) and "mamba_moe_layers" in config:  # "r" (Mamba) or an expert count per layer
+            counts = [int(e) for e in config["mamba_moe_layers"] if str(e).isdigit()]
+            if counts:
+                return max(counts)
     if hasattr(model_or_config, "named_modules"):
         blocks = moe_blocks(model_or_config)
         return blocks[0].num_experts if blocks else 1
