@@ -28,9 +28,17 @@ def test_corrupt_parquet_dataset(tmp_path, cli_error) -> None:
     assert "cannot read it as parquet" in cli_error(["data", "stats", str(bad)])
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-1", "0"])
-def test_gpu_memory_must_be_a_positive_number(cli_error, value) -> None:
-    assert "--gpu-memory-gb must be a positive number" in cli_error(
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("nan", "a finite number, got nan"),
+        ("inf", "a finite number, got inf"),
+        ("-1", "a positive number"),
+        ("0", "a positive number"),
+    ],
+)
+def test_gpu_memory_must_be_a_positive_number(cli_error, value, expected) -> None:
+    assert f"--gpu-memory-gb must be {expected}" in cli_error(
         ["max-batch", "--model", "tiny-mixtral", "--device", "cpu", "--gpu-memory-gb", value]
     )
 

@@ -77,8 +77,9 @@ def test_cli_prints_tunecost_warnings_as_one_line(tmp_path, cli_runner) -> None:
     run.mkdir()
     (run / "estimate.jsonl").write_text("not json\n", encoding="utf-8")
     result = cli_runner.invoke(app, ["report", str(run)])
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 2, result.output  # nothing readable: no empty page
     assert f"warning: {run / 'estimate.jsonl'}:1: skipped a line" in result.output
+    assert result.stderr.strip().splitlines()[-1].startswith(f"error: {run}: no readable run records")
     assert "Traceback" not in result.output and "TunecostWarning" not in result.output
 
 

@@ -11,7 +11,7 @@ Rows without a `point_id` (not written by a sweep) are never dropped.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,17 +43,19 @@ def point_rows(m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> d
     }
     rows["points"].append(point)
     if m.status == "done":
-        _measured_rows(rows, m)
+        _measured_rows(rows, m, _base)
     point["row_counts"] = {kind: len(rows[kind]) for kind in KINDS}
     return rows
 
 
-def _measured_rows(rows: dict[str, list[dict[str, Any]]], m: PointMeasurement) -> None:
+def _measured_rows(
+    rows: dict[str, list[dict[str, Any]]], m: PointMeasurement, base: Callable[[str, PointMeasurement], dict[str, Any]]
+) -> None:
     steps = len(m.plain)
     plain_seconds = sum(s.wall_seconds for s in m.plain)
     rows["throughput"].append(
         {
-            **_base("throughput", m),
+            **base("throughput", m),
             "queries_per_s": m.num_queries / plain_seconds,
             "tokens_per_s": m.num_tokens / plain_seconds,
             "num_queries": m.num_queries,
@@ -69,7 +71,7 @@ def _measured_rows(rows: dict[str, list[dict[str, Any]]], m: PointMeasurement) -
         per_step = [t.stage_seconds(stage) for t in times]
         rows["stages"].append(
             {
-                **_base("stages", m),
+                **base("stages", m),
                 "stage": stage,
                 "seconds": mid.stage_seconds(stage),
                 "median_seconds": statistics.median(per_step),
@@ -88,13 +90,13 @@ def _measured_rows(rows: dict[str, list[dict[str, Any]]], m: PointMeasurement) -
         }
         for row in m.layers.rows():
             rows["layers"].append(
-                {**_base("layers", m), **row, "step_pass_seconds": pass_total[row["pass"]], "timer": m.timer}
+                {**base("layers", m), **row, "step_pass_seconds": pass_total[row["pass"]], "timer": m.timer}
             )
     if m.kernels is not None:
         for c in m.kernels.classes:
             rows["kernels"].append(
                 {
-                    **_base("kernels", m),
+                    **base("kernels", m),
                     "kernel_class": c.kernel_class,
                     "seconds": c.seconds,
                     "count": c.count,
@@ -108,17 +110,17 @@ def _measured_rows(rows: dict[str, list[dict[str, Any]]], m: PointMeasurement) -
         if load is not None:
             for row in load.rows():
                 rows["expert_load"].append(
-                    {**_base("expert_load", m), "phase": phase, **row, "num_queries": m.num_queries}
+                    {**base("expert_load", m), "phase": phase, **row, "num_queries": m.num_queries}
                 )
     if m.memory is not None and m.memory.peak_bytes is not None:
         rows["memory"].append(
-            {**_base("memory", m), "peak_bytes": m.memory.peak_bytes, "source": m.memory.source, **m.memory.detail}
+            {**base("memory", m), "peak_bytes": m.memory.peak_bytes, "source": m.memory.source, **m.memory.detail}
         )
     if m.instrumented and len(m.instrumented) == len(m.plain):
         inst = sum(s.wall_seconds for s in m.instrumented)
         rows["overhead"].append(
             {
-                **_base("overhead", m),
+                **base("overhead", m),
                 "instrumentation": "layer-hooks",
                 "instrumented_seconds": inst,
                 "plain_seconds": plain_seconds,
@@ -130,7 +132,7 @@ def _measured_rows(rows: dict[str, list[dict[str, Any]]], m: PointMeasurement) -
         plain_median = statistics.median(s.wall_seconds for s in m.plain)
         rows["overhead"].append(
             {
-                **_base("overhead", m),
+                **base("overhead", m),
                 "instrumentation": "torch.profiler",
                 "instrumented_seconds": m.kernels.profiled_seconds,
                 "plain_seconds": plain_median,
