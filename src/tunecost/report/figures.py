@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from tunecost.report.colors import kernel_colors
 from tunecost.report.records import RunRecords
 
 REQUIRED = "missing"
@@ -231,66 +232,9 @@ def fig_throughput_fit(records: RunRecords) -> FigureResult | str:
 
 
 def table_costs(records: RunRecords) -> FigureResult | str:
-    df = _need(
-        records,
-        "estimate",
-        (
-            "model",
-            "gpu",
-            "usd",
-            "estimator",
-            "provider",
-            "price_date",
-            "experts_per_token",
-            "usd_per_hour",
-            "max_batch_size",
-            "queries_per_s",
-            "hours",
-            "num_queries",
-            "epochs",
-            "dataset",
-        ),
-    )
-    if isinstance(df, str):
-        return df
-    df = df[df["usd"].notna()]
-    if df.empty:
-        return "no estimate has both a throughput and a price"
-    best = df.sort_values("usd").groupby(["model", "experts_per_token", "estimator", "gpu"], as_index=False).first()
-    table = best[
-        [
-            "model",
-            "experts_per_token",
-            "estimator",
-            "gpu",
-            "provider",
-            "price_date",
-            "usd_per_hour",
-            "max_batch_size",
-            "queries_per_s",
-            "hours",
-            "usd",
-        ]
-    ].copy()
-    table = table.sort_values(["model", "experts_per_token", "estimator", "usd"])
-    for col, nd in (("queries_per_s", 3), ("hours", 1), ("usd", 2)):
-        table[col] = table[col].astype(float).round(nd)
-    plt = _plt()
-    keys = list(table.groupby(["model", "experts_per_token", "estimator"]).groups)
-    fig, axes = _panels(plt, len(keys), 3.8, 3.6)
-    for ax, key in zip(axes, keys):
-        sel = table[(table.model == key[0]) & (table.experts_per_token == key[1]) & (table.estimator == key[2])]
-        ax.barh(sel.gpu + " (" + sel.provider + ")", sel.usd, color="tab:green")
-        ax.set_xlabel("cost of the fine-tune (USD)")
-        ax.set_title(f"{key[0]} {routing_label(sel.iloc[0])}\nestimator: {key[2]}", fontsize=9)
-        ax.invert_yaxis()
-    fig.tight_layout()
-    q = df.iloc[0]
-    caption = (
-        f"Cheapest provider per GPU for {int(q['num_queries'])} queries x {q['epochs']:g} epochs of "
-        f"{q['dataset']}; price dates in the table. Estimators named per panel."
-    )
-    return FigureResult(fig, caption, table)
+    from tunecost.report.costs import cost_chart  # its own module: it builds on this module's helpers
+
+    return cost_chart(records)
 
 
 # --- Fig. 8: throughput vs batch size --------------------------------------------------------------------------
@@ -403,7 +347,7 @@ def fig_kernels(records: RunRecords) -> FigureResult | str:
     df = df.assign(config=_config_labels(df))
     table = df.pivot_table(index="config", columns="kernel_class", values="seconds", aggfunc="sum") * 1e3
     fig, ax = plt.subplots(figsize=(7.5, 0.45 * len(table) + 1.6))
-    _stacked(ax, table.fillna(0))
+    _stacked(ax, table.fillna(0), kernel_colors(table.columns))
     ax.set_xlabel("MoE-layer time by kernel class (ms, profiled steps)")
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
