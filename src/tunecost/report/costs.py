@@ -3,7 +3,7 @@ its dollar figure on it, cheapest first within a group."""
 
 from __future__ import annotations
 
-from tunecost.report.figures import FigureResult, _need, _plt, routing_label
+from tunecost.report.base import FigureResult, _need, _plt, routing_label
 from tunecost.report.records import RunRecords
 
 COLUMNS = (
