@@ -93,3 +93,37 @@ def test_report_on_odd_records(tmp_path: Path, cli_error, cli_runner) -> None:
     result = cli_runner.invoke(app, ["report", str(listed)])
     assert result.exit_code == 0, result.output
     assert "format version [&#x27;[1]&#x27;]" in (listed / "report.html").read_text(encoding="utf-8")
+
+
+def test_trainability_names_the_unknown_dataset_and_option(tmp_path: Path, cli_error) -> None:
+    line = cli_error(["trainability", "--out", str(tmp_path / "t"), "--dataset", "nosuchds"])
+    assert "unknown dataset for --dataset 'nosuchds'" in line
+    assert "--num-eval must be at least 1, got -1" in cli_error(
+        ["trainability", "--out", str(tmp_path / "t"), "--num-eval", "-1"]
+    )
+
+
+def test_the_optional_kernel_warning_of_bitsandbytes_is_dropped() -> None:
+    import logging
+
+    import tunecost.cli.main  # noqa: F401  (installs the filter)
+
+    logger = logging.getLogger("bitsandbytes.backends.cpu.ops")
+    noise = logger.makeRecord(
+        logger.name,
+        logging.WARNING,
+        "ops.py",
+        1,
+        "Failed to load CPU gemm_4bit_forward from kernels-community: %s",
+        ("x",),
+        None,
+    )
+    other = logger.makeRecord(logger.name, logging.WARNING, "ops.py", 1, "something else", (), None)
+    assert not logger.filter(noise) and logger.filter(other)
+
+
+def test_piped_tables_keep_every_name_whole(cli_runner) -> None:
+    from tunecost.cli.main import app
+
+    result = cli_runner.invoke(app, ["models"])
+    assert result.exit_code == 0 and "blackmamba-2.8b" in result.stdout

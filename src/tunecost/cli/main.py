@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import pkgutil
 import sys
 from typing import Any
@@ -69,6 +70,18 @@ def _root(
     ),
 ) -> None:
     """tunecost: fine-tuning cost estimates and MoE fine-tuning profiles."""
+
+
+class _OptionalKernelNoise(logging.Filter):
+    """Drops bitsandbytes' warning that an optional CPU kernel package (`kernels`) is not installed: the 4-bit
+    path works without it and the user has nothing to do. Every other record passes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "kernels-community" not in str(record.msg)
+
+
+logging.getLogger("bitsandbytes").addFilter(_OptionalKernelNoise())
+logging.getLogger("bitsandbytes.backends.cpu.ops").addFilter(_OptionalKernelNoise())
 
 
 def _register_all() -> None:

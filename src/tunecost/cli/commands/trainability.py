@@ -9,6 +9,19 @@ import typer
 from tunecost.cli.common import cli_errors, err_console, print_json, print_table, split_list
 
 
+def _check_dataset(option: str, spec: str) -> None:
+    """A dataset option names a file, a known dataset, a synthetic task or a hub id (org/name); else an error
+    naming the unknown dataset."""
+    from pathlib import Path
+
+    from tunecost.errors import unknown_name_error
+    from tunecost.workload.known_datasets import KNOWN_DATASETS, canonical_name
+
+    if Path(spec).exists() or spec.startswith("synthetic-arith") or "/" in spec or canonical_name(spec) is not None:
+        return
+    raise unknown_name_error(f"dataset for {option}", spec, [*KNOWN_DATASETS, "synthetic-arith"])
+
+
 def register(app: typer.Typer) -> None:
     @app.command("trainability")
     @cli_errors
@@ -38,9 +51,16 @@ def register(app: typer.Typer) -> None:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
         from transformers.utils import logging as hf_logging
 
+        from tunecost.errors import TunecostError
         from tunecost.train.trainability import ROWS_FILE, TrainabilityJob, run_trainability
 
         hf_logging.disable_progress_bar()  # our own bar; checkpoint writes would print theirs
+        _check_dataset("--dataset", dataset)
+        if eval_dataset is not None:
+            _check_dataset("--eval-dataset", eval_dataset)
+        for option, value in (("--num-eval", num_eval), ("--num-train", num_train)):
+            if value is not None and value < 1:
+                raise TunecostError(f"{option} must be at least 1, got {value}")
         job = TrainabilityJob(
             model=model,
             dataset=dataset,
