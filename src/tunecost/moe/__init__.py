@@ -25,7 +25,6 @@ _LAZY = {
     "save_adapter": "tunecost.moe.adapters",
     "load_adapter": "tunecost.moe.adapters",
     "adapter_state_dict": "tunecost.moe.adapters",
-    "ExpertLoadRecorder": "tunecost.moe.loads",
     "FastExperts": "tunecost.moe.fast",
     "Linear4bitExperts": "tunecost.moe.linear4bit",
     "LoraRouter": "tunecost.moe.router",

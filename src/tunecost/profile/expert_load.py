@@ -10,7 +10,6 @@ per layer, no sync) until `counts()`.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,7 +122,3 @@ def _chosen_experts(output: Any, top_k: int | None) -> Any:
         raise TunecostError("router returns only logits and its top-k is unknown: pass experts_per_token")
     logits = output.reshape(-1, output.shape[-1])
     return torch.topk(logits.detach(), top_k, dim=-1).indices
-
-
-def load_variances(load: ExpertLoad, layers: Sequence[int] | None = None) -> dict[int, float]:
-    return {i: load.variance(i) for i in (layers if layers is not None else sorted(load.tokens))}

@@ -22,6 +22,7 @@ from typing import Any
 
 from tunecost.errors import TunecostError, unknown_name_error
 from tunecost.models.anatomy import set_top_k
+from tunecost.workload.device import check_device
 
 METHODS: tuple[str, ...] = ("full", "lora", "qlora")
 DEFAULT_EXPERTS_IMPL = {"full": "stock", "lora": "peft-fused", "qlora": "qlora-linear4bit"}
@@ -99,15 +100,6 @@ def torch_dtype(name: str) -> Any:
     import torch
 
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
-
-
-def check_device(device: str) -> None:
-    import torch
-
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise TunecostError(f"device {device!r} requested but CUDA is not available here (torch {torch.__version__})")
-    if not (device == "cpu" or device.startswith("cuda")):
-        raise TunecostError(f"unsupported device {device!r}; use cpu or cuda[:i]")
 
 
 def resolve_profile_model(name: str) -> Any:

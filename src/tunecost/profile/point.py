@@ -9,6 +9,7 @@ memory is released and the sweep goes on.
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 from collections.abc import Callable
@@ -172,7 +173,7 @@ def measure_point(
             step(batches[0], None)
         _measure_steps(result, model, clock, step, batches, options, on_step)
         if options.kernels:
-            result.kernels = profile_kernels(lambda: step(batches[0], None), model, device=device)
+            result.kernels = profile_kernels(functools.partial(step, batches[0], None), model, device=device)
         if counter is not None:
             result.load_after = _expert_load(model, counter, batches)
     except Exception as exc:

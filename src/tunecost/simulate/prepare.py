@@ -19,7 +19,7 @@ from tunecost.catalog.models import ModelSpec, resolve_model
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import SUPPORTED_FAMILIES, decoder_layers
 from tunecost.simulate.hf2024 import Loop2024Experts
-from tunecost.simulate.modules import LoraRouter, SimExperts, SimLinear
+from tunecost.simulate.modules import SimExperts, SimLinear, SimLoraRouter
 from tunecost.simulate.quant4bit import Quantized4bit, QuantSpec
 from tunecost.simulate.recorder import LayerPlan
 from tunecost.workload.job import FineTuneJob
@@ -148,7 +148,7 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
                 if hasattr(mlp, shared):
                     _swap_linears(getattr(mlp, shared), quant=quant, lora=experts_lora, style=style)
             if "router" in targets and hasattr(mlp, "gate"):
-                mlp.gate = LoraRouter(mlp.gate, lora_rank=lora[0], lora_alpha=lora[1])
+                mlp.gate = SimLoraRouter(mlp.gate, lora_rank=lora[0], lora_alpha=lora[1])
         else:
             _swap_linears(mlp, quant=quant, lora=lora if "mlp" in targets else None, style=style)
     if not any(p.requires_grad for p in model.parameters()):
@@ -208,7 +208,7 @@ def static_tensors(model: nn.Module, info: dict[int, tuple[str, int | None]]) ->
     out, seen = [], set()
     for module in model.modules():
         group = info[id(module)][0]
-        for name, p in module.named_parameters(recurse=False):
+        for p in module.parameters(recurse=False):
             if id(p) not in seen:
                 seen.add(id(p))
                 out.append((p, "trainable_params" if p.requires_grad else "frozen_weights", group))
@@ -258,11 +258,6 @@ def mask_free_sdpa() -> str:
     return MASK_FREE_SDPA
 
 
-def num_traced_layers(spec: ModelSpec, num_units: int) -> int:
-    prefix, period, _ = layer_pattern(spec)
-    return prefix + num_units * period
-
-
 def build_prepared(
     job: FineTuneJob,
     *,
@@ -277,7 +272,7 @@ def build_prepared(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from tunecost.models.build import build_model
-    from tunecost.simulate.step import make_optimizer, optimizer_state_tensors, warm_up_optimizer
+    from tunecost.simulate.step import optimizer_state_tensors, simulated_optimizer, warm_up_optimizer
 
     spec = resolve_model(job.model)
     check_supported(job, spec, stack)
@@ -334,7 +329,7 @@ def build_prepared(
         if reentrant and job.method != "full":
             model.enable_input_require_grads()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(job.optimizer, trainable)
+    optimizer = simulated_optimizer(job.optimizer, trainable)
     warm_up_optimizer(optimizer, trainable)
     info = module_info(model)
     static = static_tensors(model, info)
