@@ -291,17 +291,7 @@ def run_gpu_bench(
     )
 
     say(f"element-wise add, {plan.elementwise_numel} elements")
-    x = torch.randn(plan.elementwise_numel, device=dev, dtype=dtype)
-    y = torch.randn_like(x)
-    z = torch.empty_like(x)
-    s = time_call(lambda: torch.add(x, y, out=z), dev, repeats=r, warmup=w)
-    values["memory_bytes_per_s"] = Measured(
-        value=3 * x.numel() * x.element_size() / s,
-        unit="bytes/s",
-        method=f"median of {r} rounds: c = a + b over {x.numel()} {str(dtype).split('.')[-1]} elements, "
-        "3 * numel * element size bytes",
-    )
-    del x, y, z
+    values["memory_bytes_per_s"] = _elementwise(plan.elementwise_numel, dtype, dev, r, w)
 
     say("NF4 de-quantization (bitsandbytes)")
     values["dequant_bytes_per_s"] = _dequant(plan, dev, r, w)
@@ -348,6 +338,21 @@ def _square_gemm(size: int, dtype: Any, dev: str, repeats: int, warmup: int) -> 
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
     return gemm_flops(size, size, size) / s
+
+
+def _elementwise(numel: int, dtype: Any, dev: str, repeats: int, warmup: int) -> Measured:
+    import torch
+
+    x = torch.randn(numel, device=dev, dtype=dtype)
+    y = torch.randn_like(x)
+    z = torch.empty_like(x)
+    s = time_call(lambda: torch.add(x, y, out=z), dev, repeats=repeats, warmup=warmup)
+    return Measured(
+        value=3 * x.numel() * x.element_size() / s,
+        unit="bytes/s",
+        method=f"median of {repeats} rounds: c = a + b over {numel} {str(dtype).split('.')[-1]} elements, "
+        "3 * numel * element size bytes",
+    )
 
 
 def _dequant(plan: BenchPlan, dev: str, repeats: int, warmup: int) -> Measured:
