@@ -263,18 +263,11 @@ def run_gpu_bench(
         f"{str(dtype).split('.')[-1]} torch.matmul, 2*M*K*N FLOPs per call",
     )
     gemms = []
+    weight = torch.randn(plan.expert_k, plan.expert_n, device=dev, dtype=dtype)
     for rows in plan.rows:
         say(f"expert GEMM M={rows}, K={plan.expert_k}, N={plan.expert_n}")
-        a = torch.randn(rows, plan.expert_k, device=dev, dtype=dtype)
-        b = torch.randn(plan.expert_k, plan.expert_n, device=dev, dtype=dtype)
-        calls = max(1, min(50, 4096 // rows))
-        s = time_call(lambda a=a, b=b: torch.matmul(a, b), dev, repeats=r, warmup=w, calls=calls)
-        gemms.append(
-            GemmTiming(
-                rows=rows, k=plan.expert_k, n=plan.expert_n, seconds=s, flops_per_s=gemm_flops(rows, *b.shape) / s
-            )
-        )
-        del a, b
+        gemms.append(_expert_gemm(rows, weight, dev, r, w))
+    del weight
     half = fit_half_rows(gemms, values["matmul_flops_per_s"].value or 0.0)
     values["matmul_half_rows"] = Measured(
         value=half,
@@ -338,6 +331,16 @@ def _square_gemm(size: int, dtype: Any, dev: str, repeats: int, warmup: int) -> 
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
     return gemm_flops(size, size, size) / s
+
+
+def _expert_gemm(rows: int, weight: Any, dev: str, repeats: int, warmup: int) -> GemmTiming:
+    import torch
+
+    k, n = weight.shape
+    a = torch.randn(rows, k, device=dev, dtype=weight.dtype)
+    calls = max(1, min(50, 4096 // rows))  # several calls per round where one is too short to time alone
+    s = time_call(lambda: torch.matmul(a, weight), dev, repeats=repeats, warmup=warmup, calls=calls)
+    return GemmTiming(rows=rows, k=k, n=n, seconds=s, flops_per_s=gemm_flops(rows, k, n) / s)
 
 
 def _elementwise(numel: int, dtype: Any, dev: str, repeats: int, warmup: int) -> Measured:
