@@ -7,6 +7,8 @@
 #   bash benchmarks/gpu_profile_check.sh            # everything (roughly 20-40 minutes on an H100)
 #   QUICK=1 bash benchmarks/gpu_profile_check.sh    # tiny model + 4-layer Mixtral-8x7B cut only (a few minutes)
 #
+# Step 0 writes the device's GPU profile (`tunecost calibrate-gpu`) to $OUT/gpu-profile.json and runs the CUDA-only
+# tests; after step 2 the wall vs GPU-busy time per step of the profiled points is printed.
 # Record the printed tables with the device, date and command in docs/gpu-measurements.md.
 set -euo pipefail
 
@@ -29,6 +31,10 @@ date -u +"date: %Y-%m-%dT%H:%M:%SZ"
 input_args=(--seq-len "$SEQ")
 if [[ -n "$DATASET" ]]; then input_args=(--dataset "$DATASET"); fi
 
+echo "== 0. GPU profile (tunecost calibrate-gpu, about a minute): what this device achieves, for the throughput model"
+"$TC" calibrate-gpu --device cuda --out "$OUT/gpu-profile.json" --force
+.venv/bin/python -m pytest -q -p no:cacheprovider -m gpu tests/profile/test_gpu_bench.py tests/profile/test_gpu_busy.py
+
 echo "== 1. tiny-mixtral QLoRA on CUDA: every record kind (CUDA events, CUDA kernel classes, measured-cuda memory)"
 "$TC" profile --model tiny-mixtral --method qlora --experts-per-token 2,8 --batch-sizes 1,2,4 --steps 3 \
   --device cuda --out "$OUT/tiny-mixtral-qlora"
@@ -36,6 +42,17 @@ echo "== 1. tiny-mixtral QLoRA on CUDA: every record kind (CUDA events, CUDA ker
 echo "== 2. Mixtral-8x7B (random weights) QLoRA, first 4 layers: the per-layer / kernel breakdown path at full width"
 "$TC" profile --model mixtral-8x7b --random-weights --method qlora --num-layers 4 --experts-per-token 2,8 \
   --batch-sizes 1,10 "${input_args[@]}" --steps 3 --device cuda --out "$OUT/mixtral-8x7b-4layers-qlora"
+
+echo "== host vs GPU time per step (wall_step_seconds vs gpu_busy_step_seconds in throughput.jsonl)"
+.venv/bin/python - "$OUT/tiny-mixtral-qlora" "$OUT/mixtral-8x7b-4layers-qlora" <<'PY'
+import sys
+from tunecost.estimate.throughput.measured_split import read_measured_split
+for run in sys.argv[1:]:
+    for s in read_measured_split(run):
+        busy = s.gpu_busy_step_seconds
+        print(f"{s.model} {s.method} top-{s.experts_per_token} batch {s.batch_size} on {s.gpu}: wall {s.wall_step_seconds*1e3:.1f} ms, "
+              f"GPU-busy {'-' if busy is None else f'{busy*1e3:.1f} ms'} ({'-' if busy is None else f'{busy/s.wall_step_seconds:.0%}'})")
+PY
 
 if [[ -n "${QUICK:-}" ]]; then exit 0; fi
 
