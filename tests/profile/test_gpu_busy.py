@@ -82,6 +82,7 @@ def test_cpu_profile_records_wall_step_and_null_gpu_busy(tmp_path):
         assert s.wall_step_seconds == row["wall_step_seconds"] > 0
         assert s.gpu_busy_step_seconds is None and s.host_step_seconds is None
         assert s.method == "lora" and s.seq_len == 16
+        assert s.key == (s.model, "lora", s.experts_per_token, 2, s.gpu)
 
 
 def test_reader_uses_mean_step_for_older_records_and_rejects_bad_values(tmp_path):

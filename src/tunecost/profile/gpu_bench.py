@@ -10,7 +10,8 @@ What is measured (each value the median over `repeats` timed rounds after `warmu
 - dequant: bitsandbytes `dequantize_4bit` of an NF4 expert weight (blocksize 64, double quantization, QLoRA's
   recipe), bytes = numel * 2 (bf16 written);
 - kernel launch: host time per launch of many tiny element-wise ops, device idle at the start and not waited for
-  inside (perf_counter around the loop, divided by the count);
+  inside (perf_counter around the loop, divided by the count); on CPU, where ops run synchronously, this includes
+  the tiny op's own run time;
 - host step: host time of a training step with no kernels (an AdamW step and zero_grad over a parameter without a
   gradient, plus the device synchronisation the profiler's step does at both edges).
 

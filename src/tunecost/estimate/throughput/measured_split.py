@@ -32,6 +32,11 @@ class MeasuredSplit:
     gpu_busy_step_seconds: float | None  # device-busy time of a step; None where not measured (CPU)
 
     @property
+    def key(self) -> tuple[str, str, int | None, int, str | None]:
+        """(model, method, experts per token, batch size, GPU): what a calibration point is matched on."""
+        return (self.model, self.method, self.experts_per_token, self.batch_size, self.gpu)
+
+    @property
     def host_step_seconds(self) -> float | None:
         """Wall time the device was not busy: host work, launches, synchronisation (None without GPU-busy)."""
         if self.gpu_busy_step_seconds is None:
