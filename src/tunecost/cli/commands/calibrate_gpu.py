@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from tunecost.cli.common import cli_errors, err_console, print_json, print_table
+from tunecost.errors import TunecostError
 
 
 def _si(value: float | None, unit: str) -> str:
@@ -40,7 +41,7 @@ def calibrate_gpu(
     from tunecost.results.meta import command_line, device_info, run_metadata
 
     if out.exists() and not force:  # before a minute of measuring, not after
-        raise_existing(out)
+        raise TunecostError(f"{out} already exists; pass --force to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def progress(label: str) -> None:
@@ -71,12 +72,6 @@ def calibrate_gpu(
         [(k, _si(m.value, m.unit), m.method) for k, m in result.values.items()],
         caption=f"written to {out}; FLOP/s and bytes/s in SI units (T = 10^12, G = 10^9)",
     )
-
-
-def raise_existing(out: Path) -> None:
-    from tunecost.errors import TunecostError
-
-    raise TunecostError(f"{out} already exists; pass --force to replace it")
 
 
 def register(app: typer.Typer) -> None:
