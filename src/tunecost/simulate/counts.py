@@ -14,21 +14,10 @@ from __future__ import annotations
 import torch
 from torch.utils import flop_counter as _fc
 
+from tunecost.workload.op_classes import OP_CLASSES  # noqa: F401  (re-exported: one taxonomy)
+
 aten = torch.ops.aten
 
-OP_CLASSES = (
-    "expert_matmul",
-    "lora",
-    "dequant",
-    "attention",
-    "router",
-    "dense_matmul",
-    "lm_head",
-    "embedding",
-    "ssm_scan",
-    "elementwise",
-    "optimizer",
-)
 PHASES = ("forward", "backward", "recompute", "optimizer")
 
 
