@@ -18,8 +18,8 @@ from tunecost.estimate.throughput.calibrate import (
     job_for,
     run_queries_per_s,
 )
-from tunecost.estimate.throughput.sources import load_calibration_points
 from tunecost.estimate.throughput.model import StackParams, catalog_gpu_terms, step_time
+from tunecost.estimate.throughput.sources import load_calibration_points
 
 # the paper's A40 points (verbatim copy under tests/fixtures, see tests/conftest.py)
 PAPER_A40_CSV = Path(__file__).parents[2] / "fixtures" / "measurements" / "measured_throughput_a40.csv"

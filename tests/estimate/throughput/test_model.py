@@ -8,6 +8,7 @@ from tunecost.catalog.gpus import get_gpu
 from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.counts import analytic_step_counts
+from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.lengths import dataset_lengths
 from tunecost.estimate.throughput.model import (
     SMOOTH_MAX_POWER,
@@ -17,7 +18,6 @@ from tunecost.estimate.throughput.model import (
     smooth_max,
     step_time,
 )
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.workload.job import FineTuneJob
 
 PARAMS = StackParams(
@@ -124,9 +124,7 @@ def test_profile_launch_and_host_times_replace_the_calibrated_ones() -> None:
 def test_gpu_work_halves_when_every_rate_doubles() -> None:
     counts = _counts(4)
     slow = step_time(counts, _terms(), PARAMS)
-    fast = step_time(
-        counts, _terms(matmul_flops_per_s=200e12, fp32_flops_per_s=40e12, memory_bytes_per_s=2e12), PARAMS
-    )
+    fast = step_time(counts, _terms(matmul_flops_per_s=200e12, fp32_flops_per_s=40e12, memory_bytes_per_s=2e12), PARAMS)
     assert fast.gpu_s == pytest.approx(slow.gpu_s / 2)
     assert fast.kernel_overhead_s == slow.kernel_overhead_s  # host time does not shrink with the GPU
 

@@ -88,7 +88,7 @@ def load_profiles(paths: list[Path]) -> list:
     from tunecost.errors import TunecostError
 
     try:
-        from tunecost.estimate.throughput.gpu_profile import load_gpu_profile  # type: ignore[import-not-found]
+        from tunecost.estimate.throughput.gpu_profile import load_gpu_profile
     except ImportError:
         raise TunecostError("--gpu-profile needs GPU profile support (tunecost calibrate-gpu), not installed") from None
     return [load_gpu_profile(p) for p in paths]

@@ -146,8 +146,12 @@ class CalibratedModel:
     def predict(self, target: ThroughputTarget, run_queries: int | None = None) -> Prediction:
         gpu = resolve_gpu_name(target.gpu).gpu
         job, counts = job_for(target)
-        if job.method in self.stacks:
-            return self.stacks[job.method].predict(target, run_queries)
+        if job.method in self.stacks:  # its own stack's parameters; extrapolation judged on the whole calibration
+            from dataclasses import replace
+
+            reasons = self._extrapolation(job, counts, gpu)
+            pred = self.stacks[job.method].predict(target, run_queries)
+            return replace(pred, extrapolation=bool(reasons), extrapolation_reasons=tuple(reasons))
         terms = self.terms_for(gpu)
         step = step_time(counts, terms, self.params)
         qps = run_queries_per_s(step.step_s, target.batch_size, self.run_overhead_s, run_queries)

@@ -11,7 +11,8 @@ LoRA adapters, element-wise work, the optimizer); BW_c its achieved streaming ba
 for `dequant` when a profile measured one). The five `StackParams` describe the software stack (PyTorch eager,
 bitsandbytes, the trainer, the host CPU that launches kernels), not a GPU: efficiencies relative to what the GPU
 achieves in microbenchmarks, and host times. One set is calibrated on measurements and applied to every GPU; a
-GPU profile that measured the launch and empty-step host times replaces the calibrated ones for its GPU. The launch and host terms add to the GPU time
+GPU profile that measured the launch and empty-step host times replaces the calibrated ones for its GPU.
+The launch and host terms add to the GPU time
 rather than overlap it because the paper's stack synchronises many times per layer (the eager expert loop's
 `torch.where` reads token counts back to the host; the profiler's timers synchronise per layer).
 """
