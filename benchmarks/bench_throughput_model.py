@@ -181,7 +181,9 @@ def ratio_report(model) -> None:
 
 
 def sensitivity_report(points) -> None:
-    print("\nsensitivity (refit on the A40 points; H100 = Mixtral math sparse batch 17, 1000-query run):")
+    print(
+        "\nsensitivity (refit on the calibration points, QLoRA stack parameters; H100 = Mixtral math sparse batch 17, 1000-query run):"
+    )
     target = tc.ThroughputTarget(
         model="mixtral-8x7b", gpu="H100", batch_size=17, experts_per_token=2, dataset="math_14k"
     )
@@ -190,14 +192,15 @@ def sensitivity_report(points) -> None:
         for sigma in (0.25, DEFAULT_LOG_SIGMA, 0.5):
             for use_priors in (True, False):
                 tc.dataset_lengths = functools.partial(dataset_lengths, log_sigma=sigma)
-                model = tc.calibrate(points, use_priors=use_priors)
-                p = model.params
+                model = tc.calibrate(points, use_priors=use_priors, transfer_check=False)
+                stack = model.stacks.get("qlora", model)  # the parameters the Mixtral QLoRA target uses
+                p = stack.params
                 print(
                     f"  sigma {sigma:4.2f} priors {'on ' if use_priors else 'off'}: "
                     f"in-sample {_pct(model.in_sample_mape)}  gemm_eff {p.gemm_efficiency:.2f} "
                     f"half_rows {p.gemm_half_rows:6.0f} mem_eff {p.memory_efficiency:.2f} "
                     f"kernel {1e6 * p.kernel_overhead_s:5.1f} us step {p.step_overhead_s:.3f} s run "
-                    f"{model.run_overhead_s:5.1f} s  -> "
+                    f"{stack.run_overhead_s:5.1f} s  -> "
                     f"H100 {model.predict(target, run_queries=1000).queries_per_s:.2f} qps"
                 )
     finally:
@@ -208,14 +211,15 @@ def sensitivity_report(points) -> None:
         "gemm_efficiency": tc.Prior(centre=0.7, factor=1.05, lower=0.02, upper=1.0, reason="pinned"),
         "gemm_half_rows": tc.Prior(centre=64, factor=1.05, lower=1.0, upper=1e5, reason="pinned"),
     }
-    model = tc.calibrate(points, priors=tight)
+    model = tc.calibrate(points, priors=tight, transfer_check=False)
     a100 = tc.ThroughputTarget(**{**target.__dict__, "gpu": "A100-80GB"})
-    p = model.params
+    stack = model.stacks.get("qlora", model)
+    p = stack.params
     print(
         f"  GEMM pinned (0.7, 64 rows)  : in-sample {_pct(model.in_sample_mape)}  gemm_eff {p.gemm_efficiency:.2f} "
         f"half_rows {p.gemm_half_rows:6.0f} mem_eff {p.memory_efficiency:.2f} "
         f"kernel {1e6 * p.kernel_overhead_s:5.1f} us "
-        f"step {p.step_overhead_s:.3f} s run {model.run_overhead_s:5.1f} s  -> H100 "
+        f"step {p.step_overhead_s:.3f} s run {stack.run_overhead_s:5.1f} s  -> H100 "
         f"{model.predict(target, run_queries=1000).queries_per_s:.2f} qps, A100-80GB-SXM "
         f"{model.predict(a100, run_queries=1000).queries_per_s:.2f} qps"
     )
