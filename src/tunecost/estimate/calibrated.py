@@ -117,7 +117,13 @@ def max_batch_size_for(req: EstimateRequest) -> tuple[int, str]:
 )
 def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
     model = calibrated_model(req.calibrate)
-    mbs, mbs_note = max_batch_size_for(req)
+    if req.batch_size is not None:
+        mbs, mbs_note = (
+            req.batch_size,
+            f"batch fixed at {req.batch_size} (--batch-size; whether it fits is not checked)",
+        )
+    else:
+        mbs, mbs_note = max_batch_size_for(req)
     if mbs < 1:
         return EstimatePoint(
             max_batch_size=0, batch_size=0, queries_per_s=None, notes=(mbs_note, "does not fit: no room for a batch")
@@ -131,11 +137,12 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         seq_len=req.seq_len,
         method=req.method,
     )
-    pred = model.predict(target)
+    pred = model.predict(target, run_queries=req.run_queries)
     notes = [
         mbs_note,
         f"calibrated on {model.num_points} points of {model.source} "
-        f"(in-sample MAPE {100 * model.in_sample_mape:.1f} %); steady-state throughput",
+        f"(in-sample MAPE {100 * model.in_sample_mape:.1f} %); "
+        + ("steady-state throughput" if req.run_queries is None else f"throughput of {req.run_queries}-query runs"),
     ]
     if pred.extrapolation:
         notes.append("extrapolation: " + "; ".join(pred.extrapolation_reasons))
@@ -145,4 +152,5 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         queries_per_s=pred.queries_per_s,
         queries_per_s_interval=(pred.queries_per_s_low, pred.queries_per_s_high),
         notes=tuple(notes),
+        extrapolation=pred.extrapolation,
     )
