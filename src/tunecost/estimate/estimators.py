@@ -194,5 +194,5 @@ def paper_estimator(req: EstimateRequest) -> EstimatePoint:
     batch = req.batch_size or mbs
     qps, notes = paper_throughput(req, batch)
     if req.batch_size is not None:
-        notes = (f"batch fixed at {batch} (--batch-size)", *notes)
+        notes = [f"batch fixed at {batch} (--batch-size)", *notes]
     return EstimatePoint(max_batch_size=mbs, batch_size=batch, queries_per_s=qps, notes=(note, *notes))
