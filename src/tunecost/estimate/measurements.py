@@ -17,6 +17,7 @@ MEASUREMENTS_DIR = Path(__file__).parents[1] / "catalog" / "data" / "measurement
 PAPER_A40_MEASUREMENTS = MEASUREMENTS_DIR / "paper_a40_throughput.csv"
 PAPER_A100_40GB_MEASUREMENTS = MEASUREMENTS_DIR / "paper_a100_40gb_throughput.csv"
 BUNDLED_MEASUREMENTS = (PAPER_A40_MEASUREMENTS, PAPER_A100_40GB_MEASUREMENTS)  # every public measurement shipped
+PAPER_A40_SOURCE = "paper A40 measurements (bundled)"  # the `source` of fit records drawn from them
 REQUIRED_COLUMNS = ("model", "dataset", "gpu", "experts_per_token", "batch_size", "queries_per_s")
 DEFAULT_NUM_EXPERTS = 8  # both of the paper's models have 8 experts
 

@@ -13,17 +13,17 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tunecost.io import append_jsonl, atomic_write_text, read_jsonl
 from tunecost.profile.point import PointMeasurement
 from tunecost.profile.timers import median_step_index
-from tunecost.results.io import append_jsonl, atomic_write_text, read_jsonl
+from tunecost.results.records import record
 
-SCHEMA_VERSION = 1
 KINDS: tuple[str, ...] = ("throughput", "stages", "layers", "kernels", "expert_load", "memory", "overhead")
 POINTS_FILE = "points.jsonl"
 
 
 def _base(kind: str, m: PointMeasurement) -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "kind": kind, **m.workload.keys(), "point_id": m.workload.point_id}
+    return record(kind, **m.workload.keys(), point_id=m.workload.point_id)
 
 
 def point_rows(m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:

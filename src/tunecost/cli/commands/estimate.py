@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -15,13 +16,19 @@ def fit(
         ..., help="CSV: model,dataset,gpu,experts_per_token,[sparsity],batch_size,queries_per_s"
     ),
     form: str = typer.Option("artifact", "--form", help="Eq. (2) form: artifact (a + b*log(B)/(s*c3)) or printed."),
+    out: Path = typer.Option(None, "--out", help="Run directory to add fit records to (for `tunecost report`)."),
+    force: bool = typer.Option(False, "--force", help="With --out: replace records of the same fit already there."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Fit eq. (2) per (model, dataset, GPU) group with scipy; report coefficients, RMSE, MAPE, points."""
     from tunecost.estimate.fit import fit_all
     from tunecost.estimate.measurements import load_measurements
+    from tunecost.results.records import save_fit_records
 
-    fits = fit_all(load_measurements(measurements), form)  # type: ignore[arg-type]
+    points = load_measurements(measurements)
+    fits = fit_all(points, form)  # type: ignore[arg-type]
+    if out is not None:
+        save_fit_records(out, points, fits, source=str(measurements), command=sys.argv, force=force)
     if json_out:
         print_json(
             [
@@ -137,12 +144,16 @@ def estimate(
         help="Calibrated estimator: price the throughput of runs of N queries with their start-up, as the paper "
         "measured it (1000); default: steady state.",
     ),
+    out: Path = typer.Option(None, "--out", help="Run directory to add cost records to (for `tunecost report`)."),
+    force: bool = typer.Option(False, "--force", help="With --out: replace records of the same estimate there."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Cost of fine-tuning MODEL on each GPU and provider, cheapest first; says which estimator answered."""
     from tunecost.catalog.gpus import gpu_catalog
+    from tunecost.catalog.models import resolve_model
     from tunecost.errors import TunecostError
     from tunecost.estimate.cost import estimate_costs
+    from tunecost.results.records import save_estimate_records
 
     gpus = list(gpu_catalog()) if gpu.strip().lower() == "all" else split_list(gpu, what="GPU")
     if queries is not None and queries <= 0:
@@ -165,6 +176,9 @@ def estimate(
         batch_sizes=parse_batch_sizes(batch_size, gpus) if batch_size else None,
         run_queries=run_queries,
     )
+    if out is not None:
+        k = resolve_model(model).default_experts_per_token if experts_per_token is None else experts_per_token
+        save_estimate_records(out, rows, method=method, experts_per_token=k, command=sys.argv, force=force)
     if json_out:
         print_json(rows)
         return

@@ -166,7 +166,7 @@ def predict(
 
     from tunecost.errors import TunecostError
     from tunecost.estimate.calibrated import calibrated_model
-    from tunecost.results.io import atomic_write_text
+    from tunecost.io import atomic_write_text
 
     if run_queries is not None and run_queries < 1:
         raise TunecostError(f"--run-queries must be >= 1, got {run_queries}")
