@@ -59,7 +59,10 @@ def _keyed_profiles(gpu_terms: Sequence[GpuTerms]) -> list[GpuTerms]:
         try:
             name = resolve_gpu_name(t.name).gpu.name
         except TunecostError as exc:
-            raise TunecostError(f"GPU profile for {t.name!r} ({t.source}): {exc}") from None
+            raise TunecostError(
+                f"GPU profile for {t.name!r} ({t.source}): {exc}; say which catalog GPU it measured with "
+                "--gpu-profile GPU=FILE"
+            ) from None
         out.append(replace(t, name=name))
     return out
 

@@ -121,3 +121,39 @@ def test_leave_one_gpu_out_predicts_the_a100_from_the_a40() -> None:
     assert only.group[2] == "A100-40GB" and len(only.checks) == 4
     assert only.model.gpus == ("A40-48GB",)
     assert math.isfinite(only.mape) and only.mape < 0.5
+
+
+def test_a_measured_gpu_profile_replaces_catalog_values_for_its_gpu() -> None:
+    from tunecost.estimate.calibrated import calibrated_model
+
+    measured = GpuTerms(
+        name="h100",  # an alias: re-keyed to the catalog name
+        matmul_flops_per_s=700e12,
+        fp32_flops_per_s=50e12,
+        memory_bytes_per_s=3.0e12,
+        kernel_launch_s=20e-6,
+        host_step_s=0.03,
+        source="profile: test",
+    )
+    plain = calibrated_model([A40_CSV, A100_CSV])
+    profiled = calibrated_model([A40_CSV, A100_CSV], gpu_terms=[measured])
+    a, b = plain.predict(_target("H100", 1)), profiled.predict(_target("H100", 1))
+    assert any("profile: test" in n for n in b.notes) and not any("profile: test" in n for n in a.notes)
+    assert b.step.kernel_overhead_s == pytest.approx(20e-6 * b.counts.total_kernels)  # measured launch time
+    # the host-speed term drops out of the interval once the host times are measured on that machine
+    assert math.log(b.queries_per_s_high / b.queries_per_s) < math.log(a.queries_per_s_high / a.queries_per_s)
+    assert profiled.predict(_target("A40")).queries_per_s == pytest.approx(plain.predict(_target("A40")).queries_per_s)
+
+
+def test_a_profile_of_an_unknown_device_asks_which_gpu_it_is() -> None:
+    from tunecost.estimate.calibrated import calibrated_model
+
+    odd = GpuTerms(
+        name="NVIDIA Foo 80GB",
+        matmul_flops_per_s=1e14,
+        fp32_flops_per_s=1e13,
+        memory_bytes_per_s=1e12,
+        source="profile: odd",
+    )
+    with pytest.raises(TunecostError, match="GPU=FILE"):
+        calibrated_model([A40_CSV], gpu_terms=[odd])

@@ -81,17 +81,27 @@ def read_targets(path: Path) -> list:
     return out
 
 
-def load_profiles(paths: list[Path]) -> list:
-    """GPU profiles written by `tunecost calibrate-gpu`, as `GpuTerms`."""
-    if not paths:
+def load_profiles(specs: list[str]) -> list:
+    """GPU profiles written by `tunecost calibrate-gpu`, as `GpuTerms`. A spec is FILE (the profile's device name
+    must name a catalog GPU) or GPU=FILE (the catalog GPU it stands for, e.g. H100=h100.json)."""
+    if not specs:
         return []
+    from dataclasses import replace
+
     from tunecost.errors import TunecostError
 
     try:
         from tunecost.estimate.throughput.gpu_profile import load_gpu_profile
     except ImportError:
         raise TunecostError("--gpu-profile needs GPU profile support (tunecost calibrate-gpu), not installed") from None
-    return [load_gpu_profile(p) for p in paths]
+    out = []
+    for spec in specs:
+        gpu, sep, file = spec.partition("=")
+        if sep and not Path(spec).is_file():
+            out.append(replace(load_gpu_profile(Path(file)), name=gpu.strip()))
+        else:
+            out.append(load_gpu_profile(Path(spec)))
+    return out
 
 
 def _predict_all(model, targets: list, path: Path, run_queries: int | None) -> list:
@@ -150,8 +160,11 @@ def predict(
         help="Measurements CSV or folder of CSVs to calibrate on; repeat for several (default: every bundled "
         "measurement: the paper's A40 and A100-40GB points).",
     ),
-    gpu_profile: list[Path] = typer.Option(
-        None, "--gpu-profile", help="GPU profile from `tunecost calibrate-gpu`, used for its GPU; repeatable."
+    gpu_profile: list[str] = typer.Option(
+        None,
+        "--gpu-profile",
+        help="GPU profile from `tunecost calibrate-gpu` (FILE, or GPU=FILE to say which catalog GPU it measured); "
+        "used instead of catalog values for that GPU; repeatable.",
     ),
     output: Path = typer.Option(None, "--output", help="Write the predictions to this CSV (atomically)."),
     run_queries: int = typer.Option(
