@@ -54,6 +54,7 @@ def test_a_folder_is_every_csv_in_it(tmp_path: Path) -> None:
     shutil.copy(A100_CSV, tmp_path / "b.csv")
     (tmp_path / "readme.txt").write_text("not a calibration file")
     assert calibration_files([tmp_path]) == [tmp_path / "a.csv", tmp_path / "b.csv"]
+    assert calibration_files([f"{tmp_path / 'a.csv'},{tmp_path / 'b.csv'}"]) == [tmp_path / "a.csv", tmp_path / "b.csv"]
     with pytest.raises(TunecostError, match="named twice"):
         calibration_files([tmp_path, tmp_path / "a.csv"])
     empty = tmp_path / "empty"

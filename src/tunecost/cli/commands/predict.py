@@ -170,11 +170,15 @@ def predict(
     run_queries: int = typer.Option(
         None,
         "--run-queries",
-        help="Predict a measured run of N queries (start-up included, as the paper's 1000); default: steady state.",
+        help="Predict measured runs of N queries (start-up included); default: the run length of the calibration's "
+        "measurements (the paper's 1000), as they were measured.",
     ),
+    steady_state: bool = typer.Option(False, "--steady-state", help="Predict steady-state throughput (long runs)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Predict queries/s with a 95 % interval for every target, from one calibration; flag extrapolations."""
+    """Predict queries/s with a 95 % interval for every target, from one calibration; flag extrapolations.
+    Throughput is that of runs as long as the calibration's measurements (1000 queries for the paper's), unless
+    --run-queries or --steady-state says otherwise."""
     import math
 
     from tunecost.errors import TunecostError
@@ -183,8 +187,12 @@ def predict(
 
     if run_queries is not None and run_queries < 1:
         raise TunecostError(f"--run-queries must be >= 1, got {run_queries}")
+    if run_queries is not None and steady_state:
+        raise TunecostError("give --run-queries N or --steady-state, not both")
     targets = read_targets(input_csv)
     model = calibrated_model(list(calibrate or []) or None, gpu_terms=load_profiles(gpu_profile or []))
+    if run_queries is None and not steady_state:
+        run_queries = model.run_queries  # like for like with the calibration's measurements
     rows = [_row(p, "; ".join(model.notes)) for p in _predict_all(model, targets, input_csv, run_queries)]
     if output is not None:
         atomic_write_text(output, _csv_text(rows))

@@ -137,6 +137,7 @@ class CalibratedModel:
     notes: tuple[str, ...] = ()
     gpu_terms: Mapping[str, GpuTerms] = field(default_factory=dict)  # measured profiles, by catalog name
     stacks: Mapping[str, CalibratedModel] = field(default_factory=dict)  # per method, where it had enough points
+    run_queries: int | None = None  # the run length every calibration point shares (the paper's 1000), if one
     spread: TransferSpread | None = None  # how far predictions move from GPU to GPU (intervals.py)
     log_residual_dof: int = 1
 
@@ -195,7 +196,7 @@ class CalibratedModel:
             reasons.append(f"GPU {gpu.name} not in the calibration ({', '.join(self.gpus)}): cross-GPU transfer")
         rng = self.ranges.get(job.model)
         if rng is None:
-            return reasons + [f"model {job.model} not in the calibration ({', '.join(sorted(self.ranges))})"]
+            return [*reasons, f"model {job.model} not in the calibration ({', '.join(sorted(self.ranges))})"]
         lo, hi = rng.batch_sizes
         if not lo <= job.batch_size <= hi:
             far = " (far outside)" if job.batch_size > 2 * hi or job.batch_size * 2 < lo else ""
@@ -346,6 +347,7 @@ def calibrate(
         in_sample_mape=float(np.mean(np.abs(np.expm1(log_res)))),
         notes=tuple(notes),
         spread=spread,
+        run_queries=next(iter(lengths)) if len(lengths := {p.run_queries for p in points}) == 1 else None,
         stacks={m: replace(s, spread=spread) for m, s in stacks.items()},
     )
     return model

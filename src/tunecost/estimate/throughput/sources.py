@@ -67,9 +67,17 @@ def load_calibration_points(path: str | Path) -> list[CalibrationPoint]:
 
 
 def calibration_files(paths: Sequence[str | Path]) -> list[Path]:
-    """The CSV files named: files as given, folders expanded to their *.csv files (sorted). None found is an error."""
+    """The CSV files named: files as given, folders expanded to their *.csv files (sorted), a comma-separated list
+    (that is not itself a file) split. None found is an error."""
     files: list[Path] = []
+    split: list[str | Path] = []
     for raw in paths:
+        text = str(raw)
+        if "," in text and not Path(text).exists():
+            split.extend(part.strip() for part in text.split(",") if part.strip())
+        else:
+            split.append(raw)
+    for raw in split:
         path = Path(raw)
         if path.is_dir():
             found = sorted(path.glob("*.csv"))
