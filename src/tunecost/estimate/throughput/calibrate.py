@@ -23,6 +23,7 @@ import numpy as np
 from tunecost.catalog.gpus import GPU, resolve_gpu_name
 from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
+from tunecost.estimate.paper import PAPER_METHOD
 from tunecost.estimate.throughput.counts import AnalyticStepCounts, analytic_step_counts
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.intervals import TransferSpread, interval_log_halfwidth, transfer_spread
@@ -31,7 +32,6 @@ from tunecost.estimate.throughput.model import PARAM_NAMES, StackParams, StepTim
 from tunecost.estimate.throughput.priors import PRIORS, Prior
 from tunecost.workload.job import FineTuneJob
 
-PAPER_METHOD = {"mixtral-8x7b": "qlora", "blackmamba-2.8b": "full"}  # the paper's setups (§III)
 PAPER_RUN_QUERIES = 1000  # the paper's throughput = 1000 queries / train_runtime
 FIT_NAMES = (*PARAM_NAMES, "run_overhead_s")
 MIN_POINTS = len(FIT_NAMES) + 1
