@@ -19,7 +19,6 @@ from tunecost.workload.op_classes import OP_CLASSES  # noqa: F401  (re-exported:
 aten = torch.ops.aten
 
 
-
 def _register_missing_formulas() -> None:
     reg = _fc.flop_registry
 
