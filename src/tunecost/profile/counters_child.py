@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tunecost.errors import TunecostError
+from tunecost.io import atomic_write_text
 from tunecost.profile.kernels import classify_cpu_op, classify_kernel
 from tunecost.profile.ncu import KernelCounterRow
 from tunecost.profile.ranges import RANGE_PREFIX, is_moe_work
-from tunecost.results.io import atomic_write_text
 
 if TYPE_CHECKING:
     from tunecost.profile.gpu_counters import GpuCountersJob

@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError
+from tunecost.io import atomic_write_json, atomic_write_text, read_jsonl
 from tunecost.profile.counters_child import child_command
 from tunecost.profile.ncu import DEFAULT_METRICS, KernelCounterRow, parse_ncu_csv_file, time_weighted_utilization
 from tunecost.profile.ranges import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, is_moe_work
-from tunecost.results.io import atomic_write_json, atomic_write_text, read_jsonl
 
 NO_CUDA_MESSAGE = (
     "no CUDA GPU: gpu-counters needs an NVIDIA GPU and Nsight Compute (ncu); on a CPU machine use "

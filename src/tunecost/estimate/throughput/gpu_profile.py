@@ -25,7 +25,7 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
-from tunecost.results.io import atomic_write_json
+from tunecost.io import atomic_write_json
 
 SCHEMA_VERSION = 1
 KIND = "gpu_profile"
