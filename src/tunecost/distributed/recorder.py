@@ -15,6 +15,7 @@ plus three things a data-parallel step needs:
 from __future__ import annotations
 
 import contextlib
+import functools
 import weakref
 from dataclasses import dataclass
 
@@ -69,7 +70,8 @@ def _buffer_nbytes(kind: str, args) -> tuple[int, str, torch.Tensor | None, torc
     in_t = ins[0] if ins else None
     out_bytes = sum(t.numel() * t.element_size() for t in outs)
     in_bytes = sum(t.numel() * t.element_size() for t in ins)
-    dtype = str((out_t if out_t is not None else in_t).dtype).removeprefix("torch.") if (outs or ins) else "?"
+    first_t = out_t if out_t is not None else in_t
+    dtype = str(first_t.dtype).removeprefix("torch.") if first_t is not None else "?"
     if kind == "all_gather":
         return out_bytes, dtype, out_t, in_t
     if kind == "reduce_scatter":
@@ -155,14 +157,17 @@ class ShardedStepRecorder(StepRecorder):
             return result
 
         self._resize_orig = orig
-        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+        torch.UntypedStorage.resize_ = resize_
         return super().__enter__()
 
     def __exit__(self, *exc):
         if self._resize_orig is not None:
-            torch.UntypedStorage.resize_ = self._resize_orig  # type: ignore[method-assign]
+            torch.UntypedStorage.resize_ = self._resize_orig
             self._resize_orig = None
         return super().__exit__(*exc)
+
+    def _freed(self, rec: StorageRecord, _ref) -> None:
+        self._on_free(rec)
 
     def _on_resize(self, storage, before: int, after: int) -> None:
         if self.phase == "setup" or before == after:
@@ -181,5 +186,5 @@ class ShardedStepRecorder(StepRecorder):
         new = StorageRecord(nbytes=self._rounded(after), t_alloc=self.t, phase=phase, group=group)
         self.records.append(new)
         self._by_storage[storage] = new
-        self._refs.append(weakref.ref(storage, lambda _ref, rec=new: self._on_free(rec)))
+        self._refs.append(weakref.ref(storage, functools.partial(self._freed, new)))
         self.tags[id(new)] = "unsharded_params"
