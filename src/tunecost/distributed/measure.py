@@ -61,7 +61,7 @@ def _ddp_worker(rank: int, world_size: int, port: int, job: FineTuneJob, results
     dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}")
     try:
         prepared = build_prepared(job, num_units=None, real=True, seed=0)
-        vocab = int(prepared.model.config.vocab_size)
+        vocab = int(prepared.spec.vocab_size)
         prepared.model = DistributedDataParallel(prepared.model)
         batch = make_batch(vocab, job.batch_size, job.worst_case_seq_len, None, seed=rank)
         for _ in range(3):  # the reducer rebuilds its buckets in ready order after the first step; the
