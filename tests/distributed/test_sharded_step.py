@@ -85,3 +85,9 @@ def test_qlora_is_refused_with_the_reason(config_path):
 def test_unknown_strategy(config_path):
     with pytest.raises(TunecostError, match="unknown FSDP strategy"):
         simulate_fsdp_rank(_job(config_path("tiny-llama-2l"), "full"), world_size=2, strategy="zero7")
+
+
+def test_forward_all_gathers_name_their_layer(config_path):
+    step = simulate_fsdp_rank(_job(config_path("tiny-llama-2l"), "full"), world_size=2, granule_bytes=1)
+    forward = [c.layer for c in step.collectives if c.phase == "forward"]
+    assert forward == [None, 0, 1]  # the root unit (embedding, norm, head) first, then the layers in order

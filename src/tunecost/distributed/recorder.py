@@ -49,7 +49,7 @@ class Collective:
     nbytes: int
     dtype: str
     phase: str  # forward | backward | recompute | optimizer
-    layer: int | None
+    layer: int | None  # the decoder layer of a forward all-gather; None for the root unit and in backward
 
 
 def collective_kind(func) -> str | None:
@@ -100,13 +100,17 @@ class ShardedStepRecorder(StepRecorder):
         self.collectives: list[Collective] = []
         self.tags: dict[int, str] = {}  # id(StorageRecord) -> category overriding the recorder's classification
         self._resize_orig = None
+        self._unit_layer: int | None = None  # decoder layer whose forward (and FSDP2 pre-forward hook) runs
 
     # ---- collectives ----------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kind = collective_kind(func) if self.phase != "setup" else None
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if kind is not None:
-            phase, _group, layer, _override = self._context()
+            phase, _group, _layer, _override = self._context()
+            # FSDP2 issues a unit's all-gather in its pre-forward hook, before the layer's module context opens;
+            # in backward, prefetching issues them under another layer's context, so no layer is claimed there
+            layer = self._unit_layer if phase == "forward" else None
             nbytes, dtype, out_t, in_t = _buffer_nbytes(kind, args)
             self.collectives.append(
                 Collective(
@@ -134,6 +138,19 @@ class ShardedStepRecorder(StepRecorder):
             rec = self._by_storage.get(t.untyped_storage())
             if rec is not None and rec.static_category is None:
                 self.tags[id(rec)] = category
+
+    def install_hooks(self, model: torch.nn.Module, trainable: list[torch.nn.Parameter]) -> None:
+        super().install_hooks(model, trainable)
+        from tunecost.simulate.prepare import decoder_layers
+
+        layers = decoder_layers(model)
+        self._handles.append(model.register_forward_pre_hook(lambda *_: self._set_unit(None), prepend=True))
+        for index, layer in enumerate(layers):
+            self._handles.append(layer.register_forward_pre_hook(lambda *_, i=index: self._set_unit(i), prepend=True))
+            self._handles.append(layer.register_forward_hook(lambda *_: self._set_unit(None), always_call=True))
+
+    def _set_unit(self, layer: int | None) -> None:
+        self._unit_layer = layer
 
     def tag_gradients(self, params: list[torch.nn.Parameter]) -> None:
         """Mark the storages now holding `param.grad` (local shards under FSDP2) as gradients."""
