@@ -141,7 +141,7 @@ class ShardedStepRecorder(StepRecorder):
 
     def install_hooks(self, model: torch.nn.Module, trainable: list[torch.nn.Parameter]) -> None:
         super().install_hooks(model, trainable)
-        from tunecost.simulate.prepare import decoder_layers
+        from tunecost.models.anatomy import decoder_layers
 
         layers = decoder_layers(model)
         self._handles.append(model.register_forward_pre_hook(lambda *_: self._set_unit(None), prepend=True))

@@ -77,7 +77,7 @@ def shard_model(model: nn.Module, mesh, *, reshard_after_forward: bool) -> None:
     """`fully_shard` each decoder layer, then the root (torchtitan's layout)."""
     from torch.distributed.fsdp import fully_shard
 
-    from tunecost.simulate.prepare import decoder_layers
+    from tunecost.models.anatomy import decoder_layers
 
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
