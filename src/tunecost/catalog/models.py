@@ -19,7 +19,7 @@ MODEL_CATALOG_DIR = Path(__file__).parent / "data" / "models"
 # Config keys that name the expert count and the top-k, per family (transformers' own names).
 _NUM_EXPERTS_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "experts_per_token")
-SUPPORTED_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v2", "llama", "mistral", "blackmamba")
+SUPPORTED_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v2", "llama", "mistral", "qwen2", "blackmamba")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -30,6 +30,7 @@ class ModelSpec:
     family: str  # transformers model_type, or "blackmamba"
     config: dict[str, Any] = field(repr=False)
     hub_id: str | None = None
+    aliases: tuple[str, ...] = ()  # other hub ids with the same config (re-uploads, chat/instruct variants)
     source: str = ""
     as_of: str = ""
     published_total_params: float | None = None
@@ -84,6 +85,7 @@ def _spec_from_catalog_file(path: Path) -> ModelSpec:
             family=raw["family"],
             config=raw["config"],
             hub_id=raw.get("hub_id"),
+            aliases=tuple(raw.get("aliases", ())),
             source=raw.get("source", ""),
             as_of=raw.get("as_of", ""),
             published_total_params=raw.get("published_total_params"),
@@ -203,7 +205,8 @@ def resolve_model(name: str) -> ModelSpec:
     catalog = model_catalog()
     key = name.strip().lower()
     for spec in catalog.values():
-        if spec.name.lower() == key or (spec.hub_id and spec.hub_id.lower() == key):
+        names = (spec.name, spec.hub_id or "", *spec.aliases)
+        if key in (n.lower() for n in names if n):
             return spec
     path = Path(name).expanduser()
     if path.exists():
