@@ -19,7 +19,17 @@ MODEL_CATALOG_DIR = Path(__file__).parent / "data" / "models"
 # Config keys that name the expert count and the top-k, per family (transformers' own names).
 _NUM_EXPERTS_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "experts_per_token")
-SUPPORTED_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v2", "llama", "mistral", "qwen2", "blackmamba")
+SUPPORTED_FAMILIES = (
+    "mixtral",
+    "olmoe",
+    "qwen2_moe",
+    "qwen3_moe",
+    "deepseek_v2",
+    "llama",
+    "mistral",
+    "qwen2",
+    "blackmamba",
+)
 
 
 @dataclass(frozen=True, kw_only=True)

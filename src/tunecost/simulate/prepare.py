@@ -24,7 +24,17 @@ from tunecost.simulate.recorder import LayerPlan
 from tunecost.workload.job import FineTuneJob
 
 STACKS = ("tunecost", "hf-2024")
-SIMULATED_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v2", "llama", "mistral", "qwen2", "blackmamba")
+SIMULATED_FAMILIES = (
+    "mixtral",
+    "olmoe",
+    "qwen2_moe",
+    "qwen3_moe",
+    "deepseek_v2",
+    "llama",
+    "mistral",
+    "qwen2",
+    "blackmamba",
+)
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 _QUANT_BUFFERS = {"packed": "weights_4bit"}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from tunecost.errors import TunecostError
 
-DEFAULT_CORPUS_PATH = Path(__file__).resolve().parent.parent / "catalog" / "data" / "validation" / (
-    "published_measurements.csv"
+DEFAULT_CORPUS_PATH = (
+    Path(__file__).resolve().parent.parent / "catalog" / "data" / "validation" / ("published_measurements.csv")
 )
 REQUIRED_COLUMNS: tuple[str, ...] = (
     "id",

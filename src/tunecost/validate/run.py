@@ -95,6 +95,7 @@ def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simu
     except Exception as exc:  # a row the simulator cannot run is reported, never a crash
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return _skipped(row, f"simulation failed: {reason}", mapped.stack.name)
+    error: float | None
     if quantity == "oom":
         assert mapped.gpu_memory_bytes is not None
         predicted = 1.0 if predicted_bytes("nvidia_smi_gib", sim) > mapped.gpu_memory_bytes else 0.0

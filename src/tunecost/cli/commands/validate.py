@@ -58,8 +58,7 @@ def validate(
         "Accuracy per quantity and stack",
         ["quantity", "stack", "rows", "modelled", "median |error| %", "within 10 %", "oom right"],
         [
-            [s.quantity, s.stack, s.rows, s.modelled, _fmt(s.median_abs_pct_error), _fmt(s.within_10pct),
-             _fmt(s.right)]
+            [s.quantity, s.stack, s.rows, s.modelled, _fmt(s.median_abs_pct_error), _fmt(s.within_10pct), _fmt(s.right)]
             for s in summarize(rows)
         ],
     )
