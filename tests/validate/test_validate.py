@@ -104,14 +104,14 @@ def test_predictions_come_from_the_simulator(corpus) -> None:
     out = _by_id(validate_rows(rows))
     for row_id, quantity in (("t-alloc", "peak_allocated_gib"), ("t-smi", "nvidia_smi_gib")):
         mapped = map_row(next(r for r in rows if r.id == row_id))
-        sim = simulate_step(mapped.job, stack="tunecost")
+        sim = simulate_step(mapped.job, stack=mapped.stack.simulator_stack)
         got = out[row_id]
         assert got.status == "ok", got
         assert got.predicted == pytest.approx(predicted_bytes(quantity, sim) / GIB, abs=1e-3)
         assert got.error == pytest.approx((got.predicted - got.measured) / got.measured * 100, abs=0.01)
     # nvidia-smi adds the stated device overhead (CUDA context + allocator reserve) to the allocated peak
     smi = map_row(next(r for r in rows if r.id == "t-smi"))
-    sim = simulate_step(smi.job, stack="tunecost")
+    sim = simulate_step(smi.job, stack=smi.stack.simulator_stack)
     assert predicted_bytes("nvidia_smi_gib", sim) == sim.peak_bytes + sim.device_overhead_bytes
     # a tiny model fits an 80 GB card: predicted 0 where the row says it ran out of memory -> wrong (error -1)
     assert out["t-oom"].predicted == 0.0 and out["t-oom"].error == -1.0
@@ -164,3 +164,26 @@ def test_cli_missing_columns_one_line(cli_runner, tmp_path) -> None:
     result = cli_runner.invoke(app, ["validate", str(path)])
     assert result.exit_code == 2
     assert "missing column(s)" in result.output and "Traceback" not in result.output
+
+
+def test_hf_peft_stack_keeps_the_cast_input(tmp_path, monkeypatch) -> None:
+    """PEFT's LoRA casts the input to fp32 and autocast casts it back: the bf16 copy is kept for backward, so
+    the same job needs more memory than tunecost's own LoRA, which reuses the base matmul's saved input."""
+    from tunecost.simulate import simulate_step
+    from tunecost.workload.job import FineTuneJob, LoraConfig
+
+    monkeypatch.setenv("TUNECOST_CACHE_DIR", str(tmp_path / "cache"))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_LLAMA), encoding="utf-8")
+    job = FineTuneJob(
+        model=str(config),
+        method="lora",
+        lora=LoraConfig(rank=4, alpha=8, targets=("attention",)),
+        gradient_checkpointing=False,
+        batch_size=2,
+        seq_len=64,
+    )
+    lean = simulate_step(job, stack="tunecost")
+    peft = simulate_step(job, stack="hf-peft")
+    # at least one bf16 copy of a layer input (2 x 64 tokens x 64 hidden x 2 bytes) more is alive at the peak
+    assert peft.peak_bytes - lean.peak_bytes >= 2 * 64 * 64 * 2

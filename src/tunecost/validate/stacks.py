@@ -1,7 +1,8 @@
 """Named software stacks: what a training stack keeps in memory, as a documented set of behaviours.
 
-Each stack names the simulator stack that reproduces it (``tunecost`` runs transformers' own model code with
-PEFT-style LoRA; ``hf-2024`` is the paper's 2024 stack, see `tunecost.simulate.hf2024`) and lists what the
+Each stack names the simulator stack that reproduces it (``hf-peft``: transformers' model code with PEFT >= 0.7
+LoRA under autocast and re-entrant checkpointing; ``hf-2024``: the paper's 2024 stack, see
+`tunecost.simulate.hf2024`; ``tunecost``: tunecost's own leaner LoRA) and lists what the
 real stack does that the simulation does not, so a prediction on such a row can be read for what it is.
 A corpus row's `stack` column is matched to a stack by `stack_for`; an unknown stack is a skipped row.
 """
@@ -25,17 +26,19 @@ class Stack:
 
 
 _HF_KEPT = (
-    "with gradient checkpointing, each decoder layer's input (non-reentrant torch.utils.checkpoint as "
-    "transformers >= 4.35 enables it) and the recomputed layer's activations during its backward; "
+    "with gradient checkpointing, each decoder layer's input (re-entrant torch.utils.checkpoint: transformers' "
+    "default when the Trainer passes no gradient_checkpointing_kwargs) and the recomputed layer's activations "
+    "during its backward; "
     "FlashAttention-2 / SDPA keep the attention output and fp32 log-sum-exp, no L x L scores"
 )
 STACKS: dict[str, Stack] = {
     "hf-trainer": Stack(
         name="hf-trainer",
-        simulator_stack="tunecost",
+        simulator_stack="hf-peft",
         kept_for_backward=_HF_KEPT,
         loss="logits in the compute dtype, upcast to fp32 inside the cross-entropy (transformers >= 4.45)",
-        adapters="PEFT LoRA A/B in fp32, cast to the compute dtype in forward (autocast); frozen base in bf16",
+        adapters="PEFT LoRA A/B in fp32; the layer input cast to fp32 and back to the compute dtype by autocast "
+        "(that copy kept for backward); update added out of place; frozen base in bf16",
         allocator="caching allocator: reserved above allocated by the step's short-lived buffers",
         not_modelled=(
             "fp32 logits copies of transformers < 4.45 (one or two vocab x tokens fp32 tensors)",
@@ -43,11 +46,12 @@ STACKS: dict[str, Stack] = {
             "parameters, gradients and AdamW states in the compute dtype)",
             "DataLoader pinned memory and NCCL buffers",
             "allocator fragmentation beyond a fixed reserve fraction",
+            "LoRA dropout (PEFT's default is 0; a row's dropout is not in the corpus)",
         ),
     ),
     "hf-trainer-bnb": Stack(
         name="hf-trainer-bnb",
-        simulator_stack="tunecost",
+        simulator_stack="hf-peft",
         kept_for_backward=_HF_KEPT,
         loss="as hf-trainer",
         adapters="PEFT LoRA on bitsandbytes Linear4bit (nf4, double quantization), LoRA in fp32; 4-bit weights "
@@ -69,7 +73,7 @@ STACKS: dict[str, Stack] = {
     ),
     "qwen-finetune": Stack(
         name="qwen-finetune",
-        simulator_stack="tunecost",
+        simulator_stack="hf-peft",
         kept_for_backward=_HF_KEPT + " (Qwen's own model code: fused c_attn, flash-attn 2)",
         loss="Qwen's model code upcasts nothing: cross-entropy on compute-dtype logits",
         adapters="PEFT LoRA in fp32 (Qwen finetune.py), cast to bf16 in forward",
@@ -83,7 +87,7 @@ STACKS: dict[str, Stack] = {
     ),
     "swift-2": Stack(
         name="swift-2",
-        simulator_stack="tunecost",
+        simulator_stack="hf-peft",
         kept_for_backward=_HF_KEPT,
         loss="as hf-trainer",
         adapters="PEFT LoRA in fp32 (swift 2.x on transformers + PEFT)",
