@@ -119,7 +119,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     if (method == "qlora") != (quantization == "bnb-nf4"):
         raise Skip(f"method {method} with quantization {quantization} not modelled")
     if method == "full" and not stack.full_finetune_modelled:
-        raise Skip(f"full fine-tune under stack {stack.name} not modelled ({stack.not_modelled[0]})")
+        raise Skip(f"full fine-tune under stack {stack.name} not modelled ({stack.full_skip_reason})")
     kind = row.get("seq_len_kind") or "fixed"
     if kind not in ("fixed", "packed", "max"):
         raise Skip(f"sequence lengths {kind!r} (a dataset's lengths are not in the row)")

@@ -22,6 +22,7 @@ class Stack:
     allocator: str
     not_modelled: tuple[str, ...] = ()
     full_finetune_modelled: bool = True
+    full_skip_reason: str = ""  # why full fine-tune rows are skipped, when they are
     skip_reason: str = ""
 
 
@@ -84,6 +85,7 @@ STACKS: dict[str, Stack] = {
             "Qwen's fused c_attn LoRA (one A/B over q, k, v) is modelled as LoRA on each of q, k, v",
         ),
         full_finetune_modelled=False,
+        full_skip_reason="DeepSpeed ZeRO with fp32 master weights and optimizer states",
     ),
     "swift-2": Stack(
         name="swift-2",
@@ -92,8 +94,12 @@ STACKS: dict[str, Stack] = {
         loss="as hf-trainer",
         adapters="PEFT LoRA in fp32 (swift 2.x on transformers + PEFT)",
         allocator="as hf-trainer",
-        not_modelled=("swift's own activation and logits handling differences are not known in detail",),
+        not_modelled=(
+            "swift's own activation and logits handling differences are not known in detail",
+            "full-parameter runs: their optimizer precision and sharding are not stated (rows skipped)",
+        ),
         full_finetune_modelled=False,
+        full_skip_reason="optimizer precision and sharding not stated",
     ),
     "torchtune": Stack(
         name="torchtune",

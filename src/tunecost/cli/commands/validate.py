@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+from collections import Counter
 from pathlib import Path
 
 import typer
@@ -49,11 +50,17 @@ def validate(
         print_json([r.as_output() for r in rows])
         return
     print_table(
-        "Predictions beside measurements",
-        ["id", "quantity", "measured", "predicted", "unit", "error", "status", "reason"],
-        [[_fmt(v) for v in r.as_output().values()] for r in rows],
+        "Predictions beside measurements (modelled rows; every row with --json or --out)",
+        ["id", "quantity", "measured", "predicted", "unit", "error"],
+        [
+            [r.id, r.quantity, _fmt(r.measured), _fmt(r.predicted), r.unit, _fmt(r.error)]
+            for r in rows
+            if r.status == "ok"
+        ],
         caption="error: signed % for memory ((predicted - measured) / measured); predicted - measured for oom",
     )
+    skipped = Counter(r.reason for r in rows if r.status == "skipped")
+    print_table("Rows skipped", ["rows", "reason"], [[n, reason] for reason, n in skipped.most_common()])
     print_table(
         "Accuracy per quantity and stack",
         ["quantity", "stack", "rows", "modelled", "median |error| %", "within 10 %", "oom right"],
