@@ -210,9 +210,9 @@ def _stage_profile(out: Path, on_progress: ProgressFn | None) -> None:
             inputs=InputSpec(dataset=DEMO_DATASET),
         )
 
-        def progress(d: int, t: int, label: str, _base: int = done) -> None:
+        def progress(d: int, t: int, label: str, _base: int = done, _model: str = model) -> None:
             if on_progress:
-                on_progress(_base + d, total, f"profile {model}: {label}")
+                on_progress(_base + d, total, f"profile {_model}: {label}")
 
         result = run_sweep(spec, out / f"profile-{model}", command=["tunecost", "demo"], on_progress=progress)
         done += len(result.points)

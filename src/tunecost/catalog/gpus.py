@@ -35,7 +35,7 @@ class GPU:
     @property
     def memory_bytes(self) -> int:
         """Device memory in bytes, taking the datasheet GB as GiB (what CUDA reports before reserve)."""
-        return int(round(self.memory_gb * BYTES_PER_GIB))
+        return round(self.memory_gb * BYTES_PER_GIB)
 
 
 def load_gpus(path: Path = GPU_CATALOG_PATH) -> dict[str, GPU]:

@@ -90,7 +90,7 @@ def gpu_memory_bytes(name: str) -> int | None:
 def map_row(row: CorpusRow) -> MappedRow:
     """The job of one single-GPU row; raises `Skip` with the reason for anything tunecost does not model."""
     from tunecost.catalog.models import resolve_model
-    from tunecost.simulate.prepare import SIMULATED_FAMILIES
+    from tunecost.models.anatomy import SUPPORTED_FAMILIES
 
     quantity = row.get("quantity")
     if quantity in THROUGHPUT_QUANTITIES:
@@ -111,7 +111,7 @@ def map_row(row: CorpusRow) -> MappedRow:
         spec = resolve_model(row.get("model"))
     except TunecostError:
         raise Skip(f"unknown model {row.get('model')!r} (not in the catalog)") from None
-    if spec.family not in SIMULATED_FAMILIES:
+    if spec.family not in SUPPORTED_FAMILIES:
         raise Skip(f"architecture {spec.family!r} not simulated")
     method = row.get("method")
     if method not in ("full", "lora", "qlora"):

@@ -32,7 +32,7 @@ def _passive_openmp(device: str) -> None:
 
 def _device(device: str) -> str:
     if device != "auto":
-        from tunecost.profile.model_setup import check_device
+        from tunecost.workload.device import check_device
 
         check_device(device)  # a typo is an error, not "auto"
         return device
