@@ -83,6 +83,7 @@ STACKS: dict[str, Stack] = {
             "full-parameter runs use DeepSpeed ZeRO with fp32 master weights, fp32 optimizer states and "
             "gradient buckets (full fine-tune rows are skipped)",
             "Qwen's fused c_attn LoRA (one A/B over q, k, v) is modelled as LoRA on each of q, k, v",
+            "the loss is simulated with transformers' Qwen2 code (its fp32 upcast), not Qwen's own",
         ),
         full_finetune_modelled=False,
         full_skip_reason="DeepSpeed ZeRO with fp32 master weights and optimizer states",
