@@ -69,12 +69,15 @@ def test_skip_reasons(corpus) -> None:
         "t-unknown-quantity": "unsupported quantity",
         "t-multi": "multi-GPU",
         "t-gptq": "gptq-int4",
-        "t-speed": "throughput validation not implemented yet",
         "t-bad-batch": "batch_size_per_gpu",
     }
     for row_id, words in expected.items():
         assert rows[row_id].status == "skipped" and words in rows[row_id].reason, rows[row_id]
         assert rows[row_id].predicted is None
+    # the only throughput row of its (stack, GPU) calibrates that stack's efficiency: fitted, not predicted
+    speed = rows["t-speed"]
+    assert (speed.status, speed.reason, speed.error) == ("ok", "calibration row", None)
+    assert speed.predicted == pytest.approx(speed.measured)
 
 
 def test_lora_target_names() -> None:

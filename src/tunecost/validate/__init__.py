@@ -3,6 +3,7 @@
 - `corpus`: read measurement files (the shipped corpus by default), checking their columns.
 - `stacks`: the named software stacks the corpus rows ran on, as documented behaviours.
 - `mapping`: one corpus row -> a `FineTuneJob` tunecost can simulate, or the reason it cannot.
+- `throughput`: analytic FLOPs and bytes per step, a roofline step time with one efficiency per (stack, GPU).
 - `run`: predictions per row and the accuracy summary per quantity and per stack.
 """
 

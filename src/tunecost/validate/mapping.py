@@ -43,6 +43,8 @@ class MappedRow:
     job: FineTuneJob
     stack: Stack
     gpu_memory_bytes: int | None
+    gpu_name: str | None = None  # the GPU catalog's name (None: not in the catalog)
+    grad_accum: int = 1
 
 
 def _int(row: CorpusRow, column: str) -> int:
@@ -75,16 +77,22 @@ def lora_targets(cell: str) -> tuple[str, ...]:
     return tuple(sorted(out))
 
 
-def gpu_memory_bytes(name: str) -> int | None:
+def catalog_gpu(name: str):
+    """The GPU catalog entry of a corpus GPU spelling (None: not in the catalog)."""
     from tunecost.catalog.gpus import resolve_gpu_name
 
     key = name.strip()
     if not key:
         return None
     try:
-        return resolve_gpu_name(_GPU_NAMES.get(key.lower(), key)).gpu.memory_bytes
+        return resolve_gpu_name(_GPU_NAMES.get(key.lower(), key)).gpu
     except TunecostError:
         return None
+
+
+def gpu_memory_bytes(name: str) -> int | None:
+    gpu = catalog_gpu(name)
+    return None if gpu is None else gpu.memory_bytes
 
 
 def map_row(row: CorpusRow) -> MappedRow:
@@ -93,9 +101,10 @@ def map_row(row: CorpusRow) -> MappedRow:
     from tunecost.models.anatomy import SUPPORTED_FAMILIES
 
     quantity = row.get("quantity")
-    if quantity in THROUGHPUT_QUANTITIES:
-        raise Skip("throughput validation not implemented yet")
-    if quantity not in MEMORY_QUANTITIES:
+    throughput = quantity in THROUGHPUT_QUANTITIES
+    if quantity == "time_to_train_s":
+        raise Skip("time_to_train_s not modelled (the number of steps is not in the row)")
+    if not throughput and quantity not in MEMORY_QUANTITIES:
         raise Skip(f"unsupported quantity {quantity!r}")
     if _int(row, "num_gpus") != 1:
         raise Skip("multi-GPU (sharding and parallelism not modelled)")
@@ -105,7 +114,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     stack = stack_for(row.get("stack"), quantization)
     if stack is None:
         raise Skip(f"unknown stack {row.get('stack')!r}")
-    if stack.simulator_stack is None:
+    if stack.simulator_stack is None and not throughput:
         raise Skip(stack.skip_reason or f"stack {stack.name} not modelled")
     try:
         spec = resolve_model(row.get("model"))
@@ -118,11 +127,15 @@ def map_row(row: CorpusRow) -> MappedRow:
         raise Skip(f"unknown method {method!r}")
     if (method == "qlora") != (quantization == "bnb-nf4"):
         raise Skip(f"method {method} with quantization {quantization} not modelled")
-    if method == "full" and not stack.full_finetune_modelled:
+    if method == "full" and not stack.full_finetune_modelled and not throughput:
         raise Skip(f"full fine-tune under stack {stack.name} not modelled ({stack.full_skip_reason})")
     kind = row.get("seq_len_kind") or "fixed"
     if kind not in ("fixed", "packed", "max"):
         raise Skip(f"sequence lengths {kind!r} (a dataset's lengths are not in the row)")
+    if throughput and kind == "max":
+        raise Skip(
+            "throughput with sequences up to seq_len (the dataset's lengths, which set the work, are not in the row)"
+        )
     ckpt = row.get("grad_ckpt")
     if ckpt not in ("on", "off"):
         raise Skip("gradient checkpointing not stated")
@@ -151,7 +164,16 @@ def map_row(row: CorpusRow) -> MappedRow:
         )
     except TunecostError as exc:
         raise Skip(str(exc)) from None
-    gpu_bytes = gpu_memory_bytes(row.get("gpu"))
-    if quantity == "oom" and gpu_bytes is None:
+    gpu = catalog_gpu(row.get("gpu"))
+    if quantity == "oom" and gpu is None:
         raise Skip(f"GPU {row.get('gpu')!r} not in the GPU catalog (its memory decides out-of-memory)")
-    return MappedRow(job=job, stack=stack, gpu_memory_bytes=gpu_bytes)
+    if throughput and gpu is None:
+        raise Skip(f"GPU {row.get('gpu')!r} not in the GPU catalog (its peak rate and bandwidth set the step time)")
+    grad_accum = _int(row, "grad_accum") if row.get("grad_accum") else 1
+    return MappedRow(
+        job=job,
+        stack=stack,
+        gpu_memory_bytes=None if gpu is None else gpu.memory_bytes,
+        gpu_name=None if gpu is None else gpu.name,
+        grad_accum=grad_accum,
+    )
