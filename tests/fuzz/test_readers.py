@@ -107,10 +107,10 @@ record_rows = st.dictionaries(
     st.one_of(raw, json_values.map(lambda v: json.dumps({"versions": v, "device": v}).encode())),
 )
 def test_run_records_and_meta(records: bytes, meta: bytes) -> None:
+    from tunecost.io import read_jsonl
     from tunecost.report.html import _meta_html
     from tunecost.report.records import load_run
     from tunecost.report.summary import summary_lines
-    from tunecost.results.io import read_jsonl
 
     path = _file(records, "throughput.jsonl")
     (path.parent / "meta.json").write_bytes(meta)

@@ -14,11 +14,11 @@ import pandas as pd
 
 from tunecost import __version__
 from tunecost.errors import TunecostError
+from tunecost.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from tunecost.outputs import check_output_path
 from tunecost.report.figures import SECTIONS, FigureResult
 from tunecost.report.records import RunRecords, load_run
 from tunecost.report.summary import summary_html
-from tunecost.results.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
