@@ -187,7 +187,7 @@ def predict(
     if run_queries is not None and steady_state:
         raise TunecostError("give --run-queries N or --steady-state, not both")
     if output is not None:
-        check_output_path(output, force=force, inputs=(input_csv, calibrate), option="--output")
+        check_output_path(output, force=force, inputs=(input_csv, *(calibrate or ())), option="--output")
     targets = read_targets(input_csv)
     model = calibrated_model(list(calibrate or []) or None, gpu_terms=load_profiles(gpu_profile or []))
     if run_queries is None and not steady_state:
