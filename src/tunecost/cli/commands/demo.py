@@ -29,6 +29,8 @@ def demo(
 
         def on_stage(stage) -> None:
             progress.update(task, description=stage.description, completed=0, total=1)
+            if not console.is_terminal:  # no live bar off a terminal: one line per stage shows it is moving
+                console.print(f"stage: {stage.description}", highlight=False)
 
         def on_progress(done: int, total: int, label: str) -> None:
             progress.update(task, description=label, completed=done, total=total)
