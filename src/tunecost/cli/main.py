@@ -24,11 +24,14 @@ class _OneLineErrors(TyperGroup):
     """The command group, with usage errors (unknown option, bad or missing value) as one `error: ...` line and
     exit code 2, the same as every other user error, instead of a boxed panel."""
 
-    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+    def main(  # type: ignore[override]
+        self, args: Any = None, prog_name: Any = None, complete_var: Any = None, standalone_mode: bool = True, **kw: Any
+    ) -> Any:
+        forward = {"args": args, "prog_name": prog_name, "complete_var": complete_var, **kw}
         if not standalone_mode:
-            return super().main(*args, standalone_mode=False, **kwargs)
+            return super().main(standalone_mode=False, **forward)
         try:
-            result = super().main(*args, standalone_mode=False, **kwargs)
+            result = super().main(standalone_mode=False, **forward)
         except click_exceptions.NoArgsIsHelpError as exc:
             exc.show()
             sys.exit(exc.exit_code)

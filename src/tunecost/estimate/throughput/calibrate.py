@@ -22,7 +22,6 @@ import numpy as np
 
 from tunecost.catalog.gpus import GPU, resolve_gpu_name
 from tunecost.catalog.models import resolve_model
-from tunecost.csvfile import read_csv_rows
 from tunecost.errors import TunecostError
 from tunecost.estimate.paper import PAPER_METHOD
 from tunecost.estimate.throughput.counts import AnalyticStepCounts, analytic_step_counts
