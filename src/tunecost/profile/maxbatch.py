@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunecost.errors import TunecostError
+from tunecost.results.records import SCHEMA_VERSION
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -275,7 +276,7 @@ def max_batch_row(result: MaxBatchSearch, setup: Any, inputs: Any, *, gpu: str |
         "device": "cuda" if setup.device.startswith("cuda") else "cpu",
     }
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "kind": "max_batch",
         **keys,
         "point_id": point_id({**keys, "memory_bytes": result.memory_bytes}),

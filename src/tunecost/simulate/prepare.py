@@ -9,6 +9,7 @@ and ``"hf-2024"`` (the paper's transformers 4.40 / PEFT 0.7 / bitsandbytes memor
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -270,9 +271,11 @@ def build_prepared(
     real: bool = False,
     seed: int = 0,
     device: str = "cpu",
+    wrap: Callable[[nn.Module], None] | None = None,
 ) -> Prepared:
     """Build the model of `job` with `num_units` repeating units (None: full depth), ready to step: on fake
-    tensors, or with `real=True` on real random tensors on `device` (measurements)."""
+    tensors, or with `real=True` on real random tensors on `device` (measurements). `wrap` (e.g. FSDP2's
+    `fully_shard` per layer) runs on the finished model before the optimizer is built over its parameters."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from tunecost.models.build import build_model
@@ -332,6 +335,8 @@ def build_prepared(
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
         if reentrant and job.method != "full":
             model.enable_input_require_grads()
+    if wrap is not None:
+        wrap(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = simulated_optimizer(job.optimizer, trainable)
     warm_up_optimizer(optimizer, trainable)

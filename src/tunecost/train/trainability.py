@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError
+from tunecost.io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
 from tunecost.models.anatomy import num_experts as num_experts_of
 from tunecost.models.anatomy import set_top_k
-from tunecost.results.io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
+from tunecost.results.records import SCHEMA_VERSION
 from tunecost.train.finetune import OptimConfig, make_batches, make_optimizer_with_schedule, train_epoch
 from tunecost.train.topk import routing_name
 
@@ -231,7 +232,7 @@ def run_trainability(
             start_epoch = int(state["epoch"]) + 1
             done_steps += int(state["epoch"]) * steps_per_epoch
         base = {
-            "schema_version": 1,
+            "schema_version": SCHEMA_VERSION,
             "kind": "trainability",
             "model": job.model,
             "method": "full",

@@ -316,7 +316,7 @@ def max_batch(
     result = find_max_batch_size(setup, inputs, memory_bytes=memory_bytes, limit=limit, on_probe=on_probe)
     row = max_batch_row(result, setup, inputs, gpu=gpu_name)
     if out is not None:
-        from tunecost.results.io import append_jsonl
+        from tunecost.io import append_jsonl
 
         append_jsonl(Path(out) / "max_batch.jsonl", row)
     if json_out:
