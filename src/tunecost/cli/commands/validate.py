@@ -37,9 +37,9 @@ def validate(
 ) -> None:
     """Run tunecost's estimators on every measurement they can model: each prediction beside its measurement,
     the rows skipped with their reason, and the accuracy per quantity and per stack."""
-    from tunecost.results.io import atomic_write_text
+    from tunecost.io import atomic_write_text
     from tunecost.validate import read_corpus, summarize, validate_rows
-    from tunecost.validate.run import memory_totals
+    from tunecost.validate.run import memory_totals, throughput_totals
 
     if out is not None and out.exists() and not force:
         raise TunecostError(f"{out} exists; pass --force to replace it")
@@ -74,6 +74,11 @@ def validate(
         f"memory rows modelled: {t['memory_rows_modelled']} of {t['memory_rows']}; peak memory median |error| "
         f"{_fmt(t['peak_median_abs_pct_error'])} % over {t['peak_rows_modelled']} rows; out-of-memory right on "
         f"{t['oom_right']} of {t['oom_rows_modelled']}"
+    )
+    th = throughput_totals(rows)
+    console.print(
+        f"throughput: mean |error| {_fmt(th['mape'])} % over {th['predicted_rows']} predicted rows of "
+        f"{th['throughput_rows']}; {th['calibration_rows']} calibration rows (one per stack and GPU) not counted"
     )
 
 
