@@ -21,9 +21,8 @@ from tunecost.simulate.hf2024 import Loop2024Experts
 from tunecost.simulate.modules import LoraRouter, SimExperts, SimLinear
 from tunecost.simulate.quant4bit import Quantized4bit, QuantSpec
 from tunecost.simulate.recorder import LayerPlan
-from tunecost.workload.job import FineTuneJob
+from tunecost.workload.job import STACKS, FineTuneJob
 
-STACKS = ("tunecost", "hf-2024")
 SIMULATED_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v2", "llama", "mistral", "blackmamba")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
