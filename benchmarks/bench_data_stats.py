@@ -1,9 +1,9 @@
 """Validate tunecost's sequence-length statistics on the real LLM-Adapters / GSM8K files.
 
-Prints, for every file under DATA_DIR (default ../shared/data relative to the repository, or $TUNECOST_DATA_DIR):
+Prints, for every file under DATA_DIR (the argument, else $TUNECOST_DATA_DIR, else ./data):
 query count, min / median / p90 / p99 / max tokens with the offline Mixtral tokenizer and the ``none`` template
 (BOS + tokens of prompt + ground-truth response, no EOS) and the paper's LLaMA-Factory ``mistral`` template, and
-checks issue 6's acceptance numbers: GSM8K test 1319 queries with a median within 2 % of 162 tokens, and the
+checks the published statistics: GSM8K test 1319 queries with a median within 2 % of 162 tokens, and the
 commonsense test sets' medians within 40..110 (the paper's CS median is 79, Fig. 2).
 
     .venv/bin/python benchmarks/bench_data_stats.py [DATA_DIR]
@@ -28,7 +28,7 @@ def default_data_dir() -> Path:
     env = os.environ.get("TUNECOST_DATA_DIR")
     if env:
         return Path(env.split(os.pathsep)[0])
-    return Path(__file__).resolve().parents[2] / "shared" / "data"
+    return Path("data")
 
 
 def main(argv: list[str]) -> int:

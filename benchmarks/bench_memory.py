@@ -1,15 +1,16 @@
-"""Benchmarks of the step simulator (issue 3). Every number printed here is measured in this run.
+"""Benchmarks of the step simulator. Every number printed here is measured in this run.
 
 Sections (default: accuracy scaling speed):
   accuracy  simulated peak vs the peak measured on real CPU tensors (PyTorch's CPU allocator events through
             torch.profiler(profile_memory=True): an independent measurement), tiny models of real architectures,
-            full / LoRA / QLoRA, top-2 / top-8 / dense, checkpointing on and off (acceptance 1: within 3 %)
+            full / LoRA / QLoRA, top-2 / top-8 / dense, checkpointing on and off (target: within 3 %)
   scaling   traces of two small depths scaled to the full depth vs a full trace (peak and FLOPs)
   speed     `tunecost memory` on full-size Mixtral-8x7B (qlora, top-2, seq 512, --gpu-memory-gb 48): a cold run in
-            a fresh process with an empty cache, then the same command cached (acceptance 3: < 15 s and < 1 s)
-  table3    predicted maximum batch sizes for the paper's Table III (A40, 48 GB), datasets from ../shared/data
+            a fresh process with an empty cache, then the same command cached (target: < 15 s and < 1 s)
+  table3    predicted maximum batch sizes for the paper's Table III (A40, 48 GB), from the LLM-Adapters
+            files under --data-dir (its llm-adapters/ folder)
 
-Run: .venv/bin/python benchmarks/bench_memory.py [--section accuracy,scaling,speed,table3]
+Run: .venv/bin/python benchmarks/bench_memory.py [--section accuracy,scaling,speed,table3] [--data-dir DIR]
 The machine is shared: the load average is printed; timings on a loaded 2-core machine run 2-4x slower.
 """
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "tests" / "fixtures" / "simulate"
-SHARED_DATA = ROOT.parent / "shared" / "data" / "llm-adapters"
+DATA_DIR = Path(os.environ.get("TUNECOST_DATA_DIR", "data"))  # set by --data-dir
 GB = 1e9
 
 ACCURACY_CASES = [  # (config, method, experts per token (None: the model's), gradient checkpointing)
@@ -175,11 +176,11 @@ def _dataset_lengths() -> dict[str, tuple[int, ...]]:
     ]
     cs: list[int] = []
     for name in cs_files:
-        cs += length_distribution(load_file(SHARED_DATA / f"{name}.json"), tok, tpl).lengths
-    math = length_distribution(load_file(SHARED_DATA / "math_data.json"), tok, tpl).lengths
+        cs += length_distribution(load_file(DATA_DIR / "llm-adapters" / f"{name}.json"), tok, tpl).lengths
+    math = length_distribution(load_file(DATA_DIR / "llm-adapters" / "math_data.json"), tok, tpl).lengths
     train_only: list[int] = []
     for name in cs_files[:4]:
-        train_only += length_distribution(load_file(SHARED_DATA / f"{name}.json"), tok, tpl).lengths
+        train_only += length_distribution(load_file(DATA_DIR / "llm-adapters" / f"{name}.json"), tok, tpl).lengths
     return {"CS": tuple(cs), "MATH": tuple(math), "CS-train": tuple(train_only)}
 
 
@@ -244,7 +245,10 @@ SECTIONS = {"accuracy": section_accuracy, "scaling": section_scaling, "speed": s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--section", default="accuracy,scaling,speed")
+    parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="folder with llm-adapters/ (table3 only)")
     args = parser.parse_args()
+    global DATA_DIR
+    DATA_DIR = args.data_dir
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()}")
     for name in args.section.split(","):
         SECTIONS[name.strip()]()

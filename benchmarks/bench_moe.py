@@ -1,4 +1,4 @@
-"""Issue 9's speed and memory targets for the fast MoE layer, measured side by side in one run.
+"""The speed and memory targets of the fast MoE layer, measured side by side in one run.
 
     .venv/bin/python benchmarks/bench_moe.py                    # CPU: H 512, I 1792, 8 experts, top-2, 2048 tokens
     .venv/bin/python benchmarks/bench_moe.py --tokens 4096 --threads 2
@@ -7,8 +7,8 @@
 Runs `tunecost.moe.bench.bench_moe_layer` (the same as `tunecost bench moe`) for peft-fused, qlora-linear4bit,
 fast, fast-4bit and the no-LoRA floor grouped_mm-frozen, then prints each target with the measured ratio:
   CPU and GPU: fast >= 2x faster than peft-fused (LoRA on experts + router, top-2, >= 2048 tokens), with less
-               peak memory (acceptance 2 / 4);
-  GPU:         fast-4bit >= 1.3x faster than qlora-linear4bit (acceptance 4).
+               peak memory;
+  GPU:         fast-4bit >= 1.3x faster than qlora-linear4bit.
 Single-threaded by default on CPU: on a shared CPU two threads spin-wait on each other (load average printed).
 Exit status is 0 whether or not a target is met: this reports, it does not gate.
 """

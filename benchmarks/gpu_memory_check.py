@@ -1,4 +1,4 @@
-"""Simulated peak vs `torch.cuda.max_memory_allocated` on a CUDA GPU (issue 3, acceptance 5; target 5 %).
+"""Simulated peak vs `torch.cuda.max_memory_allocated` on a CUDA GPU (target: within 5 %).
 
 For each configuration: build the model with random weights on the GPU through the same code the simulator uses
 (tunecost.simulate.prepare: the same LoRA / 4-bit modules, bitsandbytes quantizing the weights), run one warm-up

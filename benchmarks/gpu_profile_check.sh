@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# GPU checks of `tunecost profile` / `tunecost max-batch` (issue 4, acceptance 5). Run from the repository root on
+# GPU checks of `tunecost profile` / `tunecost max-batch`. Run from the repository root on
 # a machine with a CUDA GPU (an 80 GB H100/A100 for the full-size part). Nothing is downloaded: the full-size
 # Mixtral-8x7B is built from its catalog config with random weights, its experts and attention quantized to nf4
 # layer by layer on the GPU (about 25 GB), LoRA r16 on the experts and the router: the paper's QLoRA stack.

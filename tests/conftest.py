@@ -1,4 +1,4 @@
-"""Shared test fixtures. Tests never read ../shared: data they need is copied under tests/fixtures/."""
+"""Shared test fixtures. Tests read only files in the repository: data they need is under tests/fixtures/."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
-# A verbatim copy of ../shared/paper/measured_throughput_a40.csv: the A40 points behind the paper's Fig. 14.
+# A verbatim copy of the paper artifact's A40 measurements: the points behind the paper's Fig. 14.
 PAPER_A40_CSV = FIXTURES_DIR / "measurements" / "measured_throughput_a40.csv"
 
 
@@ -42,7 +42,7 @@ def cli_runner():
 
 @pytest.fixture
 def cli_error(cli_runner):
-    """Run `tunecost ARGS` expecting a user error (acceptance 5): exit code 2, exactly one line on stderr
+    """Run `tunecost ARGS` expecting a user error: exit code 2, exactly one line on stderr
     starting with 'error: ', nothing on stdout, no traceback. Returns that line."""
     from tunecost.cli.main import app
 

@@ -34,7 +34,7 @@ def _stage_fit(out: Path, on_progress: ProgressFn | None) -> None:
     from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS, load_measurements
 
     points = load_measurements(PAPER_A40_MEASUREMENTS)
-    fits = [f for form in ("artifact", "printed") for f in fit_all(points, form)]  # type: ignore[arg-type]
+    fits = [f for form in ("artifact", "printed") for f in fit_all(points, form)]
     write_records(out / "fit.jsonl", fit_rows(points, fits, source=PAPER_A40_SOURCE))
 
 
@@ -148,8 +148,8 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
                 for stack, checkpointing in setups:
                     job = FineTuneJob(
                         model=model,
-                        method=method,
-                        experts_per_token=k,  # type: ignore[arg-type]
+                        method=method,  # type: ignore[arg-type]
+                        experts_per_token=k,
                         seq_len=seq_len,
                         gradient_checkpointing=checkpointing,
                     )
@@ -188,9 +188,9 @@ def _stage_profile(out: Path, on_progress: ProgressFn | None) -> None:
             inputs=InputSpec(dataset=DEMO_DATASET),
         )
 
-        def progress(d: int, t: int, label: str, _base: int = done) -> None:
+        def progress(d: int, t: int, label: str, _base: int = done, _model: str = model) -> None:
             if on_progress:
-                on_progress(_base + d, total, f"profile {model}: {label}")
+                on_progress(_base + d, total, f"profile {_model}: {label}")
 
         result = run_sweep(spec, out / f"profile-{model}", command=["tunecost", "demo"], on_progress=progress)
         done += len(result.points)

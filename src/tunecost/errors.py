@@ -13,6 +13,11 @@ class TunecostError(Exception):
     """A user error: bad input, unknown name, a job that cannot run. The message is shown as is."""
 
 
+class DoesNotFit(TunecostError):
+    """A job that needs more memory than the GPU has even at batch size 1 (a result for estimates, an error for
+    a command that asks for a batch size)."""
+
+
 class TunecostWarning(UserWarning):
     """Something the user should know that does not stop the work (e.g. a skipped corrupt result line); the CLI
     prints it as one `warning:` line."""

@@ -9,7 +9,7 @@ import pytest
 from tunecost.catalog.gpus import GPU, get_gpu, gpu_catalog, load_gpus, resolve_gpu_name
 from tunecost.errors import TunecostError
 
-REQUIRED_GPUS = (  # issue 2: "at least" these
+REQUIRED_GPUS = (  # the catalog holds at least these
     "A40-48GB",
     "A100-40GB",
     "A100-80GB-SXM",
@@ -61,7 +61,7 @@ def test_units_are_base_units() -> None:
 @pytest.mark.parametrize(
     ("typed", "canonical", "via_alias"),
     [
-        ("h100", "H100-80GB-SXM", True),  # issue 2: `h100` is the SXM part
+        ("h100", "H100-80GB-SXM", True),  # `h100` is the SXM part
         ("H100", "H100-80GB-SXM", True),
         ("A40", "A40-48GB", True),
         ("a40-48gb", "A40-48GB", False),

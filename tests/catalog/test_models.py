@@ -13,7 +13,7 @@ from tunecost.errors import TunecostError
 from tunecost.models.params import count_parameters
 
 CATALOG = model_catalog()
-REQUIRED_MODELS = (  # issue 2 (the BlackMamba entries come from another issue: tested below when present)
+REQUIRED_MODELS = (  # the catalog's minimum (the BlackMamba entries are tested below when present)
     "mixtral-8x7b",
     "mixtral-8x22b",
     "olmoe-1b-7b",
@@ -113,7 +113,7 @@ def _blackmamba_present() -> bool:
     reason="blackmamba-2.8b is not in the model catalog yet (its entry and model code are added by another worker)",
 )
 def test_blackmamba_2_8b_params() -> None:
-    # Issue 2 (BlackMamba paper / model card): 2.78 B total, 0.63 B active at top-1.
+    # BlackMamba paper / model card: 2.78 B total, 0.63 B active at top-1.
     spec = resolve_model("blackmamba-2.8b")
     counts = count_parameters(spec, experts_per_token=1)
     assert counts.total == pytest.approx(2.78e9, rel=0.02)

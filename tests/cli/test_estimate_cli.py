@@ -1,5 +1,5 @@
-"""`tunecost fit`, `tunecost cost`, `tunecost estimate` through typer's CliRunner: JSON output and one-line
-errors (acceptance 2, 3, 5)."""
+"""`tunecost fit`, `tunecost cost`, `tunecost estimate` through typer's CliRunner: JSON output, the paper's
+numbers, and one-line errors."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def test_fit_artifact_json(cli_runner, paper_a40_csv) -> None:
         assert {"model", "dataset", "gpu", "form", "coefficients", "rmse", "mape", "num_points"} <= set(f)
         assert f["form"] == "artifact" and f["gpu"] == "A40-48GB"
     by = {(f["model"], f["dataset"]): f for f in fits}
-    # ../shared/paper/README.md: in-sample RMSE 0.055 (Mixtral CS), 0.022 (Mixtral MATH)
+    # the paper's artifact fit: in-sample RMSE 0.055 (Mixtral CS), 0.022 (Mixtral MATH)
     assert by[("mixtral-8x7b", "commonsense_15k")]["rmse"] == pytest.approx(0.055, abs=0.005)
     assert by[("mixtral-8x7b", "math_14k")]["rmse"] == pytest.approx(0.022, abs=0.003)
     assert {k: f["num_points"] for k, f in by.items()} == {
@@ -98,7 +98,7 @@ def test_fit_missing_file_and_bad_form(cli_error, tmp_path, paper_a40_csv) -> No
     ("qps", "price", "usd", "target", "tol"),
     [
         # Table IV: 15000 queries x 10 epochs / qps / 3600 x $/h (see tests/estimate/test_paper.py)
-        (1.01, 0.79, 32.590759, 32.6, 0.3),  # paper prints 32.7; acceptance 3: 32.6 +- 0.3
+        (1.01, 0.79, 32.590759, 32.6, 0.3),  # paper prints 32.7; we require 32.6 +- 0.3
         (2.74, 1.67, 25.395377, 25.4, 0.05),
         (4.90, 2.1, 17.857143, 17.9, 0.05),
     ],
@@ -235,7 +235,7 @@ def test_estimate_json(cli_runner) -> None:
     priced = [c for c in costs if c is not None]
     assert priced == sorted(priced) and costs[: len(priced)] == priced  # cheapest first, unpriced last
     a40 = next(r for r in rows if r["gpu"] == "A40-48GB" and r["provider"] == "paper-2024")
-    assert a40["max_batch_size"] == 8  # eq. (1), artifact coefficients, 48 GB (acceptance 4)
+    assert a40["max_batch_size"] == 8  # eq. (1), artifact coefficients, 48 GB (Table III)
     assert a40["price_date"] == "2024-08-08" and a40["usd_per_hour"] == 0.79
     assert a40["usd"] == pytest.approx(14000 * 10 / a40["queries_per_s"] / 3600 * 0.79)
     h100 = [r for r in rows if r["gpu"] == "H100-80GB-SXM"]

@@ -11,7 +11,7 @@ from tunecost.estimate.cost import estimate_costs, simple_cost
 
 def test_simple_cost_table_iv_a40() -> None:
     # Table IV, A40: 15000 queries x 10 epochs / 1.01 qps = 41.254 h; * $0.79 = $32.59 (printed 32.7;
-    # acceptance 3: 32.6 +- 0.3). See tests/estimate/test_paper.py for the query count.
+    # our target: 32.6 +- 0.3). See tests/estimate/test_paper.py for the query count.
     est = simple_cost(num_queries=15000, epochs=10, queries_per_s=1.01, usd_per_hour=0.79)
     assert est.hours == pytest.approx(41.254125, abs=1e-6)
     assert est.usd == pytest.approx(32.590759, abs=1e-6)
@@ -65,7 +65,7 @@ def test_rows_sorted_by_cost_and_named(mixtral_rows) -> None:
 
 def test_a40_row_uses_eq1_and_eq2(mixtral_rows) -> None:
     a40 = next(r for r in mixtral_rows if r.gpu == "A40-48GB" and r.provider == "paper-2024")
-    assert a40.max_batch_size == 8  # eq. (1), artifact coefficients at 48 GB (acceptance 4)
+    assert a40.max_batch_size == 8  # eq. (1), artifact coefficients at 48 GB (Table III)
     assert a40.batch_size == 8
     # eq. (2) artifact fit on the A40 MATH points, at B=8, s=0.25: a + b*log(8)/(0.25*1.8); a, b from the fit
     from tunecost.estimate.fit import fit_all

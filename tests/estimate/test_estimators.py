@@ -44,7 +44,7 @@ def test_unknown_estimator_lists_choices() -> None:
 
 
 def test_max_batch_size_coefficient_sets() -> None:
-    # artifact (acceptance 4): 8 at 48 GB; text (C0=82, C1=0.95): 82*24.65/147.2 = 13.73 -> 13
+    # artifact coefficients: 8 at 48 GB (Table III); text (C0=82, C1=0.95): 82*24.65/147.2 = 13.73 -> 13
     mbs, note = paper_max_batch_size(_req())
     assert mbs == 8 and "artifact coefficients C0=62, C1=0.89" in note and "seq_len 512" in note
     mbs, note = paper_max_batch_size(_req(coefficient_set="text"))

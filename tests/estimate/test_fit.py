@@ -18,7 +18,7 @@ GROUPS = {
     ("blackmamba-2.8b", "math_14k", "A40-48GB"): 13,
     ("mixtral-8x7b", "commonsense_15k", "A40-48GB"): 10,
     ("mixtral-8x7b", "math_14k", "A40-48GB"): 5,
-}  # points per group, counted in ../shared/paper/measured_throughput_a40.csv
+}  # points per group, counted in the paper artifact's A40 measurements (tests/fixtures/measurements)
 
 
 @pytest.fixture
@@ -31,7 +31,7 @@ def _by_group(fits):
 
 
 def test_artifact_fit_reproduces_paper_rmse(paper_points) -> None:
-    """Acceptance 2: ../shared/paper/README.md gives in-sample RMSE 0.055 (Mixtral CS) and 0.022 (Mixtral MATH)."""
+    """The artifact's fit gives in-sample RMSE 0.055 (Mixtral CS) and 0.022 (Mixtral MATH) on these points."""
     fits = _by_group(fit_all(paper_points, "artifact"))
     assert {k: f.num_points for k, f in fits.items()} == GROUPS  # all four groups fitted
     cs = fits[("mixtral-8x7b", "commonsense_15k", "A40-48GB")]
@@ -43,7 +43,7 @@ def test_artifact_fit_reproduces_paper_rmse(paper_points) -> None:
         assert set(fit.coefficients) == {"a", "b", "c3"}
         assert fit.coefficients["b"] > 0  # throughput grows with batch size
         assert 0 <= fit.mape < 1 and fit.rmse > 0
-    # c3 fixed per model (../shared/paper/README.md): 1.8 Mixtral, 2.5 BlackMamba
+    # c3 fixed per model (the artifact's eq. (2) fit): 1.8 Mixtral, 2.5 BlackMamba
     assert cs.coefficients["c3"] == 1.8
     assert fits[("blackmamba-2.8b", "math_14k", "A40-48GB")].coefficients["c3"] == 2.5
     assert cs.batch_size_range == (1, 8)

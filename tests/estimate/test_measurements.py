@@ -1,5 +1,5 @@
-"""Reading throughput measurements (CSV): the columns of ../shared/paper/measured_throughput_a40.csv, and
-one clear error per kind of bad input, naming the column, row or group (acceptance 5)."""
+"""Reading throughput measurements (CSV): the columns of the paper artifact's A40 measurements,
+and one clear error per kind of bad input, naming the column, row or group."""
 
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def _eq1_artifact(gpu_gb: float, sparsity: float = 0.25) -> int:
 
 
 def test_coefficient_sets_are_the_papers() -> None:
-    # ../shared/paper/README.md: artifact C0=62, C1=0.89, model 23.35 GB, seq 512; §V-A text: Mixtral C0=82,
+    # the paper's artifact (Fig. 13 script): C0=62, C1=0.89, model 23.35 GB, seq 512; §V-A text: Mixtral C0=82,
     # C1=0.95; BlackMamba C0=83, C1=0.88; Table I: Mixtral 23.35 GB, BlackMamba 5.6 GB.
     art = EQ1_COEFFICIENTS[("mixtral-8x7b", "artifact")]
     assert (art.c0, art.c1, art.model_memory_gb) == (62, 0.89, 23.35)
@@ -42,7 +42,7 @@ def test_coefficient_sets_are_the_papers() -> None:
     bm = EQ1_COEFFICIENTS[("blackmamba-2.8b", "text")]
     assert (bm.c0, bm.c1, bm.model_memory_gb) == (83, 0.88, 5.6)
     assert EQ1_ARTIFACT_SEQ_LEN == 512
-    assert EQ2_ARTIFACT_C3 == {"mixtral-8x7b": 1.8, "blackmamba-2.8b": 2.5}  # ../shared/paper/README.md
+    assert EQ2_ARTIFACT_C3 == {"mixtral-8x7b": 1.8, "blackmamba-2.8b": 2.5}  # the artifact's eq. (2) fit
 
 
 @pytest.mark.parametrize(
@@ -155,8 +155,8 @@ def test_eq2_forms_differ_only_by_a_constant_at_fixed_sparsity() -> None:
 @pytest.mark.parametrize(
     ("qps", "usd_per_hour", "hours", "usd", "target", "tolerance"),
     [
-        # 150000/1.01 = 148514.85 s = 41.2541 h; * 0.79 = 32.5908. The paper prints 32.7; acceptance 3 asks
-        # for 32.6 +- 0.3.
+        # 150000/1.01 = 148514.85 s = 41.2541 h; * 0.79 = 32.5908. The paper prints 32.7; we require
+        # 32.6 +- 0.3.
         (1.01, 0.79, 41.254125, 32.590759, 32.6, 0.3),
         # 150000/2.74 = 54744.53 s = 15.2068 h; * 1.67 = 25.3954; printed 25.4 (one decimal: +- 0.05)
         (2.74, 1.67, 15.206813, 25.395377, 25.4, 0.05),

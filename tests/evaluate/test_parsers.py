@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,8 @@ from tunecost.evaluate.parsers import (
     parse_reference_number,
 )
 
-# ../shared/data beside the clone (CI has it; a user's clone does not, and the check is skipped with the reason).
-SHARED = Path(os.environ.get("TUNECOST_SHARED_DATA", Path(__file__).resolve().parents[3] / "shared" / "data"))
+# The first examples of each reference test set (tests/fixtures/data/reference/README.md).
+REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "data" / "reference"
 
 
 @pytest.mark.parametrize(
@@ -87,12 +86,15 @@ def test_choice_style_from_answers():
     assert choice_style_for([]) is None
 
 
-REFERENCE_FILES = sorted(SHARED.glob("llm-adapters/*_test.json")) + sorted(SHARED.glob("gsm8k/*.jsonl"))
+REFERENCE_FILES = sorted(REFERENCE.glob("llm-adapters/*_test.json")) + sorted(REFERENCE.glob("gsm8k/*.jsonl"))
 
 
-@pytest.mark.skipif(not REFERENCE_FILES, reason=f"shared data not present at {SHARED} (CI-only check)")
+def test_every_reference_test_set_is_present():
+    assert len(REFERENCE_FILES) == 11
+
+
 @pytest.mark.parametrize("path", REFERENCE_FILES, ids=lambda p: p.name)
-def test_reference_answers_of_shared_test_sets_score_100_percent(path):
+def test_reference_answers_of_the_test_sets_score_100_percent(path):
     from tunecost.evaluate.harness import score_generations
     from tunecost.workload.datasets import load_dataset
 

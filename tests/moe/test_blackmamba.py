@@ -91,9 +91,13 @@ def test_fast_4bit_equals_the_linear4bit_qlora_stack(model_and_ids):
         assert_close(fast(ids).logits, qlora(ids).logits)
 
 
-def test_load_recorder_refuses_blackmamba(model_and_ids):
-    from tunecost.errors import TunecostError
-    from tunecost.moe import ExpertLoadRecorder
+def test_expert_load_counter_counts_blackmamba_routing(model_and_ids):
+    """Tokens per expert from BlackMamba's sigmoid routers: each token goes to k experts in each MoE layer."""
+    from tunecost.profile.expert_load import ExpertLoadCounter
 
-    with pytest.raises(TunecostError, match="tokens_per_expert"):
-        ExpertLoadRecorder(model_and_ids[0])
+    model, ids = model_and_ids
+    k = model.config.experts_per_token
+    with ExpertLoadCounter(model) as counter, torch.no_grad():
+        model(ids)
+    tokens = counter.counts().tokens
+    assert tokens and all(sum(per_expert) == k * ids.numel() for per_expert in tokens.values())

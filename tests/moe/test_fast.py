@@ -1,6 +1,6 @@
 """FastExperts (core.py, grouped.py) against the reference path: PEFT LoRA on transformers' fused experts.
 
-Issue 9 acceptance 1: outputs and gradients (LoRA A and B, router, input) match within fp32 tolerance on CPU, for
+Outputs and gradients (LoRA A and B, router, input) match within fp32 tolerance on CPU, for
 top-1, top-2 and dense routing, including experts that receive no tokens.
 """
 

@@ -1,4 +1,4 @@
-"""The paper-faithful QLoRA experts (issue 4): really 4-bit, and every LoRA factor is live."""
+"""The paper-faithful QLoRA experts: really 4-bit, and every LoRA factor is live."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tunecost.errors import TunecostError
-from tunecost.profile.maxbatch import Probe, search_max_batch_size, simulated_max_batch_size
+from tunecost.profile.maxbatch import Probe, search_max_batch_size, simulated_search
 from tunecost.workload.job import FineTuneJob
 
 
@@ -22,7 +22,7 @@ def _threshold_probe(max_fit: int, seen: list[int]):
 @pytest.mark.parametrize("max_fit", [1, 2, 3, 5, 8, 13, 100])
 def test_grow_then_bisect_finds_the_largest_fitting_batch(max_fit):
     seen: list[int] = []
-    best, probes, hit = search_max_batch_size(_threshold_probe(max_fit, seen), limit=4096)
+    best, _probes, hit = search_max_batch_size(_threshold_probe(max_fit, seen), limit=4096)
     assert best == max_fit and not hit
     grow = [b for b in seen if b & (b - 1) == 0][: max_fit.bit_length() + 1]
     assert seen[: len(grow)] == [2**i for i in range(len(grow))]  # doubling first
@@ -50,10 +50,10 @@ def test_simulated_search_against_a_budget():
     def peak(j: FineTuneJob) -> int:
         return fixed + per_query * j.batch_size
 
-    result = simulated_max_batch_size(job, fixed + per_query * 6 + 1, peak_bytes_fn=peak)
+    result = simulated_search(job, fixed + per_query * 6 + 1, peak_bytes_fn=peak)
     assert result.max_batch_size == 6 and result.source == "simulated" and result.seq_len == 128
     assert result.boundary is not None and result.boundary.batch_size == 7
-    nothing = simulated_max_batch_size(job, fixed, peak_bytes_fn=peak)
+    nothing = simulated_search(job, fixed, peak_bytes_fn=peak)
     assert nothing.max_batch_size == 0 and nothing.boundary.batch_size == 1
 
 

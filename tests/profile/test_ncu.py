@@ -167,4 +167,4 @@ def test_time_weighting_keeps_batch_sizes_apart():
     assert util[(8, ALL_CLASSES)].sm_pct == pytest.approx(90.0)
     assert util[(8, ALL_CLASSES)].time_share == 1.0
     assert util[(8, K.SOFTMAX)].time_share == pytest.approx(0.5)
-    assert list(util)[0] == (1, ALL_CLASSES)  # ordered by batch size, then class name
+    assert next(iter(util)) == (1, ALL_CLASSES)  # ordered by batch size, then class name

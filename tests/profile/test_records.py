@@ -112,7 +112,7 @@ def test_point_rows_follow_the_record_format():
     assert {(r["phase"], r["expert"]) for r in rows["expert_load"]} == {
         (p, e) for p in ("before", "after") for e in range(4)
     }
-    assert [r["component"] for r in rows["layers"] if r["pass"] == "forward"][0] == "embedding"
+    assert next(r["component"] for r in rows["layers"] if r["pass"] == "forward") == "embedding"
     assert all(r["step_pass_seconds"] == (1.0 if r["pass"] == "forward" else 2.0) for r in rows["layers"])
 
 

@@ -1,11 +1,11 @@
 """max_batch_size: the search (against synthetic peaks), a real simulated answer checked independently, and the
-shortfall error when even one query does not fit (acceptance 6)."""
+shortfall error when even one query does not fit."""
 
 from __future__ import annotations
 
 import pytest
 
-from tunecost.errors import TunecostError
+from tunecost.errors import DoesNotFit
 from tunecost.simulate import batch as batch_mod
 from tunecost.simulate import max_batch_size, simulate_step, simulated_max_batch_size
 from tunecost.workload.job import FineTuneJob, LoraConfig
@@ -51,7 +51,7 @@ def test_flat_start_and_convex_memory(monkeypatch):
 
 def test_shortfall_when_batch_one_does_not_fit(monkeypatch):
     _patch(monkeypatch, lambda b: 50 * GB + b)
-    with pytest.raises(TunecostError, match=r"does not fit even at batch size 1.*short by 2\.00 GB"):
+    with pytest.raises(DoesNotFit, match=r"does not fit even at batch size 1.*short by 2\.00 GB"):
         max_batch_size(FineTuneJob(model="mixtral-8x7b"), 48 * GB)
     _patch(monkeypatch, lambda b: 60 * GB + b)  # above the A40's catalog memory (48 GiB)
     assert simulated_max_batch_size(FineTuneJob(model="mixtral-8x7b"), "a40") == 0

@@ -1,5 +1,5 @@
-"""simulate_step: layer scaling against full traces, FLOPs against a hand count (acceptance 2), weight storage
-parts, the result cache, and one-line errors for what is unsupported (acceptance 6)."""
+"""simulate_step: layer scaling against full traces, FLOPs against a hand count, weight storage
+parts, the result cache, and one-line errors for what is unsupported."""
 
 from __future__ import annotations
 
@@ -60,12 +60,12 @@ def test_scaling_with_a_dense_prefix_layer(config_path):
 def _hand_count(B, L, k, r, *, method, checkpointing):
     """Matmul FLOPs of one step of small-mixtral, written out from the config (FlopCounter conventions:
     2 FLOPs per multiply-add; attention scores over the full L x L; attention backward = 2.5 x forward)."""
-    H, I, V, NH, NKV, HD, E, N = (SMALL[x] for x in ("H", "I", "V", "NH", "NKV", "HD", "E", "N"))
+    H, FF, V, NH, NKV, HD, E, N = (SMALL[x] for x in ("H", "I", "V", "NH", "NKV", "HD", "E", "N"))
     T, S = B * L, B * L * k  # tokens, routed (token, expert) pairs
     proj = 2 * T * H * (NH * HD) + 2 * 2 * T * H * (NKV * HD) + 2 * T * (NH * HD) * H  # q, k, v, o
     sdpa = 4 * B * NH * L * L * HD
     router = 2 * T * H * E
-    experts = S * (2 * H * 2 * I + 2 * I * H)  # gate+up, down on routed tokens only
+    experts = S * (2 * H * 2 * FF + 2 * FF * H)  # gate+up, down on routed tokens only
     lm_head = 2 * T * H * V
     if method == "full":
         layer_fwd = proj + sdpa + router + experts
@@ -74,7 +74,7 @@ def _hand_count(B, L, k, r, *, method, checkpointing):
         return fwd + bwd + (N * layer_fwd if checkpointing else 0)
     # QLoRA on experts (gate, up, down) and the router: frozen bases get input gradients only
     lora_pair = lambda n_in, n_out: 2 * S * r * (n_in + n_out)  # noqa: E731  x@A then @B
-    lora = 2 * lora_pair(H, I) + lora_pair(I, H)
+    lora = 2 * lora_pair(H, FF) + lora_pair(FF, H)
     merge = 2 * E * r * H  # router LoRA: W + s * B @ A
     layer_fwd = proj + sdpa + router + experts + lora + merge
     fwd = N * layer_fwd + lm_head
@@ -83,7 +83,7 @@ def _hand_count(B, L, k, r, *, method, checkpointing):
     # backward at all, the router only its weight gradient, gate/up no input gradient, their LoRA no input
     # gradient (x@A: dA only). transformers' activation_checkpointing_enable() makes the embedding output require
     # grad (enable_input_require_grads), so with checkpointing layer 0 is like the others.
-    first = router + 2 * merge + 2 * S * I * H + 2 * (2 * S * H * r + 4 * S * r * I) + 2 * lora_pair(I, H)
+    first = router + 2 * merge + 2 * S * FF * H + 2 * (2 * S * H * r + 4 * S * r * FF) + 2 * lora_pair(FF, H)
     if checkpointing:
         first = later
     bwd = lm_head + first + (N - 1) * later
@@ -106,12 +106,12 @@ def test_flops_match_hand_count(config_path, method, checkpointing, k):
 
 
 def test_qlora_weight_storage_parts(config_path):
-    H, I, V, NH, NKV, HD, E, N = (SMALL[x] for x in ("H", "I", "V", "NH", "NKV", "HD", "E", "N"))
+    H, FF, V, NH, NKV, HD, E, N = (SMALL[x] for x in ("H", "I", "V", "NH", "NKV", "HD", "E", "N"))
     sim = simulate_step(_job(config_path, method="qlora", compute_dtype="bf16"), use_cache=False)
     w = sim.weight_bytes
-    assert w["experts/weights_4bit"] == N * E * (2 * I * H + H * I) // 2  # 0.5 byte per weight
+    assert w["experts/weights_4bit"] == N * E * (2 * FF * H + H * FF) // 2  # 0.5 byte per weight
     assert w["attention/weights_4bit"] == N * (2 * H * NH * HD + 2 * H * NKV * HD) // 2
-    blocks_per_expert = 2 * I * H // 64 + H * I // 64
+    blocks_per_expert = 2 * FF * H // 64 + H * FF // 64
     assert w["experts/quant_constants"] >= N * E * blocks_per_expert  # one 8-bit absmax per 64 weights + more
     assert w["embedding/frozen_weights"] == w["lm_head/loss/frozen_weights"] == V * H * 2  # bf16, unquantized
     assert w["router/frozen_weights"] == N * E * H * 2

@@ -4,7 +4,14 @@ import pytest
 import torch
 
 from tunecost.models.tiny import build_tiny_mixtral
-from tunecost.train.finetune import IGNORE_INDEX, OptimConfig, causal_lm_loss, make_batches, make_optimizer, train_epoch
+from tunecost.train.finetune import (
+    IGNORE_INDEX,
+    OptimConfig,
+    causal_lm_loss,
+    make_batches,
+    make_optimizer_with_schedule,
+    train_epoch,
+)
 from tunecost.workload.templates import EncodedQuery
 
 SMALL = dict(
@@ -37,7 +44,7 @@ def test_loss_matches_transformers_loss_on_response_tokens():
     model = build_tiny_mixtral(seed=0, **SMALL).eval()
     model.router_aux_loss_coef = 0.0  # compare the LM part only
     (batch,) = make_batches(QUERIES, 2, pad_id=2)
-    loss, value = causal_lm_loss(model, batch)
+    _loss, value = causal_lm_loss(model, batch)
     reference = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"]).loss
     assert value == pytest.approx(reference.item(), rel=1e-5)
     model.router_aux_loss_coef = 0.02
@@ -49,7 +56,7 @@ def test_a_few_steps_fit_a_tiny_batch():
     torch.manual_seed(0)
     model = build_tiny_mixtral(seed=0, **SMALL)
     batches = make_batches(QUERIES, 2, pad_id=2)
-    optimizer, scheduler = make_optimizer(model, OptimConfig(lr=3e-3, warmup_steps=1), total_steps=30)
+    optimizer, scheduler = make_optimizer_with_schedule(model, OptimConfig(lr=3e-3, warmup_steps=1), total_steps=30)
     first = train_epoch(model, batches, optimizer, scheduler)
     for _ in range(25):
         last = train_epoch(model, batches, optimizer, scheduler)

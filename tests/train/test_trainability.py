@@ -150,7 +150,7 @@ def test_cli_trainability_json(tmp_path):
 
 @pytest.mark.slow
 def test_tiny_moe_learns_the_embedded_task_dense_and_sparse(tmp_path):
-    """Acceptance (issue 6): near-chance -> >= 80 % within 10 epochs for top-2 and dense, on CPU."""
+    """Near-chance -> >= 80 % within 10 epochs for top-2 and dense, on CPU."""
     start = time.perf_counter()
     rows = run_trainability(TrainabilityJob(), tmp_path)
     seconds = time.perf_counter() - start

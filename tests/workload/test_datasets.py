@@ -8,12 +8,12 @@ from typer.testing import CliRunner
 
 from tunecost.errors import TunecostError
 from tunecost.workload.datasets import (
-    DATA_DIR_ENV,
     gsm8k_reference_answer,
     load_dataset,
     parse_columns,
     rows_to_dataset,
 )
+from tunecost.workload.known_datasets import DATA_DIR_ENV
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
 

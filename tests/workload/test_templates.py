@@ -23,7 +23,7 @@ def tok():
 
 def test_none_is_plain_text_with_bos_and_no_eos(tok):
     q = encode_query(template_by_name("none"), tok, PROMPT, RESPONSE)
-    assert list(q.ids) == [tok.bos_id] + tok.encode(PROMPT + RESPONSE)
+    assert list(q.ids) == [tok.bos_id, *tok.encode(PROMPT + RESPONSE)]
     assert q.ids[-1] != tok.eos_id
     assert q.num_prompt_tokens == 1 + len(tok.encode(PROMPT))
     assert list(q.ids[: q.num_prompt_tokens]) == encode_prompt(template_by_name("none"), tok, PROMPT)

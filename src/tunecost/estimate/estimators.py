@@ -20,12 +20,10 @@ from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS, load_measurem
 from tunecost.estimate.paper import (
     EQ1_ARTIFACT_SEQ_LEN,
     EQ1_COEFFICIENTS,
+    PAPER_METHOD,
     max_batch_size_eq1,
     sparsity_fraction,
 )
-
-# The setup the paper measured each model in; its coefficients apply to that method only.
-PAPER_METHOD = {"mixtral-8x7b": "qlora", "blackmamba-2.8b": "full"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,11 +74,7 @@ def _load_plugins() -> None:
     import importlib
 
     for module in ("tunecost.estimate.simulated", "tunecost.estimate.calibrated"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
+        importlib.import_module(module)
 
 
 def estimator_names() -> dict[str, str]:

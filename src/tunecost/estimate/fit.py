@@ -1,6 +1,6 @@
 """Fitting eq. (2) to throughput measurements with scipy, one fit per (model, dataset, GPU) group.
 
-Two forms (../shared/paper/README.md):
+Two forms (the paper's eq. (2) and the one its artifact fits):
 - "artifact": q = a + b * log(B) / (sparsity * c3), c3 fixed per model (1.8 Mixtral, 2.5 BlackMamba);
   only b/c3 is identifiable, so c3 is a convention and a, b are fitted.
 - "printed": q = C2 * log(B / (sparsity * C3)) + C4. C3 and C4 cannot both be identified from data

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 from tunecost.errors import TunecostError
 
+# The setup the paper measured each model in (§III); its coefficients and throughputs apply to that method only.
+PAPER_METHOD = {"mixtral-8x7b": "qlora", "blackmamba-2.8b": "full"}
+
 
 @dataclass(frozen=True, kw_only=True)
 class BatchSizeCoefficients:
@@ -23,7 +26,7 @@ class BatchSizeCoefficients:
 
 
 # Eq. (1) coefficient sets. "text": printed in §V-A; "artifact": used by the artifact's Fig. 13 projection
-# (../shared/paper/README.md). Model memory from Table I.
+# (its Fig. 13 projection script). Model memory from Table I.
 EQ1_COEFFICIENTS: dict[tuple[str, str], BatchSizeCoefficients] = {
     ("mixtral-8x7b", "text"): BatchSizeCoefficients(
         c0=82, c1=0.95, model_memory_gb=23.35, source="paper §V-A text; Table I"
@@ -37,7 +40,7 @@ EQ1_COEFFICIENTS: dict[tuple[str, str], BatchSizeCoefficients] = {
 }
 EQ1_ARTIFACT_SEQ_LEN = 512  # the sequence length the artifact's projection used
 
-# Eq. (2), artifact form: the fixed MoE attenuation c3 per model (../shared/paper/README.md).
+# Eq. (2), artifact form: the fixed MoE attenuation c3 per model (its eq. (2) fitting script).
 EQ2_ARTIFACT_C3: dict[str, float] = {"mixtral-8x7b": 1.8, "blackmamba-2.8b": 2.5}
 
 

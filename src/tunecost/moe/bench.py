@@ -185,7 +185,7 @@ def bench_moe_layer(
     from transformers import MixtralConfig
     from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
 
-    from tunecost.profile.model_setup import check_device
+    from tunecost.workload.device import check_device
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     check_device(device)

@@ -13,6 +13,8 @@ renormalisation, no aux loss, and `local_experts[e]` with `linear_fc1` (H -> 2F,
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -25,7 +27,8 @@ from tunecost.moe.spec import LoraSpec
 _STATE_ATTR = "_tunecost_experts"
 
 
-def moe_mixers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+def moe_mixers(model: nn.Module) -> list[tuple[str, Any]]:
+    """(name, mixer) of every BlackMamba MoE mixer (stock or fast, used by attribute)."""
     return [(name, m) for name, m in model.named_modules() if isinstance(m, MoEMixer)]
 
 
@@ -51,7 +54,7 @@ class FastMoEMixer(MoEMixer):
         return out, (router_logits, self.experts.last_tokens_per_expert)
 
 
-def _unwrap_linear(module: nn.Module) -> nn.Module:
+def _unwrap_linear(module: nn.Module) -> Any:
     return module.base_layer if isinstance(module, LoraLinear) else module
 
 
@@ -68,7 +71,7 @@ def _linear_weight(module: nn.Module, merge_lora: bool) -> torch.Tensor:
     return weight
 
 
-def _stacked(mixer: nn.Module, merge_lora: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+def _stacked(mixer: Any, merge_lora: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     if isinstance(mixer, FastMoEMixer):
         return mixer.experts.dense_weights(merge_lora=merge_lora)
     experts = mixer.local_experts
@@ -79,13 +82,13 @@ def _stacked(mixer: nn.Module, merge_lora: bool = False) -> tuple[torch.Tensor, 
     return fc1, fc2
 
 
-def _lora_router(router: nn.Module, lora: LoraSpec | None) -> nn.Module:
+def _lora_router(router: Any, lora: LoraSpec | None) -> nn.Module:
     if lora is None or not lora.on_router:
         return router
     return LoraLinear(router, rank=lora.rank, alpha=lora.alpha, dtype=router.weight.dtype)
 
 
-def _plain_linear(module: nn.Module, merge_lora: bool) -> nn.Linear:
+def _plain_linear(module: Any, merge_lora: bool) -> nn.Linear:
     base = _unwrap_linear(module)
     weight = _linear_weight(module, merge_lora)
     bias = getattr(base, "bias", None)
@@ -111,13 +114,15 @@ def uninstall_blackmamba(model: nn.Module, *, merge_lora: bool = False) -> nn.Mo
         parent_name, _, child = name.rpartition(".")
         if isinstance(mixer, FastMoEMixer):
             fc1, fc2 = _stacked(mixer, merge_lora)
-            restored = MoEMixer(model.config, mixer.layer_idx)
+            config: Any = model.config  # a BlackMambaConfig, also when reached through a PEFT wrapper
+            restored = MoEMixer(config, mixer.layer_idx)
             restored.experts_per_token = mixer.experts_per_token
             restored.router = _plain_linear(mixer.router, merge_lora)
             restored.to(device=fc1.device, dtype=fc1.dtype)
             trainable = bool(getattr(mixer.experts, "gate_up_proj", fc1).requires_grad)
             with torch.no_grad():
                 for e, expert in enumerate(restored.local_experts):
+                    assert isinstance(expert, BlackMambaExpert)
                     expert.linear_fc1.weight.copy_(fc1[e])
                     expert.linear_fc2.weight.copy_(fc2[e])
                     expert.requires_grad_(trainable)
@@ -152,15 +157,15 @@ def install_blackmamba(
         return
     if lora is not None and lora.expert_layout == "per-projection" and impl != "qlora-linear4bit":
         raise TunecostError("BlackMamba's linear_fc1 is one fused projection: use the fused LoRA layout")
-    on_experts = lora is not None and lora.on_experts
+    expert_lora = lora if lora is not None and lora.on_experts else None
     for name, mixer in mixers:
         if impl == "qlora-linear4bit":
             for expert in mixer.local_experts:
                 for proj in ("linear_fc1", "linear_fc2"):
                     weight = getattr(expert, proj).weight
                     layer = make_linear4bit(weight)
-                    if on_experts:
-                        layer = LoraLinear(layer, rank=lora.rank, alpha=lora.alpha, dtype=weight.dtype)
+                    if expert_lora is not None:
+                        layer = LoraLinear(layer, rank=expert_lora.rank, alpha=expert_lora.alpha, dtype=weight.dtype)
                     setattr(expert, proj, layer)
             mixer.router = _lora_router(mixer.router, lora)
             continue
@@ -169,7 +174,7 @@ def install_blackmamba(
             fc1,
             fc2,
             activation="gelu",
-            lora_rank=lora.rank if on_experts else None,
+            lora_rank=expert_lora.rank if expert_lora is not None else None,
             lora_alpha=lora.alpha if lora is not None else 32,
             quantize_4bit=quantize_4bit,
             keep_dequantized=keep_dequantized,
@@ -204,7 +209,13 @@ def _install_peft_linear(model: nn.Module, mixers, lora: LoraSpec) -> None:
     requires_grad = {id(p): p.requires_grad for p in model.parameters()}
     had_config = hasattr(model, "peft_config")
     inject_adapter_in_model(
-        LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=targets), model
+        LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft annotates int; it only divides by it
+            lora_dropout=0.0,
+            target_modules=targets,
+        ),
+        model,
     )
     if not had_config and hasattr(model, "peft_config"):
         del model.peft_config

@@ -7,19 +7,21 @@ For the rows (token, expert) sorted by expert, with frozen base weights W and Lo
     y = a W_d^T + s (a A_d^T) B_d^T              (rows, H)
 
 W + s B A is never built. The backward is written out by hand (`_ExpertMLP`) so that it computes exactly what
-training needs: input gradients through W, gradients for A and B from the routed rows, none for a frozen W. It
-keeps x, h, act(h_gate) and the two rank-r products; the gated product is recomputed, and the backward runs over
-about half the rows (whole experts) at a time, so its (rows, 2I) and (rows, I) gradients exist for half the rows
-only. LoRA terms are accumulated in place (`grouped_addmm_`). Each phase, forward and backward, runs in a
+training needs: input gradients through W, gradients for A and B from the routed rows, none for a frozen W. It keeps
+x, h, act(h_gate) and the two rank-r products; the gated product is recomputed, and the backward runs over about
+half the rows (whole experts) at a time, so its (rows, 2I) and (rows, I) gradients exist for half the rows only.
+LoRA terms are accumulated in place (`grouped_addmm_`). Each phase, forward and backward, runs in a
 `record_function` range named as `tunecost.profile.nvtx` names them (w1w3, w2, lora, act, dequant). Base weights
-come from a `BaseWeights` object: dense parameters, or NF4 stacks de-quantized for the experts that received tokens only, once per
-forward, then kept for the backward where memory allows (by default: when the forward is a gradient-checkpointing
-recomputation, i.e. one layer at a time) and otherwise de-quantized again in the backward; whenever they are not kept,
-forward and backward de-quantize one expert range and one matrix at a time (a fraction of the block in full precision).
+come from a `BaseWeights` object: dense parameters, or NF4 stacks de-quantized for the experts that received tokens
+only, once per forward, then kept for the backward where memory allows (by default: when the forward is a
+gradient-checkpointing recomputation, i.e. one layer at a time) and otherwise de-quantized again in the backward;
+whenever they are not kept, forward and backward de-quantize one expert range and one matrix at a time (a fraction
+of the block in full precision).
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -34,12 +36,13 @@ from tunecost.moe.grouped import (
     groups_from_counts,
 )
 from tunecost.moe.nf4 import NF4ExpertWeights
+from tunecost.profile import ranges
 
 ACTIVATIONS: tuple[str, ...] = ("silu", "gelu", "gelu_tanh")
-# torch.profiler / NVTX range names, the same strings as tunecost.profile.nvtx (W1W3, W2, LORA, ACTIVATION,
-# DEQUANT) so its kernel classifier reads them; forward and backward work carry the same name.
-W1W3_RANGE, W2_RANGE = "tunecost.moe.w1w3", "tunecost.moe.w2"
-LORA_RANGE, ACT_RANGE, DEQUANT_RANGE = "tunecost.moe.lora", "tunecost.moe.act", "tunecost.moe.dequant"
+# torch.profiler / NVTX range names (tunecost.profile.ranges), so the kernel classifier reads the experts' own work;
+# forward and backward work carry the same name.
+W1W3_RANGE, W2_RANGE = ranges.W1W3, ranges.W2
+LORA_RANGE, ACT_RANGE, DEQUANT_RANGE = ranges.LORA, ranges.ACTIVATION, ranges.DEQUANT
 _BACKWARD_CHUNKS = 2
 
 
@@ -294,7 +297,7 @@ def _row_chunks(routing: Routing, base: BaseWeights):
         if ends[expert] >= target * len(cuts):
             cuts.append(position + 1)
     cuts.append(len(hit))
-    for first, last in zip(cuts[:-1], cuts[1:]):
+    for first, last in itertools.pairwise(cuts):
         if first == last:
             continue
         e0, e1 = hit[first], hit[last - 1] + 1

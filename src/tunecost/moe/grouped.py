@@ -21,6 +21,14 @@ from dataclasses import dataclass
 import torch
 
 _GROUPED_MM = getattr(torch.nn.functional, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+
+
+def _grouped_mm(a: torch.Tensor, b: torch.Tensor, *, offs: torch.Tensor) -> torch.Tensor:
+    """torch's grouped GEMM; only called once `can_use_grouped_mm` found it (so it exists)."""
+    assert _GROUPED_MM is not None
+    return _GROUPED_MM(a, b, offs=offs)
+
+
 _PROBED: dict[tuple[str, torch.dtype], bool] = {}
 _FORCE_LOOP = False
 
@@ -84,8 +92,8 @@ def _probe(device: torch.device, dtype: torch.dtype) -> bool:
                 a = torch.ones(8, 16, device=device, dtype=dtype)
                 w = torch.ones(2, 16, 8, device=device, dtype=dtype)
                 offs = torch.tensor([3, 8], dtype=torch.int32, device=device)
-                out = _GROUPED_MM(a, w, offs=offs)
-                wgrad = _GROUPED_MM(a.t(), a, offs=offs)
+                out = _grouped_mm(a, w, offs=offs)
+                wgrad = _grouped_mm(a.t(), a, offs=offs)
                 ok = bool(torch.all(out == 16)) and tuple(wgrad.shape) == (2, 16, 16)
             except (RuntimeError, NotImplementedError, TypeError):
                 ok = False
@@ -114,7 +122,7 @@ def grouped_matmul(x: torch.Tensor, w: torch.Tensor, groups: Groups) -> torch.Te
     if groups.num_rows != x.shape[0]:
         raise AssertionError(f"groups cover {groups.num_rows} rows, tensor has {x.shape[0]}")
     if can_use_grouped_mm(x, w):
-        return _GROUPED_MM(x, w, offs=groups.offsets)
+        return _grouped_mm(x, w, offs=groups.offsets)
     out = x.new_empty(x.shape[0], w.shape[-1])
     for group, start, end in groups.bounds():
         torch.mm(x[start:end], w[group], out=out[start:end])
@@ -126,7 +134,7 @@ def grouped_matmul_wgrad(a: torch.Tensor, b: torch.Tensor, groups: Groups) -> to
 
     This is the weight gradient of `grouped_matmul`: dW[g] = x_g^T dy_g."""
     if can_use_grouped_mm(a, b):
-        return _GROUPED_MM(a.t(), b, offs=groups.offsets)
+        return _grouped_mm(a.t(), b, offs=groups.offsets)
     out = a.new_zeros(groups.num_groups, a.shape[1], b.shape[1])
     for group, start, end in groups.bounds():
         torch.mm(a[start:end].t(), b[start:end], out=out[group])
@@ -141,7 +149,7 @@ def grouped_addmm_(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, groups: 
     rank-16 product itself (measured, fp32, one thread: 8192 x 16 @ 16 x 3584 by expert into one fresh
     (8192, 3584) tensor 82.8 ms; the same eight products as separate 1024-row outputs 14.9 ms)."""
     if out.device.type != "cpu" and can_use_grouped_mm(x, w):
-        return out.add_(_GROUPED_MM(x, w, offs=groups.offsets), alpha=alpha)
+        return out.add_(_grouped_mm(x, w, offs=groups.offsets), alpha=alpha)
     for group, start, end in groups.bounds():
         out[start:end].addmm_(x[start:end], w[group], alpha=alpha)
     return out

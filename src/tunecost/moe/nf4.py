@@ -19,6 +19,13 @@ from tunecost.errors import TunecostError
 class NF4ExpertWeights(nn.Module):
     """Frozen (E, N, K) expert weights in NF4. Bytes per weight: 0.5 + quantization constants."""
 
+    packed: torch.Tensor
+    absmax: torch.Tensor
+    code: torch.Tensor
+    absmax2: torch.Tensor | None
+    code2: torch.Tensor | None
+    offset: torch.Tensor | None
+
     def __init__(
         self,
         packed: torch.Tensor,

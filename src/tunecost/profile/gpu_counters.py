@@ -38,7 +38,8 @@ from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_json, atomic_write_text, read_jsonl
 from tunecost.profile.kernels import classify_cpu_op, classify_kernel
 from tunecost.profile.ncu import DEFAULT_METRICS, KernelCounterRow, parse_ncu_csv_file, time_weighted_utilization
-from tunecost.profile.nvtx import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, RANGE_PREFIX, is_moe_work
+from tunecost.profile.ranges import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, RANGE_PREFIX, is_moe_work
+from tunecost.results.records import SCHEMA_VERSION
 
 NO_CUDA_MESSAGE = (
     "no CUDA GPU: gpu-counters needs an NVIDIA GPU and Nsight Compute (ncu); on a CPU machine use "
@@ -275,8 +276,8 @@ def run_child(
     `warmup_steps` unlabelled then `steps` labelled steps; with mode "torch-profiler", return the kernel rows."""
     import torch
 
+    from tunecost.profile.instrument import instrument_model
     from tunecost.profile.model_setup import ModelSetup, build_training_model
-    from tunecost.profile.nvtx import instrument_model
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     setup = ModelSetup(
@@ -378,7 +379,7 @@ def _row_from_dict(data: dict[str, Any]) -> KernelCounterRow:
 
 def _record(job: GpuCountersJob, row: KernelCounterRow, device: str) -> dict[str, Any]:
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "kind": "counters",
         "point_id": job.point_id(row.batch_size or 0),
         "model": job.model,
@@ -414,7 +415,7 @@ def _write_results(
     atomic_write_json(
         out_dir / "utilization.json",
         {
-            "schema_version": 1,
+            "schema_version": SCHEMA_VERSION,
             "kind": "utilization",
             "model": job.model,
             "method": job.method,

@@ -4,8 +4,9 @@
   optimizer state exists) on the longest batch the input can produce; `torch.OutOfMemoryError` is caught, memory
   released (gc + empty_cache) and the probe recorded as a boundary. A cap below the device's memory emulates a
   smaller GPU (`torch.cuda.set_per_process_memory_fraction`).
-- CPU (`simulated_max_batch_size`): the same search where a probe asks the step simulator (`tunecost.simulate`)
-  whether the step's simulated peak fits a memory budget (a GPU's memory).
+- CPU (`simulated_search`): the step simulator's search (`tunecost.simulate.batch.search_boundary`: a simulated
+  peak is nearly affine in the batch size, so a line through two simulations finds the boundary in a few), each
+  probe asking whether the simulated peak fits a memory budget (a GPU's memory).
 
 A search that fails at batch size 1 returns 0 with the failing probe: nothing fits, which is a result.
 """
@@ -30,7 +31,7 @@ class Probe:
 
 
 @dataclass(frozen=True, kw_only=True)
-class MaxBatchResult:
+class MaxBatchSearch:
     max_batch_size: int  # 0: not even batch size 1 fits
     probes: tuple[Probe, ...]
     memory_bytes: int | None  # the budget searched against
@@ -98,7 +99,7 @@ def measured_max_batch_size(
     limit: int = 4096,
     router_aux_loss: bool = True,
     on_probe: Callable[[Probe], None] | None = None,
-) -> MaxBatchResult:
+) -> MaxBatchSearch:
     """Search on the GPU with real training steps on `source.longest_batch(b)` (see module docstring)."""
     import torch
 
@@ -112,9 +113,7 @@ def measured_max_batch_size(
     total = torch.cuda.get_device_properties(index).total_memory
     if memory_bytes is not None:
         if memory_bytes > total:
-            raise TunecostError(
-                f"memory budget {format_bytes(memory_bytes)} exceeds this GPU's {format_bytes(total)}"
-            )
+            raise TunecostError(f"memory budget {format_bytes(memory_bytes)} exceeds this GPU's {format_bytes(total)}")
         torch.cuda.set_per_process_memory_fraction(memory_bytes / total, index)
     model = prepared.model
     clock = make_clock(device)
@@ -143,7 +142,7 @@ def measured_max_batch_size(
     finally:
         if memory_bytes is not None:
             torch.cuda.set_per_process_memory_fraction(1.0, index)
-    return MaxBatchResult(
+    return MaxBatchSearch(
         max_batch_size=best,
         probes=tuple(probes),
         memory_bytes=memory_bytes or total,
@@ -157,30 +156,35 @@ def measured_max_batch_size(
 # -------------------------------------------------------------------------------------------------- CPU
 
 
-def simulated_max_batch_size(
+def simulated_search(
     job: Any,
     memory_bytes: int,
     *,
     limit: int = 4096,
     peak_bytes_fn: Callable[[Any], int] | None = None,
     on_probe: Callable[[Probe], None] | None = None,
-) -> MaxBatchResult:
-    """The same search against `memory_bytes`, each probe the simulated peak of `job` at that batch size."""
+) -> MaxBatchSearch:
+    """The simulator's search against `memory_bytes`, each probe the simulated peak of `job` at that batch size."""
+    from tunecost.simulate.batch import search_boundary
+
     peak_of = peak_bytes_fn or simulator_peak_bytes
 
-    def probe(b: int) -> Probe:
+    def need(b: int) -> int:
         peak = int(peak_of(job.with_(batch_size=b)))
-        return Probe(batch_size=b, fits=peak <= memory_bytes, peak_bytes=peak)
+        if on_probe:
+            on_probe(Probe(batch_size=b, fits=peak <= memory_bytes, peak_bytes=peak))
+        return peak
 
-    best, probes, hit = search_max_batch_size(probe, limit=limit, on_probe=on_probe)
-    return MaxBatchResult(
+    best, needs = search_boundary(need, memory_bytes, first=1, max_batch=limit)
+    probes = tuple(Probe(batch_size=b, fits=n <= memory_bytes, peak_bytes=n) for b, n in needs.items())
+    return MaxBatchSearch(
         max_batch_size=best,
-        probes=tuple(probes),
+        probes=probes,
         memory_bytes=memory_bytes,
         source="simulated",
         estimator=getattr(peak_of, "estimator", "tunecost.simulate step simulator"),
         seq_len=job.worst_case_seq_len,
-        hit_limit=hit,
+        hit_limit=best == limit,
     )
 
 
@@ -208,7 +212,7 @@ def find_max_batch_size(
     memory_bytes: int | None = None,
     limit: int = 4096,
     on_probe: Callable[[Probe], None] | None = None,
-) -> MaxBatchResult:
+) -> MaxBatchSearch:
     """Measured search on CUDA (`setup.device`), simulated search against `memory_bytes` elsewhere.
 
     setup: a `tunecost.profile.model_setup.ModelSetup`; inputs: a `tunecost.profile.sweep.InputSpec` with one
@@ -251,10 +255,10 @@ def find_max_batch_size(
         lengths=lengths,
         dataset=inputs.dataset,
     )
-    return simulated_max_batch_size(job, memory_bytes, limit=limit, on_probe=on_probe)
+    return simulated_search(job, memory_bytes, limit=limit, on_probe=on_probe)
 
 
-def max_batch_row(result: MaxBatchResult, setup: Any, inputs: Any, *, gpu: str | None = None) -> dict[str, Any]:
+def max_batch_row(result: MaxBatchSearch, setup: Any, inputs: Any, *, gpu: str | None = None) -> dict[str, Any]:
     """The `max_batch.jsonl` row (docs/dev/records.md) of a search, with every probe."""
     from tunecost.profile.model_setup import resolve_profile_model
     from tunecost.profile.point import point_id

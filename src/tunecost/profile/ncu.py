@@ -213,7 +213,7 @@ def _parse_raw(lines: list[tuple[int, list[str]]], batch_size: int | None) -> tu
             errors.append(f"line {number}: expected {len(header)} fields, got {len(fields)}")
             continue
 
-        def value(key: str, convert) -> float | None:
+        def value(key: str, convert, fields: list[str] = fields) -> float | None:
             col = cols[key]
             return None if col is None else convert(fields[col], units[col])
 
@@ -259,7 +259,7 @@ def _parse_details(lines: list[tuple[int, list[str]]], batch_size: int | None) -
     for launch in launches.values():
         metrics, fields = launch["metrics"], launch["fields"]
 
-        def value(key: str, convert) -> tuple[float | None, str | None]:
+        def value(key: str, convert, metrics: dict = metrics) -> tuple[float | None, str | None]:
             for alias in _ALIASES[key]:
                 if alias in metrics:
                     text, unit, _ = metrics[alias]

@@ -9,6 +9,7 @@ memory is released and the sweep goes on.
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 from collections.abc import Callable
@@ -16,13 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import set_top_k
 from tunecost.profile.expert_load import ExpertLoad, ExpertLoadCounter
 from tunecost.profile.inputs import BatchSource
 from tunecost.profile.kernel_breakdown import KernelBreakdown, profile_kernels
 from tunecost.profile.layers import LayerTimer, LayerTimes
 from tunecost.profile.loop import DEFAULT_LR, StepResult, TrainableSnapshot, forward_only, make_optimizer, train_step
 from tunecost.profile.memory import PeakMemory, PeakMemoryMeter
-from tunecost.profile.model_setup import PreparedModel, set_experts_per_token
+from tunecost.profile.model_setup import PreparedModel
 from tunecost.profile.timers import StepTimes, make_clock, median_step_index
 
 ProgressFn = Callable[[int, int, str], None]
@@ -148,7 +150,7 @@ def measure_point(
     model, device = prepared.model, workload.device
     t_start = time.perf_counter()
     batches_cpu = source.batches(workload.batch_size, options.steps)  # raises on a too-small dataset
-    set_experts_per_token(model, workload.experts_per_token)
+    set_top_k(model, workload.experts_per_token)
     if snapshot is not None:
         snapshot.restore()
     result = PointMeasurement(
@@ -172,7 +174,7 @@ def measure_point(
             step(batches[0], None)
         _measure_steps(result, model, clock, step, batches, options, on_step)
         if options.kernels:
-            result.kernels = profile_kernels(lambda: step(batches[0], None), model, device=device)
+            result.kernels = profile_kernels(functools.partial(step, batches[0], None), model, device=device)
         if counter is not None:
             result.load_after = _expert_load(model, counter, batches)
     except Exception as exc:

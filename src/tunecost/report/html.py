@@ -17,7 +17,8 @@ from tunecost.report.records import RunRecords, load_run
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;
 color:#222;line-height:1.45}
-h1{font-size:1.6em;margin-bottom:.2em}h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:.2em}
+h1{font-size:1.6em;margin-bottom:.2em}
+h2{font-size:1.2em;margin-top:2em;border-bottom:1px solid #ddd;padding-bottom:.2em}
 .caption{color:#444;font-size:.92em}.omitted{color:#777;font-style:italic}
 img{max-width:100%;height:auto;border:1px solid #eee}
 table{border-collapse:collapse;font-size:.85em;margin:.6em 0;display:block;overflow-x:auto}

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunecost.errors import TunecostError
+from tunecost.errors import DoesNotFit
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.simulator import StepSimulation, simulate_step
 from tunecost.units import format_bytes
@@ -71,7 +71,7 @@ def max_batch_size(
     use_cache: bool = True,
     on_progress: Callable[[int, int, str], None] | None = None,
 ) -> MaxBatchResult:
-    """Largest B with simulated peak(B) + device overhead <= gpu_memory_bytes; TunecostError when B=1 does not fit."""
+    """Largest B with simulated peak(B) + device overhead <= gpu_memory_bytes; `DoesNotFit` when B=1 does not fit."""
     start = time.perf_counter()
     sims: dict[int, StepSimulation] = {}
 
@@ -88,38 +88,15 @@ def max_batch_size(
             )
         return _need(sims[b])
 
-    lo, hi = 0, None  # lo fits; hi (when known) does not
-    first = min(max_batch, max(1, job.batch_size))  # the job's own batch: usually simulated already (cached)
-    if first > 1:
-        if need(first) <= gpu_memory_bytes:
-            lo = first
-        else:
-            hi = first
+    lo, _ = search_boundary(need, gpu_memory_bytes, first=job.batch_size, max_batch=max_batch)
     if lo == 0:
-        n1 = need(1)
-        if n1 > gpu_memory_bytes:
-            s = sims[1]
-            raise TunecostError(
-                f"{s.model} ({job.method}, {s.seq_len} tokens per query) does not fit even at batch size 1: needs "
-                f"{format_bytes(n1)} ({format_bytes(s.peak_bytes)} simulated peak + "
-                f"{format_bytes(s.device_overhead_bytes)} device overhead) but the GPU has "
-                f"{format_bytes(gpu_memory_bytes)}: short by {format_bytes(n1 - gpu_memory_bytes)}"
-            )
-        lo = 1
-    if hi is not None:
-        probe, predicted = _next_probe(need, sorted(sims), lo, hi, gpu_memory_bytes, max_batch)
-    else:
-        probe, predicted = min(max_batch, 2 * lo), None
-    while probe is not None and probe <= max_batch:
-        fits = need(probe) <= gpu_memory_bytes
-        if fits:
-            lo = probe
-        else:
-            hi = probe
-        if fits and probe == predicted and (hi is None or probe + 1 < hi):
-            probe, predicted = probe + 1, None  # the line was right so far: confirm the boundary
-            continue
-        probe, predicted = _next_probe(need, sorted(sims), lo, hi, gpu_memory_bytes, max_batch)
+        s, n1 = sims[1], need(1)
+        raise DoesNotFit(
+            f"{s.model} ({job.method}, {s.seq_len} tokens per query) does not fit even at batch size 1: needs "
+            f"{format_bytes(n1)} ({format_bytes(s.peak_bytes)} simulated peak + "
+            f"{format_bytes(s.device_overhead_bytes)} device overhead) but the GPU has "
+            f"{format_bytes(gpu_memory_bytes)}: short by {format_bytes(n1 - gpu_memory_bytes)}"
+        )
     best = sims[lo]
     above = [b for b in sims if b > lo]
     other = min(above) if above else max((b for b in sims if b < lo), default=lo)
@@ -137,6 +114,50 @@ def max_batch_size(
         seconds_taken=time.perf_counter() - start,
         assumptions=best.assumptions,
     )
+
+
+def search_boundary(
+    need: Callable[[int], int], budget: int, *, first: int = 1, max_batch: int = MAX_BATCH
+) -> tuple[int, dict[int, int]]:
+    """Largest batch size B <= max_batch with need(B) <= budget (0 when B = 1 does not fit), and every need asked.
+
+    Assumes need(B) grows with B. Starts at `first` (clamped to 1..max_batch), then simulates where the line
+    through the two simulations nearest the boundary reaches the budget, and confirms the boundary (B fits,
+    B + 1 does not) unless B is `max_batch`.
+    """
+    needs: dict[int, int] = {}
+
+    def asked(b: int) -> int:
+        if b not in needs:
+            needs[b] = need(b)
+        return needs[b]
+
+    lo, hi = 0, None  # lo fits; hi (when known) does not
+    first = min(max_batch, max(1, first))  # the job's own batch: usually simulated already (cached)
+    if first > 1:
+        if asked(first) <= budget:
+            lo = first
+        else:
+            hi = first
+    if lo == 0:
+        if asked(1) > budget:
+            return 0, needs
+        lo = 1
+    if hi is not None:
+        probe, predicted = _next_probe(asked, sorted(needs), lo, hi, budget, max_batch)
+    else:
+        probe, predicted = min(max_batch, 2 * lo), None
+    while probe is not None and probe <= max_batch:
+        fits = asked(probe) <= budget
+        if fits:
+            lo = probe
+        else:
+            hi = probe
+        if fits and probe == predicted and (hi is None or probe + 1 < hi):
+            probe, predicted = probe + 1, None  # the line was right so far: confirm the boundary
+            continue
+        probe, predicted = _next_probe(asked, sorted(needs), lo, hi, budget, max_batch)
+    return lo, needs
 
 
 def _next_probe(
@@ -167,10 +188,8 @@ def fitting_batch_size(job: FineTuneJob, gpu_memory_bytes: int, *, stack: str = 
     """Largest batch of `job` that fits `gpu_memory_bytes`, 0 when not even one query fits (not an error)."""
     try:
         return max_batch_size(job, gpu_memory_bytes, stack=stack).batch_size
-    except TunecostError as exc:
-        if "does not fit even at batch size 1" in str(exc):
-            return 0
-        raise
+    except DoesNotFit:
+        return 0
 
 
 def simulated_max_batch_size(job: FineTuneJob, gpu, *, stack: str = DEFAULT_STACK) -> int:

@@ -1,5 +1,5 @@
 """The paper's 2024 software stack, as far as it changes memory: transformers 4.40 + PEFT 0.7 + bitsandbytes 0.42
-under LLaMA-Factory (the artifact's versions; see ../shared/notes/stack-facts.md).
+under LLaMA-Factory, with torch 2.1 (the versions the paper used).
 
 - Experts were one module per expert (`w1`, `w3`, `w2` as bitsandbytes `Linear4bit`, each wrapped by PEFT's LoRA
   `Linear4bit`) and the MoE block looped over experts, gathering each expert's tokens (`hidden[top_x]`), then

@@ -61,7 +61,7 @@ class _FusedMambaInner(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
-        (xz, conv_w, conv_b, x_dbl, x_proj_w, dt_proj_w, out_proj_w, A, B, C, D, dt_bias, states, out) = (
+        (xz, conv_w, conv_b, x_dbl, x_proj_w, dt_proj_w, out_proj_w, A, B, C, D, dt_bias, states, _out) = (
             ctx.saved_tensors
         )
         b, two_d, seqlen = xz.shape

@@ -2,7 +2,7 @@
 recorder: PyTorch's CPU allocator reports every allocation and free to the profiler
 (`torch.profiler.profile(profile_memory=True)`); the running sum of those events, plus the bytes alive before
 the profiled step (parameters, buffers, optimizer states and the batch, summed over distinct storages), is the
-peak. Used by the acceptance benchmark and tests; tiny models only (real weights in fp32 on the CPU).
+peak. Used by benchmarks/bench_memory.py and the tests; tiny models only (real weights in fp32 on the CPU).
 """
 
 from __future__ import annotations

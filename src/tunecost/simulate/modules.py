@@ -6,7 +6,7 @@
 - `SimExperts`: a drop-in for transformers' fused experts (`gate_up_proj` (E, 2I, H), `down_proj` (E, H, I)) with
   frozen or 4-bit weights and split LoRA on gate, up and down per expert, on the routed tokens only. Its data
   flow mirrors transformers' `grouped_mm_experts_forward` (sort by expert, gather, grouped GEMMs, weight, restore).
-- `LoraRouter`: LoRA on a router's bare `weight` (E, H): W + s * B @ A, which is tiny (E x H), then the router's
+- `SimLoraRouter`: LoRA on a router's bare `weight` (E, H): W + s * B @ A, which is tiny (E x H), then the router's
   own forward via `torch.func.functional_call`.
 
 LoRA factors are fp32 parameters (as PEFT under LLaMA-Factory keeps them) cast to the compute dtype in forward,
@@ -179,7 +179,7 @@ class SimExperts(nn.Module):
         return final.to(hidden_states.dtype)
 
 
-class LoraRouter(nn.Module):
+class SimLoraRouter(nn.Module):
     """LoRA on a router's `weight` (E, H): the router's own forward with W + s * B @ A."""
 
     def __init__(

@@ -17,13 +17,13 @@ from torch import nn
 
 from tunecost.catalog.models import ModelSpec, resolve_model
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import SUPPORTED_FAMILIES, decoder_layers
 from tunecost.simulate.hf2024 import Loop2024Experts
-from tunecost.simulate.modules import LoraRouter, SimExperts, SimLinear
+from tunecost.simulate.modules import SimExperts, SimLinear, SimLoraRouter
 from tunecost.simulate.quant4bit import Quantized4bit, QuantSpec
 from tunecost.simulate.recorder import LayerPlan
 from tunecost.workload.job import STACKS, FineTuneJob
 
-SIMULATED_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v2", "llama", "mistral", "blackmamba")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 _QUANT_BUFFERS = {"packed": "weights_4bit"}
@@ -51,10 +51,10 @@ def check_supported(job: FineTuneJob, spec: ModelSpec, stack: str) -> None:
     """Raise a one-line TunecostError naming exactly what is unsupported."""
     if stack not in STACKS:
         raise TunecostError(f"unsupported software stack {stack!r}; supported: {', '.join(STACKS)}")
-    if spec.family not in SIMULATED_FAMILIES:
+    if spec.family not in SUPPORTED_FAMILIES:
         raise TunecostError(
             f"{spec.name}: architecture {spec.family!r} is not supported by the step simulator; "
-            f"supported: {', '.join(SIMULATED_FAMILIES)}"
+            f"supported: {', '.join(SUPPORTED_FAMILIES)}"
         )
     if spec.family == "blackmamba" and job.method != "full":
         raise TunecostError(
@@ -89,18 +89,6 @@ def layer_pattern(spec: ModelSpec) -> tuple[int, int, int]:
         step = int(cfg.get("decoder_sparse_step") or 1)
         return 0, step, n // step
     return 0, 1, n
-
-
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    for path in ("model.layers", "decoder.layers", "backbone.layers", "layers"):
-        obj = model
-        for attr in path.split("."):
-            obj = getattr(obj, attr, None)
-            if obj is None:
-                break
-        if isinstance(obj, nn.ModuleList):
-            return obj
-    raise TunecostError(f"cannot find the decoder layers of {type(model).__name__}")
 
 
 def _swap_linears(
@@ -159,7 +147,7 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
                 if hasattr(mlp, shared):
                     _swap_linears(getattr(mlp, shared), quant=quant, lora=experts_lora, style=style)
             if "router" in targets and hasattr(mlp, "gate"):
-                mlp.gate = LoraRouter(mlp.gate, lora_rank=lora[0], lora_alpha=lora[1])
+                mlp.gate = SimLoraRouter(mlp.gate, lora_rank=lora[0], lora_alpha=lora[1])
         else:
             _swap_linears(mlp, quant=quant, lora=lora if "mlp" in targets else None, style=style)
     if not any(p.requires_grad for p in model.parameters()):
@@ -219,7 +207,7 @@ def static_tensors(model: nn.Module, info: dict[int, tuple[str, int | None]]) ->
     out, seen = [], set()
     for module in model.modules():
         group = info[id(module)][0]
-        for name, p in module.named_parameters(recurse=False):
+        for p in module.parameters(recurse=False):
             if id(p) not in seen:
                 seen.add(id(p))
                 out.append((p, "trainable_params" if p.requires_grad else "frozen_weights", group))
@@ -269,11 +257,6 @@ def mask_free_sdpa() -> str:
     return MASK_FREE_SDPA
 
 
-def num_traced_layers(spec: ModelSpec, num_units: int) -> int:
-    prefix, period, _ = layer_pattern(spec)
-    return prefix + num_units * period
-
-
 def build_prepared(
     job: FineTuneJob,
     *,
@@ -288,7 +271,7 @@ def build_prepared(
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from tunecost.models.build import build_model
-    from tunecost.simulate.step import make_optimizer, optimizer_state_tensors, warm_up_optimizer
+    from tunecost.simulate.step import optimizer_state_tensors, simulated_optimizer, warm_up_optimizer
 
     spec = resolve_model(job.model)
     check_supported(job, spec, stack)
@@ -345,7 +328,7 @@ def build_prepared(
         if reentrant and job.method != "full":
             model.enable_input_require_grads()
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(job.optimizer, trainable)
+    optimizer = simulated_optimizer(job.optimizer, trainable)
     warm_up_optimizer(optimizer, trainable)
     info = module_info(model)
     static = static_tensors(model, info)

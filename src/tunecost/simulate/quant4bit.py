@@ -260,9 +260,3 @@ def tokens_per_expert(expert_ids_sorted: torch.Tensor, num_experts: int) -> tupl
         base, extra = divmod(total, num_experts)
         return tuple(base + (1 if e < extra else 0) for e in range(num_experts))
     return tuple(int(c) for c in torch.bincount(expert_ids_sorted, minlength=num_experts).tolist())
-
-
-def bytes_per_param_4bit(double_quant: bool) -> float:
-    """Storage bytes per quantized weight (large-matrix limit): 0.5 + constants."""
-    n = 1 << 24
-    return (packed_bytes(n) + quant_constant_bytes(n, double_quant)) / n

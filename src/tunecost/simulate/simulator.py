@@ -125,11 +125,11 @@ def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layer
             bytes_by_class={c: v for (p, c), v in nbytes.items() if p == phase},
         )
     return {
-        "peak_bytes": int(round(total)),
+        "peak_bytes": round(total),
         "peak_segment": key,
-        "breakdown_bytes": {k: int(round(v)) for k, v in _lerp_dict(sa.by_category, sb.by_category, t).items() if v},
-        "module_bytes": {k: int(round(v)) for k, v in _lerp_dict(sa.by_group, sb.by_group, t).items() if v},
-        "weight_bytes": {k: int(round(v)) for k, v in _lerp_dict(ta_.weight_bytes, tb_.weight_bytes, t).items()},
+        "breakdown_bytes": {k: round(v) for k, v in _lerp_dict(sa.by_category, sb.by_category, t).items() if v},
+        "module_bytes": {k: round(v) for k, v in _lerp_dict(sa.by_group, sb.by_group, t).items() if v},
+        "weight_bytes": {k: round(v) for k, v in _lerp_dict(ta_.weight_bytes, tb_.weight_bytes, t).items()},
         "counts": counts,
         "flops_by_module": by_group_flops,
         "layers_traced": (ta.num_layers,) if tb is None else (ta.num_layers, tb.num_layers),

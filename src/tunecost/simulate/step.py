@@ -49,7 +49,7 @@ class SimAdamW8bit(torch.optim.Optimizer):
                 p.add_(p.grad, alpha=-group["lr"])
 
 
-def make_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+def simulated_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
     """The optimizer as a GPU run would build it: torch AdamW / SGD take the multi-tensor (foreach) path on CUDA,
     whose temporaries span every parameter at once, so foreach is forced here too."""
     if name == "adamw":

@@ -101,7 +101,7 @@ def causal_lm_loss(model: Any, batch: dict[str, Any]) -> tuple[Any, float]:
     return loss, float(lm_loss.detach())
 
 
-def make_optimizer(model: Any, config: OptimConfig, total_steps: int) -> tuple[Any, Any]:
+def make_optimizer_with_schedule(model: Any, config: OptimConfig, total_steps: int) -> tuple[Any, Any]:
     import torch
 
     params = [p for p in model.parameters() if p.requires_grad]

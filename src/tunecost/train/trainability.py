@@ -30,9 +30,11 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
+from tunecost.models.anatomy import num_experts as num_experts_of
+from tunecost.models.anatomy import set_top_k
 from tunecost.results.records import SCHEMA_VERSION
-from tunecost.train.finetune import OptimConfig, make_batches, make_optimizer, train_epoch
-from tunecost.train.topk import routing_name, set_experts_per_token
+from tunecost.train.finetune import OptimConfig, make_batches, make_optimizer_with_schedule, train_epoch
+from tunecost.train.topk import routing_name
 
 ProgressFn = Callable[[int, int, str], None]
 ROWS_FILE = "trainability.jsonl"
@@ -125,7 +127,8 @@ def _build_model(job: TrainabilityJob, k: int, vocab_size: int) -> Any:
 
         model, _ = load_eval_model(job.model)
         model = model.float() if not torch.cuda.is_available() else model
-    num_experts = set_experts_per_token(model, k)
+    set_top_k(model, k)
+    num_experts = num_experts_of(model)
     if k == num_experts and not torch.cuda.is_available() and hasattr(model, "set_experts_implementation"):
         # Dense routing on CPU: the per-expert loop beats grouped_mm's token sort (every token hits every expert).
         model.set_experts_implementation("eager")
@@ -187,7 +190,6 @@ def run_trainability(
     """Run (or resume) the experiment; returns all rows of this job in ``out_dir/trainability.jsonl``."""
     import torch
 
-    from tunecost.evaluate.harness import evaluate_model
     from tunecost.workload.datasets import load_dataset
     from tunecost.workload.templates import encode_queries, template_by_name
     from tunecost.workload.tokenizers import tokenizer_by_name
@@ -216,11 +218,12 @@ def run_trainability(
             done_steps += job.epochs * steps_per_epoch
             continue
         model = _build_model(job, k, tokenizer.vocab_size).to(device)
-        num_experts = set_experts_per_token(model, k)
+        set_top_k(model, k)
+        num_experts = num_experts_of(model)
         routing = routing_name(k, num_experts)
         run_dir = out / f"{routing}-k{k}"
         state_path = run_dir / STATE_FILE
-        optimizer, scheduler = make_optimizer(model, OptimConfig(lr=job.lr), job.epochs * steps_per_epoch)
+        optimizer, scheduler = make_optimizer_with_schedule(model, OptimConfig(lr=job.lr), job.epochs * steps_per_epoch)
         start_epoch = 1
         state = _load_state(state_path)
         last_done = max((e for e in finished if e > 0), default=0)
@@ -255,30 +258,9 @@ def run_trainability(
         if job.model == "tiny-mixtral":
             base["model_overrides"] = dict(job.tiny_overrides)
 
-        def record(epoch: int, train_loss: float | None, train_seconds: float) -> None:
-            result = evaluate_model(
-                model,
-                tokenizer,
-                eval_set,
-                template=template,
-                model_name=job.model,
-                max_new_tokens=job.max_new_tokens,
-                batch_size=job.eval_batch_size,
-            )
-            append_jsonl(
-                rows_path,
-                {
-                    **base,
-                    "point_id": f"{run_key}:epoch{epoch}",
-                    "epoch": epoch,
-                    "accuracy": result.accuracy,
-                    "num_correct": result.num_correct,
-                    "num_eval": result.num_eval,
-                    "scorer": result.scorer,
-                    "train_loss": train_loss,
-                    "seconds": round(train_seconds, 3),
-                    "eval_seconds": round(result.seconds, 3),
-                },
+        def record(epoch: int, train_loss: float | None, train_seconds: float, _model=model, _base=base) -> None:
+            _record_epoch(
+                rows_path, _base, _model, tokenizer, eval_set, template, job, epoch, train_loss, train_seconds
             )
 
         if 0 not in finished:
@@ -288,9 +270,16 @@ def run_trainability(
             batches = make_batches(encoded, job.batch_size, tokenizer.pad_id, seed=job.seed * 1000 + epoch)
             offset = done_steps
 
-            def step_progress(done: int, total: int, label: str, offset: int = offset, epoch: int = epoch) -> None:
+            def step_progress(
+                done: int,
+                total: int,
+                label: str,
+                offset: int = offset,
+                epoch: int = epoch,
+                about: str = f"{routing} k={k}",
+            ) -> None:
                 if on_progress is not None:
-                    on_progress(offset + done, total_steps, f"{routing} k={k} epoch {epoch}/{job.epochs}")
+                    on_progress(offset + done, total_steps, f"{about} epoch {epoch}/{job.epochs}")
 
             torch.manual_seed(job.seed * 1000 + epoch)
             start = time.perf_counter()
@@ -308,3 +297,44 @@ def run_trainability(
         state_path.unlink(missing_ok=True)  # the run is complete: only the final model is kept
 
     return [r for r in read_jsonl(rows_path) if r.get("run_key") in {job.run_key(k) for k in job.experts_per_token}]
+
+
+def _record_epoch(
+    rows_path: Path,
+    base: dict[str, Any],
+    model: Any,
+    tokenizer: Any,
+    eval_set: Any,
+    template: Any,
+    job: TrainabilityJob,
+    epoch: int,
+    train_loss: float | None,
+    train_seconds: float,
+) -> None:
+    """Evaluate `model` on the held-out set and append the epoch's row."""
+    from tunecost.evaluate.harness import evaluate_model
+
+    result = evaluate_model(
+        model,
+        tokenizer,
+        eval_set,
+        template=template,
+        model_name=job.model,
+        max_new_tokens=job.max_new_tokens,
+        batch_size=job.eval_batch_size,
+    )
+    append_jsonl(
+        rows_path,
+        {
+            **base,
+            "point_id": f"{base['run_key']}:epoch{epoch}",
+            "epoch": epoch,
+            "accuracy": result.accuracy,
+            "num_correct": result.num_correct,
+            "num_eval": result.num_eval,
+            "scorer": result.scorer,
+            "train_loss": train_loss,
+            "seconds": round(train_seconds, 3),
+            "eval_seconds": round(result.seconds, 3),
+        },
+    )

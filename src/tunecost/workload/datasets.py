@@ -27,8 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError, unknown_name_error
-
-DATA_DIR_ENV = "TUNECOST_DATA_DIR"
+from tunecost.workload.known_datasets import (
+    DATA_DIR_ENV,
+    KNOWN_DATASETS,
+    canonical_name,
+    data_dirs,
+    load_hub_rows,
+    resolve_known,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -311,145 +317,6 @@ def load_file(
     )
 
 
-# ----------------------------------------------------------------------------------------------- known names
-
-
-@dataclass(frozen=True, kw_only=True)
-class KnownDataset:
-    name: str
-    description: str
-    files: tuple[str, ...] = ()  # relative paths tried under each data dir
-    hub: tuple[str, str | None, str] | None = None  # (repo id, config, split)
-
-
-def _llm_adapters_test(name: str, what: str) -> KnownDataset:
-    return KnownDataset(
-        name=name,
-        description=f"LLM-Adapters {what} test set",
-        files=(f"{name}_test.json", f"llm-adapters/{name}_test.json", f"dataset/{name}/test.json"),
-    )
-
-
-KNOWN_DATASETS: dict[str, KnownDataset] = {
-    k.name: k
-    for k in (
-        KnownDataset(
-            name="commonsense_15k",
-            description="LLM-Adapters commonsense_15k (the paper's CS)",
-            files=("commonsense_15k.json", "llm-adapters/commonsense_15k.json", "ft-training_set/commonsense_15k.json"),
-        ),
-        KnownDataset(
-            name="commonsense_170k",
-            description="LLM-Adapters commonsense_170k",
-            files=(
-                "commonsense_170k.json",
-                "llm-adapters/commonsense_170k.json",
-                "ft-training_set/commonsense_170k.json",
-            ),
-        ),
-        KnownDataset(
-            name="math_14k",
-            description="LLM-Adapters math_14k (the paper's MATH)",
-            files=("math_14k.json", "llm-adapters/math_14k.json", "ft-training_set/math_14k.json"),
-        ),
-        KnownDataset(
-            name="math_10k",
-            description="LLM-Adapters math_10k",
-            files=("math_10k.json", "llm-adapters/math_10k.json", "ft-training_set/math_10k.json"),
-        ),
-        KnownDataset(
-            name="math_data",
-            description="LLM-Adapters math_data.json",
-            files=("math_data.json", "llm-adapters/math_data.json"),
-        ),
-        KnownDataset(
-            name="gsm8k",
-            description="GSM8K test (1319; LLM-Adapters file or original JSONL)",
-            files=("gsm8k_test.json", "llm-adapters/gsm8k_test.json", "dataset/gsm8k/test.json", "gsm8k/test.jsonl"),
-            hub=("openai/gsm8k", "main", "test"),
-        ),
-        KnownDataset(
-            name="gsm8k-train",
-            description="GSM8K train (7473, original JSONL)",
-            files=("gsm8k/train.jsonl", "gsm8k_train.jsonl"),
-            hub=("openai/gsm8k", "main", "train"),
-        ),
-        KnownDataset(
-            name="hellaswag",
-            description="HellaSwag validation (ctx/endings/label)",
-            files=("hellaswag/validation.jsonl", "hellaswag_val.jsonl", "hellaswag.jsonl"),
-            hub=("Rowan/hellaswag", None, "validation"),
-        ),
-        _llm_adapters_test("boolq", "BoolQ"),
-        _llm_adapters_test("piqa", "PIQA"),
-        _llm_adapters_test("social_i_qa", "SIQA"),
-        _llm_adapters_test("ARC-Challenge", "ARC-Challenge"),
-        _llm_adapters_test("ARC-Easy", "ARC-Easy"),
-        _llm_adapters_test("openbookqa", "OpenBookQA"),
-        _llm_adapters_test("winogrande", "WinoGrande"),
-        _llm_adapters_test("hellaswag_llm-adapters", "HellaSwag (generation, ending1..4)"),
-        _llm_adapters_test("AQuA", "AQuA"),
-        _llm_adapters_test("SVAMP", "SVAMP"),
-        KnownDataset(name="synthetic-arith", description="embedded arithmetic word problems (train split)"),
-        KnownDataset(name="synthetic-arith-test", description="embedded arithmetic word problems (held-out split)"),
-    )
-}
-# The LLM-Adapters HellaSwag file is named hellaswag_test.json.
-KNOWN_DATASETS["hellaswag_llm-adapters"] = replace(
-    KNOWN_DATASETS["hellaswag_llm-adapters"],
-    files=("hellaswag_test.json", "llm-adapters/hellaswag_test.json", "dataset/hellaswag/test.json"),
-)
-
-
-def data_dirs() -> list[Path]:
-    """Folders searched for known names: ``$TUNECOST_DATA_DIR`` (several separated by the OS path separator)."""
-    raw = os.environ.get(DATA_DIR_ENV, "")
-    return [Path(os.path.expanduser(p)) for p in raw.split(os.pathsep) if p.strip()]
-
-
-def resolve_known(name: str) -> Path | None:
-    """The first local file for a known name under the data dirs, or None."""
-    known = KNOWN_DATASETS[name]
-    for folder in data_dirs():
-        for rel in known.files:
-            candidate = folder / rel
-            if candidate.is_file():
-                return candidate
-    return None
-
-
-def _canonical_name(spec: str) -> str | None:
-    lowered = {k.lower(): k for k in KNOWN_DATASETS}
-    return lowered.get(spec.strip().lower())
-
-
-def load_hub_rows(repo_id: str, config: str | None, split: str, *, allow_download: bool = False) -> list[dict]:
-    """Rows of a hub dataset split: from the local hub cache, or downloaded when `allow_download`."""
-    try:
-        import datasets as hf_datasets
-        from huggingface_hub import snapshot_download
-    except ImportError:  # pragma: no cover - declared dependencies
-        raise TunecostError("loading from the hub needs the 'datasets' package") from None
-    if allow_download:
-        source: str = repo_id
-    else:
-        try:
-            source = snapshot_download(repo_id, repo_type="dataset", local_files_only=True)
-        except Exception:
-            raise TunecostError(
-                f"hub dataset {repo_id!r} is not in the local cache and downloads are off "
-                f"(allow_download=True / --allow-download, or put a file under ${DATA_DIR_ENV})"
-            ) from None
-    try:
-        ds = hf_datasets.load_dataset(source, name=config, split=split)
-    except Exception as exc:
-        raise TunecostError(
-            f"cannot load hub dataset {repo_id!r} (config {config}, split {split}): "
-            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-        ) from None
-    return [dict(row) for row in ds]
-
-
 def load_dataset(
     spec: str,
     *,
@@ -466,7 +333,7 @@ def load_dataset(
         return load_file(path, fmt=fmt, columns=columns, skip_bad_rows=skip_bad_rows).head(limit)
     if path.is_dir():
         raise TunecostError(f"{spec} is a folder; pass a .json/.jsonl/.parquet/.csv file")
-    known = _canonical_name(spec)
+    known = canonical_name(spec)
     if known in ("synthetic-arith", "synthetic-arith-test"):
         from tunecost.workload.synthetic import synthetic_arith_dataset
 

@@ -189,7 +189,7 @@ class SubsetTokenizer:
 def subset_tokenizer(base: Any, texts: Sequence[str], *, unk_id: int = 0) -> SubsetTokenizer:
     """The `SubsetTokenizer` of every piece `base` produces on `texts` (plus UNK, BOS, EOS and the digits)."""
     used: set[int] = set()
-    for ids in base.encode_batch(list(texts) + [" 0 1 2 3 4 5 6 7 8 9 -"]):
+    for ids in base.encode_batch([*texts, " 0 1 2 3 4 5 6 7 8 9 -"]):
         used.update(ids)
     specials = [unk_id] + [i for i in (base.bos_id, base.eos_id) if i is not None and i != unk_id]
     base_ids = tuple(specials + sorted(used - set(specials)))
@@ -240,14 +240,3 @@ def tokenizer_by_name(name: str, *, allow_download: bool = False) -> Tokenizer:
             return SentencePieceTokenizer(str(path), name=f"sentencepiece:{path.name}")
         raise TunecostError(f"tokenizer file {key!r} is not a SentencePiece .model file; pass its folder instead")
     return _hf_tokenizer(str(path) if path.is_dir() else key, allow_download)
-
-
-def tokenizer_for_model(model: Any, fallback: str = "mistral") -> Tokenizer:
-    """The tokenizer that belongs to a loaded transformers model (its `name_or_path`), else `fallback`."""
-    name_or_path = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
-    if name_or_path and Path(name_or_path).is_dir():
-        try:
-            return tokenizer_by_name(name_or_path)
-        except TunecostError:
-            pass
-    return tokenizer_by_name(fallback)

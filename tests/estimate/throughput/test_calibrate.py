@@ -3,6 +3,7 @@ synthetic points made by a known set of parameters."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,7 @@ def test_a40_prediction_in_range_has_an_interval_and_no_flag(paper_model: Calibr
 
 def test_paper_observations_hold_in_the_calibrated_model(paper_model: CalibratedModel) -> None:
     a40 = [paper_model.predict(_target(batch_size=b, dataset="commonsense_15k")).queries_per_s for b in (1, 2, 4, 8)]
-    gains = [b / a for a, b in zip(a40, a40[1:])]
+    gains = [b / a for a, b in itertools.pairwise(a40)]
     assert a40 == sorted(a40) and gains == sorted(gains, reverse=True)  # Takeaway 5: saturation
     for b in (1, 2):  # Takeaway 4: sparse beats dense at the same batch
         assert (
@@ -143,5 +144,5 @@ def test_steady_state_excludes_the_run_overhead(paper_model: CalibratedModel) ->
 def test_bundled_and_fixture_copies_agree() -> None:
     from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS
 
-    strip = lambda p: [l for l in Path(p).read_text().splitlines() if not l.startswith("#")]  # noqa: E731
+    strip = lambda p: [line for line in Path(p).read_text().splitlines() if not line.startswith("#")]  # noqa: E731
     assert strip(PAPER_A40_MEASUREMENTS) == strip(PAPER_A40_CSV)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from tunecost.catalog.gpus import get_gpu
@@ -59,7 +61,7 @@ def test_throughput_saturates_and_sparse_beats_dense() -> None:
     gpu = get_gpu("A40")
     qps = [step_time(_counts(b), gpu, PARAMS).queries_per_s for b in (1, 2, 4, 8, 16)]
     assert qps == sorted(qps)
-    gains = [b / a for a, b in zip(qps, qps[1:])]
+    gains = [b / a for a, b in itertools.pairwise(qps)]
     assert gains == sorted(gains, reverse=True)  # diminishing returns of doubling the batch
     for b in (1, 2, 4):
         sparse, dense = (step_time(_counts(b, k=k), gpu, PARAMS).queries_per_s for k in (2, 8))

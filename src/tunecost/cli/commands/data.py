@@ -109,7 +109,7 @@ def stats(
 @cli_errors
 def list_known(as_json: bool = typer.Option(False, "--json", help="Print JSON only.")) -> None:
     """Known dataset names and where each resolves ($TUNECOST_DATA_DIR, hub cache or embedded)."""
-    from tunecost.workload.datasets import KNOWN_DATASETS, resolve_known
+    from tunecost.workload.known_datasets import KNOWN_DATASETS, resolve_known
 
     rows = []
     for name, known in KNOWN_DATASETS.items():

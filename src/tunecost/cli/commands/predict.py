@@ -1,4 +1,4 @@
-"""`tunecost predict`: throughput of any (model, dataset, GPU, top-k, batch) from one calibration (issue 8)."""
+"""`tunecost predict`: throughput of any (model, dataset, GPU, top-k, batch) from one calibration."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from tunecost.units import BYTES_PER_GIB as _GIB
 
 def _device(device: str) -> str:
     if device != "auto":
-        from tunecost.profile.model_setup import check_device
+        from tunecost.workload.device import check_device
 
         check_device(device)  # a typo is an error, not "auto"
         return device

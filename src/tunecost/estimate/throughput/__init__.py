@@ -1,1 +1,4 @@
-"""tunecost.estimate.throughput: the cross-GPU throughput model (counts per op class, roofline step time, calibration, validation)."""
+"""tunecost.estimate.throughput: the cross-GPU throughput model.
+
+Counts per op class, roofline step time, calibration and validation.
+"""

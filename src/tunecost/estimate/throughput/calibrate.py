@@ -24,12 +24,12 @@ from tunecost.catalog.gpus import GPU, resolve_gpu_name
 from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.estimate.measurements import Measurement, load_measurements
+from tunecost.estimate.paper import PAPER_METHOD
 from tunecost.estimate.throughput.counts import StepCounts, analytic_step_counts
 from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, fixed_lengths
 from tunecost.estimate.throughput.model import PARAM_NAMES, StackParams, StepTime, step_time
 from tunecost.workload.job import FineTuneJob
 
-PAPER_METHOD = {"mixtral-8x7b": "qlora", "blackmamba-2.8b": "full"}  # the paper's setups (§III)
 PAPER_RUN_QUERIES = 1000  # the paper's throughput = 1000 queries / train_runtime
 FIT_NAMES = (*PARAM_NAMES, "run_overhead_s")
 MIN_POINTS = len(FIT_NAMES) + 1
@@ -211,7 +211,7 @@ class CalibratedModel:
             reasons.append(f"GPU {gpu.name} not in the calibration ({', '.join(self.gpus)}): cross-GPU transfer")
         rng = self.ranges.get(job.model)
         if rng is None:
-            return reasons + [f"model {job.model} not in the calibration ({', '.join(sorted(self.ranges))})"]
+            return [*reasons, f"model {job.model} not in the calibration ({', '.join(sorted(self.ranges))})"]
         lo, hi = rng.batch_sizes
         if not lo <= job.batch_size <= hi:
             far = " (far outside)" if job.batch_size > 2 * hi or job.batch_size * 2 < lo else ""

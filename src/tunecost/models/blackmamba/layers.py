@@ -118,7 +118,7 @@ class MoEMixer(nn.Module):
         self.layer_idx = layer_idx
         self.num_experts = config.num_experts
         self.experts_per_token = config.experts_per_token
-        self.router = nn.Linear(config.hidden_size, self.num_experts, bias=True)
+        self.router: nn.Module = nn.Linear(config.hidden_size, self.num_experts, bias=True)
         self.local_experts = nn.ModuleList(BlackMambaExpert(config) for _ in range(self.num_experts))
 
     @property
