@@ -17,12 +17,12 @@ BYTES_PER_GIB = 2**30
 
 def bytes_from_gb(gb: float) -> int:
     """`gb` GB (10^9 bytes) in bytes."""
-    return int(round(gb * BYTES_PER_GB))
+    return round(gb * BYTES_PER_GB)
 
 
 def bytes_from_gib(gib: float) -> int:
     """`gib` GiB (2^30 bytes) in bytes."""
-    return int(round(gib * BYTES_PER_GIB))
+    return round(gib * BYTES_PER_GIB)
 
 
 def gb_from_bytes(num_bytes: float) -> float:

@@ -54,6 +54,9 @@ def point_rows(m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> d
             "padded_tokens": m.padded_tokens,
             "seconds": plain_seconds,
             "steps": steps,
+            "wall_step_seconds": statistics.median(s.wall_seconds for s in m.plain),
+            "gpu_busy_step_seconds": None if m.gpu_busy is None else m.gpu_busy.busy_seconds,
+            "gpu_busy_method": None if m.gpu_busy is None else m.gpu_busy.method,
         }
     )
     times = [s.times for s in m.plain]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -89,13 +90,13 @@ def _present(value: object) -> bool:
 def is_dense(row: pd.Series | dict) -> bool:
     """Dense routing: top-k == the model's number of experts, read from the row (`num_experts`, else the row's
     `sparsity` k/E == 1, else `LEGACY_NUM_EXPERTS` for records older than the `num_experts` column)."""
-    k = row.get("experts_per_token")
+    k: Any = row.get("experts_per_token")
     if not _present(k):
         return False
-    num_experts = row.get("num_experts")
+    num_experts: Any = row.get("num_experts")
     if _present(num_experts):
         return int(k) >= int(num_experts)
-    sparsity = row.get("sparsity")
+    sparsity: Any = row.get("sparsity")
     if _present(sparsity):
         return float(sparsity) >= 1.0
     return int(k) >= LEGACY_NUM_EXPERTS

@@ -166,6 +166,11 @@ def _assumptions(job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOve
             "hf-2024 stack: per-expert loop, PEFT 0.7 Linear4bit LoRA (clone), fp32 logits copies in the "
             "loss, re-entrant checkpointing, lengths padded to a multiple of 8"
         )
+    if stack == "hf-peft":
+        out.append(
+            "hf-peft stack: PEFT >= 0.7 LoRA Linear under autocast (input cast to the fp32 adapter dtype and back, "
+            "update added out of place, no LoRA dropout), re-entrant checkpointing (transformers' default)"
+        )
     if job.method == "qlora" or stack == "hf-2024":
         out.append(
             "routing is unknown without data: expert loops assume tokens spread evenly over experts "

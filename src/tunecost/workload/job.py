@@ -20,8 +20,9 @@ METHODS: tuple[str, ...] = ("full", "lora", "qlora")
 LORA_TARGETS: tuple[str, ...] = ("attention", "experts", "router", "mlp")
 MOE_LORA_TARGETS: tuple[str, ...] = ("experts", "router")
 # Named software stacks (library versions and their memory behaviour) the step simulator reproduces:
-# "tunecost" (today's transformers/PEFT with tunecost's experts) and "hf-2024" (the paper's 2024 stack).
-STACKS: tuple[str, ...] = ("tunecost", "hf-2024")
+# "tunecost" (today's transformers/PEFT with tunecost's experts), "hf-2024" (the paper's 2024 stack) and
+# "hf-peft" (transformers + PEFT LoRA without tunecost's experts; see tunecost.simulate.prepare).
+STACKS: tuple[str, ...] = ("tunecost", "hf-2024", "hf-peft")
 DEFAULT_STACK = "tunecost"
 # How a job is spread over GPUs. Only one GPU is modelled today; multi-GPU strategies ("ddp", "fsdp2",
 # "zero1", "zero2", "zero3") will be added here when an estimator models them.

@@ -78,7 +78,9 @@ def memory(
     dtype: str = typer.Option("bf16", "--dtype", help="Compute dtype: bf16 | fp16 | fp32."),
     quant_type: str = typer.Option("nf4", "--quant-type", help="4-bit type for qlora: nf4 | fp4."),
     double_quant: bool = typer.Option(True, "--double-quant/--no-double-quant"),
-    stack: str = typer.Option("tunecost", "--stack", help="tunecost | hf-2024 (the paper's software stack)."),
+    stack: str = typer.Option(
+        "tunecost", "--stack", help="tunecost | hf-2024 (the paper's software stack) | hf-peft (Trainer + PEFT >= 0.7)."
+    ),
     gpu: str = typer.Option(None, "--gpu", help="GPU from the catalog: also report the largest batch that fits."),
     gpu_memory_gb: float = typer.Option(
         None, "--gpu-memory-gb", help="Device memory in GB (10^9 bytes, as datasheets), instead of --gpu."
