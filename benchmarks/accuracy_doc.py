@@ -14,7 +14,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from tunecost.results.io import atomic_write_text
+from tunecost.io import atomic_write_text
 from tunecost.validate import read_corpus, summarize, validate_rows
 from tunecost.validate.baselines import accelerate_estimate_bytes, rule_estimate_bytes
 from tunecost.validate.mapping import Skip, map_row

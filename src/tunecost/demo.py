@@ -11,10 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunecost.catalog.gpus import BYTES_PER_GIB
 from tunecost.estimate.measurements import PAPER_A40_SOURCE
 from tunecost.io import atomic_write_json
 from tunecost.results.records import SCHEMA_VERSION, estimate_rows, fit_rows, record, write_records
+from tunecost.units import bytes_from_gib
 
 ProgressFn = Callable[[int, int, str], None]
 
@@ -34,7 +34,7 @@ def _stage_fit(out: Path, on_progress: ProgressFn | None) -> None:
     from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS, load_measurements
 
     points = load_measurements(PAPER_A40_MEASUREMENTS)
-    fits = [f for form in ("artifact", "printed") for f in fit_all(points, form)]  # type: ignore[arg-type]
+    fits = [f for form in ("artifact", "printed") for f in fit_all(points, form)]
     write_records(out / "fit.jsonl", fit_rows(points, fits, source=PAPER_A40_SOURCE))
 
 
@@ -70,7 +70,10 @@ def _stage_estimate(out: Path, on_progress: ProgressFn | None) -> None:
 
 
 DEMO_DATASET = "synthetic-arith"  # embedded: generated, no download
-MAX_BATCH_MEMORY_GB = (24, 40, 48, 80, 141)  # GiB: GPU memory sizes of the catalog
+# GPU memory sizes of the catalog as datasheets state them ("48 GB"): eq. (1) takes the figure itself, the paper's
+# GPU_mem, beside its 23.35 GB model memory; the simulator takes the bytes the card has, the figure read as GiB
+# (`units.bytes_from_gib`, as `GPU.memory_bytes` does for catalog GPUs).
+MAX_BATCH_MEMORY_GB = (24, 40, 48, 80, 141)
 # (model, method, [(simulator stack, gradient checkpointing)]): Mixtral on the paper's 2024 stack as it reproduces
 # Table III (docs/memory-model.md: checkpointing off) and on today's stack with checkpointing; BlackMamba is
 # tunecost's own model on both stacks, full fine-tune without checkpointing.
@@ -145,12 +148,12 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
                 for stack, checkpointing in setups:
                     job = FineTuneJob(
                         model=model,
-                        method=method,
-                        experts_per_token=k,  # type: ignore[arg-type]
+                        method=method,  # type: ignore[arg-type]
+                        experts_per_token=k,
                         seq_len=seq_len,
                         gradient_checkpointing=checkpointing,
                     )
-                    mbs = fitting_batch_size(job, int(gb * BYTES_PER_GIB), stack=stack)
+                    mbs = fitting_batch_size(job, bytes_from_gib(gb), stack=stack)
                     rows.append(
                         {
                             **keys,

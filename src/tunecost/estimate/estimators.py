@@ -28,6 +28,10 @@ from tunecost.estimate.paper import (
 
 @dataclass(frozen=True, kw_only=True)
 class EstimateRequest:
+    """What one estimator answers for one GPU: the job's model (resolved), method and top-k, the dataset whose
+    throughput is modelled, and the estimator's own options (seq_len, calibration file, coefficient set). Not a
+    second job: `estimate_costs` builds one per GPU from the job it was asked about."""
+
     spec: ModelSpec
     gpu: GPU
     method: str

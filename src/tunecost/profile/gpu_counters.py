@@ -37,6 +37,7 @@ from tunecost.io import atomic_write_json, atomic_write_text, read_jsonl
 from tunecost.profile.counters_child import child_command
 from tunecost.profile.ncu import DEFAULT_METRICS, KernelCounterRow, parse_ncu_csv_file, time_weighted_utilization
 from tunecost.profile.ranges import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, is_moe_work
+from tunecost.results.records import SCHEMA_VERSION
 
 NO_CUDA_MESSAGE = (
     "no CUDA GPU: gpu-counters needs an NVIDIA GPU and Nsight Compute (ncu); on a CPU machine use "
@@ -175,7 +176,7 @@ def _row_from_dict(data: dict[str, Any]) -> KernelCounterRow:
 
 def _record(job: GpuCountersJob, row: KernelCounterRow, device: str) -> dict[str, Any]:
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "kind": "counters",
         "point_id": job.point_id(row.batch_size or 0),
         "model": job.model,
@@ -211,7 +212,7 @@ def _write_results(
     atomic_write_json(
         out_dir / "utilization.json",
         {
-            "schema_version": 1,
+            "schema_version": SCHEMA_VERSION,
             "kind": "utilization",
             "model": job.model,
             "method": job.method,

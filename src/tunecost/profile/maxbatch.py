@@ -19,6 +19,7 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.results.records import SCHEMA_VERSION
+from tunecost.units import format_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,9 +113,7 @@ def measured_max_batch_size(
     total = torch.cuda.get_device_properties(index).total_memory
     if memory_bytes is not None:
         if memory_bytes > total:
-            raise TunecostError(
-                f"memory budget {memory_bytes / 2**30:.1f} GiB exceeds this GPU's {total / 2**30:.1f} GiB"
-            )
+            raise TunecostError(f"memory budget {format_bytes(memory_bytes)} exceeds this GPU's {format_bytes(total)}")
         torch.cuda.set_per_process_memory_fraction(memory_bytes / total, index)
     model = prepared.model
     clock = make_clock(device)

@@ -65,7 +65,8 @@ class MeasureOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
-    """The keys a measurement belongs to (docs/dev/records.md), plus the experts implementation."""
+    """The keys a measurement belongs to (docs/dev/records.md), plus the experts implementation: one point of a
+    sweep, as recorded. Not a job description: `FineTuneJob` says what to run; this names what was measured."""
 
     model: str
     method: str

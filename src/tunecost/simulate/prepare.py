@@ -23,9 +23,8 @@ from tunecost.simulate.hf2024 import Loop2024Experts
 from tunecost.simulate.modules import SimExperts, SimLinear, SimLoraRouter
 from tunecost.simulate.quant4bit import Quantized4bit, QuantSpec
 from tunecost.simulate.recorder import LayerPlan
-from tunecost.workload.job import FineTuneJob
+from tunecost.workload.job import STACKS, FineTuneJob
 
-STACKS = ("tunecost", "hf-2024", "hf-peft")
 # LoRA Linear style per stack (see `SimLinear`); re-entrant checkpointing per stack (transformers' default when
 # the Trainer passes no gradient_checkpointing_kwargs, and LLaMA-Factory's in 2024).
 _LORA_STYLE = {"hf-2024": "peft-2024", "hf-peft": "peft"}

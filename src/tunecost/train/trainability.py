@@ -52,7 +52,11 @@ TRAINABILITY_TINY_OVERRIDES: dict[str, Any] = dict(
 
 @dataclass(frozen=True, kw_only=True)
 class TrainabilityJob:
-    """One trainability experiment (all experts-per-token values share data, seed and hyper-parameters)."""
+    """One trainability experiment (all experts-per-token values share data, seed and hyper-parameters).
+
+    A different concept from `FineTuneJob` (one configuration whose cost or speed is measured): an experiment
+    that trains to convergence and evaluates accuracy, over several top-k values, with its own learning rate,
+    epochs and evaluation set."""
 
     model: str = "tiny-mixtral"  # "tiny-mixtral" or a local folder / hub id of a transformers MoE model
     dataset: str = "synthetic-arith"

@@ -80,8 +80,7 @@ def cost(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Hours and dollars of a fine-tune: queries x epochs / throughput / 3600 x $/h (Table IV)."""
-    from tunecost.catalog.gpus import resolve_gpu_name
-    from tunecost.catalog.prices import price_catalog, prices_for
+    from tunecost.catalog.prices import cheapest_price, price_catalog
     from tunecost.errors import TunecostError, unknown_name_error
     from tunecost.estimate.cost import simple_cost
     from tunecost.limits import (
@@ -110,13 +109,13 @@ def cost(
             raise TunecostError(
                 "give --usd-per-hour P, or --gpu G [--provider NAME] to take the price from the catalog"
             )
-        gpu_name = resolve_gpu_name(gpu).gpu.name
-        found = prices_for(gpu_name, catalog, provider)
-        if not found:
-            raise TunecostError(
-                f"no price for {gpu_name}" + (f" from {provider}" if provider else "") + " in the catalog"
-            )
-        usd_per_hour, price_provider, price_date = found[0].usd_per_gpu_hour, found[0].provider, found[0].date
+        price = cheapest_price(gpu, provider=provider, prices_file=prices_file)
+        usd_per_hour, price_provider, price_date, gpu_name = (
+            price.usd_per_gpu_hour,
+            price.provider,
+            price.date,
+            price.gpu,
+        )
     result = simple_cost(
         num_queries=queries,
         epochs=epochs,
@@ -146,7 +145,11 @@ def estimate(
     queries: int = typer.Option(None, "--queries", help="Queries (default: the dataset's size)."),
     dataset: str = typer.Option(None, "--dataset", help="Dataset (sets queries and the throughput fit's dataset)."),
     method: str = typer.Option("qlora", "--method", help="full | lora | qlora"),
-    experts_per_token: int = typer.Option(None, "--experts-per-token", help="Top-k (dense = number of experts)."),
+    experts_per_token: int = typer.Option(
+        None,
+        "--experts-per-token",
+        help="Top-k: experts per token for this job (default: the model's; dense = the number of experts).",
+    ),
     estimator: str = typer.Option("paper", "--estimator", help="paper | simulate | calibrated"),
     provider: str = typer.Option(None, "--provider", help="Only prices from this provider."),
     prices_file: Path = typer.Option(None, "--prices", help="A CSV overriding or extending the price catalog."),

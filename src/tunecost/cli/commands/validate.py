@@ -39,7 +39,7 @@ def validate(
     from tunecost.io import atomic_write_text
     from tunecost.outputs import check_output_path
     from tunecost.validate import read_corpus, summarize, validate_rows
-    from tunecost.validate.run import memory_totals
+    from tunecost.validate.run import memory_totals, throughput_totals
 
     if out is not None:
         check_output_path(out, force=force, inputs=files or ())
@@ -74,6 +74,11 @@ def validate(
         f"memory rows modelled: {t['memory_rows_modelled']} of {t['memory_rows']}; peak memory median |error| "
         f"{_fmt(t['peak_median_abs_pct_error'])} % over {t['peak_rows_modelled']} rows; out-of-memory right on "
         f"{t['oom_right']} of {t['oom_rows_modelled']}"
+    )
+    th = throughput_totals(rows)
+    console.print(
+        f"throughput: mean |error| {_fmt(th['mape'])} % over {th['predicted_rows']} predicted rows of "
+        f"{th['throughput_rows']}; {th['calibration_rows']} calibration rows (one per stack and GPU) not counted"
     )
 
 
