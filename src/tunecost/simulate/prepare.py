@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -94,7 +94,7 @@ def layer_pattern(spec: ModelSpec) -> tuple[int, int, int]:
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     for path in ("model.layers", "decoder.layers", "backbone.layers", "layers"):
-        obj = model
+        obj: Any = model
         for attr in path.split("."):
             obj = getattr(obj, attr, None)
             if obj is None:
@@ -217,7 +217,8 @@ def module_info(model: nn.Module) -> dict[int, tuple[str, int | None]]:
 
 def static_tensors(model: nn.Module, info: dict[int, tuple[str, int | None]]) -> list[tuple[torch.Tensor, str, str]]:
     """Every parameter and buffer with its memory category and module group (tied tensors once)."""
-    out, seen = [], set()
+    out: list[tuple[torch.Tensor, str, str]] = []
+    seen: set[int] = set()
     for module in model.modules():
         group = info[id(module)][0]
         for p in module.parameters(recurse=False):
@@ -248,7 +249,7 @@ def to_fake(model: nn.Module, fake_mode) -> None:
     for module in model.modules():
         for name, p in list(module._parameters.items()):
             if p is not None:
-                module._parameters[name] = fake(p)
+                module._parameters[name] = cast(nn.Parameter, fake(p))  # a parameter's copy is one
         for name, b in list(module._buffers.items()):
             if b is not None:
                 module._buffers[name] = fake(b)
