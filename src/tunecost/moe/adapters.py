@@ -132,11 +132,20 @@ def _adapter_config(lora: LoraSpec, layout: str) -> dict:
             ["mlp.gate.weight"] if lora.on_router else []
         )
         config = LoraConfig(
-            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=[], target_parameters=targets
+            r=lora.rank,
+            lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft annotates int; it only divides by it
+            lora_dropout=0.0,
+            target_modules=[],
+            target_parameters=targets,
         )
     else:
         modules = (["w1", "w2", "w3"] if lora.on_experts else []) + (["gate"] if lora.on_router else [])
-        config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=modules)
+        config = LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft annotates int; it only divides by it
+            lora_dropout=0.0,
+            target_modules=modules,
+        )
     out = config.to_dict()
     out["tunecost_layout"] = layout
     return out

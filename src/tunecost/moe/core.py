@@ -114,10 +114,12 @@ class BaseWeights:
         self.keep_dequantized = keep_dequantized
 
     def get(self, routing: Routing) -> tuple[torch.Tensor, torch.Tensor, Groups]:
-        if not self.quantized:
-            return self.gate_up, self.down, routing.groups
-        hit = routing.hit_experts
-        return self.gate_up.dequantize(hit), self.down.dequantize(hit), routing.hit_groups()
+        gate_up, down = self.gate_up, self.down
+        if isinstance(gate_up, NF4ExpertWeights) and isinstance(down, NF4ExpertWeights):
+            hit = routing.hit_experts
+            return gate_up.dequantize(hit), down.dequantize(hit), routing.hit_groups()
+        assert isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)  # both dense or both NF4
+        return gate_up, down, routing.groups
 
 
 @dataclass(frozen=True)
@@ -327,6 +329,7 @@ def _backward_rows(dy, saved, get_w_gu, get_w_d, lora, groups, base_groups, need
         d_a = grouped_matmul(dy, w_d_g, base_groups)
         del w_d_g
         if need[2]:
+            assert a is not None  # need_a covers need[2]
             out[2] = grouped_matmul_wgrad(dy, a, groups)
     if a_d is not None:
         with record_function(LORA_RANGE):
@@ -334,6 +337,7 @@ def _backward_rows(dy, saved, get_w_gu, get_w_d, lora, groups, base_groups, need
                 out[8] = grouped_matmul_wgrad(dy, aa, groups).mul_(s)
             d_aa = grouped_matmul(dy, b_d, groups).mul_(s)
             if need[7]:
+                assert a is not None  # need_a covers need[7]
                 out[7] = grouped_matmul_wgrad(d_aa, a, groups)
             grouped_addmm_(d_a, d_aa, a_d, groups, alpha=1.0)
     del a

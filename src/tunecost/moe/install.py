@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,7 +48,7 @@ class MoeLayer:
     experts: nn.Module
 
 
-def _unwrap(module: nn.Module) -> nn.Module:
+def _unwrap(module: Any) -> Any:
     """The module under PEFT ParamWrappers (nested when several parameters of one module are targeted)."""
     while hasattr(module, "base_layer") and module.__class__.__name__ == "ParamWrapper":
         module = module.base_layer
@@ -63,7 +64,7 @@ def _is_moe_block(module: nn.Module) -> bool:
     return (stock or hasattr(inner, "dense_weights")) and hasattr(_unwrap(gate), "top_k")
 
 
-def _blackmamba_mixers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+def _blackmamba_mixers(model: nn.Module) -> list[tuple[str, Any]]:
     try:
         from tunecost.moe.blackmamba import moe_mixers
     except ImportError:  # the BlackMamba model package is optional here
@@ -77,11 +78,7 @@ def moe_layers(model: nn.Module) -> list[MoeLayer]:
     Mixtral-style blocks: router = `block.gate`, experts = `block.experts`. BlackMamba mixers: router =
     `mixer.router`, experts = `mixer.experts` (fast impls) or `mixer.local_experts` (a ModuleList the stock loop
     calls expert by expert, so time it as mixer minus router)."""
-    layers = [
-        MoeLayer(name=name, block=module, router=module.gate, experts=module.experts)
-        for name, module in model.named_modules()
-        if _is_moe_block(module)
-    ]
+    layers = [_mixtral_style_layer(name, module) for name, module in model.named_modules() if _is_moe_block(module)]
     layers += [
         MoeLayer(
             name=name, block=mixer, router=mixer.router, experts=getattr(mixer, "experts", None) or mixer.local_experts
@@ -94,6 +91,10 @@ def moe_layers(model: nn.Module) -> list[MoeLayer]:
             f"{type(model).__name__}; install_experts supports transformers 5 Mixtral-style models and BlackMamba"
         )
     return layers
+
+
+def _mixtral_style_layer(name: str, block: Any) -> MoeLayer:
+    return MoeLayer(name=name, block=block, router=block.gate, experts=block.experts)
 
 
 def installed_impl(model: nn.Module) -> str:
@@ -129,12 +130,12 @@ class _DenseState:
     down: torch.Tensor  # (E, H, I)
     router_weight: torch.Tensor  # (E, H)
     top_k: int
-    config: object
+    config: Any  # the block's transformers config (what MixtralExperts / MixtralTopKRouter are built from)
     experts_trainable: bool  # base expert weights were trainable (a full fine-tune)
     router_trainable: bool
 
 
-def _dense_state(block: nn.Module, merge_lora: bool = False) -> _DenseState:
+def _dense_state(block: Any, merge_lora: bool = False) -> _DenseState:
     """The plain weights of a block in any installed state (de-quantized, LoRA merged if asked)."""
     router, experts = _unwrap(block.gate), _unwrap(block.experts)
     if hasattr(experts, "dense_weights"):
@@ -157,7 +158,7 @@ def _dense_state(block: nn.Module, merge_lora: bool = False) -> _DenseState:
     )
 
 
-def _restore_stock(block: nn.Module, *, merge_lora: bool) -> None:
+def _restore_stock(block: Any, *, merge_lora: bool) -> None:
     from transformers.models.mixtral.modeling_mixtral import MixtralExperts, MixtralTopKRouter
 
     experts, router = block.experts, block.gate
@@ -189,9 +190,7 @@ def _activation(config) -> str:
     return _ACTIVATIONS[act]
 
 
-def _install_ours(
-    block: nn.Module, impl: str, lora: LoraSpec | None, *, quantize_4bit: bool, keep: bool | None
-) -> None:
+def _install_ours(block: Any, impl: str, lora: LoraSpec | None, *, quantize_4bit: bool, keep: bool | None) -> None:
     from tunecost.moe.fast import FastExperts
     from tunecost.moe.linear4bit import Linear4bitExperts
     from tunecost.moe.router import LoraRouter
@@ -199,13 +198,14 @@ def _install_ours(
     state = _dense_state(block)
     gate_up, down, weight, config = state.gate_up, state.down, state.router_weight, state.config
     trainable_base = state.experts_trainable and lora is None and not quantize_4bit
-    on_experts = lora is not None and lora.on_experts
-    rank = lora.rank if on_experts else None
+    rank = lora.rank if lora is not None and lora.on_experts else None
     alpha = lora.alpha if lora is not None else 32
     if impl == "qlora-linear4bit":
         if lora is not None and lora.expert_layout == "fused":
             raise TunecostError("qlora-linear4bit has per-projection LoRA (w1, w3, w2); use fast for the fused layout")
-        experts = Linear4bitExperts(gate_up, down, activation=_activation(config), lora_rank=rank, lora_alpha=alpha)
+        experts: nn.Module = Linear4bitExperts(
+            gate_up, down, activation=_activation(config), lora_rank=rank, lora_alpha=alpha
+        )
     else:
         layout = (lora.expert_layout if lora is not None else None) or "fused"
         experts = FastExperts(
@@ -246,7 +246,11 @@ def _install_peft(model: nn.Module, layers: list[MoeLayer], lora: LoraSpec) -> N
     requires_grad = {id(p): p.requires_grad for p in model.parameters()}
     had_config = hasattr(model, "peft_config")
     config = LoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=[], target_parameters=targets
+        r=lora.rank,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft annotates int; it only divides by it
+        lora_dropout=0.0,
+        target_modules=[],
+        target_parameters=targets,
     )
     inject_adapter_in_model(config, model)
     if not had_config and hasattr(model, "peft_config"):
@@ -297,6 +301,7 @@ def install_experts(
     else:
         uninstall_experts(model)
         if impl == "peft-fused":
+            assert lora is not None  # refused above
             _install_peft(model, layers, lora)
         elif impl != "stock":
             for layer in layers:
@@ -328,7 +333,8 @@ def set_experts_per_token(model: nn.Module, experts_per_token: int) -> None:
     """Route every token to `experts_per_token` experts (1 = top-1 ... E = dense), in the config and every router."""
     if _blackmamba_mixers(model) and hasattr(model, "set_experts_per_token"):
         try:
-            model.set_experts_per_token(experts_per_token)
+            setter: Any = model.set_experts_per_token  # BlackMamba's own (validates k, updates its config)
+            setter(experts_per_token)
         except ValueError as exc:
             raise TunecostError(str(exc)) from None
         return
@@ -341,8 +347,9 @@ def set_experts_per_token(model: nn.Module, experts_per_token: int) -> None:
         config.num_experts_per_tok = experts_per_token
     for layer in layers:
         _unwrap(layer.router).top_k = experts_per_token
-        if hasattr(layer.block, "top_k"):
-            layer.block.top_k = experts_per_token
+        block: Any = layer.block
+        if hasattr(block, "top_k"):
+            block.top_k = experts_per_token
 
 
 def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
