@@ -12,9 +12,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tunecost.catalog.gpus import BYTES_PER_GIB
 from tunecost.results.io import append_jsonl, atomic_write_json, atomic_write_text
+
+if TYPE_CHECKING:
+    from tunecost.workload.job import Method
 
 ProgressFn = Callable[[int, int, str], None]
 
@@ -47,7 +51,7 @@ def _stage_fit(out: Path, on_progress: ProgressFn | None) -> None:
             },
         )
     for form in ("artifact", "printed"):
-        for f in fit_all(points, form):  # type: ignore[arg-type]
+        for f in fit_all(points, form):
             append_jsonl(path, {"schema_version": 1, "kind": "fit", **dataclasses.asdict(f)})
 
 
@@ -97,7 +101,7 @@ MAX_BATCH_MEMORY_GB = (24, 40, 48, 80, 141)  # GiB: GPU memory sizes of the cata
 # (model, method, [(simulator stack, gradient checkpointing)]): Mixtral on the paper's 2024 stack as it reproduces
 # Table III (docs/memory-model.md: checkpointing off) and on today's stack with checkpointing; BlackMamba is
 # tunecost's own model on both stacks, full fine-tune without checkpointing.
-MAX_BATCH_JOBS = (
+MAX_BATCH_JOBS: tuple[tuple[str, Method, tuple[tuple[str, bool], ...]], ...] = (
     ("mixtral-8x7b", "qlora", (("hf-2024", False), ("tunecost", True))),
     ("blackmamba-2.8b", "full", (("tunecost", False),)),
 )
@@ -171,7 +175,7 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
                     job = FineTuneJob(
                         model=model,
                         method=method,
-                        experts_per_token=k,  # type: ignore[arg-type]
+                        experts_per_token=k,
                         seq_len=seq_len,
                         gradient_checkpointing=checkpointing,
                     )

@@ -1,7 +1,8 @@
 """Throughput measurements (CSV): the input of eq. (2)'s fit and of the calibrated estimator.
 
 Columns as the paper artifact's A40 measurements (`catalog/data/measurements/paper_a40_throughput.csv`): model,
-dataset, gpu, experts_per_token, [sparsity], batch_size, queries_per_s [, seq_len]. Every error names the row (1-based, header excluded).
+dataset, gpu, experts_per_token, [sparsity], batch_size, queries_per_s [, seq_len]. Every error names the row
+(1-based, header excluded).
 """
 
 from __future__ import annotations

@@ -25,9 +25,12 @@ import functools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunecost.errors import TunecostError
+
+if TYPE_CHECKING:
+    import torch
 
 RANGE_PREFIX = "tunecost."
 MOE_BLOCK = "tunecost.moe"  # a whole MoE block (router + experts); the ncu filter keys on it
@@ -171,7 +174,7 @@ def _needs_grad(obj: Any) -> bool:
     return isinstance(obj, torch.Tensor) and obj.requires_grad and obj.is_floating_point()
 
 
-def _apply_marker(function: type, span: _Span, values: Sequence[Any]) -> list[Any]:
+def _apply_marker(function: type[torch.autograd.Function], span: _Span, values: Sequence[Any]) -> list[Any]:
     """Route the grad-requiring tensors among `values` through `function`; other values pass unchanged."""
     values = list(values)
     positions = [i for i, v in enumerate(values) if _needs_grad(v)]
@@ -319,7 +322,7 @@ def _fused_expert_shapes(experts: Any) -> dict[str, tuple[int, int]] | None:
         return None
     if not hasattr(experts, "down_proj"):
         return None
-    return {W1W3: tuple(sorted((2 * inter, hidden))), W2: tuple(sorted((hidden, inter)))}
+    return {W1W3: (min(2 * inter, hidden), max(2 * inter, hidden)), W2: (min(hidden, inter), max(hidden, inter))}
 
 
 _MATMUL_FUNCTIONS = (
@@ -478,7 +481,7 @@ def find_moe_blocks(model: Any) -> list[tuple[int, str, Any]]:
     """(decoder layer index, module name, block) of every module with `.gate` and `.experts` submodules."""
     import torch
 
-    found = []
+    found: list[tuple[int, str, Any]] = []
     for name, module in model.named_modules():
         gate = getattr(module, "gate", None)
         experts = getattr(module, "experts", None)

@@ -6,11 +6,15 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import typer
 
 from tunecost.cli.common import cli_errors, console, err_console, positive_finite, print_json, print_table, split_list
 from tunecost.errors import TunecostError
+
+if TYPE_CHECKING:
+    from tunecost.workload.job import Method
 
 GB, GIB = 1e9, 2**30
 
@@ -98,7 +102,7 @@ def memory(
     lengths = _read_lengths(dataset_lengths) if dataset_lengths else None
     job = FineTuneJob(
         model=model,
-        method=method,
+        method=cast("Method", method),  # FineTuneJob validates it
         experts_per_token=experts_per_token,
         compute_dtype=dtype,
         quant_type=quant_type,

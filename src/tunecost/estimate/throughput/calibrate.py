@@ -17,6 +17,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -28,7 +29,7 @@ from tunecost.estimate.paper import PAPER_METHOD
 from tunecost.estimate.throughput.counts import StepCounts, analytic_step_counts
 from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, fixed_lengths
 from tunecost.estimate.throughput.model import PARAM_NAMES, StackParams, StepTime, step_time
-from tunecost.workload.job import FineTuneJob
+from tunecost.workload.job import FineTuneJob, Method
 
 PAPER_RUN_QUERIES = 1000  # the paper's throughput = 1000 queries / train_runtime
 FIT_NAMES = (*PARAM_NAMES, "run_overhead_s")
@@ -143,7 +144,7 @@ class ModelRange:
 def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, StepCounts]:
     """The job a target describes (the paper's setup for its models) and its analytic step counts."""
     spec = resolve_model(target.model)
-    method = target.method or PAPER_METHOD.get(spec.name, "qlora")
+    method = cast("Method", target.method or PAPER_METHOD.get(spec.name, "qlora"))  # FineTuneJob validates it
     k = target.experts_per_token or spec.default_experts_per_token
     if target.seq_len is not None:
         lengths = fixed_lengths(target.seq_len, target.batch_size)
