@@ -8,13 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 
 from tunecost.report.records import RunRecords
-
-REQUIRED = "missing"
 
 
 @dataclass
@@ -50,7 +49,7 @@ def _plt():
     return plt
 
 
-def _panels(plt, num: int, width: float, height: float, max_cols: int = 3) -> tuple[object, list]:
+def _panels(plt, num: int, width: float, height: float, max_cols: int = 3) -> tuple[Any, list[Any]]:
     """`num` panels of `width` x `height` inches, at most `max_cols` a row (one long row shrank the text on the
     page); unused cells of the last row are hidden."""
     cols = max(1, min(num, max_cols))
@@ -396,8 +395,8 @@ def fig_expert_load(records: RunRecords) -> FigureResult | str:
     if isinstance(df, str):
         return df
     plt = _plt()
-    keys = (
-        list(df.groupby(["model", "experts_per_token"]).groups)
+    keys: list[tuple[Any, Any]] = (
+        [cast(tuple[Any, Any], key) for key in df.groupby(["model", "experts_per_token"]).groups]  # (model, k)
         if "experts_per_token" in df.columns
         else [(m, None) for m in df.model.unique()]
     )
