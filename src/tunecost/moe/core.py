@@ -30,10 +30,12 @@ from torch.profiler import record_function
 
 from tunecost.moe.grouped import (
     Groups,
+    Routing,
     grouped_addmm_,
     grouped_matmul,
     grouped_matmul_wgrad,
     groups_from_counts,
+    route,
 )
 from tunecost.moe.nf4 import NF4ExpertWeights
 
@@ -61,41 +63,6 @@ def activation_backward(name: str, grad: torch.Tensor, x: torch.Tensor, out: tor
         return torch.ops.aten.silu_backward.grad_input(grad, x, grad_input=out)
     approximate = "tanh" if name == "gelu_tanh" else "none"
     return torch.ops.aten.gelu_backward.grad_input(grad, x, approximate=approximate, grad_input=out)
-
-
-@dataclass(frozen=True)
-class Routing:
-    """Tokens routed once: rows are (token, slot) pairs sorted by expert (stable, so ties keep token order).
-
-    perm: row -> index into the flattened (tokens * top_k) routing tensors.
-    token_of_row: row -> token index.
-    groups: per-expert row ranges over all E experts.
-    tokens_per_expert: (E,) counts on the device.
-    """
-
-    perm: torch.Tensor
-    token_of_row: torch.Tensor
-    groups: Groups
-    tokens_per_expert: torch.Tensor
-
-    @property
-    def hit_experts(self) -> list[int]:
-        return [expert for expert, _, _ in self.groups.bounds()]
-
-    def hit_groups(self) -> Groups:
-        """Row ranges over the experts that received tokens only (for compact de-quantized weights)."""
-        counts = [end - begin for _, begin, end in self.groups.bounds()]
-        return groups_from_counts(counts, self.groups.offsets.device)
-
-
-def route(top_k_index: torch.Tensor, num_experts: int) -> Routing:
-    num_top_k = top_k_index.shape[-1]
-    flat = top_k_index.reshape(-1)
-    _, perm = torch.sort(flat, stable=True)
-    tokens_per_expert = torch.bincount(flat, minlength=num_experts)[:num_experts]
-    # One host sync per layer: the group bounds drive the loop fallback and which experts to de-quantize.
-    groups = groups_from_counts(tokens_per_expert.tolist(), flat.device)
-    return Routing(perm=perm, token_of_row=perm // num_top_k, groups=groups, tokens_per_expert=tokens_per_expert)
 
 
 class BaseWeights:
