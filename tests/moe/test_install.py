@@ -7,13 +7,13 @@ import torch
 from moe_helpers import randomize_lora
 
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import set_top_k
 from tunecost.moe import (
     EXPERT_IMPLS,
     LoraSpec,
     install_experts,
     installed_impl,
     moe_layers,
-    set_experts_per_token,
     trainable_parameters,
     uninstall_experts,
 )
@@ -101,7 +101,7 @@ def test_experts_per_token_and_gradient_checkpointing(ids):
 
     model = install_experts(_model(), "fast", LORA)
     randomize_lora(model, std=0.05)
-    set_experts_per_token(model, 8)
+    set_top_k(model, 8)
     assert model.config.num_experts_per_tok == 8 and moe_layers(model)[1].router.top_k == 8
     model(ids, labels=ids).loss.backward()
     grads = {n: p.grad.clone() for n, p in trainable_parameters(model).items()}
@@ -126,7 +126,7 @@ def test_bad_requests_are_one_line_errors():
     with pytest.raises(TunecostError, match="4-bit"):
         install_experts(model, "stock", quantize_4bit=True)
     with pytest.raises(TunecostError, match="between 1 and 8"):
-        set_experts_per_token(model, 9)
+        set_top_k(model, 9)
     with pytest.raises(TunecostError, match="LoRA target"):
         LoraSpec(targets=("attention",))
     with pytest.raises(TunecostError, match="no Mixtral-style MoE block"):

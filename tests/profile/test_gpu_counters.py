@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 from tunecost.cli.main import app
 from tunecost.errors import TunecostError
 from tunecost.profile import gpu_counters as G
+from tunecost.profile import instrument
 from tunecost.profile import kernels as K
 from tunecost.profile import nvtx as N
 from tunecost.profile.ncu import KernelCounterRow
@@ -224,7 +225,7 @@ def _loss_and_grads(model, ids):
 def test_instrumentation_changes_no_numbers_and_is_removable(tiny):
     ids = torch.randint(0, 128, (2, 12), generator=torch.Generator().manual_seed(0))
     loss, grads = _loss_and_grads(tiny, ids)
-    handle = N.instrument_model(tiny, layers=[1])
+    handle = instrument.instrument_model(tiny, layers=[1])
     assert "forward" in vars(tiny.model.layers[1].mlp) and "forward" not in vars(tiny.model.layers[0].mlp)
     loss2, grads2 = _loss_and_grads(tiny, ids)
     handle.remove()
@@ -234,13 +235,13 @@ def test_instrumentation_changes_no_numbers_and_is_removable(tiny):
     # an instance-level forward set by another tool is wrapped and put back; instrumenting twice is refused
     block = tiny.model.layers[0].mlp
     block.forward = other = block.forward
-    with N.instrument_model(tiny, layers=[0]):
+    with instrument.instrument_model(tiny, layers=[0]):
         with pytest.raises(TunecostError, match="already instrumented"):
-            N.instrument_moe_block(block)
+            instrument.instrument_moe_block(block)
     assert vars(block)["forward"] is other
     del block.forward
     with pytest.raises(TunecostError, match=r"no MoE block in layer\(s\) \[5\]"):
-        N.instrument_model(tiny, layers=[5])
+        instrument.instrument_model(tiny, layers=[5])
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
@@ -263,7 +264,7 @@ def test_nvtx_ranges_balanced_forward_and_backward(tiny, monkeypatch, checkpoint
     if checkpointing:
         tiny.activation_checkpointing_enable()
     try:
-        with N.instrument_model(tiny, layers=[0, 1]):
+        with instrument.instrument_model(tiny, layers=[0, 1]):
             ids = torch.randint(0, 128, (2, 12))
             tiny(input_ids=ids, labels=ids).loss.backward()
     finally:
@@ -315,7 +316,7 @@ def test_per_expert_modules_and_lora_get_their_ranges():
     x = torch.randn(5, 8, requires_grad=True)
     from torch.profiler import profile
 
-    with N.instrument_moe_block(block), profile() as prof:
+    with instrument.instrument_moe_block(block), profile() as prof:
         block(x).sum().backward()
     counts: dict[str, int] = {}
     for event in prof.events():

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tunecost.models.anatomy import decoder_layers
 from tunecost.models.tiny import build_tiny_mixtral
 from tunecost.profile.inputs import synthetic_source
-from tunecost.profile.layers import LayerTimer, find_decoder_layers, layer_parts, model_layer_parts
+from tunecost.profile.layers import LayerTimer, layer_parts, model_layer_parts
 from tunecost.profile.loop import make_optimizer, train_step
 from tunecost.profile.timers import PerfCounterClock, median_step_index
 
@@ -85,7 +86,7 @@ def test_blackmamba_style_layer_parts():
             self.decoder.layers = torch.nn.ModuleList([Layer(False), Layer(True)])
 
     net = Net()
-    assert len(find_decoder_layers(net)) == 2
+    assert len(decoder_layers(net)) == 2
     mamba, moe = layer_parts(0, net.decoder.layers[0]), layer_parts(1, net.decoder.layers[1])
     assert [c for _, c, _ in mamba.parts] == ["norm", "mamba"] and not mamba.is_moe
     assert [c for _, c, _ in moe.parts] == ["norm", "moe_experts"] and moe.router is net.decoder.layers[1].mixer.router

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import set_top_k
 from tunecost.models.tiny import build_tiny_mixtral
 from tunecost.profile.expert_load import ExpertLoadCounter
 from tunecost.profile.inputs import Query, dataset_source, lengths_source, pad_batch, synthetic_source
 from tunecost.profile.layers import LayerTimer
 from tunecost.profile.loop import TrainableSnapshot, forward_only, make_optimizer, train_step
-from tunecost.profile.model_setup import ModelSetup, build_training_model, set_experts_per_token
+from tunecost.profile.model_setup import ModelSetup, build_training_model
 from tunecost.profile.timers import PerfCounterClock
 
 MICRO_DIR = Path(__file__).parents[1] / "fixtures" / "profile" / "micro-mixtral"
@@ -98,7 +99,7 @@ def test_dense_costs_more_than_sparse_on_the_same_batch():
     batch = synthetic_source(vocab_size=512, seq_len=128).batches(2, 1)[0]
     tokens = {}
     for k in (2, 8):
-        set_experts_per_token(model, k)
+        set_top_k(model, k)
         counter = ExpertLoadCounter(model).attach()
         forward_only(model, batch)
         counter.detach()
@@ -117,7 +118,7 @@ def test_dense_costs_more_than_sparse_on_the_same_batch():
     try:
         for i in range(6):
             for k in (2, 8):
-                set_experts_per_token(model, k)
+                set_top_k(model, k)
                 layers = train_step(model, opt, batch, clock, device="cpu", layer_timer=timer).layers
                 if i:  # the first round warms up
                     expert_seconds[k].append(sum(s for (_, _, c), s in layers.seconds.items() if c == "moe_experts"))

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import num_experts, set_top_k
 from tunecost.models.tiny import build_tiny_mixtral
-from tunecost.train.topk import routing_name, set_experts_per_token
+from tunecost.train.topk import routing_name
 
 SMALL = dict(
     hidden_size=64,
@@ -23,23 +24,24 @@ def test_dense_and_sparse_routing_change_the_model():
     ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         sparse = model(input_ids=ids).logits
-    assert set_experts_per_token(model, 8) == 8
+    set_top_k(model, 8)
+    assert num_experts(model) == 8
     assert model.config.num_experts_per_tok == 8 and model.num_experts_per_tok == 8
     assert all(m.top_k == 8 for m in model.modules() if hasattr(m, "top_k"))
     with torch.no_grad():
         dense = model(input_ids=ids).logits
     assert not torch.allclose(sparse, dense)
-    set_experts_per_token(model, 2)
+    set_top_k(model, 2)
     with torch.no_grad():
         assert torch.allclose(model(input_ids=ids).logits, sparse)
 
 
 def test_bad_values_and_names():
     model = build_tiny_mixtral(seed=0, **SMALL)
-    with pytest.raises(TunecostError, match="1..8"):
-        set_experts_per_token(model, 9)
+    with pytest.raises(TunecostError, match="between 1 and 8, got 9"):
+        set_top_k(model, 9)
     with pytest.raises(TunecostError):
-        set_experts_per_token(torch.nn.Linear(2, 2), 2)
+        set_top_k(torch.nn.Linear(2, 2), 2)
     assert (routing_name(2, 8), routing_name(8, 8)) == ("sparse", "dense")
 
 
@@ -51,7 +53,8 @@ def test_blackmamba_routing_goes_through_its_own_setter():
     ids = torch.randint(0, model.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         before = model(ids).logits
-    assert set_experts_per_token(model, 8) == 8
+    set_top_k(model, 8)
+    assert num_experts(model) == 8
     assert model.config.experts_per_token == 8
     assert all(m.experts_per_token == 8 for m in model.moe_mixers())
     with torch.no_grad():

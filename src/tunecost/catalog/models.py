@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError, unknown_name_error
+from tunecost.models.anatomy import SUPPORTED_FAMILIES, get_top_k, num_experts
 
 MODEL_CATALOG_DIR = Path(__file__).parent / "data" / "models"
 
-# Config keys that name the expert count and the top-k, per family (transformers' own names).
+# Config keys that name the expert count and the top-k (validated as positive integers below; what they mean per
+# family is tunecost.models.anatomy's).
 _NUM_EXPERTS_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "experts_per_token")
-SUPPORTED_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v2", "llama", "mistral", "blackmamba")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,21 +41,11 @@ class ModelSpec:
     @property
     def num_experts(self) -> int:
         """Routed experts per MoE layer (1 for a dense model)."""
-        if self.family == "blackmamba":
-            return int(self.config.get("num_experts", 8))
-        for key in _NUM_EXPERTS_KEYS:
-            if self.config.get(key):
-                return int(self.config[key])
-        return 1
+        return num_experts({**self.config, "model_type": self.family})
 
     @property
     def default_experts_per_token(self) -> int:
-        if self.family == "blackmamba":
-            return int(self.config.get("mlp_router_topk", self.config.get("experts_per_token", 1)))
-        for key in _TOP_K_KEYS:
-            if self.config.get(key):
-                return int(self.config[key])
-        return 1
+        return get_top_k({**self.config, "model_type": self.family})
 
     @property
     def is_moe(self) -> bool:

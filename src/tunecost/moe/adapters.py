@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 from tunecost.errors import TunecostError
-from tunecost.moe.install import _STATE_ATTR, _unwrap, moe_layers
+from tunecost.models.anatomy import unwrap_peft as _unwrap
+from tunecost.moe.install import _STATE_ATTR, moe_layers
 from tunecost.moe.spec import LoraSpec
 
 PREFIX = "base_model.model."

@@ -38,12 +38,13 @@ from tunecost.moe.grouped import (
     route,
 )
 from tunecost.moe.nf4 import NF4ExpertWeights
+from tunecost.profile import ranges
 
 ACTIVATIONS: tuple[str, ...] = ("silu", "gelu", "gelu_tanh")
-# torch.profiler / NVTX range names, the same strings as tunecost.profile.nvtx (W1W3, W2, LORA, ACTIVATION,
-# DEQUANT) so its kernel classifier reads them; forward and backward work carry the same name.
-W1W3_RANGE, W2_RANGE = "tunecost.moe.w1w3", "tunecost.moe.w2"
-LORA_RANGE, ACT_RANGE, DEQUANT_RANGE = "tunecost.moe.lora", "tunecost.moe.act", "tunecost.moe.dequant"
+# torch.profiler / NVTX range names (tunecost.profile.ranges), so the kernel classifier reads the experts' own work;
+# forward and backward work carry the same name.
+W1W3_RANGE, W2_RANGE = ranges.W1W3, ranges.W2
+LORA_RANGE, ACT_RANGE, DEQUANT_RANGE = ranges.LORA, ranges.ACTIVATION, ranges.DEQUANT
 _BACKWARD_CHUNKS = 2
 
 

@@ -17,6 +17,8 @@ import torch
 from torch import nn
 
 from tunecost.errors import TunecostError, unknown_name_error
+from tunecost.models.anatomy import MoeBlock, moe_blocks
+from tunecost.models.anatomy import unwrap_peft as _unwrap
 from tunecost.moe.spec import EXPERT_IMPLS, LoraSpec
 
 _HOOK_DICTS = (
@@ -38,26 +40,15 @@ _ACTIVATIONS = {  # config.hidden_act -> our activation names
 }
 
 
-@dataclass(frozen=True)
-class MoeLayer:
-    """One MoE block and the submodules a profiler times: `router` (block.gate) and `experts` (block.experts)."""
+def _is_moe_block(block: MoeBlock) -> bool:
+    """A Mixtral-style block with transformers' fused experts (or ours) and a top-k router, or a BlackMamba MoE
+    mixer."""
+    from tunecost.models.blackmamba.layers import MoEMixer
 
-    name: str
-    block: nn.Module
-    router: nn.Module
-    experts: nn.Module
-
-
-def _unwrap(module: Any) -> Any:
-    """The module under PEFT ParamWrappers (nested when several parameters of one module are targeted)."""
-    while hasattr(module, "base_layer") and module.__class__.__name__ == "ParamWrapper":
-        module = module.base_layer
-    return module
-
-
-def _is_moe_block(module: nn.Module) -> bool:
-    gate, experts = getattr(module, "gate", None), getattr(module, "experts", None)
-    if gate is None or experts is None or not isinstance(experts, nn.Module):
+    if isinstance(block.block, MoEMixer):
+        return True
+    gate, experts = getattr(block.block, "gate", None), block.experts
+    if gate is None:
         return False
     inner = _unwrap(experts)
     stock = hasattr(inner, "gate_up_proj") and hasattr(inner, "down_proj")
@@ -72,29 +63,19 @@ def _blackmamba_mixers(model: nn.Module) -> list[tuple[str, Any]]:
     return moe_mixers(model)
 
 
-def moe_layers(model: nn.Module) -> list[MoeLayer]:
+def moe_layers(model: nn.Module) -> list[MoeBlock]:
     """Every MoE block of `model` (or `model` itself if it is one), in module order.
 
     Mixtral-style blocks: router = `block.gate`, experts = `block.experts`. BlackMamba mixers: router =
     `mixer.router`, experts = `mixer.experts` (fast impls) or `mixer.local_experts` (a ModuleList the stock loop
-    calls expert by expert, so time it as mixer minus router)."""
-    layers = [_mixtral_style_layer(name, module) for name, module in model.named_modules() if _is_moe_block(module)]
-    layers += [
-        MoeLayer(
-            name=name, block=mixer, router=mixer.router, experts=getattr(mixer, "experts", None) or mixer.local_experts
-        )
-        for name, mixer in _blackmamba_mixers(model)
-    ]
+    calls expert by expert, so time it as mixer minus router). Found by `tunecost.models.anatomy.moe_blocks`."""
+    layers = [block for block in moe_blocks(model) if _is_moe_block(block)]
     if not layers:
         raise TunecostError(
             f"no Mixtral-style MoE block (gate + fused experts) or BlackMamba MoE mixer found in "
             f"{type(model).__name__}; install_experts supports transformers 5 Mixtral-style models and BlackMamba"
         )
     return layers
-
-
-def _mixtral_style_layer(name: str, block: Any) -> MoeLayer:
-    return MoeLayer(name=name, block=block, router=block.gate, experts=block.experts)
 
 
 def installed_impl(model: nn.Module) -> str:
@@ -231,7 +212,7 @@ def _install_ours(block: Any, impl: str, lora: LoraSpec | None, *, quantize_4bit
         block.gate = router
 
 
-def _install_peft(model: nn.Module, layers: list[MoeLayer], lora: LoraSpec) -> None:
+def _install_peft(model: nn.Module, layers: list[MoeBlock], lora: LoraSpec) -> None:
     from peft import LoraConfig, inject_adapter_in_model
 
     if lora.expert_layout == "per-projection":
@@ -327,29 +308,6 @@ def uninstall_experts(model: nn.Module, *, merge_lora: bool = False) -> nn.Modul
     if hasattr(model, _STATE_ATTR):
         delattr(model, _STATE_ATTR)
     return model
-
-
-def set_experts_per_token(model: nn.Module, experts_per_token: int) -> None:
-    """Route every token to `experts_per_token` experts (1 = top-1 ... E = dense), in the config and every router."""
-    if _blackmamba_mixers(model) and hasattr(model, "set_experts_per_token"):
-        try:
-            setter: Any = model.set_experts_per_token  # BlackMamba's own (validates k, updates its config)
-            setter(experts_per_token)
-        except ValueError as exc:
-            raise TunecostError(str(exc)) from None
-        return
-    layers = moe_layers(model)
-    num_experts = _unwrap(layers[0].router).num_experts
-    if not 1 <= experts_per_token <= num_experts:
-        raise TunecostError(f"experts per token must be between 1 and {num_experts}, got {experts_per_token}")
-    config = getattr(model, "config", None)
-    if config is not None and hasattr(config, "num_experts_per_tok"):
-        config.num_experts_per_tok = experts_per_token
-    for layer in layers:
-        _unwrap(layer.router).top_k = experts_per_token
-        block: Any = layer.block
-        if hasattr(block, "top_k"):
-            block.top_k = experts_per_token
 
 
 def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:

@@ -5,7 +5,7 @@ Modules (nothing is imported here, so `import tunecost.profile` stays cheap):
   sequence lengths (or a dataset) x batch sizes; the API behind `tunecost profile`.
 - `point`: `measure_point`, `MeasureOptions`, `Workload`: one point (throughput, stages, layers, kernels, expert
   loads, memory, overhead).
-- `model_setup`: `ModelSetup`, `build_training_model`, `prepare_method`, `set_experts_per_token`.
+- `model_setup`: `ModelSetup`, `build_training_model`, `prepare_method`.
 - `loop`: `train_step` (forward / backward / optimizer timed by a clock), `make_optimizer`, `forward_only`.
 - `timers`: `PerfCounterClock`, `CudaEventClock`, `StepTimes`.  `layers`: `LayerTimer` (per-layer forward,
   backward, recompute).  `expert_load`: `ExpertLoadCounter`.  `kernel_breakdown`: `profile_kernels`.

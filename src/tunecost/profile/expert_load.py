@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunecost.errors import TunecostError
-from tunecost.profile.layers import model_layer_parts
+from tunecost.models.anatomy import moe_blocks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,39 +38,6 @@ class ExpertLoad:
         ]
 
 
-def _unwrapped(module: Any) -> list[Any]:
-    """The module and what it wraps (PEFT's ParamWrapper / LoRA layers keep the original as `base_layer`)."""
-    chain = [module]
-    while getattr(chain[-1], "base_layer", None) is not None and len(chain) < 8:
-        chain.append(chain[-1].base_layer)
-    return chain
-
-
-def _num_experts(router: Any, block: Any) -> int:
-    experts = getattr(block, "experts", None) or getattr(block, "local_experts", None)
-    # innermost first: PEFT's ParamWrapper has a `num_experts` of its own (1 for a 2-D weight)
-    candidates = [*reversed(_unwrapped(router)), block, *(reversed(_unwrapped(experts)) if experts is not None else [])]
-    for obj in candidates:
-        for name in ("num_experts", "num_local_experts", "n_routed_experts"):
-            value = getattr(obj, name, None)
-            if isinstance(value, int) and value > 0:
-                return value
-    if experts is not None and hasattr(experts, "__len__"):
-        return len(experts)  # a ModuleList of experts (BlackMamba)
-    weight = getattr(_unwrapped(router)[-1], "weight", None)
-    if weight is not None:
-        return int(weight.shape[0])
-    raise TunecostError(f"cannot tell the number of experts of router {type(router).__name__}")
-
-
-def _top_k(router: Any, block: Any, default: int | None) -> int | None:
-    for obj in (*reversed(_unwrapped(router)), block):
-        value = getattr(obj, "top_k", None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return default
-
-
 class ExpertLoadCounter:
     """Forward hooks on every router that add up tokens per expert while `counting` is True."""
 
@@ -78,13 +45,9 @@ class ExpertLoadCounter:
         self.model = model
         self.counting = True
         self._routers: list[tuple[int, Any, int, int | None]] = []
-        for lp in model_layer_parts(model):
-            if lp.router is None:
-                continue
-            block = next(m for key, _, m in lp.parts if key == "moe")
-            self._routers.append(
-                (lp.index, lp.router, _num_experts(lp.router, block), _top_k(lp.router, block, experts_per_token))
-            )
+        for block in moe_blocks(model):
+            top_k = block.top_k if block.top_k is not None else experts_per_token
+            self._routers.append((block.layer_index, block.router, block.num_experts, top_k))
         if not self._routers:
             raise TunecostError(f"{type(model).__name__} has no MoE routers to count tokens per expert")
         self._handles: list[Any] = []

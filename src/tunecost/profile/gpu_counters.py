@@ -37,7 +37,7 @@ from typing import Any
 from tunecost.errors import TunecostError
 from tunecost.profile.kernels import classify_cpu_op, classify_kernel
 from tunecost.profile.ncu import DEFAULT_METRICS, KernelCounterRow, parse_ncu_csv_file, time_weighted_utilization
-from tunecost.profile.nvtx import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, RANGE_PREFIX, is_moe_work
+from tunecost.profile.ranges import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, RANGE_PREFIX, is_moe_work
 from tunecost.results.io import atomic_write_json, atomic_write_text, read_jsonl
 
 NO_CUDA_MESSAGE = (
@@ -275,8 +275,8 @@ def run_child(
     `warmup_steps` unlabelled then `steps` labelled steps; with mode "torch-profiler", return the kernel rows."""
     import torch
 
+    from tunecost.profile.instrument import instrument_model
     from tunecost.profile.model_setup import ModelSetup, build_training_model
-    from tunecost.profile.nvtx import instrument_model
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     setup = ModelSetup(

@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from tunecost.profile import instrument, nvtx
 from tunecost.profile import kernels as taxonomy
-from tunecost.profile import nvtx
 
 _EXPERT_PROJECTIONS = {
     "w1": nvtx.W1,
@@ -66,7 +66,7 @@ class KernelBreakdown:
 
 
 def _wrap(module: Any, name: str, restores: list[Callable[[], None]]) -> None:
-    if "forward" in vars(module):  # already labelled (by nvtx.instrument_moe_block or the module itself)
+    if "forward" in vars(module):  # already labelled (by instrument.instrument_moe_block or the module itself)
         return
     original = module.forward
 
@@ -77,30 +77,24 @@ def _wrap(module: Any, name: str, restores: list[Callable[[], None]]) -> None:
     restores.append(lambda: vars(module).pop("forward", None))
 
 
-def label_moe_layers(model: Any) -> nvtx.InstrumentationHandle:
+def label_moe_layers(model: Any) -> instrument.InstrumentationHandle:
     """Put tunecost ranges on every MoE block of `model` (forward and backward); `.remove()` undoes it."""
-    from tunecost.profile.layers import model_layer_parts
+    from tunecost.models.anatomy import moe_blocks
 
-    handle = nvtx.InstrumentationHandle()
+    handle = instrument.InstrumentationHandle()
     try:
-        blocks = nvtx.find_moe_blocks(model)
-        block_ids = {id(b) for _, _, b in blocks}
-        for _, _, block in blocks:
-            handle._restores.extend(nvtx.instrument_moe_block(block)._restores)
-        for lp in model_layer_parts(model):  # MoE blocks named otherwise (BlackMamba: router + local_experts)
-            for key, _, module in lp.parts:
-                if key == "moe" and id(module) not in block_ids:
-                    experts = getattr(module, "experts", None) or getattr(module, "local_experts", None)
-                    _wrap(module, nvtx.MOE_BLOCK, handle._restores)
-                    _wrap(lp.router, nvtx.ROUTER, handle._restores)
-                    if (
-                        experts is not None
-                        and hasattr(experts, "forward")
-                        and not isinstance(experts, list)
-                        and type(experts).__name__ != "ModuleList"
-                    ):
-                        _wrap(experts, nvtx.EXPERTS, handle._restores)
-                    block_ids.add(id(module))
+        blocks = instrument.gated_moe_blocks(model)
+        block_ids = {id(b.block) for b in blocks}
+        for found in blocks:
+            handle._restores.extend(instrument.instrument_moe_block(found.block)._restores)
+        for found in moe_blocks(model):  # MoE blocks named otherwise (BlackMamba: router + local_experts)
+            if id(found.block) not in block_ids:
+                experts = found.experts
+                _wrap(found.block, nvtx.MOE_BLOCK, handle._restores)
+                _wrap(found.router, nvtx.ROUTER, handle._restores)
+                if type(experts).__name__ != "ModuleList":
+                    _wrap(experts, nvtx.EXPERTS, handle._restores)
+                block_ids.add(id(found.block))
         for name, module in model.named_modules():
             leaf = name.rsplit(".", 1)[-1]
             inside_moe = ".experts." in f".{name}." or ".local_experts." in f".{name}."

@@ -27,13 +27,13 @@ to the last layer's output gradient. Their layer_index is None.
 from __future__ import annotations
 
 import functools
-import re
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import decoder_layers, router_and_experts
 from tunecost.profile.timers import Clock
 
 PASSES: tuple[str, ...] = ("forward", "backward", "recompute")
@@ -69,23 +69,6 @@ class LayerParts:
         return self.router is not None
 
 
-def _router_and_experts(block: Any) -> tuple[Any, Any] | None:
-    import torch
-
-    router = next(
-        (getattr(block, n) for n in ("gate", "router") if isinstance(getattr(block, n, None), torch.nn.Module)), None
-    )
-    experts = next(
-        (
-            getattr(block, n)
-            for n in ("experts", "local_experts")
-            if isinstance(getattr(block, n, None), torch.nn.Module)
-        ),
-        None,
-    )
-    return (router, experts) if router is not None and experts is not None else None
-
-
 def _is_norm(name: str, module: Any) -> bool:
     return "norm" in type(module).__name__.lower() or "norm" in name.lower()
 
@@ -102,7 +85,7 @@ def layer_parts(index: int, layer: Any) -> LayerParts:
         elif name in _ATTENTION_NAMES:
             out.parts.append(("attention", "attention", child))
         elif name in _MOE_BLOCK_NAMES:
-            moe = _router_and_experts(child)
+            moe = router_and_experts(child)
             if moe is not None:
                 out.parts.append(("moe", "moe_experts", child))
                 out.router = moe[0]
@@ -115,24 +98,8 @@ def layer_parts(index: int, layer: Any) -> LayerParts:
     return out
 
 
-_LAYERS_NAME = re.compile(r"(^|\.)layers$")
-
-
-def find_decoder_layers(model: Any) -> list[Any]:
-    """The decoder layers of a causal LM (through PEFT wrappers): the longest `...layers` ModuleList."""
-    import torch
-
-    best: list[Any] = []
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.ModuleList) and _LAYERS_NAME.search(name) and len(module) > len(best):
-            best = list(module)
-    if not best:
-        raise TunecostError(f"{type(model).__name__}: no decoder layers found (expected a `layers` ModuleList)")
-    return best
-
-
 def model_layer_parts(model: Any) -> list[LayerParts]:
-    return [layer_parts(i, layer) for i, layer in enumerate(find_decoder_layers(model))]
+    return [layer_parts(i, layer) for i, layer in enumerate(decoder_layers(model))]
 
 
 # ------------------------------------------------------------------------------------------------ the timer

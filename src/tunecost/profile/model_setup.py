@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError, unknown_name_error
+from tunecost.models.anatomy import set_top_k
 from tunecost.workload.device import check_device
 
 METHODS: tuple[str, ...] = ("full", "lora", "qlora")
@@ -198,7 +199,7 @@ def build_training_model(setup: ModelSetup, *, spec: Any = None) -> PreparedMode
         weights = "random"
     if not getattr(model, "_tunecost_prepared", False):
         prepare_method(model, setup)
-    set_experts_per_token(model, k)
+    set_top_k(model, k)
     model.train()
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
@@ -299,24 +300,6 @@ def quantize_attention_4bit(model: Any) -> int:
     return swapped
 
 
-def set_experts_per_token(model: Any, experts_per_token: int) -> None:
-    """Route each token to `experts_per_token` experts: config, every router/MoE block `top_k`, and the top-k the
-    load-balancing loss uses (`model.num_experts_per_tok`); a model's own `set_experts_per_token` (BlackMamba)
-    goes first."""
-    own = getattr(model, "set_experts_per_token", None)
-    if callable(own):
-        own(experts_per_token)
-    config = getattr(model, "config", None)
-    for key in ("num_experts_per_tok", "moe_top_k", "mlp_router_topk"):
-        if config is not None and hasattr(config, key) and not callable(own):
-            setattr(config, key, experts_per_token)
-    for module in model.modules():
-        if module is not model and isinstance(getattr(module, "top_k", None), int):
-            module.top_k = experts_per_token
-        if isinstance(getattr(module, "num_experts_per_tok", None), int):
-            module.num_experts_per_tok = experts_per_token
-
-
 # ------------------------------------------------------------------ full-size random QLoRA models on a GPU
 
 
@@ -325,12 +308,12 @@ def _random_streamed_4bit(spec: Any, setup: ModelSetup, dtype: Any, overrides: d
     its experts and attention right away, so the bf16 model never exists whole."""
     import torch
 
+    from tunecost.models.anatomy import decoder_layers
     from tunecost.models.build import build_model
-    from tunecost.profile.layers import find_decoder_layers
 
     model = build_model(spec, device="meta", dtype=dtype, seed=None, **overrides)
     device = torch.device(setup.device)
-    inside = {id(m) for layer in find_decoder_layers(model) for m in layer.modules()}
+    inside = {id(m) for layer in decoder_layers(model) for m in layer.modules()}
     torch.manual_seed(setup.seed)
     _prepare_layer_by_layer(
         model,
@@ -346,9 +329,9 @@ def _prepare_layer_by_layer(model: Any, setup: ModelSetup, *, bring: Any, bring_
     then `bring_rest()` (embeddings, final norm, head); the model ends up prepared (`_tunecost_prepared`)."""
     import torch
 
-    from tunecost.profile.layers import find_decoder_layers
+    from tunecost.models.anatomy import decoder_layers
 
-    for layer in find_decoder_layers(model):
+    for layer in decoder_layers(model):
         bring(layer.modules(), layer)
         prepare_method(model, setup, layers_only=layer)
         if torch.device(setup.device).type == "cuda":

@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import set_top_k
 from tunecost.profile.expert_load import ExpertLoad, ExpertLoadCounter
 from tunecost.profile.inputs import BatchSource
 from tunecost.profile.kernel_breakdown import KernelBreakdown, profile_kernels
 from tunecost.profile.layers import LayerTimer, LayerTimes
 from tunecost.profile.loop import DEFAULT_LR, StepResult, TrainableSnapshot, forward_only, make_optimizer, train_step
 from tunecost.profile.memory import PeakMemory, PeakMemoryMeter
-from tunecost.profile.model_setup import PreparedModel, set_experts_per_token
+from tunecost.profile.model_setup import PreparedModel
 from tunecost.profile.timers import StepTimes, make_clock, median_step_index
 
 ProgressFn = Callable[[int, int, str], None]
@@ -148,7 +149,7 @@ def measure_point(
     model, device = prepared.model, workload.device
     t_start = time.perf_counter()
     batches_cpu = source.batches(workload.batch_size, options.steps)  # raises on a too-small dataset
-    set_experts_per_token(model, workload.experts_per_token)
+    set_top_k(model, workload.experts_per_token)
     if snapshot is not None:
         snapshot.restore()
     result = PointMeasurement(

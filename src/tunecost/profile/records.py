@@ -22,12 +22,15 @@ KINDS: tuple[str, ...] = ("throughput", "stages", "layers", "kernels", "expert_l
 POINTS_FILE = "points.jsonl"
 
 
-def _base(kind: str, m: PointMeasurement) -> dict[str, Any]:
-    return {"schema_version": SCHEMA_VERSION, "kind": kind, **m.workload.keys(), "point_id": m.workload.point_id}
-
-
 def point_rows(m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
-    """All rows of one measured point, by kind (file stem). An "oom" point has only its `points` row."""
+    """All rows of one measured point, by kind (file stem). An "oom" point has only its `points` row. Every row
+    carries `num_experts` when `extra` gives it (what "dense", top-k == num_experts, is read from)."""
+    num_experts = (extra or {}).get("num_experts")
+
+    def _base(kind: str, m: PointMeasurement) -> dict[str, Any]:
+        base = {"schema_version": SCHEMA_VERSION, "kind": kind, **m.workload.keys(), "point_id": m.workload.point_id}
+        return base if num_experts is None else {**base, "num_experts": num_experts}
+
     rows: dict[str, list[dict[str, Any]]] = {k: [] for k in (*KINDS, "points")}
     point = {
         **_base("point", m),
@@ -189,6 +192,7 @@ def summary(out_dir: str | Path, point_ids: Iterable[str] | None = None) -> list
                 "method",
                 "experts_impl",
                 "experts_per_token",
+                "num_experts",
                 "batch_size",
                 "seq_len",
                 "dataset",

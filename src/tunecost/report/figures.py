@@ -77,9 +77,37 @@ def _device_of(df: pd.DataFrame) -> str:
     return "unknown device"
 
 
+# Records written before rows carried `num_experts` come from Mixtral-8x7B and BlackMamba runs, 8 experts each.
+LEGACY_NUM_EXPERTS = 8
+
+
+def _present(value: object) -> bool:
+    return value is not None and not (isinstance(value, float) and np.isnan(value))
+
+
+def is_dense(row: pd.Series | dict) -> bool:
+    """Dense routing: top-k == the model's number of experts, read from the row (`num_experts`, else the row's
+    `sparsity` k/E == 1, else `LEGACY_NUM_EXPERTS` for records older than the `num_experts` column)."""
+    k: Any = row.get("experts_per_token")  # a number once _present says so
+    if not _present(k):
+        return False
+    num_experts: Any = row.get("num_experts")
+    if _present(num_experts):
+        return int(k) >= int(num_experts)
+    sparsity: Any = row.get("sparsity")
+    if _present(sparsity):
+        return float(sparsity) >= 1.0
+    return int(k) >= LEGACY_NUM_EXPERTS
+
+
+def routing_label(row: pd.Series | dict) -> str:
+    """ "dense" or "top-k" for a row with `experts_per_token`."""
+    return "dense" if is_dense(row) else f"top-{int(row['experts_per_token'])}"
+
+
 def _label(row: pd.Series) -> str:
     k = row.get("experts_per_token")
-    return f"{row.get('model', '?')} {'dense' if k == 8 else f'top-{k}'}" if k is not None else str(row.get("model"))
+    return f"{row.get('model', '?')} {routing_label(row)}" if k is not None else str(row.get("model"))
 
 
 def _config_labels(df: pd.DataFrame) -> pd.Series:
@@ -143,13 +171,11 @@ def fig_throughput_fit(records: RunRecords) -> FigureResult | str:
             note=f.note,
         )
         sel = points[(points.model == f.model) & (points.dataset == f.dataset) & (points.gpu == f.gpu)]
-        for k, color in ((2, "tab:blue"), (8, "tab:red")):
+        for k in sorted(sel.experts_per_token.dropna().unique()):
             s = sel[sel.experts_per_token == k]
-            if s.empty:
-                continue
-            ax.plot(
-                s.batch_size, s.queries_per_s, "o", color=color, label=f"measured {'sparse' if k == 2 else 'dense'}"
-            )
+            routing = "dense" if is_dense(s.iloc[0]) else "sparse"
+            color = "tab:red" if routing == "dense" else "tab:blue"
+            ax.plot(s.batch_size, s.queries_per_s, "o", color=color, label=f"measured {routing}")
             b = np.linspace(1, s.batch_size.max(), 50)
             sp = float(s.sparsity.iloc[0])
             ax.plot(
@@ -157,7 +183,7 @@ def fig_throughput_fit(records: RunRecords) -> FigureResult | str:
                 [fit.predict_queries_per_s(batch_size=x, sparsity=sp) for x in b],
                 "-",
                 color=color,
-                label=f"eq. (2) {'sparse' if k == 2 else 'dense'}",
+                label=f"eq. (2) {routing}",
             )
         ax.set_title(f"{f.model}\n{f.dataset} on {f.gpu}", fontsize=9)
         ax.set_xlabel("batch size (queries)")
@@ -255,7 +281,7 @@ def table_costs(records: RunRecords) -> FigureResult | str:
         sel = table[(table.model == key[0]) & (table.experts_per_token == key[1]) & (table.estimator == key[2])]
         ax.barh(sel.gpu + " (" + sel.provider + ")", sel.usd, color="tab:green")
         ax.set_xlabel("cost of the fine-tune (USD)")
-        ax.set_title(f"{key[0]} {'dense' if key[1] == 8 else f'top-{key[1]}'}\nestimator: {key[2]}", fontsize=9)
+        ax.set_title(f"{key[0]} {routing_label(sel.iloc[0])}\nestimator: {key[2]}", fontsize=9)
         ax.invert_yaxis()
     fig.tight_layout()
     q = df.iloc[0]
@@ -281,13 +307,14 @@ def fig_throughput(records: RunRecords) -> FigureResult | str:
         impls = sel["experts_impl"].dropna().unique() if "experts_impl" in sel.columns else []
         keys = ["experts_per_token", "experts_impl"] if len(impls) > 1 else ["experts_per_token"]
         for key, g in sel.groupby(keys):
-            k, impl = (key if isinstance(key, tuple) else (key,)) + ((None,) if len(keys) == 1 else ())
+            _k, impl = (key if isinstance(key, tuple) else (key,)) + ((None,) if len(keys) == 1 else ())
+            first = g.iloc[0]
             g = g.groupby("batch_size", as_index=False)["queries_per_s"].median()
             ax.plot(
                 g.batch_size,
                 g.queries_per_s,
                 "o-",
-                label=f"{'dense' if k == 8 else f'top-{k}'}" + (f" [{impl}]" if impl else ""),
+                label=routing_label(first) + (f" [{impl}]" if impl else ""),
             )
         ax.set_title(model, fontsize=9)
         ax.set_xlabel("batch size (queries)")
@@ -420,7 +447,7 @@ def fig_expert_load(records: RunRecords) -> FigureResult | str:
                     **{f"expert_{e}": int(t) for e, t in p.items()},
                 }
             )
-        ax.set_title(f"{model} {'dense' if k == 8 else f'top-{k}'}", fontsize=9)
+        ax.set_title(f"{model} {routing_label(sel.iloc[0]) if k is not None else ''}".rstrip(), fontsize=9)
         ax.set_xlabel("expert")
         ax.set_ylabel("tokens routed (all MoE layers)")
         ax.set_ylim(top=1.3 * ax.get_ylim()[1])  # headroom: the legend sits above the bars, never over them
@@ -537,7 +564,7 @@ def fig_max_batch(records: RunRecords) -> FigureResult | str:
                 ].sort_values(mem_col)
                 if g.empty:
                     continue
-                routing = "" if k is None else ("dense" if k == 8 else f"top-{int(k)}")
+                routing = "" if k is None else routing_label(g.iloc[0])
                 ax.plot(
                     g[mem_col],
                     g.max_batch_size,

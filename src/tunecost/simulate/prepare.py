@@ -17,6 +17,7 @@ from torch import nn
 
 from tunecost.catalog.models import ModelSpec, resolve_model
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import SUPPORTED_FAMILIES, decoder_layers
 from tunecost.simulate.hf2024 import Loop2024Experts
 from tunecost.simulate.modules import SimExperts, SimLinear, SimLoraRouter
 from tunecost.simulate.quant4bit import Quantized4bit, QuantSpec
@@ -24,7 +25,6 @@ from tunecost.simulate.recorder import LayerPlan
 from tunecost.workload.job import FineTuneJob
 
 STACKS = ("tunecost", "hf-2024")
-SIMULATED_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "deepseek_v2", "llama", "mistral", "blackmamba")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 _QUANT_BUFFERS = {"packed": "weights_4bit"}
@@ -52,10 +52,10 @@ def check_supported(job: FineTuneJob, spec: ModelSpec, stack: str) -> None:
     """Raise a one-line TunecostError naming exactly what is unsupported."""
     if stack not in STACKS:
         raise TunecostError(f"unsupported software stack {stack!r}; supported: {', '.join(STACKS)}")
-    if spec.family not in SIMULATED_FAMILIES:
+    if spec.family not in SUPPORTED_FAMILIES:
         raise TunecostError(
             f"{spec.name}: architecture {spec.family!r} is not supported by the step simulator; "
-            f"supported: {', '.join(SIMULATED_FAMILIES)}"
+            f"supported: {', '.join(SUPPORTED_FAMILIES)}"
         )
     if spec.family == "blackmamba" and job.method != "full":
         raise TunecostError(
@@ -90,18 +90,6 @@ def layer_pattern(spec: ModelSpec) -> tuple[int, int, int]:
         step = int(cfg.get("decoder_sparse_step") or 1)
         return 0, step, n // step
     return 0, 1, n
-
-
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    for path in ("model.layers", "decoder.layers", "backbone.layers", "layers"):
-        obj: Any = model
-        for attr in path.split("."):
-            obj = getattr(obj, attr, None)
-            if obj is None:
-                break
-        if isinstance(obj, nn.ModuleList):
-            return obj
-    raise TunecostError(f"cannot find the decoder layers of {type(model).__name__}")
 
 
 def _swap_linears(

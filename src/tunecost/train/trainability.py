@@ -29,9 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import num_experts as num_experts_of
+from tunecost.models.anatomy import set_top_k
 from tunecost.results.io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
 from tunecost.train.finetune import OptimConfig, make_batches, make_optimizer_with_schedule, train_epoch
-from tunecost.train.topk import routing_name, set_experts_per_token
+from tunecost.train.topk import routing_name
 
 ProgressFn = Callable[[int, int, str], None]
 ROWS_FILE = "trainability.jsonl"
@@ -120,7 +122,8 @@ def _build_model(job: TrainabilityJob, k: int, vocab_size: int) -> Any:
 
         model, _ = load_eval_model(job.model)
         model = model.float() if not torch.cuda.is_available() else model
-    num_experts = set_experts_per_token(model, k)
+    set_top_k(model, k)
+    num_experts = num_experts_of(model)
     if k == num_experts and not torch.cuda.is_available() and hasattr(model, "set_experts_implementation"):
         # Dense routing on CPU: the per-expert loop beats grouped_mm's token sort (every token hits every expert).
         model.set_experts_implementation("eager")
@@ -210,7 +213,8 @@ def run_trainability(
             done_steps += job.epochs * steps_per_epoch
             continue
         model = _build_model(job, k, tokenizer.vocab_size).to(device)
-        num_experts = set_experts_per_token(model, k)
+        set_top_k(model, k)
+        num_experts = num_experts_of(model)
         routing = routing_name(k, num_experts)
         run_dir = out / f"{routing}-k{k}"
         state_path = run_dir / STATE_FILE

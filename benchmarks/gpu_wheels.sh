@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Wheels that a bare GPU image (Python 3.12, its own CUDA torch, transformers, peft, accelerate) lacks or has at
+# other versions than constraints.txt, downloaded here into .whl/ (git-ignored) so they can travel with the tree:
+#   bash benchmarks/gpu_wheels.sh && bash benchmarks/gpu_batch.sh PART   (on the GPU machine, with .whl carried)
+# About 58 MB: bitsandbytes is 43 MB of it. mistral-common (the offline Mixtral tokenizer, 6.5 MB) is left out to
+# stay under a 64 MiB transfer; the GPU checks use random token ids and need no tokenizer.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .whl
+pins=()
+for name in bitsandbytes transformers peft typer rich; do
+  pins+=("$(grep -i "^${name}==" constraints.txt)")
+done
+platforms=()
+for n in 28 27 24 17; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  "${platforms[@]}" --platform manylinux2014_x86_64 -d .whl "${pins[@]}"
+ls -la .whl

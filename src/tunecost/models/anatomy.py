@@ -1,0 +1,286 @@
+"""Model anatomy: where the decoder layers, MoE blocks, routers and experts of a supported model are, how many
+experts it has and how many each token uses.
+
+One description per supported family (`_FAMILIES`). transformers 5 families keep their decoder layers at
+`model.layers`; an MoE layer's block is `layer.mlp` with a `*TopKRouter` `gate` (its own `top_k` and
+`num_experts`) and fused `*Experts` (`gate_up_proj` (E, 2I, H), `down_proj` (E, H, I)). tunecost's BlackMamba keeps
+its blocks at `decoder.layers`; an MoE block is `layer.mixer` with a `router` `nn.Linear` and `local_experts`
+(or `experts` once tunecost's fast experts are installed). Dense families (Llama, Mistral) have no MoE block;
+their feed-forward counts as ONE expert that every token uses, so `num_experts` and `get_top_k` are 1 and a dense
+model is, like a dense-routed MoE model, one whose top-k equals its number of experts.
+
+PEFT wrappers are seen through: a `PeftModel` is read through its base model, and `unwrap_peft` gives the module
+under LoRA layers and `lora.ParamWrapper`s (nested once per targeted parameter), both keeping it as `base_layer`.
+Models of no known family (a bare MoE block, a test module) are searched by the attribute names above.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tunecost.errors import TunecostError
+
+
+@dataclass(frozen=True)
+class _Family:
+    layers: str  # attribute path of the decoder layers' ModuleList
+    block: str | None  # attribute of an MoE layer holding the MoE block (None: dense family)
+    router: str = "gate"
+    experts: tuple[str, ...] = ("experts",)
+    num_experts_keys: tuple[str, ...] = ()  # config attributes / config.json keys, first present wins
+    top_k_keys: tuple[str, ...] = ("num_experts_per_tok",)
+
+
+_FAMILIES: dict[str, _Family] = {
+    "mixtral": _Family("model.layers", "mlp", num_experts_keys=("num_local_experts",)),
+    "olmoe": _Family("model.layers", "mlp", num_experts_keys=("num_experts", "num_local_experts")),
+    "qwen2_moe": _Family("model.layers", "mlp", num_experts_keys=("num_experts",)),
+    "qwen3_moe": _Family("model.layers", "mlp", num_experts_keys=("num_experts",)),
+    "deepseek_v2": _Family("model.layers", "mlp", num_experts_keys=("n_routed_experts", "num_experts")),
+    # tunecost's BlackMamba: `experts_per_token` on BlackMambaConfig; Zyphra's config.json says `mlp_router_topk`
+    # (Megatron's `moe_top_k` in some exports)
+    "blackmamba": _Family(
+        "decoder.layers",
+        "mixer",
+        router="router",
+        experts=("experts", "local_experts"),
+        num_experts_keys=("num_experts",),
+        top_k_keys=("experts_per_token", "mlp_router_topk", "moe_top_k"),
+    ),
+    "llama": _Family("model.layers", None),
+    "mistral": _Family("model.layers", None),
+}
+SUPPORTED_FAMILIES = tuple(_FAMILIES)
+
+_ROUTER_NAMES = ("gate", "router")
+_EXPERTS_NAMES = ("experts", "local_experts")
+_LAYERS_NAME = re.compile(r"(^|\.)layers$")
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_MAX_WRAPPERS = 16
+
+
+@dataclass(frozen=True)
+class MoeBlock:
+    """One MoE block: its decoder layer index, module path, and the router and experts the block calls (possibly
+    PEFT-wrapped: `unwrap_peft` gives the original modules)."""
+
+    layer_index: int
+    name: str
+    block: Any
+    router: Any
+    experts: Any
+
+    @property
+    def num_experts(self) -> int:
+        """Routed experts of this block: the router's `num_experts`, else the rows of its weight, else the
+        length of an expert ModuleList."""
+        router = unwrap_peft(self.router)
+        value = getattr(router, "num_experts", None)
+        if isinstance(value, int) and value > 0:
+            return value
+        value = getattr(self.block, "num_experts", None)
+        if isinstance(value, int) and value > 0:
+            return value
+        weight = getattr(router, "weight", None)
+        if weight is not None and weight.dim() == 2:
+            return int(weight.shape[0])
+        experts = unwrap_peft(self.experts)
+        if hasattr(experts, "__len__"):
+            return len(experts)
+        raise TunecostError(f"cannot tell the number of experts of MoE block {self.name or type(self.block).__name__}")
+
+    @property
+    def top_k(self) -> int | None:
+        for obj in (unwrap_peft(self.router), self.block):
+            value = getattr(obj, "top_k", None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+
+def unwrap_peft(module: Any) -> Any:
+    """The module under PEFT wrappers: LoRA layers and `lora.ParamWrapper`s keep the wrapped module as
+    `base_layer` (ParamWrappers nest, one per targeted parameter); a `PeftModel` gives its base model."""
+    get_base_model = getattr(module, "get_base_model", None)
+    if callable(get_base_model) and type(module).__module__.startswith("peft"):
+        module = get_base_model()
+    for _ in range(_MAX_WRAPPERS):
+        inner = getattr(module, "base_layer", None)
+        if inner is None or inner is module:
+            break
+        module = inner
+    return module
+
+
+def model_family(model: Any) -> str | None:
+    """The supported family of a model (through PEFT), or None for anything else (e.g. a bare MoE block)."""
+    model = unwrap_peft(model)
+    from tunecost.models.blackmamba.model import BlackMambaForCausalLM
+
+    if isinstance(model, BlackMambaForCausalLM):
+        return "blackmamba"
+    config = getattr(model, "config", None)
+    family = getattr(config, "model_type", None)
+    if family in _FAMILIES and _attr_path(model, _FAMILIES[family].layers) is not None:
+        return family
+    return None
+
+
+def _attr_path(obj: Any, path: str) -> Any:
+    for attr in path.split("."):
+        obj = getattr(obj, attr, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def _child(module: Any, names: tuple[str, ...]) -> Any:
+    import torch
+
+    for name in names:
+        child = getattr(module, name, None)
+        if isinstance(child, torch.nn.Module):
+            return child
+    return None
+
+
+def decoder_layers(model: Any) -> list[Any]:
+    """The decoder layers of a causal LM (through PEFT wrappers), in order. For a model of no known family: the
+    longest ModuleList named `layers`."""
+    import torch
+
+    family = model_family(model)
+    if family is not None:
+        return list(_attr_path(unwrap_peft(model), _FAMILIES[family].layers))
+    best: list[Any] = []
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.ModuleList) and _LAYERS_NAME.search(name) and len(module) > len(best):
+            best = list(module)
+    if not best:
+        raise TunecostError(f"{type(model).__name__}: no decoder layers found (expected a `layers` ModuleList)")
+    return best
+
+
+def _block_of(module: Any, router_names: tuple[str, ...], experts_names: tuple[str, ...]) -> tuple[Any, Any] | None:
+    router, experts = _child(module, router_names), _child(module, experts_names)
+    return (router, experts) if router is not None and experts is not None else None
+
+
+def router_and_experts(module: Any) -> tuple[Any, Any] | None:
+    """(router, experts) of a module that is an MoE block of any supported family, else None."""
+    return _block_of(module, _ROUTER_NAMES, _EXPERTS_NAMES)
+
+
+def moe_blocks(model: Any) -> list[MoeBlock]:
+    """Every MoE block of `model` in layer order (none for a dense model). A model of no known family is searched
+    for modules with a router (`gate` / `router`) and experts (`experts` / `local_experts`), itself included."""
+    family = model_family(model)
+    if family is not None:
+        spec = _FAMILIES[family]
+        if spec.block is None:
+            return []
+        names = {id(module): name for name, module in model.named_modules()}  # paths as `model` names them
+        found = []
+        for index, layer in enumerate(_attr_path(unwrap_peft(model), spec.layers)):
+            block = getattr(layer, spec.block, None)
+            parts = _block_of(block, (spec.router,), spec.experts) if block is not None else None
+            if parts is not None:
+                name = names.get(id(block), f"{spec.layers}.{index}.{spec.block}")
+                found.append(MoeBlock(index, name, block, *parts))
+        return found
+    found = []
+    for name, module in model.named_modules():
+        parts = router_and_experts(module)
+        if parts is not None and not type(module).__module__.startswith("peft"):
+            match = _LAYER_INDEX.search(name + ".")
+            found.append(MoeBlock(int(match.group(1)) if match else len(found), name, module, *parts))
+    return found
+
+
+def _config_of(model_or_config: Any) -> tuple[str | None, Any]:
+    """(family, config) of a model, a transformers / BlackMamba config, or a config.json dict."""
+    if isinstance(model_or_config, Mapping):
+        if "mamba_moe_layers" in model_or_config:  # Zyphra's config.json has no model_type
+            return "blackmamba", model_or_config
+        return model_or_config.get("model_type"), model_or_config
+    from tunecost.models.blackmamba.config import BlackMambaConfig
+
+    if isinstance(model_or_config, BlackMambaConfig):
+        return "blackmamba", model_or_config
+    if hasattr(model_or_config, "model_type") and not hasattr(model_or_config, "named_modules"):
+        return model_or_config.model_type, model_or_config
+    family = model_family(model_or_config)
+    return family, getattr(unwrap_peft(model_or_config), "config", None)
+
+
+def _config_value(config: Any, keys: tuple[str, ...]) -> int | None:
+    for key in keys:
+        value = config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def num_experts(model_or_config: Any) -> int:
+    """Routed experts per MoE layer; 1 for a dense model (its feed-forward is the one expert every token uses)."""
+    family, config = _config_of(model_or_config)
+    if family in _FAMILIES:
+        spec = _FAMILIES[family]
+        if spec.block is None:
+            return 1
+        value = _config_value(config, spec.num_experts_keys)
+        if value is not None:
+            return value
+        if isinstance(config, Mapping) and "mamba_moe_layers" in config:  # "r" (Mamba) or an expert count per layer
+            counts = [int(e) for e in config["mamba_moe_layers"] if str(e).isdigit()]
+            if counts:
+                return max(counts)
+    if hasattr(model_or_config, "named_modules"):
+        blocks = moe_blocks(model_or_config)
+        return blocks[0].num_experts if blocks else 1
+    raise TunecostError(f"cannot tell the number of experts of a {family or type(model_or_config).__name__} config")
+
+
+def get_top_k(model_or_config: Any) -> int:
+    """Experts each token is routed to (1 for a dense model)."""
+    family, config = _config_of(model_or_config)
+    if family in _FAMILIES:
+        spec = _FAMILIES[family]
+        if spec.block is None:
+            return 1
+        value = _config_value(config, spec.top_k_keys)
+        if value is not None:
+            return value
+        if family == "blackmamba":
+            return 1  # the released BlackMamba models route top-1 and their config may not say so
+    if hasattr(model_or_config, "named_modules"):
+        blocks = moe_blocks(model_or_config)
+        top_k = blocks[0].top_k if blocks else 1
+        if top_k is not None:
+            return top_k
+    raise TunecostError(f"cannot tell the top-k of a {family or type(model_or_config).__name__} config")
+
+
+def set_top_k(model: Any, k: int) -> None:
+    """Route every token to its top-`k` experts from now on (k = number of experts: dense), in the config, every
+    router and MoE block, and the top-k the load-balancing loss reads (`model.num_experts_per_tok`)."""
+    total = num_experts(model)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= total:
+        raise TunecostError(f"experts per token must be between 1 and {total}, got {k!r}")
+    base = unwrap_peft(model)
+    family = model_family(base)
+    if family == "blackmamba":
+        base.set_experts_per_token(k)  # frozen config replaced; every MoE mixer's experts_per_token
+        return
+    config = getattr(base, "config", None)
+    if config is not None and hasattr(config, "num_experts_per_tok"):
+        config.num_experts_per_tok = k
+    if isinstance(getattr(base, "num_experts_per_tok", None), int):
+        base.num_experts_per_tok = k
+    for block in moe_blocks(model):
+        for obj in (unwrap_peft(block.router), block.block):
+            if isinstance(getattr(obj, "top_k", None), int):
+                obj.top_k = k

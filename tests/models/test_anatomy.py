@@ -1,0 +1,199 @@
+"""tunecost.models.anatomy: layers, MoE blocks, experts and top-k of one tiny random model per supported family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tunecost.errors import TunecostError
+from tunecost.models import anatomy
+
+_SMALL = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+
+
+def _hf(family: str, **extra):
+    from transformers import CONFIG_MAPPING, AutoModelForCausalLM
+
+    config = CONFIG_MAPPING[family](**{**_SMALL, **extra})
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+
+def _blackmamba():
+    from tunecost.models.blackmamba import build_blackmamba, tiny_blackmamba_config
+
+    config = tiny_blackmamba_config(vocab_size=128, hidden_size=32, ffn_hidden_size=48)
+    return build_blackmamba(config, seed=0).eval()
+
+
+# family -> (builder, layers, MoE blocks, experts, top-k); counts by hand from the configs below
+CASES = {
+    "mixtral": (lambda: _hf("mixtral", num_local_experts=4, num_experts_per_tok=2), 3, 3, 4, 2),
+    "olmoe": (lambda: _hf("olmoe", num_experts=6, num_experts_per_tok=2), 3, 3, 6, 2),
+    # decoder_sparse_step 2: layers 1 (the 2nd) is sparse, 0 and 2 are dense MLPs
+    "qwen2_moe": (
+        lambda: _hf(
+            "qwen2_moe",
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=16,
+            decoder_sparse_step=2,
+        ),
+        3,
+        1,
+        4,
+        2,
+    ),
+    "qwen3_moe": (
+        lambda: _hf("qwen3_moe", num_experts=8, num_experts_per_tok=3, moe_intermediate_size=16, head_dim=8),
+        3,
+        3,
+        8,
+        3,
+    ),
+    # first_k_dense_replace 1: layer 0 is a dense MLP
+    "deepseek_v2": (
+        lambda: _hf(
+            "deepseek_v2",
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_shared_experts=1,
+            moe_intermediate_size=16,
+            first_k_dense_replace=1,
+            kv_lora_rank=16,
+            q_lora_rank=None,
+            qk_rope_head_dim=4,
+            qk_nope_head_dim=4,
+            v_head_dim=8,
+            n_group=1,
+            topk_group=1,
+            num_key_value_heads=4,  # MLA: keys for every head
+        ),
+        3,
+        2,
+        4,
+        2,
+    ),
+    # tiny_blackmamba_config: 4 layers (Mamba, MoE, Mamba, MoE), 8 experts, top-2
+    "blackmamba": (_blackmamba, 4, 2, 8, 2),
+    "llama": (lambda: _hf("llama"), 3, 0, 1, 1),
+    "mistral": (lambda: _hf("mistral"), 3, 0, 1, 1),
+}
+
+
+def test_every_supported_family_is_tested():
+    assert set(CASES) == set(anatomy.SUPPORTED_FAMILIES)
+
+
+def _routed(model) -> int:
+    """How many experts the first MoE block's router picks per token (counted from the output of one forward)."""
+    block = anatomy.moe_blocks(model)[0]
+    picked = []
+    router = anatomy.unwrap_peft(block.router)
+
+    def count(module, args, output):
+        if isinstance(output, tuple):  # transformers' *TopKRouter: (logits, scores, indices)
+            picked.append(output[-1].shape[-1])
+        else:  # BlackMamba's router Linear: the mixer takes top-k of its logits itself
+            picked.append(anatomy.unwrap_peft(block.block).experts_per_token)
+
+    handle = router.register_forward_hook(count)
+    try:
+        with torch.no_grad():
+            model(torch.arange(8).reshape(1, 8))
+    finally:
+        handle.remove()
+    return picked[0]
+
+
+@pytest.mark.parametrize("family", sorted(CASES))
+def test_family_anatomy(family):
+    build, layers, blocks, experts, top_k = CASES[family]
+    model = build()
+    assert anatomy.model_family(model) == family
+    assert len(anatomy.decoder_layers(model)) == layers
+    found = anatomy.moe_blocks(model)
+    assert len(found) == blocks
+    assert anatomy.num_experts(model) == experts
+    assert anatomy.get_top_k(model) == top_k
+    assert all(b.num_experts == experts and b.top_k == top_k for b in found)
+    layer_list = anatomy.decoder_layers(model)
+    assert all(any(m is b.block for m in layer_list[b.layer_index].modules()) for b in found)
+    if not found:
+        with pytest.raises(TunecostError, match="got 2"):
+            anatomy.set_top_k(model, 2)
+        anatomy.set_top_k(model, 1)
+        return
+    assert _routed(model) == top_k
+    with torch.no_grad():
+        before = model(torch.arange(8).reshape(1, 8)).logits
+    new_k = experts if top_k != experts else 1
+    anatomy.set_top_k(model, new_k)
+    assert anatomy.get_top_k(model) == new_k
+    assert all(b.top_k == new_k for b in anatomy.moe_blocks(model))
+    assert _routed(model) == new_k
+    with torch.no_grad():
+        after = model(torch.arange(8).reshape(1, 8)).logits
+    assert not torch.allclose(before, after)  # the routing really changed
+    for bad in (0, experts + 1):
+        with pytest.raises(TunecostError, match=f"got {bad}"):
+            anatomy.set_top_k(model, bad)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "olmoe", "qwen3_moe"])
+def test_peft_wrapped_models_unwrap(family):
+    """LoRA on attention (target_modules) and on the fused experts and router (target_parameters): the anatomy is
+    the same through the PeftModel, and unwrap_peft reaches the original router and experts."""
+    from peft import LoraConfig, get_peft_model
+
+    build, layers, blocks, experts, top_k = CASES[family]
+    plain = build()
+    originals = [(type(b.router), type(b.experts)) for b in anatomy.moe_blocks(plain)]
+    config = LoraConfig(
+        r=2,
+        lora_alpha=4,
+        lora_dropout=0.0,
+        target_modules=["q_proj", "v_proj"],
+        target_parameters=["mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight"],
+    )
+    model = get_peft_model(plain, config)
+    assert anatomy.model_family(model) == family
+    assert len(anatomy.decoder_layers(model)) == layers
+    found = anatomy.moe_blocks(model)
+    assert len(found) == blocks
+    assert all(type(b.experts).__name__ == "ParamWrapper" for b in found)  # what the block calls
+    assert [(type(anatomy.unwrap_peft(b.router)), type(anatomy.unwrap_peft(b.experts))) for b in found] == originals
+    attention = anatomy.decoder_layers(model)[0].self_attn.q_proj
+    assert anatomy.unwrap_peft(attention) is attention.base_layer
+    assert type(anatomy.unwrap_peft(attention)) is torch.nn.Linear
+    assert anatomy.num_experts(model) == experts and anatomy.get_top_k(model) == top_k
+    anatomy.set_top_k(model, 1)
+    assert anatomy.get_top_k(model) == 1 and _routed(model) == 1
+
+
+def test_bare_block_and_configs():
+    """A bare MoE block (no family) is found by its router and experts; configs and config.json dicts answer
+    num_experts / get_top_k, BlackMamba's Zyphra keys included."""
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    config = MixtralConfig(hidden_size=16, intermediate_size=8, num_local_experts=4, num_experts_per_tok=2)
+    block = MixtralSparseMoeBlock(config)
+    (found,) = anatomy.moe_blocks(block)
+    assert found.block is block and found.num_experts == 4 and found.top_k == 2
+    anatomy.set_top_k(block, 3)
+    assert block.gate.top_k == 3 and block.top_k == 3
+    assert anatomy.num_experts(config) == 4 and anatomy.get_top_k(config) == 2
+    zyphra = {"model_type": "blackmamba", "num_experts": 8, "mlp_router_topk": 1}
+    assert anatomy.num_experts(zyphra) == 8 and anatomy.get_top_k(zyphra) == 1
+    assert anatomy.num_experts({"model_type": "llama"}) == 1
