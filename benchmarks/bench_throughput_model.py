@@ -1,7 +1,7 @@
-"""Validation of the cross-GPU throughput model (issue 8): everything docs/throughput-model.md reports.
+"""Validation of the cross-GPU throughput model: everything docs/throughput-model.md reports.
 
     .venv/bin/python benchmarks/bench_throughput_model.py [--measurements CSV] [--sensitivity] [--simulator]
-        [--lengths ../shared/data]
+        [--lengths DATA_DIR]
 
 Prints, from one run: the calibration on the A40 measurements (parameters, in-sample MAPE overall and per group,
 beside eq. (2) refitted per group), leave-one-group-out, the comparison with the paper's Table IV (an EXTERNAL
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=None,
         metavar="DATA_DIR",
-        help="measure length spreads on DATA_DIR/llm-adapters and DATA_DIR/gsm8k (../shared/data)",
+        help="measure length spreads on DATA_DIR/llm-adapters and DATA_DIR/gsm8k",
     )
     args = parser.parse_args(argv)
     print(
