@@ -19,7 +19,7 @@ from torch import nn
 from tunecost.errors import TunecostError, unknown_name_error
 from tunecost.models.anatomy import MoeBlock, moe_blocks
 from tunecost.models.anatomy import unwrap_peft as _unwrap
-from tunecost.moe.spec import EXPERT_IMPLS, LoraSpec
+from tunecost.moe.spec import EXPERT_IMPLS, LoraSpec, peft_lora_config
 
 _HOOK_DICTS = (
     "_forward_hooks",
@@ -213,7 +213,7 @@ def _install_ours(block: Any, impl: str, lora: LoraSpec | None, *, quantize_4bit
 
 
 def _install_peft(model: nn.Module, layers: list[MoeBlock], lora: LoraSpec) -> None:
-    from peft import LoraConfig, inject_adapter_in_model
+    from peft import inject_adapter_in_model
 
     if lora.expert_layout == "per-projection":
         raise TunecostError("peft-fused has PEFT's fused LoRA layout; use fast or qlora-linear4bit for per-projection")
@@ -226,13 +226,7 @@ def _install_peft(model: nn.Module, layers: list[MoeBlock], lora: LoraSpec) -> N
             targets.append(f"{prefix}gate.weight")
     requires_grad = {id(p): p.requires_grad for p in model.parameters()}
     had_config = hasattr(model, "peft_config")
-    config = LoraConfig(
-        r=lora.rank,
-        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft annotates int; it only divides by it
-        lora_dropout=0.0,
-        target_modules=[],
-        target_parameters=targets,
-    )
+    config = peft_lora_config(lora, target_modules=[], target_parameters=targets)
     inject_adapter_in_model(config, model)
     if not had_config and hasattr(model, "peft_config"):
         del model.peft_config  # PEFT leaves its config on the model; we keep ours in _STATE_ATTR
