@@ -38,7 +38,6 @@ OP_CLASSES = (
     "elementwise",
     "optimizer",
 )
-GEMM_CLASSES = ("expert_matmul", "dense_matmul", "lm_head", "router", "lora")
 TENSOR_CORE = "bf16_tensor"
 CUDA_CORE = "fp32"
 
