@@ -1,10 +1,12 @@
 """Validation of the cross-GPU throughput model: everything docs/throughput-model.md reports.
 
-    .venv/bin/python benchmarks/bench_throughput_model.py [--measurements CSV] [--sensitivity] [--simulator]
+    .venv/bin/python benchmarks/bench_throughput_model.py [--measurements CSV ...] [--sensitivity] [--simulator]
         [--lengths DATA_DIR]
 
-Prints, from one run: the calibration on the A40 measurements (parameters, in-sample MAPE overall and per group,
-beside eq. (2) refitted per group), leave-one-group-out, the comparison with the paper's Table IV (an EXTERNAL
+Prints, from one run: the calibration on the measurements (default: every bundled file, the paper's A40 and
+A100-40GB points; parameters per software stack, in-sample MAPE overall, on the A40 alone and per group, beside
+eq. (2) refitted per group), leave-one-GPU-out, leave-one-group-out, the comparison with the paper's Table IV
+(an EXTERNAL
 REFERENCE: those throughputs are the paper's eq. (2) fitted to its own A100/H100 measurements, which this
 repository does not have), eq. (2) fitted on the A40 and applied unchanged to the other GPUs, and the H100/A40
 ratio at equal batch beside the datasheet ratios. --sensitivity refits with other length spreads and without the
@@ -25,10 +27,17 @@ import numpy as np
 
 from tunecost.catalog.gpus import get_gpu
 from tunecost.estimate.fit import fit_all
-from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS, load_measurements
+from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS, PAPER_A40_MEASUREMENTS, load_measurements
 from tunecost.estimate.throughput import calibrate as tc
 from tunecost.estimate.throughput.lengths import DEFAULT_LOG_SIGMA, dataset_lengths
-from tunecost.estimate.throughput.validate import check_points, group_of, leave_one_group_out, mape
+from tunecost.estimate.throughput.sources import load_calibration_points
+from tunecost.estimate.throughput.validate import (
+    check_points,
+    group_of,
+    leave_one_gpu_out,
+    leave_one_group_out,
+    mape,
+)
 
 # The paper's Table IV (Mixtral-8x7B, sparse, math, at each GPU's maximum batch size). EXTERNAL REFERENCE ONLY:
 # the paper's eq. (2) estimates on each GPU, fitted to measurements on that GPU; not measurements we hold.
@@ -46,13 +55,22 @@ def calibration_report(points, model) -> None:
         f"calibrated on {model.num_points} points ({', '.join(model.gpus)}), "
         f"in-sample MAPE {_pct(model.in_sample_mape)}"
     )
-    for name, value in model.params.as_dict().items():
-        print(f"  {name:20s} {value:.4g}")
-    print(f"  {'run_overhead_s':20s} {model.run_overhead_s:.4g}")
+    stacks = dict(model.stacks) or {"all": model}
+    names = list(stacks)
+    print(f"  {'parameter':20s} " + " ".join(f"{n:>10s}" for n in names))
+    for name in model.params.as_dict():
+        print(f"  {name:20s} " + " ".join(f"{stacks[n].params.as_dict()[name]:10.4g}" for n in names))
+    print(f"  {'run_overhead_s':20s} " + " ".join(f"{stacks[n].run_overhead_s:10.4g}" for n in names))
     print(
-        f"  95 % interval: x/÷ {np.exp(model.interval_log_halfwidth):.3f} (log residual sd {model.log_residual_sd:.3f})"
+        "  in-sample 95 % interval on a calibrated GPU: "
+        + ", ".join(f"{n} x/÷ {np.exp(stacks[n].interval_log_halfwidth):.3f}" for n in names)
     )
+    for note in model.notes:
+        print(f"  note: {note}")
     checks = check_points(model, points)
+    a40 = [c for c in checks if group_of(c.point)[2] == "A40-48GB"]
+    if a40:
+        print(f"  in-sample MAPE on the A40 points alone: {_pct(mape(a40))} (n={len(a40)})")
     eq2 = {(f.model, f.dataset): f for f in fit_all(load_measurements(PAPER_A40_MEASUREMENTS), "artifact")}
     print(f"\n{'group':42s} {'n':>3s} {'ours MAPE':>10s} {'ours max':>9s} {'eq.(2) per group':>17s}")
     for key in sorted({group_of(c.point) for c in checks}):
@@ -67,6 +85,20 @@ def calibration_report(points, model) -> None:
         f"{'all':42s} {len(checks):3d} {_pct(mape(checks)):>10s} {'':>9s} {_pct(eq2_all):>17s}   (ours: 6 shared "
         f"parameters; eq. (2): 2 per group, {2 * len(eq2)} in all)"
     )
+
+
+def logo_gpu_report(points) -> None:
+    print("\nleave-one-GPU-out (calibrate without every point of one GPU, predict them as measured):")
+    results = leave_one_gpu_out(points)
+    gpus = sorted({group_of(p)[2] for p in points})
+    for r in results:
+        print(
+            f"  held out {r.group[2]:14s} n={len(r.checks):2d}  MAPE {_pct(r.mape)}  max {_pct(r.max_ape)}  "
+            f"mean signed {_pct(float(np.mean([c.error for c in r.checks])))}"
+            f"  (calibrated on {', '.join(r.model.gpus)})"
+        )
+    for gpu in sorted(set(gpus) - {r.group[2] for r in results}):
+        print(f"  held out {gpu:14s} skipped: too few points remain to calibrate without it")
 
 
 def logo_report(points) -> None:
@@ -151,7 +183,10 @@ def ratio_report(model) -> None:
 
 
 def sensitivity_report(points) -> None:
-    print("\nsensitivity (refit on the A40 points; H100 = Mixtral math sparse batch 17, 1000-query run):")
+    print(
+        "\nsensitivity (refit on the calibration points, QLoRA stack parameters;"
+        " H100 = Mixtral math sparse batch 17, 1000-query run):"
+    )
     target = tc.ThroughputTarget(
         model="mixtral-8x7b", gpu="H100", batch_size=17, experts_per_token=2, dataset="math_14k"
     )
@@ -160,14 +195,15 @@ def sensitivity_report(points) -> None:
         for sigma in (0.25, DEFAULT_LOG_SIGMA, 0.5):
             for use_priors in (True, False):
                 tc.dataset_lengths = functools.partial(dataset_lengths, log_sigma=sigma)
-                model = tc.calibrate(points, use_priors=use_priors)
-                p = model.params
+                model = tc.calibrate(points, use_priors=use_priors, transfer_check=False)
+                stack = model.stacks.get("qlora", model)  # the parameters the Mixtral QLoRA target uses
+                p = stack.params
                 print(
                     f"  sigma {sigma:4.2f} priors {'on ' if use_priors else 'off'}: "
                     f"in-sample {_pct(model.in_sample_mape)}  gemm_eff {p.gemm_efficiency:.2f} "
                     f"half_rows {p.gemm_half_rows:6.0f} mem_eff {p.memory_efficiency:.2f} "
                     f"kernel {1e6 * p.kernel_overhead_s:5.1f} us step {p.step_overhead_s:.3f} s run "
-                    f"{model.run_overhead_s:5.1f} s  -> "
+                    f"{stack.run_overhead_s:5.1f} s  -> "
                     f"H100 {model.predict(target, run_queries=1000).queries_per_s:.2f} qps"
                 )
     finally:
@@ -178,14 +214,15 @@ def sensitivity_report(points) -> None:
         "gemm_efficiency": tc.Prior(centre=0.7, factor=1.05, lower=0.02, upper=1.0, reason="pinned"),
         "gemm_half_rows": tc.Prior(centre=64, factor=1.05, lower=1.0, upper=1e5, reason="pinned"),
     }
-    model = tc.calibrate(points, priors=tight)
+    model = tc.calibrate(points, priors=tight, transfer_check=False)
     a100 = tc.ThroughputTarget(**{**target.__dict__, "gpu": "A100-80GB"})
-    p = model.params
+    stack = model.stacks.get("qlora", model)
+    p = stack.params
     print(
         f"  GEMM pinned (0.7, 64 rows)  : in-sample {_pct(model.in_sample_mape)}  gemm_eff {p.gemm_efficiency:.2f} "
         f"half_rows {p.gemm_half_rows:6.0f} mem_eff {p.memory_efficiency:.2f} "
         f"kernel {1e6 * p.kernel_overhead_s:5.1f} us "
-        f"step {p.step_overhead_s:.3f} s run {model.run_overhead_s:5.1f} s  -> H100 "
+        f"step {p.step_overhead_s:.3f} s run {stack.run_overhead_s:5.1f} s  -> H100 "
         f"{model.predict(target, run_queries=1000).queries_per_s:.2f} qps, A100-80GB-SXM "
         f"{model.predict(a100, run_queries=1000).queries_per_s:.2f} qps"
     )
@@ -264,7 +301,7 @@ def lengths_report(data_dir: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--measurements", type=Path, default=PAPER_A40_MEASUREMENTS)
+    parser.add_argument("--measurements", type=Path, nargs="+", default=list(BUNDLED_MEASUREMENTS))
     parser.add_argument("--sensitivity", action="store_true")
     parser.add_argument("--simulator", action="store_true")
     parser.add_argument(
@@ -279,11 +316,12 @@ def main(argv: list[str] | None = None) -> int:
         f"# bench_throughput_model  {datetime.date.today().isoformat()}  "
         f"command: {' '.join([Path(sys.argv[0]).name, *(argv if argv is not None else sys.argv[1:])])}"
     )
-    points = tc.load_calibration_points(args.measurements)
+    points = [p for path in args.measurements for p in load_calibration_points(path)]
     start = time.perf_counter()
-    model = tc.calibrate(points, source=str(args.measurements))
-    print(f"calibration took {time.perf_counter() - start:.1f} s (wall, this machine)")
+    model = tc.calibrate(points, source=" + ".join(str(m) for m in args.measurements))
+    print(f"calibration took {time.perf_counter() - start:.1f} s (wall, this machine, with leave-one-GPU-out)")
     calibration_report(points, model)
+    logo_gpu_report(points)
     logo_report(points)
     table_iv_report(model)
     ratio_report(model)

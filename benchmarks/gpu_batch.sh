@@ -51,7 +51,7 @@ for name in ("transformers", "peft", "bitsandbytes", "accelerate"):
 PY
 }
 part_tests() { run pytest-gpu "$PY" -m pytest -q -m gpu -p no:cacheprovider tests; }
-part_profile() { QUICK=1 TC="${TC[*]}" run profile bash benchmarks/gpu_profile_check.sh; }
+part_profile() { QUICK=1 TC="${TC[*]}" PY="$PY" run profile bash benchmarks/gpu_profile_check.sh; }
 part_memory() { run memory "$PY" benchmarks/gpu_memory_check.py; }
 part_moe() {
   run moe-cli "${TC[@]}" bench moe --device cuda --tokens 2048

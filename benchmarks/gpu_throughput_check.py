@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         "LoRA, FA2, checkpointing); a run on another stack launches different kernels."
     )
     if args.json is not None:
-        from tunecost.results.io import atomic_write_json
+        from tunecost.io import atomic_write_json
 
         atomic_write_json(
             args.json,

@@ -54,9 +54,9 @@ def test_demo_writes_every_record_and_the_report(small_demo: Path) -> None:
 
 
 def test_max_batch_rows_are_eq1_and_the_simulator(small_demo: Path) -> None:
-    from tunecost.catalog.gpus import BYTES_PER_GIB
     from tunecost.estimate.paper import EQ1_COEFFICIENTS, max_batch_size_eq1, sparsity_fraction
     from tunecost.simulate import max_batch_size
+    from tunecost.units import BYTES_PER_GIB
     from tunecost.workload.job import FineTuneJob
 
     small_demo.mkdir(parents=True)

@@ -6,16 +6,16 @@ The demo adds no logic of its own: each stage calls the same library function as
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tunecost.catalog.gpus import BYTES_PER_GIB
-from tunecost.results.io import append_jsonl, atomic_write_json, atomic_write_text
+from tunecost.estimate.measurements import PAPER_A40_SOURCE
+from tunecost.io import atomic_write_json
+from tunecost.results.records import SCHEMA_VERSION, estimate_rows, fit_rows, record, write_records
+from tunecost.units import bytes_from_gib
 
 if TYPE_CHECKING:
     from tunecost.workload.job import Method
@@ -38,21 +38,8 @@ def _stage_fit(out: Path, on_progress: ProgressFn | None) -> None:
     from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS, load_measurements
 
     points = load_measurements(PAPER_A40_MEASUREMENTS)
-    path = out / "fit.jsonl"
-    path.unlink(missing_ok=True)
-    for p in points:
-        append_jsonl(
-            out / "fit.jsonl",
-            {
-                "schema_version": 1,
-                "kind": "fit_point",
-                **dataclasses.asdict(p),
-                "source": "paper A40 measurements (bundled)",
-            },
-        )
-    for form in ("artifact", "printed"):
-        for f in fit_all(points, form):
-            append_jsonl(path, {"schema_version": 1, "kind": "fit", **dataclasses.asdict(f)})
+    fits = [f for form in ("artifact", "printed") for f in fit_all(points, form)]
+    write_records(out / "fit.jsonl", fit_rows(points, fits, source=PAPER_A40_SOURCE))
 
 
 def _stage_estimate(out: Path, on_progress: ProgressFn | None) -> None:
@@ -61,8 +48,7 @@ def _stage_estimate(out: Path, on_progress: ProgressFn | None) -> None:
     from tunecost.estimate.cost import estimate_costs
     from tunecost.estimate.estimators import estimator_names
 
-    path = out / "estimate.jsonl"
-    path.unlink(missing_ok=True)
+    rows: list[dict] = []
     jobs = [("mixtral-8x7b", "qlora"), ("blackmamba-2.8b", "full")]
     jobs = [(m, meth) for m, meth in jobs if m in model_catalog()]
     names = [e for e in ("paper", "simulate", "calibrated") if e in estimator_names()]
@@ -71,7 +57,7 @@ def _stage_estimate(out: Path, on_progress: ProgressFn | None) -> None:
     for model, method in jobs:
         for estimator in names:
             for k in (2, 8):
-                rows = estimate_costs(
+                costs = estimate_costs(
                     model=model,
                     gpus=list(DEMO_GPUS),
                     epochs=10,
@@ -80,24 +66,18 @@ def _stage_estimate(out: Path, on_progress: ProgressFn | None) -> None:
                     experts_per_token=k,
                     estimator=estimator,
                 )
-                for row in rows:
-                    append_jsonl(
-                        path,
-                        {
-                            "schema_version": 1,
-                            "kind": "estimate",
-                            "experts_per_token": k,
-                            "method": method,
-                            **dataclasses.asdict(row),
-                        },
-                    )
+                rows += estimate_rows(costs, method=method, experts_per_token=k)
                 done += 1
                 if on_progress:
                     on_progress(done, total, f"estimate {model} top-{k} ({estimator})")
+    write_records(out / "estimate.jsonl", rows)
 
 
 DEMO_DATASET = "synthetic-arith"  # embedded: generated, no download
-MAX_BATCH_MEMORY_GB = (24, 40, 48, 80, 141)  # GiB: GPU memory sizes of the catalog
+# GPU memory sizes of the catalog as datasheets state them ("48 GB"): eq. (1) takes the figure itself, the paper's
+# GPU_mem, beside its 23.35 GB model memory; the simulator takes the bytes the card has, the figure read as GiB
+# (`units.bytes_from_gib`, as `GPU.memory_bytes` does for catalog GPUs).
+MAX_BATCH_MEMORY_GB = (24, 40, 48, 80, 141)
 # (model, method, [(simulator stack, gradient checkpointing)]): Mixtral on the paper's 2024 stack as it reproduces
 # Table III (docs/memory-model.md: checkpointing off) and on today's stack with checkpointing; BlackMamba is
 # tunecost's own model on both stacks, full fine-tune without checkpointing.
@@ -119,18 +99,17 @@ def _stage_lengths(out: Path, on_progress: ProgressFn | None) -> None:
 
     dist = length_distribution(load_dataset(DEMO_DATASET), tokenizer_by_name("mistral"), template_by_name("mistral"))
     rows = [
-        {
-            "schema_version": 1,
-            "kind": "lengths",
-            "dataset": dist.dataset,
-            "tokenizer": dist.tokenizer,
-            "template": dist.template,
-            "query_index": i,
-            "length": n,
-        }
+        record(
+            "lengths",
+            dataset=dist.dataset,
+            tokenizer=dist.tokenizer,
+            template=dist.template,
+            query_index=i,
+            length=n,
+        )
         for i, n in enumerate(dist.lengths)
     ]
-    atomic_write_text(out / "lengths.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    write_records(out / "lengths.jsonl", rows)
 
 
 def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
@@ -149,16 +128,15 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
     for model, method, setups in MAX_BATCH_JOBS:
         spec = resolve_model(model)
         for k in DENSE_SPARSE:
-            keys = {
-                "schema_version": 1,
-                "kind": "max_batch",
-                "model": model,
-                "method": method,
-                "experts_per_token": k,
-                "seq_len": seq_len,
-                "dataset": None,
-                "device": "none",
-            }
+            keys = record(
+                "max_batch",
+                model=model,
+                method=method,
+                experts_per_token=k,
+                seq_len=seq_len,
+                dataset=None,
+                device="none",
+            )
             for gb in MAX_BATCH_MEMORY_GB:
                 eq1, note = eq1_max_batch_size(spec, gpu_memory_gb=gb, experts_per_token=k, seq_len=seq_len)
                 rows.append(
@@ -179,7 +157,7 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
                         seq_len=seq_len,
                         gradient_checkpointing=checkpointing,
                     )
-                    mbs = fitting_batch_size(job, int(gb * BYTES_PER_GIB), stack=stack)
+                    mbs = fitting_batch_size(job, bytes_from_gib(gb), stack=stack)
                     rows.append(
                         {
                             **keys,
@@ -194,7 +172,7 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
                 done += 1
                 if on_progress:
                     on_progress(done, total, f"max batch {model} top-{k} at {gb} GB")
-    atomic_write_text(out / "max_batch.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    write_records(out / "max_batch.jsonl", rows)
 
 
 def _stage_profile(out: Path, on_progress: ProgressFn | None) -> None:
@@ -273,5 +251,5 @@ def run_demo(
         start = time.perf_counter()
         stage.run(out_dir, on_progress)
         seconds[stage.name] = time.perf_counter() - start
-        atomic_write_json(out_dir / "demo.json", {"schema_version": 1, "stages_seconds": seconds})
+        atomic_write_json(out_dir / "demo.json", {"schema_version": SCHEMA_VERSION, "stages_seconds": seconds})
     return seconds

@@ -199,3 +199,26 @@ def test_local_config_missing_keys_take_transformers_defaults(tmp_path) -> None:
     assert spec.default_experts_per_token == defaults.num_experts_per_tok
     assert spec.num_layers == 2 and spec.hidden_size == defaults.hidden_size
     assert "transformers_version" not in spec.config and "architectures" not in spec.config
+
+
+@pytest.mark.parametrize(
+    ("typed", "name"),
+    [
+        ("NousResearch/Llama-2-70b-hf", "llama-2-70b"),
+        ("Qwen/Qwen-7B-Chat", "qwen-7b"),
+        ("mistralai/Mixtral-8x7B-Instruct-v0.1", "mixtral-8x7b"),
+        ("meta-llama/Llama-2-7b-hf", "llama-2-7b"),
+    ],
+)
+def test_hub_id_aliases_resolve_offline(typed: str, name: str) -> None:
+    assert resolve_model(typed).name == name
+
+
+def test_qwen1_as_qwen2_has_qwen1s_tensors() -> None:
+    """Qwen-7B's own modelling code, counted by hand from its config.json (hidden 4096, 32 layers, fused c_attn
+    4096 -> 3 x 4096 with bias, c_proj 4096 -> 4096, w1 and w2 4096 -> 11008, mlp.c_proj 11008 -> 4096, two
+    RMSNorms per layer, a final RMSNorm, untied 151936-row embedding and lm_head): the Qwen2 form has the same."""
+    h, layers, ffn, vocab = 4096, 32, 22016 // 2, 151936
+    per_layer = (h * 3 * h + 3 * h) + h * h + 2 * h * ffn + ffn * h + 2 * h
+    hand = 2 * vocab * h + layers * per_layer + h
+    assert count_parameters(resolve_model("Qwen/Qwen-7B")).total == hand

@@ -88,6 +88,7 @@ CASES = {
     "blackmamba": (_blackmamba, 4, 2, 8, 2),
     "llama": (lambda: _hf("llama"), 3, 0, 1, 1),
     "mistral": (lambda: _hf("mistral"), 3, 0, 1, 1),
+    "qwen2": (lambda: _hf("qwen2"), 3, 0, 1, 1),
 }
 
 

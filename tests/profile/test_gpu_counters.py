@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from tunecost.cli.main import app
 from tunecost.errors import TunecostError
+from tunecost.profile import counters_child as C
 from tunecost.profile import gpu_counters as G
 from tunecost.profile import instrument
 from tunecost.profile import kernels as K
@@ -56,10 +57,10 @@ def test_cli_bad_input(tmp_path, args, message):
 
 def test_ncu_command_line(tmp_path):
     job = G.GpuCountersJob(batch_sizes=(1, 32), layers=(0, 1), experts_per_token=8)
-    child = G.child_command(job, 32, mode="steps")
-    assert child[1:4] == ["-m", "tunecost.profile.gpu_counters", "--child"]
-    assert child[child.index("--batch-size") + 1] == "32"
-    assert child[child.index("--experts-per-token") + 1] == "8"
+    child = C.child_command(job, 32, mode="steps")
+    assert child[1:3] == ["-m", "tunecost.profile.counters_child"]
+    spec = json.loads(child[-1])
+    assert spec["batch_size"] == 32 and spec["experts_per_token"] == 8 and spec["layers"] == [0, 1]
     cmd = G.build_ncu_command(child, log_file=tmp_path / "x.csv", ncu="/opt/ncu", launch_count=500)
     assert cmd[0] == "/opt/ncu"
     assert cmd[cmd.index("--clock-control") + 1] == "none"  # never lock or change the GPU's clocks
@@ -116,11 +117,12 @@ def _fallback_rows(batch: int) -> str:
 def _fake_run(calls, *, ncu_output: str = "", oom_batch: int | None = None):
     def run(cmd, timeout_s):
         calls.append(list(cmd))
-        batch = int(cmd[cmd.index("--batch-size") + 1])
+        spec = json.loads(cmd[-1])  # the child's spec comes last, under ncu too
+        batch = spec["batch_size"]
         if batch == oom_batch:
             return subprocess.CompletedProcess(cmd, 1, "", "torch.OutOfMemoryError: CUDA out of memory.")
-        if "--rows-out" in cmd:  # the torch.profiler child
-            Path(cmd[cmd.index("--rows-out") + 1]).write_text(_fallback_rows(batch))
+        if "rows_out" in spec:  # the torch.profiler child
+            Path(spec["rows_out"]).write_text(_fallback_rows(batch))
             return subprocess.CompletedProcess(cmd, 0, "", "")
         if "ERR_NVGPUCTRPERM" in ncu_output:
             return subprocess.CompletedProcess(cmd, 1, "", ncu_output)
@@ -139,7 +141,7 @@ def test_no_ncu_falls_back_to_torch_profiler_and_writes_results(tmp_path, monkey
     result = G.run_gpu_counters(job, tmp_path)
     assert result.source == "torch.profiler"
     assert any("ncu not found" in n for n in result.notes)
-    assert all("--mode" in c and c[c.index("--mode") + 1] == "torch-profiler" for c in calls)
+    assert all(json.loads(c[-1])["mode"] == "torch-profiler" for c in calls)
     records = [json.loads(line) for line in (tmp_path / "counters.jsonl").read_text().splitlines()]
     assert records[0] == other_job  # rows of another job in the same folder are kept
     records = records[1:]
@@ -153,7 +155,7 @@ def test_no_ncu_falls_back_to_torch_profiler_and_writes_results(tmp_path, monkey
     # rerun: finished batch sizes are kept, not measured again
     calls.clear()
     again = G.run_gpu_counters(G.GpuCountersJob(batch_sizes=(1, 4, 8)), tmp_path)
-    assert [int(c[c.index("--batch-size") + 1]) for c in calls] == [8]
+    assert [json.loads(c[-1])["batch_size"] for c in calls] == [8]
     assert sorted({r.batch_size for r in again.rows}) == [1, 4, 8]
 
 
@@ -330,8 +332,16 @@ def test_per_expert_modules_and_lora_get_their_ranges():
 # --- the torch.profiler fallback on a tiny model's CPU ops ------------------------------------------------------
 
 
+def test_child_spec_errors_are_one_line(capsys):
+    assert C.main(["--model", "tiny-mixtral"]) == 2
+    assert C.main(['{"batch_size": 1, "colour": "red"}']) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+    assert "unknown spec keys ['colour']" in err[1]
+
+
 def test_torch_profiler_rows_on_cpu_ops():
-    rows = G.run_child(
+    rows = C.run_child(
         model="tiny-mixtral",
         method="full",
         batch_size=2,

@@ -116,6 +116,13 @@ def test_point_rows_follow_the_record_format():
     assert all(r["step_pass_seconds"] == (1.0 if r["pass"] == "forward" else 2.0) for r in rows["layers"])
 
 
+def test_every_row_carries_the_number_of_experts():
+    """What "dense" (top-k == number of experts) is read from; absent when the sweep does not know it."""
+    rows = point_rows(_measurement(), extra={"num_experts": 4})
+    assert all(r["num_experts"] == 4 for kind_rows in rows.values() for r in kind_rows)
+    assert all("num_experts" not in r for kind_rows in point_rows(_measurement()).values() for r in kind_rows)
+
+
 def test_oom_point_has_only_its_completion_row():
     rows = point_rows(_measurement(status="oom"))
     assert len(rows["points"]) == 1 and rows["points"][0]["status"] == "oom"

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tunecost.results.io import atomic_write_json
+from tunecost.io import atomic_write_json
 
 PROFILE_KINDS = ("throughput", "stages", "layers", "kernels", "expert_load")
 ALL_KINDS = (*PROFILE_KINDS, "trainability", "lengths", "max_batch", "counters", "fit", "estimate")

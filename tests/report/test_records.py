@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from tunecost.errors import TunecostError
+from tunecost.io import append_jsonl
 from tunecost.report.records import load_run
-from tunecost.results.io import append_jsonl
 
 
 def test_every_kind_is_read_with_its_rows(full_run: Path, rows) -> None:

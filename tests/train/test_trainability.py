@@ -7,7 +7,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tunecost.errors import TunecostError
-from tunecost.results.io import read_jsonl
+from tunecost.io import read_jsonl
 from tunecost.train.trainability import ROWS_FILE, STATE_FILE, TrainabilityJob, run_trainability
 
 FAST = dict(epochs=2, num_train=32, num_eval=4, batch_size=16, max_new_tokens=8)

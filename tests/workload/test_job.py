@@ -73,3 +73,37 @@ def test_lengths_instead_of_seq_len() -> None:
 def test_bad_lora_config(kwargs, message) -> None:
     with pytest.raises(TunecostError, match=message):
         LoraConfig(**kwargs)
+
+
+def test_job_gpus_strategy_and_stack() -> None:
+    from tunecost.errors import TunecostError
+    from tunecost.workload.job import DEFAULT_STACK, STACKS, FineTuneJob
+
+    job = FineTuneJob(model="tiny-mixtral")
+    assert (job.num_gpus, job.gpus_per_node, job.strategy, job.stack) == (1, None, "single", DEFAULT_STACK)
+    assert FineTuneJob(model="tiny-mixtral", stack="hf-2024").stack == "hf-2024" and "hf-2024" in STACKS
+    for bad, match in (
+        ({"stack": "hf-2023"}, "software stack"),
+        ({"strategy": "fsdp2", "num_gpus": 8}, "multi-GPU strategy"),
+        ({"num_gpus": 8}, "needs a multi-GPU strategy"),
+        ({"num_gpus": 0}, "number of GPUs"),
+        ({"gpus_per_node": 2}, "GPUs per node"),
+    ):
+        with pytest.raises(TunecostError, match=match):
+            FineTuneJob(model="tiny-mixtral", **bad)
+
+
+def test_profile_setup_and_moe_lora_come_from_the_job() -> None:
+    from tunecost.errors import TunecostError
+    from tunecost.moe.spec import LoraSpec
+    from tunecost.profile.model_setup import ModelSetup
+    from tunecost.workload.job import LoraConfig
+
+    job = FineTuneJob(model="tiny-mixtral", method="lora", experts_per_token=8, lora=LoraConfig(rank=8, alpha=16.0))
+    setup = ModelSetup.from_job(job, device="cpu", num_layers=1)
+    assert (setup.model, setup.method, setup.experts_per_token) == ("tiny-mixtral", "lora", 8)
+    assert (setup.lora_rank, setup.lora_alpha, setup.num_layers, setup.device) == (8, 16.0, 1, "cpu")
+    spec = LoraSpec.from_config(job.lora, expert_layout="fused")
+    assert (spec.rank, spec.alpha, spec.targets, spec.expert_layout) == (8, 16.0, ("experts", "router"), "fused")
+    with pytest.raises(TunecostError, match="LoRA target"):
+        LoraSpec.from_config(LoraConfig(targets=("attention",)))

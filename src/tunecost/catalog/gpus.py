@@ -11,9 +11,9 @@ from pathlib import Path
 
 from tunecost.catalog._csv import parse_float, read_catalog_csv
 from tunecost.errors import TunecostError, unknown_name_error
+from tunecost.units import bytes_from_gib
 
 GPU_CATALOG_PATH = Path(__file__).parent / "data" / "gpus.csv"
-BYTES_PER_GIB = 2**30
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -24,7 +24,9 @@ class GPU:
     aliases: tuple[str, ...]
     vendor: str
     architecture: str
-    memory_gb: float  # datasheet capacity, the paper's GPU_mem in eq. (1)
+    # The datasheet's memory figure ("48 GB"), the paper's GPU_mem in eq. (1). For these cards it counts GiB: the
+    # memory chips hold 48 x 2^30 bytes, which is what `memory_bytes` gives (see data/gpus.csv's header).
+    memory_gb: float
     mem_bandwidth_bytes_per_s: float
     bf16_tensor_flops_per_s: float
     fp32_flops_per_s: float
@@ -34,8 +36,8 @@ class GPU:
 
     @property
     def memory_bytes(self) -> int:
-        """Device memory in bytes, taking the datasheet GB as GiB (what CUDA reports before reserve)."""
-        return round(self.memory_gb * BYTES_PER_GIB)
+        """Device memory in bytes: the datasheet figure read as GiB (what CUDA reports before ECC/driver reserve)."""
+        return bytes_from_gib(self.memory_gb)
 
 
 def load_gpus(path: Path = GPU_CATALOG_PATH) -> dict[str, GPU]:

@@ -31,6 +31,7 @@ class ModelSpec:
     family: str  # transformers model_type, or "blackmamba"
     config: dict[str, Any] = field(repr=False)
     hub_id: str | None = None
+    aliases: tuple[str, ...] = ()  # other hub ids with the same config (re-uploads, chat/instruct variants)
     source: str = ""
     as_of: str = ""
     published_total_params: float | None = None
@@ -75,6 +76,7 @@ def _spec_from_catalog_file(path: Path) -> ModelSpec:
             family=raw["family"],
             config=raw["config"],
             hub_id=raw.get("hub_id"),
+            aliases=tuple(raw.get("aliases", ())),
             source=raw.get("source", ""),
             as_of=raw.get("as_of", ""),
             published_total_params=raw.get("published_total_params"),
@@ -194,7 +196,8 @@ def resolve_model(name: str) -> ModelSpec:
     catalog = model_catalog()
     key = name.strip().lower()
     for spec in catalog.values():
-        if spec.name.lower() == key or (spec.hub_id and spec.hub_id.lower() == key):
+        names = (spec.name, spec.hub_id or "", *spec.aliases)
+        if key in (n.lower() for n in names if n):
             return spec
     path = Path(name).expanduser()
     if path.exists():

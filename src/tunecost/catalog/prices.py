@@ -91,4 +91,14 @@ def prices_for(gpu_name: str, prices: list[Price], provider: str | None = None) 
     )
 
 
-__all__ = ["Price", "gpu_catalog", "load_prices", "price_catalog", "prices_for", "providers"]
+def cheapest_price(gpu: str, *, provider: str | None = None, prices_file: Path | None = None) -> Price:
+    """The cheapest catalog price of `gpu` (any name or alias), from `provider` if given; `prices_file` overrides
+    or extends the catalog. No price is a `TunecostError`."""
+    gpu_name = resolve_gpu_name(gpu).gpu.name
+    found = prices_for(gpu_name, price_catalog(prices_file), provider)
+    if not found:
+        raise TunecostError(f"no price for {gpu_name}" + (f" from {provider}" if provider else "") + " in the catalog")
+    return found[0]
+
+
+__all__ = ["Price", "cheapest_price", "gpu_catalog", "load_prices", "price_catalog", "prices_for", "providers"]

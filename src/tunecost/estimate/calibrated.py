@@ -1,7 +1,8 @@
 """The `calibrated` estimator: the cross-GPU throughput model (`throughput.model`) at the maximum batch size.
 
-`tunecost estimate --estimator calibrated [--calibrate FILE]`. Calibration: FILE when given (it replaces the
-default), else the bundled copy of the paper's A40 measurements. The maximum batch size comes from the step
+`tunecost estimate --estimator calibrated [--calibrate FILE ...]`. Calibration: the files (or folders) given,
+which replace the default, else every measurement bundled with tunecost (the paper's A40 and A100-40GB points).
+The maximum batch size comes from the step
 simulator (`tunecost.simulate.simulated_max_batch_size`, at --seq-len or the paper's 512 tokens per query; it
 simulates each candidate batch, so allow tens of seconds per GPU the first time), else from the paper's eq. (1)
 where it has coefficients (Mixtral-8x7B, BlackMamba-2.8B); the note on each row says which. The throughput is the
@@ -10,30 +11,60 @@ steady-state one (no per-run start-up), with the calibration's prediction interv
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import EstimatePoint, EstimateRequest, paper_max_batch_size, register_estimator
-from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS
+from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
 from tunecost.estimate.paper import EQ1_ARTIFACT_SEQ_LEN
-from tunecost.estimate.throughput.calibrate import CalibratedModel, ThroughputTarget, calibrate_file
+from tunecost.estimate.throughput.calibrate import CalibratedModel, ThroughputTarget
+from tunecost.estimate.throughput.gpu_terms import GpuTerms
+from tunecost.estimate.throughput.sources import calibrate_files, calibration_files
 
 ESTIMATOR_NAME = "calibrated"
 SIMULATOR_STACKS = ("hf-2024", "tunecost")  # the paper's stack first: the throughput model describes it
 
 
 @lru_cache(maxsize=8)
-def _calibrated(path: str, mtime_ns: int) -> CalibratedModel:
-    return calibrate_file(path)
+def _calibrated(files: tuple[tuple[str, int], ...], profiles: tuple[GpuTerms, ...]) -> CalibratedModel:
+    return calibrate_files([f for f, _ in files], gpu_terms={t.name: t for t in profiles})
 
 
-def calibrated_model(path: str | Path | None = None) -> CalibratedModel:
-    """The calibration of `path` (default: the paper's A40 measurements), cached per file version."""
-    path = Path(path) if path is not None else PAPER_A40_MEASUREMENTS
-    if not path.is_file():
-        raise TunecostError(f"calibration file not found: {path}")
-    return _calibrated(str(path.resolve()), path.stat().st_mtime_ns)
+def calibrated_model(
+    paths: str | Path | Sequence[str | Path] | None = None, gpu_terms: Sequence[GpuTerms] = ()
+) -> CalibratedModel:
+    """The calibration of `paths` (files or folders; default: every bundled measurement), cached per file version.
+    `gpu_terms`: measured GPU profiles, each used for the catalog GPU it names instead of catalog values."""
+    if paths is None:
+        given: list[str | Path] = list(BUNDLED_MEASUREMENTS)
+    elif isinstance(paths, str | Path):
+        given = [paths]
+    else:
+        given = list(paths) or list(BUNDLED_MEASUREMENTS)
+    files = calibration_files(given)
+    key = tuple((str(f.resolve()), f.stat().st_mtime_ns) for f in files)
+    return _calibrated(key, tuple(_keyed_profiles(gpu_terms)))
+
+
+def _keyed_profiles(gpu_terms: Sequence[GpuTerms]) -> list[GpuTerms]:
+    """Profiles re-keyed by the catalog name of the GPU they were measured on (an unknown GPU is an error)."""
+    from dataclasses import replace
+
+    from tunecost.catalog.gpus import resolve_gpu_name
+
+    out = []
+    for t in gpu_terms:
+        try:
+            name = resolve_gpu_name(t.name).gpu.name
+        except TunecostError as exc:
+            raise TunecostError(
+                f"GPU profile for {t.name!r} ({t.source}): {exc}; say which catalog GPU it measured with "
+                "--gpu-profile GPU=FILE"
+            ) from None
+        out.append(replace(t, name=name))
+    return out
 
 
 def _simulated_max_batch(req: EstimateRequest) -> tuple[int, str] | None:
@@ -84,12 +115,18 @@ def max_batch_size_for(req: EstimateRequest) -> tuple[int, str]:
 @register_estimator(
     ESTIMATOR_NAME,
     "cross-GPU throughput model (rooflines per op class + overheads) calibrated on "
-    "measurements (default: the paper's A40 data); max batch from the simulator or "
+    "measurements (default: the paper's A40 and A100-40GB data); max batch from the simulator or "
     "eq. (1)",
 )
 def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
     model = calibrated_model(req.calibrate)
-    mbs, mbs_note = max_batch_size_for(req)
+    if req.batch_size is not None:
+        mbs, mbs_note = (
+            req.batch_size,
+            f"batch fixed at {req.batch_size} (--batch-size; whether it fits is not checked)",
+        )
+    else:
+        mbs, mbs_note = max_batch_size_for(req)
     if mbs < 1:
         return EstimatePoint(
             max_batch_size=0, batch_size=0, queries_per_s=None, notes=(mbs_note, "does not fit: no room for a batch")
@@ -103,11 +140,12 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         seq_len=req.seq_len,
         method=req.method,
     )
-    pred = model.predict(target)
+    pred = model.predict(target, run_queries=req.run_queries)
     notes = [
         mbs_note,
         f"calibrated on {model.num_points} points of {model.source} "
-        f"(in-sample MAPE {100 * model.in_sample_mape:.1f} %); steady-state throughput",
+        f"(in-sample MAPE {100 * model.in_sample_mape:.1f} %); "
+        + ("steady-state throughput" if req.run_queries is None else f"throughput of {req.run_queries}-query runs"),
     ]
     if pred.extrapolation:
         notes.append("extrapolation: " + "; ".join(pred.extrapolation_reasons))
@@ -117,4 +155,5 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         queries_per_s=pred.queries_per_s,
         queries_per_s_interval=(pred.queries_per_s_low, pred.queries_per_s_high),
         notes=tuple(notes),
+        extrapolation=pred.extrapolation,
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +37,7 @@ class CostRow:
     usd: float | None
     estimator: str
     notes: str
+    extrapolation: bool = False  # the throughput was predicted outside the calibrated range (see notes)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,6 +84,22 @@ def _sort_key(row: CostRow) -> tuple[int, float, str]:
     return (row.usd is None, row.usd if row.usd is not None else 0.0, row.gpu)
 
 
+def _batch_sizes_by_gpu(gpus: Sequence[str], batch_sizes: Mapping[str, int]) -> dict[str, int]:
+    """Fixed batch per catalog GPU name; "*" applies to every GPU. A key that names no GPU of `gpus` is an error."""
+    names = {resolve_gpu_name(g).gpu.name for g in gpus}
+    out = dict.fromkeys(names, batch_sizes["*"]) if "*" in batch_sizes else {}
+    for key, batch in batch_sizes.items():
+        if batch < 1:
+            raise TunecostError(f"batch size must be >= 1, got {batch} for {key}")
+        if key == "*":
+            continue
+        name = resolve_gpu_name(key).gpu.name
+        if name not in names:
+            raise TunecostError(f"--batch-size names {key}, which is not among the GPUs ({', '.join(gpus)})")
+        out[name] = batch
+    return out
+
+
 def estimate_costs(
     *,
     model: str,
@@ -98,8 +115,13 @@ def estimate_costs(
     seq_len: int | None = None,
     calibrate: Path | None = None,
     coefficient_set: str = "artifact",
+    batch_sizes: Mapping[str, int] | None = None,
+    run_queries: int | None = None,
 ) -> list[CostRow]:
-    """One row per (GPU, provider price), sorted by cost (rows without a price or throughput last)."""
+    """One row per (GPU, provider price), sorted by cost (rows without a price or throughput last).
+    `batch_sizes` fixes the batch per GPU (keys: GPU names as in `gpus`, or "*" for every GPU). `run_queries`:
+    price the throughput of runs of that many queries, start-up included, as the paper measured it (calibrated
+    estimator only); default: steady state."""
     if not gpus:
         raise TunecostError("give at least one GPU (--gpu A40,H100,...)")
     if epochs <= 0:
@@ -118,6 +140,7 @@ def estimate_costs(
     prices = price_catalog(prices_file)
     rows: list[CostRow] = []
     done: set[str] = set()
+    fixed = _batch_sizes_by_gpu(gpus, batch_sizes or {})
     for gpu_name in gpus:
         resolved = resolve_gpu_name(gpu_name)
         gpu = resolved.gpu
@@ -133,6 +156,8 @@ def estimate_costs(
             seq_len=seq_len,
             calibrate=calibrate,
             coefficient_set=coefficient_set,
+            batch_size=fixed.get(gpu.name),
+            run_queries=run_queries,
         )
         point = func(req)
         notes = list(point.notes)
@@ -176,6 +201,7 @@ def estimate_costs(
                     usd=usd,
                     estimator=estimator,
                     notes="; ".join(notes),
+                    extrapolation=point.extrapolation,
                 )
             )
     return sorted(rows, key=_sort_key)

@@ -28,6 +28,10 @@ from tunecost.estimate.paper import (
 
 @dataclass(frozen=True, kw_only=True)
 class EstimateRequest:
+    """What one estimator answers for one GPU: the job's model (resolved), method and top-k, the dataset whose
+    throughput is modelled, and the estimator's own options (seq_len, calibration file, coefficient set). Not a
+    second job: `estimate_costs` builds one per GPU from the job it was asked about."""
+
     spec: ModelSpec
     gpu: GPU
     method: str
@@ -36,8 +40,12 @@ class EstimateRequest:
     seq_len: int | None = None
     calibrate: Path | None = None
     coefficient_set: str = "artifact"
+    batch_size: int | None = None  # fixed by the user; None: the estimator's maximum batch size
+    run_queries: int | None = None  # throughput of runs of this many queries (start-up included); None: steady
 
     def __post_init__(self) -> None:
+        if self.batch_size is not None and self.batch_size < 1:
+            raise TunecostError(f"batch size must be >= 1, got {self.batch_size}")
         if self.seq_len is not None and self.seq_len < 1:  # None (not 0) means the estimator's default
             raise TunecostError(f"sequence length must be >= 1, got {self.seq_len}")
 
@@ -49,6 +57,7 @@ class EstimatePoint:
     queries_per_s: float | None  # None: this estimator cannot say for this GPU
     queries_per_s_interval: tuple[float, float] | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
+    extrapolation: bool = False  # the throughput is predicted outside what the estimator was calibrated on
 
 
 Estimator = Callable[[EstimateRequest], EstimatePoint]
@@ -180,5 +189,8 @@ def paper_estimator(req: EstimateRequest) -> EstimatePoint:
             queries_per_s=None,
             notes=(note, "does not fit: eq. (1) gives no room for a batch"),
         )
-    qps, notes = paper_throughput(req, mbs)
-    return EstimatePoint(max_batch_size=mbs, batch_size=mbs, queries_per_s=qps, notes=(note, *notes))
+    batch = req.batch_size or mbs
+    qps, notes = paper_throughput(req, batch)
+    if req.batch_size is not None:
+        notes = [f"batch fixed at {batch} (--batch-size)", *notes]
+    return EstimatePoint(max_batch_size=mbs, batch_size=batch, queries_per_s=qps, notes=(note, *notes))

@@ -14,7 +14,11 @@ from pathlib import Path
 
 from tunecost.errors import TunecostError
 
-PAPER_A40_MEASUREMENTS = Path(__file__).parents[1] / "catalog" / "data" / "measurements" / "paper_a40_throughput.csv"
+MEASUREMENTS_DIR = Path(__file__).parents[1] / "catalog" / "data" / "measurements"
+PAPER_A40_MEASUREMENTS = MEASUREMENTS_DIR / "paper_a40_throughput.csv"
+PAPER_A100_40GB_MEASUREMENTS = MEASUREMENTS_DIR / "paper_a100_40gb_throughput.csv"
+BUNDLED_MEASUREMENTS = (PAPER_A40_MEASUREMENTS, PAPER_A100_40GB_MEASUREMENTS)  # every public measurement shipped
+PAPER_A40_SOURCE = "paper A40 measurements (bundled)"  # the `source` of fit records drawn from them
 REQUIRED_COLUMNS = ("model", "dataset", "gpu", "experts_per_token", "batch_size", "queries_per_s")
 DEFAULT_NUM_EXPERTS = 8  # both of the paper's models have 8 experts
 

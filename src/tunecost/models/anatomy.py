@@ -52,6 +52,7 @@ _FAMILIES: dict[str, _Family] = {
     ),
     "llama": _Family("model.layers", None),
     "mistral": _Family("model.layers", None),
+    "qwen2": _Family("model.layers", None),
 }
 SUPPORTED_FAMILIES = tuple(_FAMILIES)
 

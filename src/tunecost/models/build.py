@@ -26,6 +26,10 @@ def hf_config(spec: ModelSpec, experts_per_token: int | None = None, **overrides
             )
         raw["num_experts_per_tok"] = experts_per_token
     raw.update(overrides)
+    layer_types = raw.get("layer_types")
+    if "num_hidden_layers" in overrides and isinstance(layer_types, list):
+        # a per-layer list (attention kinds) follows the traced depth: its first layers
+        raw["layer_types"] = layer_types[: int(overrides["num_hidden_layers"])]
     return CONFIG_MAPPING[spec.family](**raw)
 
 

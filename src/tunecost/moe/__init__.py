@@ -14,7 +14,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from tunecost.moe.spec import EXPERT_IMPLS, EXPERT_LORA_LAYOUTS, LORA_TARGETS, LoraSpec
+from tunecost.moe.spec import EXPERT_IMPLS, EXPERT_LORA_LAYOUTS, LoraSpec
+from tunecost.workload.job import MOE_LORA_TARGETS
 
 _LAZY = {
     "install_experts": "tunecost.moe.install",
@@ -34,7 +35,7 @@ _LAZY = {
     "BENCH_IMPLS": "tunecost.moe.bench",
 }
 
-__all__ = ["EXPERT_IMPLS", "EXPERT_LORA_LAYOUTS", "LORA_TARGETS", "LoraSpec", *_LAZY]
+__all__ = ["EXPERT_IMPLS", "EXPERT_LORA_LAYOUTS", "MOE_LORA_TARGETS", "LoraSpec", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -143,7 +143,7 @@ def save_adapter(model, directory: str | Path) -> Path:
     """Write adapter_config.json and adapter_model.safetensors of the installed MoE LoRA to `directory`."""
     from safetensors.torch import save_file
 
-    from tunecost.results.io import atomic_write_json
+    from tunecost.io import atomic_write_json
 
     layout, lora = _installed(model)
     _, tensors = adapter_state_dict(model)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import moe_blocks
 from tunecost.models.blackmamba.layers import MoEMixer
 from tunecost.moe.fast import FastExperts
 from tunecost.moe.linear4bit import LoraLinear, make_linear4bit
@@ -28,8 +29,8 @@ _STATE_ATTR = "_tunecost_experts"
 
 
 def moe_mixers(model: nn.Module) -> list[tuple[str, Any]]:
-    """(name, mixer) of every BlackMamba MoE mixer (stock or fast, used by attribute)."""
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, MoEMixer)]
+    """(name, mixer) of every BlackMamba MoE mixer, stock or fast (`tunecost.models.anatomy.moe_blocks`)."""
+    return [(b.name, b.block) for b in moe_blocks(model) if isinstance(b.block, MoEMixer)]
 
 
 class FastMoEMixer(MoEMixer):

@@ -11,7 +11,7 @@ training needs: input gradients through W, gradients for A and B from the routed
 x, h, act(h_gate) and the two rank-r products; the gated product is recomputed, and the backward runs over about
 half the rows (whole experts) at a time, so its (rows, 2I) and (rows, I) gradients exist for half the rows only.
 LoRA terms are accumulated in place (`grouped_addmm_`). Each phase, forward and backward, runs in a
-`record_function` range named as `tunecost.profile.nvtx` names them (w1w3, w2, lora, act, dequant). Base weights
+`record_function` range named as `tunecost.profile.ranges` names them (w1w3, w2, lora, act, dequant). Base weights
 come from a `BaseWeights` object: dense parameters, or NF4 stacks de-quantized for the experts that received tokens
 only, once per forward, then kept for the backward where memory allows (by default: when the forward is a
 gradient-checkpointing recomputation, i.e. one layer at a time) and otherwise de-quantized again in the backward;

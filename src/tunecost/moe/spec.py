@@ -6,7 +6,12 @@ No torch import here, so the CLI can list the names without paying for torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from tunecost.workload.job import MOE_LORA_TARGETS
+
+if TYPE_CHECKING:
+    from tunecost.workload.job import LoraConfig
 
 # Names `install_experts` accepts (the profiler's `--experts-impl` choices).
 #   stock            transformers' own fused experts (its `experts_implementation`, grouped_mm by default);
@@ -18,8 +23,6 @@ from typing import Any
 #   fast             tunecost's experts: tokens routed once, grouped GEMMs, LoRA on routed tokens only.
 #   fast-4bit        `fast` with the frozen expert weights stored in nf4 (same as quantize_4bit=True).
 EXPERT_IMPLS: tuple[str, ...] = ("stock", "peft-fused", "qlora-linear4bit", "fast", "fast-4bit")
-
-LORA_TARGETS: tuple[str, ...] = ("experts", "router")
 
 # How the LoRA factors of the experts' gate and up projections are laid out.
 #   fused           one rank-r adapter on the fused gate_up_proj (E, 2I, H): PEFT's `target_parameters` layout.
@@ -55,10 +58,16 @@ class LoraSpec:
         if not self.targets:
             raise TunecostError("LoRA targets are empty: give 'experts', 'router' or both")
         for target in self.targets:
-            if target not in LORA_TARGETS:
-                raise unknown_name_error("LoRA target", target, LORA_TARGETS)
+            if target not in MOE_LORA_TARGETS:
+                raise unknown_name_error("LoRA target", target, MOE_LORA_TARGETS)
         if self.expert_layout is not None and self.expert_layout not in EXPERT_LORA_LAYOUTS:
             raise unknown_name_error("expert LoRA layout", self.expert_layout, EXPERT_LORA_LAYOUTS)
+
+    @classmethod
+    def from_config(cls, lora: LoraConfig, *, expert_layout: str | None = None) -> LoraSpec:
+        """The MoE adapters of a job's LoRA (`FineTuneJob.lora`) plus the installer's own layout option; a target
+        outside the MoE layers (attention, mlp) is an error naming the ones supported here."""
+        return cls(rank=lora.rank, alpha=lora.alpha, targets=tuple(lora.targets), expert_layout=expert_layout)
 
     @property
     def scaling(self) -> float:

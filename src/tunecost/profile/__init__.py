@@ -12,5 +12,6 @@ Modules (nothing is imported here, so `import tunecost.profile` stays cheap):
   `memory`: `PeakMemoryMeter`.  `inputs`: `BatchSource` and its makers.  `records`: rows and resumable files.
 - `maxbatch`: `find_max_batch_size` (measured on CUDA, simulated on CPU), `search_max_batch_size`.
 - `callback`: `TunecostCallback` for a user's own transformers `Trainer` / TRL run.
-- `kernels`, `nvtx`, `ncu`, `gpu_counters`: the kernel taxonomy, range labels and Nsight Compute counters.
+- `kernels`, `ranges`, `nvtx`, `instrument`, `ncu`, `gpu_counters` (+ its child process `counters_child`): the
+  kernel taxonomy, range names, NVTX labels, labelling MoE blocks, and Nsight Compute counters.
 """

@@ -23,12 +23,13 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from tunecost.io import append_jsonl, atomic_write_json
 from tunecost.profile.expert_load import ExpertLoad, ExpertLoadCounter
 from tunecost.profile.layers import LayerTimer, LayerTimes
 from tunecost.profile.memory import PeakMemoryMeter
 from tunecost.profile.point import point_id
 from tunecost.profile.timers import StepTimes, make_clock, median_step_index
-from tunecost.results.io import append_jsonl, atomic_write_json
+from tunecost.results.records import SCHEMA_VERSION
 
 
 def _method_of(model: Any) -> str:
@@ -167,7 +168,7 @@ class TunecostCallback(TrainerCallback):
         append_jsonl(
             self.out_dir / "trainer_steps.jsonl",
             {
-                "schema_version": 1,
+                "schema_version": SCHEMA_VERSION,
                 "kind": "trainer_step",
                 **self._keys,
                 "point_id": self._point_id,
@@ -188,7 +189,7 @@ class TunecostCallback(TrainerCallback):
         after = self._after_load()
         if self._counter is not None:
             self._counter.detach()
-        base = {"schema_version": 1, **self._keys, "point_id": self._point_id}
+        base = {"schema_version": SCHEMA_VERSION, **self._keys, "point_id": self._point_id}
         if self._steps:
             mid = median_step_index(self._steps)
             chosen = self._steps[mid]

@@ -1,16 +1,16 @@
 """SM and DRAM utilization of the MoE layer's kernels under Nsight Compute (paper §IV-B4, Figs. 9 and 10).
 
-For each batch size a child Python process (`python -m tunecost.profile.gpu_counters --child ...`) builds the
+For each batch size a child Python process (`tunecost.profile.counters_child`, given its spec as JSON) builds the
 model as `tunecost profile` does (`tunecost.profile.model_setup`: method, experts implementation, 4-bit experts for
 qlora, gradient checkpointing; random weights, only the decoder layers up to the last profiled one), runs warm-up
-steps, labels the MoE blocks of the chosen layers (`tunecost.profile.nvtx`) and runs a few training steps
+steps, labels the MoE blocks of the chosen layers (`tunecost.profile.instrument`) and runs a few training steps
 (forward, backward, AdamW) on random token ids.
 `ncu` profiles only kernels inside the MoE-block NVTX range, so a profile takes minutes, not the artifact's hours:
 
     ncu --clock-control none --target-processes all --nvtx --nvtx-include "tunecost.moe/" \
         --nvtx-exclude "tunecost.recompute]" \
         --metrics gpu__time_duration.sum,sm__throughput...,dram__throughput...,gpu__compute_memory_throughput... \
-        --csv --page raw --print-units base --log-file DIR/raw/ncu_bs{B}.csv python -m ... --child ...
+        --csv --page raw --print-units base --log-file DIR/raw/ncu_bs{B}.csv python -m ...counters_child SPEC
 
 `--clock-control none` leaves the GPU's clocks as they are (by default ncu fixes them while profiling); nothing
 else about the card is changed. Without `ncu`, or where the counters are not permitted (ERR_NVGPUCTRPERM, common on
@@ -22,23 +22,22 @@ batch sizes already measured.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
 import shutil
 import subprocess
-import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError
-from tunecost.profile.kernels import classify_cpu_op, classify_kernel
+from tunecost.io import atomic_write_json, atomic_write_text, read_jsonl
+from tunecost.profile.counters_child import child_command
 from tunecost.profile.ncu import DEFAULT_METRICS, KernelCounterRow, parse_ncu_csv_file, time_weighted_utilization
-from tunecost.profile.ranges import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, RANGE_PREFIX, is_moe_work
-from tunecost.results.io import atomic_write_json, atomic_write_text, read_jsonl
+from tunecost.profile.ranges import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, is_moe_work
+from tunecost.results.records import SCHEMA_VERSION
 
 NO_CUDA_MESSAGE = (
     "no CUDA GPU: gpu-counters needs an NVIDIA GPU and Nsight Compute (ncu); on a CPU machine use "
@@ -117,39 +116,6 @@ def find_ncu() -> str | None:
     return None
 
 
-def child_command(job: GpuCountersJob, batch_size: int, *, mode: str, rows_out: Path | None = None) -> list[str]:
-    """The command line of the child process that runs the labelled training steps."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "tunecost.profile.gpu_counters",
-        "--child",
-        "--mode",
-        mode,
-        "--model",
-        job.model,
-        "--method",
-        job.method,
-        "--batch-size",
-        str(batch_size),
-        "--seq-len",
-        str(job.seq_len),
-        "--steps",
-        str(job.steps),
-        "--warmup-steps",
-        str(job.warmup_steps),
-        "--layers",
-        ",".join(map(str, job.layers)),
-    ]
-    if job.experts_per_token is not None:
-        cmd += ["--experts-per-token", str(job.experts_per_token)]
-    if job.experts_impl is not None:
-        cmd += ["--experts-impl", job.experts_impl]
-    if rows_out is not None:
-        cmd += ["--rows-out", str(rows_out)]
-    return cmd
-
-
 def build_ncu_command(
     app: Sequence[str],
     *,
@@ -193,174 +159,6 @@ def _last_error_line(text: str) -> str:
     return lines[-1][:300] if lines else "no output"
 
 
-# --- rows from torch.profiler (the fallback, and CPU runs) ----------------------------------------------------
-
-
-def _range_stack(event: Any) -> tuple[str, ...]:
-    names = []
-    parent = event.cpu_parent
-    while parent is not None:
-        if parent.name.startswith(RANGE_PREFIX):
-            names.append(parent.name)
-        parent = parent.cpu_parent
-    return tuple(reversed(names))
-
-
-def profiler_rows(events: Iterable[Any], *, batch_size: int | None, kernels: bool) -> list[KernelCounterRow]:
-    """Kernel rows from torch.profiler events, restricted (like the ncu filter) to MoE work (`is_moe_work`).
-
-    `kernels=True` (CUDA): one row per device kernel, attached to the CPU op that launched it, classified with
-    `classify_kernel`. `kernels=False` (CPU): one row per CPU op with its self time (nested ops are not counted
-    twice), classified with `classify_cpu_op`. Utilization is not measured here: sm_pct/dram_pct are None.
-    """
-    rows = []
-    for event in events:
-        if event.name.startswith(RANGE_PREFIX) or str(getattr(event, "device_type", "CPU")).split(".")[-1] != "CPU":
-            continue
-        stack = _range_stack(event)
-        if not is_moe_work(stack):
-            continue
-        if kernels:
-            for kernel in getattr(event, "kernels", ()):
-                if kernel.name.startswith(RANGE_PREFIX) or kernel.duration <= 0:
-                    continue
-                rows.append(
-                    _profiler_row(
-                        kernel.name, classify_kernel(kernel.name, stack), stack, kernel.duration * 1e-6, batch_size
-                    )
-                )
-        elif event.self_cpu_time_total > 0:
-            rows.append(
-                _profiler_row(
-                    event.name, classify_cpu_op(event.name, stack), stack, event.self_cpu_time_total * 1e-6, batch_size
-                )
-            )
-    return rows
-
-
-def _profiler_row(
-    name: str, cls: str, stack: tuple[str, ...], seconds: float, batch_size: int | None
-) -> KernelCounterRow:
-    return KernelCounterRow(
-        kernel_name=name,
-        kernel_class=cls,
-        nvtx_ranges=stack,
-        duration_s=seconds,
-        sm_pct=None,
-        dram_pct=None,
-        mem_pct=None,
-        batch_size=batch_size,
-        source="torch.profiler",
-    )
-
-
-# --- the child: build, label, train a few steps ----------------------------------------------------------------
-
-
-def run_child(
-    *,
-    model: str,
-    method: str,
-    batch_size: int,
-    seq_len: int,
-    steps: int,
-    warmup_steps: int,
-    layers: Sequence[int],
-    experts_per_token: int | None = None,
-    experts_impl: str | None = None,
-    mode: str = "steps",
-    device: str | None = None,
-) -> list[KernelCounterRow]:
-    """Build the model (`tunecost.profile.model_setup`, random weights, layers up to the last profiled one), train
-    `warmup_steps` unlabelled then `steps` labelled steps; with mode "torch-profiler", return the kernel rows."""
-    import torch
-
-    from tunecost.profile.instrument import instrument_model
-    from tunecost.profile.model_setup import ModelSetup, build_training_model
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    setup = ModelSetup(
-        model=model,
-        method=method,
-        experts_per_token=experts_per_token,
-        experts_impl=experts_impl,
-        device=device,
-        random_weights=True,
-        num_layers=max(layers) + 1,
-    )
-    net = build_training_model(setup).model
-    params = [p for p in net.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-5)
-    vocab = net.config.vocab_size
-    ids = torch.randint(0, vocab, (batch_size, seq_len), device=device)
-
-    def step() -> None:
-        loss = net(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    def sync() -> None:
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-
-    for _ in range(warmup_steps):
-        step()
-    sync()
-    with instrument_model(net, layers):
-        if mode != "torch-profiler":
-            for _ in range(steps):
-                step()
-            sync()
-            return []
-        from torch.profiler import ProfilerActivity, profile
-
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-        with profile(activities=activities) as prof:
-            for _ in range(steps):
-                step()
-            sync()
-    return profiler_rows(prof.events(), batch_size=batch_size, kernels=device.startswith("cuda"))
-
-
-def _child_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tunecost.profile.gpu_counters --child")
-    parser.add_argument("--child", action="store_true", required=True)
-    parser.add_argument("--mode", choices=("steps", "torch-profiler"), default="steps")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--method", default="full")
-    parser.add_argument("--batch-size", type=int, required=True)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--warmup-steps", type=int, default=1)
-    parser.add_argument("--layers", default="0,1")
-    parser.add_argument("--experts-per-token", type=int, default=None)
-    parser.add_argument("--experts-impl", default=None)
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--rows-out", default=None)
-    args = parser.parse_args(argv)
-    try:
-        rows = run_child(
-            model=args.model,
-            method=args.method,
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            steps=args.steps,
-            warmup_steps=args.warmup_steps,
-            layers=[int(x) for x in args.layers.split(",") if x.strip()],
-            experts_per_token=args.experts_per_token,
-            experts_impl=args.experts_impl,
-            mode=args.mode,
-            device=args.device,
-        )
-    except TunecostError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    if args.rows_out:
-        atomic_write_text(args.rows_out, "".join(json.dumps(r.to_dict()) + "\n" for r in rows))
-    return 0
-
-
 # --- the parent: one child per batch size, under ncu or torch.profiler ------------------------------------------
 
 
@@ -378,7 +176,7 @@ def _row_from_dict(data: dict[str, Any]) -> KernelCounterRow:
 
 def _record(job: GpuCountersJob, row: KernelCounterRow, device: str) -> dict[str, Any]:
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "kind": "counters",
         "point_id": job.point_id(row.batch_size or 0),
         "model": job.model,
@@ -414,7 +212,7 @@ def _write_results(
     atomic_write_json(
         out_dir / "utilization.json",
         {
-            "schema_version": 1,
+            "schema_version": SCHEMA_VERSION,
             "kind": "utilization",
             "model": job.model,
             "method": job.method,
@@ -546,12 +344,3 @@ def run_gpu_counters(
     return GpuCountersResult(
         source=_source_of(rows), rows=tuple(rows), utilization=utilization, notes=tuple(notes), out_dir=str(out)
     )
-
-
-if __name__ == "__main__":
-    if "--child" not in sys.argv[1:]:
-        print(
-            "usage: python -m tunecost.profile.gpu_counters --child ... (use `tunecost gpu-counters`)", file=sys.stderr
-        )
-        sys.exit(2)
-    sys.exit(_child_main(sys.argv[1:]))

@@ -1,6 +1,6 @@
 """The kernel classes of the MoE layer (paper Figs. 6, 9, 10) and how a kernel or CPU op is put in one.
 
-The primary signal is the innermost tunecost range the work ran in (`tunecost.profile.nvtx`: the NVTX stack from
+The primary signal is the innermost tunecost range the work ran in (`tunecost.profile.ranges`: the NVTX stack from
 ncu, or the `record_function` stack from torch.profiler); the kernel or op name says what kind of work it is
 (matmul, de-quantization, softmax, top-k/sort, element-wise). A matmul is only attributed to a weight by its range:
 the name of a cuBLAS/CUTLASS kernel does not say which weight it multiplies.

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunecost.errors import TunecostError
+from tunecost.results.records import SCHEMA_VERSION
+from tunecost.units import format_bytes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,9 +113,7 @@ def measured_max_batch_size(
     total = torch.cuda.get_device_properties(index).total_memory
     if memory_bytes is not None:
         if memory_bytes > total:
-            raise TunecostError(
-                f"memory budget {memory_bytes / 2**30:.1f} GiB exceeds this GPU's {total / 2**30:.1f} GiB"
-            )
+            raise TunecostError(f"memory budget {format_bytes(memory_bytes)} exceeds this GPU's {format_bytes(total)}")
         torch.cuda.set_per_process_memory_fraction(memory_bytes / total, index)
     model = prepared.model
     clock = make_clock(device)
@@ -275,7 +275,7 @@ def max_batch_row(result: MaxBatchSearch, setup: Any, inputs: Any, *, gpu: str |
         "device": "cuda" if setup.device.startswith("cuda") else "cpu",
     }
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "kind": "max_batch",
         **keys,
         "point_id": point_id({**keys, "memory_bytes": result.memory_bytes}),

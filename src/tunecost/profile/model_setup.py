@@ -23,8 +23,8 @@ from typing import Any
 from tunecost.errors import TunecostError, unknown_name_error
 from tunecost.models.anatomy import set_top_k
 from tunecost.workload.device import check_device
+from tunecost.workload.job import METHODS, MOE_LORA_TARGETS, FineTuneJob, LoraConfig
 
-METHODS: tuple[str, ...] = ("full", "lora", "qlora")
 DEFAULT_EXPERTS_IMPL = {"full": "stock", "lora": "peft-fused", "qlora": "qlora-linear4bit"}
 _ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -67,6 +67,21 @@ class ModelSetup:
                 raise unknown_name_error("experts implementation", self.experts_impl, EXPERT_IMPLS)
         if self.num_layers is not None and self.num_layers < 1:
             raise TunecostError(f"num_layers must be >= 1, got {self.num_layers}")
+
+    @classmethod
+    def from_job(cls, job: FineTuneJob, *, device: str = "cpu", **options: Any) -> ModelSetup:
+        """The profiler's setup of `job` (model, method, top-k, checkpointing, LoRA rank and alpha) plus the
+        profiler's own options (device, experts_impl, dtype, random_weights, num_layers, seed, ...)."""
+        return cls(
+            model=job.model,
+            method=job.method,
+            experts_per_token=job.experts_per_token,
+            gradient_checkpointing=job.gradient_checkpointing,
+            lora_rank=job.lora.rank,
+            lora_alpha=job.lora.alpha,
+            device=device,
+            **options,
+        )
 
     @property
     def resolved_dtype(self) -> str:
@@ -229,7 +244,7 @@ def _from_pretrained(spec: Any, where: str, *, dtype: Any, device: str, override
 def lora_spec(setup: ModelSetup) -> Any:
     from tunecost.moe.spec import LoraSpec
 
-    return LoraSpec(rank=setup.lora_rank, alpha=setup.lora_alpha, targets=("experts", "router"))
+    return LoraSpec.from_config(LoraConfig(rank=setup.lora_rank, alpha=setup.lora_alpha, targets=MOE_LORA_TARGETS))
 
 
 def prepare_method(model: Any, setup: ModelSetup, *, layers_only: Any = None) -> Any:

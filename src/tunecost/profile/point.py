@@ -2,9 +2,10 @@
 
 Order, each on the same batches: expert loads before training (no-grad forward over the point's queries) ->
 warm-up steps -> timed steps, each run plain and then with the per-layer hooks (interleaved so drift affects both
-alike; the plain ones give throughput, stages and peak memory) -> one step under torch.profiler (kernel classes
-of the MoE layer) -> expert loads after training. A CUDA out-of-memory error makes the point an "oom" boundary:
-memory is released and the sweep goes on.
+alike; the plain ones give throughput, stages and peak memory) -> on CUDA, up to 3 steps under torch.profiler for
+the GPU-busy time (tunecost.profile.gpu_busy) -> one step under torch.profiler (kernel classes of the MoE layer)
+-> expert loads after training. A CUDA out-of-memory error makes the point an "oom" boundary: memory is released
+and the sweep goes on.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import set_top_k
 from tunecost.profile.expert_load import ExpertLoad, ExpertLoadCounter
+from tunecost.profile.gpu_busy import GpuBusy, measure_gpu_busy
 from tunecost.profile.inputs import BatchSource
 from tunecost.profile.kernel_breakdown import KernelBreakdown, profile_kernels
 from tunecost.profile.layers import LayerTimer, LayerTimes
@@ -40,6 +42,8 @@ class MeasureOptions:
         False: one instrumented step only (layer breakdown), no overhead row.
     kernels: profile one step with torch.profiler for the MoE kernel classes.
     expert_load: count tokens per expert before and after the point's training.
+    gpu_busy: on CUDA, run a few more steps under torch.profiler for the GPU-busy time per step
+        (tunecost.profile.gpu_busy); nothing on CPU.
     router_aux_loss: train with the load-balancing loss (the paper's setup) where the model has one.
     """
 
@@ -48,6 +52,7 @@ class MeasureOptions:
     instrumentation_overhead: bool = True
     kernels: bool = True
     expert_load: bool = True
+    gpu_busy: bool = True
     router_aux_loss: bool = True
     lr: float = DEFAULT_LR
 
@@ -60,7 +65,8 @@ class MeasureOptions:
 
 @dataclass(frozen=True, kw_only=True)
 class Workload:
-    """The keys a measurement belongs to (docs/dev/records.md), plus the experts implementation."""
+    """The keys a measurement belongs to (docs/dev/records.md), plus the experts implementation: one point of a
+    sweep, as recorded. Not a job description: `FineTuneJob` says what to run; this names what was measured."""
 
     model: str
     method: str
@@ -111,6 +117,7 @@ class PointMeasurement:
     padded_tokens: int = 0
     memory: PeakMemory | None = None
     kernels: KernelBreakdown | None = None
+    gpu_busy: GpuBusy | None = None  # CUDA only
     load_before: ExpertLoad | None = None
     load_after: ExpertLoad | None = None
     timer: str = "perf_counter"
@@ -172,6 +179,9 @@ def measure_point(
         for _ in range(options.warmup_steps):
             step(batches[0], None)
         _measure_steps(result, model, clock, step, batches, options, on_step)
+        if options.gpu_busy:
+            cycle = iter(batches * 3)
+            result.gpu_busy = measure_gpu_busy(lambda: step(next(cycle), None), device, steps=min(3, len(batches)))
         if options.kernels:
             result.kernels = profile_kernels(functools.partial(step, batches[0], None), model, device=device)
         if counter is not None:

@@ -13,11 +13,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from tunecost.io import append_jsonl, atomic_write_text, read_jsonl
 from tunecost.profile.point import PointMeasurement
 from tunecost.profile.timers import median_step_index
-from tunecost.results.io import append_jsonl, atomic_write_text, read_jsonl
+from tunecost.results.records import record
 
-SCHEMA_VERSION = 1
 KINDS: tuple[str, ...] = ("throughput", "stages", "layers", "kernels", "expert_load", "memory", "overhead")
 POINTS_FILE = "points.jsonl"
 
@@ -28,7 +28,7 @@ def point_rows(m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> d
     num_experts = (extra or {}).get("num_experts")
 
     def _base(kind: str, m: PointMeasurement) -> dict[str, Any]:
-        base = {"schema_version": SCHEMA_VERSION, "kind": kind, **m.workload.keys(), "point_id": m.workload.point_id}
+        base = record(kind, **m.workload.keys(), point_id=m.workload.point_id)
         return base if num_experts is None else {**base, "num_experts": num_experts}
 
     rows: dict[str, list[dict[str, Any]]] = {k: [] for k in (*KINDS, "points")}
@@ -54,6 +54,9 @@ def point_rows(m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> d
             "padded_tokens": m.padded_tokens,
             "seconds": plain_seconds,
             "steps": steps,
+            "wall_step_seconds": statistics.median(s.wall_seconds for s in m.plain),
+            "gpu_busy_step_seconds": None if m.gpu_busy is None else m.gpu_busy.busy_seconds,
+            "gpu_busy_method": None if m.gpu_busy is None else m.gpu_busy.method,
         }
     )
     times = [s.times for s in m.plain]

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError
+from tunecost.io import atomic_write_json
 from tunecost.profile.inputs import BatchSource, dataset_source, synthetic_source
 from tunecost.profile.model_setup import ModelSetup
 from tunecost.profile.point import MeasureOptions, PointMeasurement, Workload, measure_point
 from tunecost.profile.records import finished_points, purge_unfinished, summary, write_point
-from tunecost.results.io import atomic_write_json
 
 ProgressFn = Callable[[int, int, str], None]
 DEFAULT_SEQ_LEN = 128  # the paper's latency / kernel runs (§III)

@@ -88,7 +88,7 @@ def _present(value: object) -> bool:
 def is_dense(row: pd.Series | dict) -> bool:
     """Dense routing: top-k == the model's number of experts, read from the row (`num_experts`, else the row's
     `sparsity` k/E == 1, else `LEGACY_NUM_EXPERTS` for records older than the `num_experts` column)."""
-    k: Any = row.get("experts_per_token")  # a number once _present says so
+    k: Any = row.get("experts_per_token")
     if not _present(k):
         return False
     num_experts: Any = row.get("num_experts")

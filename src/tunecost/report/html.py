@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunecost import __version__
+from tunecost.io import atomic_write_bytes, atomic_write_text
 from tunecost.report.figures import SECTIONS, FigureResult
 from tunecost.report.records import RunRecords, load_run
-from tunecost.results.io import atomic_write_bytes, atomic_write_text
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;

@@ -10,9 +10,8 @@ from typing import Any
 import pandas as pd
 
 from tunecost.errors import TunecostError
-from tunecost.results.io import read_jsonl
-
-SCHEMA_VERSION = 1
+from tunecost.io import read_jsonl
+from tunecost.results.records import SCHEMA_VERSION
 
 
 @dataclass

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+from tunecost.results.records import SCHEMA_VERSION
+
 TRACKED_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes")
 
 
@@ -99,8 +100,10 @@ def run_metadata(
     command: str | Sequence[str] | None = None,
     workloads: Sequence[dict[str, Any]] = (),
     extra: dict[str, Any] | None = None,
+    measured_on_device: bool = True,
 ) -> dict[str, Any]:
-    """The `meta.json` object of docs/dev/records.md for one run directory."""
+    """The `meta.json` object of docs/dev/records.md for one run directory. A run that measured nothing on a
+    device (a fit, an estimate) passes `measured_on_device=False` and records `"device": null`."""
     from tunecost import __version__
 
     meta: dict[str, Any] = {
@@ -109,7 +112,7 @@ def run_metadata(
         "tool_version": __version__,
         "git_revision": git_revision(),
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "device": device_info(device),
+        "device": device_info(device) if measured_on_device else None,
         "versions": package_versions(),
         "command": command if isinstance(command, str) else command_line(command),
         "workloads": list(workloads),
@@ -138,3 +141,19 @@ def merge_metadata(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str,
     if previous:
         merged["previous_commands"] = previous
     return merged
+
+
+def update_run_metadata(run_dir: str | os.PathLike[str], new: dict[str, Any]) -> Path:
+    """Write `run_dir/meta.json` atomically, merged (`merge_metadata`) with the one already there."""
+    import json
+
+    from tunecost.io import atomic_write_json
+
+    path = Path(run_dir) / "meta.json"
+    old = None
+    if path.exists():
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            old = None
+    return atomic_write_json(path, merge_metadata(old if isinstance(old, dict) else None, new))

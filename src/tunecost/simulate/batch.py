@@ -12,13 +12,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tunecost.errors import DoesNotFit
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
-from tunecost.simulate.simulator import DEFAULT_STACK, StepSimulation, simulate_step
-from tunecost.workload.job import FineTuneJob
+from tunecost.simulate.simulator import StepSimulation, simulate_step
+from tunecost.units import format_bytes
+from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
 
-GB = 1e9
 MAX_BATCH = 65536
 
 
@@ -41,6 +42,18 @@ class MaxBatchResult:
     @property
     def headroom_bytes(self) -> int:
         return self.gpu_memory_bytes - self.peak_bytes - self.device_overhead_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """The answer and its evidence as plain data (`tunecost memory --json`'s `max_batch`), sizes in bytes."""
+        return {
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "peak_bytes": self.peak_bytes,
+            "device_overhead_bytes": self.device_overhead_bytes,
+            "headroom_bytes": self.headroom_bytes,
+            "next_batch_need_bytes": self.next_batch_need_bytes,
+            "simulations": [list(s) for s in self.simulations],
+        }
 
 
 def _need(sim: StepSimulation) -> int:
@@ -80,9 +93,9 @@ def max_batch_size(
         s, n1 = sims[1], need(1)
         raise DoesNotFit(
             f"{s.model} ({job.method}, {s.seq_len} tokens per query) does not fit even at batch size 1: needs "
-            f"{n1 / GB:.2f} GB ({s.peak_bytes / GB:.2f} GB simulated peak + {s.device_overhead_bytes / GB:.2f} "
-            f"GB device overhead) but the GPU has {gpu_memory_bytes / GB:.2f} GB: short by "
-            f"{(n1 - gpu_memory_bytes) / GB:.2f} GB"
+            f"{format_bytes(n1)} ({format_bytes(s.peak_bytes)} simulated peak + "
+            f"{format_bytes(s.device_overhead_bytes)} device overhead) but the GPU has "
+            f"{format_bytes(gpu_memory_bytes)}: short by {format_bytes(n1 - gpu_memory_bytes)}"
         )
     best = sims[lo]
     above = [b for b in sims if b > lo]

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from tunecost import __version__
-from tunecost.results.io import atomic_write_json
+from tunecost.io import atomic_write_json
 from tunecost.simulate.records import StepCounts
 
 CACHE_ENV = "TUNECOST_CACHE_DIR"

@@ -14,21 +14,9 @@ from __future__ import annotations
 import torch
 from torch.utils import flop_counter as _fc
 
-aten = torch.ops.aten
+from tunecost.workload.op_classes import OP_CLASSES  # noqa: F401  (re-exported: one taxonomy)
 
-OP_CLASSES = (
-    "expert_matmul",
-    "lora",
-    "dequant",
-    "attention",
-    "router",
-    "dense_matmul",
-    "lm_head",
-    "embedding",
-    "ssm_scan",
-    "elementwise",
-    "optimizer",
-)
+aten = torch.ops.aten
 
 
 def _register_missing_formulas() -> None:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import decoder_layers
 from tunecost.models.blackmamba.layers import MambaMixer, MoEMixer
 from tunecost.simulate.counts import add_work
 from tunecost.simulate.quant4bit import is_fake, tokens_per_expert
@@ -189,7 +190,7 @@ def build_blackmamba_for_sim(spec, *, num_layers: int, experts_per_token: int | 
     top_k = experts_per_token or cfg.experts_per_token
     cfg = cfg.with_experts_per_token(top_k)
     model = build_blackmamba(cfg, device=device, dtype=dtype)
-    for layer in model.decoder.layers:
+    for layer in decoder_layers(model):
         if isinstance(layer.mixer, MambaMixer):
             layer.mixer = FusedMambaMixer(layer.mixer)
         elif isinstance(layer.mixer, MoEMixer):

@@ -90,11 +90,16 @@ class SimLinear(nn.Module):
             y = nn.functional.linear(x2, self.weight, self.bias)
         if self.lora_rank:
             with op_class_scope("lora"):
-                a = x2 @ self.lora_A.to(x2.dtype).t()
+                # PEFT >= 0.7 (style "peft") casts the input to the adapter dtype (fp32) first, and autocast
+                # casts it back for the matmul: a copy of the input is what the matmul keeps for backward.
+                x_lora = x2.to(self.lora_A.dtype).to(x2.dtype) if self.style == "peft" else x2
+                a = x_lora @ self.lora_A.to(x2.dtype).t()
                 b_t = self.lora_B.to(x2.dtype).t()
                 if self.style == "peft-2024":
                     y = y.clone()
                     y += (a @ b_t) * self.scaling
+                elif self.style == "peft":
+                    y = y + (a @ b_t) * self.scaling  # out of place; lora_dropout 0 is nn.Identity
                 else:
                     y = torch.addmm(y, a, b_t, alpha=self.scaling)
         return y.view(*lead, self.out_features)

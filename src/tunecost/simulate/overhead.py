@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GIB = 2**30
+from tunecost.units import BYTES_PER_GIB as GIB
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,7 @@ and ``"hf-2024"`` (the paper's transformers 4.40 / PEFT 0.7 / bitsandbytes memor
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -22,9 +23,12 @@ from tunecost.simulate.hf2024 import Loop2024Experts
 from tunecost.simulate.modules import SimExperts, SimLinear, SimLoraRouter
 from tunecost.simulate.quant4bit import Quantized4bit, QuantSpec
 from tunecost.simulate.recorder import LayerPlan
-from tunecost.workload.job import FineTuneJob
+from tunecost.workload.job import STACKS, FineTuneJob
 
-STACKS = ("tunecost", "hf-2024")
+# LoRA Linear style per stack (see `SimLinear`); re-entrant checkpointing per stack (transformers' default when
+# the Trainer passes no gradient_checkpointing_kwargs, and LLaMA-Factory's in 2024).
+_LORA_STYLE = {"hf-2024": "peft-2024", "hf-peft": "peft"}
+_REENTRANT_STACKS = ("hf-2024", "hf-peft")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 _QUANT_BUFFERS = {"packed": "weights_4bit"}
@@ -115,7 +119,7 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
     quant = QuantSpec(job.quant_type, job.double_quant) if job.method == "qlora" else None
     lora = (job.lora.rank, job.lora.alpha)
     targets = set(job.lora.targets)
-    style = "peft-2024" if stack == "hf-2024" else "tunecost"
+    style = _LORA_STYLE.get(stack, "tunecost")
     if job.method == "full":
         for layer in decoder_layers(model):
             mlp = getattr(layer, "mlp", None)
@@ -267,9 +271,11 @@ def build_prepared(
     real: bool = False,
     seed: int = 0,
     device: str = "cpu",
+    wrap: Callable[[nn.Module], None] | None = None,
 ) -> Prepared:
     """Build the model of `job` with `num_units` repeating units (None: full depth), ready to step: on fake
-    tensors, or with `real=True` on real random tensors on `device` (measurements)."""
+    tensors, or with `real=True` on real random tensors on `device` (measurements). `wrap` (e.g. FSDP2's
+    `fully_shard` per layer) runs on the finished model before the optimizer is built over its parameters."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from tunecost.models.build import build_model
@@ -319,7 +325,7 @@ def build_prepared(
         to_fake(model, fake_mode)
     model.train()
     if job.gradient_checkpointing:
-        reentrant = stack == "hf-2024"
+        reentrant = stack in _REENTRANT_STACKS
         enable = getattr(model, "activation_checkpointing_enable", None)
         if spec.family == "blackmamba":
             model.gradient_checkpointing_enable()  # its own: non-reentrant per block
@@ -329,6 +335,8 @@ def build_prepared(
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
         if reentrant and job.method != "full":
             model.enable_input_require_grads()
+    if wrap is not None:
+        wrap(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = simulated_optimizer(job.optimizer, trainable)
     warm_up_optimizer(optimizer, trainable)

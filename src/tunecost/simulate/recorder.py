@@ -293,17 +293,23 @@ def _op_info(func) -> _OpInfo:
 
 
 def _tensors(obj) -> list[torch.Tensor]:
-    """Tensors in an op's arguments or outputs (flat tuples/lists, one level of nesting as in foreach ops)."""
+    """Tensors in an op's arguments or outputs (flat tuples/lists, one level of nesting as in foreach ops). A
+    DTensor (FSDP2's sharded parameters, gradients and optimizer states) stands for its local shard."""
     if isinstance(obj, torch.Tensor):
-        return [obj]
+        return [_local(obj)]
     out = []
     if isinstance(obj, (tuple, list)):
         for x in obj:
             if isinstance(x, torch.Tensor):
-                out.append(x)
+                out.append(_local(x))
             elif isinstance(x, (tuple, list)):
-                out.extend(y for y in x if isinstance(y, torch.Tensor))
+                out.extend(_local(y) for y in x if isinstance(y, torch.Tensor))
     return out
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    local = getattr(t, "_local_tensor", None)
+    return local if isinstance(local, torch.Tensor) else t
 
 
 def _fake_grouped_mm(func, args, kwargs):

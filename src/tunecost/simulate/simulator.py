@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tunecost.errors import TunecostError
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
@@ -19,10 +19,9 @@ from tunecost.simulate.records import STATIC_CATEGORIES, StepCounts, total_count
 
 if TYPE_CHECKING:
     from tunecost.simulate.trace import TraceResult
-from tunecost.workload.job import FineTuneJob
+from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
 
 SIMULATOR_VERSION = "2"
-DEFAULT_STACK = "tunecost"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,6 +62,33 @@ class StepSimulation:
     @property
     def weight_storage_bytes(self) -> int:
         return sum(v for k, v in self.weight_bytes.items() if not k.endswith("trainable_params"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The simulation as plain data (what `tunecost memory --json` prints), sizes in bytes."""
+        total = self.total_counts
+        return {
+            "model": self.model,
+            "method": self.method,
+            "stack": self.stack,
+            "batch_size": self.batch_size,
+            "seq_len": self.seq_len,
+            "num_layers": self.num_layers,
+            "layers_traced": list(self.layers_traced),
+            "peak_bytes": self.peak_bytes,
+            "peak_segment": self.peak_segment,
+            "breakdown": self.breakdown_bytes,
+            "module_bytes": self.module_bytes,
+            "weight_bytes": self.weight_bytes,
+            "weight_storage_bytes": self.weight_storage_bytes,
+            "flops_per_step": total.flops,
+            "matmul_flops_per_step": total.matmul_flops,
+            "bytes_moved_per_step": total.bytes_moved,
+            "flops_by_phase": {p: c.flops_by_class for p, c in self.counts.items()},
+            "bytes_by_phase": {p: c.bytes_by_class for p, c in self.counts.items()},
+            "device_overhead_bytes": self.device_overhead_bytes,
+            "seconds_taken": self.seconds_taken,
+            "assumptions": list(self.assumptions),
+        }
 
 
 def _lerp(a: float, b: float, t: float) -> float:
@@ -139,6 +165,11 @@ def _assumptions(job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOve
         out.append(
             "hf-2024 stack: per-expert loop, PEFT 0.7 Linear4bit LoRA (clone), fp32 logits copies in the "
             "loss, re-entrant checkpointing, lengths padded to a multiple of 8"
+        )
+    if stack == "hf-peft":
+        out.append(
+            "hf-peft stack: PEFT >= 0.7 LoRA Linear under autocast (input cast to the fp32 adapter dtype and back, "
+            "update added out of place, no LoRA dropout), re-entrant checkpointing (transformers' default)"
         )
     if job.method == "qlora" or stack == "hf-2024":
         out.append(

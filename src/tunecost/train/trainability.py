@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError
+from tunecost.io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
 from tunecost.models.anatomy import num_experts as num_experts_of
 from tunecost.models.anatomy import set_top_k
-from tunecost.results.io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
+from tunecost.results.records import SCHEMA_VERSION
 from tunecost.train.finetune import OptimConfig, make_batches, make_optimizer_with_schedule, train_epoch
 from tunecost.train.topk import routing_name
 
@@ -51,7 +52,11 @@ TRAINABILITY_TINY_OVERRIDES: dict[str, Any] = dict(
 
 @dataclass(frozen=True, kw_only=True)
 class TrainabilityJob:
-    """One trainability experiment (all experts-per-token values share data, seed and hyper-parameters)."""
+    """One trainability experiment (all experts-per-token values share data, seed and hyper-parameters).
+
+    A different concept from `FineTuneJob` (one configuration whose cost or speed is measured): an experiment
+    that trains to convergence and evaluates accuracy, over several top-k values, with its own learning rate,
+    epochs and evaluation set."""
 
     model: str = "tiny-mixtral"  # "tiny-mixtral" or a local folder / hub id of a transformers MoE model
     dataset: str = "synthetic-arith"
@@ -231,7 +236,7 @@ def run_trainability(
             start_epoch = int(state["epoch"]) + 1
             done_steps += int(state["epoch"]) * steps_per_epoch
         base = {
-            "schema_version": 1,
+            "schema_version": SCHEMA_VERSION,
             "kind": "trainability",
             "model": job.model,
             "method": "full",

@@ -15,7 +15,18 @@ from tunecost.errors import TunecostError
 Method = Literal["full", "lora", "qlora"]
 LoraTarget = Literal["attention", "experts", "router", "mlp"]
 METHODS: tuple[str, ...] = ("full", "lora", "qlora")
+# Parts of a model that can get LoRA adapters. The simulator models all four; the MoE installer that a profile
+# uses (tunecost.moe) puts adapters on the MoE layers only, so it accepts the MOE_LORA_TARGETS subset.
 LORA_TARGETS: tuple[str, ...] = ("attention", "experts", "router", "mlp")
+MOE_LORA_TARGETS: tuple[str, ...] = ("experts", "router")
+# Named software stacks (library versions and their memory behaviour) the step simulator reproduces:
+# "tunecost" (today's transformers/PEFT with tunecost's experts), "hf-2024" (the paper's 2024 stack) and
+# "hf-peft" (transformers + PEFT LoRA without tunecost's experts; see tunecost.simulate.prepare).
+STACKS: tuple[str, ...] = ("tunecost", "hf-2024", "hf-peft")
+DEFAULT_STACK = "tunecost"
+# How a job is spread over GPUs. Only one GPU is modelled today; multi-GPU strategies ("ddp", "fsdp2",
+# "zero1", "zero2", "zero3") will be added here when an estimator models them.
+STRATEGIES: tuple[str, ...] = ("single",)
 DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 QUANT_TYPES: tuple[str, ...] = ("nf4", "fp4")
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "sdpa", "eager")
@@ -71,6 +82,10 @@ class FineTuneJob:
     seq_len: int | None = 512
     lengths: tuple[int, ...] | None = None  # per-query token counts of a dataset
     dataset: str | None = None  # name of the dataset the lengths came from, for display
+    num_gpus: int = 1  # GPUs the job runs on, in total
+    gpus_per_node: int | None = None  # GPUs per machine (None: all on one machine)
+    strategy: str = "single"  # how the job is spread over the GPUs, one of STRATEGIES
+    stack: str = DEFAULT_STACK  # the named software stack, one of STACKS
 
     def __post_init__(self) -> None:
         _check_choice("method", self.method, METHODS)
@@ -88,6 +103,17 @@ class FineTuneJob:
             raise TunecostError("every query length must be >= 1 token")
         if self.experts_per_token is not None and self.experts_per_token < 1:
             raise TunecostError(f"experts per token must be >= 1, got {self.experts_per_token}")
+        _check_choice("software stack", self.stack, STACKS)
+        _check_choice("multi-GPU strategy", self.strategy, STRATEGIES)
+        if self.num_gpus < 1:
+            raise TunecostError(f"number of GPUs must be >= 1, got {self.num_gpus}")
+        if self.gpus_per_node is not None and not 1 <= self.gpus_per_node <= self.num_gpus:
+            raise TunecostError(f"GPUs per node must be between 1 and {self.num_gpus}, got {self.gpus_per_node}")
+        if self.strategy == "single" and self.num_gpus != 1:
+            raise TunecostError(
+                f"a job on {self.num_gpus} GPUs needs a multi-GPU strategy; tunecost models one GPU today "
+                "(strategy 'single')"
+            )
 
     @property
     def compute_bytes_per_element(self) -> int:

@@ -17,10 +17,10 @@ from tunecost.estimate.throughput.calibrate import (
     ThroughputTarget,
     calibrate,
     job_for,
-    load_calibration_points,
     run_queries_per_s,
 )
-from tunecost.estimate.throughput.model import StackParams, step_time
+from tunecost.estimate.throughput.model import StackParams, catalog_gpu_terms, step_time
+from tunecost.estimate.throughput.sources import load_calibration_points
 
 # the paper's A40 points (verbatim copy under tests/fixtures, see tests/conftest.py)
 PAPER_A40_CSV = Path(__file__).parents[2] / "fixtures" / "measurements" / "measured_throughput_a40.csv"
@@ -44,7 +44,7 @@ def _target(**kw) -> ThroughputTarget:
 
 def _truth_point(target: ThroughputTarget) -> CalibrationPoint:
     _, counts = job_for(target)
-    step = step_time(counts, get_gpu(target.gpu), TRUTH)
+    step = step_time(counts, catalog_gpu_terms(get_gpu(target.gpu)), TRUTH)
     return CalibrationPoint(
         target=target, queries_per_s=run_queries_per_s(step.step_s, target.batch_size, TRUTH_RUN_S, 1000)
     )

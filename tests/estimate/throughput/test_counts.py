@@ -124,7 +124,7 @@ def test_blackmamba_full_finetune_counts_scan_and_no_attention() -> None:
     )
     counts = analytic_step_counts(spec, job)
     assert counts.flops_by_class["attention"] == 0
-    assert counts.flops_by_class["scan"] > 0
+    assert counts.flops_by_class["ssm_scan"] > 0
     arch = arch_of(spec)
     assert counts.flops_by_class["expert_matmul"] == pytest.approx(3 * 2 * 200 * 2 * arch.expert_params * 18)
 

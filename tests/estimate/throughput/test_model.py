@@ -10,10 +10,12 @@ from tunecost.catalog.gpus import get_gpu
 from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.counts import analytic_step_counts
+from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.lengths import dataset_lengths
 from tunecost.estimate.throughput.model import (
     SMOOTH_MAX_POWER,
     StackParams,
+    catalog_gpu_terms,
     gemm_efficiency_at,
     smooth_max,
     step_time,
@@ -43,7 +45,7 @@ def test_gemm_efficiency_saturates_with_rows() -> None:
 
 def test_step_time_adds_launch_and_host_overheads() -> None:
     counts = _counts(1)
-    st = step_time(counts, get_gpu("A40"), PARAMS)
+    st = step_time(counts, catalog_gpu_terms(get_gpu("A40")), PARAMS)
     assert st.kernel_overhead_s == pytest.approx(20e-6 * counts.total_kernels)
     assert st.step_s == pytest.approx(st.gpu_s + st.kernel_overhead_s + 0.05)
     assert st.queries_per_s == pytest.approx(1 / st.step_s)
@@ -51,14 +53,14 @@ def test_step_time_adds_launch_and_host_overheads() -> None:
 
 def test_expert_matmuls_go_from_memory_to_compute_bound_with_batch() -> None:
     """Takeaway 5: memory-bound at small batch, compute-bound at large batch."""
-    gpu = get_gpu("A40")
+    gpu = catalog_gpu_terms(get_gpu("A40"))
     assert step_time(_counts(1), gpu, PARAMS).bound_by_class["expert_matmul"] == "memory"
     assert step_time(_counts(16), gpu, PARAMS).bound_by_class["expert_matmul"] == "compute"
     assert step_time(_counts(1), gpu, PARAMS).bound_by_class["dequant"] == "memory"
 
 
 def test_throughput_saturates_and_sparse_beats_dense() -> None:
-    gpu = get_gpu("A40")
+    gpu = catalog_gpu_terms(get_gpu("A40"))
     qps = [step_time(_counts(b), gpu, PARAMS).queries_per_s for b in (1, 2, 4, 8, 16)]
     assert qps == sorted(qps)
     gains = [b / a for a, b in itertools.pairwise(qps)]
@@ -69,9 +71,9 @@ def test_throughput_saturates_and_sparse_beats_dense() -> None:
 
 
 def test_faster_gpu_is_faster_but_less_than_its_datasheet_ratio() -> None:
-    a40, h100 = get_gpu("A40"), get_gpu("H100")
+    a40, h100 = catalog_gpu_terms(get_gpu("A40")), catalog_gpu_terms(get_gpu("H100"))
     ratio = step_time(_counts(4), h100, PARAMS).queries_per_s / step_time(_counts(4), a40, PARAMS).queries_per_s
-    assert 1.0 < ratio < h100.bf16_tensor_flops_per_s / a40.bf16_tensor_flops_per_s
+    assert 1.0 < ratio < h100.matmul_flops_per_s / a40.matmul_flops_per_s
 
 
 def test_stack_params_validate() -> None:
@@ -83,3 +85,54 @@ def test_stack_params_validate() -> None:
         StackParams(
             gemm_efficiency=0.5, gemm_half_rows=1, memory_efficiency=0.5, kernel_overhead_s=-1, step_overhead_s=0
         )
+
+
+def _terms(**over) -> GpuTerms:
+    base = dict(
+        name="test-gpu",
+        matmul_flops_per_s=100e12,
+        fp32_flops_per_s=20e12,
+        memory_bytes_per_s=1e12,
+        source="test",
+    )
+    return GpuTerms(**{**base, **over})  # type: ignore[arg-type]
+
+
+def test_catalog_terms_use_achieved_rates_not_the_datasheet() -> None:
+    h100 = catalog_gpu_terms(get_gpu("H100"))
+    assert h100.matmul_flops_per_s == pytest.approx(792.1e12)  # MAMF, ml-engineering table
+    assert h100.matmul_flops_per_s < get_gpu("H100").bf16_tensor_flops_per_s
+    assert "MAMF" in h100.source
+
+
+def test_catalog_gpu_without_achieved_values_is_a_clear_error(monkeypatch) -> None:
+    import tunecost.catalog.gpu_achieved as ga
+
+    monkeypatch.setattr(ga, "achieved_catalog", lambda: {})
+    with pytest.raises(TunecostError, match="no achieved matmul/bandwidth values"):
+        catalog_gpu_terms(get_gpu("A40"))
+
+
+def test_profile_launch_and_host_times_replace_the_calibrated_ones() -> None:
+    counts = _counts(1)
+    plain = step_time(counts, _terms(), PARAMS)
+    assert plain.kernel_overhead_s == pytest.approx(PARAMS.kernel_overhead_s * counts.total_kernels)
+    measured = step_time(counts, _terms(kernel_launch_s=5e-6, host_step_s=0.2), PARAMS)
+    assert measured.kernel_overhead_s == pytest.approx(5e-6 * counts.total_kernels)
+    assert measured.step_overhead_s == 0.2
+    assert measured.gpu_s == pytest.approx(plain.gpu_s)  # GPU work unchanged
+
+
+def test_gpu_work_halves_when_every_rate_doubles() -> None:
+    counts = _counts(4)
+    slow = step_time(counts, _terms(), PARAMS)
+    fast = step_time(counts, _terms(matmul_flops_per_s=200e12, fp32_flops_per_s=40e12, memory_bytes_per_s=2e12), PARAMS)
+    assert fast.gpu_s == pytest.approx(slow.gpu_s / 2)
+    assert fast.kernel_overhead_s == slow.kernel_overhead_s  # host time does not shrink with the GPU
+
+
+def test_measured_dequant_rate_sets_the_dequant_time() -> None:
+    counts = _counts(1)
+    slow = step_time(counts, _terms(dequant_bytes_per_s=1e11), PARAMS).class_s["dequant"]
+    fast = step_time(counts, _terms(dequant_bytes_per_s=1e12), PARAMS).class_s["dequant"]
+    assert slow == pytest.approx(10 * fast, rel=0.05)

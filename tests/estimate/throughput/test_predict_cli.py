@@ -38,7 +38,8 @@ def test_predict_json_with_seq_len_and_run_length(cli_runner, write_file) -> Non
     payload = json.loads(result.stdout)
     (row,) = payload["predictions"]
     assert row["seq_len"] == 128 and row["run_queries"] == 1000
-    assert payload["calibration"]["num_points"] == 54 and payload["calibration"]["in_sample_mape"] <= 0.08
+    assert payload["calibration"]["num_points"] == 54 + 4  # bundled: the A40 and A100-40GB points
+    assert payload["calibration"]["in_sample_mape"] <= 0.08
 
 
 def test_unknown_gpu_or_model_names_the_row(cli_error, write_file) -> None:
@@ -116,3 +117,18 @@ def test_calibration_errors_name_the_file_and_row(cli_error, write_file, paper_a
     bad = write_file("cal.csv", "\n".join(lines) + "\n")
     line = cli_error(["predict", "--input", str(write_file("t.csv", TARGETS)), "--calibrate", str(bad)])
     assert f"{bad}: row 3: unknown GPU 'NOPEGPU'" in line
+
+
+def test_predict_defaults_to_the_calibrations_run_length(cli_runner, write_file) -> None:
+    path = write_file("t.csv", "model,dataset,gpu,experts_per_token,batch_size\nmixtral-8x7b,math_14k,H100,2,17\n")
+    rows = {}
+    for flag in ([], ["--steady-state"], ["--run-queries", "1000"]):
+        result = cli_runner.invoke(app, ["predict", "--input", str(path), "--json", *flag])
+        assert result.exit_code == 0, result.output
+        (rows[" ".join(flag)],) = json.loads(result.stdout)["predictions"]
+    assert rows[""]["run_queries"] == 1000  # the paper's points are 1000-query runs: predicted like for like
+    assert rows[""]["queries_per_s"] == rows["--run-queries 1000"]["queries_per_s"]
+    assert rows["--steady-state"]["run_queries"] == ""
+    assert rows["--steady-state"]["queries_per_s"] > rows[""]["queries_per_s"]  # no start-up per run
+    both = cli_runner.invoke(app, ["predict", "--input", str(path), "--steady-state", "--run-queries", "5"])
+    assert both.exit_code == 2 and "not both" in both.output

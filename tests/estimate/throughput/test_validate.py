@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from tunecost.estimate.throughput.calibrate import load_calibration_points
+from tunecost.estimate.throughput.sources import load_calibration_points
 from tunecost.estimate.throughput.validate import check_points, group_of, leave_one_group_out, mape
 
 PAPER_A40_CSV = Path(__file__).parents[2] / "fixtures" / "measurements" / "measured_throughput_a40.csv"

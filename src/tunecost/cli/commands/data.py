@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from tunecost.cli.common import cli_errors, print_json, print_table
+from tunecost.results.records import SCHEMA_VERSION
 
 data_app = typer.Typer(help="Datasets: sequence-length statistics and known names.", no_args_is_help=True)
 
@@ -15,7 +16,7 @@ data_app = typer.Typer(help="Datasets: sequence-length statistics and known name
 def stats_rows(summary: dict, histogram: list[dict], padding: dict) -> list[dict]:
     """JSONL rows of kind "lengths" (docs/dev/records.md): one summary row and one row per histogram bin."""
     keys = {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "kind": "lengths",
         "dataset": summary["dataset"],
         "tokenizer": summary["tokenizer"],
@@ -49,7 +50,7 @@ def stats(
     as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
 ) -> None:
     """Token-length statistics of a dataset's queries (prompt + ground-truth response)."""
-    from tunecost.results.io import atomic_write_text
+    from tunecost.io import atomic_write_text
     from tunecost.workload.datasets import load_dataset, parse_columns
     from tunecost.workload.lengths import length_distribution
     from tunecost.workload.templates import template_by_name

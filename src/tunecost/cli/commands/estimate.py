@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import typer
@@ -15,13 +16,19 @@ def fit(
         ..., help="CSV: model,dataset,gpu,experts_per_token,[sparsity],batch_size,queries_per_s"
     ),
     form: str = typer.Option("artifact", "--form", help="Eq. (2) form: artifact (a + b*log(B)/(s*c3)) or printed."),
+    out: Path = typer.Option(None, "--out", help="Run directory to add fit records to (for `tunecost report`)."),
+    force: bool = typer.Option(False, "--force", help="With --out: replace records of the same fit already there."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Fit eq. (2) per (model, dataset, GPU) group with scipy; report coefficients, RMSE, MAPE, points."""
     from tunecost.estimate.fit import fit_all
     from tunecost.estimate.measurements import load_measurements
+    from tunecost.results.records import save_fit_records
 
-    fits = fit_all(load_measurements(measurements), form)  # type: ignore[arg-type]
+    points = load_measurements(measurements)
+    fits = fit_all(points, form)  # type: ignore[arg-type]
+    if out is not None:
+        save_fit_records(out, points, fits, source=str(measurements), command=sys.argv, force=force)
     if json_out:
         print_json(
             [
@@ -72,8 +79,7 @@ def cost(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Hours and dollars of a fine-tune: queries x epochs / throughput / 3600 x $/h (Table IV)."""
-    from tunecost.catalog.gpus import resolve_gpu_name
-    from tunecost.catalog.prices import price_catalog, prices_for
+    from tunecost.catalog.prices import cheapest_price
     from tunecost.errors import TunecostError
     from tunecost.estimate.cost import simple_cost
 
@@ -85,13 +91,13 @@ def cost(
             raise TunecostError(
                 "give --usd-per-hour P, or --gpu G [--provider NAME] to take the price from the catalog"
             )
-        gpu_name = resolve_gpu_name(gpu).gpu.name
-        found = prices_for(gpu_name, price_catalog(prices_file), provider)
-        if not found:
-            raise TunecostError(
-                f"no price for {gpu_name}" + (f" from {provider}" if provider else "") + " in the catalog"
-            )
-        usd_per_hour, price_provider, price_date = found[0].usd_per_gpu_hour, found[0].provider, found[0].date
+        price = cheapest_price(gpu, provider=provider, prices_file=prices_file)
+        usd_per_hour, price_provider, price_date, gpu_name = (
+            price.usd_per_gpu_hour,
+            price.provider,
+            price.date,
+            price.gpu,
+        )
     result = simple_cost(
         num_queries=queries,
         epochs=epochs,
@@ -119,22 +125,44 @@ def estimate(
     queries: int = typer.Option(None, "--queries", help="Queries (default: the dataset's size)."),
     dataset: str = typer.Option(None, "--dataset", help="Dataset (sets queries and the throughput fit's dataset)."),
     method: str = typer.Option("qlora", "--method", help="full | lora | qlora"),
-    experts_per_token: int = typer.Option(None, "--experts-per-token", help="Top-k (dense = number of experts)."),
+    experts_per_token: int = typer.Option(
+        None,
+        "--experts-per-token",
+        help="Top-k: experts per token for this job (default: the model's; dense = the number of experts).",
+    ),
     estimator: str = typer.Option("paper", "--estimator", help="paper | simulate | calibrated"),
     provider: str = typer.Option(None, "--provider", help="Only prices from this provider."),
     prices_file: Path = typer.Option(None, "--prices", help="A CSV overriding or extending the price catalog."),
     seq_len: int = typer.Option(None, "--seq-len", help="Sequence length for the batch-size model."),
     calibrate: Path = typer.Option(None, "--calibrate", help="Throughput measurements to fit/calibrate on."),
+    batch_size: str = typer.Option(
+        None,
+        "--batch-size",
+        help="Fix the batch instead of the maximum: one value for every GPU (17), one per --gpu in order "
+        "(4,17,17), or GPU=B pairs (A40=4,H100=17).",
+    ),
+    run_queries: int = typer.Option(
+        None,
+        "--run-queries",
+        help="Calibrated estimator: price the throughput of runs of N queries with their start-up, as the paper "
+        "measured it (1000); default: steady state.",
+    ),
+    out: Path = typer.Option(None, "--out", help="Run directory to add cost records to (for `tunecost report`)."),
+    force: bool = typer.Option(False, "--force", help="With --out: replace records of the same estimate there."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Cost of fine-tuning MODEL on each GPU and provider, cheapest first; says which estimator answered."""
     from tunecost.catalog.gpus import gpu_catalog
+    from tunecost.catalog.models import resolve_model
     from tunecost.errors import TunecostError
     from tunecost.estimate.cost import estimate_costs
+    from tunecost.results.records import save_estimate_records
 
     gpus = list(gpu_catalog()) if gpu.strip().lower() == "all" else split_list(gpu, what="GPU")
     if queries is not None and queries <= 0:
         raise TunecostError(f"--queries must be > 0, got {queries}")
+    if run_queries is not None and (run_queries < 1 or estimator != "calibrated"):
+        raise TunecostError("--run-queries must be >= 1 and needs --estimator calibrated")
     rows = estimate_costs(
         model=model,
         gpus=gpus,
@@ -148,11 +176,39 @@ def estimate(
         prices_file=prices_file,
         seq_len=seq_len,
         calibrate=calibrate,
+        batch_sizes=parse_batch_sizes(batch_size, gpus) if batch_size else None,
+        run_queries=run_queries,
     )
+    if out is not None:
+        k = resolve_model(model).default_experts_per_token if experts_per_token is None else experts_per_token
+        save_estimate_records(out, rows, method=method, experts_per_token=k, command=sys.argv, force=force)
     if json_out:
         print_json(rows)
         return
     _print_cost_rows(rows)
+
+
+def parse_batch_sizes(text: str, gpus: list[str]) -> dict[str, int]:
+    """--batch-size: "17" (every GPU), "4,17,17" (aligned with --gpu), or "A40=4,H100=17"."""
+    from tunecost.errors import TunecostError
+
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+
+    def number(value: str) -> int:
+        try:
+            return int(value)
+        except ValueError:
+            raise TunecostError(f"--batch-size: {value!r} is not a whole number") from None
+
+    if all("=" in p for p in parts):
+        return {k.strip(): number(v) for k, v in (p.split("=", 1) for p in parts)}
+    if any("=" in p for p in parts):
+        raise TunecostError("--batch-size: give all values as GPU=B, or none")
+    if len(parts) == 1:
+        return {"*": number(parts[0])}
+    if len(parts) != len(gpus):
+        raise TunecostError(f"--batch-size has {len(parts)} values for {len(gpus)} GPUs; give one, or one per GPU")
+    return {g: number(p) for g, p in zip(gpus, parts, strict=True)}
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -164,20 +220,21 @@ def _print_cost_rows(rows: list) -> None:
     print_table(
         f"Fine-tuning {first.model} on {first.dataset}: {first.num_queries} queries x {first.epochs:g} epochs "
         f"(estimator: {first.estimator})",
-        ["gpu", "provider", "price date", "$/h", "max batch", "queries/s", "hours", "cost $"],
+        ["gpu", "provider", "price date", "$/h", "batch (max)", "queries/s", "extrapolated", "hours", "cost $"],
         [
             [
                 r.gpu,
                 r.provider or "-",
                 r.price_date or "-",
                 _fmt(r.usd_per_hour, ".2f"),
-                r.max_batch_size,
+                f"{r.batch_size} ({r.max_batch_size})" if r.batch_size != r.max_batch_size else r.batch_size,
                 _fmt(r.queries_per_s, ".3f")
                 + (
                     f" [{r.queries_per_s_low:.2f}-{r.queries_per_s_high:.2f}]"
                     if r.queries_per_s_low is not None
                     else ""
                 ),
+                "yes" if r.extrapolation else "no",
                 _fmt(r.hours, ".1f"),
                 _fmt(r.usd, ".2f"),
             ]

@@ -10,13 +10,12 @@ from typing import TYPE_CHECKING, cast
 
 import typer
 
-from tunecost.cli.common import cli_errors, console, err_console, positive_finite, print_json, print_table, split_list
+from tunecost.cli.common import cli_errors, console, err_console, print_json, print_table, split_list
 from tunecost.errors import TunecostError
 
 if TYPE_CHECKING:
     from tunecost.workload.job import Method
-
-GB, GIB = 1e9, 2**30
+from tunecost.units import format_bytes, gb_from_bytes, memory_bytes_from_options
 
 
 def _read_lengths(path: Path) -> tuple[int, ...]:
@@ -54,16 +53,18 @@ def _progress(*, enabled: bool):
 
 
 def _gb(n: float) -> str:
-    if abs(n) < 0.1 * GB:
-        return f"{n / 1e6:,.2f} MB ({n / 2**20:,.2f} MiB)"
-    return f"{n / GB:,.2f} GB ({n / GIB:,.2f} GiB)"
+    return format_bytes(n)
 
 
 @cli_errors
 def memory(
     model: str = typer.Option(..., "--model", help="Catalog model, local config.json, or cached hub id."),
     method: str = typer.Option("qlora", "--method", help="full | lora | qlora."),
-    experts_per_token: int = typer.Option(None, "--experts-per-token", help="Top-k (dense = all experts)."),
+    experts_per_token: int = typer.Option(
+        None,
+        "--experts-per-token",
+        help="Top-k: experts per token for this job (default: the model's; dense = the number of experts).",
+    ),
     seq_len: int = typer.Option(512, "--seq-len", help="Tokens per query (padded length)."),
     batch_size: int = typer.Option(1, "--batch-size", help="Queries per step."),
     dataset_lengths: Path = typer.Option(
@@ -81,10 +82,15 @@ def memory(
     dtype: str = typer.Option("bf16", "--dtype", help="Compute dtype: bf16 | fp16 | fp32."),
     quant_type: str = typer.Option("nf4", "--quant-type", help="4-bit type for qlora: nf4 | fp4."),
     double_quant: bool = typer.Option(True, "--double-quant/--no-double-quant"),
-    stack: str = typer.Option("tunecost", "--stack", help="tunecost | hf-2024 (the paper's software stack)."),
+    stack: str = typer.Option(
+        "tunecost", "--stack", help="tunecost | hf-2024 (the paper's software stack) | hf-peft (Trainer + PEFT >= 0.7)."
+    ),
     gpu: str = typer.Option(None, "--gpu", help="GPU from the catalog: also report the largest batch that fits."),
     gpu_memory_gb: float = typer.Option(
-        None, "--gpu-memory-gb", help="Device memory in GB (10^9 bytes), instead of --gpu."
+        None, "--gpu-memory-gb", help="Device memory in GB (10^9 bytes, as datasheets), instead of --gpu."
+    ),
+    gpu_memory_gib: float = typer.Option(
+        None, "--gpu-memory-gib", help="Device memory in GiB (2^30 bytes, as CUDA reports), instead of --gpu."
     ),
     layers_to_trace: int = typer.Option(
         None, "--layers-to-trace", help="Trace this many layers (default: scale from one and two repeating units)."
@@ -97,8 +103,9 @@ def memory(
     from tunecost.simulate import max_batch_size, simulate_step
     from tunecost.workload.job import FineTuneJob, LoraConfig
 
-    if gpu and gpu_memory_gb is not None:
-        raise TunecostError("give --gpu or --gpu-memory-gb, not both")
+    memory_bytes = memory_bytes_from_options(gpu_memory_gb=gpu_memory_gb, gpu_memory_gib=gpu_memory_gib)
+    if gpu and memory_bytes is not None:
+        raise TunecostError("give --gpu or --gpu-memory-gb/--gpu-memory-gib, not both")
     lengths = _read_lengths(dataset_lengths) if dataset_lengths else None
     job = FineTuneJob(
         model=model,
@@ -122,9 +129,9 @@ def memory(
 
         g = resolve_gpu_name(gpu).gpu
         gpu_bytes, gpu_name = g.memory_bytes, g.name
-    elif gpu_memory_gb is not None:
-        positive_finite("--gpu-memory-gb", gpu_memory_gb)
-        gpu_bytes, gpu_name = int(gpu_memory_gb * GB), f"{gpu_memory_gb:g} GB"
+    elif memory_bytes is not None:
+        gpu_bytes = memory_bytes
+        gpu_name = f"{gpu_memory_gb:g} GB" if gpu_memory_gb is not None else f"{gpu_memory_gib:g} GiB"
 
     with _progress(enabled=not json_out) as report:
         sim = simulate_step(
@@ -140,43 +147,9 @@ def memory(
                 use_cache=not no_cache,
                 on_progress=report,
             )
-    total = sim.total_counts
-    out = {
-        "model": sim.model,
-        "method": sim.method,
-        "stack": sim.stack,
-        "batch_size": sim.batch_size,
-        "seq_len": sim.seq_len,
-        "num_layers": sim.num_layers,
-        "layers_traced": list(sim.layers_traced),
-        "peak_bytes": sim.peak_bytes,
-        "peak_segment": sim.peak_segment,
-        "breakdown": sim.breakdown_bytes,
-        "module_bytes": sim.module_bytes,
-        "weight_bytes": sim.weight_bytes,
-        "weight_storage_bytes": sim.weight_storage_bytes,
-        "flops_per_step": total.flops,
-        "matmul_flops_per_step": total.matmul_flops,
-        "bytes_moved_per_step": total.bytes_moved,
-        "flops_by_phase": {p: c.flops_by_class for p, c in sim.counts.items()},
-        "bytes_by_phase": {p: c.bytes_by_class for p, c in sim.counts.items()},
-        "device_overhead_bytes": sim.device_overhead_bytes,
-        "seconds_taken": sim.seconds_taken,
-        "assumptions": list(sim.assumptions),
-    }
+    out = sim.to_dict()
     if best is not None:
-        out["gpu"] = gpu_name
-        out["gpu_memory_bytes"] = gpu_bytes
-        out["max_batch_size"] = best.batch_size
-        out["max_batch"] = {
-            "batch_size": best.batch_size,
-            "seq_len": best.seq_len,
-            "peak_bytes": best.peak_bytes,
-            "device_overhead_bytes": best.device_overhead_bytes,
-            "headroom_bytes": best.headroom_bytes,
-            "next_batch_need_bytes": best.next_batch_need_bytes,
-            "simulations": [list(s) for s in best.simulations],
-        }
+        out.update(gpu=gpu_name, gpu_memory_bytes=gpu_bytes, max_batch_size=best.batch_size, max_batch=best.to_dict())
     if json_out:
         print_json(out)
         return
@@ -206,8 +179,8 @@ def _render(sim, best, gpu_name) -> None:
     print_table(
         "Work per step",
         ["phase", "TFLOP", "GB moved"],
-        [[p, f"{c.flops / 1e12:,.3f}", f"{c.bytes_moved / GB:,.2f}"] for p, c in sim.counts.items()]
-        + [["total", f"{total.flops / 1e12:,.3f}", f"{total.bytes_moved / GB:,.2f}"]],
+        [[p, f"{c.flops / 1e12:,.3f}", f"{gb_from_bytes(c.bytes_moved):,.2f}"] for p, c in sim.counts.items()]
+        + [["total", f"{total.flops / 1e12:,.3f}", f"{gb_from_bytes(total.bytes_moved):,.2f}"]],
     )
     if best is not None:
         console.print(

@@ -25,6 +25,7 @@ OUTPUT_COLUMNS = (
     "extrapolation",
     "extrapolation_reasons",
     "estimator",
+    "calibration_notes",
 )
 
 
@@ -80,6 +81,29 @@ def read_targets(path: Path) -> list:
     return out
 
 
+def load_profiles(specs: list[str]) -> list:
+    """GPU profiles written by `tunecost calibrate-gpu`, as `GpuTerms`. A spec is FILE (the profile's device name
+    must name a catalog GPU) or GPU=FILE (the catalog GPU it stands for, e.g. H100=h100.json)."""
+    if not specs:
+        return []
+    from dataclasses import replace
+
+    from tunecost.errors import TunecostError
+
+    try:
+        from tunecost.estimate.throughput.gpu_profile import load_gpu_profile
+    except ImportError:
+        raise TunecostError("--gpu-profile needs GPU profile support (tunecost calibrate-gpu), not installed") from None
+    out = []
+    for spec in specs:
+        gpu, sep, file = spec.partition("=")
+        if sep and not Path(spec).is_file():
+            out.append(replace(load_gpu_profile(Path(file)), name=gpu.strip()))
+        else:
+            out.append(load_gpu_profile(Path(spec)))
+    return out
+
+
 def _predict_all(model, targets: list, path: Path, run_queries: int | None) -> list:
     from tunecost.errors import TunecostError
 
@@ -92,7 +116,7 @@ def _predict_all(model, targets: list, path: Path, run_queries: int | None) -> l
     return out
 
 
-def _row(pred) -> dict:
+def _row(pred, notes: str = "") -> dict:
     t = pred.target
     return {
         "model": t.model,
@@ -110,6 +134,7 @@ def _row(pred) -> dict:
         "extrapolation": str(pred.extrapolation).lower(),
         "extrapolation_reasons": "; ".join(pred.extrapolation_reasons),
         "estimator": "calibrated",
+        "calibration_notes": notes,
     }
 
 
@@ -129,29 +154,46 @@ def predict(
     input_csv: Path = typer.Option(
         ..., "--input", help="TARGETS.csv: model,dataset,gpu,experts_per_token,batch_size[,seq_len][,method]"
     ),
-    calibrate: Path = typer.Option(
-        None, "--calibrate", help="Measurements CSV to calibrate on (default: the paper's A40 measurements, bundled)."
+    calibrate: list[Path] = typer.Option(
+        None,
+        "--calibrate",
+        help="Measurements CSV or folder of CSVs to calibrate on; repeat for several (default: every bundled "
+        "measurement: the paper's A40 and A100-40GB points).",
+    ),
+    gpu_profile: list[str] = typer.Option(
+        None,
+        "--gpu-profile",
+        help="GPU profile from `tunecost calibrate-gpu` (FILE, or GPU=FILE to say which catalog GPU it measured); "
+        "used instead of catalog values for that GPU; repeatable.",
     ),
     output: Path = typer.Option(None, "--output", help="Write the predictions to this CSV (atomically)."),
     run_queries: int = typer.Option(
         None,
         "--run-queries",
-        help="Predict a measured run of N queries (start-up included, as the paper's 1000); default: steady state.",
+        help="Predict measured runs of N queries (start-up included); default: the run length of the calibration's "
+        "measurements (the paper's 1000), as they were measured.",
     ),
+    steady_state: bool = typer.Option(False, "--steady-state", help="Predict steady-state throughput (long runs)."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Predict queries/s with a 95 % interval for every target, from one calibration; flag extrapolations."""
+    """Predict queries/s with a 95 % interval for every target, from one calibration; flag extrapolations.
+    Throughput is that of runs as long as the calibration's measurements (1000 queries for the paper's), unless
+    --run-queries or --steady-state says otherwise."""
     import math
 
     from tunecost.errors import TunecostError
     from tunecost.estimate.calibrated import calibrated_model
-    from tunecost.results.io import atomic_write_text
+    from tunecost.io import atomic_write_text
 
     if run_queries is not None and run_queries < 1:
         raise TunecostError(f"--run-queries must be >= 1, got {run_queries}")
+    if run_queries is not None and steady_state:
+        raise TunecostError("give --run-queries N or --steady-state, not both")
     targets = read_targets(input_csv)
-    model = calibrated_model(calibrate)
-    rows = [_row(p) for p in _predict_all(model, targets, input_csv, run_queries)]
+    model = calibrated_model(list(calibrate or []) or None, gpu_terms=load_profiles(gpu_profile or []))
+    if run_queries is None and not steady_state:
+        run_queries = model.run_queries  # like for like with the calibration's measurements
+    rows = [_row(p, "; ".join(model.notes)) for p in _predict_all(model, targets, input_csv, run_queries)]
     if output is not None:
         atomic_write_text(output, _csv_text(rows))
     summary = {
@@ -160,7 +202,8 @@ def predict(
         "in_sample_mape": model.in_sample_mape,
         "params": model.params.as_dict(),
         "run_overhead_s": model.run_overhead_s,
-        "interval": f"{100 * math.expm1(model.interval_log_halfwidth):.1f} % (95 %, t on log residuals)",
+        "interval": f"in-sample {100 * math.expm1(model.interval_log_halfwidth):.1f} % (95 %, t on log residuals)"
+        + (f"; {model.spread.note}" if model.spread else ""),
         "notes": list(model.notes),
     }
     if json_out:
@@ -192,6 +235,8 @@ def predict(
                 f"extrapolation ({r['model']}, {r['gpu']}, batch {r['batch_size']}): {r['extrapolation_reasons']}",
                 highlight=False,
             )
+    for note in model.notes:
+        console.print(f"note: {note}", highlight=False)
     if output is not None:
         console.print(f"wrote {len(rows)} predictions to {output}")
 

@@ -3,31 +3,14 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import typer
 
-from tunecost.cli.common import cli_errors, console, err_console, positive_finite, print_json, print_table, split_list
-
-_GIB = 2**30
-
-
-def _passive_openmp(device: str) -> None:
-    """On CPU, let idle OpenMP threads sleep instead of spinning (unless OMP_WAIT_POLICY is already set).
-
-    Must run before torch is imported. On a machine shared with other processes, spinning worker threads made the
-    tiny-model profile 5-30x slower (measured: 9.5 min vs 75 s for the same command, load average ~4-5 on 2
-    cores). Set OMP_WAIT_POLICY=ACTIVE to keep spinning; meta.json records the policy used.
-    """
-    cpu = device == "cpu" or (device == "auto" and not Path("/dev/nvidiactl").exists())
-    if cpu:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    # bitsandbytes warns on import that an optional CPU kernel package is missing; it changes nothing measured
-    import logging
-
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
+from tunecost.cli.common import cli_errors, console, err_console, print_json, print_table, split_list
+from tunecost.profile.threads import prepare_cpu_threads
+from tunecost.units import BYTES_PER_GIB as _GIB
 
 
 def _device(device: str) -> str:
@@ -69,7 +52,9 @@ def profile(
     ),
     method: str = typer.Option("qlora", "--method", help="full | lora | qlora"),
     experts_per_token: str = typer.Option(
-        None, "--experts-per-token", help="Comma list of top-k, e.g. 2,8 (sparse vs dense); default: the model's own."
+        None,
+        "--experts-per-token",
+        help="Top-k values to sweep, a comma list, e.g. 2,8 (sparse top-2 vs dense Mixtral); default: the model's.",
     ),
     batch_sizes: str = typer.Option("1", "--batch-sizes", help="Comma list, e.g. 1,2,4."),
     seq_len: str = typer.Option(
@@ -112,7 +97,7 @@ def profile(
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Profile MoE fine-tuning over experts-per-token x sequence lengths x batch sizes; writes tidy records."""
-    _passive_openmp(device)
+    prepare_cpu_threads(device)
     from tunecost.profile.model_setup import ModelSetup
     from tunecost.profile.point import MeasureOptions
     from tunecost.profile.sweep import SweepSpec
@@ -261,11 +246,20 @@ def _print_summary(result: Any) -> None:
 def max_batch(
     model: str = typer.Option("tiny-mixtral", "--model", help="Catalog model, local folder or cached hub id."),
     method: str = typer.Option("qlora", "--method", help="full | lora | qlora"),
-    experts_per_token: int = typer.Option(None, "--experts-per-token", help="Top-k (default: the model's)."),
+    experts_per_token: int = typer.Option(
+        None,
+        "--experts-per-token",
+        help="Top-k: experts per token for this job (default: the model's; dense = the number of experts).",
+    ),
     seq_len: int = typer.Option(None, "--seq-len", help="Tokens per query (default 128 unless --dataset)."),
     dataset: str = typer.Option(None, "--dataset", help="Probe with the dataset's longest queries."),
     gpu: str = typer.Option(None, "--gpu", help="Search against this catalog GPU's memory."),
-    gpu_memory_gb: float = typer.Option(None, "--gpu-memory-gb", help="Search against this much memory (GiB)."),
+    gpu_memory_gb: float = typer.Option(
+        None, "--gpu-memory-gb", help="Search against this much memory, in GB (10^9 bytes, as datasheets)."
+    ),
+    gpu_memory_gib: float = typer.Option(
+        None, "--gpu-memory-gib", help="Search against this much memory, in GiB (2^30 bytes, as CUDA reports)."
+    ),
     device: str = typer.Option(
         "auto", "--device", help="cuda: measured search; cpu: simulated (auto: cuda if available)."
     ),
@@ -280,22 +274,21 @@ def max_batch(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Largest batch size that fits (paper Table III): grow then bisect; a found OOM is the measured boundary."""
-    _passive_openmp(device)
+    prepare_cpu_threads(device)
     from tunecost.errors import TunecostError
     from tunecost.profile.maxbatch import find_max_batch_size, max_batch_row
     from tunecost.profile.model_setup import ModelSetup
+    from tunecost.units import memory_bytes_from_options
 
-    memory_bytes, gpu_name = None, None
-    positive_finite("--gpu-memory-gb", gpu_memory_gb)
-    if gpu and gpu_memory_gb:
-        raise TunecostError("give --gpu or --gpu-memory-gb, not both")
+    gpu_name = None
+    memory_bytes = memory_bytes_from_options(gpu_memory_gb=gpu_memory_gb, gpu_memory_gib=gpu_memory_gib)
+    if gpu and memory_bytes is not None:
+        raise TunecostError("give --gpu or --gpu-memory-gb/--gpu-memory-gib, not both")
     if gpu:
         from tunecost.catalog.gpus import resolve_gpu_name
 
         g = resolve_gpu_name(gpu).gpu
         memory_bytes, gpu_name = g.memory_bytes, g.name
-    elif gpu_memory_gb:
-        memory_bytes = int(gpu_memory_gb * _GIB)
     setup = ModelSetup(
         model=model,
         method=method,
@@ -317,7 +310,7 @@ def max_batch(
     result = find_max_batch_size(setup, inputs, memory_bytes=memory_bytes, limit=limit, on_probe=on_probe)
     row = max_batch_row(result, setup, inputs, gpu=gpu_name)
     if out is not None:
-        from tunecost.results.io import append_jsonl
+        from tunecost.io import append_jsonl
 
         append_jsonl(Path(out) / "max_batch.jsonl", row)
     if json_out:

@@ -5,18 +5,18 @@ time per measured run (`run_overhead_s`: start-up, warm-up and checkpointing ins
 which the paper divides 1000 queries by). It is a maximum-a-posteriori least squares on log throughput
 (scipy.optimize.least_squares): every (model, dataset, GPU) group weighs the same, and each parameter has a weak
 log-normal prior (`PRIORS`, stated with its reason) so that parameters the data cannot separate stay physical.
-The prediction interval is t-based on the calibration's log residuals; a target outside what was calibrated
-(another GPU, model, method, top-k, or batch range) is flagged as an extrapolation, with the reasons.
+What each GPU achieves comes from `GpuTerms`: the catalog's (`model.catalog_gpu_terms`) or a measured GPU profile
+given in `gpu_terms` (keyed by catalog name). The 95 % prediction interval adds to the in-sample scatter the
+uncertainty of moving to another GPU and to larger batches (`intervals.py` says how). A target outside what was
+calibrated (another GPU, model, method, top-k, or batch range) is flagged as an extrapolation, with the reasons.
 """
 
 from __future__ import annotations
 
-import csv
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import cast
 
 import numpy as np
@@ -24,11 +24,13 @@ import numpy as np
 from tunecost.catalog.gpus import GPU, resolve_gpu_name
 from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
-from tunecost.estimate.measurements import Measurement, load_measurements
 from tunecost.estimate.paper import PAPER_METHOD
-from tunecost.estimate.throughput.counts import StepCounts, analytic_step_counts
+from tunecost.estimate.throughput.counts import AnalyticStepCounts, analytic_step_counts
+from tunecost.estimate.throughput.gpu_terms import GpuTerms
+from tunecost.estimate.throughput.intervals import TransferSpread, interval_log_halfwidth, transfer_spread
 from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, fixed_lengths
-from tunecost.estimate.throughput.model import PARAM_NAMES, StackParams, StepTime, step_time
+from tunecost.estimate.throughput.model import PARAM_NAMES, StackParams, StepTime, catalog_gpu_terms, step_time
+from tunecost.estimate.throughput.priors import PRIORS, Prior
 from tunecost.workload.job import FineTuneJob, Method
 
 PAPER_RUN_QUERIES = 1000  # the paper's throughput = 1000 queries / train_runtime
@@ -36,53 +38,6 @@ FIT_NAMES = (*PARAM_NAMES, "run_overhead_s")
 MIN_POINTS = len(FIT_NAMES) + 1
 LOG_NOISE = 0.05  # assumed measurement noise on log throughput: weighs the data against the priors
 INTERVAL_LEVEL = 0.95
-
-
-@dataclass(frozen=True, kw_only=True)
-class Prior:
-    centre: float
-    factor: float  # one standard deviation is x/÷ this factor
-    lower: float
-    upper: float
-    reason: str
-
-
-PRIORS: dict[str, Prior] = {
-    "gemm_efficiency": Prior(
-        centre=0.7,
-        factor=1.5,
-        lower=0.02,
-        upper=1.0,
-        reason="cuBLAS bf16 GEMMs reach 60-80 % of the dense datasheet peak",
-    ),
-    "gemm_half_rows": Prior(
-        centre=64,
-        factor=3.0,
-        lower=1.0,
-        upper=1e5,
-        reason="GEMMs with K, N in the thousands reach half their rate at some tens of rows",
-    ),
-    "memory_efficiency": Prior(
-        centre=0.75, factor=1.3, lower=0.05, upper=1.0, reason="streaming kernels reach 70-90 % of datasheet bandwidth"
-    ),
-    "kernel_overhead_s": Prior(
-        centre=20e-6,
-        factor=3.0,
-        lower=1e-7,
-        upper=1e-3,
-        reason="eager PyTorch: dispatch + autograd + launch, about 10-50 us per op",
-    ),
-    "step_overhead_s": Prior(
-        centre=0.05, factor=10.0, lower=1e-4, upper=10.0, reason="trainer bookkeeping per step (weak)"
-    ),
-    "run_overhead_s": Prior(
-        centre=10.0,
-        factor=10.0,
-        lower=1e-2,
-        upper=600.0,
-        reason="start-up and warm-up inside the measured train_runtime (weak)",
-    ),
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -126,7 +81,7 @@ class Prediction:
     queries_per_s_low: float
     queries_per_s_high: float
     step: StepTime
-    counts: StepCounts
+    counts: AnalyticStepCounts
     run_queries: int | None
     extrapolation: bool
     extrapolation_reasons: tuple[str, ...]
@@ -141,7 +96,7 @@ class ModelRange:
     tokens_per_step: tuple[float, float]
 
 
-def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, StepCounts]:
+def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, AnalyticStepCounts]:
     """The job a target describes (the paper's setup for its models) and its analytic step counts."""
     spec = resolve_model(target.model)
     method = cast("Method", target.method or PAPER_METHOD.get(spec.name, "qlora"))  # FineTuneJob validates it
@@ -181,15 +136,45 @@ class CalibratedModel:
     gpus: tuple[str, ...]
     source: str
     notes: tuple[str, ...] = ()
+    gpu_terms: Mapping[str, GpuTerms] = field(default_factory=dict)  # measured profiles, by catalog name
+    stacks: Mapping[str, CalibratedModel] = field(default_factory=dict)  # per method, where it had enough points
+    run_queries: int | None = None  # the run length every calibration point shares (the paper's 1000), if one
+    spread: TransferSpread | None = None  # how far predictions move from GPU to GPU (intervals.py)
+    log_residual_dof: int = 1
+
+    def terms_for(self, gpu: GPU) -> GpuTerms:
+        return self.gpu_terms.get(gpu.name) or catalog_gpu_terms(gpu)
 
     def predict(self, target: ThroughputTarget, run_queries: int | None = None) -> Prediction:
         gpu = resolve_gpu_name(target.gpu).gpu
         job, counts = job_for(target)
-        step = step_time(counts, gpu, self.params)
+        if job.method in self.stacks:  # its own stack's parameters; extrapolation judged on the whole calibration
+            from dataclasses import replace
+
+            reasons = self._extrapolation(job, counts, gpu)
+            pred = self.stacks[job.method].predict(target, run_queries)
+            return replace(pred, extrapolation=bool(reasons), extrapolation_reasons=tuple(reasons))
+        terms = self.terms_for(gpu)
+        step = step_time(counts, terms, self.params)
         qps = run_queries_per_s(step.step_s, target.batch_size, self.run_overhead_s, run_queries)
         reasons = self._extrapolation(job, counts, gpu)
-        factor = math.exp(self.interval_log_halfwidth)
-        notes = [f"lengths: {counts.lengths.source}", f"counts: {counts.source} (the paper's stack)"]
+        rng = self.ranges.get(job.model)
+        halfwidth = interval_log_halfwidth(
+            self.log_residual_sd,
+            self.log_residual_dof,
+            self.spread,
+            terms,
+            [self.terms_for(resolve_gpu_name(g).gpu) for g in self.gpus],
+            batch_size=job.batch_size,
+            calibrated_max_batch=rng.batch_sizes[1] if rng else None,
+            host_fraction=(step.kernel_overhead_s + step.step_overhead_s) / step.step_s,
+        )
+        factor = math.exp(halfwidth)
+        notes = [
+            f"lengths: {counts.lengths.source}",
+            f"counts: {counts.source} (the paper's stack)",
+            f"GPU terms: {terms.source}",
+        ]
         return Prediction(
             target=target,
             gpu=gpu.name,
@@ -206,7 +191,7 @@ class CalibratedModel:
             notes=tuple(notes),
         )
 
-    def _extrapolation(self, job: FineTuneJob, counts: StepCounts, gpu: GPU) -> list[str]:
+    def _extrapolation(self, job: FineTuneJob, counts: AnalyticStepCounts, gpu: GPU) -> list[str]:
         reasons = []
         if gpu.name not in self.gpus:
             reasons.append(f"GPU {gpu.name} not in the calibration ({', '.join(self.gpus)}): cross-GPU transfer")
@@ -229,52 +214,11 @@ class CalibratedModel:
         return reasons
 
 
-def _optional_columns(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="", encoding="utf-8-sig") as fh:
-        return list(csv.DictReader(line for line in fh if not line.lstrip().startswith("#")))
-
-
-def points_from_measurements(
-    measurements: Sequence[Measurement], extra: Sequence[Mapping[str, str]] = (), *, source: str = ""
-) -> list[CalibrationPoint]:
-    """Calibration points from `load_measurements` rows; `extra` (same order) may carry method and num_queries.
-    With `source` (a file name), each point's `source` is "file: row N" and an error about a row names it."""
-    out = []
-    for i, m in enumerate(measurements):
-        row = extra[i] if i < len(extra) else {}
-        where = f"{source}: row {i + 1}" if source else ""
-        try:
-            method = (row.get("method") or "").strip() or None
-            n = (row.get("num_queries") or "").strip()
-            target = ThroughputTarget(
-                model=m.model,
-                gpu=m.gpu,
-                batch_size=m.batch_size,
-                experts_per_token=m.experts_per_token,
-                dataset=None if m.seq_len else m.dataset,
-                seq_len=m.seq_len,
-                method=method,
-            )
-            run_queries = int(float(n)) if n else PAPER_RUN_QUERIES
-        except (TunecostError, ValueError) as exc:
-            raise TunecostError(f"{where or f'measurement {i + 1}'}: {exc}") from None
-        out.append(
-            CalibrationPoint(target=target, queries_per_s=m.queries_per_s, run_queries=run_queries, source=where)
-        )
-    return out
-
-
-def load_calibration_points(path: str | Path) -> list[CalibrationPoint]:
-    """A measurements CSV (see `tunecost.estimate.measurements`), with optional method and num_queries columns.
-    Each point's `source` is "file: row N", so later errors about a point name its row."""
-    path = Path(path)
-    return points_from_measurements(load_measurements(path), _optional_columns(path), source=str(path))
-
-
-def _prepared(point: CalibrationPoint, index: int) -> tuple:
-    """(point, GPU, job, counts) for one calibration point; an error names the point's row (or its index)."""
+def _prepared(point: CalibrationPoint, index: int, profiles: Mapping[str, GpuTerms]) -> tuple:
+    """(point, GPU, job, counts, terms) for one calibration point; an error names the point's row (or index)."""
     try:
-        return (point, resolve_gpu_name(point.target.gpu).gpu, *job_for(point.target))
+        gpu = resolve_gpu_name(point.target.gpu).gpu
+        return (point, gpu, *job_for(point.target), profiles.get(gpu.name) or catalog_gpu_terms(gpu))
     except TunecostError as exc:
         raise TunecostError(f"{point.source or f'calibration point {index}'}: {exc}") from None
 
@@ -285,16 +229,15 @@ def _unpack(x: np.ndarray) -> tuple[StackParams, float]:
     return StackParams(**values), run
 
 
-def calibrate(
+def fit_stack(
     points: Sequence[CalibrationPoint],
     *,
     source: str = "measurements",
     use_priors: bool = True,
     priors: Mapping[str, Prior] | None = None,
+    gpu_terms: Mapping[str, GpuTerms] | None = None,
 ) -> CalibratedModel:
-    """Fit the shared parameters to `points` (any models and GPUs together); see the module docstring.
-    `priors` replaces some of `PRIORS`; `use_priors=False` drops them (plain least squares within the bounds).
-    Both are for sensitivity studies."""
+    """Fit one set of stack parameters to all of `points` (any models, methods and GPUs together)."""
     from scipy.optimize import least_squares
     from scipy.stats import t as student_t
 
@@ -303,10 +246,11 @@ def calibrate(
             f"calibration needs at least {MIN_POINTS} measurements ({len(FIT_NAMES)} shared parameters), got "
             f"{len(points)}; measure several batch sizes (ideally of two models)"
         )
-    prepared = [_prepared(p, i) for i, p in enumerate(points, start=1)]
+    profiles = dict(gpu_terms or {})
+    prepared = [_prepared(p, i, profiles) for i, p in enumerate(points, start=1)]
     y = np.log([p.queries_per_s for p in points])
     groups: dict[tuple[str, str, str], int] = defaultdict(int)
-    keys = [(job.model, p.target.dataset or f"seq{p.target.seq_len}", gpu.name) for p, gpu, job, _ in prepared]
+    keys = [(job.model, p.target.dataset or f"seq{p.target.seq_len}", gpu.name) for p, gpu, job, _, _ in prepared]
     for key in keys:
         groups[key] += 1
     weights = np.sqrt([len(points) / (len(groups) * groups[k]) for k in keys])  # every group weighs the same
@@ -319,8 +263,8 @@ def calibrate(
         params, run = _unpack(x)
         return np.log(
             [
-                run_queries_per_s(step_time(c, gpu, params).step_s, p.target.batch_size, run, p.run_queries)
-                for p, gpu, _, c in prepared
+                run_queries_per_s(step_time(c, terms, params).step_s, p.target.batch_size, run, p.run_queries)
+                for p, _, _, c, terms in prepared
             ]
         )
 
@@ -350,15 +294,69 @@ def calibrate(
         num_points=len(points),
         in_sample_mape=float(np.mean(np.abs(np.expm1(log_res)))),
         ranges=_ranges(prepared),
-        gpus=tuple(sorted({gpu.name for _, gpu, _, _ in prepared})),
+        gpus=tuple(sorted({gpu.name for _, gpu, _, _, _ in prepared})),
         source=source,
         notes=tuple(_coverage_notes(prepared)),
+        gpu_terms=profiles,
+        log_residual_dof=dof,
     )
+
+
+def calibrate(
+    points: Sequence[CalibrationPoint],
+    *,
+    source: str = "measurements",
+    use_priors: bool = True,
+    priors: Mapping[str, Prior] | None = None,
+    gpu_terms: Mapping[str, GpuTerms] | None = None,
+    transfer_check: bool = True,
+) -> CalibratedModel:
+    """Fit the shared parameters to `points`; see the module docstring. One set per software stack (method:
+    qlora, lora, full) that has enough points of its own, used for targets of that method; the set fitted on all
+    points serves the others. `priors` replaces some of `PRIORS`; `use_priors=False` drops them (plain least
+    squares within the bounds); both are for sensitivity studies. `gpu_terms`: measured GPU profiles by catalog
+    name. `transfer_check`: calibrate again without each GPU to size the cross-GPU part of the interval
+    (`intervals.transfer_spread`)."""
+    from dataclasses import replace
+
+    kw = {"use_priors": use_priors, "priors": priors, "gpu_terms": gpu_terms}
+    model = fit_stack(points, source=source, **kw)  # type: ignore[arg-type]
+    by_method: dict[str, list[CalibrationPoint]] = defaultdict(list)
+    for p in points:
+        by_method[job_for(p.target)[0].method].append(p)
+    stacks = {}
+    if len(by_method) > 1:
+        for method, pts in sorted(by_method.items()):
+            if len(pts) >= MIN_POINTS:
+                stacks[method] = fit_stack(pts, source=f"{source} ({method} points)", **kw)  # type: ignore[arg-type]
+    model = replace(model, stacks=stacks)
+    log_res = [
+        math.log(model.predict(p.target, run_queries=p.run_queries).queries_per_s / p.queries_per_s) for p in points
+    ]
+    notes = list(model.notes)
+    if stacks:
+        notes.append(
+            "one parameter set per software stack: "
+            + "; ".join(f"{m} ({s.num_points} points)" for m, s in stacks.items())
+        )
+    spread = None
+    if transfer_check:
+        spread = transfer_spread(points, lambda rest: calibrate(rest, transfer_check=False, **kw), MIN_POINTS)  # type: ignore[arg-type]
+        notes.append(spread.note)
+    model = replace(
+        model,
+        in_sample_mape=float(np.mean(np.abs(np.expm1(log_res)))),
+        notes=tuple(notes),
+        spread=spread,
+        run_queries=next(iter(lengths)) if len(lengths := {p.run_queries for p in points}) == 1 else None,
+        stacks={m: replace(s, spread=spread) for m, s in stacks.items()},
+    )
+    return model
 
 
 def _ranges(prepared: Sequence[tuple]) -> dict[str, ModelRange]:
     by_model: dict[str, list] = defaultdict(list)
-    for _, _, job, counts in prepared:
+    for _, _, job, counts, _ in prepared:
         by_model[job.model].append((job, counts))
     return {
         model: ModelRange(
@@ -373,13 +371,9 @@ def _ranges(prepared: Sequence[tuple]) -> dict[str, ModelRange]:
 
 def _coverage_notes(prepared: Sequence[tuple]) -> list[str]:
     notes = []
-    models = {job.model for _, _, job, _ in prepared}
+    models = {job.model for _, _, job, _, _ in prepared}
     if len(models) == 1:
         notes.append("calibrated on one model only: launch/host overheads and GPU efficiencies are poorly separated")
-    if len({job.batch_size for _, _, job, _ in prepared}) == 1:
+    if len({job.batch_size for _, _, job, _, _ in prepared}) == 1:
         notes.append("all points share one batch size: the batch-size saturation is not constrained by data")
     return notes
-
-
-def calibrate_file(path: str | Path) -> CalibratedModel:
-    return calibrate(load_calibration_points(path), source=str(path))

@@ -25,19 +25,9 @@ from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.arch import Arch, arch_of
 from tunecost.estimate.throughput.lengths import SeqLengths, empirical_lengths, fixed_lengths
 from tunecost.workload.job import FineTuneJob
+from tunecost.workload.op_classes import OP_CLASSES
 
-OP_CLASSES = (
-    "expert_matmul",
-    "dense_matmul",
-    "lm_head",
-    "router",
-    "lora",
-    "attention",
-    "scan",
-    "dequant",
-    "elementwise",
-    "optimizer",
-)
+GEMM_CLASSES = ("expert_matmul", "dense_matmul", "lm_head", "router", "lora")
 TENSOR_CORE = "bf16_tensor"
 CUDA_CORE = "fp32"
 
@@ -76,7 +66,7 @@ ADAMW_FLOPS_PER_PARAM = 15
 
 
 @dataclass(frozen=True, kw_only=True)
-class StepCounts:
+class AnalyticStepCounts:
     """One training step's work per op class (see OP_CLASSES); all values are per step."""
 
     flops_by_class: Mapping[str, float]
@@ -130,7 +120,7 @@ class _Acc:
         self.kernels[cls] += kernels
 
 
-def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths | None = None) -> StepCounts:
+def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths | None = None) -> AnalyticStepCounts:
     """Count one step of `job` on `spec` (see the module docstring for the stack it describes)."""
     arch = arch_of(spec)
     lengths = lengths or lengths_of_job(job)
@@ -240,13 +230,13 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
         "router": tokens,
         "lora": lora_rows,
         "attention": lengths.padded_len_tokens,
-        "scan": tokens,
+        "ssm_scan": tokens,
     }
     peaks = {
         c: (TENSOR_CORE if c in ("expert_matmul", "dense_matmul", "lm_head", "router", "attention") else CUDA_CORE)
         for c in OP_CLASSES
     }
-    return StepCounts(
+    return AnalyticStepCounts(
         flops_by_class=MappingProxyType({c: acc.flops.get(c, 0.0) for c in OP_CLASSES}),
         bytes_by_class=MappingProxyType({c: acc.bytes.get(c, 0.0) for c in OP_CLASSES}),
         kernels_by_class=MappingProxyType({c: acc.kernels.get(c, 0.0) for c in OP_CLASSES}),
@@ -315,7 +305,7 @@ def _add_mixers(acc: _Acc, arch: Arch, lengths: SeqLengths, *, gc: float, w_byte
         fwd_flops = arch.num_mamba_layers * tokens * (SCAN_FLOPS_PER_STATE * d * n + 2 * 4 * d)  # scan + conv
         fwd_bytes = arch.num_mamba_layers * tokens * ((6 * d + 4 * n) * w_bytes)  # x, dt, z in, y out, conv io, B, C
         acc.add(
-            "scan",
+            "ssm_scan",
             flops=(fwd_passes + 2.0) * fwd_flops,
             bytes_=(fwd_passes + 2.5) * fwd_bytes,
             kernels=arch.num_mamba_layers * (2 * fwd_passes + 4),

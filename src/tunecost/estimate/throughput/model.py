@@ -1,14 +1,18 @@
-"""Step time from step counts and a GPU's datasheet: a roofline per op class plus launch and host overheads.
+"""Step time from step counts and what a GPU achieves: a roofline per op class plus launch and host overheads.
 
-    step_s = sum over op classes c of smoothmax(FLOPs_c / (eff_gemm(rows_c) * peak_c), bytes_c / (eff_mem * BW))
-             + kernel_overhead_s * kernels + step_overhead_s
+    step_s = sum over op classes c of smoothmax(FLOPs_c / (eff_gemm(rows_c) * rate_c), bytes_c / (eff_mem * BW_c))
+             + kernel_launch_s * kernels + host_step_s
     eff_gemm(rows) = gemm_efficiency * rows / (rows + gemm_half_rows)
     queries_per_s = batch_size / step_s
 
-peak_c is the GPU's dense bf16 tensor peak for GEMMs and attention, its fp32 peak for the rest (the fp32 LoRA
-adapters, dequantization, element-wise work, the optimizer). The five `StackParams` describe the software stack
-(PyTorch eager, bitsandbytes, the trainer, the host CPU that launches kernels), not a GPU: one set is
-calibrated on measurements and applied to every GPU in the catalog. The launch and host terms add to the GPU time
+What the GPU achieves comes from `GpuTerms` (`gpu_terms.py`): rate_c is its achieved large-GEMM throughput
+(MAMF, from the catalog or a measured GPU profile) for GEMMs and attention, its fp32 rate for the rest (the fp32
+LoRA adapters, element-wise work, the optimizer); BW_c its achieved streaming bandwidth (its de-quantization rate
+for `dequant` when a profile measured one). The five `StackParams` describe the software stack (PyTorch eager,
+bitsandbytes, the trainer, the host CPU that launches kernels), not a GPU: efficiencies relative to what the GPU
+achieves in microbenchmarks, and host times. One set is calibrated on measurements and applied to every GPU; a
+GPU profile that measured the launch and empty-step host times replaces the calibrated ones for its GPU.
+The launch and host terms add to the GPU time
 rather than overlap it because the paper's stack synchronises many times per layer (the eager expert loop's
 `torch.where` reads token counts back to the host; the profiler's timers synchronise per layer).
 """
@@ -21,8 +25,11 @@ from types import MappingProxyType
 
 from tunecost.catalog.gpus import GPU
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.counts import OP_CLASSES, TENSOR_CORE, StepCounts
+from tunecost.estimate.throughput.counts import NF4_BYTES_PER_PARAM, TENSOR_CORE, AnalyticStepCounts
+from tunecost.estimate.throughput.gpu_terms import GpuTerms
+from tunecost.workload.op_classes import OP_CLASSES
 
+BF16_WRITTEN_FRACTION = 2.0 / (2.0 + NF4_BYTES_PER_PARAM)  # of a dequant's bytes (4-bit read, bf16 written)
 SMOOTH_MAX_POWER = 4.0  # (a^p + b^p)^(1/p): a roofline with a soft corner (p -> inf is the hard max)
 
 
@@ -30,9 +37,9 @@ SMOOTH_MAX_POWER = 4.0  # (a^p + b^p)^(1/p): a roofline with a soft corner (p ->
 class StackParams:
     """Efficiencies of one software stack, shared by every GPU and model it runs."""
 
-    gemm_efficiency: float  # achieved fraction of peak FLOP/s for large GEMMs (and attention)
+    gemm_efficiency: float  # this stack's large GEMMs (and attention) as a fraction of the GPU's achieved rate
     gemm_half_rows: float  # GEMM rows (tokens per call) at which half of that is reached
-    memory_efficiency: float  # achieved fraction of peak DRAM bandwidth by streaming kernels
+    memory_efficiency: float  # this stack's memory-bound kernels as a fraction of the achieved bandwidth
     kernel_overhead_s: float  # host time per kernel launch (Python, dispatcher, autograd, launch)
     step_overhead_s: float  # host time per step outside the kernels (trainer loop, data, logging)
 
@@ -71,9 +78,11 @@ class StepTime:
         return sum(self.class_s.values())
 
 
-def gemm_efficiency_at(rows: float, params: StackParams) -> float:
-    """Achieved fraction of peak for a GEMM with `rows` rows: saturates with problem size."""
-    return params.gemm_efficiency * rows / (rows + params.gemm_half_rows) if rows > 0 else params.gemm_efficiency
+def gemm_efficiency_at(rows: float, params: StackParams, half_rows: float | None = None) -> float:
+    """Fraction of the achieved rate for a GEMM with `rows` rows: saturates with problem size. `half_rows` (from
+    a GPU profile) replaces the calibrated `params.gemm_half_rows`."""
+    half = params.gemm_half_rows if half_rows is None else half_rows
+    return params.gemm_efficiency * rows / (rows + half) if rows > 0 else params.gemm_efficiency
 
 
 def smooth_max(a: float, b: float, power: float = SMOOTH_MAX_POWER) -> float:
@@ -83,38 +92,66 @@ def smooth_max(a: float, b: float, power: float = SMOOTH_MAX_POWER) -> float:
     return hi * ((a / hi) ** power + (b / hi) ** power) ** (1.0 / power)
 
 
-def peak_flops_per_s(gpu: GPU, peak: str) -> float:
-    return gpu.bf16_tensor_flops_per_s if peak == TENSOR_CORE else gpu.fp32_flops_per_s
+def catalog_gpu_terms(gpu: GPU) -> GpuTerms:
+    """What a catalog GPU achieves: its achieved matmul rate and bandwidth from `catalog/data/gpu_achieved.csv`,
+    its fp32 rate from the datasheet. A GPU with neither achieved values nor datasheet peaks is an error."""
+    from tunecost.catalog.gpu_achieved import achieved_catalog
+
+    achieved = achieved_catalog().get(gpu.name)
+    if achieved is None:
+        raise TunecostError(
+            f"{gpu.name}: no achieved matmul/bandwidth values in the GPU catalog (gpu_achieved.csv); measure it "
+            "with `tunecost calibrate-gpu` and pass --gpu-profile"
+        )
+    if gpu.fp32_flops_per_s <= 0:
+        raise TunecostError(f"{gpu.name}: the catalog needs its fp32 peak for a throughput model")
+    return GpuTerms(
+        name=gpu.name,
+        matmul_flops_per_s=achieved.matmul_flops_per_s,
+        fp32_flops_per_s=gpu.fp32_flops_per_s,
+        memory_bytes_per_s=achieved.memory_bytes_per_s,
+        source=f"catalog: matmul {achieved.sources.get('matmul', '?')}; memory {achieved.sources.get('memory', '?')}"
+        f" (as of {achieved.as_of})",
+    )
 
 
-def step_time(counts: StepCounts, gpu: GPU, params: StackParams) -> StepTime:
-    """Predicted time of one step of `counts` on `gpu` under `params`."""
-    if gpu.mem_bandwidth_bytes_per_s <= 0 or gpu.bf16_tensor_flops_per_s <= 0:
-        raise TunecostError(f"{gpu.name}: the catalog needs its bandwidth and bf16 peak for a throughput model")
+def rate_flops_per_s(terms: GpuTerms, peak: str) -> float:
+    return terms.matmul_flops_per_s if peak == TENSOR_CORE else terms.fp32_flops_per_s
+
+
+def step_time(counts: AnalyticStepCounts, terms: GpuTerms, params: StackParams) -> StepTime:
+    """Predicted time of one step of `counts` on the GPU `terms` describes, under `params`."""
+    if terms.memory_bytes_per_s <= 0 or terms.matmul_flops_per_s <= 0 or terms.fp32_flops_per_s <= 0:
+        raise TunecostError(f"{terms.name}: the throughput model needs matmul, fp32 and bandwidth rates > 0")
     class_s: dict[str, float] = {}
     bound: dict[str, str] = {}
-    bandwidth = params.memory_efficiency * gpu.mem_bandwidth_bytes_per_s
+    bandwidth = params.memory_efficiency * terms.memory_bytes_per_s
     for cls in OP_CLASSES:
         flops = counts.flops_by_class.get(cls, 0.0)
         moved = counts.bytes_by_class.get(cls, 0.0)
         if flops <= 0 and moved <= 0:
             continue
-        eff = gemm_efficiency_at(counts.gemm_rows_by_class.get(cls, 0.0), params)
-        compute_s = flops / (eff * peak_flops_per_s(gpu, counts.peak_by_class.get(cls, TENSOR_CORE)))
-        memory_s = moved / bandwidth
+        eff = gemm_efficiency_at(counts.gemm_rows_by_class.get(cls, 0.0), params, terms.matmul_half_rows)
+        compute_s = flops / (eff * rate_flops_per_s(terms, counts.peak_by_class.get(cls, TENSOR_CORE)))
+        if cls == "dequant" and terms.dequant_bytes_per_s:  # measured: bf16 bytes written per second
+            memory_s = moved * BF16_WRITTEN_FRACTION / terms.dequant_bytes_per_s
+        else:
+            memory_s = moved / bandwidth
         class_s[cls] = smooth_max(compute_s, memory_s)
         bound[cls] = "compute" if compute_s >= memory_s else "memory"
-    launch_s = params.kernel_overhead_s * counts.total_kernels
-    total = sum(class_s.values()) + launch_s + params.step_overhead_s
+    launch_each = params.kernel_overhead_s if terms.kernel_launch_s is None else terms.kernel_launch_s
+    host_s = params.step_overhead_s if terms.host_step_s is None else terms.host_step_s
+    launch_s = launch_each * counts.total_kernels
+    total = sum(class_s.values()) + launch_s + host_s
     return StepTime(
         step_s=total,
         class_s=MappingProxyType(class_s),
         bound_by_class=MappingProxyType(bound),
         kernel_overhead_s=launch_s,
-        step_overhead_s=params.step_overhead_s,
+        step_overhead_s=host_s,
         batch_size=counts.batch_size,
     )
 
 
-def queries_per_s(counts: StepCounts, gpu: GPU, params: StackParams) -> float:
-    return step_time(counts, gpu, params).queries_per_s
+def queries_per_s(counts: AnalyticStepCounts, terms: GpuTerms, params: StackParams) -> float:
+    return step_time(counts, terms, params).queries_per_s

@@ -1,9 +1,10 @@
-"""Validation of the calibrated throughput model: in-sample errors and leave-one-group-out.
+"""Validation of the calibrated throughput model: in-sample errors, leave-one-group-out, leave-one-GPU-out.
 
 Leave-one-group-out: for each (model, dataset, GPU) group, calibrate on every other group and predict the held-out
 points as they were measured (same run length). This is the honest error for a workload the calibration has not
 seen; `docs/throughput-model.md` reports it beside the paper's eq. (2), which cannot predict a held-out group at
-all (its coefficients are fitted per group).
+all (its coefficients are fitted per group). Leave-one-GPU-out: calibrate without every point of one GPU and
+predict them, the error of a GPU never measured.
 """
 
 from __future__ import annotations
@@ -74,8 +75,31 @@ def leave_one_group_out(
         if on_progress is not None:
             on_progress(i, len(groups), "/".join(key))
         rest = [p for p in points if group_of(p) != key]
-        model = calibrate(rest, source=f"all but {'/'.join(key)}")
+        model = calibrate(rest, source=f"all but {'/'.join(key)}", transfer_check=False)
         out.append(GroupCheck(group=key, checks=tuple(check_points(model, held)), model=model))
     if on_progress is not None:
         on_progress(len(groups), len(groups), "done")
+    return out
+
+
+def leave_one_gpu_out(
+    points: Sequence[CalibrationPoint], on_progress: Callable[[int, int, str], None] | None = None
+) -> list[GroupCheck]:
+    """Calibrate without each GPU in turn and predict its points: the error of moving to a GPU never measured.
+    A GPU whose removal leaves fewer points than a calibration needs is skipped (named in no result)."""
+    from tunecost.estimate.throughput.calibrate import MIN_POINTS
+
+    gpus = sorted({group_of(p)[2] for p in points})
+    out = []
+    for i, gpu in enumerate(gpus):
+        if on_progress is not None:
+            on_progress(i, len(gpus), gpu)
+        held = [p for p in points if group_of(p)[2] == gpu]
+        rest = [p for p in points if group_of(p)[2] != gpu]
+        if len(rest) < MIN_POINTS or not rest:
+            continue
+        model = calibrate(rest, source=f"all but {gpu}", transfer_check=False)
+        out.append(GroupCheck(group=("*", "*", gpu), checks=tuple(check_points(model, held)), model=model))
+    if on_progress is not None:
+        on_progress(len(gpus), len(gpus), "done")
     return out

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from tunecost.errors import TunecostError
+from tunecost.io import atomic_write_json
 from tunecost.models.blackmamba.config import BlackMambaConfig
 from tunecost.models.blackmamba.model import BlackMambaForCausalLM, build_blackmamba
-from tunecost.results.io import atomic_write_json
 
 CONFIG_NAME = "config.json"
 BIN_NAME = "pytorch_model.bin"

@@ -1,4 +1,4 @@
-"""Atomic, resumable result files (tunecost.results.io)."""
+"""Atomic, resumable result files (tunecost.io)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tunecost.results.io import append_jsonl, atomic_write_bytes, atomic_write_json, atomic_write_text, read_jsonl
+from tunecost.io import append_jsonl, atomic_write_bytes, atomic_write_json, atomic_write_text, read_jsonl
 
 
 def test_atomic_write_replaces_and_leaves_no_temp(tmp_path) -> None:

@@ -1,0 +1,86 @@
+"""`tunecost validate`: tunecost's predictions beside published measurements, row by row, with the accuracy."""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections import Counter
+from pathlib import Path
+
+import typer
+
+from tunecost.cli.common import cli_errors, console, print_json, print_table
+from tunecost.errors import TunecostError
+
+
+def rows_csv(rows) -> str:
+    from tunecost.validate import OUTPUT_COLUMNS
+
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(OUTPUT_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    for r in rows:
+        writer.writerow({k: "" if v is None else v for k, v in r.as_output().items()})
+    return buf.getvalue()
+
+
+def _fmt(v: object) -> str:
+    return "" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+@cli_errors
+def validate(
+    files: list[Path] = typer.Argument(None, help="Measurement CSV files in the corpus columns (default: shipped)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the rows as a JSON list of objects."),
+    out: Path = typer.Option(None, "--out", help="Also write the rows as CSV to this file."),
+    force: bool = typer.Option(False, "--force", help="Replace the --out file if it exists."),
+) -> None:
+    """Run tunecost's estimators on every measurement they can model: each prediction beside its measurement,
+    the rows skipped with their reason, and the accuracy per quantity and per stack."""
+    from tunecost.io import atomic_write_text
+    from tunecost.validate import read_corpus, summarize, validate_rows
+    from tunecost.validate.run import memory_totals, throughput_totals
+
+    if out is not None and out.exists() and not force:
+        raise TunecostError(f"{out} exists; pass --force to replace it")
+    rows = validate_rows(read_corpus(list(files) if files else None))
+    if out is not None:
+        atomic_write_text(out, rows_csv(rows))
+    if json_out:
+        print_json([r.as_output() for r in rows])
+        return
+    print_table(
+        "Predictions beside measurements (modelled rows; every row with --json or --out)",
+        ["id", "quantity", "measured", "predicted", "unit", "error"],
+        [
+            [r.id, r.quantity, _fmt(r.measured), _fmt(r.predicted), r.unit, _fmt(r.error)]
+            for r in rows
+            if r.status == "ok"
+        ],
+        caption="error: signed % for memory ((predicted - measured) / measured); predicted - measured for oom",
+    )
+    skipped = Counter(r.reason for r in rows if r.status == "skipped")
+    print_table("Rows skipped", ["rows", "reason"], [[n, reason] for reason, n in skipped.most_common()])
+    print_table(
+        "Accuracy per quantity and stack",
+        ["quantity", "stack", "rows", "modelled", "median |error| %", "within 10 %", "oom right"],
+        [
+            [s.quantity, s.stack, s.rows, s.modelled, _fmt(s.median_abs_pct_error), _fmt(s.within_10pct), _fmt(s.right)]
+            for s in summarize(rows)
+        ],
+    )
+    t = memory_totals(rows)
+    console.print(
+        f"memory rows modelled: {t['memory_rows_modelled']} of {t['memory_rows']}; peak memory median |error| "
+        f"{_fmt(t['peak_median_abs_pct_error'])} % over {t['peak_rows_modelled']} rows; out-of-memory right on "
+        f"{t['oom_right']} of {t['oom_rows_modelled']}"
+    )
+    th = throughput_totals(rows)
+    console.print(
+        f"throughput: mean |error| {_fmt(th['mape'])} % over {th['predicted_rows']} predicted rows of "
+        f"{th['throughput_rows']}; {th['calibration_rows']} calibration rows (one per stack and GPU) not counted"
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command("validate")(validate)

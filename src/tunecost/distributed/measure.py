@@ -1,0 +1,86 @@
+"""Measure the same FSDP2 step on real ranks: `world_size` CPU processes on a gloo group over 127.0.0.1, each
+running `sharded_step.record_rank_step` on real tensors (tiny models only: real fp32 weights on the CPU)."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from tunecost.distributed.sharded_step import RankStep
+from tunecost.workload.job import FineTuneJob
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(rank: int, world_size: int, port: int, job: FineTuneJob, strategy: str, results) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from tunecost.distributed.sharded_step import prepare_fsdp_rank, record_rank_step
+    from tunecost.simulate.step import make_batch
+
+    torch.set_num_threads(1)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        prepared = prepare_fsdp_rank(job, strategy, real=True, seed=0)
+        vocab = int(prepared.model.config.vocab_size)
+        batch = make_batch(vocab, job.batch_size, job.worst_case_seq_len, None, seed=rank)
+        results.put(record_rank_step(prepared, batch, strategy=strategy, granule_bytes=1))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_fsdp_ranks(job: FineTuneJob, *, world_size: int = 2, strategy: str = "fsdp2") -> list[RankStep]:
+    """Run one recorded FSDP2 step on `world_size` real gloo ranks; their RankSteps by rank."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    mp.start_processes(
+        _worker, args=(world_size, free_port(), job, strategy, results), nprocs=world_size, start_method="spawn"
+    )
+    steps = [results.get() for _ in range(world_size)]
+    return sorted(steps, key=lambda s: s.rank)
+
+
+def _ddp_worker(rank: int, world_size: int, port: int, job: FineTuneJob, results) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from tunecost.simulate.prepare import build_prepared
+    from tunecost.simulate.step import make_batch, run_step
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        prepared = build_prepared(job, num_units=None, real=True, seed=0)
+        vocab = int(prepared.spec.vocab_size)
+        prepared.model = DistributedDataParallel(prepared.model)
+        batch = make_batch(vocab, job.batch_size, job.worst_case_seq_len, None, seed=rank)
+        for _ in range(3):  # the reducer rebuilds its buckets in ready order after the first step; the
+            run_step(prepared, batch)  # logging data reports them once later steps have run
+        data = prepared.model._get_ddp_logging_data()
+        sizes = str(data.get("rebuilt_bucket_sizes", ""))
+        results.put((rank, [int(s) for s in sizes.split(",") if s.strip()]))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_ddp_buckets(job: FineTuneJob, *, world_size: int = 2) -> list[int]:
+    """DDP's own gradient bucket sizes (bytes, rebuilt after the first step) on `world_size` gloo ranks."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    results = ctx.SimpleQueue()
+    mp.start_processes(
+        _ddp_worker, args=(world_size, free_port(), job, results), nprocs=world_size, start_method="spawn"
+    )
+    by_rank = dict(results.get() for _ in range(world_size))
+    return by_rank[0]

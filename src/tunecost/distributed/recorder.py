@@ -1,0 +1,207 @@
+"""The step simulator's recorder, extended for a sharded step: collectives and FSDP2's storage resizes.
+
+`ShardedStepRecorder` is `simulate.recorder.StepRecorder` (same allocation log, same phases and module context)
+plus three things a data-parallel step needs:
+
+- every c10d collective the step issues (op, group size, bytes, dtype, phase, decoder layer), seen as the
+  `c10d.*` dispatcher ops that `torch.distributed`'s eager API calls, on a fake process group as on gloo/NCCL;
+- FSDP2 frees and re-allocates unsharded parameters by resizing their storage (`UntypedStorage.resize_(0)` and
+  back), which is not an op and releases no storage object; the recorder wraps `resize_` for the duration of the
+  step (restored after) so a resize to 0 is a free and a resize back is a new allocation;
+- categories for the buffers of the collectives: all-gather inputs/outputs, reduce-scatter inputs; the
+  reduce-scatter output is the sharded gradient.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from tunecost.simulate.recorder import StepRecorder, StorageRecord, _tensors
+
+# c10d dispatcher op -> collective kind (nccl-tests' names)
+_C10D_KINDS = {
+    "allgather_": "all_gather",
+    "_allgather_base_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "reduce_scatter_": "reduce_scatter",
+    "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "allreduce_": "all_reduce",
+    "allreduce_coalesced_": "all_reduce",
+    "alltoall_": "all_to_all",
+    "alltoall_base_": "all_to_all",
+    "broadcast_": "broadcast",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Collective:
+    """One collective call. `nbytes` is nccl-tests' size: the whole buffer (all-gather: the gathered output;
+    reduce-scatter: the unreduced input; all-reduce and broadcast: the tensor; all-to-all: the send buffer)."""
+
+    op: str  # all_gather | reduce_scatter | all_reduce | all_to_all | broadcast
+    group_size: int
+    nbytes: int
+    dtype: str
+    phase: str  # forward | backward | recompute | optimizer
+    layer: int | None  # the decoder layer of a forward all-gather; None for the root unit and in backward
+
+
+def collective_kind(func) -> str | None:
+    """The collective kind of a dispatcher op, None for any other op."""
+    schema = func._schema.name  # e.g. "c10d::_allgather_base_"
+    namespace, _, name = schema.partition("::")
+    if namespace != "c10d":
+        return None
+    return _C10D_KINDS.get(name)
+
+
+def _buffer_nbytes(kind: str, args) -> tuple[int, str, torch.Tensor | None, torch.Tensor | None]:
+    """(nccl-tests bytes, dtype, output buffer, input buffer) of a c10d op's arguments."""
+    first, second = args[0], args[1] if len(args) > 1 else None
+    outs = _tensors(first)
+    ins = _tensors(second) if isinstance(second, (torch.Tensor, list, tuple)) else []
+    out_t = outs[0] if outs else None
+    in_t = ins[0] if ins else None
+    out_bytes = sum(t.numel() * t.element_size() for t in outs)
+    in_bytes = sum(t.numel() * t.element_size() for t in ins)
+    first_t = out_t if out_t is not None else in_t
+    dtype = str(first_t.dtype).removeprefix("torch.") if first_t is not None else "?"
+    if kind == "all_gather":
+        return out_bytes, dtype, out_t, in_t
+    if kind == "reduce_scatter":
+        return in_bytes, dtype, out_t, in_t
+    if kind == "all_to_all":
+        return in_bytes or out_bytes, dtype, out_t, in_t
+    return out_bytes, dtype, out_t, None
+
+
+def _group_size(args, default: int) -> int:
+    for a in args:
+        size = getattr(a, "size", None)
+        if isinstance(a, torch.ScriptObject) and callable(size):
+            with contextlib.suppress(Exception):
+                return int(size())
+    return default
+
+
+class ShardedStepRecorder(StepRecorder):
+    """Record one data-parallel step (see the module docstring). `world_size` is the group size reported when a
+    collective's process group cannot be asked."""
+
+    def __init__(self, *, world_size: int, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.world_size = world_size
+        self.collectives: list[Collective] = []
+        self.tags: dict[int, str] = {}  # id(StorageRecord) -> category overriding the recorder's classification
+        self._resize_orig = None
+        self._unit_layer: int | None = None  # decoder layer whose forward (and FSDP2 pre-forward hook) runs
+
+    # ---- collectives ----------------------------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kind = collective_kind(func) if self.phase != "setup" else None
+        out = super().__torch_dispatch__(func, types, args, kwargs)
+        if kind is not None:
+            phase, _group, _layer, _override = self._context()
+            # FSDP2 issues a unit's all-gather in its pre-forward hook, before the layer's module context opens;
+            # in backward, prefetching issues them under another layer's context, so no layer is claimed there
+            layer = self._unit_layer if phase == "forward" else None
+            nbytes, dtype, out_t, in_t = _buffer_nbytes(kind, args)
+            self.collectives.append(
+                Collective(
+                    op=kind,
+                    group_size=_group_size(args, self.world_size),
+                    nbytes=nbytes,
+                    dtype=dtype,
+                    phase=phase,
+                    layer=layer,
+                )
+            )
+            self._tag_buffers(kind, out_t, in_t)
+        return out
+
+    def _tag_buffers(self, kind: str, out_t: torch.Tensor | None, in_t: torch.Tensor | None) -> None:
+        if kind == "all_gather":
+            pairs = [(out_t, "all_gather_buffers"), (in_t, "all_gather_buffers")]
+        elif kind == "reduce_scatter":
+            pairs = [(in_t, "reduce_scatter_buffers"), (out_t, "gradients")]
+        else:
+            return
+        for t, category in pairs:
+            if t is None:
+                continue
+            rec = self._by_storage.get(t.untyped_storage())
+            if rec is not None and rec.static_category is None:
+                self.tags[id(rec)] = category
+
+    def install_hooks(self, model: torch.nn.Module, trainable: list[torch.nn.Parameter]) -> None:
+        super().install_hooks(model, trainable)
+        from tunecost.models.anatomy import decoder_layers
+
+        layers = decoder_layers(model)
+        self._handles.append(model.register_forward_pre_hook(lambda *_: self._set_unit(None), prepend=True))
+        for index, layer in enumerate(layers):
+            self._handles.append(layer.register_forward_pre_hook(lambda *_, i=index: self._set_unit(i), prepend=True))
+            self._handles.append(layer.register_forward_hook(lambda *_: self._set_unit(None), always_call=True))
+
+    def _set_unit(self, layer: int | None) -> None:
+        self._unit_layer = layer
+
+    def tag_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        """Mark the storages now holding `param.grad` (local shards under FSDP2) as gradients."""
+        for p in params:
+            if p.grad is None:
+                continue
+            for t in _tensors(p.grad):
+                rec = self._by_storage.get(t.untyped_storage())
+                if rec is not None and rec.static_category is None:
+                    self.tags.setdefault(id(rec), "gradients")
+
+    # ---- FSDP2 storage resizes --------------------------------------------------------------------------------
+    def __enter__(self):
+        orig = torch.UntypedStorage.resize_
+        recorder = self
+
+        def resize_(storage, size):
+            before = storage.nbytes()
+            result = orig(storage, size)
+            recorder._on_resize(storage, before, storage.nbytes())
+            return result
+
+        self._resize_orig = orig
+        torch.UntypedStorage.resize_ = resize_
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        if self._resize_orig is not None:
+            torch.UntypedStorage.resize_ = self._resize_orig
+            self._resize_orig = None
+        return super().__exit__(*exc)
+
+    def _freed(self, rec: StorageRecord, _ref) -> None:
+        self._on_free(rec)
+
+    def _on_resize(self, storage, before: int, after: int) -> None:
+        if self.phase == "setup" or before == after:
+            return
+        rec = self._by_storage.get(storage)
+        if after == 0:
+            if rec is not None and rec.t_free is None:
+                rec.t_free = self.t
+            if rec is not None:
+                del self._by_storage[storage]
+            return
+        if rec is not None and before > 0:  # grown in place
+            self._record_storage_growth(rec, after)
+            return
+        phase, group, _layer, _override = self._context()
+        new = StorageRecord(nbytes=self._rounded(after), t_alloc=self.t, phase=phase, group=group)
+        self.records.append(new)
+        self._by_storage[storage] = new
+        self._refs.append(weakref.ref(storage, functools.partial(self._freed, new)))
+        self.tags[id(new)] = "unsharded_params"

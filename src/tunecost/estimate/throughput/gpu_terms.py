@@ -1,0 +1,19 @@
+"""What one GPU achieves, as the throughput model uses it: from the catalog's datasheet and published values, or
+measured on the device by `tunecost calibrate-gpu` (a GPU profile). Base units: FLOP/s, bytes/s, seconds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuTerms:
+    name: str  # catalog name, or the device name a profile was measured on
+    matmul_flops_per_s: float  # achieved dense bf16 GEMM throughput at large shapes
+    matmul_half_rows: float | None = None  # GEMM rows (M) at which a small-M GEMM reaches half of it
+    fp32_flops_per_s: float  # achieved fp32 (non-tensor-core) throughput
+    memory_bytes_per_s: float  # achieved element-wise (streaming) bandwidth
+    dequant_bytes_per_s: float | None = None  # achieved 4-bit de-quantization, bytes of bf16 written per second
+    kernel_launch_s: float | None = None  # host time per kernel launch in an eager PyTorch loop
+    host_step_s: float | None = None  # host time of an empty training step (no kernels)
+    source: str  # where these values come from ("catalog: ...", "profile: FILE measured DATE on DEVICE")

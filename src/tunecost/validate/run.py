@@ -1,0 +1,292 @@
+"""Predictions per corpus row and the accuracy summary.
+
+Memory quantities from one simulated step (`tunecost.simulate`) plus the device overhead it states:
+- peak_allocated_gib: the simulated peak (torch.cuda.max_memory_allocated semantics);
+- peak_reserved_gib: that peak plus the caching allocator's reserve (the overhead without the CUDA context);
+- nvidia_smi_gib: that peak plus the whole device overhead (CUDA context and allocator reserve);
+- oom: 1 when the peak plus the device overhead exceeds the GPU's memory, else 0.
+A value in "GB" is read as GiB (2^30 bytes): the sources print GiB-based figures (nvidia-smi's MiB / 1024,
+torch bytes / 2^30) with a "G"/"GB" label. `error` is the signed percentage error (predicted - measured) /
+measured x 100 for memory, and predicted - measured (0 = right) for oom.
+Throughput quantities (tokens_per_s_per_gpu, samples_per_s, s_per_step) come from `throughput`'s step time,
+its efficiency calibrated on one row per (stack, GPU); a calibration row is `ok` with reason "calibration row"
+and no error; the other rows' error is the same signed percentage.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass
+
+from tunecost.validate import throughput as tp
+from tunecost.validate.corpus import CorpusRow
+from tunecost.validate.mapping import THROUGHPUT_QUANTITIES, MappedRow, Skip, map_row
+
+GIB = 2**30
+OUTPUT_COLUMNS = ("id", "quantity", "measured", "predicted", "unit", "error", "status", "reason")
+_UNIT_BYTES = {"GiB": GIB, "GB": GIB, "MiB": 2**20}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ValidationRow:
+    id: str
+    quantity: str
+    measured: float | None
+    predicted: float | None
+    unit: str
+    error: float | None
+    status: str  # ok | skipped
+    reason: str
+    stack: str = ""  # the named stack (summary key; not an output column)
+
+    def as_output(self) -> dict[str, object]:
+        d = asdict(self)
+        return {k: d[k] for k in OUTPUT_COLUMNS}
+
+
+def _skipped(row: CorpusRow, reason: str, stack: str = "") -> ValidationRow:
+    measured: float | None
+    try:
+        measured = float(row.get("value"))
+    except ValueError:
+        measured = None
+    return ValidationRow(
+        id=row.id,
+        quantity=row.get("quantity"),
+        measured=measured,
+        predicted=None,
+        unit=row.get("unit"),
+        error=None,
+        status="skipped",
+        reason=reason,
+        stack=stack,
+    )
+
+
+def predicted_bytes(quantity: str, sim) -> int:
+    """The simulated figure a memory quantity measures, in bytes."""
+    from tunecost.simulate.overhead import DEFAULT_OVERHEAD
+
+    if quantity == "peak_allocated_gib":
+        return int(sim.peak_bytes)
+    if quantity == "peak_reserved_gib":
+        return int(sim.peak_bytes + sim.device_overhead_bytes - DEFAULT_OVERHEAD.cuda_context_bytes)
+    return int(sim.peak_bytes + sim.device_overhead_bytes)
+
+
+def _simulate(mapped: MappedRow):
+    from tunecost.simulate import simulate_step
+
+    return simulate_step(mapped.job, stack=mapped.stack.simulator_stack or "tunecost")
+
+
+def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simulate) -> ValidationRow:
+    """One row's prediction beside its measurement, or the reason it is skipped (never raises). A throughput
+    row alone is its own calibration row (use `validate_rows` to predict throughput)."""
+    if row.get("quantity") in THROUGHPUT_QUANTITIES:
+        return validate_throughput_rows([row])[0]
+    try:
+        mapped = map_row(row)
+    except Skip as exc:
+        return _skipped(row, str(exc))
+    quantity, unit = row.get("quantity"), row.get("unit")
+    try:
+        measured = float(row.get("value"))
+    except ValueError:
+        return _skipped(row, f"value {row.get('value')!r} is not a number", mapped.stack.name)
+    if quantity != "oom" and unit not in _UNIT_BYTES:
+        return _skipped(row, f"unit {unit!r} not known for {quantity}", mapped.stack.name)
+    try:
+        sim = simulate(mapped)
+    except Exception as exc:  # a row the simulator cannot run is reported, never a crash
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return _skipped(row, f"simulation failed: {reason}", mapped.stack.name)
+    error: float | None
+    if quantity == "oom":
+        assert mapped.gpu_memory_bytes is not None
+        predicted = 1.0 if predicted_bytes("nvidia_smi_gib", sim) > mapped.gpu_memory_bytes else 0.0
+        error = predicted - measured
+    else:
+        predicted = round(predicted_bytes(quantity, sim) / _UNIT_BYTES[unit], 3)
+        error = round((predicted - measured) / measured * 100.0, 2) if measured else None
+    return ValidationRow(
+        id=row.id,
+        quantity=quantity,
+        measured=measured,
+        predicted=predicted,
+        unit=unit,
+        error=error,
+        status="ok",
+        reason="",
+        stack=mapped.stack.name,
+    )
+
+
+def _throughput_ok(row: CorpusRow, mapped: MappedRow, measured: float, predicted: float, reason: str):
+    calibration = reason == tp.CALIBRATION_REASON
+    return ValidationRow(
+        id=row.id,
+        quantity=row.get("quantity"),
+        measured=measured,
+        predicted=round(predicted, 4),
+        unit=row.get("unit"),
+        error=None if calibration else round((predicted - measured) / measured * 100.0, 2),
+        status="ok",
+        reason=reason,
+        stack=mapped.stack.name,
+    )
+
+
+def _shape(m: MappedRow) -> dict[str, int]:
+    """Batch, sequence length and gradient accumulation: what converts a step time into a row's quantity."""
+    return {"batch": m.job.batch_size, "seq_len": int(m.job.seq_len or 0), "grad_accum": m.grad_accum}
+
+
+def validate_throughput_rows(
+    rows: list[CorpusRow], counts_fn: tp.CountsFn = tp.model_counts
+) -> dict[int, ValidationRow]:
+    """Throughput rows by position: one calibration row per (stack, GPU) (see `throughput`), the rest predicted.
+    A calibration row is `ok` with reason "calibration row" and no error (it is fitted, not predicted)."""
+    from tunecost.catalog.gpus import resolve_gpu_name
+
+    out: dict[int, ValidationRow] = {}
+    groups: dict[tuple[str, str], list[tuple[int, CorpusRow, MappedRow, float, tp.StepWork]]] = {}
+    for i, row in enumerate(rows):
+        try:
+            mapped = map_row(row)
+        except Skip as exc:
+            out[i] = _skipped(row, str(exc))
+            continue
+        try:
+            measured = float(row.get("value"))
+        except ValueError:
+            out[i] = _skipped(row, f"value {row.get('value')!r} is not a number", mapped.stack.name)
+            continue
+        if measured <= 0:
+            out[i] = _skipped(row, "value must be > 0", mapped.stack.name)
+            continue
+        try:
+            counts = counts_fn(mapped)
+        except Exception as exc:  # a model tunecost cannot count is reported, never a crash
+            out[i] = _skipped(row, f"parameter count failed: {exc}", mapped.stack.name)
+            continue
+        work = tp.step_work(
+            counts,
+            method=mapped.job.method,
+            gradient_checkpointing=mapped.job.gradient_checkpointing,
+            **_shape(mapped),
+        )
+        assert mapped.gpu_name is not None
+        groups.setdefault((mapped.stack.name, mapped.gpu_name), []).append((i, row, mapped, measured, work))
+    for (stack, gpu_name), members in groups.items():
+        gpu = resolve_gpu_name(gpu_name).gpu
+
+        # calibration: the most tokens per optimizer step, first in file order on a tie
+        cal = max(members, key=lambda t: (tp.tokens_per_step(**_shape(t[2])), -t[0]))
+        i, row, mapped, measured, work = cal
+        eff = tp.efficiency_from(work, gpu, tp.to_step_seconds(row.get("quantity"), measured, **_shape(mapped)))
+        if eff is None:
+            for i, row, _, _, _ in members:
+                out[i] = _skipped(row, f"calibration of {stack} on {gpu_name} failed (efficiency outside (0, 1])")
+            continue
+        for i, row, mapped, measured, work in members:
+            predicted = tp.from_step_seconds(row.get("quantity"), tp.step_seconds(work, gpu, eff), **_shape(mapped))
+            reason = tp.CALIBRATION_REASON if (i, row) == cal[:2] else f"efficiency {eff:.3f} from {cal[1].id}"
+            out[i] = _throughput_ok(row, mapped, measured, predicted, reason)
+    return out
+
+
+def validate_rows(
+    rows: Iterable[CorpusRow],
+    *,
+    simulate: Callable[[MappedRow], object] = _simulate,
+    counts_fn: tp.CountsFn = tp.model_counts,
+    on_progress: Callable[[int, int, str], None] | None = None,
+) -> list[ValidationRow]:
+    rows = list(rows)
+    is_tp = [r.get("quantity") in THROUGHPUT_QUANTITIES for r in rows]
+    tp_idx = [i for i, t in enumerate(is_tp) if t]
+    tp_rows = validate_throughput_rows([rows[i] for i in tp_idx], counts_fn)
+    by_index = {tp_idx[j]: v for j, v in tp_rows.items()}
+    out = []
+    for i, row in enumerate(rows):
+        if on_progress:
+            on_progress(i, len(rows), row.id)
+        out.append(by_index[i] if i in by_index else validate_row(row, simulate))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class Summary:
+    quantity: str
+    stack: str  # "all" for the quantity over every stack
+    rows: int
+    modelled: int
+    median_abs_pct_error: float | None  # memory quantities
+    within_10pct: int | None
+    right: int | None  # oom: predictions that agree with the measurement
+
+
+def _summary(quantity: str, stack: str, rows: list[ValidationRow]) -> Summary:
+    ok = [r for r in rows if r.status == "ok" and r.error is not None]
+    if quantity == "oom":
+        return Summary(
+            quantity=quantity,
+            stack=stack,
+            rows=len(rows),
+            modelled=len(ok),
+            median_abs_pct_error=None,
+            within_10pct=None,
+            right=sum(1 for r in ok if r.error == 0),
+        )
+    ape = [abs(r.error) for r in ok if r.error is not None]
+    return Summary(
+        quantity=quantity,
+        stack=stack,
+        rows=len(rows),
+        modelled=len(ok),
+        median_abs_pct_error=round(statistics.median(ape), 2) if ape else None,
+        within_10pct=sum(1 for e in ape if e <= 10.0) if ape else None,
+        right=None,
+    )
+
+
+def summarize(rows: list[ValidationRow]) -> list[Summary]:
+    """Per quantity over all stacks, then per (quantity, stack) where a stack was modelled."""
+    out = []
+    for quantity in sorted({r.quantity for r in rows}):
+        of_q = [r for r in rows if r.quantity == quantity]
+        out.append(_summary(quantity, "all", of_q))
+        for stack in sorted({r.stack for r in of_q if r.stack}):
+            out.append(_summary(quantity, stack, [r for r in of_q if r.stack == stack]))
+    return out
+
+
+def throughput_totals(rows: list[ValidationRow]) -> dict[str, float | int | None]:
+    """Headline throughput figures: mean absolute % error over the predicted (non-calibration) rows."""
+    thr = [r for r in rows if r.quantity in THROUGHPUT_QUANTITIES]
+    ape = [abs(r.error) for r in thr if r.status == "ok" and r.error is not None]
+    return {
+        "throughput_rows": len(thr),
+        "calibration_rows": sum(1 for r in thr if r.status == "ok" and r.error is None),
+        "predicted_rows": len(ape),
+        "mape": round(statistics.fmean(ape), 2) if ape else None,
+        "median_abs_pct_error": round(statistics.median(ape), 2) if ape else None,
+    }
+
+
+def memory_totals(rows: list[ValidationRow]) -> dict[str, float | int | None]:
+    """Headline figures over every peak-memory row (allocated, reserved, nvidia-smi) and every oom row."""
+    mem = [r for r in rows if r.quantity in ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")]
+    ape = [abs(r.error) for r in mem if r.status == "ok" and r.error is not None]
+    oom = [r for r in rows if r.quantity == "oom"]
+    oom_ok = [r for r in oom if r.status == "ok"]
+    return {
+        "memory_rows": len(mem) + len(oom),
+        "memory_rows_modelled": len(ape) + len(oom_ok),
+        "peak_rows_modelled": len(ape),
+        "peak_median_abs_pct_error": round(statistics.median(ape), 2) if ape else None,
+        "oom_rows_modelled": len(oom_ok),
+        "oom_right": sum(1 for r in oom_ok if r.error == 0),
+    }

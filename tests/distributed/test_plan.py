@@ -1,0 +1,35 @@
+"""ParallelPlan validates itself with one-line errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunecost.distributed.plan import ParallelPlan
+from tunecost.errors import TunecostError
+
+
+def test_valid_plan_counts_nodes():
+    plan = ParallelPlan(num_gpus=16, gpus_per_node=8, strategy="fsdp2", expert_parallel=8)
+    assert plan.num_nodes == 2
+    assert not plan.intra_node
+    assert ParallelPlan(num_gpus=4, gpus_per_node=8).intra_node
+    plan.check_experts(8)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(num_gpus=12, gpus_per_node=8), "whole nodes of 8"),
+        (dict(num_gpus=0), "at least 1"),
+        (dict(strategy="zero9"), "unknown strategy 'zero9'"),
+        (dict(num_gpus=8, expert_parallel=3), "divide the 8 GPUs"),
+    ],
+)
+def test_bad_plans(kwargs, message):
+    with pytest.raises(TunecostError, match=message):
+        ParallelPlan(**kwargs)
+
+
+def test_expert_parallel_must_divide_the_experts():
+    with pytest.raises(TunecostError, match="does not divide the model's 60 experts"):
+        ParallelPlan(num_gpus=8, expert_parallel=8).check_experts(60)

@@ -1,0 +1,160 @@
+"""Several GPUs in one calibration (tunecost.estimate.throughput.sources), the cross-GPU interval
+(intervals.py) and leave-one-GPU-out (validate.py), on the paper's A40 and A100-40GB points."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tunecost.errors import TunecostError
+from tunecost.estimate.throughput.calibrate import CalibratedModel, ThroughputTarget
+from tunecost.estimate.throughput.gpu_terms import GpuTerms
+from tunecost.estimate.throughput.intervals import (
+    TRANSFER_SD_PER_LOG_SPEED_MIN,
+    TRANSFER_SD_PER_LOG_SPEED_ONE_GPU,
+    gpu_distance,
+    interval_log_halfwidth,
+    speed_of,
+)
+from tunecost.estimate.throughput.sources import (
+    alias_notes,
+    calibrate_files,
+    calibration_files,
+    load_calibration_points,
+)
+from tunecost.estimate.throughput.validate import leave_one_gpu_out
+
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "measurements"
+A40_CSV = FIXTURES / "measured_throughput_a40.csv"
+A100_CSV = FIXTURES / "measured_throughput_a100_40gb.csv"
+
+
+@pytest.fixture(scope="module")
+def two_gpu_model() -> CalibratedModel:
+    return calibrate_files([A40_CSV, A100_CSV])
+
+
+def _target(gpu: str, batch: int = 2, k: int = 2) -> ThroughputTarget:
+    return ThroughputTarget(model="mixtral-8x7b", gpu=gpu, batch_size=batch, experts_per_token=k, dataset="math_14k")
+
+
+def test_two_files_make_one_calibration_of_two_gpus(two_gpu_model: CalibratedModel) -> None:
+    assert two_gpu_model.num_points == 54 + 4  # rows of the two files
+    assert two_gpu_model.gpus == ("A100-40GB", "A40-48GB")
+    assert str(A40_CSV) in two_gpu_model.source and str(A100_CSV) in two_gpu_model.source
+    assert two_gpu_model.spread is not None and two_gpu_model.spread.measured  # leave-one-GPU-out ran
+    assert two_gpu_model.in_sample_mape <= 0.08
+
+
+def test_a_folder_is_every_csv_in_it(tmp_path: Path) -> None:
+    shutil.copy(A40_CSV, tmp_path / "a.csv")
+    shutil.copy(A100_CSV, tmp_path / "b.csv")
+    (tmp_path / "readme.txt").write_text("not a calibration file")
+    assert calibration_files([tmp_path]) == [tmp_path / "a.csv", tmp_path / "b.csv"]
+    assert calibration_files([f"{tmp_path / 'a.csv'},{tmp_path / 'b.csv'}"]) == [tmp_path / "a.csv", tmp_path / "b.csv"]
+    with pytest.raises(TunecostError, match="named twice"):
+        calibration_files([tmp_path, tmp_path / "a.csv"])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(TunecostError, match="no .csv files"):
+        calibration_files([empty])
+    with pytest.raises(TunecostError, match="not found"):
+        calibration_files([tmp_path / "missing.csv"])
+
+
+def test_one_gpu_named_two_ways_is_merged_and_said(tmp_path: Path) -> None:
+    text = A100_CSV.read_text().replace("A100-40GB", "a100 40gb", 2)  # two rows under an alias
+    path = tmp_path / "alias.csv"
+    path.write_text(text)
+    points = load_calibration_points(path)
+    (note,) = alias_notes(points)
+    assert "A100-40GB" in note and "'a100 40gb'" in note and "merged" in note
+    assert len(points) == 4  # nothing dropped
+
+
+def test_one_gpu_calibration_works_and_says_the_transfer_is_unconstrained() -> None:
+    model = calibrate_files([A40_CSV])
+    assert model.spread is not None and model.spread.sd_per_log_speed == TRANSFER_SD_PER_LOG_SPEED_ONE_GPU
+    assert any("transfer to other GPUs is unconstrained" in n for n in model.notes)
+    pred = model.predict(_target("H100"))
+    assert pred.queries_per_s_low < pred.queries_per_s < pred.queries_per_s_high
+
+
+def test_interval_widens_with_distance_from_the_calibrated_gpus(two_gpu_model: CalibratedModel) -> None:
+    def width(gpu: str, batch: int = 2) -> float:
+        p = two_gpu_model.predict(_target(gpu, batch))
+        return math.log(p.queries_per_s_high / p.queries_per_s_low)
+
+    assert width("A40") < width("A100-80GB") < width("H100")  # calibrated < near < far
+    assert width("H100", 17) != width("H100", 2)  # the batch term and the host share move it
+
+
+def test_interval_formula_by_hand() -> None:
+    from scipy.stats import t as student_t
+
+    slow = GpuTerms(name="A", matmul_flops_per_s=1e14, fp32_flops_per_s=1e13, memory_bytes_per_s=1e12, source="t")
+    fast = GpuTerms(name="B", matmul_flops_per_s=4e14, fp32_flops_per_s=4e13, memory_bytes_per_s=4e12, source="t")
+    assert speed_of(fast) / speed_of(slow) == pytest.approx(4.0)
+    assert gpu_distance(fast, [slow]) == pytest.approx(math.log(4.0))
+    assert gpu_distance(slow, [slow, fast]) == 0.0
+    from tunecost.estimate.throughput.intervals import HOST_SPEED_LOG_SD, TransferSpread
+
+    spread = TransferSpread(sd_per_log_speed=0.2, measured=(), note="")
+    got = interval_log_halfwidth(
+        0.05, 10, spread, fast, [slow], batch_size=4, calibrated_max_batch=8, host_fraction=0.5
+    )
+    sd = math.sqrt(0.05**2 + (0.2 * math.log(4.0)) ** 2 + (HOST_SPEED_LOG_SD * 0.5) ** 2)
+    assert got == pytest.approx(student_t.ppf(0.975, 10) * sd)
+    # on a calibrated GPU only the in-sample scatter remains (batch within the calibrated range)
+    on = interval_log_halfwidth(0.05, 10, spread, slow, [slow], batch_size=4, calibrated_max_batch=8, host_fraction=0.5)
+    assert on == pytest.approx(student_t.ppf(0.975, 10) * 0.05)
+    assert TRANSFER_SD_PER_LOG_SPEED_MIN > 0
+
+
+def test_leave_one_gpu_out_predicts_the_a100_from_the_a40() -> None:
+    points = load_calibration_points(A40_CSV) + load_calibration_points(A100_CSV)
+    results = leave_one_gpu_out(points)
+    # the A100-40GB's 4 points can be left out (54 remain); the A40's cannot (4 remain, fewer than a fit needs)
+    (only,) = results
+    assert only.group[2] == "A100-40GB" and len(only.checks) == 4
+    assert only.model.gpus == ("A40-48GB",)
+    assert math.isfinite(only.mape) and only.mape < 0.5
+
+
+def test_a_measured_gpu_profile_replaces_catalog_values_for_its_gpu() -> None:
+    from tunecost.estimate.calibrated import calibrated_model
+
+    measured = GpuTerms(
+        name="h100",  # an alias: re-keyed to the catalog name
+        matmul_flops_per_s=700e12,
+        fp32_flops_per_s=50e12,
+        memory_bytes_per_s=3.0e12,
+        kernel_launch_s=20e-6,
+        host_step_s=0.03,
+        source="profile: test",
+    )
+    plain = calibrated_model([A40_CSV, A100_CSV])
+    profiled = calibrated_model([A40_CSV, A100_CSV], gpu_terms=[measured])
+    a, b = plain.predict(_target("H100", 1)), profiled.predict(_target("H100", 1))
+    assert any("profile: test" in n for n in b.notes) and not any("profile: test" in n for n in a.notes)
+    assert b.step.kernel_overhead_s == pytest.approx(20e-6 * b.counts.total_kernels)  # measured launch time
+    # the host-speed term drops out of the interval once the host times are measured on that machine
+    assert math.log(b.queries_per_s_high / b.queries_per_s) < math.log(a.queries_per_s_high / a.queries_per_s)
+    assert profiled.predict(_target("A40")).queries_per_s == pytest.approx(plain.predict(_target("A40")).queries_per_s)
+
+
+def test_a_profile_of_an_unknown_device_asks_which_gpu_it_is() -> None:
+    from tunecost.estimate.calibrated import calibrated_model
+
+    odd = GpuTerms(
+        name="NVIDIA Foo 80GB",
+        matmul_flops_per_s=1e14,
+        fp32_flops_per_s=1e13,
+        memory_bytes_per_s=1e12,
+        source="profile: odd",
+    )
+    with pytest.raises(TunecostError, match="GPU=FILE"):
+        calibrated_model([A40_CSV], gpu_terms=[odd])

@@ -1,0 +1,192 @@
+"""`tunecost.validate`: corpus columns, per-row mapping and skip reasons, predictions from the simulator, summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from tunecost.cli.main import app
+from tunecost.errors import TunecostError
+from tunecost.validate import OUTPUT_COLUMNS, read_corpus, summarize, validate_rows
+from tunecost.validate.corpus import DEFAULT_CORPUS_PATH, REQUIRED_COLUMNS
+from tunecost.validate.mapping import Skip, lora_targets, map_row
+from tunecost.validate.run import GIB, memory_totals, predicted_bytes
+from tunecost.validate.stacks import STACKS, stack_for
+
+FIXTURE = Path(__file__).parents[1] / "fixtures" / "validation" / "small.csv"
+TINY_LLAMA = {  # GQA (4 query heads, 2 key/value heads) and tied embeddings
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 256,
+    "tie_word_embeddings": True,
+}
+
+
+@pytest.fixture
+def corpus(tmp_path, monkeypatch) -> Path:
+    monkeypatch.setenv("TUNECOST_CACHE_DIR", str(tmp_path / "cache"))
+    config = tmp_path / "tiny" / "config.json"
+    config.parent.mkdir()
+    config.write_text(json.dumps(TINY_LLAMA), encoding="utf-8")
+    path = tmp_path / "small.csv"
+    path.write_text(FIXTURE.read_text(encoding="utf-8").replace("{tiny}", str(config)), encoding="utf-8")
+    return path
+
+
+def _by_id(rows):
+    return {r.id: r for r in rows}
+
+
+def test_missing_columns_are_named(tmp_path) -> None:
+    path = tmp_path / "m.csv"
+    path.write_text("id,model,value\nx,y,1\n", encoding="utf-8")
+    with pytest.raises(TunecostError) as exc:
+        read_corpus([path])
+    for column in ("quantity", "stack", "num_gpus", "seq_len"):
+        assert column in str(exc.value)
+    assert "value" not in str(exc.value).split("missing column(s):")[1].split(", ")
+
+
+def test_shipped_corpus_has_every_column() -> None:
+    rows = read_corpus()
+    assert rows and all(set(REQUIRED_COLUMNS) <= set(r.cells) for r in rows)
+    assert DEFAULT_CORPUS_PATH.with_name("README.md").is_file()
+
+
+def test_skip_reasons(corpus) -> None:
+    fake = SimpleNamespace(peak_bytes=GIB, device_overhead_bytes=0)
+    rows = _by_id(validate_rows(read_corpus([corpus]), simulate=lambda m: fake))
+    expected = {
+        "t-unknown-model": "unknown model",
+        "t-unknown-stack": "unknown stack",
+        "t-unknown-quantity": "unsupported quantity",
+        "t-multi": "multi-GPU",
+        "t-gptq": "gptq-int4",
+        "t-bad-batch": "batch_size_per_gpu",
+    }
+    for row_id, words in expected.items():
+        assert rows[row_id].status == "skipped" and words in rows[row_id].reason, rows[row_id]
+        assert rows[row_id].predicted is None
+    # the only throughput row of its (stack, GPU) calibrates that stack's efficiency: fitted, not predicted
+    speed = rows["t-speed"]
+    assert (speed.status, speed.reason, speed.error) == ("ok", "calibration row", None)
+    assert speed.predicted == pytest.approx(speed.measured)
+
+
+def test_lora_target_names() -> None:
+    assert lora_targets("q_proj;v_proj") == ("attention",)
+    assert lora_targets("c_attn;c_proj;w1;w2") == ("attention", "mlp")  # Qwen's c_proj: attention and MLP out
+    assert lora_targets("gate_proj;up_proj;down_proj") == ("mlp",)
+    for bad in ("", "c_attn;wte;lm_head (trained fully)", "frobnicate"):
+        with pytest.raises(Skip):
+            lora_targets(bad)
+
+
+def test_corpus_stacks_are_named_stacks() -> None:
+    assert stack_for("hf-transformers+peft+accelerate").name == "hf-trainer"
+    assert stack_for("hf-transformers+peft+accelerate", "bnb-nf4").name == "hf-trainer-bnb"
+    assert stack_for("hf-transformers+peft+accelerate (accelerated-peft-bnb plugin)").name == "hf-trainer-bnb"
+    assert stack_for("hf-transformers+peft (Qwen finetune.py)").name == "qwen-finetune"
+    assert stack_for("torchtune").simulator_stack is None
+    assert stack_for("acme-trainer") is None
+    for stack in STACKS.values():
+        assert stack.kept_for_backward and stack.loss and stack.adapters and stack.allocator
+
+
+def test_predictions_come_from_the_simulator(corpus) -> None:
+    from tunecost.simulate import simulate_step
+
+    rows = read_corpus([corpus])
+    out = _by_id(validate_rows(rows))
+    for row_id, quantity in (("t-alloc", "peak_allocated_gib"), ("t-smi", "nvidia_smi_gib")):
+        mapped = map_row(next(r for r in rows if r.id == row_id))
+        sim = simulate_step(mapped.job, stack=mapped.stack.simulator_stack)
+        got = out[row_id]
+        assert got.status == "ok", got
+        assert got.predicted == pytest.approx(predicted_bytes(quantity, sim) / GIB, abs=1e-3)
+        assert got.error == pytest.approx((got.predicted - got.measured) / got.measured * 100, abs=0.01)
+    # nvidia-smi adds the stated device overhead (CUDA context + allocator reserve) to the allocated peak
+    smi = map_row(next(r for r in rows if r.id == "t-smi"))
+    sim = simulate_step(smi.job, stack=smi.stack.simulator_stack)
+    assert predicted_bytes("nvidia_smi_gib", sim) == sim.peak_bytes + sim.device_overhead_bytes
+    # a tiny model fits an 80 GB card: predicted 0 where the row says it ran out of memory -> wrong (error -1)
+    assert out["t-oom"].predicted == 0.0 and out["t-oom"].error == -1.0
+
+
+def test_oom_prediction_compares_with_gpu_memory(corpus) -> None:
+    rows = [r for r in read_corpus([corpus]) if r.id == "t-oom"]
+    huge = SimpleNamespace(peak_bytes=81 * GIB, device_overhead_bytes=GIB)
+    small = SimpleNamespace(peak_bytes=GIB, device_overhead_bytes=GIB)
+    assert validate_rows(rows, simulate=lambda m: huge)[0].predicted == 1.0
+    assert validate_rows(rows, simulate=lambda m: small)[0].predicted == 0.0
+
+
+def test_simulation_failure_is_a_skipped_row(corpus) -> None:
+    rows = [r for r in read_corpus([corpus]) if r.id == "t-alloc"]
+
+    def boom(mapped):
+        raise RuntimeError("fake tensors disagree\nsecond line")
+
+    (row,) = validate_rows(rows, simulate=boom)
+    assert row.status == "skipped" and row.reason == "simulation failed: fake tensors disagree"
+
+
+def test_summary_per_quantity_and_stack(corpus) -> None:
+    fake = SimpleNamespace(peak_bytes=int(0.011 * GIB), device_overhead_bytes=0)
+    rows = validate_rows(read_corpus([corpus]), simulate=lambda m: fake)
+    by_key = {(s.quantity, s.stack): s for s in summarize(rows)}
+    alloc = by_key[("peak_allocated_gib", "all")]
+    assert alloc.rows == 6 and alloc.modelled == 1
+    assert alloc.median_abs_pct_error == pytest.approx(10.0, abs=0.05)  # 0.011 vs 0.01
+    assert by_key[("oom", "hf-trainer")].right == 0
+    totals = memory_totals(rows)
+    assert totals["peak_rows_modelled"] == 2 and totals["oom_rows_modelled"] == 1
+
+
+def test_cli_json_rows_and_out(corpus, cli_runner, tmp_path) -> None:
+    out = tmp_path / "rows.csv"
+    result = cli_runner.invoke(app, ["validate", str(corpus), "--json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)
+    assert len(rows) == 10 and all(tuple(r) == OUTPUT_COLUMNS for r in rows)
+    assert out.read_text(encoding="utf-8").splitlines()[0] == ",".join(OUTPUT_COLUMNS)
+    again = cli_runner.invoke(app, ["validate", str(corpus), "--json", "--out", str(out)])
+    assert again.exit_code == 2 and "--force" in again.output
+
+
+def test_cli_missing_columns_one_line(cli_runner, tmp_path) -> None:
+    path = tmp_path / "m.csv"
+    path.write_text("id,value\n", encoding="utf-8")
+    result = cli_runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2
+    assert "missing column(s)" in result.output and "Traceback" not in result.output
+
+
+def test_hf_peft_stack_keeps_the_cast_input(tmp_path, monkeypatch) -> None:
+    """PEFT's LoRA casts the input to fp32 and autocast casts it back: the bf16 copy is kept for backward, so
+    the same job needs more memory than tunecost's own LoRA, which reuses the base matmul's saved input."""
+    from tunecost.simulate import simulate_step
+    from tunecost.workload.job import FineTuneJob, LoraConfig
+
+    monkeypatch.setenv("TUNECOST_CACHE_DIR", str(tmp_path / "cache"))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_LLAMA), encoding="utf-8")
+    job = FineTuneJob(
+        model=str(config),
+        method="lora",
+        lora=LoraConfig(rank=4, alpha=8, targets=("attention",)),
+        gradient_checkpointing=False,
+        batch_size=2,
+        seq_len=64,
+    )
+    lean = simulate_step(job, stack="tunecost")
+    peft = simulate_step(job, stack="hf-peft")
+    # at least one bf16 copy of a layer input (2 x 64 tokens x 64 hidden x 2 bytes) more is alive at the peak
+    assert peft.peak_bytes - lean.peak_bytes >= 2 * 64 * 64 * 2
