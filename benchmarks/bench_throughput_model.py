@@ -6,8 +6,7 @@
 Prints, from one run: the calibration on the measurements (default: every bundled file, the paper's A40 and
 A100-40GB points; parameters per software stack, in-sample MAPE overall, on the A40 alone and per group, beside
 eq. (2) refitted per group), leave-one-GPU-out, leave-one-group-out, the comparison with the paper's Table IV
-(an EXTERNAL
-REFERENCE: those throughputs are the paper's eq. (2) fitted to its own A100/H100 measurements, which this
+(an EXTERNAL REFERENCE: those throughputs are the paper's eq. (2) fitted to its own A100/H100 measurements, which this
 repository does not have), eq. (2) fitted on the A40 and applied unchanged to the other GPUs, and the H100/A40
 ratio at equal batch beside the datasheet ratios. --sensitivity refits with other length spreads and without the
 priors; --simulator compares the analytic counts with the step simulator's trace of the paper's stack;
