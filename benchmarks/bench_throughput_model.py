@@ -1,12 +1,12 @@
-"""Validation of the cross-GPU throughput model (issue 8): everything docs/throughput-model.md reports.
+"""Validation of the cross-GPU throughput model: everything docs/throughput-model.md reports.
 
     .venv/bin/python benchmarks/bench_throughput_model.py [--measurements CSV ...] [--sensitivity] [--simulator]
         [--lengths DATA_DIR]
 
 Prints, from one run: the calibration on the measurements (default: every bundled file, the paper's A40 and
 A100-40GB points; parameters per software stack, in-sample MAPE overall, on the A40 alone and per group, beside
-eq. (2) refitted per group), leave-one-GPU-out, leave-one-group-out, the comparison with the paper's Table IV (an EXTERNAL
-REFERENCE: those throughputs are the paper's eq. (2) fitted to its own A100/H100 measurements, which this
+eq. (2) refitted per group), leave-one-GPU-out, leave-one-group-out, the comparison with the paper's Table IV
+(an EXTERNAL REFERENCE: those throughputs are the paper's eq. (2) fitted to its own A100/H100 measurements, which this
 repository does not have), eq. (2) fitted on the A40 and applied unchanged to the other GPUs, and the H100/A40
 ratio at equal batch beside the datasheet ratios. --sensitivity refits with other length spreads and without the
 priors; --simulator compares the analytic counts with the step simulator's trace of the paper's stack;
@@ -93,7 +93,8 @@ def logo_gpu_report(points) -> None:
     for r in results:
         print(
             f"  held out {r.group[2]:14s} n={len(r.checks):2d}  MAPE {_pct(r.mape)}  max {_pct(r.max_ape)}  "
-            f"mean signed {_pct(float(np.mean([c.error for c in r.checks])))}  (calibrated on {', '.join(r.model.gpus)})"
+            f"mean signed {_pct(float(np.mean([c.error for c in r.checks])))}"
+            f"  (calibrated on {', '.join(r.model.gpus)})"
         )
     for gpu in sorted(set(gpus) - {r.group[2] for r in results}):
         print(f"  held out {gpu:14s} skipped: too few points remain to calibrate without it")
@@ -182,7 +183,8 @@ def ratio_report(model) -> None:
 
 def sensitivity_report(points) -> None:
     print(
-        "\nsensitivity (refit on the calibration points, QLoRA stack parameters; H100 = Mixtral math sparse batch 17, 1000-query run):"
+        "\nsensitivity (refit on the calibration points, QLoRA stack parameters;"
+        " H100 = Mixtral math sparse batch 17, 1000-query run):"
     )
     target = tc.ThroughputTarget(
         model="mixtral-8x7b", gpu="H100", batch_size=17, experts_per_token=2, dataset="math_14k"
@@ -306,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=None,
         metavar="DATA_DIR",
-        help="measure length spreads on DATA_DIR/llm-adapters and DATA_DIR/gsm8k (../shared/data)",
+        help="measure length spreads on DATA_DIR/llm-adapters and DATA_DIR/gsm8k",
     )
     args = parser.parse_args(argv)
     print(

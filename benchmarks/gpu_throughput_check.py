@@ -1,4 +1,4 @@
-"""Predict, BEFORE measuring, the throughput of a workload on the GPU this runs on (issue 8, acceptance 4).
+"""Predict, BEFORE measuring, the throughput of a workload on the GPU this runs on.
 
     .venv/bin/python benchmarks/gpu_throughput_check.py [--gpu NAME] [--model mixtral-8x7b] [--method qlora]
         [--experts-per-token 2] [--batch-sizes 1,2,4,8] [--seq-len 128 | --dataset math_14k]

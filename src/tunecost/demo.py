@@ -10,11 +10,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tunecost.estimate.measurements import PAPER_A40_SOURCE
 from tunecost.io import atomic_write_json
 from tunecost.results.records import SCHEMA_VERSION, estimate_rows, fit_rows, record, write_records
 from tunecost.units import bytes_from_gib
+
+if TYPE_CHECKING:
+    from tunecost.workload.job import Method
 
 ProgressFn = Callable[[int, int, str], None]
 
@@ -77,7 +81,7 @@ MAX_BATCH_MEMORY_GB = (24, 40, 48, 80, 141)
 # (model, method, [(simulator stack, gradient checkpointing)]): Mixtral on the paper's 2024 stack as it reproduces
 # Table III (docs/memory-model.md: checkpointing off) and on today's stack with checkpointing; BlackMamba is
 # tunecost's own model on both stacks, full fine-tune without checkpointing.
-MAX_BATCH_JOBS = (
+MAX_BATCH_JOBS: tuple[tuple[str, Method, tuple[tuple[str, bool], ...]], ...] = (
     ("mixtral-8x7b", "qlora", (("hf-2024", False), ("tunecost", True))),
     ("blackmamba-2.8b", "full", (("tunecost", False),)),
 )
@@ -148,7 +152,7 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
                 for stack, checkpointing in setups:
                     job = FineTuneJob(
                         model=model,
-                        method=method,  # type: ignore[arg-type]
+                        method=method,
                         experts_per_token=k,
                         seq_len=seq_len,
                         gradient_checkpointing=checkpointing,

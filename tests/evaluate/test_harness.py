@@ -15,19 +15,11 @@ from tunecost.workload.templates import template_by_name
 from tunecost.workload.tokenizers import tokenizer_by_name
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
-SMALL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=32,
-)
 
 
 @pytest.fixture(scope="module")
-def model():
-    return build_tiny_mixtral(seed=0, **SMALL).eval()
+def model(one_layer_mixtral):
+    return one_layer_mixtral().eval()
 
 
 @pytest.fixture(scope="module")

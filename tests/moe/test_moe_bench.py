@@ -31,30 +31,17 @@ def test_every_impl_gets_a_row_with_ratios_against_peft_fused(rows):
     assert by_impl["fast"].trainable_params == by_impl["peft-fused"].trainable_params
 
 
+# `tunecost bench moe` on a layer small enough for a CLI test: 16 tokens, H 32, I 64, 4 experts, one repeat.
+_TINY_BENCH = ["bench", "moe", "--tokens", "16", "--hidden", "32", "--intermediate", "64", "--experts", "4"]
+_TINY_BENCH += ["--repeats", "1", "--warmup", "0"]
+
+
 def test_cli_json(cli_runner):
     from tunecost.cli.main import app
 
     result = cli_runner.invoke(
         app,
-        [
-            "bench",
-            "moe",
-            "--tokens",
-            "16",
-            "--hidden",
-            "32",
-            "--intermediate",
-            "64",
-            "--experts",
-            "4",
-            "--repeats",
-            "1",
-            "--warmup",
-            "0",
-            "--impls",
-            "peft-fused,fast",
-            "--json",
-        ],
+        [*_TINY_BENCH, "--impls", "peft-fused,fast", "--json"],
     )
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
@@ -67,25 +54,7 @@ def test_cli_table_and_errors(cli_runner, cli_error):
 
     result = cli_runner.invoke(
         app,
-        [
-            "bench",
-            "moe",
-            "--tokens",
-            "16",
-            "--hidden",
-            "32",
-            "--intermediate",
-            "64",
-            "--experts",
-            "4",
-            "--repeats",
-            "1",
-            "--warmup",
-            "0",
-            "--impls",
-            "fast",
-            "--no-memory",
-        ],
+        [*_TINY_BENCH, "--impls", "fast", "--no-memory"],
     )
     assert result.exit_code == 0, result.output
     assert "fast" in result.stdout

@@ -1,5 +1,5 @@
 """The report's figures (tunecost.report.figures): one per section with data, labelled axes with units, legends,
-no overlapping text (acceptance 2, checked on the drawn figure); the omitted reason when data is missing."""
+no overlapping text (checked on the drawn figure); the omitted reason when data is missing."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The report page (tunecost.report.html): its numbers are the records' numbers (acceptance 3), it is
-self-contained, and bad or partial input gives a report without the affected section (acceptance 4)."""
+"""The report page (tunecost.report.html): its numbers are the records' numbers, it is
+self-contained, and bad or partial input gives a report without the affected section."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def _shown(cell: str, value: float, decimals: int | None = None) -> None:
     assert cell == text, f"shown {cell!r}, records give {value!r} -> {text!r}"
 
 
-# --- acceptance 3: the report's numbers are the records' numbers ------------------------------------------------
+# --- the report's numbers are the records' numbers ---------------------------------------------------------------
 
 
 def test_fit_table_matches_a_least_squares_refit_of_the_points(full_page: str, full_run: Path, tables, rows) -> None:
@@ -212,7 +212,7 @@ def test_max_batch_without_gpu_memory_is_a_table_without_figure(tmp_path: Path, 
     assert page.count("<td>mixtral-8x7b</td>") == 20
 
 
-# --- acceptance 4: bad input ----------------------------------------------------------------------------------------
+# --- bad input ---------------------------------------------------------------------------------------------------
 
 
 def test_no_records_is_one_clear_error(tmp_path: Path) -> None:

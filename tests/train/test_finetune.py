@@ -3,7 +3,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tunecost.models.tiny import build_tiny_mixtral
 from tunecost.train.finetune import (
     IGNORE_INDEX,
     OptimConfig,
@@ -14,15 +13,6 @@ from tunecost.train.finetune import (
 )
 from tunecost.workload.templates import EncodedQuery
 
-SMALL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=32,
-    vocab_size=64,
-)
 QUERIES = [
     EncodedQuery(ids=(1, 5, 6, 7, 8, 2), num_prompt_tokens=3),
     EncodedQuery(ids=(1, 9, 10, 2), num_prompt_tokens=2),
@@ -40,8 +30,8 @@ def test_batches_pad_right_and_mask_the_prompt():
         make_batches(QUERIES, 0, pad_id=0)
 
 
-def test_loss_matches_transformers_loss_on_response_tokens():
-    model = build_tiny_mixtral(seed=0, **SMALL).eval()
+def test_loss_matches_transformers_loss_on_response_tokens(one_layer_mixtral):
+    model = one_layer_mixtral(vocab_size=64).eval()
     model.router_aux_loss_coef = 0.0  # compare the LM part only
     (batch,) = make_batches(QUERIES, 2, pad_id=2)
     _loss, value = causal_lm_loss(model, batch)
@@ -52,9 +42,9 @@ def test_loss_matches_transformers_loss_on_response_tokens():
     assert lm_only == pytest.approx(value, rel=1e-6) and with_aux.item() > lm_only  # balancing loss added
 
 
-def test_a_few_steps_fit_a_tiny_batch():
+def test_a_few_steps_fit_a_tiny_batch(one_layer_mixtral):
     torch.manual_seed(0)
-    model = build_tiny_mixtral(seed=0, **SMALL)
+    model = one_layer_mixtral(vocab_size=64)
     batches = make_batches(QUERIES, 2, pad_id=2)
     optimizer, scheduler = make_optimizer_with_schedule(model, OptimConfig(lr=3e-3, warmup_steps=1), total_steps=30)
     first = train_epoch(model, batches, optimizer, scheduler)

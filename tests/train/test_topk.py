@@ -5,22 +5,11 @@ import torch
 
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import num_experts, set_top_k
-from tunecost.models.tiny import build_tiny_mixtral
 from tunecost.train.topk import routing_name
 
-SMALL = dict(
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=32,
-    vocab_size=64,
-)
 
-
-def test_dense_and_sparse_routing_change_the_model():
-    model = build_tiny_mixtral(seed=0, **SMALL).eval()
+def test_dense_and_sparse_routing_change_the_model(one_layer_mixtral):
+    model = one_layer_mixtral(vocab_size=64).eval()
     ids = torch.randint(0, 64, (1, 8), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         sparse = model(input_ids=ids).logits
@@ -36,8 +25,8 @@ def test_dense_and_sparse_routing_change_the_model():
         assert torch.allclose(model(input_ids=ids).logits, sparse)
 
 
-def test_bad_values_and_names():
-    model = build_tiny_mixtral(seed=0, **SMALL)
+def test_bad_values_and_names(one_layer_mixtral):
+    model = one_layer_mixtral(vocab_size=64)
     with pytest.raises(TunecostError, match="between 1 and 8, got 9"):
         set_top_k(model, 9)
     with pytest.raises(TunecostError):

@@ -9,7 +9,7 @@ from pathlib import Path
 from tunecost.catalog.datasets import dataset_catalog, get_dataset_facts
 from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.catalog.models import resolve_model
-from tunecost.catalog.prices import price_catalog, prices_for
+from tunecost.catalog.prices import Price, price_catalog, prices_for
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import EstimateRequest, get_estimator
 from tunecost.estimate.paper import cost_usd, training_seconds
@@ -167,7 +167,8 @@ def estimate_costs(
         if not gpu_prices:
             notes.append(f"no price for {gpu.name}" + (f" from {provider}" if provider else "") + " in the catalog")
         interval = point.queries_per_s_interval
-        for price in gpu_prices or [None]:
+        choices: list[Price | None] = [*gpu_prices] if gpu_prices else [None]
+        for price in choices:
             hours = usd = None
             if point.queries_per_s is not None and point.queries_per_s > 0:
                 hours = (

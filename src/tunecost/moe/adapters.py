@@ -24,7 +24,7 @@ import torch
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import unwrap_peft as _unwrap
 from tunecost.moe.install import _STATE_ATTR, moe_layers
-from tunecost.moe.spec import LoraSpec
+from tunecost.moe.spec import LoraSpec, peft_lora_config
 
 PREFIX = "base_model.model."
 _PER_PROJECTION = {"w1": "gate", "w3": "up", "w2": "down"}
@@ -126,18 +126,14 @@ def adapter_state_dict(model) -> tuple[str, dict[str, torch.Tensor]]:
 
 
 def _adapter_config(lora: LoraSpec, layout: str) -> dict:
-    from peft import LoraConfig
-
     if layout == "fused":
         targets = (["mlp.experts.gate_up_proj", "mlp.experts.down_proj"] if lora.on_experts else []) + (
             ["mlp.gate.weight"] if lora.on_router else []
         )
-        config = LoraConfig(
-            r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=[], target_parameters=targets
-        )
+        config = peft_lora_config(lora, target_modules=[], target_parameters=targets)
     else:
         modules = (["w1", "w2", "w3"] if lora.on_experts else []) + (["gate"] if lora.on_router else [])
-        config = LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=modules)
+        config = peft_lora_config(lora, target_modules=modules)
     out = config.to_dict()
     out["tunecost_layout"] = layout
     return out

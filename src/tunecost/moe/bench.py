@@ -19,6 +19,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -78,7 +79,7 @@ def _state_bytes(module: torch.nn.Module) -> int:
 def _build(impl: str, base_block: torch.nn.Module, lora: LoraSpec) -> torch.nn.Module:
     from tunecost.moe.install import install_experts
 
-    block = copy.deepcopy(base_block)
+    block: Any = copy.deepcopy(base_block)  # a transformers MoE block (gate, experts)
     if impl in ("eager", "grouped_mm", "grouped_mm-frozen"):
         block.experts.config._experts_implementation = impl.removesuffix("-frozen")
         for p in block.parameters():

@@ -23,7 +23,7 @@ from tunecost.models.anatomy import moe_blocks
 from tunecost.models.blackmamba.layers import MoEMixer
 from tunecost.moe.fast import FastExperts
 from tunecost.moe.linear4bit import LoraLinear, make_linear4bit
-from tunecost.moe.spec import LoraSpec
+from tunecost.moe.spec import LoraSpec, peft_lora_config
 
 _STATE_ATTR = "_tunecost_experts"
 
@@ -195,7 +195,7 @@ def install_blackmamba(
 
 
 def _install_peft_linear(model: nn.Module, mixers, lora: LoraSpec) -> None:
-    from peft import LoraConfig, inject_adapter_in_model
+    from peft import inject_adapter_in_model
 
     targets = []
     for name, mixer in mixers:
@@ -209,15 +209,7 @@ def _install_peft_linear(model: nn.Module, mixers, lora: LoraSpec) -> None:
             targets.append(f"{name}.router")
     requires_grad = {id(p): p.requires_grad for p in model.parameters()}
     had_config = hasattr(model, "peft_config")
-    inject_adapter_in_model(
-        LoraConfig(
-            r=lora.rank,
-            lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft annotates int; it only divides by it
-            lora_dropout=0.0,
-            target_modules=targets,
-        ),
-        model,
-    )
+    inject_adapter_in_model(peft_lora_config(lora, target_modules=targets), model)
     if not had_config and hasattr(model, "peft_config"):
         del model.peft_config
     for p in model.parameters():

@@ -30,10 +30,12 @@ from torch.profiler import record_function
 
 from tunecost.moe.grouped import (
     Groups,
+    Routing,
     grouped_addmm_,
     grouped_matmul,
     grouped_matmul_wgrad,
     groups_from_counts,
+    route,
 )
 from tunecost.moe.nf4 import NF4ExpertWeights
 from tunecost.profile import ranges
@@ -64,41 +66,6 @@ def activation_backward(name: str, grad: torch.Tensor, x: torch.Tensor, out: tor
     return torch.ops.aten.gelu_backward.grad_input(grad, x, approximate=approximate, grad_input=out)
 
 
-@dataclass(frozen=True)
-class Routing:
-    """Tokens routed once: rows are (token, slot) pairs sorted by expert (stable, so ties keep token order).
-
-    perm: row -> index into the flattened (tokens * top_k) routing tensors.
-    token_of_row: row -> token index.
-    groups: per-expert row ranges over all E experts.
-    tokens_per_expert: (E,) counts on the device.
-    """
-
-    perm: torch.Tensor
-    token_of_row: torch.Tensor
-    groups: Groups
-    tokens_per_expert: torch.Tensor
-
-    @property
-    def hit_experts(self) -> list[int]:
-        return [expert for expert, _, _ in self.groups.bounds()]
-
-    def hit_groups(self) -> Groups:
-        """Row ranges over the experts that received tokens only (for compact de-quantized weights)."""
-        counts = [end - begin for _, begin, end in self.groups.bounds()]
-        return groups_from_counts(counts, self.groups.offsets.device)
-
-
-def route(top_k_index: torch.Tensor, num_experts: int) -> Routing:
-    num_top_k = top_k_index.shape[-1]
-    flat = top_k_index.reshape(-1)
-    _, perm = torch.sort(flat, stable=True)
-    tokens_per_expert = torch.bincount(flat, minlength=num_experts)[:num_experts]
-    # One host sync per layer: the group bounds drive the loop fallback and which experts to de-quantize.
-    groups = groups_from_counts(tokens_per_expert.tolist(), flat.device)
-    return Routing(perm=perm, token_of_row=perm // num_top_k, groups=groups, tokens_per_expert=tokens_per_expert)
-
-
 class BaseWeights:
     """Frozen or trainable dense expert weights, or NF4 stacks (frozen). `get` returns (W_gu, W_d, groups)."""
 
@@ -115,10 +82,12 @@ class BaseWeights:
         self.keep_dequantized = keep_dequantized
 
     def get(self, routing: Routing) -> tuple[torch.Tensor, torch.Tensor, Groups]:
-        if not self.quantized:
-            return self.gate_up, self.down, routing.groups
-        hit = routing.hit_experts
-        return self.gate_up.dequantize(hit), self.down.dequantize(hit), routing.hit_groups()
+        gate_up, down = self.gate_up, self.down
+        if isinstance(gate_up, NF4ExpertWeights) and isinstance(down, NF4ExpertWeights):
+            hit = routing.hit_experts
+            return gate_up.dequantize(hit), down.dequantize(hit), routing.hit_groups()
+        assert isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)  # both dense or both NF4
+        return gate_up, down, routing.groups
 
 
 @dataclass(frozen=True)
@@ -328,6 +297,7 @@ def _backward_rows(dy, saved, get_w_gu, get_w_d, lora, groups, base_groups, need
         d_a = grouped_matmul(dy, w_d_g, base_groups)
         del w_d_g
         if need[2]:
+            assert a is not None  # need_a covers need[2]
             out[2] = grouped_matmul_wgrad(dy, a, groups)
     if a_d is not None:
         with record_function(LORA_RANGE):
@@ -335,6 +305,7 @@ def _backward_rows(dy, saved, get_w_gu, get_w_d, lora, groups, base_groups, need
                 out[8] = grouped_matmul_wgrad(dy, aa, groups).mul_(s)
             d_aa = grouped_matmul(dy, b_d, groups).mul_(s)
             if need[7]:
+                assert a is not None  # need_a covers need[7]
                 out[7] = grouped_matmul_wgrad(d_aa, a, groups)
             grouped_addmm_(d_a, d_aa, a_d, groups, alpha=1.0)
     del a

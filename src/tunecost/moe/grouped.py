@@ -10,6 +10,7 @@ groups with `torch.mm` (same numbers, one host-side list of group ends):
 - its backward fails on an expanded (stride-0) gradient, which is one reason this module calls it only inside
   our own autograd function (see `core.py`), never on tensors autograd differentiates through.
 Rows beyond the last offset are left uninitialised by grouped_mm; callers here always cover every row.
+`route` sorts a top-k routing into those rows and groups (`Routing`).
 """
 
 from __future__ import annotations
@@ -153,3 +154,38 @@ def grouped_addmm_(out: torch.Tensor, x: torch.Tensor, w: torch.Tensor, groups: 
     for group, start, end in groups.bounds():
         out[start:end].addmm_(x[start:end], w[group], alpha=alpha)
     return out
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Tokens routed once: rows are (token, slot) pairs sorted by expert (stable, so ties keep token order).
+
+    perm: row -> index into the flattened (tokens * top_k) routing tensors.
+    token_of_row: row -> token index.
+    groups: per-expert row ranges over all E experts.
+    tokens_per_expert: (E,) counts on the device.
+    """
+
+    perm: torch.Tensor
+    token_of_row: torch.Tensor
+    groups: Groups
+    tokens_per_expert: torch.Tensor
+
+    @property
+    def hit_experts(self) -> list[int]:
+        return [expert for expert, _, _ in self.groups.bounds()]
+
+    def hit_groups(self) -> Groups:
+        """Row ranges over the experts that received tokens only (for compact de-quantized weights)."""
+        counts = [end - begin for _, begin, end in self.groups.bounds()]
+        return groups_from_counts(counts, self.groups.offsets.device)
+
+
+def route(top_k_index: torch.Tensor, num_experts: int) -> Routing:
+    num_top_k = top_k_index.shape[-1]
+    flat = top_k_index.reshape(-1)
+    _, perm = torch.sort(flat, stable=True)
+    tokens_per_expert = torch.bincount(flat, minlength=num_experts)[:num_experts]
+    # One host sync per layer: the group bounds drive the loop fallback and which experts to de-quantize.
+    groups = groups_from_counts(tokens_per_expert.tolist(), flat.device)
+    return Routing(perm=perm, token_of_row=perm // num_top_k, groups=groups, tokens_per_expert=tokens_per_expert)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 from torch import nn
@@ -18,7 +19,7 @@ from torch import nn
 from tunecost.errors import TunecostError, unknown_name_error
 from tunecost.models.anatomy import MoeBlock, moe_blocks
 from tunecost.models.anatomy import unwrap_peft as _unwrap
-from tunecost.moe.spec import EXPERT_IMPLS, LoraSpec
+from tunecost.moe.spec import EXPERT_IMPLS, LoraSpec, peft_lora_config
 
 _HOOK_DICTS = (
     "_forward_hooks",
@@ -54,7 +55,7 @@ def _is_moe_block(block: MoeBlock) -> bool:
     return (stock or hasattr(inner, "dense_weights")) and hasattr(_unwrap(gate), "top_k")
 
 
-def _blackmamba_mixers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+def _blackmamba_mixers(model: nn.Module) -> list[tuple[str, Any]]:
     try:
         from tunecost.moe.blackmamba import moe_mixers
     except ImportError:  # the BlackMamba model package is optional here
@@ -110,12 +111,12 @@ class _DenseState:
     down: torch.Tensor  # (E, H, I)
     router_weight: torch.Tensor  # (E, H)
     top_k: int
-    config: object
+    config: Any  # the block's transformers config (what MixtralExperts / MixtralTopKRouter are built from)
     experts_trainable: bool  # base expert weights were trainable (a full fine-tune)
     router_trainable: bool
 
 
-def _dense_state(block: nn.Module, merge_lora: bool = False) -> _DenseState:
+def _dense_state(block: Any, merge_lora: bool = False) -> _DenseState:
     """The plain weights of a block in any installed state (de-quantized, LoRA merged if asked)."""
     router, experts = _unwrap(block.gate), _unwrap(block.experts)
     if hasattr(experts, "dense_weights"):
@@ -138,7 +139,7 @@ def _dense_state(block: nn.Module, merge_lora: bool = False) -> _DenseState:
     )
 
 
-def _restore_stock(block: nn.Module, *, merge_lora: bool) -> None:
+def _restore_stock(block: Any, *, merge_lora: bool) -> None:
     from transformers.models.mixtral.modeling_mixtral import MixtralExperts, MixtralTopKRouter
 
     experts, router = block.experts, block.gate
@@ -170,9 +171,7 @@ def _activation(config) -> str:
     return _ACTIVATIONS[act]
 
 
-def _install_ours(
-    block: nn.Module, impl: str, lora: LoraSpec | None, *, quantize_4bit: bool, keep: bool | None
-) -> None:
+def _install_ours(block: Any, impl: str, lora: LoraSpec | None, *, quantize_4bit: bool, keep: bool | None) -> None:
     from tunecost.moe.fast import FastExperts
     from tunecost.moe.linear4bit import Linear4bitExperts
     from tunecost.moe.router import LoraRouter
@@ -180,13 +179,14 @@ def _install_ours(
     state = _dense_state(block)
     gate_up, down, weight, config = state.gate_up, state.down, state.router_weight, state.config
     trainable_base = state.experts_trainable and lora is None and not quantize_4bit
-    on_experts = lora is not None and lora.on_experts
-    rank = lora.rank if on_experts else None
+    rank = lora.rank if lora is not None and lora.on_experts else None
     alpha = lora.alpha if lora is not None else 32
     if impl == "qlora-linear4bit":
         if lora is not None and lora.expert_layout == "fused":
             raise TunecostError("qlora-linear4bit has per-projection LoRA (w1, w3, w2); use fast for the fused layout")
-        experts = Linear4bitExperts(gate_up, down, activation=_activation(config), lora_rank=rank, lora_alpha=alpha)
+        experts: nn.Module = Linear4bitExperts(
+            gate_up, down, activation=_activation(config), lora_rank=rank, lora_alpha=alpha
+        )
     else:
         layout = (lora.expert_layout if lora is not None else None) or "fused"
         experts = FastExperts(
@@ -213,7 +213,7 @@ def _install_ours(
 
 
 def _install_peft(model: nn.Module, layers: list[MoeBlock], lora: LoraSpec) -> None:
-    from peft import LoraConfig, inject_adapter_in_model
+    from peft import inject_adapter_in_model
 
     if lora.expert_layout == "per-projection":
         raise TunecostError("peft-fused has PEFT's fused LoRA layout; use fast or qlora-linear4bit for per-projection")
@@ -226,9 +226,7 @@ def _install_peft(model: nn.Module, layers: list[MoeBlock], lora: LoraSpec) -> N
             targets.append(f"{prefix}gate.weight")
     requires_grad = {id(p): p.requires_grad for p in model.parameters()}
     had_config = hasattr(model, "peft_config")
-    config = LoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0, target_modules=[], target_parameters=targets
-    )
+    config = peft_lora_config(lora, target_modules=[], target_parameters=targets)
     inject_adapter_in_model(config, model)
     if not had_config and hasattr(model, "peft_config"):
         del model.peft_config  # PEFT leaves its config on the model; we keep ours in _STATE_ATTR
@@ -278,6 +276,7 @@ def install_experts(
     else:
         uninstall_experts(model)
         if impl == "peft-fused":
+            assert lora is not None  # refused above
             _install_peft(model, layers, lora)
         elif impl != "stock":
             for layer in layers:

@@ -10,6 +10,7 @@ that received tokens. transformers 5 no longer quantizes fused experts, so we re
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +48,7 @@ class LoraLinear(nn.Module):
     """y = base(x) + s * lora_B(lora_A(x)): the forward of PEFT's `lora.Linear` / `lora.bnb.Linear4bit`
     (dropout 0) around a frozen `nn.Linear` or `Linear4bit`."""
 
-    def __init__(self, base: nn.Module, *, rank: int, alpha: float, dtype: torch.dtype) -> None:
+    def __init__(self, base: Any, *, rank: int, alpha: float, dtype: torch.dtype) -> None:
         super().__init__()
         self.base_layer = base
         self.scaling = alpha / rank
@@ -129,7 +130,7 @@ class Linear4bitExperts(nn.Module):
         """(gate_up (E, 2I, H), down (E, H, I)) de-quantized, plus s·B·A if `merge_lora`."""
         import bitsandbytes.functional as bnbf
 
-        def weight(module: nn.Module) -> torch.Tensor:
+        def weight(module: Any) -> torch.Tensor:
             base = module.base_layer if isinstance(module, LoraLinear) else module
             w = bnbf.dequantize_4bit(base.weight.data, base.weight.quant_state)
             if merge_lora and isinstance(module, LoraLinear):

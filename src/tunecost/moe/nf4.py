@@ -104,6 +104,8 @@ class NF4ExpertWeights(nn.Module):
                         code2 = state.state2.code
                         blocksize2 = state.state2.blocksize
 
+        assert code is not None  # set by the first quantized part (num_experts >= 1)
+
         def per_expert(tensors: list[torch.Tensor]) -> torch.Tensor:  # (E*parts, n) -> (E, parts, n)
             return torch.stack(tensors).reshape(num_experts, parts, -1)
 
@@ -123,6 +125,7 @@ class NF4ExpertWeights(nn.Module):
     def _absmax_fp32(self, experts: list[int]) -> torch.Tensor:
         if not self.double_quant:
             return self.absmax[experts].float()
+        assert self.absmax2 is not None and self.offset is not None and self.code2 is not None  # double_quant
         import bitsandbytes.functional as bnbf
 
         rows = []

@@ -6,7 +6,7 @@ No torch import here, so the CLI can list the names without paying for torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from tunecost.workload.job import MOE_LORA_TARGETS
 
@@ -81,3 +81,16 @@ class LoraSpec:
     @property
     def on_router(self) -> bool:
         return "router" in self.targets
+
+
+def peft_lora_config(lora: LoraSpec, *, target_modules: list[str], target_parameters: list[str] | None = None) -> Any:
+    """PEFT's `LoraConfig` for `lora` (its rank and alpha, no dropout) on the given modules or parameters."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # peft annotates int; it only divides by it
+        lora_dropout=0.0,
+        target_modules=target_modules,
+        target_parameters=target_parameters,
+    )

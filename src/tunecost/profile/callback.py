@@ -269,7 +269,7 @@ class TunecostCallback(TrainerCallback):
 
 
 def _stage_times(
-    times: list[float], marks: dict[str, int], calls: list[list[int]], loss_marks: list[int], end: int
+    times: list[float], marks: dict[str, int], calls: list[tuple[int, int]], loss_marks: list[int], end: int
 ) -> StepTimes | None:
     if "pre_optimizer" not in marks or "optimizer" not in marks or not calls:
         return None

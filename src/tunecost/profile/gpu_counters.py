@@ -310,7 +310,7 @@ def run_gpu_counters(
     records = read_jsonl(out / "counters.jsonl")
     foreign = [r for r in records if r.get("point_id") not in ours]  # other jobs' rows in this folder: kept
     rows = [_row_from_dict(r) for r in records if r.get("point_id") in ours]
-    done = {r.batch_size for r in rows}
+    done = {r.batch_size for r in rows if r.batch_size is not None}
     if done:
         notes.append(f"kept batch sizes {sorted(done)} measured by a previous run")
     command: list[str] | None = None

@@ -89,7 +89,7 @@ def _fused_expert_shapes(experts: Any) -> dict[str, tuple[int, int]] | None:
         return None
     if not hasattr(experts, "down_proj"):
         return None
-    return {W1W3: tuple(sorted((2 * inter, hidden))), W2: tuple(sorted((hidden, inter)))}
+    return {W1W3: (min(2 * inter, hidden), max(2 * inter, hidden)), W2: (min(hidden, inter), max(hidden, inter))}
 
 
 _MATMUL_FUNCTIONS = (

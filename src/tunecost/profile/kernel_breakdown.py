@@ -186,7 +186,7 @@ def classify_events(events: Iterable[Any], *, cuda: bool) -> tuple[KernelClassTi
         ranges = sorted(ranges_by_thread.get(thread, []))
         if not ranges:
             continue
-        self_us = _self_times(ops) if not cuda else None
+        self_us = {} if cuda else _self_times(ops)  # CPU ops: self time; CUDA: the kernels
         for e, stack in _with_ranges(ops, ranges):
             if not stack:
                 continue

@@ -288,10 +288,8 @@ class LayerTimer:
         resets it too); None: resolve and reset the clock here.
         """
         own = times is None
-        if own:
-            times = self.clock.resolve()
         try:
-            return self._resolve(times)
+            return self._resolve(self.clock.resolve() if times is None else times)
         finally:
             self._reset()
             if own:
@@ -374,7 +372,8 @@ def _backward_span(inst: _Instance, grad_marks: list[int]) -> tuple[int, int]:
 def _recompute_episodes(marks: list[tuple[int, str]], t: list[float]) -> list[tuple[float, float]]:
     """Spans of consecutive recompute marks (one checkpointed layer's recomputation each, gaps included)."""
     spans: list[tuple[float, float]] = []
-    start = prev = None
+    start: int | None = None
+    prev = 0
     for m, what in sorted(marks):
         if what == "recompute":
             if start is None:
@@ -382,7 +381,7 @@ def _recompute_episodes(marks: list[tuple[int, str]], t: list[float]) -> list[tu
             prev = m
         elif start is not None:
             spans.append((t[start], t[prev]))
-            start = prev = None
+            start = None
     if start is not None:
         spans.append((t[start], t[prev]))
     return spans

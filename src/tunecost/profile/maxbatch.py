@@ -34,7 +34,7 @@ class Probe:
 class MaxBatchSearch:
     max_batch_size: int  # 0: not even batch size 1 fits
     probes: tuple[Probe, ...]
-    memory_bytes: int | None  # the budget searched against
+    memory_bytes: int  # the budget searched against
     source: str  # "measured-cuda" | "simulated"
     estimator: str  # how a probe decided
     seq_len: int  # tokens per query of the probed (longest) batch

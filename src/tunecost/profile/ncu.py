@@ -223,8 +223,9 @@ def _parse_raw(lines: list[tuple[int, list[str]]], batch_size: int | None) -> tu
             continue
         sm, dram, mem = value("sm", percent), value("dram", percent), value("mem", percent)
         for key, got in (("sm", sm), ("dram", dram)):
-            if cols[key] is not None and got is None:
-                warnings.append(f"line {number}: no usable {_ALIASES[key][0]} ({fields[cols[key]]!r}); kept as None")
+            col = cols[key]
+            if col is not None and got is None:
+                warnings.append(f"line {number}: no usable {_ALIASES[key][0]} ({fields[col]!r}); kept as None")
         ranges = tuple(r for col in nvtx_cols for r in parse_nvtx_cell(fields[col]))
         rows.append(
             _make_row(

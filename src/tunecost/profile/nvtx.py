@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunecost.profile.ranges import (  # noqa: F401  (re-exported: callers label with nvtx.ROUTER etc.)
     ACTIVATION,
@@ -44,6 +44,9 @@ from tunecost.profile.ranges import (  # noqa: F401  (re-exported: callers label
     innermost_range,
     is_moe_work,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 
 @functools.lru_cache(maxsize=1)
@@ -153,7 +156,7 @@ def _needs_grad(obj: Any) -> bool:
     return isinstance(obj, torch.Tensor) and obj.requires_grad and obj.is_floating_point()
 
 
-def _apply_marker(function: type, span: _Span, values: Sequence[Any]) -> list[Any]:
+def _apply_marker(function: type[torch.autograd.Function], span: _Span, values: Sequence[Any]) -> list[Any]:
     """Route the grad-requiring tensors among `values` through `function`; other values pass unchanged."""
     values = list(values)
     positions = [i for i, v in enumerate(values) if _needs_grad(v)]

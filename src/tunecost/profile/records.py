@@ -264,8 +264,8 @@ def summary(out_dir: str | Path, point_ids: Iterable[str] | None = None) -> list
     return table
 
 
-def _index(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
+def _index(rows: list[dict[str, Any]]) -> dict[str | None, list[dict[str, Any]]]:
+    out: dict[str | None, list[dict[str, Any]]] = {}
     for r in rows:
         out.setdefault(r.get("point_id"), []).append(r)
     return out

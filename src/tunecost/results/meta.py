@@ -69,7 +69,7 @@ def device_info(device: str | None = None) -> dict[str, Any]:
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
     }
     if kind == "cuda" and torch.cuda.is_available():
-        index = torch.device(device).index or 0
+        index = torch.device(device or "cuda").index or 0
         props = torch.cuda.get_device_properties(index)
         info.update(name=props.name, memory_bytes=int(props.total_memory), capability=f"{props.major}.{props.minor}")
     else:

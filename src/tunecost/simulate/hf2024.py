@@ -15,6 +15,8 @@ under LLaMA-Factory, with torch 2.1 (the versions the paper used).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -29,7 +31,7 @@ class Loop2024Experts(nn.Module):
     over experts as in transformers 4.40's `MixtralSparseMoeBlock`."""
 
     def __init__(
-        self, experts: nn.Module, *, quant: QuantSpec | None, lora_rank: int | None, lora_alpha: float, trainable: bool
+        self, experts: Any, *, quant: QuantSpec | None, lora_rank: int | None, lora_alpha: float, trainable: bool
     ) -> None:
         super().__init__()
         gate_up, down = experts.gate_up_proj, experts.down_proj
@@ -40,13 +42,16 @@ class Loop2024Experts(nn.Module):
         for e in range(self.num_experts):
             mats = {"w1": gate_up[e, :inter], "w3": gate_up[e, inter:], "w2": down[e]}
             for name, w in mats.items():
-                lin = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
-                lin.weight = nn.Parameter(
+                linear = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+                linear.weight = nn.Parameter(
                     w.data.clone() if w.device.type != "meta" else torch.empty_like(w, device="meta"),
                     requires_grad=trainable,
                 )
-                if not trainable:
-                    lin = SimLinear(lin, quant=quant, lora_rank=lora_rank, lora_alpha=lora_alpha, style="peft-2024")
+                lin: nn.Module = (
+                    linear
+                    if trainable
+                    else SimLinear(linear, quant=quant, lora_rank=lora_rank, lora_alpha=lora_alpha, style="peft-2024")
+                )
                 getattr(self, name).append(lin)
 
     def forward(

@@ -24,6 +24,7 @@ from torch import nn
 
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import decoder_layers
+from tunecost.models.blackmamba.layers import MambaMixer, MoEMixer
 from tunecost.simulate.counts import add_work
 from tunecost.simulate.quant4bit import is_fake, tokens_per_expert
 
@@ -120,7 +121,7 @@ class FusedMambaMixer(nn.Module):
     """A BlackMamba `MambaMixer` (same parameters) run as Zyphra's fast path: in_proj as a matmul, then
     mamba-ssm's fused inner function (see the module docstring)."""
 
-    def __init__(self, mixer: nn.Module) -> None:
+    def __init__(self, mixer: MambaMixer) -> None:
         super().__init__()
         self.in_proj, self.conv1d, self.x_proj = mixer.in_proj, mixer.conv1d, mixer.x_proj
         self.dt_proj, self.out_proj = mixer.dt_proj, mixer.out_proj
@@ -149,7 +150,7 @@ class FusedMambaMixer(nn.Module):
 class LoopMoEMixer(nn.Module):
     """BlackMamba's `MoEMixer` (same router and experts) with a sort-based per-expert token split."""
 
-    def __init__(self, mixer: nn.Module) -> None:
+    def __init__(self, mixer: MoEMixer) -> None:
         super().__init__()
         self.router, self.local_experts = mixer.router, mixer.local_experts
         self.num_experts, self.experts_per_token = mixer.num_experts, mixer.experts_per_token

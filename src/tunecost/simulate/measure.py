@@ -8,6 +8,7 @@ peak. Used by benchmarks/bench_memory.py and the tests; tiny models only (real w
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -62,7 +63,8 @@ def measure_step_peak(job: FineTuneJob, *, stack: str = "tunecost", seed: int = 
     from tunecost.simulate.prepare import build_prepared
 
     prepared = build_prepared(job, num_units=None, stack=stack, real=True, seed=seed)
-    vocab = int(prepared.model.config.vocab_size)
+    config: Any = prepared.model.config  # a transformers or BlackMamba config
+    vocab = int(config.vocab_size)
     batch = make_batch(vocab, job.batch_size, job.worst_case_seq_len, None, seed)
     run_step(prepared, batch)  # warm-up: lazily created buffers exist before the measured step
     return profile_step_peak(prepared, batch)

@@ -16,6 +16,7 @@ which is what autocast does; `B` starts at zero as in PEFT.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -60,6 +61,8 @@ class SimLinear(nn.Module):
         self.compute_dtype = w.dtype
         self.style = style
         dev = w.device
+        self.qweight: Quantized4bit | None
+        self.weight: nn.Parameter | None
         if quant is not None:
             self.qweight = Quantized4bit(1, self.out_features, self.in_features, quant, device=dev)
             if dev.type != "meta" and not is_fake(w):
@@ -83,6 +86,7 @@ class SimLinear(nn.Module):
             if self.bias is not None:
                 y = y + self.bias
         else:
+            assert self.weight is not None  # set whenever qweight is not
             y = nn.functional.linear(x2, self.weight, self.bias)
         if self.lora_rank:
             with op_class_scope("lora"):
@@ -107,7 +111,7 @@ class SimExperts(nn.Module):
 
     def __init__(
         self,
-        experts: nn.Module,
+        experts: Any,  # a transformers experts module: gate_up_proj (E, 2I, H), down_proj (E, H, I), act_fn
         *,
         quant: QuantSpec | None,
         lora_rank: int | None,
@@ -120,6 +124,10 @@ class SimExperts(nn.Module):
         self.intermediate_dim = two_i // 2
         self.act_fn = experts.act_fn
         dev = gate_up.device
+        self.q_gate_up: Quantized4bit | None
+        self.q_down: Quantized4bit | None
+        self.gate_up_proj: nn.Parameter | None
+        self.down_proj: nn.Parameter | None
         if quant is not None:
             self.q_gate_up = Quantized4bit(self.num_experts, two_i, self.hidden_dim, quant, device=dev)
             self.q_down = Quantized4bit(self.num_experts, self.hidden_dim, self.intermediate_dim, quant, device=dev)
@@ -135,7 +143,7 @@ class SimExperts(nn.Module):
         if lora_rank:
             e, r, h, i = self.num_experts, lora_rank, self.hidden_dim, self.intermediate_dim
             self.scaling = lora_alpha / lora_rank
-            kw = {"device": dev, "dtype": lora_dtype}
+            kw: dict[str, Any] = {"device": dev, "dtype": lora_dtype}
             self.lora_A_gate = _new_param((e, r, h), **kw)
             self.lora_B_gate = _new_param((e, i, r), zero=True, **kw)
             self.lora_A_up = _new_param((e, r, h), **kw)
@@ -188,7 +196,7 @@ class SimLoraRouter(nn.Module):
     """LoRA on a router's `weight` (E, H): the router's own forward with W + s * B @ A."""
 
     def __init__(
-        self, router: nn.Module, *, lora_rank: int, lora_alpha: float = 32.0, lora_dtype: torch.dtype = torch.float32
+        self, router: Any, *, lora_rank: int, lora_alpha: float = 32.0, lora_dtype: torch.dtype = torch.float32
     ) -> None:
         super().__init__()
         self.base = router

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -209,7 +209,8 @@ def module_info(model: nn.Module) -> dict[int, tuple[str, int | None]]:
 
 def static_tensors(model: nn.Module, info: dict[int, tuple[str, int | None]]) -> list[tuple[torch.Tensor, str, str]]:
     """Every parameter and buffer with its memory category and module group (tied tensors once)."""
-    out, seen = [], set()
+    out: list[tuple[torch.Tensor, str, str]] = []
+    seen: set[int] = set()
     for module in model.modules():
         group = info[id(module)][0]
         for p in module.parameters(recurse=False):
@@ -240,7 +241,7 @@ def to_fake(model: nn.Module, fake_mode) -> None:
     for module in model.modules():
         for name, p in list(module._parameters.items()):
             if p is not None:
-                module._parameters[name] = fake(p)
+                module._parameters[name] = cast(nn.Parameter, fake(p))  # a parameter's copy is one
         for name, b in list(module._buffers.items()):
             if b is not None:
                 module._buffers[name] = fake(b)

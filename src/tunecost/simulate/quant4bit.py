@@ -109,6 +109,13 @@ class Quantized4bit(torch.nn.Module):
     codes `code` (16,) and `code2` (256,).
     """
 
+    packed: torch.Tensor
+    absmax: torch.Tensor
+    code: torch.Tensor
+    absmax2: torch.Tensor  # double quantization only, as are offset and code2
+    offset: torch.Tensor
+    code2: torch.Tensor
+
     def __init__(self, num_mats: int, rows: int, cols: int, spec: QuantSpec, *, device=None) -> None:
         super().__init__()
         self.num_mats, self.rows, self.cols, self.spec = num_mats, rows, cols, spec

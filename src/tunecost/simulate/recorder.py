@@ -18,6 +18,7 @@ from __future__ import annotations
 import bisect
 import weakref
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -113,7 +114,11 @@ class StepRecorder(TorchDispatchMode):
         )
         self.records.append(rec)
         self._by_storage[st] = rec
-        self._refs.append(weakref.ref(st, lambda _ref, rec=rec: self._on_free(rec)))
+
+        def on_free(_ref: Any, rec: StorageRecord = rec) -> None:
+            self._on_free(rec)
+
+        self._refs.append(weakref.ref(st, on_free))
         return rec
 
     def _on_free(self, rec: StorageRecord) -> None:

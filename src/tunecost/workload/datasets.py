@@ -144,6 +144,8 @@ def _hellaswag_example(row: Mapping[str, Any]) -> Example:
         raise ValueError("'endings' should be a list of at least two strings")
     raw_label = row.get("label")
     try:
+        if not isinstance(raw_label, (int, float, str)):
+            raise TypeError
         label = int(raw_label)  # the hub's label is a string "0".."3"
     except (TypeError, ValueError, OverflowError):
         raise ValueError(f"'label' should be an ending index, got {raw_label!r}") from None

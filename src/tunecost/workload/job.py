@@ -8,7 +8,7 @@ gradient checkpointing, AdamW.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Literal
+from typing import Any, Literal
 
 from tunecost.errors import TunecostError
 
@@ -127,6 +127,6 @@ class FineTuneJob:
         assert self.lengths
         return max(self.lengths)
 
-    def with_(self, **changes: object) -> FineTuneJob:
+    def with_(self, **changes: Any) -> FineTuneJob:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)

@@ -50,7 +50,7 @@ def _truth_point(target: ThroughputTarget) -> CalibrationPoint:
     )
 
 
-def test_acceptance_1_paper_a40_points_in_sample_mape_at_most_8_percent(paper_model: CalibratedModel) -> None:
+def test_paper_a40_points_in_sample_mape_at_most_8_percent(paper_model: CalibratedModel) -> None:
     assert paper_model.num_points == 54
     assert paper_model.in_sample_mape <= 0.08
     assert paper_model.gpus == ("A40-48GB",)

@@ -35,7 +35,7 @@ def test_mixtral_arch_matches_hand_count_and_published_totals() -> None:
 
 def test_blackmamba_arch_matches_published_sizes() -> None:
     arch = arch_of(resolve_model("blackmamba-2.8b"))
-    assert arch.total_params == pytest.approx(2.78e9, rel=0.005)  # "2.8B" model: 2.78 B (issue 5)
+    assert arch.total_params == pytest.approx(2.78e9, rel=0.005)  # "2.8B" model: 2.78 B (BlackMamba paper / model card)
     assert arch.active_params(1) == pytest.approx(0.63e9, rel=0.01)  # "630M" active at the released top-1
     assert (arch.num_mamba_layers, arch.num_moe_layers, arch.num_attention_layers) == (18, 18, 0)
 

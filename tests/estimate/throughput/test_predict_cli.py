@@ -1,4 +1,4 @@
-"""`tunecost predict` through typer's CliRunner: CSV in, CSV out (atomic), JSON, one-line errors (acceptance 5)."""
+"""`tunecost predict` through typer's CliRunner: CSV in, CSV out (atomic), JSON, one-line errors."""
 
 from __future__ import annotations
 

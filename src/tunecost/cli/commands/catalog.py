@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -42,7 +43,7 @@ def models(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -
     from tunecost.catalog.models import model_catalog
     from tunecost.models.params import count_parameters
 
-    out = []
+    out: list[dict[str, Any]] = []
     for spec in model_catalog().values():
         counts = count_parameters(spec)
         out.append(

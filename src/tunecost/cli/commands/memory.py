@@ -6,11 +6,15 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import typer
 
 from tunecost.cli.common import cli_errors, console, err_console, print_json, print_table, split_list
 from tunecost.errors import TunecostError
+
+if TYPE_CHECKING:
+    from tunecost.workload.job import Method
 from tunecost.units import format_bytes, gb_from_bytes, memory_bytes_from_options
 
 
@@ -105,7 +109,7 @@ def memory(
     lengths = _read_lengths(dataset_lengths) if dataset_lengths else None
     job = FineTuneJob(
         model=model,
-        method=method,
+        method=cast("Method", method),  # FineTuneJob validates it
         experts_per_token=experts_per_token,
         compute_dtype=dtype,
         quant_type=quant_type,

@@ -204,10 +204,11 @@ def _short(value: Any) -> str:
 
 def _stage_split(r: dict[str, Any]) -> str:
     parts = [r.get(f"{s}_seconds") for s in ("forward", "backward", "optimizer")]
-    total = sum(p for p in parts if p is not None)
-    if not total or any(p is None for p in parts):
+    values = [p for p in parts if p is not None]
+    total = sum(values)
+    if not total or len(values) != len(parts):
         return "-"
-    return "/".join(f"{100 * p / total:.0f}" for p in parts)
+    return "/".join(f"{100 * p / total:.0f}" for p in values)
 
 
 def _print_summary(result: Any) -> None:

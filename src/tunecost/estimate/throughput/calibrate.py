@@ -17,6 +17,7 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from tunecost.estimate.throughput.intervals import TransferSpread, interval_log_
 from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, fixed_lengths
 from tunecost.estimate.throughput.model import PARAM_NAMES, StackParams, StepTime, catalog_gpu_terms, step_time
 from tunecost.estimate.throughput.priors import PRIORS, Prior
-from tunecost.workload.job import FineTuneJob
+from tunecost.workload.job import FineTuneJob, Method
 
 PAPER_RUN_QUERIES = 1000  # the paper's throughput = 1000 queries / train_runtime
 FIT_NAMES = (*PARAM_NAMES, "run_overhead_s")
@@ -98,7 +99,7 @@ class ModelRange:
 def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, AnalyticStepCounts]:
     """The job a target describes (the paper's setup for its models) and its analytic step counts."""
     spec = resolve_model(target.model)
-    method = target.method or PAPER_METHOD.get(spec.name, "qlora")
+    method = cast("Method", target.method or PAPER_METHOD.get(spec.name, "qlora"))  # FineTuneJob validates it
     k = target.experts_per_token or spec.default_experts_per_token
     if target.seq_len is not None:
         lengths = fixed_lengths(target.seq_len, target.batch_size)

@@ -198,8 +198,8 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
 
     # 4-bit weights (every Linear but the head under QLoRA) are dequantized on forward, recompute, backward.
     if quantized:
-        quant_params = arch.dense_params + arch.num_moe_layers * arch.router_params_per_layer
-        quant_calls = arch.num_dense_matrices + arch.num_moe_layers  # + one router per MoE layer
+        quant_params: float = arch.dense_params + arch.num_moe_layers * arch.router_params_per_layer
+        quant_calls: float = arch.num_dense_matrices + arch.num_moe_layers  # + one router per MoE layer
         if arch.num_experts > 1:
             quant_params += arch.num_moe_layers * hit * arch.expert_params
             quant_calls += arch.num_moe_layers * hit * arch.num_expert_matrices

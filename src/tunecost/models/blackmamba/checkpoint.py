@@ -56,7 +56,7 @@ def resolve_blackmamba_dir(
     try:
         folder = snapshot_download(
             repo_id=name,
-            cache_dir=cache_dir,
+            cache_dir=None if cache_dir is None else Path(cache_dir),
             local_files_only=not allow_download,
             allow_patterns=[CONFIG_NAME, BIN_NAME, SAFETENSORS_NAME],
         )
@@ -100,6 +100,7 @@ def _read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
 def read_state_dict(folder: Path) -> dict[str, torch.Tensor]:
     """The raw state dict in `folder` (safetensors preferred), unwrapped from {"model": ...}."""
+    raw: object
     if (folder / SAFETENSORS_NAME).is_file():
         where, raw = folder / SAFETENSORS_NAME, _read_safetensors(folder / SAFETENSORS_NAME)
     elif (folder / BIN_NAME).is_file():
