@@ -48,7 +48,7 @@ def _plt():
     return plt
 
 
-def _panels(plt, num: int, width: float, height: float, max_cols: int = 3) -> tuple[object, list]:
+def _panels(plt, num: int, width: float, height: float, max_cols: int = 3) -> tuple[Any, list[Any]]:
     """`num` panels of `width` x `height` inches, at most `max_cols` a row (one long row shrank the text on the
     page); unused cells of the last row are hidden."""
     cols = max(1, min(num, max_cols))

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import numpy as np
 import pandas as pd
 
@@ -109,8 +111,8 @@ def fig_expert_load(records: RunRecords) -> FigureResult | str:
     if isinstance(df, str):
         return df
     plt = _plt()
-    keys = (
-        list(df.groupby(["model", "experts_per_token"]).groups)
+    keys: list[tuple[Any, Any]] = (
+        [cast(tuple[Any, Any], key) for key in df.groupby(["model", "experts_per_token"]).groups]  # (model, k)
         if "experts_per_token" in df.columns
         else [(m, None) for m in df.model.unique()]
     )
