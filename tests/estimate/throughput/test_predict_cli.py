@@ -132,3 +132,13 @@ def test_predict_defaults_to_the_calibrations_run_length(cli_runner, write_file)
     assert rows["--steady-state"]["queries_per_s"] > rows[""]["queries_per_s"]  # no start-up per run
     both = cli_runner.invoke(app, ["predict", "--input", str(path), "--steady-state", "--run-queries", "5"])
     assert both.exit_code == 2 and "not both" in both.output
+
+
+@pytest.mark.parametrize(
+    ("column", "cells"), [("experts_per_token", "x,2,"), ("seq_len", "2,2,x"), ("batch_size", "2,x,")]
+)
+def test_a_row_error_names_file_and_row_once(cli_error, write_file, column, cells) -> None:
+    """A bad whole number in a targets row: `FILE: row N:` once, not twice."""
+    path = write_file("t.csv", f"model,dataset,gpu,experts_per_token,batch_size,seq_len\nmixtral-8x7b,,A40,{cells}\n")
+    line = cli_error(["predict", "--input", str(path)])
+    assert line == f"error: {path}: row 1: column {column!r} must be a whole number, got 'x'"
