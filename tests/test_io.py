@@ -28,7 +28,9 @@ def test_failed_write_keeps_old_content_and_no_temp(tmp_path, monkeypatch) -> No
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", disk_full)  # fails mid-write, after the temp file has data
-    with pytest.raises(OSError, match="No space left"):
+    from tunecost.errors import TunecostError
+
+    with pytest.raises(TunecostError, match=r"cannot write '.*result\.json': No space left"):
         atomic_write_text(target, "partial")
     assert target.read_text() == "complete"
     assert os.listdir(tmp_path) == ["result.json"]
@@ -67,7 +69,41 @@ def test_corrupt_middle_lines_are_named(tmp_path) -> None:
     log.write_text('{"a": 1}\nnot json\n[1, 2]\n{"a": 2}\n', encoding="utf-8")
     with pytest.warns(TunecostWarning) as caught:
         assert read_jsonl(log) == [{"a": 1}, {"a": 2}]
-    assert [str(w.message).split(": ")[0] for w in caught] == [f"{log}:2", f"{log}:3"]
+    assert [str(w.message) for w in caught] == [
+        f"{log}: skipped 2 lines that are not JSON records (lines 2, 3); results on the other lines are used"
+    ]
+
+
+def test_a_garbage_file_is_one_warning(tmp_path) -> None:
+    """Hundreds of bad lines are one warning naming the count and the first lines, not hundreds of warnings."""
+    from tunecost.errors import TunecostWarning
+
+    log = tmp_path / "rows.jsonl"
+    log.write_text('{"a": 1}\n' + "garbage\n" * 300, encoding="utf-8")
+    with pytest.warns(TunecostWarning) as caught:
+        assert read_jsonl(log) == [{"a": 1}]
+    assert len(caught) == 1
+    assert "skipped 300 lines" in str(caught[0].message) and "(lines 2, 3, 4, 5, 6, ...)" in str(caught[0].message)
+
+
+def test_an_unwritable_output_names_the_users_path(tmp_path, monkeypatch) -> None:
+    """A failed atomic write names the file the user gave, not the temporary file beside it."""
+    import tempfile
+
+    from tunecost.errors import TunecostError
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / ".out.csv.abc123.tmp"))
+
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    with pytest.raises(TunecostError) as caught:
+        atomic_write_text(tmp_path / "out.csv", "a\n")
+    assert str(caught.value) == f"cannot write {str(tmp_path / 'out.csv')!r}: Permission denied"
+    assert ".tmp" not in str(caught.value)
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x", encoding="utf-8")
+    with pytest.raises(TunecostError, match="cannot write .*a_file/sub.csv"):
+        atomic_write_text(blocker / "sub.csv", "a\n")
 
 
 def test_cli_prints_tunecost_warnings_as_one_line(tmp_path, cli_runner) -> None:

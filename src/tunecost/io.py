@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tunecost.errors import TunecostWarning
+from tunecost.errors import TunecostError, TunecostWarning
 
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
@@ -25,7 +25,16 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
 
 
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write `data` to `path` atomically. A failure (a read-only folder, a full disk, a parent that is a file)
+    is a `TunecostError` naming `path`, never the temporary file the user did not give."""
     target = Path(path)
+    try:
+        return _atomic_write_bytes(target, data)
+    except OSError as exc:
+        raise TunecostError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
+
+
+def _atomic_write_bytes(target: Path, data: bytes) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
@@ -79,8 +88,8 @@ def _ends_torn(path: Path) -> bool:
 
 
 def read_jsonl(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    """All complete rows of a JSON-lines file. A torn last line (an interrupted write) is skipped silently; any
-    other line that is not a JSON object is skipped with a `TunecostWarning` naming the file and line."""
+    """All complete rows of a JSON-lines file. A torn last line (an interrupted write) is skipped silently; other
+    lines that are not JSON objects are skipped with one `TunecostWarning` naming the file and the lines."""
     return list(iter_jsonl(path))
 
 
@@ -90,6 +99,7 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
         return
     with open(target, encoding="utf-8", errors="replace") as fh:
         lines = fh.readlines()
+    bad: list[int] = []
     for number, raw in enumerate(lines, start=1):
         line = raw.strip()
         if not line:
@@ -101,9 +111,22 @@ def iter_jsonl(path: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
         if isinstance(row, dict):
             yield row
         elif number < len(lines) or raw.endswith("\n"):  # not the torn tail of an interrupted write
-            warnings.warn(
-                f"{target}:{number}: skipped a line that is not a JSON record (an interrupted write "
-                "or an edit); results on the other lines are used",
-                TunecostWarning,
-                stacklevel=2,
-            )
+            bad.append(number)
+    if bad:
+        warnings.warn(_skipped_lines_message(target, bad), TunecostWarning, stacklevel=2)
+
+
+MAX_LINES_NAMED = 5  # a garbage file is one warning naming its first few bad lines, not one warning per line
+
+
+def _skipped_lines_message(target: Path, bad: list[int]) -> str:
+    if len(bad) == 1:
+        return (
+            f"{target}:{bad[0]}: skipped a line that is not a JSON record (an interrupted write or an edit); "
+            "results on the other lines are used"
+        )
+    named = ", ".join(map(str, bad[:MAX_LINES_NAMED])) + (", ..." if len(bad) > MAX_LINES_NAMED else "")
+    return (
+        f"{target}: skipped {len(bad)} lines that are not JSON records (lines {named}); "
+        "results on the other lines are used"
+    )

@@ -19,7 +19,50 @@ def test_folder_where_a_file_belongs_and_file_where_a_folder_belongs(tmp_path, c
     assert "is a folder, not a file" in cli_error(["prices", "--prices", str(folder)])
     taken = tmp_path / "taken.csv"
     taken.write_text("x\n", encoding="utf-8")
-    assert "File exists" in cli_error(["profile", "--model", "tiny-mixtral", "--out", str(taken)])
+    assert f"--out {str(taken)!r} is a file; give a folder" in cli_error(
+        ["profile", "--model", "tiny-mixtral", "--out", str(taken)]
+    )
+
+
+@pytest.mark.parametrize("command", [["profile", "--model", "tiny-mixtral"], ["max-batch", "--model", "tiny-mixtral"]])
+def test_an_out_under_a_file_is_refused_before_any_work(tmp_path, cli_error, monkeypatch, command) -> None:
+    """`--out FILE/sub` names the file in the way, before any measurement starts (max-batch used to search first)."""
+    import tunecost.profile.threads
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("started work before checking --out")
+
+    monkeypatch.setattr(tunecost.profile.threads, "prepare_cpu_threads", no_work)
+    monkeypatch.setattr("tunecost.cli.commands.profile.prepare_cpu_threads", no_work)
+    blocker = tmp_path / "some_file"
+    blocker.write_text("x\n", encoding="utf-8")
+    line = cli_error([*command, "--out", str(blocker / "sub")])
+    assert line == f"error: --out {str(blocker / 'sub')!r}: {str(blocker)!r} is a file, not a folder"
+
+
+def test_control_characters_in_names_are_shown_escaped(tmp_path, cli_error) -> None:
+    """A name holding a NUL byte or an escape sequence is printed visibly, never as raw control bytes."""
+    assert "'no\\x00such\\x1b[31mmodel'" in cli_error(["memory", "--model", "no\x00such\x1b[31mmodel"])
+    line = cli_error(["data", "stats", str(tmp_path / "a\x00b\x1b[31m.jsonl")])  # the path is not quoted there
+    assert line == f"error: dataset file not found: {tmp_path}/a\\x00b\\x1b[31m.jsonl"
+
+
+def test_visible_escapes_only_control_characters() -> None:
+    from tunecost.cli.common import visible
+
+    assert visible("GPU A40\tx\ny\x00 \u00e9\u2014ok") == "GPU A40\\tx\\ny\\x00 \u00e9\u2014ok"
+    assert visible("\nleading and trailing\n") == "leading and trailing"
+
+
+def test_no_blank_line_before_error_after_a_progress_bar(cli_runner) -> None:
+    """A command that shows a progress bar and then fails prints `error:` as the first thing on stderr."""
+    from tunecost.cli.main import app
+
+    args = ["memory", "--model", "mixtral-8x7b", "--gpu-memory-gb", "0.001"]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert result.stderr.startswith("error: "), repr(result.stderr[:80])
+    assert result.stderr.count("\n") == 1
 
 
 def test_corrupt_parquet_dataset(tmp_path, cli_error) -> None:

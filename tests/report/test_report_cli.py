@@ -67,3 +67,33 @@ def test_empty_run_dir_is_exit_2_with_one_line(tmp_path: Path, cli_error) -> Non
 def test_missing_run_dir_is_exit_2_with_one_line(tmp_path: Path, cli_error) -> None:
     line = cli_error(["report", str(tmp_path / "nope"), "--json"])
     assert line == f"error: run directory not found: {tmp_path / 'nope'}"
+
+
+def test_records_lacking_a_column_are_left_out_with_one_warning(tmp_path: Path, make_run, cli_runner) -> None:
+    """Valid JSON lines without `model` do not drop the whole throughput figure: they are left out, once named."""
+    run = make_run(tmp_path / "run", kinds=("throughput",))
+    path = run / "throughput.jsonl"
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    for row in rows[:2]:
+        del row["model"]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    result = cli_runner.invoke(app, ["report", str(run), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["sections_shown"] == ["throughput"]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        f"warning: {path}: 2 record(s) lack model; left out of the figures, the other records are drawn"
+    ]
+    assert "throughput.jsonl: 2 record(s) lack model" in (run / "report.html").read_text(encoding="utf-8")
+
+
+def test_a_garbage_records_file_is_one_warning(tmp_path: Path, make_run, cli_runner) -> None:
+    run = make_run(tmp_path / "run", kinds=("throughput",))
+    (run / "stages.jsonl").write_text("garbage\n" * 50, encoding="utf-8")
+    result = cli_runner.invoke(app, ["report", str(run)])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert warnings == [
+        f"warning: {run / 'stages.jsonl'}: skipped 50 lines that are not JSON records (lines 1, 2, 3, 4, 5, ...); "
+        "results on the other lines are used"
+    ]

@@ -30,13 +30,35 @@ console = Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH, soft_w
 err_console = Console(stderr=True)
 
 
+def progress_bar(*columns: Any, **options: Any) -> Any:
+    """A rich `Progress` on stderr, cleared when done. Off a terminal it draws nothing: a live bar there leaves
+    only a blank line behind (before any `error:` line)."""
+    from rich.progress import Progress
+
+    console_ = options.pop("console", err_console)
+    options.setdefault("transient", True)
+    return Progress(*columns, console=console_, disable=not console_.is_terminal, **options)
+
+
+def visible(text: object) -> str:
+    """`text` on one line with every control character (NUL, escape, newline, ...) shown as its Python escape
+    (`\\x00`, `\\x1b`, `\\n`), so a name read from a file or option is never printed invisibly, and nothing a
+    message holds can move the cursor or start a blank line. Surrounding whitespace is dropped."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(text).strip())
+
+
+def echo_error(message: object) -> None:
+    """Print `message` as one `error: ...` line on stderr (control characters made visible)."""
+    typer.echo(f"error: {visible(message)}", err=True)
+
+
 def _show_tunecost_warnings(previous: Callable[..., Any]) -> Callable[..., Any]:
     """A `warnings.showwarning` that prints a `TunecostWarning` as one `warning:` line on stderr and leaves every
     other warning to `previous`."""
 
     def show(message: Any, category: type, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
         if issubclass(category, TunecostWarning):
-            typer.echo(f"warning: {message}", err=True)
+            typer.echo(f"warning: {visible(message)}", err=True)
         else:
             previous(message, category, filename, lineno, file, line)
 
@@ -56,20 +78,20 @@ def cli_errors(func: F) -> F:
                 warnings.showwarning = _show_tunecost_warnings(warnings.showwarning)
                 return func(*args, **kwargs)
         except TunecostError as exc:
-            typer.echo(f"error: {exc}", err=True)
+            echo_error(exc)
             raise typer.Exit(code=2) from None
         except FileNotFoundError as exc:
-            typer.echo(f"error: file not found: {exc.filename or exc}", err=True)
+            echo_error(f"file not found: {exc.filename or exc}")
             raise typer.Exit(code=2) from None
         except UnicodeDecodeError as exc:  # a binary or non-UTF-8 file where text was expected
-            typer.echo(f"error: {_not_utf8(exc, kwargs)}", err=True)
+            echo_error(_not_utf8(exc, kwargs))
             raise typer.Exit(code=2) from None
         except RecursionError:  # json nested deeper than Python's stack, in a reader without its own check
             typer.echo("error: an input file is nested too deeply to read (JSON arrays or objects)", err=True)
             raise typer.Exit(code=2) from None
         except OSError as exc:  # a folder where a file belongs, an existing file where a folder belongs, ...
             where = " -> ".join(str(p) for p in (exc.filename, exc.filename2) if p)
-            typer.echo(f"error: {exc.strerror or exc}{': ' + where if where else ''}", err=True)
+            echo_error(f"{exc.strerror or exc}{': ' + where if where else ''}")
             raise typer.Exit(code=2) from None
         except KeyboardInterrupt:
             typer.echo("interrupted: finished results are kept; rerun the same command to resume", err=True)

@@ -18,6 +18,7 @@ except ImportError:  # pragma: no cover - older typer on the real click
 
 from tunecost import __version__
 from tunecost.cli import commands
+from tunecost.cli.common import echo_error
 
 
 class _OneLineErrors(TyperGroup):
@@ -38,10 +39,10 @@ class _OneLineErrors(TyperGroup):
         except click_exceptions.UsageError as exc:
             message = " ".join(exc.format_message().split())
             where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
-            typer.echo(f"error: {message}{where}", err=True)
+            echo_error(f"{message}{where}")
             sys.exit(2)
         except click_exceptions.ClickException as exc:
-            typer.echo(f"error: {' '.join(exc.format_message().split())}", err=True)
+            echo_error(" ".join(exc.format_message().split()))
             sys.exit(exc.exit_code)
         except typer.Abort:
             typer.echo("aborted", err=True)

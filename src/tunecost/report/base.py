@@ -3,6 +3,7 @@ labels (routing, configuration)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from tunecost.errors import TunecostWarning
 from tunecost.report.records import RunRecords
 
 REQUIRED = "missing"
@@ -60,14 +62,40 @@ def _panels(plt, num: int, width: float, height: float, max_cols: int = 3) -> tu
     return fig, flat[:num]
 
 
-def _need(records: RunRecords, kind: str, columns: tuple[str, ...]) -> pd.DataFrame | str:
+def _need(records: RunRecords, kind: str, columns: tuple[str, ...], *, every_row: bool = False) -> pd.DataFrame | str:
+    """The `kind` records holding `columns`, or why a figure cannot be drawn. With `every_row`, records that lack
+    one of `columns` (a hand edit, a partial write) are left out and reported once; the rest are drawn."""
     df = records.get(kind)
     if df is None:
         return f"no `{kind}.jsonl` records in this run"
     missing = [c for c in columns if c not in df.columns or df[c].isna().all()]
     if missing:
         return f"`{kind}.jsonl` lacks {', '.join(missing)} (written by an older or partial run)"
+    incomplete = df[list(columns)].isna().any(axis=1)
+    if every_row and incomplete.any():
+        _note_incomplete(records, kind, df[incomplete], columns)
+        df = df[~incomplete]
     return df
+
+
+def _note_incomplete(records: RunRecords, kind: str, rows: pd.DataFrame, columns: tuple[str, ...]) -> None:
+    """Once per kind: a `TunecostWarning` and a line in the report's list of records not read, naming the files
+    and how many of their records lack a column a figure needs (those records are left out; the rest are drawn)."""
+    if kind in records.incomplete_noted:
+        return
+    records.incomplete_noted.add(kind)
+    lacking = sorted(c for c in columns if rows[c].isna().any())
+    sources = rows["_source"] if "_source" in rows.columns else pd.Series(["."] * len(rows))
+    for source, count in sorted(sources.fillna(".").value_counts().items()):
+        name = f"{kind}.jsonl" if source == "." else f"{source}/{kind}.jsonl"
+        note = f"{name}: {count} record(s) lack {' or '.join(lacking)}; left out of the figures"
+        records.skipped.append(note)
+        warnings.warn(
+            f"{records.run_dir / name}: {count} record(s) lack {' or '.join(lacking)}; left out of the "
+            "figures, the other records are drawn",
+            TunecostWarning,
+            stacklevel=2,
+        )
 
 
 def _device_of(df: pd.DataFrame) -> str:

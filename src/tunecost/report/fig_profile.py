@@ -25,7 +25,7 @@ from tunecost.report.records import RunRecords
 
 
 def fig_stages(records: RunRecords) -> FigureResult | str:
-    df = _need(records, "stages", ("model", "experts_per_token", "batch_size", "stage", "seconds"))
+    df = _need(records, "stages", ("model", "experts_per_token", "batch_size", "stage", "seconds"), every_row=True)
     if isinstance(df, str):
         return df
     df = df[df.stage.isin(["forward", "backward", "optimizer"])]
@@ -51,7 +51,7 @@ def fig_stages(records: RunRecords) -> FigureResult | str:
 
 
 def fig_layers(records: RunRecords) -> FigureResult | str:
-    df = _need(records, "layers", ("model", "experts_per_token", "batch_size", "component", "seconds"))
+    df = _need(records, "layers", ("model", "experts_per_token", "batch_size", "component", "seconds"), every_row=True)
     if isinstance(df, str):
         return df
     plt = _plt()
@@ -84,7 +84,9 @@ def fig_layers(records: RunRecords) -> FigureResult | str:
 
 
 def fig_kernels(records: RunRecords) -> FigureResult | str:
-    df = _need(records, "kernels", ("model", "experts_per_token", "batch_size", "kernel_class", "seconds"))
+    df = _need(
+        records, "kernels", ("model", "experts_per_token", "batch_size", "kernel_class", "seconds"), every_row=True
+    )
     if isinstance(df, str):
         return df
     plt = _plt()
@@ -107,7 +109,7 @@ def fig_kernels(records: RunRecords) -> FigureResult | str:
 
 
 def fig_expert_load(records: RunRecords) -> FigureResult | str:
-    df = _need(records, "expert_load", ("model", "phase", "expert", "tokens"))
+    df = _need(records, "expert_load", ("model", "phase", "expert", "tokens"), every_row=True)
     if isinstance(df, str):
         return df
     plt = _plt()

@@ -126,7 +126,7 @@ def fig_throughput_fit(records: RunRecords) -> FigureResult | str:
 
 
 def fig_throughput(records: RunRecords) -> FigureResult | str:
-    df = _need(records, "throughput", ("model", "experts_per_token", "batch_size", "queries_per_s"))
+    df = _need(records, "throughput", ("model", "experts_per_token", "batch_size", "queries_per_s"), every_row=True)
     if isinstance(df, str):
         return df
     plt = _plt()
@@ -158,7 +158,7 @@ def fig_throughput(records: RunRecords) -> FigureResult | str:
 
 
 def fig_max_batch(records: RunRecords) -> FigureResult | str:
-    df = _need(records, "max_batch", ("model", "max_batch_size"))
+    df = _need(records, "max_batch", ("model", "max_batch_size"), every_row=True)
     if isinstance(df, str):
         return df
     plt = _plt()

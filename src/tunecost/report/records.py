@@ -21,7 +21,8 @@ class RunRecords:
     run_dir: Path
     meta: dict[str, Any]
     tables: dict[str, pd.DataFrame]
-    skipped: list[str] = field(default_factory=list)  # files not read, with the reason
+    skipped: list[str] = field(default_factory=list)  # files (or records) not read, with the reason
+    incomplete_noted: set[str] = field(default_factory=set)  # kinds whose records lacking a column were reported
 
     def get(self, kind: str) -> pd.DataFrame | None:
         df = self.tables.get(kind)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from tunecost import __version__
+from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_json
 from tunecost.simulate.records import StepCounts
 
@@ -79,7 +80,7 @@ def store(key: str, sim) -> None:
         path = cache_dir() / f"{key}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_json(path, _to_json(sim))
-    except OSError:
+    except (OSError, TunecostError):
         pass  # a read-only cache directory only costs speed
 
 

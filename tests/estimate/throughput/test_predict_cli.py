@@ -132,3 +132,30 @@ def test_predict_defaults_to_the_calibrations_run_length(cli_runner, write_file)
     assert rows["--steady-state"]["queries_per_s"] > rows[""]["queries_per_s"]  # no start-up per run
     both = cli_runner.invoke(app, ["predict", "--input", str(path), "--steady-state", "--run-queries", "5"])
     assert both.exit_code == 2 and "not both" in both.output
+
+
+@pytest.mark.parametrize(
+    ("column", "cells"), [("experts_per_token", "x,2,"), ("seq_len", "2,2,x"), ("batch_size", "2,x,")]
+)
+def test_a_row_error_names_file_and_row_once(cli_error, write_file, column, cells) -> None:
+    """A bad whole number in a targets row: `FILE: row N:` once, not twice."""
+    path = write_file("t.csv", f"model,dataset,gpu,experts_per_token,batch_size,seq_len\nmixtral-8x7b,,A40,{cells}\n")
+    line = cli_error(["predict", "--input", str(path)])
+    assert line == f"error: {path}: row 1: column {column!r} must be a whole number, got 'x'"
+
+
+@pytest.mark.parametrize(
+    ("cell", "expected"),
+    [
+        ("inf", "column 'num_queries' must be a whole number, got inf"),
+        ("1e30", "column 'num_queries' must be between 1 and 1000000000000"),
+        ("-5", "column 'num_queries' must be between 1 and 1000000000000, got -5"),
+        ("x", "column 'num_queries' is not a number: 'x'"),
+    ],
+)
+def test_calibration_num_queries_is_range_checked(cli_error, write_file, paper_a40_csv, cell, expected) -> None:
+    """A calibration row's num_queries is a bounded whole number (inf was a traceback, -5 a failed fit)."""
+    header, *rows = paper_a40_csv.read_text(encoding="utf-8").splitlines()
+    bad = write_file("cal.csv", "\n".join([header + ",num_queries", *(r + f",{cell}" for r in rows)]) + "\n")
+    line = cli_error(["predict", "--input", str(write_file("t.csv", TARGETS)), "--calibrate", str(bad)])
+    assert line.startswith(f"error: {bad}: row 1: {expected}"), line

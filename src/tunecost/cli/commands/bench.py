@@ -6,7 +6,7 @@ import os
 
 import typer
 
-from tunecost.cli.common import cli_errors, err_console, print_json, print_table, split_list
+from tunecost.cli.common import cli_errors, err_console, print_json, print_table, progress_bar, split_list
 
 bench_app = typer.Typer(
     help="Micro-benchmarks (side by side in one run, ratios measured together).", no_args_is_help=True
@@ -52,12 +52,11 @@ def bench_moe(
     Opt-in via --impls: grouped_mm-frozen (experts frozen, no LoRA: the floor for LoRA on experts).
     On a CPU shared with other work, --threads 1 gives the steadiest numbers.
     """
-    from rich.progress import Progress
 
     from tunecost.moe.bench import BENCH_IMPLS, bench_moe_layer
 
     chosen = split_list(impls, str, "implementation") or list(BENCH_IMPLS)
-    with Progress(console=err_console, transient=True) as progress:
+    with progress_bar(console=err_console, transient=True) as progress:
         task = progress.add_task("bench moe", total=1)
 
         def on_progress(done: int, total: int, label: str) -> None:

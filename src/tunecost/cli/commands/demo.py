@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from tunecost.cli.common import cli_errors, console
+from tunecost.cli.common import cli_errors, console, progress_bar
 
 
 @cli_errors
@@ -14,11 +14,11 @@ def demo(
     out: Path = typer.Option(Path("runs/demo"), "--out", help="Run directory for records and the report."),
 ) -> None:
     """Run the whole pipeline on the embedded default (no GPU, no downloads) and write the report."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
 
     from tunecost.demo import run_demo
 
-    with Progress(
+    with progress_bar(
         TextColumn("{task.description}"),
         BarColumn(),
         TextColumn("{task.completed}/{task.total}"),

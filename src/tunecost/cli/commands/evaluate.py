@@ -6,13 +6,13 @@ import dataclasses
 
 import typer
 
-from tunecost.cli.common import cli_errors, err_console, print_json, print_table
+from tunecost.cli.common import cli_errors, err_console, print_json, print_table, progress_bar
 
 
 def _progress_bar():
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
-    return Progress(
+    return progress_bar(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),

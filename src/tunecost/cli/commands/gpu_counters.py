@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from tunecost.cli.common import cli_errors, err_console, print_json, print_table, split_list
+from tunecost.cli.common import cli_errors, err_console, print_json, print_table, progress_bar, split_list
 
 
 def _pct(value: float | None) -> str:
@@ -44,7 +44,6 @@ def gpu_counters(
     --layers (NVTX filter). Without ncu or counter permission, kernel
     durations come from torch.profiler instead.
     """
-    from rich.progress import Progress
 
     from tunecost.profile.gpu_counters import GpuCountersJob, check_can_run, run_gpu_counters
 
@@ -61,7 +60,7 @@ def gpu_counters(
         max_kernels=max_kernels,
     )
     check_can_run(job)  # before the progress bar, so the error is the only line
-    with Progress(console=err_console, transient=True) as progress:
+    with progress_bar(console=err_console, transient=True) as progress:
         task = progress.add_task("gpu-counters", total=len(job.batch_sizes))
 
         def on_progress(done: int, total: int, label: str) -> None:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, cast
 
 import typer
 
-from tunecost.cli.common import cli_errors, console, err_console, print_json, print_table, split_list
+from tunecost.cli.common import cli_errors, console, err_console, print_json, print_table, progress_bar, split_list
 from tunecost.errors import TunecostError
 
 if TYPE_CHECKING:
@@ -41,9 +41,8 @@ def _progress(*, enabled: bool):
     if not enabled:
         yield None
         return
-    from rich.progress import Progress
 
-    with Progress(transient=True, console=err_console) as progress:
+    with progress_bar(transient=True, console=err_console) as progress:
         task = progress.add_task("simulating", total=None)
 
         def report(done: int, total: int, label: str) -> None:

@@ -59,15 +59,16 @@ def read_targets(path: Path) -> list:
         batch = integer(i, row, "batch_size")
         if batch is None:
             raise TunecostError(f"{path}: row {i}: empty batch_size")
-        try:
+        experts_per_token, seq_len = integer(i, row, "experts_per_token"), integer(i, row, "seq_len")
+        try:  # the column checks above name the row themselves; only the target's own checks get the prefix here
             out.append(
                 ThroughputTarget(
                     model=(row.get("model") or "").strip(),
                     gpu=(row.get("gpu") or "").strip(),
                     batch_size=batch,
-                    experts_per_token=integer(i, row, "experts_per_token"),
+                    experts_per_token=experts_per_token,
                     dataset=(row.get("dataset") or "").strip() or None,
-                    seq_len=integer(i, row, "seq_len"),
+                    seq_len=seq_len,
                     method=(row.get("method") or "").strip() or None,
                 )
             )

@@ -8,7 +8,8 @@ from typing import Any
 
 import typer
 
-from tunecost.cli.common import cli_errors, console, err_console, print_json, print_table, split_list
+from tunecost.cli.common import cli_errors, console, err_console, print_json, print_table, progress_bar, split_list
+from tunecost.errors import TunecostError
 from tunecost.profile.threads import prepare_cpu_threads
 from tunecost.units import BYTES_PER_GIB as _GIB
 
@@ -116,6 +117,9 @@ def profile(
     json_out: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Profile MoE fine-tuning over experts-per-token x sequence lengths x batch sizes; writes tidy records."""
+    from tunecost.outputs import check_output_folder
+
+    check_output_folder(out)
     prepare_cpu_threads(device)
     from tunecost.profile.model_setup import ModelSetup
     from tunecost.profile.point import MeasureOptions
@@ -162,7 +166,7 @@ def profile(
 
 
 def _run_with_progress(spec: Any, out: Path, quiet: bool, finished: list[int]) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     from tunecost.profile.sweep import run_sweep
 
@@ -171,7 +175,7 @@ def _run_with_progress(spec: Any, out: Path, quiet: bool, finished: list[int]) -
 
     if quiet:
         return run_sweep(spec, out, on_point=count)
-    with Progress(
+    with progress_bar(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),
@@ -293,8 +297,13 @@ def max_batch(
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Largest batch size that fits (paper Table III): grow then bisect; a found OOM is the measured boundary."""
+    if out is not None:
+        from tunecost.outputs import check_output_folder
+
+        check_output_folder(out)
+        if (Path(out) / "max_batch.jsonl").is_dir():
+            raise TunecostError(f"--out {str(out)!r}: max_batch.jsonl there is a folder, not a file")
     prepare_cpu_threads(device)
-    from tunecost.errors import TunecostError
     from tunecost.profile.maxbatch import find_max_batch_size, max_batch_row
     from tunecost.profile.model_setup import ModelSetup
     from tunecost.units import memory_bytes_from_options

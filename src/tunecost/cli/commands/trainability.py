@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from tunecost.cli.common import cli_errors, err_console, print_json, print_table, split_list
+from tunecost.cli.common import cli_errors, err_console, print_json, print_table, progress_bar, split_list
 
 
 @cli_errors
@@ -37,7 +37,7 @@ def trainability_command(
     as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON only."),
 ) -> None:
     """Fine-tune for E epochs per routing, evaluate after each epoch, write tidy rows."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
     from transformers.utils import logging as hf_logging
 
     from tunecost.errors import TunecostError
@@ -70,7 +70,7 @@ def trainability_command(
         rows = run_trainability(job, out)
         print_json(rows)
         return
-    with Progress(
+    with progress_bar(
         TextColumn("{task.description}"),
         BarColumn(),
         MofNCompleteColumn(),

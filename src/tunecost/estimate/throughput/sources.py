@@ -22,6 +22,7 @@ from tunecost.estimate.throughput.calibrate import (
     calibrate,
 )
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
+from tunecost.limits import MAX_QUERIES, check_count
 
 
 def _optional_columns(path: Path) -> list[dict[str, str]]:
@@ -49,8 +50,15 @@ def points_from_measurements(
                 seq_len=m.seq_len,
                 method=method,
             )
-            run_queries = int(float(n)) if n else PAPER_RUN_QUERIES
         except (TunecostError, ValueError) as exc:
+            raise TunecostError(f"{where or f'measurement {i + 1}'}: {exc}") from None
+        try:
+            run_queries = check_count("column 'num_queries'", float(n), MAX_QUERIES) if n else PAPER_RUN_QUERIES
+        except ValueError:
+            raise TunecostError(
+                f"{where or f'measurement {i + 1}'}: column 'num_queries' is not a number: {n!r}"
+            ) from None
+        except TunecostError as exc:
             raise TunecostError(f"{where or f'measurement {i + 1}'}: {exc}") from None
         out.append(
             CalibrationPoint(target=target, queries_per_s=m.queries_per_s, run_queries=run_queries, source=where)
