@@ -12,7 +12,7 @@ from tunecost.profile.inputs import synthetic_source
 
 
 def _reference_ids(vocab_size: int, seq_len: int, count: int, seed: int) -> list[list[int]]:
-    """Query i = the i-th draw of `seq_len` ids in [3, vocab) from a generator seeded with `seed`, one draw per query."""
+    """Query i: the i-th draw of `seq_len` ids in [3, vocab) from a generator seeded with `seed`."""
     rng = np.random.default_rng(seed)
     return [[int(v) for v in rng.integers(3, vocab_size, size=seq_len)] for _ in range(count)]
 

@@ -156,6 +156,7 @@ class SyntheticSource(BatchSource):
         self.seed = seed
         self.pad_id = 0
         self.seq_len = seq_len
+        self.length: int = seq_len  # the same, typed int
         self.dataset = None
         self.cycle = True
 
@@ -166,7 +167,7 @@ class SyntheticSource(BatchSource):
     def queries(self) -> list[Query]:  # type: ignore[override]
         """Every query, built on demand (a list of `num_queries`: for small sources and tests)."""
         rng = self._rng()
-        return [Query(_random_ids(rng, self.vocab_size, self.seq_len)) for _ in range(self.num_queries)]
+        return [Query(_random_ids(rng, self.vocab_size, self.length)) for _ in range(self.num_queries)]
 
     def _rng(self) -> Any:
         import numpy as np
@@ -182,10 +183,10 @@ class SyntheticSource(BatchSource):
         first: list[Any] = []  # the first `num_queries` rows, kept only when a call cycles past them
         keep = batch_size * num_batches > self.num_queries
         for _ in range(num_batches):
-            rows = np.empty((batch_size, self.seq_len), dtype=np.int64)
+            rows = np.empty((batch_size, self.length), dtype=np.int64)
             for row in range(batch_size):
                 if made < self.num_queries:
-                    rows[row] = _random_row(rng, self.vocab_size, self.seq_len)
+                    rows[row] = _random_row(rng, self.vocab_size, self.length)
                     if keep:
                         first.append(rows[row].copy())
                 else:
@@ -199,11 +200,11 @@ class SyntheticSource(BatchSource):
 
     @property
     def max_length(self) -> int:
-        return self.seq_len
+        return self.length
 
     @property
     def lengths(self) -> tuple[int, ...]:
-        return (self.seq_len,) * self.num_queries
+        return (self.length,) * self.num_queries
 
 
 def synthetic_source(*, vocab_size: int, seq_len: int, num_queries: int = 64, seed: int = 0) -> SyntheticSource:
