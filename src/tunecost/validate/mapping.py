@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tunecost.errors import TunecostError
+from tunecost.limits import MAX_TOKENS
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.stacks import Stack, stack_for
 from tunecost.workload.job import FineTuneJob, LoraConfig
@@ -51,10 +52,12 @@ def _int(row: CorpusRow, column: str) -> int:
     value = row.get(column)
     try:
         n = int(float(value))
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: inf
         raise Skip(f"{column} {value!r} is not a number") from None
     if n < 1:
         raise Skip(f"{column} {value!r} must be >= 1")
+    if n > MAX_TOKENS:  # no count in a measurement row (batch, tokens, rank, GPUs) comes near it
+        raise Skip(f"{column} {value!r} is larger than {MAX_TOKENS}")
     return n
 
 

@@ -11,28 +11,50 @@ from typing import TYPE_CHECKING, cast
 import typer
 
 from tunecost.cli.common import cli_errors, console, err_console, print_json, print_table, split_list
+from tunecost.csvfile import check_input_file
 from tunecost.errors import TunecostError
+from tunecost.limits import MAX_SEQ_LEN
 
 if TYPE_CHECKING:
     from tunecost.workload.job import Method
 from tunecost.units import format_bytes, gb_from_bytes, memory_bytes_from_options
 
+MAX_LENGTHS_FILE_BYTES = 64 * 2**20  # one length per line: millions of queries
+
 
 def _read_lengths(path: Path) -> tuple[int, ...]:
     """Token lengths: a JSON list, a JSON object with "lengths", or one integer per line."""
-    text = path.read_text(encoding="utf-8")
+    path = check_input_file(path, "--dataset-lengths file")
+    if path.stat().st_size > MAX_LENGTHS_FILE_BYTES:
+        raise TunecostError(
+            f"--dataset-lengths file {str(path)!r} is larger than {MAX_LENGTHS_FILE_BYTES // 2**20} MiB"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TunecostError(f"{str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
         data = json.loads(text)
         values = data["lengths"] if isinstance(data, dict) else data
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         values = [line.strip() for line in text.splitlines() if line.strip()]
-    try:
-        lengths = tuple(int(v) for v in values)
-    except (TypeError, ValueError):
-        raise TunecostError(f"{path}: expected token lengths (a JSON list or one integer per line)") from None
+    bad = f"{path}: expected token lengths (a JSON list or one whole number per line)"
+    if not isinstance(values, list):
+        raise TunecostError(bad)
+    lengths = []
+    for i, v in enumerate(values, start=1):
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise TunecostError(f"{bad}; entry {i} is {v!r}")
+        try:
+            n = int(v)
+        except ValueError:
+            raise TunecostError(f"{bad}; entry {i} is {v!r}") from None
+        if not 1 <= n <= MAX_SEQ_LEN:
+            raise TunecostError(f"{path}: entry {i}: a token length must be between 1 and {MAX_SEQ_LEN}, got {n}")
+        lengths.append(n)
     if not lengths:
         raise TunecostError(f"{path}: no lengths")
-    return lengths
+    return tuple(lengths)
 
 
 @contextlib.contextmanager
