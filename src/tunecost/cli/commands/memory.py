@@ -44,11 +44,11 @@ def _read_lengths(path: Path) -> tuple[int, ...]:
     lengths = []
     for i, v in enumerate(values, start=1):
         if isinstance(v, bool) or not isinstance(v, (int, str)):
-            raise TunecostError(f"{bad}; entry {i} is {v!r}")
+            raise TunecostError(f"{bad}; entry {i} is {repr(v)[:40]}")
         try:
             n = int(v)
         except ValueError:
-            raise TunecostError(f"{bad}; entry {i} is {v!r}") from None
+            raise TunecostError(f"{bad}; entry {i} is {repr(v)[:40]}") from None
         if not 1 <= n <= MAX_SEQ_LEN:
             raise TunecostError(f"{path}: entry {i}: a token length must be between 1 and {MAX_SEQ_LEN}, got {n}")
         lengths.append(n)
