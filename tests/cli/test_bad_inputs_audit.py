@@ -35,3 +35,22 @@ def test_memory_dataset_lengths_folder(tmp_path: Path, cli_error) -> None:
     assert "is a folder, not a file" in cli_error(
         ["memory", "--model", "tiny-mixtral", "--dataset-lengths", str(tmp_path)]
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--gpu-memory-gb", "1e20"], "--gpu-memory-gb is larger than any GPU holds (at most 10000 GB)"),
+        (["--gpu-memory-gib", "1e308"], "--gpu-memory-gib is larger than any GPU holds"),
+        (["--method", "lora", "--lora-alpha", "0"], "LoRA alpha must be a positive number"),
+        (["--method", "lora", "--lora-alpha", "-1"], "LoRA alpha must be a positive number"),
+        (["--method", "lora", "--lora-alpha", "1e20"], "LoRA alpha must be a positive number at most 1e+06"),
+    ],
+)
+def test_memory_sizes_past_any_gpu(cli_error, args: list[str], expected: str) -> None:
+    assert expected in cli_error(["memory", "--model", "tiny-mixtral", *args])
+
+
+def test_max_batch_memory_past_any_gpu(cli_error) -> None:
+    args = ["max-batch", "--model", "tiny-mixtral", "--random-weights", "--seq-len", "16", "--gpu-memory-gb", "1e20"]
+    assert "--gpu-memory-gb is larger than any GPU holds" in cli_error(args)
