@@ -54,3 +54,33 @@ def test_memory_sizes_past_any_gpu(cli_error, args: list[str], expected: str) ->
 def test_max_batch_memory_past_any_gpu(cli_error) -> None:
     args = ["max-batch", "--model", "tiny-mixtral", "--random-weights", "--seq-len", "16", "--gpu-memory-gb", "1e20"]
     assert "--gpu-memory-gb is larger than any GPU holds" in cli_error(args)
+
+
+PROFILE = [
+    "profile",
+    "--model",
+    "tiny-mixtral",
+    "--random-weights",
+    "--device",
+    "cpu",
+    "--steps",
+    "1",
+    "--seq-len",
+    "16",
+]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--template", "nosuch"], "unknown template 'nosuch'"),
+        (["--tokenizer", "nosuch"], "--tokenizer applies to --dataset queries"),
+        (["--dataset-limit", "3"], "--dataset-limit applies to --dataset queries"),
+        (["--dataset-limit", "-1"], "--dataset-limit must be between 1 and"),
+        (["--dataset", ""], "--dataset is empty"),
+    ],
+)
+def test_profile_input_options_that_would_go_unused(tmp_path: Path, cli_error, args: list[str], expected: str) -> None:
+    out = tmp_path / "run"
+    assert expected in cli_error([*PROFILE, "--out", str(out), *args])
+    assert not out.exists()  # refused before any record or model is made
