@@ -84,3 +84,18 @@ def test_profile_input_options_that_would_go_unused(tmp_path: Path, cli_error, a
     out = tmp_path / "run"
     assert expected in cli_error([*PROFILE, "--out", str(out), *args])
     assert not out.exists()  # refused before any record or model is made
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["memory", "--model", "tiny-mixtral", "--gpu", ""],
+        ["max-batch", "--model", "tiny-mixtral", "--random-weights", "--seq-len", "16", "--gpu", " "],
+    ],
+)
+def test_an_empty_gpu_name_is_an_error(cli_error, args: list[str]) -> None:
+    assert "GPU name is empty; known GPUs: A40-48GB" in cli_error(args)
+
+
+def test_max_batch_empty_dataset(cli_error) -> None:
+    assert "--dataset is empty" in cli_error(["max-batch", "--model", "tiny-mixtral", "--dataset", ""])

@@ -126,7 +126,7 @@ def memory(
     from tunecost.workload.job import FineTuneJob, LoraConfig
 
     memory_bytes = memory_bytes_from_options(gpu_memory_gb=gpu_memory_gb, gpu_memory_gib=gpu_memory_gib)
-    if gpu and memory_bytes is not None:
+    if gpu is not None and memory_bytes is not None:
         raise TunecostError("give --gpu or --gpu-memory-gb/--gpu-memory-gib, not both")
     lengths = _read_lengths(dataset_lengths) if dataset_lengths else None
     job = FineTuneJob(
@@ -146,7 +146,7 @@ def memory(
         lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=tuple(split_list(lora_targets))),
     )
     gpu_bytes, gpu_name = None, None
-    if gpu:
+    if gpu is not None:
         from tunecost.catalog.gpus import resolve_gpu_name
 
         g = resolve_gpu_name(gpu).gpu

@@ -313,9 +313,9 @@ def max_batch(
 
     gpu_name = None
     memory_bytes = memory_bytes_from_options(gpu_memory_gb=gpu_memory_gb, gpu_memory_gib=gpu_memory_gib)
-    if gpu and memory_bytes is not None:
+    if gpu is not None and memory_bytes is not None:
         raise TunecostError("give --gpu or --gpu-memory-gb/--gpu-memory-gib, not both")
-    if gpu:
+    if gpu is not None:
         from tunecost.catalog.gpus import resolve_gpu_name
 
         g = resolve_gpu_name(gpu).gpu
