@@ -99,3 +99,20 @@ def test_an_empty_gpu_name_is_an_error(cli_error, args: list[str]) -> None:
 
 def test_max_batch_empty_dataset(cli_error) -> None:
     assert "--dataset is empty" in cli_error(["max-batch", "--model", "tiny-mixtral", "--dataset", ""])
+
+
+TRAIN = ["trainability", "--model", "tiny-mixtral", "--epochs", "1", "--num-train", "2", "--num-eval", "2"]
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--dataset", "synthetic-arith", "--eval-dataset", ""], "--eval-dataset is empty"),
+        (["--dataset", " "], "--dataset is empty"),
+        (["--dataset", "synthetic-arith", "--lr", "1e20"], "--lr must be a positive number at most 10"),
+        (["--dataset", "synthetic-arith", "--lr", "0"], "--lr must be a positive number"),
+    ],
+)
+def test_trainability_empty_dataset_and_absurd_lr(tmp_path: Path, cli_error, args: list[str], expected: str) -> None:
+    assert expected in cli_error([*TRAIN, "--out", str(tmp_path / "run"), *args])
+    assert not (tmp_path / "run").exists()
