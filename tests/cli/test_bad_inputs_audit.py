@@ -116,3 +116,27 @@ TRAIN = ["trainability", "--model", "tiny-mixtral", "--epochs", "1", "--num-trai
 def test_trainability_empty_dataset_and_absurd_lr(tmp_path: Path, cli_error, args: list[str], expected: str) -> None:
     assert expected in cli_error([*TRAIN, "--out", str(tmp_path / "run"), *args])
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("cells", [("x", "8", "512"), ("0", "8", "512"), ("16", "inf", "512"), ("16", "8", "1e30")])
+def test_validate_skips_rows_with_unusable_numbers(tmp_path: Path, cli_runner, cells: tuple[str, str, str]) -> None:
+    """A corpus row whose LoRA alpha, batch or length is not a usable number is skipped with its reason."""
+    import json
+
+    from tunecost.cli.main import app
+
+    alpha, batch, seq = cells
+    header = (
+        "id,source,model,method,lora_rank,lora_alpha,lora_targets,quantization,compute_dtype,batch_size_per_gpu,"
+        "seq_len,seq_len_kind,grad_ckpt,attention,optimizer,stack,gpu,num_gpus,quantity,value,unit\n"
+    )
+    row = (
+        f"x-1,src,mixtral-8x7b,lora,16,{alpha},q_proj;v_proj,none,bf16,{batch},{seq},padded,on,sdpa,adamw,"
+        "hf-transformers+peft,A100-SXM4-80GB,1,peak_allocated_gib,40,GiB\n"
+    )
+    path = tmp_path / "corpus.csv"
+    path.write_text(header + row, encoding="utf-8")
+    result = cli_runner.invoke(app, ["validate", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    (out,) = json.loads(result.stdout)
+    assert out["status"] != "ok" and out["predicted"] is None

@@ -166,13 +166,15 @@ CORPUS_HEADER = (
     "seq_len,seq_len_kind,grad_ckpt,attention,optimizer,stack,gpu,num_gpus,quantity,value,unit\n"
 )
 CORPUS_ROW = (
-    "x-1,src,mixtral-8x7b,{method},{rank},16,all,{quant},bf16,{batch},{seq},padded,on,sdpa,adamw,"
+    "x-1,src,mixtral-8x7b,{method},{rank},{alpha},{targets},{quant},bf16,{batch},{seq},padded,on,sdpa,adamw,"
     "hf-transformers+peft,A100-SXM4-80GB,{gpus},{quantity},{value},GiB"
 )
 corpus_rows = st.builds(
     CORPUS_ROW.format,
     method=st.sampled_from(["full", "lora", "qlora", "x", ""]),
     rank=cells,
+    alpha=cells,
+    targets=st.sampled_from(["all", "q_proj;v_proj", "", "x"]),
     quant=st.sampled_from(["none", "nf4", "", "x"]),
     batch=cells,
     seq=cells,

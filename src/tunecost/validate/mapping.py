@@ -151,8 +151,11 @@ def map_row(row: CorpusRow) -> MappedRow:
         rank = _int(row, "lora_rank") if row.get("lora_rank") else None
         if rank is None:
             raise Skip("LoRA rank not stated")
-        alpha = float(row.get("lora_alpha") or 2 * rank)
-        lora = LoraConfig(rank=rank, alpha=alpha, targets=lora_targets(row.get("lora_targets")))
+        try:
+            alpha = float(row.get("lora_alpha") or 2 * rank)
+            lora = LoraConfig(rank=rank, alpha=alpha, targets=lora_targets(row.get("lora_targets")))
+        except (ValueError, TunecostError) as exc:
+            raise Skip(f"LoRA settings not usable: {exc}") from None
     try:
         job = FineTuneJob(
             model=spec.name,
