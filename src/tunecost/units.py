@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 
 from tunecost.errors import TunecostError
+from tunecost.limits import MAX_GPU_MEMORY_BYTES
 
 BYTES_PER_GB = 10**9
 BYTES_PER_GIB = 2**30
@@ -48,8 +49,14 @@ def memory_bytes_from_options(*, gpu_memory_gb: float | None, gpu_memory_gib: fl
             raise TunecostError(f"{option} must be a positive number, got {value}")
     if gpu_memory_gb is not None and gpu_memory_gib is not None:
         raise TunecostError("give --gpu-memory-gb or --gpu-memory-gib, not both")
+    if gpu_memory_gb is None and gpu_memory_gib is None:
+        return None
     if gpu_memory_gb is not None:
-        return bytes_from_gb(gpu_memory_gb)
-    if gpu_memory_gib is not None:
-        return bytes_from_gib(gpu_memory_gib)
-    return None
+        option, value, unit_bytes = "--gpu-memory-gb", gpu_memory_gb, BYTES_PER_GB
+    else:
+        option, value, unit_bytes = "--gpu-memory-gib", gpu_memory_gib or 0.0, BYTES_PER_GIB
+    if value * unit_bytes > MAX_GPU_MEMORY_BYTES:
+        raise TunecostError(
+            f"{option} is larger than any GPU holds (at most {gb_from_bytes(MAX_GPU_MEMORY_BYTES):g} GB), got {value:g}"
+        )
+    return round(value * unit_bytes)

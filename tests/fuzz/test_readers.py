@@ -117,3 +117,97 @@ def test_run_records_and_meta(records: bytes, meta: bytes) -> None:
     _only_tunecost_errors(read_jsonl, path)
     _only_tunecost_errors(lambda p: summary_lines(load_run(p.parent)), path)
     _only_tunecost_errors(lambda p: _meta_html(load_run(p.parent)), path)
+
+
+gpu_values = st.one_of(
+    json_values,
+    st.sampled_from([1, 1.5, 0, -1, 1e300, 10**400, True, "1e12"]),
+    st.integers(),
+    st.floats(),
+)
+
+
+def _gpu_profile_doc(values: dict[str, object], value: object, extra: object) -> dict[str, object]:
+    from tunecost.estimate.throughput.gpu_profile import VALUE_FIELDS
+
+    fields = {f: {"value": values.get(f, value), "unit": "x", "method": "fuzz"} for f in VALUE_FIELDS}
+    return {
+        "schema_version": 1,
+        "kind": "gpu_profile",
+        "name": "G",
+        "created": "now",
+        "device": {},
+        "values": fields,
+        "gemms": extra,
+    }
+
+
+@FUZZ
+@given(
+    st.one_of(
+        raw,
+        json_values.map(lambda v: json.dumps(v).encode()),
+        st.tuples(
+            st.dictionaries(st.sampled_from(["matmul_flops_per_s", "kernel_launch_s"]), gpu_values),
+            gpu_values,
+            json_values,
+        ).map(lambda t: json.dumps(_gpu_profile_doc(*t)).encode()),
+        st.integers(1, 5000).map(lambda n: ("[" * n + "]" * n).encode()),
+    )
+)
+def test_gpu_profile_json(data: bytes) -> None:
+    from tunecost.estimate.throughput.gpu_profile import load_gpu_profile
+
+    _only_tunecost_errors(load_gpu_profile, _file(data, "gpu.json"))
+
+
+CORPUS_HEADER = (
+    "id,source,model,method,lora_rank,lora_alpha,lora_targets,quantization,compute_dtype,batch_size_per_gpu,"
+    "seq_len,seq_len_kind,grad_ckpt,attention,optimizer,stack,gpu,num_gpus,quantity,value,unit\n"
+)
+CORPUS_ROW = (
+    "x-1,src,mixtral-8x7b,{method},{rank},{alpha},{targets},{quant},bf16,{batch},{seq},padded,on,sdpa,adamw,"
+    "hf-transformers+peft,A100-SXM4-80GB,{gpus},{quantity},{value},GiB"
+)
+corpus_rows = st.builds(
+    CORPUS_ROW.format,
+    method=st.sampled_from(["full", "lora", "qlora", "x", ""]),
+    rank=cells,
+    alpha=cells,
+    targets=st.sampled_from(["all", "q_proj;v_proj", "", "x"]),
+    quant=st.sampled_from(["none", "nf4", "", "x"]),
+    batch=cells,
+    seq=cells,
+    gpus=cells,
+    quantity=st.sampled_from(["nvidia_smi_gib", "peak_allocated_gib", "oom", "tokens_per_s", "", "x"]),
+    value=cells,
+)
+
+
+@FUZZ
+@given(
+    st.one_of(
+        raw,
+        csv_rows.map(lambda rows: (CORPUS_HEADER + rows).encode()),
+        st.lists(corpus_rows, max_size=3).map(lambda rows: (CORPUS_HEADER + "\n".join(rows)).encode()),
+    )
+)
+def test_validation_corpus_csv(data: bytes) -> None:
+    from tunecost.validate import read_corpus, validate_rows
+
+    _only_tunecost_errors(lambda p: validate_rows(read_corpus([p])), _file(data, "corpus.csv"))
+
+
+@FUZZ
+@given(
+    st.one_of(
+        raw,
+        json_values.map(lambda v: json.dumps(v).encode()),
+        json_values.map(lambda v: json.dumps({"lengths": v}).encode()),
+        st.lists(cells, max_size=5).map(lambda xs: "\n".join(xs).encode()),
+    )
+)
+def test_dataset_lengths_file(data: bytes) -> None:
+    from tunecost.cli.commands.memory import _read_lengths
+
+    _only_tunecost_errors(_read_lengths, _file(data, "lengths.json"))

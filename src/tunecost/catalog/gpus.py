@@ -76,6 +76,8 @@ def resolve_gpu_name(name: str, catalog: dict[str, GPU] | None = None) -> Resolv
     """Resolve a user-typed GPU name: exact canonical name (any case) first, then a unique alias."""
     catalog = gpu_catalog() if catalog is None else catalog
     key = name.strip().lower()
+    if not key:
+        raise TunecostError(f"GPU name is empty; known GPUs: {', '.join(catalog)}")
     for gpu in catalog.values():
         if gpu.name.lower() == key:
             return Resolved(gpu, None)

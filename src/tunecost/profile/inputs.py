@@ -9,7 +9,7 @@ response, as LLaMA-Factory trains).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,13 +105,18 @@ class BatchSource:
 
     def batches(self, batch_size: int, num_batches: int) -> list[Batch]:
         """`num_batches` consecutive batches from the start (the same ones on every call)."""
+        return list(self.iter_batches(batch_size, num_batches))
+
+    def iter_batches(self, batch_size: int, num_batches: int) -> Iterator[Batch]:
+        """The batches of `batches`, one at a time (checks the source is large enough before the first)."""
         self.check_enough(batch_size, num_batches)
+        return self._iter_batches(batch_size, num_batches)
+
+    def _iter_batches(self, batch_size: int, num_batches: int) -> Iterator[Batch]:
         n = len(self.queries)
-        out = []
         for b in range(num_batches):
             rows = [self.queries[(b * batch_size + i) % n] for i in range(batch_size)]
-            out.append(pad_batch(rows, self.pad_id))
-        return out
+            yield pad_batch(rows, self.pad_id)
 
     def longest_batch(self, batch_size: int) -> Batch:
         """The `batch_size` longest queries, padded: the largest batch this source can produce."""
@@ -129,20 +134,84 @@ class BatchSource:
 
 
 def _random_ids(rng: Any, vocab_size: int, length: int) -> tuple[int, ...]:
+    return tuple(int(v) for v in _random_row(rng, vocab_size, length))
+
+
+def _random_row(rng: Any, vocab_size: int, length: int) -> Any:
     # Skip the first ids (special tokens in most vocabularies): random text, as the paper's latency runs used.
     low = min(3, vocab_size - 1)
-    return tuple(int(v) for v in rng.integers(low, vocab_size, size=length))
+    return rng.integers(low, vocab_size, size=length)
 
 
-def synthetic_source(*, vocab_size: int, seq_len: int, num_queries: int = 64, seed: int = 0) -> BatchSource:
-    """Random token ids, every query exactly `seq_len` long (loss on every token)."""
-    import numpy as np
+class SyntheticSource(BatchSource):
+    """Random token ids, every query `seq_len` long, made when a batch is asked for: nothing is held between
+    batches, so memory follows the batch being built, not the number of queries. Query i is the i-th draw of a
+    generator seeded with `seed` (cycling after `num_queries`), the same ids on every call."""
 
+    def __init__(self, *, vocab_size: int, seq_len: int, num_queries: int, seed: int) -> None:
+        if num_queries < 1:
+            raise TunecostError("no queries to train on")
+        self.vocab_size = vocab_size
+        self.num_queries = num_queries
+        self.seed = seed
+        self.pad_id = 0
+        self.seq_len = seq_len
+        self.length: int = seq_len  # the same, typed int
+        self.dataset = None
+        self.cycle = True
+
+    def __len__(self) -> int:
+        return self.num_queries
+
+    @property
+    def queries(self) -> list[Query]:  # type: ignore[override]
+        """Every query, built on demand (a list of `num_queries`: for small sources and tests)."""
+        rng = self._rng()
+        return [Query(_random_ids(rng, self.vocab_size, self.length)) for _ in range(self.num_queries)]
+
+    def _rng(self) -> Any:
+        import numpy as np
+
+        return np.random.default_rng(self.seed)
+
+    def iter_batches(self, batch_size: int, num_batches: int) -> Iterator[Batch]:
+        import numpy as np
+        import torch
+
+        self.check_enough(batch_size, num_batches)
+        rng, made = self._rng(), 0
+        first: list[Any] = []  # the first `num_queries` rows, kept only when a call cycles past them
+        keep = batch_size * num_batches > self.num_queries
+        for _ in range(num_batches):
+            rows = np.empty((batch_size, self.length), dtype=np.int64)
+            for row in range(batch_size):
+                if made < self.num_queries:
+                    rows[row] = _random_row(rng, self.vocab_size, self.length)
+                    if keep:
+                        first.append(rows[row].copy())
+                else:
+                    rows[row] = first[made % self.num_queries]
+                made += 1
+            ids = torch.from_numpy(rows)
+            yield Batch(ids, torch.ones_like(ids), ids.clone())
+
+    def longest_batch(self, batch_size: int) -> Batch:
+        return next(self.iter_batches(batch_size, 1))
+
+    @property
+    def max_length(self) -> int:
+        return self.length
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        return (self.length,) * self.num_queries
+
+
+def synthetic_source(*, vocab_size: int, seq_len: int, num_queries: int = 64, seed: int = 0) -> SyntheticSource:
+    """Random token ids, every query exactly `seq_len` long (loss on every token), made batch by batch."""
     if seq_len < 2:
         raise TunecostError(f"sequence length must be at least 2 tokens, got {seq_len}")
-    rng = np.random.default_rng(seed)
-    queries = [Query(_random_ids(rng, vocab_size, seq_len)) for _ in range(num_queries)]
-    return BatchSource(queries, pad_id=0, seq_len=seq_len, dataset=None, cycle=True)
+    return SyntheticSource(vocab_size=vocab_size, seq_len=seq_len, num_queries=num_queries, seed=seed)
 
 
 def lengths_source(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tunecost.errors import TunecostError
+from tunecost.limits import MAX_TOKENS
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.stacks import Stack, stack_for
 from tunecost.workload.job import FineTuneJob, LoraConfig
@@ -51,10 +52,12 @@ def _int(row: CorpusRow, column: str) -> int:
     value = row.get(column)
     try:
         n = int(float(value))
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: inf
         raise Skip(f"{column} {value!r} is not a number") from None
     if n < 1:
         raise Skip(f"{column} {value!r} must be >= 1")
+    if n > MAX_TOKENS:  # no count in a measurement row (batch, tokens, rank, GPUs) comes near it
+        raise Skip(f"{column} {value!r} is larger than {MAX_TOKENS}")
     return n
 
 
@@ -148,8 +151,11 @@ def map_row(row: CorpusRow) -> MappedRow:
         rank = _int(row, "lora_rank") if row.get("lora_rank") else None
         if rank is None:
             raise Skip("LoRA rank not stated")
-        alpha = float(row.get("lora_alpha") or 2 * rank)
-        lora = LoraConfig(rank=rank, alpha=alpha, targets=lora_targets(row.get("lora_targets")))
+        try:
+            alpha = float(row.get("lora_alpha") or 2 * rank)
+            lora = LoraConfig(rank=rank, alpha=alpha, targets=lora_targets(row.get("lora_targets")))
+        except (ValueError, TunecostError) as exc:
+            raise Skip(f"LoRA settings not usable: {exc}") from None
     try:
         job = FineTuneJob(
             model=spec.name,

@@ -7,10 +7,12 @@ gradient checkpointing, AdamW.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from tunecost.errors import TunecostError
+from tunecost.limits import MAX_LORA_ALPHA
 
 Method = Literal["full", "lora", "qlora"]
 LoraTarget = Literal["attention", "experts", "router", "mlp"]
@@ -50,6 +52,8 @@ class LoraConfig:
     def __post_init__(self) -> None:
         if self.rank < 1:
             raise TunecostError(f"LoRA rank must be >= 1, got {self.rank}")
+        if not (math.isfinite(self.alpha) and 0 < self.alpha <= MAX_LORA_ALPHA):
+            raise TunecostError(f"LoRA alpha must be a positive number at most {MAX_LORA_ALPHA:g}, got {self.alpha!r}")
         if not self.targets:
             raise TunecostError("LoRA needs at least one target (attention, experts, router, mlp)")
         for t in self.targets:

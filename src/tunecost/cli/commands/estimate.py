@@ -104,6 +104,10 @@ def cost(
     if provider is not None and provider.lower() not in {p.provider.lower() for p in catalog}:
         raise unknown_name_error("provider", provider, {p.provider for p in catalog})
     price_provider = price_date = gpu_name = None
+    if gpu is not None and usd_per_hour is not None:  # an unknown --gpu is an error even when it sets no price
+        from tunecost.catalog.gpus import resolve_gpu_name
+
+        gpu_name = resolve_gpu_name(gpu).gpu.name
     if usd_per_hour is None:
         if gpu is None:
             raise TunecostError(

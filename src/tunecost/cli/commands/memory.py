@@ -11,28 +11,50 @@ from typing import TYPE_CHECKING, cast
 import typer
 
 from tunecost.cli.common import cli_errors, console, err_console, print_json, print_table, progress_bar, split_list
+from tunecost.csvfile import check_input_file
 from tunecost.errors import TunecostError
+from tunecost.limits import MAX_SEQ_LEN
 
 if TYPE_CHECKING:
     from tunecost.workload.job import Method
 from tunecost.units import format_bytes, gb_from_bytes, memory_bytes_from_options
 
+MAX_LENGTHS_FILE_BYTES = 64 * 2**20  # one length per line: millions of queries
+
 
 def _read_lengths(path: Path) -> tuple[int, ...]:
     """Token lengths: a JSON list, a JSON object with "lengths", or one integer per line."""
-    text = path.read_text(encoding="utf-8")
+    path = check_input_file(path, "--dataset-lengths file")
+    if path.stat().st_size > MAX_LENGTHS_FILE_BYTES:
+        raise TunecostError(
+            f"--dataset-lengths file {str(path)!r} is larger than {MAX_LENGTHS_FILE_BYTES // 2**20} MiB"
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise TunecostError(f"{str(path)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
         data = json.loads(text)
         values = data["lengths"] if isinstance(data, dict) else data
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         values = [line.strip() for line in text.splitlines() if line.strip()]
-    try:
-        lengths = tuple(int(v) for v in values)
-    except (TypeError, ValueError):
-        raise TunecostError(f"{path}: expected token lengths (a JSON list or one integer per line)") from None
+    bad = f"{path}: expected token lengths (a JSON list or one whole number per line)"
+    if not isinstance(values, list):
+        raise TunecostError(bad)
+    lengths = []
+    for i, v in enumerate(values, start=1):
+        if isinstance(v, bool) or not isinstance(v, (int, str)):
+            raise TunecostError(f"{bad}; entry {i} is {repr(v)[:40]}")
+        try:
+            n = int(v)
+        except ValueError:
+            raise TunecostError(f"{bad}; entry {i} is {repr(v)[:40]}") from None
+        if not 1 <= n <= MAX_SEQ_LEN:
+            raise TunecostError(f"{path}: entry {i}: a token length must be between 1 and {MAX_SEQ_LEN}, got {n}")
+        lengths.append(n)
     if not lengths:
         raise TunecostError(f"{path}: no lengths")
-    return lengths
+    return tuple(lengths)
 
 
 @contextlib.contextmanager
@@ -103,7 +125,7 @@ def memory(
     from tunecost.workload.job import FineTuneJob, LoraConfig
 
     memory_bytes = memory_bytes_from_options(gpu_memory_gb=gpu_memory_gb, gpu_memory_gib=gpu_memory_gib)
-    if gpu and memory_bytes is not None:
+    if gpu is not None and memory_bytes is not None:
         raise TunecostError("give --gpu or --gpu-memory-gb/--gpu-memory-gib, not both")
     lengths = _read_lengths(dataset_lengths) if dataset_lengths else None
     job = FineTuneJob(
@@ -123,7 +145,7 @@ def memory(
         lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=tuple(split_list(lora_targets))),
     )
     gpu_bytes, gpu_name = None, None
-    if gpu:
+    if gpu is not None:
         from tunecost.catalog.gpus import resolve_gpu_name
 
         g = resolve_gpu_name(gpu).gpu

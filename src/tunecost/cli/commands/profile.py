@@ -42,13 +42,25 @@ def _batch_sizes(text: str, steps: int, warmup_steps: int) -> tuple[int, ...]:
 def _inputs(
     seq_len: str | None, dataset: str | None, tokenizer: str, template: str, max_length: int, dataset_limit: int | None
 ) -> Any:
-    from tunecost.limits import MAX_SEQ_LEN, check_count
+    from tunecost.errors import TunecostError
+    from tunecost.limits import MAX_QUERIES, MAX_SEQ_LEN, check_count
     from tunecost.profile.sweep import InputSpec
+    from tunecost.workload.templates import template_by_name
 
     seq_lens = tuple(split_list(seq_len, int, "sequence length"))
     for n in seq_lens:
         check_count("--seq-len", n, MAX_SEQ_LEN)
     check_count("--max-length", max_length, MAX_SEQ_LEN)
+    check_count("--dataset-limit", dataset_limit, MAX_QUERIES)
+    if dataset is not None and not dataset.strip():
+        raise TunecostError("--dataset is empty: give a dataset name or file")
+    template_by_name(template)  # an unknown name is an error also where it would go unused
+    if dataset is None:
+        unused = [
+            o for o, given in (("--tokenizer", tokenizer != "mistral"), ("--dataset-limit", dataset_limit)) if given
+        ]
+        if unused:
+            raise TunecostError(f"{unused[0]} applies to --dataset queries; give --dataset or leave it out")
     return InputSpec(
         seq_lens=seq_lens,
         dataset=dataset,
@@ -310,9 +322,9 @@ def max_batch(
 
     gpu_name = None
     memory_bytes = memory_bytes_from_options(gpu_memory_gb=gpu_memory_gb, gpu_memory_gib=gpu_memory_gib)
-    if gpu and memory_bytes is not None:
+    if gpu is not None and memory_bytes is not None:
         raise TunecostError("give --gpu or --gpu-memory-gb/--gpu-memory-gib, not both")
-    if gpu:
+    if gpu is not None:
         from tunecost.catalog.gpus import resolve_gpu_name
 
         g = resolve_gpu_name(gpu).gpu

@@ -41,12 +41,14 @@ def trainability_command(
     from transformers.utils import logging as hf_logging
 
     from tunecost.errors import TunecostError
+    from tunecost.limits import MAX_LEARNING_RATE, check_positive
     from tunecost.train.trainability import ROWS_FILE, TrainabilityJob, run_trainability
 
     hf_logging.disable_progress_bar()  # our own bar; checkpoint writes would print theirs
     _check_dataset("--dataset", dataset)
     if eval_dataset is not None:
         _check_dataset("--eval-dataset", eval_dataset)
+    check_positive("--lr", lr, MAX_LEARNING_RATE)
     for option, value in (("--num-eval", num_eval), ("--num-train", num_train)):
         if value is not None and value < 1:
             raise TunecostError(f"{option} must be at least 1, got {value}")
@@ -106,9 +108,11 @@ def trainability_command(
 def _check_dataset(option: str, spec: str) -> None:
     """A dataset option names a file, a known dataset, a synthetic task or a hub id (org/name); else an error
     naming the unknown dataset."""
-    from tunecost.errors import unknown_name_error
+    from tunecost.errors import TunecostError, unknown_name_error
     from tunecost.workload.known_datasets import KNOWN_DATASETS, canonical_name
 
+    if not spec.strip():  # Path("") is the current folder, which exists
+        raise TunecostError(f"{option} is empty: give a dataset name or file")
     if Path(spec).exists() or spec.startswith("synthetic-arith") or "/" in spec or canonical_name(spec) is not None:
         return
     raise unknown_name_error(f"dataset for {option}", spec, [*KNOWN_DATASETS, "synthetic-arith"])

@@ -52,6 +52,8 @@ def _check_value(path: Path, field: str, value: Any, *, required: bool) -> float
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TunecostError(f"{path}: values.{field}.value must be a number, got {type(value).__name__}")
+    if isinstance(value, int) and abs(value) > 2**1000:  # past float range: math.isfinite would overflow
+        raise TunecostError(f"{path}: values.{field}.value is too large")
     if not math.isfinite(value) or value <= 0:
         raise TunecostError(f"{path}: values.{field}.value must be a positive finite number, got {value}")
     return float(value)
@@ -101,6 +103,8 @@ def load_gpu_profile(path: str | Path) -> GpuTerms:
         doc = json.loads(p.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise TunecostError(f"{p}: not a JSON GPU profile ({exc})") from None
+    except RecursionError:
+        raise TunecostError(f"{p}: not a GPU profile (JSON nested too deeply)") from None
     return terms_from_document(p, doc)
 
 
