@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 
 import typer
 
@@ -52,7 +53,14 @@ def eval_command(
     ds = load_dataset(dataset, skip_bad_rows=skip_bad_rows, allow_download=allow_download)
     tmpl = template_by_name(template or saved_template(model) or "mistral")
     net, tok = load_eval_model(model, adapter=adapter, tokenizer=tokenizer, allow_download=allow_download)
-    if as_json:
+    with nullcontext() if as_json else _progress_bar() as bar:
+        on_progress = None
+        if bar is not None:
+            task = bar.add_task(f"eval {ds.name}", total=None)
+
+            def on_progress(done: int, total: int, label: str) -> None:
+                bar.update(task, completed=done, total=total)
+
         result = evaluate_model(
             net,
             tok,
@@ -62,21 +70,8 @@ def eval_command(
             limit=limit,
             batch_size=batch_size,
             max_new_tokens=max_new_tokens,
+            on_progress=on_progress,
         )
-    else:
-        with _progress_bar() as bar:
-            task = bar.add_task(f"eval {ds.name}", total=None)
-            result = evaluate_model(
-                net,
-                tok,
-                ds,
-                template=tmpl,
-                model_name=model,
-                limit=limit,
-                batch_size=batch_size,
-                max_new_tokens=max_new_tokens,
-                on_progress=lambda done, total, label: bar.update(task, completed=done, total=total),
-            )
     if as_json:
         payload = dataclasses.asdict(result)
         if not predictions:
