@@ -207,3 +207,22 @@ def test_hf_peft_stack_keeps_the_cast_input(tmp_path, monkeypatch) -> None:
     peft = simulate_step(job, stack="hf-peft")
     # at least one bf16 copy of a layer input (2 x 64 tokens x 64 hidden x 2 bytes) more is alive at the peak
     assert peft.peak_bytes - lean.peak_bytes >= 2 * 64 * 64 * 2
+
+
+def test_report_summary_states_the_validated_memory_error(corpus, cli_runner, tmp_path) -> None:
+    from statistics import median
+
+    from tunecost.report.records import load_run
+    from tunecost.report.summary import summary_lines
+
+    run = tmp_path / "run"
+    assert cli_runner.invoke(app, ["validate", str(corpus), "--out", str(run)]).exit_code == 0
+    records = read_records(run / "validation.jsonl")
+    memory = [
+        abs(r["error"])
+        for r in records
+        if r["status"] == "ok" and r["quantity"] in ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")
+    ]
+    line = summary_lines(load_run(run))[-1]
+    assert f"Against {len(records)} published measurements" in line
+    assert f"within {median(memory):.1f} %" in line and f"{len(memory)} rows modelled" in line
