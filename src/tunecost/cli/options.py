@@ -1,0 +1,160 @@
+"""Options shared by the commands, each checked where it enters: one home for an option's name, help and bounds.
+
+`refuse_blank_values` makes every text, path or list option of every command refuse an empty or blank value given
+on the command line (`--gpu ''` is a usage error, never "the default"); the `Annotated` types below bound the
+numbers. A bad value is a usage error naming the option (`error: --seed: must be at least 0, got -1`), exit code 2,
+raised before the command runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tunecost.limits import (
+    MAX_BATCH_SIZE,
+    MAX_GPU_MEMORY_BYTES,
+    MAX_QUERIES,
+    MAX_SEQ_LEN,
+    MAX_STEPS,
+)
+
+try:  # typer >= 0.22 carries its own copy of click
+    from typer._click.core import Command, Context, Parameter, ParameterSource
+except ImportError:  # pragma: no cover - older typer on the real click
+    from click.core import Command, Context, Parameter, ParameterSource  # type: ignore[no-redef,assignment]
+
+MAX_SEED = 2**32 - 1  # numpy's and torch's seeds are 32-bit
+MAX_EXPERTS = 1024  # experts of one MoE layer; today's largest models have 256
+MAX_LAYERS = 10_000  # decoder layers of one model; today's largest have about 130
+
+
+def _is_blank(value: Any) -> bool:
+    return isinstance(value, str) and not value.strip()
+
+
+def _refusing_blank(param: Parameter, process_value: Callable[[Context, Any], Any]) -> Callable[[Context, Any], Any]:
+    def process(ctx: Context, value: Any) -> Any:
+        given = ctx.get_parameter_source(param.name) == ParameterSource.COMMANDLINE if param.name else False
+        values = value if isinstance(value, (list, tuple)) else (value,)
+        if given and any(_is_blank(v) for v in values):
+            raise typer.BadParameter("is empty; give a value (an empty string does not stand for the default)", param=param)
+        return process_value(ctx, value)
+
+    return process
+
+
+def refuse_blank_values(command: Command) -> None:
+    """Every option and argument of `command` and its subcommands that takes text (a name, a path, a list) refuses
+    an empty or whitespace-only value given on the command line: `Path('')` is the current folder and `''` would
+    otherwise stand for the default. Numbers need no such check: their conversion already refuses ''."""
+    for param in command.params:
+        if not getattr(param, "is_flag", False):
+            param.process_value = _refusing_blank(param, param.process_value)  # type: ignore[method-assign]
+    for sub in getattr(command, "commands", {}).values():
+        refuse_blank_values(sub)
+
+
+def whole_number(minimum: int, maximum: int) -> Callable[[Any], int]:
+    """A typer `parser`: a whole number in [minimum, maximum], else a usage error saying the bounds."""
+
+    def parse(value: Any) -> int:
+        try:
+            number = int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+        except ValueError:
+            number = None
+        if number is None:
+            raise typer.BadParameter(f"must be a whole number, got {value!r}")
+        if not minimum <= number <= maximum:
+            raise typer.BadParameter(f"must be between {minimum} and {maximum}, got {number}")
+        return number
+
+    return parse
+
+
+def positive_number(maximum: float) -> Callable[[Any], float]:
+    """A typer `parser`: a finite number in (0, maximum], else a usage error saying the bounds."""
+
+    def parse(value: Any) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise typer.BadParameter(f"must be a number, got {value!r}") from None
+        if not (math.isfinite(number) and 0 < number <= maximum):
+            raise typer.BadParameter(f"must be a positive number at most {maximum:g}, got {value!r}")
+        return number
+
+    return parse
+
+
+def _count(option: str, help: str, maximum: int, minimum: int = 1) -> Any:
+    return typer.Option(option, help=help, parser=whole_number(minimum, maximum))
+
+
+# Job options: what is fine-tuned, how.
+ModelName = Annotated[str, typer.Option("--model", help="Catalog model (tiny-mixtral, mixtral-8x7b, ...), local folder or cached hub id.")]
+Method = Annotated[str, typer.Option("--method", help="full | lora | qlora")]
+ExpertsPerToken = Annotated[
+    int | None,
+    _count(
+        "--experts-per-token",
+        "Top-k: experts per token for this job (default: the model's; dense = the number of experts).",
+        MAX_EXPERTS,
+    ),
+]
+ExpertsImpl = Annotated[
+    str | None,
+    typer.Option(
+        "--experts-impl",
+        help="stock | peft-fused | qlora-linear4bit | fast | fast-4bit (default: stock for full, peft-fused for "
+        "lora, qlora-linear4bit for qlora).",
+    ),
+]
+SeqLen = Annotated[int, _count("--seq-len", "Tokens per query.", MAX_SEQ_LEN)]
+BatchSize = Annotated[int, _count("--batch-size", "Queries per step.", MAX_BATCH_SIZE)]
+Seed = Annotated[int, _count("--seed", "Random seed (0 to 2^32-1).", MAX_SEED, minimum=0)]
+Steps = Annotated[int, _count("--steps", "Timed steps per point.", MAX_STEPS)]
+WarmupSteps = Annotated[int, _count("--warmup-steps", "Untimed steps first.", MAX_STEPS, minimum=0)]
+NumExamples = Annotated[int | None, _count("--limit", "Use the first N examples.", MAX_QUERIES)]
+
+# Inputs: datasets, tokenizers, templates.
+Tokenizer = Annotated[str, typer.Option("--tokenizer", help="Tokenizer for --dataset: 'mistral' (offline), a local path or a hub id.")]
+Template = Annotated[str, typer.Option("--template", help="Prompt template: none | mistral | alpaca | chat.")]
+MaxLength = Annotated[int, _count("--max-length", "Cut dataset queries to this many tokens.", MAX_SEQ_LEN)]
+SkipBadRows = Annotated[bool, typer.Option("--skip-bad-rows", help="Skip malformed dataset rows instead of failing.")]
+AllowDownload = Annotated[bool, typer.Option("--allow-download", help="Allow hub downloads (model, tokenizer, dataset).")]
+
+# Where the job runs.
+Device = Annotated[str, typer.Option("--device", help="cpu | cuda | auto (cuda when available).")]
+Gpu = Annotated[str | None, typer.Option("--gpu", help="A GPU of the catalog (see `tunecost gpus`).")]
+GpuMemoryGb = Annotated[
+    float | None,
+    typer.Option(
+        "--gpu-memory-gb",
+        help="Device memory in GB (10^9 bytes, as datasheets), instead of --gpu.",
+        parser=positive_number(MAX_GPU_MEMORY_BYTES / 1e9),
+    ),
+]
+GpuMemoryGib = Annotated[
+    float | None,
+    typer.Option(
+        "--gpu-memory-gib",
+        help="Device memory in GiB (2^30 bytes, as CUDA reports), instead of --gpu.",
+        parser=positive_number(MAX_GPU_MEMORY_BYTES / 2**30),
+    ),
+]
+Provider = Annotated[str | None, typer.Option("--provider", help="Only prices from this provider.")]
+PricesFile = Annotated[Path | None, typer.Option("--prices", help="A CSV overriding or extending the price catalog.")]
+
+# Output.
+JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON on stdout, nothing else.")]
+RandomWeights = Annotated[
+    bool, typer.Option("--random-weights", help="Random weights from the config (no downloaded weights needed).")
+]
+NoCheckpointing = Annotated[
+    bool, typer.Option("--no-gradient-checkpointing", help="Train without activation checkpointing.")
+]
