@@ -72,11 +72,15 @@ BLANKS = ["", "   "]
 INPUT_FILES = ("measurements", "targets", "data")
 
 
+KINDS = ("blank", "number", "file", "output")
+
+
 @dataclass
 class Probe:
     command: str
     option: str
-    bad: str  # what kind of bad value
+    kind: str  # one of KINDS
+    bad: str  # the bad value, or what is bad about it
     args: list[str]
 
 
@@ -146,8 +150,8 @@ def _mentions_files(param: Any) -> bool:
     return any(w in words for w in ("file", "folder", "path", "directory"))
 
 
-def probes(only: str | None = None) -> tuple[list[Probe], list[str]]:
-    """Every probe of every command, and the commands the audit could not cover."""
+def probes(only: str | None = None, kinds: tuple[str, ...] = KINDS) -> tuple[list[Probe], list[str]]:
+    """Every probe of every command (of those `kinds`), and the commands the audit could not cover."""
     out: list[Probe] = []
     uncovered: list[str] = []
     for path, command in _command_tree():
@@ -163,24 +167,27 @@ def probes(only: str | None = None) -> tuple[list[Probe], list[str]]:
             base = _without(BASE[path], param, option_params)
             annotation = _annotation(param)
             takes_path = "Path" in str(annotation)
-            numbers = [v for v in NUMBERS if not (v == "0" and name in ZERO_IS_VALID)]
-            for value in BLANKS:
-                out.append(Probe(path, name, f"blank {value!r}", _with(base, param, value)))
-            for value in numbers:
-                out.append(Probe(path, name, value, _with(base, param, value)))
             is_output = name in ("--out", "--output")
+            # a number is a valid file name: paths get the file probes below instead
+            numbers = (
+                [] if takes_path or is_output else [v for v in NUMBERS if not (v == "0" and name in ZERO_IS_VALID)]
+            )
+            for value in BLANKS:
+                out.append(Probe(path, name, "blank", repr(value), _with(base, param, value)))
+            for value in numbers:
+                out.append(Probe(path, name, "number", value, _with(base, param, value)))
             if is_output:
-                out.append(Probe(path, name, "under an existing file", _with(base, param, "{existing}/sub")))
-                out.append(Probe(path, name, "an existing file", _with(base, param, "{existing}")))
+                out.append(Probe(path, name, "output", "under an existing file", _with(base, param, "{existing}/sub")))
+                out.append(Probe(path, name, "output", "an existing file", _with(base, param, "{existing}")))
                 for given in [a for a in base if a.strip("{}") in (*INPUT_FILES, "run")]:
                     target = "{run}/fit.jsonl" if given == "{run}" else given
-                    out.append(Probe(path, name, f"the input {given}", _with(base, param, target)))
+                    out.append(Probe(path, name, "output", f"the input {given}", _with(base, param, target)))
             elif takes_path or _mentions_files(param):
                 for bad, value in (("missing file", "{scratch}/missing.csv"), ("not UTF-8", "{not_utf8}")):
-                    out.append(Probe(path, name, bad, _with(base, param, value)))
+                    out.append(Probe(path, name, "file", bad, _with(base, param, value)))
                 if name != "RUN_DIR" and param.name != "run_dir" and "folder" not in (param.help or "").lower():
-                    out.append(Probe(path, name, "a folder", _with(base, param, "{folder}")))
-    return out, uncovered
+                    out.append(Probe(path, name, "file", "a folder", _with(base, param, "{folder}")))
+    return [p for p in out if p.kind in kinds], uncovered
 
 
 def _scratch(template: Path) -> Path:
@@ -244,6 +251,8 @@ def run_probe(probe: Probe, template: Path, timeout: float) -> Outcome:
     before = _digests(scratch)
     problems: list[str] = []
     start = time.perf_counter()
+    cwd = os.getcwd()
+    os.chdir(scratch)  # a relative path a command writes lands in the scratch folder
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
         result = CliRunner().invoke(app, _fill(probe.command.split() + probe.args, scratch))
@@ -252,6 +261,7 @@ def run_probe(probe: Probe, template: Path, timeout: float) -> Outcome:
         problems.append(f"runaway (> {timeout:g} s)")
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        os.chdir(cwd)
     seconds = time.perf_counter() - start
     if result is not None:
         if result.exception is not None and not isinstance(result.exception, SystemExit):
@@ -277,11 +287,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--timeout", type=float, default=20.0, help="Seconds before a probe counts as a runaway.")
     parser.add_argument("--only", help="Audit only this command (e.g. 'bench moe').")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"Probes to run, a comma list of {', '.join(KINDS)}.")
     parser.add_argument("--verbose", action="store_true", help="Print every probe, not only the failing ones.")
     options = parser.parse_args()
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     signal.signal(signal.SIGALRM, _on_alarm)
-    all_probes, uncovered = probes(options.only)
+    all_probes, uncovered = probes(options.only, tuple(options.kinds.split(",")))
     template = Path(tempfile.mkdtemp(prefix="audit-template-"))
     _make_template(template)
     counts: Counter[str] = Counter()
@@ -299,21 +310,32 @@ def main() -> int:
             kind = "exit code != 2" if kind.startswith("exit code") else kind
             counts[kind] += 1
         if outcome.problems or options.verbose:
-            print(f"{'FAIL' if outcome.problems else 'ok  '} {label} ({outcome.seconds:.1f} s): "
-                  + "; ".join(outcome.problems), flush=True)
+            print(
+                f"{'FAIL' if outcome.problems else 'ok  '} {label} ({outcome.seconds:.1f} s): "
+                + "; ".join(outcome.problems),
+                flush=True,
+            )
     shutil.rmtree(template, ignore_errors=True)
     print()
     commands = sorted({p.command for p in all_probes})
     print(f"{len(all_probes)} probes over {len(commands)} commands in {time.perf_counter() - started:.0f} s")
-    for kind in ("traceback", "runaway", "exit code != 2", "wrong error lines", "output on stdout",
-                 "changed files that existed before"):
+    for kind in (
+        "traceback",
+        "runaway",
+        "exit code != 2",
+        "wrong error lines",
+        "output on stdout",
+        "changed files that existed before",
+    ):
         print(f"  {kind}: {counts[kind]}")
     print("slowest: " + ", ".join(f"{label} {s:.1f} s" for s, label in sorted(slowest, reverse=True)[:3]))
     for line in uncovered:
         print(f"not covered: {line}")
     for command in sorted(NEEDS_GPU & set(commands)):
-        print(f"note: {command} stops at 'needs a GPU' on a machine without one; its probes there check only "
-              "what is checked before that")
+        print(
+            f"note: {command} stops at 'needs a GPU' on a machine without one; its probes there check only "
+            "what is checked before that"
+        )
     failed = sum(counts.values())
     return 1 if failed else 0
 

@@ -17,7 +17,6 @@ import typer
 
 from tunecost.limits import (
     MAX_BATCH_SIZE,
-    MAX_GPU_MEMORY_BYTES,
     MAX_QUERIES,
     MAX_SEQ_LEN,
     MAX_STEPS,
@@ -26,7 +25,7 @@ from tunecost.limits import (
 try:  # typer >= 0.22 carries its own copy of click
     from typer._click.core import Command, Context, Parameter, ParameterSource
 except ImportError:  # pragma: no cover - older typer on the real click
-    from click.core import Command, Context, Parameter, ParameterSource  # type: ignore[no-redef,assignment]
+    from click.core import Command, Context, Parameter, ParameterSource  # type: ignore[assignment]
 
 MAX_SEED = 2**32 - 1  # numpy's and torch's seeds are 32-bit
 MAX_EXPERTS = 1024  # experts of one MoE layer; today's largest models have 256
@@ -42,7 +41,7 @@ def _refusing_blank(param: Parameter, process_value: Callable[[Context, Any], An
         given = ctx.get_parameter_source(param.name) == ParameterSource.COMMANDLINE if param.name else False
         values = value if isinstance(value, (list, tuple)) else (value,)
         if given and any(_is_blank(v) for v in values):
-            raise typer.BadParameter("is empty; give a value (an empty string does not stand for the default)", param=param)
+            raise typer.BadParameter("must not be empty")
         return process_value(ctx, value)
 
     return process
@@ -54,7 +53,7 @@ def refuse_blank_values(command: Command) -> None:
     otherwise stand for the default. Numbers need no such check: their conversion already refuses ''."""
     for param in command.params:
         if not getattr(param, "is_flag", False):
-            param.process_value = _refusing_blank(param, param.process_value)  # type: ignore[method-assign]
+            param.process_value = _refusing_blank(param, param.process_value)  # type: ignore[method-assign,assignment]
     for sub in getattr(command, "commands", {}).values():
         refuse_blank_values(sub)
 
@@ -85,22 +84,24 @@ def positive_number(maximum: float) -> Callable[[Any], float]:
         except (TypeError, ValueError):
             raise typer.BadParameter(f"must be a number, got {value!r}") from None
         if not (math.isfinite(number) and 0 < number <= maximum):
-            raise typer.BadParameter(f"must be a positive number at most {maximum:g}, got {value!r}")
+            raise typer.BadParameter(f"must be a positive number at most {maximum:g}, got {number!r}")
         return number
 
     return parse
 
 
-def _count(option: str, help: str, maximum: int, minimum: int = 1) -> Any:
+def count_option(option: str, help: str, maximum: int, minimum: int = 1) -> Any:
     return typer.Option(option, help=help, parser=whole_number(minimum, maximum))
 
 
 # Job options: what is fine-tuned, how.
-ModelName = Annotated[str, typer.Option("--model", help="Catalog model (tiny-mixtral, mixtral-8x7b, ...), local folder or cached hub id.")]
-Method = Annotated[str, typer.Option("--method", help="full | lora | qlora")]
+ModelName = Annotated[
+    str, typer.Option("--model", help="Catalog model (tiny-mixtral, mixtral-8x7b, ...), local folder or cached hub id.")
+]
+MethodName = Annotated[str, typer.Option("--method", help="full | lora | qlora")]
 ExpertsPerToken = Annotated[
     int | None,
-    _count(
+    count_option(
         "--experts-per-token",
         "Top-k: experts per token for this job (default: the model's; dense = the number of experts).",
         MAX_EXPERTS,
@@ -114,19 +115,32 @@ ExpertsImpl = Annotated[
         "lora, qlora-linear4bit for qlora).",
     ),
 ]
-SeqLen = Annotated[int, _count("--seq-len", "Tokens per query.", MAX_SEQ_LEN)]
-BatchSize = Annotated[int, _count("--batch-size", "Queries per step.", MAX_BATCH_SIZE)]
-Seed = Annotated[int, _count("--seed", "Random seed (0 to 2^32-1).", MAX_SEED, minimum=0)]
-Steps = Annotated[int, _count("--steps", "Timed steps per point.", MAX_STEPS)]
-WarmupSteps = Annotated[int, _count("--warmup-steps", "Untimed steps first.", MAX_STEPS, minimum=0)]
-NumExamples = Annotated[int | None, _count("--limit", "Use the first N examples.", MAX_QUERIES)]
+SeqLen = Annotated[int, count_option("--seq-len", "Tokens per query.", MAX_SEQ_LEN)]
+BatchSize = Annotated[int, count_option("--batch-size", "Queries per step.", MAX_BATCH_SIZE)]
+Seed = Annotated[int, count_option("--seed", "Random seed (0 to 2^32-1).", MAX_SEED, minimum=0)]
+Steps = Annotated[int, count_option("--steps", "Timed steps per point.", MAX_STEPS)]
+WarmupSteps = Annotated[int, count_option("--warmup-steps", "Untimed steps first.", MAX_STEPS, minimum=0)]
+RunQueries = Annotated[
+    int | None,
+    count_option(
+        "--run-queries",
+        "Throughput of runs of N queries, start-up included (the paper measured runs of 1000); default: "
+        "the calibration's run length (predict) or steady state (estimate).",
+        MAX_QUERIES,
+    ),
+]
+NumExamples = Annotated[int | None, count_option("--limit", "Use the first N examples.", MAX_QUERIES)]
 
 # Inputs: datasets, tokenizers, templates.
-Tokenizer = Annotated[str, typer.Option("--tokenizer", help="Tokenizer for --dataset: 'mistral' (offline), a local path or a hub id.")]
+Tokenizer = Annotated[
+    str, typer.Option("--tokenizer", help="Tokenizer for --dataset: 'mistral' (offline), a local path or a hub id.")
+]
 Template = Annotated[str, typer.Option("--template", help="Prompt template: none | mistral | alpaca | chat.")]
-MaxLength = Annotated[int, _count("--max-length", "Cut dataset queries to this many tokens.", MAX_SEQ_LEN)]
+MaxLength = Annotated[int, count_option("--max-length", "Cut dataset queries to this many tokens.", MAX_SEQ_LEN)]
 SkipBadRows = Annotated[bool, typer.Option("--skip-bad-rows", help="Skip malformed dataset rows instead of failing.")]
-AllowDownload = Annotated[bool, typer.Option("--allow-download", help="Allow hub downloads (model, tokenizer, dataset).")]
+AllowDownload = Annotated[
+    bool, typer.Option("--allow-download", help="Allow hub downloads (model, tokenizer, dataset).")
+]
 
 # Where the job runs.
 Device = Annotated[str, typer.Option("--device", help="cpu | cuda | auto (cuda when available).")]
@@ -136,7 +150,6 @@ GpuMemoryGb = Annotated[
     typer.Option(
         "--gpu-memory-gb",
         help="Device memory in GB (10^9 bytes, as datasheets), instead of --gpu.",
-        parser=positive_number(MAX_GPU_MEMORY_BYTES / 1e9),
     ),
 ]
 GpuMemoryGib = Annotated[
@@ -144,13 +157,13 @@ GpuMemoryGib = Annotated[
     typer.Option(
         "--gpu-memory-gib",
         help="Device memory in GiB (2^30 bytes, as CUDA reports), instead of --gpu.",
-        parser=positive_number(MAX_GPU_MEMORY_BYTES / 2**30),
     ),
 ]
 Provider = Annotated[str | None, typer.Option("--provider", help="Only prices from this provider.")]
 PricesFile = Annotated[Path | None, typer.Option("--prices", help="A CSV overriding or extending the price catalog.")]
 
 # Output.
+Force = Annotated[bool, typer.Option("--force", help="Replace an existing output file (never one of the inputs).")]
 JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON on stdout, nothing else.")]
 RandomWeights = Annotated[
     bool, typer.Option("--random-weights", help="Random weights from the config (no downloaded weights needed).")

@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from tunecost.cli.common import cli_errors, err_console, print_json, print_table
+from tunecost.cli.options import Force, JsonOut
 from tunecost.errors import TunecostError
 
 
@@ -25,8 +26,8 @@ def calibrate_gpu(
     out: Path = typer.Option(..., "--out", help="GPU profile to write (JSON); an existing file needs --force."),
     device: str = typer.Option("auto", "--device", help="cpu | cuda | auto (cuda when available)."),
     quick: bool = typer.Option(False, "--quick", help="Smaller shapes and fewer repeats (seconds; for tests)."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
-    json_out: bool = typer.Option(False, "--json", help="Print the profile as JSON on stdout."),
+    force: Force = False,
+    json_out: JsonOut = False,
 ) -> None:
     """Measure what this device achieves (about a minute on a GPU) and write a GPU profile.
 

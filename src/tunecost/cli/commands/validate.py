@@ -10,6 +10,7 @@ from pathlib import Path
 import typer
 
 from tunecost.cli.common import cli_errors, console, print_json, print_table
+from tunecost.cli.options import Force, JsonOut
 
 
 def rows_csv(rows) -> str:
@@ -30,9 +31,9 @@ def _fmt(v: object) -> str:
 @cli_errors
 def validate(
     files: list[Path] = typer.Argument(None, help="Measurement CSV files in the corpus columns (default: shipped)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the rows as a JSON list of objects."),
+    json_out: JsonOut = False,
     out: Path = typer.Option(None, "--out", help="Also write the rows as CSV to this file."),
-    force: bool = typer.Option(False, "--force", help="Replace the --out file if it exists."),
+    force: Force = False,
 ) -> None:
     """Run tunecost's estimators on every measurement they can model: each prediction beside its measurement,
     the rows skipped with their reason, and the accuracy per quantity and per stack."""
