@@ -70,18 +70,19 @@ PROFILE = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("args", "expected"),
-    [
-        (["--template", "nosuch"], "unknown template 'nosuch'"),
-        (["--tokenizer", "nosuch"], "--tokenizer applies to --dataset queries"),
-        (["--dataset-limit", "3"], "--dataset-limit applies to --dataset queries"),
-        (["--dataset-limit", "-1"], "--dataset-limit must be between 1 and"),
-    ],
-)
-def test_profile_input_options_that_would_go_unused(tmp_path: Path, cli_error, args: list[str], expected: str) -> None:
+# Input options of `profile` that are wrong or would go unused, and the error each gives.
+PROFILE_INPUT_ERRORS = {
+    "--template nosuch": "unknown template 'nosuch'",
+    "--tokenizer nosuch": "--tokenizer applies to --dataset queries",
+    "--dataset-limit 3": "--dataset-limit applies to --dataset queries",
+    "--dataset-limit -1": "--dataset-limit must be between 1 and",
+}
+
+
+@pytest.mark.parametrize(("args", "expected"), PROFILE_INPUT_ERRORS.items())
+def test_profile_input_options_that_would_go_unused(tmp_path: Path, cli_error, args: str, expected: str) -> None:
     out = tmp_path / "run"
-    assert expected in cli_error([*PROFILE, "--out", str(out), *args])
+    assert expected in cli_error([*PROFILE, "--out", str(out), *args.split()])
     assert not out.exists()  # refused before any record or model is made
 
 

@@ -69,7 +69,8 @@ def whole_number(minimum: int, maximum: int) -> Callable[[Any], int]:
         if number is None:
             raise typer.BadParameter(f"must be a whole number, got {value!r}")
         if not minimum <= number <= maximum:
-            raise typer.BadParameter(f"must be between {minimum} and {maximum}, got {number}")
+            bounds = f"positive and at most {maximum}" if minimum == 1 else f"between {minimum} and {maximum}"
+            raise typer.BadParameter(f"must be {bounds}, got {number}")
         return number
 
     return parse
@@ -90,7 +91,13 @@ def positive_number(maximum: float) -> Callable[[Any], float]:
     return parse
 
 
+def opt(option: str, help: str | None = None, **settings: Any) -> Any:
+    """`typer.Option(option, help=help, ...)`: one option a line in a command's signature."""
+    return typer.Option(option, help=help, **settings)
+
+
 def count_option(option: str, help: str, maximum: int, minimum: int = 1) -> Any:
+    """An option that takes a whole number in [minimum, maximum]."""
     return typer.Option(option, help=help, parser=whole_number(minimum, maximum))
 
 

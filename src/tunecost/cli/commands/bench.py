@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from tunecost.cli.common import call_with_options, cli_errors, print_json, print_table, progress_callback, split_list
-from tunecost.cli.options import MAX_EXPERTS, JsonOut
-from tunecost.cli.options import count_option as _size
-from tunecost.limits import MAX_STEPS
+from tunecost.cli.options import MAX_EXPERTS, JsonOut, count_option, opt
+from tunecost.limits import MAX_STEPS, MAX_TOKENS
 
 MAX_HIDDEN = 1 << 20  # hidden, expert and LoRA sizes; Mixtral-8x7B's largest is 14336
 MAX_THREADS = 4096
+
+
+def _size(option: str, help: str, maximum: int = MAX_HIDDEN, minimum: int = 1) -> Any:
+    return count_option(option, help, maximum, minimum)
+
 
 bench_app = typer.Typer(
     help="Micro-benchmarks (side by side in one run, ratios measured together).", no_args_is_help=True
@@ -31,27 +35,19 @@ def _ratio(value: float | None, suffix: str = "x") -> str:
 @bench_app.command("moe")
 @cli_errors
 def bench_moe(
-    tokens: Annotated[int | None, typer.Option("--tokens", help="Tokens through the block (default 2048).")] = None,
-    hidden: Annotated[
-        int | None, typer.Option("--hidden", help="Hidden size H (default 512 on CPU, 4096 on CUDA).")
-    ] = None,
-    intermediate: Annotated[
-        int | None, _size("--intermediate", "Expert size I (default 1792 CPU, 14336 CUDA).", MAX_HIDDEN)
-    ] = None,
+    tokens: Annotated[int | None, _size("--tokens", "Tokens through the block (default 2048).", MAX_TOKENS)] = None,
+    hidden: Annotated[int | None, _size("--hidden", "Hidden size H (default 512 CPU, 4096 CUDA).", MAX_HIDDEN)] = None,
+    intermediate: Annotated[int | None, _size("--intermediate", "Expert size I (1792 CPU, 14336 CUDA).")] = None,
     experts: Annotated[int, _size("--experts", "Number of experts E.", MAX_EXPERTS)] = 8,
     top_k: Annotated[int, _size("--top-k", "Experts per token (E = dense).", MAX_EXPERTS)] = 2,
-    rank: Annotated[int, _size("--rank", "LoRA rank on every expert projection and the router.", MAX_HIDDEN)] = 16,
+    rank: Annotated[int, _size("--rank", "LoRA rank on every expert projection and the router.")] = 16,
     repeats: Annotated[int, _size("--repeats", "Timed rounds (median reported).", MAX_STEPS)] = 5,
     warmup: Annotated[int, _size("--warmup", "Untimed rounds first.", MAX_STEPS, minimum=0)] = 1,
-    impls: Annotated[str | None, typer.Option("--impls", help="Comma-separated subset of the implementations.")] = None,
-    device: Annotated[str | None, typer.Option("--device", help="cpu or cuda (default: cuda if available).")] = None,
-    dtype: Annotated[
-        str | None, typer.Option("--dtype", help="float32 | bfloat16 | float16 (default fp32 CPU, bf16 CUDA).")
-    ] = None,
-    threads: Annotated[
-        int | None, _size("--threads", "torch CPU threads for the run (default: torch's).", MAX_THREADS)
-    ] = None,
-    no_memory: Annotated[bool, typer.Option("--no-memory", help="Skip the peak-memory pass.")] = False,
+    impls: Annotated[str | None, opt("--impls", "Comma-separated subset of the implementations.")] = None,
+    device: Annotated[str | None, opt("--device", "cpu or cuda (default: cuda if available).")] = None,
+    dtype: Annotated[str | None, opt("--dtype", "float32 | bfloat16 | float16 (default fp32 CPU, bf16 CUDA).")] = None,
+    threads: Annotated[int | None, _size("--threads", "torch CPU threads (default: torch's).", MAX_THREADS)] = None,
+    no_memory: Annotated[bool, opt("--no-memory", "Skip the peak-memory pass.")] = False,
     json_out: JsonOut = False,
 ) -> None:
     """Time forward+backward of ONE Mixtral MoE block for each experts implementation, side by side.

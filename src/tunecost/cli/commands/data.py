@@ -17,10 +17,14 @@ from tunecost.cli.options import (
     Template,
     Tokenizer,
     count_option,
+    opt,
 )
 from tunecost.limits import MAX_BATCH_SIZE
 from tunecost.results.records import SCHEMA_VERSION
 
+DATASET_HELP = (
+    "A file (.json/.jsonl/.parquet/.csv), a known name (see `tunecost data list`), a hub id, or synthetic-arith."
+)
 MAX_BINS = 10_000  # histogram bins; a figure shows a few dozen
 
 data_app = typer.Typer(help="Datasets: sequence-length statistics and known names.", no_args_is_help=True)
@@ -45,23 +49,17 @@ def stats_rows(summary: dict, histogram: list[dict], padding: dict) -> list[dict
 @data_app.command("stats")
 @cli_errors
 def stats(
-    dataset: str = typer.Argument(
-        ...,
-        help="A file (.json/.jsonl/.parquet/.csv), a known name (see `tunecost data "
-        "list`), a hub id, or synthetic-arith.",
-    ),
+    dataset: Annotated[str, typer.Argument(help=DATASET_HELP)],
     tokenizer: Tokenizer = "mistral",
     template: Template = "none",
     batch_size: Annotated[
-        int, count_option("--batch-size", "Batch size for the padding-waste figures.", MAX_BATCH_SIZE)
+        int, count_option("--batch-size", "Batch size of the padding-waste figures.", MAX_BATCH_SIZE)
     ] = 8,
     bins: Annotated[int, count_option("--bins", "Histogram bins.", MAX_BINS)] = 30,
-    columns: Annotated[
-        str | None, typer.Option("--columns", help="Column mapping: prompt=COL,response=COL[,answer=COL]")
-    ] = None,
+    columns: Annotated[str | None, opt("--columns", "Column mapping: prompt=COL,response=COL[,answer=COL]")] = None,
     skip_bad_rows: SkipBadRows = False,
     allow_download: AllowDownload = False,
-    out: Path | None = typer.Option(None, "--out", help="Write JSONL rows (summary + histogram) to this file."),
+    out: Annotated[Path | None, opt("--out", "Write JSONL rows (summary + histogram) to this file.")] = None,
     force: Force = False,
     as_json: JsonOut = False,
 ) -> None:

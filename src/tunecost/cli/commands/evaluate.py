@@ -8,29 +8,24 @@ from typing import Annotated
 import typer
 
 from tunecost.cli.common import cli_errors, print_json, print_table, progress_callback
-from tunecost.cli.options import AllowDownload, JsonOut, NumExamples, SkipBadRows
+from tunecost.cli.options import AllowDownload, JsonOut, NumExamples, SkipBadRows, opt
 
 
 @cli_errors
 def eval_command(
-    model: Annotated[str, typer.Option("--model", help="tiny-mixtral (random init), a local folder or a hub id.")],
-    dataset: Annotated[str, typer.Option("--dataset", help="A file, a known name or synthetic-arith-test.")],
-    adapter: Annotated[str | None, typer.Option("--adapter", help="A PEFT adapter folder to apply.")] = None,
+    model: Annotated[str, opt("--model", "tiny-mixtral (random init), a local folder or a hub id.")],
+    dataset: Annotated[str, opt("--dataset", "A file, a known name or synthetic-arith-test.")],
+    adapter: Annotated[str | None, opt("--adapter", "A PEFT adapter folder to apply.")] = None,
     limit: NumExamples = None,
     template: Annotated[
-        str | None,
-        typer.Option("--template", help="none | mistral | alpaca | chat (default: the checkpoint's, else mistral)"),
+        str | None, opt("--template", "none | mistral | alpaca | chat (default: the checkpoint's)")
     ] = None,
-    tokenizer: Annotated[str | None, typer.Option("--tokenizer", help="Override the model's tokenizer.")] = None,
-    batch_size: Annotated[int, typer.Option("--batch-size", help="Generation batch size.")] = 16,
-    max_new_tokens: Annotated[
-        int | None, typer.Option("--max-new-tokens", help="Generation limit (default 256 for math, 32 for options).")
-    ] = None,
+    tokenizer: Annotated[str | None, opt("--tokenizer", "Override the model's tokenizer.")] = None,
+    batch_size: Annotated[int, opt("--batch-size", "Generation batch size.")] = 16,
+    max_new_tokens: Annotated[int | None, opt("--max-new-tokens", "Generation limit (256 math, 32 options).")] = None,
+    predictions: Annotated[bool, opt("--predictions", "Include every prediction in --json output.")] = False,
     skip_bad_rows: SkipBadRows = False,
     allow_download: AllowDownload = False,
-    predictions: Annotated[
-        bool, typer.Option("--predictions", help="Include every prediction in --json output.")
-    ] = False,
     as_json: JsonOut = False,
 ) -> None:
     """Accuracy of MODEL on DATASET (GSM8K-style final number, commonsense options, HellaSwag log-likelihood)."""

@@ -24,9 +24,8 @@ from tunecost.cli.options import (
     ModelName,
     SeqLen,
     WarmupSteps,
-)
-from tunecost.cli.options import (
-    count_option as _count,
+    count_option,
+    opt,
 )
 from tunecost.limits import MAX_STEPS
 
@@ -39,22 +38,20 @@ def _pct(value: float | None) -> str:
 
 @cli_errors
 def gpu_counters(
-    out: Annotated[Path, typer.Option("--out", help="Folder for counters.jsonl, utilization.json and raw CSVs.")],
+    out: Annotated[Path, opt("--out", "Folder for counters.jsonl, utilization.json and raw CSVs.")],
     model: ModelName = "tiny-mixtral",
     method: MethodName = "qlora",
     experts_impl: ExpertsImpl = None,
     experts_per_token: ExpertsPerToken = None,
-    batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="Comma-separated batch sizes.")] = "1,32",
+    batch_sizes: Annotated[str, opt("--batch-sizes", "Comma-separated batch sizes.")] = "1,32",
     seq_len: SeqLen = 128,
-    steps: Annotated[int, _count("--steps", "Profiled training steps per batch size.", MAX_STEPS)] = 2,
+    steps: Annotated[int, count_option("--steps", "Profiled training steps per batch size.", MAX_STEPS)] = 2,
     warmup_steps: WarmupSteps = 1,
-    layers: Annotated[str, typer.Option("--layers", help="Decoder layers whose MoE block is profiled.")] = "0,1",
+    layers: Annotated[str, opt("--layers", "Decoder layers whose MoE block is profiled.")] = "0,1",
     max_kernels: Annotated[
-        int, _count("--max-kernels", "At most this many kernels profiled.", MAX_PROFILED_KERNELS)
+        int, count_option("--max-kernels", "At most this many kernels.", MAX_PROFILED_KERNELS)
     ] = 20000,
-    ncu: Annotated[
-        str | None, typer.Option("--ncu", help="Path of the ncu executable (default: found on PATH).")
-    ] = None,
+    ncu: Annotated[str | None, opt("--ncu", "Path of the ncu executable (default: found on PATH).")] = None,
     json_out: JsonOut = False,
 ) -> None:
     """Nsight Compute SM and DRAM utilization of the MoE layer's kernels, per class and batch size.
@@ -78,15 +75,8 @@ def gpu_counters(
     with progress_callback("gpu-counters") as on_progress:
         result = run_gpu_counters(job, out, ncu_path=ncu, on_progress=on_progress)
     if json_out:
-        print_json(
-            {
-                "source": result.source,
-                "out_dir": result.out_dir,
-                "notes": list(result.notes),
-                "num_kernels": len(result.rows),
-                "utilization": list(result.utilization),
-            }
-        )
+        summary = {key: getattr(result, key) for key in ("source", "out_dir", "notes")}
+        print_json({**summary, "num_kernels": len(result.rows), "utilization": result.utilization})
         return
     print_table(
         f"MoE kernels of layers {layers}: time-weighted utilization ({result.source})",

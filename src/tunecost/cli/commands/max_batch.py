@@ -7,22 +7,9 @@ from typing import Annotated, Any
 
 import typer
 
+from tunecost.cli import options as cli
 from tunecost.cli.commands.profile import inputs_spec, model_setup
 from tunecost.cli.common import cli_errors, console, err_console, print_json
-from tunecost.cli.options import (
-    ExpertsImpl,
-    ExpertsPerToken,
-    GpuMemoryGb,
-    GpuMemoryGib,
-    JsonOut,
-    MaxLength,
-    MethodName,
-    ModelName,
-    NoCheckpointing,
-    RandomWeights,
-    Template,
-    Tokenizer,
-)
 from tunecost.errors import TunecostError
 from tunecost.profile.threads import prepare_cpu_threads
 from tunecost.units import BYTES_PER_GIB as _GIB
@@ -30,28 +17,26 @@ from tunecost.units import BYTES_PER_GIB as _GIB
 
 @cli_errors
 def max_batch(
-    model: ModelName = "tiny-mixtral",
-    method: MethodName = "qlora",
-    experts_per_token: ExpertsPerToken = None,
-    seq_len: Annotated[
-        int | None, typer.Option("--seq-len", help="Tokens per query (default 128 unless --dataset).")
-    ] = None,
-    dataset: Annotated[str | None, typer.Option("--dataset", help="Probe with the dataset's longest queries.")] = None,
-    gpu: Annotated[str | None, typer.Option("--gpu", help="Search against this catalog GPU's memory.")] = None,
-    gpu_memory_gb: GpuMemoryGb = None,
-    gpu_memory_gib: GpuMemoryGib = None,
+    model: cli.ModelName = "tiny-mixtral",
+    method: cli.MethodName = "qlora",
+    experts_per_token: cli.ExpertsPerToken = None,
+    seq_len: Annotated[int | None, cli.opt("--seq-len", "Tokens per query (default 128 unless --dataset).")] = None,
+    dataset: Annotated[str | None, cli.opt("--dataset", "Probe with the dataset's longest queries.")] = None,
+    gpu: Annotated[str | None, cli.opt("--gpu", "Search against this catalog GPU's memory.")] = None,
+    gpu_memory_gb: cli.GpuMemoryGb = None,
+    gpu_memory_gib: cli.GpuMemoryGib = None,
     device: Annotated[
-        str, typer.Option("--device", help="cuda: measured search; cpu: simulated (auto: cuda if available).")
+        str, cli.opt("--device", "cuda: measured search; cpu: simulated (auto: cuda if available).")
     ] = "auto",
-    experts_impl: ExpertsImpl = None,
-    random_weights: RandomWeights = False,
-    no_checkpointing: NoCheckpointing = False,
-    limit: Annotated[int, typer.Option("--limit", help="Largest batch size tried.")] = 4096,
-    tokenizer: Tokenizer = "mistral",
-    template: Template = "mistral",
-    max_length: MaxLength = 1024,
-    out: Annotated[Path | None, typer.Option("--out", help="Also append the result to OUT/max_batch.jsonl.")] = None,
-    json_out: JsonOut = False,
+    experts_impl: cli.ExpertsImpl = None,
+    random_weights: cli.RandomWeights = False,
+    no_checkpointing: cli.NoCheckpointing = False,
+    limit: Annotated[int, cli.opt("--limit", "Largest batch size tried.")] = 4096,
+    tokenizer: cli.Tokenizer = "mistral",
+    template: cli.Template = "mistral",
+    max_length: cli.MaxLength = 1024,
+    out: Annotated[Path | None, cli.opt("--out", "Also append the result to OUT/max_batch.jsonl.")] = None,
+    json_out: cli.JsonOut = False,
 ) -> None:
     """Largest batch size that fits (paper Table III): grow then bisect; a found OOM is the measured boundary."""
     options = dict(locals())

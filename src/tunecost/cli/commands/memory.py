@@ -20,6 +20,7 @@ from tunecost.cli.options import (
     MethodName,
     ModelName,
     count_option,
+    opt,
 )
 from tunecost.csvfile import check_input_file
 from tunecost.errors import TunecostError
@@ -30,6 +31,12 @@ if TYPE_CHECKING:
 from tunecost.units import format_bytes, gb_from_bytes, memory_bytes_from_options
 
 MAX_LENGTHS_FILE_BYTES = 64 * 2**20  # one length per line: millions of queries
+LENGTHS_HELP = (
+    "Token lengths of a dataset (JSON list or one per line): the worst batch (the longest query, padded) decides; "
+    "overrides --seq-len."
+)
+STACK_HELP = "tunecost | hf-2024 (the paper's software stack) | hf-peft (Trainer + PEFT >= 0.7)."
+TRACE_HELP = "Trace this many layers (default: scale from one and two repeating units)."
 
 
 def _read_lengths(path: Path) -> tuple[int, ...]:
@@ -76,48 +83,24 @@ def memory(
     model: ModelName,
     method: MethodName = "qlora",
     experts_per_token: ExpertsPerToken = None,
-    seq_len: Annotated[int, typer.Option("--seq-len", help="Tokens per query (padded length).")] = 512,
+    seq_len: Annotated[int, opt("--seq-len", "Tokens per query (padded length).")] = 512,
     batch_size: BatchSize = 1,
-    dataset_lengths: Annotated[
-        Path | None,
-        typer.Option(
-            "--dataset-lengths",
-            help="Token lengths of a dataset (JSON list or one per line): the worst batch (the longest query, "
-            "padded) decides; overrides --seq-len.",
-        ),
-    ] = None,
-    lora_rank: Annotated[int, typer.Option("--lora-rank")] = 16,
-    lora_alpha: Annotated[float, typer.Option("--lora-alpha")] = 32.0,
-    lora_targets: Annotated[
-        str, typer.Option("--lora-targets", help="attention, experts, router, mlp.")
-    ] = "experts,router",
-    gradient_checkpointing: Annotated[
-        bool, typer.Option("--gradient-checkpointing/--no-gradient-checkpointing")
-    ] = True,
-    attention: Annotated[str, typer.Option("--attention", help="flash | sdpa | eager.")] = "flash",
-    optimizer: Annotated[str, typer.Option("--optimizer", help="adamw | adamw-8bit | sgd.")] = "adamw",
-    dtype: Annotated[str, typer.Option("--dtype", help="Compute dtype: bf16 | fp16 | fp32.")] = "bf16",
-    quant_type: Annotated[str, typer.Option("--quant-type", help="4-bit type for qlora: nf4 | fp4.")] = "nf4",
-    double_quant: Annotated[bool, typer.Option("--double-quant/--no-double-quant")] = True,
-    stack: Annotated[
-        str,
-        typer.Option(
-            "--stack",
-            help="tunecost | hf-2024 (the paper's software stack) | hf-peft (Trainer + PEFT >= 0.7).",
-        ),
-    ] = "tunecost",
-    gpu: Annotated[
-        str | None, typer.Option("--gpu", help="GPU from the catalog: also report the largest batch that fits.")
-    ] = None,
+    dataset_lengths: Annotated[Path | None, opt("--dataset-lengths", LENGTHS_HELP)] = None,
+    lora_rank: Annotated[int, opt("--lora-rank")] = 16,
+    lora_alpha: Annotated[float, opt("--lora-alpha")] = 32.0,
+    lora_targets: Annotated[str, opt("--lora-targets", "attention, experts, router, mlp.")] = "experts,router",
+    gradient_checkpointing: Annotated[bool, opt("--gradient-checkpointing/--no-gradient-checkpointing")] = True,
+    attention: Annotated[str, opt("--attention", "flash | sdpa | eager.")] = "flash",
+    optimizer: Annotated[str, opt("--optimizer", "adamw | adamw-8bit | sgd.")] = "adamw",
+    dtype: Annotated[str, opt("--dtype", "Compute dtype: bf16 | fp16 | fp32.")] = "bf16",
+    quant_type: Annotated[str, opt("--quant-type", "4-bit type for qlora: nf4 | fp4.")] = "nf4",
+    double_quant: Annotated[bool, opt("--double-quant/--no-double-quant")] = True,
+    stack: Annotated[str, opt("--stack", STACK_HELP)] = "tunecost",
+    gpu: Annotated[str | None, opt("--gpu", "GPU from the catalog: also report the largest batch that fits.")] = None,
     gpu_memory_gb: GpuMemoryGb = None,
     gpu_memory_gib: GpuMemoryGib = None,
-    layers_to_trace: Annotated[
-        int | None,
-        count_option(
-            "--layers-to-trace", "Trace this many layers (default: scale from one and two repeating units).", MAX_LAYERS
-        ),
-    ] = None,
-    no_cache: Annotated[bool, typer.Option("--no-cache", help="Ignore and do not write the result cache.")] = False,
+    layers_to_trace: Annotated[int | None, count_option("--layers-to-trace", TRACE_HELP, MAX_LAYERS)] = None,
+    no_cache: Annotated[bool, opt("--no-cache", "Ignore and do not write the result cache.")] = False,
     json_out: JsonOut = False,
 ) -> None:
     """Simulate one training step of MODEL from its config alone: peak memory with a breakdown, FLOPs, bytes

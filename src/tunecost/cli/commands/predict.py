@@ -8,8 +8,16 @@ from typing import Annotated
 import typer
 
 from tunecost.cli.common import cli_errors, console, print_json, print_table
-from tunecost.cli.options import Force, JsonOut, RunQueries
+from tunecost.cli.options import Force, JsonOut, RunQueries, opt
 
+CALIBRATE_HELP = (
+    "Measurements CSV or folder of CSVs to calibrate on; repeat for several (default: every bundled measurement: "
+    "the paper's A40 and A100-40GB points)."
+)
+GPU_PROFILE_HELP = (
+    "GPU profile from `tunecost calibrate-gpu` (FILE, or GPU=FILE to say which catalog GPU it measured); used "
+    "instead of catalog values for that GPU; repeatable."
+)
 TARGET_COLUMNS = ("model", "dataset", "gpu", "experts_per_token", "batch_size")
 OUTPUT_COLUMNS = (
     "model",
@@ -150,33 +158,14 @@ def _csv_text(rows: list[dict]) -> str:
 @cli_errors
 def predict(
     input_csv: Annotated[
-        Path,
-        typer.Option("--input", help="TARGETS.csv: model,dataset,gpu,experts_per_token,batch_size[,seq_len][,method]"),
+        Path, opt("--input", "TARGETS.csv: model,dataset,gpu,experts_per_token,batch_size[,seq_len][,method]")
     ],
-    calibrate: Annotated[
-        list[Path] | None,
-        typer.Option(
-            "--calibrate",
-            help="Measurements CSV or folder of CSVs to calibrate on; repeat for several (default: every bundled "
-            "measurement: the paper's A40 and A100-40GB points).",
-        ),
-    ] = None,
-    gpu_profile: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--gpu-profile",
-            help="GPU profile from `tunecost calibrate-gpu` (FILE, or GPU=FILE to say which catalog GPU it "
-            "measured); used instead of catalog values for that GPU; repeatable.",
-        ),
-    ] = None,
-    output: Annotated[
-        Path | None, typer.Option("--output", help="Write the predictions to this CSV (atomically).")
-    ] = None,
+    calibrate: Annotated[list[Path] | None, opt("--calibrate", CALIBRATE_HELP)] = None,
+    gpu_profile: Annotated[list[str] | None, opt("--gpu-profile", GPU_PROFILE_HELP)] = None,
+    output: Annotated[Path | None, opt("--output", "Write the predictions to this CSV (atomically).")] = None,
     run_queries: RunQueries = None,
     force: Force = False,
-    steady_state: Annotated[
-        bool, typer.Option("--steady-state", help="Predict steady-state throughput (long runs).")
-    ] = False,
+    steady_state: Annotated[bool, opt("--steady-state", "Predict steady-state throughput (long runs).")] = False,
     json_out: JsonOut = False,
 ) -> None:
     """Predict queries/s with a 95 % interval for every target, from one calibration; flag extrapolations.

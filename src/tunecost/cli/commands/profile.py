@@ -31,9 +31,17 @@ from tunecost.cli.options import (
     Template,
     Tokenizer,
     count_option,
+    opt,
 )
 from tunecost.profile.threads import prepare_cpu_threads
 from tunecost.units import BYTES_PER_GIB as _GIB
+
+TOP_K_HELP = "Top-k values to sweep, a comma list, e.g. 2,8 (sparse top-2 vs dense Mixtral); default: the model's."
+SEQ_LEN_HELP = (
+    "Comma list of sequence lengths of random-token queries (default 128, the paper's); 64,128,256,512,1024 is the "
+    "§IV-B6 study."
+)
+OVERHEAD_HELP = "Skip the plain-vs-instrumented comparison (one instrumented step for the layer breakdown)."
 
 
 def _device(device: str) -> str:
@@ -106,51 +114,28 @@ def _fmt(value: Any, spec: str = ".3g", scale: float = 1.0) -> str:
 
 @cli_errors
 def profile(
-    out: Annotated[Path, typer.Option("--out", help="Run folder for the records (resumable: rerun to continue).")],
+    out: Annotated[Path, opt("--out", "Run folder for the records (resumable: rerun to continue).")],
     model: ModelName = "tiny-mixtral",
     method: MethodName = "qlora",
-    experts_per_token: Annotated[
-        str | None,
-        typer.Option(
-            "--experts-per-token",
-            help="Top-k values to sweep, a comma list, e.g. 2,8 (sparse top-2 vs dense Mixtral); default: the model's.",
-        ),
-    ] = None,
-    batch_sizes: Annotated[str, typer.Option("--batch-sizes", help="Comma list, e.g. 1,2,4.")] = "1",
-    seq_len: Annotated[
-        str | None,
-        typer.Option(
-            "--seq-len",
-            help="Comma list of sequence lengths of random-token queries (default 128, the paper's); "
-            "64,128,256,512,1024 is the §IV-B6 study.",
-        ),
-    ] = None,
-    dataset: Annotated[
-        str | None, typer.Option("--dataset", help="Train on a dataset instead (name or file; tokenized).")
-    ] = None,
-    steps: Annotated[int, typer.Option("--steps", help="Timed steps per point.")] = 3,
+    experts_per_token: Annotated[str | None, opt("--experts-per-token", TOP_K_HELP)] = None,
+    batch_sizes: Annotated[str, opt("--batch-sizes", "Comma list, e.g. 1,2,4.")] = "1",
+    seq_len: Annotated[str | None, opt("--seq-len", SEQ_LEN_HELP)] = None,
+    dataset: Annotated[str | None, opt("--dataset", "Train on a dataset instead (name or file; tokenized).")] = None,
+    steps: Annotated[int, opt("--steps", "Timed steps per point.")] = 3,
     experts_impl: ExpertsImpl = None,
-    no_overhead: Annotated[
-        bool,
-        typer.Option(
-            "--no-instrumentation-overhead",
-            help="Skip the plain-vs-instrumented comparison (one instrumented step for the layer breakdown).",
-        ),
-    ] = False,
-    no_kernels: Annotated[bool, typer.Option("--no-kernels", help="Skip the torch.profiler kernel breakdown.")] = False,
-    warmup_steps: Annotated[int, typer.Option("--warmup-steps", help="Untimed steps before timing.")] = 1,
+    no_overhead: Annotated[bool, opt("--no-instrumentation-overhead", OVERHEAD_HELP)] = False,
+    no_kernels: Annotated[bool, opt("--no-kernels", "Skip the torch.profiler kernel breakdown.")] = False,
+    warmup_steps: Annotated[int, opt("--warmup-steps", "Untimed steps before timing.")] = 1,
     device: Device = "auto",
     random_weights: RandomWeights = False,
     no_checkpointing: NoCheckpointing = False,
     num_layers: Annotated[
-        int | None, count_option("--num-layers", "Keep only the first N decoder layers.", MAX_LAYERS)
+        int | None, count_option("--num-layers", "Keep the first N decoder layers.", MAX_LAYERS)
     ] = None,
     tokenizer: Tokenizer = "mistral",
     template: Template = "mistral",
     max_length: MaxLength = 1024,
-    dataset_limit: Annotated[
-        int | None, typer.Option("--dataset-limit", help="Use only the first N dataset queries.")
-    ] = None,
+    dataset_limit: Annotated[int | None, opt("--dataset-limit", "Use only the first N dataset queries.")] = None,
     json_out: JsonOut = False,
 ) -> None:
     """Profile MoE fine-tuning over experts-per-token x sequence lengths x batch sizes; writes tidy records."""

@@ -8,23 +8,19 @@ from typing import Annotated
 import typer
 
 from tunecost.cli.common import cli_errors, console, print_json
-from tunecost.cli.options import JsonOut
+from tunecost.cli.options import JsonOut, opt
+
+FORCE_HELP = (
+    "Replace an existing HTML file tunecost did not write; write into a figures/ folder that holds other files "
+    "(they are kept)."
+)
 
 
 @cli_errors
 def report(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by tunecost (demo, profile, ...).")],
-    out: Annotated[
-        Path | None, typer.Option("--out", help="HTML file to write (default: RUN_DIR/report.html).")
-    ] = None,
-    force: Annotated[
-        bool,
-        typer.Option(
-            "--force",
-            help="Replace an existing HTML file tunecost did not write; write into a figures/ folder that holds "
-            "other files (they are kept).",
-        ),
-    ] = False,
+    out: Annotated[Path | None, opt("--out", "HTML file to write (default: RUN_DIR/report.html).")] = None,
+    force: Annotated[bool, opt("--force", FORCE_HELP)] = False,
     json_out: JsonOut = False,
 ) -> None:
     """Write report.html (figures embedded; works offline) and figures/*.png|svg."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -14,52 +14,33 @@ from tunecost.cli.options import (
     ModelName,
     Seed,
     Template,
+    count_option,
+    opt,
     positive_number,
-    whole_number,
 )
 from tunecost.limits import MAX_EPOCHS, MAX_LEARNING_RATE, MAX_QUERIES
 
-
-def _examples(option: str, help: str) -> Any:
-    return typer.Option(option, help=help, parser=whole_number(1, MAX_QUERIES))
+TOP_K_HELP = "Top-k values to compare, a comma list (default 2,8: sparse top-2 vs dense Mixtral)."
+LR_HELP = "Learning rate (random-init tiny model: 3e-3)."
 
 
 @cli_errors
 def trainability_command(
-    out: Annotated[Path, typer.Option("--out", help="Run folder: rows go to OUT/trainability.jsonl (resumable).")],
+    out: Annotated[Path, opt("--out", "Run folder: rows go to OUT/trainability.jsonl (resumable).")],
     model: ModelName = "tiny-mixtral",
-    dataset: Annotated[str, typer.Option("--dataset", help="Training data (file or known name).")] = "synthetic-arith",
-    eval_dataset: Annotated[
-        str | None, typer.Option("--eval-dataset", help="Held-out data (default synthetic-arith-test).")
-    ] = None,
-    epochs: Annotated[int, typer.Option("--epochs", parser=whole_number(1, MAX_EPOCHS))] = 10,
-    experts_per_token: Annotated[
-        str,
-        typer.Option(
-            "--experts-per-token",
-            help="Top-k values to compare, a comma list (default 2,8: sparse top-2 vs dense Mixtral).",
-        ),
-    ] = "2,8",
+    dataset: Annotated[str, opt("--dataset", "Training data (file or known name).")] = "synthetic-arith",
+    eval_dataset: Annotated[str | None, opt("--eval-dataset", "Held-out data (default synthetic-arith-test).")] = None,
+    epochs: Annotated[int, count_option("--epochs", "Epochs per routing.", MAX_EPOCHS)] = 10,
+    experts_per_token: Annotated[str, opt("--experts-per-token", TOP_K_HELP)] = "2,8",
     batch_size: BatchSize = 32,
-    lr: Annotated[
-        float,
-        typer.Option(
-            "--lr", help="Learning rate (random-init tiny model: 3e-3).", parser=positive_number(MAX_LEARNING_RATE)
-        ),
-    ] = 3e-3,
+    lr: Annotated[float, opt("--lr", LR_HELP, parser=positive_number(MAX_LEARNING_RATE))] = 3e-3,
     template: Template = "mistral",
-    tokenizer: Annotated[
-        str | None, typer.Option("--tokenizer", help="Default: mistral for tiny-mixtral, else the model's.")
-    ] = None,
-    num_train: Annotated[int | None, _examples("--num-train", "Use the first N training examples.")] = None,
-    num_eval: Annotated[int, _examples("--num-eval", "Evaluate on the first N held-out examples.")] = 100,
-    vocab: Annotated[
-        str, typer.Option("--vocab", help="tiny-mixtral: 'task' (pieces the data uses) or 'full'.")
-    ] = "task",
+    tokenizer: Annotated[str | None, opt("--tokenizer", "Default: mistral for tiny-mixtral, else the model's.")] = None,
+    num_train: Annotated[int | None, count_option("--num-train", "Train on the first N examples.", MAX_QUERIES)] = None,
+    num_eval: Annotated[int, count_option("--num-eval", "Evaluate the first N held-out examples.", MAX_QUERIES)] = 100,
+    vocab: Annotated[str, opt("--vocab", "tiny-mixtral: 'task' (pieces the data uses) or 'full'.")] = "task",
     seed: Seed = 0,
-    save_every_epoch: Annotated[
-        bool, typer.Option("--save-every-epoch", help="Keep a checkpoint of every epoch.")
-    ] = False,
+    save_every_epoch: Annotated[bool, opt("--save-every-epoch", "Keep a checkpoint of every epoch.")] = False,
     as_json: JsonOut = False,
 ) -> None:
     """Fine-tune for E epochs per routing, evaluate after each epoch, write tidy rows."""
