@@ -2,8 +2,8 @@
 
 `refuse_blank_values` makes every text, path or list option of every command refuse an empty or blank value given
 on the command line (`--gpu ''` is a usage error, never "the default"); the `Annotated` types below bound the
-numbers. A bad value is a usage error naming the option (`error: --seed: must be at least 0, got -1`), exit code 2,
-raised before the command runs.
+numbers. A bad value is a usage error naming the option (`error: --seed: must be between 0 and 4294967295, got -1`),
+exit code 2, raised before the command runs.
 """
 
 from __future__ import annotations
@@ -101,80 +101,46 @@ def count_option(option: str, help: str, maximum: int, minimum: int = 1) -> Any:
     return typer.Option(option, help=help, parser=whole_number(minimum, maximum))
 
 
-# Job options: what is fine-tuned, how.
+# What is fine-tuned, how.
 ModelName = Annotated[
-    str, typer.Option("--model", help="Catalog model (tiny-mixtral, mixtral-8x7b, ...), local folder or cached hub id.")
+    str, opt("--model", "Catalog model (tiny-mixtral, mixtral-8x7b, ...), local folder or cached hub id.")
 ]
-MethodName = Annotated[str, typer.Option("--method", help="full | lora | qlora")]
-ExpertsPerToken = Annotated[
-    int | None,
-    count_option(
-        "--experts-per-token",
-        "Top-k: experts per token for this job (default: the model's; dense = the number of experts).",
-        MAX_EXPERTS,
-    ),
-]
-ExpertsImpl = Annotated[
-    str | None,
-    typer.Option(
-        "--experts-impl",
-        help="stock | peft-fused | qlora-linear4bit | fast | fast-4bit (default: stock for full, peft-fused for "
-        "lora, qlora-linear4bit for qlora).",
-    ),
-]
-SeqLen = Annotated[int, count_option("--seq-len", "Tokens per query.", MAX_SEQ_LEN)]
+MethodName = Annotated[str, opt("--method", "full | lora | qlora")]
+TOP_K_HELP = "Top-k: experts per token for this job (default: the model's; dense = the number of experts)."
+ExpertsPerToken = Annotated[int | None, count_option("--experts-per-token", TOP_K_HELP, MAX_EXPERTS)]
+EXPERTS_IMPL_HELP = (
+    "stock | peft-fused | qlora-linear4bit | fast | fast-4bit (default: stock for full, peft-fused for lora, "
+    "qlora-linear4bit for qlora)."
+)
+ExpertsImpl = Annotated[str | None, opt("--experts-impl", EXPERTS_IMPL_HELP)]
+RandomWeights = Annotated[bool, opt("--random-weights", "Random weights from the config (no downloaded weights).")]
+NoCheckpointing = Annotated[bool, opt("--no-gradient-checkpointing", "Train without activation checkpointing.")]
+SeqLen = Annotated[int | None, count_option("--seq-len", "Tokens per query.", MAX_SEQ_LEN)]
 BatchSize = Annotated[int, count_option("--batch-size", "Queries per step.", MAX_BATCH_SIZE)]
 Seed = Annotated[int, count_option("--seed", "Random seed (0 to 2^32-1).", MAX_SEED, minimum=0)]
-Steps = Annotated[int, count_option("--steps", "Timed steps per point.", MAX_STEPS)]
 WarmupSteps = Annotated[int, count_option("--warmup-steps", "Untimed steps first.", MAX_STEPS, minimum=0)]
-RunQueries = Annotated[
-    int | None,
-    count_option(
-        "--run-queries",
-        "Throughput of runs of N queries, start-up included (the paper measured runs of 1000); default: "
-        "the calibration's run length (predict) or steady state (estimate).",
-        MAX_QUERIES,
-    ),
-]
+RUN_QUERIES_HELP = (
+    "Throughput of runs of N queries, start-up included (the paper measured runs of 1000); default: the "
+    "calibration's run length (predict) or steady state (estimate)."
+)
+RunQueries = Annotated[int | None, count_option("--run-queries", RUN_QUERIES_HELP, MAX_QUERIES)]
 NumExamples = Annotated[int | None, count_option("--limit", "Use the first N examples.", MAX_QUERIES)]
 
 # Inputs: datasets, tokenizers, templates.
-Tokenizer = Annotated[
-    str, typer.Option("--tokenizer", help="Tokenizer for --dataset: 'mistral' (offline), a local path or a hub id.")
-]
-Template = Annotated[str, typer.Option("--template", help="Prompt template: none | mistral | alpaca | chat.")]
+Tokenizer = Annotated[str, opt("--tokenizer", "Tokenizer: 'mistral' (offline Mixtral), a local path or a hub id.")]
+Template = Annotated[str, opt("--template", "Prompt template: none | mistral | alpaca | chat.")]
 MaxLength = Annotated[int, count_option("--max-length", "Cut dataset queries to this many tokens.", MAX_SEQ_LEN)]
-SkipBadRows = Annotated[bool, typer.Option("--skip-bad-rows", help="Skip malformed dataset rows instead of failing.")]
-AllowDownload = Annotated[
-    bool, typer.Option("--allow-download", help="Allow hub downloads (model, tokenizer, dataset).")
-]
+SkipBadRows = Annotated[bool, opt("--skip-bad-rows", "Skip malformed dataset rows instead of failing.")]
+AllowDownload = Annotated[bool, opt("--allow-download", "Allow hub downloads (model, tokenizer, dataset).")]
 
-# Where the job runs.
-Device = Annotated[str, typer.Option("--device", help="cpu | cuda | auto (cuda when available).")]
-Gpu = Annotated[str | None, typer.Option("--gpu", help="A GPU of the catalog (see `tunecost gpus`).")]
-GpuMemoryGb = Annotated[
-    float | None,
-    typer.Option(
-        "--gpu-memory-gb",
-        help="Device memory in GB (10^9 bytes, as datasheets), instead of --gpu.",
-    ),
-]
-GpuMemoryGib = Annotated[
-    float | None,
-    typer.Option(
-        "--gpu-memory-gib",
-        help="Device memory in GiB (2^30 bytes, as CUDA reports), instead of --gpu.",
-    ),
-]
-Provider = Annotated[str | None, typer.Option("--provider", help="Only prices from this provider.")]
-PricesFile = Annotated[Path | None, typer.Option("--prices", help="A CSV overriding or extending the price catalog.")]
+# Where the job runs, at what price.
+Device = Annotated[str, opt("--device", "cpu | cuda | auto (cuda when available).")]
+Gpu = Annotated[str | None, opt("--gpu", "Only this GPU of the catalog (see `tunecost gpus`).")]
+GpuMemoryGb = Annotated[float | None, opt("--gpu-memory-gb", "Device memory in GB (10^9 bytes, as datasheets).")]
+GpuMemoryGib = Annotated[float | None, opt("--gpu-memory-gib", "Device memory in GiB (2^30 bytes, as CUDA reports).")]
+Provider = Annotated[str | None, opt("--provider", "Only prices from this provider.")]
+PricesFile = Annotated[Path | None, opt("--prices", "A CSV overriding or extending the price catalog.")]
 
 # Output.
-Force = Annotated[bool, typer.Option("--force", help="Replace an existing output file (never one of the inputs).")]
-JsonOut = Annotated[bool, typer.Option("--json", help="Print JSON on stdout, nothing else.")]
-RandomWeights = Annotated[
-    bool, typer.Option("--random-weights", help="Random weights from the config (no downloaded weights needed).")
-]
-NoCheckpointing = Annotated[
-    bool, typer.Option("--no-gradient-checkpointing", help="Train without activation checkpointing.")
-]
+Force = Annotated[bool, opt("--force", "Replace an existing output file (never one of the inputs).")]
+JsonOut = Annotated[bool, opt("--json", "Print JSON on stdout, nothing else.")]

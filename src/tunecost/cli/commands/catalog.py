@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Any
 
 import typer
 
 from tunecost.cli.common import cli_errors, print_json, print_table
-from tunecost.cli.options import JsonOut, PricesFile, Provider
+from tunecost.cli.options import Gpu, JsonOut, PricesFile, Provider
 
 
 @cli_errors
@@ -88,7 +88,7 @@ def models(json_out: JsonOut = False) -> None:
 
 @cli_errors
 def prices(
-    gpu: Annotated[str | None, typer.Option("--gpu", help="Only this GPU.")] = None,
+    gpu: Gpu = None,
     provider: Provider = None,
     prices_file: PricesFile = None,
     json_out: JsonOut = False,

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -34,6 +35,18 @@ MAX_PROFILED_KERNELS = 10**7  # kernels of one profile; a training step of Mixtr
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+# The utilization table: each column's heading and its cell of one (batch size, kernel class) row.
+UTILIZATION_COLUMNS: dict[str, Callable[[Any], object]] = {
+    "batch": lambda u: u.batch_size,
+    "class": lambda u: u.kernel_class,
+    "kernels": lambda u: u.num_kernels,
+    "time ms": lambda u: f"{u.duration_s * 1e3:.3f}",
+    "share %": lambda u: f"{u.time_share * 100:.1f}",
+    "SM %": lambda u: _pct(u.sm_pct),
+    "DRAM %": lambda u: _pct(u.dram_pct),
+}
 
 
 @cli_errors
@@ -80,19 +93,8 @@ def gpu_counters(
         return
     print_table(
         f"MoE kernels of layers {layers}: time-weighted utilization ({result.source})",
-        ["batch", "class", "kernels", "time ms", "share %", "SM %", "DRAM %"],
-        [
-            (
-                u.batch_size,
-                u.kernel_class,
-                u.num_kernels,
-                f"{u.duration_s * 1e3:.3f}",
-                f"{u.time_share * 100:.1f}",
-                _pct(u.sm_pct),
-                _pct(u.dram_pct),
-            )
-            for u in result.utilization
-        ],
+        list(UTILIZATION_COLUMNS),
+        [[cell(u) for cell in UTILIZATION_COLUMNS.values()] for u in result.utilization],
         caption=f"rows: {result.out_dir}/counters.jsonl",
     )
     for note in result.notes:

@@ -6,11 +6,12 @@ import csv
 import io
 from collections import Counter
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from tunecost.cli.common import cli_errors, console, print_json, print_table
-from tunecost.cli.options import Force, JsonOut
+from tunecost.cli.options import Force, JsonOut, opt
 
 
 def rows_csv(rows) -> str:
@@ -30,9 +31,11 @@ def _fmt(v: object) -> str:
 
 @cli_errors
 def validate(
-    files: list[Path] = typer.Argument(None, help="Measurement CSV files in the corpus columns (default: shipped)."),
+    files: Annotated[
+        list[Path] | None, typer.Argument(help="Measurement CSV files in the corpus columns (default: shipped).")
+    ] = None,
     json_out: JsonOut = False,
-    out: Path = typer.Option(None, "--out", help="Also write the rows as CSV to this file."),
+    out: Annotated[Path | None, opt("--out", "Also write the rows as CSV to this file.")] = None,
     force: Force = False,
 ) -> None:
     """Run tunecost's estimators on every measurement they can model: each prediction beside its measurement,
