@@ -22,7 +22,7 @@ def test_gpus_json(cli_runner) -> None:
     assert {
         "name",
         "aliases",
-        "memory_gb",
+        "memory_gib",
         "memory_bytes",
         "mem_bandwidth_bytes_per_s",
         "bf16_tensor_flops_per_s",
@@ -30,7 +30,7 @@ def test_gpus_json(cli_runner) -> None:
         "as_of",
         "sources",
     } <= set(a40)
-    assert a40["memory_gb"] == 48 and a40["memory_bytes"] == 48 * 2**30
+    assert a40["memory_gib"] == 48 and a40["memory_bytes"] == 48 * 2**30
     assert "a40" in a40["aliases"]
     assert by_name["H100-80GB-SXM"]["bf16_tensor_flops_per_s"] == pytest.approx(989e12)  # gpus.csv
 
