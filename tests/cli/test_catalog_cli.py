@@ -17,7 +17,7 @@ def _ok_json(cli_runner, args: list[str]):
 
 # The documented fields of each catalog row in --json output.
 JSON_FIELDS = {
-    "gpus": "name aliases memory_gb memory_bytes mem_bandwidth_bytes_per_s bf16_tensor_flops_per_s fp32_flops_per_s "
+    "gpus": "name aliases memory_gib memory_bytes mem_bandwidth_bytes_per_s bf16_tensor_flops_per_s fp32_flops_per_s "
     "as_of sources",
     "models": "name family hub_id layers hidden_size vocab_size num_experts experts_per_token total_params "
     "active_params published_total_params source as_of",
@@ -33,7 +33,7 @@ def test_catalog_json_rows_have_every_field(cli_runner, command: str) -> None:
 def test_gpus_json(cli_runner) -> None:
     by_name = {r["name"]: r for r in _ok_json(cli_runner, ["gpus", "--json"])}
     a40 = by_name["A40-48GB"]
-    assert a40["memory_gb"] == 48 and a40["memory_bytes"] == 48 * 2**30
+    assert a40["memory_gib"] == 48 and a40["memory_bytes"] == 48 * 2**30
     assert "a40" in a40["aliases"]
     assert by_name["H100-80GB-SXM"]["bf16_tensor_flops_per_s"] == pytest.approx(989e12)  # gpus.csv
 

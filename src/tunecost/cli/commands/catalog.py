@@ -21,12 +21,12 @@ def gpus(json_out: JsonOut = False) -> None:
         return
     print_table(
         "GPUs (datasheet, dense)",
-        ["name", "aliases", "memory GB", "bandwidth TB/s", "BF16 TFLOP/s", "FP32 TFLOP/s"],
+        ["name", "aliases", "memory GiB", "bandwidth TB/s", "BF16 TFLOP/s", "FP32 TFLOP/s"],
         [
             [
                 g.name,
                 ", ".join(g.aliases),
-                f"{g.memory_gb:g}",
+                f"{g.memory_gib:g}",
                 f"{g.mem_bandwidth_bytes_per_s / 1e12:.3g}",
                 f"{g.bf16_tensor_flops_per_s / 1e12:g}",
                 f"{g.fp32_flops_per_s / 1e12:g}",
