@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 # Idle OpenMP threads spin by default; with 2 cores that starves the next op. Set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -56,6 +58,46 @@ def cli_error(cli_runner):
         assert lines[0].startswith("error: "), lines[0]
         assert result.stdout == ""
         return lines[0]
+
+    return run
+
+
+def _cli_argv(command: str, options: dict[str, Any]) -> list[str]:
+    """`COMMAND` (words split on spaces) followed by keyword options spelled as the CLI spells them:
+    `max_new_tokens=3` is `--max-new-tokens 3`, `json=True` the bare flag `--json`, `gradient_checkpointing=False`
+    the negative flag `--no-gradient-checkpointing`; any other value is passed as `str(value)`."""
+    argv = command.split()
+    for name, value in options.items():
+        flag = name.replace("_", "-")
+        if value is True:
+            argv.append(f"--{flag}")
+        elif value is False:
+            argv.append(f"--no-{flag}")
+        else:
+            argv += [f"--{flag}", str(value)]
+    return argv
+
+
+@pytest.fixture
+def cli_ok(cli_runner):
+    """Run `tunecost COMMAND --OPTION VALUE ...` (keyword arguments as options, see `_cli_argv`) expecting
+    success: exit code 0 (the output is the assertion's message). Returns the click `Result`."""
+    from tunecost.cli.main import app
+
+    def run(command: str, **options: Any):
+        result = cli_runner.invoke(app, _cli_argv(command, options))
+        assert result.exit_code == 0, result.output
+        return result
+
+    return run
+
+
+@pytest.fixture
+def cli_json(cli_ok):
+    """Run `tunecost COMMAND --OPTION VALUE ... --json` like `cli_ok` and return the JSON it printed on stdout."""
+
+    def run(command: str, **options: Any):
+        return json.loads(cli_ok(command, **options, json=True).stdout)
 
     return run
 
