@@ -24,6 +24,23 @@ def paper_a40_csv() -> Path:
 
 
 @pytest.fixture
+def config_dir() -> Path:
+    """Where `config_path` finds model configs: the tiny configs of real architectures in tests/fixtures/simulate.
+    A test folder's conftest.py may override it with a folder of its own."""
+    return FIXTURES_DIR / "simulate"
+
+
+@pytest.fixture
+def config_path(config_dir: Path) -> Callable[[str], str]:
+    """`config_path(NAME)`: the path of the model config NAME.json in `config_dir`, as a string (what a user types)."""
+
+    def path(name: str) -> str:
+        return str(config_dir / f"{name}.json")
+
+    return path
+
+
+@pytest.fixture
 def write_file(tmp_path: Path) -> Callable[[str, str], Path]:
     """Write `text` to tmp_path/name and return the path."""
 
@@ -113,6 +130,28 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def small_mixtral():
+    """`small_mixtral(hidden_size, num_attention_heads, **config)`: a tiny Mixtral (fp32, CPU, deterministic for
+    `seed`, default 0) whose attention follows from its width: heads of hidden_size / num_attention_heads dimensions,
+    two query heads per key-value head. Other config keys (layers, intermediate size, vocabulary, experts) pass
+    through to `build_tiny_mixtral`."""
+    from tunecost.models.tiny import build_tiny_mixtral
+
+    def build(hidden_size: int, num_attention_heads: int, *, seed: int = 0, **config: Any):
+        head_dim, num_key_value_heads = hidden_size // num_attention_heads, num_attention_heads // 2
+        return build_tiny_mixtral(
+            seed=seed,
+            hidden_size=hidden_size,
+            num_attention_heads=num_attention_heads,
+            num_key_value_heads=num_key_value_heads,
+            head_dim=head_dim,
+            **config,
+        )
+
+    return build
 
 
 @pytest.fixture(scope="session")

@@ -6,12 +6,8 @@ from pathlib import Path
 
 import pytest
 
-CONFIGS = Path(__file__).parents[1] / "fixtures" / "distributed"
-
 
 @pytest.fixture
-def config_path():
-    def path(name: str) -> str:
-        return str(CONFIGS / f"{name}.json")
-
-    return path
+def config_dir() -> Path:
+    """`config_path` (tests/conftest.py) reads the configs in tests/fixtures/distributed."""
+    return Path(__file__).parents[1] / "fixtures" / "distributed"
