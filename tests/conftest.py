@@ -155,21 +155,11 @@ def small_mixtral():
 
 
 @pytest.fixture(scope="session")
-def one_layer_mixtral():
+def one_layer_mixtral(small_mixtral):
     """Builds a one-layer tiny Mixtral (hidden 64, 2 heads, 8 experts; fp32, CPU), deterministic for a seed: small
     enough to train and generate with in a CPU test. Keyword arguments override the config."""
-    from tunecost.models.tiny import build_tiny_mixtral
-
-    base = dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-    )
 
     def build(seed: int = 0, **overrides):
-        return build_tiny_mixtral(seed=seed, **{**base, **overrides})
+        return small_mixtral(64, 2, seed=seed, **{"num_hidden_layers": 1, "intermediate_size": 128, **overrides})
 
     return build
