@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from tiny_jobs import CONFIGS
 
 
 @pytest.fixture
 def config_dir() -> Path:
     """`config_path` (tests/conftest.py) reads the configs in tests/fixtures/distributed."""
-    return Path(__file__).parents[1] / "fixtures" / "distributed"
+    return CONFIGS

@@ -1,18 +1,6 @@
-"""Makes `moe_helpers` (shared builders and the PEFT reference for these tests) importable by the test modules:
-the suite runs with --import-mode=importlib, which puts no test folder on sys.path."""
+"""Shared set-up of the MoE tests; their builders and the PEFT reference are in moe_helpers.py."""
 
 from __future__ import annotations
-
-import importlib.util
-import sys
-from pathlib import Path
-
-if "moe_helpers" not in sys.modules:
-    _spec = importlib.util.spec_from_file_location("moe_helpers", Path(__file__).with_name("moe_helpers.py"))
-    _module = importlib.util.module_from_spec(_spec)
-    sys.modules["moe_helpers"] = _module
-    _spec.loader.exec_module(_module)
-
 
 import pytest
 
