@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 
 from tunecost.cli.common import cli_errors, console, print_json, print_table
-from tunecost.cli.options import Force, JsonOut, opt
+from tunecost.cli.options import JsonOut, opt
 
 
 def rows_csv(records: list[dict]) -> str:
@@ -41,7 +41,7 @@ def validate(
         Path | None,
         opt("--out", "Run directory: add the rows as records (validation.jsonl, validation.csv) for `report`."),
     ] = None,
-    force: Force = False,
+    force: Annotated[bool, opt("--force", "Replace rows of the same id and quantity already in --out.")] = False,
 ) -> None:
     """Run tunecost's estimators on every measurement they can model: each prediction beside its measurement,
     the rows skipped with their reason, and the accuracy per quantity and per stack."""
