@@ -9,12 +9,13 @@ file that is not UTF-8, a folder and an unrelated existing file. A probe passes 
 prints exactly one `error:` line on stderr and nothing on stdout, shows no traceback, finishes within --timeout
 seconds and leaves every file that was in the scratch folder unchanged.
 
-Bad values: '' and '   ' for every option that takes text or a path; -1, 0 (except options where 0 is valid), nan,
-inf, 1e20 and 10^20 for every option that takes a value; for every path (and every text option whose help names a
-file, folder or path): a missing file, a folder, a file that is not UTF-8; for every output (--out, --output): a
-path under an existing file, an existing file (no --force), and each input of the same invocation.
+Bad values: '' and '   ' for every option that takes text or a path; -1, 0 (except where 0 is valid), nan, inf,
+1e20, 10^20 and 2 x 10^9 (past any GPU, within int32; except counts of queries and seeds) for every option that
+takes a value; for every path (and every text option whose help names a file, folder or path): a missing file, a
+folder, a file that is not UTF-8; for every output (--out, --output): a path under an existing file, an existing
+file (no --force), and each input of the same invocation.
 
-    PYTHONPATH=src python benchmarks/audit_cli.py [--timeout 20] [--only COMMAND] [--verbose]
+    PYTHONPATH=src python benchmarks/audit_cli.py [--timeout 20] [--only COMMAND] [--kinds blank,number] [--verbose]
 
 Prints one line per failing probe, the counts, and the commands skipped; exits 1 when any probe failed.
 """
@@ -64,10 +65,22 @@ BASE: dict[str, list[str]] = {
 }
 # Options for which 0 is a valid value (no warm-up, seed 0, the first layer).
 ZERO_IS_VALID = {"--warmup", "--warmup-steps", "--seed", "--layers"}
+LARGE = "2000000000"
+# Options (or "command option") for which 2 x 10^9 is a valid value: counts of queries or examples (up to 10^12; past
+# a dataset's size they mean all of it) and 32-bit seeds.
+LARGE_IS_VALID = {
+    "--queries",
+    "--run-queries",
+    "--num-train",
+    "--num-eval",
+    "--dataset-limit",
+    "--seed",
+    "eval --limit",
+}
 # Commands that stop at a missing device before any work on a machine without one: on such a machine their probes
 # show only that the checks before that stop hold.
 NEEDS_GPU = {"gpu-counters"}
-NUMBERS = ["-1", "0", "nan", "inf", "1e20", "100000000000000000000"]
+NUMBERS = ["-1", "0", "nan", "inf", "1e20", "100000000000000000000", LARGE]
 BLANKS = ["", "   "]
 INPUT_FILES = ("measurements", "targets", "data")
 

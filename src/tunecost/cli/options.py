@@ -30,6 +30,7 @@ except ImportError:  # pragma: no cover - older typer on the real click
 MAX_SEED = 2**32 - 1  # numpy's and torch's seeds are 32-bit
 MAX_EXPERTS = 1024  # experts of one MoE layer; today's largest models have 256
 MAX_LAYERS = 10_000  # decoder layers of one model; today's largest have about 130
+MAX_LORA_RANK = 1 << 16  # a LoRA rank is at most the hidden size; today's largest are about 16k
 
 
 def _is_blank(value: Any) -> bool:
@@ -58,8 +59,9 @@ def refuse_blank_values(command: Command) -> None:
         refuse_blank_values(sub)
 
 
-def whole_number(minimum: int, maximum: int) -> Callable[[Any], int]:
-    """A typer `parser`: a whole number in [minimum, maximum], else a usage error saying the bounds."""
+def whole_number(minimum: int | None, maximum: int) -> Callable[[Any], int]:
+    """A typer `parser`: a whole number in [minimum, maximum], else a usage error saying the bounds. With `minimum`
+    None only the maximum is checked here (the command checks the lower bound with its own words)."""
 
     def parse(value: Any) -> int:
         try:
@@ -68,9 +70,9 @@ def whole_number(minimum: int, maximum: int) -> Callable[[Any], int]:
             number = None
         if number is None:
             raise typer.BadParameter(f"must be a whole number, got {value!r}")
-        if not minimum <= number <= maximum:
-            bounds = f"positive and at most {maximum}" if minimum == 1 else f"between {minimum} and {maximum}"
-            raise typer.BadParameter(f"must be {bounds}, got {number}")
+        if number > maximum or (minimum is not None and number < minimum):
+            bounds = {None: "at most", 1: "positive and at most"}.get(minimum, f"between {minimum} and")
+            raise typer.BadParameter(f"must be {bounds} {maximum}, got {number}")
         return number
 
     return parse
@@ -96,7 +98,7 @@ def opt(option: str, help: str | None = None, **settings: Any) -> Any:
     return typer.Option(option, help=help, **settings)
 
 
-def count_option(option: str, help: str, maximum: int, minimum: int = 1) -> Any:
+def count_option(option: str, help: str, maximum: int, minimum: int | None = 1) -> Any:
     """An option that takes a whole number in [minimum, maximum]."""
     return typer.Option(option, help=help, parser=whole_number(minimum, maximum))
 

@@ -8,7 +8,10 @@ from typing import Annotated
 import typer
 
 from tunecost.cli.common import cli_errors, print_json, print_table, progress_callback
-from tunecost.cli.options import AllowDownload, JsonOut, NumExamples, SkipBadRows, opt
+from tunecost.cli.options import AllowDownload, JsonOut, NumExamples, SkipBadRows, count_option, opt
+from tunecost.limits import MAX_BATCH_SIZE, MAX_SEQ_LEN
+
+NEW_TOKENS_HELP = "Generation limit (default 256 for math, 32 for options)."
 
 
 @cli_errors
@@ -21,8 +24,8 @@ def eval_command(
         str | None, opt("--template", "none | mistral | alpaca | chat (default: the checkpoint's)")
     ] = None,
     tokenizer: Annotated[str | None, opt("--tokenizer", "Override the model's tokenizer.")] = None,
-    batch_size: Annotated[int, opt("--batch-size", "Generation batch size.")] = 16,
-    max_new_tokens: Annotated[int | None, opt("--max-new-tokens", "Generation limit (256 math, 32 options).")] = None,
+    batch_size: Annotated[int, count_option("--batch-size", "Generation batch size.", MAX_BATCH_SIZE, None)] = 16,
+    max_new_tokens: Annotated[int | None, count_option("--max-new-tokens", NEW_TOKENS_HELP, MAX_SEQ_LEN, None)] = None,
     predictions: Annotated[bool, opt("--predictions", "Include every prediction in --json output.")] = False,
     skip_bad_rows: SkipBadRows = False,
     allow_download: AllowDownload = False,

@@ -12,6 +12,7 @@ import typer
 from tunecost.cli.common import cli_errors, console, print_json, print_table, progress_callback, split_list
 from tunecost.cli.options import (
     MAX_LAYERS,
+    MAX_LORA_RANK,
     BatchSize,
     ExpertsPerToken,
     GpuMemoryGb,
@@ -83,10 +84,10 @@ def memory(
     model: ModelName,
     method: MethodName = "qlora",
     experts_per_token: ExpertsPerToken = None,
-    seq_len: Annotated[int, opt("--seq-len", "Tokens per query (padded length).")] = 512,
+    seq_len: Annotated[int, count_option("--seq-len", "Tokens per query (padded length).", MAX_SEQ_LEN)] = 512,
     batch_size: BatchSize = 1,
     dataset_lengths: Annotated[Path | None, opt("--dataset-lengths", LENGTHS_HELP)] = None,
-    lora_rank: Annotated[int, opt("--lora-rank")] = 16,
+    lora_rank: Annotated[int, count_option("--lora-rank", "LoRA rank.", MAX_LORA_RANK)] = 16,
     lora_alpha: Annotated[float, opt("--lora-alpha")] = 32.0,
     lora_targets: Annotated[str, opt("--lora-targets", "attention, experts, router, mlp.")] = "experts,router",
     gradient_checkpointing: Annotated[bool, opt("--gradient-checkpointing/--no-gradient-checkpointing")] = True,
