@@ -182,9 +182,9 @@ def probes(only: str | None = None, kinds: tuple[str, ...] = KINDS) -> tuple[lis
             takes_path = "Path" in str(annotation)
             is_output = name in ("--out", "--output")
             # a number is a valid file name: paths get the file probes below instead
-            numbers = (
-                [] if takes_path or is_output else [v for v in NUMBERS if not (v == "0" and name in ZERO_IS_VALID)]
-            )
+            valid = {"0"} if name in ZERO_IS_VALID else set()
+            valid |= {LARGE} if {name, f"{path} {name}"} & LARGE_IS_VALID else set()
+            numbers = [] if takes_path or is_output else [v for v in NUMBERS if v not in valid]
             for value in BLANKS:
                 out.append(Probe(path, name, "blank", repr(value), _with(base, param, value)))
             for value in numbers:
