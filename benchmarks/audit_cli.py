@@ -332,6 +332,9 @@ def main() -> int:
     print()
     commands = sorted({p.command for p in all_probes})
     print(f"{len(all_probes)} probes over {len(commands)} commands in {time.perf_counter() - started:.0f} s")
+    no_values = sorted(path for path, _ in _command_tree() if path not in commands and not options.only)
+    if no_values:
+        print(f"no value to probe (flags only): {', '.join(no_values)}")
     for kind in (
         "traceback",
         "runaway",
