@@ -9,6 +9,12 @@ from pathlib import Path
 import typer
 
 from tunecost.cli.common import cli_errors, console, print_json, print_table, split_list
+from tunecost.estimate import DEFAULT_ESTIMATOR
+
+LORA_TARGETS_HELP = (
+    "Comma-separated LoRA targets: attention, experts, router, mlp (default: experts,router for an MoE model, "
+    "attention,mlp for a dense one)."
+)
 
 
 @cli_errors
@@ -154,16 +160,24 @@ def estimate(
         "--experts-per-token",
         help="Top-k: experts per token for this job (default: the model's; dense = the number of experts).",
     ),
-    estimator: str = typer.Option("paper", "--estimator", help="paper | simulate | calibrated"),
+    lora_targets: str = typer.Option(None, "--lora-targets", help=LORA_TARGETS_HELP),
+    estimator: str = typer.Option(
+        DEFAULT_ESTIMATOR, "--estimator", help="calibrated (answers for every GPU) | simulate | paper"
+    ),
     provider: str = typer.Option(None, "--provider", help="Only prices from this provider."),
     prices_file: Path = typer.Option(None, "--prices", help="A CSV overriding or extending the price catalog."),
     seq_len: int = typer.Option(None, "--seq-len", help="Sequence length for the batch-size model."),
-    calibrate: Path = typer.Option(None, "--calibrate", help="Throughput measurements to fit/calibrate on."),
+    calibrate: list[Path] = typer.Option(
+        None,
+        "--calibrate",
+        help="Throughput measurements CSV or folder of CSVs to fit (paper) or calibrate (calibrated) on; repeat "
+        "for several.",
+    ),
     batch_size: str = typer.Option(
         None,
         "--batch-size",
         help="Fix the batch instead of the maximum: one value for every GPU (17), one per --gpu in order "
-        "(4,17,17), or GPU=B pairs (A40=4,H100=17).",
+        "(4,17,17), or GPU=B pairs (A40=4,H100=17). A batch larger than fits is marked in the table.",
     ),
     run_queries: int = typer.Option(
         None,
@@ -179,9 +193,11 @@ def estimate(
     from tunecost.catalog.gpus import gpu_catalog
     from tunecost.catalog.models import resolve_model
     from tunecost.errors import TunecostError
-    from tunecost.estimate.cost import estimate_costs
+    from tunecost.estimate.cost import check_queries_or_dataset, estimate_costs, estimate_job
+    from tunecost.estimate.estimators import EstimatorOptions
     from tunecost.limits import MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_finite_at_most
     from tunecost.results.records import save_estimate_records
+    from tunecost.workload.job import parse_lora_targets
 
     gpus = list(gpu_catalog()) if gpu.strip().lower() == "all" else split_list(gpu, what="GPU")
     check_finite_at_most("--epochs", epochs, MAX_EPOCHS)
@@ -189,26 +205,31 @@ def estimate(
         raise TunecostError(f"--queries must be > 0, got {queries}")
     check_count("--queries", queries, MAX_QUERIES)
     check_count("--seq-len", seq_len, MAX_SEQ_LEN)
+    check_queries_or_dataset(queries, dataset)
     if run_queries is not None and (run_queries < 1 or estimator != "calibrated"):
         raise TunecostError("--run-queries must be >= 1 and needs --estimator calibrated")
-    rows = estimate_costs(
-        model=model,
-        gpus=gpus,
-        epochs=epochs,
-        num_queries=queries,
-        dataset=dataset,
+    job = estimate_job(
+        model,
         method=method,
         experts_per_token=experts_per_token,
-        estimator=estimator,
+        dataset=dataset,
+        seq_len=seq_len,
+        lora_targets=parse_lora_targets(lora_targets) if lora_targets is not None else None,
+    )
+    options = EstimatorOptions(name=estimator, calibrate=tuple(calibrate or ()), run_queries=run_queries)
+    batch_sizes = parse_batch_sizes(batch_size, gpus) if batch_size else None
+    rows = estimate_costs(
+        job,
+        gpus,
+        epochs=epochs,
+        num_queries=queries,
+        options=options,
+        batch_sizes=batch_sizes,
         provider=provider,
         prices_file=prices_file,
-        seq_len=seq_len,
-        calibrate=calibrate,
-        batch_sizes=parse_batch_sizes(batch_size, gpus) if batch_size else None,
-        run_queries=run_queries,
     )
     if out is not None:
-        k = resolve_model(model).default_experts_per_token if experts_per_token is None else experts_per_token
+        k = resolve_model(job.model).default_experts_per_token if experts_per_token is None else experts_per_token
         save_estimate_records(out, rows, method=method, experts_per_token=k, command=sys.argv, force=force)
     if json_out:
         print_json(rows)
@@ -248,7 +269,7 @@ def _print_cost_rows(rows: list) -> None:
     print_table(
         f"Fine-tuning {first.model} on {first.dataset}: {first.num_queries} queries x {first.epochs:g} epochs "
         f"(estimator: {first.estimator})",
-        ["gpu", "provider", "price date", "$/h", "batch (max)", "queries/s", "extrapolated", "hours", "cost $"],
+        ["gpu", "provider", "price date", "$/h", "batch (max)", "fits", "queries/s", "extrapolated", "hours", "cost $"],
         [
             [
                 r.gpu,
@@ -256,6 +277,7 @@ def _print_cost_rows(rows: list) -> None:
                 r.price_date or "-",
                 _fmt(r.usd_per_hour, ".2f"),
                 f"{r.batch_size} ({r.max_batch_size})" if r.batch_size != r.max_batch_size else r.batch_size,
+                "yes" if r.fits else "NO",
                 _fmt(r.queries_per_s, ".3f")
                 + (
                     f" [{r.queries_per_s_low:.2f}-{r.queries_per_s_high:.2f}]"
