@@ -20,6 +20,7 @@ from tunecost.profile import instrument
 from tunecost.profile import kernels as K
 from tunecost.profile import nvtx as N
 from tunecost.profile.ncu import KernelCounterRow
+from tunecost.workload.job import FineTuneJob
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ncu"
 
@@ -41,7 +42,7 @@ def test_cli_without_gpu_says_so_in_one_line(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--method", "qlra"], "unknown method 'qlra'. Did you mean 'qlora'?"),
+        (["--method", "qlra"], "unsupported method 'qlra'; did you mean 'qlora'?"),
         (["--batch-sizes", "1,x"], "bad batch size 'x'"),
         (["--batch-sizes", "0"], "batch sizes must be positive"),
         (["--layers", "-1"], "layers must be non-negative"),
@@ -56,11 +57,14 @@ def test_cli_bad_input(tmp_path, args, message):
 
 
 def test_ncu_command_line(tmp_path):
-    job = G.GpuCountersJob(batch_sizes=(1, 32), layers=(0, 1), experts_per_token=8)
+    finetune = FineTuneJob(model="tiny-mixtral", method="full", experts_per_token=8, seq_len=128)
+    job = G.GpuCountersJob(job=finetune, batch_sizes=(1, 32), layers=(0, 1))
     child = C.child_command(job, 32, mode="steps")
     assert child[1:3] == ["-m", "tunecost.profile.counters_child"]
     spec = json.loads(child[-1])
-    assert spec["batch_size"] == 32 and spec["experts_per_token"] == 8 and spec["layers"] == [0, 1]
+    assert spec["batch_size"] == 32 and spec["counters"]["layers"] == [0, 1]
+    assert spec["counters"]["job"]["experts_per_token"] == 8
+    assert G.GpuCountersJob.from_dict(spec["counters"]) == job  # the child reads back the job it was given
     cmd = G.build_ncu_command(child, log_file=tmp_path / "x.csv", ncu="/opt/ncu", launch_count=500)
     assert cmd[0] == "/opt/ncu"
     assert cmd[cmd.index("--clock-control") + 1] == "none"  # never lock or change the GPU's clocks
@@ -89,27 +93,22 @@ def _fake_gpu(monkeypatch, ncu: str | None):
 
 
 def _fallback_rows(batch: int) -> str:
+    kernels = [  # (name, class, NVTX ranges, seconds): what the torch.profiler child reports
+        ("sm90_xmma_gemm", K.MATMUL_W2_DOWN, (N.MOE_BLOCK, N.W2), 3e-6),
+        ("softmax", K.SOFTMAX, (N.MOE_BLOCK, N.ROUTER), 1e-6),
+    ]
     rows = [
         KernelCounterRow(
-            kernel_name="sm90_xmma_gemm",
-            kernel_class=K.MATMUL_W2_DOWN,
-            nvtx_ranges=(N.MOE_BLOCK, N.W2),
-            duration_s=3e-6,
+            kernel_name=name,
+            kernel_class=cls,
+            nvtx_ranges=ranges,
+            duration_s=seconds,
             sm_pct=None,
             dram_pct=None,
             batch_size=batch,
             source="torch.profiler",
-        ),
-        KernelCounterRow(
-            kernel_name="softmax",
-            kernel_class=K.SOFTMAX,
-            nvtx_ranges=(N.MOE_BLOCK, N.ROUTER),
-            duration_s=1e-6,
-            sm_pct=None,
-            dram_pct=None,
-            batch_size=batch,
-            source="torch.profiler",
-        ),
+        )
+        for name, cls, ranges, seconds in kernels
     ]
     return "".join(json.dumps(r.to_dict()) + "\n" for r in rows)
 
@@ -335,23 +334,18 @@ def test_per_expert_modules_and_lora_get_their_ranges():
 def test_child_spec_errors_are_one_line(capsys):
     assert C.main(["--model", "tiny-mixtral"]) == 2
     assert C.main(['{"batch_size": 1, "colour": "red"}']) == 2
+    assert C.main(['{"batch_size": 1, "counters": {"job": {"model": "tiny-mixtral", "rank": 4}}}']) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+    assert len(err) == 3 and all(line.startswith("error: ") for line in err)
     assert "unknown spec keys ['colour']" in err[1]
+    assert "unknown job field(s) rank" in err[2]
 
 
 def test_torch_profiler_rows_on_cpu_ops():
-    rows = C.run_child(
-        model="tiny-mixtral",
-        method="full",
-        batch_size=2,
-        seq_len=16,
-        steps=1,
-        warmup_steps=0,
-        layers=[0],
-        mode="torch-profiler",
-        device="cpu",
+    job = G.GpuCountersJob(
+        job=FineTuneJob(model="tiny-mixtral", method="full", seq_len=16), steps=1, warmup_steps=0, layers=(0,)
     )
+    rows = C.run_child(job, 2, mode="torch-profiler", device="cpu")
     assert rows and all(r.source == "torch.profiler" and r.sm_pct is None and r.batch_size == 2 for r in rows)
     assert all(N.is_moe_work(r.nvtx_ranges) for r in rows)  # the recomputed attention is not MoE work
     seconds: dict[str, float] = {}

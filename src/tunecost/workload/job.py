@@ -7,8 +7,10 @@ gradient checkpointing, AdamW.
 
 from __future__ import annotations
 
+import difflib
 import math
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from tunecost.distributed.plan import ParallelPlan
@@ -40,7 +42,9 @@ BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise TunecostError(f"unsupported {what} {value!r}; supported: {', '.join(choices)}")
+        close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+        hint = f" did you mean {close[0]!r}?" if close else ""
+        raise TunecostError(f"unsupported {what} {value!r};{hint} supported: {', '.join(choices)}")
 
 
 def default_lora_targets(*, is_moe: bool) -> tuple[str, ...]:
@@ -157,3 +161,24 @@ class FineTuneJob:
     def with_(self, **changes: Any) -> FineTuneJob:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job as plain JSON-able values (`from_dict` reads it back)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FineTuneJob:
+        """The job `to_dict` wrote, also after a JSON round trip (lists back to tuples); an unknown field is an
+        error."""
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TunecostError(f"unknown job field(s) {', '.join(unknown)}")
+        values = dict(data)
+        if isinstance(values.get("lora"), Mapping):
+            lora = dict(values["lora"])
+            values["lora"] = LoraConfig(**{**lora, "targets": tuple(lora.get("targets", LoraConfig().targets))})
+        if isinstance(values.get("parallel"), Mapping):
+            values["parallel"] = ParallelPlan(**values["parallel"])
+        if values.get("lengths") is not None:
+            values["lengths"] = tuple(values["lengths"])
+        return cls(**values)

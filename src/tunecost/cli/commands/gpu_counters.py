@@ -46,14 +46,12 @@ def gpu_counters(
     """
 
     from tunecost.profile.gpu_counters import GpuCountersJob, check_can_run, run_gpu_counters
+    from tunecost.workload.job import FineTuneJob
 
     job = GpuCountersJob(
-        model=model,
-        method=method,
+        job=FineTuneJob(model=model, method=method, experts_per_token=experts_per_token, seq_len=seq_len),  # type: ignore[arg-type]
         experts_impl=experts_impl,
-        experts_per_token=experts_per_token,
         batch_sizes=tuple(split_list(batch_sizes, int, "batch size")),
-        seq_len=seq_len,
         steps=steps,
         warmup_steps=warmup_steps,
         layers=tuple(split_list(layers, int, "layer")),
