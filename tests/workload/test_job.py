@@ -36,7 +36,11 @@ def test_frozen_and_keyword_only() -> None:
         ("compute_dtype", "int8", "unsupported compute dtype 'int8'; supported: bf16, fp16, fp32"),
         ("quant_type", "int4", "unsupported 4-bit quantization type 'int4'; supported: nf4, fp4"),
         ("attention", "flex", "unsupported attention implementation 'flex'; supported: flash, sdpa, eager"),
-        ("optimizer", "adam", r"unsupported optimizer 'adam'; did you mean 'adamw'\? supported: adamw, adamw-8bit, sgd"),
+        (
+            "optimizer",
+            "adam",
+            r"unsupported optimizer 'adam'; did you mean 'adamw'\? supported: adamw, adamw-8bit, sgd",
+        ),
         ("batch_size", 0, "batch size must be >= 1, got 0"),
         ("batch_size", -2, "batch size must be >= 1, got -2"),
         ("seq_len", 0, "sequence length must be >= 1, got 0"),
@@ -94,7 +98,7 @@ def test_job_lengths_from_a_dataset_name_only() -> None:
     job = FineTuneJob(model="tiny-mixtral", seq_len=None, dataset="math_14k")
     assert job.dataset == "math_14k"
     with pytest.raises(TunecostError, match="gives no longest query"):
-        job.worst_case_seq_len
+        _ = job.worst_case_seq_len
 
 
 def test_lora_targets_by_anatomy_and_parsed() -> None:
