@@ -129,16 +129,8 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
     for model, method, setups in MAX_BATCH_JOBS:
         spec = resolve_model(model)
         for k in DENSE_SPARSE:
-            keys = record(
-                "max_batch",
-                model=model,
-                method=method,
-                experts_per_token=k,
-                seq_len=seq_len,
-                dataset=None,
-                device="none",
-            )
             job = FineTuneJob(model=model, method=method, experts_per_token=k, seq_len=seq_len)
+            keys = record("max_batch", **job.record_keys(), device="none")
             for gb in MAX_BATCH_MEMORY_GB:
                 eq1, note = eq1_max_batch_size(spec, gpu_memory_gb=gb, experts_per_token=k, seq_len=seq_len)
                 rows.append(

@@ -19,7 +19,6 @@ from tunecost.profile import gpu_counters as G
 from tunecost.profile import instrument
 from tunecost.profile import kernels as K
 from tunecost.profile import nvtx as N
-from tunecost.profile.ncu import KernelCounterRow
 from tunecost.workload.job import FineTuneJob
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ncu"
@@ -97,19 +96,7 @@ def _fallback_rows(batch: int) -> str:
         ("sm90_xmma_gemm", K.MATMUL_W2_DOWN, (N.MOE_BLOCK, N.W2), 3e-6),
         ("softmax", K.SOFTMAX, (N.MOE_BLOCK, N.ROUTER), 1e-6),
     ]
-    rows = [
-        KernelCounterRow(
-            kernel_name=name,
-            kernel_class=cls,
-            nvtx_ranges=ranges,
-            duration_s=seconds,
-            sm_pct=None,
-            dram_pct=None,
-            batch_size=batch,
-            source="torch.profiler",
-        )
-        for name, cls, ranges, seconds in kernels
-    ]
+    rows = [C.profiler_row(name, cls, ranges, seconds, batch) for name, cls, ranges, seconds in kernels]
     return "".join(json.dumps(r.to_dict()) + "\n" for r in rows)
 
 

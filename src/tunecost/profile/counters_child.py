@@ -68,22 +68,23 @@ def profiler_rows(events: Iterable[Any], *, batch_size: int | None, kernels: boo
                 if kernel.name.startswith(RANGE_PREFIX) or kernel.duration <= 0:
                     continue
                 rows.append(
-                    _profiler_row(
+                    profiler_row(
                         kernel.name, classify_kernel(kernel.name, stack), stack, kernel.duration * 1e-6, batch_size
                     )
                 )
         elif event.self_cpu_time_total > 0:
             rows.append(
-                _profiler_row(
+                profiler_row(
                     event.name, classify_cpu_op(event.name, stack), stack, event.self_cpu_time_total * 1e-6, batch_size
                 )
             )
     return rows
 
 
-def _profiler_row(
+def profiler_row(
     name: str, cls: str, stack: tuple[str, ...], seconds: float, batch_size: int | None
 ) -> KernelCounterRow:
+    """A kernel (or CPU op) timed by torch.profiler: no utilization counters."""
     return KernelCounterRow(
         kernel_name=name,
         kernel_class=cls,

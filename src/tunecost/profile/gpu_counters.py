@@ -46,7 +46,6 @@ NO_CUDA_MESSAGE = (
     "`tunecost profile` for the torch.profiler kernel breakdown"
 )
 _OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError")
-RECORD_JOB_FIELDS = ("model", "method", "experts_per_token", "seq_len")
 
 
 def _default_job() -> FineTuneJob:
@@ -95,9 +94,8 @@ class GpuCountersJob:
         )
 
     def keys(self) -> dict[str, Any]:
-        """The keys of this job's records: the job's `RECORD_JOB_FIELDS` and the profiled layers."""
-        job = {k: v for k, v in self.job.to_dict().items() if k in RECORD_JOB_FIELDS}
-        return {**job, "layers": list(self.layers)}
+        """The keys of this job's records: the job's and the profiled layers."""
+        return {**self.job.record_keys(), "layers": list(self.layers)}
 
     def point_id(self, batch_size: int) -> str:
         job = self.job
@@ -212,7 +210,6 @@ def _record(job: GpuCountersJob, row: KernelCounterRow, device: str) -> dict[str
         "kind": "counters",
         "point_id": job.point_id(row.batch_size or 0),
         **job.keys(),
-        "dataset": None,
         "device": device,
         **row.to_dict(),
     }

@@ -38,6 +38,7 @@ QUANT_TYPES: tuple[str, ...] = ("nf4", "fp4")
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "sdpa", "eager")
 OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw-8bit", "sgd")
 BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp32": 4}
+RECORD_KEYS = ("model", "method", "experts_per_token", "seq_len", "dataset")  # FineTuneJob.record_keys
 
 
 def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
@@ -165,6 +166,10 @@ class FineTuneJob:
     def to_dict(self) -> dict[str, Any]:
         """The job as plain JSON-able values (`from_dict` reads it back)."""
         return asdict(self)
+
+    def record_keys(self) -> dict[str, Any]:
+        """The keys that a measurement or an estimate of this job is recorded under (docs/dev/records.md)."""
+        return {name: getattr(self, name) for name in RECORD_KEYS}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> FineTuneJob:
