@@ -1,4 +1,4 @@
-"""Cost tables (tunecost.estimate.cost): `simple_cost` (Table IV) and `estimate_costs` (one row per GPU and
+"""Cost tables (tunecost.estimate.cost): `CostEstimate` (Table IV) and `estimate_costs` (one row per GPU and
 provider, sorted by cost, naming estimator, provider and price date)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tunecost.errors import TunecostError
-from tunecost.estimate.cost import estimate_costs, estimate_job, simple_cost
+from tunecost.estimate.cost import CostEstimate, estimate_costs, estimate_job
 from tunecost.estimate.estimators import EstimatorOptions
 from tunecost.workload.job import FineTuneJob
 
@@ -25,7 +25,7 @@ def paper_costs(gpus=("A40",), estimator: str = "paper", **kwargs):
 def test_simple_cost_table_iv_a40() -> None:
     # Table IV, A40: 15000 queries x 10 epochs / 1.01 qps = 41.254 h; * $0.79 = $32.59 (printed 32.7;
     # our target: 32.6 +- 0.3). See tests/estimate/test_paper.py for the query count.
-    est = simple_cost(num_queries=15000, epochs=10, queries_per_s=1.01, usd_per_hour=0.79)
+    est = CostEstimate(num_queries=15000, epochs=10, queries_per_s=1.01, usd_per_hour=0.79)
     assert est.hours == pytest.approx(41.254125, abs=1e-6)
     assert est.usd == pytest.approx(32.590759, abs=1e-6)
     assert abs(est.usd - 32.6) <= 0.3
@@ -33,7 +33,7 @@ def test_simple_cost_table_iv_a40() -> None:
 
 
 def test_simple_cost_carries_price_provenance() -> None:
-    est = simple_cost(
+    est = CostEstimate(
         num_queries=14000,
         epochs=1,
         queries_per_s=2.0,
@@ -52,7 +52,7 @@ def test_simple_cost_carries_price_provenance() -> None:
 def test_simple_cost_rejects_nonpositive(field: str, bad: float) -> None:
     kwargs = {"num_queries": 15000, "epochs": 10, "queries_per_s": 1.01, "usd_per_hour": 0.79, field: bad}
     with pytest.raises(TunecostError, match="must be > 0"):
-        simple_cost(**kwargs)
+        CostEstimate(**kwargs)
 
 
 @pytest.fixture(scope="module")

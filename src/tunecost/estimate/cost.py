@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunecost.catalog.datasets import dataset_catalog, get_dataset_facts
@@ -48,42 +48,29 @@ class CostRow:
 
 @dataclass(frozen=True, kw_only=True)
 class CostEstimate:
-    """What `tunecost cost` prints: one fine-tune's hours and dollars from a throughput and a price."""
+    """What `tunecost cost` prints: one fine-tune's hours and dollars from a throughput and a price (§V-C, Table
+    IV); `hours` and `usd` are computed (and the inputs checked) on construction."""
 
     num_queries: float
     epochs: float
     queries_per_s: float
     usd_per_hour: float
-    hours: float
-    usd: float
     provider: str | None = None
     price_date: str | None = None
     gpu: str | None = None
+    hours: float = field(init=False)
+    usd: float = field(init=False)
 
-
-def simple_cost(
-    *,
-    num_queries: float,
-    epochs: float,
-    queries_per_s: float,
-    usd_per_hour: float,
-    provider: str | None = None,
-    price_date: str | None = None,
-    gpu: str | None = None,
-) -> CostEstimate:
-    hours = training_seconds(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s) / 3600.0
-    usd = cost_usd(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s, usd_per_gpu_hour=usd_per_hour)
-    return CostEstimate(
-        num_queries=num_queries,
-        epochs=epochs,
-        queries_per_s=queries_per_s,
-        usd_per_hour=usd_per_hour,
-        hours=hours,
-        usd=usd,
-        provider=provider,
-        price_date=price_date,
-        gpu=gpu,
-    )
+    def __post_init__(self) -> None:
+        seconds = training_seconds(num_queries=self.num_queries, epochs=self.epochs, queries_per_s=self.queries_per_s)
+        usd = cost_usd(
+            num_queries=self.num_queries,
+            epochs=self.epochs,
+            queries_per_s=self.queries_per_s,
+            usd_per_gpu_hour=self.usd_per_hour,
+        )
+        object.__setattr__(self, "hours", seconds / 3600.0)
+        object.__setattr__(self, "usd", usd)
 
 
 def _sort_key(row: CostRow) -> tuple[int, float, str]:

@@ -88,7 +88,7 @@ def cost(
     """Hours and dollars of a fine-tune: queries x epochs / throughput / 3600 x $/h (Table IV)."""
     from tunecost.catalog.prices import cheapest_price, price_catalog
     from tunecost.errors import TunecostError, unknown_name_error
-    from tunecost.estimate.cost import simple_cost
+    from tunecost.estimate.cost import CostEstimate
     from tunecost.limits import (
         MAX_EPOCHS,
         MAX_QUERIES,
@@ -126,7 +126,7 @@ def cost(
             price.date,
             price.gpu,
         )
-    result = simple_cost(
+    result = CostEstimate(
         num_queries=queries,
         epochs=epochs,
         queries_per_s=throughput,

@@ -43,6 +43,7 @@ def trainability_command(
     from tunecost.errors import TunecostError
     from tunecost.limits import MAX_LEARNING_RATE, check_positive
     from tunecost.train.trainability import ROWS_FILE, TrainabilityJob, run_trainability
+    from tunecost.workload.job import FineTuneJob
 
     hf_logging.disable_progress_bar()  # our own bar; checkpoint writes would print theirs
     _check_dataset("--dataset", dataset)
@@ -53,12 +54,10 @@ def trainability_command(
         if value is not None and value < 1:
             raise TunecostError(f"{option} must be at least 1, got {value}")
     job = TrainabilityJob(
-        model=model,
-        dataset=dataset,
+        job=FineTuneJob(model=model, method="full", dataset=dataset, seq_len=None, batch_size=batch_size),
         eval_dataset=eval_dataset,
         epochs=epochs,
         experts_per_token=tuple(split_list(experts_per_token, int, "experts per token")),
-        batch_size=batch_size,
         lr=lr,
         template=template,
         tokenizer=tokenizer,
