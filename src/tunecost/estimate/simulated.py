@@ -31,7 +31,7 @@ def simulated_max_batch(req: EstimateRequest) -> tuple[int, str]:
     mbs = int(simulated_max_batch_size(job, req.gpu, stack=SIMULATOR_STACK))
     return mbs, (
         f"max batch size from the step simulator ({SIMULATOR_STACK} stack, {job.seq_len} tokens per query, "
-        f"gradient checkpointing {'on' if job.gradient_checkpointing else 'off'}, {req.gpu.memory_gb:g} GB)"
+        f"gradient checkpointing {'on' if job.gradient_checkpointing else 'off'}, {req.gpu.memory_gib:g} GB)"
     )
 
 
