@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunecost.catalog.datasets import dataset_catalog, get_dataset_facts
-from tunecost.catalog.gpus import resolve_gpu_name
+from tunecost.catalog.gpus import Resolved, resolve_gpu_name
 from tunecost.catalog.models import resolve_model
 from tunecost.catalog.prices import Price, price_catalog, prices_for
 from tunecost.errors import TunecostError
@@ -124,7 +124,7 @@ def estimate_job(
         experts_per_token=experts_per_token,
         gradient_checkpointing=method != "full",
         seq_len=seq_len,
-        dataset=dataset or DEFAULT_THROUGHPUT_DATASET,
+        dataset=get_dataset_facts(dataset).name if dataset else DEFAULT_THROUGHPUT_DATASET,
     )
 
 
@@ -158,31 +158,31 @@ def estimate_costs(
     if num_queries <= 0:
         raise TunecostError(f"number of queries must be > 0, got {num_queries}")
     func = get_estimator(options.name)
-    prices = price_catalog(prices_file)
-    rows: list[CostRow] = []
-    done: set[str] = set()
     fixed = _batch_sizes_by_gpu(gpus, batch_sizes or {})
-    for gpu_name in gpus:
-        resolved = resolve_gpu_name(gpu_name)
-        gpu = resolved.gpu
-        if gpu.name in done:  # named twice (or by two aliases): one set of rows
-            continue
-        done.add(gpu.name)
-        batch = fixed.get(gpu.name)
+    resolved: dict[
+        str, Resolved
+    ] = {}  # catalog name -> as named; a GPU named twice (or by two aliases): one set of rows
+    for name in gpus:
+        named = resolve_gpu_name(name)
+        resolved.setdefault(named.gpu.name, named)
+    catalog = price_catalog(prices_file)
+    prices = {name: prices_for(name, catalog, provider) for name in resolved}  # before any (slow) estimate
+    rows: list[CostRow] = []
+    for name, named in resolved.items():
+        batch = fixed.get(name)
         req = EstimateRequest(
             job=job if batch is None else job.with_(batch_size=batch),
-            gpu=gpu,
+            gpu=named.gpu,
             options=options,
             fixed_batch=batch is not None,
         )
         point = func(req)
         notes = list(point.notes)
-        if resolved.via_alias:
-            notes.insert(0, f"{resolved.via_alias!r} resolved to {gpu.name}")
-        gpu_prices = prices_for(gpu.name, prices, provider)
-        if not gpu_prices:
-            notes.append(f"no price for {gpu.name}" + (f" from {provider}" if provider else "") + " in the catalog")
-        choices: list[Price | None] = [*gpu_prices] if gpu_prices else [None]
+        if named.via_alias:
+            notes.insert(0, f"{named.via_alias!r} resolved to {name}")
+        if not prices[name]:
+            notes.append(f"no price for {name}" + (f" from {provider}" if provider else "") + " in the catalog")
+        choices: list[Price | None] = [*prices[name]] if prices[name] else [None]
         for price in choices:
             rows.append(_cost_row(req, point, price, num_queries=num_queries, epochs=epochs, notes=notes))
     return sorted(rows, key=_sort_key)
