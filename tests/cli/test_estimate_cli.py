@@ -144,22 +144,6 @@ def test_cost_table_output(cli_runner) -> None:
     assert "$32.59" in result.stdout and "paper-2024" in result.stdout and "2024-08-08" in result.stdout
 
 
-@pytest.mark.parametrize(
-    ("override", "expected"),
-    [
-        ({"--queries": "0"}, "number of queries must be > 0, got 0"),
-        ({"--queries": "-15000"}, "number of queries must be > 0"),
-        ({"--epochs": "0"}, "epochs must be > 0, got 0"),
-        ({"--epochs": "-1"}, "epochs must be > 0"),
-        ({"--throughput": "0"}, "throughput must be > 0 queries/s"),
-        ({"--throughput": "-1.01"}, "throughput must be > 0 queries/s"),
-        ({"--usd-per-hour": "0"}, "price must be > 0"),
-    ],
-)
-def test_cost_nonpositive_inputs(cli_error, override, expected) -> None:
-    assert expected in cli_error(_args("cost", {**COST, "--usd-per-hour": "0.79", **override}, "--json"))
-
-
 def test_cost_bad_names(cli_error) -> None:
     base = _args("cost", COST)
     line = cli_error([*base, "--gpu", "B200"])
@@ -226,24 +210,36 @@ def test_estimate_queries_and_calibrate(cli_runner, write_file) -> None:
     assert h100["usd"] == pytest.approx(15000 * 10 / h100["queries_per_s"] / 3600 * 2.1)
 
 
+# A valid command line of each command; each case below changes one of its options.
+VALID = {"cost": {**COST, "--usd-per-hour": "0.79"}, "estimate": PAPER_ESTIMATE}
+
+
 @pytest.mark.parametrize(
-    ("override", "expected"),
+    ("command", "override", "expected"),
     [
-        ({"--gpu": "A40,B200"}, "unknown GPU 'B200'"),
-        ({"--model": "mixtral-9x9b"}, "unknown model 'mixtral-9x9b'"),
-        ({"--provider": "nocloud"}, "unknown provider 'nocloud'"),
-        ({"--estimator": "oracle"}, "unknown estimator 'oracle'"),
-        ({"--dataset": "math14k"}, "unknown dataset 'math14k'"),
-        ({"--queries": "0"}, "--queries must be > 0"),
-        ({"--queries": "-3"}, "--queries must be > 0"),
-        ({"--epochs": "0"}, "epochs must be > 0"),
-        ({"--epochs": "-2"}, "epochs must be > 0"),
-        ({"--method": "full"}, "measured mixtral-8x7b with --method qlora only"),
-        ({"--experts-per-token": "9"}, "experts per token must be in 1..8"),
+        ("cost", {"--queries": "0"}, "number of queries must be > 0, got 0"),
+        ("cost", {"--queries": "-15000"}, "number of queries must be > 0"),
+        ("cost", {"--epochs": "0"}, "epochs must be > 0, got 0"),
+        ("cost", {"--epochs": "-1"}, "epochs must be > 0"),
+        ("cost", {"--throughput": "0"}, "throughput must be > 0 queries/s"),
+        ("cost", {"--throughput": "-1.01"}, "throughput must be > 0 queries/s"),
+        ("cost", {"--usd-per-hour": "0"}, "price must be > 0"),
+        ("estimate", {"--gpu": "A40,B200"}, "unknown GPU 'B200'"),
+        ("estimate", {"--model": "mixtral-9x9b"}, "unknown model 'mixtral-9x9b'"),
+        ("estimate", {"--provider": "nocloud"}, "unknown provider 'nocloud'"),
+        ("estimate", {"--estimator": "oracle"}, "unknown estimator 'oracle'"),
+        ("estimate", {"--dataset": "math14k"}, "unknown dataset 'math14k'"),
+        ("estimate", {"--dataset": "math14k", "--queries": "100"}, "unknown dataset 'math14k'"),
+        ("estimate", {"--queries": "0"}, "--queries must be > 0"),
+        ("estimate", {"--queries": "-3"}, "--queries must be > 0"),
+        ("estimate", {"--epochs": "0"}, "epochs must be > 0"),
+        ("estimate", {"--epochs": "-2"}, "epochs must be > 0"),
+        ("estimate", {"--method": "full"}, "measured mixtral-8x7b with --method qlora only"),
+        ("estimate", {"--experts-per-token": "9"}, "experts per token must be in 1..8"),
     ],
 )
-def test_estimate_bad_input(cli_error, override, expected) -> None:
-    line = cli_error(_args("estimate", {**PAPER_ESTIMATE, **override}))
+def test_bad_input_is_one_error_line(cli_error, command, override, expected) -> None:
+    line = cli_error(_args(command, {**VALID[command], **override}, "--json"))
     assert expected in line
     if expected.startswith("unknown"):
         assert "Valid choices:" in line

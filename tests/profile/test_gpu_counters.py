@@ -189,18 +189,9 @@ def test_cli_json_with_a_fake_gpu(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    from tunecost.models.tiny import build_tiny_mixtral
-
-    return build_tiny_mixtral(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=96,
-        head_dim=8,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        vocab_size=128,
-    )
+def tiny(small_mixtral):
+    """Two layers, hidden 64 in 8 heads of 8 (4 key-value heads), 8 experts of width 96, 128-token vocabulary."""
+    return small_mixtral(64, 8, num_hidden_layers=2, intermediate_size=96, vocab_size=128)
 
 
 def _loss_and_grads(model, ids):
