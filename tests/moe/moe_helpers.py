@@ -19,19 +19,12 @@ def make_block(
 ):
     """A transformers MixtralSparseMoeBlock with random weights; `starve_expert` never wins the routing
     for inputs from `make_inputs` (its router row points away from their mean), so it gets no tokens."""
-    from transformers import MixtralConfig
-    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+    from tunecost.moe.bench import mixtral_moe_block
 
-    config = MixtralConfig(
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_local_experts=experts,
-        num_experts_per_tok=top_k,
-        router_jitter_noise=0.0,
-    )
-    config._experts_implementation = experts_impl
     torch.manual_seed(seed)
-    block = MixtralSparseMoeBlock(config)
+    block = mixtral_moe_block(
+        hidden=hidden, intermediate=intermediate, experts=experts, top_k=top_k, experts_impl=experts_impl
+    )
     with torch.no_grad():
         block.gate.weight.normal_(0, 0.3)
         block.experts.gate_up_proj.normal_(0, 0.1)
