@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from tunecost.errors import TunecostError
@@ -23,8 +24,11 @@ def check_input_file(path: str | os.PathLike[str], what: str = "file") -> Path:
     return target
 
 
-def read_csv_rows(path: str | os.PathLike[str], what: str = "CSV file") -> tuple[list[str], list[dict[str, str]]]:
-    """(header, rows) of a CSV file; a row is a dict of the header's columns (missing cells are "")."""
+def read_csv_rows(
+    path: str | os.PathLike[str], what: str = "CSV file", *, required: Sequence[str] = ()
+) -> tuple[list[str], list[dict[str, str]]]:
+    """(header, rows) of a CSV file; a row is a dict of the header's columns (missing cells are ""). A header
+    without every `required` column is an error naming the missing ones."""
     target = check_input_file(path, what)
     try:
         with open(target, newline="", encoding="utf-8-sig") as fh:  # utf-8-sig: an Excel BOM is no column name
@@ -42,4 +46,10 @@ def read_csv_rows(path: str | os.PathLike[str], what: str = "CSV file") -> tuple
         raise TunecostError(f"{str(target)!r} is not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if "\0" in "".join(header):
         raise TunecostError(f"{str(target)!r}: header holds a NUL byte: {header!r}")
+    missing = [c for c in required if c not in header]
+    if missing:
+        found = ", ".join(map(repr, header)) or "none"
+        raise TunecostError(
+            f"{target}: missing column(s) {', '.join(missing)}; found {found}; required: {', '.join(required)}"
+        )
     return header, rows

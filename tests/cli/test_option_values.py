@@ -26,8 +26,6 @@ def _load_audit():
 audit = _load_audit()
 # Out-of-range numbers kept here; the audit also runs 0, inf and 10^20, and the file and output probes.
 NUMBERS = ("-1", "nan", "1e20")
-# A known gap of `estimate` (its own command module): an unknown --dataset name is accepted when --queries is given.
-KNOWN_GAPS = {("estimate", "--dataset")}
 
 
 def _params() -> list:
@@ -36,9 +34,7 @@ def _params() -> list:
     for probe in probes:
         if probe.kind == "number" and probe.bad not in NUMBERS:
             continue
-        gap = (probe.command, probe.option) in KNOWN_GAPS and probe.kind == "number"
-        marks = [pytest.mark.xfail(reason="estimate accepts it", strict=False)] if gap else []
-        out.append(pytest.param(probe, id=f"{probe.command}:{probe.option}={probe.bad}", marks=marks))
+        out.append(pytest.param(probe, id=f"{probe.command}:{probe.option}={probe.bad}"))
     return out
 
 

@@ -45,13 +45,7 @@ def read_targets(path: Path) -> list:
     from tunecost.errors import TunecostError
     from tunecost.estimate.throughput.calibrate import ThroughputTarget
 
-    header, rows = read_csv_rows(path, "targets file")
-    missing = [c for c in TARGET_COLUMNS if c not in header]
-    if missing:
-        raise TunecostError(
-            f"{path}: missing column(s) {', '.join(missing)}; "
-            f"required: {', '.join(TARGET_COLUMNS)} (optional: seq_len, method)"
-        )
+    _, rows = read_csv_rows(path, "targets file", required=TARGET_COLUMNS)
     if not rows:
         raise TunecostError(f"{path}: no targets")
 
