@@ -1,0 +1,335 @@
+"""Step time, cost and the GPU-count search for a fine-tune on several GPUs.
+
+Per setup (GPU, strategy, number of GPUs):
+- memory per rank from `rank_memory` (derived from the single-GPU simulated step; GPU-independent, traced once);
+- compute per rank: the single-GPU step at the same micro-batch from the cross-GPU throughput model
+  (`estimate.calibrated`), split into forward, backward (with recompute) and optimizer by the simulated FLOPs,
+  and evenly over the decoder layers;
+- communication per step: the collectives the strategy issues (sizes from the same step), timed with nccl-tests'
+  bus-bandwidth definitions (`comm`) over the interconnect catalog, hidden under compute per `overlap`;
+- throughput = N x micro-batch / step time (data parallel); cost = hours x N x the provider's $ per GPU-hour.
+  The price catalog has per-GPU prices only, so a node costs its GPUs' price.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from tunecost.catalog.gpus import GPU
+from tunecost.catalog.interconnects import Interconnect, resolve_interconnect
+from tunecost.distributed import comm, overlap
+from tunecost.distributed.plan import ParallelPlan
+from tunecost.distributed.rank_memory import (
+    PARAM_SHARDED,
+    RankMemory,
+    SingleGpuStep,
+    rank_memory,
+    shard_group_size,
+)
+from tunecost.errors import TunecostError
+from tunecost.workload.job import FineTuneJob
+
+DEFAULT_MAX_GPUS = 64
+DDP_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default
+# Links assumed when none is named: the node's GPU link (by GPU family) and, between nodes, one NIC per GPU.
+DEFAULT_NODE_LINK = {"H100-80GB-SXM": "NVLink4", "H200-141GB": "NVLink4", "A100-80GB-SXM": "NVLink3"}
+DEFAULT_NODE_LINK_OTHER = "PCIe4"
+DEFAULT_NETWORK = {"H100-80GB-SXM": "InfiniBand-NDR", "H200-141GB": "InfiniBand-NDR"}
+DEFAULT_NETWORK_OTHER = "InfiniBand-HDR"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Links:
+    node: Interconnect  # between the GPUs of one node
+    network: Interconnect  # one NIC between nodes
+    nics_per_node: int
+
+    def bus_bandwidth_bytes_per_s(self, num_ranks: int, gpus_per_node: int) -> tuple[float, float]:
+        """(bus bandwidth, latency) of a collective over `num_ranks` ranks: the node link within one node; across
+        nodes the slower of the node link and the node's NICs (a ring crosses the network)."""
+        if num_ranks <= gpus_per_node:
+            return self.node.bus_bandwidth_bytes_per_s, self.node.latency_seconds
+        network = comm.inter_node_bus_bandwidth_bytes_per_s(self.network.bus_bandwidth_bytes_per_s, self.nics_per_node)
+        latency = max(self.node.latency_seconds, self.network.latency_seconds)
+        return min(self.node.bus_bandwidth_bytes_per_s, network), latency
+
+
+def default_links(gpu: GPU, gpus_per_node: int, node_link: str | None = None) -> Links:
+    node = resolve_interconnect(node_link or DEFAULT_NODE_LINK.get(gpu.name, DEFAULT_NODE_LINK_OTHER))
+    if node.scope != "node":
+        raise TunecostError(f"{node.name} links nodes, not the GPUs of one node; name a node link (NVLink, PCIe)")
+    network = resolve_interconnect(DEFAULT_NETWORK.get(gpu.name, DEFAULT_NETWORK_OTHER))
+    return Links(node=node, network=network, nics_per_node=gpus_per_node)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setup:
+    """One (GPU, strategy, number of GPUs) answer: memory per rank, step time, throughput and cost."""
+
+    gpu: str
+    strategy: str
+    num_gpus: int
+    gpus_per_node: int
+    memory: RankMemory
+    gpu_memory_bytes: int
+    compute_seconds: float | None = None
+    step_seconds: float | None = None
+    comm_seconds: float | None = None  # all collectives of a step, hidden or not
+    queries_per_s: float | None = None
+    provider: str | None = None
+    usd_per_gpu_hour: float | None = None
+    hours: float | None = None
+    usd: float | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def fits(self) -> bool:
+        return self.memory.need_bytes <= self.gpu_memory_bytes
+
+    @property
+    def exposed_comm_share(self) -> float | None:
+        if self.step_seconds is None or self.compute_seconds is None or not self.step_seconds:
+            return None
+        return (self.step_seconds - self.compute_seconds) / self.step_seconds
+
+
+def phase_seconds(step: SingleGpuStep, step_seconds: float) -> tuple[float, float, float]:
+    """(forward, backward + recompute, optimizer) seconds of a step, split by the simulated FLOPs."""
+    flops = step.flops_by_phase
+    total = sum(flops.values()) or 1.0
+    forward = flops.get("forward", 0.0) / total
+    optimizer = flops.get("optimizer", 0.0) / total
+    return forward * step_seconds, (1.0 - forward - optimizer) * step_seconds, optimizer * step_seconds
+
+
+def step_time(step: SingleGpuStep, plan: ParallelPlan, links: Links, compute_seconds: float) -> tuple:
+    """(overlap.StepTime, seconds of all collectives) of one step of `plan` whose single-GPU compute is given."""
+    fwd, bwd, opt = phase_seconds(step, compute_seconds)
+    n, layers = plan.num_gpus, step.num_layers
+    group = shard_group_size(plan)
+    bw, lat = links.bus_bandwidth_bytes_per_s(group, plan.gpus_per_node)
+
+    def seconds(op: str, nbytes: float, ranks: int = group, bus=bw, latency=lat) -> float:
+        return comm.collective_seconds(op, nbytes, ranks, bus, latency)
+
+    if plan.strategy in (*PARAM_SHARDED, "fsdp2-shard-grad-op"):
+        ag = [seconds("all_gather", step.layer_weight_bytes)] * layers
+        rs = [seconds("reduce_scatter", step.layer_trainable_bytes)] * layers
+        ag[0] += seconds("all_gather", step.root_weight_bytes)
+        rs[0] += seconds("reduce_scatter", step.root_trainable_bytes)
+        reshard = plan.strategy != "fsdp2-shard-grad-op"
+        timed = overlap.fsdp_step_seconds(
+            [fwd / layers] * layers, [bwd / layers] * layers, ag, rs, opt, reshard_after_forward=reshard
+        )
+        total = sum(ag) * (2 if reshard else 1) + sum(rs)
+        if plan.strategy == "hsdp" and plan.num_nodes > 1:  # sharded gradients all-reduced between nodes
+            bus, latency = links.bus_bandwidth_bytes_per_s(n, plan.gpus_per_node)
+            extra = seconds("all_reduce", step.trainable_bytes / group, plan.num_nodes, bus, latency)
+            timed = overlap.StepTime(compute_seconds=timed.compute_seconds, step_seconds=timed.step_seconds + extra)
+            total += extra
+        return timed, total
+    buckets = _bucket_sizes(step.trainable_bytes)
+    op = "all_reduce" if plan.strategy == "ddp" else "reduce_scatter"
+    bucket_seconds = [seconds(op, b) for b in buckets]
+    timed = overlap.ddp_step_seconds(fwd, bwd, bucket_seconds, opt)
+    total = sum(bucket_seconds)
+    if plan.strategy in ("zero1", "zero2"):  # updated trainable weights all-gathered after the optimizer step
+        gather = seconds("all_gather", step.trainable_bytes)
+        timed = overlap.StepTime(compute_seconds=timed.compute_seconds, step_seconds=timed.step_seconds + gather)
+        total += gather
+    return timed, total
+
+
+def _bucket_sizes(trainable_bytes: int, cap_bytes: int = DDP_BUCKET_BYTES) -> list[int]:
+    full, rest = divmod(trainable_bytes, cap_bytes)
+    return [cap_bytes] * full + ([rest] if rest else [])
+
+
+def valid_gpu_counts(gpus_per_node: int, max_gpus: int) -> list[int]:
+    """1 .. GPUs per node, then whole nodes, up to `max_gpus`."""
+    return [n for n in range(1, max_gpus + 1) if n <= gpus_per_node or n % gpus_per_node == 0]
+
+
+def evaluate_setup(
+    step: SingleGpuStep,
+    job: FineTuneJob,
+    gpu: GPU,
+    plan: ParallelPlan,
+    *,
+    single_gpu_queries_per_s: float | None,
+    links: Links,
+    price=None,
+    num_queries: float | None = None,
+    epochs: float | None = None,
+) -> Setup:
+    """Memory, step time, throughput and (given a price and a workload) cost of one setup."""
+    from tunecost.estimate.paper import cost_usd, training_seconds
+
+    memory = rank_memory(step, job, plan)
+    base = Setup(
+        gpu=gpu.name,
+        strategy=plan.strategy,
+        num_gpus=plan.num_gpus,
+        gpus_per_node=plan.gpus_per_node,
+        memory=memory,
+        gpu_memory_bytes=gpu.memory_bytes,
+    )
+    if not base.fits or not single_gpu_queries_per_s:
+        return base
+    compute = job.batch_size / single_gpu_queries_per_s
+    timed, comm_total = step_time(step, plan, links, compute)
+    qps = plan.num_gpus * job.batch_size / timed.step_seconds
+    hours = usd = None
+    if num_queries and epochs:
+        hours = training_seconds(num_queries=num_queries, epochs=epochs, queries_per_s=qps) / 3600.0
+        if price is not None:
+            usd = cost_usd(
+                num_queries=num_queries,
+                epochs=epochs,
+                queries_per_s=qps,
+                usd_per_gpu_hour=price.usd_per_gpu_hour,
+                num_gpus=plan.num_gpus,
+            )
+    return Setup(
+        gpu=gpu.name,
+        strategy=plan.strategy,
+        num_gpus=plan.num_gpus,
+        gpus_per_node=plan.gpus_per_node,
+        memory=memory,
+        gpu_memory_bytes=gpu.memory_bytes,
+        compute_seconds=timed.compute_seconds,
+        step_seconds=timed.step_seconds,
+        comm_seconds=comm_total,
+        queries_per_s=qps,
+        provider=price.provider if price is not None else None,
+        usd_per_gpu_hour=price.usd_per_gpu_hour if price is not None else None,
+        hours=hours,
+        usd=usd,
+    )
+
+
+def smallest_fitting(setups: Sequence[Setup]) -> dict[tuple[str, str], Setup]:
+    """(GPU, strategy) -> the setup with the fewest GPUs that fits."""
+    out: dict[tuple[str, str], Setup] = {}
+    for s in sorted(setups, key=lambda s: s.num_gpus):
+        if s.fits and (s.gpu, s.strategy) not in out:
+            out[(s.gpu, s.strategy)] = s
+    return out
+
+
+def cheapest(setups: Sequence[Setup]) -> Setup | None:
+    priced = [s for s in setups if s.fits and s.usd is not None]
+    return min(priced, key=lambda s: (s.usd, s.num_gpus)) if priced else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class MultiGpuEstimate:
+    """Every setup evaluated for one job, and what the numbers rest on."""
+
+    model: str
+    method: str
+    batch_size: int  # per rank (micro-batch)
+    seq_len: int
+    setups: tuple[Setup, ...]
+    notes: tuple[str, ...] = field(default=())
+    assumptions: tuple[str, ...] = field(default=())
+
+    @property
+    def smallest_fitting(self) -> dict[tuple[str, str], Setup]:
+        return smallest_fitting(self.setups)
+
+    @property
+    def cheapest(self) -> Setup | None:
+        return cheapest(self.setups)
+
+
+def single_gpu_queries_per_s(job: FineTuneJob, gpu: GPU, model_name: str) -> tuple[float | None, str]:
+    """The cross-GPU throughput model's single-GPU queries/s for the job's micro-batch (a rank's compute)."""
+    from tunecost.estimate.calibrated import calibrated_model
+    from tunecost.estimate.throughput.calibrate import ThroughputTarget
+
+    model = calibrated_model(None)
+    target = ThroughputTarget(
+        model=model_name,
+        gpu=gpu.name,
+        batch_size=job.batch_size,
+        experts_per_token=job.experts_per_token,
+        seq_len=job.worst_case_seq_len,
+        method=job.method,
+    )
+    try:
+        pred = model.predict(target)
+    except TunecostError as exc:
+        return None, f"{gpu.name}: no throughput ({exc})"
+    note = f"{gpu.name}: per-rank compute from the cross-GPU throughput model ({model.num_points} points)"
+    if pred.extrapolation:
+        note += "; extrapolation: " + "; ".join(pred.extrapolation_reasons)
+    return pred.queries_per_s, note
+
+
+def estimate_multi_gpu(
+    job: FineTuneJob,
+    *,
+    gpus: Sequence[GPU],
+    strategies: Sequence[str],
+    num_gpus: int | None = None,
+    gpus_per_node: int = 8,
+    max_gpus: int = DEFAULT_MAX_GPUS,
+    node_link: str | None = None,
+    provider: str | None = None,
+    prices_file=None,
+    num_queries: float | None = None,
+    epochs: float | None = None,
+) -> MultiGpuEstimate:
+    """Evaluate `job` on each GPU x strategy x number of GPUs (`num_gpus`, or every valid count up to `max_gpus`).
+    With no `num_gpus`, a job that fits no count up to `max_gpus` is an error."""
+    from tunecost.catalog.prices import price_catalog, prices_for
+    from tunecost.distributed.rank_memory import single_gpu_step
+
+    if max_gpus < 1:
+        raise TunecostError(f"the GPU limit must be at least 1, got {max_gpus}")
+    counts = [num_gpus] if num_gpus is not None else valid_gpu_counts(gpus_per_node, max_gpus)
+    plans = [ParallelPlan(num_gpus=n, gpus_per_node=gpus_per_node, strategy=s) for s in strategies for n in counts]
+    step = single_gpu_step(job)
+    prices = price_catalog(prices_file)
+    setups: list[Setup] = []
+    notes: list[str] = []
+    for gpu in gpus:
+        qps, note = single_gpu_queries_per_s(job, gpu, step.model)
+        notes.append(note)
+        links = default_links(gpu, gpus_per_node, node_link)
+        gpu_prices = prices_for(gpu.name, prices, provider)
+        if not gpu_prices:
+            notes.append(f"no price for {gpu.name}" + (f" from {provider}" if provider else "") + " in the catalog")
+        price = gpu_prices[0] if gpu_prices else None
+        notes.append(f"{gpu.name}: links {links.node.name} in a node, {links.nics_per_node} x {links.network.name}")
+        for plan in plans:
+            setups.append(
+                evaluate_setup(
+                    step,
+                    job,
+                    gpu,
+                    plan,
+                    single_gpu_queries_per_s=qps,
+                    links=links,
+                    price=price,
+                    num_queries=num_queries,
+                    epochs=epochs,
+                )
+            )
+    if num_gpus is None and not any(s.fits for s in setups):
+        raise TunecostError(
+            f"{step.model} ({job.method}) fits no setup of up to {max_gpus} GPUs "
+            f"({', '.join(g.name for g in gpus)}; {', '.join(strategies)}); raise the limit or change the job"
+        )
+    notes.append("cost = hours x number of GPUs x the cheapest catalog $ per GPU-hour (the catalog has no node prices)")
+    return MultiGpuEstimate(
+        model=step.model,
+        method=job.method,
+        batch_size=job.batch_size,
+        seq_len=step.seq_len,
+        setups=tuple(setups),
+        notes=tuple(notes),
+        assumptions=setups[0].memory.assumptions if setups else (),
+    )
