@@ -107,7 +107,7 @@ def step_time(step: SingleGpuStep, plan: ParallelPlan, links: Links, compute_sec
     """(overlap.StepTime, seconds of all collectives) of one step of `plan` whose single-GPU compute is given."""
     fwd, bwd, opt = phase_seconds(step, compute_seconds)
     n, layers = plan.num_gpus, step.num_layers
-    group = shard_group_size(plan)
+    group = shard_group_size(plan) if plan.strategy == "hsdp" else n  # ranks in each data-parallel collective
     bw, lat = links.bus_bandwidth_bytes_per_s(group, plan.gpus_per_node)
 
     def seconds(op: str, nbytes: float, ranks: int = group, bus=bw, latency=lat) -> float:
