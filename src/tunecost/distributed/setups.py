@@ -291,6 +291,7 @@ def estimate_multi_gpu(
         raise TunecostError(f"the GPU limit must be at least 1, got {max_gpus}")
     counts = [num_gpus] if num_gpus is not None else valid_gpu_counts(gpus_per_node, max_gpus)
     plans = [ParallelPlan(num_gpus=n, gpus_per_node=gpus_per_node, strategy=s) for s in strategies for n in counts]
+    links_by_gpu = {gpu.name: default_links(gpu, gpus_per_node, node_link) for gpu in gpus}  # errors before tracing
     step = single_gpu_step(job)
     prices = price_catalog(prices_file)
     setups: list[Setup] = []
@@ -298,7 +299,7 @@ def estimate_multi_gpu(
     for gpu in gpus:
         qps, note = single_gpu_queries_per_s(job, gpu, step.model)
         notes.append(note)
-        links = default_links(gpu, gpus_per_node, node_link)
+        links = links_by_gpu[gpu.name]
         gpu_prices = prices_for(gpu.name, prices, provider)
         if not gpu_prices:
             notes.append(f"no price for {gpu.name}" + (f" from {provider}" if provider else "") + " in the catalog")

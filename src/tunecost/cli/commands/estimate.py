@@ -171,11 +171,21 @@ def estimate(
         help="Calibrated estimator: price the throughput of runs of N queries with their start-up, as the paper "
         "measured it (1000); default: steady state.",
     ),
+    num_gpus: str = typer.Option(
+        None, "--gpus", help="Several GPUs: a number, or 'auto' for the fewest that fit and the cheapest setup."
+    ),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="With --gpus: GPUs per node."),
+    strategy: str = typer.Option(
+        None, "--strategy", help="With --gpus: ddp, fsdp2, fsdp2-shard-grad-op, hsdp, zero1, zero2, zero3, or all."
+    ),
+    max_gpus: int = typer.Option(64, "--max-gpus", help="With --gpus auto: the most GPUs to consider."),
+    interconnect: str = typer.Option(None, "--interconnect", help="With --gpus: the link within a node (NVLink4...)."),
     out: Path = typer.Option(None, "--out", help="Run directory to add cost records to (for `tunecost report`)."),
     force: bool = typer.Option(False, "--force", help="With --out: replace records of the same estimate there."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Cost of fine-tuning MODEL on each GPU and provider, cheapest first; says which estimator answered."""
+    """Cost of fine-tuning MODEL on each GPU and provider, cheapest first; says which estimator answered.
+    With --gpus (or --strategy): memory per rank, communication and cost on several GPUs."""
     from tunecost.catalog.gpus import gpu_catalog
     from tunecost.catalog.models import resolve_model
     from tunecost.errors import TunecostError
@@ -191,6 +201,31 @@ def estimate(
     check_count("--seq-len", seq_len, MAX_SEQ_LEN)
     if run_queries is not None and (run_queries < 1 or estimator != "calibrated"):
         raise TunecostError("--run-queries must be >= 1 and needs --estimator calibrated")
+    if num_gpus is not None or strategy is not None:
+        from tunecost.catalog.datasets import get_dataset_facts
+        from tunecost.cli.commands.estimate_multigpu import run_multi_gpu
+
+        if queries is None and dataset is None:
+            raise TunecostError("give --queries N or --dataset D")
+        run_multi_gpu(
+            model=model,
+            gpus=gpus,
+            method=method,
+            experts_per_token=experts_per_token,
+            num_gpus=num_gpus or "auto",
+            gpus_per_node=gpus_per_node,
+            strategy=strategy,
+            max_gpus=max_gpus,
+            interconnect=interconnect,
+            provider=provider,
+            prices_file=prices_file,
+            seq_len=seq_len,
+            batch_size=batch_size,
+            num_queries=queries or get_dataset_facts(dataset).num_queries,
+            epochs=epochs,
+            json_out=json_out,
+        )
+        return
     rows = estimate_costs(
         model=model,
         gpus=gpus,

@@ -1,0 +1,135 @@
+"""`tunecost estimate --gpus N|auto --strategy S`: the job on several GPUs (memory per rank, step, cost)."""
+
+from __future__ import annotations
+
+from tunecost.cli.common import console, print_json, print_table, split_list
+from tunecost.distributed.plan import STRATEGIES
+from tunecost.units import format_bytes
+
+
+def parse_gpu_count(text: str) -> int | None:
+    """--gpus: a whole number of GPUs, or "auto" (search every count up to --max-gpus)."""
+    from tunecost.errors import TunecostError
+
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        count = int(text)
+    except ValueError:
+        raise TunecostError(f"--gpus must be a whole number or 'auto', got {text!r}") from None
+    if count < 1:
+        raise TunecostError(f"--gpus must be at least 1, got {count}")
+    return count
+
+
+def run_multi_gpu(
+    *,
+    model: str,
+    gpus: list[str],
+    method: str,
+    experts_per_token: int | None,
+    num_gpus: str | None,
+    gpus_per_node: int,
+    strategy: str | None,
+    max_gpus: int,
+    interconnect: str | None,
+    provider: str | None,
+    prices_file,
+    seq_len: int | None,
+    batch_size: str | None,
+    num_queries: int,
+    epochs: float,
+    json_out: bool,
+) -> None:
+    """Answer the multi-GPU question for one job and print it."""
+    from tunecost.catalog.gpus import resolve_gpu_name
+    from tunecost.catalog.models import resolve_model
+    from tunecost.distributed.setups import estimate_multi_gpu
+    from tunecost.errors import TunecostError
+    from tunecost.workload.job import FineTuneJob
+
+    strategies = list(STRATEGIES) if strategy in (None, "all") else split_list(strategy, what="strategy")
+    count = parse_gpu_count(num_gpus) if num_gpus is not None else None
+    if batch_size is not None and not batch_size.strip().isdigit():
+        raise TunecostError(f"with --gpus, --batch-size is one whole number (per rank), got {batch_size!r}")
+    spec = resolve_model(model)
+    job = FineTuneJob(
+        model=spec.name,
+        method=method,  # type: ignore[arg-type]
+        experts_per_token=experts_per_token,
+        seq_len=seq_len or 512,
+        batch_size=int(batch_size) if batch_size else 1,
+        gradient_checkpointing=method != "full",
+    )
+    answer = estimate_multi_gpu(
+        job,
+        gpus=[resolve_gpu_name(g).gpu for g in dict.fromkeys(gpus)],
+        strategies=strategies,
+        num_gpus=count,
+        gpus_per_node=gpus_per_node,
+        max_gpus=max_gpus,
+        node_link=interconnect,
+        provider=provider,
+        prices_file=prices_file,
+        num_queries=num_queries,
+        epochs=epochs,
+    )
+    if json_out:
+        print_json(answer)
+        return
+    shown = answer.setups if count is not None else tuple(answer.smallest_fitting.values())
+    title = (
+        f"{answer.model} ({answer.method}) on {count} GPUs"
+        if count is not None
+        else f"{answer.model} ({answer.method}): fewest GPUs that fit, per GPU and strategy (up to {max_gpus})"
+    )
+    _print_setups(f"{title}: {answer.batch_size} x {answer.seq_len} tokens per rank", shown)
+    for s in shown:
+        if not s.fits:
+            console.print(f"{s.strategy} on {s.num_gpus} x {s.gpu} does not fit: {why_not(s)}")
+    best = answer.cheapest
+    if best is not None:
+        console.print(
+            f"cheapest: {best.num_gpus} x {best.gpu} ({best.provider}, ${best.usd_per_gpu_hour:g}/GPU-hour) with "
+            f"{best.strategy}: {best.hours:.1f} h, [bold]${best.usd:.2f}[/bold]"
+        )
+    for note in (*answer.notes, *answer.assumptions):
+        console.print(f"[dim]note: {note}[/dim]")
+
+
+def why_not(setup) -> str:
+    """The need of a rank that does not fit, and its largest parts."""
+    m = setup.memory
+    parts = sorted(m.breakdown_bytes.items(), key=lambda kv: -kv[1])[:3]
+    held = "the whole model and its states replicated per rank" if m.shard_group == 1 else "its shard of the states"
+    return (
+        f"each rank needs {format_bytes(m.need_bytes)} ({held}: "
+        + ", ".join(f"{k} {format_bytes(v)}" for k, v in parts)
+        + f", plus {format_bytes(m.device_overhead_bytes + m.nccl_bytes)} device and NCCL overhead) "
+        f"but the GPU has {format_bytes(setup.gpu_memory_bytes)}"
+    )
+
+
+def _print_setups(title: str, setups) -> None:
+    def fmt(value, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    print_table(
+        title,
+        ["gpu", "strategy", "GPUs", "fits", "memory/rank GB", "step s", "exposed comm", "queries/s", "hours", "cost $"],
+        [
+            [
+                s.gpu,
+                s.strategy,
+                s.num_gpus,
+                "yes" if s.fits else "no",
+                f"{s.memory.need_bytes / 1e9:.1f} of {s.gpu_memory_bytes / 1e9:.1f}",
+                fmt(s.step_seconds, ".3f"),
+                "-" if s.exposed_comm_share is None else f"{100 * s.exposed_comm_share:.1f} %",
+                fmt(s.queries_per_s, ".2f"),
+                fmt(s.hours, ".1f"),
+                fmt(s.usd, ".2f"),
+            ]
+            for s in setups
+        ],
+    )
