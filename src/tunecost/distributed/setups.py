@@ -13,11 +13,13 @@ Per setup (GPU, strategy, number of GPUs):
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tunecost.catalog.gpus import GPU
 from tunecost.catalog.interconnects import Interconnect, resolve_interconnect
+from tunecost.catalog.prices import Price
 from tunecost.distributed import comm, overlap
 from tunecost.distributed.plan import ParallelPlan
 from tunecost.distributed.rank_memory import (
@@ -77,8 +79,7 @@ class Setup:
     step_seconds: float | None = None
     comm_seconds: float | None = None  # all collectives of a step, hidden or not
     queries_per_s: float | None = None
-    provider: str | None = None
-    usd_per_gpu_hour: float | None = None
+    price: Price | None = None  # the cheapest catalog price of the GPU (per GPU-hour)
     hours: float | None = None
     usd: float | None = None
     notes: tuple[str, ...] = field(default=())
@@ -159,7 +160,7 @@ def evaluate_setup(
     *,
     single_gpu_queries_per_s: float | None,
     links: Links,
-    price=None,
+    price: Price | None = None,
     num_queries: float | None = None,
     epochs: float | None = None,
 ) -> Setup:
@@ -191,19 +192,13 @@ def evaluate_setup(
                 usd_per_gpu_hour=price.usd_per_gpu_hour,
                 num_gpus=plan.num_gpus,
             )
-    return Setup(
-        gpu=gpu.name,
-        strategy=plan.strategy,
-        num_gpus=plan.num_gpus,
-        gpus_per_node=plan.gpus_per_node,
-        memory=memory,
-        gpu_memory_bytes=gpu.memory_bytes,
+    return dataclasses.replace(
+        base,
         compute_seconds=timed.compute_seconds,
         step_seconds=timed.step_seconds,
         comm_seconds=comm_total,
         queries_per_s=qps,
-        provider=price.provider if price is not None else None,
-        usd_per_gpu_hour=price.usd_per_gpu_hour if price is not None else None,
+        price=price,
         hours=hours,
         usd=usd,
     )
@@ -245,27 +240,23 @@ class MultiGpuEstimate:
 
 
 def single_gpu_queries_per_s(job: FineTuneJob, gpu: GPU, model_name: str) -> tuple[float | None, str]:
-    """The cross-GPU throughput model's single-GPU queries/s for the job's micro-batch (a rank's compute)."""
-    from tunecost.estimate.calibrated import calibrated_model
-    from tunecost.estimate.throughput.calibrate import ThroughputTarget
+    """A rank's compute: the single-GPU queries/s of the job's micro-batch, as `estimate --estimator simulate`
+    predicts it (eq. (2) where it was fitted for this model and GPU, else the cross-GPU throughput model)."""
+    from tunecost.catalog.models import resolve_model
+    from tunecost.estimate.estimators import EstimateRequest
+    from tunecost.estimate.simulated import _throughput
 
-    model = calibrated_model(None)
-    target = ThroughputTarget(
-        model=model_name,
-        gpu=gpu.name,
-        batch_size=job.batch_size,
-        experts_per_token=job.experts_per_token,
-        seq_len=job.worst_case_seq_len,
+    spec = resolve_model(model_name)
+    request = EstimateRequest(
+        spec=spec,
+        gpu=gpu,
         method=job.method,
+        experts_per_token=job.experts_per_token or spec.default_experts_per_token,
+        dataset="",  # a fixed length per query, no dataset's length distribution
+        seq_len=job.worst_case_seq_len,
     )
-    try:
-        pred = model.predict(target)
-    except TunecostError as exc:
-        return None, f"{gpu.name}: no throughput ({exc})"
-    note = f"{gpu.name}: per-rank compute from the cross-GPU throughput model ({model.num_points} points)"
-    if pred.extrapolation:
-        note += "; extrapolation: " + "; ".join(pred.extrapolation_reasons)
-    return pred.queries_per_s, note
+    qps, _interval, notes = _throughput(request, job.batch_size)
+    return qps, f"{gpu.name}: per-rank compute: " + "; ".join(notes)
 
 
 def estimate_multi_gpu(

@@ -88,9 +88,10 @@ def run_multi_gpu(
         if not s.fits:
             console.print(f"{s.strategy} on {s.num_gpus} x {s.gpu} does not fit: {why_not(s)}")
     best = answer.cheapest
-    if best is not None:
+    if best is not None and best.price is not None:
         console.print(
-            f"cheapest: {best.num_gpus} x {best.gpu} ({best.provider}, ${best.usd_per_gpu_hour:g}/GPU-hour) with "
+            f"cheapest: {best.num_gpus} x {best.gpu} ({best.price.provider}, "
+            f"${best.price.usd_per_gpu_hour:g}/GPU-hour) with "
             f"{best.strategy}: {best.hours:.1f} h, [bold]${best.usd:.2f}[/bold]"
         )
     for note in (*answer.notes, *answer.assumptions):
