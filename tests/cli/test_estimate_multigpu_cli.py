@@ -20,14 +20,15 @@ def test_mixtral_lora_on_8_h100_fits_under_fsdp2_not_ddp(cli_runner):
     args = [*BASE, "--model", "mixtral-8x7b", "--gpu", "H100", "--gpus", "8", "--strategy", "ddp,fsdp2", "--json"]
     result = cli_runner.invoke(app, args)
     assert result.exit_code == 0, result.output
-    setups = {s["strategy"]: s for s in json.loads(result.stdout)["setups"]}
+    setups = {s["plan"]["strategy"]: s for s in json.loads(result.stdout)["setups"]}
     ddp, fsdp2 = setups["ddp"], setups["fsdp2"]
-    assert ddp["memory"]["breakdown_bytes"]["frozen_weights"] > ddp["gpu_memory_bytes"]
-    assert ddp["usd"] is None
+    assert ddp["memory"]["breakdown_bytes"]["frozen_weights"] > ddp["gpu"]["memory_gb"] * 2**30
+    assert ddp["cost"] is None and ddp["timing"] is None
     assert fsdp2["memory"]["breakdown_bytes"]["frozen_weights"] * 8 == pytest.approx(
         ddp["memory"]["breakdown_bytes"]["frozen_weights"], abs=8
     )
-    assert fsdp2["usd"] > 0 and fsdp2["step_seconds"] > fsdp2["compute_seconds"]
+    assert fsdp2["cost"]["usd"] > 0
+    assert fsdp2["timing"]["step_seconds"] > fsdp2["timing"]["compute_seconds"]
 
 
 @pytest.mark.slow

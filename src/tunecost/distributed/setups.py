@@ -66,33 +66,48 @@ def default_links(gpu: GPU, gpus_per_node: int, node_link: str | None = None) ->
 
 
 @dataclass(frozen=True, kw_only=True)
-class Setup:
-    """One (GPU, strategy, number of GPUs) answer: memory per rank, step time, throughput and cost."""
+class SetupCost:
+    """The whole fine-tune on one setup: hours, and dollars at the GPU's catalog price (None without a price)."""
 
-    gpu: str
-    strategy: str
-    num_gpus: int
-    gpus_per_node: int
+    hours: float
+    price: Price | None
+    usd: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Setup:
+    """One (GPU, layout) answer: memory per rank, and where it fits, step time, throughput and cost."""
+
+    gpu: GPU
+    plan: ParallelPlan
     memory: RankMemory
-    gpu_memory_bytes: int
-    compute_seconds: float | None = None
-    step_seconds: float | None = None
+    timing: overlap.StepTime | None = None  # one step: compute alone, and with the exposed communication
     comm_seconds: float | None = None  # all collectives of a step, hidden or not
-    queries_per_s: float | None = None
-    price: Price | None = None  # the cheapest catalog price of the GPU (per GPU-hour)
-    hours: float | None = None
-    usd: float | None = None
-    notes: tuple[str, ...] = field(default=())
+    queries_per_s: float | None = None  # every rank together
+    cost: SetupCost | None = None
 
     @property
     def fits(self) -> bool:
-        return self.memory.need_bytes <= self.gpu_memory_bytes
+        return self.memory.need_bytes <= self.gpu.memory_bytes
 
     @property
     def exposed_comm_share(self) -> float | None:
-        if self.step_seconds is None or self.compute_seconds is None or not self.step_seconds:
-            return None
-        return (self.step_seconds - self.compute_seconds) / self.step_seconds
+        return self.timing.exposed_comm_share if self.timing is not None else None
+
+    @property
+    def usd(self) -> float | None:
+        return self.cost.usd if self.cost is not None else None
+
+
+def setup_cost(
+    *, queries_per_s: float, num_gpus: int, price: Price | None, num_queries: float, epochs: float
+) -> SetupCost:
+    """Hours of the fine-tune at `queries_per_s` (all ranks), and dollars: hours x GPUs x $ per GPU-hour (§V-C)."""
+    from tunecost.estimate.paper import training_seconds
+
+    hours = training_seconds(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s) / 3600.0
+    usd = hours * num_gpus * price.usd_per_gpu_hour if price is not None else None
+    return SetupCost(hours=hours, price=price, usd=usd)
 
 
 def phase_seconds(step: SingleGpuStep, step_seconds: float) -> tuple[float, float, float]:
@@ -164,58 +179,33 @@ def evaluate_setup(
     num_queries: float | None = None,
     epochs: float | None = None,
 ) -> Setup:
-    """Memory, step time, throughput and (given a price and a workload) cost of one setup."""
-    from tunecost.estimate.paper import cost_usd, training_seconds
-
-    memory = rank_memory(step, job, plan)
-    base = Setup(
-        gpu=gpu.name,
-        strategy=plan.strategy,
-        num_gpus=plan.num_gpus,
-        gpus_per_node=plan.gpus_per_node,
-        memory=memory,
-        gpu_memory_bytes=gpu.memory_bytes,
-    )
+    """Memory, step time, throughput and (given a workload) cost of one setup."""
+    base = Setup(gpu=gpu, plan=plan, memory=rank_memory(step, job, plan))
     if not base.fits or not single_gpu_queries_per_s:
         return base
     compute = job.batch_size / single_gpu_queries_per_s
     timed, comm_total = step_time(step, plan, links, compute)
     qps = plan.num_gpus * job.batch_size / timed.step_seconds
-    hours = usd = None
+    cost = None
     if num_queries and epochs:
-        hours = training_seconds(num_queries=num_queries, epochs=epochs, queries_per_s=qps) / 3600.0
-        if price is not None:
-            usd = cost_usd(
-                num_queries=num_queries,
-                epochs=epochs,
-                queries_per_s=qps,
-                usd_per_gpu_hour=price.usd_per_gpu_hour,
-                num_gpus=plan.num_gpus,
-            )
-    return dataclasses.replace(
-        base,
-        compute_seconds=timed.compute_seconds,
-        step_seconds=timed.step_seconds,
-        comm_seconds=comm_total,
-        queries_per_s=qps,
-        price=price,
-        hours=hours,
-        usd=usd,
-    )
+        cost = setup_cost(
+            queries_per_s=qps, num_gpus=plan.num_gpus, price=price, num_queries=num_queries, epochs=epochs
+        )
+    return dataclasses.replace(base, timing=timed, comm_seconds=comm_total, queries_per_s=qps, cost=cost)
 
 
 def smallest_fitting(setups: Sequence[Setup]) -> dict[tuple[str, str], Setup]:
-    """(GPU, strategy) -> the setup with the fewest GPUs that fits."""
+    """(GPU name, strategy) -> the setup with the fewest GPUs that fits."""
     out: dict[tuple[str, str], Setup] = {}
-    for s in sorted(setups, key=lambda s: s.num_gpus):
-        if s.fits and (s.gpu, s.strategy) not in out:
-            out[(s.gpu, s.strategy)] = s
+    for s in sorted(setups, key=lambda s: s.plan.num_gpus):
+        if s.fits and (s.gpu.name, s.plan.strategy) not in out:
+            out[(s.gpu.name, s.plan.strategy)] = s
     return out
 
 
 def cheapest(setups: Sequence[Setup]) -> Setup | None:
-    priced = [s for s in setups if s.fits and s.usd is not None]
-    return min(priced, key=lambda s: (s.usd, s.num_gpus)) if priced else None
+    priced = [(s.usd, s.plan.num_gpus, i) for i, s in enumerate(setups) if s.fits and s.usd is not None]
+    return setups[min(priced)[2]] if priced else None
 
 
 @dataclass(frozen=True, kw_only=True)

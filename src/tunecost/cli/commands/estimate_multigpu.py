@@ -86,13 +86,13 @@ def run_multi_gpu(
     _print_setups(f"{title}: {answer.batch_size} x {answer.seq_len} tokens per rank", shown)
     for s in shown:
         if not s.fits:
-            console.print(f"{s.strategy} on {s.num_gpus} x {s.gpu} does not fit: {why_not(s)}")
+            console.print(f"{s.plan.strategy} on {s.plan.num_gpus} x {s.gpu.name} does not fit: {why_not(s)}")
     best = answer.cheapest
-    if best is not None and best.price is not None:
+    if best is not None and best.cost is not None and best.cost.price is not None:
+        price = best.cost.price
         console.print(
-            f"cheapest: {best.num_gpus} x {best.gpu} ({best.price.provider}, "
-            f"${best.price.usd_per_gpu_hour:g}/GPU-hour) with "
-            f"{best.strategy}: {best.hours:.1f} h, [bold]${best.usd:.2f}[/bold]"
+            f"cheapest: {best.plan.num_gpus} x {best.gpu.name} ({price.provider}, "
+            f"${price.usd_per_gpu_hour:g}/GPU-hour) with {best.plan.strategy}: {best.cost.hours:.1f} h, [bold]${best.usd:.2f}[/bold]"
         )
     for note in (*answer.notes, *answer.assumptions):
         console.print(f"[dim]note: {note}[/dim]")
@@ -107,7 +107,7 @@ def why_not(setup) -> str:
         f"each rank needs {format_bytes(m.need_bytes)} ({held}: "
         + ", ".join(f"{k} {format_bytes(v)}" for k, v in parts)
         + f", plus {format_bytes(m.device_overhead_bytes + m.nccl_bytes)} device and NCCL overhead) "
-        f"but the GPU has {format_bytes(setup.gpu_memory_bytes)}"
+        f"but the GPU has {format_bytes(setup.gpu.memory_bytes)}"
     )
 
 
@@ -120,15 +120,15 @@ def _print_setups(title: str, setups) -> None:
         ["gpu", "strategy", "GPUs", "fits", "memory/rank GB", "step s", "exposed comm", "queries/s", "hours", "cost $"],
         [
             [
-                s.gpu,
-                s.strategy,
-                s.num_gpus,
+                s.gpu.name,
+                s.plan.strategy,
+                s.plan.num_gpus,
                 "yes" if s.fits else "no",
-                f"{s.memory.need_bytes / 1e9:.1f} of {s.gpu_memory_bytes / 1e9:.1f}",
-                fmt(s.step_seconds, ".3f"),
+                f"{s.memory.need_bytes / 1e9:.1f} of {s.gpu.memory_bytes / 1e9:.1f}",
+                fmt(s.timing.step_seconds if s.timing else None, ".3f"),
                 "-" if s.exposed_comm_share is None else f"{100 * s.exposed_comm_share:.1f} %",
                 fmt(s.queries_per_s, ".2f"),
-                fmt(s.hours, ".1f"),
+                fmt(s.cost.hours if s.cost else None, ".1f"),
                 fmt(s.usd, ".2f"),
             ]
             for s in setups
