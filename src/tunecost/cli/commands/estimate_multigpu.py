@@ -92,7 +92,8 @@ def run_multi_gpu(
         price = best.cost.price
         console.print(
             f"cheapest: {best.plan.num_gpus} x {best.gpu.name} ({price.provider}, "
-            f"${price.usd_per_gpu_hour:g}/GPU-hour) with {best.plan.strategy}: {best.cost.hours:.1f} h, [bold]${best.usd:.2f}[/bold]"
+            f"${price.usd_per_gpu_hour:g}/GPU-hour) with {best.plan.strategy}: {best.cost.hours:.1f} h, "
+            f"[bold]${best.usd:.2f}[/bold]"
         )
     for note in (*answer.notes, *answer.assumptions):
         console.print(f"[dim]note: {note}[/dim]")
