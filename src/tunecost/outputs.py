@@ -20,6 +20,15 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+def _check_parent_is_a_folder(target: Path, option: str) -> None:
+    """Refuse `target` when its nearest existing parent is a file (nothing could be created below it)."""
+    for parent in target.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise TunecostError(f"{option} {str(target)!r}: {str(parent)!r} is a file, not a folder")
+            break
+
+
 def check_output_path(
     path: str | os.PathLike[str],
     *,
@@ -41,11 +50,7 @@ def check_output_path(
             raise TunecostError(f"{option} {str(target)!r} is one of this command's inputs; choose another file")
     if target.is_dir():
         raise TunecostError(f"{option} {str(target)!r} is a folder; give a file name")
-    for parent in target.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise TunecostError(f"{option} {str(target)!r}: {str(parent)!r} is a file, not a folder")
-            break
+    _check_parent_is_a_folder(target, option)
     if target.exists() and not force:
         raise TunecostError(f"{option} {str(target)!r} already exists; pass --force to replace it")
     return target
@@ -56,9 +61,5 @@ def check_output_folder(path: str | os.PathLike[str], *, option: str = "--out") 
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise TunecostError(f"{option} {str(target)!r} is a file; give a folder")
-    for parent in target.parents:
-        if parent.exists():
-            if not parent.is_dir():
-                raise TunecostError(f"{option} {str(target)!r}: {str(parent)!r} is a file, not a folder")
-            break
+    _check_parent_is_a_folder(target, option)
     return target

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -30,7 +31,7 @@ def test_required_gpus_present() -> None:
 
 @pytest.mark.parametrize("gpu", list(gpu_catalog().values()), ids=lambda g: g.name)
 def test_every_gpu_row_is_complete(gpu: GPU) -> None:
-    assert gpu.memory_gb > 0
+    assert gpu.memory_gib > 0
     assert gpu.mem_bandwidth_bytes_per_s > 1e11  # every listed card has > 100 GB/s
     assert gpu.bf16_tensor_flops_per_s > 1e13
     assert gpu.fp32_flops_per_s > 1e12
@@ -44,7 +45,7 @@ def test_every_gpu_row_is_complete(gpu: GPU) -> None:
 
 def test_paper_gpu_memory() -> None:
     # §V-A: "A40, A100-40GB, A100-80GB and H100 with memory capacities of 48GB, 40GB, 80GB, and 80GB"
-    assert [get_gpu(n).memory_gb for n in ("A40", "A100-40GB", "A100-80GB", "H100")] == [48, 40, 80, 80]
+    assert [get_gpu(n).memory_gib for n in ("A40", "A100-40GB", "A100-80GB", "H100")] == [48, 40, 80, 80]
 
 
 def test_memory_bytes_is_gib() -> None:
@@ -83,19 +84,8 @@ def test_ambiguous_prefix_lists_matches() -> None:
 
 
 def test_ambiguous_alias_lists_matches() -> None:
-    a = GPU(
-        name="X1",
-        aliases=("x",),
-        vendor="",
-        architecture="",
-        memory_gb=1,
-        mem_bandwidth_bytes_per_s=1,
-        bf16_tensor_flops_per_s=1,
-        fp32_flops_per_s=1,
-        as_of="2026-01-01",
-        sources={},
-    )
-    b = GPU(**{**a.__dict__, "name": "X2"})
+    a = dataclasses.replace(get_gpu("A40"), name="X1", aliases=("x",))  # two entries that share one alias
+    b = dataclasses.replace(a, name="X2")
     with pytest.raises(TunecostError, match="ambiguous GPU 'X': matches X1, X2"):
         resolve_gpu_name("X", {"X1": a, "X2": b})
 
@@ -124,11 +114,11 @@ def test_unique_prefix_resolves_and_says_so() -> None:
 def test_bad_gpu_file_names_row(tmp_path) -> None:
     path = tmp_path / "gpus.csv"
     path.write_text(
-        "name,aliases,memory_gb,mem_bandwidth_tb_s,bf16_tensor_tflops,fp32_tflops,as_of\n"
+        "name,aliases,memory_gib,mem_bandwidth_tb_s,bf16_tensor_tflops,fp32_tflops,as_of\n"
         "G1,g1,48,1,100,10,2026-01-01\nG2,g2,lots,1,100,10,2026-01-01\n"
     )
-    with pytest.raises(TunecostError, match=r"row 2: column 'memory_gb' is not a number: 'lots'"):
+    with pytest.raises(TunecostError, match=r"row 2: column 'memory_gib' is not a number: 'lots'"):
         load_gpus(path)
-    path.write_text("name,aliases,memory_gb\nG1,g1,48\n")
+    path.write_text("name,aliases,memory_gib\nG1,g1,48\n")
     with pytest.raises(TunecostError, match=r"missing column\(s\) mem_bandwidth_tb_s, bf16_tensor_tflops"):
         load_gpus(path)

@@ -78,7 +78,7 @@ def test_does_not_fit_is_a_row_not_a_crash(monkeypatch) -> None:
 
 def test_real_simulation_of_a_tiny_model_on_a_small_gpu() -> None:
     """No fakes: the estimator's batch is the simulator's boundary (fits at B, not at B + 1)."""
-    gpu = dataclasses.replace(get_gpu("A40"), memory_gb=1.2)
+    gpu = dataclasses.replace(get_gpu("A40"), memory_gib=1.2)
     point = simulated.simulate_estimator(
         EstimateRequest(
             spec=resolve_model("tiny-mixtral"),

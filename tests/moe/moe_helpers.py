@@ -19,19 +19,12 @@ def make_block(
 ):
     """A transformers MixtralSparseMoeBlock with random weights; `starve_expert` never wins the routing
     for inputs from `make_inputs` (its router row points away from their mean), so it gets no tokens."""
-    from transformers import MixtralConfig
-    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+    from tunecost.moe.bench import mixtral_moe_block
 
-    config = MixtralConfig(
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_local_experts=experts,
-        num_experts_per_tok=top_k,
-        router_jitter_noise=0.0,
-    )
-    config._experts_implementation = experts_impl
     torch.manual_seed(seed)
-    block = MixtralSparseMoeBlock(config)
+    block = mixtral_moe_block(
+        hidden=hidden, intermediate=intermediate, experts=experts, top_k=top_k, experts_impl=experts_impl
+    )
     with torch.no_grad():
         block.gate.weight.normal_(0, 0.3)
         block.experts.gate_up_proj.normal_(0, 0.1)
@@ -143,3 +136,17 @@ def merged_reference(x, *, router_weight, router_lora, top_k, gate, up, down, ac
             acc = acc + top[t, slot] * (down[e] @ h)
         rows.append(acc)
     return torch.stack(rows)
+
+
+def merged_reference_backward(x, *, block, lora_block, scaling, gate, up, down):
+    """`merged_reference` of `x` with top-2 routing by the stock `block`'s router weight plus `lora_block`'s router
+    LoRA, and the (merged) expert weights given, then backward through the probe loss of `forward_backward`: the
+    leaves behind `gate`, `up` and `down` get their reference gradients. Returns (expected output, grad of x)."""
+    xr = x.clone().requires_grad_(True)
+    router_lora = (lora_block.gate.lora_A.weight.detach(), lora_block.gate.lora_B.weight.detach(), scaling)
+    expected = merged_reference(
+        xr, router_weight=block.gate.weight.detach(), top_k=2, router_lora=router_lora, gate=gate, up=up, down=down
+    )
+    probe = torch.randn(1, *expected.shape, generator=torch.Generator().manual_seed(3))
+    (expected.reshape(1, *expected.shape) * probe).sum().backward()
+    return expected.detach(), xr.grad

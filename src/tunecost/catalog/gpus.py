@@ -24,9 +24,9 @@ class GPU:
     aliases: tuple[str, ...]
     vendor: str
     architecture: str
-    # The datasheet's memory figure ("48 GB"), the paper's GPU_mem in eq. (1). For these cards it counts GiB: the
-    # memory chips hold 48 x 2^30 bytes, which is what `memory_bytes` gives (see data/gpus.csv's header).
-    memory_gb: float
+    # The datasheet's memory figure ("48 GB"), the paper's GPU_mem in eq. (1). For these cards the datasheet's "GB"
+    # counts GiB: the memory chips hold 48 x 2^30 bytes, which is what `memory_bytes` gives (see gpus.csv's header).
+    memory_gib: float
     mem_bandwidth_bytes_per_s: float
     bf16_tensor_flops_per_s: float
     fp32_flops_per_s: float
@@ -37,11 +37,11 @@ class GPU:
     @property
     def memory_bytes(self) -> int:
         """Device memory in bytes: the datasheet figure read as GiB (what CUDA reports before ECC/driver reserve)."""
-        return bytes_from_gib(self.memory_gb)
+        return bytes_from_gib(self.memory_gib)
 
 
 def load_gpus(path: Path = GPU_CATALOG_PATH) -> dict[str, GPU]:
-    required = ("name", "aliases", "memory_gb", "mem_bandwidth_tb_s", "bf16_tensor_tflops", "fp32_tflops", "as_of")
+    required = ("name", "aliases", "memory_gib", "mem_bandwidth_tb_s", "bf16_tensor_tflops", "fp32_tflops", "as_of")
     gpus: dict[str, GPU] = {}
     for i, row in read_catalog_csv(path, required):
         gpu = GPU(
@@ -49,7 +49,7 @@ def load_gpus(path: Path = GPU_CATALOG_PATH) -> dict[str, GPU]:
             aliases=tuple(a.strip() for a in row["aliases"].split(";") if a.strip()),
             vendor=row.get("vendor", ""),
             architecture=row.get("architecture", ""),
-            memory_gb=parse_float(path, i, "memory_gb", row["memory_gb"]),
+            memory_gib=parse_float(path, i, "memory_gib", row["memory_gib"]),
             mem_bandwidth_bytes_per_s=parse_float(path, i, "mem_bandwidth_tb_s", row["mem_bandwidth_tb_s"]) * 1e12,
             bf16_tensor_flops_per_s=parse_float(path, i, "bf16_tensor_tflops", row["bf16_tensor_tflops"]) * 1e12,
             fp32_flops_per_s=parse_float(path, i, "fp32_tflops", row["fp32_tflops"]) * 1e12,

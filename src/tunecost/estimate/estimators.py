@@ -142,7 +142,7 @@ def paper_max_batch_size(req: EstimateRequest) -> tuple[int, str]:
     """Eq. (1) for the request's model and GPU."""
     return eq1_max_batch_size(
         req.spec,
-        gpu_memory_gb=req.gpu.memory_gb,
+        gpu_memory_gb=req.gpu.memory_gib,
         experts_per_token=req.experts_per_token,
         seq_len=req.seq_len,
         coefficient_set=req.coefficient_set,

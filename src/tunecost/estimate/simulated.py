@@ -34,7 +34,7 @@ def simulated_max_batch(req: EstimateRequest) -> tuple[int, str]:
     mbs = int(simulated_max_batch_size(job, req.gpu, stack=SIMULATOR_STACK))
     return mbs, (
         f"max batch size from the step simulator ({SIMULATOR_STACK} stack, {seq_len} tokens per query, "
-        f"gradient checkpointing {'on' if checkpointing else 'off'}, {req.gpu.memory_gb:g} GB)"
+        f"gradient checkpointing {'on' if checkpointing else 'off'}, {req.gpu.memory_gib:g} GB)"
     )
 
 

@@ -12,14 +12,7 @@ import math
 from dataclasses import dataclass
 
 from tunecost.errors import TunecostError
-from tunecost.evaluate.parsers import (
-    choice_style_for,
-    extract_answer_letter,
-    extract_answer_number,
-    extract_choice,
-    number_is_correct,
-    parse_reference_number,
-)
+from tunecost.evaluate import parsers
 from tunecost.workload.datasets import Dataset, Example
 
 # LLM-Adapters' generation budgets: 256 new tokens for math reasoning, 32 for commonsense option words.
@@ -38,17 +31,19 @@ class Scorer:
     def parse(self, generation: str) -> str:
         """The answer a generation gives, as text ("" or "inf" when it gives none)."""
         if self.kind == "number":
-            value = extract_answer_number(generation)
+            value = parsers.extract_answer_number(generation)
             return "inf" if math.isinf(value) else repr(value)
         if self.kind == "letter":
-            return extract_answer_letter(generation)
+            return parsers.extract_answer_letter(generation)
         if self.kind == "choice":
-            return extract_choice(generation, self.style or "answer")
+            return parsers.extract_choice(generation, self.style or "answer")
         raise TunecostError(f"scorer {self.name} does not parse generations")
 
     def is_correct(self, generation: str, example: Example) -> bool:
         if self.kind == "number":
-            return number_is_correct(extract_answer_number(generation), parse_reference_number(example.answer))
+            return parsers.number_is_correct(
+                parsers.extract_answer_number(generation), parsers.parse_reference_number(example.answer)
+            )
         return self.parse(generation) == example.answer.strip()
 
 
@@ -65,12 +60,12 @@ def scorer_for(dataset: Dataset) -> Scorer:
             f"dataset {dataset.name!r} has no reference answer in row {missing[0]} "
             f"({len(missing)} rows without one); cannot score it"
         )
-    style = choice_style_for(answers)
+    style = parsers.choice_style_for(answers)
     if style is not None:
         return Scorer(kind="choice", style=style)
     if all(len(a) == 1 and a in "ABCDE" for a in answers):
         return Scorer(kind="letter")
-    if all(not math.isnan(parse_reference_number(a)) for a in answers):
+    if all(not math.isnan(parsers.parse_reference_number(a)) for a in answers):
         return Scorer(kind="number")
     sample = sorted(set(answers))[:5]
     raise TunecostError(

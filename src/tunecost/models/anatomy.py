@@ -225,44 +225,45 @@ def _config_value(config: Any, keys: tuple[str, ...]) -> int | None:
     return None
 
 
+def _from_config(model_or_config: Any, keys: str) -> tuple[str | None, Any, int | None]:
+    """(family, config, value): the value of the family's `keys` (a `_Family` field naming config keys) in the
+    config, 1 for a dense family, None where the config does not say."""
+    family, config = _config_of(model_or_config)
+    spec = _FAMILIES.get(family or "")
+    if spec is None:
+        return family, config, None
+    return family, config, 1 if spec.block is None else _config_value(config, getattr(spec, keys))
+
+
+def _from_first_block(model_or_config: Any, attr: str) -> int | None:
+    """`attr` of the model's first MoE block (1 for a model without one); None for a config."""
+    if not hasattr(model_or_config, "named_modules"):
+        return None
+    blocks = moe_blocks(model_or_config)
+    return getattr(blocks[0], attr) if blocks else 1
+
+
 def num_experts(model_or_config: Any) -> int:
     """Routed experts per MoE layer; 1 for a dense model (its feed-forward is the one expert every token uses)."""
-    family, config = _config_of(model_or_config)
-    if family in _FAMILIES:
-        spec = _FAMILIES[family]
-        if spec.block is None:
-            return 1
-        value = _config_value(config, spec.num_experts_keys)
-        if value is not None:
-            return value
-        if isinstance(config, Mapping) and "mamba_moe_layers" in config:  # "r" (Mamba) or an expert count per layer
-            counts = [int(e) for e in config["mamba_moe_layers"] if str(e).isdigit()]
-            if counts:
-                return max(counts)
-    if hasattr(model_or_config, "named_modules"):
-        blocks = moe_blocks(model_or_config)
-        return blocks[0].num_experts if blocks else 1
-    raise TunecostError(f"cannot tell the number of experts of a {family or type(model_or_config).__name__} config")
+    family, config, value = _from_config(model_or_config, "num_experts_keys")
+    if value is None and family == "blackmamba" and isinstance(config, Mapping) and "mamba_moe_layers" in config:
+        counts = [int(e) for e in config["mamba_moe_layers"] if str(e).isdigit()]  # "r" (Mamba) or an expert count
+        value = max(counts) if counts else None
+    value = _from_first_block(model_or_config, "num_experts") if value is None else value
+    if value is None:
+        raise TunecostError(f"cannot tell the number of experts of a {family or type(model_or_config).__name__} config")
+    return value
 
 
 def get_top_k(model_or_config: Any) -> int:
     """Experts each token is routed to (1 for a dense model)."""
-    family, config = _config_of(model_or_config)
-    if family in _FAMILIES:
-        spec = _FAMILIES[family]
-        if spec.block is None:
-            return 1
-        value = _config_value(config, spec.top_k_keys)
-        if value is not None:
-            return value
-        if family == "blackmamba":
-            return 1  # the released BlackMamba models route top-1 and their config may not say so
-    if hasattr(model_or_config, "named_modules"):
-        blocks = moe_blocks(model_or_config)
-        top_k = blocks[0].top_k if blocks else 1
-        if top_k is not None:
-            return top_k
-    raise TunecostError(f"cannot tell the top-k of a {family or type(model_or_config).__name__} config")
+    family, _, value = _from_config(model_or_config, "top_k_keys")
+    if value is None and family == "blackmamba":
+        value = 1  # the released BlackMamba models route top-1 and their config may not say so
+    value = _from_first_block(model_or_config, "top_k") if value is None else value
+    if value is None:
+        raise TunecostError(f"cannot tell the top-k of a {family or type(model_or_config).__name__} config")
+    return value
 
 
 def set_top_k(model: Any, k: int) -> None:

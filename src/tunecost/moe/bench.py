@@ -14,10 +14,12 @@ QLoRA stack), `fast` and `fast-4bit` (this package).
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import dataclasses
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,7 @@ import torch
 
 from tunecost.errors import TunecostError, unknown_name_error
 from tunecost.moe.spec import LoraSpec
+from tunecost.workload.device import check_device
 
 BENCH_IMPLS: tuple[str, ...] = ("eager", "grouped_mm", "peft-fused", "qlora-linear4bit", "fast", "fast-4bit")
 # Opt-in (--impls): transformers' grouped_mm experts with every expert weight frozen and no LoRA, i.e. the
@@ -121,18 +124,51 @@ def _step_peak_bytes(block, x, grad_out, device) -> int:
     return int(tracker.peak_bytes)
 
 
-def _validate(impls, tokens, hidden, intermediate, experts, top_k, rank, repeats, warmup) -> None:
-    for impl in impls:
-        if impl not in BENCH_IMPLS + EXTRA_BENCH_IMPLS:
-            raise unknown_name_error("benchmark implementation", impl, BENCH_IMPLS + EXTRA_BENCH_IMPLS)
-    if min(tokens, hidden, intermediate, experts, top_k, rank, repeats) < 1 or warmup < 0:
+def _check_shape(shape: dict[str, int]) -> None:
+    """`shape`: the block's tokens, hidden, intermediate, experts, top_k and LoRA rank (MoeBenchRow's names)."""
+    if min(shape.values()) < 1:
         raise TunecostError("tokens, hidden, intermediate, experts, top-k, rank and repeats must be positive")
-    if top_k > experts:
-        raise TunecostError(f"top-k {top_k} is more than the {experts} experts")
-    if hidden % 4 or intermediate % 4:
+    if shape["top_k"] > shape["experts"]:
+        raise TunecostError(f"top-k {shape['top_k']} is more than the {shape['experts']} experts")
+    if shape["hidden"] % 4 or shape["intermediate"] % 4:
         raise TunecostError("hidden and intermediate sizes must be multiples of 4 (16-byte rows for grouped GEMMs)")
-    if (hidden * intermediate) % 64:
+    if (shape["hidden"] * shape["intermediate"]) % 64:
         raise TunecostError("hidden x intermediate must be a multiple of 64 (the 4-bit blocksize)")
+
+
+def mixtral_moe_block(
+    *, hidden: int, intermediate: int, experts: int, top_k: int, experts_impl: str = "grouped_mm"
+) -> torch.nn.Module:
+    """A transformers MixtralSparseMoeBlock of this shape (no router jitter), built on the current default device
+    with transformers' initial weights."""
+    from transformers import MixtralConfig
+    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+
+    config = MixtralConfig(
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_local_experts=experts,
+        num_experts_per_tok=top_k,
+        router_jitter_noise=0.0,
+    )
+    config._experts_implementation = experts_impl
+    return MixtralSparseMoeBlock(config)
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's intra-op CPU threads set to `threads` inside (None: unchanged), restored after."""
+    if threads is None:
+        yield
+        return
+    if threads < 1:
+        raise TunecostError(f"threads must be at least 1, got {threads}")
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def bench_moe_layer(
@@ -157,69 +193,67 @@ def bench_moe_layer(
     """Benchmark one MoE block per implementation; shapes default to Mixtral/8 in fp32 on CPU, full Mixtral-8x7B
     in bf16 on CUDA. Rows come in `impls` order, with ratios against peft-fused when it was measured.
     `threads` sets torch's intra-op CPU threads for the run (restored after)."""
-    if threads is not None:
-        if threads < 1:
-            raise TunecostError(f"threads must be at least 1, got {threads}")
-        previous = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            return bench_moe_layer(
-                tokens=tokens,
-                hidden=hidden,
-                intermediate=intermediate,
-                experts=experts,
-                top_k=top_k,
-                rank=rank,
-                alpha=alpha,
-                repeats=repeats,
-                warmup=warmup,
-                impls=impls,
-                device=device,
-                dtype=dtype,
-                seed=seed,
-                measure_memory=measure_memory,
-                threads=None,
-                on_progress=on_progress,
-            )
-        finally:
-            torch.set_num_threads(previous)
-    from transformers import MixtralConfig
-    from transformers.models.mixtral.modeling_mixtral import MixtralSparseMoeBlock
+    with _torch_threads(threads):
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        check_device(device)
+        dev = torch.device(device)
+        default = GPU_SHAPE if dev.type == "cuda" else CPU_SHAPE
+        shape = {  # None: the device's default; 0 is an error below, not "the default"
+            "tokens": default["tokens"] if tokens is None else tokens,
+            "hidden": default["hidden"] if hidden is None else hidden,
+            "intermediate": default["intermediate"] if intermediate is None else intermediate,
+            "experts": experts,
+            "top_k": top_k,
+            "rank": rank,
+        }
+        dtype_name = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
+        if dtype_name not in ("float32", "bfloat16", "float16"):
+            raise TunecostError(f"dtype must be float32, bfloat16 or float16, got {dtype_name!r}")
+        impls = list(impls or BENCH_IMPLS)
+        for impl in impls:
+            if impl not in BENCH_IMPLS + EXTRA_BENCH_IMPLS:
+                raise unknown_name_error("benchmark implementation", impl, BENCH_IMPLS + EXTRA_BENCH_IMPLS)
+        if repeats < 1 or warmup < 0:
+            raise TunecostError("tokens, hidden, intermediate, experts, top-k, rank and repeats must be positive")
+        _check_shape(shape)
+        return _run(
+            shape,
+            LoraSpec(rank=rank, alpha=alpha),
+            impls,
+            repeats,
+            warmup,
+            dev,
+            dtype_name,
+            seed,
+            measure_memory,
+            on_progress,
+        )
 
-    from tunecost.workload.device import check_device
 
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    check_device(device)
-    dev = torch.device(device)
-    shape = GPU_SHAPE if dev.type == "cuda" else CPU_SHAPE
-    tokens = shape["tokens"] if tokens is None else tokens  # 0 is an error below, not "the default"
-    hidden = shape["hidden"] if hidden is None else hidden
-    intermediate = shape["intermediate"] if intermediate is None else intermediate
-    dtype_name = dtype or ("bfloat16" if dev.type == "cuda" else "float32")
-    if dtype_name not in ("float32", "bfloat16", "float16"):
-        raise TunecostError(f"dtype must be float32, bfloat16 or float16, got {dtype_name!r}")
+def _run(
+    shape: dict[str, int],
+    lora: LoraSpec,
+    impls: list[str],
+    repeats: int,
+    warmup: int,
+    dev: torch.device,
+    dtype_name: str,
+    seed: int,
+    measure_memory: bool,
+    on_progress: Callable[[int, int, str], None] | None,
+) -> list[MoeBenchRow]:
     torch_dtype = getattr(torch, dtype_name)
-    impls = list(impls or BENCH_IMPLS)
-    _validate(impls, tokens, hidden, intermediate, experts, top_k, rank, repeats, warmup)
-
-    config = MixtralConfig(
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-        num_local_experts=experts,
-        num_experts_per_tok=top_k,
-        router_jitter_noise=0.0,
-    )
-    config._experts_implementation = "grouped_mm"
     torch.manual_seed(seed)
     with torch.device(dev):
-        base = MixtralSparseMoeBlock(config).to(torch_dtype)
+        hidden, intermediate, experts, top_k = (shape[k] for k in ("hidden", "intermediate", "experts", "top_k"))
+        base: Any = mixtral_moe_block(hidden=hidden, intermediate=intermediate, experts=experts, top_k=top_k)
+        base = base.to(torch_dtype)
         with torch.no_grad():
             base.gate.weight.normal_(0.0, 0.02)
             base.experts.gate_up_proj.normal_(0.0, 0.02)
             base.experts.down_proj.normal_(0.0, 0.02)
-        x = torch.randn(1, tokens, hidden, dtype=torch_dtype)
-        grad_out = torch.randn(1, tokens, hidden, dtype=torch_dtype)
-    lora = LoraSpec(rank=rank, alpha=alpha)
+        x = torch.randn(1, shape["tokens"], shape["hidden"], dtype=torch_dtype)
+        grad_out = torch.randn(1, shape["tokens"], shape["hidden"], dtype=torch_dtype)
 
     total = len(impls) * (repeats + warmup + (1 if measure_memory else 0)) + len(impls)
     done = 0
@@ -263,12 +297,7 @@ def bench_moe_layer(
                 step_peak_bytes=step_peaks[impl],
                 trainable={"eager": "full", "grouped_mm": "full", "grouped_mm-frozen": "router"}.get(impl, "lora"),
                 trainable_params=sum(p.numel() for p in block.parameters() if p.requires_grad),
-                tokens=tokens,
-                hidden=hidden,
-                intermediate=intermediate,
-                experts=experts,
-                top_k=top_k,
-                rank=rank,
+                **shape,
                 dtype=dtype_name,
                 device=str(dev),
                 repeats=repeats,
@@ -282,8 +311,6 @@ def _with_ratios(rows: list[MoeBenchRow], measure_memory: bool) -> list[MoeBench
     reference = next((row for row in rows if row.impl == REFERENCE_IMPL), None)
     if reference is None:
         return rows
-    import dataclasses
-
     return [
         dataclasses.replace(
             row,

@@ -136,6 +136,24 @@ def _up_blocks(b_gate_up, b_gate, b_up, intermediate: int):
     ]
 
 
+def _base_matmul(inp, weight, nf4, routing, base, base_groups):
+    """`inp` times each expert's base weight: one grouped GEMM over `weight` (dense, or de-quantized and kept),
+    else (`weight` None) the NF4 weight `nf4` de-quantized one expert range at a time."""
+    if weight is not None:
+        return grouped_matmul(inp, weight.transpose(1, 2), base_groups)
+    return _nf4_matmul_by_range(inp, nf4, routing, base)
+
+
+def _add_lora(out, inp, lora_a, blocks, groups, scaling):
+    """out[:, cols_out] += scaling * (inp A^T)[:, cols_in] B^T for each (B, cols_in, cols_out) block, in place;
+    returns inp A^T (saved for the backward)."""
+    with record_function(LORA_RANGE):
+        inp_a = grouped_matmul(inp, lora_a.transpose(1, 2), groups)
+        for b, cols_in, cols_out in blocks:
+            grouped_addmm_(out[:, cols_out], inp_a[:, cols_in], b.transpose(1, 2), groups, alpha=scaling)
+    return inp_a
+
+
 class _ExpertMLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, w_gu, w_d, a_gu, b_gu, b_g, b_u, a_d, b_d, base, routing, scaling, activation):
@@ -143,38 +161,27 @@ class _ExpertMLP(torch.autograd.Function):
         # None when the base weights are NF4 (then `base` de-quantizes them: all hit experts at once when they are
         # kept for the backward, else one expert range and one matrix at a time, as the backward does).
         keep = not base.quantized or _keep_dequantized(base.keep_dequantized)
+        w_gu_g = w_d_g = base_groups = None  # the weights the grouped GEMMs use when kept (dense or de-quantized)
         if keep:
             with record_function(DEQUANT_RANGE):
                 w_gu_g, w_d_g, base_groups = base.get(routing) if base.quantized else (w_gu, w_d, routing.groups)
         groups = routing.groups
         intermediate = (w_d_g if keep else base.down).shape[-1]
         with record_function(W1W3_RANGE):  # w1 and w3 of every expert, one grouped GEMM (per range without keep)
-            h = (
-                grouped_matmul(x, w_gu_g.transpose(1, 2), base_groups)
-                if keep
-                else _nf4_matmul_by_range(x, base.gate_up, routing, base)
-            )
+            h = _base_matmul(x, w_gu_g, base.gate_up, routing, base, base_groups)
         xa = None
         if a_gu is not None:
-            with record_function(LORA_RANGE):
-                xa = grouped_matmul(x, a_gu.transpose(1, 2), groups)
-                for _, b, cols_in, cols_out in _up_blocks(b_gu, b_g, b_u, intermediate):
-                    grouped_addmm_(h[:, cols_out], xa[:, cols_in], b.transpose(1, 2), groups, alpha=scaling)
+            up_blocks = [(b, cols_in, cols_out) for _, b, cols_in, cols_out in _up_blocks(b_gu, b_g, b_u, intermediate)]
+            xa = _add_lora(h, x, a_gu, up_blocks, groups, scaling)
         with record_function(ACT_RANGE):
             gate, up = h[:, :intermediate], h[:, intermediate:]
             act = activation_forward(activation, gate)  # kept: recomputing it costs two passes in the backward
             a = act * up
         with record_function(W2_RANGE):
-            y = (
-                grouped_matmul(a, w_d_g.transpose(1, 2), base_groups)
-                if keep
-                else _nf4_matmul_by_range(a, base.down, routing, base)
-            )
+            y = _base_matmul(a, w_d_g, base.down, routing, base, base_groups)
         aa = None
         if a_d is not None:
-            with record_function(LORA_RANGE):
-                aa = grouped_matmul(a, a_d.transpose(1, 2), groups)
-                grouped_addmm_(y, aa, b_d.transpose(1, 2), groups, alpha=scaling)
+            aa = _add_lora(y, a, a_d, [(b_d, slice(None), slice(None))], groups, scaling)
 
         if base.quantized:
             weights = (w_gu_g, w_d_g) if keep else ()

@@ -184,9 +184,7 @@ def _install_ours(block: Any, impl: str, lora: LoraSpec | None, *, quantize_4bit
     if impl == "qlora-linear4bit":
         if lora is not None and lora.expert_layout == "fused":
             raise TunecostError("qlora-linear4bit has per-projection LoRA (w1, w3, w2); use fast for the fused layout")
-        experts: nn.Module = Linear4bitExperts(
-            gate_up, down, activation=_activation(config), lora_rank=rank, lora_alpha=alpha
-        )
+        experts: nn.Module = Linear4bitExperts(gate_up, down, activation=_activation(config), lora=lora)
     else:
         layout = (lora.expert_layout if lora is not None else None) or "fused"
         experts = FastExperts(

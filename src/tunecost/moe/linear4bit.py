@@ -18,6 +18,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from tunecost.moe.core import activation_forward
+from tunecost.moe.spec import LoraSpec
 
 
 def make_linear4bit(weight: torch.Tensor, *, blocksize: int = 64, double_quant: bool = True) -> nn.Module:
@@ -84,18 +85,15 @@ class Linear4bitExperts(nn.Module):
     """E `Linear4bitExpert`s behind transformers 5's experts call contract (hidden, top_k_index, top_k_weights)."""
 
     def __init__(
-        self,
-        gate_up: torch.Tensor,
-        down: torch.Tensor,
-        *,
-        activation: str = "silu",
-        lora_rank: int | None = None,
-        lora_alpha: float = 32,
+        self, gate_up: torch.Tensor, down: torch.Tensor, *, activation: str = "silu", lora: LoraSpec | None = None
     ) -> None:
+        """`lora`: per-projection LoRA on w1, w3 and w2 of every expert when it targets the experts."""
         super().__init__()
         num_experts, two_i, hidden = gate_up.shape
         intermediate = two_i // 2
         self.num_experts, self.hidden_dim, self.intermediate_dim = num_experts, hidden, intermediate
+        lora_rank = lora.rank if lora is not None and lora.on_experts else None
+        lora_alpha = lora.alpha if lora is not None else 32
         self.lora_rank, self.lora_alpha = lora_rank, lora_alpha
 
         def wrap(weight: torch.Tensor) -> nn.Module:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from tunecost.errors import TunecostError
@@ -51,57 +51,22 @@ class BenchPlan:
 
     @classmethod
     def for_device(cls, device: str, *, quick: bool = False) -> BenchPlan:
-        if device.startswith("cuda"):
-            if quick:
-                return cls(
-                    square=4096,
-                    expert_k=4096,
-                    expert_n=14336,
-                    rows=(1, 16, 256, 4096),
-                    elementwise_numel=2**26,
-                    dequant_shape=(4096, 14336),
-                    launches=2000,
-                    host_steps=200,
-                    repeats=5,
-                    warmup=2,
-                )
-            return cls(
-                square=8192,
-                expert_k=4096,  # Mixtral-8x7B hidden size
-                expert_n=14336,  # Mixtral-8x7B expert intermediate size
-                rows=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096),
-                elementwise_numel=2**28,
-                dequant_shape=(4096, 14336),
-                launches=10000,
-                host_steps=1000,
-                repeats=10,
-                warmup=3,
-            )
-        if quick:
-            return cls(
-                square=256,
-                expert_k=256,
-                expert_n=896,
-                rows=(1, 8, 64, 256),
-                elementwise_numel=2**20,
-                dequant_shape=(256, 896),
-                launches=500,
-                host_steps=50,
-                repeats=3,
-                warmup=1,
-            )
-        return cls(
-            square=1024,
-            expert_k=1024,  # Mixtral-8x7B's K, N divided by 4: its (K, N) ratio at a size a CPU runs in seconds
-            expert_n=3584,
-            rows=(1, 4, 16, 64, 256, 1024),
-            elementwise_numel=2**24,
-            dequant_shape=(1024, 3584),
-            launches=5000,
-            host_steps=500,
-            repeats=5,
-            warmup=1,
-        )
+        kind = "cuda" if device.startswith("cuda") else "cpu"
+        columns = [f.name for f in fields(cls) if f.name != "dequant_shape"]  # _PLANS' columns, in field order
+        sizes: dict[str, Any] = dict(zip(columns, _PLANS[(kind, quick)], strict=True))
+        # the de-quantization benchmark uses one expert weight of the GEMM benchmark
+        return cls(dequant_shape=(sizes["expert_k"], sizes["expert_n"]), **sizes)
+
+
+# The default plans by (device kind, quick). CUDA uses Mixtral-8x7B's expert shape (hidden K=4096, expert
+# intermediate N=14336); the CPU plans keep its (K, N) ratio at a size a CPU runs in seconds (K, N / 4 in full,
+# / 16 in quick). Columns: BenchPlan's fields in order, without dequant_shape.
+_PLANS: dict[tuple[str, bool], tuple[Any, ...]] = {
+    ("cuda", False): (8192, 4096, 14336, tuple(2**i for i in range(13)), 2**28, 10000, 1000, 10, 3),
+    ("cuda", True): (4096, 4096, 14336, (1, 16, 256, 4096), 2**26, 2000, 200, 5, 2),
+    ("cpu", False): (1024, 1024, 3584, (1, 4, 16, 64, 256, 1024), 2**24, 5000, 500, 5, 1),
+    ("cpu", True): (256, 256, 896, (1, 8, 64, 256), 2**20, 500, 50, 3, 1),
+}
 
 
 @dataclass(frozen=True, kw_only=True)

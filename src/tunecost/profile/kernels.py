@@ -59,27 +59,19 @@ KERNEL_CLASSES: tuple[str, ...] = (
 # Kinds of work, from a kernel or op name (before the range says whose work it is).
 _MATMUL, _DEQUANT, _SOFTMAX, _TOPK, _ELEMENTWISE, _UNKNOWN = "matmul", "dequant", "softmax", "topk", "eltwise", "?"
 
+# Ranges of one projection: every kernel in them is that projection's work (a matmul's helper kernels included).
+_PROJECTION_BY_RANGE = {
+    nvtx.W1: MATMUL_W1_GATE,
+    nvtx.W3: MATMUL_W3_UP,
+    nvtx.W2: MATMUL_W2_DOWN,
+    nvtx.W1W3: MATMUL_W1W3_GATE_UP,
+    nvtx.LORA: LORA,
+    nvtx.ROUTER: ROUTER,
+}
 # What a matmul inside each range is.
-_MATMUL_BY_RANGE = {
-    nvtx.W1: MATMUL_W1_GATE,
-    nvtx.W3: MATMUL_W3_UP,
-    nvtx.W2: MATMUL_W2_DOWN,
-    nvtx.W1W3: MATMUL_W1W3_GATE_UP,
-    nvtx.LORA: LORA,
-    nvtx.ROUTER: ROUTER,
-    nvtx.EXPERTS: MATMUL_EXPERTS,
-}
+_MATMUL_BY_RANGE = {**_PROJECTION_BY_RANGE, nvtx.EXPERTS: MATMUL_EXPERTS}
 # What a kernel of no recognised kind is inside each range (helper kernels of a matmul, router bookkeeping).
-_UNKNOWN_BY_RANGE = {
-    nvtx.W1: MATMUL_W1_GATE,
-    nvtx.W3: MATMUL_W3_UP,
-    nvtx.W2: MATMUL_W2_DOWN,
-    nvtx.W1W3: MATMUL_W1W3_GATE_UP,
-    nvtx.LORA: LORA,
-    nvtx.ROUTER: ROUTER,
-    nvtx.DEQUANT: DEQUANTIZE,
-    nvtx.ACTIVATION: ELEMENTWISE,
-}
+_UNKNOWN_BY_RANGE = {**_PROJECTION_BY_RANGE, nvtx.DEQUANT: DEQUANTIZE, nvtx.ACTIVATION: ELEMENTWISE}
 _KIND_CLASS = {_SOFTMAX: SOFTMAX, _TOPK: TOPK, _ELEMENTWISE: ELEMENTWISE, _DEQUANT: DEQUANTIZE}
 
 # GPU kernel names (lower-cased). Order matters: de-quantization before matmul (bnb's fused 4-bit GEMV

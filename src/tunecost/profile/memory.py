@@ -23,21 +23,13 @@ class PeakMemory:
     detail: dict[str, Any]
 
 
-def _vm_hwm_bytes() -> int | None:
+def _proc_status_bytes(field: str) -> int | None:
+    """A kB field of /proc/self/status (Linux) in bytes, or None where it cannot be read."""
     try:
         text = Path("/proc/self/status").read_text(encoding="utf-8")
     except OSError:
         return None
-    match = re.search(r"VmHWM:\s+(\d+)\s+kB", text)
-    return int(match.group(1)) * _KIB if match else None
-
-
-def _vm_rss_bytes() -> int | None:
-    try:
-        text = Path("/proc/self/status").read_text(encoding="utf-8")
-    except OSError:
-        return None
-    match = re.search(r"VmRSS:\s+(\d+)\s+kB", text)
+    match = re.search(rf"{field}:\s+(\d+)\s+kB", text)
     return int(match.group(1)) * _KIB if match else None
 
 
@@ -58,7 +50,7 @@ class PeakMemoryMeter:
             torch.cuda.reset_peak_memory_stats()
             self._baseline = int(torch.cuda.memory_allocated())
             return
-        self._baseline = _vm_rss_bytes()
+        self._baseline = _proc_status_bytes("VmRSS")
         try:
             Path("/proc/self/clear_refs").write_text("5", encoding="utf-8")
         except OSError:
@@ -75,7 +67,7 @@ class PeakMemoryMeter:
                 detail={"before_bytes": self._baseline, "reserved_peak_bytes": int(torch.cuda.max_memory_reserved())},
             )
         return PeakMemory(
-            peak_bytes=_vm_hwm_bytes(),
+            peak_bytes=_proc_status_bytes("VmHWM"),  # the resident-set high-water mark
             source="measured-cpu",
             detail={"before_bytes": self._baseline, "what": "process peak RSS", "window_reset": self._resettable},
         )

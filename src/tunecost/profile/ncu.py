@@ -169,18 +169,31 @@ def _nvtx_columns(header: Sequence[str]) -> list[int]:
     return [i for i, name in enumerate(header) if "Push/Pop_Range" in name or name.strip().upper().startswith("NVTX")]
 
 
+@dataclass(frozen=True)
+class _LaunchColumns:
+    """Where a launch's kernel name, launch ID and NVTX range cells stand in a CSV row."""
+
+    name: int
+    launch_id: int
+    nvtx: list[int]
+
+    @classmethod
+    def of(cls, header: Sequence[str]) -> _LaunchColumns:
+        return cls(header.index("Kernel Name"), header.index("ID"), _nvtx_columns(header))
+
+
 def _make_row(
+    fields: list[str],
+    columns: _LaunchColumns,
     *,
-    kernel_name: str,
-    nvtx_ranges: tuple[str, ...],
     duration_s: float,
-    sm: float | None,
-    dram: float | None,
-    mem: float | None,
+    percents: tuple[float | None, float | None, float | None],  # SM, DRAM, memory throughput
     batch_size: int | None,
-    launch_id: str,
 ) -> KernelCounterRow:
-    launch = parse_number(launch_id)
+    kernel_name = fields[columns.name]
+    nvtx_ranges = tuple(r for col in columns.nvtx for r in parse_nvtx_cell(fields[col]))
+    launch = parse_number(fields[columns.launch_id])
+    sm, dram, mem = percents
     return KernelCounterRow(
         kernel_name=kernel_name,
         kernel_class=classify_kernel(kernel_name, nvtx_ranges),
@@ -197,16 +210,15 @@ def _make_row(
 
 def _parse_raw(lines: list[tuple[int, list[str]]], batch_size: int | None) -> tuple[list, list[str], list[str]]:
     (_, header), body = lines[0], lines[1:]
-    name_col = header.index("Kernel Name")
-    id_col = header.index("ID")
+    columns = _LaunchColumns.of(header)
     units = [""] * len(header)
-    if body and len(body[0][1]) == len(header) and not body[0][1][id_col].strip() and not body[0][1][name_col].strip():
+    first = body[0][1] if body else []
+    if len(first) == len(header) and not first[columns.launch_id].strip() and not first[columns.name].strip():
         units = body[0][1]
         body = body[1:]
     cols = {key: _find_column(header, aliases) for key, aliases in _ALIASES.items()}
     if cols["duration"] is None:
         raise TunecostError(f"ncu CSV has no {DURATION} column: rerun ncu with --metrics {','.join(DEFAULT_METRICS)}")
-    nvtx_cols = _nvtx_columns(header)
     rows, warnings, errors = [], [], []
     for number, fields in body:
         if len(fields) != len(header):
@@ -226,33 +238,21 @@ def _parse_raw(lines: list[tuple[int, list[str]]], batch_size: int | None) -> tu
             col = cols[key]
             if col is not None and got is None:
                 warnings.append(f"line {number}: no usable {_ALIASES[key][0]} ({fields[col]!r}); kept as None")
-        ranges = tuple(r for col in nvtx_cols for r in parse_nvtx_cell(fields[col]))
-        rows.append(
-            _make_row(
-                kernel_name=fields[name_col],
-                nvtx_ranges=ranges,
-                duration_s=duration,
-                sm=sm,
-                dram=dram,
-                mem=mem,
-                batch_size=batch_size,
-                launch_id=fields[id_col],
-            )
-        )
+        rows.append(_make_row(fields, columns, duration_s=duration, percents=(sm, dram, mem), batch_size=batch_size))
     return rows, warnings, errors
 
 
 def _parse_details(lines: list[tuple[int, list[str]]], batch_size: int | None) -> tuple[list, list[str], list[str]]:
     (_, header), body = lines[0], lines[1:]
     col = {name: header.index(name) for name in ("ID", "Kernel Name", "Metric Name", "Metric Unit", "Metric Value")}
-    nvtx_cols = _nvtx_columns(header)
+    columns = _LaunchColumns.of(header)
     launches: dict[tuple[str, ...], dict[str, Any]] = {}
     errors: list[str] = []
     for number, fields in body:
         if len(fields) != len(header):
             errors.append(f"line {number}: expected {len(header)} fields, got {len(fields)}")
             continue
-        key = (fields[col["ID"]], *(fields[i] for i in nvtx_cols), fields[col["Kernel Name"]])
+        key = (fields[col["ID"]], *(fields[i] for i in columns.nvtx), fields[col["Kernel Name"]])
         launch = launches.setdefault(key, {"line": number, "fields": fields, "metrics": {}})
         metric = (fields[col["Metric Value"]], fields[col["Metric Unit"]], number)
         launch["metrics"].setdefault(fields[col["Metric Name"]], metric)
@@ -279,19 +279,7 @@ def _parse_details(lines: list[tuple[int, list[str]]], batch_size: int | None) -
         for name, got, got_shown in (("SM throughput", sm, sm_shown), ("DRAM throughput", dram, dram_shown)):
             if got is None and got_shown is not None:
                 warnings.append(f"line {launch['line']}: no usable {name} ({got_shown}); kept as None")
-        ranges = tuple(r for i in nvtx_cols for r in parse_nvtx_cell(fields[i]))
-        rows.append(
-            _make_row(
-                kernel_name=fields[col["Kernel Name"]],
-                nvtx_ranges=ranges,
-                duration_s=duration,
-                sm=sm,
-                dram=dram,
-                mem=mem,
-                batch_size=batch_size,
-                launch_id=fields[col["ID"]],
-            )
-        )
+        rows.append(_make_row(fields, columns, duration_s=duration, percents=(sm, dram, mem), batch_size=batch_size))
     return rows, warnings, errors
 
 

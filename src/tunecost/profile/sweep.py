@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError
-from tunecost.io import atomic_write_json
 from tunecost.profile.inputs import BatchSource, dataset_source, synthetic_source
 from tunecost.profile.model_setup import ModelSetup
 from tunecost.profile.point import MeasureOptions, PointMeasurement, Workload, measure_point
@@ -116,17 +115,8 @@ def make_source(
 
 
 def write_meta(out_dir: Path, spec: SweepSpec, points: list[Workload], command: Any, extra: dict[str, Any]) -> None:
-    import json
+    from tunecost.results.meta import run_metadata, update_run_metadata
 
-    from tunecost.results.meta import merge_metadata, run_metadata
-
-    path = out_dir / "meta.json"
-    old = None
-    if path.exists():
-        try:
-            old = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            old = None
     new = run_metadata(
         device=spec.setup.device,
         command=command,
@@ -143,7 +133,7 @@ def write_meta(out_dir: Path, spec: SweepSpec, points: list[Workload], command: 
             }
         },
     )
-    atomic_write_json(path, merge_metadata(old, new))
+    update_run_metadata(out_dir, new)
 
 
 def run_sweep(

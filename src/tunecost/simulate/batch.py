@@ -45,15 +45,15 @@ class MaxBatchResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The answer and its evidence as plain data (`tunecost memory --json`'s `max_batch`), sizes in bytes."""
-        return {
-            "batch_size": self.batch_size,
-            "seq_len": self.seq_len,
-            "peak_bytes": self.peak_bytes,
-            "device_overhead_bytes": self.device_overhead_bytes,
-            "headroom_bytes": self.headroom_bytes,
-            "next_batch_need_bytes": self.next_batch_need_bytes,
-            "simulations": [list(s) for s in self.simulations],
-        }
+        shown = (
+            "batch_size",
+            "seq_len",
+            "peak_bytes",
+            "device_overhead_bytes",
+            "headroom_bytes",
+            "next_batch_need_bytes",
+        )
+        return {**{name: getattr(self, name) for name in shown}, "simulations": [list(s) for s in self.simulations]}
 
 
 def _need(sim: StepSimulation) -> int:

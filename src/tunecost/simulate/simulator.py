@@ -66,13 +66,9 @@ class StepSimulation:
     def to_dict(self) -> dict[str, Any]:
         """The simulation as plain data (what `tunecost memory --json` prints), sizes in bytes."""
         total = self.total_counts
+        job_fields = ("model", "method", "stack", "batch_size", "seq_len", "num_layers")  # printed as they are
         return {
-            "model": self.model,
-            "method": self.method,
-            "stack": self.stack,
-            "batch_size": self.batch_size,
-            "seq_len": self.seq_len,
-            "num_layers": self.num_layers,
+            **{name: getattr(self, name) for name in job_fields},
             "layers_traced": list(self.layers_traced),
             "peak_bytes": self.peak_bytes,
             "peak_segment": self.peak_segment,

@@ -45,23 +45,36 @@ class ValidationRow:
         return {k: d[k] for k in OUTPUT_COLUMNS}
 
 
+def _outcome(
+    row: CorpusRow,
+    measured: float | None,
+    *,
+    predicted: float | None = None,
+    error: float | None = None,
+    reason: str = "",
+    stack: str = "",
+) -> ValidationRow:
+    """A row's outcome: `ok` with its prediction, else `skipped` (no prediction) with the reason."""
+    return ValidationRow(
+        id=row.id,
+        quantity=row.get("quantity"),
+        measured=measured,
+        predicted=predicted,
+        unit=row.get("unit"),
+        error=error,
+        status="skipped" if predicted is None else "ok",
+        reason=reason,
+        stack=stack,
+    )
+
+
 def _skipped(row: CorpusRow, reason: str, stack: str = "") -> ValidationRow:
     measured: float | None
     try:
         measured = float(row.get("value"))
     except ValueError:
         measured = None
-    return ValidationRow(
-        id=row.id,
-        quantity=row.get("quantity"),
-        measured=measured,
-        predicted=None,
-        unit=row.get("unit"),
-        error=None,
-        status="skipped",
-        reason=reason,
-        stack=stack,
-    )
+    return _outcome(row, measured, reason=reason, stack=stack)
 
 
 def predicted_bytes(quantity: str, sim) -> int:
@@ -119,32 +132,12 @@ def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simu
     else:
         predicted = round(predicted_bytes(quantity, sim) / _UNIT_BYTES[unit], 3)
         error = round((predicted - measured) / measured * 100.0, 2) if measured else None
-    return ValidationRow(
-        id=row.id,
-        quantity=quantity,
-        measured=measured,
-        predicted=predicted,
-        unit=unit,
-        error=error,
-        status="ok",
-        reason="",
-        stack=mapped.stack.name,
-    )
+    return _outcome(row, measured, predicted=predicted, error=error, stack=mapped.stack.name)
 
 
 def _throughput_ok(row: CorpusRow, mapped: MappedRow, measured: float, predicted: float, reason: str):
-    calibration = reason == tp.CALIBRATION_REASON
-    return ValidationRow(
-        id=row.id,
-        quantity=row.get("quantity"),
-        measured=measured,
-        predicted=round(predicted, 4),
-        unit=row.get("unit"),
-        error=None if calibration else round((predicted - measured) / measured * 100.0, 2),
-        status="ok",
-        reason=reason,
-        stack=mapped.stack.name,
-    )
+    error = None if reason == tp.CALIBRATION_REASON else round((predicted - measured) / measured * 100.0, 2)
+    return _outcome(row, measured, predicted=round(predicted, 4), error=error, reason=reason, stack=mapped.stack.name)
 
 
 def _shape(m: MappedRow) -> dict[str, int]:

@@ -21,6 +21,12 @@ rule fixed before any error is computed. Every other row of the group is predict
 (kernel launches, the trainer loop) are not modelled, so rows with few tokens per step are predicted too fast.
 Quantities: s_per_step = step_s; tokens_per_s_per_gpu = grad_accum * batch * seq_len / step_s;
 samples_per_s = grad_accum * batch / step_s (one GPU).
+
+The step time is the throughput model's (`tunecost.estimate.throughput.model.step_time`), restricted to what these
+rows can calibrate: the FLOPs as one tensor-core class and the bytes as one memory class, the GPU as its
+datasheet (bf16 tensor peak, memory bandwidth), and stack parameters with `efficiency` as the GEMM efficiency,
+no small-GEMM penalty, the full bandwidth and no launch or host overheads. A class is either compute or memory
+work, so the model's per-class roofline reduces to the sum above.
 """
 
 from __future__ import annotations
@@ -29,9 +35,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from tunecost.catalog.gpus import GPU
+from tunecost.estimate.throughput.counts import TENSOR_CORE, AnalyticStepCounts
+from tunecost.estimate.throughput.gpu_terms import GpuTerms
+from tunecost.estimate.throughput.lengths import fixed_lengths
+from tunecost.estimate.throughput.model import StackParams, StepTime, step_time
 from tunecost.validate.mapping import MappedRow
 
 CALIBRATION_REASON = "calibration row"
+COMPUTE_CLASS = "dense_matmul"  # the op class that carries every FLOP of a row's step (matmuls and attention)
 NF4_BYTES_PER_PARAM = 0.5
 DEQUANT_WRITTEN_BYTES_PER_PARAM = 2.0  # bf16 weight written for the matmul
 ADAMW_BYTES_PER_TRAINED_PARAM = 7 * 4  # read p, g, m, v; write p, m, v (fp32)
@@ -54,6 +65,23 @@ class StepWork:
 
     flops: float
     bytes: float
+    bytes_class: str = "elementwise"  # the op class of the bytes: dequant (QLoRA), optimizer (full fine-tune)
+    batch: int = 1  # sequences per optimizer step (all micro-batches)
+    seq_len: int = 1
+
+    def step_counts(self) -> AnalyticStepCounts:
+        """This work as the throughput model's step counts: one compute class and one memory class."""
+        return AnalyticStepCounts(
+            flops_by_class={COMPUTE_CLASS: self.flops},
+            bytes_by_class={self.bytes_class: self.bytes},
+            kernels_by_class={},
+            gemm_rows_by_class={},  # no small-GEMM penalty: the efficiency is calibrated as a whole
+            peak_by_class={COMPUTE_CLASS: TENSOR_CORE},
+            batch_size=self.batch,
+            tokens_per_step=float(self.batch * self.seq_len),
+            lengths=fixed_lengths(self.seq_len, self.batch),
+            source="validate: FLOPs per token and bytes per step (module docstring)",
+        )
 
 
 def flops_per_token(counts: ModelCounts, *, method: str, seq_len: int, gradient_checkpointing: bool) -> float:
@@ -70,23 +98,49 @@ def step_work(
     flops = tokens * flops_per_token(
         counts, method=method, seq_len=seq_len, gradient_checkpointing=gradient_checkpointing
     )
-    byte_count = 0.0
+    byte_count, bytes_class = 0.0, "elementwise"
     if method == "qlora":
         passes = 2 + (1 if gradient_checkpointing else 0)
         per_pass = counts.quantizable_params * (NF4_BYTES_PER_PARAM + DEQUANT_WRITTEN_BYTES_PER_PARAM)
-        byte_count += grad_accum * passes * per_pass
-    if method == "full":
-        byte_count += counts.trained_params_full * ADAMW_BYTES_PER_TRAINED_PARAM
-    return StepWork(flops=float(flops), bytes=byte_count)
+        byte_count, bytes_class = grad_accum * passes * per_pass, "dequant"
+    elif method == "full":
+        byte_count, bytes_class = float(counts.trained_params_full * ADAMW_BYTES_PER_TRAINED_PARAM), "optimizer"
+    return StepWork(
+        flops=float(flops), bytes=byte_count, bytes_class=bytes_class, batch=batch * grad_accum, seq_len=seq_len
+    )
+
+
+def datasheet_terms(gpu: GPU) -> GpuTerms:
+    """The GPU as these rows see it: its datasheet bf16 tensor peak and memory bandwidth."""
+    return GpuTerms(
+        name=gpu.name,
+        matmul_flops_per_s=gpu.bf16_tensor_flops_per_s,
+        fp32_flops_per_s=gpu.fp32_flops_per_s,
+        memory_bytes_per_s=gpu.mem_bandwidth_bytes_per_s,
+        source=f"catalog datasheet ({gpu.as_of})",
+    )
+
+
+def _step_time(work: StepWork, gpu: GPU, efficiency: float) -> StepTime:
+    params = StackParams(
+        gemm_efficiency=efficiency,
+        gemm_half_rows=0.0,
+        memory_efficiency=1.0,
+        kernel_overhead_s=0.0,
+        step_overhead_s=0.0,
+    )
+    return step_time(work.step_counts(), datasheet_terms(gpu), params)
 
 
 def step_seconds(work: StepWork, gpu: GPU, efficiency: float) -> float:
-    return work.flops / (efficiency * gpu.bf16_tensor_flops_per_s) + work.bytes / gpu.mem_bandwidth_bytes_per_s
+    return _step_time(work, gpu, efficiency).step_s
 
 
 def efficiency_from(work: StepWork, gpu: GPU, measured_step_s: float) -> float | None:
     """The efficiency that reproduces a measured step (None when the bytes alone take longer)."""
-    compute_s = measured_step_s - work.bytes / gpu.mem_bandwidth_bytes_per_s
+    at_peak = _step_time(work, gpu, 1.0)
+    memory_s = sum(s for cls, s in at_peak.class_s.items() if cls != COMPUTE_CLASS)
+    compute_s = measured_step_s - memory_s
     if compute_s <= 0:
         return None
     eff = work.flops / (gpu.bf16_tensor_flops_per_s * compute_s)

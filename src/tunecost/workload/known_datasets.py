@@ -4,7 +4,7 @@ from the local hub cache, downloaded only when allowed)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from tunecost.errors import TunecostError
@@ -20,41 +20,29 @@ class KnownDataset:
     hub: tuple[str, str | None, str] | None = None  # (repo id, config, split)
 
 
-def _llm_adapters_test(name: str, what: str) -> KnownDataset:
+def _llm_adapters_train(name: str, description: str) -> KnownDataset:
+    """A training set of LLM-Adapters' ft-training_set, looked for flat, under llm-adapters/ or as the repo has it."""
+    files = (f"{name}.json", f"llm-adapters/{name}.json", f"ft-training_set/{name}.json")
+    return KnownDataset(name=name, description=f"LLM-Adapters {description}", files=files)
+
+
+def _llm_adapters_test(name: str, what: str, *, stem: str | None = None) -> KnownDataset:
+    """A test set of LLM-Adapters' dataset folder (`stem`: its folder name when it differs from `name`)."""
+    stem = stem or name
     return KnownDataset(
         name=name,
         description=f"LLM-Adapters {what} test set",
-        files=(f"{name}_test.json", f"llm-adapters/{name}_test.json", f"dataset/{name}/test.json"),
+        files=(f"{stem}_test.json", f"llm-adapters/{stem}_test.json", f"dataset/{stem}/test.json"),
     )
 
 
 KNOWN_DATASETS: dict[str, KnownDataset] = {
     k.name: k
     for k in (
-        KnownDataset(
-            name="commonsense_15k",
-            description="LLM-Adapters commonsense_15k (the paper's CS)",
-            files=("commonsense_15k.json", "llm-adapters/commonsense_15k.json", "ft-training_set/commonsense_15k.json"),
-        ),
-        KnownDataset(
-            name="commonsense_170k",
-            description="LLM-Adapters commonsense_170k",
-            files=(
-                "commonsense_170k.json",
-                "llm-adapters/commonsense_170k.json",
-                "ft-training_set/commonsense_170k.json",
-            ),
-        ),
-        KnownDataset(
-            name="math_14k",
-            description="LLM-Adapters math_14k (the paper's MATH)",
-            files=("math_14k.json", "llm-adapters/math_14k.json", "ft-training_set/math_14k.json"),
-        ),
-        KnownDataset(
-            name="math_10k",
-            description="LLM-Adapters math_10k",
-            files=("math_10k.json", "llm-adapters/math_10k.json", "ft-training_set/math_10k.json"),
-        ),
+        _llm_adapters_train("commonsense_15k", "commonsense_15k (the paper's CS)"),
+        _llm_adapters_train("commonsense_170k", "commonsense_170k"),
+        _llm_adapters_train("math_14k", "math_14k (the paper's MATH)"),
+        _llm_adapters_train("math_10k", "math_10k"),
         KnownDataset(
             name="math_data",
             description="LLM-Adapters math_data.json",
@@ -85,18 +73,14 @@ KNOWN_DATASETS: dict[str, KnownDataset] = {
         _llm_adapters_test("ARC-Easy", "ARC-Easy"),
         _llm_adapters_test("openbookqa", "OpenBookQA"),
         _llm_adapters_test("winogrande", "WinoGrande"),
-        _llm_adapters_test("hellaswag_llm-adapters", "HellaSwag (generation, ending1..4)"),
+        # LLM-Adapters' HellaSwag file (generation, ending1..4) is hellaswag_test.json
+        _llm_adapters_test("hellaswag_llm-adapters", "HellaSwag (generation, ending1..4)", stem="hellaswag"),
         _llm_adapters_test("AQuA", "AQuA"),
         _llm_adapters_test("SVAMP", "SVAMP"),
         KnownDataset(name="synthetic-arith", description="embedded arithmetic word problems (train split)"),
         KnownDataset(name="synthetic-arith-test", description="embedded arithmetic word problems (held-out split)"),
     )
 }
-# The LLM-Adapters HellaSwag file is named hellaswag_test.json.
-KNOWN_DATASETS["hellaswag_llm-adapters"] = replace(
-    KNOWN_DATASETS["hellaswag_llm-adapters"],
-    files=("hellaswag_test.json", "llm-adapters/hellaswag_test.json", "dataset/hellaswag/test.json"),
-)
 
 
 def data_dirs() -> list[Path]:

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import typer
 
 from tunecost.cli.common import cli_errors, print_json, print_table
+from tunecost.cli.options import Gpu, JsonOut, PricesFile, Provider
 
 
 @cli_errors
-def gpus(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def gpus(json_out: JsonOut = False) -> None:
     """The GPU catalog: memory, bandwidth, peak throughput, with sources."""
     from tunecost.catalog.gpus import gpu_catalog
 
@@ -21,12 +21,12 @@ def gpus(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
         return
     print_table(
         "GPUs (datasheet, dense)",
-        ["name", "aliases", "memory GB", "bandwidth TB/s", "BF16 TFLOP/s", "FP32 TFLOP/s"],
+        ["name", "aliases", "memory GiB", "bandwidth TB/s", "BF16 TFLOP/s", "FP32 TFLOP/s"],
         [
             [
                 g.name,
                 ", ".join(g.aliases),
-                f"{g.memory_gb:g}",
+                f"{g.memory_gib:g}",
                 f"{g.mem_bandwidth_bytes_per_s / 1e12:.3g}",
                 f"{g.bf16_tensor_flops_per_s / 1e12:g}",
                 f"{g.fp32_flops_per_s / 1e12:g}",
@@ -38,7 +38,7 @@ def gpus(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
 
 
 @cli_errors
-def models(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def models(json_out: JsonOut = False) -> None:
     """The model catalog, with parameter counts computed from each config (total and active per token)."""
     from tunecost.catalog.models import model_catalog
     from tunecost.models.params import count_parameters
@@ -88,10 +88,10 @@ def models(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -
 
 @cli_errors
 def prices(
-    gpu: str = typer.Option(None, "--gpu", help="Only this GPU."),
-    provider: str = typer.Option(None, "--provider", help="Only this provider."),
-    prices_file: Path = typer.Option(None, "--prices", help="A CSV that overrides or extends the price catalog."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    gpu: Gpu = None,
+    provider: Provider = None,
+    prices_file: PricesFile = None,
+    json_out: JsonOut = False,
 ) -> None:
     """The price catalog: $ per GPU-hour per provider, with the date and source of each price."""
     from tunecost.catalog.gpus import resolve_gpu_name

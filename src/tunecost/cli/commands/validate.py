@@ -7,10 +7,12 @@ import io
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from tunecost.cli.common import cli_errors, console, print_json, print_table
+from tunecost.cli.options import Force, JsonOut, opt
 
 
 def rows_csv(records: list[dict]) -> str:
@@ -31,12 +33,15 @@ def _fmt(v: object) -> str:
 
 @cli_errors
 def validate(
-    files: list[Path] = typer.Argument(None, help="Measurement CSV files in the corpus columns (default: shipped)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the rows as a JSON list of objects."),
-    out: Path = typer.Option(
-        None, "--out", help="Run directory: add the rows as records (validation.jsonl, validation.csv) for `report`."
-    ),
-    force: bool = typer.Option(False, "--force", help="Replace rows of the same id and quantity already in --out."),
+    files: Annotated[
+        list[Path] | None, typer.Argument(help="Measurement CSV files in the corpus columns (default: shipped).")
+    ] = None,
+    json_out: JsonOut = False,
+    out: Annotated[
+        Path | None,
+        opt("--out", "Run directory: add the rows as records (validation.jsonl, validation.csv) for `report`."),
+    ] = None,
+    force: Force = False,
 ) -> None:
     """Run tunecost's estimators on every measurement they can model: each prediction beside its measurement,
     the rows skipped with their reason, and the accuracy per quantity and per stack."""

@@ -229,15 +229,20 @@ def _unpack(x: np.ndarray) -> tuple[StackParams, float]:
     return StackParams(**values), run
 
 
+@dataclass(frozen=True, kw_only=True)
+class FitOptions:
+    """How a fit treats its points (see `calibrate`): the priors and the measured GPU profiles."""
+
+    use_priors: bool = True
+    priors: Mapping[str, Prior] | None = None  # replaces some of PRIORS
+    gpu_terms: Mapping[str, GpuTerms] | None = None  # measured GPU profiles by catalog name
+
+
 def fit_stack(
-    points: Sequence[CalibrationPoint],
-    *,
-    source: str = "measurements",
-    use_priors: bool = True,
-    priors: Mapping[str, Prior] | None = None,
-    gpu_terms: Mapping[str, GpuTerms] | None = None,
+    points: Sequence[CalibrationPoint], *, source: str = "measurements", options: FitOptions = FitOptions()
 ) -> CalibratedModel:
     """Fit one set of stack parameters to all of `points` (any models, methods and GPUs together)."""
+    use_priors, priors, gpu_terms = options.use_priors, options.priors, options.gpu_terms
     from scipy.optimize import least_squares
     from scipy.stats import t as student_t
 
@@ -317,10 +322,16 @@ def calibrate(
     squares within the bounds); both are for sensitivity studies. `gpu_terms`: measured GPU profiles by catalog
     name. `transfer_check`: calibrate again without each GPU to size the cross-GPU part of the interval
     (`intervals.transfer_spread`)."""
+    options = FitOptions(use_priors=use_priors, priors=priors, gpu_terms=gpu_terms)
+    return _calibrate(points, source, options, transfer_check)
+
+
+def _calibrate(
+    points: Sequence[CalibrationPoint], source: str, options: FitOptions, transfer_check: bool
+) -> CalibratedModel:
     from dataclasses import replace
 
-    kw = {"use_priors": use_priors, "priors": priors, "gpu_terms": gpu_terms}
-    model = fit_stack(points, source=source, **kw)  # type: ignore[arg-type]
+    model = fit_stack(points, source=source, options=options)
     by_method: dict[str, list[CalibrationPoint]] = defaultdict(list)
     for p in points:
         by_method[job_for(p.target)[0].method].append(p)
@@ -328,7 +339,7 @@ def calibrate(
     if len(by_method) > 1:
         for method, pts in sorted(by_method.items()):
             if len(pts) >= MIN_POINTS:
-                stacks[method] = fit_stack(pts, source=f"{source} ({method} points)", **kw)  # type: ignore[arg-type]
+                stacks[method] = fit_stack(pts, source=f"{source} ({method} points)", options=options)
     model = replace(model, stacks=stacks)
     log_res = [
         math.log(model.predict(p.target, run_queries=p.run_queries).queries_per_s / p.queries_per_s) for p in points
@@ -341,7 +352,7 @@ def calibrate(
         )
     spread = None
     if transfer_check:
-        spread = transfer_spread(points, lambda rest: calibrate(rest, transfer_check=False, **kw), MIN_POINTS)  # type: ignore[arg-type]
+        spread = transfer_spread(points, lambda rest: _calibrate(rest, "measurements", options, False), MIN_POINTS)
         notes.append(spread.note)
     model = replace(
         model,

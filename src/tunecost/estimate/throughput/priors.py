@@ -18,39 +18,22 @@ class Prior:
     reason: str
 
 
+# name: (centre, factor, lower, upper, reason)
+_PRIOR_ROWS: dict[str, tuple[float, float, float, float, str]] = {
+    "gemm_efficiency": (0.7, 1.5, 0.02, 1.0, "cuBLAS bf16 GEMMs reach 60-80 % of the dense datasheet peak"),
+    "gemm_half_rows": (
+        64,
+        3.0,
+        1.0,
+        1e5,
+        "GEMMs with K, N in the thousands reach half their rate at some tens of rows",
+    ),
+    "memory_efficiency": (0.75, 1.3, 0.05, 1.0, "streaming kernels reach 70-90 % of datasheet bandwidth"),
+    "kernel_overhead_s": (20e-6, 3.0, 1e-7, 1e-3, "eager PyTorch: dispatch + autograd + launch, about 10-50 us per op"),
+    "step_overhead_s": (0.05, 10.0, 1e-4, 10.0, "trainer bookkeeping per step (weak)"),
+    "run_overhead_s": (10.0, 10.0, 1e-2, 600.0, "start-up and warm-up inside the measured train_runtime (weak)"),
+}
 PRIORS: dict[str, Prior] = {
-    "gemm_efficiency": Prior(
-        centre=0.7,
-        factor=1.5,
-        lower=0.02,
-        upper=1.0,
-        reason="cuBLAS bf16 GEMMs reach 60-80 % of the dense datasheet peak",
-    ),
-    "gemm_half_rows": Prior(
-        centre=64,
-        factor=3.0,
-        lower=1.0,
-        upper=1e5,
-        reason="GEMMs with K, N in the thousands reach half their rate at some tens of rows",
-    ),
-    "memory_efficiency": Prior(
-        centre=0.75, factor=1.3, lower=0.05, upper=1.0, reason="streaming kernels reach 70-90 % of datasheet bandwidth"
-    ),
-    "kernel_overhead_s": Prior(
-        centre=20e-6,
-        factor=3.0,
-        lower=1e-7,
-        upper=1e-3,
-        reason="eager PyTorch: dispatch + autograd + launch, about 10-50 us per op",
-    ),
-    "step_overhead_s": Prior(
-        centre=0.05, factor=10.0, lower=1e-4, upper=10.0, reason="trainer bookkeeping per step (weak)"
-    ),
-    "run_overhead_s": Prior(
-        centre=10.0,
-        factor=10.0,
-        lower=1e-2,
-        upper=600.0,
-        reason="start-up and warm-up inside the measured train_runtime (weak)",
-    ),
+    name: Prior(centre=centre, factor=factor, lower=lower, upper=upper, reason=reason)
+    for name, (centre, factor, lower, upper, reason) in _PRIOR_ROWS.items()
 }

@@ -23,16 +23,6 @@ from tunecost.errors import TunecostError
 
 MAMBA_LAYER = "mamba"
 MOE_LAYER = "moe"
-_REQUIRED = (
-    "num_layers",
-    "hidden_size",
-    "state_size",
-    "conv_dimension",
-    "vocab_size",
-    "expansion_factor",
-    "mamba_moe_layers",
-    "ffn_hidden_size",
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,21 +46,12 @@ class BlackMambaConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mamba_moe_layers", tuple(str(x) for x in self.mamba_moe_layers))
-        for name in (
-            "num_layers",
-            "hidden_size",
-            "state_size",
-            "conv_dimension",
-            "vocab_size",
-            "expansion_factor",
-            "ffn_hidden_size",
-            "max_sequence_length",
-            "experts_per_token",
-        ):
+        typed = [(f.name, f.type) for f in dataclasses.fields(self)]  # every int field is a positive size or count
+        for name in [name for name, kind in typed if kind == "int"]:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TunecostError(f"BlackMamba config: {name} must be a positive integer, got {value!r}")
-        for name in ("add_bias_linear", "swiglu"):
+        for name in [name for name, kind in typed if kind == "bool"]:
             if not isinstance(getattr(self, name), bool):
                 raise TunecostError(f"BlackMamba config: {name} must be true or false, got {getattr(self, name)!r}")
         if len(self.mamba_moe_layers) != self.num_layers:
@@ -137,7 +118,11 @@ class BlackMambaConfig:
     def from_dict(cls, raw: Mapping[str, Any], *, where: str = "config") -> BlackMambaConfig:
         if not isinstance(raw, Mapping):
             raise TunecostError(f"{where}: a BlackMamba config must be a JSON object, got {type(raw).__name__}")
-        missing = [k for k in _REQUIRED if k not in raw]
+        no_default = dataclasses.MISSING
+        required = [
+            f.name for f in dataclasses.fields(cls) if f.default is no_default and f.default_factory is no_default
+        ]
+        missing = [k for k in required if k not in raw]
         if missing:
             raise TunecostError(f"{where}: not a BlackMamba config; missing {', '.join(missing)}")
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
