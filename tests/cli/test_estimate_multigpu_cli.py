@@ -22,7 +22,7 @@ def test_mixtral_lora_on_8_h100_fits_under_fsdp2_not_ddp(cli_runner):
     assert result.exit_code == 0, result.output
     setups = {s["plan"]["strategy"]: s for s in json.loads(result.stdout)["setups"]}
     ddp, fsdp2 = setups["ddp"], setups["fsdp2"]
-    assert ddp["memory"]["breakdown_bytes"]["frozen_weights"] > ddp["gpu"]["memory_gb"] * 2**30
+    assert ddp["memory"]["breakdown_bytes"]["frozen_weights"] > ddp["gpu"]["memory_gib"] * 2**30
     assert ddp["cost"] is None and ddp["timing"] is None
     assert fsdp2["memory"]["breakdown_bytes"]["frozen_weights"] * 8 == pytest.approx(
         ddp["memory"]["breakdown_bytes"]["frozen_weights"], abs=8

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from tiny_jobs import tiny_job
 
 from tunecost.distributed.plan import ParallelPlan
 from tunecost.distributed.rank_memory import (
@@ -19,16 +20,8 @@ from tunecost.workload.job import FineTuneJob, LoraConfig
 WEIGHTS = ("frozen_weights", "trainable_params")
 
 
-def _job(path: str, method: str, dtype: str = "fp32") -> FineTuneJob:
-    return FineTuneJob(
-        model=path,
-        method=method,
-        lora=LoraConfig(rank=8, targets=("attention",)),
-        compute_dtype=dtype,
-        batch_size=2,
-        seq_len=16,
-        gradient_checkpointing=False,
-    )
+def _job(config: str, method: str) -> FineTuneJob:
+    return tiny_job(config, method, LoraConfig(rank=8, targets=("attention",)))
 
 
 def _opt(step, job, strategy: str, num_gpus: int) -> dict[str, int]:
@@ -40,10 +33,10 @@ def _opt(step, job, strategy: str, num_gpus: int) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("method", ["full", "lora"])
-def test_sharded_states_equal_the_fake_fsdp2_rank(config_path, method):
+def test_sharded_states_equal_the_fake_fsdp2_rank(method):
     """The derived shards are the fake FSDP2 rank's: parameters and AdamW states exactly 1/N (the tiny config's
     dims divide by 2 and 4, so nothing is padded)."""
-    job = _job(config_path("tiny-mixtral-2l"), method)
+    job = _job("tiny-mixtral-2l", method)
     step = single_gpu_step(job, granule_bytes=1)
     single = step.segments["optimizer:opt"]
     for n in (2, 4):
@@ -56,8 +49,8 @@ def test_sharded_states_equal_the_fake_fsdp2_rank(config_path, method):
 
 
 @pytest.mark.parametrize(("strategy", "sharded"), [("ddp", ""), ("zero1", "O"), ("zero2", "GO"), ("zero3", "PGO")])
-def test_each_strategy_shards_its_states(config_path, strategy, sharded):
-    job = _job(config_path("tiny-mixtral-2l"), "full")
+def test_each_strategy_shards_its_states(strategy, sharded):
+    job = _job("tiny-mixtral-2l", "full")
     step = single_gpu_step(job, granule_bytes=1)
     single = step.segments["optimizer:opt"]
     rank = _opt(step, job, strategy, 4)
@@ -66,12 +59,12 @@ def test_each_strategy_shards_its_states(config_path, strategy, sharded):
         assert rank[category] * (4 if letter in sharded else 1) == single[category]
 
 
-def test_ddp_adds_one_bucket_copy_of_the_trainable_gradients(config_path):
+def test_ddp_adds_one_bucket_copy_of_the_trainable_gradients():
     """DDP's buckets (PyTorch's own assignment) hold every trainable gradient once."""
     from tunecost.distributed.ddp import ddp_bucket_bytes
     from tunecost.simulate.prepare import build_prepared
 
-    job = _job(config_path("tiny-mixtral-2l"), "lora")
+    job = _job("tiny-mixtral-2l", "lora")
     step = single_gpu_step(job, granule_bytes=1)
     trainable = build_prepared(job, num_units=None).trainable
     assert sum(ddp_bucket_bytes(trainable)) == step.trainable_bytes
@@ -81,18 +74,18 @@ def test_ddp_adds_one_bucket_copy_of_the_trainable_gradients(config_path):
     assert memory.peak_bytes == single_peak + step.trainable_bytes
 
 
-def test_zero_keeps_fp32_master_and_adam_states_for_16_bit_weights(config_path):
+def test_zero_keeps_fp32_master_and_adam_states_for_16_bit_weights():
     """ZeRO paper (Rajbhandari et al. 2020, section 3.1): K = 12 bytes of optimizer state per parameter under
     mixed-precision Adam, sharded 1/N from stage 1."""
-    job = _job(config_path("tiny-mixtral-2l"), "full", dtype="bf16")
+    job = _job("tiny-mixtral-2l", "full").with_(compute_dtype="bf16")
     step = single_gpu_step(job, granule_bytes=1)
     num_params = step.trainable_bytes // 2
     assert _opt(step, job, "zero1", 4)["optimizer_states"] == num_params * ZERO_ADAM_BYTES_PER_PARAM // 4
     assert _opt(step, job, "fsdp2", 4)["optimizer_states"] == 2 * step.trainable_bytes // 4  # torch AdamW, bf16
 
 
-def test_hsdp_shards_within_a_node(config_path):
-    job = _job(config_path("tiny-mixtral-2l"), "full")
+def test_hsdp_shards_within_a_node():
+    job = _job("tiny-mixtral-2l", "full")
     step = single_gpu_step(job, granule_bytes=1)
     hsdp = rank_memory(step, job, ParallelPlan(num_gpus=8, gpus_per_node=4, strategy="hsdp"))
     fsdp_in_node = rank_memory(step, job, ParallelPlan(num_gpus=4, gpus_per_node=4, strategy="fsdp2"))
@@ -102,18 +95,18 @@ def test_hsdp_shards_within_a_node(config_path):
 
 @pytest.mark.parametrize("strategy", ["fsdp2", "fsdp2-shard-grad-op"])
 @pytest.mark.parametrize("method", ["full", "lora"])
-def test_derived_peak_is_at_or_above_the_fake_fsdp2_rank(config_path, method, strategy):
+def test_derived_peak_is_at_or_above_the_fake_fsdp2_rank(method, strategy):
     """On these tiny models (where activations and temporaries weigh as much as the states) the derived peak is
     6-10 % above the fake FSDP2 rank's (docs/multi-gpu.md lists every case); it never falls below it."""
-    job = _job(config_path("tiny-mixtral-2l"), method)
+    job = _job("tiny-mixtral-2l", method)
     step = single_gpu_step(job, granule_bytes=1)
     derived = rank_memory(step, job, ParallelPlan(num_gpus=2, strategy=strategy)).peak_bytes
     fake = simulate_fsdp_rank(job, world_size=2, strategy=strategy, granule_bytes=1).peak_bytes
     assert fake <= derived <= 1.10 * fake
 
 
-def test_device_overhead_and_nccl_memory_count_in_the_need(config_path):
-    job = _job(config_path("tiny-llama-2l"), "full")
+def test_device_overhead_and_nccl_memory_count_in_the_need():
+    job = _job("tiny-llama-2l", "full")
     step = single_gpu_step(job, granule_bytes=1)
     one = rank_memory(step, job, ParallelPlan(num_gpus=1, strategy="fsdp2"))
     two = rank_memory(step, job, ParallelPlan(num_gpus=2, strategy="fsdp2"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from tiny_jobs import tiny_job
 
 from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.catalog.interconnects import resolve_interconnect
@@ -13,22 +14,14 @@ from tunecost.distributed.plan import ParallelPlan
 from tunecost.distributed.rank_memory import single_gpu_step
 from tunecost.distributed.setups import Links, estimate_multi_gpu, step_time, valid_gpu_counts
 from tunecost.errors import TunecostError
-from tunecost.workload.job import FineTuneJob, LoraConfig
+from tunecost.workload.job import LoraConfig
 
 BUSBW = 1e9  # bytes/s, no latency: seconds = bytes x bus factor / 1e9
 
 
 @pytest.fixture
-def tiny(config_path):
-    job = FineTuneJob(
-        model=config_path("tiny-mixtral-2l"),
-        method="full",
-        lora=LoraConfig(rank=8, targets=("attention",)),
-        compute_dtype="fp32",
-        batch_size=2,
-        seq_len=16,
-        gradient_checkpointing=False,
-    )
+def tiny():
+    job = tiny_job("tiny-mixtral-2l", "full", LoraConfig(rank=8, targets=("attention",)))
     return job, single_gpu_step(job, granule_bytes=1)
 
 
@@ -77,7 +70,7 @@ def test_search_finds_the_smallest_count_and_the_cheapest(tiny):
 
 def test_a_job_that_fits_no_count_is_an_error(tiny):
     job, _step = tiny
-    small = dataclasses.replace(resolve_gpu_name("H100").gpu, memory_gb=0.0001)
+    small = dataclasses.replace(resolve_gpu_name("H100").gpu, memory_gib=0.0001)
     with pytest.raises(TunecostError, match="fits no setup of up to 4 GPUs"):
         estimate_multi_gpu(job, gpus=[small], strategies=["fsdp2"], max_gpus=4)
 
@@ -89,6 +82,7 @@ def test_a_job_that_fits_no_count_is_an_error(tiny):
         ({"num_gpus": 8, "strategies": ["zero4"]}, "unknown strategy"),
         ({"num_gpus": 8, "node_link": "carrier-pigeon"}, "interconnect"),
         ({"num_gpus": 8, "node_link": "ndr"}, "links nodes"),
+        ({"max_gpus": 0}, "GPU limit"),
     ],
 )
 def test_bad_setups_are_one_line_errors(tiny, kwargs, message):

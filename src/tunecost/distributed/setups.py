@@ -33,6 +33,7 @@ from tunecost.errors import TunecostError
 from tunecost.workload.job import FineTuneJob
 
 DEFAULT_MAX_GPUS = 64
+MAX_SEARCH_GPUS = 100_000  # every count up to the limit is evaluated (arithmetic only)
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default
 # Links assumed when none is named: the node's GPU link (by GPU family) and, between nodes, one NIC per GPU.
 DEFAULT_NODE_LINK = {"H100-80GB-SXM": "NVLink4", "H200-141GB": "NVLink4", "A100-80GB-SXM": "NVLink3"}
@@ -268,8 +269,8 @@ def estimate_multi_gpu(
     from tunecost.catalog.prices import price_catalog, prices_for
     from tunecost.distributed.rank_memory import single_gpu_step
 
-    if max_gpus < 1:
-        raise TunecostError(f"the GPU limit must be at least 1, got {max_gpus}")
+    if not 1 <= max_gpus <= MAX_SEARCH_GPUS:
+        raise TunecostError(f"the GPU limit must be between 1 and {MAX_SEARCH_GPUS}, got {max_gpus}")
     counts = [num_gpus] if num_gpus is not None else valid_gpu_counts(gpus_per_node, max_gpus)
     plans = [ParallelPlan(num_gpus=n, gpus_per_node=gpus_per_node, strategy=s) for s in strategies for n in counts]
     links_by_gpu = {gpu.name: default_links(gpu, gpus_per_node, node_link) for gpu in gpus}  # errors before tracing
