@@ -207,6 +207,11 @@ def estimate(
 
         if queries is None and dataset is None:
             raise TunecostError("give --queries N or --dataset D")
+        if out is not None or estimator != "paper" or calibrate is not None or run_queries is not None:
+            raise TunecostError(
+                "--gpus/--strategy estimate with the step simulator and the cross-GPU throughput model; "
+                "--out, --estimator, --calibrate and --run-queries apply to one GPU only"
+            )
         run_multi_gpu(
             model=model,
             gpus=gpus,
