@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from tunecost.cli.commands import estimate_multigpu as multi
 from tunecost.cli.common import cli_errors, console, print_json, print_table, split_list
 
 
@@ -171,15 +172,11 @@ def estimate(
         help="Calibrated estimator: price the throughput of runs of N queries with their start-up, as the paper "
         "measured it (1000); default: steady state.",
     ),
-    num_gpus: str = typer.Option(
-        None, "--gpus", help="Several GPUs: a number, or 'auto' for the fewest that fit and the cheapest setup."
-    ),
-    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="With --gpus: GPUs per node."),
-    strategy: str = typer.Option(
-        None, "--strategy", help="With --gpus: ddp, fsdp2, fsdp2-shard-grad-op, hsdp, zero1, zero2, zero3, or all."
-    ),
-    max_gpus: int = typer.Option(64, "--max-gpus", help="With --gpus auto: the most GPUs to consider."),
-    interconnect: str = typer.Option(None, "--interconnect", help="With --gpus: the link within a node (NVLink4...)."),
+    num_gpus: multi.NumGpus = None,
+    gpus_per_node: multi.GpusPerNode = None,
+    strategy: multi.Strategy = None,
+    max_gpus: multi.MaxGpus = None,
+    interconnect: multi.Interconnect = None,
     out: Path = typer.Option(None, "--out", help="Run directory to add cost records to (for `tunecost report`)."),
     force: bool = typer.Option(False, "--force", help="With --out: replace records of the same estimate there."),
     json_out: bool = typer.Option(False, "--json", help="Print JSON."),
@@ -201,9 +198,8 @@ def estimate(
     check_count("--seq-len", seq_len, MAX_SEQ_LEN)
     if run_queries is not None and (run_queries < 1 or estimator != "calibrated"):
         raise TunecostError("--run-queries must be >= 1 and needs --estimator calibrated")
-    if num_gpus is not None or strategy is not None:
+    if any(v is not None for v in (num_gpus, gpus_per_node, strategy, max_gpus, interconnect)):
         from tunecost.catalog.datasets import get_dataset_facts
-        from tunecost.cli.commands.estimate_multigpu import run_multi_gpu
 
         if queries is None and dataset is None:
             raise TunecostError("give --queries N or --dataset D")
@@ -212,7 +208,7 @@ def estimate(
                 "--gpus/--strategy estimate with the step simulator and the cross-GPU throughput model; "
                 "--out, --estimator, --calibrate and --run-queries apply to one GPU only"
             )
-        run_multi_gpu(
+        multi.run_multi_gpu(
             model=model,
             gpus=gpus,
             method=method,

@@ -2,9 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from tunecost.cli.common import console, print_json, print_table, split_list
+from tunecost.cli.options import count_option, opt
 from tunecost.distributed.plan import STRATEGIES
+from tunecost.distributed.setups import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS
 from tunecost.units import format_bytes
+
+DEFAULT_GPUS_PER_NODE = 8
+MAX_GPUS_PER_NODE = 1024
+NumGpus = Annotated[
+    str | None, opt("--gpus", "Several GPUs: a number, or 'auto' for the fewest that fit and the cheapest setup.")
+]
+GpusPerNode = Annotated[
+    int | None, count_option("--gpus-per-node", "Several GPUs: GPUs per node (default 8).", MAX_GPUS_PER_NODE)
+]
+Strategy = Annotated[
+    str | None, opt("--strategy", "Several GPUs: " + ", ".join(STRATEGIES) + ", or all (default; comma list).")
+]
+MaxGpus = Annotated[
+    int | None, count_option("--max-gpus", "--gpus auto: the most GPUs to consider (default 64).", MAX_SEARCH_GPUS)
+]
+Interconnect = Annotated[str | None, opt("--interconnect", "Several GPUs: the link inside a node (NVLink4, PCIe4...).")]
 
 
 def parse_gpu_count(text: str) -> int | None:
@@ -29,9 +49,9 @@ def run_multi_gpu(
     method: str,
     experts_per_token: int | None,
     num_gpus: str | None,
-    gpus_per_node: int,
+    gpus_per_node: int | None,
     strategy: str | None,
-    max_gpus: int,
+    max_gpus: int | None,
     interconnect: str | None,
     provider: str | None,
     prices_file,
@@ -66,14 +86,15 @@ def run_multi_gpu(
         gpus=[resolve_gpu_name(g).gpu for g in dict.fromkeys(gpus)],
         strategies=strategies,
         num_gpus=count,
-        gpus_per_node=gpus_per_node,
-        max_gpus=max_gpus,
+        gpus_per_node=gpus_per_node or DEFAULT_GPUS_PER_NODE,
+        max_gpus=max_gpus or DEFAULT_MAX_GPUS,
         node_link=interconnect,
         provider=provider,
         prices_file=prices_file,
         num_queries=num_queries,
         epochs=epochs,
     )
+    limit = max_gpus or DEFAULT_MAX_GPUS
     if json_out:
         print_json(answer)
         return
@@ -81,7 +102,7 @@ def run_multi_gpu(
     title = (
         f"{answer.model} ({answer.method}) on {count} GPUs"
         if count is not None
-        else f"{answer.model} ({answer.method}): fewest GPUs that fit, per GPU and strategy (up to {max_gpus})"
+        else f"{answer.model} ({answer.method}): fewest GPUs that fit, per GPU and strategy (up to {limit})"
     )
     _print_setups(f"{title}: {answer.batch_size} x {answer.seq_len} tokens per rank", shown)
     for s in shown:
