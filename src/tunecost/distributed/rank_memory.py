@@ -152,7 +152,7 @@ def shard_group_size(plan: ParallelPlan) -> int:
     if plan.strategy == "ddp":
         return 1
     if plan.strategy == "hsdp":
-        return min(plan.num_gpus, plan.gpus_per_node)
+        return min(plan.num_gpus, plan.node_size)
     return plan.num_gpus
 
 

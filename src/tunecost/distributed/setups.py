@@ -125,7 +125,7 @@ def step_time(step: SingleGpuStep, plan: ParallelPlan, links: Links, compute_sec
     fwd, bwd, opt = phase_seconds(step, compute_seconds)
     n, layers = plan.num_gpus, step.num_layers
     group = shard_group_size(plan) if plan.strategy == "hsdp" else n  # ranks in each data-parallel collective
-    bw, lat = links.bus_bandwidth_bytes_per_s(group, plan.gpus_per_node)
+    bw, lat = links.bus_bandwidth_bytes_per_s(group, plan.node_size)
 
     def seconds(op: str, nbytes: float, ranks: int = group, bus=bw, latency=lat) -> float:
         return comm.collective_seconds(op, nbytes, ranks, bus, latency)
@@ -141,7 +141,7 @@ def step_time(step: SingleGpuStep, plan: ParallelPlan, links: Links, compute_sec
         )
         total = sum(ag) * (2 if reshard else 1) + sum(rs)
         if plan.strategy == "hsdp" and plan.num_nodes > 1:  # sharded gradients all-reduced between nodes
-            bus, latency = links.bus_bandwidth_bytes_per_s(n, plan.gpus_per_node)
+            bus, latency = links.bus_bandwidth_bytes_per_s(n, plan.node_size)
             extra = seconds("all_reduce", step.trainable_bytes / group, plan.num_nodes, bus, latency)
             timed = overlap.StepTime(compute_seconds=timed.compute_seconds, step_seconds=timed.step_seconds + extra)
             total += extra
@@ -230,23 +230,13 @@ class MultiGpuEstimate:
         return cheapest(self.setups)
 
 
-def single_gpu_queries_per_s(job: FineTuneJob, gpu: GPU, model_name: str) -> tuple[float | None, str]:
+def single_gpu_queries_per_s(job: FineTuneJob, gpu: GPU) -> tuple[float | None, str]:
     """A rank's compute: the single-GPU queries/s of the job's micro-batch, as `estimate --estimator simulate`
     predicts it (eq. (2) where it was fitted for this model and GPU, else the cross-GPU throughput model)."""
-    from tunecost.catalog.models import resolve_model
     from tunecost.estimate.estimators import EstimateRequest
     from tunecost.estimate.simulated import _throughput
 
-    spec = resolve_model(model_name)
-    request = EstimateRequest(
-        spec=spec,
-        gpu=gpu,
-        method=job.method,
-        experts_per_token=job.experts_per_token or spec.default_experts_per_token,
-        dataset="",  # a fixed length per query, no dataset's length distribution
-        seq_len=job.worst_case_seq_len,
-    )
-    qps, _interval, notes = _throughput(request, job.batch_size)
+    qps, _interval, notes = _throughput(EstimateRequest(job=job, gpu=gpu), job.batch_size)
     return qps, f"{gpu.name}: per-rank compute: " + "; ".join(notes)
 
 
@@ -279,7 +269,7 @@ def estimate_multi_gpu(
     setups: list[Setup] = []
     notes: list[str] = []
     for gpu in gpus:
-        qps, note = single_gpu_queries_per_s(job, gpu, step.model)
+        qps, note = single_gpu_queries_per_s(job, gpu)
         notes.append(note)
         links = links_by_gpu[gpu.name]
         gpu_prices = prices_for(gpu.name, prices, provider)

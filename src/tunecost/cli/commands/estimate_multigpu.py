@@ -6,11 +6,12 @@ from typing import Annotated
 
 from tunecost.cli.common import console, print_json, print_table, split_list
 from tunecost.cli.options import count_option, opt
-from tunecost.distributed.plan import STRATEGIES
+from tunecost.distributed.plan import MULTI_GPU_STRATEGIES
 from tunecost.distributed.setups import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS
 from tunecost.units import format_bytes
 
 DEFAULT_GPUS_PER_NODE = 8
+DEFAULT_SEQ_LEN = 512  # tokens per query when the job names none (the paper's eq. (1) artifact length)
 MAX_GPUS_PER_NODE = 1024
 NumGpus = Annotated[
     str | None, opt("--gpus", "Several GPUs: a number, or 'auto' for the fewest that fit and the cheapest setup.")
@@ -19,7 +20,8 @@ GpusPerNode = Annotated[
     int | None, count_option("--gpus-per-node", "Several GPUs: GPUs per node (default 8).", MAX_GPUS_PER_NODE)
 ]
 Strategy = Annotated[
-    str | None, opt("--strategy", "Several GPUs: " + ", ".join(STRATEGIES) + ", or all (default; comma list).")
+    str | None,
+    opt("--strategy", "Several GPUs: " + ", ".join(MULTI_GPU_STRATEGIES) + ", or all (default; comma list)."),
 ]
 MaxGpus = Annotated[
     int | None, count_option("--max-gpus", "--gpus auto: the most GPUs to consider (default 64).", MAX_SEARCH_GPUS)
@@ -43,44 +45,32 @@ def parse_gpu_count(text: str) -> int | None:
 
 
 def run_multi_gpu(
+    job,
     *,
-    model: str,
     gpus: list[str],
-    method: str,
-    experts_per_token: int | None,
-    num_gpus: str | None,
+    num_gpus: str,
     gpus_per_node: int | None,
     strategy: str | None,
     max_gpus: int | None,
     interconnect: str | None,
     provider: str | None,
     prices_file,
-    seq_len: int | None,
     batch_size: str | None,
     num_queries: int,
     epochs: float,
     json_out: bool,
 ) -> None:
-    """Answer the multi-GPU question for one job and print it."""
+    """Answer the multi-GPU question for `job` (the estimate command's job) and print it. Each rank runs a
+    micro-batch of `batch_size` (default 1) at the job's sequence length (default 512 tokens)."""
     from tunecost.catalog.gpus import resolve_gpu_name
-    from tunecost.catalog.models import resolve_model
     from tunecost.distributed.setups import estimate_multi_gpu
     from tunecost.errors import TunecostError
-    from tunecost.workload.job import FineTuneJob
 
-    strategies = list(STRATEGIES) if strategy in (None, "all") else split_list(strategy, what="strategy")
-    count = parse_gpu_count(num_gpus) if num_gpus is not None else None
+    strategies = list(MULTI_GPU_STRATEGIES) if strategy in (None, "all") else split_list(strategy, what="strategy")
+    count = parse_gpu_count(num_gpus)
     if batch_size is not None and not batch_size.strip().isdigit():
         raise TunecostError(f"with --gpus, --batch-size is one whole number (per rank), got {batch_size!r}")
-    spec = resolve_model(model)
-    job = FineTuneJob(
-        model=spec.name,
-        method=method,  # type: ignore[arg-type]
-        experts_per_token=experts_per_token,
-        seq_len=seq_len or 512,
-        batch_size=int(batch_size) if batch_size else 1,
-        gradient_checkpointing=method != "full",
-    )
+    job = job.with_(batch_size=int(batch_size) if batch_size else 1, seq_len=job.seq_len or DEFAULT_SEQ_LEN)
     answer = estimate_multi_gpu(
         job,
         gpus=[resolve_gpu_name(g).gpu for g in dict.fromkeys(gpus)],
