@@ -49,7 +49,7 @@ def test_ddp_that_does_not_fit_says_why(cli_runner):
         (["--gpus", "8", "--interconnect", "carrier-pigeon"], "unknown interconnect"),
         (["--gpus", "many"], "--gpus must be a whole number or 'auto'"),
         (["--gpus", "2", "--batch-size", "A40=4"], "--batch-size is one whole number"),
-        (["--strategy", "fsdp2", "--estimator", "calibrated"], "apply to one GPU only"),
+        (["--strategy", "fsdp2", "--estimator", "simulate"], "apply to one GPU only"),
     ],
 )
 def test_bad_multi_gpu_input_is_a_one_line_error(cli_runner, extra, message):
