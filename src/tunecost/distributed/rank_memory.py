@@ -78,9 +78,34 @@ def _lerp(a: float, b: float, t: float) -> float:
     return max(0.0, a + (b - a) * t)
 
 
-def single_gpu_step(job: FineTuneJob, *, granule_bytes: int = 512) -> SingleGpuStep:
+def single_gpu_step(job: FineTuneJob, *, granule_bytes: int = 512, use_cache: bool = True) -> SingleGpuStep:
     """Trace `job` at one and two repeating units (or at full depth when it is short) and scale every segment
-    to the full depth, as `simulate.simulate_step` does for its peak (exact for identical units)."""
+    to the full depth, as `simulate.simulate_step` does for its peak (exact for identical units). Cached on disk
+    beside the simulator's results (`simulate.cache`: the key hashes the job, the config and the versions)."""
+    import dataclasses
+    import json
+
+    from tunecost.io import atomic_write_json
+    from tunecost.simulate import cache
+
+    key = "rank-" + cache.job_key(job, None, job.stack, DEFAULT_OVERHEAD, granule_bytes)
+    path = cache.cache_dir() / f"{key}.json"
+    if use_cache:
+        try:
+            return SingleGpuStep(**json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):  # no entry, or one from another layout: trace again
+            pass
+    step = _trace_single_gpu_step(job, granule_bytes)
+    if use_cache:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, dataclasses.asdict(step))
+        except (OSError, TunecostError):  # a cache that cannot be written is no error
+            pass
+    return step
+
+
+def _trace_single_gpu_step(job: FineTuneJob, granule_bytes: int) -> SingleGpuStep:
     from tunecost.catalog.models import resolve_model
     from tunecost.simulate.pool import prepared_model
     from tunecost.simulate.prepare import check_supported, layer_pattern
