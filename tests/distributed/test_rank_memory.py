@@ -113,3 +113,13 @@ def test_device_overhead_and_nccl_memory_count_in_the_need():
     assert one.nccl_bytes == 0 and two.nccl_bytes > 0
     assert two.need_bytes == two.peak_bytes + two.device_overhead_bytes + two.nccl_bytes
     assert dataclasses.replace(two, nccl_bytes=0).need_bytes < two.need_bytes
+
+
+def test_the_traced_step_is_cached_on_disk(tmp_path, monkeypatch):
+    from tunecost.simulate.cache import CACHE_ENV
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    job = _job("tiny-llama-2l", "lora")
+    first = single_gpu_step(job, granule_bytes=1)
+    assert len(list((tmp_path / "simulate").glob("rank-*.json"))) == 1
+    assert single_gpu_step(job, granule_bytes=1) == first == single_gpu_step(job, granule_bytes=1, use_cache=False)
