@@ -45,29 +45,32 @@ ACCURACY_CASES = [  # (config, method, experts per token (None: the model's), gr
 ]
 
 
-def _model(name: str) -> str:
-    return name if name == "tiny-mixtral" else str(CONFIGS / f"{name}.json")
+def _job(name: str, method: str, experts_per_token: int, gradient_checkpointing: bool, compute_dtype: str):
+    """The job of one case: config NAME (the catalog's tiny-mixtral, or a file in tests/fixtures/simulate), a batch of
+    4 sequences of 64 tokens, LoRA rank 8."""
+    from tunecost.workload.job import FineTuneJob, LoraConfig
+
+    return FineTuneJob(
+        model=name if name == "tiny-mixtral" else str(CONFIGS / f"{name}.json"),
+        method=method,
+        experts_per_token=experts_per_token,
+        gradient_checkpointing=gradient_checkpointing,
+        compute_dtype=compute_dtype,
+        batch_size=4,
+        seq_len=64,
+        lora=LoraConfig(rank=8),
+    )
 
 
 def section_accuracy() -> None:
     from tunecost.simulate import simulate_step
     from tunecost.simulate.measure import measure_step_peak
-    from tunecost.workload.job import FineTuneJob, LoraConfig
 
     print("\n== accuracy: simulated (fake tensors) vs measured (real CPU tensors, allocator events) ==")
     print(f"{'model':17} {'method':6} {'top-k':>5} {'ckpt':>5} {'simulated B':>13} {'measured B':>13} {'error':>8}")
     worst = 0.0
     for name, method, k, ckpt in ACCURACY_CASES:
-        job = FineTuneJob(
-            model=_model(name),
-            method=method,
-            experts_per_token=k,
-            gradient_checkpointing=ckpt,
-            compute_dtype="fp32",
-            batch_size=4,
-            seq_len=64,
-            lora=LoraConfig(rank=8),
-        )
+        job = _job(name, method, k, ckpt, compute_dtype="fp32")
         sim = simulate_step(job, num_layers_to_trace=99, granule_bytes=1, use_cache=False)
         real = measure_step_peak(job)
         err = sim.peak_bytes / real.peak_bytes - 1
@@ -80,7 +83,6 @@ def section_accuracy() -> None:
 
 def section_scaling() -> None:
     from tunecost.simulate import simulate_step
-    from tunecost.workload.job import FineTuneJob, LoraConfig
 
     print("\n== scaling: traces of 1 and 2 repeating units scaled to the full depth vs a full trace ==")
     cases = [
@@ -91,16 +93,7 @@ def section_scaling() -> None:
         ("tiny-blackmamba", "full", 8, False),
     ]
     for name, method, k, ckpt in cases:
-        job = FineTuneJob(
-            model=_model(name),
-            method=method,
-            experts_per_token=k,
-            gradient_checkpointing=ckpt,
-            compute_dtype="bf16" if "blackmamba" in name else "fp32",
-            batch_size=4,
-            seq_len=64,
-            lora=LoraConfig(rank=8),
-        )
+        job = _job(name, method, k, ckpt, compute_dtype="bf16" if "blackmamba" in name else "fp32")
         t0 = time.perf_counter()
         full = simulate_step(job, num_layers_to_trace=99, use_cache=False)
         t1 = time.perf_counter()
@@ -243,11 +236,11 @@ SECTIONS = {"accuracy": section_accuracy, "scaling": section_scaling, "speed": s
 
 
 def main() -> None:
+    global DATA_DIR
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--section", default="accuracy,scaling,speed")
     parser.add_argument("--data-dir", type=Path, default=DATA_DIR, help="folder with llm-adapters/ (table3 only)")
     args = parser.parse_args()
-    global DATA_DIR
     DATA_DIR = args.data_dir
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, load average {os.getloadavg()}")
     for name in args.section.split(","):

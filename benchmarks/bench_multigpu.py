@@ -7,39 +7,24 @@ Run: PYTHONPATH=src .venv/bin/python benchmarks/bench_multigpu.py
 
 from __future__ import annotations
 
+import sys
 import time
 from pathlib import Path
 
 from tunecost.distributed.ddp import ddp_bucket_bytes
 from tunecost.distributed.measure import measure_ddp_buckets, measure_fsdp_ranks
 from tunecost.distributed.sharded_step import simulate_fsdp_rank
-from tunecost.workload.job import FineTuneJob, LoraConfig
 
-CONFIGS = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "distributed"
-CASES = [
-    ("tiny-mixtral-2l", "full", LoraConfig(rank=8)),
-    ("tiny-mixtral-2l", "lora", LoraConfig(rank=8, targets=("attention", "experts", "router"))),
-    ("tiny-llama-2l", "full", LoraConfig(rank=8, targets=("attention", "mlp"))),
-]
-
-
-def _job(model: str, method: str, lora: LoraConfig) -> FineTuneJob:
-    return FineTuneJob(
-        model=str(CONFIGS / f"{model}.json"),
-        method=method,
-        lora=lora,
-        compute_dtype="fp32",
-        batch_size=2,
-        seq_len=16,
-        gradient_checkpointing=method != "full",
-    )
+# the same jobs as tests/distributed/test_gloo_ranks.py checks
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "distributed"))
+from tiny_jobs import GLOO_CASES, gloo_job
 
 
 def main() -> None:
     print("FSDP2, 2 ranks, fp32, batch 2 x 16 tokens; bytes as the step simulator's recorder counts them")
     print(f"{'model':<16} {'method':<6} {'simulated':>10} {'rank 0':>10} {'rank 1':>10} {'error':>7} collectives")
-    for model, method, lora in CASES:
-        job = _job(model, method, lora)
+    for model, method, lora in GLOO_CASES:
+        job = gloo_job(model, method, lora)
         start = time.perf_counter()
         sim = simulate_fsdp_rank(job, world_size=2, granule_bytes=1)
         real = measure_fsdp_ranks(job, world_size=2)
@@ -57,8 +42,8 @@ def main() -> None:
     print("\nDDP gradient buckets (bytes, all-reduce order): predicted vs the real reducer's rebuilt buckets")
     from tunecost.simulate.prepare import build_prepared
 
-    for model, method, lora in CASES[:2]:
-        job = _job(model, method, lora)
+    for model, method, lora in GLOO_CASES[:2]:
+        job = gloo_job(model, method, lora)
         predicted = ddp_bucket_bytes(build_prepared(job, num_units=None).trainable)
         print(f"{model:<16} {method:<6} predicted {predicted}  measured {measure_ddp_buckets(job)}")
 

@@ -43,38 +43,22 @@ MID_MIXTRAL = {
 }
 
 
+MID = "mid-mixtral"  # MID_MIXTRAL, written to a temporary config file for the run
+# One configuration a row: its name, then the FineTuneJob fields named in FIELDS.
+FIELDS = ("model", "method", "experts_per_token", "batch_size", "seq_len", "gradient_checkpointing")
+CASES = [
+    ("tiny-qlora-top2", "tiny-mixtral", "qlora", 2, 8, 256, True),
+    ("small-full-top8", str(CONFIGS / "small-mixtral.json"), "full", 8, 8, 256, False),
+    ("mid-qlora-top2", MID, "qlora", 2, 4, 512, True),
+    ("mid-lora-dense-nockpt", MID, "lora", 8, 2, 256, False),
+    ("olmoe-like-qlora", str(CONFIGS / "tiny-olmoe.json"), "qlora", 4, 16, 256, True),
+]
+
+
 def _configs(mid_path: str) -> dict[str, dict]:
     return {
-        "tiny-qlora-top2": dict(
-            model="tiny-mixtral",
-            method="qlora",
-            experts_per_token=2,
-            batch_size=8,
-            seq_len=256,
-            gradient_checkpointing=True,
-        ),
-        "small-full-top8": dict(
-            model=str(CONFIGS / "small-mixtral.json"),
-            method="full",
-            experts_per_token=8,
-            batch_size=8,
-            seq_len=256,
-            gradient_checkpointing=False,
-        ),
-        "mid-qlora-top2": dict(
-            model=mid_path, method="qlora", experts_per_token=2, batch_size=4, seq_len=512, gradient_checkpointing=True
-        ),
-        "mid-lora-dense-nockpt": dict(
-            model=mid_path, method="lora", experts_per_token=8, batch_size=2, seq_len=256, gradient_checkpointing=False
-        ),
-        "olmoe-like-qlora": dict(
-            model=str(CONFIGS / "tiny-olmoe.json"),
-            method="qlora",
-            experts_per_token=4,
-            batch_size=16,
-            seq_len=256,
-            gradient_checkpointing=True,
-        ),
+        name: dict(zip(FIELDS, (mid_path if model == MID else model, *fields), strict=True))
+        for name, model, *fields in CASES
     }
 
 

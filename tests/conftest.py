@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 # Idle OpenMP threads spin by default; with 2 cores that starves the next op. Set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +21,23 @@ PAPER_A40_CSV = FIXTURES_DIR / "measurements" / "measured_throughput_a40.csv"
 @pytest.fixture
 def paper_a40_csv() -> Path:
     return PAPER_A40_CSV
+
+
+@pytest.fixture
+def config_dir() -> Path:
+    """Where `config_path` finds model configs: the tiny configs of real architectures in tests/fixtures/simulate.
+    A test folder's conftest.py may override it with a folder of its own."""
+    return FIXTURES_DIR / "simulate"
+
+
+@pytest.fixture
+def config_path(config_dir: Path) -> Callable[[str], str]:
+    """`config_path(NAME)`: the path of the model config NAME.json in `config_dir`, as a string (what a user types)."""
+
+    def path(name: str) -> str:
+        return str(config_dir / f"{name}.json")
+
+    return path
 
 
 @pytest.fixture
@@ -60,6 +79,46 @@ def cli_error(cli_runner):
     return run
 
 
+def _cli_argv(command: str, options: dict[str, Any]) -> list[str]:
+    """`COMMAND` (words split on spaces) followed by keyword options spelled as the CLI spells them:
+    `max_new_tokens=3` is `--max-new-tokens 3`, `json=True` the bare flag `--json`, `gradient_checkpointing=False`
+    the negative flag `--no-gradient-checkpointing`; any other value is passed as `str(value)`."""
+    argv = command.split()
+    for name, value in options.items():
+        flag = name.replace("_", "-")
+        if value is True:
+            argv.append(f"--{flag}")
+        elif value is False:
+            argv.append(f"--no-{flag}")
+        else:
+            argv += [f"--{flag}", str(value)]
+    return argv
+
+
+@pytest.fixture
+def cli_ok(cli_runner):
+    """Run `tunecost COMMAND --OPTION VALUE ...` (keyword arguments as options, see `_cli_argv`) expecting
+    success: exit code 0 (the output is the assertion's message). Returns the click `Result`."""
+    from tunecost.cli.main import app
+
+    def run(command: str, **options: Any):
+        result = cli_runner.invoke(app, _cli_argv(command, options))
+        assert result.exit_code == 0, result.output
+        return result
+
+    return run
+
+
+@pytest.fixture
+def cli_json(cli_ok):
+    """Run `tunecost COMMAND --OPTION VALUE ... --json` like `cli_ok` and return the JSON it printed on stdout."""
+
+    def run(command: str, **options: Any):
+        return json.loads(cli_ok(command, **options, json=True).stdout)
+
+    return run
+
+
 @pytest.fixture
 def one_torch_thread():
     """Run a test on one torch thread and restore the setting after. For tiny tensors one thread is as fast, and
@@ -74,21 +133,33 @@ def one_torch_thread():
 
 
 @pytest.fixture(scope="session")
-def one_layer_mixtral():
-    """Builds a one-layer tiny Mixtral (hidden 64, 2 heads, 8 experts; fp32, CPU), deterministic for a seed: small
-    enough to train and generate with in a CPU test. Keyword arguments override the config."""
+def small_mixtral():
+    """`small_mixtral(hidden_size, num_attention_heads, **config)`: a tiny Mixtral (fp32, CPU, deterministic for
+    `seed`, default 0) whose attention follows from its width: heads of hidden_size / num_attention_heads dimensions,
+    two query heads per key-value head. Other config keys (layers, intermediate size, vocabulary, experts) pass
+    through to `build_tiny_mixtral`."""
     from tunecost.models.tiny import build_tiny_mixtral
 
-    base = dict(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
-    )
+    def build(hidden_size: int, num_attention_heads: int, *, seed: int = 0, **config: Any):
+        head_dim, num_key_value_heads = hidden_size // num_attention_heads, num_attention_heads // 2
+        return build_tiny_mixtral(
+            seed=seed,
+            hidden_size=hidden_size,
+            num_attention_heads=num_attention_heads,
+            num_key_value_heads=num_key_value_heads,
+            head_dim=head_dim,
+            **config,
+        )
+
+    return build
+
+
+@pytest.fixture(scope="session")
+def one_layer_mixtral(small_mixtral):
+    """Builds a one-layer tiny Mixtral (hidden 64, 2 heads, 8 experts; fp32, CPU), deterministic for a seed: small
+    enough to train and generate with in a CPU test. Keyword arguments override the config."""
 
     def build(seed: int = 0, **overrides):
-        return build_tiny_mixtral(seed=seed, **{**base, **overrides})
+        return small_mixtral(64, 2, seed=seed, **{"num_hidden_layers": 1, "intermediate_size": 128, **overrides})
 
     return build

@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 
 from tunecost.estimate.measurements import PAPER_A40_SOURCE
 from tunecost.io import atomic_write_json
-from tunecost.results.records import SCHEMA_VERSION, estimate_rows, fit_rows, record, write_records
+from tunecost.results.records import (
+    SCHEMA_VERSION,
+    estimate_rows,
+    fit_rows,
+    record,
+    validation_rows,
+    write_records,
+)
 from tunecost.units import bytes_from_gib
 
 if TYPE_CHECKING:
@@ -214,6 +221,14 @@ def trainability_job():
     return TrainabilityJob()
 
 
+def _stage_validate(out: Path, on_progress: ProgressFn | None) -> None:
+    """Every estimate beside the published measurements of the shipped corpus (`tunecost validate`)."""
+    from tunecost.validate import read_corpus, validate_rows
+
+    rows = validate_rows(read_corpus(None), on_progress=on_progress)
+    write_records(out / "validation.jsonl", validation_rows(rows))
+
+
 def _stage_report(out: Path, on_progress: ProgressFn | None) -> None:
     """One self-contained HTML page from every record above."""
     from tunecost.report.html import build_report
@@ -226,6 +241,7 @@ STAGES: tuple[DemoStage, ...] = (
     DemoStage(name="fit", description="fit eq. (2) to the paper's A40 measurements", run=_stage_fit),
     DemoStage(name="max_batch", description="max batch size: eq. (1) vs the step simulator", run=_stage_max_batch),
     DemoStage(name="estimate", description="estimate costs on catalog GPUs", run=_stage_estimate),
+    DemoStage(name="validate", description="estimates beside published measurements", run=_stage_validate),
     DemoStage(name="profile", description="profile tiny Mixtral (QLoRA) and BlackMamba (full)", run=_stage_profile),
     DemoStage(name="trainability", description="trainability: top-2 vs dense", run=_stage_trainability),
     DemoStage(name="report", description="build the report", run=_stage_report),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -83,19 +84,8 @@ def test_ambiguous_prefix_lists_matches() -> None:
 
 
 def test_ambiguous_alias_lists_matches() -> None:
-    a = GPU(
-        name="X1",
-        aliases=("x",),
-        vendor="",
-        architecture="",
-        memory_gib=1,
-        mem_bandwidth_bytes_per_s=1,
-        bf16_tensor_flops_per_s=1,
-        fp32_flops_per_s=1,
-        as_of="2026-01-01",
-        sources={},
-    )
-    b = GPU(**{**a.__dict__, "name": "X2"})
+    a = dataclasses.replace(get_gpu("A40"), name="X1", aliases=("x",))  # two entries that share one alias
+    b = dataclasses.replace(a, name="X2")
     with pytest.raises(TunecostError, match="ambiguous GPU 'X': matches X1, X2"):
         resolve_gpu_name("X", {"X1": a, "X2": b})
 

@@ -18,15 +18,17 @@ def test_huge_csv_field_names_file_and_row(tmp_path: Path, cli_error) -> None:
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "expected"),
     [
-        ["memory", "--model", "mixtral-8x7b", "--batch-size", "100000000000000000000"],
-        ["bench", "moe", "--tokens", "100000000000000000000"],
+        (
+            ["memory", "--model", "mixtral-8x7b", "--batch-size", "100000000000000000000"],
+            "--batch-size: must be positive and at most 65536",
+        ),
+        (["bench", "moe", "--tokens", "100000000000000000000"], "--tokens: must be positive and at most"),
     ],
 )
-def test_sizes_past_int64_name_the_option(cli_error, args: list[str]) -> None:
-    option = next(a for a in args if a.startswith("--batch-size") or a == "--tokens")
-    assert f"{option} is too large" in cli_error(args)
+def test_sizes_past_int64_name_the_option(cli_error, args: list[str], expected: str) -> None:
+    assert expected in cli_error(args)
 
 
 def test_nan_names_the_option(cli_error) -> None:
@@ -98,7 +100,7 @@ def test_report_on_odd_records(tmp_path: Path, cli_error, cli_runner) -> None:
 def test_trainability_names_the_unknown_dataset_and_option(tmp_path: Path, cli_error) -> None:
     line = cli_error(["trainability", "--out", str(tmp_path / "t"), "--dataset", "nosuchds"])
     assert "unknown dataset for --dataset 'nosuchds'" in line
-    assert "--num-eval must be at least 1, got -1" in cli_error(
+    assert "--num-eval: must be positive and at most 1000000000000, got -1" in cli_error(
         ["trainability", "--out", str(tmp_path / "t"), "--num-eval", "-1"]
     )
 

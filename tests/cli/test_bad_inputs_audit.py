@@ -70,35 +70,20 @@ PROFILE = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("args", "expected"),
-    [
-        (["--template", "nosuch"], "unknown template 'nosuch'"),
-        (["--tokenizer", "nosuch"], "--tokenizer applies to --dataset queries"),
-        (["--dataset-limit", "3"], "--dataset-limit applies to --dataset queries"),
-        (["--dataset-limit", "-1"], "--dataset-limit must be between 1 and"),
-        (["--dataset", ""], "--dataset is empty"),
-    ],
-)
-def test_profile_input_options_that_would_go_unused(tmp_path: Path, cli_error, args: list[str], expected: str) -> None:
+# Input options of `profile` that are wrong or would go unused, and the error each gives.
+PROFILE_INPUT_ERRORS = {
+    "--template nosuch": "unknown template 'nosuch'",
+    "--tokenizer nosuch": "--tokenizer applies to --dataset queries",
+    "--dataset-limit 3": "--dataset-limit applies to --dataset queries",
+    "--dataset-limit -1": "--dataset-limit must be between 1 and",
+}
+
+
+@pytest.mark.parametrize(("args", "expected"), PROFILE_INPUT_ERRORS.items())
+def test_profile_input_options_that_would_go_unused(tmp_path: Path, cli_error, args: str, expected: str) -> None:
     out = tmp_path / "run"
-    assert expected in cli_error([*PROFILE, "--out", str(out), *args])
+    assert expected in cli_error([*PROFILE, "--out", str(out), *args.split()])
     assert not out.exists()  # refused before any record or model is made
-
-
-@pytest.mark.parametrize(
-    "args",
-    [
-        ["memory", "--model", "tiny-mixtral", "--gpu", ""],
-        ["max-batch", "--model", "tiny-mixtral", "--random-weights", "--seq-len", "16", "--gpu", " "],
-    ],
-)
-def test_an_empty_gpu_name_is_an_error(cli_error, args: list[str]) -> None:
-    assert "GPU name is empty; known GPUs: A40-48GB" in cli_error(args)
-
-
-def test_max_batch_empty_dataset(cli_error) -> None:
-    assert "--dataset is empty" in cli_error(["max-batch", "--model", "tiny-mixtral", "--dataset", ""])
 
 
 TRAIN = ["trainability", "--model", "tiny-mixtral", "--epochs", "1", "--num-train", "2", "--num-eval", "2"]
@@ -107,13 +92,11 @@ TRAIN = ["trainability", "--model", "tiny-mixtral", "--epochs", "1", "--num-trai
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
-        (["--dataset", "synthetic-arith", "--eval-dataset", ""], "--eval-dataset is empty"),
-        (["--dataset", " "], "--dataset is empty"),
-        (["--dataset", "synthetic-arith", "--lr", "1e20"], "--lr must be a positive number at most 10"),
-        (["--dataset", "synthetic-arith", "--lr", "0"], "--lr must be a positive number"),
+        (["--dataset", "synthetic-arith", "--lr", "1e20"], "--lr: must be a positive number at most 10"),
+        (["--dataset", "synthetic-arith", "--lr", "0"], "--lr: must be a positive number"),
     ],
 )
-def test_trainability_empty_dataset_and_absurd_lr(tmp_path: Path, cli_error, args: list[str], expected: str) -> None:
+def test_trainability_absurd_lr(tmp_path: Path, cli_error, args: list[str], expected: str) -> None:
     assert expected in cli_error([*TRAIN, "--out", str(tmp_path / "run"), *args])
     assert not (tmp_path / "run").exists()
 

@@ -15,21 +15,24 @@ def _ok_json(cli_runner, args: list[str]):
     return json.loads(result.stdout)
 
 
+# The documented fields of each catalog row in --json output.
+JSON_FIELDS = {
+    "gpus": "name aliases memory_gib memory_bytes mem_bandwidth_bytes_per_s bf16_tensor_flops_per_s fp32_flops_per_s "
+    "as_of sources",
+    "models": "name family hub_id layers hidden_size vocab_size num_experts experts_per_token total_params "
+    "active_params published_total_params source as_of",
+}
+
+
+@pytest.mark.parametrize("command", sorted(JSON_FIELDS))
+def test_catalog_json_rows_have_every_field(cli_runner, command: str) -> None:
+    rows = _ok_json(cli_runner, [command, "--json"])
+    assert rows and all(set(JSON_FIELDS[command].split()) <= set(r) for r in rows)
+
+
 def test_gpus_json(cli_runner) -> None:
-    rows = _ok_json(cli_runner, ["gpus", "--json"])
-    by_name = {r["name"]: r for r in rows}
+    by_name = {r["name"]: r for r in _ok_json(cli_runner, ["gpus", "--json"])}
     a40 = by_name["A40-48GB"]
-    assert {
-        "name",
-        "aliases",
-        "memory_gib",
-        "memory_bytes",
-        "mem_bandwidth_bytes_per_s",
-        "bf16_tensor_flops_per_s",
-        "fp32_flops_per_s",
-        "as_of",
-        "sources",
-    } <= set(a40)
     assert a40["memory_gib"] == 48 and a40["memory_bytes"] == 48 * 2**30
     assert "a40" in a40["aliases"]
     assert by_name["H100-80GB-SXM"]["bf16_tensor_flops_per_s"] == pytest.approx(989e12)  # gpus.csv
@@ -42,24 +45,8 @@ def test_gpus_table(cli_runner) -> None:
 
 
 def test_models_json(cli_runner) -> None:
-    rows = _ok_json(cli_runner, ["models", "--json"])
-    by_name = {r["name"]: r for r in rows}
+    by_name = {r["name"]: r for r in _ok_json(cli_runner, ["models", "--json"])}
     mixtral = by_name["mixtral-8x7b"]
-    assert {
-        "name",
-        "family",
-        "hub_id",
-        "layers",
-        "hidden_size",
-        "vocab_size",
-        "num_experts",
-        "experts_per_token",
-        "total_params",
-        "active_params",
-        "published_total_params",
-        "source",
-        "as_of",
-    } <= set(mixtral)
     # Mixtral of experts: 46.7 B total, 12.9 B per token (within 1 %)
     assert mixtral["total_params"] == pytest.approx(46.7e9, rel=0.01)
     assert mixtral["active_params"] == pytest.approx(12.9e9, rel=0.01)

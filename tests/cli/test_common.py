@@ -34,6 +34,7 @@ def test_an_out_under_a_file_is_refused_before_any_work(tmp_path, cli_error, mon
 
     monkeypatch.setattr(tunecost.profile.threads, "prepare_cpu_threads", no_work)
     monkeypatch.setattr("tunecost.cli.commands.profile.prepare_cpu_threads", no_work)
+    monkeypatch.setattr("tunecost.cli.commands.max_batch.prepare_cpu_threads", no_work)
     blocker = tmp_path / "some_file"
     blocker.write_text("x\n", encoding="utf-8")
     line = cli_error([*command, "--out", str(blocker / "sub")])

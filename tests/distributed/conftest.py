@@ -5,13 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-CONFIGS = Path(__file__).parents[1] / "fixtures" / "distributed"
+from tiny_jobs import CONFIGS
 
 
 @pytest.fixture
-def config_path():
-    def path(name: str) -> str:
-        return str(CONFIGS / f"{name}.json")
-
-    return path
+def config_dir() -> Path:
+    """`config_path` (tests/conftest.py) reads the configs in tests/fixtures/distributed."""
+    return CONFIGS

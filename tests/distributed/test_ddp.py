@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from tiny_jobs import tiny_job
 
 from tunecost.distributed.ddp import DEFAULT_FIRST_BUCKET_BYTES, ddp_bucket_bytes, ddp_rank
-from tunecost.workload.job import FineTuneJob, LoraConfig
+from tunecost.workload.job import LoraConfig
 
 
 def _meta(*shapes):
@@ -38,19 +39,11 @@ def test_frozen_weights_have_no_bucket():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["full", "lora"])
-def test_buckets_match_real_ddp_on_two_gloo_ranks(config_path, method):
+def test_buckets_match_real_ddp_on_two_gloo_ranks(method):
     from tunecost.distributed.measure import measure_ddp_buckets
     from tunecost.simulate.prepare import build_prepared
 
-    job = FineTuneJob(
-        model=config_path("tiny-mixtral-2l"),
-        method=method,
-        lora=LoraConfig(rank=8),
-        compute_dtype="fp32",
-        batch_size=2,
-        seq_len=16,
-        gradient_checkpointing=False,
-    )
+    job = tiny_job("tiny-mixtral-2l", method, LoraConfig(rank=8))
     trainable = build_prepared(job, num_units=None).trainable
     predicted = ddp_bucket_bytes(trainable)
     measured = measure_ddp_buckets(job)

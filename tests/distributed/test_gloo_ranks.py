@@ -5,16 +5,11 @@ group size) are equal, and each rank holds exactly 1/2 of the parameters and opt
 from __future__ import annotations
 
 import pytest
+from tiny_jobs import GLOO_CASES, gloo_job
 
 from tunecost.distributed.measure import measure_fsdp_ranks
 from tunecost.distributed.sharded_step import simulate_fsdp_rank
-from tunecost.workload.job import FineTuneJob, LoraConfig
 
-CASES = [
-    ("tiny-mixtral-2l", "full", LoraConfig(rank=8)),
-    ("tiny-mixtral-2l", "lora", LoraConfig(rank=8, targets=("attention", "experts", "router"))),
-    ("tiny-llama-2l", "full", LoraConfig(rank=8, targets=("attention", "mlp"))),
-]
 # The measured peak of a real gloo rank varies between runs: the timing of gloo's asynchronous collectives decides
 # whether a gradient or all-gather buffer is still alive at the peak (seen: tiny-Llama rank 1 1,900,232 or 2,047,944
 # bytes; tiny-Mixtral full rank 1 6,489,448 or 7,327,336). The fake run, whose collectives complete at once, gives
@@ -29,32 +24,20 @@ def _signature(step):
     return [(c.op, c.phase, c.nbytes, c.dtype, c.group_size) for c in step.collectives]
 
 
-def _job(config_path, model, method, lora) -> FineTuneJob:
-    return FineTuneJob(
-        model=config_path(model),
-        method=method,
-        lora=lora,
-        compute_dtype="fp32",
-        batch_size=2,
-        seq_len=16,
-        gradient_checkpointing=method != "full",
-    )
-
-
 @pytest.mark.slow
 @PEAK_XFAIL
-@pytest.mark.parametrize(("model", "method", "lora"), CASES)
-def test_two_gloo_ranks_peak_within_5_percent_of_the_fake_run(config_path, model, method, lora):
-    job = _job(config_path, model, method, lora)
+@pytest.mark.parametrize(("model", "method", "lora"), GLOO_CASES)
+def test_two_gloo_ranks_peak_within_5_percent_of_the_fake_run(model, method, lora):
+    job = gloo_job(model, method, lora)
     simulated = simulate_fsdp_rank(job, world_size=2, granule_bytes=1)
     for m in measure_fsdp_ranks(job, world_size=2):
         assert abs(simulated.peak_bytes - m.peak_bytes) <= 0.05 * m.peak_bytes, f"rank {m.rank}"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("model", "method", "lora"), CASES)
-def test_two_gloo_ranks_match_the_fake_run(config_path, model, method, lora):
-    job = _job(config_path, model, method, lora)
+@pytest.mark.parametrize(("model", "method", "lora"), GLOO_CASES)
+def test_two_gloo_ranks_match_the_fake_run(model, method, lora):
+    job = gloo_job(model, method, lora)
     simulated = simulate_fsdp_rank(job, world_size=2, granule_bytes=1)
     measured = measure_fsdp_ranks(job, world_size=2)
     assert [m.rank for m in measured] == [0, 1]

@@ -4,22 +4,15 @@ collectives are the ones FSDP2's layout implies (hand counts from the tiny confi
 from __future__ import annotations
 
 import pytest
+from tiny_jobs import tiny_job
 
 from tunecost.distributed.sharded_step import simulate_fsdp_rank
 from tunecost.errors import TunecostError
 from tunecost.workload.job import FineTuneJob, LoraConfig
 
 
-def _job(path: str, method: str) -> FineTuneJob:
-    return FineTuneJob(
-        model=path,
-        method=method,
-        lora=LoraConfig(rank=8, targets=("attention",)),
-        compute_dtype="fp32",
-        batch_size=2,
-        seq_len=16,
-        gradient_checkpointing=False,
-    )
+def _job(config: str, method: str) -> FineTuneJob:
+    return tiny_job(config, method, LoraConfig(rank=8, targets=("attention",)))
 
 
 def _param_bytes(job: FineTuneJob) -> tuple[int, int]:
@@ -34,8 +27,8 @@ def _param_bytes(job: FineTuneJob) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("method", ["full", "lora"])
-def test_sharded_states_are_one_over_n(config_path, method):
-    job = _job(config_path("tiny-mixtral-2l"), method)
+def test_sharded_states_are_one_over_n(method):
+    job = _job("tiny-mixtral-2l", method)
     total, trainable = _param_bytes(job)
     for world_size in (2, 4):
         step = simulate_fsdp_rank(job, world_size=world_size, granule_bytes=1)
@@ -45,10 +38,10 @@ def test_sharded_states_are_one_over_n(config_path, method):
         assert step.static_bytes["optimizer_states"] * world_size == 2 * trainable
 
 
-def test_collectives_follow_the_fsdp_units(config_path):
+def test_collectives_follow_the_fsdp_units():
     """fully_shard on 2 layers + the root = 3 units: each all-gathered in forward and again in backward
     (resharded after forward), and reduce-scattered once; each all-gather moves the unit's whole parameters."""
-    job = _job(config_path("tiny-mixtral-2l"), "full")
+    job = _job("tiny-mixtral-2l", "full")
     total, _ = _param_bytes(job)
     step = simulate_fsdp_rank(job, world_size=2, granule_bytes=1)
     totals = step.collective_totals()
@@ -59,8 +52,8 @@ def test_collectives_follow_the_fsdp_units(config_path):
     assert all(c.group_size == 2 and c.dtype == "float32" for c in step.collectives)
 
 
-def test_lora_reduce_scatters_only_trainable_gradients(config_path):
-    job = _job(config_path("tiny-mixtral-2l"), "lora")
+def test_lora_reduce_scatters_only_trainable_gradients():
+    job = _job("tiny-mixtral-2l", "lora")
     total, trainable = _param_bytes(job)
     step = simulate_fsdp_rank(job, world_size=2, granule_bytes=1)
     totals = step.collective_totals()
@@ -70,8 +63,8 @@ def test_lora_reduce_scatters_only_trainable_gradients(config_path):
     assert num_calls == 2  # the LoRA factors live in the 2 layers; the root unit has no trainable parameter
 
 
-def test_peak_breakdown_adds_up(config_path):
-    step = simulate_fsdp_rank(_job(config_path("tiny-llama-2l"), "full"), world_size=2, granule_bytes=1)
+def test_peak_breakdown_adds_up():
+    step = simulate_fsdp_rank(_job("tiny-llama-2l", "full"), world_size=2, granule_bytes=1)
     assert sum(step.breakdown_bytes.values()) == step.peak_bytes
     assert step.breakdown_bytes["unsharded_params"] > 0
 
@@ -82,12 +75,12 @@ def test_qlora_is_refused_with_the_reason(config_path):
         simulate_fsdp_rank(job, world_size=2)
 
 
-def test_unknown_strategy(config_path):
+def test_unknown_strategy():
     with pytest.raises(TunecostError, match="unknown FSDP strategy"):
-        simulate_fsdp_rank(_job(config_path("tiny-llama-2l"), "full"), world_size=2, strategy="zero7")
+        simulate_fsdp_rank(_job("tiny-llama-2l", "full"), world_size=2, strategy="zero7")
 
 
-def test_forward_all_gathers_name_their_layer(config_path):
-    step = simulate_fsdp_rank(_job(config_path("tiny-llama-2l"), "full"), world_size=2, granule_bytes=1)
+def test_forward_all_gathers_name_their_layer():
+    step = simulate_fsdp_rank(_job("tiny-llama-2l", "full"), world_size=2, granule_bytes=1)
     forward = [c.layer for c in step.collectives if c.phase == "forward"]
     assert forward == [None, 0, 1]  # the root unit (embedding, norm, head) first, then the layers in order

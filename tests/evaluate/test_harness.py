@@ -1,11 +1,9 @@
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
-from typer.testing import CliRunner
 
 from tunecost.evaluate.generation import continuation_logprobs, greedy_generate
 from tunecost.evaluate.harness import evaluate_model
@@ -71,30 +69,15 @@ def test_evaluate_model_generation_and_loglik(model, tok):
     assert all(p.prediction in {"0", "1", "2", "3"} for p in result.predictions)
 
 
-def test_cli_eval_tiny_mixtral():
+def test_cli_eval_tiny_mixtral(cli_json, cli_runner):
     from tunecost.cli.main import app
 
-    runner = CliRunner()
-    result = runner.invoke(
-        app,
-        [
-            "eval",
-            "--model",
-            "tiny-mixtral",
-            "--dataset",
-            str(FIXTURES / "llm_adapters_boolq.json"),
-            "--limit",
-            "2",
-            "--max-new-tokens",
-            "3",
-            "--json",
-        ],
+    payload = cli_json(
+        "eval", model="tiny-mixtral", dataset=FIXTURES / "llm_adapters_boolq.json", limit=2, max_new_tokens=3
     )
-    assert result.exit_code == 0, result.output
-    payload = json.loads(result.stdout)
     assert payload["num_eval"] == 2 and payload["scorer"] == "choice:boolean" and "mistral" in payload["tokenizer"]
     assert "predictions" not in payload
-    missing = runner.invoke(app, ["eval", "--model", "tiny-mixtral", "--dataset", "no_such_dataset_xyz"])
+    missing = cli_runner.invoke(app, ["eval", "--model", "tiny-mixtral", "--dataset", "no_such_dataset_xyz"])
     assert missing.exit_code == 2
 
 

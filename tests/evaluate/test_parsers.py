@@ -5,14 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tunecost.evaluate.parsers import (
-    choice_style_for,
-    extract_answer_letter,
-    extract_answer_number,
-    extract_choice,
-    number_is_correct,
-    parse_reference_number,
-)
+from tunecost.evaluate import parsers
 
 # The first examples of each reference test set (tests/fixtures/data/reference/README.md).
 REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "data" / "reference"
@@ -31,31 +24,31 @@ REFERENCE = Path(__file__).resolve().parents[1] / "fixtures" / "data" / "referen
     ],
 )
 def test_last_number(text, expected):
-    assert extract_answer_number(text) == expected
+    assert parsers.extract_answer_number(text) == expected
 
 
 @pytest.mark.parametrize("text", ["", "I do not know.", "twelve", "-", "...."])
 def test_no_number_is_never_correct(text):
-    value = extract_answer_number(text)
+    value = parsers.extract_answer_number(text)
     assert math.isinf(value)
-    assert not number_is_correct(value, 12.0)
+    assert not parsers.number_is_correct(value, 12.0)
 
 
 def test_number_tolerance_and_references():
-    assert number_is_correct(576.0, parse_reference_number("576.0"))
-    assert number_is_correct(2.5004, 2.5) and not number_is_correct(2.502, 2.5)
-    assert parse_reference_number("1,000") == 1000.0
-    assert math.isnan(parse_reference_number("answer1"))
-    assert not number_is_correct(3.0, parse_reference_number("n/a"))
+    assert parsers.number_is_correct(576.0, parsers.parse_reference_number("576.0"))
+    assert parsers.number_is_correct(2.5004, 2.5) and not parsers.number_is_correct(2.502, 2.5)
+    assert parsers.parse_reference_number("1,000") == 1000.0
+    assert math.isnan(parsers.parse_reference_number("answer1"))
+    assert not parsers.number_is_correct(3.0, parsers.parse_reference_number("n/a"))
     # a generation that states a wrong final number after the right one is wrong (last number wins)
-    assert not number_is_correct(extract_answer_number("The answer is 8. Check: 9"), 8.0)
+    assert not parsers.number_is_correct(parsers.extract_answer_number("The answer is 8. Check: 9"), 8.0)
 
 
 def test_letters():
-    assert extract_answer_letter("The answer is (B).") == "B"
-    assert extract_answer_letter("  D") == "D"
-    assert extract_answer_letter("the answer is b") == ""  # only capitals A-E count
-    assert extract_answer_letter("A or C?") == "A"  # the first one, as LLM-Adapters does
+    assert parsers.extract_answer_letter("The answer is (B).") == "B"
+    assert parsers.extract_answer_letter("  D") == "D"
+    assert parsers.extract_answer_letter("the answer is b") == ""  # only capitals A-E count
+    assert parsers.extract_answer_letter("A or C?") == "A"  # the first one, as LLM-Adapters does
 
 
 @pytest.mark.parametrize(
@@ -75,15 +68,15 @@ def test_letters():
     ],
 )
 def test_choices(text, style, expected):
-    assert extract_choice(text, style) == expected
+    assert parsers.extract_choice(text, style) == expected
 
 
 def test_choice_style_from_answers():
-    assert choice_style_for(["true", "false"]) == "boolean"
-    assert choice_style_for(["answer1", "answer4"]) == "answer"
-    assert choice_style_for(["option2"]) == "option"
-    assert choice_style_for(["answer1", "7"]) is None
-    assert choice_style_for([]) is None
+    assert parsers.choice_style_for(["true", "false"]) == "boolean"
+    assert parsers.choice_style_for(["answer1", "answer4"]) == "answer"
+    assert parsers.choice_style_for(["option2"]) == "option"
+    assert parsers.choice_style_for(["answer1", "7"]) is None
+    assert parsers.choice_style_for([]) is None
 
 
 REFERENCE_FILES = sorted(REFERENCE.glob("llm-adapters/*_test.json")) + sorted(REFERENCE.glob("gsm8k/*.jsonl"))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
 from tunecost.errors import TunecostError
 from tunecost.models import anatomy
 
+SIMULATE_CONFIGS = Path(__file__).parents[1] / "fixtures" / "simulate"
 _SMALL = dict(
     vocab_size=128,
     hidden_size=32,
@@ -20,12 +24,22 @@ _SMALL = dict(
 
 
 def _hf(family: str, **extra):
+    return _from_config(family, {**_SMALL, **extra})
+
+
+def _from_fixture(name: str):
+    """The model of a tiny config of a real architecture in tests/fixtures/simulate (the step simulator's)."""
+    config = json.loads((SIMULATE_CONFIGS / f"{name}.json").read_text())
+    return _from_config(config.pop("model_type"), config)
+
+
+def _from_config(family: str, config: dict):
     from transformers import CONFIG_MAPPING, AutoModelForCausalLM
 
-    config = CONFIG_MAPPING[family](**{**_SMALL, **extra})
-    config._attn_implementation = "eager"
+    hf_config = CONFIG_MAPPING[family](**config)
+    hf_config._attn_implementation = "eager"
     torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32).eval()
 
 
 def _blackmamba():
@@ -61,29 +75,8 @@ CASES = {
         8,
         3,
     ),
-    # first_k_dense_replace 1: layer 0 is a dense MLP
-    "deepseek_v2": (
-        lambda: _hf(
-            "deepseek_v2",
-            n_routed_experts=4,
-            num_experts_per_tok=2,
-            n_shared_experts=1,
-            moe_intermediate_size=16,
-            first_k_dense_replace=1,
-            kv_lora_rank=16,
-            q_lora_rank=None,
-            qk_rope_head_dim=4,
-            qk_nope_head_dim=4,
-            v_head_dim=8,
-            n_group=1,
-            topk_group=1,
-            num_key_value_heads=4,  # MLA: keys for every head
-        ),
-        3,
-        2,
-        4,
-        2,
-    ),
+    # tiny-deepseek-v2.json: 4 layers, first_k_dense_replace 1 (layer 0 is a dense MLP), 8 routed experts, top-2
+    "deepseek_v2": (lambda: _from_fixture("tiny-deepseek-v2"), 4, 3, 8, 2),
     # tiny_blackmamba_config: 4 layers (Mamba, MoE, Mamba, MoE), 8 experts, top-2
     "blackmamba": (_blackmamba, 4, 2, 8, 2),
     "llama": (lambda: _hf("llama"), 3, 0, 1, 1),

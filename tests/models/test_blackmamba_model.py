@@ -179,16 +179,11 @@ def test_residual_stream_is_fp32_under_bf16():
 
 
 def test_full_size_model_builds_on_meta_without_memory():
-    cfg = BlackMambaConfig(
-        num_layers=36,
-        hidden_size=1472,
-        state_size=16,
-        conv_dimension=4,
-        vocab_size=50304,
-        expansion_factor=2,
-        mamba_moe_layers=["r", "8"] * 18,
-        ffn_hidden_size=3872,
-    )
+    from tunecost.catalog.models import model_catalog
+    from tunecost.models.blackmamba.config import config_from_spec
+
+    cfg = config_from_spec(model_catalog()["blackmamba-2.8b"])  # Zyphra's 2.8B config.json
+    assert cfg.num_layers == 36 and cfg.hidden_size == 1472 and cfg.mamba_moe_layers == ("r", "8") * 18
     model = build_blackmamba(cfg, device="meta", dtype=torch.bfloat16)
     p = next(model.parameters())
     assert p.is_meta and p.dtype == torch.bfloat16

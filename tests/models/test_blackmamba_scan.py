@@ -15,7 +15,7 @@ from tunecost.models.blackmamba.scan import (
     selective_scan_reference,
 )
 
-NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")
+NAMES = ("u", "delta", "A", "B", "C", "D", "z", "delta_bias")  # the scans' positional arguments, in order
 
 
 def _inputs(b: int, d: int, n: int, seqlen: int, *, dtype=torch.float32, seed: int = 0, delta_scale=0.5):
@@ -34,19 +34,8 @@ def _inputs(b: int, d: int, n: int, seqlen: int, *, dtype=torch.float32, seed: i
 
 
 def _run(fn, t, **kw):
-    return fn(
-        t["u"],
-        t["delta"],
-        t["A"],
-        t["B"],
-        t["C"],
-        t["D"],
-        z=t["z"],
-        delta_bias=t["delta_bias"],
-        delta_softplus=True,
-        return_last_state=True,
-        **kw,
-    )
+    """fn(u, delta, A, B, C, D, z, delta_bias) of the tensors in `t`, softplus on delta; returns its last state too."""
+    return fn(*(t[k] for k in NAMES), delta_softplus=True, return_last_state=True, **kw)
 
 
 def _grads(out, last, t, weight_out, weight_last):

@@ -136,3 +136,17 @@ def merged_reference(x, *, router_weight, router_lora, top_k, gate, up, down, ac
             acc = acc + top[t, slot] * (down[e] @ h)
         rows.append(acc)
     return torch.stack(rows)
+
+
+def merged_reference_backward(x, *, block, lora_block, scaling, gate, up, down):
+    """`merged_reference` of `x` with top-2 routing by the stock `block`'s router weight plus `lora_block`'s router
+    LoRA, and the (merged) expert weights given, then backward through the probe loss of `forward_backward`: the
+    leaves behind `gate`, `up` and `down` get their reference gradients. Returns (expected output, grad of x)."""
+    xr = x.clone().requires_grad_(True)
+    router_lora = (lora_block.gate.lora_A.weight.detach(), lora_block.gate.lora_B.weight.detach(), scaling)
+    expected = merged_reference(
+        xr, router_weight=block.gate.weight.detach(), top_k=2, router_lora=router_lora, gate=gate, up=up, down=down
+    )
+    probe = torch.randn(1, *expected.shape, generator=torch.Generator().manual_seed(3))
+    (expected.reshape(1, *expected.shape) * probe).sum().backward()
+    return expected.detach(), xr.grad

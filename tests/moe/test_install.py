@@ -18,22 +18,7 @@ from tunecost.moe import (
     uninstall_experts,
 )
 
-SMALL = dict(
-    num_hidden_layers=2,
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=64,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=32,
-)
 LORA = LoraSpec(rank=4, alpha=8)
-
-
-def _model():
-    from tunecost.models.tiny import build_tiny_mixtral
-
-    return build_tiny_mixtral(**SMALL)
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +27,14 @@ def ids():
 
 
 @pytest.fixture(scope="module")
-def stock_logits(ids):
+def stock_logits(ids, moe_model):
     with torch.no_grad():
-        return _model()(ids).logits
+        return moe_model()(ids).logits
 
 
 @pytest.mark.parametrize("impl", EXPERT_IMPLS)
-def test_each_impl_trains_and_starts_at_the_base_model(impl, ids, stock_logits):
-    model = install_experts(_model(), impl, None if impl == "stock" else LORA)
+def test_each_impl_trains_and_starts_at_the_base_model(impl, ids, stock_logits, moe_model):
+    model = install_experts(moe_model(), impl, None if impl == "stock" else LORA)
     assert installed_impl(model) == impl
     out = model(ids, labels=ids, output_router_logits=True)
     assert torch.isfinite(out.loss) and out.aux_loss is not None and len(out.router_logits) == 2
@@ -65,11 +50,11 @@ def test_each_impl_trains_and_starts_at_the_base_model(impl, ids, stock_logits):
     assert any(p.grad is not None and p.grad.abs().max() > 0 for name, p in trainable.items() if "lora_B" in name)
 
 
-def test_uninstall_restores_transformers_modules(ids, stock_logits):
+def test_uninstall_restores_transformers_modules(ids, stock_logits, moe_model):
     from transformers.models.mixtral.modeling_mixtral import MixtralExperts, MixtralTopKRouter
 
     for impl in ("fast", "peft-fused"):
-        model = uninstall_experts(install_experts(_model(), impl, LORA))
+        model = uninstall_experts(install_experts(moe_model(), impl, LORA))
         layer = moe_layers(model)[0]
         assert type(layer.experts) is MixtralExperts and type(layer.router) is MixtralTopKRouter
         assert installed_impl(model) == "stock"
@@ -77,8 +62,8 @@ def test_uninstall_restores_transformers_modules(ids, stock_logits):
             torch.testing.assert_close(model(ids).logits, stock_logits)
 
 
-def test_uninstall_with_merge_keeps_the_trained_function(ids):
-    model = install_experts(_model(), "fast", LORA)
+def test_uninstall_with_merge_keeps_the_trained_function(ids, moe_model):
+    model = install_experts(moe_model(), "fast", LORA)
     randomize_lora(model, std=0.05)
     with torch.no_grad():
         trained = model(ids).logits
@@ -86,8 +71,8 @@ def test_uninstall_with_merge_keeps_the_trained_function(ids):
     torch.testing.assert_close(merged, trained, rtol=1e-4, atol=1e-4 * trained.abs().max().item())
 
 
-def test_hooks_survive_the_swap(ids):
-    model = _model()
+def test_hooks_survive_the_swap(ids, moe_model):
+    model = moe_model()
     calls = []
     model.model.layers[0].mlp.experts.register_forward_hook(lambda *a: calls.append("experts"))
     model.model.layers[0].mlp.gate.register_forward_hook(lambda *a: calls.append("router"))
@@ -96,10 +81,10 @@ def test_hooks_survive_the_swap(ids):
     assert calls == ["router", "experts"]
 
 
-def test_experts_per_token_and_gradient_checkpointing(ids):
+def test_experts_per_token_and_gradient_checkpointing(ids, moe_model):
     from tunecost.profile.expert_load import ExpertLoadCounter
 
-    model = install_experts(_model(), "fast", LORA)
+    model = install_experts(moe_model(), "fast", LORA)
     randomize_lora(model, std=0.05)
     set_top_k(model, 8)
     assert model.config.num_experts_per_tok == 8 and moe_layers(model)[1].router.top_k == 8
@@ -117,8 +102,8 @@ def test_experts_per_token_and_gradient_checkpointing(ids):
     assert all(counts_ == [ids.numel()] * 8 for counts_ in counts.values())  # dense, recomputation not counted
 
 
-def test_bad_requests_are_one_line_errors():
-    model = _model()
+def test_bad_requests_are_one_line_errors(moe_model):
+    model = moe_model()
     with pytest.raises(TunecostError, match="Valid choices"):
         install_experts(model, "fastest", LORA)
     with pytest.raises(TunecostError, match="LoRA spec"):

@@ -43,23 +43,10 @@ def test_lora_router_matches_peft_on_gate_weight():
     assert_close(router.lora_B.weight.grad, ref.gate.lora_B["default"].weight.grad)
 
 
-def test_aux_loss_reaches_the_router_lora_in_a_model():
-    from tunecost.models.tiny import build_tiny_mixtral
+def test_aux_loss_reaches_the_router_lora_in_a_model(moe_model):
     from tunecost.moe import LoraSpec, install_experts
 
-    model = install_experts(
-        build_tiny_mixtral(
-            num_hidden_layers=1,
-            vocab_size=128,
-            hidden_size=64,
-            intermediate_size=64,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            head_dim=32,
-        ),
-        "fast",
-        LoraSpec(rank=4, alpha=8, targets=("router",)),
-    )
+    model = install_experts(moe_model(num_hidden_layers=1), "fast", LoraSpec(rank=4, alpha=8, targets=("router",)))
     randomize_lora(model)
     ids = torch.randint(0, 128, (2, 8), generator=torch.Generator().manual_seed(0))
     out = model(ids, output_router_logits=True)

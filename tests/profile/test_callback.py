@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tunecost.models.tiny import build_tiny_mixtral
 from tunecost.profile.callback import TunecostCallback
 from tunecost.profile.records import read_rows
 
@@ -22,19 +21,10 @@ class _Rows(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "attention_mask": torch.ones_like(self.ids[i]), "labels": self.ids[i]}
 
 
-def test_trainer_run_records_stages_layers_and_expert_loads(tmp_path):
+def test_trainer_run_records_stages_layers_and_expert_loads(tmp_path, small_mixtral):
     from transformers import Trainer, TrainingArguments
 
-    model = build_tiny_mixtral(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=128,
-        vocab_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_local_experts=4,
-    )
+    model = small_mixtral(64, 4, num_hidden_layers=2, intermediate_size=128, vocab_size=256, num_local_experts=4)
     args = TrainingArguments(
         output_dir=str(tmp_path / "trainer"),
         max_steps=2,

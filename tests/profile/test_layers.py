@@ -6,31 +6,26 @@ import pytest
 import torch
 
 from tunecost.models.anatomy import decoder_layers
-from tunecost.models.tiny import build_tiny_mixtral
 from tunecost.profile.inputs import synthetic_source
 from tunecost.profile.layers import LayerTimer, layer_parts, model_layer_parts
 from tunecost.profile.loop import make_optimizer, train_step
 from tunecost.profile.timers import PerfCounterClock, median_step_index
 
-MICRO = dict(
-    num_hidden_layers=2,
-    hidden_size=64,
-    intermediate_size=128,
-    vocab_size=512,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    num_local_experts=4,
-)
 
+@pytest.fixture
+def micro(small_mixtral):
+    """`micro(checkpointing=False)`: a training-mode Mixtral of two layers (width 64, four heads, 4 experts,
+    vocabulary 512), without the KV cache, with activation checkpointing when asked."""
 
-def _micro(checkpointing: bool):
-    model = build_tiny_mixtral(**MICRO)
-    model.train()
-    model.config.use_cache = False
-    if checkpointing:
-        model.activation_checkpointing_enable()
-    return model
+    def build(checkpointing: bool = False):
+        model = small_mixtral(64, 4, num_hidden_layers=2, intermediate_size=128, vocab_size=512, num_local_experts=4)
+        model.train()
+        model.config.use_cache = False
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        return model
+
+    return build
 
 
 def _timed_steps(model, n=3, batch_size=2, seq_len=64):
@@ -45,8 +40,8 @@ def _timed_steps(model, n=3, batch_size=2, seq_len=64):
     return steps[median_step_index([s.times for s in steps])]
 
 
-def test_mixtral_layer_parts():
-    model = build_tiny_mixtral(**MICRO)
+def test_mixtral_layer_parts(micro):
+    model = micro()
     parts = model_layer_parts(model)
     assert [p.index for p in parts] == [0, 1]
     assert [(k, c) for k, c, _ in parts[0].parts] == [
@@ -93,15 +88,15 @@ def test_blackmamba_style_layer_parts():
 
 
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_breakdown_adds_up_to_the_stage_times(checkpointing):
-    step = _timed_steps(_micro(checkpointing))
+def test_breakdown_adds_up_to_the_stage_times(micro, checkpointing):
+    step = _timed_steps(micro(checkpointing))
     layers, times = step.layers, step.times
     comps = {(p, c) for (p, _, c) in layers.seconds}
     for component in ("embedding", "norm", "attention", "moe_router", "moe_experts", "lm_head_loss"):
         assert ("forward", component) in comps and ("backward", component) in comps, component
     per_layer = {layer for (p, layer, _) in layers.seconds if p == "forward" and layer is not None}
     assert per_layer == {0, 1}
-    # Acceptance 2: per-layer forward times sum to the forward time within 10 %.
+    # Per-layer forward times sum to the forward time within 10 %.
     assert layers.total("forward") == pytest.approx(times.forward_seconds, rel=0.10)
     # The backward stage is the real backward plus the checkpointing recomputation, never double counted.
     assert layers.total("backward") + layers.total("recompute") == pytest.approx(times.backward_seconds, rel=0.10)
@@ -112,8 +107,8 @@ def test_breakdown_adds_up_to_the_stage_times(checkpointing):
         assert layers.total("recompute") == 0
 
 
-def test_hooks_are_removed_and_model_still_trains():
-    model = _micro(False)
+def test_hooks_are_removed_and_model_still_trains(micro):
+    model = micro()
     timer = LayerTimer(model, PerfCounterClock()).attach()
     timer.detach()
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())

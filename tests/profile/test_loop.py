@@ -10,7 +10,6 @@ import torch
 
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import set_top_k
-from tunecost.models.tiny import build_tiny_mixtral
 from tunecost.profile.expert_load import ExpertLoadCounter
 from tunecost.profile.inputs import Query, dataset_source, lengths_source, pad_batch, synthetic_source
 from tunecost.profile.layers import LayerTimer
@@ -33,7 +32,7 @@ def test_stages_add_up_to_the_wall_clock_step():
     train_step(prepared.model, opt, batch, clock, device="cpu")
     for _ in range(3):
         t = train_step(prepared.model, opt, batch, clock, device="cpu").times
-        # Acceptance 2: stage times sum to the (independently measured) step time within 5 %.
+        # Stage times sum to the (independently measured) step time within 5 %.
         assert t.stages_sum_seconds == pytest.approx(t.step_seconds, rel=0.05)
         assert min(t.forward_seconds, t.backward_seconds, t.optimizer_seconds) > 0
 
@@ -84,17 +83,9 @@ def test_streamed_random_qlora_build_matches_the_plain_path():
     assert all(p.grad is not None for n, p in model.named_parameters() if p.requires_grad)
 
 
-def test_dense_costs_more_than_sparse_on_the_same_batch():
-    """Acceptance 3 (paper §IV-B): top-8 of 8 experts routes 4x the tokens of top-2, and the experts take longer."""
-    model = build_tiny_mixtral(
-        num_hidden_layers=2,
-        hidden_size=128,
-        intermediate_size=512,
-        vocab_size=512,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-    )
+def test_dense_costs_more_than_sparse_on_the_same_batch(small_mixtral):
+    """Paper §IV-B: top-8 of 8 experts routes 4x the tokens of top-2, and the experts take longer."""
+    model = small_mixtral(128, 4, num_hidden_layers=2, intermediate_size=512, vocab_size=512)
     model.train()
     batch = synthetic_source(vocab_size=512, seq_len=128).batches(2, 1)[0]
     tokens = {}
@@ -128,17 +119,8 @@ def test_dense_costs_more_than_sparse_on_the_same_batch():
     assert min(expert_seconds[8]) > 1.5 * min(expert_seconds[2])
 
 
-def test_expert_load_counter_skips_padding_and_reports_variance():
-    model = build_tiny_mixtral(
-        num_hidden_layers=1,
-        hidden_size=64,
-        intermediate_size=64,
-        vocab_size=256,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_local_experts=4,
-    )
+def test_expert_load_counter_skips_padding_and_reports_variance(small_mixtral):
+    model = small_mixtral(64, 4, num_hidden_layers=1, intermediate_size=64, vocab_size=256, num_local_experts=4)
     batch = pad_batch([Query(tuple(range(5, 15))), Query(tuple(range(5, 9)))], pad_id=0)
     counter = ExpertLoadCounter(model).attach()
     counter.set_token_mask(batch.attention_mask)

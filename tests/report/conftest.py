@@ -22,7 +22,7 @@ import pytest
 from tunecost.io import atomic_write_json
 
 PROFILE_KINDS = ("throughput", "stages", "layers", "kernels", "expert_load")
-ALL_KINDS = (*PROFILE_KINDS, "trainability", "lengths", "max_batch", "counters", "fit", "estimate")
+ALL_KINDS = (*PROFILE_KINDS, "trainability", "lengths", "max_batch", "counters", "fit", "estimate", "validation")
 TINY = {"model": "tiny-mixtral", "method": "lora", "seq_len": 128, "dataset": "commonsense_15k", "device": "cpu"}
 GPU_DEVICE = "NVIDIA H100 80GB HBM3"
 # The profiler's two architectures (the demo profiles both); blackmamba's mixer is "mamba" instead of "attention".
@@ -221,6 +221,32 @@ def _counters(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
                 )
 
 
+def _validation(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
+    """`tunecost validate` rows: peak memory of two stacks, a throughput row, an oom row, skipped rows."""
+
+    def row(i: int, quantity: str, measured: float | None, predicted: float | None, unit: str, **rest: Any):
+        error = None if predicted is None or measured is None else 100.0 * (predicted - measured) / measured
+        base = {"id": f"src-{i:02d}", "quantity": quantity, "measured": measured, "predicted": predicted}
+        return {"schema_version": 1, "kind": "validation", **base, "unit": unit, "error": error, **rest}
+
+    for i in range(12):
+        measured = float(rng.uniform(8.0, 70.0))
+        stack = ("hf-trainer", "torchtune")[i % 2]
+        yield row(
+            i,
+            "peak_allocated_gib",
+            measured,
+            measured * rng.uniform(0.85, 1.15),
+            "GiB",
+            status="ok",
+            reason="",
+            stack=stack,
+        )
+    yield row(12, "tokens_per_s_per_gpu", 2100.0, 1890.0, "tokens/s", status="ok", reason="", stack="hf-trainer")
+    yield {**row(13, "oom", 1.0, 1.0, "bool", status="ok", reason="", stack="hf-trainer"), "error": 0.0}
+    yield row(14, "nvidia_smi_gib", 30.0, None, "GiB", status="skipped", reason="multi-GPU row", stack="")
+
+
 _WRITERS: dict[str, Callable[[np.random.Generator], Iterable[dict[str, Any]]]] = {
     "throughput": _throughput,
     "stages": _stages,
@@ -231,6 +257,7 @@ _WRITERS: dict[str, Callable[[np.random.Generator], Iterable[dict[str, Any]]]] =
     "lengths": _lengths,
     "max_batch": _max_batch,
     "counters": _counters,
+    "validation": _validation,
 }
 
 META = {

@@ -32,6 +32,7 @@ UNITS = {
     "max_batch": "(GB)",
     "fit": "(queries/s)",
     "costs": "(USD)",
+    "validation": "(GiB)",
 }
 
 

@@ -26,6 +26,7 @@ def test_every_kind_is_read_with_its_rows(full_run: Path, rows) -> None:
         "counters",
         "fit",
         "estimate",
+        "validation",
     )
     assert set(records.tables) == set(expected)
     for kind in expected:

@@ -1,20 +1,8 @@
-"""Fixtures for the step-simulator tests: tiny configs of real architectures and an isolated result cache."""
+"""Fixtures for the step-simulator tests: an isolated result cache (`config_path` is in tests/conftest.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
-CONFIGS = Path(__file__).parents[1] / "fixtures" / "simulate"
-
-
-@pytest.fixture
-def config_path():
-    def path(name: str) -> str:
-        return str(CONFIGS / f"{name}.json")
-
-    return path
 
 
 @pytest.fixture(autouse=True)

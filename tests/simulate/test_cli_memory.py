@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-import json
 
-from tunecost.cli.main import app
-
-
-def test_memory_json_with_gpu_memory(cli_runner, config_path, write_file):
+def test_memory_json_with_gpu_memory(cli_json, config_path, write_file):
     lengths = write_file("lengths.txt", "12\n40\n33\n")
-    result = cli_runner.invoke(
-        app,
-        [
-            "memory",
-            "--model",
-            config_path("small-mixtral"),
-            "--method",
-            "qlora",
-            "--experts-per-token",
-            "2",
-            "--batch-size",
-            "2",
-            "--dataset-lengths",
-            str(lengths),
-            "--lora-rank",
-            "8",
-            "--gpu-memory-gb",
-            "0.56",
-            "--json",
-        ],
+    out = cli_json(
+        "memory",
+        model=config_path("small-mixtral"),
+        method="qlora",
+        experts_per_token=2,
+        batch_size=2,
+        dataset_lengths=lengths,
+        lora_rank=8,
+        gpu_memory_gb=0.56,
     )
-    assert result.exit_code == 0, result.output
-    out = json.loads(result.stdout)
     for key in (
         "peak_bytes",
         "breakdown",
@@ -48,23 +31,9 @@ def test_memory_json_with_gpu_memory(cli_runner, config_path, write_file):
     assert out["max_batch"]["peak_bytes"] + out["max_batch"]["device_overhead_bytes"] <= 0.56e9
 
 
-def test_memory_table_output(cli_runner, config_path):
-    result = cli_runner.invoke(
-        app,
-        [
-            "memory",
-            "--model",
-            config_path("small-mixtral"),
-            "--method",
-            "lora",
-            "--seq-len",
-            "32",
-            "--lora-rank",
-            "8",
-            "--no-gradient-checkpointing",
-        ],
-    )
-    assert result.exit_code == 0, result.output
+def test_memory_table_output(cli_ok, config_path):
+    small = config_path("small-mixtral")
+    result = cli_ok("memory", model=small, method="lora", seq_len=32, lora_rank=8, gradient_checkpointing=False)
     assert "MiB" in result.stdout and "MB" in result.stdout and "PEAK" in result.stdout
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from tunecost.cli.main import app
 from tunecost.errors import TunecostError
+from tunecost.results.records import read_records
 from tunecost.validate import OUTPUT_COLUMNS, read_corpus, summarize, validate_rows
 from tunecost.validate.corpus import DEFAULT_CORPUS_PATH, REQUIRED_COLUMNS
 from tunecost.validate.mapping import Skip, lora_targets, map_row
@@ -151,14 +152,30 @@ def test_summary_per_quantity_and_stack(corpus) -> None:
 
 
 def test_cli_json_rows_and_out(corpus, cli_runner, tmp_path) -> None:
-    out = tmp_path / "rows.csv"
+    out = tmp_path / "run"
     result = cli_runner.invoke(app, ["validate", str(corpus), "--json", "--out", str(out)])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert len(rows) == 10 and all(tuple(r) == OUTPUT_COLUMNS for r in rows)
-    assert out.read_text(encoding="utf-8").splitlines()[0] == ",".join(OUTPUT_COLUMNS)
+    csv_lines = (out / "validation.csv").read_text(encoding="utf-8").splitlines()
+    assert csv_lines[0] == ",".join(OUTPUT_COLUMNS) and len(csv_lines) == 1 + len(rows)
+    records = read_records(out / "validation.jsonl")
+    assert [(r["kind"], r["id"], r["quantity"]) for r in records] == [
+        ("validation", r["id"], r["quantity"]) for r in rows
+    ]
     again = cli_runner.invoke(app, ["validate", str(corpus), "--json", "--out", str(out)])
     assert again.exit_code == 2 and "--force" in again.output
+    forced = cli_runner.invoke(app, ["validate", str(corpus), "--json", "--out", str(out), "--force"])
+    assert forced.exit_code == 0 and len(read_records(out / "validation.jsonl")) == len(rows)
+
+
+def test_report_draws_the_validation_records(corpus, cli_runner, tmp_path) -> None:
+    run = tmp_path / "run"
+    assert cli_runner.invoke(app, ["validate", str(corpus), "--out", str(run)]).exit_code == 0
+    result = cli_runner.invoke(app, ["report", str(run)])
+    assert result.exit_code == 0, result.output
+    html = (run / "report.html").read_text(encoding="utf-8")
+    assert "Accuracy against published measurements" in html and "median |error| %" in html
 
 
 def test_cli_missing_columns_one_line(cli_runner, tmp_path) -> None:
@@ -190,3 +207,22 @@ def test_hf_peft_stack_keeps_the_cast_input(tmp_path, monkeypatch) -> None:
     peft = simulate_step(job, stack="hf-peft")
     # at least one bf16 copy of a layer input (2 x 64 tokens x 64 hidden x 2 bytes) more is alive at the peak
     assert peft.peak_bytes - lean.peak_bytes >= 2 * 64 * 64 * 2
+
+
+def test_report_summary_states_the_validated_memory_error(corpus, cli_runner, tmp_path) -> None:
+    from statistics import median
+
+    from tunecost.report.records import load_run
+    from tunecost.report.summary import summary_lines
+
+    run = tmp_path / "run"
+    assert cli_runner.invoke(app, ["validate", str(corpus), "--out", str(run)]).exit_code == 0
+    records = read_records(run / "validation.jsonl")
+    memory = [
+        abs(r["error"])
+        for r in records
+        if r["status"] == "ok" and r["quantity"] in ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")
+    ]
+    line = summary_lines(load_run(run))[-1]
+    assert f"Against {len(records)} published measurements" in line
+    assert f"within {median(memory):.1f} %" in line and f"{len(memory)} rows modelled" in line

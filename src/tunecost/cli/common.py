@@ -5,13 +5,15 @@ Library code never imports this module; commands call the Python API and render 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import inspect
 import json
 import math
 import sys
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,6 +24,7 @@ from rich.table import Table
 from tunecost.errors import TunecostError, TunecostWarning
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 # Piped or redirected output is never cut to a terminal's width: a wide virtual width, so every cell is whole
 # (`tunecost models | grep NAME` finds the row).
@@ -38,6 +41,43 @@ def progress_bar(*columns: Any, **options: Any) -> Any:
     console_ = options.pop("console", err_console)
     options.setdefault("transient", True)
     return Progress(*columns, console=console_, disable=not console_.is_terminal, **options)
+
+
+ProgressCallback = Callable[[int, int, str], None]
+
+
+@contextlib.contextmanager
+def progress_callback(
+    description: str, *, enabled: bool = True, counted: bool = False, label_as_description: bool = True
+) -> Iterator[ProgressCallback | None]:
+    """A transient progress bar on stderr (stdout carries only the results), and the `on_progress(done, total,
+    label)` callback a library function calls to move it; None when not `enabled`. `counted` shows done/total and
+    the time elapsed; the library's label replaces `description` unless not `label_as_description`."""
+    if not enabled:
+        yield None
+        return
+    with progress_bar(*counted_columns() if counted else ()) as bar:
+        task = bar.add_task(description, total=None)
+
+        def on_progress(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, **({"description": label} if label_as_description else {}))
+
+        yield on_progress
+
+
+def counted_columns() -> tuple[Any, ...]:
+    """Progress columns: description, bar, done/total, time elapsed."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+
+    return TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
+
+
+def call_with_options(func: Callable[..., T], options: Mapping[str, Any], **given: Any) -> T:
+    """`func(...)` (a library function or a job dataclass) with each keyword parameter taken from `options`, a
+    command's parameters by the same name, unless `given` holds it (a value the command parsed or derived): a
+    command passes its options on without spelling every name twice."""
+    accepted = inspect.signature(func).parameters
+    return func(**{k: v for k, v in options.items() if k in accepted and k not in given}, **given)
 
 
 def visible(text: object) -> str:
@@ -154,8 +194,9 @@ def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]
 
 
 def split_list(value: str | None, cast: Callable[[str], Any] = str, what: str = "value") -> list[Any]:
-    """Parse a comma-separated option ("1,2,4") into a list, with a clear error on a bad item."""
-    if value is None or value.strip() == "":
+    """Parse a comma-separated option ("1,2,4") into a list, with a clear error on a bad item; a value with no
+    item at all (",") is an error too (None, an option not given, is the empty list)."""
+    if value is None:
         return []
     out = []
     for item in value.split(","):
@@ -166,11 +207,6 @@ def split_list(value: str | None, cast: Callable[[str], Any] = str, what: str = 
             out.append(cast(item))
         except ValueError:
             raise TunecostError(f"bad {what} {item!r} in {value!r}") from None
+    if not out:
+        raise TunecostError(f"no {what} in {value!r}")
     return out
-
-
-def positive_finite(option: str, value: float | None) -> float | None:
-    """`value` unchanged when it is None or a positive finite number; else a one-line error naming `option`."""
-    if value is not None and not (math.isfinite(value) and value > 0):
-        raise TunecostError(f"{option} must be a positive number, got {value}")
-    return value

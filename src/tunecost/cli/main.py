@@ -19,11 +19,17 @@ except ImportError:  # pragma: no cover - older typer on the real click
 from tunecost import __version__
 from tunecost.cli import commands
 from tunecost.cli.common import echo_error
+from tunecost.cli.options import refuse_blank_values
 
 
 class _OneLineErrors(TyperGroup):
     """The command group, with usage errors (unknown option, bad or missing value) as one `error: ...` line and
-    exit code 2, the same as every other user error, instead of a boxed panel."""
+    exit code 2, the same as every other user error, instead of a boxed panel. Every text option of every command
+    refuses an empty value (`tunecost.cli.options.refuse_blank_values`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        refuse_blank_values(self)
 
     def main(  # type: ignore[override]
         self, args: Any = None, prog_name: Any = None, complete_var: Any = None, standalone_mode: bool = True, **kw: Any
@@ -37,7 +43,7 @@ class _OneLineErrors(TyperGroup):
             exc.show()
             sys.exit(exc.exit_code)
         except click_exceptions.UsageError as exc:
-            message = " ".join(exc.format_message().split())
+            message = " ".join(_usage_message(exc).split())
             where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
             echo_error(f"{message}{where}")
             sys.exit(2)
@@ -48,6 +54,18 @@ class _OneLineErrors(TyperGroup):
             typer.echo("aborted", err=True)
             sys.exit(1)
         sys.exit(result if isinstance(result, int) else 0)
+
+
+def _usage_message(exc: click_exceptions.UsageError) -> str:
+    """A bad value as `--OPTION: what is wrong`; every other usage error in click's words."""
+    is_bad_value = isinstance(exc, click_exceptions.BadParameter) and not isinstance(
+        exc, click_exceptions.MissingParameter
+    )
+    param = getattr(exc, "param", None)
+    if is_bad_value and param is not None:
+        name = "/".join(o for o in param.opts if o.startswith("-")) or (param.name or "").upper()
+        return f"{name}: {exc.message}"
+    return exc.format_message()
 
 
 app = typer.Typer(

@@ -17,6 +17,7 @@ from tunecost.report.base import (  # re-exported: the figure API in one place
 )
 from tunecost.report.fig_profile import fig_counters, fig_expert_load, fig_kernels, fig_layers, fig_stages
 from tunecost.report.fig_throughput import fig_max_batch, fig_throughput, fig_throughput_fit
+from tunecost.report.fig_validation import fig_validation
 from tunecost.report.fig_workload import fig_lengths, fig_trainability
 from tunecost.report.records import RunRecords
 
@@ -39,6 +40,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("max_batch", "Fig. 13 and Table III — Maximum batch size", fig_max_batch),
     Section("fit", "Fig. 14 — Eq. (2) fitted to measured throughput", fig_throughput_fit),
     Section("costs", "Table IV — Cost per GPU and provider", table_costs),
+    Section("validation", "Accuracy against published measurements", fig_validation),
 )
 
 

@@ -51,9 +51,26 @@ def summary_lines(records: RunRecords) -> list[str]:
                     f"No cost estimate in this run; measured throughput ranges {qps.min():.3g}-{qps.max():.3g} "
                     f"queries/s over {len(qps)} points. Run `tunecost estimate --out` to add costs."
                 )
+    accuracy = _validated(records)
     if not lines:
         lines.append("No cost estimate or throughput measurement in this run; the sections below show what it has.")
-    return lines
+    return [*lines, *accuracy]
+
+
+def _validated(records: RunRecords) -> list[str]:
+    """How far the estimates were from published measurements, when the run holds `tunecost validate` records."""
+    val = records.get("validation")
+    if val is None or not {"quantity", "status", "error"} <= set(val.columns):
+        return []
+    ok = val[val["status"] == "ok"]
+    error = pd.to_numeric(ok["error"], errors="coerce")
+    memory = error[ok["quantity"].isin(("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib"))].dropna()
+    if memory.empty:
+        return []
+    return [
+        f"Against {len(val)} published measurements, peak-memory estimates were within {memory.abs().median():.1f} % "
+        f"(median |error|, {len(memory)} rows modelled); see the accuracy section."
+    ]
 
 
 def _certainty(est: pd.DataFrame) -> str:

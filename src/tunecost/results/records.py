@@ -22,6 +22,7 @@ SCHEMA_VERSION = 1
 # Fields that name what a row is about: a new row with the same values replaces an old one only with `force`.
 FIT_KEY = ("kind", "model", "dataset", "gpu", "form", "experts_per_token", "batch_size")
 ESTIMATE_KEY = ("kind", "model", "dataset", "method", "experts_per_token", "estimator", "gpu", "provider")
+VALIDATION_KEY = ("kind", "id", "quantity")
 
 
 def record(kind: str, **fields: Any) -> dict[str, Any]:
@@ -44,6 +45,11 @@ def fit_rows(points: Iterable[Any], fits: Iterable[Any], *, source: str) -> list
 def estimate_rows(cost_rows: Iterable[Any], *, method: str, experts_per_token: int) -> list[dict[str, Any]]:
     """The `estimate.jsonl` rows of a cost table (Table IV): each `CostRow` with the job's method and top-k."""
     return [record("estimate", experts_per_token=experts_per_token, method=method, **_as_dict(r)) for r in cost_rows]
+
+
+def validation_rows(rows: Iterable[Any]) -> list[dict[str, Any]]:
+    """The `validation.jsonl` rows of `tunecost validate`: each `ValidationRow` (prediction beside measurement)."""
+    return [record("validation", **_as_dict(r)) for r in rows]
 
 
 def write_records(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]]) -> Path:
@@ -119,6 +125,20 @@ def save_estimate_records(
     writes and `tunecost report RUN_DIR` shows as the cost table (Table IV)."""
     rows = estimate_rows(cost_rows, method=method, experts_per_token=experts_per_token)
     path = add_records(Path(run_dir) / "estimate.jsonl", rows, key=ESTIMATE_KEY, force=force)
+    _note_run(run_dir, command)
+    return path
+
+
+def save_validation_records(
+    run_dir: str | os.PathLike[str],
+    rows: Sequence[Any],
+    *,
+    command: str | Sequence[str] | None = None,
+    force: bool = False,
+) -> Path:
+    """Add validated rows to `run_dir/validation.jsonl` (and `meta.json`): what `tunecost validate --out RUN_DIR`
+    writes and `tunecost report RUN_DIR` shows as the accuracy table and the predicted-vs-measured plot."""
+    path = add_records(Path(run_dir) / "validation.jsonl", validation_rows(rows), key=VALIDATION_KEY, force=force)
     _note_run(run_dir, command)
     return path
 

@@ -10,7 +10,6 @@ from tunecost.catalog.gpus import get_gpu
 from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.counts import analytic_step_counts
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.lengths import dataset_lengths
 from tunecost.estimate.throughput.model import (
     SMOOTH_MAX_POWER,
@@ -87,17 +86,6 @@ def test_stack_params_validate() -> None:
         )
 
 
-def _terms(**over) -> GpuTerms:
-    base = dict(
-        name="test-gpu",
-        matmul_flops_per_s=100e12,
-        fp32_flops_per_s=20e12,
-        memory_bytes_per_s=1e12,
-        source="test",
-    )
-    return GpuTerms(**{**base, **over})  # type: ignore[arg-type]
-
-
 def test_catalog_terms_use_achieved_rates_not_the_datasheet() -> None:
     h100 = catalog_gpu_terms(get_gpu("H100"))
     assert h100.matmul_flops_per_s == pytest.approx(792.1e12)  # MAMF, ml-engineering table
@@ -113,26 +101,28 @@ def test_catalog_gpu_without_achieved_values_is_a_clear_error(monkeypatch) -> No
         catalog_gpu_terms(get_gpu("A40"))
 
 
-def test_profile_launch_and_host_times_replace_the_calibrated_ones() -> None:
+def test_profile_launch_and_host_times_replace_the_calibrated_ones(gpu_terms) -> None:
     counts = _counts(1)
-    plain = step_time(counts, _terms(), PARAMS)
+    plain = step_time(counts, gpu_terms(), PARAMS)
     assert plain.kernel_overhead_s == pytest.approx(PARAMS.kernel_overhead_s * counts.total_kernels)
-    measured = step_time(counts, _terms(kernel_launch_s=5e-6, host_step_s=0.2), PARAMS)
+    measured = step_time(counts, gpu_terms(kernel_launch_s=5e-6, host_step_s=0.2), PARAMS)
     assert measured.kernel_overhead_s == pytest.approx(5e-6 * counts.total_kernels)
     assert measured.step_overhead_s == 0.2
     assert measured.gpu_s == pytest.approx(plain.gpu_s)  # GPU work unchanged
 
 
-def test_gpu_work_halves_when_every_rate_doubles() -> None:
+def test_gpu_work_halves_when_every_rate_doubles(gpu_terms) -> None:
     counts = _counts(4)
-    slow = step_time(counts, _terms(), PARAMS)
-    fast = step_time(counts, _terms(matmul_flops_per_s=200e12, fp32_flops_per_s=40e12, memory_bytes_per_s=2e12), PARAMS)
+    slow = step_time(counts, gpu_terms(), PARAMS)
+    fast = step_time(
+        counts, gpu_terms(matmul_flops_per_s=200e12, fp32_flops_per_s=40e12, memory_bytes_per_s=2e12), PARAMS
+    )
     assert fast.gpu_s == pytest.approx(slow.gpu_s / 2)
     assert fast.kernel_overhead_s == slow.kernel_overhead_s  # host time does not shrink with the GPU
 
 
-def test_measured_dequant_rate_sets_the_dequant_time() -> None:
+def test_measured_dequant_rate_sets_the_dequant_time(gpu_terms) -> None:
     counts = _counts(1)
-    slow = step_time(counts, _terms(dequant_bytes_per_s=1e11), PARAMS).class_s["dequant"]
-    fast = step_time(counts, _terms(dequant_bytes_per_s=1e12), PARAMS).class_s["dequant"]
+    slow = step_time(counts, gpu_terms(dequant_bytes_per_s=1e11), PARAMS).class_s["dequant"]
+    fast = step_time(counts, gpu_terms(dequant_bytes_per_s=1e12), PARAMS).class_s["dequant"]
     assert slow == pytest.approx(10 * fast, rel=0.05)

@@ -67,31 +67,19 @@ def test_bad_calibration_and_targets_files(cli_error, write_file) -> None:
     assert "row 1: column 'batch_size' must be a whole number" in cli_error(["predict", "--input", str(bad_batch)])
 
 
-def test_estimate_with_the_calibrated_estimator(cli_runner, monkeypatch) -> None:
+def test_estimate_with_the_calibrated_estimator(cli_json, monkeypatch) -> None:
     from tunecost.estimate import calibrated
 
     monkeypatch.setattr(calibrated, "_simulated_max_batch", lambda req: None)
-    result = cli_runner.invoke(
-        app,
-        [
-            "estimate",
-            "--model",
-            "mixtral-8x7b",
-            "--gpu",
-            "A40,H100",
-            "--epochs",
-            "10",
-            "--dataset",
-            "math_14k",
-            "--experts-per-token",
-            "2",
-            "--estimator",
-            "calibrated",
-            "--json",
-        ],
+    rows = cli_json(
+        "estimate",
+        model="mixtral-8x7b",
+        gpu="A40,H100",
+        epochs=10,
+        dataset="math_14k",
+        experts_per_token=2,
+        estimator="calibrated",
     )
-    assert result.exit_code == 0, result.output
-    rows = json.loads(result.stdout)
     assert {r["estimator"] for r in rows} == {"calibrated"}
     assert all(r["queries_per_s_low"] < r["queries_per_s"] < r["queries_per_s_high"] for r in rows)
 

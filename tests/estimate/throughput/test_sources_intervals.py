@@ -146,15 +146,9 @@ def test_a_measured_gpu_profile_replaces_catalog_values_for_its_gpu() -> None:
     assert profiled.predict(_target("A40")).queries_per_s == pytest.approx(plain.predict(_target("A40")).queries_per_s)
 
 
-def test_a_profile_of_an_unknown_device_asks_which_gpu_it_is() -> None:
+def test_a_profile_of_an_unknown_device_asks_which_gpu_it_is(gpu_terms) -> None:
     from tunecost.estimate.calibrated import calibrated_model
 
-    odd = GpuTerms(
-        name="NVIDIA Foo 80GB",
-        matmul_flops_per_s=1e14,
-        fp32_flops_per_s=1e13,
-        memory_bytes_per_s=1e12,
-        source="profile: odd",
-    )
+    odd = gpu_terms(name="NVIDIA Foo 80GB", source="profile: odd")
     with pytest.raises(TunecostError, match="GPU=FILE"):
         calibrated_model([A40_CSV], gpu_terms=[odd])

@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 import os
+from typing import Annotated, Any
 
 import typer
 
-from tunecost.cli.common import cli_errors, err_console, print_json, print_table, progress_bar, split_list
+from tunecost.cli.common import call_with_options, cli_errors, print_json, print_table, progress_callback, split_list
+from tunecost.cli.options import MAX_EXPERTS, JsonOut, count_option, opt
+from tunecost.limits import MAX_STEPS, MAX_TOKENS
+
+MAX_HIDDEN = 1 << 20  # hidden, expert and LoRA sizes; Mixtral-8x7B's largest is 14336
+MAX_THREADS = 4096
+
+
+def _size(option: str, help: str, maximum: int = MAX_HIDDEN, minimum: int = 1) -> Any:
+    return count_option(option, help, maximum, minimum)
+
 
 bench_app = typer.Typer(
     help="Micro-benchmarks (side by side in one run, ratios measured together).", no_args_is_help=True
@@ -24,20 +35,20 @@ def _ratio(value: float | None, suffix: str = "x") -> str:
 @bench_app.command("moe")
 @cli_errors
 def bench_moe(
-    tokens: int = typer.Option(None, "--tokens", help="Tokens through the block (default 2048)."),
-    hidden: int = typer.Option(None, "--hidden", help="Hidden size H (default 512 on CPU, 4096 on CUDA)."),
-    intermediate: int = typer.Option(None, "--intermediate", help="Expert size I (default 1792 CPU, 14336 CUDA)."),
-    experts: int = typer.Option(8, "--experts", help="Number of experts E."),
-    top_k: int = typer.Option(2, "--top-k", help="Experts per token (E = dense)."),
-    rank: int = typer.Option(16, "--rank", help="LoRA rank on every expert projection and the router."),
-    repeats: int = typer.Option(5, "--repeats", help="Timed rounds (median reported)."),
-    warmup: int = typer.Option(1, "--warmup", help="Untimed rounds first."),
-    impls: str = typer.Option(None, "--impls", help="Comma-separated subset of the implementations."),
-    device: str = typer.Option(None, "--device", help="cpu or cuda (default: cuda if available)."),
-    dtype: str = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default fp32 CPU, bf16 CUDA)."),
-    threads: int = typer.Option(None, "--threads", help="torch CPU threads for the run (default: torch's)."),
-    no_memory: bool = typer.Option(False, "--no-memory", help="Skip the peak-memory pass."),
-    json_out: bool = typer.Option(False, "--json", help="Print the rows as JSON."),
+    tokens: Annotated[int | None, _size("--tokens", "Tokens through the block (default 2048).", MAX_TOKENS)] = None,
+    hidden: Annotated[int | None, _size("--hidden", "Hidden size H (default 512 CPU, 4096 CUDA).", MAX_HIDDEN)] = None,
+    intermediate: Annotated[int | None, _size("--intermediate", "Expert size I (1792 CPU, 14336 CUDA).")] = None,
+    experts: Annotated[int, _size("--experts", "Number of experts E.", MAX_EXPERTS)] = 8,
+    top_k: Annotated[int, _size("--top-k", "Experts per token (E = dense).", MAX_EXPERTS)] = 2,
+    rank: Annotated[int, _size("--rank", "LoRA rank on every expert projection and the router.")] = 16,
+    repeats: Annotated[int, _size("--repeats", "Timed rounds (median reported).", MAX_STEPS)] = 5,
+    warmup: Annotated[int, _size("--warmup", "Untimed rounds first.", MAX_STEPS, minimum=0)] = 1,
+    impls: Annotated[str | None, opt("--impls", "Comma-separated subset of the implementations.")] = None,
+    device: Annotated[str | None, opt("--device", "cpu or cuda (default: cuda if available).")] = None,
+    dtype: Annotated[str | None, opt("--dtype", "float32 | bfloat16 | float16 (default fp32 CPU, bf16 CUDA).")] = None,
+    threads: Annotated[int | None, _size("--threads", "torch CPU threads (default: torch's).", MAX_THREADS)] = None,
+    no_memory: Annotated[bool, opt("--no-memory", "Skip the peak-memory pass.")] = False,
+    json_out: JsonOut = False,
 ) -> None:
     """Time forward+backward of ONE Mixtral MoE block for each experts implementation, side by side.
 
@@ -52,31 +63,13 @@ def bench_moe(
     Opt-in via --impls: grouped_mm-frozen (experts frozen, no LoRA: the floor for LoRA on experts).
     On a CPU shared with other work, --threads 1 gives the steadiest numbers.
     """
-
+    options = dict(locals())
     from tunecost.moe.bench import BENCH_IMPLS, bench_moe_layer
 
     chosen = split_list(impls, str, "implementation") or list(BENCH_IMPLS)
-    with progress_bar(console=err_console, transient=True) as progress:
-        task = progress.add_task("bench moe", total=1)
-
-        def on_progress(done: int, total: int, label: str) -> None:
-            progress.update(task, completed=done, total=total, description=label)
-
-        rows = bench_moe_layer(
-            tokens=tokens,
-            hidden=hidden,
-            intermediate=intermediate,
-            experts=experts,
-            top_k=top_k,
-            rank=rank,
-            repeats=repeats,
-            warmup=warmup,
-            impls=chosen,
-            device=device,
-            dtype=dtype,
-            measure_memory=not no_memory,
-            threads=threads,
-            on_progress=on_progress,
+    with progress_callback("bench moe") as on_progress:
+        rows = call_with_options(
+            bench_moe_layer, options, impls=chosen, measure_memory=not no_memory, on_progress=on_progress
         )
     if json_out:
         print_json(rows)

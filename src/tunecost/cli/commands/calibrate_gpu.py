@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from tunecost.cli.common import cli_errors, err_console, print_json, print_table
+from tunecost.cli.options import Device, Force, JsonOut, opt
 from tunecost.errors import TunecostError
 
 
@@ -22,11 +24,11 @@ def _si(value: float | None, unit: str) -> str:
 
 @cli_errors
 def calibrate_gpu(
-    out: Path = typer.Option(..., "--out", help="GPU profile to write (JSON); an existing file needs --force."),
-    device: str = typer.Option("auto", "--device", help="cpu | cuda | auto (cuda when available)."),
-    quick: bool = typer.Option(False, "--quick", help="Smaller shapes and fewer repeats (seconds; for tests)."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
-    json_out: bool = typer.Option(False, "--json", help="Print the profile as JSON on stdout."),
+    out: Annotated[Path, opt("--out", "GPU profile to write (JSON); an existing file needs --force.")],
+    device: Device = "auto",
+    quick: Annotated[bool, opt("--quick", "Smaller shapes and fewer repeats (seconds; for tests).")] = False,
+    force: Force = False,
+    json_out: JsonOut = False,
 ) -> None:
     """Measure what this device achieves (about a minute on a GPU) and write a GPU profile.
 

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import typer
 
 from tunecost.cli.common import cli_errors, print_json, print_table
+from tunecost.cli.options import Gpu, JsonOut, PricesFile, Provider
 
 
 @cli_errors
-def gpus(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def gpus(json_out: JsonOut = False) -> None:
     """The GPU catalog: memory, bandwidth, peak throughput, with sources."""
     from tunecost.catalog.gpus import gpu_catalog
 
@@ -38,7 +38,7 @@ def gpus(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> 
 
 
 @cli_errors
-def models(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -> None:
+def models(json_out: JsonOut = False) -> None:
     """The model catalog, with parameter counts computed from each config (total and active per token)."""
     from tunecost.catalog.models import model_catalog
     from tunecost.models.params import count_parameters
@@ -88,10 +88,10 @@ def models(json_out: bool = typer.Option(False, "--json", help="Print JSON.")) -
 
 @cli_errors
 def prices(
-    gpu: str = typer.Option(None, "--gpu", help="Only this GPU."),
-    provider: str = typer.Option(None, "--provider", help="Only this provider."),
-    prices_file: Path = typer.Option(None, "--prices", help="A CSV that overrides or extends the price catalog."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    gpu: Gpu = None,
+    provider: Provider = None,
+    prices_file: PricesFile = None,
+    json_out: JsonOut = False,
 ) -> None:
     """The price catalog: $ per GPU-hour per provider, with the date and source of each price."""
     from tunecost.catalog.gpus import resolve_gpu_name

@@ -4,11 +4,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from tunecost.cli.common import cli_errors, print_json, print_table
+from tunecost.cli.options import (
+    AllowDownload,
+    Force,
+    JsonOut,
+    SkipBadRows,
+    Template,
+    Tokenizer,
+    count_option,
+    opt,
+)
+from tunecost.limits import MAX_BATCH_SIZE
 from tunecost.results.records import SCHEMA_VERSION
+
+DATASET_HELP = (
+    "A file (.json/.jsonl/.parquet/.csv), a known name (see `tunecost data list`), a hub id, or synthetic-arith."
+)
+MAX_BINS = 10_000  # histogram bins; a figure shows a few dozen
 
 data_app = typer.Typer(help="Datasets: sequence-length statistics and known names.", no_args_is_help=True)
 
@@ -32,23 +49,19 @@ def stats_rows(summary: dict, histogram: list[dict], padding: dict) -> list[dict
 @data_app.command("stats")
 @cli_errors
 def stats(
-    dataset: str = typer.Argument(
-        ...,
-        help="A file (.json/.jsonl/.parquet/.csv), a known name (see `tunecost data "
-        "list`), a hub id, or synthetic-arith.",
-    ),
-    tokenizer: str = typer.Option(
-        "mistral", "--tokenizer", help="'mistral' (offline Mixtral), a local path or a hub id."
-    ),
-    template: str = typer.Option("none", "--template", help="none | mistral | alpaca | chat"),
-    batch_size: int = typer.Option(8, "--batch-size", help="Batch size for the padding-waste figures."),
-    bins: int = typer.Option(30, "--bins", help="Histogram bins."),
-    columns: str | None = typer.Option(None, "--columns", help="Column mapping: prompt=COL,response=COL[,answer=COL]"),
-    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip malformed rows instead of failing."),
-    allow_download: bool = typer.Option(False, "--allow-download", help="Allow hub downloads (tokenizer, dataset)."),
-    out: Path | None = typer.Option(None, "--out", help="Write JSONL rows (summary + histogram) to this file."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
+    dataset: Annotated[str, typer.Argument(help=DATASET_HELP)],
+    tokenizer: Tokenizer = "mistral",
+    template: Template = "none",
+    batch_size: Annotated[
+        int, count_option("--batch-size", "Batch size of the padding-waste figures.", MAX_BATCH_SIZE)
+    ] = 8,
+    bins: Annotated[int, count_option("--bins", "Histogram bins.", MAX_BINS)] = 30,
+    columns: Annotated[str | None, opt("--columns", "Column mapping: prompt=COL,response=COL[,answer=COL]")] = None,
+    skip_bad_rows: SkipBadRows = False,
+    allow_download: AllowDownload = False,
+    out: Annotated[Path | None, opt("--out", "Write JSONL rows (summary + histogram) to this file.")] = None,
+    force: Force = False,
+    as_json: JsonOut = False,
 ) -> None:
     """Token-length statistics of a dataset's queries (prompt + ground-truth response)."""
     from tunecost.io import atomic_write_text
@@ -111,7 +124,7 @@ def stats(
 
 @data_app.command("list")
 @cli_errors
-def list_known(as_json: bool = typer.Option(False, "--json", help="Print JSON only.")) -> None:
+def list_known(as_json: JsonOut = False) -> None:
     """Known dataset names and where each resolves ($TUNECOST_DATA_DIR, hub cache or embedded)."""
     from tunecost.workload.known_datasets import KNOWN_DATASETS, resolve_known
 

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from tunecost.cli.common import cli_errors, console, progress_bar
+from tunecost.cli.options import opt
 
 
 @cli_errors
 def demo(
-    out: Path = typer.Option(Path("runs/demo"), "--out", help="Run directory for records and the report."),
+    out: Annotated[Path, opt("--out", "Run directory for records and the report.")] = Path("runs/demo"),
 ) -> None:
     """Run the whole pipeline on the embedded default (no GPU, no downloads) and write the report."""
     from rich.progress import BarColumn, TextColumn, TimeElapsedColumn

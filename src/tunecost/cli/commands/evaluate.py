@@ -3,44 +3,30 @@
 from __future__ import annotations
 
 import dataclasses
-from contextlib import nullcontext
+from typing import Annotated
 
 import typer
 
-from tunecost.cli.common import cli_errors, err_console, print_json, print_table, progress_bar
-
-
-def _progress_bar():
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-
-    return progress_bar(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-    )  # stderr: stdout carries only the results
+from tunecost.cli.common import cli_errors, print_json, print_table, progress_callback
+from tunecost.cli.options import AllowDownload, JsonOut, NumExamples, SkipBadRows, opt
 
 
 @cli_errors
 def eval_command(
-    model: str = typer.Option(..., "--model", help="tiny-mixtral (random init), a local folder or a hub id."),
-    dataset: str = typer.Option(..., "--dataset", help="A file, a known name or synthetic-arith-test."),
-    adapter: str | None = typer.Option(None, "--adapter", help="A PEFT adapter folder to apply."),
-    limit: int | None = typer.Option(None, "--limit", help="Evaluate the first N examples."),
-    template: str | None = typer.Option(
-        None, "--template", help="none | mistral | alpaca | chat (default: the checkpoint's, else mistral)"
-    ),
-    tokenizer: str | None = typer.Option(None, "--tokenizer", help="Override the model's tokenizer."),
-    batch_size: int = typer.Option(16, "--batch-size", help="Generation batch size."),
-    max_new_tokens: int | None = typer.Option(
-        None, "--max-new-tokens", help="Generation limit (default 256 for math, 32 for options)."
-    ),
-    skip_bad_rows: bool = typer.Option(False, "--skip-bad-rows", help="Skip malformed dataset rows."),
-    allow_download: bool = typer.Option(False, "--allow-download", help="Allow hub downloads."),
-    predictions: bool = typer.Option(False, "--predictions", help="Include every prediction in --json output."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON only."),
+    model: Annotated[str, opt("--model", "tiny-mixtral (random init), a local folder or a hub id.")],
+    dataset: Annotated[str, opt("--dataset", "A file, a known name or synthetic-arith-test.")],
+    adapter: Annotated[str | None, opt("--adapter", "A PEFT adapter folder to apply.")] = None,
+    limit: NumExamples = None,
+    template: Annotated[
+        str | None, opt("--template", "none | mistral | alpaca | chat (default: the checkpoint's)")
+    ] = None,
+    tokenizer: Annotated[str | None, opt("--tokenizer", "Override the model's tokenizer.")] = None,
+    batch_size: Annotated[int, opt("--batch-size", "Generation batch size.")] = 16,
+    max_new_tokens: Annotated[int | None, opt("--max-new-tokens", "Generation limit (256 math, 32 options).")] = None,
+    predictions: Annotated[bool, opt("--predictions", "Include every prediction in --json output.")] = False,
+    skip_bad_rows: SkipBadRows = False,
+    allow_download: AllowDownload = False,
+    as_json: JsonOut = False,
 ) -> None:
     """Accuracy of MODEL on DATASET (GSM8K-style final number, commonsense options, HellaSwag log-likelihood)."""
     from transformers.utils import logging as hf_logging
@@ -53,14 +39,8 @@ def eval_command(
     ds = load_dataset(dataset, skip_bad_rows=skip_bad_rows, allow_download=allow_download)
     tmpl = template_by_name(template or saved_template(model) or "mistral")
     net, tok = load_eval_model(model, adapter=adapter, tokenizer=tokenizer, allow_download=allow_download)
-    with nullcontext() if as_json else _progress_bar() as bar:
-        on_progress = None
-        if bar is not None:
-            task = bar.add_task(f"eval {ds.name}", total=None)
-
-            def on_progress(done: int, total: int, label: str) -> None:
-                bar.update(task, completed=done, total=total)
-
+    progress = progress_callback(f"eval {ds.name}", enabled=not as_json, counted=True, label_as_description=False)
+    with progress as on_progress:
         result = evaluate_model(
             net,
             tok,

@@ -2,40 +2,70 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
-from tunecost.cli.common import cli_errors, err_console, print_json, print_table, progress_bar, split_list
+from tunecost.cli.common import (
+    call_with_options,
+    cli_errors,
+    err_console,
+    print_json,
+    print_table,
+    progress_callback,
+    split_list,
+)
+from tunecost.cli.options import (
+    ExpertsImpl,
+    ExpertsPerToken,
+    JsonOut,
+    MethodName,
+    ModelName,
+    SeqLen,
+    WarmupSteps,
+    count_option,
+    opt,
+)
+from tunecost.limits import MAX_STEPS
+
+MAX_PROFILED_KERNELS = 10**7  # kernels of one profile; a training step of Mixtral-8x7B launches about 10^4
 
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+# The utilization table: each column's heading and its cell of one (batch size, kernel class) row.
+UTILIZATION_COLUMNS: dict[str, Callable[[Any], object]] = {
+    "batch": lambda u: u.batch_size,
+    "class": lambda u: u.kernel_class,
+    "kernels": lambda u: u.num_kernels,
+    "time ms": lambda u: f"{u.duration_s * 1e3:.3f}",
+    "share %": lambda u: f"{u.time_share * 100:.1f}",
+    "SM %": lambda u: _pct(u.sm_pct),
+    "DRAM %": lambda u: _pct(u.dram_pct),
+}
+
+
 @cli_errors
 def gpu_counters(
-    out: Path = typer.Option(..., "--out", help="Folder for counters.jsonl, utilization.json and raw CSVs."),
-    model: str = typer.Option("tiny-mixtral", "--model", help="tiny-mixtral, a local folder or a HF id."),
-    method: str = typer.Option("qlora", "--method", help="full | lora | qlora"),
-    experts_impl: str = typer.Option(
-        None,
-        "--experts-impl",
-        help="Experts implementation (default: the method's; see `tunecost profile --help`).",
-    ),
-    experts_per_token: int = typer.Option(
-        None,
-        "--experts-per-token",
-        help="Top-k: experts per token for this job (default: the model's; dense = the number of experts).",
-    ),
-    batch_sizes: str = typer.Option("1,32", "--batch-sizes", help="Comma-separated batch sizes."),
-    seq_len: int = typer.Option(128, "--seq-len", help="Tokens per query (random ids)."),
-    steps: int = typer.Option(2, "--steps", help="Profiled training steps per batch size."),
-    warmup_steps: int = typer.Option(1, "--warmup-steps", help="Unprofiled steps first."),
-    layers: str = typer.Option("0,1", "--layers", help="Decoder layers whose MoE block is profiled."),
-    max_kernels: int = typer.Option(20000, "--max-kernels", help="At most this many kernels profiled."),
-    ncu: str = typer.Option(None, "--ncu", help="Path of the ncu executable (default: found on PATH)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the result as JSON."),
+    out: Annotated[Path, opt("--out", "Folder for counters.jsonl, utilization.json and raw CSVs.")],
+    model: ModelName = "tiny-mixtral",
+    method: MethodName = "qlora",
+    experts_impl: ExpertsImpl = None,
+    experts_per_token: ExpertsPerToken = None,
+    batch_sizes: Annotated[str, opt("--batch-sizes", "Comma-separated batch sizes.")] = "1,32",
+    seq_len: SeqLen = 128,
+    steps: Annotated[int, count_option("--steps", "Profiled training steps per batch size.", MAX_STEPS)] = 2,
+    warmup_steps: WarmupSteps = 1,
+    layers: Annotated[str, opt("--layers", "Decoder layers whose MoE block is profiled.")] = "0,1",
+    max_kernels: Annotated[
+        int, count_option("--max-kernels", "At most this many kernels.", MAX_PROFILED_KERNELS)
+    ] = 20000,
+    ncu: Annotated[str | None, opt("--ncu", "Path of the ncu executable (default: found on PATH).")] = None,
+    json_out: JsonOut = False,
 ) -> None:
     """Nsight Compute SM and DRAM utilization of the MoE layer's kernels, per class and batch size.
 
@@ -45,54 +75,26 @@ def gpu_counters(
     durations come from torch.profiler instead.
     """
 
+    options = dict(locals())
     from tunecost.profile.gpu_counters import GpuCountersJob, check_can_run, run_gpu_counters
 
-    job = GpuCountersJob(
-        model=model,
-        method=method,
-        experts_impl=experts_impl,
-        experts_per_token=experts_per_token,
+    job = call_with_options(
+        GpuCountersJob,
+        options,
         batch_sizes=tuple(split_list(batch_sizes, int, "batch size")),
-        seq_len=seq_len,
-        steps=steps,
-        warmup_steps=warmup_steps,
         layers=tuple(split_list(layers, int, "layer")),
-        max_kernels=max_kernels,
     )
     check_can_run(job)  # before the progress bar, so the error is the only line
-    with progress_bar(console=err_console, transient=True) as progress:
-        task = progress.add_task("gpu-counters", total=len(job.batch_sizes))
-
-        def on_progress(done: int, total: int, label: str) -> None:
-            progress.update(task, completed=done, total=total, description=label)
-
+    with progress_callback("gpu-counters") as on_progress:
         result = run_gpu_counters(job, out, ncu_path=ncu, on_progress=on_progress)
     if json_out:
-        print_json(
-            {
-                "source": result.source,
-                "out_dir": result.out_dir,
-                "notes": list(result.notes),
-                "num_kernels": len(result.rows),
-                "utilization": list(result.utilization),
-            }
-        )
+        summary = {key: getattr(result, key) for key in ("source", "out_dir", "notes")}
+        print_json({**summary, "num_kernels": len(result.rows), "utilization": result.utilization})
         return
     print_table(
         f"MoE kernels of layers {layers}: time-weighted utilization ({result.source})",
-        ["batch", "class", "kernels", "time ms", "share %", "SM %", "DRAM %"],
-        [
-            (
-                u.batch_size,
-                u.kernel_class,
-                u.num_kernels,
-                f"{u.duration_s * 1e3:.3f}",
-                f"{u.time_share * 100:.1f}",
-                _pct(u.sm_pct),
-                _pct(u.dram_pct),
-            )
-            for u in result.utilization
-        ],
+        list(UTILIZATION_COLUMNS),
+        [[cell(u) for cell in UTILIZATION_COLUMNS.values()] for u in result.utilization],
         caption=f"rows: {result.out_dir}/counters.jsonl",
     )
     for note in result.notes:

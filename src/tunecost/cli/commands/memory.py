@@ -3,14 +3,25 @@ its breakdown, FLOPs per step, and the largest batch that fits a GPU."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
-from tunecost.cli.common import cli_errors, console, err_console, print_json, print_table, progress_bar, split_list
+from tunecost.cli.common import cli_errors, console, print_json, print_table, progress_callback, split_list
+from tunecost.cli.options import (
+    MAX_LAYERS,
+    BatchSize,
+    ExpertsPerToken,
+    GpuMemoryGb,
+    GpuMemoryGib,
+    JsonOut,
+    MethodName,
+    ModelName,
+    count_option,
+    opt,
+)
 from tunecost.csvfile import check_input_file
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_SEQ_LEN
@@ -20,6 +31,12 @@ if TYPE_CHECKING:
 from tunecost.units import format_bytes, gb_from_bytes, memory_bytes_from_options
 
 MAX_LENGTHS_FILE_BYTES = 64 * 2**20  # one length per line: millions of queries
+LENGTHS_HELP = (
+    "Token lengths of a dataset (JSON list or one per line): the worst batch (the longest query, padded) decides; "
+    "overrides --seq-len."
+)
+STACK_HELP = "tunecost | hf-2024 (the paper's software stack) | hf-peft (Trainer + PEFT >= 0.7)."
+TRACE_HELP = "Trace this many layers (default: scale from one and two repeating units)."
 
 
 def _read_lengths(path: Path) -> tuple[int, ...]:
@@ -57,67 +74,34 @@ def _read_lengths(path: Path) -> tuple[int, ...]:
     return tuple(lengths)
 
 
-@contextlib.contextmanager
-def _progress(*, enabled: bool):
-    """A transient rich progress line fed by the library's on_progress(done, total, label) callbacks."""
-    if not enabled:
-        yield None
-        return
-
-    with progress_bar(transient=True, console=err_console) as progress:
-        task = progress.add_task("simulating", total=None)
-
-        def report(done: int, total: int, label: str) -> None:
-            progress.update(task, completed=done, total=total, description=label)
-
-        yield report
-
-
 def _gb(n: float) -> str:
     return format_bytes(n)
 
 
 @cli_errors
 def memory(
-    model: str = typer.Option(..., "--model", help="Catalog model, local config.json, or cached hub id."),
-    method: str = typer.Option("qlora", "--method", help="full | lora | qlora."),
-    experts_per_token: int = typer.Option(
-        None,
-        "--experts-per-token",
-        help="Top-k: experts per token for this job (default: the model's; dense = the number of experts).",
-    ),
-    seq_len: int = typer.Option(512, "--seq-len", help="Tokens per query (padded length)."),
-    batch_size: int = typer.Option(1, "--batch-size", help="Queries per step."),
-    dataset_lengths: Path = typer.Option(
-        None,
-        "--dataset-lengths",
-        help="Token lengths of a dataset (JSON list or one per line): the worst "
-        "batch (the longest query, padded) decides; overrides --seq-len.",
-    ),
-    lora_rank: int = typer.Option(16, "--lora-rank"),
-    lora_alpha: float = typer.Option(32.0, "--lora-alpha"),
-    lora_targets: str = typer.Option("experts,router", "--lora-targets", help="attention, experts, router, mlp."),
-    gradient_checkpointing: bool = typer.Option(True, "--gradient-checkpointing/--no-gradient-checkpointing"),
-    attention: str = typer.Option("flash", "--attention", help="flash | sdpa | eager."),
-    optimizer: str = typer.Option("adamw", "--optimizer", help="adamw | adamw-8bit | sgd."),
-    dtype: str = typer.Option("bf16", "--dtype", help="Compute dtype: bf16 | fp16 | fp32."),
-    quant_type: str = typer.Option("nf4", "--quant-type", help="4-bit type for qlora: nf4 | fp4."),
-    double_quant: bool = typer.Option(True, "--double-quant/--no-double-quant"),
-    stack: str = typer.Option(
-        "tunecost", "--stack", help="tunecost | hf-2024 (the paper's software stack) | hf-peft (Trainer + PEFT >= 0.7)."
-    ),
-    gpu: str = typer.Option(None, "--gpu", help="GPU from the catalog: also report the largest batch that fits."),
-    gpu_memory_gb: float = typer.Option(
-        None, "--gpu-memory-gb", help="Device memory in GB (10^9 bytes, as datasheets), instead of --gpu."
-    ),
-    gpu_memory_gib: float = typer.Option(
-        None, "--gpu-memory-gib", help="Device memory in GiB (2^30 bytes, as CUDA reports), instead of --gpu."
-    ),
-    layers_to_trace: int = typer.Option(
-        None, "--layers-to-trace", help="Trace this many layers (default: scale from one and two repeating units)."
-    ),
-    no_cache: bool = typer.Option(False, "--no-cache", help="Ignore and do not write the result cache."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    model: ModelName,
+    method: MethodName = "qlora",
+    experts_per_token: ExpertsPerToken = None,
+    seq_len: Annotated[int, opt("--seq-len", "Tokens per query (padded length).")] = 512,
+    batch_size: BatchSize = 1,
+    dataset_lengths: Annotated[Path | None, opt("--dataset-lengths", LENGTHS_HELP)] = None,
+    lora_rank: Annotated[int, opt("--lora-rank")] = 16,
+    lora_alpha: Annotated[float, opt("--lora-alpha")] = 32.0,
+    lora_targets: Annotated[str, opt("--lora-targets", "attention, experts, router, mlp.")] = "experts,router",
+    gradient_checkpointing: Annotated[bool, opt("--gradient-checkpointing/--no-gradient-checkpointing")] = True,
+    attention: Annotated[str, opt("--attention", "flash | sdpa | eager.")] = "flash",
+    optimizer: Annotated[str, opt("--optimizer", "adamw | adamw-8bit | sgd.")] = "adamw",
+    dtype: Annotated[str, opt("--dtype", "Compute dtype: bf16 | fp16 | fp32.")] = "bf16",
+    quant_type: Annotated[str, opt("--quant-type", "4-bit type for qlora: nf4 | fp4.")] = "nf4",
+    double_quant: Annotated[bool, opt("--double-quant/--no-double-quant")] = True,
+    stack: Annotated[str, opt("--stack", STACK_HELP)] = "tunecost",
+    gpu: Annotated[str | None, opt("--gpu", "GPU from the catalog: also report the largest batch that fits.")] = None,
+    gpu_memory_gb: GpuMemoryGb = None,
+    gpu_memory_gib: GpuMemoryGib = None,
+    layers_to_trace: Annotated[int | None, count_option("--layers-to-trace", TRACE_HELP, MAX_LAYERS)] = None,
+    no_cache: Annotated[bool, opt("--no-cache", "Ignore and do not write the result cache.")] = False,
+    json_out: JsonOut = False,
 ) -> None:
     """Simulate one training step of MODEL from its config alone: peak memory with a breakdown, FLOPs, bytes
     moved, and (with --gpu or --gpu-memory-gb) the maximum batch size."""
@@ -154,7 +138,7 @@ def memory(
         gpu_bytes = memory_bytes
         gpu_name = f"{gpu_memory_gb:g} GB" if gpu_memory_gb is not None else f"{gpu_memory_gib:g} GiB"
 
-    with _progress(enabled=not json_out) as report:
+    with progress_callback("simulating", enabled=not json_out) as report:
         sim = simulate_step(
             job, num_layers_to_trace=layers_to_trace, stack=stack, use_cache=not no_cache, on_progress=report
         )

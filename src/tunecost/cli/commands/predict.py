@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from tunecost.cli.common import cli_errors, console, print_json, print_table
+from tunecost.cli.options import Force, JsonOut, RunQueries, opt
 
+CALIBRATE_HELP = (
+    "Measurements CSV or folder of CSVs to calibrate on; repeat for several (default: every bundled measurement: "
+    "the paper's A40 and A100-40GB points)."
+)
+GPU_PROFILE_HELP = (
+    "GPU profile from `tunecost calibrate-gpu` (FILE, or GPU=FILE to say which catalog GPU it measured); used "
+    "instead of catalog values for that GPU; repeatable."
+)
 TARGET_COLUMNS = ("model", "dataset", "gpu", "experts_per_token", "batch_size")
 OUTPUT_COLUMNS = (
     "model",
@@ -147,31 +157,16 @@ def _csv_text(rows: list[dict]) -> str:
 
 @cli_errors
 def predict(
-    input_csv: Path = typer.Option(
-        ..., "--input", help="TARGETS.csv: model,dataset,gpu,experts_per_token,batch_size[,seq_len][,method]"
-    ),
-    calibrate: list[Path] = typer.Option(
-        None,
-        "--calibrate",
-        help="Measurements CSV or folder of CSVs to calibrate on; repeat for several (default: every bundled "
-        "measurement: the paper's A40 and A100-40GB points).",
-    ),
-    gpu_profile: list[str] = typer.Option(
-        None,
-        "--gpu-profile",
-        help="GPU profile from `tunecost calibrate-gpu` (FILE, or GPU=FILE to say which catalog GPU it measured); "
-        "used instead of catalog values for that GPU; repeatable.",
-    ),
-    output: Path = typer.Option(None, "--output", help="Write the predictions to this CSV (atomically)."),
-    run_queries: int = typer.Option(
-        None,
-        "--run-queries",
-        help="Predict measured runs of N queries (start-up included); default: the run length of the calibration's "
-        "measurements (the paper's 1000), as they were measured.",
-    ),
-    force: bool = typer.Option(False, "--force", help="Replace an existing --output file."),
-    steady_state: bool = typer.Option(False, "--steady-state", help="Predict steady-state throughput (long runs)."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    input_csv: Annotated[
+        Path, opt("--input", "TARGETS.csv: model,dataset,gpu,experts_per_token,batch_size[,seq_len][,method]")
+    ],
+    calibrate: Annotated[list[Path] | None, opt("--calibrate", CALIBRATE_HELP)] = None,
+    gpu_profile: Annotated[list[str] | None, opt("--gpu-profile", GPU_PROFILE_HELP)] = None,
+    output: Annotated[Path | None, opt("--output", "Write the predictions to this CSV (atomically).")] = None,
+    run_queries: RunQueries = None,
+    force: Force = False,
+    steady_state: Annotated[bool, opt("--steady-state", "Predict steady-state throughput (long runs).")] = False,
+    json_out: JsonOut = False,
 ) -> None:
     """Predict queries/s with a 95 % interval for every target, from one calibration; flag extrapolations.
     Throughput is that of runs as long as the calibration's measurements (1000 queries for the paper's), unless
@@ -183,8 +178,6 @@ def predict(
     from tunecost.io import atomic_write_text
     from tunecost.outputs import check_output_path
 
-    if run_queries is not None and run_queries < 1:
-        raise TunecostError(f"--run-queries must be >= 1, got {run_queries}")
     if run_queries is not None and steady_state:
         raise TunecostError("give --run-queries N or --steady-state, not both")
     if output is not None:

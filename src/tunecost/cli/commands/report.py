@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from tunecost.cli.common import cli_errors, console, print_json
+from tunecost.cli.options import JsonOut, opt
+
+FORCE_HELP = (
+    "Replace an existing HTML file tunecost did not write; write into a figures/ folder that holds other files "
+    "(they are kept)."
+)
 
 
 @cli_errors
 def report(
-    run_dir: Path = typer.Argument(..., help="A run directory written by tunecost (demo, profile, ...)."),
-    out: Path = typer.Option(None, "--out", help="HTML file to write (default: RUN_DIR/report.html)."),
-    force: bool = typer.Option(
-        False,
-        "--force",
-        help="Replace an existing HTML file tunecost did not write; write into a figures/ "
-        "folder that holds other files (they are kept).",
-    ),
-    json_out: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by tunecost (demo, profile, ...).")],
+    out: Annotated[Path | None, opt("--out", "HTML file to write (default: RUN_DIR/report.html).")] = None,
+    force: Annotated[bool, opt("--force", FORCE_HELP)] = False,
+    json_out: JsonOut = False,
 ) -> None:
     """Write report.html (figures embedded; works offline) and figures/*.png|svg."""
     from tunecost.report.html import build_report

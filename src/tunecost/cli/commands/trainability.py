@@ -3,89 +3,63 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
-from tunecost.cli.common import cli_errors, err_console, print_json, print_table, progress_bar, split_list
+from tunecost.cli.common import call_with_options, cli_errors, print_json, print_table, progress_callback, split_list
+from tunecost.cli.options import (
+    BatchSize,
+    JsonOut,
+    ModelName,
+    Seed,
+    Template,
+    count_option,
+    opt,
+    positive_number,
+)
+from tunecost.limits import MAX_EPOCHS, MAX_LEARNING_RATE, MAX_QUERIES
+
+TOP_K_HELP = "Top-k values to compare, a comma list (default 2,8: sparse top-2 vs dense Mixtral)."
+LR_HELP = "Learning rate (random-init tiny model: 3e-3)."
 
 
 @cli_errors
 def trainability_command(
-    out: Path = typer.Option(..., "--out", help="Run folder: rows go to OUT/trainability.jsonl (resumable)."),
-    model: str = typer.Option("tiny-mixtral", "--model", help="tiny-mixtral or a local MoE model folder."),
-    dataset: str = typer.Option("synthetic-arith", "--dataset", help="Training data (file or known name)."),
-    eval_dataset: str | None = typer.Option(
-        None, "--eval-dataset", help="Held-out data (default synthetic-arith-test)."
-    ),
-    epochs: int = typer.Option(10, "--epochs"),
-    experts_per_token: str = typer.Option(
-        "2,8",
-        "--experts-per-token",
-        help="Top-k values to compare, a comma list (default 2,8: sparse top-2 vs dense Mixtral).",
-    ),
-    batch_size: int = typer.Option(32, "--batch-size"),
-    lr: float = typer.Option(3e-3, "--lr", help="Learning rate (random-init tiny model: 3e-3)."),
-    template: str = typer.Option("mistral", "--template", help="none | mistral | alpaca"),
-    tokenizer: str | None = typer.Option(
-        None, "--tokenizer", help="Default: mistral for tiny-mixtral, else the model's."
-    ),
-    num_train: int | None = typer.Option(None, "--num-train", help="Use the first N training examples."),
-    num_eval: int = typer.Option(100, "--num-eval", help="Evaluate on the first N held-out examples."),
-    vocab: str = typer.Option("task", "--vocab", help="tiny-mixtral: 'task' (pieces the data uses) or 'full'."),
-    seed: int = typer.Option(0, "--seed"),
-    save_every_epoch: bool = typer.Option(False, "--save-every-epoch", help="Keep a checkpoint of every epoch."),
-    as_json: bool = typer.Option(False, "--json", help="Print the rows as JSON only."),
+    out: Annotated[Path, opt("--out", "Run folder: rows go to OUT/trainability.jsonl (resumable).")],
+    model: ModelName = "tiny-mixtral",
+    dataset: Annotated[str, opt("--dataset", "Training data (file or known name).")] = "synthetic-arith",
+    eval_dataset: Annotated[str | None, opt("--eval-dataset", "Held-out data (default synthetic-arith-test).")] = None,
+    epochs: Annotated[int, count_option("--epochs", "Epochs per routing.", MAX_EPOCHS)] = 10,
+    experts_per_token: Annotated[str, opt("--experts-per-token", TOP_K_HELP)] = "2,8",
+    batch_size: BatchSize = 32,
+    lr: Annotated[float, opt("--lr", LR_HELP, parser=positive_number(MAX_LEARNING_RATE))] = 3e-3,
+    template: Template = "mistral",
+    tokenizer: Annotated[str | None, opt("--tokenizer", "Default: mistral for tiny-mixtral, else the model's.")] = None,
+    num_train: Annotated[int | None, count_option("--num-train", "Train on the first N examples.", MAX_QUERIES)] = None,
+    num_eval: Annotated[int, count_option("--num-eval", "Evaluate the first N held-out examples.", MAX_QUERIES)] = 100,
+    vocab: Annotated[str, opt("--vocab", "tiny-mixtral: 'task' (pieces the data uses) or 'full'.")] = "task",
+    seed: Seed = 0,
+    save_every_epoch: Annotated[bool, opt("--save-every-epoch", "Keep a checkpoint of every epoch.")] = False,
+    as_json: JsonOut = False,
 ) -> None:
     """Fine-tune for E epochs per routing, evaluate after each epoch, write tidy rows."""
-    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    options = dict(locals())
     from transformers.utils import logging as hf_logging
 
-    from tunecost.errors import TunecostError
-    from tunecost.limits import MAX_LEARNING_RATE, check_positive
     from tunecost.train.trainability import ROWS_FILE, TrainabilityJob, run_trainability
 
     hf_logging.disable_progress_bar()  # our own bar; checkpoint writes would print theirs
     _check_dataset("--dataset", dataset)
     if eval_dataset is not None:
         _check_dataset("--eval-dataset", eval_dataset)
-    check_positive("--lr", lr, MAX_LEARNING_RATE)
-    for option, value in (("--num-eval", num_eval), ("--num-train", num_train)):
-        if value is not None and value < 1:
-            raise TunecostError(f"{option} must be at least 1, got {value}")
-    job = TrainabilityJob(
-        model=model,
-        dataset=dataset,
-        eval_dataset=eval_dataset,
-        epochs=epochs,
-        experts_per_token=tuple(split_list(experts_per_token, int, "experts per token")),
-        batch_size=batch_size,
-        lr=lr,
-        template=template,
-        tokenizer=tokenizer,
-        num_train=num_train,
-        num_eval=num_eval,
-        vocab=vocab,
-        seed=seed,
-        save_every_epoch=save_every_epoch,
-    )
+    ks = tuple(split_list(experts_per_token, int, "experts per token"))
+    job = call_with_options(TrainabilityJob, options, experts_per_token=ks)
+    with progress_callback("training", enabled=not as_json, counted=True) as on_progress:
+        rows = run_trainability(job, out, on_progress=on_progress)
     if as_json:
-        rows = run_trainability(job, out)
         print_json(rows)
         return
-    with progress_bar(
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=err_console,
-        transient=True,
-    ) as bar:  # stderr: stdout carries only the results
-        task = bar.add_task("training", total=None)
-        rows = run_trainability(
-            job,
-            out,
-            on_progress=lambda done, total, label: bar.update(task, completed=done, total=total, description=label),
-        )
     print_table(
         f"Trainability: {model} on {job.dataset}, evaluated on {job.resolved_eval_dataset}",
         ["routing", "k", "epoch", "accuracy", "train loss", "train s", "eval s"],
@@ -108,11 +82,9 @@ def trainability_command(
 def _check_dataset(option: str, spec: str) -> None:
     """A dataset option names a file, a known dataset, a synthetic task or a hub id (org/name); else an error
     naming the unknown dataset."""
-    from tunecost.errors import TunecostError, unknown_name_error
+    from tunecost.errors import unknown_name_error
     from tunecost.workload.known_datasets import KNOWN_DATASETS, canonical_name
 
-    if not spec.strip():  # Path("") is the current folder, which exists
-        raise TunecostError(f"{option} is empty: give a dataset name or file")
     if Path(spec).exists() or spec.startswith("synthetic-arith") or "/" in spec or canonical_name(spec) is not None:
         return
     raise unknown_name_error(f"dataset for {option}", spec, [*KNOWN_DATASETS, "synthetic-arith"])

@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import csv
 import io
+import sys
 from collections import Counter
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 from tunecost.cli.common import cli_errors, console, print_json, print_table
+from tunecost.cli.options import Force, JsonOut, opt
 
 
-def rows_csv(rows) -> str:
+def rows_csv(records: list[dict]) -> str:
+    """The output columns of validation records as CSV (empty cells for missing values)."""
     from tunecost.validate import OUTPUT_COLUMNS
 
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(OUTPUT_COLUMNS), lineterminator="\n")
     writer.writeheader()
-    for r in rows:
-        writer.writerow({k: "" if v is None else v for k, v in r.as_output().items()})
+    for r in records:
+        writer.writerow({k: "" if r.get(k) is None else r[k] for k in OUTPUT_COLUMNS})
     return buf.getvalue()
 
 
@@ -29,23 +33,30 @@ def _fmt(v: object) -> str:
 
 @cli_errors
 def validate(
-    files: list[Path] = typer.Argument(None, help="Measurement CSV files in the corpus columns (default: shipped)."),
-    json_out: bool = typer.Option(False, "--json", help="Print the rows as a JSON list of objects."),
-    out: Path = typer.Option(None, "--out", help="Also write the rows as CSV to this file."),
-    force: bool = typer.Option(False, "--force", help="Replace the --out file if it exists."),
+    files: Annotated[
+        list[Path] | None, typer.Argument(help="Measurement CSV files in the corpus columns (default: shipped).")
+    ] = None,
+    json_out: JsonOut = False,
+    out: Annotated[
+        Path | None,
+        opt("--out", "Run directory: add the rows as records (validation.jsonl, validation.csv) for `report`."),
+    ] = None,
+    force: Force = False,
 ) -> None:
     """Run tunecost's estimators on every measurement they can model: each prediction beside its measurement,
     the rows skipped with their reason, and the accuracy per quantity and per stack."""
     from tunecost.io import atomic_write_text
-    from tunecost.outputs import check_output_path
+    from tunecost.outputs import check_output_folder
+    from tunecost.results.records import read_records, save_validation_records
     from tunecost.validate import read_corpus, summarize, validate_rows
     from tunecost.validate.run import memory_totals, throughput_totals
 
     if out is not None:
-        check_output_path(out, force=force, inputs=files or ())
+        check_output_folder(out)
     rows = validate_rows(read_corpus(list(files) if files else None))
     if out is not None:
-        atomic_write_text(out, rows_csv(rows))
+        path = save_validation_records(out, rows, command=sys.argv, force=force)
+        atomic_write_text(out / "validation.csv", rows_csv(read_records(path)))
     if json_out:
         print_json([r.as_output() for r in rows])
         return

@@ -1,0 +1,146 @@
+"""Options shared by the commands, each checked where it enters: one home for an option's name, help and bounds.
+
+`refuse_blank_values` makes every text, path or list option of every command refuse an empty or blank value given
+on the command line (`--gpu ''` is a usage error, never "the default"); the `Annotated` types below bound the
+numbers. A bad value is a usage error naming the option (`error: --seed: must be between 0 and 4294967295, got -1`),
+exit code 2, raised before the command runs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tunecost.limits import (
+    MAX_BATCH_SIZE,
+    MAX_QUERIES,
+    MAX_SEQ_LEN,
+    MAX_STEPS,
+)
+
+try:  # typer >= 0.22 carries its own copy of click
+    from typer._click.core import Command, Context, Parameter, ParameterSource
+except ImportError:  # pragma: no cover - older typer on the real click
+    from click.core import Command, Context, Parameter, ParameterSource  # type: ignore[assignment]
+
+MAX_SEED = 2**32 - 1  # numpy's and torch's seeds are 32-bit
+MAX_EXPERTS = 1024  # experts of one MoE layer; today's largest models have 256
+MAX_LAYERS = 10_000  # decoder layers of one model; today's largest have about 130
+
+
+def _is_blank(value: Any) -> bool:
+    return isinstance(value, str) and not value.strip()
+
+
+def _refusing_blank(param: Parameter, process_value: Callable[[Context, Any], Any]) -> Callable[[Context, Any], Any]:
+    def process(ctx: Context, value: Any) -> Any:
+        given = ctx.get_parameter_source(param.name) == ParameterSource.COMMANDLINE if param.name else False
+        values = value if isinstance(value, (list, tuple)) else (value,)
+        if given and any(_is_blank(v) for v in values):
+            raise typer.BadParameter("must not be empty")
+        return process_value(ctx, value)
+
+    return process
+
+
+def refuse_blank_values(command: Command) -> None:
+    """Every option and argument of `command` and its subcommands that takes text (a name, a path, a list) refuses
+    an empty or whitespace-only value given on the command line: `Path('')` is the current folder and `''` would
+    otherwise stand for the default. Numbers need no such check: their conversion already refuses ''."""
+    for param in command.params:
+        if not getattr(param, "is_flag", False):
+            param.process_value = _refusing_blank(param, param.process_value)  # type: ignore[method-assign,assignment]
+    for sub in getattr(command, "commands", {}).values():
+        refuse_blank_values(sub)
+
+
+def whole_number(minimum: int, maximum: int) -> Callable[[Any], int]:
+    """A typer `parser`: a whole number in [minimum, maximum], else a usage error saying the bounds."""
+
+    def parse(value: Any) -> int:
+        try:
+            number = int(value) if isinstance(value, (int, str)) and not isinstance(value, bool) else None
+        except ValueError:
+            number = None
+        if number is None:
+            raise typer.BadParameter(f"must be a whole number, got {value!r}")
+        if not minimum <= number <= maximum:
+            bounds = f"positive and at most {maximum}" if minimum == 1 else f"between {minimum} and {maximum}"
+            raise typer.BadParameter(f"must be {bounds}, got {number}")
+        return number
+
+    return parse
+
+
+def positive_number(maximum: float) -> Callable[[Any], float]:
+    """A typer `parser`: a finite number in (0, maximum], else a usage error saying the bounds."""
+
+    def parse(value: Any) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise typer.BadParameter(f"must be a number, got {value!r}") from None
+        if not (math.isfinite(number) and 0 < number <= maximum):
+            raise typer.BadParameter(f"must be a positive number at most {maximum:g}, got {number!r}")
+        return number
+
+    return parse
+
+
+def opt(option: str, help: str | None = None, **settings: Any) -> Any:
+    """`typer.Option(option, help=help, ...)`: one option a line in a command's signature."""
+    return typer.Option(option, help=help, **settings)
+
+
+def count_option(option: str, help: str, maximum: int, minimum: int = 1) -> Any:
+    """An option that takes a whole number in [minimum, maximum]."""
+    return typer.Option(option, help=help, parser=whole_number(minimum, maximum))
+
+
+# What is fine-tuned, how.
+ModelName = Annotated[
+    str, opt("--model", "Catalog model (tiny-mixtral, mixtral-8x7b, ...), local folder or cached hub id.")
+]
+MethodName = Annotated[str, opt("--method", "full | lora | qlora")]
+TOP_K_HELP = "Top-k: experts per token for this job (default: the model's; dense = the number of experts)."
+ExpertsPerToken = Annotated[int | None, count_option("--experts-per-token", TOP_K_HELP, MAX_EXPERTS)]
+EXPERTS_IMPL_HELP = (
+    "stock | peft-fused | qlora-linear4bit | fast | fast-4bit (default: stock for full, peft-fused for lora, "
+    "qlora-linear4bit for qlora)."
+)
+ExpertsImpl = Annotated[str | None, opt("--experts-impl", EXPERTS_IMPL_HELP)]
+RandomWeights = Annotated[bool, opt("--random-weights", "Random weights from the config (no downloaded weights).")]
+NoCheckpointing = Annotated[bool, opt("--no-gradient-checkpointing", "Train without activation checkpointing.")]
+SeqLen = Annotated[int | None, count_option("--seq-len", "Tokens per query.", MAX_SEQ_LEN)]
+BatchSize = Annotated[int, count_option("--batch-size", "Queries per step.", MAX_BATCH_SIZE)]
+Seed = Annotated[int, count_option("--seed", "Random seed (0 to 2^32-1).", MAX_SEED, minimum=0)]
+WarmupSteps = Annotated[int, count_option("--warmup-steps", "Untimed steps first.", MAX_STEPS, minimum=0)]
+RUN_QUERIES_HELP = (
+    "Throughput of runs of N queries, start-up included (the paper measured runs of 1000); default: the "
+    "calibration's run length (predict) or steady state (estimate)."
+)
+RunQueries = Annotated[int | None, count_option("--run-queries", RUN_QUERIES_HELP, MAX_QUERIES)]
+NumExamples = Annotated[int | None, count_option("--limit", "Use the first N examples.", MAX_QUERIES)]
+
+# Inputs: datasets, tokenizers, templates.
+Tokenizer = Annotated[str, opt("--tokenizer", "Tokenizer: 'mistral' (offline Mixtral), a local path or a hub id.")]
+Template = Annotated[str, opt("--template", "Prompt template: none | mistral | alpaca | chat.")]
+MaxLength = Annotated[int, count_option("--max-length", "Cut dataset queries to this many tokens.", MAX_SEQ_LEN)]
+SkipBadRows = Annotated[bool, opt("--skip-bad-rows", "Skip malformed dataset rows instead of failing.")]
+AllowDownload = Annotated[bool, opt("--allow-download", "Allow hub downloads (model, tokenizer, dataset).")]
+
+# Where the job runs, at what price.
+Device = Annotated[str, opt("--device", "cpu | cuda | auto (cuda when available).")]
+Gpu = Annotated[str | None, opt("--gpu", "Only this GPU of the catalog (see `tunecost gpus`).")]
+GpuMemoryGb = Annotated[float | None, opt("--gpu-memory-gb", "Device memory in GB (10^9 bytes, as datasheets).")]
+GpuMemoryGib = Annotated[float | None, opt("--gpu-memory-gib", "Device memory in GiB (2^30 bytes, as CUDA reports).")]
+Provider = Annotated[str | None, opt("--provider", "Only prices from this provider.")]
+PricesFile = Annotated[Path | None, opt("--prices", "A CSV overriding or extending the price catalog.")]
+
+# Output.
+Force = Annotated[bool, opt("--force", "Replace an existing output file (never one of the inputs).")]
+JsonOut = Annotated[bool, opt("--json", "Print JSON on stdout, nothing else.")]

@@ -1,0 +1,35 @@
+"""The small multi-GPU jobs that tests/distributed and benchmarks/bench_multigpu.py run: tiny configs of real
+architectures (tests/fixtures/distributed), fp32, 2 sequences of 16 tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tunecost.workload.job import FineTuneJob, LoraConfig
+
+CONFIGS = Path(__file__).parents[1] / "fixtures" / "distributed"
+
+# (config, method, LoRA) compared between the fake-process-group simulation and 2 real gloo ranks
+GLOO_CASES = [
+    ("tiny-mixtral-2l", "full", LoraConfig(rank=8)),
+    ("tiny-mixtral-2l", "lora", LoraConfig(rank=8, targets=("attention", "experts", "router"))),
+    ("tiny-llama-2l", "full", LoraConfig(rank=8, targets=("attention", "mlp"))),
+]
+
+
+def tiny_job(config: str, method: str, lora: LoraConfig, *, gradient_checkpointing: bool = False) -> FineTuneJob:
+    """The job of `method` on the tiny config CONFIG.json in tests/fixtures/distributed."""
+    return FineTuneJob(
+        model=str(CONFIGS / f"{config}.json"),
+        method=method,
+        lora=lora,
+        compute_dtype="fp32",
+        batch_size=2,
+        seq_len=16,
+        gradient_checkpointing=gradient_checkpointing,
+    )
+
+
+def gloo_job(config: str, method: str, lora: LoraConfig) -> FineTuneJob:
+    """The job of a GLOO_CASES row: activation checkpointing with LoRA, none in full fine-tuning."""
+    return tiny_job(config, method, lora, gradient_checkpointing=method != "full")
