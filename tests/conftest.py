@@ -138,18 +138,12 @@ def small_mixtral():
     `seed`, default 0) whose attention follows from its width: heads of hidden_size / num_attention_heads dimensions,
     two query heads per key-value head. Other config keys (layers, intermediate size, vocabulary, experts) pass
     through to `build_tiny_mixtral`."""
+    from tiny_models import gqa_attention
+
     from tunecost.models.tiny import build_tiny_mixtral
 
     def build(hidden_size: int, num_attention_heads: int, *, seed: int = 0, **config: Any):
-        head_dim, num_key_value_heads = hidden_size // num_attention_heads, num_attention_heads // 2
-        return build_tiny_mixtral(
-            seed=seed,
-            hidden_size=hidden_size,
-            num_attention_heads=num_attention_heads,
-            num_key_value_heads=num_key_value_heads,
-            head_dim=head_dim,
-            **config,
-        )
+        return build_tiny_mixtral(seed=seed, **gqa_attention(hidden_size, num_attention_heads), **config)
 
     return build
 

@@ -52,8 +52,8 @@ def _stage_fit(out: Path, on_progress: ProgressFn | None) -> None:
 def _stage_estimate(out: Path, on_progress: ProgressFn | None) -> None:
     """Cost of fine-tuning the real Mixtral-8x7B (QLoRA) and BlackMamba-2.8B (full) on catalog GPUs."""
     from tunecost.catalog.models import model_catalog
-    from tunecost.estimate.cost import estimate_costs
-    from tunecost.estimate.estimators import estimator_names
+    from tunecost.estimate.cost import estimate_costs, estimate_job
+    from tunecost.estimate.estimators import EstimatorOptions, estimator_names
 
     rows: list[dict] = []
     jobs = [("mixtral-8x7b", "qlora"), ("blackmamba-2.8b", "full")]
@@ -62,17 +62,11 @@ def _stage_estimate(out: Path, on_progress: ProgressFn | None) -> None:
     total = len(jobs) * len(names) * 2
     done = 0
     for model, method in jobs:
+        job = estimate_job(model, method=method, dataset="math_14k")
         for estimator in names:
             for k in (2, 8):
-                costs = estimate_costs(
-                    model=model,
-                    gpus=list(DEMO_GPUS),
-                    epochs=10,
-                    dataset="math_14k",
-                    method=method,
-                    experts_per_token=k,
-                    estimator=estimator,
-                )
+                options = EstimatorOptions(name=estimator)
+                costs = estimate_costs(job.with_(experts_per_token=k), DEMO_GPUS, epochs=10, options=options)
                 rows += estimate_rows(costs, method=method, experts_per_token=k)
                 done += 1
                 if on_progress:
@@ -135,15 +129,8 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
     for model, method, setups in MAX_BATCH_JOBS:
         spec = resolve_model(model)
         for k in DENSE_SPARSE:
-            keys = record(
-                "max_batch",
-                model=model,
-                method=method,
-                experts_per_token=k,
-                seq_len=seq_len,
-                dataset=None,
-                device="none",
-            )
+            job = FineTuneJob(model=model, method=method, experts_per_token=k, seq_len=seq_len)
+            keys = record("max_batch", **job.record_keys(), device="none")
             for gb in MAX_BATCH_MEMORY_GB:
                 eq1, note = eq1_max_batch_size(spec, gpu_memory_gb=gb, experts_per_token=k, seq_len=seq_len)
                 rows.append(
@@ -157,14 +144,9 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
                     }
                 )
                 for stack, checkpointing in setups:
-                    job = FineTuneJob(
-                        model=model,
-                        method=method,
-                        experts_per_token=k,
-                        seq_len=seq_len,
-                        gradient_checkpointing=checkpointing,
+                    mbs = fitting_batch_size(
+                        job.with_(gradient_checkpointing=checkpointing), bytes_from_gib(gb), stack=stack
                     )
-                    mbs = fitting_batch_size(job, bytes_from_gib(gb), stack=stack)
                     rows.append(
                         {
                             **keys,

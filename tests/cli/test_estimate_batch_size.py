@@ -10,7 +10,8 @@ import pytest
 from tunecost.cli.commands.estimate import parse_batch_sizes
 from tunecost.cli.main import app
 from tunecost.errors import TunecostError
-from tunecost.estimate.cost import estimate_costs
+from tunecost.estimate.cost import estimate_costs, estimate_job
+from tunecost.estimate.estimators import EstimatorOptions
 
 BASE = ["estimate", "--model", "mixtral-8x7b", "--dataset", "math_14k", "--epochs", "10", "--experts-per-token", "2"]
 
@@ -29,22 +30,19 @@ def test_parse_batch_sizes_forms() -> None:
 
 
 def test_fixed_batch_with_the_paper_estimator_prices_that_batch() -> None:
-    free = estimate_costs(model="mixtral-8x7b", gpus=["A40"], epochs=10, dataset="math_14k", experts_per_token=2)
-    fixed = estimate_costs(
-        model="mixtral-8x7b",
-        gpus=["A40"],
-        epochs=10,
-        dataset="math_14k",
-        experts_per_token=2,
-        batch_sizes={"a40": 4},  # an alias of the GPU named in gpus
-    )
+    job = estimate_job("mixtral-8x7b", dataset="math_14k", experts_per_token=2)
+    paper = EstimatorOptions(name="paper")
+    free = estimate_costs(job, ["A40"], epochs=10, options=paper)
+    fixed = estimate_costs(job, ["A40"], epochs=10, options=paper, batch_sizes={"a40": 4})  # an alias of "A40"
     assert fixed[0].batch_size == 4 and fixed[0].max_batch_size == free[0].max_batch_size == 8  # eq. (1)
     assert fixed[0].queries_per_s < free[0].queries_per_s  # eq. (2) grows with the batch
-    assert "batch fixed at 4" in fixed[0].notes
+    assert "batch fixed at 4" in fixed[0].notes and fixed[0].fits
+    too_big = estimate_costs(job, ["A40"], epochs=10, options=paper, batch_sizes={"*": 9})[0]
+    assert not too_big.fits and "DOES NOT FIT: batch 9 is more than the 8 that fit in A40-48GB" in too_big.notes
     with pytest.raises(TunecostError, match="not among the GPUs"):
-        estimate_costs(model="mixtral-8x7b", gpus=["A40"], epochs=1, dataset="math_14k", batch_sizes={"H100": 4})
+        estimate_costs(job, ["A40"], epochs=1, batch_sizes={"H100": 4})
     with pytest.raises(TunecostError, match="batch size must be >= 1"):
-        estimate_costs(model="mixtral-8x7b", gpus=["A40"], epochs=1, dataset="math_14k", batch_sizes={"*": 0})
+        estimate_costs(job, ["A40"], epochs=1, batch_sizes={"*": 0})
 
 
 def test_calibrated_estimate_at_fixed_batches_marks_extrapolation(cli_runner) -> None:

@@ -23,6 +23,14 @@ def _flat(text: str) -> str:
     return " ".join(text.split())
 
 
+def _args(command: str, opts: dict[str, str], *flags: str) -> list[str]:
+    """The command line of `command` with each option of `opts` and its value, then `flags`."""
+    return [command, *[x for kv in opts.items() for x in kv], *flags]
+
+
+COST = {"--queries": "15000", "--epochs": "10", "--throughput": "1.01"}
+
+
 # ---- fit -----------------------------------------------------------------------------------------------------
 
 
@@ -105,19 +113,7 @@ def test_fit_missing_file_and_bad_form(cli_error, tmp_path, paper_a40_csv) -> No
 )
 def test_cost_table_iv_json(cli_runner, qps, price, usd, target, tol) -> None:
     out = _ok_json(
-        cli_runner,
-        [
-            "cost",
-            "--queries",
-            "15000",
-            "--epochs",
-            "10",
-            "--throughput",
-            str(qps),
-            "--usd-per-hour",
-            str(price),
-            "--json",
-        ],
+        cli_runner, _args("cost", {**COST, "--throughput": str(qps), "--usd-per-hour": str(price)}, "--json")
     )
     assert {"hours", "usd", "num_queries", "epochs", "queries_per_s", "usd_per_hour", "provider", "price_date"} <= set(
         out
@@ -128,23 +124,7 @@ def test_cost_table_iv_json(cli_runner, qps, price, usd, target, tol) -> None:
 
 
 def test_cost_catalog_price_names_provider_and_date(cli_runner) -> None:
-    out = _ok_json(
-        cli_runner,
-        [
-            "cost",
-            "--queries",
-            "15000",
-            "--epochs",
-            "10",
-            "--throughput",
-            "1.01",
-            "--gpu",
-            "A40",
-            "--provider",
-            "paper-2024",
-            "--json",
-        ],
-    )
+    out = _ok_json(cli_runner, _args("cost", {**COST, "--gpu": "A40", "--provider": "paper-2024"}, "--json"))
     assert (out["provider"], out["price_date"], out["gpu"], out["usd_per_hour"]) == (
         "paper-2024",
         "2024-08-08",
@@ -159,46 +139,13 @@ def test_cost_catalog_price_names_provider_and_date(cli_runner) -> None:
 
 
 def test_cost_table_output(cli_runner) -> None:
-    result = cli_runner.invoke(
-        app,
-        [
-            "cost",
-            "--queries",
-            "15000",
-            "--epochs",
-            "10",
-            "--throughput",
-            "1.01",
-            "--gpu",
-            "A40",
-            "--provider",
-            "paper-2024",
-        ],
-    )
+    result = cli_runner.invoke(app, _args("cost", {**COST, "--gpu": "A40", "--provider": "paper-2024"}))
     assert result.exit_code == 0
     assert "$32.59" in result.stdout and "paper-2024" in result.stdout and "2024-08-08" in result.stdout
 
 
-@pytest.mark.parametrize(
-    ("override", "expected"),
-    [
-        ({"--queries": "0"}, "number of queries must be > 0, got 0"),
-        ({"--queries": "-15000"}, "number of queries must be > 0"),
-        ({"--epochs": "0"}, "epochs must be > 0, got 0"),
-        ({"--epochs": "-1"}, "epochs must be > 0"),
-        ({"--throughput": "0"}, "throughput must be > 0 queries/s"),
-        ({"--throughput": "-1.01"}, "throughput must be > 0 queries/s"),
-        ({"--usd-per-hour": "0"}, "price must be > 0"),
-    ],
-)
-def test_cost_nonpositive_inputs(cli_error, override, expected) -> None:
-    opts = {"--queries": "15000", "--epochs": "10", "--throughput": "1.01", "--usd-per-hour": "0.79", **override}
-    args = ["cost", *[x for kv in opts.items() for x in kv], "--json"]
-    assert expected in cli_error(args)
-
-
 def test_cost_bad_names(cli_error) -> None:
-    base = ["cost", "--queries", "15000", "--epochs", "10", "--throughput", "1.01"]
+    base = _args("cost", COST)
     line = cli_error([*base, "--gpu", "B200"])
     assert "unknown GPU 'B200'" in line and "Valid choices:" in line and "H100-80GB-SXM" in line
     line = cli_error([*base, "--gpu", "A40", "--provider", "nocloud"])
@@ -210,19 +157,16 @@ def test_cost_bad_names(cli_error) -> None:
 
 # ---- estimate ------------------------------------------------------------------------------------------------
 
-ESTIMATE = [
-    "estimate",
-    "--model",
-    "mixtral-8x7b",
-    "--gpu",
-    "A40,H100",
-    "--dataset",
-    "math_14k",
-    "--epochs",
-    "10",
-    "--experts-per-token",
-    "2",
-]
+# Table IV's job with the paper's estimator (eq. (1) + eq. (2)): its numbers are checked below.
+PAPER_ESTIMATE = {
+    "--model": "mixtral-8x7b",
+    "--gpu": "A40,H100",
+    "--dataset": "math_14k",
+    "--epochs": "10",
+    "--experts-per-token": "2",
+    "--estimator": "paper",
+}
+ESTIMATE = _args("estimate", PAPER_ESTIMATE)
 
 
 def test_estimate_json(cli_runner) -> None:
@@ -266,48 +210,108 @@ def test_estimate_queries_and_calibrate(cli_runner, write_file) -> None:
     assert h100["usd"] == pytest.approx(15000 * 10 / h100["queries_per_s"] / 3600 * 2.1)
 
 
+# A valid command line of each command; each case below changes one of its options.
+VALID = {"cost": {**COST, "--usd-per-hour": "0.79"}, "estimate": PAPER_ESTIMATE}
+
+
 @pytest.mark.parametrize(
-    ("override", "expected"),
+    ("command", "override", "expected"),
     [
-        ({"--gpu": "A40,B200"}, "unknown GPU 'B200'"),
-        ({"--model": "mixtral-9x9b"}, "unknown model 'mixtral-9x9b'"),
-        ({"--provider": "nocloud"}, "unknown provider 'nocloud'"),
-        ({"--estimator": "oracle"}, "unknown estimator 'oracle'"),
-        ({"--dataset": "math14k"}, "unknown dataset 'math14k'"),
-        ({"--queries": "0"}, "--queries must be > 0"),
-        ({"--queries": "-3"}, "--queries must be > 0"),
-        ({"--epochs": "0"}, "epochs must be > 0"),
-        ({"--epochs": "-2"}, "epochs must be > 0"),
-        ({"--method": "full"}, "measured mixtral-8x7b with --method qlora only"),
-        ({"--experts-per-token": "9"}, "experts per token must be in 1..8"),
+        ("cost", {"--queries": "0"}, "number of queries must be > 0, got 0"),
+        ("cost", {"--queries": "-15000"}, "number of queries must be > 0"),
+        ("cost", {"--epochs": "0"}, "epochs must be > 0, got 0"),
+        ("cost", {"--epochs": "-1"}, "epochs must be > 0"),
+        ("cost", {"--throughput": "0"}, "throughput must be > 0 queries/s"),
+        ("cost", {"--throughput": "-1.01"}, "throughput must be > 0 queries/s"),
+        ("cost", {"--usd-per-hour": "0"}, "price must be > 0"),
+        ("estimate", {"--gpu": "A40,B200"}, "unknown GPU 'B200'"),
+        ("estimate", {"--model": "mixtral-9x9b"}, "unknown model 'mixtral-9x9b'"),
+        ("estimate", {"--provider": "nocloud"}, "unknown provider 'nocloud'"),
+        ("estimate", {"--estimator": "oracle"}, "unknown estimator 'oracle'"),
+        ("estimate", {"--dataset": "math14k"}, "unknown dataset 'math14k'"),
+        ("estimate", {"--dataset": "math14k", "--queries": "100"}, "unknown dataset 'math14k'"),
+        ("estimate", {"--queries": "0"}, "--queries must be > 0"),
+        ("estimate", {"--queries": "-3"}, "--queries must be > 0"),
+        ("estimate", {"--epochs": "0"}, "epochs must be > 0"),
+        ("estimate", {"--epochs": "-2"}, "epochs must be > 0"),
+        ("estimate", {"--method": "full"}, "measured mixtral-8x7b with --method qlora only"),
+        ("estimate", {"--experts-per-token": "9"}, "experts per token must be in 1..8"),
     ],
 )
-def test_estimate_bad_input(cli_error, override, expected) -> None:
-    opts = {"--model": "mixtral-8x7b", "--gpu": "A40,H100", "--dataset": "math_14k", "--epochs": "10", **override}
-    line = cli_error(["estimate", *[x for kv in opts.items() for x in kv]])
+def test_bad_input_is_one_error_line(cli_error, command, override, expected) -> None:
+    line = cli_error(_args(command, {**VALID[command], **override}, "--json"))
     assert expected in line
     if expected.startswith("unknown"):
         assert "Valid choices:" in line
 
 
 def test_estimate_all_gpus(cli_runner) -> None:
-    rows = _ok_json(
-        cli_runner,
-        [
-            "estimate",
-            "--model",
-            "mixtral-8x7b",
-            "--gpu",
-            "all",
-            "--dataset",
-            "math_14k",
-            "--epochs",
-            "1",
-            "--provider",
-            "paper-2024",
-            "--json",
-        ],
-    )
+    opts = {**PAPER_ESTIMATE, "--gpu": "all", "--epochs": "1", "--provider": "paper-2024"}
+    rows = _ok_json(cli_runner, _args("estimate", opts, "--json"))
     from tunecost.catalog.gpus import gpu_catalog
 
     assert {r["gpu"] for r in rows} == set(gpu_catalog())
+
+
+@pytest.fixture
+def eq1_batches(monkeypatch):
+    """The calibrated estimator sizes batches with eq. (1): the simulator's search takes tens of seconds per GPU
+    (its own tests cover it)."""
+    from tunecost.estimate import calibrated
+
+    monkeypatch.setattr(calibrated, "_simulated_max_batch", lambda req: None)
+
+
+def test_default_estimator_answers_for_every_gpu(cli_runner, eq1_batches) -> None:
+    opts = {k: v for k, v in PAPER_ESTIMATE.items() if k != "--estimator"}
+    rows = _ok_json(cli_runner, _args("estimate", {**opts, "--gpu": "A40,A100-80GB,H100"}, "--json"))
+    assert {r["estimator"] for r in rows} == {"calibrated"}
+    assert {r["gpu"] for r in rows} == {"A40-48GB", "A100-80GB-SXM", "H100-80GB-SXM"}
+    for r in rows:
+        assert r["queries_per_s_low"] < r["queries_per_s"] < r["queries_per_s_high"] and r["fits"]
+        assert r["usd"] == pytest.approx(14000 * 10 / r["queries_per_s"] / 3600 * r["usd_per_hour"])
+
+
+def test_estimate_calibrates_on_several_files_or_a_folder(cli_runner, write_file) -> None:
+    # Synthetic points on a + b*log(B)/(s*1.8) for two GPUs, in two files: both GPUs get eq. (2)'s value at
+    # eq. (1)'s batch (20 at 80 GB), given as two --calibrate files or as their folder.
+    def points(gpu: str, a: float) -> str:
+        return "\n".join(f"mixtral-8x7b,math_14k,{gpu},2,0.25,{b},{a + 0.5 * math.log(b) / 0.45!r}" for b in (1, 2, 4))
+
+    h100 = write_file("h100.csv", f"{HEADER}\n{points('H100-80GB-SXM', 0.6)}\n")
+    a100 = write_file("a100.csv", f"{HEADER}\n{points('A100-80GB-SXM', 0.4)}\n")
+    opts = {**PAPER_ESTIMATE, "--gpu": "H100,A100-80GB", "--provider": "paper-2024"}
+    files = _ok_json(cli_runner, _args("estimate", opts, "--calibrate", str(h100), "--calibrate", str(a100), "--json"))
+    folder = _ok_json(cli_runner, _args("estimate", {**opts, "--calibrate": str(h100.parent)}, "--json"))
+    for rows in (files, folder):
+        qps = {r["gpu"]: r["queries_per_s"] for r in rows}
+        assert qps["H100-80GB-SXM"] == pytest.approx(0.6 + 0.5 * math.log(20) / 0.45)
+        assert qps["A100-80GB-SXM"] == pytest.approx(0.4 + 0.5 * math.log(20) / 0.45)
+
+
+def test_a_fixed_batch_that_does_not_fit_is_marked(cli_runner) -> None:
+    # eq. (1) fits 8 queries of 512 tokens on the A40 (artifact coefficients, Table III): 9 does not.
+    opts = {**PAPER_ESTIMATE, "--gpu": "A40", "--provider": "paper-2024", "--batch-size": "9"}
+    (row,) = _ok_json(cli_runner, _args("estimate", opts, "--json"))
+    assert (row["batch_size"], row["max_batch_size"], row["fits"]) == (9, 8, False)
+    assert "DOES NOT FIT: batch 9 is more than the 8 that fit in A40-48GB" in row["notes"]
+    table = cli_runner.invoke(app, _args("estimate", opts))
+    assert table.exit_code == 0 and any(
+        line.startswith("│ A40") and "│ NO" in line for line in table.stdout.splitlines()
+    )
+
+
+def test_lora_targets_follow_the_models_anatomy(cli_runner, cli_error, monkeypatch) -> None:
+    from tunecost.estimate import calibrated
+
+    jobs = []
+    monkeypatch.setattr(calibrated, "_simulated_max_batch", lambda req: jobs.append(req.job) or (4, "fake batch"))
+    dense = {"--model": "meta-llama/Llama-2-7b-hf", "--gpu": "A40", "--dataset": "math_14k", "--epochs": "1"}
+    _ok_json(cli_runner, _args("estimate", {**dense, "--method": "lora"}, "--json"))
+    _ok_json(cli_runner, _args("estimate", {**PAPER_ESTIMATE, "--gpu": "A40", "--estimator": "calibrated"}, "--json"))
+    _ok_json(cli_runner, _args("estimate", {**dense, "--lora-targets": "attention"}, "--json"))
+    assert [j.lora.targets for j in jobs] == [("attention", "mlp"), ("experts", "router"), ("attention",)]
+    assert "do not apply to llama-2-7b: it is a dense model" in cli_error(
+        _args("estimate", {**dense, "--lora-targets": "attention,experts"})
+    )
+    assert "unsupported LoRA target 'qkv'" in cli_error(_args("estimate", {**dense, "--lora-targets": "qkv"}))

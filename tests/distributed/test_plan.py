@@ -12,17 +12,25 @@ def test_valid_plan_counts_nodes():
     plan = ParallelPlan(num_gpus=16, gpus_per_node=8, strategy="fsdp2", expert_parallel=8)
     assert plan.num_nodes == 2
     assert not plan.intra_node
-    assert ParallelPlan(num_gpus=4, gpus_per_node=8).intra_node
+    assert ParallelPlan(num_gpus=4, gpus_per_node=8, strategy="ddp").intra_node
+    assert ParallelPlan(num_gpus=4, strategy="ddp").num_nodes == 1  # no GPUs per node given: one node
     plan.check_experts(8)
+
+
+def test_default_plan_is_one_gpu():
+    plan = ParallelPlan()
+    assert (plan.num_gpus, plan.strategy, plan.num_nodes, plan.intra_node) == (1, "single", 1, True)
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(num_gpus=12, gpus_per_node=8), "whole nodes of 8"),
+        (dict(num_gpus=12, gpus_per_node=8, strategy="fsdp2"), "whole nodes of 8"),
         (dict(num_gpus=0), "at least 1"),
         (dict(strategy="zero9"), "unknown strategy 'zero9'"),
-        (dict(num_gpus=8, expert_parallel=3), "divide the 8 GPUs"),
+        (dict(num_gpus=8, strategy="fsdp2", expert_parallel=3), "divide the 8 GPUs"),
+        (dict(num_gpus=8), "8 GPUs needs a multi-GPU strategy"),
+        (dict(gpus_per_node=0), "GPUs per node must be at least 1"),
     ],
 )
 def test_bad_plans(kwargs, message):
@@ -32,4 +40,4 @@ def test_bad_plans(kwargs, message):
 
 def test_expert_parallel_must_divide_the_experts():
     with pytest.raises(TunecostError, match="does not divide the model's 60 experts"):
-        ParallelPlan(num_gpus=8, expert_parallel=8).check_experts(60)
+        ParallelPlan(num_gpus=8, strategy="fsdp2", expert_parallel=8).check_experts(60)

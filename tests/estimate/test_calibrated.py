@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tunecost.catalog.gpus import get_gpu
-from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.estimate import calibrated
-from tunecost.estimate.cost import estimate_costs
-from tunecost.estimate.estimators import EstimateRequest, estimator_names, get_estimator
+from tunecost.estimate.cost import estimate_costs, estimate_job
+from tunecost.estimate.estimators import EstimatorOptions, estimator_names, get_estimator
 
 MEASUREMENTS_HEADER = "model,dataset,gpu,experts_per_token,batch_size,queries_per_s\n"
 
@@ -20,26 +18,14 @@ def no_simulator(monkeypatch):
     monkeypatch.setattr(calibrated, "_simulated_max_batch", lambda req: None)
 
 
-def _req(gpu: str = "A40", **kw) -> EstimateRequest:
-    args = {
-        "spec": resolve_model("mixtral-8x7b"),
-        "gpu": get_gpu(gpu),
-        "method": "qlora",
-        "experts_per_token": 2,
-        "dataset": "math_14k",
-        **kw,
-    }
-    return EstimateRequest(**args)
-
-
 def test_registered_with_a_description() -> None:
     assert "calibrated" in estimator_names()
     assert get_estimator("calibrated") is calibrated.calibrated_estimator
 
 
-def test_estimates_every_gpu_from_the_a40_calibration(no_simulator) -> None:
+def test_estimates_every_gpu_from_the_a40_calibration(no_simulator, make_request) -> None:
     for gpu in ("A40", "A100-80GB", "H100"):
-        point = calibrated.calibrated_estimator(_req(gpu))
+        point = calibrated.calibrated_estimator(make_request(gpu))
         assert point.max_batch_size >= 1 and point.queries_per_s > 0
         lo, hi = point.queries_per_s_interval
         assert lo < point.queries_per_s < hi
@@ -49,34 +35,28 @@ def test_estimates_every_gpu_from_the_a40_calibration(no_simulator) -> None:
 
 
 def test_cost_table_with_the_calibrated_estimator(no_simulator) -> None:
-    rows = estimate_costs(
-        model="mixtral-8x7b",
-        gpus=["A40", "H100"],
-        epochs=10,
-        dataset="math_14k",
-        experts_per_token=2,
-        estimator="calibrated",
-    )
+    job = estimate_job("mixtral-8x7b", dataset="math_14k", experts_per_token=2)
+    rows = estimate_costs(job, ["A40", "H100"], epochs=10, options=EstimatorOptions(name="calibrated"))
     assert {r.gpu for r in rows} == {"A40-48GB", "H100-80GB-SXM"}
     for r in rows:
         assert r.estimator == "calibrated" and r.queries_per_s_low < r.queries_per_s < r.queries_per_s_high
 
 
-def test_own_calibration_file_replaces_the_default(no_simulator, write_file) -> None:
+def test_own_calibration_file_replaces_the_default(no_simulator, write_file, make_request) -> None:
     from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS
 
     rows = [line for line in PAPER_A40_MEASUREMENTS.read_text().splitlines()[2:] if "blackmamba" in line]
     path = write_file(
         "bm.csv", "model,dataset,gpu,experts_per_token,sparsity,batch_size,queries_per_s\n" + "\n".join(rows) + "\n"
     )
-    point = calibrated.calibrated_estimator(_req(calibrate=path))
+    point = calibrated.calibrated_estimator(make_request(calibrate=(path,)))
     assert any(f"{len(rows)} points of {path}" in n for n in point.notes)
     assert any("model mixtral-8x7b not in the calibration" in n for n in point.notes)
     with pytest.raises(TunecostError, match="calibration file not found"):
-        calibrated.calibrated_estimator(_req(calibrate=path.with_name("missing.csv")))
+        calibrated.calibrated_estimator(make_request(calibrate=(path.with_name("missing.csv"),)))
 
 
-def test_uses_the_simulator_when_it_answers(monkeypatch) -> None:
+def test_uses_the_simulator_when_it_answers(monkeypatch, make_request) -> None:
     import tunecost.simulate as simulate
 
     calls = []
@@ -86,12 +66,12 @@ def test_uses_the_simulator_when_it_answers(monkeypatch) -> None:
         return 3
 
     monkeypatch.setattr(simulate, "simulated_max_batch_size", fake)
-    point = calibrated.calibrated_estimator(_req())
+    point = calibrated.calibrated_estimator(make_request())
     assert point.max_batch_size == 3 and calls == [("mixtral-8x7b", "A40-48GB", "hf-2024")]
     assert "step simulator (hf-2024 stack" in point.notes[0]
 
 
-def test_model_without_batch_model_is_a_clear_error(monkeypatch) -> None:
+def test_model_without_batch_model_is_a_clear_error(monkeypatch, make_request) -> None:
     import tunecost.simulate as simulate
 
     def refuse(job, gpu, *, stack):
@@ -99,4 +79,4 @@ def test_model_without_batch_model_is_a_clear_error(monkeypatch) -> None:
 
     monkeypatch.setattr(simulate, "simulated_max_batch_size", refuse)
     with pytest.raises(TunecostError, match=r"no maximum batch size for olmoe-1b-7b: .*not simulated.*eq\. \(1\)"):
-        calibrated.calibrated_estimator(_req(spec=resolve_model("olmoe-1b-7b")))
+        calibrated.calibrated_estimator(make_request(model="olmoe-1b-7b"))

@@ -1,4 +1,4 @@
-"""Cost tables (tunecost.estimate.cost): `simple_cost` (Table IV) and `estimate_costs` (one row per GPU and
+"""Cost tables (tunecost.estimate.cost): `CostEstimate` (Table IV) and `estimate_costs` (one row per GPU and
 provider, sorted by cost, naming estimator, provider and price date)."""
 
 from __future__ import annotations
@@ -6,13 +6,26 @@ from __future__ import annotations
 import pytest
 
 from tunecost.errors import TunecostError
-from tunecost.estimate.cost import estimate_costs, simple_cost
+from tunecost.estimate.cost import CostEstimate, estimate_costs, estimate_job
+from tunecost.estimate.estimators import EstimatorOptions
+from tunecost.workload.job import FineTuneJob
+
+JOB_FIELDS = ("model", "method", "experts_per_token", "dataset", "seq_len")
+
+
+def paper_costs(gpus=("A40",), estimator: str = "paper", **kwargs):
+    """`estimate_costs` for Mixtral-8x7B on math_14k (the paper's estimator unless told); `kwargs` are the job's
+    fields (JOB_FIELDS) and the cost table's options."""
+    job_args = {"model": "mixtral-8x7b", "dataset": "math_14k"}
+    job_args |= {k: kwargs.pop(k) for k in JOB_FIELDS if k in kwargs}
+    job = estimate_job(job_args.pop("model"), **job_args)
+    return estimate_costs(job, list(gpus), options=EstimatorOptions(name=estimator), **kwargs)
 
 
 def test_simple_cost_table_iv_a40() -> None:
     # Table IV, A40: 15000 queries x 10 epochs / 1.01 qps = 41.254 h; * $0.79 = $32.59 (printed 32.7;
     # our target: 32.6 +- 0.3). See tests/estimate/test_paper.py for the query count.
-    est = simple_cost(num_queries=15000, epochs=10, queries_per_s=1.01, usd_per_hour=0.79)
+    est = CostEstimate(num_queries=15000, epochs=10, queries_per_s=1.01, usd_per_hour=0.79)
     assert est.hours == pytest.approx(41.254125, abs=1e-6)
     assert est.usd == pytest.approx(32.590759, abs=1e-6)
     assert abs(est.usd - 32.6) <= 0.3
@@ -20,7 +33,7 @@ def test_simple_cost_table_iv_a40() -> None:
 
 
 def test_simple_cost_carries_price_provenance() -> None:
-    est = simple_cost(
+    est = CostEstimate(
         num_queries=14000,
         epochs=1,
         queries_per_s=2.0,
@@ -39,14 +52,12 @@ def test_simple_cost_carries_price_provenance() -> None:
 def test_simple_cost_rejects_nonpositive(field: str, bad: float) -> None:
     kwargs = {"num_queries": 15000, "epochs": 10, "queries_per_s": 1.01, "usd_per_hour": 0.79, field: bad}
     with pytest.raises(TunecostError, match="must be > 0"):
-        simple_cost(**kwargs)
+        CostEstimate(**kwargs)
 
 
 @pytest.fixture(scope="module")
 def mixtral_rows():
-    return estimate_costs(
-        model="mixtral-8x7b", gpus=["A40", "H100"], dataset="math_14k", epochs=10, experts_per_token=2
-    )
+    return paper_costs(["A40", "H100"], epochs=10, experts_per_token=2)
 
 
 def test_rows_sorted_by_cost_and_named(mixtral_rows) -> None:
@@ -97,31 +108,23 @@ def test_provider_filter_and_prices_override(write_file) -> None:
     prices = write_file(
         "p.csv", "provider,gpu,usd_per_gpu_hour,date,source_url\npaper-2024,A40,0.5,2025-01-02,https://example.com/a\n"
     )
-    (row,) = estimate_costs(
-        model="mixtral-8x7b",
-        gpus=["A40-48GB"],
-        dataset="math_14k",
-        epochs=10,
-        provider="paper-2024",
-        prices_file=prices,
-    )
+    (row,) = paper_costs(["A40-48GB"], epochs=10, provider="paper-2024", prices_file=prices)
     assert (row.provider, row.usd_per_hour, row.price_date) == ("paper-2024", 0.5, "2025-01-02")
     assert row.usd == pytest.approx(row.hours * 0.5)
 
 
 def test_explicit_queries_override_dataset_size() -> None:
-    (row,) = estimate_costs(
-        model="mixtral-8x7b", gpus=["A40"], dataset="math_14k", num_queries=15000, epochs=10, provider="paper-2024"
-    )
+    (row,) = paper_costs(num_queries=15000, epochs=10, provider="paper-2024")
     assert row.num_queries == 15000
 
 
 def test_gpu_without_price_keeps_a_row() -> None:
     # No provider in the catalog sells the L4 from 'paper-2024': one row, no price, a note saying so.
-    (row,) = estimate_costs(model="mixtral-8x7b", gpus=["L4"], dataset="math_14k", epochs=1, provider="paper-2024")
+    (row,) = paper_costs(["L4"], epochs=1, provider="paper-2024")
     assert row.provider is None and row.usd is None
     assert "no price for L4-24GB from paper-2024" in row.notes
     assert row.max_batch_size == 0  # 24 GB - 23.35 GB leaves no room for a batch (62*0.65/170.24 = 0.24)
+    assert not row.fits
 
 
 @pytest.mark.parametrize(
@@ -132,12 +135,12 @@ def test_gpu_without_price_keeps_a_row() -> None:
         ({"epochs": -1}, "epochs must be > 0"),
         ({"num_queries": 0}, "number of queries must be > 0"),
         ({"num_queries": -5}, "number of queries must be > 0"),
-        ({"dataset": None}, "give --queries N or --dataset D"),
         ({"dataset": "nope"}, "unknown dataset 'nope'.*Valid choices: commonsense_15k"),
         ({"gpus": ["B200"]}, "unknown GPU 'B200'.*Valid choices: .*A40-48GB"),
         ({"model": "mixtral-9x9b"}, "unknown model 'mixtral-9x9b'.*Valid choices: .*mixtral-8x7b"),
         ({"provider": "nocloud"}, "unknown provider 'nocloud'.*Valid choices: .*paper-2024"),
         ({"estimator": "oracle"}, "unknown estimator 'oracle'.*Valid choices: .*paper"),
+        ({"batch_sizes": {"A40": 0}}, "batch size must be >= 1, got 0 for A40"),
         ({"method": "full"}, "measured mixtral-8x7b with --method qlora only"),
         ({"experts_per_token": 9}, "experts per token must be in 1..8"),
         ({"model": "llama-3.1-8b"}, "eq. \\(1\\) has coefficients only for .*mixtral-8x7b"),
@@ -145,12 +148,19 @@ def test_gpu_without_price_keeps_a_row() -> None:
     ],
 )
 def test_bad_requests_raise(kwargs, message) -> None:
-    args = {"model": "mixtral-8x7b", "gpus": ["A40"], "dataset": "math_14k", "epochs": 10, **kwargs}
     with pytest.raises(TunecostError, match=message):
-        estimate_costs(**args)
+        paper_costs(**{"epochs": 10, **kwargs})
+
+
+def test_queries_come_from_the_dataset_or_are_given() -> None:
+    job = FineTuneJob(model="mixtral-8x7b")  # a fixed sequence length, no dataset
+    with pytest.raises(TunecostError, match="give --queries N or --dataset D"):
+        estimate_costs(job, ["A40"], epochs=10)
+    (row, *_) = estimate_costs(job, ["A40"], epochs=10, num_queries=100, options=EstimatorOptions(name="paper"))
+    assert (row.num_queries, row.dataset) == (100, "math_14k")  # Table IV's workload for the throughput
 
 
 def test_a_gpu_named_twice_gets_one_set_of_rows() -> None:
-    once = estimate_costs(model="mixtral-8x7b", gpus=["A40"], dataset="math_14k", epochs=1)
-    twice = estimate_costs(model="mixtral-8x7b", gpus=["A40", "A40-48GB"], dataset="math_14k", epochs=1)
+    once = paper_costs(["A40"], epochs=1)
+    twice = paper_costs(["A40", "A40-48GB"], epochs=1)
     assert [(r.gpu, r.provider) for r in twice] == [(r.gpu, r.provider) for r in once]

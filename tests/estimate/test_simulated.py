@@ -7,23 +7,11 @@ import dataclasses
 import pytest
 
 from tunecost.catalog.gpus import get_gpu
-from tunecost.catalog.models import resolve_model
 from tunecost.estimate import simulated
+from tunecost.estimate.cost import estimate_job
 from tunecost.estimate.estimators import EstimateRequest, estimator_names, get_estimator
 from tunecost.simulate import max_batch_size
 from tunecost.workload.job import FineTuneJob
-
-
-def _req(model: str = "mixtral-8x7b", gpu: str = "A40", **kw) -> EstimateRequest:
-    args = {
-        "spec": resolve_model(model),
-        "gpu": get_gpu(gpu),
-        "method": "qlora",
-        "experts_per_token": 2,
-        "dataset": "math_14k",
-        **kw,
-    }
-    return EstimateRequest(**args)
 
 
 @pytest.fixture
@@ -45,8 +33,8 @@ def test_registered_with_a_description() -> None:
     assert get_estimator("simulate") is simulated.simulate_estimator
 
 
-def test_batch_from_the_simulator_on_todays_stack_and_eq2_where_fitted(fake_simulator) -> None:
-    point = simulated.simulate_estimator(_req())
+def test_batch_from_the_simulator_on_todays_stack_and_eq2_where_fitted(fake_simulator, make_request) -> None:
+    point = simulated.simulate_estimator(make_request())
     assert fake_simulator == [("mixtral-8x7b", "qlora", 512, True, "A40-48GB", "tunecost")]
     assert point.max_batch_size == point.batch_size == 6
     assert "step simulator (tunecost stack, 512 tokens per query" in point.notes[0]
@@ -54,24 +42,24 @@ def test_batch_from_the_simulator_on_todays_stack_and_eq2_where_fitted(fake_simu
     assert point.queries_per_s_interval is None
 
 
-def test_other_gpus_take_the_cross_gpu_throughput_model(fake_simulator) -> None:
-    point = simulated.simulate_estimator(_req(gpu="H100", seq_len=256))
+def test_other_gpus_take_the_cross_gpu_throughput_model(fake_simulator, make_request) -> None:
+    point = simulated.simulate_estimator(make_request(gpu="H100", seq_len=256))
     assert fake_simulator[0][2] == 256
     assert any("cross-GPU model" in n for n in point.notes)
     lo, hi = point.queries_per_s_interval
     assert lo < point.queries_per_s < hi
 
 
-def test_full_fine_tune_simulates_without_checkpointing(fake_simulator) -> None:
-    simulated.simulate_estimator(_req(model="blackmamba-2.8b", method="full"))
+def test_full_fine_tune_simulates_without_checkpointing(fake_simulator, make_request) -> None:
+    simulated.simulate_estimator(make_request(model="blackmamba-2.8b", method="full"))
     assert fake_simulator[0][1:4] == ("full", 512, False)
 
 
-def test_does_not_fit_is_a_row_not_a_crash(monkeypatch) -> None:
+def test_does_not_fit_is_a_row_not_a_crash(monkeypatch, make_request) -> None:
     import tunecost.simulate as simulate
 
     monkeypatch.setattr(simulate, "simulated_max_batch_size", lambda job, gpu, *, stack: 0)
-    point = simulated.simulate_estimator(_req())
+    point = simulated.simulate_estimator(make_request())
     assert point.max_batch_size == 0 and point.queries_per_s is None
     assert "does not fit" in point.notes[-1]
 
@@ -80,14 +68,7 @@ def test_real_simulation_of_a_tiny_model_on_a_small_gpu() -> None:
     """No fakes: the estimator's batch is the simulator's boundary (fits at B, not at B + 1)."""
     gpu = dataclasses.replace(get_gpu("A40"), memory_gib=1.2)
     point = simulated.simulate_estimator(
-        EstimateRequest(
-            spec=resolve_model("tiny-mixtral"),
-            gpu=gpu,
-            method="qlora",
-            experts_per_token=2,
-            dataset="math_14k",
-            seq_len=128,
-        )
+        EstimateRequest(job=estimate_job("tiny-mixtral", experts_per_token=2, dataset="math_14k", seq_len=128), gpu=gpu)
     )
     job = FineTuneJob(model="tiny-mixtral", method="qlora", experts_per_token=2, seq_len=128)
     result = max_batch_size(job, gpu.memory_bytes, stack="tunecost")

@@ -7,19 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_models import gqa_attention
 
 from tunecost.errors import TunecostError
 from tunecost.models import anatomy
 
 SIMULATE_CONFIGS = Path(__file__).parents[1] / "fixtures" / "simulate"
+# every Hugging Face family at one small size: 3 layers of width 32 (4 heads of 8, 2 key-value heads), MLP width 48
 _SMALL = dict(
-    vocab_size=128,
-    hidden_size=32,
-    intermediate_size=48,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
+    vocab_size=128, intermediate_size=48, num_hidden_layers=3, max_position_embeddings=64, **gqa_attention(32, 4)
 )
 
 
@@ -69,7 +65,7 @@ CASES = {
         2,
     ),
     "qwen3_moe": (
-        lambda: _hf("qwen3_moe", num_experts=8, num_experts_per_tok=3, moe_intermediate_size=16, head_dim=8),
+        lambda: _hf("qwen3_moe", num_experts=8, num_experts_per_tok=3, moe_intermediate_size=16),
         3,
         3,
         8,

@@ -19,18 +19,8 @@ from tunecost.profile.gpu_bench import (
     time_call,
 )
 
-TINY = BenchPlan(
-    square=64,
-    expert_k=64,
-    expert_n=224,
-    rows=(1, 8, 64),
-    elementwise_numel=2**16,
-    dequant_shape=(64, 224),
-    launches=100,
-    host_steps=20,
-    repeats=3,
-    warmup=1,
-)
+# The plan of `tunecost calibrate-gpu --quick` on a CPU: every term in about 2 seconds.
+QUICK_CPU = BenchPlan.for_device("cpu", quick=True)
 
 
 def test_gemm_flops_is_two_per_multiply_add():
@@ -69,14 +59,14 @@ def test_host_time_per_call_on_cpu():
 
 def test_cpu_run_measures_every_term():
     labels = []
-    result = run_gpu_bench("cpu", plan=TINY, on_progress=labels.append)
+    result = run_gpu_bench("cpu", plan=QUICK_CPU, on_progress=labels.append)
     assert result.device == "cpu" and result.dtype == "float32" and result.device_name
     assert labels and labels[0].startswith("square GEMM")
     for field in ("matmul_flops_per_s", "fp32_flops_per_s", "memory_bytes_per_s", "kernel_launch_s", "host_step_s"):
         value = result.values[field].value
         assert value is not None and math.isfinite(value) and value > 0, field
         assert result.values[field].method
-    assert [g.rows for g in result.gemms] == list(TINY.rows)
+    assert [g.rows for g in result.gemms] == list(QUICK_CPU.rows)
     for g in result.gemms:
         assert g.flops_per_s == pytest.approx(gemm_flops(g.rows, g.k, g.n) / g.seconds)
     terms = result.terms(source="profile: test")
@@ -91,9 +81,9 @@ def test_cuda_requested_without_cuda_is_an_error(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(TunecostError, match="no CUDA device"):
-        run_gpu_bench("cuda", plan=TINY)
+        run_gpu_bench("cuda", plan=QUICK_CPU)
     with pytest.raises(TunecostError, match="unknown device"):
-        run_gpu_bench("tpu", plan=TINY)
+        run_gpu_bench("tpu", plan=QUICK_CPU)
 
 
 def test_quick_plans_are_smaller():

@@ -19,7 +19,7 @@ from tunecost.profile import gpu_counters as G
 from tunecost.profile import instrument
 from tunecost.profile import kernels as K
 from tunecost.profile import nvtx as N
-from tunecost.profile.ncu import KernelCounterRow
+from tunecost.workload.job import FineTuneJob
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "ncu"
 
@@ -41,7 +41,7 @@ def test_cli_without_gpu_says_so_in_one_line(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--method", "qlra"], "unknown method 'qlra'. Did you mean 'qlora'?"),
+        (["--method", "qlra"], "unsupported method 'qlra'; did you mean 'qlora'?"),
         (["--batch-sizes", "1,x"], "bad batch size 'x'"),
         (["--batch-sizes", "0"], "batch sizes must be positive"),
         (["--layers", "-1"], "layers must be non-negative"),
@@ -56,11 +56,14 @@ def test_cli_bad_input(tmp_path, args, message):
 
 
 def test_ncu_command_line(tmp_path):
-    job = G.GpuCountersJob(batch_sizes=(1, 32), layers=(0, 1), experts_per_token=8)
+    finetune = FineTuneJob(model="tiny-mixtral", method="full", experts_per_token=8, seq_len=128)
+    job = G.GpuCountersJob(job=finetune, batch_sizes=(1, 32), layers=(0, 1))
     child = C.child_command(job, 32, mode="steps")
     assert child[1:3] == ["-m", "tunecost.profile.counters_child"]
     spec = json.loads(child[-1])
-    assert spec["batch_size"] == 32 and spec["experts_per_token"] == 8 and spec["layers"] == [0, 1]
+    assert spec["batch_size"] == 32 and spec["counters"]["layers"] == [0, 1]
+    assert spec["counters"]["job"]["experts_per_token"] == 8
+    assert G.GpuCountersJob.from_dict(spec["counters"]) == job  # the child reads back the job it was given
     cmd = G.build_ncu_command(child, log_file=tmp_path / "x.csv", ncu="/opt/ncu", launch_count=500)
     assert cmd[0] == "/opt/ncu"
     assert cmd[cmd.index("--clock-control") + 1] == "none"  # never lock or change the GPU's clocks
@@ -89,28 +92,11 @@ def _fake_gpu(monkeypatch, ncu: str | None):
 
 
 def _fallback_rows(batch: int) -> str:
-    rows = [
-        KernelCounterRow(
-            kernel_name="sm90_xmma_gemm",
-            kernel_class=K.MATMUL_W2_DOWN,
-            nvtx_ranges=(N.MOE_BLOCK, N.W2),
-            duration_s=3e-6,
-            sm_pct=None,
-            dram_pct=None,
-            batch_size=batch,
-            source="torch.profiler",
-        ),
-        KernelCounterRow(
-            kernel_name="softmax",
-            kernel_class=K.SOFTMAX,
-            nvtx_ranges=(N.MOE_BLOCK, N.ROUTER),
-            duration_s=1e-6,
-            sm_pct=None,
-            dram_pct=None,
-            batch_size=batch,
-            source="torch.profiler",
-        ),
+    kernels = [  # (name, class, NVTX ranges, seconds): what the torch.profiler child reports
+        ("sm90_xmma_gemm", K.MATMUL_W2_DOWN, (N.MOE_BLOCK, N.W2), 3e-6),
+        ("softmax", K.SOFTMAX, (N.MOE_BLOCK, N.ROUTER), 1e-6),
     ]
+    rows = [C.profiler_row(name, cls, ranges, seconds, batch) for name, cls, ranges, seconds in kernels]
     return "".join(json.dumps(r.to_dict()) + "\n" for r in rows)
 
 
@@ -203,18 +189,9 @@ def test_cli_json_with_a_fake_gpu(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def tiny():
-    from tunecost.models.tiny import build_tiny_mixtral
-
-    return build_tiny_mixtral(
-        num_hidden_layers=2,
-        hidden_size=64,
-        intermediate_size=96,
-        head_dim=8,
-        num_attention_heads=8,
-        num_key_value_heads=4,
-        vocab_size=128,
-    )
+def tiny(small_mixtral):
+    """Two layers, hidden 64 in 8 heads of 8 (4 key-value heads), 8 experts of width 96, 128-token vocabulary."""
+    return small_mixtral(64, 8, num_hidden_layers=2, intermediate_size=96, vocab_size=128)
 
 
 def _loss_and_grads(model, ids):
@@ -335,23 +312,18 @@ def test_per_expert_modules_and_lora_get_their_ranges():
 def test_child_spec_errors_are_one_line(capsys):
     assert C.main(["--model", "tiny-mixtral"]) == 2
     assert C.main(['{"batch_size": 1, "colour": "red"}']) == 2
+    assert C.main(['{"batch_size": 1, "counters": {"job": {"model": "tiny-mixtral", "rank": 4}}}']) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+    assert len(err) == 3 and all(line.startswith("error: ") for line in err)
     assert "unknown spec keys ['colour']" in err[1]
+    assert "unknown job field(s) rank" in err[2]
 
 
 def test_torch_profiler_rows_on_cpu_ops():
-    rows = C.run_child(
-        model="tiny-mixtral",
-        method="full",
-        batch_size=2,
-        seq_len=16,
-        steps=1,
-        warmup_steps=0,
-        layers=[0],
-        mode="torch-profiler",
-        device="cpu",
+    job = G.GpuCountersJob(
+        job=FineTuneJob(model="tiny-mixtral", method="full", seq_len=16), steps=1, warmup_steps=0, layers=(0,)
     )
+    rows = C.run_child(job, 2, mode="torch-profiler", device="cpu")
     assert rows and all(r.source == "torch.profiler" and r.sm_pct is None and r.batch_size == 2 for r in rows)
     assert all(N.is_moe_work(r.nvtx_ranges) for r in rows)  # the recomputed attention is not MoE work
     seconds: dict[str, float] = {}

@@ -9,8 +9,10 @@ from typer.testing import CliRunner
 from tunecost.errors import TunecostError
 from tunecost.io import read_jsonl
 from tunecost.train.trainability import ROWS_FILE, STATE_FILE, TrainabilityJob, run_trainability
+from tunecost.workload.job import FineTuneJob
 
-FAST = dict(epochs=2, num_train=32, num_eval=4, batch_size=16, max_new_tokens=8)
+TINY_JOB = FineTuneJob(model="tiny-mixtral", method="full", dataset="synthetic-arith", seq_len=None, batch_size=16)
+FAST = dict(job=TINY_JOB, epochs=2, num_train=32, num_eval=4, max_new_tokens=8)
 ROW_KEYS = {
     "schema_version",
     "kind",
@@ -88,21 +90,8 @@ def test_save_every_epoch_and_eval_cli_reads_the_checkpoint(tmp_path):
     assert (checkpoint / "config.json").is_file()
     marker = json.loads((checkpoint / "tunecost_tokenizer.json").read_text())
     assert marker["tokenizer"] == "mistral" and marker["template"] == "mistral" and marker["subset_base_ids"]
-    result = CliRunner().invoke(
-        app,
-        [
-            "eval",
-            "--model",
-            str(checkpoint),
-            "--dataset",
-            "synthetic-arith-test",
-            "--limit",
-            "3",
-            "--max-new-tokens",
-            "4",
-            "--json",
-        ],
-    )
+    options = ["--dataset", "synthetic-arith-test", "--limit", "3", "--max-new-tokens", "4", "--json"]
+    result = CliRunner().invoke(app, ["eval", "--model", str(checkpoint), *options])
     assert result.exit_code == 0, result.output
     payload = json.loads(result.stdout)
     assert payload["num_eval"] == 3 and "subset" in payload["tokenizer"] and payload["template"] == "mistral"
@@ -114,7 +103,11 @@ def test_job_validation():
     with pytest.raises(TunecostError):
         TrainabilityJob(experts_per_token=())
     with pytest.raises(TunecostError, match="evaluation dataset"):
-        TrainabilityJob(dataset="math_14k")
+        TrainabilityJob(job=TINY_JOB.with_(dataset="math_14k"))
+    with pytest.raises(TunecostError, match="fully fine-tunes on a dataset; got method lora"):
+        TrainabilityJob(job=TINY_JOB.with_(method="lora"))
+    with pytest.raises(TunecostError, match="learning rate must be positive"):
+        TrainabilityJob(lr=0.0)
     with pytest.raises(TunecostError):
         TrainabilityJob(vocab="small")
     assert TrainabilityJob().run_key(2) != TrainabilityJob().run_key(8)
@@ -124,23 +117,8 @@ def test_job_validation():
 def test_cli_trainability_json(tmp_path):
     from tunecost.cli.main import app
 
-    result = CliRunner().invoke(
-        app,
-        [
-            "trainability",
-            "--out",
-            str(tmp_path),
-            "--epochs",
-            "1",
-            "--num-train",
-            "16",
-            "--num-eval",
-            "2",
-            "--experts-per-token",
-            "2",
-            "--json",
-        ],
-    )
+    options = ["--epochs", "1", "--num-train", "16", "--num-eval", "2", "--experts-per-token", "2", "--json"]
+    result = CliRunner().invoke(app, ["trainability", "--out", str(tmp_path), *options])
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)
     assert [r["epoch"] for r in rows] == [0, 1] and rows[0]["routing"] == "sparse"

@@ -36,7 +36,11 @@ def test_frozen_and_keyword_only() -> None:
         ("compute_dtype", "int8", "unsupported compute dtype 'int8'; supported: bf16, fp16, fp32"),
         ("quant_type", "int4", "unsupported 4-bit quantization type 'int4'; supported: nf4, fp4"),
         ("attention", "flex", "unsupported attention implementation 'flex'; supported: flash, sdpa, eager"),
-        ("optimizer", "adam", "unsupported optimizer 'adam'; supported: adamw, adamw-8bit, sgd"),
+        (
+            "optimizer",
+            "adam",
+            r"unsupported optimizer 'adam'; did you mean 'adamw'\? supported: adamw, adamw-8bit, sgd",
+        ),
         ("batch_size", 0, "batch size must be >= 1, got 0"),
         ("batch_size", -2, "batch size must be >= 1, got -2"),
         ("seq_len", 0, "sequence length must be >= 1, got 0"),
@@ -53,7 +57,7 @@ def test_bad_fields_raise(field: str, value: object, message: str) -> None:
 def test_lengths_instead_of_seq_len() -> None:
     job = FineTuneJob(model="m", seq_len=None, lengths=(10, 300, 42))
     assert job.worst_case_seq_len == 300
-    with pytest.raises(TunecostError, match="give a sequence length or a dataset's lengths"):
+    with pytest.raises(TunecostError, match="give a sequence length, a dataset's lengths or a dataset"):
         FineTuneJob(model="m", seq_len=None)
     with pytest.raises(TunecostError, match="every query length must be >= 1 token"):
         FineTuneJob(model="m", seq_len=None, lengths=(10, 0))
@@ -76,21 +80,40 @@ def test_bad_lora_config(kwargs, message) -> None:
 
 
 def test_job_gpus_strategy_and_stack() -> None:
+    from tunecost.distributed.plan import ParallelPlan
     from tunecost.errors import TunecostError
     from tunecost.workload.job import DEFAULT_STACK, STACKS, FineTuneJob
 
     job = FineTuneJob(model="tiny-mixtral")
-    assert (job.num_gpus, job.gpus_per_node, job.strategy, job.stack) == (1, None, "single", DEFAULT_STACK)
+    assert (job.parallel, job.stack) == (ParallelPlan(), DEFAULT_STACK)
+    assert (job.parallel.num_gpus, job.parallel.strategy) == (1, "single")
     assert FineTuneJob(model="tiny-mixtral", stack="hf-2024").stack == "hf-2024" and "hf-2024" in STACKS
+    on_8 = FineTuneJob(model="tiny-mixtral", parallel=ParallelPlan(num_gpus=8, strategy="fsdp2"))
+    assert (on_8.parallel.num_gpus, on_8.parallel.num_nodes) == (8, 1)
+    with pytest.raises(TunecostError, match="software stack"):
+        FineTuneJob(model="tiny-mixtral", stack="hf-2023")
+
+
+def test_job_lengths_from_a_dataset_name_only() -> None:
+    job = FineTuneJob(model="tiny-mixtral", seq_len=None, dataset="math_14k")
+    assert job.dataset == "math_14k"
+    with pytest.raises(TunecostError, match="gives no longest query"):
+        _ = job.worst_case_seq_len
+
+
+def test_lora_targets_by_anatomy_and_parsed() -> None:
+    from tunecost.workload.job import default_lora_targets, parse_lora_targets
+
+    assert default_lora_targets(is_moe=True) == ("experts", "router")
+    assert default_lora_targets(is_moe=False) == ("attention", "mlp")
+    assert parse_lora_targets(" attention, mlp ") == ("attention", "mlp")
     for bad, match in (
-        ({"stack": "hf-2023"}, "software stack"),
-        ({"strategy": "fsdp2", "num_gpus": 8}, "multi-GPU strategy"),
-        ({"num_gpus": 8}, "needs a multi-GPU strategy"),
-        ({"num_gpus": 0}, "number of GPUs"),
-        ({"gpus_per_node": 2}, "GPUs per node"),
+        ("", "at least one target"),
+        ("attention,qkv", "unsupported LoRA target 'qkv'"),
+        ("mlp,mlp", "named twice"),
     ):
         with pytest.raises(TunecostError, match=match):
-            FineTuneJob(model="tiny-mixtral", **bad)
+            parse_lora_targets(bad)
 
 
 def test_profile_setup_and_moe_lora_come_from_the_job() -> None:

@@ -16,10 +16,16 @@ from functools import lru_cache
 from pathlib import Path
 
 from tunecost.errors import TunecostError
-from tunecost.estimate.estimators import EstimatePoint, EstimateRequest, paper_max_batch_size, register_estimator
+from tunecost.estimate.estimators import (
+    EstimatePoint,
+    EstimateRequest,
+    batch_to_price,
+    does_not_fit,
+    paper_max_batch_size,
+    register_estimator,
+)
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
-from tunecost.estimate.paper import EQ1_ARTIFACT_SEQ_LEN
-from tunecost.estimate.throughput.calibrate import CalibratedModel, ThroughputTarget
+from tunecost.estimate.throughput.calibrate import CalibratedModel, Prediction, ThroughputTarget
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.sources import calibrate_files, calibration_files
 
@@ -74,16 +80,7 @@ def _simulated_max_batch(req: EstimateRequest) -> tuple[int, str] | None:
         from tunecost.simulate import simulated_max_batch_size
     except ImportError:
         return None
-    from tunecost.workload.job import FineTuneJob
-
-    seq_len = req.seq_len or EQ1_ARTIFACT_SEQ_LEN
-    job = FineTuneJob(
-        model=req.spec.name,
-        method=req.method,  # type: ignore[arg-type]
-        experts_per_token=req.experts_per_token,
-        seq_len=seq_len,
-        gradient_checkpointing=req.method != "full",
-    )
+    job = req.sizing_job
     errors = []
     for stack in SIMULATOR_STACKS:
         try:
@@ -91,7 +88,7 @@ def _simulated_max_batch(req: EstimateRequest) -> tuple[int, str] | None:
         except TunecostError as exc:  # e.g. a stack that does not support this model
             errors.append(f"{stack}: {exc}")
             continue
-        return mbs, f"max batch size from the step simulator ({stack} stack, {seq_len} tokens per query)"
+        return mbs, f"max batch size from the step simulator ({stack} stack, {job.seq_len} tokens per query)"
     raise TunecostError("the step simulator could not size a batch: " + "; ".join(errors))
 
 
@@ -119,41 +116,44 @@ def max_batch_size_for(req: EstimateRequest) -> tuple[int, str]:
     "eq. (1)",
 )
 def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
-    model = calibrated_model(req.calibrate)
-    if req.batch_size is not None:
-        mbs, mbs_note = (
-            req.batch_size,
-            f"batch fixed at {req.batch_size} (--batch-size; whether it fits is not checked)",
-        )
-    else:
-        mbs, mbs_note = max_batch_size_for(req)
+    model = calibrated_model(req.options.calibrate)
+    mbs, mbs_note = max_batch_size_for(req)
     if mbs < 1:
-        return EstimatePoint(
-            max_batch_size=0, batch_size=0, queries_per_s=None, notes=(mbs_note, "does not fit: no room for a batch")
-        )
-    target = ThroughputTarget(
-        model=req.spec.name,
-        gpu=req.gpu.name,
-        batch_size=mbs,
-        experts_per_token=req.experts_per_token,
-        dataset=None if req.seq_len else req.dataset,
-        seq_len=req.seq_len,
-        method=req.method,
-    )
-    pred = model.predict(target, run_queries=req.run_queries)
+        return does_not_fit(mbs_note, "no room for a batch")
+    batch, batch_notes = batch_to_price(req, mbs)
+    pred = model.predict(throughput_target(req, batch), run_queries=req.options.run_queries)
+    run_queries = req.options.run_queries
     notes = [
         mbs_note,
+        *batch_notes,
         f"calibrated on {model.num_points} points of {model.source} "
         f"(in-sample MAPE {100 * model.in_sample_mape:.1f} %); "
-        + ("steady-state throughput" if req.run_queries is None else f"throughput of {req.run_queries}-query runs"),
+        + ("steady-state throughput" if run_queries is None else f"throughput of {run_queries}-query runs"),
+        *extrapolation_notes(pred),
     ]
-    if pred.extrapolation:
-        notes.append("extrapolation: " + "; ".join(pred.extrapolation_reasons))
     return EstimatePoint(
         max_batch_size=mbs,
-        batch_size=mbs,
+        batch_size=batch,
         queries_per_s=pred.queries_per_s,
         queries_per_s_interval=(pred.queries_per_s_low, pred.queries_per_s_high),
         notes=tuple(notes),
         extrapolation=pred.extrapolation,
     )
+
+
+def throughput_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
+    """What the cross-GPU model predicts for the request at `batch_size`: the job's fixed sequence length, else
+    its dataset's length distribution."""
+    return ThroughputTarget(
+        model=req.spec.name,
+        gpu=req.gpu.name,
+        batch_size=batch_size,
+        experts_per_token=req.experts_per_token,
+        dataset=None if req.job.seq_len else req.dataset,
+        seq_len=req.job.seq_len,
+        method=req.job.method,
+    )
+
+
+def extrapolation_notes(pred: Prediction) -> list[str]:
+    return ["extrapolation: " + "; ".join(pred.extrapolation_reasons)] if pred.extrapolation else []

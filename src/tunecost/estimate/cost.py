@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunecost.catalog.datasets import dataset_catalog, get_dataset_facts
-from tunecost.catalog.gpus import resolve_gpu_name
+from tunecost.catalog.gpus import Resolved, resolve_gpu_name
 from tunecost.catalog.models import resolve_model
 from tunecost.catalog.prices import Price, price_catalog, prices_for
 from tunecost.errors import TunecostError
-from tunecost.estimate.estimators import EstimateRequest, get_estimator
+from tunecost.estimate.estimators import (
+    DEFAULT_THROUGHPUT_DATASET,
+    EstimatePoint,
+    EstimateRequest,
+    EstimatorOptions,
+    get_estimator,
+)
 from tunecost.estimate.paper import cost_usd, training_seconds
-
-DEFAULT_THROUGHPUT_DATASET = "math_14k"  # Table IV's workload
+from tunecost.workload.job import FineTuneJob, LoraConfig, check_lora_targets, default_lora_targets
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,46 +43,34 @@ class CostRow:
     estimator: str
     notes: str
     extrapolation: bool = False  # the throughput was predicted outside the calibrated range (see notes)
+    fits: bool = True  # False: no batch fits, or the one the user fixed is larger than the largest that fits
 
 
 @dataclass(frozen=True, kw_only=True)
 class CostEstimate:
-    """What `tunecost cost` prints: one fine-tune's hours and dollars from a throughput and a price."""
+    """What `tunecost cost` prints: one fine-tune's hours and dollars from a throughput and a price (§V-C, Table
+    IV); `hours` and `usd` are computed (and the inputs checked) on construction."""
 
     num_queries: float
     epochs: float
     queries_per_s: float
     usd_per_hour: float
-    hours: float
-    usd: float
     provider: str | None = None
     price_date: str | None = None
     gpu: str | None = None
+    hours: float = field(init=False)
+    usd: float = field(init=False)
 
-
-def simple_cost(
-    *,
-    num_queries: float,
-    epochs: float,
-    queries_per_s: float,
-    usd_per_hour: float,
-    provider: str | None = None,
-    price_date: str | None = None,
-    gpu: str | None = None,
-) -> CostEstimate:
-    hours = training_seconds(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s) / 3600.0
-    usd = cost_usd(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s, usd_per_gpu_hour=usd_per_hour)
-    return CostEstimate(
-        num_queries=num_queries,
-        epochs=epochs,
-        queries_per_s=queries_per_s,
-        usd_per_hour=usd_per_hour,
-        hours=hours,
-        usd=usd,
-        provider=provider,
-        price_date=price_date,
-        gpu=gpu,
-    )
+    def __post_init__(self) -> None:
+        seconds = training_seconds(num_queries=self.num_queries, epochs=self.epochs, queries_per_s=self.queries_per_s)
+        usd = cost_usd(
+            num_queries=self.num_queries,
+            epochs=self.epochs,
+            queries_per_s=self.queries_per_s,
+            usd_per_gpu_hour=self.usd_per_hour,
+        )
+        object.__setattr__(self, "hours", seconds / 3600.0)
+        object.__setattr__(self, "usd", usd)
 
 
 def _sort_key(row: CostRow) -> tuple[int, float, str]:
@@ -100,108 +93,142 @@ def _batch_sizes_by_gpu(gpus: Sequence[str], batch_sizes: Mapping[str, int]) -> 
     return out
 
 
-def estimate_costs(
-    *,
+def check_queries_or_dataset(num_queries: int | None, dataset: str | None) -> None:
+    """A cost needs the number of queries, given or from a known dataset."""
+    if num_queries is None and dataset is None:
+        raise TunecostError("give --queries N or --dataset D (known: " + ", ".join(dataset_catalog()) + ")")
+
+
+def estimate_job(
     model: str,
-    gpus: Sequence[str],
-    epochs: float,
-    num_queries: int | None = None,
-    dataset: str | None = None,
+    *,
     method: str = "qlora",
     experts_per_token: int | None = None,
-    estimator: str = "paper",
+    dataset: str | None = None,
+    seq_len: int | None = None,
+    lora_targets: tuple[str, ...] | None = None,
+) -> FineTuneJob:
+    """The job `tunecost estimate` costs, with the paper's setups as defaults: gradient checkpointing for (Q)LoRA
+    and not for a full fine-tune (BlackMamba's), LoRA on the model's MoE layers or, for a dense model, on its
+    attention and MLP projections (`default_lora_targets`), and the throughput of the dataset's length distribution
+    unless `seq_len` fixes the length (default dataset: Table IV's). The model is resolved and named as the
+    catalog names it."""
+    spec = resolve_model(model)
+    targets = lora_targets or default_lora_targets(is_moe=spec.is_moe)
+    if method != "full":
+        check_lora_targets(targets, model=spec.name, is_moe=spec.is_moe)
+    return FineTuneJob(
+        model=spec.name,
+        method=method,  # type: ignore[arg-type]
+        lora=LoraConfig(targets=targets),
+        experts_per_token=experts_per_token,
+        gradient_checkpointing=method != "full",
+        seq_len=seq_len,
+        dataset=get_dataset_facts(dataset).name if dataset else DEFAULT_THROUGHPUT_DATASET,
+    )
+
+
+def estimate_costs(
+    job: FineTuneJob,
+    gpus: Sequence[str],
+    *,
+    epochs: float,
+    num_queries: int | None = None,
+    options: EstimatorOptions | None = None,
+    batch_sizes: Mapping[str, int] | None = None,
     provider: str | None = None,
     prices_file: Path | None = None,
-    seq_len: int | None = None,
-    calibrate: Path | None = None,
-    coefficient_set: str = "artifact",
-    batch_sizes: Mapping[str, int] | None = None,
-    run_queries: int | None = None,
 ) -> list[CostRow]:
-    """One row per (GPU, provider price), sorted by cost (rows without a price or throughput last).
-    `batch_sizes` fixes the batch per GPU (keys: GPU names as in `gpus`, or "*" for every GPU). `run_queries`:
-    price the throughput of runs of that many queries, start-up included, as the paper measured it (calibrated
-    estimator only); default: steady state."""
+    """One row per (GPU, provider price) for `job` (one GPU each), sorted by cost (rows without a price or
+    throughput last). `num_queries`: the queries of one epoch (default: the size of the job's dataset).
+    `batch_sizes` fixes the batch per GPU (keys: GPU names as in `gpus`, or "*" for every GPU); a batch larger than
+    fits is priced and marked (`CostRow.fits`)."""
     if not gpus:
         raise TunecostError("give at least one GPU (--gpu A40,H100,...)")
     if epochs <= 0:
         raise TunecostError(f"epochs must be > 0, got {epochs}")
-    spec = resolve_model(model)
-    dataset_name = dataset or DEFAULT_THROUGHPUT_DATASET
+    if job.parallel.num_gpus != 1:
+        raise TunecostError(f"the cost table models one GPU per job today, not {job.parallel.num_gpus}")
+    options = options or EstimatorOptions()
     if num_queries is None:
-        if dataset is None:
-            raise TunecostError("give --queries N or --dataset D (known: " + ", ".join(dataset_catalog()) + ")")
-        num_queries = get_dataset_facts(dataset).num_queries
-        dataset_name = get_dataset_facts(dataset).name
+        check_queries_or_dataset(num_queries, job.dataset)
+        assert job.dataset is not None
+        facts = get_dataset_facts(job.dataset)
+        num_queries, job = facts.num_queries, job.with_(dataset=facts.name)
     if num_queries <= 0:
         raise TunecostError(f"number of queries must be > 0, got {num_queries}")
-    k = spec.default_experts_per_token if experts_per_token is None else experts_per_token
-    func = get_estimator(estimator)
-    prices = price_catalog(prices_file)
-    rows: list[CostRow] = []
-    done: set[str] = set()
+    func = get_estimator(options.name)
     fixed = _batch_sizes_by_gpu(gpus, batch_sizes or {})
-    for gpu_name in gpus:
-        resolved = resolve_gpu_name(gpu_name)
-        gpu = resolved.gpu
-        if gpu.name in done:  # named twice (or by two aliases): one set of rows
-            continue
-        done.add(gpu.name)
+    resolved: dict[
+        str, Resolved
+    ] = {}  # catalog name -> as named; a GPU named twice (or by two aliases): one set of rows
+    for name in gpus:
+        named = resolve_gpu_name(name)
+        resolved.setdefault(named.gpu.name, named)
+    catalog = price_catalog(prices_file)
+    prices = {name: prices_for(name, catalog, provider) for name in resolved}  # before any (slow) estimate
+    rows: list[CostRow] = []
+    for name, named in resolved.items():
+        batch = fixed.get(name)
         req = EstimateRequest(
-            spec=spec,
-            gpu=gpu,
-            method=method,
-            experts_per_token=k,
-            dataset=dataset_name,
-            seq_len=seq_len,
-            calibrate=calibrate,
-            coefficient_set=coefficient_set,
-            batch_size=fixed.get(gpu.name),
-            run_queries=run_queries,
+            job=job if batch is None else job.with_(batch_size=batch),
+            gpu=named.gpu,
+            options=options,
+            fixed_batch=batch is not None,
         )
         point = func(req)
         notes = list(point.notes)
-        if resolved.via_alias:
-            notes.insert(0, f"{resolved.via_alias!r} resolved to {gpu.name}")
-        gpu_prices = prices_for(gpu.name, prices, provider)
-        if not gpu_prices:
-            notes.append(f"no price for {gpu.name}" + (f" from {provider}" if provider else "") + " in the catalog")
-        interval = point.queries_per_s_interval
-        choices: list[Price | None] = [*gpu_prices] if gpu_prices else [None]
+        if named.via_alias:
+            notes.insert(0, f"{named.via_alias!r} resolved to {name}")
+        if not prices[name]:
+            notes.append(f"no price for {name}" + (f" from {provider}" if provider else "") + " in the catalog")
+        choices: list[Price | None] = [*prices[name]] if prices[name] else [None]
         for price in choices:
-            hours = usd = None
-            if point.queries_per_s is not None and point.queries_per_s > 0:
-                hours = (
-                    training_seconds(num_queries=num_queries, epochs=epochs, queries_per_s=point.queries_per_s) / 3600.0
-                )
-                if price is not None:
-                    usd = cost_usd(
-                        num_queries=num_queries,
-                        epochs=epochs,
-                        queries_per_s=point.queries_per_s,
-                        usd_per_gpu_hour=price.usd_per_gpu_hour,
-                    )
-            rows.append(
-                CostRow(
-                    model=spec.name,
-                    dataset=dataset_name,
-                    gpu=gpu.name,
-                    provider=price.provider if price else None,
-                    price_date=price.date if price else None,
-                    price_source=price.source_url if price else None,
-                    usd_per_hour=price.usd_per_gpu_hour if price else None,
-                    max_batch_size=point.max_batch_size,
-                    batch_size=point.batch_size,
-                    queries_per_s=point.queries_per_s,
-                    queries_per_s_low=interval[0] if interval else None,
-                    queries_per_s_high=interval[1] if interval else None,
-                    num_queries=num_queries,
-                    epochs=epochs,
-                    hours=hours,
-                    usd=usd,
-                    estimator=estimator,
-                    notes="; ".join(notes),
-                    extrapolation=point.extrapolation,
-                )
-            )
+            rows.append(_cost_row(req, point, price, num_queries=num_queries, epochs=epochs, notes=notes))
     return sorted(rows, key=_sort_key)
+
+
+def _cost_row(
+    req: EstimateRequest,
+    point: EstimatePoint,
+    price: Price | None,
+    *,
+    num_queries: int,
+    epochs: float,
+    notes: list[str],
+) -> CostRow:
+    hours = usd = None
+    qps = point.queries_per_s
+    if qps is not None and qps > 0:
+        hours = training_seconds(num_queries=num_queries, epochs=epochs, queries_per_s=qps) / 3600.0
+        if price is not None:
+            usd = cost_usd(
+                num_queries=num_queries,
+                epochs=epochs,
+                queries_per_s=qps,
+                usd_per_gpu_hour=price.usd_per_gpu_hour,
+                num_gpus=req.job.parallel.num_gpus,
+            )
+    interval = point.queries_per_s_interval
+    return CostRow(
+        model=req.spec.name,
+        dataset=req.dataset,
+        gpu=req.gpu.name,
+        provider=price.provider if price else None,
+        price_date=price.date if price else None,
+        price_source=price.source_url if price else None,
+        usd_per_hour=price.usd_per_gpu_hour if price else None,
+        max_batch_size=point.max_batch_size,
+        batch_size=point.batch_size,
+        queries_per_s=qps,
+        queries_per_s_low=interval[0] if interval else None,
+        queries_per_s_high=interval[1] if interval else None,
+        num_queries=num_queries,
+        epochs=epochs,
+        hours=hours,
+        usd=usd,
+        estimator=req.options.name,
+        notes="; ".join(notes),
+        extrapolation=point.extrapolation,
+        fits=0 < point.batch_size <= point.max_batch_size,
+    )

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from tunecost.catalog.gpus import GPU
-from tunecost.catalog.models import ModelSpec
+from tunecost.catalog.models import ModelSpec, resolve_model
 from tunecost.errors import TunecostError, unknown_name_error
+from tunecost.estimate import DEFAULT_ESTIMATOR
 from tunecost.estimate.fit import ThroughputFit, fit_all
 from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS, load_measurements
 from tunecost.estimate.paper import (
@@ -24,30 +25,69 @@ from tunecost.estimate.paper import (
     max_batch_size_eq1,
     sparsity_fraction,
 )
+from tunecost.workload.job import FineTuneJob
+
+DEFAULT_THROUGHPUT_DATASET = "math_14k"  # Table IV's workload, when the job names no dataset
+
+
+@dataclass(frozen=True, kw_only=True)
+class EstimatorOptions:
+    """How to estimate, beside what (the job): which estimator, and its own options.
+
+    calibrate: measurement files or folders to fit eq. (2) on (added to the paper's A40 data) or to calibrate the
+        cross-GPU model on (instead of the bundled measurements); empty: the defaults.
+    coefficient_set: eq. (1)'s coefficients, "artifact" or "text" (the paper's §V-A).
+    run_queries: the throughput of runs of this many queries, start-up included (calibrated estimator);
+        None: steady state.
+    """
+
+    name: str = DEFAULT_ESTIMATOR
+    calibrate: tuple[Path, ...] = ()
+    coefficient_set: str = "artifact"
+    run_queries: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.run_queries is not None and self.run_queries < 1:
+            raise TunecostError(f"run queries must be >= 1, got {self.run_queries}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class EstimateRequest:
-    """What one estimator answers for one GPU: the job's model (resolved), method and top-k, the dataset whose
-    throughput is modelled, and the estimator's own options (seq_len, calibration file, coefficient set). Not a
-    second job: `estimate_costs` builds one per GPU from the job it was asked about."""
+    """What one estimator answers: the job on one GPU, with the estimator's options.
 
-    spec: ModelSpec
+    The job's sequence length sizes the batch (the paper's 512 tokens per query when it has none) and, when given,
+    fixes the throughput's too; without one, the throughput follows the length distribution of the job's dataset.
+    `fixed_batch`: the job's batch size is the user's, checked against the largest that fits; otherwise the
+    estimator uses the largest batch that fits (as the paper assumes)."""
+
+    job: FineTuneJob
     gpu: GPU
-    method: str
-    experts_per_token: int
-    dataset: str
-    seq_len: int | None = None
-    calibrate: Path | None = None
-    coefficient_set: str = "artifact"
-    batch_size: int | None = None  # fixed by the user; None: the estimator's maximum batch size
-    run_queries: int | None = None  # throughput of runs of this many queries (start-up included); None: steady
+    options: EstimatorOptions = field(default_factory=EstimatorOptions)
+    fixed_batch: bool = False
 
-    def __post_init__(self) -> None:
-        if self.batch_size is not None and self.batch_size < 1:
-            raise TunecostError(f"batch size must be >= 1, got {self.batch_size}")
-        if self.seq_len is not None and self.seq_len < 1:  # None (not 0) means the estimator's default
-            raise TunecostError(f"sequence length must be >= 1, got {self.seq_len}")
+    @cached_property
+    def spec(self) -> ModelSpec:
+        return resolve_model(self.job.model)
+
+    @property
+    def experts_per_token(self) -> int:
+        k = self.job.experts_per_token
+        return self.spec.default_experts_per_token if k is None else k
+
+    @property
+    def dataset(self) -> str:
+        """The dataset whose throughput is modelled (and whose eq. (2) fit applies)."""
+        return self.job.dataset or DEFAULT_THROUGHPUT_DATASET
+
+    @property
+    def sizing_seq_len(self) -> int:
+        """Tokens per query the batch is sized at."""
+        return self.job.seq_len or EQ1_ARTIFACT_SEQ_LEN
+
+    @property
+    def sizing_job(self) -> FineTuneJob:
+        """The job as the step simulator sizes it: at `sizing_seq_len` tokens per query, searched from batch 1."""
+        return self.job.with_(seq_len=self.sizing_seq_len, batch_size=1)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,11 +134,30 @@ def get_estimator(name: str) -> Estimator:
     return _REGISTRY[name]
 
 
+def does_not_fit(note: str, why: str) -> EstimatePoint:
+    """The answer for a GPU that has no room for a single query."""
+    return EstimatePoint(max_batch_size=0, batch_size=0, queries_per_s=None, notes=(note, f"does not fit: {why}"))
+
+
+def batch_to_price(req: EstimateRequest, max_batch_size: int) -> tuple[int, list[str]]:
+    """The batch the throughput is for: the user's (with a note, and a warning when it does not fit) or the
+    largest that fits."""
+    if not req.fixed_batch:
+        return max_batch_size, []
+    batch = req.job.batch_size
+    notes = [f"batch fixed at {batch} (--batch-size)"]
+    if batch > max_batch_size:
+        notes.append(f"DOES NOT FIT: batch {batch} is more than the {max_batch_size} that fit in {req.gpu.name}")
+    return batch, notes
+
+
 @lru_cache(maxsize=8)
-def _fits_for(calibrate: Path | None) -> dict[tuple[str, str, str], ThroughputFit]:
+def _fits_for(calibrate: tuple[Path, ...]) -> dict[tuple[str, str, str], ThroughputFit]:
+    from tunecost.estimate.throughput.sources import calibration_files
+
     points = load_measurements(PAPER_A40_MEASUREMENTS)
-    if calibrate is not None:
-        points = points + load_measurements(calibrate)
+    for path in calibration_files(calibrate) if calibrate else ():
+        points = points + load_measurements(path)
     return {(f.model, f.dataset, f.gpu): f for f in fit_all(points, "artifact")}
 
 
@@ -144,14 +203,14 @@ def paper_max_batch_size(req: EstimateRequest) -> tuple[int, str]:
         req.spec,
         gpu_memory_gb=req.gpu.memory_gib,
         experts_per_token=req.experts_per_token,
-        seq_len=req.seq_len,
-        coefficient_set=req.coefficient_set,
+        seq_len=req.sizing_seq_len,
+        coefficient_set=req.options.coefficient_set,
     )
 
 
 def paper_throughput(req: EstimateRequest, batch_size: int) -> tuple[float | None, list[str]]:
     """Eq. (2) (artifact form) fitted on measurements of this model, dataset and GPU, if there are any."""
-    fits = _fits_for(req.calibrate)
+    fits = _fits_for(req.options.calibrate)
     fit = fits.get((req.spec.name, req.dataset, req.gpu.name))
     if fit is None:
         have = sorted({g for (m, d, g) in fits if m == req.spec.name and d == req.dataset})
@@ -171,10 +230,10 @@ def paper_throughput(req: EstimateRequest, batch_size: int) -> tuple[float | Non
 
 def _check_paper_method(req: EstimateRequest) -> None:
     expected = PAPER_METHOD.get(req.spec.name)
-    if expected is not None and req.method != expected:
+    if expected is not None and req.job.method != expected:
         raise TunecostError(
             f"the paper measured {req.spec.name} with --method {expected} only; its coefficients do not apply to "
-            f"{req.method} (use --estimator simulate)"
+            f"{req.job.method} (use --estimator simulate)"
         )
 
 
@@ -183,14 +242,7 @@ def paper_estimator(req: EstimateRequest) -> EstimatePoint:
     _check_paper_method(req)
     mbs, note = paper_max_batch_size(req)
     if mbs < 1:
-        return EstimatePoint(
-            max_batch_size=0,
-            batch_size=0,
-            queries_per_s=None,
-            notes=(note, "does not fit: eq. (1) gives no room for a batch"),
-        )
-    batch = req.batch_size or mbs
+        return does_not_fit(note, "eq. (1) gives no room for a batch")
+    batch, batch_notes = batch_to_price(req, mbs)
     qps, notes = paper_throughput(req, batch)
-    if req.batch_size is not None:
-        notes = [f"batch fixed at {batch} (--batch-size)", *notes]
-    return EstimatePoint(max_batch_size=mbs, batch_size=batch, queries_per_s=qps, notes=(note, *notes))
+    return EstimatePoint(max_batch_size=mbs, batch_size=batch, queries_per_s=qps, notes=(note, *batch_notes, *notes))

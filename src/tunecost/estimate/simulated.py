@@ -10,8 +10,14 @@ throughput model (`calibrated`); each row's notes say which.
 from __future__ import annotations
 
 from tunecost.errors import TunecostError
-from tunecost.estimate.estimators import EstimatePoint, EstimateRequest, paper_throughput, register_estimator
-from tunecost.estimate.paper import EQ1_ARTIFACT_SEQ_LEN
+from tunecost.estimate.estimators import (
+    EstimatePoint,
+    EstimateRequest,
+    batch_to_price,
+    does_not_fit,
+    paper_throughput,
+    register_estimator,
+)
 
 ESTIMATOR_NAME = "simulate"
 SIMULATOR_STACK = "tunecost"
@@ -20,21 +26,12 @@ SIMULATOR_STACK = "tunecost"
 def simulated_max_batch(req: EstimateRequest) -> tuple[int, str]:
     """(largest batch that fits req.gpu per the step simulator, a note saying how it was sized)."""
     from tunecost.simulate import simulated_max_batch_size
-    from tunecost.workload.job import FineTuneJob
 
-    seq_len = req.seq_len or EQ1_ARTIFACT_SEQ_LEN
-    checkpointing = req.method != "full"
-    job = FineTuneJob(
-        model=req.spec.name,
-        method=req.method,  # type: ignore[arg-type]
-        experts_per_token=req.experts_per_token,
-        seq_len=seq_len,
-        gradient_checkpointing=checkpointing,
-    )
+    job = req.sizing_job
     mbs = int(simulated_max_batch_size(job, req.gpu, stack=SIMULATOR_STACK))
     return mbs, (
-        f"max batch size from the step simulator ({SIMULATOR_STACK} stack, {seq_len} tokens per query, "
-        f"gradient checkpointing {'on' if checkpointing else 'off'}, {req.gpu.memory_gib:g} GB)"
+        f"max batch size from the step simulator ({SIMULATOR_STACK} stack, {job.seq_len} tokens per query, "
+        f"gradient checkpointing {'on' if job.gradient_checkpointing else 'off'}, {req.gpu.memory_gib:g} GB)"
     )
 
 
@@ -42,29 +39,18 @@ def _throughput(req: EstimateRequest, batch_size: int) -> tuple[float | None, tu
     qps, notes = paper_throughput(req, batch_size)
     if qps is not None:
         return qps, None, notes
-    from tunecost.estimate.calibrated import calibrated_model
-    from tunecost.estimate.throughput.calibrate import ThroughputTarget
+    from tunecost.estimate.calibrated import calibrated_model, extrapolation_notes, throughput_target
 
-    model = calibrated_model(req.calibrate)
-    target = ThroughputTarget(
-        model=req.spec.name,
-        gpu=req.gpu.name,
-        batch_size=batch_size,
-        experts_per_token=req.experts_per_token,
-        dataset=None if req.seq_len else req.dataset,
-        seq_len=req.seq_len,
-        method=req.method,
-    )
+    model = calibrated_model(req.options.calibrate)
     try:
-        pred = model.predict(target)
+        pred = model.predict(throughput_target(req, batch_size))
     except TunecostError as exc:
         return None, None, [f"no throughput: {exc}"]
     out = [
         f"throughput from the cross-GPU model calibrated on {model.num_points} points of {model.source} "
-        "(no eq. (2) fit for this model, dataset and GPU)"
+        "(no eq. (2) fit for this model, dataset and GPU)",
+        *extrapolation_notes(pred),
     ]
-    if pred.extrapolation:
-        out.append("extrapolation: " + "; ".join(pred.extrapolation_reasons))
     return pred.queries_per_s, (pred.queries_per_s_low, pred.queries_per_s_high), out
 
 
@@ -76,13 +62,13 @@ def _throughput(req: EstimateRequest, batch_size: int) -> tuple[float | None, tu
 def simulate_estimator(req: EstimateRequest) -> EstimatePoint:
     mbs, note = simulated_max_batch(req)
     if mbs < 1:
-        return EstimatePoint(
-            max_batch_size=0,
-            batch_size=0,
-            queries_per_s=None,
-            notes=(note, "does not fit: one query at this length needs more than the GPU has"),
-        )
-    qps, interval, notes = _throughput(req, mbs)
+        return does_not_fit(note, "one query at this length needs more than the GPU has")
+    batch, batch_notes = batch_to_price(req, mbs)
+    qps, interval, notes = _throughput(req, batch)
     return EstimatePoint(
-        max_batch_size=mbs, batch_size=mbs, queries_per_s=qps, queries_per_s_interval=interval, notes=(note, *notes)
+        max_batch_size=mbs,
+        batch_size=batch,
+        queries_per_s=qps,
+        queries_per_s_interval=interval,
+        notes=(note, *batch_notes, *notes),
     )

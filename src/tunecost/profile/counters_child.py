@@ -1,10 +1,10 @@
 """The child process of `tunecost gpu-counters`: build the model, label its MoE blocks, train a few steps.
 
 The parent (`tunecost.profile.gpu_counters`) starts one child per batch size, under ncu or alone, as
-`python -m tunecost.profile.counters_child SPEC` where SPEC is one JSON object (`child_command`): this is a
-process boundary, not a command line for people (that is `tunecost gpu-counters`). A child that fails prints one
-`error: ...` line on stderr and exits 2; in mode "torch-profiler" it writes its kernel rows to `rows_out` (JSON
-lines).
+`python -m tunecost.profile.counters_child SPEC` where SPEC is one JSON object (`child_command`: the mode, the
+batch size and the `GpuCountersJob`): this is a process boundary, not a command line for people (that is
+`tunecost gpu-counters`). A child that fails prints one `error: ...` line on stderr and exits 2; in mode
+"torch-profiler" it writes its kernel rows to `rows_out` (JSON lines).
 """
 
 from __future__ import annotations
@@ -25,37 +25,12 @@ if TYPE_CHECKING:
     from tunecost.profile.gpu_counters import GpuCountersJob
 
 CHILD_MODULE = "tunecost.profile.counters_child"
-_SPEC_KEYS = frozenset(
-    {
-        "model",
-        "method",
-        "batch_size",
-        "seq_len",
-        "steps",
-        "warmup_steps",
-        "layers",
-        "experts_per_token",
-        "experts_impl",
-        "mode",
-        "device",
-    }
-)
+_SPEC_KEYS = frozenset({"counters", "batch_size", "mode", "device"})
 
 
 def child_command(job: GpuCountersJob, batch_size: int, *, mode: str, rows_out: Path | None = None) -> list[str]:
     """The command line of the child process that runs the labelled training steps (its spec last)."""
-    spec = {
-        "mode": mode,
-        "model": job.model,
-        "method": job.method,
-        "batch_size": batch_size,
-        "seq_len": job.seq_len,
-        "steps": job.steps,
-        "warmup_steps": job.warmup_steps,
-        "layers": list(job.layers),
-        "experts_per_token": job.experts_per_token,
-        "experts_impl": job.experts_impl,
-    }
+    spec: dict[str, Any] = {"mode": mode, "batch_size": batch_size, "counters": job.to_dict()}
     if rows_out is not None:
         spec["rows_out"] = str(rows_out)
     return [sys.executable, "-m", CHILD_MODULE, json.dumps(spec, sort_keys=True)]
@@ -93,22 +68,23 @@ def profiler_rows(events: Iterable[Any], *, batch_size: int | None, kernels: boo
                 if kernel.name.startswith(RANGE_PREFIX) or kernel.duration <= 0:
                     continue
                 rows.append(
-                    _profiler_row(
+                    profiler_row(
                         kernel.name, classify_kernel(kernel.name, stack), stack, kernel.duration * 1e-6, batch_size
                     )
                 )
         elif event.self_cpu_time_total > 0:
             rows.append(
-                _profiler_row(
+                profiler_row(
                     event.name, classify_cpu_op(event.name, stack), stack, event.self_cpu_time_total * 1e-6, batch_size
                 )
             )
     return rows
 
 
-def _profiler_row(
+def profiler_row(
     name: str, cls: str, stack: tuple[str, ...], seconds: float, batch_size: int | None
 ) -> KernelCounterRow:
+    """A kernel (or CPU op) timed by torch.profiler: no utilization counters."""
     return KernelCounterRow(
         kernel_name=name,
         kernel_class=cls,
@@ -126,41 +102,22 @@ def _profiler_row(
 
 
 def run_child(
-    *,
-    model: str,
-    method: str,
-    batch_size: int,
-    seq_len: int,
-    steps: int,
-    warmup_steps: int,
-    layers: Sequence[int],
-    experts_per_token: int | None = None,
-    experts_impl: str | None = None,
-    mode: str = "steps",
-    device: str | None = None,
+    job: GpuCountersJob, batch_size: int, *, mode: str = "steps", device: str | None = None
 ) -> list[KernelCounterRow]:
-    """Build the model (`tunecost.profile.model_setup`, random weights, layers up to the last profiled one), train
-    `warmup_steps` unlabelled then `steps` labelled steps; with mode "torch-profiler", return the kernel rows."""
+    """Build the model (`GpuCountersJob.model_setup`), train `warmup_steps` unlabelled then `steps` labelled steps
+    of `batch_size` random queries; with mode "torch-profiler", return the kernel rows."""
     import torch
 
     from tunecost.profile.instrument import instrument_model
-    from tunecost.profile.model_setup import ModelSetup, build_training_model
+    from tunecost.profile.model_setup import build_training_model
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    setup = ModelSetup(
-        model=model,
-        method=method,
-        experts_per_token=experts_per_token,
-        experts_impl=experts_impl,
-        device=device,
-        random_weights=True,
-        num_layers=max(layers) + 1,
-    )
+    setup = job.model_setup(device=device)
     net = build_training_model(setup).model
     params = [p for p in net.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=1e-5)
     vocab = net.config.vocab_size
-    ids = torch.randint(0, vocab, (batch_size, seq_len), device=device)
+    ids = torch.randint(0, vocab, (batch_size, job.job.worst_case_seq_len), device=device)
 
     def step() -> None:
         loss = net(input_ids=ids, labels=ids).loss
@@ -172,12 +129,12 @@ def run_child(
         if device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    for _ in range(warmup_steps):
+    for _ in range(job.warmup_steps):
         step()
     sync()
-    with instrument_model(net, layers):
+    with instrument_model(net, job.layers):
         if mode != "torch-profiler":
-            for _ in range(steps):
+            for _ in range(job.steps):
                 step()
             sync()
             return []
@@ -185,7 +142,7 @@ def run_child(
 
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.startswith("cuda") else [])
         with profile(activities=activities) as prof:
-            for _ in range(steps):
+            for _ in range(job.steps):
                 step()
             sync()
     return profiler_rows(prof.events(), batch_size=batch_size, kernels=device.startswith("cuda"))
@@ -206,7 +163,10 @@ def main(argv: Sequence[str]) -> int:
         unknown = sorted(set(spec) - _SPEC_KEYS)
         if unknown:
             raise TunecostError(f"{CHILD_MODULE}: unknown spec keys {unknown}")
-        rows = run_child(**spec)
+        from tunecost.profile.gpu_counters import GpuCountersJob
+
+        job = GpuCountersJob.from_dict(spec.pop("counters", {}))
+        rows = run_child(job, **spec)
     except (TunecostError, TypeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -28,16 +28,18 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_json, atomic_write_text, read_jsonl
 from tunecost.profile.counters_child import child_command
+from tunecost.profile.model_setup import ModelSetup
 from tunecost.profile.ncu import DEFAULT_METRICS, KernelCounterRow, parse_ncu_csv_file, time_weighted_utilization
 from tunecost.profile.ranges import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, is_moe_work
 from tunecost.results.records import SCHEMA_VERSION
+from tunecost.workload.job import FineTuneJob
 
 NO_CUDA_MESSAGE = (
     "no CUDA GPU: gpu-counters needs an NVIDIA GPU and Nsight Compute (ncu); on a CPU machine use "
@@ -46,16 +48,19 @@ NO_CUDA_MESSAGE = (
 _OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError")
 
 
+def _default_job() -> FineTuneJob:
+    # the paper's latency / Nsight runs used 128 tokens per query
+    return FineTuneJob(model="tiny-mixtral", method="full", seq_len=128)
+
+
 @dataclass(frozen=True, kw_only=True)
 class GpuCountersJob:
-    """What to profile: one model / method / top-k at several batch sizes, random token ids."""
+    """What to profile: the job (model, method, top-k, LoRA, a fixed sequence length) at several batch sizes on
+    random token ids, and how (the profiler's own options)."""
 
-    model: str = "tiny-mixtral"  # catalog name, local config folder, or cached hub id (random weights)
-    method: str = "full"  # full | lora | qlora
+    job: FineTuneJob = field(default_factory=_default_job)  # its model: catalog name, local folder or hub id
     experts_impl: str | None = None  # tunecost.moe.spec.EXPERT_IMPLS; None: the method's default
-    experts_per_token: int | None = None  # top-k; None: the model's own
     batch_sizes: tuple[int, ...] = (1, 32)
-    seq_len: int = 128  # the paper's latency / Nsight runs used 128
     steps: int = 2  # profiled training steps per batch size
     warmup_steps: int = 1  # unlabelled steps first (cuBLAS heuristics, allocator), not profiled
     layers: tuple[int, ...] = (0, 1)  # decoder layers whose MoE block is profiled
@@ -63,29 +68,54 @@ class GpuCountersJob:
 
     def __post_init__(self) -> None:
         from tunecost.catalog.models import resolve_model
-        from tunecost.profile.model_setup import ModelSetup
 
-        ModelSetup(model=self.model, method=self.method, experts_impl=self.experts_impl)  # checks method, impl
-        resolve_model(self.model)  # unknown names fail here, with the catalog's "did you mean"
+        if self.job.seq_len is None:
+            raise TunecostError("gpu-counters runs a fixed sequence length (seq_len), not a dataset's lengths")
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
             raise TunecostError(f"batch sizes must be positive integers, got {list(self.batch_sizes)}")
-        if self.experts_per_token is not None and self.experts_per_token < 1:
-            raise TunecostError(f"--experts-per-token must be >= 1, got {self.experts_per_token}")
-        for name in ("seq_len", "steps", "max_kernels"):
+        for name in ("steps", "max_kernels"):
             if getattr(self, name) < 1:
                 raise TunecostError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         if self.warmup_steps < 0:
             raise TunecostError(f"warmup-steps must be >= 0, got {self.warmup_steps}")
         if not self.layers or any(layer < 0 for layer in self.layers):
             raise TunecostError(f"layers must be non-negative layer indices, got {list(self.layers)}")
+        self.model_setup(device="cpu")  # checks the experts implementation for the method
+        resolve_model(self.job.model)  # unknown names fail here, with the catalog's "did you mean"
+
+    def model_setup(self, *, device: str) -> ModelSetup:
+        """How the child builds the model: random weights, decoder layers up to the last profiled one."""
+        return ModelSetup.from_job(
+            self.job,
+            device=device,
+            experts_impl=self.experts_impl,
+            random_weights=True,
+            num_layers=max(self.layers) + 1,
+        )
+
+    def keys(self) -> dict[str, Any]:
+        """The keys of this job's records: the job's and the profiled layers."""
+        return {**self.job.record_keys(), "layers": list(self.layers)}
 
     def point_id(self, batch_size: int) -> str:
-        k = self.experts_per_token if self.experts_per_token is not None else "default"
+        job = self.job
+        k = job.experts_per_token if job.experts_per_token is not None else "default"
         layers = ",".join(map(str, self.layers))
         return (
-            f"gpu-counters|{self.model}|{self.method}|{self.experts_impl or 'default'}|k={k}|bs={batch_size}"
-            f"|seq={self.seq_len}|layers={layers}|steps={self.steps}"
+            f"gpu-counters|{job.model}|{job.method}|{self.experts_impl or 'default'}|k={k}|bs={batch_size}"
+            f"|seq={job.seq_len}|layers={layers}|steps={self.steps}"
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "job": self.job.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GpuCountersJob:
+        """The job `to_dict` wrote (through JSON: lists back to tuples)."""
+        values: dict[str, Any] = {**data, **{k: tuple(data[k]) for k in ("batch_sizes", "layers") if k in data}}
+        if "job" in values:
+            values["job"] = FineTuneJob.from_dict(values["job"])
+        return cls(**values)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -179,13 +209,8 @@ def _record(job: GpuCountersJob, row: KernelCounterRow, device: str) -> dict[str
         "schema_version": SCHEMA_VERSION,
         "kind": "counters",
         "point_id": job.point_id(row.batch_size or 0),
-        "model": job.model,
-        "method": job.method,
-        "experts_per_token": job.experts_per_token,
-        "seq_len": job.seq_len,
-        "dataset": None,
+        **job.keys(),
         "device": device,
-        "layers": list(job.layers),
         **row.to_dict(),
     }
 
@@ -214,12 +239,8 @@ def _write_results(
         {
             "schema_version": SCHEMA_VERSION,
             "kind": "utilization",
-            "model": job.model,
-            "method": job.method,
+            **job.keys(),
             "experts_impl": job.experts_impl,
-            "experts_per_token": job.experts_per_token,
-            "seq_len": job.seq_len,
-            "layers": list(job.layers),
             "steps": job.steps,
             "source": _source_of(rows),
             "device": device,

@@ -24,7 +24,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ from tunecost.models.anatomy import set_top_k
 from tunecost.results.records import SCHEMA_VERSION
 from tunecost.train.finetune import OptimConfig, make_batches, make_optimizer_with_schedule, train_epoch
 from tunecost.train.topk import routing_name
+from tunecost.workload.job import FineTuneJob
 
 ProgressFn = Callable[[int, int, str], None]
 ROWS_FILE = "trainability.jsonl"
@@ -50,20 +51,21 @@ TRAINABILITY_TINY_OVERRIDES: dict[str, Any] = dict(
 )
 
 
+def _default_job() -> FineTuneJob:
+    """The paper's setup on the embedded task: tiny Mixtral, fully fine-tuned, 32 queries per batch."""
+    return FineTuneJob(model="tiny-mixtral", method="full", dataset="synthetic-arith", seq_len=None, batch_size=32)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TrainabilityJob:
-    """One trainability experiment (all experts-per-token values share data, seed and hyper-parameters).
+    """One trainability experiment: the job that is fine-tuned (its model, training dataset and batch size; full
+    fine-tuning; its top-k is set per run) and the experiment's own options: the top-k values compared (they share
+    data, seed and hyper-parameters), epochs, learning rate and the evaluation."""
 
-    A different concept from `FineTuneJob` (one configuration whose cost or speed is measured): an experiment
-    that trains to convergence and evaluates accuracy, over several top-k values, with its own learning rate,
-    epochs and evaluation set."""
-
-    model: str = "tiny-mixtral"  # "tiny-mixtral" or a local folder / hub id of a transformers MoE model
-    dataset: str = "synthetic-arith"
+    job: FineTuneJob = field(default_factory=_default_job)  # model: "tiny-mixtral", or a local folder / hub id
     eval_dataset: str | None = None  # default: synthetic-arith-test for the embedded task (required otherwise)
     epochs: int = 10
     experts_per_token: tuple[int, ...] = (2, 8)
-    batch_size: int = 32
     lr: float = 3e-3
     template: str = "mistral"
     tokenizer: str | None = None  # default: "mistral" for tiny-mixtral, else the model's own
@@ -79,18 +81,30 @@ class TrainabilityJob:
     )
 
     def __post_init__(self) -> None:
+        if self.job.method != "full" or self.job.dataset is None:
+            raise TunecostError(
+                f"the trainability experiment fully fine-tunes on a dataset; got method {self.job.method} "
+                f"and dataset {self.job.dataset}"
+            )
         if self.epochs <= 0:
             raise TunecostError(f"epochs must be positive, got {self.epochs}")
         if not self.experts_per_token or any(k <= 0 for k in self.experts_per_token):
             raise TunecostError(f"experts per token must be positive integers, got {self.experts_per_token}")
-        if self.batch_size <= 0 or not (math.isfinite(self.lr) and self.lr > 0):
-            raise TunecostError(
-                f"batch size and learning rate must be positive (and finite), got {self.batch_size} and {self.lr}"
-            )
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise TunecostError(f"learning rate must be positive (and finite), got {self.lr}")
         if self.vocab not in ("task", "full"):
             raise TunecostError(f"vocab must be 'task' or 'full', got {self.vocab!r}")
         if self.eval_dataset is None and not self.dataset.startswith("synthetic-arith"):
             raise TunecostError(f"pass an evaluation dataset for {self.dataset!r} (eval_dataset / --eval-dataset)")
+
+    @property
+    def model(self) -> str:
+        return self.job.model
+
+    @property
+    def dataset(self) -> str:
+        assert self.job.dataset is not None  # checked in __post_init__
+        return self.job.dataset
 
     @property
     def resolved_tokenizer(self) -> str:
@@ -107,11 +121,11 @@ class TrainabilityJob:
 
     def run_key(self, k: int) -> str:
         """A stable id of everything that determines a run's rows (so a resume never mixes two setups)."""
-        fields = asdict(self)
-        for name in ("experts_per_token", "save_every_epoch", "eval_batch_size"):
-            fields.pop(name)
-        fields["k"] = k
-        blob = json.dumps(fields, sort_keys=True, default=str)
+        options = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in ("job", "experts_per_token", "save_every_epoch", "eval_batch_size"):
+            options.pop(name)
+        keys = {"model": self.model, "dataset": self.dataset, "batch_size": self.job.batch_size, "k": k}
+        blob = json.dumps({**options, **keys}, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -206,7 +220,8 @@ def run_trainability(
     encoded = encode_queries(
         template, tokenizer, [e.prompt for e in train_set.examples], [e.response for e in train_set.examples]
     )
-    steps_per_epoch = (len(encoded) + job.batch_size - 1) // job.batch_size
+    batch_size = job.job.batch_size
+    steps_per_epoch = (len(encoded) + batch_size - 1) // batch_size
     device = "cuda" if torch.cuda.is_available() else "cpu"
     total_steps = len(job.experts_per_token) * job.epochs * steps_per_epoch
     done_steps = 0
@@ -243,7 +258,7 @@ def run_trainability(
             "experts_per_token": k,
             "num_experts": num_experts,
             "routing": routing,
-            "batch_size": job.batch_size,
+            "batch_size": batch_size,
             "seq_len": None,
             "dataset": train_set.name,
             "eval_dataset": eval_set.name,
@@ -267,7 +282,7 @@ def run_trainability(
             record(0, None, 0.0)  # before fine-tuning: the near-chance starting point
         for epoch in range(start_epoch, job.epochs + 1):
             # The data order depends on the seed and epoch only: dense and sparse see the same batches.
-            batches = make_batches(encoded, job.batch_size, tokenizer.pad_id, seed=job.seed * 1000 + epoch)
+            batches = make_batches(encoded, batch_size, tokenizer.pad_id, seed=job.seed * 1000 + epoch)
             offset = done_steps
 
             def step_progress(

@@ -7,10 +7,13 @@ gradient checkpointing, AdamW.
 
 from __future__ import annotations
 
+import difflib
 import math
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from tunecost.distributed.plan import ParallelPlan
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_LORA_ALPHA
 
@@ -21,24 +24,55 @@ METHODS: tuple[str, ...] = ("full", "lora", "qlora")
 # uses (tunecost.moe) puts adapters on the MoE layers only, so it accepts the MOE_LORA_TARGETS subset.
 LORA_TARGETS: tuple[str, ...] = ("attention", "experts", "router", "mlp")
 MOE_LORA_TARGETS: tuple[str, ...] = ("experts", "router")
+# LoRA targets when none are named: the paper's for an MoE model (its experts and router), and what PEFT users
+# adapt in a dense model (the attention projections q, k, v, o and the MLP's gate, up, down).
+DEFAULT_MOE_LORA_TARGETS: tuple[str, ...] = MOE_LORA_TARGETS
+DEFAULT_DENSE_LORA_TARGETS: tuple[str, ...] = ("attention", "mlp")
 # Named software stacks (library versions and their memory behaviour) the step simulator reproduces:
 # "tunecost" (today's transformers/PEFT with tunecost's experts), "hf-2024" (the paper's 2024 stack) and
 # "hf-peft" (transformers + PEFT LoRA without tunecost's experts; see tunecost.simulate.prepare).
 STACKS: tuple[str, ...] = ("tunecost", "hf-2024", "hf-peft")
 DEFAULT_STACK = "tunecost"
-# How a job is spread over GPUs. Only one GPU is modelled today; multi-GPU strategies ("ddp", "fsdp2",
-# "zero1", "zero2", "zero3") will be added here when an estimator models them.
-STRATEGIES: tuple[str, ...] = ("single",)
 DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 QUANT_TYPES: tuple[str, ...] = ("nf4", "fp4")
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "sdpa", "eager")
 OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw-8bit", "sgd")
 BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp32": 4}
+RECORD_KEYS = ("model", "method", "experts_per_token", "seq_len", "dataset")  # FineTuneJob.record_keys
 
 
 def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
-        raise TunecostError(f"unsupported {what} {value!r}; supported: {', '.join(choices)}")
+        close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
+        hint = f" did you mean {close[0]!r}?" if close else ""
+        raise TunecostError(f"unsupported {what} {value!r};{hint} supported: {', '.join(choices)}")
+
+
+def default_lora_targets(*, is_moe: bool) -> tuple[str, ...]:
+    """The LoRA targets of a model's anatomy when the user names none (see DEFAULT_*_LORA_TARGETS)."""
+    return DEFAULT_MOE_LORA_TARGETS if is_moe else DEFAULT_DENSE_LORA_TARGETS
+
+
+def check_lora_targets(targets: tuple[str, ...], *, model: str, is_moe: bool) -> None:
+    """A dense model has no experts or router to adapt."""
+    moe_only = sorted(set(targets) & set(MOE_LORA_TARGETS))
+    if moe_only and not is_moe:
+        raise TunecostError(
+            f"LoRA target(s) {', '.join(moe_only)} do not apply to {model}: it is a dense model with no MoE layers; "
+            f"use --lora-targets {','.join(DEFAULT_DENSE_LORA_TARGETS)}"
+        )
+
+
+def parse_lora_targets(text: str) -> tuple[str, ...]:
+    """A comma-separated list of LoRA targets ("attention,mlp"), each checked, none twice."""
+    targets = tuple(t.strip() for t in text.split(",") if t.strip())
+    if not targets:
+        raise TunecostError(f"LoRA needs at least one target ({', '.join(LORA_TARGETS)})")
+    for t in targets:
+        _check_choice("LoRA target", t, LORA_TARGETS)
+    if len(set(targets)) != len(targets):
+        raise TunecostError(f"a LoRA target is named twice: {', '.join(targets)}")
+    return targets
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +103,9 @@ class FineTuneJob:
     """One fine-tuning configuration of one model at one batch shape.
 
     Sequence length: either a fixed `seq_len` (every query padded or cut to it, as the paper's latency runs)
-    or the lengths of a dataset (`lengths`, tokens per query), batched by padding to the longest in batch.
+    or the lengths of a dataset (`lengths`, tokens per query), batched by padding to the longest in batch, or
+    (for the throughput model) only the name of a dataset whose length distribution the catalog describes.
+    Several GPUs and how the job is spread over them are the job's `parallel` layout (one GPU by default).
     """
 
     model: str  # catalog name, local config path or cached hub id (see tunecost.catalog.models)
@@ -85,10 +121,8 @@ class FineTuneJob:
     batch_size: int = 1
     seq_len: int | None = 512
     lengths: tuple[int, ...] | None = None  # per-query token counts of a dataset
-    dataset: str | None = None  # name of the dataset the lengths came from, for display
-    num_gpus: int = 1  # GPUs the job runs on, in total
-    gpus_per_node: int | None = None  # GPUs per machine (None: all on one machine)
-    strategy: str = "single"  # how the job is spread over the GPUs, one of STRATEGIES
+    dataset: str | None = None  # name of the dataset (the lengths came from, or whose length distribution applies)
+    parallel: ParallelPlan = field(default_factory=ParallelPlan)  # GPUs, GPUs per node, strategy
     stack: str = DEFAULT_STACK  # the named software stack, one of STACKS
 
     def __post_init__(self) -> None:
@@ -99,8 +133,8 @@ class FineTuneJob:
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.batch_size < 1:
             raise TunecostError(f"batch size must be >= 1, got {self.batch_size}")
-        if self.seq_len is None and not self.lengths:
-            raise TunecostError("give a sequence length or a dataset's lengths")
+        if self.seq_len is None and not self.lengths and self.dataset is None:
+            raise TunecostError("give a sequence length, a dataset's lengths or a dataset")
         if self.seq_len is not None and self.seq_len < 1:
             raise TunecostError(f"sequence length must be >= 1, got {self.seq_len}")
         if self.lengths is not None and any(n < 1 for n in self.lengths):
@@ -108,16 +142,6 @@ class FineTuneJob:
         if self.experts_per_token is not None and self.experts_per_token < 1:
             raise TunecostError(f"experts per token must be >= 1, got {self.experts_per_token}")
         _check_choice("software stack", self.stack, STACKS)
-        _check_choice("multi-GPU strategy", self.strategy, STRATEGIES)
-        if self.num_gpus < 1:
-            raise TunecostError(f"number of GPUs must be >= 1, got {self.num_gpus}")
-        if self.gpus_per_node is not None and not 1 <= self.gpus_per_node <= self.num_gpus:
-            raise TunecostError(f"GPUs per node must be between 1 and {self.num_gpus}, got {self.gpus_per_node}")
-        if self.strategy == "single" and self.num_gpus != 1:
-            raise TunecostError(
-                f"a job on {self.num_gpus} GPUs needs a multi-GPU strategy; tunecost models one GPU today "
-                "(strategy 'single')"
-            )
 
     @property
     def compute_bytes_per_element(self) -> int:
@@ -128,9 +152,38 @@ class FineTuneJob:
         """The padded length of the longest batch: what decides whether a batch fits in memory."""
         if self.seq_len is not None:
             return self.seq_len
-        assert self.lengths
+        if not self.lengths:
+            raise TunecostError(
+                f"{self.model}: the dataset {self.dataset} gives no longest query; give a sequence length or the "
+                "dataset's lengths"
+            )
         return max(self.lengths)
 
     def with_(self, **changes: Any) -> FineTuneJob:
         """A copy with some fields changed (validated again)."""
         return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job as plain JSON-able values (`from_dict` reads it back)."""
+        return asdict(self)
+
+    def record_keys(self) -> dict[str, Any]:
+        """The keys that a measurement or an estimate of this job is recorded under (docs/dev/records.md)."""
+        return {name: getattr(self, name) for name in RECORD_KEYS}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FineTuneJob:
+        """The job `to_dict` wrote, also after a JSON round trip (lists back to tuples); an unknown field is an
+        error."""
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise TunecostError(f"unknown job field(s) {', '.join(unknown)}")
+        values = dict(data)
+        if isinstance(values.get("lora"), Mapping):
+            lora = dict(values["lora"])
+            values["lora"] = LoraConfig(**{**lora, "targets": tuple(lora.get("targets", LoraConfig().targets))})
+        if isinstance(values.get("parallel"), Mapping):
+            values["parallel"] = ParallelPlan(**values["parallel"])
+        if values.get("lengths") is not None:
+            values["lengths"] = tuple(values["lengths"])
+        return cls(**values)

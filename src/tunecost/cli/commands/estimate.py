@@ -5,21 +5,50 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
+from tunecost.cli.commands import estimate_multigpu as multi
 from tunecost.cli.common import cli_errors, console, print_json, print_table, split_list
+from tunecost.cli.options import (
+    ExpertsPerToken,
+    JsonOut,
+    MethodName,
+    ModelName,
+    PricesFile,
+    Provider,
+    RunQueries,
+    SeqLen,
+    opt,
+)
+from tunecost.estimate import DEFAULT_ESTIMATOR
+
+LORA_TARGETS_HELP = (
+    "Comma-separated LoRA targets: attention, experts, router, mlp (default: experts,router for an MoE model, "
+    "attention,mlp for a dense one)."
+)
+CALIBRATE_HELP = (
+    "Throughput measurements CSV or folder of CSVs to fit eq. (2) (paper) or calibrate (calibrated) on; repeat for "
+    "several."
+)
+BATCH_SIZE_HELP = (
+    "Fix the batch instead of the maximum: one value for every GPU (17), one per --gpu in order (4,17,17), or GPU=B "
+    "pairs (A40=4,H100=17). A batch larger than fits is marked in the table."
+)
+RecordsOut = Annotated[Path | None, opt("--out", "Run directory to add the records to (for `tunecost report`).")]
+ReplaceRecords = Annotated[bool, opt("--force", "With --out: replace records of the same kind already there.")]
 
 
 @cli_errors
 def fit(
-    measurements: Path = typer.Argument(
-        ..., help="CSV: model,dataset,gpu,experts_per_token,[sparsity],batch_size,queries_per_s"
-    ),
-    form: str = typer.Option("artifact", "--form", help="Eq. (2) form: artifact (a + b*log(B)/(s*c3)) or printed."),
-    out: Path = typer.Option(None, "--out", help="Run directory to add fit records to (for `tunecost report`)."),
-    force: bool = typer.Option(False, "--force", help="With --out: replace records of the same fit already there."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    measurements: Annotated[
+        Path, typer.Argument(help="CSV: model,dataset,gpu,experts_per_token,[sparsity],batch_size,queries_per_s")
+    ],
+    form: Annotated[str, opt("--form", "Eq. (2) form: artifact (a + b*log(B)/(s*c3)) or printed.")] = "artifact",
+    out: RecordsOut = None,
+    force: ReplaceRecords = False,
+    json_out: JsonOut = False,
 ) -> None:
     """Fit eq. (2) per (model, dataset, GPU) group with scipy; report coefficients, RMSE, MAPE, points."""
     from tunecost.estimate.fit import fit_all
@@ -70,19 +99,19 @@ def fit(
 
 @cli_errors
 def cost(
-    queries: float = typer.Option(..., "--queries", help="Queries in the dataset."),
-    epochs: float = typer.Option(..., "--epochs", help="Epochs."),
-    throughput: float = typer.Option(None, "--throughput", help="Queries per second."),
-    usd_per_hour: float = typer.Option(None, "--usd-per-hour", help="Price in $ per GPU-hour."),
-    gpu: str = typer.Option(None, "--gpu", help="Take the price from the catalog for this GPU."),
-    provider: str = typer.Option(None, "--provider", help="Provider for the catalog price (default: cheapest)."),
-    prices_file: Path = typer.Option(None, "--prices", help="A CSV overriding or extending the price catalog."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    queries: Annotated[float, opt("--queries", "Queries in the dataset.")],
+    epochs: Annotated[float, opt("--epochs", "Epochs.")],
+    throughput: Annotated[float | None, opt("--throughput", "Queries per second.")] = None,
+    usd_per_hour: Annotated[float | None, opt("--usd-per-hour", "Price in $ per GPU-hour.")] = None,
+    gpu: Annotated[str | None, opt("--gpu", "Take the price from the catalog for this GPU.")] = None,
+    provider: Provider = None,
+    prices_file: PricesFile = None,
+    json_out: JsonOut = False,
 ) -> None:
     """Hours and dollars of a fine-tune: queries x epochs / throughput / 3600 x $/h (Table IV)."""
     from tunecost.catalog.prices import cheapest_price, price_catalog
     from tunecost.errors import TunecostError, unknown_name_error
-    from tunecost.estimate.cost import simple_cost
+    from tunecost.estimate.cost import CostEstimate
     from tunecost.limits import (
         MAX_EPOCHS,
         MAX_QUERIES,
@@ -120,7 +149,7 @@ def cost(
             price.date,
             price.gpu,
         )
-    result = simple_cost(
+    result = CostEstimate(
         num_queries=queries,
         epochs=epochs,
         queries_per_s=throughput,
@@ -143,45 +172,43 @@ def cost(
 
 @cli_errors
 def estimate(
-    model: str = typer.Option(..., "--model", help="Catalog model, local config.json path, or cached hub id."),
-    gpu: str = typer.Option(..., "--gpu", help="Comma-separated GPUs, e.g. A40,A100-80GB,H100 (or 'all')."),
-    epochs: float = typer.Option(..., "--epochs"),
-    queries: int = typer.Option(None, "--queries", help="Queries (default: the dataset's size)."),
-    dataset: str = typer.Option(None, "--dataset", help="Dataset (sets queries and the throughput fit's dataset)."),
-    method: str = typer.Option("qlora", "--method", help="full | lora | qlora"),
-    experts_per_token: int = typer.Option(
-        None,
-        "--experts-per-token",
-        help="Top-k: experts per token for this job (default: the model's; dense = the number of experts).",
+    model: ModelName,
+    gpu: Annotated[str, opt("--gpu", "Comma-separated GPUs, e.g. A40,A100-80GB,H100 (or 'all').")],
+    epochs: Annotated[float, opt("--epochs", "Epochs.")],
+    queries: Annotated[int | None, opt("--queries", "Queries (default: the dataset's size).")] = None,
+    dataset: Annotated[str | None, opt("--dataset", "Dataset (sets queries and the throughput's lengths).")] = None,
+    method: MethodName = "qlora",
+    experts_per_token: ExpertsPerToken = None,
+    lora_targets: Annotated[str | None, opt("--lora-targets", LORA_TARGETS_HELP)] = None,
+    estimator: Annotated[str, opt("--estimator", "calibrated (answers for every GPU) | simulate | paper")] = (
+        DEFAULT_ESTIMATOR
     ),
-    estimator: str = typer.Option("paper", "--estimator", help="paper | simulate | calibrated"),
-    provider: str = typer.Option(None, "--provider", help="Only prices from this provider."),
-    prices_file: Path = typer.Option(None, "--prices", help="A CSV overriding or extending the price catalog."),
-    seq_len: int = typer.Option(None, "--seq-len", help="Sequence length for the batch-size model."),
-    calibrate: Path = typer.Option(None, "--calibrate", help="Throughput measurements to fit/calibrate on."),
-    batch_size: str = typer.Option(
-        None,
-        "--batch-size",
-        help="Fix the batch instead of the maximum: one value for every GPU (17), one per --gpu in order "
-        "(4,17,17), or GPU=B pairs (A40=4,H100=17).",
-    ),
-    run_queries: int = typer.Option(
-        None,
-        "--run-queries",
-        help="Calibrated estimator: price the throughput of runs of N queries with their start-up, as the paper "
-        "measured it (1000); default: steady state.",
-    ),
-    out: Path = typer.Option(None, "--out", help="Run directory to add cost records to (for `tunecost report`)."),
-    force: bool = typer.Option(False, "--force", help="With --out: replace records of the same estimate there."),
-    json_out: bool = typer.Option(False, "--json", help="Print JSON."),
+    provider: Provider = None,
+    prices_file: PricesFile = None,
+    seq_len: SeqLen = None,
+    calibrate: Annotated[list[Path] | None, opt("--calibrate", CALIBRATE_HELP)] = None,
+    batch_size: Annotated[str | None, opt("--batch-size", BATCH_SIZE_HELP)] = None,
+    run_queries: RunQueries = None,
+    num_gpus: multi.NumGpus = None,
+    gpus_per_node: multi.GpusPerNode = None,
+    strategy: multi.Strategy = None,
+    max_gpus: multi.MaxGpus = None,
+    interconnect: multi.Interconnect = None,
+    out: RecordsOut = None,
+    force: ReplaceRecords = False,
+    json_out: JsonOut = False,
 ) -> None:
-    """Cost of fine-tuning MODEL on each GPU and provider, cheapest first; says which estimator answered."""
+    """Cost of fine-tuning MODEL on each GPU and provider, cheapest first; says which estimator answered.
+    With --gpus (or --strategy): memory per rank, communication and cost on several GPUs."""
+    from tunecost.catalog.datasets import get_dataset_facts
     from tunecost.catalog.gpus import gpu_catalog
     from tunecost.catalog.models import resolve_model
     from tunecost.errors import TunecostError
-    from tunecost.estimate.cost import estimate_costs
+    from tunecost.estimate.cost import check_queries_or_dataset, estimate_costs, estimate_job
+    from tunecost.estimate.estimators import EstimatorOptions
     from tunecost.limits import MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_finite_at_most
     from tunecost.results.records import save_estimate_records
+    from tunecost.workload.job import parse_lora_targets
 
     gpus = list(gpu_catalog()) if gpu.strip().lower() == "all" else split_list(gpu, what="GPU")
     check_finite_at_most("--epochs", epochs, MAX_EPOCHS)
@@ -189,26 +216,53 @@ def estimate(
         raise TunecostError(f"--queries must be > 0, got {queries}")
     check_count("--queries", queries, MAX_QUERIES)
     check_count("--seq-len", seq_len, MAX_SEQ_LEN)
+    check_queries_or_dataset(queries, dataset)
     if run_queries is not None and (run_queries < 1 or estimator != "calibrated"):
         raise TunecostError("--run-queries must be >= 1 and needs --estimator calibrated")
-    rows = estimate_costs(
-        model=model,
-        gpus=gpus,
-        epochs=epochs,
-        num_queries=queries,
-        dataset=dataset,
+    job = estimate_job(
+        model,
         method=method,
         experts_per_token=experts_per_token,
-        estimator=estimator,
+        dataset=dataset,
+        seq_len=seq_len,
+        lora_targets=parse_lora_targets(lora_targets) if lora_targets is not None else None,
+    )
+    if any(v is not None for v in (num_gpus, gpus_per_node, strategy, max_gpus, interconnect)):
+        if out is not None or estimator != DEFAULT_ESTIMATOR or calibrate or run_queries is not None:
+            raise TunecostError(
+                "--gpus/--strategy estimate with the step simulator and the cross-GPU throughput model; "
+                "--out, --estimator, --calibrate and --run-queries apply to one GPU only"
+            )
+        multi.run_multi_gpu(
+            job,
+            gpus=gpus,
+            num_gpus=num_gpus or "auto",
+            gpus_per_node=gpus_per_node,
+            strategy=strategy,
+            max_gpus=max_gpus,
+            interconnect=interconnect,
+            provider=provider,
+            prices_file=prices_file,
+            batch_size=batch_size,
+            num_queries=queries or get_dataset_facts(job.dataset or "").num_queries,
+            epochs=epochs,
+            json_out=json_out,
+        )
+        return
+    options = EstimatorOptions(name=estimator, calibrate=tuple(calibrate or ()), run_queries=run_queries)
+    batch_sizes = parse_batch_sizes(batch_size, gpus) if batch_size else None
+    rows = estimate_costs(
+        job,
+        gpus,
+        epochs=epochs,
+        num_queries=queries,
+        options=options,
+        batch_sizes=batch_sizes,
         provider=provider,
         prices_file=prices_file,
-        seq_len=seq_len,
-        calibrate=calibrate,
-        batch_sizes=parse_batch_sizes(batch_size, gpus) if batch_size else None,
-        run_queries=run_queries,
     )
     if out is not None:
-        k = resolve_model(model).default_experts_per_token if experts_per_token is None else experts_per_token
+        k = resolve_model(job.model).default_experts_per_token if experts_per_token is None else experts_per_token
         save_estimate_records(out, rows, method=method, experts_per_token=k, command=sys.argv, force=force)
     if json_out:
         print_json(rows)
@@ -248,7 +302,7 @@ def _print_cost_rows(rows: list) -> None:
     print_table(
         f"Fine-tuning {first.model} on {first.dataset}: {first.num_queries} queries x {first.epochs:g} epochs "
         f"(estimator: {first.estimator})",
-        ["gpu", "provider", "price date", "$/h", "batch (max)", "queries/s", "extrapolated", "hours", "cost $"],
+        ["gpu", "provider", "price date", "$/h", "batch (max)", "fits", "queries/s", "extrapolated", "hours", "cost $"],
         [
             [
                 r.gpu,
@@ -256,6 +310,7 @@ def _print_cost_rows(rows: list) -> None:
                 r.price_date or "-",
                 _fmt(r.usd_per_hour, ".2f"),
                 f"{r.batch_size} ({r.max_batch_size})" if r.batch_size != r.max_batch_size else r.batch_size,
+                "yes" if r.fits else "NO",
                 _fmt(r.queries_per_s, ".3f")
                 + (
                     f" [{r.queries_per_s_low:.2f}-{r.queries_per_s_high:.2f}]"

@@ -77,10 +77,12 @@ def gpu_counters(
 
     options = dict(locals())
     from tunecost.profile.gpu_counters import GpuCountersJob, check_can_run, run_gpu_counters
+    from tunecost.workload.job import FineTuneJob
 
     job = call_with_options(
         GpuCountersJob,
         options,
+        job=call_with_options(FineTuneJob, options),
         batch_sizes=tuple(split_list(batch_sizes, int, "batch size")),
         layers=tuple(split_list(layers, int, "layer")),
     )

@@ -48,13 +48,15 @@ def trainability_command(
     from transformers.utils import logging as hf_logging
 
     from tunecost.train.trainability import ROWS_FILE, TrainabilityJob, run_trainability
+    from tunecost.workload.job import FineTuneJob
 
     hf_logging.disable_progress_bar()  # our own bar; checkpoint writes would print theirs
     _check_dataset("--dataset", dataset)
     if eval_dataset is not None:
         _check_dataset("--eval-dataset", eval_dataset)
     ks = tuple(split_list(experts_per_token, int, "experts per token"))
-    job = call_with_options(TrainabilityJob, options, experts_per_token=ks)
+    finetune = call_with_options(FineTuneJob, options, method="full", seq_len=None, experts_per_token=None)
+    job = call_with_options(TrainabilityJob, options, job=finetune, experts_per_token=ks)
     with progress_callback("training", enabled=not as_json, counted=True) as on_progress:
         rows = run_trainability(job, out, on_progress=on_progress)
     if as_json:

@@ -1,0 +1,14 @@
+"""Shapes shared by the tiny random models the tests build (importable from any test: see pyproject's pythonpath)."""
+
+from __future__ import annotations
+
+
+def gqa_attention(hidden_size: int, num_attention_heads: int) -> dict[str, int]:
+    """The attention keys of a tiny model's config, derived from its width: heads of hidden_size /
+    num_attention_heads dimensions and two query heads per key-value head (grouped-query attention)."""
+    return {
+        "hidden_size": hidden_size,
+        "num_attention_heads": num_attention_heads,
+        "num_key_value_heads": num_attention_heads // 2,
+        "head_dim": hidden_size // num_attention_heads,
+    }
