@@ -22,8 +22,8 @@ from typing import Any
 from tunecost.errors import TunecostError
 
 MAMBA_LAYER = "mamba"
-TINY_LAYOUT_MODEL = "blackmamba-1.5b"  # the catalog model whose layout `tiny_blackmamba_config` shrinks
 MOE_LAYER = "moe"
+TINY_LAYOUT_MODEL = "blackmamba-1.5b"  # the catalog model whose layout `tiny_blackmamba_config` shrinks
 
 
 @dataclass(frozen=True, kw_only=True)
