@@ -82,9 +82,11 @@ def render(corpus_paths: list[Path] | None) -> str:
         f"calibration rows, of {thr['throughput_rows']}) | {_f(thr['mape'])} % (median "
         f"{_f(thr['median_abs_pct_error'])} %) | 20 % MAPE |",
         "",
-        "Throughput: a roofline step time from analytic FLOPs per token (6 x active matmul parameters for a full "
-        "fine-tune, 4 x for a frozen LoRA/QLoRA base, + 2 x with gradient checkpointing; causal attention) and "
-        "bytes (QLoRA de-quantization, the AdamW step), with one efficiency per (stack, GPU) solved from one "
+        "Throughput: the throughput model's roofline step time (`estimate/throughput/model.py`) on the GPU's "
+        "datasheet bf16 peak and bandwidth, without launch or host overheads, from analytic FLOPs per token (6 x "
+        "active matmul parameters for a full fine-tune, 4 x for a frozen LoRA/QLoRA base, + 2 x with gradient "
+        "checkpointing; causal attention) and bytes (QLoRA de-quantization, the AdamW step), with one efficiency "
+        "per (stack, GPU) solved from one "
         "calibration row: the group's row with the most tokens per optimizer step, first in file order on a tie "
         "(`src/tunecost/validate/throughput.py`). Calibration rows are listed with reason 'calibration row' and "
         "left out of the error. Host overheads are not modelled: rows with few tokens per step run slower than "
