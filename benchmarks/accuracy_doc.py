@@ -32,6 +32,26 @@ def _median(xs):
     return statistics.median(xs) if xs else None
 
 
+def _multi_gpu_lines(results, by_id) -> list[str]:
+    """Rows on several GPUs (one rank each, `distributed.rank_memory`): their own error, per quantity."""
+    multi = [r for r in results if r.status == "ok" and map_row(by_id[r.id]).num_gpus > 1]
+    if not multi:
+        return []
+    parts = []
+    for quantity in PEAK:
+        ape = [abs(r.error) for r in multi if r.quantity == quantity and r.error is not None]
+        if ape:
+            parts.append(f"{quantity} {len(ape)} rows, median absolute error {_f(_median(ape))} %")
+    oom = [r for r in multi if r.quantity == "oom"]
+    if oom:
+        parts.append(f"out-of-memory {sum(1 for r in oom if r.error == 0)} of {len(oom)} right")
+    return [
+        "Rows on several GPUs (FSDP full shard; each predicted as one rank of fsdp2 derived from the single-GPU "
+        "simulated step, `src/tunecost/distributed/rank_memory.py`): " + "; ".join(parts) + ".",
+        "",
+    ]
+
+
 def render(corpus_paths: list[Path] | None) -> str:
     rows = read_corpus(corpus_paths)
     results = validate_rows(rows)
@@ -62,15 +82,18 @@ def render(corpus_paths: list[Path] | None) -> str:
         f"calibration rows, of {thr['throughput_rows']}) | {_f(thr['mape'])} % (median "
         f"{_f(thr['median_abs_pct_error'])} %) | 20 % MAPE |",
         "",
-        "Throughput: a roofline step time from analytic FLOPs per token (6 x active matmul parameters for a full "
-        "fine-tune, 4 x for a frozen LoRA/QLoRA base, + 2 x with gradient checkpointing; causal attention) and "
-        "bytes (QLoRA de-quantization, the AdamW step), with one efficiency per (stack, GPU) solved from one "
+        "Throughput: the throughput model's roofline step time (`estimate/throughput/model.py`) on the GPU's "
+        "datasheet bf16 peak and bandwidth, without launch or host overheads, from analytic FLOPs per token (6 x "
+        "active matmul parameters for a full fine-tune, 4 x for a frozen LoRA/QLoRA base, + 2 x with gradient "
+        "checkpointing; causal attention) and bytes (QLoRA de-quantization, the AdamW step), with one efficiency "
+        "per (stack, GPU) solved from one "
         "calibration row: the group's row with the most tokens per optimizer step, first in file order on a tie "
         "(`src/tunecost/validate/throughput.py`). Calibration rows are listed with reason 'calibration row' and "
         "left out of the error. Host overheads are not modelled: rows with few tokens per step run slower than "
         "predicted.",
         "",
     ]
+    lines += _multi_gpu_lines(results, by_id)
     signed = [r.error for r in results if r.status == "ok" and r.quantity in PEAK and r.error is not None]
     below = sum(1 for e in signed if e < 0)
     lines += [
@@ -84,7 +107,7 @@ def render(corpus_paths: list[Path] | None) -> str:
         "model (full fine-tune: its 'Training using Adam' column; LoRA/QLoRA: its bf16/int4 load size, as it has "
         "no adapter estimate). Rule: 16 bytes per parameter for a full fine-tune, the weights alone for LoRA "
         "(2 B/param) and QLoRA (0.5 B/param). Error is (estimate - measured) / measured; oom: the estimate "
-        "exceeds the GPU's memory.",
+        "exceeds the GPU's memory. On a row of N GPUs under FSDP both are divided by N (every state sharded).",
         "",
         "| quantity | rows | tunecost median abs % | accelerate median abs % | rule median abs % |",
         "|---|---|---|---|---|",
@@ -100,7 +123,7 @@ def render(corpus_paths: list[Path] | None) -> str:
             mapped = map_row(by_id[r.id])
             measured = r.measured or 0.0
             for name, fn in (("accelerate", accelerate_estimate_bytes), ("rule", rule_estimate_bytes)):
-                est = fn(mapped.job.model, mapped.job.method) / GIB
+                est = fn(mapped.job.model, mapped.job.method) / GIB / mapped.num_gpus
                 errs[name].append(abs(est - measured) / measured * 100)
             errs["tunecost"].append(abs(r.error or 0.0))
         lines.append(
@@ -113,7 +136,7 @@ def render(corpus_paths: list[Path] | None) -> str:
         gpu = mapped.gpu_memory_bytes or 0
         oom_right["tunecost"] += r.error == 0
         for name, fn in (("accelerate", accelerate_estimate_bytes), ("rule", rule_estimate_bytes)):
-            oom_right[name] += (fn(mapped.job.model, mapped.job.method) > gpu) == (r.measured == 1.0)
+            oom_right[name] += (fn(mapped.job.model, mapped.job.method) / mapped.num_gpus > gpu) == (r.measured == 1.0)
     if oom:
         lines.append(
             f"| oom (right) | {len(oom)} | {oom_right['tunecost']} | {oom_right['accelerate']} | {oom_right['rule']} |"

@@ -68,7 +68,6 @@ def test_skip_reasons(corpus) -> None:
         "t-unknown-model": "unknown model",
         "t-unknown-stack": "unknown stack",
         "t-unknown-quantity": "unsupported quantity",
-        "t-multi": "multi-GPU",
         "t-gptq": "gptq-int4",
         "t-bad-batch": "batch_size_per_gpu",
     }
@@ -79,6 +78,29 @@ def test_skip_reasons(corpus) -> None:
     speed = rows["t-speed"]
     assert (speed.status, speed.reason, speed.error) == ("ok", "calibration row", None)
     assert speed.predicted == pytest.approx(speed.measured)
+
+
+def test_an_fsdp_row_is_one_rank_of_fsdp2(corpus) -> None:
+    """A memory row on 2 GPUs under FSDP is predicted by the per-rank derivation; other layouts and multi-GPU
+    throughput rows are skipped with their reason."""
+    from tunecost.distributed.plan import ParallelPlan
+    from tunecost.distributed.rank_memory import rank_memory, single_gpu_step
+    from tunecost.validate.corpus import CorpusRow
+
+    multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
+    mapped = map_row(multi)
+    assert (mapped.num_gpus, mapped.strategy) == (2, "fsdp2")
+    job = mapped.job.with_(stack="hf-peft")
+    rank = rank_memory(single_gpu_step(job), job, ParallelPlan(num_gpus=2, gpus_per_node=2, strategy="fsdp2"))
+    row = _by_id(validate_rows([multi]))["t-multi"]
+    assert (row.status, row.predicted) == ("ok", round(rank.peak_bytes / GIB, 3))
+    for cells, words in (
+        ({"parallelism": "deepspeed zero3"}, "FSDP full shard only"),
+        ({"parallelism": ""}, "unstated"),
+        ({"quantity": "tokens_per_s_per_gpu"}, "multi-GPU throughput"),
+    ):
+        with pytest.raises(Skip, match=words):
+            map_row(CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, **cells}))
 
 
 def test_lora_target_names() -> None:
@@ -144,11 +166,12 @@ def test_summary_per_quantity_and_stack(corpus) -> None:
     rows = validate_rows(read_corpus([corpus]), simulate=lambda m: fake)
     by_key = {(s.quantity, s.stack): s for s in summarize(rows)}
     alloc = by_key[("peak_allocated_gib", "all")]
-    assert alloc.rows == 6 and alloc.modelled == 1
-    assert alloc.median_abs_pct_error == pytest.approx(10.0, abs=0.05)  # 0.011 vs 0.01
+    assert alloc.rows == 6 and alloc.modelled == 2  # t-alloc and the 2-GPU FSDP row t-multi
+    # t-alloc: 0.011 vs 0.01 GiB (+10 %); t-multi: 0.011 vs 1.0 GiB (-98.9 %); median of the two
+    assert alloc.median_abs_pct_error == pytest.approx((10.0 + 98.9) / 2, abs=0.05)
     assert by_key[("oom", "hf-trainer")].right == 0
     totals = memory_totals(rows)
-    assert totals["peak_rows_modelled"] == 2 and totals["oom_rows_modelled"] == 1
+    assert totals["peak_rows_modelled"] == 3 and totals["oom_rows_modelled"] == 1
 
 
 def test_cli_json_rows_and_out(corpus, cli_runner, tmp_path) -> None:

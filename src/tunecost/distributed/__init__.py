@@ -6,7 +6,11 @@
 - `measure.measure_fsdp_ranks(job)`: the same step on real CPU ranks over gloo (tiny models), for validation.
 - `ddp`: per-rank memory under DDP (one replica per rank plus gradient buckets) and its all-reduce buckets.
 - `comm`: collective times from nccl-tests' bus-bandwidth definitions; `catalog.interconnects` has the links.
+- `rank_memory`: memory per rank under ddp, zero1/2/3, fsdp2 (full shard, shard-grad-op) and hsdp, derived from
+  the single-GPU simulated step (checked against `sharded_step` on tiny models).
+- `setups`: step time with exposed communication, throughput and cost per (GPU, strategy, number of GPUs); the
+  fewest GPUs that fit and the cheapest setup (`tunecost estimate --gpus N|auto --strategy S`).
 
-Supported: full fine-tuning and LoRA (frozen base weights are sharded under FSDP2 too). QLoRA under FSDP2 is not
-supported (it needs bitsandbytes' float quant storage for the 4-bit weights).
+The FSDP2 fake run supports full fine-tuning and LoRA (frozen base weights are sharded too), not QLoRA (it needs
+bitsandbytes' float quant storage for the 4-bit weights); `rank_memory` derives QLoRA as well.
 """

@@ -12,6 +12,10 @@ STRATEGIES = {
     "ddp": "",  # one full replica per rank; gradients all-reduced in buckets
     "fsdp2": "PGO",  # fully_shard, parameters resharded after forward
     "fsdp2-shard-grad-op": "GO",  # reshard_after_forward=False: parameters stay unsharded until backward ends
+    "hsdp": "PGO",  # fsdp2 within a node, replicated across nodes (gradients all-reduced between nodes)
+    "zero1": "O",  # DeepSpeed ZeRO stage 1
+    "zero2": "GO",  # DeepSpeed ZeRO stage 2
+    "zero3": "PGO",  # DeepSpeed ZeRO stage 3
 }
 MULTI_GPU_STRATEGIES = tuple(s for s in STRATEGIES if s != "single")
 

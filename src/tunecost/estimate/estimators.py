@@ -198,7 +198,9 @@ def eq1_max_batch_size(
 
 
 def paper_max_batch_size(req: EstimateRequest) -> tuple[int, str]:
-    """Eq. (1) for the request's model and GPU."""
+    """Eq. (1) for the request's model and GPU. The paper's GPU_mem is the datasheet label ("48GB" for the A40),
+    which the catalog holds as `memory_gib`: eq. (1)'s coefficients were fitted on those labels, so the label is
+    passed as it is, not converted."""
     return eq1_max_batch_size(
         req.spec,
         gpu_memory_gb=req.gpu.memory_gib,

@@ -7,7 +7,10 @@ Reading rules (each is stated, none is tuned to the data):
   gate/up/down and Qwen's `w1`/`w2` -> mlp; Qwen's `c_proj` names both the attention output and the MLP output
   -> attention and mlp. A subset of the attention projections is modelled as all four (a small over-count);
 - an empty optimizer is transformers' default AdamW; an unknown attention is FlashAttention-2;
-- bnb-nf4 is QLoRA with nf4 and double quantization (the QLoRA recipe).
+- bnb-nf4 is QLoRA with nf4 and double quantization (the QLoRA recipe);
+- a memory row on several GPUs under FSDP (`parallelism` "fsdp" or "fsdp (FULL_SHARD)") is one rank of the
+  fsdp2 full-shard layout (`distributed.rank_memory`), all GPUs in one node; other layouts and multi-GPU
+  throughput rows are skipped.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ THROUGHPUT_QUANTITIES = ("tokens_per_s_per_gpu", "samples_per_s", "s_per_step", 
 _ATTENTION_TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "output_proj", "qkv_proj", "wqkv", "wo"}
 _MLP_TARGETS = {"gate_proj", "up_proj", "down_proj", "w1", "w2", "w3", "gate_up_proj", "fc1", "fc2"}
 _BOTH_TARGETS = {"c_proj"}
+_FSDP_FULL_SHARD = ("fsdp", "fsdp (full_shard)")
 _ATTENTION = {"flash2": "flash", "flash": "flash", "sdpa": "sdpa", "eager": "eager", "": "flash", "unknown": "flash"}
 # Corpus GPU spellings -> the GPU catalog (only the memory is used, for out-of-memory rows).
 _GPU_NAMES = {
@@ -46,6 +50,8 @@ class MappedRow:
     gpu_memory_bytes: int | None
     gpu_name: str | None = None  # the GPU catalog's name (None: not in the catalog)
     grad_accum: int = 1
+    num_gpus: int = 1  # data-parallel ranks; above 1 the row is one rank of `strategy`
+    strategy: str | None = None  # a `distributed.plan.STRATEGIES` name when num_gpus > 1
 
 
 def _int(row: CorpusRow, column: str) -> int:
@@ -109,8 +115,8 @@ def map_row(row: CorpusRow) -> MappedRow:
         raise Skip("time_to_train_s not modelled (the number of steps is not in the row)")
     if not throughput and quantity not in MEMORY_QUANTITIES:
         raise Skip(f"unsupported quantity {quantity!r}")
-    if _int(row, "num_gpus") != 1:
-        raise Skip("multi-GPU (sharding and parallelism not modelled)")
+    num_gpus = _int(row, "num_gpus")
+    strategy = multi_gpu_strategy(row, throughput) if num_gpus != 1 else None
     quantization = row.get("quantization") or "none"
     if quantization not in ("none", "bnb-nf4"):
         raise Skip(f"{quantization} quantization not modelled")
@@ -182,4 +188,16 @@ def map_row(row: CorpusRow) -> MappedRow:
         gpu_memory_bytes=None if gpu is None else gpu.memory_bytes,
         gpu_name=None if gpu is None else gpu.name,
         grad_accum=grad_accum,
+        num_gpus=num_gpus,
+        strategy=strategy,
     )
+
+
+def multi_gpu_strategy(row: CorpusRow, throughput: bool) -> str:
+    """The strategy of a multi-GPU memory row (FSDP full shard: fsdp2); `Skip` for anything else."""
+    parallelism = (row.get("parallelism") or "").strip().lower()
+    if throughput:
+        raise Skip("multi-GPU throughput not modelled (communication time is not validated)")
+    if parallelism not in _FSDP_FULL_SHARD:
+        raise Skip(f"multi-GPU parallelism {parallelism or 'unstated'!r} not modelled (FSDP full shard only)")
+    return "fsdp2"

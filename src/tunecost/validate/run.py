@@ -85,13 +85,22 @@ def predicted_bytes(quantity: str, sim) -> int:
         return int(sim.peak_bytes)
     if quantity == "peak_reserved_gib":
         return int(sim.peak_bytes + sim.device_overhead_bytes - DEFAULT_OVERHEAD.cuda_context_bytes)
-    return int(sim.peak_bytes + sim.device_overhead_bytes)
+    return int(sim.peak_bytes + sim.device_overhead_bytes + getattr(sim, "nccl_bytes", 0))
 
 
 def _simulate(mapped: MappedRow):
+    stack = mapped.stack.simulator_stack or "tunecost"
+    if mapped.num_gpus > 1:  # one rank of the row's layout, all GPUs in one node
+        from tunecost.distributed.plan import ParallelPlan
+        from tunecost.distributed.rank_memory import rank_memory, single_gpu_step
+
+        job = mapped.job.with_(stack=stack)
+        assert mapped.strategy is not None
+        plan = ParallelPlan(num_gpus=mapped.num_gpus, gpus_per_node=mapped.num_gpus, strategy=mapped.strategy)
+        return rank_memory(single_gpu_step(job), job, plan)
     from tunecost.simulate import simulate_step
 
-    return simulate_step(mapped.job, stack=mapped.stack.simulator_stack or "tunecost")
+    return simulate_step(mapped.job, stack=stack)
 
 
 def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simulate) -> ValidationRow:

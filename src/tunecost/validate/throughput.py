@@ -138,12 +138,12 @@ def step_seconds(work: StepWork, gpu: GPU, efficiency: float) -> float:
 
 def efficiency_from(work: StepWork, gpu: GPU, measured_step_s: float) -> float | None:
     """The efficiency that reproduces a measured step (None when the bytes alone take longer)."""
-    at_peak = _step_time(work, gpu, 1.0)
-    memory_s = sum(s for cls, s in at_peak.class_s.items() if cls != COMPUTE_CLASS)
-    compute_s = measured_step_s - memory_s
+    at_peak = _step_time(work, gpu, 1.0)  # efficiency 1: the compute class at the full datasheet peak
+    compute_at_peak_s = at_peak.class_s.get(COMPUTE_CLASS, 0.0)
+    compute_s = measured_step_s - sum(s for cls, s in at_peak.class_s.items() if cls != COMPUTE_CLASS)
     if compute_s <= 0:
         return None
-    eff = work.flops / (gpu.bf16_tensor_flops_per_s * compute_s)
+    eff = compute_at_peak_s / compute_s
     return eff if 0 < eff <= 1 else None
 
 

@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from tunecost.cli.commands import estimate_multigpu as multi
 from tunecost.cli.common import cli_errors, console, print_json, print_table, split_list
 from tunecost.cli.options import (
     ExpertsPerToken,
@@ -188,11 +189,18 @@ def estimate(
     calibrate: Annotated[list[Path] | None, opt("--calibrate", CALIBRATE_HELP)] = None,
     batch_size: Annotated[str | None, opt("--batch-size", BATCH_SIZE_HELP)] = None,
     run_queries: RunQueries = None,
+    num_gpus: multi.NumGpus = None,
+    gpus_per_node: multi.GpusPerNode = None,
+    strategy: multi.Strategy = None,
+    max_gpus: multi.MaxGpus = None,
+    interconnect: multi.Interconnect = None,
     out: RecordsOut = None,
     force: ReplaceRecords = False,
     json_out: JsonOut = False,
 ) -> None:
-    """Cost of fine-tuning MODEL on each GPU and provider, cheapest first; says which estimator answered."""
+    """Cost of fine-tuning MODEL on each GPU and provider, cheapest first; says which estimator answered.
+    With --gpus (or --strategy): memory per rank, communication and cost on several GPUs."""
+    from tunecost.catalog.datasets import get_dataset_facts
     from tunecost.catalog.gpus import gpu_catalog
     from tunecost.catalog.models import resolve_model
     from tunecost.errors import TunecostError
@@ -219,6 +227,28 @@ def estimate(
         seq_len=seq_len,
         lora_targets=parse_lora_targets(lora_targets) if lora_targets is not None else None,
     )
+    if any(v is not None for v in (num_gpus, gpus_per_node, strategy, max_gpus, interconnect)):
+        if out is not None or estimator != DEFAULT_ESTIMATOR or calibrate or run_queries is not None:
+            raise TunecostError(
+                "--gpus/--strategy estimate with the step simulator and the cross-GPU throughput model; "
+                "--out, --estimator, --calibrate and --run-queries apply to one GPU only"
+            )
+        multi.run_multi_gpu(
+            job,
+            gpus=gpus,
+            num_gpus=num_gpus or "auto",
+            gpus_per_node=gpus_per_node,
+            strategy=strategy,
+            max_gpus=max_gpus,
+            interconnect=interconnect,
+            provider=provider,
+            prices_file=prices_file,
+            batch_size=batch_size,
+            num_queries=queries or get_dataset_facts(job.dataset or "").num_queries,
+            epochs=epochs,
+            json_out=json_out,
+        )
+        return
     options = EstimatorOptions(name=estimator, calibrate=tuple(calibrate or ()), run_queries=run_queries)
     batch_sizes = parse_batch_sizes(batch_size, gpus) if batch_size else None
     rows = estimate_costs(

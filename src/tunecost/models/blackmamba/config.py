@@ -23,6 +23,7 @@ from tunecost.errors import TunecostError
 
 MAMBA_LAYER = "mamba"
 MOE_LAYER = "moe"
+TINY_LAYOUT_MODEL = "blackmamba-1.5b"  # the catalog model whose layout `tiny_blackmamba_config` shrinks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,20 +182,11 @@ def config_from_spec(spec: Any, *, experts_per_token: int | None = None, **overr
 
 
 def tiny_blackmamba_config(**overrides: Any) -> BlackMambaConfig:
-    """A CPU-sized BlackMamba: hidden 128, 4 layers (Mamba, MoE, Mamba, MoE), 8 experts of width 256, top-2,
-    and the real vocabulary (50304, GPT-NeoX tokenizer) so real text works; override anything by keyword."""
-    base: dict[str, Any] = dict(
-        num_layers=4,
-        hidden_size=128,
-        state_size=16,
-        conv_dimension=4,
-        vocab_size=50304,
-        expansion_factor=2,
-        mamba_moe_layers=("r", "8", "r", "8"),
-        ffn_hidden_size=256,
-        add_bias_linear=False,
-        swiglu=True,
-        max_sequence_length=2048,
-        experts_per_token=2,
-    )
+    """A CPU-sized BlackMamba: the family's layout as the catalog gives it (state 16, conv 4, expansion 2, gated
+    experts, no linear biases, the real vocabulary of 50304 so real text works) at hidden 128, 4 layers (Mamba, MoE,
+    Mamba, MoE), 8 experts of width 256, top-2; override anything by keyword."""
+    from tunecost.catalog.models import resolve_model
+
+    cpu_size = {"num_layers": 4, "hidden_size": 128, "ffn_hidden_size": 256, "experts_per_token": 2}
+    base = _with_depth(dict(resolve_model(TINY_LAYOUT_MODEL).config), cpu_size)
     return BlackMambaConfig(**_with_depth(base, overrides))

@@ -1,0 +1,148 @@
+"""`tunecost estimate --gpus N|auto --strategy S`: the job on several GPUs (memory per rank, step, cost)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from tunecost.cli.common import console, print_json, print_table, split_list
+from tunecost.cli.options import count_option, opt
+from tunecost.distributed.plan import MULTI_GPU_STRATEGIES
+from tunecost.distributed.setups import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS
+from tunecost.units import format_bytes
+
+DEFAULT_GPUS_PER_NODE = 8
+DEFAULT_SEQ_LEN = 512  # tokens per query when the job names none (the paper's eq. (1) artifact length)
+MAX_GPUS_PER_NODE = 1024
+NumGpus = Annotated[
+    str | None, opt("--gpus", "Several GPUs: a number, or 'auto' for the fewest that fit and the cheapest setup.")
+]
+GpusPerNode = Annotated[
+    int | None, count_option("--gpus-per-node", "Several GPUs: GPUs per node (default 8).", MAX_GPUS_PER_NODE)
+]
+Strategy = Annotated[
+    str | None,
+    opt("--strategy", "Several GPUs: " + ", ".join(MULTI_GPU_STRATEGIES) + ", or all (default; comma list)."),
+]
+MaxGpus = Annotated[
+    int | None, count_option("--max-gpus", "--gpus auto: the most GPUs to consider (default 64).", MAX_SEARCH_GPUS)
+]
+Interconnect = Annotated[str | None, opt("--interconnect", "Several GPUs: the link inside a node (NVLink4, PCIe4...).")]
+
+
+def parse_gpu_count(text: str) -> int | None:
+    """--gpus: a whole number of GPUs, or "auto" (search every count up to --max-gpus)."""
+    from tunecost.errors import TunecostError
+
+    if text.strip().lower() == "auto":
+        return None
+    try:
+        count = int(text)
+    except ValueError:
+        raise TunecostError(f"--gpus must be a whole number or 'auto', got {text!r}") from None
+    if count < 1:
+        raise TunecostError(f"--gpus must be at least 1, got {count}")
+    return count
+
+
+def run_multi_gpu(
+    job,
+    *,
+    gpus: list[str],
+    num_gpus: str,
+    gpus_per_node: int | None,
+    strategy: str | None,
+    max_gpus: int | None,
+    interconnect: str | None,
+    provider: str | None,
+    prices_file,
+    batch_size: str | None,
+    num_queries: int,
+    epochs: float,
+    json_out: bool,
+) -> None:
+    """Answer the multi-GPU question for `job` (the estimate command's job) and print it. Each rank runs a
+    micro-batch of `batch_size` (default 1) at the job's sequence length (default 512 tokens)."""
+    from tunecost.catalog.gpus import resolve_gpu_name
+    from tunecost.distributed.setups import estimate_multi_gpu
+    from tunecost.errors import TunecostError
+
+    strategies = list(MULTI_GPU_STRATEGIES) if strategy in (None, "all") else split_list(strategy, what="strategy")
+    count = parse_gpu_count(num_gpus)
+    if batch_size is not None and not batch_size.strip().isdigit():
+        raise TunecostError(f"with --gpus, --batch-size is one whole number (per rank), got {batch_size!r}")
+    job = job.with_(batch_size=int(batch_size) if batch_size else 1, seq_len=job.seq_len or DEFAULT_SEQ_LEN)
+    answer = estimate_multi_gpu(
+        job,
+        gpus=[resolve_gpu_name(g).gpu for g in dict.fromkeys(gpus)],
+        strategies=strategies,
+        num_gpus=count,
+        gpus_per_node=gpus_per_node or DEFAULT_GPUS_PER_NODE,
+        max_gpus=max_gpus or DEFAULT_MAX_GPUS,
+        node_link=interconnect,
+        provider=provider,
+        prices_file=prices_file,
+        num_queries=num_queries,
+        epochs=epochs,
+    )
+    limit = max_gpus or DEFAULT_MAX_GPUS
+    if json_out:
+        print_json(answer)
+        return
+    shown = answer.setups if count is not None else tuple(answer.smallest_fitting.values())
+    title = (
+        f"{answer.model} ({answer.method}) on {count} GPUs"
+        if count is not None
+        else f"{answer.model} ({answer.method}): fewest GPUs that fit, per GPU and strategy (up to {limit})"
+    )
+    _print_setups(f"{title}: {answer.batch_size} x {answer.seq_len} tokens per rank", shown)
+    for s in shown:
+        if not s.fits:
+            console.print(f"{s.plan.strategy} on {s.plan.num_gpus} x {s.gpu.name} does not fit: {why_not(s)}")
+    best = answer.cheapest
+    if best is not None and best.cost is not None and best.cost.price is not None:
+        price = best.cost.price
+        console.print(
+            f"cheapest: {best.plan.num_gpus} x {best.gpu.name} ({price.provider}, "
+            f"${price.usd_per_gpu_hour:g}/GPU-hour) with {best.plan.strategy}: {best.cost.hours:.1f} h, "
+            f"[bold]${best.usd:.2f}[/bold]"
+        )
+    for note in (*answer.notes, *answer.assumptions):
+        console.print(f"[dim]note: {note}[/dim]")
+
+
+def why_not(setup) -> str:
+    """The need of a rank that does not fit, and its largest parts."""
+    m = setup.memory
+    parts = sorted(m.breakdown_bytes.items(), key=lambda kv: -kv[1])[:3]
+    held = "the whole model and its states replicated per rank" if m.shard_group == 1 else "its shard of the states"
+    return (
+        f"each rank needs {format_bytes(m.need_bytes)} ({held}: "
+        + ", ".join(f"{k} {format_bytes(v)}" for k, v in parts)
+        + f", plus {format_bytes(m.device_overhead_bytes + m.nccl_bytes)} device and NCCL overhead) "
+        f"but the GPU has {format_bytes(setup.gpu.memory_bytes)}"
+    )
+
+
+def _print_setups(title: str, setups) -> None:
+    def fmt(value, spec: str) -> str:
+        return "-" if value is None else format(value, spec)
+
+    print_table(
+        title,
+        ["gpu", "strategy", "GPUs", "fits", "memory/rank GB", "step s", "exposed comm", "queries/s", "hours", "cost $"],
+        [
+            [
+                s.gpu.name,
+                s.plan.strategy,
+                s.plan.num_gpus,
+                "yes" if s.fits else "no",
+                f"{s.memory.need_bytes / 1e9:.1f} of {s.gpu.memory_bytes / 1e9:.1f}",
+                fmt(s.timing.step_seconds if s.timing else None, ".3f"),
+                "-" if s.exposed_comm_share is None else f"{100 * s.exposed_comm_share:.1f} %",
+                fmt(s.queries_per_s, ".2f"),
+                fmt(s.cost.hours if s.cost else None, ".1f"),
+                fmt(s.usd, ".2f"),
+            ]
+            for s in setups
+        ],
+    )

@@ -1,0 +1,292 @@
+"""Memory per rank of a data-parallel fine-tune, derived from the single-GPU simulated step.
+
+Every rank runs the same micro-batch through the whole model, so its activations and temporaries are the
+single-GPU step's; what a strategy changes is which model states a rank holds whole and which it holds as a
+1/S shard (S: the ranks that share them), and which communication buffers it adds. The single-GPU step simulator
+(`simulate.trace`) gives, for every segment of the step (phase x region, see `simulate.trace`), the bytes alive at
+that segment's peak by category at full depth; each category is scaled per strategy and the buffers added:
+
+- ddp: shards nothing; adds DDP's gradient buckets (one more copy of the trainable gradients).
+- zero1: shards optimizer states (O); adds DeepSpeed's reduce bucket (`reduce_bucket_size`, 5e8 elements).
+- zero2: shards gradients and optimizer states (G, O); adds the reduce bucket.
+- fsdp2-shard-grad-op: stores parameters as shards but keeps every parameter unsharded from forward to the end
+  of backward; shards G and O; adds all-gather outputs in forward and one layer's unsharded gradients.
+- fsdp2, zero3: shard P, G and O; add the root unit's and the running layer's unsharded parameters, the
+  all-gather outputs of two layers in forward and one in backward (the prefetch), and one layer's unsharded
+  gradients before their reduce-scatter.
+- hsdp: as fsdp2 within a node (the shard group), replicated across nodes.
+
+The result is the highest segment after scaling. `tests/distributed/test_rank_memory.py` checks the sharded
+states (exactly 1/N) and the total against the FSDP2 step simulated in a fake process group
+(`sharded_step.simulate_fsdp_rank`) on tiny models.
+
+DeepSpeed ZeRO keeps fp32 master weights and fp32 Adam states for 16-bit trainable parameters (12 bytes per
+parameter); the single-GPU step (torch AdamW on bf16 parameters) keeps 4, so a full 16-bit fine-tune under
+zero1/2/3 counts 12 bytes per trainable parameter. LoRA factors are fp32 already (8 bytes of AdamW states).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tunecost.distributed.plan import STRATEGIES, ParallelPlan
+from tunecost.errors import TunecostError
+from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
+from tunecost.simulate.records import STATIC_CATEGORIES, WEIGHT_CATEGORIES
+from tunecost.units import BYTES_PER_GIB
+from tunecost.workload.job import FineTuneJob
+
+ROOT_GROUPS = ("embedding", "lm_head/loss", "other")  # outside the decoder layers: FSDP2's root unit
+ZERO_STRATEGIES = ("zero1", "zero2", "zero3")
+PARAM_SHARDED = ("fsdp2", "zero3", "hsdp")  # parameters gathered one unit at a time
+STORED_SHARDED = (*PARAM_SHARDED, "fsdp2-shard-grad-op")  # parameters stored as shards between steps
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default reduce_bucket_size
+ZERO_ADAM_BYTES_PER_PARAM = 12  # fp32 master weight + fp32 exp_avg + fp32 exp_avg_sq (ZeRO paper, K = 12)
+# NCCL's own device memory (communicator buffers, NVLS/SHARP buffers) is outside PyTorch's allocator: assumed.
+NCCL_COMMUNICATOR_BYTES = BYTES_PER_GIB // 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class SingleGpuStep:
+    """The single-GPU simulated step at full depth: bytes by category at every segment's peak, and the model's
+    stored weights split into the root unit and the decoder layers."""
+
+    model: str
+    method: str
+    batch_size: int
+    seq_len: int
+    num_layers: int
+    segments: dict[str, dict[str, int]]  # segment ("backward:unit_last", ...) -> category -> bytes
+    root_weight_bytes: int  # embedding, LM head and buffers: FSDP2's root unit
+    layer_weight_bytes: int  # every stored weight of one decoder layer (frozen, 4-bit and trainable)
+    trainable_bytes: int  # trainable parameters (their gradients have the same size)
+    layer_trainable_bytes: int  # trainable parameters of one decoder layer
+    trainable_bytes_per_param: int  # 4 for LoRA factors (fp32), the compute dtype's size for a full fine-tune
+    flops_by_phase: dict[str, float]
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.root_weight_bytes + self.num_layers * self.layer_weight_bytes
+
+    @property
+    def root_trainable_bytes(self) -> int:
+        return self.trainable_bytes - self.num_layers * self.layer_trainable_bytes
+
+
+def _lerp(a: float, b: float, t: float) -> float:
+    return max(0.0, a + (b - a) * t)
+
+
+def single_gpu_step(job: FineTuneJob, *, granule_bytes: int = 512, use_cache: bool = True) -> SingleGpuStep:
+    """Trace `job` at one and two repeating units (or at full depth when it is short) and scale every segment
+    to the full depth, as `simulate.simulate_step` does for its peak (exact for identical units). Cached on disk
+    beside the simulator's results (`simulate.cache`: the key hashes the job, the config and the versions)."""
+    import dataclasses
+    import json
+
+    from tunecost.io import atomic_write_json
+    from tunecost.simulate import cache
+
+    key = "rank-" + cache.job_key(job, None, job.stack, DEFAULT_OVERHEAD, granule_bytes)
+    path = cache.cache_dir() / f"{key}.json"
+    if use_cache:
+        try:
+            return SingleGpuStep(**json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):  # no entry, or one from another layout: trace again
+            pass
+    step = _trace_single_gpu_step(job, granule_bytes)
+    if use_cache:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, dataclasses.asdict(step))
+        except (OSError, TunecostError):  # a cache that cannot be written is no error
+            pass
+    return step
+
+
+def _trace_single_gpu_step(job: FineTuneJob, granule_bytes: int) -> SingleGpuStep:
+    from tunecost.catalog.models import resolve_model
+    from tunecost.simulate.pool import prepared_model
+    from tunecost.simulate.prepare import check_supported, layer_pattern
+    from tunecost.simulate.trace import trace_step
+
+    spec = resolve_model(job.model)
+    check_supported(job, spec, job.stack)
+    prefix, period, full_units = layer_pattern(spec)
+    if prefix or period != 1:
+        raise TunecostError(f"{spec.name}: per-rank memory needs identical decoder layers (this model has a prefix)")
+    units = [full_units] if full_units <= 2 else [1, 2]
+    traces = [
+        trace_step(prepared_model(job, u, job.stack), job.batch_size, job.worst_case_seq_len, round_bytes=granule_bytes)
+        for u in units
+    ]
+    ta, tb = traces[0], traces[-1]
+    t = 0.0 if len(traces) == 1 else (full_units - ta.num_units) / (tb.num_units - ta.num_units)
+    segments: dict[str, dict[str, int]] = {}
+    for key in set(ta.segments) & set(tb.segments):
+        ca, cb = ta.segments[key].by_category, tb.segments[key].by_category
+        segments[key] = {c: round(_lerp(ca.get(c, 0), cb.get(c, 0), t)) for c in set(ca) | set(cb)}
+    weights = {k: round(_lerp(ta.weight_bytes.get(k, 0), tb.weight_bytes.get(k, 0), t)) for k in tb.weight_bytes}
+    root = sum(v for k, v in weights.items() if k.rsplit("/", 1)[0] in ROOT_GROUPS)
+    trainable = sum(v for k, v in weights.items() if k.endswith("/trainable_params"))
+    root_trainable = sum(
+        v for k, v in weights.items() if k.endswith("/trainable_params") and k.rsplit("/", 1)[0] in ROOT_GROUPS
+    )
+    flops: dict[str, float] = {}
+    for (phase, _cls), v in tb.flops.items():
+        flops[phase] = flops.get(phase, 0.0) + _lerp(ta.flops.get((phase, _cls), 0.0), v, t)
+    return SingleGpuStep(
+        model=spec.name,
+        method=job.method,
+        batch_size=job.batch_size,
+        seq_len=job.worst_case_seq_len,
+        num_layers=spec.num_layers,
+        segments=segments,
+        root_weight_bytes=root,
+        layer_weight_bytes=(sum(weights.values()) - root) // spec.num_layers,
+        trainable_bytes=trainable,
+        layer_trainable_bytes=(trainable - root_trainable) // spec.num_layers,
+        trainable_bytes_per_param=4 if job.method != "full" else job.compute_bytes_per_element,
+        flops_by_phase=flops,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankMemory:
+    """One rank's memory under a strategy. Bytes as `torch.cuda.max_memory_allocated` counts them, plus the
+    device overhead (CUDA context, allocator reserve) and NCCL's communicator memory (both assumed)."""
+
+    strategy: str
+    num_gpus: int
+    shard_group: int  # ranks that share (shard) the sharded states; 1 for ddp
+    peak_bytes: int
+    peak_segment: str
+    breakdown_bytes: dict[str, int]  # category -> bytes at the peak (single-GPU categories + buffers)
+    device_overhead_bytes: int
+    nccl_bytes: int
+    assumptions: tuple[str, ...] = field(default=())
+
+    @property
+    def need_bytes(self) -> int:
+        return self.peak_bytes + self.device_overhead_bytes + self.nccl_bytes
+
+
+def shard_group_size(plan: ParallelPlan) -> int:
+    """Ranks that share one copy of the sharded states: all of them, or (hsdp) the ranks of one node."""
+    if plan.strategy == "ddp":
+        return 1
+    if plan.strategy == "hsdp":
+        return min(plan.num_gpus, plan.node_size)
+    return plan.num_gpus
+
+
+def _shard(nbytes: float, ranks: int) -> int:
+    return math.ceil(nbytes / ranks)  # FSDP2 and ZeRO pad a flat shard up to a multiple of the ranks
+
+
+def zero_optimizer_state_bytes(step: SingleGpuStep, job: FineTuneJob, simulated_bytes: int) -> int:
+    """ZeRO's optimizer states for the whole model: fp32 master + AdamW states for 16-bit trainable weights."""
+    if job.optimizer != "adamw" or step.trainable_bytes_per_param == 4:
+        return simulated_bytes
+    return step.trainable_bytes // step.trainable_bytes_per_param * ZERO_ADAM_BYTES_PER_PARAM
+
+
+def _buffers(step: SingleGpuStep, strategy: str, phase: str) -> dict[str, int]:
+    """Communication buffers and unsharded copies a rank holds at a segment of `phase`, beyond its states."""
+    in_pass = phase != "optimizer"
+    out: dict[str, int] = {}
+    if strategy == "ddp":
+        out["gradient_buckets"] = step.trainable_bytes
+    if strategy in ("zero1", "zero2"):
+        bucket = DEEPSPEED_REDUCE_BUCKET_ELEMENTS * step.trainable_bytes_per_param
+        out["reduce_bucket"] = min(bucket, step.trainable_bytes)
+    if in_pass and strategy in PARAM_SHARDED:
+        # the root (kept unsharded between forward and backward) and the running layer, copied out of their
+        # all-gather buffers; all-gather outputs in flight: two in forward, one in backward (FSDP2's prefetch)
+        out["unsharded_params"] = step.root_weight_bytes + step.layer_weight_bytes
+        out["all_gather_buffers"] = (2 if phase == "forward" else 1) * step.layer_weight_bytes
+    if in_pass and strategy == "fsdp2-shard-grad-op":  # no all-gather in backward: parameters stay unsharded
+        out["unsharded_params"] = step.weight_bytes
+        out["all_gather_buffers"] = (2 if phase == "forward" else 0) * step.layer_weight_bytes
+    if phase == "backward" and strategy in STORED_SHARDED:
+        out["reduce_scatter_buffers"] = max(step.layer_trainable_bytes, step.root_trainable_bytes)
+    return out
+
+
+def rank_segment_bytes(
+    categories: dict[str, int], phase: str, step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan
+) -> dict[str, int]:
+    """Bytes by category of one rank at one segment (single-GPU bytes `categories`, scaled per strategy)."""
+    sharded = STRATEGIES[plan.strategy]
+    ranks = shard_group_size(plan)
+    factor = {"P": ranks if plan.strategy in STORED_SHARDED else 1, "G": ranks if "G" in sharded else 1}
+    factor["O"] = ranks if "O" in sharded else 1
+    out: dict[str, int] = {}
+    for category, nbytes in categories.items():
+        if category in WEIGHT_CATEGORIES and category != "buffers":
+            out[category] = _shard(nbytes, factor["P"])
+        elif category == "optimizer_states":
+            if plan.strategy in ZERO_STRATEGIES:
+                nbytes = zero_optimizer_state_bytes(step, job, nbytes)
+            out[category] = _shard(nbytes, factor["O"])
+        elif category == "gradients":
+            out[category] = _shard(nbytes, factor["G"])
+        elif category == "temporaries" and phase == "optimizer":  # AdamW's foreach temporaries span its params
+            out[category] = _shard(nbytes, factor["O"])
+        else:
+            out[category] = nbytes
+    for name, nbytes in _buffers(step, plan.strategy, phase).items():
+        out[name] = out.get(name, 0) + nbytes
+    return {k: v for k, v in out.items() if v}
+
+
+def rank_memory(
+    step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan, *, overhead: DeviceOverhead = DEFAULT_OVERHEAD
+) -> RankMemory:
+    """The peak of one rank of `plan` running `job`, from the single-GPU step `step` of the same job."""
+    best_key, best = "", dict[str, int]()
+    for key, categories in step.segments.items():
+        per_rank = rank_segment_bytes(categories, key.split(":", 1)[0], step, job, plan)
+        if not best_key or sum(per_rank.values()) > sum(best.values()):
+            best_key, best = key, per_rank
+    peak = sum(best.values())
+    static = sum(v for k, v in best.items() if k in STATIC_CATEGORIES)
+    return RankMemory(
+        strategy=plan.strategy,
+        num_gpus=plan.num_gpus,
+        shard_group=shard_group_size(plan),
+        peak_bytes=peak,
+        peak_segment=best_key,
+        breakdown_bytes=best,
+        device_overhead_bytes=overhead.overhead_bytes(peak, static),
+        nccl_bytes=NCCL_COMMUNICATOR_BYTES if plan.num_gpus > 1 else 0,
+        assumptions=rank_assumptions(job, plan, overhead),
+    )
+
+
+def rank_assumptions(job: FineTuneJob, plan: ParallelPlan, overhead: DeviceOverhead) -> tuple[str, ...]:
+    out = [
+        f"each rank runs the job's micro-batch ({job.batch_size} x {job.worst_case_seq_len} tokens) through the "
+        "whole model; per-rank memory derived from the single-GPU simulated step (states scaled per strategy)",
+        overhead.describe(),
+    ]
+    if plan.num_gpus > 1:
+        out.append(f"NCCL communicator memory {NCCL_COMMUNICATOR_BYTES / BYTES_PER_GIB:.1f} GiB per rank (assumed)")
+    if plan.strategy in ZERO_STRATEGIES:
+        out.append(
+            "DeepSpeed ZeRO: fp32 master weights and fp32 Adam states for 16-bit trainable weights (12 bytes per "
+            "parameter); reduce bucket of 5e8 elements (stage 1/2); stage 3 fetches parameters per decoder layer "
+            "like FSDP2 (DeepSpeed's prefetch and live-parameter limits are not modelled)"
+        )
+    if plan.strategy in PARAM_SHARDED:
+        out.append(
+            "FSDP2 buffers: the root and the running layer unsharded, all-gather outputs of two layers in forward "
+            "and one in backward, one layer's unsharded gradients before its reduce-scatter"
+        )
+    if job.method == "qlora" and plan.strategy in STORED_SHARDED:
+        out.append(
+            "QLoRA with sharded parameters needs bitsandbytes' float quant storage (bnb_4bit_quant_storage); "
+            "the 4-bit bytes are sharded as stored (derived only: the FSDP2 fake run does not cover QLoRA)"
+        )
+    return tuple(out)

@@ -1,0 +1,59 @@
+"""`tunecost estimate --gpus/--strategy` through typer's CliRunner: the multi-GPU answer and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tunecost.cli.main import app
+
+TINY = str(Path(__file__).parents[1] / "fixtures" / "distributed" / "tiny-mixtral-2l.json")
+BASE = ["estimate", "--epochs", "1", "--queries", "100", "--method", "lora"]
+
+
+@pytest.mark.slow
+def test_mixtral_lora_on_8_h100_fits_under_fsdp2_not_ddp(cli_runner):
+    """DDP keeps the whole bf16 model (93.4 GB of frozen weights) on every rank: more than 80 GiB; FSDP2 keeps
+    1/8 of it plus the gathered layers."""
+    args = [*BASE, "--model", "mixtral-8x7b", "--gpu", "H100", "--gpus", "8", "--strategy", "ddp,fsdp2", "--json"]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    setups = {s["plan"]["strategy"]: s for s in json.loads(result.stdout)["setups"]}
+    ddp, fsdp2 = setups["ddp"], setups["fsdp2"]
+    assert ddp["memory"]["breakdown_bytes"]["frozen_weights"] > ddp["gpu"]["memory_gib"] * 2**30
+    assert ddp["cost"] is None and ddp["timing"] is None
+    assert fsdp2["memory"]["breakdown_bytes"]["frozen_weights"] * 8 == pytest.approx(
+        ddp["memory"]["breakdown_bytes"]["frozen_weights"], abs=8
+    )
+    assert fsdp2["cost"]["usd"] > 0
+    assert fsdp2["timing"]["step_seconds"] > fsdp2["timing"]["compute_seconds"]
+
+
+@pytest.mark.slow
+def test_ddp_that_does_not_fit_says_why(cli_runner):
+    args = [*BASE, "--model", "mixtral-8x7b", "--gpu", "H100", "--gpus", "8", "--strategy", "ddp"]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "ddp on 8 x H100-80GB-SXM does not fit" in text
+    assert "the whole model and its states replicated per rank: frozen_weights 93.41 GB" in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--gpus", "12", "--gpus-per-node", "8"], "cannot be split into whole nodes"),
+        (["--gpus", "8", "--strategy", "zero4"], "unknown strategy"),
+        (["--gpus", "8", "--interconnect", "carrier-pigeon"], "unknown interconnect"),
+        (["--gpus", "many"], "--gpus must be a whole number or 'auto'"),
+        (["--gpus", "2", "--batch-size", "A40=4"], "--batch-size is one whole number"),
+        (["--strategy", "fsdp2", "--estimator", "simulate"], "apply to one GPU only"),
+    ],
+)
+def test_bad_multi_gpu_input_is_a_one_line_error(cli_runner, extra, message):
+    result = cli_runner.invoke(app, [*BASE, "--model", TINY, "--gpu", "H100", *extra])
+    assert result.exit_code == 2
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in " ".join(result.output.split())

@@ -1,0 +1,92 @@
+"""Step time, cost and the GPU-count search: hand counts of the bytes each strategy moves, and the search's
+answers and errors."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from tiny_jobs import tiny_job
+
+from tunecost.catalog.gpus import resolve_gpu_name
+from tunecost.catalog.interconnects import resolve_interconnect
+from tunecost.distributed.plan import ParallelPlan
+from tunecost.distributed.rank_memory import single_gpu_step
+from tunecost.distributed.setups import Links, estimate_multi_gpu, step_time, valid_gpu_counts
+from tunecost.errors import TunecostError
+from tunecost.workload.job import LoraConfig
+
+BUSBW = 1e9  # bytes/s, no latency: seconds = bytes x bus factor / 1e9
+
+
+@pytest.fixture
+def tiny():
+    job = tiny_job("tiny-mixtral-2l", "full", LoraConfig(rank=8, targets=("attention",)))
+    return job, single_gpu_step(job, granule_bytes=1)
+
+
+def _links() -> Links:
+    link = dataclasses.replace(resolve_interconnect("NVLink4"), bus_bandwidth_bytes_per_s=BUSBW, latency_seconds=0.0)
+    return Links(node=link, network=link, nics_per_node=1)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "bytes_times_factor"),
+    [
+        # all-gather every weight in forward and again in backward, reduce-scatter every gradient: (n-1)/n each
+        ("fsdp2", lambda s, n: (2 * s.weight_bytes + s.trainable_bytes) * (n - 1) / n),
+        ("fsdp2-shard-grad-op", lambda s, n: (s.weight_bytes + s.trainable_bytes) * (n - 1) / n),
+        # one all-reduce of every gradient: 2(n-1)/n
+        ("ddp", lambda s, n: s.trainable_bytes * 2 * (n - 1) / n),
+        # reduce-scatter the gradients, all-gather the updated weights
+        ("zero2", lambda s, n: 2 * s.trainable_bytes * (n - 1) / n),
+    ],
+)
+def test_collective_seconds_follow_a_hand_count(tiny, strategy, bytes_times_factor):
+    _job, step = tiny
+    plan = ParallelPlan(num_gpus=4, strategy=strategy)
+    _timed, total = step_time(step, plan, _links(), compute_seconds=1.0)
+    assert total == pytest.approx(bytes_times_factor(step, 4) / BUSBW)
+
+
+def test_one_gpu_communicates_nothing(tiny):
+    _job, step = tiny
+    timed, total = step_time(step, ParallelPlan(num_gpus=1, strategy="fsdp2"), _links(), compute_seconds=1.0)
+    assert total == 0.0 and timed.step_seconds == pytest.approx(1.0)
+
+
+def test_gpu_counts_are_within_a_node_or_whole_nodes():
+    assert valid_gpu_counts(8, 24) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 24]
+
+
+def test_search_finds_the_smallest_count_and_the_cheapest(tiny):
+    job, _step = tiny
+    gpu = resolve_gpu_name("H100").gpu
+    answer = estimate_multi_gpu(job, gpus=[gpu], strategies=["ddp", "fsdp2"], max_gpus=16, num_queries=100, epochs=1)
+    assert answer.smallest_fitting[(gpu.name, "ddp")].plan.num_gpus == 1  # a tiny model fits one GPU
+    best = answer.cheapest
+    assert best is not None and all(best.usd <= s.usd for s in answer.setups if s.usd is not None)
+
+
+def test_a_job_that_fits_no_count_is_an_error(tiny):
+    job, _step = tiny
+    small = dataclasses.replace(resolve_gpu_name("H100").gpu, memory_gib=0.0001)
+    with pytest.raises(TunecostError, match="fits no setup of up to 4 GPUs"):
+        estimate_multi_gpu(job, gpus=[small], strategies=["fsdp2"], max_gpus=4)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"num_gpus": 12, "gpus_per_node": 8}, "whole nodes"),
+        ({"num_gpus": 8, "strategies": ["zero4"]}, "unknown strategy"),
+        ({"num_gpus": 8, "node_link": "carrier-pigeon"}, "interconnect"),
+        ({"num_gpus": 8, "node_link": "ndr"}, "links nodes"),
+        ({"max_gpus": 0}, "GPU limit"),
+    ],
+)
+def test_bad_setups_are_one_line_errors(tiny, kwargs, message):
+    job, _step = tiny
+    args = {"gpus": [resolve_gpu_name("H100").gpu], "strategies": ["fsdp2"], **kwargs}
+    with pytest.raises(TunecostError, match=message):
+        estimate_multi_gpu(job, **args)
