@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 from tunecost.cli.main import app
+from tunecost.distributed.setups import MAX_SEARCH_GPUS
+from tunecost.limits import MAX_BATCH_SIZE
 
 TINY = str(Path(__file__).parents[1] / "fixtures" / "distributed" / "tiny-mixtral-2l.json")
 BASE = ["estimate", "--epochs", "1", "--queries", "100", "--method", "lora"]
@@ -57,3 +59,12 @@ def test_bad_multi_gpu_input_is_a_one_line_error(cli_runner, extra, message):
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and message in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("option", "maximum"), [("--gpus", MAX_SEARCH_GPUS), ("--batch-size", MAX_BATCH_SIZE)])
+@pytest.mark.parametrize("value", ["0", "-1", "2000000000", "100000000000000000000"])
+def test_counts_past_their_bounds_are_one_error_line(cli_runner, option: str, maximum: int, value: str) -> None:
+    args = ["estimate", "--model", "mixtral-8x7b", "--gpu", "A40", "--dataset", "math_14k", "--epochs", "1"]
+    result = cli_runner.invoke(app, [*args, option, value])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [f"error: {option} must be between 1 and {maximum}, got {value}"]

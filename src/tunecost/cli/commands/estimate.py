@@ -273,14 +273,16 @@ def estimate(
 def parse_batch_sizes(text: str, gpus: list[str]) -> dict[str, int]:
     """--batch-size: "17" (every GPU), "4,17,17" (aligned with --gpu), or "A40=4,H100=17"."""
     from tunecost.errors import TunecostError
+    from tunecost.limits import MAX_BATCH_SIZE, check_count
 
     parts = [p.strip() for p in text.split(",") if p.strip()]
 
     def number(value: str) -> int:
         try:
-            return int(value)
+            count = int(value)
         except ValueError:
             raise TunecostError(f"--batch-size: {value!r} is not a whole number") from None
+        return check_count("--batch-size", count, MAX_BATCH_SIZE) or count
 
     if all("=" in p for p in parts):
         return {k.strip(): number(v) for k, v in (p.split("=", 1) for p in parts)}

@@ -35,13 +35,13 @@ def parse_gpu_count(text: str) -> int | None:
 
     if text.strip().lower() == "auto":
         return None
+    from tunecost.limits import check_count
+
     try:
         count = int(text)
     except ValueError:
         raise TunecostError(f"--gpus must be a whole number or 'auto', got {text!r}") from None
-    if count < 1:
-        raise TunecostError(f"--gpus must be at least 1, got {count}")
-    return count
+    return check_count("--gpus", count, MAX_SEARCH_GPUS)
 
 
 def run_multi_gpu(
