@@ -128,7 +128,7 @@ def table_iv_report(model) -> None:
     )
     ours_ape, eq2_ape = [], []
     for gpu, batch, ref in (*TABLE_IV, *PCIE_VARIANTS):
-        target = tc.ThroughputTarget(
+        target = tc.throughput_target(
             model="mixtral-8x7b", gpu=gpu, batch_size=batch, experts_per_token=2, dataset="math_14k"
         )
         run = model.predict(target, run_queries=1000)
@@ -164,7 +164,7 @@ def ratio_report(model) -> None:
     for batch in (1, 4, 8, 17, 32):
         q = {
             g: model.predict(
-                tc.ThroughputTarget(
+                tc.throughput_target(
                     model="mixtral-8x7b", gpu=g, batch_size=batch, experts_per_token=2, dataset="math_14k"
                 )
             )
@@ -186,7 +186,7 @@ def sensitivity_report(points) -> None:
         "\nsensitivity (refit on the calibration points, QLoRA stack parameters;"
         " H100 = Mixtral math sparse batch 17, 1000-query run):"
     )
-    target = tc.ThroughputTarget(
+    target = tc.throughput_target(
         model="mixtral-8x7b", gpu="H100", batch_size=17, experts_per_token=2, dataset="math_14k"
     )
     original = tc.dataset_lengths
@@ -214,7 +214,7 @@ def sensitivity_report(points) -> None:
         "gemm_half_rows": tc.Prior(centre=64, factor=1.05, lower=1.0, upper=1e5, reason="pinned"),
     }
     model = tc.calibrate(points, priors=tight, transfer_check=False)
-    a100 = tc.ThroughputTarget(**{**target.__dict__, "gpu": "A100-80GB"})
+    a100 = tc.ThroughputTarget(job=target.job, gpu="A100-80GB")
     stack = model.stacks.get("qlora", model)
     p = stack.params
     print(

@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tunecost.errors import TunecostError
     from tunecost.estimate.calibrated import calibrated_model
-    from tunecost.estimate.throughput.calibrate import ThroughputTarget
+    from tunecost.estimate.throughput.calibrate import throughput_target
 
     gpu, device = (args.gpu, "named with --gpu") if args.gpu else detect_gpu()
     if gpu is None:
@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         model = calibrated_model(args.calibrate)
         preds = [
             model.predict(
-                ThroughputTarget(
+                throughput_target(
                     model=args.model,
                     gpu=gpu,
                     batch_size=b,
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in preds:
         top = sorted(p.step.class_s.items(), key=lambda kv: -kv[1])[:3]
         print(
-            f"{p.target.batch_size:5d} {p.queries_per_s:10.3f} "
+            f"{p.target.job.batch_size:5d} {p.queries_per_s:10.3f} "
             f"{p.queries_per_s_low:8.3f}-{p.queries_per_s_high:<8.3f} "
             f"{p.step.step_s:8.3f} {p.step.kernel_overhead_s:9.3f}  "
             + ", ".join(f"{k} {v:.3f} ({p.step.bound_by_class[k]})" for k, v in top)
@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                 "model": args.model,
                 "method": p.method,
                 "experts_per_token": p.experts_per_token,
-                "batch_size": p.target.batch_size,
+                "batch_size": p.target.job.batch_size,
                 "seq_len": args.seq_len,
                 "dataset": args.dataset,
                 "queries_per_s": p.queries_per_s,

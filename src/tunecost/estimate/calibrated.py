@@ -25,7 +25,7 @@ from tunecost.estimate.estimators import (
     register_estimator,
 )
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
-from tunecost.estimate.throughput.calibrate import CalibratedModel, Prediction, ThroughputTarget
+from tunecost.estimate.throughput.calibrate import CalibratedModel, Prediction, ThroughputTarget, throughput_target
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.sources import calibrate_files, calibration_files
 
@@ -121,7 +121,7 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
     if mbs < 1:
         return does_not_fit(mbs_note, "no room for a batch")
     batch, batch_notes = batch_to_price(req, mbs)
-    pred = model.predict(throughput_target(req, batch), run_queries=req.options.run_queries)
+    pred = model.predict(request_target(req, batch), run_queries=req.options.run_queries)
     run_queries = req.options.run_queries
     notes = [
         mbs_note,
@@ -141,10 +141,10 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
     )
 
 
-def throughput_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
+def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
     """What the cross-GPU model predicts for the request at `batch_size`: the job's fixed sequence length, else
     its dataset's length distribution."""
-    return ThroughputTarget(
+    return throughput_target(
         model=req.spec.name,
         gpu=req.gpu.name,
         batch_size=batch_size,

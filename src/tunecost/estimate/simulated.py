@@ -39,11 +39,11 @@ def _throughput(req: EstimateRequest, batch_size: int) -> tuple[float | None, tu
     qps, notes = paper_throughput(req, batch_size)
     if qps is not None:
         return qps, None, notes
-    from tunecost.estimate.calibrated import calibrated_model, extrapolation_notes, throughput_target
+    from tunecost.estimate.calibrated import calibrated_model, extrapolation_notes, request_target
 
     model = calibrated_model(req.options.calibrate)
     try:
-        pred = model.predict(throughput_target(req, batch_size))
+        pred = model.predict(request_target(req, batch_size))
     except TunecostError as exc:
         return None, None, [f"no throughput: {exc}"]
     out = [

@@ -18,6 +18,7 @@ from tunecost.estimate.throughput.calibrate import (
     calibrate,
     job_for,
     run_queries_per_s,
+    throughput_target,
 )
 from tunecost.estimate.throughput.model import StackParams, catalog_gpu_terms, step_time
 from tunecost.estimate.throughput.sources import load_calibration_points
@@ -37,7 +38,7 @@ def paper_model() -> CalibratedModel:
 
 
 def _target(**kw) -> ThroughputTarget:
-    return ThroughputTarget(
+    return throughput_target(
         **{"model": "mixtral-8x7b", "gpu": "A40", "batch_size": 4, "experts_per_token": 2, "dataset": "math_14k", **kw}
     )
 
@@ -46,7 +47,7 @@ def _truth_point(target: ThroughputTarget) -> CalibrationPoint:
     _, counts = job_for(target)
     step = step_time(counts, catalog_gpu_terms(get_gpu(target.gpu)), TRUTH)
     return CalibrationPoint(
-        target=target, queries_per_s=run_queries_per_s(step.step_s, target.batch_size, TRUTH_RUN_S, 1000)
+        target=target, queries_per_s=run_queries_per_s(step.step_s, target.job.batch_size, TRUTH_RUN_S, 1000)
     )
 
 
@@ -113,7 +114,7 @@ def test_optional_method_and_run_length_columns(write_file) -> None:
         "mixtral-8x7b,math_14k,A40,2,1,0.33,lora,500\n",
     )
     (point,) = load_calibration_points(path)
-    assert point.target.method == "lora" and point.run_queries == 500
+    assert point.target.job.method == "lora" and point.run_queries == 500
 
 
 def test_known_parameters_are_recovered_and_transfer_across_gpus() -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.calibrate import CalibratedModel, ThroughputTarget
+from tunecost.estimate.throughput.calibrate import CalibratedModel, ThroughputTarget, throughput_target
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.intervals import (
     TRANSFER_SD_PER_LOG_SPEED_MIN,
@@ -38,7 +38,7 @@ def two_gpu_model() -> CalibratedModel:
 
 
 def _target(gpu: str, batch: int = 2, k: int = 2) -> ThroughputTarget:
-    return ThroughputTarget(model="mixtral-8x7b", gpu=gpu, batch_size=batch, experts_per_token=k, dataset="math_14k")
+    return throughput_target(model="mixtral-8x7b", gpu=gpu, batch_size=batch, experts_per_token=k, dataset="math_14k")
 
 
 def test_two_files_make_one_calibration_of_two_gpus(two_gpu_model: CalibratedModel) -> None:

@@ -43,7 +43,7 @@ def read_targets(path: Path) -> list:
     """TARGETS.csv rows as `ThroughputTarget`s; every error names the row (1-based, header excluded)."""
     from tunecost.csvfile import read_csv_rows
     from tunecost.errors import TunecostError
-    from tunecost.estimate.throughput.calibrate import ThroughputTarget
+    from tunecost.estimate.throughput.calibrate import throughput_target
 
     _, rows = read_csv_rows(path, "targets file", required=TARGET_COLUMNS)
     if not rows:
@@ -66,7 +66,7 @@ def read_targets(path: Path) -> list:
         experts_per_token, seq_len = integer(i, row, "experts_per_token"), integer(i, row, "seq_len")
         try:  # the column checks above name the row themselves; only the target's own checks get the prefix here
             out.append(
-                ThroughputTarget(
+                throughput_target(
                     model=(row.get("model") or "").strip(),
                     gpu=(row.get("gpu") or "").strip(),
                     batch_size=batch,
@@ -117,7 +117,7 @@ def _predict_all(model, targets: list, path: Path, run_queries: int | None) -> l
 
 
 def _row(pred, notes: str = "") -> dict:
-    t = pred.target
+    t = pred.target.job
     return {
         "model": t.model,
         "dataset": t.dataset or "",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import cast
 
 import numpy as np
@@ -42,25 +42,44 @@ INTERVAL_LEVEL = 0.95
 
 @dataclass(frozen=True, kw_only=True)
 class ThroughputTarget:
-    """One workload to predict: model, GPU, top-k, batch, and a dataset (length distribution) or a fixed seq_len."""
+    """One workload to predict: the job (model, method, top-k, batch, a dataset or a fixed seq_len) on a GPU."""
 
-    model: str
+    job: FineTuneJob
     gpu: str
-    batch_size: int
-    experts_per_token: int | None = None
-    dataset: str | None = None
-    seq_len: int | None = None
-    method: str | None = None  # default: the paper's method for its models, else qlora
 
-    def __post_init__(self) -> None:
-        if self.batch_size < 1:
-            raise TunecostError(f"batch size must be >= 1, got {self.batch_size}")
-        if self.experts_per_token is not None and self.experts_per_token < 1:  # None (not 0) means the default
-            raise TunecostError(f"experts per token must be >= 1, got {self.experts_per_token}")
-        if self.seq_len is not None and self.seq_len < 1:
-            raise TunecostError(f"sequence length must be >= 1, got {self.seq_len}")
-        if self.dataset is None and self.seq_len is None:
-            raise TunecostError(f"{self.model} on {self.gpu}: give a dataset or a seq_len")
+
+def throughput_target(
+    *,
+    model: str,
+    gpu: str,
+    batch_size: int,
+    experts_per_token: int | None = None,
+    dataset: str | None = None,
+    seq_len: int | None = None,
+    method: str | None = None,
+) -> ThroughputTarget:
+    """The target of a TARGETS.csv or measurement row, with the paper's setup as the default: its method for its
+    models (else qlora), the model's own top-k, gradient checkpointing except for a full fine-tune."""
+    if batch_size < 1:
+        raise TunecostError(f"batch size must be >= 1, got {batch_size}")
+    if experts_per_token is not None and experts_per_token < 1:  # None (not 0) means the default
+        raise TunecostError(f"experts per token must be >= 1, got {experts_per_token}")
+    if seq_len is not None and seq_len < 1:
+        raise TunecostError(f"sequence length must be >= 1, got {seq_len}")
+    if dataset is None and seq_len is None:
+        raise TunecostError(f"{model} on {gpu}: give a dataset or a seq_len")
+    spec = resolve_model(model)
+    chosen = cast("Method", method or PAPER_METHOD.get(spec.name, "qlora"))  # FineTuneJob validates it
+    job = FineTuneJob(
+        model=spec.name,
+        method=chosen,
+        experts_per_token=experts_per_token or spec.default_experts_per_token,
+        batch_size=batch_size,
+        seq_len=seq_len,
+        dataset=dataset,
+        gradient_checkpointing=chosen != "full",
+    )  # the paper: checkpointing for Mixtral QLoRA only
+    return ThroughputTarget(job=job, gpu=gpu)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,24 +116,15 @@ class ModelRange:
 
 
 def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, AnalyticStepCounts]:
-    """The job a target describes (the paper's setup for its models) and its analytic step counts."""
-    spec = resolve_model(target.model)
-    method = cast("Method", target.method or PAPER_METHOD.get(spec.name, "qlora"))  # FineTuneJob validates it
-    k = target.experts_per_token or spec.default_experts_per_token
-    if target.seq_len is not None:
-        lengths = fixed_lengths(target.seq_len, target.batch_size)
+    """The target's job sized for the step counts (a dataset's job at the paper's cutoff length) and its analytic
+    step counts over the job's own lengths: its fixed seq_len, else its dataset's length distribution."""
+    job = target.job
+    if job.seq_len is not None:
+        lengths = fixed_lengths(job.seq_len, job.batch_size)
     else:
-        lengths = dataset_lengths(str(target.dataset), target.batch_size)
-    job = FineTuneJob(
-        model=spec.name,
-        method=method,
-        experts_per_token=k,
-        batch_size=target.batch_size,
-        seq_len=target.seq_len or PAPER_CUTOFF_TOKENS,
-        dataset=target.dataset,
-        gradient_checkpointing=method != "full",
-    )  # the paper: checkpointing for Mixtral QLoRA only
-    return job, analytic_step_counts(spec, job, lengths)
+        lengths = dataset_lengths(str(job.dataset), job.batch_size)
+        job = replace(job, seq_len=PAPER_CUTOFF_TOKENS)
+    return job, analytic_step_counts(resolve_model(job.model), job, lengths)
 
 
 def run_queries_per_s(step_s: float, batch_size: int, run_overhead_s: float, run_queries: int | None) -> float:
@@ -149,14 +159,12 @@ class CalibratedModel:
         gpu = resolve_gpu_name(target.gpu).gpu
         job, counts = job_for(target)
         if job.method in self.stacks:  # its own stack's parameters; extrapolation judged on the whole calibration
-            from dataclasses import replace
-
             reasons = self._extrapolation(job, counts, gpu)
             pred = self.stacks[job.method].predict(target, run_queries)
             return replace(pred, extrapolation=bool(reasons), extrapolation_reasons=tuple(reasons))
         terms = self.terms_for(gpu)
         step = step_time(counts, terms, self.params)
-        qps = run_queries_per_s(step.step_s, target.batch_size, self.run_overhead_s, run_queries)
+        qps = run_queries_per_s(step.step_s, target.job.batch_size, self.run_overhead_s, run_queries)
         reasons = self._extrapolation(job, counts, gpu)
         rng = self.ranges.get(job.model)
         halfwidth = interval_log_halfwidth(
@@ -255,7 +263,9 @@ def fit_stack(
     prepared = [_prepared(p, i, profiles) for i, p in enumerate(points, start=1)]
     y = np.log([p.queries_per_s for p in points])
     groups: dict[tuple[str, str, str], int] = defaultdict(int)
-    keys = [(job.model, p.target.dataset or f"seq{p.target.seq_len}", gpu.name) for p, gpu, job, _, _ in prepared]
+    keys = [
+        (job.model, p.target.job.dataset or f"seq{p.target.job.seq_len}", gpu.name) for p, gpu, job, _, _ in prepared
+    ]
     for key in keys:
         groups[key] += 1
     weights = np.sqrt([len(points) / (len(groups) * groups[k]) for k in keys])  # every group weighs the same
@@ -268,7 +278,7 @@ def fit_stack(
         params, run = _unpack(x)
         return np.log(
             [
-                run_queries_per_s(step_time(c, terms, params).step_s, p.target.batch_size, run, p.run_queries)
+                run_queries_per_s(step_time(c, terms, params).step_s, p.target.job.batch_size, run, p.run_queries)
                 for p, _, _, c, terms in prepared
             ]
         )
@@ -329,12 +339,11 @@ def calibrate(
 def _calibrate(
     points: Sequence[CalibrationPoint], source: str, options: FitOptions, transfer_check: bool
 ) -> CalibratedModel:
-    from dataclasses import replace
 
     model = fit_stack(points, source=source, options=options)
     by_method: dict[str, list[CalibrationPoint]] = defaultdict(list)
     for p in points:
-        by_method[job_for(p.target)[0].method].append(p)
+        by_method[p.target.job.method].append(p)
     stacks = {}
     if len(by_method) > 1:
         for method, pts in sorted(by_method.items()):

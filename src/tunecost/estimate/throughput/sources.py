@@ -18,8 +18,8 @@ from tunecost.estimate.throughput.calibrate import (
     PAPER_RUN_QUERIES,
     CalibratedModel,
     CalibrationPoint,
-    ThroughputTarget,
     calibrate,
+    throughput_target,
 )
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.limits import MAX_QUERIES, check_count
@@ -41,7 +41,7 @@ def points_from_measurements(
         try:
             method = (row.get("method") or "").strip() or None
             n = (row.get("num_queries") or "").strip()
-            target = ThroughputTarget(
+            target = throughput_target(
                 model=m.model,
                 gpu=m.gpu,
                 batch_size=m.batch_size,

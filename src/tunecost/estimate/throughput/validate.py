@@ -47,8 +47,8 @@ class GroupCheck:
 def group_of(point: CalibrationPoint) -> tuple[str, str, str]:
     from tunecost.catalog.gpus import resolve_gpu_name
 
-    t = point.target
-    return (t.model, t.dataset or f"seq{t.seq_len}", resolve_gpu_name(t.gpu).gpu.name)
+    t = point.target.job
+    return (t.model, t.dataset or f"seq{t.seq_len}", resolve_gpu_name(point.target.gpu).gpu.name)
 
 
 def mape(checks: Sequence[PointCheck]) -> float:
