@@ -31,9 +31,21 @@ def _worker(rank: int, world_size: int, port: int, job: FineTuneJob, strategy: s
         prepared = prepare_fsdp_rank(job, strategy, real=True, seed=0)
         vocab = int(prepared.model.config.vocab_size)
         batch = make_batch(vocab, job.batch_size, job.worst_case_seq_len, None, seed=rank)
-        results.put(record_rank_step(prepared, batch, strategy=strategy, granule_bytes=1))
+        step = record_rank_step(prepared, batch, strategy=strategy, granule_bytes=1)
+        del prepared
+        _leave_together(dist)
+        results.put(step)
     finally:
         dist.destroy_process_group()
+
+
+def _leave_together(dist) -> None:
+    """Wait for every rank, then free this rank's model before the group goes: a rank that tears gloo down while
+    another still talks to it, or a DDP reducer that outlives its group, can abort the process at exit."""
+    import gc
+
+    dist.barrier()
+    gc.collect()
 
 
 def measure_fsdp_ranks(job: FineTuneJob, *, world_size: int = 2, strategy: str = "fsdp2") -> list[RankStep]:
@@ -68,6 +80,8 @@ def _ddp_worker(rank: int, world_size: int, port: int, job: FineTuneJob, results
             run_step(prepared, batch)  # logging data reports them once later steps have run
         data = prepared.model._get_ddp_logging_data()
         sizes = str(data.get("rebuilt_bucket_sizes", ""))
+        del prepared, data
+        _leave_together(dist)
         results.put((rank, [int(s) for s in sizes.split(",") if s.strip()]))
     finally:
         dist.destroy_process_group()
