@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 
 def test_memory_json_with_gpu_memory(cli_json, config_path, write_file):
     lengths = write_file("lengths.txt", "12\n40\n33\n")
@@ -42,5 +44,16 @@ def test_memory_errors_are_one_line(cli_error, config_path):
     assert "does not fit even at batch size 1" in line and "short by" in line
     line = cli_error(["memory", "--model", config_path("tiny-blackmamba"), "--method", "lora"])
     assert "BlackMamba full fine-tuning only" in line
-    line = cli_error(["memory", "--model", "llama-3.1-8b", "--method", "lora"])
+    line = cli_error(["memory", "--model", "llama-3.1-8b", "--method", "lora", "--lora-targets", "experts,router"])
     assert "dense model" in line
+
+
+@pytest.mark.parametrize(("model", "targets"), [("llama-3.1-8b", "attention,mlp"), ("mixtral-8x7b", "experts,router")])
+def test_memory_lora_targets_follow_the_model(cli_json, model: str, targets: str) -> None:
+    """Without --lora-targets a dense model gets attention and MLP adapters, an MoE model experts and router:
+    the same step as naming them."""
+    by_default = cli_json("memory", model=model, method="lora", seq_len=64)
+    named = cli_json("memory", model=model, method="lora", seq_len=64, lora_targets=targets)
+    by_default.pop("seconds_taken")
+    named.pop("seconds_taken")
+    assert by_default == named

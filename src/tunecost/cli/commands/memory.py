@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
-from tunecost.cli.common import cli_errors, console, print_json, print_table, progress_callback, split_list
+from tunecost.cli.common import cli_errors, console, print_json, print_table, progress_callback
 from tunecost.cli.options import (
     MAX_LAYERS,
     MAX_LORA_RANK,
@@ -89,7 +89,12 @@ def memory(
     dataset_lengths: Annotated[Path | None, opt("--dataset-lengths", LENGTHS_HELP)] = None,
     lora_rank: Annotated[int, count_option("--lora-rank", "LoRA rank.", MAX_LORA_RANK)] = 16,
     lora_alpha: Annotated[float, opt("--lora-alpha")] = 32.0,
-    lora_targets: Annotated[str, opt("--lora-targets", "attention, experts, router, mlp.")] = "experts,router",
+    lora_targets: Annotated[
+        str | None,
+        opt(
+            "--lora-targets", "attention, experts, router, mlp (default: experts,router for MoE, attention,mlp dense)."
+        ),
+    ] = None,
     gradient_checkpointing: Annotated[bool, opt("--gradient-checkpointing/--no-gradient-checkpointing")] = True,
     attention: Annotated[str, opt("--attention", "flash | sdpa | eager.")] = "flash",
     optimizer: Annotated[str, opt("--optimizer", "adamw | adamw-8bit | sgd.")] = "adamw",
@@ -107,12 +112,18 @@ def memory(
     """Simulate one training step of MODEL from its config alone: peak memory with a breakdown, FLOPs, bytes
     moved, and (with --gpu or --gpu-memory-gb) the maximum batch size."""
     from tunecost.simulate import max_batch_size, simulate_step
-    from tunecost.workload.job import FineTuneJob, LoraConfig
+    from tunecost.workload.job import FineTuneJob, LoraConfig, default_lora_targets, parse_lora_targets
 
     memory_bytes = memory_bytes_from_options(gpu_memory_gb=gpu_memory_gb, gpu_memory_gib=gpu_memory_gib)
     if gpu is not None and memory_bytes is not None:
         raise TunecostError("give --gpu or --gpu-memory-gb/--gpu-memory-gib, not both")
     lengths = _read_lengths(dataset_lengths) if dataset_lengths else None
+    if lora_targets is None:
+        from tunecost.catalog.models import resolve_model
+
+        targets = default_lora_targets(is_moe=resolve_model(model).is_moe)
+    else:
+        targets = parse_lora_targets(lora_targets)
     job = FineTuneJob(
         model=model,
         method=cast("Method", method),  # FineTuneJob validates it
@@ -127,7 +138,7 @@ def memory(
         seq_len=None if lengths else seq_len,
         lengths=lengths,
         dataset=str(dataset_lengths) if dataset_lengths else None,
-        lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=tuple(split_list(lora_targets))),
+        lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=targets),
     )
     gpu_bytes, gpu_name = None, None
     if gpu is not None:
