@@ -104,10 +104,14 @@ def setup_cost(
     *, queries_per_s: float, num_gpus: int, price: Price | None, num_queries: float, epochs: float
 ) -> SetupCost:
     """Hours of the fine-tune at `queries_per_s` (all ranks), and dollars: hours x GPUs x $ per GPU-hour (§V-C)."""
-    from tunecost.estimate.paper import training_seconds
+    from tunecost.estimate.paper import training_hours, usd_for_hours
 
-    hours = training_seconds(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s) / 3600.0
-    usd = hours * num_gpus * price.usd_per_gpu_hour if price is not None else None
+    hours = training_hours(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s)
+    usd = (
+        usd_for_hours(hours=hours, usd_per_gpu_hour=price.usd_per_gpu_hour, num_gpus=num_gpus)
+        if price is not None
+        else None
+    )
     return SetupCost(hours=hours, price=price, usd=usd)
 
 

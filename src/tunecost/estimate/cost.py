@@ -18,7 +18,7 @@ from tunecost.estimate.estimators import (
     EstimatorOptions,
     get_estimator,
 )
-from tunecost.estimate.paper import cost_usd, training_seconds
+from tunecost.estimate.paper import training_hours, usd_for_hours
 from tunecost.workload.job import FineTuneJob, LoraConfig, check_lora_targets, default_lora_targets
 
 
@@ -62,15 +62,9 @@ class CostEstimate:
     usd: float = field(init=False)
 
     def __post_init__(self) -> None:
-        seconds = training_seconds(num_queries=self.num_queries, epochs=self.epochs, queries_per_s=self.queries_per_s)
-        usd = cost_usd(
-            num_queries=self.num_queries,
-            epochs=self.epochs,
-            queries_per_s=self.queries_per_s,
-            usd_per_gpu_hour=self.usd_per_hour,
-        )
-        object.__setattr__(self, "hours", seconds / 3600.0)
-        object.__setattr__(self, "usd", usd)
+        hours = training_hours(num_queries=self.num_queries, epochs=self.epochs, queries_per_s=self.queries_per_s)
+        object.__setattr__(self, "hours", hours)
+        object.__setattr__(self, "usd", usd_for_hours(hours=hours, usd_per_gpu_hour=self.usd_per_hour))
 
 
 def _sort_key(row: CostRow) -> tuple[int, float, str]:
@@ -200,14 +194,10 @@ def _cost_row(
     hours = usd = None
     qps = point.queries_per_s
     if qps is not None and qps > 0:
-        hours = training_seconds(num_queries=num_queries, epochs=epochs, queries_per_s=qps) / 3600.0
+        hours = training_hours(num_queries=num_queries, epochs=epochs, queries_per_s=qps)
         if price is not None:
-            usd = cost_usd(
-                num_queries=num_queries,
-                epochs=epochs,
-                queries_per_s=qps,
-                usd_per_gpu_hour=price.usd_per_gpu_hour,
-                num_gpus=req.job.parallel.num_gpus,
+            usd = usd_for_hours(
+                hours=hours, usd_per_gpu_hour=price.usd_per_gpu_hour, num_gpus=req.job.parallel.num_gpus
             )
     interval = point.queries_per_s_interval
     return CostRow(

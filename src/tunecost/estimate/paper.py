@@ -87,11 +87,21 @@ def training_seconds(*, num_queries: float, epochs: float, queries_per_s: float)
     return num_queries * epochs / queries_per_s
 
 
+def training_hours(*, num_queries: float, epochs: float, queries_per_s: float) -> float:
+    """Hours of the whole fine-tune at `queries_per_s` (`training_seconds` / 3600)."""
+    return training_seconds(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s) / 3600.0
+
+
+def usd_for_hours(*, hours: float, usd_per_gpu_hour: float, num_gpus: int = 1) -> float:
+    """Dollars of `hours` on `num_gpus` GPUs at `usd_per_gpu_hour` each."""
+    if not math.isfinite(usd_per_gpu_hour) or usd_per_gpu_hour <= 0:
+        raise TunecostError(f"price must be > 0 $/GPU-hour, got {usd_per_gpu_hour}")
+    return hours * usd_per_gpu_hour * num_gpus
+
+
 def cost_usd(
     *, num_queries: float, epochs: float, queries_per_s: float, usd_per_gpu_hour: float, num_gpus: int = 1
 ) -> float:
     """§V-C: queries x epochs / throughput / 3600 x $/h (Table IV)."""
-    if not math.isfinite(usd_per_gpu_hour) or usd_per_gpu_hour <= 0:
-        raise TunecostError(f"price must be > 0 $/GPU-hour, got {usd_per_gpu_hour}")
-    hours = training_seconds(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s) / 3600.0
-    return hours * usd_per_gpu_hour * num_gpus
+    hours = training_hours(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s)
+    return usd_for_hours(hours=hours, usd_per_gpu_hour=usd_per_gpu_hour, num_gpus=num_gpus)
