@@ -17,11 +17,10 @@ from pathlib import Path
 from tunecost.io import atomic_write_text
 from tunecost.validate import read_corpus, summarize, validate_rows
 from tunecost.validate.baselines import accelerate_estimate_bytes, rule_estimate_bytes
+from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES as PEAK
 from tunecost.validate.mapping import Skip, map_row
 from tunecost.validate.run import GIB, memory_totals, throughput_totals
 from tunecost.validate.stacks import STACKS
-
-PEAK = ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")
 
 
 def _f(v, fmt="{:.1f}"):

@@ -34,6 +34,19 @@ def _rows(df: pd.DataFrame) -> list:
     ]
 
 
+def _validation_frame(records: RunRecords) -> pd.DataFrame | str:
+    df = _need(records, "validation", REQUIRED)
+    if isinstance(df, str):
+        return df
+    return df.assign(**{c: None for c in OPTIONAL if c not in df.columns})
+
+
+def validation_results(records: RunRecords) -> list:
+    """The run's `validation.jsonl` records as `ValidationRow`s (none when the run holds no usable ones)."""
+    df = _validation_frame(records)
+    return [] if isinstance(df, str) else _rows(df)
+
+
 def _scatter(ax, sel: pd.DataFrame, title: str, unit: str) -> None:
     for i, (stack, group) in enumerate(sel.groupby("stack", sort=True)):
         ax.scatter(group["measured"], group["predicted"], s=18, color=f"C{i % 10}", label=stack or "-")
@@ -48,10 +61,9 @@ def _scatter(ax, sel: pd.DataFrame, title: str, unit: str) -> None:
 
 
 def fig_validation(records: RunRecords) -> FigureResult | str:
-    df = _need(records, "validation", REQUIRED)
+    df = _validation_frame(records)
     if isinstance(df, str):
         return df
-    df = df.assign(**{c: None for c in OPTIONAL if c not in df.columns})
     from tunecost.validate.run import memory_totals, summarize, throughput_totals
 
     rows = _rows(df)

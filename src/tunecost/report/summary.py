@@ -59,17 +59,17 @@ def summary_lines(records: RunRecords) -> list[str]:
 
 def _validated(records: RunRecords) -> list[str]:
     """How far the estimates were from published measurements, when the run holds `tunecost validate` records."""
-    val = records.get("validation")
-    if val is None or not {"quantity", "status", "error"} <= set(val.columns):
-        return []
-    ok = val[val["status"] == "ok"]
-    error = pd.to_numeric(ok["error"], errors="coerce")
-    memory = error[ok["quantity"].isin(("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib"))].dropna()
-    if memory.empty:
+    from tunecost.report.fig_validation import validation_results
+    from tunecost.validate.run import memory_totals
+
+    rows = validation_results(records)
+    totals = memory_totals(rows) if rows else {}
+    median = totals.get("peak_median_abs_pct_error")
+    if median is None:
         return []
     return [
-        f"Against {len(val)} published measurements, peak-memory estimates were within {memory.abs().median():.1f} % "
-        f"(median |error|, {len(memory)} rows modelled); see the accuracy section."
+        f"Against {len(rows)} published measurements, peak-memory estimates were within {median:.1f} % "
+        f"(median |error|, {totals['peak_rows_modelled']} rows modelled); see the accuracy section."
     ]
 
 

@@ -23,7 +23,8 @@ from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.stacks import Stack, stack_for
 from tunecost.workload.job import FineTuneJob, LoraConfig
 
-MEMORY_QUANTITIES = ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib", "oom")
+PEAK_MEMORY_QUANTITIES = ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")
+MEMORY_QUANTITIES = (*PEAK_MEMORY_QUANTITIES, "oom")
 THROUGHPUT_QUANTITIES = ("tokens_per_s_per_gpu", "samples_per_s", "s_per_step", "time_to_train_s")
 _ATTENTION_TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "output_proj", "qkv_proj", "wqkv", "wo"}
 _MLP_TARGETS = {"gate_proj", "up_proj", "down_proj", "w1", "w2", "w3", "gate_up_proj", "fc1", "fc2"}

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 
 from tunecost.validate import throughput as tp
 from tunecost.validate.corpus import CorpusRow
-from tunecost.validate.mapping import THROUGHPUT_QUANTITIES, MappedRow, Skip, map_row
+from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES, THROUGHPUT_QUANTITIES, MappedRow, Skip, map_row
 
 GIB = 2**30
 OUTPUT_COLUMNS = ("id", "quantity", "measured", "predicted", "unit", "error", "status", "reason")
@@ -280,7 +280,7 @@ def throughput_totals(rows: list[ValidationRow]) -> dict[str, float | int | None
 
 def memory_totals(rows: list[ValidationRow]) -> dict[str, float | int | None]:
     """Headline figures over every peak-memory row (allocated, reserved, nvidia-smi) and every oom row."""
-    mem = [r for r in rows if r.quantity in ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")]
+    mem = [r for r in rows if r.quantity in PEAK_MEMORY_QUANTITIES]
     ape = [abs(r.error) for r in mem if r.status == "ok" and r.error is not None]
     oom = [r for r in rows if r.quantity == "oom"]
     oom_ok = [r for r in oom if r.status == "ok"]
