@@ -59,13 +59,10 @@ def throughput_target(
     method: str | None = None,
 ) -> ThroughputTarget:
     """The target of a TARGETS.csv or measurement row, with the paper's setup as the default: its method for its
-    models (else qlora), the model's own top-k, gradient checkpointing except for a full fine-tune."""
-    if batch_size < 1:
-        raise TunecostError(f"batch size must be >= 1, got {batch_size}")
+    models (else qlora), the model's own top-k, gradient checkpointing except for a full fine-tune. The job checks
+    the batch size and sequence length."""
     if experts_per_token is not None and experts_per_token < 1:  # None (not 0) means the default
         raise TunecostError(f"experts per token must be >= 1, got {experts_per_token}")
-    if seq_len is not None and seq_len < 1:
-        raise TunecostError(f"sequence length must be >= 1, got {seq_len}")
     if dataset is None and seq_len is None:
         raise TunecostError(f"{model} on {gpu}: give a dataset or a seq_len")
     spec = resolve_model(model)
