@@ -3,8 +3,9 @@
 For each configuration: build the model with random weights on the GPU through the same code the simulator uses
 (tunecost.simulate.prepare: the same LoRA / 4-bit modules, bitsandbytes quantizing the weights), run one warm-up
 training step, reset the peak counter, run one more step and read `torch.cuda.max_memory_allocated()`. The
-simulation of the same job (full depth, 512-byte granules, no device overhead) is printed beside it, plus
-`memory_reserved` and the whole-device use from `torch.cuda.mem_get_info` (what the overhead model has to cover).
+simulation of the same job (full depth, 512-byte granules, no device overhead) is printed beside it, and so are
+`torch.cuda.max_memory_reserved` beside the simulator's replay of the caching allocator (`peak_reserved_bytes`),
+and the whole-device use from `torch.cuda.mem_get_info` beside that replay plus the assumed CUDA context.
 
 Run on a GPU machine: .venv/bin/python benchmarks/gpu_memory_check.py [--configs all|NAME,...]
 """
@@ -108,8 +109,8 @@ def main() -> None:
         names = list(configs) if args.configs == "all" else args.configs.split(",")
         print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
         print(
-            f"{'config':24} {'simulated GiB':>14} {'max_alloc GiB':>14} {'error':>8} {'reserved GiB':>13} "
-            f"{'device used GiB':>16} {'sim+overhead GiB':>17}"
+            f"{'config':24} {'simulated GiB':>14} {'max_alloc GiB':>14} {'error':>8} {'replayed res GiB':>17} "
+            f"{'max_reserved GiB':>17} {'sim device GiB':>15} {'device used GiB':>16}"
         )
         rows = []
         for name in names:
@@ -118,6 +119,7 @@ def main() -> None:
             sim = simulate_step(job, num_layers_to_trace=999, use_cache=False)
             real = measure_cuda(job)
             err = sim.peak_bytes / real["max_allocated"] - 1
+            device = sim.peak_reserved_bytes + sim.device_overhead_bytes
             rows.append(
                 {
                     "config": name,
@@ -125,13 +127,15 @@ def main() -> None:
                     "simulated": sim.peak_bytes,
                     **real,
                     "error": err,
-                    "simulated_with_overhead": sim.peak_bytes + sim.device_overhead_bytes,
+                    "simulated_reserved": sim.peak_reserved_bytes,
+                    "reserved_error": sim.peak_reserved_bytes / real["max_reserved"] - 1,
+                    "simulated_device": device,
                 }
             )
             print(
                 f"{name:24} {sim.peak_bytes / GIB:14.3f} {real['max_allocated'] / GIB:14.3f} {100 * err:7.2f}% "
-                f"{real['max_reserved'] / GIB:13.3f} {real['device_used'] / GIB:16.3f} "
-                f"{(sim.peak_bytes + sim.device_overhead_bytes) / GIB:17.3f}",
+                f"{sim.peak_reserved_bytes / GIB:17.3f} {real['max_reserved'] / GIB:17.3f} "
+                f"{device / GIB:15.3f} {real['device_used'] / GIB:16.3f}",
                 flush=True,
             )
         if args.json_out:

@@ -135,10 +135,11 @@ def test_predictions_come_from_the_simulator(corpus) -> None:
         assert got.status == "ok", got
         assert got.predicted == pytest.approx(predicted_bytes(quantity, sim) / GIB, abs=1e-3)
         assert got.error == pytest.approx((got.predicted - got.measured) / got.measured * 100, abs=0.01)
-    # nvidia-smi adds the stated device overhead (CUDA context + allocator reserve) to the allocated peak
+    # nvidia-smi: the replayed allocator's reserve plus the stated device overhead (the CUDA context)
     smi = map_row(next(r for r in rows if r.id == "t-smi"))
     sim = simulate_step(smi.job, stack=smi.stack.simulator_stack)
-    assert predicted_bytes("nvidia_smi_gib", sim) == sim.peak_bytes + sim.device_overhead_bytes
+    assert sim.peak_reserved_bytes >= sim.peak_bytes
+    assert predicted_bytes("nvidia_smi_gib", sim) == sim.peak_reserved_bytes + sim.device_overhead_bytes
     # a tiny model fits an 80 GB card: predicted 0 where the row says it ran out of memory -> wrong (error -1)
     assert out["t-oom"].predicted == 0.0 and out["t-oom"].error == -1.0
 
@@ -149,6 +150,18 @@ def test_oom_prediction_compares_with_gpu_memory(corpus) -> None:
     small = SimpleNamespace(peak_bytes=GIB, device_overhead_bytes=GIB)
     assert validate_rows(rows, simulate=lambda m: huge)[0].predicted == 1.0
     assert validate_rows(rows, simulate=lambda m: small)[0].predicted == 0.0
+
+
+def test_reserved_is_capped_by_what_the_gpu_leaves_the_allocator() -> None:
+    """Before it fails, the allocator releases its cached segments and retries: the reserve never exceeds the
+    GPU's memory less what the allocator does not manage, and never falls below the allocated peak."""
+    sim = SimpleNamespace(peak_bytes=30 * GIB, peak_reserved_bytes=50 * GIB, device_overhead_bytes=GIB, nccl_bytes=0)
+    assert predicted_bytes("peak_reserved_gib", sim) == 50 * GIB
+    assert predicted_bytes("peak_reserved_gib", sim, 40 * GIB) == 39 * GIB
+    assert predicted_bytes("nvidia_smi_gib", sim, 40 * GIB) == 40 * GIB
+    assert predicted_bytes("peak_reserved_gib", sim, 20 * GIB) == 30 * GIB  # does not fit at all: allocated
+    rank = SimpleNamespace(peak_bytes=30 * GIB, device_overhead_bytes=GIB, nccl_bytes=GIB)  # no replayed reserve
+    assert predicted_bytes("nvidia_smi_gib", rank) == 32 * GIB
 
 
 def test_simulation_failure_is_a_skipped_row(corpus) -> None:

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from tunecost.distributed.plan import STRATEGIES, ParallelPlan
 from tunecost.errors import TunecostError
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
-from tunecost.simulate.records import STATIC_CATEGORIES, WEIGHT_CATEGORIES
+from tunecost.simulate.records import WEIGHT_CATEGORIES
 from tunecost.units import BYTES_PER_GIB
 from tunecost.workload.job import FineTuneJob
 
@@ -251,7 +251,6 @@ def rank_memory(
         if not best_key or sum(per_rank.values()) > sum(best.values()):
             best_key, best = key, per_rank
     peak = sum(best.values())
-    static = sum(v for k, v in best.items() if k in STATIC_CATEGORIES)
     return RankMemory(
         strategy=plan.strategy,
         num_gpus=plan.num_gpus,
@@ -259,7 +258,7 @@ def rank_memory(
         peak_bytes=peak,
         peak_segment=best_key,
         breakdown_bytes=best,
-        device_overhead_bytes=overhead.overhead_bytes(peak, static),
+        device_overhead_bytes=overhead.overhead_bytes(),
         nccl_bytes=NCCL_COMMUNICATOR_BYTES if plan.num_gpus > 1 else 0,
         assumptions=rank_assumptions(job, plan, overhead),
     )

@@ -21,13 +21,14 @@ if TYPE_CHECKING:
     from tunecost.simulate.trace import TraceResult
 from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
 
-SIMULATOR_VERSION = "2"
+SIMULATOR_VERSION = "3"
 
 
 @dataclass(frozen=True, kw_only=True)
 class StepSimulation:
     """The simulated step. Bytes are device bytes as `torch.cuda.max_memory_allocated` counts them (512-byte
-    granules), without the device overhead, which is given separately."""
+    granules), without the device overhead, which is given separately; `peak_reserved_bytes` is what
+    `torch.cuda.max_memory_reserved` would show over a run of such steps (the caching allocator replayed)."""
 
     model: str
     method: str
@@ -43,6 +44,7 @@ class StepSimulation:
     counts: dict[str, StepCounts]  # phase (forward, backward, recompute, optimizer) -> FLOPs and bytes by class
     flops_by_module: dict[str, dict[str, float]]  # module group -> phase -> FLOPs
     device_overhead_bytes: int
+    peak_reserved_bytes: int
     layers_traced: tuple[int, ...]
     seconds_taken: float
     assumptions: tuple[str, ...] = field(default=())
@@ -81,6 +83,7 @@ class StepSimulation:
             "bytes_moved_per_step": total.bytes_moved,
             "flops_by_phase": {p: c.flops_by_class for p, c in self.counts.items()},
             "bytes_by_phase": {p: c.bytes_by_class for p, c in self.counts.items()},
+            "peak_reserved_bytes": self.peak_reserved_bytes,
             "device_overhead_bytes": self.device_overhead_bytes,
             "seconds_taken": self.seconds_taken,
             "assumptions": list(self.assumptions),
@@ -109,6 +112,9 @@ def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layer
         sa, sb = ta_.segments[key], tb_.segments[key]
         peaks[key] = (_lerp(sa.total, sb.total, t), sa, sb)
     key, (total, sa, sb) = max(peaks.items(), key=lambda kv: kv[1][0])
+    # the replayed reserve: the deeper trace's excess over its allocated peak, kept at full depth (not scaled:
+    # the reserve is not affine in the units; benchmarks/bench_reserved_extrapolation.py compares full depths)
+    reserved = total + max(0, tb_.peak_reserved_bytes - max(s.total for s in tb_.segments.values()))
     by_group_flops: dict[str, dict[str, float]] = {}
     for (group, phase), v in _lerp_dict(ta_.flops_by_group, tb_.flops_by_group, t).items():
         by_group_flops.setdefault(group, {})[phase] = v
@@ -123,6 +129,7 @@ def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layer
     return {
         "peak_bytes": round(total),
         "peak_segment": key,
+        "peak_reserved_bytes": round(reserved),
         "breakdown_bytes": {k: round(v) for k, v in _lerp_dict(sa.by_category, sb.by_category, t).items() if v},
         "module_bytes": {k: round(v) for k, v in _lerp_dict(sa.by_group, sb.by_group, t).items() if v},
         "weight_bytes": {k: round(v) for k, v in _lerp_dict(ta_.weight_bytes, tb_.weight_bytes, t).items()},
@@ -139,6 +146,8 @@ def _assumptions(job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOve
         "query in the batch; some batch holds the longest query)",
         "steady-state step: optimizer states already allocated; gradients set to None after the step",
         "bytes rounded up to 512-byte allocator granules (torch.cuda.max_memory_allocated semantics)",
+        "reserved memory: PyTorch's CUDA caching allocator replayed over the weights' load and repeated steps "
+        "(one stream; PYTORCH_CUDA_ALLOC_CONF defaults: expandable_segments off, max_split_size unlimited)",
         overhead.describe(),
     ]
     if job.method != "full":
@@ -234,14 +243,13 @@ def _simulate_uncached(job, num_layers_to_trace, stack, overhead, granule_bytes,
     if on_progress:
         on_progress(len(units), len(units), "done")
     parts = combine(traces[0], traces[1] if len(traces) > 1 else None, full_units, spec.num_layers)
-    static = sum(v for k, v in parts["breakdown_bytes"].items() if k in STATIC_CATEGORIES)
     return StepSimulation(
         model=spec.name,
         method=job.method,
         stack=stack,
         batch_size=job.batch_size,
         seq_len=seq_len,
-        device_overhead_bytes=overhead.overhead_bytes(parts["peak_bytes"], static),
+        device_overhead_bytes=overhead.overhead_bytes(),
         seconds_taken=time.perf_counter() - start,
         assumptions=_assumptions(job, stack, seq_len, overhead),
         **parts,

@@ -13,6 +13,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tunecost.simulate.allocator import (
+    KIND_INPUT,
+    KIND_OPTIMIZER_STATE,
+    KIND_STEP,
+    KIND_WEIGHT,
+    steady_state_reserved_bytes,
+)
 from tunecost.simulate.recorder import StepRecorder
 from tunecost.simulate.records import CATEGORIES, WEIGHT_CATEGORIES
 from tunecost.simulate.step import make_batch, run_step
@@ -36,6 +43,7 @@ class TraceResult:
     weight_bytes: dict[str, int]  # "group/category" -> bytes of static weights
     seconds: float
     num_ops: int = 0
+    peak_reserved_bytes: int = 0  # the caching allocator's reserve over a run of such steps (see `allocator`)
     extra: dict = field(default_factory=dict)
 
 
@@ -119,6 +127,7 @@ def analyze(rec: StepRecorder, num_layers: int, seconds: float) -> TraceResult:
             weight_bytes[key] = weight_bytes.get(key, 0) + r.nbytes
     c = rec.counter
     return TraceResult(
+        peak_reserved_bytes=_reserved_bytes(rec, t_alloc, t_free, nbytes),
         num_layers=num_layers,
         num_units=rec.plan.num_units,
         segments=segments,
@@ -129,6 +138,16 @@ def analyze(rec: StepRecorder, num_layers: int, seconds: float) -> TraceResult:
         seconds=seconds,
         num_ops=num_ops,
     )
+
+
+def _reserved_bytes(rec: StepRecorder, t_alloc: np.ndarray, t_free: np.ndarray, nbytes: np.ndarray) -> int:
+    """The caching allocator replayed over the load of the weights and repeated steps of this one."""
+    kinds = {c: KIND_WEIGHT for c in WEIGHT_CATEGORIES} | {"optimizer_states": KIND_OPTIMIZER_STATE}
+    kinds["inputs"] = KIND_INPUT
+    kind = np.fromiter((kinds.get(r.static_category or "", KIND_STEP) for r in rec.records), np.int64, len(rec.records))
+    opt_ops = [k for k, segs in enumerate(rec.op_segments, start=1) if segs == ("optimizer:opt",)]
+    t_optimizer = opt_ops[0] if opt_ops else len(rec.op_segments) + 1
+    return steady_state_reserved_bytes(nbytes, t_alloc, t_free, kind, t_optimizer)
 
 
 def trace_step(prepared, batch_size: int, seq_len: int, *, round_bytes: int = 512) -> TraceResult:

@@ -2,9 +2,13 @@
 
 Memory quantities from one simulated step (`tunecost.simulate`) plus the device overhead it states:
 - peak_allocated_gib: the simulated peak (torch.cuda.max_memory_allocated semantics);
-- peak_reserved_gib: that peak plus the caching allocator's reserve (the overhead without the CUDA context);
-- nvidia_smi_gib: that peak plus the whole device overhead (CUDA context and allocator reserve);
-- oom: 1 when the peak plus the device overhead exceeds the GPU's memory, else 0.
+- peak_reserved_gib: the peak reserve of PyTorch's caching allocator replayed over the step (`simulate.allocator`),
+  at most what the GPU leaves it beside the CUDA context (the allocator releases its cached segments and retries
+  before it fails);
+- nvidia_smi_gib: that reserve plus the device overhead outside the allocator (CUDA context, NCCL);
+- oom: 1 when the allocated peak plus the device overhead exceeds the GPU's memory, else 0: before it raises
+  out-of-memory the allocator releases its cached segments and retries, so the reserve above the allocated peak
+  does not decide it (a fragmented cache, split segments that cannot be released, can; not modelled).
 A value in "GB" is read as GiB (2^30 bytes): the sources print GiB-based figures (nvidia-smi's MiB / 1024,
 torch bytes / 2^30) with a "G"/"GB" label. `error` is the signed percentage error (predicted - measured) /
 measured x 100 for memory, and predicted - measured (0 = right) for oom.
@@ -77,15 +81,23 @@ def _skipped(row: CorpusRow, reason: str, stack: str = "") -> ValidationRow:
     return _outcome(row, measured, reason=reason, stack=stack)
 
 
-def predicted_bytes(quantity: str, sim) -> int:
-    """The simulated figure a memory quantity measures, in bytes."""
-    from tunecost.simulate.overhead import DEFAULT_OVERHEAD
+def outside_allocator_bytes(sim) -> int:
+    """Device memory the caching allocator does not manage: the CUDA context, and NCCL's on a multi-GPU rank."""
+    return int(sim.device_overhead_bytes + getattr(sim, "nccl_bytes", 0))
 
+
+def predicted_bytes(quantity: str, sim, gpu_memory_bytes: int | None = None) -> int:
+    """The simulated figure a memory quantity measures, in bytes. The reserve is capped by what a GPU of
+    `gpu_memory_bytes` leaves the allocator; a result without a replayed reserve (a multi-GPU rank) counts its
+    allocated peak as reserved."""
+    allocated = int(sim.peak_bytes)
     if quantity == "peak_allocated_gib":
-        return int(sim.peak_bytes)
-    if quantity == "peak_reserved_gib":
-        return int(sim.peak_bytes + sim.device_overhead_bytes - DEFAULT_OVERHEAD.cuda_context_bytes)
-    return int(sim.peak_bytes + sim.device_overhead_bytes + getattr(sim, "nccl_bytes", 0))
+        return allocated
+    outside = outside_allocator_bytes(sim)
+    reserved = max(allocated, int(getattr(sim, "peak_reserved_bytes", allocated)))
+    if gpu_memory_bytes is not None:
+        reserved = max(allocated, min(reserved, gpu_memory_bytes - outside))
+    return reserved if quantity == "peak_reserved_gib" else reserved + outside
 
 
 def _simulate(mapped: MappedRow):
@@ -127,10 +139,11 @@ def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simu
     error: float | None
     if quantity == "oom":
         assert mapped.gpu_memory_bytes is not None
-        predicted = 1.0 if predicted_bytes("nvidia_smi_gib", sim) > mapped.gpu_memory_bytes else 0.0
+        needed = predicted_bytes("peak_allocated_gib", sim) + outside_allocator_bytes(sim)
+        predicted = 1.0 if needed > mapped.gpu_memory_bytes else 0.0
         error = predicted - measured
     else:
-        predicted = round(predicted_bytes(quantity, sim) / _UNIT_BYTES[unit], 3)
+        predicted = round(predicted_bytes(quantity, sim, mapped.gpu_memory_bytes) / _UNIT_BYTES[unit], 3)
         error = round((predicted - measured) / measured * 100.0, 2) if measured else None
     return _outcome(row, measured, predicted=predicted, error=error, stack=mapped.stack.name)
 

@@ -40,13 +40,13 @@ STACKS: dict[str, Stack] = {
         loss="logits in the compute dtype, upcast to fp32 inside the cross-entropy (transformers >= 4.45)",
         adapters="PEFT LoRA A/B in fp32; the layer input cast to fp32 and back to the compute dtype by autocast "
         "(that copy kept for backward); update added out of place; frozen base in bf16",
-        allocator="caching allocator: reserved above allocated by the step's short-lived buffers",
+        allocator="PyTorch's caching allocator, default settings (replayed over the step: tunecost.simulate.allocator)",
         not_modelled=(
             "fp32 logits copies of transformers < 4.45 (one or two vocab x tokens fp32 tensors)",
             "accelerate/Trainer mixed-precision fp32 master weights for a full fine-tune (tunecost keeps "
             "parameters, gradients and AdamW states in the compute dtype)",
             "DataLoader pinned memory and NCCL buffers",
-            "allocator fragmentation beyond a fixed reserve fraction",
+            "allocations the trace does not see (inside ops, library workspaces, loading the weights)",
             "LoRA dropout (PEFT's default is 0; a row's dropout is not in the corpus)",
         ),
     ),

@@ -1,0 +1,52 @@
+"""How well the caching allocator's reserve at full depth follows from the two small traced depths.
+
+For each corpus row (ids on the command line, default a mix of methods and stacks), traces the model at one and
+two repeating units and at its full depth, replays the caching allocator on each, and prints the full-depth
+reserve beside two ways of scaling it from the small depths: the reserve extrapolated affinely in the number of
+units, and what `simulate_step` states (the full-depth allocated peak plus the reserve's excess over the
+allocated peak at two units).
+
+    PYTHONPATH=src .venv/bin/python benchmarks/bench_reserved_extrapolation.py [ROW_ID ...]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from tunecost.catalog.models import resolve_model
+from tunecost.simulate import simulate_step
+from tunecost.simulate.pool import prepared_model
+from tunecost.simulate.prepare import layer_pattern
+from tunecost.simulate.trace import trace_step
+from tunecost.validate.corpus import read_corpus
+from tunecost.validate.mapping import map_row
+
+GIB = 2**30
+DEFAULT_ROWS = ("fms-14", "fms-33", "fms-63", "fms-46", "qwen-01", "qwen-85", "swift-01")
+
+
+def _peaks(job, units: int, stack: str) -> tuple[int, int]:
+    trace = trace_step(prepared_model(job, units, stack), job.batch_size, job.worst_case_seq_len)
+    return max(s.total for s in trace.segments.values()), trace.peak_reserved_bytes
+
+
+def main(row_ids: list[str]) -> None:
+    rows = {r.id: r for r in read_corpus()}
+    print(f"{'row':10} {'units':>5} {'alloc GiB':>9} {'reserved':>9} {'affine':>9} {'tunecost':>9} {'s':>6}")
+    for row_id in row_ids:
+        mapped = map_row(rows[row_id])
+        job, stack = mapped.job, mapped.stack.simulator_stack or "tunecost"
+        _, _, full = layer_pattern(resolve_model(job.model))
+        start = time.perf_counter()
+        (_, r1), (_, r2), (af, rf) = (_peaks(job, u, stack) for u in (1, 2, full))
+        affine = r1 + (r2 - r1) * (full - 1)
+        stated = simulate_step(job, stack=stack, use_cache=False).peak_reserved_bytes
+        print(
+            f"{row_id:10} {full:5d} {af / GIB:9.3f} {rf / GIB:9.3f} {affine / GIB:9.3f} {stated / GIB:9.3f} "
+            f"{time.perf_counter() - start:6.1f}"
+        )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:] or list(DEFAULT_ROWS))

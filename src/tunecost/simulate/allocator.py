@@ -1,0 +1,228 @@
+"""A replay of PyTorch's CUDA caching allocator (`c10/cuda/CUDACachingAllocator.cpp`, native backend, default
+settings) over an ordered trace of allocations and frees: what `torch.cuda.memory_reserved` would show.
+
+The rules replayed, with the constants of the source:
+- every request is rounded up to a multiple of 512 bytes (`kMinBlockSize`; `round_size`);
+- requests of at most 1 MiB (`kSmallSize`) come from the small pool, larger ones from the large pool; a cached
+  block of the other pool is never used;
+- a request first takes the smallest cached free block of its pool that fits (best fit: ordered by size, then
+  address; `get_free_block`); only when none fits is a new segment reserved (`cudaMalloc`) of
+  `get_allocation_size`: 2 MiB (`kSmallBuffer`) for the small pool, 20 MiB (`kLargeBuffer`) for requests under
+  10 MiB (`kMinLargeAlloc`), else the request rounded up to 2 MiB (`kRoundLarge`);
+- the block taken is split when the remainder is at least 512 bytes (small pool) or more than 1 MiB (large
+  pool); the remainder stays cached (`should_split`);
+- a freed block merges with its free neighbours in the same segment (`free_block` / `try_merge_blocks`);
+  segments are never returned to the driver, except that
+- when a new segment would exceed the device's capacity, every cached segment that is wholly free (not split)
+  is released and the request retried (`release_cached_blocks`); if it still does not fit, the allocation fails
+  (the out-of-memory error).
+Assumed: one stream (no cross-stream reuse rules), `max_split_size_mb` unlimited, `expandable_segments` off,
+`roundup_power2_divisions` off, no garbage-collection threshold: PyTorch's defaults for `PYTORCH_CUDA_ALLOC_CONF`.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+import numpy as np
+
+from tunecost.errors import TunecostError
+
+MIN_BLOCK_BYTES = 512  # kMinBlockSize: every size is rounded up to a multiple of it
+SMALL_REQUEST_BYTES = 2**20  # kSmallSize: requests up to 1 MiB use the small pool
+SMALL_SEGMENT_BYTES = 2 * 2**20  # kSmallBuffer: small-pool segments are 2 MiB
+LARGE_SEGMENT_BYTES = 20 * 2**20  # kLargeBuffer: large requests under 10 MiB get a 20 MiB segment
+MIN_LARGE_ALLOC_BYTES = 10 * 2**20  # kMinLargeAlloc
+ROUND_LARGE_BYTES = 2 * 2**20  # kRoundLarge: larger requests get a segment rounded up to 2 MiB
+_SEGMENT_GAP = MIN_BLOCK_BYTES  # address gap between segments, so that blocks of two segments never touch
+
+
+class AllocatorOutOfMemory(TunecostError):
+    """The replayed allocator could not reserve a segment within the device capacity."""
+
+
+def round_size_bytes(nbytes: int) -> int:
+    """`round_size`: a request rounded up to a multiple of 512 bytes (at least 512)."""
+    return max(MIN_BLOCK_BYTES, -(-nbytes // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES)
+
+
+def is_small_request(size_bytes: int) -> bool:
+    return size_bytes <= SMALL_REQUEST_BYTES
+
+
+def segment_bytes(size_bytes: int) -> int:
+    """`get_allocation_size`: the segment reserved for a (rounded) request no cached block can serve."""
+    if is_small_request(size_bytes):
+        return SMALL_SEGMENT_BYTES
+    if size_bytes < MIN_LARGE_ALLOC_BYTES:
+        return LARGE_SEGMENT_BYTES
+    return -(-size_bytes // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
+
+
+def should_split(remaining_bytes: int, small: bool) -> bool:
+    """`should_split` with max_split_size unlimited."""
+    return remaining_bytes >= MIN_BLOCK_BYTES if small else remaining_bytes > SMALL_REQUEST_BYTES
+
+
+class CachingAllocator:
+    """Blocks addressed by integers; segments laid out at increasing addresses. `malloc` returns a block address
+    to pass to `free`. `reserved_bytes` is what `torch.cuda.memory_reserved` reports, `peak_reserved_bytes` its
+    maximum (`max_memory_reserved`), `allocated_bytes` the sum of the rounded live blocks."""
+
+    def __init__(self, capacity_bytes: int | None = None) -> None:
+        self.capacity_bytes = capacity_bytes
+        self.reserved_bytes = 0
+        self.peak_reserved_bytes = 0
+        self.allocated_bytes = 0
+        self.peak_allocated_bytes = 0
+        self.num_segments_released = 0
+        self._free: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # small? -> sorted (size, addr)
+        self._size: dict[int, int] = {}  # block address -> size
+        self._small: dict[int, bool] = {}  # block address -> its pool
+        self._is_free: dict[int, bool] = {}
+        self._end: dict[int, int] = {}  # end address -> address of the block ending there
+        self._segment: dict[int, int] = {}  # segment start -> segment size
+        self._next_address = 0
+
+    # ---- blocks --------------------------------------------------------------------------------------------
+    def _add_block(self, addr: int, size: int, small: bool, free: bool) -> None:
+        self._size[addr] = size
+        self._small[addr] = small
+        self._is_free[addr] = free
+        self._end[addr + size] = addr
+        if free:
+            bisect.insort(self._free[small], (size, addr))
+
+    def _drop_block(self, addr: int) -> tuple[int, bool]:
+        size, small = self._size.pop(addr), self._small.pop(addr)
+        del self._end[addr + size]
+        if self._is_free.pop(addr):
+            pool = self._free[small]
+            del pool[bisect.bisect_left(pool, (size, addr))]
+        return size, small
+
+    # ---- malloc / free --------------------------------------------------------------------------------------
+    def malloc(self, nbytes: int) -> int:
+        size = round_size_bytes(nbytes)
+        small = is_small_request(size)
+        pool = self._free[small]
+        i = bisect.bisect_left(pool, (size, -1))
+        if i < len(pool):
+            block_size, addr = pool[i]
+            self._drop_block(addr)
+        else:
+            block_size = segment_bytes(size)
+            addr = self._new_segment(block_size)
+        if should_split(block_size - size, small):
+            self._add_block(addr + size, block_size - size, small, free=True)
+            block_size = size
+        self._add_block(addr, block_size, small, free=False)
+        self.allocated_bytes += block_size
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+        return addr
+
+    def free(self, addr: int) -> None:
+        assert not self._is_free[addr], "block freed twice"
+        size, small = self._drop_block(addr)
+        self.allocated_bytes -= size
+        prev = self._end.get(addr)
+        if prev is not None and self._is_free[prev]:
+            addr, size = prev, self._drop_block(prev)[0] + size
+        nxt = addr + size
+        if nxt in self._size and self._is_free[nxt]:
+            size += self._drop_block(nxt)[0]
+        self._add_block(addr, size, small, free=True)
+
+    def _new_segment(self, nbytes: int) -> int:
+        cap = self.capacity_bytes
+        if cap is not None and self.reserved_bytes + nbytes > cap:
+            self.release_cached_segments()
+            if self.reserved_bytes + nbytes > cap:
+                raise AllocatorOutOfMemory(
+                    f"cannot reserve a {nbytes / 2**20:.0f} MiB segment: {self.reserved_bytes / 2**20:.0f} MiB "
+                    f"reserved of {cap / 2**20:.0f} MiB"
+                )
+        addr = self._next_address
+        self._next_address += nbytes + _SEGMENT_GAP
+        self._segment[addr] = nbytes
+        self.reserved_bytes += nbytes
+        self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
+        return addr
+
+    def release_cached_segments(self) -> None:
+        """`release_cached_blocks`: return every wholly free (unsplit) cached segment to the driver."""
+        for small in (True, False):
+            for size, addr in list(self._free[small]):
+                if self._segment.get(addr) == size:
+                    self._drop_block(addr)
+                    del self._segment[addr]
+                    self.reserved_bytes -= size
+                    self.num_segments_released += 1
+
+
+def replay_events(sizes: Sequence[int], order: Sequence[int], allocator: CachingAllocator) -> CachingAllocator:
+    """Replay an event list on `allocator`: `order` holds record indices, the first occurrence of an index
+    allocates `sizes[index]` bytes and the second frees it."""
+    live: dict[int, int] = {}
+    malloc, free = allocator.malloc, allocator.free
+    for i in order:
+        addr = live.pop(i, None)
+        if addr is None:
+            live[i] = malloc(sizes[i])
+        else:
+            free(addr)
+    return allocator
+
+
+KIND_WEIGHT, KIND_OPTIMIZER_STATE, KIND_INPUT, KIND_STEP = 0, 1, 2, 3
+NEVER_FREED = np.iinfo(np.int64).max
+
+
+def event_order(t_alloc: np.ndarray, t_free: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(record indices, op indices) of the events in order: at each op index its allocations (in record order),
+    then its frees (in record order); a record never freed (t_free NEVER_FREED) appears once."""
+    freed = np.flatnonzero(t_free != NEVER_FREED)
+    times = np.concatenate((t_alloc, t_free[freed]))
+    keys = np.concatenate((2 * t_alloc, 2 * t_free[freed] + 1))
+    idx = np.concatenate((np.arange(len(t_alloc)), freed))
+    order = np.argsort(keys, kind="stable")
+    return idx[order], times[order]
+
+
+def steady_state_reserved_bytes(
+    nbytes: np.ndarray,
+    t_alloc: np.ndarray,
+    t_free: np.ndarray,
+    kind: np.ndarray,
+    t_optimizer: int,
+    *,
+    max_steps: int = 4,
+    capacity_bytes: int | None = None,
+) -> int:
+    """Peak reserved bytes of a training run whose every step is the recorded one.
+
+    kind per record: KIND_WEIGHT (loaded before training, never freed), KIND_OPTIMIZER_STATE (allocated by the
+    first optimizer step, before the op with index `t_optimizer`, then kept), KIND_INPUT (the batch: allocated
+    at the start of each step, freed at its end) or KIND_STEP (the step's own tensors, at their recorded op
+    indices; any still alive at the end of the recording is freed with the batch). Steps are replayed until one
+    reserves no new segment (at most `max_steps`): the first step differs (it allocates the optimizer states),
+    and the cache it leaves shapes the next."""
+    alloc = CachingAllocator(capacity_bytes)
+    sizes = nbytes.tolist()
+    replay_events(sizes, np.flatnonzero(kind == KIND_WEIGHT).tolist(), alloc)
+    step = np.flatnonzero(kind == KIND_STEP)
+    order, times = event_order(t_alloc[step], t_free[step])
+    events = step[order]
+    split_at = int(np.searchsorted(times, t_optimizer, side="left"))
+    head, tail = events[:split_at].tolist(), events[split_at:].tolist()
+    inputs = np.flatnonzero(kind == KIND_INPUT).tolist()
+    ends = inputs + step[t_free[step] == NEVER_FREED].tolist()
+    states = np.flatnonzero(kind == KIND_OPTIMIZER_STATE).tolist()
+    replay_events(sizes, inputs + head + states + tail + ends, alloc)
+    for _ in range(max_steps - 1):
+        before = alloc.reserved_bytes
+        replay_events(sizes, inputs + head + tail + ends, alloc)
+        if alloc.reserved_bytes == before:
+            break
+    return alloc.peak_reserved_bytes

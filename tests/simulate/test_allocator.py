@@ -1,0 +1,183 @@
+"""The caching-allocator replay against sequences worked by hand from the rules of
+`c10/cuda/CUDACachingAllocator.cpp` (round_size, get_allocation_size, get_free_block, should_split, free_block,
+release_cached_blocks), and properties over random sequences."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tunecost.simulate.allocator import (
+    KIND_INPUT,
+    KIND_OPTIMIZER_STATE,
+    KIND_STEP,
+    KIND_WEIGHT,
+    NEVER_FREED,
+    AllocatorOutOfMemory,
+    CachingAllocator,
+    event_order,
+    round_size_bytes,
+    segment_bytes,
+    steady_state_reserved_bytes,
+)
+
+KIB, MIB = 2**10, 2**20
+
+
+def test_sizes_and_segments() -> None:
+    assert [round_size_bytes(n) for n in (1, 512, 513, 1000)] == [512, 512, 1024, 1024]
+    assert segment_bytes(MIB) == 2 * MIB  # small pool: up to 1 MiB
+    assert segment_bytes(MIB + 512) == 20 * MIB  # large, under 10 MiB
+    assert segment_bytes(10 * MIB - 512) == 20 * MIB
+    assert segment_bytes(10 * MIB) == 10 * MIB  # from 10 MiB: the request rounded up to 2 MiB
+    assert segment_bytes(11 * MIB) == 12 * MIB
+
+
+def test_small_tensors_share_a_two_mib_segment() -> None:
+    alloc = CachingAllocator()
+    for _ in range(2048):  # 2048 x 1 KiB = 2 MiB: the first segment, split 2047 times, holds them all
+        alloc.malloc(KIB)
+    assert alloc.reserved_bytes == 2 * MIB
+    alloc.malloc(KIB)  # no cached block left: a second segment
+    assert alloc.reserved_bytes == 4 * MIB
+    assert alloc.allocated_bytes == 2049 * KIB
+
+
+def test_a_small_request_under_512_bytes_takes_a_granule() -> None:
+    alloc = CachingAllocator()
+    alloc.malloc(1)
+    assert (alloc.allocated_bytes, alloc.reserved_bytes) == (512, 2 * MIB)
+
+
+def test_requests_under_10_mib_share_a_20_mib_segment() -> None:
+    alloc = CachingAllocator()
+    alloc.malloc(5 * MIB)  # 20 MiB segment, split: 15 MiB cached
+    alloc.malloc(5 * MIB)  # takes the 15 MiB remainder, split: 10 MiB cached
+    alloc.malloc(5 * MIB)  # 10 MiB -> 5 MiB cached (more than 1 MiB: split)
+    alloc.malloc(5 * MIB)  # the last 5 MiB block, exactly
+    assert alloc.reserved_bytes == 20 * MIB
+    alloc.malloc(5 * MIB)
+    assert alloc.reserved_bytes == 40 * MIB
+
+
+def test_a_remainder_of_at_most_1_mib_is_not_split_off() -> None:
+    alloc = CachingAllocator()
+    alloc.malloc(19 * MIB)  # segment 20 MiB; remainder 1 MiB is not > 1 MiB: the whole block is used
+    assert (alloc.allocated_bytes, alloc.reserved_bytes) == (20 * MIB, 20 * MIB)
+    alloc.malloc(2 * MIB)  # nothing cached: a new 20 MiB segment
+    assert alloc.reserved_bytes == 40 * MIB
+
+
+def test_a_freed_block_serves_a_smaller_request_with_a_split() -> None:
+    alloc = CachingAllocator()
+    alloc.free(alloc.malloc(100 * MIB))  # one 100 MiB segment, cached
+    alloc.malloc(60 * MIB)  # best fit: the 100 MiB block, split; 40 MiB stay cached
+    alloc.malloc(40 * MIB)  # the remainder
+    assert alloc.reserved_bytes == 100 * MIB
+    alloc.malloc(2 * MIB)
+    assert alloc.reserved_bytes == 120 * MIB
+
+
+def test_best_fit_takes_the_smallest_block_that_fits() -> None:
+    alloc = CachingAllocator()
+    big, small = alloc.malloc(100 * MIB), alloc.malloc(30 * MIB)
+    alloc.free(big)
+    alloc.free(small)
+    alloc.malloc(30 * MIB)  # the 30 MiB block, not a split of the 100 MiB one
+    alloc.malloc(100 * MIB)  # so the 100 MiB block is still whole
+    assert alloc.reserved_bytes == 130 * MIB
+
+
+def test_freed_neighbours_merge() -> None:
+    alloc = CachingAllocator()
+    a, b, _c = (alloc.malloc(5 * MIB) for _ in range(3))  # one 20 MiB segment: a b c + 5 MiB free
+    alloc.free(a)
+    alloc.free(b)  # a and b merge into one free 10 MiB block
+    alloc.malloc(10 * MIB)  # fits the merged block: no new segment
+    assert alloc.reserved_bytes == 20 * MIB
+
+
+def test_no_reuse_across_pools() -> None:
+    alloc = CachingAllocator()
+    alloc.free(alloc.malloc(MIB))  # small pool: a 2 MiB segment, cached
+    alloc.malloc(MIB + 512)  # large pool: a 20 MiB segment, though 2 MiB are cached
+    assert alloc.reserved_bytes == 22 * MIB
+    alloc.free(alloc.malloc(5 * MIB))
+    alloc.malloc(MIB)  # the cached 2 MiB small segment (not the large pool's free remainder of 18.9 MiB)
+    alloc.malloc(MIB)
+    alloc.malloc(512)  # the small segment is full: a new one
+    assert alloc.reserved_bytes == 24 * MIB
+
+
+def test_capacity_releases_whole_cached_segments_then_fails() -> None:
+    alloc = CachingAllocator(capacity_bytes=100 * MIB)
+    alloc.free(alloc.malloc(60 * MIB))  # cached, unsplit
+    alloc.malloc(80 * MIB)  # 60 + 80 > 100: the cached 60 MiB segment is released, then 80 fits
+    assert (alloc.reserved_bytes, alloc.peak_reserved_bytes, alloc.num_segments_released) == (80 * MIB, 80 * MIB, 1)
+    alloc.malloc(5 * MIB)  # 80 + 20 = 100: fits (a 20 MiB segment, split: 15 MiB cached)
+    with pytest.raises(AllocatorOutOfMemory):
+        alloc.malloc(16 * MIB)  # the 15 MiB block is too small and its segment is split: nothing to release
+
+
+def test_event_order_allocates_before_it_frees_at_each_op() -> None:
+    t_alloc = np.array([1, 1, 2])
+    t_free = np.array([2, NEVER_FREED, 2])
+    idx, times = event_order(t_alloc, t_free)
+    assert idx.tolist() == [0, 1, 2, 0, 2] and times.tolist() == [1, 1, 2, 2, 2]
+
+
+def test_steady_state_places_the_optimizer_states_in_the_first_step() -> None:
+    """Weights 60 MiB; the step allocates a 100 MiB temporary (op 1, freed at op 2); the optimizer (op 3)
+    adds 60 MiB of states on the first step. They land in the freed 100 MiB block (split, 40 MiB cached), so
+    the second step's 100 MiB temporary needs a new segment: 60 + 100 + 100 MiB reserved; states loaded with
+    the weights would have left the 100 MiB block whole (60 + 60 + 100)."""
+    nbytes = np.array([60, 60, 1, 100]) * MIB
+    kind = np.array([KIND_WEIGHT, KIND_OPTIMIZER_STATE, KIND_INPUT, KIND_STEP])
+    t_alloc = np.array([0, 0, 0, 1])
+    t_free = np.array([NEVER_FREED, NEVER_FREED, NEVER_FREED, 2])
+    reserved = steady_state_reserved_bytes(nbytes, t_alloc, t_free, kind, t_optimizer=3)
+    assert reserved == (60 + 100 + 100 + 2) * MIB  # + the 1 MiB batch's small-pool segment
+
+
+ops = st.lists(st.tuples(st.booleans(), st.integers(1, 40 * MIB), st.integers(0, 10**6)), min_size=1, max_size=120)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops)
+def test_reserved_covers_allocated_and_frees_back_to_whole_segments(seq) -> None:
+    alloc = CachingAllocator()
+    live: list[tuple[int, int]] = []
+    for is_free, nbytes, pick in seq:
+        if is_free and live:
+            alloc.free(live.pop(pick % len(live))[0])
+        else:
+            live.append((alloc.malloc(nbytes), round_size_bytes(nbytes)))
+        assert alloc.allocated_bytes >= sum(size for _, size in live)
+        assert alloc.reserved_bytes >= alloc.allocated_bytes
+        assert alloc.peak_reserved_bytes >= alloc.peak_allocated_bytes
+    for addr, _ in live:
+        alloc.free(addr)
+    alloc.release_cached_segments()  # every block merged back into its segment: all of them released
+    assert (alloc.allocated_bytes, alloc.reserved_bytes) == (0, 0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 40 * MIB), st.lists(st.booleans(), min_size=1, max_size=200))
+def test_one_size_reserves_whole_segments_for_the_live_peak(nbytes, frees) -> None:
+    """With one request size s, blocks sit at multiples of s in their segments, so every free piece of a
+    segment is a multiple of s (plus the unsplittable tail) and a new segment is reserved only when every
+    segment is full: k = segment // s blocks each. Reserved = ceil(peak live / k) segments."""
+    alloc = CachingAllocator()
+    live: list[int] = []
+    peak = 0
+    for is_free in frees:
+        if is_free and live:
+            alloc.free(live.pop(0))
+        else:
+            live.append(alloc.malloc(nbytes))
+        peak = max(peak, len(live))
+    s, seg = round_size_bytes(nbytes), segment_bytes(round_size_bytes(nbytes))
+    per_segment = seg // s
+    assert alloc.peak_reserved_bytes == -(-peak // per_segment) * seg
