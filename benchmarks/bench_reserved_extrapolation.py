@@ -23,7 +23,7 @@ from tunecost.validate.corpus import read_corpus
 from tunecost.validate.mapping import map_row
 
 GIB = 2**30
-DEFAULT_ROWS = ("fms-14", "fms-33", "fms-63", "fms-46", "qwen-01", "qwen-85", "swift-01")
+DEFAULT_ROWS = ("fms-14", "fms-33", "fms-63", "fms-75", "qwen-01", "qwen-85", "swift-01")
 
 
 def _peaks(job, units: int, stack: str) -> tuple[int, int]:
@@ -36,6 +36,9 @@ def main(row_ids: list[str]) -> None:
     print(f"{'row':10} {'units':>5} {'alloc GiB':>9} {'reserved':>9} {'affine':>9} {'tunecost':>9} {'s':>6}")
     for row_id in row_ids:
         mapped = map_row(rows[row_id])
+        if mapped.num_gpus > 1:
+            print(f"{row_id:10} skipped: a {mapped.num_gpus}-GPU row (this compares single-GPU steps)")
+            continue
         job, stack = mapped.job, mapped.stack.simulator_stack or "tunecost"
         _, _, full = layer_pattern(resolve_model(job.model))
         start = time.perf_counter()

@@ -181,3 +181,41 @@ def test_one_size_reserves_whole_segments_for_the_live_peak(nbytes, frees) -> No
     s, seg = round_size_bytes(nbytes), segment_bytes(round_size_bytes(nbytes))
     per_segment = seg // s
     assert alloc.peak_reserved_bytes == -(-peak // per_segment) * seg
+
+
+def test_a_full_depth_step_reserves_whole_segments(config_path) -> None:
+    """Every segment is 2 MiB, 20 MiB or a request rounded up to 2 MiB, so the replayed reserve of a full trace
+    is a whole number of 2 MiB and at least the allocated peak."""
+    from tunecost.simulate import simulate_step
+    from tunecost.workload.job import FineTuneJob
+
+    for method in ("lora", "full"):
+        job = FineTuneJob(model=config_path("small-mixtral"), method=method, batch_size=2, seq_len=64)
+        sim = simulate_step(job, num_layers_to_trace=99, use_cache=False)
+        assert sim.layers_traced == (6,)
+        assert sim.peak_reserved_bytes % (2 * MIB) == 0 and sim.peak_reserved_bytes >= sim.peak_bytes
+
+
+def test_scaled_reserve_keeps_the_deeper_traces_excess() -> None:
+    """combine: the full-depth reserve is the scaled allocated peak plus the reserve's excess over the allocated
+    peak at the deeper traced depth (one unit: peak 10, two units: peak 14 -> 6 units: 10 + 5 x 4 = 30; the
+    two-unit reserve 20 exceeds its peak 14 by 6 -> 36)."""
+    from tunecost.simulate.simulator import combine
+    from tunecost.simulate.trace import SegmentPeak, TraceResult
+
+    def trace(units: int, peak: int, reserved: int) -> TraceResult:
+        seg = {"backward:unit_last": SegmentPeak(total=peak, by_category={"activations": peak}, by_group={})}
+        return TraceResult(
+            num_layers=units,
+            num_units=units,
+            segments=seg,
+            flops={},
+            bytes={},
+            flops_by_group={},
+            weight_bytes={},
+            seconds=0.0,
+            peak_reserved_bytes=reserved,
+        )
+
+    parts = combine(trace(1, 10, 12), trace(2, 14, 20), full_units=6, full_layers=6)
+    assert (parts["peak_bytes"], parts["peak_reserved_bytes"]) == (30, 36)

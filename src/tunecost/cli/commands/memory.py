@@ -181,6 +181,7 @@ def _render(sim, best, gpu_name) -> None:
     rows = [[k, _gb(v)] for k, v in sorted(sim.breakdown_bytes.items(), key=lambda kv: -kv[1])]
     rows.append(["PEAK (tensors)", _gb(sim.peak_bytes)])
     rows.append(["+ device overhead (assumed)", _gb(sim.device_overhead_bytes)])
+    rows.append(["reserved by the caching allocator (replayed)", _gb(sim.peak_reserved_bytes)])
     print_table(title, ["at the peak (" + sim.peak_segment + ")", "bytes"], rows)
     print_table(
         "Stored weights",
