@@ -147,7 +147,8 @@ def _assumptions(job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOve
         "steady-state step: optimizer states already allocated; gradients set to None after the step",
         "bytes rounded up to 512-byte allocator granules (torch.cuda.max_memory_allocated semantics)",
         "reserved memory: PyTorch's CUDA caching allocator replayed over the weights' load and repeated steps "
-        "(one stream; PYTORCH_CUDA_ALLOC_CONF defaults: expandable_segments off, max_split_size unlimited)",
+        "(one stream; PYTORCH_CUDA_ALLOC_CONF defaults: expandable_segments off, max_split_size unlimited); "
+        "when scaled, the full-depth allocated peak plus the reserve's excess over it at the deeper traced depth",
         overhead.describe(),
     ]
     if job.method != "full":
