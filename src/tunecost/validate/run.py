@@ -100,7 +100,7 @@ def _simulate(mapped: MappedRow):
         return rank_memory(single_gpu_step(job), job, plan)
     from tunecost.simulate import simulate_step
 
-    return simulate_step(mapped.job, stack=stack)
+    return simulate_step(mapped.job, stack=stack, behaviour=mapped.behaviour)
 
 
 def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simulate) -> ValidationRow:
