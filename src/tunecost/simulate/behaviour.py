@@ -86,10 +86,11 @@ def causal_lm_loss(loss_code: str, logits: torch.Tensor, labels: torch.Tensor) -
         # both take `logits[..., :-1, :].contiguous()` (transformers PR #35646, after 4.48.0, pads the labels instead)
         return causal_lm_loss_2024(logits, labels)
     if loss_code == LOSS_QWEN_REMOTE:
-        # the shifted copy in the compute dtype; CrossEntropyLoss under autocast runs in fp32 (a cast copy)
-        shift_logits = logits[..., :-1, :].contiguous().float()
+        # the shifted copy in the compute dtype (a local that lives through the loss); CrossEntropyLoss under
+        # autocast runs in fp32 on a cast copy of it
+        shift_logits = logits[..., :-1, :].contiguous()
         shift_labels = labels[..., 1:].contiguous()
-        return nn.functional.cross_entropy(shift_logits.view(-1, shift_logits.size(-1)), shift_labels.view(-1))
+        return nn.functional.cross_entropy(shift_logits.view(-1, shift_logits.size(-1)).float(), shift_labels.view(-1))
     raise TunecostError(f"loss code {loss_code!r} is the model's own forward, not a separate loss")
 
 
