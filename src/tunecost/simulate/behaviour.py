@@ -83,7 +83,7 @@ def causal_lm_loss(loss_code: str, logits: torch.Tensor, labels: torch.Tensor) -
 
     if loss_code in (LOSS_TRANSFORMERS_446, LOSS_TRANSFORMERS_440):
         # 4.40: `logits = logits.float()` in the model's forward; 4.46-4.48: the first line of ForCausalLMLoss; then
-        # both take `logits[..., :-1, :].contiguous()` (transformers PR #35646, after 4.48.0, pads the labels instead)
+        # both take `logits[..., :-1, :].contiguous()` (checked in the 4.45.2 and 4.48.1 wheels; 4.49.0 pads labels)
         return causal_lm_loss_2024(logits, labels)
     if loss_code == LOSS_QWEN_REMOTE:
         # the shifted copy in the compute dtype (a local that lives through the loss); CrossEntropyLoss under
