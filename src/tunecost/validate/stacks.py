@@ -72,7 +72,6 @@ STACKS: dict[str, Stack] = {
         not_modelled=(
             "the loss code of transformers < 4.40 (the row's version is read from stack_versions; an unstated "
             "version is simulated as >= 4.49)",
-            "the behaviours of this stack on several GPUs (a multi-GPU row is simulated with the default loss code)",
             "accelerate/Trainer mixed-precision fp32 master weights for a full fine-tune (tunecost keeps "
             "parameters, gradients and AdamW states in the compute dtype)",
             "DataLoader pinned memory and NCCL buffers",
