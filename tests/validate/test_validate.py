@@ -115,12 +115,50 @@ def test_lora_target_names() -> None:
 def test_corpus_stacks_are_named_stacks() -> None:
     assert stack_for("hf-transformers+peft+accelerate").name == "hf-trainer"
     assert stack_for("hf-transformers+peft+accelerate", "bnb-nf4").name == "hf-trainer-bnb"
+    assert stack_for("hf-transformers+peft+accelerate", "bnb-nf4", "baseline-peft-bnb").name == "trl-sft-bnb"
     assert stack_for("hf-transformers+peft+accelerate (accelerated-peft-bnb plugin)").name == "hf-trainer-bnb"
     assert stack_for("hf-transformers+peft (Qwen finetune.py)").name == "qwen-finetune"
     assert stack_for("torchtune").simulator_stack is None
     assert stack_for("acme-trainer") is None
     for stack in STACKS.values():
         assert stack.kept_for_backward and stack.loss and stack.adapters and stack.allocator
+
+
+def test_rows_pick_their_stack_behaviours(corpus) -> None:
+    """fms-acceleration's baseline QLoRA goes through TRL's SFTTrainer (fp32 norms on one GPU; FSDP skips the
+    preparation), its accelerated-peft-bnb plugin does not; the loss code follows the row's transformers version,
+    and Qwen (1.0) models run their own remote code."""
+    from tunecost.simulate.behaviour import (
+        LOSS_QWEN_REMOTE,
+        LOSS_TRANSFORMERS_5,
+        LOSS_TRANSFORMERS_440,
+        LOSS_TRANSFORMERS_446,
+    )
+    from tunecost.validate.corpus import CorpusRow
+    from tunecost.validate.stacks import loss_code_for
+
+    fms = "torch 2.4.1; transformers 4.48.1; peft 0.13.2"
+    assert loss_code_for("mistralai/Mistral-7B-v0.1", fms) == LOSS_TRANSFORMERS_446
+    assert loss_code_for("mistralai/Mistral-7B-v0.1", "transformers 4.40.0") == LOSS_TRANSFORMERS_440
+    assert loss_code_for("mistralai/Mistral-7B-v0.1", "transformers 4.49.0") == LOSS_TRANSFORMERS_5
+    assert loss_code_for("mistralai/Mistral-7B-v0.1", "") == LOSS_TRANSFORMERS_5
+    assert loss_code_for("Qwen/Qwen-7B-Chat", "torch 2.1.1") == LOSS_QWEN_REMOTE
+    assert loss_code_for("Qwen/Qwen1.5-7B", "") == LOSS_TRANSFORMERS_5  # in transformers since 4.37
+
+    base = next(r for r in read_corpus([corpus]) if r.id == "t-alloc")
+    qlora = {"method": "qlora", "quantization": "bnb-nf4", "stack_versions": fms}
+    for cells, stack, kbit, loss in (
+        ({**qlora, "notes": "framework baseline-peft-bnb; 100 steps"}, "trl-sft-bnb", True, LOSS_TRANSFORMERS_446),
+        ({**qlora, "notes": "framework accelerated-peft-bnb"}, "hf-trainer-bnb", False, LOSS_TRANSFORMERS_446),
+        ({**qlora, "notes": ""}, "hf-trainer-bnb", False, LOSS_TRANSFORMERS_446),
+        ({"stack_versions": ""}, "hf-trainer", False, LOSS_TRANSFORMERS_5),
+    ):
+        mapped = map_row(CorpusRow(path=base.path, line=base.line, cells={**base.cells, **cells}))
+        assert (mapped.stack.name, mapped.behaviour.kbit_fp32_norms, mapped.behaviour.loss_code) == (stack, kbit, loss)
+    multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
+    cells = {**multi.cells, **qlora, "notes": "framework baseline-peft-bnb"}
+    mapped = map_row(CorpusRow(path=multi.path, line=multi.line, cells=cells))
+    assert mapped.stack.name == "trl-sft-bnb" and not mapped.behaviour.kbit_fp32_norms  # FSDP: not prepared
 
 
 def test_predictions_come_from_the_simulator(corpus) -> None:
@@ -130,14 +168,14 @@ def test_predictions_come_from_the_simulator(corpus) -> None:
     out = _by_id(validate_rows(rows))
     for row_id, quantity in (("t-alloc", "peak_allocated_gib"), ("t-smi", "nvidia_smi_gib")):
         mapped = map_row(next(r for r in rows if r.id == row_id))
-        sim = simulate_step(mapped.job, stack=mapped.stack.simulator_stack)
+        sim = simulate_step(mapped.job, stack=mapped.stack.simulator_stack, behaviour=mapped.behaviour)
         got = out[row_id]
         assert got.status == "ok", got
         assert got.predicted == pytest.approx(predicted_bytes(quantity, sim) / GIB, abs=1e-3)
         assert got.error == pytest.approx((got.predicted - got.measured) / got.measured * 100, abs=0.01)
     # nvidia-smi: the replayed allocator's reserve plus the stated device overhead (the CUDA context)
     smi = map_row(next(r for r in rows if r.id == "t-smi"))
-    sim = simulate_step(smi.job, stack=smi.stack.simulator_stack)
+    sim = simulate_step(smi.job, stack=smi.stack.simulator_stack, behaviour=smi.behaviour)
     assert sim.peak_reserved_bytes >= sim.peak_bytes
     assert predicted_bytes("nvidia_smi_gib", sim) == sim.peak_reserved_bytes + sim.device_overhead_bytes
     # a tiny model fits an 80 GB card: predicted 0 where the row says it ran out of memory -> wrong (error -1)

@@ -78,24 +78,27 @@ def _lerp(a: float, b: float, t: float) -> float:
     return max(0.0, a + (b - a) * t)
 
 
-def single_gpu_step(job: FineTuneJob, *, granule_bytes: int = 512, use_cache: bool = True) -> SingleGpuStep:
+def single_gpu_step(
+    job: FineTuneJob, *, granule_bytes: int = 512, use_cache: bool = True, behaviour=None
+) -> SingleGpuStep:
     """Trace `job` at one and two repeating units (or at full depth when it is short) and scale every segment
     to the full depth, as `simulate.simulate_step` does for its peak (exact for identical units). Cached on disk
-    beside the simulator's results (`simulate.cache`: the key hashes the job, the config and the versions)."""
+    beside the simulator's results (`simulate.cache`: the key hashes the job, the config and the versions).
+    `behaviour`: library behaviours of the job's stack (`simulate.behaviour.StackBehaviour`; None: the default)."""
     import dataclasses
     import json
 
     from tunecost.io import atomic_write_json
     from tunecost.simulate import cache
 
-    key = "rank-" + cache.job_key(job, None, job.stack, DEFAULT_OVERHEAD, granule_bytes)
+    key = "rank-" + cache.job_key(job, None, job.stack, DEFAULT_OVERHEAD, granule_bytes, behaviour)
     path = cache.cache_dir() / f"{key}.json"
     if use_cache:
         try:
             return SingleGpuStep(**json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError, TypeError):  # no entry, or one from another layout: trace again
             pass
-    step = _trace_single_gpu_step(job, granule_bytes)
+    step = _trace_single_gpu_step(job, granule_bytes, behaviour)
     if use_cache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,8 +108,9 @@ def single_gpu_step(job: FineTuneJob, *, granule_bytes: int = 512, use_cache: bo
     return step
 
 
-def _trace_single_gpu_step(job: FineTuneJob, granule_bytes: int) -> SingleGpuStep:
+def _trace_single_gpu_step(job: FineTuneJob, granule_bytes: int, behaviour=None) -> SingleGpuStep:
     from tunecost.catalog.models import resolve_model
+    from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
     from tunecost.simulate.pool import prepared_model
     from tunecost.simulate.prepare import check_supported, layer_pattern
     from tunecost.simulate.trace import trace_step
@@ -118,7 +122,12 @@ def _trace_single_gpu_step(job: FineTuneJob, granule_bytes: int) -> SingleGpuSte
         raise TunecostError(f"{spec.name}: per-rank memory needs identical decoder layers (this model has a prefix)")
     units = [full_units] if full_units <= 2 else [1, 2]
     traces = [
-        trace_step(prepared_model(job, u, job.stack), job.batch_size, job.worst_case_seq_len, round_bytes=granule_bytes)
+        trace_step(
+            prepared_model(job, u, job.stack, behaviour or DEFAULT_BEHAVIOUR),
+            job.batch_size,
+            job.worst_case_seq_len,
+            round_bytes=granule_bytes,
+        )
         for u in units
     ]
     ta, tb = traces[0], traces[-1]

@@ -25,7 +25,9 @@ def cache_dir() -> Path:
     return base / "simulate"
 
 
-def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512) -> str:
+def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512, behaviour=None) -> str:
+    """The cache key; `behaviour` (a `StackBehaviour`) enters it only when it is not the default, so the default
+    simulation keeps its key."""
     from tunecost.catalog.models import resolve_model
     from tunecost.simulate.simulator import SIMULATOR_VERSION
 
@@ -41,6 +43,8 @@ def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512)
         "version": __version__,
         "simulator": SIMULATOR_VERSION,
     }
+    if behaviour is not None and not behaviour.is_default:
+        payload["behaviour"] = dataclasses.asdict(behaviour)
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

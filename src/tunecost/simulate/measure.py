@@ -7,6 +7,7 @@ peak. Used by benchmarks/bench_memory.py and the tests; tiny models only (real w
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,15 +36,13 @@ def _storage_bytes(tensors) -> int:
     return total
 
 
-def profile_step_peak(prepared, batch: dict) -> MeasuredPeak:
-    """Run one step of a real-tensor `prepared` model under the profiler and return its peak."""
+def allocation_peak_bytes(fn: Callable[[], Any]) -> tuple[int, int]:
+    """(highest running total of the CPU allocations `fn()` makes, number of allocator events), from the
+    profiler's memory events; whatever `fn` returns is dropped inside the profiled window."""
     from torch.profiler import ProfilerActivity, profile
 
-    model = prepared.model
-    tensors = list(model.parameters()) + list(model.buffers()) + optimizer_state_tensors(prepared.optimizer)
-    static = _storage_bytes(tensors + list(batch.values()))
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        run_step(prepared, batch)
+        fn()
     events = [
         (e.start_ns(), i, e.nbytes())
         for i, e in enumerate(prof.profiler.kineto_results.events())
@@ -54,7 +53,16 @@ def profile_step_peak(prepared, batch: dict) -> MeasuredPeak:
     for _, _, nbytes in events:
         running += nbytes
         best = max(best, running)
-    return MeasuredPeak(peak_bytes=static + best, static_bytes=static, step_peak_bytes=best, num_events=len(events))
+    return best, len(events)
+
+
+def profile_step_peak(prepared, batch: dict) -> MeasuredPeak:
+    """Run one step of a real-tensor `prepared` model under the profiler and return its peak."""
+    model = prepared.model
+    tensors = list(model.parameters()) + list(model.buffers()) + optimizer_state_tensors(prepared.optimizer)
+    static = _storage_bytes(tensors + list(batch.values()))
+    best, num_events = allocation_peak_bytes(lambda: run_step(prepared, batch))
+    return MeasuredPeak(peak_bytes=static + best, static_bytes=static, step_peak_bytes=best, num_events=num_events)
 
 
 def measure_step_peak(job: FineTuneJob, *, stack: str = "tunecost", seed: int = 0) -> MeasuredPeak:

@@ -78,27 +78,34 @@ class SimLinear(nn.Module):
             self.lora_A = _new_param((lora_rank, self.in_features), device=dev, dtype=lora_dtype)
             self.lora_B = _new_param((self.out_features, lora_rank), device=dev, dtype=lora_dtype, zero=True)
 
+    def _base(self, x_c: torch.Tensor) -> torch.Tensor:
+        if self.qweight is not None:
+            y = matmul_4bit(x_c, self.qweight)
+            return y if self.bias is None else y + self.bias
+        assert self.weight is not None  # set whenever qweight is not
+        return nn.functional.linear(x_c, self.weight, self.bias)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features)
+        # An input in another dtype (fp32 after fp32 norms) is computed in the compute dtype: bitsandbytes'
+        # Linear4bit casts it and casts its output back to the input's dtype; autocast casts a plain linear's input
+        # and keeps the compute dtype. The cast copy dies with the base matmul, as inside bitsandbytes' forward.
+        y = self._base(x2.to(self.compute_dtype))
         if self.qweight is not None:
-            y = matmul_4bit(x2, self.qweight)
-            if self.bias is not None:
-                y = y + self.bias
-        else:
-            assert self.weight is not None  # set whenever qweight is not
-            y = nn.functional.linear(x2, self.weight, self.bias)
+            y = y.to(x2.dtype)
         if self.lora_rank:
             with op_class_scope("lora"):
                 # PEFT >= 0.7 (style "peft") casts the input to the adapter dtype (fp32) first, and autocast
                 # casts it back for the matmul: a copy of the input is what the matmul keeps for backward.
-                x_lora = x2.to(self.lora_A.dtype).to(x2.dtype) if self.style == "peft" else x2
-                a = x_lora @ self.lora_A.to(x2.dtype).t()
-                b_t = self.lora_B.to(x2.dtype).t()
+                x_lora = x2.to(self.lora_A.dtype) if self.style == "peft" else x2
+                x_lora = x_lora.to(self.compute_dtype)
+                a = x_lora @ self.lora_A.to(self.compute_dtype).t()
+                b_t = self.lora_B.to(self.compute_dtype).t()
                 if self.style == "peft-2024":
                     y = y.clone()
                     y += (a @ b_t) * self.scaling
-                elif self.style == "peft":
+                elif self.style == "peft" or y.dtype != a.dtype:
                     y = y + (a @ b_t) * self.scaling  # out of place; lora_dropout 0 is nn.Identity
                 else:
                     y = torch.addmm(y, a, b_t, alpha=self.scaling)

@@ -7,28 +7,29 @@ import json
 from collections import OrderedDict
 from dataclasses import asdict
 
+from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.workload.job import FineTuneJob
 
 _POOL: OrderedDict[str, object] = OrderedDict()
 _POOL_SIZE = 6
 
 
-def _shape_key(job: FineTuneJob, num_units: int, stack: str) -> str:
+def _shape_key(job: FineTuneJob, num_units: int, stack: str, behaviour: StackBehaviour) -> str:
     fields = asdict(job)
     for k in ("batch_size", "seq_len", "lengths", "dataset"):
         fields.pop(k, None)
-    return json.dumps([fields, num_units, stack], sort_keys=True, default=str)
+    return json.dumps([fields, num_units, stack, asdict(behaviour)], sort_keys=True, default=str)
 
 
-def prepared_model(job: FineTuneJob, num_units: int, stack: str):
+def prepared_model(job: FineTuneJob, num_units: int, stack: str, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR):
     from tunecost.simulate.prepare import build_prepared
 
-    key = _shape_key(job, num_units, stack)
+    key = _shape_key(job, num_units, stack, behaviour)
     hit = _POOL.get(key)
     if hit is not None:
         _POOL.move_to_end(key)
         return hit
-    prepared = build_prepared(job, num_units=num_units, stack=stack)
+    prepared = build_prepared(job, num_units=num_units, stack=stack, behaviour=behaviour)
     _POOL[key] = prepared
     while len(_POOL) > _POOL_SIZE:
         _POOL.popitem(last=False)

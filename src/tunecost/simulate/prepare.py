@@ -19,6 +19,7 @@ from torch import nn
 from tunecost.catalog.models import ModelSpec, resolve_model
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import SUPPORTED_FAMILIES, decoder_layers
+from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.simulate.hf2024 import Loop2024Experts
 from tunecost.simulate.modules import SimExperts, SimLinear, SimLoraRouter
 from tunecost.simulate.quant4bit import Quantized4bit, QuantSpec
@@ -50,9 +51,12 @@ class Prepared:
     is_moe: bool
     num_experts: int
     top_k: int
+    behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
 
 
-def check_supported(job: FineTuneJob, spec: ModelSpec, stack: str) -> None:
+def check_supported(
+    job: FineTuneJob, spec: ModelSpec, stack: str, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
+) -> None:
     """Raise a one-line TunecostError naming exactly what is unsupported."""
     if stack not in STACKS:
         raise TunecostError(f"unsupported software stack {stack!r}; supported: {', '.join(STACKS)}")
@@ -76,6 +80,10 @@ def check_supported(job: FineTuneJob, spec: ModelSpec, stack: str) -> None:
             )
     if job.method == "qlora" and job.compute_dtype == "fp32" and stack == "hf-2024":
         raise TunecostError("stack hf-2024 ran QLoRA with bf16 compute only; use --dtype bf16 or the tunecost stack")
+    if behaviour.kbit_fp32_norms and (job.method != "qlora" or job.attention == "eager"):
+        raise TunecostError(
+            "prepare_model_for_kbit_training's fp32 norms are simulated for QLoRA with flash or SDPA attention only"
+        )
 
 
 def layer_pattern(spec: ModelSpec) -> tuple[int, int, int]:
@@ -268,6 +276,7 @@ def build_prepared(
     *,
     num_units: int | None,
     stack: str = "tunecost",
+    behaviour: StackBehaviour = DEFAULT_BEHAVIOUR,
     real: bool = False,
     seed: int = 0,
     device: str = "cpu",
@@ -282,7 +291,7 @@ def build_prepared(
     from tunecost.simulate.step import optimizer_state_tensors, simulated_optimizer, warm_up_optimizer
 
     spec = resolve_model(job.model)
-    check_supported(job, spec, stack)
+    check_supported(job, spec, stack, behaviour)
     prefix, period, full_units = layer_pattern(spec)
     if num_units is None or num_units >= full_units:
         num_units = full_units
@@ -319,6 +328,8 @@ def build_prepared(
         if job.attention != "eager":
             model.config._attn_implementation = mask_free_sdpa()
         transform(model, job, stack)
+        if behaviour.kbit_fp32_norms:
+            _kbit_fp32_norms(model, dtype)
     fake_mode = None
     if not real:
         fake_mode = FakeTensorMode()
@@ -357,4 +368,15 @@ def build_prepared(
         is_moe=spec.is_moe,
         num_experts=spec.num_experts,
         top_k=top_k,
+        behaviour=behaviour,
     )
+
+
+def _kbit_fp32_norms(model: nn.Module, compute_dtype: torch.dtype) -> None:
+    """The model as `prepare_model_for_kbit_training` + TRL's bf16 recast leave it (see `behaviour`)."""
+    from tunecost.simulate.behaviour import autocast_attention, cast_norms_fp32, install_autocast_boundaries
+
+    cast_norms_fp32(model)
+    install_autocast_boundaries(model, compute_dtype)
+    config: Any = model.config
+    config._attn_implementation = autocast_attention(config._attn_implementation, compute_dtype)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tunecost.errors import TunecostError
+from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.records import STATIC_CATEGORIES, StepCounts, total_counts
 
@@ -140,7 +141,9 @@ def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layer
     }
 
 
-def _assumptions(job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOverhead) -> tuple[str, ...]:
+def _assumptions(
+    job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOverhead, behaviour: StackBehaviour
+) -> tuple[str, ...]:
     out = [
         f"worst batch: {job.batch_size} x {seq_len} tokens, every position computed (padding to the longest "
         "query in the batch; some batch holds the longest query)",
@@ -182,7 +185,7 @@ def _assumptions(job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOve
             "routing is unknown without data: expert loops assume tokens spread evenly over experts "
             "(the memory of grouped or looped expert compute depends on the total routed tokens)"
         )
-    return tuple(out)
+    return (*out, *behaviour.describe())
 
 
 def simulate_step(
@@ -190,6 +193,7 @@ def simulate_step(
     *,
     num_layers_to_trace: int | None = None,
     stack: str = DEFAULT_STACK,
+    behaviour: StackBehaviour = DEFAULT_BEHAVIOUR,
     overhead: DeviceOverhead = DEFAULT_OVERHEAD,
     granule_bytes: int = 512,
     use_cache: bool = True,
@@ -200,23 +204,26 @@ def simulate_step(
     num_layers_to_trace: None traces one and two repeating units and scales; an integer traces that many layers
     (rounded to whole units) and one unit fewer; at or above the model's depth, the full model once.
     granule_bytes: allocation rounding (512 as CUDA's caching allocator; 1 to compare with CPU measurements).
+    behaviour: library behaviours of a real stack to reproduce (`behaviour.StackBehaviour`; default: none).
     """
     from tunecost.simulate import cache as _cache
 
     if num_layers_to_trace is not None and num_layers_to_trace < 1:
         raise TunecostError(f"layers to trace must be at least 1, got {num_layers_to_trace}")
-    key = _cache.job_key(job, num_layers_to_trace, stack, overhead, granule_bytes)
+    key = _cache.job_key(job, num_layers_to_trace, stack, overhead, granule_bytes, behaviour)
     if use_cache:
         hit = _cache.load(key)
         if hit is not None:
             return hit
-    sim = _simulate_uncached(job, num_layers_to_trace, stack, overhead, granule_bytes, on_progress)
+    sim = _simulate_uncached(job, num_layers_to_trace, stack, overhead, granule_bytes, on_progress, behaviour)
     if use_cache:
         _cache.store(key, sim)
     return sim
 
 
-def _simulate_uncached(job, num_layers_to_trace, stack, overhead, granule_bytes, on_progress) -> StepSimulation:
+def _simulate_uncached(
+    job, num_layers_to_trace, stack, overhead, granule_bytes, on_progress, behaviour=DEFAULT_BEHAVIOUR
+) -> StepSimulation:
     from tunecost.catalog.models import resolve_model
     from tunecost.simulate.hf2024 import padded_seq_len_2024
     from tunecost.simulate.pool import prepared_model
@@ -225,7 +232,7 @@ def _simulate_uncached(job, num_layers_to_trace, stack, overhead, granule_bytes,
 
     start = time.perf_counter()
     spec = resolve_model(job.model)
-    check_supported(job, spec, stack)
+    check_supported(job, spec, stack, behaviour)
     prefix, period, full_units = layer_pattern(spec)
     seq_len = job.worst_case_seq_len
     if stack == "hf-2024":
@@ -239,7 +246,7 @@ def _simulate_uncached(job, num_layers_to_trace, stack, overhead, granule_bytes,
     for i, u in enumerate(units):
         if on_progress:
             on_progress(i, len(units), f"tracing {prefix + u * period} layers")
-        prepared = prepared_model(job, u, stack)
+        prepared = prepared_model(job, u, stack, behaviour)
         traces.append(trace_step(prepared, job.batch_size, seq_len, round_bytes=granule_bytes))
     if on_progress:
         on_progress(len(units), len(units), "done")
@@ -252,6 +259,6 @@ def _simulate_uncached(job, num_layers_to_trace, stack, overhead, granule_bytes,
         seq_len=seq_len,
         device_overhead_bytes=overhead.overhead_bytes(),
         seconds_taken=time.perf_counter() - start,
-        assumptions=_assumptions(job, stack, seq_len, overhead),
+        assumptions=_assumptions(job, stack, seq_len, overhead, behaviour),
         **parts,
     )

@@ -13,7 +13,8 @@ import gc
 import torch
 from torch import nn
 
-from tunecost.simulate.hf2024 import causal_lm_loss_2024, load_balancing_loss_2024
+from tunecost.simulate.behaviour import LOSS_TRANSFORMERS_5, LOSS_TRANSFORMERS_440, causal_lm_loss
+from tunecost.simulate.hf2024 import load_balancing_loss_2024
 
 LEARNING_RATE = 5e-5  # the paper's; irrelevant to memory
 
@@ -99,10 +100,11 @@ def forward_loss(prepared, batch: dict) -> torch.Tensor:
     model = prepared.model
     if prepared.spec.family == "blackmamba":
         return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
-    if prepared.stack == "hf-2024":
+    loss_code = LOSS_TRANSFORMERS_440 if prepared.stack == "hf-2024" else prepared.behaviour.loss_code
+    if loss_code != LOSS_TRANSFORMERS_5:  # the loss of older model code, on the model's logits
         out = model.model(input_ids=batch["input_ids"], output_router_logits=prepared.is_moe, use_cache=False)
         logits = model.lm_head(out.last_hidden_state)
-        loss = causal_lm_loss_2024(logits, batch["labels"])
+        loss = causal_lm_loss(loss_code, logits, batch["labels"])
         coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
         if prepared.is_moe and coef and out.router_logits:
             loss = loss + coef * load_balancing_loss_2024(out.router_logits, prepared.num_experts, prepared.top_k)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_TOKENS
+from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.validate.corpus import CorpusRow
-from tunecost.validate.stacks import Stack, stack_for
+from tunecost.validate.stacks import Stack, behaviour_for, stack_for
 from tunecost.workload.job import FineTuneJob, LoraConfig
 
 PEAK_MEMORY_QUANTITIES = ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")
@@ -53,6 +54,7 @@ class MappedRow:
     grad_accum: int = 1
     num_gpus: int = 1  # data-parallel ranks; above 1 the row is one rank of `strategy`
     strategy: str | None = None  # a `distributed.plan.STRATEGIES` name when num_gpus > 1
+    behaviour: StackBehaviour = DEFAULT_BEHAVIOUR  # library behaviours of the row's stack (see `stacks`)
 
 
 def _int(row: CorpusRow, column: str) -> int:
@@ -121,7 +123,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     quantization = row.get("quantization") or "none"
     if quantization not in ("none", "bnb-nf4"):
         raise Skip(f"{quantization} quantization not modelled")
-    stack = stack_for(row.get("stack"), quantization)
+    stack = stack_for(row.get("stack"), quantization, framework_of(row))
     if stack is None:
         raise Skip(f"unknown stack {row.get('stack')!r}")
     if stack.simulator_stack is None and not throughput:
@@ -191,7 +193,16 @@ def map_row(row: CorpusRow) -> MappedRow:
         grad_accum=grad_accum,
         num_gpus=num_gpus,
         strategy=strategy,
+        behaviour=behaviour_for(
+            stack, model_id=row.get("model"), stack_versions=row.get("stack_versions"), num_gpus=num_gpus
+        ),
     )
+
+
+def framework_of(row: CorpusRow) -> str:
+    """fms-acceleration's framework configuration, stated in its rows' notes as "framework NAME" ("" if none)."""
+    first = row.get("notes").split(";")[0].strip()
+    return first.removeprefix("framework ").strip() if first.startswith("framework ") else ""
 
 
 def multi_gpu_strategy(row: CorpusRow, throughput: bool) -> str:

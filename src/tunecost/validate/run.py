@@ -109,10 +109,10 @@ def _simulate(mapped: MappedRow):
         job = mapped.job.with_(stack=stack)
         assert mapped.strategy is not None
         plan = ParallelPlan(num_gpus=mapped.num_gpus, gpus_per_node=mapped.num_gpus, strategy=mapped.strategy)
-        return rank_memory(single_gpu_step(job), job, plan)
+        return rank_memory(single_gpu_step(job, behaviour=mapped.behaviour), job, plan)
     from tunecost.simulate import simulate_step
 
-    return simulate_step(mapped.job, stack=stack)
+    return simulate_step(mapped.job, stack=stack, behaviour=mapped.behaviour)
 
 
 def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simulate) -> ValidationRow:

@@ -2,14 +2,26 @@
 
 Each stack names the simulator stack that reproduces it (``hf-peft``: transformers' model code with PEFT >= 0.7
 LoRA under autocast and re-entrant checkpointing; ``hf-2024``: the paper's 2024 stack, see
-`tunecost.simulate.hf2024`; ``tunecost``: tunecost's own leaner LoRA) and lists what the
-real stack does that the simulation does not, so a prediction on such a row can be read for what it is.
-A corpus row's `stack` column is matched to a stack by `stack_for`; an unknown stack is a skipped row.
+`tunecost.simulate.hf2024`; ``tunecost``: tunecost's own leaner LoRA), the library behaviours the simulator
+reproduces for it (`tunecost.simulate.behaviour`: prepare_model_for_kbit_training's fp32 norms, the loss code of
+the row's transformers version or model code) and lists what the real stack does that the simulation does not, so
+a prediction on such a row can be read for what it is.
+A corpus row's `stack` column (and, for fms-acceleration rows, its framework) is matched to a stack by `stack_for`;
+an unknown stack is a skipped row. `behaviour_for` picks a row's behaviours.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from tunecost.simulate.behaviour import (
+    LOSS_QWEN_REMOTE,
+    LOSS_TRANSFORMERS_5,
+    LOSS_TRANSFORMERS_440,
+    LOSS_TRANSFORMERS_446,
+    StackBehaviour,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -21,6 +33,7 @@ class Stack:
     adapters: str
     allocator: str
     not_modelled: tuple[str, ...] = ()
+    kbit_fp32_norms: bool = False  # prepare_model_for_kbit_training + TRL's bf16 recast on one GPU
     full_finetune_modelled: bool = True
     full_skip_reason: str = ""  # why full fine-tune rows are skipped, when they are
     skip_reason: str = ""
@@ -32,17 +45,33 @@ _HF_KEPT = (
     "during its backward; "
     "FlashAttention-2 / SDPA keep the attention output and fp32 log-sum-exp, no L x L scores"
 )
+_HF_LOSS = (
+    "as the row's transformers version: >= 4.49 one fp32 copy of the logits inside the cross-entropy's input (labels "
+    "padded, no shifted copy); 4.46-4.48 (loss_utils.ForCausalLMLoss) an fp32 copy and a contiguous shifted fp32 "
+    "copy; 4.40-4.45 the model's forward upcasts the logits, then a shifted fp32 copy. Qwen (1.0) models run "
+    "their own remote code: a shifted copy in the compute dtype, cast to fp32 by autocast in the cross-entropy"
+)
+_BNB_ADAPTERS = (
+    "PEFT LoRA on bitsandbytes Linear4bit (nf4, double quantization), LoRA in fp32; 4-bit weights de-quantized per "
+    "matrix into a temporary freed after each matmul; Linear4bit casts its input to the compute dtype and its output "
+    "back to the input's dtype"
+)
+_BNB_NOT_MODELLED = (
+    "PEFT 0.13's Linear4bit LoRA forward under autocast (a defensive clone of the 4-bit output, no fp32 copy of the "
+    "input) is simulated as PEFT's Linear LoRA (fp32 then compute-dtype copy of the input)",
+)
 STACKS: dict[str, Stack] = {
     "hf-trainer": Stack(
         name="hf-trainer",
         simulator_stack="hf-peft",
         kept_for_backward=_HF_KEPT,
-        loss="logits in the compute dtype, upcast to fp32 inside the cross-entropy (transformers >= 4.45)",
+        loss=_HF_LOSS,
         adapters="PEFT LoRA A/B in fp32; the layer input cast to fp32 and back to the compute dtype by autocast "
         "(that copy kept for backward); update added out of place; frozen base in bf16",
         allocator="PyTorch's caching allocator, default settings (replayed over the step: tunecost.simulate.allocator)",
         not_modelled=(
-            "fp32 logits copies of transformers < 4.45 (one or two vocab x tokens fp32 tensors)",
+            "the loss code of transformers < 4.40 (the row's version is read from stack_versions; an unstated "
+            "version is simulated as >= 4.49)",
             "accelerate/Trainer mixed-precision fp32 master weights for a full fine-tune (tunecost keeps "
             "parameters, gradients and AdamW states in the compute dtype)",
             "DataLoader pinned memory and NCCL buffers",
@@ -55,14 +84,33 @@ STACKS: dict[str, Stack] = {
         simulator_stack="hf-peft",
         kept_for_backward=_HF_KEPT,
         loss="as hf-trainer",
-        adapters="PEFT LoRA on bitsandbytes Linear4bit (nf4, double quantization), LoRA in fp32; 4-bit weights "
-        "de-quantized per matrix into a temporary freed after each matmul",
+        adapters=_BNB_ADAPTERS + "; norms, embeddings and lm_head stay in the compute dtype (fms-acceleration's "
+        "accelerated-peft-bnb plugin prepares the model with its own copy of prepare_model_for_kbit_training "
+        "without the fp32 cast)",
         allocator="as hf-trainer",
         not_modelled=(
-            "fms-acceleration's fused LoRA/4-bit kernels (the accelerated-peft-bnb plugin) that avoid the "
-            "de-quantized temporary",
-            "prepare_model_for_kbit_training's fp32 cast of norms and embeddings (when used)",
+            *_BNB_NOT_MODELLED,
+            "prepare_model_for_kbit_training's fp32 cast where a script calls it outside TRL (see trl-sft-bnb)",
         ),
+    ),
+    "trl-sft-bnb": Stack(
+        name="trl-sft-bnb",
+        simulator_stack="hf-peft",
+        kept_for_backward=_HF_KEPT + "; with fp32 norms the residual stream, and so every checkpointed layer "
+        "input from the second layer on, is fp32",
+        loss="as hf-trainer",
+        adapters=_BNB_ADAPTERS + "; TRL's SFTTrainer (0.13, bf16, one GPU) runs PEFT's "
+        "prepare_model_for_kbit_training (peft 0.13: every non-4-bit fp16/bf16 parameter to fp32) and then "
+        "peft_module_casting_to_bf16 (embeddings and lm_head back to bf16, norms kept fp32): norm outputs and "
+        "4-bit layer outputs are fp32, attention runs on bf16 copies (fms-acceleration's baseline-peft-bnb)",
+        allocator="as hf-trainer",
+        not_modelled=(
+            *_BNB_NOT_MODELLED,
+            "under FSDP TRL skips the preparation (sharded 4-bit weights): multi-GPU rows are simulated without it",
+            "inside routed experts the fp32 activations are simulated in the compute dtype (the block's output is "
+            "fp32, as per-expert Linear4bit gives)",
+        ),
+        kbit_fp32_norms=True,
     ),
     "hf-2024": Stack(
         name="hf-2024",
@@ -76,14 +124,16 @@ STACKS: dict[str, Stack] = {
         name="qwen-finetune",
         simulator_stack="hf-peft",
         kept_for_backward=_HF_KEPT + " (Qwen's own model code: fused c_attn, flash-attn 2)",
-        loss="Qwen's model code upcasts nothing: cross-entropy on compute-dtype logits",
+        loss="Qwen's own model code (modeling_qwen.py): a contiguous shifted copy of the compute-dtype logits, "
+        "cast to fp32 by autocast inside CrossEntropyLoss",
         adapters="PEFT LoRA in fp32 (Qwen finetune.py), cast to bf16 in forward",
         allocator="as hf-trainer; the table reports whole-device memory",
         not_modelled=(
             "full-parameter runs use DeepSpeed ZeRO with fp32 master weights, fp32 optimizer states and "
             "gradient buckets (full fine-tune rows are skipped)",
             "Qwen's fused c_attn LoRA (one A/B over q, k, v) is modelled as LoRA on each of q, k, v",
-            "the loss is simulated with transformers' Qwen2 code (its fp32 upcast), not Qwen's own",
+            "the rest of Qwen's own model code (fused c_attn, its RMSNorm and rotary kernels) is simulated with "
+            "transformers' Qwen2 code",
         ),
         full_finetune_modelled=False,
         full_skip_reason="DeepSpeed ZeRO with fp32 master weights and optimizer states",
@@ -114,6 +164,7 @@ STACKS: dict[str, Stack] = {
     ),
 }
 
+_FRAMEWORK_STACKS = {"baseline-peft-bnb": "trl-sft-bnb"}  # fms-acceleration framework (row notes) -> stack
 _CORPUS_STACKS: tuple[tuple[str, str], ...] = (  # (substring of the corpus `stack` cell, stack name), first match
     ("accelerated-peft-bnb", "hf-trainer-bnb"),
     ("accelerated-peft-autogptq", "hf-trainer"),
@@ -125,9 +176,10 @@ _CORPUS_STACKS: tuple[tuple[str, str], ...] = (  # (substring of the corpus `sta
 )
 
 
-def stack_for(corpus_stack: str, quantization: str = "none") -> Stack | None:
+def stack_for(corpus_stack: str, quantization: str = "none", framework: str = "") -> Stack | None:
     """The named stack of a corpus row's `stack` cell (None: unknown). 4-bit bitsandbytes rows of a plain
-    transformers stack are `hf-trainer-bnb`."""
+    transformers stack are `hf-trainer-bnb`, or `trl-sft-bnb` when fms-acceleration's `framework` is its
+    baseline (PEFT preparation left to TRL's SFTTrainer)."""
     key = corpus_stack.strip().lower()
     if key in STACKS:
         name = key
@@ -136,5 +188,30 @@ def stack_for(corpus_stack: str, quantization: str = "none") -> Stack | None:
     if not name:
         return None
     if name == "hf-trainer" and quantization == "bnb-nf4":
-        name = "hf-trainer-bnb"
+        name = _FRAMEWORK_STACKS.get(framework.strip().lower(), "hf-trainer-bnb")
     return STACKS[name]
+
+
+_QWEN_REMOTE_CODE = re.compile(r"^qwen/qwen-\d", re.IGNORECASE)  # Qwen (1.0): Qwen/Qwen-7B, Qwen/Qwen-1_8B-Chat
+_TRANSFORMERS_VERSION = re.compile(r"\btransformers\s+v?(\d+)\.(\d+)", re.IGNORECASE)
+
+
+def loss_code_for(model_id: str, stack_versions: str) -> str:
+    """The loss code of a row: Qwen (1.0)'s remote code for its models, else the row's transformers version
+    (4.40-4.45, 4.46-4.48, or the simulator's own for >= 4.49 and for an unstated version)."""
+    if _QWEN_REMOTE_CODE.match(model_id.strip()):
+        return LOSS_QWEN_REMOTE
+    m = _TRANSFORMERS_VERSION.search(stack_versions)
+    version = (int(m.group(1)), int(m.group(2))) if m else None
+    if version is not None and (4, 46) <= version < (4, 49):
+        return LOSS_TRANSFORMERS_446
+    if version is not None and (4, 40) <= version < (4, 46):
+        return LOSS_TRANSFORMERS_440
+    return LOSS_TRANSFORMERS_5
+
+
+def behaviour_for(stack: Stack, *, model_id: str, stack_versions: str, num_gpus: int) -> StackBehaviour:
+    """The library behaviours a row's stack reproduces (the fp32 norms only on one GPU: see trl-sft-bnb)."""
+    return StackBehaviour(
+        kbit_fp32_norms=stack.kbit_fp32_norms and num_gpus == 1, loss_code=loss_code_for(model_id, stack_versions)
+    )

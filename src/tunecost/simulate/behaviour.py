@@ -1,0 +1,166 @@
+"""Stack behaviours that change what a training step allocates, beyond the simulator stack's own model code.
+
+A `StackBehaviour` names library behaviours of a real training stack, each checked against the library's code:
+
+- ``kbit_fp32_norms``: PEFT's `prepare_model_for_kbit_training` (peft 0.13.2 `utils/other.py`) casts every fp16 /
+  bf16 parameter that is not a bitsandbytes `Params4bit` to fp32; TRL's `SFTTrainer` (trl 0.13.0, `bf16=True`, a
+  4-bit model on one GPU) calls it and then `peft_module_casting_to_bf16`, which casts the embeddings and the
+  lm_head back to bf16 and keeps every module with "norm" in its name in fp32. The norms' output is then fp32
+  (`weight * hidden.to(input_dtype)` promotes), bitsandbytes' `Linear4bit` computes in its compute dtype and casts
+  its output back to the input's dtype (bitsandbytes 0.43.3 `nn/modules.py`), so the MLP output and with it the
+  residual stream and every checkpointed layer input become fp32; flash-attention / SDPA run on compute-dtype
+  copies of the fp32 query, key and value (transformers 4.48.1 `integrations/flash_attention.py`; autocast).
+  Under FSDP the 4-bit weights are loaded sharded and TRL skips the preparation (`is_sharded_qlora`).
+- ``loss_code``: how the causal-LM loss treats the vocab x tokens logits (see `LOSS_CODES`).
+
+The default behaviour is the simulator's own (transformers 5 model code): what every command but `validate` uses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tunecost.errors import TunecostError
+
+if TYPE_CHECKING:  # torch is imported when a simulation runs, not when a behaviour is named
+    import torch
+    from torch import nn
+
+LOSS_TRANSFORMERS_5 = "transformers>=4.49"
+LOSS_TRANSFORMERS_446 = "transformers-4.46-4.48"
+LOSS_TRANSFORMERS_440 = "transformers-4.40"
+LOSS_QWEN_REMOTE = "qwen-remote-code"
+# loss code -> what it keeps, in vocab x tokens tensors beside the compute-dtype logits
+LOSS_CODES: dict[str, str] = {
+    LOSS_TRANSFORMERS_5: "loss_utils.ForCausalLMLoss: one fp32 copy of the logits, labels padded (no shifted copy)",
+    LOSS_TRANSFORMERS_446: "loss_utils.ForCausalLMLoss: an fp32 copy of the logits and a contiguous shifted fp32 copy",
+    LOSS_TRANSFORMERS_440: "the model's forward upcasts the logits to fp32, then a contiguous shifted fp32 copy",
+    LOSS_QWEN_REMOTE: "Qwen (1.0) modeling_qwen.py: a contiguous shifted copy in the compute dtype, cast to fp32 by "
+    "autocast inside the cross-entropy",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackBehaviour:
+    """Behaviours of a training stack the simulator reproduces on request (defaults: none of them)."""
+
+    kbit_fp32_norms: bool = False  # prepare_model_for_kbit_training + TRL's bf16 recast: norm weights in fp32
+    loss_code: str = LOSS_TRANSFORMERS_5  # one of LOSS_CODES
+
+    def __post_init__(self) -> None:
+        if self.loss_code not in LOSS_CODES:
+            raise TunecostError(f"unknown loss code {self.loss_code!r}; known: {', '.join(LOSS_CODES)}")
+
+    @property
+    def is_default(self) -> bool:
+        return self == DEFAULT_BEHAVIOUR
+
+    def describe(self) -> tuple[str, ...]:
+        """One assumption line per behaviour that differs from the default."""
+        out = []
+        if self.kbit_fp32_norms:
+            out.append(
+                "prepare_model_for_kbit_training (TRL SFTTrainer, bf16): norm weights in fp32, so norm outputs, 4-bit "
+                "layer outputs, the residual stream and checkpointed layer inputs are fp32; attention on "
+                "compute-dtype copies"
+            )
+        if self.loss_code != LOSS_TRANSFORMERS_5:
+            out.append(f"loss of {self.loss_code}: {LOSS_CODES[self.loss_code]}")
+        return tuple(out)
+
+
+DEFAULT_BEHAVIOUR = StackBehaviour()
+
+
+def causal_lm_loss(loss_code: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The causal-LM loss on compute-dtype `logits` (B, L, V) as the named code computes it, for the codes that
+    differ from the simulator's own (`LOSS_TRANSFORMERS_5` is the model's forward with labels)."""
+    from torch import nn
+
+    from tunecost.simulate.hf2024 import causal_lm_loss_2024
+
+    if loss_code in (LOSS_TRANSFORMERS_446, LOSS_TRANSFORMERS_440):
+        # 4.40: `logits = logits.float()` in the model's forward; 4.46-4.48: the first line of ForCausalLMLoss; then
+        # both take `logits[..., :-1, :].contiguous()` (checked in the 4.45.2 and 4.48.1 wheels; 4.49.0 pads labels)
+        return causal_lm_loss_2024(logits, labels)
+    if loss_code == LOSS_QWEN_REMOTE:
+        # the shifted copy in the compute dtype (a local that lives through the loss); CrossEntropyLoss under
+        # autocast runs in fp32 on a cast copy of it
+        shift_logits = logits[..., :-1, :].contiguous()
+        shift_labels = labels[..., 1:].contiguous()
+        return nn.functional.cross_entropy(shift_logits.view(-1, shift_logits.size(-1)).float(), shift_labels.view(-1))
+    raise TunecostError(f"loss code {loss_code!r} is the model's own forward, not a separate loss")
+
+
+def cast_norms_fp32(model: nn.Module) -> None:
+    """TRL's `peft_module_casting_to_bf16` rule after `prepare_model_for_kbit_training`: every module whose name
+    contains "norm" (and every LayerNorm) in fp32; embeddings and lm_head stay in the compute dtype."""
+    import torch
+    from torch import nn
+
+    for name, module in model.named_modules():
+        if isinstance(module, nn.LayerNorm) or "norm" in name.rsplit(".", 1)[-1]:
+            for p in module.parameters(recurse=False):
+                p.data = p.data.to(torch.float32)
+
+
+def _cast_input(dtype: torch.dtype) -> Callable[..., Any]:
+    def pre(_module: nn.Module, args: tuple) -> tuple:
+        x = args[0]
+        return (x.to(dtype), *args[1:]) if x.dtype != dtype else args
+
+    return pre
+
+
+def _restore_output_dtype(module: nn.Module, args: tuple, output: Any) -> Any:
+    want = getattr(module, "_tunecost_in_dtype", None)
+    if want is not None and getattr(output, "dtype", want) != want:
+        return output.to(want)
+    return output
+
+
+def install_autocast_boundaries(model: nn.Module, compute_dtype: torch.dtype) -> list[Any]:
+    """Where fp32 activations meet compute-dtype weights outside the 4-bit layers (which cast themselves, see
+    `SimLinear`), do what the real stack does (module hooks on this instance, no library patching):
+    - the lm_head (nn.Linear, bf16 weight) and the routers: autocast casts the input to the compute dtype;
+    - routed experts (per-expert `Linear4bit` in transformers 4.x): compute in the compute dtype, output cast back
+      to the input's dtype (fp32), as bitsandbytes does per expert.
+    Returns the hook handles."""
+    handles = []
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf in ("lm_head", "gate", "router", "shared_expert_gate") and any(True for _ in module.parameters()):
+            handles.append(module.register_forward_pre_hook(_cast_input(compute_dtype)))
+        elif leaf == "experts":
+
+            def remember(mod: nn.Module, args: tuple, cast=_cast_input(compute_dtype)) -> tuple:
+                mod._tunecost_in_dtype = args[0].dtype
+                return cast(mod, args)
+
+            handles.append(module.register_forward_pre_hook(remember))
+            handles.append(module.register_forward_hook(_restore_output_dtype))
+    return handles
+
+
+def autocast_attention(base_name: str, compute_dtype: torch.dtype) -> str:
+    """Register (once) an attention function that runs `base_name` on compute-dtype copies of fp32 query, key and
+    value: what transformers' flash-attention path does for fp32 inputs and what autocast does for SDPA."""
+    from transformers import AttentionInterface
+
+    name = f"{base_name}_{str(compute_dtype).removeprefix('torch.')}"
+    if name not in AttentionInterface._global_mapping:
+        base = AttentionInterface._global_mapping.get(base_name)
+        if base is None:
+            from transformers.models.llama.modeling_llama import eager_attention_forward
+
+            base = eager_attention_forward
+
+        def forward(module, query, key, value, *args, **kwargs):
+            if query.dtype != compute_dtype:
+                query, key, value = (t.to(compute_dtype) for t in (query, key, value))
+            return base(module, query, key, value, *args, **kwargs)
+
+        AttentionInterface.register(name, forward)
+    return name

@@ -1,0 +1,145 @@
+"""Stack behaviours (`simulate.behaviour`): the loss codes allocate the vocab x tokens tensors their library code
+does (hand counts from the code, measured on real CPU tensors), prepare_model_for_kbit_training's fp32 norms make
+each checkpointed layer input 4 bytes per element instead of 2, and the default behaviour is today's simulation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tunecost.errors import TunecostError
+from tunecost.simulate import cache, simulate_step
+from tunecost.simulate.behaviour import (
+    DEFAULT_BEHAVIOUR,
+    LOSS_QWEN_REMOTE,
+    LOSS_TRANSFORMERS_446,
+    StackBehaviour,
+    causal_lm_loss,
+)
+from tunecost.simulate.measure import allocation_peak_bytes
+from tunecost.simulate.overhead import DEFAULT_OVERHEAD
+from tunecost.simulate.prepare import build_prepared
+from tunecost.simulate.trace import trace_step
+from tunecost.workload.job import FineTuneJob, LoraConfig
+
+B, L, V = 2, 16, 1000  # batch, sequence length, vocabulary
+T, S = B * L, B * (L - 1)  # tokens, shifted tokens
+I64, LOSS_SCALARS = 8, 8  # int64 label bytes; nll_loss's fp32 output and total weight
+HIDDEN = 64
+
+
+@pytest.fixture
+def logits_and_labels():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(B, L, V, generator=g).to(torch.bfloat16).requires_grad_()
+    return logits, torch.randint(0, V, (B, L), generator=g)
+
+
+def test_loss_codes_allocate_what_their_code_does(logits_and_labels) -> None:
+    """Peak bytes the loss allocates beside the bf16 logits, each term read off the library code."""
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    logits, labels = logits_and_labels
+    # transformers >= 4.49 (the installed 5.x model code): logits.float() (4 T V), log_softmax (4 T V); labels
+    # padded by one (B (L + 1) int64) and made contiguous (B L int64)
+    peak, _ = allocation_peak_bytes(lambda: ForCausalLMLoss(logits, labels, V))
+    assert peak == 4 * T * V + 4 * T * V + I64 * B * (L + 1) + I64 * B * L + LOSS_SCALARS
+    # 4.46-4.48 ForCausalLMLoss: logits.float() (4 T V), shifted contiguous fp32 copy (4 S V), log_softmax (4 S V)
+    peak, _ = allocation_peak_bytes(lambda: causal_lm_loss(LOSS_TRANSFORMERS_446, logits, labels))
+    assert peak == 4 * T * V + 4 * S * V + 4 * S * V + I64 * S + LOSS_SCALARS
+    # Qwen (1.0) remote code: shifted contiguous bf16 copy (2 S V), autocast's fp32 copy (4 S V), log_softmax (4 S V)
+    peak, _ = allocation_peak_bytes(lambda: causal_lm_loss(LOSS_QWEN_REMOTE, logits, labels))
+    assert peak == 2 * S * V + 4 * S * V + 4 * S * V + I64 * S + LOSS_SCALARS
+
+
+def test_loss_codes_give_the_same_loss(logits_and_labels) -> None:
+    from transformers.loss.loss_utils import ForCausalLMLoss
+
+    logits, labels = logits_and_labels
+    want = ForCausalLMLoss(logits, labels, V)
+    for code in (LOSS_TRANSFORMERS_446, LOSS_QWEN_REMOTE):
+        assert float(causal_lm_loss(code, logits, labels).detach()) == pytest.approx(float(want.detach()), rel=1e-6)
+
+
+def _tiny_qlora_job(tmp_path, **overrides) -> FineTuneJob:
+    config = {
+        "model_type": "llama",
+        "hidden_size": HIDDEN,
+        "intermediate_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 256,
+        "tie_word_embeddings": False,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    fields = {
+        "model": str(path),
+        "method": "qlora",
+        "lora": LoraConfig(rank=4, alpha=8, targets=("attention",)),
+        "batch_size": B,
+        "seq_len": 32,
+        **overrides,
+    }
+    return FineTuneJob(**fields)
+
+
+def _activations_per_layer(job: FineTuneJob, behaviour: StackBehaviour) -> int:
+    """Activations alive at the loss, three layers minus two: one more checkpointed layer input."""
+    alive = {}
+    for units in (2, 3):
+        prepared = build_prepared(job, num_units=units, stack="hf-peft", behaviour=behaviour)
+        trace = trace_step(prepared, job.batch_size, int(job.seq_len or 0), round_bytes=1)
+        alive[units] = trace.segments["forward:post"].by_category["activations"]
+    return alive[3] - alive[2]
+
+
+def test_fp32_norms_make_checkpointed_layer_inputs_fp32(tmp_path) -> None:
+    job = _tiny_qlora_job(tmp_path)
+    elements = job.batch_size * int(job.seq_len or 0) * HIDDEN  # one layer input (B, L, H)
+    assert _activations_per_layer(job, DEFAULT_BEHAVIOUR) == 2 * elements  # bf16 residual stream
+    assert _activations_per_layer(job, StackBehaviour(kbit_fp32_norms=True)) == 4 * elements  # fp32
+
+
+def test_fp32_norms_cast_only_the_norms(tmp_path) -> None:
+    prepared = build_prepared(
+        _tiny_qlora_job(tmp_path), num_units=2, stack="hf-peft", behaviour=StackBehaviour(kbit_fp32_norms=True)
+    )
+    dtypes = {name: p.dtype for name, p in prepared.model.named_parameters()}
+    assert all(dtypes[n] == torch.float32 for n in dtypes if "norm" in n)
+    assert dtypes["model.embed_tokens.weight"] == dtypes["lm_head.weight"] == torch.bfloat16
+    with pytest.raises(TunecostError, match="QLoRA"):
+        build_prepared(
+            _tiny_qlora_job(tmp_path, method="lora"), num_units=2, behaviour=StackBehaviour(kbit_fp32_norms=True)
+        )
+
+
+def test_four_bit_layers_return_their_input_dtype() -> None:
+    """bitsandbytes' Linear4bit: compute in the compute dtype, output in the input's dtype."""
+    from torch import nn
+
+    from tunecost.simulate.modules import SimLinear
+    from tunecost.simulate.quant4bit import QuantSpec
+
+    base = nn.Linear(64, 32, bias=False, dtype=torch.bfloat16)
+    layer = SimLinear(base, quant=QuantSpec("nf4", True), lora_rank=4, style="peft")
+    for dtype in (torch.bfloat16, torch.float32):
+        assert layer(torch.randn(3, 64, dtype=dtype)).dtype == dtype
+
+
+def test_default_behaviour_is_todays_simulation(tmp_path) -> None:
+    job = _tiny_qlora_job(tmp_path)
+    plain = simulate_step(job, stack="hf-peft", use_cache=False)
+    explicit = simulate_step(job, stack="hf-peft", behaviour=StackBehaviour(), use_cache=False)
+    assert explicit.peak_bytes == plain.peak_bytes and explicit.breakdown_bytes == plain.breakdown_bytes
+    assert cache.job_key(job, None, "hf-peft", DEFAULT_OVERHEAD) == cache.job_key(
+        job, None, "hf-peft", DEFAULT_OVERHEAD, behaviour=DEFAULT_BEHAVIOUR
+    )
+    older = simulate_step(job, stack="hf-peft", behaviour=StackBehaviour(loss_code=LOSS_TRANSFORMERS_446))
+    assert older.peak_bytes > plain.peak_bytes
+    assert any(LOSS_TRANSFORMERS_446 in line for line in older.assumptions)
+    with pytest.raises(TunecostError, match="loss code"):
+        StackBehaviour(loss_code="transformers-3")
