@@ -67,6 +67,23 @@ def check_lora_targets(targets: tuple[str, ...], *, model: str, is_moe: bool) ->
         )
 
 
+def quant_defaults(model: str, quant_type: str | None, gptq_group_size: int | None) -> tuple[str, int]:
+    """The 4-bit storage type and GPTQ group size of a QLoRA job on `model` when not given: a GPTQ checkpoint of
+    the catalog (e.g. TheBloke/Mistral-7B-v0.1-GPTQ) is gptq with its quantize_config's group size, any other model
+    nf4 (group size 128, unused)."""
+    from tunecost.catalog.models import gptq_checkpoint
+
+    checkpoint = gptq_checkpoint(model)
+    kind = quant_type or ("gptq" if checkpoint is not None else "nf4")
+    group = gptq_group_size if gptq_group_size is not None else (checkpoint.group_size if checkpoint else 128)
+    return kind, group
+
+
+def parse_names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names ("embed_tokens,lm_head"), empty entries dropped."""
+    return tuple(t.strip() for t in text.split(",") if t.strip())
+
+
 def parse_lora_targets(text: str) -> tuple[str, ...]:
     """A comma-separated list of LoRA targets ("attention,mlp"), each checked, none twice."""
     targets = tuple(t.strip() for t in text.split(",") if t.strip())
