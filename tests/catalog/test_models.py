@@ -222,3 +222,22 @@ def test_qwen1_as_qwen2_has_qwen1s_tensors() -> None:
     per_layer = (h * 3 * h + 3 * h) + h * h + 2 * h * ffn + ffn * h + 2 * h
     hand = 2 * vocab * h + layers * per_layer + h
     assert count_parameters(resolve_model("Qwen/Qwen-7B")).total == hand
+
+
+@pytest.mark.parametrize(
+    ("hub_id", "name", "group_size"),
+    [
+        ("TheBloke/Mistral-7B-v0.1-GPTQ", "mistral-7b-v0.1", 128),
+        ("TheBloke/Llama-2-70B-GPTQ", "llama-2-70b", -1),
+        ("TheBloke/Mixtral-8x7B-Instruct-v0.1-GPTQ", "mixtral-8x7b", -1),
+        ("qwen/qwen-72b-chat-int4", "qwen-72b", 128),
+    ],
+)
+def test_gptq_checkpoints_resolve_to_their_base_model(hub_id: str, name: str, group_size: int) -> None:
+    from tunecost.catalog.models import gptq_checkpoint
+
+    assert resolve_model(hub_id).name == name
+    checkpoint = gptq_checkpoint(hub_id)
+    assert checkpoint is not None and checkpoint.group_size == group_size and checkpoint.bits == 4
+    assert checkpoint.source.startswith("https://huggingface.co/")
+    assert gptq_checkpoint(name) is None  # a base model is not a GPTQ checkpoint

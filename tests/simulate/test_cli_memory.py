@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 
@@ -57,3 +59,34 @@ def test_memory_lora_targets_follow_the_model(cli_json, model: str, targets: str
     by_default.pop("seconds_taken")
     named.pop("seconds_taken")
     assert by_default == named
+
+
+def test_memory_gptq_and_modules_to_save_options(cli_json, tmp_path):
+    """--quant-type gptq stores the decoder's linear layers as auto-gptq buffers (fp16 compute by default);
+    --modules-to-save trains copies of the named modules beside LoRA."""
+    config = {
+        "model_type": "llama",
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "vocab_size": 128,
+        "tie_word_embeddings": False,
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    common = {"model": str(path), "seq_len": 16, "lora_rank": 4, "lora_targets": "attention,mlp", "no_cache": True}
+    out = cli_json("memory", method="qlora", quant_type="gptq", gptq_group_size=32, **common)
+    assert out["breakdown"]["weights_4bit"] > 0 and any("GPTQ" in a for a in out["assumptions"])
+    plain = cli_json("memory", method="lora", **common)
+    saved = cli_json("memory", method="lora", modules_to_save="embed_tokens,lm_head", **common)
+    # the copies (bf16) and both AdamW states (bf16) of a 128 x 64 embedding and a 64 -> 128 head
+    copies = 2 * 128 * 64 * 2
+    assert saved["breakdown"]["optimizer_states"] - plain["breakdown"]["optimizer_states"] == 2 * copies
+
+
+def test_memory_gptq_checkpoint_defaults(cli_error):
+    """A GPTQ checkpoint of the catalog is simulated as GPTQ; bf16 compute is refused with the reason."""
+    line = cli_error(["memory", "--model", "TheBloke/Mistral-7B-v0.1-GPTQ", "--dtype", "bf16", "--no-cache"])
+    assert "fp16" in line

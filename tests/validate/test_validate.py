@@ -13,7 +13,7 @@ from tunecost.errors import TunecostError
 from tunecost.results.records import read_records
 from tunecost.validate import OUTPUT_COLUMNS, read_corpus, summarize, validate_rows
 from tunecost.validate.corpus import DEFAULT_CORPUS_PATH, REQUIRED_COLUMNS
-from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES, Skip, lora_targets, map_row
+from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES, Skip, lora_targets, map_row, modules_to_save
 from tunecost.validate.run import GIB, memory_totals, predicted_bytes
 from tunecost.validate.stacks import STACKS, stack_for
 
@@ -107,9 +107,43 @@ def test_lora_target_names() -> None:
     assert lora_targets("q_proj;v_proj") == ("attention",)
     assert lora_targets("c_attn;c_proj;w1;w2") == ("attention", "mlp")  # Qwen's c_proj: attention and MLP out
     assert lora_targets("gate_proj;up_proj;down_proj") == ("mlp",)
-    for bad in ("", "c_attn;wte;lm_head (trained fully)", "frobnicate"):
+    for bad in ("", "wte;lm_head (trained fully)", "frobnicate"):
         with pytest.raises(Skip):
             lora_targets(bad)
+
+
+def test_whole_modules_beside_lora_are_modules_to_save() -> None:
+    """Qwen's finetune.py trains wte and lm_head beside LoRA on a base model (PEFT modules_to_save)."""
+    cell = "c_attn;c_proj;w1;w2;wte;lm_head (trained fully)"
+    assert lora_targets(cell) == ("attention", "mlp")
+    assert modules_to_save(cell) == ("embed_tokens", "lm_head")
+    assert modules_to_save("q_proj;v_proj") == ()
+    with pytest.raises(Skip, match="norm"):
+        modules_to_save("q_proj;norm (trained fully)")
+
+
+def test_gptq_rows_map_to_the_checkpoint_and_kernel() -> None:
+    """A GPTQ checkpoint row: the base model's architecture, its quantize_config group size, the stack's kernel."""
+    from tunecost.validate.corpus import CorpusRow
+
+    rows = {r.id: r for r in read_corpus()}
+    fms = map_row(rows["fms-132"]).job  # TheBloke/Mistral-7B-v0.1-GPTQ, accelerated-peft-autogptq
+    assert (fms.model, fms.method, fms.quant_type, fms.gptq_group_size, fms.gptq_kernel) == (
+        "mistral-7b-v0.1",
+        "qlora",
+        "gptq",
+        128,
+        "triton-v2",
+    )
+    qwen = map_row(rows["qwen-73"]).job  # Qwen/Qwen-7B-Chat-Int4 under Qwen's finetune.py
+    assert (qwen.model, qwen.gptq_group_size, qwen.gptq_kernel, qwen.compute_dtype) == ("qwen-7b", 128, "torch", "fp16")
+    emb = map_row(rows["qwen-61"]).job  # Qwen/Qwen-7B LoRA with wte and lm_head trained
+    assert (emb.method, emb.modules_to_save) == ("lora", ("embed_tokens", "lm_head"))
+    row = rows["fms-132"]
+    with pytest.raises(Skip, match="kernel it loads"):
+        map_row(
+            CorpusRow(path=row.path, line=row.line, cells={**row.cells, "stack": "hf-transformers+peft+accelerate"})
+        )
 
 
 def test_corpus_stacks_are_named_stacks() -> None:

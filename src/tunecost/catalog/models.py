@@ -24,6 +24,18 @@ _TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "experts_per_token")
 
 
 @dataclass(frozen=True, kw_only=True)
+class GptqCheckpoint:
+    """A GPTQ int4 checkpoint of a catalog model: its base model's architecture, int4 linear layers in auto-gptq's
+    layout, with the group size and act-order flag of its quantize_config."""
+
+    hub_id: str
+    group_size: int  # -1: one group over all inputs
+    desc_act: bool
+    bits: int = 4
+    source: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class ModelSpec:
     """One model: its architecture config (facts) and where they came from. Derived sizes are properties."""
 
@@ -38,6 +50,7 @@ class ModelSpec:
     published_active_params: float | None = None
     published_params_source: str | None = None
     local_path: str | None = None  # where weights may live (a local folder), when named by path
+    gptq_checkpoints: tuple[GptqCheckpoint, ...] = ()  # GPTQ int4 checkpoints with this architecture
 
     @property
     def num_experts(self) -> int:
@@ -82,8 +95,9 @@ def _spec_from_catalog_file(path: Path) -> ModelSpec:
             published_total_params=raw.get("published_total_params"),
             published_active_params=raw.get("published_active_params"),
             published_params_source=raw.get("published_params_source"),
+            gptq_checkpoints=tuple(GptqCheckpoint(**c) for c in raw.get("gptq_checkpoints", ())),
         )
-    except KeyError as exc:
+    except (KeyError, TypeError) as exc:
         raise TunecostError(f"{path}: missing key {exc}") from None
 
 
@@ -191,12 +205,23 @@ def _cached_hub_config(repo_id: str) -> Path | None:
     return Path(hit) if isinstance(hit, str) else None
 
 
+def gptq_checkpoint(name: str) -> GptqCheckpoint | None:
+    """The GPTQ checkpoint a hub id names (any case), or None."""
+    key = name.strip().lower()
+    for spec in model_catalog().values():
+        for checkpoint in spec.gptq_checkpoints:
+            if checkpoint.hub_id.lower() == key:
+                return checkpoint
+    return None
+
+
 def resolve_model(name: str) -> ModelSpec:
-    """A catalog name (any case, or its hub id), a local config path, or a hub id in the local cache."""
+    """A catalog name (any case, or its hub id), a GPTQ checkpoint's hub id (its base model), a local config path,
+    or a hub id in the local cache."""
     catalog = model_catalog()
     key = name.strip().lower()
     for spec in catalog.values():
-        names = (spec.name, spec.hub_id or "", *spec.aliases)
+        names = (spec.name, spec.hub_id or "", *spec.aliases, *(c.hub_id for c in spec.gptq_checkpoints))
         if key in (n.lower() for n in names if n):
             return spec
     path = Path(name).expanduser()

@@ -15,6 +15,7 @@ which is what autocast does; `B` starts at zero as in PEFT.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
@@ -95,15 +96,20 @@ class SimLinear(nn.Module):
         if self.qweight is not None:
             y = y.to(x2.dtype)
         if self.lora_rank:
+            # PEFT's GPTQ LoRA layer (peft/tuners/lora/gptq.py up to 0.13) casts nothing under autocast and adds
+            # the update in place.
+            gptq = self.qweight is not None and self.qweight.spec.is_gptq
             with op_class_scope("lora"):
                 # PEFT >= 0.7 (style "peft") casts the input to the adapter dtype (fp32) first, and autocast
                 # casts it back for the matmul: a copy of the input is what the matmul keeps for backward.
-                x_lora = x2.to(self.lora_A.dtype) if self.style == "peft" else x2
+                x_lora = x2.to(self.lora_A.dtype) if self.style == "peft" and not gptq else x2
                 x_lora = x_lora.to(self.compute_dtype)
                 a = x_lora @ self.lora_A.to(self.compute_dtype).t()
                 b_t = self.lora_B.to(self.compute_dtype).t()
                 if self.style == "peft-2024":
                     y = y.clone()
+                    y += (a @ b_t) * self.scaling
+                elif self.style == "peft" and gptq and y.dtype == a.dtype:
                     y += (a @ b_t) * self.scaling
                 elif self.style == "peft" or y.dtype != a.dtype:
                     y = y + (a @ b_t) * self.scaling  # out of place; lora_dropout 0 is nn.Identity
@@ -218,3 +224,16 @@ class SimLoraRouter(nn.Module):
         with op_class_scope("lora"):
             merged = torch.addmm(w, self.lora_B.to(w.dtype), self.lora_A.to(w.dtype), alpha=self.scaling)
         return torch.func.functional_call(self.base, {"weight": merged}, (hidden_states, *args), kwargs, strict=False)
+
+
+class ModulesToSave(nn.Module):
+    """PEFT's `ModulesToSaveWrapper` (modules_to_save): the original module stays, frozen, and a deep copy of it
+    (same dtype) is trained and runs the forward; the copy's gradient and optimizer states come with it."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.original_module = module.requires_grad_(False)
+        self.modules_to_save = nn.ModuleDict({"default": copy.deepcopy(module).requires_grad_(True)})
+
+    def forward(self, *args, **kwargs):
+        return self.modules_to_save["default"](*args, **kwargs)

@@ -21,7 +21,7 @@ from tunecost.errors import TunecostError
 from tunecost.models.anatomy import SUPPORTED_FAMILIES, decoder_layers
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.simulate.hf2024 import Loop2024Experts
-from tunecost.simulate.modules import SimExperts, SimLinear, SimLoraRouter
+from tunecost.simulate.modules import ModulesToSave, SimExperts, SimLinear, SimLoraRouter
 from tunecost.simulate.quant4bit import Quantized4bit, QuantSpec
 from tunecost.simulate.recorder import LayerPlan
 from tunecost.workload.job import STACKS, FineTuneJob
@@ -32,7 +32,7 @@ _LORA_STYLE = {"hf-2024": "peft-2024", "hf-peft": "peft"}
 _REENTRANT_STACKS = ("hf-2024", "hf-peft")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
-_QUANT_BUFFERS = {"packed": "weights_4bit"}
+_QUANT_BUFFERS = {"packed": "weights_4bit", "qweight": "weights_4bit"}  # bitsandbytes codes, GPTQ codes
 
 
 @dataclass
@@ -78,6 +78,10 @@ def check_supported(
                 f"LoRA target(s) {bad} do not apply to {spec.name}: it is a dense model with no MoE "
                 f"layers; use --lora-targets attention,mlp"
             )
+    if job.method == "qlora" and job.quant_type == "gptq" and job.gptq_kernel == "torch" and spec.is_moe:
+        raise TunecostError("the torch GPTQ kernel path is modelled for dense layers; use gptq_kernel triton-v2")
+    if job.method == "qlora" and job.quant_type == "gptq" and stack == "hf-2024":
+        raise TunecostError("stack hf-2024 ran QLoRA on bitsandbytes 4-bit weights, not GPTQ")
     if job.method == "qlora" and job.compute_dtype == "fp32" and stack == "hf-2024":
         raise TunecostError("stack hf-2024 ran QLoRA with bf16 compute only; use --dtype bf16 or the tunecost stack")
     if behaviour.kbit_fp32_norms and (job.method != "qlora" or job.attention == "eager"):
@@ -124,7 +128,11 @@ def _swap_linears(
 
 def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
     """Freeze, quantize and add LoRA in place (method full: every weight trainable, stack changes the experts)."""
-    quant = QuantSpec(job.quant_type, job.double_quant) if job.method == "qlora" else None
+    quant = (
+        QuantSpec(job.quant_type, job.double_quant, job.gptq_group_size, job.gptq_kernel)
+        if job.method == "qlora"
+        else None
+    )
     lora = (job.lora.rank, job.lora.alpha)
     targets = set(job.lora.targets)
     style = _LORA_STYLE.get(stack, "tunecost")
@@ -165,6 +173,21 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
             _swap_linears(mlp, quant=quant, lora=lora if "mlp" in targets else None, style=style)
     if not any(p.requires_grad for p in model.parameters()):
         raise TunecostError(f"no LoRA target among {', '.join(job.lora.targets)} exists in {job.model}")
+    wrap_modules_to_save(model, job.modules_to_save)
+
+
+def wrap_modules_to_save(model: nn.Module, names: tuple[str, ...]) -> None:
+    """Wrap every module whose name is in `names` (its last path component) as PEFT does for modules_to_save."""
+    found: set[str] = set()
+    for path, module in list(model.named_modules()):
+        name = path.rsplit(".", 1)[-1]
+        if name in names and not isinstance(module, ModulesToSave):
+            parent = model.get_submodule(path.rsplit(".", 1)[0]) if "." in path else model
+            setattr(parent, name, ModulesToSave(module))
+            found.add(name)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise TunecostError(f"modules_to_save: no module named {', '.join(missing)} in {type(model).__name__}")
 
 
 def module_group(path: str, module: nn.Module, parent_group: str | None) -> str | None:

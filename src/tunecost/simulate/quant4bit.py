@@ -13,6 +13,9 @@ that only allocate their outputs, as bitsandbytes' fused CUDA kernels do; the re
 that their scratch memory stays small. The matmul against a 4-bit weight is an autograd function that
 dequantizes in forward and again in backward and saves only its input (bitsandbytes' `MatMul4Bit` does the same),
 so the de-quantized weight is a short-lived temporary, never an activation.
+
+The same module holds GPTQ int4 checkpoints (`QuantSpec(quant_type="gptq")`) in auto-gptq's `QuantLinear` buffers;
+their layout and kernels are `tunecost.simulate.gptq`'s.
 """
 
 from __future__ import annotations
@@ -21,11 +24,13 @@ from dataclasses import dataclass
 
 import torch
 
+from tunecost.simulate import gptq
 from tunecost.simulate.counts import add_work, op_class_scope
 
 BLOCKSIZE = 64  # bitsandbytes' 4-bit default (QLoRA paper)
 NESTED_BLOCKSIZE = 256  # double quantization: second-level blocks of absmax values
 _DECODE_CHUNK_ELEMS = 1 << 16  # real-kernel scratch bound (elements decoded at a time)
+PACKED_BUFFER = {"bnb": "packed", "gptq": "qweight"}  # the buffer of 4-bit codes per storage format
 
 
 def num_blocks(numel: int, blocksize: int = BLOCKSIZE) -> int:
@@ -97,8 +102,14 @@ _LIB.impl("dequantize_4bit", _dequantize_4bit_meta, "Meta")
 
 @dataclass(frozen=True)
 class QuantSpec:
-    quant_type: str = "nf4"
-    double_quant: bool = True
+    quant_type: str = "nf4"  # nf4 / fp4 (bitsandbytes) or gptq
+    double_quant: bool = True  # bitsandbytes only
+    group_size: int = 128  # gptq only (-1: one group)
+    kernel: str = "triton-v2"  # gptq only: see tunecost.simulate.gptq
+
+    @property
+    def is_gptq(self) -> bool:
+        return self.quant_type == "gptq"
 
 
 class Quantized4bit(torch.nn.Module):
@@ -106,7 +117,8 @@ class Quantized4bit(torch.nn.Module):
 
     Buffers (not parameters: nothing here is trained): `packed` (num_mats, ceil(rows*cols/2)) uint8, `absmax`
     (num_mats, blocks) uint8 or fp32, `absmax2` (num_mats, blocks/256) fp32, `offset` (num_mats,) fp32, and the
-    codes `code` (16,) and `code2` (256,).
+    codes `code` (16,) and `code2` (256,). GPTQ: auto-gptq's `qweight`, `qzeros`, `scales`, `g_idx` per matrix
+    (shapes in `gptq.buffer_shapes`, with rows = out_features and cols = in_features), stacked over num_mats.
     """
 
     packed: torch.Tensor
@@ -115,10 +127,19 @@ class Quantized4bit(torch.nn.Module):
     absmax2: torch.Tensor  # double quantization only, as are offset and code2
     offset: torch.Tensor
     code2: torch.Tensor
+    qweight: torch.Tensor  # GPTQ only, as are qzeros, scales and g_idx
+    qzeros: torch.Tensor
+    scales: torch.Tensor
+    g_idx: torch.Tensor
 
     def __init__(self, num_mats: int, rows: int, cols: int, spec: QuantSpec, *, device=None) -> None:
         super().__init__()
         self.num_mats, self.rows, self.cols, self.spec = num_mats, rows, cols, spec
+        if spec.is_gptq:
+            gptq.check_shape(rows, cols, spec.group_size)
+            for name, (shape, dtype) in gptq.buffer_shapes(rows, cols, spec.group_size).items():
+                self.register_buffer(name, torch.empty(num_mats, *shape, dtype=dtype, device=device))
+            return
         numel = rows * cols
         blocks = num_blocks(numel)
         kw = {"device": device}
@@ -134,9 +155,19 @@ class Quantized4bit(torch.nn.Module):
         else:
             self.register_buffer("absmax", torch.empty(num_mats, blocks, dtype=torch.float32, **kw))
 
+    def gptq_buffers(self, i: int) -> tuple[torch.Tensor, ...]:
+        """Matrix `i`'s (qweight, qzeros, scales, g_idx)."""
+        return self.qweight[i], self.qzeros[i], self.scales[i], self.g_idx[i]
+
     @torch.no_grad()
     def load_from(self, weights: torch.Tensor) -> None:
-        """Quantize real weights (num_mats, rows, cols) with bitsandbytes itself (real tensors only)."""
+        """Quantize real weights (num_mats, rows, cols) with bitsandbytes itself, or GPTQ's layout by
+        round-to-nearest (real tensors only)."""
+        if self.spec.is_gptq:
+            for i in range(self.num_mats):
+                for name, t in gptq.quantize_rtn(weights[i], self.spec.group_size).items():
+                    getattr(self, name)[i].copy_(t)
+            return
         import bitsandbytes.functional as bnbf
 
         for i in range(self.num_mats):
@@ -156,6 +187,12 @@ class Quantized4bit(torch.nn.Module):
 
     def dequantize(self, i: int, dtype: torch.dtype) -> torch.Tensor:
         """Matrix `i` as a (rows, cols) tensor in `dtype`: a fresh temporary (the fp32 absmax is one too)."""
+        if self.spec.is_gptq:  # the triton kernel writes the whole (in, out) weight, here seen as (out, in)
+            if is_fake(self.qweight):
+                with op_class_scope("dequant"):
+                    return self.qweight.new_empty((self.cols, self.rows), dtype=dtype).t()
+            with torch.no_grad():
+                return gptq.unpack_weight(*self.gptq_buffers(i)).to(dtype).t()
         if is_fake(self.packed):
             # Same allocations as the kernels (fp32 absmax, then the output), without operator dispatch cost;
             # the recorder counts the bytes read (packed codes, absmax codes) and written under "dequant".
@@ -175,15 +212,21 @@ class Quantized4bit(torch.nn.Module):
 
     def dequant_bytes(self, dtype: torch.dtype) -> int:
         """Traffic of de-quantizing one matrix: codes and absmax read, the matrix written (and, with double
-        quantization, the fp32 absmax written and read back)."""
+        quantization, the fp32 absmax written and read back). GPTQ: its buffers read, the matrix written."""
+        if self.spec.is_gptq:
+            return (
+                gptq.storage_bytes(self.rows, self.cols, self.spec.group_size) + self.rows * self.cols * dtype.itemsize
+            )
         blocks = self.absmax.shape[1]
         absmax_traffic = blocks * (1 + 4) if self.spec.double_quant else blocks * 4
         return self.packed.shape[1] + absmax_traffic + self.rows * self.cols * dtype.itemsize
 
     def storage_bytes(self) -> tuple[int, int]:
         """(packed 4-bit bytes, quantization-constant bytes including codes)."""
-        const = sum(b.numel() * b.element_size() for n, b in self.named_buffers() if n != "packed")
-        return self.packed.numel(), const
+        packed_name = PACKED_BUFFER["gptq" if self.spec.is_gptq else "bnb"]
+        const = sum(b.numel() * b.element_size() for n, b in self.named_buffers() if n != packed_name)
+        packed = getattr(self, packed_name)
+        return packed.numel() * packed.element_size(), const
 
 
 class _Matmul4bit(torch.autograd.Function):
@@ -206,6 +249,9 @@ class _Matmul4bit(torch.autograd.Function):
 
 
 def matmul_4bit(x: torch.Tensor, qweight: Quantized4bit, index: int = 0) -> torch.Tensor:
+    """y = x @ W_index^T; GPTQ's torch kernel path keeps its de-quantized weight for backward (see `gptq`)."""
+    if qweight.spec.is_gptq and qweight.spec.kernel == "torch":
+        return gptq.matmul_torch_path(x, *qweight.gptq_buffers(index))
     return _Matmul4bit.apply(x, qweight, index)
 
 

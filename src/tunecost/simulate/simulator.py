@@ -165,10 +165,25 @@ def _assumptions(
         out.append("torch AdamW multi-tensor (foreach) path, as on CUDA: its temporaries span all trainable tensors")
     if job.attention in ("flash", "sdpa"):
         out.append("attention memory as a fused kernel: output + fp32 log-sum-exp saved, no L x L scores")
-    if job.method == "qlora":
+    if job.method == "qlora" and job.quant_type == "gptq":
+        out.append(
+            f"GPTQ int4 weights in auto-gptq's QuantLinear buffers (group size {job.gptq_group_size}); kernel "
+            f"{job.gptq_kernel}: "
+            + (
+                "each matrix de-quantized to fp16 into a temporary freed after the matmul (forward and backward)"
+                if job.gptq_kernel == "triton-v2"
+                else "unpacked by torch ops (int32 shift, int8 codes), the fp16 weight kept by autograd for backward"
+            )
+        )
+    elif job.method == "qlora":
         out.append(
             "4-bit weights de-quantized per matrix into a temporary that is freed after the matmul "
             "(forward and backward), as bitsandbytes does"
+        )
+    if job.modules_to_save:
+        out.append(
+            f"modules_to_save {', '.join(job.modules_to_save)}: frozen original kept, a trained copy in the model "
+            "dtype with its gradient and optimizer states (PEFT ModulesToSaveWrapper)"
         )
     if stack == "hf-2024":
         out.append(

@@ -8,6 +8,12 @@ Reading rules (each is stated, none is tuned to the data):
   -> attention and mlp. A subset of the attention projections is modelled as all four (a small over-count);
 - an empty optimizer is transformers' default AdamW; an unknown attention is FlashAttention-2;
 - bnb-nf4 is QLoRA with nf4 and double quantization (the QLoRA recipe);
+- gptq-int4 is QLoRA on a GPTQ checkpoint the catalog knows (its base model's architecture, the group size of
+  its quantize_config), with the kernel its stack loads: fms-acceleration's accelerated-peft-autogptq plugin the
+  triton v2 QuantLinear, Qwen's finetune.py (transformers GPTQConfig(disable_exllama=True), desc_act false) auto-gptq's
+  cuda-old QuantLinear on its torch path;
+- LoRA target names that are whole modules ("wte", "lm_head (trained fully)") are PEFT modules_to_save: trained
+  copies beside LoRA (Qwen's finetune.py sets modules_to_save=["wte", "lm_head"] for LoRA on a base model);
 - a memory row on several GPUs under FSDP (`parallelism` "fsdp" or "fsdp (FULL_SHARD)") is one rank of the
   fsdp2 full-shard layout (`distributed.rank_memory`), all GPUs in one node; other layouts and multi-GPU
   throughput rows are skipped.
@@ -16,6 +22,7 @@ Reading rules (each is stated, none is tuned to the data):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_TOKENS
@@ -30,6 +37,8 @@ THROUGHPUT_QUANTITIES = ("tokens_per_s_per_gpu", "samples_per_s", "s_per_step", 
 _ATTENTION_TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "output_proj", "qkv_proj", "wqkv", "wo"}
 _MLP_TARGETS = {"gate_proj", "up_proj", "down_proj", "w1", "w2", "w3", "gate_up_proj", "fc1", "fc2"}
 _BOTH_TARGETS = {"c_proj"}
+_MODULES_TO_SAVE = {"wte": "embed_tokens", "embed_tokens": "embed_tokens", "lm_head": "lm_head"}  # -> transformers
+_GPTQ_KERNELS = (("accelerated-peft-autogptq", "triton-v2"), ("qwen finetune.py", "torch"))  # corpus stack cell
 _FSDP_FULL_SHARD = ("fsdp", "fsdp (full_shard)")
 _ATTENTION = {"flash2": "flash", "flash": "flash", "sdpa": "sdpa", "eager": "eager", "": "flash", "unknown": "flash"}
 # Corpus GPU spellings -> the GPU catalog (only the memory is used, for out-of-memory rows).
@@ -70,14 +79,28 @@ def _int(row: CorpusRow, column: str) -> int:
     return n
 
 
+def _target_names(cell: str) -> list[str]:
+    return [t.strip() for t in cell.split(";") if t.strip()]
+
+
+def modules_to_save(cell: str) -> tuple[str, ...]:
+    """The whole modules a LoRA targets cell trains beside the adapters, as transformers names them."""
+    out = []
+    for name in _target_names(cell):
+        module = name.split()[0]
+        if "trained fully" in name or module in _MODULES_TO_SAVE:
+            if module not in _MODULES_TO_SAVE:
+                raise Skip(f"fully trained {module} beside LoRA not modelled (not an embedding or output head)")
+            out.append(_MODULES_TO_SAVE[module])
+    return tuple(out)
+
+
 def lora_targets(cell: str) -> tuple[str, ...]:
-    names = [t.strip() for t in cell.split(";") if t.strip()]
+    names = [n for n in _target_names(cell) if not ("trained fully" in n or n.split()[0] in _MODULES_TO_SAVE)]
     if not names:
         raise Skip("LoRA targets not stated")
     out: set[str] = set()
     for name in names:
-        if "trained fully" in name or name in ("wte", "lm_head", "embed_tokens"):
-            raise Skip(f"fully trained {name.split()[0]} beside LoRA not modelled")
         if name in _ATTENTION_TARGETS:
             out.add("attention")
         elif name in _MLP_TARGETS:
@@ -121,7 +144,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     num_gpus = _int(row, "num_gpus")
     strategy = multi_gpu_strategy(row, throughput) if num_gpus != 1 else None
     quantization = row.get("quantization") or "none"
-    if quantization not in ("none", "bnb-nf4"):
+    if quantization not in ("none", "bnb-nf4", "gptq-int4"):
         raise Skip(f"{quantization} quantization not modelled")
     stack = stack_for(row.get("stack"), quantization, framework_of(row))
     if stack is None:
@@ -137,8 +160,9 @@ def map_row(row: CorpusRow) -> MappedRow:
     method = row.get("method")
     if method not in ("full", "lora", "qlora"):
         raise Skip(f"unknown method {method!r}")
-    if (method == "qlora") != (quantization == "bnb-nf4"):
+    if (method == "qlora") != (quantization in ("bnb-nf4", "gptq-int4")):
         raise Skip(f"method {method} with quantization {quantization} not modelled")
+    gptq = gptq_settings(row) if quantization == "gptq-int4" else {}
     if method == "full" and not stack.full_finetune_modelled and not throughput:
         raise Skip(f"full fine-tune under stack {stack.name} not modelled ({stack.full_skip_reason})")
     kind = row.get("seq_len_kind") or "fixed"
@@ -165,6 +189,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             lora = LoraConfig(rank=rank, alpha=alpha, targets=lora_targets(row.get("lora_targets")))
         except (ValueError, TunecostError) as exc:
             raise Skip(f"LoRA settings not usable: {exc}") from None
+    saved = modules_to_save(row.get("lora_targets")) if method != "full" else ()
     try:
         job = FineTuneJob(
             model=spec.name,
@@ -176,6 +201,8 @@ def map_row(row: CorpusRow) -> MappedRow:
             optimizer="adamw",
             batch_size=_int(row, "batch_size_per_gpu"),
             seq_len=_int(row, "seq_len"),
+            modules_to_save=saved,
+            **gptq,
         )
     except TunecostError as exc:
         raise Skip(str(exc)) from None
@@ -203,6 +230,20 @@ def framework_of(row: CorpusRow) -> str:
     """fms-acceleration's framework configuration, stated in its rows' notes as "framework NAME" ("" if none)."""
     first = row.get("notes").split(";")[0].strip()
     return first.removeprefix("framework ").strip() if first.startswith("framework ") else ""
+
+
+def gptq_settings(row: CorpusRow) -> dict[str, Any]:
+    """The job fields of a gptq-int4 row: the checkpoint's group size (catalog) and the kernel its stack loads."""
+    from tunecost.catalog.models import gptq_checkpoint
+
+    checkpoint = gptq_checkpoint(row.get("model"))
+    if checkpoint is None:
+        raise Skip(f"gptq-int4: {row.get('model')!r} is not a GPTQ checkpoint in the catalog (group size unknown)")
+    corpus_stack = row.get("stack").lower()
+    kernel = next((k for sub, k in _GPTQ_KERNELS if sub in corpus_stack), None)
+    if kernel is None:
+        raise Skip(f"gptq-int4 under stack {row.get('stack')!r}: the GPTQ kernel it loads is not known")
+    return {"quant_type": "gptq", "gptq_group_size": checkpoint.group_size, "gptq_kernel": kernel}
 
 
 def multi_gpu_strategy(row: CorpusRow, throughput: bool) -> str:

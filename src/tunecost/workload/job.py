@@ -34,7 +34,11 @@ DEFAULT_DENSE_LORA_TARGETS: tuple[str, ...] = ("attention", "mlp")
 STACKS: tuple[str, ...] = ("tunecost", "hf-2024", "hf-peft")
 DEFAULT_STACK = "tunecost"
 DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32")
-QUANT_TYPES: tuple[str, ...] = ("nf4", "fp4")
+QUANT_TYPES: tuple[str, ...] = ("nf4", "fp4", "gptq")  # bitsandbytes nf4/fp4; GPTQ int4 (auto-gptq layout)
+# How a GPTQ checkpoint's int4 weights meet the matmul (see tunecost.simulate.gptq): "triton-v2" de-quantizes each
+# matrix into a temporary freed after the matmul (forward and backward); "torch" is auto-gptq's un-fused torch path
+# (QuantLinear cuda-old without a CUDA kernel), whose de-quantized fp16 weight the matmul keeps for backward.
+GPTQ_KERNELS: tuple[str, ...] = ("triton-v2", "torch")
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "sdpa", "eager")
 OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw-8bit", "sgd")
 BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp32": 4}
@@ -61,6 +65,23 @@ def check_lora_targets(targets: tuple[str, ...], *, model: str, is_moe: bool) ->
             f"LoRA target(s) {', '.join(moe_only)} do not apply to {model}: it is a dense model with no MoE layers; "
             f"use --lora-targets {','.join(DEFAULT_DENSE_LORA_TARGETS)}"
         )
+
+
+def quant_defaults(model: str, quant_type: str | None, gptq_group_size: int | None) -> tuple[str, int]:
+    """The 4-bit storage type and GPTQ group size of a QLoRA job on `model` when not given: a GPTQ checkpoint of
+    the catalog (e.g. TheBloke/Mistral-7B-v0.1-GPTQ) is gptq with its quantize_config's group size, any other model
+    nf4 (group size 128, unused)."""
+    from tunecost.catalog.models import gptq_checkpoint
+
+    checkpoint = gptq_checkpoint(model)
+    kind = quant_type or ("gptq" if checkpoint is not None else "nf4")
+    group = gptq_group_size if gptq_group_size is not None else (checkpoint.group_size if checkpoint else 128)
+    return kind, group
+
+
+def parse_names(text: str) -> tuple[str, ...]:
+    """A comma-separated list of names ("embed_tokens,lm_head"), empty entries dropped."""
+    return tuple(t.strip() for t in text.split(",") if t.strip())
 
 
 def parse_lora_targets(text: str) -> tuple[str, ...]:
@@ -113,8 +134,10 @@ class FineTuneJob:
     lora: LoraConfig = field(default_factory=LoraConfig)
     experts_per_token: int | None = None  # None: the model's own top-k; num_experts: dense
     compute_dtype: str = "bf16"
-    quant_type: str = "nf4"  # 4-bit storage for qlora
-    double_quant: bool = True
+    quant_type: str = "nf4"  # 4-bit storage for qlora: nf4 / fp4 (bitsandbytes) or gptq (a GPTQ checkpoint)
+    double_quant: bool = True  # bitsandbytes only
+    gptq_group_size: int = 128  # gptq only: inputs per scale/zero group (-1: one group over all inputs)
+    gptq_kernel: str = "triton-v2"  # gptq only: one of GPTQ_KERNELS
     gradient_checkpointing: bool = True
     attention: str = "flash"
     optimizer: str = "adamw"
@@ -124,6 +147,9 @@ class FineTuneJob:
     dataset: str | None = None  # name of the dataset (the lengths came from, or whose length distribution applies)
     parallel: ParallelPlan = field(default_factory=ParallelPlan)  # GPUs, GPUs per node, strategy
     stack: str = DEFAULT_STACK  # the named software stack, one of STACKS
+    # Modules trained fully beside LoRA (PEFT's modules_to_save, e.g. ("embed_tokens", "lm_head")): each keeps
+    # its frozen original and gets a trainable copy with its gradient and optimizer states.
+    modules_to_save: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         _check_choice("method", self.method, METHODS)
@@ -142,6 +168,17 @@ class FineTuneJob:
         if self.experts_per_token is not None and self.experts_per_token < 1:
             raise TunecostError(f"experts per token must be >= 1, got {self.experts_per_token}")
         _check_choice("software stack", self.stack, STACKS)
+        _check_choice("GPTQ kernel", self.gptq_kernel, GPTQ_KERNELS)
+        if self.gptq_group_size != -1 and self.gptq_group_size < 1:
+            raise TunecostError(f"GPTQ group size must be >= 1 or -1 (one group), got {self.gptq_group_size}")
+        if self.quant_type == "gptq" and self.method == "qlora" and self.compute_dtype != "fp16":
+            raise TunecostError(
+                f"GPTQ int4 weights compute in fp16 (auto-gptq's kernels), not {self.compute_dtype}; use --dtype fp16"
+            )
+        if self.modules_to_save and self.method == "full":
+            raise TunecostError("modules_to_save applies beside LoRA; a full fine-tune already trains every module")
+        if len(set(self.modules_to_save)) != len(self.modules_to_save):
+            raise TunecostError(f"a module to save is named twice: {', '.join(self.modules_to_save)}")
 
     @property
     def compute_bytes_per_element(self) -> int:
@@ -186,4 +223,6 @@ class FineTuneJob:
             values["parallel"] = ParallelPlan(**values["parallel"])
         if values.get("lengths") is not None:
             values["lengths"] = tuple(values["lengths"])
+        if values.get("modules_to_save") is not None:
+            values["modules_to_save"] = tuple(values["modules_to_save"])
         return cls(**values)

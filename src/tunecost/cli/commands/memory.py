@@ -38,6 +38,12 @@ LENGTHS_HELP = (
 )
 STACK_HELP = "tunecost | hf-2024 (the paper's software stack) | hf-peft (Trainer + PEFT >= 0.7)."
 TRACE_HELP = "Trace this many layers (default: scale from one and two repeating units)."
+QUANT_TYPE_HELP = (
+    "4-bit type for qlora: nf4 | fp4 | gptq (default: gptq for a GPTQ checkpoint in the catalog, else nf4)."
+)
+GPTQ_GROUP_HELP = "GPTQ group size, -1 for one group (default: the checkpoint's quantize_config, else 128)."
+GPTQ_KERNEL_HELP = "GPTQ kernel: triton-v2 (de-quantized temporary) | torch (auto-gptq torch path, weight kept)."
+MODULES_TO_SAVE_HELP = "Modules trained fully beside LoRA (PEFT modules_to_save), e.g. embed_tokens,lm_head."
 
 
 def _read_lengths(path: Path) -> tuple[int, ...]:
@@ -98,9 +104,14 @@ def memory(
     gradient_checkpointing: Annotated[bool, opt("--gradient-checkpointing/--no-gradient-checkpointing")] = True,
     attention: Annotated[str, opt("--attention", "flash | sdpa | eager.")] = "flash",
     optimizer: Annotated[str, opt("--optimizer", "adamw | adamw-8bit | sgd.")] = "adamw",
-    dtype: Annotated[str, opt("--dtype", "Compute dtype: bf16 | fp16 | fp32.")] = "bf16",
-    quant_type: Annotated[str, opt("--quant-type", "4-bit type for qlora: nf4 | fp4.")] = "nf4",
+    dtype: Annotated[
+        str | None, opt("--dtype", "Compute dtype: bf16 | fp16 | fp32 (default bf16; fp16 for GPTQ).")
+    ] = None,
+    quant_type: Annotated[str | None, opt("--quant-type", QUANT_TYPE_HELP)] = None,
     double_quant: Annotated[bool, opt("--double-quant/--no-double-quant")] = True,
+    gptq_group_size: Annotated[int | None, opt("--gptq-group-size", GPTQ_GROUP_HELP)] = None,
+    gptq_kernel: Annotated[str, opt("--gptq-kernel", GPTQ_KERNEL_HELP)] = "triton-v2",
+    modules_to_save: Annotated[str, opt("--modules-to-save", MODULES_TO_SAVE_HELP)] = "",
     stack: Annotated[str, opt("--stack", STACK_HELP)] = "tunecost",
     gpu: Annotated[str | None, opt("--gpu", "GPU from the catalog: also report the largest batch that fits.")] = None,
     gpu_memory_gb: GpuMemoryGb = None,
@@ -112,7 +123,14 @@ def memory(
     """Simulate one training step of MODEL from its config alone: peak memory with a breakdown, FLOPs, bytes
     moved, and (with --gpu or --gpu-memory-gb) the maximum batch size."""
     from tunecost.simulate import max_batch_size, simulate_step
-    from tunecost.workload.job import FineTuneJob, LoraConfig, default_lora_targets, parse_lora_targets
+    from tunecost.workload.job import (
+        FineTuneJob,
+        LoraConfig,
+        default_lora_targets,
+        parse_lora_targets,
+        parse_names,
+        quant_defaults,
+    )
 
     memory_bytes = memory_bytes_from_options(gpu_memory_gb=gpu_memory_gb, gpu_memory_gib=gpu_memory_gib)
     if gpu is not None and memory_bytes is not None:
@@ -124,13 +142,18 @@ def memory(
         targets = default_lora_targets(is_moe=resolve_model(model).is_moe)
     else:
         targets = parse_lora_targets(lora_targets)
+    quant_kind, group_size = quant_defaults(model, quant_type, gptq_group_size)
+    gptq = method == "qlora" and quant_kind == "gptq"
     job = FineTuneJob(
         model=model,
         method=cast("Method", method),  # FineTuneJob validates it
         experts_per_token=experts_per_token,
-        compute_dtype=dtype,
-        quant_type=quant_type,
+        compute_dtype=dtype or ("fp16" if gptq else "bf16"),
+        quant_type=quant_kind,
         double_quant=double_quant,
+        gptq_group_size=group_size,
+        gptq_kernel=gptq_kernel,
+        modules_to_save=parse_names(modules_to_save),
         gradient_checkpointing=gradient_checkpointing,
         attention=attention,
         optimizer=optimizer,
