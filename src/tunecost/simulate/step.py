@@ -100,7 +100,9 @@ def forward_loss(prepared, batch: dict) -> torch.Tensor:
     if prepared.spec.family == "blackmamba":
         return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
     if prepared.stack == "hf-2024":
-        out = model.model(input_ids=batch["input_ids"], output_router_logits=prepared.is_moe, use_cache=False)
+        moe = {"output_router_logits": True} if prepared.is_moe else {}
+        # the decoder under the LM head: `model.model` in most families, `model.transformer` in GPTBigCode
+        out = model.base_model(input_ids=batch["input_ids"], use_cache=False, **moe)
         logits = model.lm_head(out.last_hidden_state)
         loss = causal_lm_loss_2024(logits, batch["labels"])
         coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)

@@ -5,8 +5,9 @@ scan and loss terms need. Every count is computed from the config here, so the a
 (`throughput.counts`) are pure and fast; `tests/estimate/throughput/test_counts.py` checks the totals against
 `tunecost.models.params.count_parameters` (which builds the real model on the meta device).
 
-Families: Mixtral-style MoE transformers (mixtral, olmoe, qwen2_moe, qwen3_moe), dense llama/mistral, and
-BlackMamba (Zyphra's config keys). Other families raise a `TunecostError` naming the supported ones.
+Families: Mixtral-style MoE transformers (mixtral, olmoe, qwen2_moe, qwen3_moe, granitemoe), dense llama/mistral,
+GPTBigCode (GPT-2 config keys) and BlackMamba (Zyphra's config keys). Other families raise a `TunecostError` naming
+the supported ones.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from tunecost.catalog.models import ModelSpec
 from tunecost.errors import TunecostError
 
-TRANSFORMER_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "llama", "mistral")
+TRANSFORMER_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "llama", "mistral")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -189,13 +190,58 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
     )
 
 
+def _gpt_bigcode_arch(config: dict[str, Any]) -> Arch:
+    """GPTBigCode (SantaCoder, StarCoder): one fused q/k/v projection `c_attn` (multi-query: one key/value head),
+    `c_proj`, a two-matrix GELU MLP `c_fc` / `c_proj` of width `n_inner`, biases on every linear, LayerNorms with
+    biases, learned positions (`wpe`); the head is tied to `wte` unless the config says otherwise."""
+    hidden = int(_get(config, "n_embd", "hidden_size"))
+    layers = int(_get(config, "n_layer", "num_hidden_layers"))
+    heads = int(_get(config, "n_head", "num_attention_heads"))
+    head_dim = hidden // heads
+    kv_width = head_dim if config.get("multi_query", True) else hidden
+    inner = int(config.get("n_inner") or 4 * hidden)
+    vocab = int(_get(config, "vocab_size"))
+    positions = int(_get(config, "n_positions", "max_position_embeddings"))
+    mats = [(hidden, hidden + 2 * kv_width), (hidden, hidden), (hidden, inner), (inner, hidden)]
+    biases = sum(out for _, out in mats)
+    layer_norms = 2 * 2 * hidden  # ln_1, ln_2: weight and bias
+    return Arch(
+        family="gpt_bigcode",
+        hidden=hidden,
+        num_layers=layers,
+        num_moe_layers=0,
+        num_experts=1,
+        expert_params=0,
+        expert_ffn=0,
+        expert_in_out=0,
+        num_expert_matrices=0,
+        router_params_per_layer=0,
+        dense_params=layers * sum(i * o for i, o in mats),
+        dense_in_out=layers * sum(i + o for i, o in mats),
+        num_dense_matrices=layers * len(mats),
+        lm_head_params=vocab * hidden,
+        tied_embedding=bool(config.get("tie_word_embeddings", True)),
+        embedding_params=vocab * hidden + positions * hidden,  # wte and the learned positions wpe
+        norm_params=layers * (biases + layer_norms) + 2 * hidden,  # + ln_f
+        num_attention_layers=layers,
+        num_heads=heads,
+        head_dim=head_dim,
+        num_mamba_layers=0,
+        mamba_inner=0,
+        mamba_state=0,
+    )
+
+
 def arch_of(spec: ModelSpec) -> Arch:
     """The `Arch` of a catalog model (or any `ModelSpec` of a supported family)."""
     if spec.family == "blackmamba":
         return _blackmamba_arch(spec.config)
+    if spec.family == "gpt_bigcode":
+        return _gpt_bigcode_arch(spec.config)
     if spec.family in TRANSFORMER_FAMILIES:
         return _transformer_arch(spec.family, spec.config)
     raise TunecostError(
-        f"{spec.name}: the throughput model reads {', '.join(TRANSFORMER_FAMILIES)} and blackmamba configs, "
+        f"{spec.name}: the throughput model reads {', '.join(TRANSFORMER_FAMILIES)}, gpt_bigcode and blackmamba "
+        "configs, "
         f"not {spec.family!r}"
     )
