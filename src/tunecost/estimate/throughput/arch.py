@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tunecost.catalog.models import ModelSpec
 from tunecost.errors import TunecostError
@@ -163,6 +163,41 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
         mats += [(hidden, inter, num_mlp_layers), (hidden, inter, num_mlp_layers), (inter, hidden, num_mlp_layers)]
     qk_norm = {"qwen3_moe": 2 * head_dim, "olmoe": (heads + kv_heads) * head_dim}.get(family, 0)
     qkv_bias = (heads + 2 * kv_heads) * head_dim if family == "qwen2_moe" else 0  # Qwen's q/k/v biases
+    return _decoder_arch(
+        family,
+        mats,
+        _Shape(hidden, layers, heads, head_dim, vocab),
+        tied=bool(config.get("tie_word_embeddings", False)),
+        embedding_params=vocab * hidden,
+        norm_params=layers * (2 * hidden + qk_norm + qkv_bias) + hidden,
+        num_moe=num_moe,
+        num_experts=num_experts,
+        ffn=ffn,
+    )
+
+
+class _Shape(NamedTuple):
+    hidden: int
+    layers: int
+    heads: int
+    head_dim: int
+    vocab: int
+
+
+def _decoder_arch(
+    family: str,
+    mats: list[tuple[int, int, int]],  # (in, out, how many in the model) of every non-routed matmul
+    shape: _Shape,
+    *,
+    tied: bool,
+    embedding_params: int,
+    norm_params: int,
+    num_moe: int = 0,
+    num_experts: int = 1,
+    ffn: int = 0,  # a routed expert's intermediate width (gate, up, down)
+) -> Arch:
+    """The `Arch` of an attention decoder (every layer attends), dense or with Mixtral-style routed experts."""
+    hidden, layers, heads, head_dim, vocab = shape
     return Arch(
         family=family,
         hidden=hidden,
@@ -178,9 +213,9 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
         dense_in_out=sum((i + o) * n for i, o, n in mats),
         num_dense_matrices=sum(n for _, _, n in mats),
         lm_head_params=vocab * hidden,
-        tied_embedding=bool(config.get("tie_word_embeddings", False)),
-        embedding_params=vocab * hidden,
-        norm_params=layers * (2 * hidden + qk_norm + qkv_bias) + hidden,
+        tied_embedding=tied,
+        embedding_params=embedding_params,
+        norm_params=norm_params,
         num_attention_layers=layers,
         num_heads=heads,
         head_dim=head_dim,
@@ -202,33 +237,17 @@ def _gpt_bigcode_arch(config: dict[str, Any]) -> Arch:
     inner = int(config.get("n_inner") or 4 * hidden)
     vocab = int(_get(config, "vocab_size"))
     positions = int(_get(config, "n_positions", "max_position_embeddings"))
-    mats = [(hidden, hidden + 2 * kv_width), (hidden, hidden), (hidden, inner), (inner, hidden)]
-    biases = sum(out for _, out in mats)
+    mats = [(hidden, hidden + 2 * kv_width, layers), (hidden, hidden, layers), (hidden, inner, layers)]
+    mats.append((inner, hidden, layers))
+    biases = sum(out for _, out, _ in mats)
     layer_norms = 2 * 2 * hidden  # ln_1, ln_2: weight and bias
-    return Arch(
-        family="gpt_bigcode",
-        hidden=hidden,
-        num_layers=layers,
-        num_moe_layers=0,
-        num_experts=1,
-        expert_params=0,
-        expert_ffn=0,
-        expert_in_out=0,
-        num_expert_matrices=0,
-        router_params_per_layer=0,
-        dense_params=layers * sum(i * o for i, o in mats),
-        dense_in_out=layers * sum(i + o for i, o in mats),
-        num_dense_matrices=layers * len(mats),
-        lm_head_params=vocab * hidden,
-        tied_embedding=bool(config.get("tie_word_embeddings", True)),
+    return _decoder_arch(
+        "gpt_bigcode",
+        mats,
+        _Shape(hidden, layers, heads, head_dim, vocab),
+        tied=bool(config.get("tie_word_embeddings", True)),
         embedding_params=vocab * hidden + positions * hidden,  # wte and the learned positions wpe
-        norm_params=layers * (biases + layer_norms) + 2 * hidden,  # + ln_f
-        num_attention_layers=layers,
-        num_heads=heads,
-        head_dim=head_dim,
-        num_mamba_layers=0,
-        mamba_inner=0,
-        mamba_state=0,
+        norm_params=layers * (biases + layer_norms) + 2 * hidden,  # + ln_f (weight and bias)
     )
 
 
