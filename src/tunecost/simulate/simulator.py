@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from tunecost.simulate.trace import TraceResult
 from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
 
-SIMULATOR_VERSION = "2"
+SIMULATOR_VERSION = "3"  # 3: no attention-dropout mask under fused attention kernels
 
 
 @dataclass(frozen=True, kw_only=True)
