@@ -75,6 +75,15 @@ CASES = {
     "deepseek_v2": (lambda: _from_fixture("tiny-deepseek-v2"), 4, 3, 8, 2),
     # tiny_blackmamba_config: 4 layers (Mamba, MoE, Mamba, MoE), 8 experts, top-2
     "blackmamba": (_blackmamba, 4, 2, 8, 2),
+    "granitemoe": (lambda: _hf("granitemoe", num_local_experts=4, num_experts_per_tok=2), 3, 3, 4, 2),
+    # GPT-2 style names: n_embd 32, 4 heads, n_inner 48, 3 blocks at transformer.h
+    "gpt_bigcode": (
+        lambda: _from_config("gpt_bigcode", dict(vocab_size=128, n_embd=32, n_head=4, n_inner=48, n_layer=3)),
+        3,
+        0,
+        1,
+        1,
+    ),
     "llama": (lambda: _hf("llama"), 3, 0, 1, 1),
     "mistral": (lambda: _hf("mistral"), 3, 0, 1, 1),
     "qwen2": (lambda: _hf("qwen2"), 3, 0, 1, 1),

@@ -21,6 +21,16 @@ MODEL_CATALOG_DIR = Path(__file__).parent / "data" / "models"
 # family is tunecost.models.anatomy's).
 _NUM_EXPERTS_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
 _TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "experts_per_token")
+# GPT-2 style config.json names of the same sizes (GPTBigCode's `attribute_map` in transformers).
+_LAYERS_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
+_HIDDEN_KEYS = ("hidden_size", "n_embd")
+
+
+def _first_int(config: dict[str, Any], keys: tuple[str, ...]) -> int:
+    value = next((config[k] for k in keys if config.get(k) is not None), None)
+    if value is None:
+        raise TunecostError(f"model config lacks {' / '.join(keys)}")
+    return int(value)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,11 +77,11 @@ class ModelSpec:
 
     @property
     def num_layers(self) -> int:
-        return int(self.config.get("num_hidden_layers", self.config.get("num_layers", 0)))
+        return _first_int(self.config, _LAYERS_KEYS)
 
     @property
     def hidden_size(self) -> int:
-        return int(self.config["hidden_size"])
+        return _first_int(self.config, _HIDDEN_KEYS)
 
     @property
     def vocab_size(self) -> int:
@@ -129,6 +139,10 @@ _POSITIVE_SIZES = (
     "num_key_value_heads",
     "head_dim",
     "vocab_size",
+    "n_embd",
+    "n_layer",
+    "n_head",
+    "n_inner",
     *_NUM_EXPERTS_KEYS,
     *_TOP_K_KEYS,
 )

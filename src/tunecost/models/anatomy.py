@@ -3,7 +3,9 @@ experts it has and how many each token uses.
 
 One description per supported family (`_FAMILIES`). transformers 5 families keep their decoder layers at
 `model.layers`; an MoE layer's block is `layer.mlp` with a `*TopKRouter` `gate` (its own `top_k` and
-`num_experts`) and fused `*Experts` (`gate_up_proj` (E, 2I, H), `down_proj` (E, H, I)). tunecost's BlackMamba keeps
+`num_experts`) and fused `*Experts` (`gate_up_proj` (E, 2I, H), `down_proj` (E, H, I)); GraniteMoe names the
+block `block_sparse_moe` and its router `router`. GPTBigCode keeps GPT-2's layout: blocks at `transformer.h`,
+attention `attn` (one fused `c_attn` for q, k, v), MLP `mlp` (`c_fc`, `c_proj`). tunecost's BlackMamba keeps
 its blocks at `decoder.layers`; an MoE block is `layer.mixer` with a `router` `nn.Linear` and `local_experts`
 (or `experts` once tunecost's fast experts are installed). Dense families (Llama, Mistral) have no MoE block;
 their feed-forward counts as ONE expert that every token uses, so `num_experts` and `get_top_k` are 1 and a dense
@@ -53,13 +55,22 @@ _FAMILIES: dict[str, _Family] = {
     "llama": _Family("model.layers", None),
     "mistral": _Family("model.layers", None),
     "qwen2": _Family("model.layers", None),
+    # GraniteMoe: the MoE block is `block_sparse_moe` with a `router` (a `*TopKRouter`) and fused experts
+    "granitemoe": _Family("model.layers", "block_sparse_moe", router="router", num_experts_keys=("num_local_experts",)),
+    # GPTBigCode (SantaCoder, StarCoder): GPT-2 layout, blocks at `transformer.h`, attention `attn`
+    "gpt_bigcode": _Family("transformer.h", None),
 }
 SUPPORTED_FAMILIES = tuple(_FAMILIES)
 
 _ROUTER_NAMES = ("gate", "router")
+# A decoder layer's attention and feed-forward (dense MLP or MoE block) by attribute name, across families.
+ATTENTION_NAMES = ("self_attn", "attn")
+FEED_FORWARD_NAMES = ("mlp", "block_sparse_moe")
 _EXPERTS_NAMES = ("experts", "local_experts")
 _LAYERS_NAME = re.compile(r"(^|\.)layers$")
 _LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+# a decoder layer's module path: `...layers.<i>` (most families) or GPT-2 style `transformer.h.<i>`
+LAYER_PATH = re.compile(r"(?:^|\.)(?:layers|transformer\.h)\.(\d+)(?:\.|$)")
 _MAX_WRAPPERS = 16
 
 
@@ -146,6 +157,17 @@ def _child(module: Any, names: tuple[str, ...]) -> Any:
         if isinstance(child, torch.nn.Module):
             return child
     return None
+
+
+def layer_part(layer: Any, names: tuple[str, ...]) -> Any:
+    """A decoder layer's child module of the first of `names` it has (`ATTENTION_NAMES`, `FEED_FORWARD_NAMES`),
+    else None."""
+    return _child(layer, names)
+
+
+def router_name(block: Any) -> str | None:
+    """The attribute of an MoE block holding its router (`gate` in most families, `router` in GraniteMoe)."""
+    return next((name for name in _ROUTER_NAMES if _child(block, (name,)) is not None), None)
 
 
 def decoder_layers(model: Any) -> list[Any]:

@@ -28,7 +28,7 @@ def _is_routed_expert(param_name: str) -> bool:
 
 
 def _is_embedding(param_name: str) -> bool:
-    return any(k in param_name for k in ("embed_tokens", "word_embeddings", "lm_head", "output_layer"))
+    return any(k in param_name for k in ("embed_tokens", "word_embeddings", "wte", "wpe", "lm_head", "output_layer"))
 
 
 _CACHE: dict[tuple[str, str, int], ParamCounts] = {}

@@ -18,7 +18,15 @@ from torch import nn
 
 from tunecost.catalog.models import ModelSpec, resolve_model
 from tunecost.errors import TunecostError
-from tunecost.models.anatomy import SUPPORTED_FAMILIES, decoder_layers
+from tunecost.models.anatomy import (
+    ATTENTION_NAMES,
+    FEED_FORWARD_NAMES,
+    LAYER_PATH,
+    SUPPORTED_FAMILIES,
+    decoder_layers,
+    layer_part,
+    router_name,
+)
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.simulate.hf2024 import Loop2024Experts
 from tunecost.simulate.modules import ModulesToSave, SimExperts, SimLinear, SimLoraRouter
@@ -31,7 +39,6 @@ from tunecost.workload.job import STACKS, FineTuneJob
 _LORA_STYLE = {"hf-2024": "peft-2024", "hf-peft": "peft"}
 _REENTRANT_STACKS = ("hf-2024", "hf-peft")
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)(?:\.|$)")
 _QUANT_BUFFERS = {"packed": "weights_4bit", "qweight": "weights_4bit"}  # bitsandbytes codes, GPTQ codes
 
 
@@ -138,16 +145,16 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
     style = _LORA_STYLE.get(stack, "tunecost")
     if job.method == "full":
         for layer in decoder_layers(model):
-            mlp = getattr(layer, "mlp", None)
+            mlp = layer_part(layer, FEED_FORWARD_NAMES)
             if stack == "hf-2024" and mlp is not None and hasattr(mlp, "experts"):
                 mlp.experts = Loop2024Experts(mlp.experts, quant=None, lora_rank=None, lora_alpha=0.0, trainable=True)
         return
     model.requires_grad_(False)
     for layer in decoder_layers(model):
-        attn = getattr(layer, "self_attn", None)
+        attn = layer_part(layer, ATTENTION_NAMES)
         if attn is not None:
             _swap_linears(attn, quant=quant, lora=lora if "attention" in targets else None, style=style)
-        mlp = getattr(layer, "mlp", None)
+        mlp = layer_part(layer, FEED_FORWARD_NAMES)
         if mlp is None:
             continue
         if hasattr(mlp, "experts"):
@@ -167,8 +174,10 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
             for shared in ("shared_expert", "shared_experts"):
                 if hasattr(mlp, shared):
                     _swap_linears(getattr(mlp, shared), quant=quant, lora=experts_lora, style=style)
-            if "router" in targets and hasattr(mlp, "gate"):
-                mlp.gate = SimLoraRouter(mlp.gate, lora_rank=lora[0], lora_alpha=lora[1])
+            router = router_name(mlp)
+            if "router" in targets and router is not None:
+                lora_router = SimLoraRouter(getattr(mlp, router), lora_rank=lora[0], lora_alpha=lora[1])
+                setattr(mlp, router, lora_router)
         else:
             _swap_linears(mlp, quant=quant, lora=lora if "mlp" in targets else None, style=style)
     if not any(p.requires_grad for p in model.parameters()):
@@ -196,7 +205,7 @@ def module_group(path: str, module: nn.Module, parent_group: str | None) -> str 
     cls = type(module).__name__
     if path == "":
         return "lm_head/loss"
-    if name in ("embed_tokens", "word_embeddings", "embedding", "wte"):
+    if name in ("embed_tokens", "word_embeddings", "embedding", "wte", "wpe"):
         return "embedding"
     if name in ("lm_head", "output_layer"):
         return "lm_head/loss"
@@ -214,13 +223,13 @@ def module_group(path: str, module: nn.Module, parent_group: str | None) -> str 
         return "norms"
     if name in ("self_attn", "attention") or "Attention" in cls:
         return "attention"
-    if name == "mlp":
+    if name in FEED_FORWARD_NAMES:
         return "experts" if hasattr(module, "experts") else "mlp"
     if name == "mixer":
         return "experts" if hasattr(module, "router") else "mamba"
-    if _LAYER_RE.search(path) and re.fullmatch(r"\d+", name):
+    if LAYER_PATH.search(path) and re.fullmatch(r"\d+", name):
         return "residual"
-    if path in ("model", "decoder", "backbone"):
+    if path in ("model", "decoder", "backbone", "transformer"):
         return "other"
     return None
 
@@ -233,7 +242,7 @@ def module_info(model: nn.Module) -> dict[int, tuple[str, int | None]]:
         parent_group = groups.get(parent) if path else None
         group = module_group(path, module, parent_group) or parent_group or "other"
         groups[path] = group
-        m = _LAYER_RE.search(path)
+        m = LAYER_PATH.search(path)
         info[id(module)] = (group, int(m.group(1)) if m else None)
     return info
 
@@ -294,6 +303,19 @@ def mask_free_sdpa() -> str:
     return MASK_FREE_SDPA
 
 
+# Config keys of the attention-probability dropout (GPT-2 style `attn_pdrop`, transformers' `attention_dropout`).
+_ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop")
+
+
+def fused_attention_dropout(spec: ModelSpec) -> dict[str, float]:
+    """Config overrides that turn off attention-probability dropout for a fused attention kernel. FlashAttention-2
+    (and SDPA's flash / memory-efficient CUDA kernels) apply that dropout inside the kernel and keep only its RNG
+    state for backward, so the memory is that of the kernel without dropout; on CPU fake tensors SDPA with dropout
+    would instead fall back to the math path and materialize the (B, heads, L, L) probabilities. Residual and
+    embedding dropout (separate `nn.Dropout` modules, whose masks are kept) are left as they are."""
+    return {key: 0.0 for key in _ATTENTION_DROPOUT_KEYS if spec.config.get(key)}
+
+
 def build_prepared(
     job: FineTuneJob,
     *,
@@ -326,6 +348,8 @@ def build_prepared(
         overrides["num_hidden_layers"] = num_layers
         if spec.is_moe:
             overrides["output_router_logits"] = True
+        if job.attention != "eager":
+            overrides.update(fused_attention_dropout(spec))
     experts_per_token = job.experts_per_token if spec.is_moe else None
     if job.experts_per_token is not None and not spec.is_moe:
         raise TunecostError(f"{spec.name} is a dense model: --experts-per-token does not apply")

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from tunecost.simulate.trace import TraceResult
 from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
 
-SIMULATOR_VERSION = "3"
+SIMULATOR_VERSION = "4"  # 3: the caching-allocator replay; 4: no attention-dropout mask under fused kernels
 
 
 @dataclass(frozen=True, kw_only=True)

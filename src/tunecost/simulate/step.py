@@ -102,7 +102,9 @@ def forward_loss(prepared, batch: dict) -> torch.Tensor:
         return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
     loss_code = LOSS_TRANSFORMERS_440 if prepared.stack == "hf-2024" else prepared.behaviour.loss_code
     if loss_code != LOSS_TRANSFORMERS_5:  # the loss of older model code, on the model's logits
-        out = model.model(input_ids=batch["input_ids"], output_router_logits=prepared.is_moe, use_cache=False)
+        moe = {"output_router_logits": True} if prepared.is_moe else {}
+        # the decoder under the LM head: `model.model` in most families, `model.transformer` in GPTBigCode
+        out = model.base_model(input_ids=batch["input_ids"], use_cache=False, **moe)
         logits = model.lm_head(out.last_hidden_state)
         loss = causal_lm_loss(loss_code, logits, batch["labels"])
         coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)

@@ -6,6 +6,8 @@ Reading rules (each is stated, none is tuned to the data):
 - LoRA target names map to tunecost's targets: q/k/v/o projections and Qwen's fused `c_attn` -> attention;
   gate/up/down and Qwen's `w1`/`w2` -> mlp; Qwen's `c_proj` names both the attention output and the MLP output
   -> attention and mlp. A subset of the attention projections is modelled as all four (a small over-count);
+  SantaCoder's rows name q/k/v/o_proj and c_attn, of which GPTBigCode has only the fused c_attn: attention LoRA
+  there wraps c_attn and the attention's c_proj (the same kind of over-count);
 - an empty optimizer is transformers' default AdamW; an unknown attention is FlashAttention-2;
 - bnb-nf4 is QLoRA with nf4 and double quantization (the QLoRA recipe);
 - gptq-int4 is QLoRA on a GPTQ checkpoint the catalog knows (its base model's architecture, the group size of

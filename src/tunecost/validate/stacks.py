@@ -13,7 +13,7 @@ an unknown stack is a skipped row. `behaviour_for` picks a row's behaviours.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tunecost.simulate.behaviour import (
     LOSS_QWEN_REMOTE,
@@ -164,6 +164,19 @@ STACKS: dict[str, Stack] = {
     ),
 }
 
+# The same Trainer running an MoE model with transformers' own expert code (a loop over experts, or the model's
+# parallel-experts matmuls) instead of fused MoE kernels: its expert compute runs at its own efficiency, so its
+# throughput rows calibrate apart from the dense models of hf-trainer.
+STACKS["hf-trainer-no-moe-kernels"] = replace(
+    STACKS["hf-trainer"],
+    name="hf-trainer-no-moe-kernels",
+    not_modelled=(
+        *STACKS["hf-trainer"].not_modelled,
+        "the expert code of the benchmark's transformers version (e.g. GraniteMoe's ParallelExperts in 4.x) is "
+        "simulated with transformers 5.23's experts module",
+    ),
+)
+
 _FRAMEWORK_STACKS = {"baseline-peft-bnb": "trl-sft-bnb"}  # fms-acceleration framework (row notes) -> stack
 _CORPUS_STACKS: tuple[tuple[str, str], ...] = (  # (substring of the corpus `stack` cell, stack name), first match
     ("accelerated-peft-bnb", "hf-trainer-bnb"),
@@ -172,6 +185,7 @@ _CORPUS_STACKS: tuple[tuple[str, str], ...] = (  # (substring of the corpus `sta
     ("swift 2", "swift-2"),
     ("torchtune", "torchtune"),
     ("hf-2024", "hf-2024"),
+    ("no moe kernels", "hf-trainer-no-moe-kernels"),
     ("hf-transformers", "hf-trainer"),
 )
 

@@ -40,7 +40,18 @@ def test_blackmamba_arch_matches_published_sizes() -> None:
     assert (arch.num_mamba_layers, arch.num_moe_layers, arch.num_attention_layers) == (18, 18, 0)
 
 
-@pytest.mark.parametrize("name", ["mixtral-8x7b", "olmoe-1b-7b", "qwen3-30b-a3b", "qwen1.5-moe-a2.7b", "tiny-mixtral"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "mixtral-8x7b",
+        "olmoe-1b-7b",
+        "qwen3-30b-a3b",
+        "qwen1.5-moe-a2.7b",
+        "tiny-mixtral",
+        "granite-3.0-3b-a800m",
+        "santacoder",
+    ],
+)
 def test_arch_totals_match_the_meta_built_model(name: str) -> None:
     from tunecost.models.params import count_parameters
 

@@ -5,20 +5,21 @@ scan and loss terms need. Every count is computed from the config here, so the a
 (`throughput.counts`) are pure and fast; `tests/estimate/throughput/test_counts.py` checks the totals against
 `tunecost.models.params.count_parameters` (which builds the real model on the meta device).
 
-Families: Mixtral-style MoE transformers (mixtral, olmoe, qwen2_moe, qwen3_moe), dense llama/mistral, and
-BlackMamba (Zyphra's config keys). Other families raise a `TunecostError` naming the supported ones.
+Families: Mixtral-style MoE transformers (mixtral, olmoe, qwen2_moe, qwen3_moe, granitemoe), dense llama/mistral,
+GPTBigCode (GPT-2 config keys) and BlackMamba (Zyphra's config keys). Other families raise a `TunecostError` naming
+the supported ones.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from tunecost.catalog.models import ModelSpec
 from tunecost.errors import TunecostError
 
-TRANSFORMER_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "llama", "mistral")
+TRANSFORMER_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "llama", "mistral")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -162,6 +163,41 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
         mats += [(hidden, inter, num_mlp_layers), (hidden, inter, num_mlp_layers), (inter, hidden, num_mlp_layers)]
     qk_norm = {"qwen3_moe": 2 * head_dim, "olmoe": (heads + kv_heads) * head_dim}.get(family, 0)
     qkv_bias = (heads + 2 * kv_heads) * head_dim if family == "qwen2_moe" else 0  # Qwen's q/k/v biases
+    return _decoder_arch(
+        family,
+        mats,
+        _Shape(hidden, layers, heads, head_dim, vocab),
+        tied=bool(config.get("tie_word_embeddings", False)),
+        embedding_params=vocab * hidden,
+        norm_params=layers * (2 * hidden + qk_norm + qkv_bias) + hidden,
+        num_moe=num_moe,
+        num_experts=num_experts,
+        ffn=ffn,
+    )
+
+
+class _Shape(NamedTuple):
+    hidden: int
+    layers: int
+    heads: int
+    head_dim: int
+    vocab: int
+
+
+def _decoder_arch(
+    family: str,
+    mats: list[tuple[int, int, int]],  # (in, out, how many in the model) of every non-routed matmul
+    shape: _Shape,
+    *,
+    tied: bool,
+    embedding_params: int,
+    norm_params: int,
+    num_moe: int = 0,
+    num_experts: int = 1,
+    ffn: int = 0,  # a routed expert's intermediate width (gate, up, down)
+) -> Arch:
+    """The `Arch` of an attention decoder (every layer attends), dense or with Mixtral-style routed experts."""
+    hidden, layers, heads, head_dim, vocab = shape
     return Arch(
         family=family,
         hidden=hidden,
@@ -177,9 +213,9 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
         dense_in_out=sum((i + o) * n for i, o, n in mats),
         num_dense_matrices=sum(n for _, _, n in mats),
         lm_head_params=vocab * hidden,
-        tied_embedding=bool(config.get("tie_word_embeddings", False)),
-        embedding_params=vocab * hidden,
-        norm_params=layers * (2 * hidden + qk_norm + qkv_bias) + hidden,
+        tied_embedding=tied,
+        embedding_params=embedding_params,
+        norm_params=norm_params,
         num_attention_layers=layers,
         num_heads=heads,
         head_dim=head_dim,
@@ -189,13 +225,42 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
     )
 
 
+def _gpt_bigcode_arch(config: dict[str, Any]) -> Arch:
+    """GPTBigCode (SantaCoder, StarCoder): one fused q/k/v projection `c_attn` (multi-query: one key/value head),
+    `c_proj`, a two-matrix GELU MLP `c_fc` / `c_proj` of width `n_inner`, biases on every linear, LayerNorms with
+    biases, learned positions (`wpe`); the head is tied to `wte` unless the config says otherwise."""
+    hidden = int(_get(config, "n_embd", "hidden_size"))
+    layers = int(_get(config, "n_layer", "num_hidden_layers"))
+    heads = int(_get(config, "n_head", "num_attention_heads"))
+    head_dim = hidden // heads
+    kv_width = head_dim if config.get("multi_query", True) else hidden
+    inner = int(config.get("n_inner") or 4 * hidden)
+    vocab = int(_get(config, "vocab_size"))
+    positions = int(_get(config, "n_positions", "max_position_embeddings"))
+    mats = [(hidden, hidden + 2 * kv_width, layers), (hidden, hidden, layers), (hidden, inner, layers)]
+    mats.append((inner, hidden, layers))
+    biases = sum(out for _, out, _ in mats)
+    layer_norms = 2 * 2 * hidden  # ln_1, ln_2: weight and bias
+    return _decoder_arch(
+        "gpt_bigcode",
+        mats,
+        _Shape(hidden, layers, heads, head_dim, vocab),
+        tied=bool(config.get("tie_word_embeddings", True)),
+        embedding_params=vocab * hidden + positions * hidden,  # wte and the learned positions wpe
+        norm_params=layers * (biases + layer_norms) + 2 * hidden,  # + ln_f (weight and bias)
+    )
+
+
 def arch_of(spec: ModelSpec) -> Arch:
     """The `Arch` of a catalog model (or any `ModelSpec` of a supported family)."""
     if spec.family == "blackmamba":
         return _blackmamba_arch(spec.config)
+    if spec.family == "gpt_bigcode":
+        return _gpt_bigcode_arch(spec.config)
     if spec.family in TRANSFORMER_FAMILIES:
         return _transformer_arch(spec.family, spec.config)
     raise TunecostError(
-        f"{spec.name}: the throughput model reads {', '.join(TRANSFORMER_FAMILIES)} and blackmamba configs, "
+        f"{spec.name}: the throughput model reads {', '.join(TRANSFORMER_FAMILIES)}, gpt_bigcode and blackmamba "
+        "configs, "
         f"not {spec.family!r}"
     )

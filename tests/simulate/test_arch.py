@@ -1,0 +1,103 @@
+"""GPTBigCode (SantaCoder: multi-query attention in one fused `c_attn`, learned positions, LayerNorm, GELU MLP) and
+GraniteMoe (fused 3-D experts under `block_sparse_moe`, a `router`) in the step simulator: the model it steps is
+transformers' own (same parameter count), LoRA lands on the named targets, and layer scaling is exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tunecost.simulate import simulate_step
+from tunecost.simulate.modules import SimExperts, SimLinear, SimLoraRouter
+from tunecost.simulate.prepare import build_prepared
+from tunecost.workload.job import FineTuneJob, LoraConfig
+
+# family fixture -> LoRA targets that exist in it (rank 8: grouped expert GEMMs need 16-byte strides in bf16)
+CASES = {"tiny-gpt-bigcode": ("attention", "mlp"), "tiny-granitemoe": ("attention", "experts", "router")}
+
+
+def _job(config_path, name: str, method: str = "lora", **kw) -> FineTuneJob:
+    lora = LoraConfig(rank=8, alpha=16, targets=CASES[name])
+    return FineTuneJob(model=config_path(name), method=method, lora=lora, batch_size=2, seq_len=32, **kw)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_parameter_count_is_transformers(config_path, name) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    prepared = build_prepared(_job(config_path, name, method="full"), num_units=None)
+    config = AutoConfig.from_pretrained(config_path(name))
+    with torch.device("meta"):
+        reference = AutoModelForCausalLM.from_config(config)
+    assert type(prepared.model) is type(reference)
+    simulated = sum(p.numel() for p in prepared.model.parameters())
+    assert simulated == sum(p.numel() for p in reference.parameters())
+
+
+def test_gpt_bigcode_parameter_count_by_hand(config_path) -> None:
+    # n_embd 64, 4 heads of 16, one key/value head (multi-query): c_attn 64 -> 64 + 2 x 16, with biases
+    h, inner, vocab, positions, layers = 64, 96, 256, 64, 5
+    per_layer = (h * (h + 32) + h + 32) + (h * h + h) + (h * inner + inner) + (inner * h + h) + 2 * 2 * h
+    expected = vocab * h + positions * h + layers * per_layer + 2 * h  # wte (tied head), wpe, blocks, ln_f
+    prepared = build_prepared(_job(config_path, "tiny-gpt-bigcode", method="full"), num_units=None)
+    assert sum(p.numel() for p in prepared.model.parameters()) == expected
+
+
+def test_gpt_bigcode_lora_on_fused_projections(config_path) -> None:
+    prepared = build_prepared(_job(config_path, "tiny-gpt-bigcode"), num_units=None)
+    layers = prepared.model.transformer.h
+    assert len(layers) == 5
+    for layer in layers:
+        for linear in (layer.attn.c_attn, layer.attn.c_proj, layer.mlp.c_fc, layer.mlp.c_proj):
+            assert isinstance(linear, SimLinear) and linear.lora_rank == 8
+    # trainable: rank x (in + out) per LoRA'd matrix, nothing else (embeddings, norms, biases frozen)
+    h, kv, inner, r = 64, 16, 96, 8
+    per_layer = r * ((h + h + 2 * kv) + (h + h) + (h + inner) + (inner + h))
+    assert sum(p.numel() for p in prepared.trainable) == 5 * per_layer
+
+
+def test_granitemoe_lora_on_experts_and_router(config_path) -> None:
+    prepared = build_prepared(_job(config_path, "tiny-granitemoe"), num_units=None)
+    for layer in prepared.model.model.layers:
+        block = layer.block_sparse_moe
+        assert isinstance(block.experts, SimExperts) and block.experts.lora_rank == 8
+        assert isinstance(block.router, SimLoraRouter)
+        assert isinstance(layer.self_attn.q_proj, SimLinear) and layer.self_attn.q_proj.lora_rank == 8
+    assert prepared.is_moe and prepared.num_experts == 4 and prepared.top_k == 2
+    # attention q, k, v, o (4 heads of 16, 2 key/value heads), 4 experts x (gate, up, down), router (4 x 64)
+    h, kv, inner, experts, r = 64, 32, 32, 4, 8
+    attention = r * ((h + h) + 2 * (h + kv) + (h + h))
+    per_layer = attention + experts * 3 * r * (h + inner) + r * (h + experts)
+    assert sum(p.numel() for p in prepared.trainable) == 5 * per_layer
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("method", ["full", "lora", "qlora"])
+def test_scaling_matches_the_full_trace(config_path, name, method) -> None:
+    job = _job(config_path, name, method=method)
+    full = simulate_step(job, num_layers_to_trace=99, stack="hf-peft", use_cache=False)
+    scaled = simulate_step(job, num_layers_to_trace=3, stack="hf-peft", use_cache=False)
+    assert full.layers_traced == (5,) and scaled.layers_traced == (2, 3)
+    assert scaled.peak_bytes == pytest.approx(full.peak_bytes, rel=0.01)
+    assert scaled.flops_per_step == pytest.approx(full.flops_per_step, rel=1e-6)
+    assert full.module_bytes.get("attention", 0) > 0 and full.module_bytes.get("embedding", 0) > 0
+
+
+def test_fused_attention_keeps_no_dropout_mask(config_path, write_file) -> None:
+    """SantaCoder trains with attention dropout 0.1: a fused kernel (FlashAttention-2 / SDPA) keeps only its RNG
+    state, so its peak equals the dropout-free model's; eager attention keeps the (B, heads, L, L) mask too."""
+    import json
+    from pathlib import Path
+
+    config = json.loads(Path(config_path("tiny-gpt-bigcode")).read_text(encoding="utf-8"))
+    without = write_file("no-dropout.json", json.dumps({**config, "attn_pdrop": 0.0}))
+    peaks = {}
+    for attention in ("flash", "eager"):
+        for label, model in (("dropout", config_path("tiny-gpt-bigcode")), ("none", str(without))):
+            lora = LoraConfig(rank=8, alpha=16, targets=("attention",))
+            job = FineTuneJob(
+                model=model, lora=lora, batch_size=4, seq_len=64, attention=attention, gradient_checkpointing=False
+            )
+            peaks[attention, label] = simulate_step(job, stack="hf-peft", use_cache=False).peak_bytes
+    assert peaks["flash", "dropout"] == peaks["flash", "none"]
+    assert peaks["eager", "dropout"] > peaks["eager", "none"]
