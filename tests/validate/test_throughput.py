@@ -168,3 +168,18 @@ def test_unmodelled_settings_and_failed_calibrations_are_skipped_with_their_reas
     for i, words in expected.items():
         assert out[i].status == "skipped" and words in out[i].reason and out[i].predicted is None, out[i]
     assert "faster than the counts at gemm_efficiency 1" in out[5].reason
+
+
+def test_bad_values_and_a_gpu_without_achieved_rates_are_skipped_not_raised(monkeypatch) -> None:
+    from tunecost.errors import TunecostError
+
+    rows = [_row(0, value="nan"), _row(1, value="inf"), _row(2, value="-3")]
+    out = validate_rows(rows, counts_fn=_gemm_only)
+    assert all(r.status == "skipped" and "finite number > 0" in r.reason for r in out)
+
+    def no_rates(gpu):
+        raise TunecostError(f"{gpu.name}: no achieved matmul/bandwidth values")
+
+    monkeypatch.setattr(tp, "gpu_terms", no_rates)
+    (row,) = validate_rows([_row(3, value="3000")], counts_fn=_gemm_only)
+    assert row.status == "skipped" and "no achieved matmul/bandwidth values" in row.reason

@@ -15,10 +15,12 @@ with reason "calibration row" and no error; the other rows' error is the same si
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
+from tunecost.errors import TunecostError
 from tunecost.validate import throughput as tp
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES, THROUGHPUT_QUANTITIES, MappedRow, Skip, map_row
@@ -165,8 +167,8 @@ def validate_throughput_rows(
         except ValueError:
             out[i] = _skipped(row, f"value {row.get('value')!r} is not a number", mapped.stack.name)
             continue
-        if measured <= 0:
-            out[i] = _skipped(row, "value must be > 0", mapped.stack.name)
+        if not 0 < measured < math.inf:
+            out[i] = _skipped(row, "value must be a finite number > 0", mapped.stack.name)
             continue
         unmodelled = tp.unmodelled_settings(row, mapped)
         if unmodelled:
@@ -179,7 +181,12 @@ def validate_throughput_rows(
             continue
         groups.setdefault(tp.group_key(row, mapped), []).append((i, row, mapped, measured, counts))
     for (stack, stack_cell, gpu_name), members in groups.items():
-        terms = tp.gpu_terms(resolve_gpu_name(gpu_name).gpu)
+        try:
+            terms = tp.gpu_terms(resolve_gpu_name(gpu_name).gpu)
+        except TunecostError as exc:  # a catalog GPU without the achieved rates the step time needs
+            for i, row, mapped, _, _ in members:
+                out[i] = _skipped(row, str(exc), mapped.stack.name)
+            continue
 
         # calibration: the most tokens per optimizer step, first in file order on a tie
         cal = max(members, key=lambda t: (tp.tokens_per_step(**_shape(t[2])), -t[0]))
