@@ -9,17 +9,21 @@ A row's step is predicted by `tunecost.estimate.throughput` (docs/throughput-mod
   efficiency and the GEMM half-rows at the centres of the model's priors (`throughput.priors`, each with its
   reason), the same for every stack here, all of which run eager PyTorch from a Python training loop; they are
   not fitted to the corpus. The one fitted parameter is `gemm_efficiency` (the stack's large GEMMs and attention
-  as a fraction of the GPU's achieved rate), solved per (stack, GPU) so that the calibration row's predicted step
-  equals its measured one. The calibration row is the group's row with the most tokens per optimizer step (the
-  one least dominated by the host terms, which are not fitted), the first in file order on a tie; a rule fixed
-  before any error is computed. Every other row of the group is predicted with that efficiency.
+  as a fraction of the GPU's achieved rate; the model applies it to every class's compute side), solved per
+  (stack, GPU) so that the calibration row's predicted step equals its measured one. A stack is the named stack
+  together with the row's own stack cell (`group_key`: a plugin named there is software of its own). The
+  calibration row is the group's row with the most tokens per optimizer step (the one least dominated by the
+  host terms, which are not fitted), the first in file order on a tie; a rule fixed before any error is computed.
+  Every other row of the group is predicted with that efficiency.
 Quantities: s_per_step = step_s; tokens_per_s_per_gpu = grad_accum * batch * seq_len / step_s;
 samples_per_s = grad_accum * batch / step_s (one GPU).
 
 Rows whose settings the counts do not represent are skipped with the reason (`unmodelled_settings`): a full
 fine-tune under a stack whose full fine-tune is not modelled (its optimizer step, e.g. DeepSpeed ZeRO's fp32 master
 weights, is not the counts' torch AdamW), torch.compile (fuses the element-wise ops the eager counts launch one by
-one), activation offload (host copies), eager attention (the counts are FlashAttention-2's).
+one), activation offload (host copies), eager attention (the counts are FlashAttention-2's). A group whose
+calibration row no efficiency in (the prior's lower bound, 1] reproduces is skipped whole, with the measured step,
+the step at that end of the range and its memory-bound and host shares (`calibration_failure`).
 """
 
 from __future__ import annotations
