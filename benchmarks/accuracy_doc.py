@@ -18,6 +18,7 @@ from tunecost.io import atomic_write_text
 from tunecost.validate import read_corpus, summarize, validate_rows
 from tunecost.validate.baselines import accelerate_estimate_bytes, rule_estimate_bytes
 from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES as PEAK
+from tunecost.validate.mapping import THROUGHPUT_QUANTITIES as THROUGHPUT
 from tunecost.validate.mapping import Skip, map_row
 from tunecost.validate.run import GIB, memory_totals, throughput_totals
 from tunecost.validate.stacks import STACKS
@@ -51,6 +52,20 @@ def _multi_gpu_lines(results, by_id) -> list[str]:
     ]
 
 
+def _throughput_stack_lines(results) -> list[str]:
+    """Throughput per stack: rows predicted, their mean absolute % error, and why whole groups were skipped."""
+    thr = [r for r in results if r.quantity in THROUGHPUT]
+    lines = ["| stack | rows | calibration rows | predicted | mean absolute % error |", "|---|---|---|---|---|"]
+    for stack in sorted({r.stack for r in thr if r.stack}):
+        of = [r for r in thr if r.stack == stack]
+        ape = [abs(r.error) for r in of if r.status == "ok" and r.error is not None]
+        cal = sum(1 for r in of if r.status == "ok" and r.error is None)
+        mape = _f(statistics.fmean(ape)) + " %" if ape else "-"
+        lines.append(f"| {stack} | {len(of)} | {cal} | {len(ape)} | {mape} |")
+    failed = Counter(r.reason for r in thr if r.status == "skipped" and r.reason.startswith("calibration of "))
+    return [*lines, "", *(f"- {n} rows skipped: {reason}." for reason, n in sorted(failed.items())), ""]
+
+
 def render(corpus_paths: list[Path] | None) -> str:
     rows = read_corpus(corpus_paths)
     results = validate_rows(rows)
@@ -81,17 +96,22 @@ def render(corpus_paths: list[Path] | None) -> str:
         f"calibration rows, of {thr['throughput_rows']}) | {_f(thr['mape'])} % (median "
         f"{_f(thr['median_abs_pct_error'])} %) | 20 % MAPE |",
         "",
-        "Throughput: the throughput model's roofline step time (`estimate/throughput/model.py`) on the GPU's "
-        "datasheet bf16 peak and bandwidth, without launch or host overheads, from analytic FLOPs per token (6 x "
-        "active matmul parameters for a full fine-tune, 4 x for a frozen LoRA/QLoRA base, + 2 x with gradient "
-        "checkpointing; causal attention) and bytes (QLoRA de-quantization, the AdamW step), with one efficiency "
-        "per (stack, GPU) solved from one "
-        "calibration row: the group's row with the most tokens per optimizer step, first in file order on a tie "
-        "(`src/tunecost/validate/throughput.py`). Calibration rows are listed with reason 'calibration row' and "
-        "left out of the error. Host overheads are not modelled: rows with few tokens per step run slower than "
-        "predicted.",
+        "Throughput: the throughput model's step time (`estimate/throughput/`, docs/throughput-model.md) per "
+        "row: analytic counts per op class of one micro-batch (matmuls, causal FlashAttention-2, LoRA adapters, "
+        "4-bit de-quantization, element-wise work, the loss, kernel launches), repeated over the row's gradient "
+        "accumulation plus one optimizer step; a roofline per class on what the GPU achieves "
+        "(`catalog/data/gpu_achieved.csv`), plus the launch time per kernel and the host time per step. The host "
+        "terms, the memory efficiency and the GEMM half-rows are the centres of the model's priors "
+        "(`estimate/throughput/priors.py`), the same for every stack, not fitted to these rows; one parameter, the "
+        "GEMM efficiency, is solved per (stack, GPU) from one calibration row: the group's row with the most tokens "
+        "per optimizer step, first in file order on a tie (`src/tunecost/validate/throughput.py`). A plugin named "
+        "in a row's stack (fms-acceleration's accelerated-peft-bnb) is a stack of its own. Calibration rows are "
+        "listed with reason 'calibration row' and left out of the error. Rows whose settings the counts do not "
+        "represent (torch.compile, activation offload, a full fine-tune under DeepSpeed ZeRO) are skipped with "
+        "the reason, as is every row of a group whose calibration row no GEMM efficiency reproduces.",
         "",
     ]
+    lines += _throughput_stack_lines(results)
     lines += _multi_gpu_lines(results, by_id)
     signed = [r.error for r in results if r.status == "ok" and r.quantity in PEAK and r.error is not None]
     below = sum(1 for e in signed if e < 0)

@@ -1,64 +1,39 @@
-"""Throughput validation: FLOPs per token by hand, unit conversions, one calibration row per (stack, GPU)."""
+"""Throughput validation: the throughput model's step per row, one calibration row per (stack, GPU), skips."""
 
 from __future__ import annotations
+
+from types import MappingProxyType
 
 import pytest
 
 from tunecost.catalog.gpus import resolve_gpu_name
+from tunecost.estimate.throughput.counts import TENSOR_CORE, AnalyticStepCounts
+from tunecost.estimate.throughput.lengths import fixed_lengths
+from tunecost.estimate.throughput.priors import PRIORS
+from tunecost.validate import throughput as tp
 from tunecost.validate.corpus import REQUIRED_COLUMNS, CorpusRow
+from tunecost.validate.mapping import MappedRow, map_row
 from tunecost.validate.run import throughput_totals, validate_rows
-from tunecost.validate.throughput import (
-    ADAMW_BYTES_PER_TRAINED_PARAM,
-    ModelCounts,
-    StepWork,
-    efficiency_from,
-    flops_per_token,
-    from_step_seconds,
-    step_seconds,
-    step_work,
-    to_step_seconds,
-)
 
-COUNTS = ModelCounts(
-    matmul_params=1_000_000_000,
-    quantizable_params=900_000_000,
-    trained_params_full=1_100_000_000,
-    hidden_size=1000,
-    num_layers=10,
-)
 A100 = resolve_gpu_name("A100-80GB-SXM").gpu
+FLOPS_PER_TOKEN = 6e9  # made-up micro-batch counts: all work in one large GEMM class
+STEP_OVERHEAD_S = PRIORS["step_overhead_s"].centre
 
 
-def test_flops_per_token_by_hand() -> None:
-    # attention forward per token: 2 * seq * hidden * layers = 2 * 1000 * 1000 * 10 = 2e7 (causal QK^T and PV)
-    assert flops_per_token(COUNTS, method="full", seq_len=1000, gradient_checkpointing=False) == 6e9 + 3 * 2e7
-    assert flops_per_token(COUNTS, method="lora", seq_len=1000, gradient_checkpointing=False) == 4e9 + 3 * 2e7
-    assert flops_per_token(COUNTS, method="lora", seq_len=1000, gradient_checkpointing=True) == 6e9 + 4 * 2e7
-    assert flops_per_token(COUNTS, method="full", seq_len=500, gradient_checkpointing=True) == 8e9 + 4 * 1e7
-
-
-def test_step_bytes_by_hand() -> None:
-    lora = step_work(COUNTS, method="lora", batch=2, seq_len=1000, grad_accum=3, gradient_checkpointing=True)
-    assert lora.bytes == 0 and lora.flops == 6000 * (6e9 + 8e7)
-    # QLoRA: 0.5 B read + 2 B written per 4-bit parameter, forward + backward + recompute, per micro-batch
-    q = step_work(COUNTS, method="qlora", batch=1, seq_len=1000, grad_accum=2, gradient_checkpointing=True)
-    assert q.bytes == 2 * 3 * 900_000_000 * 2.5
-    full = step_work(COUNTS, method="full", batch=1, seq_len=1000, grad_accum=4, gradient_checkpointing=False)
-    assert full.bytes == 1_100_000_000 * ADAMW_BYTES_PER_TRAINED_PARAM == 1_100_000_000 * 28
-
-
-def test_efficiency_round_trip_and_units() -> None:
-    work = StepWork(flops=1e15, bytes=2e11)
-    step_s = 1e15 / (0.5 * A100.bf16_tensor_flops_per_s) + 2e11 / A100.mem_bandwidth_bytes_per_s
-    assert step_seconds(work, A100, 0.5) == pytest.approx(step_s)
-    assert efficiency_from(work, A100, step_s) == pytest.approx(0.5)
-    assert efficiency_from(work, A100, 2e11 / A100.mem_bandwidth_bytes_per_s * 0.9) is None  # faster than bytes
-    shape = {"batch": 4, "seq_len": 1000, "grad_accum": 2}
-    assert to_step_seconds("tokens_per_s_per_gpu", 4000.0, **shape) == 2.0  # 8000 tokens per step
-    assert to_step_seconds("samples_per_s", 4.0, **shape) == 2.0  # 8 samples per step
-    assert to_step_seconds("s_per_step", 2.0, **shape) == 2.0
-    for q in ("tokens_per_s_per_gpu", "samples_per_s", "s_per_step"):
-        assert from_step_seconds(q, to_step_seconds(q, 3.0, **shape), **shape) == pytest.approx(3.0)
+def _gemm_only(mapped: MappedRow) -> AnalyticStepCounts:
+    """One micro-batch's counts with every FLOP in one GEMM so large that its efficiency is the stack's (no
+    bytes, no kernels): the step is FLOPs / (efficiency x achieved rate) + the host time per step."""
+    tokens = mapped.job.batch_size * (mapped.job.seq_len or 0)
+    return AnalyticStepCounts(
+        flops_by_class=MappingProxyType({"dense_matmul": FLOPS_PER_TOKEN * tokens}),
+        bytes_by_class=MappingProxyType({}),
+        kernels_by_class=MappingProxyType({}),
+        gemm_rows_by_class=MappingProxyType({"dense_matmul": 1e15}),
+        peak_by_class=MappingProxyType({"dense_matmul": TENSOR_CORE}),
+        batch_size=mapped.job.batch_size,
+        tokens_per_step=float(tokens),
+        lengths=fixed_lengths(mapped.job.seq_len or 1, mapped.job.batch_size),
+    )
 
 
 def _row(i: int, **cells: str) -> CorpusRow:
@@ -87,6 +62,41 @@ def _row(i: int, **cells: str) -> CorpusRow:
     return CorpusRow(path="t.csv", line=i + 2, cells=base)
 
 
+def test_units_round_trip() -> None:
+    shape = {"batch": 4, "seq_len": 1000, "grad_accum": 2}
+    assert tp.to_step_seconds("tokens_per_s_per_gpu", 4000.0, **shape) == 2.0  # 8000 tokens per step
+    assert tp.to_step_seconds("samples_per_s", 4.0, **shape) == 2.0  # 8 samples per step
+    assert tp.to_step_seconds("s_per_step", 2.0, **shape) == 2.0
+    for q in ("tokens_per_s_per_gpu", "samples_per_s", "s_per_step"):
+        assert tp.from_step_seconds(q, tp.to_step_seconds(q, 3.0, **shape), **shape) == pytest.approx(3.0)
+
+
+def test_host_terms_are_the_priors_and_only_the_gemm_efficiency_is_free() -> None:
+    params = tp.stack_params(0.5)
+    assert params.gemm_efficiency == 0.5
+    for name in ("gemm_half_rows", "memory_efficiency", "kernel_overhead_s", "step_overhead_s"):
+        assert getattr(params, name) == PRIORS[name].centre
+
+
+def test_gemm_efficiency_round_trip_on_real_counts() -> None:
+    mapped = map_row(_row(0, grad_accum="4", method="full", lora_rank="", lora_targets=""))
+    counts = tp.step_counts(mapped)
+    terms = tp.gpu_terms(A100)
+    measured = tp.step_seconds(counts, terms, 0.55)
+    assert tp.gemm_efficiency_from(counts, terms, measured) == pytest.approx(0.55, rel=1e-6)
+    fastest = tp.step_seconds(counts, terms, 1.0)
+    assert tp.gemm_efficiency_from(counts, terms, 0.9 * fastest) is None
+    assert "faster than the counts" in tp.calibration_failure(counts, terms, 0.9 * fastest)
+
+
+def test_a_step_is_grad_accum_micro_batches_and_one_optimizer_step() -> None:
+    mapped = map_row(_row(0, grad_accum="8"))
+    micro, step = tp.micro_batch_counts(mapped), tp.step_counts(mapped)
+    assert step.tokens_per_step == 8 * micro.tokens_per_step == 8000
+    assert step.flops_by_class["optimizer"] == micro.flops_by_class["optimizer"]
+    assert step.flops_by_class["dense_matmul"] == pytest.approx(8 * micro.flops_by_class["dense_matmul"])
+
+
 def test_one_calibration_row_per_stack_and_gpu_predicts_the_rest() -> None:
     rows = [
         _row(0, seq_len="500", value="2000"),  # fewer tokens per step: predicted
@@ -96,30 +106,80 @@ def test_one_calibration_row_per_stack_and_gpu_predicts_the_rest() -> None:
         _row(4, quantity="time_to_train_s", value="100", unit="s"),
         _row(5, seq_len_kind="max", value="1"),
     ]
-    out = validate_rows(rows, counts_fn=lambda mapped: COUNTS)
+    out = validate_rows(rows, counts_fn=_gemm_only)
     cal, pred, tie = out[1], out[0], out[2]
     assert (cal.status, cal.reason, cal.error, cal.predicted) == ("ok", "calibration row", None, 3000.0)
-    # LoRA, no bytes: step time is proportional to FLOPs per token, so tokens/s scales with its inverse
-    # seq 1000: 6e9 + 4 * 2e7 = 6.08e9 FLOPs/token; seq 500: 6e9 + 4 * 1e7 = 6.04e9
-    assert pred.predicted == pytest.approx(3000 * 6.08e9 / 6.04e9, abs=1e-3)
+    # by hand: the calibration step (2000 tokens) = 2000 x 6e9 / (eff x rate) + host, so eff x rate follows;
+    # the 500-token row then takes 500 x 6e9 / (eff x rate) + host
+    cal_step = 2000 / 3000
+    rate = 2000 * FLOPS_PER_TOKEN / (cal_step - STEP_OVERHEAD_S)
+    step = 500 * FLOPS_PER_TOKEN / rate + STEP_OVERHEAD_S
+    assert pred.predicted == pytest.approx(500 / step, rel=1e-6)
+    eff = rate / tp.gpu_terms(A100).matmul_flops_per_s
+    assert pred.reason == f"gemm_efficiency {eff:.3f} from r1"
     assert pred.error == pytest.approx((pred.predicted - 2000) / 2000 * 100, abs=0.01)
-    assert pred.reason.startswith("efficiency") and "r1" in pred.reason
     assert tie.predicted == pytest.approx(3000.0) and tie.error == pytest.approx((3000 - 9999) / 9999 * 100, abs=0.01)
     assert "multi-GPU" in out[3].reason and "time_to_train_s" in out[4].reason and "dataset" in out[5].reason
-    assert all(r.status == "skipped" for r in out[3:])
+    assert all(r.status == "skipped" and r.predicted is None for r in out[3:])
     totals = throughput_totals(out)
     assert totals["calibration_rows"] == 1 and totals["predicted_rows"] == 2
     assert totals["mape"] == pytest.approx((abs(pred.error) + abs(tie.error)) / 2, abs=0.01)
 
 
-def test_groups_calibrate_separately_and_a_failed_calibration_skips_its_group() -> None:
+def test_exactly_one_calibration_row_per_stack_and_gpu() -> None:
+    plugin = "hf-transformers+peft+accelerate (accelerated-peft-bnb plugin)"
     rows = [
         _row(0, value="3000"),
-        _row(1, gpu="H100", value="6000"),
-        _row(2, stack="swift 2.x (hf-transformers+peft)", value="1e12"),  # efficiency above 1: no calibration
-        _row(3, gpu="no-such-gpu", value="1"),
+        _row(1, seq_len="2000", value="3000"),
+        _row(2, gpu="H100", value="6000"),
+        _row(3, gpu="H100", seq_len="500", value="6000"),
+        _row(4, method="qlora", quantization="bnb-nf4", value="2000"),
+        _row(5, method="qlora", quantization="bnb-nf4", seq_len="2000", value="2000"),
+        _row(6, method="qlora", quantization="bnb-nf4", stack=plugin, value="2500"),  # a plugin: its own stack
+        _row(7, method="qlora", quantization="bnb-nf4", stack=plugin, seq_len="500", value="2500"),
     ]
-    out = validate_rows(rows, counts_fn=lambda mapped: COUNTS)
-    assert [r.reason for r in out[:2]] == ["calibration row", "calibration row"]
-    assert out[2].status == "skipped" and "calibration of swift-2" in out[2].reason
-    assert out[3].status == "skipped" and "not in the GPU catalog" in out[3].reason
+    out = validate_rows(rows, counts_fn=_gemm_only)
+    calibration = [r.id for r in out if r.reason == "calibration row"]
+    assert calibration == ["r1", "r2", "r5", "r6"]  # one per (stack, GPU): the most tokens, first on a tie
+    assert all(r.status == "ok" for r in out)
+    assert {r.reason.split(" from ")[1] for r in out if r.error is not None} == {"r1", "r2", "r5", "r6"}
+
+
+def test_unmodelled_settings_and_failed_calibrations_are_skipped_with_their_reason() -> None:
+    rows = [
+        _row(0, value="3000"),
+        _row(1, stack_versions="torch.compile on", value="3000"),
+        _row(2, notes="cumulative: +activation offload", value="3000"),
+        _row(3, attention="eager", value="3000"),
+        _row(4, stack="hf-transformers+peft (Qwen finetune.py)", method="full", value="3000"),
+        _row(5, stack="swift 2.x (hf-transformers+peft)", value="1e12"),  # faster than any efficiency allows
+        _row(6, gpu="no-such-gpu", value="1"),
+    ]
+    out = validate_rows(rows, counts_fn=_gemm_only)
+    assert out[0].reason == "calibration row"
+    expected = {
+        1: "torch.compile not modelled",
+        2: "activation offload not modelled",
+        3: "eager attention not modelled",
+        4: "full fine-tune under stack qwen-finetune not modelled",
+        5: "calibration of swift-2",
+        6: "not in the GPU catalog",
+    }
+    for i, words in expected.items():
+        assert out[i].status == "skipped" and words in out[i].reason and out[i].predicted is None, out[i]
+    assert "faster than the counts at gemm_efficiency 1" in out[5].reason
+
+
+def test_bad_values_and_a_gpu_without_achieved_rates_are_skipped_not_raised(monkeypatch) -> None:
+    from tunecost.errors import TunecostError
+
+    rows = [_row(0, value="nan"), _row(1, value="inf"), _row(2, value="-3")]
+    out = validate_rows(rows, counts_fn=_gemm_only)
+    assert all(r.status == "skipped" and "finite number > 0" in r.reason for r in out)
+
+    def no_rates(gpu):
+        raise TunecostError(f"{gpu.name}: no achieved matmul/bandwidth values")
+
+    monkeypatch.setattr(tp, "gpu_terms", no_rates)
+    (row,) = validate_rows([_row(3, value="3000")], counts_fn=_gemm_only)
+    assert row.status == "skipped" and "no achieved matmul/bandwidth values" in row.reason

@@ -74,10 +74,12 @@ def test_skip_reasons(corpus) -> None:
     for row_id, words in expected.items():
         assert rows[row_id].status == "skipped" and words in rows[row_id].reason, rows[row_id]
         assert rows[row_id].predicted is None
-    # the only throughput row of its (stack, GPU) calibrates that stack's efficiency: fitted, not predicted
+    # the only throughput row of its (stack, GPU) would calibrate that stack's GEMM efficiency, but the tiny
+    # model's step is all host time (launches and the trainer loop), so no efficiency reproduces it: skipped, and
+    # the reason says so (tests/validate/test_throughput.py covers rows that calibrate)
     speed = rows["t-speed"]
-    assert (speed.status, speed.reason, speed.error) == ("ok", "calibration row", None)
-    assert speed.predicted == pytest.approx(speed.measured)
+    assert (speed.status, speed.predicted, speed.error) == ("skipped", None, None)
+    assert "calibration of hf-trainer" in speed.reason and "slower than the counts" in speed.reason
 
 
 def test_an_fsdp_row_is_one_rank_of_fsdp2(corpus) -> None:

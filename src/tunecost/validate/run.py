@@ -12,17 +12,19 @@ Memory quantities from one simulated step (`tunecost.simulate`) plus the device 
 A value in "GB" is read as GiB (2^30 bytes): the sources print GiB-based figures (nvidia-smi's MiB / 1024,
 torch bytes / 2^30) with a "G"/"GB" label. `error` is the signed percentage error (predicted - measured) /
 measured x 100 for memory, and predicted - measured (0 = right) for oom.
-Throughput quantities (tokens_per_s_per_gpu, samples_per_s, s_per_step) come from `throughput`'s step time,
-its efficiency calibrated on one row per (stack, GPU); a calibration row is `ok` with reason "calibration row"
-and no error; the other rows' error is the same signed percentage.
+Throughput quantities (tokens_per_s_per_gpu, samples_per_s, s_per_step) come from the throughput model's step
+time (see `throughput`), its GEMM efficiency calibrated on one row per (stack, GPU); a calibration row is `ok`
+with reason "calibration row" and no error; the other rows' error is the same signed percentage.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
+from tunecost.errors import TunecostError
 from tunecost.validate import throughput as tp
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES, THROUGHPUT_QUANTITIES, MappedRow, Skip, map_row
@@ -159,14 +161,14 @@ def _shape(m: MappedRow) -> dict[str, int]:
 
 
 def validate_throughput_rows(
-    rows: list[CorpusRow], counts_fn: tp.CountsFn = tp.model_counts
+    rows: list[CorpusRow], counts_fn: tp.CountsFn = tp.micro_batch_counts
 ) -> dict[int, ValidationRow]:
     """Throughput rows by position: one calibration row per (stack, GPU) (see `throughput`), the rest predicted.
     A calibration row is `ok` with reason "calibration row" and no error (it is fitted, not predicted)."""
     from tunecost.catalog.gpus import resolve_gpu_name
 
     out: dict[int, ValidationRow] = {}
-    groups: dict[tuple[str, str], list[tuple[int, CorpusRow, MappedRow, float, tp.StepWork]]] = {}
+    groups: dict[tuple[str, str, str], list[tuple[int, CorpusRow, MappedRow, float, tp.AnalyticStepCounts]]] = {}
     for i, row in enumerate(rows):
         try:
             mapped = map_row(row)
@@ -178,36 +180,44 @@ def validate_throughput_rows(
         except ValueError:
             out[i] = _skipped(row, f"value {row.get('value')!r} is not a number", mapped.stack.name)
             continue
-        if measured <= 0:
-            out[i] = _skipped(row, "value must be > 0", mapped.stack.name)
+        if not 0 < measured < math.inf:
+            out[i] = _skipped(row, "value must be a finite number > 0", mapped.stack.name)
+            continue
+        unmodelled = tp.unmodelled_settings(row, mapped)
+        if unmodelled:
+            out[i] = _skipped(row, unmodelled, mapped.stack.name)
             continue
         try:
-            counts = counts_fn(mapped)
+            counts = tp.step_counts(mapped, counts_fn)
         except Exception as exc:  # a model tunecost cannot count is reported, never a crash
-            out[i] = _skipped(row, f"parameter count failed: {exc}", mapped.stack.name)
+            out[i] = _skipped(row, f"step counts failed: {exc}", mapped.stack.name)
             continue
-        work = tp.step_work(
-            counts,
-            method=mapped.job.method,
-            gradient_checkpointing=mapped.job.gradient_checkpointing,
-            **_shape(mapped),
-        )
-        assert mapped.gpu_name is not None
-        groups.setdefault((mapped.stack.name, mapped.gpu_name), []).append((i, row, mapped, measured, work))
-    for (stack, gpu_name), members in groups.items():
-        gpu = resolve_gpu_name(gpu_name).gpu
+        groups.setdefault(tp.group_key(row, mapped), []).append((i, row, mapped, measured, counts))
+    for (stack, stack_cell, gpu_name), members in groups.items():
+        try:
+            terms = tp.gpu_terms(resolve_gpu_name(gpu_name).gpu)
+        except TunecostError as exc:  # a catalog GPU without the achieved rates the step time needs
+            for i, row, mapped, _, _ in members:
+                out[i] = _skipped(row, str(exc), mapped.stack.name)
+            continue
 
         # calibration: the most tokens per optimizer step, first in file order on a tie
         cal = max(members, key=lambda t: (tp.tokens_per_step(**_shape(t[2])), -t[0]))
-        i, row, mapped, measured, work = cal
-        eff = tp.efficiency_from(work, gpu, tp.to_step_seconds(row.get("quantity"), measured, **_shape(mapped)))
+        i, row, mapped, measured, counts = cal
+        measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **_shape(mapped))
+        eff = tp.gemm_efficiency_from(counts, terms, measured_step_s)
         if eff is None:
-            for i, row, _, _, _ in members:
-                out[i] = _skipped(row, f"calibration of {stack} on {gpu_name} failed (efficiency outside (0, 1])")
+            why = tp.calibration_failure(counts, terms, measured_step_s)
+            reason = f"calibration of {stack} ({stack_cell}) on {gpu_name} on {row.id} failed: {why}"
+            for i, row, mapped, _, _ in members:
+                out[i] = _skipped(row, reason, mapped.stack.name)
             continue
-        for i, row, mapped, measured, work in members:
-            predicted = tp.from_step_seconds(row.get("quantity"), tp.step_seconds(work, gpu, eff), **_shape(mapped))
-            reason = tp.CALIBRATION_REASON if (i, row) == cal[:2] else f"efficiency {eff:.3f} from {cal[1].id}"
+        for i, row, mapped, measured, counts in members:
+            step_s = tp.step_seconds(counts, terms, eff)
+            predicted = tp.from_step_seconds(row.get("quantity"), step_s, **_shape(mapped))
+            reason = (
+                tp.CALIBRATION_REASON if (i, row) == cal[:2] else f"{tp.FITTED_PARAMETER} {eff:.3f} from {cal[1].id}"
+            )
             out[i] = _throughput_ok(row, mapped, measured, predicted, reason)
     return out
 
@@ -216,7 +226,7 @@ def validate_rows(
     rows: Iterable[CorpusRow],
     *,
     simulate: Callable[[MappedRow], object] = _simulate,
-    counts_fn: tp.CountsFn = tp.model_counts,
+    counts_fn: tp.CountsFn = tp.micro_batch_counts,
     on_progress: Callable[[int, int, str], None] | None = None,
 ) -> list[ValidationRow]:
     rows = list(rows)

@@ -1,150 +1,133 @@
-"""Throughput rows: a roofline step time per row, its one efficiency calibrated on one row per (stack, GPU).
+"""Throughput rows: the throughput model's step time per row, one stack parameter calibrated per (stack, GPU).
 
-    flops_per_token = passes_mm * N_mm + passes_attn * 2 * seq_len * hidden * layers
-        N_mm: parameters used per token in matrix multiplies (active parameters without the embedding tables,
-        plus the output head, which is a matmul even when tied);
-        passes_mm: forward 2 + backward 4 (input and weight gradients) for a full fine-tune; forward 2 +
-        backward 2 (input gradients only) for the frozen base of LoRA/QLoRA; + 2 with gradient checkpointing
-        (the forward recomputed). The adapters' own FLOPs (rank x (in + out) per target) are not counted;
-        attention: QK^T and PV, causal (half the L x L), forward 1 + backward 2 (+ 1 recomputed) passes.
-    micro_s = tokens * flops_per_token / (efficiency * peak_bf16) + dequant_bytes / bandwidth
-        dequant_bytes (QLoRA): each pass over the 4-bit weights reads 0.5 and writes 2 bytes per parameter,
-        once in the forward, once in the backward, once more when recomputed;
-    step_s = grad_accum * micro_s + optimizer_bytes / bandwidth
-        optimizer_bytes (full fine-tune): AdamW reads parameter, gradient and both fp32 moments and writes
-        parameter and moments: 7 x 4 bytes per trained parameter. LoRA's optimizer step is not counted.
-
-`efficiency` is the one shared parameter of a (stack, GPU): the fraction of the GPU's datasheet bf16 tensor
-rate the stack reaches. It is solved from one calibration row per (stack, GPU): the group's row with the most
-tokens per optimizer step (the one least dominated by host overheads; the first in file order on a tie), a
-rule fixed before any error is computed. Every other row of the group is predicted with it. Host overheads
-(kernel launches, the trainer loop) are not modelled, so rows with few tokens per step are predicted too fast.
+A row's step is predicted by `tunecost.estimate.throughput` (docs/throughput-model.md), not by a model of its own:
+- counts: `analytic_step_counts` of the row's job, one micro-batch (matmuls, causal attention, LoRA adapters,
+  4-bit de-quantization, element-wise work, the loss, kernel launches, the optimizer step), then `accumulated`
+  over the row's gradient accumulation: grad_accum micro-batches and one optimizer step;
+- the GPU: what it achieves (`catalog_gpu_terms`: its maximum achievable matmul rate, bandwidth and fp32 rate);
+- the stack: `StackParams` with the host terms (launch time per kernel, host time per optimizer step), the memory
+  efficiency and the GEMM half-rows at the centres of the model's priors (`throughput.priors`, each with its
+  reason), the same for every stack here, all of which run eager PyTorch from a Python training loop; they are
+  not fitted to the corpus. The one fitted parameter is `gemm_efficiency` (the stack's large GEMMs and attention
+  as a fraction of the GPU's achieved rate; the model applies it to every class's compute side), solved per
+  (stack, GPU) so that the calibration row's predicted step equals its measured one. A stack is the named stack
+  together with the row's own stack cell (`group_key`: a plugin named there is software of its own). The
+  calibration row is the group's row with the most tokens per optimizer step (the one least dominated by the
+  host terms, which are not fitted), the first in file order on a tie; a rule fixed before any error is computed.
+  Every other row of the group is predicted with that efficiency.
 Quantities: s_per_step = step_s; tokens_per_s_per_gpu = grad_accum * batch * seq_len / step_s;
 samples_per_s = grad_accum * batch / step_s (one GPU).
 
-The step time is the throughput model's (`tunecost.estimate.throughput.model.step_time`), restricted to what these
-rows can calibrate: the FLOPs as one tensor-core class and the bytes as one memory class, the GPU as its
-datasheet (bf16 tensor peak, memory bandwidth), and stack parameters with `efficiency` as the GEMM efficiency,
-no small-GEMM penalty, the full bandwidth and no launch or host overheads. A class is either compute or memory
-work, so the model's per-class roofline reduces to the sum above.
+Rows whose settings the counts do not represent are skipped with the reason (`unmodelled_settings`): a full
+fine-tune under a stack whose full fine-tune is not modelled (its optimizer step, e.g. DeepSpeed ZeRO's fp32 master
+weights, is not the counts' torch AdamW), torch.compile (fuses the element-wise ops the eager counts launch one by
+one), activation offload (host copies), eager attention (the counts are FlashAttention-2's). A group whose
+calibration row no efficiency in (the prior's lower bound, 1] reproduces is skipped whole, with the measured step,
+the step at that end of the range and its memory-bound and host shares (`calibration_failure`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from tunecost.catalog.gpus import GPU
-from tunecost.estimate.throughput.counts import TENSOR_CORE, AnalyticStepCounts
+from tunecost.estimate.throughput.counts import AnalyticStepCounts, accumulated, analytic_step_counts
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
-from tunecost.estimate.throughput.lengths import fixed_lengths
-from tunecost.estimate.throughput.model import StackParams, StepTime, step_time
+from tunecost.estimate.throughput.model import StackParams, catalog_gpu_terms, step_time
+from tunecost.estimate.throughput.priors import PRIORS
+from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.mapping import MappedRow
 
 CALIBRATION_REASON = "calibration row"
-COMPUTE_CLASS = "dense_matmul"  # the op class that carries every FLOP of a row's step (matmuls and attention)
-NF4_BYTES_PER_PARAM = 0.5
-DEQUANT_WRITTEN_BYTES_PER_PARAM = 2.0  # bf16 weight written for the matmul
-ADAMW_BYTES_PER_TRAINED_PARAM = 7 * 4  # read p, g, m, v; write p, m, v (fp32)
+FITTED_PARAMETER = "gemm_efficiency"
+_BISECTION_STEPS = 80
+_LOWEST_EFFICIENCY = PRIORS[FITTED_PARAMETER].lower
 
 
-@dataclass(frozen=True, kw_only=True)
-class ModelCounts:
-    """What the step time needs from a model: parameters in matmuls, quantized, and the attention shape."""
-
-    matmul_params: int  # per token (active), including the output head
-    quantizable_params: int  # the decoder's linear weights (4-bit under QLoRA): matmul_params - head
-    trained_params_full: int  # every parameter (a full fine-tune trains them all)
-    hidden_size: int
-    num_layers: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepWork:
-    """One optimizer step's work: FLOPs to run at the stack's efficiency, bytes at the GPU's bandwidth."""
-
-    flops: float
-    bytes: float
-    bytes_class: str = "elementwise"  # the op class of the bytes: dequant (QLoRA), optimizer (full fine-tune)
-    batch: int = 1  # sequences per optimizer step (all micro-batches)
-    seq_len: int = 1
-
-    def step_counts(self) -> AnalyticStepCounts:
-        """This work as the throughput model's step counts: one compute class and one memory class."""
-        return AnalyticStepCounts(
-            flops_by_class={COMPUTE_CLASS: self.flops},
-            bytes_by_class={self.bytes_class: self.bytes},
-            kernels_by_class={},
-            gemm_rows_by_class={},  # no small-GEMM penalty: the efficiency is calibrated as a whole
-            peak_by_class={COMPUTE_CLASS: TENSOR_CORE},
-            batch_size=self.batch,
-            tokens_per_step=float(self.batch * self.seq_len),
-            lengths=fixed_lengths(self.seq_len, self.batch),
-            source="validate: FLOPs per token and bytes per step (module docstring)",
-        )
-
-
-def flops_per_token(counts: ModelCounts, *, method: str, seq_len: int, gradient_checkpointing: bool) -> float:
-    recompute = 1 if gradient_checkpointing else 0
-    mm_passes = (6 if method == "full" else 4) + 2 * recompute
-    attention_fwd = 2.0 * seq_len * counts.hidden_size * counts.num_layers  # causal: half of 4 * L * d
-    return mm_passes * counts.matmul_params + (3 + recompute) * attention_fwd
-
-
-def step_work(
-    counts: ModelCounts, *, method: str, batch: int, seq_len: int, grad_accum: int, gradient_checkpointing: bool
-) -> StepWork:
-    tokens = batch * seq_len * grad_accum
-    flops = tokens * flops_per_token(
-        counts, method=method, seq_len=seq_len, gradient_checkpointing=gradient_checkpointing
-    )
-    byte_count, bytes_class = 0.0, "elementwise"
-    if method == "qlora":
-        passes = 2 + (1 if gradient_checkpointing else 0)
-        per_pass = counts.quantizable_params * (NF4_BYTES_PER_PARAM + DEQUANT_WRITTEN_BYTES_PER_PARAM)
-        byte_count, bytes_class = grad_accum * passes * per_pass, "dequant"
-    elif method == "full":
-        byte_count, bytes_class = float(counts.trained_params_full * ADAMW_BYTES_PER_TRAINED_PARAM), "optimizer"
-    return StepWork(
-        flops=float(flops), bytes=byte_count, bytes_class=bytes_class, batch=batch * grad_accum, seq_len=seq_len
+def stack_params(gemm_efficiency: float) -> StackParams:
+    """A stack's parameters: the fitted GEMM efficiency, every other one at its prior's centre."""
+    return StackParams(
+        gemm_efficiency=gemm_efficiency,
+        gemm_half_rows=PRIORS["gemm_half_rows"].centre,
+        memory_efficiency=PRIORS["memory_efficiency"].centre,
+        kernel_overhead_s=PRIORS["kernel_overhead_s"].centre,
+        step_overhead_s=PRIORS["step_overhead_s"].centre,
     )
 
 
-def datasheet_terms(gpu: GPU) -> GpuTerms:
-    """The GPU as these rows see it: its datasheet bf16 tensor peak and memory bandwidth."""
-    return GpuTerms(
-        name=gpu.name,
-        matmul_flops_per_s=gpu.bf16_tensor_flops_per_s,
-        fp32_flops_per_s=gpu.fp32_flops_per_s,
-        memory_bytes_per_s=gpu.mem_bandwidth_bytes_per_s,
-        source=f"catalog datasheet ({gpu.as_of})",
-    )
+def gpu_terms(gpu: GPU) -> GpuTerms:
+    return catalog_gpu_terms(gpu)
 
 
-def _step_time(work: StepWork, gpu: GPU, efficiency: float) -> StepTime:
-    params = StackParams(
-        gemm_efficiency=efficiency,
-        gemm_half_rows=0.0,
-        memory_efficiency=1.0,
-        kernel_overhead_s=0.0,
-        step_overhead_s=0.0,
-    )
-    return step_time(work.step_counts(), datasheet_terms(gpu), params)
+def micro_batch_counts(mapped: MappedRow) -> AnalyticStepCounts:
+    """One micro-batch of the row's job, with its optimizer step (the throughput model's analytic counts)."""
+    from tunecost.catalog.models import resolve_model
+
+    return analytic_step_counts(resolve_model(mapped.job.model), mapped.job)
 
 
-def step_seconds(work: StepWork, gpu: GPU, efficiency: float) -> float:
-    return _step_time(work, gpu, efficiency).step_s
+CountsFn = Callable[[MappedRow], AnalyticStepCounts]
 
 
-def efficiency_from(work: StepWork, gpu: GPU, measured_step_s: float) -> float | None:
-    """The efficiency that reproduces a measured step (None when the bytes alone take longer)."""
-    at_peak = _step_time(work, gpu, 1.0)  # efficiency 1: the compute class at the full datasheet peak
-    compute_at_peak_s = at_peak.class_s.get(COMPUTE_CLASS, 0.0)
-    compute_s = measured_step_s - sum(s for cls, s in at_peak.class_s.items() if cls != COMPUTE_CLASS)
-    if compute_s <= 0:
+def step_counts(mapped: MappedRow, counts_fn: CountsFn = micro_batch_counts) -> AnalyticStepCounts:
+    """One optimizer step of the row: its micro-batch counts accumulated over grad_accum micro-batches."""
+    return accumulated(counts_fn(mapped), mapped.grad_accum)
+
+
+def step_seconds(counts: AnalyticStepCounts, terms: GpuTerms, gemm_efficiency: float) -> float:
+    return step_time(counts, terms, stack_params(gemm_efficiency)).step_s
+
+
+def gemm_efficiency_from(counts: AnalyticStepCounts, terms: GpuTerms, measured_step_s: float) -> float | None:
+    """The GEMM efficiency whose predicted step equals `measured_step_s` (None when no efficiency in
+    (lowest prior bound, 1] reaches it: the step is faster than the model at full efficiency, or slower than
+    at the lowest). The step time falls monotonically with the efficiency: bisection on its logarithm."""
+    lo, hi = _LOWEST_EFFICIENCY, 1.0
+    if not step_seconds(counts, terms, hi) <= measured_step_s <= step_seconds(counts, terms, lo):
         return None
-    eff = compute_at_peak_s / compute_s
-    return eff if 0 < eff <= 1 else None
+    for _ in range(_BISECTION_STEPS):
+        mid = math.sqrt(lo * hi)
+        if step_seconds(counts, terms, mid) > measured_step_s:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi)
+
+
+def calibration_failure(counts: AnalyticStepCounts, terms: GpuTerms, measured_step_s: float) -> str:
+    """Why no GEMM efficiency reproduces a measured step: the step at both ends of its range, and where it goes."""
+    faster = measured_step_s < step_seconds(counts, terms, 1.0)
+    end = 1.0 if faster else _LOWEST_EFFICIENCY
+    at_end = step_time(counts, terms, stack_params(end))
+    memory_s = sum(s for c, s in at_end.class_s.items() if at_end.bound_by_class[c] == "memory")
+    return (
+        f"measured {measured_step_s:.3g} s per step, {'faster' if faster else 'slower'} than the counts at "
+        f"{FITTED_PARAMETER} {end:g} ({at_end.step_s:.3g} s, of which {memory_s:.3g} s memory-bound work and "
+        f"{at_end.kernel_overhead_s + at_end.step_overhead_s:.3g} s host time)"
+    )
+
+
+def group_key(row: CorpusRow, mapped: MappedRow) -> tuple[str, str, str]:
+    """The (stack, GPU) a row calibrates with: the named stack and the row's own stack cell (a plugin named there,
+    such as fms-acceleration's accelerated-peft-bnb, is another software stack), and the catalog GPU."""
+    assert mapped.gpu_name is not None
+    return mapped.stack.name, row.get("stack").strip(), mapped.gpu_name
+
+
+def unmodelled_settings(row: CorpusRow, mapped: MappedRow) -> str | None:
+    """Why the throughput counts cannot represent this row's settings (None: they can)."""
+    stated = f"{row.get('stack_versions')} ; {row.get('notes')}".lower()
+    stack = mapped.stack
+    if mapped.job.method == "full" and not stack.full_finetune_modelled:
+        return f"full fine-tune under stack {stack.name} not modelled ({stack.full_skip_reason}: not torch AdamW)"
+    if "compile" in stated and "compile off" not in stated:
+        return "torch.compile not modelled (it fuses the element-wise kernels the eager counts launch one by one)"
+    if "activation offload" in stated:
+        return "activation offload not modelled (host copies of the activations)"
+    if mapped.job.attention == "eager":
+        return "eager attention not modelled for throughput (the counts are FlashAttention-2's)"
+    return None
 
 
 def tokens_per_step(batch: int, seq_len: int, grad_accum: int) -> int:
@@ -165,23 +148,3 @@ def to_step_seconds(quantity: str, value: float, *, batch: int, seq_len: int, gr
 def from_step_seconds(quantity: str, step_s: float, *, batch: int, seq_len: int, grad_accum: int) -> float:
     """Seconds per optimizer step as the row's quantity (the inverse of `to_step_seconds`)."""
     return to_step_seconds(quantity, step_s, batch=batch, seq_len=seq_len, grad_accum=grad_accum)
-
-
-def model_counts(mapped: MappedRow) -> ModelCounts:
-    from tunecost.catalog.models import resolve_model
-    from tunecost.models.params import count_parameters
-
-    spec = resolve_model(mapped.job.model)
-    pc = count_parameters(spec)
-    head = spec.vocab_size * spec.hidden_size
-    decoder = pc.active - pc.embedding
-    return ModelCounts(
-        matmul_params=decoder + head,
-        quantizable_params=decoder,
-        trained_params_full=pc.total,
-        hidden_size=spec.hidden_size,
-        num_layers=spec.num_layers,
-    )
-
-
-CountsFn = Callable[[MappedRow], ModelCounts]

@@ -5,9 +5,9 @@ scan and loss terms need. Every count is computed from the config here, so the a
 (`throughput.counts`) are pure and fast; `tests/estimate/throughput/test_counts.py` checks the totals against
 `tunecost.models.params.count_parameters` (which builds the real model on the meta device).
 
-Families: Mixtral-style MoE transformers (mixtral, olmoe, qwen2_moe, qwen3_moe, granitemoe), dense llama/mistral,
-GPTBigCode (GPT-2 config keys) and BlackMamba (Zyphra's config keys). Other families raise a `TunecostError` naming
-the supported ones.
+Families: Mixtral-style MoE transformers (mixtral, olmoe, qwen2_moe, qwen3_moe, granitemoe), dense llama/mistral/qwen2
+(Qwen 1 checkpoints are catalogued in the qwen2 layout: fused c_attn read as q, k, v with biases), GPTBigCode (GPT-2
+config keys) and BlackMamba (Zyphra's config keys). Other families raise a `TunecostError` naming the supported ones.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from tunecost.catalog.models import ModelSpec
 from tunecost.errors import TunecostError
 
-TRANSFORMER_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "llama", "mistral")
+TRANSFORMER_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "llama", "mistral", "qwen2")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,6 +40,8 @@ class Arch:
     dense_params: int
     dense_in_out: int  # sum of (in + out) over the dense matrices (for LoRA on them)
     num_dense_matrices: int  # GEMMs per step through `dense_params` (one forward)
+    attention_in_out: int  # the q, k, v, o part of `dense_in_out` (0 without attention)
+    num_attention_matrices: int  # the q, k, v, o part of `num_dense_matrices`
     lm_head_params: int
     tied_embedding: bool
     embedding_params: int
@@ -113,6 +115,8 @@ def _blackmamba_arch(config: dict[str, Any]) -> Arch:
         dense_params=num_mamba * mamba_params,
         dense_in_out=num_mamba * sum(i + o for i, o in mamba_mats),
         num_dense_matrices=num_mamba * len(mamba_mats),
+        attention_in_out=0,
+        num_attention_matrices=0,
         lm_head_params=vocab * hidden,
         tied_embedding=True,
         embedding_params=vocab * hidden,
@@ -162,7 +166,7 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
         inter = int(_get(config, "intermediate_size"))
         mats += [(hidden, inter, num_mlp_layers), (hidden, inter, num_mlp_layers), (inter, hidden, num_mlp_layers)]
     qk_norm = {"qwen3_moe": 2 * head_dim, "olmoe": (heads + kv_heads) * head_dim}.get(family, 0)
-    qkv_bias = (heads + 2 * kv_heads) * head_dim if family == "qwen2_moe" else 0  # Qwen's q/k/v biases
+    qkv_bias = (heads + 2 * kv_heads) * head_dim if family in ("qwen2", "qwen2_moe") else 0  # Qwen's q/k/v biases
     return _decoder_arch(
         family,
         mats,
@@ -212,6 +216,8 @@ def _decoder_arch(
         dense_params=sum(i * o * n for i, o, n in mats),
         dense_in_out=sum((i + o) * n for i, o, n in mats),
         num_dense_matrices=sum(n for _, _, n in mats),
+        attention_in_out=sum((i + o) * n for i, o, n in mats[:4]),
+        num_attention_matrices=sum(n for _, _, n in mats[:4]),
         lm_head_params=vocab * hidden,
         tied_embedding=tied,
         embedding_params=embedding_params,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from tunecost.catalog.models import ModelSpec
@@ -249,6 +249,40 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
     )
 
 
+def accumulated(counts: AnalyticStepCounts, grad_accum: int) -> AnalyticStepCounts:
+    """One optimizer step of `grad_accum` micro-batches of `counts` (one micro-batch with its optimizer step):
+    every class runs once per micro-batch but the optimizer's (AdamW and gradient clipping), which runs once.
+    GEMM problem sizes and `lengths` stay a micro-batch's; batch and tokens count every micro-batch."""
+    if grad_accum < 1:
+        raise TunecostError(f"gradient accumulation must be >= 1, got {grad_accum}")
+
+    def scaled(by_class: Mapping[str, float]) -> Mapping[str, float]:
+        return MappingProxyType({c: v * (1 if c == "optimizer" else grad_accum) for c, v in by_class.items()})
+
+    return replace(
+        counts,
+        flops_by_class=scaled(counts.flops_by_class),
+        bytes_by_class=scaled(counts.bytes_by_class),
+        kernels_by_class=scaled(counts.kernels_by_class),
+        batch_size=counts.batch_size * grad_accum,
+        tokens_per_step=counts.tokens_per_step * grad_accum,
+        notes=(*counts.notes, f"{grad_accum} accumulated micro-batches per optimizer step"),
+    )
+
+
+def dense_lora_targets(arch: Arch, targets: tuple[str, ...]) -> tuple[int, int]:
+    """(sum of in + out, matrices) of the dense matrices LoRA adapts: q, k, v, o for `attention`, the other dense
+    matrices (MLPs, shared experts) for `mlp`; a model without attention (Mamba) adapts every dense matrix."""
+    attention, mlp = "attention" in targets, "mlp" in targets
+    if not (attention or mlp):
+        return 0, 0
+    if (attention and mlp) or not arch.num_attention_matrices:
+        return arch.dense_in_out, arch.num_dense_matrices
+    if attention:
+        return arch.attention_in_out, arch.num_attention_matrices
+    return arch.dense_in_out - arch.attention_in_out, arch.num_dense_matrices - arch.num_attention_matrices
+
+
 def _add_lora(acc: _Acc, arch: Arch, job: FineTuneJob, *, tokens: float, k: int, hit: float, gc: float) -> None:
     """Rank-r adapters (fp32) beside the frozen weights they target: x@A@B on every pass, plus A/B grads."""
     if job.method == "full":
@@ -262,9 +296,9 @@ def _add_lora(acc: _Acc, arch: Arch, job: FineTuneJob, *, tokens: float, k: int,
     if "router" in job.lora.targets and arch.num_experts > 1:
         token_io += arch.num_moe_layers * tokens * (arch.hidden + arch.num_experts)
         calls += arch.num_moe_layers
-    if "attention" in job.lora.targets or "mlp" in job.lora.targets:  # coarse: adapters on every dense matrix
-        token_io += tokens * arch.dense_in_out
-        calls += arch.num_dense_matrices
+    dense_io, dense_mats = dense_lora_targets(arch, job.lora.targets)
+    token_io += tokens * dense_io
+    calls += dense_mats
     passes = 1.0 + gc + 2.0  # forward, recompute, grad-input, grad-weight of A and B
     acc.add(
         "lora",
@@ -337,7 +371,7 @@ def _trainable(arch: Arch, job: FineTuneJob, k: int) -> tuple[float, int, int]:
     if "router" in job.lora.targets and arch.num_experts > 1:
         params += arch.num_moe_layers * r * (arch.hidden + arch.num_experts)
         mats += arch.num_moe_layers
-    if "attention" in job.lora.targets or "mlp" in job.lora.targets:
-        params += r * arch.dense_in_out
-        mats += arch.num_dense_matrices
+    dense_io, dense_mats = dense_lora_targets(arch, job.lora.targets)
+    params += r * dense_io
+    mats += dense_mats
     return params, 2 * mats, LORA_PARAM_BYTES

@@ -1,0 +1,112 @@
+"""Analytic step counts of dense transformers (Llama, Mistral, Qwen) by hand, and gradient accumulation."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunecost.catalog.models import resolve_model
+from tunecost.estimate.throughput.arch import arch_of
+from tunecost.estimate.throughput.counts import accumulated, analytic_step_counts
+from tunecost.estimate.throughput.model import StackParams, step_time
+from tunecost.workload.job import FineTuneJob, LoraConfig
+
+# Mistral-7B by hand (config: H 4096, FFN 14336, 32 layers, 32 q / 8 kv heads of 128, vocab 32000, untied head):
+H, FFN, LAYERS, KV, VOCAB = 4096, 14336, 32, 1024, 32000
+MISTRAL_ATTN = LAYERS * (2 * H * H + 2 * H * KV)  # q, o and k, v
+MISTRAL_MLP = LAYERS * 3 * H * FFN  # gate, up, down
+MISTRAL_HEAD = VOCAB * H
+MISTRAL_NORMS = LAYERS * 2 * H + H  # two RMSNorms per layer and the final one
+
+
+def _mistral(**kw) -> FineTuneJob:
+    return FineTuneJob(model="mistral-7b-v0.1", **{"batch_size": 2, "seq_len": 4096, **kw})
+
+
+@pytest.mark.parametrize("name", ["mistral-7b-v0.1", "llama-3.2-3b", "qwen-1_8b", "qwen-7b"])
+def test_dense_arch_totals_match_the_meta_built_model(name: str) -> None:
+    from tunecost.models.params import count_parameters
+
+    spec = resolve_model(name)
+    assert arch_of(spec).total_params == count_parameters(spec).total
+    assert arch_of(spec).num_experts == 1
+
+
+def test_full_finetune_matmuls_are_six_flops_per_parameter_and_token() -> None:
+    spec = resolve_model("mistral-7b-v0.1")
+    arch = arch_of(spec)
+    assert arch.dense_params == MISTRAL_ATTN + MISTRAL_MLP
+    assert arch.total_params == MISTRAL_ATTN + MISTRAL_MLP + 2 * MISTRAL_HEAD + MISTRAL_NORMS  # embedding + head
+    counts = analytic_step_counts(spec, _mistral(method="full", gradient_checkpointing=False))
+    tokens = 2 * 4096
+    matmul_params = arch.total_params - arch.embedding_params - MISTRAL_NORMS  # every weight used in a matmul
+    assert matmul_params == MISTRAL_ATTN + MISTRAL_MLP + MISTRAL_HEAD
+    # forward 2, backward 4 (input and weight gradients) FLOPs per matmul parameter per token
+    matmul = counts.flops_by_class["dense_matmul"] + counts.flops_by_class["lm_head"]
+    assert matmul == pytest.approx(6 * matmul_params * tokens)
+    # causal attention forward: QK^T and PV over half the L x L scores, 2 FLOPs a multiply-add: 2 L^2 d per
+    # sequence and layer; FlashAttention-2's backward recomputes the scores: 2.5 x the forward
+    attention_fwd = 2 * 2 * 4096**2 * H * LAYERS
+    assert counts.flops_by_class["attention"] == pytest.approx((1 + 2.5) * attention_fwd)
+    assert counts.flops_by_class["expert_matmul"] == 0 and counts.flops_by_class["router"] == 0
+
+
+def test_gradient_checkpointing_recomputes_the_forward_but_not_the_head() -> None:
+    spec = resolve_model("mistral-7b-v0.1")
+    counts = analytic_step_counts(spec, _mistral(method="full", gradient_checkpointing=True))
+    tokens = 2 * 4096
+    assert counts.flops_by_class["dense_matmul"] == pytest.approx(8 * (MISTRAL_ATTN + MISTRAL_MLP) * tokens)
+    assert counts.flops_by_class["lm_head"] == pytest.approx(6 * MISTRAL_HEAD * tokens)
+
+
+def test_lora_on_attention_adapts_q_k_v_o_only() -> None:
+    spec = resolve_model("mistral-7b-v0.1")
+    r = 16
+    attn = analytic_step_counts(spec, _mistral(method="lora", lora=LoraConfig(rank=r, targets=("attention",))))
+    both = analytic_step_counts(spec, _mistral(method="lora", lora=LoraConfig(rank=r, targets=("attention", "mlp"))))
+    tokens = 2 * 4096
+    attention_in_out = LAYERS * (2 * (H + H) + 2 * (H + KV))
+    mlp_in_out = LAYERS * 3 * (H + FFN)
+    passes = 4  # forward, recompute (gradient checkpointing), grad-input, grad-weight of A and B
+    assert attn.flops_by_class["lora"] == pytest.approx(passes * 2 * r * tokens * attention_in_out)
+    assert both.flops_by_class["lora"] == pytest.approx(passes * 2 * r * tokens * (attention_in_out + mlp_in_out))
+    # frozen base under LoRA: forward, recompute and grad-input only (no weight gradient)
+    assert attn.flops_by_class["dense_matmul"] == pytest.approx(6 * (MISTRAL_ATTN + MISTRAL_MLP) * tokens)
+    # the optimizer steps the adapters only: r x (in + out) parameters per adapted matrix
+    assert attn.flops_by_class["optimizer"] < both.flops_by_class["optimizer"]
+
+
+def test_qwen_counts_the_q_k_v_biases_and_the_large_vocabulary_head() -> None:
+    spec = resolve_model("qwen-1_8b")
+    arch = arch_of(spec)
+    assert arch.lm_head_params == 151936 * 2048
+    counts = analytic_step_counts(spec, FineTuneJob(model="qwen-1_8b", method="full", batch_size=1, seq_len=256))
+    # head: forward 2 + grad-input 2 + grad-weight 2 FLOPs per parameter per token (not recomputed)
+    assert counts.flops_by_class["lm_head"] == pytest.approx(6 * 151936 * 2048 * 256)
+
+
+def test_accumulated_step_repeats_the_micro_batch_and_steps_the_optimizer_once() -> None:
+    spec = resolve_model("mistral-7b-v0.1")
+    micro = analytic_step_counts(spec, _mistral(method="lora", lora=LoraConfig(rank=8, targets=("attention",))))
+    step = accumulated(micro, 8)
+    for cls, flops in micro.flops_by_class.items():
+        times = 1 if cls == "optimizer" else 8
+        assert step.flops_by_class[cls] == pytest.approx(times * flops)
+        assert step.bytes_by_class[cls] == pytest.approx(times * micro.bytes_by_class[cls])
+        assert step.kernels_by_class[cls] == pytest.approx(times * micro.kernels_by_class[cls])
+    assert step.tokens_per_step == 8 * micro.tokens_per_step and step.batch_size == 8 * micro.batch_size
+    assert step.gemm_rows_by_class == micro.gemm_rows_by_class  # each GEMM is still one micro-batch's
+    assert accumulated(micro, 1).flops_by_class == micro.flops_by_class
+
+
+def test_accumulated_step_time_is_micro_steps_plus_one_optimizer_step(gpu_terms) -> None:
+    spec = resolve_model("mistral-7b-v0.1")
+    micro = analytic_step_counts(spec, _mistral(method="full"))
+    params = StackParams(
+        gemm_efficiency=0.7, gemm_half_rows=64, memory_efficiency=0.75, kernel_overhead_s=2e-5, step_overhead_s=0.05
+    )
+    one, four = step_time(micro, gpu_terms(), params), step_time(accumulated(micro, 4), gpu_terms(), params)
+    optimizer_s = one.class_s["optimizer"]
+    optimizer_kernels_s = 2e-5 * micro.kernels_by_class["optimizer"]
+    expected = 4 * (one.step_s - one.step_overhead_s - optimizer_s - optimizer_kernels_s)
+    expected += optimizer_s + optimizer_kernels_s + one.step_overhead_s
+    assert four.step_s == pytest.approx(expected, rel=1e-9)
