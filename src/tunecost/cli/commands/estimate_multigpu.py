@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from tunecost.cli.common import console, print_json, print_table, split_list
-from tunecost.cli.options import count_option, opt
+from tunecost.cli.options import MAX_EXPERTS, count_option, opt
 from tunecost.distributed.plan import MULTI_GPU_STRATEGIES
 from tunecost.distributed.setups import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS
 from tunecost.units import format_bytes
@@ -27,6 +27,12 @@ MaxGpus = Annotated[
     int | None, count_option("--max-gpus", "--gpus auto: the most GPUs to consider (default 64).", MAX_SEARCH_GPUS)
 ]
 Interconnect = Annotated[str | None, opt("--interconnect", "Several GPUs: the link inside a node (NVLink4, PCIe4...).")]
+ExpertParallel = Annotated[
+    int | None,
+    count_option(
+        "--expert-parallel", "Several GPUs, MoE: ranks that share the experts (divides experts, GPUs).", MAX_EXPERTS
+    ),
+]
 
 
 def parse_gpu_count(text: str) -> int | None:
@@ -53,6 +59,7 @@ def run_multi_gpu(
     strategy: str | None,
     max_gpus: int | None,
     interconnect: str | None,
+    expert_degree: int | None,
     provider: str | None,
     prices_file,
     batch_size: str | None,
@@ -79,6 +86,7 @@ def run_multi_gpu(
         gpus_per_node=gpus_per_node or DEFAULT_GPUS_PER_NODE,
         max_gpus=max_gpus or DEFAULT_MAX_GPUS,
         node_link=interconnect,
+        expert_degree=expert_degree or 1,
         provider=provider,
         prices_file=prices_file,
         num_queries=num_queries,
@@ -89,10 +97,11 @@ def run_multi_gpu(
         print_json(answer)
         return
     shown = answer.setups if count is not None else tuple(answer.smallest_fitting.values())
+    ep = f", expert parallel {expert_degree}" if expert_degree and expert_degree > 1 else ""
     title = (
-        f"{answer.model} ({answer.method}) on {count} GPUs"
+        f"{answer.model} ({answer.method}{ep}) on {count} GPUs"
         if count is not None
-        else f"{answer.model} ({answer.method}): fewest GPUs that fit, per GPU and strategy (up to {limit})"
+        else f"{answer.model} ({answer.method}{ep}): fewest GPUs that fit, per GPU and strategy (up to {limit})"
     )
     _print_setups(f"{title}: {answer.batch_size} x {answer.seq_len} tokens per rank", shown)
     for s in shown:
