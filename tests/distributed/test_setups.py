@@ -31,7 +31,7 @@ def links_at(bus_bandwidth_bytes_per_s: float) -> Links:
     link = dataclasses.replace(
         resolve_interconnect("NVLink4"), bus_bandwidth_bytes_per_s=bus_bandwidth_bytes_per_s, latency_seconds=0.0
     )
-    return Links(node=link, network=link, nics_per_node=1)
+    return Links(node=link, network=link, nics_per_node=1, host=link)
 
 
 def _links() -> Links:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tunecost.distributed import expert_parallel
+from tunecost.distributed import expert_parallel, offload
 from tunecost.distributed.plan import STRATEGIES, ParallelPlan
 from tunecost.errors import TunecostError
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
@@ -215,6 +215,7 @@ class RankMemory:
     breakdown_bytes: dict[str, int]  # category -> bytes at the peak (single-GPU categories + buffers)
     device_overhead_bytes: int
     nccl_bytes: int
+    host_bytes: int = 0  # CPU memory of the rank's offloaded states (DeepSpeed offload), not on the GPU
     assumptions: tuple[str, ...] = field(default=())
 
     @property
@@ -281,6 +282,8 @@ def rank_segment_bytes(
     ranks, ep = shard_group_size(plan), plan.expert_parallel
     factor = {"P": ranks if plan.strategy in STORED_SHARDED else 1, "G": ranks if "G" in sharded else 1}
     factor["O"] = ranks if "O" in sharded else 1
+    on_host: tuple[str, ...] = ("G", "O") if offload.offloads_states(plan.offload) else ()
+    on_host += ("P",) if offload.offloads_params(plan.offload) else ()
     out: dict[str, int] = {}
     for category, nbytes in categories.items():
         if category in WEIGHT_CATEGORIES and category != "buffers":
@@ -295,6 +298,8 @@ def rank_segment_bytes(
             kind = "O"
         else:
             out[category] = nbytes
+            continue
+        if kind in on_host:  # DeepSpeed CPU offload: this state lives in the host's memory
             continue
         if ep == 1:
             out[category] = _shard(nbytes, factor[kind])
@@ -326,7 +331,20 @@ def rank_memory(
         breakdown_bytes=best,
         device_overhead_bytes=overhead.overhead_bytes(peak, static),
         nccl_bytes=NCCL_COMMUNICATOR_BYTES if plan.num_gpus > 1 else 0,
+        host_bytes=offloaded_host_bytes(step, job, plan),
         assumptions=rank_assumptions(job, plan, overhead),
+    )
+
+
+def offloaded_host_bytes(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) -> int:
+    """CPU memory of one rank's offloaded partition (`offload.host_bytes`); 0 without offload."""
+    simulated = max((c.get("optimizer_states", 0) for c in step.segments.values()), default=0)
+    return offload.host_bytes(
+        offload=plan.offload,
+        optimizer_state_bytes=zero_optimizer_state_bytes(step, job, simulated),
+        trainable_params=step.trainable_bytes // step.trainable_bytes_per_param,
+        weight_bytes=step.weight_bytes,
+        num_ranks=shard_group_size(plan),
     )
 
 
@@ -348,6 +366,12 @@ def rank_assumptions(job: FineTuneJob, plan: ParallelPlan, overhead: DeviceOverh
         out.append(
             "FSDP2 buffers: the root and the running layer unsharded, all-gather outputs of two layers in forward "
             "and one in backward, one layer's unsharded gradients before its reduce-scatter"
+        )
+    if plan.offload != "none":
+        held = "parameters, " if offload.offloads_params(plan.offload) else ""
+        out.append(
+            f"DeepSpeed CPU offload ({plan.offload}): the rank's partition of {held}gradients (fp32), fp32 master "
+            "weights and Adam states in host memory; the GPU keeps the reduce bucket and the gathered layers"
         )
     if plan.expert_parallel > 1:
         out.append(

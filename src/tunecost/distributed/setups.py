@@ -174,6 +174,7 @@ def estimate_multi_gpu(
     max_gpus: int = DEFAULT_MAX_GPUS,
     node_link: str | None = None,
     expert_degree: int = 1,
+    offload: str = "none",
     provider: str | None = None,
     prices_file=None,
     num_queries: float | None = None,
@@ -194,7 +195,9 @@ def estimate_multi_gpu(
             f"no GPU count up to {max_gpus} is a multiple of the expert-parallel degree {expert_degree}"
         )
     plans = [
-        ParallelPlan(num_gpus=n, gpus_per_node=gpus_per_node, strategy=s, expert_parallel=expert_degree)
+        ParallelPlan(
+            num_gpus=n, gpus_per_node=gpus_per_node, strategy=s, expert_parallel=expert_degree, offload=offload
+        )
         for s in strategies
         for n in counts
     ]

@@ -27,6 +27,10 @@ MaxGpus = Annotated[
     int | None, count_option("--max-gpus", "--gpus auto: the most GPUs to consider (default 64).", MAX_SEARCH_GPUS)
 ]
 Interconnect = Annotated[str | None, opt("--interconnect", "Several GPUs: the link inside a node (NVLink4, PCIe4...).")]
+Offload = Annotated[
+    str | None,
+    opt("--offload", "Several GPUs, DeepSpeed ZeRO: none | optimizer (zero1/2/3) | params (zero3, with optimizer)."),
+]
 ExpertParallel = Annotated[
     int | None,
     count_option(
@@ -60,6 +64,7 @@ def run_multi_gpu(
     max_gpus: int | None,
     interconnect: str | None,
     expert_degree: int | None,
+    offload: str | None,
     provider: str | None,
     prices_file,
     batch_size: str | None,
@@ -70,10 +75,13 @@ def run_multi_gpu(
     """Answer the multi-GPU question for `job` (the estimate command's job) and print it. Each rank runs a
     micro-batch of `batch_size` (default 1) at the job's sequence length (default 512 tokens)."""
     from tunecost.catalog.gpus import resolve_gpu_name
+    from tunecost.distributed.offload import OFFLOAD_STRATEGIES
     from tunecost.distributed.setups import estimate_multi_gpu
     from tunecost.errors import TunecostError
 
-    strategies = list(MULTI_GPU_STRATEGIES) if strategy in (None, "all") else split_list(strategy, what="strategy")
+    offload = (offload or "none").strip().lower()
+    every = OFFLOAD_STRATEGIES.get(offload, MULTI_GPU_STRATEGIES)  # with an offload, the strategies that take it
+    strategies = list(every) if strategy in (None, "all") else split_list(strategy, what="strategy")
     count = parse_gpu_count(num_gpus)
     if batch_size is not None and not batch_size.strip().isdigit():
         raise TunecostError(f"with --gpus, --batch-size is one whole number (per rank), got {batch_size!r}")
@@ -87,6 +95,7 @@ def run_multi_gpu(
         max_gpus=max_gpus or DEFAULT_MAX_GPUS,
         node_link=interconnect,
         expert_degree=expert_degree or 1,
+        offload=offload,
         provider=provider,
         prices_file=prices_file,
         num_queries=num_queries,
@@ -98,6 +107,7 @@ def run_multi_gpu(
         return
     shown = answer.setups if count is not None else tuple(answer.smallest_fitting.values())
     ep = f", expert parallel {expert_degree}" if expert_degree and expert_degree > 1 else ""
+    ep += f", CPU offload: {offload}" if offload != "none" else ""
     title = (
         f"{answer.model} ({answer.method}{ep}) on {count} GPUs"
         if count is not None
@@ -145,7 +155,8 @@ def _print_setups(title: str, setups) -> None:
                 s.plan.strategy,
                 s.plan.num_gpus,
                 "yes" if s.fits else "no",
-                f"{s.memory.need_bytes / 1e9:.1f} of {s.gpu.memory_bytes / 1e9:.1f}",
+                f"{s.memory.need_bytes / 1e9:.1f} of {s.gpu.memory_bytes / 1e9:.1f}"
+                + (f" (+{s.memory.host_bytes / 1e9:.1f} on CPU)" if s.memory.host_bytes else ""),
                 fmt(s.timing.step_seconds if s.timing else None, ".3f"),
                 "-" if s.exposed_comm_share is None else f"{100 * s.exposed_comm_share:.1f} %",
                 fmt(s.queries_per_s, ".2f"),
