@@ -5,8 +5,9 @@ Per setup (GPU, strategy, number of GPUs):
 - compute per rank: the single-GPU step at the same micro-batch from the cross-GPU throughput model
   (`estimate.calibrated`);
 - the step: that compute with the strategy's collectives, timed and overlapped by `timing`;
-- throughput = N x micro-batch / step time (data parallel); cost = hours x N x the provider's $ per GPU-hour.
-  The price catalog has per-GPU prices only, so a node costs its GPUs' price.
+- throughput = N x micro-batch / step time (data parallel); cost = hours x billed GPUs x $ per GPU-hour at the
+  catalog row with the lowest bill for N GPUs: N for a per-GPU row, N rounded up to whole nodes for a row that
+  rents whole nodes (`catalog.prices.billed_gpus`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tunecost.catalog.gpus import GPU
-from tunecost.catalog.prices import Price
+from tunecost.catalog.prices import Price, billed_gpus, cheapest_for
 from tunecost.distributed import expert_parallel, overlap
 from tunecost.distributed.plan import ParallelPlan
 from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory
@@ -30,11 +31,13 @@ MAX_SEARCH_GPUS = 100_000  # every count up to the limit is evaluated (arithmeti
 
 @dataclass(frozen=True, kw_only=True)
 class SetupCost:
-    """The whole fine-tune on one setup: hours, and dollars at the GPU's catalog price (None without a price)."""
+    """The whole fine-tune on one setup: hours, and dollars at a catalog price (None without a price) for the
+    GPUs billed (whole nodes where the price's row rents nodes)."""
 
     hours: float
     price: Price | None
     usd: float | None
+    billed_gpus: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,16 +69,16 @@ class Setup:
 def setup_cost(
     *, queries_per_s: float, num_gpus: int, price: Price | None, num_queries: float, epochs: float
 ) -> SetupCost:
-    """Hours of the fine-tune at `queries_per_s` (all ranks), and dollars: hours x GPUs x $ per GPU-hour (§V-C)."""
+    """Hours of the fine-tune at `queries_per_s` (all ranks), and dollars: hours x billed GPUs x $ per GPU-hour
+    (§V-C; the GPUs billed are `num_gpus` rounded up to the price's whole nodes)."""
     from tunecost.estimate.paper import training_hours, usd_for_hours
 
     hours = training_hours(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s)
-    usd = (
-        usd_for_hours(hours=hours, usd_per_gpu_hour=price.usd_per_gpu_hour, num_gpus=num_gpus)
-        if price is not None
-        else None
-    )
-    return SetupCost(hours=hours, price=price, usd=usd)
+    if price is None:
+        return SetupCost(hours=hours, price=None, usd=None)
+    billed = billed_gpus(num_gpus, price)
+    usd = usd_for_hours(hours=hours, usd_per_gpu_hour=price.usd_per_gpu_hour, num_gpus=billed)
+    return SetupCost(hours=hours, price=price, usd=usd, billed_gpus=billed)
 
 
 def valid_gpu_counts(gpus_per_node: int, max_gpus: int, expert_parallel: int = 1) -> list[int]:
@@ -93,7 +96,7 @@ def evaluate_setup(
     *,
     single_gpu_queries_per_s: float | None,
     links: Links,
-    price: Price | None = None,
+    prices: Sequence[Price] = (),
     num_queries: float | None = None,
     epochs: float | None = None,
 ) -> Setup:
@@ -107,7 +110,11 @@ def evaluate_setup(
     cost = None
     if num_queries and epochs:
         cost = setup_cost(
-            queries_per_s=qps, num_gpus=plan.num_gpus, price=price, num_queries=num_queries, epochs=epochs
+            queries_per_s=qps,
+            num_gpus=plan.num_gpus,
+            price=cheapest_for(plan.num_gpus, list(prices)),
+            num_queries=num_queries,
+            epochs=epochs,
         )
     return dataclasses.replace(
         base,
@@ -213,10 +220,9 @@ def estimate_multi_gpu(
         qps, note = single_gpu_queries_per_s(job, gpu)
         notes.append(note)
         links = links_by_gpu[gpu.name]
-        gpu_prices = prices_for(gpu.name, prices, provider)
+        gpu_prices = prices_for(gpu.name, prices, provider, whole_nodes=True)
         if not gpu_prices:
             notes.append(f"no price for {gpu.name}" + (f" from {provider}" if provider else "") + " in the catalog")
-        price = gpu_prices[0] if gpu_prices else None
         notes.append(f"{gpu.name}: links {links.node.name} in a node, {links.nics_per_node} x {links.network.name}")
         for plan in plans:
             setups.append(
@@ -227,7 +233,7 @@ def estimate_multi_gpu(
                     plan,
                     single_gpu_queries_per_s=qps,
                     links=links,
-                    price=price,
+                    prices=gpu_prices,
                     num_queries=num_queries,
                     epochs=epochs,
                 )
@@ -237,7 +243,10 @@ def estimate_multi_gpu(
             f"{step.model} ({job.method}) fits no setup of up to {max_gpus} GPUs "
             f"({', '.join(g.name for g in gpus)}; {', '.join(strategies)}); raise the limit or change the job"
         )
-    notes.append("cost = hours x number of GPUs x the cheapest catalog $ per GPU-hour (the catalog has no node prices)")
+    notes.append(
+        "cost = hours x billed GPUs x $ per GPU-hour, at the catalog row with the lowest bill for the count: a row "
+        "that rents whole nodes bills the count rounded up to whole nodes"
+    )
     return MultiGpuEstimate(
         model=step.model,
         method=job.method,

@@ -122,11 +122,25 @@ def run_multi_gpu(
         price = best.cost.price
         console.print(
             f"cheapest: {best.plan.num_gpus} x {best.gpu.name} ({price.provider}, "
-            f"${price.usd_per_gpu_hour:g}/GPU-hour) with {best.plan.strategy}: {best.cost.hours:.1f} h, "
+            f"${price.usd_per_gpu_hour:g}/GPU-hour{_node_text(best.cost)}) with {best.plan.strategy}: "
+            f"{best.cost.hours:.1f} h, "
             f"[bold]${best.usd:.2f}[/bold]"
         )
     for note in (*answer.notes, *answer.assumptions):
         console.print(f"[dim]note: {note}[/dim]")
+
+
+def _node_text(cost) -> str:
+    """ ", billed as 2 x 8-GPU nodes" for a price that rents whole nodes; "" otherwise."""
+    unit = cost.price.gpus_per_unit if cost is not None and cost.price is not None else 1
+    nodes = cost.billed_gpus // unit
+    return f", billed as {nodes} x {unit}-GPU node{'s' if nodes > 1 else ''}" if unit > 1 else ""
+
+
+def _price_text(cost) -> str:
+    if cost is None or cost.price is None:
+        return "-"
+    return f"{cost.billed_gpus} ({cost.price.provider}{_node_text(cost).replace(', billed as', ':')})"
 
 
 def why_not(setup) -> str:
@@ -148,7 +162,19 @@ def _print_setups(title: str, setups) -> None:
 
     print_table(
         title,
-        ["gpu", "strategy", "GPUs", "fits", "memory/rank GB", "step s", "exposed comm", "queries/s", "hours", "cost $"],
+        [
+            "gpu",
+            "strategy",
+            "GPUs",
+            "fits",
+            "memory/rank GB",
+            "step s",
+            "exposed comm",
+            "queries/s",
+            "hours",
+            "billed GPUs",
+            "cost $",
+        ],
         [
             [
                 s.gpu.name,
@@ -161,6 +187,7 @@ def _print_setups(title: str, setups) -> None:
                 "-" if s.exposed_comm_share is None else f"{100 * s.exposed_comm_share:.1f} %",
                 fmt(s.queries_per_s, ".2f"),
                 fmt(s.cost.hours if s.cost else None, ".1f"),
+                _price_text(s.cost),
                 fmt(s.usd, ".2f"),
             ]
             for s in setups
