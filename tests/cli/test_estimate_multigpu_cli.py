@@ -93,3 +93,19 @@ def test_counts_past_their_bounds_are_one_error_line(cli_runner, option: str, ma
     result = cli_runner.invoke(app, [*args, option, value])
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [f"error: {option} must be between 1 and {maximum}, got {value}"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "strategies"),
+    [
+        (["--expert-parallel", "2"], {"ddp", "fsdp2", "fsdp2-shard-grad-op", "zero1", "zero2", "zero3"}),
+        (["--offload", "optimizer"], {"zero1", "zero2", "zero3"}),
+        (["--offload", "params", "--expert-parallel", "2"], {"zero3"}),
+    ],
+)
+def test_all_strategies_means_those_that_take_the_options(cli_runner, extra, strategies):
+    result = cli_runner.invoke(app, [*BASE, "--model", TINY, "--gpu", "H100", "--gpus", "4", *extra, "--json"])
+    assert result.exit_code == 0, result.output
+    setups = json.loads(result.stdout)["setups"]
+    assert {s["plan"]["strategy"] for s in setups} == strategies
+    assert all(s["plan"]["expert_parallel"] == (2 if "--expert-parallel" in extra else 1) for s in setups)

@@ -75,13 +75,18 @@ def run_multi_gpu(
     """Answer the multi-GPU question for `job` (the estimate command's job) and print it. Each rank runs a
     micro-batch of `batch_size` (default 1) at the job's sequence length (default 512 tokens)."""
     from tunecost.catalog.gpus import resolve_gpu_name
+    from tunecost.distributed.expert_parallel import EP_STRATEGIES
     from tunecost.distributed.offload import OFFLOAD_STRATEGIES
     from tunecost.distributed.setups import estimate_multi_gpu
     from tunecost.errors import TunecostError
 
     offload = (offload or "none").strip().lower()
-    every = OFFLOAD_STRATEGIES.get(offload, MULTI_GPU_STRATEGIES)  # with an offload, the strategies that take it
-    strategies = list(every) if strategy in (None, "all") else split_list(strategy, what="strategy")
+    every = [  # "all": the strategies that take the offload and the expert-parallel degree asked for
+        s
+        for s in OFFLOAD_STRATEGIES.get(offload, MULTI_GPU_STRATEGIES)
+        if (expert_degree or 1) == 1 or s in EP_STRATEGIES
+    ]
+    strategies = every if strategy in (None, "all") else split_list(strategy, what="strategy")
     count = parse_gpu_count(num_gpus)
     if batch_size is not None and not batch_size.strip().isdigit():
         raise TunecostError(f"with --gpus, --batch-size is one whole number (per rank), got {batch_size!r}")
