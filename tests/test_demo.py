@@ -24,6 +24,7 @@ def small_demo(monkeypatch, tmp_path: Path, simulator_cache: Path):
     monkeypatch.setattr(demo, "PROFILE_BATCH_SIZES", (2,))
     monkeypatch.setattr(demo, "MAX_BATCH_MEMORY_GB", (48,))
     monkeypatch.setattr(demo, "DEMO_GPUS", ("A40-48GB", "H100-80GB-SXM"))
+    monkeypatch.setattr(demo, "MULTI_GPU_DEMO", ("mixtral-8x7b", "lora", ("H100-80GB-SXM",), ("ddp", "fsdp2"), 4))
     monkeypatch.setattr(demo, "trainability_job", lambda: TrainabilityJob(epochs=1, num_train=64, num_eval=8))
     return tmp_path / "run"
 

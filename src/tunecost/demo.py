@@ -211,6 +211,49 @@ def _stage_validate(out: Path, on_progress: ProgressFn | None) -> None:
     write_records(out / "validation.jsonl", validation_rows(rows))
 
 
+MULTI_GPU_DEMO = ("mixtral-8x7b", "lora", ("H100-80GB-SXM", "A100-80GB-SXM"), ("ddp", "fsdp2"), 8)
+RANKS_DEMO = ("tiny-mixtral", "lora", "fsdp2", 2)  # model, method, strategy, ranks
+
+
+def _stage_multi_gpu(out: Path, on_progress: ProgressFn | None) -> None:
+    """Mixtral-8x7B LoRA on 1-8 GPUs (`estimate --gpus auto`: DDP's replica does not fit, FSDP2's shard does),
+    then a real 2-rank FSDP2 step of tiny Mixtral on gloo (`profile --nproc-per-node 2`; resumes)."""
+    from tunecost.catalog.datasets import get_dataset_facts
+    from tunecost.catalog.gpus import resolve_gpu_name
+    from tunecost.distributed.setups import estimate_multi_gpu
+    from tunecost.estimate.cost import estimate_job
+    from tunecost.profile.model_setup import ModelSetup
+    from tunecost.profile.ranks import load_rank_profiles, profile_ranks, rank_point_id, save_rank_profiles
+    from tunecost.results.records import multi_gpu_rows
+
+    model, method, gpus, strategies, max_gpus = MULTI_GPU_DEMO
+    if on_progress:
+        on_progress(0, 2, f"estimate {model} ({method}) on 1-{max_gpus} GPUs")
+    job = estimate_job(model, method=method, dataset="math_14k").with_(batch_size=1, seq_len=512)
+    answer = estimate_multi_gpu(
+        job,
+        gpus=[resolve_gpu_name(g).gpu for g in gpus],
+        strategies=strategies,
+        max_gpus=max_gpus,
+        num_queries=get_dataset_facts("math_14k").num_queries,
+        epochs=10,
+    )
+    write_records(out / "multi_gpu.jsonl", multi_gpu_rows(answer))
+    tiny, tiny_method, strategy, ranks = RANKS_DEMO
+    if on_progress:
+        on_progress(1, 2, f"profile {tiny} ({tiny_method}) on {ranks} CPU ranks ({strategy})")
+    setup = ModelSetup(model=tiny, method=tiny_method, random_weights=True)
+    run = out / "profile-ranks"
+    point = rank_point_id(setup, strategy=strategy, nproc_per_node=ranks, batch_size=2, seq_len=64)
+    if point not in load_rank_profiles(run):
+        profiles = profile_ranks(
+            setup, nproc_per_node=ranks, strategy=strategy, batch_size=2, seq_len=64, steps=2, log_dir=run / "rank-logs"
+        )
+        save_rank_profiles(run, point, profiles)
+    if on_progress:
+        on_progress(2, 2, "several GPUs")
+
+
 def _stage_report(out: Path, on_progress: ProgressFn | None) -> None:
     """One self-contained HTML page from every record above."""
     from tunecost.report.html import build_report
@@ -224,6 +267,7 @@ STAGES: tuple[DemoStage, ...] = (
     DemoStage(name="max_batch", description="max batch size: eq. (1) vs the step simulator", run=_stage_max_batch),
     DemoStage(name="estimate", description="estimate costs on catalog GPUs", run=_stage_estimate),
     DemoStage(name="validate", description="estimates beside published measurements", run=_stage_validate),
+    DemoStage(name="multi_gpu", description="several GPUs: cost vs GPU count, a 2-rank profile", run=_stage_multi_gpu),
     DemoStage(name="profile", description="profile tiny Mixtral (QLoRA) and BlackMamba (full)", run=_stage_profile),
     DemoStage(name="trainability", description="trainability: top-2 vs dense", run=_stage_trainability),
     DemoStage(name="report", description="build the report", run=_stage_report),

@@ -22,7 +22,10 @@ import pytest
 from tunecost.io import atomic_write_json
 
 PROFILE_KINDS = ("throughput", "stages", "layers", "kernels", "expert_load")
-ALL_KINDS = (*PROFILE_KINDS, "trainability", "lengths", "max_batch", "counters", "fit", "estimate", "validation")
+ALL_KINDS = (
+    *PROFILE_KINDS,
+    *("trainability", "lengths", "max_batch", "counters", "fit", "estimate", "validation", "multi_gpu", "ranks"),
+)
 TINY = {"model": "tiny-mixtral", "method": "lora", "seq_len": 128, "dataset": "commonsense_15k", "device": "cpu"}
 GPU_DEVICE = "NVIDIA H100 80GB HBM3"
 # The profiler's two architectures (the demo profiles both); blackmamba's mixer is "mamba" instead of "attention".
@@ -247,6 +250,52 @@ def _validation(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
     yield row(14, "nvidia_smi_gib", 30.0, None, "GiB", status="skipped", reason="multi-GPU row", stack="")
 
 
+def _multi_gpu(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
+    """Setups of one job: DDP holds the whole model per rank (never fits), FSDP2 shards it (fits from 2 GPUs)."""
+    for strategy in ("ddp", "fsdp2"):
+        for n in (1, 2, 4, 8):
+            need = 100e9 if strategy == "ddp" else 100e9 / n + 5e9
+            fits = need <= 85.9e9
+            yield {
+                "schema_version": 1,
+                "kind": "multi_gpu",
+                "model": "mixtral-8x7b",
+                "method": "lora",
+                "batch_size": 1,
+                "seq_len": 512,
+                "gpu": "H100-80GB-SXM",
+                "strategy": strategy,
+                "num_gpus": n,
+                "gpus_per_node": 8,
+                "fits": fits,
+                "need_bytes": need,
+                "gpu_memory_bytes": 85.9e9,
+                "step_seconds": 1.0 + float(rng.uniform(0, 0.1)) if fits else None,
+                "exposed_comm_share": 0.01 if fits else None,
+                "usd": 90.0 + n if fits else None,
+            }
+
+
+def _ranks(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
+    for rank in (0, 1):
+        step = 2.0 + float(rng.uniform(0, 0.2))
+        yield {
+            "schema_version": 1,
+            "kind": "rank",
+            "point_id": "tiny-mixtral-lora-kmodel-fsdp2-n2-bs2-seq64",
+            "rank": rank,
+            "world_size": 2,
+            "strategy": "fsdp2",
+            "device": "cpu",
+            "median_step_seconds": step,
+            "comm_seconds": 0.2,
+            "peak_allocated_bytes": None,
+            "peak_rss_bytes": 1.0e9,
+            "collectives": {"all_gather": {"count": 10, "bytes": 2**20}},
+            "slowest": rank == 1,
+        }
+
+
 _WRITERS: dict[str, Callable[[np.random.Generator], Iterable[dict[str, Any]]]] = {
     "throughput": _throughput,
     "stages": _stages,
@@ -258,6 +307,8 @@ _WRITERS: dict[str, Callable[[np.random.Generator], Iterable[dict[str, Any]]]] =
     "max_batch": _max_batch,
     "counters": _counters,
     "validation": _validation,
+    "multi_gpu": _multi_gpu,
+    "ranks": _ranks,
 }
 
 META = {

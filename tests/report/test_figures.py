@@ -33,6 +33,8 @@ UNITS = {
     "fit": "(queries/s)",
     "costs": "(USD)",
     "validation": "(GiB)",
+    "multi_gpu": "(GB)",
+    "ranks": "(s)",
 }
 
 

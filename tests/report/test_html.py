@@ -259,6 +259,8 @@ def test_missing_kinds_are_omitted_each_with_its_reason(tmp_path: Path, make_run
         "counters",
         "expert_load",
         "max_batch",
+        "multi_gpu",
+        "ranks",
     ):
         reason = f"no `{key}.jsonl` records in this run"
         assert result.sections_omitted[key] == reason

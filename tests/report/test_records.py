@@ -27,6 +27,8 @@ def test_every_kind_is_read_with_its_rows(full_run: Path, rows) -> None:
         "fit",
         "estimate",
         "validation",
+        "multi_gpu",
+        "ranks",
     )
     assert set(records.tables) == set(expected)
     for kind in expected:

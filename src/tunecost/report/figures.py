@@ -15,6 +15,7 @@ from tunecost.report.base import (  # re-exported: the figure API in one place
     is_dense,
     routing_label,
 )
+from tunecost.report.fig_multigpu import fig_cost_vs_gpus, fig_ranks
 from tunecost.report.fig_profile import fig_counters, fig_expert_load, fig_kernels, fig_layers, fig_stages
 from tunecost.report.fig_throughput import fig_max_batch, fig_throughput, fig_throughput_fit
 from tunecost.report.fig_validation import fig_validation
@@ -41,6 +42,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("fit", "Fig. 14 — Eq. (2) fitted to measured throughput", fig_throughput_fit),
     Section("costs", "Table IV — Cost per GPU and provider", table_costs),
     Section("validation", "Accuracy against published measurements", fig_validation),
+    Section("multi_gpu", "Several GPUs — memory per rank and cost vs number of GPUs", fig_cost_vs_gpus),
+    Section("ranks", "Several ranks — measured step and communication per rank", fig_ranks),
 )
 
 

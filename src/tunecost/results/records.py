@@ -23,6 +23,7 @@ SCHEMA_VERSION = 1
 FIT_KEY = ("kind", "model", "dataset", "gpu", "form", "experts_per_token", "batch_size")
 ESTIMATE_KEY = ("kind", "model", "dataset", "method", "experts_per_token", "estimator", "gpu", "provider")
 VALIDATION_KEY = ("kind", "id", "quantity")
+MULTI_GPU_KEY = ("kind", "model", "method", "batch_size", "seq_len", "gpu", "strategy", "num_gpus")
 
 
 def record(kind: str, **fields: Any) -> dict[str, Any]:
@@ -50,6 +51,36 @@ def estimate_rows(cost_rows: Iterable[Any], *, method: str, experts_per_token: i
 def validation_rows(rows: Iterable[Any]) -> list[dict[str, Any]]:
     """The `validation.jsonl` rows of `tunecost validate`: each `ValidationRow` (prediction beside measurement)."""
     return [record("validation", **_as_dict(r)) for r in rows]
+
+
+def multi_gpu_rows(answer: Any) -> list[dict[str, Any]]:
+    """The `multi_gpu.jsonl` rows of a multi-GPU estimate (`MultiGpuEstimate`): one per (GPU, strategy, number of
+    GPUs) evaluated, with the memory each rank needs, whether it fits, the step and the cost."""
+    rows = []
+    for s in answer.setups:
+        rows.append(
+            record(
+                "multi_gpu",
+                model=answer.model,
+                method=answer.method,
+                batch_size=answer.batch_size,
+                seq_len=answer.seq_len,
+                gpu=s.gpu.name,
+                strategy=s.plan.strategy,
+                num_gpus=s.plan.num_gpus,
+                gpus_per_node=s.plan.gpus_per_node,
+                fits=s.fits,
+                need_bytes=s.memory.need_bytes,
+                gpu_memory_bytes=s.gpu.memory_bytes,
+                step_seconds=s.timing.step_seconds if s.timing is not None else None,
+                exposed_comm_share=s.exposed_comm_share,
+                queries_per_s=s.queries_per_s,
+                hours=s.cost.hours if s.cost is not None else None,
+                usd=s.usd,
+                provider=s.cost.price.provider if s.cost is not None and s.cost.price is not None else None,
+            )
+        )
+    return rows
 
 
 def write_records(path: str | os.PathLike[str], rows: Sequence[dict[str, Any]]) -> Path:
@@ -139,6 +170,20 @@ def save_validation_records(
     """Add validated rows to `run_dir/validation.jsonl` (and `meta.json`): what `tunecost validate --out RUN_DIR`
     writes and `tunecost report RUN_DIR` shows as the accuracy table and the predicted-vs-measured plot."""
     path = add_records(Path(run_dir) / "validation.jsonl", validation_rows(rows), key=VALIDATION_KEY, force=force)
+    _note_run(run_dir, command)
+    return path
+
+
+def save_multi_gpu_records(
+    run_dir: str | os.PathLike[str],
+    answer: Any,
+    *,
+    command: str | Sequence[str] | None = None,
+    force: bool = False,
+) -> Path:
+    """Add a multi-GPU estimate to `run_dir/multi_gpu.jsonl` (and `meta.json`): what `tunecost estimate --gpus ...
+    --out RUN_DIR` writes and `tunecost report RUN_DIR` draws as memory per rank and cost vs number of GPUs."""
+    path = add_records(Path(run_dir) / "multi_gpu.jsonl", multi_gpu_rows(answer), key=MULTI_GPU_KEY, force=force)
     _note_run(run_dir, command)
     return path
 

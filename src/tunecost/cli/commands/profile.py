@@ -41,6 +41,10 @@ SEQ_LEN_HELP = (
     "Comma list of sequence lengths of random-token queries (default 128, the paper's); 64,128,256,512,1024 is the "
     "§IV-B6 study."
 )
+NPROC_HELP = (
+    "Ranks to launch on this machine (torchrun's launcher; NCCL on CUDA, gloo on CPU): one point trained with "
+    "--strategy, per-rank step time, memory and collectives in OUT/ranks/."
+)
 OVERHEAD_HELP = "Skip the plain-vs-instrumented comparison (one instrumented step for the layer breakdown)."
 
 
@@ -136,6 +140,8 @@ def profile(
     template: Template = "mistral",
     max_length: MaxLength = 1024,
     dataset_limit: Annotated[int | None, opt("--dataset-limit", "Use only the first N dataset queries.")] = None,
+    nproc_per_node: Annotated[int, count_option("--nproc-per-node", NPROC_HELP, 64)] = 1,
+    strategy: Annotated[str, opt("--strategy", "With --nproc-per-node > 1: fsdp2 (fully_shard) or ddp.")] = "fsdp2",
     json_out: JsonOut = False,
 ) -> None:
     """Profile MoE fine-tuning over experts-per-token x sequence lengths x batch sizes; writes tidy records."""
@@ -144,6 +150,11 @@ def profile(
 
     check_output_folder(out)
     prepare_cpu_threads(device)
+    if nproc_per_node > 1:
+        from tunecost.cli.commands.profile_ranks import run_rank_profile
+
+        run_rank_profile(model_setup(options, experts_per_token=None), options, out)
+        return
     from tunecost.profile.point import MeasureOptions
     from tunecost.profile.sweep import SweepSpec
 
