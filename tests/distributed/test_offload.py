@@ -50,8 +50,8 @@ def test_parameter_offload_moves_the_stored_weights_too(full):
     assert memory.peak_bytes < rank_memory(step, job, ParallelPlan(num_gpus=N, strategy="zero3")).peak_bytes
 
 
-def _copies(step, strategy: str, offload: str) -> dict[str, float]:
-    plan = ParallelPlan(num_gpus=N, strategy=strategy, offload=offload)
+def _copies(step, strategy: str, offload: str, expert_parallel: int = 1) -> dict[str, float]:
+    plan = ParallelPlan(num_gpus=N, strategy=strategy, offload=offload, expert_parallel=expert_parallel)
     _timed, collectives = step_time(step, plan, links_at(BUSBW), compute_seconds=1.0)
     out: dict[str, float] = {}
     for c in collectives:
@@ -61,10 +61,12 @@ def _copies(step, strategy: str, offload: str) -> dict[str, float]:
     return out
 
 
+@pytest.mark.parametrize("expert_parallel", [1, 2])
 @pytest.mark.parametrize("strategy", ["zero2", "zero3"])
-def test_optimizer_offload_copies_the_gradient_partition_out_and_the_update_back(full, strategy):
+def test_optimizer_offload_copies_the_gradient_partition_out_and_the_update_back(full, strategy, expert_parallel):
+    """A rank's partition is 1/N of the trainable bytes with or without EP (1/EP of the experts, shared by N/EP)."""
     _job, step = full
-    copies = _copies(step, strategy, "optimizer")
+    copies = _copies(step, strategy, "optimizer", expert_parallel)
     assert copies["device_to_host"] == pytest.approx(step.trainable_bytes / N)
     assert copies["host_to_device"] == pytest.approx(step.trainable_bytes / N)
     assert _copies(step, strategy, "none") == {}

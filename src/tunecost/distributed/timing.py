@@ -110,12 +110,12 @@ class _StepComm:
         dense = self.add(op, phase, what, nbytes - experts, count)
         return dense + self.add(op, phase, f"{what} (experts)", experts // ep, count, ranks=group // ep, span=group)
 
-    def host_copy(self, direction: str, phase: str, what: str, whole_bytes: float, count: int) -> float:
-        """Record `count` copies of this rank's 1/group partition of `whole_bytes` over its PCIe link (DeepSpeed
-        offload); the seconds of one."""
+    def host_copy(self, direction: str, phase: str, what: str, whole_bytes: float, count: int, ranks: int = 0) -> float:
+        """Record `count` copies of this rank's partition of `whole_bytes` (shared by `ranks`, default the
+        data-parallel group) over its PCIe link (DeepSpeed offload); the seconds of one."""
         if self.links.host is None:
             raise TunecostError("CPU offload needs a host link (PCIe) in the links")
-        nbytes = whole_bytes / self.group
+        nbytes = whole_bytes / (ranks or self.group)
         seconds = offload.copy_seconds(nbytes, self.links.host.bus_bandwidth_bytes_per_s)
         if count > 0 and nbytes > 0:
             self.out.append(
@@ -173,11 +173,12 @@ def _sharded_step_seconds(c: _StepComm, fwd: float, bwd: float, opt: float, a2a:
         to_host = c.host_copy("device_to_host", "backward", "gradient shard", layer_trainable, layers)
         rs = [t + to_host for t in rs]
         rs[0] += c.host_copy("device_to_host", "backward", "root gradient shard", step.root_trainable_bytes, 1)
-    if offload.offloads_params(plan.offload):
-        passes = 2 if reshard else 1
-        from_host = c.host_copy("host_to_device", "forward", "layer weight shard", weights, passes * layers)
+    if offload.offloads_params(plan.offload):  # each all-gather's shard first comes from the host
+        for phase in ("forward", "backward") if reshard else ("forward",):
+            from_host = c.host_copy("host_to_device", phase, "layer weight shard", weights, layers)
+            root = c.host_copy("host_to_device", phase, "root weight shard", step.root_weight_bytes, 1)
         ag = [t + from_host for t in ag]
-        ag[0] += c.host_copy("host_to_device", "forward", "root weight shard", step.root_weight_bytes, passes)
+        ag[0] += root
     elif offload.offloads_states(plan.offload):  # the updated 16-bit shard back to the GPU
         exposed += c.host_copy("host_to_device", "optimizer", "updated trainable shard", step.trainable_bytes, 1)
     layer_fwd, layer_bwd = fwd / layers + a2a["forward"], bwd / layers + a2a["backward"]
@@ -215,7 +216,7 @@ def _bucketed_step_seconds(c: _StepComm, fwd: float, bwd: float, opt: float, a2a
                 continue
             seconds = c.add(op, "backward", what + label, size, count, ranks)
             if offloaded:
-                seconds += c.host_copy("device_to_host", "backward", f"{what} partition{label}", size, count)
+                seconds += c.host_copy("device_to_host", "backward", f"{what} partition{label}", size, count, ranks)
             buckets += [seconds] * count
     layers = step.num_layers
     step_seconds = overlap.ddp_step_seconds(
