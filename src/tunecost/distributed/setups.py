@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 
 from tunecost.catalog.gpus import GPU
 from tunecost.catalog.prices import Price, billed_gpus, cheapest_for
-from tunecost.distributed import expert_parallel, overlap
+from tunecost.distributed import deepspeed_estimator, expert_parallel, overlap
 from tunecost.distributed.plan import ParallelPlan
 from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory
 from tunecost.distributed.timing import Links, StepCollective, default_links, step_time
 from tunecost.errors import TunecostError
+from tunecost.models.params import ParamCounts
 from tunecost.workload.job import FineTuneJob
 
 DEFAULT_MAX_GPUS = 64
@@ -48,6 +49,7 @@ class Setup:
     plan: ParallelPlan
     memory: RankMemory
     timing: overlap.StepTime | None = None  # one step: compute alone, and with the exposed communication
+    deepspeed_estimate_bytes: int | None = None  # DeepSpeed's own estimator (zero2, zero3), see deepspeed_estimator
     comm_seconds: float | None = None  # all collectives of a step, hidden or not
     collectives: tuple[StepCollective, ...] = ()  # one step's, hidden or not
     queries_per_s: float | None = None  # every rank together
@@ -99,9 +101,12 @@ def evaluate_setup(
     prices: Sequence[Price] = (),
     num_queries: float | None = None,
     epochs: float | None = None,
+    param_counts: ParamCounts | None = None,
 ) -> Setup:
-    """Memory, step time, throughput and (given a workload) cost of one setup."""
-    base = Setup(gpu=gpu, plan=plan, memory=rank_memory(step, job, plan))
+    """Memory, step time, throughput and (given a workload) cost of one setup; with `param_counts`, DeepSpeed's
+    own estimate beside a zero2 or zero3 rank's memory."""
+    deepspeed = deepspeed_estimator.gpu_bytes(plan, param_counts) if param_counts is not None else None
+    base = Setup(gpu=gpu, plan=plan, memory=rank_memory(step, job, plan), deepspeed_estimate_bytes=deepspeed)
     if not base.fits or not single_gpu_queries_per_s:
         return base
     compute = job.batch_size / single_gpu_queries_per_s
@@ -193,6 +198,7 @@ def estimate_multi_gpu(
     from tunecost.catalog.models import resolve_model
     from tunecost.catalog.prices import price_catalog, prices_for
     from tunecost.distributed.rank_memory import single_gpu_step
+    from tunecost.models.params import count_parameters
 
     if not 1 <= max_gpus <= MAX_SEARCH_GPUS:
         raise TunecostError(f"the GPU limit must be between 1 and {MAX_SEARCH_GPUS}, got {max_gpus}")
@@ -213,6 +219,7 @@ def estimate_multi_gpu(
         expert_parallel.check_expert_parallel(plan, num_experts=spec.num_experts, model=spec.name)
     links_by_gpu = {gpu.name: default_links(gpu, gpus_per_node, node_link) for gpu in gpus}  # errors before tracing
     step = single_gpu_step(job)
+    param_counts = count_parameters(spec, job.experts_per_token) if {"zero2", "zero3"} & set(strategies) else None
     prices = price_catalog(prices_file)
     setups: list[Setup] = []
     notes: list[str] = []
@@ -236,6 +243,7 @@ def estimate_multi_gpu(
                     prices=gpu_prices,
                     num_queries=num_queries,
                     epochs=epochs,
+                    param_counts=param_counts,
                 )
             )
     if num_gpus is None and not any(s.fits for s in setups):
@@ -247,6 +255,8 @@ def estimate_multi_gpu(
         "cost = hours x billed GPUs x $ per GPU-hour, at the catalog row with the lowest bill for the count: a row "
         "that rents whole nodes bills the count rounded up to whole nodes"
     )
+    if param_counts is not None:
+        notes.append(deepspeed_estimator.ASSUMPTION)
     return MultiGpuEstimate(
         model=step.model,
         method=job.method,

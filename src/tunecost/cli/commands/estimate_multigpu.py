@@ -122,6 +122,13 @@ def run_multi_gpu(
     for s in shown:
         if not s.fits:
             console.print(f"{s.plan.strategy} on {s.plan.num_gpus} x {s.gpu.name} does not fit: {why_not(s)}")
+    beside = {(s.plan.strategy, s.plan.num_gpus): s for s in shown if s.deepspeed_estimate_bytes is not None}
+    for (strategy_name, n), s in beside.items():
+        deepspeed = s.deepspeed_estimate_bytes or 0
+        console.print(
+            f"DeepSpeed's own estimator, {strategy_name} on {n} GPUs: {deepspeed / 1e9:.1f} GB of model states "
+            f"per GPU, every parameter trainable (tunecost: {s.memory.need_bytes / 1e9:.1f} GB in all)"
+        )
     best = answer.cheapest
     if best is not None and best.cost is not None and best.cost.price is not None:
         price = best.cost.price
