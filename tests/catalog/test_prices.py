@@ -22,9 +22,13 @@ def test_every_price_row_has_date_and_source(price) -> None:
     assert price.provider
 
 
-def test_one_row_per_provider_and_gpu() -> None:
-    keys = [(p.provider.lower(), p.gpu) for p in price_catalog()]
+def test_one_row_per_provider_gpu_and_rented_unit() -> None:
+    """A provider may rent a GPU singly and as whole nodes: one row each."""
+    keys = [(p.provider.lower(), p.gpu, p.gpus_per_unit) for p in price_catalog()]
     assert len(keys) == len(set(keys))
+    assert len({(p.provider.lower(), p.gpu) for p in price_catalog() if p.gpus_per_unit == 1}) == sum(
+        p.gpus_per_unit == 1 for p in price_catalog()
+    )
 
 
 def test_paper_prices() -> None:

@@ -12,6 +12,7 @@ from tunecost.distributed.setups import MAX_SEARCH_GPUS
 from tunecost.limits import MAX_BATCH_SIZE
 
 TINY = str(Path(__file__).parents[1] / "fixtures" / "distributed" / "tiny-mixtral-2l.json")
+DENSE = str(Path(__file__).parents[1] / "fixtures" / "distributed" / "tiny-llama-2l.json")
 BASE = ["estimate", "--epochs", "1", "--queries", "100", "--method", "lora"]
 
 
@@ -52,10 +53,34 @@ def test_ddp_that_does_not_fit_says_why(cli_runner):
         (["--gpus", "many"], "--gpus must be a whole number or 'auto'"),
         (["--gpus", "2", "--batch-size", "A40=4"], "--batch-size is one whole number"),
         (["--strategy", "fsdp2", "--estimator", "simulate"], "apply to one GPU only"),
+        (
+            ["--gpus", "8", "--expert-parallel", "3"],
+            "expert-parallel degree 3 must be at least 1 and divide the 8 GPUs",
+        ),
+        (
+            ["--gpus", "16", "--expert-parallel", "16"],
+            "expert-parallel degree 16 does not divide the model's 8 experts",
+        ),
+        (["--model", DENSE, "--gpus", "4", "--expert-parallel", "2"], "needs an MoE model; " + DENSE + " is dense"),
+        (["--gpus", "4", "--strategy", "hsdp", "--expert-parallel", "2"], "with hsdp is not modelled"),
+        (["--gpus", "4", "--strategy", "ddp", "--offload", "optimizer"], "for zero1/zero2/zero3 only; not for ddp"),
+        (["--gpus", "4", "--strategy", "fsdp2", "--offload", "params"], "for zero3 only; not for fsdp2"),
+        (["--gpus", "4", "--offload", "nvme"], "unknown offload 'nvme'"),
     ],
 )
 def test_bad_multi_gpu_input_is_a_one_line_error(cli_runner, extra, message):
-    result = cli_runner.invoke(app, [*BASE, "--model", TINY, "--gpu", "H100", *extra])
+    _assert_one_error_line(cli_runner.invoke(app, [*BASE, "--model", TINY, "--gpu", "H100", *extra]), message)
+
+
+@pytest.mark.slow
+def test_a_job_that_fits_no_count_up_to_the_limit_is_a_one_line_error(cli_runner):
+    """A full fine-tune of Mixtral-8x7B (46.7B parameters) replicated by DDP on at most 2 RTX 4090s."""
+    args = ["--model", "mixtral-8x7b", "--method", "full", "--gpu", "RTX4090", "--gpus", "auto", "--max-gpus", "2"]
+    result = cli_runner.invoke(app, [*BASE, *args, "--strategy", "ddp"])
+    _assert_one_error_line(result, "mixtral-8x7b (full) fits no setup of up to 2 GPUs")
+
+
+def _assert_one_error_line(result, message: str) -> None:
     assert result.exit_code == 2
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and message in " ".join(result.output.split())
@@ -68,3 +93,19 @@ def test_counts_past_their_bounds_are_one_error_line(cli_runner, option: str, ma
     result = cli_runner.invoke(app, [*args, option, value])
     assert result.exit_code == 2
     assert result.output.strip().splitlines() == [f"error: {option} must be between 1 and {maximum}, got {value}"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "strategies"),
+    [
+        (["--expert-parallel", "2"], {"ddp", "fsdp2", "fsdp2-shard-grad-op", "zero1", "zero2", "zero3"}),
+        (["--offload", "optimizer"], {"zero1", "zero2", "zero3"}),
+        (["--offload", "params", "--expert-parallel", "2"], {"zero3"}),
+    ],
+)
+def test_all_strategies_means_those_that_take_the_options(cli_runner, extra, strategies):
+    result = cli_runner.invoke(app, [*BASE, "--model", TINY, "--gpu", "H100", "--gpus", "4", *extra, "--json"])
+    assert result.exit_code == 0, result.output
+    setups = json.loads(result.stdout)["setups"]
+    assert {s["plan"]["strategy"] for s in setups} == strategies
+    assert all(s["plan"]["expert_parallel"] == (2 if "--expert-parallel" in extra else 1) for s in setups)

@@ -31,6 +31,11 @@ def test_default_plan_is_one_gpu():
         (dict(num_gpus=8, strategy="fsdp2", expert_parallel=3), "divide the 8 GPUs"),
         (dict(num_gpus=8), "8 GPUs needs a multi-GPU strategy"),
         (dict(gpus_per_node=0), "GPUs per node must be at least 1"),
+        (dict(num_gpus=4, strategy="ddp", offload="optimizer"), "for zero1/zero2/zero3 only; not for ddp"),
+        (dict(num_gpus=4, strategy="fsdp2", offload="optimizer"), "not for fsdp2"),
+        (dict(num_gpus=4, strategy="fsdp2", offload="params"), "for zero3 only; not for fsdp2"),
+        (dict(num_gpus=4, strategy="zero2", offload="params"), "for zero3 only; not for zero2"),
+        (dict(num_gpus=4, strategy="zero3", offload="nvme"), "unknown offload 'nvme'"),
     ],
 )
 def test_bad_plans(kwargs, message):

@@ -12,7 +12,8 @@ from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.catalog.interconnects import resolve_interconnect
 from tunecost.distributed.plan import ParallelPlan
 from tunecost.distributed.rank_memory import single_gpu_step
-from tunecost.distributed.setups import Links, estimate_multi_gpu, step_time, valid_gpu_counts
+from tunecost.distributed.setups import estimate_multi_gpu, valid_gpu_counts
+from tunecost.distributed.timing import Links, step_time
 from tunecost.errors import TunecostError
 from tunecost.workload.job import LoraConfig
 
@@ -25,9 +26,16 @@ def tiny():
     return job, single_gpu_step(job, granule_bytes=1)
 
 
+def links_at(bus_bandwidth_bytes_per_s: float) -> Links:
+    """Every link at one bus bandwidth, no latency."""
+    link = dataclasses.replace(
+        resolve_interconnect("NVLink4"), bus_bandwidth_bytes_per_s=bus_bandwidth_bytes_per_s, latency_seconds=0.0
+    )
+    return Links(node=link, network=link, nics_per_node=1, host=link)
+
+
 def _links() -> Links:
-    link = dataclasses.replace(resolve_interconnect("NVLink4"), bus_bandwidth_bytes_per_s=BUSBW, latency_seconds=0.0)
-    return Links(node=link, network=link, nics_per_node=1)
+    return links_at(BUSBW)
 
 
 @pytest.mark.parametrize(
@@ -45,14 +53,14 @@ def _links() -> Links:
 def test_collective_seconds_follow_a_hand_count(tiny, strategy, bytes_times_factor):
     _job, step = tiny
     plan = ParallelPlan(num_gpus=4, strategy=strategy)
-    _timed, total = step_time(step, plan, _links(), compute_seconds=1.0)
-    assert total == pytest.approx(bytes_times_factor(step, 4) / BUSBW)
+    _timed, collectives = step_time(step, plan, _links(), compute_seconds=1.0)
+    assert sum(c.total_seconds for c in collectives) == pytest.approx(bytes_times_factor(step, 4) / BUSBW)
 
 
 def test_one_gpu_communicates_nothing(tiny):
     _job, step = tiny
-    timed, total = step_time(step, ParallelPlan(num_gpus=1, strategy="fsdp2"), _links(), compute_seconds=1.0)
-    assert total == 0.0 and timed.step_seconds == pytest.approx(1.0)
+    timed, collectives = step_time(step, ParallelPlan(num_gpus=1, strategy="fsdp2"), _links(), compute_seconds=1.0)
+    assert collectives == () and timed.step_seconds == pytest.approx(1.0)
 
 
 def test_gpu_counts_are_within_a_node_or_whole_nodes():

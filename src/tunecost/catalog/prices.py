@@ -1,7 +1,10 @@
 """The price catalog: $ per GPU-hour per provider, each row dated and sourced.
 
 `data/prices.csv` ships with tunecost; a user file (same columns) overrides rows with the same
-(provider, gpu) and adds new ones.
+(provider, gpu, gpus_per_unit) and adds new ones. A row's optional `gpus_per_unit` (blank: 1) says the provider
+rents the GPU only in nodes of that many GPUs: N GPUs are billed as whole nodes (`billed_gpus`). The price is
+always per GPU-hour (a node's hourly price divided by its GPUs). Per-GPU rows answer one GPU
+(`prices_for`); a job on several GPUs weighs every row (`prices_for(..., whole_nodes=True)`, `cheapest_for`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,12 @@ class Price:
     date: str  # ISO date the source recorded the price
     source_url: str
     notes: str = ""
+    gpus_per_unit: int = 1  # >1: rented only as whole nodes of this many GPUs
+
+    @property
+    def usd_per_unit_hour(self) -> float:
+        """$ per hour of what the provider rents: one GPU, or one node."""
+        return self.usd_per_gpu_hour * self.gpus_per_unit
 
 
 def load_prices(path: Path = PRICE_CATALOG_PATH) -> list[Price]:
@@ -42,6 +51,9 @@ def load_prices(path: Path = PRICE_CATALOG_PATH) -> list[Price]:
             raise TunecostError(f"{path}: row {i}: every price needs a source_url")
         if not row["provider"]:
             raise TunecostError(f"{path}: row {i}: empty provider")
+        unit = row.get("gpus_per_unit", "") or "1"
+        if not unit.isdigit() or int(unit) < 1:
+            raise TunecostError(f"{path}: row {i}: gpus_per_unit must be a whole number >= 1 (or blank), got {unit!r}")
         try:
             gpu = resolve_gpu_name(row["gpu"]).gpu.name
         except TunecostError as exc:
@@ -54,6 +66,7 @@ def load_prices(path: Path = PRICE_CATALOG_PATH) -> list[Price]:
                 date=row["date"],
                 source_url=row["source_url"],
                 notes=row.get("notes", ""),
+                gpus_per_unit=int(unit),
             )
         )
     return prices
@@ -65,11 +78,12 @@ def _builtin_prices() -> tuple[Price, ...]:
 
 
 def price_catalog(extra: Path | None = None) -> list[Price]:
-    """The built-in prices, with rows from `extra` overriding the same (provider, gpu) and adding new ones."""
-    merged = {(p.provider.lower(), p.gpu): p for p in _builtin_prices()}
+    """The built-in prices, with rows from `extra` overriding the same (provider, gpu, gpus_per_unit) and adding
+    new ones."""
+    merged = {(p.provider.lower(), p.gpu, p.gpus_per_unit): p for p in _builtin_prices()}
     if extra is not None:
         for p in load_prices(Path(extra)):
-            merged[(p.provider.lower(), p.gpu)] = p
+            merged[(p.provider.lower(), p.gpu, p.gpus_per_unit)] = p
     return list(merged.values())
 
 
@@ -77,8 +91,11 @@ def providers(prices: list[Price]) -> list[str]:
     return sorted({p.provider for p in prices})
 
 
-def prices_for(gpu_name: str, prices: list[Price], provider: str | None = None) -> list[Price]:
-    """Prices of one GPU (canonical name), optionally from one provider (an unknown provider is an error)."""
+def prices_for(
+    gpu_name: str, prices: list[Price], provider: str | None = None, *, whole_nodes: bool = False
+) -> list[Price]:
+    """Prices of one GPU (canonical name), optionally from one provider (an unknown provider is an error),
+    cheapest per GPU-hour first; node-priced rows only with `whole_nodes`."""
     if provider is not None:
         known = providers(prices)
         match = [p for p in known if p.lower() == provider.lower()]
@@ -86,9 +103,27 @@ def prices_for(gpu_name: str, prices: list[Price], provider: str | None = None) 
             raise unknown_name_error("provider", provider, known)
         provider = match[0]
     return sorted(
-        (p for p in prices if p.gpu == gpu_name and (provider is None or p.provider == provider)),
+        (
+            p
+            for p in prices
+            if p.gpu == gpu_name
+            and (provider is None or p.provider == provider)
+            and (whole_nodes or p.gpus_per_unit == 1)
+        ),
         key=lambda p: p.usd_per_gpu_hour,
     )
+
+
+def billed_gpus(num_gpus: int, price: Price) -> int:
+    """GPUs paid for when `num_gpus` are used at `price`: whole nodes for a node-priced row."""
+    return -(-num_gpus // price.gpus_per_unit) * price.gpus_per_unit
+
+
+def cheapest_for(num_gpus: int, prices: list[Price]) -> Price | None:
+    """The price with the lowest hourly bill for `num_gpus` GPUs (per-GPU rows win ties)."""
+    if not prices:
+        return None
+    return min(prices, key=lambda p: (billed_gpus(num_gpus, p) * p.usd_per_gpu_hour, p.gpus_per_unit))
 
 
 def cheapest_price(gpu: str, *, provider: str | None = None, prices_file: Path | None = None) -> Price:
@@ -101,4 +136,14 @@ def cheapest_price(gpu: str, *, provider: str | None = None, prices_file: Path |
     return found[0]
 
 
-__all__ = ["Price", "cheapest_price", "gpu_catalog", "load_prices", "price_catalog", "prices_for", "providers"]
+__all__ = [
+    "Price",
+    "billed_gpus",
+    "cheapest_for",
+    "cheapest_price",
+    "gpu_catalog",
+    "load_prices",
+    "price_catalog",
+    "prices_for",
+    "providers",
+]

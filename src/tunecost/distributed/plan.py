@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tunecost.distributed.offload import check_offload
 from tunecost.errors import TunecostError
 
 # strategy -> what it shards (P: parameters, G: gradients, O: optimizer states) across the data-parallel group
@@ -29,12 +30,15 @@ class ParallelPlan:
     strategy: one of `STRATEGIES` ("single" for one GPU).
     expert_parallel: expert-parallel degree for MoE models (1: every rank holds every expert); it must divide
         the number of GPUs and, checked by `check_experts`, the number of experts.
+    offload: DeepSpeed ZeRO CPU offload: "none", "optimizer" (zero1/2/3) or "params" (zero3; parameters and
+        optimizer), see `offload`.
     """
 
     num_gpus: int = 1
     gpus_per_node: int | None = None
     strategy: str = "single"
     expert_parallel: int = 1
+    offload: str = "none"
 
     def __post_init__(self) -> None:
         if self.num_gpus < 1:
@@ -57,6 +61,7 @@ class ParallelPlan:
             raise TunecostError(
                 f"expert-parallel degree {self.expert_parallel} must be at least 1 and divide the {self.num_gpus} GPUs"
             )
+        check_offload(self.offload, self.strategy)
 
     @property
     def node_size(self) -> int:

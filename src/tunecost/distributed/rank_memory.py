@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tunecost.distributed import expert_parallel, offload
 from tunecost.distributed.plan import STRATEGIES, ParallelPlan
 from tunecost.errors import TunecostError
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
@@ -64,6 +65,12 @@ class SingleGpuStep:
     layer_trainable_bytes: int  # trainable parameters of one decoder layer
     trainable_bytes_per_param: int  # 4 for LoRA factors (fp32), the compute dtype's size for a full fine-tune
     flops_by_phase: dict[str, float]
+    weight_bytes_by_key: dict[str, int]  # "group/category" -> bytes of the whole model's stored weights
+    num_experts: int  # routed experts per MoE layer (1: dense)
+    experts_per_token: int
+    hidden_size: int
+    activation_bytes_per_element: int
+    recompute: bool  # activation checkpointing: backward re-runs each layer's forward
 
     @property
     def weight_bytes(self) -> int:
@@ -72,6 +79,43 @@ class SingleGpuStep:
     @property
     def root_trainable_bytes(self) -> int:
         return self.trainable_bytes - self.num_layers * self.layer_trainable_bytes
+
+    def expert_share(self, category: str) -> float:
+        """Share of a category's bytes that belongs to the routed experts: of the stored weights of that
+        category, or for gradients, optimizer states and optimizer temporaries of the trainable parameters."""
+        if category not in WEIGHT_CATEGORIES:
+            category = "trainable_params"
+        total = sum(v for k, v in self.weight_bytes_by_key.items() if k.rsplit("/", 1)[1] == category)
+        return expert_parallel.expert_bytes(self.weight_bytes_by_key, category) / total if total else 0.0
+
+    def layer_expert_bytes(self, *, trainable: bool) -> int:
+        """One decoder layer's routed-expert bytes: all its stored weights, or its trainable parameters."""
+        keys = ("trainable_params",) if trainable else WEIGHT_CATEGORIES
+        return sum(expert_parallel.expert_bytes(self.weight_bytes_by_key, c) for c in keys) // self.num_layers
+
+    def layer_bytes_per_rank(self, *, trainable: bool, ep: int) -> int:
+        """One decoder layer's stored (or trainable) bytes with 1/ep of its routed experts."""
+        layer = self.layer_trainable_bytes if trainable else self.layer_weight_bytes
+        experts = self.layer_expert_bytes(trainable=trainable)
+        return layer - experts + experts // ep
+
+    @property
+    def expert_trainable_bytes(self) -> int:
+        return expert_parallel.expert_bytes(self.weight_bytes_by_key, "trainable_params")
+
+    def trainable_bytes_per_rank(self, ep: int) -> int:
+        """Trainable bytes of a rank holding 1/ep of the routed experts."""
+        return self.trainable_bytes - self.expert_trainable_bytes + self.expert_trainable_bytes // ep
+
+    @property
+    def dispatch_bytes(self) -> int:
+        """Bytes of one dispatch all-to-all of a MoE layer (`expert_parallel.dispatch_bytes`)."""
+        return expert_parallel.dispatch_bytes(
+            num_tokens=self.batch_size * self.seq_len,
+            experts_per_token=self.experts_per_token,
+            hidden_size=self.hidden_size,
+            bytes_per_element=self.activation_bytes_per_element,
+        )
 
 
 def _lerp(a: float, b: float, t: float) -> float:
@@ -158,6 +202,12 @@ def _trace_single_gpu_step(job: FineTuneJob, granule_bytes: int, behaviour=None)
         layer_trainable_bytes=(trainable - root_trainable) // spec.num_layers,
         trainable_bytes_per_param=4 if job.method != "full" else job.compute_bytes_per_element,
         flops_by_phase=flops,
+        weight_bytes_by_key=weights,
+        num_experts=spec.num_experts,
+        experts_per_token=job.experts_per_token or spec.default_experts_per_token,
+        hidden_size=spec.hidden_size,
+        activation_bytes_per_element=job.compute_bytes_per_element,
+        recompute=job.gradient_checkpointing,
     )
 
 
@@ -174,6 +224,7 @@ class RankMemory:
     breakdown_bytes: dict[str, int]  # category -> bytes at the peak (single-GPU categories + buffers)
     device_overhead_bytes: int
     nccl_bytes: int
+    host_bytes: int = 0  # CPU memory of the rank's offloaded states (DeepSpeed offload), not on the GPU
     assumptions: tuple[str, ...] = field(default=())
 
     @property
@@ -201,51 +252,70 @@ def zero_optimizer_state_bytes(step: SingleGpuStep, job: FineTuneJob, simulated_
     return step.trainable_bytes // step.trainable_bytes_per_param * ZERO_ADAM_BYTES_PER_PARAM
 
 
-def _buffers(step: SingleGpuStep, strategy: str, phase: str) -> dict[str, int]:
-    """Communication buffers and unsharded copies a rank holds at a segment of `phase`, beyond its states."""
+def _buffers(step: SingleGpuStep, plan: ParallelPlan, phase: str) -> dict[str, int]:
+    """Communication buffers and unsharded copies a rank holds at a segment of `phase`, beyond its states
+    (a rank of an expert-parallel group holds 1/ep of every layer's routed experts)."""
+    strategy, ep = plan.strategy, plan.expert_parallel
     in_pass = phase != "optimizer"
+    layer = step.layer_bytes_per_rank(trainable=False, ep=ep)
+    trainable = step.trainable_bytes_per_rank(ep)
     out: dict[str, int] = {}
     if strategy == "ddp":
-        out["gradient_buckets"] = step.trainable_bytes
+        out["gradient_buckets"] = trainable
     if strategy in ("zero1", "zero2"):
         bucket = DEEPSPEED_REDUCE_BUCKET_ELEMENTS * step.trainable_bytes_per_param
-        out["reduce_bucket"] = min(bucket, step.trainable_bytes)
+        out["reduce_bucket"] = min(bucket, trainable)
     if in_pass and strategy in PARAM_SHARDED:
         # the root (kept unsharded between forward and backward) and the running layer, copied out of their
         # all-gather buffers; all-gather outputs in flight: two in forward, one in backward (FSDP2's prefetch)
-        out["unsharded_params"] = step.root_weight_bytes + step.layer_weight_bytes
-        out["all_gather_buffers"] = (2 if phase == "forward" else 1) * step.layer_weight_bytes
+        out["unsharded_params"] = step.root_weight_bytes + layer
+        out["all_gather_buffers"] = (2 if phase == "forward" else 1) * layer
     if in_pass and strategy == "fsdp2-shard-grad-op":  # no all-gather in backward: parameters stay unsharded
-        out["unsharded_params"] = step.weight_bytes
-        out["all_gather_buffers"] = (2 if phase == "forward" else 0) * step.layer_weight_bytes
+        out["unsharded_params"] = step.root_weight_bytes + step.num_layers * layer
+        out["all_gather_buffers"] = (2 if phase == "forward" else 0) * layer
     if phase == "backward" and strategy in STORED_SHARDED:
-        out["reduce_scatter_buffers"] = max(step.layer_trainable_bytes, step.root_trainable_bytes)
+        layer_trainable = step.layer_bytes_per_rank(trainable=True, ep=ep)
+        out["reduce_scatter_buffers"] = max(layer_trainable, step.root_trainable_bytes)
+    if in_pass and ep > 1:
+        out["all_to_all_buffers"] = expert_parallel.all_to_all_buffer_bytes(step.dispatch_bytes)
     return out
 
 
 def rank_segment_bytes(
     categories: dict[str, int], phase: str, step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan
 ) -> dict[str, int]:
-    """Bytes by category of one rank at one segment (single-GPU bytes `categories`, scaled per strategy)."""
+    """Bytes by category of one rank at one segment (single-GPU bytes `categories`, scaled per strategy). The
+    routed experts' share of a state is divided by the expert-parallel degree ep and sharded over the N / ep
+    ranks that hold the same experts; the rest over the strategy's shard group."""
     sharded = STRATEGIES[plan.strategy]
-    ranks = shard_group_size(plan)
+    ranks, ep = shard_group_size(plan), plan.expert_parallel
     factor = {"P": ranks if plan.strategy in STORED_SHARDED else 1, "G": ranks if "G" in sharded else 1}
     factor["O"] = ranks if "O" in sharded else 1
+    on_host: tuple[str, ...] = ("G", "O") if offload.offloads_states(plan.offload) else ()
+    on_host += ("P",) if offload.offloads_params(plan.offload) else ()
     out: dict[str, int] = {}
     for category, nbytes in categories.items():
         if category in WEIGHT_CATEGORIES and category != "buffers":
-            out[category] = _shard(nbytes, factor["P"])
+            kind = "P"
         elif category == "optimizer_states":
+            kind = "O"
             if plan.strategy in ZERO_STRATEGIES:
                 nbytes = zero_optimizer_state_bytes(step, job, nbytes)
-            out[category] = _shard(nbytes, factor["O"])
         elif category == "gradients":
-            out[category] = _shard(nbytes, factor["G"])
+            kind = "G"
         elif category == "temporaries" and phase == "optimizer":  # AdamW's foreach temporaries span its params
-            out[category] = _shard(nbytes, factor["O"])
+            kind = "O"
         else:
             out[category] = nbytes
-    for name, nbytes in _buffers(step, plan.strategy, phase).items():
+            continue
+        if kind in on_host:  # DeepSpeed CPU offload: this state lives in the host's memory
+            continue
+        if ep == 1:
+            out[category] = _shard(nbytes, factor[kind])
+            continue
+        dense, experts = expert_parallel.split_expert_bytes(nbytes, step.expert_share(category), ep)
+        out[category] = _shard(dense, factor[kind]) + _shard(experts, max(1, factor[kind] // ep))
+    for name, nbytes in _buffers(step, plan, phase).items():
         out[name] = out.get(name, 0) + nbytes
     return {k: v for k, v in out.items() if v}
 
@@ -269,7 +339,20 @@ def rank_memory(
         breakdown_bytes=best,
         device_overhead_bytes=overhead.overhead_bytes(),
         nccl_bytes=NCCL_COMMUNICATOR_BYTES if plan.num_gpus > 1 else 0,
+        host_bytes=offloaded_host_bytes(step, job, plan),
         assumptions=rank_assumptions(job, plan, overhead),
+    )
+
+
+def offloaded_host_bytes(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) -> int:
+    """CPU memory of one rank's offloaded partition (`offload.host_bytes`); 0 without offload."""
+    simulated = max((c.get("optimizer_states", 0) for c in step.segments.values()), default=0)
+    return offload.host_bytes(
+        offload=plan.offload,
+        optimizer_state_bytes=zero_optimizer_state_bytes(step, job, simulated),
+        trainable_params=step.trainable_bytes // step.trainable_bytes_per_param,
+        weight_bytes=step.weight_bytes,
+        num_ranks=shard_group_size(plan),
     )
 
 
@@ -291,6 +374,18 @@ def rank_assumptions(job: FineTuneJob, plan: ParallelPlan, overhead: DeviceOverh
         out.append(
             "FSDP2 buffers: the root and the running layer unsharded, all-gather outputs of two layers in forward "
             "and one in backward, one layer's unsharded gradients before its reduce-scatter"
+        )
+    if plan.offload != "none":
+        held = "parameters, " if offload.offloads_params(plan.offload) else ""
+        out.append(
+            f"DeepSpeed CPU offload ({plan.offload}): the rank's partition of {held}gradients (fp32), fp32 master "
+            "weights and Adam states in host memory; the GPU keeps the reduce bucket and the gathered layers"
+        )
+    if plan.expert_parallel > 1:
+        out.append(
+            f"expert parallelism over {plan.expert_parallel} ranks: 1/{plan.expert_parallel} of the routed experts "
+            "per rank; balanced routing (each rank's experts process tokens x top-k token-expert pairs, as on one "
+            "GPU, so activations are the single-GPU step's); one MoE layer's all-to-all send and receive buffers"
         )
     if job.method == "qlora" and plan.strategy in STORED_SHARDED:
         out.append(

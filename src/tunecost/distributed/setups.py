@@ -3,12 +3,11 @@
 Per setup (GPU, strategy, number of GPUs):
 - memory per rank from `rank_memory` (derived from the single-GPU simulated step; GPU-independent, traced once);
 - compute per rank: the single-GPU step at the same micro-batch from the cross-GPU throughput model
-  (`estimate.calibrated`), split into forward, backward (with recompute) and optimizer by the simulated FLOPs,
-  and evenly over the decoder layers;
-- communication per step: the collectives the strategy issues (sizes from the same step), timed with nccl-tests'
-  bus-bandwidth definitions (`comm`) over the interconnect catalog, hidden under compute per `overlap`;
-- throughput = N x micro-batch / step time (data parallel); cost = hours x N x the provider's $ per GPU-hour.
-  The price catalog has per-GPU prices only, so a node costs its GPUs' price.
+  (`estimate.calibrated`);
+- the step: that compute with the strategy's collectives, timed and overlapped by `timing`;
+- throughput = N x micro-batch / step time (data parallel); cost = hours x billed GPUs x $ per GPU-hour at the
+  catalog row with the lowest bill for N GPUs: N for a per-GPU row, N rounded up to whole nodes for a row that
+  rents whole nodes (`catalog.prices.billed_gpus`).
 """
 
 from __future__ import annotations
@@ -18,61 +17,28 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tunecost.catalog.gpus import GPU
-from tunecost.catalog.interconnects import Interconnect, resolve_interconnect
-from tunecost.catalog.prices import Price
-from tunecost.distributed import comm, overlap
+from tunecost.catalog.prices import Price, billed_gpus, cheapest_for
+from tunecost.distributed import deepspeed_estimator, expert_parallel, overlap
 from tunecost.distributed.plan import ParallelPlan
-from tunecost.distributed.rank_memory import (
-    PARAM_SHARDED,
-    RankMemory,
-    SingleGpuStep,
-    rank_memory,
-    shard_group_size,
-)
+from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory
+from tunecost.distributed.timing import Links, StepCollective, default_links, step_time
 from tunecost.errors import TunecostError
+from tunecost.models.params import ParamCounts
 from tunecost.workload.job import FineTuneJob
 
 DEFAULT_MAX_GPUS = 64
 MAX_SEARCH_GPUS = 100_000  # every count up to the limit is evaluated (arithmetic only)
-DDP_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default
-# Links assumed when none is named: the node's GPU link (by GPU family) and, between nodes, one NIC per GPU.
-DEFAULT_NODE_LINK = {"H100-80GB-SXM": "NVLink4", "H200-141GB": "NVLink4", "A100-80GB-SXM": "NVLink3"}
-DEFAULT_NODE_LINK_OTHER = "PCIe4"
-DEFAULT_NETWORK = {"H100-80GB-SXM": "InfiniBand-NDR", "H200-141GB": "InfiniBand-NDR"}
-DEFAULT_NETWORK_OTHER = "InfiniBand-HDR"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Links:
-    node: Interconnect  # between the GPUs of one node
-    network: Interconnect  # one NIC between nodes
-    nics_per_node: int
-
-    def bus_bandwidth_bytes_per_s(self, num_ranks: int, gpus_per_node: int) -> tuple[float, float]:
-        """(bus bandwidth, latency) of a collective over `num_ranks` ranks: the node link within one node; across
-        nodes the slower of the node link and the node's NICs (a ring crosses the network)."""
-        if num_ranks <= gpus_per_node:
-            return self.node.bus_bandwidth_bytes_per_s, self.node.latency_seconds
-        network = comm.inter_node_bus_bandwidth_bytes_per_s(self.network.bus_bandwidth_bytes_per_s, self.nics_per_node)
-        latency = max(self.node.latency_seconds, self.network.latency_seconds)
-        return min(self.node.bus_bandwidth_bytes_per_s, network), latency
-
-
-def default_links(gpu: GPU, gpus_per_node: int, node_link: str | None = None) -> Links:
-    node = resolve_interconnect(node_link or DEFAULT_NODE_LINK.get(gpu.name, DEFAULT_NODE_LINK_OTHER))
-    if node.scope != "node":
-        raise TunecostError(f"{node.name} links nodes, not the GPUs of one node; name a node link (NVLink, PCIe)")
-    network = resolve_interconnect(DEFAULT_NETWORK.get(gpu.name, DEFAULT_NETWORK_OTHER))
-    return Links(node=node, network=network, nics_per_node=gpus_per_node)
 
 
 @dataclass(frozen=True, kw_only=True)
 class SetupCost:
-    """The whole fine-tune on one setup: hours, and dollars at the GPU's catalog price (None without a price)."""
+    """The whole fine-tune on one setup: hours, and dollars at a catalog price (None without a price) for the
+    GPUs billed (whole nodes where the price's row rents nodes)."""
 
     hours: float
     price: Price | None
     usd: float | None
+    billed_gpus: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -83,7 +49,9 @@ class Setup:
     plan: ParallelPlan
     memory: RankMemory
     timing: overlap.StepTime | None = None  # one step: compute alone, and with the exposed communication
+    deepspeed_estimate_bytes: int | None = None  # DeepSpeed's own estimator (zero2, zero3), see deepspeed_estimator
     comm_seconds: float | None = None  # all collectives of a step, hidden or not
+    collectives: tuple[StepCollective, ...] = ()  # one step's, hidden or not
     queries_per_s: float | None = None  # every rank together
     cost: SetupCost | None = None
 
@@ -103,73 +71,23 @@ class Setup:
 def setup_cost(
     *, queries_per_s: float, num_gpus: int, price: Price | None, num_queries: float, epochs: float
 ) -> SetupCost:
-    """Hours of the fine-tune at `queries_per_s` (all ranks), and dollars: hours x GPUs x $ per GPU-hour (§V-C)."""
+    """Hours of the fine-tune at `queries_per_s` (all ranks), and dollars: hours x billed GPUs x $ per GPU-hour
+    (§V-C; the GPUs billed are `num_gpus` rounded up to the price's whole nodes)."""
     from tunecost.estimate.paper import training_hours, usd_for_hours
 
     hours = training_hours(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s)
-    usd = (
-        usd_for_hours(hours=hours, usd_per_gpu_hour=price.usd_per_gpu_hour, num_gpus=num_gpus)
-        if price is not None
-        else None
-    )
-    return SetupCost(hours=hours, price=price, usd=usd)
+    if price is None:
+        return SetupCost(hours=hours, price=None, usd=None)
+    billed = billed_gpus(num_gpus, price)
+    usd = usd_for_hours(hours=hours, usd_per_gpu_hour=price.usd_per_gpu_hour, num_gpus=billed)
+    return SetupCost(hours=hours, price=price, usd=usd, billed_gpus=billed)
 
 
-def phase_seconds(step: SingleGpuStep, step_seconds: float) -> tuple[float, float, float]:
-    """(forward, backward + recompute, optimizer) seconds of a step, split by the simulated FLOPs."""
-    flops = step.flops_by_phase
-    total = sum(flops.values()) or 1.0
-    forward = flops.get("forward", 0.0) / total
-    optimizer = flops.get("optimizer", 0.0) / total
-    return forward * step_seconds, (1.0 - forward - optimizer) * step_seconds, optimizer * step_seconds
-
-
-def step_time(step: SingleGpuStep, plan: ParallelPlan, links: Links, compute_seconds: float) -> tuple:
-    """(overlap.StepTime, seconds of all collectives) of one step of `plan` whose single-GPU compute is given."""
-    fwd, bwd, opt = phase_seconds(step, compute_seconds)
-    n, layers = plan.num_gpus, step.num_layers
-    group = shard_group_size(plan) if plan.strategy == "hsdp" else n  # ranks in each data-parallel collective
-    bw, lat = links.bus_bandwidth_bytes_per_s(group, plan.node_size)
-
-    def seconds(op: str, nbytes: float, ranks: int = group, bus=bw, latency=lat) -> float:
-        return comm.collective_seconds(op, nbytes, ranks, bus, latency)
-
-    if plan.strategy in (*PARAM_SHARDED, "fsdp2-shard-grad-op"):
-        ag = [seconds("all_gather", step.layer_weight_bytes)] * layers
-        rs = [seconds("reduce_scatter", step.layer_trainable_bytes)] * layers
-        ag[0] += seconds("all_gather", step.root_weight_bytes)
-        rs[0] += seconds("reduce_scatter", step.root_trainable_bytes)
-        reshard = plan.strategy != "fsdp2-shard-grad-op"
-        timed = overlap.fsdp_step_seconds(
-            [fwd / layers] * layers, [bwd / layers] * layers, ag, rs, opt, reshard_after_forward=reshard
-        )
-        total = sum(ag) * (2 if reshard else 1) + sum(rs)
-        if plan.strategy == "hsdp" and plan.num_nodes > 1:  # sharded gradients all-reduced between nodes
-            bus, latency = links.bus_bandwidth_bytes_per_s(n, plan.node_size)
-            extra = seconds("all_reduce", step.trainable_bytes / group, plan.num_nodes, bus, latency)
-            timed = overlap.StepTime(compute_seconds=timed.compute_seconds, step_seconds=timed.step_seconds + extra)
-            total += extra
-        return timed, total
-    buckets = _bucket_sizes(step.trainable_bytes)
-    op = "all_reduce" if plan.strategy == "ddp" else "reduce_scatter"
-    bucket_seconds = [seconds(op, b) for b in buckets]
-    timed = overlap.ddp_step_seconds(fwd, bwd, bucket_seconds, opt)
-    total = sum(bucket_seconds)
-    if plan.strategy in ("zero1", "zero2"):  # updated trainable weights all-gathered after the optimizer step
-        gather = seconds("all_gather", step.trainable_bytes)
-        timed = overlap.StepTime(compute_seconds=timed.compute_seconds, step_seconds=timed.step_seconds + gather)
-        total += gather
-    return timed, total
-
-
-def _bucket_sizes(trainable_bytes: int, cap_bytes: int = DDP_BUCKET_BYTES) -> list[int]:
-    full, rest = divmod(trainable_bytes, cap_bytes)
-    return [cap_bytes] * full + ([rest] if rest else [])
-
-
-def valid_gpu_counts(gpus_per_node: int, max_gpus: int) -> list[int]:
-    """1 .. GPUs per node, then whole nodes, up to `max_gpus`."""
-    return [n for n in range(1, max_gpus + 1) if n <= gpus_per_node or n % gpus_per_node == 0]
+def valid_gpu_counts(gpus_per_node: int, max_gpus: int, expert_parallel: int = 1) -> list[int]:
+    """1 .. GPUs per node, then whole nodes, up to `max_gpus`; only multiples of the expert-parallel degree."""
+    return [
+        n for n in range(expert_parallel, max_gpus + 1, expert_parallel) if n <= gpus_per_node or n % gpus_per_node == 0
+    ]
 
 
 def evaluate_setup(
@@ -180,23 +98,37 @@ def evaluate_setup(
     *,
     single_gpu_queries_per_s: float | None,
     links: Links,
-    price: Price | None = None,
+    prices: Sequence[Price] = (),
     num_queries: float | None = None,
     epochs: float | None = None,
+    param_counts: ParamCounts | None = None,
 ) -> Setup:
-    """Memory, step time, throughput and (given a workload) cost of one setup."""
-    base = Setup(gpu=gpu, plan=plan, memory=rank_memory(step, job, plan))
+    """Memory, step time, throughput and (given a workload) cost of one setup; with `param_counts`, DeepSpeed's
+    own estimate beside a zero2 or zero3 rank's memory."""
+    deepspeed = deepspeed_estimator.gpu_bytes(plan, param_counts) if param_counts is not None else None
+    base = Setup(gpu=gpu, plan=plan, memory=rank_memory(step, job, plan), deepspeed_estimate_bytes=deepspeed)
     if not base.fits or not single_gpu_queries_per_s:
         return base
     compute = job.batch_size / single_gpu_queries_per_s
-    timed, comm_total = step_time(step, plan, links, compute)
+    timed, collectives = step_time(step, plan, links, compute)
     qps = plan.num_gpus * job.batch_size / timed.step_seconds
     cost = None
     if num_queries and epochs:
         cost = setup_cost(
-            queries_per_s=qps, num_gpus=plan.num_gpus, price=price, num_queries=num_queries, epochs=epochs
+            queries_per_s=qps,
+            num_gpus=plan.num_gpus,
+            price=cheapest_for(plan.num_gpus, list(prices)),
+            num_queries=num_queries,
+            epochs=epochs,
         )
-    return dataclasses.replace(base, timing=timed, comm_seconds=comm_total, queries_per_s=qps, cost=cost)
+    return dataclasses.replace(
+        base,
+        timing=timed,
+        comm_seconds=sum(c.total_seconds for c in collectives),
+        collectives=collectives,
+        queries_per_s=qps,
+        cost=cost,
+    )
 
 
 def smallest_fitting(setups: Sequence[Setup]) -> dict[tuple[str, str], Setup]:
@@ -253,22 +185,41 @@ def estimate_multi_gpu(
     gpus_per_node: int = 8,
     max_gpus: int = DEFAULT_MAX_GPUS,
     node_link: str | None = None,
+    expert_degree: int = 1,
+    offload: str = "none",
     provider: str | None = None,
     prices_file=None,
     num_queries: float | None = None,
     epochs: float | None = None,
 ) -> MultiGpuEstimate:
     """Evaluate `job` on each GPU x strategy x number of GPUs (`num_gpus`, or every valid count up to `max_gpus`).
-    With no `num_gpus`, a job that fits no count up to `max_gpus` is an error."""
+    With no `num_gpus`, a job that fits no count up to `max_gpus` is an error; the search then takes the counts
+    that the expert-parallel degree `expert_degree` divides."""
+    from tunecost.catalog.models import resolve_model
     from tunecost.catalog.prices import price_catalog, prices_for
     from tunecost.distributed.rank_memory import single_gpu_step
+    from tunecost.models.params import count_parameters
 
     if not 1 <= max_gpus <= MAX_SEARCH_GPUS:
         raise TunecostError(f"the GPU limit must be between 1 and {MAX_SEARCH_GPUS}, got {max_gpus}")
-    counts = [num_gpus] if num_gpus is not None else valid_gpu_counts(gpus_per_node, max_gpus)
-    plans = [ParallelPlan(num_gpus=n, gpus_per_node=gpus_per_node, strategy=s) for s in strategies for n in counts]
+    counts = [num_gpus] if num_gpus is not None else valid_gpu_counts(gpus_per_node, max_gpus, expert_degree)
+    if not counts:
+        raise TunecostError(
+            f"no GPU count up to {max_gpus} is a multiple of the expert-parallel degree {expert_degree}"
+        )
+    plans = [
+        ParallelPlan(
+            num_gpus=n, gpus_per_node=gpus_per_node, strategy=s, expert_parallel=expert_degree, offload=offload
+        )
+        for s in strategies
+        for n in counts
+    ]
+    spec = resolve_model(job.model)
+    for plan in plans[:: len(counts)]:  # one plan per strategy
+        expert_parallel.check_expert_parallel(plan, num_experts=spec.num_experts, model=spec.name)
     links_by_gpu = {gpu.name: default_links(gpu, gpus_per_node, node_link) for gpu in gpus}  # errors before tracing
     step = single_gpu_step(job)
+    param_counts = count_parameters(spec, job.experts_per_token) if {"zero2", "zero3"} & set(strategies) else None
     prices = price_catalog(prices_file)
     setups: list[Setup] = []
     notes: list[str] = []
@@ -276,10 +227,9 @@ def estimate_multi_gpu(
         qps, note = single_gpu_queries_per_s(job, gpu)
         notes.append(note)
         links = links_by_gpu[gpu.name]
-        gpu_prices = prices_for(gpu.name, prices, provider)
+        gpu_prices = prices_for(gpu.name, prices, provider, whole_nodes=True)
         if not gpu_prices:
             notes.append(f"no price for {gpu.name}" + (f" from {provider}" if provider else "") + " in the catalog")
-        price = gpu_prices[0] if gpu_prices else None
         notes.append(f"{gpu.name}: links {links.node.name} in a node, {links.nics_per_node} x {links.network.name}")
         for plan in plans:
             setups.append(
@@ -290,9 +240,10 @@ def estimate_multi_gpu(
                     plan,
                     single_gpu_queries_per_s=qps,
                     links=links,
-                    price=price,
+                    prices=gpu_prices,
                     num_queries=num_queries,
                     epochs=epochs,
+                    param_counts=param_counts,
                 )
             )
     if num_gpus is None and not any(s.fits for s in setups):
@@ -300,7 +251,12 @@ def estimate_multi_gpu(
             f"{step.model} ({job.method}) fits no setup of up to {max_gpus} GPUs "
             f"({', '.join(g.name for g in gpus)}; {', '.join(strategies)}); raise the limit or change the job"
         )
-    notes.append("cost = hours x number of GPUs x the cheapest catalog $ per GPU-hour (the catalog has no node prices)")
+    notes.append(
+        "cost = hours x billed GPUs x $ per GPU-hour, at the catalog row with the lowest bill for the count: a row "
+        "that rents whole nodes bills the count rounded up to whole nodes"
+    )
+    if param_counts is not None:
+        notes.append(deepspeed_estimator.ASSUMPTION)
     return MultiGpuEstimate(
         model=step.model,
         method=job.method,

@@ -21,6 +21,7 @@ class ParamCounts:
     embedding: int  # input embedding (+ output head when untied)
     experts_per_token: int
     num_experts: int
+    largest_module: int  # the most parameters one module holds itself (DeepSpeed's "largest layer")
 
 
 def _is_routed_expert(param_name: str) -> bool:
@@ -50,6 +51,7 @@ def _count(spec: ModelSpec, experts_per_token: int) -> ParamCounts:
             routed += n
         elif _is_embedding(name):
             embedding += n
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     num_experts = spec.num_experts
     active = total - routed + routed * experts_per_token // num_experts
     return ParamCounts(
@@ -59,6 +61,7 @@ def _count(spec: ModelSpec, experts_per_token: int) -> ParamCounts:
         embedding=embedding,
         experts_per_token=experts_per_token,
         num_experts=num_experts,
+        largest_module=largest,
     )
 
 

@@ -69,6 +69,8 @@ def multi_gpu_rows(answer: Any) -> list[dict[str, Any]]:
                 strategy=s.plan.strategy,
                 num_gpus=s.plan.num_gpus,
                 gpus_per_node=s.plan.gpus_per_node,
+                expert_parallel=s.plan.expert_parallel,
+                offload=s.plan.offload,
                 fits=s.fits,
                 need_bytes=s.memory.need_bytes,
                 gpu_memory_bytes=s.gpu.memory_bytes,
@@ -78,6 +80,7 @@ def multi_gpu_rows(answer: Any) -> list[dict[str, Any]]:
                 hours=s.cost.hours if s.cost is not None else None,
                 usd=s.usd,
                 provider=s.cost.price.provider if s.cost is not None and s.cost.price is not None else None,
+                billed_gpus=s.cost.billed_gpus if s.cost is not None else None,
             )
         )
     return rows

@@ -100,16 +100,23 @@ def prices(
     rows = price_catalog(prices_file)
     if gpu or provider:
         names = [resolve_gpu_name(gpu).gpu.name] if gpu else sorted({p.gpu for p in rows})
-        rows = [p for name in names for p in prices_for(name, rows, provider)]
+        rows = [p for name in names for p in prices_for(name, rows, provider, whole_nodes=True)]
     rows = sorted(rows, key=lambda p: (p.gpu, p.usd_per_gpu_hour))
     if json_out:
         print_json(rows)
         return
     print_table(
         "GPU prices ($ per GPU-hour, on demand)",
-        ["gpu", "provider", "$/h", "date", "source"],
-        [[p.gpu, p.provider, f"{p.usd_per_gpu_hour:.2f}", p.date, p.source_url] for p in rows],
+        ["gpu", "provider", "$/h", "rented as", "date", "source"],
+        [
+            [p.gpu, p.provider, f"{p.usd_per_gpu_hour:.2f}", _unit_text(p.gpus_per_unit), p.date, p.source_url]
+            for p in rows
+        ],
     )
+
+
+def _unit_text(gpus_per_unit: int) -> str:
+    return "1 GPU" if gpus_per_unit == 1 else f"{gpus_per_unit}-GPU node"
 
 
 def register(app: typer.Typer) -> None:

@@ -194,6 +194,8 @@ def estimate(
     strategy: multi.Strategy = None,
     max_gpus: multi.MaxGpus = None,
     interconnect: multi.Interconnect = None,
+    expert_parallel: multi.ExpertParallel = None,
+    offload: multi.Offload = None,
     out: RecordsOut = None,
     force: ReplaceRecords = False,
     json_out: JsonOut = False,
@@ -227,7 +229,9 @@ def estimate(
         seq_len=seq_len,
         lora_targets=parse_lora_targets(lora_targets) if lora_targets is not None else None,
     )
-    if any(v is not None for v in (num_gpus, gpus_per_node, strategy, max_gpus, interconnect)):
+    if any(
+        v is not None for v in (num_gpus, gpus_per_node, strategy, max_gpus, interconnect, expert_parallel, offload)
+    ):
         if out is not None or estimator != DEFAULT_ESTIMATOR or calibrate or run_queries is not None:
             raise TunecostError(
                 "--gpus/--strategy estimate with the step simulator and the cross-GPU throughput model; "
@@ -241,6 +245,8 @@ def estimate(
             strategy=strategy,
             max_gpus=max_gpus,
             interconnect=interconnect,
+            expert_degree=expert_parallel,
+            offload=offload,
             provider=provider,
             prices_file=prices_file,
             batch_size=batch_size,

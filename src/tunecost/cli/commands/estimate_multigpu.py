@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from tunecost.cli.common import console, print_json, print_table, split_list
-from tunecost.cli.options import count_option, opt
+from tunecost.cli.options import MAX_EXPERTS, count_option, opt
 from tunecost.distributed.plan import MULTI_GPU_STRATEGIES
 from tunecost.distributed.setups import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS
 from tunecost.units import format_bytes
@@ -27,6 +27,16 @@ MaxGpus = Annotated[
     int | None, count_option("--max-gpus", "--gpus auto: the most GPUs to consider (default 64).", MAX_SEARCH_GPUS)
 ]
 Interconnect = Annotated[str | None, opt("--interconnect", "Several GPUs: the link inside a node (NVLink4, PCIe4...).")]
+Offload = Annotated[
+    str | None,
+    opt("--offload", "Several GPUs, DeepSpeed ZeRO: none | optimizer (zero1/2/3) | params (zero3, with optimizer)."),
+]
+ExpertParallel = Annotated[
+    int | None,
+    count_option(
+        "--expert-parallel", "Several GPUs, MoE: ranks that share the experts (divides experts, GPUs).", MAX_EXPERTS
+    ),
+]
 
 
 def parse_gpu_count(text: str) -> int | None:
@@ -53,6 +63,8 @@ def run_multi_gpu(
     strategy: str | None,
     max_gpus: int | None,
     interconnect: str | None,
+    expert_degree: int | None,
+    offload: str | None,
     provider: str | None,
     prices_file,
     batch_size: str | None,
@@ -63,10 +75,18 @@ def run_multi_gpu(
     """Answer the multi-GPU question for `job` (the estimate command's job) and print it. Each rank runs a
     micro-batch of `batch_size` (default 1) at the job's sequence length (default 512 tokens)."""
     from tunecost.catalog.gpus import resolve_gpu_name
+    from tunecost.distributed.expert_parallel import EP_STRATEGIES
+    from tunecost.distributed.offload import OFFLOAD_STRATEGIES
     from tunecost.distributed.setups import estimate_multi_gpu
     from tunecost.errors import TunecostError
 
-    strategies = list(MULTI_GPU_STRATEGIES) if strategy in (None, "all") else split_list(strategy, what="strategy")
+    offload = (offload or "none").strip().lower()
+    every = [  # "all": the strategies that take the offload and the expert-parallel degree asked for
+        s
+        for s in OFFLOAD_STRATEGIES.get(offload, MULTI_GPU_STRATEGIES)
+        if (expert_degree or 1) == 1 or s in EP_STRATEGIES
+    ]
+    strategies = every if strategy in (None, "all") else split_list(strategy, what="strategy")
     count = parse_gpu_count(num_gpus)
     if batch_size is not None and not batch_size.strip().isdigit():
         raise TunecostError(f"with --gpus, --batch-size is one whole number (per rank), got {batch_size!r}")
@@ -79,6 +99,8 @@ def run_multi_gpu(
         gpus_per_node=gpus_per_node or DEFAULT_GPUS_PER_NODE,
         max_gpus=max_gpus or DEFAULT_MAX_GPUS,
         node_link=interconnect,
+        expert_degree=expert_degree or 1,
+        offload=offload,
         provider=provider,
         prices_file=prices_file,
         num_queries=num_queries,
@@ -89,25 +111,48 @@ def run_multi_gpu(
         print_json(answer)
         return
     shown = answer.setups if count is not None else tuple(answer.smallest_fitting.values())
+    ep = f", expert parallel {expert_degree}" if expert_degree and expert_degree > 1 else ""
+    ep += f", CPU offload: {offload}" if offload != "none" else ""
     title = (
-        f"{answer.model} ({answer.method}) on {count} GPUs"
+        f"{answer.model} ({answer.method}{ep}) on {count} GPUs"
         if count is not None
-        else f"{answer.model} ({answer.method}): fewest GPUs that fit, per GPU and strategy (up to {limit})"
+        else f"{answer.model} ({answer.method}{ep}): fewest GPUs that fit, per GPU and strategy (up to {limit})"
     )
     _print_setups(f"{title}: {answer.batch_size} x {answer.seq_len} tokens per rank", shown)
     for s in shown:
         if not s.fits:
             console.print(f"{s.plan.strategy} on {s.plan.num_gpus} x {s.gpu.name} does not fit: {why_not(s)}")
+    beside = {(s.plan.strategy, s.plan.num_gpus): s for s in shown if s.deepspeed_estimate_bytes is not None}
+    for (strategy_name, n), s in beside.items():
+        deepspeed = s.deepspeed_estimate_bytes or 0
+        console.print(
+            f"DeepSpeed's own estimator, {strategy_name} on {n} GPUs: {deepspeed / 1e9:.1f} GB of model states "
+            f"per GPU, every parameter trainable (tunecost: {s.memory.need_bytes / 1e9:.1f} GB in all)"
+        )
     best = answer.cheapest
     if best is not None and best.cost is not None and best.cost.price is not None:
         price = best.cost.price
         console.print(
             f"cheapest: {best.plan.num_gpus} x {best.gpu.name} ({price.provider}, "
-            f"${price.usd_per_gpu_hour:g}/GPU-hour) with {best.plan.strategy}: {best.cost.hours:.1f} h, "
+            f"${price.usd_per_gpu_hour:g}/GPU-hour{_node_text(best.cost)}) with {best.plan.strategy}: "
+            f"{best.cost.hours:.1f} h, "
             f"[bold]${best.usd:.2f}[/bold]"
         )
     for note in (*answer.notes, *answer.assumptions):
         console.print(f"[dim]note: {note}[/dim]")
+
+
+def _node_text(cost) -> str:
+    """ ", billed as 2 x 8-GPU nodes" for a price that rents whole nodes; "" otherwise."""
+    unit = cost.price.gpus_per_unit if cost is not None and cost.price is not None else 1
+    nodes = cost.billed_gpus // unit
+    return f", billed as {nodes} x {unit}-GPU node{'s' if nodes > 1 else ''}" if unit > 1 else ""
+
+
+def _price_text(cost) -> str:
+    if cost is None or cost.price is None:
+        return "-"
+    return f"{cost.billed_gpus} ({cost.price.provider}{_node_text(cost).replace(', billed as', ':')})"
 
 
 def why_not(setup) -> str:
@@ -129,18 +174,32 @@ def _print_setups(title: str, setups) -> None:
 
     print_table(
         title,
-        ["gpu", "strategy", "GPUs", "fits", "memory/rank GB", "step s", "exposed comm", "queries/s", "hours", "cost $"],
+        [
+            "gpu",
+            "strategy",
+            "GPUs",
+            "fits",
+            "memory/rank GB",
+            "step s",
+            "exposed comm",
+            "queries/s",
+            "hours",
+            "billed GPUs",
+            "cost $",
+        ],
         [
             [
                 s.gpu.name,
                 s.plan.strategy,
                 s.plan.num_gpus,
                 "yes" if s.fits else "no",
-                f"{s.memory.need_bytes / 1e9:.1f} of {s.gpu.memory_bytes / 1e9:.1f}",
+                f"{s.memory.need_bytes / 1e9:.1f} of {s.gpu.memory_bytes / 1e9:.1f}"
+                + (f" (+{s.memory.host_bytes / 1e9:.1f} on CPU)" if s.memory.host_bytes else ""),
                 fmt(s.timing.step_seconds if s.timing else None, ".3f"),
                 "-" if s.exposed_comm_share is None else f"{100 * s.exposed_comm_share:.1f} %",
                 fmt(s.queries_per_s, ".2f"),
                 fmt(s.cost.hours if s.cost else None, ".1f"),
+                _price_text(s.cost),
                 fmt(s.usd, ".2f"),
             ]
             for s in setups

@@ -1,0 +1,233 @@
+"""One data-parallel step on several GPUs: the links it uses, the collectives it issues and its time.
+
+Per step of a strategy, the collectives (sizes from the single-GPU step, `rank_memory.SingleGpuStep`) are timed
+with nccl-tests' bus-bandwidth definitions (`comm`) over the interconnect catalog and hidden under compute per
+`overlap`; expert parallelism adds its all-to-alls (`expert_parallel`). Compute per rank is given (the
+single-GPU step at the same micro-batch), split into forward, backward (with recompute) and optimizer by the
+simulated FLOPs, and evenly over the decoder layers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunecost.catalog.gpus import GPU
+from tunecost.catalog.interconnects import Interconnect, resolve_interconnect
+from tunecost.distributed import comm, expert_parallel, offload, overlap
+from tunecost.distributed.plan import ParallelPlan
+from tunecost.distributed.rank_memory import PARAM_SHARDED, SingleGpuStep, shard_group_size
+from tunecost.errors import TunecostError
+
+DDP_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default
+# Links assumed when none is named: the node's GPU link (by GPU family) and, between nodes, one NIC per GPU.
+DEFAULT_NODE_LINK = {"H100-80GB-SXM": "NVLink4", "H200-141GB": "NVLink4", "A100-80GB-SXM": "NVLink3"}
+DEFAULT_NODE_LINK_OTHER = "PCIe4"
+DEFAULT_NETWORK = {"H100-80GB-SXM": "InfiniBand-NDR", "H200-141GB": "InfiniBand-NDR"}
+DEFAULT_NETWORK_OTHER = "InfiniBand-HDR"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Links:
+    node: Interconnect  # between the GPUs of one node
+    network: Interconnect  # one NIC between nodes
+    nics_per_node: int
+    host: Interconnect | None = None  # GPU to CPU memory (PCIe), for DeepSpeed's CPU offload
+
+    def bus_bandwidth_bytes_per_s(self, num_ranks: int, gpus_per_node: int) -> tuple[float, float]:
+        """(bus bandwidth, latency) of a collective over `num_ranks` ranks: the node link within one node; across
+        nodes the slower of the node link and the node's NICs (a ring crosses the network)."""
+        if num_ranks <= gpus_per_node:
+            return self.node.bus_bandwidth_bytes_per_s, self.node.latency_seconds
+        network = comm.inter_node_bus_bandwidth_bytes_per_s(self.network.bus_bandwidth_bytes_per_s, self.nics_per_node)
+        latency = max(self.node.latency_seconds, self.network.latency_seconds)
+        return min(self.node.bus_bandwidth_bytes_per_s, network), latency
+
+
+def default_links(gpu: GPU, gpus_per_node: int, node_link: str | None = None) -> Links:
+    node = resolve_interconnect(node_link or DEFAULT_NODE_LINK.get(gpu.name, DEFAULT_NODE_LINK_OTHER))
+    if node.scope != "node":
+        raise TunecostError(f"{node.name} links nodes, not the GPUs of one node; name a node link (NVLink, PCIe)")
+    network = resolve_interconnect(DEFAULT_NETWORK.get(gpu.name, DEFAULT_NETWORK_OTHER))
+    host = resolve_interconnect(offload.host_link_name(gpu.name))
+    return Links(node=node, network=network, nics_per_node=gpus_per_node, host=host)
+
+
+def phase_seconds(step: SingleGpuStep, step_seconds: float) -> tuple[float, float, float]:
+    """(forward, backward + recompute, optimizer) seconds of a step, split by the simulated FLOPs."""
+    flops = step.flops_by_phase
+    total = sum(flops.values()) or 1.0
+    forward = flops.get("forward", 0.0) / total
+    optimizer = flops.get("optimizer", 0.0) / total
+    return forward * step_seconds, (1.0 - forward - optimizer) * step_seconds, optimizer * step_seconds
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepCollective:
+    """`count` calls per step of one collective: `op` over `ranks` ranks, each moving a buffer of `nbytes`
+    (nccl-tests' buffer size) in `seconds`."""
+
+    op: str
+    phase: str  # forward, backward or optimizer
+    what: str
+    ranks: int
+    nbytes: float
+    count: int
+    seconds: float
+
+    @property
+    def total_seconds(self) -> float:
+        return self.count * self.seconds
+
+
+class _StepComm:
+    """The collectives and host copies of one step, recorded as they are timed."""
+
+    def __init__(self, step: SingleGpuStep, plan: ParallelPlan, links: Links) -> None:
+        self.step, self.plan, self.links = step, plan, links
+        self.ep = plan.expert_parallel
+        self.group = shard_group_size(plan) if plan.strategy == "hsdp" else plan.num_gpus  # data-parallel ranks
+        self.out: list[StepCollective] = []
+
+    def add(self, op: str, phase: str, what: str, nbytes: float, count: int, ranks: int = 0, span: int = 0) -> float:
+        """Record `count` calls over `ranks` (default: the data-parallel group); the seconds of one. `span`: the
+        ranks whose links carry it (default `ranks`)."""
+        ranks = ranks or self.group
+        if ranks <= 1 or nbytes <= 0 or count <= 0:
+            return 0.0
+        bus, latency = self.links.bus_bandwidth_bytes_per_s(span or ranks, self.plan.node_size)
+        seconds = comm.collective_seconds(op, nbytes, ranks, bus, latency)
+        self.out.append(
+            StepCollective(op=op, phase=phase, what=what, ranks=ranks, nbytes=nbytes, count=count, seconds=seconds)
+        )
+        return seconds
+
+    def data_parallel(self, op: str, phase: str, what: str, nbytes: int, experts: int, count: int) -> float:
+        """One call's seconds; the routed experts' bytes (1/ep per rank) go over the group // ep ranks that
+        hold the same experts, on the links of the whole group."""
+        ep, group = self.ep, self.group
+        if ep == 1:
+            return self.add(op, phase, what, nbytes, count)
+        dense = self.add(op, phase, what, nbytes - experts, count)
+        return dense + self.add(op, phase, f"{what} (experts)", experts // ep, count, ranks=group // ep, span=group)
+
+    def host_copy(self, direction: str, phase: str, what: str, whole_bytes: float, count: int, ranks: int = 0) -> float:
+        """Record `count` copies of this rank's partition of `whole_bytes` (shared by `ranks`, default the
+        data-parallel group) over its PCIe link (DeepSpeed offload); the seconds of one."""
+        if self.links.host is None:
+            raise TunecostError("CPU offload needs a host link (PCIe) in the links")
+        nbytes = whole_bytes / (ranks or self.group)
+        seconds = offload.copy_seconds(nbytes, self.links.host.bus_bandwidth_bytes_per_s)
+        if count > 0 and nbytes > 0:
+            self.out.append(
+                StepCollective(
+                    op=direction, phase=phase, what=what, ranks=1, nbytes=nbytes, count=count, seconds=seconds
+                )
+            )
+        return seconds
+
+
+def step_time(
+    step: SingleGpuStep, plan: ParallelPlan, links: Links, compute_seconds: float
+) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
+    """(overlap.StepTime, the collectives and host copies of a step) of `plan` whose single-GPU compute is
+    given. Expert parallelism's all-to-alls block the layer that issues them: they lengthen its forward and
+    backward."""
+    fwd, bwd, opt = phase_seconds(step, compute_seconds)
+    c = _StepComm(step, plan, links)
+    a2a = {"forward": 0.0, "backward": 0.0}
+    if c.ep > 1:
+        for phase, calls in expert_parallel.all_to_all_per_layer(recompute=step.recompute).items():
+            each = c.add(
+                "all_to_all", phase, "expert dispatch and combine", step.dispatch_bytes, calls * step.num_layers, c.ep
+            )
+            a2a[phase] = calls * each
+    if plan.strategy in (*PARAM_SHARDED, "fsdp2-shard-grad-op"):
+        step_seconds = _sharded_step_seconds(c, fwd, bwd, opt, a2a)
+    else:
+        step_seconds = _bucketed_step_seconds(c, fwd, bwd, opt, a2a)
+    return overlap.StepTime(compute_seconds=fwd + bwd + opt, step_seconds=step_seconds), tuple(c.out)
+
+
+def _sharded_step_seconds(c: _StepComm, fwd: float, bwd: float, opt: float, a2a: dict[str, float]) -> float:
+    """FSDP2, ZeRO-3, HSDP: per layer an all-gather in forward (and in backward when resharded) and a
+    reduce-scatter, the root with the first layer, overlapped per `overlap.fsdp_step_seconds`. With CPU offload
+    each gradient shard follows its reduce-scatter to the host and (parameter offload) each layer's shard comes
+    from the host before its all-gather."""
+    step, plan, layers = c.step, c.plan, c.step.num_layers
+    reshard = plan.strategy != "fsdp2-shard-grad-op"
+    weights, experts = step.layer_weight_bytes, step.layer_expert_bytes(trainable=False)
+    layer_trainable, layer_expert_trainable = step.layer_trainable_bytes, step.layer_expert_bytes(trainable=True)
+    ag = [c.data_parallel("all_gather", "forward", "layer weights", weights, experts, layers)] * layers
+    rs = [
+        c.data_parallel(
+            "reduce_scatter", "backward", "layer gradients", layer_trainable, layer_expert_trainable, layers
+        )
+    ] * layers
+    ag[0] += c.add("all_gather", "forward", "root weights", step.root_weight_bytes, 1)
+    rs[0] += c.add("reduce_scatter", "backward", "root gradients", step.root_trainable_bytes, 1)
+    if reshard:  # the same all-gathers again in backward
+        c.data_parallel("all_gather", "backward", "layer weights", weights, experts, layers)
+        c.add("all_gather", "backward", "root weights", step.root_weight_bytes, 1)
+    exposed = 0.0
+    if offload.offloads_states(plan.offload):
+        to_host = c.host_copy("device_to_host", "backward", "gradient shard", layer_trainable, layers)
+        rs = [t + to_host for t in rs]
+        rs[0] += c.host_copy("device_to_host", "backward", "root gradient shard", step.root_trainable_bytes, 1)
+    if offload.offloads_params(plan.offload):  # each all-gather's shard first comes from the host
+        for phase in ("forward", "backward") if reshard else ("forward",):
+            from_host = c.host_copy("host_to_device", phase, "layer weight shard", weights, layers)
+            root = c.host_copy("host_to_device", phase, "root weight shard", step.root_weight_bytes, 1)
+        ag = [t + from_host for t in ag]
+        ag[0] += root
+    elif offload.offloads_states(plan.offload):  # the updated 16-bit shard back to the GPU
+        exposed += c.host_copy("host_to_device", "optimizer", "updated trainable shard", step.trainable_bytes, 1)
+    layer_fwd, layer_bwd = fwd / layers + a2a["forward"], bwd / layers + a2a["backward"]
+    timed = overlap.fsdp_step_seconds(
+        [layer_fwd] * layers, [layer_bwd] * layers, ag, rs, opt, reshard_after_forward=reshard
+    )
+    if plan.strategy == "hsdp" and plan.num_nodes > 1:  # sharded gradients all-reduced between nodes
+        shards = step.trainable_bytes / c.group
+        exposed += c.add(
+            "all_reduce", "backward", "gradient shards between nodes", shards, 1, plan.num_nodes, plan.num_gpus
+        )
+    return timed.step_seconds + exposed
+
+
+def _bucketed_step_seconds(c: _StepComm, fwd: float, bwd: float, opt: float, a2a: dict[str, float]) -> float:
+    """DDP, ZeRO-1/2: gradients all-reduced (DDP) or reduce-scattered (ZeRO) in 25 MiB buckets under backward,
+    per `overlap.ddp_step_seconds`; ZeRO then all-gathers the updated trainable weights. With CPU offload each
+    bucket's gradient partition goes to the host after its reduce-scatter and the updated partition comes back
+    after the optimizer step."""
+    step, plan, ep, group = c.step, c.plan, c.ep, c.group
+    op = "all_reduce" if plan.strategy == "ddp" else "reduce_scatter"
+    experts = step.expert_trainable_bytes if ep > 1 else 0
+    offloaded = offload.offloads_states(plan.offload)
+    buckets: list[float] = []
+    for label, total, ranks in (
+        (" (experts)", experts // ep, group // ep),
+        ("", step.trainable_bytes - experts, group),
+    ):
+        full, rest = divmod(total, DDP_BUCKET_BYTES)
+        for size, count, what in (
+            (DDP_BUCKET_BYTES, full, "gradient buckets"),
+            (rest, 1 if rest else 0, "last gradient bucket"),
+        ):
+            if not count:
+                continue
+            seconds = c.add(op, "backward", what + label, size, count, ranks)
+            if offloaded:
+                seconds += c.host_copy("device_to_host", "backward", f"{what} partition{label}", size, count, ranks)
+            buckets += [seconds] * count
+    layers = step.num_layers
+    step_seconds = overlap.ddp_step_seconds(
+        fwd + layers * a2a["forward"], bwd + layers * a2a["backward"], buckets, opt
+    ).step_seconds
+    if offloaded:
+        step_seconds += c.host_copy(
+            "host_to_device", "optimizer", "updated trainable partition", step.trainable_bytes, 1
+        )
+    if plan.strategy in ("zero1", "zero2"):  # updated trainable weights all-gathered after the optimizer step
+        step_seconds += c.data_parallel(
+            "all_gather", "optimizer", "updated trainable weights", step.trainable_bytes, experts, 1
+        )
+    return step_seconds
