@@ -141,7 +141,9 @@ def profile(
     max_length: MaxLength = 1024,
     dataset_limit: Annotated[int | None, opt("--dataset-limit", "Use only the first N dataset queries.")] = None,
     nproc_per_node: Annotated[int, count_option("--nproc-per-node", NPROC_HELP, 64)] = 1,
-    strategy: Annotated[str, opt("--strategy", "With --nproc-per-node > 1: fsdp2 (fully_shard) or ddp.")] = "fsdp2",
+    strategy: Annotated[
+        str | None, opt("--strategy", "With --nproc-per-node > 1: fsdp2 (fully_shard, default) or ddp.")
+    ] = None,
     json_out: JsonOut = False,
 ) -> None:
     """Profile MoE fine-tuning over experts-per-token x sequence lengths x batch sizes; writes tidy records."""
@@ -150,7 +152,7 @@ def profile(
 
     check_output_folder(out)
     prepare_cpu_threads(device)
-    if nproc_per_node > 1:
+    if strategy is not None or nproc_per_node > 1:
         from tunecost.cli.commands.profile_ranks import run_rank_profile
 
         run_rank_profile(model_setup(options, experts_per_token=None), options, out)
