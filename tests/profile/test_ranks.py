@@ -109,12 +109,12 @@ def test_cli_profiles_once_and_resumes(tmp_path, cli_json, monkeypatch) -> None:
         ("--dataset", "math_14k", "--dataset"),
     ],
 )
-def test_cli_strategy_needs_several_ranks(tmp_path, cli_error) -> None:
-    line = cli_error(["profile", "--out", str(tmp_path / "run"), "--strategy", "ddp"])
-    assert "--strategy applies to several ranks" in line
-
-
 def test_cli_bad_input_is_one_error_line(tmp_path, cli_error, option, value, message) -> None:
     base = ["profile", "--out", str(tmp_path / "run"), "--nproc-per-node", "2", "--method", "lora"]
     line = cli_error([*base, option, value])  # a repeated --method: the last one counts
     assert message in line
+
+
+def test_cli_strategy_needs_several_ranks(tmp_path, cli_error) -> None:
+    line = cli_error(["profile", "--out", str(tmp_path / "run"), "--strategy", "ddp"])
+    assert "--strategy applies to several ranks" in line
