@@ -115,6 +115,10 @@ def test_cli_bad_input_is_one_error_line(tmp_path, cli_error, option, value, mes
     assert message in line
 
 
-def test_cli_strategy_needs_several_ranks(tmp_path, cli_error) -> None:
-    line = cli_error(["profile", "--out", str(tmp_path / "run"), "--strategy", "ddp"])
-    assert "--strategy applies to several ranks" in line
+def test_cli_one_rank_with_a_strategy_runs_through_the_launcher(tmp_path, cli_json) -> None:
+    """`--strategy` alone profiles one rank under that engine (the single-GPU check of the multi-rank path)."""
+    options = dict(model="tiny-mixtral", method="lora", random_weights=True, num_layers=1, strategy="fsdp2")
+    got = cli_json("profile", out=tmp_path / "run", **options, batch_sizes=1, seq_len=16, steps=1)
+    (rank,) = got["ranks"]
+    assert rank["world_size"] == 1 and rank["slowest"] and rank["strategy"] == "fsdp2"
+    assert set(rank["collectives"]) <= {"all_gather", "reduce_scatter", "broadcast"}  # one rank still "gathers"

@@ -45,6 +45,10 @@ NPROC_HELP = (
     "Ranks to launch on this machine (torchrun's launcher; NCCL on CUDA, gloo on CPU): one point trained with "
     "--strategy, per-rank step time, memory and collectives in OUT/ranks/."
 )
+STRATEGY_HELP = (
+    "Profile through the ranks' launcher under fsdp2 (fully_shard; the default with --nproc-per-node) or ddp; "
+    "with --nproc-per-node 1, one such rank."
+)
 OVERHEAD_HELP = "Skip the plain-vs-instrumented comparison (one instrumented step for the layer breakdown)."
 
 
@@ -141,9 +145,7 @@ def profile(
     max_length: MaxLength = 1024,
     dataset_limit: Annotated[int | None, opt("--dataset-limit", "Use only the first N dataset queries.")] = None,
     nproc_per_node: Annotated[int, count_option("--nproc-per-node", NPROC_HELP, 64)] = 1,
-    strategy: Annotated[
-        str | None, opt("--strategy", "With --nproc-per-node > 1: fsdp2 (fully_shard, default) or ddp.")
-    ] = None,
+    strategy: Annotated[str | None, opt("--strategy", STRATEGY_HELP)] = None,
     json_out: JsonOut = False,
 ) -> None:
     """Profile MoE fine-tuning over experts-per-token x sequence lengths x batch sizes; writes tidy records."""

@@ -32,8 +32,6 @@ def run_rank_profile(setup: Any, options: dict[str, Any], out: Path) -> None:
 
     nproc, strategy = options["nproc_per_node"], options["strategy"] or "fsdp2"
     check_rank_strategy(strategy, nproc, setup.method)
-    if nproc == 1:
-        raise TunecostError("--strategy applies to several ranks; give --nproc-per-node 2 or more, or leave it out")
     resolve_profile_model(setup.model)  # an unknown model is an error here, not in every rank
     if options["dataset"] is not None:
         raise TunecostError("--dataset: --nproc-per-node trains on random tokens of --seq-len; leave --dataset out")
