@@ -9,8 +9,8 @@ file that is not UTF-8, a folder and an unrelated existing file. A probe passes 
 prints exactly one `error:` line on stderr and nothing on stdout, shows no traceback, finishes within --timeout
 seconds and leaves every file that was in the scratch folder unchanged.
 
-Bad values: '' and '   ' for every option that takes text or a path; -1, 0 (except where 0 is valid), nan, inf,
-1e20, 10^20 and 2 x 10^9 (past any GPU, within int32; except counts of queries and seeds) for every option that
+Bad values: '' and '   ' for every option that takes text or a path; -1 and 0 (except where they are valid), nan,
+inf, 1e20, 10^20 and 2 x 10^9 (past any GPU, within int32; except counts of queries and seeds) for every option that
 takes a value; for every path (and every text option whose help names a file, folder or path): a missing file, a
 folder, a file that is not UTF-8; for every output (--out, --output): a path under an existing file, an existing
 file (no --force), and each input of the same invocation.
@@ -65,6 +65,8 @@ BASE: dict[str, list[str]] = {
 }
 # Options for which 0 is a valid value (no warm-up, seed 0, the first layer).
 ZERO_IS_VALID = {"--warmup", "--warmup-steps", "--seed", "--layers"}
+# Options for which -1 is a valid value (GPTQ's group size -1: one group over all inputs).
+MINUS_ONE_IS_VALID = {"--gptq-group-size"}
 LARGE = "2000000000"
 # Options (or "command option") for which 2 x 10^9 is a valid value: counts of queries or examples (up to 10^12; past
 # a dataset's size they mean all of it) and 32-bit seeds.
@@ -184,6 +186,7 @@ def probes(only: str | None = None, kinds: tuple[str, ...] = KINDS) -> tuple[lis
             # a number is a valid file name: paths get the file probes below instead
             valid = {"0"} if name in ZERO_IS_VALID else set()
             valid |= {LARGE} if {name, f"{path} {name}"} & LARGE_IS_VALID else set()
+            valid |= {"-1"} if name in MINUS_ONE_IS_VALID else set()
             numbers = [] if takes_path or is_output else [v for v in NUMBERS if v not in valid]
             for value in BLANKS:
                 out.append(Probe(path, name, "blank", repr(value), _with(base, param, value)))

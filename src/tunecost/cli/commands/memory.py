@@ -42,6 +42,7 @@ QUANT_TYPE_HELP = (
     "4-bit type for qlora: nf4 | fp4 | gptq (default: gptq for a GPTQ checkpoint in the catalog, else nf4)."
 )
 GPTQ_GROUP_HELP = "GPTQ group size, -1 for one group (default: the checkpoint's quantize_config, else 128)."
+MAX_GPTQ_GROUP_SIZE = 2**20  # inputs per group: more than any layer has
 GPTQ_KERNEL_HELP = "GPTQ kernel: triton-v2 (de-quantized temporary) | torch (auto-gptq torch path, weight kept)."
 MODULES_TO_SAVE_HELP = "Modules trained fully beside LoRA (PEFT modules_to_save), e.g. embed_tokens,lm_head."
 
@@ -142,6 +143,10 @@ def memory(
         targets = default_lora_targets(is_moe=resolve_model(model).is_moe)
     else:
         targets = parse_lora_targets(lora_targets)
+    if gptq_group_size is not None and gptq_group_size != -1:  # -1: GPTQ's one group over all inputs
+        from tunecost.limits import check_count
+
+        check_count("--gptq-group-size", gptq_group_size, MAX_GPTQ_GROUP_SIZE)
     quant_kind, group_size = quant_defaults(model, quant_type, gptq_group_size)
     gptq = method == "qlora" and quant_kind == "gptq"
     job = FineTuneJob(
