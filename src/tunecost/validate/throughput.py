@@ -104,7 +104,7 @@ def calibration_failure(counts: AnalyticStepCounts, terms: GpuTerms, measured_st
     return (
         f"measured {measured_step_s:.3g} s per step, {'faster' if faster else 'slower'} than the counts at "
         f"{FITTED_PARAMETER} {end:g} ({at_end.step_s:.3g} s, of which {memory_s:.3g} s memory-bound work and "
-        f"{at_end.kernel_overhead_s + at_end.step_overhead_s:.3g} s host time)"
+        f"{at_end.exposed_host_s:.3g} s host time not hidden under GPU work; host syncs {at_end.host_sync})"
     )
 
 
