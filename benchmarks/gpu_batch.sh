@@ -3,7 +3,7 @@
 #
 # On this machine, once:   bash benchmarks/gpu_wheels.sh        # wheels the GPU image lacks, into .whl/ (ignored)
 # On the GPU machine:      bash benchmarks/gpu_batch.sh PART     # PART: env | tests | profile | memory | moe |
-#                                                               #       counters | calibrate | throughput | all
+#                                                               #       counters | calibrate | throughput | ranks | all
 # Output goes to $OUT (the device tool's folder) or runs/gpu-batch/; paste the tables into docs/gpu-measurements.md
 # with the date, device and versions the `env` part prints.
 set -uo pipefail
@@ -59,10 +59,16 @@ part_moe() {
 }
 part_counters() { run counters "${TC[@]}" gpu-counters --model tiny-mixtral --batch-sizes 1,4 --out "$OUT/counters"; }
 part_calibrate() { run calibrate "${TC[@]}" calibrate-gpu --device cuda --out "$OUT/gpu-profile.json" --force; }
+part_ranks() {  # one-rank FSDP2 and DDP through the elastic launcher on NCCL (several ranks need several GPUs)
+  for strategy in fsdp2 ddp; do
+    run "ranks-$strategy" "${TC[@]}" profile --out "$OUT/ranks" --model tiny-mixtral --method lora --random-weights \
+      --device cuda --nproc-per-node 1 --strategy "$strategy" --batch-sizes 4 --seq-len 128 --steps 3
+  done
+}
 part_throughput() { run throughput "$PY" benchmarks/gpu_throughput_check.py --model mixtral-8x7b --batch-sizes 1,2,4,8 --seq-len 128; }
 
 case "$PART" in
-  env|tests|profile|memory|moe|counters|calibrate|throughput) part_env; "part_$PART" ;;
-  all) part_env; for p in tests profile memory moe counters calibrate throughput; do "part_$p"; done ;;
+  env|tests|profile|memory|moe|counters|calibrate|throughput|ranks) part_env; "part_$PART" ;;
+  all) part_env; for p in tests profile memory moe counters calibrate throughput ranks; do "part_$p"; done ;;
   *) echo "gpu_batch: unknown part '$PART'" >&2; exit 2 ;;
 esac

@@ -109,3 +109,21 @@ def test_all_strategies_means_those_that_take_the_options(cli_runner, extra, str
     setups = json.loads(result.stdout)["setups"]
     assert {s["plan"]["strategy"] for s in setups} == strategies
     assert all(s["plan"]["expert_parallel"] == (2 if "--expert-parallel" in extra else 1) for s in setups)
+
+
+def test_out_records_every_setup_for_the_report(cli_runner, tmp_path: Path):
+    """`--out RUN` adds one multi_gpu record per (GPU, strategy, count) evaluated; the report draws them; a second
+    run into the same folder is refused without --force."""
+    from tunecost.report.html import build_report
+
+    run = tmp_path / "run"
+    args = [*BASE, "--model", TINY, "--gpu", "H100", "--gpus", "auto", "--max-gpus", "4", "--strategy", "ddp,fsdp2"]
+    result = cli_runner.invoke(app, [*args, "--out", str(run)])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (run / "multi_gpu.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert {(r["strategy"], r["num_gpus"]) for r in rows} == {(s, n) for s in ("ddp", "fsdp2") for n in (1, 2, 3, 4)}
+    assert all(r["kind"] == "multi_gpu" and r["fits"] == (r["need_bytes"] <= r["gpu_memory_bytes"]) for r in rows)
+    assert "multi_gpu" in build_report(run).sections_shown
+    again = cli_runner.invoke(app, [*args, "--out", str(run)])
+    assert again.exit_code == 2 and "--force" in again.stderr
+    assert cli_runner.invoke(app, [*args, "--out", str(run), "--force"]).exit_code == 0

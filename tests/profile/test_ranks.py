@@ -113,3 +113,12 @@ def test_cli_bad_input_is_one_error_line(tmp_path, cli_error, option, value, mes
     base = ["profile", "--out", str(tmp_path / "run"), "--nproc-per-node", "2", "--method", "lora"]
     line = cli_error([*base, option, value])  # a repeated --method: the last one counts
     assert message in line
+
+
+def test_cli_one_rank_with_a_strategy_runs_through_the_launcher(tmp_path, cli_json) -> None:
+    """`--strategy` alone profiles one rank under that engine (the single-GPU check of the multi-rank path)."""
+    options = dict(model="tiny-mixtral", method="lora", random_weights=True, num_layers=1, strategy="fsdp2")
+    got = cli_json("profile", out=tmp_path / "run", **options, batch_sizes=1, seq_len=16, steps=1)
+    (rank,) = got["ranks"]
+    assert rank["world_size"] == 1 and rank["slowest"] and rank["strategy"] == "fsdp2"
+    assert set(rank["collectives"]) <= {"all_gather", "reduce_scatter", "broadcast"}  # one rank still "gathers"

@@ -13,7 +13,7 @@ from tunecost.errors import TunecostError
 from tunecost.simulate import cache, simulate_step
 from tunecost.simulate.behaviour import (
     DEFAULT_BEHAVIOUR,
-    LOSS_QWEN_REMOTE,
+    LOSS_MODEL_SHIFTED,
     LOSS_TRANSFORMERS_446,
     StackBehaviour,
     causal_lm_loss,
@@ -50,7 +50,7 @@ def test_loss_codes_allocate_what_their_code_does(logits_and_labels) -> None:
     peak, _ = allocation_peak_bytes(lambda: causal_lm_loss(LOSS_TRANSFORMERS_446, logits, labels))
     assert peak == 4 * T * V + 4 * S * V + 4 * S * V + I64 * S + LOSS_SCALARS
     # Qwen (1.0) remote code: shifted contiguous bf16 copy (2 S V), autocast's fp32 copy (4 S V), log_softmax (4 S V)
-    peak, _ = allocation_peak_bytes(lambda: causal_lm_loss(LOSS_QWEN_REMOTE, logits, labels))
+    peak, _ = allocation_peak_bytes(lambda: causal_lm_loss(LOSS_MODEL_SHIFTED, logits, labels))
     assert peak == 2 * S * V + 4 * S * V + 4 * S * V + I64 * S + LOSS_SCALARS
 
 
@@ -59,7 +59,7 @@ def test_loss_codes_give_the_same_loss(logits_and_labels) -> None:
 
     logits, labels = logits_and_labels
     want = ForCausalLMLoss(logits, labels, V)
-    for code in (LOSS_TRANSFORMERS_446, LOSS_QWEN_REMOTE):
+    for code in (LOSS_TRANSFORMERS_446, LOSS_MODEL_SHIFTED):
         assert float(causal_lm_loss(code, logits, labels).detach()) == pytest.approx(float(want.detach()), rel=1e-6)
 
 

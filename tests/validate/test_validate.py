@@ -165,7 +165,7 @@ def test_rows_pick_their_stack_behaviours(corpus) -> None:
     preparation), its accelerated-peft-bnb plugin does not; the loss code follows the row's transformers version,
     and Qwen (1.0) models run their own remote code."""
     from tunecost.simulate.behaviour import (
-        LOSS_QWEN_REMOTE,
+        LOSS_MODEL_SHIFTED,
         LOSS_TRANSFORMERS_5,
         LOSS_TRANSFORMERS_440,
         LOSS_TRANSFORMERS_446,
@@ -178,8 +178,11 @@ def test_rows_pick_their_stack_behaviours(corpus) -> None:
     assert loss_code_for("mistralai/Mistral-7B-v0.1", "transformers 4.40.0") == LOSS_TRANSFORMERS_440
     assert loss_code_for("mistralai/Mistral-7B-v0.1", "transformers 4.49.0") == LOSS_TRANSFORMERS_5
     assert loss_code_for("mistralai/Mistral-7B-v0.1", "") == LOSS_TRANSFORMERS_5
-    assert loss_code_for("Qwen/Qwen-7B-Chat", "torch 2.1.1") == LOSS_QWEN_REMOTE
+    assert loss_code_for("Qwen/Qwen-7B-Chat", "torch 2.1.1") == LOSS_MODEL_SHIFTED
     assert loss_code_for("Qwen/Qwen1.5-7B", "") == LOSS_TRANSFORMERS_5  # in transformers since 4.37
+    # GPTBigCode's forward computes its own loss up to 4.48 (read in the 4.48.1 wheel), not via loss_function
+    assert loss_code_for("bigcode/gpt_bigcode-santacoder", fms, "gpt_bigcode") == LOSS_MODEL_SHIFTED
+    assert loss_code_for("bigcode/gpt_bigcode-santacoder", "transformers 4.49.0", "gpt_bigcode") == LOSS_TRANSFORMERS_5
 
     base = next(r for r in read_corpus([corpus]) if r.id == "t-alloc")
     qlora = {"method": "qlora", "quantization": "bnb-nf4", "stack_versions": fms}

@@ -31,14 +31,15 @@ if TYPE_CHECKING:  # torch is imported when a simulation runs, not when a behavi
 LOSS_TRANSFORMERS_5 = "transformers>=4.49"
 LOSS_TRANSFORMERS_446 = "transformers-4.46-4.48"
 LOSS_TRANSFORMERS_440 = "transformers-4.40"
-LOSS_QWEN_REMOTE = "qwen-remote-code"
+LOSS_MODEL_SHIFTED = "model-shifted-compute-dtype"
 # loss code -> what it keeps, in vocab x tokens tensors beside the compute-dtype logits
 LOSS_CODES: dict[str, str] = {
     LOSS_TRANSFORMERS_5: "loss_utils.ForCausalLMLoss: one fp32 copy of the logits, labels padded (no shifted copy)",
     LOSS_TRANSFORMERS_446: "loss_utils.ForCausalLMLoss: an fp32 copy of the logits and a contiguous shifted fp32 copy",
     LOSS_TRANSFORMERS_440: "the model's forward upcasts the logits to fp32, then a contiguous shifted fp32 copy",
-    LOSS_QWEN_REMOTE: "Qwen (1.0) modeling_qwen.py: a contiguous shifted copy in the compute dtype, cast to fp32 by "
-    "autocast inside the cross-entropy",
+    LOSS_MODEL_SHIFTED: "the model's own loss code (Qwen 1.0's modeling_qwen.py; GPTBigCode in transformers <= 4.48, "
+    "checked in the 4.48.1 wheel): a contiguous shifted copy in the compute dtype, cast to fp32 by autocast inside "
+    "the cross-entropy",
 }
 
 
@@ -85,7 +86,7 @@ def causal_lm_loss(loss_code: str, logits: torch.Tensor, labels: torch.Tensor) -
         # 4.40: `logits = logits.float()` in the model's forward; 4.46-4.48: the first line of ForCausalLMLoss; then
         # both take `logits[..., :-1, :].contiguous()` (checked in the 4.45.2 and 4.48.1 wheels; 4.49.0 pads labels)
         return causal_lm_loss_2024(logits, labels)
-    if loss_code == LOSS_QWEN_REMOTE:
+    if loss_code == LOSS_MODEL_SHIFTED:
         # the shifted copy in the compute dtype (a local that lives through the loss); CrossEntropyLoss under
         # autocast runs in fp32 on a cast copy of it
         shift_logits = logits[..., :-1, :].contiguous()

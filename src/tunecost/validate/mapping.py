@@ -223,7 +223,11 @@ def map_row(row: CorpusRow) -> MappedRow:
         num_gpus=num_gpus,
         strategy=strategy,
         behaviour=behaviour_for(
-            stack, model_id=row.get("model"), stack_versions=row.get("stack_versions"), num_gpus=num_gpus
+            stack,
+            model_id=row.get("model"),
+            stack_versions=row.get("stack_versions"),
+            num_gpus=num_gpus,
+            family=spec.family,
         ),
     )
 

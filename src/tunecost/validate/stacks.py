@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, replace
 
 from tunecost.simulate.behaviour import (
-    LOSS_QWEN_REMOTE,
+    LOSS_MODEL_SHIFTED,
     LOSS_TRANSFORMERS_5,
     LOSS_TRANSFORMERS_440,
     LOSS_TRANSFORMERS_446,
@@ -210,13 +210,16 @@ _QWEN_REMOTE_CODE = re.compile(r"^qwen/qwen-\d", re.IGNORECASE)  # Qwen (1.0): Q
 _TRANSFORMERS_VERSION = re.compile(r"\btransformers\s+v?(\d+)\.(\d+)", re.IGNORECASE)
 
 
-def loss_code_for(model_id: str, stack_versions: str) -> str:
-    """The loss code of a row: Qwen (1.0)'s remote code for its models, else the row's transformers version
-    (4.40-4.45, 4.46-4.48, or the simulator's own for >= 4.49 and for an unstated version)."""
-    if _QWEN_REMOTE_CODE.match(model_id.strip()):
-        return LOSS_QWEN_REMOTE
+def loss_code_for(model_id: str, stack_versions: str, family: str = "") -> str:
+    """The loss code of a row: the model's own loss code for Qwen (1.0)'s remote code and for GPTBigCode under
+    transformers <= 4.48 (its forward computes the loss itself, not through `loss_function`), else the row's
+    transformers version (4.40-4.45, 4.46-4.48, or the simulator's own for >= 4.49 and for an unstated version)."""
     m = _TRANSFORMERS_VERSION.search(stack_versions)
     version = (int(m.group(1)), int(m.group(2))) if m else None
+    if _QWEN_REMOTE_CODE.match(model_id.strip()):
+        return LOSS_MODEL_SHIFTED
+    if family == "gpt_bigcode" and version is not None and version < (4, 49):
+        return LOSS_MODEL_SHIFTED
     if version is not None and (4, 46) <= version < (4, 49):
         return LOSS_TRANSFORMERS_446
     if version is not None and (4, 40) <= version < (4, 46):
@@ -224,8 +227,11 @@ def loss_code_for(model_id: str, stack_versions: str) -> str:
     return LOSS_TRANSFORMERS_5
 
 
-def behaviour_for(stack: Stack, *, model_id: str, stack_versions: str, num_gpus: int) -> StackBehaviour:
+def behaviour_for(
+    stack: Stack, *, model_id: str, stack_versions: str, num_gpus: int, family: str = ""
+) -> StackBehaviour:
     """The library behaviours a row's stack reproduces (the fp32 norms only on one GPU: see trl-sft-bnb)."""
     return StackBehaviour(
-        kbit_fp32_norms=stack.kbit_fp32_norms and num_gpus == 1, loss_code=loss_code_for(model_id, stack_versions)
+        kbit_fp32_norms=stack.kbit_fp32_norms and num_gpus == 1,
+        loss_code=loss_code_for(model_id, stack_versions, family),
     )

@@ -232,10 +232,10 @@ def estimate(
     if any(
         v is not None for v in (num_gpus, gpus_per_node, strategy, max_gpus, interconnect, expert_parallel, offload)
     ):
-        if out is not None or estimator != DEFAULT_ESTIMATOR or calibrate or run_queries is not None:
+        if estimator != DEFAULT_ESTIMATOR or calibrate or run_queries is not None:
             raise TunecostError(
                 "--gpus/--strategy estimate with the step simulator and the cross-GPU throughput model; "
-                "--out, --estimator, --calibrate and --run-queries apply to one GPU only"
+                "--estimator, --calibrate and --run-queries apply to one GPU only"
             )
         multi.run_multi_gpu(
             job,
@@ -253,6 +253,8 @@ def estimate(
             num_queries=queries or get_dataset_facts(job.dataset or "").num_queries,
             epochs=epochs,
             json_out=json_out,
+            out=out,
+            force=force,
         )
         return
     options = EstimatorOptions(name=estimator, calibrate=tuple(calibrate or ()), run_queries=run_queries)

@@ -71,6 +71,8 @@ def run_multi_gpu(
     num_queries: int,
     epochs: float,
     json_out: bool,
+    out=None,
+    force: bool = False,
 ) -> None:
     """Answer the multi-GPU question for `job` (the estimate command's job) and print it. Each rank runs a
     micro-batch of `batch_size` (default 1) at the job's sequence length (default 512 tokens)."""
@@ -107,6 +109,12 @@ def run_multi_gpu(
         epochs=epochs,
     )
     limit = max_gpus or DEFAULT_MAX_GPUS
+    if out is not None:  # every setup evaluated, for `tunecost report` (memory per rank and cost vs GPU count)
+        import sys
+
+        from tunecost.results.records import save_multi_gpu_records
+
+        save_multi_gpu_records(out, answer, command=sys.argv, force=force)
     if json_out:
         print_json(answer)
         return

@@ -45,6 +45,10 @@ NPROC_HELP = (
     "Ranks to launch on this machine (torchrun's launcher; NCCL on CUDA, gloo on CPU): one point trained with "
     "--strategy, per-rank step time, memory and collectives in OUT/ranks/."
 )
+STRATEGY_HELP = (
+    "Profile through the ranks' launcher under fsdp2 (fully_shard; the default with --nproc-per-node) or ddp; "
+    "with --nproc-per-node 1, one such rank."
+)
 OVERHEAD_HELP = "Skip the plain-vs-instrumented comparison (one instrumented step for the layer breakdown)."
 
 
@@ -141,7 +145,7 @@ def profile(
     max_length: MaxLength = 1024,
     dataset_limit: Annotated[int | None, opt("--dataset-limit", "Use only the first N dataset queries.")] = None,
     nproc_per_node: Annotated[int, count_option("--nproc-per-node", NPROC_HELP, 64)] = 1,
-    strategy: Annotated[str, opt("--strategy", "With --nproc-per-node > 1: fsdp2 (fully_shard) or ddp.")] = "fsdp2",
+    strategy: Annotated[str | None, opt("--strategy", STRATEGY_HELP)] = None,
     json_out: JsonOut = False,
 ) -> None:
     """Profile MoE fine-tuning over experts-per-token x sequence lengths x batch sizes; writes tidy records."""
@@ -150,7 +154,7 @@ def profile(
 
     check_output_folder(out)
     prepare_cpu_threads(device)
-    if nproc_per_node > 1:
+    if strategy is not None or nproc_per_node > 1:
         from tunecost.cli.commands.profile_ranks import run_rank_profile
 
         run_rank_profile(model_setup(options, experts_per_token=None), options, out)

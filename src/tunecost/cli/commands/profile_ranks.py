@@ -30,7 +30,7 @@ def run_rank_profile(setup: Any, options: dict[str, Any], out: Path) -> None:
         save_rank_profiles,
     )
 
-    nproc, strategy = options["nproc_per_node"], options["strategy"]
+    nproc, strategy = options["nproc_per_node"], options["strategy"] or "fsdp2"
     check_rank_strategy(strategy, nproc, setup.method)
     resolve_profile_model(setup.model)  # an unknown model is an error here, not in every rank
     if options["dataset"] is not None:
