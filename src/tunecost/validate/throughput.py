@@ -5,6 +5,9 @@ A row's step is predicted by `tunecost.estimate.throughput` (docs/throughput-mod
   4-bit de-quantization, element-wise work, the loss, kernel launches, the optimizer step), then `accumulated`
   over the row's gradient accumulation: grad_accum micro-batches and one optimizer step;
 - the GPU: what it achieves (`catalog_gpu_terms`: its maximum achievable matmul rate, bandwidth and fp32 rate);
+- host and GPU: launches add to the GPU time where the host waits for the GPU in every MoE layer (an eager
+  routed-expert loop), and overlap it where it waits only between micro-steps (a dense model under the HF
+  Trainer); `counts.host_sync`, docs/throughput-model.md "Synchronisation and overlap";
 - the stack: `StackParams` with the host terms (launch time per kernel, host time per optimizer step), the memory
   efficiency and the GEMM half-rows at the centres of the model's priors (`throughput.priors`, each with its
   reason), the same for every stack here, all of which run eager PyTorch from a Python training loop; they are
@@ -104,7 +107,7 @@ def calibration_failure(counts: AnalyticStepCounts, terms: GpuTerms, measured_st
     return (
         f"measured {measured_step_s:.3g} s per step, {'faster' if faster else 'slower'} than the counts at "
         f"{FITTED_PARAMETER} {end:g} ({at_end.step_s:.3g} s, of which {memory_s:.3g} s memory-bound work and "
-        f"{at_end.kernel_overhead_s + at_end.step_overhead_s:.3g} s host time)"
+        f"{at_end.exposed_host_s:.3g} s host time not hidden under GPU work; host syncs {at_end.host_sync})"
     )
 
 

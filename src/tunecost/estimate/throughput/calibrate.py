@@ -172,7 +172,7 @@ class CalibratedModel:
             [self.terms_for(resolve_gpu_name(g).gpu) for g in self.gpus],
             batch_size=job.batch_size,
             calibrated_max_batch=rng.batch_sizes[1] if rng else None,
-            host_fraction=(step.kernel_overhead_s + step.step_overhead_s) / step.step_s,
+            host_fraction=step.exposed_host_s / step.step_s,
         )
         factor = math.exp(halfwidth)
         notes = [

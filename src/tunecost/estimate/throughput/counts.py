@@ -63,6 +63,11 @@ CLIP_ACCESSES_PER_PARAM = 3  # gradient-norm clipping: norm (read), scale (read 
 ADAMW_FOREACH_OPS = 12
 FOREACH_TENSORS_PER_LAUNCH = 32
 ADAMW_FLOPS_PER_PARAM = 15
+# Where the host waits for the GPU (see `throughput.model.step_time`): in every MoE layer of an eager routed-expert
+# loop (`torch.where`/`nonzero` on the routing results reads token counts back), so host and GPU time add; or
+# only between micro-steps (a dense forward/backward never reads a GPU value; the trainer's loss check does).
+SYNC_PER_MOE_LAYER = "per MoE layer"
+SYNC_PER_MICRO_STEP = "per micro-step"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +84,7 @@ class AnalyticStepCounts:
     lengths: SeqLengths
     source: str = "analytic"
     notes: tuple[str, ...] = field(default_factory=tuple)
+    host_sync: str = SYNC_PER_MOE_LAYER  # where the host waits for the GPU: SYNC_PER_MOE_LAYER or _PER_MICRO_STEP
 
     @property
     def total_flops(self) -> float:
@@ -246,6 +252,7 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
         tokens_per_step=tokens,
         lengths=lengths,
         source="analytic",
+        host_sync=SYNC_PER_MOE_LAYER if arch.num_experts > 1 else SYNC_PER_MICRO_STEP,
     )
 
 

@@ -1,7 +1,10 @@
 """Step time from step counts and what a GPU achieves: a roofline per op class plus launch and host overheads.
 
-    step_s = sum over op classes c of smoothmax(FLOPs_c / (eff_gemm(rows_c) * rate_c), bytes_c / (eff_mem * BW_c))
-             + kernel_launch_s * kernels + host_step_s
+    gpu_s = sum over op classes c of smoothmax(FLOPs_c / (eff_gemm(rows_c) * rate_c), bytes_c / (eff_mem * BW_c))
+    launch_s = kernel_launch_s * kernels
+    step_s = gpu_s + launch_s + host_step_s                                    (host syncs in every MoE layer)
+    step_s = smoothmax(gpu_s - gpu_opt, launch_s - launch_opt)
+             + smoothmax(gpu_opt, launch_opt) + host_step_s                     (host syncs per micro-step)
     eff_gemm(rows) = gemm_efficiency * rows / (rows + gemm_half_rows)
     queries_per_s = batch_size / step_s
 
@@ -12,9 +15,17 @@ for `dequant` when a profile measured one). The five `StackParams` describe the 
 bitsandbytes, the trainer, the host CPU that launches kernels), not a GPU: efficiencies relative to what the GPU
 achieves in microbenchmarks, and host times. One set is calibrated on measurements and applied to every GPU; a
 GPU profile that measured the launch and empty-step host times replaces the calibrated ones for its GPU.
-The launch and host terms add to the GPU time
-rather than overlap it because the paper's stack synchronises many times per layer (the eager expert loop's
-`torch.where` reads token counts back to the host; the profiler's timers synchronise per layer).
+
+Synchronisation decides whether host and GPU time add or overlap (`counts.host_sync`). CUDA launches are
+asynchronous: the host runs ahead of the GPU until it reads a GPU value. An eager routed-expert loop (transformers'
+MoE code, the paper's stack) does so in every MoE layer (`torch.where`/`nonzero` on the routing results, for every
+expert; the paper's timers also synchronise per layer), so the host's launches and the GPU's kernels take turns and
+their times add. A dense model's forward and backward read nothing back; the trainer does, once per micro-step
+(the HF Trainer's `logging_nan_inf_filter` tests each micro-step's loss with `torch.isnan(...) or torch.isinf(...)`)
+and at the optimizer step (logging the loss). Between two such points the GPU works while the host launches, and
+the time is the smooth maximum of the two, with the same soft corner as the roofline: the micro-steps are alike,
+so N of them take smoothmax(gpu, launch) over their totals, and the optimizer step is a segment of its own. The
+host time per step (data, bookkeeping) runs while the GPU waits at a synchronisation point, so it adds in both.
 """
 
 from __future__ import annotations
@@ -25,7 +36,13 @@ from types import MappingProxyType
 
 from tunecost.catalog.gpus import GPU
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.counts import NF4_BYTES_PER_PARAM, TENSOR_CORE, AnalyticStepCounts
+from tunecost.estimate.throughput.counts import (
+    NF4_BYTES_PER_PARAM,
+    SYNC_PER_MICRO_STEP,
+    SYNC_PER_MOE_LAYER,
+    TENSOR_CORE,
+    AnalyticStepCounts,
+)
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.workload.op_classes import OP_CLASSES
 
@@ -68,6 +85,7 @@ class StepTime:
     kernel_overhead_s: float
     step_overhead_s: float
     batch_size: int
+    host_sync: str = SYNC_PER_MOE_LAYER  # where the host waits for the GPU: launches add to or hide under GPU time
 
     @property
     def queries_per_s(self) -> float:
@@ -76,6 +94,11 @@ class StepTime:
     @property
     def gpu_s(self) -> float:
         return sum(self.class_s.values())
+
+    @property
+    def exposed_host_s(self) -> float:
+        """Time the step spends beyond its GPU work: launch and host time not hidden under GPU work."""
+        return self.step_s - self.gpu_s
 
 
 def gemm_efficiency_at(rows: float, params: StackParams, half_rows: float | None = None) -> float:
@@ -142,7 +165,16 @@ def step_time(counts: AnalyticStepCounts, terms: GpuTerms, params: StackParams) 
     launch_each = params.kernel_overhead_s if terms.kernel_launch_s is None else terms.kernel_launch_s
     host_s = params.step_overhead_s if terms.host_step_s is None else terms.host_step_s
     launch_s = launch_each * counts.total_kernels
-    total = sum(class_s.values()) + launch_s + host_s
+    gpu_s = sum(class_s.values())
+    if counts.host_sync == SYNC_PER_MOE_LAYER:
+        total = gpu_s + launch_s + host_s
+    elif counts.host_sync == SYNC_PER_MICRO_STEP:
+        opt_gpu_s = class_s.get("optimizer", 0.0)
+        opt_launch_s = launch_each * counts.kernels_by_class.get("optimizer", 0.0)
+        total = overlapped_s(gpu_s - opt_gpu_s, launch_s - opt_launch_s) + overlapped_s(opt_gpu_s, opt_launch_s)
+        total += host_s
+    else:
+        raise TunecostError(f"unknown host synchronisation {counts.host_sync!r}")
     return StepTime(
         step_s=total,
         class_s=MappingProxyType(class_s),
@@ -150,7 +182,14 @@ def step_time(counts: AnalyticStepCounts, terms: GpuTerms, params: StackParams) 
         kernel_overhead_s=launch_s,
         step_overhead_s=host_s,
         batch_size=counts.batch_size,
+        host_sync=counts.host_sync,
     )
+
+
+def overlapped_s(gpu_s: float, host_s: float) -> float:
+    """Time between two synchronisation points when the host launches while the GPU works: the larger of the two
+    with the roofline's soft corner (host-bound: the host's time; GPU-bound: the GPU's; equal: 2^(1/4) x)."""
+    return smooth_max(gpu_s, host_s)
 
 
 def queries_per_s(counts: AnalyticStepCounts, terms: GpuTerms, params: StackParams) -> float:
