@@ -86,8 +86,8 @@ def test_unknown_gpu_and_provider(cli_error) -> None:
     assert line.startswith("error: unknown GPU 'B200'.") and "Valid choices:" in line and "A40-48GB" in line
     line = cli_error(["prices", "--provider", "nocloud"])
     assert "unknown provider 'nocloud'" in line and "paper-2024" in line
-    line = cli_error(["prices", "--gpu", "h100-80gb-"])
-    assert "ambiguous GPU 'h100-80gb-': matches H100-80GB-SXM, H100-80GB-PCIE" in line
+    line = cli_error(["prices", "--gpu", "V100"])
+    assert "ambiguous GPU 'V100': matches V100-16GB-SXM2, V100-32GB-SXM2, V100-16GB-PCIE, V100-32GB-PCIE" in line
 
 
 def test_bad_price_file_names_row(cli_error, write_file) -> None:
