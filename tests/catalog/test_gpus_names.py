@@ -147,3 +147,13 @@ def test_achieved_never_exceeds_datasheet(gpu) -> None:
     rates = achieved_catalog()[gpu.name]
     assert rates.matmul_flops_per_s <= gpu.bf16_tensor_flops_per_s
     assert rates.memory_bytes_per_s <= gpu.mem_bandwidth_bytes_per_s
+
+
+def test_validate_rows_resolve_source_spellings_and_skip_ambiguous_ones() -> None:
+    from tunecost.validate.mapping import catalog_gpu
+
+    assert catalog_gpu("NVIDIA GeForce RTX 3090").name == "RTX3090-24GB"
+    assert catalog_gpu("Tesla V100-SXM2-32GB").name == "V100-32GB-SXM2"
+    assert catalog_gpu("RTX-A6000").name == "RTXA6000-48GB"
+    assert catalog_gpu("V100") is None  # ambiguous: the row is skipped, not modelled on a guessed card
+    assert catalog_gpu("RTX 6000") is None
