@@ -94,6 +94,7 @@ class Resolved:
     via_alias: str | None  # the alias the user typed, when it was not the canonical name
 
 
+@lru_cache(maxsize=4096)
 def normalize_gpu_name(name: str) -> str:
     """The comparison key of a GPU name: lower case, vendor words and punctuation dropped ("NVIDIA GeForce RTX
     3090" and "rtx-3090" both give "rtx3090")."""
