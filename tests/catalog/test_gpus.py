@@ -79,8 +79,12 @@ def test_names_resolve_case_insensitively(typed: str, canonical: str, via_alias:
 
 
 def test_ambiguous_prefix_lists_matches() -> None:
-    with pytest.raises(TunecostError, match=r"ambiguous GPU 'h100-80gb-': matches H100-80GB-SXM, H100-80GB-PCIE"):
-        resolve_gpu_name("h100-80gb-")
+    # "RTX30" starts three catalog names; punctuation is ignored, so "h100-80gb-" is now the alias h100-80gb
+    with pytest.raises(
+        TunecostError, match=r"ambiguous GPU 'RTX30': matches RTX3090-24GB, RTX3090TI-24GB, RTX3080-10GB"
+    ):
+        resolve_gpu_name("RTX30")
+    assert resolve_gpu_name("h100-80gb-").gpu.name == "H100-80GB-SXM"
 
 
 def test_ambiguous_alias_lists_matches() -> None:
@@ -106,9 +110,9 @@ def test_unknown_gpu_did_you_mean() -> None:
 
 
 def test_unique_prefix_resolves_and_says_so() -> None:
-    resolved = resolve_gpu_name("rtx")
-    assert resolved.gpu.name == "RTX4090-24GB"
-    assert resolved.via_alias == "rtx"
+    resolved = resolve_gpu_name("l40")  # only L40S-48GB starts with it (l4 and l20 are other cards)
+    assert resolved.gpu.name == "L40S-48GB"
+    assert resolved.via_alias == "l40"
 
 
 def test_bad_gpu_file_names_row(tmp_path) -> None:

@@ -18,7 +18,7 @@ def _ok_json(cli_runner, args: list[str]):
 # The documented fields of each catalog row in --json output.
 JSON_FIELDS = {
     "gpus": "name aliases memory_gib memory_bytes mem_bandwidth_bytes_per_s bf16_tensor_flops_per_s fp32_flops_per_s "
-    "as_of sources",
+    "as_of sources supports_bf16",
     "models": "name family hub_id layers hidden_size vocab_size num_experts experts_per_token total_params "
     "active_params published_total_params source as_of",
 }
@@ -36,12 +36,15 @@ def test_gpus_json(cli_runner) -> None:
     assert a40["memory_gib"] == 48 and a40["memory_bytes"] == 48 * 2**30
     assert "a40" in a40["aliases"]
     assert by_name["H100-80GB-SXM"]["bf16_tensor_flops_per_s"] == pytest.approx(989e12)  # gpus.csv
+    assert by_name["H100-80GB-SXM"]["supports_bf16"] and not by_name["T4-16GB"]["supports_bf16"]  # Turing
 
 
 def test_gpus_table(cli_runner) -> None:
     result = cli_runner.invoke(app, ["gpus"])
     assert result.exit_code == 0
     assert "A40-48GB" in result.stdout and "H200-141GB" in result.stdout
+    assert "RTX3090-24GB" in result.stdout and "MI300X-192GB" in result.stdout
+    assert "(FP16: no bf16)" in result.stdout  # T4 and V100 rows say what their BF16 column holds
 
 
 def test_models_json(cli_runner) -> None:
@@ -86,8 +89,8 @@ def test_unknown_gpu_and_provider(cli_error) -> None:
     assert line.startswith("error: unknown GPU 'B200'.") and "Valid choices:" in line and "A40-48GB" in line
     line = cli_error(["prices", "--provider", "nocloud"])
     assert "unknown provider 'nocloud'" in line and "paper-2024" in line
-    line = cli_error(["prices", "--gpu", "h100-80gb-"])
-    assert "ambiguous GPU 'h100-80gb-': matches H100-80GB-SXM, H100-80GB-PCIE" in line
+    line = cli_error(["prices", "--gpu", "V100"])
+    assert "ambiguous GPU 'V100': matches V100-16GB-SXM2, V100-32GB-SXM2, V100-16GB-PCIE, V100-32GB-PCIE" in line
 
 
 def test_bad_price_file_names_row(cli_error, write_file) -> None:

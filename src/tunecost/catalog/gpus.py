@@ -1,10 +1,15 @@
 """The GPU catalog: datasheet memory, bandwidth and peak throughput, with a source per figure.
 
-Data lives in `data/gpus.csv`; names resolve case-insensitively, with aliases (`h100` is the SXM part).
+Data lives in `data/gpus.csv`; names resolve case-insensitively, with aliases (`h100` is the SXM part). Names are
+compared after dropping case, punctuation and vendor words (NVIDIA, GeForce, Tesla, AMD, Instinct), so the names
+nvidia-smi prints ("NVIDIA GeForce RTX 3090", "Tesla V100-SXM2-32GB") resolve. A name that could mean cards of
+different memory (a bare "V100", "GH200" or "RTX 3080") or a card outside the catalog ("RTX 6000": the Turing
+Quadro, or the RTX 6000 Ada) is an error naming the candidates, never a guess.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -14,6 +19,18 @@ from tunecost.errors import TunecostError, unknown_name_error
 from tunecost.units import bytes_from_gib
 
 GPU_CATALOG_PATH = Path(__file__).parent / "data" / "gpus.csv"
+
+# Words sources put before a card's name that never tell two catalog cards apart.
+_VENDOR_WORDS = frozenset({"nvidia", "geforce", "tesla", "amd", "instinct"})
+# Names that mean a card outside the catalog as well as one inside it: (what else it may be, catalog candidates).
+_AMBIGUOUS_NAMES = {
+    "rtx6000": ("the Turing Quadro RTX 6000 (24 GB, not in the catalog)", ("RTX6000ADA-48GB",)),
+    "quadrortx6000": ("the Turing Quadro RTX 6000 (24 GB, not in the catalog)", ("RTX6000ADA-48GB",)),
+    "rtx3080": ("the RTX 3080 12GB (not in the catalog)", ("RTX3080-10GB",)),
+    "3080": ("the RTX 3080 12GB (not in the catalog)", ("RTX3080-10GB",)),
+}
+# Architectures without bf16 tensor cores: their bf16 column holds the FP16 tensor rate (see gpus.csv's header).
+_NO_BF16_ARCHITECTURES = frozenset({"Volta", "Turing"})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +50,11 @@ class GPU:
     as_of: str
     sources: dict[str, str]
     notes: str = ""
+
+    @property
+    def supports_bf16(self) -> bool:
+        """False for Volta and Turing cards: no bf16 tensor cores (the catalog's bf16 rate is their FP16 rate)."""
+        return self.architecture not in _NO_BF16_ARCHITECTURES
 
     @property
     def memory_bytes(self) -> int:
@@ -72,25 +94,41 @@ class Resolved:
     via_alias: str | None  # the alias the user typed, when it was not the canonical name
 
 
+@lru_cache(maxsize=4096)
+def normalize_gpu_name(name: str) -> str:
+    """The comparison key of a GPU name: lower case, vendor words and punctuation dropped ("NVIDIA GeForce RTX
+    3090" and "rtx-3090" both give "rtx3090")."""
+    words = re.split(r"[^0-9a-z]+", name.lower())
+    return "".join(w for w in words if w and w not in _VENDOR_WORDS)
+
+
+def _ambiguous(name: str, candidates: list[str]) -> TunecostError:
+    return TunecostError(f"ambiguous GPU {name!r}: matches {', '.join(candidates)}; name one of them")
+
+
 def resolve_gpu_name(name: str, catalog: dict[str, GPU] | None = None) -> Resolved:
-    """Resolve a user-typed GPU name: exact canonical name (any case) first, then a unique alias."""
+    """Resolve a GPU name as users and sources write it: canonical name first, then a unique alias, then a unique
+    prefix of a canonical name; all compared by `normalize_gpu_name`. Ambiguity is an error naming the candidates."""
     catalog = gpu_catalog() if catalog is None else catalog
-    key = name.strip().lower()
+    key = normalize_gpu_name(name)
     if not key:
         raise TunecostError(f"GPU name is empty; known GPUs: {', '.join(catalog)}")
     for gpu in catalog.values():
-        if gpu.name.lower() == key:
+        if normalize_gpu_name(gpu.name) == key:
             return Resolved(gpu, None)
-    hits = [gpu for gpu in catalog.values() if key in (a.lower() for a in gpu.aliases)]
+    hits = [gpu for gpu in catalog.values() if key in {normalize_gpu_name(a) for a in gpu.aliases}]
     if len(hits) == 1:
         return Resolved(hits[0], name)
     if len(hits) > 1:
-        raise TunecostError(f"ambiguous GPU {name!r}: matches {', '.join(g.name for g in hits)}")
-    prefix = [gpu for gpu in catalog.values() if gpu.name.lower().startswith(key)]
+        raise _ambiguous(name, [g.name for g in hits])
+    if key in _AMBIGUOUS_NAMES:
+        other, inside = _AMBIGUOUS_NAMES[key]
+        raise _ambiguous(name, [other, *(n for n in inside if n in catalog)])
+    prefix = [gpu for gpu in catalog.values() if normalize_gpu_name(gpu.name).startswith(key)]
     if len(prefix) == 1:
         return Resolved(prefix[0], name)
     if len(prefix) > 1:
-        raise TunecostError(f"ambiguous GPU {name!r}: matches {', '.join(g.name for g in prefix)}")
+        raise _ambiguous(name, [g.name for g in prefix])
     raise unknown_name_error("GPU", name, catalog.keys())
 
 

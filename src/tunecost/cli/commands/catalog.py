@@ -17,18 +17,19 @@ def gpus(json_out: JsonOut = False) -> None:
 
     rows = list(gpu_catalog().values())
     if json_out:
-        print_json([{**g.__dict__, "memory_bytes": g.memory_bytes} for g in rows])
+        print_json([{**g.__dict__, "memory_bytes": g.memory_bytes, "supports_bf16": g.supports_bf16} for g in rows])
         return
     print_table(
         "GPUs (datasheet, dense)",
-        ["name", "aliases", "memory GiB", "bandwidth TB/s", "BF16 TFLOP/s", "FP32 TFLOP/s"],
+        ["name", "vendor", "aliases", "memory GiB", "bandwidth TB/s", "BF16 TFLOP/s", "FP32 TFLOP/s"],
         [
             [
                 g.name,
+                g.vendor,
                 ", ".join(g.aliases),
                 f"{g.memory_gib:g}",
                 f"{g.mem_bandwidth_bytes_per_s / 1e12:.3g}",
-                f"{g.bf16_tensor_flops_per_s / 1e12:g}",
+                f"{g.bf16_tensor_flops_per_s / 1e12:g}" + ("" if g.supports_bf16 else " (FP16: no bf16)"),
                 f"{g.fp32_flops_per_s / 1e12:g}",
             ]
             for g in rows
