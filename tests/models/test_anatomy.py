@@ -92,6 +92,7 @@ CASES = {
     "gemma2": (lambda: _hf("gemma2"), 3, 0, 1, 1),
     "phi": (lambda: _hf("phi"), 3, 0, 1, 1),
     "phi3": (lambda: _hf("phi3", pad_token_id=0, eos_token_id=2), 3, 0, 1, 1),  # defaults name token 32000
+    "granite": (lambda: _hf("granite"), 3, 0, 1, 1),
 }
 
 

@@ -1,4 +1,4 @@
-"""Dense families beyond Llama/Mistral/Qwen2 (Qwen3, Gemma, Gemma 2, Phi, Phi-3): a tiny random config of each
+"""Dense families beyond Llama/Mistral/Qwen2 (Qwen3, Gemma, Gemma 2, Phi, Phi-3, Granite): a tiny random config of each
 builds through the catalog path with the parameters of transformers' own model, its LoRA targets are found, and
 the step simulator runs it."""
 
@@ -29,6 +29,7 @@ FAMILIES = {
     "gemma2": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 64},
     "phi": {"partial_rotary_factor": 0.5},
     "phi3": {"tie_word_embeddings": False, "pad_token_id": 0, "eos_token_id": 2},  # defaults: token 32000
+    "granite": {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 8.0},
 }
 # a LoRA target module of each family's attention and MLP (Phi-3 fuses q/k/v and gate/up; Phi's MLP is fc1/fc2)
 TARGETS = {
@@ -37,6 +38,7 @@ TARGETS = {
     "gemma2": ("self_attn.q_proj", "mlp.gate_proj"),
     "phi": ("self_attn.dense", "mlp.fc1"),
     "phi3": ("self_attn.qkv_proj", "mlp.gate_up_proj"),
+    "granite": ("self_attn.q_proj", "mlp.gate_proj"),
 }
 
 

@@ -8,9 +8,9 @@ block `block_sparse_moe` and its router `router`. GPTBigCode keeps GPT-2's layou
 attention `attn` (one fused `c_attn` for q, k, v), MLP `mlp` (`c_fc`, `c_proj`). tunecost's BlackMamba keeps
 its blocks at `decoder.layers`; an MoE block is `layer.mixer` with a `router` `nn.Linear` and `local_experts`
 (or `experts` once tunecost's fast experts are installed). Dense families (Llama, Mistral, Qwen2/3, Gemma 1/2,
-Phi, Phi-3) have no MoE block; their feed-forward counts as ONE expert that every token uses, so `num_experts` and
-`get_top_k` are 1 and a dense model is, like a dense-routed MoE model, one whose top-k equals its number of
-experts.
+Phi, Phi-3, Granite) have no MoE block; their feed-forward counts as ONE expert that every token uses, so
+`num_experts` and `get_top_k` are 1 and a dense model is, like a dense-routed MoE model, one whose top-k equals its
+number of experts.
 
 PEFT wrappers are seen through: a `PeftModel` is read through its base model, and `unwrap_peft` gives the module
 under LoRA layers and `lora.ParamWrapper`s (nested once per targeted parameter), both keeping it as `base_layer`.
@@ -63,6 +63,7 @@ _FAMILIES: dict[str, _Family] = {
     "gemma2": _Family("model.layers", None),
     "phi": _Family("model.layers", None),
     "phi3": _Family("model.layers", None),
+    "granite": _Family("model.layers", None),  # dense Granite: Llama's layout with scaling multipliers
     # GraniteMoe: the MoE block is `block_sparse_moe` with a `router` (a `*TopKRouter`) and fused experts
     "granitemoe": _Family("model.layers", "block_sparse_moe", router="router", num_experts_keys=("num_local_experts",)),
     # GPTBigCode (SantaCoder, StarCoder): GPT-2 layout, blocks at `transformer.h`, attention `attn`
