@@ -12,3 +12,16 @@ def gqa_attention(hidden_size: int, num_attention_heads: int) -> dict[str, int]:
         "num_key_value_heads": num_attention_heads // 2,
         "head_dim": hidden_size // num_attention_heads,
     }
+
+
+def dense_lora_job(config_path):
+    """A LoRA job (rank 4 on attention and MLP, batch 2 x 32 tokens) on a tiny dense model's config.json."""
+    from tunecost.workload.job import FineTuneJob, LoraConfig
+
+    return FineTuneJob(
+        model=str(config_path),
+        method="lora",
+        lora=LoraConfig(rank=4, alpha=8, targets=("attention", "mlp")),
+        batch_size=2,
+        seq_len=32,
+    )

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from tiny_models import dense_lora_job
 
 from tunecost.simulate import simulate_step
-from tunecost.workload.job import FineTuneJob, LoraConfig
 
 TINY = {
     "llama": {"model_type": "llama", "tie_word_embeddings": True},
@@ -30,13 +30,7 @@ def test_dense_scaling_matches_the_full_trace(tmp_path, family, stack) -> None:
     }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config), encoding="utf-8")
-    job = FineTuneJob(
-        model=str(path),
-        method="lora",
-        lora=LoraConfig(rank=4, alpha=8, targets=("attention", "mlp")),
-        batch_size=2,
-        seq_len=32,
-    )
+    job = dense_lora_job(path)
     full = simulate_step(job, num_layers_to_trace=99, stack=stack, use_cache=False)
     scaled = simulate_step(job, num_layers_to_trace=3, stack=stack, use_cache=False)
     assert full.layers_traced == (5,) and scaled.layers_traced == (2, 3)

@@ -7,9 +7,10 @@ One description per supported family (`_FAMILIES`). transformers 5 families keep
 block `block_sparse_moe` and its router `router`. GPTBigCode keeps GPT-2's layout: blocks at `transformer.h`,
 attention `attn` (one fused `c_attn` for q, k, v), MLP `mlp` (`c_fc`, `c_proj`). tunecost's BlackMamba keeps
 its blocks at `decoder.layers`; an MoE block is `layer.mixer` with a `router` `nn.Linear` and `local_experts`
-(or `experts` once tunecost's fast experts are installed). Dense families (Llama, Mistral) have no MoE block;
-their feed-forward counts as ONE expert that every token uses, so `num_experts` and `get_top_k` are 1 and a dense
-model is, like a dense-routed MoE model, one whose top-k equals its number of experts.
+(or `experts` once tunecost's fast experts are installed). Dense families (Llama, Mistral, Qwen2/3, Gemma 1/2,
+Phi, Phi-3, Granite) have no MoE block; their feed-forward counts as ONE expert that every token uses, so
+`num_experts` and `get_top_k` are 1 and a dense model is, like a dense-routed MoE model, one whose top-k equals its
+number of experts.
 
 PEFT wrappers are seen through: a `PeftModel` is read through its base model, and `unwrap_peft` gives the module
 under LoRA layers and `lora.ParamWrapper`s (nested once per targeted parameter), both keeping it as `base_layer`.
@@ -55,6 +56,14 @@ _FAMILIES: dict[str, _Family] = {
     "llama": _Family("model.layers", None),
     "mistral": _Family("model.layers", None),
     "qwen2": _Family("model.layers", None),
+    # dense families with the same layout (`self_attn`, `mlp` under `model.layers`); Phi-3 fuses q/k/v into
+    # `qkv_proj` and gate/up into `gate_up_proj`, Phi's MLP is `fc1`/`fc2` and its attention output `dense`
+    "qwen3": _Family("model.layers", None),
+    "gemma": _Family("model.layers", None),
+    "gemma2": _Family("model.layers", None),
+    "phi": _Family("model.layers", None),
+    "phi3": _Family("model.layers", None),
+    "granite": _Family("model.layers", None),  # dense Granite: Llama's layout with scaling multipliers
     # GraniteMoe: the MoE block is `block_sparse_moe` with a `router` (a `*TopKRouter`) and fused experts
     "granitemoe": _Family("model.layers", "block_sparse_moe", router="router", num_experts_keys=("num_local_experts",)),
     # GPTBigCode (SantaCoder, StarCoder): GPT-2 layout, blocks at `transformer.h`, attention `attn`

@@ -33,6 +33,11 @@ def hf_config(spec: ModelSpec, experts_per_token: int | None = None, **overrides
     return CONFIG_MAPPING[spec.family](**raw)
 
 
+# Families whose transformers 5.23 class refuses `attn_implementation="sdpa"` at construction (Gemma 2: attention
+# logit soft-capping); they are built with eager attention.
+SDPA_REFUSED_FAMILIES = frozenset({"gemma2"})
+
+
 def build_model(
     spec: ModelSpec,
     *,
@@ -55,6 +60,8 @@ def build_model(
     from transformers import AutoModelForCausalLM
 
     config = hf_config(spec, experts_per_token=experts_per_token, **overrides)
+    if attn_implementation == "sdpa" and spec.family in SDPA_REFUSED_FAMILIES:
+        attn_implementation = "eager"  # same parameters; a caller may install its own attention function after
     if attn_implementation is not None:
         config._attn_implementation = attn_implementation
     if seed is not None and str(device) != "meta":

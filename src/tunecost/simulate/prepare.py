@@ -296,11 +296,19 @@ def mask_free_sdpa() -> str:
     without padding. (For fake tensors transformers cannot prove the mask is all ones, so its own `sdpa` path would
     materialize a (B, 1, L, L) mask that a real run skips.)"""
     from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     if MASK_FREE_SDPA not in AttentionInterface._global_mapping:
-        AttentionInterface.register(MASK_FREE_SDPA, sdpa_attention_forward)
+        AttentionInterface.register(MASK_FREE_SDPA, _fused_attention)
     return MASK_FREE_SDPA
+
+
+def _fused_attention(*args: Any, **kwargs: Any) -> Any:
+    """transformers' SDPA attention, standing for a fused kernel. Gemma 2's attention-logit soft-capping (`softcap`),
+    which SDPA refuses, is dropped: FlashAttention-2 applies it inside the kernel, with the same tensors kept."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    kwargs.pop("softcap", None)
+    return sdpa_attention_forward(*args, **kwargs)
 
 
 # Config keys of the attention-probability dropout (GPT-2 style `attn_pdrop`, transformers' `attention_dropout`).
