@@ -100,8 +100,10 @@ def test_a_step_is_grad_accum_micro_batches_and_one_optimizer_step() -> None:
 def test_one_calibration_row_per_stack_and_gpu_predicts_the_rest() -> None:
     rows = [
         _row(0, seq_len="500", value="2000"),  # fewer tokens per step: predicted
-        _row(1, batch_size_per_gpu="2", value="3000"),  # most tokens per step: the calibration row
-        _row(2, batch_size_per_gpu="2", value="9999"),  # a tie in tokens: the first in file order calibrates
+        _row(
+            1, batch_size_per_gpu="2", value="3000"
+        ),  # most FLOPs (tokens x the same model) per step: the calibration row
+        _row(2, batch_size_per_gpu="2", value="9999"),  # a tie in FLOPs: the first in file order calibrates
         _row(3, num_gpus="2", value="1"),
         _row(4, quantity="time_to_train_s", value="100", unit="s"),
         _row(5, seq_len_kind="max", value="1"),
@@ -140,7 +142,7 @@ def test_exactly_one_calibration_row_per_stack_and_gpu() -> None:
     ]
     out = validate_rows(rows, counts_fn=_gemm_only)
     calibration = [r.id for r in out if r.reason == "calibration row"]
-    assert calibration == ["r1", "r2", "r5", "r6"]  # one per (stack, GPU): the most tokens, first on a tie
+    assert calibration == ["r1", "r2", "r5", "r6"]  # one per (stack, GPU): the most FLOPs, first on a tie
     assert all(r.status == "ok" for r in out)
     assert {r.reason.split(" from ")[1] for r in out if r.error is not None} == {"r1", "r2", "r5", "r6"}
 

@@ -201,8 +201,8 @@ def validate_throughput_rows(
                 out[i] = _skipped(row, str(exc), mapped.stack.name)
             continue
 
-        # calibration: the most tokens per optimizer step, first in file order on a tie
-        cal = max(members, key=lambda t: (tp.tokens_per_step(**_shape(t[2])), -t[0]))
+        # calibration: the most FLOPs per optimizer step, first in file order on a tie
+        cal = max(members, key=lambda t: (t[4].total_flops, -t[0]))
         i, row, mapped, measured, counts = cal
         measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **_shape(mapped))
         eff = tp.gemm_efficiency_from(counts, terms, measured_step_s)

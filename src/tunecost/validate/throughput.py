@@ -15,8 +15,9 @@ A row's step is predicted by `tunecost.estimate.throughput` (docs/throughput-mod
   as a fraction of the GPU's achieved rate; the model applies it to every class's compute side), solved per
   (stack, GPU) so that the calibration row's predicted step equals its measured one. A stack is the named stack
   together with the row's own stack cell (`group_key`: a plugin named there is software of its own). The
-  calibration row is the group's row with the most tokens per optimizer step (the one least dominated by the
-  host terms, which are not fitted), the first in file order on a tie; a rule fixed before any error is computed.
+  calibration row is the group's row with the most FLOPs per optimizer step in the counts (the work the fitted
+  efficiency scales, so the row least dominated by the host and memory terms, which are not fitted), the first in
+  file order on a tie; the rule uses the counts only, never a measurement.
   Every other row of the group is predicted with that efficiency.
 Quantities: s_per_step = step_s; tokens_per_s_per_gpu = grad_accum * batch * seq_len / step_s;
 samples_per_s = grad_accum * batch / step_s (one GPU).
