@@ -39,8 +39,9 @@ VARIANTS = [
 ]
 
 
-def _spec(tmp_path, family: str, extra: dict):
-    path = tmp_path / "config.json"
+def _spec(directory, family: str, extra: dict):
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "config.json"
     path.write_text(json.dumps({"model_type": family, **BASE, **extra}), encoding="utf-8")
     return resolve_model(str(path))
 
@@ -137,3 +138,30 @@ def test_windowed_attention_work() -> None:
     exact = sum(length**2 - max(length - 15, 0) ** 2 for length in (10, 20, 30, 40)) / 4
     bound = windowed_sq_len_tokens2(spread, 15)
     assert bound == pytest.approx(2 * 15 * 25) and exact <= bound <= spread.mean_sq_len_tokens2
+
+
+def test_gemma2_feed_forward_norms_add_element_wise_traffic(tmp_path) -> None:
+    """Gemma 2 is Gemma plus a pre- and a post-feed-forward RMSNorm per layer: two more norms' traffic and
+    kernels per layer (no window within these 32 tokens, no other difference in the counts)."""
+    from tunecost.estimate.throughput.counts import (
+        BWD_BYTES_PER_FWD_BYTE,
+        BWD_KERNELS_PER_FWD_KERNEL,
+        RMSNORM_BYTES_PER_HIDDEN,
+        RMSNORM_KERNELS,
+    )
+
+    gemma = _spec(tmp_path / "gemma", "gemma", {"head_dim": HEAD_DIM})
+    gemma2 = _spec(tmp_path, "gemma2", {"head_dim": HEAD_DIM, "query_pre_attn_scalar": HEAD_DIM, "sliding_window": 64})
+    assert (arch_of(gemma).num_layer_norms, arch_of(gemma2).num_layer_norms) == (2, 4)
+    seq = 32
+
+    def counts(spec):
+        return analytic_step_counts(spec, FineTuneJob(model=spec.name, method="full", batch_size=1, seq_len=seq))
+
+    one, two = counts(gemma), counts(gemma2)
+    passes = 1 + 1 + BWD_BYTES_PER_FWD_BYTE  # forward, recompute (gradient checkpointing), backward
+    extra_bytes = passes * LAYERS * seq * 2 * RMSNORM_BYTES_PER_HIDDEN * H
+    assert two.bytes_by_class["elementwise"] - one.bytes_by_class["elementwise"] == pytest.approx(extra_bytes)
+    extra_kernels = (1 + 1 + BWD_KERNELS_PER_FWD_KERNEL) * LAYERS * 2 * RMSNORM_KERNELS
+    assert two.kernels_by_class["elementwise"] - one.kernels_by_class["elementwise"] == pytest.approx(extra_kernels)
+    assert two.flops_by_class["attention"] == one.flops_by_class["attention"]

@@ -71,6 +71,7 @@ class Arch:
     num_mamba_layers: int
     mamba_inner: int  # d_inner
     mamba_state: int  # d_state
+    num_layer_norms: int = 2  # norms of `hidden` width per attention layer (element-wise work)
     num_window_layers: int = 0  # of the attention layers, those attending over a sliding window only
     attention_window_tokens: int = 0  # that window (keys a query sees at most)
 
@@ -195,18 +196,19 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
     if family in _BIAS_FLAG_FAMILIES:
         biases += _bias_params(mats[:num_attention_mats]) if config.get("attention_bias") else 0
         biases += _bias_params(mats[num_attention_mats:]) if config.get("mlp_bias") else 0
-    norms = _NORMS_PER_LAYER.get(family, 2) * hidden
+    num_norms = _NORMS_PER_LAYER.get(family, 2)
     return _decoder_arch(
         family,
         mats,
         _Shape(hidden, layers, heads, head_dim, vocab),
         tied=bool(config.get("tie_word_embeddings", _TIED_DEFAULTS.get(family, False))),
         embedding_params=vocab * hidden,
-        norm_params=layers * (norms + qk_norm) + biases + hidden,
+        norm_params=layers * (num_norms * hidden + qk_norm) + biases + hidden,
         num_moe=num_moe,
         num_experts=num_experts,
         ffn=ffn,
         num_attention_mats=num_attention_mats,
+        num_layer_norms=num_norms,
         window=_attention_window(family, config, layers),
     )
 
@@ -257,6 +259,7 @@ def _decoder_arch(
     num_experts: int = 1,
     ffn: int = 0,  # a routed expert's intermediate width (gate, up, down)
     num_attention_mats: int = 4,  # the first entries of `mats` that are attention projections (q, k, v, o)
+    num_layer_norms: int = 2,  # norms of `hidden` width per layer
     window: tuple[int, int] = (0, 0),  # (layers attending over a sliding window only, the window in tokens)
 ) -> Arch:
     """The `Arch` of an attention decoder (every layer attends), dense or with Mixtral-style routed experts."""
@@ -288,6 +291,7 @@ def _decoder_arch(
         num_mamba_layers=0,
         mamba_inner=0,
         mamba_state=0,
+        num_layer_norms=num_layer_norms,
         num_window_layers=window[0],
         attention_window_tokens=window[1],
     )
@@ -346,6 +350,7 @@ def _phi_arch(config: dict[str, Any]) -> Arch:
         embedding_params=vocab * hidden,
         # per layer: input LayerNorm (weight and bias); then every linear's bias, final LayerNorm, lm_head's bias
         norm_params=layers * (2 * hidden + qk_layer_norms) + _bias_params(mats) + 2 * hidden + vocab,
+        num_layer_norms=1,  # attention and MLP read the same normed input
     )
 
 

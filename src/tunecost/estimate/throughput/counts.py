@@ -295,11 +295,9 @@ def windowed_sq_len_tokens2(lengths: SeqLengths, window_tokens: int) -> float:
     min(i, w), is l^2 - max(l - w, 0)^2. Exact for one fixed length; over a spread (mean and E[l^2] known) the
     bound min(E[l^2], 2 w E[l]): E[l^2] when every length fits the window (lengths are cut at 1024 tokens)."""
     mean_sq, mean = lengths.mean_sq_len_tokens2, lengths.mean_len_tokens
-    if window_tokens <= 0:
-        return mean_sq
-    if mean_sq <= mean * mean:  # one length
+    if window_tokens > 0 and mean_sq <= mean * mean:  # one length
         return mean_sq - max(mean - window_tokens, 0.0) ** 2
-    return min(mean_sq, 2.0 * window_tokens * mean)
+    return min(mean_sq, 2.0 * window_tokens * mean) if window_tokens > 0 else mean_sq
 
 
 def _add_lora(acc: _Acc, arch: Arch, job: FineTuneJob, *, tokens: float, k: int, hit: float, gc: float) -> None:
@@ -348,9 +346,11 @@ def _add_mixers(acc: _Acc, arch: Arch, lengths: SeqLengths, *, gc: float, w_byte
             kernels=arch.num_attention_layers * (fwd_passes + 3.0),
         )
         per_token_layer = (
-            2 * RMSNORM_BYTES_PER_HIDDEN + 2 * RESIDUAL_BYTES_PER_HIDDEN + FA2_VARLEN_BYTES_PER_HIDDEN
+            arch.num_layer_norms * RMSNORM_BYTES_PER_HIDDEN
+            + 2 * RESIDUAL_BYTES_PER_HIDDEN
+            + FA2_VARLEN_BYTES_PER_HIDDEN
         ) * arch.hidden + ROTARY_BYTES_PER_QK * 2 * width
-        kernels_layer = 2 * RMSNORM_KERNELS + ROTARY_KERNELS + 2 + FA2_VARLEN_KERNELS
+        kernels_layer = arch.num_layer_norms * RMSNORM_KERNELS + ROTARY_KERNELS + 2 + FA2_VARLEN_KERNELS
         acc.add(
             "elementwise",
             bytes_=ew_passes * arch.num_attention_layers * tokens * per_token_layer,
