@@ -6,8 +6,18 @@ scan and loss terms need. Every count is computed from the config here, so the a
 `tunecost.models.params.count_parameters` (which builds the real model on the meta device).
 
 Families: Mixtral-style MoE transformers (mixtral, olmoe, qwen2_moe, qwen3_moe, granitemoe), dense llama/mistral/qwen2
-(Qwen 1 checkpoints are catalogued in the qwen2 layout: fused c_attn read as q, k, v with biases), GPTBigCode (GPT-2
-config keys) and BlackMamba (Zyphra's config keys). Other families raise a `TunecostError` naming the supported ones.
+(Qwen 1 checkpoints are catalogued in the qwen2 layout: fused c_attn read as q, k, v with biases), the dense
+qwen3/gemma/gemma2/phi3/granite (Llama's matmuls, with the differences below), Phi (GPT-J-style parallel block),
+GPTBigCode (GPT-2 config keys) and BlackMamba (Zyphra's config keys). Other families raise a `TunecostError` naming
+the supported ones. Module shapes follow transformers 5.23's `modeling_<family>.py`:
+- qwen3: a q and a k RMSNorm of one head's width in every layer;
+- gemma: a GeGLU MLP (gate, up, down: Llama's matmuls), `head_dim` from the config, head tied to the embedding;
+- gemma2: as gemma, plus pre/post feed-forward RMSNorms (4 per layer) and sliding-window attention on alternate
+  layers (`layer_types`; `counts` bounds those layers' attention work by the window);
+- phi3: one fused `qkv_proj` and one `gate_up_proj` (the same matmul parameters as the split ones; LoRA adapts the
+  fused matrices: 2 attention and 2 MLP matrices per layer), sliding-window attention on every layer when the
+  config gives a window;
+- granite: Llama's layout; its embedding/residual/attention/logit multipliers scale activations, no matmul.
 """
 
 from __future__ import annotations
@@ -19,7 +29,16 @@ from typing import Any, NamedTuple
 from tunecost.catalog.models import ModelSpec
 from tunecost.errors import TunecostError
 
-TRANSFORMER_FAMILIES = ("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "llama", "mistral", "qwen2")
+TRANSFORMER_FAMILIES = (
+    *("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "llama", "mistral", "qwen2"),
+    *("qwen3", "gemma", "gemma2", "phi3", "granite"),
+)
+# transformers 5.23's config-class defaults where a config.json may leave the key out
+_HEAD_DIM_DEFAULTS = {"qwen3": 128, "gemma": 256, "gemma2": 256}
+_TIED_DEFAULTS = {"gemma": True, "gemma2": True}
+_NORMS_PER_LAYER = {"gemma2": 4}  # RMSNorms of `hidden` width per decoder layer (else 2: input, post-attention)
+# families whose q, k, v, o follow `attention_bias` and whose MLP follows `mlp_bias` (Qwen2's biases are fixed)
+_BIAS_FLAG_FAMILIES = ("llama", "qwen3", "gemma", "gemma2", "granite")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +71,9 @@ class Arch:
     num_mamba_layers: int
     mamba_inner: int  # d_inner
     mamba_state: int  # d_state
+    num_layer_norms: int = 2  # norms of `hidden` width per attention layer (element-wise work)
+    num_window_layers: int = 0  # of the attention layers, those attending over a sliding window only
+    attention_window_tokens: int = 0  # that window (keys a query sees at most)
 
     @property
     def routed_expert_params(self) -> int:
@@ -135,16 +157,17 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
     layers = int(_get(config, "num_hidden_layers"))
     heads = int(_get(config, "num_attention_heads"))
     kv_heads = int(_get(config, "num_key_value_heads", default=heads))
-    head_dim = int(config.get("head_dim") or hidden // heads)
+    head_dim = int(config.get("head_dim") or _HEAD_DIM_DEFAULTS.get(family) or hidden // heads)
     vocab = int(_get(config, "vocab_size"))
     num_experts = int(_get(config, "num_local_experts", "num_experts", default=1))
-    # (in, out, how many of them in the model): q, k, v, o in every layer, then the non-routed MLP work.
-    mats = [
-        (hidden, heads * head_dim, layers),
-        (hidden, kv_heads * head_dim, layers),
-        (hidden, kv_heads * head_dim, layers),
-        (heads * head_dim, hidden, layers),
-    ]
+    # (in, out, how many of them in the model): q, k, v, o in every layer (Phi-3: qkv fused, o), then the
+    # non-routed MLP work.
+    q_out, kv_out = heads * head_dim, kv_heads * head_dim
+    if family == "phi3":
+        mats = [(hidden, q_out + 2 * kv_out, layers), (q_out, hidden, layers)]
+    else:
+        mats = [(hidden, q_out, layers), (hidden, kv_out, layers), (hidden, kv_out, layers), (q_out, hidden, layers)]
+    num_attention_mats = len(mats)
     ffn, num_moe = 0, 0
     if num_experts > 1:
         ffn = int(_get(config, "moe_intermediate_size", "intermediate_size"))
@@ -164,20 +187,56 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
     num_mlp_layers = layers - num_moe
     if num_mlp_layers:
         inter = int(_get(config, "intermediate_size"))
-        mats += [(hidden, inter, num_mlp_layers), (hidden, inter, num_mlp_layers), (inter, hidden, num_mlp_layers)]
-    qk_norm = {"qwen3_moe": 2 * head_dim, "olmoe": (heads + kv_heads) * head_dim}.get(family, 0)
-    qkv_bias = (heads + 2 * kv_heads) * head_dim if family in ("qwen2", "qwen2_moe") else 0  # Qwen's q/k/v biases
+        if family == "phi3":
+            mats += [(hidden, 2 * inter, num_mlp_layers), (inter, hidden, num_mlp_layers)]
+        else:
+            mats += [(hidden, inter, num_mlp_layers), (hidden, inter, num_mlp_layers), (inter, hidden, num_mlp_layers)]
+    qk_norm = {"qwen3_moe": 2 * head_dim, "qwen3": 2 * head_dim, "olmoe": (heads + kv_heads) * head_dim}.get(family, 0)
+    biases = (heads + 2 * kv_heads) * head_dim * layers if family in ("qwen2", "qwen2_moe") else 0  # Qwen's q/k/v
+    if family in _BIAS_FLAG_FAMILIES:
+        biases += _bias_params(mats[:num_attention_mats]) if config.get("attention_bias") else 0
+        biases += _bias_params(mats[num_attention_mats:]) if config.get("mlp_bias") else 0
+    num_norms = _NORMS_PER_LAYER.get(family, 2)
     return _decoder_arch(
         family,
         mats,
         _Shape(hidden, layers, heads, head_dim, vocab),
-        tied=bool(config.get("tie_word_embeddings", False)),
+        tied=bool(config.get("tie_word_embeddings", _TIED_DEFAULTS.get(family, False))),
         embedding_params=vocab * hidden,
-        norm_params=layers * (2 * hidden + qk_norm + qkv_bias) + hidden,
+        norm_params=layers * (num_norms * hidden + qk_norm) + biases + hidden,
         num_moe=num_moe,
         num_experts=num_experts,
         ffn=ffn,
+        num_attention_mats=num_attention_mats,
+        num_layer_norms=num_norms,
+        window=_attention_window(family, config, layers),
     )
+
+
+def _bias_params(mats: list[tuple[int, int, int]]) -> int:
+    """Bias parameters of these matmuls (one per output, in every copy)."""
+    return sum(out * n for _, out, n in mats)
+
+
+def _attention_window(family: str, config: dict[str, Any], layers: int) -> tuple[int, int]:
+    """(layers attending over a sliding window only, that window in tokens), as transformers 5.23 picks them:
+    the config's `layer_types` when given, else Gemma 2's alternate layers (0, 2, 4, ...), Phi-3's every layer,
+    Qwen3's layers from `max_window_layers` on when `use_sliding_window`; (0, 0) for every other family."""
+    window = int(config.get("sliding_window") or 0)
+    if family not in ("gemma2", "phi3", "qwen3") or not window:
+        return 0, 0
+    if family == "qwen3" and not config.get("use_sliding_window"):
+        return 0, 0
+    types = config.get("layer_types")
+    if types:
+        num = sum(1 for t in types if t == "sliding_attention")
+    elif family == "gemma2":
+        num = (layers + 1) // 2
+    elif family == "phi3":
+        num = layers
+    else:
+        num = max(0, layers - int(config.get("max_window_layers") or layers))
+    return num, window
 
 
 class _Shape(NamedTuple):
@@ -199,9 +258,13 @@ def _decoder_arch(
     num_moe: int = 0,
     num_experts: int = 1,
     ffn: int = 0,  # a routed expert's intermediate width (gate, up, down)
+    num_attention_mats: int = 4,  # the first entries of `mats` that are attention projections (q, k, v, o)
+    num_layer_norms: int = 2,  # norms of `hidden` width per layer
+    window: tuple[int, int] = (0, 0),  # (layers attending over a sliding window only, the window in tokens)
 ) -> Arch:
     """The `Arch` of an attention decoder (every layer attends), dense or with Mixtral-style routed experts."""
     hidden, layers, heads, head_dim, vocab = shape
+    attention = mats[:num_attention_mats]
     return Arch(
         family=family,
         hidden=hidden,
@@ -216,8 +279,8 @@ def _decoder_arch(
         dense_params=sum(i * o * n for i, o, n in mats),
         dense_in_out=sum((i + o) * n for i, o, n in mats),
         num_dense_matrices=sum(n for _, _, n in mats),
-        attention_in_out=sum((i + o) * n for i, o, n in mats[:4]),
-        num_attention_matrices=sum(n for _, _, n in mats[:4]),
+        attention_in_out=sum((i + o) * n for i, o, n in attention),
+        num_attention_matrices=sum(n for _, _, n in attention),
         lm_head_params=vocab * hidden,
         tied_embedding=tied,
         embedding_params=embedding_params,
@@ -228,6 +291,9 @@ def _decoder_arch(
         num_mamba_layers=0,
         mamba_inner=0,
         mamba_state=0,
+        num_layer_norms=num_layer_norms,
+        num_window_layers=window[0],
+        attention_window_tokens=window[1],
     )
 
 
@@ -245,7 +311,6 @@ def _gpt_bigcode_arch(config: dict[str, Any]) -> Arch:
     positions = int(_get(config, "n_positions", "max_position_embeddings"))
     mats = [(hidden, hidden + 2 * kv_width, layers), (hidden, hidden, layers), (hidden, inner, layers)]
     mats.append((inner, hidden, layers))
-    biases = sum(out for _, out, _ in mats)
     layer_norms = 2 * 2 * hidden  # ln_1, ln_2: weight and bias
     return _decoder_arch(
         "gpt_bigcode",
@@ -253,7 +318,39 @@ def _gpt_bigcode_arch(config: dict[str, Any]) -> Arch:
         _Shape(hidden, layers, heads, head_dim, vocab),
         tied=bool(config.get("tie_word_embeddings", True)),
         embedding_params=vocab * hidden + positions * hidden,  # wte and the learned positions wpe
-        norm_params=layers * (biases + layer_norms) + 2 * hidden,  # + ln_f (weight and bias)
+        norm_params=layers * layer_norms + _bias_params(mats) + 2 * hidden,  # + ln_f (weight and bias)
+    )
+
+
+def _phi_arch(config: dict[str, Any]) -> Arch:
+    """Phi (phi-1/1.5/2): attention and a two-matrix GELU MLP (`fc1`, `fc2`) side by side after ONE LayerNorm
+    per layer, biases on every linear (q, k, v, `dense`, fc1, fc2 and the untied `lm_head`), LayerNorms with
+    biases (optional per-head q/k LayerNorms under `qk_layernorm`), partial rotary (no parameters)."""
+    hidden = int(_get(config, "hidden_size"))
+    layers = int(_get(config, "num_hidden_layers"))
+    heads = int(_get(config, "num_attention_heads"))
+    kv_heads = int(_get(config, "num_key_value_heads", default=heads))
+    head_dim = hidden // heads
+    inter = int(_get(config, "intermediate_size"))
+    vocab = int(_get(config, "vocab_size"))
+    mats = [
+        (hidden, heads * head_dim, layers),
+        (hidden, kv_heads * head_dim, layers),
+        (hidden, kv_heads * head_dim, layers),
+        (heads * head_dim, hidden, layers),
+        (hidden, inter, layers),
+        (inter, hidden, layers),
+    ]
+    qk_layer_norms = 2 * 2 * head_dim if config.get("qk_layernorm") else 0
+    return _decoder_arch(
+        "phi",
+        mats,
+        _Shape(hidden, layers, heads, head_dim, vocab),
+        tied=bool(config.get("tie_word_embeddings", False)),
+        embedding_params=vocab * hidden,
+        # per layer: input LayerNorm (weight and bias); then every linear's bias, final LayerNorm, lm_head's bias
+        norm_params=layers * (2 * hidden + qk_layer_norms) + _bias_params(mats) + 2 * hidden + vocab,
+        num_layer_norms=1,  # attention and MLP read the same normed input
     )
 
 
@@ -263,10 +360,11 @@ def arch_of(spec: ModelSpec) -> Arch:
         return _blackmamba_arch(spec.config)
     if spec.family == "gpt_bigcode":
         return _gpt_bigcode_arch(spec.config)
+    if spec.family == "phi":
+        return _phi_arch(spec.config)
     if spec.family in TRANSFORMER_FAMILIES:
         return _transformer_arch(spec.family, spec.config)
     raise TunecostError(
-        f"{spec.name}: the throughput model reads {', '.join(TRANSFORMER_FAMILIES)}, gpt_bigcode and blackmamba "
-        "configs, "
-        f"not {spec.family!r}"
+        f"{spec.name}: the throughput model reads {', '.join(TRANSFORMER_FAMILIES)}, phi, gpt_bigcode and "
+        f"blackmamba configs, not {spec.family!r}"
     )

@@ -290,6 +290,16 @@ def dense_lora_targets(arch: Arch, targets: tuple[str, ...]) -> tuple[int, int]:
     return arch.dense_in_out - arch.attention_in_out, arch.num_dense_matrices - arch.num_attention_matrices
 
 
+def windowed_sq_len_tokens2(lengths: SeqLengths, window_tokens: int) -> float:
+    """E[l^2] as the work of a layer whose queries see at most w keys: twice its scored pairs, sum over i of
+    min(i, w), is l^2 - max(l - w, 0)^2. Exact for one fixed length; over a spread (mean and E[l^2] known) the
+    bound min(E[l^2], 2 w E[l]): E[l^2] when every length fits the window (lengths are cut at 1024 tokens)."""
+    mean_sq, mean = lengths.mean_sq_len_tokens2, lengths.mean_len_tokens
+    if window_tokens > 0 and mean_sq <= mean * mean:  # one length
+        return mean_sq - max(mean - window_tokens, 0.0) ** 2
+    return min(mean_sq, 2.0 * window_tokens * mean) if window_tokens > 0 else mean_sq
+
+
 def _add_lora(acc: _Acc, arch: Arch, job: FineTuneJob, *, tokens: float, k: int, hit: float, gc: float) -> None:
     """Rank-r adapters (fp32) beside the frozen weights they target: x@A@B on every pass, plus A/B grads."""
     if job.method == "full":
@@ -325,7 +335,10 @@ def _add_mixers(acc: _Acc, arch: Arch, lengths: SeqLengths, *, gc: float, w_byte
     ew_kernel_passes = fwd_passes + BWD_KERNELS_PER_FWD_KERNEL
     if arch.num_attention_layers:
         width = arch.num_heads * arch.head_dim
-        fwd_flops = arch.num_attention_layers * batch * lengths.mean_sq_len_tokens2 * 2.0 * width
+        full_layers = arch.num_attention_layers - arch.num_window_layers
+        window_sq = windowed_sq_len_tokens2(lengths, arch.attention_window_tokens)
+        fwd_flops = full_layers * batch * lengths.mean_sq_len_tokens2 * 2.0 * width
+        fwd_flops += arch.num_window_layers * batch * window_sq * 2.0 * width
         acc.add(
             "attention",
             flops=(fwd_passes + FA2_BWD_FLOPS_PER_FWD) * fwd_flops,
@@ -333,9 +346,11 @@ def _add_mixers(acc: _Acc, arch: Arch, lengths: SeqLengths, *, gc: float, w_byte
             kernels=arch.num_attention_layers * (fwd_passes + 3.0),
         )
         per_token_layer = (
-            2 * RMSNORM_BYTES_PER_HIDDEN + 2 * RESIDUAL_BYTES_PER_HIDDEN + FA2_VARLEN_BYTES_PER_HIDDEN
+            arch.num_layer_norms * RMSNORM_BYTES_PER_HIDDEN
+            + 2 * RESIDUAL_BYTES_PER_HIDDEN
+            + FA2_VARLEN_BYTES_PER_HIDDEN
         ) * arch.hidden + ROTARY_BYTES_PER_QK * 2 * width
-        kernels_layer = 2 * RMSNORM_KERNELS + ROTARY_KERNELS + 2 + FA2_VARLEN_KERNELS
+        kernels_layer = arch.num_layer_norms * RMSNORM_KERNELS + ROTARY_KERNELS + 2 + FA2_VARLEN_KERNELS
         acc.add(
             "elementwise",
             bytes_=ew_passes * arch.num_attention_layers * tokens * per_token_layer,
