@@ -319,6 +319,7 @@ def _gpt_bigcode_arch(config: dict[str, Any]) -> Arch:
         tied=bool(config.get("tie_word_embeddings", True)),
         embedding_params=vocab * hidden + positions * hidden,  # wte and the learned positions wpe
         norm_params=layers * layer_norms + _bias_params(mats) + 2 * hidden,  # + ln_f (weight and bias)
+        num_attention_mats=2,  # c_attn (fused q, k, v) and the attention's c_proj; c_fc and c_proj are the MLP
     )
 
 
