@@ -43,13 +43,6 @@ _MODULES_TO_SAVE = {"wte": "embed_tokens", "embed_tokens": "embed_tokens", "lm_h
 _GPTQ_KERNELS = (("accelerated-peft-autogptq", "triton-v2"), ("qwen finetune.py", "torch"))  # corpus stack cell
 _FSDP_FULL_SHARD = ("fsdp", "fsdp (full_shard)")
 _ATTENTION = {"flash2": "flash", "flash": "flash", "sdpa": "sdpa", "eager": "eager", "": "flash", "unknown": "flash"}
-# Corpus GPU spellings -> the GPU catalog (only the memory is used, for out-of-memory rows).
-_GPU_NAMES = {
-    "a100-sxm4-80gb": "A100-80GB-SXM",
-    "a100 (80gb)": "A100-80GB-SXM",
-    "a100-80gb": "A100-80GB-SXM",
-    "rtx-4090": "RTX4090-24GB",
-}
 
 
 class Skip(Exception):
@@ -122,7 +115,7 @@ def catalog_gpu(name: str):
     if not key:
         return None
     try:
-        return resolve_gpu_name(_GPU_NAMES.get(key.lower(), key)).gpu
+        return resolve_gpu_name(key).gpu  # the catalog resolves the spellings sources print (nvidia-smi's too)
     except TunecostError:
         return None
 
