@@ -223,7 +223,7 @@ def _stage_multi_gpu(out: Path, on_progress: ProgressFn | None) -> None:
     from tunecost.distributed.setups import estimate_multi_gpu
     from tunecost.estimate.cost import estimate_job
     from tunecost.profile.model_setup import ModelSetup
-    from tunecost.profile.ranks import load_rank_profiles, profile_ranks, rank_point_id, save_rank_profiles
+    from tunecost.profile.ranks import profile_point
     from tunecost.results.records import multi_gpu_rows
 
     model, method, gpus, strategies, max_gpus = MULTI_GPU_DEMO
@@ -243,13 +243,9 @@ def _stage_multi_gpu(out: Path, on_progress: ProgressFn | None) -> None:
     if on_progress:
         on_progress(1, 2, f"profile {tiny} ({tiny_method}) on {ranks} CPU ranks ({strategy})")
     setup = ModelSetup(model=tiny, method=tiny_method, random_weights=True)
-    run = out / "profile-ranks"
-    point = rank_point_id(setup, strategy=strategy, nproc_per_node=ranks, batch_size=2, seq_len=64)
-    if point not in load_rank_profiles(run):
-        profiles = profile_ranks(
-            setup, nproc_per_node=ranks, strategy=strategy, batch_size=2, seq_len=64, steps=2, log_dir=run / "rank-logs"
-        )
-        save_rank_profiles(run, point, profiles)
+    profile_point(
+        setup, out / "profile-ranks", strategy=strategy, nproc_per_node=ranks, batch_size=2, seq_len=64, steps=2
+    )
     if on_progress:
         on_progress(2, 2, "several GPUs")
 

@@ -28,6 +28,7 @@ from typing import Any
 from tunecost.errors import TunecostError
 
 RANK_STRATEGIES = ("fsdp2", "ddp")
+MAX_NPROC_PER_NODE = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +62,7 @@ def check_rank_strategy(strategy: str, nproc_per_node: int, method: str) -> None
 
     if strategy not in RANK_STRATEGIES:
         raise unknown_name_error("--strategy", strategy, RANK_STRATEGIES)
-    check_count("--nproc-per-node", nproc_per_node, 64)
+    check_count("--nproc-per-node", nproc_per_node, MAX_NPROC_PER_NODE)
     if strategy == "fsdp2" and method == "qlora":
         raise TunecostError(
             "QLoRA under FSDP2 is not profiled: sharding 4-bit weights needs bitsandbytes' float quant storage "
@@ -152,7 +153,7 @@ def _rank_main(setup: Any, strategy: str, batch_size: int, seq_len: int, steps: 
         torch.set_num_threads(1)
     dist.init_process_group("nccl" if cuda else "gloo")
     try:
-        prepared = build_training_model(dataclasses.replace(setup, device=device, seed=setup.seed))
+        prepared = build_training_model(dataclasses.replace(setup, device=device))
         model = _wrap(prepared.model, strategy, device)
         optimizer = make_optimizer(model)
         vocab = int(prepared.spec.vocab_size)
@@ -224,9 +225,7 @@ def profile_ranks(
         max_restarts=0,
         start_method="spawn",
         monitor_interval=0.1,
-        logs_specs=DefaultLogsSpecs(log_dir=None if log_dir is None else os.fspath(log_dir), redirects=Std.ALL)
-        if log_dir is not None
-        else DefaultLogsSpecs(),
+        logs_specs=DefaultLogsSpecs() if log_dir is None else DefaultLogsSpecs(os.fspath(log_dir), Std.ALL),
     )
     try:
         results = elastic_launch(config, _rank_main)(setup, strategy, batch_size, seq_len, steps, warmup_steps)
@@ -256,9 +255,12 @@ def rank_point_id(setup: Any, *, strategy: str, nproc_per_node: int, batch_size:
 RANK_KEY = ("kind", "point_id", "rank")
 
 
-def save_rank_profiles(out_dir: str | os.PathLike[str], point_id: str, profiles: list[RankProfile]) -> Any:
+def save_rank_profiles(
+    out_dir: str | os.PathLike[str], point_id: str, profiles: list[RankProfile]
+) -> list[dict[str, Any]]:
     """Add one point's rank profiles to `out_dir/ranks.jsonl` (one `rank` record per rank, atomically; the point
-    is finished once its records exist: a rerun skips it). The slowest rank is marked (`slowest`)."""
+    is finished once its records exist: a rerun skips it) and return those records. The slowest rank is marked
+    (`slowest`)."""
     from dataclasses import asdict
     from pathlib import Path
 
@@ -275,7 +277,8 @@ def save_rank_profiles(out_dir: str | os.PathLike[str], point_id: str, profiles:
         )
         for p in profiles
     ]
-    return add_records(Path(out_dir) / "ranks.jsonl", rows, key=RANK_KEY)
+    add_records(Path(out_dir) / "ranks.jsonl", rows, key=RANK_KEY)
+    return rows
 
 
 def load_rank_profiles(out_dir: str | os.PathLike[str]) -> dict[str, list[dict[str, Any]]]:
@@ -289,3 +292,41 @@ def load_rank_profiles(out_dir: str | os.PathLike[str]) -> dict[str, list[dict[s
     for row in read_records(path) if path.is_file() else []:
         points.setdefault(str(row.get("point_id")), []).append(row)
     return points
+
+
+def profile_point(
+    setup: Any,
+    out_dir: str | os.PathLike[str],
+    *,
+    strategy: str,
+    nproc_per_node: int,
+    batch_size: int,
+    seq_len: int,
+    steps: int = 3,
+    warmup_steps: int = 1,
+    on_launch: Any = None,
+) -> tuple[str, list[dict[str, Any]]]:
+    """One point on `nproc_per_node` ranks, resumable: its records from `out_dir/ranks.jsonl` when finished, else
+    measured (`profile_ranks`, rank logs in `out_dir/rank-logs`) and added. Returns the point id and its records by
+    rank; `on_launch(point_id)` is called before ranks are launched."""
+    from pathlib import Path
+
+    point = rank_point_id(
+        setup, strategy=strategy, nproc_per_node=nproc_per_node, batch_size=batch_size, seq_len=seq_len
+    )
+    rows = load_rank_profiles(out_dir).get(point)
+    if rows is None:
+        if on_launch is not None:
+            on_launch(point)
+        profiles = profile_ranks(
+            setup,
+            nproc_per_node=nproc_per_node,
+            strategy=strategy,
+            batch_size=batch_size,
+            seq_len=seq_len,
+            steps=steps,
+            warmup_steps=warmup_steps,
+            log_dir=Path(out_dir) / "rank-logs",
+        )
+        rows = save_rank_profiles(out_dir, point, profiles)
+    return point, sorted(rows, key=lambda r: r["rank"])

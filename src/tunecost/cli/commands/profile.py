@@ -33,6 +33,7 @@ from tunecost.cli.options import (
     count_option,
     opt,
 )
+from tunecost.profile.ranks import MAX_NPROC_PER_NODE
 from tunecost.profile.threads import prepare_cpu_threads
 from tunecost.units import BYTES_PER_GIB as _GIB
 
@@ -144,7 +145,7 @@ def profile(
     template: Template = "mistral",
     max_length: MaxLength = 1024,
     dataset_limit: Annotated[int | None, opt("--dataset-limit", "Use only the first N dataset queries.")] = None,
-    nproc_per_node: Annotated[int, count_option("--nproc-per-node", NPROC_HELP, 64)] = 1,
+    nproc_per_node: Annotated[int, count_option("--nproc-per-node", NPROC_HELP, MAX_NPROC_PER_NODE)] = 1,
     strategy: Annotated[str | None, opt("--strategy", STRATEGY_HELP)] = None,
     json_out: JsonOut = False,
 ) -> None:
@@ -154,19 +155,23 @@ def profile(
 
     check_output_folder(out)
     prepare_cpu_threads(device)
+    setup = model_setup(options, experts_per_token=None)  # the sweep sets each top-k
+    top_ks = split_list(experts_per_token, int, "experts per token")
+    sizes = _batch_sizes(batch_sizes, steps, warmup_steps)
+    inputs = inputs_spec(seq_len, dataset, tokenizer, template, max_length, dataset_limit)
     if strategy is not None or nproc_per_node > 1:
         from tunecost.cli.commands.profile_ranks import run_rank_profile
 
-        run_rank_profile(model_setup(options, experts_per_token=None), options, out)
+        run_rank_profile(setup, options, out, top_ks=top_ks, batch_sizes=sizes, seq_lens=inputs.seq_lens)
         return
     from tunecost.profile.point import MeasureOptions
     from tunecost.profile.sweep import SweepSpec
 
     spec = SweepSpec(
-        setup=model_setup(options, experts_per_token=None),  # the sweep sets each top-k
-        experts_per_token=tuple(split_list(experts_per_token, int, "experts per token")),
-        batch_sizes=_batch_sizes(batch_sizes, steps, warmup_steps),
-        inputs=inputs_spec(seq_len, dataset, tokenizer, template, max_length, dataset_limit),
+        setup=setup,
+        experts_per_token=tuple(top_ks),
+        batch_sizes=sizes,
+        inputs=inputs,
         options=MeasureOptions(
             steps=steps, warmup_steps=warmup_steps, instrumentation_overhead=not no_overhead, kernels=not no_kernels
         ),

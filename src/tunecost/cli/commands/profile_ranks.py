@@ -6,62 +6,59 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tunecost.cli.common import console, err_console, print_json, print_table, split_list
+from tunecost.cli.common import console, err_console, print_json, print_table
 from tunecost.errors import TunecostError
 from tunecost.units import BYTES_PER_GIB as _GIB
 
 
-def _one(text: str | None, what: str, option: str, default: int) -> int:
-    values = split_list(text, int, what)
+def _one(values: tuple[int, ...] | list[int], option: str, default: int) -> int:
     if len(values) > 1:
-        raise TunecostError(f"{option}: --nproc-per-node profiles one point; give one value, got {text}")
+        given = ",".join(map(str, values))
+        raise TunecostError(f"{option}: --nproc-per-node profiles one point; give one value, got {given}")
     return values[0] if values else default
 
 
-def run_rank_profile(setup: Any, options: dict[str, Any], out: Path) -> None:
-    """Profile one point on `--nproc-per-node` ranks, add its records to `out/ranks.jsonl`, print or --json it."""
-    from tunecost.limits import MAX_BATCH_SIZE, MAX_SEQ_LEN, MAX_STEPS, check_count
+def run_rank_profile(
+    setup: Any,
+    options: dict[str, Any],
+    out: Path,
+    *,
+    top_ks: list[int],
+    batch_sizes: tuple[int, ...],
+    seq_lens: tuple[int, ...],
+) -> None:
+    """Profile one point on `--nproc-per-node` ranks (the values checked by `profile` as for a sweep), add its
+    records to `out/ranks.jsonl`, print or --json it."""
+    import dataclasses
+
     from tunecost.profile.model_setup import resolve_profile_model
-    from tunecost.profile.ranks import (
-        check_rank_strategy,
-        load_rank_profiles,
-        profile_ranks,
-        rank_point_id,
-        save_rank_profiles,
-    )
+    from tunecost.profile.ranks import check_rank_strategy, profile_point
+    from tunecost.profile.sweep import DEFAULT_SEQ_LEN
 
     nproc, strategy = options["nproc_per_node"], options["strategy"] or "fsdp2"
     check_rank_strategy(strategy, nproc, setup.method)
     resolve_profile_model(setup.model)  # an unknown model is an error here, not in every rank
     if options["dataset"] is not None:
         raise TunecostError("--dataset: --nproc-per-node trains on random tokens of --seq-len; leave --dataset out")
-    top_k = _one(options["experts_per_token"], "experts per token", "--experts-per-token", 0) or None
-    batch = _one(options["batch_sizes"], "batch size", "--batch-sizes", 1)
-    seq = _one(options["seq_len"], "sequence length", "--seq-len", 128)
-    check_count("--batch-sizes", batch, MAX_BATCH_SIZE)
-    check_count("--seq-len", seq, MAX_SEQ_LEN)
-    check_count("--steps", options["steps"], MAX_STEPS)
-    import dataclasses
+    top_k = _one(top_ks, "--experts-per-token", 0) or None
+    batch = _one(batch_sizes, "--batch-sizes", 1)
+    seq = _one(seq_lens, "--seq-len", DEFAULT_SEQ_LEN)
 
-    setup = dataclasses.replace(setup, experts_per_token=top_k)
-    point = rank_point_id(setup, strategy=strategy, nproc_per_node=nproc, batch_size=batch, seq_len=seq)
-    done = load_rank_profiles(out)
-    if point not in done:
+    def announce(_point: str) -> None:
         if not options["json_out"]:
             err_console.print(f"launching {nproc} ranks ({strategy}, {setup.device}); rank logs in {out}/rank-logs")
-        profiles = profile_ranks(
-            setup,
-            nproc_per_node=nproc,
-            strategy=strategy,
-            batch_size=batch,
-            seq_len=seq,
-            steps=options["steps"],
-            warmup_steps=options["warmup_steps"],
-            log_dir=out / "rank-logs",
-        )
-        save_rank_profiles(out, point, profiles)
-        done = load_rank_profiles(out)
-    ranks = sorted(done[point], key=lambda r: r["rank"])
+
+    point, ranks = profile_point(
+        dataclasses.replace(setup, experts_per_token=top_k),
+        out,
+        strategy=strategy,
+        nproc_per_node=nproc,
+        batch_size=batch,
+        seq_len=seq,
+        steps=options["steps"],
+        warmup_steps=options["warmup_steps"],
+        on_launch=announce,
+    )
     if options["json_out"]:
         print_json({"point_id": point, "out_dir": str(out), "ranks": ranks})
         return
