@@ -14,6 +14,17 @@ def gqa_attention(hidden_size: int, num_attention_heads: int) -> dict[str, int]:
     }
 
 
+def write_llama_config(path, **sizes: int | bool):
+    """Write a tiny Llama config.json (untied head unless `tie_word_embeddings` says otherwise) with `sizes`
+    (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, vocab_size) at
+    `path` and return `path`."""
+    import json
+
+    config = {"model_type": "llama", "tie_word_embeddings": False, **sizes}
+    path.write_text(json.dumps(config), encoding="utf-8")
+    return path
+
+
 def dense_lora_job(config_path):
     """A LoRA job (rank 4 on attention and MLP, batch 2 x 32 tokens) on a tiny dense model's config.json."""
     from tunecost.workload.job import FineTuneJob, LoraConfig

@@ -4,10 +4,9 @@ each checkpointed layer input 4 bytes per element instead of 2, and the default 
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
+from tiny_models import write_llama_config
 
 from tunecost.errors import TunecostError
 from tunecost.simulate import cache, simulate_step
@@ -64,18 +63,15 @@ def test_loss_codes_give_the_same_loss(logits_and_labels) -> None:
 
 
 def _tiny_qlora_job(tmp_path, **overrides) -> FineTuneJob:
-    config = {
-        "model_type": "llama",
-        "hidden_size": HIDDEN,
-        "intermediate_size": 128,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 256,
-        "tie_word_embeddings": False,
-    }
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config), encoding="utf-8")
+    path = write_llama_config(
+        tmp_path / "config.json",
+        hidden_size=HIDDEN,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+    )
     fields = {
         "model": str(path),
         "method": "qlora",

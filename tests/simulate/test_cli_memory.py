@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from tiny_models import write_llama_config
 
 
 def test_memory_json_with_gpu_memory(cli_json, config_path, write_file):
@@ -64,18 +63,15 @@ def test_memory_lora_targets_follow_the_model(cli_json, model: str, targets: str
 def test_memory_gptq_and_modules_to_save_options(cli_json, tmp_path):
     """--quant-type gptq stores the decoder's linear layers as auto-gptq buffers (fp16 compute by default);
     --modules-to-save trains copies of the named modules beside LoRA."""
-    config = {
-        "model_type": "llama",
-        "hidden_size": 64,
-        "intermediate_size": 96,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 4,
-        "vocab_size": 128,
-        "tie_word_embeddings": False,
-    }
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(config), encoding="utf-8")
+    path = write_llama_config(
+        tmp_path / "config.json",
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=128,
+    )
     common = {"model": str(path), "seq_len": 16, "lora_rank": 4, "lora_targets": "attention,mlp", "no_cache": True}
     out = cli_json("memory", method="qlora", quant_type="gptq", gptq_group_size=32, **common)
     assert out["breakdown"]["weights_4bit"] > 0 and any("GPTQ" in a for a in out["assumptions"])
