@@ -1,5 +1,15 @@
 """Measure the same FSDP2 step on real ranks: `world_size` CPU processes on a gloo group over 127.0.0.1, each
-running `sharded_step.record_rank_step` on real tensors (tiny models only: real fp32 weights on the CPU)."""
+running `sharded_step.record_rank_step` on real tensors (tiny models only: real fp32 weights on the CPU).
+
+A collective's buffers are freed when the last reference goes. On gloo that can be the backend's worker thread:
+`ProcessGroupGloo` runs each collective on a worker thread that keeps the collective (its input and output
+tensors, and the reduce-scatter's clone of its input) until it takes the work queue's lock again, after `wait()`
+has already returned on the rank's thread. If FSDP2 has dropped the buffer by then, it is freed on the worker, and
+the tracker (a weak reference on the storage, whose callback needs the GIL) sees the free a scheduling-dependent
+number of ops later. Here each FSDP2 all-gather and reduce-scatter is therefore followed by a barrier on a gloo
+group with one worker thread: that thread takes the barrier only after it released the collective, so every
+buffer of a collective is freed, and counted, before the rank's next op, as NCCL does once FSDP2 waited on it.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +26,64 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+SERIAL_GLOO = "tunecost_serial_gloo"  # gloo with a single worker thread (see the module docstring)
+
+
+def _serial_gloo(store, rank: int, world_size: int, timeout):
+    from torch.distributed import ProcessGroupGloo
+
+    options = ProcessGroupGloo._Options()  # type: ignore[attr-defined]  # the C++ options: threads, devices
+    options._devices = [ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    options._threads = 1  # gloo's default is 2 per device; one thread runs the queued collectives in order
+    options._timeout = timeout
+    return ProcessGroupGloo(store, rank, world_size, options)
+
+
+def _init_serial_gloo(rank: int, world_size: int, port: int) -> None:
+    import torch.distributed as dist
+
+    if not hasattr(dist.Backend, SERIAL_GLOO.upper()):
+        dist.Backend.register_backend(SERIAL_GLOO, _serial_gloo, devices=["cpu"])
+    dist.init_process_group(SERIAL_GLOO, rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}")
+
+
+def _release_collective(group) -> None:
+    """Return once the gloo worker has released the collective that just completed: a barrier queued behind it
+    on the same single worker thread, run outside any dispatch mode so that the step's recorder does not see it
+    (it moves no bytes of the step and holds no tensor of it)."""
+    import torch.distributed as dist
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        dist.barrier(group=group)
+
+
+def _release_after_collectives(model) -> None:
+    """Make every FSDP2 unit of `model` wait for gloo to release each all-gather and reduce-scatter
+    (FSDP2's `set_custom_all_gather` / `set_custom_reduce_scatter`, with the default buffers)."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather, DefaultReduceScatter
+
+    class ReleasedAllGather(DefaultAllGather):
+        def __call__(self, output_tensor, input_tensor, group, async_op=False):
+            work = super().__call__(output_tensor, input_tensor, group, async_op)
+            if not async_op:
+                _release_collective(group)
+            return work
+
+    class ReleasedReduceScatter(DefaultReduceScatter):
+        def __call__(self, output_tensor, input_tensor, group, op, async_op=False):
+            work = super().__call__(output_tensor, input_tensor, group, op, async_op)
+            if not async_op:
+                _release_collective(group)
+            return work
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_custom_all_gather(ReleasedAllGather())
+            module.set_custom_reduce_scatter(ReleasedReduceScatter())
+
+
 def _worker(rank: int, world_size: int, port: int, job: FineTuneJob, strategy: str, results) -> None:
     import torch
     import torch.distributed as dist
@@ -26,9 +94,10 @@ def _worker(rank: int, world_size: int, port: int, job: FineTuneJob, strategy: s
     torch.set_num_threads(1)
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}")
+    _init_serial_gloo(rank, world_size, port)
     try:
         prepared = prepare_fsdp_rank(job, strategy, real=True, seed=0)
+        _release_after_collectives(prepared.model)
         vocab = int(prepared.model.config.vocab_size)
         batch = make_batch(vocab, job.batch_size, job.worst_case_seq_len, None, seed=rank)
         step = record_rank_step(prepared, batch, strategy=strategy, granule_bytes=1)
