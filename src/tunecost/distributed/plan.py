@@ -21,6 +21,17 @@ STRATEGIES = {
 MULTI_GPU_STRATEGIES = tuple(s for s in STRATEGIES if s != "single")
 
 
+def check_fsdp2_method(method: str, *, alternatives: str = "--method lora or full") -> None:
+    """Refuse QLoRA where tunecost runs PyTorch's FSDP2 itself (the fake-process-group simulation of a rank and
+    `tunecost profile --nproc-per-node`): FSDP2 shards 4-bit weights only when bitsandbytes stores them in a float
+    dtype (`bnb_4bit_quant_storage`), which neither tunecost's 4-bit layer nor its profiling setup does yet."""
+    if method == "qlora":
+        raise TunecostError(
+            "QLoRA under FSDP2 is not supported: sharding 4-bit weights needs bitsandbytes' float quant storage "
+            f"(bnb_4bit_quant_storage), which tunecost neither models nor sets up yet; use {alternatives}"
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class ParallelPlan:
     """A data-parallel (optionally expert-parallel) layout; the default is one GPU.

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from tunecost.distributed.plan import check_fsdp2_method
 from tunecost.distributed.recorder import Collective, ShardedStepRecorder
 from tunecost.errors import TunecostError
 from tunecost.workload.job import FineTuneJob
@@ -66,11 +67,7 @@ class RankStep:
 def check_fsdp_supported(job: FineTuneJob, strategy: str) -> None:
     if strategy not in FSDP_STRATEGIES:
         raise TunecostError(f"unknown FSDP strategy {strategy!r}; supported: {', '.join(FSDP_STRATEGIES)}")
-    if job.method == "qlora":
-        raise TunecostError(
-            "QLoRA under FSDP2 is not supported yet: sharding 4-bit weights needs bitsandbytes' float quant "
-            "storage, which the simulator does not model; use --method lora or full"
-        )
+    check_fsdp2_method(job.method)
 
 
 def shard_model(model: nn.Module, mesh, *, reshard_after_forward: bool) -> None:

@@ -57,17 +57,15 @@ class RankProfile:
 
 def check_rank_strategy(strategy: str, nproc_per_node: int, method: str) -> None:
     """What `profile_ranks` refuses before launching anything."""
+    from tunecost.distributed.plan import check_fsdp2_method
     from tunecost.errors import unknown_name_error
     from tunecost.limits import check_count
 
     if strategy not in RANK_STRATEGIES:
         raise unknown_name_error("--strategy", strategy, RANK_STRATEGIES)
     check_count("--nproc-per-node", nproc_per_node, MAX_NPROC_PER_NODE)
-    if strategy == "fsdp2" and method == "qlora":
-        raise TunecostError(
-            "QLoRA under FSDP2 is not profiled: sharding 4-bit weights needs bitsandbytes' float quant storage "
-            "(bnb_4bit_quant_storage); use --method lora or full, or --strategy ddp"
-        )
+    if strategy == "fsdp2":
+        check_fsdp2_method(method, alternatives="--method lora or full, or --strategy ddp")
 
 
 def slowest_rank(profiles: list[RankProfile]) -> RankProfile:
