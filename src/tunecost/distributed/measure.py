@@ -1,5 +1,6 @@
-"""Measure the same FSDP2 step on real ranks: `world_size` CPU processes on a gloo group over 127.0.0.1, each
-running `sharded_step.record_rank_step` on real tensors (tiny models only: real fp32 weights on the CPU).
+"""Measure the same FSDP2 step on real ranks: `world_size` CPU processes (started by `distributed.launch`, as
+torchrun starts them) on a gloo group over 127.0.0.1, each running `sharded_step.record_rank_step` on real tensors
+(tiny models only: real fp32 weights on the CPU).
 
 A collective's buffers are freed when the last reference goes. On gloo that can be the backend's worker thread:
 `ProcessGroupGloo` runs each collective on a worker thread that keeps the collective (its input and output
@@ -13,18 +14,9 @@ buffer of a collective is freed, and counted, before the rank's next op, as NCCL
 
 from __future__ import annotations
 
-import os
-import socket
-
+from tunecost.distributed.launch import launch_local_ranks
 from tunecost.distributed.sharded_step import RankStep
 from tunecost.workload.job import FineTuneJob
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 SERIAL_GLOO = "tunecost_serial_gloo"  # gloo with a single worker thread (see the module docstring)
 
@@ -39,12 +31,12 @@ def _serial_gloo(store, rank: int, world_size: int, timeout):
     return ProcessGroupGloo(store, rank, world_size, options)
 
 
-def _init_serial_gloo(rank: int, world_size: int, port: int) -> None:
+def _init_serial_gloo() -> None:
     import torch.distributed as dist
 
     if not hasattr(dist.Backend, SERIAL_GLOO.upper()):
         dist.Backend.register_backend(SERIAL_GLOO, _serial_gloo, devices=["cpu"])
-    dist.init_process_group(SERIAL_GLOO, rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}")
+    dist.init_process_group(SERIAL_GLOO)
 
 
 def _release_collective(group) -> None:
@@ -84,7 +76,7 @@ def _release_after_collectives(model) -> None:
             module.set_custom_reduce_scatter(ReleasedReduceScatter())
 
 
-def _worker(rank: int, world_size: int, port: int, job: FineTuneJob, strategy: str, results) -> None:
+def _worker(job: FineTuneJob, strategy: str) -> RankStep:
     import torch
     import torch.distributed as dist
 
@@ -92,18 +84,16 @@ def _worker(rank: int, world_size: int, port: int, job: FineTuneJob, strategy: s
     from tunecost.simulate.step import make_batch
 
     torch.set_num_threads(1)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    _init_serial_gloo(rank, world_size, port)
+    _init_serial_gloo()
     try:
         prepared = prepare_fsdp_rank(job, strategy, real=True, seed=0)
         _release_after_collectives(prepared.model)
         vocab = int(prepared.model.config.vocab_size)
-        batch = make_batch(vocab, job.batch_size, job.worst_case_seq_len, None, seed=rank)
+        batch = make_batch(vocab, job.batch_size, job.worst_case_seq_len, None, seed=dist.get_rank())
         step = record_rank_step(prepared, batch, strategy=strategy, granule_bytes=1)
         del prepared
         _leave_together(dist)
-        results.put(step)
+        return step
     finally:
         dist.destroy_process_group()
 
@@ -119,18 +109,10 @@ def _leave_together(dist) -> None:
 
 def measure_fsdp_ranks(job: FineTuneJob, *, world_size: int = 2, strategy: str = "fsdp2") -> list[RankStep]:
     """Run one recorded FSDP2 step on `world_size` real gloo ranks; their RankSteps by rank."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    mp.start_processes(
-        _worker, args=(world_size, free_port(), job, strategy, results), nprocs=world_size, start_method="spawn"
-    )
-    steps = [results.get() for _ in range(world_size)]
-    return sorted(steps, key=lambda s: s.rank)
+    return launch_local_ranks(_worker, (job, strategy), nproc=world_size)
 
 
-def _ddp_worker(rank: int, world_size: int, port: int, job: FineTuneJob, results) -> None:
+def _ddp_worker(job: FineTuneJob) -> list[int]:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -139,31 +121,23 @@ def _ddp_worker(rank: int, world_size: int, port: int, job: FineTuneJob, results
     from tunecost.simulate.step import make_batch, run_step
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, init_method=f"tcp://127.0.0.1:{port}")
+    dist.init_process_group("gloo")
     try:
         prepared = build_prepared(job, num_units=None, real=True, seed=0)
         vocab = int(prepared.spec.vocab_size)
         prepared.model = DistributedDataParallel(prepared.model)
-        batch = make_batch(vocab, job.batch_size, job.worst_case_seq_len, None, seed=rank)
+        batch = make_batch(vocab, job.batch_size, job.worst_case_seq_len, None, seed=dist.get_rank())
         for _ in range(3):  # the reducer rebuilds its buckets in ready order after the first step; the
             run_step(prepared, batch)  # logging data reports them once later steps have run
         data = prepared.model._get_ddp_logging_data()
         sizes = str(data.get("rebuilt_bucket_sizes", ""))
         del prepared, data
         _leave_together(dist)
-        results.put((rank, [int(s) for s in sizes.split(",") if s.strip()]))
+        return [int(s) for s in sizes.split(",") if s.strip()]
     finally:
         dist.destroy_process_group()
 
 
 def measure_ddp_buckets(job: FineTuneJob, *, world_size: int = 2) -> list[int]:
     """DDP's own gradient bucket sizes (bytes, rebuilt after the first step) on `world_size` gloo ranks."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
-    mp.start_processes(
-        _ddp_worker, args=(world_size, free_port(), job, results), nprocs=world_size, start_method="spawn"
-    )
-    by_rank = dict(results.get() for _ in range(world_size))
-    return by_rank[0]
+    return launch_local_ranks(_ddp_worker, (job,), nproc=world_size)[0]

@@ -1,7 +1,7 @@
 """Profile fine-tuning on several ranks with the real engines, launched as `torchrun` launches them.
 
-`profile_ranks` starts `nproc_per_node` processes through torch's elastic launcher (`elastic_launch`, the library
-behind `torchrun`: rendezvous, RANK / WORLD_SIZE / LOCAL_RANK per process). Each rank builds the model exactly as
+`profile_ranks` starts `nproc_per_node` processes through torch's elastic launcher (`distributed.launch`: the library
+behind `torchrun`, rendezvous, RANK / WORLD_SIZE / LOCAL_RANK per process). Each rank builds the model exactly as
 `tunecost profile` does (`build_training_model`), wraps it with PyTorch's `fully_shard` (FSDP2: each decoder layer,
 then the root) or `DistributedDataParallel`, and trains `steps` timed steps on its own random batches after
 `warmup_steps` untimed ones. Per rank it records:
@@ -201,9 +201,7 @@ def profile_ranks(
 ) -> list[RankProfile]:
     """Launch `nproc_per_node` ranks on this machine (torchrun's launcher) and return their profiles by rank.
     Each rank's stdout and stderr go to files under `log_dir` (kept), or to this process's when None."""
-    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from tunecost.distributed.launch import launch_local_ranks
 
     check_rank_strategy(strategy, nproc_per_node, setup.method)
     if setup.device.startswith("cuda"):
@@ -213,34 +211,8 @@ def profile_ranks(
             raise TunecostError(
                 f"--nproc-per-node {nproc_per_node} needs as many GPUs; this machine has {torch.cuda.device_count()}"
             )
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc_per_node,
-        rdzv_backend="c10d",
-        rdzv_endpoint="127.0.0.1:0",
-        run_id=f"tunecost-{os.getpid()}",
-        max_restarts=0,
-        start_method="spawn",
-        monitor_interval=0.1,
-        logs_specs=DefaultLogsSpecs() if log_dir is None else DefaultLogsSpecs(os.fspath(log_dir), Std.ALL),
-    )
-    try:
-        results = elastic_launch(config, _rank_main)(setup, strategy, batch_size, seq_len, steps, warmup_steps)
-    except ChildFailedError as exc:
-        raise TunecostError(f"a rank failed: {_failure_line(exc)}") from None
-    return [results[r] for r in sorted(results)]
-
-
-def _failure_line(exc: Any) -> str:
-    """The first failed rank's error in one line (the launcher keeps it as text, or as the error file's dict)."""
-    failures = getattr(exc, "failures", None) or {}
-    message: Any = next(iter(failures.values())).message if failures else str(exc)
-    if isinstance(message, dict):
-        message = message.get("message", message)
-    lines = str(message).strip().splitlines()
-    line = lines[-1] if lines else type(exc).__name__
-    return line.removeprefix("TunecostError: ")
+    args = (setup, strategy, batch_size, seq_len, steps, warmup_steps)
+    return launch_local_ranks(_rank_main, args, nproc=nproc_per_node, log_dir=log_dir)
 
 
 def rank_point_id(setup: Any, *, strategy: str, nproc_per_node: int, batch_size: int, seq_len: int) -> str:
