@@ -20,6 +20,7 @@ from tunecost.simulate.allocator import (
     event_order,
     round_size_bytes,
     segment_bytes,
+    steady_state_replay,
     steady_state_reserved_bytes,
 )
 
@@ -109,6 +110,42 @@ def test_no_reuse_across_pools() -> None:
     alloc.malloc(MIB)
     alloc.malloc(512)  # the small segment is full: a new one
     assert alloc.reserved_bytes == 24 * MIB
+
+
+def test_a_block_cached_for_one_stream_never_serves_another() -> None:
+    """ "Once freed, blocks can be re-allocated on the same stream, but not on any other stream" (the header of
+    CUDACachingAllocator.cpp); a block returns to the cache of the stream that allocated it, whoever frees it."""
+    alloc = CachingAllocator()
+    alloc.free(alloc.malloc(100 * MIB, stream=0))  # one 100 MiB segment, cached for stream 0
+    on_1 = alloc.malloc(60 * MIB, stream=1)  # stream 1 cannot take it: a 60 MiB segment of its own
+    assert alloc.reserved_bytes == 160 * MIB
+    alloc.malloc(60 * MIB, stream=0)  # stream 0 takes its cached block (split: 40 MiB stay cached)
+    alloc.free(on_1)
+    alloc.malloc(40 * MIB, stream=1)  # stream 1's freed 60 MiB block (split): nothing new
+    alloc.malloc(40 * MIB, stream=0)  # stream 0's 40 MiB remainder
+    assert (alloc.reserved_bytes, alloc.allocated_bytes) == (160 * MIB, 140 * MIB)
+    alloc.malloc(20 * MIB, stream=0)  # stream 1's 20 MiB remainder is not stream 0's: a new segment
+    assert alloc.reserved_bytes == 180 * MIB
+
+
+def test_separate_streams_add_their_pools_to_the_reserve() -> None:
+    """A 100 MiB buffer on stream 1 (ops 1-2), then a 100 MiB activation on stream 0 (ops 3-4): on one stream
+    the second reuses the first's cached segment (100 MiB reserved); on two, each stream keeps its own
+    (200 MiB), while the live requests never exceed 100 MiB either way."""
+    nbytes = np.array([100, 100]) * MIB
+    kind = np.array([KIND_STEP, KIND_STEP])
+    t_alloc, t_free = np.array([1, 3]), np.array([2, 4])
+    one = steady_state_replay(nbytes, t_alloc, t_free, kind, t_optimizer=5)
+    two = steady_state_replay(nbytes, t_alloc, t_free, kind, t_optimizer=5, stream=np.array([1, 0]))
+    assert (one.peak_reserved_bytes, two.peak_reserved_bytes) == (100 * MIB, 200 * MIB)
+    assert one.peak_requested_bytes == two.peak_requested_bytes == 100 * MIB
+
+
+def test_requested_bytes_count_rounded_requests_not_unsplit_remainders() -> None:
+    alloc = CachingAllocator()
+    alloc.malloc(19 * MIB)  # a 20 MiB segment kept whole (remainder 1 MiB): allocated 20, requested 19
+    alloc.malloc(1)  # one 512-byte granule
+    assert (alloc.allocated_bytes, alloc.requested_bytes) == (20 * MIB + 512, 19 * MIB + 512)
 
 
 def test_capacity_releases_whole_cached_segments_then_fails() -> None:

@@ -105,6 +105,23 @@ def test_an_fsdp_row_is_one_rank_of_fsdp2(corpus) -> None:
             map_row(CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, **cells}))
 
 
+def test_an_fsdp_rows_nvidia_smi_is_the_ranks_replayed_reserve(corpus) -> None:
+    """nvidia-smi on a multi-GPU row: the rank's replayed reserve (`distributed.rank_reserve`), above its
+    allocated peak, plus the CUDA context and NCCL's memory."""
+    from tunecost.distributed.plan import ParallelPlan
+    from tunecost.distributed.rank_memory import rank_memory, single_gpu_step
+    from tunecost.validate.corpus import CorpusRow
+
+    multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
+    smi = CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, "quantity": "nvidia_smi_gib"})
+    job = map_row(smi).job.with_(stack="hf-peft")
+    rank = rank_memory(single_gpu_step(job), job, ParallelPlan(num_gpus=2, gpus_per_node=2, strategy="fsdp2"))
+    assert rank.peak_reserved_bytes > rank.peak_bytes
+    row = _by_id(validate_rows([smi]))["t-multi"]
+    expected = rank.peak_reserved_bytes + rank.device_overhead_bytes + rank.nccl_bytes
+    assert (row.status, row.predicted) == ("ok", round(expected / GIB, 3))
+
+
 def test_lora_target_names() -> None:
     assert lora_targets("q_proj;v_proj") == ("attention",)
     assert lora_targets("c_attn;c_proj;w1;w2") == ("attention", "mlp")  # Qwen's c_proj: attention and MLP out
