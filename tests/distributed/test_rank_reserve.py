@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 from tiny_jobs import tiny_job
+from tiny_models import write_llama_config
 
 from tunecost.distributed.plan import MULTI_GPU_STRATEGIES, ParallelPlan
 from tunecost.distributed.rank_memory import rank_memory, rank_segment_bytes, single_gpu_step
@@ -16,11 +17,13 @@ from tunecost.distributed.rank_reserve import (
     STREAM_COMPUTE,
     STREAM_POST_BACKWARD,
     STREAM_UNSHARD,
+    full_depth_side_allocations,
     rank_allocations,
+    stream_peak_bytes,
 )
-from tunecost.simulate.allocator import KIND_WEIGHT
+from tunecost.simulate.allocator import KIND_STEP, KIND_WEIGHT, steady_state_replay
 from tunecost.simulate.records import CATEGORIES, WEIGHT_CATEGORIES, AllocationTrace
-from tunecost.workload.job import LoraConfig
+from tunecost.workload.job import FineTuneJob, LoraConfig
 
 
 @pytest.fixture(scope="module", params=["full", "lora"])
@@ -100,3 +103,49 @@ def test_sharded_weights_are_the_ranks_share(job_step):
     expected = sum(math.ceil(n / 4) for n, c in zip(trace.nbytes, trace.category, strict=True) if c in weights)
     buffers = sum(n for n, c in zip(trace.nbytes, trace.category, strict=True) if c == CATEGORIES.index("buffers"))
     assert int(a["nbytes"][a["kind"] == KIND_WEIGHT].sum()) == expected + buffers
+
+
+@pytest.fixture(scope="module")
+def deep_job_step(tmp_path_factory):
+    """A 6-layer Llama, full fine-tune: traced at 1 and 2 layers, so the side streams are laid out at full depth."""
+    config = tmp_path_factory.mktemp("deep") / "tiny-llama-6l.json"
+    sizes = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4)
+    write_llama_config(config, num_hidden_layers=6, vocab_size=256, **sizes)
+    job = FineTuneJob(model=str(config), method="full", compute_dtype="fp32", batch_size=2, seq_len=16)
+    return job, single_gpu_step(job)
+
+
+def test_side_streams_at_full_depth_hold_every_layer(deep_job_step):
+    """At full depth the post-backward stream holds every layer's gradient shards (the traced layer 0's, six
+    times, and the root's) until zero_grad, and the unshard stream the root's and two layers' outputs at once."""
+    job, step = deep_job_step
+    plan = ParallelPlan(num_gpus=2, strategy="fsdp2")
+    trace = AllocationTrace(**step.allocations)
+    assert len(trace.forward_ops) == 2 and step.num_layers == 6
+    side = full_depth_side_allocations(step, job, plan)
+    post, unshard = side["stream"] == STREAM_POST_BACKWARD, side["stream"] == STREAM_UNSHARD
+    grads = np.asarray(trace.category) == CATEGORIES.index("gradients")
+    layer = np.asarray(trace.layer)
+    shards = [math.ceil(n / 2) for n in np.asarray(trace.nbytes)[grads & (layer == 0)].tolist()]
+    root = [math.ceil(n / 2) for n in np.asarray(trace.nbytes)[grads & (layer == -1)].tolist()]
+    assert sorted(side["nbytes"][post].tolist()) == sorted(6 * shards + root)
+    assert unshard.sum() == 1 + 2 * 6
+    num_ops = 4 * 6 + 3
+    assert _live_peak(side, unshard, num_ops) == step.root_weight_bytes + 2 * step.layer_weight_bytes
+    replay = steady_state_replay(
+        side["nbytes"], side["t_alloc"], side["t_free"], side["kind"], 4 * 6 + 2, stream=side["stream"]
+    )
+    rank_gradients = rank_segment_bytes(step.segments["optimizer:opt"], "optimizer", step, job, plan)["gradients"]
+    assert replay.stream_reserved_bytes[STREAM_POST_BACKWARD] >= rank_gradients
+    assert (side["kind"] == KIND_STEP).all()
+
+
+def test_the_reserve_sums_the_streams_pools(deep_job_step):
+    """The rank's reserve holds at least each stream's most live bytes at once, all streams together (their
+    cached blocks serve no other stream), and at least the allocated peak."""
+    job, step = deep_job_step
+    plan = ParallelPlan(num_gpus=2, strategy="fsdp2")
+    m = rank_memory(step, job, plan)
+    live = stream_peak_bytes(step, job, plan)
+    assert set(live) == {STREAM_COMPUTE, STREAM_UNSHARD, STREAM_POST_BACKWARD}
+    assert m.peak_reserved_bytes >= sum(live.values()) >= m.peak_bytes

@@ -139,6 +139,7 @@ def test_separate_streams_add_their_pools_to_the_reserve() -> None:
     two = steady_state_replay(nbytes, t_alloc, t_free, kind, t_optimizer=5, stream=np.array([1, 0]))
     assert (one.peak_reserved_bytes, two.peak_reserved_bytes) == (100 * MIB, 200 * MIB)
     assert one.peak_requested_bytes == two.peak_requested_bytes == 100 * MIB
+    assert two.stream_reserved_bytes == two.stream_peak_requested_bytes == {0: 100 * MIB, 1: 100 * MIB}
 
 
 def test_requested_bytes_count_rounded_requests_not_unsplit_remainders() -> None:

@@ -169,7 +169,7 @@ def rank_memory(
     step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan, *, overhead: DeviceOverhead = DEFAULT_OVERHEAD
 ) -> RankMemory:
     """The peak of one rank of `plan` running `job`, from the single-GPU step `step` of the same job."""
-    from tunecost.distributed.rank_reserve import RESERVE_ASSUMPTION, rank_reserve_excess_bytes
+    from tunecost.distributed.rank_reserve import RESERVE_ASSUMPTION, rank_reserved_bytes
 
     best_key, best = "", dict[str, int]()
     for key, categories in step.segments.items():
@@ -186,7 +186,7 @@ def rank_memory(
         breakdown_bytes=best,
         device_overhead_bytes=overhead.overhead_bytes(),
         nccl_bytes=NCCL_COMMUNICATOR_BYTES if plan.num_gpus > 1 else 0,
-        peak_reserved_bytes=peak + rank_reserve_excess_bytes(step, job, plan),
+        peak_reserved_bytes=rank_reserved_bytes(step, job, plan, peak),
         host_bytes=offloaded_host_bytes(step, job, plan),
         assumptions=(*rank_assumptions(job, plan, overhead), RESERVE_ASSUMPTION),
     )

@@ -75,7 +75,8 @@ class CachingAllocator:
     to pass to `free`. `reserved_bytes` is what `torch.cuda.memory_reserved` reports, `peak_reserved_bytes` its
     maximum (`max_memory_reserved`), `allocated_bytes` the sum of the live blocks (a block not split keeps its
     remainder), `peak_requested_bytes` the most live requests, each rounded to 512 bytes (what the simulated
-    trace counts as its allocated peak)."""
+    trace counts as its allocated peak); `stream_reserved_bytes` and `stream_peak_requested_bytes` split the
+    reserve and the peak requests per stream."""
 
     def __init__(self, capacity_bytes: int | None = None) -> None:
         self.capacity_bytes = capacity_bytes
@@ -87,6 +88,9 @@ class CachingAllocator:
         self.peak_requested_bytes = 0
         self.num_segments_released = 0
         self._requested: dict[int, int] = {}  # live block address -> its rounded request
+        self.stream_reserved_bytes: dict[int, int] = {}
+        self.stream_requested_bytes: dict[int, int] = {}
+        self.stream_peak_requested_bytes: dict[int, int] = {}
         self._free: dict[tuple[int, bool], list[tuple[int, int]]] = {}  # (stream, small?) -> sorted (size, addr)
         self._size: dict[int, int] = {}  # block address -> size
         self._pool: dict[int, tuple[int, bool]] = {}  # block address -> its pool: (stream, small?)
@@ -125,7 +129,7 @@ class CachingAllocator:
             self._drop_block(addr)
         else:
             block_size = segment_bytes(size)
-            addr = self._new_segment(block_size)
+            addr = self._new_segment(block_size, stream)
         if should_split(block_size - size, small):
             self._add_block(addr + size, block_size - size, pool, free=True)
             block_size = size
@@ -135,13 +139,17 @@ class CachingAllocator:
         self._requested[addr] = size
         self.requested_bytes += size
         self.peak_requested_bytes = max(self.peak_requested_bytes, self.requested_bytes)
+        live = self.stream_requested_bytes[stream] = self.stream_requested_bytes.get(stream, 0) + size
+        self.stream_peak_requested_bytes[stream] = max(self.stream_peak_requested_bytes.get(stream, 0), live)
         return addr
 
     def free(self, addr: int) -> None:
         assert not self._is_free[addr], "block freed twice"
         size, pool = self._drop_block(addr)  # back to the cache of the stream that allocated it
         self.allocated_bytes -= size
-        self.requested_bytes -= self._requested.pop(addr)
+        request = self._requested.pop(addr)
+        self.requested_bytes -= request
+        self.stream_requested_bytes[pool[0]] -= request
         prev = self._end.get(addr)
         if prev is not None and self._is_free[prev]:
             addr, size = prev, self._drop_block(prev)[0] + size
@@ -150,7 +158,7 @@ class CachingAllocator:
             size += self._drop_block(nxt)[0]
         self._add_block(addr, size, pool, free=True)
 
-    def _new_segment(self, nbytes: int) -> int:
+    def _new_segment(self, nbytes: int, stream: int) -> int:
         cap = self.capacity_bytes
         if cap is not None and self.reserved_bytes + nbytes > cap:
             self.release_cached_segments()
@@ -164,6 +172,7 @@ class CachingAllocator:
         self._segment[addr] = nbytes
         self.reserved_bytes += nbytes
         self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
+        self.stream_reserved_bytes[stream] = self.stream_reserved_bytes.get(stream, 0) + nbytes
         return addr
 
     def release_cached_segments(self) -> None:
@@ -171,9 +180,10 @@ class CachingAllocator:
         for cached in list(self._free.values()):
             for size, addr in list(cached):
                 if self._segment.get(addr) == size:
-                    self._drop_block(addr)
+                    stream = self._drop_block(addr)[1][0]
                     del self._segment[addr]
                     self.reserved_bytes -= size
+                    self.stream_reserved_bytes[stream] -= size
                     self.num_segments_released += 1
 
 
