@@ -53,8 +53,8 @@ RESERVE_ASSUMPTION = (
     "compute stream's full-depth allocated peak plus its reserve excess at the traced depth, plus the side "
     "streams' reserves at full depth; not modelled: FSDP1's one flat parameter (and gradient) per wrapped unit, "
     "the copy-out of FSDP2's unsharded parameters on the compute stream, mixed precision's low-precision shard "
-    "copies (pre-unshard stream), record_stream's deferred frees, DeepSpeed's own streams and buffers beyond "
-    "its reduce bucket, expert-parallel all-to-all buffers"
+    "copies (pre-unshard stream), record_stream's deferred frees, DeepSpeed's own streams (zero3's gathers "
+    "replayed as FSDP's) and buffers beyond its reduce bucket, expert-parallel all-to-all buffers"
 )
 
 
