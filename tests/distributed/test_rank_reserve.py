@@ -4,6 +4,7 @@ unshard stream, the sharded gradients on the post-backward stream, the states sc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -149,3 +150,10 @@ def test_the_reserve_sums_the_streams_pools(deep_job_step):
     live = stream_peak_bytes(step, job, plan)
     assert set(live) == {STREAM_COMPUTE, STREAM_UNSHARD, STREAM_POST_BACKWARD}
     assert m.peak_reserved_bytes >= sum(live.values()) >= m.peak_bytes
+
+
+def test_a_step_without_traced_allocations_reserves_its_allocated_peak(job_step):
+    job, step = job_step
+    bare = dataclasses.replace(step, allocations={})
+    m = rank_memory(bare, job, ParallelPlan(num_gpus=2, strategy="fsdp2"))
+    assert m.peak_reserved_bytes == m.peak_bytes

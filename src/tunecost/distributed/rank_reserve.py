@@ -75,13 +75,13 @@ class _Records:
 
 def optimizer_segment_bytes(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) -> dict[str, int]:
     """The rank's bytes by category (and buffer) at the optimizer segment, where every state is alive."""
-    return rank_segment_bytes(step.segments["optimizer:opt"], "optimizer", step, job, plan)
+    return rank_segment_bytes(step.segments.get("optimizer:opt", {}), "optimizer", step, job, plan)
 
 
 def state_ratios(step: SingleGpuStep, rank: dict[str, int]) -> dict[int, float]:
     """Per category code: the rank's bytes `rank` over the single GPU's at the optimizer segment
     (`rank_segment_bytes`: sharding, ZeRO's fp32 states, offload); categories it leaves alone map to 1."""
-    single = step.segments["optimizer:opt"]
+    single = step.segments.get("optimizer:opt", {})
     return {CATEGORIES.index(c): rank.get(c, 0) / n for c, n in single.items() if n and c in CATEGORIES}
 
 
