@@ -183,22 +183,29 @@ ops = st.lists(st.tuples(st.booleans(), st.integers(1, 40 * MIB), st.integers(0,
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops)
-def test_reserved_covers_allocated_and_frees_back_to_whole_segments(seq) -> None:
+@given(ops, st.integers(1, 3))
+def test_reserved_covers_allocated_and_frees_back_to_whole_segments(seq, num_streams) -> None:
+    """On any number of streams (each request's stream drawn from its size): per stream and in all, the reserve
+    covers the live blocks; freeing everything merges every segment back whole."""
     alloc = CachingAllocator()
-    live: list[tuple[int, int]] = []
+    live: list[tuple[int, int, int]] = []
     for is_free, nbytes, pick in seq:
         if is_free and live:
             alloc.free(live.pop(pick % len(live))[0])
         else:
-            live.append((alloc.malloc(nbytes), round_size_bytes(nbytes)))
-        assert alloc.allocated_bytes >= sum(size for _, size in live)
+            stream = nbytes % num_streams
+            live.append((alloc.malloc(nbytes, stream), round_size_bytes(nbytes), stream))
+        assert alloc.allocated_bytes >= alloc.requested_bytes == sum(size for _, size, _ in live)
         assert alloc.reserved_bytes >= alloc.allocated_bytes
-        assert alloc.peak_reserved_bytes >= alloc.peak_allocated_bytes
-    for addr, _ in live:
+        assert alloc.reserved_bytes == sum(alloc.stream_reserved_bytes.values())
+        for stream, requested in alloc.stream_requested_bytes.items():
+            assert alloc.stream_reserved_bytes[stream] >= requested
+        assert alloc.peak_reserved_bytes >= alloc.peak_allocated_bytes >= alloc.peak_requested_bytes
+    for addr, _, _ in live:
         alloc.free(addr)
     alloc.release_cached_segments()  # every block merged back into its segment: all of them released
     assert (alloc.allocated_bytes, alloc.reserved_bytes) == (0, 0)
+    assert set(alloc.stream_reserved_bytes.values()) <= {0}
 
 
 @settings(max_examples=150, deadline=None)
