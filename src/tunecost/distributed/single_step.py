@@ -112,7 +112,7 @@ def single_gpu_step(
             return SingleGpuStep(**json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError, TypeError):  # no entry, or one from another layout: trace again
             pass
-    step = _trace_single_gpu_step(job, granule_bytes, behaviour)
+    step = trace_single_gpu_step(job, granule_bytes, behaviour)
     if use_cache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +122,10 @@ def single_gpu_step(
     return step
 
 
-def _trace_single_gpu_step(job: FineTuneJob, granule_bytes: int, behaviour=None) -> SingleGpuStep:
+def trace_single_gpu_step(
+    job: FineTuneJob, granule_bytes: int, behaviour=None, *, full_depth: bool = False
+) -> SingleGpuStep:
+    """The step traced at one and two units and scaled, or (`full_depth`, slow: for benchmarks) at full depth."""
     from tunecost.catalog.models import resolve_model
     from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
     from tunecost.simulate.pool import prepared_model
@@ -134,7 +137,7 @@ def _trace_single_gpu_step(job: FineTuneJob, granule_bytes: int, behaviour=None)
     prefix, period, full_units = layer_pattern(spec)
     if prefix or period != 1:
         raise TunecostError(f"{spec.name}: per-rank memory needs identical decoder layers (this model has a prefix)")
-    units = [full_units] if full_units <= 2 else [1, 2]
+    units = [full_units] if full_units <= 2 or full_depth else [1, 2]
     traces = [
         trace_step(
             prepared_model(job, u, job.stack, behaviour or DEFAULT_BEHAVIOUR),
