@@ -15,7 +15,7 @@ from tunecost.validate import OUTPUT_COLUMNS, read_corpus, summarize, validate_r
 from tunecost.validate.corpus import DEFAULT_CORPUS_PATH, REQUIRED_COLUMNS
 from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES, Skip, lora_targets, map_row, modules_to_save
 from tunecost.validate.run import GIB, memory_totals, predicted_bytes
-from tunecost.validate.stacks import STACKS, stack_for
+from tunecost.validate.stacks import FSDP_NOT_MODELLED, STACKS, stack_for
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "validation" / "small.csv"
 TINY_LLAMA = {  # GQA (4 query heads, 2 key/value heads) and tied embeddings
@@ -146,6 +146,24 @@ def test_gptq_rows_map_to_the_checkpoint_and_kernel() -> None:
         map_row(
             CorpusRow(path=row.path, line=row.line, cells={**row.cells, "stack": "hf-transformers+peft+accelerate"})
         )
+
+
+@pytest.mark.parametrize(
+    ("corpus_stack", "quantization", "framework"),
+    [
+        ("hf-transformers+peft+accelerate", "bnb-nf4", "baseline-peft-bnb"),
+        ("hf-transformers+peft+accelerate (accelerated-peft-bnb plugin)", "bnb-nf4", "accelerated-peft-bnb"),
+        (
+            "hf-transformers+peft+accelerate (accelerated-peft-autogptq plugin)",
+            "gptq-int4",
+            "accelerated-peft-autogptq",
+        ),
+    ],
+)
+def test_fsdp_gap_is_named_on_the_stacks_of_fsdp_qlora_rows(corpus_stack, quantization, framework) -> None:
+    """The stacks of the 2-GPU FSDP QLoRA / GPTQ rows list the per-rank gap tunecost does not model."""
+    stack = stack_for(corpus_stack, quantization, framework)
+    assert stack is not None and FSDP_NOT_MODELLED in stack.not_modelled
 
 
 def test_corpus_stacks_are_named_stacks() -> None:
