@@ -15,7 +15,7 @@ from tunecost.validate import OUTPUT_COLUMNS, read_corpus, summarize, validate_r
 from tunecost.validate.corpus import DEFAULT_CORPUS_PATH, REQUIRED_COLUMNS
 from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES, Skip, lora_targets, map_row, modules_to_save
 from tunecost.validate.run import GIB, memory_totals, predicted_bytes
-from tunecost.validate.stacks import FSDP_NOT_MODELLED, STACKS, stack_for
+from tunecost.validate.stacks import STACKS, stack_for
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "validation" / "small.csv"
 TINY_LLAMA = {  # GQA (4 query heads, 2 key/value heads) and tied embeddings
@@ -148,24 +148,6 @@ def test_gptq_rows_map_to_the_checkpoint_and_kernel() -> None:
         )
 
 
-@pytest.mark.parametrize(
-    ("corpus_stack", "quantization", "framework"),
-    [
-        ("hf-transformers+peft+accelerate", "bnb-nf4", "baseline-peft-bnb"),
-        ("hf-transformers+peft+accelerate (accelerated-peft-bnb plugin)", "bnb-nf4", "accelerated-peft-bnb"),
-        (
-            "hf-transformers+peft+accelerate (accelerated-peft-autogptq plugin)",
-            "gptq-int4",
-            "accelerated-peft-autogptq",
-        ),
-    ],
-)
-def test_fsdp_gap_is_named_on_the_stacks_of_fsdp_qlora_rows(corpus_stack, quantization, framework) -> None:
-    """The stacks of the 2-GPU FSDP QLoRA / GPTQ rows list the per-rank gap tunecost does not model."""
-    stack = stack_for(corpus_stack, quantization, framework)
-    assert stack is not None and FSDP_NOT_MODELLED in stack.not_modelled
-
-
 def test_corpus_stacks_are_named_stacks() -> None:
     assert stack_for("hf-transformers+peft+accelerate").name == "hf-trainer"
     assert stack_for("hf-transformers+peft+accelerate", "bnb-nf4").name == "hf-trainer-bnb"
@@ -212,10 +194,13 @@ def test_rows_pick_their_stack_behaviours(corpus) -> None:
     ):
         mapped = map_row(CorpusRow(path=base.path, line=base.line, cells={**base.cells, **cells}))
         assert (mapped.stack.name, mapped.behaviour.kbit_fp32_norms, mapped.behaviour.loss_code) == (stack, kbit, loss)
+        assert not mapped.behaviour.fsdp1_held_layer_inputs  # one GPU: no FSDP
     multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
-    cells = {**multi.cells, **qlora, "notes": "framework baseline-peft-bnb"}
-    mapped = map_row(CorpusRow(path=multi.path, line=multi.line, cells=cells))
-    assert mapped.stack.name == "trl-sft-bnb" and not mapped.behaviour.kbit_fp32_norms  # FSDP: not prepared
+    for framework, stack in (("baseline-peft-bnb", "trl-sft-bnb"), ("accelerated-peft-bnb", "hf-trainer-bnb")):
+        cells = {**multi.cells, **qlora, "notes": f"framework {framework}"}
+        mapped = map_row(CorpusRow(path=multi.path, line=multi.line, cells=cells))
+        assert mapped.stack.name == stack and not mapped.behaviour.kbit_fp32_norms  # FSDP: not prepared
+        assert mapped.behaviour.fsdp1_held_layer_inputs  # accelerate's FSDP is torch FSDP1
 
 
 def test_predictions_come_from_the_simulator(corpus) -> None:

@@ -34,6 +34,7 @@ class Stack:
     allocator: str
     not_modelled: tuple[str, ...] = ()
     kbit_fp32_norms: bool = False  # prepare_model_for_kbit_training + TRL's bf16 recast on one GPU
+    fsdp1_held_layer_inputs: bool = False  # its multi-GPU rows run accelerate FSDP (torch FSDP1): see _FSDP1_KEPT
     full_finetune_modelled: bool = True
     full_skip_reason: str = ""  # why full fine-tune rows are skipped, when they are
     skip_reason: str = ""
@@ -44,6 +45,11 @@ _HF_KEPT = (
     "default when the Trainer passes no gradient_checkpointing_kwargs) and the recomputed layer's activations "
     "during its backward; "
     "FlashAttention-2 / SDPA keep the attention output and fp32 log-sum-exp, no L x L scores"
+)
+_FSDP1_KEPT = (
+    "; under accelerate FSDP (torch FSDP1) with LoRA / QLoRA, every recomputed layer's input and its gradient stay "
+    "allocated until the end of backward (FSDP1's reshard-only post-backward hook on the checkpoint's detached layer "
+    "input, `distributed.fsdp1`)"
 )
 _HF_LOSS = (
     "as the row's transformers version: >= 4.49 one fp32 copy of the logits inside the cross-entropy's input (labels "
@@ -56,25 +62,15 @@ _BNB_ADAPTERS = (
     "matrix into a temporary freed after each matmul; Linear4bit casts its input to the compute dtype and its output "
     "back to the input's dtype"
 )
-# accelerate FSDP (FSDP1 FULL_SHARD) rows are one rank of the fsdp2 layout derived from the single-GPU step
-# (`distributed.rank_memory`); what a 70B QLoRA rank holds beyond that is an open gap, named on its stacks.
-FSDP_NOT_MODELLED = (
-    "under accelerate FSDP, Llama-2-70B QLoRA / GPTQ ranks on 2 GPUs keep more memory per sample than the rank "
-    "derived from the single-GPU step (at 4 samples per GPU they run out of memory where it predicts a fit); "
-    "Mistral-7B and Mixtral ranks do not show it. No mechanism was found in the code of accelerate 1.0.1 (its fp32 "
-    "upcast reaches only the LoRA units of PEFT's FSDP wrap policy), torch's FSDP1, TRL 0.13, PEFT 0.13 or "
-    "transformers 4.48.1"
-)
 _BNB_NOT_MODELLED = (
     "PEFT 0.13's Linear4bit LoRA forward under autocast (a defensive clone of the 4-bit output, no fp32 copy of the "
     "input) is simulated as PEFT's Linear LoRA (fp32 then compute-dtype copy of the input)",
-    FSDP_NOT_MODELLED,
 )
 STACKS: dict[str, Stack] = {
     "hf-trainer": Stack(
         name="hf-trainer",
         simulator_stack="hf-peft",
-        kept_for_backward=_HF_KEPT,
+        kept_for_backward=_HF_KEPT + _FSDP1_KEPT,
         loss=_HF_LOSS,
         adapters="PEFT LoRA A/B in fp32; the layer input cast to fp32 and back to the compute dtype by autocast "
         "(that copy kept for backward); update added out of place; frozen base in bf16",
@@ -85,15 +81,15 @@ STACKS: dict[str, Stack] = {
             "accelerate/Trainer mixed-precision fp32 master weights for a full fine-tune (tunecost keeps "
             "parameters, gradients and AdamW states in the compute dtype)",
             "DataLoader pinned memory and NCCL buffers",
-            FSDP_NOT_MODELLED,
             "allocations the trace does not see (inside ops, library workspaces, loading the weights)",
             "LoRA dropout (PEFT's default is 0; a row's dropout is not in the corpus)",
         ),
+        fsdp1_held_layer_inputs=True,
     ),
     "hf-trainer-bnb": Stack(
         name="hf-trainer-bnb",
         simulator_stack="hf-peft",
-        kept_for_backward=_HF_KEPT,
+        kept_for_backward=_HF_KEPT + _FSDP1_KEPT,
         loss="as hf-trainer",
         adapters=_BNB_ADAPTERS + "; norms, embeddings and lm_head stay in the compute dtype (fms-acceleration's "
         "accelerated-peft-bnb plugin prepares the model with its own copy of prepare_model_for_kbit_training "
@@ -103,12 +99,13 @@ STACKS: dict[str, Stack] = {
             *_BNB_NOT_MODELLED,
             "prepare_model_for_kbit_training's fp32 cast where a script calls it outside TRL (see trl-sft-bnb)",
         ),
+        fsdp1_held_layer_inputs=True,
     ),
     "trl-sft-bnb": Stack(
         name="trl-sft-bnb",
         simulator_stack="hf-peft",
         kept_for_backward=_HF_KEPT + "; with fp32 norms the residual stream, and so every checkpointed layer "
-        "input from the second layer on, is fp32",
+        "input from the second layer on, is fp32" + _FSDP1_KEPT,
         loss="as hf-trainer",
         adapters=_BNB_ADAPTERS + "; TRL's SFTTrainer (0.13, bf16, one GPU) runs PEFT's "
         "prepare_model_for_kbit_training (peft 0.13: every non-4-bit fp16/bf16 parameter to fp32) and then "
@@ -122,6 +119,7 @@ STACKS: dict[str, Stack] = {
             "fp32, as per-expert Linear4bit gives)",
         ),
         kbit_fp32_norms=True,
+        fsdp1_held_layer_inputs=True,
     ),
     "hf-2024": Stack(
         name="hf-2024",
@@ -241,8 +239,10 @@ def loss_code_for(model_id: str, stack_versions: str, family: str = "") -> str:
 def behaviour_for(
     stack: Stack, *, model_id: str, stack_versions: str, num_gpus: int, family: str = ""
 ) -> StackBehaviour:
-    """The library behaviours a row's stack reproduces (the fp32 norms only on one GPU: see trl-sft-bnb)."""
+    """The library behaviours a row's stack reproduces (the fp32 norms only on one GPU: see trl-sft-bnb; FSDP1's
+    held layer inputs only on several: a multi-GPU row is mapped only under FSDP)."""
     return StackBehaviour(
         kbit_fp32_norms=stack.kbit_fp32_norms and num_gpus == 1,
         loss_code=loss_code_for(model_id, stack_versions, family),
+        fsdp1_held_layer_inputs=stack.fsdp1_held_layer_inputs and num_gpus > 1,
     )
