@@ -68,3 +68,83 @@ def test_nothing_is_held_without_frozen_units_checkpointing_or_fsdp(deep_llama, 
     job = _job(deep_llama, method, checkpointing=checkpointing)
     plan = ParallelPlan(num_gpus=2, strategy=strategy)
     assert _held(job, HELD, "backward:unit_first", plan) == 0
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore:FSDP is switching to use `NO_SHARD`:UserWarning")
+@pytest.mark.parametrize(("frozen_layers", "held_while_backward_runs"), [(True, True), (False, False)])
+def test_torch_fsdp1_holds_the_recomputed_layer_inputs_and_their_gradients(frozen_layers, held_while_backward_runs):
+    """The mechanism in the installed torch, on one CPU rank (gloo): FSDP1 units of four re-entrantly checkpointed
+    layers whose own parameters are frozen, with trainable LoRA-like Linears wrapped as units of their own (PEFT's
+    FSDP wrap policy). When the gradient reaches the model input every layer's recomputed input is still alive with
+    its `.grad`; after the backward FSDP has freed them. With trainable layer units nothing is held. (One rank runs
+    NO_SHARD; `_pre_forward` registers the reshard-only hook whatever the sharding strategy.)"""
+    import functools
+    import gc
+    import weakref
+
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, _or_policy, lambda_auto_wrap_policy
+    from torch.utils.checkpoint import checkpoint
+
+    recomputed: list[weakref.ref] = []
+
+    class Layer(nn.Module):
+        def __init__(self, d: int) -> None:
+            super().__init__()
+            self.base, self.norm = nn.Linear(d, d), nn.LayerNorm(d)
+            self.lora_a, self.lora_b = nn.Linear(d, 4, bias=False), nn.Linear(4, d, bias=False)
+
+        def forward(self, x):
+            if torch.is_grad_enabled():  # the recomputed forward (the first one runs under no_grad)
+                recomputed.append(weakref.ref(x))
+            h = self.norm(x)
+            return x + torch.tanh(self.base(h) + self.lora_b(self.lora_a(h)))
+
+    class Model(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList(Layer(16) for _ in range(4))
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = checkpoint(layer.__call__, x, use_reentrant=True)
+            return x
+
+    def trainable_leaf(module: nn.Module) -> bool:
+        weight = getattr(module, "weight", None)
+        return not list(module.children()) and weight is not None and weight.requires_grad
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = Model()
+        for name, p in model.named_parameters():
+            p.requires_grad = ".lora_" in name or not frozen_layers
+        policy = functools.partial(
+            _or_policy,
+            policies=[
+                functools.partial(lambda_auto_wrap_policy, lambda_fn=trainable_leaf),
+                ModuleWrapPolicy({Layer}),
+            ],
+        )
+        wrapped = FullyShardedDataParallel(
+            model, auto_wrap_policy=policy, use_orig_params=True, device_id=torch.device("cpu")
+        )
+        x = torch.randn(2, 8, 16, requires_grad=True)
+        seen: list[bool] = []
+
+        def at_model_input(grad):
+            gc.collect()
+            seen.extend(r() is not None and r().grad is not None for r in recomputed)
+            return grad
+
+        x.register_hook(at_model_input)
+        wrapped(x).sum().backward()
+        gc.collect()
+        assert len(seen) == 4 and all(s == held_while_backward_runs for s in seen)
+        assert all(r() is None for r in recomputed)
+    finally:
+        dist.destroy_process_group()
