@@ -77,7 +77,7 @@ def test_fsdp_sharded_gradients_are_reduce_scatter_outputs(job_step):
     a = rank_allocations(step, job, plan)
     trace = AllocationTrace(**step.allocations)
     post = a["stream"] == STREAM_POST_BACKWARD
-    rank = rank_segment_bytes(step.segments["optimizer:opt"], "optimizer", step, job, plan)
+    rank = rank_segment_bytes(step.segments["optimizer:opt"], "optimizer:opt", step, job, plan)
     assert 0 <= int(a["nbytes"][post].sum()) - rank["gradients"] < post.sum()
     assert (a["t_alloc"][post] < trace.t_optimizer).all()
     grads = np.asarray(trace.category) == CATEGORIES.index("gradients")
@@ -136,7 +136,7 @@ def test_side_streams_at_full_depth_hold_every_layer(deep_job_step):
     replay = steady_state_replay(
         side["nbytes"], side["t_alloc"], side["t_free"], side["kind"], 4 * 6 + 2, stream=side["stream"]
     )
-    rank_gradients = rank_segment_bytes(step.segments["optimizer:opt"], "optimizer", step, job, plan)["gradients"]
+    rank_gradients = rank_segment_bytes(step.segments["optimizer:opt"], "optimizer:opt", step, job, plan)["gradients"]
     assert replay.stream_reserved_bytes[STREAM_POST_BACKWARD] >= rank_gradients
     assert (side["kind"] == KIND_STEP).all()
 

@@ -75,7 +75,7 @@ class _Records:
 
 def optimizer_segment_bytes(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) -> dict[str, int]:
     """The rank's bytes by category (and buffer) at the optimizer segment, where every state is alive."""
-    return rank_segment_bytes(step.segments.get("optimizer:opt", {}), "optimizer", step, job, plan)
+    return rank_segment_bytes(step.segments.get("optimizer:opt", {}), "optimizer:opt", step, job, plan)
 
 
 def state_ratios(step: SingleGpuStep, rank: dict[str, int]) -> dict[int, float]:
@@ -179,7 +179,7 @@ def stream_peak_bytes(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan)
     out: dict[int, int] = {}
     for key, categories in step.segments.items():
         per_stream: dict[int, int] = {}
-        for name, nbytes in rank_segment_bytes(categories, key.split(":", 1)[0], step, job, plan).items():
+        for name, nbytes in rank_segment_bytes(categories, key, step, job, plan).items():
             stream = side.get(name, STREAM_COMPUTE)
             per_stream[stream] = per_stream.get(stream, 0) + nbytes
         for stream, nbytes in per_stream.items():

@@ -42,6 +42,7 @@ class SingleGpuStep:
     activation_bytes_per_element: int
     recompute: bool  # activation checkpointing: backward re-runs each layer's forward
     allocations: dict  # the deeper traced depth's `simulate.records.AllocationTrace`, as plain data ({}: none)
+    fsdp1_held_layer_inputs: bool = False  # StackBehaviour.fsdp1_held_layer_inputs (`fsdp1.held_input_bytes`)
 
     @property
     def weight_bytes(self) -> int:
@@ -182,4 +183,5 @@ def trace_single_gpu_step(
         activation_bytes_per_element=job.compute_bytes_per_element,
         recompute=job.gradient_checkpointing,
         allocations=dataclasses.asdict(tb.allocations) if tb.allocations is not None else {},
+        fsdp1_held_layer_inputs=bool(behaviour and behaviour.fsdp1_held_layer_inputs),
     )

@@ -12,6 +12,16 @@ A `StackBehaviour` names library behaviours of a real training stack, each check
   copies of the fp32 query, key and value (transformers 4.48.1 `integrations/flash_attention.py`; autocast).
   Under FSDP the 4-bit weights are loaded sharded and TRL skips the preparation (`is_sharded_qlora`).
 - ``loss_code``: how the causal-LM loss treats the vocab x tokens logits (see `LOSS_CODES`).
+- ``fsdp1_held_layer_inputs``: torch FSDP1 (``FullyShardedDataParallel``, what accelerate's FSDP runs) under
+  re-entrant checkpointing, when a decoder layer's FSDP unit holds only frozen parameters (LoRA / QLoRA: PEFT's
+  ``fsdp_auto_wrap_policy`` wraps every trainable LoRA Linear as a unit of its own). In each layer's recomputed
+  forward, FSDP's ``_pre_forward`` calls ``_register_post_backward_reshard_only_hook`` (torch 2.4.1
+  ``distributed/fsdp/_runtime_utils.py``), which registers ``register_multi_grad_hook`` on the layer's input: the
+  leaf that the re-entrant checkpoint detached (``utils/checkpoint.py`` ``detach_variable``; its ``.grad`` receives
+  the input's gradient). The hook keeps the leaf's grad accumulator (``autograd/graph.py``
+  ``_get_grad_fn_or_grad_acc``), which references the leaf, and is removed only in ``_finalize_params`` at the end
+  of backward: every recomputed layer's input and its gradient stay allocated until then. Not a trace change:
+  `distributed.rank_memory` adds the held bytes to the rank's backward segments.
 
 The default behaviour is the simulator's own (transformers 5 model code): what every command but `validate` uses.
 """
@@ -49,6 +59,7 @@ class StackBehaviour:
 
     kbit_fp32_norms: bool = False  # prepare_model_for_kbit_training + TRL's bf16 recast: norm weights in fp32
     loss_code: str = LOSS_TRANSFORMERS_5  # one of LOSS_CODES
+    fsdp1_held_layer_inputs: bool = False  # FSDP1 reshard-only hooks hold layer inputs and their grads (see above)
 
     def __post_init__(self) -> None:
         if self.loss_code not in LOSS_CODES:
@@ -69,6 +80,11 @@ class StackBehaviour:
             )
         if self.loss_code != LOSS_TRANSFORMERS_5:
             out.append(f"loss of {self.loss_code}: {LOSS_CODES[self.loss_code]}")
+        if self.fsdp1_held_layer_inputs:
+            out.append(
+                "torch FSDP1 with re-entrant checkpointing and frozen decoder-layer units: every recomputed layer's "
+                "input and its gradient held until the end of backward (the reshard-only post-backward hook)"
+            )
         return tuple(out)
 
 
