@@ -52,6 +52,7 @@ RESERVE_ASSUMPTION = (
     "and reduce-scatter outputs on the post-backward stream, each stream with its own cached blocks): the "
     "compute stream's full-depth allocated peak plus its reserve excess at the traced depth, plus the side "
     "streams' reserves at full depth; not modelled: FSDP1's one flat parameter (and gradient) per wrapped unit, "
+    "FSDP1's held layer inputs in the replay (counted in the compute stream's peak only), "
     "the copy-out of FSDP2's unsharded parameters on the compute stream, mixed precision's low-precision shard "
     "copies (pre-unshard stream), record_stream's deferred frees, DeepSpeed's own streams (zero3's gathers "
     "replayed as FSDP's) and buffers beyond its reduce bucket, expert-parallel all-to-all buffers"
