@@ -13,7 +13,7 @@ import gc
 import torch
 from torch import nn
 
-from tunecost.simulate.behaviour import LOSS_TRANSFORMERS_5, LOSS_TRANSFORMERS_440, causal_lm_loss
+from tunecost.simulate.behaviour import LOSS_TRANSFORMERS_5, LOSS_TRANSFORMERS_440, causal_lm_loss, gradient_buckets
 from tunecost.simulate.hf2024 import load_balancing_loss_2024
 
 LEARNING_RATE = 5e-5  # the paper's; irrelevant to memory
@@ -128,8 +128,9 @@ def run_step(prepared, batch: dict, recorder=None) -> None:
             phase("forward")
             loss = forward_loss(prepared, batch)
             phase("backward")
+            buckets = gradient_buckets(prepared.behaviour.deepspeed_zero2, prepared.model)
             loss.backward()
-            del loss
+            del loss, buckets  # DeepSpeed frees its gradient buckets when the backward ends
         with rec_ctx:
             phase("optimizer")
             prepared.optimizer.step()
