@@ -174,3 +174,44 @@ def test_gradient_buckets_live_through_the_backward_only(tmp_path) -> None:
         extra = 2 * 10_000 * 2 if key.startswith("backward") else 0
         assert with_buckets[key] - plain[key] == extra, key
     assert any("ZeRO-2" in line for line in StackBehaviour(deepspeed_zero2=zero2).describe())
+
+
+def _step_peak_bytes(optimizer_cls, params: list[torch.nn.Parameter]) -> int:
+    """Peak bytes one steady-state step allocates (states already there)."""
+    from tunecost.simulate.step import warm_up_optimizer
+
+    optimizer = optimizer_cls(params)
+    warm_up_optimizer(optimizer, params)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    peak, _ = allocation_peak_bytes(optimizer.step)
+    return peak
+
+
+def test_adamw_implementations_allocate_their_temporaries() -> None:
+    """torch 2.0.1's multi-tensor AdamW keeps sqrt(v) and denom = sqrt(v) + eps (two copies of the trainable
+    tensors, per device/dtype group, the previous group's locals alive until reassigned); the installed torch adds
+    eps in place (one copy); DeepSpeed's FusedAdam allocates nothing."""
+    from functools import partial
+
+    from tunecost.simulate.step import AdamWTorch20, FusedAdamW
+
+    def params(*specs) -> list[torch.nn.Parameter]:
+        return [torch.nn.Parameter(torch.zeros(n, dtype=dtype)) for n, dtype in specs]
+
+    # a CPU foreach op with a Python scalar allocates a small wrapped scalar beside its outputs (not on CUDA)
+    ones = [torch.ones(8)]
+    scalar, _ = allocation_peak_bytes(lambda: torch._foreach_mul_(ones, 0.9))
+    assert 0 < scalar <= 16
+    n32, n16 = 3000, 5000  # elements in fp32 (the LoRA factors), in bf16 (trained embedding copies)
+    assert _step_peak_bytes(AdamWTorch20, params((n32, torch.float32))) == 2 * 4 * n32 + scalar
+    installed = partial(torch.optim.AdamW, foreach=True, weight_decay=0.0)
+    assert 4 * n32 <= _step_peak_bytes(installed, params((n32, torch.float32))) <= 4 * n32 + 4 * scalar
+    # fp32 group: sqrt + denom (+ the scalar of the add); then the bf16 group's sqrt while both fp32 temporaries
+    # live, and its denom while the fp32 denom lives (+ the scalar)
+    mixed = params((n32, torch.float32), (n16, torch.bfloat16))
+    want = max(8 * n32 + scalar, 8 * n32 + 2 * n16, 4 * n32 + 4 * n16 + scalar)
+    assert _step_peak_bytes(AdamWTorch20, mixed) == want
+    assert _step_peak_bytes(FusedAdamW, mixed) == 0
+    with pytest.raises(TunecostError, match="AdamW"):
+        StackBehaviour(adamw_impl="adam-2015")

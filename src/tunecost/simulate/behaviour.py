@@ -12,6 +12,7 @@ A `StackBehaviour` names library behaviours of a real training stack, each check
   copies of the fp32 query, key and value (transformers 4.48.1 `integrations/flash_attention.py`; autocast).
   Under FSDP the 4-bit weights are loaded sharded and TRL skips the preparation (`is_sharded_qlora`).
 - ``loss_code``: how the causal-LM loss treats the vocab x tokens logits (see `LOSS_CODES`).
+- ``adamw_impl``: the AdamW a stack's torch or DeepSpeed runs (see `ADAMW_IMPLS`).
 - ``deepspeed_zero2``: DeepSpeed ZeRO stage 2 in fp16 on one GPU (`DeepSpeedZero2`), as Qwen (1.0)'s single-GPU
   Q-LoRA script runs it: no autocast, so the loss runs in fp16 (`LOSS_MODEL_SHIFTED_NO_AUTOCAST`), and the
   contiguous-gradient buckets DeepSpeed allocates at each backward.
@@ -46,6 +47,16 @@ LOSS_CODES: dict[str, str] = {
     "the cross-entropy",
     LOSS_MODEL_SHIFTED_NO_AUTOCAST: "the model's own loss code without autocast (Qwen 1.0's modeling_qwen.py "
     "under DeepSpeed fp16): a contiguous shifted copy, log-softmax and its gradient all in the compute dtype",
+}
+
+ADAMW_TORCH_20 = "torch-2.0-foreach"
+ADAMW_FUSED = "fused"
+# AdamW implementation -> its temporaries at the step ("": the installed torch's multi-tensor AdamW)
+ADAMW_IMPLS: dict[str, str] = {
+    "": "torch multi-tensor AdamW: one temporary the size of the trainable tensors",
+    ADAMW_TORCH_20: "torch 2.0's multi-tensor AdamW (torch/optim/adamw.py: denom = _foreach_add(exp_avg_sq_sqrt, "
+    "eps) out of place): two temporaries the size of the trainable tensors",
+    ADAMW_FUSED: "a fused AdamW kernel (DeepSpeed's FusedAdam): no temporaries",
 }
 
 
@@ -91,10 +102,13 @@ class StackBehaviour:
     kbit_fp32_norms: bool = False  # prepare_model_for_kbit_training + TRL's bf16 recast: norm weights in fp32
     loss_code: str = LOSS_TRANSFORMERS_5  # one of LOSS_CODES
     deepspeed_zero2: DeepSpeedZero2 | None = None  # DeepSpeed ZeRO-2 fp16 engine on one GPU (None: not DeepSpeed)
+    adamw_impl: str = ""  # one of ADAMW_IMPLS ("": the installed torch's)
 
     def __post_init__(self) -> None:
         if self.loss_code not in LOSS_CODES:
             raise TunecostError(f"unknown loss code {self.loss_code!r}; known: {', '.join(LOSS_CODES)}")
+        if self.adamw_impl not in ADAMW_IMPLS:
+            raise TunecostError(f"unknown AdamW {self.adamw_impl!r}; known: {', '.join(filter(None, ADAMW_IMPLS))}")
 
     @property
     def is_default(self) -> bool:
@@ -111,6 +125,8 @@ class StackBehaviour:
             )
         if self.loss_code != LOSS_TRANSFORMERS_5:
             out.append(f"loss of {self.loss_code}: {LOSS_CODES[self.loss_code]}")
+        if self.adamw_impl:
+            out.append(f"AdamW: {ADAMW_IMPLS[self.adamw_impl]}")
         if self.deepspeed_zero2 is not None:
             zero2 = self.deepspeed_zero2
             out.append(

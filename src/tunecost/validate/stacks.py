@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass, replace
 
 from tunecost.simulate.behaviour import (
+    ADAMW_FUSED,
+    ADAMW_TORCH_20,
     LOSS_MODEL_SHIFTED,
     LOSS_MODEL_SHIFTED_NO_AUTOCAST,
     LOSS_TRANSFORMERS_5,
@@ -40,6 +42,7 @@ class Stack:
     full_skip_reason: str = ""  # why full fine-tune rows are skipped, when they are
     skip_reason: str = ""
     qlora_deepspeed_zero2: DeepSpeedZero2 | None = None  # single-GPU QLoRA rows run DeepSpeed ZeRO-2 in fp16
+    adamw_impl: str = ""  # the AdamW of the stack's torch (`behaviour.ADAMW_IMPLS`; "": the installed torch's)
 
 
 _HF_KEPT = (
@@ -157,6 +160,7 @@ STACKS: dict[str, Stack] = {
         full_skip_reason="DeepSpeed ZeRO with fp32 master weights and optimizer states",
         # finetune/ds_config_zero2.json: reduce_bucket_size 2e8, overlap_comm true, contiguous_gradients true
         qlora_deepspeed_zero2=DeepSpeedZero2(reduce_bucket_elements=200_000_000, overlap_comm=True),
+        adamw_impl=ADAMW_TORCH_20,  # the Trainer's adamw_torch on PyTorch 2.0 (README; docker/Dockerfile 2.0.1)
     ),
     "swift-2": Stack(
         name="swift-2",
@@ -260,4 +264,5 @@ def behaviour_for(
         kbit_fp32_norms=stack.kbit_fp32_norms and num_gpus == 1,
         loss_code=loss_code,
         deepspeed_zero2=zero2,
+        adamw_impl=ADAMW_FUSED if zero2 is not None else stack.adamw_impl,  # DeepSpeed's own FusedAdam
     )
