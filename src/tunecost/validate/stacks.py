@@ -136,8 +136,9 @@ STACKS: dict[str, Stack] = {
         "DeepSpeed fp16 (no autocast), the shifted copy, log-softmax and its gradient stay in fp16",
         adapters="PEFT 0.5.0 LoRA (pinned in Qwen's docker/Dockerfile; its layers are moved to the device, not "
         "cast: fp32) on bf16 weights under the Trainer's autocast, updated by the Trainer's torch AdamW on PyTorch "
-        "2.0 (multi-tensor: sqrt(v) and denom, two temporaries the size of the trainable tensors); Q-LoRA (finetune/finetune_qlora_single_gpu.sh: "
-        "--fp16 --deepspeed finetune/ds_config_zero2.json, which finetune.py forces on one GPU) on auto-gptq's "
+        "2.0 (multi-tensor: sqrt(v) and denom, two temporaries the size of the trainable tensors); Q-LoRA "
+        "(finetune/finetune_qlora_single_gpu.sh: --fp16 --deepspeed finetune/ds_config_zero2.json, which "
+        "finetune.py forces on one GPU) on auto-gptq's "
         "cuda-old QuantLinear under DeepSpeed ZeRO-2 in fp16: the whole model and the LoRA factors cast to fp16, "
         "fp32 master copy and AdamW states of the factors updated by DeepSpeed's FusedAdam (no temporaries), fp16 "
         "gradient buckets (reduce_bucket_size 2e8, overlap_comm: two) alive through each backward",
