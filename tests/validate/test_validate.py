@@ -217,10 +217,13 @@ def test_rows_pick_their_stack_behaviours(corpus) -> None:
     ):
         mapped = map_row(CorpusRow(path=base.path, line=base.line, cells={**base.cells, **cells}))
         assert (mapped.stack.name, mapped.behaviour.kbit_fp32_norms, mapped.behaviour.loss_code) == (stack, kbit, loss)
+        assert not mapped.behaviour.fsdp1_held_layer_inputs  # one GPU: no FSDP
     multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
-    cells = {**multi.cells, **qlora, "notes": "framework baseline-peft-bnb"}
-    mapped = map_row(CorpusRow(path=multi.path, line=multi.line, cells=cells))
-    assert mapped.stack.name == "trl-sft-bnb" and not mapped.behaviour.kbit_fp32_norms  # FSDP: not prepared
+    for framework, stack in (("baseline-peft-bnb", "trl-sft-bnb"), ("accelerated-peft-bnb", "hf-trainer-bnb")):
+        cells = {**multi.cells, **qlora, "notes": f"framework {framework}"}
+        mapped = map_row(CorpusRow(path=multi.path, line=multi.line, cells=cells))
+        assert mapped.stack.name == stack and not mapped.behaviour.kbit_fp32_norms  # FSDP: not prepared
+        assert mapped.behaviour.fsdp1_held_layer_inputs  # accelerate's FSDP is torch FSDP1
 
 
 def test_predictions_come_from_the_simulator(corpus) -> None:

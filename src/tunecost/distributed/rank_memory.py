@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tunecost.distributed import expert_parallel, offload
+from tunecost.distributed import expert_parallel, fsdp1, offload
 from tunecost.distributed.plan import STRATEGIES, ParallelPlan
 from tunecost.errors import TunecostError
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
@@ -71,6 +71,7 @@ class SingleGpuStep:
     hidden_size: int
     activation_bytes_per_element: int
     recompute: bool  # activation checkpointing: backward re-runs each layer's forward
+    fsdp1_held_layer_inputs: bool = False  # StackBehaviour.fsdp1_held_layer_inputs (`fsdp1.held_input_bytes`)
 
     @property
     def weight_bytes(self) -> int:
@@ -208,6 +209,7 @@ def _trace_single_gpu_step(job: FineTuneJob, granule_bytes: int, behaviour=None)
         hidden_size=spec.hidden_size,
         activation_bytes_per_element=job.compute_bytes_per_element,
         recompute=job.gradient_checkpointing,
+        fsdp1_held_layer_inputs=bool(behaviour and behaviour.fsdp1_held_layer_inputs),
     )
 
 
@@ -282,11 +284,12 @@ def _buffers(step: SingleGpuStep, plan: ParallelPlan, phase: str) -> dict[str, i
 
 
 def rank_segment_bytes(
-    categories: dict[str, int], phase: str, step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan
+    categories: dict[str, int], segment: str, step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan
 ) -> dict[str, int]:
-    """Bytes by category of one rank at one segment (single-GPU bytes `categories`, scaled per strategy). The
-    routed experts' share of a state is divided by the expert-parallel degree ep and sharded over the N / ep
-    ranks that hold the same experts; the rest over the strategy's shard group."""
+    """Bytes by category of one rank at one segment ("phase:region" or the phase; single-GPU bytes `categories`,
+    scaled per strategy). The routed experts' share of a state is divided by the expert-parallel degree ep and
+    sharded over the N / ep ranks that hold the same experts; the rest over the strategy's shard group."""
+    phase = segment.split(":", 1)[0]
     sharded = STRATEGIES[plan.strategy]
     ranks, ep = shard_group_size(plan), plan.expert_parallel
     factor = {"P": ranks if plan.strategy in STORED_SHARDED else 1, "G": ranks if "G" in sharded else 1}
@@ -317,6 +320,7 @@ def rank_segment_bytes(
         out[category] = _shard(dense, factor[kind]) + _shard(experts, max(1, factor[kind] // ep))
     for name, nbytes in _buffers(step, plan, phase).items():
         out[name] = out.get(name, 0) + nbytes
+    out["held_layer_inputs"] = fsdp1.held_input_bytes(step, segment) if plan.strategy in STORED_SHARDED else 0
     return {k: v for k, v in out.items() if v}
 
 
@@ -326,7 +330,7 @@ def rank_memory(
     """The peak of one rank of `plan` running `job`, from the single-GPU step `step` of the same job."""
     best_key, best = "", dict[str, int]()
     for key, categories in step.segments.items():
-        per_rank = rank_segment_bytes(categories, key.split(":", 1)[0], step, job, plan)
+        per_rank = rank_segment_bytes(categories, key, step, job, plan)
         if not best_key or sum(per_rank.values()) > sum(best.values()):
             best_key, best = key, per_rank
     peak = sum(best.values())

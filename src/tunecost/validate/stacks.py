@@ -4,8 +4,8 @@ Each stack names the simulator stack that reproduces it (``hf-peft``: transforme
 LoRA under autocast and re-entrant checkpointing; ``hf-2024``: the paper's 2024 stack, see
 `tunecost.simulate.hf2024`; ``tunecost``: tunecost's own leaner LoRA), the library behaviours the simulator
 reproduces for it (`tunecost.simulate.behaviour`: prepare_model_for_kbit_training's fp32 norms, the loss code of
-the row's transformers version or model code) and lists what the real stack does that the simulation does not, so
-a prediction on such a row can be read for what it is.
+the row's transformers version or model code, FSDP1's held layer inputs on several GPUs) and lists what the real
+stack does that the simulation does not, so a prediction on such a row can be read for what it is.
 A corpus row's `stack` column (and, for fms-acceleration rows, its framework) is matched to a stack by `stack_for`;
 an unknown stack is a skipped row. `behaviour_for` picks a row's behaviours.
 """
@@ -38,6 +38,7 @@ class Stack:
     allocator: str
     not_modelled: tuple[str, ...] = ()
     kbit_fp32_norms: bool = False  # prepare_model_for_kbit_training + TRL's bf16 recast on one GPU
+    fsdp1_held_layer_inputs: bool = False  # its multi-GPU rows run accelerate FSDP (torch FSDP1): see _FSDP1_KEPT
     full_finetune_modelled: bool = True
     full_skip_reason: str = ""  # why full fine-tune rows are skipped, when they are
     skip_reason: str = ""
@@ -50,6 +51,11 @@ _HF_KEPT = (
     "default when the Trainer passes no gradient_checkpointing_kwargs) and the recomputed layer's activations "
     "during its backward; "
     "FlashAttention-2 / SDPA keep the attention output and fp32 log-sum-exp, no L x L scores"
+)
+_FSDP1_KEPT = (
+    "; under accelerate FSDP (torch FSDP1) with LoRA / QLoRA, every recomputed layer's input and its gradient stay "
+    "allocated until the end of backward (FSDP1's reshard-only post-backward hook on the checkpoint's detached layer "
+    "input, `distributed.fsdp1`)"
 )
 _HF_LOSS = (
     "as the row's transformers version: >= 4.49 one fp32 copy of the logits inside the cross-entropy's input (labels "
@@ -70,7 +76,7 @@ STACKS: dict[str, Stack] = {
     "hf-trainer": Stack(
         name="hf-trainer",
         simulator_stack="hf-peft",
-        kept_for_backward=_HF_KEPT,
+        kept_for_backward=_HF_KEPT + _FSDP1_KEPT,
         loss=_HF_LOSS,
         adapters="PEFT LoRA A/B in fp32; the layer input cast to fp32 and back to the compute dtype by autocast "
         "(that copy kept for backward); update added out of place; frozen base in bf16",
@@ -84,11 +90,12 @@ STACKS: dict[str, Stack] = {
             "allocations the trace does not see (inside ops, library workspaces, loading the weights)",
             "LoRA dropout (PEFT's default is 0; a row's dropout is not in the corpus)",
         ),
+        fsdp1_held_layer_inputs=True,
     ),
     "hf-trainer-bnb": Stack(
         name="hf-trainer-bnb",
         simulator_stack="hf-peft",
-        kept_for_backward=_HF_KEPT,
+        kept_for_backward=_HF_KEPT + _FSDP1_KEPT,
         loss="as hf-trainer",
         adapters=_BNB_ADAPTERS + "; norms, embeddings and lm_head stay in the compute dtype (fms-acceleration's "
         "accelerated-peft-bnb plugin prepares the model with its own copy of prepare_model_for_kbit_training "
@@ -98,12 +105,13 @@ STACKS: dict[str, Stack] = {
             *_BNB_NOT_MODELLED,
             "prepare_model_for_kbit_training's fp32 cast where a script calls it outside TRL (see trl-sft-bnb)",
         ),
+        fsdp1_held_layer_inputs=True,
     ),
     "trl-sft-bnb": Stack(
         name="trl-sft-bnb",
         simulator_stack="hf-peft",
         kept_for_backward=_HF_KEPT + "; with fp32 norms the residual stream, and so every checkpointed layer "
-        "input from the second layer on, is fp32",
+        "input from the second layer on, is fp32" + _FSDP1_KEPT,
         loss="as hf-trainer",
         adapters=_BNB_ADAPTERS + "; TRL's SFTTrainer (0.13, bf16, one GPU) runs PEFT's "
         "prepare_model_for_kbit_training (peft 0.13: every non-4-bit fp16/bf16 parameter to fp32) and then "
@@ -117,6 +125,7 @@ STACKS: dict[str, Stack] = {
             "fp32, as per-expert Linear4bit gives)",
         ),
         kbit_fp32_norms=True,
+        fsdp1_held_layer_inputs=True,
     ),
     "hf-2024": Stack(
         name="hf-2024",
@@ -256,8 +265,9 @@ def loss_code_for(model_id: str, stack_versions: str, family: str = "") -> str:
 def behaviour_for(
     stack: Stack, *, model_id: str, stack_versions: str, num_gpus: int, family: str = "", method: str = ""
 ) -> StackBehaviour:
-    """The library behaviours a row's stack reproduces (the fp32 norms only on one GPU: see trl-sft-bnb; DeepSpeed
-    ZeRO-2 fp16 for the single-GPU QLoRA rows of a stack that runs them so: see qwen-finetune)."""
+    """The library behaviours a row's stack reproduces (the fp32 norms only on one GPU: see trl-sft-bnb; FSDP1's
+    held layer inputs only on several: a multi-GPU row is mapped only under FSDP; DeepSpeed ZeRO-2 fp16 for the
+    single-GPU QLoRA rows of a stack that runs them so: see qwen-finetune)."""
     loss_code = loss_code_for(model_id, stack_versions, family)
     zero2 = stack.qlora_deepspeed_zero2 if method == "qlora" and num_gpus == 1 else None
     if zero2 is not None and loss_code == LOSS_MODEL_SHIFTED:
@@ -265,6 +275,7 @@ def behaviour_for(
     return StackBehaviour(
         kbit_fp32_norms=stack.kbit_fp32_norms and num_gpus == 1,
         loss_code=loss_code,
+        fsdp1_held_layer_inputs=stack.fsdp1_held_layer_inputs and num_gpus > 1,
         deepspeed_zero2=zero2,
         adamw_impl=ADAMW_FUSED if zero2 is not None else stack.adamw_impl,  # DeepSpeed's own FusedAdam
     )
