@@ -177,6 +177,29 @@ def test_corpus_stacks_are_named_stacks() -> None:
         assert stack.kept_for_backward and stack.loss and stack.adapters and stack.allocator
 
 
+def test_qwen_qlora_rows_run_deepspeed_zero2_fp16() -> None:
+    """Qwen's finetune_qlora_single_gpu.sh runs finetune.py with --fp16 and finetune/ds_config_zero2.json
+    (reduce_bucket_size 2e8, overlap_comm true, an AdamW optimizer section) on one GPU: DeepSpeed's fp16 engine
+    without autocast, so the loss stays in fp16, and DeepSpeed's FusedAdam; its LoRA script runs the Trainer's
+    bf16 autocast and torch AdamW without DeepSpeed."""
+    from tunecost.simulate.behaviour import (
+        ADAMW_FUSED,
+        ADAMW_TORCH_20,
+        LOSS_MODEL_SHIFTED,
+        LOSS_MODEL_SHIFTED_NO_AUTOCAST,
+    )
+
+    rows = {r.id: r for r in read_corpus()}
+    qlora = map_row(rows["qwen-25"]).behaviour  # Qwen/Qwen-1_8B-Chat-Int4, Q-LoRA
+    assert (qlora.loss_code, qlora.adamw_impl) == (LOSS_MODEL_SHIFTED_NO_AUTOCAST, ADAMW_FUSED)  # FusedAdam
+    assert qlora.deepspeed_zero2 is not None and qlora.deepspeed_zero2.bucket_bytes() == 2 * 200_000_000 * 2
+    for lora_id in ("qwen-01", "qwen-13"):  # LoRA, LoRA (emb): the Trainer's adamw_torch on PyTorch 2.0
+        lora = map_row(rows[lora_id]).behaviour
+        assert (lora.loss_code, lora.deepspeed_zero2, lora.adamw_impl) == (LOSS_MODEL_SHIFTED, None, ADAMW_TORCH_20)
+    # another stack's GPTQ rows (fms-acceleration's accelerated-peft-autogptq) are not DeepSpeed
+    assert map_row(rows["fms-132"]).behaviour.deepspeed_zero2 is None
+
+
 def test_rows_pick_their_stack_behaviours(corpus) -> None:
     """fms-acceleration's baseline QLoRA goes through TRL's SFTTrainer (fp32 norms on one GPU; FSDP skips the
     preparation), its accelerated-peft-bnb plugin does not; the loss code follows the row's transformers version,

@@ -404,7 +404,7 @@ def build_prepared(
     if wrap is not None:
         wrap(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = simulated_optimizer(job.optimizer, trainable)
+    optimizer = simulated_optimizer(job.optimizer, trainable, behaviour.adamw_impl)
     warm_up_optimizer(optimizer, trainable)
     info = module_info(model)
     static = static_tensors(model, info)

@@ -221,6 +221,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             stack_versions=row.get("stack_versions"),
             num_gpus=num_gpus,
             family=spec.family,
+            method=method,
         ),
     )
 

@@ -16,10 +16,14 @@ import re
 from dataclasses import dataclass, replace
 
 from tunecost.simulate.behaviour import (
+    ADAMW_FUSED,
+    ADAMW_TORCH_20,
     LOSS_MODEL_SHIFTED,
+    LOSS_MODEL_SHIFTED_NO_AUTOCAST,
     LOSS_TRANSFORMERS_5,
     LOSS_TRANSFORMERS_440,
     LOSS_TRANSFORMERS_446,
+    DeepSpeedZero2,
     StackBehaviour,
 )
 
@@ -38,6 +42,8 @@ class Stack:
     full_finetune_modelled: bool = True
     full_skip_reason: str = ""  # why full fine-tune rows are skipped, when they are
     skip_reason: str = ""
+    qlora_deepspeed_zero2: DeepSpeedZero2 | None = None  # single-GPU QLoRA rows run DeepSpeed ZeRO-2 in fp16
+    adamw_impl: str = ""  # the AdamW of the stack's torch (`behaviour.ADAMW_IMPLS`; "": the installed torch's)
 
 
 _HF_KEPT = (
@@ -132,10 +138,19 @@ STACKS: dict[str, Stack] = {
     "qwen-finetune": Stack(
         name="qwen-finetune",
         simulator_stack="hf-peft",
-        kept_for_backward=_HF_KEPT + " (Qwen's own model code: fused c_attn, flash-attn 2)",
+        kept_for_backward=_HF_KEPT + " (Qwen's own model code: fused c_attn, flash-attn 2; its re-entrant "
+        "torch.utils.checkpoint call per block)",
         loss="Qwen's own model code (modeling_qwen.py): a contiguous shifted copy of the compute-dtype logits, "
-        "cast to fp32 by autocast inside CrossEntropyLoss",
-        adapters="PEFT LoRA in fp32 (Qwen finetune.py), cast to bf16 in forward",
+        "cast to fp32 by autocast inside CrossEntropyLoss for bf16 LoRA (Trainer autocast); for Q-LoRA, run under "
+        "DeepSpeed fp16 (no autocast), the shifted copy, log-softmax and its gradient stay in fp16",
+        adapters="PEFT 0.5.0 LoRA (pinned in Qwen's docker/Dockerfile; its layers are moved to the device, not "
+        "cast: fp32) on bf16 weights under the Trainer's autocast, updated by the Trainer's torch AdamW on PyTorch "
+        "2.0 (multi-tensor: sqrt(v) and denom, two temporaries the size of the trainable tensors); Q-LoRA "
+        "(finetune/finetune_qlora_single_gpu.sh: --fp16 --deepspeed finetune/ds_config_zero2.json, which "
+        "finetune.py forces on one GPU) on auto-gptq's "
+        "cuda-old QuantLinear under DeepSpeed ZeRO-2 in fp16: the whole model and the LoRA factors cast to fp16, "
+        "fp32 master copy and AdamW states of the factors updated by DeepSpeed's FusedAdam (no temporaries), fp16 "
+        "gradient buckets (reduce_bucket_size 2e8, overlap_comm: two) alive through each backward",
         allocator="as hf-trainer; the table reports whole-device memory",
         not_modelled=(
             "full-parameter runs use DeepSpeed ZeRO with fp32 master weights, fp32 optimizer states and "
@@ -143,9 +158,20 @@ STACKS: dict[str, Stack] = {
             "Qwen's fused c_attn LoRA (one A/B over q, k, v) is modelled as LoRA on each of q, k, v",
             "the rest of Qwen's own model code (fused c_attn, its RMSNorm and rotary kernels) is simulated with "
             "transformers' Qwen2 code",
+            "LoRA dropout 0.05 (finetune.py's default; a dropped copy of each adapter input and its mask, inside the "
+            "recomputed layer only)",
+            "PEFT 0.5.0's GPTQ LoRA forward clones the QuantLinear output before adding the update (inside the "
+            "recomputed layer only)",
+            "DeepSpeed's step-time fp32 copy of the gradient partition and its fp16 gradient copy during the "
+            "backward epilogue (4 + 2 bytes per trainable parameter, transient)",
+            "device memory outside the step: CUDA context and kernels of the stack (flash-attn, auto-gptq) beyond the "
+            "assumed context, memory the caching allocator kept from loading the model",
         ),
         full_finetune_modelled=False,
         full_skip_reason="DeepSpeed ZeRO with fp32 master weights and optimizer states",
+        # finetune/ds_config_zero2.json: reduce_bucket_size 2e8, overlap_comm true, contiguous_gradients true
+        qlora_deepspeed_zero2=DeepSpeedZero2(reduce_bucket_elements=200_000_000, overlap_comm=True),
+        adamw_impl=ADAMW_TORCH_20,  # the Trainer's adamw_torch on PyTorch 2.0 (README; docker/Dockerfile 2.0.1)
     ),
     "swift-2": Stack(
         name="swift-2",
@@ -237,12 +263,19 @@ def loss_code_for(model_id: str, stack_versions: str, family: str = "") -> str:
 
 
 def behaviour_for(
-    stack: Stack, *, model_id: str, stack_versions: str, num_gpus: int, family: str = ""
+    stack: Stack, *, model_id: str, stack_versions: str, num_gpus: int, family: str = "", method: str = ""
 ) -> StackBehaviour:
     """The library behaviours a row's stack reproduces (the fp32 norms only on one GPU: see trl-sft-bnb; FSDP1's
-    held layer inputs only on several: a multi-GPU row is mapped only under FSDP)."""
+    held layer inputs only on several: a multi-GPU row is mapped only under FSDP; DeepSpeed ZeRO-2 fp16 for the
+    single-GPU QLoRA rows of a stack that runs them so: see qwen-finetune)."""
+    loss_code = loss_code_for(model_id, stack_versions, family)
+    zero2 = stack.qlora_deepspeed_zero2 if method == "qlora" and num_gpus == 1 else None
+    if zero2 is not None and loss_code == LOSS_MODEL_SHIFTED:
+        loss_code = LOSS_MODEL_SHIFTED_NO_AUTOCAST  # DeepSpeed's fp16 engine runs without autocast
     return StackBehaviour(
         kbit_fp32_norms=stack.kbit_fp32_norms and num_gpus == 1,
-        loss_code=loss_code_for(model_id, stack_versions, family),
+        loss_code=loss_code,
         fsdp1_held_layer_inputs=stack.fsdp1_held_layer_inputs and num_gpus > 1,
+        deepspeed_zero2=zero2,
+        adamw_impl=ADAMW_FUSED if zero2 is not None else stack.adamw_impl,  # DeepSpeed's own FusedAdam
     )
