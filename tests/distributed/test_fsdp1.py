@@ -10,12 +10,10 @@ from tiny_jobs import CONFIGS, tiny_job
 
 from tunecost.distributed.plan import ParallelPlan
 from tunecost.distributed.rank_memory import rank_memory, rank_segment_bytes, single_gpu_step
-from tunecost.simulate.behaviour import StackBehaviour
 from tunecost.workload.job import LoraConfig
 
-HELD = StackBehaviour(fsdp1_held_layer_inputs=True)
 LAYERS = 6
-FSDP = ParallelPlan(num_gpus=2, strategy="fsdp2")
+FSDP1 = ParallelPlan(num_gpus=2, strategy="fsdp1")
 
 
 @pytest.fixture
@@ -31,11 +29,11 @@ def _job(model: str, method: str = "lora", *, checkpointing: bool = True):
     job = tiny_job(
         "tiny-llama-2l", method, LoraConfig(rank=8, targets=("attention",)), gradient_checkpointing=checkpointing
     )
-    return job.with_(model=model)
+    return job.with_(model=model, stack="hf-peft")  # transformers' re-entrant checkpointing
 
 
-def _held(job, behaviour, segment: str, plan: ParallelPlan = FSDP) -> int:
-    step = single_gpu_step(job, granule_bytes=1, behaviour=behaviour)
+def _held(job, segment: str, plan: ParallelPlan = FSDP1) -> int:
+    step = single_gpu_step(job, granule_bytes=1)
     return rank_segment_bytes(step.segments[segment], segment, step, job, plan).get("held_layer_inputs", 0)
 
 
@@ -44,30 +42,36 @@ def test_first_layer_backward_holds_the_other_inputs_and_their_gradients(deep_ll
     5 layers' inputs and 4 of their gradients (the 5th is the gradient flowing into the first layer) are held:
     9 x 2 x 16 x 64 x 4 = 73,728 bytes. Before that, nothing."""
     job = _job(deep_llama)
-    assert _held(job, HELD, "backward:unit_first") == (2 * LAYERS - 3) * 2 * 16 * 64 * 4 == 73_728
+    assert _held(job, "backward:unit_first") == (2 * LAYERS - 3) * 2 * 16 * 64 * 4 == 73_728
     for segment in ("forward:post", "backward:post", "backward:unit_last", "optimizer:opt"):
-        assert _held(job, HELD, segment) == 0
+        assert _held(job, segment) == 0
 
 
-def test_the_trace_is_unchanged_and_the_peak_takes_the_held_bytes(deep_llama):
+def test_fsdp1_is_fsdp2_plus_the_held_bytes(deep_llama):
+    """The same single-GPU step; fsdp1's rank differs from fsdp2's by the held inputs alone, and its peak takes
+    them."""
     job = _job(deep_llama)
-    held, plain = (single_gpu_step(job, granule_bytes=1, behaviour=b) for b in (HELD, StackBehaviour()))
-    assert held.segments == plain.segments
-    assert rank_memory(held, job, FSDP).peak_bytes >= rank_memory(plain, job, FSDP).peak_bytes
-    first = rank_segment_bytes(held.segments["backward:unit_first"], "backward:unit_first", held, job, FSDP)
-    assert rank_memory(held, job, FSDP).peak_bytes >= sum(first.values())
+    step = single_gpu_step(job, granule_bytes=1)
+    fsdp2 = ParallelPlan(num_gpus=2, strategy="fsdp2")
+    for segment, categories in step.segments.items():
+        one, two = (rank_segment_bytes(categories, segment, step, job, p) for p in (FSDP1, fsdp2))
+        assert sum(one.values()) - sum(two.values()) == one.get("held_layer_inputs", 0)
+    assert rank_memory(step, job, FSDP1).peak_bytes >= rank_memory(step, job, fsdp2).peak_bytes
+    first = rank_segment_bytes(step.segments["backward:unit_first"], "backward:unit_first", step, job, FSDP1)
+    assert rank_memory(step, job, FSDP1).peak_bytes >= sum(first.values())
 
 
 @pytest.mark.parametrize(
     ("method", "checkpointing", "strategy"),
-    [("full", True, "fsdp2"), ("lora", False, "fsdp2"), ("lora", True, "ddp"), ("lora", True, "zero2")],
+    [("full", True, "fsdp1"), ("lora", False, "fsdp1"), ("lora", True, "fsdp2"), ("lora", True, "ddp")],
 )
 def test_nothing_is_held_without_frozen_units_checkpointing_or_fsdp(deep_llama, method, checkpointing, strategy):
     """A full fine-tune's units need gradients (FSDP1 registers the usual post-backward hook, not the reshard-only
-    one); without checkpointing no detached input exists; DDP and ZeRO stages 1-2 keep parameters whole."""
+    one); without checkpointing no detached input exists; FSDP2 (`fully_shard`) has no reshard-only hook; DDP keeps
+    parameters whole."""
     job = _job(deep_llama, method, checkpointing=checkpointing)
     plan = ParallelPlan(num_gpus=2, strategy=strategy)
-    assert _held(job, HELD, "backward:unit_first", plan) == 0
+    assert _held(job, "backward:unit_first", plan) == 0
 
 
 @pytest.mark.filterwarnings("ignore::FutureWarning", "ignore:FSDP is switching to use `NO_SHARD`:UserWarning")

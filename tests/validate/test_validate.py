@@ -82,18 +82,18 @@ def test_skip_reasons(corpus) -> None:
     assert "calibration of hf-trainer" in speed.reason and "slower than the counts" in speed.reason
 
 
-def test_an_fsdp_row_is_one_rank_of_fsdp2(corpus) -> None:
-    """A memory row on 2 GPUs under FSDP is predicted by the per-rank derivation; other layouts and multi-GPU
-    throughput rows are skipped with their reason."""
+def test_an_fsdp_row_is_one_rank_of_fsdp1(corpus) -> None:
+    """A memory row on 2 GPUs under FSDP (accelerate's plugin: torch FSDP1) is predicted by the per-rank
+    derivation; other layouts and multi-GPU throughput rows are skipped with their reason."""
     from tunecost.distributed.plan import ParallelPlan
     from tunecost.distributed.rank_memory import rank_memory, single_gpu_step
     from tunecost.validate.corpus import CorpusRow
 
     multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
     mapped = map_row(multi)
-    assert (mapped.num_gpus, mapped.strategy) == (2, "fsdp2")
+    assert (mapped.num_gpus, mapped.strategy) == (2, "fsdp1")
     job = mapped.job.with_(stack="hf-peft")
-    rank = rank_memory(single_gpu_step(job), job, ParallelPlan(num_gpus=2, gpus_per_node=2, strategy="fsdp2"))
+    rank = rank_memory(single_gpu_step(job), job, ParallelPlan(num_gpus=2, gpus_per_node=2, strategy="fsdp1"))
     row = _by_id(validate_rows([multi]))["t-multi"]
     assert (row.status, row.predicted) == ("ok", round(rank.peak_bytes / GIB, 3))
     for cells, words in (
@@ -115,7 +115,7 @@ def test_an_fsdp_rows_nvidia_smi_is_the_ranks_replayed_reserve(corpus) -> None:
     multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
     smi = CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, "quantity": "nvidia_smi_gib"})
     job = map_row(smi).job.with_(stack="hf-peft")
-    rank = rank_memory(single_gpu_step(job), job, ParallelPlan(num_gpus=2, gpus_per_node=2, strategy="fsdp2"))
+    rank = rank_memory(single_gpu_step(job), job, ParallelPlan(num_gpus=2, gpus_per_node=2, strategy="fsdp1"))
     assert rank.peak_reserved_bytes > rank.peak_bytes
     row = _by_id(validate_rows([smi]))["t-multi"]
     expected = rank.peak_reserved_bytes + rank.device_overhead_bytes + rank.nccl_bytes
@@ -234,13 +234,13 @@ def test_rows_pick_their_stack_behaviours(corpus) -> None:
     ):
         mapped = map_row(CorpusRow(path=base.path, line=base.line, cells={**base.cells, **cells}))
         assert (mapped.stack.name, mapped.behaviour.kbit_fp32_norms, mapped.behaviour.loss_code) == (stack, kbit, loss)
-        assert not mapped.behaviour.fsdp1_held_layer_inputs  # one GPU: no FSDP
+        assert mapped.strategy is None  # one GPU
     multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
     for framework, stack in (("baseline-peft-bnb", "trl-sft-bnb"), ("accelerated-peft-bnb", "hf-trainer-bnb")):
         cells = {**multi.cells, **qlora, "notes": f"framework {framework}"}
         mapped = map_row(CorpusRow(path=multi.path, line=multi.line, cells=cells))
         assert mapped.stack.name == stack and not mapped.behaviour.kbit_fp32_norms  # FSDP: not prepared
-        assert mapped.behaviour.fsdp1_held_layer_inputs  # accelerate's FSDP is torch FSDP1
+        assert mapped.strategy == "fsdp1"  # accelerate's FSDP is torch FSDP1
 
 
 def test_predictions_come_from_the_simulator(corpus) -> None:

@@ -40,7 +40,7 @@ from tunecost.units import BYTES_PER_GIB
 from tunecost.workload.job import FineTuneJob
 
 ZERO_STRATEGIES = ("zero1", "zero2", "zero3")
-PARAM_SHARDED = ("fsdp2", "zero3", "hsdp")  # parameters gathered one unit at a time
+PARAM_SHARDED = ("fsdp2", "fsdp1", "zero3", "hsdp")  # parameters gathered one unit at a time
 STORED_SHARDED = (*PARAM_SHARDED, "fsdp2-shard-grad-op")  # parameters stored as shards between steps
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default reduce_bucket_size
 ZERO_ADAM_BYTES_PER_PARAM = 12  # fp32 master weight + fp32 exp_avg + fp32 exp_avg_sq (ZeRO paper, K = 12)
@@ -163,7 +163,7 @@ def rank_segment_bytes(
         out[category] = _shard(dense, factor[kind]) + _shard(experts, max(1, factor[kind] // ep))
     for name, nbytes in _buffers(step, plan, phase).items():
         out[name] = out.get(name, 0) + nbytes
-    out["held_layer_inputs"] = fsdp1.held_input_bytes(step, segment) if plan.strategy in STORED_SHARDED else 0
+    out["held_layer_inputs"] = fsdp1.held_input_bytes(step, segment) if plan.strategy == "fsdp1" else 0
     return {k: v for k, v in out.items() if v}
 
 
@@ -222,8 +222,14 @@ def rank_assumptions(job: FineTuneJob, plan: ParallelPlan, overhead: DeviceOverh
         )
     if plan.strategy in PARAM_SHARDED:
         out.append(
-            "FSDP2 buffers: the root and the running layer unsharded, all-gather outputs of two layers in forward "
+            "FSDP buffers: the root and the running layer unsharded, all-gather outputs of two layers in forward "
             "and one in backward, one layer's unsharded gradients before its reduce-scatter"
+        )
+    if plan.strategy == "fsdp1":
+        out.append(
+            "FSDP1 (torch FullyShardedDataParallel, accelerate's FSDP): with re-entrant checkpointing and frozen "
+            "decoder-layer units (LoRA / QLoRA), every recomputed layer's input and its gradient are held until the "
+            "end of backward (`distributed.fsdp1`); FSDP2 (`fully_shard`) frees them per layer"
         )
     if plan.offload != "none":
         held = "parameters, " if offload.offloads_params(plan.offload) else ""

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from tunecost.distributed import expert_parallel
 from tunecost.errors import TunecostError
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
+from tunecost.simulate.prepare import reentrant_checkpointing
 from tunecost.simulate.records import WEIGHT_CATEGORIES
 from tunecost.workload.job import FineTuneJob
 
 ROOT_GROUPS = ("embedding", "lm_head/loss", "other")  # outside the decoder layers: FSDP2's root unit
-LAYOUT_VERSION = "2"  # of the cached `SingleGpuStep` (2: with the traced allocations)
+LAYOUT_VERSION = "3"  # of the cached `SingleGpuStep` (2: with the traced allocations; 3: reentrant_checkpointing)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,7 +43,7 @@ class SingleGpuStep:
     activation_bytes_per_element: int
     recompute: bool  # activation checkpointing: backward re-runs each layer's forward
     allocations: dict  # the deeper traced depth's `simulate.records.AllocationTrace`, as plain data ({}: none)
-    fsdp1_held_layer_inputs: bool = False  # StackBehaviour.fsdp1_held_layer_inputs (`fsdp1.held_input_bytes`)
+    reentrant_checkpointing: bool = False  # layers recomputed by re-entrant torch.utils.checkpoint (`fsdp1`)
 
     @property
     def weight_bytes(self) -> int:
@@ -183,5 +184,5 @@ def trace_single_gpu_step(
         activation_bytes_per_element=job.compute_bytes_per_element,
         recompute=job.gradient_checkpointing,
         allocations=dataclasses.asdict(tb.allocations) if tb.allocations is not None else {},
-        fsdp1_held_layer_inputs=bool(behaviour and behaviour.fsdp1_held_layer_inputs),
+        reentrant_checkpointing=reentrant_checkpointing(job),
     )

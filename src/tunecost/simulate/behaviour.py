@@ -16,16 +16,6 @@ A `StackBehaviour` names library behaviours of a real training stack, each check
 - ``deepspeed_zero2``: DeepSpeed ZeRO stage 2 in fp16 on one GPU (`DeepSpeedZero2`), as Qwen (1.0)'s single-GPU
   Q-LoRA script runs it: no autocast, so the loss runs in fp16 (`LOSS_MODEL_SHIFTED_NO_AUTOCAST`), and the
   contiguous-gradient buckets DeepSpeed allocates at each backward.
-- ``fsdp1_held_layer_inputs``: torch FSDP1 (``FullyShardedDataParallel``, what accelerate's FSDP runs) under
-  re-entrant checkpointing, when a decoder layer's FSDP unit holds only frozen parameters (LoRA / QLoRA: PEFT's
-  ``fsdp_auto_wrap_policy`` wraps every trainable LoRA Linear as a unit of its own). In each layer's recomputed
-  forward, FSDP's ``_pre_forward`` calls ``_register_post_backward_reshard_only_hook`` (torch 2.4.1
-  ``distributed/fsdp/_runtime_utils.py``), which registers ``register_multi_grad_hook`` on the layer's input: the
-  leaf that the re-entrant checkpoint detached (``utils/checkpoint.py`` ``detach_variable``; its ``.grad`` receives
-  the input's gradient). The hook keeps the leaf's grad accumulator (``autograd/graph.py``
-  ``_get_grad_fn_or_grad_acc``), which references the leaf, and is removed only in ``_finalize_params`` at the end
-  of backward: every recomputed layer's input and its gradient stay allocated until then. Not a trace change:
-  `distributed.rank_memory` adds the held bytes to the rank's backward segments.
 
 The default behaviour is the simulator's own (transformers 5 model code): what every command but `validate` uses.
 """
@@ -113,7 +103,6 @@ class StackBehaviour:
     loss_code: str = LOSS_TRANSFORMERS_5  # one of LOSS_CODES
     deepspeed_zero2: DeepSpeedZero2 | None = None  # DeepSpeed ZeRO-2 fp16 engine on one GPU (None: not DeepSpeed)
     adamw_impl: str = ""  # one of ADAMW_IMPLS ("": the installed torch's)
-    fsdp1_held_layer_inputs: bool = False  # FSDP1 reshard-only hooks hold layer inputs and their grads (see above)
 
     def __post_init__(self) -> None:
         if self.loss_code not in LOSS_CODES:
@@ -145,11 +134,6 @@ class StackBehaviour:
                 "copy, fp32 AdamW states and an fp16 gradient partition (16 bytes per trainable parameter, as fp32 "
                 f"factors with fp32 gradients and states); {zero2.num_buckets} x {zero2.reduce_bucket_elements} fp16 "
                 f"gradient bucket elements ({zero2.bucket_bytes() / 1e9:.2f} GB) alive through each backward"
-            )
-        if self.fsdp1_held_layer_inputs:
-            out.append(
-                "torch FSDP1 with re-entrant checkpointing and frozen decoder-layer units: every recomputed layer's "
-                "input and its gradient held until the end of backward (the reshard-only post-backward hook)"
             )
         return tuple(out)
 

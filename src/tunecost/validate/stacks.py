@@ -38,7 +38,6 @@ class Stack:
     allocator: str
     not_modelled: tuple[str, ...] = ()
     kbit_fp32_norms: bool = False  # prepare_model_for_kbit_training + TRL's bf16 recast on one GPU
-    fsdp1_held_layer_inputs: bool = False  # its multi-GPU rows run accelerate FSDP (torch FSDP1): see _FSDP1_KEPT
     full_finetune_modelled: bool = True
     full_skip_reason: str = ""  # why full fine-tune rows are skipped, when they are
     skip_reason: str = ""
@@ -55,7 +54,7 @@ _HF_KEPT = (
 _FSDP1_KEPT = (
     "; under accelerate FSDP (torch FSDP1) with LoRA / QLoRA, every recomputed layer's input and its gradient stay "
     "allocated until the end of backward (FSDP1's reshard-only post-backward hook on the checkpoint's detached layer "
-    "input, `distributed.fsdp1`)"
+    "input: rows on several GPUs are ranks of the fsdp1 strategy, `distributed.fsdp1`)"
 )
 _HF_LOSS = (
     "as the row's transformers version: >= 4.49 one fp32 copy of the logits inside the cross-entropy's input (labels "
@@ -90,7 +89,6 @@ STACKS: dict[str, Stack] = {
             "allocations the trace does not see (inside ops, library workspaces, loading the weights)",
             "LoRA dropout (PEFT's default is 0; a row's dropout is not in the corpus)",
         ),
-        fsdp1_held_layer_inputs=True,
     ),
     "hf-trainer-bnb": Stack(
         name="hf-trainer-bnb",
@@ -105,7 +103,6 @@ STACKS: dict[str, Stack] = {
             *_BNB_NOT_MODELLED,
             "prepare_model_for_kbit_training's fp32 cast where a script calls it outside TRL (see trl-sft-bnb)",
         ),
-        fsdp1_held_layer_inputs=True,
     ),
     "trl-sft-bnb": Stack(
         name="trl-sft-bnb",
@@ -125,7 +122,6 @@ STACKS: dict[str, Stack] = {
             "fp32, as per-expert Linear4bit gives)",
         ),
         kbit_fp32_norms=True,
-        fsdp1_held_layer_inputs=True,
     ),
     "hf-2024": Stack(
         name="hf-2024",
@@ -275,7 +271,6 @@ def behaviour_for(
     return StackBehaviour(
         kbit_fp32_norms=stack.kbit_fp32_norms and num_gpus == 1,
         loss_code=loss_code,
-        fsdp1_held_layer_inputs=stack.fsdp1_held_layer_inputs and num_gpus > 1,
         deepspeed_zero2=zero2,
         adamw_impl=ADAMW_FUSED if zero2 is not None else stack.adamw_impl,  # DeepSpeed's own FusedAdam
     )
