@@ -46,8 +46,9 @@ def _multi_gpu_lines(results, by_id) -> list[str]:
     if oom:
         parts.append(f"out-of-memory {sum(1 for r in oom if r.error == 0)} of {len(oom)} right")
     return [
-        "Rows on several GPUs (FSDP full shard; each predicted as one rank of fsdp2 derived from the single-GPU "
-        "simulated step, `src/tunecost/distributed/rank_memory.py`): " + "; ".join(parts) + ".",
+        "Rows on several GPUs (FSDP full shard under accelerate: each predicted as one rank of fsdp1, derived from "
+        "the single-GPU simulated step, `src/tunecost/distributed/rank_memory.py`, its reserve from the caching "
+        "allocator replayed per CUDA stream over the rank's allocations, `rank_reserve.py`): " + "; ".join(parts) + ".",
         "",
     ]
 

@@ -236,6 +236,7 @@ VALID = {"cost": {**COST, "--usd-per-hour": "0.79"}, "estimate": PAPER_ESTIMATE}
         ("estimate", {"--epochs": "-2"}, "epochs must be > 0"),
         ("estimate", {"--method": "full"}, "measured mixtral-8x7b with --method qlora only"),
         ("estimate", {"--experts-per-token": "9"}, "experts per token must be in 1..8"),
+        ("estimate", {"--stack": "hf-2023"}, "unsupported software stack 'hf-2023'"),
     ],
 )
 def test_bad_input_is_one_error_line(cli_error, command, override, expected) -> None:

@@ -109,6 +109,24 @@ def test_all_strategies_means_those_that_take_the_options(cli_runner, extra, str
     setups = json.loads(result.stdout)["setups"]
     assert {s["plan"]["strategy"] for s in setups} == strategies
     assert all(s["plan"]["expert_parallel"] == (2 if "--expert-parallel" in extra else 1) for s in setups)
+    assert all(s["memory"]["peak_reserved_bytes"] >= s["memory"]["peak_bytes"] for s in setups)
+
+
+def test_the_table_shows_each_ranks_nvidia_smi_memory(cli_runner):
+    """The rank's replayed reserve plus the CUDA context and NCCL's memory, beside what it needs."""
+    args = [*BASE, "--model", DENSE, "--gpu", "H100", "--gpus", "2", "--strategy", "fsdp2", "--batch-size", "2"]
+    result = cli_runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    (setup,) = json.loads(result.stdout)["setups"]
+    m = setup["memory"]
+    assert m["peak_reserved_bytes"] > m["peak_bytes"]
+    smi = m["peak_reserved_bytes"] + m["device_overhead_bytes"] + m["nccl_bytes"]
+    lines = cli_runner.invoke(app, args, terminal_width=250).stdout.splitlines()
+    header = next(line for line in lines if "nvidia-smi GB" in line)
+    row = next(line for line in lines if "fsdp2" in line and "│" in line)
+    cells = dict(zip([c.strip() for c in header.split("┃")], [c.strip() for c in row.split("│")], strict=True))
+    assert cells["nvidia-smi GB"] == f"{smi / 1e9:.1f}"
+    assert cells["memory/rank GB"].startswith(f"{(m['peak_bytes'] + smi - m['peak_reserved_bytes']) / 1e9:.1f} of")
 
 
 def test_out_records_every_setup_for_the_report(cli_runner, tmp_path: Path):

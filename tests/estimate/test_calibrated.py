@@ -71,6 +71,22 @@ def test_uses_the_simulator_when_it_answers(monkeypatch, make_request) -> None:
     assert "step simulator (hf-2024 stack" in point.notes[0]
 
 
+def test_the_stack_the_user_names_sizes_the_batch(monkeypatch, make_request) -> None:
+    """`estimate --stack S`: the simulator sizes the batch on S alone, and the note names S and checkpointing."""
+    import tunecost.simulate as simulate
+
+    calls = []
+
+    def fake(job, gpu, *, stack):
+        calls.append(stack)
+        return 5
+
+    monkeypatch.setattr(simulate, "simulated_max_batch_size", fake)
+    point = calibrated.calibrated_estimator(make_request(stack="hf-peft"))
+    assert point.max_batch_size == 5 and calls == ["hf-peft"]
+    assert "step simulator (hf-peft stack, 512 tokens per query, gradient checkpointing on)" in point.notes[0]
+
+
 def test_model_without_batch_model_is_a_clear_error(monkeypatch, make_request) -> None:
     import tunecost.simulate as simulate
 

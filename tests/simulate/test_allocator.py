@@ -20,6 +20,7 @@ from tunecost.simulate.allocator import (
     event_order,
     round_size_bytes,
     segment_bytes,
+    steady_state_replay,
     steady_state_reserved_bytes,
 )
 
@@ -111,6 +112,43 @@ def test_no_reuse_across_pools() -> None:
     assert alloc.reserved_bytes == 24 * MIB
 
 
+def test_a_block_cached_for_one_stream_never_serves_another() -> None:
+    """ "Once freed, blocks can be re-allocated on the same stream, but not on any other stream" (the header of
+    CUDACachingAllocator.cpp); a block returns to the cache of the stream that allocated it, whoever frees it."""
+    alloc = CachingAllocator()
+    alloc.free(alloc.malloc(100 * MIB, stream=0))  # one 100 MiB segment, cached for stream 0
+    on_1 = alloc.malloc(60 * MIB, stream=1)  # stream 1 cannot take it: a 60 MiB segment of its own
+    assert alloc.reserved_bytes == 160 * MIB
+    alloc.malloc(60 * MIB, stream=0)  # stream 0 takes its cached block (split: 40 MiB stay cached)
+    alloc.free(on_1)
+    alloc.malloc(40 * MIB, stream=1)  # stream 1's freed 60 MiB block (split): nothing new
+    alloc.malloc(40 * MIB, stream=0)  # stream 0's 40 MiB remainder
+    assert (alloc.reserved_bytes, alloc.allocated_bytes) == (160 * MIB, 140 * MIB)
+    alloc.malloc(20 * MIB, stream=0)  # stream 1's 20 MiB remainder is not stream 0's: a new segment
+    assert alloc.reserved_bytes == 180 * MIB
+
+
+def test_separate_streams_add_their_pools_to_the_reserve() -> None:
+    """A 100 MiB buffer on stream 1 (ops 1-2), then a 100 MiB activation on stream 0 (ops 3-4): on one stream
+    the second reuses the first's cached segment (100 MiB reserved); on two, each stream keeps its own
+    (200 MiB), while the live requests never exceed 100 MiB either way."""
+    nbytes = np.array([100, 100]) * MIB
+    kind = np.array([KIND_STEP, KIND_STEP])
+    t_alloc, t_free = np.array([1, 3]), np.array([2, 4])
+    one = steady_state_replay(nbytes, t_alloc, t_free, kind, t_optimizer=5)
+    two = steady_state_replay(nbytes, t_alloc, t_free, kind, t_optimizer=5, stream=np.array([1, 0]))
+    assert (one.peak_reserved_bytes, two.peak_reserved_bytes) == (100 * MIB, 200 * MIB)
+    assert one.peak_requested_bytes == two.peak_requested_bytes == 100 * MIB
+    assert two.stream_reserved_bytes == two.stream_peak_requested_bytes == {0: 100 * MIB, 1: 100 * MIB}
+
+
+def test_requested_bytes_count_rounded_requests_not_unsplit_remainders() -> None:
+    alloc = CachingAllocator()
+    alloc.malloc(19 * MIB)  # a 20 MiB segment kept whole (remainder 1 MiB): allocated 20, requested 19
+    alloc.malloc(1)  # one 512-byte granule
+    assert (alloc.allocated_bytes, alloc.requested_bytes) == (20 * MIB + 512, 19 * MIB + 512)
+
+
 def test_capacity_releases_whole_cached_segments_then_fails() -> None:
     alloc = CachingAllocator(capacity_bytes=100 * MIB)
     alloc.free(alloc.malloc(60 * MIB))  # cached, unsplit
@@ -145,22 +183,29 @@ ops = st.lists(st.tuples(st.booleans(), st.integers(1, 40 * MIB), st.integers(0,
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops)
-def test_reserved_covers_allocated_and_frees_back_to_whole_segments(seq) -> None:
+@given(ops, st.integers(1, 3))
+def test_reserved_covers_allocated_and_frees_back_to_whole_segments(seq, num_streams) -> None:
+    """On any number of streams (each request's stream drawn from its size): per stream and in all, the reserve
+    covers the live blocks; freeing everything merges every segment back whole."""
     alloc = CachingAllocator()
-    live: list[tuple[int, int]] = []
+    live: list[tuple[int, int, int]] = []
     for is_free, nbytes, pick in seq:
         if is_free and live:
             alloc.free(live.pop(pick % len(live))[0])
         else:
-            live.append((alloc.malloc(nbytes), round_size_bytes(nbytes)))
-        assert alloc.allocated_bytes >= sum(size for _, size in live)
+            stream = nbytes % num_streams
+            live.append((alloc.malloc(nbytes, stream), round_size_bytes(nbytes), stream))
+        assert alloc.allocated_bytes >= alloc.requested_bytes == sum(size for _, size, _ in live)
         assert alloc.reserved_bytes >= alloc.allocated_bytes
-        assert alloc.peak_reserved_bytes >= alloc.peak_allocated_bytes
-    for addr, _ in live:
+        assert alloc.reserved_bytes == sum(alloc.stream_reserved_bytes.values())
+        for stream, requested in alloc.stream_requested_bytes.items():
+            assert alloc.stream_reserved_bytes[stream] >= requested
+        assert alloc.peak_reserved_bytes >= alloc.peak_allocated_bytes >= alloc.peak_requested_bytes
+    for addr, _, _ in live:
         alloc.free(addr)
     alloc.release_cached_segments()  # every block merged back into its segment: all of them released
     assert (alloc.allocated_bytes, alloc.reserved_bytes) == (0, 0)
+    assert set(alloc.stream_reserved_bytes.values()) <= {0}
 
 
 @settings(max_examples=150, deadline=None)

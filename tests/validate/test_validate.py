@@ -82,18 +82,18 @@ def test_skip_reasons(corpus) -> None:
     assert "calibration of hf-trainer" in speed.reason and "slower than the counts" in speed.reason
 
 
-def test_an_fsdp_row_is_one_rank_of_fsdp2(corpus) -> None:
-    """A memory row on 2 GPUs under FSDP is predicted by the per-rank derivation; other layouts and multi-GPU
-    throughput rows are skipped with their reason."""
+def test_an_fsdp_row_is_one_rank_of_fsdp1(corpus) -> None:
+    """A memory row on 2 GPUs under FSDP (accelerate's plugin: torch FSDP1) is predicted by the per-rank
+    derivation; other layouts and multi-GPU throughput rows are skipped with their reason."""
     from tunecost.distributed.plan import ParallelPlan
     from tunecost.distributed.rank_memory import rank_memory, single_gpu_step
     from tunecost.validate.corpus import CorpusRow
 
     multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
     mapped = map_row(multi)
-    assert (mapped.num_gpus, mapped.strategy) == (2, "fsdp2")
+    assert (mapped.num_gpus, mapped.strategy) == (2, "fsdp1")
     job = mapped.job.with_(stack="hf-peft")
-    rank = rank_memory(single_gpu_step(job), job, ParallelPlan(num_gpus=2, gpus_per_node=2, strategy="fsdp2"))
+    rank = rank_memory(single_gpu_step(job), job, ParallelPlan(num_gpus=2, gpus_per_node=2, strategy="fsdp1"))
     row = _by_id(validate_rows([multi]))["t-multi"]
     assert (row.status, row.predicted) == ("ok", round(rank.peak_bytes / GIB, 3))
     for cells, words in (
@@ -103,6 +103,23 @@ def test_an_fsdp_row_is_one_rank_of_fsdp2(corpus) -> None:
     ):
         with pytest.raises(Skip, match=words):
             map_row(CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, **cells}))
+
+
+def test_an_fsdp_rows_nvidia_smi_is_the_ranks_replayed_reserve(corpus) -> None:
+    """nvidia-smi on a multi-GPU row: the rank's replayed reserve (`distributed.rank_reserve`), above its
+    allocated peak, plus the CUDA context and NCCL's memory."""
+    from tunecost.distributed.plan import ParallelPlan
+    from tunecost.distributed.rank_memory import rank_memory, single_gpu_step
+    from tunecost.validate.corpus import CorpusRow
+
+    multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
+    smi = CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, "quantity": "nvidia_smi_gib"})
+    job = map_row(smi).job.with_(stack="hf-peft")
+    rank = rank_memory(single_gpu_step(job), job, ParallelPlan(num_gpus=2, gpus_per_node=2, strategy="fsdp1"))
+    assert rank.peak_reserved_bytes > rank.peak_bytes
+    row = _by_id(validate_rows([smi]))["t-multi"]
+    expected = rank.peak_reserved_bytes + rank.device_overhead_bytes + rank.nccl_bytes
+    assert (row.status, row.predicted) == ("ok", round(expected / GIB, 3))
 
 
 def test_lora_target_names() -> None:
@@ -160,6 +177,29 @@ def test_corpus_stacks_are_named_stacks() -> None:
         assert stack.kept_for_backward and stack.loss and stack.adapters and stack.allocator
 
 
+def test_qwen_qlora_rows_run_deepspeed_zero2_fp16() -> None:
+    """Qwen's finetune_qlora_single_gpu.sh runs finetune.py with --fp16 and finetune/ds_config_zero2.json
+    (reduce_bucket_size 2e8, overlap_comm true, an AdamW optimizer section) on one GPU: DeepSpeed's fp16 engine
+    without autocast, so the loss stays in fp16, and DeepSpeed's FusedAdam; its LoRA script runs the Trainer's
+    bf16 autocast and torch AdamW without DeepSpeed."""
+    from tunecost.simulate.behaviour import (
+        ADAMW_FUSED,
+        ADAMW_TORCH_20,
+        LOSS_MODEL_SHIFTED,
+        LOSS_MODEL_SHIFTED_NO_AUTOCAST,
+    )
+
+    rows = {r.id: r for r in read_corpus()}
+    qlora = map_row(rows["qwen-25"]).behaviour  # Qwen/Qwen-1_8B-Chat-Int4, Q-LoRA
+    assert (qlora.loss_code, qlora.adamw_impl) == (LOSS_MODEL_SHIFTED_NO_AUTOCAST, ADAMW_FUSED)  # FusedAdam
+    assert qlora.deepspeed_zero2 is not None and qlora.deepspeed_zero2.bucket_bytes() == 2 * 200_000_000 * 2
+    for lora_id in ("qwen-01", "qwen-13"):  # LoRA, LoRA (emb): the Trainer's adamw_torch on PyTorch 2.0
+        lora = map_row(rows[lora_id]).behaviour
+        assert (lora.loss_code, lora.deepspeed_zero2, lora.adamw_impl) == (LOSS_MODEL_SHIFTED, None, ADAMW_TORCH_20)
+    # another stack's GPTQ rows (fms-acceleration's accelerated-peft-autogptq) are not DeepSpeed
+    assert map_row(rows["fms-132"]).behaviour.deepspeed_zero2 is None
+
+
 def test_rows_pick_their_stack_behaviours(corpus) -> None:
     """fms-acceleration's baseline QLoRA goes through TRL's SFTTrainer (fp32 norms on one GPU; FSDP skips the
     preparation), its accelerated-peft-bnb plugin does not; the loss code follows the row's transformers version,
@@ -194,10 +234,13 @@ def test_rows_pick_their_stack_behaviours(corpus) -> None:
     ):
         mapped = map_row(CorpusRow(path=base.path, line=base.line, cells={**base.cells, **cells}))
         assert (mapped.stack.name, mapped.behaviour.kbit_fp32_norms, mapped.behaviour.loss_code) == (stack, kbit, loss)
+        assert mapped.strategy is None  # one GPU
     multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
-    cells = {**multi.cells, **qlora, "notes": "framework baseline-peft-bnb"}
-    mapped = map_row(CorpusRow(path=multi.path, line=multi.line, cells=cells))
-    assert mapped.stack.name == "trl-sft-bnb" and not mapped.behaviour.kbit_fp32_norms  # FSDP: not prepared
+    for framework, stack in (("baseline-peft-bnb", "trl-sft-bnb"), ("accelerated-peft-bnb", "hf-trainer-bnb")):
+        cells = {**multi.cells, **qlora, "notes": f"framework {framework}"}
+        mapped = map_row(CorpusRow(path=multi.path, line=multi.line, cells=cells))
+        assert mapped.stack.name == stack and not mapped.behaviour.kbit_fp32_norms  # FSDP: not prepared
+        assert mapped.strategy == "fsdp1"  # accelerate's FSDP is torch FSDP1
 
 
 def test_predictions_come_from_the_simulator(corpus) -> None:

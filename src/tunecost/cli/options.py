@@ -108,6 +108,7 @@ ModelName = Annotated[
     str, opt("--model", "Catalog model (tiny-mixtral, mixtral-8x7b, ...), local folder or cached hub id.")
 ]
 MethodName = Annotated[str, opt("--method", "full | lora | qlora")]
+STACK_HELP = "tunecost | hf-2024 (the paper's software stack) | hf-peft (Trainer + PEFT >= 0.7)."
 TOP_K_HELP = "Top-k: experts per token for this job (default: the model's; dense = the number of experts)."
 ExpertsPerToken = Annotated[int | None, count_option("--experts-per-token", TOP_K_HELP, MAX_EXPERTS)]
 EXPERTS_IMPL_HELP = (

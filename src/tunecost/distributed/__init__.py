@@ -8,7 +8,8 @@
 - `ddp`: per-rank memory under DDP (one replica per rank plus gradient buckets) and its all-reduce buckets.
 - `comm`: collective times from nccl-tests' bus-bandwidth definitions; `catalog.interconnects` has the links.
 - `rank_memory`: memory per rank under ddp, zero1/2/3, fsdp2 (full shard, shard-grad-op) and hsdp, derived from
-  the single-GPU simulated step (checked against `sharded_step` on tiny models).
+  the single-GPU simulated step (`single_step.SingleGpuStep`; checked against `sharded_step` on tiny models);
+  `rank_reserve`: the rank's caching-allocator reserve, replayed per CUDA stream over the rank's allocations.
 - `setups`: step time with exposed communication, throughput and cost per (GPU, strategy, number of GPUs); the
   fewest GPUs that fit and the cheapest setup (`tunecost estimate --gpus N|auto --strategy S`).
 

@@ -12,6 +12,7 @@ STRATEGIES = {
     "single": "",  # one GPU: nothing to shard
     "ddp": "",  # one full replica per rank; gradients all-reduced in buckets
     "fsdp2": "PGO",  # fully_shard, parameters resharded after forward
+    "fsdp1": "PGO",  # torch FullyShardedDataParallel FULL_SHARD (accelerate's FSDP plugin): as fsdp2, plus `fsdp1`
     "fsdp2-shard-grad-op": "GO",  # reshard_after_forward=False: parameters stay unsharded until backward ends
     "hsdp": "PGO",  # fsdp2 within a node, replicated across nodes (gradients all-reduced between nodes)
     "zero1": "O",  # DeepSpeed ZeRO stage 1

@@ -30,17 +30,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tunecost.distributed import expert_parallel, offload
+from tunecost.distributed import expert_parallel, fsdp1, offload
 from tunecost.distributed.plan import STRATEGIES, ParallelPlan
-from tunecost.errors import TunecostError
+from tunecost.distributed.single_step import SingleGpuStep as SingleGpuStep  # re-exported
+from tunecost.distributed.single_step import single_gpu_step as single_gpu_step  # re-exported
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.records import WEIGHT_CATEGORIES
 from tunecost.units import BYTES_PER_GIB
 from tunecost.workload.job import FineTuneJob
 
-ROOT_GROUPS = ("embedding", "lm_head/loss", "other")  # outside the decoder layers: FSDP2's root unit
 ZERO_STRATEGIES = ("zero1", "zero2", "zero3")
-PARAM_SHARDED = ("fsdp2", "zero3", "hsdp")  # parameters gathered one unit at a time
+PARAM_SHARDED = ("fsdp2", "fsdp1", "zero3", "hsdp")  # parameters gathered one unit at a time
 STORED_SHARDED = (*PARAM_SHARDED, "fsdp2-shard-grad-op")  # parameters stored as shards between steps
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default reduce_bucket_size
 ZERO_ADAM_BYTES_PER_PARAM = 12  # fp32 master weight + fp32 exp_avg + fp32 exp_avg_sq (ZeRO paper, K = 12)
@@ -49,172 +49,10 @@ NCCL_COMMUNICATOR_BYTES = BYTES_PER_GIB // 2
 
 
 @dataclass(frozen=True, kw_only=True)
-class SingleGpuStep:
-    """The single-GPU simulated step at full depth: bytes by category at every segment's peak, and the model's
-    stored weights split into the root unit and the decoder layers."""
-
-    model: str
-    method: str
-    batch_size: int
-    seq_len: int
-    num_layers: int
-    segments: dict[str, dict[str, int]]  # segment ("backward:unit_last", ...) -> category -> bytes
-    root_weight_bytes: int  # embedding, LM head and buffers: FSDP2's root unit
-    layer_weight_bytes: int  # every stored weight of one decoder layer (frozen, 4-bit and trainable)
-    trainable_bytes: int  # trainable parameters (their gradients have the same size)
-    layer_trainable_bytes: int  # trainable parameters of one decoder layer
-    trainable_bytes_per_param: int  # 4 for LoRA factors (fp32), the compute dtype's size for a full fine-tune
-    flops_by_phase: dict[str, float]
-    weight_bytes_by_key: dict[str, int]  # "group/category" -> bytes of the whole model's stored weights
-    num_experts: int  # routed experts per MoE layer (1: dense)
-    experts_per_token: int
-    hidden_size: int
-    activation_bytes_per_element: int
-    recompute: bool  # activation checkpointing: backward re-runs each layer's forward
-
-    @property
-    def weight_bytes(self) -> int:
-        return self.root_weight_bytes + self.num_layers * self.layer_weight_bytes
-
-    @property
-    def root_trainable_bytes(self) -> int:
-        return self.trainable_bytes - self.num_layers * self.layer_trainable_bytes
-
-    def expert_share(self, category: str) -> float:
-        """Share of a category's bytes that belongs to the routed experts: of the stored weights of that
-        category, or for gradients, optimizer states and optimizer temporaries of the trainable parameters."""
-        if category not in WEIGHT_CATEGORIES:
-            category = "trainable_params"
-        total = sum(v for k, v in self.weight_bytes_by_key.items() if k.rsplit("/", 1)[1] == category)
-        return expert_parallel.expert_bytes(self.weight_bytes_by_key, category) / total if total else 0.0
-
-    def layer_expert_bytes(self, *, trainable: bool) -> int:
-        """One decoder layer's routed-expert bytes: all its stored weights, or its trainable parameters."""
-        keys = ("trainable_params",) if trainable else WEIGHT_CATEGORIES
-        return sum(expert_parallel.expert_bytes(self.weight_bytes_by_key, c) for c in keys) // self.num_layers
-
-    def layer_bytes_per_rank(self, *, trainable: bool, ep: int) -> int:
-        """One decoder layer's stored (or trainable) bytes with 1/ep of its routed experts."""
-        layer = self.layer_trainable_bytes if trainable else self.layer_weight_bytes
-        experts = self.layer_expert_bytes(trainable=trainable)
-        return layer - experts + experts // ep
-
-    @property
-    def expert_trainable_bytes(self) -> int:
-        return expert_parallel.expert_bytes(self.weight_bytes_by_key, "trainable_params")
-
-    def trainable_bytes_per_rank(self, ep: int) -> int:
-        """Trainable bytes of a rank holding 1/ep of the routed experts."""
-        return self.trainable_bytes - self.expert_trainable_bytes + self.expert_trainable_bytes // ep
-
-    @property
-    def dispatch_bytes(self) -> int:
-        """Bytes of one dispatch all-to-all of a MoE layer (`expert_parallel.dispatch_bytes`)."""
-        return expert_parallel.dispatch_bytes(
-            num_tokens=self.batch_size * self.seq_len,
-            experts_per_token=self.experts_per_token,
-            hidden_size=self.hidden_size,
-            bytes_per_element=self.activation_bytes_per_element,
-        )
-
-
-def _lerp(a: float, b: float, t: float) -> float:
-    return max(0.0, a + (b - a) * t)
-
-
-def single_gpu_step(
-    job: FineTuneJob, *, granule_bytes: int = 512, use_cache: bool = True, behaviour=None
-) -> SingleGpuStep:
-    """Trace `job` at one and two repeating units (or at full depth when it is short) and scale every segment
-    to the full depth, as `simulate.simulate_step` does for its peak (exact for identical units). Cached on disk
-    beside the simulator's results (`simulate.cache`: the key hashes the job, the config and the versions).
-    `behaviour`: library behaviours of the job's stack (`simulate.behaviour.StackBehaviour`; None: the default)."""
-    import dataclasses
-    import json
-
-    from tunecost.io import atomic_write_json
-    from tunecost.simulate import cache
-
-    key = "rank-" + cache.job_key(job, None, job.stack, DEFAULT_OVERHEAD, granule_bytes, behaviour)
-    path = cache.cache_dir() / f"{key}.json"
-    if use_cache:
-        try:
-            return SingleGpuStep(**json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError):  # no entry, or one from another layout: trace again
-            pass
-    step = _trace_single_gpu_step(job, granule_bytes, behaviour)
-    if use_cache:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(path, dataclasses.asdict(step))
-        except (OSError, TunecostError):  # a cache that cannot be written is no error
-            pass
-    return step
-
-
-def _trace_single_gpu_step(job: FineTuneJob, granule_bytes: int, behaviour=None) -> SingleGpuStep:
-    from tunecost.catalog.models import resolve_model
-    from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
-    from tunecost.simulate.pool import prepared_model
-    from tunecost.simulate.prepare import check_supported, layer_pattern
-    from tunecost.simulate.trace import trace_step
-
-    spec = resolve_model(job.model)
-    check_supported(job, spec, job.stack)
-    prefix, period, full_units = layer_pattern(spec)
-    if prefix or period != 1:
-        raise TunecostError(f"{spec.name}: per-rank memory needs identical decoder layers (this model has a prefix)")
-    units = [full_units] if full_units <= 2 else [1, 2]
-    traces = [
-        trace_step(
-            prepared_model(job, u, job.stack, behaviour or DEFAULT_BEHAVIOUR),
-            job.batch_size,
-            job.worst_case_seq_len,
-            round_bytes=granule_bytes,
-        )
-        for u in units
-    ]
-    ta, tb = traces[0], traces[-1]
-    t = 0.0 if len(traces) == 1 else (full_units - ta.num_units) / (tb.num_units - ta.num_units)
-    segments: dict[str, dict[str, int]] = {}
-    for key in set(ta.segments) & set(tb.segments):
-        ca, cb = ta.segments[key].by_category, tb.segments[key].by_category
-        segments[key] = {c: round(_lerp(ca.get(c, 0), cb.get(c, 0), t)) for c in set(ca) | set(cb)}
-    weights = {k: round(_lerp(ta.weight_bytes.get(k, 0), tb.weight_bytes.get(k, 0), t)) for k in tb.weight_bytes}
-    root = sum(v for k, v in weights.items() if k.rsplit("/", 1)[0] in ROOT_GROUPS)
-    trainable = sum(v for k, v in weights.items() if k.endswith("/trainable_params"))
-    root_trainable = sum(
-        v for k, v in weights.items() if k.endswith("/trainable_params") and k.rsplit("/", 1)[0] in ROOT_GROUPS
-    )
-    flops: dict[str, float] = {}
-    for (phase, _cls), v in tb.flops.items():
-        flops[phase] = flops.get(phase, 0.0) + _lerp(ta.flops.get((phase, _cls), 0.0), v, t)
-    return SingleGpuStep(
-        model=spec.name,
-        method=job.method,
-        batch_size=job.batch_size,
-        seq_len=job.worst_case_seq_len,
-        num_layers=spec.num_layers,
-        segments=segments,
-        root_weight_bytes=root,
-        layer_weight_bytes=(sum(weights.values()) - root) // spec.num_layers,
-        trainable_bytes=trainable,
-        layer_trainable_bytes=(trainable - root_trainable) // spec.num_layers,
-        trainable_bytes_per_param=4 if job.method != "full" else job.compute_bytes_per_element,
-        flops_by_phase=flops,
-        weight_bytes_by_key=weights,
-        num_experts=spec.num_experts,
-        experts_per_token=job.experts_per_token or spec.default_experts_per_token,
-        hidden_size=spec.hidden_size,
-        activation_bytes_per_element=job.compute_bytes_per_element,
-        recompute=job.gradient_checkpointing,
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
 class RankMemory:
     """One rank's memory under a strategy. Bytes as `torch.cuda.max_memory_allocated` counts them, plus the
-    device overhead (CUDA context, allocator reserve) and NCCL's communicator memory (both assumed)."""
+    device overhead (CUDA context) and NCCL's communicator memory (both assumed); `peak_reserved_bytes` is
+    what `torch.cuda.max_memory_reserved` would show (the caching allocator replayed, `rank_reserve`)."""
 
     strategy: str
     num_gpus: int
@@ -224,12 +62,19 @@ class RankMemory:
     breakdown_bytes: dict[str, int]  # category -> bytes at the peak (single-GPU categories + buffers)
     device_overhead_bytes: int
     nccl_bytes: int
+    peak_reserved_bytes: int  # at least peak_bytes
     host_bytes: int = 0  # CPU memory of the rank's offloaded states (DeepSpeed offload), not on the GPU
     assumptions: tuple[str, ...] = field(default=())
 
     @property
     def need_bytes(self) -> int:
+        """What the rank needs to run: before it fails, the allocator frees its cached segments and retries."""
         return self.peak_bytes + self.device_overhead_bytes + self.nccl_bytes
+
+    @property
+    def nvidia_smi_bytes(self) -> int:
+        """What nvidia-smi would show for the rank: the reserve plus the memory outside the allocator."""
+        return self.peak_reserved_bytes + self.device_overhead_bytes + self.nccl_bytes
 
 
 def shard_group_size(plan: ParallelPlan) -> int:
@@ -282,11 +127,12 @@ def _buffers(step: SingleGpuStep, plan: ParallelPlan, phase: str) -> dict[str, i
 
 
 def rank_segment_bytes(
-    categories: dict[str, int], phase: str, step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan
+    categories: dict[str, int], segment: str, step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan
 ) -> dict[str, int]:
-    """Bytes by category of one rank at one segment (single-GPU bytes `categories`, scaled per strategy). The
-    routed experts' share of a state is divided by the expert-parallel degree ep and sharded over the N / ep
-    ranks that hold the same experts; the rest over the strategy's shard group."""
+    """Bytes by category of one rank at one segment ("phase:region" or the phase; single-GPU bytes `categories`,
+    scaled per strategy). The routed experts' share of a state is divided by the expert-parallel degree ep and
+    sharded over the N / ep ranks that hold the same experts; the rest over the strategy's shard group."""
+    phase = segment.split(":", 1)[0]
     sharded = STRATEGIES[plan.strategy]
     ranks, ep = shard_group_size(plan), plan.expert_parallel
     factor = {"P": ranks if plan.strategy in STORED_SHARDED else 1, "G": ranks if "G" in sharded else 1}
@@ -317,6 +163,7 @@ def rank_segment_bytes(
         out[category] = _shard(dense, factor[kind]) + _shard(experts, max(1, factor[kind] // ep))
     for name, nbytes in _buffers(step, plan, phase).items():
         out[name] = out.get(name, 0) + nbytes
+    out["held_layer_inputs"] = fsdp1.held_input_bytes(step, segment) if plan.strategy == "fsdp1" else 0
     return {k: v for k, v in out.items() if v}
 
 
@@ -324,9 +171,11 @@ def rank_memory(
     step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan, *, overhead: DeviceOverhead = DEFAULT_OVERHEAD
 ) -> RankMemory:
     """The peak of one rank of `plan` running `job`, from the single-GPU step `step` of the same job."""
+    from tunecost.distributed.rank_reserve import RESERVE_ASSUMPTION, rank_reserved_bytes
+
     best_key, best = "", dict[str, int]()
     for key, categories in step.segments.items():
-        per_rank = rank_segment_bytes(categories, key.split(":", 1)[0], step, job, plan)
+        per_rank = rank_segment_bytes(categories, key, step, job, plan)
         if not best_key or sum(per_rank.values()) > sum(best.values()):
             best_key, best = key, per_rank
     peak = sum(best.values())
@@ -339,8 +188,9 @@ def rank_memory(
         breakdown_bytes=best,
         device_overhead_bytes=overhead.overhead_bytes(),
         nccl_bytes=NCCL_COMMUNICATOR_BYTES if plan.num_gpus > 1 else 0,
+        peak_reserved_bytes=rank_reserved_bytes(step, job, plan, peak),
         host_bytes=offloaded_host_bytes(step, job, plan),
-        assumptions=rank_assumptions(job, plan, overhead),
+        assumptions=(*rank_assumptions(job, plan, overhead), RESERVE_ASSUMPTION),
     )
 
 
@@ -372,8 +222,14 @@ def rank_assumptions(job: FineTuneJob, plan: ParallelPlan, overhead: DeviceOverh
         )
     if plan.strategy in PARAM_SHARDED:
         out.append(
-            "FSDP2 buffers: the root and the running layer unsharded, all-gather outputs of two layers in forward "
+            "FSDP buffers: the root and the running layer unsharded, all-gather outputs of two layers in forward "
             "and one in backward, one layer's unsharded gradients before its reduce-scatter"
+        )
+    if plan.strategy == "fsdp1":
+        out.append(
+            "FSDP1 (torch FullyShardedDataParallel, accelerate's FSDP): with re-entrant checkpointing and frozen "
+            "decoder-layer units (LoRA / QLoRA), every recomputed layer's input and its gradient are held until the "
+            "end of backward (`distributed.fsdp1`); FSDP2 (`fully_shard`) frees them per layer"
         )
     if plan.offload != "none":
         held = "parameters, " if offload.offloads_params(plan.offload) else ""

@@ -25,6 +25,7 @@ from tunecost.estimate.estimators import (
     register_estimator,
 )
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
+from tunecost.estimate.simulated import sizing_note
 from tunecost.estimate.throughput.calibrate import CalibratedModel, Prediction, ThroughputTarget, throughput_target
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.sources import calibrate_files, calibration_files
@@ -82,13 +83,13 @@ def _simulated_max_batch(req: EstimateRequest) -> tuple[int, str] | None:
         return None
     job = req.sizing_job
     errors = []
-    for stack in SIMULATOR_STACKS:
+    for stack in (req.options.stack,) if req.options.stack else SIMULATOR_STACKS:
         try:
             mbs = int(simulated_max_batch_size(job, req.gpu, stack=stack))
         except TunecostError as exc:  # e.g. a stack that does not support this model
             errors.append(f"{stack}: {exc}")
             continue
-        return mbs, f"max batch size from the step simulator ({stack} stack, {job.seq_len} tokens per query)"
+        return mbs, sizing_note(job, stack)
     raise TunecostError("the step simulator could not size a batch: " + "; ".join(errors))
 
 

@@ -19,7 +19,13 @@ from tunecost.estimate.estimators import (
     get_estimator,
 )
 from tunecost.estimate.paper import training_hours, usd_for_hours
-from tunecost.workload.job import FineTuneJob, LoraConfig, check_lora_targets, default_lora_targets
+from tunecost.workload.job import (
+    DEFAULT_STACK,
+    FineTuneJob,
+    LoraConfig,
+    check_lora_targets,
+    default_lora_targets,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,12 +107,13 @@ def estimate_job(
     dataset: str | None = None,
     seq_len: int | None = None,
     lora_targets: tuple[str, ...] | None = None,
+    stack: str | None = None,
 ) -> FineTuneJob:
     """The job `tunecost estimate` costs, with the paper's setups as defaults: gradient checkpointing for (Q)LoRA
     and not for a full fine-tune (BlackMamba's), LoRA on the model's MoE layers or, for a dense model, on its
     attention and MLP projections (`default_lora_targets`), and the throughput of the dataset's length distribution
-    unless `seq_len` fixes the length (default dataset: Table IV's). The model is resolved and named as the
-    catalog names it."""
+    unless `seq_len` fixes the length (default dataset: Table IV's), on `stack` (None: tunecost's own). The model is
+    resolved and named as the catalog names it."""
     spec = resolve_model(model)
     targets = lora_targets or default_lora_targets(is_moe=spec.is_moe)
     if method != "full":
@@ -119,6 +126,7 @@ def estimate_job(
         gradient_checkpointing=method != "full",
         seq_len=seq_len,
         dataset=get_dataset_facts(dataset).name if dataset else DEFAULT_THROUGHPUT_DATASET,
+        stack=stack or DEFAULT_STACK,
     )
 
 

@@ -39,12 +39,15 @@ class EstimatorOptions:
     coefficient_set: eq. (1)'s coefficients, "artifact" or "text" (the paper's §V-A).
     run_queries: the throughput of runs of this many queries, start-up included (calibrated estimator);
         None: steady state.
+    stack: the software stack whose step simulation sizes the batch (`workload.job.STACKS`); None: the
+        estimator's default (calibrated: the paper's hf-2024, else tunecost's own; simulate: tunecost's own).
     """
 
     name: str = DEFAULT_ESTIMATOR
     calibrate: tuple[Path, ...] = ()
     coefficient_set: str = "artifact"
     run_queries: int | None = None
+    stack: str | None = None
 
     def __post_init__(self) -> None:
         if self.run_queries is not None and self.run_queries < 1:

@@ -18,6 +18,7 @@ from tunecost.estimate.estimators import (
     paper_throughput,
     register_estimator,
 )
+from tunecost.workload.job import FineTuneJob
 
 ESTIMATOR_NAME = "simulate"
 SIMULATOR_STACK = "tunecost"
@@ -27,11 +28,17 @@ def simulated_max_batch(req: EstimateRequest) -> tuple[int, str]:
     """(largest batch that fits req.gpu per the step simulator, a note saying how it was sized)."""
     from tunecost.simulate import simulated_max_batch_size
 
-    job = req.sizing_job
-    mbs = int(simulated_max_batch_size(job, req.gpu, stack=SIMULATOR_STACK))
-    return mbs, (
-        f"max batch size from the step simulator ({SIMULATOR_STACK} stack, {job.seq_len} tokens per query, "
-        f"gradient checkpointing {'on' if job.gradient_checkpointing else 'off'}, {req.gpu.memory_gib:g} GB)"
+    job, stack = req.sizing_job, req.options.stack or SIMULATOR_STACK
+    mbs = int(simulated_max_batch_size(job, req.gpu, stack=stack))
+    return mbs, f"{sizing_note(job, stack)[:-1]}, {req.gpu.memory_gib:g} GB)"
+
+
+def sizing_note(job: FineTuneJob, stack: str) -> str:
+    """How the step simulator sized the batch: the stack, tokens per query and checkpointing."""
+    checkpointing = "on" if job.gradient_checkpointing else "off"
+    return (
+        f"max batch size from the step simulator ({stack} stack, {job.seq_len} tokens per query, "
+        f"gradient checkpointing {checkpointing})"
     )
 
 

@@ -5,6 +5,10 @@ The rules replayed, with the constants of the source:
 - every request is rounded up to a multiple of 512 bytes (`kMinBlockSize`; `round_size`);
 - requests of at most 1 MiB (`kSmallSize`) come from the small pool, larger ones from the large pool; a cached
   block of the other pool is never used;
+- every block belongs to the stream whose request reserved its segment: "Allocations are associated with a
+  stream. Once freed, blocks can be re-allocated on the same stream, but not on any other stream" (the file's
+  header; `get_free_block` searches the pool from a key of the request's stream and stops at another stream's
+  block); a block freed by any stream returns to its own stream's cache;
 - a request first takes the smallest cached free block of its pool that fits (best fit: ordered by size, then
   address; `get_free_block`); only when none fits is a new segment reserved (`cudaMalloc`) of
   `get_allocation_size`: 2 MiB (`kSmallBuffer`) for the small pool, 20 MiB (`kLargeBuffer`) for requests under
@@ -16,7 +20,8 @@ The rules replayed, with the constants of the source:
 - when a new segment would exceed the device's capacity, every cached segment that is wholly free (not split)
   is released and the request retried (`release_cached_blocks`); if it still does not fit, the allocation fails
   (the out-of-memory error).
-Assumed: one stream (no cross-stream reuse rules), `max_split_size_mb` unlimited, `expandable_segments` off,
+Streams are plain integers (0: the compute stream); `record_stream`'s deferred frees are not replayed (a block is
+free at the op that releases it). Assumed: `max_split_size_mb` unlimited, `expandable_segments` off,
 `roundup_power2_divisions` off, no garbage-collection threshold: PyTorch's defaults for `PYTORCH_CUDA_ALLOC_CONF`.
 """
 
@@ -68,7 +73,10 @@ def should_split(remaining_bytes: int, small: bool) -> bool:
 class CachingAllocator:
     """Blocks addressed by integers; segments laid out at increasing addresses. `malloc` returns a block address
     to pass to `free`. `reserved_bytes` is what `torch.cuda.memory_reserved` reports, `peak_reserved_bytes` its
-    maximum (`max_memory_reserved`), `allocated_bytes` the sum of the rounded live blocks."""
+    maximum (`max_memory_reserved`), `allocated_bytes` the sum of the live blocks (a block not split keeps its
+    remainder), `peak_requested_bytes` the most live requests, each rounded to 512 bytes (what the simulated
+    trace counts as its allocated peak); `stream_reserved_bytes` and `stream_peak_requested_bytes` split the
+    reserve and the peak requests per stream."""
 
     def __init__(self, capacity_bytes: int | None = None) -> None:
         self.capacity_bytes = capacity_bytes
@@ -76,65 +84,81 @@ class CachingAllocator:
         self.peak_reserved_bytes = 0
         self.allocated_bytes = 0
         self.peak_allocated_bytes = 0
+        self.requested_bytes = 0
+        self.peak_requested_bytes = 0
         self.num_segments_released = 0
-        self._free: dict[bool, list[tuple[int, int]]] = {True: [], False: []}  # small? -> sorted (size, addr)
+        self._requested: dict[int, int] = {}  # live block address -> its rounded request
+        self.stream_reserved_bytes: dict[int, int] = {}
+        self.stream_requested_bytes: dict[int, int] = {}
+        self.stream_peak_requested_bytes: dict[int, int] = {}
+        self._free: dict[tuple[int, bool], list[tuple[int, int]]] = {}  # (stream, small?) -> sorted (size, addr)
         self._size: dict[int, int] = {}  # block address -> size
-        self._small: dict[int, bool] = {}  # block address -> its pool
+        self._pool: dict[int, tuple[int, bool]] = {}  # block address -> its pool: (stream, small?)
         self._is_free: dict[int, bool] = {}
         self._end: dict[int, int] = {}  # end address -> address of the block ending there
         self._segment: dict[int, int] = {}  # segment start -> segment size
         self._next_address = 0
 
     # ---- blocks --------------------------------------------------------------------------------------------
-    def _add_block(self, addr: int, size: int, small: bool, free: bool) -> None:
+    def _add_block(self, addr: int, size: int, pool: tuple[int, bool], free: bool) -> None:
         self._size[addr] = size
-        self._small[addr] = small
+        self._pool[addr] = pool
         self._is_free[addr] = free
         self._end[addr + size] = addr
         if free:
-            bisect.insort(self._free[small], (size, addr))
+            bisect.insort(self._free.setdefault(pool, []), (size, addr))
 
-    def _drop_block(self, addr: int) -> tuple[int, bool]:
-        size, small = self._size.pop(addr), self._small.pop(addr)
+    def _drop_block(self, addr: int) -> tuple[int, tuple[int, bool]]:
+        size, pool = self._size.pop(addr), self._pool.pop(addr)
         del self._end[addr + size]
         if self._is_free.pop(addr):
-            pool = self._free[small]
-            del pool[bisect.bisect_left(pool, (size, addr))]
-        return size, small
+            cached = self._free[pool]
+            del cached[bisect.bisect_left(cached, (size, addr))]
+        return size, pool
 
     # ---- malloc / free --------------------------------------------------------------------------------------
-    def malloc(self, nbytes: int) -> int:
+    def malloc(self, nbytes: int, stream: int = 0) -> int:
+        """A block for `nbytes` requested on `stream`: only blocks cached for that stream can serve it."""
         size = round_size_bytes(nbytes)
         small = is_small_request(size)
-        pool = self._free[small]
-        i = bisect.bisect_left(pool, (size, -1))
-        if i < len(pool):
-            block_size, addr = pool[i]
+        pool = (stream, small)
+        cached = self._free.get(pool, [])
+        i = bisect.bisect_left(cached, (size, -1))
+        if i < len(cached):
+            block_size, addr = cached[i]
             self._drop_block(addr)
         else:
             block_size = segment_bytes(size)
-            addr = self._new_segment(block_size)
+            addr = self._new_segment(block_size, stream)
         if should_split(block_size - size, small):
-            self._add_block(addr + size, block_size - size, small, free=True)
+            self._add_block(addr + size, block_size - size, pool, free=True)
             block_size = size
-        self._add_block(addr, block_size, small, free=False)
+        self._add_block(addr, block_size, pool, free=False)
         self.allocated_bytes += block_size
         self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+        self._requested[addr] = size
+        self.requested_bytes += size
+        self.peak_requested_bytes = max(self.peak_requested_bytes, self.requested_bytes)
+        live = self.stream_requested_bytes[stream] = self.stream_requested_bytes.get(stream, 0) + size
+        self.stream_peak_requested_bytes[stream] = max(self.stream_peak_requested_bytes.get(stream, 0), live)
         return addr
 
     def free(self, addr: int) -> None:
         assert not self._is_free[addr], "block freed twice"
-        size, small = self._drop_block(addr)
+        size, pool = self._drop_block(addr)  # back to the cache of the stream that allocated it
         self.allocated_bytes -= size
+        request = self._requested.pop(addr)
+        self.requested_bytes -= request
+        self.stream_requested_bytes[pool[0]] -= request
         prev = self._end.get(addr)
         if prev is not None and self._is_free[prev]:
             addr, size = prev, self._drop_block(prev)[0] + size
         nxt = addr + size
         if nxt in self._size and self._is_free[nxt]:
             size += self._drop_block(nxt)[0]
-        self._add_block(addr, size, small, free=True)
+        self._add_block(addr, size, pool, free=True)
 
-    def _new_segment(self, nbytes: int) -> int:
+    def _new_segment(self, nbytes: int, stream: int) -> int:
         cap = self.capacity_bytes
         if cap is not None and self.reserved_bytes + nbytes > cap:
             self.release_cached_segments()
@@ -148,28 +172,32 @@ class CachingAllocator:
         self._segment[addr] = nbytes
         self.reserved_bytes += nbytes
         self.peak_reserved_bytes = max(self.peak_reserved_bytes, self.reserved_bytes)
+        self.stream_reserved_bytes[stream] = self.stream_reserved_bytes.get(stream, 0) + nbytes
         return addr
 
     def release_cached_segments(self) -> None:
         """`release_cached_blocks`: return every wholly free (unsplit) cached segment to the driver."""
-        for small in (True, False):
-            for size, addr in list(self._free[small]):
+        for cached in list(self._free.values()):
+            for size, addr in list(cached):
                 if self._segment.get(addr) == size:
-                    self._drop_block(addr)
+                    stream = self._drop_block(addr)[1][0]
                     del self._segment[addr]
                     self.reserved_bytes -= size
+                    self.stream_reserved_bytes[stream] -= size
                     self.num_segments_released += 1
 
 
-def replay_events(sizes: Sequence[int], order: Sequence[int], allocator: CachingAllocator) -> CachingAllocator:
+def replay_events(
+    sizes: Sequence[int], order: Sequence[int], allocator: CachingAllocator, streams: Sequence[int] | None = None
+) -> CachingAllocator:
     """Replay an event list on `allocator`: `order` holds record indices, the first occurrence of an index
-    allocates `sizes[index]` bytes and the second frees it."""
+    allocates `sizes[index]` bytes (on stream `streams[index]`, default 0) and the second frees it."""
     live: dict[int, int] = {}
     malloc, free = allocator.malloc, allocator.free
     for i in order:
         addr = live.pop(i, None)
         if addr is None:
-            live[i] = malloc(sizes[i])
+            live[i] = malloc(sizes[i], streams[i]) if streams is not None else malloc(sizes[i])
         else:
             free(addr)
     return allocator
@@ -200,17 +228,37 @@ def steady_state_reserved_bytes(
     max_steps: int = 4,
     capacity_bytes: int | None = None,
 ) -> int:
-    """Peak reserved bytes of a training run whose every step is the recorded one.
+    """Peak reserved bytes of a training run whose every step is the recorded one (`steady_state_replay`)."""
+    replay = steady_state_replay(
+        nbytes, t_alloc, t_free, kind, t_optimizer, max_steps=max_steps, capacity_bytes=capacity_bytes
+    )
+    return replay.peak_reserved_bytes
+
+
+def steady_state_replay(
+    nbytes: np.ndarray,
+    t_alloc: np.ndarray,
+    t_free: np.ndarray,
+    kind: np.ndarray,
+    t_optimizer: int,
+    *,
+    stream: np.ndarray | None = None,
+    max_steps: int = 4,
+    capacity_bytes: int | None = None,
+) -> CachingAllocator:
+    """The allocator after a training run whose every step is the recorded one.
 
     kind per record: KIND_WEIGHT (loaded before training, never freed), KIND_OPTIMIZER_STATE (allocated by the
     first optimizer step, before the op with index `t_optimizer`, then kept), KIND_INPUT (the batch: allocated
     at the start of each step, freed at its end) or KIND_STEP (the step's own tensors, at their recorded op
-    indices; any still alive at the end of the recording is freed with the batch). Steps are replayed until one
-    reserves no new segment (at most `max_steps`): the first step differs (it allocates the optimizer states),
-    and the cache it leaves shapes the next."""
+    indices; any still alive at the end of the recording is freed with the batch). stream per record: the
+    stream that requests it (None: all on stream 0). Steps are replayed until one reserves no new segment (at
+    most `max_steps`): the first step differs (it allocates the optimizer states), and the cache it leaves
+    shapes the next."""
     alloc = CachingAllocator(capacity_bytes)
     sizes = nbytes.tolist()
-    replay_events(sizes, np.flatnonzero(kind == KIND_WEIGHT).tolist(), alloc)
+    streams = None if stream is None else stream.tolist()
+    replay_events(sizes, np.flatnonzero(kind == KIND_WEIGHT).tolist(), alloc, streams)
     step = np.flatnonzero(kind == KIND_STEP)
     order, times = event_order(t_alloc[step], t_free[step])
     events = step[order]
@@ -219,10 +267,10 @@ def steady_state_reserved_bytes(
     inputs = np.flatnonzero(kind == KIND_INPUT).tolist()
     ends = inputs + step[t_free[step] == NEVER_FREED].tolist()
     states = np.flatnonzero(kind == KIND_OPTIMIZER_STATE).tolist()
-    replay_events(sizes, inputs + head + states + tail + ends, alloc)
+    replay_events(sizes, inputs + head + states + tail + ends, alloc, streams)
     for _ in range(max_steps - 1):
         before = alloc.reserved_bytes
-        replay_events(sizes, inputs + head + tail + ends, alloc)
+        replay_events(sizes, inputs + head + tail + ends, alloc, streams)
         if alloc.reserved_bytes == before:
             break
-    return alloc.peak_reserved_bytes
+    return alloc

@@ -12,6 +12,10 @@ A `StackBehaviour` names library behaviours of a real training stack, each check
   copies of the fp32 query, key and value (transformers 4.48.1 `integrations/flash_attention.py`; autocast).
   Under FSDP the 4-bit weights are loaded sharded and TRL skips the preparation (`is_sharded_qlora`).
 - ``loss_code``: how the causal-LM loss treats the vocab x tokens logits (see `LOSS_CODES`).
+- ``adamw_impl``: the AdamW a stack's torch or DeepSpeed runs (see `ADAMW_IMPLS`).
+- ``deepspeed_zero2``: DeepSpeed ZeRO stage 2 in fp16 on one GPU (`DeepSpeedZero2`), as Qwen (1.0)'s single-GPU
+  Q-LoRA script runs it: no autocast, so the loss runs in fp16 (`LOSS_MODEL_SHIFTED_NO_AUTOCAST`), and the
+  contiguous-gradient buckets DeepSpeed allocates at each backward.
 
 The default behaviour is the simulator's own (transformers 5 model code): what every command but `validate` uses.
 """
@@ -32,6 +36,7 @@ LOSS_TRANSFORMERS_5 = "transformers>=4.49"
 LOSS_TRANSFORMERS_446 = "transformers-4.46-4.48"
 LOSS_TRANSFORMERS_440 = "transformers-4.40"
 LOSS_MODEL_SHIFTED = "model-shifted-compute-dtype"
+LOSS_MODEL_SHIFTED_NO_AUTOCAST = "model-shifted-no-autocast"
 # loss code -> what it keeps, in vocab x tokens tensors beside the compute-dtype logits
 LOSS_CODES: dict[str, str] = {
     LOSS_TRANSFORMERS_5: "loss_utils.ForCausalLMLoss: one fp32 copy of the logits, labels padded (no shifted copy)",
@@ -40,7 +45,54 @@ LOSS_CODES: dict[str, str] = {
     LOSS_MODEL_SHIFTED: "the model's own loss code (Qwen 1.0's modeling_qwen.py; GPTBigCode in transformers <= 4.48, "
     "checked in the 4.48.1 wheel): a contiguous shifted copy in the compute dtype, cast to fp32 by autocast inside "
     "the cross-entropy",
+    LOSS_MODEL_SHIFTED_NO_AUTOCAST: "the model's own loss code without autocast (Qwen 1.0's modeling_qwen.py "
+    "under DeepSpeed fp16): a contiguous shifted copy, log-softmax and its gradient all in the compute dtype",
 }
+
+ADAMW_TORCH_20 = "torch-2.0-foreach"
+ADAMW_FUSED = "fused"
+# AdamW implementation -> its temporaries at the step ("": the installed torch's multi-tensor AdamW)
+ADAMW_IMPLS: dict[str, str] = {
+    "": "torch multi-tensor AdamW: one temporary the size of the trainable tensors",
+    ADAMW_TORCH_20: "torch 2.0's multi-tensor AdamW (torch/optim/adamw.py: denom = _foreach_add(exp_avg_sq_sqrt, "
+    "eps) out of place): two temporaries the size of the trainable tensors",
+    ADAMW_FUSED: "a fused AdamW kernel (DeepSpeed's FusedAdam): no temporaries",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeepSpeedZero2:
+    """DeepSpeed ZeRO stage 2 with an fp16 engine on one GPU (deepspeed 0.11.1, checked in its sdist):
+
+    - `runtime/engine.py` `_configure_distributed_model`: fp16 enabled -> `self.module.half()`: every floating
+      parameter, the LoRA factors included, in fp16; accelerate (0.24.1 `accelerator.py`, `native_amp`) and the
+      transformers Trainer (4.32 `trainer.py`, `use_cuda_amp`) turn autocast off under DeepSpeed, so nothing is
+      cast back to fp32 (the loss: `LOSS_MODEL_SHIFTED_NO_AUTOCAST`);
+    - `runtime/zero/stage_1_and_2.py`: an fp32 master copy of the trainable parameters with fp32 AdamW states and
+      an fp16 gradient partition (`averaged_gradients`): 2 + 4 + 8 + 2 = 16 bytes per trainable parameter, what
+      fp32 LoRA factors with fp32 gradients and AdamW states hold (how the simulator keeps them);
+    - `backward()` with `contiguous_gradients` allocates `reduce_bucket_size` fp16 elements for the gradient
+      buckets (`ipg_buffer`), a second with `overlap_comm`, and `independent_gradient_partition_epilogue` frees
+      them at the end of the backward.
+    """
+
+    reduce_bucket_elements: int  # zero_optimization.reduce_bucket_size
+    overlap_comm: bool  # zero_optimization.overlap_comm: double buffering
+
+    def __post_init__(self) -> None:
+        if self.reduce_bucket_elements < 1:
+            raise TunecostError(f"reduce_bucket_size must be >= 1, got {self.reduce_bucket_elements}")
+
+    @property
+    def num_buckets(self) -> int:
+        return 2 if self.overlap_comm else 1
+
+    def bucket_bytes(self) -> int:
+        """Bytes of the gradient buckets alive through each backward: buckets x reduce_bucket_size x 2 (fp16)."""
+        return self.num_buckets * self.reduce_bucket_elements * FP16_BYTES
+
+
+FP16_BYTES = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,10 +101,14 @@ class StackBehaviour:
 
     kbit_fp32_norms: bool = False  # prepare_model_for_kbit_training + TRL's bf16 recast: norm weights in fp32
     loss_code: str = LOSS_TRANSFORMERS_5  # one of LOSS_CODES
+    deepspeed_zero2: DeepSpeedZero2 | None = None  # DeepSpeed ZeRO-2 fp16 engine on one GPU (None: not DeepSpeed)
+    adamw_impl: str = ""  # one of ADAMW_IMPLS ("": the installed torch's)
 
     def __post_init__(self) -> None:
         if self.loss_code not in LOSS_CODES:
             raise TunecostError(f"unknown loss code {self.loss_code!r}; known: {', '.join(LOSS_CODES)}")
+        if self.adamw_impl not in ADAMW_IMPLS:
+            raise TunecostError(f"unknown AdamW {self.adamw_impl!r}; known: {', '.join(filter(None, ADAMW_IMPLS))}")
 
     @property
     def is_default(self) -> bool:
@@ -69,6 +125,16 @@ class StackBehaviour:
             )
         if self.loss_code != LOSS_TRANSFORMERS_5:
             out.append(f"loss of {self.loss_code}: {LOSS_CODES[self.loss_code]}")
+        if self.adamw_impl:
+            out.append(f"AdamW: {ADAMW_IMPLS[self.adamw_impl]}")
+        if self.deepspeed_zero2 is not None:
+            zero2 = self.deepspeed_zero2
+            out.append(
+                "DeepSpeed ZeRO-2 fp16 engine: model in fp16, no autocast; fp16 LoRA factors with an fp32 master "
+                "copy, fp32 AdamW states and an fp16 gradient partition (16 bytes per trainable parameter, as fp32 "
+                f"factors with fp32 gradients and states); {zero2.num_buckets} x {zero2.reduce_bucket_elements} fp16 "
+                f"gradient bucket elements ({zero2.bucket_bytes() / 1e9:.2f} GB) alive through each backward"
+            )
         return tuple(out)
 
 
@@ -86,13 +152,29 @@ def causal_lm_loss(loss_code: str, logits: torch.Tensor, labels: torch.Tensor) -
         # 4.40: `logits = logits.float()` in the model's forward; 4.46-4.48: the first line of ForCausalLMLoss; then
         # both take `logits[..., :-1, :].contiguous()` (checked in the 4.45.2 and 4.48.1 wheels; 4.49.0 pads labels)
         return causal_lm_loss_2024(logits, labels)
-    if loss_code == LOSS_MODEL_SHIFTED:
+    if loss_code in (LOSS_MODEL_SHIFTED, LOSS_MODEL_SHIFTED_NO_AUTOCAST):
         # the shifted copy in the compute dtype (a local that lives through the loss); CrossEntropyLoss under
-        # autocast runs in fp32 on a cast copy of it
+        # autocast runs in fp32 on a cast copy of it, without autocast in the compute dtype
         shift_logits = logits[..., :-1, :].contiguous()
         shift_labels = labels[..., 1:].contiguous()
-        return nn.functional.cross_entropy(shift_logits.view(-1, shift_logits.size(-1)).float(), shift_labels.view(-1))
+        flat = shift_logits.view(-1, shift_logits.size(-1))
+        if loss_code == LOSS_MODEL_SHIFTED:
+            flat = flat.float()
+        return nn.functional.cross_entropy(flat, shift_labels.view(-1))
     raise TunecostError(f"loss code {loss_code!r} is the model's own forward, not a separate loss")
+
+
+def gradient_buckets(zero2: DeepSpeedZero2 | None, model: nn.Module) -> list[torch.Tensor]:
+    """The fp16 gradient buckets DeepSpeed ZeRO-2's `backward()` allocates, on the model's device, before autograd
+    runs (none without DeepSpeed); the caller drops them when the backward ends."""
+    import torch
+
+    if zero2 is None:
+        return []
+    device = next(model.parameters()).device
+    return [
+        torch.empty(zero2.reduce_bucket_elements, dtype=torch.float16, device=device) for _ in range(zero2.num_buckets)
+    ]
 
 
 def cast_norms_fp32(model: nn.Module) -> None:

@@ -43,8 +43,8 @@ def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512,
         "version": __version__,
         "simulator": SIMULATOR_VERSION,
     }
-    if behaviour is not None and not behaviour.is_default:
-        payload["behaviour"] = dataclasses.asdict(behaviour)
+    if behaviour is not None and not behaviour.is_default:  # unset fields (None, "") left out: older keys hold
+        payload["behaviour"] = {k: v for k, v in dataclasses.asdict(behaviour).items() if v is not None and v != ""}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

@@ -38,6 +38,16 @@ from tunecost.workload.job import STACKS, FineTuneJob
 # the Trainer passes no gradient_checkpointing_kwargs, and LLaMA-Factory's in 2024).
 _LORA_STYLE = {"hf-2024": "peft-2024", "hf-peft": "peft"}
 _REENTRANT_STACKS = ("hf-2024", "hf-peft")
+
+
+def reentrant_checkpointing(job: FineTuneJob, stack: str | None = None) -> bool:
+    """True when the job's decoder layers are recomputed by re-entrant torch.utils.checkpoint (transformers'
+    default, and the paper's LLaMA-Factory); BlackMamba checkpoints its blocks non-re-entrantly."""
+    if not job.gradient_checkpointing or resolve_model(job.model).family == "blackmamba":
+        return False
+    return (stack or job.stack) in _REENTRANT_STACKS
+
+
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _QUANT_BUFFERS = {"packed": "weights_4bit", "qweight": "weights_4bit"}  # bitsandbytes codes, GPTQ codes
 
@@ -391,7 +401,7 @@ def build_prepared(
         to_fake(model, fake_mode)
     model.train()
     if job.gradient_checkpointing:
-        reentrant = stack in _REENTRANT_STACKS
+        reentrant = reentrant_checkpointing(job, stack)
         enable = getattr(model, "activation_checkpointing_enable", None)
         if spec.family == "blackmamba":
             model.gradient_checkpointing_enable()  # its own: non-reentrant per block
@@ -404,7 +414,7 @@ def build_prepared(
     if wrap is not None:
         wrap(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = simulated_optimizer(job.optimizer, trainable)
+    optimizer = simulated_optimizer(job.optimizer, trainable, behaviour.adamw_impl)
     warm_up_optimizer(optimizer, trainable)
     info = module_info(model)
     static = static_tensors(model, info)

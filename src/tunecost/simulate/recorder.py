@@ -94,6 +94,7 @@ class StepRecorder(TorchDispatchMode):
         self._seq_tags: list[tuple[str, int | None, str | None]] = []
         self._layers_seen = {"forward": False, "backward": False}
         self.op_segments: list[tuple[str, ...]] = []  # per op index: its segment keys
+        self.op_layers: list[int] = []  # per op index: its decoder layer (-1: outside the layers)
         self.counter = _OpCounter()
         self._handles: list = []
 
@@ -244,6 +245,7 @@ class StepRecorder(TorchDispatchMode):
             elif st.nbytes() > rec.nbytes:  # resized in place: count the growth as a new allocation
                 self._record_storage_growth(rec, st.nbytes())
         self.op_segments.append(self._segment(phase, layer))
+        self.op_layers.append(-1 if layer is None else layer)
         info = _op_info(func)
         op_class = _counts.classify_op(func, group, phase, override)
         flops = _counts.op_flops(func, args, kwargs, out) if info.has_formula and op_class != "dequant" else 0

@@ -59,3 +59,24 @@ def total_counts(by_phase: dict[str, StepCounts]) -> StepCounts:
     for counts in by_phase.values():
         total = total.plus(counts)
     return total
+
+
+@dataclass(frozen=True, kw_only=True)
+class AllocationTrace:
+    """One traced step's allocations in the order the caching allocator sees them, as plain lists (JSON-ready;
+    `simulate.allocator` replays them). Per record: bytes (rounded to the granule), the op index that allocates
+    and frees it (`allocator.NEVER_FREED`: never), its replay kind (`allocator.KIND_*`), its category (an index
+    into `CATEGORIES`; a storage that became a parameter's gradient counts as "gradients") and the decoder layer
+    of the op that allocated it (-1: outside the layers). Per traced layer: the first and last op index of its
+    forward and of its backward (recompute included); -1 where the layer has none."""
+
+    nbytes: list[int]
+    t_alloc: list[int]
+    t_free: list[int]
+    kind: list[int]
+    category: list[int]
+    layer: list[int]
+    forward_ops: list[list[int]]  # per layer: [first, last] op index of its forward
+    backward_ops: list[list[int]]  # per layer: [first, last] op index of its backward and recompute
+    t_optimizer: int  # index of the first optimizer op
+    num_ops: int

@@ -161,7 +161,7 @@ def _assumptions(
             f"full fine-tune in {job.compute_dtype}: parameters, gradients and optimizer states in "
             f"{job.compute_dtype} (no fp32 master weights)"
         )
-    if job.optimizer == "adamw":
+    if job.optimizer == "adamw" and not behaviour.adamw_impl:  # else the behaviour names the stack's AdamW
         out.append("torch AdamW multi-tensor (foreach) path, as on CUDA: its temporaries span all trainable tensors")
     if job.attention in ("flash", "sdpa"):
         out.append("attention memory as a fused kernel: output + fp32 log-sum-exp saved, no L x L scores")

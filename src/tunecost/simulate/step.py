@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import math
 
 import torch
 from torch import nn
 
-from tunecost.simulate.behaviour import LOSS_TRANSFORMERS_5, LOSS_TRANSFORMERS_440, causal_lm_loss
+from tunecost.simulate.behaviour import (
+    ADAMW_FUSED,
+    ADAMW_TORCH_20,
+    LOSS_TRANSFORMERS_5,
+    LOSS_TRANSFORMERS_440,
+    causal_lm_loss,
+    gradient_buckets,
+)
 from tunecost.simulate.hf2024 import load_balancing_loss_2024
 
 LEARNING_RATE = 5e-5  # the paper's; irrelevant to memory
@@ -50,9 +58,77 @@ class SimAdamW8bit(torch.optim.Optimizer):
                 p.add_(p.grad, alpha=-group["lr"])
 
 
-def simulated_optimizer(name: str, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+class _AdamWStates(torch.optim.Optimizer):
+    """AdamW's two states per parameter, in the parameter's dtype (`zeros_like`), and the step count."""
+
+    def __init__(self, params, lr: float = LEARNING_RATE, eps: float = 1e-8) -> None:
+        super().__init__(params, {"lr": lr, "betas": (0.9, 0.999), "eps": eps})
+
+    def _lists(self, group) -> tuple[list, list, list, list]:
+        params = [p for p in group["params"] if p.grad is not None]
+        for p in params:
+            state = self.state[p]
+            if not state:
+                state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+            state["step"] += 1
+        return (
+            params,
+            [p.grad for p in params],
+            [self.state[p]["exp_avg"] for p in params],
+            [self.state[p]["exp_avg_sq"] for p in params],
+        )
+
+
+class AdamWTorch20(_AdamWStates):
+    """torch 2.0.1's multi-tensor AdamW step (`torch/optim/adamw.py` `_multi_tensor_adamw`, not capturable, no
+    amsgrad), its allocations op for op (the in-place weight decay allocates nothing and is left out):
+    `exp_avg_sq_sqrt = _foreach_sqrt(exp_avg_sqs)` then `denom = _foreach_add(exp_avg_sq_sqrt, eps)` out of place,
+    two temporaries the size of every trainable tensor alive at the update (the installed torch adds eps in
+    place: one)."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            params, grads, exp_avgs, exp_avg_sqs = self._lists(group)
+            beta1, beta2 = group["betas"]
+            by_device_dtype: dict[tuple, list[int]] = {}  # `_group_tensors_by_device_and_dtype`, first-seen order
+            for i, p in enumerate(params):
+                by_device_dtype.setdefault((p.device, p.dtype), []).append(i)
+            for idx in by_device_dtype.values():  # the loop's locals outlive an iteration, as in torch's loop
+                d_params, d_grads = [params[i] for i in idx], [grads[i] for i in idx]
+                d_exp_avgs, d_exp_avg_sqs = [exp_avgs[i] for i in idx], [exp_avg_sqs[i] for i in idx]
+                step = self.state[d_params[0]]["step"]
+                torch._foreach_mul_(d_exp_avgs, beta1)
+                torch._foreach_add_(d_exp_avgs, d_grads, alpha=1 - beta1)
+                torch._foreach_mul_(d_exp_avg_sqs, beta2)
+                torch._foreach_addcmul_(d_exp_avg_sqs, d_grads, d_grads, 1 - beta2)
+                exp_avg_sq_sqrt = torch._foreach_sqrt(d_exp_avg_sqs)
+                torch._foreach_div_(exp_avg_sq_sqrt, math.sqrt(1 - beta2**step))
+                denom = torch._foreach_add(exp_avg_sq_sqrt, group["eps"])
+                torch._foreach_addcdiv_(d_params, d_exp_avgs, denom, -group["lr"] / (1 - beta1**step))
+
+
+class FusedAdamW(_AdamWStates):
+    """DeepSpeed's FusedAdam in AdamW mode (deepspeed 0.11.1 `runtime/engine.py` picks it for an "AdamW" optimizer
+    section without torch_adam): one multi-tensor CUDA kernel updates parameters and states in place and
+    allocates nothing. The update here is a plain in-place step (its values do not matter to memory)."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            params, grads, *_states = self._lists(group)
+            if params:
+                torch._foreach_add_(params, grads, alpha=-group["lr"])
+
+
+def simulated_optimizer(name: str, params: list[nn.Parameter], adamw_impl: str = "") -> torch.optim.Optimizer:
     """The optimizer as a GPU run would build it: torch AdamW / SGD take the multi-tensor (foreach) path on CUDA,
-    whose temporaries span every parameter at once, so foreach is forced here too."""
+    whose temporaries span every parameter at once, so foreach is forced here too. `adamw_impl` names another
+    AdamW a stack runs (`behaviour.ADAMW_IMPLS`)."""
+    if name == "adamw" and adamw_impl == ADAMW_TORCH_20:
+        return AdamWTorch20(params)
+    if name == "adamw" and adamw_impl == ADAMW_FUSED:
+        return FusedAdamW(params)
     if name == "adamw":
         return torch.optim.AdamW(params, lr=LEARNING_RATE, weight_decay=0.0, foreach=True)
     if name == "sgd":
@@ -128,8 +204,9 @@ def run_step(prepared, batch: dict, recorder=None) -> None:
             phase("forward")
             loss = forward_loss(prepared, batch)
             phase("backward")
+            buckets = gradient_buckets(prepared.behaviour.deepspeed_zero2, prepared.model)
             loss.backward()
-            del loss
+            del loss, buckets  # DeepSpeed frees its gradient buckets when the backward ends
         with rec_ctx:
             phase("optimizer")
             prepared.optimizer.step()

@@ -21,7 +21,7 @@ from tunecost.simulate.allocator import (
     steady_state_reserved_bytes,
 )
 from tunecost.simulate.recorder import StepRecorder
-from tunecost.simulate.records import CATEGORIES, WEIGHT_CATEGORIES
+from tunecost.simulate.records import CATEGORIES, WEIGHT_CATEGORIES, AllocationTrace
 from tunecost.simulate.step import make_batch, run_step
 
 
@@ -44,6 +44,7 @@ class TraceResult:
     seconds: float
     num_ops: int = 0
     peak_reserved_bytes: int = 0  # the caching allocator's reserve over a run of such steps (see `allocator`)
+    allocations: AllocationTrace | None = None  # the step's allocations, for replays of other layouts
     extra: dict = field(default_factory=dict)
 
 
@@ -126,8 +127,10 @@ def analyze(rec: StepRecorder, num_layers: int, seconds: float) -> TraceResult:
             key = f"{r.group}/{r.static_category}"
             weight_bytes[key] = weight_bytes.get(key, 0) + r.nbytes
     c = rec.counter
+    kind, t_optimizer = _replay_kinds(rec)
     return TraceResult(
-        peak_reserved_bytes=_reserved_bytes(rec, t_alloc, t_free, nbytes),
+        peak_reserved_bytes=steady_state_reserved_bytes(nbytes, t_alloc, t_free, kind, t_optimizer),
+        allocations=_allocation_trace(rec, (t_alloc, t_free, t_grad, nbytes), kind, t_optimizer, cat_codes),
         num_layers=num_layers,
         num_units=rec.plan.num_units,
         segments=segments,
@@ -140,14 +143,41 @@ def analyze(rec: StepRecorder, num_layers: int, seconds: float) -> TraceResult:
     )
 
 
-def _reserved_bytes(rec: StepRecorder, t_alloc: np.ndarray, t_free: np.ndarray, nbytes: np.ndarray) -> int:
-    """The caching allocator replayed over the load of the weights and repeated steps of this one."""
+def _replay_kinds(rec: StepRecorder) -> tuple[np.ndarray, int]:
+    """The allocator replay's kind per record (weights loaded once, optimizer states placed by the first step,
+    the batch, the step's own tensors) and the index of the first optimizer op."""
     kinds = {c: KIND_WEIGHT for c in WEIGHT_CATEGORIES} | {"optimizer_states": KIND_OPTIMIZER_STATE}
     kinds["inputs"] = KIND_INPUT
     kind = np.fromiter((kinds.get(r.static_category or "", KIND_STEP) for r in rec.records), np.int64, len(rec.records))
     opt_ops = [k for k, segs in enumerate(rec.op_segments, start=1) if segs == ("optimizer:opt",)]
     t_optimizer = opt_ops[0] if opt_ops else len(rec.op_segments) + 1
-    return steady_state_reserved_bytes(nbytes, t_alloc, t_free, kind, t_optimizer)
+    return kind, t_optimizer
+
+
+def _allocation_trace(rec: StepRecorder, arrays, kind: np.ndarray, t_optimizer: int, cat_codes) -> AllocationTrace:
+    t_alloc, t_free, t_grad, nbytes = arrays
+    category = np.where(t_grad < np.iinfo(np.int64).max, CATEGORIES.index("gradients"), cat_codes)
+    op_layer = np.asarray([-1, *rec.op_layers], dtype=np.int64)  # op indices start at 1
+    is_forward = np.asarray([False, *(bool(s) and s[0].startswith("forward:") for s in rec.op_segments)])
+    is_backward = np.asarray([False, *(bool(s) and s[0].startswith("backward:") for s in rec.op_segments)])
+    num_layers = rec.plan.prefix + rec.plan.num_units * rec.plan.period
+
+    def window(mask: np.ndarray, layer: int) -> list[int]:
+        ops = np.flatnonzero(mask & (op_layer == layer))
+        return [int(ops[0]), int(ops[-1])] if len(ops) else [-1, -1]
+
+    return AllocationTrace(
+        nbytes=nbytes.tolist(),
+        t_alloc=t_alloc.tolist(),
+        t_free=t_free.tolist(),
+        kind=kind.tolist(),
+        category=category.tolist(),
+        layer=op_layer[np.minimum(t_alloc, len(op_layer) - 1)].tolist(),
+        forward_ops=[window(is_forward, i) for i in range(num_layers)],
+        backward_ops=[window(is_backward, i) for i in range(num_layers)],
+        t_optimizer=t_optimizer,
+        num_ops=len(rec.op_segments),
+    )
 
 
 def trace_step(prepared, batch_size: int, seq_len: int, *, round_bytes: int = 512) -> TraceResult:

@@ -17,8 +17,8 @@ Reading rules (each is stated, none is tuned to the data):
 - LoRA target names that are whole modules ("wte", "lm_head (trained fully)") are PEFT modules_to_save: trained
   copies beside LoRA (Qwen's finetune.py sets modules_to_save=["wte", "lm_head"] for LoRA on a base model);
 - a memory row on several GPUs under FSDP (`parallelism` "fsdp" or "fsdp (FULL_SHARD)") is one rank of the
-  fsdp2 full-shard layout (`distributed.rank_memory`), all GPUs in one node; other layouts and multi-GPU
-  throughput rows are skipped.
+  fsdp1 full-shard layout (accelerate's FSDP plugin runs torch FSDP1; `distributed.rank_memory`), all GPUs in
+  one node; other layouts and multi-GPU throughput rows are skipped.
 """
 
 from __future__ import annotations
@@ -221,6 +221,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             stack_versions=row.get("stack_versions"),
             num_gpus=num_gpus,
             family=spec.family,
+            method=method,
         ),
     )
 
@@ -246,10 +247,11 @@ def gptq_settings(row: CorpusRow) -> dict[str, Any]:
 
 
 def multi_gpu_strategy(row: CorpusRow, throughput: bool) -> str:
-    """The strategy of a multi-GPU memory row (FSDP full shard: fsdp2); `Skip` for anything else."""
+    """The strategy of a multi-GPU memory row: FSDP full shard is fsdp1 (the corpus's FSDP rows run accelerate's
+    FSDP plugin, torch FullyShardedDataParallel); `Skip` for anything else."""
     parallelism = (row.get("parallelism") or "").strip().lower()
     if throughput:
         raise Skip("multi-GPU throughput not modelled (communication time is not validated)")
     if parallelism not in _FSDP_FULL_SHARD:
         raise Skip(f"multi-GPU parallelism {parallelism or 'unstated'!r} not modelled (FSDP full shard only)")
-    return "fsdp2"
+    return "fsdp1"

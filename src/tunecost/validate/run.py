@@ -2,9 +2,9 @@
 
 Memory quantities from one simulated step (`tunecost.simulate`) plus the device overhead it states:
 - peak_allocated_gib: the simulated peak (torch.cuda.max_memory_allocated semantics);
-- peak_reserved_gib: the peak reserve of PyTorch's caching allocator replayed over the step (`simulate.allocator`),
-  at most what the GPU leaves it beside the CUDA context (the allocator releases its cached segments and retries
-  before it fails);
+- peak_reserved_gib: the peak reserve of PyTorch's caching allocator replayed over the step (`simulate.allocator`;
+  for a rank of a multi-GPU row, over the rank's allocations, `distributed.rank_reserve`), at most what the GPU
+  leaves it beside the CUDA context (the allocator releases its cached segments and retries before it fails);
 - nvidia_smi_gib: that reserve plus the device overhead outside the allocator (CUDA context, NCCL);
 - oom: 1 when the allocated peak plus the device overhead exceeds the GPU's memory, else 0: before it raises
   out-of-memory the allocator releases its cached segments and retries, so the reserve above the allocated peak
@@ -89,9 +89,9 @@ def outside_allocator_bytes(sim) -> int:
 
 
 def predicted_bytes(quantity: str, sim, gpu_memory_bytes: int | None = None) -> int:
-    """The simulated figure a memory quantity measures, in bytes. The reserve is capped by what a GPU of
-    `gpu_memory_bytes` leaves the allocator; a result without a replayed reserve (a multi-GPU rank) counts its
-    allocated peak as reserved."""
+    """The simulated figure a memory quantity measures, in bytes (`sim`: a `StepSimulation` or, for one rank of
+    a multi-GPU row, a `RankMemory`). The reserve is capped by what a GPU of `gpu_memory_bytes` leaves the
+    allocator, and is never below the allocated peak."""
     allocated = int(sim.peak_bytes)
     if quantity == "peak_allocated_gib":
         return allocated

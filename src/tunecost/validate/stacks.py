@@ -4,8 +4,8 @@ Each stack names the simulator stack that reproduces it (``hf-peft``: transforme
 LoRA under autocast and re-entrant checkpointing; ``hf-2024``: the paper's 2024 stack, see
 `tunecost.simulate.hf2024`; ``tunecost``: tunecost's own leaner LoRA), the library behaviours the simulator
 reproduces for it (`tunecost.simulate.behaviour`: prepare_model_for_kbit_training's fp32 norms, the loss code of
-the row's transformers version or model code) and lists what the real stack does that the simulation does not, so
-a prediction on such a row can be read for what it is.
+the row's transformers version or model code, FSDP1's held layer inputs on several GPUs) and lists what the real
+stack does that the simulation does not, so a prediction on such a row can be read for what it is.
 A corpus row's `stack` column (and, for fms-acceleration rows, its framework) is matched to a stack by `stack_for`;
 an unknown stack is a skipped row. `behaviour_for` picks a row's behaviours.
 """
@@ -16,10 +16,14 @@ import re
 from dataclasses import dataclass, replace
 
 from tunecost.simulate.behaviour import (
+    ADAMW_FUSED,
+    ADAMW_TORCH_20,
     LOSS_MODEL_SHIFTED,
+    LOSS_MODEL_SHIFTED_NO_AUTOCAST,
     LOSS_TRANSFORMERS_5,
     LOSS_TRANSFORMERS_440,
     LOSS_TRANSFORMERS_446,
+    DeepSpeedZero2,
     StackBehaviour,
 )
 
@@ -37,6 +41,8 @@ class Stack:
     full_finetune_modelled: bool = True
     full_skip_reason: str = ""  # why full fine-tune rows are skipped, when they are
     skip_reason: str = ""
+    qlora_deepspeed_zero2: DeepSpeedZero2 | None = None  # single-GPU QLoRA rows run DeepSpeed ZeRO-2 in fp16
+    adamw_impl: str = ""  # the AdamW of the stack's torch (`behaviour.ADAMW_IMPLS`; "": the installed torch's)
 
 
 _HF_KEPT = (
@@ -44,6 +50,11 @@ _HF_KEPT = (
     "default when the Trainer passes no gradient_checkpointing_kwargs) and the recomputed layer's activations "
     "during its backward; "
     "FlashAttention-2 / SDPA keep the attention output and fp32 log-sum-exp, no L x L scores"
+)
+_FSDP1_KEPT = (
+    "; under accelerate FSDP (torch FSDP1) with LoRA / QLoRA, every recomputed layer's input and its gradient stay "
+    "allocated until the end of backward (FSDP1's reshard-only post-backward hook on the checkpoint's detached layer "
+    "input: rows on several GPUs are ranks of the fsdp1 strategy, `distributed.fsdp1`)"
 )
 _HF_LOSS = (
     "as the row's transformers version: >= 4.49 one fp32 copy of the logits inside the cross-entropy's input (labels "
@@ -64,7 +75,7 @@ STACKS: dict[str, Stack] = {
     "hf-trainer": Stack(
         name="hf-trainer",
         simulator_stack="hf-peft",
-        kept_for_backward=_HF_KEPT,
+        kept_for_backward=_HF_KEPT + _FSDP1_KEPT,
         loss=_HF_LOSS,
         adapters="PEFT LoRA A/B in fp32; the layer input cast to fp32 and back to the compute dtype by autocast "
         "(that copy kept for backward); update added out of place; frozen base in bf16",
@@ -82,7 +93,7 @@ STACKS: dict[str, Stack] = {
     "hf-trainer-bnb": Stack(
         name="hf-trainer-bnb",
         simulator_stack="hf-peft",
-        kept_for_backward=_HF_KEPT,
+        kept_for_backward=_HF_KEPT + _FSDP1_KEPT,
         loss="as hf-trainer",
         adapters=_BNB_ADAPTERS + "; norms, embeddings and lm_head stay in the compute dtype (fms-acceleration's "
         "accelerated-peft-bnb plugin prepares the model with its own copy of prepare_model_for_kbit_training "
@@ -97,7 +108,7 @@ STACKS: dict[str, Stack] = {
         name="trl-sft-bnb",
         simulator_stack="hf-peft",
         kept_for_backward=_HF_KEPT + "; with fp32 norms the residual stream, and so every checkpointed layer "
-        "input from the second layer on, is fp32",
+        "input from the second layer on, is fp32" + _FSDP1_KEPT,
         loss="as hf-trainer",
         adapters=_BNB_ADAPTERS + "; TRL's SFTTrainer (0.13, bf16, one GPU) runs PEFT's "
         "prepare_model_for_kbit_training (peft 0.13: every non-4-bit fp16/bf16 parameter to fp32) and then "
@@ -123,10 +134,19 @@ STACKS: dict[str, Stack] = {
     "qwen-finetune": Stack(
         name="qwen-finetune",
         simulator_stack="hf-peft",
-        kept_for_backward=_HF_KEPT + " (Qwen's own model code: fused c_attn, flash-attn 2)",
+        kept_for_backward=_HF_KEPT + " (Qwen's own model code: fused c_attn, flash-attn 2; its re-entrant "
+        "torch.utils.checkpoint call per block)",
         loss="Qwen's own model code (modeling_qwen.py): a contiguous shifted copy of the compute-dtype logits, "
-        "cast to fp32 by autocast inside CrossEntropyLoss",
-        adapters="PEFT LoRA in fp32 (Qwen finetune.py), cast to bf16 in forward",
+        "cast to fp32 by autocast inside CrossEntropyLoss for bf16 LoRA (Trainer autocast); for Q-LoRA, run under "
+        "DeepSpeed fp16 (no autocast), the shifted copy, log-softmax and its gradient stay in fp16",
+        adapters="PEFT 0.5.0 LoRA (pinned in Qwen's docker/Dockerfile; its layers are moved to the device, not "
+        "cast: fp32) on bf16 weights under the Trainer's autocast, updated by the Trainer's torch AdamW on PyTorch "
+        "2.0 (multi-tensor: sqrt(v) and denom, two temporaries the size of the trainable tensors); Q-LoRA "
+        "(finetune/finetune_qlora_single_gpu.sh: --fp16 --deepspeed finetune/ds_config_zero2.json, which "
+        "finetune.py forces on one GPU) on auto-gptq's "
+        "cuda-old QuantLinear under DeepSpeed ZeRO-2 in fp16: the whole model and the LoRA factors cast to fp16, "
+        "fp32 master copy and AdamW states of the factors updated by DeepSpeed's FusedAdam (no temporaries), fp16 "
+        "gradient buckets (reduce_bucket_size 2e8, overlap_comm: two) alive through each backward",
         allocator="as hf-trainer; the table reports whole-device memory",
         not_modelled=(
             "full-parameter runs use DeepSpeed ZeRO with fp32 master weights, fp32 optimizer states and "
@@ -134,9 +154,20 @@ STACKS: dict[str, Stack] = {
             "Qwen's fused c_attn LoRA (one A/B over q, k, v) is modelled as LoRA on each of q, k, v",
             "the rest of Qwen's own model code (fused c_attn, its RMSNorm and rotary kernels) is simulated with "
             "transformers' Qwen2 code",
+            "LoRA dropout 0.05 (finetune.py's default; a dropped copy of each adapter input and its mask, inside the "
+            "recomputed layer only)",
+            "PEFT 0.5.0's GPTQ LoRA forward clones the QuantLinear output before adding the update (inside the "
+            "recomputed layer only)",
+            "DeepSpeed's step-time fp32 copy of the gradient partition and its fp16 gradient copy during the "
+            "backward epilogue (4 + 2 bytes per trainable parameter, transient)",
+            "device memory outside the step: CUDA context and kernels of the stack (flash-attn, auto-gptq) beyond the "
+            "assumed context, memory the caching allocator kept from loading the model",
         ),
         full_finetune_modelled=False,
         full_skip_reason="DeepSpeed ZeRO with fp32 master weights and optimizer states",
+        # finetune/ds_config_zero2.json: reduce_bucket_size 2e8, overlap_comm true, contiguous_gradients true
+        qlora_deepspeed_zero2=DeepSpeedZero2(reduce_bucket_elements=200_000_000, overlap_comm=True),
+        adamw_impl=ADAMW_TORCH_20,  # the Trainer's adamw_torch on PyTorch 2.0 (README; docker/Dockerfile 2.0.1)
     ),
     "swift-2": Stack(
         name="swift-2",
@@ -228,10 +259,18 @@ def loss_code_for(model_id: str, stack_versions: str, family: str = "") -> str:
 
 
 def behaviour_for(
-    stack: Stack, *, model_id: str, stack_versions: str, num_gpus: int, family: str = ""
+    stack: Stack, *, model_id: str, stack_versions: str, num_gpus: int, family: str = "", method: str = ""
 ) -> StackBehaviour:
-    """The library behaviours a row's stack reproduces (the fp32 norms only on one GPU: see trl-sft-bnb)."""
+    """The library behaviours a row's stack reproduces (the fp32 norms only on one GPU: see trl-sft-bnb; FSDP1's
+    held layer inputs only on several: a multi-GPU row is mapped only under FSDP; DeepSpeed ZeRO-2 fp16 for the
+    single-GPU QLoRA rows of a stack that runs them so: see qwen-finetune)."""
+    loss_code = loss_code_for(model_id, stack_versions, family)
+    zero2 = stack.qlora_deepspeed_zero2 if method == "qlora" and num_gpus == 1 else None
+    if zero2 is not None and loss_code == LOSS_MODEL_SHIFTED:
+        loss_code = LOSS_MODEL_SHIFTED_NO_AUTOCAST  # DeepSpeed's fp16 engine runs without autocast
     return StackBehaviour(
         kbit_fp32_norms=stack.kbit_fp32_norms and num_gpus == 1,
-        loss_code=loss_code_for(model_id, stack_versions, family),
+        loss_code=loss_code,
+        deepspeed_zero2=zero2,
+        adamw_impl=ADAMW_FUSED if zero2 is not None else stack.adamw_impl,  # DeepSpeed's own FusedAdam
     )

@@ -12,6 +12,7 @@ import typer
 from tunecost.cli.commands import estimate_multigpu as multi
 from tunecost.cli.common import cli_errors, console, print_json, print_table, split_list
 from tunecost.cli.options import (
+    STACK_HELP,
     ExpertsPerToken,
     JsonOut,
     MethodName,
@@ -189,6 +190,7 @@ def estimate(
     calibrate: Annotated[list[Path] | None, opt("--calibrate", CALIBRATE_HELP)] = None,
     batch_size: Annotated[str | None, opt("--batch-size", BATCH_SIZE_HELP)] = None,
     run_queries: RunQueries = None,
+    stack: Annotated[str | None, opt("--stack", "Software stack that sizes the batch: " + STACK_HELP)] = None,
     num_gpus: multi.NumGpus = None,
     gpus_per_node: multi.GpusPerNode = None,
     strategy: multi.Strategy = None,
@@ -228,6 +230,7 @@ def estimate(
         dataset=dataset,
         seq_len=seq_len,
         lora_targets=parse_lora_targets(lora_targets) if lora_targets is not None else None,
+        stack=stack,
     )
     if any(
         v is not None for v in (num_gpus, gpus_per_node, strategy, max_gpus, interconnect, expert_parallel, offload)
@@ -257,7 +260,7 @@ def estimate(
             force=force,
         )
         return
-    options = EstimatorOptions(name=estimator, calibrate=tuple(calibrate or ()), run_queries=run_queries)
+    options = EstimatorOptions(name=estimator, calibrate=tuple(calibrate or ()), run_queries=run_queries, stack=stack)
     batch_sizes = parse_batch_sizes(batch_size, gpus) if batch_size else None
     rows = estimate_costs(
         job,

@@ -188,6 +188,7 @@ def _print_setups(title: str, setups) -> None:
             "GPUs",
             "fits",
             "memory/rank GB",
+            "nvidia-smi GB",
             "step s",
             "exposed comm",
             "queries/s",
@@ -203,6 +204,7 @@ def _print_setups(title: str, setups) -> None:
                 "yes" if s.fits else "no",
                 f"{s.memory.need_bytes / 1e9:.1f} of {s.gpu.memory_bytes / 1e9:.1f}"
                 + (f" (+{s.memory.host_bytes / 1e9:.1f} on CPU)" if s.memory.host_bytes else ""),
+                f"{min(s.memory.nvidia_smi_bytes, s.gpu.memory_bytes) / 1e9:.1f}",
                 fmt(s.timing.step_seconds if s.timing else None, ".3f"),
                 "-" if s.exposed_comm_share is None else f"{100 * s.exposed_comm_share:.1f} %",
                 fmt(s.queries_per_s, ".2f"),

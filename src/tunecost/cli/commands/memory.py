@@ -13,6 +13,7 @@ from tunecost.cli.common import cli_errors, console, print_json, print_table, pr
 from tunecost.cli.options import (
     MAX_LAYERS,
     MAX_LORA_RANK,
+    STACK_HELP,
     BatchSize,
     ExpertsPerToken,
     GpuMemoryGb,
@@ -36,7 +37,6 @@ LENGTHS_HELP = (
     "Token lengths of a dataset (JSON list or one per line): the worst batch (the longest query, padded) decides; "
     "overrides --seq-len."
 )
-STACK_HELP = "tunecost | hf-2024 (the paper's software stack) | hf-peft (Trainer + PEFT >= 0.7)."
 TRACE_HELP = "Trace this many layers (default: scale from one and two repeating units)."
 QUANT_TYPE_HELP = (
     "4-bit type for qlora: nf4 | fp4 | gptq (default: gptq for a GPTQ checkpoint in the catalog, else nf4)."

@@ -1,0 +1,36 @@
+"""Memory that torch FSDP1 (``FullyShardedDataParallel``, what accelerate's FSDP runs) holds beyond the rank
+derived from the single-GPU step (`rank_memory`): the layer inputs its reshard-only hooks keep.
+
+Under re-entrant checkpointing (transformers' default), a decoder layer's backward re-runs its forward on a detached
+copy of the layer input (torch 2.4.1 ``utils/checkpoint.py``: ``detach_variable``, a leaf sharing the input's storage
+whose ``.grad`` receives the input's gradient). When the layer's FSDP unit holds only frozen parameters (LoRA /
+QLoRA, where PEFT's ``fsdp_auto_wrap_policy`` makes every trainable LoRA Linear a unit of its own), FSDP's
+``_pre_forward`` calls ``_register_post_backward_reshard_only_hook`` (``distributed/fsdp/_runtime_utils.py``): a
+``register_multi_grad_hook`` on that leaf, which keeps the leaf's grad accumulator (``autograd/graph.py``
+``_get_grad_fn_or_grad_acc``) and with it the leaf and its ``.grad``; the hook is removed only in
+``_finalize_params`` at the end of backward. So every layer whose backward has run keeps its input and the input's
+gradient until the backward ends, where a single GPU frees both after the layer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tunecost.distributed.rank_memory import SingleGpuStep
+
+HELD_SEGMENT = "backward:unit_first"  # the backward of the first decoder layer: all the others are done
+
+
+def held_input_bytes(step: SingleGpuStep, segment: str) -> int:
+    """Bytes FSDP1 holds at `segment` ("phase:region") beyond the single-GPU step, when the step checkpoints
+    re-entrantly and the decoder layers are frozen (not a full fine-tune). At the backward of the first of N
+    layers: the inputs of the other N - 1 layers (the single-GPU step has freed them) and the gradients of N - 2 of
+    them (the gradient of the second layer's input is the one flowing into the first layer, alive on one GPU too),
+    each batch x seq_len x hidden in the residual stream's dtype.
+    Nothing is held before the first layer's backward runs; the loss and the last layer's backward peak as on one
+    GPU."""
+    if not (step.reentrant_checkpointing and step.method != "full") or segment != HELD_SEGMENT:
+        return 0
+    per_layer = step.batch_size * step.seq_len * step.hidden_size * step.activation_bytes_per_element
+    return max(0, 2 * step.num_layers - 3) * per_layer

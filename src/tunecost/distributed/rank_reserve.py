@@ -1,0 +1,207 @@
+"""The reserve of one rank of a data-parallel job: PyTorch's caching allocator (`simulate.allocator`) replayed over
+the rank's allocations, built from the single-GPU step's traced allocations (`SingleGpuStep.allocations`).
+
+Every rank runs the whole micro-batch, so its activations and temporaries are the single-GPU step's, at the same
+op indices. What changes (the same scaling as `rank_memory.rank_segment_bytes`, read per category at the
+optimizer segment, so the rank's states are those its allocated peak counts):
+- the model states: each parameter, gradient, optimizer state and optimizer temporary keeps its own allocation,
+  scaled to the rank's share (per-parameter shards, as FSDP2's DTensors and ZeRO's partitions; FSDP1's one flat
+  parameter per wrapped unit is not replayed);
+- under FSDP (fsdp2, hsdp, fsdp2-shard-grad-op) each gradient is produced whole on the compute stream and kept
+  until its layer's backward ends (the post-backward hook's reduce-scatter); the reduce-scatter output, the
+  rank's sharded gradient kept until `zero_grad`, is allocated on the post-backward stream
+  (`torch/distributed/fsdp/_runtime_utils.py`: `new_sharded_grad = torch.empty_like(chunks[0])` under the
+  post-backward stream);
+- with sharded parameters (fsdp2, hsdp, zero3) the all-gather outputs (a decoder layer's unsharded weights, and
+  the root's) are allocated on the unshard stream (`_unshard`: `handle.unshard()` under `unshard_stream`; in
+  FSDP1 the output is the unsharded flat parameter itself): the root's from the first forward op to the end of
+  backward, a layer's over its forward and again over its backward, each allocated when the layer before it
+  (in that pass's order) starts: the prefetch, which keeps two layers in flight; under fsdp2-shard-grad-op a
+  layer's from its forward to the end of its backward;
+- DDP's gradient buckets and DeepSpeed's reduce bucket are allocated once, before the first step.
+The caching allocator never serves a request from a block cached for another stream, so the unshard and
+post-backward streams keep pools of their own beside the compute stream's, and (below the device's capacity)
+no pool ever shrinks: the rank's peak reserve is the sum of the streams' own reserves (`rank_reserved_bytes`):
+- the compute stream: its full-depth allocated peak (the rank's segments without their side-stream bytes) plus
+  its excess of reserve over its peak requests in the replay at the traced depth, the convention of the
+  single-GPU step (`simulate.simulator.combine`);
+- each side stream: its allocations replayed at full depth (they repeat per layer: `full_depth_side_allocations`),
+  and at least the most bytes the rank's segments hold on it at once.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tunecost.distributed.plan import ParallelPlan
+from tunecost.distributed.rank_memory import PARAM_SHARDED, STORED_SHARDED, rank_segment_bytes
+from tunecost.distributed.single_step import SingleGpuStep
+from tunecost.simulate.allocator import KIND_STEP, KIND_WEIGHT, NEVER_FREED, CachingAllocator, steady_state_replay
+from tunecost.simulate.records import CATEGORIES, AllocationTrace
+from tunecost.workload.job import FineTuneJob
+
+STREAM_COMPUTE, STREAM_UNSHARD, STREAM_POST_BACKWARD = 0, 1, 2
+_GRADIENTS = CATEGORIES.index("gradients")
+_TEMPORARIES = CATEGORIES.index("temporaries")
+ONCE_BUFFERS = ("gradient_buckets", "reduce_bucket")  # allocated at wrap time and kept
+RESERVE_ASSUMPTION = (
+    "reserved memory per rank: PyTorch's caching allocator replayed over the rank's allocations (the single-GPU "
+    "step's, states scaled to the rank's share per tensor; under FSDP all-gather outputs on the unshard stream "
+    "and reduce-scatter outputs on the post-backward stream, each stream with its own cached blocks): the "
+    "compute stream's full-depth allocated peak plus its reserve excess at the traced depth, plus the side "
+    "streams' reserves at full depth; not modelled: FSDP1's one flat parameter (and gradient) per wrapped unit, "
+    "FSDP1's held layer inputs in the replay (counted in the compute stream's peak only), "
+    "the copy-out of FSDP2's unsharded parameters on the compute stream, mixed precision's low-precision shard "
+    "copies (pre-unshard stream), record_stream's deferred frees, DeepSpeed's own streams (zero3's gathers "
+    "replayed as FSDP's) and buffers beyond its reduce bucket, expert-parallel all-to-all buffers"
+)
+
+
+class _Records:
+    """Rank allocations under construction: the replay's per-record arrays."""
+
+    def __init__(self) -> None:
+        self.columns: dict[str, list[int]] = {k: [] for k in ("nbytes", "t_alloc", "t_free", "kind", "stream")}
+
+    def add(self, nbytes: int, t_alloc: int, t_free: int, kind: int = KIND_STEP, stream: int = STREAM_COMPUTE):
+        if nbytes > 0:
+            for key, value in zip(self.columns, (nbytes, t_alloc, t_free, kind, stream), strict=True):
+                self.columns[key].append(value)
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {k: np.asarray(v, dtype=np.int64) for k, v in self.columns.items()}
+
+
+def optimizer_segment_bytes(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) -> dict[str, int]:
+    """The rank's bytes by category (and buffer) at the optimizer segment, where every state is alive."""
+    return rank_segment_bytes(step.segments.get("optimizer:opt", {}), "optimizer:opt", step, job, plan)
+
+
+def state_ratios(step: SingleGpuStep, rank: dict[str, int]) -> dict[int, float]:
+    """Per category code: the rank's bytes `rank` over the single GPU's at the optimizer segment
+    (`rank_segment_bytes`: sharding, ZeRO's fp32 states, offload); categories it leaves alone map to 1."""
+    single = step.segments.get("optimizer:opt", {})
+    return {CATEGORIES.index(c): rank.get(c, 0) / n for c, n in single.items() if n and c in CATEGORIES}
+
+
+def _gathers(plan: ParallelPlan) -> bool:
+    return plan.strategy in PARAM_SHARDED or plan.strategy == "fsdp2-shard-grad-op"
+
+
+def side_stream_keys(plan: ParallelPlan) -> dict[str, int]:
+    """Keys of `rank_segment_bytes` that live on a side stream, and the stream: the sharded gradients under
+    FSDP (post-backward), the unsharded parameters and all-gather outputs when parameters are gathered
+    (unshard: FSDP1's all-gather output is the unsharded flat parameter)."""
+    keys = {"gradients": STREAM_POST_BACKWARD} if plan.strategy in STORED_SHARDED else {}
+    if _gathers(plan):
+        keys |= {"unsharded_params": STREAM_UNSHARD, "all_gather_buffers": STREAM_UNSHARD}
+    return keys
+
+
+def rank_allocations(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) -> dict[str, np.ndarray]:
+    """The rank's allocations at the traced depth: nbytes, t_alloc, t_free, kind and stream per record."""
+    trace = AllocationTrace(**step.allocations)
+    at_optimizer = optimizer_segment_bytes(step, job, plan)
+    ratios = state_ratios(step, at_optimizer)
+    out = _Records()
+    fsdp = plan.strategy in STORED_SHARDED
+    end_backward = trace.t_optimizer - 1
+    for i, nbytes in enumerate(trace.nbytes):
+        category, t_alloc, t_free, kind = trace.category[i], trace.t_alloc[i], trace.t_free[i], trace.kind[i]
+        in_optimizer = t_alloc >= trace.t_optimizer
+        scaled = (
+            nbytes if category == _TEMPORARIES and not in_optimizer else math.ceil(nbytes * ratios.get(category, 1))
+        )
+        if not (fsdp and category == _GRADIENTS):
+            out.add(scaled, t_alloc, t_free, kind)
+            continue
+        layer = trace.layer[i]
+        reduced = max(t_alloc, trace.backward_ops[layer][1] if layer >= 0 else end_backward, 0)
+        out.add(nbytes, t_alloc, min(t_free, reduced), kind)  # the whole gradient, until its reduce-scatter
+        if t_free > reduced:
+            out.add(scaled, reduced, t_free, kind, STREAM_POST_BACKWARD)
+    for name in ONCE_BUFFERS:
+        out.add(at_optimizer.get(name, 0), 0, NEVER_FREED, KIND_WEIGHT)
+    if _gathers(plan):
+        _add_all_gathers(out, trace.forward_ops, trace.backward_ops, end_backward, step, plan)
+    return out.arrays()
+
+
+def full_depth_side_allocations(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) -> dict[str, np.ndarray]:
+    """The side streams' allocations of the whole model, on a timeline of two ops per layer and pass (forward
+    0..L-1, backward L-1..0, then the optimizer): each layer's all-gather outputs, and each layer's sharded
+    gradients (the traced layer 0's, repeated) with the root's, from their reduce-scatter to `zero_grad`."""
+    trace = AllocationTrace(**step.allocations)
+    num_layers = step.num_layers
+    forward = [[2 * i + 1, 2 * i + 2] for i in range(num_layers)]
+    backward = [[4 * num_layers - 2 * i - 1, 4 * num_layers - 2 * i] for i in range(num_layers)]
+    end_backward, zero_grad = 4 * num_layers + 1, 4 * num_layers + 3
+    out = _Records()
+    if plan.strategy in STORED_SHARDED:
+        ratio = state_ratios(step, optimizer_segment_bytes(step, job, plan)).get(_GRADIENTS, 1)
+        grads = [(n, g) for n, c, g in zip(trace.nbytes, trace.category, trace.layer, strict=True) if c == _GRADIENTS]
+        for layer in range(num_layers - 1, -2, -1):  # backward order, the root's (-1) last
+            reduced = backward[layer][1] if layer >= 0 else end_backward
+            template = 0 if layer >= 0 else -1  # a decoder layer's gradients are the traced layer 0's
+            for nbytes in (n for n, g in grads if g == template):
+                out.add(math.ceil(nbytes * ratio), reduced, zero_grad, stream=STREAM_POST_BACKWARD)
+    if _gathers(plan):
+        _add_all_gathers(out, forward, backward, end_backward, step, plan)
+    return out.arrays()
+
+
+def _add_all_gathers(out: _Records, forward, backward, end: int, step: SingleGpuStep, plan: ParallelPlan) -> None:
+    """All-gather outputs on the unshard stream: the root's for the whole pass, each layer's from the start of
+    the layer before it (the prefetch) to the end of its own window (`forward`, `backward`: per layer, its
+    first and last op index in that pass)."""
+    layer_bytes = step.layer_bytes_per_rank(trainable=False, ep=plan.expert_parallel)
+    out.add(step.root_weight_bytes, 1, end, stream=STREAM_UNSHARD)
+    last = len(forward) - 1
+    for i in range(len(forward)):
+        fwd_start, bwd_start = forward[max(0, i - 1)][0], backward[min(last, i + 1)][0]
+        if plan.strategy == "fsdp2-shard-grad-op":  # kept unsharded from forward to the end of backward
+            windows = [(fwd_start, backward[i][1])]
+        else:
+            windows = [(fwd_start, forward[i][1]), (bwd_start, backward[i][1])]
+        for start, stop in windows:
+            if 0 < start <= stop:  # a layer without ops in a pass (-1) gathers nothing there
+                out.add(layer_bytes, start, stop, stream=STREAM_UNSHARD)
+
+
+def _replay(a: dict[str, np.ndarray], t_optimizer: int) -> CachingAllocator:
+    return steady_state_replay(a["nbytes"], a["t_alloc"], a["t_free"], a["kind"], t_optimizer, stream=a["stream"])
+
+
+def stream_peak_bytes(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) -> dict[int, int]:
+    """Per stream, the most bytes the rank's full-depth segments (`rank_segment_bytes`) hold on it at once."""
+    side = side_stream_keys(plan)
+    out: dict[int, int] = {}
+    for key, categories in step.segments.items():
+        per_stream: dict[int, int] = {}
+        for name, nbytes in rank_segment_bytes(categories, key, step, job, plan).items():
+            stream = side.get(name, STREAM_COMPUTE)
+            per_stream[stream] = per_stream.get(stream, 0) + nbytes
+        for stream, nbytes in per_stream.items():
+            out[stream] = max(out.get(stream, 0), nbytes)
+    return out
+
+
+def rank_reserved_bytes(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan, peak_bytes: int) -> int:
+    """The rank's peak reserve at full depth. Each stream's cached blocks serve that stream alone and the
+    reserve never shrinks (no cache release below the device's capacity), so the peak is the sum of the
+    streams' own reserves: the compute stream's full-depth allocated peak plus its excess of reserve over its
+    peak requests in the traced replay (the single-GPU step's convention); a side stream's reserve replayed at
+    full depth, and at least the most bytes the rank's segments hold on that stream. At least `peak_bytes`,
+    the rank's allocated peak; `peak_bytes` itself when the step carries no allocations."""
+    if not step.allocations:
+        return peak_bytes
+    traced = _replay(rank_allocations(step, job, plan), AllocationTrace(**step.allocations).t_optimizer)
+    excess = traced.stream_reserved_bytes.get(STREAM_COMPUTE, 0)
+    excess -= traced.stream_peak_requested_bytes.get(STREAM_COMPUTE, 0)
+    live = stream_peak_bytes(step, job, plan)
+    side = full_depth_side_allocations(step, job, plan)
+    replayed = _replay(side, 4 * step.num_layers + 2).stream_reserved_bytes if len(side["nbytes"]) else {}
+    side_bytes = sum(max(replayed.get(s, 0), live.get(s, 0)) for s in (STREAM_UNSHARD, STREAM_POST_BACKWARD))
+    return max(peak_bytes, live.get(STREAM_COMPUTE, 0) + max(0, excess) + side_bytes)

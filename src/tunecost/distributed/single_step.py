@@ -1,0 +1,188 @@
+"""The single-GPU simulated step at full depth, as the per-rank models of a data-parallel job read it: bytes by
+category at every segment's peak (phase x region, `simulate.trace`), the stored weights split into the root unit
+and the decoder layers, and the deeper traced depth's allocations (for the rank's caching-allocator replay,
+`rank_reserve`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from tunecost.distributed import expert_parallel
+from tunecost.errors import TunecostError
+from tunecost.simulate.overhead import DEFAULT_OVERHEAD
+from tunecost.simulate.prepare import reentrant_checkpointing
+from tunecost.simulate.records import WEIGHT_CATEGORIES
+from tunecost.workload.job import FineTuneJob
+
+ROOT_GROUPS = ("embedding", "lm_head/loss", "other")  # outside the decoder layers: FSDP2's root unit
+LAYOUT_VERSION = "3"  # of the cached `SingleGpuStep` (2: with the traced allocations; 3: reentrant_checkpointing)
+
+
+@dataclass(frozen=True, kw_only=True)
+class SingleGpuStep:
+    """The single-GPU simulated step at full depth: bytes by category at every segment's peak, and the model's
+    stored weights split into the root unit and the decoder layers."""
+
+    model: str
+    method: str
+    batch_size: int
+    seq_len: int
+    num_layers: int
+    segments: dict[str, dict[str, int]]  # segment ("backward:unit_last", ...) -> category -> bytes
+    root_weight_bytes: int  # embedding, LM head and buffers: FSDP2's root unit
+    layer_weight_bytes: int  # every stored weight of one decoder layer (frozen, 4-bit and trainable)
+    trainable_bytes: int  # trainable parameters (their gradients have the same size)
+    layer_trainable_bytes: int  # trainable parameters of one decoder layer
+    trainable_bytes_per_param: int  # 4 for LoRA factors (fp32), the compute dtype's size for a full fine-tune
+    flops_by_phase: dict[str, float]
+    weight_bytes_by_key: dict[str, int]  # "group/category" -> bytes of the whole model's stored weights
+    num_experts: int  # routed experts per MoE layer (1: dense)
+    experts_per_token: int
+    hidden_size: int
+    activation_bytes_per_element: int
+    recompute: bool  # activation checkpointing: backward re-runs each layer's forward
+    allocations: dict  # the deeper traced depth's `simulate.records.AllocationTrace`, as plain data ({}: none)
+    reentrant_checkpointing: bool = False  # layers recomputed by re-entrant torch.utils.checkpoint (`fsdp1`)
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.root_weight_bytes + self.num_layers * self.layer_weight_bytes
+
+    @property
+    def root_trainable_bytes(self) -> int:
+        return self.trainable_bytes - self.num_layers * self.layer_trainable_bytes
+
+    def expert_share(self, category: str) -> float:
+        """Share of a category's bytes that belongs to the routed experts: of the stored weights of that
+        category, or for gradients, optimizer states and optimizer temporaries of the trainable parameters."""
+        if category not in WEIGHT_CATEGORIES:
+            category = "trainable_params"
+        total = sum(v for k, v in self.weight_bytes_by_key.items() if k.rsplit("/", 1)[1] == category)
+        return expert_parallel.expert_bytes(self.weight_bytes_by_key, category) / total if total else 0.0
+
+    def layer_expert_bytes(self, *, trainable: bool) -> int:
+        """One decoder layer's routed-expert bytes: all its stored weights, or its trainable parameters."""
+        keys = ("trainable_params",) if trainable else WEIGHT_CATEGORIES
+        return sum(expert_parallel.expert_bytes(self.weight_bytes_by_key, c) for c in keys) // self.num_layers
+
+    def layer_bytes_per_rank(self, *, trainable: bool, ep: int) -> int:
+        """One decoder layer's stored (or trainable) bytes with 1/ep of its routed experts."""
+        layer = self.layer_trainable_bytes if trainable else self.layer_weight_bytes
+        experts = self.layer_expert_bytes(trainable=trainable)
+        return layer - experts + experts // ep
+
+    @property
+    def expert_trainable_bytes(self) -> int:
+        return expert_parallel.expert_bytes(self.weight_bytes_by_key, "trainable_params")
+
+    def trainable_bytes_per_rank(self, ep: int) -> int:
+        """Trainable bytes of a rank holding 1/ep of the routed experts."""
+        return self.trainable_bytes - self.expert_trainable_bytes + self.expert_trainable_bytes // ep
+
+    @property
+    def dispatch_bytes(self) -> int:
+        """Bytes of one dispatch all-to-all of a MoE layer (`expert_parallel.dispatch_bytes`)."""
+        return expert_parallel.dispatch_bytes(
+            num_tokens=self.batch_size * self.seq_len,
+            experts_per_token=self.experts_per_token,
+            hidden_size=self.hidden_size,
+            bytes_per_element=self.activation_bytes_per_element,
+        )
+
+
+def _lerp(a: float, b: float, t: float) -> float:
+    return max(0.0, a + (b - a) * t)
+
+
+def single_gpu_step(
+    job: FineTuneJob, *, granule_bytes: int = 512, use_cache: bool = True, behaviour=None
+) -> SingleGpuStep:
+    """Trace `job` at one and two repeating units (or at full depth when it is short) and scale every segment
+    to the full depth, as `simulate.simulate_step` does for its peak (exact for identical units). Cached on disk
+    beside the simulator's results (`simulate.cache`: the key hashes the job, the config and the versions).
+    `behaviour`: library behaviours of the job's stack (`simulate.behaviour.StackBehaviour`; None: the default)."""
+    import json
+
+    from tunecost.io import atomic_write_json
+    from tunecost.simulate import cache
+
+    key = f"rank-{LAYOUT_VERSION}-" + cache.job_key(job, None, job.stack, DEFAULT_OVERHEAD, granule_bytes, behaviour)
+    path = cache.cache_dir() / f"{key}.json"
+    if use_cache:
+        try:
+            return SingleGpuStep(**json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):  # no entry, or one from another layout: trace again
+            pass
+    step = trace_single_gpu_step(job, granule_bytes, behaviour)
+    if use_cache:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, dataclasses.asdict(step))
+        except (OSError, TunecostError):  # a cache that cannot be written is no error
+            pass
+    return step
+
+
+def trace_single_gpu_step(
+    job: FineTuneJob, granule_bytes: int, behaviour=None, *, full_depth: bool = False
+) -> SingleGpuStep:
+    """The step traced at one and two units and scaled, or (`full_depth`, slow: for benchmarks) at full depth."""
+    from tunecost.catalog.models import resolve_model
+    from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
+    from tunecost.simulate.pool import prepared_model
+    from tunecost.simulate.prepare import check_supported, layer_pattern
+    from tunecost.simulate.trace import trace_step
+
+    spec = resolve_model(job.model)
+    check_supported(job, spec, job.stack)
+    prefix, period, full_units = layer_pattern(spec)
+    if prefix or period != 1:
+        raise TunecostError(f"{spec.name}: per-rank memory needs identical decoder layers (this model has a prefix)")
+    units = [full_units] if full_units <= 2 or full_depth else [1, 2]
+    traces = [
+        trace_step(
+            prepared_model(job, u, job.stack, behaviour or DEFAULT_BEHAVIOUR),
+            job.batch_size,
+            job.worst_case_seq_len,
+            round_bytes=granule_bytes,
+        )
+        for u in units
+    ]
+    ta, tb = traces[0], traces[-1]
+    t = 0.0 if len(traces) == 1 else (full_units - ta.num_units) / (tb.num_units - ta.num_units)
+    segments: dict[str, dict[str, int]] = {}
+    for key in set(ta.segments) & set(tb.segments):
+        ca, cb = ta.segments[key].by_category, tb.segments[key].by_category
+        segments[key] = {c: round(_lerp(ca.get(c, 0), cb.get(c, 0), t)) for c in set(ca) | set(cb)}
+    weights = {k: round(_lerp(ta.weight_bytes.get(k, 0), tb.weight_bytes.get(k, 0), t)) for k in tb.weight_bytes}
+    root = sum(v for k, v in weights.items() if k.rsplit("/", 1)[0] in ROOT_GROUPS)
+    trainable = sum(v for k, v in weights.items() if k.endswith("/trainable_params"))
+    root_trainable = sum(
+        v for k, v in weights.items() if k.endswith("/trainable_params") and k.rsplit("/", 1)[0] in ROOT_GROUPS
+    )
+    flops: dict[str, float] = {}
+    for (phase, _cls), v in tb.flops.items():
+        flops[phase] = flops.get(phase, 0.0) + _lerp(ta.flops.get((phase, _cls), 0.0), v, t)
+    return SingleGpuStep(
+        model=spec.name,
+        method=job.method,
+        batch_size=job.batch_size,
+        seq_len=job.worst_case_seq_len,
+        num_layers=spec.num_layers,
+        segments=segments,
+        root_weight_bytes=root,
+        layer_weight_bytes=(sum(weights.values()) - root) // spec.num_layers,
+        trainable_bytes=trainable,
+        layer_trainable_bytes=(trainable - root_trainable) // spec.num_layers,
+        trainable_bytes_per_param=4 if job.method != "full" else job.compute_bytes_per_element,
+        flops_by_phase=flops,
+        weight_bytes_by_key=weights,
+        num_experts=spec.num_experts,
+        experts_per_token=job.experts_per_token or spec.default_experts_per_token,
+        hidden_size=spec.hidden_size,
+        activation_bytes_per_element=job.compute_bytes_per_element,
+        recompute=job.gradient_checkpointing,
+        allocations=dataclasses.asdict(tb.allocations) if tb.allocations is not None else {},
+        reentrant_checkpointing=reentrant_checkpointing(job),
+    )
