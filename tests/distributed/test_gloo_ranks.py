@@ -1,6 +1,8 @@
 """Two real CPU ranks on gloo against the fake-process-group simulation of rank 0: the same FSDP2 step, the same
 tracker. The simulated per-rank peak is within 5 % of the measured one, the collectives (op, phase, bytes, dtype,
-group size) are equal, and each rank holds exactly 1/2 of the parameters and optimizer states."""
+group size) are equal, and each rank holds exactly 1/2 of the parameters and optimizer states. The measurement
+is repeatable: `measure_fsdp_ranks` waits for gloo's worker thread to release each collective (see
+distributed/measure.py)."""
 
 from __future__ import annotations
 
@@ -10,23 +12,12 @@ from tiny_jobs import GLOO_CASES, gloo_job
 from tunecost.distributed.measure import measure_fsdp_ranks
 from tunecost.distributed.sharded_step import simulate_fsdp_rank
 
-# `measure_fsdp_ranks` waits for gloo's worker thread to release each collective (distributed/measure.py), which
-# removed the variation traced to gloo's reduce-scatter clone (tiny-Llama rank: 2,047,944 instead of 1,900,232 bytes
-# in 8 of 32 ranks before, none in 26 since). The tiny-Mixtral full rank still peaked at 7,327,336 instead of
-# 6,489,448 bytes after that change (benchmarks/bench_multigpu.py --repeat 5), though in none of 78 other ranks
-# measured with it; the cause is not found (docs/multi-gpu.md). Until it is, the peak checks are expected failures,
-# shown as xfail / xpass in every run; the collective and 1/N checks stay strict.
-PEAK_XFAIL = pytest.mark.xfail(
-    strict=False, reason="a real gloo rank's peak can still vary between runs (docs/multi-gpu.md)"
-)
-
 
 def _signature(step):
     return [(c.op, c.phase, c.nbytes, c.dtype, c.group_size) for c in step.collectives]
 
 
 @pytest.mark.slow
-@PEAK_XFAIL
 @pytest.mark.parametrize(("model", "method", "lora"), GLOO_CASES)
 def test_two_gloo_ranks_peak_within_5_percent_of_the_fake_run(model, method, lora):
     job = gloo_job(model, method, lora)
@@ -52,7 +43,6 @@ def test_two_gloo_ranks_match_the_fake_run(model, method, lora):
 
 
 @pytest.mark.slow
-@PEAK_XFAIL
 def test_repeated_gloo_measurements_count_the_same_bytes():
     """Two measurements of the same step agree byte for byte: peak, its phase and its breakdown, on both ranks
     (before gloo's worker thread was waited for, gloo's clone of a reduce-scatter input was still counted at the

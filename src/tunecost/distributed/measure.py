@@ -7,10 +7,9 @@ A collective's buffers are freed when the last reference goes. On gloo that can 
 tensors, and the reduce-scatter's clone of its input) until it takes the work queue's lock again, after `wait()`
 has already returned on the rank's thread. If FSDP2 has dropped the buffer by then, it is freed on the worker, and
 the tracker (a weak reference on the storage, whose callback needs the GIL) sees the free a scheduling-dependent
-number of ops later. Here each FSDP2 all-gather and reduce-scatter is therefore followed by a barrier on a gloo
-group with one worker thread: that thread takes the barrier only after it released the collective, so every
+number of ops later. Here each FSDP2 all-gather and reduce-scatter is therefore followed by a tiny all-reduce on a
+gloo group with one worker thread: that thread takes it only after it released the collective, so every
 buffer of a collective is freed, and counted, before the rank's next op, as NCCL does once FSDP2 waited on it.
-(A rarer variation of the tiny-Mixtral full rank remains unexplained: docs/multi-gpu.md.)
 """
 
 from __future__ import annotations
@@ -41,14 +40,16 @@ def _init_serial_gloo() -> None:
 
 
 def _release_collective(group) -> None:
-    """Return once the gloo worker has released the collective that just completed: a barrier queued behind it
-    on the same single worker thread, run outside any dispatch mode so that the step's recorder does not see it
-    (it moves no bytes of the step and holds no tensor of it)."""
+    """Return once the gloo worker has released the collective that just completed: a one-element all-reduce
+    queued behind it on the same single worker thread, run outside any dispatch mode so that the step's recorder
+    does not see it. Not a barrier: gloo's barrier keeps weak references to the works in progress, and a work's
+    tensors live until its last weak reference goes too (c10::intrusive_ptr), i.e. until the barrier is freed."""
+    import torch
     import torch.distributed as dist
     from torch.utils._python_dispatch import _disable_current_modes
 
     with _disable_current_modes():
-        dist.barrier(group=group)
+        dist.all_reduce(torch.zeros(1), group=group)
 
 
 def _release_after_collectives(model) -> None:
