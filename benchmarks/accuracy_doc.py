@@ -45,6 +45,13 @@ def _multi_gpu_lines(results, by_id) -> list[str]:
     oom = [r for r in multi if r.quantity == "oom"]
     if oom:
         parts.append(f"out-of-memory {sum(1 for r in oom if r.error == 0)} of {len(oom)} right")
+    thr = [r for r in multi if r.quantity in THROUGHPUT and r.error is not None]
+    if thr:
+        mape, signed = statistics.fmean(abs(r.error) for r in thr), _median([r.error for r in thr])
+        parts.append(
+            f"throughput {len(thr)} rows, mean absolute error {_f(mape)} % (median signed {_f(signed, '{:+.1f}')} %; "
+            "per-rank compute from the single-GPU calibration, exposed communication from `distributed.timing`)"
+        )
     return [
         "Rows on several GPUs (FSDP full shard under accelerate: each predicted as one rank of fsdp1, derived from "
         "the single-GPU simulated step, `src/tunecost/distributed/rank_memory.py`, its reserve from the caching "
@@ -113,7 +120,10 @@ def render(corpus_paths: list[Path] | None) -> str:
         "in a row's stack (fms-acceleration's accelerated-peft-bnb) is a stack of its own. Calibration rows are "
         "listed with reason 'calibration row' and left out of the error. Rows whose settings the counts do not "
         "represent (torch.compile, activation offload, a full fine-tune under DeepSpeed ZeRO) are skipped with "
-        "the reason, as is every row of a group whose calibration row no GEMM efficiency reproduces.",
+        "the reason, as is every row of a group whose calibration row no GEMM efficiency reproduces. A row on "
+        "several GPUs is never a calibration row: it is predicted with its stack's single-GPU efficiency as its "
+        "own single-GPU step plus the communication its compute does not hide (`distributed.timing`: FSDP's "
+        "collectives over the GPU's node link, nccl-tests' bus bandwidths, prefetch overlap).",
         "",
     ]
     lines += _throughput_stack_lines(results)

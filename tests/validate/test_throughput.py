@@ -12,7 +12,7 @@ from tunecost.estimate.throughput.lengths import fixed_lengths
 from tunecost.estimate.throughput.priors import PRIORS
 from tunecost.validate import throughput as tp
 from tunecost.validate.corpus import REQUIRED_COLUMNS, CorpusRow
-from tunecost.validate.mapping import MappedRow, map_row
+from tunecost.validate.mapping import MappedRow, Skip, map_row
 from tunecost.validate.run import throughput_totals, validate_rows
 
 A100 = resolve_gpu_name("A100-80GB-SXM").gpu
@@ -104,7 +104,7 @@ def test_one_calibration_row_per_stack_and_gpu_predicts_the_rest() -> None:
             1, batch_size_per_gpu="2", value="3000"
         ),  # most FLOPs (tokens x the same model) per step: the calibration row
         _row(2, batch_size_per_gpu="2", value="9999"),  # a tie in FLOPs: the first in file order calibrates
-        _row(3, num_gpus="2", value="1"),
+        _row(3, num_gpus="2", parallelism="deepspeed zero3", value="1"),
         _row(4, quantity="time_to_train_s", value="100", unit="s"),
         _row(5, seq_len_kind="max", value="1"),
     ]
@@ -121,7 +121,7 @@ def test_one_calibration_row_per_stack_and_gpu_predicts_the_rest() -> None:
     assert pred.reason == f"gemm_efficiency {eff:.3f} from r1"
     assert pred.error == pytest.approx((pred.predicted - 2000) / 2000 * 100, abs=0.01)
     assert tie.predicted == pytest.approx(3000.0) and tie.error == pytest.approx((3000 - 9999) / 9999 * 100, abs=0.01)
-    assert "multi-GPU" in out[3].reason and "time_to_train_s" in out[4].reason and "dataset" in out[5].reason
+    assert "FSDP full shard only" in out[3].reason and "time_to_train_s" in out[4].reason and "dataset" in out[5].reason
     assert all(r.status == "skipped" and r.predicted is None for r in out[3:])
     totals = throughput_totals(out)
     assert totals["calibration_rows"] == 1 and totals["predicted_rows"] == 2
@@ -185,3 +185,44 @@ def test_bad_values_and_a_gpu_without_achieved_rates_are_skipped_not_raised(monk
     monkeypatch.setattr(tp, "gpu_terms", no_rates)
     (row,) = validate_rows([_row(3, value="3000")], counts_fn=_gemm_only)
     assert row.status == "skipped" and "no achieved matmul/bandwidth values" in row.reason
+
+
+def _fsdp(i: int, num_gpus: int, **cells: str) -> CorpusRow:
+    return _row(i, num_gpus=str(num_gpus), parallelism="fsdp (FULL_SHARD)", **cells)
+
+
+def test_a_multi_gpu_row_is_its_single_gpu_step_plus_the_communication_compute_does_not_hide() -> None:
+    """A row on several GPUs is predicted with the efficiency of its stack's single-GPU rows and never calibrated
+    on (here it ties for the most FLOPs per step and comes first), as its own step on one GPU plus the
+    communication that compute does not hide."""
+    rows = [
+        _row(0, value="3000"),
+        _fsdp(1, 2, batch_size_per_gpu="4", value="2500"),
+        _row(2, batch_size_per_gpu="4", value="2600"),  # the same micro-batch on one GPU: the calibration row
+    ]
+    out = validate_rows(rows, counts_fn=_gemm_only)
+    assert out[2].reason == "calibration row" and out[2].predicted == pytest.approx(2600)
+    assert out[1].status == "ok" and out[1].reason.endswith(" from r2") and out[0].reason.endswith(" from r2")
+    single_step = 4000 / 2600  # the calibration row's measured step, which its efficiency reproduces
+    exposed = tp.exposed_comm_s(map_row(rows[1]), A100, single_step)
+    assert exposed > 0
+    assert out[1].predicted == pytest.approx(4000 / (single_step + exposed), rel=1e-4)
+    assert out[1].error == pytest.approx((out[1].predicted - 2500) / 2500 * 100, abs=0.01)
+
+
+def test_exposed_communication_per_micro_batch_and_across_nodes() -> None:
+    one, two = map_row(_row(0, batch_size_per_gpu="2")), map_row(_fsdp(1, 2, batch_size_per_gpu="2"))
+    assert tp.exposed_comm_s(one, A100, 0.1) == 0.0
+    per_micro = tp.exposed_comm_s(two, A100, 0.1)
+    accumulated = map_row(_fsdp(2, 2, batch_size_per_gpu="2", grad_accum="3"))
+    assert tp.exposed_comm_s(accumulated, A100, 0.1) == pytest.approx(3 * per_micro)
+    node, nodes = map_row(_fsdp(3, 8, batch_size_per_gpu="2")), map_row(_fsdp(4, 16, batch_size_per_gpu="2"))
+    assert (node.plan().num_nodes, nodes.plan().num_nodes, nodes.plan().node_size) == (1, 2, 8)
+    assert tp.exposed_comm_s(nodes, A100, 0.1) > tp.exposed_comm_s(node, A100, 0.1)  # the network is slower
+    with pytest.raises(Skip, match="whole nodes of 8"):
+        map_row(_fsdp(5, 12))
+
+
+def test_a_stack_and_gpu_without_a_single_gpu_row_is_skipped_with_the_reason() -> None:
+    out = validate_rows([_fsdp(0, 2, value="2500"), _fsdp(1, 4, value="2400")], counts_fn=_gemm_only)
+    assert all(r.status == "skipped" and "no single-GPU row" in r.reason for r in out)

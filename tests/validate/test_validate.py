@@ -84,7 +84,7 @@ def test_skip_reasons(corpus) -> None:
 
 def test_an_fsdp_row_is_one_rank_of_fsdp1(corpus) -> None:
     """A memory row on 2 GPUs under FSDP (accelerate's plugin: torch FSDP1) is predicted by the per-rank
-    derivation; other layouts and multi-GPU throughput rows are skipped with their reason."""
+    derivation; other layouts are skipped with their reason."""
     from tunecost.distributed.plan import ParallelPlan
     from tunecost.distributed.rank_memory import rank_memory, single_gpu_step
     from tunecost.validate.corpus import CorpusRow
@@ -99,7 +99,6 @@ def test_an_fsdp_row_is_one_rank_of_fsdp1(corpus) -> None:
     for cells, words in (
         ({"parallelism": "deepspeed zero3"}, "FSDP full shard only"),
         ({"parallelism": ""}, "unstated"),
-        ({"quantity": "tokens_per_s_per_gpu"}, "multi-GPU throughput"),
     ):
         with pytest.raises(Skip, match=words):
             map_row(CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, **cells}))

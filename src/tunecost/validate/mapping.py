@@ -16,9 +16,10 @@ Reading rules (each is stated, none is tuned to the data):
   cuda-old QuantLinear on its torch path;
 - LoRA target names that are whole modules ("wte", "lm_head (trained fully)") are PEFT modules_to_save: trained
   copies beside LoRA (Qwen's finetune.py sets modules_to_save=["wte", "lm_head"] for LoRA on a base model);
-- a memory row on several GPUs under FSDP (`parallelism` "fsdp" or "fsdp (FULL_SHARD)") is one rank of the
-  fsdp1 full-shard layout (accelerate's FSDP plugin runs torch FSDP1; `distributed.rank_memory`), all GPUs in
-  one node; other layouts and multi-GPU throughput rows are skipped.
+- a row on several GPUs under FSDP (`parallelism` "fsdp" or "fsdp (FULL_SHARD)") is one rank of the fsdp1
+  full-shard layout (accelerate's FSDP plugin runs torch FSDP1; `distributed.rank_memory` for its memory,
+  `distributed.timing` for its communication), up to `NODE_GPUS` GPUs in one node and more in whole nodes of
+  `NODE_GPUS` (the rows state no node layout); other layouts are skipped.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tunecost.distributed.plan import ParallelPlan
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_TOKENS
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
@@ -42,6 +44,7 @@ _BOTH_TARGETS = {"c_proj"}
 _MODULES_TO_SAVE = {"wte": "embed_tokens", "embed_tokens": "embed_tokens", "lm_head": "lm_head"}  # -> transformers
 _GPTQ_KERNELS = (("accelerated-peft-autogptq", "triton-v2"), ("qwen finetune.py", "torch"))  # corpus stack cell
 _FSDP_FULL_SHARD = ("fsdp", "fsdp (full_shard)")
+NODE_GPUS = 8  # GPUs per node assumed for a row on more GPUs than one node holds (HGX / DGX servers)
 _ATTENTION = {"flash2": "flash", "flash": "flash", "sdpa": "sdpa", "eager": "eager", "": "flash", "unknown": "flash"}
 
 
@@ -59,6 +62,18 @@ class MappedRow:
     num_gpus: int = 1  # data-parallel ranks; above 1 the row is one rank of `strategy`
     strategy: str | None = None  # a `distributed.plan.STRATEGIES` name when num_gpus > 1
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR  # library behaviours of the row's stack (see `stacks`)
+
+    @property
+    def simulator_job(self) -> FineTuneJob:
+        """The job under the simulator stack of the row's named stack (`tunecost` where it names none)."""
+        return self.job.with_(stack=self.stack.simulator_stack or "tunecost")
+
+    def plan(self) -> ParallelPlan:
+        """The row's data-parallel layout: one node up to `NODE_GPUS` GPUs, whole nodes of `NODE_GPUS` above."""
+        if self.num_gpus == 1 or self.strategy is None:
+            return ParallelPlan()
+        per_node = self.num_gpus if self.num_gpus <= NODE_GPUS else NODE_GPUS
+        return ParallelPlan(num_gpus=self.num_gpus, gpus_per_node=per_node, strategy=self.strategy)
 
 
 def _int(row: CorpusRow, column: str) -> int:
@@ -137,7 +152,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     if not throughput and quantity not in MEMORY_QUANTITIES:
         raise Skip(f"unsupported quantity {quantity!r}")
     num_gpus = _int(row, "num_gpus")
-    strategy = multi_gpu_strategy(row, throughput) if num_gpus != 1 else None
+    strategy = multi_gpu_strategy(row) if num_gpus != 1 else None
     quantization = row.get("quantization") or "none"
     if quantization not in ("none", "bnb-nf4", "gptq-int4"):
         raise Skip(f"{quantization} quantization not modelled")
@@ -246,12 +261,14 @@ def gptq_settings(row: CorpusRow) -> dict[str, Any]:
     return {"quant_type": "gptq", "gptq_group_size": checkpoint.group_size, "gptq_kernel": kernel}
 
 
-def multi_gpu_strategy(row: CorpusRow, throughput: bool) -> str:
-    """The strategy of a multi-GPU memory row: FSDP full shard is fsdp1 (the corpus's FSDP rows run accelerate's
-    FSDP plugin, torch FullyShardedDataParallel); `Skip` for anything else."""
+def multi_gpu_strategy(row: CorpusRow) -> str:
+    """The strategy of a multi-GPU row: FSDP full shard is fsdp1 (the corpus's FSDP rows run accelerate's FSDP
+    plugin, torch FullyShardedDataParallel); `Skip` for anything else, and for a GPU count that fills no whole
+    nodes of `NODE_GPUS`."""
     parallelism = (row.get("parallelism") or "").strip().lower()
-    if throughput:
-        raise Skip("multi-GPU throughput not modelled (communication time is not validated)")
+    num_gpus = _int(row, "num_gpus")
+    if num_gpus > NODE_GPUS and num_gpus % NODE_GPUS:
+        raise Skip(f"{num_gpus} GPUs fill no whole nodes of {NODE_GPUS} GPUs (the node layout is not in the row)")
     if parallelism not in _FSDP_FULL_SHARD:
         raise Skip(f"multi-GPU parallelism {parallelism or 'unstated'!r} not modelled (FSDP full shard only)")
     return "fsdp1"

@@ -103,18 +103,13 @@ def predicted_bytes(quantity: str, sim, gpu_memory_bytes: int | None = None) -> 
 
 
 def _simulate(mapped: MappedRow):
-    stack = mapped.stack.simulator_stack or "tunecost"
-    if mapped.num_gpus > 1:  # one rank of the row's layout, all GPUs in one node
-        from tunecost.distributed.plan import ParallelPlan
-        from tunecost.distributed.rank_memory import rank_memory, single_gpu_step
+    if mapped.num_gpus > 1:  # one rank of the row's layout
+        from tunecost.distributed.rank_memory import rank_memory
 
-        job = mapped.job.with_(stack=stack)
-        assert mapped.strategy is not None
-        plan = ParallelPlan(num_gpus=mapped.num_gpus, gpus_per_node=mapped.num_gpus, strategy=mapped.strategy)
-        return rank_memory(single_gpu_step(job, behaviour=mapped.behaviour), job, plan)
+        return rank_memory(tp.rank_step(mapped), mapped.simulator_job, mapped.plan())
     from tunecost.simulate import simulate_step
 
-    return simulate_step(mapped.job, stack=stack, behaviour=mapped.behaviour)
+    return simulate_step(mapped.job, stack=mapped.stack.simulator_stack or "tunecost", behaviour=mapped.behaviour)
 
 
 def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simulate) -> ValidationRow:
@@ -161,7 +156,9 @@ def _shape(m: MappedRow) -> dict[str, int]:
 
 
 def validate_throughput_rows(
-    rows: list[CorpusRow], counts_fn: tp.CountsFn = tp.micro_batch_counts
+    rows: list[CorpusRow],
+    counts_fn: tp.CountsFn = tp.micro_batch_counts,
+    rank_step_fn: tp.RankStepFn = tp.rank_step,
 ) -> dict[int, ValidationRow]:
     """Throughput rows by position: one calibration row per (stack, GPU) (see `throughput`), the rest predicted.
     A calibration row is `ok` with reason "calibration row" and no error (it is fitted, not predicted)."""
@@ -194,15 +191,22 @@ def validate_throughput_rows(
             continue
         groups.setdefault(tp.group_key(row, mapped), []).append((i, row, mapped, measured, counts))
     for (stack, stack_cell, gpu_name), members in groups.items():
+        gpu = resolve_gpu_name(gpu_name).gpu
         try:
-            terms = tp.gpu_terms(resolve_gpu_name(gpu_name).gpu)
+            terms = tp.gpu_terms(gpu)
         except TunecostError as exc:  # a catalog GPU without the achieved rates the step time needs
             for i, row, mapped, _, _ in members:
                 out[i] = _skipped(row, str(exc), mapped.stack.name)
             continue
 
+        single = [m for m in members if m[2].num_gpus == 1]  # rows on several GPUs are predicted, never fitted
+        if not single:
+            for i, row, mapped, _, _ in members:
+                reason = f"no single-GPU row of {stack} ({stack_cell}) on {gpu_name} to calibrate on"
+                out[i] = _skipped(row, reason, mapped.stack.name)
+            continue
         # calibration: the most FLOPs per optimizer step, first in file order on a tie
-        cal = max(members, key=lambda t: (t[4].total_flops, -t[0]))
+        cal = max(single, key=lambda t: (t[4].total_flops, -t[0]))
         i, row, mapped, measured, counts = cal
         measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **_shape(mapped))
         eff = tp.gemm_efficiency_from(counts, terms, measured_step_s)
@@ -214,6 +218,14 @@ def validate_throughput_rows(
             continue
         for i, row, mapped, measured, counts in members:
             step_s = tp.step_seconds(counts, terms, eff)
+            if mapped.num_gpus > 1:
+                try:
+                    micro_s = tp.step_seconds(counts_fn(mapped), terms, eff)
+                    step_s += tp.exposed_comm_s(mapped, gpu, micro_s, rank_step_fn)
+                except Exception as exc:  # a rank the simulator cannot trace is reported, never a crash
+                    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    out[i] = _skipped(row, f"simulation failed: {reason}", mapped.stack.name)
+                    continue
             predicted = tp.from_step_seconds(row.get("quantity"), step_s, **_shape(mapped))
             reason = (
                 tp.CALIBRATION_REASON if (i, row) == cal[:2] else f"{tp.FITTED_PARAMETER} {eff:.3f} from {cal[1].id}"

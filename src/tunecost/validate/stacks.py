@@ -88,6 +88,9 @@ STACKS: dict[str, Stack] = {
             "DataLoader pinned memory and NCCL buffers",
             "allocations the trace does not see (inside ops, library workspaces, loading the weights)",
             "LoRA dropout (PEFT's default is 0; a row's dropout is not in the corpus)",
+            "FSDP1's host work per wrapped unit on several GPUs (PEFT's auto-wrap policy makes every LoRA Linear a "
+            "unit: its hooks, small collectives and the all-gather rate limiter's waits); the step's communication "
+            "is timed per decoder layer",
         ),
     ),
     "hf-trainer-bnb": Stack(

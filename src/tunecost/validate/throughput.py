@@ -20,7 +20,15 @@ A row's step is predicted by `tunecost.estimate.throughput` (docs/throughput-mod
   file order on a tie; the rule uses the counts only, never a measurement.
   Every other row of the group is predicted with that efficiency.
 Quantities: s_per_step = step_s; tokens_per_s_per_gpu = grad_accum * batch * seq_len / step_s;
-samples_per_s = grad_accum * batch / step_s (one GPU).
+samples_per_s = grad_accum * batch / step_s (per GPU).
+
+A row on several GPUs (one rank of its FSDP layout, `MappedRow.plan`) is never a calibration row: it is predicted
+with the efficiency of the single-GPU rows of its stack and GPU (a group without one is skipped), as the
+single-GPU step of its micro-batches plus the communication that compute does not hide (`exposed_comm_s`): the
+collectives of each micro-batch (`distributed.timing`: sizes from the simulated single-GPU step, nccl-tests'
+bus bandwidths over the GPU's default node link, FSDP's prefetch overlap), counted for every micro-batch of the
+optimizer step (all-gathers run per micro-batch; a reduce-scatter skipped under gradient accumulation is counted
+anyway, an over-count bounded by the trainable bytes).
 
 Rows whose settings the counts do not represent are skipped with the reason (`unmodelled_settings`): a full
 fine-tune under a stack whose full fine-tune is not modelled (its optimizer step, e.g. DeepSpeed ZeRO's fp32 master
@@ -34,6 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from tunecost.catalog.gpus import GPU
 from tunecost.estimate.throughput.counts import AnalyticStepCounts, accumulated, analytic_step_counts
@@ -42,6 +51,9 @@ from tunecost.estimate.throughput.model import StackParams, catalog_gpu_terms, s
 from tunecost.estimate.throughput.priors import PRIORS
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.mapping import MappedRow
+
+if TYPE_CHECKING:
+    from tunecost.distributed.single_step import SingleGpuStep
 
 CALIBRATION_REASON = "calibration row"
 FITTED_PARAMETER = "gemm_efficiency"
@@ -77,6 +89,29 @@ CountsFn = Callable[[MappedRow], AnalyticStepCounts]
 def step_counts(mapped: MappedRow, counts_fn: CountsFn = micro_batch_counts) -> AnalyticStepCounts:
     """One optimizer step of the row: its micro-batch counts accumulated over grad_accum micro-batches."""
     return accumulated(counts_fn(mapped), mapped.grad_accum)
+
+
+def rank_step(mapped: MappedRow) -> SingleGpuStep:
+    """The simulated single-GPU step a rank of the row's layout derives from (cached on disk per job)."""
+    from tunecost.distributed.rank_memory import single_gpu_step
+
+    return single_gpu_step(mapped.simulator_job, behaviour=mapped.behaviour)
+
+
+RankStepFn = Callable[[MappedRow], "SingleGpuStep"]
+
+
+def exposed_comm_s(mapped: MappedRow, gpu: GPU, micro_step_s: float, rank_step_fn: RankStepFn = rank_step) -> float:
+    """Seconds per optimizer step that one rank of the row's layout spends in communication its compute does not
+    hide: per micro-batch of `micro_step_s` compute (`distributed.timing.step_time` over the GPU's default node
+    link and, beyond one node, its default network), times the row's gradient accumulation."""
+    from tunecost.distributed.timing import default_links, step_time
+
+    plan = mapped.plan()
+    if plan.num_gpus == 1:
+        return 0.0
+    timed, _ = step_time(rank_step_fn(mapped), plan, default_links(gpu, plan.node_size), micro_step_s)
+    return mapped.grad_accum * timed.exposed_comm_seconds
 
 
 def step_seconds(counts: AnalyticStepCounts, terms: GpuTerms, gemm_efficiency: float) -> float:
