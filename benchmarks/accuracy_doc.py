@@ -121,9 +121,9 @@ def render(corpus_paths: list[Path] | None) -> str:
         "listed with reason 'calibration row' and left out of the error. Rows whose settings the counts do not "
         "represent (torch.compile, activation offload, a full fine-tune under DeepSpeed ZeRO) are skipped with "
         "the reason, as is every row of a group whose calibration row no GEMM efficiency reproduces. A row on "
-        "several GPUs is never a calibration row: it is predicted with its stack's single-GPU efficiency as its "
-        "own single-GPU step plus the communication its compute does not hide (`distributed.timing`: FSDP's "
-        "collectives over the GPU's node link, nccl-tests' bus bandwidths, prefetch overlap).",
+        "several GPUs is its own single-GPU step plus the communication its compute does not hide "
+        "(`distributed.timing`: FSDP's collectives over the GPU's node link, nccl-tests' bus bandwidths, prefetch "
+        "overlap), with its stack's single-GPU efficiency; it calibrates only a group without a single-GPU row.",
         "",
     ]
     lines += _throughput_stack_lines(results)

@@ -83,9 +83,10 @@ def test_gemm_efficiency_round_trip_on_real_counts() -> None:
     counts = tp.step_counts(mapped)
     terms = tp.gpu_terms(A100)
     measured = tp.step_seconds(counts, terms, 0.55)
-    assert tp.gemm_efficiency_from(counts, terms, measured) == pytest.approx(0.55, rel=1e-6)
+    step_of = tp.row_step_fn(mapped, counts, terms, A100)
+    assert tp.gemm_efficiency_from(step_of, measured) == pytest.approx(0.55, rel=1e-6)
     fastest = tp.step_seconds(counts, terms, 1.0)
-    assert tp.gemm_efficiency_from(counts, terms, 0.9 * fastest) is None
+    assert tp.gemm_efficiency_from(step_of, 0.9 * fastest) is None
     assert "faster than the counts" in tp.calibration_failure(counts, terms, 0.9 * fastest)
 
 
@@ -223,6 +224,21 @@ def test_exposed_communication_per_micro_batch_and_across_nodes() -> None:
         map_row(_fsdp(5, 12))
 
 
-def test_a_stack_and_gpu_without_a_single_gpu_row_is_skipped_with_the_reason() -> None:
-    out = validate_rows([_fsdp(0, 2, value="2500"), _fsdp(1, 4, value="2400")], counts_fn=_gemm_only)
-    assert all(r.status == "skipped" and "no single-GPU row" in r.reason for r in out)
+def test_a_stack_and_gpu_with_rows_on_several_gpus_only_calibrates_on_one_of_them() -> None:
+    """Without a single-GPU row, the row with the most FLOPs calibrates with its communication in the step: the
+    efficiency reproduces its measured step exactly, and the other GPU count is predicted with it."""
+    rows = [_fsdp(0, 2, batch_size_per_gpu="2", value="2500"), _fsdp(1, 4, batch_size_per_gpu="4", value="2400")]
+    out = validate_rows(rows, counts_fn=_gemm_only)
+    assert out[1].reason == "calibration row" and out[1].predicted == pytest.approx(2400, rel=1e-6)
+    assert out[0].status == "ok" and out[0].reason.endswith(" from r1") and out[0].error is not None
+    terms = tp.gpu_terms(A100)
+
+    def step_of(row: CorpusRow) -> tp.StepFn:
+        mapped = map_row(row)
+        return tp.row_step_fn(mapped, tp.step_counts(mapped, _gemm_only), terms, A100, _gemm_only)
+
+    eff = tp.gemm_efficiency_from(step_of(rows[1]), 4000 / 2400)  # 4 x 1000 tokens per GPU per step
+    assert eff is not None and step_of(rows[1])(eff) == pytest.approx(4000 / 2400, rel=1e-6)
+    mapped = map_row(rows[0])
+    assert step_of(rows[0])(eff) > tp.step_seconds(tp.step_counts(mapped, _gemm_only), terms, eff)  # + communication
+    assert out[0].predicted == pytest.approx(2000 / step_of(rows[0])(eff), rel=1e-4)

@@ -199,34 +199,31 @@ def validate_throughput_rows(
                 out[i] = _skipped(row, str(exc), mapped.stack.name)
             continue
 
-        single = [m for m in members if m[2].num_gpus == 1]  # rows on several GPUs are predicted, never fitted
-        if not single:
-            for i, row, mapped, _, _ in members:
-                reason = f"no single-GPU row of {stack} ({stack_cell}) on {gpu_name} to calibrate on"
-                out[i] = _skipped(row, reason, mapped.stack.name)
+        steps: dict[int, tp.StepFn] = {}
+        for i, row, mapped, _, counts in members:
+            try:
+                steps[i] = tp.row_step_fn(mapped, counts, terms, gpu, counts_fn, rank_step_fn)
+            except Exception as exc:  # a rank the simulator cannot trace is reported, never a crash
+                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                out[i] = _skipped(row, f"simulation failed: {reason}", mapped.stack.name)
+        members = [m for m in members if m[0] in steps]
+        if not members:
             continue
-        # calibration: the most FLOPs per optimizer step, first in file order on a tie
-        cal = max(single, key=lambda t: (t[4].total_flops, -t[0]))
+        # calibration: a single-GPU row where the group has one (its step has no communication in it), the most
+        # FLOPs per optimizer step, first in file order on a tie
+        single = [m for m in members if m[2].num_gpus == 1]
+        cal = max(single or members, key=lambda t: (t[4].total_flops, -t[0]))
         i, row, mapped, measured, counts = cal
         measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **_shape(mapped))
-        eff = tp.gemm_efficiency_from(counts, terms, measured_step_s)
+        eff = tp.gemm_efficiency_from(steps[i], measured_step_s)
         if eff is None:
             why = tp.calibration_failure(counts, terms, measured_step_s)
             reason = f"calibration of {stack} ({stack_cell}) on {gpu_name} on {row.id} failed: {why}"
             for i, row, mapped, _, _ in members:
                 out[i] = _skipped(row, reason, mapped.stack.name)
             continue
-        for i, row, mapped, measured, counts in members:
-            step_s = tp.step_seconds(counts, terms, eff)
-            if mapped.num_gpus > 1:
-                try:
-                    micro_s = tp.step_seconds(counts_fn(mapped), terms, eff)
-                    step_s += tp.exposed_comm_s(mapped, gpu, micro_s, rank_step_fn)
-                except Exception as exc:  # a rank the simulator cannot trace is reported, never a crash
-                    reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                    out[i] = _skipped(row, f"simulation failed: {reason}", mapped.stack.name)
-                    continue
-            predicted = tp.from_step_seconds(row.get("quantity"), step_s, **_shape(mapped))
+        for i, row, mapped, measured, _ in members:
+            predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), **_shape(mapped))
             reason = (
                 tp.CALIBRATION_REASON if (i, row) == cal[:2] else f"{tp.FITTED_PARAMETER} {eff:.3f} from {cal[1].id}"
             )

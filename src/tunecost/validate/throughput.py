@@ -22,9 +22,9 @@ A row's step is predicted by `tunecost.estimate.throughput` (docs/throughput-mod
 Quantities: s_per_step = step_s; tokens_per_s_per_gpu = grad_accum * batch * seq_len / step_s;
 samples_per_s = grad_accum * batch / step_s (per GPU).
 
-A row on several GPUs (one rank of its FSDP layout, `MappedRow.plan`) is never a calibration row: it is predicted
-with the efficiency of the single-GPU rows of its stack and GPU (a group without one is skipped), as the
-single-GPU step of its micro-batches plus the communication that compute does not hide (`exposed_comm_s`): the
+A row on several GPUs (one rank of its FSDP layout, `MappedRow.plan`) is the single-GPU step of its micro-batches
+plus the communication that compute does not hide (`row_step_fn`, `exposed_comm_s`); it calibrates its group only
+where the group has no single-GPU row (a single-GPU step has no communication in it to confound the fit). The
 collectives of each micro-batch (`distributed.timing`: sizes from the simulated single-GPU step, nccl-tests'
 bus bandwidths over the GPU's default node link, FSDP's prefetch overlap), counted for every micro-batch of the
 optimizer step (all-gathers run per micro-batch; a reduce-scatter skipped under gradient accumulation is counted
@@ -118,16 +118,43 @@ def step_seconds(counts: AnalyticStepCounts, terms: GpuTerms, gemm_efficiency: f
     return step_time(counts, terms, stack_params(gemm_efficiency)).step_s
 
 
-def gemm_efficiency_from(counts: AnalyticStepCounts, terms: GpuTerms, measured_step_s: float) -> float | None:
-    """The GEMM efficiency whose predicted step equals `measured_step_s` (None when no efficiency in
-    (lowest prior bound, 1] reaches it: the step is faster than the model at full efficiency, or slower than
-    at the lowest). The step time falls monotonically with the efficiency: bisection on its logarithm."""
+StepFn = Callable[[float], float]  # a row's predicted seconds per optimizer step at a GEMM efficiency
+
+
+def row_step_fn(
+    mapped: MappedRow,
+    counts: AnalyticStepCounts,
+    terms: GpuTerms,
+    gpu: GPU,
+    counts_fn: CountsFn = micro_batch_counts,
+    rank_step_fn: RankStepFn = rank_step,
+) -> StepFn:
+    """The row's seconds per optimizer step as a function of the GEMM efficiency: the single-GPU step of its
+    `counts`, plus on several GPUs the communication its micro-batches do not hide (`exposed_comm_s`; the rank's
+    simulated step is traced once, here, and may raise)."""
+    if mapped.num_gpus == 1:
+        return lambda eff: step_seconds(counts, terms, eff)
+    traced = rank_step_fn(mapped)
+    micro = counts_fn(mapped)
+
+    def seconds(eff: float) -> float:
+        micro_s = step_seconds(micro, terms, eff)
+        return step_seconds(counts, terms, eff) + exposed_comm_s(mapped, gpu, micro_s, lambda _: traced)
+
+    return seconds
+
+
+def gemm_efficiency_from(step_of: StepFn, measured_step_s: float) -> float | None:
+    """The GEMM efficiency at which `step_of` (a row's step, `row_step_fn`) equals `measured_step_s` (None when
+    no efficiency in (lowest prior bound, 1] reaches it: the step is faster than the model at full efficiency, or
+    slower than at the lowest). The step falls monotonically with the efficiency (compute, and the communication
+    it leaves exposed): bisection on its logarithm."""
     lo, hi = _LOWEST_EFFICIENCY, 1.0
-    if not step_seconds(counts, terms, hi) <= measured_step_s <= step_seconds(counts, terms, lo):
+    if not step_of(hi) <= measured_step_s <= step_of(lo):
         return None
     for _ in range(_BISECTION_STEPS):
         mid = math.sqrt(lo * hi)
-        if step_seconds(counts, terms, mid) > measured_step_s:
+        if step_of(mid) > measured_step_s:
             lo = mid
         else:
             hi = mid
