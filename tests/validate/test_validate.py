@@ -377,3 +377,33 @@ def test_report_summary_states_the_validated_memory_error(corpus, cli_runner, tm
     line = summary_lines(load_run(run))[-1]
     assert f"Against {len(records)} published measurements" in line
     assert f"within {round(median(memory), 2):.1f} %" in line and f"{len(memory)} rows modelled" in line
+
+
+@pytest.mark.parametrize(
+    ("cell", "quantization", "expected"),
+    [
+        ("LLaMA-Factory 0.9 (transformers 4.46, peft 0.12)", "none", "hf-trainer"),
+        ("LLaMA-Factory 0.9", "bnb-nf4", "hf-trainer-bnb"),  # no fp32 norms unless upcast_layernorm
+        ("axolotl 0.4", "bnb-nf4", "hf-trainer-bnb"),  # norms back to the compute dtype after the preparation
+        ("axolotl (trl installed)", "bnb-nf4", "hf-trainer-bnb"),  # axolotl's own trainer, not TRL's
+        ("hf-transformers+peft+trl", "bnb-nf4", "trl-sft-bnb"),  # TRL's SFTTrainer prepares the 4-bit model
+        ("TRL SFTTrainer", "none", "hf-trainer"),
+        ("transformers Trainer + PEFT", "bnb-nf4", "hf-trainer-bnb"),
+        ("LLaMA-Factory (unsloth)", "bnb-nf4", "unsloth"),
+        ("unsloth 2024.8", "none", "unsloth"),
+        ("ctrl-trainer", "none", None),  # "trl" inside a word names no TRL
+    ],
+)
+def test_frameworks_built_on_the_hf_trainer_are_its_stacks(cell, quantization, expected) -> None:
+    from tunecost.validate.stacks import stack_for
+
+    stack = stack_for(cell, quantization)
+    assert (stack.name if stack else None) == expected
+
+
+def test_an_unsloth_row_is_skipped_with_its_reason(corpus) -> None:
+    from tunecost.validate.corpus import CorpusRow
+
+    row = next(r for r in read_corpus([corpus]) if r.get("quantity") == "peak_allocated_gib")
+    with pytest.raises(Skip, match="stack unsloth not modelled"):
+        map_row(CorpusRow(path=row.path, line=row.line, cells={**row.cells, "stack": "unsloth"}))

@@ -186,6 +186,16 @@ STACKS: dict[str, Stack] = {
         full_finetune_modelled=False,
         full_skip_reason="optimizer precision and sharding not stated",
     ),
+    "unsloth": Stack(
+        name="unsloth",
+        simulator_stack=None,
+        kept_for_backward="unsloth's gradient checkpointing, which offloads each layer's input to host memory",
+        loss="unsloth's fused (chunked) cross-entropy kernel",
+        adapters="unsloth's own Triton LoRA, RoPE and RMSNorm kernels on transformers' models",
+        allocator="as hf-trainer",
+        skip_reason="stack unsloth not modelled (own Triton LoRA, RoPE, RMSNorm and cross-entropy kernels; "
+        "checkpointed layer inputs offloaded to host memory)",
+    ),
     "torchtune": Stack(
         name="torchtune",
         simulator_stack=None,
@@ -212,7 +222,15 @@ STACKS["hf-trainer-no-moe-kernels"] = replace(
 )
 
 _FRAMEWORK_STACKS = {"baseline-peft-bnb": "trl-sft-bnb"}  # fms-acceleration framework (row notes) -> stack
+# Frameworks that fine-tune with transformers' Trainer and PEFT are the HF Trainer stacks, read in their code:
+# LLaMA-Factory (model_utils/checkpointing.py `prepare_model_for_training`: re-entrant checkpointing by default,
+# layer norms upcast only with `upcast_layernorm`, off by default; trainable adapters cast to fp32) and axolotl
+# (utils/models.py: QLoRA runs prepare_model_for_kbit_training, then casts the norms, embeddings and lm_head back to
+# the compute dtype "for flash-attn compatibility" whenever an adapter is trained) keep no fp32 norms: hf-trainer-bnb
+# for their 4-bit rows. TRL's SFTTrainer prepares a 4-bit model itself (fp32 norms on one GPU): trl-sft-bnb.
+# unsloth (its own kernels, also inside LLaMA-Factory when enabled) is named first, so that it is never read as one.
 _CORPUS_STACKS: tuple[tuple[str, str], ...] = (  # (substring of the corpus `stack` cell, stack name), first match
+    ("unsloth", "unsloth"),
     ("accelerated-peft-bnb", "hf-trainer-bnb"),
     ("accelerated-peft-autogptq", "hf-trainer"),
     ("qwen finetune.py", "qwen-finetune"),
@@ -220,23 +238,30 @@ _CORPUS_STACKS: tuple[tuple[str, str], ...] = (  # (substring of the corpus `sta
     ("torchtune", "torchtune"),
     ("hf-2024", "hf-2024"),
     ("no moe kernels", "hf-trainer-no-moe-kernels"),
+    ("llama-factory", "hf-trainer"),
+    ("llamafactory", "hf-trainer"),
+    ("axolotl", "hf-trainer"),
     ("hf-transformers", "hf-trainer"),
+    ("transformers", "hf-trainer"),
 )
+_TRL = re.compile(r"\btrl\b")
+_OWN_TRAINER = ("llama-factory", "llamafactory", "axolotl")  # they run their own trainer even with TRL installed
 
 
 def stack_for(corpus_stack: str, quantization: str = "none", framework: str = "") -> Stack | None:
     """The named stack of a corpus row's `stack` cell (None: unknown). 4-bit bitsandbytes rows of a plain
-    transformers stack are `hf-trainer-bnb`, or `trl-sft-bnb` when fms-acceleration's `framework` is its
-    baseline (PEFT preparation left to TRL's SFTTrainer)."""
+    transformers stack are `hf-trainer-bnb`, or `trl-sft-bnb` when the cell names TRL (its SFTTrainer) or
+    fms-acceleration's `framework` is its baseline (PEFT preparation left to TRL's SFTTrainer)."""
     key = corpus_stack.strip().lower()
     if key in STACKS:
         name = key
     else:
-        name = next((n for sub, n in _CORPUS_STACKS if sub in key), "")
+        name = next((n for sub, n in _CORPUS_STACKS if sub in key), "hf-trainer" if _TRL.search(key) else "")
     if not name:
         return None
     if name == "hf-trainer" and quantization == "bnb-nf4":
-        name = _FRAMEWORK_STACKS.get(framework.strip().lower(), "hf-trainer-bnb")
+        sft = _TRL.search(key) and not any(own in key for own in _OWN_TRAINER)
+        name = _FRAMEWORK_STACKS.get(framework.strip().lower(), "trl-sft-bnb" if sft else "hf-trainer-bnb")
     return STACKS[name]
 
 
