@@ -64,7 +64,7 @@ def test_ddp_that_does_not_fit_says_why(cli_runner):
         (["--model", DENSE, "--gpus", "4", "--expert-parallel", "2"], "needs an MoE model; " + DENSE + " is dense"),
         (["--gpus", "4", "--strategy", "hsdp", "--expert-parallel", "2"], "with hsdp is not modelled"),
         (["--gpus", "4", "--strategy", "ddp", "--offload", "optimizer"], "for zero1/zero2/zero3 only; not for ddp"),
-        (["--gpus", "4", "--strategy", "fsdp2", "--offload", "params"], "for zero3 only; not for fsdp2"),
+        (["--gpus", "4", "--strategy", "hsdp", "--offload", "params"], "for zero3/fsdp1/fsdp2 only; not for hsdp"),
         (["--gpus", "4", "--offload", "nvme"], "unknown offload 'nvme'"),
     ],
 )
@@ -100,7 +100,8 @@ def test_counts_past_their_bounds_are_one_error_line(cli_runner, option: str, ma
     [
         (["--expert-parallel", "2"], {"ddp", "fsdp2", "fsdp2-shard-grad-op", "zero1", "zero2", "zero3"}),
         (["--offload", "optimizer"], {"zero1", "zero2", "zero3"}),
-        (["--offload", "params", "--expert-parallel", "2"], {"zero3"}),
+        (["--offload", "params"], {"zero3", "fsdp1", "fsdp2"}),  # ZeRO-3's parameter offload, FSDP's CPU offload
+        (["--offload", "params", "--expert-parallel", "2"], {"zero3", "fsdp2"}),
     ],
 )
 def test_all_strategies_means_those_that_take_the_options(cli_runner, extra, strategies):

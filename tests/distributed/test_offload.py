@@ -86,3 +86,22 @@ def test_the_updated_partition_is_exposed(full):
     with_offload, _ = step_time(step, ParallelPlan(**plan, offload="optimizer"), links_at(BUSBW), 1.0)
     without, _ = step_time(step, ParallelPlan(**plan), links_at(BUSBW), 1.0)
     assert with_offload.step_seconds - without.step_seconds >= step.trainable_bytes / N / BUSBW * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp1", "fsdp2"])
+def test_fsdps_cpu_offload_keeps_every_state_on_the_host_and_fetches_each_shard(full, strategy):
+    """FSDP's CPU offload (FSDP1 CPUOffload(offload_params=True), FSDP2 CPUOffloadPolicy): parameter and gradient
+    shards and the optimizer on the host, the optimizer's own states (no ZeRO fp32 master copy), the same copies
+    per step as ZeRO-3's parameter offload."""
+    job, step = full
+    on_gpu = _opt_segment(step, job, strategy, "params")
+    assert not {"trainable_params", "frozen_weights", "gradients", "optimizer_states"} & set(on_gpu)
+    memory = rank_memory(step, job, ParallelPlan(num_gpus=N, strategy=strategy, offload="params"))
+    params = step.trainable_bytes // 4
+    optimizer = max(c.get("optimizer_states", 0) for c in step.segments.values())
+    assert memory.host_bytes == -(-(optimizer + params * 4 + step.weight_bytes) // N)
+    assert memory.peak_bytes < rank_memory(step, job, ParallelPlan(num_gpus=N, strategy=strategy)).peak_bytes
+    assert any("FSDP CPU offload" in a for a in memory.assumptions)
+    copies = _copies(step, strategy, "params")
+    assert copies["host_to_device"] == pytest.approx(2 * step.weight_bytes / N)
+    assert copies["device_to_host"] == pytest.approx(step.trainable_bytes / N)

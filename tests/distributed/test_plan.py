@@ -33,8 +33,9 @@ def test_default_plan_is_one_gpu():
         (dict(gpus_per_node=0), "GPUs per node must be at least 1"),
         (dict(num_gpus=4, strategy="ddp", offload="optimizer"), "for zero1/zero2/zero3 only; not for ddp"),
         (dict(num_gpus=4, strategy="fsdp2", offload="optimizer"), "not for fsdp2"),
-        (dict(num_gpus=4, strategy="fsdp2", offload="params"), "for zero3 only; not for fsdp2"),
-        (dict(num_gpus=4, strategy="zero2", offload="params"), "for zero3 only; not for zero2"),
+        (dict(num_gpus=4, strategy="ddp", offload="params"), "for zero3/fsdp1/fsdp2 only; not for ddp"),
+        (dict(num_gpus=4, strategy="zero2", offload="params"), "for zero3/fsdp1/fsdp2 only; not for zero2"),
+        (dict(num_gpus=4, strategy="fsdp2-shard-grad-op", offload="params"), "not for fsdp2-shard-grad-op"),
         (dict(num_gpus=4, strategy="zero3", offload="nvme"), "unknown offload 'nvme'"),
     ],
 )

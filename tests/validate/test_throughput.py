@@ -105,7 +105,7 @@ def test_one_calibration_row_per_stack_and_gpu_predicts_the_rest() -> None:
             1, batch_size_per_gpu="2", value="3000"
         ),  # most FLOPs (tokens x the same model) per step: the calibration row
         _row(2, batch_size_per_gpu="2", value="9999"),  # a tie in FLOPs: the first in file order calibrates
-        _row(3, num_gpus="2", parallelism="deepspeed zero3", value="1"),
+        _row(3, num_gpus="2", parallelism="pipeline parallel", value="1"),
         _row(4, quantity="time_to_train_s", value="100", unit="s"),
         _row(5, seq_len_kind="max", value="1"),
     ]
@@ -122,7 +122,7 @@ def test_one_calibration_row_per_stack_and_gpu_predicts_the_rest() -> None:
     assert pred.reason == f"gemm_efficiency {eff:.3f} from r1"
     assert pred.error == pytest.approx((pred.predicted - 2000) / 2000 * 100, abs=0.01)
     assert tie.predicted == pytest.approx(3000.0) and tie.error == pytest.approx((3000 - 9999) / 9999 * 100, abs=0.01)
-    assert "FSDP full shard only" in out[3].reason and "time_to_train_s" in out[4].reason and "dataset" in out[5].reason
+    assert "not modelled (DDP" in out[3].reason and "time_to_train_s" in out[4].reason and "dataset" in out[5].reason
     assert all(r.status == "skipped" and r.predicted is None for r in out[3:])
     totals = throughput_totals(out)
     assert totals["calibration_rows"] == 1 and totals["predicted_rows"] == 2

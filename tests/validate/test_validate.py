@@ -97,7 +97,8 @@ def test_an_fsdp_row_is_one_rank_of_fsdp1(corpus) -> None:
     row = _by_id(validate_rows([multi]))["t-multi"]
     assert (row.status, row.predicted) == ("ok", round(rank.peak_bytes / GIB, 3))
     for cells, words in (
-        ({"parallelism": "deepspeed zero3"}, "FSDP full shard only"),
+        ({"parallelism": "tensor parallel 2"}, "not modelled"),
+        ({"parallelism": "deepspeed"}, "not modelled"),
         ({"parallelism": ""}, "unstated"),
     ):
         with pytest.raises(Skip, match=words):
@@ -407,3 +408,40 @@ def test_an_unsloth_row_is_skipped_with_its_reason(corpus) -> None:
     row = next(r for r in read_corpus([corpus]) if r.get("quantity") == "peak_allocated_gib")
     with pytest.raises(Skip, match="stack unsloth not modelled"):
         map_row(CorpusRow(path=row.path, line=row.line, cells={**row.cells, "stack": "unsloth"}))
+
+
+@pytest.mark.parametrize(
+    ("cell", "layout"),
+    [
+        ("fsdp (FULL_SHARD)", ("fsdp1", "none")),
+        ("FSDP", ("fsdp1", "none")),
+        ("fsdp + cpu offload", ("fsdp1", "params")),
+        ("FSDP2 (fully_shard)", ("fsdp2", "none")),
+        ("fsdp (SHARD_GRAD_OP)", ("fsdp2-shard-grad-op", "none")),
+        ("ddp", ("ddp", "none")),
+        ("DeepSpeed ZeRO-2", ("zero2", "none")),
+        ("deepspeed zero stage 3", ("zero3", "none")),
+        ("deepspeed zero2 + offload", ("zero2", "optimizer")),
+        ("deepspeed zero3 + cpu offload", ("zero3", "params")),
+        ("deepspeed zero3 (offload optimizer)", ("zero3", "optimizer")),
+        ("zero3 offload_param + offload_optimizer", ("zero3", "params")),
+    ],
+)
+def test_a_multi_gpu_rows_parallelism_names_its_layout(corpus, cell, layout) -> None:
+    from tunecost.validate.corpus import CorpusRow
+    from tunecost.validate.mapping import multi_gpu_layout
+
+    multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
+    row = CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, "parallelism": cell})
+    assert multi_gpu_layout(row) == layout
+    mapped = map_row(row)
+    assert (mapped.plan().strategy, mapped.plan().offload) == layout
+
+
+def test_tensor_parallel_and_offload_under_ddp_are_skipped(corpus) -> None:
+    from tunecost.validate.corpus import CorpusRow
+
+    multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
+    for cell, words in (("ddp + cpu offload", "DDP has no CPU offload"), ("hybrid shard", "not modelled")):
+        with pytest.raises(Skip, match=words):
+            map_row(CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, "parallelism": cell}))

@@ -7,7 +7,10 @@ factors, 32-bit: the trainable bytes / N), and after the CPU step the updated 16
 (the same bytes). `offload_param` (stage 3 only; here always with the optimizer offloaded, as DeepSpeed's
 ZeRO-3 offload configuration does) keeps each rank's parameter partition in CPU memory too: every forward and
 every backward fetches the partition of each unit to the GPU before its all-gather (the stored weights / N,
-twice a step), and the updated parameters stay on the host.
+twice a step), and the updated parameters stay on the host. FSDP's CPU offload (FSDP1
+`CPUOffload(offload_params=True)`, FSDP2 `CPUOffloadPolicy`) is the same partition: each rank's parameter and
+gradient shards live in host memory, the optimizer steps there, and every unit's shard is copied to the GPU before
+its all-gather and its gradient shard back after its reduce-scatter ("params" for fsdp1 and fsdp2).
 
 Time: bytes / the host link's bandwidth (the interconnect catalog's PCIe row for the GPU), each rank on its
 own PCIe x16 link (no sharing between the GPUs of a node). Gradient copies follow their bucket's
@@ -21,7 +24,7 @@ from __future__ import annotations
 from tunecost.errors import TunecostError
 
 OFFLOAD_CHOICES = ("none", "optimizer", "params")
-OFFLOAD_STRATEGIES = {"optimizer": ("zero1", "zero2", "zero3"), "params": ("zero3",)}
+OFFLOAD_STRATEGIES = {"optimizer": ("zero1", "zero2", "zero3"), "params": ("zero3", "fsdp1", "fsdp2")}
 FP32_GRADIENT_BYTES = 4  # DeepSpeed keeps the offloaded gradient partition in fp32 for the CPU Adam
 HOST_LINK_BY_GPU = {"H100-80GB-SXM": "PCIe5", "H100-80GB-PCIE": "PCIe5", "H200-141GB": "PCIe5"}
 HOST_LINK_OTHER = "PCIe4"
@@ -33,7 +36,7 @@ def check_offload(offload: str, strategy: str) -> None:
         raise TunecostError(f"unknown offload {offload!r}; supported: {', '.join(OFFLOAD_CHOICES)}")
     if offload != "none" and strategy not in OFFLOAD_STRATEGIES[offload]:
         allowed = "/".join(OFFLOAD_STRATEGIES[offload])
-        raise TunecostError(f"offload {offload!r} is DeepSpeed ZeRO's, for {allowed} only; not for {strategy}")
+        raise TunecostError(f"offload {offload!r} is for {allowed} only; not for {strategy}")
 
 
 def offloads_states(offload: str) -> bool:

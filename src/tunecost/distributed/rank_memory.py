@@ -197,9 +197,10 @@ def rank_memory(
 def offloaded_host_bytes(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) -> int:
     """CPU memory of one rank's offloaded partition (`offload.host_bytes`); 0 without offload."""
     simulated = max((c.get("optimizer_states", 0) for c in step.segments.values()), default=0)
+    zero = plan.strategy in ZERO_STRATEGIES  # FSDP's offload keeps the optimizer's own states
     return offload.host_bytes(
         offload=plan.offload,
-        optimizer_state_bytes=zero_optimizer_state_bytes(step, job, simulated),
+        optimizer_state_bytes=zero_optimizer_state_bytes(step, job, simulated) if zero else simulated,
         trainable_params=step.trainable_bytes // step.trainable_bytes_per_param,
         weight_bytes=step.weight_bytes,
         num_ranks=shard_group_size(plan),
@@ -231,7 +232,12 @@ def rank_assumptions(job: FineTuneJob, plan: ParallelPlan, overhead: DeviceOverh
             "decoder-layer units (LoRA / QLoRA), every recomputed layer's input and its gradient are held until the "
             "end of backward (`distributed.fsdp1`); FSDP2 (`fully_shard`) frees them per layer"
         )
-    if plan.offload != "none":
+    if plan.offload != "none" and plan.strategy not in ZERO_STRATEGIES:
+        out.append(
+            f"FSDP CPU offload ({plan.offload}): the rank's parameter and gradient shards and the optimizer states in "
+            "host memory, the optimizer step on the CPU; the GPU keeps the gathered layers and their buffers"
+        )
+    elif plan.offload != "none":
         held = "parameters, " if offload.offloads_params(plan.offload) else ""
         out.append(
             f"DeepSpeed CPU offload ({plan.offload}): the rank's partition of {held}gradients (fp32), fp32 master "

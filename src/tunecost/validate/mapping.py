@@ -16,14 +16,16 @@ Reading rules (each is stated, none is tuned to the data):
   cuda-old QuantLinear on its torch path;
 - LoRA target names that are whole modules ("wte", "lm_head (trained fully)") are PEFT modules_to_save: trained
   copies beside LoRA (Qwen's finetune.py sets modules_to_save=["wte", "lm_head"] for LoRA on a base model);
-- a row on several GPUs under FSDP (`parallelism` "fsdp" or "fsdp (FULL_SHARD)") is one rank of the fsdp1
-  full-shard layout (accelerate's FSDP plugin runs torch FSDP1; `distributed.rank_memory` for its memory,
+- a row on several GPUs is one rank of the layout its `parallelism` names (`multi_gpu_layout`: DDP, DeepSpeed ZeRO
+  1-3 with CPU offload, FSDP full shard, which is fsdp1 where the cell does not say fsdp2, as accelerate's FSDP
+  plugin runs torch FSDP1, shard-grad-op, FSDP's CPU offload; `distributed.rank_memory` for its memory,
   `distributed.timing` for its communication), up to `NODE_GPUS` GPUs in one node and more in whole nodes of
   `NODE_GPUS` (the rows state no node layout); other layouts are skipped.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,7 +45,6 @@ _MLP_TARGETS = {"gate_proj", "up_proj", "down_proj", "w1", "w2", "w3", "gate_up_
 _BOTH_TARGETS = {"c_proj"}
 _MODULES_TO_SAVE = {"wte": "embed_tokens", "embed_tokens": "embed_tokens", "lm_head": "lm_head"}  # -> transformers
 _GPTQ_KERNELS = (("accelerated-peft-autogptq", "triton-v2"), ("qwen finetune.py", "torch"))  # corpus stack cell
-_FSDP_FULL_SHARD = ("fsdp", "fsdp (full_shard)")
 NODE_GPUS = 8  # GPUs per node assumed for a row on more GPUs than one node holds (HGX / DGX servers)
 _ATTENTION = {"flash2": "flash", "flash": "flash", "sdpa": "sdpa", "eager": "eager", "": "flash", "unknown": "flash"}
 
@@ -61,6 +62,7 @@ class MappedRow:
     grad_accum: int = 1
     num_gpus: int = 1  # data-parallel ranks; above 1 the row is one rank of `strategy`
     strategy: str | None = None  # a `distributed.plan.STRATEGIES` name when num_gpus > 1
+    offload: str = "none"  # CPU offload of the strategy (`distributed.offload.OFFLOAD_CHOICES`)
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR  # library behaviours of the row's stack (see `stacks`)
 
     @property
@@ -73,7 +75,9 @@ class MappedRow:
         if self.num_gpus == 1 or self.strategy is None:
             return ParallelPlan()
         per_node = self.num_gpus if self.num_gpus <= NODE_GPUS else NODE_GPUS
-        return ParallelPlan(num_gpus=self.num_gpus, gpus_per_node=per_node, strategy=self.strategy)
+        return ParallelPlan(
+            num_gpus=self.num_gpus, gpus_per_node=per_node, strategy=self.strategy, offload=self.offload
+        )
 
 
 def _int(row: CorpusRow, column: str) -> int:
@@ -152,7 +156,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     if not throughput and quantity not in MEMORY_QUANTITIES:
         raise Skip(f"unsupported quantity {quantity!r}")
     num_gpus = _int(row, "num_gpus")
-    strategy = multi_gpu_strategy(row) if num_gpus != 1 else None
+    strategy, offload = multi_gpu_layout(row) if num_gpus != 1 else (None, "none")
     quantization = row.get("quantization") or "none"
     if quantization not in ("none", "bnb-nf4", "gptq-int4"):
         raise Skip(f"{quantization} quantization not modelled")
@@ -230,11 +234,13 @@ def map_row(row: CorpusRow) -> MappedRow:
         grad_accum=grad_accum,
         num_gpus=num_gpus,
         strategy=strategy,
+        offload=offload,
         behaviour=behaviour_for(
             stack,
             model_id=row.get("model"),
             stack_versions=row.get("stack_versions"),
             num_gpus=num_gpus,
+            strategy=strategy,
             family=spec.family,
             method=method,
         ),
@@ -261,14 +267,46 @@ def gptq_settings(row: CorpusRow) -> dict[str, Any]:
     return {"quant_type": "gptq", "gptq_group_size": checkpoint.group_size, "gptq_kernel": kernel}
 
 
-def multi_gpu_strategy(row: CorpusRow) -> str:
-    """The strategy of a multi-GPU row: FSDP full shard is fsdp1 (the corpus's FSDP rows run accelerate's FSDP
-    plugin, torch FullyShardedDataParallel); `Skip` for anything else, and for a GPU count that fills no whole
-    nodes of `NODE_GPUS`."""
+_ZERO_STAGE = re.compile(r"zero[\s_-]*(?:stage[\s_-]*)?([123])")
+
+
+def multi_gpu_layout(row: CorpusRow) -> tuple[str, str]:
+    """(strategy, offload) of a multi-GPU row, read from its `parallelism` cell (case-insensitive):
+    - DeepSpeed ZeRO: "zero1/2/3", "zero-2", "zero stage 3" -> zeroN; with "offload": "params" where the cell
+      names parameters, "optimizer" where it names the optimizer only, else ZeRO-3's common offload configuration
+      (parameters and optimizer: "params") and ZeRO-1/2's only one ("optimizer");
+    - DDP ("ddp", "data parallel") -> ddp;
+    - FSDP: FULL_SHARD (a bare "fsdp" included) -> fsdp1, the torch FullyShardedDataParallel that accelerate's FSDP
+      plugin runs (the corpus's FSDP rows), or fsdp2 where the cell says "fsdp2" or "fully_shard";
+      SHARD_GRAD_OP -> fsdp2-shard-grad-op; with "offload": FSDP's CPU offload (parameter and gradient shards and
+      the optimizer step on the host: "params");
+    `Skip` for anything else (tensor, pipeline, hybrid sharding; DeepSpeed without a stage) and for a GPU count
+    that fills no whole nodes of `NODE_GPUS`."""
     parallelism = (row.get("parallelism") or "").strip().lower()
     num_gpus = _int(row, "num_gpus")
     if num_gpus > NODE_GPUS and num_gpus % NODE_GPUS:
         raise Skip(f"{num_gpus} GPUs fill no whole nodes of {NODE_GPUS} GPUs (the node layout is not in the row)")
-    if parallelism not in _FSDP_FULL_SHARD:
-        raise Skip(f"multi-GPU parallelism {parallelism or 'unstated'!r} not modelled (FSDP full shard only)")
-    return "fsdp1"
+    offload = "offload" in parallelism
+    unknown = f"multi-GPU parallelism {parallelism or 'unstated'!r} not modelled (DDP, DeepSpeed ZeRO 1-3, FSDP)"
+    if any(word in parallelism for word in ("tensor", "pipeline", "hybrid", "no_shard", "megatron")):
+        raise Skip(unknown)
+    stage = _ZERO_STAGE.search(parallelism)
+    if stage:
+        strategy = f"zero{stage.group(1)}"
+        if not offload:
+            return strategy, "none"
+        if "param" in parallelism:
+            return strategy, "params"
+        return strategy, "params" if strategy == "zero3" and "optim" not in parallelism else "optimizer"
+    if "ddp" in parallelism or "data parallel" in parallelism:
+        if offload:
+            raise Skip(f"multi-GPU parallelism {parallelism!r}: DDP has no CPU offload")
+        return "ddp", "none"
+    if "fsdp" in parallelism or "fully_shard" in parallelism:
+        if "shard_grad_op" in parallelism or "shard grad op" in parallelism:
+            if offload:
+                raise Skip(f"multi-GPU parallelism {parallelism!r}: CPU offload with SHARD_GRAD_OP not modelled")
+            return "fsdp2-shard-grad-op", "none"
+        strategy = "fsdp2" if "fsdp2" in parallelism or "fully_shard" in parallelism else "fsdp1"
+        return strategy, "params" if offload else "none"
+    raise Skip(unknown)

@@ -287,17 +287,25 @@ def loss_code_for(model_id: str, stack_versions: str, family: str = "") -> str:
 
 
 def behaviour_for(
-    stack: Stack, *, model_id: str, stack_versions: str, num_gpus: int, family: str = "", method: str = ""
+    stack: Stack,
+    *,
+    model_id: str,
+    stack_versions: str,
+    num_gpus: int,
+    family: str = "",
+    method: str = "",
+    strategy: str | None = None,
 ) -> StackBehaviour:
-    """The library behaviours a row's stack reproduces (the fp32 norms only on one GPU: see trl-sft-bnb; FSDP1's
-    held layer inputs only on several: a multi-GPU row is mapped only under FSDP; DeepSpeed ZeRO-2 fp16 for the
-    single-GPU QLoRA rows of a stack that runs them so: see qwen-finetune)."""
+    """The library behaviours a row's stack reproduces (the fp32 norms unless the parameters are sharded: TRL's
+    SFTTrainer skips the preparation for a 4-bit model loaded off the GPU, as under FSDP and ZeRO-3, see
+    trl-sft-bnb; FSDP1's held layer inputs come with the fsdp1 strategy, `distributed.fsdp1`; DeepSpeed ZeRO-2 fp16
+    for the single-GPU QLoRA rows of a stack that runs them so: see qwen-finetune)."""
     loss_code = loss_code_for(model_id, stack_versions, family)
     zero2 = stack.qlora_deepspeed_zero2 if method == "qlora" and num_gpus == 1 else None
     if zero2 is not None and loss_code == LOSS_MODEL_SHIFTED:
         loss_code = LOSS_MODEL_SHIFTED_NO_AUTOCAST  # DeepSpeed's fp16 engine runs without autocast
     return StackBehaviour(
-        kbit_fp32_norms=stack.kbit_fp32_norms and num_gpus == 1,
+        kbit_fp32_norms=stack.kbit_fp32_norms and (num_gpus == 1 or strategy in ("ddp", "zero1", "zero2")),
         loss_code=loss_code,
         deepspeed_zero2=zero2,
         adamw_impl=ADAMW_FUSED if zero2 is not None else stack.adamw_impl,  # DeepSpeed's own FusedAdam

@@ -29,7 +29,11 @@ MaxGpus = Annotated[
 Interconnect = Annotated[str | None, opt("--interconnect", "Several GPUs: the link inside a node (NVLink4, PCIe4...).")]
 Offload = Annotated[
     str | None,
-    opt("--offload", "Several GPUs, DeepSpeed ZeRO: none | optimizer (zero1/2/3) | params (zero3, with optimizer)."),
+    opt(
+        "--offload",
+        "Several GPUs, CPU offload: none | optimizer (DeepSpeed zero1/2/3) | params (zero3 with the optimizer; "
+        "FSDP's CPU offload for fsdp1/fsdp2).",
+    ),
 ]
 ExpertParallel = Annotated[
     int | None,
