@@ -67,6 +67,9 @@ def test_units_round_trip() -> None:
     assert tp.to_step_seconds("tokens_per_s_per_gpu", 4000.0, **shape) == 2.0  # 8000 tokens per step
     assert tp.to_step_seconds("samples_per_s", 4.0, **shape) == 2.0  # 8 samples per step
     assert tp.to_step_seconds("s_per_step", 2.0, **shape) == 2.0
+    # samples per second are the whole job's: 4 GPUs run 4 x 8 samples per step
+    assert tp.to_step_seconds("samples_per_s", 16.0, **shape, num_gpus=4) == 2.0
+    assert tp.to_step_seconds("tokens_per_s_per_gpu", 4000.0, **shape, num_gpus=4) == 2.0
     for q in ("tokens_per_s_per_gpu", "samples_per_s", "s_per_step"):
         assert tp.from_step_seconds(q, tp.to_step_seconds(q, 3.0, **shape), **shape) == pytest.approx(3.0)
 

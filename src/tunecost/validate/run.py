@@ -151,8 +151,13 @@ def _throughput_ok(row: CorpusRow, mapped: MappedRow, measured: float, predicted
 
 
 def _shape(m: MappedRow) -> dict[str, int]:
-    """Batch, sequence length and gradient accumulation: what converts a step time into a row's quantity."""
-    return {"batch": m.job.batch_size, "seq_len": int(m.job.seq_len or 0), "grad_accum": m.grad_accum}
+    """Batch, sequence length, gradient accumulation and GPUs: what converts a step time into a row's quantity."""
+    return {
+        "batch": m.job.batch_size,
+        "seq_len": int(m.job.seq_len or 0),
+        "grad_accum": m.grad_accum,
+        "num_gpus": m.num_gpus,
+    }
 
 
 def validate_throughput_rows(

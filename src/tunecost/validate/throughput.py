@@ -20,7 +20,7 @@ A row's step is predicted by `tunecost.estimate.throughput` (docs/throughput-mod
   file order on a tie; the rule uses the counts only, never a measurement.
   Every other row of the group is predicted with that efficiency.
 Quantities: s_per_step = step_s; tokens_per_s_per_gpu = grad_accum * batch * seq_len / step_s;
-samples_per_s = grad_accum * batch / step_s (per GPU).
+samples_per_s = grad_accum * batch * num_gpus / step_s (the whole job, as the corpus defines it).
 
 A row on several GPUs (one rank of its FSDP layout, `MappedRow.plan`) is the single-GPU step of its micro-batches
 plus the communication that compute does not hide (`row_step_fn`, `exposed_comm_s`); it calibrates its group only
@@ -200,17 +200,22 @@ def tokens_per_step(batch: int, seq_len: int, grad_accum: int) -> int:
     return batch * seq_len * grad_accum
 
 
-def to_step_seconds(quantity: str, value: float, *, batch: int, seq_len: int, grad_accum: int) -> float:
-    """A measured throughput figure as seconds per optimizer step (one GPU)."""
+def to_step_seconds(
+    quantity: str, value: float, *, batch: int, seq_len: int, grad_accum: int, num_gpus: int = 1
+) -> float:
+    """A measured throughput figure as seconds per optimizer step: tokens per second per GPU, samples per second
+    of the whole job (every GPU's micro-batches), or seconds per step."""
     if quantity == "s_per_step":
         return value
     if quantity == "tokens_per_s_per_gpu":
         return tokens_per_step(batch, seq_len, grad_accum) / value
     if quantity == "samples_per_s":
-        return batch * grad_accum / value
+        return batch * grad_accum * num_gpus / value
     raise ValueError(quantity)
 
 
-def from_step_seconds(quantity: str, step_s: float, *, batch: int, seq_len: int, grad_accum: int) -> float:
+def from_step_seconds(
+    quantity: str, step_s: float, *, batch: int, seq_len: int, grad_accum: int, num_gpus: int = 1
+) -> float:
     """Seconds per optimizer step as the row's quantity (the inverse of `to_step_seconds`)."""
-    return to_step_seconds(quantity, step_s, batch=batch, seq_len=seq_len, grad_accum=grad_accum)
+    return to_step_seconds(quantity, step_s, batch=batch, seq_len=seq_len, grad_accum=grad_accum, num_gpus=num_gpus)
