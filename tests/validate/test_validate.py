@@ -445,3 +445,11 @@ def test_tensor_parallel_and_offload_under_ddp_are_skipped(corpus) -> None:
     for cell, words in (("ddp + cpu offload", "DDP has no CPU offload"), ("hybrid shard", "not modelled")):
         with pytest.raises(Skip, match=words):
             map_row(CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, "parallelism": cell}))
+
+
+def test_all_linear_adapts_every_linear_but_the_output_layer() -> None:
+    from tunecost.validate.mapping import lora_targets
+
+    assert lora_targets("all-linear") == ("attention", "mlp")
+    assert lora_targets("all-linear", is_moe=True) == ("attention", "experts", "router")
+    assert lora_targets("all-linear;lm_head (trained fully)") == ("attention", "mlp")

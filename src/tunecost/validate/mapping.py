@@ -109,13 +109,18 @@ def modules_to_save(cell: str) -> tuple[str, ...]:
     return tuple(out)
 
 
-def lora_targets(cell: str) -> tuple[str, ...]:
+def lora_targets(cell: str, *, is_moe: bool = False) -> tuple[str, ...]:
+    """tunecost's LoRA targets of a row's target names. PEFT's "all-linear" adapts every Linear but the output
+    layer: the attention and the MLPs of a dense model; of an MoE model the attention, the experts and the router
+    (each an nn.Linear in the transformers 4 MoE code that such rows ran)."""
     names = [n for n in _target_names(cell) if not ("trained fully" in n or n.split()[0] in _MODULES_TO_SAVE)]
     if not names:
         raise Skip("LoRA targets not stated")
     out: set[str] = set()
     for name in names:
-        if name in _ATTENTION_TARGETS:
+        if name.lower() in ("all-linear", "all_linear"):
+            out |= {"attention", "experts", "router"} if is_moe else {"attention", "mlp"}
+        elif name in _ATTENTION_TARGETS:
             out.add("attention")
         elif name in _MLP_TARGETS:
             out.add("mlp")
@@ -200,7 +205,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             raise Skip("LoRA rank not stated")
         try:
             alpha = float(row.get("lora_alpha") or 2 * rank)
-            lora = LoraConfig(rank=rank, alpha=alpha, targets=lora_targets(row.get("lora_targets")))
+            lora = LoraConfig(rank=rank, alpha=alpha, targets=lora_targets(row.get("lora_targets"), is_moe=spec.is_moe))
         except (ValueError, TunecostError) as exc:
             raise Skip(f"LoRA settings not usable: {exc}") from None
     saved = modules_to_save(row.get("lora_targets")) if method != "full" else ()
