@@ -110,9 +110,23 @@ def test_unknown_gpu_did_you_mean() -> None:
 
 
 def test_unique_prefix_resolves_and_says_so() -> None:
-    resolved = resolve_gpu_name("l40")  # only L40S-48GB starts with it (l4 and l20 are other cards)
-    assert resolved.gpu.name == "L40S-48GB"
-    assert resolved.via_alias == "l40"
+    resolved = resolve_gpu_name("mi300")  # only MI300X-192GB starts with it
+    assert resolved.gpu.name == "MI300X-192GB"
+    assert resolved.via_alias == "mi300"
+
+
+def test_a_card_outside_the_catalog_is_not_taken_for_one_whose_name_it_begins() -> None:
+    """The L40 is not an L40S (half its tensor rate): its name is an error naming both, never the L40S."""
+    for name in ("L40", "NVIDIA L40"):
+        with pytest.raises(TunecostError, match="the L40 .48 GB, not in the catalog., L40S-48GB"):
+            resolve_gpu_name(name)
+    assert resolve_gpu_name("NVIDIA L40S").gpu.name == "L40S-48GB"
+
+
+def test_the_a10_and_the_a10g_are_two_cards() -> None:
+    a10, a10g = resolve_gpu_name("NVIDIA A10").gpu, resolve_gpu_name("NVIDIA A10G").gpu
+    assert (a10.name, a10g.name) == ("A10-24GB", "A10G-24GB")
+    assert a10.memory_gib == a10g.memory_gib == 24 and a10.bf16_tensor_flops_per_s > a10g.bf16_tensor_flops_per_s
 
 
 def test_bad_gpu_file_names_row(tmp_path) -> None:

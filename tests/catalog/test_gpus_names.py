@@ -40,6 +40,8 @@ SPELLINGS = [  # (as a source prints it, catalog name)
     ("NVIDIA L40S", "L40S-48GB"),
     ("NVIDIA L20", "L20-48GB"),
     ("NVIDIA A10G", "A10G-24GB"),
+    ("H100 SXM5", "H100-80GB-SXM"),
+    ("A100 40GB PCIe", "A100-40GB"),
     ("AMD Instinct MI300X", "MI300X-192GB"),
     # short forms in papers, READMEs and benchmark tables
     ("GeForce RTX 4090", "RTX4090-24GB"),

@@ -28,6 +28,8 @@ _AMBIGUOUS_NAMES = {
     "quadrortx6000": ("the Turing Quadro RTX 6000 (24 GB, not in the catalog)", ("RTX6000ADA-48GB",)),
     "rtx3080": ("the RTX 3080 12GB (not in the catalog)", ("RTX3080-10GB",)),
     "3080": ("the RTX 3080 12GB (not in the catalog)", ("RTX3080-10GB",)),
+    # the L40 (48 GB, half the L40S's tensor rate) is another card; without this its name is a prefix of the L40S's
+    "l40": ("the L40 (48 GB, not in the catalog)", ("L40S-48GB",)),
 }
 # Architectures without bf16 tensor cores: their bf16 column holds the FP16 tensor rate (see gpus.csv's header).
 _NO_BF16_ARCHITECTURES = frozenset({"Volta", "Turing"})
