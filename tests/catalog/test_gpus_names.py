@@ -40,6 +40,12 @@ SPELLINGS = [  # (as a source prints it, catalog name)
     ("NVIDIA L40S", "L40S-48GB"),
     ("NVIDIA L20", "L20-48GB"),
     ("NVIDIA A10G", "A10G-24GB"),
+    ("NVIDIA GeForce RTX 3080 Ti", "RTX3080TI-12GB"),
+    ("NVIDIA GeForce RTX 3070", "RTX3070-8GB"),
+    ("NVIDIA GeForce RTX 4070", "RTX4070-12GB"),
+    ("NVIDIA GeForce RTX 4070 Ti", "RTX4070TI-12GB"),
+    ("RTX 3060 12GB", "RTX3060-12GB"),
+    ("RTX 4060 Ti 16GB", "RTX4060TI-16GB"),
     ("H100 SXM5", "H100-80GB-SXM"),
     ("A100 40GB PCIe", "A100-40GB"),
     ("AMD Instinct MI300X", "MI300X-192GB"),
@@ -78,6 +84,9 @@ AMBIGUOUS = [  # (name, every candidate the error must name)
     ("RTX 6000", ("Quadro RTX 6000", "RTX6000ADA-48GB")),  # the Turing card is not the Ada card
     ("Quadro RTX 6000", ("Quadro RTX 6000", "RTX6000ADA-48GB")),
     ("NVIDIA GeForce RTX 3080", ("RTX 3080 12GB", "RTX3080-10GB")),  # nvidia-smi prints this for 10 and 12 GB
+    ("NVIDIA GeForce RTX 3060", ("RTX 3060 8GB", "RTX3060-12GB")),
+    ("NVIDIA GeForce RTX 4060 Ti", ("RTX 4060 Ti 8GB", "RTX4060TI-16GB")),
+    ("NVIDIA L40", ("the L40 (48 GB", "L40S-48GB")),  # not the L40S by prefix
 ]
 
 
@@ -96,7 +105,7 @@ def test_turing_rtx_6000_never_resolves_to_the_ada_card() -> None:
 
 
 def test_other_cards_are_unknown_not_a_near_card() -> None:
-    for typed in ("RTX 4080 SUPER", "Tesla V100S-PCIE-32GB", "RTX 3080 Ti"):
+    for typed in ("RTX 4080 SUPER", "Tesla V100S-PCIE-32GB", "RTX 3070 Ti", "RTX 4070 Ti SUPER"):
         with pytest.raises(TunecostError, match="^unknown GPU"):
             resolve_gpu_name(typed)
 

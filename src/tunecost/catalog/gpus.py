@@ -30,6 +30,10 @@ _AMBIGUOUS_NAMES = {
     "3080": ("the RTX 3080 12GB (not in the catalog)", ("RTX3080-10GB",)),
     # the L40 (48 GB, half the L40S's tensor rate) is another card; without this its name is a prefix of the L40S's
     "l40": ("the L40 (48 GB, not in the catalog)", ("L40S-48GB",)),
+    "rtx3060": ("the RTX 3060 8GB (not in the catalog)", ("RTX3060-12GB",)),
+    "3060": ("the RTX 3060 8GB (not in the catalog)", ("RTX3060-12GB",)),
+    "rtx4060ti": ("the RTX 4060 Ti 8GB (not in the catalog)", ("RTX4060TI-16GB",)),
+    "4060ti": ("the RTX 4060 Ti 8GB (not in the catalog)", ("RTX4060TI-16GB",)),
 }
 # Architectures without bf16 tensor cores: their bf16 column holds the FP16 tensor rate (see gpus.csv's header).
 _NO_BF16_ARCHITECTURES = frozenset({"Volta", "Turing"})
