@@ -453,3 +453,59 @@ def test_all_linear_adapts_every_linear_but_the_output_layer() -> None:
     assert lora_targets("all-linear") == ("attention", "mlp")
     assert lora_targets("all-linear", is_moe=True) == ("attention", "experts", "router")
     assert lora_targets("all-linear;lm_head (trained fully)") == ("attention", "mlp")
+
+
+def test_rows_of_other_stacks_gpus_and_layouts_are_predicted_or_skipped_with_their_reason(corpus) -> None:
+    """A file like the published measurements tunecost has not seen: other frameworks, consumer GPUs, DDP,
+    DeepSpeed ZeRO with offload, FSDP's CPU offload, PEFT's all-linear, the whole job's samples per second.
+    Every row is predicted or skipped with its reason; none raises."""
+    from tunecost.catalog.gpus import get_gpu
+    from tunecost.validate import throughput as tp
+    from tunecost.validate.corpus import CorpusRow
+
+    multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
+
+    def row(i: str, **cells: str) -> CorpusRow:
+        return CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, "id": i, **cells})
+
+    one = {"num_gpus": "1", "parallelism": "single"}
+    # throughput on a catalog model large enough for its GPU work to matter (the tiny model is host-bound); the
+    # calibration row's measured speed is the model's own at GEMM efficiency 0.6, so that it calibrates
+    speed = {"model": "Qwen/Qwen2-0.5B", "batch_size_per_gpu": "4", "seq_len": "2048"}
+    calibration = row("one-gpu-speed", **speed, **one, quantity="tokens_per_s_per_gpu", unit="tokens/s", value="1")
+    mapped = map_row(calibration)
+    step_s = tp.step_seconds(tp.step_counts(mapped), tp.gpu_terms(get_gpu("A100-80GB-SXM")), 0.6)
+    tokens = {**speed, "quantity": "tokens_per_s_per_gpu", "unit": "tokens/s"}
+    rows = [
+        row("axolotl", stack="axolotl 0.4", gpu="NVIDIA GeForce RTX 3090", **one),
+        row("trl-4bit", stack="transformers + peft + trl", method="qlora", quantization="bnb-nf4", **one),
+        row("llama-factory", stack="LLaMA-Factory", lora_targets="all-linear", gpu="RTX 4070 Ti", **one),
+        row("unsloth", stack="unsloth", **one),
+        row("unknown-stack", stack="my own loop", **one),
+        row("ddp", parallelism="ddp", quantity="nvidia_smi_gib"),
+        row("zero2-offload", parallelism="deepspeed zero2 + cpu offload", num_gpus="4"),
+        row("zero3-offload", parallelism="DeepSpeed ZeRO-3 (offload)", num_gpus="8", method="full", lora_rank=""),
+        row("fsdp-offload", parallelism="FSDP (FULL_SHARD) + CPU offload", quantity="oom", value="0", unit=""),
+        row("tensor-parallel", parallelism="tensor parallel 2"),
+        row("one-gpu-speed", **one, **tokens, value=str(8192 / step_s)),
+        row("two-gpu-speed", **tokens, value=str(0.9 * 8192 / step_s)),
+        row("sixteen-gpu-speed", num_gpus="16", **tokens, value=str(0.8 * 8192 / step_s)),
+        row("job-samples", **speed, num_gpus="4", quantity="samples_per_s", unit="samples/s", value=str(14 / step_s)),
+        row("ambiguous-gpu", gpu="NVIDIA L40", quantity="oom", value="0", unit="", **one),
+    ]
+    out = _by_id(validate_rows(rows))
+    skipped = {
+        "unsloth": "stack unsloth not modelled",
+        "unknown-stack": "unknown stack",
+        "tensor-parallel": "not modelled",
+        "ambiguous-gpu": "not in the GPU catalog",
+    }
+    for row_id, result in out.items():
+        if row_id in skipped:
+            assert result.status == "skipped" and skipped[row_id] in result.reason, (row_id, result.reason)
+        else:
+            assert result.status == "ok" and result.predicted is not None, (row_id, result.reason)
+    assert out["one-gpu-speed"].reason == "calibration row"
+    assert {out[i].reason for i in ("two-gpu-speed", "sixteen-gpu-speed", "job-samples")} == {
+        "gemm_efficiency " + out["two-gpu-speed"].reason.split()[1] + " from one-gpu-speed"
+    }
