@@ -74,7 +74,7 @@ class MappedRow:
         """The row's data-parallel layout: one node up to `NODE_GPUS` GPUs, whole nodes of `NODE_GPUS` above."""
         if self.num_gpus == 1 or self.strategy is None:
             return ParallelPlan()
-        per_node = self.num_gpus if self.num_gpus <= NODE_GPUS else NODE_GPUS
+        per_node = min(self.num_gpus, NODE_GPUS)
         return ParallelPlan(
             num_gpus=self.num_gpus, gpus_per_node=per_node, strategy=self.strategy, offload=self.offload
         )

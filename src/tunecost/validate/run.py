@@ -112,6 +112,12 @@ def _simulate(mapped: MappedRow):
     return simulate_step(mapped.job, stack=mapped.stack.simulator_stack or "tunecost", behaviour=mapped.behaviour)
 
 
+def _simulation_failed(exc: Exception) -> str:
+    """A skip reason for a simulation that raised: the first line of its message (or the exception's type)."""
+    message = str(exc).strip()
+    return f"simulation failed: {message.splitlines()[0] if message else type(exc).__name__}"
+
+
 def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simulate) -> ValidationRow:
     """One row's prediction beside its measurement, or the reason it is skipped (never raises). A throughput
     row alone is its own calibration row (use `validate_rows` to predict throughput)."""
@@ -131,8 +137,7 @@ def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simu
     try:
         sim = simulate(mapped)
     except Exception as exc:  # a row the simulator cannot run is reported, never a crash
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return _skipped(row, f"simulation failed: {reason}", mapped.stack.name)
+        return _skipped(row, _simulation_failed(exc), mapped.stack.name)
     error: float | None
     if quantity == "oom":
         assert mapped.gpu_memory_bytes is not None
@@ -209,8 +214,7 @@ def validate_throughput_rows(
             try:
                 steps[i] = tp.row_step_fn(mapped, counts, terms, gpu, counts_fn, rank_step_fn)
             except Exception as exc:  # a rank the simulator cannot trace is reported, never a crash
-                reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                out[i] = _skipped(row, f"simulation failed: {reason}", mapped.stack.name)
+                out[i] = _skipped(row, _simulation_failed(exc), mapped.stack.name)
         members = [m for m in members if m[0] in steps]
         if not members:
             continue

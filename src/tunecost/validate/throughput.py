@@ -101,17 +101,23 @@ def rank_step(mapped: MappedRow) -> SingleGpuStep:
 RankStepFn = Callable[[MappedRow], "SingleGpuStep"]
 
 
-def exposed_comm_s(mapped: MappedRow, gpu: GPU, micro_step_s: float, rank_step_fn: RankStepFn = rank_step) -> float:
+def exposed_comm_fn(mapped: MappedRow, gpu: GPU, rank_step_fn: RankStepFn = rank_step) -> Callable[[float], float]:
     """Seconds per optimizer step that one rank of the row's layout spends in communication its compute does not
-    hide: per micro-batch of `micro_step_s` compute (`distributed.timing.step_time` over the GPU's default node
-    link and, beyond one node, its default network), times the row's gradient accumulation."""
+    hide, as a function of one micro-batch's compute seconds (`distributed.timing.step_time` over the GPU's
+    default node link and, beyond one node, its default network), times the row's gradient accumulation. The
+    rank's simulated step is traced once, here, and may raise."""
     from tunecost.distributed.timing import default_links, step_time
 
     plan = mapped.plan()
     if plan.num_gpus == 1:
-        return 0.0
-    timed, _ = step_time(rank_step_fn(mapped), plan, default_links(gpu, plan.node_size), micro_step_s)
-    return mapped.grad_accum * timed.exposed_comm_seconds
+        return lambda _micro_step_s: 0.0
+    traced, links = rank_step_fn(mapped), default_links(gpu, plan.node_size)
+    return lambda micro_step_s: mapped.grad_accum * step_time(traced, plan, links, micro_step_s)[0].exposed_comm_seconds
+
+
+def exposed_comm_s(mapped: MappedRow, gpu: GPU, micro_step_s: float, rank_step_fn: RankStepFn = rank_step) -> float:
+    """`exposed_comm_fn` at one micro-batch's compute seconds."""
+    return exposed_comm_fn(mapped, gpu, rank_step_fn)(micro_step_s)
 
 
 def step_seconds(counts: AnalyticStepCounts, terms: GpuTerms, gemm_efficiency: float) -> float:
@@ -130,18 +136,13 @@ def row_step_fn(
     rank_step_fn: RankStepFn = rank_step,
 ) -> StepFn:
     """The row's seconds per optimizer step as a function of the GEMM efficiency: the single-GPU step of its
-    `counts`, plus on several GPUs the communication its micro-batches do not hide (`exposed_comm_s`; the rank's
-    simulated step is traced once, here, and may raise)."""
+    `counts`, plus on several GPUs the communication its micro-batches do not hide (`exposed_comm_fn`, which may
+    raise)."""
     if mapped.num_gpus == 1:
         return lambda eff: step_seconds(counts, terms, eff)
-    traced = rank_step_fn(mapped)
+    comm = exposed_comm_fn(mapped, gpu, rank_step_fn)
     micro = counts_fn(mapped)
-
-    def seconds(eff: float) -> float:
-        micro_s = step_seconds(micro, terms, eff)
-        return step_seconds(counts, terms, eff) + exposed_comm_s(mapped, gpu, micro_s, lambda _: traced)
-
-    return seconds
+    return lambda eff: step_seconds(counts, terms, eff) + comm(step_seconds(micro, terms, eff))
 
 
 def gemm_efficiency_from(step_of: StepFn, measured_step_s: float) -> float | None:
