@@ -252,3 +252,15 @@ def test_gptq_checkpoints_resolve_to_their_base_model(hub_id: str, name: str, gr
     assert checkpoint is not None and checkpoint.group_size == group_size and checkpoint.bits == 4
     assert checkpoint.source.startswith("https://huggingface.co/")
     assert gptq_checkpoint(name) is None  # a base model is not a GPTQ checkpoint
+
+
+def test_learned_positions_bound_the_sequence_length() -> None:
+    """GPTBigCode looks positions up in a learned table (`wpe`, config n_positions); rotary families have none."""
+    santacoder = resolve_model("santacoder")
+    assert santacoder.max_positions == santacoder.config["n_positions"] == 2048
+    santacoder.check_seq_len(2048)
+    with pytest.raises(TunecostError, match="4096 tokens exceeds its 2048 learned position embeddings"):
+        santacoder.check_seq_len(4096)
+    mistral = resolve_model("mistral-7b-v0.1")
+    assert mistral.max_positions is None
+    mistral.check_seq_len(10**6)

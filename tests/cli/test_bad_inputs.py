@@ -129,3 +129,18 @@ def test_piped_tables_keep_every_name_whole(cli_runner) -> None:
 
     result = cli_runner.invoke(app, ["models"])
     assert result.exit_code == 0 and "blackmamba-2.8b" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["memory"],
+        ["estimate", "--gpu", "A100-80GB", "--queries", "1000", "--epochs", "1"],
+        ["profile", "--batch-sizes", "1", "--out", "{tmp}/run"],
+    ],
+)
+def test_seq_len_beyond_learned_positions_names_the_option(cli_error, command: list[str], tmp_path: Path) -> None:
+    args = [a.replace("{tmp}", str(tmp_path)) for a in command]
+    line = cli_error([*args, "--model", "santacoder", "--method", "full", "--seq-len", "4096"])
+    assert "--seq-len 2048 or less" in line and "learned position embeddings" in line
+    assert not (tmp_path / "run").exists()  # refused before anything is written

@@ -42,3 +42,18 @@ def test_no_moe_kernels_stack_is_hf_trainer_otherwise() -> None:
         dense.allocator,
     )
     assert set(dense.not_modelled) < set(moe.not_modelled)
+
+
+def test_a_row_beyond_learned_positions_is_modelled_at_the_model_s_positions() -> None:
+    """SantaCoder's 2048 learned positions (`wpe`) take no 4096-token sequence: the fms rows at seq_len 4096 ran
+    cut to 2048, and the row says so in its reason."""
+    row = ROWS["fms-02"]
+    assert row.get("seq_len") == "4096"
+    mapped = map_row(row)
+    assert mapped.job.seq_len == 2048
+    assert "2048 learned positions" in mapped.note and "4096" in mapped.note
+
+
+def test_a_row_within_positions_has_no_note() -> None:
+    mapped = map_row(ROWS["fms-14"])  # Mistral-7B (rotary positions) at 4096
+    assert mapped.job.seq_len == 4096 and mapped.note == ""

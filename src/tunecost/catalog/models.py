@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError, unknown_name_error
-from tunecost.models.anatomy import SUPPORTED_FAMILIES, get_top_k, num_experts
+from tunecost.models.anatomy import SUPPORTED_FAMILIES, get_top_k, learned_positions, num_experts
 
 MODEL_CATALOG_DIR = Path(__file__).parent / "data" / "models"
 
@@ -86,6 +86,20 @@ class ModelSpec:
     @property
     def vocab_size(self) -> int:
         return int(self.config["vocab_size"])
+
+    @property
+    def max_positions(self) -> int | None:
+        """The longest sequence the model can take: its learned position embeddings (None: rotary, no limit)."""
+        return learned_positions({**self.config, "model_type": self.family})
+
+    def check_seq_len(self, seq_len: int) -> None:
+        """A one-line error when `seq_len` tokens exceed the model's learned positions."""
+        limit = self.max_positions
+        if limit is not None and seq_len > limit:
+            raise TunecostError(
+                f"{self.name}: a sequence of {seq_len} tokens exceeds its {limit} learned position embeddings "
+                f"(config n_positions); give --seq-len {limit} or less"
+            )
 
 
 def _spec_from_catalog_file(path: Path) -> ModelSpec:

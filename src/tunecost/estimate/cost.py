@@ -115,6 +115,8 @@ def estimate_job(
     unless `seq_len` fixes the length (default dataset: Table IV's), on `stack` (None: tunecost's own). The model is
     resolved and named as the catalog names it."""
     spec = resolve_model(model)
+    if seq_len is not None:
+        spec.check_seq_len(seq_len)
     targets = lora_targets or default_lora_targets(is_moe=spec.is_moe)
     if method != "full":
         check_lora_targets(targets, model=spec.name, is_moe=spec.is_moe)

@@ -35,6 +35,9 @@ class _Family:
     experts: tuple[str, ...] = ("experts",)
     num_experts_keys: tuple[str, ...] = ()  # config attributes / config.json keys, first present wins
     top_k_keys: tuple[str, ...] = ("num_experts_per_tok",)
+    # config keys of a table of learned absolute position embeddings (GPT-2's `wpe`): a sequence longer than it
+    # has no position to look up. Empty: positions are computed (rotary), so any length runs.
+    learned_positions_keys: tuple[str, ...] = ()
 
 
 _FAMILIES: dict[str, _Family] = {
@@ -67,7 +70,8 @@ _FAMILIES: dict[str, _Family] = {
     # GraniteMoe: the MoE block is `block_sparse_moe` with a `router` (a `*TopKRouter`) and fused experts
     "granitemoe": _Family("model.layers", "block_sparse_moe", router="router", num_experts_keys=("num_local_experts",)),
     # GPTBigCode (SantaCoder, StarCoder): GPT-2 layout, blocks at `transformer.h`, attention `attn`
-    "gpt_bigcode": _Family("transformer.h", None),
+    # and learned absolute positions (`wpe`, `n_positions` rows; transformers' GPTBigCodeModel)
+    "gpt_bigcode": _Family("transformer.h", None, learned_positions_keys=("n_positions", "max_position_embeddings")),
 }
 SUPPORTED_FAMILIES = tuple(_FAMILIES)
 
@@ -284,6 +288,16 @@ def num_experts(model_or_config: Any) -> int:
     if value is None:
         raise TunecostError(f"cannot tell the number of experts of a {family or type(model_or_config).__name__} config")
     return value
+
+
+def learned_positions(model_or_config: Any) -> int | None:
+    """Rows of the model's learned absolute position embeddings: the longest sequence it can take. None for a
+    family whose positions are computed (rotary), where any length runs."""
+    family, config = _config_of(model_or_config)
+    spec = _FAMILIES.get(family or "")
+    if spec is None or not spec.learned_positions_keys:
+        return None
+    return _config_value(config, spec.learned_positions_keys)
 
 
 def get_top_k(model_or_config: Any) -> int:

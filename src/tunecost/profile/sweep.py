@@ -80,6 +80,8 @@ def sweep_points(spec: SweepSpec, model_spec: Any) -> list[Workload]:
             raise TunecostError(
                 f"{model_spec.name}: experts per token must be between 1 and {model_spec.num_experts}, got {k}"
             )
+    for seq in spec.inputs.seq_lens:
+        model_spec.check_seq_len(seq)
     device = spec.setup.device
     return [
         Workload(

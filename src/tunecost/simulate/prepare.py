@@ -82,6 +82,8 @@ def check_supported(
             f"{spec.name}: architecture {spec.family!r} is not supported by the step simulator; "
             f"supported: {', '.join(SUPPORTED_FAMILIES)}"
         )
+    if job.seq_len is not None or job.lengths:
+        spec.check_seq_len(job.worst_case_seq_len)
     if spec.family == "blackmamba" and job.method != "full":
         raise TunecostError(
             f"{spec.name}: the step simulator supports BlackMamba full fine-tuning only (as the "

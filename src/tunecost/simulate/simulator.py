@@ -221,10 +221,12 @@ def simulate_step(
     granule_bytes: allocation rounding (512 as CUDA's caching allocator; 1 to compare with CPU measurements).
     behaviour: library behaviours of a real stack to reproduce (`behaviour.StackBehaviour`; default: none).
     """
+    from tunecost.catalog.models import resolve_model
     from tunecost.simulate import cache as _cache
 
     if num_layers_to_trace is not None and num_layers_to_trace < 1:
         raise TunecostError(f"layers to trace must be at least 1, got {num_layers_to_trace}")
+    resolve_model(job.model).check_seq_len(job.worst_case_seq_len)  # before the cache: no stored answer to it
     key = _cache.job_key(job, num_layers_to_trace, stack, overhead, granule_bytes, behaviour)
     if use_cache:
         hit = _cache.load(key)

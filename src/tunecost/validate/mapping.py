@@ -64,6 +64,7 @@ class MappedRow:
     strategy: str | None = None  # a `distributed.plan.STRATEGIES` name when num_gpus > 1
     offload: str = "none"  # CPU offload of the strategy (`distributed.offload.OFFLOAD_CHOICES`)
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR  # library behaviours of the row's stack (see `stacks`)
+    note: str = ""  # what the mapping read differently from the row's cells, and why (shown as the row's reason)
 
     @property
     def simulator_job(self) -> FineTuneJob:
@@ -209,6 +210,13 @@ def map_row(row: CorpusRow) -> MappedRow:
         except (ValueError, TunecostError) as exc:
             raise Skip(f"LoRA settings not usable: {exc}") from None
     saved = modules_to_save(row.get("lora_targets")) if method != "full" else ()
+    seq_len, note = _int(row, "seq_len"), ""
+    if spec.max_positions is not None and seq_len > spec.max_positions:
+        note = (
+            f"seq_len {seq_len} is beyond the model's {spec.max_positions} learned positions, which no run can "
+            f"exceed: modelled at {spec.max_positions} (the stack cut the sequences)"
+        )
+        seq_len = spec.max_positions
     try:
         job = FineTuneJob(
             model=spec.name,
@@ -219,7 +227,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             attention=attention,
             optimizer="adamw",
             batch_size=_int(row, "batch_size_per_gpu"),
-            seq_len=_int(row, "seq_len"),
+            seq_len=seq_len,
             modules_to_save=saved,
             **gptq,
         )
@@ -249,6 +257,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             family=spec.family,
             method=method,
         ),
+        note=note,
     )
 
 

@@ -147,11 +147,12 @@ def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simu
     else:
         predicted = round(predicted_bytes(quantity, sim, mapped.gpu_memory_bytes) / _UNIT_BYTES[unit], 3)
         error = round((predicted - measured) / measured * 100.0, 2) if measured else None
-    return _outcome(row, measured, predicted=predicted, error=error, stack=mapped.stack.name)
+    return _outcome(row, measured, predicted=predicted, error=error, reason=mapped.note, stack=mapped.stack.name)
 
 
 def _throughput_ok(row: CorpusRow, mapped: MappedRow, measured: float, predicted: float, reason: str):
     error = None if reason == tp.CALIBRATION_REASON else round((predicted - measured) / measured * 100.0, 2)
+    reason = "; ".join(r for r in (reason, mapped.note) if r)
     return _outcome(row, measured, predicted=round(predicted, 4), error=error, reason=reason, stack=mapped.stack.name)
 
 
