@@ -57,3 +57,19 @@ def test_a_row_beyond_learned_positions_is_modelled_at_the_model_s_positions() -
 def test_a_row_within_positions_has_no_note() -> None:
     mapped = map_row(ROWS["fms-14"])  # Mistral-7B (rotary positions) at 4096
     assert mapped.job.seq_len == 4096 and mapped.note == ""
+
+
+def test_hugging_face_library_names_are_the_hf_trainer_stacks() -> None:
+    named = {  # (stack cell, quantization) -> stack
+        ("HF Trainer", "none"): "hf-trainer",
+        ("Hugging Face PEFT", "bnb-nf4"): "hf-trainer-bnb",
+        ("huggingface accelerate", "none"): "hf-trainer",
+        ("peft + bitsandbytes", "bnb-nf4"): "hf-trainer-bnb",
+        ("accelerate + TRL", "bnb-nf4"): "trl-sft-bnb",
+    }
+    assert {key: getattr(stack_for(*key), "name", None) for key in named} == named
+
+
+@pytest.mark.parametrize("cell", ["lit-gpt", "fsdp_qlora", "megatron-lm", "ms-swift 3"])
+def test_other_trainers_stay_unknown(cell: str) -> None:
+    assert stack_for(cell) is None

@@ -216,6 +216,11 @@ def test_rows_pick_their_stack_behaviours(corpus) -> None:
     fms = "torch 2.4.1; transformers 4.48.1; peft 0.13.2"
     assert loss_code_for("mistralai/Mistral-7B-v0.1", fms) == LOSS_TRANSFORMERS_446
     assert loss_code_for("mistralai/Mistral-7B-v0.1", "transformers 4.40.0") == LOSS_TRANSFORMERS_440
+    # the 2023 stacks (read in the 4.31.0, 4.36.2 and 4.39.3 wheels): the forward upcasts the logits as 4.40 does;
+    # before 4.31 (4.30.2) Llama shifts the compute-dtype logits
+    assert loss_code_for("meta-llama/Llama-2-7b-hf", "transformers 4.31.0; peft 0.4.0") == LOSS_TRANSFORMERS_440
+    assert loss_code_for("mistralai/Mistral-7B-v0.1", "transformers 4.36.2") == LOSS_TRANSFORMERS_440
+    assert loss_code_for("huggyllama/llama-7b", "transformers 4.30.2") == LOSS_MODEL_SHIFTED
     assert loss_code_for("mistralai/Mistral-7B-v0.1", "transformers 4.49.0") == LOSS_TRANSFORMERS_5
     assert loss_code_for("mistralai/Mistral-7B-v0.1", "") == LOSS_TRANSFORMERS_5
     assert loss_code_for("Qwen/Qwen-7B-Chat", "torch 2.1.1") == LOSS_MODEL_SHIFTED

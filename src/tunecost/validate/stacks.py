@@ -243,6 +243,12 @@ _CORPUS_STACKS: tuple[tuple[str, str], ...] = (  # (substring of the corpus `sta
     ("axolotl", "hf-trainer"),
     ("hf-transformers", "hf-trainer"),
     ("transformers", "hf-trainer"),
+    # the Hugging Face libraries named without "transformers": their training runs transformers' models
+    ("hugging face", "hf-trainer"),
+    ("huggingface", "hf-trainer"),
+    ("hf trainer", "hf-trainer"),
+    ("peft", "hf-trainer"),
+    ("accelerate", "hf-trainer"),
 )
 _TRL = re.compile(r"\btrl\b")
 _OWN_TRAINER = ("llama-factory", "llamafactory", "axolotl")  # they run their own trainer even with TRL installed
@@ -272,16 +278,20 @@ _TRANSFORMERS_VERSION = re.compile(r"\btransformers\s+v?(\d+)\.(\d+)", re.IGNORE
 def loss_code_for(model_id: str, stack_versions: str, family: str = "") -> str:
     """The loss code of a row: the model's own loss code for Qwen (1.0)'s remote code and for GPTBigCode under
     transformers <= 4.48 (its forward computes the loss itself, not through `loss_function`), else the row's
-    transformers version (4.40-4.45, 4.46-4.48, or the simulator's own for >= 4.49 and for an unstated version)."""
+    transformers version (read in each version's wheel: before 4.31 Llama shifts the compute-dtype logits, from
+    4.31 to 4.45 the models' forward upcasts them first, 4.46-4.48 `ForCausalLMLoss` copies, the simulator's own
+    for >= 4.49 and for an unstated version)."""
     m = _TRANSFORMERS_VERSION.search(stack_versions)
     version = (int(m.group(1)), int(m.group(2))) if m else None
     if _QWEN_REMOTE_CODE.match(model_id.strip()):
         return LOSS_MODEL_SHIFTED
     if family == "gpt_bigcode" and version is not None and version < (4, 49):
         return LOSS_MODEL_SHIFTED
+    if version is not None and version < (4, 31):  # 4.30 LlamaForCausalLM: no `logits = logits.float()`
+        return LOSS_MODEL_SHIFTED
     if version is not None and (4, 46) <= version < (4, 49):
         return LOSS_TRANSFORMERS_446
-    if version is not None and (4, 40) <= version < (4, 46):
+    if version is not None and (4, 31) <= version < (4, 46):
         return LOSS_TRANSFORMERS_440
     return LOSS_TRANSFORMERS_5
 
