@@ -140,3 +140,31 @@ def test_bad_gpu_file_names_row(tmp_path) -> None:
     path.write_text("name,aliases,memory_gib\nG1,g1,48\n")
     with pytest.raises(TunecostError, match=r"missing column\(s\) mem_bandwidth_tb_s, bf16_tensor_tflops"):
         load_gpus(path)
+
+
+def test_cuda_memory_is_below_the_datasheet_and_sourced() -> None:
+    """Where the catalog stores the total CUDA reports, it is the usable memory: never above the datasheet figure,
+    each with its source; elsewhere the usable memory is the datasheet figure."""
+    with_cuda = [g for g in gpu_catalog().values() if g.cuda_memory_gib is not None]
+    assert with_cuda
+    for gpu in gpu_catalog().values():
+        if gpu.cuda_memory_gib is None:
+            assert gpu.usable_memory_bytes == gpu.memory_bytes and "datasheet figure" in gpu.usable_memory_note()
+            continue
+        assert 0.9 * gpu.memory_gib < gpu.cuda_memory_gib <= gpu.memory_gib, gpu.name
+        assert gpu.usable_memory_bytes == round(gpu.cuda_memory_gib * 2**30) < gpu.memory_bytes
+        assert gpu.sources.get("cuda_memory", "").strip(), f"{gpu.name}: no source for cuda_memory_gib"
+        assert "the total CUDA reports" in gpu.usable_memory_note()
+
+
+def test_bad_cuda_memory_names_row(tmp_path) -> None:
+    path = tmp_path / "gpus.csv"
+    head = "name,aliases,memory_gib,mem_bandwidth_tb_s,bf16_tensor_tflops,fp32_tflops,as_of,cuda_memory_gib"
+    path.write_text(f"{head},source_cuda_memory\nG1,g1,48,1,100,10,2026-01-01,,\nG2,g2,48,1,100,10,2026-01-01,49,x\n")
+    with pytest.raises(TunecostError, match=r"row 2: cuda_memory_gib 49 must be > 0 and at most memory_gib 48"):
+        load_gpus(path)
+    path.write_text(f"{head}\nG1,g1,48,1,100,10,2026-01-01,45\n")
+    with pytest.raises(TunecostError, match=r"row 1: cuda_memory_gib 45 has no source_cuda_memory"):
+        load_gpus(path)
+    path.write_text(f"{head},source_cuda_memory\nG1,g1,48,1,100,10,2026-01-01,45,deviceQuery\n")
+    assert load_gpus(path)["G1"].usable_memory_bytes == 45 * 2**30

@@ -18,7 +18,7 @@ def _ok_json(cli_runner, args: list[str]):
 # The documented fields of each catalog row in --json output.
 JSON_FIELDS = {
     "gpus": "name aliases memory_gib memory_bytes mem_bandwidth_bytes_per_s bf16_tensor_flops_per_s fp32_flops_per_s "
-    "as_of sources supports_bf16",
+    "as_of sources supports_bf16 cuda_memory_gib usable_memory_bytes",
     "models": "name family hub_id layers hidden_size vocab_size num_experts experts_per_token total_params "
     "active_params published_total_params source as_of",
 }
@@ -102,3 +102,15 @@ def test_bad_price_file_names_row(cli_error, write_file) -> None:
     )
     line = cli_error(["prices", "--prices", str(path)])
     assert "row 2: column 'usd_per_gpu_hour' is not a number: 'cheap'" in line
+
+
+def test_gpus_json_usable_memory(cli_runner) -> None:
+    """`usable_memory_bytes` is the total CUDA reports where the catalog has it (the A40's ECC-on printout), else
+    the datasheet figure."""
+    by_name = {r["name"]: r for r in _ok_json(cli_runner, ["gpus", "--json"])}
+    a40 = by_name["A40-48GB"]
+    assert a40["cuda_memory_gib"] == pytest.approx(45403 / 1024, abs=1e-3)  # deviceQuery: 45403 MBytes
+    assert a40["usable_memory_bytes"] == round(a40["cuda_memory_gib"] * 2**30) < a40["memory_bytes"]
+    assert "deviceQuery" in a40["sources"]["cuda_memory"]
+    h200 = by_name["H200-141GB"]
+    assert h200["cuda_memory_gib"] is None and h200["usable_memory_bytes"] == h200["memory_bytes"]

@@ -84,7 +84,10 @@ def test_the_stack_the_user_names_sizes_the_batch(monkeypatch, make_request) -> 
     monkeypatch.setattr(simulate, "simulated_max_batch_size", fake)
     point = calibrated.calibrated_estimator(make_request(stack="hf-peft"))
     assert point.max_batch_size == 5 and calls == ["hf-peft"]
-    assert "step simulator (hf-peft stack, 512 tokens per query, gradient checkpointing on)" in point.notes[0]
+    assert (
+        "step simulator (hf-peft stack, 512 tokens per query, gradient checkpointing on; against 44.34 GiB, the "
+        "total CUDA reports (datasheet 48 GB))" in point.notes[0]
+    )
 
 
 def test_model_without_batch_model_is_a_clear_error(monkeypatch, make_request) -> None:

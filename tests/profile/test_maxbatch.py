@@ -103,3 +103,21 @@ def test_cli_max_batch_needs_a_budget_on_cpu(cli_error):
     line = cli_error(["max-batch", "--model", "tiny-mixtral", "--device", "cpu"])
     assert "--gpu" in line
     assert "unknown model" in cli_error(["max-batch", "--model", "mixtral-9x9b", "--device", "cpu", "--gpu", "A40"])
+
+
+def test_a_catalog_gpus_budget_is_the_device_itself_when_the_search_runs_on_it(monkeypatch):
+    """`--gpu G` on a CUDA device that is G searches the device's whole memory (its own total is measured); on
+    another device or on the CPU, G's usable memory from the catalog (a budget larger than the device is an error
+    there)."""
+    import torch
+
+    from tunecost.catalog.gpus import get_gpu
+    from tunecost.profile.maxbatch import catalog_gpu_budget
+
+    a100, h100 = get_gpu("A100-80GB"), get_gpu("H100")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "NVIDIA A100-SXM4-80GB")
+    assert catalog_gpu_budget(a100, "cuda:0") is None
+    assert catalog_gpu_budget(h100, "cuda") == h100.usable_memory_bytes
+    assert catalog_gpu_budget(a100, "cpu") == a100.usable_memory_bytes
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: "Some Unknown Accelerator")
+    assert catalog_gpu_budget(a100, "cuda:1") == a100.usable_memory_bytes

@@ -68,3 +68,16 @@ def test_simulated_answer_is_the_boundary(config_path):
     at, above = simulate_step(job.with_(batch_size=b)), simulate_step(job.with_(batch_size=b + 1))
     assert at.peak_bytes + at.device_overhead_bytes <= mem < above.peak_bytes + above.device_overhead_bytes
     assert b > 1
+
+
+def test_a_gpu_is_sized_against_the_memory_cuda_reports(monkeypatch):
+    """A need between what CUDA reports and the datasheet's figure does not fit: the driver's reserve (and ECC's
+    share) is not the process's to allocate."""
+    import dataclasses
+
+    from tunecost.catalog.gpus import get_gpu
+
+    a100 = dataclasses.replace(get_gpu("A100-80GB"), cuda_memory_gib=79.0)  # datasheet 80
+    _patch(monkeypatch, lambda b: int(79.5 * 2**30) + b)
+    assert simulated_max_batch_size(FineTuneJob(model="mixtral-8x7b"), a100) == 0
+    assert simulated_max_batch_size(FineTuneJob(model="mixtral-8x7b"), dataclasses.replace(a100, cuda_memory_gib=None))

@@ -86,3 +86,16 @@ def test_memory_gptq_checkpoint_defaults(cli_error):
     """A GPTQ checkpoint of the catalog is simulated as GPTQ; bf16 compute is refused with the reason."""
     line = cli_error(["memory", "--model", "TheBloke/Mistral-7B-v0.1-GPTQ", "--dtype", "bf16", "--no-cache"])
     assert "fp16" in line
+
+
+def test_memory_with_a_catalog_gpu_is_sized_against_the_total_cuda_reports(cli_json, cli_ok, config_path):
+    """`--gpu A40`: the budget is the 44.34 GiB an ECC-on A40 reports to CUDA, not its 48 GiB of chips, and the
+    answer says so."""
+    from tunecost.catalog.gpus import get_gpu
+
+    small = config_path("small-mixtral")
+    out = cli_json("memory", model=small, method="qlora", seq_len=32, lora_rank=8, gpu="A40")
+    assert out["gpu"] == "A40-48GB" and out["gpu_memory_bytes"] == get_gpu("A40").usable_memory_bytes
+    assert out["gpu_memory_note"] == "44.34 GiB, the total CUDA reports (datasheet 48 GB)"
+    text = cli_ok("memory", model=small, method="qlora", seq_len=32, lora_rank=8, gpu="A40").stdout
+    assert "Largest batch on A40-48GB (44.34 GiB, the total CUDA reports (datasheet 48 GB))" in text

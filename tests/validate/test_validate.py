@@ -339,6 +339,26 @@ def test_report_draws_the_validation_records(corpus, cli_runner, tmp_path) -> No
     assert "Accuracy against published measurements" in html and "median |error| %" in html
 
 
+def test_cli_table_output_has_no_error_line(corpus, cli_runner) -> None:
+    """A run that succeeds prints its tables and legend; no line reads as an error (`error:` starts only the one
+    line of a failed command)."""
+    result = cli_runner.invoke(app, ["validate", str(corpus)])
+    assert result.exit_code == 0, result.output
+    assert "error column: signed %" in result.output
+    assert not [line for line in result.output.splitlines() if line.startswith("error:")]
+
+
+def test_cli_says_when_no_row_is_skipped(tmp_path, cli_runner, corpus) -> None:
+    rows = [line for line in corpus.read_text(encoding="utf-8").splitlines()]
+    modelled = {r.id for r in validate_rows(read_corpus([corpus])) if r.status == "ok"}
+    kept = [rows[0]] + [line for line in rows[1:] if line.split(",", 1)[0] in modelled]
+    path = tmp_path / "modelled.csv"
+    path.write_text("\n".join(kept) + "\n", encoding="utf-8")
+    result = cli_runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "Rows skipped: none" in result.output
+
+
 def test_cli_missing_columns_one_line(cli_runner, tmp_path) -> None:
     path = tmp_path / "m.csv"
     path.write_text("id,value\n", encoding="utf-8")

@@ -56,6 +56,10 @@ class GPU:
     as_of: str
     sources: dict[str, str]
     notes: str = ""
+    # What CUDA reports as the device's total (`torch.cuda.get_device_properties(i).total_memory`), in GiB: below
+    # the datasheet figure by the driver's reserve, and on GDDR6 cards with ECC on by a further 1/16. None where no
+    # printout is stored (`source_cuda_memory` names it).
+    cuda_memory_gib: float | None = None
 
     @property
     def supports_bf16(self) -> bool:
@@ -66,6 +70,23 @@ class GPU:
     def memory_bytes(self) -> int:
         """Device memory in bytes: the datasheet figure read as GiB (what CUDA reports before ECC/driver reserve)."""
         return bytes_from_gib(self.memory_gib)
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        """The memory a training process can have on this GPU, what fits/out-of-memory decisions compare with:
+        the total CUDA reports where the catalog stores it, else the datasheet figure (`memory_bytes`); never more
+        than the datasheet figure (a card given a smaller memory keeps the smaller)."""
+        if self.cuda_memory_gib is None:
+            return self.memory_bytes
+        return min(self.memory_bytes, bytes_from_gib(self.cuda_memory_gib))
+
+    def usable_memory_note(self) -> str:
+        """Which memory figure `usable_memory_bytes` is, for the notes of an answer."""
+        if self.cuda_memory_gib is None:
+            return f"{self.memory_gib:g} GiB, the datasheet figure (the total CUDA reports is not in the catalog)"
+        if self.usable_memory_bytes == self.memory_bytes:
+            return f"{self.memory_gib:g} GiB, the memory given"
+        return f"{self.cuda_memory_gib:.2f} GiB, the total CUDA reports (datasheet {self.memory_gib:g} GB)"
 
 
 def load_gpus(path: Path = GPU_CATALOG_PATH) -> dict[str, GPU]:
@@ -84,9 +105,27 @@ def load_gpus(path: Path = GPU_CATALOG_PATH) -> dict[str, GPU]:
             as_of=row["as_of"],
             sources={k.removeprefix("source_"): v for k, v in row.items() if k.startswith("source_")},
             notes=row.get("notes", ""),
+            cuda_memory_gib=_cuda_memory_gib(path, i, row),
         )
         gpus[gpu.name] = gpu
     return gpus
+
+
+def _cuda_memory_gib(path: Path, row_number: int, row: dict[str, str]) -> float | None:
+    """The optional `cuda_memory_gib` cell: blank, or a positive figure not above the datasheet's (H200's 141 GB
+    allowing), with its source."""
+    cell = row.get("cuda_memory_gib", "")
+    if not cell:
+        return None
+    value = parse_float(path, row_number, "cuda_memory_gib", cell)
+    datasheet = parse_float(path, row_number, "memory_gib", row["memory_gib"])
+    if not 0 < value <= datasheet:
+        raise TunecostError(
+            f"{path}: row {row_number}: cuda_memory_gib {cell} must be > 0 and at most memory_gib {row['memory_gib']}"
+        )
+    if not row.get("source_cuda_memory"):
+        raise TunecostError(f"{path}: row {row_number}: cuda_memory_gib {cell} has no source_cuda_memory")
+    return value
 
 
 @lru_cache(maxsize=1)

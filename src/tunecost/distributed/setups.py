@@ -57,7 +57,7 @@ class Setup:
 
     @property
     def fits(self) -> bool:
-        return self.memory.need_bytes <= self.gpu.memory_bytes
+        return self.memory.need_bytes <= self.gpu.usable_memory_bytes
 
     @property
     def exposed_comm_share(self) -> float | None:

@@ -89,7 +89,7 @@ def _simulated_max_batch(req: EstimateRequest) -> tuple[int, str] | None:
         except TunecostError as exc:  # e.g. a stack that does not support this model
             errors.append(f"{stack}: {exc}")
             continue
-        return mbs, sizing_note(job, stack)
+        return mbs, sizing_note(job, stack, req.gpu)
     raise TunecostError("the step simulator could not size a batch: " + "; ".join(errors))
 
 

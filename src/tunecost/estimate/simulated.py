@@ -9,6 +9,8 @@ throughput model (`calibrated`); each row's notes say which.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import (
     EstimatePoint,
@@ -20,6 +22,9 @@ from tunecost.estimate.estimators import (
 )
 from tunecost.workload.job import FineTuneJob
 
+if TYPE_CHECKING:
+    from tunecost.catalog.gpus import GPU
+
 ESTIMATOR_NAME = "simulate"
 SIMULATOR_STACK = "tunecost"
 
@@ -30,15 +35,15 @@ def simulated_max_batch(req: EstimateRequest) -> tuple[int, str]:
 
     job, stack = req.sizing_job, req.options.stack or SIMULATOR_STACK
     mbs = int(simulated_max_batch_size(job, req.gpu, stack=stack))
-    return mbs, f"{sizing_note(job, stack)[:-1]}, {req.gpu.memory_gib:g} GB)"
+    return mbs, sizing_note(job, stack, req.gpu)
 
 
-def sizing_note(job: FineTuneJob, stack: str) -> str:
-    """How the step simulator sized the batch: the stack, tokens per query and checkpointing."""
+def sizing_note(job: FineTuneJob, stack: str, gpu: GPU) -> str:
+    """How the step simulator sized the batch: the stack, tokens per query, checkpointing and the GPU memory."""
     checkpointing = "on" if job.gradient_checkpointing else "off"
     return (
         f"max batch size from the step simulator ({stack} stack, {job.seq_len} tokens per query, "
-        f"gradient checkpointing {checkpointing})"
+        f"gradient checkpointing {checkpointing}; against {gpu.usable_memory_note()})"
     )
 
 

@@ -205,6 +205,24 @@ simulator_peak_bytes.estimator = (  # type: ignore[attr-defined]
 # ------------------------------------------------------------------------------------------- entry point
 
 
+def catalog_gpu_budget(gpu: Any, device: str) -> int | None:
+    """The memory a search against catalog GPU `gpu` (`--gpu`) gets: the GPU's usable memory (the total CUDA
+    reports, from the catalog); None, the device's whole memory, when the search runs on a CUDA device that is
+    that GPU: its own total is then measured, not taken from the catalog (drivers differ by a few MiB)."""
+    if device.startswith("cuda"):
+        import torch
+
+        from tunecost.catalog.gpus import resolve_gpu_name
+
+        try:
+            here = resolve_gpu_name(torch.cuda.get_device_name(torch.device(device).index or 0)).gpu.name
+        except TunecostError:
+            here = None
+        if here == gpu.name:
+            return None
+    return gpu.usable_memory_bytes
+
+
 def find_max_batch_size(
     setup: Any,
     inputs: Any,

@@ -194,8 +194,8 @@ def fitting_batch_size(job: FineTuneJob, gpu_memory_bytes: int, *, stack: str = 
 
 def simulated_max_batch_size(job: FineTuneJob, gpu, *, stack: str = DEFAULT_STACK) -> int:
     """Largest batch of `job` that fits `gpu` (a catalog GPU or its name), 0 when not even one query fits.
-    The GPU's memory is the catalog's `memory_bytes`."""
+    The GPU's memory is the catalog's `usable_memory_bytes` (the total CUDA reports, where the catalog has it)."""
     from tunecost.catalog.gpus import GPU, resolve_gpu_name
 
     gpu_obj = gpu if isinstance(gpu, GPU) else resolve_gpu_name(str(gpu)).gpu
-    return fitting_batch_size(job, gpu_obj.memory_bytes, stack=stack)
+    return fitting_batch_size(job, gpu_obj.usable_memory_bytes, stack=stack)

@@ -147,7 +147,7 @@ def catalog_gpu(name: str):
 
 def gpu_memory_bytes(name: str) -> int | None:
     gpu = catalog_gpu(name)
-    return None if gpu is None else gpu.memory_bytes
+    return None if gpu is None else gpu.usable_memory_bytes
 
 
 def map_row(row: CorpusRow) -> MappedRow:
@@ -242,7 +242,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     return MappedRow(
         job=job,
         stack=stack,
-        gpu_memory_bytes=None if gpu is None else gpu.memory_bytes,
+        gpu_memory_bytes=None if gpu is None else gpu.usable_memory_bytes,
         gpu_name=None if gpu is None else gpu.name,
         grad_accum=grad_accum,
         num_gpus=num_gpus,

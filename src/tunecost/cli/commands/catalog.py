@@ -17,24 +17,39 @@ def gpus(json_out: JsonOut = False) -> None:
 
     rows = list(gpu_catalog().values())
     if json_out:
-        print_json([{**g.__dict__, "memory_bytes": g.memory_bytes, "supports_bf16": g.supports_bf16} for g in rows])
+        print_json(
+            [
+                {
+                    **g.__dict__,
+                    "memory_bytes": g.memory_bytes,
+                    "usable_memory_bytes": g.usable_memory_bytes,
+                    "supports_bf16": g.supports_bf16,
+                }
+                for g in rows
+            ]
+        )
         return
     print_table(
         "GPUs (datasheet, dense)",
-        ["name", "vendor", "aliases", "memory GiB", "bandwidth TB/s", "BF16 TFLOP/s", "FP32 TFLOP/s"],
+        ["name", "vendor", "aliases", "memory GiB", "CUDA GiB", "bandwidth TB/s", "BF16 TFLOP/s", "FP32 TFLOP/s"],
         [
             [
                 g.name,
                 g.vendor,
                 ", ".join(g.aliases),
                 f"{g.memory_gib:g}",
+                "-" if g.cuda_memory_gib is None else f"{g.cuda_memory_gib:.2f}",
                 f"{g.mem_bandwidth_bytes_per_s / 1e12:.3g}",
                 f"{g.bf16_tensor_flops_per_s / 1e12:g}" + ("" if g.supports_bf16 else " (FP16: no bf16)"),
                 f"{g.fp32_flops_per_s / 1e12:g}",
             ]
             for g in rows
         ],
-        caption="Sources per figure: tunecost gpus --json",
+        caption=(
+            "CUDA GiB: the total CUDA reports (below the datasheet by the driver's reserve, and ECC's 1/16 on GDDR6 "
+            "cards with ECC on), what fits are decided against; '-': not stored, the datasheet figure is used. "
+            "Sources per figure: tunecost gpus --json"
+        ),
     )
 
 

@@ -176,7 +176,7 @@ def why_not(setup) -> str:
         f"each rank needs {format_bytes(m.need_bytes)} ({held}: "
         + ", ".join(f"{k} {format_bytes(v)}" for k, v in parts)
         + f", plus {format_bytes(m.device_overhead_bytes + m.nccl_bytes)} device and NCCL overhead) "
-        f"but the GPU has {format_bytes(setup.gpu.memory_bytes)}"
+        f"but the GPU has {format_bytes(setup.gpu.usable_memory_bytes)}"
     )
 
 
@@ -206,7 +206,7 @@ def _print_setups(title: str, setups) -> None:
                 s.plan.strategy,
                 s.plan.num_gpus,
                 "yes" if s.fits else "no",
-                f"{s.memory.need_bytes / 1e9:.1f} of {s.gpu.memory_bytes / 1e9:.1f}"
+                f"{s.memory.need_bytes / 1e9:.1f} of {s.gpu.usable_memory_bytes / 1e9:.1f}"
                 + (f" (+{s.memory.host_bytes / 1e9:.1f} on CPU)" if s.memory.host_bytes else ""),
                 f"{min(s.memory.nvidia_smi_bytes, s.gpu.memory_bytes) / 1e9:.1f}",
                 fmt(s.timing.step_seconds if s.timing else None, ".3f"),

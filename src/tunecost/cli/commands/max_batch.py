@@ -47,19 +47,19 @@ def max_batch(
         if (Path(out) / "max_batch.jsonl").is_dir():
             raise TunecostError(f"--out {str(out)!r}: max_batch.jsonl there is a folder, not a file")
     prepare_cpu_threads(device)
-    from tunecost.profile.maxbatch import find_max_batch_size, max_batch_row
+    from tunecost.profile.maxbatch import catalog_gpu_budget, find_max_batch_size, max_batch_row
     from tunecost.units import memory_bytes_from_options
 
     gpu_name = None
     memory_bytes = memory_bytes_from_options(gpu_memory_gb=gpu_memory_gb, gpu_memory_gib=gpu_memory_gib)
     if gpu is not None and memory_bytes is not None:
         raise TunecostError("give --gpu or --gpu-memory-gb/--gpu-memory-gib, not both")
+    setup = model_setup(options)
     if gpu is not None:
         from tunecost.catalog.gpus import resolve_gpu_name
 
         g = resolve_gpu_name(gpu).gpu
-        memory_bytes, gpu_name = g.memory_bytes, g.name
-    setup = model_setup(options)
+        memory_bytes, gpu_name = catalog_gpu_budget(g, setup.device), g.name
     inputs = inputs_spec(None if seq_len is None else str(seq_len), dataset, tokenizer, template, max_length, None)
 
     def on_probe(p: Any) -> None:

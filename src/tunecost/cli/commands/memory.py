@@ -168,12 +168,12 @@ def memory(
         dataset=str(dataset_lengths) if dataset_lengths else None,
         lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=targets),
     )
-    gpu_bytes, gpu_name = None, None
+    gpu_bytes, gpu_name, gpu_note = None, None, ""
     if gpu is not None:
         from tunecost.catalog.gpus import resolve_gpu_name
 
         g = resolve_gpu_name(gpu).gpu
-        gpu_bytes, gpu_name = g.memory_bytes, g.name
+        gpu_bytes, gpu_name, gpu_note = g.usable_memory_bytes, g.name, g.usable_memory_note()
     elif memory_bytes is not None:
         gpu_bytes = memory_bytes
         gpu_name = f"{gpu_memory_gb:g} GB" if gpu_memory_gb is not None else f"{gpu_memory_gib:g} GiB"
@@ -195,10 +195,12 @@ def memory(
     out = sim.to_dict()
     if best is not None:
         out.update(gpu=gpu_name, gpu_memory_bytes=gpu_bytes, max_batch_size=best.batch_size, max_batch=best.to_dict())
+        if gpu_note:
+            out["gpu_memory_note"] = gpu_note
     if json_out:
         print_json(out)
         return
-    _render(sim, best, gpu_name)
+    _render(sim, best, f"{gpu_name} ({gpu_note})" if gpu_note else gpu_name)
 
 
 def _render(sim, best, gpu_name) -> None:

@@ -68,10 +68,16 @@ def validate(
             for r in rows
             if r.status == "ok"
         ],
-        caption="error: signed % for memory ((predicted - measured) / measured); predicted - measured for oom",
+        caption=(
+            "error column: signed % for memory and throughput ((predicted - measured) / measured); for oom, "
+            "predicted - measured (predicted 1: does not fit)"
+        ),
     )
     skipped = Counter(r.reason for r in rows if r.status == "skipped")
-    print_table("Rows skipped", ["rows", "reason"], [[n, reason] for reason, n in skipped.most_common()])
+    if skipped:
+        print_table("Rows skipped", ["rows", "reason"], [[n, reason] for reason, n in skipped.most_common()])
+    else:
+        print("Rows skipped: none")
     print_table(
         "Accuracy per quantity and stack",
         ["quantity", "stack", "rows", "modelled", "median |error| %", "within 10 %", "oom right"],
