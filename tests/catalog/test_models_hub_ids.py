@@ -51,7 +51,19 @@ def _dense_count_by_hand(config: dict) -> int:
 
 
 @pytest.mark.parametrize(
-    "name", ["llama-3-8b", "mistral-7b-v0.3", "qwen2.5-7b", "qwen3-8b", "gemma-7b", "gemma-2-9b", "yi-1.5-34b"]
+    "name",
+    [
+        "llama-3-8b",
+        "mistral-7b-v0.3",
+        "qwen2.5-7b",
+        "qwen3-8b",
+        "gemma-7b",
+        "gemma-2-9b",
+        "yi-1.5-34b",
+        "tinyllama-1.1b",
+        "codellama-7b",
+        "codellama-13b",
+    ],
 )
 def test_counted_parameters_match_a_hand_count_of_the_config(name: str) -> None:
     from tunecost.models.params import count_parameters
