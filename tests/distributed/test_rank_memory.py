@@ -123,3 +123,42 @@ def test_the_traced_step_is_cached_on_disk(tmp_path, monkeypatch):
     first = single_gpu_step(job, granule_bytes=1)
     assert len(list((tmp_path / "simulate").glob("rank-*.json"))) == 1
     assert single_gpu_step(job, granule_bytes=1) == first == single_gpu_step(job, granule_bytes=1, use_cache=False)
+
+
+@pytest.mark.parametrize("strategy", ["zero1", "zero2"])
+def test_zero_gradient_buckets_live_through_backward_only(strategy):
+    """DeepSpeed 0.11.1 `stage_1_and_2.py`: `backward()` allocates reduce_bucket_size elements of the 16-bit dtype
+    (two with overlap_comm) whatever the model's size, and the backward's epilogue releases them: they count in the
+    backward segments only, and in the replayed reserve."""
+    from tunecost.distributed.rank_memory import rank_segment_bytes, reduce_bucket_bytes
+
+    job = _job("tiny-mixtral-2l", "full").with_(compute_dtype="bf16")
+    step = single_gpu_step(job, granule_bytes=1)
+    assert step.trainable_bytes_per_param == 2
+    plan = ParallelPlan(num_gpus=2, strategy=strategy, reduce_bucket_elements=1_000_000, overlap_comm=True)
+    assert reduce_bucket_bytes(step, plan) == 2 * 1_000_000 * 2  # two buffers of 2-byte elements
+    for key, categories in step.segments.items():
+        rank = rank_segment_bytes(categories, key, step, job, plan)
+        assert rank.get("reduce_bucket", 0) == (reduce_bucket_bytes(step, plan) if key.startswith("backward") else 0)
+    assert reduce_bucket_bytes(step, ParallelPlan(num_gpus=2, strategy="zero2")) == 500_000_000 * 2  # defaults
+    assert reduce_bucket_bytes(step, ParallelPlan(num_gpus=2, strategy="zero3")) == 0
+    alone = dataclasses.replace(plan, reduce_bucket_elements=1)
+    assert rank_memory(step, job, plan).peak_reserved_bytes >= rank_memory(step, job, alone).peak_reserved_bytes
+
+
+def test_zero_step_temporaries_are_deepspeeds_flat_gradient_copies():
+    """ZeRO-1/2's `step()` makes the rank's gradient partition one flat 16-bit copy cast to fp32 (both alive), in
+    place of torch AdamW's temporaries: (2 + 4) bytes per trainable parameter, 1/N of them per rank."""
+    job = _job("tiny-mixtral-2l", "full").with_(compute_dtype="bf16")
+    step = single_gpu_step(job, granule_bytes=1)
+    params = step.trainable_bytes // 2
+    for n in (1, 4):
+        assert _opt(step, job, "zero2", n)["temporaries"] == -(-params * 6 // n)
+    assert _opt(step, job, "fsdp2", 4)["temporaries"] != -(-params * 6 // 4)  # torch AdamW's, sharded
+
+
+def test_zero_buckets_config_is_checked():
+    from tunecost.errors import TunecostError
+
+    with pytest.raises(TunecostError, match="reduce_bucket_size must be at least 1 element, got 0"):
+        ParallelPlan(num_gpus=2, strategy="zero2", reduce_bucket_elements=0)

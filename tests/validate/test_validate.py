@@ -200,6 +200,27 @@ def test_qwen_qlora_rows_run_deepspeed_zero2_fp16() -> None:
     assert map_row(rows["fms-132"]).behaviour.deepspeed_zero2 is None
 
 
+def test_qwen_full_parameter_rows_are_one_rank_of_deepspeed_zero2() -> None:
+    """Qwen's finetune_ds.sh (full parameters) runs finetune.py with --bf16 and finetune/ds_config_zero2.json on
+    each GPU: a single-GPU row is one rank of the zero2 strategy with that file's buckets (2e8 elements, overlap_comm:
+    two), DeepSpeed's bf16 engine without autocast (the loss in bf16); its prediction is that rank's memory."""
+    from tunecost.distributed.rank_memory import rank_memory
+    from tunecost.simulate.behaviour import LOSS_MODEL_SHIFTED_NO_AUTOCAST
+    from tunecost.validate.run import _simulate, validate_row
+    from tunecost.validate.throughput import rank_step
+
+    rows = {r.id: r for r in read_corpus()}
+    mapped = map_row(rows["qwen-37"])  # Qwen/Qwen-1_8B, full, 1 x 256 tokens, A100-SXM4-80GB
+    plan = mapped.plan()
+    assert (plan.num_gpus, plan.strategy, plan.reduce_bucket_elements, plan.overlap_comm) == (1, "zero2", 2e8, True)
+    assert mapped.behaviour.loss_code == LOSS_MODEL_SHIFTED_NO_AUTOCAST and mapped.behaviour.deepspeed_zero2 is None
+    rank = _simulate(mapped)
+    assert rank.peak_bytes == rank_memory(rank_step(mapped), mapped.simulator_job, plan).peak_bytes
+    assert rank.nccl_bytes == 0  # one rank: no communicator
+    assert validate_row(rows["qwen-37"]).status == "ok"
+    assert validate_row(rows["qwen-38"]).status == "skipped"  # its throughput: DeepSpeed's own step, not modelled
+
+
 def test_rows_pick_their_stack_behaviours(corpus) -> None:
     """fms-acceleration's baseline QLoRA goes through TRL's SFTTrainer (fp32 norms on one GPU; FSDP skips the
     preparation), its accelerated-peft-bnb plugin does not; the loss code follows the row's transformers version,

@@ -20,6 +20,7 @@ STRATEGIES = {
     "zero3": "PGO",  # DeepSpeed ZeRO stage 3
 }
 MULTI_GPU_STRATEGIES = tuple(s for s in STRATEGIES if s != "single")
+DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default zero_optimization.reduce_bucket_size
 
 
 def check_fsdp2_method(method: str, *, alternatives: str = "--method lora or full") -> None:
@@ -44,6 +45,9 @@ class ParallelPlan:
         the number of GPUs and, checked by `check_experts`, the number of experts.
     offload: DeepSpeed ZeRO CPU offload: "none", "optimizer" (zero1/2/3) or "params" (zero3; parameters and
         optimizer), see `offload`.
+    reduce_bucket_elements, overlap_comm: DeepSpeed ZeRO-1/2's `zero_optimization.reduce_bucket_size` and
+        `overlap_comm` (its defaults: 5e8 elements, off): the gradient buckets each backward allocates, two with
+        overlap_comm.
     """
 
     num_gpus: int = 1
@@ -51,6 +55,8 @@ class ParallelPlan:
     strategy: str = "single"
     expert_parallel: int = 1
     offload: str = "none"
+    reduce_bucket_elements: int = DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+    overlap_comm: bool = False
 
     def __post_init__(self) -> None:
         if self.num_gpus < 1:
@@ -74,6 +80,8 @@ class ParallelPlan:
                 f"expert-parallel degree {self.expert_parallel} must be at least 1 and divide the {self.num_gpus} GPUs"
             )
         check_offload(self.offload, self.strategy)
+        if self.reduce_bucket_elements < 1:
+            raise TunecostError(f"reduce_bucket_size must be at least 1 element, got {self.reduce_bucket_elements}")
 
     @property
     def node_size(self) -> int:

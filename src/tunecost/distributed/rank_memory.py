@@ -7,8 +7,9 @@ single-GPU step's; what a strategy changes is which model states a rank holds wh
 that segment's peak by category at full depth; each category is scaled per strategy and the buffers added:
 
 - ddp: shards nothing; adds DDP's gradient buckets (one more copy of the trainable gradients).
-- zero1: shards optimizer states (O); adds DeepSpeed's reduce bucket (`reduce_bucket_size`, 5e8 elements).
-- zero2: shards gradients and optimizer states (G, O); adds the reduce bucket.
+- zero1: shards optimizer states (O); adds DeepSpeed's gradient buckets in backward and its step's flat gradient
+  copies in the optimizer step (see below).
+- zero2: shards gradients and optimizer states (G, O); the same buckets and flat copies.
 - fsdp2-shard-grad-op: stores parameters as shards but keeps every parameter unsharded from forward to the end
   of backward; shards G and O; adds all-gather outputs in forward and one layer's unsharded gradients.
 - fsdp2, zero3: shard P, G and O; add the root unit's and the running layer's unsharded parameters, the
@@ -23,6 +24,12 @@ states (exactly 1/N) and the total against the FSDP2 step simulated in a fake pr
 DeepSpeed ZeRO keeps fp32 master weights and fp32 Adam states for 16-bit trainable parameters (12 bytes per
 parameter); the single-GPU step (torch AdamW on bf16 parameters) keeps 4, so a full 16-bit fine-tune under
 zero1/2/3 counts 12 bytes per trainable parameter. LoRA factors are fp32 already (8 bytes of AdamW states).
+
+ZeRO-1/2's buffers follow `deepspeed/runtime/zero/stage_1_and_2.py` (DeepSpeed 0.11.1, read in its sdist):
+`backward()` allocates `reduce_bucket_size` elements of the 16-bit dtype (two with `overlap_comm`), released at the
+backward's epilogue (`_release_ipg_buffers`), whatever the model's size; `step()` builds the rank's gradient
+partition as one flat 16-bit copy (`self.flatten(self.averaged_gradients[i])`) cast to fp32 (`.to(fp32)`), both
+alive at once, in place of torch AdamW's temporaries (`deepspeed_step_temporary_bytes`).
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from tunecost.workload.job import FineTuneJob
 ZERO_STRATEGIES = ("zero1", "zero2", "zero3")
 PARAM_SHARDED = ("fsdp2", "fsdp1", "zero3", "hsdp")  # parameters gathered one unit at a time
 STORED_SHARDED = (*PARAM_SHARDED, "fsdp2-shard-grad-op")  # parameters stored as shards between steps
-DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default reduce_bucket_size
+ZERO_BUCKET_STRATEGIES = ("zero1", "zero2")  # DeepSpeed's stage_1_and_2.py: gradient buckets, flat step copies
 ZERO_ADAM_BYTES_PER_PARAM = 12  # fp32 master weight + fp32 exp_avg + fp32 exp_avg_sq (ZeRO paper, K = 12)
 # NCCL's own device memory (communicator buffers, NVLS/SHARP buffers) is outside PyTorch's allocator: assumed.
 NCCL_COMMUNICATOR_BYTES = BYTES_PER_GIB // 2
@@ -97,6 +104,20 @@ def zero_optimizer_state_bytes(step: SingleGpuStep, job: FineTuneJob, simulated_
     return step.trainable_bytes // step.trainable_bytes_per_param * ZERO_ADAM_BYTES_PER_PARAM
 
 
+def reduce_bucket_bytes(step: SingleGpuStep, plan: ParallelPlan) -> int:
+    """DeepSpeed ZeRO-1/2's gradient buckets, alive through each backward: reduce_bucket_size elements of the
+    trainable weights' dtype, twice with overlap_comm (0 for other strategies)."""
+    if plan.strategy not in ZERO_BUCKET_STRATEGIES:
+        return 0
+    return (2 if plan.overlap_comm else 1) * plan.reduce_bucket_elements * step.trainable_bytes_per_param
+
+
+def deepspeed_step_temporary_bytes(step: SingleGpuStep) -> int:
+    """DeepSpeed ZeRO-1/2's optimizer-step temporaries for the whole model (the caller shards them): the flat copy
+    of the gradients in their dtype and its fp32 cast, per trainable parameter."""
+    return step.trainable_bytes // step.trainable_bytes_per_param * (step.trainable_bytes_per_param + 4)
+
+
 def _buffers(step: SingleGpuStep, plan: ParallelPlan, phase: str) -> dict[str, int]:
     """Communication buffers and unsharded copies a rank holds at a segment of `phase`, beyond its states
     (a rank of an expert-parallel group holds 1/ep of every layer's routed experts)."""
@@ -107,9 +128,8 @@ def _buffers(step: SingleGpuStep, plan: ParallelPlan, phase: str) -> dict[str, i
     out: dict[str, int] = {}
     if strategy == "ddp":
         out["gradient_buckets"] = trainable
-    if strategy in ("zero1", "zero2"):
-        bucket = DEEPSPEED_REDUCE_BUCKET_ELEMENTS * step.trainable_bytes_per_param
-        out["reduce_bucket"] = min(bucket, trainable)
+    if phase == "backward" and strategy in ZERO_BUCKET_STRATEGIES:
+        out["reduce_bucket"] = reduce_bucket_bytes(step, plan)
     if in_pass and strategy in PARAM_SHARDED:
         # the root (kept unsharded between forward and backward) and the running layer, copied out of their
         # all-gather buffers; all-gather outputs in flight: two in forward, one in backward (FSDP2's prefetch)
@@ -151,6 +171,8 @@ def rank_segment_bytes(
             kind = "G"
         elif category == "temporaries" and phase == "optimizer":  # AdamW's foreach temporaries span its params
             kind = "O"
+            if plan.strategy in ZERO_BUCKET_STRATEGIES:  # DeepSpeed's own step replaces torch AdamW's
+                nbytes = deepspeed_step_temporary_bytes(step)
         else:
             out[category] = nbytes
             continue
@@ -218,8 +240,15 @@ def rank_assumptions(job: FineTuneJob, plan: ParallelPlan, overhead: DeviceOverh
     if plan.strategy in ZERO_STRATEGIES:
         out.append(
             "DeepSpeed ZeRO: fp32 master weights and fp32 Adam states for 16-bit trainable weights (12 bytes per "
-            "parameter); reduce bucket of 5e8 elements (stage 1/2); stage 3 fetches parameters per decoder layer "
-            "like FSDP2 (DeepSpeed's prefetch and live-parameter limits are not modelled)"
+            "parameter); stage 3 fetches parameters per decoder layer like FSDP2 (DeepSpeed's prefetch and "
+            "live-parameter limits are not modelled)"
+        )
+    if plan.strategy in ZERO_BUCKET_STRATEGIES:
+        buckets = 2 if plan.overlap_comm else 1
+        out.append(
+            f"DeepSpeed ZeRO-1/2: {buckets} gradient bucket(s) of reduce_bucket_size {plan.reduce_bucket_elements:.3g} "
+            "elements through each backward; its optimizer step's flat gradient copy and fp32 cast of the rank's "
+            "partition in place of torch AdamW's temporaries"
         )
     if plan.strategy in PARAM_SHARDED:
         out.append(

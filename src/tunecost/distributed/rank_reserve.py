@@ -18,7 +18,8 @@ optimizer segment, so the rank's states are those its allocated peak counts):
   backward, a layer's over its forward and again over its backward, each allocated when the layer before it
   (in that pass's order) starts: the prefetch, which keeps two layers in flight; under fsdp2-shard-grad-op a
   layer's from its forward to the end of its backward;
-- DDP's gradient buckets and DeepSpeed's reduce bucket are allocated once, before the first step.
+- DDP's gradient buckets are allocated once, before the first step; DeepSpeed ZeRO-1/2's gradient buckets at the
+  start of each backward (the first op of the last traced layer's backward) and freed when it ends.
 The caching allocator never serves a request from a block cached for another stream, so the unshard and
 post-backward streams keep pools of their own beside the compute stream's, and (below the device's capacity)
 no pool ever shrinks: the rank's peak reserve is the sum of the streams' own reserves (`rank_reserved_bytes`):
@@ -36,7 +37,7 @@ import math
 import numpy as np
 
 from tunecost.distributed.plan import ParallelPlan
-from tunecost.distributed.rank_memory import PARAM_SHARDED, STORED_SHARDED, rank_segment_bytes
+from tunecost.distributed.rank_memory import PARAM_SHARDED, STORED_SHARDED, rank_segment_bytes, reduce_bucket_bytes
 from tunecost.distributed.single_step import SingleGpuStep
 from tunecost.simulate.allocator import KIND_STEP, KIND_WEIGHT, NEVER_FREED, CachingAllocator, steady_state_replay
 from tunecost.simulate.records import CATEGORIES, AllocationTrace
@@ -45,7 +46,7 @@ from tunecost.workload.job import FineTuneJob
 STREAM_COMPUTE, STREAM_UNSHARD, STREAM_POST_BACKWARD = 0, 1, 2
 _GRADIENTS = CATEGORIES.index("gradients")
 _TEMPORARIES = CATEGORIES.index("temporaries")
-ONCE_BUFFERS = ("gradient_buckets", "reduce_bucket")  # allocated at wrap time and kept
+ONCE_BUFFERS = ("gradient_buckets",)  # allocated at wrap time and kept
 RESERVE_ASSUMPTION = (
     "reserved memory per rank: PyTorch's caching allocator replayed over the rank's allocations (the single-GPU "
     "step's, states scaled to the rank's share per tensor; under FSDP all-gather outputs on the unshard stream "
@@ -124,6 +125,10 @@ def rank_allocations(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) 
             out.add(scaled, reduced, t_free, kind, STREAM_POST_BACKWARD)
     for name in ONCE_BUFFERS:
         out.add(at_optimizer.get(name, 0), 0, NEVER_FREED, KIND_WEIGHT)
+    buckets = 2 if plan.overlap_comm else 1
+    starts = [first for first, _last in trace.backward_ops if first >= 0]
+    for _ in range(buckets if starts else 0):  # ZeRO-1/2: allocated by each backward(), released at its end
+        out.add(reduce_bucket_bytes(step, plan) // buckets, min(starts), end_backward)
     if _gathers(plan):
         _add_all_gathers(out, trace.forward_ops, trace.backward_ops, end_backward, step, plan)
     return out.arrays()

@@ -25,6 +25,7 @@ Reading rules (each is stated, none is tuned to the data):
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,7 @@ from typing import Any
 from tunecost.distributed.plan import ParallelPlan
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_TOKENS
-from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
+from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, DeepSpeedZero2, StackBehaviour
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.stacks import Stack, behaviour_for, stack_for
 from tunecost.workload.job import FineTuneJob, LoraConfig
@@ -61,8 +62,9 @@ class MappedRow:
     gpu_name: str | None = None  # the GPU catalog's name (None: not in the catalog)
     grad_accum: int = 1
     num_gpus: int = 1  # data-parallel ranks; above 1 the row is one rank of `strategy`
-    strategy: str | None = None  # a `distributed.plan.STRATEGIES` name when num_gpus > 1
+    strategy: str | None = None  # a `distributed.plan.STRATEGIES` name when num_gpus > 1 or DeepSpeed runs one rank
     offload: str = "none"  # CPU offload of the strategy (`distributed.offload.OFFLOAD_CHOICES`)
+    deepspeed: DeepSpeedZero2 | None = None  # the stack's ZeRO-1/2 gradient buckets (None: DeepSpeed's defaults)
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR  # library behaviours of the row's stack (see `stacks`)
     note: str = ""  # what the mapping read differently from the row's cells, and why (shown as the row's reason)
 
@@ -72,12 +74,18 @@ class MappedRow:
         return self.job.with_(stack=self.stack.simulator_stack or "tunecost")
 
     def plan(self) -> ParallelPlan:
-        """The row's data-parallel layout: one node up to `NODE_GPUS` GPUs, whole nodes of `NODE_GPUS` above."""
-        if self.num_gpus == 1 or self.strategy is None:
+        """The row's data-parallel layout: one node up to `NODE_GPUS` GPUs, whole nodes of `NODE_GPUS` above; a
+        single-GPU row of a DeepSpeed stack is one rank of its ZeRO stage."""
+        if self.strategy is None:
             return ParallelPlan()
         per_node = min(self.num_gpus, NODE_GPUS)
-        return ParallelPlan(
+        plan = ParallelPlan(
             num_gpus=self.num_gpus, gpus_per_node=per_node, strategy=self.strategy, offload=self.offload
+        )
+        if self.deepspeed is None:
+            return plan
+        return dataclasses.replace(
+            plan, reduce_bucket_elements=self.deepspeed.reduce_bucket_elements, overlap_comm=self.deepspeed.overlap_comm
         )
 
 
@@ -183,8 +191,11 @@ def map_row(row: CorpusRow) -> MappedRow:
     if (method == "qlora") != (quantization in ("bnb-nf4", "gptq-int4")):
         raise Skip(f"method {method} with quantization {quantization} not modelled")
     gptq = gptq_settings(row) if quantization == "gptq-int4" else {}
-    if method == "full" and not stack.full_finetune_modelled and not throughput:
+    deepspeed = stack.full_deepspeed_zero2 if method == "full" and num_gpus == 1 else None
+    if method == "full" and not stack.full_finetune_modelled and deepspeed is None and not throughput:
         raise Skip(f"full fine-tune under stack {stack.name} not modelled ({stack.full_skip_reason})")
+    if deepspeed is not None and not throughput:  # one rank of DeepSpeed ZeRO-2
+        strategy = "zero2"
     kind = row.get("seq_len_kind") or "fixed"
     if kind not in ("fixed", "packed", "max"):
         raise Skip(f"sequence lengths {kind!r} (a dataset's lengths are not in the row)")
@@ -248,6 +259,7 @@ def map_row(row: CorpusRow) -> MappedRow:
         num_gpus=num_gpus,
         strategy=strategy,
         offload=offload,
+        deepspeed=deepspeed,
         behaviour=behaviour_for(
             stack,
             model_id=row.get("model"),

@@ -103,7 +103,7 @@ def predicted_bytes(quantity: str, sim, gpu_memory_bytes: int | None = None) -> 
 
 
 def _simulate(mapped: MappedRow):
-    if mapped.num_gpus > 1:  # one rank of the row's layout
+    if mapped.strategy is not None:  # one rank of the row's layout (or of DeepSpeed's ZeRO on one GPU)
         from tunecost.distributed.rank_memory import rank_memory
 
         return rank_memory(tp.rank_step(mapped), mapped.simulator_job, mapped.plan())

@@ -42,6 +42,8 @@ class Stack:
     full_skip_reason: str = ""  # why full fine-tune rows are skipped, when they are
     skip_reason: str = ""
     qlora_deepspeed_zero2: DeepSpeedZero2 | None = None  # single-GPU QLoRA rows run DeepSpeed ZeRO-2 in fp16
+    # single-GPU full fine-tune rows run DeepSpeed ZeRO-2 (bf16): their memory is one rank of the zero2 strategy
+    full_deepspeed_zero2: DeepSpeedZero2 | None = None
     adamw_impl: str = ""  # the AdamW of the stack's torch (`behaviour.ADAMW_IMPLS`; "": the installed torch's)
 
 
@@ -142,7 +144,11 @@ STACKS: dict[str, Stack] = {
         loss="Qwen's own model code (modeling_qwen.py): a contiguous shifted copy of the compute-dtype logits, "
         "cast to fp32 by autocast inside CrossEntropyLoss for bf16 LoRA (Trainer autocast); for Q-LoRA, run under "
         "DeepSpeed fp16 (no autocast), the shifted copy, log-softmax and its gradient stay in fp16",
-        adapters="PEFT 0.5.0 LoRA (pinned in Qwen's docker/Dockerfile; its layers are moved to the device, not "
+        adapters="full parameters (finetune/finetune_ds.sh: --bf16 True --deepspeed finetune/ds_config_zero2.json, "
+        "torchrun on each GPU, one here): DeepSpeed ZeRO-2 in bf16 without autocast, one rank of the zero2 strategy "
+        "(fp32 master weights and AdamW states, gradient buckets through each backward, the step's flat gradient "
+        "copies: `distributed.rank_memory`); "
+        "PEFT 0.5.0 LoRA (pinned in Qwen's docker/Dockerfile; its layers are moved to the device, not "
         "cast: fp32) on bf16 weights under the Trainer's autocast, updated by the Trainer's torch AdamW on PyTorch "
         "2.0 (multi-tensor: sqrt(v) and denom, two temporaries the size of the trainable tensors); Q-LoRA "
         "(finetune/finetune_qlora_single_gpu.sh: --fp16 --deepspeed finetune/ds_config_zero2.json, which "
@@ -152,8 +158,8 @@ STACKS: dict[str, Stack] = {
         "gradient buckets (reduce_bucket_size 2e8, overlap_comm: two) alive through each backward",
         allocator="as hf-trainer; the table reports whole-device memory",
         not_modelled=(
-            "full-parameter runs use DeepSpeed ZeRO with fp32 master weights, fp32 optimizer states and "
-            "gradient buckets (full fine-tune rows are skipped)",
+            "the throughput of full-parameter runs (DeepSpeed's own optimizer step on fp32 master weights; those rows "
+            "are skipped)",
             "Qwen's fused c_attn LoRA (one A/B over q, k, v) is modelled as LoRA on each of q, k, v",
             "the rest of Qwen's own model code (fused c_attn, its RMSNorm and rotary kernels) is simulated with "
             "transformers' Qwen2 code",
@@ -170,6 +176,8 @@ STACKS: dict[str, Stack] = {
         full_skip_reason="DeepSpeed ZeRO with fp32 master weights and optimizer states",
         # finetune/ds_config_zero2.json: reduce_bucket_size 2e8, overlap_comm true, contiguous_gradients true
         qlora_deepspeed_zero2=DeepSpeedZero2(reduce_bucket_elements=200_000_000, overlap_comm=True),
+        # finetune/finetune_ds.sh (full parameters): --bf16 True --deepspeed finetune/ds_config_zero2.json
+        full_deepspeed_zero2=DeepSpeedZero2(reduce_bucket_elements=200_000_000, overlap_comm=True),
         adamw_impl=ADAMW_TORCH_20,  # the Trainer's adamw_torch on PyTorch 2.0 (README; docker/Dockerfile 2.0.1)
     ),
     "swift-2": Stack(
@@ -312,8 +320,9 @@ def behaviour_for(
     for the single-GPU QLoRA rows of a stack that runs them so: see qwen-finetune)."""
     loss_code = loss_code_for(model_id, stack_versions, family)
     zero2 = stack.qlora_deepspeed_zero2 if method == "qlora" and num_gpus == 1 else None
-    if zero2 is not None and loss_code == LOSS_MODEL_SHIFTED:
-        loss_code = LOSS_MODEL_SHIFTED_NO_AUTOCAST  # DeepSpeed's fp16 engine runs without autocast
+    full_zero2 = stack.full_deepspeed_zero2 if method == "full" and num_gpus == 1 else None
+    if (zero2 is not None or full_zero2 is not None) and loss_code == LOSS_MODEL_SHIFTED:
+        loss_code = LOSS_MODEL_SHIFTED_NO_AUTOCAST  # DeepSpeed's fp16 / bf16 engine runs without autocast
     return StackBehaviour(
         kbit_fp32_norms=stack.kbit_fp32_norms and (num_gpus == 1 or strategy in ("ddp", "zero1", "zero2")),
         loss_code=loss_code,
