@@ -380,6 +380,14 @@ def test_cli_says_when_no_row_is_skipped(tmp_path, cli_runner, corpus) -> None:
     assert "Rows skipped: none" in result.output
 
 
+def test_memory_units_in_any_case() -> None:
+    """GB and MB are read as GiB and MiB (the sources' G/M labels on binary figures), in any case."""
+    from tunecost.validate.run import unit_bytes
+
+    assert [unit_bytes(u) for u in ("GiB", "gb", " GB ", "MiB", "mb")] == [GIB, GIB, GIB, 2**20, 2**20]
+    assert unit_bytes("TB") is None and unit_bytes("") is None
+
+
 def test_cli_missing_columns_one_line(cli_runner, tmp_path) -> None:
     path = tmp_path / "m.csv"
     path.write_text("id,value\n", encoding="utf-8")

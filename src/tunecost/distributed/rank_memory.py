@@ -104,18 +104,24 @@ def zero_optimizer_state_bytes(step: SingleGpuStep, job: FineTuneJob, simulated_
     return step.trainable_bytes // step.trainable_bytes_per_param * ZERO_ADAM_BYTES_PER_PARAM
 
 
+def deepspeed_dtype_bytes(step: SingleGpuStep) -> int:
+    """Bytes per element of DeepSpeed's engine dtype, its gradients' and buckets' dtype: the compute dtype (the
+    engine casts the whole model to fp16 / bf16, LoRA factors included), or the trainable weights' if smaller."""
+    return min(step.trainable_bytes_per_param, step.activation_bytes_per_element)
+
+
 def reduce_bucket_bytes(step: SingleGpuStep, plan: ParallelPlan) -> int:
     """DeepSpeed ZeRO-1/2's gradient buckets, alive through each backward: reduce_bucket_size elements of the
-    trainable weights' dtype, twice with overlap_comm (0 for other strategies)."""
+    engine's dtype, twice with overlap_comm (0 for other strategies)."""
     if plan.strategy not in ZERO_BUCKET_STRATEGIES:
         return 0
-    return (2 if plan.overlap_comm else 1) * plan.reduce_bucket_elements * step.trainable_bytes_per_param
+    return (2 if plan.overlap_comm else 1) * plan.reduce_bucket_elements * deepspeed_dtype_bytes(step)
 
 
 def deepspeed_step_temporary_bytes(step: SingleGpuStep) -> int:
     """DeepSpeed ZeRO-1/2's optimizer-step temporaries for the whole model (the caller shards them): the flat copy
-    of the gradients in their dtype and its fp32 cast, per trainable parameter."""
-    return step.trainable_bytes // step.trainable_bytes_per_param * (step.trainable_bytes_per_param + 4)
+    of the gradients in the engine's dtype and its fp32 cast, per trainable parameter."""
+    return step.trainable_bytes // step.trainable_bytes_per_param * (deepspeed_dtype_bytes(step) + 4)
 
 
 def _buffers(step: SingleGpuStep, plan: ParallelPlan, phase: str) -> dict[str, int]:

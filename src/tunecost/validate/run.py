@@ -10,8 +10,9 @@ Memory quantities from one simulated step (`tunecost.simulate`) plus the device 
   out-of-memory the allocator releases its cached segments and retries, so the reserve above the allocated peak
   does not decide it (a fragmented cache, split segments that cannot be released, can; not modelled).
 A value in "GB" is read as GiB (2^30 bytes): the sources print GiB-based figures (nvidia-smi's MiB / 1024,
-torch bytes / 2^30) with a "G"/"GB" label. `error` is the signed percentage error (predicted - measured) /
-measured x 100 for memory, and predicted - measured (0 = right) for oom.
+torch bytes / 2^30) with a "G"/"GB" label; likewise "MB" as MiB (nvidia-smi's unit); units match in any case.
+`error` is the signed percentage error (predicted - measured) / measured x 100 for memory, and predicted -
+measured (0 = right) for oom.
 Throughput quantities (tokens_per_s_per_gpu, samples_per_s, s_per_step) come from the throughput model's step
 time (see `throughput`), its GEMM efficiency calibrated on one row per (stack, GPU); a calibration row is `ok`
 with reason "calibration row" and no error; the other rows' error is the same signed percentage.
@@ -31,7 +32,12 @@ from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES, THROUGHPUT_QUANTIT
 
 GIB = 2**30
 OUTPUT_COLUMNS = ("id", "quantity", "measured", "predicted", "unit", "error", "status", "reason")
-_UNIT_BYTES = {"GiB": GIB, "GB": GIB, "MiB": 2**20}
+_UNIT_BYTES = {"gib": GIB, "gb": GIB, "mib": 2**20, "mb": 2**20}
+
+
+def unit_bytes(unit: str) -> int | None:
+    """Bytes per unit of a memory value ("GiB", "GB", "MiB", "MB", in any case); None for an unknown unit."""
+    return _UNIT_BYTES.get(unit.strip().lower())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,7 +138,7 @@ def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simu
         measured = float(row.get("value"))
     except ValueError:
         return _skipped(row, f"value {row.get('value')!r} is not a number", mapped.stack.name)
-    if quantity != "oom" and unit not in _UNIT_BYTES:
+    if quantity != "oom" and unit_bytes(unit) is None:
         return _skipped(row, f"unit {unit!r} not known for {quantity}", mapped.stack.name)
     try:
         sim = simulate(mapped)
@@ -145,7 +151,7 @@ def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simu
         predicted = 1.0 if needed > mapped.gpu_memory_bytes else 0.0
         error = predicted - measured
     else:
-        predicted = round(predicted_bytes(quantity, sim, mapped.gpu_memory_bytes) / _UNIT_BYTES[unit], 3)
+        predicted = round(predicted_bytes(quantity, sim, mapped.gpu_memory_bytes) / (unit_bytes(unit) or GIB), 3)
         error = round((predicted - measured) / measured * 100.0, 2) if measured else None
     return _outcome(row, measured, predicted=predicted, error=error, reason=mapped.note, stack=mapped.stack.name)
 
