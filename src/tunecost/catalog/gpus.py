@@ -93,32 +93,32 @@ def load_gpus(path: Path = GPU_CATALOG_PATH) -> dict[str, GPU]:
     required = ("name", "aliases", "memory_gib", "mem_bandwidth_tb_s", "bf16_tensor_tflops", "fp32_tflops", "as_of")
     gpus: dict[str, GPU] = {}
     for i, row in read_catalog_csv(path, required):
+        memory_gib = parse_float(path, i, "memory_gib", row["memory_gib"])
         gpu = GPU(
             name=row["name"],
             aliases=tuple(a.strip() for a in row["aliases"].split(";") if a.strip()),
             vendor=row.get("vendor", ""),
             architecture=row.get("architecture", ""),
-            memory_gib=parse_float(path, i, "memory_gib", row["memory_gib"]),
+            memory_gib=memory_gib,
             mem_bandwidth_bytes_per_s=parse_float(path, i, "mem_bandwidth_tb_s", row["mem_bandwidth_tb_s"]) * 1e12,
             bf16_tensor_flops_per_s=parse_float(path, i, "bf16_tensor_tflops", row["bf16_tensor_tflops"]) * 1e12,
             fp32_flops_per_s=parse_float(path, i, "fp32_tflops", row["fp32_tflops"]) * 1e12,
             as_of=row["as_of"],
             sources={k.removeprefix("source_"): v for k, v in row.items() if k.startswith("source_")},
             notes=row.get("notes", ""),
-            cuda_memory_gib=_cuda_memory_gib(path, i, row),
+            cuda_memory_gib=_cuda_memory_gib(path, i, row, memory_gib),
         )
         gpus[gpu.name] = gpu
     return gpus
 
 
-def _cuda_memory_gib(path: Path, row_number: int, row: dict[str, str]) -> float | None:
+def _cuda_memory_gib(path: Path, row_number: int, row: dict[str, str], datasheet: float) -> float | None:
     """The optional `cuda_memory_gib` cell: blank, or a positive figure not above the datasheet's (H200's 141 GB
     allowing), with its source."""
     cell = row.get("cuda_memory_gib", "")
     if not cell:
         return None
     value = parse_float(path, row_number, "cuda_memory_gib", cell)
-    datasheet = parse_float(path, row_number, "memory_gib", row["memory_gib"])
     if not 0 < value <= datasheet:
         raise TunecostError(
             f"{path}: row {row_number}: cuda_memory_gib {cell} must be > 0 and at most memory_gib {row['memory_gib']}"

@@ -84,6 +84,11 @@ class ParallelPlan:
             raise TunecostError(f"reduce_bucket_size must be at least 1 element, got {self.reduce_bucket_elements}")
 
     @property
+    def num_reduce_buckets(self) -> int:
+        """DeepSpeed ZeRO-1/2's gradient buckets per backward: two with overlap_comm (double buffering), else one."""
+        return 2 if self.overlap_comm else 1
+
+    @property
     def node_size(self) -> int:
         """GPUs per node, with None read as every GPU on one node."""
         return self.num_gpus if self.gpus_per_node is None else self.gpus_per_node

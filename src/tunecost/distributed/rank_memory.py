@@ -115,7 +115,7 @@ def reduce_bucket_bytes(step: SingleGpuStep, plan: ParallelPlan) -> int:
     engine's dtype, twice with overlap_comm (0 for other strategies)."""
     if plan.strategy not in ZERO_BUCKET_STRATEGIES:
         return 0
-    return (2 if plan.overlap_comm else 1) * plan.reduce_bucket_elements * deepspeed_dtype_bytes(step)
+    return plan.num_reduce_buckets * plan.reduce_bucket_elements * deepspeed_dtype_bytes(step)
 
 
 def deepspeed_step_temporary_bytes(step: SingleGpuStep) -> int:
@@ -250,11 +250,10 @@ def rank_assumptions(job: FineTuneJob, plan: ParallelPlan, overhead: DeviceOverh
             "live-parameter limits are not modelled)"
         )
     if plan.strategy in ZERO_BUCKET_STRATEGIES:
-        buckets = 2 if plan.overlap_comm else 1
         out.append(
-            f"DeepSpeed ZeRO-1/2: {buckets} gradient bucket(s) of reduce_bucket_size {plan.reduce_bucket_elements:.3g} "
-            "elements through each backward; its optimizer step's flat gradient copy and fp32 cast of the rank's "
-            "partition in place of torch AdamW's temporaries"
+            f"DeepSpeed ZeRO-1/2: {plan.num_reduce_buckets} gradient bucket(s) of reduce_bucket_size "
+            f"{plan.reduce_bucket_elements:.3g} elements through each backward; its optimizer step's flat gradient "
+            "copy and fp32 cast of the rank's partition in place of torch AdamW's temporaries"
         )
     if plan.strategy in PARAM_SHARDED:
         out.append(

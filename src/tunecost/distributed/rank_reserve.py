@@ -125,10 +125,10 @@ def rank_allocations(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) 
             out.add(scaled, reduced, t_free, kind, STREAM_POST_BACKWARD)
     for name in ONCE_BUFFERS:
         out.add(at_optimizer.get(name, 0), 0, NEVER_FREED, KIND_WEIGHT)
-    buckets = 2 if plan.overlap_comm else 1
+    buckets = reduce_bucket_bytes(step, plan)  # ZeRO-1/2: allocated by each backward(), released at its end
     starts = [first for first, _last in trace.backward_ops if first >= 0]
-    for _ in range(buckets if starts else 0):  # ZeRO-1/2: allocated by each backward(), released at its end
-        out.add(reduce_bucket_bytes(step, plan) // buckets, min(starts), end_backward)
+    for _ in range(plan.num_reduce_buckets if buckets and starts else 0):
+        out.add(buckets // plan.num_reduce_buckets, min(starts), end_backward)
     if _gathers(plan):
         _add_all_gathers(out, trace.forward_ops, trace.backward_ops, end_backward, step, plan)
     return out.arrays()

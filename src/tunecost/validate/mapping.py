@@ -191,7 +191,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     if (method == "qlora") != (quantization in ("bnb-nf4", "gptq-int4")):
         raise Skip(f"method {method} with quantization {quantization} not modelled")
     gptq = gptq_settings(row) if quantization == "gptq-int4" else {}
-    deepspeed = stack.full_deepspeed_zero2 if method == "full" and num_gpus == 1 else None
+    deepspeed = stack.deepspeed_for(method, num_gpus) if method == "full" else None
     if method == "full" and not stack.full_finetune_modelled and deepspeed is None and not throughput:
         raise Skip(f"full fine-tune under stack {stack.name} not modelled ({stack.full_skip_reason})")
     if deepspeed is not None and not throughput:  # one rank of DeepSpeed ZeRO-2

@@ -46,6 +46,16 @@ class Stack:
     full_deepspeed_zero2: DeepSpeedZero2 | None = None
     adamw_impl: str = ""  # the AdamW of the stack's torch (`behaviour.ADAMW_IMPLS`; "": the installed torch's)
 
+    def deepspeed_for(self, method: str, num_gpus: int) -> DeepSpeedZero2 | None:
+        """The DeepSpeed ZeRO-2 engine a single-GPU row of `method` runs under this stack (None: no DeepSpeed)."""
+        if num_gpus != 1:
+            return None
+        return {"qlora": self.qlora_deepspeed_zero2, "full": self.full_deepspeed_zero2}.get(method)
+
+
+# Qwen (1.0)'s finetune/ds_config_zero2.json: reduce_bucket_size 2e8, overlap_comm true, contiguous_gradients true
+_QWEN_DS_ZERO2 = DeepSpeedZero2(reduce_bucket_elements=200_000_000, overlap_comm=True)
+
 
 _HF_KEPT = (
     "with gradient checkpointing, each decoder layer's input (re-entrant torch.utils.checkpoint: transformers' "
@@ -174,10 +184,9 @@ STACKS: dict[str, Stack] = {
         ),
         full_finetune_modelled=False,
         full_skip_reason="DeepSpeed ZeRO with fp32 master weights and optimizer states",
-        # finetune/ds_config_zero2.json: reduce_bucket_size 2e8, overlap_comm true, contiguous_gradients true
-        qlora_deepspeed_zero2=DeepSpeedZero2(reduce_bucket_elements=200_000_000, overlap_comm=True),
-        # finetune/finetune_ds.sh (full parameters): --bf16 True --deepspeed finetune/ds_config_zero2.json
-        full_deepspeed_zero2=DeepSpeedZero2(reduce_bucket_elements=200_000_000, overlap_comm=True),
+        # finetune/finetune_qlora_single_gpu.sh and finetune_ds.sh (full parameters) both pass ds_config_zero2.json
+        qlora_deepspeed_zero2=_QWEN_DS_ZERO2,
+        full_deepspeed_zero2=_QWEN_DS_ZERO2,
         adamw_impl=ADAMW_TORCH_20,  # the Trainer's adamw_torch on PyTorch 2.0 (README; docker/Dockerfile 2.0.1)
     ),
     "swift-2": Stack(
@@ -319,10 +328,10 @@ def behaviour_for(
     trl-sft-bnb; FSDP1's held layer inputs come with the fsdp1 strategy, `distributed.fsdp1`; DeepSpeed ZeRO-2 fp16
     for the single-GPU QLoRA rows of a stack that runs them so: see qwen-finetune)."""
     loss_code = loss_code_for(model_id, stack_versions, family)
-    zero2 = stack.qlora_deepspeed_zero2 if method == "qlora" and num_gpus == 1 else None
-    full_zero2 = stack.full_deepspeed_zero2 if method == "full" and num_gpus == 1 else None
-    if (zero2 is not None or full_zero2 is not None) and loss_code == LOSS_MODEL_SHIFTED:
+    deepspeed = stack.deepspeed_for(method, num_gpus)
+    if deepspeed is not None and loss_code == LOSS_MODEL_SHIFTED:
         loss_code = LOSS_MODEL_SHIFTED_NO_AUTOCAST  # DeepSpeed's fp16 / bf16 engine runs without autocast
+    zero2 = deepspeed if method == "qlora" else None  # a full fine-tune's engine is a rank of zero2 (`mapping`)
     return StackBehaviour(
         kbit_fp32_norms=stack.kbit_fp32_norms and (num_gpus == 1 or strategy in ("ddp", "zero1", "zero2")),
         loss_code=loss_code,
