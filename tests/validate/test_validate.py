@@ -381,10 +381,11 @@ def test_cli_says_when_no_row_is_skipped(tmp_path, cli_runner, corpus) -> None:
 
 
 def test_memory_units_in_any_case() -> None:
-    """GB and MB are read as GiB and MiB (the sources' G/M labels on binary figures), in any case."""
+    """GB, G and MB are read as GiB and MiB (the sources' G/M labels on binary figures), in any case."""
     from tunecost.validate.run import unit_bytes
 
-    assert [unit_bytes(u) for u in ("GiB", "gb", " GB ", "MiB", "mb")] == [GIB, GIB, GIB, 2**20, 2**20]
+    assert [unit_bytes(u) for u in ("GiB", "gb", " GB ", "G", "MiB", "mb")] == [GIB, GIB, GIB, GIB, 2**20, 2**20]
+    assert unit_bytes("bytes") == 1
     assert unit_bytes("TB") is None and unit_bytes("") is None
 
 
@@ -509,6 +510,47 @@ def test_all_linear_adapts_every_linear_but_the_output_layer() -> None:
     assert lora_targets("all-linear;lm_head (trained fully)") == ("attention", "mlp")
 
 
+def test_llama_factory_all_and_phi_dense_are_lora_targets() -> None:
+    assert lora_targets("all") == lora_targets("all-linear") == ("attention", "mlp")
+    assert lora_targets("q_proj;k_proj;v_proj;dense") == ("attention",)  # Phi's attention output
+
+
+def test_optimizer_cell_names_the_simulated_optimizer() -> None:
+    from tunecost.validate.mapping import optimizer_for
+
+    for cell in ("", "adamw_torch", "AdamW", "adamw_torch_fused", "adamw_hf", "FusedAdam"):
+        assert optimizer_for(cell) == "adamw", cell
+    for cell in ("adamw_8bit", "adamw_bnb_8bit", "8-bit AdamW"):
+        assert optimizer_for(cell) == "adamw-8bit", cell
+    assert optimizer_for("sgd") == "sgd"
+    with pytest.raises(Skip, match="unified memory"):
+        optimizer_for("paged_adamw_8bit")
+    with pytest.raises(Skip, match="optimizer 'adafactor' not modelled"):
+        optimizer_for("adafactor")
+
+
+def test_a_full_fine_tune_row_is_simulated_with_its_optimizer(corpus) -> None:
+    """The optimizer states of a full fine-tune follow the row's optimizer cell: bf16 AdamW keeps two states of
+    2 bytes per parameter, 8-bit AdamW two of 1 byte, SGD without momentum none; the rest of the step is alike.
+    Its throughput under another optimizer than AdamW is skipped (the counts price AdamW's step)."""
+    from tunecost.validate.corpus import CorpusRow
+
+    full = next(r for r in read_corpus([corpus]) if r.id == "t-oom")
+
+    def predicted(optimizer: str, quantity: str = "peak_allocated_gib") -> object:
+        cells = {**full.cells, "optimizer": optimizer, "quantity": quantity, "value": "1", "unit": "MiB"}
+        return validate_rows([CorpusRow(path=full.path, line=full.line, cells=cells)])[0]
+
+    adamw, adamw8, sgd = (predicted(o) for o in ("adamw_torch", "adamw_8bit", "sgd"))
+    assert (
+        map_row(CorpusRow(path=full.path, line=full.line, cells={**full.cells, "optimizer": "sgd"})).job.optimizer
+        == "sgd"
+    )
+    assert adamw.predicted > adamw8.predicted > sgd.predicted
+    skipped = predicted("adamw_8bit", "s_per_step")
+    assert skipped.status == "skipped" and "counts price AdamW" in skipped.reason
+
+
 def test_rows_of_other_stacks_gpus_and_layouts_are_predicted_or_skipped_with_their_reason(corpus) -> None:
     """A file like the published measurements tunecost has not seen: other frameworks, consumer GPUs, DDP,
     DeepSpeed ZeRO with offload, FSDP's CPU offload, PEFT's all-linear, the whole job's samples per second.
@@ -546,13 +588,15 @@ def test_rows_of_other_stacks_gpus_and_layouts_are_predicted_or_skipped_with_the
         row("sixteen-gpu-speed", num_gpus="16", **tokens, value=str(0.8 * 8192 / step_s)),
         row("job-samples", **speed, num_gpus="4", quantity="samples_per_s", unit="samples/s", value=str(14 / step_s)),
         row("ambiguous-gpu", gpu="NVIDIA L40", quantity="oom", value="0", unit="", **one),
+        row("unknown-gpu", gpu="Gaudi2", quantity="oom", value="0", unit="", **one),
     ]
     out = _by_id(validate_rows(rows))
     skipped = {
         "unsloth": "stack unsloth not modelled",
         "unknown-stack": "unknown stack",
         "tensor-parallel": "not modelled",
-        "ambiguous-gpu": "not in the GPU catalog",
+        "ambiguous-gpu": "ambiguous GPU 'NVIDIA L40': matches the L40 (48 GB, not in the catalog), L40S-48GB",
+        "unknown-gpu": "GPU 'Gaudi2' not in the GPU catalog (its memory decides out-of-memory)",
     }
     for row_id, result in out.items():
         if row_id in skipped:

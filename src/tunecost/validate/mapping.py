@@ -8,7 +8,11 @@ Reading rules (each is stated, none is tuned to the data):
   -> attention and mlp. A subset of the attention projections is modelled as all four (a small over-count);
   SantaCoder's rows name q/k/v/o_proj and c_attn, of which GPTBigCode has only the fused c_attn: attention LoRA
   there wraps c_attn and the attention's c_proj (the same kind of over-count);
-- an empty optimizer is transformers' default AdamW; an unknown attention is FlashAttention-2;
+- the optimizer cell names torch AdamW (empty: transformers' default; adamw_torch, adamw_torch_fused, adamw_hf,
+  adam, DeepSpeed's FusedAdam), bitsandbytes' 8-bit AdamW (adamw_8bit, adamw_bnb_8bit, "8-bit AdamW") or plain SGD
+  (transformers' "sgd": torch SGD without momentum); paged optimizers (their states live in CUDA unified memory,
+  outside PyTorch's allocator) and the others (Adafactor, Lion, GaLore, ...) are skipped; an unknown attention is
+  FlashAttention-2;
 - bnb-nf4 is QLoRA with nf4 and double quantization (the QLoRA recipe);
 - gptq-int4 is QLoRA on a GPTQ checkpoint the catalog knows (its base model's architecture, the group size of
   its quantize_config), with the kernel its stack loads: fms-acceleration's accelerated-peft-autogptq plugin the
@@ -41,7 +45,20 @@ from tunecost.workload.job import FineTuneJob, LoraConfig
 PEAK_MEMORY_QUANTITIES = ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")
 MEMORY_QUANTITIES = (*PEAK_MEMORY_QUANTITIES, "oom")
 THROUGHPUT_QUANTITIES = ("tokens_per_s_per_gpu", "samples_per_s", "s_per_step", "time_to_train_s")
-_ATTENTION_TARGETS = {"q_proj", "k_proj", "v_proj", "o_proj", "c_attn", "output_proj", "qkv_proj", "wqkv", "wo"}
+# "dense" is Phi's attention output projection
+_ATTENTION_TARGETS = {
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "c_attn",
+    "output_proj",
+    "qkv_proj",
+    "wqkv",
+    "wo",
+    "dense",
+}
+_ALL_LINEAR_TARGETS = ("all-linear", "all_linear", "all")  # PEFT's name; LLaMA-Factory's `lora_target: all`
 _MLP_TARGETS = {"gate_proj", "up_proj", "down_proj", "w1", "w2", "w3", "gate_up_proj", "fc1", "fc2"}
 _BOTH_TARGETS = {"c_proj"}
 _MODULES_TO_SAVE = {"wte": "embed_tokens", "embed_tokens": "embed_tokens", "lm_head": "lm_head"}  # -> transformers
@@ -127,7 +144,7 @@ def lora_targets(cell: str, *, is_moe: bool = False) -> tuple[str, ...]:
         raise Skip("LoRA targets not stated")
     out: set[str] = set()
     for name in names:
-        if name.lower() in ("all-linear", "all_linear"):
+        if name.lower() in _ALL_LINEAR_TARGETS:
             out |= {"attention", "experts", "router"} if is_moe else {"attention", "mlp"}
         elif name in _ATTENTION_TARGETS:
             out.add("attention")
@@ -138,6 +155,43 @@ def lora_targets(cell: str, *, is_moe: bool = False) -> tuple[str, ...]:
         else:
             raise Skip(f"LoRA target {name!r} not known")
     return tuple(sorted(out))
+
+
+_OPTIMIZERS = {  # normalised optimizer cell -> FineTuneJob.optimizer
+    **dict.fromkeys(
+        ("", "adamw", "adam", "adamwtorch", "adamwtorchfused", "adamwhf", "adamwapexfused", "fusedadam", "torchadamw"),
+        "adamw",
+    ),
+    **dict.fromkeys(("adamw8bit", "adamwbnb8bit", "8bitadamw", "bnbadamw8bit", "adam8bit"), "adamw-8bit"),
+    "sgd": "sgd",
+}
+
+
+def optimizer_for(cell: str) -> str:
+    """tunecost's optimizer for a row's optimizer cell (case, spaces and punctuation ignored); `Skip` for one the
+    simulator does not run."""
+    key = re.sub(r"[^0-9a-z]+", "", cell.lower())
+    if "paged" in key:
+        raise Skip(
+            f"optimizer {cell!r} not modelled (paged optimizer states live in CUDA unified memory, outside "
+            "PyTorch's allocator)"
+        )
+    if key not in _OPTIMIZERS:
+        raise Skip(f"optimizer {cell!r} not modelled (tunecost runs AdamW, 8-bit AdamW and SGD)")
+    return _OPTIMIZERS[key]
+
+
+def gpu_unknown_reason(name: str) -> str:
+    """Why a corpus GPU spelling has no catalog entry: not in the catalog, or ambiguous (the catalog's message,
+    naming the candidates)."""
+    from tunecost.catalog.gpus import resolve_gpu_name
+
+    try:
+        resolve_gpu_name(name.strip())
+    except TunecostError as exc:
+        if str(exc).startswith("ambiguous"):
+            return str(exc).splitlines()[0]
+    return f"GPU {name!r} not in the GPU catalog"
 
 
 def catalog_gpu(name: str):
@@ -210,6 +264,9 @@ def map_row(row: CorpusRow) -> MappedRow:
     if attention is None:
         raise Skip(f"attention {row.get('attention')!r} not known")
     dtype = row.get("compute_dtype") or "bf16"
+    optimizer = optimizer_for(row.get("optimizer"))
+    if throughput and method == "full" and optimizer != "adamw":
+        raise Skip(f"throughput with optimizer {row.get('optimizer')!r} (the counts price AdamW's step)")
     lora = LoraConfig()
     if method != "full":
         rank = _int(row, "lora_rank") if row.get("lora_rank") else None
@@ -236,7 +293,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             compute_dtype=dtype,
             gradient_checkpointing=ckpt == "on",
             attention=attention,
-            optimizer="adamw",
+            optimizer=optimizer,
             batch_size=_int(row, "batch_size_per_gpu"),
             seq_len=seq_len,
             modules_to_save=saved,
@@ -246,9 +303,9 @@ def map_row(row: CorpusRow) -> MappedRow:
         raise Skip(str(exc)) from None
     gpu = catalog_gpu(row.get("gpu"))
     if quantity == "oom" and gpu is None:
-        raise Skip(f"GPU {row.get('gpu')!r} not in the GPU catalog (its memory decides out-of-memory)")
+        raise Skip(f"{gpu_unknown_reason(row.get('gpu'))} (its memory decides out-of-memory)")
     if throughput and gpu is None:
-        raise Skip(f"GPU {row.get('gpu')!r} not in the GPU catalog (its peak rate and bandwidth set the step time)")
+        raise Skip(f"{gpu_unknown_reason(row.get('gpu'))} (its peak rate and bandwidth set the step time)")
     grad_accum = _int(row, "grad_accum") if row.get("grad_accum") else 1
     return MappedRow(
         job=job,

@@ -32,11 +32,13 @@ from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES, THROUGHPUT_QUANTIT
 
 GIB = 2**30
 OUTPUT_COLUMNS = ("id", "quantity", "measured", "predicted", "unit", "error", "status", "reason")
-_UNIT_BYTES = {"gib": GIB, "gb": GIB, "mib": 2**20, "mb": 2**20}
+# "GB", "G" (as some tables print it) and "MB" are read as binary units, as the corpus's sources use them
+_UNIT_BYTES = {"gib": GIB, "gb": GIB, "g": GIB, "mib": 2**20, "mb": 2**20, "bytes": 1}
 
 
 def unit_bytes(unit: str) -> int | None:
-    """Bytes per unit of a memory value ("GiB", "GB", "MiB", "MB", in any case); None for an unknown unit."""
+    """Bytes per unit of a memory value ("GiB", "GB", "G", "MiB", "MB", "bytes", in any case); None for an unknown
+    unit."""
     return _UNIT_BYTES.get(unit.strip().lower())
 
 
