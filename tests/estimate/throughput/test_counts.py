@@ -8,6 +8,7 @@ from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.arch import arch_of
 from tunecost.estimate.throughput.counts import (
+    GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM,
     NF4_BYTES_PER_PARAM,
     OP_CLASSES,
     analytic_step_counts,
@@ -85,6 +86,26 @@ def test_qlora_expert_and_dequant_terms_by_hand() -> None:
     assert counts.bytes_by_class["dequant"] == pytest.approx(3 * quantized * (NF4_BYTES_PER_PARAM + 2), rel=1e-3)
     assert set(counts.flops_by_class) == set(OP_CLASSES)
     assert counts.source == "analytic"
+
+
+def test_gptq_torch_path_dequantizes_on_forward_and_recompute_with_its_unfused_traffic() -> None:
+    """auto-gptq's torch path (qlinear_cuda_old): 16.5 bytes per weight element in 9 kernels per call, twice under
+    checkpointing (the matmul keeps the fp16 weight for backward); its triton kernel is priced as bitsandbytes'."""
+    spec = resolve_model("mistral-7b-v0.1")
+    job = FineTuneJob(
+        model="mistral-7b-v0.1", method="qlora", batch_size=1, seq_len=128, quant_type="gptq", compute_dtype="fp16"
+    )
+    torch_path = analytic_step_counts(spec, job.with_(gptq_kernel="torch"))
+    triton = analytic_step_counts(spec, job.with_(gptq_kernel="triton-v2"))
+    nf4 = analytic_step_counts(spec, job.with_(quant_type="nf4"))
+    assert GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM == 0.5 + 4 + 5 + 2 + 2 + 3  # shift, cast, and, sub, mul
+    params = triton.bytes_by_class["dequant"] / (3 * (NF4_BYTES_PER_PARAM + 2))
+    assert torch_path.bytes_by_class["dequant"] == pytest.approx(2 * params * GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM)
+    calls = triton.kernels_by_class["dequant"] / (3 * 2)  # 3 passes x 2 kernels per call (as bitsandbytes)
+    assert torch_path.kernels_by_class["dequant"] == pytest.approx(2 * calls * 9)
+    assert triton.bytes_by_class["dequant"] == nf4.bytes_by_class["dequant"]
+    no_ckpt = analytic_step_counts(spec, job.with_(gptq_kernel="torch", gradient_checkpointing=False))
+    assert no_ckpt.bytes_by_class["dequant"] == pytest.approx(torch_path.bytes_by_class["dequant"] / 2)
 
 
 def test_lora_without_quantization_has_no_dequant_and_full_ft_trains_everything() -> None:

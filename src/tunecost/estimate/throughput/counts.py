@@ -34,6 +34,13 @@ CUDA_CORE = "fp32"
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64  # 4-bit codes + 8-bit absmax per 64-block (double quantization)
 DEQUANT_KERNELS_PER_CALL = 2  # absmax dequantization, then the weights (bnb double quantization)
 DEQUANT_FLOPS_PER_PARAM = 2  # table lookup + scale
+# auto-gptq's QuantLinear (cuda-old) on its torch path ("torch" GPTQ kernel; qlinear_cuda_old.py `forward`, 4 bits),
+# per weight element: bitwise_right_shift of the expanded int32 qweight (read 0.5, write an int32: 4), .to(int8)
+# (4 + 1), bitwise_and in place (1 + 1), weight - zeros (int8: 1 + 1), scales * (...) (fp16: 1 + 2); the zeros
+# and scales are per group (negligible). The fp16 weight then meets a plain torch.matmul, which keeps it for
+# the input gradient: de-quantized on forward and recompute only, not again in backward.
+GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM = 0.5 + 4 + (4 + 1) + (1 + 1) + (1 + 1) + (1 + 2)
+GPTQ_TORCH_DEQUANT_KERNELS_PER_CALL = 9  # weight: shift, cast, and, sub, mul; zeros: shift, cast, and, + 1
 LORA_BYTES_PER_IN_OUT = 12  # fp32 adapter path: cast x to fp32, x@A, @B, * scaling, add into the bf16 output
 LORA_KERNELS_FWD, LORA_KERNELS_BWD = 5, 8  # cast, A, B, scale, add / their gradients (incl. A, B weight grads)
 LORA_PARAM_BYTES = 4  # LLaMA-Factory upcasts trainable adapter weights to fp32
@@ -202,18 +209,24 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
     )
     acc.add("elementwise", bytes_=tokens * spec.vocab_size * LOSS_BYTES_PER_VOCAB, kernels=LOSS_KERNELS)
 
-    # 4-bit weights (every Linear but the head under QLoRA) are dequantized on forward, recompute, backward.
+    # 4-bit weights (every Linear but the head under QLoRA) are dequantized on forward, recompute, backward
+    # (bitsandbytes, and GPTQ's triton kernel, which de-quantizes again in backward); GPTQ's torch path on
+    # forward and recompute only, with its un-fused traffic.
     if quantized:
         quant_params: float = arch.dense_params + arch.num_moe_layers * arch.router_params_per_layer
         quant_calls: float = arch.num_dense_matrices + arch.num_moe_layers  # + one router per MoE layer
         if arch.num_experts > 1:
             quant_params += arch.num_moe_layers * hit * arch.expert_params
             quant_calls += arch.num_moe_layers * hit * arch.num_expert_matrices
+        gptq_torch = job.quant_type == "gptq" and job.gptq_kernel == "torch"
+        passes = fwd_passes if gptq_torch else frozen_passes
+        per_param = GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM if gptq_torch else NF4_BYTES_PER_PARAM + w_bytes
+        per_call = GPTQ_TORCH_DEQUANT_KERNELS_PER_CALL if gptq_torch else DEQUANT_KERNELS_PER_CALL
         acc.add(
             "dequant",
-            flops=frozen_passes * quant_params * DEQUANT_FLOPS_PER_PARAM,
-            bytes_=frozen_passes * quant_params * (NF4_BYTES_PER_PARAM + w_bytes),
-            kernels=frozen_passes * quant_calls * DEQUANT_KERNELS_PER_CALL,
+            flops=passes * quant_params * DEQUANT_FLOPS_PER_PARAM,
+            bytes_=passes * quant_params * per_param,
+            kernels=passes * quant_calls * per_call,
         )
 
     _add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
