@@ -1,5 +1,6 @@
 """Write docs/accuracy.md from `tunecost validate` on a measurement corpus (default: the shipped one), beside
-accelerate's estimate-memory and the bytes-per-parameter rule computed on the same rows.
+accelerate's estimate-memory, the bytes-per-parameter rule and DeepSpeed's model-states estimators computed on the
+same rows.
 
     PYTHONPATH=src python benchmarks/accuracy_doc.py [--corpus FILE ...] [--out docs/accuracy.md] [--force]
 
@@ -16,12 +17,31 @@ from pathlib import Path
 
 from tunecost.io import atomic_write_text
 from tunecost.validate import read_corpus, summarize, validate_rows
-from tunecost.validate.baselines import accelerate_estimate_bytes, rule_estimate_bytes
+from tunecost.validate.baselines import accelerate_estimate_bytes, deepspeed_estimate_bytes, rule_estimate_bytes
+from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES as PEAK
 from tunecost.validate.mapping import THROUGHPUT_QUANTITIES as THROUGHPUT
 from tunecost.validate.mapping import Skip, map_row
-from tunecost.validate.run import GIB, memory_totals, throughput_totals
+from tunecost.validate.run import GIB, memory_totals, throughput_totals, validate_row
 from tunecost.validate.stacks import STACKS
+
+BASELINES = ("accelerate", "rule", "DeepSpeed")
+
+
+def baseline_bytes(name: str, mapped) -> float:
+    """Per-GPU bytes of a baseline for a mapped row (accelerate and the rule divided over the row's GPUs;
+    DeepSpeed's estimators take the GPU count themselves)."""
+    job = mapped.job
+    if name == "DeepSpeed":
+        return deepspeed_estimate_bytes(job.model, mapped.num_gpus)
+    fn = accelerate_estimate_bytes if name == "accelerate" else rule_estimate_bytes
+    return fn(job.model, job.method) / mapped.num_gpus
+
+
+def _predicts_oom(row: CorpusRow) -> bool:
+    """tunecost's out-of-memory verdict on a row's setting (the row read as an `oom` row)."""
+    cells = {**row.cells, "quantity": "oom", "value": "0", "unit": ""}
+    return validate_row(CorpusRow(path=row.path, line=row.line, cells=cells)).predicted == 1.0
 
 
 def _f(v, fmt="{:.1f}"):
@@ -140,11 +160,15 @@ def render(corpus_paths: list[Path] | None) -> str:
         "accelerate: `accelerate estimate-memory`'s figures computed with its own functions on the meta-device "
         "model (full fine-tune: its 'Training using Adam' column; LoRA/QLoRA: its bf16/int4 load size, as it has "
         "no adapter estimate). Rule: 16 bytes per parameter for a full fine-tune, the weights alone for LoRA "
-        "(2 B/param) and QLoRA (0.5 B/param). Error is (estimate - measured) / measured; oom: the estimate "
-        "exceeds the GPU's memory. On a row of N GPUs under FSDP both are divided by N (every state sharded).",
+        "(2 B/param) and QLoRA (0.5 B/param). On a row of N GPUs under FSDP both are divided by N (every state "
+        "sharded). DeepSpeed: its model-states estimators (`estimate_zero2_model_states_mem_needs` for a row on "
+        "one GPU, `estimate_zero3_model_states_mem_needs` on N GPUs for a row under FSDP full shard; "
+        "`src/tunecost/distributed/deepspeed_estimator.py`), which count every parameter as trainable. Error is "
+        "(estimate - measured) / measured; oom: the estimate exceeds the GPU's memory.",
         "",
-        "| quantity | rows | tunecost median abs % | accelerate median abs % | rule median abs % |",
-        "|---|---|---|---|---|",
+        "| quantity | rows | tunecost median abs % | accelerate median abs % | rule median abs % | "
+        "DeepSpeed median abs % |",
+        "|---|---|---|---|---|---|",
     ]
     ok = [r for r in results if r.status == "ok"]
     oom_right: Counter[str] = Counter()
@@ -152,29 +176,41 @@ def render(corpus_paths: list[Path] | None) -> str:
         sel = [r for r in ok if (r.quantity == quantity or (quantity == "all peak" and r.quantity in PEAK))]
         if not sel:
             continue
-        errs: dict[str, list[float]] = {"tunecost": [], "accelerate": [], "rule": []}
+        errs: dict[str, list[float]] = {name: [] for name in ("tunecost", *BASELINES)}
         for r in sel:
             mapped = map_row(by_id[r.id])
             measured = r.measured or 0.0
-            for name, fn in (("accelerate", accelerate_estimate_bytes), ("rule", rule_estimate_bytes)):
-                est = fn(mapped.job.model, mapped.job.method) / GIB / mapped.num_gpus
+            for name in BASELINES:
+                est = baseline_bytes(name, mapped) / GIB
                 errs[name].append(abs(est - measured) / measured * 100)
             errs["tunecost"].append(abs(r.error or 0.0))
         lines.append(
-            f"| {quantity} | {len(sel)} | {_f(_median(errs['tunecost']))} | {_f(_median(errs['accelerate']))} | "
-            f"{_f(_median(errs['rule']))} |"
+            f"| {quantity} | {len(sel)} | " + " | ".join(_f(_median(errs[n])) for n in ("tunecost", *BASELINES)) + " |"
         )
     oom = [r for r in ok if r.quantity == "oom"]
     for r in oom:
         mapped = map_row(by_id[r.id])
         gpu = mapped.gpu_memory_bytes or 0
         oom_right["tunecost"] += r.error == 0
-        for name, fn in (("accelerate", accelerate_estimate_bytes), ("rule", rule_estimate_bytes)):
-            oom_right[name] += (fn(mapped.job.model, mapped.job.method) / mapped.num_gpus > gpu) == (r.measured == 1.0)
+        for name in BASELINES:
+            oom_right[name] += (baseline_bytes(name, mapped) > gpu) == (r.measured == 1.0)
     if oom:
         lines.append(
-            f"| oom (right) | {len(oom)} | {oom_right['tunecost']} | {oom_right['accelerate']} | {oom_right['rule']} |"
+            f"| oom (right) | {len(oom)} | " + " | ".join(str(oom_right[n]) for n in ("tunecost", *BASELINES)) + " |"
         )
+    ran = [(r, map_row(by_id[r.id])) for r in ok if r.quantity in PEAK]
+    ran = [(r, m) for r, m in ran if m.gpu_memory_bytes]
+    false_oom = {n: sum(baseline_bytes(n, m) > m.gpu_memory_bytes for _r, m in ran) for n in BASELINES}
+    false_oom["tunecost"] = sum(_predicts_oom(by_id[r.id]) for r, _m in ran)
+    if oom and ran:
+        lines += [
+            "",
+            f"Every one of the {len(oom)} rows that state out of memory ran out of it, so an estimate above the "
+            "GPU's memory everywhere gets them all right; on the "
+            f"{len(ran)} peak-memory rows that ran (on a GPU in the catalog), the estimate exceeds the GPU's memory "
+            + ", ".join(f"{false_oom[n]} times for {n}" for n in ("tunecost", *BASELINES))
+            + " (a false out-of-memory).",
+        ]
     lines += [
         "",
         "## Per quantity and stack",

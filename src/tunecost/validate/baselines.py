@@ -7,7 +7,11 @@
 - the bytes-per-parameter rule: 16 bytes per parameter for a mixed-precision Adam full fine-tune (bf16 weights
   and gradients, fp32 master weights and two fp32 states; 20 with fp32 gradients), and the weights alone for
   LoRA (2 bytes per parameter) and QLoRA (0.5).
-Neither counts activations, the CUDA context or the allocator's reserve.
+- DeepSpeed's model-states estimators (`estimate_zero2_model_states_mem_needs` /
+  `estimate_zero3_model_states_mem_needs`, as `distributed.deepspeed_estimator` transcribes them): a row on one
+  GPU as ZeRO-2 on one GPU (20 bytes per parameter), a row of N GPUs whose states are sharded (FSDP full shard) as
+  ZeRO-3 on N GPUs; every parameter counted as trainable, as DeepSpeed's estimator does (it has no adapter case).
+None of them counts activations, the CUDA context or the allocator's reserve.
 """
 
 from __future__ import annotations
@@ -46,3 +50,21 @@ def rule_estimate_bytes(model: str, method: str) -> int:
     from tunecost.models.params import count_parameters
 
     return int(count_parameters(resolve_model(model)).total * RULE_BYTES_PER_PARAM[method])
+
+
+def deepspeed_estimate_bytes(model: str, num_gpus: int) -> int:
+    """DeepSpeed's estimate per GPU: ZeRO-2 on one GPU, ZeRO-3 on `num_gpus` above one (no offload)."""
+    from tunecost.catalog.models import resolve_model
+    from tunecost.distributed.deepspeed_estimator import zero2_gpu_bytes, zero3_gpu_bytes
+    from tunecost.models.params import count_parameters
+
+    counts = count_parameters(resolve_model(model))
+    if num_gpus == 1:
+        return zero2_gpu_bytes(total_params=counts.total, num_gpus=1, offload_optimizer=False)
+    return zero3_gpu_bytes(
+        total_params=counts.total,
+        largest_module_params=counts.largest_module,
+        num_gpus=num_gpus,
+        offload_optimizer=False,
+        offload_params=False,
+    )
