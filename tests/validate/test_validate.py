@@ -531,17 +531,24 @@ def test_optimizer_cell_names_the_simulated_optimizer() -> None:
 
 def test_a_full_fine_tune_row_is_simulated_with_its_optimizer(corpus) -> None:
     """The optimizer states of a full fine-tune follow the row's optimizer cell: bf16 AdamW keeps two states of
-    2 bytes per parameter, 8-bit AdamW two of 1 byte, SGD without momentum none; the rest of the step is alike.
+    2 bytes per parameter (the fused kernel without the multi-tensor path's temporaries), 8-bit AdamW two of 1 byte,
+    SGD without momentum none; the rest of the step is alike.
     Its throughput under another optimizer than AdamW is skipped (the counts price AdamW's step)."""
+    from tunecost.simulate.behaviour import ADAMW_FUSED
     from tunecost.validate.corpus import CorpusRow
 
     full = next(r for r in read_corpus([corpus]) if r.id == "t-oom")
 
-    def predicted(optimizer: str, quantity: str = "peak_allocated_gib") -> object:
+    def predicted(optimizer: str, quantity: str = "peak_allocated_gib", seq_len: str = "64") -> object:
         cells = {**full.cells, "optimizer": optimizer, "quantity": quantity, "value": "1", "unit": "MiB"}
+        cells["seq_len"] = seq_len
         return validate_rows([CorpusRow(path=full.path, line=full.line, cells=cells)])[0]
 
     adamw, adamw8, sgd = (predicted(o) for o in ("adamw_torch", "adamw_8bit", "sgd"))
+    fused_row = CorpusRow(path=full.path, line=full.line, cells={**full.cells, "optimizer": "adamw_torch_fused"})
+    assert map_row(fused_row).behaviour.adamw_impl == ADAMW_FUSED
+    # one kernel, no multi-tensor temporaries: lower where the optimizer step is the peak (8 tokens)
+    assert predicted("adamw_torch_fused", seq_len="8").predicted < predicted("adamw_torch", seq_len="8").predicted
     assert (
         map_row(CorpusRow(path=full.path, line=full.line, cells={**full.cells, "optimizer": "sgd"})).job.optimizer
         == "sgd"

@@ -8,8 +8,9 @@ Reading rules (each is stated, none is tuned to the data):
   -> attention and mlp. A subset of the attention projections is modelled as all four (a small over-count);
   SantaCoder's rows name q/k/v/o_proj and c_attn, of which GPTBigCode has only the fused c_attn: attention LoRA
   there wraps c_attn and the attention's c_proj (the same kind of over-count);
-- the optimizer cell names torch AdamW (empty: transformers' default; adamw_torch, adamw_torch_fused, adamw_hf,
-  adam, DeepSpeed's FusedAdam), bitsandbytes' 8-bit AdamW (adamw_8bit, adamw_bnb_8bit, "8-bit AdamW") or plain SGD
+- the optimizer cell names torch AdamW (empty: transformers' default; adamw_torch, adamw_hf, adam; fused, without
+  the multi-tensor path's temporaries: adamw_torch_fused, adamw_apex_fused, DeepSpeed's FusedAdam), bitsandbytes'
+  8-bit AdamW (adamw_8bit, adamw_bnb_8bit, "8-bit AdamW") or plain SGD
   (transformers' "sgd": torch SGD without momentum); paged optimizers (their states live in CUDA unified memory,
   outside PyTorch's allocator) and the others (Adafactor, Lion, GaLore, ...) are skipped; an unknown attention is
   FlashAttention-2;
@@ -37,7 +38,7 @@ from typing import Any
 from tunecost.distributed.plan import ParallelPlan
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_TOKENS
-from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, DeepSpeedZero2, StackBehaviour
+from tunecost.simulate.behaviour import ADAMW_FUSED, DEFAULT_BEHAVIOUR, DeepSpeedZero2, StackBehaviour
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.stacks import Stack, behaviour_for, stack_for
 from tunecost.workload.job import FineTuneJob, LoraConfig
@@ -165,6 +166,13 @@ _OPTIMIZERS = {  # normalised optimizer cell -> FineTuneJob.optimizer
     **dict.fromkeys(("adamw8bit", "adamwbnb8bit", "8bitadamw", "bnbadamw8bit", "adam8bit"), "adamw-8bit"),
     "sgd": "sgd",
 }
+_FUSED_ADAMW = ("adamwtorchfused", "adamwapexfused", "fusedadam")  # one kernel per step: no foreach temporaries
+
+
+def adamw_impl_for(cell: str, stack_impl: str) -> str:
+    """The AdamW implementation a row's optimizer cell names (`simulate.behaviour.ADAMW_IMPLS`): a fused kernel where
+    the cell says so, else the stack's own."""
+    return ADAMW_FUSED if re.sub(r"[^0-9a-z]+", "", cell.lower()) in _FUSED_ADAMW else stack_impl
 
 
 def optimizer_for(cell: str) -> str:
@@ -307,6 +315,15 @@ def map_row(row: CorpusRow) -> MappedRow:
     if throughput and gpu is None:
         raise Skip(f"{gpu_unknown_reason(row.get('gpu'))} (its peak rate and bandwidth set the step time)")
     grad_accum = _int(row, "grad_accum") if row.get("grad_accum") else 1
+    behaviour = behaviour_for(
+        stack,
+        model_id=row.get("model"),
+        stack_versions=row.get("stack_versions"),
+        num_gpus=num_gpus,
+        strategy=strategy,
+        family=spec.family,
+        method=method,
+    )
     return MappedRow(
         job=job,
         stack=stack,
@@ -317,15 +334,7 @@ def map_row(row: CorpusRow) -> MappedRow:
         strategy=strategy,
         offload=offload,
         deepspeed=deepspeed,
-        behaviour=behaviour_for(
-            stack,
-            model_id=row.get("model"),
-            stack_versions=row.get("stack_versions"),
-            num_gpus=num_gpus,
-            strategy=strategy,
-            family=spec.family,
-            method=method,
-        ),
+        behaviour=dataclasses.replace(behaviour, adamw_impl=adamw_impl_for(row.get("optimizer"), behaviour.adamw_impl)),
         note=note,
     )
 
