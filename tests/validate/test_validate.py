@@ -519,14 +519,18 @@ def test_optimizer_cell_names_the_simulated_optimizer() -> None:
     from tunecost.validate.mapping import optimizer_for
 
     for cell in ("", "adamw_torch", "AdamW", "adamw_torch_fused", "adamw_hf", "FusedAdam"):
-        assert optimizer_for(cell) == "adamw", cell
+        assert optimizer_for(cell) == ("adamw", ""), cell
     for cell in ("adamw_8bit", "adamw_bnb_8bit", "8-bit AdamW"):
-        assert optimizer_for(cell) == "adamw-8bit", cell
-    assert optimizer_for("sgd") == "sgd"
-    with pytest.raises(Skip, match="unified memory"):
-        optimizer_for("paged_adamw_8bit")
+        assert optimizer_for(cell) == ("adamw-8bit", ""), cell
+    assert optimizer_for("sgd") == ("sgd", "")
     with pytest.raises(Skip, match="optimizer 'adafactor' not modelled"):
         optimizer_for("adafactor")
+    # paged: the adapters' few MiB of states are read as unpaged, said in the note; a model's states are skipped
+    for cell, name in (("paged_adamw_32bit", "adamw"), ("paged_adamw_8bit", "adamw-8bit"), ("PagedAdamW", "adamw")):
+        optimizer, note = optimizer_for(cell, adapters_only=True)
+        assert optimizer == name and "unified memory" in note, cell
+    with pytest.raises(Skip, match="unified memory"):
+        optimizer_for("paged_adamw_8bit")
 
 
 def test_a_full_fine_tune_row_is_simulated_with_its_optimizer(corpus) -> None:
@@ -596,6 +600,7 @@ def test_rows_of_other_stacks_gpus_and_layouts_are_predicted_or_skipped_with_the
         row("job-samples", **speed, num_gpus="4", quantity="samples_per_s", unit="samples/s", value=str(14 / step_s)),
         row("ambiguous-gpu", gpu="NVIDIA L40", quantity="oom", value="0", unit="", **one),
         row("unknown-gpu", gpu="Gaudi2", quantity="oom", value="0", unit="", **one),
+        row("paged-lora", optimizer="paged_adamw_32bit", **one),
     ]
     out = _by_id(validate_rows(rows))
     skipped = {
@@ -610,6 +615,7 @@ def test_rows_of_other_stacks_gpus_and_layouts_are_predicted_or_skipped_with_the
             assert result.status == "skipped" and skipped[row_id] in result.reason, (row_id, result.reason)
         else:
             assert result.status == "ok" and result.predicted is not None, (row_id, result.reason)
+    assert "read as its unpaged self" in out["paged-lora"].reason
     assert out["one-gpu-speed"].reason == "calibration row"
     assert {out[i].reason for i in ("two-gpu-speed", "sixteen-gpu-speed", "job-samples")} == {
         "gemm_efficiency " + out["two-gpu-speed"].reason.split()[1] + " from one-gpu-speed"

@@ -11,9 +11,10 @@ Reading rules (each is stated, none is tuned to the data):
 - the optimizer cell names torch AdamW (empty: transformers' default; adamw_torch, adamw_hf, adam; fused, without
   the multi-tensor path's temporaries: adamw_torch_fused, adamw_apex_fused, DeepSpeed's FusedAdam), bitsandbytes'
   8-bit AdamW (adamw_8bit, adamw_bnb_8bit, "8-bit AdamW") or plain SGD
-  (transformers' "sgd": torch SGD without momentum); paged optimizers (their states live in CUDA unified memory,
-  outside PyTorch's allocator) and the others (Adafactor, Lion, GaLore, ...) are skipped; an unknown attention is
-  FlashAttention-2;
+  (transformers' "sgd": torch SGD without momentum); a paged optimizer (its states in CUDA unified memory, outside
+  PyTorch's allocator) is read as its unpaged self where it updates LoRA adapters alone (a few MiB of states, said
+  in the row's reason) and skipped where it holds a model's states; the others (Adafactor, Lion, GaLore, ...) are
+  skipped; an unknown attention is FlashAttention-2;
 - bnb-nf4 is QLoRA with nf4 and double quantization (the QLoRA recipe);
 - gptq-int4 is QLoRA on a GPTQ checkpoint the catalog knows (its base model's architecture, the group size of
   its quantize_config), with the kernel its stack loads: fms-acceleration's accelerated-peft-autogptq plugin the
@@ -175,18 +176,27 @@ def adamw_impl_for(cell: str, stack_impl: str) -> str:
     return ADAMW_FUSED if re.sub(r"[^0-9a-z]+", "", cell.lower()) in _FUSED_ADAMW else stack_impl
 
 
-def optimizer_for(cell: str) -> str:
-    """tunecost's optimizer for a row's optimizer cell (case, spaces and punctuation ignored); `Skip` for one the
-    simulator does not run."""
+def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
+    """tunecost's optimizer for a row's optimizer cell (case, spaces and punctuation ignored), and a note on how it
+    was read ("" if as named); `Skip` for one the simulator does not run. A paged optimizer (bitsandbytes: its states
+    in CUDA unified memory, outside PyTorch's allocator) is read as its unpaged self where it updates LoRA adapters
+    alone (`adapters_only`), whose states are a few MiB; where it holds a model's states, skipped."""
     key = re.sub(r"[^0-9a-z]+", "", cell.lower())
+    note = ""
     if "paged" in key:
-        raise Skip(
-            f"optimizer {cell!r} not modelled (paged optimizer states live in CUDA unified memory, outside "
-            "PyTorch's allocator)"
+        if not adapters_only:
+            raise Skip(
+                f"optimizer {cell!r} not modelled beside trained model weights (paged optimizer states live in "
+                "CUDA unified memory, outside PyTorch's allocator)"
+            )
+        key = key.replace("paged", "").replace("32bit", "")
+        note = (
+            f"optimizer {cell!r} read as its unpaged self: the adapters' states (a few MiB) counted in the allocator, "
+            "where the paged ones live in CUDA unified memory"
         )
     if key not in _OPTIMIZERS:
         raise Skip(f"optimizer {cell!r} not modelled (tunecost runs AdamW, 8-bit AdamW and SGD)")
-    return _OPTIMIZERS[key]
+    return _OPTIMIZERS[key], note
 
 
 def gpu_unknown_reason(name: str) -> str:
@@ -272,7 +282,8 @@ def map_row(row: CorpusRow) -> MappedRow:
     if attention is None:
         raise Skip(f"attention {row.get('attention')!r} not known")
     dtype = row.get("compute_dtype") or "bf16"
-    optimizer = optimizer_for(row.get("optimizer"))
+    saved = modules_to_save(row.get("lora_targets")) if method != "full" else ()
+    optimizer, optimizer_note = optimizer_for(row.get("optimizer"), adapters_only=method != "full" and not saved)
     if throughput and method == "full" and optimizer != "adamw":
         raise Skip(f"throughput with optimizer {row.get('optimizer')!r} (the counts price AdamW's step)")
     lora = LoraConfig()
@@ -285,13 +296,13 @@ def map_row(row: CorpusRow) -> MappedRow:
             lora = LoraConfig(rank=rank, alpha=alpha, targets=lora_targets(row.get("lora_targets"), is_moe=spec.is_moe))
         except (ValueError, TunecostError) as exc:
             raise Skip(f"LoRA settings not usable: {exc}") from None
-    saved = modules_to_save(row.get("lora_targets")) if method != "full" else ()
-    seq_len, note = _int(row, "seq_len"), ""
+    seq_len, note = _int(row, "seq_len"), optimizer_note
     if spec.max_positions is not None and seq_len > spec.max_positions:
-        note = (
+        positions = (
             f"seq_len {seq_len} is beyond the model's {spec.max_positions} learned positions, which no run can "
             f"exceed: modelled at {spec.max_positions} (the stack cut the sequences)"
         )
+        note = "; ".join(filter(None, (note, positions)))
         seq_len = spec.max_positions
     try:
         job = FineTuneJob(
