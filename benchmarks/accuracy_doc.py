@@ -171,6 +171,7 @@ def render(corpus_paths: list[Path] | None) -> str:
         "|---|---|---|---|---|---|",
     ]
     ok = [r for r in results if r.status == "ok"]
+    mapped_of = {r.id: map_row(by_id[r.id]) for r in ok if r.quantity in (*PEAK, "oom")}
     oom_right: Counter[str] = Counter()
     for quantity in (*PEAK, "all peak"):
         sel = [r for r in ok if (r.quantity == quantity or (quantity == "all peak" and r.quantity in PEAK))]
@@ -178,7 +179,7 @@ def render(corpus_paths: list[Path] | None) -> str:
             continue
         errs: dict[str, list[float]] = {name: [] for name in ("tunecost", *BASELINES)}
         for r in sel:
-            mapped = map_row(by_id[r.id])
+            mapped = mapped_of[r.id]
             measured = r.measured or 0.0
             for name in BASELINES:
                 est = baseline_bytes(name, mapped) / GIB
@@ -189,7 +190,7 @@ def render(corpus_paths: list[Path] | None) -> str:
         )
     oom = [r for r in ok if r.quantity == "oom"]
     for r in oom:
-        mapped = map_row(by_id[r.id])
+        mapped = mapped_of[r.id]
         gpu = mapped.gpu_memory_bytes or 0
         oom_right["tunecost"] += r.error == 0
         for name in BASELINES:
@@ -198,8 +199,7 @@ def render(corpus_paths: list[Path] | None) -> str:
         lines.append(
             f"| oom (right) | {len(oom)} | " + " | ".join(str(oom_right[n]) for n in ("tunecost", *BASELINES)) + " |"
         )
-    ran = [(r, map_row(by_id[r.id])) for r in ok if r.quantity in PEAK]
-    ran = [(r, m) for r, m in ran if m.gpu_memory_bytes]
+    ran = [(r, mapped_of[r.id]) for r in ok if r.quantity in PEAK and mapped_of[r.id].gpu_memory_bytes]
     false_oom = {n: sum(baseline_bytes(n, m) > m.gpu_memory_bytes for _r, m in ran) for n in BASELINES}
     false_oom["tunecost"] = sum(_predicts_oom(by_id[r.id]) for r, _m in ran)
     if oom and ran:

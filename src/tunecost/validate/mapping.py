@@ -170,10 +170,15 @@ _OPTIMIZERS = {  # normalised optimizer cell -> FineTuneJob.optimizer
 _FUSED_ADAMW = ("adamwtorchfused", "adamwapexfused", "fusedadam")  # one kernel per step: no foreach temporaries
 
 
+def _optimizer_key(cell: str) -> str:
+    """An optimizer cell without case, spaces or punctuation ("Paged AdamW 8-bit" -> "pagedadamw8bit")."""
+    return re.sub(r"[^0-9a-z]+", "", cell.lower())
+
+
 def adamw_impl_for(cell: str, stack_impl: str) -> str:
     """The AdamW implementation a row's optimizer cell names (`simulate.behaviour.ADAMW_IMPLS`): a fused kernel where
     the cell says so, else the stack's own."""
-    return ADAMW_FUSED if re.sub(r"[^0-9a-z]+", "", cell.lower()) in _FUSED_ADAMW else stack_impl
+    return ADAMW_FUSED if _optimizer_key(cell) in _FUSED_ADAMW else stack_impl
 
 
 def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
@@ -181,7 +186,7 @@ def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
     was read ("" if as named); `Skip` for one the simulator does not run. A paged optimizer (bitsandbytes: its states
     in CUDA unified memory, outside PyTorch's allocator) is read as its unpaged self where it updates LoRA adapters
     alone (`adapters_only`), whose states are a few MiB; where it holds a model's states, skipped."""
-    key = re.sub(r"[^0-9a-z]+", "", cell.lower())
+    key = _optimizer_key(cell)
     note = ""
     if "paged" in key:
         if not adapters_only:
