@@ -18,11 +18,10 @@ from pathlib import Path
 from tunecost.io import atomic_write_text
 from tunecost.validate import read_corpus, summarize, validate_rows
 from tunecost.validate.baselines import accelerate_estimate_bytes, deepspeed_estimate_bytes, rule_estimate_bytes
-from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES as PEAK
 from tunecost.validate.mapping import THROUGHPUT_QUANTITIES as THROUGHPUT
 from tunecost.validate.mapping import Skip, map_row
-from tunecost.validate.run import GIB, memory_totals, throughput_totals, validate_row
+from tunecost.validate.run import GIB, memory_totals, throughput_totals
 from tunecost.validate.stacks import STACKS
 
 BASELINES = ("accelerate", "rule", "DeepSpeed")
@@ -38,14 +37,12 @@ def baseline_bytes(name: str, mapped) -> float:
     return fn(job.model, job.method) / mapped.num_gpus
 
 
-def _predicts_oom(row: CorpusRow) -> bool:
-    """tunecost's out-of-memory verdict on a row's setting (the row read as an `oom` row)."""
-    cells = {**row.cells, "quantity": "oom", "value": "0", "unit": ""}
-    return validate_row(CorpusRow(path=row.path, line=row.line, cells=cells)).predicted == 1.0
-
-
 def _f(v, fmt="{:.1f}"):
     return "" if v is None else fmt.format(v)
+
+
+def _pct(part, whole) -> str:
+    return f"{100 * part / whole:.0f} %" if whole else "-"
 
 
 def _median(xs):
@@ -119,7 +116,11 @@ def render(corpus_paths: list[Path] | None) -> str:
         "| >= 80 % |",
         f"| peak memory median absolute % error ({totals['peak_rows_modelled']} rows) | "
         f"{_f(totals['peak_median_abs_pct_error'])} % | <= 10 % |",
-        f"| out-of-memory right | {totals['oom_right']} of {totals['oom_rows_modelled']} | >= 90 % |",
+        f"| fits/out-of-memory verdict right, rows that state one | {totals['verdict_right']} of "
+        f"{totals['verdict_rows']} ({_pct(totals['verdict_right'], totals['verdict_rows'])}) | >= 90 % |",
+        f"| of which: fits, on peak-memory rows that ran | {totals['fits_right']} of {totals['ran_rows_modelled']} | |",
+        f"| of which: out of memory, on oom rows | {totals['oom_right']} of {totals['oom_rows_modelled']} "
+        f"({_pct(totals['oom_right'], totals['oom_rows_modelled'])}) | |",
         f"| throughput mean absolute % error ({thr['predicted_rows']} rows predicted, {thr['calibration_rows']} "
         f"calibration rows, of {thr['throughput_rows']}) | {_f(thr['mape'])} % (median "
         f"{_f(thr['median_abs_pct_error'])} %) | 20 % MAPE |",
@@ -201,8 +202,13 @@ def render(corpus_paths: list[Path] | None) -> str:
         )
     ran = [(r, mapped_of[r.id]) for r in ok if r.quantity in PEAK and mapped_of[r.id].gpu_memory_bytes]
     false_oom = {n: sum(baseline_bytes(n, m) > m.gpu_memory_bytes for _r, m in ran) for n in BASELINES}
-    false_oom["tunecost"] = sum(_predicts_oom(by_id[r.id]) for r, _m in ran)
+    false_oom["tunecost"] = sum(r.fits is False for r, _m in ran)
     if oom and ran:
+        lines.append(
+            f"| fits/oom verdict (right) | {len(ran) + len(oom)} | "
+            + " | ".join(str(len(ran) - false_oom[n] + oom_right[n]) for n in ("tunecost", *BASELINES))
+            + " |"
+        )
         lines += [
             "",
             f"Every one of the {len(oom)} rows that state out of memory ran out of it, so an estimate above the "

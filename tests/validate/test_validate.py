@@ -333,6 +333,20 @@ def test_summary_per_quantity_and_stack(corpus) -> None:
     assert totals["peak_rows_modelled"] == 3 and totals["oom_rows_modelled"] == 1
 
 
+@pytest.mark.parametrize(("peak_gib", "fits_right", "oom_right"), [(0.011, 3, 0), (1000.0, 0, 1)])
+def test_fits_verdict_counts_peak_rows_that_ran_and_oom_rows(corpus, peak_gib, fits_right, oom_right) -> None:
+    """A peak-memory row ran, so it fit its GPU: the verdict on its setting is right when tunecost says it fits.
+    The fits/out-of-memory accuracy counts those rows beside the oom rows, with the same verdict."""
+    fake = SimpleNamespace(peak_bytes=int(peak_gib * GIB), device_overhead_bytes=0)
+    rows = validate_rows(read_corpus([corpus]), simulate=lambda m: fake)
+    peak = [r for r in rows if r.status == "ok" and r.quantity != "oom"]
+    assert all(r.fits is (peak_gib < 1.0) for r in peak)
+    totals = memory_totals(rows)
+    assert totals["ran_rows_modelled"] == 3 and totals["fits_right"] == fits_right
+    assert totals["oom_right"] == oom_right
+    assert totals["verdict_rows"] == 4 and totals["verdict_right"] == fits_right + oom_right
+
+
 def test_cli_json_rows_and_out(corpus, cli_runner, tmp_path) -> None:
     out = tmp_path / "run"
     result = cli_runner.invoke(app, ["validate", str(corpus), "--json", "--out", str(out)])

@@ -87,7 +87,8 @@ def fig_validation(records: RunRecords) -> FigureResult | str:
     m, t = memory_totals(rows), throughput_totals(rows)
     caption = (
         f"Peak memory: median |error| {m['peak_median_abs_pct_error']} % over {m['peak_rows_modelled']} rows; "
-        f"out of memory right on {m['oom_right']} of {m['oom_rows_modelled']}; {m['memory_rows_modelled']} of "
+        f"fits/out-of-memory right on {m['verdict_right']} of {m['verdict_rows']} (out of memory on "
+        f"{m['oom_right']} of {m['oom_rows_modelled']}); {m['memory_rows_modelled']} of "
         f"{m['memory_rows']} memory rows modelled. Throughput: mean |error| {t['mape']} % over {t['predicted_rows']} "
         f"rows ({t['calibration_rows']} calibration rows not counted). Grey band: within 10 %."
     )

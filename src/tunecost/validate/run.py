@@ -9,6 +9,8 @@ Memory quantities from one simulated step (`tunecost.simulate`) plus the device 
 - oom: 1 when the allocated peak plus the device overhead exceeds the GPU's memory, else 0: before it raises
   out-of-memory the allocator releases its cached segments and retries, so the reserve above the allocated peak
   does not decide it (a fragmented cache, split segments that cannot be released, can; not modelled).
+A peak-memory row measured a run that fit its GPU: the same verdict on its setting (`ValidationRow.fits`) is the
+"fits" half of the fits/out-of-memory accuracy (`memory_totals`).
 A value in "GB" is read as GiB (2^30 bytes): the sources print GiB-based figures (nvidia-smi's MiB / 1024,
 torch bytes / 2^30) with a "G"/"GB" label; likewise "MB" as MiB (nvidia-smi's unit); units match in any case.
 `error` is the signed percentage error (predicted - measured) / measured x 100 for memory, and predicted -
@@ -53,6 +55,9 @@ class ValidationRow:
     status: str  # ok | skipped
     reason: str
     stack: str = ""  # the named stack (summary key; not an output column)
+    # tunecost's verdict that the row's setting fits its GPU (None: GPU memory unknown; not an output column);
+    # on a peak-memory row the run did fit
+    fits: bool | None = None
 
     def as_output(self) -> dict[str, object]:
         d = asdict(self)
@@ -67,6 +72,7 @@ def _outcome(
     error: float | None = None,
     reason: str = "",
     stack: str = "",
+    fits: bool | None = None,
 ) -> ValidationRow:
     """A row's outcome: `ok` with its prediction, else `skipped` (no prediction) with the reason."""
     return ValidationRow(
@@ -79,6 +85,7 @@ def _outcome(
         status="skipped" if predicted is None else "ok",
         reason=reason,
         stack=stack,
+        fits=fits,
     )
 
 
@@ -147,15 +154,18 @@ def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simu
     except Exception as exc:  # a row the simulator cannot run is reported, never a crash
         return _skipped(row, _simulation_failed(exc), mapped.stack.name)
     error: float | None
+    needed = predicted_bytes("peak_allocated_gib", sim) + outside_allocator_bytes(sim)
+    fits = None if mapped.gpu_memory_bytes is None else needed <= mapped.gpu_memory_bytes
     if quantity == "oom":
-        assert mapped.gpu_memory_bytes is not None
-        needed = predicted_bytes("peak_allocated_gib", sim) + outside_allocator_bytes(sim)
-        predicted = 1.0 if needed > mapped.gpu_memory_bytes else 0.0
+        assert fits is not None
+        predicted = 0.0 if fits else 1.0
         error = predicted - measured
     else:
         predicted = round(predicted_bytes(quantity, sim, mapped.gpu_memory_bytes) / (unit_bytes(unit) or GIB), 3)
         error = round((predicted - measured) / measured * 100.0, 2) if measured else None
-    return _outcome(row, measured, predicted=predicted, error=error, reason=mapped.note, stack=mapped.stack.name)
+    return _outcome(
+        row, measured, predicted=predicted, error=error, reason=mapped.note, stack=mapped.stack.name, fits=fits
+    )
 
 
 def _throughput_ok(row: CorpusRow, mapped: MappedRow, measured: float, predicted: float, reason: str):
@@ -329,16 +339,25 @@ def throughput_totals(rows: list[ValidationRow]) -> dict[str, float | int | None
 
 
 def memory_totals(rows: list[ValidationRow]) -> dict[str, float | int | None]:
-    """Headline figures over every peak-memory row (allocated, reserved, nvidia-smi) and every oom row."""
+    """Headline figures over every peak-memory row (allocated, reserved, nvidia-smi) and every oom row. The
+    fits/out-of-memory verdict counts both kinds of row that state one: a peak row ran (it fit; right when
+    tunecost says it fits), an oom row states whether it ran out."""
     mem = [r for r in rows if r.quantity in PEAK_MEMORY_QUANTITIES]
     ape = [abs(r.error) for r in mem if r.status == "ok" and r.error is not None]
     oom = [r for r in rows if r.quantity == "oom"]
     oom_ok = [r for r in oom if r.status == "ok"]
+    ran = [r for r in mem if r.status == "ok" and r.fits is not None]
+    fits_right = sum(1 for r in ran if r.fits)
+    oom_right = sum(1 for r in oom_ok if r.error == 0)
     return {
         "memory_rows": len(mem) + len(oom),
         "memory_rows_modelled": len(ape) + len(oom_ok),
         "peak_rows_modelled": len(ape),
         "peak_median_abs_pct_error": round(statistics.median(ape), 2) if ape else None,
         "oom_rows_modelled": len(oom_ok),
-        "oom_right": sum(1 for r in oom_ok if r.error == 0),
+        "oom_right": oom_right,
+        "ran_rows_modelled": len(ran),
+        "fits_right": fits_right,
+        "verdict_rows": len(ran) + len(oom_ok),
+        "verdict_right": fits_right + oom_right,
     }

@@ -89,8 +89,10 @@ def validate(
     t = memory_totals(rows)
     console.print(
         f"memory rows modelled: {t['memory_rows_modelled']} of {t['memory_rows']}; peak memory median |error| "
-        f"{_fmt(t['peak_median_abs_pct_error'])} % over {t['peak_rows_modelled']} rows; out-of-memory right on "
-        f"{t['oom_right']} of {t['oom_rows_modelled']}"
+        f"{_fmt(t['peak_median_abs_pct_error'])} % over {t['peak_rows_modelled']} rows; fits/out-of-memory "
+        f"verdict right on {t['verdict_right']} of {t['verdict_rows']} rows that state one (fits on "
+        f"{t['fits_right']} of the {t['ran_rows_modelled']} peak rows that ran, out of memory on {t['oom_right']} "
+        f"of {t['oom_rows_modelled']} oom rows)"
     )
     th = throughput_totals(rows)
     console.print(
