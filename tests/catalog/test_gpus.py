@@ -96,9 +96,9 @@ def test_ambiguous_alias_lists_matches() -> None:
 
 def test_unknown_gpu_lists_valid_names() -> None:
     with pytest.raises(TunecostError) as info:
-        resolve_gpu_name("B200")
+        resolve_gpu_name("TPU-v5e")
     message = str(info.value)
-    assert message.startswith("unknown GPU 'B200'.")
+    assert message.startswith("unknown GPU 'TPU-v5e'.")
     for name in REQUIRED_GPUS:
         assert name in message
     assert "\n" not in message
@@ -116,11 +116,34 @@ def test_unique_prefix_resolves_and_says_so() -> None:
 
 
 def test_a_card_outside_the_catalog_is_not_taken_for_one_whose_name_it_begins() -> None:
-    """The L40 is not an L40S (half its tensor rate): its name is an error naming both, never the L40S."""
-    for name in ("L40", "NVIDIA L40"):
-        with pytest.raises(TunecostError, match="the L40 .48 GB, not in the catalog., L40S-48GB"):
+    """The RTX 2080 (8 GB) is not the RTX 2080 Ti: its name is an error naming both, never the Ti."""
+    for name in ("RTX 2080", "NVIDIA GeForce RTX 2080"):
+        with pytest.raises(TunecostError, match="the RTX 2080 .8 GB, not in the catalog., RTX2080TI-11GB"):
             resolve_gpu_name(name)
-    assert resolve_gpu_name("NVIDIA L40S").gpu.name == "L40S-48GB"
+    assert resolve_gpu_name("NVIDIA GeForce RTX 2080 Ti").gpu.name == "RTX2080TI-11GB"
+
+
+def test_the_l40_and_the_l40s_are_two_cards() -> None:
+    """The L40 runs bf16 with FP32 accumulate at half the L40S's rate; nvidia-smi names resolve to each."""
+    l40, l40s = resolve_gpu_name("NVIDIA L40").gpu, resolve_gpu_name("NVIDIA L40S").gpu
+    assert (l40.name, l40s.name) == ("L40-48GB", "L40S-48GB")
+    assert l40s.bf16_tensor_flops_per_s == pytest.approx(2 * l40.bf16_tensor_flops_per_s, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("smi_name", "catalog_name", "bf16"),
+    [
+        ("NVIDIA B200", "B200-180GB", True),
+        ("NVIDIA GeForce RTX 5090", "RTX5090-32GB", True),
+        ("NVIDIA A30", "A30-24GB", True),
+        ("NVIDIA RTX A5000", "RTXA5000-24GB", True),
+        ("NVIDIA TITAN RTX", "TITANRTX-24GB", False),
+        ("AMD Instinct MI325X", "MI325X-256GB", True),
+    ],
+)
+def test_nvidia_smi_names_of_added_cards(smi_name, catalog_name, bf16) -> None:
+    gpu = resolve_gpu_name(smi_name).gpu
+    assert gpu.name == catalog_name and gpu.supports_bf16 is bf16
 
 
 def test_the_a10_and_the_a10g_are_two_cards() -> None:

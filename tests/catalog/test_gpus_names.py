@@ -38,6 +38,7 @@ SPELLINGS = [  # (as a source prints it, catalog name)
     ("NVIDIA H800", "H800-80GB-SXM"),
     ("NVIDIA GH200 480GB", "GH200-96GB"),
     ("NVIDIA L40S", "L40S-48GB"),
+    ("NVIDIA L40", "L40-48GB"),
     ("NVIDIA L20", "L20-48GB"),
     ("NVIDIA A10G", "A10G-24GB"),
     ("NVIDIA GeForce RTX 3080 Ti", "RTX3080TI-12GB"),
@@ -86,7 +87,7 @@ AMBIGUOUS = [  # (name, every candidate the error must name)
     ("NVIDIA GeForce RTX 3080", ("RTX 3080 12GB", "RTX3080-10GB")),  # nvidia-smi prints this for 10 and 12 GB
     ("NVIDIA GeForce RTX 3060", ("RTX 3060 8GB", "RTX3060-12GB")),
     ("NVIDIA GeForce RTX 4060 Ti", ("RTX 4060 Ti 8GB", "RTX4060TI-16GB")),
-    ("NVIDIA L40", ("the L40 (48 GB", "L40S-48GB")),  # not the L40S by prefix
+    ("NVIDIA GeForce RTX 2080", ("the RTX 2080 (8 GB", "RTX2080TI-11GB")),  # not the Ti by prefix
 ]
 
 

@@ -19,8 +19,8 @@ def test_catalog_rows_are_sourced_and_ordered_by_link_class():
 
 def test_resolve_by_alias_and_unknown_name():
     assert resolve_interconnect("NDR").name == "InfiniBand-NDR"
-    with pytest.raises(TunecostError, match="unknown interconnect 'nvlink5'.*Did you mean"):
-        resolve_interconnect("nvlink5")
+    with pytest.raises(TunecostError, match="unknown interconnect 'nvlink6'.*Did you mean"):
+        resolve_interconnect("nvlink6")
 
 
 def test_bad_row_names_the_file_and_row(tmp_path):

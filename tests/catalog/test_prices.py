@@ -82,7 +82,7 @@ def test_user_file_overrides_and_extends(tmp_path) -> None:
         ("p,A40,1.0,,https://x.org", "row 2: date must be YYYY-MM-DD"),
         ("p,A40,1.0,2025-01-01,", "row 2: every price needs a source_url"),
         (",A40,1.0,2025-01-01,https://x.org", "row 2: empty provider"),
-        ("p,B200,1.0,2025-01-01,https://x.org", "row 2: unknown GPU 'B200'"),
+        ("p,TPU-v5e,1.0,2025-01-01,https://x.org", "row 2: unknown GPU 'TPU-v5e'"),
         ("p,A40,nan,2025-01-01,https://x.org", "row 2"),  # a NaN price must not slip through
     ],
 )

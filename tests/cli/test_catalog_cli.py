@@ -85,8 +85,8 @@ def test_prices_file_overrides_and_extends(cli_runner, write_file) -> None:
 
 
 def test_unknown_gpu_and_provider(cli_error) -> None:
-    line = cli_error(["prices", "--gpu", "B200"])
-    assert line.startswith("error: unknown GPU 'B200'.") and "Valid choices:" in line and "A40-48GB" in line
+    line = cli_error(["prices", "--gpu", "TPU-v5e"])
+    assert line.startswith("error: unknown GPU 'TPU-v5e'.") and "Valid choices:" in line and "A40-48GB" in line
     line = cli_error(["prices", "--provider", "nocloud"])
     assert "unknown provider 'nocloud'" in line and "paper-2024" in line
     line = cli_error(["prices", "--gpu", "V100"])

@@ -146,8 +146,8 @@ def test_cost_table_output(cli_runner) -> None:
 
 def test_cost_bad_names(cli_error) -> None:
     base = _args("cost", COST)
-    line = cli_error([*base, "--gpu", "B200"])
-    assert "unknown GPU 'B200'" in line and "Valid choices:" in line and "H100-80GB-SXM" in line
+    line = cli_error([*base, "--gpu", "TPU-v5e"])
+    assert "unknown GPU 'TPU-v5e'" in line and "Valid choices:" in line and "H100-80GB-SXM" in line
     line = cli_error([*base, "--gpu", "A40", "--provider", "nocloud"])
     assert "unknown provider 'nocloud'" in line and "paper-2024" in line
     assert "no price for L4-24GB from aws" in cli_error([*base, "--gpu", "L4", "--provider", "aws"])
@@ -224,7 +224,7 @@ VALID = {"cost": {**COST, "--usd-per-hour": "0.79"}, "estimate": PAPER_ESTIMATE}
         ("cost", {"--throughput": "0"}, "throughput must be > 0 queries/s"),
         ("cost", {"--throughput": "-1.01"}, "throughput must be > 0 queries/s"),
         ("cost", {"--usd-per-hour": "0"}, "price must be > 0"),
-        ("estimate", {"--gpu": "A40,B200"}, "unknown GPU 'B200'"),
+        ("estimate", {"--gpu": "A40,TPU-v5e"}, "unknown GPU 'TPU-v5e'"),
         ("estimate", {"--model": "mixtral-9x9b"}, "unknown model 'mixtral-9x9b'"),
         ("estimate", {"--provider": "nocloud"}, "unknown provider 'nocloud'"),
         ("estimate", {"--estimator": "oracle"}, "unknown estimator 'oracle'"),

@@ -136,7 +136,7 @@ def test_gpu_without_price_keeps_a_row() -> None:
         ({"num_queries": 0}, "number of queries must be > 0"),
         ({"num_queries": -5}, "number of queries must be > 0"),
         ({"dataset": "nope"}, "unknown dataset 'nope'.*Valid choices: commonsense_15k"),
-        ({"gpus": ["B200"]}, "unknown GPU 'B200'.*Valid choices: .*A40-48GB"),
+        ({"gpus": ["TPU-v5e"]}, "unknown GPU 'TPU-v5e'.*Valid choices: .*A40-48GB"),
         ({"model": "mixtral-9x9b"}, "unknown model 'mixtral-9x9b'.*Valid choices: .*mixtral-8x7b"),
         ({"provider": "nocloud"}, "unknown provider 'nocloud'.*Valid choices: .*paper-2024"),
         ({"estimator": "oracle"}, "unknown estimator 'oracle'.*Valid choices: .*paper"),

@@ -612,7 +612,7 @@ def test_rows_of_other_stacks_gpus_and_layouts_are_predicted_or_skipped_with_the
         row("two-gpu-speed", **tokens, value=str(0.9 * 8192 / step_s)),
         row("sixteen-gpu-speed", num_gpus="16", **tokens, value=str(0.8 * 8192 / step_s)),
         row("job-samples", **speed, num_gpus="4", quantity="samples_per_s", unit="samples/s", value=str(14 / step_s)),
-        row("ambiguous-gpu", gpu="NVIDIA L40", quantity="oom", value="0", unit="", **one),
+        row("ambiguous-gpu", gpu="NVIDIA GeForce RTX 2080", quantity="oom", value="0", unit="", **one),
         row("unknown-gpu", gpu="Gaudi2", quantity="oom", value="0", unit="", **one),
         row("paged-lora", optimizer="paged_adamw_32bit", **one),
     ]
@@ -621,7 +621,7 @@ def test_rows_of_other_stacks_gpus_and_layouts_are_predicted_or_skipped_with_the
         "unsloth": "stack unsloth not modelled",
         "unknown-stack": "unknown stack",
         "tensor-parallel": "not modelled",
-        "ambiguous-gpu": "ambiguous GPU 'NVIDIA L40': matches the L40 (48 GB, not in the catalog), L40S-48GB",
+        "ambiguous-gpu": "ambiguous GPU 'NVIDIA GeForce RTX 2080': matches the RTX 2080 (8 GB, not in the catalog)",
         "unknown-gpu": "GPU 'Gaudi2' not in the GPU catalog (its memory decides out-of-memory)",
     }
     for row_id, result in out.items():

@@ -28,10 +28,12 @@ _AMBIGUOUS_NAMES = {
     "quadrortx6000": ("the Turing Quadro RTX 6000 (24 GB, not in the catalog)", ("RTX6000ADA-48GB",)),
     "rtx3080": ("the RTX 3080 12GB (not in the catalog)", ("RTX3080-10GB",)),
     "3080": ("the RTX 3080 12GB (not in the catalog)", ("RTX3080-10GB",)),
-    # the L40 (48 GB, half the L40S's tensor rate) is another card; without this its name is a prefix of the L40S's
-    "l40": ("the L40 (48 GB, not in the catalog)", ("L40S-48GB",)),
     "rtx3060": ("the RTX 3060 8GB (not in the catalog)", ("RTX3060-12GB",)),
     "3060": ("the RTX 3060 8GB (not in the catalog)", ("RTX3060-12GB",)),
+    # a prefix of the catalog's cards: the RTX 2080 (8 GB), the TITAN V, Xp and X
+    "rtx2080": ("the RTX 2080 (8 GB, not in the catalog)", ("RTX2080TI-11GB",)),
+    "2080": ("the RTX 2080 (8 GB, not in the catalog)", ("RTX2080TI-11GB",)),
+    "titan": ("another TITAN (V, Xp, X; not in the catalog)", ("TITANRTX-24GB",)),
     "rtx4060ti": ("the RTX 4060 Ti 8GB (not in the catalog)", ("RTX4060TI-16GB",)),
     "4060ti": ("the RTX 4060 Ti 8GB (not in the catalog)", ("RTX4060TI-16GB",)),
 }

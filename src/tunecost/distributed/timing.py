@@ -20,9 +20,22 @@ from tunecost.errors import TunecostError
 
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default
 # Links assumed when none is named: the node's GPU link (by GPU family) and, between nodes, one NIC per GPU.
-DEFAULT_NODE_LINK = {"H100-80GB-SXM": "NVLink4", "H200-141GB": "NVLink4", "A100-80GB-SXM": "NVLink3"}
+DEFAULT_NODE_LINK = {
+    "H100-80GB-SXM": "NVLink4",
+    "H200-141GB": "NVLink4",
+    "A100-80GB-SXM": "NVLink3",
+    "B200-180GB": "NVLink5",
+    "B300-288GB": "NVLink5",
+    "GB200-186GB": "NVLink5",
+}
 DEFAULT_NODE_LINK_OTHER = "PCIe4"
-DEFAULT_NETWORK = {"H100-80GB-SXM": "InfiniBand-NDR", "H200-141GB": "InfiniBand-NDR"}
+DEFAULT_NETWORK = {
+    "H100-80GB-SXM": "InfiniBand-NDR",
+    "H200-141GB": "InfiniBand-NDR",
+    "B200-180GB": "InfiniBand-NDR",
+    "B300-288GB": "InfiniBand-NDR",
+    "GB200-186GB": "InfiniBand-NDR",
+}
 DEFAULT_NETWORK_OTHER = "InfiniBand-HDR"
 
 
