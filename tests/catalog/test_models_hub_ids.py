@@ -70,3 +70,24 @@ def test_counted_parameters_match_a_hand_count_of_the_config(name: str) -> None:
 
     spec = CATALOG[name]
     assert count_parameters(spec).total == _dense_count_by_hand(spec.config)
+
+
+@pytest.mark.parametrize(
+    ("mirror", "name"),
+    [
+        ("unsloth/llama-3-8b-bnb-4bit", "llama-3-8b"),
+        ("unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit", "llama-3.1-8b"),
+        ("unsloth/mistral-7b-v0.3", "mistral-7b-v0.3"),
+        ("unsloth/Qwen2.5-7B-Instruct-unsloth-bnb-4bit", "qwen2.5-7b"),
+    ],
+)
+def test_an_unsloth_reupload_is_its_original(mirror: str, name: str) -> None:
+    """unsloth's re-uploads keep the original's config.json: found offline as the catalog model."""
+    assert resolve_model(mirror).name == name
+
+
+def test_an_unsloth_reupload_of_a_model_outside_the_catalog_is_an_error() -> None:
+    from tunecost.errors import TunecostError
+
+    with pytest.raises(TunecostError, match="not in the catalog"):
+        resolve_model("unsloth/zephyr-sft-bnb-4bit")

@@ -7,6 +7,7 @@ one) or by a hub id whose config is in the local Hugging Face cache; nothing is 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -243,15 +244,37 @@ def gptq_checkpoint(name: str) -> GptqCheckpoint | None:
     return None
 
 
+# unsloth's re-uploads of open models keep the original's config.json (the bitsandbytes ones add a
+# quantization_config): `unsloth/<model>[-unsloth][-bnb-4bit]` is <model>
+_UNSLOTH_MIRROR = re.compile(r"^unsloth/(?P<model>.+?)(?:-unsloth)?(?:-bnb-4bit)?$")
+
+
+def _unsloth_original(key: str, catalog: dict[str, ModelSpec]) -> ModelSpec | None:
+    """The catalog model an unsloth re-upload (`key`, lower case) copies: its name is the model's catalog name or
+    the last part of its hub id or of an alias."""
+    match = _UNSLOTH_MIRROR.match(key)
+    if match is None:
+        return None
+    model = match["model"]
+    for spec in catalog.values():
+        names = (spec.name, spec.hub_id or "", *spec.aliases)
+        if model in (n.rsplit("/", 1)[-1].lower() for n in names if n):
+            return spec
+    return None
+
+
 def resolve_model(name: str) -> ModelSpec:
-    """A catalog name (any case, or its hub id), a GPTQ checkpoint's hub id (its base model), a local config path,
-    or a hub id in the local cache."""
+    """A catalog name (any case, or its hub id), a GPTQ checkpoint's hub id (its base model), an unsloth re-upload
+    of a catalog model, a local config path, or a hub id in the local cache."""
     catalog = model_catalog()
     key = name.strip().lower()
     for spec in catalog.values():
         names = (spec.name, spec.hub_id or "", *spec.aliases, *(c.hub_id for c in spec.gptq_checkpoints))
         if key in (n.lower() for n in names if n):
             return spec
+    original = _unsloth_original(key, catalog)
+    if original is not None:
+        return original
     path = Path(name).expanduser()
     if path.exists():
         return spec_from_config_file(path)
