@@ -81,3 +81,13 @@ def test_a_gpu_is_sized_against_the_memory_cuda_reports(monkeypatch):
     _patch(monkeypatch, lambda b: int(79.5 * 2**30) + b)
     assert simulated_max_batch_size(FineTuneJob(model="mixtral-8x7b"), a100) == 0
     assert simulated_max_batch_size(FineTuneJob(model="mixtral-8x7b"), dataclasses.replace(a100, cuda_memory_gib=None))
+
+
+def test_the_routing_note_is_for_moe_models_only(config_path) -> None:
+    """QLoRA's note that routing is assumed applies to a model with experts, never to a dense one."""
+    note = "routing is unknown without data"
+    moe = simulate_step(FineTuneJob(model=config_path("tiny-mixtral-2l"), method="qlora", batch_size=1, seq_len=32))
+    lora = LoraConfig(targets=("attention", "mlp"))
+    dense = simulate_step(FineTuneJob(model="smollm2-135m", method="qlora", batch_size=1, seq_len=32, lora=lora))
+    assert any(note in a for a in moe.assumptions)
+    assert not any(note in a for a in dense.assumptions)

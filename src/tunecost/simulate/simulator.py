@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from tunecost.simulate.trace import TraceResult
 from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
 
-SIMULATOR_VERSION = "4"  # 3: the caching-allocator replay; 4: no attention-dropout mask under fused kernels
+SIMULATOR_VERSION = "5"  # 3: the caching-allocator replay; 4: no attention-dropout mask under fused kernels; 5: notes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,7 +142,7 @@ def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layer
 
 
 def _assumptions(
-    job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOverhead, behaviour: StackBehaviour
+    job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOverhead, behaviour: StackBehaviour, is_moe: bool
 ) -> tuple[str, ...]:
     out = [
         f"worst batch: {job.batch_size} x {seq_len} tokens, every position computed (padding to the longest "
@@ -195,7 +195,7 @@ def _assumptions(
             "hf-peft stack: PEFT >= 0.7 LoRA Linear under autocast (input cast to the fp32 adapter dtype and back, "
             "update added out of place, no LoRA dropout), re-entrant checkpointing (transformers' default)"
         )
-    if job.method == "qlora" or stack == "hf-2024":
+    if is_moe and (job.method == "qlora" or stack == "hf-2024"):
         out.append(
             "routing is unknown without data: expert loops assume tokens spread evenly over experts "
             "(the memory of grouped or looped expert compute depends on the total routed tokens)"
@@ -276,6 +276,6 @@ def _simulate_uncached(
         seq_len=seq_len,
         device_overhead_bytes=overhead.overhead_bytes(),
         seconds_taken=time.perf_counter() - start,
-        assumptions=_assumptions(job, stack, seq_len, overhead, behaviour),
+        assumptions=_assumptions(job, stack, seq_len, overhead, behaviour, spec.is_moe),
         **parts,
     )
