@@ -1,4 +1,5 @@
-"""Reading a user's CSV file: '#' comment lines skipped, a header, then rows; every failure is a `TunecostError`
+"""Reading a user's CSV file: '#' comment lines skipped, a header, then rows (a row that repeats the header, as
+`cat a.csv b.csv` leaves, is skipped); every failure is a `TunecostError`
 that names the file (and the row where there is one): a folder, a missing file, bytes that are not UTF-8, a field
 longer than `MAX_FIELD_CHARS`, a broken quote."""
 
@@ -38,7 +39,10 @@ def read_csv_rows(
             try:
                 header = [h for h in (reader.fieldnames or []) if h is not None]
                 for row in reader:
-                    rows.append({k: v if isinstance(v, str) else "" for k, v in row.items() if isinstance(k, str)})
+                    cells = {k: v if isinstance(v, str) else "" for k, v in row.items() if isinstance(k, str)}
+                    if header and all(cells.get(h, "").strip() == h.strip() for h in header):
+                        continue  # the header again: files concatenated with their headers
+                    rows.append(cells)
             except csv.Error as exc:
                 where = "header" if header is None else f"row {len(rows) + 1}"
                 raise TunecostError(f"{str(target)!r}: {where}: not readable as CSV ({exc})") from None

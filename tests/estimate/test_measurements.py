@@ -26,6 +26,17 @@ def test_paper_csv_loads(paper_a40_csv) -> None:
     assert {p.sparsity for p in points} == {0.25, 1.0}
 
 
+def test_files_concatenated_with_their_headers_load_as_one(tmp_path) -> None:
+    """`cat a40.csv a100.csv > cal.csv` repeats the header (and the second file's comment) mid-file: both are
+    skipped, and the rows are those of the two files."""
+    from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
+
+    joined = tmp_path / "cal.csv"
+    joined.write_text("".join(p.read_text(encoding="utf-8") for p in BUNDLED_MEASUREMENTS), encoding="utf-8")
+    separately = [m for p in BUNDLED_MEASUREMENTS for m in load_measurements(p)]
+    assert load_measurements(joined) == separately
+
+
 def test_sparsity_defaults_to_k_over_experts(write_file) -> None:
     text = _csv(
         "mixtral-8x7b,cs,A40,2,1,0.5",
