@@ -296,3 +296,9 @@ def test_runs_comparing_experts_implementations_label_each() -> None:
     )
     assert list(_config_labels(df)) == ["m top-2 [stock] bsz=4", "m top-2 [fast] bsz=4"]
     assert list(_config_labels(df.assign(experts_impl="fast"))) == ["m top-2 bsz=4"] * 2
+
+
+def test_validation_caption_counts_the_fits_verdict_of_runs_that_ran(built) -> None:
+    """12 peak rows that ran (tunecost says one of them does not fit) and one oom row it gets right."""
+    caption = built["validation"].caption
+    assert "fits/out-of-memory right on 12 of 13 (out of memory on 1 of 1)" in caption

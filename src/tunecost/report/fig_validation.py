@@ -9,7 +9,8 @@ from tunecost.report.base import FigureResult, _need, _panels, _plt
 from tunecost.report.records import RunRecords
 
 REQUIRED = ("id", "quantity", "unit", "status")
-OPTIONAL = ("measured", "predicted", "error", "reason", "stack")  # empty when every row was skipped
+# empty when every row was skipped; `fits` (tunecost's verdict on a row's setting) only in runs since it was recorded
+OPTIONAL = ("measured", "predicted", "error", "reason", "stack", "fits")
 
 
 def _rows(df: pd.DataFrame) -> list:
@@ -29,6 +30,7 @@ def _rows(df: pd.DataFrame) -> list:
             status=str(r["status"]),
             reason="" if pd.isna(r["reason"]) else str(r["reason"]),
             stack="" if pd.isna(r["stack"]) else str(r["stack"]),
+            fits=None if r["fits"] is None or pd.isna(r["fits"]) else bool(r["fits"]),
         )
         for _, r in df.iterrows()
     ]
