@@ -27,6 +27,8 @@ DEFAULT_NODE_LINK = {
     "B200-180GB": "NVLink5",
     "B300-288GB": "NVLink5",
     "GB200-186GB": "NVLink5",
+    "RTX5090-32GB": "PCIe5",  # the PCIe5 row is 8 x RTX 5090
+    "RTX5080-16GB": "PCIe5",
 }
 DEFAULT_NODE_LINK_OTHER = "PCIe4"
 DEFAULT_NETWORK = {
