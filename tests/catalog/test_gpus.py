@@ -87,6 +87,14 @@ def test_ambiguous_prefix_lists_matches() -> None:
     assert resolve_gpu_name("h100-80gb-").gpu.name == "H100-80GB-SXM"
 
 
+def test_a_prefix_that_cuts_a_model_number_short_is_no_name() -> None:
+    """The H20 (96 GB, not in the catalog) is not the H200; "mi300" still names the MI300X."""
+    for name in ("NVIDIA H20", "H20", "A3"):
+        with pytest.raises(TunecostError, match="unknown GPU"):
+            resolve_gpu_name(name)
+    assert resolve_gpu_name("mi300").gpu.name == "MI300X-192GB"
+
+
 def test_ambiguous_alias_lists_matches() -> None:
     a = dataclasses.replace(get_gpu("A40"), name="X1", aliases=("x",))  # two entries that share one alias
     b = dataclasses.replace(a, name="X2")

@@ -153,6 +153,13 @@ def _ambiguous(name: str, candidates: list[str]) -> TunecostError:
     return TunecostError(f"ambiguous GPU {name!r}: matches {', '.join(candidates)}; name one of them")
 
 
+def _keeps_model_number(key: str, canonical: str) -> bool:
+    """`key` begins the (normalized) catalog name `canonical` without cutting a model number short: "mi300" names
+    MI300X-192GB, but "h20" (the H20, another card) does not name H200-141GB."""
+    rest = canonical[len(key) :]
+    return not (rest and key[-1].isdigit() and rest[0].isdigit())
+
+
 def resolve_gpu_name(name: str, catalog: dict[str, GPU] | None = None) -> Resolved:
     """Resolve a GPU name as users and sources write it: canonical name first, then a unique alias, then a unique
     prefix of a canonical name; all compared by `normalize_gpu_name`. Ambiguity is an error naming the candidates."""
@@ -172,7 +179,7 @@ def resolve_gpu_name(name: str, catalog: dict[str, GPU] | None = None) -> Resolv
         other, inside = _AMBIGUOUS_NAMES[key]
         raise _ambiguous(name, [other, *(n for n in inside if n in catalog)])
     prefix = [gpu for gpu in catalog.values() if normalize_gpu_name(gpu.name).startswith(key)]
-    if len(prefix) == 1:
+    if len(prefix) == 1 and _keeps_model_number(key, normalize_gpu_name(prefix[0].name)):
         return Resolved(prefix[0], name)
     if len(prefix) > 1:
         raise _ambiguous(name, [g.name for g in prefix])
