@@ -138,22 +138,6 @@ def test_the_l40_and_the_l40s_are_two_cards() -> None:
     assert l40s.bf16_tensor_flops_per_s == pytest.approx(2 * l40.bf16_tensor_flops_per_s, rel=0.01)
 
 
-@pytest.mark.parametrize(
-    ("smi_name", "catalog_name", "bf16"),
-    [
-        ("NVIDIA B200", "B200-180GB", True),
-        ("NVIDIA GeForce RTX 5090", "RTX5090-32GB", True),
-        ("NVIDIA A30", "A30-24GB", True),
-        ("NVIDIA RTX A5000", "RTXA5000-24GB", True),
-        ("NVIDIA TITAN RTX", "TITANRTX-24GB", False),
-        ("AMD Instinct MI325X", "MI325X-256GB", True),
-    ],
-)
-def test_nvidia_smi_names_of_added_cards(smi_name, catalog_name, bf16) -> None:
-    gpu = resolve_gpu_name(smi_name).gpu
-    assert gpu.name == catalog_name and gpu.supports_bf16 is bf16
-
-
 def test_the_a10_and_the_a10g_are_two_cards() -> None:
     a10, a10g = resolve_gpu_name("NVIDIA A10").gpu, resolve_gpu_name("NVIDIA A10G").gpu
     assert (a10.name, a10g.name) == ("A10-24GB", "A10G-24GB")

@@ -50,6 +50,13 @@ SPELLINGS = [  # (as a source prints it, catalog name)
     ("H100 SXM5", "H100-80GB-SXM"),
     ("A100 40GB PCIe", "A100-40GB"),
     ("AMD Instinct MI300X", "MI300X-192GB"),
+    ("AMD Instinct MI325X", "MI325X-256GB"),
+    ("NVIDIA B200", "B200-180GB"),
+    ("NVIDIA GeForce RTX 5090", "RTX5090-32GB"),
+    ("NVIDIA GeForce RTX 2080 Ti", "RTX2080TI-11GB"),
+    ("NVIDIA TITAN RTX", "TITANRTX-24GB"),
+    ("NVIDIA A30", "A30-24GB"),
+    ("NVIDIA RTX A5000", "RTXA5000-24GB"),
     # short forms in papers, READMEs and benchmark tables
     ("GeForce RTX 4090", "RTX4090-24GB"),
     ("RTX 3090", "RTX3090-24GB"),
@@ -122,6 +129,7 @@ def test_normalized_aliases_point_at_one_card_unless_meant_to_be_ambiguous() -> 
 
 def test_bf16_support_follows_architecture() -> None:
     assert not get_gpu("T4").supports_bf16  # Turing
+    assert not get_gpu("TITAN RTX").supports_bf16  # Turing
     assert not get_gpu("V100 32GB").supports_bf16  # Volta
     assert get_gpu("RTX3090").supports_bf16
     assert get_gpu("A100").supports_bf16
