@@ -264,3 +264,42 @@ def test_learned_positions_bound_the_sequence_length() -> None:
     mistral = resolve_model("mistral-7b-v0.1")
     assert mistral.max_positions is None
     mistral.check_seq_len(10**6)
+
+
+def test_vision_language_gemma3_config_is_its_text_model(tmp_path) -> None:
+    """A Gemma 3 vision-language config.json (model_type gemma3, a sparse text_config as on the hub) is read as
+    its text model: the parameters of transformers' own Gemma3ForConditionalGeneration less its vision tower and
+    projector, and the source says what is left out."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    text = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4}
+    text |= {"num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300, "sliding_window": 32}
+    vision = {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2}
+    vision |= {"num_attention_heads": 2, "image_size": 28, "patch_size": 14}
+    config = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "mm_tokens_per_image": 4}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "text_config": text, "vision_config": vision}))
+    spec = resolve_model(str(tmp_path))
+    assert spec.family == "gemma3_text" and spec.hidden_size == 64 and spec.num_layers == 3
+    assert "vision tower and projector are not counted" in spec.not_modelled
+    with torch.device("meta"):
+        full = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(str(tmp_path)))
+    left_out = {"vision_tower", "multi_modal_projector"}
+    text_params = sum(p.numel() for n, p in full.named_parameters() if not left_out & set(n.split(".")))
+    assert count_parameters(spec).total == text_params
+
+
+def test_the_vision_tower_left_out_is_said_with_the_simulated_step() -> None:
+    """Gemma 3 4B is catalogued as its text model; the step's assumptions say what is left out."""
+    from tunecost.simulate import simulate_step
+    from tunecost.workload.job import FineTuneJob, LoraConfig
+
+    spec = resolve_model("google/gemma-3-4b-it")
+    assert spec.name == "gemma-3-4b" and "vision tower" in spec.not_modelled
+    job = FineTuneJob(model=spec.name, method="lora", lora=LoraConfig(targets=("attention",)), seq_len=64)
+    sim = simulate_step(job, stack="hf-peft", use_cache=False)
+    assert sim.assumptions[0] == f"gemma-3-4b: {spec.not_modelled}"
+    assert not any(
+        "vision tower" in a
+        for a in simulate_step(job.with_(model="gemma-3-1b"), stack="hf-peft", use_cache=False).assumptions
+    )

@@ -33,8 +33,8 @@ def test_source_says_where_and_when(spec) -> None:
 
 def _dense_count_by_hand(config: dict) -> int:
     """A decoder-only dense model's parameters from its config.json alone: embeddings (once if tied), per layer
-    q/k/v/o (q/k/v biases in Qwen2; q/k RMSNorms of head_dim in Qwen3), the gated MLP (3 x hidden x MLP) and the
-    layer's RMSNorms (two; Gemma 2 has four), and the final norm."""
+    q/k/v/o (q/k/v biases in Qwen2; q/k RMSNorms of head_dim in Qwen3 and Gemma 3), the gated MLP (3 x hidden x
+    MLP) and the layer's RMSNorms (two; Gemma 2 and 3 have four), and the final norm."""
     h, inter, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     heads, kv = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or h // heads
@@ -42,9 +42,9 @@ def _dense_count_by_hand(config: dict) -> int:
     attention = h * heads * head_dim * 2 + 2 * h * kv * head_dim
     if family == "qwen2":
         attention += (heads + 2 * kv) * head_dim
-    if family == "qwen3":
+    if family in ("qwen3", "gemma3_text"):
         attention += 2 * head_dim
-    norms = 4 * h if family == "gemma2" else 2 * h
+    norms = 4 * h if family in ("gemma2", "gemma3_text") else 2 * h
     per_layer = attention + 3 * h * inter + norms
     embeddings = vocab * h * (1 if config.get("tie_word_embeddings", family.startswith("gemma")) else 2)
     return embeddings + config["num_hidden_layers"] * per_layer + h
@@ -59,6 +59,8 @@ def _dense_count_by_hand(config: dict) -> int:
         "qwen3-8b",
         "gemma-7b",
         "gemma-2-9b",
+        "gemma-3-1b",
+        "gemma-3-27b",
         "yi-1.5-34b",
         "tinyllama-1.1b",
         "codellama-7b",

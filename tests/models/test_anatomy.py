@@ -90,6 +90,7 @@ CASES = {
     "qwen3": (lambda: _hf("qwen3"), 3, 0, 1, 1),
     "gemma": (lambda: _hf("gemma"), 3, 0, 1, 1),
     "gemma2": (lambda: _hf("gemma2"), 3, 0, 1, 1),
+    "gemma3_text": (lambda: _hf("gemma3_text"), 3, 0, 1, 1),
     "phi": (lambda: _hf("phi"), 3, 0, 1, 1),
     "phi3": (lambda: _hf("phi3", pad_token_id=0, eos_token_id=2), 3, 0, 1, 1),  # defaults name token 32000
     "granite": (lambda: _hf("granite"), 3, 0, 1, 1),

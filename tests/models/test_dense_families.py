@@ -1,6 +1,6 @@
-"""Dense families beyond Llama/Mistral/Qwen2 (Qwen3, Gemma, Gemma 2, Phi, Phi-3, Granite): a tiny random config of each
-builds through the catalog path with the parameters of transformers' own model, its LoRA targets are found, and
-the step simulator runs it."""
+"""Dense families beyond Llama/Mistral/Qwen2 (Qwen3, Gemma, Gemma 2, Gemma 3, Phi, Phi-3, Granite): a tiny random
+config of each builds through the catalog path with the parameters of transformers' own model, its LoRA targets are
+found, and the step simulator runs it."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ FAMILIES = {
     "qwen3": {"head_dim": 16, "tie_word_embeddings": True},
     "gemma": {"head_dim": 16},
     "gemma2": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 64},
+    "gemma3_text": {"head_dim": 16, "query_pre_attn_scalar": 16, "sliding_window": 64, "sliding_window_pattern": 2},
     "phi": {"partial_rotary_factor": 0.5},
     "phi3": {"tie_word_embeddings": False, "pad_token_id": 0, "eos_token_id": 2},  # defaults: token 32000
     "granite": {"embedding_multiplier": 12.0, "residual_multiplier": 0.22, "logits_scaling": 8.0},
@@ -36,6 +37,7 @@ TARGETS = {
     "qwen3": ("self_attn.q_proj", "mlp.gate_proj"),
     "gemma": ("self_attn.q_proj", "mlp.gate_proj"),
     "gemma2": ("self_attn.q_proj", "mlp.gate_proj"),
+    "gemma3_text": ("self_attn.q_proj", "mlp.gate_proj"),
     "phi": ("self_attn.dense", "mlp.fc1"),
     "phi3": ("self_attn.qkv_proj", "mlp.gate_up_proj"),
     "granite": ("self_attn.q_proj", "mlp.gate_proj"),

@@ -62,6 +62,7 @@ class ModelSpec:
     published_params_source: str | None = None
     local_path: str | None = None  # where weights may live (a local folder), when named by path
     gptq_checkpoints: tuple[GptqCheckpoint, ...] = ()  # GPTQ int4 checkpoints with this architecture
+    not_modelled: str = ""  # what of the checkpoint the config leaves out (e.g. a vision tower), said with results
 
     @property
     def num_experts(self) -> int:
@@ -121,6 +122,7 @@ def _spec_from_catalog_file(path: Path) -> ModelSpec:
             published_active_params=raw.get("published_active_params"),
             published_params_source=raw.get("published_params_source"),
             gptq_checkpoints=tuple(GptqCheckpoint(**c) for c in raw.get("gptq_checkpoints", ())),
+            not_modelled=raw.get("not_modelled", ""),
         )
     except (KeyError, TypeError) as exc:
         raise TunecostError(f"{path}: missing key {exc}") from None
@@ -215,14 +217,33 @@ def spec_from_config_file(path: Path) -> ModelSpec:
         raise TunecostError(f"{config_path}: not a text file (a model config.json is UTF-8 JSON)") from None
     if not isinstance(config, dict):
         raise TunecostError(f"{config_path}: a model config is a JSON object, found a {type(config).__name__}")
-    family = _family_of(config, str(config_path))
+    text = _text_model_config(config)
+    family = _family_of(text or config, str(config_path))
     return ModelSpec(
         name=str(path),
         family=family,
-        config=_with_transformers_defaults(config, family, str(config_path)),
-        source=str(config_path),
+        config=_with_transformers_defaults(text or config, family, str(config_path)),
+        source=f"{config_path} (its text_config)" if text else str(config_path),
         local_path=str(config_path.parent),
+        not_modelled=TEXT_MODEL_NOT_MODELLED if text else "",
     )
+
+
+# Vision-language checkpoints whose text fine-tune tunecost models as their text model: model_type -> the
+# model_type of their `text_config` (transformers 5.23: Gemma3Config builds a Gemma3TextConfig from it)
+_TEXT_MODEL_OF = {"gemma3": "gemma3_text"}
+TEXT_MODEL_NOT_MODELLED = (
+    "a vision-language checkpoint modelled as its text model: the vision tower and projector are not counted"
+)
+
+
+def _text_model_config(config: dict[str, Any]) -> dict[str, Any] | None:
+    """The text model's config of a vision-language config.json (None for any other config)."""
+    text_family = _TEXT_MODEL_OF.get(str(config.get("model_type")))
+    text = config.get("text_config")
+    if text_family is None or not isinstance(text, dict):
+        return None
+    return {**text, "model_type": text_family}
 
 
 def _cached_hub_config(repo_id: str) -> Path | None:

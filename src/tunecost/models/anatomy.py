@@ -64,6 +64,7 @@ _FAMILIES: dict[str, _Family] = {
     "qwen3": _Family("model.layers", None),
     "gemma": _Family("model.layers", None),
     "gemma2": _Family("model.layers", None),
+    "gemma3_text": _Family("model.layers", None),
     "phi": _Family("model.layers", None),
     "phi3": _Family("model.layers", None),
     "granite": _Family("model.layers", None),  # dense Granite: Llama's layout with scaling multipliers

@@ -19,6 +19,7 @@ from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.records import STATIC_CATEGORIES, StepCounts, total_counts
 
 if TYPE_CHECKING:
+    from tunecost.catalog.models import ModelSpec
     from tunecost.simulate.trace import TraceResult
 from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
 
@@ -142,9 +143,10 @@ def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layer
 
 
 def _assumptions(
-    job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOverhead, behaviour: StackBehaviour, is_moe: bool
+    job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOverhead, behaviour: StackBehaviour, spec: ModelSpec
 ) -> tuple[str, ...]:
     out = [
+        *([f"{spec.name}: {spec.not_modelled}"] if spec.not_modelled else []),
         f"worst batch: {job.batch_size} x {seq_len} tokens, every position computed (padding to the longest "
         "query in the batch; some batch holds the longest query)",
         "steady-state step: optimizer states already allocated; gradients set to None after the step",
@@ -195,7 +197,7 @@ def _assumptions(
             "hf-peft stack: PEFT >= 0.7 LoRA Linear under autocast (input cast to the fp32 adapter dtype and back, "
             "update added out of place, no LoRA dropout), re-entrant checkpointing (transformers' default)"
         )
-    if is_moe and (job.method == "qlora" or stack == "hf-2024"):
+    if spec.is_moe and (job.method == "qlora" or stack == "hf-2024"):
         out.append(
             "routing is unknown without data: expert loops assume tokens spread evenly over experts "
             "(the memory of grouped or looped expert compute depends on the total routed tokens)"
@@ -276,6 +278,6 @@ def _simulate_uncached(
         seq_len=seq_len,
         device_overhead_bytes=overhead.overhead_bytes(),
         seconds_taken=time.perf_counter() - start,
-        assumptions=_assumptions(job, stack, seq_len, overhead, behaviour, spec.is_moe),
+        assumptions=_assumptions(job, stack, seq_len, overhead, behaviour, spec),
         **parts,
     )

@@ -32,6 +32,8 @@ VARIANTS = [
     ("qwen3", {"head_dim": HEAD_DIM, "attention_bias": True, "use_sliding_window": True, "sliding_window": 16}),
     ("gemma", {"head_dim": HEAD_DIM}),  # head_dim 32 > hidden / heads = 16
     ("gemma2", {"head_dim": HEAD_DIM, "query_pre_attn_scalar": HEAD_DIM, "sliding_window": 16}),
+    ("gemma3_text", {"head_dim": HEAD_DIM, "query_pre_attn_scalar": HEAD_DIM, "sliding_window": 16}),
+    ("gemma3_text", {"head_dim": HEAD_DIM, "sliding_window": 16, "attention_bias": True, "tie_word_embeddings": False}),
     ("phi", {"partial_rotary_factor": 0.5}),
     ("phi", {"partial_rotary_factor": 0.5, "qk_layernorm": True, "tie_word_embeddings": False}),
     ("phi3", {"tie_word_embeddings": False}),
@@ -65,12 +67,33 @@ def test_arch_total_is_the_transformers_models(tmp_path, family: str, extra: dic
     assert arch.total_params == _transformers_total(tmp_path)
 
 
-@pytest.mark.parametrize("name", ["gemma-7b", "gemma-2-9b", "qwen3-8b", "phi-2", "phi-3-mini-4k"])
+@pytest.mark.parametrize("name", ["gemma-7b", "gemma-2-9b", "gemma-3-4b", "qwen3-8b", "phi-2", "phi-3-mini-4k"])
 def test_catalog_arch_totals_match_the_meta_built_model(name: str) -> None:
     from tunecost.models.params import count_parameters
 
     spec = resolve_model(name)
     assert arch_of(spec).total_params == count_parameters(spec).total
+
+
+@pytest.mark.parametrize(
+    ("layers", "extra", "window_layers"),
+    [
+        (12, {}, 10),  # transformers' default pattern 6: layers 5 and 11 attend over the whole sequence
+        (26, {"sliding_window_pattern": 6}, 22),  # Gemma 3 1B's config: full layers 5, 11, 17, 23
+        (4, {"layer_types": ["sliding_attention", "full_attention", "full_attention", "sliding_attention"]}, 2),
+    ],
+)
+def test_gemma3_window_layers_follow_the_pattern_and_q_k_norms_count(tmp_path, layers, extra, window_layers) -> None:
+    spec = _spec(
+        tmp_path, "gemma3_text", {"head_dim": HEAD_DIM, "sliding_window": 16, "num_hidden_layers": layers, **extra}
+    )
+    arch = arch_of(spec)
+    assert (arch.num_window_layers, arch.attention_window_tokens) == (window_layers, 16)
+    q, kv = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    # four RMSNorms of the hidden width and a q and a k RMSNorm of one head's width per layer; the final norm
+    norms = layers * (4 * H + 2 * HEAD_DIM) + H
+    per_layer = H * q + 2 * H * kv + q * H + 3 * H * FFN
+    assert arch.tied_embedding and arch.total_params == VOCAB * H + layers * per_layer + norms
 
 
 def test_gemma2_full_finetune_matmuls_and_windowed_attention_by_hand(tmp_path) -> None:

@@ -7,13 +7,15 @@ scan and loss terms need. Every count is computed from the config here, so the a
 
 Families: Mixtral-style MoE transformers (mixtral, olmoe, qwen2_moe, qwen3_moe, granitemoe), dense llama/mistral/qwen2
 (Qwen 1 checkpoints are catalogued in the qwen2 layout: fused c_attn read as q, k, v with biases), the dense
-qwen3/gemma/gemma2/phi3/granite (Llama's matmuls, with the differences below), Phi (GPT-J-style parallel block),
-GPTBigCode (GPT-2 config keys) and BlackMamba (Zyphra's config keys). Other families raise a `TunecostError` naming
-the supported ones. Module shapes follow transformers 5.23's `modeling_<family>.py`:
+qwen3/gemma/gemma2/gemma3_text/phi3/granite (Llama's matmuls, with the differences below), Phi (GPT-J-style
+parallel block), GPTBigCode (GPT-2 config keys) and BlackMamba (Zyphra's config keys). Other families raise a
+`TunecostError` naming the supported ones. Module shapes follow transformers 5.23's `modeling_<family>.py`:
 - qwen3: a q and a k RMSNorm of one head's width in every layer;
 - gemma: a GeGLU MLP (gate, up, down: Llama's matmuls), `head_dim` from the config, head tied to the embedding;
 - gemma2: as gemma, plus pre/post feed-forward RMSNorms (4 per layer) and sliding-window attention on alternate
   layers (`layer_types`; `counts` bounds those layers' attention work by the window);
+- gemma3_text (Gemma 3's text model): as gemma2, plus a q and a k RMSNorm of one head's width, and five layers in
+  six attending over a sliding window (`layer_types`, else `sliding_window_pattern`, 6 by default);
 - phi3: one fused `qkv_proj` and one `gate_up_proj` (the same matmul parameters as the split ones; LoRA adapts the
   fused matrices: 2 attention and 2 MLP matrices per layer), sliding-window attention on every layer when the
   config gives a window;
@@ -31,14 +33,19 @@ from tunecost.errors import TunecostError
 
 TRANSFORMER_FAMILIES = (
     *("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "llama", "mistral", "qwen2"),
-    *("qwen3", "gemma", "gemma2", "phi3", "granite"),
+    *("qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "granite"),
 )
 # transformers 5.23's config-class defaults where a config.json may leave the key out
-_HEAD_DIM_DEFAULTS = {"qwen3": 128, "gemma": 256, "gemma2": 256}
-_TIED_DEFAULTS = {"gemma": True, "gemma2": True}
-_NORMS_PER_LAYER = {"gemma2": 4}  # RMSNorms of `hidden` width per decoder layer (else 2: input, post-attention)
+_HEAD_DIM_DEFAULTS = {"qwen3": 128, "gemma": 256, "gemma2": 256, "gemma3_text": 256}
+_TIED_DEFAULTS = {"gemma": True, "gemma2": True, "gemma3_text": True}
+_NORMS_PER_LAYER = {
+    "gemma2": 4,
+    "gemma3_text": 4,
+}  # RMSNorms of `hidden` width per decoder layer (else 2: input, post-attention)
 # families whose q, k, v, o follow `attention_bias` and whose MLP follows `mlp_bias` (Qwen2's biases are fixed)
-_BIAS_FLAG_FAMILIES = ("llama", "qwen3", "gemma", "gemma2", "granite")
+_BIAS_FLAG_FAMILIES = ("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "granite")
+# Gemma 3's default pattern: every sixth layer attends over the whole sequence, the others over the window
+_GEMMA3_SLIDING_WINDOW_PATTERN = 6
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -191,7 +198,8 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
             mats += [(hidden, 2 * inter, num_mlp_layers), (inter, hidden, num_mlp_layers)]
         else:
             mats += [(hidden, inter, num_mlp_layers), (hidden, inter, num_mlp_layers), (inter, hidden, num_mlp_layers)]
-    qk_norm = {"qwen3_moe": 2 * head_dim, "qwen3": 2 * head_dim, "olmoe": (heads + kv_heads) * head_dim}.get(family, 0)
+    qk_norm = {"qwen3_moe": 2 * head_dim, "qwen3": 2 * head_dim, "gemma3_text": 2 * head_dim}.get(family, 0)
+    qk_norm = (heads + kv_heads) * head_dim if family == "olmoe" else qk_norm
     biases = (heads + 2 * kv_heads) * head_dim * layers if family in ("qwen2", "qwen2_moe") else 0  # Qwen's q/k/v
     if family in _BIAS_FLAG_FAMILIES:
         biases += _bias_params(mats[:num_attention_mats]) if config.get("attention_bias") else 0
@@ -220,10 +228,11 @@ def _bias_params(mats: list[tuple[int, int, int]]) -> int:
 
 def _attention_window(family: str, config: dict[str, Any], layers: int) -> tuple[int, int]:
     """(layers attending over a sliding window only, that window in tokens), as transformers 5.23 picks them:
-    the config's `layer_types` when given, else Gemma 2's alternate layers (0, 2, 4, ...), Phi-3's every layer,
-    Qwen3's layers from `max_window_layers` on when `use_sliding_window`; (0, 0) for every other family."""
+    the config's `layer_types` when given, else Gemma 2's alternate layers (0, 2, 4, ...), Gemma 3's every layer but
+    each `sliding_window_pattern`-th, Phi-3's every layer, Qwen3's layers from `max_window_layers` on when
+    `use_sliding_window`; (0, 0) for every other family."""
     window = int(config.get("sliding_window") or 0)
-    if family not in ("gemma2", "phi3", "qwen3") or not window:
+    if family not in ("gemma2", "gemma3_text", "phi3", "qwen3") or not window:
         return 0, 0
     if family == "qwen3" and not config.get("use_sliding_window"):
         return 0, 0
@@ -232,6 +241,8 @@ def _attention_window(family: str, config: dict[str, Any], layers: int) -> tuple
         num = sum(1 for t in types if t == "sliding_attention")
     elif family == "gemma2":
         num = (layers + 1) // 2
+    elif family == "gemma3_text":
+        num = layers - layers // int(config.get("sliding_window_pattern") or _GEMMA3_SLIDING_WINDOW_PATTERN)
     elif family == "phi3":
         num = layers
     else:
