@@ -88,11 +88,13 @@ def test_ambiguous_prefix_lists_matches() -> None:
 
 
 def test_a_prefix_that_cuts_a_model_number_short_is_no_name() -> None:
-    """The H20 (96 GB, not in the catalog) is not the H200; "mi300" still names the MI300X."""
-    for name in ("NVIDIA H20", "H20", "A3"):
+    """An "H80" is not the H800, "B20" not the B200, "A3" not the A30; "mi300" still names the MI300X, and the H20 is
+    its own card, not the H200."""
+    for name in ("H80", "NVIDIA H80", "B20", "A3", "RTX 508"):
         with pytest.raises(TunecostError, match="unknown GPU"):
             resolve_gpu_name(name)
     assert resolve_gpu_name("mi300").gpu.name == "MI300X-192GB"
+    assert resolve_gpu_name("NVIDIA H20").gpu.name == "H20-96GB"
 
 
 def test_ambiguous_alias_lists_matches() -> None:

@@ -57,6 +57,15 @@ SPELLINGS = [  # (as a source prints it, catalog name)
     ("NVIDIA TITAN RTX", "TITANRTX-24GB"),
     ("NVIDIA A30", "A30-24GB"),
     ("NVIDIA RTX A5000", "RTXA5000-24GB"),
+    ("NVIDIA H20", "H20-96GB"),
+    ("NVIDIA RTX PRO 6000 Blackwell Workstation Edition", "RTXPRO6000-96GB"),
+    ("NVIDIA RTX PRO 6000 Blackwell Server Edition", "RTXPRO6000-96GB"),
+    ("NVIDIA GeForce RTX 4080 SUPER", "RTX4080SUPER-16GB"),
+    ("NVIDIA GeForce RTX 4070 Ti SUPER", "RTX4070TISUPER-16GB"),
+    ("NVIDIA GeForce RTX 4060", "RTX4060-8GB"),
+    ("NVIDIA RTX A4500", "RTXA4500-20GB"),
+    ("AMD Instinct MI250X/MI250", "MI250X-64GB"),  # torch's name for one GCD of either card
+    ("AMD Instinct MI210", "MI210-64GB"),
     # short forms in papers, READMEs and benchmark tables
     ("GeForce RTX 4090", "RTX4090-24GB"),
     ("RTX 3090", "RTX3090-24GB"),
@@ -113,7 +122,7 @@ def test_turing_rtx_6000_never_resolves_to_the_ada_card() -> None:
 
 
 def test_other_cards_are_unknown_not_a_near_card() -> None:
-    for typed in ("RTX 4080 SUPER", "Tesla V100S-PCIE-32GB", "RTX 3070 Ti", "RTX 4070 Ti SUPER"):
+    for typed in ("RTX 4070 SUPER", "Tesla V100S-PCIE-32GB", "RTX 3070 Ti", "RTX PRO 6000 Blackwell Max-Q"):
         with pytest.raises(TunecostError, match="^unknown GPU"):
             resolve_gpu_name(typed)
 
@@ -152,13 +161,14 @@ def _achieved_rows() -> list[dict[str, str]]:
 @pytest.mark.parametrize("row", _achieved_rows(), ids=lambda r: r["name"])
 def test_assumed_matmul_rates_follow_their_stated_arithmetic(row: dict[str, str]) -> None:
     # "assumed: datasheet P x E (...)": P is the catalog's bf16 peak and the value is P x E to within 0.1 TFLOP/s;
-    # E is one of the two measured MAMF efficiencies the header cites (A100 PCIe 256.4/312, H100 SXM 792.1/989)
+    # E is one of the measured MAMF efficiencies the header cites (A100 PCIe 256.4/312, H100 SXM 792.1/989; for
+    # CDNA2, one MI250X GCD 147.0/191.5)
     match = re.match(r"assumed: datasheet (?:FP16 )?([\d.]+) x ([\d.]+)", row["source_matmul"])
     if match is None:
         return
     peak, efficiency = float(match[1]), float(match[2])
     assert peak * 1e12 == pytest.approx(get_gpu(row["name"]).bf16_tensor_flops_per_s)
-    assert efficiency in (round(256.4 / 312, 3), round(792.1 / 989, 3))
+    assert efficiency in (round(256.4 / 312, 3), round(792.1 / 989, 3), round(147.0 / 191.5, 3))
     assert float(row["matmul_tflops"]) == pytest.approx(peak * efficiency, abs=0.1)
 
 
