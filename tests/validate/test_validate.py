@@ -547,6 +547,28 @@ def test_optimizer_cell_names_the_simulated_optimizer() -> None:
         optimizer_for("paged_adamw_8bit")
 
 
+def test_attention_and_checkpointing_cells_in_the_spellings_sources_use() -> None:
+    """FlashAttention written any way is the fused kernel; a cell tunecost does not know is a skip, not a guess."""
+    from tunecost.validate.mapping import attention_for
+
+    for cell in ("flash2", "fa2", "FA2", "flash_attention_2", "flash-attn 2", "FlashAttention-2", "fa3", "", "unknown"):
+        assert attention_for(cell) == "flash", cell
+    for cell, expected in (("sdpa", "sdpa"), ("SDPA", "sdpa"), ("torch sdpa", "sdpa"), ("eager", "eager")):
+        assert attention_for(cell) == expected, cell
+    assert attention_for("ring attention") is None
+
+
+@pytest.mark.parametrize(
+    ("cell", "on"), [("on", True), ("True", True), ("yes", True), ("off", False), ("false", False)]
+)
+def test_gradient_checkpointing_cell_spellings(corpus, cell: str, on: bool) -> None:
+    row = next(r for r in read_corpus([corpus]) if r.get("quantity") == "peak_allocated_gib")
+    cells = {**row.cells, "grad_ckpt": cell, "attention": "flash_attention_2"}
+    assert map_row(type(row)(row.path, row.line, cells)).job.gradient_checkpointing is on
+    with pytest.raises(Skip, match="gradient checkpointing not stated"):
+        map_row(type(row)(row.path, row.line, {**cells, "grad_ckpt": "unknown"}))
+
+
 def test_a_full_fine_tune_row_is_simulated_with_its_optimizer(corpus) -> None:
     """The optimizer states of a full fine-tune follow the row's optimizer cell: bf16 AdamW keeps two states of
     2 bytes per parameter (the fused kernel without the multi-tensor path's temporaries), 8-bit AdamW two of 1 byte,

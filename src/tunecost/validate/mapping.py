@@ -14,7 +14,9 @@ Reading rules (each is stated, none is tuned to the data):
   (transformers' "sgd": torch SGD without momentum); a paged optimizer (its states in CUDA unified memory, outside
   PyTorch's allocator) is read as its unpaged self where it updates LoRA adapters alone (a few MiB of states, said
   in the row's reason) and skipped where it holds a model's states; the others (Adafactor, Lion, GaLore, ...) are
-  skipped; an unknown attention is FlashAttention-2;
+  skipped; an unknown attention is FlashAttention-2, as is any spelling of FlashAttention (fa2,
+  flash_attention_2, FlashAttention-2) and xformers' memory-efficient kernel (both keep the output and the
+  log-sum-exp); grad_ckpt on/off also reads true/false and yes/no;
 - bnb-nf4 is QLoRA with nf4 and double quantization (the QLoRA recipe);
 - gptq-int4 is QLoRA on a GPTQ checkpoint the catalog knows (its base model's architecture, the group size of
   its quantize_config), with the kernel its stack loads: fms-acceleration's accelerated-peft-autogptq plugin the
@@ -66,7 +68,21 @@ _BOTH_TARGETS = {"c_proj"}
 _MODULES_TO_SAVE = {"wte": "embed_tokens", "embed_tokens": "embed_tokens", "lm_head": "lm_head"}  # -> transformers
 _GPTQ_KERNELS = (("accelerated-peft-autogptq", "triton-v2"), ("qwen finetune.py", "torch"))  # corpus stack cell
 NODE_GPUS = 8  # GPUs per node assumed for a row on more GPUs than one node holds (HGX / DGX servers)
-_ATTENTION = {"flash2": "flash", "flash": "flash", "sdpa": "sdpa", "eager": "eager", "": "flash", "unknown": "flash"}
+# attention cell (case, spaces and punctuation ignored) -> FineTuneJob.attention: FlashAttention in any version,
+# xformers' memory-efficient kernel and an unstated kernel keep what a fused kernel keeps (output and log-sum-exp)
+_ATTENTION = {
+    **dict.fromkeys(("", "unknown", "flash", "flash2", "fa", "fa2", "fa3", "xformers", "memoryefficient"), "flash"),
+    **dict.fromkeys(("sdpa", "torchsdpa", "scaleddotproductattention"), "sdpa"),
+    **dict.fromkeys(("eager", "math", "vanilla"), "eager"),
+}
+_GRAD_CKPT = {**dict.fromkeys(("on", "true", "yes", "1"), "on"), **dict.fromkeys(("off", "false", "no", "0"), "off")}
+
+
+def attention_for(cell: str) -> str | None:
+    """tunecost's attention for a row's attention cell (None: not known). "flash_attention_2", "flash-attn 2",
+    "FA2" and "FlashAttention-2" are all flash."""
+    key = _optimizer_key(cell)
+    return "flash" if key.startswith(("flash", "fa2", "fa3")) else _ATTENTION.get(key)
 
 
 class Skip(Exception):
@@ -280,10 +296,10 @@ def map_row(row: CorpusRow) -> MappedRow:
         raise Skip(
             "throughput with sequences up to seq_len (the dataset's lengths, which set the work, are not in the row)"
         )
-    ckpt = row.get("grad_ckpt")
-    if ckpt not in ("on", "off"):
+    ckpt = _GRAD_CKPT.get(row.get("grad_ckpt").lower())
+    if ckpt is None:
         raise Skip("gradient checkpointing not stated")
-    attention = _ATTENTION.get(row.get("attention"))
+    attention = attention_for(row.get("attention"))
     if attention is None:
         raise Skip(f"attention {row.get('attention')!r} not known")
     dtype = row.get("compute_dtype") or "bf16"
