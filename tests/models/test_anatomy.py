@@ -76,6 +76,13 @@ CASES = {
     # tiny_blackmamba_config: 4 layers (Mamba, MoE, Mamba, MoE), 8 experts, top-2
     "blackmamba": (_blackmamba, 4, 2, 8, 2),
     "granitemoe": (lambda: _hf("granitemoe", num_local_experts=4, num_experts_per_tok=2), 3, 3, 4, 2),
+    "granitemoeshared": (
+        lambda: _hf("granitemoeshared", num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=16),
+        3,
+        3,
+        4,
+        2,
+    ),
     # GPT-2 style names: n_embd 32, 4 heads, n_inner 48, 3 blocks at transformer.h
     "gpt_bigcode": (
         lambda: _from_config("gpt_bigcode", dict(vocab_size=128, n_embd=32, n_head=4, n_inner=48, n_layer=3)),

@@ -1,6 +1,7 @@
 """GPTBigCode (SantaCoder: multi-query attention in one fused `c_attn`, learned positions, LayerNorm, GELU MLP) and
-GraniteMoe (fused 3-D experts under `block_sparse_moe`, a `router`) in the step simulator: the model it steps is
-transformers' own (same parameter count), LoRA lands on the named targets, and layer scaling is exact."""
+GraniteMoe (fused 3-D experts under `block_sparse_moe`, a `router`; GraniteMoeShared adds a shared MLP) in the step
+simulator: the model it steps is transformers' own (same parameter count), LoRA lands on the named targets, and
+layer scaling is exact."""
 
 from __future__ import annotations
 
@@ -13,7 +14,11 @@ from tunecost.simulate.prepare import build_prepared
 from tunecost.workload.job import FineTuneJob, LoraConfig
 
 # family fixture -> LoRA targets that exist in it (rank 8: grouped expert GEMMs need 16-byte strides in bf16)
-CASES = {"tiny-gpt-bigcode": ("attention", "mlp"), "tiny-granitemoe": ("attention", "experts", "router")}
+CASES = {
+    "tiny-gpt-bigcode": ("attention", "mlp"),
+    "tiny-granitemoe": ("attention", "experts", "router"),
+    "tiny-granitemoeshared": ("attention", "experts", "router"),
+}
 
 
 def _job(config_path, name: str, method: str = "lora", **kw) -> FineTuneJob:
@@ -68,6 +73,20 @@ def test_granitemoe_lora_on_experts_and_router(config_path) -> None:
     h, kv, inner, experts, r = 64, 32, 32, 4, 8
     attention = r * ((h + h) + 2 * (h + kv) + (h + h))
     per_layer = attention + experts * 3 * r * (h + inner) + r * (h + experts)
+    assert sum(p.numel() for p in prepared.trainable) == 5 * per_layer
+
+
+def test_granitemoeshared_shared_mlp_takes_the_experts_lora(config_path) -> None:
+    """GraniteMoeShared's always-on `shared_mlp` (fused gate/up `input_linear`, `output_linear`) is expert work:
+    LoRA on experts adapts it too, as PEFT's target names would (input_linear, output_linear)."""
+    prepared = build_prepared(_job(config_path, "tiny-granitemoeshared"), num_units=None)
+    h, kv, inner, shared, experts, r = 64, 32, 32, 48, 4, 8
+    for layer in prepared.model.model.layers:
+        for linear in (layer.shared_mlp.input_linear, layer.shared_mlp.output_linear):
+            assert isinstance(linear, SimLinear) and linear.lora_rank == 8
+        assert isinstance(layer.block_sparse_moe.experts, SimExperts)
+    attention = r * ((h + h) + 2 * (h + kv) + (h + h))
+    per_layer = attention + experts * 3 * r * (h + inner) + r * (h + experts) + r * ((h + 2 * shared) + (shared + h))
     assert sum(p.numel() for p in prepared.trainable) == 5 * per_layer
 
 

@@ -70,6 +70,10 @@ _FAMILIES: dict[str, _Family] = {
     "granite": _Family("model.layers", None),  # dense Granite: Llama's layout with scaling multipliers
     # GraniteMoe: the MoE block is `block_sparse_moe` with a `router` (a `*TopKRouter`) and fused experts
     "granitemoe": _Family("model.layers", "block_sparse_moe", router="router", num_experts_keys=("num_local_experts",)),
+    # GraniteMoeShared: GraniteMoe plus an always-on `shared_mlp` (fused `input_linear`, `output_linear`) in the layer
+    "granitemoeshared": _Family(
+        "model.layers", "block_sparse_moe", router="router", num_experts_keys=("num_local_experts",)
+    ),
     # GPTBigCode (SantaCoder, StarCoder): GPT-2 layout, blocks at `transformer.h`, attention `attn`
     # and learned absolute positions (`wpe`, `n_positions` rows; transformers' GPTBigCodeModel)
     "gpt_bigcode": _Family("transformer.h", None, learned_positions_keys=("n_positions", "max_position_embeddings")),

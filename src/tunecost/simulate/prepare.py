@@ -166,6 +166,9 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
         attn = layer_part(layer, ATTENTION_NAMES)
         if attn is not None:
             _swap_linears(attn, quant=quant, lora=lora if "attention" in targets else None, style=style)
+        shared_mlp = getattr(layer, "shared_mlp", None)  # GraniteMoeShared: the shared experts beside the block
+        if shared_mlp is not None:
+            _swap_linears(shared_mlp, quant=quant, lora=lora if "experts" in targets else None, style=style)
         mlp = layer_part(layer, FEED_FORWARD_NAMES)
         if mlp is None:
             continue
@@ -227,7 +230,7 @@ def module_group(path: str, module: nn.Module, parent_group: str | None) -> str 
         return "router"
     if name in ("experts", "local_experts"):
         return "experts"
-    if name in ("shared_expert", "shared_experts"):
+    if name in ("shared_expert", "shared_experts", "shared_mlp"):
         return "shared_experts"
     if parent_group in ("attention", "router", "experts", "shared_experts", "mlp", "mamba"):
         return None  # everything inside those belongs to them (q_norm, LoRA factors, ...)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from tunecost.catalog.models import resolve_model
@@ -50,6 +52,7 @@ def test_blackmamba_arch_matches_published_sizes() -> None:
         "qwen1.5-moe-a2.7b",
         "tiny-mixtral",
         "granite-3.0-3b-a800m",
+        "ibm-moe-7b-1b-shared",
         "santacoder",
     ],
 )
@@ -62,6 +65,20 @@ def test_arch_totals_match_the_meta_built_model(name: str) -> None:
     assert arch.total_params == counts.total
     assert arch.routed_expert_params == counts.routed_experts
     assert arch.active_params(spec.default_experts_per_token) == counts.active
+
+
+def test_granitemoeshared_arch_counts_the_shared_mlp_as_the_meta_built_model() -> None:
+    from pathlib import Path
+
+    from tunecost.models.params import count_parameters
+
+    spec = resolve_model(str(Path(__file__).parents[2] / "fixtures" / "simulate" / "tiny-granitemoeshared.json"))
+    counts, arch = count_parameters(spec), arch_of(spec)
+    assert (arch.total_params, arch.routed_expert_params) == (counts.total, counts.routed_experts)
+    assert arch.active_params(2) == counts.active
+    h, shared, layers = 64, 48, 5  # input_linear h -> 2 x shared, output_linear shared -> h, in every layer
+    without = arch_of(replace(spec, config={**spec.config, "shared_intermediate_size": 0}))
+    assert arch.dense_params - without.dense_params == layers * 3 * h * shared
 
 
 def test_unsupported_family_is_a_clear_error() -> None:

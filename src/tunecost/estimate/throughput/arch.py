@@ -19,7 +19,9 @@ parallel block), GPTBigCode (GPT-2 config keys) and BlackMamba (Zyphra's config 
 - phi3: one fused `qkv_proj` and one `gate_up_proj` (the same matmul parameters as the split ones; LoRA adapts the
   fused matrices: 2 attention and 2 MLP matrices per layer), sliding-window attention on every layer when the
   config gives a window;
-- granite: Llama's layout; its embedding/residual/attention/logit multipliers scale activations, no matmul.
+- granite: Llama's layout; its embedding/residual/attention/logit multipliers scale activations, no matmul;
+- granitemoeshared: GraniteMoe plus a shared MLP in every layer (`input_linear` hidden -> 2 x
+  `shared_intermediate_size`, `output_linear` back), counted with the dense matmuls.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from tunecost.catalog.models import ModelSpec
 from tunecost.errors import TunecostError
 
 TRANSFORMER_FAMILIES = (
-    *("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "llama", "mistral", "qwen2"),
+    *("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "llama", "mistral", "qwen2"),
     *("qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "granite"),
 )
 # transformers 5.23's config-class defaults where a config.json may leave the key out
@@ -191,6 +193,9 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
                 (shared, hidden, num_moe),
                 (hidden, 1, num_moe),
             ]
+        shared = int(config.get("shared_intermediate_size") or 0) if family == "granitemoeshared" else 0
+        if shared:  # GraniteMoeShared: an always-on MLP beside the experts, gate and up fused in `input_linear`
+            mats += [(hidden, 2 * shared, layers), (shared, hidden, layers)]
     num_mlp_layers = layers - num_moe
     if num_mlp_layers:
         inter = int(_get(config, "intermediate_size"))
