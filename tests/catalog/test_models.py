@@ -24,7 +24,7 @@ REQUIRED_MODELS = (  # the catalog's minimum (the BlackMamba entries are tested 
 )
 PUBLISHED_TOTAL = [s for s in CATALOG.values() if s.published_total_params]
 # Models whose published "activated" figure excludes the input embedding; checked separately below.
-ACTIVE_WITHOUT_INPUT_EMBEDDING = ("deepseek-v2-lite", "granite-3.0-3b-a800m")
+ACTIVE_WITHOUT_INPUT_EMBEDDING = ("deepseek-v2-lite", "granite-3.0-3b-a800m", "gpt-oss-20b", "gpt-oss-120b")
 PUBLISHED_ACTIVE = [
     s for s in CATALOG.values() if s.published_active_params and s.name not in ACTIVE_WITHOUT_INPUT_EMBEDDING
 ]
@@ -106,6 +106,10 @@ def test_active_params_match_published(spec) -> None:
         # Granite model card: 800 M active. Counted: 0.883 B with the (tied) embedding of 49155 x 1536 = 75.5 M;
         # without it 0.807 B, within 5 %.
         ("granite-3.0-3b-a800m", 49155 * 1536),
+        # gpt-oss model card, Table 1: 3.61 B / 5.13 B active ("unembedding parameters are counted towards active,
+        # but not embeddings"); the README rounds them to 3.6 B and 5.1 B.
+        ("gpt-oss-20b", 201088 * 2880),
+        ("gpt-oss-120b", 201088 * 2880),
     ],
 )
 def test_active_excludes_input_embedding(name, input_embedding) -> None:

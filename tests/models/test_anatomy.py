@@ -76,6 +76,7 @@ CASES = {
     # tiny_blackmamba_config: 4 layers (Mamba, MoE, Mamba, MoE), 8 experts, top-2
     "blackmamba": (_blackmamba, 4, 2, 8, 2),
     "granitemoe": (lambda: _hf("granitemoe", num_local_experts=4, num_experts_per_tok=2), 3, 3, 4, 2),
+    "gpt_oss": (lambda: _hf("gpt_oss", num_local_experts=4, num_experts_per_tok=2, head_dim=8), 3, 3, 4, 2),
     "granitemoeshared": (
         lambda: _hf("granitemoeshared", num_local_experts=4, num_experts_per_tok=2, shared_intermediate_size=16),
         3,

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tunecost.simulate import simulate_step
+from tunecost.simulate.hf2024 import Loop2024Experts
 from tunecost.simulate.modules import SimExperts, SimLinear, SimLoraRouter
 from tunecost.simulate.prepare import build_prepared
 from tunecost.workload.job import FineTuneJob, LoraConfig
@@ -18,6 +19,7 @@ CASES = {
     "tiny-gpt-bigcode": ("attention", "mlp"),
     "tiny-granitemoe": ("attention", "experts", "router"),
     "tiny-granitemoeshared": ("attention", "experts", "router"),
+    "tiny-gpt-oss": ("attention", "experts", "router"),
 }
 
 
@@ -88,6 +90,43 @@ def test_granitemoeshared_shared_mlp_takes_the_experts_lora(config_path) -> None
     attention = r * ((h + h) + 2 * (h + kv) + (h + h))
     per_layer = attention + experts * 3 * r * (h + inner) + r * (h + experts) + r * ((h + 2 * shared) + (shared + h))
     assert sum(p.numel() for p in prepared.trainable) == 5 * per_layer
+
+
+def test_gpt_oss_experts_keep_their_biases_and_take_one_lora_on_the_fused_gate_up(config_path) -> None:
+    """gpt-oss: experts transposed (`gate_up_proj` (E, H, 2I), gate and up interleaved) with biases, a router with a
+    bias, q/k/v/o with biases; LoRA on experts is one A/B on the fused gate/up and one on down, per expert."""
+    prepared = build_prepared(_job(config_path, "tiny-gpt-oss"), num_units=None)
+    h, heads, kv_heads, head_dim, inner, experts, r = 64, 4, 2, 16, 48, 4, 8
+    for layer in prepared.model.model.layers:
+        sim = layer.mlp.experts
+        assert isinstance(sim, SimExperts) and sim.layout == "interleaved" and sim.lora_rank == 8
+        assert tuple(sim.gate_up_proj.shape) == (experts, 2 * inner, h) and tuple(sim.gate_up_bias.shape) == (4, 96)
+        assert tuple(sim.down_proj.shape) == (experts, h, inner) and tuple(sim.down_bias.shape) == (experts, h)
+        assert isinstance(layer.mlp.router, SimLoraRouter)
+    q, kv = heads * head_dim, kv_heads * head_dim
+    attention = r * ((h + q) + 2 * (h + kv) + (q + h))
+    per_layer = attention + experts * r * ((h + 2 * inner) + (inner + h)) + r * (h + experts)
+    assert sum(p.numel() for p in prepared.trainable) == 5 * per_layer
+
+
+def test_gpt_oss_experts_compute_what_transformers_computes() -> None:
+    """On real tensors SimExperts (frozen weights, no LoRA) and the 2024 stack's per-expert loop give GptOssExperts'
+    own output."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssExperts
+
+    torch.manual_seed(0)
+    config = GptOssConfig(hidden_size=16, intermediate_size=12, num_local_experts=4, num_experts_per_tok=2)
+    experts = GptOssExperts(config)
+    for p in experts.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    x = torch.randn(10, 16)
+    index = torch.stack([torch.randperm(4)[:2] for _ in range(10)])
+    weights = torch.rand(10, 2)
+    sim = SimExperts(experts, quant=None, lora_rank=None)
+    torch.testing.assert_close(sim(x, index, weights), experts(x, index, weights), rtol=1e-5, atol=1e-5)
+    loop = Loop2024Experts(experts, quant=None, lora_rank=None, lora_alpha=0.0, trainable=True)  # per-expert Linears
+    torch.testing.assert_close(loop(x, index, weights), experts(x, index, weights), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

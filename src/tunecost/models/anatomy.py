@@ -4,13 +4,14 @@ experts it has and how many each token uses.
 One description per supported family (`_FAMILIES`). transformers 5 families keep their decoder layers at
 `model.layers`; an MoE layer's block is `layer.mlp` with a `*TopKRouter` `gate` (its own `top_k` and
 `num_experts`) and fused `*Experts` (`gate_up_proj` (E, 2I, H), `down_proj` (E, H, I)); GraniteMoe names the
-block `block_sparse_moe` and its router `router`. GPTBigCode keeps GPT-2's layout: blocks at `transformer.h`,
-attention `attn` (one fused `c_attn` for q, k, v), MLP `mlp` (`c_fc`, `c_proj`). tunecost's BlackMamba keeps
-its blocks at `decoder.layers`; an MoE block is `layer.mixer` with a `router` `nn.Linear` and `local_experts`
-(or `experts` once tunecost's fast experts are installed). Dense families (Llama, Mistral, Qwen2/3, Gemma 1/2,
-Phi, Phi-3, Granite) have no MoE block; their feed-forward counts as ONE expert that every token uses, so
-`num_experts` and `get_top_k` are 1 and a dense model is, like a dense-routed MoE model, one whose top-k equals its
-number of experts.
+block `block_sparse_moe` and its router `router`; gpt-oss names its router `router` and keeps its experts
+transposed with biases (`simulate.modules.expert_weights` reads both layouts). GPTBigCode keeps GPT-2's layout:
+blocks at `transformer.h`, attention `attn` (one fused `c_attn` for q, k, v), MLP `mlp` (`c_fc`, `c_proj`).
+tunecost's BlackMamba keeps its blocks at `decoder.layers`; an MoE block is `layer.mixer` with a `router`
+`nn.Linear` and `local_experts` (or `experts` once tunecost's fast experts are installed). Dense families (Llama,
+Mistral, Qwen2/3, Gemma 1/2/3, Phi, Phi-3, Granite) have no MoE block; their feed-forward counts as ONE expert
+that every token uses, so `num_experts` and `get_top_k` are 1 and a dense model is, like a dense-routed MoE model,
+one whose top-k equals its number of experts.
 
 PEFT wrappers are seen through: a `PeftModel` is read through its base model, and `unwrap_peft` gives the module
 under LoRA layers and `lora.ParamWrapper`s (nested once per targeted parameter), both keeping it as `base_layer`.
@@ -70,6 +71,14 @@ _FAMILIES: dict[str, _Family] = {
     "granite": _Family("model.layers", None),  # dense Granite: Llama's layout with scaling multipliers
     # GraniteMoe: the MoE block is `block_sparse_moe` with a `router` (a `*TopKRouter`) and fused experts
     "granitemoe": _Family("model.layers", "block_sparse_moe", router="router", num_experts_keys=("num_local_experts",)),
+    # gpt-oss: a `router` with a bias, fused experts with biases (`gate_up_proj` (E, H, 2I), gate and up interleaved)
+    "gpt_oss": _Family(
+        "model.layers",
+        "mlp",
+        router="router",
+        num_experts_keys=("num_local_experts",),
+        top_k_keys=("num_experts_per_tok", "experts_per_token"),
+    ),
     # GraniteMoeShared: GraniteMoe plus an always-on `shared_mlp` (fused `input_linear`, `output_linear`) in the layer
     "granitemoeshared": _Family(
         "model.layers", "block_sparse_moe", router="router", num_experts_keys=("num_local_experts",)

@@ -34,8 +34,8 @@ def hf_config(spec: ModelSpec, experts_per_token: int | None = None, **overrides
 
 
 # Families whose transformers 5.23 class refuses `attn_implementation="sdpa"` at construction (Gemma 2: attention
-# logit soft-capping); they are built with eager attention.
-SDPA_REFUSED_FAMILIES = frozenset({"gemma2"})
+# logit soft-capping; gpt-oss: attention sinks); they are built with eager attention.
+SDPA_REFUSED_FAMILIES = frozenset({"gemma2", "gpt_oss"})
 
 
 def build_model(

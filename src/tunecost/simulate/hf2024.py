@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tunecost.simulate.modules import SimLinear
+from tunecost.simulate.modules import SimLinear, expert_weights, split_gate_up
 from tunecost.simulate.quant4bit import QuantSpec, tokens_per_expert
 
 PAD_TO_MULTIPLE_OF = 8
@@ -34,19 +34,24 @@ class Loop2024Experts(nn.Module):
         self, experts: Any, *, quant: QuantSpec | None, lora_rank: int | None, lora_alpha: float, trainable: bool
     ) -> None:
         super().__init__()
-        gate_up, down = experts.gate_up_proj, experts.down_proj
-        self.num_experts, two_i, self.hidden_dim = gate_up.shape
-        inter = two_i // 2
-        self.act_fn = experts.act_fn
+        weights = expert_weights(experts)
+        self.num_experts, _, self.hidden_dim = weights.gate_up.shape
+        self.glu = weights.glu
         self.w1, self.w3, self.w2 = nn.ModuleList(), nn.ModuleList(), nn.ModuleList()
         for e in range(self.num_experts):
-            mats = {"w1": gate_up[e, :inter], "w3": gate_up[e, inter:], "w2": down[e]}
-            for name, w in mats.items():
-                linear = nn.Linear(w.shape[1], w.shape[0], bias=False, device="meta")
-                linear.weight = nn.Parameter(
-                    w.data.clone() if w.device.type != "meta" else torch.empty_like(w, device="meta"),
-                    requires_grad=trainable,
-                )
+            gate, up = weights.rows(e)
+            biases = (weights.gate_up_bias, weights.down_bias)
+            gate_b, up_b = (None, None) if biases[0] is None else split_gate_up(biases[0][e], weights.layout)
+            mats = {
+                "w1": (gate, gate_b),
+                "w3": (up, up_b),
+                "w2": (weights.down[e], None if biases[1] is None else biases[1][e]),
+            }
+            for name, (w, b) in mats.items():
+                linear = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
+                linear.weight = nn.Parameter(_copy(w), requires_grad=trainable)
+                if b is not None:
+                    linear.bias = nn.Parameter(_copy(b), requires_grad=trainable)
                 lin: nn.Module = (
                     linear
                     if trainable
@@ -69,11 +74,20 @@ class Loop2024Experts(nn.Module):
                 continue
             top_x, idx = token_idx[start : start + n], pos_idx[start : start + n]
             current_state = hidden_states[top_x]
-            h = self.act_fn(self.w1[e](current_state)) * self.w3[e](current_state)
+            h = self.glu(self.w1[e](current_state), self.w3[e](current_state))
             h = self.w2[e](h) * routing_weights[top_x, idx, None]
             final.index_add_(0, top_x, h.to(hidden_states.dtype))
             start += n
         return final
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous copy of a weight slice (a meta tensor of its shape for a meta weight)."""
+    return (
+        t.data.clone(memory_format=torch.contiguous_format)
+        if t.device.type != "meta"
+        else torch.empty(t.shape, dtype=t.dtype, device="meta")
+    )
 
 
 def causal_lm_loss_2024(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

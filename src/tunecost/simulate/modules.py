@@ -6,6 +6,9 @@
 - `SimExperts`: a drop-in for transformers' fused experts (`gate_up_proj` (E, 2I, H), `down_proj` (E, H, I)) with
   frozen or 4-bit weights and split LoRA on gate, up and down per expert, on the routed tokens only. Its data
   flow mirrors transformers' `grouped_mm_experts_forward` (sort by expert, gather, grouped GEMMs, weight, restore).
+  gpt-oss's experts (`GptOssExperts`: `gate_up_proj` (E, H, 2I) with gate and up interleaved, biases, a clamped
+  GLU) are read through `expert_weights` and take one LoRA on the fused gate/up, as PEFT's `target_parameters`
+  puts it on the 3-D `gate_up_proj`.
 - `SimLoraRouter`: LoRA on a router's bare `weight` (E, H): W + s * B @ A, which is tiny (E x H), then the router's
   own forward via `torch.func.functional_call`.
 
@@ -17,6 +20,9 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -118,6 +124,71 @@ class SimLinear(nn.Module):
         return y.view(*lead, self.out_features)
 
 
+def _glu(act_fn: Callable[[torch.Tensor], torch.Tensor], gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return act_fn(gate) * up
+
+
+def _gpt_oss_glu(alpha: float, limit: float, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """transformers 5.23 `GptOssExperts._apply_gate` on the de-interleaved gate and up."""
+    gate = gate.clamp(min=None, max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+def split_gate_up(gate_up: torch.Tensor, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate, up) of a (..., 2I) tensor whose last dimension holds both ("halves": gate first, Mixtral's;
+    "interleaved": even and odd entries, gpt-oss's): views, as the models' code takes them."""
+    if layout == "interleaved":
+        return gate_up[..., ::2], gate_up[..., 1::2]
+    gate, up = gate_up.chunk(2, dim=-1)
+    return gate, up
+
+
+@dataclass(frozen=True)
+class ExpertWeights:
+    """A transformers experts module's weights in one layout: gate/up (E, 2I, H) and down (E, H, I) (views of its
+    parameters), optional biases (E, 2I) and (E, H), how gate and up sit in the 2I rows (`split_gate_up`), and
+    the gated activation of (gate, up). Hold it only while building: its views keep the module's weights alive."""
+
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down_bias: torch.Tensor | None
+    layout: str
+    glu: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+    def rows(self, expert: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One expert's gate and up weight rows, (I, H) each."""
+        gate, up = split_gate_up(self.gate_up[expert].transpose(0, 1), self.layout)
+        return gate.transpose(0, 1), up.transpose(0, 1)
+
+
+def expert_weights(experts: Any) -> ExpertWeights:
+    """The weights of a transformers 5.23 experts module: Mixtral-style (`gate_up_proj` (E, 2I, H), `act_fn`) or
+    gpt-oss's (`gate_up_proj` (E, H, 2I) interleaved, `down_proj` (E, I, H), biases, `alpha` and `limit`)."""
+    if hasattr(experts, "gate_up_proj_bias"):
+        return ExpertWeights(
+            gate_up=experts.gate_up_proj.transpose(1, 2),
+            down=experts.down_proj.transpose(1, 2),
+            gate_up_bias=experts.gate_up_proj_bias,
+            down_bias=experts.down_proj_bias,
+            layout="interleaved",
+            glu=partial(_gpt_oss_glu, float(experts.alpha), float(experts.limit)),
+        )
+    return ExpertWeights(
+        gate_up=experts.gate_up_proj,
+        down=experts.down_proj,
+        gate_up_bias=None,
+        down_bias=None,
+        layout="halves",
+        glu=partial(_glu, experts.act_fn),
+    )
+
+
+def _frozen(t: torch.Tensor | None) -> nn.Parameter | None:
+    return None if t is None else nn.Parameter(t.data, requires_grad=False)
+
+
 class SimExperts(nn.Module):
     """Routed experts with frozen (or 4-bit) weights and split LoRA; forward(hidden (T, H), top_k_index (T, k),
     top_k_weights (T, k)) like transformers' experts modules."""
@@ -132,10 +203,12 @@ class SimExperts(nn.Module):
         lora_dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__()
-        gate_up, down = experts.gate_up_proj, experts.down_proj
+        weights = expert_weights(experts)
+        gate_up, down = weights.gate_up, weights.down
         self.num_experts, two_i, self.hidden_dim = gate_up.shape
         self.intermediate_dim = two_i // 2
-        self.act_fn = experts.act_fn
+        self.layout, self.glu = weights.layout, weights.glu
+        self.gate_up_bias, self.down_bias = _frozen(weights.gate_up_bias), _frozen(weights.down_bias)
         dev = gate_up.device
         self.q_gate_up: Quantized4bit | None
         self.q_down: Quantized4bit | None
@@ -157,10 +230,14 @@ class SimExperts(nn.Module):
             e, r, h, i = self.num_experts, lora_rank, self.hidden_dim, self.intermediate_dim
             self.scaling = lora_alpha / lora_rank
             kw: dict[str, Any] = {"device": dev, "dtype": lora_dtype}
-            self.lora_A_gate = _new_param((e, r, h), **kw)
-            self.lora_B_gate = _new_param((e, i, r), zero=True, **kw)
-            self.lora_A_up = _new_param((e, r, h), **kw)
-            self.lora_B_up = _new_param((e, i, r), zero=True, **kw)
+            if self.layout == "interleaved":  # one LoRA on the fused 3-D gate_up_proj (PEFT target_parameters)
+                self.lora_A_gate_up = _new_param((e, r, h), **kw)
+                self.lora_B_gate_up = _new_param((e, 2 * i, r), zero=True, **kw)
+            else:
+                self.lora_A_gate = _new_param((e, r, h), **kw)
+                self.lora_B_gate = _new_param((e, i, r), zero=True, **kw)
+                self.lora_A_up = _new_param((e, r, h), **kw)
+                self.lora_B_up = _new_param((e, i, r), zero=True, **kw)
             self.lora_A_down = _new_param((e, r, i), **kw)
             self.lora_B_down = _new_param((e, h, r), zero=True, **kw)
 
@@ -188,12 +265,19 @@ class SimExperts(nn.Module):
         counts = tokens_per_expert(expert_ids_g, self.num_experts) if self.q_gate_up is not None else ()
 
         gate_up = self._base(x, self.gate_up_proj, self.q_gate_up, counts, offsets)
-        gate, up = gate_up.chunk(2, dim=-1)
-        if self.lora_rank:
+        if self.gate_up_bias is not None:
+            gate_up = gate_up + self.gate_up_bias[expert_ids_g]
+        if self.lora_rank and self.layout == "interleaved":
+            lora = self._lora(x, self.lora_A_gate_up, self.lora_B_gate_up, offsets)
+            gate_up = torch.add(gate_up, lora, alpha=self.scaling)
+        gate, up = split_gate_up(gate_up, self.layout)
+        if self.lora_rank and self.layout != "interleaved":
             gate = torch.add(gate, self._lora(x, self.lora_A_gate, self.lora_B_gate, offsets), alpha=self.scaling)
             up = torch.add(up, self._lora(x, self.lora_A_up, self.lora_B_up, offsets), alpha=self.scaling)
-        h = self.act_fn(gate) * up
+        h = self.glu(gate, up)
         out = self._base(h, self.down_proj, self.q_down, counts, offsets)
+        if self.down_bias is not None:
+            out = out + self.down_bias[expert_ids_g]
         if self.lora_rank:
             out = torch.add(out, self._lora(h, self.lora_A_down, self.lora_B_down, offsets), alpha=self.scaling)
 

@@ -318,11 +318,14 @@ def mask_free_sdpa() -> str:
 
 
 def _fused_attention(*args: Any, **kwargs: Any) -> Any:
-    """transformers' SDPA attention, standing for a fused kernel. Gemma 2's attention-logit soft-capping (`softcap`),
-    which SDPA refuses, is dropped: FlashAttention-2 applies it inside the kernel, with the same tensors kept."""
+    """transformers' SDPA attention, standing for a fused kernel. Gemma 2's attention-logit soft-capping (`softcap`)
+    and gpt-oss's attention sinks (`s_aux`, one logit per head), which SDPA refuses, are dropped: the fused kernels
+    that support them (FlashAttention-2's softcap, FlashAttention-3's sinks) apply them inside the kernel, with the
+    same tensors kept."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     kwargs.pop("softcap", None)
+    kwargs.pop("s_aux", None)
     return sdpa_attention_forward(*args, **kwargs)
 
 

@@ -53,6 +53,7 @@ def test_blackmamba_arch_matches_published_sizes() -> None:
         "tiny-mixtral",
         "granite-3.0-3b-a800m",
         "ibm-moe-7b-1b-shared",
+        "gpt-oss-20b",
         "santacoder",
     ],
 )

@@ -5,11 +5,12 @@ scan and loss terms need. Every count is computed from the config here, so the a
 (`throughput.counts`) are pure and fast; `tests/estimate/throughput/test_counts.py` checks the totals against
 `tunecost.models.params.count_parameters` (which builds the real model on the meta device).
 
-Families: Mixtral-style MoE transformers (mixtral, olmoe, qwen2_moe, qwen3_moe, granitemoe), dense llama/mistral/qwen2
-(Qwen 1 checkpoints are catalogued in the qwen2 layout: fused c_attn read as q, k, v with biases), the dense
-qwen3/gemma/gemma2/gemma3_text/phi3/granite (Llama's matmuls, with the differences below), Phi (GPT-J-style
-parallel block), GPTBigCode (GPT-2 config keys) and BlackMamba (Zyphra's config keys). Other families raise a
-`TunecostError` naming the supported ones. Module shapes follow transformers 5.23's `modeling_<family>.py`:
+Families: Mixtral-style MoE transformers (mixtral, olmoe, qwen2_moe, qwen3_moe, granitemoe, granitemoeshared,
+gpt_oss), dense llama/mistral/qwen2 (Qwen 1 checkpoints are catalogued in the qwen2 layout: fused c_attn read as
+q, k, v with biases), the dense qwen3/gemma/gemma2/gemma3_text/phi3/granite (Llama's matmuls, with the
+differences below), Phi (GPT-J-style parallel block), GPTBigCode (GPT-2 config keys) and BlackMamba (Zyphra's
+config keys). Other families raise a `TunecostError` naming the supported ones. Module shapes follow transformers
+5.23's `modeling_<family>.py`:
 - qwen3: a q and a k RMSNorm of one head's width in every layer;
 - gemma: a GeGLU MLP (gate, up, down: Llama's matmuls), `head_dim` from the config, head tied to the embedding;
 - gemma2: as gemma, plus pre/post feed-forward RMSNorms (4 per layer) and sliding-window attention on alternate
@@ -20,6 +21,9 @@ parallel block), GPTBigCode (GPT-2 config keys) and BlackMamba (Zyphra's config 
   fused matrices: 2 attention and 2 MLP matrices per layer), sliding-window attention on every layer when the
   config gives a window;
 - granite: Llama's layout; its embedding/residual/attention/logit multipliers scale activations, no matmul;
+- gpt_oss: Mixtral's layout with biases on q, k, v, o, on every expert's gate/up and down (counted with the expert:
+  their FLOPs are the matmuls') and on the router, one attention-sink logit per head, and sliding-window attention
+  on alternate layers (`layer_types`);
 - granitemoeshared: GraniteMoe plus a shared MLP in every layer (`input_linear` hidden -> 2 x
   `shared_intermediate_size`, `output_linear` back), counted with the dense matmuls.
 """
@@ -34,7 +38,8 @@ from tunecost.catalog.models import ModelSpec
 from tunecost.errors import TunecostError
 
 TRANSFORMER_FAMILIES = (
-    *("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "llama", "mistral", "qwen2"),
+    *("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "gpt_oss"),
+    *("llama", "mistral", "qwen2"),
     *("qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "granite"),
 )
 # transformers 5.23's config-class defaults where a config.json may leave the key out
@@ -45,7 +50,7 @@ _NORMS_PER_LAYER = {
     "gemma3_text": 4,
 }  # RMSNorms of `hidden` width per decoder layer (else 2: input, post-attention)
 # families whose q, k, v, o follow `attention_bias` and whose MLP follows `mlp_bias` (Qwen2's biases are fixed)
-_BIAS_FLAG_FAMILIES = ("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "granite")
+_BIAS_FLAG_FAMILIES = ("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "granite", "gpt_oss")
 # Gemma 3's default pattern: every sixth layer attends over the whole sequence, the others over the window
 _GEMMA3_SLIDING_WINDOW_PATTERN = 6
 
@@ -59,7 +64,7 @@ class Arch:
     num_layers: int  # decoder blocks (BlackMamba: Mamba and MoE blocks together)
     num_moe_layers: int
     num_experts: int  # routed experts per MoE layer (1: dense model)
-    expert_params: int  # one routed expert of one layer (gate/up + down, or fc1 + fc2)
+    expert_params: int  # one routed expert of one layer (gate/up + down, or fc1 + fc2; gpt-oss: with biases)
     expert_ffn: int  # the expert's intermediate width (where the activation and gating run)
     expert_in_out: int  # sum of (in + out) over the expert's matrices: LoRA rank-r work per token is r * this
     num_expert_matrices: int  # GEMMs per expert call (3: gate, up, down; BlackMamba: fc1, fc2 = 2)
@@ -210,13 +215,16 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
         biases += _bias_params(mats[:num_attention_mats]) if config.get("attention_bias") else 0
         biases += _bias_params(mats[num_attention_mats:]) if config.get("mlp_bias") else 0
     num_norms = _NORMS_PER_LAYER.get(family, 2)
+    expert_bias, router_bias, sinks = _gpt_oss_extras(family, hidden, ffn, heads, layers)
     return _decoder_arch(
         family,
         mats,
         _Shape(hidden, layers, heads, head_dim, vocab),
         tied=bool(config.get("tie_word_embeddings", _TIED_DEFAULTS.get(family, False))),
         embedding_params=vocab * hidden,
-        norm_params=layers * (num_norms * hidden + qk_norm) + biases + hidden,
+        norm_params=layers * (num_norms * hidden + qk_norm) + biases + hidden + sinks,
+        expert_bias_params=expert_bias,
+        router_bias_params=router_bias,
         num_moe=num_moe,
         num_experts=num_experts,
         ffn=ffn,
@@ -235,16 +243,16 @@ def _attention_window(family: str, config: dict[str, Any], layers: int) -> tuple
     """(layers attending over a sliding window only, that window in tokens), as transformers 5.23 picks them:
     the config's `layer_types` when given, else Gemma 2's alternate layers (0, 2, 4, ...), Gemma 3's every layer but
     each `sliding_window_pattern`-th, Phi-3's every layer, Qwen3's layers from `max_window_layers` on when
-    `use_sliding_window`; (0, 0) for every other family."""
+    `use_sliding_window`, gpt-oss's alternate layers (0, 2, 4, ...); (0, 0) for every other family."""
     window = int(config.get("sliding_window") or 0)
-    if family not in ("gemma2", "gemma3_text", "phi3", "qwen3") or not window:
+    if family not in ("gemma2", "gemma3_text", "phi3", "qwen3", "gpt_oss") or not window:
         return 0, 0
     if family == "qwen3" and not config.get("use_sliding_window"):
         return 0, 0
     types = config.get("layer_types")
     if types:
         num = sum(1 for t in types if t == "sliding_attention")
-    elif family == "gemma2":
+    elif family in ("gemma2", "gpt_oss"):
         num = (layers + 1) // 2
     elif family == "gemma3_text":
         num = layers - layers // int(config.get("sliding_window_pattern") or _GEMMA3_SLIDING_WINDOW_PATTERN)
@@ -253,6 +261,14 @@ def _attention_window(family: str, config: dict[str, Any], layers: int) -> tuple
     else:
         num = max(0, layers - int(config.get("max_window_layers") or layers))
     return num, window
+
+
+def _gpt_oss_extras(family: str, hidden: int, ffn: int, heads: int, layers: int) -> tuple[int, int, int]:
+    """gpt-oss's parameters beyond the Mixtral layout: (per routed expert: its gate/up and down biases, per
+    router: its bias, per model: one attention-sink logit per head and layer); zeros for other families."""
+    if family != "gpt_oss":
+        return 0, 0, 0
+    return 2 * ffn + hidden, 1, heads * layers
 
 
 class _Shape(NamedTuple):
@@ -277,6 +293,8 @@ def _decoder_arch(
     num_attention_mats: int = 4,  # the first entries of `mats` that are attention projections (q, k, v, o)
     num_layer_norms: int = 2,  # norms of `hidden` width per layer
     window: tuple[int, int] = (0, 0),  # (layers attending over a sliding window only, the window in tokens)
+    expert_bias_params: int = 0,  # biases of one routed expert (gpt-oss), counted with its parameters
+    router_bias_params: int = 0,  # biases per expert of the router (gpt-oss: 1)
 ) -> Arch:
     """The `Arch` of an attention decoder (every layer attends), dense or with Mixtral-style routed experts."""
     hidden, layers, heads, head_dim, vocab = shape
@@ -287,11 +305,11 @@ def _decoder_arch(
         num_layers=layers,
         num_moe_layers=num_moe,
         num_experts=num_experts,
-        expert_params=3 * hidden * ffn,
+        expert_params=3 * hidden * ffn + expert_bias_params,
         expert_ffn=ffn,
         expert_in_out=3 * (hidden + ffn),
         num_expert_matrices=3,
-        router_params_per_layer=hidden * num_experts if num_experts > 1 else 0,
+        router_params_per_layer=(hidden + router_bias_params) * num_experts if num_experts > 1 else 0,
         dense_params=sum(i * o * n for i, o, n in mats),
         dense_in_out=sum((i + o) * n for i, o, n in mats),
         num_dense_matrices=sum(n for _, _, n in mats),
