@@ -31,6 +31,19 @@ def test_predict_writes_the_output_csv(cli_runner, write_file, tmp_path) -> None
     assert [r["method"] for r in rows] == ["qlora", "qlora", "full"]
 
 
+def test_predict_splits_the_step_into_gpu_and_host_time(cli_runner, write_file) -> None:
+    """gpu_s + host_s is the step; the paper's eager MoE loop keeps its host time on a faster GPU, which takes
+    less GPU time, so the host share of the step grows from the A40 to the H100."""
+    result = cli_runner.invoke(app, ["predict", "--input", str(write_file("t.csv", TARGETS)), "--json"])
+    assert result.exit_code == 0, result.output
+    a40, h100, _ = json.loads(result.stdout)["predictions"]
+    for row in (a40, h100):
+        assert row["gpu_s"] > 0 and row["host_s"] > 0
+        assert row["gpu_s"] + row["host_s"] == pytest.approx(row["step_s"], abs=2e-6)
+    assert h100["host_s"] == pytest.approx(a40["host_s"], rel=1e-6)  # same stack and model: same host time
+    assert h100["host_s"] / h100["step_s"] > a40["host_s"] / a40["step_s"]
+
+
 def test_predict_json_with_seq_len_and_run_length(cli_runner, write_file) -> None:
     path = write_file("t.csv", "model,dataset,gpu,experts_per_token,batch_size,seq_len\nmixtral-8x7b,,A40,2,2,128\n")
     result = cli_runner.invoke(app, ["predict", "--input", str(path), "--run-queries", "1000", "--json"])

@@ -31,6 +31,8 @@ OUTPUT_COLUMNS = (
     "queries_per_s_low",
     "queries_per_s_high",
     "step_s",
+    "gpu_s",
+    "host_s",
     "run_queries",
     "extrapolation",
     "extrapolation_reasons",
@@ -130,6 +132,9 @@ def _row(pred, notes: str = "") -> dict:
         "queries_per_s_low": round(pred.queries_per_s_low, 6),
         "queries_per_s_high": round(pred.queries_per_s_high, 6),
         "step_s": round(pred.step.step_s, 6),
+        # where the step goes: GPU work, and launch and host time the GPU work does not hide
+        "gpu_s": round(pred.step.gpu_s, 6),
+        "host_s": round(pred.step.exposed_host_s, 6),
         "run_queries": pred.run_queries or "",
         "extrapolation": str(pred.extrapolation).lower(),
         "extrapolation_reasons": "; ".join(pred.extrapolation_reasons),
