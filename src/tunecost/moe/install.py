@@ -73,7 +73,9 @@ def moe_layers(model: nn.Module) -> list[MoeBlock]:
     if not layers:
         raise TunecostError(
             f"no Mixtral-style MoE block (gate + fused experts) or BlackMamba MoE mixer found in "
-            f"{type(model).__name__}; install_experts supports transformers 5 Mixtral-style models and BlackMamba"
+            f"{type(model).__name__}; real runs with tunecost's experts (profile, bench) support transformers 5 "
+            "Mixtral-style models (Mixtral, OLMoE, Qwen MoE) and BlackMamba; `tunecost memory` and `estimate` "
+            "simulate the others"
         )
     return layers
 
