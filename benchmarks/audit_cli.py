@@ -11,9 +11,9 @@ seconds and leaves every file that was in the scratch folder unchanged.
 
 Bad values: '' and '   ' for every option that takes text or a path; -1 and 0 (except where they are valid), nan,
 inf, 1e20, 10^20 and 2 x 10^9 (past any GPU, within int32; except counts of queries and seeds) for every option that
-takes a value; for every path (and every text option whose help names a file, folder or path): a missing file, a
-folder, a file that is not UTF-8; for every output (--out, --output): a path under an existing file, an existing
-file (no --force), and each input of the same invocation.
+takes a value; for every path (and every text option whose help names a file, folder or path): a missing file
+(absolute, and a relative path of several parts), a folder, a file that is not UTF-8; for every output (--out,
+--output): a path under an existing file, an existing file (no --force), and each input of the same invocation.
 
     PYTHONPATH=src python benchmarks/audit_cli.py [--timeout 20] [--only COMMAND] [--kinds blank,number] [--verbose]
 
@@ -200,7 +200,8 @@ def probes(only: str | None = None, kinds: tuple[str, ...] = KINDS) -> tuple[lis
                     target = "{run}/fit.jsonl" if given == "{run}" else given
                     out.append(Probe(path, name, "output", f"the input {given}", _with(base, param, target)))
             elif takes_path or _mentions_files(param):
-                for bad, value in (("missing file", "{scratch}/missing.csv"), ("not UTF-8", "{not_utf8}")):
+                missing = (("missing file", "{scratch}/missing.csv"), ("missing relative path", "no/such/file.json"))
+                for bad, value in (*missing, ("not UTF-8", "{not_utf8}")):
                     out.append(Probe(path, name, "file", bad, _with(base, param, value)))
                 if name != "RUN_DIR" and param.name != "run_dir" and "folder" not in (param.help or "").lower():
                     out.append(Probe(path, name, "file", "a folder", _with(base, param, "{folder}")))

@@ -178,6 +178,14 @@ def test_unsupported_model_type_says_what(tmp_path) -> None:
         resolve_model(str(tmp_path))
 
 
+@pytest.mark.parametrize("name", ["tests/fixtures/none.json", "some/dir/model", "config.json", "a/b.json"])
+def test_a_missing_config_path_is_a_one_line_error(name: str) -> None:
+    """A path that does not exist is said so, never read as a hub id (huggingface_hub refuses "a/b/c" ids with
+    a ValueError of its own)."""
+    with pytest.raises(TunecostError, match=r"^no model config at .*: no such file or folder$"):
+        resolve_model(name)
+
+
 def test_bad_local_config(tmp_path) -> None:
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(TunecostError, match="not valid JSON"):

@@ -118,8 +118,9 @@ def test_eval_adapter_from_a_local_folder_and_a_missing_one(tmp_path):
     for name, param in trained.named_parameters():
         if "lora_" in name:
             assert torch.equal(loaded[name], param), name
-    with pytest.raises(TunecostError, match="neither a local folder nor a hub id in the local Hugging Face cache"):
-        load_eval_model("tiny-mixtral", adapter="no/such-adapter")
+    for missing in ("no/such-adapter", "runs/no/such/adapter"):  # a hub id, and a path no hub id can be
+        with pytest.raises(TunecostError, match="neither a local folder nor a hub id in the local Hugging Face"):
+            load_eval_model("tiny-mixtral", adapter=missing)
 
 
 @pytest.mark.parametrize(

@@ -251,7 +251,10 @@ def _cached_hub_config(repo_id: str) -> Path | None:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:  # pragma: no cover - huggingface_hub ships with transformers
         return None
-    hit = try_to_load_from_cache(repo_id, "config.json")
+    try:
+        hit = try_to_load_from_cache(repo_id, "config.json")
+    except ValueError:  # huggingface_hub's HFValidationError: not a repository id ("a/b/c", spaces, ...)
+        return None
     return Path(hit) if isinstance(hit, str) else None
 
 
@@ -299,6 +302,8 @@ def resolve_model(name: str) -> ModelSpec:
     path = Path(name).expanduser()
     if path.exists():
         return spec_from_config_file(path)
+    if name.strip().endswith(".json") or name.count("/") > 1:  # a path, not a hub id (namespace/name)
+        raise TunecostError(f"no model config at {name!r}: no such file or folder")
     if "/" in name and not name.startswith((".", "/")):
         cached = _cached_hub_config(name)
         if cached is not None:

@@ -208,10 +208,13 @@ def _local_adapter(adapter: str) -> str:
     retries) even when the files are not wanted from there."""
     if Path(adapter).expanduser().is_dir():
         return str(Path(adapter).expanduser())
-    if "/" in adapter and not adapter.startswith((".", "/")):
+    if adapter.count("/") == 1 and not adapter.startswith((".", "/")):  # namespace/name; a longer path is a path
         from huggingface_hub import try_to_load_from_cache
 
-        cached = try_to_load_from_cache(adapter, "adapter_config.json")
+        try:
+            cached = try_to_load_from_cache(adapter, "adapter_config.json")
+        except ValueError:  # huggingface_hub's HFValidationError: not a repository id
+            cached = None
         if isinstance(cached, str):
             return str(Path(cached).parent)
     raise TunecostError(
