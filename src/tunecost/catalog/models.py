@@ -65,6 +65,11 @@ class ModelSpec:
     not_modelled: str = ""  # what of the checkpoint the config leaves out (e.g. a vision tower), said with results
 
     @property
+    def not_modelled_notes(self) -> tuple[str, ...]:
+        """The assumption line results carry for `not_modelled` (none when the config is the whole checkpoint)."""
+        return (f"{self.name}: {self.not_modelled}",) if self.not_modelled else ()
+
+    @property
     def num_experts(self) -> int:
         """Routed experts per MoE layer (1 for a dense model)."""
         return num_experts({**self.config, "model_type": self.family})
@@ -246,13 +251,14 @@ def _text_model_config(config: dict[str, Any]) -> dict[str, Any] | None:
     return {**text, "model_type": text_family}
 
 
-def _cached_hub_config(repo_id: str) -> Path | None:
+def cached_hub_file(repo_id: str, filename: str = "config.json") -> Path | None:
+    """The file of a hub repository in the local Hugging Face cache (None: not cached, or not a repository id)."""
     try:
         from huggingface_hub import try_to_load_from_cache
     except ImportError:  # pragma: no cover - huggingface_hub ships with transformers
         return None
     try:
-        hit = try_to_load_from_cache(repo_id, "config.json")
+        hit = try_to_load_from_cache(repo_id, filename)
     except ValueError:  # huggingface_hub's HFValidationError: not a repository id ("a/b/c", spaces, ...)
         return None
     return Path(hit) if isinstance(hit, str) else None
@@ -305,7 +311,7 @@ def resolve_model(name: str) -> ModelSpec:
     if name.strip().endswith(".json") or name.count("/") > 1:  # a path, not a hub id (namespace/name)
         raise TunecostError(f"no model config at {name!r}: no such file or folder")
     if "/" in name and not name.startswith((".", "/")):
-        cached = _cached_hub_config(name)
+        cached = cached_hub_file(name)
         if cached is not None:
             spec = spec_from_config_file(cached)
             return ModelSpec(**{**spec.__dict__, "name": name, "hub_id": name})

@@ -238,9 +238,8 @@ def offloaded_host_bytes(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPl
 def rank_assumptions(job: FineTuneJob, plan: ParallelPlan, overhead: DeviceOverhead) -> tuple[str, ...]:
     from tunecost.catalog.models import resolve_model
 
-    spec = resolve_model(job.model)
     out = [
-        *([f"{spec.name}: {spec.not_modelled}"] if spec.not_modelled else []),
+        *resolve_model(job.model).not_modelled_notes,
         f"each rank runs the job's micro-batch ({job.batch_size} x {job.worst_case_seq_len} tokens) through the "
         "whole model; per-rank memory derived from the single-GPU simulated step (states scaled per strategy)",
         overhead.describe(),

@@ -208,15 +208,12 @@ def _local_adapter(adapter: str) -> str:
     retries) even when the files are not wanted from there."""
     if Path(adapter).expanduser().is_dir():
         return str(Path(adapter).expanduser())
-    if adapter.count("/") == 1 and not adapter.startswith((".", "/")):  # namespace/name; a longer path is a path
-        from huggingface_hub import try_to_load_from_cache
+    if "/" in adapter and not adapter.startswith((".", "/")):
+        from tunecost.catalog.models import cached_hub_file
 
-        try:
-            cached = try_to_load_from_cache(adapter, "adapter_config.json")
-        except ValueError:  # huggingface_hub's HFValidationError: not a repository id
-            cached = None
-        if isinstance(cached, str):
-            return str(Path(cached).parent)
+        cached = cached_hub_file(adapter, "adapter_config.json")
+        if cached is not None:
+            return str(cached.parent)
     raise TunecostError(
         f"adapter {adapter!r} is neither a local folder nor a hub id in the local Hugging Face cache "
         "(downloads are off: --allow-download)"

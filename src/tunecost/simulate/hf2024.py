@@ -40,13 +40,11 @@ class Loop2024Experts(nn.Module):
         self.w1, self.w3, self.w2 = nn.ModuleList(), nn.ModuleList(), nn.ModuleList()
         for e in range(self.num_experts):
             gate, up = weights.rows(e)
-            biases = (weights.gate_up_bias, weights.down_bias)
-            gate_b, up_b = (None, None) if biases[0] is None else split_gate_up(biases[0][e], weights.layout)
-            mats = {
-                "w1": (gate, gate_b),
-                "w3": (up, up_b),
-                "w2": (weights.down[e], None if biases[1] is None else biases[1][e]),
-            }
+            gate_b, up_b = (None, None)
+            if weights.gate_up_bias is not None:
+                gate_b, up_b = split_gate_up(weights.gate_up_bias[e], weights.layout)
+            down_b = None if weights.down_bias is None else weights.down_bias[e]
+            mats = {"w1": (gate, gate_b), "w3": (up, up_b), "w2": (weights.down[e], down_b)}
             for name, (w, b) in mats.items():
                 linear = nn.Linear(w.shape[1], w.shape[0], bias=b is not None, device="meta")
                 linear.weight = nn.Parameter(_copy(w), requires_grad=trainable)

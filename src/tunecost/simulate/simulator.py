@@ -146,7 +146,7 @@ def _assumptions(
     job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOverhead, behaviour: StackBehaviour, spec: ModelSpec
 ) -> tuple[str, ...]:
     out = [
-        *([f"{spec.name}: {spec.not_modelled}"] if spec.not_modelled else []),
+        *spec.not_modelled_notes,
         f"worst batch: {job.batch_size} x {seq_len} tokens, every position computed (padding to the longest "
         "query in the batch; some batch holds the longest query)",
         "steady-state step: optimizer states already allocated; gradients set to None after the step",

@@ -71,7 +71,7 @@ NODE_GPUS = 8  # GPUs per node assumed for a row on more GPUs than one node hold
 # attention cell (case, spaces and punctuation ignored) -> FineTuneJob.attention: FlashAttention in any version,
 # xformers' memory-efficient kernel and an unstated kernel keep what a fused kernel keeps (output and log-sum-exp)
 _ATTENTION = {
-    **dict.fromkeys(("", "unknown", "flash", "flash2", "fa", "fa2", "fa3", "xformers", "memoryefficient"), "flash"),
+    **dict.fromkeys(("", "unknown", "fa", "xformers", "memoryefficient"), "flash"),  # and `attention_for`'s prefixes
     **dict.fromkeys(("sdpa", "torchsdpa", "scaleddotproductattention"), "sdpa"),
     **dict.fromkeys(("eager", "math", "vanilla"), "eager"),
 }
@@ -81,7 +81,7 @@ _GRAD_CKPT = {**dict.fromkeys(("on", "true", "yes", "1"), "on"), **dict.fromkeys
 def attention_for(cell: str) -> str | None:
     """tunecost's attention for a row's attention cell (None: not known). "flash_attention_2", "flash-attn 2",
     "FA2" and "FlashAttention-2" are all flash."""
-    key = _optimizer_key(cell)
+    key = _cell_key(cell)
     return "flash" if key.startswith(("flash", "fa2", "fa3")) else _ATTENTION.get(key)
 
 
@@ -186,15 +186,15 @@ _OPTIMIZERS = {  # normalised optimizer cell -> FineTuneJob.optimizer
 _FUSED_ADAMW = ("adamwtorchfused", "adamwapexfused", "fusedadam")  # one kernel per step: no foreach temporaries
 
 
-def _optimizer_key(cell: str) -> str:
-    """An optimizer cell without case, spaces or punctuation ("Paged AdamW 8-bit" -> "pagedadamw8bit")."""
+def _cell_key(cell: str) -> str:
+    """A cell without case, spaces or punctuation ("Paged AdamW 8-bit" -> "pagedadamw8bit")."""
     return re.sub(r"[^0-9a-z]+", "", cell.lower())
 
 
 def adamw_impl_for(cell: str, stack_impl: str) -> str:
     """The AdamW implementation a row's optimizer cell names (`simulate.behaviour.ADAMW_IMPLS`): a fused kernel where
     the cell says so, else the stack's own."""
-    return ADAMW_FUSED if _optimizer_key(cell) in _FUSED_ADAMW else stack_impl
+    return ADAMW_FUSED if _cell_key(cell) in _FUSED_ADAMW else stack_impl
 
 
 def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
@@ -202,7 +202,7 @@ def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
     was read ("" if as named); `Skip` for one the simulator does not run. A paged optimizer (bitsandbytes: its states
     in CUDA unified memory, outside PyTorch's allocator) is read as its unpaged self where it updates LoRA adapters
     alone (`adapters_only`), whose states are a few MiB; where it holds a model's states, skipped."""
-    key = _optimizer_key(cell)
+    key = _cell_key(cell)
     note = ""
     if "paged" in key:
         if not adapters_only:

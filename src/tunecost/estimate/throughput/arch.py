@@ -45,10 +45,8 @@ TRANSFORMER_FAMILIES = (
 # transformers 5.23's config-class defaults where a config.json may leave the key out
 _HEAD_DIM_DEFAULTS = {"qwen3": 128, "gemma": 256, "gemma2": 256, "gemma3_text": 256}
 _TIED_DEFAULTS = {"gemma": True, "gemma2": True, "gemma3_text": True}
-_NORMS_PER_LAYER = {
-    "gemma2": 4,
-    "gemma3_text": 4,
-}  # RMSNorms of `hidden` width per decoder layer (else 2: input, post-attention)
+# RMSNorms of `hidden` width per decoder layer (else 2: input, post-attention)
+_NORMS_PER_LAYER = {"gemma2": 4, "gemma3_text": 4}
 # families whose q, k, v, o follow `attention_bias` and whose MLP follows `mlp_bias` (Qwen2's biases are fixed)
 _BIAS_FLAG_FAMILIES = ("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "granite", "gpt_oss")
 # Gemma 3's default pattern: every sixth layer attends over the whole sequence, the others over the window
@@ -208,8 +206,12 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
             mats += [(hidden, 2 * inter, num_mlp_layers), (inter, hidden, num_mlp_layers)]
         else:
             mats += [(hidden, inter, num_mlp_layers), (hidden, inter, num_mlp_layers), (inter, hidden, num_mlp_layers)]
-    qk_norm = {"qwen3_moe": 2 * head_dim, "qwen3": 2 * head_dim, "gemma3_text": 2 * head_dim}.get(family, 0)
-    qk_norm = (heads + kv_heads) * head_dim if family == "olmoe" else qk_norm
+    qk_norm = {
+        "qwen3_moe": 2 * head_dim,
+        "qwen3": 2 * head_dim,
+        "gemma3_text": 2 * head_dim,
+        "olmoe": (heads + kv_heads) * head_dim,
+    }.get(family, 0)
     biases = (heads + 2 * kv_heads) * head_dim * layers if family in ("qwen2", "qwen2_moe") else 0  # Qwen's q/k/v
     if family in _BIAS_FLAG_FAMILIES:
         biases += _bias_params(mats[:num_attention_mats]) if config.get("attention_bias") else 0
