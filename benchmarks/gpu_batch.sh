@@ -43,6 +43,11 @@ import importlib
 import torch
 device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "NO CUDA DEVICE"
 print("torch", torch.__version__, "cuda", torch.version.cuda, "device", device)
+try:  # the host CPU: its single-thread speed scales the host time of an eager step (catalog/data/host_cpus.csv)
+    with open("/proc/cpuinfo") as cpuinfo:
+        print("host cpu", next(line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")))
+except (OSError, StopIteration) as exc:
+    print("host cpu NOT READ:", exc)
 for name in ("transformers", "peft", "bitsandbytes", "accelerate"):
     try:
         print(name, importlib.import_module(name).__version__)

@@ -59,6 +59,18 @@ def test_calibrated_estimate_at_fixed_batches_marks_extrapolation(cli_runner) ->
     lines = table.stdout.splitlines()
     assert any(line.startswith("│ H100") and "│ yes" in line for line in lines)  # marked in the table itself
     assert any(line.startswith("│ A40") and "│ no" in line for line in lines)
+    # by default like for like with the calibration: the paper's points are 1000-query runs
     runs = cli_runner.invoke(app, [*args, "paper-2024", "--run-queries", "1000", "--json"])
     run_rows = {r["gpu"]: r for r in json.loads(runs.stdout)}
-    assert run_rows["H100-80GB-SXM"]["queries_per_s"] < h100["queries_per_s"]  # start-up of each 1000-query run
+    assert run_rows["H100-80GB-SXM"]["queries_per_s"] == pytest.approx(h100["queries_per_s"])
+    assert "as the calibration measured it" in h100["notes"]
+    steady = cli_runner.invoke(app, [*args, "paper-2024", "--steady-state", "--json"])
+    steady_rows = {r["gpu"]: r for r in json.loads(steady.stdout)}
+    assert steady_rows["H100-80GB-SXM"]["queries_per_s"] > h100["queries_per_s"]  # no time per run
+    assert "steady-state" in steady_rows["H100-80GB-SXM"]["notes"]
+
+
+def test_steady_state_and_a_run_length_are_exclusive(cli_error) -> None:
+    args = [*BASE, "--gpu", "A40", "--steady-state"]
+    assert "--steady-state: give it or --run-queries, not both" in cli_error([*args, "--run-queries", "1000"])
+    assert "needs the cross-GPU model" in cli_error([*args, "--estimator", "paper"])

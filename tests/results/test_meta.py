@@ -28,7 +28,7 @@ def test_run_metadata_has_every_documented_field():
         assert key in meta
     assert meta["schema_version"] == SCHEMA_VERSION and meta["tool"] == "tunecost"
     assert meta["device"]["kind"] == "cpu"
-    assert set(meta["device"]) >= {"kind", "name", "torch", "cuda", "num_threads"}
+    assert set(meta["device"]) >= {"kind", "name", "torch", "cuda", "num_threads", "host_cpu"}
     assert set(meta["versions"]) == {"torch", "transformers", "peft", "bitsandbytes"}
     assert meta["versions"]["torch"]  # installed here
     assert meta["command"] == "tunecost profile --out 'my dir'"  # shell-quoted

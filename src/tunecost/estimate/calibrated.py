@@ -19,6 +19,7 @@ from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import (
     EstimatePoint,
     EstimateRequest,
+    EstimatorOptions,
     batch_to_price,
     does_not_fit,
     paper_max_batch_size,
@@ -122,15 +123,15 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
     if mbs < 1:
         return does_not_fit(mbs_note, "no room for a batch")
     batch, batch_notes = batch_to_price(req, mbs)
-    pred = model.predict(request_target(req, batch), run_queries=req.options.run_queries)
-    run_queries = req.options.run_queries
+    run_queries = run_length(req.options, model)
+    pred = model.predict(request_target(req, batch), run_queries=run_queries)
     notes = [
         mbs_note,
         *batch_notes,
         f"calibrated on {model.num_points} points of {model.source} "
-        f"(in-sample MAPE {100 * model.in_sample_mape:.1f} %); "
-        + ("steady-state throughput" if run_queries is None else f"throughput of {run_queries}-query runs"),
+        f"(in-sample MAPE {100 * model.in_sample_mape:.1f} %); " + run_length_note(req.options, run_queries),
         *extrapolation_notes(pred),
+        *(n for n in pred.notes if n.startswith("host ")),
     ]
     return EstimatePoint(
         max_batch_size=mbs,
@@ -139,6 +140,25 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         queries_per_s_interval=(pred.queries_per_s_low, pred.queries_per_s_high),
         notes=tuple(notes),
         extrapolation=pred.extrapolation,
+    )
+
+
+def run_length(options: EstimatorOptions, model: CalibratedModel) -> int | None:
+    """Queries per run the throughput is predicted for: the user's, else steady state when asked, else the
+    calibration's run length (like for like with what was measured; None, steady state, when its points differ)."""
+    if options.run_queries is not None or options.steady_state:
+        return options.run_queries
+    return model.run_queries
+
+
+def run_length_note(options: EstimatorOptions, run_queries: int | None) -> str:
+    if run_queries is None:
+        return "steady-state throughput (the calibration's time per run counted as one-off start-up)"
+    if options.run_queries is not None:
+        return f"throughput of {run_queries}-query runs"
+    return (
+        f"throughput of {run_queries}-query runs, as the calibration measured it (its time per run included; "
+        "--steady-state counts it as one-off start-up)"
     )
 
 
@@ -153,6 +173,7 @@ def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
         dataset=None if req.job.seq_len else req.dataset,
         seq_len=req.job.seq_len,
         method=req.job.method,
+        host_cpu=req.options.host_cpu,
     )
 
 

@@ -37,21 +37,32 @@ class EstimatorOptions:
     calibrate: measurement files or folders to fit eq. (2) on (added to the paper's A40 data) or to calibrate the
         cross-GPU model on (instead of the bundled measurements); empty: the defaults.
     coefficient_set: eq. (1)'s coefficients, "artifact" or "text" (the paper's §V-A).
-    run_queries: the throughput of runs of this many queries, start-up included (calibrated estimator);
-        None: steady state.
+    run_queries: the throughput of runs of this many queries, start-up included (cross-GPU model); None: runs as
+        long as the calibration's measurements (1000 queries for the paper's), or steady state with `steady_state`.
+    steady_state: steady-state throughput (long runs: the calibration's time per run counted as one-off start-up).
     stack: the software stack whose step simulation sizes the batch (`workload.job.STACKS`); None: the
         estimator's default (calibrated: the paper's hf-2024, else tunecost's own; simulate: tunecost's own).
+    host_cpu: the CPU of the machine that runs the GPU (`catalog.host_cpus`), for the cross-GPU throughput model;
+        None: each GPU's default host.
     """
 
     name: str = DEFAULT_ESTIMATOR
     calibrate: tuple[Path, ...] = ()
     coefficient_set: str = "artifact"
     run_queries: int | None = None
+    steady_state: bool = False
     stack: str | None = None
+    host_cpu: str | None = None
 
     def __post_init__(self) -> None:
         if self.run_queries is not None and self.run_queries < 1:
             raise TunecostError(f"run queries must be >= 1, got {self.run_queries}")
+        if self.run_queries is not None and self.steady_state:
+            raise TunecostError("give a run length or steady state, not both")
+        if self.host_cpu is not None:
+            from tunecost.catalog.host_cpus import resolve_host_cpu
+
+            object.__setattr__(self, "host_cpu", resolve_host_cpu(self.host_cpu).name)
 
 
 @dataclass(frozen=True, kw_only=True)

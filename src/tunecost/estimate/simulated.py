@@ -51,16 +51,23 @@ def _throughput(req: EstimateRequest, batch_size: int) -> tuple[float | None, tu
     qps, notes = paper_throughput(req, batch_size)
     if qps is not None:
         return qps, None, notes
-    from tunecost.estimate.calibrated import calibrated_model, extrapolation_notes, request_target
+    from tunecost.estimate.calibrated import (
+        calibrated_model,
+        extrapolation_notes,
+        request_target,
+        run_length,
+        run_length_note,
+    )
 
     model = calibrated_model(req.options.calibrate)
+    run_queries = run_length(req.options, model)
     try:
-        pred = model.predict(request_target(req, batch_size))
+        pred = model.predict(request_target(req, batch_size), run_queries=run_queries)
     except TunecostError as exc:
         return None, None, [f"no throughput: {exc}"]
     out = [
         f"throughput from the cross-GPU model calibrated on {model.num_points} points of {model.source} "
-        "(no eq. (2) fit for this model, dataset and GPU)",
+        f"(no eq. (2) fit for this model, dataset and GPU); {run_length_note(req.options, run_queries)}",
         *extrapolation_notes(pred),
     ]
     return pred.queries_per_s, (pred.queries_per_s_low, pred.queries_per_s_high), out

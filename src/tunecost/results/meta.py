@@ -56,7 +56,8 @@ def git_revision(cwd: str | os.PathLike[str] | None = None) -> str | None:
 
 
 def device_info(device: str | None = None) -> dict[str, Any]:
-    """kind ("cpu" | "cuda"), name, torch, cuda, num_threads (and memory_bytes on CUDA) of the measuring device."""
+    """kind ("cpu" | "cuda"), name, torch, cuda, num_threads, host_cpu (and memory_bytes on CUDA) of the measuring
+    device."""
     import torch
 
     kind = "cuda" if (device or "").startswith("cuda") else "cpu"
@@ -67,6 +68,7 @@ def device_info(device: str | None = None) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "num_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        "host_cpu": _cpu_name(),  # the CPU that launches the kernels: it sets the host time of an eager step
     }
     if kind == "cuda" and torch.cuda.is_available():
         index = torch.device(device or "cuda").index or 0

@@ -126,3 +126,18 @@ def test_measured_dequant_rate_sets_the_dequant_time(gpu_terms) -> None:
     slow = step_time(counts, gpu_terms(dequant_bytes_per_s=1e11), PARAMS).class_s["dequant"]
     fast = step_time(counts, gpu_terms(dequant_bytes_per_s=1e12), PARAMS).class_s["dequant"]
     assert slow == pytest.approx(10 * fast, rel=0.05)
+
+
+def test_host_times_scale_with_the_host_speed_and_gpu_work_does_not() -> None:
+    counts = _counts(1)
+    gpu = get_gpu("A40")
+    ref = step_time(counts, catalog_gpu_terms(gpu), PARAMS)
+    fast = catalog_gpu_terms(gpu, "Xeon Platinum 8480C")
+    assert fast.host_speed == pytest.approx(3.8 / 3.4 * 1.19) and fast.host_named
+    st = step_time(counts, fast, PARAMS)
+    assert st.gpu_s == pytest.approx(ref.gpu_s)
+    assert st.kernel_overhead_s == pytest.approx(ref.kernel_overhead_s / fast.host_speed)
+    assert st.step_overhead_s == pytest.approx(0.05 / fast.host_speed)
+    assert catalog_gpu_terms(get_gpu("H100")).host_cpu == "Xeon Platinum 8480C"  # its DGX system's CPU
+    with pytest.raises(TunecostError, match="unknown host CPU"):
+        catalog_gpu_terms(gpu, "Pentium II")

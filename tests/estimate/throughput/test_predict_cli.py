@@ -32,16 +32,37 @@ def test_predict_writes_the_output_csv(cli_runner, write_file, tmp_path) -> None
 
 
 def test_predict_splits_the_step_into_gpu_and_host_time(cli_runner, write_file) -> None:
-    """gpu_s + host_s is the step; the paper's eager MoE loop keeps its host time on a faster GPU, which takes
-    less GPU time, so the host share of the step grows from the A40 to the H100."""
-    result = cli_runner.invoke(app, ["predict", "--input", str(write_file("t.csv", TARGETS)), "--json"])
+    """gpu_s + host_s is the step; the paper's eager MoE loop keeps its host time on a faster GPU (on the same
+    host), which takes less GPU time, so the host share of the step grows from the A40 to the H100. The H100's
+    default host (its DGX system's CPU) is faster than the A40's, and its host time shorter by that speed."""
+    path = str(write_file("t.csv", TARGETS))
+    result = cli_runner.invoke(app, ["predict", "--input", path, "--json", "--host-cpu", "Xeon Platinum 8380"])
     assert result.exit_code == 0, result.output
     a40, h100, _ = json.loads(result.stdout)["predictions"]
     for row in (a40, h100):
-        assert row["gpu_s"] > 0 and row["host_s"] > 0
+        assert row["gpu_s"] > 0 and row["host_s"] > 0 and row["host_cpu"] == "Xeon Platinum 8380"
         assert row["gpu_s"] + row["host_s"] == pytest.approx(row["step_s"], abs=2e-6)
-    assert h100["host_s"] == pytest.approx(a40["host_s"], rel=1e-6)  # same stack and model: same host time
+    assert h100["host_s"] == pytest.approx(a40["host_s"], rel=1e-6)  # same stack, model and host: same host time
     assert h100["host_s"] / h100["step_s"] > a40["host_s"] / a40["step_s"]
+    default = cli_runner.invoke(app, ["predict", "--input", path, "--json"])
+    _, dgx, _ = json.loads(default.stdout)["predictions"]
+    assert dgx["host_cpu"] == "Xeon Platinum 8480C" and dgx["host_s"] == pytest.approx(h100["host_s"] / 1.33, rel=1e-3)
+    assert dgx["queries_per_s"] > h100["queries_per_s"]
+
+
+def test_host_cpu_option_and_column_errors_name_the_option_or_row(cli_error, write_file) -> None:
+    targets = write_file("t.csv", TARGETS)
+    line = cli_error(["predict", "--input", str(targets), "--host-cpu", "Z80"])
+    assert line.startswith("error: --host-cpu: unknown host CPU 'Z80'; known:")
+    bad = write_file(
+        "h.csv", "model,dataset,gpu,experts_per_token,batch_size,host_cpu\nmixtral-8x7b,math_14k,A40,2,1,Z80\n"
+    )
+    assert "h.csv: row 1: unknown host CPU 'Z80'" in cli_error(["predict", "--input", str(bad)])
+    est = ["estimate", "--model", "mixtral-8x7b", "--gpu", "H100", "--epochs", "1", "--dataset", "math_14k"]
+    assert "--host-cpu: unknown host CPU 'Z80'" in cli_error([*est, "--host-cpu", "Z80"])
+    assert "--host-cpu needs --estimator calibrated or simulate" in cli_error(
+        [*est, "--host-cpu", "8480C", "--estimator", "paper"]
+    )
 
 
 def test_predict_json_with_seq_len_and_run_length(cli_runner, write_file) -> None:

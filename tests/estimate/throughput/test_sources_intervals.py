@@ -152,3 +152,34 @@ def test_a_profile_of_an_unknown_device_asks_which_gpu_it_is(gpu_terms) -> None:
     odd = gpu_terms(name="NVIDIA Foo 80GB", source="profile: odd")
     with pytest.raises(TunecostError, match="GPU=FILE"):
         calibrated_model([A40_CSV], gpu_terms=[odd])
+
+
+def test_a_named_host_changes_the_host_share_and_narrows_the_interval(two_gpu_model: CalibratedModel) -> None:
+    def predict(host: str | None):
+        target = throughput_target(
+            model="mixtral-8x7b", gpu="H100", batch_size=1, experts_per_token=2, dataset="math_14k", host_cpu=host
+        )
+        return two_gpu_model.predict(target)
+
+    default, ref, named = predict(None), predict("Xeon Platinum 8380"), predict("8480C")
+    assert default.host_cpu == named.host_cpu == "Xeon Platinum 8480C" and ref.host_cpu == "Xeon Platinum 8380"
+    assert default.queries_per_s == pytest.approx(named.queries_per_s)
+    assert named.queries_per_s > ref.queries_per_s  # the faster host shortens the host share of the step
+    assert named.step.gpu_s == pytest.approx(ref.step.gpu_s)
+    width = [math.log(p.queries_per_s_high / p.queries_per_s) for p in (default, named)]
+    assert width[1] < width[0]  # a named host leaves less unknown than an assumed one
+    assert any("assumed" in n for n in default.notes) and any("(named)" in n for n in named.notes)
+
+
+def test_host_cpu_column_of_a_measurement_file_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "m.csv"
+    path.write_text(
+        "model,dataset,gpu,experts_per_token,sparsity,batch_size,queries_per_s,host_cpu\n"
+        "mixtral-8x7b,math_14k,A100-40GB,2,0.25,1,0.449,EPYC 7763\n"
+        "mixtral-8x7b,math_14k,A100-40GB,2,0.25,2,0.815,\n"
+    )
+    first, second = load_calibration_points(path)
+    assert first.target.host_cpu == "EPYC 7763" and second.target.host_cpu is None
+    path.write_text(path.read_text().replace("EPYC 7763", "Z80"))
+    with pytest.raises(TunecostError, match=r"m.csv: row 1: unknown host CPU 'Z80'"):
+        load_calibration_points(path)

@@ -14,6 +14,7 @@ from tunecost.cli.common import cli_errors, console, print_json, print_table, sp
 from tunecost.cli.options import (
     STACK_HELP,
     ExpertsPerToken,
+    HostCpuOpt,
     JsonOut,
     MethodName,
     ModelName,
@@ -190,6 +191,10 @@ def estimate(
     calibrate: Annotated[list[Path] | None, opt("--calibrate", CALIBRATE_HELP)] = None,
     batch_size: Annotated[str | None, opt("--batch-size", BATCH_SIZE_HELP)] = None,
     run_queries: RunQueries = None,
+    steady_state: Annotated[
+        bool, opt("--steady-state", "Steady-state throughput: the calibration's time per run as one-off start-up.")
+    ] = False,
+    host_cpu: HostCpuOpt = None,
     stack: Annotated[str | None, opt("--stack", "Software stack that sizes the batch: " + STACK_HELP)] = None,
     num_gpus: multi.NumGpus = None,
     gpus_per_node: multi.GpusPerNode = None,
@@ -223,6 +228,8 @@ def estimate(
     check_queries_or_dataset(queries, dataset)
     if run_queries is not None and (run_queries < 1 or estimator != "calibrated"):
         raise TunecostError("--run-queries must be >= 1 and needs --estimator calibrated")
+    if steady_state and (run_queries is not None or estimator == "paper"):
+        raise TunecostError("--steady-state: give it or --run-queries, not both; it needs the cross-GPU model")
     job = estimate_job(
         model,
         method=method,
@@ -235,10 +242,16 @@ def estimate(
     if any(
         v is not None for v in (num_gpus, gpus_per_node, strategy, max_gpus, interconnect, expert_parallel, offload)
     ):
-        if estimator != DEFAULT_ESTIMATOR or calibrate or run_queries is not None:
+        if (
+            estimator != DEFAULT_ESTIMATOR
+            or calibrate
+            or run_queries is not None
+            or host_cpu is not None
+            or steady_state
+        ):
             raise TunecostError(
                 "--gpus/--strategy estimate with the step simulator and the cross-GPU throughput model; "
-                "--estimator, --calibrate and --run-queries apply to one GPU only"
+                "--estimator, --calibrate, --run-queries, --steady-state and --host-cpu apply to one GPU only"
             )
         multi.run_multi_gpu(
             job,
@@ -260,7 +273,19 @@ def estimate(
             force=force,
         )
         return
-    options = EstimatorOptions(name=estimator, calibrate=tuple(calibrate or ()), run_queries=run_queries, stack=stack)
+    if host_cpu is not None and estimator == "paper":
+        raise TunecostError("--host-cpu needs --estimator calibrated or simulate (eq. (2) has no host in it)")
+    try:
+        options = EstimatorOptions(
+            name=estimator,
+            calibrate=tuple(calibrate or ()),
+            run_queries=run_queries,
+            steady_state=steady_state,
+            stack=stack,
+            host_cpu=host_cpu,
+        )
+    except TunecostError as exc:
+        raise TunecostError(f"--host-cpu: {exc}" if host_cpu and "host CPU" in str(exc) else str(exc)) from None
     batch_sizes = parse_batch_sizes(batch_size, gpus) if batch_size else None
     rows = estimate_costs(
         job,

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from tunecost.cli.common import cli_errors, console, print_json, print_table
-from tunecost.cli.options import Force, JsonOut, RunQueries, opt
+from tunecost.cli.options import Force, HostCpuOpt, JsonOut, RunQueries, opt
 
 CALIBRATE_HELP = (
     "Measurements CSV or folder of CSVs to calibrate on; repeat for several (default: every bundled measurement: "
@@ -33,6 +33,7 @@ OUTPUT_COLUMNS = (
     "step_s",
     "gpu_s",
     "host_s",
+    "host_cpu",
     "run_queries",
     "extrapolation",
     "extrapolation_reasons",
@@ -41,8 +42,9 @@ OUTPUT_COLUMNS = (
 )
 
 
-def read_targets(path: Path) -> list:
-    """TARGETS.csv rows as `ThroughputTarget`s; every error names the row (1-based, header excluded)."""
+def read_targets(path: Path, host_cpu: str | None = None) -> list:
+    """TARGETS.csv rows as `ThroughputTarget`s; every error names the row (1-based, header excluded). A row's
+    host_cpu column names its host; `host_cpu` is the host of rows without one."""
     from tunecost.csvfile import read_csv_rows
     from tunecost.errors import TunecostError
     from tunecost.estimate.throughput.calibrate import throughput_target
@@ -76,6 +78,7 @@ def read_targets(path: Path) -> list:
                     dataset=(row.get("dataset") or "").strip() or None,
                     seq_len=seq_len,
                     method=(row.get("method") or "").strip() or None,
+                    host_cpu=(row.get("host_cpu") or "").strip() or host_cpu,
                 )
             )
         except TunecostError as exc:
@@ -135,6 +138,7 @@ def _row(pred, notes: str = "") -> dict:
         # where the step goes: GPU work, and launch and host time the GPU work does not hide
         "gpu_s": round(pred.step.gpu_s, 6),
         "host_s": round(pred.step.exposed_host_s, 6),
+        "host_cpu": pred.host_cpu or "measured (GPU profile)",
         "run_queries": pred.run_queries or "",
         "extrapolation": str(pred.extrapolation).lower(),
         "extrapolation_reasons": "; ".join(pred.extrapolation_reasons),
@@ -157,10 +161,12 @@ def _csv_text(rows: list[dict]) -> str:
 @cli_errors
 def predict(
     input_csv: Annotated[
-        Path, opt("--input", "TARGETS.csv: model,dataset,gpu,experts_per_token,batch_size[,seq_len][,method]")
+        Path,
+        opt("--input", "TARGETS.csv: model,dataset,gpu,experts_per_token,batch_size[,seq_len][,method][,host_cpu]"),
     ],
     calibrate: Annotated[list[Path] | None, opt("--calibrate", CALIBRATE_HELP)] = None,
     gpu_profile: Annotated[list[str] | None, opt("--gpu-profile", GPU_PROFILE_HELP)] = None,
+    host_cpu: HostCpuOpt = None,
     output: Annotated[Path | None, opt("--output", "Write the predictions to this CSV (atomically).")] = None,
     run_queries: RunQueries = None,
     force: Force = False,
@@ -181,7 +187,14 @@ def predict(
         raise TunecostError("give --run-queries N or --steady-state, not both")
     if output is not None:
         check_output_path(output, force=force, inputs=(input_csv, *(calibrate or ())), option="--output")
-    targets = read_targets(input_csv)
+    if host_cpu:
+        from tunecost.catalog.host_cpus import resolve_host_cpu
+
+        try:
+            resolve_host_cpu(host_cpu)
+        except TunecostError as exc:
+            raise TunecostError(f"--host-cpu: {exc}") from None
+    targets = read_targets(input_csv, host_cpu)
     model = calibrated_model(list(calibrate or []) or None, gpu_terms=load_profiles(gpu_profile or []))
     if run_queries is None and not steady_state:
         run_queries = model.run_queries  # like for like with the calibration's measurements

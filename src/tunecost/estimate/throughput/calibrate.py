@@ -2,7 +2,8 @@
 
 `calibrate(points)` fits six numbers shared by every model and GPU in the file: the five `StackParams` and a fixed
 time per measured run (`run_overhead_s`: start-up, warm-up and checkpointing inside the trainer's train_runtime,
-which the paper divides 1000 queries by). It is a maximum-a-posteriori least squares on log throughput
+which the paper divides 1000 queries by; host work like the step's host time, so it is given on the reference host
+and divided by the host's speed). It is a maximum-a-posteriori least squares on log throughput
 (scipy.optimize.least_squares): every (model, dataset, GPU) group weighs the same, and each parameter has a weak
 log-normal prior (`PRIORS`, stated with its reason) so that parameters the data cannot separate stay physical.
 What each GPU achieves comes from `GpuTerms`: the catalog's (`model.catalog_gpu_terms`) or a measured GPU profile
@@ -22,6 +23,7 @@ from typing import cast
 import numpy as np
 
 from tunecost.catalog.gpus import GPU, resolve_gpu_name
+from tunecost.catalog.host_cpus import REFERENCE_HOST, resolve_host_cpu
 from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.estimate.paper import PAPER_METHOD
@@ -46,6 +48,7 @@ class ThroughputTarget:
 
     job: FineTuneJob
     gpu: str
+    host_cpu: str | None = None  # the host CPU that runs the GPU, when known (catalog.host_cpus)
 
 
 def throughput_target(
@@ -57,6 +60,7 @@ def throughput_target(
     dataset: str | None = None,
     seq_len: int | None = None,
     method: str | None = None,
+    host_cpu: str | None = None,
 ) -> ThroughputTarget:
     """The target of a TARGETS.csv or measurement row, with the paper's setup as the default: its method for its
     models (else qlora), the model's own top-k, gradient checkpointing except for a full fine-tune. The job checks
@@ -76,7 +80,9 @@ def throughput_target(
         dataset=dataset,
         gradient_checkpointing=chosen != "full",
     )  # the paper: checkpointing for Mixtral QLoRA only
-    return ThroughputTarget(job=job, gpu=gpu)
+    if host_cpu:
+        host_cpu = resolve_host_cpu(host_cpu).name
+    return ThroughputTarget(job=job, gpu=gpu, host_cpu=host_cpu or None)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,6 +108,7 @@ class Prediction:
     extrapolation: bool
     extrapolation_reasons: tuple[str, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
+    host_cpu: str = ""  # the host CPU the prediction assumes ("" when a GPU profile measured the host times)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,8 +156,10 @@ class CalibratedModel:
     spread: TransferSpread | None = None  # how far predictions move from GPU to GPU (intervals.py)
     log_residual_dof: int = 1
 
-    def terms_for(self, gpu: GPU) -> GpuTerms:
-        return self.gpu_terms.get(gpu.name) or catalog_gpu_terms(gpu)
+    def terms_for(self, gpu: GPU, host_cpu: str | None = None) -> GpuTerms:
+        """A measured profile of the GPU (its machine's host times included), else the catalog's values on
+        `host_cpu` (else the GPU's default host)."""
+        return self.gpu_terms.get(gpu.name) or catalog_gpu_terms(gpu, host_cpu)
 
     def predict(self, target: ThroughputTarget, run_queries: int | None = None) -> Prediction:
         gpu = resolve_gpu_name(target.gpu).gpu
@@ -159,9 +168,9 @@ class CalibratedModel:
             reasons = self._extrapolation(job, counts, gpu)
             pred = self.stacks[job.method].predict(target, run_queries)
             return replace(pred, extrapolation=bool(reasons), extrapolation_reasons=tuple(reasons))
-        terms = self.terms_for(gpu)
+        terms = self.terms_for(gpu, target.host_cpu)
         step = step_time(counts, terms, self.params)
-        qps = run_queries_per_s(step.step_s, target.job.batch_size, self.run_overhead_s, run_queries)
+        qps = run_queries_per_s(step.step_s, target.job.batch_size, self.run_overhead_s / terms.host_speed, run_queries)
         reasons = self._extrapolation(job, counts, gpu)
         rng = self.ranges.get(job.model)
         halfwidth = interval_log_halfwidth(
@@ -180,6 +189,9 @@ class CalibratedModel:
             f"counts: {counts.source} (the paper's stack)",
             f"GPU terms: {terms.source}",
         ]
+        host_measured = terms.kernel_launch_s is not None and terms.host_step_s is not None
+        if terms.host and not host_measured:
+            notes.append(terms.host)
         return Prediction(
             target=target,
             gpu=gpu.name,
@@ -194,6 +206,7 @@ class CalibratedModel:
             extrapolation=bool(reasons),
             extrapolation_reasons=tuple(reasons),
             notes=tuple(notes),
+            host_cpu="" if host_measured else (terms.host_cpu or REFERENCE_HOST),
         )
 
     def _extrapolation(self, job: FineTuneJob, counts: AnalyticStepCounts, gpu: GPU) -> list[str]:
@@ -223,7 +236,8 @@ def _prepared(point: CalibrationPoint, index: int, profiles: Mapping[str, GpuTer
     """(point, GPU, job, counts, terms) for one calibration point; an error names the point's row (or index)."""
     try:
         gpu = resolve_gpu_name(point.target.gpu).gpu
-        return (point, gpu, *job_for(point.target), profiles.get(gpu.name) or catalog_gpu_terms(gpu))
+        terms = profiles.get(gpu.name) or catalog_gpu_terms(gpu, point.target.host_cpu)
+        return (point, gpu, *job_for(point.target), terms)
     except TunecostError as exc:
         raise TunecostError(f"{point.source or f'calibration point {index}'}: {exc}") from None
 
@@ -275,7 +289,9 @@ def fit_stack(
         params, run = _unpack(x)
         return np.log(
             [
-                run_queries_per_s(step_time(c, terms, params).step_s, p.target.job.batch_size, run, p.run_queries)
+                run_queries_per_s(
+                    step_time(c, terms, params).step_s, p.target.job.batch_size, run / terms.host_speed, p.run_queries
+                )
                 for p, _, _, c, terms in prepared
             ]
         )

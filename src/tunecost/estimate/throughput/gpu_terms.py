@@ -17,3 +17,7 @@ class GpuTerms:
     kernel_launch_s: float | None = None  # host time per kernel launch in an eager PyTorch loop
     host_step_s: float | None = None  # host time of an empty training step (no kernels)
     source: str  # where these values come from ("catalog: ...", "profile: FILE measured DATE on DEVICE")
+    host_speed: float = 1.0  # the host CPU's single-thread speed relative to the reference host (catalog.host_cpus)
+    host_cpu: str = ""  # the host CPU's catalog name
+    host: str = ""  # which host that is and how it was chosen, for notes
+    host_named: bool = False  # the user named the host (else a reference system's CPU or the reference host)

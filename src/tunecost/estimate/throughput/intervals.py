@@ -13,8 +13,11 @@ On log throughput, with t the Student quantile at the calibration's degrees of f
   left out, it is `TRANSFER_SD_PER_LOG_SPEED_ONE_GPU` and the interval says the transfer is unconstrained.
 - f_host: the predicted share of the step that is host time (kernel launches and the empty step), counted only on
   a GPU that is not in the calibration: it runs in another machine, whose CPU, driver and Python may launch
-  kernels faster or slower. s_host = `HOST_SPEED_LOG_SD`, an assumption (server CPUs of different generations
-  differ in single-thread speed by tens of percent); a GPU profile that measured the launch and host times of the
+  kernels faster or slower. The model already scales host time by the host's catalog speed (`catalog.host_cpus`:
+  the CPU the user names, else the GPU's reference system's, else the reference host's); s_host is what that
+  leaves unknown: `HOST_SPEED_LOG_SD` when the host is assumed (clouds put GPUs in servers of other CPU generations,
+  which differ in single-thread speed by tens of percent), `HOST_NAMED_LOG_SD` when the user named it (the
+  catalog's per-clock factors chain vendors' claims). A GPU profile that measured the launch and host times of the
   machine replaces this guess with data, and the term is then left out.
 - d_batch: ln(batch / largest calibrated batch of the model) when above it, else 0; s_batch =
   `BATCH_SD_PER_LOG` (an assumption: the padding and GEMM-shape terms carry the batch trend beyond the data).
@@ -38,6 +41,7 @@ TRANSFER_SD_PER_LOG_SPEED_MIN = 0.10
 TRANSFER_SD_PER_LOG_SPEED_ONE_GPU = 0.45  # a one-GPU calibration cannot split host from GPU time
 BATCH_SD_PER_LOG = 0.10
 HOST_SPEED_LOG_SD = 0.25  # one sd of ln(host speed) between machines: about x/÷ 1.28
+HOST_NAMED_LOG_SD = 0.15  # one sd of ln(host speed) of a named catalog CPU: its per-clock factor is a chain of claims
 
 
 def speed_of(terms: GpuTerms) -> float:
@@ -123,7 +127,8 @@ def interval_log_halfwidth(
     d_batch = math.log(batch_size / calibrated_max_batch) if calibrated_max_batch else 0.0
     other_machine = target.name not in {c.name for c in calibrated}
     host_measured = target.kernel_launch_s is not None and target.host_step_s is not None
-    s_host = HOST_SPEED_LOG_SD if other_machine and not host_measured else 0.0
+    s_host = (HOST_NAMED_LOG_SD if target.host_named else HOST_SPEED_LOG_SD) if other_machine else 0.0
+    s_host = 0.0 if host_measured else s_host
     sd = math.sqrt(
         sd_in**2 + (s_gpu * d_gpu) ** 2 + (s_host * host_fraction) ** 2 + (BATCH_SD_PER_LOG * max(0.0, d_batch)) ** 2
     )

@@ -13,8 +13,10 @@ What the GPU achieves comes from `GpuTerms` (`gpu_terms.py`): rate_c is its achi
 LoRA adapters, element-wise work, the optimizer); BW_c its achieved streaming bandwidth (its de-quantization rate
 for `dequant` when a profile measured one). The five `StackParams` describe the software stack (PyTorch eager,
 bitsandbytes, the trainer, the host CPU that launches kernels), not a GPU: efficiencies relative to what the GPU
-achieves in microbenchmarks, and host times. One set is calibrated on measurements and applied to every GPU; a
-GPU profile that measured the launch and empty-step host times replaces the calibrated ones for its GPU.
+achieves in microbenchmarks, and host times on the reference host (the paper's Xeon Platinum 8380). One set is
+calibrated on measurements and applied to every GPU; host times are divided by the single-thread speed of the host
+that runs the GPU (`GpuTerms.host_speed`, from `catalog.host_cpus`), and a GPU profile that measured the launch and
+empty-step host times of its machine replaces them.
 
 Synchronisation decides whether host and GPU time add or overlap (`counts.host_sync`). CUDA launches are
 asynchronous: the host runs ahead of the GPU until it reads a GPU value. An eager routed-expert loop (transformers'
@@ -57,8 +59,8 @@ class StackParams:
     gemm_efficiency: float  # this stack's large GEMMs (and attention) as a fraction of the GPU's achieved rate
     gemm_half_rows: float  # GEMM rows (tokens per call) at which half of that is reached
     memory_efficiency: float  # this stack's memory-bound kernels as a fraction of the achieved bandwidth
-    kernel_overhead_s: float  # host time per kernel launch (Python, dispatcher, autograd, launch)
-    step_overhead_s: float  # host time per step outside the kernels (trainer loop, data, logging)
+    kernel_overhead_s: float  # host time per kernel launch (Python, dispatcher, autograd, launch), reference host
+    step_overhead_s: float  # host time per step outside the kernels (trainer loop, data, logging), reference host
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -115,9 +117,11 @@ def smooth_max(a: float, b: float, power: float = SMOOTH_MAX_POWER) -> float:
     return hi * ((a / hi) ** power + (b / hi) ** power) ** (1.0 / power)
 
 
-def catalog_gpu_terms(gpu: GPU) -> GpuTerms:
+def catalog_gpu_terms(gpu: GPU, host_cpu: str | None = None) -> GpuTerms:
     """What a catalog GPU achieves: its achieved matmul rate and bandwidth from `catalog/data/gpu_achieved.csv`,
-    its fp32 rate from the datasheet. A GPU with neither achieved values nor datasheet peaks is an error."""
+    its fp32 rate from the datasheet, and the speed of the host that launches its kernels (`host_cpu` when named,
+    else its reference system's CPU, else the reference host: `catalog.host_cpus.gpu_host`). A GPU with neither
+    achieved values nor datasheet peaks is an error."""
     from tunecost.catalog.gpu_achieved import achieved_catalog
 
     achieved = achieved_catalog().get(gpu.name)
@@ -135,7 +139,21 @@ def catalog_gpu_terms(gpu: GPU) -> GpuTerms:
         memory_bytes_per_s=achieved.memory_bytes_per_s,
         source=f"catalog: matmul {achieved.sources.get('matmul', '?')}; memory {achieved.sources.get('memory', '?')}"
         f" (as of {achieved.as_of})",
+        **host_fields(gpu.name, host_cpu),
     )
+
+
+def host_fields(gpu_name: str, host_cpu: str | None) -> dict:
+    """`GpuTerms` fields for the host of `gpu_name` (`catalog.host_cpus.gpu_host`)."""
+    from tunecost.catalog.host_cpus import gpu_host
+
+    host = gpu_host(gpu_name, host_cpu)
+    return {
+        "host_speed": host.speed,
+        "host_cpu": host.cpu.name,
+        "host": f"{host.origin}; single-thread speed {host.speed:.2f}x the reference host's",
+        "host_named": bool(host_cpu),
+    }
 
 
 def rate_flops_per_s(terms: GpuTerms, peak: str) -> float:
@@ -162,8 +180,11 @@ def step_time(counts: AnalyticStepCounts, terms: GpuTerms, params: StackParams) 
             memory_s = moved / bandwidth
         class_s[cls] = smooth_max(compute_s, memory_s)
         bound[cls] = "compute" if compute_s >= memory_s else "memory"
-    launch_each = params.kernel_overhead_s if terms.kernel_launch_s is None else terms.kernel_launch_s
-    host_s = params.step_overhead_s if terms.host_step_s is None else terms.host_step_s
+    # host times: measured on the machine (a GPU profile), else the stack's (on the reference host) / host speed
+    launch_each = (
+        params.kernel_overhead_s / terms.host_speed if terms.kernel_launch_s is None else terms.kernel_launch_s
+    )
+    host_s = params.step_overhead_s / terms.host_speed if terms.host_step_s is None else terms.host_step_s
     launch_s = launch_each * counts.total_kernels
     gpu_s = sum(class_s.values())
     if counts.host_sync == SYNC_PER_MOE_LAYER:

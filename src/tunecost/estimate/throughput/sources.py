@@ -32,8 +32,8 @@ def _optional_columns(path: Path) -> list[dict[str, str]]:
 def points_from_measurements(
     measurements: Sequence[Measurement], extra: Sequence[Mapping[str, str]] = (), *, source: str = ""
 ) -> list[CalibrationPoint]:
-    """Calibration points from `load_measurements` rows; `extra` (same order) may carry method and num_queries.
-    With `source` (a file name), each point's `source` is "file: row N" and an error about a row names it."""
+    """Calibration points from `load_measurements` rows; `extra` (same order) may carry method, num_queries and
+    host_cpu. With `source` (a file name), each point's `source` is "file: row N" and an error about a row names it."""
     out = []
     for i, m in enumerate(measurements):
         row = extra[i] if i < len(extra) else {}
@@ -49,6 +49,7 @@ def points_from_measurements(
                 dataset=None if m.seq_len else m.dataset,
                 seq_len=m.seq_len,
                 method=method,
+                host_cpu=(row.get("host_cpu") or "").strip() or None,
             )
         except (TunecostError, ValueError) as exc:
             raise TunecostError(f"{where or f'measurement {i + 1}'}: {exc}") from None
@@ -67,8 +68,8 @@ def points_from_measurements(
 
 
 def load_calibration_points(path: str | Path) -> list[CalibrationPoint]:
-    """A measurements CSV (see `tunecost.estimate.measurements`), with optional method and num_queries columns.
-    Each point's `source` is "file: row N", so later errors about a point name its row."""
+    """A measurements CSV (see `tunecost.estimate.measurements`), with optional method, num_queries and host_cpu
+    columns. Each point's `source` is "file: row N", so later errors about a point name its row."""
     path = Path(path)
     return points_from_measurements(load_measurements(path), _optional_columns(path), source=str(path))
 

@@ -1,0 +1,62 @@
+"""The host CPU catalog: sourced rows, speeds from clocks and per-clock factors, names and aliases, each GPU's
+default host, and one-line errors for bad files and unknown CPUs."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunecost.catalog.gpu_achieved import achieved_catalog
+from tunecost.catalog.host_cpus import (
+    REFERENCE_HOST,
+    gpu_host,
+    host_cpu_catalog,
+    load_host_cpus,
+    reference_system_hosts,
+    resolve_host_cpu,
+)
+from tunecost.errors import TunecostError
+
+
+def test_every_cpu_is_sourced_and_the_reference_host_has_speed_one():
+    cpus, _ = host_cpu_catalog()
+    assert all(c.sources.get("clock") and c.sources.get("per_clock") and c.as_of for c in cpus.values())
+    assert cpus[REFERENCE_HOST].speed == pytest.approx(1.0)
+    # speed = turbo clock ratio x per-clock factor
+    spr = cpus["Xeon Platinum 8480C"]
+    assert spr.speed == pytest.approx(3.8 / 3.4 * 1.19)
+    assert cpus["EPYC 7763"].per_clock == pytest.approx(cpus["EPYC 7742"].per_clock * 1.19, rel=1e-3)
+
+
+def test_names_and_aliases_resolve_and_unknown_lists_the_known():
+    assert resolve_host_cpu("8480C").name == "Xeon Platinum 8480C"
+    assert resolve_host_cpu("AMD EPYC 7742").name == "EPYC 7742"
+    assert resolve_host_cpu("intel xeon platinum 8380").name == REFERENCE_HOST
+    with pytest.raises(TunecostError, match="unknown host CPU 'Xeon 9999'; known: .*EPYC 7742"):
+        resolve_host_cpu("Xeon 9999")
+
+
+def test_default_hosts_named_or_reference_system_or_reference():
+    assert gpu_host("H100-80GB-SXM").cpu.name == "Xeon Platinum 8480C"  # DGX H100
+    assert "assumed" in gpu_host("H100-80GB-SXM").origin
+    assert gpu_host("A40-48GB").cpu.name == REFERENCE_HOST  # no reference system: the reference host
+    assert gpu_host("A100-80GB-SXM").cpu.name == REFERENCE_HOST  # see gpu_hosts.csv: the data contradict EPYC 7742
+    named = gpu_host("H100-80GB-SXM", "EPYC 9654")
+    assert named.cpu.name == "EPYC 9654" and "named" in named.origin
+    assert set(reference_system_hosts()) <= set(achieved_catalog())  # every listed GPU is a catalog GPU
+
+
+def test_bad_rows_name_the_file_and_row(tmp_path):
+    path = tmp_path / "cpus.csv"
+    header = "name,aliases,max_turbo_ghz,source_clock,core,per_clock,source_per_clock,as_of\n"
+    path.write_text(header + f"{REFERENCE_HOST},,fast,x,Sunny Cove,1,x,2026-01-01\n")
+    with pytest.raises(TunecostError, match="row 1: column 'max_turbo_ghz' is not a number"):
+        load_host_cpus(path)
+    path.write_text(header + f"{REFERENCE_HOST},,3.4,x,Sunny Cove,0,x,2026-01-01\n")
+    with pytest.raises(TunecostError, match="row 1: max_turbo_ghz and per_clock must be > 0"):
+        load_host_cpus(path)
+    path.write_text(header + f"{REFERENCE_HOST},8380,3.4,x,c,1,x,2026-01-01\nOther,8380,3.0,x,c,1,x,2026-01-01\n")
+    with pytest.raises(TunecostError, match="row 2: '8380' already names"):
+        load_host_cpus(path)
+    path.write_text(header + "Other,,3.0,x,c,1,x,2026-01-01\n")
+    with pytest.raises(TunecostError, match="reference host .* is missing"):
+        load_host_cpus(path)
