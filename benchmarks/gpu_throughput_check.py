@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calibrate", type=Path, default=None)
     parser.add_argument("--run-queries", type=int, default=None, help="predict runs of N queries (start-up included)")
     parser.add_argument("--json", type=Path, default=None, help="also write the predictions here")
+    parser.add_argument("--host-cpu", default=None, help="the machine's CPU (default: read from /proc/cpuinfo)")
     args = parser.parse_args(argv)
 
     from tunecost.errors import TunecostError
@@ -80,6 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.seq_len is None and args.dataset is None:
         args.seq_len = 128  # the paper's latency / Nsight runs
+    host_read = "named with --host-cpu"
+    if args.host_cpu is None:  # this machine's CPU, when the host catalog knows it; else the GPU's default host
+        from tunecost.catalog.host_cpus import host_cpu_from_model_name
+        from tunecost.results.meta import cpu_model_name
+
+        host_read = cpu_model_name() or "not read"
+        found = host_cpu_from_model_name(host_read)
+        args.host_cpu = found.name if found else None
     try:
         batches = [int(b) for b in args.batch_sizes.split(",") if b.strip()]
         model = calibrated_model(args.calibrate)
@@ -93,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                     experts_per_token=args.experts_per_token,
                     dataset=args.dataset,
                     seq_len=args.seq_len,
+                    host_cpu=args.host_cpu,
                 ),
                 run_queries=args.run_queries,
             )
@@ -114,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
         + (f"{args.seq_len} tokens per query" if args.seq_len else f"{args.dataset} lengths")
         + ("; steady state" if args.run_queries is None else f"; runs of {args.run_queries} queries")
     )
+    print(f"# host: {preds[0].host_cpu or 'measured'} (this machine's CPU: {host_read})")
     print(f"{'batch':>5s} {'queries/s':>10s} {'95 % interval':>17s} {'step s':>8s} {'launch s':>9s}  top classes (s)")
     rows = []
     for p in preds:
@@ -139,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
                 "queries_per_s_high": p.queries_per_s_high,
                 "step_s": p.step.step_s,
                 "run_queries": args.run_queries,
+                "host_cpu": p.host_cpu,
                 "extrapolation_reasons": list(p.extrapolation_reasons),
             }
         )

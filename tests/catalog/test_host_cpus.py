@@ -60,3 +60,21 @@ def test_bad_rows_name_the_file_and_row(tmp_path):
     path.write_text(header + "Other,,3.0,x,c,1,x,2026-01-01\n")
     with pytest.raises(TunecostError, match="reference host .* is missing"):
         load_host_cpus(path)
+
+
+@pytest.mark.parametrize(
+    ("model_name", "expected"),
+    [
+        ("Intel(R) Xeon(R) Platinum 8480C", "Xeon Platinum 8480C"),
+        ("Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz", "Xeon Platinum 8380"),
+        ("AMD EPYC 7742 64-Core Processor", "EPYC 7742"),
+        ("Intel(R) Xeon(R) Platinum 8480+", "Xeon Platinum 8480+"),
+        ("AMD Ryzen 9 7950X 16-Core Processor", None),
+        ("", None),
+    ],
+)
+def test_a_cpuinfo_model_name_finds_its_catalog_cpu(model_name, expected):
+    from tunecost.catalog.host_cpus import host_cpu_from_model_name
+
+    found = host_cpu_from_model_name(model_name)
+    assert (found.name if found else None) == expected

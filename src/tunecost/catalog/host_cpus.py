@@ -5,6 +5,7 @@ the paper's A40 server."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -120,3 +121,15 @@ def gpu_host(gpu_name: str, host_cpu: str | None = None) -> GpuHost:
     return GpuHost(
         cpu=cpu, origin=f"host not known for {gpu_name}: assumed as fast as the reference host {REFERENCE_HOST}"
     )
+
+
+def host_cpu_from_model_name(model_name: str) -> HostCpu | None:
+    """The catalog CPU a processor's model name (/proc/cpuinfo's "model name": "Intel(R) Xeon(R) Platinum 8480C",
+    "AMD EPYC 7742 64-Core Processor") names, or None when it names none."""
+    cleaned = re.sub(r"\((R|TM)\)|@.*$|\bCPU\b|\b\d+-Core\b|\bProcessor\b", " ", model_name, flags=re.IGNORECASE)
+    for candidate in (cleaned, *re.findall(r"\b\d{4}[A-Z+]*", cleaned)):
+        try:
+            return resolve_host_cpu(candidate)
+        except TunecostError:
+            continue
+    return None

@@ -68,18 +68,19 @@ def device_info(device: str | None = None) -> dict[str, Any]:
         "cuda": torch.version.cuda,
         "num_threads": torch.get_num_threads(),
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
-        "host_cpu": _cpu_name(),  # the CPU that launches the kernels: it sets the host time of an eager step
+        "host_cpu": cpu_model_name(),  # the CPU that launches the kernels: it sets the host time of an eager step
     }
     if kind == "cuda" and torch.cuda.is_available():
         index = torch.device(device or "cuda").index or 0
         props = torch.cuda.get_device_properties(index)
         info.update(name=props.name, memory_bytes=int(props.total_memory), capability=f"{props.major}.{props.minor}")
     else:
-        info["name"] = _cpu_name()
+        info["name"] = cpu_model_name()
     return info
 
 
-def _cpu_name() -> str | None:
+def cpu_model_name() -> str | None:
+    """This machine's CPU model name (/proc/cpuinfo), else what the platform module says."""
     try:
         for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
             if line.startswith("model name"):
