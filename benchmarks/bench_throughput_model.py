@@ -16,8 +16,10 @@ priors; --simulator compares the analytic counts with the step simulator's trace
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import functools
+import math
 import sys
 import time
 from pathlib import Path
@@ -99,6 +101,20 @@ def logo_gpu_report(points) -> None:
         )
     for gpu in sorted(set(gpus) - {r.group[2] for r in results}):
         print(f"  held out {gpu:14s} skipped: too few points remain to calibrate without it")
+    for r in results:  # which host the held-out GPU's machine had: its points say, through the model without them
+        held = [p for p in points if group_of(p)[2] == r.group[2]]
+        for host in ("Xeon Platinum 8380", "EPYC 7742", "Xeon Platinum 8480C"):
+            errs = [
+                math.log(
+                    r.model.predict(
+                        dataclasses.replace(p.target, host_cpu=host), run_queries=p.run_queries
+                    ).queries_per_s
+                    / p.queries_per_s
+                )
+                for p in held
+            ]
+            rms = math.expm1(float(np.sqrt(np.mean(np.square(errs)))))
+            print(f"    {r.group[2]} on host {host:20s} RMS error {100 * rms:5.1f} %")
 
 
 def logo_report(points) -> None:

@@ -183,3 +183,15 @@ def test_host_cpu_column_of_a_measurement_file_is_read(tmp_path: Path) -> None:
     path.write_text(path.read_text().replace("EPYC 7763", "Z80"))
     with pytest.raises(TunecostError, match=r"m.csv: row 1: unknown host CPU 'Z80'"):
         load_calibration_points(path)
+
+
+def test_a_calibrated_gpu_on_another_host_gets_the_host_term(two_gpu_model: CalibratedModel) -> None:
+    def width(host: str | None) -> float:
+        target = throughput_target(
+            model="mixtral-8x7b", gpu="A40", batch_size=2, experts_per_token=2, dataset="math_14k", host_cpu=host
+        )
+        pred = two_gpu_model.predict(target)
+        return math.log(pred.queries_per_s_high / pred.queries_per_s)
+
+    assert width("Xeon Platinum 8380") == pytest.approx(width(None))  # the calibration's own host
+    assert width("EPYC 9654") > width(None)  # same GPU, another machine

@@ -12,13 +12,14 @@ On log throughput, with t the Student quantile at the calibration's degrees of f
   such ratio is used, and never less than `TRANSFER_SD_PER_LOG_SPEED_MIN`. With one GPU, or where no GPU can be
   left out, it is `TRANSFER_SD_PER_LOG_SPEED_ONE_GPU` and the interval says the transfer is unconstrained.
 - f_host: the predicted share of the step that is host time (kernel launches and the empty step), counted only on
-  a GPU that is not in the calibration: it runs in another machine, whose CPU, driver and Python may launch
-  kernels faster or slower. The model already scales host time by the host's catalog speed (`catalog.host_cpus`:
-  the CPU the user names, else the GPU's reference system's, else the reference host's); s_host is what that
-  leaves unknown: `HOST_SPEED_LOG_SD` when the host is assumed (clouds put GPUs in servers of other CPU generations,
-  which differ in single-thread speed by tens of percent), `HOST_NAMED_LOG_SD` when the user named it (the
-  catalog's per-clock factors chain vendors' claims). A GPU profile that measured the launch and host times of the
-  machine replaces this guess with data, and the term is then left out.
+  a GPU that is not in the calibration, or on a host other than the calibration's: it runs in another machine,
+  whose CPU, driver and Python may launch kernels faster or slower. The model already scales host time by the
+  host's catalog speed (`catalog.host_cpus`: the CPU the user names, else the GPU's reference system's, else the
+  reference host's); s_host is what that leaves unknown: `HOST_SPEED_LOG_SD` when the host is assumed (clouds put
+  GPUs in servers of other CPU generations, which differ in single-thread speed by tens of percent),
+  `HOST_NAMED_LOG_SD` when the user named it (the catalog's per-clock factors chain vendors' claims). A GPU profile
+  that measured the launch and host times of the machine replaces this guess with data, and the term is then left
+  out.
 - d_batch: ln(batch / largest calibrated batch of the model) when above it, else 0; s_batch =
   `BATCH_SD_PER_LOG` (an assumption: the padding and GEMM-shape terms carry the batch trend beyond the data).
 """
@@ -125,7 +126,8 @@ def interval_log_halfwidth(
     s_gpu = spread.sd_per_log_speed if spread else 0.0
     d_gpu = gpu_distance(target, calibrated)
     d_batch = math.log(batch_size / calibrated_max_batch) if calibrated_max_batch else 0.0
-    other_machine = target.name not in {c.name for c in calibrated}
+    # another machine: a GPU outside the calibration, or a calibrated GPU on another host than the calibration's
+    other_machine = not any(c.name == target.name and c.host_cpu == target.host_cpu for c in calibrated)
     host_measured = target.kernel_launch_s is not None and target.host_step_s is not None
     s_host = (HOST_NAMED_LOG_SD if target.host_named else HOST_SPEED_LOG_SD) if other_machine else 0.0
     s_host = 0.0 if host_measured else s_host
