@@ -42,10 +42,6 @@ class GpuHost:
     cpu: HostCpu
     origin: str  # how it was chosen, for notes
 
-    @property
-    def speed(self) -> float:
-        return self.cpu.speed
-
 
 def _key(name: str) -> str:
     return " ".join(name.lower().replace("intel", "").replace("amd", "").split())
@@ -84,16 +80,23 @@ def host_cpu_catalog() -> tuple[dict[str, HostCpu], dict[str, str]]:
     return load_host_cpus()
 
 
-def resolve_host_cpu(name: str) -> HostCpu:
-    """A catalog host CPU by name or alias ('8480C', 'AMD EPYC 7742'); an unknown one is an error listing them."""
+def find_host_cpu(name: str) -> HostCpu | None:
+    """A catalog host CPU by name or alias ('8480C', 'AMD EPYC 7742'), or None."""
     cpus, names = host_cpu_catalog()
     found = names.get(_key(name))
+    return None if found is None else cpus[found]
+
+
+def resolve_host_cpu(name: str) -> HostCpu:
+    """`find_host_cpu`, where an unknown CPU is an error listing the known ones."""
+    found = find_host_cpu(name)
     if found is None:
+        cpus, _ = host_cpu_catalog()
         raise TunecostError(
             f"unknown host CPU {name!r}; known: {', '.join(sorted(cpus))} (or measure the host with "
             "`tunecost calibrate-gpu` and pass --gpu-profile)"
         )
-    return cpus[found]
+    return found
 
 
 @lru_cache(maxsize=1)
@@ -127,9 +130,5 @@ def host_cpu_from_model_name(model_name: str) -> HostCpu | None:
     """The catalog CPU a processor's model name (/proc/cpuinfo's "model name": "Intel(R) Xeon(R) Platinum 8480C",
     "AMD EPYC 7742 64-Core Processor") names, or None when it names none."""
     cleaned = re.sub(r"\((R|TM)\)|@.*$|\bCPU\b|\b\d+-Core\b|\bProcessor\b", " ", model_name, flags=re.IGNORECASE)
-    for candidate in (cleaned, *re.findall(r"\b\d{4}[A-Z+]*", cleaned)):
-        try:
-            return resolve_host_cpu(candidate)
-        except TunecostError:
-            continue
-    return None
+    candidates = (cleaned, *re.findall(r"\b\d{4}[A-Z+]*", cleaned))
+    return next((cpu for cpu in map(find_host_cpu, candidates) if cpu is not None), None)

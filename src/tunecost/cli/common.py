@@ -210,3 +210,16 @@ def split_list(value: str | None, cast: Callable[[str], Any] = str, what: str = 
     if not out:
         raise TunecostError(f"no {what} in {value!r}")
     return out
+
+
+def checked_host_cpu(value: str | None) -> str | None:
+    """A --host-cpu value as the host CPU catalog names it; an unknown CPU is one error line naming the option."""
+    if value is None:
+        return None
+    from tunecost.catalog.host_cpus import resolve_host_cpu
+    from tunecost.errors import TunecostError
+
+    try:
+        return resolve_host_cpu(value).name
+    except TunecostError as exc:
+        raise TunecostError(f"--host-cpu: {exc}") from None

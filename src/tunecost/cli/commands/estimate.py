@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from tunecost.cli.commands import estimate_multigpu as multi
-from tunecost.cli.common import cli_errors, console, print_json, print_table, split_list
+from tunecost.cli.common import checked_host_cpu, cli_errors, console, print_json, print_table, split_list
 from tunecost.cli.options import (
     STACK_HELP,
     ExpertsPerToken,
@@ -275,17 +275,14 @@ def estimate(
         return
     if host_cpu is not None and estimator == "paper":
         raise TunecostError("--host-cpu needs --estimator calibrated or simulate (eq. (2) has no host in it)")
-    try:
-        options = EstimatorOptions(
-            name=estimator,
-            calibrate=tuple(calibrate or ()),
-            run_queries=run_queries,
-            steady_state=steady_state,
-            stack=stack,
-            host_cpu=host_cpu,
-        )
-    except TunecostError as exc:
-        raise TunecostError(f"--host-cpu: {exc}" if host_cpu and "host CPU" in str(exc) else str(exc)) from None
+    options = EstimatorOptions(
+        name=estimator,
+        calibrate=tuple(calibrate or ()),
+        run_queries=run_queries,
+        steady_state=steady_state,
+        stack=stack,
+        host_cpu=checked_host_cpu(host_cpu),
+    )
     batch_sizes = parse_batch_sizes(batch_size, gpus) if batch_size else None
     rows = estimate_costs(
         job,

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tunecost.cli.common import cli_errors, console, print_json, print_table
+from tunecost.cli.common import checked_host_cpu, cli_errors, console, print_json, print_table
 from tunecost.cli.options import Force, HostCpuOpt, JsonOut, RunQueries, opt
 
 CALIBRATE_HELP = (
@@ -187,14 +187,7 @@ def predict(
         raise TunecostError("give --run-queries N or --steady-state, not both")
     if output is not None:
         check_output_path(output, force=force, inputs=(input_csv, *(calibrate or ())), option="--output")
-    if host_cpu:
-        from tunecost.catalog.host_cpus import resolve_host_cpu
-
-        try:
-            resolve_host_cpu(host_cpu)
-        except TunecostError as exc:
-            raise TunecostError(f"--host-cpu: {exc}") from None
-    targets = read_targets(input_csv, host_cpu)
+    targets = read_targets(input_csv, checked_host_cpu(host_cpu))
     model = calibrated_model(list(calibrate or []) or None, gpu_terms=load_profiles(gpu_profile or []))
     if run_queries is None and not steady_state:
         run_queries = model.run_queries  # like for like with the calibration's measurements

@@ -189,8 +189,7 @@ class CalibratedModel:
             f"counts: {counts.source} (the paper's stack)",
             f"GPU terms: {terms.source}",
         ]
-        host_measured = terms.kernel_launch_s is not None and terms.host_step_s is not None
-        if terms.host and not host_measured:
+        if terms.host and not terms.host_measured:
             notes.append(terms.host)
         return Prediction(
             target=target,
@@ -206,7 +205,7 @@ class CalibratedModel:
             extrapolation=bool(reasons),
             extrapolation_reasons=tuple(reasons),
             notes=tuple(notes),
-            host_cpu="" if host_measured else (terms.host_cpu or REFERENCE_HOST),
+            host_cpu="" if terms.host_measured else (terms.host_cpu or REFERENCE_HOST),
         )
 
     def _extrapolation(self, job: FineTuneJob, counts: AnalyticStepCounts, gpu: GPU) -> list[str]:

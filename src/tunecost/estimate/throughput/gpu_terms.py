@@ -21,3 +21,8 @@ class GpuTerms:
     host_cpu: str = ""  # the host CPU's catalog name
     host: str = ""  # which host that is and how it was chosen, for notes
     host_named: bool = False  # the user named the host (else a reference system's CPU or the reference host)
+
+    @property
+    def host_measured(self) -> bool:
+        """A profile measured this machine's launch and empty-step host times: no catalog host is used."""
+        return self.kernel_launch_s is not None and self.host_step_s is not None

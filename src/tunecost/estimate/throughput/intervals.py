@@ -128,9 +128,8 @@ def interval_log_halfwidth(
     d_batch = math.log(batch_size / calibrated_max_batch) if calibrated_max_batch else 0.0
     # another machine: a GPU outside the calibration, or a calibrated GPU on another host than the calibration's
     other_machine = not any(c.name == target.name and c.host_cpu == target.host_cpu for c in calibrated)
-    host_measured = target.kernel_launch_s is not None and target.host_step_s is not None
     s_host = (HOST_NAMED_LOG_SD if target.host_named else HOST_SPEED_LOG_SD) if other_machine else 0.0
-    s_host = 0.0 if host_measured else s_host
+    s_host = 0.0 if target.host_measured else s_host
     sd = math.sqrt(
         sd_in**2 + (s_gpu * d_gpu) ** 2 + (s_host * host_fraction) ** 2 + (BATCH_SD_PER_LOG * max(0.0, d_batch)) ** 2
     )

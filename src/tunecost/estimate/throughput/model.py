@@ -149,9 +149,9 @@ def host_fields(gpu_name: str, host_cpu: str | None) -> dict:
 
     host = gpu_host(gpu_name, host_cpu)
     return {
-        "host_speed": host.speed,
+        "host_speed": host.cpu.speed,
         "host_cpu": host.cpu.name,
-        "host": f"{host.origin}; single-thread speed {host.speed:.2f}x the reference host's",
+        "host": f"{host.origin}; single-thread speed {host.cpu.speed:.2f}x the reference host's",
         "host_named": bool(host_cpu),
     }
 
