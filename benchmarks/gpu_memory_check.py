@@ -44,7 +44,25 @@ MID_MIXTRAL = {
 }
 
 
+# A mid-size Llama-3-like dense model (4 layers of Llama-3-8B's width and its 128256-token vocabulary, so the logits
+# weigh as in the real model): ~1.9 B parameters, for the torchtune stack.
+MID_LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 128256,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-05,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": False,
+    "hidden_act": "silu",
+}
+
 MID = "mid-mixtral"  # MID_MIXTRAL, written to a temporary config file for the run
+MID_DENSE = "mid-llama"  # MID_LLAMA, likewise
 # One configuration a row: its name, then the FineTuneJob fields named in FIELDS.
 FIELDS = ("model", "method", "experts_per_token", "batch_size", "seq_len", "gradient_checkpointing")
 CASES = [
@@ -53,24 +71,35 @@ CASES = [
     ("mid-qlora-top2", MID, "qlora", 2, 4, 512, True),
     ("mid-lora-dense-nockpt", MID, "lora", 8, 2, 256, False),
     ("olmoe-like-qlora", str(CONFIGS / "tiny-olmoe.json"), "qlora", 4, 16, 256, True),
+    ("tt-mid-llama-full", MID_DENSE, "full", None, 2, 2048, True),
+    ("tt-mid-llama-full-chunked-optbwd", MID_DENSE, "full", None, 2, 2048, True),
+    ("tt-mid-llama-qlora-chunked", MID_DENSE, "qlora", None, 4, 2048, True),
 ]
+# The software stack of a configuration (default: tunecost's own) and its recipe options (`StackBehaviour` fields).
+STACKS = {
+    "tt-mid-llama-full": ("torchtune", {}),
+    "tt-mid-llama-full-chunked-optbwd": (
+        "torchtune",
+        {"loss_code": "torchtune-chunked", "optimizer_in_backward": True},
+    ),
+    "tt-mid-llama-qlora-chunked": ("torchtune", {"loss_code": "torchtune-chunked"}),
+}
 
 
-def _configs(mid_path: str) -> dict[str, dict]:
-    return {
-        name: dict(zip(FIELDS, (mid_path if model == MID else model, *fields), strict=True))
-        for name, model, *fields in CASES
-    }
+def _configs(paths: dict[str, str]) -> dict[str, dict]:
+    return {name: dict(zip(FIELDS, (paths.get(model, model), *fields), strict=True)) for name, model, *fields in CASES}
 
 
-def measure_cuda(job) -> dict:
+def measure_cuda(job, stack: str = "tunecost", behaviour=None) -> dict:
     import torch
 
+    from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
     from tunecost.simulate.prepare import build_prepared
     from tunecost.simulate.step import make_batch, run_step
 
     torch.cuda.empty_cache()
-    prepared = build_prepared(job, num_units=None, real=True, device="cuda")
+    behaviour = behaviour or DEFAULT_BEHAVIOUR
+    prepared = build_prepared(job, num_units=None, stack=stack, behaviour=behaviour, real=True, device="cuda")
     batch = make_batch(
         int(prepared.model.config.vocab_size), job.batch_size, job.worst_case_seq_len, None, device="cuda"
     )
@@ -100,12 +129,14 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")
     from tunecost.simulate import simulate_step
+    from tunecost.simulate.behaviour import StackBehaviour
     from tunecost.workload.job import FineTuneJob, LoraConfig
 
     with tempfile.TemporaryDirectory() as tmp:
-        mid_path = os.path.join(tmp, "mid-mixtral.json")
-        Path(mid_path).write_text(json.dumps(MID_MIXTRAL))
-        configs = _configs(mid_path)
+        paths = {MID: os.path.join(tmp, "mid-mixtral.json"), MID_DENSE: os.path.join(tmp, "mid-llama.json")}
+        Path(paths[MID]).write_text(json.dumps(MID_MIXTRAL))
+        Path(paths[MID_DENSE]).write_text(json.dumps(MID_LLAMA))
+        configs = _configs(paths)
         names = list(configs) if args.configs == "all" else args.configs.split(",")
         print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
         print(
@@ -115,14 +146,19 @@ def main() -> None:
         rows = []
         for name in names:
             spec = configs[name]
-            job = FineTuneJob(compute_dtype="bf16", lora=LoraConfig(rank=16), **spec)
-            sim = simulate_step(job, num_layers_to_trace=999, use_cache=False)
-            real = measure_cuda(job)
+            stack, options = STACKS.get(name, ("tunecost", {}))
+            behaviour = StackBehaviour(**options)
+            lora = LoraConfig(rank=16, targets=("attention", "mlp")) if stack == "torchtune" else LoraConfig(rank=16)
+            job = FineTuneJob(compute_dtype="bf16", lora=lora, **spec)
+            sim = simulate_step(job, num_layers_to_trace=999, stack=stack, behaviour=behaviour, use_cache=False)
+            real = measure_cuda(job, stack, behaviour)
             err = sim.peak_bytes / real["max_allocated"] - 1
             device = sim.peak_reserved_bytes + sim.device_overhead_bytes
             rows.append(
                 {
                     "config": name,
+                    "stack": stack,
+                    **options,
                     **spec,
                     "simulated": sim.peak_bytes,
                     **real,

@@ -61,7 +61,7 @@ def test_uses_the_simulator_when_it_answers(monkeypatch, make_request) -> None:
 
     calls = []
 
-    def fake(job, gpu, *, stack):
+    def fake(job, gpu, *, stack, behaviour):
         calls.append((job.model, gpu.name, stack))
         return 3
 
@@ -77,7 +77,7 @@ def test_the_stack_the_user_names_sizes_the_batch(monkeypatch, make_request) -> 
 
     calls = []
 
-    def fake(job, gpu, *, stack):
+    def fake(job, gpu, *, stack, behaviour):
         calls.append(stack)
         return 5
 
@@ -90,10 +90,28 @@ def test_the_stack_the_user_names_sizes_the_batch(monkeypatch, make_request) -> 
     )
 
 
+def test_the_stacks_recipe_options_size_the_batch(monkeypatch, make_request) -> None:
+    """`estimate --stack torchtune --chunked-loss`: the options reach the simulator and the note names them."""
+    import tunecost.simulate as simulate
+    from tunecost.simulate.behaviour import LOSS_TORCHTUNE_CHUNKED, StackBehaviour
+
+    calls = []
+
+    def fake(job, gpu, *, stack, behaviour):
+        calls.append((stack, behaviour))
+        return 7
+
+    monkeypatch.setattr(simulate, "simulated_max_batch_size", fake)
+    chunked = StackBehaviour(loss_code=LOSS_TORCHTUNE_CHUNKED)
+    point = calibrated.calibrated_estimator(make_request(stack="torchtune", behaviour=chunked))
+    assert point.max_batch_size == 7 and calls == [("torchtune", chunked)]
+    assert "torchtune stack" in point.notes[0] and "CEWithChunkedOutputLoss" in point.notes[0]
+
+
 def test_model_without_batch_model_is_a_clear_error(monkeypatch, make_request) -> None:
     import tunecost.simulate as simulate
 
-    def refuse(job, gpu, *, stack):
+    def refuse(job, gpu, *, stack, behaviour):
         raise TunecostError(f"{job.model}: not simulated")
 
     monkeypatch.setattr(simulate, "simulated_max_batch_size", refuse)

@@ -20,7 +20,7 @@ def fake_simulator(monkeypatch):
 
     calls = []
 
-    def fake(job, gpu, *, stack):
+    def fake(job, gpu, *, stack, behaviour):
         calls.append((job.model, job.method, job.seq_len, job.gradient_checkpointing, gpu.name, stack))
         return 6
 
@@ -58,7 +58,7 @@ def test_full_fine_tune_simulates_without_checkpointing(fake_simulator, make_req
 def test_does_not_fit_is_a_row_not_a_crash(monkeypatch, make_request) -> None:
     import tunecost.simulate as simulate
 
-    monkeypatch.setattr(simulate, "simulated_max_batch_size", lambda job, gpu, *, stack: 0)
+    monkeypatch.setattr(simulate, "simulated_max_batch_size", lambda job, gpu, *, stack, behaviour: 0)
     point = simulated.simulate_estimator(make_request())
     assert point.max_batch_size == 0 and point.queries_per_s is None
     assert "does not fit" in point.notes[-1]

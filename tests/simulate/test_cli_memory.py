@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from tiny_models import write_llama_config
+from tiny_models import gqa_attention, write_llama_config
 
 
 def test_memory_json_with_gpu_memory(cli_json, config_path, write_file):
@@ -99,3 +99,22 @@ def test_memory_with_a_catalog_gpu_is_sized_against_the_total_cuda_reports(cli_j
     assert out["gpu_memory_note"] == "44.34 GiB, the total CUDA reports (datasheet 48 GB)"
     text = cli_ok("memory", model=small, method="qlora", seq_len=32, lora_rank=8, gpu="A40").stdout
     assert "Largest batch on A40-48GB (44.34 GiB, the total CUDA reports (datasheet 48 GB))" in text
+
+
+def test_memory_torchtune_recipe_options(cli_json, cli_error, tmp_path) -> None:
+    """--stack torchtune with its recipe options: the chunked loss keeps less than the fp32 logits, offload less
+    still; the options name the stack they need."""
+    sizes = gqa_attention(64, 4)
+    config = write_llama_config(
+        tmp_path / "config.json", intermediate_size=128, num_hidden_layers=2, vocab_size=4096, **sizes
+    )
+    common = dict(model=str(config), method="full", seq_len=64, batch_size=2, gradient_checkpointing=False)
+    plain = cli_json("memory", stack="torchtune", **common)
+    chunked = cli_json("memory", stack="torchtune", chunked_loss=True, **common)
+    offloaded = cli_json("memory", stack="torchtune", chunked_loss=True, offload_activations=True, **common)
+    assert plain["peak_bytes"] > chunked["peak_bytes"] > offloaded["peak_bytes"]
+    in_backward = cli_json("memory", stack="torchtune", optimizer_in_backward=True, **common)
+    assert any("optimizer in backward" in line for line in in_backward["assumptions"])
+    assert any("CEWithChunkedOutputLoss" in line for line in chunked["assumptions"])
+    line = cli_error(["memory", "--model", str(config), "--offload-activations"])
+    assert "--offload-activations needs --stack torchtune" in line and "not 'tunecost'" in line

@@ -171,7 +171,8 @@ def test_corpus_stacks_are_named_stacks() -> None:
     assert stack_for("hf-transformers+peft+accelerate", "bnb-nf4", "baseline-peft-bnb").name == "trl-sft-bnb"
     assert stack_for("hf-transformers+peft+accelerate (accelerated-peft-bnb plugin)").name == "hf-trainer-bnb"
     assert stack_for("hf-transformers+peft (Qwen finetune.py)").name == "qwen-finetune"
-    assert stack_for("torchtune").simulator_stack is None
+    assert stack_for("torchtune").simulator_stack == "torchtune"
+    assert stack_for("unsloth").simulator_stack is None
     assert stack_for("acme-trainer") is None
     for stack in STACKS.values():
         assert stack.kept_for_backward and stack.loss and stack.adapters and stack.allocator
@@ -656,3 +657,54 @@ def test_rows_of_other_stacks_gpus_and_layouts_are_predicted_or_skipped_with_the
     assert {out[i].reason for i in ("two-gpu-speed", "sixteen-gpu-speed", "job-samples")} == {
         "gemm_efficiency " + out["two-gpu-speed"].reason.split()[1] + " from one-gpu-speed"
     }
+
+
+def test_torchtune_rows_name_their_recipe_options(corpus) -> None:
+    """torchtune rows run the torchtune simulator stack with the options their stack cells name; a memory row under
+    torch.compile and one whose sequences come from an unnamed dataset up to seq_len are skipped with the reason."""
+    from tunecost.simulate.behaviour import ADAMW_FUSED, LOSS_TORCHTUNE, LOSS_TORCHTUNE_CHUNKED
+    from tunecost.validate.corpus import CorpusRow
+    from tunecost.validate.stacks import torchtune_options
+
+    both_options = ("chunked cross-entropy", "activation offload")
+    assert torchtune_options("torchtune 0.4 ; torch 2.5") == ()
+    assert torchtune_options("torchtune (chunked CE, activations offloaded)") == both_options
+    assert torchtune_options("torchtune; chunked cross-entropy; activation offloading") == both_options
+    assert torchtune_options("optimizer_in_bwd true") == ("optimizer in backward",)
+    base = next(r for r in read_corpus([corpus]) if r.id == "t-alloc")
+
+    def mapped(**cells):
+        return map_row(CorpusRow(path=base.path, line=base.line, cells={**base.cells, **cells}))
+
+    plain = mapped(stack="torchtune")
+    assert (plain.stack.name, plain.simulator_job.stack) == ("torchtune", "torchtune")
+    assert (plain.behaviour.loss_code, plain.behaviour.activation_offload) == (LOSS_TORCHTUNE, False)
+    assert plain.behaviour.adamw_impl == ADAMW_FUSED  # the recipes' configs: torch AdamW, fused=True
+    both = mapped(stack="torchtune 0.4 (chunked cross-entropy, activation offload)")
+    assert (both.behaviour.loss_code, both.behaviour.activation_offload) == (LOSS_TORCHTUNE_CHUNKED, True)
+    assert mapped(stack="torchtune", stack_versions="optimizer in backward").behaviour.optimizer_in_backward
+    with pytest.raises(Skip, match="torch.compile not modelled for memory"):
+        mapped(stack="torchtune", stack_versions="torch.compile on")
+    with pytest.raises(Skip, match="dataset the row does not name"):
+        mapped(seq_len_kind="max", dataset="")
+    assert mapped(seq_len_kind="max", dataset="alpaca, longest 4096 tokens").job.seq_len == int(base.get("seq_len"))
+
+
+def test_grad_ckpt_cells_say_how_layers_are_recomputed(corpus) -> None:
+    """A grad_ckpt cell that names re-entrance sets it for the row's stack (a Trainer's gradient_checkpointing_kwargs),
+    which the simulation then runs and says."""
+    from tunecost.simulate.prepare import reentrant_checkpointing
+    from tunecost.validate.corpus import CorpusRow
+    from tunecost.validate.mapping import grad_ckpt_for
+
+    assert grad_ckpt_for("on") == ("on", None) and grad_ckpt_for("No") == ("off", None)
+    for cell in ("non-reentrant", "Non_Reentrant", "on (use_reentrant=False)", "use_reentrant: false"):
+        assert grad_ckpt_for(cell) == ("on", False), cell
+    assert grad_ckpt_for("reentrant") == ("on", True)
+    assert grad_ckpt_for("unknown") is None and grad_ckpt_for("") is None
+    base = next(r for r in read_corpus([corpus]) if r.id == "t-alloc")
+    row = CorpusRow(path=base.path, line=base.line, cells={**base.cells, "grad_ckpt": "non-reentrant"})
+    mapped = map_row(row)
+    assert mapped.stack.simulator_stack == "hf-peft" and mapped.behaviour.reentrant_checkpointing is False
+    assert reentrant_checkpointing(mapped.simulator_job, "hf-peft")  # the stack's own default
+    assert not reentrant_checkpointing(mapped.simulator_job, "hf-peft", mapped.behaviour)

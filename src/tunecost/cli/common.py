@@ -223,3 +223,29 @@ def checked_host_cpu(value: str | None) -> str | None:
         return resolve_host_cpu(value).name
     except TunecostError as exc:
         raise TunecostError(f"--host-cpu: {exc}") from None
+
+
+def torchtune_behaviour(
+    stack: str | None, *, chunked_loss: bool, offload_activations: bool, optimizer_in_backward: bool = False
+) -> Any:
+    """The `StackBehaviour` of --chunked-loss, --offload-activations and --optimizer-in-backward, which are
+    torchtune recipe options."""
+    from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, LOSS_TORCHTUNE, LOSS_TORCHTUNE_CHUNKED, StackBehaviour
+
+    flags = (
+        ("--chunked-loss", chunked_loss),
+        ("--offload-activations", offload_activations),
+        ("--optimizer-in-backward", optimizer_in_backward),
+    )
+    named = [flag for flag, on in flags if on]
+    if not named:
+        return DEFAULT_BEHAVIOUR
+    if stack != "torchtune":
+        verb = "need" if len(named) > 1 else "needs"
+        given = f"not {stack!r}" if stack else "none given"
+        raise TunecostError(f"{' and '.join(named)} {verb} --stack torchtune (torchtune recipe options; {given})")
+    return StackBehaviour(
+        loss_code=LOSS_TORCHTUNE_CHUNKED if chunked_loss else LOSS_TORCHTUNE,
+        activation_offload=offload_activations,
+        optimizer_in_backward=optimizer_in_backward,
+    )

@@ -108,7 +108,23 @@ ModelName = Annotated[
     str, opt("--model", "Catalog model (tiny-mixtral, mixtral-8x7b, ...), local folder or cached hub id.")
 ]
 MethodName = Annotated[str, opt("--method", "full | lora | qlora")]
-STACK_HELP = "tunecost | hf-2024 (the paper's software stack) | hf-peft (Trainer + PEFT >= 0.7)."
+STACK_HELP = (
+    "tunecost | hf-2024 (the paper's software stack) | hf-peft (Trainer + PEFT >= 0.7) | torchtune (its single-device "
+    "recipes: bf16 adapters, fp32 logits)."
+)
+ChunkedLoss = Annotated[
+    bool,
+    opt(
+        "--chunked-loss", "With --stack torchtune: CEWithChunkedOutputLoss (the logits in 8 chunks, each upcast alone)."
+    ),
+]
+OffloadActivations = Annotated[
+    bool, opt("--offload-activations", "With --stack torchtune: activation offload (saved tensors to host memory).")
+]
+OptimizerInBackward = Annotated[
+    bool,
+    opt("--optimizer-in-backward", "With --stack torchtune: optimizer_in_bwd (each gradient freed once applied)."),
+]
 TOP_K_HELP = "Top-k: experts per token for this job (default: the model's; dense = the number of experts)."
 ExpertsPerToken = Annotated[int | None, count_option("--experts-per-token", TOP_K_HELP, MAX_EXPERTS)]
 EXPERTS_IMPL_HELP = (

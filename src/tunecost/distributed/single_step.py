@@ -184,5 +184,5 @@ def trace_single_gpu_step(
         activation_bytes_per_element=job.compute_bytes_per_element,
         recompute=job.gradient_checkpointing,
         allocations=dataclasses.asdict(tb.allocations) if tb.allocations is not None else {},
-        reentrant_checkpointing=reentrant_checkpointing(job),
+        reentrant_checkpointing=reentrant_checkpointing(job, behaviour=behaviour or DEFAULT_BEHAVIOUR),
     )

@@ -86,11 +86,11 @@ def _simulated_max_batch(req: EstimateRequest) -> tuple[int, str] | None:
     errors = []
     for stack in (req.options.stack,) if req.options.stack else SIMULATOR_STACKS:
         try:
-            mbs = int(simulated_max_batch_size(job, req.gpu, stack=stack))
+            mbs = int(simulated_max_batch_size(job, req.gpu, stack=stack, behaviour=req.options.behaviour))
         except TunecostError as exc:  # e.g. a stack that does not support this model
             errors.append(f"{stack}: {exc}")
             continue
-        return mbs, sizing_note(job, stack, req.gpu)
+        return mbs, sizing_note(job, stack, req.gpu, req.options.behaviour)
     raise TunecostError("the step simulator could not size a batch: " + "; ".join(errors))
 
 

@@ -25,6 +25,7 @@ from tunecost.estimate.paper import (
     max_batch_size_eq1,
     sparsity_fraction,
 )
+from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.workload.job import FineTuneJob
 
 DEFAULT_THROUGHPUT_DATASET = "math_14k"  # Table IV's workload, when the job names no dataset
@@ -44,6 +45,8 @@ class EstimatorOptions:
         estimator's default (calibrated: the paper's hf-2024, else tunecost's own; simulate: tunecost's own).
     host_cpu: the CPU of the machine that runs the GPU (`catalog.host_cpus`), for the cross-GPU throughput model;
         None: each GPU's default host.
+    behaviour: the stack's recipe options that change what a step keeps (`simulate.behaviour.StackBehaviour`:
+        torchtune's chunked loss, activation offload, optimizer in backward), for the simulator that sizes the batch.
     """
 
     name: str = DEFAULT_ESTIMATOR
@@ -53,6 +56,7 @@ class EstimatorOptions:
     steady_state: bool = False
     stack: str | None = None
     host_cpu: str | None = None
+    behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
 
     def __post_init__(self) -> None:
         if self.run_queries is not None and self.run_queries < 1:

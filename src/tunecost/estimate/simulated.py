@@ -20,6 +20,7 @@ from tunecost.estimate.estimators import (
     paper_throughput,
     register_estimator,
 )
+from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.workload.job import FineTuneJob
 
 if TYPE_CHECKING:
@@ -34,16 +35,18 @@ def simulated_max_batch(req: EstimateRequest) -> tuple[int, str]:
     from tunecost.simulate import simulated_max_batch_size
 
     job, stack = req.sizing_job, req.options.stack or SIMULATOR_STACK
-    mbs = int(simulated_max_batch_size(job, req.gpu, stack=stack))
-    return mbs, sizing_note(job, stack, req.gpu)
+    mbs = int(simulated_max_batch_size(job, req.gpu, stack=stack, behaviour=req.options.behaviour))
+    return mbs, sizing_note(job, stack, req.gpu, req.options.behaviour)
 
 
-def sizing_note(job: FineTuneJob, stack: str, gpu: GPU) -> str:
-    """How the step simulator sized the batch: the stack, tokens per query, checkpointing and the GPU memory."""
+def sizing_note(job: FineTuneJob, stack: str, gpu: GPU, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR) -> str:
+    """How the step simulator sized the batch: the stack and its options, tokens per query, checkpointing and the
+    GPU memory."""
     checkpointing = "on" if job.gradient_checkpointing else "off"
+    options = "".join(f"; {line}" for line in behaviour.describe())
     return (
         f"max batch size from the step simulator ({stack} stack, {job.seq_len} tokens per query, "
-        f"gradient checkpointing {checkpointing}; against {gpu.usable_memory_note()})"
+        f"gradient checkpointing {checkpointing}{options}; against {gpu.usable_memory_note()})"
     )
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunecost.errors import DoesNotFit
+from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.simulator import StepSimulation, simulate_step
 from tunecost.units import format_bytes
@@ -65,6 +66,7 @@ def max_batch_size(
     gpu_memory_bytes: int,
     *,
     stack: str = DEFAULT_STACK,
+    behaviour: StackBehaviour = DEFAULT_BEHAVIOUR,
     overhead: DeviceOverhead = DEFAULT_OVERHEAD,
     num_layers_to_trace: int | None = None,
     max_batch: int = MAX_BATCH,
@@ -83,6 +85,7 @@ def max_batch_size(
                 job.with_(batch_size=b),
                 num_layers_to_trace=num_layers_to_trace,
                 stack=stack,
+                behaviour=behaviour,
                 overhead=overhead,
                 use_cache=use_cache,
             )
@@ -184,18 +187,26 @@ def _line_guess(need: Callable[[int], int], simulated, lo: int, hi: int | None, 
     return lo + int((mem - need(lo)) // slope) if slope > 0 else None
 
 
-def fitting_batch_size(job: FineTuneJob, gpu_memory_bytes: int, *, stack: str = DEFAULT_STACK) -> int:
+def fitting_batch_size(
+    job: FineTuneJob,
+    gpu_memory_bytes: int,
+    *,
+    stack: str = DEFAULT_STACK,
+    behaviour: StackBehaviour = DEFAULT_BEHAVIOUR,
+) -> int:
     """Largest batch of `job` that fits `gpu_memory_bytes`, 0 when not even one query fits (not an error)."""
     try:
-        return max_batch_size(job, gpu_memory_bytes, stack=stack).batch_size
+        return max_batch_size(job, gpu_memory_bytes, stack=stack, behaviour=behaviour).batch_size
     except DoesNotFit:
         return 0
 
 
-def simulated_max_batch_size(job: FineTuneJob, gpu, *, stack: str = DEFAULT_STACK) -> int:
+def simulated_max_batch_size(
+    job: FineTuneJob, gpu, *, stack: str = DEFAULT_STACK, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
+) -> int:
     """Largest batch of `job` that fits `gpu` (a catalog GPU or its name), 0 when not even one query fits.
     The GPU's memory is the catalog's `usable_memory_bytes` (the total CUDA reports, where the catalog has it)."""
     from tunecost.catalog.gpus import GPU, resolve_gpu_name
 
     gpu_obj = gpu if isinstance(gpu, GPU) else resolve_gpu_name(str(gpu)).gpu
-    return fitting_batch_size(job, gpu_obj.usable_memory_bytes, stack=stack)
+    return fitting_batch_size(job, gpu_obj.usable_memory_bytes, stack=stack, behaviour=behaviour)

@@ -16,6 +16,15 @@ A `StackBehaviour` names library behaviours of a real training stack, each check
 - ``deepspeed_zero2``: DeepSpeed ZeRO stage 2 in fp16 on one GPU (`DeepSpeedZero2`), as Qwen (1.0)'s single-GPU
   Q-LoRA script runs it: no autocast, so the loss runs in fp16 (`LOSS_MODEL_SHIFTED_NO_AUTOCAST`), and the
   contiguous-gradient buckets DeepSpeed allocates at each backward.
+- ``activation_offload``: torchtune's `OffloadActivations` (torchtune/training/_activation_offloading.py) around
+  the model's forward: every tensor autograd saves that is at least 1024 bytes and not a parameter or buffer is
+  copied to host memory and brought back when backward unpacks it; with CUDA streams (torch >= 2.5) the last five
+  offloaded tensors stay on the device until their copy is done (`max_fwd_stash_size`). The output projection runs
+  under its `NoOpManager` (not offloaded). See `tunecost.simulate.offload`.
+- ``reentrant_checkpointing``: torch.utils.checkpoint's `use_reentrant` where a run sets it (a Trainer's
+  `gradient_checkpointing_kwargs`); None keeps the simulator stack's own (re-entrant for hf-peft and hf-2024).
+- ``optimizer_in_backward``: torchtune's `optimizer_in_bwd` (`training.register_optim_in_bwd_hooks`): one optimizer
+  per parameter, stepped by a post-accumulate-grad hook, which frees the gradient (`step.OptimizerInBackward`).
 
 The default behaviour is the simulator's own (transformers 5 model code): what every command but `validate` uses.
 """
@@ -37,6 +46,9 @@ LOSS_TRANSFORMERS_446 = "transformers-4.46-4.48"
 LOSS_TRANSFORMERS_440 = "transformers-4.40"
 LOSS_MODEL_SHIFTED = "model-shifted-compute-dtype"
 LOSS_MODEL_SHIFTED_NO_AUTOCAST = "model-shifted-no-autocast"
+LOSS_TORCHTUNE = "torchtune"
+LOSS_TORCHTUNE_CHUNKED = "torchtune-chunked"
+TORCHTUNE_OUTPUT_CHUNKS = 8  # CEWithChunkedOutputLoss's default num_output_chunks
 # loss code -> what it keeps, in vocab x tokens tensors beside the compute-dtype logits
 LOSS_CODES: dict[str, str] = {
     LOSS_TRANSFORMERS_5: "loss_utils.ForCausalLMLoss: one fp32 copy of the logits, labels padded (no shifted copy)",
@@ -47,7 +59,14 @@ LOSS_CODES: dict[str, str] = {
     "the cross-entropy",
     LOSS_MODEL_SHIFTED_NO_AUTOCAST: "the model's own loss code without autocast (Qwen 1.0's modeling_qwen.py "
     "under DeepSpeed fp16): a contiguous shifted copy, log-softmax and its gradient all in the compute dtype",
+    LOSS_TORCHTUNE: "torchtune's TransformerDecoder: the output projection upcast to fp32 (`self.output(h).float()`, "
+    "the compute-dtype logits freed), labels shifted by the recipe (no shifted logits copy), cross-entropy on the "
+    "fp32 logits",
+    LOSS_TORCHTUNE_CHUNKED: "torchtune's CEWithChunkedOutputLoss: the output projection per chunk of "
+    f"{TORCHTUNE_OUTPUT_CHUNKS} along the sequence (compute-dtype chunks), each chunk upcast to fp32 inside its own "
+    "cross-entropy (eager: every chunk's fp32 log-softmax kept for backward, one fp32 copy at a time)",
 }
+TORCHTUNE_LOSS_CODES = (LOSS_TORCHTUNE, LOSS_TORCHTUNE_CHUNKED)
 
 ADAMW_TORCH_20 = "torch-2.0-foreach"
 ADAMW_FUSED = "fused"
@@ -56,7 +75,8 @@ ADAMW_IMPLS: dict[str, str] = {
     "": "torch multi-tensor AdamW: one temporary the size of the trainable tensors",
     ADAMW_TORCH_20: "torch 2.0's multi-tensor AdamW (torch/optim/adamw.py: denom = _foreach_add(exp_avg_sq_sqrt, "
     "eps) out of place): two temporaries the size of the trainable tensors",
-    ADAMW_FUSED: "a fused AdamW kernel (DeepSpeed's FusedAdam): no temporaries",
+    ADAMW_FUSED: "a fused AdamW kernel (DeepSpeed's FusedAdam; torch's AdamW with fused=True, as torchtune's "
+    "configs set it): no temporaries",
 }
 
 
@@ -103,6 +123,9 @@ class StackBehaviour:
     loss_code: str = LOSS_TRANSFORMERS_5  # one of LOSS_CODES
     deepspeed_zero2: DeepSpeedZero2 | None = None  # DeepSpeed ZeRO-2 fp16 engine on one GPU (None: not DeepSpeed)
     adamw_impl: str = ""  # one of ADAMW_IMPLS ("": the installed torch's)
+    activation_offload: bool = False  # torchtune's OffloadActivations around the forward
+    optimizer_in_backward: bool = False  # torchtune's optimizer_in_bwd: each parameter stepped in the backward
+    reentrant_checkpointing: bool | None = None  # torch.utils.checkpoint's use_reentrant (None: the stack's default)
 
     def __post_init__(self) -> None:
         if self.loss_code not in LOSS_CODES:
@@ -127,6 +150,22 @@ class StackBehaviour:
             out.append(f"loss of {self.loss_code}: {LOSS_CODES[self.loss_code]}")
         if self.adamw_impl:
             out.append(f"AdamW: {ADAMW_IMPLS[self.adamw_impl]}")
+        if self.activation_offload:
+            out.append(
+                "activation offload (torchtune's OffloadActivations): saved tensors of 1024 bytes or more that are "
+                "not parameters or buffers copied to host memory in forward, the last five kept on the device until "
+                "their copy ends, each brought back when backward unpacks it; the output projection's kept"
+            )
+        if self.optimizer_in_backward:
+            out.append(
+                "optimizer in backward (torchtune's optimizer_in_bwd): one optimizer per parameter, stepped as soon "
+                "as its gradient is complete and the gradient freed, so one gradient is alive at a time"
+            )
+        if self.reentrant_checkpointing is not None:
+            kind = "re-entrant" if self.reentrant_checkpointing else "non-re-entrant"
+            out.append(
+                f"gradient checkpointing {kind} (use_reentrant={self.reentrant_checkpointing}), as the row states"
+            )
         if self.deepspeed_zero2 is not None:
             zero2 = self.deepspeed_zero2
             out.append(
@@ -139,6 +178,24 @@ class StackBehaviour:
 
 
 DEFAULT_BEHAVIOUR = StackBehaviour()
+
+
+def stack_loss_code(stack: str, behaviour: StackBehaviour) -> str:
+    """The loss code a step runs: the paper's 2024 stack always has transformers 4.40's; torchtune its own (the
+    behaviour chooses chunked or not); every other stack the behaviour's."""
+    if stack == "hf-2024":
+        return LOSS_TRANSFORMERS_440
+    if stack == "torchtune" and behaviour.loss_code not in TORCHTUNE_LOSS_CODES:
+        return LOSS_TORCHTUNE
+    return behaviour.loss_code
+
+
+def stack_adamw_impl(stack: str, behaviour: StackBehaviour) -> str:
+    """The AdamW a step runs: the behaviour's, else torchtune's configs' fused AdamW under stack torchtune, else the
+    installed torch's multi-tensor one ("")."""
+    if not behaviour.adamw_impl and stack == "torchtune":
+        return ADAMW_FUSED
+    return behaviour.adamw_impl
 
 
 def causal_lm_loss(loss_code: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -247,3 +304,34 @@ def autocast_attention(base_name: str, compute_dtype: torch.dtype) -> str:
 
         AttentionInterface.register(name, forward)
     return name
+
+
+def torchtune_output(loss_code: str, lm_head: nn.Module, hidden: torch.Tensor) -> torch.Tensor | list[torch.Tensor]:
+    """torchtune's `TransformerDecoder.unembed` after the final norm: the fp32 logits (`self.output(h).float()`, the
+    compute-dtype ones a temporary), or with chunked output the compute-dtype logits of each of the
+    `TORCHTUNE_OUTPUT_CHUNKS` chunks along the sequence (`chunked_output`)."""
+    if loss_code == LOSS_TORCHTUNE_CHUNKED:
+        return [lm_head(chunk) for chunk in hidden.tensor_split(TORCHTUNE_OUTPUT_CHUNKS, dim=1)]
+    return lm_head(hidden).float()
+
+
+def torchtune_loss(output: torch.Tensor | list[torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
+    """torchtune's SFT recipe loss: labels shifted left with an ignored last position (`torch.hstack`), then
+    cross-entropy on the fp32 logits, or CEWithChunkedOutputLoss over the chunks (each upcast to fp32 inside its own
+    cross-entropy, summed and divided by the counted tokens)."""
+    import torch
+    from torch.nn import functional as F
+
+    ignore = -100
+    shifted = torch.hstack((labels[..., 1:], torch.full_like(labels[..., :1], ignore)))
+    if not isinstance(output, list):
+        return F.cross_entropy(output.reshape(-1, output.size(-1)), shifted.reshape(-1), ignore_index=ignore)
+    total = (shifted != ignore).sum()
+    loss = None
+    for chunk, chunk_labels in zip(output, shifted.tensor_split(len(output), dim=1), strict=True):
+        part = F.cross_entropy(
+            chunk.reshape(-1, chunk.size(-1)).float(), chunk_labels.reshape(-1), ignore_index=ignore, reduction="sum"
+        )
+        loss = part if loss is None else loss + part
+    assert loss is not None
+    return loss / total

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.simulate.step import make_batch, optimizer_state_tensors, run_step
 from tunecost.workload.job import FineTuneJob
 
@@ -65,12 +66,14 @@ def profile_step_peak(prepared, batch: dict) -> MeasuredPeak:
     return MeasuredPeak(peak_bytes=static + best, static_bytes=static, step_peak_bytes=best, num_events=num_events)
 
 
-def measure_step_peak(job: FineTuneJob, *, stack: str = "tunecost", seed: int = 0) -> MeasuredPeak:
+def measure_step_peak(
+    job: FineTuneJob, *, stack: str = "tunecost", behaviour: StackBehaviour = DEFAULT_BEHAVIOUR, seed: int = 0
+) -> MeasuredPeak:
     """Build `job`'s model at full depth with real random fp32-or-job-dtype CPU tensors, run one warm-up step,
     then measure the next step's peak."""
     from tunecost.simulate.prepare import build_prepared
 
-    prepared = build_prepared(job, num_units=None, stack=stack, real=True, seed=seed)
+    prepared = build_prepared(job, num_units=None, stack=stack, behaviour=behaviour, real=True, seed=seed)
     config: Any = prepared.model.config  # a transformers or BlackMamba config
     vocab = int(config.vocab_size)
     batch = make_batch(vocab, job.batch_size, job.worst_case_seq_len, None, seed)

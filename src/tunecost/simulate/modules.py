@@ -2,7 +2,8 @@
 
 - `SimLinear`: a frozen `nn.Linear` (compute dtype or 4-bit) with an optional LoRA branch computed as
   x @ A^T then @ B^T (never a merged weight). `style="peft-2024"` reproduces PEFT 0.7's `Linear4bit` LoRA forward
-  (defensive `result.clone()`, then `result += lora_B(lora_A(x)) * scaling`).
+  (defensive `result.clone()`, then `result += lora_B(lora_A(x)) * scaling`); `style="torchtune"` torchtune's
+  `LoRALinear` (adapters in the compute dtype, update added out of place).
 - `SimExperts`: a drop-in for transformers' fused experts (`gate_up_proj` (E, 2I, H), `down_proj` (E, H, I)) with
   frozen or 4-bit weights and split LoRA on gate, up and down per expert, on the routed tokens only. Its data
   flow mirrors transformers' `grouped_mm_experts_forward` (sort by expert, gather, grouped GEMMs, weight, restore).
@@ -117,8 +118,10 @@ class SimLinear(nn.Module):
                     y += (a @ b_t) * self.scaling
                 elif self.style == "peft" and gptq and y.dtype == a.dtype:
                     y += (a @ b_t) * self.scaling
-                elif self.style == "peft" or y.dtype != a.dtype:
-                    y = y + (a @ b_t) * self.scaling  # out of place; lora_dropout 0 is nn.Identity
+                elif self.style in ("peft", "torchtune") or y.dtype != a.dtype:
+                    # out of place; lora_dropout 0 is nn.Identity (torchtune's LoRALinear: `out + scaling *
+                    # lora_b(lora_a(x))`, adapters in the compute dtype)
+                    y = y + (a @ b_t) * self.scaling
                 else:
                     y = torch.addmm(y, a, b_t, alpha=self.scaling)
         return y.view(*lead, self.out_features)

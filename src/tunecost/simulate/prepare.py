@@ -27,7 +27,7 @@ from tunecost.models.anatomy import (
     layer_part,
     router_name,
 )
-from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
+from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, TORCHTUNE_LOSS_CODES, StackBehaviour, stack_adamw_impl
 from tunecost.simulate.hf2024 import Loop2024Experts
 from tunecost.simulate.modules import ModulesToSave, SimExperts, SimLinear, SimLoraRouter
 from tunecost.simulate.quant4bit import Quantized4bit, QuantSpec
@@ -35,16 +35,23 @@ from tunecost.simulate.recorder import LayerPlan
 from tunecost.workload.job import STACKS, FineTuneJob
 
 # LoRA Linear style per stack (see `SimLinear`); re-entrant checkpointing per stack (transformers' default when
-# the Trainer passes no gradient_checkpointing_kwargs, and LLaMA-Factory's in 2024).
-_LORA_STYLE = {"hf-2024": "peft-2024", "hf-peft": "peft"}
+# the Trainer passes no gradient_checkpointing_kwargs, and LLaMA-Factory's in 2024). torchtune wraps each layer in
+# torch's non-re-entrant `checkpoint_wrapper` (`training.set_activation_checkpointing`).
+_LORA_STYLE = {"hf-2024": "peft-2024", "hf-peft": "peft", "torchtune": "torchtune"}
 _REENTRANT_STACKS = ("hf-2024", "hf-peft")
 
 
-def reentrant_checkpointing(job: FineTuneJob, stack: str | None = None) -> bool:
-    """True when the job's decoder layers are recomputed by re-entrant torch.utils.checkpoint (transformers'
-    default, and the paper's LLaMA-Factory); BlackMamba checkpoints its blocks non-re-entrantly."""
+def reentrant_checkpointing(
+    job: FineTuneJob, stack: str | None = None, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
+) -> bool:
+    """True when the job's decoder layers are recomputed by re-entrant torch.utils.checkpoint: the behaviour's
+    choice where it makes one (a Trainer passing `gradient_checkpointing_kwargs={"use_reentrant": ...}`), else the
+    stack's (transformers' default, and the paper's LLaMA-Factory: re-entrant); BlackMamba checkpoints its blocks
+    non-re-entrantly."""
     if not job.gradient_checkpointing or resolve_model(job.model).family == "blackmamba":
         return False
+    if behaviour.reentrant_checkpointing is not None:
+        return behaviour.reentrant_checkpointing
     return (stack or job.stack) in _REENTRANT_STACKS
 
 
@@ -103,6 +110,14 @@ def check_supported(
         raise TunecostError("stack hf-2024 ran QLoRA on bitsandbytes 4-bit weights, not GPTQ")
     if job.method == "qlora" and job.compute_dtype == "fp32" and stack == "hf-2024":
         raise TunecostError("stack hf-2024 ran QLoRA with bf16 compute only; use --dtype bf16 or the tunecost stack")
+    torchtune_only = behaviour.activation_offload or behaviour.optimizer_in_backward
+    if (torchtune_only or behaviour.loss_code in TORCHTUNE_LOSS_CODES) and stack != "torchtune":
+        raise TunecostError(
+            f"torchtune's loss, activation offload and optimizer in backward are simulated under stack torchtune, "
+            f"not {stack}"
+        )
+    if stack == "torchtune" and spec.family == "blackmamba":
+        raise TunecostError(f"{spec.name}: stack torchtune is simulated for transformers' model families")
     if behaviour.kbit_fp32_norms and (job.method != "qlora" or job.attention == "eager"):
         raise TunecostError(
             "prepare_model_for_kbit_training's fp32 norms are simulated for QLoRA with flash or SDPA attention only"
@@ -140,7 +155,10 @@ def _swap_linears(
             continue
         if type(child) is nn.Linear:
             rank, alpha = lora if lora else (None, 0.0)
-            setattr(parent, name, SimLinear(child, quant=quant, lora_rank=rank, lora_alpha=alpha, style=style))
+            # torchtune builds its LoRA model under the compute dtype as the default dtype: adapters in bf16
+            lora_dtype = child.weight.dtype if style == "torchtune" else torch.float32
+            sim = SimLinear(child, quant=quant, lora_rank=rank, lora_alpha=alpha, lora_dtype=lora_dtype, style=style)
+            setattr(parent, name, sim)
         else:
             _swap_linears(child, quant=quant, lora=lora, style=style)
 
@@ -409,7 +427,7 @@ def build_prepared(
         to_fake(model, fake_mode)
     model.train()
     if job.gradient_checkpointing:
-        reentrant = reentrant_checkpointing(job, stack)
+        reentrant = reentrant_checkpointing(job, stack, behaviour)
         enable = getattr(model, "activation_checkpointing_enable", None)
         if spec.family == "blackmamba":
             model.gradient_checkpointing_enable()  # its own: non-reentrant per block
@@ -422,7 +440,8 @@ def build_prepared(
     if wrap is not None:
         wrap(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = simulated_optimizer(job.optimizer, trainable, behaviour.adamw_impl)
+    impl = stack_adamw_impl(stack, behaviour)
+    optimizer = simulated_optimizer(job.optimizer, trainable, impl, in_backward=behaviour.optimizer_in_backward)
     warm_up_optimizer(optimizer, trainable)
     info = module_info(model)
     static = static_tensors(model, info)

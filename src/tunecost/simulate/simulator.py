@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tunecost.errors import TunecostError
-from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
+from tunecost.simulate.behaviour import ADAMW_IMPLS, DEFAULT_BEHAVIOUR, StackBehaviour, stack_adamw_impl
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.records import STATIC_CATEGORIES, StepCounts, total_counts
 
@@ -156,7 +156,9 @@ def _assumptions(
         "when scaled, the full-depth allocated peak plus the reserve's excess over it at the deeper traced depth",
         overhead.describe(),
     ]
-    if job.method != "full":
+    if job.method != "full" and stack == "torchtune":
+        out.append(f"LoRA factors in {job.compute_dtype}, no autocast (torchtune builds the model in its dtype)")
+    elif job.method != "full":
         out.append("LoRA factors stored in fp32 and cast to the compute dtype in forward (PEFT + autocast)")
     else:
         out.append(
@@ -164,7 +166,12 @@ def _assumptions(
             f"{job.compute_dtype} (no fp32 master weights)"
         )
     if job.optimizer == "adamw" and not behaviour.adamw_impl:  # else the behaviour names the stack's AdamW
-        out.append("torch AdamW multi-tensor (foreach) path, as on CUDA: its temporaries span all trainable tensors")
+        impl = stack_adamw_impl(stack, behaviour)
+        out.append(
+            f"AdamW: {ADAMW_IMPLS[impl]}"
+            if impl
+            else "torch AdamW multi-tensor (foreach) path, as on CUDA: its temporaries span all trainable tensors"
+        )
     if job.attention in ("flash", "sdpa"):
         out.append("attention memory as a fused kernel: output + fp32 log-sum-exp saved, no L x L scores")
     if job.method == "qlora" and job.quant_type == "gptq":
@@ -187,15 +194,25 @@ def _assumptions(
             f"modules_to_save {', '.join(job.modules_to_save)}: frozen original kept, a trained copy in the model "
             "dtype with its gradient and optimizer states (PEFT ModulesToSaveWrapper)"
         )
+    # the stack's own checkpointing, unless the behaviour names another (its own line, `StackBehaviour.describe`)
+    own = behaviour.reentrant_checkpointing is None
     if stack == "hf-2024":
         out.append(
             "hf-2024 stack: per-expert loop, PEFT 0.7 Linear4bit LoRA (clone), fp32 logits copies in the "
-            "loss, re-entrant checkpointing, lengths padded to a multiple of 8"
+            "loss, " + ("re-entrant checkpointing, " if own else "") + "lengths padded to a multiple of 8"
         )
     if stack == "hf-peft":
         out.append(
             "hf-peft stack: PEFT >= 0.7 LoRA Linear under autocast (input cast to the fp32 adapter dtype and back, "
-            "update added out of place, no LoRA dropout), re-entrant checkpointing (transformers' default)"
+            "update added out of place, no LoRA dropout)"
+            + (", re-entrant checkpointing (transformers' default)" if own else "")
+        )
+    if stack == "torchtune":
+        out.append(
+            "torchtune stack: its single-device recipes (LoRALinear with the update added out of place, "
+            + ("non-re-entrant checkpoint_wrapper per layer, " if own else "")
+            + "its loss); transformers' model code stands for torchtune's own"
+            + ("; routed experts as tunecost's grouped experts (fp32 adapters)" if spec.is_moe else "")
         )
     if spec.is_moe and (job.method == "qlora" or stack == "hf-2024"):
         out.append(

@@ -18,9 +18,12 @@ from tunecost.simulate.behaviour import (
     ADAMW_FUSED,
     ADAMW_TORCH_20,
     LOSS_TRANSFORMERS_5,
-    LOSS_TRANSFORMERS_440,
+    TORCHTUNE_LOSS_CODES,
     causal_lm_loss,
     gradient_buckets,
+    stack_loss_code,
+    torchtune_loss,
+    torchtune_output,
 )
 from tunecost.simulate.hf2024 import load_balancing_loss_2024
 
@@ -121,10 +124,50 @@ class FusedAdamW(_AdamWStates):
                 torch._foreach_add_(params, grads, alpha=-group["lr"])
 
 
-def simulated_optimizer(name: str, params: list[nn.Parameter], adamw_impl: str = "") -> torch.optim.Optimizer:
+class OptimizerInBackward(torch.optim.Optimizer):
+    """torchtune's `optimizer_in_bwd` (`training.register_optim_in_bwd_hooks`): one optimizer per parameter,
+    stepped by a post-accumulate-grad hook as soon as that parameter's gradient is complete, and its gradient freed
+    (`zero_grad(set_to_none=True)`), so one gradient at a time is alive instead of all of them. `hooks()` installs
+    the hooks around a backward; `step` and `zero_grad` act on what is left (nothing after such a backward)."""
+
+    def __init__(self, optimizers: dict[nn.Parameter, torch.optim.Optimizer]) -> None:
+        self.optimizers = optimizers
+        super().__init__(list(optimizers), {"lr": LEARNING_RATE})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for param, optimizer in self.optimizers.items():
+            if param.grad is not None:
+                optimizer.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers.values():
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+    @contextlib.contextmanager
+    def hooks(self):
+        def done(param: torch.Tensor) -> None:
+            optimizer = self.optimizers[param]  # type: ignore[index]  # a trainable tensor is a parameter
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        handles = [p.register_post_accumulate_grad_hook(done) for p in self.optimizers]
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+
+def simulated_optimizer(
+    name: str, params: list[nn.Parameter], adamw_impl: str = "", *, in_backward: bool = False
+) -> torch.optim.Optimizer:
     """The optimizer as a GPU run would build it: torch AdamW / SGD take the multi-tensor (foreach) path on CUDA,
     whose temporaries span every parameter at once, so foreach is forced here too. `adamw_impl` names another
-    AdamW a stack runs (`behaviour.ADAMW_IMPLS`)."""
+    AdamW a stack runs (`behaviour.ADAMW_IMPLS`); `in_backward` steps each parameter in the backward
+    (`OptimizerInBackward`)."""
+    if in_backward:
+        return OptimizerInBackward({p: simulated_optimizer(name, [p], adamw_impl) for p in params})
     if name == "adamw" and adamw_impl == ADAMW_TORCH_20:
         return AdamWTorch20(params)
     if name == "adamw" and adamw_impl == ADAMW_FUSED:
@@ -149,6 +192,8 @@ def warm_up_optimizer(optimizer: torch.optim.Optimizer, params: list[nn.Paramete
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     """State tensors that live on the device (the 0-d step counters stay on the host)."""
+    if isinstance(optimizer, OptimizerInBackward):
+        return [t for inner in optimizer.optimizers.values() for t in optimizer_state_tensors(inner)]
     out = []
     for state in optimizer.state.values():
         for v in state.values():
@@ -176,19 +221,40 @@ def forward_loss(prepared, batch: dict) -> torch.Tensor:
     model = prepared.model
     if prepared.spec.family == "blackmamba":
         return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
-    loss_code = LOSS_TRANSFORMERS_440 if prepared.stack == "hf-2024" else prepared.behaviour.loss_code
-    if loss_code != LOSS_TRANSFORMERS_5:  # the loss of older model code, on the model's logits
-        moe = {"output_router_logits": True} if prepared.is_moe else {}
+    loss_code = stack_loss_code(prepared.stack, prepared.behaviour)
+    if loss_code == LOSS_TRANSFORMERS_5:
+        return model(**batch, use_cache=False).loss
+    # the loss of other model code, on the model's logits
+    moe = {"output_router_logits": True} if prepared.is_moe else {}
+    offload = _activation_offload(prepared)
+    with offload.forward() if offload is not None else contextlib.nullcontext():
         # the decoder under the LM head: `model.model` in most families, `model.transformer` in GPTBigCode
         out = model.base_model(input_ids=batch["input_ids"], use_cache=False, **moe)
-        logits = model.lm_head(out.last_hidden_state)
-        loss = causal_lm_loss(loss_code, logits, batch["labels"])
-        coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
-        if prepared.is_moe and coef and out.router_logits:
-            loss = loss + coef * load_balancing_loss_2024(out.router_logits, prepared.num_experts, prepared.top_k)
-        del out, logits
+        if loss_code in TORCHTUNE_LOSS_CODES:
+            with offload.kept_on_device() if offload is not None else contextlib.nullcontext():
+                output = torchtune_output(loss_code, model.lm_head, out.last_hidden_state)
+        else:
+            logits = model.lm_head(out.last_hidden_state)
+    if loss_code in TORCHTUNE_LOSS_CODES:
+        loss = torchtune_loss(output, batch["labels"])
+        del out, output
         return loss
-    return model(**batch, use_cache=False).loss
+    loss = causal_lm_loss(loss_code, logits, batch["labels"])
+    coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
+    if prepared.is_moe and coef and out.router_logits:
+        loss = loss + coef * load_balancing_loss_2024(out.router_logits, prepared.num_experts, prepared.top_k)
+    del out, logits
+    return loss
+
+
+def _activation_offload(prepared):
+    """torchtune's activation offload over this model (None: the stack does not offload)."""
+    if not prepared.behaviour.activation_offload:
+        return None
+    from tunecost.simulate.offload import ActivationOffload, check_fake
+
+    check_fake(prepared.model)
+    return ActivationOffload([t for t, _category, _group in prepared.static])
 
 
 def run_step(prepared, batch: dict, recorder=None) -> None:
@@ -205,7 +271,10 @@ def run_step(prepared, batch: dict, recorder=None) -> None:
             loss = forward_loss(prepared, batch)
             phase("backward")
             buckets = gradient_buckets(prepared.behaviour.deepspeed_zero2, prepared.model)
-            loss.backward()
+            optimizer = prepared.optimizer
+            in_backward = optimizer.hooks() if isinstance(optimizer, OptimizerInBackward) else contextlib.nullcontext()
+            with in_backward:
+                loss.backward()
             del loss, buckets  # DeepSpeed frees its gradient buckets when the backward ends
         with rec_ctx:
             phase("optimizer")

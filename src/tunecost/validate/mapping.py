@@ -78,6 +78,20 @@ _ATTENTION = {
 _GRAD_CKPT = {**dict.fromkeys(("on", "true", "yes", "1"), "on"), **dict.fromkeys(("off", "false", "no", "0"), "off")}
 
 
+def grad_ckpt_for(cell: str) -> tuple[str, bool | None] | None:
+    """(on | off, re-entrant or not where the cell says) of a row's grad_ckpt cell; None: not stated. "non-reentrant",
+    "use_reentrant=False" and the like are checkpointing on without re-entrance; "reentrant" with it."""
+    key = cell.strip().lower()
+    if key in _GRAD_CKPT:
+        return _GRAD_CKPT[key], None
+    compact = re.sub(r"[\s_\-]", "", key)
+    if "nonreentrant" in compact or "usereentrant=false" in compact or "usereentrant:false" in compact:
+        return "on", False
+    if "reentrant" in compact:
+        return "on", True
+    return None
+
+
 def attention_for(cell: str) -> str | None:
     """tunecost's attention for a row's attention cell (None: not known). "flash_attention_2", "flash-attn 2",
     "FA2" and "FlashAttention-2" are all flash."""
@@ -296,9 +310,17 @@ def map_row(row: CorpusRow) -> MappedRow:
         raise Skip(
             "throughput with sequences up to seq_len (the dataset's lengths, which set the work, are not in the row)"
         )
-    ckpt = _GRAD_CKPT.get(row.get("grad_ckpt").lower())
-    if ckpt is None:
+    if kind == "max" and not row.get("dataset"):
+        raise Skip(
+            "peak memory with sequences up to seq_len of a dataset the row does not name (whether a batch reaches "
+            "seq_len, the worst case tunecost sizes, is not known)"
+        )
+    if not throughput and names_torch_compile(row):
+        raise Skip("torch.compile not modelled for memory (Inductor's partitioner chooses what the forward keeps)")
+    stated = grad_ckpt_for(row.get("grad_ckpt"))
+    if stated is None:
         raise Skip("gradient checkpointing not stated")
+    ckpt, reentrant = stated
     attention = attention_for(row.get("attention"))
     if attention is None:
         raise Skip(f"attention {row.get('attention')!r} not known")
@@ -351,6 +373,7 @@ def map_row(row: CorpusRow) -> MappedRow:
         stack,
         model_id=row.get("model"),
         stack_versions=row.get("stack_versions"),
+        stack_cell=row.get("stack"),
         num_gpus=num_gpus,
         strategy=strategy,
         family=spec.family,
@@ -366,9 +389,19 @@ def map_row(row: CorpusRow) -> MappedRow:
         strategy=strategy,
         offload=offload,
         deepspeed=deepspeed,
-        behaviour=dataclasses.replace(behaviour, adamw_impl=adamw_impl_for(row.get("optimizer"), behaviour.adamw_impl)),
+        behaviour=dataclasses.replace(
+            behaviour,
+            adamw_impl=adamw_impl_for(row.get("optimizer"), behaviour.adamw_impl),
+            reentrant_checkpointing=reentrant,
+        ),
         note=note,
     )
+
+
+def names_torch_compile(row: CorpusRow) -> bool:
+    """True when a row's stack_versions or notes say the step ran under torch.compile."""
+    stated = f"{row.get('stack_versions')} ; {row.get('notes')}".lower()
+    return "compile" in stated and "compile off" not in stated
 
 
 def framework_of(row: CorpusRow) -> str:

@@ -20,6 +20,8 @@ from tunecost.simulate.behaviour import (
     ADAMW_TORCH_20,
     LOSS_MODEL_SHIFTED,
     LOSS_MODEL_SHIFTED_NO_AUTOCAST,
+    LOSS_TORCHTUNE,
+    LOSS_TORCHTUNE_CHUNKED,
     LOSS_TRANSFORMERS_5,
     LOSS_TRANSFORMERS_440,
     LOSS_TRANSFORMERS_446,
@@ -215,13 +217,32 @@ STACKS: dict[str, Stack] = {
     ),
     "torchtune": Stack(
         name="torchtune",
-        simulator_stack=None,
-        kept_for_backward="torchtune's own model code; activation checkpointing and offloading as recipe options",
-        loss="chunked cross-entropy (optional)",
-        adapters="torchtune LoRA and its own NF4 tensor",
-        allocator="torch.compile changes what is kept",
-        skip_reason="stack torchtune not modelled (own model code, compile, chunked cross-entropy, activation "
-        "offload, own NF4)",
+        simulator_stack="torchtune",
+        kept_for_backward="with activation checkpointing (`enable_activation_checkpointing`), each layer's input "
+        "through torch's non-re-entrant checkpoint_wrapper and the recomputed layer's activations during its "
+        "backward; SDPA keeps the attention output and its log-sum-exp; with activation offload "
+        "(`enable_activation_offloading`, named in the row), every saved tensor of 1024 bytes or more copied to "
+        "host memory, the last five kept on the device while their copies run, the output projection's kept; with "
+        "optimizer in backward (`optimizer_in_bwd`, named in the row) each parameter stepped as soon as its "
+        "gradient is complete and the gradient freed",
+        loss="the output projection upcast to fp32 in the model (`self.output(h).float()`), labels shifted by the "
+        "recipe, cross-entropy on the fp32 logits; with chunked cross-entropy (CEWithChunkedOutputLoss, named in the "
+        "row) the compute-dtype logits of 8 chunks along the sequence, each upcast inside its own cross-entropy",
+        adapters="torchtune's LoRALinear built in the compute dtype (bf16 adapters, no autocast), update added out "
+        "of place; QLoRA on torchao's NF4Tensor (block 64, scales double-quantized per 256: bitsandbytes' nf4 with "
+        "double quantization, de-quantized per matmul); full fine-tune in bf16 (parameters, gradients, AdamW states); "
+        "torch AdamW with fused=True (the recipes' configs)",
+        allocator="as hf-trainer; torchtune logs the peak of active bytes, which the allocated peak stands for",
+        not_modelled=(
+            "torch.compile (rows skipped: Inductor's partitioner chooses what the forward keeps and fuses the "
+            "element-wise kernels)",
+            "torchtune's own model code is simulated with transformers' (same tensors for Llama-style models, "
+            "not checked op for op)",
+            "LinearCrossEntropyLoss (the newer chunked loss with the output projection inside it)",
+            "packing's document masks: a packed batch is simulated as full sequences under one causal mask",
+            "activation offload's backward stream stash (a brought-back tensor kept until the next autograd node)",
+        ),
+        adamw_impl=ADAMW_FUSED,
     ),
 }
 
@@ -313,6 +334,20 @@ def loss_code_for(model_id: str, stack_versions: str, family: str = "") -> str:
     return LOSS_TRANSFORMERS_5
 
 
+_TORCHTUNE_OPTIONS = (  # (how a row names it, the option): recipe settings that change what a step keeps
+    (re.compile(r"chunked[\s_-]*(cross[\s_-]*entropy|ce\b|loss|output)", re.IGNORECASE), "chunked cross-entropy"),
+    (re.compile(r"activation[s]?[\s_-]*offload", re.IGNORECASE), "activation offload"),
+    (re.compile(r"optimi[sz]er[\s_-]*in[\s_-]*(backward|bwd)", re.IGNORECASE), "optimizer in backward"),
+)
+
+
+def torchtune_options(text: str) -> tuple[str, ...]:
+    """The torchtune recipe options a row names (its stack or stack_versions cell): "chunked cross-entropy"
+    (CEWithChunkedOutputLoss), "activation offload" (`enable_activation_offloading`), "optimizer in backward"
+    (`optimizer_in_bwd`)."""
+    return tuple(option for pattern, option in _TORCHTUNE_OPTIONS if pattern.search(text))
+
+
 def behaviour_for(
     stack: Stack,
     *,
@@ -322,11 +357,20 @@ def behaviour_for(
     family: str = "",
     method: str = "",
     strategy: str | None = None,
+    stack_cell: str = "",
 ) -> StackBehaviour:
     """The library behaviours a row's stack reproduces (the fp32 norms unless the parameters are sharded: TRL's
     SFTTrainer skips the preparation for a 4-bit model loaded off the GPU, as under FSDP and ZeRO-3, see
     trl-sft-bnb; FSDP1's held layer inputs come with the fsdp1 strategy, `distributed.fsdp1`; DeepSpeed ZeRO-2 fp16
     for the single-GPU QLoRA rows of a stack that runs them so: see qwen-finetune)."""
+    if stack.simulator_stack == "torchtune":
+        options = torchtune_options(f"{stack_cell} ; {stack_versions}")
+        return StackBehaviour(
+            loss_code=LOSS_TORCHTUNE_CHUNKED if "chunked cross-entropy" in options else LOSS_TORCHTUNE,
+            activation_offload="activation offload" in options,
+            optimizer_in_backward="optimizer in backward" in options,
+            adamw_impl=stack.adamw_impl,
+        )
     loss_code = loss_code_for(model_id, stack_versions, family)
     deepspeed = stack.deepspeed_for(method, num_gpus)
     if deepspeed is not None and loss_code == LOSS_MODEL_SHIFTED:

@@ -50,7 +50,8 @@ from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.model import StackParams, catalog_gpu_terms, step_time
 from tunecost.estimate.throughput.priors import PRIORS
 from tunecost.validate.corpus import CorpusRow
-from tunecost.validate.mapping import MappedRow
+from tunecost.validate.mapping import MappedRow, names_torch_compile
+from tunecost.validate.stacks import torchtune_options
 
 if TYPE_CHECKING:
     from tunecost.distributed.single_step import SingleGpuStep
@@ -184,13 +185,13 @@ def group_key(row: CorpusRow, mapped: MappedRow) -> tuple[str, str, str]:
 
 def unmodelled_settings(row: CorpusRow, mapped: MappedRow) -> str | None:
     """Why the throughput counts cannot represent this row's settings (None: they can)."""
-    stated = f"{row.get('stack_versions')} ; {row.get('notes')}".lower()
+    stated = f"{row.get('stack')} ; {row.get('stack_versions')} ; {row.get('notes')}"
     stack = mapped.stack
     if mapped.job.method == "full" and not stack.full_finetune_modelled:
         return f"full fine-tune under stack {stack.name} not modelled ({stack.full_skip_reason}: not torch AdamW)"
-    if "compile" in stated and "compile off" not in stated:
+    if names_torch_compile(row):
         return "torch.compile not modelled (it fuses the element-wise kernels the eager counts launch one by one)"
-    if "activation offload" in stated:
+    if "activation offload" in torchtune_options(stated):
         return "activation offload not modelled (host copies of the activations)"
     if mapped.job.attention == "eager":
         return "eager attention not modelled for throughput (the counts are FlashAttention-2's)"

@@ -30,8 +30,9 @@ DEFAULT_MOE_LORA_TARGETS: tuple[str, ...] = MOE_LORA_TARGETS
 DEFAULT_DENSE_LORA_TARGETS: tuple[str, ...] = ("attention", "mlp")
 # Named software stacks (library versions and their memory behaviour) the step simulator reproduces:
 # "tunecost" (today's transformers/PEFT with tunecost's experts), "hf-2024" (the paper's 2024 stack) and
-# "hf-peft" (transformers + PEFT LoRA without tunecost's experts; see tunecost.simulate.prepare).
-STACKS: tuple[str, ...] = ("tunecost", "hf-2024", "hf-peft")
+# "hf-peft" (transformers + PEFT LoRA without tunecost's experts; see tunecost.simulate.prepare) and "torchtune"
+# (torchtune's recipes: bf16 adapters, non-re-entrant checkpointing, its own loss; see tunecost.simulate.behaviour).
+STACKS: tuple[str, ...] = ("tunecost", "hf-2024", "hf-peft", "torchtune")
 DEFAULT_STACK = "tunecost"
 DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 QUANT_TYPES: tuple[str, ...] = ("nf4", "fp4", "gptq")  # bitsandbytes nf4/fp4; GPTQ int4 (auto-gptq layout)

@@ -10,14 +10,25 @@ from typing import Annotated
 import typer
 
 from tunecost.cli.commands import estimate_multigpu as multi
-from tunecost.cli.common import checked_host_cpu, cli_errors, console, print_json, print_table, split_list
+from tunecost.cli.common import (
+    checked_host_cpu,
+    cli_errors,
+    console,
+    print_json,
+    print_table,
+    split_list,
+    torchtune_behaviour,
+)
 from tunecost.cli.options import (
     STACK_HELP,
+    ChunkedLoss,
     ExpertsPerToken,
     HostCpuOpt,
     JsonOut,
     MethodName,
     ModelName,
+    OffloadActivations,
+    OptimizerInBackward,
     PricesFile,
     Provider,
     RunQueries,
@@ -196,6 +207,9 @@ def estimate(
     ] = False,
     host_cpu: HostCpuOpt = None,
     stack: Annotated[str | None, opt("--stack", "Software stack that sizes the batch: " + STACK_HELP)] = None,
+    chunked_loss: ChunkedLoss = False,
+    offload_activations: OffloadActivations = False,
+    optimizer_in_backward: OptimizerInBackward = False,
     num_gpus: multi.NumGpus = None,
     gpus_per_node: multi.GpusPerNode = None,
     strategy: multi.Strategy = None,
@@ -239,6 +253,12 @@ def estimate(
         lora_targets=parse_lora_targets(lora_targets) if lora_targets is not None else None,
         stack=stack,
     )
+    behaviour = torchtune_behaviour(
+        stack,
+        chunked_loss=chunked_loss,
+        offload_activations=offload_activations,
+        optimizer_in_backward=optimizer_in_backward,
+    )
     if any(
         v is not None for v in (num_gpus, gpus_per_node, strategy, max_gpus, interconnect, expert_parallel, offload)
     ):
@@ -248,10 +268,12 @@ def estimate(
             or run_queries is not None
             or host_cpu is not None
             or steady_state
+            or not behaviour.is_default
         ):
             raise TunecostError(
                 "--gpus/--strategy estimate with the step simulator and the cross-GPU throughput model; "
-                "--estimator, --calibrate, --run-queries, --steady-state and --host-cpu apply to one GPU only"
+                "--estimator, --calibrate, --run-queries, --steady-state, --host-cpu and the torchtune recipe options "
+                "apply to one GPU only"
             )
         multi.run_multi_gpu(
             job,
@@ -282,6 +304,7 @@ def estimate(
         steady_state=steady_state,
         stack=stack,
         host_cpu=checked_host_cpu(host_cpu),
+        behaviour=behaviour,
     )
     batch_sizes = parse_batch_sizes(batch_size, gpus) if batch_size else None
     rows = estimate_costs(

@@ -9,18 +9,28 @@ from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
 
-from tunecost.cli.common import cli_errors, console, print_json, print_table, progress_callback
+from tunecost.cli.common import (
+    cli_errors,
+    console,
+    print_json,
+    print_table,
+    progress_callback,
+    torchtune_behaviour,
+)
 from tunecost.cli.options import (
     MAX_LAYERS,
     MAX_LORA_RANK,
     STACK_HELP,
     BatchSize,
+    ChunkedLoss,
     ExpertsPerToken,
     GpuMemoryGb,
     GpuMemoryGib,
     JsonOut,
     MethodName,
     ModelName,
+    OffloadActivations,
+    OptimizerInBackward,
     count_option,
     opt,
 )
@@ -114,6 +124,9 @@ def memory(
     gptq_kernel: Annotated[str, opt("--gptq-kernel", GPTQ_KERNEL_HELP)] = "triton-v2",
     modules_to_save: Annotated[str, opt("--modules-to-save", MODULES_TO_SAVE_HELP)] = "",
     stack: Annotated[str, opt("--stack", STACK_HELP)] = "tunecost",
+    chunked_loss: ChunkedLoss = False,
+    offload_activations: OffloadActivations = False,
+    optimizer_in_backward: OptimizerInBackward = False,
     gpu: Annotated[str | None, opt("--gpu", "GPU from the catalog: also report the largest batch that fits.")] = None,
     gpu_memory_gb: GpuMemoryGb = None,
     gpu_memory_gib: GpuMemoryGib = None,
@@ -178,9 +191,20 @@ def memory(
         gpu_bytes = memory_bytes
         gpu_name = f"{gpu_memory_gb:g} GB" if gpu_memory_gb is not None else f"{gpu_memory_gib:g} GiB"
 
+    behaviour = torchtune_behaviour(
+        stack,
+        chunked_loss=chunked_loss,
+        offload_activations=offload_activations,
+        optimizer_in_backward=optimizer_in_backward,
+    )
     with progress_callback("simulating", enabled=not json_out) as report:
         sim = simulate_step(
-            job, num_layers_to_trace=layers_to_trace, stack=stack, use_cache=not no_cache, on_progress=report
+            job,
+            num_layers_to_trace=layers_to_trace,
+            stack=stack,
+            behaviour=behaviour,
+            use_cache=not no_cache,
+            on_progress=report,
         )
         best = None
         if gpu_bytes is not None:
@@ -188,6 +212,7 @@ def memory(
                 job,
                 gpu_bytes,
                 stack=stack,
+                behaviour=behaviour,
                 num_layers_to_trace=layers_to_trace,
                 use_cache=not no_cache,
                 on_progress=report,

@@ -1,0 +1,95 @@
+"""Activation offload as torchtune runs it (`torchtune.training.OffloadActivations`), on the simulator's tensors.
+
+torchtune's recipes enter `OffloadActivations` (a `torch.autograd.graph.saved_tensors_hooks`) around the model's
+forward when `enable_activation_offloading` is set:
+
+- pack: a saved tensor of at least `min_offload_size` (1024) bytes that is not a parameter or buffer is copied to
+  pinned host memory; with CUDA streams (torch >= 2.5, the default) the device tensor is kept in a forward stash
+  until `max_fwd_stash_size` (5) later tensors were offloaded, so that its copy can finish;
+- unpack (backward): the host copy is brought back into a new device tensor, which autograd holds while the node
+  that saved it runs;
+- the output projection runs under `NoOpManager`: its saved tensors stay on the device.
+
+Here the host copy is nothing (host memory is not device memory): pack keeps the tensor's shape, strides and dtype,
+and unpack allocates an empty device tensor of that layout, which the recorder sees as the copy's allocation. The
+values are lost, so this runs on fake tensors only (a simulation, not a measurement). What is not reproduced: the
+backward side's stream stash (a brought-back tensor kept until the next autograd node starts) and pinned-memory
+limits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from tunecost.errors import TunecostError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from torch import nn
+
+MIN_OFFLOAD_BYTES = 1024  # OffloadActivations' min_offload_size default
+FORWARD_STASH = 5  # OffloadActivations' max_fwd_stash_size default
+
+
+@dataclass(frozen=True)
+class _OnHost:
+    """A saved tensor that went to host memory: what is needed to bring it back."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+
+
+class ActivationOffload:
+    """The saved-tensor hooks of `OffloadActivations` over one forward; `static` are the parameters and buffers
+    (never offloaded). Use `forward()` around the model's forward and `kept_on_device()` around the output
+    projection."""
+
+    def __init__(self, static: list[torch.Tensor]) -> None:
+        self._static = {id(t.untyped_storage()) for t in static}
+        self._stash: deque[torch.Tensor] = deque(maxlen=FORWARD_STASH)
+        self._enabled = True
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        if not self._enabled or t.numel() * t.element_size() < MIN_OFFLOAD_BYTES:
+            return t
+        if id(t.untyped_storage()) in self._static:
+            return t
+        self._stash.append(t)  # the forward stash; the oldest drops out as a sixth arrives
+        return _OnHost(tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
+
+    @staticmethod
+    def _unpack(packed: Any) -> torch.Tensor:
+        if isinstance(packed, _OnHost):
+            return torch.empty_strided(packed.shape, packed.stride, dtype=packed.dtype, device=packed.device)
+        return packed
+
+    @contextmanager
+    def forward(self) -> Iterator[None]:
+        with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
+            yield
+        self._stash.clear()  # backward's first node waits on the stash's copies and drops it
+
+    @contextmanager
+    def kept_on_device(self) -> Iterator[None]:
+        """torchtune's `NoOpManager` around the output projection."""
+        self._enabled = False
+        try:
+            yield
+        finally:
+            self._enabled = True
+
+
+def check_fake(model: nn.Module) -> None:
+    """Activation offload is simulated on fake tensors only: its host copies keep no values."""
+    from tunecost.simulate.quant4bit import is_fake
+
+    if not any(is_fake(p) for p in model.parameters()):
+        raise TunecostError("activation offload is simulated only (fake tensors), not measured on real tensors")
