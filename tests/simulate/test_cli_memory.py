@@ -118,3 +118,17 @@ def test_memory_torchtune_recipe_options(cli_json, cli_error, tmp_path) -> None:
     assert any("CEWithChunkedOutputLoss" in line for line in chunked["assumptions"])
     line = cli_error(["memory", "--model", str(config), "--offload-activations"])
     assert "--offload-activations needs --stack torchtune" in line and "not 'tunecost'" in line
+
+
+def test_memory_names_how_checkpointed_layers_are_recomputed(cli_json, tmp_path) -> None:
+    """--non-reentrant under the re-entrant hf-peft stack: the simulation runs it and says so."""
+    sizes = gqa_attention(64, 4)
+    config = write_llama_config(
+        tmp_path / "config.json", intermediate_size=128, num_hidden_layers=2, vocab_size=256, **sizes
+    )
+    common = dict(model=str(config), method="lora", seq_len=32, stack="hf-peft", no_cache=True)
+    own = cli_json("memory", **common)
+    named = cli_json("memory", non_reentrant=True, **common)
+    assert any("re-entrant checkpointing (transformers' default)" in line for line in own["assumptions"])
+    assert any("use_reentrant=False" in line for line in named["assumptions"])
+    assert not any("transformers' default" in line for line in named["assumptions"])

@@ -225,11 +225,17 @@ def checked_host_cpu(value: str | None) -> str | None:
         raise TunecostError(f"--host-cpu: {exc}") from None
 
 
-def torchtune_behaviour(
-    stack: str | None, *, chunked_loss: bool, offload_activations: bool, optimizer_in_backward: bool = False
+def stack_behaviour(
+    stack: str | None,
+    *,
+    chunked_loss: bool = False,
+    offload_activations: bool = False,
+    optimizer_in_backward: bool = False,
+    reentrant: bool | None = None,
 ) -> Any:
-    """The `StackBehaviour` of --chunked-loss, --offload-activations and --optimizer-in-backward, which are
-    torchtune recipe options."""
+    """The `StackBehaviour` of the stack options: --chunked-loss, --offload-activations and --optimizer-in-backward
+    (torchtune recipe options) and --reentrant/--non-reentrant (torch.utils.checkpoint's use_reentrant, which a
+    Trainer sets through gradient_checkpointing_kwargs)."""
     from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, LOSS_TORCHTUNE, LOSS_TORCHTUNE_CHUNKED, StackBehaviour
 
     flags = (
@@ -238,14 +244,15 @@ def torchtune_behaviour(
         ("--optimizer-in-backward", optimizer_in_backward),
     )
     named = [flag for flag, on in flags if on]
-    if not named:
-        return DEFAULT_BEHAVIOUR
-    if stack != "torchtune":
+    if named and stack != "torchtune":
         verb = "need" if len(named) > 1 else "needs"
         given = f"not {stack!r}" if stack else "none given"
         raise TunecostError(f"{' and '.join(named)} {verb} --stack torchtune (torchtune recipe options; {given})")
+    if not named and reentrant is None:
+        return DEFAULT_BEHAVIOUR
     return StackBehaviour(
-        loss_code=LOSS_TORCHTUNE_CHUNKED if chunked_loss else LOSS_TORCHTUNE,
+        loss_code=LOSS_TORCHTUNE_CHUNKED if chunked_loss else LOSS_TORCHTUNE if named else DEFAULT_BEHAVIOUR.loss_code,
         activation_offload=offload_activations,
         optimizer_in_backward=optimizer_in_backward,
+        reentrant_checkpointing=reentrant,
     )

@@ -121,6 +121,14 @@ ChunkedLoss = Annotated[
 OffloadActivations = Annotated[
     bool, opt("--offload-activations", "With --stack torchtune: activation offload (saved tensors to host memory).")
 ]
+Reentrant = Annotated[
+    bool | None,
+    opt(
+        "--reentrant/--non-reentrant",
+        "How checkpointed layers are recomputed: torch.utils.checkpoint's use_reentrant (default: the stack's own; "
+        "re-entrant for hf-peft and hf-2024, as transformers' Trainer without gradient_checkpointing_kwargs).",
+    ),
+]
 OptimizerInBackward = Annotated[
     bool,
     opt("--optimizer-in-backward", "With --stack torchtune: optimizer_in_bwd (each gradient freed once applied)."),

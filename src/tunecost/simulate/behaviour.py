@@ -164,7 +164,8 @@ class StackBehaviour:
         if self.reentrant_checkpointing is not None:
             kind = "re-entrant" if self.reentrant_checkpointing else "non-re-entrant"
             out.append(
-                f"gradient checkpointing {kind} (use_reentrant={self.reentrant_checkpointing}), as the row states"
+                f"checkpointed layers, if any, recomputed by {kind} torch.utils.checkpoint "
+                f"(use_reentrant={self.reentrant_checkpointing}), as named"
             )
         if self.deepspeed_zero2 is not None:
             zero2 = self.deepspeed_zero2

@@ -65,17 +65,18 @@ class ActivationOffload:
         self._stash.append(t)  # the forward stash; the oldest drops out as a sixth arrives
         return _OnHost(tuple(t.shape), tuple(t.stride()), t.dtype, t.device)
 
-    @staticmethod
-    def _unpack(packed: Any) -> torch.Tensor:
+    def _unpack(self, packed: Any) -> torch.Tensor:
+        self._stash.clear()  # backward's first unpacking node waits on the stash's copies and drops it
         if isinstance(packed, _OnHost):
             return torch.empty_strided(packed.shape, packed.stride, dtype=packed.dtype, device=packed.device)
         return packed
 
     @contextmanager
     def forward(self) -> Iterator[None]:
+        """The hooks over the model's forward: the stash outlives it (through the loss) until backward starts
+        unpacking, as torchtune's does."""
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield
-        self._stash.clear()  # backward's first node waits on the stash's copies and drops it
 
     @contextmanager
     def kept_on_device(self) -> Iterator[None]:

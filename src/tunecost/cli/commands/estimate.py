@@ -17,7 +17,7 @@ from tunecost.cli.common import (
     print_json,
     print_table,
     split_list,
-    torchtune_behaviour,
+    stack_behaviour,
 )
 from tunecost.cli.options import (
     STACK_HELP,
@@ -31,6 +31,7 @@ from tunecost.cli.options import (
     OptimizerInBackward,
     PricesFile,
     Provider,
+    Reentrant,
     RunQueries,
     SeqLen,
     opt,
@@ -210,6 +211,7 @@ def estimate(
     chunked_loss: ChunkedLoss = False,
     offload_activations: OffloadActivations = False,
     optimizer_in_backward: OptimizerInBackward = False,
+    reentrant: Reentrant = None,
     num_gpus: multi.NumGpus = None,
     gpus_per_node: multi.GpusPerNode = None,
     strategy: multi.Strategy = None,
@@ -253,11 +255,12 @@ def estimate(
         lora_targets=parse_lora_targets(lora_targets) if lora_targets is not None else None,
         stack=stack,
     )
-    behaviour = torchtune_behaviour(
+    behaviour = stack_behaviour(
         stack,
         chunked_loss=chunked_loss,
         offload_activations=offload_activations,
         optimizer_in_backward=optimizer_in_backward,
+        reentrant=reentrant,
     )
     if any(
         v is not None for v in (num_gpus, gpus_per_node, strategy, max_gpus, interconnect, expert_parallel, offload)
@@ -272,7 +275,8 @@ def estimate(
         ):
             raise TunecostError(
                 "--gpus/--strategy estimate with the step simulator and the cross-GPU throughput model; "
-                "--estimator, --calibrate, --run-queries, --steady-state, --host-cpu and the torchtune recipe options "
+                "--estimator, --calibrate, --run-queries, --steady-state, --host-cpu and the stack options "
+                "(--chunked-loss, --offload-activations, --optimizer-in-backward, --reentrant/--non-reentrant) "
                 "apply to one GPU only"
             )
         multi.run_multi_gpu(

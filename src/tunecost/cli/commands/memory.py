@@ -15,7 +15,7 @@ from tunecost.cli.common import (
     print_json,
     print_table,
     progress_callback,
-    torchtune_behaviour,
+    stack_behaviour,
 )
 from tunecost.cli.options import (
     MAX_LAYERS,
@@ -31,6 +31,7 @@ from tunecost.cli.options import (
     ModelName,
     OffloadActivations,
     OptimizerInBackward,
+    Reentrant,
     count_option,
     opt,
 )
@@ -127,6 +128,7 @@ def memory(
     chunked_loss: ChunkedLoss = False,
     offload_activations: OffloadActivations = False,
     optimizer_in_backward: OptimizerInBackward = False,
+    reentrant: Reentrant = None,
     gpu: Annotated[str | None, opt("--gpu", "GPU from the catalog: also report the largest batch that fits.")] = None,
     gpu_memory_gb: GpuMemoryGb = None,
     gpu_memory_gib: GpuMemoryGib = None,
@@ -191,11 +193,12 @@ def memory(
         gpu_bytes = memory_bytes
         gpu_name = f"{gpu_memory_gb:g} GB" if gpu_memory_gb is not None else f"{gpu_memory_gib:g} GiB"
 
-    behaviour = torchtune_behaviour(
+    behaviour = stack_behaviour(
         stack,
         chunked_loss=chunked_loss,
         offload_activations=offload_activations,
         optimizer_in_backward=optimizer_in_backward,
+        reentrant=reentrant,
     )
     with progress_callback("simulating", enabled=not json_out) as report:
         sim = simulate_step(
