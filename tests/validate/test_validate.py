@@ -688,6 +688,10 @@ def test_torchtune_rows_name_their_recipe_options(corpus) -> None:
     with pytest.raises(Skip, match="dataset the row does not name"):
         mapped(seq_len_kind="max", dataset="")
     assert mapped(seq_len_kind="max", dataset="alpaca, longest 4096 tokens").job.seq_len == int(base.get("seq_len"))
+    multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
+    for parallelism, strategy in (("FSDP", "fsdp2"), ("fsdp1 full shard", "fsdp1")):
+        cells = {**multi.cells, "stack": "torchtune", "parallelism": parallelism}
+        assert map_row(CorpusRow(path=multi.path, line=multi.line, cells=cells)).strategy == strategy
 
 
 def test_grad_ckpt_cells_say_how_layers_are_recomputed(corpus) -> None:

@@ -286,6 +286,8 @@ def map_row(row: CorpusRow) -> MappedRow:
         raise Skip(f"unknown stack {row.get('stack')!r}")
     if stack.simulator_stack is None and not throughput:
         raise Skip(stack.skip_reason or f"stack {stack.name} not modelled")
+    if strategy == "fsdp1" and stack.simulator_stack == "torchtune" and "fsdp1" not in row.get("parallelism").lower():
+        strategy = "fsdp2"  # torchtune's distributed recipes shard with FSDP2's fully_shard, not accelerate's FSDP1
     try:
         spec = resolve_model(row.get("model"))
     except TunecostError:

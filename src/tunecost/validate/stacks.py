@@ -224,7 +224,8 @@ STACKS: dict[str, Stack] = {
         "(`enable_activation_offloading`, named in the row), every saved tensor of 1024 bytes or more copied to "
         "host memory, the last five kept on the device while their copies run, the output projection's kept; with "
         "optimizer in backward (`optimizer_in_bwd`, named in the row) each parameter stepped as soon as its "
-        "gradient is complete and the gradient freed",
+        "gradient is complete and the gradient freed; on several GPUs, one rank of the fsdp2 strategy (torchtune's "
+        "distributed recipes shard with FSDP2's fully_shard)",
         loss="the output projection upcast to fp32 in the model (`self.output(h).float()`), labels shifted by the "
         "recipe, cross-entropy on the fp32 logits; with chunked cross-entropy (CEWithChunkedOutputLoss, named in the "
         "row) the compute-dtype logits of 8 chunks along the sequence, each upcast inside its own cross-entropy",
