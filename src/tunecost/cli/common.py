@@ -236,7 +236,7 @@ def stack_behaviour(
     """The `StackBehaviour` of the stack options: --chunked-loss, --offload-activations and --optimizer-in-backward
     (torchtune recipe options) and --reentrant/--non-reentrant (torch.utils.checkpoint's use_reentrant, which a
     Trainer sets through gradient_checkpointing_kwargs)."""
-    from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, LOSS_TORCHTUNE, LOSS_TORCHTUNE_CHUNKED, StackBehaviour
+    from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour, torchtune_behaviour
 
     flags = (
         ("--chunked-loss", chunked_loss),
@@ -248,11 +248,11 @@ def stack_behaviour(
         verb = "need" if len(named) > 1 else "needs"
         given = f"not {stack!r}" if stack else "none given"
         raise TunecostError(f"{' and '.join(named)} {verb} --stack torchtune (torchtune recipe options; {given})")
-    if not named and reentrant is None:
-        return DEFAULT_BEHAVIOUR
-    return StackBehaviour(
-        loss_code=LOSS_TORCHTUNE_CHUNKED if chunked_loss else LOSS_TORCHTUNE if named else DEFAULT_BEHAVIOUR.loss_code,
-        activation_offload=offload_activations,
-        optimizer_in_backward=optimizer_in_backward,
-        reentrant_checkpointing=reentrant,
-    )
+    if named:
+        return torchtune_behaviour(
+            chunked_loss=chunked_loss,
+            activation_offload=offload_activations,
+            optimizer_in_backward=optimizer_in_backward,
+            reentrant_checkpointing=reentrant,
+        )
+    return DEFAULT_BEHAVIOUR if reentrant is None else StackBehaviour(reentrant_checkpointing=reentrant)

@@ -181,6 +181,19 @@ class StackBehaviour:
 DEFAULT_BEHAVIOUR = StackBehaviour()
 
 
+def torchtune_behaviour(
+    *, chunked_loss: bool = False, activation_offload: bool = False, optimizer_in_backward: bool = False, **fields: Any
+) -> StackBehaviour:
+    """torchtune's recipe with its options: its loss (`CEWithChunkedOutputLoss` with `chunked_loss`), activation
+    offload, optimizer in backward; `fields` are other `StackBehaviour` fields (the AdamW, checkpointing)."""
+    return StackBehaviour(
+        loss_code=LOSS_TORCHTUNE_CHUNKED if chunked_loss else LOSS_TORCHTUNE,
+        activation_offload=activation_offload,
+        optimizer_in_backward=optimizer_in_backward,
+        **fields,
+    )
+
+
 def stack_loss_code(stack: str, behaviour: StackBehaviour) -> str:
     """The loss code a step runs: the paper's 2024 stack always has transformers 4.40's; torchtune its own (the
     behaviour chooses chunked or not); every other stack the behaviour's."""

@@ -20,13 +20,12 @@ from tunecost.simulate.behaviour import (
     ADAMW_TORCH_20,
     LOSS_MODEL_SHIFTED,
     LOSS_MODEL_SHIFTED_NO_AUTOCAST,
-    LOSS_TORCHTUNE,
-    LOSS_TORCHTUNE_CHUNKED,
     LOSS_TRANSFORMERS_5,
     LOSS_TRANSFORMERS_440,
     LOSS_TRANSFORMERS_446,
     DeepSpeedZero2,
     StackBehaviour,
+    torchtune_behaviour,
 )
 
 
@@ -366,8 +365,8 @@ def behaviour_for(
     for the single-GPU QLoRA rows of a stack that runs them so: see qwen-finetune)."""
     if stack.simulator_stack == "torchtune":
         options = torchtune_options(f"{stack_cell} ; {stack_versions}")
-        return StackBehaviour(
-            loss_code=LOSS_TORCHTUNE_CHUNKED if "chunked cross-entropy" in options else LOSS_TORCHTUNE,
+        return torchtune_behaviour(
+            chunked_loss="chunked cross-entropy" in options,
             activation_offload="activation offload" in options,
             optimizer_in_backward="optimizer in backward" in options,
             adamw_impl=stack.adamw_impl,
