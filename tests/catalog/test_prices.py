@@ -76,8 +76,7 @@ def test_user_file_overrides_and_extends(tmp_path) -> None:
     ("row", "message"),
     [
         ("p,A40,abc,2025-01-01,https://x.org", r"row 2: column 'usd_per_gpu_hour' is not a number: 'abc'"),
-        ("p,A40,0,2025-01-01,https://x.org", "row 2: usd_per_gpu_hour must be > 0"),
-        ("p,A40,-1,2025-01-01,https://x.org", "row 2: usd_per_gpu_hour must be > 0"),
+        ("p,A40,-1,2025-01-01,https://x.org", "row 2: usd_per_gpu_hour must be >= 0"),  # 0 is owned hardware
         ("p,A40,1.0,01/02/2025,https://x.org", "row 2: date must be YYYY-MM-DD"),
         ("p,A40,1.0,,https://x.org", "row 2: date must be YYYY-MM-DD"),
         ("p,A40,1.0,2025-01-01,", "row 2: every price needs a source_url"),

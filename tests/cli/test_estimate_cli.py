@@ -188,7 +188,7 @@ def test_estimate_json(cli_runner) -> None:
 
 
 def test_estimate_table_names_estimator(cli_runner) -> None:
-    result = cli_runner.invoke(app, ESTIMATE)
+    result = cli_runner.invoke(app, [*ESTIMATE, "--verbose"])
     assert result.exit_code == 0, result.output
     text = _flat(result.stdout)  # rich wraps the title and notes at the runner's 80 columns
     assert "(estimator: paper)" in text
@@ -223,7 +223,7 @@ VALID = {"cost": {**COST, "--usd-per-hour": "0.79"}, "estimate": PAPER_ESTIMATE}
         ("cost", {"--epochs": "-1"}, "epochs must be > 0"),
         ("cost", {"--throughput": "0"}, "throughput must be > 0 queries/s"),
         ("cost", {"--throughput": "-1.01"}, "throughput must be > 0 queries/s"),
-        ("cost", {"--usd-per-hour": "0"}, "price must be > 0"),
+        ("cost", {"--usd-per-hour": "-1"}, "price must be >= 0"),
         ("estimate", {"--gpu": "A40,TPU-v5e"}, "unknown GPU 'TPU-v5e'"),
         ("estimate", {"--model": "mixtral-9x9b"}, "unknown model 'mixtral-9x9b'"),
         ("estimate", {"--provider": "nocloud"}, "unknown provider 'nocloud'"),
@@ -267,9 +267,12 @@ def test_estimate_all_gpus(cli_runner) -> None:
 def eq1_batches(monkeypatch):
     """The calibrated estimator sizes batches with eq. (1): the simulator's search takes tens of seconds per GPU
     (its own tests cover it)."""
+    from tunecost.errors import TunecostError
     from tunecost.estimate import calibrated
 
-    monkeypatch.setattr(calibrated, "_simulated_max_batch", lambda req: None)
+    monkeypatch.setattr(
+        calibrated, "_simulated_sizing", lambda req: (_ for _ in ()).throw(TunecostError("no step simulator here"))
+    )
 
 
 def test_default_estimator_answers_for_every_gpu(cli_runner, eq1_batches) -> None:
@@ -279,7 +282,8 @@ def test_default_estimator_answers_for_every_gpu(cli_runner, eq1_batches) -> Non
     assert {r["gpu"] for r in rows} == {"A40-48GB", "A100-80GB-SXM", "H100-80GB-SXM"}
     for r in rows:
         assert r["queries_per_s_low"] < r["queries_per_s"] < r["queries_per_s_high"] and r["fits"]
-        assert r["usd"] == pytest.approx(14000 * 10 / r["queries_per_s"] / 3600 * r["usd_per_hour"])
+        hours = 14000 * 10 / r["queries_per_s"] / 3600 + r["startup_s"] / 3600  # one run, start-up once
+        assert r["usd"] == pytest.approx(hours * r["usd_per_hour"])
 
 
 def test_estimate_calibrates_on_several_files_or_a_folder(cli_runner, write_file) -> None:
@@ -305,9 +309,9 @@ def test_a_fixed_batch_that_does_not_fit_is_marked(cli_runner) -> None:
     (row,) = _ok_json(cli_runner, _args("estimate", opts, "--json"))
     assert (row["batch_size"], row["max_batch_size"], row["fits"]) == (9, 8, False)
     assert "DOES NOT FIT: batch 9 is more than the 8 that fit in A40-48GB" in row["notes"]
-    table = cli_runner.invoke(app, _args("estimate", opts))
+    table = cli_runner.invoke(app, [*_args("estimate", opts), "--verbose"])
     assert table.exit_code == 0 and any(
-        line.startswith("│ A40") and "│ NO" in line for line in table.stdout.splitlines()
+        line.startswith("│ A40") and "│ no" in line for line in table.stdout.splitlines()
     )
 
 
@@ -315,7 +319,10 @@ def test_lora_targets_follow_the_models_anatomy(cli_runner, cli_error, monkeypat
     from tunecost.estimate import calibrated
 
     jobs = []
-    monkeypatch.setattr(calibrated, "_simulated_max_batch", lambda req: jobs.append(req.job) or (4, "fake batch"))
+    from tunecost.estimate.estimators import Sizing
+
+    fake = Sizing(max_batch_size=4, borderline_batch_size=4, note="fake batch")
+    monkeypatch.setattr(calibrated, "_simulated_sizing", lambda req: jobs.append(req.job) or fake)
     dense = {"--model": "meta-llama/Llama-2-7b-hf", "--gpu": "A40", "--dataset": "math_14k", "--epochs": "1"}
     _ok_json(cli_runner, _args("estimate", {**dense, "--method": "lora"}, "--json"))
     _ok_json(cli_runner, _args("estimate", {**PAPER_ESTIMATE, "--gpu": "A40", "--estimator": "calibrated"}, "--json"))

@@ -71,7 +71,7 @@ def test_search_finds_the_smallest_count_and_the_cheapest(tiny):
     job, _step = tiny
     gpu = resolve_gpu_name("H100").gpu
     answer = estimate_multi_gpu(job, gpus=[gpu], strategies=["ddp", "fsdp2"], max_gpus=16, num_queries=100, epochs=1)
-    assert answer.smallest_fitting[(gpu.name, "ddp")].plan.num_gpus == 1  # a tiny model fits one GPU
+    assert answer.smallest_fitting[(gpu.name, "single")].plan.num_gpus == 1  # a tiny model fits one GPU
     best = answer.cheapest
     assert best is not None and all(best.usd <= s.usd for s in answer.setups if s.usd is not None)
 

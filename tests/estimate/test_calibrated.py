@@ -15,7 +15,24 @@ MEASUREMENTS_HEADER = "model,dataset,gpu,experts_per_token,batch_size,queries_pe
 @pytest.fixture
 def no_simulator(monkeypatch):
     """Size batches with eq. (1): the simulator's search takes minutes per GPU (its own tests cover it)."""
-    monkeypatch.setattr(calibrated, "_simulated_max_batch", lambda req: None)
+
+    def unavailable(req):
+        raise TunecostError("no step simulator here")
+
+    monkeypatch.setattr(calibrated, "_simulated_sizing", unavailable)
+
+
+def fake_sizing(calls: list, batch: int):
+    """A stand-in for the simulator's sizing that records (model, GPU, stack, behaviour) and answers `batch`."""
+    from tunecost.estimate.estimators import Sizing
+    from tunecost.estimate.simulated import sizing_note
+    from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
+
+    def fake(job, gpu, behaviour=DEFAULT_BEHAVIOUR):
+        calls.append((job.model, gpu.name, job.stack, behaviour))
+        return Sizing(max_batch_size=batch, borderline_batch_size=batch, note=sizing_note(job, gpu, behaviour))
+
+    return fake
 
 
 def test_registered_with_a_description() -> None:
@@ -50,70 +67,46 @@ def test_own_calibration_file_replaces_the_default(no_simulator, write_file, mak
         "bm.csv", "model,dataset,gpu,experts_per_token,sparsity,batch_size,queries_per_s\n" + "\n".join(rows) + "\n"
     )
     point = calibrated.calibrated_estimator(make_request(calibrate=(path,)))
-    assert any(f"{len(rows)} points of {path}" in n for n in point.notes)
+    assert any(f"{len(rows)} points of {path.name}" in n for n in point.notes)
     assert any("model mixtral-8x7b not in the calibration" in n for n in point.notes)
     with pytest.raises(TunecostError, match="calibration file not found"):
         calibrated.calibrated_estimator(make_request(calibrate=(path.with_name("missing.csv"),)))
 
 
 def test_uses_the_simulator_when_it_answers(monkeypatch, make_request) -> None:
-    import tunecost.simulate as simulate
-
-    calls = []
-
-    def fake(job, gpu, *, stack, behaviour):
-        calls.append((job.model, gpu.name, stack))
-        return 3
-
-    monkeypatch.setattr(simulate, "simulated_max_batch_size", fake)
+    calls: list = []
+    monkeypatch.setattr(calibrated, "simulated_sizing", fake_sizing(calls, 3))
     point = calibrated.calibrated_estimator(make_request())
-    assert point.max_batch_size == 3 and calls == [("mixtral-8x7b", "A40-48GB", "hf-2024")]
-    assert "step simulator (hf-2024 stack" in point.notes[0]
+    assert point.max_batch_size == 3 and [c[:3] for c in calls] == [("mixtral-8x7b", "A40-48GB", "tunecost")]
+    assert "step simulator (tunecost stack" in point.notes[0]
 
 
 def test_the_stack_the_user_names_sizes_the_batch(monkeypatch, make_request) -> None:
-    """`estimate --stack S`: the simulator sizes the batch on S alone, and the note names S and checkpointing."""
-    import tunecost.simulate as simulate
-
-    calls = []
-
-    def fake(job, gpu, *, stack, behaviour):
-        calls.append(stack)
-        return 5
-
-    monkeypatch.setattr(simulate, "simulated_max_batch_size", fake)
+    """`estimate --stack S`: the simulator sizes the batch on S, and the note names S, checkpointing and margin."""
+    calls: list = []
+    monkeypatch.setattr(calibrated, "simulated_sizing", fake_sizing(calls, 5))
     point = calibrated.calibrated_estimator(make_request(stack="hf-peft"))
-    assert point.max_batch_size == 5 and calls == ["hf-peft"]
-    assert (
-        "step simulator (hf-peft stack, 512 tokens per query, gradient checkpointing on; against 44.34 GiB, the "
-        "total CUDA reports (datasheet 48 GB))" in point.notes[0]
-    )
+    assert point.max_batch_size == 5 and [c[2] for c in calls] == ["hf-peft"]
+    assert "step simulator (hf-peft stack, 512 tokens per query, gradient checkpointing on; " in point.notes[0]
+    assert "safety margin against 44.34 GiB, the total CUDA reports (datasheet 48 GB)" in point.notes[0]
 
 
 def test_the_stacks_recipe_options_size_the_batch(monkeypatch, make_request) -> None:
     """`estimate --stack torchtune --chunked-loss`: the options reach the simulator and the note names them."""
-    import tunecost.simulate as simulate
     from tunecost.simulate.behaviour import LOSS_TORCHTUNE_CHUNKED, StackBehaviour
 
-    calls = []
-
-    def fake(job, gpu, *, stack, behaviour):
-        calls.append((stack, behaviour))
-        return 7
-
-    monkeypatch.setattr(simulate, "simulated_max_batch_size", fake)
+    calls: list = []
+    monkeypatch.setattr(calibrated, "simulated_sizing", fake_sizing(calls, 7))
     chunked = StackBehaviour(loss_code=LOSS_TORCHTUNE_CHUNKED)
     point = calibrated.calibrated_estimator(make_request(stack="torchtune", behaviour=chunked))
-    assert point.max_batch_size == 7 and calls == [("torchtune", chunked)]
+    assert point.max_batch_size == 7 and [(c[2], c[3]) for c in calls] == [("torchtune", chunked)]
     assert "torchtune stack" in point.notes[0] and "CEWithChunkedOutputLoss" in point.notes[0]
 
 
 def test_model_without_batch_model_is_a_clear_error(monkeypatch, make_request) -> None:
-    import tunecost.simulate as simulate
-
-    def refuse(job, gpu, *, stack, behaviour):
+    def refuse(job, gpu, behaviour=None):
         raise TunecostError(f"{job.model}: not simulated")
 
-    monkeypatch.setattr(simulate, "simulated_max_batch_size", refuse)
+    monkeypatch.setattr(calibrated, "simulated_sizing", refuse)
     with pytest.raises(TunecostError, match=r"no maximum batch size for olmoe-1b-7b: .*not simulated.*eq\. \(1\)"):
         calibrated.calibrated_estimator(make_request(model="olmoe-1b-7b"))

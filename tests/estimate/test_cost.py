@@ -51,7 +51,10 @@ def test_simple_cost_carries_price_provenance() -> None:
 @pytest.mark.parametrize("bad", [0, -2])
 def test_simple_cost_rejects_nonpositive(field: str, bad: float) -> None:
     kwargs = {"num_queries": 15000, "epochs": 10, "queries_per_s": 1.01, "usd_per_hour": 0.79, field: bad}
-    with pytest.raises(TunecostError, match="must be > 0"):
+    if field == "usd_per_hour" and bad == 0:  # owned hardware
+        assert CostEstimate(**kwargs).usd == 0
+        return
+    with pytest.raises(TunecostError, match="must be >= 0" if field == "usd_per_hour" else "must be > 0"):
         CostEstimate(**kwargs)
 
 

@@ -184,7 +184,10 @@ def test_cost_scales_with_gpus() -> None:
 @pytest.mark.parametrize("field", ["num_queries", "epochs", "queries_per_s", "usd_per_gpu_hour"])
 def test_cost_rejects_nonpositive_inputs(field: str, bad: float) -> None:
     kwargs = {"num_queries": 15000, "epochs": 10, "queries_per_s": 1.01, "usd_per_gpu_hour": 0.79, field: bad}
-    with pytest.raises(TunecostError, match="must be > 0"):
+    if field == "usd_per_gpu_hour" and bad == 0:  # owned hardware
+        assert cost_usd(**kwargs) == 0
+        return
+    with pytest.raises(TunecostError, match="must be >= 0" if field == "usd_per_gpu_hour" else "must be > 0"):
         cost_usd(**kwargs)
     if field != "usd_per_gpu_hour":
         kwargs.pop("usd_per_gpu_hour")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,15 +17,15 @@ from tunecost.workload.job import FineTuneJob
 
 @pytest.fixture
 def fake_simulator(monkeypatch):
-    import tunecost.simulate as simulate
+    import tunecost.simulate.batch as batch
 
     calls = []
 
-    def fake(job, gpu, *, stack, behaviour):
-        calls.append((job.model, job.method, job.seq_len, job.gradient_checkpointing, gpu.name, stack))
-        return 6
+    def fake(job, gpu, *, stack=None, behaviour=None):
+        calls.append((job.model, job.method, job.seq_len, job.gradient_checkpointing, gpu.name, job.stack))
+        return SimpleNamespace(batch_size=6, borderline_batch_size=6, margin_fraction=0.1)
 
-    monkeypatch.setattr(simulate, "simulated_max_batch_size", fake)
+    monkeypatch.setattr(batch, "gpu_max_batch", fake)
     return calls
 
 
@@ -56,9 +57,9 @@ def test_full_fine_tune_simulates_without_checkpointing(fake_simulator, make_req
 
 
 def test_does_not_fit_is_a_row_not_a_crash(monkeypatch, make_request) -> None:
-    import tunecost.simulate as simulate
+    import tunecost.simulate.batch as batch
 
-    monkeypatch.setattr(simulate, "simulated_max_batch_size", lambda job, gpu, *, stack, behaviour: 0)
+    monkeypatch.setattr(batch, "gpu_max_batch", lambda job, gpu, *, stack=None, behaviour=None: None)
     point = simulated.simulate_estimator(make_request())
     assert point.max_batch_size == 0 and point.queries_per_s is None
     assert "does not fit" in point.notes[-1]
@@ -71,6 +72,8 @@ def test_real_simulation_of_a_tiny_model_on_a_small_gpu() -> None:
         EstimateRequest(job=estimate_job("tiny-mixtral", experts_per_token=2, dataset="math_14k", seq_len=128), gpu=gpu)
     )
     job = FineTuneJob(model="tiny-mixtral", method="qlora", experts_per_token=2, seq_len=128)
-    result = max_batch_size(job, gpu.memory_bytes, stack="tunecost")
+    result = max_batch_size(job, gpu.usable_memory_bytes, stack="tunecost")
     assert point.max_batch_size == result.batch_size >= 1
-    assert result.next_batch_need_bytes is None or result.next_batch_need_bytes > gpu.memory_bytes
+    assert result.need_bytes * (1 + result.margin_fraction) <= gpu.usable_memory_bytes
+    nxt = result.next_batch_need_bytes
+    assert nxt is None or nxt * (1 + result.margin_fraction) > gpu.usable_memory_bytes

@@ -43,7 +43,10 @@ def test_limit_stops_the_search():
         search_max_batch_size(_threshold_probe(3, []), start=0)
 
 
-def test_simulated_search_against_a_budget():
+def test_simulated_search_against_a_budget(monkeypatch):
+    import tunecost.simulate.batch as batch
+
+    monkeypatch.setattr(batch, "default_margin_fraction", lambda: 0.0)  # the search alone
     job = FineTuneJob(model="tiny-mixtral", method="qlora", seq_len=128)
     per_query, fixed = 3_000_000, 10_000_000
 
@@ -58,6 +61,9 @@ def test_simulated_search_against_a_budget():
 
 
 def test_cli_max_batch_on_cpu_simulates_and_records(cli_runner, tmp_path, monkeypatch):
+    import tunecost.simulate.batch as batch
+
+    monkeypatch.setattr(batch, "default_margin_fraction", lambda: 0.0)  # the wiring and the record
     from tunecost.cli.main import app
     from tunecost.profile import maxbatch
 
@@ -65,7 +71,7 @@ def test_cli_max_batch_on_cpu_simulates_and_records(cli_runner, tmp_path, monkey
         return 2**30 + job.batch_size * 2**28
 
     fake_peak.estimator = "test"
-    monkeypatch.setattr(maxbatch, "simulator_peak_bytes", fake_peak)
+    monkeypatch.setattr(maxbatch, "simulator_need_bytes", fake_peak)
     args = [
         "max-batch",
         "--model",

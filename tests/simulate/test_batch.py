@@ -16,6 +16,7 @@ GB = 10**9
 class _FakeSim:
     def __init__(self, peak: int) -> None:
         self.peak_bytes, self.device_overhead_bytes, self.seq_len, self.model = peak, 0, 128, "m"
+        self.peak_reserved_bytes = peak
         self.assumptions = ()
 
 
@@ -27,6 +28,7 @@ def _patch(monkeypatch, need):
         return _FakeSim(need(job.batch_size))
 
     monkeypatch.setattr(batch_mod, "simulate_step", fake_simulate)
+    monkeypatch.setattr(batch_mod, "default_margin_fraction", lambda: 0.0)  # the search alone
     return calls
 
 
@@ -62,12 +64,19 @@ def test_simulated_answer_is_the_boundary(config_path):
         model=config_path("tiny-mixtral-2l"), method="qlora", batch_size=1, seq_len=64, lora=LoraConfig(rank=8)
     )
     one = simulate_step(job)
-    mem = one.peak_bytes + one.device_overhead_bytes + 4 * 2**20
-    result = max_batch_size(job, mem)
+    margin = 0.25
+    mem = int((one.peak_reserved_bytes + one.device_overhead_bytes + 8 * 2**20) * (1 + margin))
+    result = max_batch_size(job, mem, margin_fraction=margin)
     b = result.batch_size
     at, above = simulate_step(job.with_(batch_size=b)), simulate_step(job.with_(batch_size=b + 1))
-    assert at.peak_bytes + at.device_overhead_bytes <= mem < above.peak_bytes + above.device_overhead_bytes
-    assert b > 1
+
+    def need(sim) -> int:
+        return sim.peak_reserved_bytes + sim.device_overhead_bytes
+
+    assert need(at) * (1 + margin) <= mem < need(above) * (1 + margin)
+    assert b >= 1 and result.borderline_batch_size >= b
+    border = simulate_step(job.with_(batch_size=result.borderline_batch_size + 1))
+    assert need(border) > mem  # the borderline batch is the last within the card without the margin
 
 
 def test_a_gpu_is_sized_against_the_memory_cuda_reports(monkeypatch):

@@ -5,6 +5,9 @@
 rents the GPU only in nodes of that many GPUs: N GPUs are billed as whole nodes (`billed_gpus`). The price is
 always per GPU-hour (a node's hourly price divided by its GPUs). Per-GPU rows answer one GPU
 (`prices_for`); a job on several GPUs weighs every row (`prices_for(..., whole_nodes=True)`, `cheapest_for`).
+
+Owned hardware is priced too: a row whose provider is "owned" (any case) or whose price is exactly 0 is `owned`;
+its price is 0, or what the user pays per GPU-hour to run it (electricity). `price_label` names it in tables.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from tunecost.errors import TunecostError, unknown_name_error
 
 PRICE_CATALOG_PATH = Path(__file__).parent / "data" / "prices.csv"
 _DATE = re.compile(r"^\d{4}-\d{2}(-\d{2})?$")
+OWNED_PROVIDER = "owned"  # a provider name (any case) that marks the user's own GPUs
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,14 +41,20 @@ class Price:
         """$ per hour of what the provider rents: one GPU, or one node."""
         return self.usd_per_gpu_hour * self.gpus_per_unit
 
+    @property
+    def owned(self) -> bool:
+        """The user's own GPUs: provider "owned" (any case), or a price of exactly 0 $/GPU-hour."""
+        return self.provider.lower() == OWNED_PROVIDER or self.usd_per_gpu_hour == 0
+
 
 def load_prices(path: Path = PRICE_CATALOG_PATH) -> list[Price]:
     required = ("provider", "gpu", "usd_per_gpu_hour", "date", "source_url")
     prices = []
     for i, row in read_catalog_csv(path, required):
         usd = parse_float(path, i, "usd_per_gpu_hour", row["usd_per_gpu_hour"])
-        if usd <= 0:
-            raise TunecostError(f"{path}: row {i}: usd_per_gpu_hour must be > 0, got {usd}")
+        if usd < 0:
+            raise TunecostError(f"{path}: row {i}: usd_per_gpu_hour must be >= 0 (0: owned hardware), got {usd}")
+        usd = abs(usd)  # -0 is 0
         if not _DATE.match(row["date"]):
             raise TunecostError(f"{path}: row {i}: date must be YYYY-MM-DD (or YYYY-MM), got {row['date']!r}")
         if not row["source_url"]:
@@ -96,22 +106,31 @@ def prices_for(
 ) -> list[Price]:
     """Prices of one GPU (canonical name), optionally from one provider (an unknown provider is an error),
     cheapest per GPU-hour first; node-priced rows only with `whole_nodes`."""
-    if provider is not None:
-        known = providers(prices)
-        match = [p for p in known if p.lower() == provider.lower()]
-        if not match:
-            raise unknown_name_error("provider", provider, known)
-        provider = match[0]
+    wanted = None if provider is None else provider.lower()
+    if provider is not None and wanted not in {p.provider.lower() for p in prices}:
+        raise unknown_name_error("provider", provider, providers(prices))
     return sorted(
         (
             p
             for p in prices
             if p.gpu == gpu_name
-            and (provider is None or p.provider == provider)
+            and (wanted is None or p.provider.lower() == wanted)  # "owned" and "Owned" rows are one provider
             and (whole_nodes or p.gpus_per_unit == 1)
         ),
         key=lambda p: p.usd_per_gpu_hour,
     )
+
+
+def price_label(price: Price) -> str:
+    """How a table names the row's provider: "owned" for the user's own GPUs (with their running cost when it is
+    above 0, e.g. "owned ($0.12/GPU-h electricity)"), the provider's name otherwise."""
+    if not price.owned:
+        return price.provider
+    usd = price.usd_per_gpu_hour
+    if usd == 0:
+        return OWNED_PROVIDER
+    shown = f"{usd:.2f}" if usd >= 0.005 else f"{usd:.2g}"  # a cost under half a cent is not shown as $0.00
+    return f"{OWNED_PROVIDER} (${shown}/GPU-h electricity)"
 
 
 def billed_gpus(num_gpus: int, price: Price) -> int:
@@ -137,6 +156,7 @@ def cheapest_price(gpu: str, *, provider: str | None = None, prices_file: Path |
 
 
 __all__ = [
+    "OWNED_PROVIDER",
     "Price",
     "billed_gpus",
     "cheapest_for",
@@ -144,6 +164,7 @@ __all__ = [
     "gpu_catalog",
     "load_prices",
     "price_catalog",
+    "price_label",
     "prices_for",
     "providers",
 ]

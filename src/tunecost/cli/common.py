@@ -256,3 +256,10 @@ def stack_behaviour(
             reentrant_checkpointing=reentrant,
         )
     return DEFAULT_BEHAVIOUR if reentrant is None else StackBehaviour(reentrant_checkpointing=reentrant)
+
+
+def format_hours(hours: float | None) -> str:
+    """Hours with two significant figures below 10 h (0.14, 2.5), one decimal above."""
+    if hours is None:
+        return "-"
+    return f"{hours:.2g}" if hours < 10 else f"{hours:.1f}"

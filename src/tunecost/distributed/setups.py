@@ -13,20 +13,24 @@ Per setup (GPU, strategy, number of GPUs):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tunecost.catalog.gpus import GPU
 from tunecost.catalog.prices import Price, billed_gpus, cheapest_for
 from tunecost.distributed import deepspeed_estimator, expert_parallel, overlap
 from tunecost.distributed.plan import ParallelPlan
-from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory
+from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory, single_gpu_step
 from tunecost.distributed.timing import Links, StepCollective, default_links, step_time
 from tunecost.errors import TunecostError
+from tunecost.estimate.estimators import EstimateRequest, EstimatorOptions
+from tunecost.estimate.simulated import Throughput, throughput_at
 from tunecost.models.params import ParamCounts
+from tunecost.simulate.batch import default_margin_fraction, fit_verdict, margin_note, search_with_margin
 from tunecost.workload.job import FineTuneJob
 
 DEFAULT_MAX_GPUS = 64
+MAX_MICRO_BATCH = 4096  # the micro-batch search's cap per rank
 MAX_SEARCH_GPUS = 100_000  # every count up to the limit is evaluated (arithmetic only)
 
 
@@ -39,6 +43,7 @@ class SetupCost:
     price: Price | None
     usd: float | None
     billed_gpus: int | None = None
+    startup_s: float = 0.0  # the run's one start-up, included in `hours`
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,10 +59,18 @@ class Setup:
     collectives: tuple[StepCollective, ...] = ()  # one step's, hidden or not
     queries_per_s: float | None = None  # every rank together
     cost: SetupCost | None = None
+    micro_batch: int = 1  # per rank
+    borderline_micro_batch: int = 0  # largest micro-batch within the card without the safety margin
+    margin_fraction: float = 0.0
+
+    @property
+    def fit(self) -> str:
+        """ "yes", "borderline" (only inside the safety margin) or "no": nvidia-smi memory against the card."""
+        return fit_verdict(self.memory.nvidia_smi_bytes, self.gpu.usable_memory_bytes, self.margin_fraction)
 
     @property
     def fits(self) -> bool:
-        return self.memory.need_bytes <= self.gpu.usable_memory_bytes
+        return self.fit == "yes"
 
     @property
     def exposed_comm_share(self) -> float | None:
@@ -69,18 +82,24 @@ class Setup:
 
 
 def setup_cost(
-    *, queries_per_s: float, num_gpus: int, price: Price | None, num_queries: float, epochs: float
+    *,
+    queries_per_s: float,
+    num_gpus: int,
+    price: Price | None,
+    num_queries: float,
+    epochs: float,
+    startup_s: float = 0.0,
 ) -> SetupCost:
-    """Hours of the fine-tune at `queries_per_s` (all ranks), and dollars: hours x billed GPUs x $ per GPU-hour
-    (§V-C; the GPUs billed are `num_gpus` rounded up to the price's whole nodes)."""
+    """Hours of the fine-tune at `queries_per_s` (all ranks) plus its one start-up, and dollars: hours x billed
+    GPUs x $ per GPU-hour (§V-C; the GPUs billed are `num_gpus` rounded up to the price's whole nodes)."""
     from tunecost.estimate.paper import training_hours, usd_for_hours
 
-    hours = training_hours(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s)
+    hours = training_hours(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s) + startup_s / 3600
     if price is None:
-        return SetupCost(hours=hours, price=None, usd=None)
+        return SetupCost(hours=hours, price=None, usd=None, startup_s=startup_s)
     billed = billed_gpus(num_gpus, price)
     usd = usd_for_hours(hours=hours, usd_per_gpu_hour=price.usd_per_gpu_hour, num_gpus=billed)
-    return SetupCost(hours=hours, price=price, usd=usd, billed_gpus=billed)
+    return SetupCost(hours=hours, price=price, usd=usd, billed_gpus=billed, startup_s=startup_s)
 
 
 def valid_gpu_counts(gpus_per_node: int, max_gpus: int, expert_parallel: int = 1) -> list[int]:
@@ -102,12 +121,24 @@ def evaluate_setup(
     num_queries: float | None = None,
     epochs: float | None = None,
     param_counts: ParamCounts | None = None,
+    memory: RankMemory | None = None,
+    startup_s: float = 0.0,
+    borderline_micro_batch: int = 0,
+    margin_fraction: float | None = None,
 ) -> Setup:
-    """Memory, step time, throughput and (given a workload) cost of one setup; with `param_counts`, DeepSpeed's
-    own estimate beside a zero2 or zero3 rank's memory."""
+    """Memory, step time, throughput and (given a workload) cost of one setup at the job's micro-batch; with
+    `param_counts`, DeepSpeed's own estimate beside a zero2 or zero3 rank's memory."""
     deepspeed = deepspeed_estimator.gpu_bytes(plan, param_counts) if param_counts is not None else None
-    base = Setup(gpu=gpu, plan=plan, memory=rank_memory(step, job, plan), deepspeed_estimate_bytes=deepspeed)
-    if not base.fits or not single_gpu_queries_per_s:
+    base = Setup(
+        gpu=gpu,
+        plan=plan,
+        memory=memory or rank_memory(step, job, plan),
+        deepspeed_estimate_bytes=deepspeed,
+        micro_batch=job.batch_size,
+        borderline_micro_batch=borderline_micro_batch,
+        margin_fraction=default_margin_fraction() if margin_fraction is None else margin_fraction,
+    )
+    if base.fit == "no" or not single_gpu_queries_per_s:
         return base
     compute = job.batch_size / single_gpu_queries_per_s
     timed, collectives = step_time(step, plan, links, compute)
@@ -120,6 +151,7 @@ def evaluate_setup(
             price=cheapest_for(plan.num_gpus, list(prices)),
             num_queries=num_queries,
             epochs=epochs,
+            startup_s=startup_s,
         )
     return dataclasses.replace(
         base,
@@ -138,6 +170,11 @@ def smallest_fitting(setups: Sequence[Setup]) -> dict[tuple[str, str], Setup]:
         if s.fits and (s.gpu.name, s.plan.strategy) not in out:
             out[(s.gpu.name, s.plan.strategy)] = s
     return out
+
+
+def fastest(setups: Sequence[Setup]) -> Setup | None:
+    timed = [(s.cost.hours, s.plan.num_gpus, i) for i, s in enumerate(setups) if s.fits and s.cost is not None]
+    return setups[min(timed)[2]] if timed else None
 
 
 def cheapest(setups: Sequence[Setup]) -> Setup | None:
@@ -166,14 +203,61 @@ class MultiGpuEstimate:
         return cheapest(self.setups)
 
 
-def single_gpu_queries_per_s(job: FineTuneJob, gpu: GPU) -> tuple[float | None, str]:
-    """A rank's compute: the single-GPU queries/s of the job's micro-batch, as `estimate --estimator simulate`
-    predicts it (eq. (2) where it was fitted for this model and GPU, else the cross-GPU throughput model)."""
-    from tunecost.estimate.estimators import EstimateRequest
-    from tunecost.estimate.simulated import _throughput
+def single_gpu_throughput(job: FineTuneJob, gpu: GPU, steady_state: bool = False) -> tuple[Throughput, str]:
+    """A rank's compute: the single-GPU steady-state queries/s of the job's micro-batch, as `estimate` predicts it
+    (eq. (2) where it was fitted for this model and GPU, else the cross-GPU throughput model), with the run's
+    one start-up."""
+    options = EstimatorOptions(steady_state=steady_state)
+    tp = throughput_at(EstimateRequest(job=job, gpu=gpu, options=options), job.batch_size)
+    return tp, f"{gpu.name}: per-rank compute: " + "; ".join(tp.notes)
 
-    qps, _interval, notes = _throughput(EstimateRequest(job=job, gpu=gpu), job.batch_size)
-    return qps, f"{gpu.name}: per-rank compute: " + "; ".join(notes)
+
+class RankNeeds:
+    """One rank's memory per (layout, micro-batch), each simulated step and rank replay computed once: the
+    same for every GPU (a GPU only changes the budget)."""
+
+    def __init__(self, job: FineTuneJob) -> None:
+        self.job = job
+        self._steps: dict[int, SingleGpuStep] = {}
+        self._memory: dict[tuple[ParallelPlan, int], RankMemory] = {}
+
+    def job_at(self, batch: int) -> FineTuneJob:
+        return self.job.with_(batch_size=batch)
+
+    def step(self, batch: int) -> SingleGpuStep:
+        if batch not in self._steps:
+            self._steps[batch] = single_gpu_step(self.job_at(batch))
+        return self._steps[batch]
+
+    def memory(self, plan: ParallelPlan, batch: int) -> RankMemory:
+        if (plan, batch) not in self._memory:
+            self._memory[(plan, batch)] = rank_memory(self.step(batch), self.job_at(batch), plan)
+        return self._memory[(plan, batch)]
+
+    def largest_micro_batch(self, plan: ParallelPlan, gpu: GPU, margin_fraction: float) -> tuple[int, int]:
+        """(largest micro-batch that fits `gpu` with the margin, largest within it without): the search
+        `memory` and `estimate` run on one GPU."""
+        return search_with_margin(
+            lambda b: self.memory(plan, b).nvidia_smi_bytes,
+            gpu.usable_memory_bytes,
+            margin_fraction,
+            max_batch=MAX_MICRO_BATCH,
+        )
+
+
+def layout_plans(
+    n: int, strategies: Sequence[str], *, gpus_per_node: int, expert_degree: int, offload: str
+) -> list[ParallelPlan]:
+    """The layouts of `n` GPUs: one GPU without offload or expert parallelism is just that ("single"), whatever
+    the strategies asked."""
+    if n == 1 and offload == "none" and expert_degree == 1:
+        return [ParallelPlan()]
+    return [
+        ParallelPlan(
+            num_gpus=n, gpus_per_node=gpus_per_node, strategy=s, expert_parallel=expert_degree, offload=offload
+        )
+        for s in strategies
+    ]
 
 
 def estimate_multi_gpu(
@@ -181,7 +265,7 @@ def estimate_multi_gpu(
     *,
     gpus: Sequence[GPU],
     strategies: Sequence[str],
-    num_gpus: int | None = None,
+    num_gpus: int | Mapping[str, int] | None = None,
     gpus_per_node: int = 8,
     max_gpus: int = DEFAULT_MAX_GPUS,
     node_link: str | None = None,
@@ -191,64 +275,100 @@ def estimate_multi_gpu(
     prices_file=None,
     num_queries: float | None = None,
     epochs: float | None = None,
+    micro_batch: int | None = None,
+    margin_fraction: float | None = None,
+    steady_state: bool = False,
 ) -> MultiGpuEstimate:
-    """Evaluate `job` on each GPU x strategy x number of GPUs (`num_gpus`, or every valid count up to `max_gpus`).
-    With no `num_gpus`, a job that fits no count up to `max_gpus` is an error; the search then takes the counts
-    that the expert-parallel degree `expert_degree` divides."""
+    """Evaluate `job` on each GPU x layout: `num_gpus` GPUs (one count, or a count per GPU name), or every valid
+    count up to `max_gpus` (the counts the expert-parallel degree divides). Each setup runs `micro_batch` per
+    rank, or the largest that fits with the safety margin (the search of one GPU); with no `num_gpus`, only the
+    fewest GPUs that fit per GPU and strategy are searched and costed. Fitting nothing at all is an error then."""
     from tunecost.catalog.models import resolve_model
     from tunecost.catalog.prices import price_catalog, prices_for
-    from tunecost.distributed.rank_memory import single_gpu_step
     from tunecost.models.params import count_parameters
 
     if not 1 <= max_gpus <= MAX_SEARCH_GPUS:
         raise TunecostError(f"the GPU limit must be between 1 and {MAX_SEARCH_GPUS}, got {max_gpus}")
-    counts = [num_gpus] if num_gpus is not None else valid_gpu_counts(gpus_per_node, max_gpus, expert_degree)
-    if not counts:
+    margin = default_margin_fraction() if margin_fraction is None else margin_fraction
+    counts_by_gpu = {g.name: gpu_counts(g.name, num_gpus, gpus_per_node, max_gpus, expert_degree) for g in gpus}
+    if not any(counts_by_gpu.values()):
         raise TunecostError(
             f"no GPU count up to {max_gpus} is a multiple of the expert-parallel degree {expert_degree}"
         )
-    plans = [
-        ParallelPlan(
-            num_gpus=n, gpus_per_node=gpus_per_node, strategy=s, expert_parallel=expert_degree, offload=offload
-        )
-        for s in strategies
-        for n in counts
-    ]
     spec = resolve_model(job.model)
-    for plan in plans[:: len(counts)]:  # one plan per strategy
-        expert_parallel.check_expert_parallel(plan, num_experts=spec.num_experts, model=spec.name)
+    for s in strategies:
+        n = max(max(c) for c in counts_by_gpu.values() if c)
+        expert_parallel.check_expert_parallel(
+            ParallelPlan(
+                num_gpus=n, gpus_per_node=gpus_per_node, strategy=s, expert_parallel=expert_degree, offload=offload
+            ),
+            num_experts=spec.num_experts,
+            model=spec.name,
+        )
     links_by_gpu = {gpu.name: default_links(gpu, gpus_per_node, node_link) for gpu in gpus}  # errors before tracing
-    step = single_gpu_step(job)
+    needs = RankNeeds(job.with_(batch_size=1))
     param_counts = count_parameters(spec, job.experts_per_token) if {"zero2", "zero3"} & set(strategies) else None
     prices = price_catalog(prices_file)
     setups: list[Setup] = []
     notes: list[str] = []
     for gpu in gpus:
-        qps, note = single_gpu_queries_per_s(job, gpu)
-        notes.append(note)
         links = links_by_gpu[gpu.name]
         gpu_prices = prices_for(gpu.name, prices, provider, whole_nodes=True)
         if not gpu_prices:
             notes.append(f"no price for {gpu.name}" + (f" from {provider}" if provider else "") + " in the catalog")
-        notes.append(f"{gpu.name}: links {links.node.name} in a node, {links.nics_per_node} x {links.network.name}")
-        for plan in plans:
-            setups.append(
-                evaluate_setup(
-                    step,
-                    job,
-                    gpu,
-                    plan,
-                    single_gpu_queries_per_s=qps,
-                    links=links,
-                    prices=gpu_prices,
-                    num_queries=num_queries,
-                    epochs=epochs,
-                    param_counts=param_counts,
-                )
+        throughputs: dict[int, Throughput] = {}
+
+        def evaluate(
+            plan: ParallelPlan,
+            batch: int,
+            border: int,
+            gpu: GPU = gpu,
+            links: Links = links,
+            gpu_prices: list[Price] = gpu_prices,
+            throughputs: dict[int, Throughput] = throughputs,
+        ) -> Setup:
+            if batch not in throughputs:
+                tp, note = single_gpu_throughput(needs.job_at(batch), gpu, steady_state)
+                throughputs[batch] = tp
+                if len(throughputs) == 1:
+                    notes.append(note)
+            return evaluate_setup(
+                needs.step(batch),
+                needs.job_at(batch),
+                gpu,
+                plan,
+                single_gpu_queries_per_s=throughputs[batch].queries_per_s,
+                links=links,
+                prices=gpu_prices,
+                num_queries=num_queries,
+                epochs=epochs,
+                param_counts=param_counts,
+                memory=needs.memory(plan, batch),
+                startup_s=throughputs[batch].startup_s,
+                borderline_micro_batch=border,
+                margin_fraction=margin,
             )
+
+        found: set[str] = set()  # strategies whose fewest fitting GPUs were searched (no num_gpus)
+        for n in counts_by_gpu[gpu.name]:
+            for plan in layout_plans(
+                n, strategies, gpus_per_node=gpus_per_node, expert_degree=expert_degree, offload=offload
+            ):
+                first = needs.memory(plan, 1)
+                fits_one = fit_verdict(first.nvidia_smi_bytes, gpu.usable_memory_bytes, margin) == "yes"
+                if micro_batch is not None:
+                    setups.append(evaluate(plan, micro_batch, 0))
+                elif num_gpus is None and (plan.strategy in found or not fits_one):
+                    setups.append(Setup(gpu=gpu, plan=plan, memory=first, margin_fraction=margin))
+                else:
+                    lo, border = needs.largest_micro_batch(plan, gpu, margin)
+                    setups.append(evaluate(plan, max(lo, 1), border))
+                    if lo:
+                        found.update(strategies if plan.strategy == "single" else (plan.strategy,))
+        notes.append(f"{gpu.name}: links {links.node.name} in a node, {links.nics_per_node} x {links.network.name}")
     if num_gpus is None and not any(s.fits for s in setups):
         raise TunecostError(
-            f"{step.model} ({job.method}) fits no setup of up to {max_gpus} GPUs "
+            f"{spec.name} ({job.method}) fits no setup of up to {max_gpus} GPUs "
             f"({', '.join(g.name for g in gpus)}; {', '.join(strategies)}); raise the limit or change the job"
         )
     notes.append(
@@ -258,11 +378,22 @@ def estimate_multi_gpu(
     if param_counts is not None:
         notes.append(deepspeed_estimator.ASSUMPTION)
     return MultiGpuEstimate(
-        model=step.model,
+        model=spec.name,
         method=job.method,
-        batch_size=job.batch_size,
-        seq_len=step.seq_len,
+        batch_size=micro_batch or 0,
+        seq_len=job.worst_case_seq_len,
         setups=tuple(setups),
         notes=tuple(notes),
-        assumptions=setups[0].memory.assumptions if setups else (),
+        assumptions=(*setups[0].memory.assumptions, margin_note(margin)) if setups else (),
     )
+
+
+def gpu_counts(
+    gpu: str, num_gpus: int | Mapping[str, int] | None, gpus_per_node: int, max_gpus: int, expert_degree: int
+) -> list[int]:
+    """The GPU counts evaluated for `gpu`: its own count, the one count, or every valid count up to `max_gpus`."""
+    if isinstance(num_gpus, Mapping):
+        return [num_gpus[gpu]]
+    if num_gpus is not None:
+        return [num_gpus]
+    return valid_gpu_counts(gpus_per_node, max_gpus, expert_degree)

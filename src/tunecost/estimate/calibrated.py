@@ -20,13 +20,14 @@ from tunecost.estimate.estimators import (
     EstimatePoint,
     EstimateRequest,
     EstimatorOptions,
+    Sizing,
     batch_to_price,
     does_not_fit,
     paper_max_batch_size,
     register_estimator,
 )
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
-from tunecost.estimate.simulated import sizing_note
+from tunecost.estimate.simulated import simulated_sizing
 from tunecost.estimate.throughput.calibrate import CalibratedModel, Prediction, ThroughputTarget, throughput_target
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.sources import calibrate_files, calibration_files
@@ -75,40 +76,31 @@ def _keyed_profiles(gpu_terms: Sequence[GpuTerms]) -> list[GpuTerms]:
     return out
 
 
-def _simulated_max_batch(req: EstimateRequest) -> tuple[int, str] | None:
-    """The step simulator's answer when it exists: the paper's stack ("hf-2024") first, as the throughput model
-    describes that stack, else tunecost's own. None when there is no simulator."""
-    try:
-        from tunecost.simulate import simulated_max_batch_size
-    except ImportError:
-        return None
+def _simulated_sizing(req: EstimateRequest) -> Sizing:
+    """The step simulator's sizing on the job's stack (falling back to the other stacks where that one cannot run
+    the model)."""
     job = req.sizing_job
     errors = []
-    for stack in (req.options.stack,) if req.options.stack else SIMULATOR_STACKS:
+    stacks = dict.fromkeys((req.options.stack or job.stack, *SIMULATOR_STACKS))
+    for stack in stacks:
         try:
-            mbs = int(simulated_max_batch_size(job, req.gpu, stack=stack, behaviour=req.options.behaviour))
+            return simulated_sizing(job.with_(stack=stack), req.gpu, req.options.behaviour)
         except TunecostError as exc:  # e.g. a stack that does not support this model
             errors.append(f"{stack}: {exc}")
-            continue
-        return mbs, sizing_note(job, stack, req.gpu, req.options.behaviour)
     raise TunecostError("the step simulator could not size a batch: " + "; ".join(errors))
 
 
-def max_batch_size_for(req: EstimateRequest) -> tuple[int, str]:
-    """(max batch size, where it came from): the simulator, else eq. (1); both failing is one error."""
+def max_batch_size_for(req: EstimateRequest) -> Sizing:
+    """The simulator's sizing, else eq. (1)'s; both failing is one error."""
     try:
-        simulated = _simulated_max_batch(req)
+        return _simulated_sizing(req)
     except TunecostError as exc:
-        simulated, why = None, str(exc)
-    else:
-        why = "no step simulator installed"
-    if simulated is not None:
-        return simulated
+        why = str(exc)
     try:
         mbs, note = paper_max_batch_size(req)
     except TunecostError as exc:
         raise TunecostError(f"no maximum batch size for {req.spec.name}: {why}; and {exc}") from None
-    return mbs, f"{note} ({why})"
+    return Sizing(max_batch_size=max(mbs, 0), borderline_batch_size=max(mbs, 0), note=f"{note} ({why})")
 
 
 @register_estimator(
@@ -119,47 +111,44 @@ def max_batch_size_for(req: EstimateRequest) -> tuple[int, str]:
 )
 def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
     model = calibrated_model(req.options.calibrate)
-    mbs, mbs_note = max_batch_size_for(req)
-    if mbs < 1:
-        return does_not_fit(mbs_note, "no room for a batch")
-    batch, batch_notes = batch_to_price(req, mbs)
-    run_queries = run_length(req.options, model)
+    sizing = max_batch_size_for(req)
+    if sizing.max_batch_size < 1 and not req.fixed_batch:
+        return does_not_fit(sizing, "no room for a batch")
+    batch, batch_notes = batch_to_price(req, sizing)
+    run_queries = req.options.run_queries
     pred = model.predict(request_target(req, batch), run_queries=run_queries)
     notes = [
-        mbs_note,
+        sizing.note,
         *batch_notes,
-        f"calibrated on {model.num_points} points of {model.source} "
-        f"(in-sample MAPE {100 * model.in_sample_mape:.1f} %); " + run_length_note(req.options, run_queries),
+        f"calibrated on {model.num_points} points of {model.source_names} "
+        f"(in-sample MAPE {100 * model.in_sample_mape:.1f} %); " + run_length_note(req.options),
         *extrapolation_notes(pred),
         *(n for n in pred.notes if n.startswith("host ")),
     ]
     return EstimatePoint(
-        max_batch_size=mbs,
+        max_batch_size=sizing.max_batch_size,
+        borderline_batch_size=sizing.borderline_batch_size,
         batch_size=batch,
         queries_per_s=pred.queries_per_s,
         queries_per_s_interval=(pred.queries_per_s_low, pred.queries_per_s_high),
         notes=tuple(notes),
         extrapolation=pred.extrapolation,
+        startup_s=startup_seconds(req.options, pred),
     )
 
 
-def run_length(options: EstimatorOptions, model: CalibratedModel) -> int | None:
-    """Queries per run the throughput is predicted for: the user's, else steady state when asked, else the
-    calibration's run length (like for like with what was measured; None, steady state, when its points differ)."""
-    if options.run_queries is not None or options.steady_state:
-        return options.run_queries
-    return model.run_queries
+def startup_seconds(options: EstimatorOptions, pred: Prediction) -> float:
+    """The job's one start-up beside its steady-state throughput; 0 with --steady-state, or with --run-queries
+    (each run's start-up is then inside its throughput)."""
+    return 0.0 if options.run_queries is not None or options.steady_state else pred.startup_s
 
 
-def run_length_note(options: EstimatorOptions, run_queries: int | None) -> str:
-    if run_queries is None:
-        return "steady-state throughput (the calibration's time per run counted as one-off start-up)"
+def run_length_note(options: EstimatorOptions) -> str:
     if options.run_queries is not None:
-        return f"throughput of {run_queries}-query runs"
-    return (
-        f"throughput of {run_queries}-query runs, as the calibration measured it (its time per run included; "
-        "--steady-state counts it as one-off start-up)"
-    )
+        return f"throughput of {options.run_queries}-query runs, each with its start-up"
+    if options.steady_state:
+        return "steady-state throughput, no start-up"
+    return "steady-state throughput; the run's start-up counted once"
 
 
 def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
@@ -170,8 +159,9 @@ def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
         gpu=req.gpu.name,
         batch_size=batch_size,
         experts_per_token=req.experts_per_token,
-        dataset=None if req.job.seq_len else req.dataset,
+        dataset=None if req.job.seq_len and not req.job.lengths else req.dataset,
         seq_len=req.job.seq_len,
+        lengths=req.job.lengths,
         method=req.job.method,
         host_cpu=req.options.host_cpu,
     )

@@ -49,7 +49,11 @@ class CostRow:
     estimator: str
     notes: str
     extrapolation: bool = False  # the throughput was predicted outside the calibrated range (see notes)
-    fits: bool = True  # False: no batch fits, or the one the user fixed is larger than the largest that fits
+    fit: str = "yes"  # "yes", "borderline" (only inside the safety margin) or "no"
+    borderline_batch_size: int = 0  # largest batch within the card without the margin
+    startup_s: float = 0.0  # the run's one-off start-up, included in `hours`
+    owned: bool = False  # the price row is owned hardware ($0, or its electricity)
+    fits: bool = True  # fit == "yes"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,6 +112,7 @@ def estimate_job(
     seq_len: int | None = None,
     lora_targets: tuple[str, ...] | None = None,
     stack: str | None = None,
+    lengths: tuple[int, ...] | None = None,
 ) -> FineTuneJob:
     """The job `tunecost estimate` costs, with the paper's setups as defaults: gradient checkpointing for (Q)LoRA
     and not for a full fine-tune (BlackMamba's), LoRA on the model's MoE layers or, for a dense model, on its
@@ -127,9 +132,18 @@ def estimate_job(
         experts_per_token=experts_per_token,
         gradient_checkpointing=method != "full",
         seq_len=seq_len,
-        dataset=get_dataset_facts(dataset).name if dataset else DEFAULT_THROUGHPUT_DATASET,
+        lengths=lengths,
+        dataset=dataset_name(dataset, lengths),
         stack=stack or DEFAULT_STACK,
     )
+
+
+def dataset_name(dataset: str | None, lengths: tuple[int, ...] | None) -> str:
+    """The job's dataset as recorded: a data file as given (its lengths measured), a catalog name as the catalog
+    spells it, else Table IV's."""
+    if not dataset:
+        return DEFAULT_THROUGHPUT_DATASET
+    return dataset if lengths else get_dataset_facts(dataset).name
 
 
 def estimate_costs(
@@ -204,7 +218,7 @@ def _cost_row(
     hours = usd = None
     qps = point.queries_per_s
     if qps is not None and qps > 0:
-        hours = training_hours(num_queries=num_queries, epochs=epochs, queries_per_s=qps)
+        hours = training_hours(num_queries=num_queries, epochs=epochs, queries_per_s=qps) + point.startup_s / 3600
         if price is not None:
             usd = usd_for_hours(
                 hours=hours, usd_per_gpu_hour=price.usd_per_gpu_hour, num_gpus=req.job.parallel.num_gpus
@@ -230,5 +244,9 @@ def _cost_row(
         estimator=req.options.name,
         notes="; ".join(notes),
         extrapolation=point.extrapolation,
-        fits=0 < point.batch_size <= point.max_batch_size,
+        fit=point.fit,
+        fits=point.fit == "yes",
+        borderline_batch_size=point.borderline_batch_size or point.max_batch_size,
+        startup_s=point.startup_s,
+        owned=price.owned if price else False,
     )

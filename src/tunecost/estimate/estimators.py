@@ -38,9 +38,9 @@ class EstimatorOptions:
     calibrate: measurement files or folders to fit eq. (2) on (added to the paper's A40 data) or to calibrate the
         cross-GPU model on (instead of the bundled measurements); empty: the defaults.
     coefficient_set: eq. (1)'s coefficients, "artifact" or "text" (the paper's §V-A).
-    run_queries: the throughput of runs of this many queries, start-up included (cross-GPU model); None: runs as
-        long as the calibration's measurements (1000 queries for the paper's), or steady state with `steady_state`.
-    steady_state: steady-state throughput (long runs: the calibration's time per run counted as one-off start-up).
+    run_queries: the throughput of runs of this many queries, start-up included in each (cross-GPU model; the
+        paper's protocol is 1000); None: the job is one run, steady-state throughput with its start-up once.
+    steady_state: steady-state throughput and no start-up at all.
     stack: the software stack whose step simulation sizes the batch (`workload.job.STACKS`); None: the
         estimator's default (calibrated: the paper's hf-2024, else tunecost's own; simulate: tunecost's own).
     host_cpu: the CPU of the machine that runs the GPU (`catalog.host_cpus`), for the cross-GPU throughput model;
@@ -99,8 +99,9 @@ class EstimateRequest:
 
     @property
     def sizing_seq_len(self) -> int:
-        """Tokens per query the batch is sized at."""
-        return self.job.seq_len or EQ1_ARTIFACT_SEQ_LEN
+        """Tokens per query the batch is sized at: the data's longest (cut at seq_len), else seq_len, else the
+        paper's 512."""
+        return sizing_seq_len(self.job)
 
     @property
     def sizing_job(self) -> FineTuneJob:
@@ -108,14 +109,48 @@ class EstimateRequest:
         return self.job.with_(seq_len=self.sizing_seq_len, batch_size=1)
 
 
+def sizing_seq_len(job: FineTuneJob) -> int:
+    """The padded length of a job's longest batch: what decides whether it fits."""
+    if job.lengths:
+        return min(max(job.lengths), job.seq_len or max(job.lengths))
+    return job.seq_len or EQ1_ARTIFACT_SEQ_LEN
+
+
+def lengths_note(job: FineTuneJob) -> str:
+    """How the job's tokens per query were taken, for the assumptions."""
+    if job.lengths:
+        cut = f", cut at {job.seq_len}" if job.seq_len else ""
+        return (
+            f"tokens per query: the data's own lengths{cut}, each batch padded to its longest (multiple of 8); "
+            f"memory sized at the longest batch, {sizing_seq_len(job)} tokens"
+        )
+    if job.seq_len:
+        return f"tokens per query: every query padded to --seq-len {job.seq_len}"
+    return (
+        f"tokens per query: memory sized at {EQ1_ARTIFACT_SEQ_LEN} (the paper's eq. (1) length: {job.dataset} has "
+        "only a median length; --seq-len or a data file to set it), throughput over the dataset's length "
+        "distribution padded to each batch's longest"
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class EstimatePoint:
-    max_batch_size: int  # 0: does not fit
+    max_batch_size: int  # 0: does not fit with the safety margin
     batch_size: int  # the batch the throughput is for (the maximum, as the paper assumes)
     queries_per_s: float | None  # None: this estimator cannot say for this GPU
     queries_per_s_interval: tuple[float, float] | None = None
     notes: tuple[str, ...] = field(default_factory=tuple)
     extrapolation: bool = False  # the throughput is predicted outside what the estimator was calibrated on
+    startup_s: float = 0.0  # the run's one-off start-up, beside the steady-state throughput (0: inside it)
+    borderline_batch_size: int | None = None  # largest batch within the card without the margin (None: as max)
+
+    @property
+    def fit(self) -> str:
+        """ "yes", "borderline" (fits only inside the safety margin) or "no" for the priced batch."""
+        border = self.max_batch_size if self.borderline_batch_size is None else self.borderline_batch_size
+        if 0 < self.batch_size <= self.max_batch_size:
+            return "yes"
+        return "borderline" if 0 < self.batch_size <= border else "no"
 
 
 Estimator = Callable[[EstimateRequest], EstimatePoint]
@@ -152,20 +187,41 @@ def get_estimator(name: str) -> Estimator:
     return _REGISTRY[name]
 
 
-def does_not_fit(note: str, why: str) -> EstimatePoint:
-    """The answer for a GPU that has no room for a single query."""
-    return EstimatePoint(max_batch_size=0, batch_size=0, queries_per_s=None, notes=(note, f"does not fit: {why}"))
+@dataclass(frozen=True, kw_only=True)
+class Sizing:
+    """The largest batch that fits a GPU with the safety margin, the largest inside the card without it, and
+    how they were found."""
+
+    max_batch_size: int
+    borderline_batch_size: int
+    note: str
 
 
-def batch_to_price(req: EstimateRequest, max_batch_size: int) -> tuple[int, list[str]]:
+def does_not_fit(sizing: Sizing, why: str) -> EstimatePoint:
+    """The answer for a GPU that has no room for a single query with the margin."""
+    border = f"; batch {sizing.borderline_batch_size} only inside the safety margin" * bool(
+        sizing.borderline_batch_size
+    )
+    return EstimatePoint(
+        max_batch_size=0,
+        batch_size=sizing.borderline_batch_size,
+        borderline_batch_size=sizing.borderline_batch_size,
+        queries_per_s=None,
+        notes=(sizing.note, f"does not fit: {why}{border}"),
+    )
+
+
+def batch_to_price(req: EstimateRequest, sizing: Sizing) -> tuple[int, list[str]]:
     """The batch the throughput is for: the user's (with a note, and a warning when it does not fit) or the
-    largest that fits."""
+    largest that fits with the margin."""
     if not req.fixed_batch:
-        return max_batch_size, []
+        return sizing.max_batch_size, []
     batch = req.job.batch_size
     notes = [f"batch fixed at {batch} (--batch-size)"]
-    if batch > max_batch_size:
-        notes.append(f"DOES NOT FIT: batch {batch} is more than the {max_batch_size} that fit in {req.gpu.name}")
+    if batch > sizing.borderline_batch_size:
+        notes.append(f"DOES NOT FIT: batch {batch} is more than the {sizing.max_batch_size} that fit in {req.gpu.name}")
+    elif batch > sizing.max_batch_size:
+        notes.append(f"BORDERLINE: batch {batch} fits {req.gpu.name} only inside the safety margin")
     return batch, notes
 
 
@@ -261,8 +317,9 @@ def _check_paper_method(req: EstimateRequest) -> None:
 def paper_estimator(req: EstimateRequest) -> EstimatePoint:
     _check_paper_method(req)
     mbs, note = paper_max_batch_size(req)
+    sizing = Sizing(max_batch_size=max(mbs, 0), borderline_batch_size=max(mbs, 0), note=note)
     if mbs < 1:
-        return does_not_fit(note, "eq. (1) gives no room for a batch")
-    batch, batch_notes = batch_to_price(req, mbs)
+        return does_not_fit(sizing, "eq. (1) gives no room for a batch")
+    batch, batch_notes = batch_to_price(req, sizing)
     qps, notes = paper_throughput(req, batch)
     return EstimatePoint(max_batch_size=mbs, batch_size=batch, queries_per_s=qps, notes=(note, *batch_notes, *notes))

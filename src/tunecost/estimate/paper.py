@@ -93,9 +93,9 @@ def training_hours(*, num_queries: float, epochs: float, queries_per_s: float) -
 
 
 def usd_for_hours(*, hours: float, usd_per_gpu_hour: float, num_gpus: int = 1) -> float:
-    """Dollars of `hours` on `num_gpus` GPUs at `usd_per_gpu_hour` each."""
-    if not math.isfinite(usd_per_gpu_hour) or usd_per_gpu_hour <= 0:
-        raise TunecostError(f"price must be > 0 $/GPU-hour, got {usd_per_gpu_hour}")
+    """Dollars of `hours` on `num_gpus` GPUs at `usd_per_gpu_hour` each (0 for owned GPUs: the cost is 0)."""
+    if not math.isfinite(usd_per_gpu_hour) or usd_per_gpu_hour < 0:
+        raise TunecostError(f"price must be >= 0 $/GPU-hour (0: owned hardware), got {usd_per_gpu_hour}")
     return hours * usd_per_gpu_hour * num_gpus
 
 

@@ -9,12 +9,14 @@ throughput model (`calibrated`); each row's notes say which.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import (
     EstimatePoint,
     EstimateRequest,
+    Sizing,
     batch_to_price,
     does_not_fit,
     paper_throughput,
@@ -27,53 +29,74 @@ if TYPE_CHECKING:
     from tunecost.catalog.gpus import GPU
 
 ESTIMATOR_NAME = "simulate"
-SIMULATOR_STACK = "tunecost"
 
 
-def simulated_max_batch(req: EstimateRequest) -> tuple[int, str]:
-    """(largest batch that fits req.gpu per the step simulator, a note saying how it was sized)."""
-    from tunecost.simulate import simulated_max_batch_size
+def simulated_sizing(job: FineTuneJob, gpu: GPU, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR) -> Sizing:
+    """The step simulator's largest batch of `job` (on its stack) for `gpu`, with and without the margin."""
+    from tunecost.simulate.batch import gpu_max_batch
 
-    job, stack = req.sizing_job, req.options.stack or SIMULATOR_STACK
-    mbs = int(simulated_max_batch_size(job, req.gpu, stack=stack, behaviour=req.options.behaviour))
-    return mbs, sizing_note(job, stack, req.gpu, req.options.behaviour)
+    best = gpu_max_batch(job, gpu, behaviour=behaviour)
+    note = sizing_note(job, gpu, behaviour, best)
+    if best is None:
+        return Sizing(max_batch_size=0, borderline_batch_size=0, note=note)
+    return Sizing(max_batch_size=best.batch_size, borderline_batch_size=best.borderline_batch_size, note=note)
 
 
-def sizing_note(job: FineTuneJob, stack: str, gpu: GPU, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR) -> str:
-    """How the step simulator sized the batch: the stack and its options, tokens per query, checkpointing and the
-    GPU memory."""
+def sizing_note(job: FineTuneJob, gpu: GPU, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR, best=None) -> str:
+    """How the step simulator sized the batch: the stack and its options, tokens per query, checkpointing, the
+    GPU memory and the safety margin."""
+    from tunecost.simulate.batch import default_margin_fraction
+
     checkpointing = "on" if job.gradient_checkpointing else "off"
     options = "".join(f"; {line}" for line in behaviour.describe())
+    margin = best.margin_fraction if best is not None else default_margin_fraction()
     return (
-        f"max batch size from the step simulator ({stack} stack, {job.seq_len} tokens per query, "
-        f"gradient checkpointing {checkpointing}{options}; against {gpu.usable_memory_note()})"
+        f"max batch size from the step simulator ({job.stack} stack, {job.seq_len} tokens per query, "
+        f"gradient checkpointing {checkpointing}{options}; reserved memory + CUDA context x {1 + margin:.2f} "
+        f"safety margin against {gpu.usable_memory_note()})"
     )
 
 
-def _throughput(req: EstimateRequest, batch_size: int) -> tuple[float | None, tuple[float, float] | None, list[str]]:
+@dataclass(frozen=True, kw_only=True)
+class Throughput:
+    """Queries/s at a batch, with its interval, the run's one start-up beside it, and where it came from."""
+
+    queries_per_s: float | None
+    interval: tuple[float, float] | None = None
+    startup_s: float = 0.0
+    notes: tuple[str, ...] = ()
+
+
+def throughput_at(req: EstimateRequest, batch_size: int) -> Throughput:
+    """Eq. (2) where it was fitted for this model, dataset and GPU (its 1000-query runs include their start-up),
+    else the cross-GPU model."""
     qps, notes = paper_throughput(req, batch_size)
     if qps is not None:
-        return qps, None, notes
+        return Throughput(queries_per_s=qps, notes=tuple(notes))
     from tunecost.estimate.calibrated import (
         calibrated_model,
         extrapolation_notes,
         request_target,
-        run_length,
         run_length_note,
+        startup_seconds,
     )
 
     model = calibrated_model(req.options.calibrate)
-    run_queries = run_length(req.options, model)
     try:
-        pred = model.predict(request_target(req, batch_size), run_queries=run_queries)
+        pred = model.predict(request_target(req, batch_size), run_queries=req.options.run_queries)
     except TunecostError as exc:
-        return None, None, [f"no throughput: {exc}"]
-    out = [
-        f"throughput from the cross-GPU model calibrated on {model.num_points} points of {model.source} "
-        f"(no eq. (2) fit for this model, dataset and GPU); {run_length_note(req.options, run_queries)}",
+        return Throughput(queries_per_s=None, notes=(f"no throughput: {exc}",))
+    out = (
+        f"throughput from the cross-GPU model calibrated on {model.num_points} points of {model.source_names} "
+        f"(no eq. (2) fit for this model, dataset and GPU); {run_length_note(req.options)}",
         *extrapolation_notes(pred),
-    ]
-    return pred.queries_per_s, (pred.queries_per_s_low, pred.queries_per_s_high), out
+    )
+    return Throughput(
+        queries_per_s=pred.queries_per_s,
+        interval=(pred.queries_per_s_low, pred.queries_per_s_high),
+        startup_s=startup_seconds(req.options, pred),
+        notes=out,
+    )
 
 
 @register_estimator(
@@ -82,15 +105,19 @@ def _throughput(req: EstimateRequest, batch_size: int) -> tuple[float | None, tu
     "eq. (2) or the cross-GPU model for the throughput at it",
 )
 def simulate_estimator(req: EstimateRequest) -> EstimatePoint:
-    mbs, note = simulated_max_batch(req)
-    if mbs < 1:
-        return does_not_fit(note, "one query at this length needs more than the GPU has")
-    batch, batch_notes = batch_to_price(req, mbs)
-    qps, interval, notes = _throughput(req, batch)
+    sizing = simulated_sizing(
+        req.sizing_job.with_(stack=req.options.stack or req.job.stack), req.gpu, req.options.behaviour
+    )
+    if sizing.max_batch_size < 1 and not req.fixed_batch:
+        return does_not_fit(sizing, "one query at this length needs more than the GPU has with the margin")
+    batch, batch_notes = batch_to_price(req, sizing)
+    tp = throughput_at(req, batch)
     return EstimatePoint(
-        max_batch_size=mbs,
+        max_batch_size=sizing.max_batch_size,
+        borderline_batch_size=sizing.borderline_batch_size,
         batch_size=batch,
-        queries_per_s=qps,
-        queries_per_s_interval=interval,
-        notes=(note, *batch_notes, *notes),
+        queries_per_s=tp.queries_per_s,
+        queries_per_s_interval=tp.interval,
+        notes=(sizing.note, *batch_notes, *tp.notes),
+        startup_s=tp.startup_s,
     )

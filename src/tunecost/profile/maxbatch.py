@@ -39,6 +39,8 @@ class MaxBatchSearch:
     estimator: str  # how a probe decided
     seq_len: int  # tokens per query of the probed (longest) batch
     hit_limit: bool = False  # stopped at `limit` while still fitting
+    borderline_batch_size: int | None = None  # simulated: largest within the card without the safety margin
+    margin_fraction: float = 0.0  # simulated: the safety margin a fit is judged with
 
     @property
     def boundary(self) -> Probe | None:
@@ -164,45 +166,53 @@ def simulated_search(
     peak_bytes_fn: Callable[[Any], int] | None = None,
     on_probe: Callable[[Probe], None] | None = None,
 ) -> MaxBatchSearch:
-    """The simulator's search against `memory_bytes`, each probe the simulated peak of `job` at that batch size."""
-    from tunecost.simulate.batch import search_boundary
+    """The simulator's search against `memory_bytes`: each probe the device need of `job` at that batch size
+    (reserved + CUDA context), judged with the safety margin as `memory` and `estimate` judge it."""
+    from tunecost.simulate.batch import default_margin_fraction, fits_with_margin, search_with_margin
 
-    peak_of = peak_bytes_fn or simulator_peak_bytes
+    need_of = peak_bytes_fn or simulator_need_bytes
+    margin = default_margin_fraction()
+    needs: dict[int, int] = {}
 
     def need(b: int) -> int:
-        peak = int(peak_of(job.with_(batch_size=b)))
-        if on_probe:
-            on_probe(Probe(batch_size=b, fits=peak <= memory_bytes, peak_bytes=peak))
-        return peak
+        if b not in needs:
+            needs[b] = int(need_of(job.with_(batch_size=b)))
+            if on_probe:
+                on_probe(
+                    Probe(batch_size=b, fits=fits_with_margin(needs[b], memory_bytes, margin), peak_bytes=needs[b])
+                )
+        return needs[b]
 
-    best, needs = search_boundary(need, memory_bytes, first=1, max_batch=limit)
-    probes = tuple(Probe(batch_size=b, fits=n <= memory_bytes, peak_bytes=n) for b, n in needs.items())
+    best, border = search_with_margin(need, memory_bytes, margin, first=1, max_batch=limit)
+    probes = tuple(
+        Probe(batch_size=b, fits=fits_with_margin(n, memory_bytes, margin), peak_bytes=n) for b, n in needs.items()
+    )
     return MaxBatchSearch(
         max_batch_size=best,
         probes=probes,
         memory_bytes=memory_bytes,
         source="simulated",
-        estimator=getattr(peak_of, "estimator", "tunecost.simulate step simulator"),
+        estimator=getattr(need_of, "estimator", "tunecost.simulate step simulator"),
         seq_len=job.worst_case_seq_len,
         hit_limit=best == limit,
+        borderline_batch_size=border,
+        margin_fraction=margin,
     )
 
 
-def simulator_peak_bytes(job: Any) -> int:
-    """Bytes one training step of `job` needs on a GPU per the step simulator: simulated tensor peak plus the
-    device overhead (CUDA context, allocator reserve) that `tunecost.simulate` models."""
+def simulator_need_bytes(job: Any) -> int:
+    """What one training step of `job` takes from a GPU per the step simulator: the caching allocator's reserve
+    plus the device overhead (CUDA context)."""
+    from tunecost.simulate.batch import device_need_bytes
     from tunecost.simulate.simulator import simulate_step
 
     sim = simulate_step(job)
-    return int(sim.peak_bytes + sim.device_overhead_bytes)
+    return device_need_bytes(sim.peak_reserved_bytes, sim.device_overhead_bytes)
 
 
-simulator_peak_bytes.estimator = (  # type: ignore[attr-defined]
-    "tunecost.simulate.simulate_step: simulated peak + device overhead"
+simulator_need_bytes.estimator = (  # type: ignore[attr-defined]
+    "tunecost.simulate.simulate_step: reserved memory + device overhead, with the safety margin"
 )
-
-
-# ------------------------------------------------------------------------------------------- entry point
 
 
 def catalog_gpu_budget(gpu: Any, device: str) -> int | None:
@@ -254,7 +264,7 @@ def find_max_batch_size(
         )
     if memory_bytes is None:
         raise TunecostError("on CPU the search is simulated against a GPU's memory: give --gpu G or --gpu-memory-gb X")
-    from tunecost.workload.job import FineTuneJob, LoraConfig
+    from tunecost.workload.job import FineTuneJob, LoraConfig, default_lora_targets
 
     lengths = None
     if inputs.dataset:
@@ -265,7 +275,7 @@ def find_max_batch_size(
         model=setup.model,
         method=setup.method,
         experts_per_token=setup.experts_per_token,
-        lora=LoraConfig(rank=setup.lora_rank, alpha=setup.lora_alpha),
+        lora=LoraConfig(rank=setup.lora_rank, alpha=setup.lora_alpha, targets=default_lora_targets(is_moe=spec.is_moe)),
         compute_dtype=setup.dtype or "bf16",
         gradient_checkpointing=setup.gradient_checkpointing,
         batch_size=1,
@@ -298,6 +308,8 @@ def max_batch_row(result: MaxBatchSearch, setup: Any, inputs: Any, *, gpu: str |
         **keys,
         "point_id": point_id({**keys, "memory_bytes": result.memory_bytes}),
         "max_batch_size": result.max_batch_size,
+        "borderline_batch_size": result.borderline_batch_size,
+        "margin_fraction": result.margin_fraction,
         "gpu": gpu,
         "memory_bytes": result.memory_bytes,
         "source": result.source,

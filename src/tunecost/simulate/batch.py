@@ -2,9 +2,10 @@
 
 Padding to the longest query in a batch makes every batch B x L_max(batch) tokens, and some batch holds the
 dataset's longest query, so the batch that decides whether a run fits is B x (longest query): simulate at that
-length (`FineTuneJob.worst_case_seq_len`). Peak memory is close to affine in the batch size (fixed weights and
-states, per-sample activations), so two simulations give a first guess, and simulations at the guess and one above
-it confirm the answer (more when the peak's slope changes, e.g. a steeper phase takes over at large batches).
+length (`FineTuneJob.worst_case_seq_len`). A batch fits when what the device gives it (the caching allocator's
+reserve plus the CUDA context, as nvidia-smi shows it) times 1 + the safety margin is within the card; inside the
+margin it is borderline. Need is close to affine in the batch size, so a line through two simulations finds the
+boundary in a few (`search_boundary`).
 """
 
 from __future__ import annotations
@@ -14,43 +15,78 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tunecost.catalog.memory_margin import default_memory_margin
+from tunecost.catalog.memory_margin import margin_note as memory_margin_note
 from tunecost.errors import DoesNotFit
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.simulator import StepSimulation, simulate_step
 from tunecost.units import format_bytes
-from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
+from tunecost.workload.job import FineTuneJob
 
 MAX_BATCH = 65536
 
 
+def device_need_bytes(peak_reserved_bytes: int, outside_allocator_bytes: int) -> int:
+    """What a step takes from the device: the allocator's reserve plus what it never sees (CUDA context, NCCL)."""
+    return peak_reserved_bytes + outside_allocator_bytes
+
+
+def fits_with_margin(need_bytes: int, gpu_memory_bytes: int, margin_fraction: float) -> bool:
+    """A need fits when it stays within the card with the safety margin on top."""
+    return need_bytes * (1.0 + margin_fraction) <= gpu_memory_bytes
+
+
+def fit_verdict(need_bytes: int, gpu_memory_bytes: int, margin_fraction: float) -> str:
+    """ "yes" (fits with the margin), "borderline" (fits only inside the margin) or "no"."""
+    if fits_with_margin(need_bytes, gpu_memory_bytes, margin_fraction):
+        return "yes"
+    return "borderline" if need_bytes <= gpu_memory_bytes else "no"
+
+
+def default_margin_fraction() -> float:
+    return default_memory_margin().fraction
+
+
 @dataclass(frozen=True, kw_only=True)
 class MaxBatchResult:
-    """The largest fitting batch at the worst-case length, and the evidence (every simulated (batch, need))."""
+    """The largest batch that fits with the margin at the worst-case length, the largest that fits only inside
+    the margin (borderline), and the evidence (every simulated (batch, need))."""
 
-    batch_size: int
+    batch_size: int  # 0: not even one query fits with the margin
+    borderline_batch_size: int  # largest batch within the card without the margin (>= batch_size)
+    margin_fraction: float
     seq_len: int
     gpu_memory_bytes: int
-    peak_bytes: int  # simulated tensor peak at batch_size
+    peak_bytes: int  # simulated tensor peak at batch_size (at the borderline batch when batch_size is 0)
+    peak_reserved_bytes: int
     device_overhead_bytes: int
-    next_batch_need_bytes: int | None  # peak + overhead at batch_size + 1 (does not fit); None at the cap
+    next_batch_need_bytes: int | None  # need at batch_size + 1 (does not fit with the margin); None at the cap
     bytes_per_sample: float  # local slope of need(B) at the answer (simulations next to it)
     fixed_bytes: float  # need(0) extrapolated along that slope
-    simulations: tuple[tuple[int, int], ...]  # (batch size, peak + overhead)
+    simulations: tuple[tuple[int, int], ...]  # (batch size, need: reserved + overhead)
     seconds_taken: float
     assumptions: tuple[str, ...] = field(default=())
 
     @property
+    def need_bytes(self) -> int:
+        return device_need_bytes(self.peak_reserved_bytes, self.device_overhead_bytes)
+
+    @property
     def headroom_bytes(self) -> int:
-        return self.gpu_memory_bytes - self.peak_bytes - self.device_overhead_bytes
+        return self.gpu_memory_bytes - self.need_bytes
 
     def to_dict(self) -> dict[str, Any]:
         """The answer and its evidence as plain data (`tunecost memory --json`'s `max_batch`), sizes in bytes."""
         shown = (
             "batch_size",
+            "borderline_batch_size",
+            "margin_fraction",
             "seq_len",
             "peak_bytes",
+            "peak_reserved_bytes",
             "device_overhead_bytes",
+            "need_bytes",
             "headroom_bytes",
             "next_batch_need_bytes",
         )
@@ -58,23 +94,26 @@ class MaxBatchResult:
 
 
 def _need(sim: StepSimulation) -> int:
-    return sim.peak_bytes + sim.device_overhead_bytes
+    return device_need_bytes(sim.peak_reserved_bytes, sim.device_overhead_bytes)
 
 
 def max_batch_size(
     job: FineTuneJob,
     gpu_memory_bytes: int,
     *,
-    stack: str = DEFAULT_STACK,
+    stack: str | None = None,
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR,
     overhead: DeviceOverhead = DEFAULT_OVERHEAD,
+    margin_fraction: float | None = None,
     num_layers_to_trace: int | None = None,
     max_batch: int = MAX_BATCH,
     use_cache: bool = True,
     on_progress: Callable[[int, int, str], None] | None = None,
 ) -> MaxBatchResult:
-    """Largest B with simulated peak(B) + device overhead <= gpu_memory_bytes; `DoesNotFit` when B=1 does not fit."""
+    """Largest B whose need fits `gpu_memory_bytes` with the margin (default: `catalog.memory_margin`), and the
+    largest within it without; `DoesNotFit` when B=1 does not fit even without the margin. `stack`: the job's."""
     start = time.perf_counter()
+    margin = default_margin_fraction() if margin_fraction is None else margin_fraction
     sims: dict[int, StepSimulation] = {}
 
     def need(b: int) -> int:
@@ -84,39 +123,63 @@ def max_batch_size(
             sims[b] = simulate_step(
                 job.with_(batch_size=b),
                 num_layers_to_trace=num_layers_to_trace,
-                stack=stack,
+                stack=stack or job.stack,
                 behaviour=behaviour,
                 overhead=overhead,
                 use_cache=use_cache,
             )
         return _need(sims[b])
 
-    lo, _ = search_boundary(need, gpu_memory_bytes, first=job.batch_size, max_batch=max_batch)
-    if lo == 0:
+    lo, hi = search_with_margin(need, gpu_memory_bytes, margin, first=job.batch_size, max_batch=max_batch)
+    if hi == 0:
         s, n1 = sims[1], need(1)
         raise DoesNotFit(
             f"{s.model} ({job.method}, {s.seq_len} tokens per query) does not fit even at batch size 1: needs "
-            f"{format_bytes(n1)} ({format_bytes(s.peak_bytes)} simulated peak + "
+            f"{format_bytes(n1)} ({format_bytes(s.peak_reserved_bytes)} reserved by the allocator + "
             f"{format_bytes(s.device_overhead_bytes)} device overhead) but the GPU has "
             f"{format_bytes(gpu_memory_bytes)}: short by {format_bytes(n1 - gpu_memory_bytes)}"
         )
-    best = sims[lo]
-    above = [b for b in sims if b > lo]
-    other = min(above) if above else max((b for b in sims if b < lo), default=lo)
-    slope = (need(other) - need(lo)) / (other - lo) if other != lo else 0.0  # local slope at the answer
+    at = lo or hi
+    best = sims[at]
+    above = [b for b in sims if b > at]
+    other = min(above) if above else max((b for b in sims if b < at), default=at)
+    slope = (need(other) - need(at)) / (other - at) if other != at else 0.0  # local slope at the answer
     return MaxBatchResult(
         batch_size=lo,
+        borderline_batch_size=hi,
+        margin_fraction=margin,
         seq_len=best.seq_len,
         gpu_memory_bytes=gpu_memory_bytes,
         peak_bytes=best.peak_bytes,
+        peak_reserved_bytes=best.peak_reserved_bytes,
         device_overhead_bytes=best.device_overhead_bytes,
         next_batch_need_bytes=need(lo + 1) if (lo + 1) in sims else None,
         bytes_per_sample=slope,
-        fixed_bytes=need(lo) - slope * lo,
+        fixed_bytes=need(at) - slope * at,
         simulations=tuple((b, _need(sims[b])) for b in sorted(sims)),
         seconds_taken=time.perf_counter() - start,
-        assumptions=best.assumptions,
+        assumptions=(*best.assumptions, margin_note(margin)),
     )
+
+
+def margin_note(margin_fraction: float) -> str:
+    m = default_memory_margin()
+    if margin_fraction == m.fraction:
+        return memory_margin_note(m)
+    return f"safety margin {100 * margin_fraction:g} % (given)"
+
+
+def search_with_margin(
+    need: Callable[[int], int], budget: int, margin_fraction: float, *, first: int = 1, max_batch: int = MAX_BATCH
+) -> tuple[int, int]:
+    """(largest B that fits with the margin, largest B within `budget` without it): two boundaries of one
+    need curve, the second search starting where the first ended (its simulations are shared)."""
+    with_margin = int(budget / (1.0 + margin_fraction))
+    lo, _ = search_boundary(need, with_margin, first=first, max_batch=max_batch)
+    if with_margin >= budget or lo == max_batch:
+        return lo, lo
+    hi, _ = search_boundary(need, budget, first=max(lo, 1), max_batch=max_batch)
+    return lo, max(hi, lo)
 
 
 def search_boundary(
@@ -191,22 +254,33 @@ def fitting_batch_size(
     job: FineTuneJob,
     gpu_memory_bytes: int,
     *,
-    stack: str = DEFAULT_STACK,
+    stack: str | None = None,
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR,
 ) -> int:
-    """Largest batch of `job` that fits `gpu_memory_bytes`, 0 when not even one query fits (not an error)."""
+    """Largest batch of `job` that fits `gpu_memory_bytes` with the margin, 0 when none does (not an error)."""
     try:
         return max_batch_size(job, gpu_memory_bytes, stack=stack, behaviour=behaviour).batch_size
     except DoesNotFit:
         return 0
 
 
-def simulated_max_batch_size(
-    job: FineTuneJob, gpu, *, stack: str = DEFAULT_STACK, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
-) -> int:
-    """Largest batch of `job` that fits `gpu` (a catalog GPU or its name), 0 when not even one query fits.
-    The GPU's memory is the catalog's `usable_memory_bytes` (the total CUDA reports, where the catalog has it)."""
+def gpu_max_batch(
+    job: FineTuneJob, gpu, *, stack: str | None = None, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
+) -> MaxBatchResult | None:
+    """`max_batch_size` against a catalog GPU (or its name): the memory CUDA reports for it (`usable_memory_bytes`);
+    None when not even one query fits inside the card."""
     from tunecost.catalog.gpus import GPU, resolve_gpu_name
 
     gpu_obj = gpu if isinstance(gpu, GPU) else resolve_gpu_name(str(gpu)).gpu
-    return fitting_batch_size(job, gpu_obj.usable_memory_bytes, stack=stack, behaviour=behaviour)
+    try:
+        return max_batch_size(job, gpu_obj.usable_memory_bytes, stack=stack, behaviour=behaviour)
+    except DoesNotFit:
+        return None
+
+
+def simulated_max_batch_size(
+    job: FineTuneJob, gpu, *, stack: str | None = None, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
+) -> int:
+    """Largest batch of `job` that fits `gpu` with the margin, 0 when none does."""
+    best = gpu_max_batch(job, gpu, stack=stack, behaviour=behaviour)
+    return best.batch_size if best is not None else 0

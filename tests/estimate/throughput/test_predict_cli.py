@@ -102,9 +102,12 @@ def test_bad_calibration_and_targets_files(cli_error, write_file) -> None:
 
 
 def test_estimate_with_the_calibrated_estimator(cli_json, monkeypatch) -> None:
+    from tunecost.errors import TunecostError
     from tunecost.estimate import calibrated
 
-    monkeypatch.setattr(calibrated, "_simulated_max_batch", lambda req: None)
+    monkeypatch.setattr(
+        calibrated, "_simulated_sizing", lambda req: (_ for _ in ()).throw(TunecostError("no step simulator here"))
+    )
     rows = cli_json(
         "estimate",
         model="mixtral-8x7b",

@@ -111,7 +111,7 @@ def prices(
 ) -> None:
     """The price catalog: $ per GPU-hour per provider, with the date and source of each price."""
     from tunecost.catalog.gpus import resolve_gpu_name
-    from tunecost.catalog.prices import price_catalog, prices_for
+    from tunecost.catalog.prices import price_catalog, price_label, prices_for
 
     rows = price_catalog(prices_file)
     if gpu or provider:
@@ -125,7 +125,7 @@ def prices(
         "GPU prices ($ per GPU-hour, on demand)",
         ["gpu", "provider", "$/h", "rented as", "date", "source"],
         [
-            [p.gpu, p.provider, f"{p.usd_per_gpu_hour:.2f}", _unit_text(p.gpus_per_unit), p.date, p.source_url]
+            [p.gpu, price_label(p), f"{p.usd_per_gpu_hour:.2f}", _unit_text(p.gpus_per_unit), p.date, p.source_url]
             for p in rows
         ],
     )

@@ -14,6 +14,7 @@ from tunecost.cli.common import (
     checked_host_cpu,
     cli_errors,
     console,
+    format_hours,
     print_json,
     print_table,
     split_list,
@@ -204,7 +205,7 @@ def estimate(
     batch_size: Annotated[str | None, opt("--batch-size", BATCH_SIZE_HELP)] = None,
     run_queries: RunQueries = None,
     steady_state: Annotated[
-        bool, opt("--steady-state", "Steady-state throughput: the calibration's time per run as one-off start-up.")
+        bool, opt("--steady-state", "Steady-state throughput with no start-up (default: one run, start-up once).")
     ] = False,
     host_cpu: HostCpuOpt = None,
     stack: Annotated[str | None, opt("--stack", "Software stack that sizes the batch: " + STACK_HELP)] = None,
@@ -221,11 +222,11 @@ def estimate(
     offload: multi.Offload = None,
     out: RecordsOut = None,
     force: ReplaceRecords = False,
+    verbose: Annotated[bool, opt("--verbose", "Every row and every note.")] = False,
     json_out: JsonOut = False,
 ) -> None:
-    """Cost of fine-tuning MODEL on each GPU and provider, cheapest first; says which estimator answered.
+    """Cost of fine-tuning MODEL on each GPU and provider, the answer first; says which estimator answered.
     With --gpus (or --strategy): memory per rank, communication and cost on several GPUs."""
-    from tunecost.catalog.datasets import get_dataset_facts
     from tunecost.catalog.gpus import gpu_catalog
     from tunecost.catalog.models import resolve_model
     from tunecost.errors import TunecostError
@@ -234,6 +235,7 @@ def estimate(
     from tunecost.limits import MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_finite_at_most
     from tunecost.results.records import save_estimate_records
     from tunecost.workload.job import parse_lora_targets
+    from tunecost.workload.job_data import job_data
 
     gpus = list(gpu_catalog()) if gpu.strip().lower() == "all" else split_list(gpu, what="GPU")
     check_finite_at_most("--epochs", epochs, MAX_EPOCHS)
@@ -246,15 +248,19 @@ def estimate(
         raise TunecostError("--run-queries must be >= 1 and needs --estimator calibrated")
     if steady_state and (run_queries is not None or estimator == "paper"):
         raise TunecostError("--steady-state: give it or --run-queries, not both; it needs the cross-GPU model")
+    data = job_data(dataset, model=model) if dataset else None
     job = estimate_job(
         model,
         method=method,
         experts_per_token=experts_per_token,
-        dataset=dataset,
+        dataset=data.name if data else None,
         seq_len=seq_len,
         lora_targets=parse_lora_targets(lora_targets) if lora_targets is not None else None,
         stack=stack,
+        lengths=data.lengths if data else None,
     )
+    if queries is None and data is not None:
+        queries = data.num_queries
     behaviour = stack_behaviour(
         stack,
         chunked_loss=chunked_loss,
@@ -270,12 +276,11 @@ def estimate(
             or calibrate
             or run_queries is not None
             or host_cpu is not None
-            or steady_state
             or not behaviour.is_default
         ):
             raise TunecostError(
                 "--gpus/--strategy estimate with the step simulator and the cross-GPU throughput model; "
-                "--estimator, --calibrate, --run-queries, --steady-state, --host-cpu and the stack options "
+                "--estimator, --calibrate, --run-queries, --host-cpu and the stack options "
                 "(--chunked-loss, --offload-activations, --optimizer-in-backward, --reentrant/--non-reentrant) "
                 "apply to one GPU only"
             )
@@ -292,11 +297,13 @@ def estimate(
             provider=provider,
             prices_file=prices_file,
             batch_size=batch_size,
-            num_queries=queries or get_dataset_facts(job.dataset or "").num_queries,
+            num_queries=queries or job_data(job.dataset or "", model=model).num_queries,
             epochs=epochs,
             json_out=json_out,
             out=out,
             force=force,
+            verbose=verbose,
+            steady_state=steady_state,
         )
         return
     if host_cpu is not None and estimator == "paper":
@@ -327,7 +334,7 @@ def estimate(
     if json_out:
         print_json(rows)
         return
-    _print_cost_rows(rows)
+    print_cost_rows(rows, job=job, verbose=verbose)
 
 
 def parse_batch_sizes(text: str, gpus: list[str]) -> dict[str, int]:
@@ -359,36 +366,97 @@ def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _print_cost_rows(rows: list) -> None:
+SHOWN_ROWS = 12
+
+
+def print_cost_rows(rows: list, *, job, verbose: bool = False) -> None:
+    """The answer line (the cheapest row that fits), the best rows (all with --verbose), then the notes."""
+    from tunecost.catalog.prices import price_label
+    from tunecost.estimate.estimators import lengths_note
+
     first = rows[0]
+    fitting = [r for r in rows if r.fits and r.usd is not None]
+    if fitting:
+        best = fitting[0]
+        console.print(
+            f"answer: {best.gpu} ({best.provider}), batch {best.batch_size}: {format_hours(best.hours)} h, "
+            f"[bold]${best.usd:.2f}[/bold]"
+            + (f", start-up {best.startup_s / 60:.1f} min once" if best.startup_s else "")
+        )
+    else:
+        console.print("answer: no GPU fits this job with a price in the catalog")
+    shown = rows if verbose else _best_rows(rows)
     print_table(
-        f"Fine-tuning {first.model} on {first.dataset}: {first.num_queries} queries x {first.epochs:g} epochs "
+        f"{first.model} on {first.dataset}: {first.num_queries} queries x {first.epochs:g} epochs "
         f"(estimator: {first.estimator})",
-        ["gpu", "provider", "price date", "$/h", "batch (max)", "fits", "queries/s", "extrapolated", "hours", "cost $"],
+        ["gpu", "provider", "$/h", "batch", "fits", "queries/s [95 %]", "hours", "cost $"],
         [
             [
                 r.gpu,
-                r.provider or "-",
-                r.price_date or "-",
+                price_label_of(r, price_label),
                 _fmt(r.usd_per_hour, ".2f"),
-                f"{r.batch_size} ({r.max_batch_size})" if r.batch_size != r.max_batch_size else r.batch_size,
-                "yes" if r.fits else "NO",
-                _fmt(r.queries_per_s, ".3f")
+                r.batch_size if r.fit != "no" else f"{r.batch_size} (max {r.max_batch_size})",
+                r.fit + ("*" if r.extrapolation else ""),
+                _fmt(r.queries_per_s, ".2f")
                 + (
                     f" [{r.queries_per_s_low:.2f}-{r.queries_per_s_high:.2f}]"
                     if r.queries_per_s_low is not None
                     else ""
                 ),
-                "yes" if r.extrapolation else "no",
-                _fmt(r.hours, ".1f"),
+                format_hours(r.hours),
                 _fmt(r.usd, ".2f"),
             ]
-            for r in rows
+            for r in shown
         ],
     )
-    notes = sorted({r.notes for r in rows if r.notes})
-    for note in notes:
-        console.print(f"[dim]note: {note}[/dim]")
+    if len(shown) < len(rows):
+        console.print(f"{len(rows) - len(shown)} more rows (other providers, GPUs that do not fit): --verbose")
+    if any(r.extrapolation for r in shown):
+        console.print("* predicted outside the calibrated range (GPU, model or batch): see the notes")
+    startup = max((r.startup_s for r in rows), default=0.0)
+    if startup:
+        console.print(
+            f"start-up: {startup / 60:.1f} min, counted once in the hours (--run-queries 1000: the paper's runs)"
+        )
+    console.print(f"[dim]{lengths_note(job)}[/dim]")
+    notes = _notes(rows)
+    if verbose:
+        for note in notes:
+            console.print(f"[dim]note: {note}[/dim]")
+    elif notes:
+        console.print(f"[dim]{len(notes)} notes: --verbose[/dim]")
+
+
+def price_label_of(row, label) -> str:
+    if row.provider is None:
+        return "-"
+    if row.owned:
+        return "owned" if not row.usd_per_hour else f"owned (${row.usd_per_hour:g}/h)"
+    return f"{row.provider} {row.price_date}"
+
+
+def _best_rows(rows: list) -> list:
+    """The cheapest provider per GPU that fits, cheapest first, up to SHOWN_ROWS."""
+    seen: set[str] = set()
+    out = []
+    for r in rows:
+        if r.gpu in seen or r.fit == "no":
+            continue
+        seen.add(r.gpu)
+        out.append(r)
+    return out[:SHOWN_ROWS] or rows[:SHOWN_ROWS]
+
+
+def _notes(rows: list) -> list[str]:
+    """Every distinct note once, each prefixed by the GPUs it is about when it is not about all of them."""
+    by_note: dict[str, list[str]] = {}
+    for r in rows:
+        for note in r.notes.split("; ") if r.notes else ():
+            gpus = by_note.setdefault(note, [])
+            if r.gpu not in gpus:
+                gpus.append(r.gpu)
+    every = len({r.gpu for r in rows})
+    return [note if len(g) == every else f"{', '.join(g)}: {note}" for note, g in by_note.items()]
 
 
 def register(app: typer.Typer) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from tunecost.cli.common import console, print_json, print_table, split_list
+from tunecost.cli.common import console, format_hours, print_json, print_table, split_list
 from tunecost.cli.options import MAX_EXPERTS, count_option, opt
 from tunecost.distributed.plan import MULTI_GPU_STRATEGIES
 from tunecost.distributed.setups import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS
@@ -43,19 +43,32 @@ ExpertParallel = Annotated[
 ]
 
 
-def parse_gpu_count(text: str) -> int | None:
-    """--gpus: a whole number of GPUs, or "auto" (search every count up to --max-gpus)."""
+def parse_gpu_counts(text: str, gpus: list[str]) -> int | dict[str, int] | None:
+    """--gpus: "auto" (search every count up to --max-gpus), one whole number, or one per --gpu in order
+    ("2,1" with --gpu RTX-4090,H100)."""
+    from tunecost.catalog.gpus import resolve_gpu_name
     from tunecost.errors import TunecostError
+    from tunecost.limits import check_count
 
     if text.strip().lower() == "auto":
         return None
-    from tunecost.limits import check_count
-
-    try:
-        count = int(text)
-    except ValueError:
-        raise TunecostError(f"--gpus must be a whole number or 'auto', got {text!r}") from None
-    return check_count("--gpus", count, MAX_SEARCH_GPUS)
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise TunecostError(f"--gpus must be a whole number, one per --gpu, or 'auto', got {text!r}")
+    counts = []
+    for part in parts:
+        try:
+            counts.append(check_count("--gpus", int(part), MAX_SEARCH_GPUS) or 0)
+        except ValueError:
+            raise TunecostError(f"--gpus must be a whole number or 'auto' (or one per --gpu), got {text!r}") from None
+    if len(counts) == 1:
+        return counts[0]
+    if len(counts) != len(gpus):
+        raise TunecostError(f"--gpus has {len(counts)} counts for {len(gpus)} GPUs; give one, or one per --gpu")
+    names = [resolve_gpu_name(g).gpu.name for g in gpus]
+    if len(set(names)) != len(names):
+        raise TunecostError("--gpus with a count per GPU needs each --gpu once")
+    return dict(zip(names, counts, strict=True))
 
 
 def run_multi_gpu(
@@ -77,9 +90,11 @@ def run_multi_gpu(
     json_out: bool,
     out=None,
     force: bool = False,
+    verbose: bool = False,
+    steady_state: bool = False,
 ) -> None:
-    """Answer the multi-GPU question for `job` (the estimate command's job) and print it. Each rank runs a
-    micro-batch of `batch_size` (default 1) at the job's sequence length (default 512 tokens)."""
+    """Answer the multi-GPU question for `job` (the estimate command's job) and print it, the answer first. Each
+    rank runs `batch_size`, or the largest micro-batch that fits with the safety margin."""
     from tunecost.catalog.gpus import resolve_gpu_name
     from tunecost.distributed.expert_parallel import EP_STRATEGIES
     from tunecost.distributed.offload import OFFLOAD_STRATEGIES
@@ -93,12 +108,11 @@ def run_multi_gpu(
         if (expert_degree or 1) == 1 or s in EP_STRATEGIES
     ]
     strategies = every if strategy in (None, "all") else split_list(strategy, what="strategy")
-    count = parse_gpu_count(num_gpus)
+    count = parse_gpu_counts(num_gpus, gpus)
     if batch_size is not None and not batch_size.strip().isdigit():
         raise TunecostError(f"with --gpus, --batch-size is one whole number (per rank), got {batch_size!r}")
-    job = job.with_(batch_size=int(batch_size) if batch_size else 1, seq_len=job.seq_len or DEFAULT_SEQ_LEN)
     answer = estimate_multi_gpu(
-        job,
+        job.with_(seq_len=job.seq_len or DEFAULT_SEQ_LEN) if not job.lengths else job,
         gpus=[resolve_gpu_name(g).gpu for g in dict.fromkeys(gpus)],
         strategies=strategies,
         num_gpus=count,
@@ -111,8 +125,9 @@ def run_multi_gpu(
         prices_file=prices_file,
         num_queries=num_queries,
         epochs=epochs,
+        micro_batch=int(batch_size) if batch_size else None,
+        steady_state=steady_state,
     )
-    limit = max_gpus or DEFAULT_MAX_GPUS
     if out is not None:  # every setup evaluated, for `tunecost report` (memory per rank and cost vs GPU count)
         import sys
 
@@ -122,36 +137,90 @@ def run_multi_gpu(
     if json_out:
         print_json(answer)
         return
-    shown = answer.setups if count is not None else tuple(answer.smallest_fitting.values())
-    ep = f", expert parallel {expert_degree}" if expert_degree and expert_degree > 1 else ""
-    ep += f", CPU offload: {offload}" if offload != "none" else ""
-    title = (
-        f"{answer.model} ({answer.method}{ep}) on {count} GPUs"
-        if count is not None
-        else f"{answer.model} ({answer.method}{ep}): fewest GPUs that fit, per GPU and strategy (up to {limit})"
+    print_answer(
+        answer,
+        count=count,
+        limit=max_gpus or DEFAULT_MAX_GPUS,
+        expert_degree=expert_degree,
+        offload=offload,
+        verbose=verbose,
     )
-    _print_setups(f"{title}: {answer.batch_size} x {answer.seq_len} tokens per rank", shown)
-    for s in shown:
-        if not s.fits:
-            console.print(f"{s.plan.strategy} on {s.plan.num_gpus} x {s.gpu.name} does not fit: {why_not(s)}")
-    beside = {(s.plan.strategy, s.plan.num_gpus): s for s in shown if s.deepspeed_estimate_bytes is not None}
-    for (strategy_name, n), s in beside.items():
-        deepspeed = s.deepspeed_estimate_bytes or 0
-        console.print(
-            f"DeepSpeed's own estimator, {strategy_name} on {n} GPUs: {deepspeed / 1e9:.1f} GB of model states "
-            f"per GPU, every parameter trainable (tunecost: {s.memory.need_bytes / 1e9:.1f} GB in all)"
-        )
+
+
+def print_answer(answer, *, count, limit: int, expert_degree: int | None, offload: str, verbose: bool) -> None:
+    """The answer line, the best setups (every one with --verbose), why the rest do not fit, and the notes."""
     best = answer.cheapest
     if best is not None and best.cost is not None and best.cost.price is not None:
-        price = best.cost.price
         console.print(
-            f"cheapest: {best.plan.num_gpus} x {best.gpu.name} ({price.provider}, "
-            f"${price.usd_per_gpu_hour:g}/GPU-hour{_node_text(best.cost)}) with {best.plan.strategy}: "
-            f"{best.cost.hours:.1f} h, "
-            f"[bold]${best.usd:.2f}[/bold]"
+            f"answer: {best.plan.num_gpus} x {best.gpu.name}{_layout(best)}, micro-batch {best.micro_batch}: "
+            f"{format_hours(best.cost.hours)} h, [bold]${best.usd:.2f}[/bold] ({_price_text(best.cost)}"
+            f"{f', start-up {_startup(best)} once' if _startup(best) else ''})"
         )
-    for note in (*answer.notes, *answer.assumptions):
-        console.print(f"[dim]note: {note}[/dim]")
+    elif not any(s.fits for s in answer.setups):
+        console.print("answer: no setup fits with the safety margin")
+    ranked = sorted(
+        (s for s in answer.setups if s.cost is not None or s.fit != "no" or count is not None),
+        key=lambda s: (s.fit != "yes", s.usd is None, s.usd or 0.0, s.plan.num_gpus),
+    )
+    if count is None:
+        ranked = [s for s in ranked if s.fit != "no" and s.cost is not None]
+    shown = [(s, s.plan.strategy) for s in ranked] if verbose else _merged(ranked)[:SHOWN_ROWS]
+    ep = f", expert parallel {expert_degree}" if expert_degree and expert_degree > 1 else ""
+    ep += f", CPU offload: {offload}" if offload != "none" else ""
+    what = "fewest GPUs that fit, per GPU and strategy (up to " + f"{limit})" if count is None else "GPUs as given"
+    _print_setups(f"{answer.model} ({answer.method}{ep}), {answer.seq_len} tokens per query: {what}", shown)
+    if len(shown) < len(_merged(ranked)):
+        console.print(f"{len(_merged(ranked)) - len(shown)} more setups: --verbose shows them")
+    for s, _ in shown:
+        if s.fit == "no" and (verbose or count is not None):
+            console.print(f"{_name(s)} does not fit: {why_not(s)}")
+    if verbose:
+        for s, _ in shown:
+            if s.deepspeed_estimate_bytes is not None:
+                console.print(
+                    f"DeepSpeed's own estimator, {s.plan.strategy} on {s.plan.num_gpus} GPUs: "
+                    f"{s.deepspeed_estimate_bytes / 1e9:.1f} GB of model states per GPU, every parameter trainable "
+                    f"(tunecost: {s.memory.nvidia_smi_bytes / 1e9:.1f} GB in all)"
+                )
+        for note in dict.fromkeys((*answer.notes, *answer.assumptions)):
+            console.print(f"[dim]note: {note}[/dim]")
+    else:
+        console.print(f"[dim]{len(set(answer.notes)) + len(set(answer.assumptions))} notes: --verbose[/dim]")
+
+
+SHOWN_ROWS = 15
+
+
+def _figures(s) -> tuple:
+    return (
+        s.gpu.name,
+        s.plan.num_gpus,
+        s.micro_batch,
+        s.fit,
+        round(s.usd or 0, 2),
+        round(s.memory.nvidia_smi_bytes, -8),
+    )
+
+
+def _merged(ranked: list) -> list[tuple]:
+    """(setup, layout names): one row per set of layouts with the same figures (fsdp2/zero3)."""
+    groups: dict[tuple, list] = {}
+    for s in ranked:
+        groups.setdefault(_figures(s), []).append(s)
+    return [(same[0], "/".join(dict.fromkeys(x.plan.strategy for x in same))) for same in groups.values()]
+
+
+def _layout(s) -> str:
+    return "" if s.plan.strategy == "single" else f" ({s.plan.strategy})"
+
+
+def _name(s) -> str:
+    return f"{s.plan.strategy} on {s.plan.num_gpus} x {s.gpu.name}"
+
+
+def _startup(s) -> str:
+    seconds = s.cost.startup_s if s.cost is not None else 0.0
+    return f"{seconds / 60:.1f} min" if seconds else ""
 
 
 def _node_text(cost) -> str:
@@ -164,7 +233,9 @@ def _node_text(cost) -> str:
 def _price_text(cost) -> str:
     if cost is None or cost.price is None:
         return "-"
-    return f"{cost.billed_gpus} ({cost.price.provider}{_node_text(cost).replace(', billed as', ':')})"
+    from tunecost.catalog.prices import price_label
+
+    return f"{price_label(cost.price)}{_node_text(cost)}"
 
 
 def why_not(setup) -> str:
@@ -188,34 +259,32 @@ def _print_setups(title: str, setups) -> None:
         title,
         [
             "gpu",
-            "strategy",
             "GPUs",
+            "layout",
+            "micro-batch",
             "fits",
-            "memory/rank GB",
-            "nvidia-smi GB",
-            "step s",
+            "GB/rank",
             "exposed comm",
             "queries/s",
             "hours",
-            "billed GPUs",
             "cost $",
+            "price",
         ],
         [
             [
                 s.gpu.name,
-                s.plan.strategy,
                 s.plan.num_gpus,
-                "yes" if s.fits else "no",
-                f"{s.memory.need_bytes / 1e9:.1f} of {s.gpu.usable_memory_bytes / 1e9:.1f}"
-                + (f" (+{s.memory.host_bytes / 1e9:.1f} on CPU)" if s.memory.host_bytes else ""),
-                f"{min(s.memory.nvidia_smi_bytes, s.gpu.memory_bytes) / 1e9:.1f}",
-                fmt(s.timing.step_seconds if s.timing else None, ".3f"),
-                "-" if s.exposed_comm_share is None else f"{100 * s.exposed_comm_share:.1f} %",
+                layout,
+                s.micro_batch,
+                s.fit,
+                f"{s.memory.nvidia_smi_bytes / 1e9:.1f}/{s.gpu.usable_memory_bytes / 1e9:.0f}"
+                + (f" +{s.memory.host_bytes / 1e9:.0f} CPU" if s.memory.host_bytes else ""),
+                "-" if s.exposed_comm_share is None else f"{abs(100 * s.exposed_comm_share):.1f} %",
                 fmt(s.queries_per_s, ".2f"),
-                fmt(s.cost.hours if s.cost else None, ".1f"),
-                _price_text(s.cost),
+                format_hours(s.cost.hours if s.cost else None),
                 fmt(s.usd, ".2f"),
+                _price_text(s.cost),
             ]
-            for s in setups
+            for s, layout in setups
         ],
     )

@@ -89,12 +89,15 @@ def max_batch(
         )
     else:
         edge = result.boundary
+        margin = f", {100 * result.margin_fraction:g} % safety margin" if result.margin_fraction else ""
         console.print(
             f"max batch size: [bold]{result.max_batch_size}[/bold] at {result.seq_len} tokens per query "
-            f"in {budget} ({result.source}; "
+            f"in {budget} ({result.source}{margin}; "
             + (f"batch {edge.batch_size} does not fit" if edge else f"stopped at --limit {limit}")
             + ")"
         )
+    if (result.borderline_batch_size or 0) > result.max_batch_size:
+        console.print(f"batch {result.borderline_batch_size} is borderline: within the card only inside the margin")
     if out is not None:
         console.print(f"record: {Path(out) / 'max_batch.jsonl'}")
 

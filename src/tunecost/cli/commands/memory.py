@@ -182,6 +182,7 @@ def memory(
         lengths=lengths,
         dataset=str(dataset_lengths) if dataset_lengths else None,
         lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=targets),
+        stack=stack,
     )
     gpu_bytes, gpu_name, gpu_note = None, None, ""
     if gpu is not None:
@@ -259,9 +260,16 @@ def _render(sim, best, gpu_name) -> None:
         + [["total", f"{total.flops / 1e12:,.3f}", f"{gb_from_bytes(total.bytes_moved):,.2f}"]],
     )
     if best is not None:
+        margin = f"{100 * best.margin_fraction:g} %"
+        border = (
+            f"; batch {best.borderline_batch_size} is borderline: within the card only inside the margin"
+            if best.borderline_batch_size > best.batch_size
+            else ""
+        )
         console.print(
-            f"Largest batch on {gpu_name}: [bold]{best.batch_size}[/bold] x {best.seq_len} tokens "
-            f"(needs {_gb(best.peak_bytes + best.device_overhead_bytes)}; headroom {_gb(best.headroom_bytes)})"
+            f"Largest batch on {gpu_name} with a {margin} safety margin: [bold]{best.batch_size}[/bold] x "
+            f"{best.seq_len} tokens (needs {_gb(best.need_bytes)}: reserved + CUDA context; "
+            f"headroom {_gb(best.headroom_bytes)}){border}"
         )
     console.print(f"simulated in {sim.seconds_taken:.1f} s. Assumptions:")
     for a in sim.assumptions:

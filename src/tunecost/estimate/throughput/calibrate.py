@@ -30,7 +30,7 @@ from tunecost.estimate.paper import PAPER_METHOD
 from tunecost.estimate.throughput.counts import AnalyticStepCounts, analytic_step_counts
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.intervals import TransferSpread, interval_log_halfwidth, transfer_spread
-from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, fixed_lengths
+from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, empirical_lengths, fixed_lengths
 from tunecost.estimate.throughput.model import PARAM_NAMES, StackParams, StepTime, catalog_gpu_terms, step_time
 from tunecost.estimate.throughput.priors import PRIORS, Prior
 from tunecost.workload.job import FineTuneJob, Method
@@ -61,14 +61,15 @@ def throughput_target(
     seq_len: int | None = None,
     method: str | None = None,
     host_cpu: str | None = None,
+    lengths: tuple[int, ...] | None = None,
 ) -> ThroughputTarget:
     """The target of a TARGETS.csv or measurement row, with the paper's setup as the default: its method for its
     models (else qlora), the model's own top-k, gradient checkpointing except for a full fine-tune. The job checks
-    the batch size and sequence length."""
+    the batch size and sequence length. `lengths`: the data's tokens per query (`seq_len` then is the cutoff)."""
     if experts_per_token is not None and experts_per_token < 1:  # None (not 0) means the default
         raise TunecostError(f"experts per token must be >= 1, got {experts_per_token}")
-    if dataset is None and seq_len is None:
-        raise TunecostError(f"{model} on {gpu}: give a dataset or a seq_len")
+    if dataset is None and seq_len is None and not lengths:
+        raise TunecostError(f"{model} on {gpu}: give a dataset or a seq_len (or the data's lengths)")
     spec = resolve_model(model)
     chosen = cast("Method", method or PAPER_METHOD.get(spec.name, "qlora"))  # FineTuneJob validates it
     job = FineTuneJob(
@@ -77,6 +78,7 @@ def throughput_target(
         experts_per_token=experts_per_token or spec.default_experts_per_token,
         batch_size=batch_size,
         seq_len=seq_len,
+        lengths=lengths,
         dataset=dataset,
         gradient_checkpointing=chosen != "full",
     )  # the paper: checkpointing for Mixtral QLoRA only
@@ -109,6 +111,7 @@ class Prediction:
     extrapolation_reasons: tuple[str, ...]
     notes: tuple[str, ...] = field(default_factory=tuple)
     host_cpu: str = ""  # the host CPU the prediction assumes ("" when a GPU profile measured the host times)
+    startup_s: float = 0.0  # one run's start-up (the calibrated time per run on this host), outside steady state
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,10 +123,18 @@ class ModelRange:
 
 
 def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, AnalyticStepCounts]:
-    """The target's job sized for the step counts (a dataset's job at the paper's cutoff length) and its analytic
-    step counts over the job's own lengths: its fixed seq_len, else its dataset's length distribution."""
+    """The target's job sized for the step counts (a dataset's job at its cutoff length) and its analytic step
+    counts over the job's own lengths: its real lengths (each batch padded to its longest, cut at seq_len if given,
+    else at the longest), else its fixed seq_len, else its dataset's length distribution."""
     job = target.job
-    if job.seq_len is not None:
+    if job.lengths:
+        cutoff = job.seq_len if job.seq_len is not None else max(job.lengths)
+        source = f"{job.dataset}: measured lengths" if job.dataset else "measured lengths"
+        lengths = empirical_lengths(
+            job.lengths, job.batch_size, source=f"{source}, padded to the longest in the batch", cutoff_tokens=cutoff
+        )
+        job = replace(job, seq_len=cutoff)
+    elif job.seq_len is not None:
         lengths = fixed_lengths(job.seq_len, job.batch_size)
     else:
         lengths = dataset_lengths(str(job.dataset), job.batch_size)
@@ -155,6 +166,11 @@ class CalibratedModel:
     run_queries: int | None = None  # the run length every calibration point shares (the paper's 1000), if one
     spread: TransferSpread | None = None  # how far predictions move from GPU to GPU (intervals.py)
     log_residual_dof: int = 1
+
+    @property
+    def source_names(self) -> str:
+        """The calibration files by name, without their folders (for notes)."""
+        return " + ".join(part.rsplit("/", 1)[-1] for part in self.source.split(" + "))
 
     def terms_for(self, gpu: GPU, host_cpu: str | None = None) -> GpuTerms:
         """A measured profile of the GPU (its machine's host times included), else the catalog's values on
@@ -206,6 +222,7 @@ class CalibratedModel:
             extrapolation_reasons=tuple(reasons),
             notes=tuple(notes),
             host_cpu="" if terms.host_measured else (terms.host_cpu or REFERENCE_HOST),
+            startup_s=self.run_overhead_s / terms.host_speed,
         )
 
     def _extrapolation(self, job: FineTuneJob, counts: AnalyticStepCounts, gpu: GPU) -> list[str]:
