@@ -142,6 +142,13 @@ EXPERTS_IMPL_HELP = (
 ExpertsImpl = Annotated[str | None, opt("--experts-impl", EXPERTS_IMPL_HELP)]
 RandomWeights = Annotated[bool, opt("--random-weights", "Random weights from the config (no downloaded weights).")]
 NoCheckpointing = Annotated[bool, opt("--no-gradient-checkpointing", "Train without activation checkpointing.")]
+GradientCheckpointing = Annotated[
+    bool | None,
+    opt(
+        "--gradient-checkpointing/--no-gradient-checkpointing",
+        "Activation checkpointing (default: on for lora/qlora, off for a full fine-tune, as the paper ran them).",
+    ),
+]
 SeqLen = Annotated[int | None, count_option("--seq-len", "Tokens per query.", MAX_SEQ_LEN)]
 BatchSize = Annotated[int, count_option("--batch-size", "Queries per step.", MAX_BATCH_SIZE)]
 Seed = Annotated[int, count_option("--seed", "Random seed (0 to 2^32-1).", MAX_SEED, minimum=0)]

@@ -24,6 +24,7 @@ from tunecost.workload.job import (
     FineTuneJob,
     LoraConfig,
     check_lora_targets,
+    default_gradient_checkpointing,
     default_lora_targets,
 )
 
@@ -113,6 +114,7 @@ def estimate_job(
     lora_targets: tuple[str, ...] | None = None,
     stack: str | None = None,
     lengths: tuple[int, ...] | None = None,
+    gradient_checkpointing: bool | None = None,
 ) -> FineTuneJob:
     """The job `tunecost estimate` costs, with the paper's setups as defaults: gradient checkpointing for (Q)LoRA
     and not for a full fine-tune (BlackMamba's), LoRA on the model's MoE layers or, for a dense model, on its
@@ -130,7 +132,9 @@ def estimate_job(
         method=method,  # type: ignore[arg-type]
         lora=LoraConfig(targets=targets),
         experts_per_token=experts_per_token,
-        gradient_checkpointing=method != "full",
+        gradient_checkpointing=default_gradient_checkpointing(method)
+        if gradient_checkpointing is None
+        else gradient_checkpointing,
         seq_len=seq_len,
         lengths=lengths,
         dataset=dataset_name(dataset, lengths),

@@ -53,6 +53,12 @@ def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
         raise TunecostError(f"unsupported {what} {value!r};{hint} supported: {', '.join(choices)}")
 
 
+def default_gradient_checkpointing(method: str) -> bool:
+    """Checkpointing when the user does not say: on for LoRA and QLoRA, off for a full fine-tune (the paper's
+    Mixtral QLoRA and BlackMamba full runs)."""
+    return method != "full"
+
+
 def default_lora_targets(*, is_moe: bool) -> tuple[str, ...]:
     """The LoRA targets of a model's anatomy when the user names none (see DEFAULT_*_LORA_TARGETS)."""
     return DEFAULT_MOE_LORA_TARGETS if is_moe else DEFAULT_DENSE_LORA_TARGETS

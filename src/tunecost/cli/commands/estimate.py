@@ -24,6 +24,7 @@ from tunecost.cli.options import (
     STACK_HELP,
     ChunkedLoss,
     ExpertsPerToken,
+    GradientCheckpointing,
     HostCpuOpt,
     JsonOut,
     MethodName,
@@ -195,6 +196,7 @@ def estimate(
     method: MethodName = "qlora",
     experts_per_token: ExpertsPerToken = None,
     lora_targets: Annotated[str | None, opt("--lora-targets", LORA_TARGETS_HELP)] = None,
+    gradient_checkpointing: GradientCheckpointing = None,
     estimator: Annotated[str, opt("--estimator", "calibrated (answers for every GPU) | simulate | paper")] = (
         DEFAULT_ESTIMATOR
     ),
@@ -258,6 +260,7 @@ def estimate(
         lora_targets=parse_lora_targets(lora_targets) if lora_targets is not None else None,
         stack=stack,
         lengths=data.lengths if data else None,
+        gradient_checkpointing=gradient_checkpointing,
     )
     if queries is None and data is not None:
         queries = data.num_queries

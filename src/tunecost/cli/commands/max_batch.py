@@ -30,7 +30,7 @@ def max_batch(
     ] = "auto",
     experts_impl: cli.ExpertsImpl = None,
     random_weights: cli.RandomWeights = False,
-    no_checkpointing: cli.NoCheckpointing = False,
+    gradient_checkpointing: cli.GradientCheckpointing = None,
     limit: Annotated[int, cli.opt("--limit", "Largest batch size tried.")] = 4096,
     tokenizer: cli.Tokenizer = "mistral",
     template: cli.Template = "mistral",
@@ -39,7 +39,11 @@ def max_batch(
     json_out: cli.JsonOut = False,
 ) -> None:
     """Largest batch size that fits (paper Table III): grow then bisect; a found OOM is the measured boundary."""
+    from tunecost.workload.job import default_gradient_checkpointing
+
     options = dict(locals())
+    checkpointing = default_gradient_checkpointing(method) if gradient_checkpointing is None else gradient_checkpointing
+    options["no_checkpointing"] = not checkpointing
     if out is not None:
         from tunecost.outputs import check_output_folder
 

@@ -26,6 +26,7 @@ from tunecost.cli.options import (
     ExpertsPerToken,
     GpuMemoryGb,
     GpuMemoryGib,
+    GradientCheckpointing,
     JsonOut,
     MethodName,
     ModelName,
@@ -113,7 +114,7 @@ def memory(
             "--lora-targets", "attention, experts, router, mlp (default: experts,router for MoE, attention,mlp dense)."
         ),
     ] = None,
-    gradient_checkpointing: Annotated[bool, opt("--gradient-checkpointing/--no-gradient-checkpointing")] = True,
+    gradient_checkpointing: GradientCheckpointing = None,
     attention: Annotated[str, opt("--attention", "flash | sdpa | eager.")] = "flash",
     optimizer: Annotated[str, opt("--optimizer", "adamw | adamw-8bit | sgd.")] = "adamw",
     dtype: Annotated[
@@ -142,6 +143,7 @@ def memory(
     from tunecost.workload.job import (
         FineTuneJob,
         LoraConfig,
+        default_gradient_checkpointing,
         default_lora_targets,
         parse_lora_targets,
         parse_names,
@@ -174,7 +176,9 @@ def memory(
         gptq_group_size=group_size,
         gptq_kernel=gptq_kernel,
         modules_to_save=parse_names(modules_to_save),
-        gradient_checkpointing=gradient_checkpointing,
+        gradient_checkpointing=default_gradient_checkpointing(method)
+        if gradient_checkpointing is None
+        else gradient_checkpointing,
         attention=attention,
         optimizer=optimizer,
         batch_size=batch_size,
