@@ -348,6 +348,20 @@ def test_fits_verdict_counts_peak_rows_that_ran_and_oom_rows(corpus, peak_gib, f
     assert totals["verdict_rows"] == 4 and totals["verdict_right"] == fits_right + oom_right
 
 
+@pytest.mark.parametrize(("peak_gib", "fit"), [(0.011, "yes"), (1000.0, "no")])
+def test_the_commands_verdict_with_the_margin(corpus, peak_gib, fit) -> None:
+    """Each row also carries the verdict `memory` and `estimate` give (reserve + CUDA context, with the safety
+    margin); the totals count out-of-memory rows called a fit and runs called out of memory."""
+    fake = SimpleNamespace(peak_bytes=int(peak_gib * GIB), device_overhead_bytes=0)
+    rows = validate_rows(read_corpus([corpus]), simulate=lambda m: fake)
+    judged = [r for r in rows if r.status == "ok" and r.fit is not None]
+    assert judged and all(r.fit == fit for r in judged)
+    totals = memory_totals(rows)
+    assert totals["oom_fit_with_margin"] == (1 if fit == "yes" else 0)
+    assert totals["ran_not_fit_with_margin"] == (0 if fit == "yes" else 3)
+    assert 0 < totals["margin_fraction"] < 1
+
+
 def test_cli_json_rows_and_out(corpus, cli_runner, tmp_path) -> None:
     out = tmp_path / "run"
     result = cli_runner.invoke(app, ["validate", str(corpus), "--json", "--out", str(out)])

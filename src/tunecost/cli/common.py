@@ -29,8 +29,10 @@ T = TypeVar("T")
 # Piped or redirected output is never cut to a terminal's width: a wide virtual width, so every cell is whole
 # (`tunecost models | grep NAME` finds the row).
 PIPE_WIDTH = 10_000
-console = Console() if sys.stdout.isatty() else Console(width=PIPE_WIDTH, soft_wrap=True)
-err_console = Console(stderr=True)
+console = (
+    Console(highlight=False) if sys.stdout.isatty() else Console(width=PIPE_WIDTH, soft_wrap=True, highlight=False)
+)
+err_console = Console(stderr=True, highlight=False)
 
 
 def progress_bar(*columns: Any, **options: Any) -> Any:
@@ -186,8 +188,8 @@ def print_json(obj: Any) -> None:
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None) -> None:
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
-    for col in columns:
-        table.add_column(col, overflow="fold")
+    for i, col in enumerate(columns):  # the first column (a name) is never cut inside a word
+        table.add_column(col, overflow="fold", no_wrap=i == 0)
     for row in rows:
         table.add_row(*[("" if v is None else str(v)) for v in row])
     console.print(table)

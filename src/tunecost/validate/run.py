@@ -28,6 +28,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
 from tunecost.errors import TunecostError
+from tunecost.simulate.batch import default_margin_fraction
+from tunecost.simulate.batch import fit_verdict as margin_verdict
 from tunecost.validate import throughput as tp
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES, THROUGHPUT_QUANTITIES, MappedRow, Skip, map_row
@@ -58,6 +60,9 @@ class ValidationRow:
     # tunecost's verdict that the row's setting fits its GPU (None: GPU memory unknown; not an output column);
     # on a peak-memory row the run did fit
     fits: bool | None = None
+    # the commands' verdict with the safety margin on what the device gives (reserve + CUDA context): yes,
+    # borderline or no (None: GPU memory unknown; not an output column)
+    fit: str | None = None
 
     def as_output(self) -> dict[str, object]:
         d = asdict(self)
@@ -73,6 +78,7 @@ def _outcome(
     reason: str = "",
     stack: str = "",
     fits: bool | None = None,
+    fit: str | None = None,
 ) -> ValidationRow:
     """A row's outcome: `ok` with its prediction, else `skipped` (no prediction) with the reason."""
     return ValidationRow(
@@ -86,6 +92,7 @@ def _outcome(
         reason=reason,
         stack=stack,
         fits=fits,
+        fit=fit,
     )
 
 
@@ -115,6 +122,11 @@ def predicted_bytes(quantity: str, sim, gpu_memory_bytes: int | None = None) -> 
     if gpu_memory_bytes is not None:
         reserved = max(allocated, min(reserved, gpu_memory_bytes - outside))
     return reserved if quantity == "peak_reserved_gib" else reserved + outside
+
+
+def fit_verdict(need_bytes: int, gpu_memory_bytes: int) -> str:
+    """The verdict `memory` and `estimate` give: yes, borderline or no with the default safety margin."""
+    return margin_verdict(need_bytes, gpu_memory_bytes, default_margin_fraction())
 
 
 def _simulate(mapped: MappedRow):
@@ -156,6 +168,8 @@ def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simu
     error: float | None
     needed = predicted_bytes("peak_allocated_gib", sim) + outside_allocator_bytes(sim)
     fits = None if mapped.gpu_memory_bytes is None else needed <= mapped.gpu_memory_bytes
+    device_need = predicted_bytes("nvidia_smi_gib", sim)
+    fit = None if mapped.gpu_memory_bytes is None else fit_verdict(device_need, mapped.gpu_memory_bytes)
     if quantity == "oom":
         assert fits is not None
         predicted = 0.0 if fits else 1.0
@@ -164,7 +178,14 @@ def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simu
         predicted = round(predicted_bytes(quantity, sim, mapped.gpu_memory_bytes) / (unit_bytes(unit) or GIB), 3)
         error = round((predicted - measured) / measured * 100.0, 2) if measured else None
     return _outcome(
-        row, measured, predicted=predicted, error=error, reason=mapped.note, stack=mapped.stack.name, fits=fits
+        row,
+        measured,
+        predicted=predicted,
+        error=error,
+        reason=mapped.note,
+        stack=mapped.stack.name,
+        fits=fits,
+        fit=fit,
     )
 
 
@@ -360,4 +381,10 @@ def memory_totals(rows: list[ValidationRow]) -> dict[str, float | int | None]:
         "fits_right": fits_right,
         "verdict_rows": len(ran) + len(oom_ok),
         "verdict_right": fits_right + oom_right,
+        # with the commands' safety margin: out-of-memory rows called a fit, runs called out of memory
+        "margin_fraction": default_margin_fraction(),
+        "oom_fit_with_margin": sum(1 for r in oom_ok if r.fit == "yes"),
+        "oom_borderline": sum(1 for r in oom_ok if r.fit == "borderline"),
+        "ran_not_fit_with_margin": sum(1 for r in ran if r.fit == "no"),
+        "ran_borderline": sum(1 for r in ran if r.fit == "borderline"),
     }

@@ -392,7 +392,7 @@ def print_cost_rows(rows: list, *, job, verbose: bool = False) -> None:
     print_table(
         f"{first.model} on {first.dataset}: {first.num_queries} queries x {first.epochs:g} epochs "
         f"(estimator: {first.estimator})",
-        ["gpu", "provider", "$/h", "batch", "fits", "queries/s [95 %]", "hours", "cost $"],
+        ["gpu", "provider", "$/h", "batch", "fits", "queries/s", "hours", "cost $"],
         [
             [
                 r.gpu,
@@ -400,9 +400,9 @@ def print_cost_rows(rows: list, *, job, verbose: bool = False) -> None:
                 _fmt(r.usd_per_hour, ".2f"),
                 r.batch_size if r.fit != "no" else f"{r.batch_size} (max {r.max_batch_size})",
                 r.fit + ("*" if r.extrapolation else ""),
-                _fmt(r.queries_per_s, ".2f")
+                _fmt(r.queries_per_s, ".3g")
                 + (
-                    f" [{r.queries_per_s_low:.2f}-{r.queries_per_s_high:.2f}]"
+                    f" [{r.queries_per_s_low:.3g}-{r.queries_per_s_high:.3g}]"
                     if r.queries_per_s_low is not None
                     else ""
                 ),
@@ -414,6 +414,8 @@ def print_cost_rows(rows: list, *, job, verbose: bool = False) -> None:
     )
     if len(shown) < len(rows):
         console.print(f"{len(rows) - len(shown)} more rows (other providers, GPUs that do not fit): --verbose")
+    dates = dict.fromkeys(f"{r.provider} {r.price_date}" for r in shown if r.provider and not r.owned)
+    console.print("queries/s: steady state [95 % interval]; prices of " + ", ".join(dates))
     if any(r.extrapolation for r in shown):
         console.print("* predicted outside the calibrated range (GPU, model or batch): see the notes")
     startup = max((r.startup_s for r in rows), default=0.0)
@@ -435,7 +437,7 @@ def price_label_of(row, label) -> str:
         return "-"
     if row.owned:
         return "owned" if not row.usd_per_hour else f"owned (${row.usd_per_hour:g}/h)"
-    return f"{row.provider} {row.price_date}"
+    return row.provider
 
 
 def _best_rows(rows: list) -> list:

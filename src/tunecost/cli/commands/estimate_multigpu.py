@@ -168,7 +168,11 @@ def print_answer(answer, *, count, limit: int, expert_degree: int | None, offloa
     ep = f", expert parallel {expert_degree}" if expert_degree and expert_degree > 1 else ""
     ep += f", CPU offload: {offload}" if offload != "none" else ""
     what = "fewest GPUs that fit, per GPU and strategy (up to " + f"{limit})" if count is None else "GPUs as given"
-    _print_setups(f"{answer.model} ({answer.method}{ep}), {answer.seq_len} tokens per query: {what}", shown)
+    _print_setups(
+        f"{answer.model} ({answer.method}{ep}), {answer.seq_len} tokens per query: {what}", shown, wide=verbose
+    )
+    if not verbose:
+        console.print("GB/rank: what nvidia-smi would show; layout +N: N more with the same figures (--verbose)")
     if len(shown) < len(_merged(ranked)):
         console.print(f"{len(_merged(ranked)) - len(shown)} more setups: --verbose shows them")
     for s, _ in shown:
@@ -251,10 +255,38 @@ def why_not(setup) -> str:
     )
 
 
-def _print_setups(title: str, setups) -> None:
+def _print_setups(title: str, setups, *, wide: bool = False) -> None:
+    """The setups as a table: compact (fits a 100-column terminal) or, with --verbose, every figure."""
+
     def fmt(value, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
+    def batch(s) -> str:
+        return {"yes": str(s.micro_batch), "borderline": f"{s.micro_batch} border"}.get(s.fit, "no")
+
+    def layout_name(layout: str) -> str:
+        names = layout.split("/")
+        return names[0] + (f" +{len(names) - 1}" if len(names) > 1 else "")
+
+    if not wide:
+        print_table(
+            title,
+            ["setup", "layout", "batch", "GB/rank", "q/s", "hours", "cost $", "price"],
+            [
+                [
+                    f"{s.plan.num_gpus} x {s.gpu.name}",
+                    layout_name(layout),
+                    batch(s),
+                    f"{s.memory.nvidia_smi_bytes / 1e9:.1f}",
+                    fmt(s.queries_per_s, ".3g"),
+                    format_hours(s.cost.hours if s.cost else None),
+                    fmt(s.usd, ".2f"),
+                    _price_text(s.cost),
+                ]
+                for s, layout in setups
+            ],
+        )
+        return
     print_table(
         title,
         [

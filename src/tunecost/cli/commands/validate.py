@@ -94,6 +94,12 @@ def validate(
         f"{t['fits_right']} of the {t['ran_rows_modelled']} peak rows that ran, out of memory on {t['oom_right']} "
         f"of {t['oom_rows_modelled']} oom rows)"
     )
+    console.print(
+        f"with the commands' {100 * float(t['margin_fraction'] or 0):g} % safety margin on reserved + CUDA context: "
+        f"{t['oom_fit_with_margin']} of the {t['oom_rows_modelled']} out-of-memory rows called a fit "
+        f"({t['oom_borderline']} borderline); {t['ran_not_fit_with_margin']} of the {t['ran_rows_modelled']} runs "
+        f"called out of memory ({t['ran_borderline']} borderline)"
+    )
     th = throughput_totals(rows)
     console.print(
         f"throughput: mean |error| {_fmt(th['mape'])} % over {th['predicted_rows']} predicted rows of "
