@@ -21,6 +21,8 @@ STRATEGIES = {
 }
 MULTI_GPU_STRATEGIES = tuple(s for s in STRATEGIES if s != "single")
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default zero_optimization.reduce_bucket_size
+DEFAULT_MAX_GPUS = 64  # --gpus auto: the most GPUs searched
+MAX_SEARCH_GPUS = 100_000  # every count up to the limit is evaluated (arithmetic only)
 
 
 def check_fsdp2_method(method: str, *, alternatives: str = "--method lora or full") -> None:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from tunecost.catalog.gpus import GPU
 from tunecost.catalog.prices import Price, billed_gpus, cheapest_for
 from tunecost.distributed import deepspeed_estimator, expert_parallel, overlap
-from tunecost.distributed.plan import ParallelPlan
+from tunecost.distributed.plan import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS, ParallelPlan
 from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory, single_gpu_step
 from tunecost.distributed.timing import Links, StepCollective, default_links, step_time
 from tunecost.errors import TunecostError
@@ -29,9 +29,7 @@ from tunecost.models.params import ParamCounts
 from tunecost.simulate.batch import default_margin_fraction, fit_verdict, margin_note, search_with_margin
 from tunecost.workload.job import FineTuneJob
 
-DEFAULT_MAX_GPUS = 64
 MAX_MICRO_BATCH = 4096  # the micro-batch search's cap per rank
-MAX_SEARCH_GPUS = 100_000  # every count up to the limit is evaluated (arithmetic only)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -6,8 +6,7 @@ from typing import Annotated
 
 from tunecost.cli.common import console, format_hours, print_json, print_table, split_list
 from tunecost.cli.options import MAX_EXPERTS, count_option, opt
-from tunecost.distributed.plan import MULTI_GPU_STRATEGIES
-from tunecost.distributed.setups import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS
+from tunecost.distributed.plan import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS, MULTI_GPU_STRATEGIES
 from tunecost.units import format_bytes
 
 DEFAULT_GPUS_PER_NODE = 8
