@@ -70,6 +70,10 @@ def test_a_data_file_prices_its_own_lengths(cli_json, cli_ok, tmp_path: Path) ->
     assert own["queries_per_s"] > 2 * padded["queries_per_s"]  # a few tokens per example, not 2048
     out = cli_ok("estimate", **job, dataset=str(data), seq_len=2048).stdout
     assert "the data's own lengths" in out and "padded to its longest" in out
+    small = {**job, "gpu": "RTX-4060", "dataset": str(data), "seq_len": 2048}
+    one = cli_json("estimate", **small)[0]
+    several = cli_json("estimate", **small, gpus=1)  # the same sizing on one rank of the multi-GPU path
+    assert several["seq_len"] < 64 and several["setups"][0]["micro_batch"] == one["max_batch_size"] >= 1
 
 
 def test_owned_and_rented_in_one_table(cli_ok, cli_json, tmp_path: Path) -> None:

@@ -26,10 +26,10 @@ from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import EstimateRequest, EstimatorOptions
 from tunecost.estimate.simulated import Throughput, throughput_at
 from tunecost.models.params import ParamCounts
-from tunecost.simulate.batch import default_margin_fraction, fit_verdict, margin_note, search_with_margin
+from tunecost.simulate.batch import MAX_BATCH, default_margin_fraction, fit_verdict, margin_note, search_with_margin
 from tunecost.workload.job import FineTuneJob
 
-MAX_MICRO_BATCH = 4096  # the micro-batch search's cap per rank
+MAX_MICRO_BATCH = MAX_BATCH  # the micro-batch search's cap per rank: one GPU's
 
 
 @dataclass(frozen=True, kw_only=True)

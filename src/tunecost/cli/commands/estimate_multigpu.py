@@ -10,7 +10,6 @@ from tunecost.distributed.plan import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS, MULTI_G
 from tunecost.units import format_bytes
 
 DEFAULT_GPUS_PER_NODE = 8
-DEFAULT_SEQ_LEN = 512  # tokens per query when the job names none (the paper's eq. (1) artifact length)
 MAX_GPUS_PER_NODE = 1024
 NumGpus = Annotated[
     str | None, opt("--gpus", "Several GPUs: a number, or 'auto' for the fewest that fit and the cheapest setup.")
@@ -110,8 +109,10 @@ def run_multi_gpu(
     count = parse_gpu_counts(num_gpus, gpus)
     if batch_size is not None and not batch_size.strip().isdigit():
         raise TunecostError(f"with --gpus, --batch-size is one whole number (per rank), got {batch_size!r}")
+    from tunecost.estimate.estimators import lengths_note, sizing_seq_len
+
     answer = estimate_multi_gpu(
-        job.with_(seq_len=job.seq_len or DEFAULT_SEQ_LEN) if not job.lengths else job,
+        job.with_(seq_len=sizing_seq_len(job)),  # the longest batch's padded length, as on one GPU
         gpus=[resolve_gpu_name(g).gpu for g in dict.fromkeys(gpus)],
         strategies=strategies,
         num_gpus=count,
@@ -143,10 +144,13 @@ def run_multi_gpu(
         expert_degree=expert_degree,
         offload=offload,
         verbose=verbose,
+        lengths=lengths_note(job),
     )
 
 
-def print_answer(answer, *, count, limit: int, expert_degree: int | None, offload: str, verbose: bool) -> None:
+def print_answer(
+    answer, *, count, limit: int, expert_degree: int | None, offload: str, verbose: bool, lengths: str = ""
+) -> None:
     """The answer line, the best setups (every one with --verbose), why the rest do not fit, and the notes."""
     best = answer.cheapest
     if best is not None and best.cost is not None and best.cost.price is not None:
@@ -172,6 +176,8 @@ def print_answer(answer, *, count, limit: int, expert_degree: int | None, offloa
     )
     if not verbose:
         console.print("GB/rank: what nvidia-smi would show; layout +N: N more with the same figures (--verbose)")
+    if lengths:
+        console.print(f"[dim]{lengths}[/dim]")
     if len(shown) < len(_merged(ranked)):
         console.print(f"{len(_merged(ranked)) - len(shown)} more setups: --verbose shows them")
     for s, _ in shown:
