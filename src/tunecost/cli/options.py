@@ -108,10 +108,35 @@ ModelName = Annotated[
     str, opt("--model", "Catalog model (tiny-mixtral, mixtral-8x7b, ...), local folder or cached hub id.")
 ]
 MethodName = Annotated[str, opt("--method", "full | lora | qlora")]
+# The job options every job command takes, with one name, type and default (`--config` may set them instead)
+JobModel = Annotated[
+    str | None,
+    opt(
+        "--model", "Catalog model (tiny-mixtral, mixtral-8x7b, ...), local folder or cached hub id (or from --config)."
+    ),
+]
+LoraRank = Annotated[int, count_option("--lora-rank", "LoRA rank.", MAX_LORA_RANK)]
+LoraAlpha = Annotated[float, opt("--lora-alpha", "LoRA alpha (scaling alpha / rank).")]
+LoraTargets = Annotated[
+    str | None,
+    opt("--lora-targets", "attention, experts, router, mlp (default: experts,router for MoE, attention,mlp dense)."),
+]
+Attention = Annotated[str, opt("--attention", "flash | sdpa | eager.")]
+Optimizer = Annotated[str, opt("--optimizer", "adamw | adamw-8bit | sgd.")]
+Dtype = Annotated[str | None, opt("--dtype", "Compute dtype: bf16 | fp16 | fp32 (default bf16; fp16 for GPTQ).")]
+QuantType = Annotated[
+    str | None,
+    opt("--quant-type", "4-bit type for qlora: nf4 | fp4 | gptq (default: gptq for a GPTQ checkpoint, else nf4)."),
+]
+DoubleQuant = Annotated[bool, opt("--double-quant/--no-double-quant", "bitsandbytes' double quantization (qlora).")]
+DEFAULT_LORA_RANK = 16
+DEFAULT_LORA_ALPHA = 32.0
 STACK_HELP = (
     "tunecost | hf-2024 (the paper's software stack) | hf-peft (Trainer + PEFT >= 0.7) | torchtune (its single-device "
     "recipes: bf16 adapters, fp32 logits)."
 )
+Stack = Annotated[str, opt("--stack", "Software stack the step is simulated on: " + STACK_HELP)]
+DEFAULT_STACK_NAME = "tunecost"
 ChunkedLoss = Annotated[
     bool,
     opt(

@@ -214,8 +214,8 @@ class RankNeeds:
     """One rank's memory per (layout, micro-batch), each simulated step and rank replay computed once: the
     same for every GPU (a GPU only changes the budget)."""
 
-    def __init__(self, job: FineTuneJob) -> None:
-        self.job = job
+    def __init__(self, job: FineTuneJob, behaviour=None) -> None:
+        self.job, self.behaviour = job, behaviour
         self._steps: dict[int, SingleGpuStep] = {}
         self._memory: dict[tuple[ParallelPlan, int], RankMemory] = {}
 
@@ -224,7 +224,7 @@ class RankNeeds:
 
     def step(self, batch: int) -> SingleGpuStep:
         if batch not in self._steps:
-            self._steps[batch] = single_gpu_step(self.job_at(batch))
+            self._steps[batch] = single_gpu_step(self.job_at(batch), behaviour=self.behaviour)
         return self._steps[batch]
 
     def memory(self, plan: ParallelPlan, batch: int) -> RankMemory:
@@ -276,6 +276,7 @@ def estimate_multi_gpu(
     micro_batch: int | None = None,
     margin_fraction: float | None = None,
     steady_state: bool = False,
+    behaviour=None,
 ) -> MultiGpuEstimate:
     """Evaluate `job` on each GPU x layout: `num_gpus` GPUs (one count, or a count per GPU name), or every valid
     count up to `max_gpus` (the counts the expert-parallel degree divides). Each setup runs `micro_batch` per
@@ -304,7 +305,7 @@ def estimate_multi_gpu(
             model=spec.name,
         )
     links_by_gpu = {gpu.name: default_links(gpu, gpus_per_node, node_link) for gpu in gpus}  # errors before tracing
-    needs = RankNeeds(job.with_(batch_size=1))
+    needs = RankNeeds(job.with_(batch_size=1), behaviour)
     param_counts = count_parameters(spec, job.experts_per_token) if {"zero2", "zero3"} & set(strategies) else None
     prices = price_catalog(prices_file)
     setups: list[Setup] = []

@@ -26,6 +26,7 @@ from tunecost.workload.job import (
     check_lora_targets,
     default_gradient_checkpointing,
     default_lora_targets,
+    quant_defaults,
 )
 
 
@@ -115,6 +116,13 @@ def estimate_job(
     stack: str | None = None,
     lengths: tuple[int, ...] | None = None,
     gradient_checkpointing: bool | None = None,
+    lora_rank: int = 16,
+    lora_alpha: float = 32.0,
+    dtype: str | None = None,
+    attention: str = "flash",
+    optimizer: str = "adamw",
+    quant_type: str | None = None,
+    double_quant: bool = True,
 ) -> FineTuneJob:
     """The job `tunecost estimate` costs, with the paper's setups as defaults: gradient checkpointing for (Q)LoRA
     and not for a full fine-tune (BlackMamba's), LoRA on the model's MoE layers or, for a dense model, on its
@@ -127,10 +135,18 @@ def estimate_job(
     targets = lora_targets or default_lora_targets(is_moe=spec.is_moe)
     if method != "full":
         check_lora_targets(targets, model=spec.name, is_moe=spec.is_moe)
+    quant_kind, group_size = quant_defaults(model, quant_type, None)
+    gptq = method == "qlora" and quant_kind == "gptq"
     return FineTuneJob(
         model=spec.name,
         method=method,  # type: ignore[arg-type]
-        lora=LoraConfig(targets=targets),
+        lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=targets),
+        compute_dtype=dtype or ("fp16" if gptq else "bf16"),
+        quant_type=quant_kind,
+        double_quant=double_quant,
+        gptq_group_size=group_size,
+        attention=attention,
+        optimizer=optimizer,
         experts_per_token=experts_per_token,
         gradient_checkpointing=default_gradient_checkpointing(method)
         if gradient_checkpointing is None

@@ -20,30 +20,38 @@ from tunecost.cli.common import (
     split_list,
     stack_behaviour,
 )
+from tunecost.cli.jobconfig import ConfigFiles, required, with_config
 from tunecost.cli.options import (
-    STACK_HELP,
+    DEFAULT_LORA_ALPHA,
+    DEFAULT_LORA_RANK,
+    DEFAULT_STACK_NAME,
+    Attention,
     ChunkedLoss,
+    DoubleQuant,
+    Dtype,
     ExpertsPerToken,
     GradientCheckpointing,
     HostCpuOpt,
+    JobModel,
     JsonOut,
+    LoraAlpha,
+    LoraRank,
+    LoraTargets,
     MethodName,
-    ModelName,
     OffloadActivations,
+    Optimizer,
     OptimizerInBackward,
     PricesFile,
     Provider,
+    QuantType,
     Reentrant,
     RunQueries,
     SeqLen,
+    Stack,
     opt,
 )
 from tunecost.estimate import DEFAULT_ESTIMATOR
 
-LORA_TARGETS_HELP = (
-    "Comma-separated LoRA targets: attention, experts, router, mlp (default: experts,router for an MoE model, "
-    "attention,mlp for a dense one)."
-)
 CALIBRATE_HELP = (
     "Throughput measurements CSV or folder of CSVs to fit eq. (2) (paper) or calibrate (calibrated) on; repeat for "
     "several."
@@ -188,15 +196,23 @@ def cost(
 
 @cli_errors
 def estimate(
-    model: ModelName,
+    ctx: typer.Context,
     gpu: Annotated[str, opt("--gpu", "Comma-separated GPUs, e.g. A40,A100-80GB,H100 (or 'all').")],
-    epochs: Annotated[float, opt("--epochs", "Epochs.")],
+    model: JobModel = None,
+    epochs: Annotated[float | None, opt("--epochs", "Epochs (or from --config).")] = None,
     queries: Annotated[int | None, opt("--queries", "Queries (default: the dataset's size).")] = None,
     dataset: Annotated[str | None, opt("--dataset", "Dataset (sets queries and the throughput's lengths).")] = None,
     method: MethodName = "qlora",
     experts_per_token: ExpertsPerToken = None,
-    lora_targets: Annotated[str | None, opt("--lora-targets", LORA_TARGETS_HELP)] = None,
+    lora_targets: LoraTargets = None,
     gradient_checkpointing: GradientCheckpointing = None,
+    lora_rank: LoraRank = DEFAULT_LORA_RANK,
+    lora_alpha: LoraAlpha = DEFAULT_LORA_ALPHA,
+    attention: Attention = "flash",
+    optimizer: Optimizer = "adamw",
+    dtype: Dtype = None,
+    quant_type: QuantType = None,
+    double_quant: DoubleQuant = True,
     estimator: Annotated[str, opt("--estimator", "calibrated (answers for every GPU) | simulate | paper")] = (
         DEFAULT_ESTIMATOR
     ),
@@ -210,7 +226,7 @@ def estimate(
         bool, opt("--steady-state", "Steady-state throughput with no start-up (default: one run, start-up once).")
     ] = False,
     host_cpu: HostCpuOpt = None,
-    stack: Annotated[str | None, opt("--stack", "Software stack that sizes the batch: " + STACK_HELP)] = None,
+    stack: Stack = DEFAULT_STACK_NAME,
     chunked_loss: ChunkedLoss = False,
     offload_activations: OffloadActivations = False,
     optimizer_in_backward: OptimizerInBackward = False,
@@ -225,6 +241,7 @@ def estimate(
     out: RecordsOut = None,
     force: ReplaceRecords = False,
     verbose: Annotated[bool, opt("--verbose", "Every row and every note.")] = False,
+    config: ConfigFiles = None,
     json_out: JsonOut = False,
 ) -> None:
     """Cost of fine-tuning MODEL on each GPU and provider, the answer first; says which estimator answered.
@@ -239,6 +256,53 @@ def estimate(
     from tunecost.workload.job import parse_lora_targets
     from tunecost.workload.job_data import job_data
 
+    o = with_config(
+        ctx,
+        config,
+        {
+            "model": model,
+            "method": method,
+            "lora_rank": lora_rank,
+            "lora_alpha": lora_alpha,
+            "lora_targets": lora_targets,
+            "quant_type": quant_type,
+            "double_quant": double_quant,
+            "dtype": dtype,
+            "gradient_checkpointing": gradient_checkpointing,
+            "reentrant": reentrant,
+            "attention": attention,
+            "optimizer": optimizer,
+            "seq_len": seq_len,
+            "batch_size": batch_size,
+            "dataset": dataset,
+            "epochs": epochs,
+            "stack": stack,
+            "chunked_loss": chunked_loss,
+            "offload_activations": offload_activations,
+            "optimizer_in_backward": optimizer_in_backward,
+            "num_gpus": num_gpus,
+            "gpus_per_node": gpus_per_node,
+            "strategy": strategy,
+            "offload": offload,
+        },
+        as_text=("batch_size", "num_gpus"),
+    )
+    model, method, epochs = required("model", o["model"]), o["method"], required("epochs", o["epochs"])
+    lora_rank, lora_alpha, lora_targets = o["lora_rank"], o["lora_alpha"], o["lora_targets"]
+    quant_type, double_quant, dtype = o["quant_type"], o["double_quant"], o["dtype"]
+    gradient_checkpointing, reentrant, attention, optimizer = (
+        o["gradient_checkpointing"],
+        o["reentrant"],
+        o["attention"],
+        o["optimizer"],
+    )
+    seq_len, batch_size, dataset, stack = o["seq_len"], o["batch_size"], o["dataset"], o["stack"]
+    chunked_loss, offload_activations, optimizer_in_backward = (
+        o["chunked_loss"],
+        o["offload_activations"],
+        o["optimizer_in_backward"],
+    )
+    num_gpus, gpus_per_node, strategy, offload = o["num_gpus"], o["gpus_per_node"], o["strategy"], o["offload"]
     gpus = list(gpu_catalog()) if gpu.strip().lower() == "all" else split_list(gpu, what="GPU")
     check_finite_at_most("--epochs", epochs, MAX_EPOCHS)
     if queries is not None and queries <= 0:
@@ -261,6 +325,13 @@ def estimate(
         stack=stack,
         lengths=data.lengths if data else None,
         gradient_checkpointing=gradient_checkpointing,
+        lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
+        dtype=dtype,
+        attention=attention,
+        optimizer=optimizer,
+        quant_type=quant_type,
+        double_quant=double_quant,
     )
     if queries is None and data is not None:
         queries = data.num_queries
@@ -274,18 +345,10 @@ def estimate(
     if any(
         v is not None for v in (num_gpus, gpus_per_node, strategy, max_gpus, interconnect, expert_parallel, offload)
     ):
-        if (
-            estimator != DEFAULT_ESTIMATOR
-            or calibrate
-            or run_queries is not None
-            or host_cpu is not None
-            or not behaviour.is_default
-        ):
+        if estimator != DEFAULT_ESTIMATOR or calibrate or run_queries is not None or host_cpu is not None:
             raise TunecostError(
                 "--gpus/--strategy estimate with the step simulator and the cross-GPU throughput model; "
-                "--estimator, --calibrate, --run-queries, --host-cpu and the stack options "
-                "(--chunked-loss, --offload-activations, --optimizer-in-backward, --reentrant/--non-reentrant) "
-                "apply to one GPU only"
+                "--estimator, --calibrate, --run-queries and --host-cpu apply to one GPU only"
             )
         multi.run_multi_gpu(
             job,
@@ -307,6 +370,7 @@ def estimate(
             force=force,
             verbose=verbose,
             steady_state=steady_state,
+            behaviour=behaviour,
         )
         return
     if host_cpu is not None and estimator == "paper":

@@ -90,6 +90,7 @@ def run_multi_gpu(
     force: bool = False,
     verbose: bool = False,
     steady_state: bool = False,
+    behaviour=None,
 ) -> None:
     """Answer the multi-GPU question for `job` (the estimate command's job) and print it, the answer first. Each
     rank runs `batch_size`, or the largest micro-batch that fits with the safety margin."""
@@ -127,6 +128,7 @@ def run_multi_gpu(
         epochs=epochs,
         micro_batch=int(batch_size) if batch_size else None,
         steady_state=steady_state,
+        behaviour=behaviour,
     )
     if out is not None:  # every setup evaluated, for `tunecost report` (memory per rank and cost vs GPU count)
         import sys

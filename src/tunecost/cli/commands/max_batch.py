@@ -10,6 +10,7 @@ import typer
 from tunecost.cli import options as cli
 from tunecost.cli.commands.profile import inputs_spec, model_setup
 from tunecost.cli.common import cli_errors, console, err_console, print_json
+from tunecost.cli.jobconfig import ConfigFiles, with_config
 from tunecost.errors import TunecostError
 from tunecost.profile.threads import prepare_cpu_threads
 from tunecost.units import BYTES_PER_GIB as _GIB
@@ -17,6 +18,7 @@ from tunecost.units import BYTES_PER_GIB as _GIB
 
 @cli_errors
 def max_batch(
+    ctx: typer.Context,
     model: cli.ModelName = "tiny-mixtral",
     method: cli.MethodName = "qlora",
     experts_per_token: cli.ExpertsPerToken = None,
@@ -31,17 +33,33 @@ def max_batch(
     experts_impl: cli.ExpertsImpl = None,
     random_weights: cli.RandomWeights = False,
     gradient_checkpointing: cli.GradientCheckpointing = None,
+    lora_rank: cli.LoraRank = cli.DEFAULT_LORA_RANK,
+    lora_alpha: cli.LoraAlpha = cli.DEFAULT_LORA_ALPHA,
     limit: Annotated[int, cli.opt("--limit", "Largest batch size tried.")] = 4096,
     tokenizer: cli.Tokenizer = "mistral",
     template: cli.Template = "mistral",
     max_length: cli.MaxLength = 1024,
     out: Annotated[Path | None, cli.opt("--out", "Also append the result to OUT/max_batch.jsonl.")] = None,
+    config: ConfigFiles = None,
     json_out: cli.JsonOut = False,
 ) -> None:
     """Largest batch size that fits (paper Table III): grow then bisect; a found OOM is the measured boundary."""
     from tunecost.workload.job import default_gradient_checkpointing
 
+    job: dict[str, Any] = {
+        "model": model,
+        "method": method,
+        "seq_len": seq_len,
+        "dataset": dataset,
+        "gradient_checkpointing": gradient_checkpointing,
+        "lora_rank": lora_rank,
+        "lora_alpha": lora_alpha,
+    }
+    job = with_config(ctx, config, job)
+    model, method, seq_len, dataset = job["model"], job["method"], job["seq_len"], job["dataset"]
+    gradient_checkpointing, lora_rank, lora_alpha = job["gradient_checkpointing"], job["lora_rank"], job["lora_alpha"]
     options = dict(locals())
+    del options["ctx"], options["job"], options["config"]
     checkpointing = default_gradient_checkpointing(method) if gradient_checkpointing is None else gradient_checkpointing
     options["no_checkpointing"] = not checkpointing
     if out is not None:

@@ -17,22 +17,34 @@ from tunecost.cli.common import (
     progress_callback,
     stack_behaviour,
 )
+from tunecost.cli.jobconfig import ConfigFiles, required, with_config
 from tunecost.cli.options import (
+    DEFAULT_LORA_ALPHA,
+    DEFAULT_LORA_RANK,
+    DEFAULT_STACK_NAME,
     MAX_LAYERS,
-    MAX_LORA_RANK,
-    STACK_HELP,
+    Attention,
     BatchSize,
     ChunkedLoss,
+    DoubleQuant,
+    Dtype,
     ExpertsPerToken,
     GpuMemoryGb,
     GpuMemoryGib,
     GradientCheckpointing,
+    JobModel,
     JsonOut,
+    LoraAlpha,
+    LoraRank,
+    LoraTargets,
     MethodName,
-    ModelName,
     OffloadActivations,
+    Optimizer,
     OptimizerInBackward,
+    QuantType,
     Reentrant,
+    SeqLen,
+    Stack,
     count_option,
     opt,
 )
@@ -44,6 +56,7 @@ if TYPE_CHECKING:
     from tunecost.workload.job import Method
 from tunecost.units import format_bytes, gb_from_bytes, memory_bytes_from_options
 
+DEFAULT_SEQ_LEN = 512  # the paper's eq. (1) length, when neither --seq-len nor a lengths file says
 MAX_LENGTHS_FILE_BYTES = 64 * 2**20  # one length per line: millions of queries
 LENGTHS_HELP = (
     "Token lengths of a dataset (JSON list or one per line): the worst batch (the longest query, padded) decides; "
@@ -100,32 +113,26 @@ def _gb(n: float) -> str:
 
 @cli_errors
 def memory(
-    model: ModelName,
+    ctx: typer.Context,
+    model: JobModel = None,
     method: MethodName = "qlora",
     experts_per_token: ExpertsPerToken = None,
-    seq_len: Annotated[int, count_option("--seq-len", "Tokens per query (padded length).", MAX_SEQ_LEN)] = 512,
+    seq_len: SeqLen = None,
     batch_size: BatchSize = 1,
     dataset_lengths: Annotated[Path | None, opt("--dataset-lengths", LENGTHS_HELP)] = None,
-    lora_rank: Annotated[int, count_option("--lora-rank", "LoRA rank.", MAX_LORA_RANK)] = 16,
-    lora_alpha: Annotated[float, opt("--lora-alpha")] = 32.0,
-    lora_targets: Annotated[
-        str | None,
-        opt(
-            "--lora-targets", "attention, experts, router, mlp (default: experts,router for MoE, attention,mlp dense)."
-        ),
-    ] = None,
+    lora_rank: LoraRank = DEFAULT_LORA_RANK,
+    lora_alpha: LoraAlpha = DEFAULT_LORA_ALPHA,
+    lora_targets: LoraTargets = None,
     gradient_checkpointing: GradientCheckpointing = None,
-    attention: Annotated[str, opt("--attention", "flash | sdpa | eager.")] = "flash",
-    optimizer: Annotated[str, opt("--optimizer", "adamw | adamw-8bit | sgd.")] = "adamw",
-    dtype: Annotated[
-        str | None, opt("--dtype", "Compute dtype: bf16 | fp16 | fp32 (default bf16; fp16 for GPTQ).")
-    ] = None,
-    quant_type: Annotated[str | None, opt("--quant-type", QUANT_TYPE_HELP)] = None,
-    double_quant: Annotated[bool, opt("--double-quant/--no-double-quant")] = True,
+    attention: Attention = "flash",
+    optimizer: Optimizer = "adamw",
+    dtype: Dtype = None,
+    quant_type: QuantType = None,
+    double_quant: DoubleQuant = True,
     gptq_group_size: Annotated[int | None, opt("--gptq-group-size", GPTQ_GROUP_HELP)] = None,
     gptq_kernel: Annotated[str, opt("--gptq-kernel", GPTQ_KERNEL_HELP)] = "triton-v2",
     modules_to_save: Annotated[str, opt("--modules-to-save", MODULES_TO_SAVE_HELP)] = "",
-    stack: Annotated[str, opt("--stack", STACK_HELP)] = "tunecost",
+    stack: Stack = DEFAULT_STACK_NAME,
     chunked_loss: ChunkedLoss = False,
     offload_activations: OffloadActivations = False,
     optimizer_in_backward: OptimizerInBackward = False,
@@ -135,6 +142,7 @@ def memory(
     gpu_memory_gib: GpuMemoryGib = None,
     layers_to_trace: Annotated[int | None, count_option("--layers-to-trace", TRACE_HELP, MAX_LAYERS)] = None,
     no_cache: Annotated[bool, opt("--no-cache", "Ignore and do not write the result cache.")] = False,
+    config: ConfigFiles = None,
     json_out: JsonOut = False,
 ) -> None:
     """Simulate one training step of MODEL from its config alone: peak memory with a breakdown, FLOPs, bytes
@@ -150,6 +158,42 @@ def memory(
         quant_defaults,
     )
 
+    given = {
+        "model": model,
+        "method": method,
+        "seq_len": seq_len,
+        "batch_size": batch_size,
+        "lora_rank": lora_rank,
+        "lora_alpha": lora_alpha,
+        "lora_targets": lora_targets,
+        "gradient_checkpointing": gradient_checkpointing,
+        "reentrant": reentrant,
+        "attention": attention,
+        "optimizer": optimizer,
+        "dtype": dtype,
+        "quant_type": quant_type,
+        "double_quant": double_quant,
+        "stack": stack,
+        "chunked_loss": chunked_loss,
+        "offload_activations": offload_activations,
+        "optimizer_in_backward": optimizer_in_backward,
+    }
+    o = with_config(ctx, config, given)
+    model, method, batch_size = required("model", o["model"]), o["method"], o["batch_size"]
+    seq_len = o["seq_len"] or DEFAULT_SEQ_LEN
+    lora_rank, lora_alpha, lora_targets = o["lora_rank"], o["lora_alpha"], o["lora_targets"]
+    gradient_checkpointing, reentrant, attention, optimizer = (
+        o["gradient_checkpointing"],
+        o["reentrant"],
+        o["attention"],
+        o["optimizer"],
+    )
+    dtype, quant_type, double_quant, stack = o["dtype"], o["quant_type"], o["double_quant"], o["stack"]
+    chunked_loss, offload_activations, optimizer_in_backward = (
+        o["chunked_loss"],
+        o["offload_activations"],
+        o["optimizer_in_backward"],
+    )
     memory_bytes = memory_bytes_from_options(gpu_memory_gb=gpu_memory_gb, gpu_memory_gib=gpu_memory_gib)
     if gpu is not None and memory_bytes is not None:
         raise TunecostError("give --gpu or --gpu-memory-gb/--gpu-memory-gib, not both")

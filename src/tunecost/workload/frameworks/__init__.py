@@ -1,0 +1,148 @@
+"""A fine-tuning job read from the config a framework runs it with (`--config FILE`).
+
+Each framework's reader (`FRAMEWORKS`, one module each) turns its parsed file into a `ConfigJob`: the job options
+in tunecost's names (`JOB_OPTIONS`), every default the framework fills that the file leaves out (named among the
+assumptions, with whose default it is), and the keys tunecost does not model. Command-line flags override the file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tunecost.errors import TunecostError
+
+# tunecost's job options a config may set, and the type each value takes
+JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
+    "model": str,
+    "method": str,  # full | lora | qlora
+    "lora_rank": int,
+    "lora_alpha": (int, float),
+    "lora_targets": str,  # comma list of attention, mlp, experts, router
+    "quant_type": str,  # nf4 | fp4
+    "double_quant": bool,
+    "dtype": str,  # bf16 | fp16 | fp32
+    "gradient_checkpointing": bool,
+    "reentrant": bool,
+    "attention": str,  # flash | sdpa | eager
+    "optimizer": str,  # adamw | adamw-8bit | sgd
+    "seq_len": int,  # the cutoff: longer examples are cut, each batch padded to its longest
+    "batch_size": int,  # per device (micro-batch)
+    "dataset": str,
+    "epochs": (int, float),
+    "stack": str,
+    "chunked_loss": bool,
+    "offload_activations": bool,
+    "optimizer_in_backward": bool,
+    "num_gpus": int,
+    "gpus_per_node": int,
+    "strategy": str,
+    "offload": str,  # none | optimizer | params
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfigJob:
+    """What a framework's config says about the job, in tunecost's option names."""
+
+    framework: str
+    path: str
+    options: dict[str, Any]
+    assumptions: tuple[str, ...] = ()  # "lora_rank 8: LLaMA-Factory's default"
+    not_modelled: tuple[str, ...] = ()  # keys of the file tunecost does not model
+
+    def __post_init__(self) -> None:
+        for name, value in self.options.items():
+            expected = JOB_OPTIONS.get(name)
+            if expected is None:
+                raise TunecostError(f"{self.path}: reader for {self.framework} set unknown option {name!r}")
+            if value is not None and (
+                (isinstance(value, bool) and expected is not bool) or not isinstance(value, expected)
+            ):
+                raise TunecostError(f"{self.path}: {name} must be {_type_name(expected)}, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Framework:
+    """One framework's reader: `detect` says whether a parsed file is its config, `read` turns it into a job."""
+
+    name: str
+    title: str  # as people write it: "LLaMA-Factory"
+    suffixes: tuple[str, ...]  # file types its configs come in
+    detect: Callable[[Mapping[str, Any]], bool]
+    read: Callable[[ConfigFile], ConfigJob]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfigFile:
+    """A parsed config, with helpers that name the file and key in every error."""
+
+    path: str
+    data: Mapping[str, Any]
+    used: set[str] = field(default_factory=set)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self.used.add(key)
+        return self.data.get(key, default)
+
+    def typed(self, key: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
+        """The value of `key` (None or `default` when absent), which must be of `kind`; else one error naming it."""
+        value = self.get(key, default)
+        if value is None or value is default:
+            return value
+        if isinstance(value, bool) and kind is not bool and bool not in (kind if isinstance(kind, tuple) else ()):
+            raise self.error(key, f"must be {_type_name(kind)}, got {value!r}")
+        if kind in (int, float, (int, float)) and isinstance(value, str):
+            try:
+                value = float(value) if kind is not int else int(value)
+            except ValueError:
+                raise self.error(key, f"must be {_type_name(kind)}, got {value!r}") from None
+        if not isinstance(value, kind):
+            raise self.error(key, f"must be {_type_name(kind)}, got {value!r}")
+        return value
+
+    def error(self, key: str, what: str) -> TunecostError:
+        return TunecostError(f"{self.path}: {key}: {what}")
+
+    def unused_keys(self) -> tuple[str, ...]:
+        return tuple(k for k in self.data if k not in self.used)
+
+
+def _type_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    names = {int: "a whole number", float: "a number", str: "text", bool: "true or false", dict: "a mapping"}
+    return " or ".join(dict.fromkeys(names.get(k, k.__name__) for k in kinds))
+
+
+def parse_config_file(path: str | Path) -> dict[str, Any]:
+    """The file as a mapping: YAML (safe loader), JSON or TOML by its suffix; one error naming the file otherwise."""
+    p = Path(path)
+    if not p.is_file():
+        raise TunecostError(f"--config {str(path)!r}: no such file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TunecostError(f"--config {str(path)!r}: cannot be read ({exc.__class__.__name__})") from None
+    suffix = p.suffix.lower()
+    try:
+        if suffix == ".json":
+            data = json.loads(text)
+        elif suffix == ".toml":
+            try:
+                import tomllib
+            except ImportError:  # Python 3.10
+                raise TunecostError(f"{path}: reading TOML needs Python 3.11 or newer") from None
+            data = tomllib.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:  # tomllib.TOMLDecodeError and json's errors are ValueErrors
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
+        raise TunecostError(f"{path}: not valid {suffix.lstrip('.').upper() or 'YAML'}: {first}") from None
+    if not isinstance(data, dict):
+        raise TunecostError(f"{path}: a config is a mapping of keys to values, got {type(data).__name__}")
+    return data

@@ -1,0 +1,248 @@
+"""axolotl YAML (examples/*/lora.yml, qlora.yml, fft configs) as a tunecost job."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework
+from tunecost.workload.frameworks.llamafactory import (
+    EIGHT_BIT,
+    SFT_ONLY,
+    VISION_MODEL,
+    deepspeed_options,
+    filled,
+    lora_target_groups,
+    optimizer_name,
+)
+from tunecost.workload.known_datasets import canonical_name
+
+TITLE = "axolotl"
+# key: (default, option as tunecost reads it, how); read at axolotl-ai-cloud/axolotl 067b021c (v0.18.0-9, Jul 2026)
+_DEFAULTS: dict[str, tuple[Any, str, str]] = {
+    "sequence_len": (512, "seq_len 512", "sequence_len; utils/schemas/config.py"),
+    "gradient_checkpointing": (False, "gradient_checkpointing off", "schemas/config.py"),
+    "micro_batch_size": (1, "batch_size 1", "micro_batch_size; schemas/training.py"),
+    "num_epochs": (1.0, "epochs 1.0", "num_epochs; schemas/training.py"),
+    "optimizer": ("adamw_torch_fused", "optimizer adamw", "adamw_torch_fused; schemas/training.py"),
+}  # fmt: skip
+# bf16 auto (schemas/config.py): bf16 where the GPU has it, else fp16 (utils/config/__init__.py); QLoRA's
+# BitsAndBytesConfig nf4 + double quant unless bnb_config_kwargs override (loaders/model.py); no lora_r/lora_alpha
+# default (schemas/peft.py); use_reentrant true when checkpointing without kwargs (utils/config/__init__.py)
+_BNB: dict[str, tuple[str, Any]] = {
+    "bnb_4bit_quant_type": ("quant_type", "nf4"),
+    "bnb_4bit_use_double_quant": ("double_quant", True),
+}
+_ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash", "flash_attention_3": "flash"}
+_LEGACY_ATTENTION = {  # schemas/enums.py LEGACY_ATTN_FLAG_TO_IMPL, in its order
+    "xformers_attention": "xformers", "sage_attention": "sage", "flex_attention": "flex_attention",
+    "flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager",
+}  # fmt: skip
+_NOT_SFT = {
+    "rl": "RL / preference training", "reward_model": "reward model training",
+    "process_reward_model": "reward model training", "pretraining_dataset": "pretraining",
+}  # fmt: skip
+_DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
+
+
+def _get(cfg: ConfigFile, notes: list[str], key: str, kind: Any) -> Any:
+    default, said, how = _DEFAULTS[key]
+    return filled(cfg, notes, key, kind, default, f"{said}: {TITLE}'s default ({how})")
+
+
+def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, Any]:
+    for key, what in _NOT_SFT.items():
+        if cfg.get(key):
+            raise cfg.error(key, f"{what}: {SFT_ONLY}")
+    if cfg.typed("peft_use_dora", bool):
+        raise cfg.error("peft_use_dora", "DoRA is not modelled; tunecost estimates full, LoRA and QLoRA fine-tuning")
+    adapter = cfg.typed("adapter", str)
+    load4, load8 = cfg.typed("load_in_4bit", bool), cfg.typed("load_in_8bit", bool)
+    if adapter is None:
+        if load4 or load8:
+            raise cfg.error("load_in_4bit" if load4 else "load_in_8bit", f"needs an adapter ({TITLE}'s own check)")
+        notes.append(f"method full: {TITLE}'s default (no adapter)")
+        return {"method": "full"}
+    if adapter not in ("lora", "qlora"):
+        raise cfg.error("adapter", f"{adapter}: tunecost estimates full, LoRA and QLoRA fine-tuning")
+    if load8:
+        raise cfg.error("load_in_8bit", EIGHT_BIT)
+    options: dict[str, Any] = {"method": adapter}
+    if adapter == "qlora":
+        if not load4:
+            raise cfg.error("adapter", f"qlora needs load_in_4bit: true ({TITLE}'s own check)")
+        bnb = cfg.typed("bnb_config_kwargs", dict) or {}
+        for key, (option, default) in _BNB.items():
+            options[option] = bnb.get(key, default)
+            if key not in bnb:
+                notes.append(
+                    f"{option} {'on' if default is True else default}: {TITLE}'s default for qlora (loaders/model.py)"
+                )
+        if options["quant_type"] not in ("nf4", "fp4"):
+            raise cfg.error(
+                "bnb_config_kwargs", f"bnb_4bit_quant_type must be nf4 or fp4, got {options['quant_type']!r}"
+            )
+    elif cfg.typed("gptq", bool):
+        options["method"] = "qlora"
+        notes.append("gptq: a GPTQ 4-bit checkpoint, read as qlora (tunecost takes the 4-bit type from the model)")
+    elif load4:
+        notes.append(f"load_in_4bit with adapter lora: {TITLE} quantizes only for adapter qlora; read as 16-bit LoRA")
+    for key, option in (("lora_r", "lora_rank"), ("lora_alpha", "lora_alpha")):
+        value = cfg.typed(key, int if key == "lora_r" else (int, float))
+        if value is None:
+            notes.append(f"{key} unset: {TITLE} has no default for it; tunecost's --{option.replace('_', '-')} applies")
+        else:
+            options[option] = value
+    return options | _targets(cfg, model, notes)
+
+
+def _targets(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, Any]:
+    entries: list[str] = []
+    for key in ("lora_target_modules", "lora_target_parameters"):
+        value = cfg.get(key)
+        names = [value] if isinstance(value, str) else value or []
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise cfg.error(key, f"must be a module name or a list of them, got {value!r}")
+        entries += names
+    if cfg.typed("lora_target_linear", bool):
+        entries.append("all-linear")
+    if not entries:
+        notes.append("no lora_target_modules or lora_target_linear: tunecost's default targets apply")
+        return {}
+    groups, target_notes = lora_target_groups(entries, model, "LoRA targets")
+    notes += target_notes
+    return {"lora_targets": groups} if groups else {}
+
+
+def _fsdp_config(cfg: ConfigFile) -> dict[str, Any]:
+    """fsdp_config with the deprecated fsdp_ prefix dropped, as axolotl reads it."""
+    conf = cfg.typed("fsdp_config", dict) or {}
+    return {(k if k == "fsdp_version" else k.removeprefix("fsdp_")): v for k, v in conf.items()}
+
+
+def _precision(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
+    bf16, fp16 = cfg.typed("bf16", (bool, str), "auto"), cfg.typed("fp16", bool)
+    if isinstance(bf16, str) and bf16 != "auto":
+        raise cfg.error("bf16", f"must be true, false or auto, got {bf16!r}")
+    if bf16 is True or (bf16 == "auto" and not fp16):
+        if bf16 == "auto":
+            notes.append(f"dtype bf16: {TITLE}'s default bf16 auto (bf16 where the GPU has it, else fp16)")
+        return {"dtype": "bf16"}
+    if not fp16:
+        notes.append(f"dtype fp32: {TITLE} trains in float32 with bf16 false and fp16 unset")
+    return {"dtype": "fp16" if fp16 else "fp32"}
+
+
+def _training(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
+    options = _precision(cfg, notes)
+    key, impl = "attn_implementation", cfg.typed("attn_implementation", str)
+    for legacy, name in _LEGACY_ATTENTION.items():
+        if impl is None and cfg.typed(legacy, bool):
+            key, impl = legacy, name
+    if impl is None:
+        notes.append(f"attention sdpa: {TITLE}'s default (no attn_implementation: transformers' default, sdpa)")
+    attention = "sdpa" if impl is None else _ATTENTION.get(impl, "flash" if "flash" in impl else None)
+    if attention is None:
+        raise cfg.error(key, f"{impl}: tunecost models eager, sdpa and flash_attention_2/3")
+    checkpointing = cfg.typed("gradient_checkpointing", (bool, str))
+    if checkpointing is None and _fsdp_config(cfg).get("activation_checkpointing"):
+        checkpointing = True
+        notes.append("fsdp_config activation_checkpointing: accelerate's FSDP checkpointing (non-reentrant)")
+        options["reentrant"] = False
+    elif checkpointing is None:
+        checkpointing = _get(cfg, notes, "gradient_checkpointing", bool)
+    elif isinstance(checkpointing, str):
+        if checkpointing not in ("offload", "offload_disk"):
+            raise cfg.error(
+                "gradient_checkpointing", f"must be true, false, offload or offload_disk, got {checkpointing!r}"
+            )
+        notes.append(
+            f"gradient_checkpointing {checkpointing}: modelled as checkpointing with the checkpoints on the GPU"
+        )
+    kwargs = cfg.typed("gradient_checkpointing_kwargs", dict)
+    if checkpointing and kwargs is None and "reentrant" not in options:
+        options["reentrant"] = True
+        notes.append(f"reentrant on: {TITLE}'s default with gradient_checkpointing (no gradient_checkpointing_kwargs)")
+    elif checkpointing and kwargs and "use_reentrant" in kwargs:
+        options["reentrant"] = bool(kwargs["use_reentrant"])
+    options |= {
+        "attention": attention,
+        "gradient_checkpointing": bool(checkpointing),
+        "optimizer": optimizer_name(cfg, "optimizer", _get(cfg, notes, "optimizer", str)),
+        "seq_len": _get(cfg, notes, "sequence_len", int),
+        "batch_size": _get(cfg, notes, "micro_batch_size", int),
+    }
+    max_steps = cfg.typed("max_steps", int)
+    if max_steps is not None and max_steps > 0:
+        notes.append(f"max_steps {max_steps}: sets the run's length in {TITLE}; tunecost counts epochs (give --epochs)")
+        epochs = cfg.typed("num_epochs", (int, float))
+    else:
+        epochs = _get(cfg, notes, "num_epochs", (int, float))
+    return options | ({"epochs": epochs} if epochs is not None else {})
+
+
+def _dataset(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
+    datasets = cfg.typed("datasets", list) or []
+    if not datasets:
+        return {}
+    first = datasets[0] if isinstance(datasets[0], dict) else {}
+    path = first.get("data_files") if isinstance(first.get("data_files"), str) else first.get("path")
+    if not isinstance(path, str):
+        raise cfg.error("datasets", f"each entry needs a path, got {datasets[0]!r}")
+    if len(datasets) > 1:
+        notes.append(f"datasets: only the first of {len(datasets)} gives the lengths")
+    if canonical_name(path):
+        return {"dataset": canonical_name(path)}
+    if path.lower().endswith(_DATA_SUFFIXES):
+        return {"dataset": path}
+    notes.append(f"datasets[0].path {path}: a hub dataset or folder, give --dataset FILE for its lengths")
+    return {}
+
+
+def _strategy(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
+    options, ds_notes = deepspeed_options(cfg, "deepspeed")
+    notes += ds_notes
+    fsdp, conf = cfg.get("fsdp"), _fsdp_config(cfg)
+    if not fsdp and not conf:
+        return options
+    words = fsdp if isinstance(fsdp, list) else str(fsdp or "").split()
+    version = cfg.typed("fsdp_version", int) or conf.get("fsdp_version") or conf.get("version")
+    if version is None:
+        version = 1
+        notes.append(f"fsdp_version 1: {TITLE}'s default for a config without one (utils/schemas/validation.py)")
+    strategy = "fsdp2" if str(version) == "2" else "fsdp1"
+    if "hybrid_shard" in words or "hybrid_shard_zero2" in words:
+        strategy = "hsdp"
+    elif "shard_grad_op" in words:
+        strategy = "fsdp2-shard-grad-op"
+        notes.append("fsdp shard_grad_op: modelled as fsdp2-shard-grad-op (parameters whole from forward to backward)")
+    elif "no_shard" in words:
+        strategy = "ddp"
+    options["strategy"] = strategy
+    if conf.get("offload_params") or "offload" in words:
+        options["offload"] = "params"
+    return options
+
+
+def _read(cfg: ConfigFile) -> ConfigJob:
+    notes: list[str] = []
+    model = cfg.typed("base_model", str)
+    if "processor_type" in cfg.data or (model and VISION_MODEL.search(model)):
+        raise cfg.error("processor_type" if "processor_type" in cfg.data else "base_model", f"multimodal: {SFT_ONLY}")
+    options: dict[str, Any] = {"model": model} if model else {}
+    options |= _method(cfg, model, notes) | _training(cfg, notes) | _dataset(cfg, notes) | _strategy(cfg, notes)
+    if cfg.data.get("sample_packing") or cfg.data.get("pad_to_sequence_len"):
+        notes.append("sample_packing / pad_to_sequence_len: not modelled; tunecost pads each batch to its longest "
+                     "example (rows of sequence_len tokens: give --seq-len without --dataset for that)")  # fmt: skip
+    options["stack"] = "hf-peft"
+    notes.append(f"stack hf-peft: {TITLE} runs transformers + PEFT")
+    return ConfigJob(framework="axolotl", path=cfg.path, options=options, assumptions=tuple(notes),
+                     not_modelled=cfg.unused_keys())  # fmt: skip
+
+
+def _detect(data: Mapping[str, Any]) -> bool:
+    keys = ("datasets", "micro_batch_size", "sequence_len", "adapter", "num_epochs", "lora_r")
+    return "base_model" in data and any(k in data for k in keys)
+
+
+FRAMEWORK = Framework(name="axolotl", title=TITLE, suffixes=(".yaml", ".yml"), detect=_detect, read=_read)

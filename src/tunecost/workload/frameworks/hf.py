@@ -1,0 +1,388 @@
+"""Readers for the Hugging Face stack's files: a transformers TrainingArguments / TRL SFTConfig dump (JSON or YAML,
+with a TRL script's ModelConfig keys where present), PEFT's adapter_config.json (LoraConfig) and transformers'
+BitsAndBytesConfig. Each reports its own file and its own library's defaults only: `--config` merges the files.
+"""
+
+# Defaults filled (installed transformers 5.23.0, peft 0.21.2; trl main f2cd577 = 1.10.0.dev0):
+#   per_device_train_batch_size 8, num_train_epochs 3.0, bf16/fp16 off, activation_checkpointing off,
+#   optim adamw_torch_fused (torch >= 2.8), fsdp_config version 2: transformers training_args.py
+#   use_reentrant False without checkpointing kwargs, attn_implementation sdpa: transformers modeling_utils.py
+#   SFTConfig max_length 1024, gradient_checkpointing on, bf16 unless fp16, use_reentrant False, loss_type
+#   chunked_nll: trl trainer/sft_config.py, base_config.py, sft_trainer.py; ModelConfig lora_r 16, lora_alpha 32,
+#   bnb_4bit_quant_type nf4, use_bnb_nested_quant False: trl trainer/model_config.py
+#   LoraConfig r 8, lora_alpha 8, target_modules None (the architecture's): peft tuners/lora/config.py
+#   BitsAndBytesConfig bnb_4bit_quant_type fp4, double quant off, compute float32: transformers quantization_config.py
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from tunecost.catalog.models import resolve_model
+from tunecost.errors import TunecostError
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework
+
+Part = tuple[dict[str, Any], list[str]]  # options and assumption lines
+
+
+def words(text: str) -> tuple[str, ...]:
+    return tuple(text.split())
+
+
+TA, SFT, TRL_MODEL = "transformers TrainingArguments'", "TRL SFTConfig's", "TRL ModelConfig's"
+PEFT, BNB = "PEFT LoraConfig's", "BitsAndBytesConfig's"
+TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+OPTIMIZERS = {
+    **dict.fromkeys(("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw", "paged_adamw_32bit"), "adamw"),
+    **dict.fromkeys(("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit"), "adamw-8bit"),
+    "sgd": "sgd",
+}
+GROUPS = {
+    **dict.fromkeys(
+        words("q_proj k_proj v_proj o_proj c_attn query_key_value wqkv qkv_proj out_proj dense"), "attention"
+    ),
+    **dict.fromkeys(words("gate_proj up_proj down_proj fc1 fc2 c_fc c_proj"), "mlp"),
+    **dict.fromkeys(("experts", "gate_up_proj"), "experts"),
+    **dict.fromkeys(("gate", "router"), "router"),
+}
+WHOLE_GROUP = {"attention": {"q_proj", "k_proj", "v_proj", "o_proj"}, "mlp": {"gate_proj", "up_proj", "down_proj"}}
+SFT_KEYS = {"max_length", "max_seq_length", "packing", "dataset_text_field", "completion_only_loss", "loss_type"}
+TRL_MODEL_KEYS = {"use_peft", "lora_r", "lora_target_modules", "use_bnb_nested_quant"}
+SHARDS = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard")
+BNB_KEYS = set(words("quant_method load_in_4bit load_in_8bit _load_in_4bit _load_in_8bit bnb_4bit_quant_type"))
+BNB_KEYS |= {"bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"}
+# key prefixes that change neither memory nor time: logging, saving, evaluation, hub, learning-rate schedule, seeds
+NO_COST = words(
+    "output_dir overwrite_output_dir logging_ log_ save_ eval_ hub_ push_to_hub report_to run_name project trackio_ "
+    "seed data_seed learning_rate lr_scheduler_ warmup_ adam_ weight_decay max_grad_norm label_ per_device_eval "
+    "prediction_loss_only include_ disable_tqdm load_best metric_for greater_is ignore_data_skip restore_callback "
+    "full_determinism do_ resume_from local_rank ddp_timeout skip_memory remove_unused length_column train_sampling "
+    "accelerator_config average_tokens debug batch_eval dataset_text_field dataset_num_proc dataset_kwargs eos_token "
+    "pad_token chat_template truncation_mode shuffle_dataset completion_only_loss assistant_only_loss "
+    "trust_remote_code lora_task_type task_type inference_mode peft_version revision llm_int8_"
+)
+
+
+def not_modelled(cfg: ConfigFile, skip: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The unused keys that say something (not empty, off or unset) and do not start with a `skip` prefix."""
+    said = (k for k in cfg.unused_keys() if cfg.data[k] not in (None, False, "", [], {}, "none", "no"))
+    return tuple(k for k in said if not k.startswith(skip))
+
+
+def truthy(value: Any) -> bool:
+    """A flag written as a bool or as text ("true", "yes"), as transformers' and accelerate's str_to_bool read it."""
+    return str(value).strip().lower() in ("true", "1", "yes", "y", "t", "on")
+
+
+def job(cfg: ConfigFile, framework: str, options: dict[str, Any], notes: list[str]) -> ConfigJob:
+    return ConfigJob(
+        framework=framework,
+        path=cfg.path,
+        options=options,
+        assumptions=tuple(notes),
+        not_modelled=not_modelled(cfg, NO_COST),
+    )
+
+
+def eight_bit(cfg: ConfigFile, key: str) -> TunecostError:
+    return cfg.error(key, "8-bit weights are not modelled; tunecost models 16-bit, and 4-bit (QLoRA)")
+
+
+def attention_of(cfg: ConfigFile, key: str, value: str) -> str:
+    for word, attention in (("flash", "flash"), ("fa2", "flash"), ("sdpa", "sdpa"), ("eager", "eager")):
+        if word in value.lower():
+            return attention
+    raise cfg.error(key, f"{value!r} is not modelled; tunecost models flash_attention_2, sdpa and eager")
+
+
+def target_groups(cfg: ConfigFile, key: str, names: Any, model: str | None, notes: list[str]) -> set[str]:
+    """tunecost's target groups of a PEFT target list (module or parameter names), naming what tunecost assumes."""
+    if isinstance(names, str) and names.lower().replace("_", "-") in ("all", "all-linear"):
+        notes.append(f"{key} {names}: attention and mlp (for an MoE model tunecost's default targets may differ)")
+        return {"attention", "mlp"}
+    if not isinstance(names, list):
+        raise cfg.error(key, f"must be a list of module names or 'all-linear', got {names!r}")
+    paths = [str(n).lower().split(".") for n in names]
+    leaves = [p[-2] if p[-1] == "weight" and len(p) > 1 else p[-1] for p in paths]
+    moe = any("experts" in p or GROUPS.get(leaf) == "router" for leaf, p in zip(leaves, paths)) or _is_moe(model)
+    groups: dict[str, set[str]] = {}
+    for leaf, path in zip(leaves, paths):
+        group = "experts" if "experts" in path or (moe and leaf in ("w1", "w2", "w3")) else GROUPS.get(leaf)
+        group = group or ("mlp" if leaf in ("w1", "w2", "w3") else None)  # a dense model's w1/w2/w3
+        if group is None:
+            raise cfg.error(
+                key, f"{'.'.join(path)!r} is not a module tunecost adapts (attention, mlp, experts, router)"
+            )
+        groups.setdefault(group, set()).add(leaf)
+    for group, listed in groups.items():
+        if listed < WHOLE_GROUP.get(group, set()):
+            whole = ", ".join(sorted(WHOLE_GROUP[group]))
+            notes.append(f"{key} {', '.join(sorted(listed))}: tunecost adapts the whole {group} group ({whole})")
+    return set(groups)
+
+
+def _is_moe(model: str | None) -> bool:
+    try:
+        return bool(model) and resolve_model(str(model)).is_moe
+    except TunecostError:
+        return False
+
+
+def lora_options(cfg: ConfigFile, keys: tuple[str, ...], defaults: tuple[int, int], whose: str, model: Any) -> Part:
+    """lora_rank, lora_alpha, lora_targets from the keys (rank, alpha, target modules, target parameters)."""
+    out: dict[str, Any] = {}
+    notes: list[str] = []
+    for option, key, default in (("lora_rank", keys[0], defaults[0]), ("lora_alpha", keys[1], defaults[1])):
+        value = cfg.typed(key, int if option == "lora_rank" else (int, float))
+        out[option] = default if value is None else value
+        notes += [f"{option} {default} ({key}): {whose} default"] if value is None else []
+    groups: set[str] = set()
+    for key in keys[2:]:
+        if cfg.get(key) not in (None, []):
+            groups |= target_groups(cfg, key, cfg.data[key], model, notes)
+    if groups:
+        out["lora_targets"] = ",".join(g for g in ("attention", "mlp", "experts", "router") if g in groups)
+    elif cfg.data.get(keys[2]) is None:
+        notes.append(
+            f"lora_targets ({keys[2]} unset): {whose} default, PEFT's targets for the architecture: "
+            "tunecost's default targets"
+        )
+    return out, notes
+
+
+def qlora_options(cfg: ConfigFile, keys: tuple[str, str], defaults: tuple[str, bool], whose: str) -> Part:
+    """method qlora with quant_type and double_quant from the (quant type, double quant) keys."""
+    quant, double = cfg.typed(keys[0], str), cfg.typed(keys[1], bool)
+    if quant is not None and quant.lower() not in ("nf4", "fp4"):
+        raise cfg.error(keys[0], f"{quant!r} is not a 4-bit type tunecost models (nf4, fp4)")
+    out = {"method": "qlora", "quant_type": (quant or defaults[0]).lower(), "double_quant": double}
+    notes = [f"quant_type {defaults[0]} ({keys[0]}): {whose} default"] if quant is None else []
+    if double is None:
+        out["double_quant"] = defaults[1]
+        notes.append(f"double_quant {defaults[1]} ({keys[1]}): {whose} default")
+    return out, notes
+
+
+def _mapping(cfg: ConfigFile, key: str) -> dict[str, Any]:
+    """A mapping value, or JSON text of one (TrainingArguments parses both)."""
+    value = cfg.get(key)
+    try:
+        value = json.loads(value) if isinstance(value, str) and value.lstrip().startswith("{") else value
+    except ValueError:
+        raise cfg.error(key, "is not valid JSON") from None
+    if value is not None and not isinstance(value, dict):
+        raise cfg.error(key, f"must be a mapping, got {value!r}")
+    return value or {}
+
+
+def _checkpointing(cfg: ConfigFile, whose: str) -> Part:
+    """gradient_checkpointing, reentrant: transformers 5 names them activation_checkpointing*, gradient_* aliases."""
+    on, alias = cfg.typed("activation_checkpointing", bool), cfg.typed("gradient_checkpointing", bool)
+    on = alias if on is None else on
+    both = [_mapping(cfg, f"{name}_kwargs") for name in ("activation_checkpointing", "gradient_checkpointing")]
+    kwargs = both[0] or both[1]
+    notes = [] if on is not None else [f"gradient_checkpointing {'on' if whose == SFT else 'off'}: {whose} default"]
+    if not (on or (on is None and whose == SFT)):
+        return {"gradient_checkpointing": False}, notes
+    reentrant = kwargs.get("use_reentrant")
+    if reentrant is None:  # transformers passes use_reentrant False without other kwargs; torch's default is True
+        reentrant = whose != SFT and bool(set(kwargs) - {"every_n_layers", "offload"})
+        source = "torch.utils.checkpoint's default" if reentrant else f"{whose} default"
+        notes.append(f"reentrant {reentrant} (use_reentrant unset): {source}")
+    elif not isinstance(reentrant, bool):
+        raise cfg.error("gradient_checkpointing_kwargs", f"use_reentrant must be true or false, got {reentrant!r}")
+    if kwargs.get("every_n_layers", 1) != 1:
+        notes.append(f"every_n_layers {kwargs['every_n_layers']}: not modelled (tunecost checkpoints every layer)")
+    if truthy(kwargs.get("offload", False)):
+        notes.append("checkpointing offload: not modelled on the hf-peft stack (saved activations counted on the GPU)")
+    return {"gradient_checkpointing": True, "reentrant": reentrant}, notes
+
+
+def _precision(cfg: ConfigFile, whose: str) -> Part:
+    bf16, fp16 = cfg.typed("bf16", bool), cfg.typed("fp16", bool)
+    if bf16 and fp16:
+        raise cfg.error("bf16", "bf16 and fp16 are both true; set one")
+    if bf16 or fp16:
+        return {"dtype": "bf16" if bf16 else "fp16"}, []
+    if whose == SFT and bf16 is None:
+        return {"dtype": "bf16"}, [f"dtype bf16 (bf16 unset, fp16 off): {whose} default"]
+    launch = "accelerate launch's mixed_precision turns it on where set"
+    return {"dtype": "fp32"}, [] if bf16 is False else [f"dtype fp32 (bf16, fp16 off): {whose} default; {launch}"]
+
+
+def _fsdp(cfg: ConfigFile) -> Part:
+    """strategy, offload (and checkpointing) of `fsdp` (True, or the older "full_shard auto_wrap") and fsdp_config,
+    as transformers 5's _process_fsdp_args reads them (FSDP2 unless fsdp_config says version 1)."""
+    fsdp, raw = cfg.get("fsdp"), cfg.get("fsdp_config")
+    if not fsdp:
+        return {}, []
+    items = fsdp.split() if isinstance(fsdp, str) else fsdp if isinstance(fsdp, list) else []
+    items = [str(i).lower() for i in items]
+    fcfg = {k.removeprefix("fsdp_"): v for k, v in raw.items()} if isinstance(raw, dict) else {}
+    notes = (
+        [f"fsdp_config {raw}: a file tunecost does not read; put its keys in fsdp_config"] if raw and not fcfg else []
+    )
+    version = str(fcfg.get("version", 2))
+    notes += [] if "version" in fcfg else ["FSDP version 2 (fsdp_config.version): transformers' default"]
+    reshard = str(fcfg.get("reshard_after_forward", "")).lower()
+    shard = next((i for i in items if i in SHARDS), "")
+    shard = shard or {"false": "shard_grad_op", "true": "full_shard", "": "full_shard"}.get(reshard, reshard)
+    strategies = {"full_shard": f"fsdp{version}", "shard_grad_op": "fsdp2-shard-grad-op"}
+    strategies.update({"hybrid_shard": "hsdp", "no_shard": "ddp"} if version == "1" else {})
+    if version not in ("1", "2") or shard not in strategies:
+        raise cfg.error(
+            "fsdp",
+            f"{shard} with FSDP version {version} is not modelled (full_shard, shard_grad_op; "
+            "FSDP1 also hybrid_shard, no_shard)",
+        )
+    out: dict[str, Any] = {"strategy": strategies[shard]}
+    if shard != "full_shard" and version == "1":
+        notes.append(f"FSDP1 {shard}: tunecost models it as {strategies[shard]}")
+    if "offload" in items or truthy(fcfg.get("cpu_offload", False)):
+        out["offload"] = "params"
+    if truthy(fcfg.get("activation_checkpointing", False)):
+        out.update(gradient_checkpointing=True, reentrant=False)
+        notes.append("fsdp_config activation_checkpointing: FSDP's own, non-reentrant (torch checkpoint_wrapper)")
+    return out, notes
+
+
+def _trl_model(cfg: ConfigFile, model: str | None) -> Part:
+    """A TRL script's ModelConfig keys (use_peft, lora_r, load_in_4bit, ...) where the YAML has them."""
+    use_peft, four, eight = (cfg.typed(k, bool) for k in ("use_peft", "load_in_4bit", "load_in_8bit"))
+    if eight:
+        raise eight_bit(cfg, "load_in_8bit")
+    if cfg.typed("use_dora", bool):
+        raise cfg.error("use_dora", "DoRA is not modelled; tunecost estimates full, LoRA and QLoRA fine-tuning")
+    if four and not use_peft:
+        raise cfg.error("load_in_4bit", "4-bit weights without LoRA (use_peft): tunecost estimates QLoRA")
+    if not use_peft:
+        return ({} if use_peft is None else {"method": "full"}), []
+    keys = ("lora_r", "lora_alpha", "lora_target_modules", "lora_target_parameters")
+    out, notes = lora_options(cfg, keys, (16, 32), TRL_MODEL, model)
+    quant, more = qlora_options(cfg, ("bnb_4bit_quant_type", "use_bnb_nested_quant"), ("nf4", False), TRL_MODEL)
+    return ({**out, **quant}, notes + more) if four else ({**out, "method": "lora"}, notes)
+
+
+def _sft(cfg: ConfigFile) -> Part:
+    """seq_len (max_length; max_seq_length before TRL 0.20), packing and loss_type of an SFTConfig."""
+    length = cfg.typed("max_length", int)
+    length = cfg.typed("max_seq_length", int) if length is None else length
+    out: dict[str, Any] = {} if length is None else {"seq_len": length}
+    notes: list[str] = []
+    if length is None and "max_length" not in cfg.data:
+        out["seq_len"] = 1024
+        notes.append(f"seq_len 1024 (max_length): {SFT} default")
+    if cfg.typed("packing", bool):
+        cfg.get("packing_strategy")
+        notes.append("packing: examples packed into max_length-token rows; tunecost takes each row as seq_len long")
+    if cfg.typed("loss_type", str) in (None, "chunked_nll") and not cfg.data.get("use_liger_kernel"):
+        notes.append(f"loss_type chunked_nll: {SFT} default; the hf-peft stack models the full logits")
+    if cfg.typed("activation_offloading", bool):
+        notes.append("activation_offloading: not modelled on the hf-peft stack (activations counted on the GPU)")
+    return out, notes
+
+
+def _read_training_args(cfg: ConfigFile) -> ConfigJob:
+    whose = SFT if any(k in cfg.data for k in SFT_KEYS | TRL_MODEL_KEYS) else TA
+    out: dict[str, Any] = {"stack": "hf-peft"}
+    notes: list[str] = []
+    for option, key in (("model", "model_name_or_path"), ("dataset", "dataset_name")):
+        if cfg.typed(key, str):
+            out[option] = cfg.data[key]
+    for option, key, kind, default in (
+        ("batch_size", "per_device_train_batch_size", int, 8),
+        ("epochs", "num_train_epochs", (int, float), 3.0),
+    ):
+        value = cfg.typed(key, kind)
+        out[option] = default if value is None else value
+        notes += [f"{option} {default} ({key}): {whose} default"] if value is None else []
+    if (cfg.typed("max_steps", int) or 0) > 0:
+        del out["epochs"]
+        notes.append(f"max_steps {cfg.data['max_steps']} replaces num_train_epochs: give tunecost the epochs")
+    optim = cfg.typed("optim", str)
+    if optim is not None and optim.lower() not in OPTIMIZERS:
+        raise cfg.error("optim", f"{optim!r} is not modelled; tunecost models adamw_torch(_fused), adamw_8bit, sgd")
+    out["optimizer"] = OPTIMIZERS[optim.lower()] if optim else "adamw"
+    notes += [] if optim else [f"optimizer adamw (optim adamw_torch_fused with torch >= 2.8): {whose} default"]
+    attn = cfg.typed("attn_implementation", str) or _mapping(cfg, "model_init_kwargs").get("attn_implementation")
+    out["attention"] = attention_of(cfg, "attn_implementation", attn) if attn else "sdpa"
+    notes += [] if attn else ["attention sdpa (attn_implementation unset): transformers' default"]
+    parts = [_precision(cfg, whose), _checkpointing(cfg, whose), _fsdp(cfg), _trl_model(cfg, out.get("model"))]
+    for options, lines in [*parts, _sft(cfg)] if whose == SFT else parts:
+        out.update(options)
+        notes += lines
+    if cfg.get("deepspeed"):
+        where = cfg.data["deepspeed"] if isinstance(cfg.data["deepspeed"], str) else "inline (save it as a JSON file)"
+        notes.append(f"deepspeed {where}: pass the DeepSpeed file too (--config); its ZeRO stage is the strategy")
+    return job(cfg, FRAMEWORK_TRAINING_ARGS.name, out, notes)
+
+
+def _read_lora(cfg: ConfigFile) -> ConfigJob:
+    peft_type = cfg.typed("peft_type", str) or ""
+    if peft_type.upper() != "LORA":
+        raise cfg.error("peft_type", f"{peft_type!r} is not modelled; tunecost estimates LoRA (full, LoRA, QLoRA)")
+    task = cfg.typed("task_type", str)
+    if task not in (None, "CAUSAL_LM"):
+        raise cfg.error("task_type", f"{task}: tunecost estimates supervised fine-tuning of causal LMs only")
+    for key, name in (("use_dora", "DoRA"), ("use_qalora", "QA-LoRA")):
+        if cfg.typed(key, bool):
+            raise cfg.error(key, f"{name} is not modelled; tunecost estimates full, LoRA and QLoRA fine-tuning")
+    model = cfg.typed("base_model_name_or_path", str)
+    out, notes = lora_options(cfg, ("r", "lora_alpha", "target_modules", "target_parameters"), (8, 8), PEFT, model)
+    out.update(method="lora", stack="hf-peft", **({"model": model} if model else {}))
+    return job(cfg, FRAMEWORK_PEFT_LORA.name, out, notes)
+
+
+def _read_bnb(cfg: ConfigFile) -> ConfigJob:
+    if cfg.typed("quant_method", str) not in (None, "bitsandbytes"):
+        raise cfg.error("quant_method", "this reader takes a BitsAndBytesConfig (quant_method bitsandbytes)")
+    # to_dict() writes each flag twice (load_in_4bit and _load_in_4bit): read both (a list, not a short circuit)
+    four, eight = (any([cfg.typed(k, bool), cfg.typed(f"_{k}", bool)]) for k in ("load_in_4bit", "load_in_8bit"))
+    if eight:
+        raise eight_bit(cfg, "load_in_8bit")
+    if not four:
+        raise cfg.error("load_in_4bit", "false, and load_in_8bit too: this config quantizes nothing")
+    out, notes = qlora_options(cfg, ("bnb_4bit_quant_type", "bnb_4bit_use_double_quant"), ("fp4", False), BNB)
+    compute = (cfg.typed("bnb_4bit_compute_dtype", str) or "").removeprefix("torch.")
+    if compute and compute not in TORCH_DTYPES:
+        raise cfg.error("bnb_4bit_compute_dtype", f"{compute!r} is not modelled (bfloat16, float16, float32)")
+    out.update(dtype=TORCH_DTYPES[compute or "float32"], stack="hf-peft")
+    notes += [] if compute else [f"dtype fp32 (bnb_4bit_compute_dtype float32): {BNB} default"]
+    if cfg.data.get("bnb_4bit_quant_storage", "uint8") == "uint8":  # another storage type stays "not modelled"
+        cfg.get("bnb_4bit_quant_storage")
+    return job(cfg, FRAMEWORK_BNB.name, out, notes)
+
+
+def detect_training_args(data: Mapping[str, Any]) -> bool:
+    """per_device_train_batch_size with another TrainingArguments key; not LLaMA-Factory's, axolotl's or PEFT's."""
+    others = ("stage", "finetuning_type", "base_model", "micro_batch_size", "peft_type", "distributed_type")
+    ours = ("output_dir", "num_train_epochs", "learning_rate", "gradient_accumulation_steps")
+    return "per_device_train_batch_size" in data and any(k in data for k in ours) and not any(k in data for k in others)
+
+
+def detect_lora(data: Mapping[str, Any]) -> bool:
+    return "peft_type" in data and "per_device_train_batch_size" not in data
+
+
+def detect_bnb(data: Mapping[str, Any]) -> bool:
+    """quant_method bitsandbytes, or only BitsAndBytesConfig keys, load_in_4bit or load_in_8bit among them."""
+    only_bnb = all(k in BNB_KEYS or k.startswith("llm_int8_") for k in data)
+    loads = any(k in data for k in ("load_in_4bit", "load_in_8bit"))
+    return data.get("quant_method") == "bitsandbytes" or (only_bnb and loads)
+
+
+FILES = (".json", ".yaml", ".yml")
+FRAMEWORK_TRAINING_ARGS = Framework(
+    name="hf-training-args",
+    title="transformers TrainingArguments / TRL SFTConfig",
+    suffixes=FILES,
+    detect=detect_training_args,
+    read=_read_training_args,
+)
+FRAMEWORK_PEFT_LORA = Framework(
+    name="peft-lora", title="PEFT LoraConfig", suffixes=(".json",), detect=detect_lora, read=_read_lora
+)
+FRAMEWORK_BNB = Framework(
+    name="bitsandbytes", title="BitsAndBytesConfig", suffixes=FILES, detect=detect_bnb, read=_read_bnb
+)
+FRAMEWORKS = (FRAMEWORK_TRAINING_ARGS, FRAMEWORK_PEFT_LORA, FRAMEWORK_BNB)

@@ -1,0 +1,75 @@
+"""Which framework wrote a config, and one job from several files (a Trainer's args beside its PEFT and DeepSpeed
+files): each file read by its framework, the options merged, a contradiction between files one error."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Sequence
+from pathlib import Path
+
+from tunecost.errors import TunecostError
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, parse_config_file
+
+READER_MODULES = ("llamafactory", "axolotl", "torchtune", "litgpt", "torchtitan", "hf", "accelerate")
+
+
+def frameworks() -> list[Framework]:
+    """Every reader, in the order files are matched against them."""
+    out: list[Framework] = []
+    for name in READER_MODULES:
+        module = importlib.import_module(f"tunecost.workload.frameworks.{name}")
+        out += list(getattr(module, "FRAMEWORKS", ())) or [module.FRAMEWORK]
+    return out
+
+
+def read_config(path: str | Path) -> ConfigJob:
+    """One file, read by the framework whose config it is."""
+    data = parse_config_file(path)
+    known = frameworks()
+    matches = [f for f in known if f.detect(data)]
+    if not matches:
+        titles = ", ".join(dict.fromkeys(f.title for f in known))
+        raise TunecostError(f"{path}: not a config tunecost reads (it reads {titles})")
+    return matches[0].read(ConfigFile(path=str(path), data=data))
+
+
+def defaulted(job: ConfigJob, name: str) -> bool:
+    """Whether `job` filled option `name` with its framework's default (its assumptions name it first)."""
+    return any(a.startswith((f"{name} ", f"{name}:")) for a in job.assumptions)
+
+
+def merge_configs(jobs: Sequence[ConfigJob]) -> ConfigJob:
+    """The job several files describe together: a value a file states wins over another file's default (the
+    Trainer's fp32 default beside accelerate's bf16); two stated values that differ are an error (a PEFT adapter's
+    lora beside a 4-bit BitsAndBytesConfig is qlora)."""
+    options: dict[str, object] = {}
+    source: dict[str, ConfigJob] = {}
+    for job in jobs:
+        for name, value in job.options.items():
+            old = options.get(name)
+            if name in options and old != value:
+                if name == "method" and {old, value} == {"lora", "qlora"}:
+                    value = "qlora"
+                elif defaulted(job, name):
+                    continue
+                elif not defaulted(source[name], name):
+                    raise TunecostError(f"{job.path}: {name} is {value!r} but {source[name].path} says {old!r}")
+            options[name], source[name] = value, job
+    kept = {(name, id(job)) for name, job in source.items()}
+    return ConfigJob(
+        framework="+".join(dict.fromkeys(j.framework for j in jobs)),
+        path=", ".join(j.path for j in jobs),
+        options=options,
+        assumptions=tuple(a for j in jobs for a in j.assumptions if _kept(a, j, kept)),
+        not_modelled=tuple(k for j in jobs for k in j.not_modelled),
+    )
+
+
+def read_configs(paths: Sequence[str | Path]) -> ConfigJob:
+    return merge_configs([read_config(p) for p in paths])
+
+
+def _kept(assumption: str, job: ConfigJob, kept: set[tuple[str, int]]) -> bool:
+    """An assumption about a default another file overrode is dropped."""
+    name = assumption.split(" ", 1)[0].rstrip(":")
+    return name not in {n for n, _ in kept} or (name, id(job)) in kept

@@ -1,0 +1,209 @@
+"""torchtitan job configs (TOML, `--job.config_file FILE`) read as a tunecost job, and the helpers the torchtune and
+litgpt readers share (nested keys, defaults, data-parallel degrees).
+
+torchtitan trains the whole model (pre-training or continued training): priced as a full fine-tune step. TOML is
+torchtitan's format up to February 2026; later versions configure runs in Python, which is not read here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework
+
+# Defaults, pytorch/torchtitan @ 238fa995 (2026-02-23, the last TOML version), torchtitan/config/job_config.py:
+#   model.name llama3, model.flavor debugmodel, converters []; optimizer.name AdamW, early_step_in_backward False
+#   training.local_batch_size 8 (training.batch_size before 2025-06-05), seq_len 2048, dtype float32,
+#   mixed_precision_param bfloat16, enable_cpu_offload False, dataset c4_test, steps 10000
+#   parallelism.data_parallel_shard_degree -1 (every GPU left), data_parallel_replicate_degree 1, tensor/pipeline/
+#   context/expert_parallel_degree 1, fsdp_reshard_after_forward "default" (resharded)
+#   activation_checkpoint.mode selective (selective_ac_option "2": every 2nd layer); compile.enable False
+#   attention: the flavors' attn_type "sdpa" (torch SDPA); "_flex"/"_varlen" flavors: flex/varlen attention
+TITLE = "torchtitan"
+SFT_ONLY = "tunecost estimates supervised fine-tuning (full, LoRA, QLoRA) only"
+# optimizer class (torch.optim, bitsandbytes.optim, torchao.optim) -> tunecost's optimizer
+OPTIMIZER_CLASSES = {"AdamW": "adamw", "PagedAdamW": "adamw", "AdamW8bit": "adamw-8bit", "PagedAdamW8bit": "adamw-8bit"}
+OPTIMIZER_CLASSES["SGD"] = "sgd"
+# model.name/flavor -> hub id in tunecost's catalog (llama3's flavors are Llama 3.1's: hf_assets_path Llama-3.1-8B)
+_FLAVOR_TABLE = """
+    llama3/8B=meta-llama/Llama-3.1-8B llama3/70B=meta-llama/Llama-3.1-70B llama3/405B=meta-llama/Llama-3.1-405B
+    qwen3/0.6B=Qwen/Qwen3-0.6B qwen3/1.7B=Qwen/Qwen3-1.7B qwen3/4B=Qwen/Qwen3-4B qwen3/8B=Qwen/Qwen3-8B
+    qwen3/14B=Qwen/Qwen3-14B qwen3/32B=Qwen/Qwen3-32B qwen3/30B-A3B=Qwen/Qwen3-30B-A3B
+    gpt_oss/20b=openai/gpt-oss-20b gpt_oss/120b=openai/gpt-oss-120b
+"""
+FLAVORS: dict[str, str] = dict(pair.split("=") for pair in _FLAVOR_TABLE.split())
+PAR = "parallelism."
+DP_KEYS = (f"{PAR}data_parallel_shard_degree", f"{PAR}data_parallel_replicate_degree", "training.enable_cpu_offload")
+NOT_MODELLED_DEGREES = ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree")
+RESHARD = {"default": True, "always": True, "never": False}
+CHECKPOINTING = {"none": False, "full": True, "selective": True, "memory_budget": True}
+DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
+
+
+def nested_config(cfg: ConfigFile) -> ConfigFile:
+    """The config with nested sections as dotted keys ("model.lora_rank"), so errors name the full key."""
+
+    def flat(data: Any, prefix: str) -> dict[str, Any]:
+        if not isinstance(data, dict) or not data:
+            return {prefix: data}
+        return {k: v for key, value in data.items() for k, v in flat(value, f"{prefix}{key}.").items()}
+
+    return ConfigFile(path=cfg.path, data={k.rstrip("."): v for k, v in flat(dict(cfg.data), "").items()})
+
+
+def unmodelled_keys(flat: ConfigFile) -> tuple[str, ...]:
+    """Keys not read and not null; a section none of whose keys was read is named once ("profiler")."""
+    read_sections = {key.split(".")[0] for key in flat.used}
+    unread = (k for k in flat.unused_keys() if flat.data[k] is not None)
+    names = (k if k.split(".")[0] in read_sections else k.split(".")[0] for k in unread)
+    return tuple(dict.fromkeys(names))
+
+
+def read_or_default(flat: ConfigFile, key: str, kind: Any, default: Any, notes: list[str], line: str) -> Any:
+    """The key's value, or `default` with `line` among the assumptions when the file leaves it out."""
+    value = flat.typed(key, kind)
+    if value is None:
+        notes.append(line)
+        return default
+    return value
+
+
+def config_job(framework: str, flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> ConfigJob:
+    """The job: the options set (None: not set), the assumptions, the keys not read."""
+    options = {k: v for k, v in options.items() if v is not None}
+    unread = unmodelled_keys(flat)
+    return ConfigJob(
+        framework=framework, path=flat.path, options=options, assumptions=tuple(notes), not_modelled=unread
+    )
+
+
+def optimizer_name(flat: ConfigFile, key: str, path: str) -> str:
+    """tunecost's optimizer for an optimizer class path ("torch.optim.AdamW")."""
+    name = OPTIMIZER_CLASSES.get(path.rsplit(".", 1)[-1])
+    if name is None:
+        raise flat.error(key, f"{path}: supported: {', '.join(OPTIMIZER_CLASSES)} (torch.optim, bitsandbytes.optim)")
+    return name
+
+
+def data_parallel_layout(
+    flat: ConfigFile, keys: tuple[str, str, str], *, reshard: bool, title: str
+) -> tuple[dict[str, Any], list[str]]:
+    """strategy, num_gpus, gpus_per_node and offload from FSDP2 data-parallel degrees (-1 shard: all the GPUs);
+    `keys`: the shard degree's, the replicate degree's and the CPU offload's."""
+    shard_key, replicate_key, offload_key = keys
+    notes: list[str] = []
+    shard = read_or_default(flat, shard_key, int, -1, notes, f"{shard_key} -1: {title}'s default")
+    replicate = read_or_default(flat, replicate_key, int, 1, notes, f"{replicate_key} 1: {title}'s default")
+    if shard == 0 or shard < -1:
+        raise flat.error(shard_key, f"must be -1 (all the GPUs) or at least 1, got {shard}")
+    if replicate < 1:
+        raise flat.error(replicate_key, f"must be at least 1, got {replicate}")
+    options: dict[str, Any] = {}
+    if replicate > 1:
+        options["strategy"] = "ddp" if shard == 1 else "hsdp"
+    elif shard != 1:
+        options["strategy"] = "fsdp2" if reshard else "fsdp2-shard-grad-op"
+    if shard > 0:
+        options["num_gpus"] = shard * replicate
+    else:
+        notes.append(f"GPUs: {title}'s {shard_key} -1 takes every GPU the launcher starts (give --gpus)")
+    if options.get("strategy") == "hsdp" and shard > 0:
+        options["gpus_per_node"] = shard
+        notes.append(f"gpus_per_node {shard}: tunecost's HSDP shards within a node, so {shard_key} is one node")
+    if flat.typed(offload_key, bool):
+        if options.get("strategy") != "fsdp2":
+            raise flat.error(offload_key, "CPU offload is modelled under FSDP2 full sharding only")
+        options["offload"] = "params"
+    return options, notes
+
+
+def _model(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
+    name = read_or_default(flat, "model.name", str, "llama3", notes, f"model.name llama3: {TITLE}'s default")
+    line = f"model.flavor debugmodel: {TITLE}'s default"
+    flavor = read_or_default(flat, "model.flavor", str, "debugmodel", notes, line)
+    if not any(key.startswith(f"{name}/") for key in FLAVORS):
+        known = ", ".join(dict.fromkeys(key.split("/")[0] for key in FLAVORS))
+        raise flat.error("model.name", f"{name!r}: not a model tunecost knows; known: {known}")
+    base, _, attention = flavor.partition("_")
+    if f"{name}/{base}" not in FLAVORS:
+        known = ", ".join(key.split("/")[1] for key in FLAVORS if key.startswith(f"{name}/"))
+        raise flat.error("model.flavor", f"{flavor!r}: not a released {name} size tunecost knows; known: {known}")
+    options.update(model=FLAVORS[f"{name}/{base}"], attention="sdpa")
+    how = f"{attention} attention modelled as SDPA" if attention else "torch's scaled_dot_product_attention"
+    notes.append(f"attention sdpa: {TITLE}'s flavor {flavor}: {how}")
+    if flat.get("model.converters"):
+        notes.append(f"model.converters: {TITLE}'s float8/MX matmuls are not modelled (bf16 matmuls assumed)")
+
+
+def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
+    key = "training.local_batch_size" if "training.batch_size" not in flat.data else "training.batch_size"
+    line = f"batch_size 8: {TITLE}'s default (training.local_batch_size)"
+    options["batch_size"] = read_or_default(flat, key, int, 8, notes, line)
+    options["seq_len"] = read_or_default(flat, "training.seq_len", int, 2048, notes, f"seq_len 2048: {TITLE}'s default")
+    line = f"training.dtype float32: {TITLE}'s default"
+    dtype = DTYPES.get(read_or_default(flat, "training.dtype", str, "float32", notes, line))
+    line = f"training.mixed_precision_param bfloat16: {TITLE}'s default"
+    compute = DTYPES.get(read_or_default(flat, "training.mixed_precision_param", str, "bfloat16", notes, line))
+    if dtype is None or compute is None:
+        raise flat.error("training.dtype" if dtype is None else "training.mixed_precision_param", "bfloat16 or float32")
+    options["dtype"] = "bf16" if "bf16" in (dtype, compute) else "fp32"
+    if dtype == "fp32" and compute == "bf16":
+        notes.append(
+            f"dtype bf16: {TITLE}'s fp32 parameters, gradients and AdamW states with bf16 compute are simulated in "
+            "bf16 (their memory under-estimated; --dtype fp32 bounds it)"
+        )
+    name = read_or_default(flat, "optimizer.name", str, "AdamW", notes, f"optimizer AdamW: {TITLE}'s default")
+    options["optimizer"] = optimizer_name(flat, "optimizer.name", name)
+    if flat.data.get("optimizer.early_step_in_backward"):  # left among the keys not modelled
+        notes.append(f"optimizer.early_step_in_backward: {TITLE}'s optimizer in backward is not modelled (grads kept)")
+    if flat.typed("compile.enable", bool):
+        notes.append(f"compile.enable: torch.compile's memory and speed under {TITLE} are not modelled (eager)")
+    dataset = read_or_default(flat, "training.dataset", str, "c4_test", notes, f"dataset c4_test: {TITLE}'s default")
+    notes.append(f"dataset {dataset}: {TITLE} packs its text into samples of seq_len tokens (not read; no epochs)")
+    line = f"gradient_checkpointing on: {TITLE}'s default activation_checkpoint.mode selective"
+    mode = read_or_default(flat, "activation_checkpoint.mode", str, "selective", notes, line)
+    if mode not in CHECKPOINTING:
+        raise flat.error("activation_checkpoint.mode", f"{mode!r}: one of {', '.join(CHECKPOINTING)}")
+    options["gradient_checkpointing"] = CHECKPOINTING[mode]
+    if mode in ("selective", "memory_budget"):
+        notes.append(
+            f"activation_checkpoint.mode {mode}: modelled as every layer checkpointed (memory under-estimated)"
+        )
+
+
+def _layout(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
+    for degree in (*NOT_MODELLED_DEGREES, "expert_parallel_degree", "expert_tensor_parallel_degree"):
+        if (flat.typed(f"{PAR}{degree}", int) or 1) > 1:
+            raise flat.error(f"{PAR}{degree}", "tensor/pipeline/context/expert parallelism is not modelled yet")
+    line = f"{PAR}fsdp_reshard_after_forward default: {TITLE}'s default"
+    reshard = read_or_default(flat, f"{PAR}fsdp_reshard_after_forward", str, "default", notes, line)
+    if reshard not in RESHARD:
+        raise flat.error(f"{PAR}fsdp_reshard_after_forward", f"{reshard!r}: one of {', '.join(RESHARD)}")
+    layout, lines = data_parallel_layout(flat, DP_KEYS, reshard=RESHARD[reshard], title=TITLE)
+    options.update(layout)
+    notes.extend(lines)
+
+
+def detect(data: Any) -> bool:
+    model, parallelism, job = data.get("model"), data.get("parallelism"), data.get("job")
+    return (
+        (isinstance(model, dict) and "flavor" in model)
+        or (isinstance(parallelism, dict) and any(str(k).endswith("_degree") for k in parallelism))
+        or (isinstance(job, dict) and "dump_folder" in job)
+    )
+
+
+def read(cfg: ConfigFile) -> ConfigJob:
+    flat = nested_config(cfg)
+    options: dict[str, Any] = {"method": "full", "stack": "tunecost"}
+    notes = [
+        f"method full: {TITLE} trains the whole model (pre-training or continued training)",
+        f"{TITLE}'s own model code: memory simulated with transformers' model code (stack tunecost)",
+    ]
+    _model(flat, options, notes)
+    _training(flat, options, notes)
+    _layout(flat, options, notes)
+    return config_job(FRAMEWORK.name, flat, options, notes)
+
+
+FRAMEWORK = Framework(name="torchtitan", title=TITLE, suffixes=(".toml",), detect=detect, read=read)

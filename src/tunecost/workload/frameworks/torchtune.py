@@ -1,0 +1,209 @@
+"""torchtune recipe configs (YAML for `tune run RECIPE --config FILE`) read as a tunecost job.
+
+The model builder names the model and the method (`lora_`/`qlora_` prefixes). The recipe (single-device or
+distributed) is named on the command line, so a multi-GPU layout is read only from the distributed recipes' keys.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework
+from tunecost.workload.frameworks.torchtitan import (
+    SFT_ONLY,
+    config_job,
+    data_parallel_layout,
+    nested_config,
+    optimizer_name,
+    read_or_default,
+)
+
+# Defaults, pytorch/torchtune @ bd2a0fc7 (2026-04-23):
+#   lora_rank 8, lora_alpha 16, apply_lora_to_mlp/_output False, use_dora False   models/*/_model_builders.py
+#   qlora_* = lora_* with quantize_base=True: torchao to_nf4 (64-weight blocks, int8 scalers per 256: double quant)
+#   dtype required (cfg.dtype); null -> fp32                                       training/precision.py get_dtype
+#   enable_activation_checkpointing/_offloading False, optimizer_in_bwd False, compile False, fsdp_cpu_offload
+#   False, fsdp_reshard_after_forward True, data_parallel_shard_dim -1, data_parallel_replicate_dim 1,
+#   tensor/context_parallel_dim 1                 recipes/{lora,full}_finetune_{single_device,distributed}.py
+#   tokenizer max_seq_len None (no truncation)                                      models/llama3/_model_builders.py
+#   attention: torch SDPA (flex attention for packed data)                          modules/attention_utils.py
+TITLE = "torchtune"
+# builder (without lora_/qlora_) -> hub id in tunecost's catalog (mistral_7b: vocab 32000, the configs' v0.1)
+_MODEL_TABLE = """
+    llama2_7b=meta-llama/Llama-2-7b-hf llama2_13b=meta-llama/Llama-2-13b-hf llama2_70b=meta-llama/Llama-2-70b-hf
+    llama3_8b=meta-llama/Meta-Llama-3-8B llama3_70b=meta-llama/Meta-Llama-3-70B llama3_1_8b=meta-llama/Llama-3.1-8B
+    llama3_1_70b=meta-llama/Llama-3.1-70B llama3_1_405b=meta-llama/Llama-3.1-405B llama3_2_1b=meta-llama/Llama-3.2-1B
+    llama3_2_3b=meta-llama/Llama-3.2-3B llama3_3_70b=meta-llama/Llama-3.3-70B-Instruct
+    mistral_7b=mistralai/Mistral-7B-v0.1 gemma_2b=google/gemma-2b gemma_7b=google/gemma-7b
+    gemma2_2b=google/gemma-2-2b gemma2_9b=google/gemma-2-9b gemma2_27b=google/gemma-2-27b
+    phi3_mini=microsoft/Phi-3-mini-4k-instruct phi4_14b=microsoft/phi-4 smollm2_135m=HuggingFaceTB/SmolLM2-135M
+    qwen2_0_5b=Qwen/Qwen2-0.5B qwen2_1_5b=Qwen/Qwen2-1.5B qwen2_7b=Qwen/Qwen2-7B
+    qwen2_5_0_5b=Qwen/Qwen2.5-0.5B qwen2_5_3b=Qwen/Qwen2.5-3B qwen3_32b=Qwen/Qwen3-32B
+"""
+MODELS: dict[str, str] = dict(pair.split("=") for pair in _MODEL_TABLE.split())
+for _size in ("1_5b", "7b", "14b", "32b", "72b"):
+    MODELS[f"qwen2_5_{_size}_base"] = f"Qwen/Qwen2.5-{_size.replace('_', '.').upper()}"
+    MODELS[f"qwen2_5_{_size}_instruct"] = f"Qwen/Qwen2.5-{_size.replace('_', '.').upper()}-Instruct"
+for _size in ("0_6b", "1_7b", "4b", "8b", "14b"):
+    MODELS[f"qwen3_{_size}_base"] = f"Qwen/Qwen3-{_size.replace('_', '.').upper()}-Base"
+    MODELS[f"qwen3_{_size}_instruct"] = f"Qwen/Qwen3-{_size.replace('_', '.').upper()}"
+ATTENTION_MODULES = ("q_proj", "k_proj", "v_proj", "output_proj")
+STAGE_KEYS = {
+    "policy_model": "PPO",
+    "reward_and_value_model": "PPO",
+    "teacher_model": "knowledge distillation",
+    "kd_loss": "knowledge distillation",
+    "grpo_samples": "GRPO",
+    "quantizer": "quantization-aware training",
+}
+PREFERENCE_DATASETS = ("stack_exchange_paired_dataset", "preference_dataset", "hh_rlhf_helpful_dataset")
+LOSSES = {"CEWithChunkedOutputLoss": True, "LinearCrossEntropyLoss": True, "CrossEntropyLoss": False}
+DP_KEYS = ("data_parallel_shard_dim", "data_parallel_replicate_dim", "fsdp_cpu_offload")  # shard, replicate, offload
+TP_CP_KEYS = ("tensor_parallel_dim", "context_parallel_dim")
+DISTRIBUTED_KEYS = (*DP_KEYS, *TP_CP_KEYS, "fsdp_reshard_after_forward", "custom_sharded_layers")
+
+
+def _check_stage(flat: ConfigFile) -> None:
+    for key, stage in STAGE_KEYS.items():
+        if key in flat.data or any(k.startswith(f"{key}.") for k in flat.data):
+            raise flat.error(key, f"{stage}: {SFT_ONLY}")
+    loss = str(flat.get("loss._component_") or "")
+    if any(word in loss.lower() for word in ("rlhf", "dpo", "ppo", "grpo", "simpo")):
+        raise flat.error("loss._component_", f"{loss}: {SFT_ONLY}")
+    datasets = flat.get("dataset")
+    items = datasets if isinstance(datasets, list) else [flat.get("dataset._component_")]
+    for item in items:
+        name = str(item.get("_component_", "") if isinstance(item, dict) else item or "")
+        if ".multimodal." in name or name.endswith("_cauldron_dataset"):
+            raise flat.error("dataset._component_", f"{name}: a multimodal dataset; {SFT_ONLY} of text models")
+        if name.rsplit(".", 1)[-1] in PREFERENCE_DATASETS or ".grpo." in name:
+            raise flat.error("dataset._component_", f"{name}: preference/RL data; {SFT_ONLY}")
+
+
+def _model(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> str:
+    """The hub id and the method from the builder; LoRA options for lora_/qlora_ builders. Returns the method."""
+    key = "model._component_"
+    component = flat.typed(key, str)
+    if component is None:
+        raise flat.error(key, "missing: the model builder (e.g. torchtune.models.llama3_1.lora_llama3_1_8b)")
+    builder = component.rsplit(".", 1)[-1]
+    method = "qlora" if builder.startswith("qlora_") else "lora" if builder.startswith("lora_") else "full"
+    base = builder.split("_", 1)[1] if method != "full" else builder
+    if "vision" in base:
+        raise flat.error(key, f"{component}: a vision model; {SFT_ONLY} of text models")
+    if "reward" in base:
+        raise flat.error(key, f"{component}: a reward model; {SFT_ONLY}")
+    if base not in MODELS:
+        raise flat.error(key, f"{component}: builder not known to tunecost; known: {', '.join(MODELS)}")
+    options.update(model=MODELS[base], method=method)
+    if method == "qlora":
+        options.update(quant_type="nf4", double_quant=True)
+        notes.append(f"nf4, double quantization: {TITLE}'s qlora_ builders use torchao's NF4 (int8 block scalers)")
+    if method != "full":
+        _lora(flat, options, notes)
+    return method
+
+
+def _lora(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
+    if flat.typed("model.use_dora", bool):
+        raise flat.error("model.use_dora", "DoRA: tunecost estimates full, LoRA and QLoRA fine-tuning")
+    options["lora_rank"] = read_or_default(flat, "model.lora_rank", int, 8, notes, f"lora_rank 8: {TITLE}'s default")
+    line = f"lora_alpha 16: {TITLE}'s default"
+    options["lora_alpha"] = read_or_default(flat, "model.lora_alpha", (int, float), 16, notes, line)
+    modules = flat.get("model.lora_attn_modules")
+    if not isinstance(modules, list) or any(m not in ATTENTION_MODULES for m in modules):
+        raise flat.error("model.lora_attn_modules", f"must be a list of {', '.join(ATTENTION_MODULES)}")
+    groups = ["attention"] if modules else []
+    if modules and set(modules) != set(ATTENTION_MODULES):
+        notes.append(f"lora_targets attention: tunecost adapts all four projections, not only {', '.join(modules)}")
+    line = f"apply_lora_to_mlp false: {TITLE}'s default"
+    if read_or_default(flat, "model.apply_lora_to_mlp", bool, False, notes, line):
+        groups.append("mlp")
+    if flat.typed("model.apply_lora_to_output", bool):
+        notes.append("apply_lora_to_output: LoRA on the output projection is not modelled")
+    if not groups:
+        raise flat.error("model.lora_attn_modules", "no LoRA target (empty, and apply_lora_to_mlp false)")
+    options["lora_targets"] = ",".join(groups)
+
+
+def _precision(flat: ConfigFile, method: str, options: dict[str, Any], notes: list[str]) -> None:
+    """dtype and the recipe's memory options."""
+    dtype = flat.typed("dtype", str)
+    if dtype is None:
+        notes.append(f"dtype fp32: {TITLE}'s get_dtype(None) (dtype null; its shipped configs set bf16)")
+    elif dtype not in ("bf16", "fp32"):
+        raise flat.error("dtype", f"{dtype!r}: {TITLE}'s recipes train in bf16 or fp32")
+    options["dtype"] = dtype or "fp32"
+    line = f"gradient_checkpointing off: {TITLE}'s default (enable_activation_checkpointing false)"
+    checkpointing = read_or_default(flat, "enable_activation_checkpointing", bool, False, notes, line)
+    if not checkpointing and flat.get("ac_mode") is not None:
+        checkpointing = True
+        notes.append(f"ac_mode: {TITLE}'s selective activation checkpointing modelled as every layer checkpointed")
+    options["gradient_checkpointing"] = checkpointing
+    options["offload_activations"] = flat.typed("enable_activation_offloading", bool)
+    if method == "full":  # the LoRA recipes do not read optimizer_in_bwd
+        options["optimizer_in_backward"] = flat.typed("optimizer_in_bwd", bool)
+    if flat.typed("compile", bool):
+        notes.append(f"compile true: torch.compile's memory and speed under {TITLE} are not modelled (eager)")
+    loss = flat.typed("loss._component_", str)
+    if loss is not None:
+        if loss.rsplit(".", 1)[-1] not in LOSSES:
+            raise flat.error("loss._component_", f"{loss}: not known; known: {', '.join(LOSSES)}")
+        options["chunked_loss"] = LOSSES[loss.rsplit(".", 1)[-1]]
+        if loss.endswith("LinearCrossEntropyLoss"):  # chunks of 8 too, but only the tokens with labels projected
+            notes.append(
+                f"chunked_loss: {TITLE}'s LinearCrossEntropyLoss modelled as CEWithChunkedOutputLoss (all tokens)"
+            )
+
+
+def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
+    optimizer = flat.typed("optimizer._component_", str)
+    options["optimizer"] = optimizer_name(flat, "optimizer._component_", optimizer) if optimizer else None
+    for key, option in (("batch_size", "batch_size"), ("epochs", "epochs"), ("tokenizer.max_seq_len", "seq_len")):
+        options[option] = flat.typed(key, int)
+    if options["seq_len"] is None:
+        notes.append(f"tokenizer.max_seq_len unset: {TITLE} does not truncate (seq_len left to the data)")
+    options["attention"] = "sdpa"
+    notes.append(f"attention sdpa: {TITLE}'s attention calls torch's scaled_dot_product_attention")
+    component = flat.typed("dataset._component_", str)
+    files = flat.get("dataset.data_files")
+    if isinstance(files, str) and flat.get("dataset.source") in ("json", "csv", "parquet", "text"):
+        options["dataset"] = files
+    elif component:
+        notes.append(f"dataset {component.rsplit('.', 1)[-1]}: {TITLE}'s builder, not read (give --dataset FILE)")
+    if flat.typed("dataset.packed", bool):
+        notes.append("dataset packed: every sample is max_seq_len tokens (seq_len), attention masked per document")
+
+
+def _layout(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
+    if not any(key in flat.data for key in DISTRIBUTED_KEYS):
+        notes.append(f"GPUs: {TITLE}'s recipe and `tune run --nproc_per_node` are not in the file (give --gpus)")
+        return
+    for key in TP_CP_KEYS:
+        if (flat.typed(key, int) or 1) > 1:
+            raise flat.error(key, "tensor/pipeline/context parallelism is not modelled yet")
+    reshard = flat.typed("fsdp_reshard_after_forward", bool) is not False
+    layout, lines = data_parallel_layout(flat, DP_KEYS, reshard=reshard, title=TITLE)
+    options.update(layout)
+    notes.extend(lines)
+    if "strategy" in layout:
+        notes.append(f"strategy {layout['strategy']}: {TITLE}'s distributed recipes shard with FSDP2")
+
+
+def detect(data: Any) -> bool:
+    return any(isinstance(v, dict) and str(v.get("_component_", "")).startswith("torchtune.") for v in data.values())
+
+
+def read(cfg: ConfigFile) -> ConfigJob:
+    flat = nested_config(cfg)
+    _check_stage(flat)
+    options: dict[str, Any] = {"stack": "torchtune"}
+    notes: list[str] = []
+    method = _model(flat, options, notes)
+    _precision(flat, method, options, notes)
+    _training(flat, options, notes)
+    _layout(flat, options, notes)
+    return config_job(FRAMEWORK.name, flat, options, notes)
+
+
+FRAMEWORK = Framework(name="torchtune", title=TITLE, suffixes=(".yaml", ".yml"), detect=detect, read=read)

@@ -1,0 +1,55 @@
+"""One job, one set of options: every job option `memory` takes, `estimate` takes with the same name, type and
+default; `max-batch` takes the ones it measures with, the same way."""
+
+from __future__ import annotations
+
+import typer.main
+
+from tunecost.cli.main import app
+
+JOB_OPTIONS = (
+    "model",
+    "method",
+    "experts_per_token",
+    "lora_rank",
+    "lora_alpha",
+    "lora_targets",
+    "quant_type",
+    "double_quant",
+    "dtype",
+    "gradient_checkpointing",
+    "reentrant",
+    "attention",
+    "optimizer",
+    "seq_len",
+    "stack",
+    "chunked_loss",
+    "offload_activations",
+    "optimizer_in_backward",
+    "config",
+)
+MAX_BATCH_OPTIONS = ("method", "experts_per_token", "lora_rank", "lora_alpha", "gradient_checkpointing", "config")
+
+
+def _options(command: str) -> dict[str, tuple]:
+    group = typer.main.get_command(app)
+    cmd = group.commands[command]  # type: ignore[attr-defined]
+    return {p.name: (tuple(p.opts), tuple(p.secondary_opts), _kind(p), p.default) for p in cmd.params}
+
+
+def _kind(param) -> object:
+    descriptor = getattr(param, "type_descriptor", None)  # typer >= 0.22
+    return descriptor.annotation if descriptor is not None else param.type.name
+
+
+def test_estimate_takes_every_job_option_of_memory_alike() -> None:
+    memory, estimate = _options("memory"), _options("estimate")
+    for name in JOB_OPTIONS:
+        assert name in memory and name in estimate, name
+        assert memory[name] == estimate[name], name
+
+
+def test_max_batch_takes_its_job_options_alike() -> None:
+    memory, max_batch = _options("memory"), _options("max-batch")
+    for name in MAX_BATCH_OPTIONS:
+        assert memory[name] == max_batch[name], name

@@ -1,0 +1,261 @@
+"""axolotl YAML read as a tunecost job (configs written as its examples/*/lora.yml, qlora.yml, fft show them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tunecost.errors import TunecostError
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, parse_config_file
+from tunecost.workload.frameworks.axolotl import FRAMEWORK
+
+LORA = """\
+base_model: NousResearch/Llama-3.2-1B
+
+datasets:
+  - path: data/alpaca_sample.jsonl
+    type: alpaca
+val_set_size: 0.1
+output_dir: ./outputs/lora-out
+
+adapter: lora
+lora_model_dir:
+
+sequence_len: 2048
+sample_packing: true
+eval_sample_packing: true
+
+lora_r: 16
+lora_alpha: 32
+lora_dropout: 0.05
+lora_target_modules:
+  - gate_proj
+  - down_proj
+  - up_proj
+  - q_proj
+  - v_proj
+  - k_proj
+  - o_proj
+
+wandb_project:
+gradient_accumulation_steps: 2
+micro_batch_size: 2
+num_epochs: 1
+optimizer: adamw_8bit
+lr_scheduler: cosine
+learning_rate: 0.0002
+
+bf16: auto
+tf32: false
+
+gradient_checkpointing: true
+logging_steps: 1
+attn_implementation: flash_attention_2
+"""
+
+QLORA_FSDP = """\
+base_model: casperhansen/llama-3-70b-fp16
+load_in_8bit: false
+load_in_4bit: true
+
+datasets:
+  - path: tatsu-lab/alpaca
+    type: alpaca
+dataset_prepared_path: last_run_prepared
+output_dir: ./outputs/out/qlora-llama3-70b
+
+adapter: qlora
+sequence_len: "512"
+sample_packing: false
+pad_to_sequence_len: true
+
+lora_r: 8
+lora_alpha: 16
+lora_dropout: 0.05
+lora_target_linear: true
+
+gradient_accumulation_steps: 4
+micro_batch_size: 1
+num_epochs: 4
+optimizer: adamw_torch_fused
+learning_rate: 0.00001
+
+bf16: true
+gradient_checkpointing: true
+gradient_checkpointing_kwargs:
+  use_reentrant: false
+flash_attention: true
+
+fsdp:
+  - full_shard
+  - auto_wrap
+fsdp_config:
+  fsdp_limit_all_gathers: true
+  fsdp_offload_params: true
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_transformer_layer_cls_to_wrap: LlamaDecoderLayer
+"""
+
+FFT = """\
+base_model: NousResearch/Meta-Llama-3.1-8B
+
+datasets:
+  - path: tatsu-lab/alpaca
+    type: alpaca
+  - path: ./extra.parquet
+    type: alpaca
+output_dir: ./outputs/out
+
+sequence_len: 8192
+micro_batch_size: 1
+gradient_accumulation_steps: 8
+learning_rate: 2e-5
+
+bf16: false
+fp16: true
+deepspeed: deepspeed_configs/zero3_bf16.json
+fsdp_version: 2
+weight_decay: 0.0
+special_tokens:
+  pad_token: <|end_of_text|>
+"""
+
+# other frameworks' configs, as plain dicts of their keys
+LLAMAFACTORY = {"model_name_or_path": "Qwen/Qwen3-4B", "stage": "sft", "finetuning_type": "lora", "lora_rank": 8,
+                "lora_target": "all", "dataset": "alpaca_en_demo", "cutoff_len": 2048}  # fmt: skip
+TORCHTUNE = {"model": {"_component_": "torchtune.models.llama3_1.lora_llama3_1_8b", "lora_rank": 8},
+             "dataset": {"_component_": "torchtune.datasets.alpaca_dataset"}, "batch_size": 2, "epochs": 1}  # fmt: skip
+HF_TRAINING_ARGS = {"output_dir": "out", "per_device_train_batch_size": 4, "num_train_epochs": 1, "bf16": True}
+PEFT_ADAPTER = {"base_model_name_or_path": "m", "peft_type": "LORA", "r": 16, "target_modules": ["q_proj"]}
+
+
+def _read(tmp_path: Path, text: str, name: str = "config.yml") -> ConfigJob:
+    path = tmp_path / name
+    path.write_text(text)
+    data = parse_config_file(path)
+    assert FRAMEWORK.detect(data)
+    return FRAMEWORK.read(ConfigFile(path=str(path), data=data))
+
+
+def _defaulted(job: ConfigJob, option: str) -> bool:
+    """Whether an assumption names `option` as axolotl's default."""
+    return any(line.startswith(option) and "axolotl's default" in line for line in job.assumptions)
+
+
+def test_lora(tmp_path):
+    job = _read(tmp_path, LORA)
+    assert job.framework == "axolotl"
+    assert job.options == {
+        "model": "NousResearch/Llama-3.2-1B",
+        "method": "lora",
+        "lora_rank": 16,
+        "lora_alpha": 32,
+        "lora_targets": "attention,mlp",
+        "dtype": "bf16",
+        "attention": "flash",
+        "gradient_checkpointing": True,
+        "reentrant": True,  # axolotl's default with checkpointing and no kwargs
+        "optimizer": "adamw-8bit",
+        "seq_len": 2048,
+        "batch_size": 2,
+        "epochs": 1,
+        "dataset": "data/alpaca_sample.jsonl",
+        "stack": "hf-peft",
+    }
+    assert _defaulted(job, "dtype bf16") and _defaulted(job, "reentrant on")
+    assert not any("whole" in line for line in job.assumptions)  # all seven projections listed
+    assert any(line.startswith("sample_packing / pad_to_sequence_len") for line in job.assumptions)
+    assert {"sample_packing", "lora_dropout", "tf32", "learning_rate", "gradient_accumulation_steps"} <= set(
+        job.not_modelled
+    )
+
+
+def test_qlora_fsdp(tmp_path):
+    job = _read(tmp_path, QLORA_FSDP)
+    opts = job.options
+    assert (opts["method"], opts["quant_type"], opts["double_quant"]) == ("qlora", "nf4", True)
+    assert _defaulted(job, "quant_type nf4") and _defaulted(job, "double_quant on")
+    assert (opts["lora_rank"], opts["lora_alpha"], opts["lora_targets"]) == (8, 16, "attention,mlp")
+    assert (opts["seq_len"], opts["epochs"], opts["optimizer"]) == (512, 4, "adamw")  # "512" read as a number
+    assert (opts["attention"], opts["reentrant"], opts["dtype"]) == ("flash", False, "bf16")
+    assert (opts["strategy"], opts["offload"]) == ("fsdp1", "params")
+    assert _defaulted(job, "fsdp_version 1")
+    assert "dataset" not in opts
+    assert any(line.startswith("datasets[0].path tatsu-lab/alpaca: a hub dataset") for line in job.assumptions)
+    assert "pad_to_sequence_len" in job.not_modelled and "dataset_prepared_path" in job.not_modelled
+
+
+def test_full_fine_tune(tmp_path):
+    job = _read(tmp_path, FFT, "fft.yaml")
+    opts = job.options
+    assert opts["method"] == "full" and _defaulted(job, "method full")
+    assert not any(k.startswith(("lora", "quant")) for k in opts)
+    assert (opts["dtype"], opts["gradient_checkpointing"], opts["attention"]) == ("fp16", False, "sdpa")
+    for option in ("gradient_checkpointing off", "attention sdpa", "optimizer adamw", "epochs 1.0"):
+        assert _defaulted(job, option), option
+    assert "deepspeed config deepspeed_configs/zero3_bf16.json: pass it too with --config" in job.assumptions
+    assert "datasets: only the first of 2 gives the lengths" in job.assumptions
+    assert "strategy" not in opts  # fsdp_version alone enables no FSDP
+    assert {"special_tokens", "weight_decay", "fsdp_version"} <= set(job.not_modelled)
+
+
+def test_bare_lora_defaults(tmp_path):
+    job = _read(tmp_path, "base_model: m\nadapter: lora\nbf16: false\n")
+    opts = job.options
+    assert (opts["seq_len"], opts["batch_size"], opts["epochs"], opts["dtype"]) == (512, 1, 1.0, "fp32")
+    for option in ("seq_len 512", "batch_size 1", "epochs 1.0", "optimizer adamw"):
+        assert _defaulted(job, option), option
+    assert "lora_rank" not in opts and any(line.startswith("lora_r unset") for line in job.assumptions)
+    assert any(line.startswith("no lora_target_modules") for line in job.assumptions)
+
+
+def test_fsdp2_partial_targets_and_offload_checkpointing(tmp_path):
+    text = (
+        "base_model: mistralai/Mixtral-8x7B-v0.1\nadapter: lora\nlora_r: 16\nlora_alpha: 32\n"
+        "lora_target_modules: [q_proj, v_proj, w1, w2, w3, gate]\ngradient_checkpointing: offload\n"
+        "fsdp_version: 2\nfsdp_config:\n  reshard_after_forward: true\n"
+    )
+    job = _read(tmp_path, text)
+    assert job.options["lora_targets"] == "attention,experts,router"
+    assert any("whole attention group" in line for line in job.assumptions)
+    assert job.options["strategy"] == "fsdp2" and job.options["gradient_checkpointing"] is True
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("adapter: lora\nrl: dpo", "rl"),
+        ("adapter: lora\nload_in_8bit: true", "load_in_8bit"),
+        ("adapter: qlora\nload_in_4bit: false", "adapter"),
+        ("adapter: llama-adapter", "adapter"),
+        ("adapter: lora\npeft_use_dora: true", "peft_use_dora"),
+        ("load_in_4bit: true", "load_in_4bit"),
+        ("adapter: lora\nlora_r: eight", "lora_r"),
+        ("micro_batch_size: two", "micro_batch_size"),
+        ("optimizer: lion_8bit", "optimizer"),
+        ("attn_implementation: xformers", "attn_implementation"),
+        ("xformers_attention: true", "xformers_attention"),
+        ("processor_type: AutoProcessor", "processor_type"),
+        ("pretraining_dataset: allenai/c4", "pretraining_dataset"),
+    ],
+)
+def test_errors_name_file_and_key(tmp_path, text, key):
+    path = tmp_path / "bad.yml"
+    path.write_text(f"base_model: NousResearch/Llama-3.2-1B\nsequence_len: 1024\n{text}\n")
+    data = parse_config_file(path)
+    with pytest.raises(TunecostError) as err:
+        FRAMEWORK.read(ConfigFile(path=str(path), data=data))
+    assert str(path) in str(err.value) and f": {key}:" in str(err.value)
+
+
+def test_rl_error_says_what_tunecost_estimates(tmp_path):
+    path = tmp_path / "dpo.yml"
+    path.write_text("base_model: m\nadapter: lora\nrl: dpo\nmicro_batch_size: 1\n")
+    with pytest.raises(TunecostError, match="supervised fine-tuning"):
+        FRAMEWORK.read(ConfigFile(path=str(path), data=parse_config_file(path)))
+
+
+@pytest.mark.parametrize("data", [LLAMAFACTORY, TORCHTUNE, HF_TRAINING_ARGS, PEFT_ADAPTER])
+def test_detect_is_false_for_other_frameworks(data):
+    assert not FRAMEWORK.detect(data)

@@ -1,0 +1,376 @@
+"""The Hugging Face stack's files read as tunecost jobs: TrainingArguments / SFTConfig dumps and YAMLs, PEFT's
+adapter_config.json and BitsAndBytesConfig, written as `to_json_string()` / `save_pretrained` / TRL's docs show them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tunecost.errors import TunecostError
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, parse_config_file
+from tunecost.workload.frameworks.hf import (
+    FRAMEWORK_BNB,
+    FRAMEWORK_PEFT_LORA,
+    FRAMEWORK_TRAINING_ARGS,
+    FRAMEWORKS,
+)
+
+# TrainingArguments(...).to_json_string() (transformers 5: activation_checkpointing beside its gradient_* alias)
+TRAINER_JSON = {
+    "output_dir": "out/llama-lora",
+    "per_device_train_batch_size": 4,
+    "num_train_epochs": 2.0,
+    "max_steps": -1,
+    "learning_rate": 0.0002,
+    "lr_scheduler_type": "cosine",
+    "optim": "paged_adamw_8bit",
+    "weight_decay": 0.0,
+    "gradient_accumulation_steps": 4,
+    "bf16": True,
+    "fp16": False,
+    "tf32": None,
+    "activation_checkpointing": True,
+    "activation_checkpointing_kwargs": {"use_reentrant": True},
+    "gradient_checkpointing": True,
+    "gradient_checkpointing_kwargs": {"use_reentrant": True},
+    "torch_compile": True,
+    "logging_steps": 10,
+    "save_strategy": "epoch",
+    "report_to": [],
+    "seed": 42,
+    "fsdp": None,
+    "fsdp_config": None,
+    "deepspeed": None,
+}
+
+# a script's arguments with the defaults left out and a DeepSpeed file named
+TRAINER_DEFAULTS_JSON = {"output_dir": "out", "per_device_train_batch_size": 2, "deepspeed": "ds_z3.json"}
+
+# `trl sft --config sft.yaml`: ScriptArguments + SFTConfig (+ ModelConfig's attn_implementation)
+SFT_YAML = """\
+model_name_or_path: Qwen/Qwen2.5-7B
+dataset_name: trl-lib/Capybara
+attn_implementation: flash_attention_2
+learning_rate: 2.0e-5
+num_train_epochs: 1
+per_device_train_batch_size: "2"
+gradient_accumulation_steps: 8
+max_length: 2048
+packing: true
+output_dir: Qwen2.5-7B-SFT
+fsdp: full_shard auto_wrap
+fsdp_config:
+  fsdp_version: 1
+  activation_checkpointing: true
+"""
+
+# a TRL QLoRA recipe: SFTConfig plus ModelConfig's PEFT and 4-bit keys
+TRL_QLORA_YAML = """\
+model_name_or_path: mistralai/Mixtral-8x7B-v0.1
+dataset_name: trl-lib/Capybara
+per_device_train_batch_size: 1
+num_train_epochs: 1
+output_dir: mixtral-qlora
+use_peft: true
+lora_r: 16
+lora_target_modules: [w1, w2, w3, gate]
+load_in_4bit: true
+use_bnb_nested_quant: true
+gradient_checkpointing_kwargs:
+  use_reentrant: true
+optim: adamw_torch_fused
+"""
+
+# FSDP2 through TrainingArguments, SHARD_GRAD_OP written the transformers 5 way
+FSDP2_YAML = """\
+output_dir: out
+per_device_train_batch_size: 8
+bf16: true
+fsdp: true
+fsdp_config:
+  version: 2
+  reshard_after_forward: false
+  cpu_offload: false
+"""
+
+# adapter_config.json as LoraConfig.save_pretrained writes it
+LORA_LLAMA = {
+    "alpha_pattern": {},
+    "auto_mapping": None,
+    "base_model_name_or_path": "meta-llama/Llama-3.1-8B",
+    "bias": "none",
+    "fan_in_fan_out": False,
+    "inference_mode": True,
+    "lora_alpha": 32,
+    "lora_dropout": 0.05,
+    "modules_to_save": ["lm_head"],
+    "peft_type": "LORA",
+    "r": 16,
+    "rank_pattern": {},
+    "revision": None,
+    "target_modules": ["v_proj", "q_proj"],
+    "task_type": "CAUSAL_LM",
+    "use_dora": False,
+    "use_rslora": False,
+}
+LORA_ALL_LINEAR = {
+    "peft_type": "LORA",
+    "task_type": "CAUSAL_LM",
+    "r": 64,
+    "lora_alpha": 16,
+    "target_modules": "all-linear",
+}
+# the paper's Mixtral targets, rank and alpha left to PEFT's defaults
+LORA_MIXTRAL = {
+    "peft_type": "LORA",
+    "base_model_name_or_path": "mistralai/Mixtral-8x7B-v0.1",
+    "target_modules": ["w1", "w2", "w3", "gate"],
+}
+# PEFT >= 0.17 on transformers 5's fused experts: target_parameters
+LORA_PARAMS = {
+    "peft_type": "LORA",
+    "r": 8,
+    "lora_alpha": 16,
+    "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "target_parameters": ["mlp.experts.gate_up_proj", "mlp.experts.down_proj", "mlp.gate.weight"],
+}
+
+# BitsAndBytesConfig(...).to_dict()
+BNB_NF4 = {
+    "quant_method": "bitsandbytes",
+    "_load_in_8bit": False,
+    "_load_in_4bit": True,
+    "llm_int8_threshold": 6.0,
+    "llm_int8_skip_modules": None,
+    "llm_int8_enable_fp32_cpu_offload": False,
+    "llm_int8_has_fp16_weight": False,
+    "bnb_4bit_quant_type": "nf4",
+    "bnb_4bit_use_double_quant": True,
+    "bnb_4bit_compute_dtype": "bfloat16",
+    "bnb_4bit_quant_storage": "uint8",
+    "load_in_4bit": True,
+    "load_in_8bit": False,
+}
+BNB_MINIMAL = {"load_in_4bit": True}
+BNB_8BIT = {"quant_method": "bitsandbytes", "load_in_8bit": True, "load_in_4bit": False, "llm_int8_threshold": 6.0}
+
+# other frameworks' configs (plain dicts of their keys)
+LLAMA_FACTORY = {
+    "model_name_or_path": "m",
+    "stage": "sft",
+    "finetuning_type": "lora",
+    "per_device_train_batch_size": 2,
+    "output_dir": "o",
+    "num_train_epochs": 3.0,
+}
+AXOLOTL = {"base_model": "m", "micro_batch_size": 2, "load_in_4bit": True, "adapter": "qlora", "num_epochs": 1}
+ACCELERATE = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "MULTI_GPU", "num_processes": 8}
+DEEPSPEED = {"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2}, "bf16": {"enabled": "auto"}}
+TORCHTUNE = {"batch_size": 2, "model": {"_component_": "torchtune.models.llama3_1.lora_llama3_1_8b"}, "epochs": 1}
+
+
+def _write(tmp_path: Path, name: str, content: str | dict) -> Path:
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+def _read(framework, tmp_path: Path, name: str, content: str | dict) -> ConfigJob:
+    path = _write(tmp_path, name, content)
+    data = parse_config_file(path)
+    assert framework.detect(data)
+    assert [f.name for f in FRAMEWORKS if f.detect(data)] == [framework.name]
+    return framework.read(ConfigFile(path=str(path), data=data))
+
+
+def _said(job: ConfigJob, *words: str) -> bool:
+    return any(all(w in line for w in words) for line in job.assumptions)
+
+
+def test_training_arguments_json_dump(tmp_path: Path) -> None:
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "args.json", TRAINER_JSON)
+    assert job.options == {
+        "stack": "hf-peft",
+        "batch_size": 4,
+        "epochs": 2.0,
+        "optimizer": "adamw-8bit",
+        "attention": "sdpa",
+        "dtype": "bf16",
+        "gradient_checkpointing": True,
+        "reentrant": True,
+    }
+    assert "method" not in job.options  # the PEFT / bitsandbytes files say it
+    assert _said(job, "attention sdpa", "transformers' default")
+    assert job.not_modelled == ("gradient_accumulation_steps", "torch_compile")
+
+
+def test_training_arguments_defaults(tmp_path: Path) -> None:
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "args.json", TRAINER_DEFAULTS_JSON)
+    assert job.options == {
+        "stack": "hf-peft",
+        "batch_size": 2,
+        "epochs": 3.0,
+        "optimizer": "adamw",
+        "attention": "sdpa",
+        "dtype": "fp32",
+        "gradient_checkpointing": False,
+    }
+    for option in ("epochs 3.0", "optimizer adamw", "dtype fp32", "gradient_checkpointing off"):
+        assert _said(job, option, "TrainingArguments' default"), option
+    assert _said(job, "deepspeed ds_z3.json", "pass the DeepSpeed file too")
+    assert job.not_modelled == ()
+
+
+def test_sft_config_yaml(tmp_path: Path) -> None:
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", SFT_YAML)
+    assert job.options == {
+        "stack": "hf-peft",
+        "model": "Qwen/Qwen2.5-7B",
+        "dataset": "trl-lib/Capybara",
+        "batch_size": 2,
+        "epochs": 1,
+        "optimizer": "adamw",
+        "attention": "flash",
+        "dtype": "bf16",
+        "gradient_checkpointing": True,
+        "reentrant": False,
+        "strategy": "fsdp1",
+        "seq_len": 2048,
+    }
+    assert _said(job, "dtype bf16", "SFTConfig's default")  # TRL: bf16 unless fp16
+    assert _said(job, "gradient_checkpointing on", "SFTConfig's default")
+    assert _said(job, "packing")
+    assert _said(job, "loss_type chunked_nll", "SFTConfig's default")
+    assert not _said(job, "FSDP version 2")  # fsdp_config says version 1
+
+
+def test_trl_qlora_recipe(tmp_path: Path) -> None:
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "qlora.yaml", TRL_QLORA_YAML)
+    options = job.options
+    assert options["method"] == "qlora" and options["quant_type"] == "nf4" and options["double_quant"] is True
+    assert (options["lora_rank"], options["lora_alpha"], options["lora_targets"]) == (16, 32, "experts,router")
+    assert options["seq_len"] == 1024 and options["reentrant"] is True and options["optimizer"] == "adamw"
+    assert _said(job, "lora_alpha 32", "ModelConfig's default")
+    assert _said(job, "quant_type nf4", "ModelConfig's default")
+    assert _said(job, "seq_len 1024", "SFTConfig's default")
+
+
+def test_fsdp2_shard_grad_op(tmp_path: Path) -> None:
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "args.yaml", FSDP2_YAML)
+    assert job.options["strategy"] == "fsdp2-shard-grad-op" and "offload" not in job.options
+    legacy = {"output_dir": "o", "per_device_train_batch_size": 1, "fsdp": "full_shard offload auto_wrap"}
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "legacy.json", legacy)
+    assert (job.options["strategy"], job.options["offload"]) == ("fsdp2", "params")
+    assert _said(job, "FSDP version 2", "transformers' default")
+
+
+def test_lora_adapter_configs(tmp_path: Path) -> None:
+    job = _read(FRAMEWORK_PEFT_LORA, tmp_path, "adapter_config.json", LORA_LLAMA)
+    assert job.options == {
+        "lora_rank": 16,
+        "lora_alpha": 32,
+        "lora_targets": "attention",
+        "method": "lora",
+        "stack": "hf-peft",
+        "model": "meta-llama/Llama-3.1-8B",
+    }
+    assert _said(job, "q_proj, v_proj", "whole attention group")
+    assert job.not_modelled == ("lora_dropout", "modules_to_save")
+
+    job = _read(FRAMEWORK_PEFT_LORA, tmp_path, "adapter_config.json", LORA_ALL_LINEAR)
+    assert (job.options["lora_rank"], job.options["lora_targets"]) == (64, "attention,mlp")
+    assert _said(job, "all-linear", "MoE")
+
+    job = _read(FRAMEWORK_PEFT_LORA, tmp_path, "adapter_config.json", LORA_MIXTRAL)
+    assert job.options["lora_targets"] == "experts,router"
+    assert (job.options["lora_rank"], job.options["lora_alpha"]) == (8, 8)
+    assert _said(job, "lora_rank 8", "PEFT LoraConfig's default") and _said(job, "lora_alpha 8", "PEFT LoraConfig")
+
+    job = _read(FRAMEWORK_PEFT_LORA, tmp_path, "adapter_config.json", LORA_PARAMS)
+    assert job.options["lora_targets"] == "attention,experts,router"
+
+
+def test_lora_default_targets(tmp_path: Path) -> None:
+    job = _read(FRAMEWORK_PEFT_LORA, tmp_path, "adapter_config.json", {"peft_type": "LORA", "r": 4, "lora_alpha": 8})
+    assert "lora_targets" not in job.options
+    assert _said(job, "target_modules unset", "PEFT LoraConfig's default", "tunecost's default targets")
+
+
+def test_bitsandbytes_configs(tmp_path: Path) -> None:
+    job = _read(FRAMEWORK_BNB, tmp_path, "bnb.json", BNB_NF4)
+    assert job.options == {
+        "method": "qlora",
+        "quant_type": "nf4",
+        "double_quant": True,
+        "dtype": "bf16",
+        "stack": "hf-peft",
+    }
+    assert job.assumptions == () and job.not_modelled == ()
+
+    job = _read(FRAMEWORK_BNB, tmp_path, "bnb.yaml", "load_in_4bit: true\n")
+    assert (job.options["quant_type"], job.options["double_quant"], job.options["dtype"]) == ("fp4", False, "fp32")
+    for option in ("quant_type fp4", "double_quant False", "dtype fp32"):
+        assert _said(job, option, "BitsAndBytesConfig's default"), option
+
+    path = _write(tmp_path, "bnb8.json", BNB_8BIT)
+    with pytest.raises(TunecostError, match=r"bnb8\.json: load_in_8bit: 8-bit weights are not modelled"):
+        FRAMEWORK_BNB.read(ConfigFile(path=str(path), data=parse_config_file(path)))
+
+
+@pytest.mark.parametrize(
+    ("framework", "data", "message"),
+    [
+        (
+            FRAMEWORK_TRAINING_ARGS,
+            {**TRAINER_DEFAULTS_JSON, "per_device_train_batch_size": "eight"},
+            "per_device_train_batch_size: must be a whole number",
+        ),
+        (
+            FRAMEWORK_TRAINING_ARGS,
+            {**TRAINER_DEFAULTS_JSON, "optim": "adafactor"},
+            "optim: 'adafactor' is not modelled",
+        ),
+        (
+            FRAMEWORK_TRAINING_ARGS,
+            {**TRAINER_DEFAULTS_JSON, "attn_implementation": "flex_attention"},
+            "attn_implementation: 'flex_attention' is not modelled",
+        ),
+        (FRAMEWORK_TRAINING_ARGS, {**TRAINER_DEFAULTS_JSON, "bf16": True, "fp16": True}, "bf16: bf16 and fp16"),
+        (FRAMEWORK_TRAINING_ARGS, {**TRAINER_DEFAULTS_JSON, "fsdp": "hybrid_shard"}, "fsdp: hybrid_shard with FSDP"),
+        (
+            FRAMEWORK_TRAINING_ARGS,
+            {**TRAINER_DEFAULTS_JSON, "use_peft": True, "load_in_8bit": True},
+            "load_in_8bit: 8-bit weights",
+        ),
+        (FRAMEWORK_PEFT_LORA, {"peft_type": "IA3", "target_modules": ["k_proj"]}, "peft_type: 'IA3' is not modelled"),
+        (FRAMEWORK_PEFT_LORA, {**LORA_LLAMA, "use_dora": True}, "use_dora: DoRA is not modelled"),
+        (FRAMEWORK_PEFT_LORA, {**LORA_LLAMA, "r": "eight"}, "r: must be a whole number"),
+        (FRAMEWORK_PEFT_LORA, {**LORA_LLAMA, "task_type": "SEQ_CLS"}, "task_type: SEQ_CLS: tunecost estimates"),
+        (FRAMEWORK_PEFT_LORA, {**LORA_LLAMA, "target_modules": ["lm_head"]}, "target_modules: 'lm_head' is not"),
+        (FRAMEWORK_BNB, {**BNB_NF4, "bnb_4bit_quant_type": "int4"}, "bnb_4bit_quant_type: 'int4' is not a 4-bit"),
+        (FRAMEWORK_BNB, {**BNB_NF4, "bnb_4bit_compute_dtype": "int8"}, "bnb_4bit_compute_dtype: 'int8' is not"),
+    ],
+)
+def test_errors_name_the_file_and_key(tmp_path: Path, framework, data: dict, message: str) -> None:
+    path = _write(tmp_path, "cfg.json", data)
+    with pytest.raises(TunecostError, match="cfg.json: " + message.replace("(", r"\(")):
+        framework.read(ConfigFile(path=str(path), data=parse_config_file(path)))
+
+
+@pytest.mark.parametrize(
+    "data", [LLAMA_FACTORY, AXOLOTL, ACCELERATE, DEEPSPEED, TORCHTUNE], ids=lambda d: next(iter(d))
+)
+def test_detect_is_false_for_other_frameworks(data: dict) -> None:
+    assert not any(framework.detect(data) for framework in FRAMEWORKS)
+
+
+def test_detect_tells_the_three_apart() -> None:
+    for data, framework in (
+        (TRAINER_JSON, FRAMEWORK_TRAINING_ARGS),
+        (LORA_LLAMA, FRAMEWORK_PEFT_LORA),
+        (BNB_NF4, FRAMEWORK_BNB),
+        (BNB_MINIMAL, FRAMEWORK_BNB),
+    ):
+        assert [f for f in FRAMEWORKS if f.detect(data)] == [framework]

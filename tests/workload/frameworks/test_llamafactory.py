@@ -1,0 +1,247 @@
+"""LLaMA-Factory training YAML read as a tunecost job (configs written as its examples/train_* folders show them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tunecost.errors import TunecostError
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, parse_config_file
+from tunecost.workload.frameworks.llamafactory import FRAMEWORK, lora_target_groups
+
+LORA_SFT = """\
+### model
+model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
+trust_remote_code: true
+
+### method
+stage: sft
+do_train: true
+finetuning_type: lora
+lora_rank: 16
+lora_target: all
+
+### dataset
+dataset: identity,alpaca_en_demo
+template: llama3
+cutoff_len: 1024
+max_samples: 1000
+preprocessing_num_workers: 16
+
+### output
+output_dir: saves/llama3-8b/lora/sft
+logging_steps: 10
+report_to: none
+
+### train
+per_device_train_batch_size: 2
+gradient_accumulation_steps: 8
+learning_rate: 1.0e-4
+num_train_epochs: 3.0
+lr_scheduler_type: cosine
+bf16: true
+"""
+
+QLORA_MIXTRAL = """\
+model_name_or_path: mistralai/Mixtral-8x7B-v0.1
+quantization_bit: 4
+quantization_method: bnb
+
+stage: sft
+do_train: true
+finetuning_type: lora
+lora_rank: "16"
+lora_alpha: 32
+lora_dropout: 0
+lora_target: w1,w2,w3,gate
+flash_attn: fa2
+
+dataset: commonsense_15k
+template: mistral
+cutoff_len: 1024
+
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 4
+learning_rate: 5e-5
+num_train_epochs: 1
+optim: paged_adamw_8bit
+bf16: true
+"""
+
+FULL_DS3 = """\
+model_name_or_path: Qwen/Qwen3-4B-Instruct-2507
+stage: sft
+do_train: true
+finetuning_type: full
+deepspeed: examples/deepspeed/ds_z3_config.json
+
+dataset: alpaca_en_demo
+template: qwen3_nothink
+cutoff_len: 2048
+packing: true
+
+output_dir: saves/qwen3-4b/full/sft
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 2
+num_train_epochs: 3.0
+fp16: true
+disable_gradient_checkpointing: true
+"""
+
+# other frameworks' configs, as plain dicts of their keys
+AXOLOTL = {"base_model": "NousResearch/Llama-3.2-1B", "adapter": "lora", "lora_r": 16, "sequence_len": 2048,
+           "micro_batch_size": 2, "datasets": [{"path": "teknium/GPT4-LLM-Cleaned", "type": "alpaca"}]}  # fmt: skip
+TORCHTUNE = {"model": {"_component_": "torchtune.models.llama3_1.lora_llama3_1_8b", "lora_rank": 8},
+             "tokenizer": {"_component_": "torchtune.models.llama3.llama3_tokenizer"}, "batch_size": 2}  # fmt: skip
+HF_TRAINING_ARGS = {"output_dir": "out", "per_device_train_batch_size": 4, "bf16": True, "optim": "adamw_torch"}
+PEFT_ADAPTER = {"peft_type": "LORA", "r": 16, "lora_alpha": 32, "target_modules": ["q_proj", "v_proj"]}
+
+
+def _read(tmp_path: Path, text: str, name: str = "train.yaml") -> ConfigJob:
+    path = tmp_path / name
+    path.write_text(text)
+    data = parse_config_file(path)
+    assert FRAMEWORK.detect(data)
+    return FRAMEWORK.read(ConfigFile(path=str(path), data=data))
+
+
+def _defaulted(job: ConfigJob, option: str) -> bool:
+    """Whether an assumption names `option` as LLaMA-Factory's default."""
+    return any(line.startswith(option) and "LLaMA-Factory's default" in line for line in job.assumptions)
+
+
+def test_lora_sft(tmp_path):
+    job = _read(tmp_path, LORA_SFT)
+    assert job.framework == "llamafactory"
+    assert job.options == {
+        "model": "meta-llama/Meta-Llama-3-8B-Instruct",
+        "method": "lora",
+        "lora_rank": 16,
+        "lora_alpha": 32,  # lora_rank * 2
+        "lora_targets": "attention,mlp",
+        "dtype": "bf16",
+        "attention": "sdpa",
+        "gradient_checkpointing": True,
+        "reentrant": True,
+        "optimizer": "adamw",
+        "seq_len": 1024,
+        "batch_size": 2,
+        "epochs": 3.0,
+        "stack": "hf-peft",
+    }
+    for option in ("lora_alpha 32", "attention sdpa", "gradient_checkpointing on", "reentrant on", "optimizer adamw"):
+        assert _defaulted(job, option), option
+    assert any("MoE" in line for line in job.assumptions)  # all -> attention,mlp
+    assert any(line.startswith("dataset identity: a LLaMA-Factory dataset name") for line in job.assumptions)
+    assert "dataset" not in job.options
+    assert {"template", "max_samples", "gradient_accumulation_steps", "learning_rate"} <= set(job.not_modelled)
+    assert "lora_rank" not in job.not_modelled and "bf16" not in job.not_modelled
+
+
+def test_qlora_mixtral_paper_targets(tmp_path):
+    job = _read(tmp_path, QLORA_MIXTRAL, "mixtral.yml")
+    opts = job.options
+    assert (opts["method"], opts["quant_type"], opts["double_quant"]) == ("qlora", "nf4", True)
+    assert (opts["lora_rank"], opts["lora_alpha"]) == (16, 32)  # "16" as a string is accepted
+    assert opts["lora_targets"] == "experts,router"
+    assert (opts["attention"], opts["optimizer"], opts["epochs"]) == ("flash", "adamw-8bit", 1)
+    assert opts["dataset"] == "commonsense_15k"  # a tunecost catalog name
+    assert _defaulted(job, "quant_type nf4") and _defaulted(job, "double_quant on")
+    assert not _defaulted(job, "quantization_method")
+    assert any("w1/w2/w3: read as MoE experts" in line for line in job.assumptions)
+    assert "lora_dropout" in job.not_modelled
+
+
+def test_full_deepspeed_fp16(tmp_path):
+    job = _read(tmp_path, FULL_DS3)
+    opts = job.options
+    assert opts["method"] == "full"
+    assert not any(k.startswith(("lora", "quant")) for k in opts)
+    assert (opts["dtype"], opts["gradient_checkpointing"]) == ("fp16", False)
+    assert "reentrant" not in opts and "strategy" not in opts
+    assert "deepspeed config examples/deepspeed/ds_z3_config.json: pass it too with --config" in job.assumptions
+    assert any(line.startswith("packing: not modelled") for line in job.assumptions)
+    assert "packing" in job.not_modelled
+    assert _defaulted(job, "attention sdpa") and _defaulted(job, "optimizer adamw")
+
+
+def test_defaults_of_a_bare_config(tmp_path):
+    job = _read(tmp_path, "model_name_or_path: Qwen/Qwen2.5-7B\ncutoff_len: 512\n")
+    opts = job.options
+    assert (opts["method"], opts["lora_rank"], opts["lora_alpha"]) == ("lora", 8, 16)
+    assert (opts["batch_size"], opts["epochs"], opts["dtype"]) == (8, 3.0, "bf16")
+    for option in ("stage sft", "method lora", "lora_rank 8", "lora_alpha 16", "lora_target all", "batch_size 8",
+                   "epochs 3.0", "dtype bf16"):  # fmt: skip
+        assert _defaulted(job, option), option
+    assert any(line.startswith("do_train unset") for line in job.assumptions)
+
+
+def test_partial_target_list_and_inline_deepspeed(tmp_path):
+    text = "model_name_or_path: m\nlora_target: q_proj, v_proj\ndeepspeed:\n  zero_optimization:\n    stage: 2\n"
+    job = _read(tmp_path, text + "    offload_optimizer:\n      device: cpu\n")
+    assert job.options["lora_targets"] == "attention"
+    assert any("whole attention group (all four projections)" in line for line in job.assumptions)
+    assert (job.options["strategy"], job.options["offload"]) == ("zero2", "optimizer")
+
+
+@pytest.mark.parametrize(
+    ("line", "key"),
+    [
+        ("stage: dpo", "stage"),
+        ("stage: pt", "stage"),
+        ("stage: kto", "stage"),
+        ("finetuning_type: freeze", "finetuning_type"),
+        ("finetuning_type: oft", "finetuning_type"),
+        ("quantization_bit: 8", "quantization_bit"),
+        ("use_unsloth: true", "use_unsloth"),
+        ("optim: adafactor", "optim"),
+        ("flash_attn: xformers", "flash_attn"),
+        ("lora_rank: eight", "lora_rank"),
+        ("cutoff_len: [1024]", "cutoff_len"),
+        ("image_max_pixels: 262144", "image_max_pixels"),
+    ],
+)
+def test_errors_name_file_and_key(tmp_path, line, key):
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"model_name_or_path: meta-llama/Llama-3.1-8B\n{line}\n")
+    data = parse_config_file(path)
+    with pytest.raises(TunecostError) as err:
+        FRAMEWORK.read(ConfigFile(path=str(path), data=data))
+    assert str(path) in str(err.value) and f": {key}:" in str(err.value)
+
+
+def test_stage_error_says_what_tunecost_estimates(tmp_path):
+    path = tmp_path / "dpo.yaml"
+    path.write_text("model_name_or_path: m\nstage: dpo\nfinetuning_type: lora\n")
+    with pytest.raises(TunecostError, match="supervised fine-tuning"):
+        FRAMEWORK.read(ConfigFile(path=str(path), data=parse_config_file(path)))
+
+
+def test_vision_model_is_refused(tmp_path):
+    path = tmp_path / "vl.yaml"
+    path.write_text("model_name_or_path: Qwen/Qwen3-VL-4B-Instruct\nstage: sft\n")
+    with pytest.raises(TunecostError, match="model_name_or_path: a multimodal"):
+        FRAMEWORK.read(ConfigFile(path=str(path), data=parse_config_file(path)))
+
+
+@pytest.mark.parametrize("data", [AXOLOTL, TORCHTUNE, HF_TRAINING_ARGS, PEFT_ADAPTER])
+def test_detect_is_false_for_other_frameworks(data):
+    assert not FRAMEWORK.detect(data)
+
+
+@pytest.mark.parametrize(
+    ("targets", "model", "groups"),
+    [
+        (["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], "m", "attention,mlp"),
+        (["query_key_value", "dense"], "EleutherAI/pythia-1b", "attention"),
+        (["w1", "w2", "w3"], "internlm/internlm2-7b", "mlp"),
+        (["w1", "w2", "w3"], "mistralai/Mixtral-8x7B-v0.1", "experts"),
+        (["model.layers.0.block_sparse_moe.experts.0.w1", "block_sparse_moe.gate"], "m", "experts,router"),
+        (["mlp.experts.gate_up_proj", "mlp.gate.weight", "self_attn.q_proj"], "m", "attention,experts,router"),
+        (["all-linear"], "m", "attention,mlp"),
+        (["lm_head"], "m", None),
+    ],
+)
+def test_lora_target_groups(targets, model, groups):
+    assert lora_target_groups(targets, model, "lora_target")[0] == groups

@@ -1,0 +1,196 @@
+"""torchtitan TOML read as a tunecost job (configs written as torchtitan/models/*/train_configs/*.toml show them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tunecost.catalog.models import resolve_model
+from tunecost.errors import TunecostError
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, parse_config_file
+from tunecost.workload.frameworks.torchtitan import FLAVORS, FRAMEWORK
+
+LLAMA3_8B = """\
+[job]
+dump_folder = "./outputs"
+description = "Llama 3 8B training"
+
+[metrics]
+log_freq = 10
+
+[model]
+name = "llama3"
+flavor = "8B"
+hf_assets_path = "./assets/hf/Llama-3.1-8B"
+
+[optimizer]
+name = "AdamW"
+lr = 3e-4
+
+[training]
+local_batch_size = 1
+seq_len = 8192
+max_norm = 1.0
+steps = 1000
+dataset = "c4"
+
+[parallelism]
+data_parallel_replicate_degree = 1
+data_parallel_shard_degree = -1
+tensor_parallel_degree = 1
+pipeline_parallel_degree = 1
+context_parallel_degree = 1
+
+[checkpoint]
+enable = false
+folder = "checkpoint"
+
+[compile]
+enable = false
+components = ["model", "loss"]
+
+[activation_checkpoint]
+mode = "full"
+"""
+
+QWEN3_HSDP = """\
+[model]
+name = "qwen3"
+flavor = "14B"
+
+[training]
+local_batch_size = 2
+seq_len = 4096
+dtype = "bfloat16"
+enable_cpu_offload = false
+
+[parallelism]
+data_parallel_replicate_degree = 2
+data_parallel_shard_degree = 8
+fsdp_reshard_after_forward = "always"
+
+[activation_checkpoint]
+mode = "selective"
+selective_ac_option = "op"
+
+[compile]
+enable = true
+"""
+
+OLD_DEFAULTS = """\
+[model]
+name = "llama3"
+flavor = "8B_flex"
+
+[training]
+batch_size = 4
+mixed_precision_param = "float32"
+
+[parallelism]
+data_parallel_shard_degree = 4
+fsdp_reshard_after_forward = "never"
+"""
+
+
+def _read(tmp_path: Path, text: str) -> ConfigJob:
+    path = tmp_path / "config.toml"
+    path.write_text(text)
+    data = parse_config_file(path)
+    assert FRAMEWORK.detect(data)
+    return FRAMEWORK.read(ConfigFile(path=str(path), data=data))
+
+
+def _named(job: ConfigJob, *starts: str) -> None:
+    """Each filled default is among the assumptions, named with the framework's title."""
+    for start in starts:
+        assert any(a.startswith(start) and "torchtitan" in a for a in job.assumptions), (start, job.assumptions)
+
+
+def test_llama3_8b_fsdp(tmp_path: Path) -> None:
+    job = _read(tmp_path, LLAMA3_8B)
+    assert job.framework == "torchtitan"
+    assert job.options == {
+        "method": "full",
+        "stack": "tunecost",
+        "model": "meta-llama/Llama-3.1-8B",
+        "attention": "sdpa",
+        "batch_size": 1,
+        "seq_len": 8192,
+        "dtype": "bf16",
+        "optimizer": "adamw",
+        "gradient_checkpointing": True,
+        "strategy": "fsdp2",
+    }
+    _named(job, "method full", "torchtitan's own model code", "training.dtype float32", "dtype bf16", "GPUs")
+    _named(job, "training.mixed_precision_param bfloat16", "parallelism.fsdp_reshard_after_forward default")
+    assert {"job", "metrics", "checkpoint", "training.steps", "model.hf_assets_path"} <= set(job.not_modelled)
+
+
+def test_qwen3_hsdp_selective(tmp_path: Path) -> None:
+    job = _read(tmp_path, QWEN3_HSDP)
+    o = job.options
+    assert (o["model"], o["dtype"], o["batch_size"], o["seq_len"]) == ("Qwen/Qwen3-14B", "bf16", 2, 4096)
+    assert (o["strategy"], o["num_gpus"], o["gpus_per_node"]) == ("hsdp", 16, 8)
+    assert o["gradient_checkpointing"] is True and "offload" not in o
+    _named(job, "optimizer AdamW", "dataset c4_test", "compile.enable")
+    assert any(a.startswith("activation_checkpoint.mode selective") for a in job.assumptions)
+    assert not any("fp32 parameters" in a for a in job.assumptions)  # dtype bfloat16: pure bf16
+
+
+def test_old_keys_and_defaults(tmp_path: Path) -> None:
+    job = _read(tmp_path, OLD_DEFAULTS)
+    o = job.options
+    assert (o["batch_size"], o["seq_len"], o["dtype"]) == (4, 2048, "fp32")
+    assert (o["strategy"], o["num_gpus"]) == ("fsdp2-shard-grad-op", 4)
+    _named(job, "seq_len 2048", "gradient_checkpointing on", "training.dtype float32", "attention sdpa")
+    assert any("flex attention modelled as SDPA" in a for a in job.assumptions)
+
+
+def test_every_flavor_is_a_catalog_model() -> None:
+    for flavor, hub_id in FLAVORS.items():
+        assert resolve_model(hub_id).hub_id, flavor
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ("local_batch_size = 1", 'local_batch_size = "one"', "training.local_batch_size"),
+        ('flavor = "8B"', 'flavor = "debugmodel"', "model.flavor"),
+        ('name = "llama3"', 'name = "flux"', "model.name"),
+        ("tensor_parallel_degree = 1", "tensor_parallel_degree = 8", "parallelism.tensor_parallel_degree"),
+        ("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2", "parallelism.pipeline_parallel_degree"),
+        ("context_parallel_degree = 1", "context_parallel_degree = 2", "parallelism.context_parallel_degree"),
+        ('name = "AdamW"', 'name = "Lion"', "optimizer.name"),
+        ('mode = "full"', 'mode = "sometimes"', "activation_checkpoint.mode"),
+        (
+            "data_parallel_replicate_degree = 1",
+            "data_parallel_replicate_degree = 0",
+            "parallelism.data_parallel_replicate_degree",
+        ),
+        ("steps = 1000", 'steps = 1000\nenable_cpu_offload = true\ndtype = "float16"', "training.dtype"),
+    ],
+)
+def test_errors_name_file_and_key(tmp_path: Path, old: str, new: str, key: str) -> None:
+    assert old in LLAMA3_8B
+    with pytest.raises(TunecostError) as err:
+        _read(tmp_path, LLAMA3_8B.replace(old, new))
+    assert str(tmp_path / "config.toml") in str(err.value) and f": {key}: " in str(err.value)
+
+
+def test_cpu_offload_needs_full_sharding(tmp_path: Path) -> None:
+    job = _read(tmp_path, LLAMA3_8B.replace("steps = 1000", "steps = 1000\nenable_cpu_offload = true"))
+    assert job.options["offload"] == "params"
+    with pytest.raises(TunecostError, match="training.enable_cpu_offload: "):
+        _read(tmp_path, QWEN3_HSDP.replace("enable_cpu_offload = false", "enable_cpu_offload = true"))
+
+
+def test_detect_is_false_for_other_frameworks() -> None:
+    others = [
+        {"model_name_or_path": "meta-llama/Llama-3.1-8B", "stage": "sft", "finetuning_type": "full"},  # LLaMA-Factory
+        {"base_model": "NousResearch/Llama-3.2-1B", "adapter": "qlora", "load_in_4bit": True},  # axolotl
+        {"model": {"_component_": "torchtune.models.llama3_1.llama3_1_8b"}, "batch_size": 2, "epochs": 1},  # torchtune
+        {"checkpoint_dir": "checkpoints/meta-llama/Llama-2-7b-hf", "train": {"micro_batch_size": 2}},  # litgpt
+        {"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "num_processes": 8},  # accelerate
+    ]
+    assert not any(FRAMEWORK.detect(d) for d in others)

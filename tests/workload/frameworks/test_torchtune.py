@@ -1,0 +1,232 @@
+"""torchtune recipe YAML read as a tunecost job (configs written as recipes/configs/llama3_1/*.yaml show them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tunecost.catalog.models import resolve_model
+from tunecost.errors import TunecostError
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, parse_config_file
+from tunecost.workload.frameworks.torchtune import FRAMEWORK, MODELS
+
+LORA_SINGLE = """\
+output_dir: /tmp/torchtune/llama3_2_3B/lora_single_device
+model:
+  _component_: torchtune.models.llama3_2.lora_llama3_2_3b
+  lora_attn_modules: ['q_proj', 'v_proj']
+  apply_lora_to_mlp: true
+  lora_rank: "16"
+  lora_alpha: 32
+  lora_dropout: 0.0
+tokenizer:
+  _component_: torchtune.models.llama3.llama3_tokenizer
+  path: /tmp/Llama-3.2-3B-Instruct/original/tokenizer.model
+  max_seq_len: 2048
+checkpointer:
+  _component_: torchtune.training.FullModelHFCheckpointer
+  checkpoint_dir: /tmp/Llama-3.2-3B-Instruct/
+  model_type: LLAMA3_2
+dataset:
+  _component_: torchtune.datasets.alpaca_cleaned_dataset
+  packed: false
+batch_size: 4
+optimizer:
+  _component_: torch.optim.AdamW
+  fused: true
+  lr: 3e-4
+loss:
+  _component_: torchtune.modules.loss.LinearCrossEntropyLoss
+epochs: 1
+gradient_accumulation_steps: 8
+compile: false
+device: cuda
+dtype: bf16
+enable_activation_checkpointing: true
+enable_activation_offloading: false
+profiler:
+  _component_: torchtune.training.setup_torch_profiler
+  enabled: false
+"""
+
+QLORA_SINGLE = """\
+model:
+  _component_: torchtune.models.llama3_1.qlora_llama3_1_8b
+  lora_attn_modules: ['q_proj', 'k_proj', 'v_proj', 'output_proj']
+tokenizer:
+  _component_: torchtune.models.llama3.llama3_tokenizer
+  path: /tmp/Meta-Llama-3.1-8B-Instruct/original/tokenizer.model
+  max_seq_len: null
+dataset:
+  _component_: torchtune.datasets.instruct_dataset
+  source: json
+  data_files: data/my_data.json
+  packed: true
+batch_size: 2
+optimizer:
+  _component_: bitsandbytes.optim.PagedAdamW8bit
+  lr: 1e-4
+loss:
+  _component_: torchtune.modules.loss.CEWithChunkedOutputLoss
+epochs: 2
+compile: true
+dtype: bf16
+enable_activation_offloading: true
+"""
+
+FULL_DISTRIBUTED = """\
+tokenizer:
+  _component_: torchtune.models.qwen2_5.qwen2_5_tokenizer
+  max_seq_len: 4096
+dataset:
+  _component_: torchtune.datasets.alpaca_dataset
+model:
+  _component_: torchtune.models.qwen2_5.qwen2_5_7b_instruct
+batch_size: 2
+epochs: 1
+optimizer:
+  _component_: torch.optim.AdamW
+  lr: 2e-5
+loss:
+  _component_: torchtune.modules.loss.LinearCrossEntropyLoss
+optimizer_in_bwd: true
+gradient_accumulation_steps: 1
+device: cuda
+enable_activation_checkpointing: true
+custom_sharded_layers: ['tok_embeddings', 'output']
+fsdp_cpu_offload: true
+data_parallel_shard_dim: 8
+dtype: bf16
+"""
+
+
+def _read(tmp_path: Path, text: str, name: str = "config.yaml") -> ConfigJob:
+    path = tmp_path / name
+    path.write_text(text)
+    data = parse_config_file(path)
+    assert FRAMEWORK.detect(data)
+    return FRAMEWORK.read(ConfigFile(path=str(path), data=data))
+
+
+def _named(job: ConfigJob, *starts: str) -> None:
+    """Each filled default is among the assumptions, named with the framework's title."""
+    for start in starts:
+        assert any(a.startswith(start) and "torchtune" in a for a in job.assumptions), (start, job.assumptions)
+
+
+def test_lora_single_device(tmp_path: Path) -> None:
+    job = _read(tmp_path, LORA_SINGLE)
+    assert job.framework == "torchtune"
+    assert job.options == {
+        "stack": "torchtune",
+        "model": "meta-llama/Llama-3.2-3B",
+        "method": "lora",
+        "lora_rank": 16,
+        "lora_alpha": 32,
+        "lora_targets": "attention,mlp",
+        "dtype": "bf16",
+        "gradient_checkpointing": True,
+        "offload_activations": False,
+        "chunked_loss": True,
+        "optimizer": "adamw",
+        "batch_size": 4,
+        "epochs": 1,
+        "seq_len": 2048,
+        "attention": "sdpa",
+    }
+    assert any("all four projections" in a and "q_proj, v_proj" in a for a in job.assumptions)
+    _named(job, "attention sdpa", "dataset alpaca_cleaned_dataset", "GPUs")
+    assert {"model.lora_dropout", "checkpointer", "profiler", "gradient_accumulation_steps"} <= set(job.not_modelled)
+
+
+def test_qlora_defaults_and_local_data(tmp_path: Path) -> None:
+    job = _read(tmp_path, QLORA_SINGLE)
+    o = job.options
+    assert (o["model"], o["method"], o["quant_type"], o["double_quant"]) == (
+        "meta-llama/Llama-3.1-8B",
+        "qlora",
+        "nf4",
+        True,
+    )
+    assert (o["lora_rank"], o["lora_alpha"], o["lora_targets"]) == (8, 16, "attention")  # the builder's defaults
+    assert (o["optimizer"], o["offload_activations"], o["dataset"], o["epochs"]) == (
+        "adamw-8bit",
+        True,
+        "data/my_data.json",
+        2,
+    )
+    assert o["gradient_checkpointing"] is False  # the recipes' default
+    assert "seq_len" not in o
+    _named(job, "nf4", "lora_rank 8", "lora_alpha 16", "apply_lora_to_mlp false", "gradient_checkpointing off")
+    _named(job, "tokenizer.max_seq_len unset", "compile true")
+    assert any(a.startswith("dataset packed") for a in job.assumptions)
+    assert not any("all four projections" in a for a in job.assumptions)
+
+
+def test_full_distributed(tmp_path: Path) -> None:
+    job = _read(tmp_path, FULL_DISTRIBUTED)
+    o = job.options
+    assert (o["model"], o["method"], o["seq_len"]) == ("Qwen/Qwen2.5-7B-Instruct", "full", 4096)
+    assert (o["strategy"], o["num_gpus"], o["offload"]) == ("fsdp2", 8, "params")
+    assert o["optimizer_in_backward"] is True and o["chunked_loss"] is True
+    _named(job, "data_parallel_replicate_dim 1", "strategy fsdp2", "chunked_loss")
+    assert "custom_sharded_layers" in job.not_modelled
+
+
+@pytest.mark.parametrize(
+    ("extra", "strategy", "gpus"),
+    [
+        ("data_parallel_replicate_dim: 2\ndata_parallel_shard_dim: 4\n", "hsdp", 8),
+        ("fsdp_reshard_after_forward: false\n", "fsdp2-shard-grad-op", None),
+    ],
+)
+def test_distributed_layouts(tmp_path: Path, extra: str, strategy: str, gpus: int | None) -> None:
+    text = FULL_DISTRIBUTED.replace("fsdp_cpu_offload: true\ndata_parallel_shard_dim: 8\n", extra)
+    job = _read(tmp_path, text)
+    assert job.options["strategy"] == strategy
+    assert job.options.get("num_gpus") == gpus
+    if gpus is None:
+        _named(job, "GPUs")
+
+
+def test_every_builder_is_a_catalog_model() -> None:
+    for builder, hub_id in MODELS.items():
+        assert resolve_model(hub_id).hub_id, builder
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ('lora_rank: "16"', "lora_rank: eight", "model.lora_rank"),
+        ("dtype: bf16", "dtype: fp16", "dtype"),
+        ("lora_llama3_2_3b", "lora_llama3_2_vision_11b", "model._component_"),
+        ("lora_llama3_2_3b", "lora_llama9_3b", "model._component_"),
+        ("alpaca_cleaned_dataset", "stack_exchange_paired_dataset", "dataset._component_"),
+        ("modules.loss.LinearCrossEntropyLoss", "rlhf.loss.DPOLoss", "loss._component_"),
+        ("torch.optim.AdamW", "torch.optim.Adagrad", "optimizer._component_"),
+        ("lora_dropout: 0.0", "use_dora: true", "model.use_dora"),
+        (
+            "epochs: 1",
+            "epochs: 1\nteacher_model:\n  _component_: torchtune.models.llama3_1.llama3_1_8b",
+            "teacher_model",
+        ),
+        ("epochs: 1", "epochs: 1\ntensor_parallel_dim: 2", "tensor_parallel_dim"),
+    ],
+)
+def test_errors_name_file_and_key(tmp_path: Path, old: str, new: str, key: str) -> None:
+    assert old in LORA_SINGLE
+    with pytest.raises(TunecostError) as err:
+        _read(tmp_path, LORA_SINGLE.replace(old, new))
+    assert str(tmp_path / "config.yaml") in str(err.value) and f": {key}: " in str(err.value)
+
+
+def test_detect_is_false_for_other_frameworks() -> None:
+    others = [
+        {"model_name_or_path": "meta-llama/Llama-3.1-8B", "stage": "sft", "finetuning_type": "lora"},  # LLaMA-Factory
+        {"base_model": "NousResearch/Llama-3.2-1B", "adapter": "lora", "micro_batch_size": 2},  # axolotl
+        {"checkpoint_dir": "checkpoints/meta-llama/Llama-2-7b-hf", "precision": "bf16-true", "train": {}},  # litgpt
+        {"model": {"name": "llama3", "flavor": "8B"}, "training": {"seq_len": 8192}},  # torchtitan
+        {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 4},  # DeepSpeed
+    ]
+    assert not any(FRAMEWORK.detect(d) for d in others)
