@@ -44,6 +44,7 @@ from tunecost.limits import MAX_TOKENS
 from tunecost.simulate.behaviour import ADAMW_FUSED, DEFAULT_BEHAVIOUR, DeepSpeedZero2, StackBehaviour
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.stacks import Stack, behaviour_for, stack_for
+from tunecost.workload.frameworks.registry import framework_defaults
 from tunecost.workload.job import FineTuneJob, LoraConfig
 
 PEAK_MEMORY_QUANTITIES = ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")
@@ -319,7 +320,13 @@ def map_row(row: CorpusRow) -> MappedRow:
         )
     if not throughput and names_torch_compile(row):
         raise Skip("torch.compile not modelled for memory (Inductor's partitioner chooses what the forward keeps)")
+    defaults = framework_defaults(row.get("stack"), row.get("model"), method)
+    defaulted: list[str] = []
     stated = grad_ckpt_for(row.get("grad_ckpt"))
+    if stated is None and defaults is not None and "gradient_checkpointing" in defaults.options:
+        on = defaults.options["gradient_checkpointing"]
+        stated = ("on" if on else "off", defaults.options.get("reentrant") if on else None)
+        defaulted.append(f"gradient checkpointing {stated[0]}: {defaults.framework}'s default")
     if stated is None:
         raise Skip("gradient checkpointing not stated")
     ckpt, reentrant = stated
@@ -334,14 +341,24 @@ def map_row(row: CorpusRow) -> MappedRow:
     lora = LoraConfig()
     if method != "full":
         rank = _int(row, "lora_rank") if row.get("lora_rank") else None
+        default_alpha = None
+        if rank is None and defaults is not None and "lora_rank" in defaults.options:
+            rank, default_alpha = int(defaults.options["lora_rank"]), defaults.options.get("lora_alpha")
+            defaulted.append(f"LoRA rank {rank}: {defaults.framework}'s default")
         if rank is None:
             raise Skip("LoRA rank not stated")
         try:
-            alpha = float(row.get("lora_alpha") or 2 * rank)
-            lora = LoraConfig(rank=rank, alpha=alpha, targets=lora_targets(row.get("lora_targets"), is_moe=spec.is_moe))
+            alpha = float(row.get("lora_alpha") or default_alpha or 2 * rank)
+            targets = None
+            if not row.get("lora_targets") and defaults is not None and "lora_targets" in defaults.options:
+                targets = tuple(str(defaults.options["lora_targets"]).split(","))
+                defaulted.append(f"LoRA targets {','.join(targets)}: {defaults.framework}'s default")
+            lora = LoraConfig(
+                rank=rank, alpha=alpha, targets=targets or lora_targets(row.get("lora_targets"), is_moe=spec.is_moe)
+            )
         except (ValueError, TunecostError) as exc:
             raise Skip(f"LoRA settings not usable: {exc}") from None
-    seq_len, note = _int(row, "seq_len"), optimizer_note
+    seq_len, note = _int(row, "seq_len"), "; ".join(filter(None, (optimizer_note, *defaulted)))
     if spec.max_positions is not None and seq_len > spec.max_positions:
         positions = (
             f"seq_len {seq_len} is beyond the model's {spec.max_positions} learned positions, which no run can "

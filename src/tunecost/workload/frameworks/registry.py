@@ -3,6 +3,7 @@ files): each file read by its framework, the options merged, a contradiction bet
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -73,3 +74,40 @@ def _kept(assumption: str, job: ConfigJob, kept: set[tuple[str, int]]) -> bool:
     """An assumption about a default another file overrode is dropped."""
     name = assumption.split(" ", 1)[0].rstrip(":")
     return name not in {n for n, _ in kept} or (name, id(job)) in kept
+
+
+def _llamafactory(model: str, method: str) -> dict[str, object]:
+    data: dict[str, object] = {"model_name_or_path": model, "stage": "sft"}
+    data["finetuning_type"] = "full" if method == "full" else "lora"
+    if method == "qlora":
+        data["quantization_bit"] = 4
+    return data
+
+
+def _axolotl(model: str, method: str) -> dict[str, object]:
+    data: dict[str, object] = {"base_model": model, "datasets": []}
+    if method != "full":
+        data["adapter"] = method
+    if method == "qlora":
+        data["load_in_4bit"] = True
+    return data
+
+
+# a framework named in a stack cell, and the smallest config of it: its reader fills the framework's defaults
+_NAMED_FRAMEWORKS = (("llama-factory", _llamafactory), ("llamafactory", _llamafactory), ("axolotl", _axolotl))
+
+
+def framework_defaults(stack_cell: str, model: str, method: str) -> ConfigJob | None:
+    """What a framework named in `stack_cell` does by default for `method` on `model` (None: no framework tunecost
+    reads is named), for a published run that leaves a setting to its framework."""
+    key = stack_cell.strip().lower()
+    build = next((b for name, b in _NAMED_FRAMEWORKS if name in key), None)
+    if build is None:
+        return None
+    data = build(model, method)
+    framework = next(f for f in frameworks() if f.detect(data))
+    try:
+        job = framework.read(ConfigFile(path=f"{framework.title} defaults", data=data))
+    except TunecostError:
+        return None
+    return dataclasses.replace(job, framework=framework.title)

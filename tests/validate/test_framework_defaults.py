@@ -1,0 +1,42 @@
+"""A published run that leaves a setting to its framework gets that framework's documented default, said."""
+
+from __future__ import annotations
+
+import pytest
+
+from tunecost.validate.corpus import CorpusRow
+from tunecost.validate.mapping import Skip, map_row
+
+ROW = {
+    "id": "lf-1",
+    "model": "meta-llama/Llama-2-7b-hf",
+    "method": "lora",
+    "lora_rank": "",
+    "quantization": "none",
+    "compute_dtype": "bf16",
+    "batch_size_per_gpu": "4",
+    "seq_len": "1024",
+    "seq_len_kind": "fixed",
+    "grad_ckpt": "",
+    "attention": "sdpa",
+    "gpu": "A100-SXM4-80GB",
+    "num_gpus": "1",
+    "parallelism": "single",
+    "quantity": "peak_allocated_gib",
+    "value": "20",
+    "unit": "GiB",
+}
+
+
+def test_llamafactory_rows_take_its_defaults() -> None:
+    mapped = map_row(CorpusRow(path="x.csv", line=2, cells={**ROW, "stack": "LLaMA-Factory 0.9.1"}))
+    assert mapped.job.lora.rank == 8 and mapped.job.lora.alpha == 16 and mapped.job.gradient_checkpointing
+    assert "LoRA rank 8: LLaMA-Factory's default" in mapped.note
+    assert "gradient checkpointing on: LLaMA-Factory's default" in mapped.note
+
+
+def test_axolotl_states_no_rank_and_a_plain_trainer_no_defaults() -> None:
+    with pytest.raises(Skip, match="LoRA rank not stated"):  # axolotl has no default rank
+        map_row(CorpusRow(path="x.csv", line=2, cells={**ROW, "stack": "axolotl 0.6"}))
+    with pytest.raises(Skip, match="gradient checkpointing not stated"):
+        map_row(CorpusRow(path="x.csv", line=2, cells={**ROW, "stack": "hf-transformers", "lora_rank": "16"}))
