@@ -40,3 +40,19 @@ def test_axolotl_states_no_rank_and_a_plain_trainer_no_defaults() -> None:
         map_row(CorpusRow(path="x.csv", line=2, cells={**ROW, "stack": "axolotl 0.6"}))
     with pytest.raises(Skip, match="gradient checkpointing not stated"):
         map_row(CorpusRow(path="x.csv", line=2, cells={**ROW, "stack": "hf-transformers", "lora_rank": "16"}))
+
+
+@pytest.mark.parametrize(
+    ("cells", "expected"),
+    [
+        ({"optimizer": "adamw (DeepSpeed, fused)"}, ("adamw", "on")),
+        ({"optimizer": "AdamW 8-bit (bnb)"}, ("adamw-8bit", "on")),
+        ({"grad_ckpt": "yes (default)"}, ("adamw", "on")),
+        ({"grad_ckpt": "disabled"}, ("adamw", "off")),
+        ({"attention": "sdpa (default)"}, ("adamw", "on")),
+    ],
+)
+def test_free_text_cells_read_as_a_person_reads_them(cells: dict, expected: tuple) -> None:
+    row = {**ROW, "stack": "hf-transformers", "lora_rank": "16", "lora_targets": "q_proj;v_proj", "grad_ckpt": "on"}
+    mapped = map_row(CorpusRow(path="x.csv", line=2, cells={**row, **cells}))
+    assert (mapped.job.optimizer, "on" if mapped.job.gradient_checkpointing else "off") == expected

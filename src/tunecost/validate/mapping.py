@@ -76,7 +76,16 @@ _ATTENTION = {
     **dict.fromkeys(("sdpa", "torchsdpa", "scaleddotproductattention"), "sdpa"),
     **dict.fromkeys(("eager", "math", "vanilla"), "eager"),
 }
-_GRAD_CKPT = {**dict.fromkeys(("on", "true", "yes", "1"), "on"), **dict.fromkeys(("off", "false", "no", "0"), "off")}
+_GRAD_CKPT = {
+    **dict.fromkeys(("on", "true", "yes", "1", "enabled", "full", "selective"), "on"),
+    **dict.fromkeys(("off", "false", "no", "0", "disabled", "none"), "off"),
+}
+_ASIDE = re.compile(r"\s*[(\[][^)\]]*[)\]]")  # "sdpa (default)", "AdamW [DeepSpeed]": the aside a person skips
+
+
+def _main(cell: str) -> str:
+    """A free-text cell without its asides in brackets."""
+    return _ASIDE.sub("", cell).strip()
 
 
 def grad_ckpt_for(cell: str) -> tuple[str, bool | None] | None:
@@ -90,14 +99,16 @@ def grad_ckpt_for(cell: str) -> tuple[str, bool | None] | None:
         return "on", False
     if "reentrant" in compact:
         return "on", True
-    return None
+    return (_GRAD_CKPT[_main(key)], None) if _main(key) in _GRAD_CKPT else None
 
 
 def attention_for(cell: str) -> str | None:
     """tunecost's attention for a row's attention cell (None: not known). "flash_attention_2", "flash-attn 2",
     "FA2" and "FlashAttention-2" are all flash."""
     key = _cell_key(cell)
-    return "flash" if key.startswith(("flash", "fa2", "fa3")) else _ATTENTION.get(key)
+    if key.startswith(("flash", "fa2", "fa3")):
+        return "flash"
+    return _ATTENTION.get(key) or (_ATTENTION.get(_cell_key(_main(cell))) if _main(cell) else None)
 
 
 class Skip(Exception):
@@ -209,7 +220,8 @@ def _cell_key(cell: str) -> str:
 def adamw_impl_for(cell: str, stack_impl: str) -> str:
     """The AdamW implementation a row's optimizer cell names (`simulate.behaviour.ADAMW_IMPLS`): a fused kernel where
     the cell says so, else the stack's own."""
-    return ADAMW_FUSED if _cell_key(cell) in _FUSED_ADAMW else stack_impl
+    fused = _cell_key(cell) in _FUSED_ADAMW or ("adam" in cell.lower() and "fused" in cell.lower())
+    return ADAMW_FUSED if fused else stack_impl
 
 
 def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
@@ -231,7 +243,11 @@ def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
             "where the paged ones live in CUDA unified memory"
         )
     if key not in _OPTIMIZERS:
-        raise Skip(f"optimizer {cell!r} not modelled (tunecost runs AdamW, 8-bit AdamW and SGD)")
+        first = (re.findall(r"[a-z0-9]+", cell.lower()) or [""])[0]  # "adamw (DeepSpeed, fused)": AdamW
+        named = "adamw-8bit" if first.startswith("adam") and "8bit" in key else "adamw" * first.startswith("adam")
+        if not named:
+            raise Skip(f"optimizer {cell!r} not modelled (tunecost runs AdamW, 8-bit AdamW and SGD)")
+        return named, "; ".join(filter(None, (note, f"optimizer {cell!r} read as {named}")))
     return _OPTIMIZERS[key], note
 
 
