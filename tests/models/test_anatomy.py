@@ -102,6 +102,28 @@ CASES = {
     "phi": (lambda: _hf("phi"), 3, 0, 1, 1),
     "phi3": (lambda: _hf("phi3", pad_token_id=0, eos_token_id=2), 3, 0, 1, 1),  # defaults name token 32000
     "granite": (lambda: _hf("granite"), 3, 0, 1, 1),
+    "olmo": (lambda: _hf("olmo"), 3, 0, 1, 1),
+    "olmo2": (lambda: _hf("olmo2"), 3, 0, 1, 1),
+    "starcoder2": (lambda: _hf("starcoder2"), 3, 0, 1, 1),
+    # Falcon's own keys (its blocks at transformer.h): width 32, 4 heads, 2 key-value heads (new architecture)
+    "falcon": (
+        lambda: _from_config(
+            "falcon",
+            dict(
+                vocab_size=128,
+                hidden_size=32,
+                num_attention_heads=4,
+                num_kv_heads=2,
+                new_decoder_architecture=True,
+                ffn_hidden_size=48,
+                num_hidden_layers=3,
+            ),
+        ),
+        3,
+        0,
+        1,
+        1,
+    ),
 }
 
 

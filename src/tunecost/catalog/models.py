@@ -165,6 +165,8 @@ _POSITIVE_SIZES = (
     "n_layer",
     "n_head",
     "n_inner",
+    "num_kv_heads",  # Falcon's key/value heads (new decoder architecture)
+    "ffn_hidden_size",  # Falcon's MLP width
     *_NUM_EXPERTS_KEYS,
     *_TOP_K_KEYS,
 )

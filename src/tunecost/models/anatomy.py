@@ -6,12 +6,14 @@ One description per supported family (`_FAMILIES`). transformers 5 families keep
 `num_experts`) and fused `*Experts` (`gate_up_proj` (E, 2I, H), `down_proj` (E, H, I)); GraniteMoe names the
 block `block_sparse_moe` and its router `router`; gpt-oss names its router `router` and keeps its experts
 transposed with biases (`simulate.modules.expert_weights` reads both layouts). GPTBigCode keeps GPT-2's layout:
-blocks at `transformer.h`, attention `attn` (one fused `c_attn` for q, k, v), MLP `mlp` (`c_fc`, `c_proj`).
+blocks at `transformer.h`, attention `attn` (one fused `c_attn` for q, k, v), MLP `mlp` (`c_fc`, `c_proj`). Falcon
+keeps its blocks at `transformer.h` too, with attention `self_attention` (one fused `query_key_value`, `dense`) and
+MLP `mlp` (`dense_h_to_4h`, `dense_4h_to_h`); StarCoder2 has Llama's layout with a two-matrix MLP (`c_fc`, `c_proj`).
 tunecost's BlackMamba keeps its blocks at `decoder.layers`; an MoE block is `layer.mixer` with a `router`
 `nn.Linear` and `local_experts` (or `experts` once tunecost's fast experts are installed). Dense families (Llama,
-Mistral, Qwen2/3, Gemma 1/2/3, Phi, Phi-3, Granite) have no MoE block; their feed-forward counts as ONE expert
-that every token uses, so `num_experts` and `get_top_k` are 1 and a dense model is, like a dense-routed MoE model,
-one whose top-k equals its number of experts.
+Mistral, Qwen2/3, Gemma 1/2/3, Phi, Phi-3, Granite, OLMo 1/2, StarCoder2, Falcon, GPTBigCode) have no MoE block;
+their feed-forward counts as ONE expert that every token uses, so `num_experts` and `get_top_k` are 1 and a dense
+model is, like a dense-routed MoE model, one whose top-k equals its number of experts.
 
 PEFT wrappers are seen through: a `PeftModel` is read through its base model, and `unwrap_peft` gives the module
 under LoRA layers and `lora.ParamWrapper`s (nested once per targeted parameter), both keeping it as `base_layer`.
@@ -86,12 +88,21 @@ _FAMILIES: dict[str, _Family] = {
     # GPTBigCode (SantaCoder, StarCoder): GPT-2 layout, blocks at `transformer.h`, attention `attn`
     # and learned absolute positions (`wpe`, `n_positions` rows; transformers' GPTBigCodeModel)
     "gpt_bigcode": _Family("transformer.h", None, learned_positions_keys=("n_positions", "max_position_embeddings")),
+    # OLMo (parameter-free LayerNorms, optional q/k/v clipping) and OLMo 2 (post-norms, q/k RMSNorms over all heads):
+    # Llama's layout and projection names
+    "olmo": _Family("model.layers", None),
+    "olmo2": _Family("model.layers", None),
+    # StarCoder2: Llama's layout, q/k/v/o with biases, a two-matrix GELU MLP `c_fc` / `c_proj`, LayerNorms
+    "starcoder2": _Family("model.layers", None),
+    # Falcon: blocks at `transformer.h`, attention `self_attention` (fused `query_key_value`, `dense`), MLP `mlp`
+    # (`dense_h_to_4h`, `dense_4h_to_h`); rotary positions (ALiBi variants have no position table either)
+    "falcon": _Family("transformer.h", None),
 }
 SUPPORTED_FAMILIES = tuple(_FAMILIES)
 
 _ROUTER_NAMES = ("gate", "router")
 # A decoder layer's attention and feed-forward (dense MLP or MoE block) by attribute name, across families.
-ATTENTION_NAMES = ("self_attn", "attn")
+ATTENTION_NAMES = ("self_attn", "attn", "self_attention")  # Falcon: `self_attention`
 FEED_FORWARD_NAMES = ("mlp", "block_sparse_moe")
 _EXPERTS_NAMES = ("experts", "local_experts")
 _LAYERS_NAME = re.compile(r"(^|\.)layers$")

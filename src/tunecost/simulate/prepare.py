@@ -91,6 +91,11 @@ def check_supported(
         )
     if job.seq_len is not None or job.lengths:
         spec.check_seq_len(job.worst_case_seq_len)
+    if spec.family == "falcon" and spec.config.get("alibi") and job.attention != "eager":
+        raise TunecostError(
+            f"{spec.name}: Falcon with ALiBi adds a (B, heads, L, L) bias to its attention, which the fused-attention "
+            "simulation leaves out; simulate it with --attention eager"
+        )
     if spec.family == "blackmamba" and job.method != "full":
         raise TunecostError(
             f"{spec.name}: the step simulator supports BlackMamba full fine-tuning only (as the "
@@ -153,7 +158,8 @@ def _swap_linears(
     for name, child in list(parent.named_children()):
         if name in skip:
             continue
-        if type(child) is nn.Linear:
+        # nn.Linear, or a subclass computing the same x W^T + b (Falcon's FalconLinear); PEFT wraps both alike
+        if isinstance(child, nn.Linear):
             rank, alpha = lora if lora else (None, 0.0)
             # torchtune builds its LoRA model under the compute dtype as the default dtype: adapters in bf16
             lora_dtype = child.weight.dtype if style == "torchtune" else torch.float32
@@ -347,6 +353,22 @@ def _fused_attention(*args: Any, **kwargs: Any) -> Any:
     return sdpa_attention_forward(*args, **kwargs)
 
 
+def falcon_fused_attention(model: nn.Module) -> None:
+    """Falcon as a fused attention kernel runs it: causal SDPA, no mask. transformers 5.23's `FalconAttention` calls
+    torch SDPA itself when its config says "sdpa" (else it adds a mask to explicit scores), and `FalconModel` builds
+    a 4-D mask for it whatever the batch (`allow_is_causal_skip=False`). So the attention modules get a config copy
+    that says "sdpa" (with no mask SDPA runs `is_causal`), while the model's own config keeps the mask-free name and
+    builds no mask: what FlashAttention-2 (`FalconFlashAttention2`) does for a batch without padding. (A real SDPA run
+    also keeps that (B, 1, L, L) boolean mask: B x L^2 bytes, not counted.)"""
+    import copy
+
+    for layer in decoder_layers(model):
+        attention = layer_part(layer, ATTENTION_NAMES)
+        own = copy.copy(attention.config)
+        own._attn_implementation = "sdpa"
+        attention.config = own
+
+
 # Config keys of the attention-probability dropout (GPT-2 style `attn_pdrop`, transformers' `attention_dropout`).
 _ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop")
 
@@ -418,6 +440,8 @@ def build_prepared(
         )
         if job.attention != "eager":
             model.config._attn_implementation = mask_free_sdpa()
+            if spec.family == "falcon":
+                falcon_fused_attention(model)
         transform(model, job, stack)
         if behaviour.kbit_fp32_norms:
             _kbit_fp32_norms(model, dtype)

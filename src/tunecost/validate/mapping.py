@@ -3,8 +3,9 @@
 Reading rules (each is stated, none is tuned to the data):
 - `seq_len_kind` fixed, packed (every sequence filled to seq_len) and max (padded or cut to seq_len; the worst
   batch holds a sequence of that length) all give a batch of `seq_len` tokens per sequence;
-- LoRA target names map to tunecost's targets: q/k/v/o projections and Qwen's fused `c_attn` -> attention;
-  gate/up/down and Qwen's `w1`/`w2` -> mlp; Qwen's `c_proj` names both the attention output and the MLP output
+- LoRA target names map to tunecost's targets: q/k/v/o projections, Qwen's fused `c_attn` and Falcon's
+  `query_key_value` / `dense` -> attention; gate/up/down, Qwen's `w1`/`w2` and Falcon's `dense_h_to_4h` /
+  `dense_4h_to_h` -> mlp; Qwen's `c_proj` names both the attention output and the MLP output
   -> attention and mlp. A subset of the attention projections is modelled as all four (a small over-count);
   SantaCoder's rows name q/k/v/o_proj and c_attn, of which GPTBigCode has only the fused c_attn: attention LoRA
   there wraps c_attn and the attention's c_proj (the same kind of over-count);
@@ -50,8 +51,9 @@ from tunecost.workload.job import FineTuneJob, LoraConfig
 PEAK_MEMORY_QUANTITIES = ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")
 MEMORY_QUANTITIES = (*PEAK_MEMORY_QUANTITIES, "oom")
 THROUGHPUT_QUANTITIES = ("tokens_per_s_per_gpu", "samples_per_s", "s_per_step", "time_to_train_s")
-# "dense" is Phi's attention output projection
+# "dense" is Phi's and Falcon's attention output projection, "query_key_value" Falcon's fused q, k, v
 _ATTENTION_TARGETS = {
+    "query_key_value",
     "q_proj",
     "k_proj",
     "v_proj",
@@ -64,7 +66,9 @@ _ATTENTION_TARGETS = {
     "dense",
 }
 _ALL_LINEAR_TARGETS = ("all-linear", "all_linear", "all")  # PEFT's name; LLaMA-Factory's `lora_target: all`
+# "dense_h_to_4h" / "dense_4h_to_h": Falcon's MLP
 _MLP_TARGETS = {"gate_proj", "up_proj", "down_proj", "w1", "w2", "w3", "gate_up_proj", "fc1", "fc2"}
+_MLP_TARGETS |= {"dense_h_to_4h", "dense_4h_to_h"}
 _BOTH_TARGETS = {"c_proj"}
 _MODULES_TO_SAVE = {"wte": "embed_tokens", "embed_tokens": "embed_tokens", "lm_head": "lm_head"}  # -> transformers
 _GPTQ_KERNELS = (("accelerated-peft-autogptq", "triton-v2"), ("qwen finetune.py", "torch"))  # corpus stack cell

@@ -7,10 +7,10 @@ scan and loss terms need. Every count is computed from the config here, so the a
 
 Families: Mixtral-style MoE transformers (mixtral, olmoe, qwen2_moe, qwen3_moe, granitemoe, granitemoeshared,
 gpt_oss), dense llama/mistral/qwen2 (Qwen 1 checkpoints are catalogued in the qwen2 layout: fused c_attn read as
-q, k, v with biases), the dense qwen3/gemma/gemma2/gemma3_text/phi3/granite (Llama's matmuls, with the
-differences below), Phi (GPT-J-style parallel block), GPTBigCode (GPT-2 config keys) and BlackMamba (Zyphra's
-config keys). Other families raise a `TunecostError` naming the supported ones. Module shapes follow transformers
-5.23's `modeling_<family>.py`:
+q, k, v with biases), the dense qwen3/gemma/gemma2/gemma3_text/phi3/granite/olmo/olmo2 (Llama's matmuls, with the
+differences below), Phi (GPT-J-style parallel block), GPTBigCode (GPT-2 config keys), StarCoder2 and Falcon
+(two-matrix GELU MLPs, `throughput.arch_gelu_mlp`) and BlackMamba (Zyphra's config keys). Other families raise a
+`TunecostError` naming the supported ones. Module shapes follow transformers 5.23's `modeling_<family>.py`:
 - qwen3: a q and a k RMSNorm of one head's width in every layer;
 - gemma: a GeGLU MLP (gate, up, down: Llama's matmuls), `head_dim` from the config, head tied to the embedding;
 - gemma2: as gemma, plus pre/post feed-forward RMSNorms (4 per layer) and sliding-window attention on alternate
@@ -21,6 +21,9 @@ config keys). Other families raise a `TunecostError` naming the supported ones. 
   fused matrices: 2 attention and 2 MLP matrices per layer), sliding-window attention on every layer when the
   config gives a window;
 - granite: Llama's layout; its embedding/residual/attention/logit multipliers scale activations, no matmul;
+- olmo: Llama's layout with parameter-free LayerNorms (the norms' element-wise work stays, no weights);
+- olmo2: post-norms (after attention and after the MLP: still two RMSNorms per layer) and a q and a k RMSNorm over
+  all heads (as olmoe);
 - gpt_oss: Mixtral's layout with biases on q, k, v, o, on every expert's gate/up and down (counted with the expert:
   their FLOPs are the matmuls') and on the router, one attention-sink logit per head, and sliding-window attention
   on alternate layers (`layer_types`);
@@ -40,15 +43,17 @@ from tunecost.errors import TunecostError
 TRANSFORMER_FAMILIES = (
     *("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "gpt_oss"),
     *("llama", "mistral", "qwen2"),
-    *("qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "granite"),
+    *("qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "granite", "olmo", "olmo2"),
 )
 # transformers 5.23's config-class defaults where a config.json may leave the key out
 _HEAD_DIM_DEFAULTS = {"qwen3": 128, "gemma": 256, "gemma2": 256, "gemma3_text": 256}
 _TIED_DEFAULTS = {"gemma": True, "gemma2": True, "gemma3_text": True}
 # RMSNorms of `hidden` width per decoder layer (else 2: input, post-attention)
 _NORMS_PER_LAYER = {"gemma2": 4, "gemma3_text": 4}
+# families whose norms have no weight (OLMo's `OlmoLayerNorm`: layer_norm without affine parameters)
+_PARAMETER_FREE_NORMS = ("olmo",)
 # families whose q, k, v, o follow `attention_bias` and whose MLP follows `mlp_bias` (Qwen2's biases are fixed)
-_BIAS_FLAG_FAMILIES = ("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "granite", "gpt_oss")
+_BIAS_FLAG_FAMILIES = ("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "granite", "gpt_oss", "olmo", "olmo2")
 # Gemma 3's default pattern: every sixth layer attends over the whole sequence, the others over the window
 _GEMMA3_SLIDING_WINDOW_PATTERN = 6
 
@@ -211,12 +216,14 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
         "qwen3": 2 * head_dim,
         "gemma3_text": 2 * head_dim,
         "olmoe": (heads + kv_heads) * head_dim,
+        "olmo2": (heads + kv_heads) * head_dim,
     }.get(family, 0)
     biases = (heads + 2 * kv_heads) * head_dim * layers if family in ("qwen2", "qwen2_moe") else 0  # Qwen's q/k/v
     if family in _BIAS_FLAG_FAMILIES:
         biases += _bias_params(mats[:num_attention_mats]) if config.get("attention_bias") else 0
         biases += _bias_params(mats[num_attention_mats:]) if config.get("mlp_bias") else 0
     num_norms = _NORMS_PER_LAYER.get(family, 2)
+    norm_width = 0 if family in _PARAMETER_FREE_NORMS else hidden  # weights per norm (the final norm's too)
     expert_bias, router_bias, sinks = _gpt_oss_extras(family, hidden, ffn, heads, layers)
     return _decoder_arch(
         family,
@@ -224,7 +231,7 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
         _Shape(hidden, layers, heads, head_dim, vocab),
         tied=bool(config.get("tie_word_embeddings", _TIED_DEFAULTS.get(family, False))),
         embedding_params=vocab * hidden,
-        norm_params=layers * (num_norms * hidden + qk_norm) + biases + hidden + sinks,
+        norm_params=layers * (num_norms * norm_width + qk_norm) + biases + norm_width + sinks,
         expert_bias_params=expert_bias,
         router_bias_params=router_bias,
         num_moe=num_moe,
@@ -401,7 +408,12 @@ def arch_of(spec: ModelSpec) -> Arch:
         return _phi_arch(spec.config)
     if spec.family in TRANSFORMER_FAMILIES:
         return _transformer_arch(spec.family, spec.config)
+    # imported here: that module builds its `Arch` with this module's helpers
+    from tunecost.estimate.throughput.arch_gelu_mlp import GELU_MLP_ARCHES
+
+    if spec.family in GELU_MLP_ARCHES:
+        return GELU_MLP_ARCHES[spec.family](spec.config)
     raise TunecostError(
-        f"{spec.name}: the throughput model reads {', '.join(TRANSFORMER_FAMILIES)}, phi, gpt_bigcode and "
-        f"blackmamba configs, not {spec.family!r}"
+        f"{spec.name}: the throughput model reads {', '.join(TRANSFORMER_FAMILIES)}, phi, gpt_bigcode, "
+        f"{', '.join(GELU_MLP_ARCHES)} and blackmamba configs, not {spec.family!r}"
     )

@@ -41,7 +41,7 @@ GROUPS = {
     **dict.fromkeys(
         words("q_proj k_proj v_proj o_proj c_attn query_key_value wqkv qkv_proj out_proj dense"), "attention"
     ),
-    **dict.fromkeys(words("gate_proj up_proj down_proj fc1 fc2 c_fc c_proj"), "mlp"),
+    **dict.fromkeys(words("gate_proj up_proj down_proj fc1 fc2 c_fc c_proj dense_h_to_4h dense_4h_to_h"), "mlp"),
     **dict.fromkeys(("experts", "gate_up_proj"), "experts"),
     **dict.fromkeys(("gate", "router"), "router"),
 }
