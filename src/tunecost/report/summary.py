@@ -25,7 +25,7 @@ def summary_lines(records: RunRecords) -> list[str]:
     est = records.get("estimate")
     if est is not None and {"usd", "gpu", "model"} <= set(est.columns):
         usd = pd.to_numeric(est["usd"], errors="coerce")
-        ok = est[usd.notna() & (usd > 0)].assign(_usd=usd)
+        ok = est[usd.notna() & (usd >= 0)].assign(_usd=usd)  # $0: owned hardware
         if not ok.empty:
             for model, group in ok.groupby("model", sort=True):
                 best = group.sort_values("_usd").iloc[0]
