@@ -1,13 +1,16 @@
-"""`--config FILE` on the job commands: the options a framework's config sets fill those the command line left
-out; the defaults the framework filled and the keys tunecost does not model are printed on stderr."""
+"""`--config FILE` on the job commands: read first (an eager option), its job options become the command's
+defaults (click's `default_map`), so flags override them and each is converted as the flag would be; the defaults
+the framework filled and the keys tunecost does not model are printed on stderr."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Any
 
+import typer
+
 from tunecost.cli.common import err_console
-from tunecost.cli.options import ParameterSource, opt
+from tunecost.cli.options import opt
 from tunecost.errors import TunecostError
 
 CONFIG_HELP = (
@@ -15,37 +18,28 @@ CONFIG_HELP = (
     "SFTConfig, PEFT adapter_config.json, BitsAndBytesConfig, accelerate YAML, DeepSpeed JSON, litgpt YAML or "
     "torchtitan TOML; repeat for files read together. Flags override it."
 )
-ConfigFiles = Annotated[list[Path] | None, opt("--config", CONFIG_HELP)]
 
 
-FLOAT_OPTIONS = ("lora_alpha", "epochs")  # the command line gives floats: 16 is 16.0 from a file too
-
-
-def with_config(
-    ctx: Any, paths: list[Path] | None, values: dict[str, Any], *, as_text: tuple[str, ...] = (), quiet: bool = False
-) -> dict[str, Any]:
-    """`values` (the command's job options by name) with each option the config sets and the command line did not
-    given the config's value, as the option takes it (`as_text`: options the command reads as text, "4")."""
+def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | None:
+    """The config's job options as the command's defaults, before any other option is read."""
     if not paths:
-        return values
+        return paths
     from tunecost.workload.frameworks.registry import read_configs
 
-    job = read_configs(paths)
-    out = dict(values)
-    for name, value in job.options.items():
-        if name not in out or ctx.get_parameter_source(name) == ParameterSource.COMMANDLINE:
-            continue
-        if name in as_text:
-            value = str(value)
-        elif name in FLOAT_OPTIONS:
-            value = float(value)
-        out[name] = value
-    if not quiet:
-        for line in job.assumptions:
-            err_console.print(f"assumed: {line}")
-        if job.not_modelled:
-            err_console.print(f"warning: not modelled from {job.path}: {', '.join(job.not_modelled)}")
-    return out
+    try:
+        job = read_configs(paths)
+    except TunecostError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    params = {p.name for p in ctx.command.params}
+    ctx.default_map = {**(ctx.default_map or {}), **{k: v for k, v in job.options.items() if k in params}}
+    for line in job.assumptions:
+        err_console.print(f"assumed: {line}")
+    if job.not_modelled:
+        err_console.print(f"warning: not modelled from {job.path}: {', '.join(job.not_modelled)}")
+    return paths
+
+
+ConfigFiles = Annotated[list[Path] | None, opt("--config", CONFIG_HELP, is_eager=True, callback=_read_config)]
 
 
 def required(name: str, value: Any) -> Any:

@@ -20,7 +20,7 @@ from tunecost.cli.common import (
     split_list,
     stack_behaviour,
 )
-from tunecost.cli.jobconfig import ConfigFiles, required, with_config
+from tunecost.cli.jobconfig import ConfigFiles, required
 from tunecost.cli.options import (
     DEFAULT_LORA_ALPHA,
     DEFAULT_LORA_RANK,
@@ -196,7 +196,6 @@ def cost(
 
 @cli_errors
 def estimate(
-    ctx: typer.Context,
     gpu: Annotated[str, opt("--gpu", "Comma-separated GPUs, e.g. A40,A100-80GB,H100 (or 'all').")],
     model: JobModel = None,
     epochs: Annotated[float | None, opt("--epochs", "Epochs (or from --config).")] = None,
@@ -256,53 +255,7 @@ def estimate(
     from tunecost.workload.job import parse_lora_targets
     from tunecost.workload.job_data import job_data
 
-    o = with_config(
-        ctx,
-        config,
-        {
-            "model": model,
-            "method": method,
-            "lora_rank": lora_rank,
-            "lora_alpha": lora_alpha,
-            "lora_targets": lora_targets,
-            "quant_type": quant_type,
-            "double_quant": double_quant,
-            "dtype": dtype,
-            "gradient_checkpointing": gradient_checkpointing,
-            "reentrant": reentrant,
-            "attention": attention,
-            "optimizer": optimizer,
-            "seq_len": seq_len,
-            "batch_size": batch_size,
-            "dataset": dataset,
-            "epochs": epochs,
-            "stack": stack,
-            "chunked_loss": chunked_loss,
-            "offload_activations": offload_activations,
-            "optimizer_in_backward": optimizer_in_backward,
-            "num_gpus": num_gpus,
-            "gpus_per_node": gpus_per_node,
-            "strategy": strategy,
-            "offload": offload,
-        },
-        as_text=("batch_size", "num_gpus"),
-    )
-    model, method, epochs = required("model", o["model"]), o["method"], required("epochs", o["epochs"])
-    lora_rank, lora_alpha, lora_targets = o["lora_rank"], o["lora_alpha"], o["lora_targets"]
-    quant_type, double_quant, dtype = o["quant_type"], o["double_quant"], o["dtype"]
-    gradient_checkpointing, reentrant, attention, optimizer = (
-        o["gradient_checkpointing"],
-        o["reentrant"],
-        o["attention"],
-        o["optimizer"],
-    )
-    seq_len, batch_size, dataset, stack = o["seq_len"], o["batch_size"], o["dataset"], o["stack"]
-    chunked_loss, offload_activations, optimizer_in_backward = (
-        o["chunked_loss"],
-        o["offload_activations"],
-        o["optimizer_in_backward"],
-    )
-    num_gpus, gpus_per_node, strategy, offload = o["num_gpus"], o["gpus_per_node"], o["strategy"], o["offload"]
+    model, epochs = required("model", model), required("epochs", epochs)
     gpus = list(gpu_catalog()) if gpu.strip().lower() == "all" else split_list(gpu, what="GPU")
     check_finite_at_most("--epochs", epochs, MAX_EPOCHS)
     if queries is not None and queries <= 0:

@@ -169,7 +169,8 @@ def print_answer(
     )
     if count is None:
         ranked = [s for s in ranked if s.fit != "no" and s.cost is not None]
-    shown = [(s, s.plan.strategy) for s in ranked] if verbose else _merged(ranked)[:SHOWN_ROWS]
+    rows = [(s, s.plan.strategy) for s in ranked] if verbose else _merged(ranked)
+    shown = rows if verbose else rows[:SHOWN_ROWS]
     ep = f", expert parallel {expert_degree}" if expert_degree and expert_degree > 1 else ""
     ep += f", CPU offload: {offload}" if offload != "none" else ""
     what = "fewest GPUs that fit, per GPU and strategy (up to " + f"{limit})" if count is None else "GPUs as given"
@@ -180,8 +181,8 @@ def print_answer(
         console.print("GB/rank: what nvidia-smi would show; layout +N: N more with the same figures (--verbose)")
     if lengths:
         console.print(f"[dim]{lengths}[/dim]")
-    if len(shown) < len(_merged(ranked)):
-        console.print(f"{len(_merged(ranked)) - len(shown)} more setups: --verbose shows them")
+    if len(shown) < len(rows):
+        console.print(f"{len(rows) - len(shown)} more setups: --verbose shows them")
     for s, _ in shown:
         if s.fit == "no" and (verbose or count is not None):
             console.print(f"{_name(s)} does not fit: {why_not(s)}")

@@ -10,7 +10,7 @@ import typer
 from tunecost.cli import options as cli
 from tunecost.cli.commands.profile import inputs_spec, model_setup
 from tunecost.cli.common import cli_errors, console, err_console, print_json
-from tunecost.cli.jobconfig import ConfigFiles, with_config
+from tunecost.cli.jobconfig import ConfigFiles
 from tunecost.errors import TunecostError
 from tunecost.profile.threads import prepare_cpu_threads
 from tunecost.units import BYTES_PER_GIB as _GIB
@@ -18,7 +18,6 @@ from tunecost.units import BYTES_PER_GIB as _GIB
 
 @cli_errors
 def max_batch(
-    ctx: typer.Context,
     model: cli.ModelName = "tiny-mixtral",
     method: cli.MethodName = "qlora",
     experts_per_token: cli.ExpertsPerToken = None,
@@ -46,20 +45,7 @@ def max_batch(
     """Largest batch size that fits (paper Table III): grow then bisect; a found OOM is the measured boundary."""
     from tunecost.workload.job import default_gradient_checkpointing
 
-    job: dict[str, Any] = {
-        "model": model,
-        "method": method,
-        "seq_len": seq_len,
-        "dataset": dataset,
-        "gradient_checkpointing": gradient_checkpointing,
-        "lora_rank": lora_rank,
-        "lora_alpha": lora_alpha,
-    }
-    job = with_config(ctx, config, job)
-    model, method, seq_len, dataset = job["model"], job["method"], job["seq_len"], job["dataset"]
-    gradient_checkpointing, lora_rank, lora_alpha = job["gradient_checkpointing"], job["lora_rank"], job["lora_alpha"]
     options = dict(locals())
-    del options["ctx"], options["job"], options["config"]
     checkpointing = default_gradient_checkpointing(method) if gradient_checkpointing is None else gradient_checkpointing
     options["no_checkpointing"] = not checkpointing
     if out is not None:

@@ -17,7 +17,7 @@ from tunecost.cli.common import (
     progress_callback,
     stack_behaviour,
 )
-from tunecost.cli.jobconfig import ConfigFiles, required, with_config
+from tunecost.cli.jobconfig import ConfigFiles, required
 from tunecost.cli.options import (
     DEFAULT_LORA_ALPHA,
     DEFAULT_LORA_RANK,
@@ -113,7 +113,6 @@ def _gb(n: float) -> str:
 
 @cli_errors
 def memory(
-    ctx: typer.Context,
     model: JobModel = None,
     method: MethodName = "qlora",
     experts_per_token: ExpertsPerToken = None,
@@ -158,42 +157,7 @@ def memory(
         quant_defaults,
     )
 
-    given = {
-        "model": model,
-        "method": method,
-        "seq_len": seq_len,
-        "batch_size": batch_size,
-        "lora_rank": lora_rank,
-        "lora_alpha": lora_alpha,
-        "lora_targets": lora_targets,
-        "gradient_checkpointing": gradient_checkpointing,
-        "reentrant": reentrant,
-        "attention": attention,
-        "optimizer": optimizer,
-        "dtype": dtype,
-        "quant_type": quant_type,
-        "double_quant": double_quant,
-        "stack": stack,
-        "chunked_loss": chunked_loss,
-        "offload_activations": offload_activations,
-        "optimizer_in_backward": optimizer_in_backward,
-    }
-    o = with_config(ctx, config, given)
-    model, method, batch_size = required("model", o["model"]), o["method"], o["batch_size"]
-    seq_len = o["seq_len"] or DEFAULT_SEQ_LEN
-    lora_rank, lora_alpha, lora_targets = o["lora_rank"], o["lora_alpha"], o["lora_targets"]
-    gradient_checkpointing, reentrant, attention, optimizer = (
-        o["gradient_checkpointing"],
-        o["reentrant"],
-        o["attention"],
-        o["optimizer"],
-    )
-    dtype, quant_type, double_quant, stack = o["dtype"], o["quant_type"], o["double_quant"], o["stack"]
-    chunked_loss, offload_activations, optimizer_in_backward = (
-        o["chunked_loss"],
-        o["offload_activations"],
-        o["optimizer_in_backward"],
-    )
+    model, seq_len = required("model", model), seq_len or DEFAULT_SEQ_LEN
     memory_bytes = memory_bytes_from_options(gpu_memory_gb=gpu_memory_gb, gpu_memory_gib=gpu_memory_gib)
     if gpu is not None and memory_bytes is not None:
         raise TunecostError("give --gpu or --gpu-memory-gb/--gpu-memory-gib, not both")

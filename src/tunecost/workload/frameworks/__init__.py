@@ -123,11 +123,11 @@ def parse_config_file(path: str | Path) -> dict[str, Any]:
     """The file as a mapping: YAML (safe loader), JSON or TOML by its suffix; one error naming the file otherwise."""
     p = Path(path)
     if not p.is_file():
-        raise TunecostError(f"--config {str(path)!r}: no such file")
+        raise TunecostError(f"{path}: no such file")
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise TunecostError(f"--config {str(path)!r}: cannot be read ({exc.__class__.__name__})") from None
+        raise TunecostError(f"{path}: cannot be read ({exc.__class__.__name__})") from None
     suffix = p.suffix.lower()
     try:
         if suffix == ".json":
