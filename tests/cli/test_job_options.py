@@ -28,7 +28,15 @@ JOB_OPTIONS = (
     "optimizer_in_backward",
     "config",
 )
-MAX_BATCH_OPTIONS = ("method", "experts_per_token", "lora_rank", "lora_alpha", "gradient_checkpointing", "config")
+MAX_BATCH_OPTIONS = (
+    "method",
+    "seq_len",
+    "experts_per_token",
+    "lora_rank",
+    "lora_alpha",
+    "gradient_checkpointing",
+    "config",
+)
 
 
 def _options(command: str) -> dict[str, tuple]:

@@ -31,12 +31,23 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     except TunecostError as exc:
         raise typer.BadParameter(str(exc)) from None
     params = {p.name for p in ctx.command.params}
-    ctx.default_map = {**(ctx.default_map or {}), **{k: v for k, v in job.options.items() if k in params}}
+    options = {**job.options, **_aliases(job.options, params)}
+    ctx.default_map = {**(ctx.default_map or {}), **{k: v for k, v in options.items() if k in params}}
     for line in job.assumptions:
         err_console.print(f"assumed: {line}")
     if job.not_modelled:
         err_console.print(f"warning: not modelled from {job.path}: {', '.join(job.not_modelled)}")
     return paths
+
+
+def _aliases(options: dict[str, Any], params: set[str]) -> dict[str, Any]:
+    """The job options under the names of the measuring commands' sweep options (`profile --batch-sizes 2`)."""
+    out: dict[str, Any] = {}
+    if "batch_sizes" in params and options.get("batch_size") is not None:
+        out["batch_sizes"] = str(options["batch_size"])
+    if "no_checkpointing" in params and options.get("gradient_checkpointing") is not None:
+        out["no_checkpointing"] = not options["gradient_checkpointing"]
+    return out
 
 
 ConfigFiles = Annotated[list[Path] | None, opt("--config", CONFIG_HELP, is_eager=True, callback=_read_config)]

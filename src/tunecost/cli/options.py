@@ -174,7 +174,10 @@ GradientCheckpointing = Annotated[
         "Activation checkpointing (default: on for lora/qlora, off for a full fine-tune, as the paper ran them).",
     ),
 ]
-SeqLen = Annotated[int | None, count_option("--seq-len", "Tokens per query.", MAX_SEQ_LEN)]
+DEFAULT_SEQ_LEN = 512  # the paper's eq. (1) length: a job's tokens per query when neither flags nor data say
+SeqLen = Annotated[
+    int | None, count_option("--seq-len", "Tokens per query (default 512 unless the data says).", MAX_SEQ_LEN)
+]
 BatchSize = Annotated[int, count_option("--batch-size", "Queries per step.", MAX_BATCH_SIZE)]
 Seed = Annotated[int, count_option("--seed", "Random seed (0 to 2^32-1).", MAX_SEED, minimum=0)]
 WarmupSteps = Annotated[int, count_option("--warmup-steps", "Untimed steps first.", MAX_STEPS, minimum=0)]

@@ -21,7 +21,7 @@ def max_batch(
     model: cli.ModelName = "tiny-mixtral",
     method: cli.MethodName = "qlora",
     experts_per_token: cli.ExpertsPerToken = None,
-    seq_len: Annotated[int | None, cli.opt("--seq-len", "Tokens per query (default 128 unless --dataset).")] = None,
+    seq_len: cli.SeqLen = None,
     dataset: Annotated[str | None, cli.opt("--dataset", "Probe with the dataset's longest queries.")] = None,
     gpu: Annotated[str | None, cli.opt("--gpu", "Search against this catalog GPU's memory.")] = None,
     gpu_memory_gb: cli.GpuMemoryGb = None,
@@ -68,6 +68,8 @@ def max_batch(
 
         g = resolve_gpu_name(gpu).gpu
         memory_bytes, gpu_name = catalog_gpu_budget(g, setup.device), g.name
+    if seq_len is None and dataset is None:
+        seq_len = cli.DEFAULT_SEQ_LEN
     inputs = inputs_spec(None if seq_len is None else str(seq_len), dataset, tokenizer, template, max_length, None)
 
     def on_probe(p: Any) -> None:

@@ -21,6 +21,7 @@ from tunecost.cli.jobconfig import ConfigFiles, required
 from tunecost.cli.options import (
     DEFAULT_LORA_ALPHA,
     DEFAULT_LORA_RANK,
+    DEFAULT_SEQ_LEN,
     DEFAULT_STACK_NAME,
     MAX_LAYERS,
     Attention,
@@ -56,7 +57,6 @@ if TYPE_CHECKING:
     from tunecost.workload.job import Method
 from tunecost.units import format_bytes, gb_from_bytes, memory_bytes_from_options
 
-DEFAULT_SEQ_LEN = 512  # the paper's eq. (1) length, when neither --seq-len nor a lengths file says
 MAX_LENGTHS_FILE_BYTES = 64 * 2**20  # one length per line: millions of queries
 LENGTHS_HELP = (
     "Token lengths of a dataset (JSON list or one per line): the worst batch (the longest query, padded) decides; "

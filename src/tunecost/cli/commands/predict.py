@@ -8,7 +8,8 @@ from typing import Annotated
 import typer
 
 from tunecost.cli.common import checked_host_cpu, cli_errors, console, print_json, print_table
-from tunecost.cli.options import Force, HostCpuOpt, JsonOut, RunQueries, opt
+from tunecost.cli.jobconfig import ConfigFiles
+from tunecost.cli.options import BatchSize, Force, HostCpuOpt, JobModel, JsonOut, RunQueries, SeqLen, opt
 
 CALIBRATE_HELP = (
     "Measurements CSV or folder of CSVs to calibrate on; repeat for several (default: every bundled measurement: "
@@ -18,6 +19,11 @@ GPU_PROFILE_HELP = (
     "GPU profile from `tunecost calibrate-gpu` (FILE, or GPU=FILE to say which catalog GPU it measured); used "
     "instead of catalog values for that GPU; repeatable."
 )
+INPUT_HELP = (
+    "TARGETS.csv: model,dataset,gpu,experts_per_token,batch_size[,seq_len][,method][,host_cpu] (or one job: "
+    "--model/--config with --gpu)"
+)
+METHOD_HELP = "full | lora | qlora (default: the paper's method for its models, else qlora)."
 TARGET_COLUMNS = ("model", "dataset", "gpu", "experts_per_token", "batch_size")
 OUTPUT_COLUMNS = (
     "model",
@@ -109,6 +115,16 @@ def load_profiles(specs: list[str]) -> list:
     return out
 
 
+def job_target(model: str | None, gpu: str | None, options: dict, host_cpu: str | None) -> list:
+    """The one target the job options describe (`--model`/`--config` with `--gpu`), as a TARGETS.csv row would."""
+    from tunecost.errors import TunecostError
+    from tunecost.estimate.throughput.calibrate import throughput_target
+
+    if model is None or gpu is None:
+        raise TunecostError("give --input TARGETS.csv, or one job: --model (or --config) and --gpu")
+    return [throughput_target(model=model, gpu=gpu, host_cpu=host_cpu, **options)]
+
+
 def _predict_all(model, targets: list, path: Path, run_queries: int | None) -> list:
     from tunecost.errors import TunecostError
 
@@ -160,10 +176,14 @@ def _csv_text(rows: list[dict]) -> str:
 
 @cli_errors
 def predict(
-    input_csv: Annotated[
-        Path,
-        opt("--input", "TARGETS.csv: model,dataset,gpu,experts_per_token,batch_size[,seq_len][,method][,host_cpu]"),
-    ],
+    input_csv: Annotated[Path | None, opt("--input", INPUT_HELP)] = None,
+    model: JobModel = None,
+    method: Annotated[str | None, opt("--method", METHOD_HELP)] = None,
+    gpu: Annotated[str | None, opt("--gpu", "The catalog GPU of the one job.")] = None,
+    batch_size: BatchSize = 1,
+    seq_len: SeqLen = None,
+    dataset: Annotated[str | None, opt("--dataset", "The one job's dataset (name).")] = None,
+    config: ConfigFiles = None,
     calibrate: Annotated[list[Path] | None, opt("--calibrate", CALIBRATE_HELP)] = None,
     gpu_profile: Annotated[list[str] | None, opt("--gpu-profile", GPU_PROFILE_HELP)] = None,
     host_cpu: HostCpuOpt = None,
@@ -185,24 +205,32 @@ def predict(
 
     if run_queries is not None and steady_state:
         raise TunecostError("give --run-queries N or --steady-state, not both")
+    inputs = (*((input_csv,) if input_csv else ()), *(calibrate or ()))
     if output is not None:
-        check_output_path(output, force=force, inputs=(input_csv, *(calibrate or ())), option="--output")
-    targets = read_targets(input_csv, checked_host_cpu(host_cpu))
-    model = calibrated_model(list(calibrate or []) or None, gpu_terms=load_profiles(gpu_profile or []))
+        check_output_path(output, force=force, inputs=inputs, option="--output")
+    job = {"method": method, "batch_size": batch_size, "seq_len": seq_len, "dataset": dataset}
+    if input_csv is not None and (model or gpu or config):
+        raise TunecostError("give --input TARGETS.csv or one job (--model/--config with --gpu), not both")
+    if input_csv is not None:
+        targets = read_targets(input_csv, checked_host_cpu(host_cpu))
+    else:
+        targets = job_target(model, gpu, job, checked_host_cpu(host_cpu))
+    calib = calibrated_model(list(calibrate or []) or None, gpu_terms=load_profiles(gpu_profile or []))
     if run_queries is None and not steady_state:
-        run_queries = model.run_queries  # like for like with the calibration's measurements
-    rows = [_row(p, "; ".join(model.notes)) for p in _predict_all(model, targets, input_csv, run_queries)]
+        run_queries = calib.run_queries  # like for like with the calibration's measurements
+    where = input_csv or Path("--model")
+    rows = [_row(p, "; ".join(calib.notes)) for p in _predict_all(calib, targets, where, run_queries)]
     if output is not None:
         atomic_write_text(output, _csv_text(rows))
     summary = {
-        "calibration": model.source,
-        "num_points": model.num_points,
-        "in_sample_mape": model.in_sample_mape,
-        "params": model.params.as_dict(),
-        "run_overhead_s": model.run_overhead_s,
-        "interval": f"in-sample {100 * math.expm1(model.interval_log_halfwidth):.1f} % (95 %, t on log residuals)"
-        + (f"; {model.spread.note}" if model.spread else ""),
-        "notes": list(model.notes),
+        "calibration": calib.source,
+        "num_points": calib.num_points,
+        "in_sample_mape": calib.in_sample_mape,
+        "params": calib.params.as_dict(),
+        "run_overhead_s": calib.run_overhead_s,
+        "interval": f"in-sample {100 * math.expm1(calib.interval_log_halfwidth):.1f} % (95 %, t on log residuals)"
+        + (f"; {calib.spread.note}" if calib.spread else ""),
+        "notes": list(calib.notes),
     }
     if json_out:
         print_json({"calibration": summary, "predictions": rows, "output": str(output) if output else None})
@@ -223,8 +251,8 @@ def predict(
             ]
             for r in rows
         ],
-        caption=f"calibrated on {model.num_points} points of {model.source}; in-sample MAPE "
-        f"{100 * model.in_sample_mape:.1f} %; "
+        caption=f"calibrated on {calib.num_points} points of {calib.source}; in-sample MAPE "
+        f"{100 * calib.in_sample_mape:.1f} %; "
         + ("steady state" if run_queries is None else f"runs of {run_queries} queries"),
     )
     for r in rows:
@@ -233,7 +261,7 @@ def predict(
                 f"extrapolation ({r['model']}, {r['gpu']}, batch {r['batch_size']}): {r['extrapolation_reasons']}",
                 highlight=False,
             )
-    for note in model.notes:
+    for note in calib.notes:
         console.print(f"note: {note}", highlight=False)
     if output is not None:
         console.print(f"wrote {len(rows)} predictions to {output}")

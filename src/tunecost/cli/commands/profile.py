@@ -18,6 +18,7 @@ from tunecost.cli.common import (
     progress_bar,
     split_list,
 )
+from tunecost.cli.jobconfig import ConfigFiles
 from tunecost.cli.options import (
     MAX_LAYERS,
     Device,
@@ -147,6 +148,7 @@ def profile(
     dataset_limit: Annotated[int | None, opt("--dataset-limit", "Use only the first N dataset queries.")] = None,
     nproc_per_node: Annotated[int, count_option("--nproc-per-node", NPROC_HELP, MAX_NPROC_PER_NODE)] = 1,
     strategy: Annotated[str | None, opt("--strategy", STRATEGY_HELP)] = None,
+    config: ConfigFiles = None,
     json_out: JsonOut = False,
 ) -> None:
     """Profile MoE fine-tuning over experts-per-token x sequence lengths x batch sizes; writes tidy records."""
