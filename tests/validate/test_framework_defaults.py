@@ -56,3 +56,22 @@ def test_free_text_cells_read_as_a_person_reads_them(cells: dict, expected: tupl
     row = {**ROW, "stack": "hf-transformers", "lora_rank": "16", "lora_targets": "q_proj;v_proj", "grad_ckpt": "on"}
     mapped = map_row(CorpusRow(path="x.csv", line=2, cells={**row, **cells}))
     assert (mapped.job.optimizer, "on" if mapped.job.gradient_checkpointing else "off") == expected
+
+
+def test_torchtune_lora_rows_take_its_shipped_configs_and_full_rows_none() -> None:
+    mapped = map_row(CorpusRow(path="x.csv", line=2, cells={**ROW, "stack": "torchtune"}))
+    assert mapped.job.lora.rank == 8 and mapped.job.gradient_checkpointing
+    assert set(mapped.job.lora.targets) == {"attention", "mlp"}
+    assert "LoRA rank 8: as torchtune's shipped LoRA configs set it" in mapped.note
+    with pytest.raises(Skip, match="gradient checkpointing not stated"):  # its full configs differ per GPU
+        map_row(CorpusRow(path="x.csv", line=2, cells={**ROW, "stack": "torchtune", "method": "full"}))
+
+
+@pytest.mark.parametrize(
+    ("cell", "stack", "simulated"),
+    [("litgpt 0.5.3", "litgpt", "torchtune"), ("NVIDIA NeMo Automodel", "nemo-automodel", "hf-peft")],
+)
+def test_litgpt_and_nemo_automodel_rows_are_modelled(cell: str, stack: str, simulated: str) -> None:
+    row = {**ROW, "stack": cell, "lora_rank": "16", "lora_targets": "q_proj;v_proj", "grad_ckpt": "on"}
+    mapped = map_row(CorpusRow(path="x.csv", line=2, cells=row))
+    assert (mapped.stack.name, mapped.stack.simulator_stack) == (stack, simulated)

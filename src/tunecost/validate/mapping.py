@@ -307,7 +307,7 @@ def map_row(row: CorpusRow) -> MappedRow:
         raise Skip(f"unknown stack {row.get('stack')!r}")
     if stack.simulator_stack is None and not throughput:
         raise Skip(stack.skip_reason or f"stack {stack.name} not modelled")
-    if strategy == "fsdp1" and stack.simulator_stack == "torchtune" and "fsdp1" not in row.get("parallelism").lower():
+    if strategy == "fsdp1" and stack.name == "torchtune" and "fsdp1" not in row.get("parallelism").lower():
         strategy = "fsdp2"  # torchtune's distributed recipes shard with FSDP2's fully_shard, not accelerate's FSDP1
     try:
         spec = resolve_model(row.get("model"))
@@ -346,7 +346,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     if stated is None and defaults is not None and "gradient_checkpointing" in defaults.options:
         on = defaults.options["gradient_checkpointing"]
         stated = ("on" if on else "off", defaults.options.get("reentrant") if on else None)
-        defaulted.append(f"gradient checkpointing {stated[0]}: {defaults.framework}'s default")
+        defaulted.append(f"gradient checkpointing {stated[0]}: {defaults.framework}")
     if stated is None:
         raise Skip("gradient checkpointing not stated")
     ckpt, reentrant = stated
@@ -364,7 +364,7 @@ def map_row(row: CorpusRow) -> MappedRow:
         default_alpha = None
         if rank is None and defaults is not None and "lora_rank" in defaults.options:
             rank, default_alpha = int(defaults.options["lora_rank"]), defaults.options.get("lora_alpha")
-            defaulted.append(f"LoRA rank {rank}: {defaults.framework}'s default")
+            defaulted.append(f"LoRA rank {rank}: {defaults.framework}")
         if rank is None:
             raise Skip("LoRA rank not stated")
         try:
@@ -372,7 +372,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             targets = None
             if not row.get("lora_targets") and defaults is not None and "lora_targets" in defaults.options:
                 targets = tuple(str(defaults.options["lora_targets"]).split(","))
-                defaulted.append(f"LoRA targets {','.join(targets)}: {defaults.framework}'s default")
+                defaulted.append(f"LoRA targets {','.join(targets)}: {defaults.framework}")
             lora = LoraConfig(
                 rank=rank, alpha=alpha, targets=targets or lora_targets(row.get("lora_targets"), is_moe=spec.is_moe)
             )

@@ -246,6 +246,33 @@ STACKS: dict[str, Stack] = {
     ),
 }
 
+# litgpt (Lightning Fabric, `precision: bf16-true`) builds its LoRA layers in the compute dtype with no autocast and
+# checkpoints layers non-re-entrantly (FSDP's activation_checkpointing_policy): the torchtune simulator stack.
+STACKS["litgpt"] = replace(
+    STACKS["torchtune"],
+    name="litgpt",
+    loss="simulated as torchtune's: fp32 logits and cross-entropy (litgpt computes the bf16 logits in chunks of 128 "
+    "tokens, `lm_head_chunk_size`, and its chunked_cross_entropy on them)",
+    adapters="litgpt's LoRA (lora.py) in bf16 under bf16-true, update added out of place; QLoRA through "
+    "bitsandbytes' Linear4bit (`--quantize bnb.nf4`), simulated as torchtune's NF4",
+    not_modelled=(
+        "litgpt's own model code is simulated with transformers' (same tensors for Llama-style models)",
+        "the bf16 (not fp32) log-softmax of its chunked cross-entropy",
+        "bf16-mixed precision (fp32 weights with autocast) when a row sets it",
+    ),
+    adamw_impl="",
+)
+# NeMo Automodel fine-tunes transformers' models with its own loop (FSDP2 on several GPUs) and its own LoRA layers.
+STACKS["nemo-automodel"] = replace(
+    STACKS["hf-trainer"],
+    name="nemo-automodel",
+    not_modelled=(
+        "NeMo Automodel's own training loop, LoRA layers and loss are simulated as transformers + PEFT under the "
+        "Trainer (re-entrant checkpointing, fp32 adapters under autocast)",
+        *STACKS["hf-trainer"].not_modelled[2:],
+    ),
+)
+
 # The same Trainer running an MoE model with transformers' own expert code (a loop over experts, or the model's
 # parallel-experts matmuls) instead of fused MoE kernels: its expert compute runs at its own efficiency, so its
 # throughput rows calibrate apart from the dense models of hf-trainer.
@@ -274,6 +301,9 @@ _CORPUS_STACKS: tuple[tuple[str, str], ...] = (  # (substring of the corpus `sta
     ("qwen finetune.py", "qwen-finetune"),
     ("swift 2", "swift-2"),
     ("torchtune", "torchtune"),
+    ("litgpt", "litgpt"),
+    ("lit-gpt", "litgpt"),
+    ("automodel", "nemo-automodel"),
     ("hf-2024", "hf-2024"),
     ("no moe kernels", "hf-trainer-no-moe-kernels"),
     ("llama-factory", "hf-trainer"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tunecost.errors import TunecostError
@@ -93,21 +93,42 @@ def _axolotl(model: str, method: str) -> dict[str, object]:
     return data
 
 
-# a framework named in a stack cell, and the smallest config of it: its reader fills the framework's defaults
-_NAMED_FRAMEWORKS = (("llama-factory", _llamafactory), ("llamafactory", _llamafactory), ("axolotl", _axolotl))
+def _torchtune(model: str, method: str) -> dict[str, object] | None:
+    """A torchtune LoRA/QLoRA recipe as its shipped configs set it (`*_lora_single_device.yaml`): activation
+    checkpointing on, LoRA on attention and MLP (`apply_lora_to_mlp: True`), the builder's rank 8 and alpha 16; the
+    builder stands for any model. Its full fine-tune configs differ per GPU (low-memory 8-bit optimizers): none."""
+    if method not in ("lora", "qlora"):
+        return None
+    lora = {"lora_attn_modules": ["q_proj", "v_proj", "output_proj"], "apply_lora_to_mlp": True}
+    model_cfg = {"_component_": f"torchtune.models.llama2.{method}_llama2_7b", **lora}
+    return {"model": model_cfg, "dtype": "bf16", "enable_activation_checkpointing": True}
+
+
+# a framework named in a stack cell, the smallest config of it (its reader fills the framework's defaults), whose
+# defaults they are, and the options the config states only to be read (not defaults)
+_NAMED_FRAMEWORKS: tuple[tuple[str, Callable[[str, str], dict[str, object] | None], str, tuple[str, ...]], ...] = (
+    ("llama-factory", _llamafactory, "", ()),
+    ("llamafactory", _llamafactory, "", ()),
+    ("axolotl", _axolotl, "", ()),
+    ("torchtune", _torchtune, "as torchtune's shipped LoRA configs set it", ("model",)),
+)
 
 
 def framework_defaults(stack_cell: str, model: str, method: str) -> ConfigJob | None:
     """What a framework named in `stack_cell` does by default for `method` on `model` (None: no framework tunecost
-    reads is named), for a published run that leaves a setting to its framework."""
+    reads is named), for a published run that leaves a setting to its framework; `framework` says whose default."""
     key = stack_cell.strip().lower()
-    build = next((b for name, b in _NAMED_FRAMEWORKS if name in key), None)
-    if build is None:
+    named = next((n for n in _NAMED_FRAMEWORKS if n[0] in key), None)
+    if named is None:
         return None
+    _, build, label, stated = named
     data = build(model, method)
+    if data is None:
+        return None
     framework = next(f for f in frameworks() if f.detect(data))
     try:
         job = framework.read(ConfigFile(path=f"{framework.title} defaults", data=data))
     except TunecostError:
         return None
-    return dataclasses.replace(job, framework=framework.title)
+    options = {k: v for k, v in job.options.items() if k not in stated}
+    return dataclasses.replace(job, framework=label or f"{framework.title}'s default", options=options)
