@@ -255,7 +255,11 @@ def test_deepspeed_defaults(tmp_path: Path) -> None:
     ("framework", "content", "message"),
     [
         (FRAMEWORK_ACCELERATE, DDP_YAML.replace("MULTI_GPU", "XLA"), "distributed_type: XLA is not modelled"),
-        (FRAMEWORK_ACCELERATE, DDP_YAML.replace("bf16", "fp8"), "mixed_precision: fp8 is not modelled"),
+        (
+            FRAMEWORK_ACCELERATE,
+            DDP_YAML.replace("mixed_precision: bf16", "mixed_precision: fp8"),
+            "mixed_precision: fp8 is not modelled",
+        ),
         (FRAMEWORK_ACCELERATE, DDP_YAML.replace("num_processes: 4", "num_processes: four"), "num_processes: must be"),
         (
             FRAMEWORK_ACCELERATE,

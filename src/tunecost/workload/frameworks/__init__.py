@@ -3,12 +3,15 @@
 Each framework's reader (`FRAMEWORKS`, one module each) turns its parsed file into a `ConfigJob`: the job options
 in tunecost's names (`JOB_OPTIONS`), every default the framework fills that the file leaves out (named among the
 assumptions, with whose default it is), and the keys tunecost does not model. Command-line flags override the file.
+A key the framework itself does not know (`KnownKeys`, lists in keys/) is an error.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,6 +114,74 @@ class ConfigFile:
 
     def unused_keys(self) -> tuple[str, ...]:
         return tuple(k for k in self.data if k not in self.used)
+
+    def check_keys(self, known: KnownKeys, keys: Iterable[Any] | None = None) -> None:
+        """One error for the first key (of `keys`, else the file's) that is not a key of the framework's config."""
+        for key in self.data if keys is None else keys:
+            unknown = known.unknown(str(key))
+            if unknown is not None:
+                raise self.error(unknown, known.not_a_key(unknown))
+
+
+KEYS_DIR = Path(__file__).parent / "keys"  # one key per line; each file's header names its source
+
+
+@functools.cache
+def framework_keys(*names: str) -> frozenset[str]:
+    """The keys listed in keys/NAME.txt for each name."""
+    keys: set[str] = set()
+    for name in names:
+        lines = (KEYS_DIR / f"{name}.txt").read_text(encoding="utf-8").splitlines()
+        keys.update(line.strip() for line in lines if line.strip() and not line.startswith("#"))
+    return frozenset(keys)
+
+
+@dataclass(frozen=True)
+class KnownKeys:
+    """The keys a framework's config takes, nested ones as "section.key". A key under a listed key (a dict value
+    such as a component's arguments) is not checked; a key under a section is, against the section's keys."""
+
+    title: str  # what the error says the key is not a key of: "LLaMA-Factory's config"
+    files: tuple[str, ...]  # key lists in keys/
+    extra: tuple[str, ...] = ()  # keys the reader also reads (an older version's name)
+
+    @functools.cached_property
+    def keys(self) -> frozenset[str]:
+        return framework_keys(*self.files) | set(self.extra)
+
+    @functools.cached_property
+    def sections(self) -> frozenset[str]:
+        return frozenset(k.rsplit(".", i)[0] for k in self.keys for i in range(1, k.count(".") + 1))
+
+    def unknown(self, key: str) -> str | None:
+        """The shortest dotted part of `key` that is neither a key nor a section (None: `key` is known)."""
+        parts = key.split(".")
+        for end in range(1, len(parts) + 1):
+            head = ".".join(parts[:end])
+            if head in self.keys:
+                return None
+            if head not in self.sections:
+                return head
+        return None
+
+    def not_a_key(self, key: str) -> str:
+        """What the error says about an unknown `key`, with the closest key of its section."""
+        section, _, name = key.rpartition(".")
+        prefix = f"{section}." if section else ""
+        names = sorted({k[len(prefix) :].split(".")[0] for k in self.keys if k.startswith(prefix)})
+        close = difflib.get_close_matches(name, names, n=1)
+        return f"not a key of {self.title}" + (f" (did you mean {prefix}{close[0]}?)" if close else "")
+
+
+def dotted_keys(data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The keys of nested mappings as "section.key" ("zero_optimization.stage"); an empty mapping is its own key."""
+    out: list[str] = []
+    for key, value in data.items():
+        if isinstance(value, Mapping) and value:
+            out += dotted_keys(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}")
+    return out
 
 
 def _type_name(kind: type | tuple[type, ...]) -> str:

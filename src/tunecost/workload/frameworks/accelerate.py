@@ -15,10 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, dotted_keys
 from tunecost.workload.frameworks.hf import Part, not_modelled, truthy
 
 ACCELERATE, DEEPSPEED = "accelerate's", "DeepSpeed's"
+ACCELERATE_KEYS = KnownKeys(f"{ACCELERATE} config", ("accelerate",))
+DEEPSPEED_KEYS = KnownKeys(f"{DEEPSPEED} config", ("deepspeed",))
 # FSDP1 sharding strategies (accelerate's FSDP_SHARDING_STRATEGY, numbered from 1 as torch's ShardingStrategy)
 FSDP1 = {"FULL_SHARD": "fsdp1", "SHARD_GRAD_OP": "fsdp2-shard-grad-op", "NO_SHARD": "ddp", "HYBRID_SHARD": "hsdp"}
 FSDP1_BY_NUMBER = dict(zip("12345", ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")))
@@ -118,7 +120,18 @@ def offload_of(cfg: ConfigFile, stage: int, optimizer_key: str, param_key: str, 
     return out, notes
 
 
+def _check_accelerate_keys(cfg: ConfigFile) -> None:
+    """Top-level keys and those of fsdp_config and deepspeed_config; `accelerate launch` adds fsdp_ where missing."""
+    fsdp = {f"fsdp_config.{k}": f"fsdp_config.fsdp_{k}" for k in dotted_keys(section(cfg, "fsdp_config").data)}
+    for key in dotted_keys(cfg.data):
+        checked = key if key.startswith("fsdp_config.fsdp") else fsdp.get(key, key)
+        unknown = ACCELERATE_KEYS.unknown(checked)
+        if unknown is not None:
+            raise cfg.error(unknown if checked == key else key, ACCELERATE_KEYS.not_a_key(unknown))
+
+
 def _read_accelerate(cfg: ConfigFile) -> ConfigJob:
+    _check_accelerate_keys(cfg)
     distributed = (cfg.typed("distributed_type", str) or "").upper()
     if distributed not in ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED"):
         raise cfg.error("distributed_type", f"{distributed} is not modelled (NO, MULTI_GPU, FSDP, DEEPSPEED)")
@@ -188,6 +201,7 @@ def _ds_precision(cfg: ConfigFile) -> Part:
 
 
 def _read_deepspeed(cfg: ConfigFile) -> ConfigJob:
+    cfg.check_keys(DEEPSPEED_KEYS, dotted_keys(cfg.data))
     notes = _auto_lines(cfg)
     out: dict[str, Any] = {}
     if cfg.get("train_micro_batch_size_per_gpu") != "auto":

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
 from tunecost.workload.frameworks.llamafactory import (
     EIGHT_BIT,
     SFT_ONLY,
@@ -18,6 +18,7 @@ from tunecost.workload.frameworks.llamafactory import (
 from tunecost.workload.known_datasets import canonical_name
 
 TITLE = "axolotl"
+KEYS = KnownKeys(f"{TITLE}'s config", ("axolotl",))  # its pydantic schema and bundled plugins' args
 # key: (default, option as tunecost reads it, how); read at axolotl-ai-cloud/axolotl 067b021c (v0.18.0-9, Jul 2026)
 _DEFAULTS: dict[str, tuple[Any, str, str]] = {
     "sequence_len": (512, "seq_len 512", "sequence_len; utils/schemas/config.py"),
@@ -224,7 +225,18 @@ def _strategy(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
     return options
 
 
+def _check_keys(cfg: ConfigFile) -> None:
+    """Every key is one of axolotl's, unless a plugin from outside axolotl (which may add keys) is loaded."""
+    plugins = cfg.data.get("plugins")
+    outside = (
+        [p for p in plugins if not str(p).startswith("axolotl.integrations.")] if isinstance(plugins, list) else []
+    )
+    if not outside:
+        cfg.check_keys(KEYS)
+
+
 def _read(cfg: ConfigFile) -> ConfigJob:
+    _check_keys(cfg)
     notes: list[str] = []
     model = cfg.typed("base_model", str)
     if "processor_type" in cfg.data or (model and VISION_MODEL.search(model)):

@@ -20,7 +20,7 @@ from typing import Any
 
 from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
 
 Part = tuple[dict[str, Any], list[str]]  # options and assumption lines
 
@@ -49,8 +49,13 @@ WHOLE_GROUP = {"attention": {"q_proj", "k_proj", "v_proj", "o_proj"}, "mlp": {"g
 SFT_KEYS = {"max_length", "max_seq_length", "packing", "dataset_text_field", "completion_only_loss", "loss_type"}
 TRL_MODEL_KEYS = {"use_peft", "lora_r", "lora_target_modules", "use_bnb_nested_quant"}
 SHARDS = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard")
-BNB_KEYS = set(words("quant_method load_in_4bit load_in_8bit _load_in_4bit _load_in_8bit bnb_4bit_quant_type"))
-BNB_KEYS |= {"bnb_4bit_use_double_quant", "bnb_4bit_compute_dtype", "bnb_4bit_quant_storage"}
+# the keys of each file (keys/*.txt); max_seq_length: SFTConfig's max_length before TRL 0.20, torch_dtype:
+# ModelConfig's dtype before TRL 0.22 (many TRL YAMLs still set it)
+TRAINER_KEYS = ("hf_training_args", "hf_training_args_older", "hf_seq2seq_args", "trl_sft")
+ARGS_KEYS = KnownKeys(
+    "transformers' TrainingArguments or TRL's SFTConfig", TRAINER_KEYS, extra=("max_seq_length", "torch_dtype")
+)
+LORA_KEYS, BNB_KEYS = KnownKeys("PEFT's LoraConfig", ("peft_lora",)), KnownKeys("BitsAndBytesConfig", ("bnb",))
 # key prefixes that change neither memory nor time: logging, saving, evaluation, hub, learning-rate schedule, seeds
 NO_COST = words(
     "output_dir overwrite_output_dir logging_ log_ save_ eval_ hub_ push_to_hub report_to run_name project trackio_ "
@@ -283,6 +288,7 @@ def _sft(cfg: ConfigFile) -> Part:
 
 
 def _read_training_args(cfg: ConfigFile) -> ConfigJob:
+    cfg.check_keys(ARGS_KEYS)
     whose = SFT if any(k in cfg.data for k in SFT_KEYS | TRL_MODEL_KEYS) else TA
     out: dict[str, Any] = {"stack": "hf-peft"}
     notes: list[str] = []
@@ -321,6 +327,7 @@ def _read_lora(cfg: ConfigFile) -> ConfigJob:
     peft_type = cfg.typed("peft_type", str) or ""
     if peft_type.upper() != "LORA":
         raise cfg.error("peft_type", f"{peft_type!r} is not modelled; tunecost estimates LoRA (full, LoRA, QLoRA)")
+    cfg.check_keys(LORA_KEYS)
     task = cfg.typed("task_type", str)
     if task not in (None, "CAUSAL_LM"):
         raise cfg.error("task_type", f"{task}: tunecost estimates supervised fine-tuning of causal LMs only")
@@ -334,6 +341,7 @@ def _read_lora(cfg: ConfigFile) -> ConfigJob:
 
 
 def _read_bnb(cfg: ConfigFile) -> ConfigJob:
+    cfg.check_keys(BNB_KEYS)
     if cfg.typed("quant_method", str) not in (None, "bitsandbytes"):
         raise cfg.error("quant_method", "this reader takes a BitsAndBytesConfig (quant_method bitsandbytes)")
     # to_dict() writes each flag twice (load_in_4bit and _load_in_4bit): read both (a list, not a short circuit)
@@ -365,8 +373,8 @@ def detect_lora(data: Mapping[str, Any]) -> bool:
 
 
 def detect_bnb(data: Mapping[str, Any]) -> bool:
-    """quant_method bitsandbytes, or only BitsAndBytesConfig keys, load_in_4bit or load_in_8bit among them."""
-    only_bnb = all(k in BNB_KEYS or k.startswith("llm_int8_") for k in data)
+    """quant_method bitsandbytes, or only keys named like BitsAndBytesConfig's, load_in_4bit or load_in_8bit too."""
+    only_bnb = all(str(k).startswith(("load_in_", "_load_in_", "bnb_4bit_", "llm_int8_", "quant_method")) for k in data)
     loads = any(k in data for k in ("load_in_4bit", "load_in_8bit"))
     return data.get("quant_method") == "bitsandbytes" or (only_bnb and loads)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
 from tunecost.workload.frameworks.torchtitan import SFT_ONLY, config_job, nested_config, optimizer_name, read_or_default
 
 # Defaults, Lightning-AI/litgpt @ 26857050 (2026-06-29), litgpt/finetune/lora.py and full.py setup():
@@ -22,6 +22,7 @@ from tunecost.workload.frameworks.torchtitan import SFT_ONLY, config_job, nested
 #   fully_shard, checkpoint_wrapper per block), full FSDPStrategy (FSDP1 FULL_SHARD, activation_checkpointing_policy)
 #   attention: litgpt/model.py CausalSelfAttention calls torch's F.scaled_dot_product_attention
 TITLE = "litgpt"
+KEYS = KnownKeys(f"{TITLE}'s config", ("litgpt",))  # setup() parameters; train/eval/log fields
 PRECISIONS = {"bf16-true": "bf16", "bf16-mixed": "bf16", "bf16": "bf16", "16-true": "fp16", "16-mixed": "fp16"}
 PRECISIONS.update({"16": "fp16", "32-true": "fp32", "32": "fp32"})
 QUANTIZE = {
@@ -163,6 +164,7 @@ def detect(data: Any) -> bool:
 
 def read(cfg: ConfigFile) -> ConfigJob:
     flat = nested_config(cfg)
+    flat.check_keys(KEYS)
     options: dict[str, Any] = {"stack": "tunecost"}
     notes = [f"{TITLE}'s own model code: memory simulated with transformers' model code (stack tunecost)"]
     method = _model(flat, options, notes)

@@ -9,10 +9,12 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
 from tunecost.workload.known_datasets import canonical_name
 
 TITLE = "LLaMA-Factory"
+# its hparams dataclasses and the transformers Seq2SeqTrainingArguments they extend (headers of keys/*.txt)
+KEYS = KnownKeys(f"{TITLE}'s config", ("llamafactory", "hf_training_args", "hf_training_args_older", "hf_seq2seq_args"))
 SFT_ONLY = "tunecost estimates supervised fine-tuning (full, LoRA, QLoRA) only"
 EIGHT_BIT = "8-bit weights are not modelled; tunecost models 16-bit, and 4-bit (QLoRA)"
 VISION_MODEL = re.compile(r"(?i)vision|llava|internvl|(?<![a-z])vl(?![a-z])")
@@ -211,6 +213,7 @@ def _training(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
 
 
 def _read(cfg: ConfigFile) -> ConfigJob:
+    cfg.check_keys(KEYS)
     notes: list[str] = []
     model = cfg.typed("model_name_or_path", str)
     vision = [k for k in cfg.data if k.startswith(("image_", "video_", "audio_", "freeze_vision", "freeze_multi"))]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
 
 # Defaults, pytorch/torchtitan @ 238fa995 (2026-02-23, the last TOML version), torchtitan/config/job_config.py:
 #   model.name llama3, model.flavor debugmodel, converters []; optimizer.name AdamW, early_step_in_backward False
@@ -20,6 +20,9 @@ from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework
 #   activation_checkpoint.mode selective (selective_ac_option "2": every 2nd layer); compile.enable False
 #   attention: the flavors' attn_type "sdpa" (torch SDPA); "_flex"/"_varlen" flavors: flex/varlen attention
 TITLE = "torchtitan"
+# JobConfig's sections and fields; training.batch_size: local_batch_size's name before 2025-06-05
+KEYS = KnownKeys(f"{TITLE}'s JobConfig", ("torchtitan",), extra=("training.batch_size",))
+CUSTOM_CONFIG = ("job.custom_config_module", "experimental.custom_args_module")  # extend JobConfig: keys unknown
 SFT_ONLY = "tunecost estimates supervised fine-tuning (full, LoRA, QLoRA) only"
 # optimizer class (torch.optim, bitsandbytes.optim, torchao.optim) -> tunecost's optimizer
 OPTIMIZER_CLASSES = {"AdamW": "adamw", "PagedAdamW": "adamw", "AdamW8bit": "adamw-8bit", "PagedAdamW8bit": "adamw-8bit"}
@@ -195,6 +198,8 @@ def detect(data: Any) -> bool:
 
 def read(cfg: ConfigFile) -> ConfigJob:
     flat = nested_config(cfg)
+    if not any(flat.data.get(key) for key in CUSTOM_CONFIG):
+        flat.check_keys(KEYS)
     options: dict[str, Any] = {"method": "full", "stack": "tunecost"}
     notes = [
         f"method full: {TITLE} trains the whole model (pre-training or continued training)",

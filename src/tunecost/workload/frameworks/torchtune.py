@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
 from tunecost.workload.frameworks.torchtitan import (
     SFT_ONLY,
     config_job,
@@ -28,6 +28,7 @@ from tunecost.workload.frameworks.torchtitan import (
 #   tokenizer max_seq_len None (no truncation)                                      models/llama3/_model_builders.py
 #   attention: torch SDPA (flex attention for packed data)                          modules/attention_utils.py
 TITLE = "torchtune"
+KEYS = KnownKeys(f"{TITLE}'s recipe configs", ("torchtune",))  # top-level keys; a component's arguments unchecked
 # builder (without lora_/qlora_) -> hub id in tunecost's catalog (mistral_7b: vocab 32000, the configs' v0.1)
 _MODEL_TABLE = """
     llama2_7b=meta-llama/Llama-2-7b-hf llama2_13b=meta-llama/Llama-2-13b-hf llama2_70b=meta-llama/Llama-2-70b-hf
@@ -196,6 +197,7 @@ def detect(data: Any) -> bool:
 
 def read(cfg: ConfigFile) -> ConfigJob:
     flat = nested_config(cfg)
+    flat.check_keys(KEYS)
     _check_stage(flat)
     options: dict[str, Any] = {"stack": "torchtune"}
     notes: list[str] = []
