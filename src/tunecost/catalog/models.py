@@ -295,15 +295,33 @@ def _unsloth_original(key: str, catalog: dict[str, ModelSpec]) -> ModelSpec | No
     return None
 
 
+def _repository_name_match(key: str, catalog: dict[str, ModelSpec]) -> ModelSpec | None:
+    """The catalog model a hub id without its namespace names (`key`, lower case: "llama-2-7b-hf",
+    "qwen2.5-7b-instruct"), when exactly one model has a hub id or alias of that repository name."""
+    if "/" in key:
+        return None
+    found = {
+        spec.name: spec
+        for spec in catalog.values()
+        for hub_id in (spec.hub_id or "", *spec.aliases)
+        if hub_id and hub_id.rsplit("/", 1)[-1].lower() == key
+    }
+    return next(iter(found.values())) if len(found) == 1 else None
+
+
 def resolve_model(name: str) -> ModelSpec:
-    """A catalog name (any case, or its hub id), a GPTQ checkpoint's hub id (its base model), an unsloth re-upload
-    of a catalog model, a local config path, or a hub id in the local cache."""
+    """A catalog name (any case, or its hub id), a GPTQ checkpoint's hub id (its base model), a hub id without its
+    namespace (when one catalog model has it), an unsloth re-upload of a catalog model, a local config path, or a
+    hub id in the local cache."""
     catalog = model_catalog()
     key = name.strip().lower()
     for spec in catalog.values():
         names = (spec.name, spec.hub_id or "", *spec.aliases, *(c.hub_id for c in spec.gptq_checkpoints))
         if key in (n.lower() for n in names if n):
             return spec
+    by_repository = _repository_name_match(key, catalog)
+    if by_repository is not None:
+        return by_repository
     original = _unsloth_original(key, catalog)
     if original is not None:
         return original
