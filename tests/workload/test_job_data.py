@@ -107,7 +107,7 @@ def test_an_unknown_name_lists_the_catalog_and_says_a_file_works():
         job_data("comonsense_15k", model="mixtral-8x7b")
     message = str(err.value)
     assert "Did you mean 'commonsense_15k'?" in message
-    assert "commonsense_15k, gsm8k, hellaswag, math_14k" in message and "a file (.json" in message
+    assert "commonsense_15k, dolly-15k, gsm8k" in message and "a file (.json" in message
 
 
 def test_a_missing_file_is_named(tmp_path: Path):

@@ -62,8 +62,8 @@ def job_data(dataset: str, *, model: str, allow_download: bool = False) -> JobDa
         return _measured(facts.name if facts else str(known), str(local), model, allow_download)
     if facts is not None:
         note = (
-            f"{facts.name}: {facts.num_queries:,} queries; lengths not measured: a log-normal around the paper's "
-            f"median of {facts.median_tokens_paper:g} tokens (source: {facts.source})"
+            f"{facts.name}: {facts.num_queries:,} queries; lengths not measured: {facts.length_summary} "
+            f"(source: {facts.source})"
         )
         return JobData(name=facts.name, num_queries=facts.num_queries, lengths=None, tokenizer=None, note=note)
     try:

@@ -9,8 +9,11 @@ Where the lengths come from, best first:
 1. a fixed `seq_len` (every query padded or cut to it: the paper's latency runs);
 2. real per-query lengths (`tunecost.workload.lengths.LengthDistribution.lengths`, or `FineTuneJob.lengths`):
    exact order statistics, E[max of B draws with replacement];
-3. a log-normal with the paper's median (Fig. 2: 79 tokens commonsense_15k, 174 math_14k; the dataset catalog)
-   and a spread `DEFAULT_LOG_SIGMA`, cut at the paper's cutoff_len 1024.
+3. a catalog dataset's statistics (`catalog_lengths`), best first: the paper's median (Fig. 2: 79 tokens
+   commonsense_15k, 174 math_14k) with the spread `DEFAULT_LOG_SIGMA`, exactly as the throughput model was
+   calibrated; else a median, with the spread its 95th percentile implies and cut at its maximum where known;
+   else a mean, turned into the median of a log-normal with the default spread (and said so). Everything is cut
+   at the paper's cutoff_len 1024. A dataset with none of these is an error naming what is missing.
 """
 
 from __future__ import annotations
@@ -19,10 +22,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from statistics import NormalDist
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from tunecost.errors import TunecostError
+
+if TYPE_CHECKING:
+    from tunecost.catalog.datasets import DatasetFacts
 
 PAPER_CUTOFF_TOKENS = 1024  # LLaMA-Factory --cutoff_len in the artifact's scripts
 PAD_TO_MULTIPLE_OF = 8  # LLaMA-Factory's collator
@@ -30,6 +38,7 @@ PAD_TO_MULTIPLE_OF = 8  # LLaMA-Factory's collator
 # math_data.json (3000 queries, Mixtral tokenizer, prompt + response); the commonsense mix of eight tasks with
 # different medians is wider. 0.35 for both; docs/throughput-model.md shows the sensitivity.
 DEFAULT_LOG_SIGMA = 0.35
+Z_95 = NormalDist().inv_cdf(0.95)  # 1.645: the 95th percentile of a standard normal
 _GRID_POINTS = 4000
 
 
@@ -135,19 +144,61 @@ def lognormal_lengths(
     )
 
 
+def log_sigma_from_p95(median_tokens: float, p95_tokens: float) -> float:
+    """The spread of the log-normal with this median and 95th percentile: ln(p95 / median) / z_0.95."""
+    if median_tokens <= 0 or p95_tokens < median_tokens:
+        raise TunecostError(f"need 0 < median <= p95, got {median_tokens:g}, {p95_tokens:g}")
+    return math.log(p95_tokens / median_tokens) / Z_95
+
+
+def median_from_mean_tokens(mean_tokens: float, log_sigma: float) -> float:
+    """The median of the log-normal with this mean and spread: mean = median * exp(sigma^2 / 2)."""
+    return mean_tokens * math.exp(-(log_sigma**2) / 2)
+
+
+def catalog_lengths(facts: DatasetFacts, batch_size: int, *, log_sigma: float = DEFAULT_LOG_SIGMA) -> SeqLengths:
+    """Lengths of a catalog dataset from its best statistic (module docstring, 3.); `log_sigma` is the spread used
+    where the data give none (the paper's rows, a median without a p95, a mean)."""
+    if facts.has_paper_median:  # unchanged: the throughput model was calibrated on exactly these lengths
+        median = facts.median_tokens_paper
+        return lognormal_lengths(
+            median,
+            batch_size,
+            log_sigma=log_sigma,
+            source=f"{facts.name}: log-normal, paper median {median:g} tokens, sigma {log_sigma:g}, "
+            f"cut at {PAPER_CUTOFF_TOKENS}, padded to the longest in the batch",
+        )
+    cutoff = PAPER_CUTOFF_TOKENS if facts.max_tokens is None else min(PAPER_CUTOFF_TOKENS, int(facts.max_tokens))
+    cut = f"cut at {'max ' if cutoff < PAPER_CUTOFF_TOKENS else ''}{cutoff}"
+    counted = f"counted with the {facts.tokenizer} tokenizer"
+    if facts.median_tokens is not None:
+        median = facts.median_tokens
+        if facts.p95_tokens is not None:
+            sigma = log_sigma_from_p95(median, facts.p95_tokens)
+            shape = f"median {median:g} and p95 {facts.p95_tokens:g} tokens (sigma {sigma:.3f})"
+        else:
+            sigma = log_sigma
+            shape = f"median {median:g} tokens, sigma {sigma:g} assumed (no p95)"
+        label = f"{facts.name}: log-normal through {shape}, {counted}, {cut}, padded to the longest in the batch"
+        return lognormal_lengths(median, batch_size, log_sigma=sigma, cutoff_tokens=cutoff, source=label)
+    if facts.mean_tokens is not None:
+        median = median_from_mean_tokens(facts.mean_tokens, log_sigma)
+        label = (
+            f"{facts.name}: log-normal from a mean (no median published) of {facts.mean_tokens:g} tokens, {counted}: "
+            f"median taken as mean x exp(-sigma^2/2) = {median:.1f}, sigma {log_sigma:g} assumed, {cut}, "
+            "padded to the longest in the batch"
+        )
+        return lognormal_lengths(median, batch_size, log_sigma=log_sigma, cutoff_tokens=cutoff, source=label)
+    raise TunecostError(
+        f"dataset {facts.name} has no token-length statistic in the catalog (no median, p95, max or mean tokens "
+        f"per query: no source we know publishes one); give --dataset FILE (a local copy, measured with the "
+        f"model's tokenizer) or --seq-len N"
+    )
+
+
 @lru_cache(maxsize=512)
 def dataset_lengths(dataset: str, batch_size: int, *, log_sigma: float = DEFAULT_LOG_SIGMA) -> SeqLengths:
-    """Lengths of a catalog dataset from the paper's median (Fig. 2 / Table II) and a log-normal spread."""
+    """Lengths of a catalog dataset (any spelling the catalog resolves) from its best statistic."""
     from tunecost.catalog.datasets import get_dataset_facts
 
-    facts = get_dataset_facts(dataset)
-    median = facts.median_tokens_paper
-    if not math.isfinite(median) or median <= 0:
-        raise TunecostError(f"dataset {facts.name} has no median length in the catalog; give seq_len")
-    return lognormal_lengths(
-        median,
-        batch_size,
-        log_sigma=log_sigma,
-        source=f"{facts.name}: log-normal, paper median {median:g} tokens, sigma {log_sigma:g}, "
-        f"cut at {PAPER_CUTOFF_TOKENS}, padded to the longest in the batch",
-    )
+    return catalog_lengths(get_dataset_facts(dataset), batch_size, log_sigma=log_sigma)
