@@ -60,6 +60,8 @@ class Setup:
     micro_batch: int = 1  # per rank
     borderline_micro_batch: int = 0  # largest micro-batch within the card without the safety margin
     margin_fraction: float = 0.0
+    interval_ratio: tuple[float, float] | None = None  # the rank's throughput interval / its point estimate
+    extrapolation: tuple[str, ...] = ()  # why the throughput lies outside the calibrated range, if it does
 
     @property
     def fit(self) -> str:
@@ -218,6 +220,7 @@ class RankNeeds:
         self.job, self.behaviour = job, behaviour
         self._steps: dict[int, SingleGpuStep] = {}
         self._memory: dict[tuple[ParallelPlan, int], RankMemory] = {}
+        self.throughputs: dict[tuple[str, bool], dict[int, tuple[Throughput, str]]] = {}  # (GPU, steady) -> batch
 
     def job_at(self, batch: int) -> FineTuneJob:
         return self.job.with_(batch_size=batch)
@@ -277,11 +280,16 @@ def estimate_multi_gpu(
     margin_fraction: float | None = None,
     steady_state: bool = False,
     behaviour=None,
+    more_gpus: bool = False,
+    needs: RankNeeds | None = None,
+    require_fit: bool = True,
 ) -> MultiGpuEstimate:
     """Evaluate `job` on each GPU x layout: `num_gpus` GPUs (one count, or a count per GPU name), or every valid
     count up to `max_gpus` (the counts the expert-parallel degree divides). Each setup runs `micro_batch` per
     rank, or the largest that fits with the safety margin (the search of one GPU); with no `num_gpus`, only the
-    fewest GPUs that fit per GPU and strategy are searched and costed. Fitting nothing at all is an error then."""
+    fewest GPUs that fit per GPU and strategy are searched and costed (`more_gpus`: and that count doubled, up to
+    `max_gpus`). Fitting nothing at all is an error then. `needs`: the job's rank memory and throughputs already
+    computed (the same job with another offload or count); without `require_fit`, fitting nothing is an answer."""
     from tunecost.catalog.models import resolve_model
     from tunecost.catalog.prices import price_catalog, prices_for
     from tunecost.models.params import count_parameters
@@ -305,17 +313,18 @@ def estimate_multi_gpu(
             model=spec.name,
         )
     links_by_gpu = {gpu.name: default_links(gpu, gpus_per_node, node_link) for gpu in gpus}  # errors before tracing
-    needs = RankNeeds(job.with_(batch_size=1), behaviour)
+    needs = needs or RankNeeds(job.with_(batch_size=1), behaviour)
     param_counts = count_parameters(spec, job.experts_per_token) if {"zero2", "zero3"} & set(strategies) else None
     prices = price_catalog(prices_file)
     setups: list[Setup] = []
     notes: list[str] = []
+    noted: set[str] = set()
     for gpu in gpus:
         links = links_by_gpu[gpu.name]
         gpu_prices = prices_for(gpu.name, prices, provider, whole_nodes=True)
         if not gpu_prices:
             notes.append(f"no price for {gpu.name}" + (f" from {provider}" if provider else "") + " in the catalog")
-        throughputs: dict[int, Throughput] = {}
+        throughputs = needs.throughputs.setdefault((gpu.name, steady_state), {})
 
         def evaluate(
             plan: ParallelPlan,
@@ -324,48 +333,55 @@ def estimate_multi_gpu(
             gpu: GPU = gpu,
             links: Links = links,
             gpu_prices: list[Price] = gpu_prices,
-            throughputs: dict[int, Throughput] = throughputs,
+            throughputs: dict[int, tuple[Throughput, str]] = throughputs,
         ) -> Setup:
             if batch not in throughputs:
-                tp, note = single_gpu_throughput(needs.job_at(batch), gpu, steady_state)
-                throughputs[batch] = tp
-                if len(throughputs) == 1:
-                    notes.append(note)
-            return evaluate_setup(
+                throughputs[batch] = single_gpu_throughput(needs.job_at(batch), gpu, steady_state)
+            tp, note = throughputs[batch]
+            if gpu.name not in noted:  # the first micro-batch's, once per GPU
+                noted.add(gpu.name)
+                notes.append(note)
+            qps = tp.queries_per_s
+            ratio = (tp.interval[0] / qps, tp.interval[1] / qps) if tp.interval and qps else None
+            outside = tuple(n.removeprefix("extrapolation: ") for n in tp.notes if n.startswith("extrapolation: "))
+            setup = evaluate_setup(
                 needs.step(batch),
                 needs.job_at(batch),
                 gpu,
                 plan,
-                single_gpu_queries_per_s=throughputs[batch].queries_per_s,
+                single_gpu_queries_per_s=qps,
                 links=links,
                 prices=gpu_prices,
                 num_queries=num_queries,
                 epochs=epochs,
                 param_counts=param_counts,
                 memory=needs.memory(plan, batch),
-                startup_s=throughputs[batch].startup_s,
+                startup_s=tp.startup_s,
                 borderline_micro_batch=border,
                 margin_fraction=margin,
             )
+            return dataclasses.replace(setup, interval_ratio=ratio, extrapolation=outside)
 
-        found: set[str] = set()  # strategies whose fewest fitting GPUs were searched (no num_gpus)
+        found: dict[str, int] = {}  # strategy -> its fewest GPUs that fit (no num_gpus)
         for n in counts_by_gpu[gpu.name]:
             for plan in layout_plans(
                 n, strategies, gpus_per_node=gpus_per_node, expert_degree=expert_degree, offload=offload
             ):
                 first = needs.memory(plan, 1)
                 fits_one = fit_verdict(first.nvidia_smi_bytes, gpu.usable_memory_bytes, margin) == "yes"
+                fewest = found.get(plan.strategy)
+                wanted = fewest is None or (more_gpus and n % fewest == 0 and (n // fewest).bit_count() == 1)
                 if micro_batch is not None:
                     setups.append(evaluate(plan, micro_batch, 0))
-                elif num_gpus is None and (plan.strategy in found or not fits_one):
+                elif num_gpus is None and (not wanted or not fits_one):
                     setups.append(Setup(gpu=gpu, plan=plan, memory=first, margin_fraction=margin))
                 else:
                     lo, border = needs.largest_micro_batch(plan, gpu, margin)
                     setups.append(evaluate(plan, max(lo, 1), border))
-                    if lo:
-                        found.update(strategies if plan.strategy == "single" else (plan.strategy,))
+                    if lo and fewest is None:
+                        found.update(dict.fromkeys(strategies if plan.strategy == "single" else (plan.strategy,), n))
         notes.append(f"{gpu.name}: links {links.node.name} in a node, {links.nics_per_node} x {links.network.name}")
-    if num_gpus is None and not any(s.fits for s in setups):
+    if num_gpus is None and require_fit and not any(s.fits for s in setups):
         raise TunecostError(
             f"{spec.name} ({job.method}) fits no setup of up to {max_gpus} GPUs "
             f"({', '.join(g.name for g in gpus)}; {', '.join(strategies)}); raise the limit or change the job"

@@ -1,0 +1,246 @@
+"""`tunecost plan`: what to run a job on (method, GPU, count, layout), the answer first."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tunecost.cli import options as cli
+from tunecost.cli.commands import estimate_multigpu as multi
+from tunecost.cli.common import (
+    cli_errors,
+    console,
+    format_hours,
+    print_json,
+    print_table,
+    progress_callback,
+    split_list,
+    stack_behaviour,
+)
+from tunecost.cli.jobconfig import ConfigFiles, required
+from tunecost.errors import TunecostError
+
+OWN_HELP = 'GPUs you own, e.g. "2xRTX-4090,1xA100-80GB": no rental cost, counted by their hours.'
+METHOD_HELP = "Methods to weigh: a comma list of full, lora, qlora (default: all three, unless --config names one)."
+GLOBAL_BATCH_HELP = "The optimisation's batch, kept fixed: micro-batch x accumulation x data-parallel ranks."
+TOKENS_HELP = "Tokens to train on instead of --queries x --epochs (one epoch of tokens / --seq-len queries)."
+EMIT_HELP = "Write the recommended setup's launch recipe into this folder (never over a file without --force)."
+TARGET_HELP = "Recipe to emit: accelerate (HF Trainer + accelerate/DeepSpeed), torchtune, llamafactory, skypilot."
+FRONT_ROWS = 12
+
+
+def _jobs(methods: list[str], options: dict[str, Any]) -> list:
+    from tunecost.estimate.cost import estimate_job
+    from tunecost.workload.job import parse_lora_targets
+
+    model, targets = options.pop("model"), options.pop("lora_targets")
+    parsed = parse_lora_targets(targets) if targets is not None else None
+    return [estimate_job(model, method=m, lora_targets=parsed, **options) for m in methods]
+
+
+def _workload(queries: int | None, epochs: float | None, tokens: int | None, seq_len: int | None, data) -> tuple:
+    """(queries, epochs) of the run: given, the dataset's size, or --tokens over --seq-len."""
+    if tokens is not None:
+        if queries is not None or epochs is not None or seq_len is None:
+            raise TunecostError("--tokens needs --seq-len and replaces --queries and --epochs")
+        return -(-tokens // seq_len), 1.0
+    if queries is None and data is not None:
+        queries = data.num_queries
+    if queries is None:
+        raise TunecostError("give --dataset, --queries or --tokens")
+    return queries, required("epochs", epochs)
+
+
+@cli_errors
+def plan(
+    model: cli.JobModel = None,
+    method: Annotated[str | None, cli.opt("--method", METHOD_HELP)] = None,
+    dataset: Annotated[str | None, cli.opt("--dataset", "Dataset: a known name or a local file.")] = None,
+    queries: Annotated[int | None, cli.opt("--queries", "Queries (default: the dataset's size).")] = None,
+    epochs: Annotated[float | None, cli.opt("--epochs", "Epochs (or from --config).")] = None,
+    tokens: Annotated[int | None, cli.opt("--tokens", TOKENS_HELP)] = None,
+    seq_len: cli.SeqLen = None,
+    budget: Annotated[float | None, cli.opt("--budget", "Most dollars to spend.")] = None,
+    deadline: Annotated[float | None, cli.opt("--deadline", "Most hours the run may take.")] = None,
+    gpu: Annotated[str, cli.opt("--gpu", "GPUs that may be rented: a comma list or 'all' ('none': own only).")] = "all",
+    own: Annotated[str | None, cli.opt("--own", OWN_HELP)] = None,
+    provider: cli.Provider = None,
+    prices_file: cli.PricesFile = None,
+    max_gpus: multi.MaxGpus = None,
+    gpus_per_node: multi.GpusPerNode = None,
+    global_batch: Annotated[int | None, cli.opt("--global-batch", GLOBAL_BATCH_HELP)] = None,
+    lora_rank: cli.LoraRank = cli.DEFAULT_LORA_RANK,
+    lora_alpha: cli.LoraAlpha = cli.DEFAULT_LORA_ALPHA,
+    lora_targets: cli.LoraTargets = None,
+    gradient_checkpointing: cli.GradientCheckpointing = None,
+    attention: cli.Attention = "flash",
+    optimizer: cli.Optimizer = "adamw",
+    dtype: cli.Dtype = None,
+    quant_type: cli.QuantType = None,
+    double_quant: cli.DoubleQuant = True,
+    stack: cli.Stack = cli.DEFAULT_STACK_NAME,
+    emit: Annotated[Path | None, cli.opt("--emit", EMIT_HELP)] = None,
+    target: Annotated[str | None, cli.opt("--target", TARGET_HELP)] = None,
+    force: cli.Force = False,
+    verbose: Annotated[bool, cli.opt("--verbose", "Every setup of the front and every note.")] = False,
+    config: ConfigFiles = None,
+    json_out: cli.JsonOut = False,
+) -> None:
+    """Which method, GPU, count and layout to fine-tune on: the cheapest within --deadline or the fastest within
+    --budget, the cost-vs-hours front, what was ruled out and why, and the launch recipe (--emit)."""
+    from tunecost.catalog.gpus import gpu_catalog
+    from tunecost.estimate.plan import METHODS, make_plan, parse_owned
+    from tunecost.limits import MAX_EPOCHS, check_finite_at_most
+    from tunecost.workload.job_data import job_data
+
+    model = required("model", model)
+    methods = split_list(method, what="method") or list(METHODS)
+    for m in methods:
+        if m not in METHODS:
+            raise TunecostError(f"--method {m!r}: expected {', '.join(METHODS)}")
+    for name, value in (("--budget", budget), ("--deadline", deadline)):
+        if value is not None and not value > 0:
+            raise TunecostError(f"{name} must be > 0, got {value:g}")
+    check_finite_at_most("--epochs", epochs, MAX_EPOCHS)
+    owned = parse_owned(own)
+    names = [] if gpu.strip().lower() == "none" else split_list(gpu, what="GPU")
+    gpus = list(gpu_catalog().values()) if [n.lower() for n in names] == ["all"] else []
+    if not gpus and names:
+        from tunecost.catalog.gpus import resolve_gpu_name
+
+        gpus = [resolve_gpu_name(n).gpu for n in dict.fromkeys(names)]
+    if not gpus and not owned:
+        raise TunecostError("--gpu none needs --own: nothing to plan on")
+    data = job_data(dataset, model=model) if dataset else None
+    num_queries, num_epochs = _workload(queries, epochs, tokens, seq_len, data)
+    jobs = _jobs(
+        methods,
+        {
+            "model": model,
+            "dataset": data.name if data else None,
+            "lengths": data.lengths if data else None,
+            "seq_len": seq_len,
+            "lora_targets": lora_targets,
+            "stack": stack,
+            "gradient_checkpointing": gradient_checkpointing,
+            "lora_rank": lora_rank,
+            "lora_alpha": lora_alpha,
+            "dtype": dtype,
+            "attention": attention,
+            "optimizer": optimizer,
+            "quant_type": quant_type,
+            "double_quant": double_quant,
+        },
+    )
+    with progress_callback("planning", enabled=not json_out, counted=True) as on_progress:
+        result = make_plan(
+            jobs,
+            gpus=gpus,
+            own=owned,
+            max_gpus=max_gpus or multi.DEFAULT_MAX_GPUS,
+            gpus_per_node=gpus_per_node or multi.DEFAULT_GPUS_PER_NODE,
+            num_queries=num_queries,
+            epochs=num_epochs,
+            budget_usd=budget,
+            deadline_h=deadline,
+            provider=provider,
+            prices_file=prices_file,
+            global_batch=global_batch,
+            behaviour=stack_behaviour(stack),
+            on_progress=on_progress,
+        )
+    written = _emit(result, jobs, emit, target, force, num_epochs) if emit is not None else []
+    if json_out:
+        print_json({"plan": result, "emitted": [str(p) for p in written]})
+        return
+    print_plan(result, verbose=verbose)
+    for path in written:
+        console.print(f"wrote {path}")
+
+
+def _emit(result, jobs: list, out: Path, target: str | None, force: bool, epochs: float) -> list[Path]:
+    from tunecost.estimate.plan import launch_job
+    from tunecost.estimate.recipes import write_recipe
+
+    best = result.recommended
+    if best is None:
+        raise TunecostError("--emit: no setup to launch (nothing fits within the constraints)")
+    job = next(j for j in jobs if j.method == best.method)
+    return write_recipe(launch_job(best, job, epochs=epochs), target or "accelerate", out, force=force)
+
+
+def _where(option) -> str:
+    s = option.setup
+    layout = s.plan.strategy + (f" + {option.offload} offload" if option.offload != "none" else "")
+    owned = " (owned)" if option.owned else ""
+    return f"{s.plan.num_gpus} x {s.gpu.name}{owned}, {layout}"
+
+
+def _batch(option) -> str:
+    accumulation = f" x {option.accumulation}" if option.accumulation > 1 else ""
+    return f"{option.setup.micro_batch}{accumulation}"
+
+
+def _range(option, value: float, spec: str) -> str:
+    lo, hi = option.interval(value)
+    return f"{value:{spec}} [{lo:{spec}}-{hi:{spec}}]" if hi > lo else f"{value:{spec}}"
+
+
+def print_plan(result, *, verbose: bool = False) -> None:
+    best = result.recommended
+    if best is None:
+        console.print(f"[bold]no setup[/bold] for {result.model}: {result.reason}", highlight=False)
+    else:
+        usd = "$0 (owned)" if best.owned else f"${best.usd:,.2f}"
+        console.print(
+            f"[bold]plan:[/bold] {best.method} on {_where(best)}, micro-batch {_batch(best)}: "
+            f"{format_hours(best.hours)} h, {usd} ({result.reason})",
+            highlight=False,
+        )
+    front = list(result.front) if verbose else list(result.front)[:FRONT_ROWS]
+    print_table(
+        f"{result.model}: cost vs hours (the setups no other beats on both)",
+        ["method", "setup", "batch", "headroom", "hours [95 %]", "cost $ [95 %]", "price", "note"],
+        [
+            [
+                o.method,
+                _where(o),
+                _batch(o),
+                f"{100 * o.headroom_fraction:.0f} %",
+                _range(o, o.hours, ".3g"),
+                "0 (owned)" if o.owned else _range(o, o.usd, ",.2f"),
+                _price(o),
+                "outside validated range" if o.setup.extrapolation else "",
+            ]
+            for o in front
+        ],
+        caption=f"{result.evaluated} setups timed and priced, {result.pruned} ruled out by memory first",
+    )
+    if result.ruled_out:
+        _print_ruled_out(result, verbose)
+    notes = result.notes if verbose else result.notes[:1]
+    for note in notes:
+        console.print(f"note: {note}", highlight=False)
+    if not verbose and len(result.notes) > 1:
+        console.print(f"{len(result.notes) - 1} more notes: --verbose", highlight=False)
+
+
+def _print_ruled_out(result, verbose: bool) -> None:
+    print_table(
+        "Ruled out (the closest miss per method, GPU and offload)",
+        ["method", "setup", "why"],
+        [[o.method, _where(o), o.why_not] for o in result.ruled_out[: None if verbose else FRONT_ROWS]],
+    )
+
+
+def _price(option) -> str:
+    cost = option.setup.cost
+    if option.owned or cost is None or cost.price is None:
+        return "owned" if option.owned else "-"
+    return f"{cost.price.provider} {cost.price.date}"
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(plan)

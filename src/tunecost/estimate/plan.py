@@ -1,0 +1,384 @@
+"""`tunecost plan`: which method, GPU, count and layout to run a job on, within a budget or by a deadline.
+
+Method x GPU (rented or owned) x count x layout (every strategy, with and without CPU offload) x micro-batch, each
+priced by the multi-GPU estimate (`distributed.setups.estimate_multi_gpu`: memory per rank decides what fits
+before any time is estimated). The answer: the Pareto front of cost vs hours, one recommended setup, and why the
+others are out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tunecost.catalog.gpus import GPU, resolve_gpu_name
+from tunecost.catalog.prices import OWNED_PROVIDER, Price
+from tunecost.distributed.expert_parallel import EP_STRATEGIES
+from tunecost.distributed.offload import OFFLOAD_CHOICES, OFFLOAD_STRATEGIES
+from tunecost.distributed.plan import MULTI_GPU_STRATEGIES
+from tunecost.distributed.setups import RankNeeds, Setup, estimate_multi_gpu, setup_cost
+from tunecost.errors import TunecostError
+from tunecost.estimate.estimators import sizing_seq_len
+from tunecost.estimate.recipes import LaunchJob
+from tunecost.workload.job import FineTuneJob
+
+METHODS = ("full", "lora", "qlora")
+MAX_OWNED_GPUS = 1024
+# tied layouts: one GPU, then PyTorch's own data parallelism (accelerate's FSDP first, as most runs use it), then
+# DeepSpeed's
+PREFERENCE = ("single", "ddp", "fsdp1", "fsdp2", "fsdp2-shard-grad-op", "hsdp", "zero1", "zero2", "zero3")
+TIE_FRACTION = 0.01  # options this close on cost and hours are a tie: the simpler one is recommended
+METHOD_TRADES = (
+    "method: QLoRA holds the base weights in 4 bits (least memory, de-quantized every step: slower per token than "
+    "LoRA); LoRA keeps them in 16 bits; a full fine-tune also keeps gradients and optimizer states of every "
+    "weight. Accuracy is not estimated (docs/accuracy.md: what tunecost measures about routing)"
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Owned:
+    """GPUs the user already has: no rental cost, counted by their hours."""
+
+    gpu: GPU
+    count: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Option:
+    """One setup the plan weighed: its method, the multi-GPU estimate, and why it is out ("" when it is in)."""
+
+    method: str
+    setup: Setup
+    owned: bool = False
+    accumulation: int = 1
+    offload: str = "none"
+    why_not: str = ""
+
+    @property
+    def hours(self) -> float:
+        return self.setup.cost.hours if self.setup.cost else float("inf")
+
+    @property
+    def usd(self) -> float:
+        cost = self.setup.cost
+        return cost.usd if cost is not None and cost.usd is not None else float("inf")
+
+    def interval(self, value: float) -> tuple[float, float]:
+        """`value` (hours or dollars, both inverse to throughput) at the ends of the throughput's 95 % interval."""
+        ratio = self.setup.interval_ratio
+        return (value / ratio[1], value / ratio[0]) if ratio else (value, value)
+
+    @property
+    def headroom_fraction(self) -> float:
+        """The card's memory left over at this setup's peak, as a share of the card."""
+        usable = self.setup.gpu.usable_memory_bytes
+        return 1 - self.setup.memory.nvidia_smi_bytes / usable
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    model: str
+    goal: str  # what the recommendation optimises, in words
+    recommended: Option | None
+    reason: str
+    front: tuple[Option, ...]  # cost vs hours, cheapest first
+    ruled_out: tuple[Option, ...]  # one per method, GPU and offload: the closest miss
+    evaluated: int  # setups timed and priced
+    pruned: int  # setups ruled out by memory before any time was estimated
+    notes: tuple[str, ...] = ()
+
+
+def parse_owned(text: str | None) -> tuple[Owned, ...]:
+    """`--own "2xRTX-4090,1xA100-80GB"`: counts of catalog GPUs (a bare name is one GPU)."""
+    out: list[Owned] = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        m = re.fullmatch(r"\s*(?:(\d+)\s*[xX*]\s*)?(.+?)\s*", item)
+        count = int(m.group(1)) if m and m.group(1) else 1
+        if not m or not 1 <= count <= MAX_OWNED_GPUS:
+            raise TunecostError(f"--own {item.strip()!r}: expected COUNTxGPU with 1 to {MAX_OWNED_GPUS} GPUs")
+        out.append(Owned(gpu=resolve_gpu_name(m.group(2)).gpu, count=count))
+    return tuple(out)
+
+
+def layout_strategies(offload: str, expert_degree: int = 1) -> list[str]:
+    """The multi-GPU strategies that take `offload`."""
+    allowed = OFFLOAD_STRATEGIES.get(offload, MULTI_GPU_STRATEGIES)
+    return [s for s in allowed if expert_degree == 1 or s in EP_STRATEGIES]
+
+
+def _owned_cost(setup: Setup, num_queries: float, epochs: float) -> Setup:
+    if setup.queries_per_s is None or setup.cost is None:
+        return setup
+    price = Price(provider=OWNED_PROVIDER, gpu=setup.gpu.name, usd_per_gpu_hour=0.0, date="", source_url="--own")
+    cost = setup_cost(
+        queries_per_s=setup.queries_per_s,
+        num_gpus=setup.plan.num_gpus,
+        price=price,
+        num_queries=num_queries,
+        epochs=epochs,
+        startup_s=setup.cost.startup_s,
+    )
+    return dataclasses.replace(setup, cost=cost)
+
+
+def _search(
+    job: FineTuneJob,
+    gpus: Sequence[GPU],
+    *,
+    owned: bool,
+    max_gpus: int,
+    gpus_per_node: int,
+    num_queries: float,
+    epochs: float,
+    provider: str | None,
+    prices_file,
+    behaviour,
+    needs: RankNeeds,
+) -> tuple[list[Option], list[str]]:
+    """Every layout of `job` on `gpus` with each offload: the fewest GPUs that fit and that count doubled."""
+    options: list[Option] = []
+    notes: list[str] = []
+    for offload in OFFLOAD_CHOICES:
+        answer = estimate_multi_gpu(
+            job,
+            gpus=gpus,
+            strategies=layout_strategies(offload),
+            gpus_per_node=gpus_per_node,
+            max_gpus=max_gpus,
+            offload=offload,
+            provider=None if owned else provider,
+            prices_file=prices_file,
+            num_queries=num_queries,
+            epochs=epochs,
+            behaviour=behaviour,
+            more_gpus=True,
+            needs=needs,
+            require_fit=False,
+        )
+        notes.extend(answer.notes)
+        for setup in answer.setups:
+            if owned:
+                setup = _owned_cost(setup, num_queries, epochs)
+            options.append(Option(method=job.method, setup=setup, owned=owned, offload=offload))
+    return options, notes
+
+
+def _global_micro_batch(option: Option, global_batch: int) -> tuple[int, int] | str:
+    """(micro-batch, accumulation) that keep the optimisation's batch at `global_batch` over the data-parallel
+    ranks with the largest micro-batch that fits and divides the ranks' share; or why none does."""
+    ranks = option.setup.plan.num_gpus
+    if global_batch % ranks:
+        return f"global batch {global_batch} is not a multiple of {ranks} ranks"
+    share = global_batch // ranks
+    micro = max(m for m in range(1, min(share, option.setup.micro_batch) + 1) if share % m == 0)
+    return micro, share // micro
+
+
+def _with_global_batch(option: Option, job: FineTuneJob, global_batch: int | None, search: dict) -> Option:
+    """`option` re-priced at the micro-batch x accumulation of `global_batch` (its own micro-batch without one)."""
+    if global_batch is None or not option.setup.fits:
+        return option
+    chosen = _global_micro_batch(option, global_batch)
+    if isinstance(chosen, str):
+        return dataclasses.replace(option, why_not=chosen)
+    micro, accumulation = chosen
+    setup = option.setup
+    if micro != setup.micro_batch:
+        answer = estimate_multi_gpu(
+            job,
+            gpus=[setup.gpu],
+            strategies=[MULTI_GPU_STRATEGIES[0] if setup.plan.strategy == "single" else setup.plan.strategy],
+            num_gpus=setup.plan.num_gpus,
+            gpus_per_node=setup.plan.node_size,
+            offload=option.offload,
+            micro_batch=micro,
+            **search,
+        )
+        setup = dataclasses.replace(answer.setups[0], plan=setup.plan)
+        if option.owned:
+            setup = _owned_cost(setup, search["num_queries"], search["epochs"])
+    return dataclasses.replace(option, setup=setup, accumulation=accumulation)
+
+
+def pareto_front(options: Sequence[Option]) -> tuple[Option, ...]:
+    """The options no other beats on both cost and hours, cheapest first."""
+    front: list[Option] = []
+    for option in sorted(options, key=lambda o: (o.usd, o.hours, *_complexity(o))):
+        if not front or option.hours < front[-1].hours:
+            front.append(option)
+    return tuple(front)
+
+
+def _verdict(option: Option, budget_usd: float | None, deadline_h: float | None) -> str:
+    if option.why_not:
+        return option.why_not
+    if not option.setup.fits or option.setup.cost is None:
+        return _does_not_fit(option)
+    if budget_usd is not None and option.usd > budget_usd:
+        return f"over budget: ${option.usd:,.2f} > ${budget_usd:,.2f}"
+    if deadline_h is not None and option.hours > deadline_h:
+        return f"past deadline: {option.hours:.3g} h > {deadline_h:g} h"
+    return ""
+
+
+def _does_not_fit(option: Option) -> str:
+    s = option.setup
+    gb = 1e9
+    need, card = s.memory.nvidia_smi_bytes / gb, s.gpu.usable_memory_bytes / gb
+    if s.fit == "borderline":
+        return f"borderline: {need:.1f} GB per rank of {card:.1f} GB, inside the {100 * s.margin_fraction:g} % margin"
+    if s.fit == "no":
+        margin = f" ({need * (1 + s.margin_fraction):.1f} GB with the {100 * s.margin_fraction:g} % margin)"
+        return f"does not fit: micro-batch 1 needs {need:.1f} GB per rank{margin} of {card:.1f} GB"
+    return "no throughput estimate for this GPU"
+
+
+def _closest_misses(options: Sequence[Option]) -> tuple[Option, ...]:
+    """One ruled-out option per method, GPU, ownership and offload: the one closest to qualifying."""
+    best: dict[tuple, Option] = {}
+    for o in options:
+        key = (o.method, o.setup.gpu.name, o.owned, o.offload, o.why_not.split(":")[0])
+        rank = (o.setup.memory.nvidia_smi_bytes / o.setup.plan.num_gpus, o.usd)
+        old = best.get(key)
+        if old is None or rank < (old.setup.memory.nvidia_smi_bytes / old.setup.plan.num_gpus, old.usd):
+            best[key] = o
+    return tuple(sorted(best.values(), key=lambda o: (o.method, o.setup.gpu.name, o.offload)))
+
+
+def _complexity(o: Option) -> tuple[int, bool, bool, int]:
+    plan = o.setup.plan
+    return plan.num_gpus, o.offload != "none", not o.owned, PREFERENCE.index(plan.strategy)
+
+
+def _simplest(options: Sequence[Option], key: Callable[[Option], tuple[float, float]]) -> Option:
+    """The best by `key`, or, among the options within 1 % of it on both terms, the simplest to run: fewest GPUs,
+    no offload, owned before rented."""
+    best = key(min(options, key=key))
+    close = [o for o in options if all(v <= b * (1 + TIE_FRACTION) for v, b in zip(key(o), best))]
+    return min(close, key=lambda o: (*_complexity(o), key(o)))
+
+
+def recommend(
+    feasible: Sequence[Option], budget_usd: float | None, deadline_h: float | None
+) -> tuple[str, Option | None, str]:
+    """(goal, the recommended option, why): cheapest by the deadline, fastest within the budget, else cheapest."""
+    if not feasible:
+        return "cheapest", None, "no setup fits the job within the constraints"
+    if deadline_h is not None:
+        goal, best = "cheapest within the deadline", _simplest(feasible, lambda o: (o.usd, o.hours))
+    elif budget_usd is not None:
+        goal, best = "fastest within the budget", _simplest(feasible, lambda o: (o.hours, o.usd))
+    else:
+        goal, best = "cheapest", _simplest(feasible, lambda o: (o.usd, o.hours))
+    _, hi_usd = best.interval(best.usd)
+    _, hi_hours = best.interval(best.hours)
+    why = goal
+    if budget_usd is not None and hi_usd > budget_usd:
+        why += f"; its 95 % interval reaches ${hi_usd:,.2f}, over the ${budget_usd:,.2f} budget"
+    if deadline_h is not None and hi_hours > deadline_h:
+        why += f"; its 95 % interval reaches {hi_hours:.3g} h, past the {deadline_h:g} h deadline"
+    return goal, best, why
+
+
+def make_plan(
+    jobs: Sequence[FineTuneJob],
+    *,
+    gpus: Sequence[GPU],
+    own: Sequence[Owned] = (),
+    max_gpus: int,
+    gpus_per_node: int,
+    num_queries: float,
+    epochs: float,
+    budget_usd: float | None = None,
+    deadline_h: float | None = None,
+    provider: str | None = None,
+    prices_file=None,
+    global_batch: int | None = None,
+    behaviour=None,
+    on_progress: Callable[[int, int, str], None] | None = None,
+) -> Plan:
+    """Plan `jobs` (one per method) on the rented `gpus` and the `own`ed ones; each sized at its longest batch's
+    padded length, as `estimate` sizes it."""
+    jobs = [job.with_(seq_len=sizing_seq_len(job)) for job in jobs]
+    groups = [(job, list(gpus), False, max_gpus, gpus_per_node) for job in jobs if gpus]
+    groups += [(job, [o.gpu], True, o.count, o.count) for job in jobs for o in own]
+    options: list[Option] = []
+    notes: list[str] = []
+    needs = {job.method: RankNeeds(job.with_(batch_size=1), behaviour) for job in jobs}
+    for i, (job, where, owned, limit, per_node) in enumerate(groups):
+        if on_progress:
+            on_progress(i, len(groups), f"{job.method} on {'owned ' if owned else ''}{len(where)} GPU type(s)")
+        found, found_notes = _search(
+            job,
+            where,
+            owned=owned,
+            max_gpus=limit,
+            gpus_per_node=per_node,
+            num_queries=num_queries,
+            epochs=epochs,
+            provider=provider,
+            prices_file=prices_file,
+            behaviour=behaviour,
+            needs=needs[job.method],
+        )
+        search = {"num_queries": num_queries, "epochs": epochs, "needs": needs[job.method], "prices_file": prices_file}
+        search["provider"] = None if owned else provider
+        options += [_with_global_batch(o, job, global_batch, search) for o in found]
+        notes += found_notes
+    if on_progress:
+        on_progress(len(groups), len(groups), "done")
+    judged = [dataclasses.replace(o, why_not=_verdict(o, budget_usd, deadline_h)) for o in options]
+    feasible = [o for o in judged if not o.why_not]
+    goal, best, why = recommend(feasible, budget_usd, deadline_h)
+    timed = sum(1 for o in options if o.setup.queries_per_s is not None)
+    return Plan(
+        model=jobs[0].model,
+        goal=goal,
+        recommended=best,
+        reason=why,
+        front=pareto_front(feasible),
+        ruled_out=_closest_misses([o for o in judged if o.why_not]),
+        evaluated=timed,
+        pruned=len(options) - timed,
+        notes=(METHOD_TRADES, *dict.fromkeys(notes)),
+    )
+
+
+def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=None) -> LaunchJob:
+    """The recipe's view of the recommended `option` of `job`: every provider that rents its GPU as candidates."""
+    from tunecost.catalog.models import resolve_model
+    from tunecost.catalog.prices import price_catalog, prices_for
+    from tunecost.models.params import count_parameters
+
+    setup, spec = option.setup, resolve_model(job.model)
+    rented = [] if option.owned else prices_for(setup.gpu.name, price_catalog(prices_file), whole_nodes=True)
+    weights_gb = 2 * count_parameters(spec).total / 1e9  # bf16 checkpoint files, downloaded once
+    return LaunchJob(
+        model=spec.hub_id or spec.name,
+        method=job.method,
+        lora_rank=job.lora.rank,
+        lora_alpha=job.lora.alpha,
+        lora_targets=job.lora.targets if job.method != "full" else (),
+        quant_type=job.quant_type if job.quant_type in ("nf4", "fp4") else "nf4",
+        double_quant=job.double_quant,
+        dtype=job.compute_dtype,
+        gradient_checkpointing=job.gradient_checkpointing,
+        attention=job.attention,
+        optimizer=job.optimizer,
+        seq_len=job.worst_case_seq_len,
+        micro_batch=setup.micro_batch,
+        grad_accum=option.accumulation,
+        epochs=epochs,
+        dataset=job.dataset,
+        gpu=setup.gpu.name,
+        num_gpus=setup.plan.num_gpus,
+        gpus_per_node=setup.plan.node_size,
+        strategy=setup.plan.strategy,
+        offload=option.offload,
+        clouds=tuple(dict.fromkeys((p.provider, "") for p in rented)),
+        disk_gb=int(max(100, 2 * weights_gb)),
+    )
