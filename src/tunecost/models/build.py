@@ -4,6 +4,7 @@ simulator see full-size models without weights."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from tunecost.catalog.models import ModelSpec
@@ -16,7 +17,11 @@ def hf_config(spec: ModelSpec, experts_per_token: int | None = None, **overrides
 
     if spec.family not in CONFIG_MAPPING:
         raise TunecostError(f"{spec.name}: family {spec.family!r} is not a transformers architecture")
-    raw = {k: v for k, v in spec.config.items() if k not in ("model_type", "architectures", "torch_dtype")}
+    # a deep copy: transformers writes into nested dicts it is given (rope_scaling gains rope_theta), which would
+    # change the catalog's config, and with it the simulation cache's key, for the rest of the process
+    raw = copy.deepcopy(
+        {k: v for k, v in spec.config.items() if k not in ("model_type", "architectures", "torch_dtype")}
+    )
     if experts_per_token is not None:
         if not spec.is_moe:
             raise TunecostError(f"{spec.name} is a dense model: --experts-per-token does not apply")

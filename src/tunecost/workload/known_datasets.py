@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunecost.catalog.datasets import get_dataset_facts
 from tunecost.errors import TunecostError
 
 DATA_DIR_ENV = "TUNECOST_DATA_DIR"
@@ -131,3 +132,11 @@ def load_hub_rows(repo_id: str, config: str | None, split: str, *, allow_downloa
             f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         ) from None
     return [dict(row) for row in ds]
+
+
+def catalog_dataset(name: str) -> str | None:
+    """tunecost's name of a dataset named by its hub id or common name (None: not one it knows)."""
+    try:
+        return get_dataset_facts(name).name
+    except TunecostError:
+        return canonical_name(name)

@@ -220,6 +220,7 @@ def test_training_arguments_defaults(tmp_path: Path) -> None:
     for option in ("epochs 3.0", "optimizer adamw", "dtype fp32", "gradient_checkpointing off"):
         assert _said(job, option, "TrainingArguments' default"), option
     assert _said(job, "deepspeed ds_z3.json", "pass the DeepSpeed file too")
+    assert _said(job, "method: TrainingArguments do not say")
     assert job.not_modelled == ()
 
 
@@ -228,7 +229,7 @@ def test_sft_config_yaml(tmp_path: Path) -> None:
     assert job.options == {
         "stack": "hf-peft",
         "model": "Qwen/Qwen2.5-7B",
-        "dataset": "trl-lib/Capybara",
+        "method": "full",
         "batch_size": 2,
         "epochs": 1,
         "optimizer": "adamw",
@@ -244,6 +245,8 @@ def test_sft_config_yaml(tmp_path: Path) -> None:
     assert _said(job, "packing")
     assert _said(job, "loss_type chunked_nll", "SFTConfig's default")
     assert not _said(job, "FSDP version 2")  # fsdp_config says version 1
+    assert _said(job, "method full (use_peft unset)", "ModelConfig's default")  # TRL's sft.py: full unless use_peft
+    assert _said(job, "dataset_name trl-lib/Capybara", "give --dataset FILE")  # no lengths known for it
 
 
 def test_trl_qlora_recipe(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ def max_batch(
     limit: Annotated[int, cli.opt("--limit", "Largest batch size tried.")] = 4096,
     tokenizer: cli.Tokenizer = "mistral",
     template: cli.Template = "mistral",
-    max_length: cli.MaxLength = 1024,
+    max_length: cli.MaxLength = 1024,  # with --seq-len too, --seq-len (the job's cutoff) is the length
     out: Annotated[Path | None, cli.opt("--out", "Also append the result to OUT/max_batch.jsonl.")] = None,
     config: ConfigFiles = None,
     json_out: cli.JsonOut = False,
@@ -70,6 +70,8 @@ def max_batch(
         memory_bytes, gpu_name = catalog_gpu_budget(g, setup.device), g.name
     if seq_len is None and dataset is None:
         seq_len = cli.DEFAULT_SEQ_LEN
+    if seq_len is not None and dataset is not None:  # the job's cutoff: the dataset's queries cut at it
+        max_length, seq_len = seq_len, None
     inputs = inputs_spec(None if seq_len is None else str(seq_len), dataset, tokenizer, template, max_length, None)
 
     def on_probe(p: Any) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
+from tunecost.workload.known_datasets import catalog_dataset
 
 Part = tuple[dict[str, Any], list[str]]  # options and assumption lines
 
@@ -261,7 +262,7 @@ def _trl_model(cfg: ConfigFile, model: str | None) -> Part:
     if four and not use_peft:
         raise cfg.error("load_in_4bit", "4-bit weights without LoRA (use_peft): tunecost estimates QLoRA")
     if not use_peft:
-        return ({} if use_peft is None else {"method": "full"}), []
+        return {"method": "full"}, ([f"method full (use_peft unset): {TRL_MODEL} default"] if use_peft is None else [])
     keys = ("lora_r", "lora_alpha", "lora_target_modules", "lora_target_parameters")
     out, notes = lora_options(cfg, keys, (16, 32), TRL_MODEL, model)
     quant, more = qlora_options(cfg, ("bnb_4bit_quant_type", "use_bnb_nested_quant"), ("nf4", False), TRL_MODEL)
@@ -292,9 +293,13 @@ def _read_training_args(cfg: ConfigFile) -> ConfigJob:
     whose = SFT if any(k in cfg.data for k in SFT_KEYS | TRL_MODEL_KEYS) else TA
     out: dict[str, Any] = {"stack": "hf-peft"}
     notes: list[str] = []
-    for option, key in (("model", "model_name_or_path"), ("dataset", "dataset_name")):
-        if cfg.typed(key, str):
-            out[option] = cfg.data[key]
+    if cfg.typed("model_name_or_path", str):
+        out["model"] = cfg.data["model_name_or_path"]
+    if cfg.typed("dataset_name", str):
+        known = catalog_dataset(cfg.data["dataset_name"])
+        out.update({"dataset": known} if known else {})
+        notes += [] if known else [f"dataset_name {cfg.data['dataset_name']}: a hub dataset tunecost has no lengths "
+                                   "for; give --dataset FILE or --seq-len"]  # fmt: skip
     for option, key, kind, default in (
         ("batch_size", "per_device_train_batch_size", int, 8),
         ("epochs", "num_train_epochs", (int, float), 3.0),
@@ -313,7 +318,11 @@ def _read_training_args(cfg: ConfigFile) -> ConfigJob:
     attn = cfg.typed("attn_implementation", str) or _mapping(cfg, "model_init_kwargs").get("attn_implementation")
     out["attention"] = attention_of(cfg, "attn_implementation", attn) if attn else "sdpa"
     notes += [] if attn else ["attention sdpa (attn_implementation unset): transformers' default"]
-    parts = [_precision(cfg, whose), _checkpointing(cfg, whose), _fsdp(cfg), _trl_model(cfg, out.get("model"))]
+    parts = [_precision(cfg, whose), _checkpointing(cfg, whose), _fsdp(cfg)]
+    if whose == SFT:
+        parts.append(_trl_model(cfg, out.get("model")))
+    else:
+        notes.append("method: TrainingArguments do not say; give --method or the PEFT/BitsAndBytes files (--config)")
     for options, lines in [*parts, _sft(cfg)] if whose == SFT else parts:
         out.update(options)
         notes += lines

@@ -48,6 +48,8 @@ def merge_configs(jobs: Sequence[ConfigJob]) -> ConfigJob:
     for job in jobs:
         for name, value in job.options.items():
             old = options.get(name)
+            if name in options and defaulted(job, name) and not defaulted(source[name], name):
+                continue  # a default beside a stated value: the stated one stands, with no assumption
             if name in options and old != value:
                 if name == "method" and {old, value} == {"lora", "qlora"}:
                     value = "qlora"
