@@ -14,6 +14,18 @@ from typing import Any
 import pytest
 
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_cache(tmp_path_factory: pytest.TempPathFactory):
+    """The simulation cache of the whole run, in a temporary folder shared by the workers (never the user's)."""
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "tunecost-cache"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TUNECOST_CACHE_DIR", str(folder))
+        yield folder
+
+
 # A verbatim copy of the paper artifact's A40 measurements: the points behind the paper's Fig. 14.
 PAPER_A40_CSV = FIXTURES_DIR / "measurements" / "measured_throughput_a40.csv"
 

@@ -98,3 +98,16 @@ def test_bad_setups_are_one_line_errors(tiny, kwargs, message):
     args = {"gpus": [resolve_gpu_name("H100").gpu], "strategies": ["fsdp2"], **kwargs}
     with pytest.raises(TunecostError, match=message):
         estimate_multi_gpu(job, **args)
+
+
+def test_rank_memories_come_back_from_disk_without_a_step() -> None:
+    from tunecost.distributed.setups import RankNeeds
+
+    job = tiny_job("tiny-mixtral-2l", "lora", LoraConfig(rank=8, targets=("attention",)))
+    plans = [ParallelPlan(num_gpus=n, strategy=s) for n in (2, 4) for s in ("ddp", "fsdp2", "zero3")]
+    first = RankNeeds(job)
+    computed = [first.memory(plan, b) for plan in plans for b in (1, 3)]
+    first.flush()
+    again = RankNeeds(job)
+    assert [again.memory(plan, b) for plan in plans for b in (1, 3)] == computed
+    assert not again._steps  # nothing traced or replayed
