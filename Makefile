@@ -16,8 +16,9 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 demo: setup
 	$(VENV)/bin/tunecost demo
 
+# Two workers on the 2-core machine; tests share one simulation cache in a temporary folder (tests/conftest.py).
 test: setup
-	$(PY) -m pytest -q -m "not gpu"
+	$(PY) -m pytest -q -m "not gpu" -n 2
 
 # Formatter check, linter and type checker (CI runs this before the tests).
 lint: setup

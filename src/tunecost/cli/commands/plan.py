@@ -29,6 +29,8 @@ TOKENS_HELP = "Tokens to train on instead of --queries x --epochs (one epoch of 
 EMIT_HELP = "Write the recommended setup's launch recipe into this folder (never over a file without --force)."
 TARGET_HELP = "Recipe to emit: accelerate (HF Trainer + accelerate/DeepSpeed), torchtune, llamafactory, skypilot."
 FRONT_ROWS = 12
+MAX_BUDGET_USD = 1e9
+MAX_DEADLINE_HOURS = 1e6
 
 
 def _jobs(methods: list[str], options: dict[str, Any]) -> list:
@@ -91,8 +93,10 @@ def plan(
     """Which method, GPU, count and layout to fine-tune on: the cheapest within --deadline or the fastest within
     --budget, the cost-vs-hours front, what was ruled out and why, and the launch recipe (--emit)."""
     from tunecost.catalog.gpus import gpu_catalog
+    from tunecost.distributed.plan import MAX_SEARCH_GPUS
     from tunecost.estimate.plan import METHODS, make_plan, parse_owned
-    from tunecost.limits import MAX_EPOCHS, check_finite_at_most
+    from tunecost.estimate.recipes import TARGETS
+    from tunecost.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_positive
     from tunecost.workload.job_data import job_data
 
     model = required("model", model)
@@ -100,10 +104,16 @@ def plan(
     for m in methods:
         if m not in METHODS:
             raise TunecostError(f"--method {m!r}: expected {', '.join(METHODS)}")
-    for name, value in (("--budget", budget), ("--deadline", deadline)):
-        if value is not None and not value > 0:
-            raise TunecostError(f"{name} must be > 0, got {value:g}")
-    check_finite_at_most("--epochs", epochs, MAX_EPOCHS)
+    if target is not None and target not in TARGETS:
+        raise TunecostError(f"--target {target!r}: expected {', '.join(TARGETS)}")
+    check_positive("--budget", budget, MAX_BUDGET_USD)
+    check_positive("--deadline", deadline, MAX_DEADLINE_HOURS)
+    check_positive("--epochs", epochs, MAX_EPOCHS)
+    check_count("--queries", queries, MAX_QUERIES)
+    check_count("--tokens", tokens, MAX_QUERIES * MAX_SEQ_LEN)
+    check_count("--global-batch", global_batch, MAX_BATCH_SIZE * MAX_SEARCH_GPUS)
+    check_count("--max-gpus", max_gpus, MAX_SEARCH_GPUS)
+    check_count("--gpus-per-node", gpus_per_node, MAX_SEARCH_GPUS)
     owned = parse_owned(own)
     names = [] if gpu.strip().lower() == "none" else split_list(gpu, what="GPU")
     gpus = list(gpu_catalog().values()) if [n.lower() for n in names] == ["all"] else []

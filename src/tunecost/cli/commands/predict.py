@@ -209,7 +209,8 @@ def predict(
     if output is not None:
         check_output_path(output, force=force, inputs=inputs, option="--output")
     job = {"method": method, "batch_size": batch_size, "seq_len": seq_len, "dataset": dataset}
-    if input_csv is not None and (model or gpu or config):
+    given = [model, gpu, config, method, dataset, seq_len, batch_size if batch_size != 1 else None]
+    if input_csv is not None and any(v is not None for v in given):
         raise TunecostError("give --input TARGETS.csv or one job (--model/--config with --gpu), not both")
     if input_csv is not None:
         targets = read_targets(input_csv, checked_host_cpu(host_cpu))
