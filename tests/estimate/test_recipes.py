@@ -19,9 +19,10 @@ import yaml
 from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.errors import TunecostError
 from tunecost.estimate import recipes
-from tunecost.estimate.recipes import TARGETS, LaunchJob, torchtune_config, write_recipe
+from tunecost.estimate.recipes import TARGETS, LaunchJob, common, skypilot, torchtune_config, write_recipe
+from tunecost.estimate.recipes import torchtune as tt_recipe
 
-KEYS_DIR = Path(recipes.__file__).parents[1] / "workload" / "frameworks" / "keys"
+KEYS_DIR = Path(recipes.__file__).parents[2] / "workload" / "frameworks" / "keys"
 BASE = {"seq_len": 2048, "micro_batch": 2, "grad_accum": 4}
 JOBS = {  # name -> a planned setup; one per layout the targets render differently
     "single-qlora": dict(model="meta-llama/Llama-2-7b-hf", method="qlora", gpu="RTX4090-24GB", attention="flash"),
@@ -155,7 +156,7 @@ def test_accelerate_launch_prepares_the_planned_layout(name: str, tmp_path: Path
         from accelerate.utils import DeepSpeedPlugin
 
         plugin = DeepSpeedPlugin()  # runs accelerate's check that the JSON alone sets precision and ZeRO
-        assert plugin.zero_stage == recipes.ZERO_STAGES[job.strategy]
+        assert plugin.zero_stage == common.ZERO_STAGES[job.strategy]
 
 
 @pytest.mark.parametrize("name", sorted(JOBS))
@@ -172,8 +173,8 @@ def test_train_args_build_the_hf_objects(name: str, tmp_path: Path) -> None:
         training.per_device_train_batch_size * training.gradient_accumulation_steps == job.micro_batch * job.grad_accum
     )
     assert (training.bf16, training.fp16) == (job.dtype == "bf16", job.dtype == "fp16")
-    assert training.optim.value == recipes.HF_OPTIM[job.optimizer]
-    fsdp_checkpoints = job.strategy in recipes.FSDP_STRATEGIES and job.gradient_checkpointing
+    assert training.optim.value == common.HF_OPTIM[job.optimizer]
+    fsdp_checkpoints = job.strategy in common.FSDP_STRATEGIES and job.gradient_checkpointing
     assert training.gradient_checkpointing == (job.gradient_checkpointing and not fsdp_checkpoints)
     assert args["model"]["attn_implementation"] in ("flash_attention_2", "sdpa", "eager")
     assert ("lora_config" in args) == (job.method != "full") and ("quantization_config" in args) == (
@@ -187,7 +188,7 @@ def test_train_args_build_the_hf_objects(name: str, tmp_path: Path) -> None:
     if job.method == "qlora":
         bnb = BitsAndBytesConfig(**args["quantization_config"])
         assert bnb.load_in_4bit and bnb.bnb_4bit_quant_type == job.quant_type
-        sharded = job.strategy in recipes.FSDP_STRATEGIES or job.strategy == "zero3"
+        sharded = job.strategy in common.FSDP_STRATEGIES or job.strategy == "zero3"
         assert ("bnb_4bit_quant_storage" in args["quantization_config"]) == sharded
 
 
@@ -216,7 +217,7 @@ def test_deepspeed_json_structure(name: str, tmp_path: Path) -> None:
     assert ds["train_batch_size"] == ds["train_micro_batch_size_per_gpu"] * ds["gradient_accumulation_steps"] * world
     assert ds["train_batch_size"] == job.micro_batch * job.grad_accum * job.num_gpus
     zero = ds["zero_optimization"]
-    assert zero["stage"] == recipes.ZERO_STAGES[job.strategy]
+    assert zero["stage"] == common.ZERO_STAGES[job.strategy]
     assert zero.get("offload_optimizer", {}).get("device") == ("cpu" if job.offload != "none" else None)
     assert zero.get("offload_param", {}).get("device") == ("cpu" if job.offload == "params" else None)
     assert (ds["bf16"]["enabled"], ds["fp16"]["enabled"]) == (job.dtype == "bf16", job.dtype == "fp16")
@@ -236,7 +237,7 @@ def test_deepspeed_config_class_loads_the_json(name: str, tmp_path: Path, monkey
     monkeypatch.setattr(deepspeed.comm, "get_world_size", lambda *a, **k: job.num_gpus)
     config = DeepSpeedConfig(str(tmp_path / "ds_config.json"))  # asserts batch = micro x accum x world size
     assert (config.world_size, config.train_batch_size) == (job.num_gpus, job.global_batch)
-    assert config.zero_optimization_stage == recipes.ZERO_STAGES[job.strategy]
+    assert config.zero_optimization_stage == common.ZERO_STAGES[job.strategy]
     assert config.bfloat16_config.enabled == (job.dtype == "bf16")
     if job.offload != "none":
         assert config.zero_config.offload_optimizer.device == "cpu"
@@ -334,7 +335,7 @@ def test_torchtune_loads_the_config_with_the_overrides(name: str, tmp_path: Path
     assert cfg.tokenizer.max_seq_len == job.seq_len and cfg.dtype == job.dtype
     if job.method != "full":
         assert (cfg.model.lora_rank, cfg.model.lora_alpha) == (job.rank, job.alpha)
-        assert list(cfg.model.lora_attn_modules) == recipes.TORCHTUNE_ATTENTION
+        assert list(cfg.model.lora_attn_modules) == tt_recipe.TORCHTUNE_ATTENTION
     if job.optimizer == "adamw-8bit":
         assert cfg.optimizer._component_ == "bitsandbytes.optim.PagedAdamW8bit" and "fused" not in cfg.optimizer
     if job.num_gpus > 1:
@@ -351,10 +352,10 @@ def test_torchtune_config_table_matches_the_registry() -> None:
 
     shipped = {c.name: c.file_path for r in get_all_recipes() if r.name.endswith(("single_device", "distributed"))
                for c in r.configs}  # fmt: skip
-    assert not recipes.TORCHTUNE_CONFIGS - set(shipped)
-    for name in recipes.TORCHTUNE_CONFIGS:
+    assert not tt_recipe.TORCHTUNE_CONFIGS - set(shipped)
+    for name in tt_recipe.TORCHTUNE_CONFIGS:
         optimizer = yaml.safe_load((ROOT / "recipes" / "configs" / shipped[name]).read_text())["optimizer"]
-        assert ("fused" in optimizer) == recipes._torchtune_fused(name), name
+        assert ("fused" in optimizer) == tt_recipe._torchtune_fused(name), name
 
 
 # --- LLaMA-Factory ------------------------------------------------------------------------------------------------
@@ -427,7 +428,7 @@ def test_skypilot_task_from_yaml(name: str, tmp_path: Path, monkeypatch) -> None
     job = make_job(name)
     write_recipe(job, "skypilot", tmp_path / "recipe")
     task = sky.Task.from_yaml(str(tmp_path / "recipe" / "sky.yaml"))
-    expected = {recipes.SKYPILOT_GPUS[resolve_gpu_name(job.gpu).gpu.name]: job.gpus_on_node}
+    expected = {skypilot.SKYPILOT_GPUS[resolve_gpu_name(job.gpu).gpu.name]: job.gpus_on_node}
     assert task.num_nodes == job.num_nodes
     assert all(r.accelerators == expected for r in task.resources)
     clouds = {str(r.cloud).lower() for r in task.resources if r.cloud is not None}
@@ -435,7 +436,7 @@ def test_skypilot_task_from_yaml(name: str, tmp_path: Path, monkeypatch) -> None
 
 
 def test_skypilot_names_are_catalog_gpus_and_clouds() -> None:
-    for name in recipes.SKYPILOT_GPUS:
+    for name in skypilot.SKYPILOT_GPUS:
         assert resolve_gpu_name(name).gpu.name == name
     assert recipes.skypilot_cloud("runpod-community") == "runpod" and recipes.skypilot_cloud("DigitalOcean") == "do"
     assert recipes.skypilot_cloud("spheron") is None and recipes.skypilot_cloud("paper-2024") is None

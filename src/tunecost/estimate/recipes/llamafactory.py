@@ -1,0 +1,70 @@
+"""The LLaMA-Factory recipe: its training YAML, a DeepSpeed JSON for ZeRO, launch.sh."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tunecost.estimate.recipes.accelerate import _accelerate_config, _accelerate_launch, _ds_config
+from tunecost.estimate.recipes.common import (
+    FSDP_STRATEGIES,
+    HF_OPTIM,
+    MASTER_PORT,
+    MAX_GRAD_NORM,
+    PEFT_MODULES,
+    ZERO_STAGES,
+    LaunchJob,
+    _cannot,
+    _cmd,
+    _json,
+    _nodes_note,
+    _Raw,
+    _script,
+    _summary,
+    _yaml,
+)
+
+LLAMAFACTORY_ATTENTION = {"flash": "fa2", "sdpa": "sdpa", "eager": "disabled"}  # extras/constants.py AttentionFunction
+
+
+def _llamafactory(job: LaunchJob) -> dict[str, str]:
+    """LLaMA-Factory's training YAML (hparams/*_args.py); FSDP through accelerate (examples/accelerate/)."""
+    if job.method != "full" and set(job.targets) - {"attention", "mlp"}:
+        raise _cannot(
+            "llamafactory", "lora_target names Linear modules; transformers 5's MoE experts and routers are not"
+        )
+    if job.method != "full" and job.alpha != int(job.alpha):
+        raise _cannot("llamafactory", f"lora_alpha is an integer there, not {job.alpha:g}")
+    lf: dict[str, Any] = {"model_name_or_path": job.model, "stage": "sft", "do_train": True}
+    lf["finetuning_type"] = "full" if job.method == "full" else "lora"
+    if job.method != "full":
+        names = [m for t in job.targets for m in PEFT_MODULES[t]]
+        lf |= {"lora_rank": job.rank, "lora_alpha": int(job.alpha)}
+        lf["lora_target"] = "all" if set(job.targets) == {"attention", "mlp"} else ",".join(names)
+    if job.method == "qlora":
+        lf |= {"quantization_bit": 4, "quantization_method": "bnb", "quantization_type": job.quant_type}
+        lf["double_quantization"] = job.double_quant
+    lf |= {"dataset": job.dataset or "CHANGE_ME", "cutoff_len": job.seq_len, "output_dir": "output"}
+    lf |= {"per_device_train_batch_size": job.micro_batch, "gradient_accumulation_steps": job.grad_accum}
+    lf |= {"num_train_epochs": job.epochs, "bf16": job.dtype == "bf16", "fp16": job.dtype == "fp16"}
+    lf |= {"flash_attn": LLAMAFACTORY_ATTENTION[job.attention], "optim": HF_OPTIM[job.optimizer]}
+    lf |= {"disable_gradient_checkpointing": not job.gradient_checkpointing, "max_grad_norm": MAX_GRAD_NORM}
+    lf |= {"logging_steps": 10, "report_to": "none"}
+    files: dict[str, str] = {}
+    if job.strategy in ZERO_STAGES:
+        lf["deepspeed"] = "ds_config.json"
+        files["ds_config.json"] = _json(_ds_config(job, "llamafactory"))
+    notes = [_summary(job), "dataset: a name in dataset_dir/dataset_info.json (LLaMA-Factory's data/ folder)"]
+    files["llamafactory.yaml"] = _yaml(lf, notes)
+    if job.strategy in FSDP_STRATEGIES:  # LLaMA-Factory checkpoints activations itself (disable_gradient_checkpointing)
+        files["accelerate_config.yaml"] = _yaml(_accelerate_config(job, fsdp_checkpointing=False), [_summary(job)])
+        command = _accelerate_launch(job, "-m", "llamafactory.launcher", "llamafactory.yaml")
+    elif job.num_gpus == 1:
+        one_gpu = _Raw('CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}"')  # else it runs torchrun on every GPU
+        command = _cmd([one_gpu, "llamafactory-cli", "train", "llamafactory.yaml"])
+    else:  # llamafactory-cli runs torchrun with these (launcher.py)
+        env = [_Raw("FORCE_TORCHRUN=1"), _Raw(f"NNODES={job.num_nodes}"), _Raw(f"NPROC_PER_NODE={job.gpus_on_node}")]
+        env += [_Raw('NODE_RANK="${NODE_RANK:-0}"'), _Raw('MASTER_ADDR="${MASTER_ADDR:-127.0.0.1}"')]
+        env += [_Raw(f'MASTER_PORT="${{MASTER_PORT:-{MASTER_PORT}}}"')]
+        command = _cmd(env, ["llamafactory-cli", "train", "llamafactory.yaml"])
+    files["launch.sh"] = _script([_summary(job), *_nodes_note(job)], command)
+    return files
