@@ -16,6 +16,11 @@ import pytest
 FIXTURES_DIR = Path(__file__).parent / "fixtures"
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first: the workers start on them together instead of one finishing them alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _session_cache(tmp_path_factory: pytest.TempPathFactory):
     """The simulation cache of the whole run, in a temporary folder shared by the workers (never the user's)."""

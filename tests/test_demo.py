@@ -10,6 +10,8 @@ import pytest
 from tunecost import demo
 from tunecost.report.figures import SECTIONS
 
+pytestmark = pytest.mark.slow  # started first on the test workers (tests/conftest.py)
+
 
 @pytest.fixture(scope="module")
 def simulator_cache(tmp_path_factory) -> Path:

@@ -12,6 +12,8 @@ from tiny_jobs import GLOO_CASES, gloo_job
 from tunecost.distributed.measure import measure_fsdp_ranks
 from tunecost.distributed.sharded_step import simulate_fsdp_rank
 
+pytestmark = pytest.mark.slow  # started first on the test workers (tests/conftest.py)
+
 
 def _signature(step):
     return [(c.op, c.phase, c.nbytes, c.dtype, c.group_size) for c in step.collectives]

@@ -17,7 +17,7 @@ from tunecost.profile.ranks import (
     slowest_rank,
 )
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 TINY = ModelSetup(model="tiny-mixtral", method="lora", random_weights=True, num_layers=1)
 
 

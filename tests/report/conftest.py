@@ -25,6 +25,7 @@ PROFILE_KINDS = ("throughput", "stages", "layers", "kernels", "expert_load")
 ALL_KINDS = (
     *PROFILE_KINDS,
     *("trainability", "lengths", "max_batch", "counters", "fit", "estimate", "validation", "multi_gpu", "ranks"),
+    "plan",
 )
 TINY = {"model": "tiny-mixtral", "method": "lora", "seq_len": 128, "dataset": "commonsense_15k", "device": "cpu"}
 GPU_DEVICE = "NVIDIA H100 80GB HBM3"
@@ -297,6 +298,51 @@ def _ranks(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
         }
 
 
+def _plan(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
+    """`tunecost plan --out` rows: LoRA and QLoRA on two GPUs at 1, 2 and 4 GPUs (more GPUs: faster and dearer),
+    a deadline that rules out the slowest, one setup that does not fit (no time); the front and the answer."""
+    rows: list[dict[str, Any]] = []
+    for method, gpu, base_h, base_usd in (
+        ("lora", "H100-80GB-SXM", 2.0, 6.0),
+        ("lora", "RTX4090-24GB", 6.0, 4.0),
+        ("qlora", "RTX4090-24GB", 9.0, 5.0),
+    ):
+        for n in (1, 2, 4):
+            hours = base_h / n**0.9 * float(rng.uniform(0.97, 1.03))
+            usd = base_usd * n**0.1 * float(rng.uniform(0.97, 1.03))
+            why_not = "past deadline: x h > 8 h" if hours > 8 else ""
+            rows.append({"method": method, "gpu": gpu, "num_gpus": n, "hours": hours, "usd": usd, "why_not": why_not})
+    miss = "does not fit: micro-batch 1 needs 90 GB per rank of 80 GB"
+    rows.append({"method": "qlora", "gpu": "H100-80GB-SXM", "num_gpus": 1, "hours": None, "usd": None, "why_not": miss})
+    front: list[dict[str, Any]] = []
+    for r in sorted((r for r in rows if r["hours"] is not None and not r["why_not"]), key=lambda r: r["usd"]):
+        if not front or r["hours"] < front[-1]["hours"]:
+            front.append(r)
+    for r in rows:
+        ends = {
+            f"{k}_{e}": None if r[k] is None else r[k] * f
+            for k in ("hours", "usd")
+            for e, f in (("low", 0.8), ("high", 1.25))
+        }
+        yield {
+            "schema_version": 1,
+            "kind": "plan_option",
+            "model": "qwen2.5-0.5b",
+            "goal": "cheapest within the deadline",
+            **r,
+            **ends,
+            "strategy": "single" if r["num_gpus"] == 1 else "ddp",
+            "offload": "none",
+            "owned": False,
+            "micro_batch": 8,
+            "accumulation": 1,
+            "fits": r["hours"] is not None,
+            "provider": "cudo",
+            "on_front": any(r is f for f in front),
+            "recommended": r is front[0],
+        }
+
+
 _WRITERS: dict[str, Callable[[np.random.Generator], Iterable[dict[str, Any]]]] = {
     "throughput": _throughput,
     "stages": _stages,
@@ -310,6 +356,7 @@ _WRITERS: dict[str, Callable[[np.random.Generator], Iterable[dict[str, Any]]]] =
     "validation": _validation,
     "multi_gpu": _multi_gpu,
     "ranks": _ranks,
+    "plan": _plan,
 }
 
 META = {

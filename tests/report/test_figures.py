@@ -35,6 +35,7 @@ UNITS = {
     "validation": "(GiB)",
     "multi_gpu": "(GB)",
     "ranks": "(s)",
+    "plan": "(USD)",
 }
 
 

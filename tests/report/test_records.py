@@ -29,6 +29,7 @@ def test_every_kind_is_read_with_its_rows(full_run: Path, rows) -> None:
         "validation",
         "multi_gpu",
         "ranks",
+        "plan",
     )
     assert set(records.tables) == set(expected)
     for kind in expected:

@@ -85,6 +85,7 @@ class Plan:
     reason: str
     front: tuple[Option, ...]  # cost vs hours, cheapest first
     ruled_out: tuple[Option, ...]  # one per method, GPU and offload: the closest miss
+    options: tuple[Option, ...] = ()  # every option weighed, each with its verdict (`why_not`)
     evaluated: int  # setups timed and priced
     pruned: int  # setups ruled out by memory before any time was estimated
     notes: tuple[str, ...] = ()
@@ -342,6 +343,7 @@ def make_plan(
         reason=why,
         front=pareto_front(feasible),
         ruled_out=_closest_misses([o for o in judged if o.why_not]),
+        options=tuple(judged),
         evaluated=timed,
         pruned=len(options) - timed,
         notes=(METHOD_TRADES, *dict.fromkeys(notes)),

@@ -16,6 +16,7 @@ from tunecost.report.base import (  # re-exported: the figure API in one place
     routing_label,
 )
 from tunecost.report.fig_multigpu import fig_cost_vs_gpus, fig_ranks
+from tunecost.report.fig_plan import fig_plan
 from tunecost.report.fig_profile import fig_counters, fig_expert_load, fig_kernels, fig_layers, fig_stages
 from tunecost.report.fig_throughput import fig_max_batch, fig_throughput, fig_throughput_fit
 from tunecost.report.fig_validation import fig_validation
@@ -44,6 +45,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("validation", "Accuracy against published measurements", fig_validation),
     Section("multi_gpu", "Several GPUs — memory per rank and cost vs number of GPUs", fig_cost_vs_gpus),
     Section("ranks", "Several ranks — measured step and communication per rank", fig_ranks),
+    Section("plan", "Plan — cost vs hours of every setup weighed, and the Pareto front", fig_plan),
 )
 
 

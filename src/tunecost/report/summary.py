@@ -42,6 +42,7 @@ def summary_lines(records: RunRecords) -> list[str]:
                 text += "."
                 lines.append(text)
             lines.append(_certainty(ok))
+    lines += _planned(records)
     if not lines:
         tp = records.get("throughput")
         if tp is not None and "queries_per_s" in tp.columns:
@@ -55,6 +56,29 @@ def summary_lines(records: RunRecords) -> list[str]:
     if not lines:
         lines.append("No cost estimate or throughput measurement in this run; the sections below show what it has.")
     return [*lines, *accuracy]
+
+
+def _planned(records: RunRecords) -> list[str]:
+    """The answer of each `tunecost plan --out` in the run: its recommended setup and the size of its front."""
+    plan = records.get("plan")
+    if plan is None or not {"model", "recommended", "on_front", "method", "gpu", "num_gpus", "hours"} <= set(plan):
+        return []
+    lines = []
+    for model, group in plan.groupby("model", sort=True):
+        best = group[group["recommended"].eq(True)]
+        front = int(group["on_front"].eq(True).sum())
+        if best.empty:
+            lines.append(f"{model}: the plan found no setup within its constraints ({len(group)} weighed).")
+            continue
+        b = best.iloc[0]
+        usd = _num(b.get("usd"))
+        cost = f", ${usd:,.2f}" if usd is not None else ""
+        lines.append(
+            f"{model}: plan ({b.get('goal')}): {b['method']} on {int(b['num_gpus'])} x {b['gpu']} "
+            f"({b.get('strategy')}), {float(b['hours']):.3g} h{cost}; {front} setups on the cost-vs-hours "
+            f"front of {len(group)} weighed."
+        )
+    return lines
 
 
 def _validated(records: RunRecords) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -27,6 +28,9 @@ METHOD_HELP = "Methods to weigh: a comma list of full, lora, qlora (default: all
 GLOBAL_BATCH_HELP = "The optimisation's batch, kept fixed: micro-batch x accumulation x data-parallel ranks."
 TOKENS_HELP = "Tokens to train on instead of --queries x --epochs (one epoch of tokens / --seq-len queries)."
 EMIT_HELP = "Write the recommended setup's launch recipe into this folder (never over a file without --force)."
+OUT_HELP = (
+    "Run directory to add every setup weighed to (for `tunecost report`); a plan already there only with --force."
+)
 TARGET_HELP = "Recipe to emit: accelerate (HF Trainer + accelerate/DeepSpeed), torchtune, llamafactory, skypilot."
 FRONT_ROWS = 12
 MAX_BUDGET_USD = 1e9
@@ -86,6 +90,7 @@ def plan(
     emit: Annotated[Path | None, cli.opt("--emit", EMIT_HELP)] = None,
     target: Annotated[str | None, cli.opt("--target", TARGET_HELP)] = None,
     force: cli.Force = False,
+    out: Annotated[Path | None, cli.opt("--out", OUT_HELP)] = None,
     verbose: Annotated[bool, cli.opt("--verbose", "Every setup of the front and every note.")] = False,
     config: ConfigFiles = None,
     json_out: cli.JsonOut = False,
@@ -161,9 +166,16 @@ def plan(
             behaviour=stack_behaviour(stack),
             on_progress=on_progress,
         )
+    if out is not None:  # every setup weighed, for `tunecost report` (cost vs hours with the Pareto front)
+        import sys
+
+        from tunecost.results.plan_records import save_plan_records
+
+        save_plan_records(out, result, command=sys.argv, force=force)
     written = _emit(result, jobs, emit, target, force, num_epochs) if emit is not None else []
     if json_out:
-        print_json({"plan": result, "emitted": [str(p) for p in written]})
+        # every option weighed goes to --out RUN; the JSON answer keeps the front and the closest misses
+        print_json({"plan": dataclasses.replace(result, options=()), "emitted": [str(p) for p in written]})
         return
     print_plan(result, verbose=verbose)
     for path in written:
