@@ -18,6 +18,15 @@ from typing import Any
 
 from tunecost.errors import TunecostError, TunecostWarning
 
+CACHE_ENV = "TUNECOST_CACHE_DIR"
+
+
+def cache_root() -> Path:
+    """Where tunecost keeps what it computed once (simulations, parameter counts): `$TUNECOST_CACHE_DIR`, else
+    ~/.cache/tunecost."""
+    root = os.environ.get(CACHE_ENV)
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "tunecost"
+
 
 def atomic_write_text(path: str | os.PathLike[str], text: str) -> Path:
     """Write `text` to `path` atomically (temp file + fsync + rename)."""

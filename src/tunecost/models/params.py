@@ -7,10 +7,16 @@ than a hand formula. Routed-expert parameters are those under a module path cont
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass
 
+from tunecost import __version__
 from tunecost.catalog.models import ModelSpec
+from tunecost.io import atomic_write_json, cache_root
+
+PARAMS_VERSION = "1"  # of the counts kept on disk; bump when `_count` changes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,8 +72,20 @@ def _count(spec: ModelSpec, experts_per_token: int) -> ParamCounts:
 
 
 def count_parameters(spec: ModelSpec, experts_per_token: int | None = None) -> ParamCounts:
+    """Counts of `spec` at top-k `experts_per_token` (default: the model's); kept on disk, as building a large
+    model on the meta device takes seconds."""
     k = spec.default_experts_per_token if experts_per_token is None else experts_per_token
     key = (spec.name, json.dumps(spec.config, sort_keys=True), k)
     if key not in _CACHE:
-        _CACHE[key] = _count(spec, k)
+        digest = hashlib.sha256(json.dumps([*key, __version__, PARAMS_VERSION]).encode()).hexdigest()[:32]
+        path = cache_root() / "params" / f"{digest}.json"
+        try:
+            _CACHE[key] = ParamCounts(**json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):
+            _CACHE[key] = _count(spec, k)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_json(path, dataclasses.asdict(_CACHE[key]))
+            except OSError:  # a cache that cannot be written is no error
+                pass
     return _CACHE[key]

@@ -7,22 +7,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from tunecost import __version__
 from tunecost.errors import TunecostError
-from tunecost.io import atomic_write_json
+from tunecost.io import CACHE_ENV, atomic_write_json, cache_root  # noqa: F401 (CACHE_ENV: tests set it through here)
 from tunecost.simulate.records import StepCounts
 
-CACHE_ENV = "TUNECOST_CACHE_DIR"
 _MEMORY: dict[str, object] = {}
 
 
 def cache_dir() -> Path:
-    root = os.environ.get(CACHE_ENV)
-    base = Path(root).expanduser() if root else Path.home() / ".cache" / "tunecost"
-    return base / "simulate"
+    return cache_root() / "simulate"
 
 
 def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512, behaviour=None) -> str:
