@@ -240,12 +240,14 @@ def _does_not_fit(option: Option) -> str:
 
 def _closest_misses(options: Sequence[Option]) -> tuple[Option, ...]:
     """One ruled-out option per method, GPU, ownership and offload: the one closest to qualifying."""
+
+    def closeness(o: Option) -> tuple[float, float]:  # a rank's memory against its card, then dollars
+        return 1 - o.headroom_fraction, o.usd
+
     best: dict[tuple, Option] = {}
     for o in options:
         key = (o.method, o.setup.gpu.name, o.owned, o.offload, o.why_not.split(":")[0])
-        rank = (o.setup.memory.nvidia_smi_bytes / o.setup.plan.num_gpus, o.usd)
-        old = best.get(key)
-        if old is None or rank < (old.setup.memory.nvidia_smi_bytes / old.setup.plan.num_gpus, old.usd):
+        if key not in best or closeness(o) < closeness(best[key]):
             best[key] = o
     return tuple(sorted(best.values(), key=lambda o: (o.method, o.setup.gpu.name, o.offload)))
 
