@@ -24,18 +24,20 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 
+from tunecost.catalog.held_out_errors import HeldOutError
 from tunecost.errors import TunecostError
 from tunecost.simulate.batch import default_margin_fraction
 from tunecost.simulate.batch import fit_verdict as margin_verdict
 from tunecost.validate import throughput as tp
 from tunecost.validate.corpus import CorpusRow
+from tunecost.validate.intervals import with_intervals
 from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES, THROUGHPUT_QUANTITIES, MappedRow, Skip, map_row
 
 GIB = 2**30
-OUTPUT_COLUMNS = ("id", "quantity", "measured", "predicted", "unit", "error", "status", "reason")
+OUTPUT_COLUMNS = ("id", "quantity", "measured", "predicted", "low", "high", "unit", "error", "status", "reason")
 # "GB", "G" (as some tables print it) and "MB" are read as binary units, as the corpus's sources use them
 _UNIT_BYTES = {"gib": GIB, "gb": GIB, "g": GIB, "mib": 2**20, "mb": 2**20, "bytes": 1}
 
@@ -63,10 +65,21 @@ class ValidationRow:
     # the commands' verdict with the safety margin on what the device gives (reserve + CUDA context): yes,
     # borderline or no (None: GPU memory unknown; not an output column)
     fit: str | None = None
+    source: str = ""  # the row's publication (not an output column): its own errors never set its interval
+    low: float | None = None  # the 95 % interval of the prediction (validate.intervals), where it has one
+    high: float | None = None
+    interval: str = ""  # which held-out errors set it (not an output column)
 
     def as_output(self) -> dict[str, object]:
         d = asdict(self)
         return {k: d[k] for k in OUTPUT_COLUMNS}
+
+    @property
+    def inside(self) -> bool | None:
+        """The measurement lies in the interval (None: no interval)."""
+        if self.low is None or self.high is None or self.measured is None:
+            return None
+        return self.low <= self.measured <= self.high
 
 
 def _outcome(
@@ -93,6 +106,7 @@ def _outcome(
         stack=stack,
         fits=fits,
         fit=fit,
+        source=row.get("source"),
     )
 
 
@@ -286,7 +300,10 @@ def validate_rows(
     simulate: Callable[[MappedRow], object] = _simulate,
     counts_fn: tp.CountsFn = tp.micro_batch_counts,
     on_progress: Callable[[int, int, str], None] | None = None,
+    held_out: Sequence[HeldOutError] | None = None,
 ) -> list[ValidationRow]:
+    """Every row's outcome, in file order, each prediction with its interval (`validate.intervals`) from
+    `held_out` errors (default: the shipped corpus's)."""
     rows = list(rows)
     is_tp = [r.get("quantity") in THROUGHPUT_QUANTITIES for r in rows]
     tp_idx = [i for i, t in enumerate(is_tp) if t]
@@ -297,7 +314,7 @@ def validate_rows(
         if on_progress:
             on_progress(i, len(rows), row.id)
         out.append(by_index[i] if i in by_index else validate_row(row, simulate))
-    return out
+    return with_intervals(out, held_out)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -309,6 +326,9 @@ class Summary:
     median_abs_pct_error: float | None  # memory quantities
     within_10pct: int | None
     right: int | None  # oom: predictions that agree with the measurement
+    with_interval: int | None = None  # rows with a 95 % interval
+    inside: int | None = None  # of those, measurements inside it
+    median_halfwidth_pct: float | None = None  # median of (high / predicted - 1) x 100
 
 
 def _summary(quantity: str, stack: str, rows: list[ValidationRow]) -> Summary:
@@ -324,6 +344,7 @@ def _summary(quantity: str, stack: str, rows: list[ValidationRow]) -> Summary:
             right=sum(1 for r in ok if r.error == 0),
         )
     ape = [abs(r.error) for r in ok if r.error is not None]
+    cover = interval_coverage(ok)
     return Summary(
         quantity=quantity,
         stack=stack,
@@ -332,7 +353,23 @@ def _summary(quantity: str, stack: str, rows: list[ValidationRow]) -> Summary:
         median_abs_pct_error=round(statistics.median(ape), 2) if ape else None,
         within_10pct=sum(1 for e in ape if e <= 10.0) if ape else None,
         right=None,
+        with_interval=int(cover["with_interval"] or 0),
+        inside=int(cover["inside"] or 0),
+        median_halfwidth_pct=cover["median_halfwidth_pct"],
     )
+
+
+def interval_coverage(rows: Iterable[ValidationRow]) -> dict[str, float | int | None]:
+    """How many rows carry an interval, how many measurements lie inside, and the median half-width in %."""
+    judged = [r for r in rows if r.inside is not None]
+    widths = [100.0 * (r.high / r.predicted - 1.0) for r in judged if r.high is not None and r.predicted]
+    inside = sum(1 for r in judged if r.inside)
+    return {
+        "with_interval": len(judged),
+        "inside": inside,
+        "coverage_pct": round(100.0 * inside / len(judged), 1) if judged else None,
+        "median_halfwidth_pct": round(statistics.median(widths), 1) if widths else None,
+    }
 
 
 def summarize(rows: list[ValidationRow]) -> list[Summary]:
@@ -356,6 +393,8 @@ def throughput_totals(rows: list[ValidationRow]) -> dict[str, float | int | None
         "predicted_rows": len(ape),
         "mape": round(statistics.fmean(ape), 2) if ape else None,
         "median_abs_pct_error": round(statistics.median(ape), 2) if ape else None,
+        "within_30pct": sum(1 for e in ape if e <= 30.0),
+        **{f"interval_{k}": v for k, v in interval_coverage(thr).items()},
     }
 
 
@@ -375,6 +414,7 @@ def memory_totals(rows: list[ValidationRow]) -> dict[str, float | int | None]:
         "memory_rows_modelled": len(ape) + len(oom_ok),
         "peak_rows_modelled": len(ape),
         "peak_median_abs_pct_error": round(statistics.median(ape), 2) if ape else None,
+        **{f"peak_interval_{k}": v for k, v in interval_coverage(mem).items()},
         "oom_rows_modelled": len(oom_ok),
         "oom_right": oom_right,
         "ran_rows_modelled": len(ran),

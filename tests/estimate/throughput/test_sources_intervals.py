@@ -10,13 +10,16 @@ from pathlib import Path
 import pytest
 
 from tunecost.errors import TunecostError
+from tunecost.estimate.conformal import Halfwidth, conformal_halfwidth
 from tunecost.estimate.throughput.calibrate import CalibratedModel, ThroughputTarget, throughput_target
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.intervals import (
-    TRANSFER_SD_PER_LOG_SPEED_MIN,
-    TRANSFER_SD_PER_LOG_SPEED_ONE_GPU,
+    HOST_CLOCK_CHAIN_LOG_HALFWIDTH,
+    HeldOut,
+    IntervalEvidence,
+    combined_halfwidth,
     gpu_distance,
-    interval_log_halfwidth,
+    interval_parts,
     speed_of,
 )
 from tunecost.estimate.throughput.sources import (
@@ -45,7 +48,10 @@ def test_two_files_make_one_calibration_of_two_gpus(two_gpu_model: CalibratedMod
     assert two_gpu_model.num_points == 54 + 4  # rows of the two files
     assert two_gpu_model.gpus == ("A100-40GB", "A40-48GB")
     assert str(A40_CSV) in two_gpu_model.source and str(A100_CSV) in two_gpu_model.source
-    assert two_gpu_model.spread is not None and two_gpu_model.spread.measured  # leave-one-GPU-out ran
+    evidence = two_gpu_model.evidence
+    assert evidence is not None and evidence.transfer is not None  # leave-one-GPU-out ran: the A100's 4 points
+    assert len(evidence.transfer.errors) == 4 and not any(evidence.transfer.cross_architecture)
+    assert evidence.workload is not None and len(evidence.workload.errors) == 58  # every group held out once
     assert two_gpu_model.in_sample_mape <= 0.08
 
 
@@ -75,12 +81,13 @@ def test_one_gpu_named_two_ways_is_merged_and_said(tmp_path: Path) -> None:
     assert len(points) == 4  # nothing dropped
 
 
-def test_one_gpu_calibration_works_and_says_the_transfer_is_unconstrained() -> None:
+def test_one_gpu_calibration_borrows_the_bundled_transfer_errors(two_gpu_model: CalibratedModel) -> None:
     model = calibrate_files([A40_CSV])
-    assert model.spread is not None and model.spread.sd_per_log_speed == TRANSFER_SD_PER_LOG_SPEED_ONE_GPU
-    assert any("transfer to other GPUs is unconstrained" in n for n in model.notes)
+    assert model.evidence is not None and model.evidence.transfer is not None
+    assert "one GPU calibrated" in model.evidence.note and "bundled calibration" in model.evidence.note
     pred = model.predict(_target("H100"))
     assert pred.queries_per_s_low < pred.queries_per_s < pred.queries_per_s_high
+    assert [k for k, _, _ in pred.interval_parts][:2] == ["calibrated workload", "other architecture"]
 
 
 def test_interval_widens_with_distance_from_the_calibrated_gpus(two_gpu_model: CalibratedModel) -> None:
@@ -92,26 +99,64 @@ def test_interval_widens_with_distance_from_the_calibrated_gpus(two_gpu_model: C
     assert width("H100", 17) != width("H100", 2)  # the batch term and the host share move it
 
 
-def test_interval_formula_by_hand() -> None:
-    from scipy.stats import t as student_t
+def test_interval_kinds_say_what_applies(two_gpu_model: CalibratedModel) -> None:
+    def kinds(gpu: str, batch: int = 2, model: str = "mixtral-8x7b") -> list[str]:
+        t = throughput_target(model=model, gpu=gpu, batch_size=batch, dataset="math_14k")
+        return [k for k, _, _ in two_gpu_model.predict(t).interval_parts]
 
+    assert kinds("A40") == ["calibrated workload"]
+    assert kinds("A100-80GB") == ["calibrated workload", "other GPU"]  # Ampere, as both calibrated GPUs
+    assert kinds("H100")[:2] == ["calibrated workload", "other architecture"]
+    assert "other host CPU" in kinds("H100")  # the DGX's Xeon, not the calibration's reference host
+    assert "batch beyond calibrated" in kinds("A40", 64)
+    assert kinds("A40", 2, "olmoe-1b-7b")[0] == "workload not calibrated"
+
+
+def test_interval_parts_by_hand() -> None:
     slow = GpuTerms(name="A", matmul_flops_per_s=1e14, fp32_flops_per_s=1e13, memory_bytes_per_s=1e12, source="t")
     fast = GpuTerms(name="B", matmul_flops_per_s=4e14, fp32_flops_per_s=4e13, memory_bytes_per_s=4e12, source="t")
     assert speed_of(fast) / speed_of(slow) == pytest.approx(4.0)
     assert gpu_distance(fast, [slow]) == pytest.approx(math.log(4.0))
     assert gpu_distance(slow, [slow, fast]) == 0.0
-    from tunecost.estimate.throughput.intervals import HOST_SPEED_LOG_SD, TransferSpread
-
-    spread = TransferSpread(sd_per_log_speed=0.2, measured=(), note="")
-    got = interval_log_halfwidth(
-        0.05, 10, spread, fast, [slow], batch_size=4, calibrated_max_batch=8, host_fraction=0.5
+    transfer = HeldOut(
+        kind="other GPU", errors=tuple([0.01] * 30 + [0.2]), source="t", cross_architecture=(False,) * 31
     )
-    sd = math.sqrt(0.05**2 + (0.2 * math.log(4.0)) ** 2 + (HOST_SPEED_LOG_SD * 0.5) ** 2)
-    assert got == pytest.approx(student_t.ppf(0.975, 10) * sd)
-    # on a calibrated GPU only the in-sample scatter remains (batch within the calibrated range)
-    on = interval_log_halfwidth(0.05, 10, spread, slow, [slow], batch_size=4, calibrated_max_batch=8, host_fraction=0.5)
-    assert on == pytest.approx(student_t.ppf(0.975, 10) * 0.05)
-    assert TRANSFER_SD_PER_LOG_SPEED_MIN > 0
+    workload = HeldOut(kind="workload not calibrated", errors=tuple(0.01 * i for i in range(1, 40)), source="w")
+    evidence = IntervalEvidence(transfer=transfer, workload=workload, note="")
+    common = {"in_sample": Halfwidth(0.05, "in"), "evidence": evidence, "batch_size": 4, "calibrated_max_batch": 8}
+    parts = interval_parts(target=fast, calibrated=[slow], workload_calibrated=True, cross_architecture=False, **common)
+    # 31 errors: the 31st (0.2) bounds a new one at 95 %; scaled by the distance
+    assert parts == [
+        ("calibrated workload", 0.05, "in"),
+        ("other GPU", pytest.approx(0.2 * math.log(4.0)), parts[1][2]),
+    ]
+    assert combined_halfwidth(parts) == pytest.approx(math.hypot(0.05, 0.2 * math.log(4.0)))
+    on = interval_parts(target=slow, calibrated=[slow], workload_calibrated=False, cross_architecture=False, **common)
+    assert on == [("workload not calibrated", pytest.approx(0.38), on[0][2])]  # error 38 of 39
+    other_host = GpuTerms(
+        name="A", matmul_flops_per_s=1e14, fp32_flops_per_s=1e13, memory_bytes_per_s=1e12, source="t", host_cpu="x"
+    )
+    hosted = interval_parts(
+        target=other_host,
+        calibrated=[slow],
+        workload_calibrated=True,
+        cross_architecture=False,
+        host_fraction=0.5,
+        **common,
+    )
+    assert hosted[1] == ("other host CPU", pytest.approx(HOST_CLOCK_CHAIN_LOG_HALFWIDTH * 0.5), hosted[1][2])
+
+
+def test_conformal_halfwidth_ranks_or_falls_back_to_student_t() -> None:
+    from scipy.stats import t as student_t
+
+    h = conformal_halfwidth([0.1 * i for i in range(1, 20)], "s")  # 19 errors: the largest is the 95 % bound
+    assert h.value == pytest.approx(1.9) and "error 19 of 19" in h.basis
+    few = conformal_halfwidth([0.03, -0.04], "s")
+    rms = math.sqrt((0.03**2 + 0.04**2) / 2)
+    assert few.value == pytest.approx(student_t.ppf(0.975, 2) * rms * math.sqrt(1.5)) and "Student t" in few.basis
+    with pytest.raises(ValueError):
+        conformal_halfwidth([], "s")
 
 
 def test_leave_one_gpu_out_predicts_the_a100_from_the_a40() -> None:
@@ -154,7 +199,9 @@ def test_a_profile_of_an_unknown_device_asks_which_gpu_it_is(gpu_terms) -> None:
         calibrated_model([A40_CSV], gpu_terms=[odd])
 
 
-def test_a_named_host_changes_the_host_share_and_narrows_the_interval(two_gpu_model: CalibratedModel) -> None:
+def test_a_named_host_changes_the_host_share_and_the_calibration_host_drops_the_host_term(
+    two_gpu_model: CalibratedModel,
+) -> None:
     def predict(host: str | None):
         target = throughput_target(
             model="mixtral-8x7b", gpu="H100", batch_size=1, experts_per_token=2, dataset="math_14k", host_cpu=host
@@ -166,8 +213,10 @@ def test_a_named_host_changes_the_host_share_and_narrows_the_interval(two_gpu_mo
     assert default.queries_per_s == pytest.approx(named.queries_per_s)
     assert named.queries_per_s > ref.queries_per_s  # the faster host shortens the host share of the step
     assert named.step.gpu_s == pytest.approx(ref.step.gpu_s)
-    width = [math.log(p.queries_per_s_high / p.queries_per_s) for p in (default, named)]
-    assert width[1] < width[0]  # a named host leaves less unknown than an assumed one
+    kinds = [[k for k, _, _ in p.interval_parts] for p in (default, ref, named)]
+    # another catalog CPU than the calibration's carries its per-clock uncertainty, named or assumed; the
+    # calibration's own host does not (what another machine of that host changes is in the transfer errors)
+    assert "other host CPU" in kinds[0] and "other host CPU" in kinds[2] and "other host CPU" not in kinds[1]
     assert any("assumed" in n for n in default.notes) and any("(named)" in n for n in named.notes)
 
 

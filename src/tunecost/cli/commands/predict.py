@@ -43,6 +43,7 @@ OUTPUT_COLUMNS = (
     "run_queries",
     "extrapolation",
     "extrapolation_reasons",
+    "interval_kinds",
     "estimator",
     "calibration_notes",
 )
@@ -158,6 +159,7 @@ def _row(pred, notes: str = "") -> dict:
         "run_queries": pred.run_queries or "",
         "extrapolation": str(pred.extrapolation).lower(),
         "extrapolation_reasons": "; ".join(pred.extrapolation_reasons),
+        "interval_kinds": pred.interval_kinds,
         "estimator": "calibrated",
         "calibration_notes": notes,
     }
@@ -230,7 +232,7 @@ def predict(
         "params": calib.params.as_dict(),
         "run_overhead_s": calib.run_overhead_s,
         "interval": f"in-sample {100 * math.expm1(calib.interval_log_halfwidth):.1f} % (95 %, t on log residuals)"
-        + (f"; {calib.spread.note}" if calib.spread else ""),
+        + (f"; {calib.evidence.note}" if calib.evidence else ""),
         "notes": list(calib.notes),
     }
     if json_out:

@@ -62,15 +62,16 @@ def validate(
         return
     print_table(
         "Predictions beside measurements (modelled rows; every row with --json or --out)",
-        ["id", "quantity", "measured", "predicted", "unit", "error"],
+        ["id", "quantity", "measured", "predicted", "95 % interval", "unit", "error"],
         [
-            [r.id, r.quantity, _fmt(r.measured), _fmt(r.predicted), r.unit, _fmt(r.error)]
+            [r.id, r.quantity, _fmt(r.measured), _fmt(r.predicted), _interval(r), r.unit, _fmt(r.error)]
             for r in rows
             if r.status == "ok"
         ],
         caption=(
             "error column: signed % for memory and throughput ((predicted - measured) / measured); for oom, "
-            "predicted - measured (predicted 1: does not fit)"
+            "predicted - measured (predicted 1: does not fit); interval: from held-out errors of the shipped "
+            "corpus, the row's own left out (* : the measurement lies outside)"
         ),
     )
     skipped = Counter(r.reason for r in rows if r.status == "skipped")
@@ -80,9 +81,29 @@ def validate(
         print("Rows skipped: none")
     print_table(
         "Accuracy per quantity and stack",
-        ["quantity", "stack", "rows", "modelled", "median |error| %", "within 10 %", "oom right"],
         [
-            [s.quantity, s.stack, s.rows, s.modelled, _fmt(s.median_abs_pct_error), _fmt(s.within_10pct), _fmt(s.right)]
+            "quantity",
+            "stack",
+            "rows",
+            "modelled",
+            "median |error| %",
+            "within 10 %",
+            "oom right",
+            "inside 95 %",
+            "median ± %",
+        ],
+        [
+            [
+                s.quantity,
+                s.stack,
+                s.rows,
+                s.modelled,
+                _fmt(s.median_abs_pct_error),
+                _fmt(s.within_10pct),
+                _fmt(s.right),
+                f"{s.inside} of {s.with_interval}" if s.with_interval else "",
+                _fmt(s.median_halfwidth_pct),
+            ]
             for s in summarize(rows)
         ],
     )
@@ -105,6 +126,19 @@ def validate(
         f"throughput: mean |error| {_fmt(th['mape'])} % over {th['predicted_rows']} predicted rows of "
         f"{th['throughput_rows']}; {th['calibration_rows']} calibration rows (one per stack and GPU) not counted"
     )
+    for name, prefix, totals in (("throughput", "interval_", th), ("peak memory", "peak_interval_", t)):
+        if totals[f"{prefix}with_interval"]:
+            console.print(
+                f"{name} 95 % intervals: {totals[f'{prefix}inside']} of {totals[f'{prefix}with_interval']} "
+                f"measurements inside ({_fmt(totals[f'{prefix}coverage_pct'])} %), median half-width "
+                f"{_fmt(totals[f'{prefix}median_halfwidth_pct'])} %"
+            )
+
+
+def _interval(r) -> str:
+    if r.low is None or r.high is None:
+        return ""
+    return f"{_fmt(r.low)}-{_fmt(r.high)}" + ("" if r.inside else " *")
 
 
 def register(app: typer.Typer) -> None:

@@ -7,17 +7,17 @@ and divided by the host's speed). It is a maximum-a-posteriori least squares on 
 (scipy.optimize.least_squares): every (model, dataset, GPU) group weighs the same, and each parameter has a weak
 log-normal prior (`PRIORS`, stated with its reason) so that parameters the data cannot separate stay physical.
 What each GPU achieves comes from `GpuTerms`: the catalog's (`model.catalog_gpu_terms`) or a measured GPU profile
-given in `gpu_terms` (keyed by catalog name). The 95 % prediction interval adds to the in-sample scatter the
-uncertainty of moving to another GPU and to larger batches (`intervals.py` says how). A target outside what was
-calibrated (another GPU, model, method, top-k, or batch range) is flagged as an extrapolation, with the reasons.
+given in `gpu_terms` (keyed by catalog name). The 95 % prediction interval comes from held-out errors of the
+calibration per kind of extrapolation (`intervals.py`). A target outside what was calibrated (another GPU, model,
+method, top-k, or batch range) is flagged as an extrapolation, with the reasons.
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import cast
 
 import numpy as np
@@ -26,10 +26,18 @@ from tunecost.catalog.gpus import GPU, resolve_gpu_name
 from tunecost.catalog.host_cpus import REFERENCE_HOST, resolve_host_cpu
 from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
+from tunecost.estimate.conformal import Halfwidth
 from tunecost.estimate.paper import PAPER_METHOD
 from tunecost.estimate.throughput.counts import AnalyticStepCounts, analytic_step_counts
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
-from tunecost.estimate.throughput.intervals import TransferSpread, interval_log_halfwidth, transfer_spread
+from tunecost.estimate.throughput.intervals import (
+    HeldOut,
+    IntervalEvidence,
+    combined_halfwidth,
+    interval_parts,
+    transfer_errors,
+    workload_errors,
+)
 from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, empirical_lengths, fixed_lengths
 from tunecost.estimate.throughput.model import PARAM_NAMES, StackParams, StepTime, catalog_gpu_terms, step_time
 from tunecost.estimate.throughput.priors import PRIORS, Prior
@@ -40,6 +48,7 @@ FIT_NAMES = (*PARAM_NAMES, "run_overhead_s")
 MIN_POINTS = len(FIT_NAMES) + 1
 LOG_NOISE = 0.05  # assumed measurement noise on log throughput: weighs the data against the priors
 INTERVAL_LEVEL = 0.95
+EVIDENCE_VERSION = 1  # bump when what the held-out checks compute changes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +121,12 @@ class Prediction:
     notes: tuple[str, ...] = field(default_factory=tuple)
     host_cpu: str = ""  # the host CPU the prediction assumes ("" when a GPU profile measured the host times)
     startup_s: float = 0.0  # one run's start-up (the calibrated time per run on this host), outside steady state
+    interval_parts: tuple[tuple[str, float, str], ...] = ()  # (kind, log half-width, basis), intervals.py
+
+    @property
+    def interval_kinds(self) -> str:
+        """The kinds of extrapolation behind the interval, with their share of it: "other GPU ±9 %; ..."."""
+        return "; ".join(f"{kind} ±{100 * math.expm1(h):.0f} %" for kind, h, _ in self.interval_parts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,7 +179,7 @@ class CalibratedModel:
     gpu_terms: Mapping[str, GpuTerms] = field(default_factory=dict)  # measured profiles, by catalog name
     stacks: Mapping[str, CalibratedModel] = field(default_factory=dict)  # per method, where it had enough points
     run_queries: int | None = None  # the run length every calibration point shares (the paper's 1000), if one
-    spread: TransferSpread | None = None  # how far predictions move from GPU to GPU (intervals.py)
+    evidence: IntervalEvidence | None = None  # held-out errors that set the intervals (intervals.py)
     log_residual_dof: int = 1
 
     @property
@@ -189,16 +204,19 @@ class CalibratedModel:
         qps = run_queries_per_s(step.step_s, target.job.batch_size, self.run_overhead_s / terms.host_speed, run_queries)
         reasons = self._extrapolation(job, counts, gpu)
         rng = self.ranges.get(job.model)
-        halfwidth = interval_log_halfwidth(
-            self.log_residual_sd,
-            self.log_residual_dof,
-            self.spread,
-            terms,
-            [self.terms_for(resolve_gpu_name(g).gpu) for g in self.gpus],
+        calibrated = [self.terms_for(resolve_gpu_name(g).gpu) for g in self.gpus]
+        parts = interval_parts(
+            in_sample=Halfwidth(self.interval_log_halfwidth, f"in-sample scatter of {self.num_points} points"),
+            evidence=self.evidence,
+            target=terms,
+            calibrated=calibrated,
+            workload_calibrated=not self._workload_reasons(job),
+            cross_architecture=gpu.architecture not in {resolve_gpu_name(g).gpu.architecture for g in self.gpus},
             batch_size=job.batch_size,
             calibrated_max_batch=rng.batch_sizes[1] if rng else None,
             host_fraction=step.exposed_host_s / step.step_s,
         )
+        halfwidth = combined_halfwidth(parts)
         factor = math.exp(halfwidth)
         notes = [
             f"lengths: {counts.lengths.source}",
@@ -223,6 +241,7 @@ class CalibratedModel:
             notes=tuple(notes),
             host_cpu="" if terms.host_measured else (terms.host_cpu or REFERENCE_HOST),
             startup_s=self.run_overhead_s / terms.host_speed,
+            interval_parts=tuple(parts),
         )
 
     def _extrapolation(self, job: FineTuneJob, counts: AnalyticStepCounts, gpu: GPU) -> list[str]:
@@ -231,20 +250,29 @@ class CalibratedModel:
             reasons.append(f"GPU {gpu.name} not in the calibration ({', '.join(self.gpus)}): cross-GPU transfer")
         rng = self.ranges.get(job.model)
         if rng is None:
-            return [*reasons, f"model {job.model} not in the calibration ({', '.join(sorted(self.ranges))})"]
+            return [*reasons, *self._workload_reasons(job)]
         lo, hi = rng.batch_sizes
         if not lo <= job.batch_size <= hi:
             far = " (far outside)" if job.batch_size > 2 * hi or job.batch_size * 2 < lo else ""
             reasons.append(f"batch {job.batch_size} outside calibrated {lo}..{hi} for {job.model}{far}")
+        reasons += self._workload_reasons(job)
+        t_lo, t_hi = rng.tokens_per_step
+        if not 0.5 * t_lo <= counts.tokens_per_step <= 2.0 * t_hi:
+            reasons.append(f"{counts.tokens_per_step:.0f} tokens per step, calibrated {t_lo:.0f}..{t_hi:.0f}")
+        return reasons
+
+    def _workload_reasons(self, job: FineTuneJob) -> list[str]:
+        """What of the workload (model, top-k, method) the calibration did not cover."""
+        rng = self.ranges.get(job.model)
+        if rng is None:
+            return [f"model {job.model} not in the calibration ({', '.join(sorted(self.ranges))})"]
+        reasons = []
         if job.experts_per_token not in rng.experts_per_token:
             reasons.append(
                 f"top-{job.experts_per_token} not calibrated for {job.model} (have {sorted(rng.experts_per_token)})"
             )
         if job.method not in rng.methods:
             reasons.append(f"method {job.method} not calibrated for {job.model} (have {sorted(rng.methods)})")
-        t_lo, t_hi = rng.tokens_per_step
-        if not 0.5 * t_lo <= counts.tokens_per_step <= 2.0 * t_hi:
-            reasons.append(f"{counts.tokens_per_step:.0f} tokens per step, calibrated {t_lo:.0f}..{t_hi:.0f}")
         return reasons
 
 
@@ -354,21 +382,91 @@ def calibrate(
     priors: Mapping[str, Prior] | None = None,
     gpu_terms: Mapping[str, GpuTerms] | None = None,
     transfer_check: bool = True,
+    fallback_evidence: Callable[[], IntervalEvidence | None] | None = None,
 ) -> CalibratedModel:
     """Fit the shared parameters to `points`; see the module docstring. One set per software stack (method:
     qlora, lora, full) that has enough points of its own, used for targets of that method; the set fitted on all
     points serves the others. `priors` replaces some of `PRIORS`; `use_priors=False` drops them (plain least
     squares within the bounds); both are for sensitivity studies. `gpu_terms`: measured GPU profiles by catalog
-    name. `transfer_check`: calibrate again without each GPU to size the cross-GPU part of the interval
-    (`intervals.transfer_spread`)."""
+    name. `transfer_check`: calibrate again without each GPU and each group to measure the held-out errors that
+    set the intervals; `fallback_evidence` serves the kinds these points cannot hold out (one GPU)."""
     options = FitOptions(use_priors=use_priors, priors=priors, gpu_terms=gpu_terms)
-    return _calibrate(points, source, options, transfer_check)
+    model = _calibrate(points, source, options)
+    if not transfer_check:
+        return model
+    evidence = held_out_evidence(points, options, model)
+    fallback = fallback_evidence() if evidence.transfer is None and fallback_evidence is not None else None
+    if fallback is not None:
+        evidence = replace(
+            evidence, transfer=fallback.transfer, note=f"{evidence.note}; to another GPU: {fallback.note}"
+        )
+    stacks = {m: replace(s, evidence=evidence) for m, s in model.stacks.items()}
+    return replace(model, evidence=evidence, stacks=stacks, notes=(*model.notes, evidence.note))
 
 
-def _calibrate(
-    points: Sequence[CalibrationPoint], source: str, options: FitOptions, transfer_check: bool
-) -> CalibratedModel:
+def held_out_evidence(
+    points: Sequence[CalibrationPoint], options: FitOptions, model: CalibratedModel
+) -> IntervalEvidence:
+    """Leave-one-GPU-out and leave-one-group-out errors of `points`, kept on disk per calibration."""
+    import hashlib
+    import json
 
+    from tunecost.io import atomic_write_json, cache_root
+
+    key = hashlib.sha256(
+        repr(
+            (EVIDENCE_VERSION, [(p.target, p.queries_per_s, p.run_queries) for p in points], options, model.params)
+        ).encode()
+    ).hexdigest()[:24]
+    path = cache_root() / "interval-evidence" / f"{key}.json"
+    if path.is_file():
+        try:
+            return _evidence_from_json(json.loads(path.read_text()))
+        except (ValueError, KeyError, TypeError):
+            pass  # a torn or older file is recomputed
+
+    def rest(pts: list[CalibrationPoint]) -> CalibratedModel:
+        return _calibrate(pts, "measurements", options)
+
+    transfer = transfer_errors(points, rest, MIN_POINTS)
+    workload = workload_errors(points, rest, group_of)
+    if transfer.errors:
+        note = f"interval to another GPU from {len(transfer.errors)} held-out errors ({transfer.source})"
+    else:
+        note = "one GPU calibrated: no held-out error of a move to another GPU"
+    evidence = IntervalEvidence(transfer=transfer if transfer.errors else None, workload=workload, note=note)
+    atomic_write_json(path, _evidence_to_json(evidence))
+    return evidence
+
+
+def _evidence_to_json(e: IntervalEvidence) -> dict:
+    def held(h: HeldOut | None) -> dict | None:
+        return None if h is None else {**asdict(h), "errors": list(h.errors), "cross": list(h.cross_architecture)}
+
+    return {"transfer": held(e.transfer), "workload": held(e.workload), "note": e.note}
+
+
+def _evidence_from_json(d: dict) -> IntervalEvidence:
+    def held(h: dict | None) -> HeldOut | None:
+        if h is None:
+            return None
+        return HeldOut(
+            kind=h["kind"],
+            errors=tuple(float(x) for x in h["errors"]),
+            source=h["source"],
+            cross_architecture=tuple(bool(x) for x in h["cross"]),
+        )
+
+    return IntervalEvidence(transfer=held(d["transfer"]), workload=held(d["workload"]), note=str(d["note"]))
+
+
+def group_of(point: CalibrationPoint) -> tuple[str, str, str]:
+    """(model, dataset or seqN, catalog GPU): the unit that leave-one-group-out holds out."""
+    t = point.target.job
+    return (t.model, t.dataset or f"seq{t.seq_len}", resolve_gpu_name(point.target.gpu).gpu.name)
+
+
+def _calibrate(points: Sequence[CalibrationPoint], source: str, options: FitOptions) -> CalibratedModel:
     model = fit_stack(points, source=source, options=options)
     by_method: dict[str, list[CalibrationPoint]] = defaultdict(list)
     for p in points:
@@ -388,19 +486,12 @@ def _calibrate(
             "one parameter set per software stack: "
             + "; ".join(f"{m} ({s.num_points} points)" for m, s in stacks.items())
         )
-    spread = None
-    if transfer_check:
-        spread = transfer_spread(points, lambda rest: _calibrate(rest, "measurements", options, False), MIN_POINTS)
-        notes.append(spread.note)
-    model = replace(
+    return replace(
         model,
         in_sample_mape=float(np.mean(np.abs(np.expm1(log_res)))),
         notes=tuple(notes),
-        spread=spread,
         run_queries=next(iter(lengths)) if len(lengths := {p.run_queries for p in points}) == 1 else None,
-        stacks={m: replace(s, spread=spread) for m, s in stacks.items()},
     )
-    return model
 
 
 def _ranges(prepared: Sequence[tuple]) -> dict[str, ModelRange]:

@@ -1,27 +1,9 @@
-"""The 95 % prediction interval of the throughput model, and the uncertainty of moving to another GPU.
+"""The 95 % interval of the throughput model, set by held-out errors per kind of extrapolation.
 
-On log throughput, with t the Student quantile at the calibration's degrees of freedom:
-
-    halfwidth = t * sqrt(sd_in^2 + (s_gpu * d_gpu)^2 + (s_host * f_host)^2 + (s_batch * d_batch)^2)
-
-- sd_in: the calibration's in-sample scatter (root mean square log residual).
-- d_gpu: how far the target GPU is from the nearest calibrated one, |ln(speed_target / speed_nearest)|, with a
-  GPU's speed the geometric mean of its achieved matmul rate and bandwidth (0 on a calibrated GPU).
-- s_gpu: log error per unit of that distance, measured by leave-one-GPU-out: calibrate without each GPU in turn
-  (where enough points remain), predict its points, and divide their RMS log error by their distance; the largest
-  such ratio is used, and never less than `TRANSFER_SD_PER_LOG_SPEED_MIN`. With one GPU, or where no GPU can be
-  left out, it is `TRANSFER_SD_PER_LOG_SPEED_ONE_GPU` and the interval says the transfer is unconstrained.
-- f_host: the predicted share of the step that is host time (kernel launches and the empty step), counted only on
-  a GPU that is not in the calibration, or on a host other than the calibration's: it runs in another machine,
-  whose CPU, driver and Python may launch kernels faster or slower. The model already scales host time by the
-  host's catalog speed (`catalog.host_cpus`: the CPU the user names, else the GPU's reference system's, else the
-  reference host's); s_host is what that leaves unknown: `HOST_SPEED_LOG_SD` when the host is assumed (clouds put
-  GPUs in servers of other CPU generations, which differ in single-thread speed by tens of percent),
-  `HOST_NAMED_LOG_SD` when the user named it (the catalog's per-clock factors chain vendors' claims). A GPU profile
-  that measured the launch and host times of the machine replaces this guess with data, and the term is then left
-  out.
-- d_batch: ln(batch / largest calibrated batch of the model) when above it, else 0; s_batch =
-  `BATCH_SD_PER_LOG` (an assumption: the padding and GEMM-shape terms carry the batch trend beyond the data).
+Each kind that applies to a target contributes a half-width on log throughput; they add in quadrature. A kind's
+half-width is the split-conformal quantile of its held-out errors (`conformal_halfwidth`), or a stated assumption
+where no held-out error of that kind exists. docs/throughput-model.md, "The interval", says which evidence each
+kind uses and shows the coverage.
 """
 
 from __future__ import annotations
@@ -34,15 +16,14 @@ from typing import Any
 
 import numpy as np
 
+from tunecost.estimate.conformal import INTERVAL_LEVEL, Halfwidth, conformal_halfwidth, normal_quantile
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
 
-INTERVAL_LEVEL = 0.95
-# Stated assumptions (not fitted): see the module docstring and docs/throughput-model.md.
-TRANSFER_SD_PER_LOG_SPEED_MIN = 0.10
-TRANSFER_SD_PER_LOG_SPEED_ONE_GPU = 0.45  # a one-GPU calibration cannot split host from GPU time
-BATCH_SD_PER_LOG = 0.10
-HOST_SPEED_LOG_SD = 0.25  # one sd of ln(host speed) between machines: about x/÷ 1.28
-HOST_NAMED_LOG_SD = 0.15  # one sd of ln(host speed) of a named catalog CPU: its per-clock factor is a chain of claims
+# Stated assumptions, used only where no held-out error of the kind exists (docs/throughput-model.md).
+BATCH_SD_PER_LOG = 0.10  # log error per e-fold of batch beyond the largest calibrated one
+TRANSFER_LOG_SD_ASSUMED = 0.45  # per e-fold of GPU speed, where no GPU was ever held out
+# ln(host speed) of a catalog CPU other than the calibration's: its per-clock chain is "uncertain by about ±15 %"
+HOST_CLOCK_CHAIN_LOG_HALFWIDTH = 0.15
 
 
 def speed_of(terms: GpuTerms) -> float:
@@ -57,80 +38,154 @@ def gpu_distance(target: GpuTerms, calibrated: Sequence[GpuTerms]) -> float:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TransferSpread:
-    sd_per_log_speed: float  # log error per unit of |ln(speed ratio)|
-    measured: tuple[tuple[str, float, float], ...]  # (held-out GPU, RMS log error, distance) per check
+class HeldOut:
+    """Held-out log errors of one kind: |ln(predicted / measured)|, per e-fold of GPU speed for transfers."""
+
+    kind: str
+    errors: tuple[float, ...]
+    source: str  # how they were obtained (shown with the interval)
+    cross_architecture: tuple[bool, ...] = ()  # transfers: the held-out GPU's architecture was not calibrated
+
+
+@dataclass(frozen=True, kw_only=True)
+class IntervalEvidence:
+    """What a calibration's own held-out checks (or, lacking them, the bundled calibration's) measured."""
+
+    transfer: HeldOut | None  # leave-one-GPU-out, per e-fold of GPU speed
+    workload: HeldOut | None  # leave-one-(model, dataset, GPU)-group-out
     note: str
 
+    def transfer_halfwidth(self, cross_architecture: bool) -> Halfwidth | None:
+        """The per-e-fold half-width of a move to another GPU (another architecture: its own errors if any)."""
+        if self.transfer is None or not self.transfer.errors:
+            return None
+        same = [e for e, x in zip(self.transfer.errors, self.transfer.cross_architecture, strict=True) if not x]
+        other = [e for e, x in zip(self.transfer.errors, self.transfer.cross_architecture, strict=True) if x]
+        if cross_architecture and other:
+            return conformal_halfwidth(other, f"{self.transfer.source}, to another architecture")
+        return conformal_halfwidth(same or other, self.transfer.source)
 
-def transfer_spread(
-    points: Sequence[Any], calibrate_rest: Callable[[list[Any]], Any], min_points: int
-) -> TransferSpread:
-    """Leave-one-GPU-out on `points` (CalibrationPoints); `calibrate_rest(points)` returns a CalibratedModel."""
+
+def _by_gpu(points: Sequence[Any]) -> dict[str, list[Any]]:
     from tunecost.catalog.gpus import resolve_gpu_name
 
     by_gpu: dict[str, list[Any]] = defaultdict(list)
     for p in points:
         by_gpu[resolve_gpu_name(p.target.gpu).gpu.name].append(p)
-    if len(by_gpu) < 2:
-        return TransferSpread(
-            sd_per_log_speed=TRANSFER_SD_PER_LOG_SPEED_ONE_GPU,
-            measured=(),
-            note=f"calibrated on one GPU ({next(iter(by_gpu), '?')}): the split of host and GPU time is not "
-            f"constrained by data, so the transfer to other GPUs is unconstrained (interval: "
-            f"{TRANSFER_SD_PER_LOG_SPEED_ONE_GPU} log-sd per e-fold of GPU speed, assumed)",
-        )
-    measured = []
-    for gpu, held in sorted(by_gpu.items()):
+    return by_gpu
+
+
+def _log_errors(model: Any, held: Sequence[Any]) -> list[float]:
+    return [math.log(model.predict(p.target, run_queries=p.run_queries).queries_per_s / p.queries_per_s) for p in held]
+
+
+def transfer_errors(points: Sequence[Any], calibrate_rest: Callable[[list[Any]], Any], min_points: int) -> HeldOut:
+    """Leave-one-GPU-out on `points` (CalibrationPoints): each held-out error divided by the GPU's distance."""
+    from tunecost.catalog.gpus import resolve_gpu_name
+
+    errors: list[float] = []
+    cross: list[bool] = []
+    checks = []
+    for gpu, held in sorted(_by_gpu(points).items()):
         rest = [p for p in points if p not in held]
         if len(rest) < min_points:
             continue
         model = calibrate_rest(rest)
         target = model.terms_for(resolve_gpu_name(gpu).gpu)
         dist = gpu_distance(target, [model.terms_for(resolve_gpu_name(g).gpu) for g in model.gpus])
-        errs = [
-            math.log(model.predict(p.target, run_queries=p.run_queries).queries_per_s / p.queries_per_s) for p in held
-        ]
-        measured.append((gpu, float(np.sqrt(np.mean(np.square(errs)))), dist))
-    if not measured:
-        return TransferSpread(
-            sd_per_log_speed=TRANSFER_SD_PER_LOG_SPEED_ONE_GPU,
-            measured=(),
-            note="no GPU could be left out (too few points without it): cross-GPU uncertainty assumed "
-            f"({TRANSFER_SD_PER_LOG_SPEED_ONE_GPU} log-sd per e-fold of GPU speed)",
+        if dist <= 0:
+            continue
+        arch = resolve_gpu_name(gpu).gpu.architecture
+        other_arch = arch not in {resolve_gpu_name(g).gpu.architecture for g in model.gpus}
+        errs = _log_errors(model, held)
+        errors += [abs(e) / dist for e in errs]
+        cross += [other_arch] * len(errs)
+        rms = float(np.sqrt(np.mean(np.square(errs))))
+        checks.append(
+            f"without {gpu}: {100 * math.expm1(rms):.1f} % RMS over {len(errs)} points at distance {dist:.2f}"
         )
-    ratios = [rms / dist for _, rms, dist in measured if dist > 0]
-    sd = max([TRANSFER_SD_PER_LOG_SPEED_MIN, *ratios])
-    checks = ", ".join(f"without {g}: {100 * math.expm1(r):.1f} % RMS at distance {d:.2f}" for g, r, d in measured)
-    return TransferSpread(
-        sd_per_log_speed=sd,
-        measured=tuple(measured),
-        note=f"cross-GPU interval: {sd:.3f} log-sd per e-fold of GPU speed (leave-one-GPU-out {checks})",
+    return HeldOut(
+        kind="other GPU",
+        errors=tuple(errors),
+        source="leave-one-GPU-out (" + ("; ".join(checks) or "no GPU could be left out") + ")",
+        cross_architecture=tuple(cross),
     )
 
 
-def interval_log_halfwidth(
-    sd_in: float,
-    dof: int,
-    spread: TransferSpread | None,
+def workload_errors(
+    points: Sequence[Any], calibrate_rest: Callable[[list[Any]], Any], group_of: Callable[[Any], tuple]
+) -> HeldOut:
+    """Leave-one-group-out on `points`: each (model, dataset, GPU) group predicted by a calibration without it."""
+    groups: dict[tuple, list[Any]] = defaultdict(list)
+    for p in points:
+        groups[group_of(p)].append(p)
+    errors: list[float] = []
+    for key, held in sorted(groups.items()):
+        rest = [p for p in points if group_of(p) != key]
+        if len(groups) < 2 or not rest:
+            continue
+        try:
+            model = calibrate_rest(rest)
+        except Exception:  # too few points without this group: it cannot be held out
+            continue
+        errors += [abs(e) for e in _log_errors(model, held)]
+    return HeldOut(
+        kind="workload not calibrated",
+        errors=tuple(errors),
+        source=f"leave-one-group-out over {len(groups)} (model, dataset, GPU) groups",
+    )
+
+
+def interval_parts(
+    *,
+    in_sample: Halfwidth,
+    evidence: IntervalEvidence | None,
     target: GpuTerms,
     calibrated: Sequence[GpuTerms],
-    *,
+    workload_calibrated: bool,
+    cross_architecture: bool,
     batch_size: int,
     calibrated_max_batch: int | None,
     host_fraction: float = 0.0,
-) -> float:
-    """Half-width of the 95 % interval on log throughput (see the module docstring)."""
-    from scipy.stats import t as student_t
-
-    s_gpu = spread.sd_per_log_speed if spread else 0.0
+) -> list[tuple[str, float, str]]:
+    """(kind, half-width on log throughput, basis) for each kind of extrapolation that applies to the target."""
+    parts = []
+    workload = evidence.workload if evidence else None
+    if workload_calibrated or workload is None or not workload.errors:
+        parts.append(("calibrated workload", in_sample.value, in_sample.basis))
+    else:
+        w = conformal_halfwidth(workload.errors, workload.source)
+        parts.append((workload.kind, w.value, w.basis))
     d_gpu = gpu_distance(target, calibrated)
-    d_batch = math.log(batch_size / calibrated_max_batch) if calibrated_max_batch else 0.0
-    # another machine: a GPU outside the calibration, or a calibrated GPU on another host than the calibration's
-    other_machine = not any(c.name == target.name and c.host_cpu == target.host_cpu for c in calibrated)
-    s_host = (HOST_NAMED_LOG_SD if target.host_named else HOST_SPEED_LOG_SD) if other_machine else 0.0
-    s_host = 0.0 if target.host_measured else s_host
-    sd = math.sqrt(
-        sd_in**2 + (s_gpu * d_gpu) ** 2 + (s_host * host_fraction) ** 2 + (BATCH_SD_PER_LOG * max(0.0, d_batch)) ** 2
-    )
-    return float(student_t.ppf(0.5 + INTERVAL_LEVEL / 2, max(dof, 1))) * sd
+    if d_gpu > 0:
+        kind = "other architecture" if cross_architecture else "other GPU"
+        per = evidence.transfer_halfwidth(cross_architecture) if evidence else None
+        if per is None:
+            z = normal_quantile(INTERVAL_LEVEL)
+            per = Halfwidth(z * TRANSFER_LOG_SD_ASSUMED, f"assumed: {TRANSFER_LOG_SD_ASSUMED} log-sd per e-fold")
+        parts.append((kind, per.value * d_gpu, f"{per.basis}, x {d_gpu:.2f} e-folds of GPU speed"))
+    hosts = {c.host_cpu for c in calibrated}
+    if host_fraction > 0 and not target.host_measured and target.host_cpu not in hosts:
+        parts.append(
+            (
+                "other host CPU",
+                HOST_CLOCK_CHAIN_LOG_HALFWIDTH * host_fraction,
+                f"assumed: ±{HOST_CLOCK_CHAIN_LOG_HALFWIDTH} on the log of the catalog's host speed x host share "
+                f"{host_fraction:.2f}",
+            )
+        )
+    if calibrated_max_batch and batch_size > calibrated_max_batch:
+        d_batch = math.log(batch_size / calibrated_max_batch)
+        z = normal_quantile(INTERVAL_LEVEL)
+        parts.append(
+            (
+                "batch beyond calibrated",
+                z * BATCH_SD_PER_LOG * d_batch,
+                f"assumed: {BATCH_SD_PER_LOG} log-sd per e-fold beyond batch {calibrated_max_batch}",
+            )
+        )
+    return parts
+
+
+def combined_halfwidth(parts: Sequence[tuple[str, float, str]]) -> float:
+    return math.sqrt(sum(h * h for _, h, _ in parts))

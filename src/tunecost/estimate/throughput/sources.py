@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.csvfile import read_csv_rows
 from tunecost.errors import TunecostError
-from tunecost.estimate.measurements import Measurement, load_measurements
+from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS, Measurement, load_measurements
 from tunecost.estimate.throughput.calibrate import (
     PAPER_RUN_QUERIES,
     CalibratedModel,
@@ -22,6 +23,7 @@ from tunecost.estimate.throughput.calibrate import (
     throughput_target,
 )
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
+from tunecost.estimate.throughput.intervals import IntervalEvidence
 from tunecost.limits import MAX_QUERIES, check_count
 
 
@@ -117,12 +119,22 @@ def alias_notes(points: Sequence[CalibrationPoint]) -> list[str]:
 
 def calibrate_files(paths: Sequence[str | Path], *, gpu_terms: Mapping[str, GpuTerms] | None = None) -> CalibratedModel:
     """Calibrate on every point of every file (see `calibration_files`)."""
-    from dataclasses import replace
-
     files = calibration_files(paths)
     points = [p for f in files for p in load_calibration_points(f)]
-    model = calibrate(points, source=" + ".join(str(f) for f in files), gpu_terms=gpu_terms)
+    source = " + ".join(str(f) for f in files)
+    model = calibrate(points, source=source, gpu_terms=gpu_terms, fallback_evidence=bundled_evidence)
     return replace(model, notes=(*model.notes, *alias_notes(points)))
+
+
+def bundled_evidence() -> IntervalEvidence | None:
+    """The held-out errors of the calibration on every bundled measurement (the paper's A40 and A100-40GB):
+    what a calibration on one GPU borrows for the move to another."""
+    points = [p for f in BUNDLED_MEASUREMENTS for p in load_calibration_points(f)]
+    evidence = calibrate(points, source="bundled measurements").evidence
+    if evidence is None or evidence.transfer is None:
+        return None
+    note = f"the bundled calibration's {len(evidence.transfer.errors)} held-out errors ({evidence.transfer.source})"
+    return replace(evidence, note=note)
 
 
 def calibrate_file(path: str | Path) -> CalibratedModel:

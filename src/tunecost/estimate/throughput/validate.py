@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tunecost.estimate.throughput.calibrate import CalibratedModel, CalibrationPoint, calibrate
+from tunecost.estimate.throughput.calibrate import CalibratedModel, CalibrationPoint, calibrate, group_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -42,13 +42,6 @@ class GroupCheck:
     @property
     def max_ape(self) -> float:
         return max(abs(c.error) for c in self.checks)
-
-
-def group_of(point: CalibrationPoint) -> tuple[str, str, str]:
-    from tunecost.catalog.gpus import resolve_gpu_name
-
-    t = point.target.job
-    return (t.model, t.dataset or f"seq{t.seq_len}", resolve_gpu_name(point.target.gpu).gpu.name)
 
 
 def mape(checks: Sequence[PointCheck]) -> float:

@@ -1,0 +1,50 @@
+"""Prediction intervals from held-out errors: the split-conformal quantile, or a Student-t bound when too few.
+
+Used by the throughput model's intervals and by `validate`'s per-row intervals; docs/throughput-model.md,
+"The interval", shows the coverage they reach.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+INTERVAL_LEVEL = 0.95
+
+
+@dataclass(frozen=True)
+class Halfwidth:
+    value: float  # on the log scale of the quantity
+    basis: str  # which errors set it, and how
+
+
+def normal_quantile(level: float) -> float:
+    """Two-sided: the z with P(|Z| <= z) = level."""
+    from scipy.stats import norm
+
+    return float(norm.ppf(0.5 + level / 2))
+
+
+def conformal_rank(n: int, level: float = INTERVAL_LEVEL) -> int | None:
+    """The rank (1-based) of the held-out |error| that bounds a new one with probability >= level; None when
+    n errors are too few (fewer than 1 / (1 - level) - 1)."""
+    k = math.ceil((n + 1) * level)
+    return k if k <= n else None
+
+
+def conformal_halfwidth(abs_errors: Sequence[float], source: str, level: float = INTERVAL_LEVEL) -> Halfwidth:
+    """The split-conformal half-width of `abs_errors` (held-out |log errors|); with too few of them, the Student-t
+    prediction bound of their root mean square (n degrees of freedom: the errors are centred on zero)."""
+    from scipy.stats import t as student_t
+
+    errors = sorted(abs(e) for e in abs_errors)
+    n = len(errors)
+    if n == 0:
+        raise ValueError("no held-out errors")
+    k = conformal_rank(n, level)
+    if k is not None:
+        return Halfwidth(errors[k - 1], f"{source}: split-conformal, error {k} of {n}")
+    rms = math.sqrt(sum(e * e for e in errors) / n)
+    t = float(student_t.ppf(0.5 + level / 2, n))
+    return Halfwidth(t * rms * math.sqrt(1 + 1 / n), f"{source}: Student t on the RMS of {n} errors (too few to rank)")

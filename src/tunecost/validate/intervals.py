@@ -1,0 +1,65 @@
+"""The 95 % interval of each validated row, from held-out errors of the shipped corpus's rows.
+
+A row's interval is the split-conformal quantile (`estimate.conformal`) of |ln(predicted / measured)| over rows
+of its quantity class: of its own stack where the corpus has `MIN_STACK_ERRORS` of them (the row itself left
+out), else of every other source (a stack the corpus has not validated). docs/throughput-model.md shows the
+coverage this reaches.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from tunecost.catalog.held_out_errors import HeldOutError, held_out_errors
+from tunecost.estimate.conformal import conformal_halfwidth
+from tunecost.validate.mapping import THROUGHPUT_QUANTITIES
+
+if TYPE_CHECKING:
+    from tunecost.validate.run import ValidationRow
+
+
+def quantity_class(quantity: str) -> str:
+    """Throughput quantities share their errors (each is one step time); each memory quantity has its own."""
+    return "throughput" if quantity in THROUGHPUT_QUANTITIES else quantity
+
+
+MIN_STACK_ERRORS = 5  # fewer rows of a stack do not describe it: the other sources' errors are used
+
+
+def has_interval(row: ValidationRow) -> bool:
+    return row.status == "ok" and row.error is not None and row.quantity != "oom" and bool(row.predicted)
+
+
+def with_intervals(rows: Sequence[ValidationRow], errors: Sequence[HeldOutError] | None = None) -> list[ValidationRow]:
+    """`rows` with `low`/`high` set where a prediction can carry an interval."""
+    evidence = held_out_errors() if errors is None else errors
+    out = []
+    for row in rows:
+        if not has_interval(row):
+            out.append(row)
+            continue
+        kind = quantity_class(row.quantity)
+        same = [e for e in evidence if quantity_class(e.quantity) == kind]
+        own = [e.log_error for e in same if e.stack == row.stack and (e.source, e.id) != (row.source, row.id)]
+        if len(own) >= MIN_STACK_ERRORS:
+            pool, what = own, f"{len(own)} other {kind} rows of stack {row.stack}"
+        else:
+            pool = [e.log_error for e in same if e.source != row.source]
+            what = f"{len(pool)} {kind} rows of other sources (stack {row.stack or '?'} not validated)"
+        if not pool:
+            out.append(replace(row, interval=f"no held-out {kind} errors"))
+            continue
+        h = conformal_halfwidth(pool, what)
+        assert row.predicted is not None
+        out.append(
+            replace(
+                row,
+                low=round(row.predicted * math.exp(-h.value), 4),
+                high=round(row.predicted * math.exp(h.value), 4),
+                interval=h.basis,
+            )
+        )
+    return out

@@ -1,0 +1,111 @@
+"""Per-row 95 % intervals of `validate` from held-out errors (validate/intervals.py, catalog/held_out_errors.py)."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tunecost.catalog.held_out_errors import HeldOutError, held_out_errors
+from tunecost.validate.intervals import MIN_STACK_ERRORS, quantity_class, with_intervals
+from tunecost.validate.run import ValidationRow, interval_coverage, summarize
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _row(id: str, source: str, stack: str, measured: float, predicted: float, quantity="tokens_per_s_per_gpu"):
+    return ValidationRow(
+        id=id,
+        quantity=quantity,
+        measured=measured,
+        predicted=predicted,
+        unit="",
+        error=round((predicted - measured) / measured * 100, 2),
+        status="ok",
+        reason="",
+        stack=stack,
+        source=source,
+    )
+
+
+def _errors(stack: str, source: str, values: list[float], quantity="s_per_step") -> list[HeldOutError]:
+    return [
+        HeldOutError(source=source, id=f"{source}-{i}", quantity=quantity, stack=stack, log_error=v)
+        for i, v in enumerate(values)
+    ]
+
+
+def test_a_validated_stack_takes_its_own_errors_without_the_row() -> None:
+    own = _errors("s", "src-a", [0.01 * i for i in range(1, 21)])  # 20 errors, 0.01 .. 0.20
+    other = _errors("t", "src-b", [1.0] * 30)
+    row = _row("src-a-19", "src-a", "s", 100.0, 100.0 * math.exp(0.2))  # the row of error 0.20 itself
+    (got,) = with_intervals([row], own + other)
+    # its own error is left out: 19 remain, and error 19 of 19 (0.19) bounds a new one at 95 %
+    assert got.high == pytest.approx(round(row.predicted * math.exp(0.19), 4))
+    assert got.inside is False and "19 other throughput rows of stack s" in got.interval
+    assert quantity_class("s_per_step") == quantity_class("tokens_per_s_per_gpu") == "throughput"
+
+
+def test_a_stack_with_too_few_rows_takes_the_other_sources_errors() -> None:
+    few = _errors("s", "src-a", [0.01] * (MIN_STACK_ERRORS - 1))
+    other = _errors("t", "src-b", [0.5] * 25)
+    row = _row("x", "src-a", "s", 10.0, 11.0)
+    (got,) = with_intervals([row], few + other)
+    assert got.low == pytest.approx(round(11.0 * math.exp(-0.5), 4)) and got.inside is True
+    assert "of other sources (stack s not validated)" in got.interval
+    # the row's own source never sets its interval: with none other, there is none
+    (alone,) = with_intervals([row], few)
+    assert alone.low is None and alone.inside is None and "no held-out" in alone.interval
+
+
+def test_oom_skipped_and_calibration_rows_carry_no_interval() -> None:
+    errors = _errors("s", "b", [0.1] * 30, quantity="peak_allocated_gib")
+    oom = _row("o", "a", "s", 1.0, 0.0, quantity="oom")
+    calibration = ValidationRow(
+        id="c", quantity="s_per_step", measured=1.0, predicted=1.0, unit="s", error=None, status="ok", reason=""
+    )
+    assert [r.low for r in with_intervals([oom, calibration], errors)] == [None, None]
+
+
+def test_coverage_and_summary_count_the_rows_inside() -> None:
+    errors = _errors("s", "b", [0.1] * 30, quantity="peak_allocated_gib")
+    rows = with_intervals(
+        [
+            _row("in", "a", "s", 10.0, 10.5, quantity="peak_allocated_gib"),
+            _row("out", "a", "s", 10.0, 13.0, quantity="peak_allocated_gib"),
+        ],
+        errors,
+    )
+    cover = interval_coverage(rows)
+    assert cover["with_interval"] == 2 and cover["inside"] == 1 and cover["coverage_pct"] == 50.0
+    assert cover["median_halfwidth_pct"] == pytest.approx(100 * (math.exp(0.1) - 1), abs=0.1)
+    summary = next(s for s in summarize(rows) if s.stack == "all")
+    assert (summary.with_interval, summary.inside) == (2, 1)
+
+
+def test_shipped_errors_file_reads_and_covers_each_quantity() -> None:
+    errors = held_out_errors()
+    assert len(errors) > 200 and len({e.source for e in errors}) >= 3
+    assert {quantity_class(e.quantity) for e in errors} >= {"throughput", "peak_allocated_gib", "nvidia_smi_gib"}
+
+
+@pytest.mark.slow
+def test_shipped_errors_file_is_what_validate_computes_now() -> None:
+    """benchmarks/held_out_errors.py --check: the shipped errors are this version's on the shipped corpus."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "held_out_errors.py"), "--check"],
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT / "src"), **__import__("os").environ},
+    )
+    assert done.returncode == 0, done.stderr
+    coverage = {
+        line.split()[0]: float(line.split("coverage ")[1].split(" %")[0])
+        for line in done.stdout.splitlines()
+        if "coverage" in line
+    }
+    # held out (the row itself, or its source), each quantity's 95 % interval covers 85-99 % of the corpus
+    assert coverage and all(85.0 <= c <= 99.0 for c in coverage.values()), coverage
