@@ -144,8 +144,9 @@ def median_from_mean_tokens(mean_tokens: float, log_sigma: float) -> float:
 
 
 def catalog_lengths(facts: DatasetFacts, batch_size: int, *, log_sigma: float = DEFAULT_LOG_SIGMA) -> SeqLengths:
-    """Lengths of a catalog dataset from its best statistic (docs/throughput-model.md, `lengths`, 3.); `log_sigma`
-    is the spread used where the data give none (the paper's rows, a median without a p95, a mean)."""
+    """Lengths of a catalog dataset from its best statistic (source 3 in docs/throughput-model.md, section
+    `tunecost.estimate.throughput.lengths`); `log_sigma` is the spread used where the data give none (the paper's
+    rows, a median without a p95, a mean)."""
     if facts.has_paper_median:  # unchanged: the throughput model was calibrated on exactly these lengths
         median = facts.median_tokens_paper
         return lognormal_lengths(
