@@ -56,19 +56,8 @@ ADAMW_IMPLS: dict[str, str] = {
 
 @dataclass(frozen=True, kw_only=True)
 class DeepSpeedZero2:
-    """DeepSpeed ZeRO stage 2 with an fp16 engine on one GPU (deepspeed 0.11.1, checked in its sdist):
-
-    - `runtime/engine.py` `_configure_distributed_model`: fp16 enabled -> `self.module.half()`: every floating
-      parameter, the LoRA factors included, in fp16; accelerate (0.24.1 `accelerator.py`, `native_amp`) and the
-      transformers Trainer (4.32 `trainer.py`, `use_cuda_amp`) turn autocast off under DeepSpeed, so nothing is
-      cast back to fp32 (the loss: `LOSS_MODEL_SHIFTED_NO_AUTOCAST`);
-    - `runtime/zero/stage_1_and_2.py`: an fp32 master copy of the trainable parameters with fp32 AdamW states and
-      an fp16 gradient partition (`averaged_gradients`): 2 + 4 + 8 + 2 = 16 bytes per trainable parameter, what
-      fp32 LoRA factors with fp32 gradients and AdamW states hold (how the simulator keeps them);
-    - `backward()` with `contiguous_gradients` allocates `reduce_bucket_size` fp16 elements for the gradient
-      buckets (`ipg_buffer`), a second with `overlap_comm`, and `independent_gradient_partition_epilogue` frees
-      them at the end of the backward.
-    """
+    """DeepSpeed ZeRO stage 2 with an fp16 engine on one GPU: fp16 parameters without autocast, fp32 master copy
+    and AdamW states, gradient buckets in backward (sources: docs/memory-model.md, `DeepSpeedZero2`)."""
 
     reduce_bucket_elements: int  # zero_optimization.reduce_bucket_size
     overlap_comm: bool  # zero_optimization.overlap_comm: double buffering
