@@ -1,8 +1,8 @@
 """Write docs/accuracy.md from `tunecost validate` on a measurement corpus (default: the shipped one), beside
 accelerate's estimate-memory, the bytes-per-parameter rule and DeepSpeed's model-states estimators computed on the
-same rows.
+same rows; `--readme` rewrites the accuracy table between README.md's accuracy markers from the same figures.
 
-    PYTHONPATH=src python benchmarks/accuracy_doc.py [--corpus FILE ...] [--out docs/accuracy.md] [--force]
+    PYTHONPATH=src python benchmarks/accuracy_doc.py [--corpus FILE ...] [--out docs/accuracy.md] [--force] [--readme]
 
 Simulations are cached (tunecost's simulate cache), so a second run takes seconds.
 """
@@ -13,6 +13,7 @@ import argparse
 import statistics
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from tunecost.io import atomic_write_text
@@ -35,6 +36,59 @@ def baseline_bytes(name: str, mapped) -> float:
         return deepspeed_estimate_bytes(job.model, mapped.num_gpus)
     fn = accelerate_estimate_bytes if name == "accelerate" else rule_estimate_bytes
     return fn(job.model, job.method) / mapped.num_gpus
+
+
+ESTIMATORS = ("tunecost", *BASELINES)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """tunecost and the baselines on the same modelled rows."""
+
+    peak: dict[str, tuple[int, dict[str, float | None]]]  # quantity (and "all peak") -> rows, median abs % error
+    oom_rows: int
+    oom_right: Counter[str]
+    ran_rows: int  # peak-memory rows that ran on a catalog GPU
+    false_oom: dict[str, int]
+
+    @property
+    def verdict_rows(self) -> int:
+        return self.ran_rows + self.oom_rows
+
+    @property
+    def verdict_right(self) -> dict[str, int]:
+        return {n: self.ran_rows - self.false_oom[n] + self.oom_right[n] for n in ESTIMATORS}
+
+
+def _compare(results, by_id) -> Comparison:
+    ok = [r for r in results if r.status == "ok"]
+    mapped_of = {r.id: map_row(by_id[r.id]) for r in ok if r.quantity in (*PEAK, "oom")}
+    peak: dict[str, tuple[int, dict[str, float | None]]] = {}
+    for quantity in (*PEAK, "all peak"):
+        sel = [r for r in ok if (r.quantity == quantity or (quantity == "all peak" and r.quantity in PEAK))]
+        if not sel:
+            continue
+        errs: dict[str, list[float]] = {name: [] for name in ESTIMATORS}
+        for r in sel:
+            mapped = mapped_of[r.id]
+            measured = r.measured or 0.0
+            for name in BASELINES:
+                est = baseline_bytes(name, mapped) / GIB
+                errs[name].append(abs(est - measured) / measured * 100)
+            errs["tunecost"].append(abs(r.error or 0.0))
+        peak[quantity] = (len(sel), {n: _median(errs[n]) for n in ESTIMATORS})
+    oom = [r for r in ok if r.quantity == "oom"]
+    oom_right: Counter[str] = Counter()
+    for r in oom:
+        mapped = mapped_of[r.id]
+        gpu = mapped.gpu_memory_bytes or 0
+        oom_right["tunecost"] += r.error == 0
+        for name in BASELINES:
+            oom_right[name] += (baseline_bytes(name, mapped) > gpu) == (r.measured == 1.0)
+    ran = [(r, mapped_of[r.id]) for r in ok if r.quantity in PEAK and mapped_of[r.id].gpu_memory_bytes]
+    false_oom = {n: sum(baseline_bytes(n, m) > m.gpu_memory_bytes for _r, m in ran) for n in BASELINES}
+    false_oom["tunecost"] = sum(r.fits is False for r, _m in ran)
+    return Comparison(peak, len(oom), oom_right, len(ran), false_oom)
 
 
 def _f(v, fmt="{:.1f}"):
@@ -91,10 +145,74 @@ def _throughput_stack_lines(results) -> list[str]:
     return [*lines, "", *(f"- {n} rows skipped: {reason}." for reason, n in sorted(failed.items())), ""]
 
 
-def render(corpus_paths: list[Path] | None) -> str:
+@dataclass(frozen=True)
+class Validated:
+    """`tunecost validate` on a corpus: its rows by id and the results."""
+
+    by_id: dict
+    results: list
+
+
+def validated(corpus_paths: list[Path] | None) -> Validated:
     rows = read_corpus(corpus_paths)
-    results = validate_rows(rows)
-    by_id = {r.id: r for r in rows}
+    return Validated({r.id: r for r in rows}, validate_rows(rows))
+
+
+README_START = "<!-- accuracy:start (benchmarks/accuracy_doc.py --readme) -->"
+README_END = "<!-- accuracy:end -->"
+
+
+def readme_table(v: Validated) -> str:
+    """The README's one accuracy table: tunecost beside the baselines on the shipped corpus."""
+    results, by_id = v.results, v.by_id
+    totals, thr, cmp = memory_totals(results), throughput_totals(results), _compare(results, by_id)
+    blank = " |" * len(BASELINES)
+    header = {"accelerate": "accelerate estimate-memory", "rule": "16/2/0.5 bytes per parameter"}
+    header["DeepSpeed"] = "DeepSpeed ZeRO estimator"
+    lines = [
+        "| median absolute % error, unless a count | rows | tunecost | "
+        + " | ".join(header[n] for n in BASELINES)
+        + " |",
+        "|---|---|---|" + "---|" * len(BASELINES),
+        f"| memory rows modelled (count) | {totals['memory_rows']} | {totals['memory_rows_modelled']} |{blank}",
+    ]
+    names = {"all peak": "peak memory", "peak_allocated_gib": "peak allocated (torch)"}
+    names |= {"peak_reserved_gib": "peak reserved (torch)", "nvidia_smi_gib": "peak nvidia-smi"}
+    for quantity in ("all peak", *PEAK):
+        if quantity in cmp.peak:
+            n, medians = cmp.peak[quantity]
+            lines.append(f"| {names[quantity]} | {n} | " + " | ".join(_f(medians[m]) for m in ESTIMATORS) + " |")
+    if cmp.oom_rows and cmp.ran_rows:
+        right = cmp.verdict_right
+        lines.append(
+            f"| fits / out-of-memory verdict right (count) | {cmp.verdict_rows} | "
+            + " | ".join(str(right[n]) for n in ESTIMATORS)
+            + " |"
+        )
+    lines.append(f"| throughput (mean absolute % error) | {thr['predicted_rows']} | {_f(thr['mape'])} |{blank}")
+    multi = [r for r in results if r.status == "ok" and map_row(by_id[r.id]).num_gpus > 1]
+    multi_thr = [abs(r.error) for r in multi if r.quantity in THROUGHPUT and r.error is not None]
+    if multi_thr:
+        lines.append(
+            f"| throughput on 2 and 4 GPUs (mean absolute % error) | {len(multi_thr)} | "
+            f"{_f(statistics.fmean(multi_thr))} |{blank}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def readme_block(v: Validated) -> str:
+    return f"{README_START}\n{readme_table(v)}{README_END}"
+
+
+def replace_readme_block(text: str, block: str) -> str:
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        raise ValueError(f"no {README_START} ... {README_END} block")
+    return text[:start] + block + text[end + len(README_END) :]
+
+
+def render(v: Validated) -> str:
+    results, by_id = v.results, v.by_id
     totals = memory_totals(results)
     thr = throughput_totals(results)
     lines = [
@@ -171,50 +289,26 @@ def render(corpus_paths: list[Path] | None) -> str:
         "DeepSpeed median abs % |",
         "|---|---|---|---|---|---|",
     ]
-    ok = [r for r in results if r.status == "ok"]
-    mapped_of = {r.id: map_row(by_id[r.id]) for r in ok if r.quantity in (*PEAK, "oom")}
-    oom_right: Counter[str] = Counter()
-    for quantity in (*PEAK, "all peak"):
-        sel = [r for r in ok if (r.quantity == quantity or (quantity == "all peak" and r.quantity in PEAK))]
-        if not sel:
-            continue
-        errs: dict[str, list[float]] = {name: [] for name in ("tunecost", *BASELINES)}
-        for r in sel:
-            mapped = mapped_of[r.id]
-            measured = r.measured or 0.0
-            for name in BASELINES:
-                est = baseline_bytes(name, mapped) / GIB
-                errs[name].append(abs(est - measured) / measured * 100)
-            errs["tunecost"].append(abs(r.error or 0.0))
+    cmp = _compare(results, by_id)
+    for quantity, (n, medians) in cmp.peak.items():
+        lines.append(f"| {quantity} | {n} | " + " | ".join(_f(medians[m]) for m in ESTIMATORS) + " |")
+    if cmp.oom_rows:
         lines.append(
-            f"| {quantity} | {len(sel)} | " + " | ".join(_f(_median(errs[n])) for n in ("tunecost", *BASELINES)) + " |"
+            f"| oom (right) | {cmp.oom_rows} | " + " | ".join(str(cmp.oom_right[n]) for n in ESTIMATORS) + " |"
         )
-    oom = [r for r in ok if r.quantity == "oom"]
-    for r in oom:
-        mapped = mapped_of[r.id]
-        gpu = mapped.gpu_memory_bytes or 0
-        oom_right["tunecost"] += r.error == 0
-        for name in BASELINES:
-            oom_right[name] += (baseline_bytes(name, mapped) > gpu) == (r.measured == 1.0)
-    if oom:
+    if cmp.oom_rows and cmp.ran_rows:
         lines.append(
-            f"| oom (right) | {len(oom)} | " + " | ".join(str(oom_right[n]) for n in ("tunecost", *BASELINES)) + " |"
-        )
-    ran = [(r, mapped_of[r.id]) for r in ok if r.quantity in PEAK and mapped_of[r.id].gpu_memory_bytes]
-    false_oom = {n: sum(baseline_bytes(n, m) > m.gpu_memory_bytes for _r, m in ran) for n in BASELINES}
-    false_oom["tunecost"] = sum(r.fits is False for r, _m in ran)
-    if oom and ran:
-        lines.append(
-            f"| fits/oom verdict (right) | {len(ran) + len(oom)} | "
-            + " | ".join(str(len(ran) - false_oom[n] + oom_right[n]) for n in ("tunecost", *BASELINES))
+            f"| fits/oom verdict (right) | {cmp.verdict_rows} | "
+            + " | ".join(str(cmp.verdict_right[n]) for n in ESTIMATORS)
             + " |"
         )
         lines += [
             "",
-            f"Every one of the {len(oom)} rows that state out of memory ran out of it, so an estimate above the "
+            f"Every one of the {cmp.oom_rows} rows that state out of memory ran out of it, so an estimate above the "
             "GPU's memory everywhere gets them all right; on the "
-            f"{len(ran)} peak-memory rows that ran (on a GPU in the catalog), the estimate exceeds the GPU's memory "
-            + ", ".join(f"{false_oom[n]} times for {n}" for n in ("tunecost", *BASELINES))
+            f"{cmp.ran_rows} peak-memory rows that ran (on a GPU in the catalog), the estimate exceeds the GPU's "
+            "memory "
+            + ", ".join(f"{cmp.false_oom[n]} times for {n}" for n in ESTIMATORS)
             + " (a false out-of-memory).",
         ]
     lines += [
@@ -248,7 +342,7 @@ def render(corpus_paths: list[Path] | None) -> str:
         "| id | model | method | batch x seq | quantity | measured | predicted | unit | error | note |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in ok:
+    for r in (r for r in results if r.status == "ok"):
         c = by_id[r.id]
         lines.append(
             f"| {r.id} | {c.get('model')} | {c.get('method')} | {c.get('batch_size_per_gpu')} x {c.get('seq_len')} "
@@ -260,19 +354,34 @@ def render(corpus_paths: list[Path] | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, nargs="*", default=None)
-    parser.add_argument("--out", type=Path, default=Path("docs/accuracy.md"))
+    parser.add_argument("--out", type=Path, default=None, help="default docs/accuracy.md, unless --readme")
     parser.add_argument("--force", action="store_true", help="replace --out if it exists")
+    parser.add_argument(
+        "--readme",
+        type=Path,
+        nargs="?",
+        const=Path("README.md"),
+        default=None,
+        help="rewrite the accuracy block of this README (default README.md) instead of --out",
+    )
     args = parser.parse_args(argv)
-    if args.out.exists() and not args.force:
-        print(f"error: {args.out} exists; pass --force to replace it", file=sys.stderr)
+    out = args.out or (None if args.readme else Path("docs/accuracy.md"))
+    if out is not None and out.exists() and not args.force:
+        print(f"error: {out} exists; pass --force to replace it", file=sys.stderr)
         return 2
+    if args.readme is not None:
+        replace_readme_block(args.readme.read_text(), "")  # the markers are there before anything runs
     try:
-        text = render(args.corpus or None)
+        v = validated(args.corpus or None)
     except Skip as exc:  # pragma: no cover - rows are mapped before
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    atomic_write_text(args.out, text)
-    print(f"wrote {args.out}")
+    if args.readme is not None:
+        atomic_write_text(args.readme, replace_readme_block(args.readme.read_text(), readme_block(v)))
+        print(f"wrote the accuracy block of {args.readme}")
+    if out is not None:
+        atomic_write_text(out, render(v))
+        print(f"wrote {out}")
     return 0
 
 

@@ -1,14 +1,7 @@
 """Dataset facts the cost model needs without the data: rows per epoch and token-length statistics, each with its
 source (data/datasets.csv).
 
-A row holds the query count of one split and, where a source gives them, the tokens per query: the paper's median
-(its four datasets, Table II / Fig. 2), a median / 95th percentile / maximum (measured by
-benchmarks/dataset_lengths.py where the data is here) or a mean (what most papers publish), with the tokenizer that
-counted them. Values no source gives stay empty; `tunecost.estimate.throughput.lengths` turns the best one into a
-length distribution, or says what is missing.
-
-Names resolve case-insensitively with '_' and '-' alike, by catalog name, by an alias, or by hub id (whole or its
-last part, e.g. "yahma/alpaca-cleaned" or "databricks-dolly-15k"); where rows share a hub id the train split wins.
+Sources and derivations: docs/datasets.md, section `tunecost.catalog.datasets`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """The price catalog: $ per GPU-hour per provider, each row dated and sourced.
 
-`data/prices.csv` ships with tunecost; a user file (same columns) overrides rows with the same
-(provider, gpu, gpus_per_unit) and adds new ones. A row's optional `gpus_per_unit` (blank: 1) says the provider
-rents the GPU only in nodes of that many GPUs: N GPUs are billed as whole nodes (`billed_gpus`). The price is
-always per GPU-hour (a node's hourly price divided by its GPUs). Per-GPU rows answer one GPU
-(`prices_for`); a job on several GPUs weighs every row (`prices_for(..., whole_nodes=True)`, `cheapest_for`).
-
-Owned hardware is priced too: a row whose provider is "owned" (any case) or whose price is exactly 0 is `owned`;
-its price is 0, or what the user pays per GPU-hour to run it (electricity). `price_label` names it in tables.
+Sources and derivations: docs/prices.md, section `tunecost.catalog.prices`.
 """
 
 from __future__ import annotations

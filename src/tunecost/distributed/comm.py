@@ -1,14 +1,6 @@
 """Collective times from nccl-tests' bus-bandwidth definitions.
 
-nccl-tests (doc/PERFORMANCE.md) reports, for a collective on n ranks moving a buffer of S bytes in t seconds,
-the algorithm bandwidth algbw = S / t and the bus bandwidth busbw = algbw x factor, with factor
-2(n-1)/n for all-reduce, (n-1)/n for all-gather, reduce-scatter and all-to-all, and 1 for broadcast. busbw is
-what the links achieve independently of n, so a catalog busbw turns back into a time:
-
-    t = S x factor / busbw + latency
-
-S is the whole buffer: the gathered output of an all-gather, the unreduced input of a reduce-scatter, the tensor
-of an all-reduce, the send buffer of an all-to-all (as `recorder.Collective.nbytes` records it).
+Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.comm`.
 """
 
 from __future__ import annotations
@@ -46,7 +38,7 @@ BUS_FACTORS = {
 def collective_seconds(
     op: str, nbytes: float, num_ranks: int, bus_bandwidth_bytes_per_s: float, latency_seconds: float = 0.0
 ) -> float:
-    """Time of one collective `op` over `num_ranks` ranks moving a buffer of `nbytes` (see module docstring).
+    """Time of one collective `op` over `num_ranks` ranks moving a buffer of `nbytes` (see docs/multi-gpu.md).
     One rank communicates with nobody: 0 seconds."""
     factor = BUS_FACTORS.get(op)
     if factor is None:

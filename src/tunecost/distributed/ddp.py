@@ -1,14 +1,6 @@
 """Per-rank memory and collectives under DDP (`torch.nn.parallel.DistributedDataParallel`).
 
-Every rank holds the whole single-GPU step (weights, gradients, optimizer states, activations: what
-`simulate.simulate_step` computes) plus DDP's gradient buckets: flat buffers, allocated once, that together hold
-one copy of every trainable gradient (default `gradient_as_bucket_view=False`, so `param.grad` stays a separate
-tensor). Frozen weights (LoRA's base model) have no bucket. Backward all-reduces one bucket at a time.
-
-Bucket assignment is PyTorch's own (`torch.distributed._compute_bucket_assignment_by_size`) with the limits the
-reducer uses when it rebuilds the buckets after the first step: 1 MiB for the first bucket
-(`kDefaultFirstBucketBytes`), then `bucket_cap_mb` = 25 MiB (`kDefaultBucketBytesCap`), over the trainable
-parameters in the order their gradients become ready, taken as the reverse of registration order.
+Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.ddp`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """DeepSpeed's own ZeRO memory estimator, shown beside tunecost's per-rank memory.
 
-The GPU side of `estimate_zero2_model_states_mem_needs` (deepspeed/runtime/zero/stage_1_and_2.py) and
-`estimate_zero3_model_states_mem_needs` (deepspeed/runtime/zero/stage3.py), in bytes per GPU, for P parameters
-on N GPUs:
-
-- ZeRO-2: 2P (16-bit weights) + 18P / N (16- and 32-bit gradients, fp32 master weights, Adam's two states);
-  with the optimizer offloaded, 2P.
-- ZeRO-3: 4 x the largest module's own parameters + 18P / N; with the optimizer offloaded, + 2P / N instead;
-  with parameters offloaded too, the largest module's term alone.
-
-DeepSpeed's estimator counts every parameter as trainable in 16 bits with Adam and counts model states only:
-for LoRA or QLoRA (frozen or 4-bit base weights, no states for them) it is far above what a rank holds, and it
-has no activations, temporaries, communication buffers or allocator overhead. ZeRO-1 has no estimator there.
+Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.deepspeed_estimator`.
 """
 
 from __future__ import annotations

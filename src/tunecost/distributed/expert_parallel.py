@@ -1,20 +1,7 @@
 """Expert parallelism (EP) for MoE models: each rank of an expert-parallel group of `ep` ranks holds
 num_experts / ep of every MoE layer's routed experts, and tokens travel to their experts and back by all-to-all.
 
-Memory per rank: the routed experts' weights, gradients and optimizer states are divided by `ep`, and what a
-data-parallel strategy shards of them is sharded over the ranks that hold the same experts (the expert
-data-parallel group, N / ep ranks); everything else (attention, router, norms, embeddings, shared experts) is as
-without EP. Activations: under balanced routing every rank's local experts receive, from all ranks of its EP
-group, tokens x top-k / ep x ep = tokens x top-k token-expert pairs in total, as many as one GPU's experts
-process without EP, so the saved activations are the single-GPU step's; a rank adds one MoE layer's all-to-all
-send and receive buffers while that layer runs (`all_to_all_buffer_bytes`).
-
-Communication per MoE layer (`all_to_all_per_layer`): in forward a dispatch and a combine all-to-all, each moving
-tokens x top-k x hidden x dtype bytes (`dispatch_bytes`: the send buffer, equal for every rank under balanced
-routing); in backward the same two for the gradients, and with activation checkpointing the forward's two again
-in the recompute. Their time follows nccl-tests' all-to-all bus bandwidth, (n - 1) / n of the bytes (`comm`).
-The expert's input is needed before its matmul and its output before the next layer, so these all-to-alls are
-exposed (no overlap with compute), as in a plain EP implementation without DeepEP-style overlap.
+Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.expert_parallel`.
 """
 
 from __future__ import annotations

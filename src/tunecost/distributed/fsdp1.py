@@ -1,15 +1,7 @@
 """Memory that torch FSDP1 (``FullyShardedDataParallel``, what accelerate's FSDP runs) holds beyond the rank
 derived from the single-GPU step (`rank_memory`): the layer inputs its reshard-only hooks keep.
 
-Under re-entrant checkpointing (transformers' default), a decoder layer's backward re-runs its forward on a detached
-copy of the layer input (torch 2.4.1 ``utils/checkpoint.py``: ``detach_variable``, a leaf sharing the input's storage
-whose ``.grad`` receives the input's gradient). When the layer's FSDP unit holds only frozen parameters (LoRA /
-QLoRA, where PEFT's ``fsdp_auto_wrap_policy`` makes every trainable LoRA Linear a unit of its own), FSDP's
-``_pre_forward`` calls ``_register_post_backward_reshard_only_hook`` (``distributed/fsdp/_runtime_utils.py``): a
-``register_multi_grad_hook`` on that leaf, which keeps the leaf's grad accumulator (``autograd/graph.py``
-``_get_grad_fn_or_grad_acc``) and with it the leaf and its ``.grad``; the hook is removed only in
-``_finalize_params`` at the end of backward. So every layer whose backward has run keeps its input and the input's
-gradient until the backward ends, where a single GPU frees both after the layer.
+Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.fsdp1`.
 """
 
 from __future__ import annotations

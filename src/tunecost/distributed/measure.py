@@ -2,14 +2,7 @@
 torchrun starts them) on a gloo group over 127.0.0.1, each running `sharded_step.record_rank_step` on real tensors
 (tiny models only: real fp32 weights on the CPU).
 
-A collective's buffers are freed when the last reference goes. On gloo that can be the backend's worker thread:
-`ProcessGroupGloo` runs each collective on a worker thread that keeps the collective (its input and output
-tensors, and the reduce-scatter's clone of its input) until it takes the work queue's lock again, after `wait()`
-has already returned on the rank's thread. If FSDP2 has dropped the buffer by then, it is freed on the worker, and
-the tracker (a weak reference on the storage, whose callback needs the GIL) sees the free a scheduling-dependent
-number of ops later. Here each FSDP2 all-gather and reduce-scatter is therefore followed by a tiny all-reduce on a
-gloo group with one worker thread: that thread takes it only after it released the collective, so every
-buffer of a collective is freed, and counted, before the rank's next op, as NCCL does once FSDP2 waited on it.
+Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.measure`.
 """
 
 from __future__ import annotations
@@ -18,7 +11,7 @@ from tunecost.distributed.launch import launch_local_ranks
 from tunecost.distributed.sharded_step import RankStep
 from tunecost.workload.job import FineTuneJob
 
-SERIAL_GLOO = "tunecost_serial_gloo"  # gloo with a single worker thread (see the module docstring)
+SERIAL_GLOO = "tunecost_serial_gloo"  # gloo with a single worker thread (see docs/multi-gpu.md)
 
 
 def _serial_gloo(store, rank: int, world_size: int, timeout):

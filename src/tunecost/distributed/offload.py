@@ -1,22 +1,6 @@
 """DeepSpeed ZeRO CPU offload: what leaves the GPU, what the host holds, and the PCIe traffic of a step.
 
-DeepSpeed's `offload_optimizer` (ZeRO stages 1-3) keeps each rank's partition of the fp32 master weights, the
-Adam states and the fp32 gradients in CPU memory and runs the optimizer step on the CPU (ZeRO-Offload):
-after backward reduces a bucket, the rank's gradient partition goes to the host (16-bit or, for fp32 LoRA
-factors, 32-bit: the trainable bytes / N), and after the CPU step the updated 16-bit partition comes back
-(the same bytes). `offload_param` (stage 3 only; here always with the optimizer offloaded, as DeepSpeed's
-ZeRO-3 offload configuration does) keeps each rank's parameter partition in CPU memory too: every forward and
-every backward fetches the partition of each unit to the GPU before its all-gather (the stored weights / N,
-twice a step), and the updated parameters stay on the host. FSDP's CPU offload (FSDP1
-`CPUOffload(offload_params=True)`, FSDP2 `CPUOffloadPolicy`) is the same partition: each rank's parameter and
-gradient shards live in host memory, the optimizer steps there, and every unit's shard is copied to the GPU before
-its all-gather and its gradient shard back after its reduce-scatter ("params" for fsdp1 and fsdp2).
-
-Time: bytes / the host link's bandwidth (the interconnect catalog's PCIe row for the GPU), each rank on its
-own PCIe x16 link (no sharing between the GPUs of a node). Gradient copies follow their bucket's
-reduce-scatter under backward; parameter fetches precede their unit's all-gather (prefetched like it); the
-return of the updated partition after the optimizer step is exposed. The CPU optimizer step's own time is not
-modelled: the GPU optimizer time stands in for it.
+Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.offload`.
 """
 
 from __future__ import annotations

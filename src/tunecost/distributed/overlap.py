@@ -1,17 +1,6 @@
 """How much communication a data-parallel step hides under compute.
 
-FSDP2 (`fsdp_step_seconds`): units (decoder layers, then the root) run in order; all-gather and reduce-scatter
-share one communicator, so at any moment they queue one behind the other. Forward prefetch all-gathers unit i+1
-while unit i computes, so only the first all-gather is fully exposed and a later one only by what exceeds the
-previous unit's compute. Backward runs the units in reverse; while unit j computes its gradients, the
-communicator carries the prefetched all-gather of the next unit to run and the reduce-scatter of the unit just
-finished. The first backward all-gather (when parameters were resharded after forward), the last reduce-scatter
-and the optimizer step are exposed.
-
-DDP (`ddp_step_seconds`): the gradient buckets are all-reduced in the background as backward produces them;
-every bucket but the last hides under backward (up to the backward time), the last one is exposed.
-
-Inputs are seconds per unit (compute from the throughput model, communication from `comm`); outputs in seconds.
+Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.overlap`.
 """
 
 from __future__ import annotations
@@ -54,7 +43,7 @@ def fsdp_step_seconds(
     *,
     reshard_after_forward: bool = True,
 ) -> StepTime:
-    """One FSDP2 step from per-unit times in forward order (see the module docstring)."""
+    """One FSDP2 step from per-unit times in forward order (see docs/multi-gpu.md)."""
     n = _check(forward_seconds, backward_seconds, all_gather_seconds, reduce_scatter_seconds)
     fwd, bwd, ag, rs = forward_seconds, backward_seconds, all_gather_seconds, reduce_scatter_seconds
     # forward: AG_0 exposed, then unit i's compute overlaps AG_{i+1}

@@ -1,35 +1,6 @@
 """Memory per rank of a data-parallel fine-tune, derived from the single-GPU simulated step.
 
-Every rank runs the same micro-batch through the whole model, so its activations and temporaries are the
-single-GPU step's; what a strategy changes is which model states a rank holds whole and which it holds as a
-1/S shard (S: the ranks that share them), and which communication buffers it adds. The single-GPU step simulator
-(`simulate.trace`) gives, for every segment of the step (phase x region, see `simulate.trace`), the bytes alive at
-that segment's peak by category at full depth; each category is scaled per strategy and the buffers added:
-
-- ddp: shards nothing; adds DDP's gradient buckets (one more copy of the trainable gradients).
-- zero1: shards optimizer states (O); adds DeepSpeed's gradient buckets in backward and its step's flat gradient
-  copies in the optimizer step (see below).
-- zero2: shards gradients and optimizer states (G, O); the same buckets and flat copies.
-- fsdp2-shard-grad-op: stores parameters as shards but keeps every parameter unsharded from forward to the end
-  of backward; shards G and O; adds all-gather outputs in forward and one layer's unsharded gradients.
-- fsdp2, zero3: shard P, G and O; add the root unit's and the running layer's unsharded parameters, the
-  all-gather outputs of two layers in forward and one in backward (the prefetch), and one layer's unsharded
-  gradients before their reduce-scatter.
-- hsdp: as fsdp2 within a node (the shard group), replicated across nodes.
-
-The result is the highest segment after scaling. `tests/distributed/test_rank_memory.py` checks the sharded
-states (exactly 1/N) and the total against the FSDP2 step simulated in a fake process group
-(`sharded_step.simulate_fsdp_rank`) on tiny models.
-
-DeepSpeed ZeRO keeps fp32 master weights and fp32 Adam states for 16-bit trainable parameters (12 bytes per
-parameter); the single-GPU step (torch AdamW on bf16 parameters) keeps 4, so a full 16-bit fine-tune under
-zero1/2/3 counts 12 bytes per trainable parameter. LoRA factors are fp32 already (8 bytes of AdamW states).
-
-ZeRO-1/2's buffers follow `deepspeed/runtime/zero/stage_1_and_2.py` (DeepSpeed 0.11.1, read in its sdist):
-`backward()` allocates `reduce_bucket_size` elements of the 16-bit dtype (two with `overlap_comm`), released at the
-backward's epilogue (`_release_ipg_buffers`), whatever the model's size; `step()` builds the rank's gradient
-partition as one flat 16-bit copy (`self.flatten(self.averaged_gradients[i])`) cast to fp32 (`.to(fp32)`), both
-alive at once, in place of torch AdamW's temporaries (`deepspeed_step_temporary_bytes`).
+Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.rank_memory`.
 """
 
 from __future__ import annotations

@@ -1,33 +1,7 @@
 """The reserve of one rank of a data-parallel job: PyTorch's caching allocator (`simulate.allocator`) replayed over
 the rank's allocations, built from the single-GPU step's traced allocations (`SingleGpuStep.allocations`).
 
-Every rank runs the whole micro-batch, so its activations and temporaries are the single-GPU step's, at the same
-op indices. What changes (the same scaling as `rank_memory.rank_segment_bytes`, read per category at the
-optimizer segment, so the rank's states are those its allocated peak counts):
-- the model states: each parameter, gradient, optimizer state and optimizer temporary keeps its own allocation,
-  scaled to the rank's share (per-parameter shards, as FSDP2's DTensors and ZeRO's partitions; FSDP1's one flat
-  parameter per wrapped unit is not replayed);
-- under FSDP (fsdp2, hsdp, fsdp2-shard-grad-op) each gradient is produced whole on the compute stream and kept
-  until its layer's backward ends (the post-backward hook's reduce-scatter); the reduce-scatter output, the
-  rank's sharded gradient kept until `zero_grad`, is allocated on the post-backward stream
-  (`torch/distributed/fsdp/_runtime_utils.py`: `new_sharded_grad = torch.empty_like(chunks[0])` under the
-  post-backward stream);
-- with sharded parameters (fsdp2, hsdp, zero3) the all-gather outputs (a decoder layer's unsharded weights, and
-  the root's) are allocated on the unshard stream (`_unshard`: `handle.unshard()` under `unshard_stream`; in
-  FSDP1 the output is the unsharded flat parameter itself): the root's from the first forward op to the end of
-  backward, a layer's over its forward and again over its backward, each allocated when the layer before it
-  (in that pass's order) starts: the prefetch, which keeps two layers in flight; under fsdp2-shard-grad-op a
-  layer's from its forward to the end of its backward;
-- DDP's gradient buckets are allocated once, before the first step; DeepSpeed ZeRO-1/2's gradient buckets at the
-  start of each backward (the first op of the last traced layer's backward) and freed when it ends.
-The caching allocator never serves a request from a block cached for another stream, so the unshard and
-post-backward streams keep pools of their own beside the compute stream's, and (below the device's capacity)
-no pool ever shrinks: the rank's peak reserve is the sum of the streams' own reserves (`rank_reserved_bytes`):
-- the compute stream: its full-depth allocated peak (the rank's segments without their side-stream bytes) plus
-  its excess of reserve over its peak requests in the replay at the traced depth, the convention of the
-  single-GPU step (`simulate.simulator.combine`);
-- each side stream: its allocations replayed at full depth (they repeat per layer: `full_depth_side_allocations`),
-  and at least the most bytes the rank's segments hold on it at once.
+Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.rank_reserve`.
 """
 
 from __future__ import annotations

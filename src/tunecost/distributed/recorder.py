@@ -1,15 +1,6 @@
 """The step simulator's recorder, extended for a sharded step: collectives and FSDP2's storage resizes.
 
-`ShardedStepRecorder` is `simulate.recorder.StepRecorder` (same allocation log, same phases and module context)
-plus three things a data-parallel step needs:
-
-- every c10d collective the step issues (op, group size, bytes, dtype, phase, decoder layer), seen as the
-  `c10d.*` dispatcher ops that `torch.distributed`'s eager API calls, on a fake process group as on gloo/NCCL;
-- FSDP2 frees and re-allocates unsharded parameters by resizing their storage (`UntypedStorage.resize_(0)` and
-  back), which is not an op and releases no storage object; the recorder wraps `resize_` for the duration of the
-  step (restored after) so a resize to 0 is a free and a resize back is a new allocation;
-- categories for the buffers of the collectives: all-gather inputs/outputs, reduce-scatter inputs; the
-  reduce-scatter output is the sharded gradient.
+Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.recorder`.
 """
 
 from __future__ import annotations
@@ -91,7 +82,7 @@ def _group_size(args, default: int) -> int:
 
 
 class ShardedStepRecorder(StepRecorder):
-    """Record one data-parallel step (see the module docstring). `world_size` is the group size reported when a
+    """Record one data-parallel step (see docs/multi-gpu.md). `world_size` is the group size reported when a
     collective's process group cannot be asked."""
 
     def __init__(self, *, world_size: int, **kwargs) -> None:

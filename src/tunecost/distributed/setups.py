@@ -1,13 +1,6 @@
 """Step time, cost and the GPU-count search for a fine-tune on several GPUs.
 
-Per setup (GPU, strategy, number of GPUs):
-- memory per rank from `rank_memory` (derived from the single-GPU simulated step; GPU-independent, traced once);
-- compute per rank: the single-GPU step at the same micro-batch from the cross-GPU throughput model
-  (`estimate.calibrated`);
-- the step: that compute with the strategy's collectives, timed and overlapped by `timing`;
-- throughput = N x micro-batch / step time (data parallel); cost = hours x billed GPUs x $ per GPU-hour at the
-  catalog row with the lowest bill for N GPUs: N for a per-GPU row, N rounded up to whole nodes for a row that
-  rents whole nodes (`catalog.prices.billed_gpus`).
+Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.setups`.
 """
 
 from __future__ import annotations

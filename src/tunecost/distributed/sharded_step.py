@@ -2,15 +2,7 @@
 tracker: the per-rank peak split into sharded parameters, unsharded parameters, all-gather and reduce-scatter
 buffers, gradients, optimizer states, activations and temporaries, plus every collective the step issued.
 
-The same code runs a simulation (fake tensors on a fake process group: one process stands for rank `rank` of
-`world_size`) and a measurement (real CPU tensors, a real gloo group of several processes). Layout as torchtitan
-applies FSDP2: `fully_shard` on every decoder layer, then on the whole model; parameters are resharded after
-forward (`reshard_after_forward=True`, the "full shard" strategy) or kept (`False`, "shard-grad-op").
-
-Supported: full fine-tuning and LoRA in any dtype (frozen base weights are sharded too; only the LoRA factors
-have gradients and optimizer states). Not supported: QLoRA, whose 4-bit weights FSDP2 can shard only when
-bitsandbytes stores them in a float dtype (`bnb_4bit_quant_storage`), which the simulator's 4-bit layer does not
-model yet.
+Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.sharded_step`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """The `calibrated` estimator: the cross-GPU throughput model (`throughput.model`) at the maximum batch size.
 
-`tunecost estimate --estimator calibrated [--calibrate FILE ...]`. Calibration: the files (or folders) given,
-which replace the default, else every measurement bundled with tunecost (the paper's A40 and A100-40GB points).
-The maximum batch size comes from the step
-simulator (`tunecost.simulate.simulated_max_batch_size`, at --seq-len or the paper's 512 tokens per query; it
-simulates each candidate batch, so allow tens of seconds per GPU the first time), else from the paper's eq. (1)
-where it has coefficients (Mixtral-8x7B, BlackMamba-2.8B); the note on each row says which. The throughput is the
-steady-state one (no per-run start-up), with the calibration's prediction interval.
+Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.calibrated`.
 """
 
 from __future__ import annotations

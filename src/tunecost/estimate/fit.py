@@ -1,11 +1,6 @@
 """Fitting eq. (2) to throughput measurements with scipy, one fit per (model, dataset, GPU) group.
 
-Two forms (the paper's eq. (2) and the one its artifact fits):
-- "artifact": q = a + b * log(B) / (sparsity * c3), c3 fixed per model (1.8 Mixtral, 2.5 BlackMamba);
-  only b/c3 is identifiable, so c3 is a convention and a, b are fitted.
-- "printed": q = C2 * log(B / (sparsity * C3)) + C4. C3 and C4 cannot both be identified from data
-  (C2*log(1/C3) is a constant absorbed by C4), so C3 is fixed like the artifact's c3 and C2, C4 are fitted.
-Dense and sparse points of a group share one set of coefficients, as in the paper's Fig. 14.
+Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.fit`.
 """
 
 from __future__ import annotations

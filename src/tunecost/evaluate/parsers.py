@@ -1,11 +1,6 @@
 """Answer parsers, matching LLM-Adapters' evaluation scripts (the paper's evaluation sets come from there).
 
-- Numbers (GSM8K, SVAMP, AddSub, MultiArith, SingleEq, math): LLM-Adapters ``evaluate.py::extract_answer_number``:
-  drop thousands commas, take the *last* match of ``-?\\d+\\.?\\d*``; no number gives +inf (never correct). A
-  prediction is right when ``|label - pred| <= 0.001``.
-- Letters (AQuA): ``extract_answer_letter``: the first of A-E anywhere in the generation.
-- Commonsense sets: ``commomsense_evaluate.py::extract_answer``: the first match of the set's option words
-  (``true|false``, ``solution1|solution2``, ``answer1..5``, ``ending1..4``, ``option1|option2``); none gives "".
+Sources and derivations: docs/trainability.md, section `tunecost.evaluate.parsers`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
 """Model anatomy: where the decoder layers, MoE blocks, routers and experts of a supported model are, how many
 experts it has and how many each token uses.
 
-One description per supported family (`_FAMILIES`). transformers 5 families keep their decoder layers at
-`model.layers`; an MoE layer's block is `layer.mlp` with a `*TopKRouter` `gate` (its own `top_k` and
-`num_experts`) and fused `*Experts` (`gate_up_proj` (E, 2I, H), `down_proj` (E, H, I)); GraniteMoe names the
-block `block_sparse_moe` and its router `router`; gpt-oss names its router `router` and keeps its experts
-transposed with biases (`simulate.modules.expert_weights` reads both layouts). GPTBigCode keeps GPT-2's layout:
-blocks at `transformer.h`, attention `attn` (one fused `c_attn` for q, k, v), MLP `mlp` (`c_fc`, `c_proj`). Falcon
-keeps its blocks at `transformer.h` too, with attention `self_attention` (one fused `query_key_value`, `dense`) and
-MLP `mlp` (`dense_h_to_4h`, `dense_4h_to_h`); StarCoder2 has Llama's layout with a two-matrix MLP (`c_fc`, `c_proj`).
-tunecost's BlackMamba keeps its blocks at `decoder.layers`; an MoE block is `layer.mixer` with a `router`
-`nn.Linear` and `local_experts` (or `experts` once tunecost's fast experts are installed). Dense families (Llama,
-Mistral, Qwen2/3, Gemma 1/2/3, Phi, Phi-3, Granite, OLMo 1/2, StarCoder2, Falcon, GPTBigCode) have no MoE block;
-their feed-forward counts as ONE expert that every token uses, so `num_experts` and `get_top_k` are 1 and a dense
-model is, like a dense-routed MoE model, one whose top-k equals its number of experts.
-
-PEFT wrappers are seen through: a `PeftModel` is read through its base model, and `unwrap_peft` gives the module
-under LoRA layers and `lora.ParamWrapper`s (nested once per targeted parameter), both keeping it as `base_layer`.
-Models of no known family (a bare MoE block, a test module) are searched by the attribute names above.
+Sources and derivations: docs/models.md, section `tunecost.models.anatomy`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """MoE layers for fine-tuning: switchable experts implementations, LoRA/QLoRA on experts and router, a benchmark.
 
-    from tunecost.models.tiny import build_tiny_mixtral
-    from tunecost.moe import LoraSpec, install_experts
-    model = install_experts(build_tiny_mixtral(), "qlora-linear4bit", LoraSpec())   # the paper's QLoRA stack
-    model = install_experts(build_tiny_mixtral(), "fast-4bit", LoraSpec())          # tunecost's faster one
-
-`EXPERT_IMPLS` and `LoraSpec` import without torch; everything else loads torch on first use. See
-docs/moe-layer.md for the design and the measurements.
+Sources and derivations: docs/moe-layer.md, section `tunecost.moe`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
 """Save and load the MoE LoRA adapters in PEFT's on-disk layouts (adapter_config.json + adapter_model.safetensors).
 
-Two layouts, chosen by the installed experts' LoRA layout (see docs/moe-layer.md for the tensor shapes):
-- fused (peft-fused, fast): exactly what PEFT saves for `target_parameters` on transformers 5 fused experts, so
-  `peft.PeftModel.from_pretrained(stock_model, dir)` loads it. Per MoE block `<b>` (e.g. `model.layers.0.mlp`):
-  `base_model.model.<b>.experts.base_layer.lora_{A,B}.weight` (gate_up_proj: A (E*r, H), B (2I, r*E)),
-  `base_model.model.<b>.experts.lora_{A,B}.weight` (down_proj: A (E*r, I), B (H, r*E)) and
-  `base_model.model.<b>.gate.lora_{A,B}.weight` (router: A (r, H), B (E, r)). PEFT's index order: expert e's
-  A is rows [e*r, (e+1)*r); its B is columns {j*E + e}.
-- per-projection (qlora-linear4bit, fast with expert_layout="per-projection"): what PEFT <= 0.16 saved for the
-  paper's stack (transformers 4.x Mixtral, target_modules w1, w2, w3, gate), with `<b>` written as
-  `...block_sparse_moe`: `base_model.model.<b>.experts.<e>.w{1,2,3}.lora_{A,B}.weight` and
-  `base_model.model.<b>.gate.lora_{A,B}.weight`.
+Sources and derivations: docs/moe-layer.md, section `tunecost.moe.adapters`.
 """
 
 from __future__ import annotations
@@ -115,7 +105,7 @@ def _installed(model) -> tuple[str, LoraSpec]:
 
 
 def adapter_state_dict(model) -> tuple[str, dict[str, torch.Tensor]]:
-    """(layout, {key: tensor}) of the installed MoE LoRA factors in the saved layout (see module docstring)."""
+    """(layout, {key: tensor}) of the installed MoE LoRA factors in the saved layout (see docs/moe-layer.md)."""
     layout, _ = _installed(model)
     tensors = {}
     for layer in moe_layers(model):

@@ -1,15 +1,6 @@
 """Time forward+backward of ONE Mixtral MoE block under each experts implementation, side by side in one run.
 
-Every implementation gets a copy of the same random block and the same input and output gradient; repeats go
-round-robin over the implementations (with the starting one rotated) so a machine that gets busier mid-run
-slows them alike; the first `warmup` rounds are dropped and the median of the rest is reported. CUDA is
-synchronised at the edges of each timed region. Peak memory: on CUDA `max_memory_allocated` over one
-step; elsewhere a dispatcher-level tracker (`memory.py`); `peak_bytes` = the block's own weights + that step peak.
-
-Implementations (`BENCH_IMPLS`): `eager` and `grouped_mm` are transformers' experts with every weight trainable
-(a full fine-tune of the block, the paper's BlackMamba mode); the rest train LoRA (rank r on every expert projection
-and on the router) with frozen base weights: `peft-fused` (PEFT ParamWrapper), `qlora-linear4bit` (the paper's
-QLoRA stack), `fast` and `fast-4bit` (this package).
+Sources and derivations: docs/moe-layer.md, section `tunecost.moe.bench`.
 """
 
 from __future__ import annotations

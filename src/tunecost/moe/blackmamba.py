@@ -1,14 +1,6 @@
 """Experts implementations for BlackMamba's MoE mixers (`tunecost.models.blackmamba.MoEMixer`).
 
-BlackMamba's mixer is not Mixtral's: a `router` `nn.Linear` (with bias), sigmoid scores, top-k without
-renormalisation, no aux loss, and `local_experts[e]` with `linear_fc1` (H -> 2F, gelu(a) * b) and `linear_fc2`
-(F -> H), run in a loop. The implementations map onto it like this:
-- stock: the model's own loop; LoRA, if asked, is PEFT's `lora.Linear` on every `linear_fc1`, `linear_fc2` and
-  `router` (the per-expert Linear layout PEFT has always used for such models).
-- qlora-linear4bit: each expert's linear_fc1 / linear_fc2 replaced in place by a `Linear4bit` (+ LoRA); the
-  model's loop is kept, as in the paper's QLoRA stack.
-- fast / fast-4bit: the mixer is replaced by `FastMoEMixer` (a `MoEMixer` subclass, so `model.moe_mixers()` and
-  `set_experts_per_token` keep working) whose experts are a GELU-gated `FastExperts` with the stacked weights.
+Sources and derivations: docs/moe-layer.md, section `tunecost.moe.blackmamba`.
 """
 
 from __future__ import annotations

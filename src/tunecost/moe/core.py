@@ -1,22 +1,6 @@
 """The expert computation of `FastExperts`: route once, grouped GEMMs, split LoRA on routed rows only.
 
-For the rows (token, expert) sorted by expert, with frozen base weights W and LoRA factors A, B per expert:
-
-    h = x W_gu^T + s (x A_gu^T) B_gu^T          (rows, 2I)   gate half first, as transformers stores it
-    a = act(h_gate) * h_up                       (rows, I)    act = SiLU (Mixtral) or GELU (BlackMamba)
-    y = a W_d^T + s (a A_d^T) B_d^T              (rows, H)
-
-W + s B A is never built. The backward is written out by hand (`_ExpertMLP`) so that it computes exactly what
-training needs: input gradients through W, gradients for A and B from the routed rows, none for a frozen W. It keeps
-x, h, act(h_gate) and the two rank-r products; the gated product is recomputed, and the backward runs over about
-half the rows (whole experts) at a time, so its (rows, 2I) and (rows, I) gradients exist for half the rows only.
-LoRA terms are accumulated in place (`grouped_addmm_`). Each phase, forward and backward, runs in a
-`record_function` range named as `tunecost.profile.ranges` names them (w1w3, w2, lora, act, dequant). Base weights
-come from a `BaseWeights` object: dense parameters, or NF4 stacks de-quantized for the experts that received tokens
-only, once per forward, then kept for the backward where memory allows (by default: when the forward is a
-gradient-checkpointing recomputation, i.e. one layer at a time) and otherwise de-quantized again in the backward;
-whenever they are not kept, forward and backward de-quantize one expert range and one matrix at a time (a fraction
-of the block in full precision).
+Sources and derivations: docs/moe-layer.md, section `tunecost.moe.core`.
 """
 
 from __future__ import annotations

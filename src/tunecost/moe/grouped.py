@@ -1,16 +1,6 @@
 """Grouped matrix products over rows sorted by expert, with a per-group loop where grouped GEMM cannot run.
 
-`torch.nn.functional.grouped_mm` (torch >= 2.10; `torch._grouped_mm` before) runs one GEMM per group of rows in one
-call. Where it runs is narrower than its signature suggests, so every call checks first and otherwise loops over the
-groups with `torch.mm` (same numbers, one host-side list of group ends):
-- it needs every stride of both operands (except the unit one) to be a multiple of 16 bytes (checked on torch
-  2.13 CPU: "strides should be multiple of 16 bytes"), so fp32 hidden sizes must be multiples of 4;
-- fp32, bf16 and fp16 only (no fp64), and on CUDA only on compute capability >= 8.0; each (device, dtype) is probed
-  once with a tiny call and remembered;
-- its backward fails on an expanded (stride-0) gradient, which is one reason this module calls it only inside
-  our own autograd function (see `core.py`), never on tensors autograd differentiates through.
-Rows beyond the last offset are left uninitialised by grouped_mm; callers here always cover every row.
-`route` sorts a top-k routing into those rows and groups (`Routing`).
+Sources and derivations: docs/moe-layer.md, section `tunecost.moe.grouped`.
 """
 
 from __future__ import annotations

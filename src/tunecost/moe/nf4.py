@@ -1,11 +1,6 @@
 """A stack of expert weights stored in 4-bit NF4 (bitsandbytes), de-quantized per expert on demand.
 
-Each expert's (N, K) matrix is quantized on its own with `bitsandbytes.functional.quantize_4bit` (nf4, blocksize
-64, double quantization: QLoRA's recipe, and what `Linear4bit` stores), and the per-expert results are stacked into
-buffers, so `.to(device)` moves them like any module state. `dequantize(experts)` returns only the requested
-experts as one (G, N, K) tensor from a single bitsandbytes kernel call: the nested absmax of each requested expert is
-de-quantized first (bitsandbytes `dequantize_blockwise`), then `torch.ops.bitsandbytes.dequantize_4bit` runs on the
-packed bytes of all of them at once (blocks never straddle experts because N*K is a multiple of the blocksize).
+Sources and derivations: docs/moe-layer.md, section `tunecost.moe.nf4`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """`TunecostCallback`: the profiler's stage / layer timings and expert loads from a user's own Trainer or TRL run.
 
-    trainer = Trainer(model=model, args=args, train_dataset=ds, callbacks=[TunecostCallback("runs/mine")])
-
-What it records into `out_dir` (docs/dev/records.md, same files as `tunecost profile`):
-- every recorded step: a `trainer_steps.jsonl` row (forward, backward, optimizer, step seconds; written as it
-  goes, so a killed run keeps them);
-- at the end: `stages.jsonl` and `layers.jsonl` rows of the median recorded step, `expert_load.jsonl` before and
-  after training, `throughput.jsonl`, `memory.jsonl`, `points.jsonl`, and `meta.json` (written at the start).
-
-Stage boundaries come from Trainer events and model hooks: forward = the model calls; backward = from the loss's
-gradient to the next model call or `on_pre_optimizer_step` (so gradient clipping counts as backward); optimizer =
-`on_pre_optimizer_step` to `on_optimizer_step`; step = `on_step_begin` to `on_step_end`. Expert loads "before" are
-the router choices during the first step (the weights are still the original ones) and "after" a no-grad forward
-over those same inputs at the end of training.
+Sources and derivations: docs/profiling.md, section `tunecost.profile.callback`.
 """
 
 from __future__ import annotations

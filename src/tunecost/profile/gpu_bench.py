@@ -1,23 +1,6 @@
 """Microbenchmarks of one device, for the throughput model's per-GPU terms (`tunecost calibrate-gpu`).
 
-What is measured (each value the median over `repeats` timed rounds after `warmup` untimed ones):
-- matmul: a large square GEMM (bf16 on CUDA, fp32 on CPU), FLOPs = 2*M*K*N per call;
-- small-M GEMMs of the expert loop, M rows against a (K, N) expert weight (Mixtral-8x7B: K=4096, N=14336 on CUDA;
-  scaled down on CPU, where the full shape would take minutes), fitted to throughput(M) = P * M / (M + M_half) with
-  P the square GEMM's throughput, which gives `matmul_half_rows`;
-- fp32: the square GEMM in fp32 with TF32 off (CUDA cores, not tensor cores);
-- memory: an element-wise add c = a + b over large tensors, bytes = 3 * numel * element size (read a, b; write c);
-- dequant: bitsandbytes `dequantize_4bit` of an NF4 expert weight (blocksize 64, double quantization, QLoRA's
-  recipe), bytes = numel * 2 (bf16 written);
-- kernel launch: host time per launch of many tiny element-wise ops, device idle at the start and not waited for
-  inside (perf_counter around the loop, divided by the count); on CPU, where ops run synchronously, this includes
-  the tiny op's own run time;
-- host step: host time of a training step with no kernels (an AdamW step and zero_grad over a parameter without a
-  gradient, plus the device synchronisation the profiler's step does at both edges).
-
-Timing (docs style #10): warm-up excluded; on CUDA the device is synchronised at the edges of a round and CUDA events
-bracket the timed calls inside; on CPU perf_counter; medians over rounds. Nothing here prints: progress goes to an
-optional callback, results are dataclasses.
+Sources and derivations: docs/profiling.md, section `tunecost.profile.gpu_bench`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
 """GPU-busy time of a training step: how long the device actually ran work, beside the step's wall time.
 
-Wall time minus GPU-busy time is what a faster GPU does not remove (host work, kernel launches, synchronisation).
-CUDA events around a step's kernels do not give it: an event pair measures the stream's elapsed time, idle gaps
-(the device waiting for the host to launch the next kernel) included.
-
-Method: the step runs once more under `torch.profiler` with the CUDA activity only (CUPTI records each kernel,
-memcpy and memset with its device start and end); GPU-busy time is the length of the UNION of those intervals, so
-kernels that overlap on different streams count once and gaps count not at all. The profiler slows the host side
-of the step, which does not change the kernels' device time. The median over `steps` profiled steps is reported.
-On CPU there is no separate device: GPU-busy time is not measured (None, null in the records).
+Sources and derivations: docs/profiling.md, section `tunecost.profile.gpu_busy`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """SM and DRAM utilization of the MoE layer's kernels under Nsight Compute (paper §IV-B4, Figs. 9 and 10).
 
-For each batch size a child Python process (`tunecost.profile.counters_child`, given its spec as JSON) builds the
-model as `tunecost profile` does (`tunecost.profile.model_setup`: method, experts implementation, 4-bit experts for
-qlora, gradient checkpointing; random weights, only the decoder layers up to the last profiled one), runs warm-up
-steps, labels the MoE blocks of the chosen layers (`tunecost.profile.instrument`) and runs a few training steps
-(forward, backward, AdamW) on random token ids.
-`ncu` profiles only kernels inside the MoE-block NVTX range, so a profile takes minutes, not the artifact's hours:
-
-    ncu --clock-control none --target-processes all --nvtx --nvtx-include "tunecost.moe/" \
-        --nvtx-exclude "tunecost.recompute]" \
-        --metrics gpu__time_duration.sum,sm__throughput...,dram__throughput...,gpu__compute_memory_throughput... \
-        --csv --page raw --print-units base --log-file DIR/raw/ncu_bs{B}.csv python -m ...counters_child SPEC
-
-`--clock-control none` leaves the GPU's clocks as they are (by default ncu fixes them while profiling); nothing
-else about the card is changed. Without `ncu`, or where the counters are not permitted (ERR_NVGPUCTRPERM, common on
-virtualised GPUs), the same child runs under torch.profiler and reports kernel durations only (sm/dram = None,
-source "torch.profiler"). Results: DIR/counters.jsonl (one row per kernel launch) and DIR/utilization.json
-(time-weighted means per batch size and class), both rewritten atomically after every batch size; a rerun keeps
-batch sizes already measured.
+Sources and derivations: docs/profiling.md, section `tunecost.profile.gpu_counters`.
 """
 
 from __future__ import annotations
@@ -313,7 +296,7 @@ def run_gpu_counters(
     timeout_s: float | None = None,
     on_progress: Callable[[int, int, str], None] | None = None,
 ) -> GpuCountersResult:
-    """Profile every batch size of `job` (see module docstring) and write the results into `out_dir`."""
+    """Profile every batch size of `job` (see docs/profiling.md) and write the results into `out_dir`."""
     import torch
 
     check_can_run(job)

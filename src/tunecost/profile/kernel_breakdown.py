@@ -1,15 +1,6 @@
 """Kernel-level breakdown of the MoE layer (paper Fig. 6) from one `torch.profiler` step.
 
-The MoE blocks are labelled with tunecost's ranges (`tunecost.profile.nvtx`: block, router, experts, and the
-fused gate_up / down matmuls of transformers' experts); expert projections that are modules of their own
-(`w1`/`w3`/`w2` of the paper's per-expert QLoRA experts, BlackMamba's `linear_fc1`/`linear_fc2`) and their LoRA
-factors get the W1/W3/W2/W1W3 and LoRA ranges here. Each op or kernel inside a MoE range is then classified with
-`tunecost.profile.kernels` (matmul per weight, de-quantization, softmax, top-k, router, element-wise, other).
-
-Time of an op: on CUDA the duration of the kernels it launched; on CPU its self time (its duration minus its
-children's), computed here from time containment on its thread. The profiler's own parent links are not used:
-the backward ranges open in one autograd node and close in another, so they do not nest with the ops the way
-the profiler's tree assumes. For the same reason an op's ranges are found by time containment.
+Sources and derivations: docs/profiling.md, section `tunecost.profile.kernel_breakdown`.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
 """The kernel classes of the MoE layer (paper Figs. 6, 9, 10) and how a kernel or CPU op is put in one.
 
-The primary signal is the innermost tunecost range the work ran in (`tunecost.profile.ranges`: the NVTX stack from
-ncu, or the `record_function` stack from torch.profiler); the kernel or op name says what kind of work it is
-(matmul, de-quantization, softmax, top-k/sort, element-wise). A matmul is only attributed to a weight by its range:
-the name of a cuBLAS/CUTLASS kernel does not say which weight it multiplies.
-
-Classes (in plotting order):
-- `matmul_w1_gate`, `matmul_w3_up`, `matmul_w2_down`: expert matmuls per Mixtral weight (gate, up, down).
-- `matmul_w1w3_gate_up`: transformers 5 fuses W1 and W3 into one `gate_up_proj` matmul, so one kernel computes
-  both; it cannot be split into the paper's two bars without changing the computation, so it is its own class.
-- `matmul_experts`: an expert matmul with no per-weight range (e.g. an expert implementation that labels none).
-- `lora`: LoRA adapter matmuls (range `tunecost.moe.lora`).
-- `dequantize`: 4-bit weight de-quantization (range `tunecost.moe.dequant` or a dequantize kernel/op).
-- `softmax`, `topk` (top-k and the sorts routing uses), `router` (router matmul and router work of no other
-  kind), `elementwise` (activations, products, copies, casts, index/scatter), `other` (reductions, bookkeeping,
-  and matmuls outside any MoE range).
-Work whose innermost range is not a MoE range (`nvtx.is_moe_work` is False: no tunecost range, or a decoder
-layer's checkpoint recomputation run inside a MoE backward range) is not MoE work; callers building the MoE
-breakdown drop it, and the classifier calls its matmuls `other`.
+Sources and derivations: docs/profiling.md, section `tunecost.profile.kernels`.
 """
 
 from __future__ import annotations

@@ -1,27 +1,7 @@
 """Per-layer time of a training step, split into norm / attention (or mamba) / MoE router / MoE experts, for the
 forward, the real backward, and the gradient-checkpointing recomputation (paper Fig. 5).
 
-How each pass is measured, without patching any library (module hooks and tensor hooks on instances only):
-- forward: a forward pre-hook and a forward hook (`always_call=True`) per part mark its start and end;
-- backward: the forward hook registers a tensor hook on the part's outputs (fires when their gradient arrives:
-  the part's backward starts) and the pre-hook one on its inputs (fires when their gradient is complete: the
-  part's backward is done); see `_backward_span` for which output and input count. Module "full backward
-  hooks" are not used: they only see positional arguments, and transformers passes hidden states by keyword,
-  so they fire at the wrong time (checked: attention's backward read as 0.1 ms);
-- recompute: with activation checkpointing the layer's forward runs again inside the backward. A forward hook
-  that fires while autograd is executing a node (`torch._C._current_autograd_node()`) is a recomputation and is
-  booked as pass `recompute`; non-reentrant checkpointing stops recomputing early by raising, which
-  `always_call` hooks still see. The recomputation happens inside some part's backward interval, so every
-  backward interval has the recomputation spans it contains subtracted (the paper's per-layer "backward" was
-  this recomputation, its timers sat in `forward()` only).
-
-`moe_experts` is the MoE block minus its router (dispatch, expert MLPs, combine), so router + experts = block.
-`other` is a layer's time outside its parts (residual adds, casts, call overhead), forward and backward: small
-for real models, a visible share for micro test models (about 10 % of a 6 ms forward).
-Model-level items: `embedding` is the forward from the model call to the first layer (embedding, rotary, mask)
-and its backward from the first layer's input gradient to the end of backward; `lm_head_loss` is the forward from
-the last layer to the end of the model call (final norm, lm_head, loss) and its backward from `loss.backward()`
-to the last layer's output gradient. Their layer_index is None.
+Sources and derivations: docs/profiling.md, section `tunecost.profile.layers`.
 """
 
 from __future__ import annotations

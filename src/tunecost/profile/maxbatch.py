@@ -1,14 +1,6 @@
 """Largest batch size that fits (paper Table III): grow by doubling until a probe fails, then bisect.
 
-- CUDA (`measured_max_batch_size`): each probe runs one real training step (forward, backward, AdamW step, so the
-  optimizer state exists) on the longest batch the input can produce; `torch.OutOfMemoryError` is caught, memory
-  released (gc + empty_cache) and the probe recorded as a boundary. A cap below the device's memory emulates a
-  smaller GPU (`torch.cuda.set_per_process_memory_fraction`).
-- CPU (`simulated_search`): the step simulator's search (`tunecost.simulate.batch.search_boundary`: a simulated
-  peak is nearly affine in the batch size, so a line through two simulations finds the boundary in a few), each
-  probe asking whether the simulated peak fits a memory budget (a GPU's memory).
-
-A search that fails at batch size 1 returns 0 with the failing probe: nothing fits, which is a result.
+Sources and derivations: docs/profiling.md, section `tunecost.profile.maxbatch`.
 """
 
 from __future__ import annotations
@@ -102,7 +94,7 @@ def measured_max_batch_size(
     router_aux_loss: bool = True,
     on_probe: Callable[[Probe], None] | None = None,
 ) -> MaxBatchSearch:
-    """Search on the GPU with real training steps on `source.longest_batch(b)` (see module docstring)."""
+    """Search on the GPU with real training steps on `source.longest_batch(b)` (see docs/profiling.md)."""
     import torch
 
     from tunecost.profile.loop import make_optimizer, train_step

@@ -1,17 +1,6 @@
 """Build the model a profile runs: load or randomly initialise it, set its top-k, and make it trainable by method.
 
-- Weights: a local folder or a hub id whose weights are in the local Hugging Face cache is loaded with
-  `from_pretrained` (no `trust_remote_code`, nothing downloaded). Built-in tiny models and `random_weights=True`
-  build the architecture from its config with random weights; on CUDA a QLoRA model is materialised one decoder
-  layer at a time and quantized as it goes, so a full-size Mixtral-8x7B (93 GB in bf16) fits an 80 GB GPU in 4-bit.
-- Methods (`prepare_method`, the one switch between a method and the model's setup):
-  full: every weight trains (stock transformers experts unless `experts_impl` says otherwise);
-  lora: LoRA rank r on the experts and the router (the paper's targets w1, w2, w3, gate), PEFT's fused-experts
-  LoRA by default (`peft-fused`);
-  qlora: the paper's stack: 4-bit nf4 (double quantization) experts as per-expert bitsandbytes `Linear4bit` with
-  LoRA on w1/w3/w2 and the router (`qlora-linear4bit`), and 4-bit attention projections (the paper's
-  `load_in_4bit` quantized every linear layer but the LM head).
-- Compute dtype: bf16 on CUDA, fp32 on CPU (bf16 matmuls are very slow on CPUs).
+Sources and derivations: docs/profiling.md, section `tunecost.profile.model_setup`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,6 @@
 """Read Nsight Compute's CSV export into tidy per-kernel rows, and average them per class (Figs. 9, 10).
 
-Two layouts are read (both as written by `ncu --csv`):
-- `--page raw`: one row per kernel launch. Line 1 holds the column names ("ID", "Process ID", ..., "thread
-  Domain:Push/Pop_Range:PL_Type:PL_Value:CLR_Type:Color:Msg_Type:Msg", "Kernel Name", ..., then one column per
-  metric such as "gpu__time_duration.sum"); line 2 holds the units ("", ..., "nsecond", "%").
-- `--page details`: one row per (kernel, metric) with "Metric Name", "Metric Unit" and "Metric Value" columns; rows
-  of the same launch share the "ID". Section metrics appear under display names ("Duration", "Compute (SM)
-  Throughput", "DRAM Throughput", "Memory Throughput").
-Lines ncu writes around the table ("==PROF== ...", "==WARNING== ...") are skipped. Numbers may carry thousands
-separators ("1,234.5", quoted); durations come in nsecond/usecond/msecond/second and are stored in seconds;
-throughputs are percent of peak. The push/pop NVTX cell lists the thread's ranges, outer to inner, each quoted:
-`1  "<default domain>:tunecost.moe:none:none:none:none:none:none"  "<default domain>:tunecost.moe.w2:..."`.
-
-A malformed row (wrong number of fields, no usable duration) is skipped with a warning naming its line; a missing
-throughput ("n/a") keeps the row with `None`. When rows exist but none is usable, `TunecostError` names the first
-bad line.
+Sources and derivations: docs/profiling.md, section `tunecost.profile.ncu`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Named ranges around the MoE layer's parts, visible to Nsight Compute (NVTX) and to torch.profiler.
 
-One label, two tools: `moe_range(name)` pushes an NVTX push/pop range (only where CUDA is available) and a
-`torch.profiler.record_function(name)`, so ncu (Figs. 9/10) and torch.profiler (Fig. 6) see the same names and
-`tunecost.profile.kernels` classifies kernels by what they compute rather than by call order (the paper's artifact
-counted positions to tell W1 from W2 from W3).
-
-The range names are `tunecost.profile.ranges`' (re-exported here); labelling a model's MoE blocks on their
-instances is `tunecost.profile.instrument`.
-
-Backward: NVTX push/pop ranges are per CPU thread and a forward context manager does not cover the backward
-kernels, which autograd launches later (on its own thread for CUDA). `call_in_range` and `instrument_moe_block`
-therefore also put identity autograd functions around the labelled computation: the one on its outputs opens the
-same range when their gradients arrive (backward of the computation starts) and the one on its inputs closes it
-when their gradients have been computed (backward done). They are installed only when both an input and an output
-require grad, so every open has its close.
+Sources and derivations: docs/profiling.md, section `tunecost.profile.nvtx`.
 """
 
 from __future__ import annotations

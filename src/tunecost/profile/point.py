@@ -1,11 +1,6 @@
 """Measure one sweep point (model, method, experts per token, batch size, sequence length or dataset, device).
 
-Order, each on the same batches: expert loads before training (no-grad forward over the point's queries) ->
-warm-up steps -> timed steps, each run plain and then with the per-layer hooks (interleaved so drift affects both
-alike; the plain ones give throughput, stages and peak memory) -> on CUDA, up to 3 steps under torch.profiler for
-the GPU-busy time (tunecost.profile.gpu_busy) -> one step under torch.profiler (kernel classes of the MoE layer)
--> expert loads after training. A CUDA out-of-memory error makes the point an "oom" boundary: memory is released
-and the sweep goes on.
+Sources and derivations: docs/profiling.md, section `tunecost.profile.point`.
 """
 
 from __future__ import annotations
@@ -152,7 +147,7 @@ def measure_point(
     snapshot: TrainableSnapshot | None = None,
     on_step: ProgressFn | None = None,
 ) -> PointMeasurement:
-    """Measure one point on an already prepared model (see module docstring)."""
+    """Measure one point on an already prepared model (see docs/profiling.md)."""
     model, device = prepared.model, workload.device
     t_start = time.perf_counter()
     batches_cpu = source.batches(workload.batch_size, options.steps)  # raises on a too-small dataset

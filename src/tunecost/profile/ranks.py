@@ -1,21 +1,6 @@
 """Profile fine-tuning on several ranks with the real engines, launched as `torchrun` launches them.
 
-`profile_ranks` starts `nproc_per_node` processes through torch's elastic launcher (`distributed.launch`: the library
-behind `torchrun`, rendezvous, RANK / WORLD_SIZE / LOCAL_RANK per process). Each rank builds the model exactly as
-`tunecost profile` does (`build_training_model`), wraps it with PyTorch's `fully_shard` (FSDP2: each decoder layer,
-then the root) or `DistributedDataParallel`, and trains `steps` timed steps on its own random batches after
-`warmup_steps` untimed ones. Per rank it records:
-
-- step times: wall clock around forward, backward and the AdamW step (device synchronised at both edges);
-- memory: on CUDA `torch.cuda.max_memory_allocated` / `max_memory_reserved` over the timed steps; on CPU, where
-  PyTorch keeps no allocator statistics, the process's peak resident set size (`getrusage`), which also counts
-  the Python interpreter and libraries;
-- collectives of one step: every `c10d` op the engine issued (op, bytes as nccl-tests counts them), seen by a
-  dispatch mode around the step;
-- communication time of one step from `torch.profiler`: NCCL kernel time on CUDA; on CPU (gloo) the host time of
-  the `c10d::` calls, which excludes transfers gloo finishes on its own threads after the call returns.
-
-The slowest rank's median step is the step of the job (`slowest_rank`). Backends: NCCL on CUDA, gloo on CPU.
+Sources and derivations: docs/profiling.md, section `tunecost.profile.ranks`.
 """
 
 from __future__ import annotations
@@ -45,7 +30,7 @@ class RankProfile:
     peak_allocated_bytes: int | None  # CUDA only
     peak_reserved_bytes: int | None  # CUDA only
     peak_rss_bytes: int | None  # CPU only: the whole process
-    comm_seconds: float  # one step, see the module docstring
+    comm_seconds: float  # one step, see docs/profiling.md
     collectives: dict[str, dict[str, int]] = field(default_factory=dict)  # op -> {"count", "bytes"}
     trainable_params: int = 0
     total_params: int = 0  # before sharding
@@ -100,7 +85,7 @@ class _CollectiveCounter:
 
 
 def _comm_seconds(prof: Any, cuda: bool) -> float:
-    """Communication time in one profiled step (see the module docstring)."""
+    """Communication time in one profiled step (see docs/profiling.md)."""
     total_us = 0.0
     for event in prof.events():
         name = event.name

@@ -1,11 +1,6 @@
 """Turn a point's measurements into the tidy rows of docs/dev/records.md and write them resumably.
 
-Files (one JSON object per line, appended and fsync'd): throughput, stages, layers, kernels, expert_load, memory,
-overhead, and `points.jsonl`, the completion log: a point's row there is written after all its other rows and
-counts them (`row_counts`), so a point is finished exactly when it has a `points` row and every row it counts is
-intact. On resume, rows of unfinished or damaged points (a kill between two files, a cut line) are dropped first
-(`purge_unfinished`, which rewrites the files so damage is reported once), then only those points run again.
-Rows without a `point_id` (not written by a sweep) are never dropped.
+Sources and derivations: docs/profiling.md, section `tunecost.profile.records`.
 """
 
 from __future__ import annotations

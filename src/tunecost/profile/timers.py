@@ -1,13 +1,6 @@
 """Clocks for timing inside a training step without synchronising the device at every mark.
 
-A clock hands out *marks* (integers) cheaply while the step runs and turns them into seconds once, after the step:
-- `PerfCounterClock` (CPU): a mark is `time.perf_counter()`; CPU work is synchronous, so that is the time.
-- `CudaEventClock` (GPU): a mark records a CUDA event on the current stream (from a preallocated pool); `resolve()`
-  synchronises once and reads every event's time relative to the first. No per-layer sync, so the instrumented
-  step overlaps host and device exactly as an uninstrumented one does (the paper's timers synchronised at every
-  layer, which serialises host and device).
-
-Times from one clock are comparable with each other: they are offsets in seconds from the clock's first mark.
+Sources and derivations: docs/profiling.md, section `tunecost.profile.timers`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
 """tunecost.simulate: one fine-tuning step of any model from its config alone (fake tensors, no weights, no GPU):
 peak memory with its breakdown, FLOPs and bytes moved per op class, and the largest batch that fits a GPU.
 
-Public API (torch is imported only when a simulation actually runs; cached answers load without it):
-- `simulate_step(job, *, num_layers_to_trace=None, stack="tunecost") -> StepSimulation`
-- `max_batch_size(job, gpu_memory_bytes, *, stack=...) -> MaxBatchResult`
-- `simulated_max_batch_size(job, gpu) -> int`
-- `StepCounts`, `DeviceOverhead`
+Sources and derivations: docs/memory-model.md, section `tunecost.simulate`.
 """
 
 from tunecost.simulate.batch import MaxBatchResult, max_batch_size, simulated_max_batch_size

@@ -1,28 +1,7 @@
 """A replay of PyTorch's CUDA caching allocator (`c10/cuda/CUDACachingAllocator.cpp`, native backend, default
 settings) over an ordered trace of allocations and frees: what `torch.cuda.memory_reserved` would show.
 
-The rules replayed, with the constants of the source:
-- every request is rounded up to a multiple of 512 bytes (`kMinBlockSize`; `round_size`);
-- requests of at most 1 MiB (`kSmallSize`) come from the small pool, larger ones from the large pool; a cached
-  block of the other pool is never used;
-- every block belongs to the stream whose request reserved its segment: "Allocations are associated with a
-  stream. Once freed, blocks can be re-allocated on the same stream, but not on any other stream" (the file's
-  header; `get_free_block` searches the pool from a key of the request's stream and stops at another stream's
-  block); a block freed by any stream returns to its own stream's cache;
-- a request first takes the smallest cached free block of its pool that fits (best fit: ordered by size, then
-  address; `get_free_block`); only when none fits is a new segment reserved (`cudaMalloc`) of
-  `get_allocation_size`: 2 MiB (`kSmallBuffer`) for the small pool, 20 MiB (`kLargeBuffer`) for requests under
-  10 MiB (`kMinLargeAlloc`), else the request rounded up to 2 MiB (`kRoundLarge`);
-- the block taken is split when the remainder is at least 512 bytes (small pool) or more than 1 MiB (large
-  pool); the remainder stays cached (`should_split`);
-- a freed block merges with its free neighbours in the same segment (`free_block` / `try_merge_blocks`);
-  segments are never returned to the driver, except that
-- when a new segment would exceed the device's capacity, every cached segment that is wholly free (not split)
-  is released and the request retried (`release_cached_blocks`); if it still does not fit, the allocation fails
-  (the out-of-memory error).
-Streams are plain integers (0: the compute stream); `record_stream`'s deferred frees are not replayed (a block is
-free at the op that releases it). Assumed: `max_split_size_mb` unlimited, `expandable_segments` off,
-`roundup_power2_divisions` off, no garbage-collection threshold: PyTorch's defaults for `PYTORCH_CUDA_ALLOC_CONF`.
+Sources and derivations: docs/memory-model.md, section `tunecost.simulate.allocator`.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """The largest batch that fits a GPU, from simulated steps.
 
-Padding to the longest query in a batch makes every batch B x L_max(batch) tokens, and some batch holds the
-dataset's longest query, so the batch that decides whether a run fits is B x (longest query): simulate at that
-length (`FineTuneJob.worst_case_seq_len`). A batch fits when what the device gives it (the caching allocator's
-reserve plus the CUDA context, as nvidia-smi shows it) times 1 + the safety margin is within the card; inside the
-margin it is borderline. Need is close to affine in the batch size, so a line through two simulations finds the
-boundary in a few (`search_boundary`).
+Sources and derivations: docs/memory-model.md, section `tunecost.simulate.batch`.
 """
 
 from __future__ import annotations

@@ -1,32 +1,6 @@
 """Stack behaviours that change what a training step allocates, beyond the simulator stack's own model code.
 
-A `StackBehaviour` names library behaviours of a real training stack, each checked against the library's code:
-
-- ``kbit_fp32_norms``: PEFT's `prepare_model_for_kbit_training` (peft 0.13.2 `utils/other.py`) casts every fp16 /
-  bf16 parameter that is not a bitsandbytes `Params4bit` to fp32; TRL's `SFTTrainer` (trl 0.13.0, `bf16=True`, a
-  4-bit model on one GPU) calls it and then `peft_module_casting_to_bf16`, which casts the embeddings and the
-  lm_head back to bf16 and keeps every module with "norm" in its name in fp32. The norms' output is then fp32
-  (`weight * hidden.to(input_dtype)` promotes), bitsandbytes' `Linear4bit` computes in its compute dtype and casts
-  its output back to the input's dtype (bitsandbytes 0.43.3 `nn/modules.py`), so the MLP output and with it the
-  residual stream and every checkpointed layer input become fp32; flash-attention / SDPA run on compute-dtype
-  copies of the fp32 query, key and value (transformers 4.48.1 `integrations/flash_attention.py`; autocast).
-  Under FSDP the 4-bit weights are loaded sharded and TRL skips the preparation (`is_sharded_qlora`).
-- ``loss_code``: how the causal-LM loss treats the vocab x tokens logits (see `LOSS_CODES`).
-- ``adamw_impl``: the AdamW a stack's torch or DeepSpeed runs (see `ADAMW_IMPLS`).
-- ``deepspeed_zero2``: DeepSpeed ZeRO stage 2 in fp16 on one GPU (`DeepSpeedZero2`), as Qwen (1.0)'s single-GPU
-  Q-LoRA script runs it: no autocast, so the loss runs in fp16 (`LOSS_MODEL_SHIFTED_NO_AUTOCAST`), and the
-  contiguous-gradient buckets DeepSpeed allocates at each backward.
-- ``activation_offload``: torchtune's `OffloadActivations` (torchtune/training/_activation_offloading.py) around
-  the model's forward: every tensor autograd saves that is at least 1024 bytes and not a parameter or buffer is
-  copied to host memory and brought back when backward unpacks it; with CUDA streams (torch >= 2.5) the last five
-  offloaded tensors stay on the device until their copy is done (`max_fwd_stash_size`). The output projection runs
-  under its `NoOpManager` (not offloaded). See `tunecost.simulate.offload`.
-- ``reentrant_checkpointing``: torch.utils.checkpoint's `use_reentrant` where a run sets it (a Trainer's
-  `gradient_checkpointing_kwargs`); None keeps the simulator stack's own (re-entrant for hf-peft and hf-2024).
-- ``optimizer_in_backward``: torchtune's `optimizer_in_bwd` (`training.register_optim_in_bwd_hooks`): one optimizer
-  per parameter, stepped by a post-accumulate-grad hook, which frees the gradient (`step.OptimizerInBackward`).
-
-The default behaviour is the simulator's own (transformers 5 model code): what every command but `validate` uses.
+Sources and derivations: docs/memory-model.md, section `tunecost.simulate.behaviour`.
 """
 
 from __future__ import annotations
@@ -82,19 +56,8 @@ ADAMW_IMPLS: dict[str, str] = {
 
 @dataclass(frozen=True, kw_only=True)
 class DeepSpeedZero2:
-    """DeepSpeed ZeRO stage 2 with an fp16 engine on one GPU (deepspeed 0.11.1, checked in its sdist):
-
-    - `runtime/engine.py` `_configure_distributed_model`: fp16 enabled -> `self.module.half()`: every floating
-      parameter, the LoRA factors included, in fp16; accelerate (0.24.1 `accelerator.py`, `native_amp`) and the
-      transformers Trainer (4.32 `trainer.py`, `use_cuda_amp`) turn autocast off under DeepSpeed, so nothing is
-      cast back to fp32 (the loss: `LOSS_MODEL_SHIFTED_NO_AUTOCAST`);
-    - `runtime/zero/stage_1_and_2.py`: an fp32 master copy of the trainable parameters with fp32 AdamW states and
-      an fp16 gradient partition (`averaged_gradients`): 2 + 4 + 8 + 2 = 16 bytes per trainable parameter, what
-      fp32 LoRA factors with fp32 gradients and AdamW states hold (how the simulator keeps them);
-    - `backward()` with `contiguous_gradients` allocates `reduce_bucket_size` fp16 elements for the gradient
-      buckets (`ipg_buffer`), a second with `overlap_comm`, and `independent_gradient_partition_epilogue` frees
-      them at the end of the backward.
-    """
+    """DeepSpeed ZeRO stage 2 with an fp16 engine on one GPU: fp16 parameters without autocast, fp32 master copy
+    and AdamW states, gradient buckets in backward (sources: docs/memory-model.md, `DeepSpeedZero2`)."""
 
     reduce_bucket_elements: int  # zero_optimization.reduce_bucket_size
     overlap_comm: bool  # zero_optimization.overlap_comm: double buffering

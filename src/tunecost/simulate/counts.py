@@ -1,12 +1,6 @@
 """FLOPs and bytes moved per op, bucketed by op class, for the step simulator.
 
-Matmul FLOPs come from `torch.utils.flop_counter`'s registry (the formulas `FlopCounterMode` uses), plus formulas
-registered here for what it misses on this stack: `aten._grouped_mm` (MoE experts) and the CPU flash-attention
-kernels that fake CPU tensors dispatch to (counted like the CUDA ones: the full L x L score matrix, backward = 2.5 x
-forward as torch's formula counts it, no credit for causal masking). Element-wise and reduction ops count one FLOP
-per element (a coarse convention, kept in its own class so it never mixes with the matmul count). De-quantization
-moves bytes and is counted as bytes only. Bytes moved = bytes of every tensor an op reads plus bytes it writes
-(views and allocation-only ops move nothing), the traffic a memory-bound kernel would have without fusion.
+Sources and derivations: docs/memory-model.md, section `tunecost.simulate.counts`.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
 """GPTQ int4 weights in auto-gptq's `QuantLinear` layout, on fake tensors as well as real ones.
 
-Storage per (out_features, in_features) matrix, as auto-gptq (`nn_modules/qlinear/qlinear_tritonv2.py`,
-`qlinear_cuda_old.py`) and GPTQModel register their buffers for 4 bits:
-
-- `qweight` int32 (in / 8, out): eight 4-bit codes per int32 along the input dimension, input row 8r + j in
-  bits 4j..4j+3 of row r;
-- `qzeros` int32 (groups, out / 8): the zero points packed the same way along the output dimension, stored minus
-  one (the checkpoint format auto-gptq writes and adds one back when de-quantizing);
-- `scales` fp16 (groups, out) and `g_idx` int32 (in,): the group of each input (i // group_size, or the act-order
-  permutation's groups; same size either way); groups = ceil(in / group_size), one group when group_size is -1.
-The bias, when the layer has one, is fp16 beside these (`SimLinear` keeps it).
-
-Two kernels meet the matmul (`FineTuneJob.gptq_kernel`):
-- "triton-v2" (auto-gptq / GPTQModel `QuantLinear` triton v2, fms-acceleration's accelerated-peft-autogptq): the
-  triton `dequant248` kernel writes the whole fp16 (in, out) weight, then `input @ W`; its autograd function saves
-  only the packed buffers and de-quantizes again in backward for `grad @ W.t()`. The fp16 weight is a short-lived
-  temporary, as bitsandbytes' is (`quant4bit._Matmul4bit` models both).
-- "torch" (auto-gptq `qlinear_cuda_old` in trainable mode or with more than `kernel_switch_threshold` = 128 rows:
-  what transformers' GPTQConfig(disable_exllama=True) loads for a desc_act=False checkpoint): the weight is
-  unpacked with torch ops (an int32 (in / 8, 8, out) shift, cast to int8, minus the zeros, times the scales) and
-  `torch.matmul(x, W)` is ordinary autograd, which keeps the fp16 W for the input gradient until backward.
+Sources and derivations: docs/memory-model.md, section `tunecost.simulate.gptq`.
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """The paper's 2024 software stack, as far as it changes memory: transformers 4.40 + PEFT 0.7 + bitsandbytes 0.42
 under LLaMA-Factory, with torch 2.1 (the versions the paper used).
 
-- Experts were one module per expert (`w1`, `w3`, `w2` as bitsandbytes `Linear4bit`, each wrapped by PEFT's LoRA
-  `Linear4bit`) and the MoE block looped over experts, gathering each expert's tokens (`hidden[top_x]`), then
-  `index_add_` into a zero tensor (`Loop2024Experts` reproduces that loop on fake tensors, with token counts that
-  are uniform when routing is unknown).
-- The causal-LM loss upcast the logits to fp32 (`logits.float()`), copied the shifted logits
-  (`logits[..., :-1, :].contiguous()`) and ran `CrossEntropyLoss` on them (`causal_lm_loss_2024`); the router
-  auxiliary loss concatenated every layer's router logits and one-hot encoded the top-k choice
-  (`load_balancing_loss_2024`).
-- Gradient checkpointing was re-entrant (LLaMA-Factory passed `use_reentrant=True`), and batches were padded to a
-  multiple of 8 (`DataCollatorForSeq2Seq(pad_to_multiple_of=8)`).
+Sources and derivations: docs/memory-model.md, section `tunecost.simulate.hf2024`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """BlackMamba on fake tensors, with the memory of the CUDA kernels the paper's runs used.
 
-tunecost's BlackMamba (`tunecost.models.blackmamba`) runs a pure-PyTorch chunked selective scan whose autograd
-tape holds (batch, d_inner, L, d_state) tensors; on a GPU, Zyphra's code calls mamba-ssm's fused
-`mamba_inner_fn` (MambaLayer's fast path), whose memory is far smaller. `FusedMambaMixer` reproduces that
-function's allocations step by step (mamba-ssm `ops/selective_scan_interface.py::MambaInnerFn`, checkpoint_lvl=1:
-the conv output and delta are recomputed in backward; saved: xz, x_dbl, the contiguous B and C, the scan's chunk
-states (batch, d_inner, ceil(L/2048), 2 d_state) fp32 and its output) with the matmuls run as real ops (their
-FLOPs counted) and the fused kernels as allocations, their work added as `ssm_scan` (FLOPs: 9 per state element per
-step forward, as the Mamba paper counts the scan, twice that backward, plus 2k per element for the conv).
-Fake tensors only: on real tensors use the model's own mixer.
-
-`LoopMoEMixer` is BlackMamba's MoE mixer (sigmoid router, top-k, score-weighted sum, expert loop) with the
-per-expert token split taken from a sort instead of `torch.where`, so it runs on fake tensors.
+Sources and derivations: docs/memory-model.md, section `tunecost.simulate.mamba`.
 """
 
 from __future__ import annotations
@@ -119,7 +108,7 @@ class _FusedMambaInner(torch.autograd.Function):
 
 class FusedMambaMixer(nn.Module):
     """A BlackMamba `MambaMixer` (same parameters) run as Zyphra's fast path: in_proj as a matmul, then
-    mamba-ssm's fused inner function (see the module docstring)."""
+    mamba-ssm's fused inner function (see docs/memory-model.md)."""
 
     def __init__(self, mixer: MambaMixer) -> None:
         super().__init__()

@@ -1,20 +1,6 @@
 """Frozen / 4-bit / LoRA modules the simulator swaps into a transformers model (fake- and real-tensor safe).
 
-- `SimLinear`: a frozen `nn.Linear` (compute dtype or 4-bit) with an optional LoRA branch computed as
-  x @ A^T then @ B^T (never a merged weight). `style="peft-2024"` reproduces PEFT 0.7's `Linear4bit` LoRA forward
-  (defensive `result.clone()`, then `result += lora_B(lora_A(x)) * scaling`); `style="torchtune"` torchtune's
-  `LoRALinear` (adapters in the compute dtype, update added out of place).
-- `SimExperts`: a drop-in for transformers' fused experts (`gate_up_proj` (E, 2I, H), `down_proj` (E, H, I)) with
-  frozen or 4-bit weights and split LoRA on gate, up and down per expert, on the routed tokens only. Its data
-  flow mirrors transformers' `grouped_mm_experts_forward` (sort by expert, gather, grouped GEMMs, weight, restore).
-  gpt-oss's experts (`GptOssExperts`: `gate_up_proj` (E, H, 2I) with gate and up interleaved, biases, a clamped
-  GLU) are read through `expert_weights` and take one LoRA on the fused gate/up, as PEFT's `target_parameters`
-  puts it on the 3-D `gate_up_proj`.
-- `SimLoraRouter`: LoRA on a router's bare `weight` (E, H): W + s * B @ A, which is tiny (E x H), then the router's
-  own forward via `torch.func.functional_call`.
-
-LoRA factors are fp32 parameters (as PEFT under LLaMA-Factory keeps them) cast to the compute dtype in forward,
-which is what autocast does; `B` starts at zero as in PEFT.
+Sources and derivations: docs/memory-model.md, section `tunecost.simulate.modules`.
 """
 
 from __future__ import annotations

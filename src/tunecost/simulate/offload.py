@@ -1,20 +1,6 @@
 """Activation offload as torchtune runs it (`torchtune.training.OffloadActivations`), on the simulator's tensors.
 
-torchtune's recipes enter `OffloadActivations` (a `torch.autograd.graph.saved_tensors_hooks`) around the model's
-forward when `enable_activation_offloading` is set:
-
-- pack: a saved tensor of at least `min_offload_size` (1024) bytes that is not a parameter or buffer is copied to
-  pinned host memory; with CUDA streams (torch >= 2.5, the default) the device tensor is kept in a forward stash
-  until `max_fwd_stash_size` (5) later tensors were offloaded, so that its copy can finish;
-- unpack (backward): the host copy is brought back into a new device tensor, which autograd holds while the node
-  that saved it runs;
-- the output projection runs under `NoOpManager`: its saved tensors stay on the device.
-
-Here the host copy is nothing (host memory is not device memory): pack keeps the tensor's shape, strides and dtype,
-and unpack allocates an empty device tensor of that layout, which the recorder sees as the copy's allocation. The
-values are lost, so this runs on fake tensors only (a simulation, not a measurement). What is not reproduced: the
-backward side's stream stash (a brought-back tensor kept until the next autograd node starts) and pinned-memory
-limits.
+Sources and derivations: docs/memory-model.md, section `tunecost.simulate.offload`.
 """
 
 from __future__ import annotations

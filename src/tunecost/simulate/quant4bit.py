@@ -1,21 +1,6 @@
 """4-bit (QLoRA) weight storage that runs on fake tensors as well as real ones.
 
-bitsandbytes' kernels do not run under `FakeTensorMode`, so the simulator stores frozen weights in bitsandbytes'
-exact layout (checked against bitsandbytes 0.50 `functional.quantize_4bit` / `dequantize_4bit`):
-
-- packed codes: ``ceil(numel / 2)`` uint8, two 4-bit codes per byte, the even element in the high nibble;
-- one absmax per block of 64 weights: fp32, or with double quantization an 8-bit code per block into the
-  256-entry "dynamic" map, plus one fp32 absmax per 256 blocks and one fp32 offset (the mean absmax);
-- the 16-entry nf4/fp4 code (fp32) and, with double quantization, the 256-entry dynamic map (fp32).
-
-Dequantization is two custom ops (`tunecost::dequantize_absmax`, `tunecost::dequantize_4bit`) with fake kernels
-that only allocate their outputs, as bitsandbytes' fused CUDA kernels do; the real CPU kernels decode in chunks so
-that their scratch memory stays small. The matmul against a 4-bit weight is an autograd function that
-dequantizes in forward and again in backward and saves only its input (bitsandbytes' `MatMul4Bit` does the same),
-so the de-quantized weight is a short-lived temporary, never an activation.
-
-The same module holds GPTQ int4 checkpoints (`QuantSpec(quant_type="gptq")`) in auto-gptq's `QuantLinear` buffers;
-their layout and kernels are `tunecost.simulate.gptq`'s.
+Sources and derivations: docs/memory-model.md, section `tunecost.simulate.quant4bit`.
 """
 
 from __future__ import annotations

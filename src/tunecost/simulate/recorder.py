@@ -1,16 +1,6 @@
 """A dispatch-level recorder of one training step: every storage allocation and release, FLOPs and bytes per op.
 
-`torch.distributed._tools.mem_tracker.MemTracker` fails on frozen parameters (every LoRA/QLoRA model), so this is
-our own `TorchDispatchMode`. It logs, per storage, when it was allocated (op index), when it was released (a weak
-reference callback on the storage), its bytes, and the context at allocation: the phase (forward, backward,
-recompute, optimizer), the module group (attention, router, experts, ...) and the decoder layer. The breakdown
-is computed afterwards from the log, so a storage can be classified with hindsight: a forward allocation still
-alive when the forward ends is a saved activation; one freed inside the forward was a temporary; a backward
-allocation that became `param.grad` (seen by a post-accumulate-grad hook) is a gradient.
-
-Backward ops are attributed to modules through autograd sequence numbers: module hooks record the sequence
-number at each module boundary in forward (and recompute), and in backward the running autograd node's sequence
-number finds the module that created it.
+Sources and derivations: docs/memory-model.md, section `tunecost.simulate.recorder`.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """The trainability experiment (paper §IV-A, Fig. 3): fine-tune for E epochs, evaluate after each, dense vs sparse.
 
-For each experts-per-token value (2 = sparse top-2, 8 = dense for an 8-expert model) a fresh copy of the model
-(same seed, same data order) is fully fine-tuned, and the held-out accuracy is measured before training (epoch 0)
-and after every epoch. One tidy row per (run, epoch) is appended to ``OUT/trainability.jsonl``. The run is
-resumable per epoch: finished epochs (rows present) are skipped, training continues from the state saved after
-the last finished epoch. The final model is saved to ``OUT/<routing>-k<k>/final`` (every epoch with
-``save_every_epoch``) in transformers format, loadable by ``tunecost eval --model``.
-
-The default model, ``tiny-mixtral`` with `TRAINABILITY_TINY_OVERRIDES`, is the project's tiny random-init Mixtral
-made smaller (hidden 128, 2 layers; still 8 experts) so both runs finish on a 2-core CPU in minutes. With
-``vocab="task"`` (the default for tiny-mixtral) it tokenizes exactly like the Mixtral tokenizer but keeps only the
-pieces the task uses (about 100; `tunecost.workload.tokenizers.subset_tokenizer`): a random-init model does not
-care which ids it gets, and a 32000-wide output layer would otherwise be about three quarters of each CPU step.
-``vocab="full"`` keeps all 32000. Learning rate 3e-3 (not the paper's 5e-5): the model starts from random weights.
+Sources and derivations: docs/trainability.md, section `tunecost.train.trainability`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""What users estimate with today, computed on the same rows as tunecost (never quoted):
+"""What users estimate with today (accelerate's `estimate-memory`, the bytes-per-parameter rule,
+DeepSpeed's model-states estimators), computed on the same rows as tunecost, never quoted.
 
-- accelerate's `estimate-memory` (`accelerate.commands.estimate`): the model's size from its meta-device
-  parameters (`calculate_maximum_sizes`) and, for training, the largest of `estimate_training_usage`'s parts
-  (the "Training using Adam" column, mixed precision: 2 x the fp32 size). It gives no LoRA or QLoRA training
-  figure; for those rows its load size is what it offers (bf16: fp32 size / 2; int4: fp32 size / 8).
-- the bytes-per-parameter rule: 16 bytes per parameter for a mixed-precision Adam full fine-tune (bf16 weights
-  and gradients, fp32 master weights and two fp32 states; 20 with fp32 gradients), and the weights alone for
-  LoRA (2 bytes per parameter) and QLoRA (0.5).
-- DeepSpeed's model-states estimators (`estimate_zero2_model_states_mem_needs` /
-  `estimate_zero3_model_states_mem_needs`, as `distributed.deepspeed_estimator` transcribes them): a row on one
-  GPU as ZeRO-2 on one GPU (20 bytes per parameter), a row of N GPUs whose states are sharded (FSDP full shard) as
-  ZeRO-3 on N GPUs; every parameter counted as trainable, as DeepSpeed's estimator does (it has no adapter case).
-None of them counts activations, the CUDA context or the allocator's reserve.
+Sources and derivations: docs/validation.md, section `tunecost.validate.baselines`.
 """
 
 from __future__ import annotations

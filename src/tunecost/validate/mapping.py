@@ -1,35 +1,6 @@
 """One corpus row -> the `FineTuneJob` tunecost simulates, the stack, and the GPU memory; or why it cannot.
 
-Reading rules (each is stated, none is tuned to the data):
-- `seq_len_kind` fixed, packed (every sequence filled to seq_len) and max (padded or cut to seq_len; the worst
-  batch holds a sequence of that length) all give a batch of `seq_len` tokens per sequence;
-- LoRA target names map to tunecost's targets: q/k/v/o projections, Qwen's fused `c_attn` and Falcon's
-  `query_key_value` / `dense` -> attention; gate/up/down, Qwen's `w1`/`w2` and Falcon's `dense_h_to_4h` /
-  `dense_4h_to_h` -> mlp; Qwen's `c_proj` names both the attention output and the MLP output
-  -> attention and mlp. A subset of the attention projections is modelled as all four (a small over-count);
-  SantaCoder's rows name q/k/v/o_proj and c_attn, of which GPTBigCode has only the fused c_attn: attention LoRA
-  there wraps c_attn and the attention's c_proj (the same kind of over-count);
-- the optimizer cell names torch AdamW (empty: transformers' default; adamw_torch, adamw_hf, adam; fused, without
-  the multi-tensor path's temporaries: adamw_torch_fused, adamw_apex_fused, DeepSpeed's FusedAdam), bitsandbytes'
-  8-bit AdamW (adamw_8bit, adamw_bnb_8bit, "8-bit AdamW") or plain SGD
-  (transformers' "sgd": torch SGD without momentum); a paged optimizer (its states in CUDA unified memory, outside
-  PyTorch's allocator) is read as its unpaged self where it updates LoRA adapters alone (a few MiB of states, said
-  in the row's reason) and skipped where it holds a model's states; the others (Adafactor, Lion, GaLore, ...) are
-  skipped; an unknown attention is FlashAttention-2, as is any spelling of FlashAttention (fa2,
-  flash_attention_2, FlashAttention-2) and xformers' memory-efficient kernel (both keep the output and the
-  log-sum-exp); grad_ckpt on/off also reads true/false and yes/no;
-- bnb-nf4 is QLoRA with nf4 and double quantization (the QLoRA recipe);
-- gptq-int4 is QLoRA on a GPTQ checkpoint the catalog knows (its base model's architecture, the group size of
-  its quantize_config), with the kernel its stack loads: fms-acceleration's accelerated-peft-autogptq plugin the
-  triton v2 QuantLinear, Qwen's finetune.py (transformers GPTQConfig(disable_exllama=True), desc_act false) auto-gptq's
-  cuda-old QuantLinear on its torch path;
-- LoRA target names that are whole modules ("wte", "lm_head (trained fully)") are PEFT modules_to_save: trained
-  copies beside LoRA (Qwen's finetune.py sets modules_to_save=["wte", "lm_head"] for LoRA on a base model);
-- a row on several GPUs is one rank of the layout its `parallelism` names (`multi_gpu_layout`: DDP, DeepSpeed ZeRO
-  1-3 with CPU offload, FSDP full shard, which is fsdp1 where the cell does not say fsdp2, as accelerate's FSDP
-  plugin runs torch FSDP1, shard-grad-op, FSDP's CPU offload; `distributed.rank_memory` for its memory,
-  `distributed.timing` for its communication), up to `NODE_GPUS` GPUs in one node and more in whole nodes of
-  `NODE_GPUS` (the rows state no node layout); other layouts are skipped.
+Sources and derivations: docs/validation.md, section `tunecost.validate.mapping`.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
 """Named software stacks: what a training stack keeps in memory, as a documented set of behaviours.
 
-Each stack names the simulator stack that reproduces it (``hf-peft``: transformers' model code with PEFT >= 0.7
-LoRA under autocast and re-entrant checkpointing; ``hf-2024``: the paper's 2024 stack, see
-`tunecost.simulate.hf2024`; ``tunecost``: tunecost's own leaner LoRA), the library behaviours the simulator
-reproduces for it (`tunecost.simulate.behaviour`: prepare_model_for_kbit_training's fp32 norms, the loss code of
-the row's transformers version or model code, FSDP1's held layer inputs on several GPUs) and lists what the real
-stack does that the simulation does not, so a prediction on such a row can be read for what it is.
-A corpus row's `stack` column (and, for fms-acceleration rows, its framework) is matched to a stack by `stack_for`;
-an unknown stack is a skipped row. `behaviour_for` picks a row's behaviours.
+Sources and derivations: docs/validation.md, section `tunecost.validate.stacks`.
 """
 
 from __future__ import annotations

@@ -1,19 +1,6 @@
 """Fine-tuning and evaluation datasets: local files, known names, the Hugging Face hub, the embedded task.
 
-Formats (detected from the columns, or named):
-
-- ``llm-adapters`` (also Alpaca): ``instruction``, ``output`` [, ``input``, ``answer``]: commonsense_15k,
-  math_14k and the LLM-Adapters test sets. Prompt = instruction (+ "\\n" + input when non-empty, as LLaMA-Factory
-  joins them); response = ``output`` (the full ground-truth response); reference answer = ``answer``.
-- ``gsm8k``: GSM8K's original JSONL, ``question`` and ``answer`` ending in ``#### N``; reference answer = N.
-- ``hellaswag``: ``ctx``, ``endings``, ``label``; scored by the log-likelihood of each ending.
-- ``columns``: any JSON/JSONL with a column mapping ``{"prompt": COL, "response": COL[, "answer": COL]}``.
-
-A dataset spec is a file path, a known name (`KNOWN_DATASETS`, resolved under ``$TUNECOST_DATA_DIR`` or, for names
-with a hub id, the local hub cache; downloads only when allowed), a hub id ``org/name``, or ``synthetic-arith``
-(embedded, `tunecost.workload.synthetic`). Bad input raises `TunecostError`: an unknown format names the columns
-found and the formats accepted; a malformed row names its index (skipped only with ``skip_bad_rows=True``); an empty
-dataset is an error.
+Sources and derivations: docs/datasets.md, section `tunecost.workload.datasets`.
 """
 
 from __future__ import annotations

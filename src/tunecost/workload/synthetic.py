@@ -1,16 +1,6 @@
 """The embedded default task: small arithmetic word problems in math_14k's format, generated from a seed.
 
-Rows look like LLM-Adapters' math data (``instruction``, ``input``, ``output``, ``answer``), e.g.
-
-    instruction: "Mia has 3 apples. She gets 5 more apples. How many apples does Mia have now?"
-    output:      "\\nA: 3 + 5 = 8. The answer is 8."
-    answer:      "8.0"
-
-so the same loader, templates and number parser (LLM-Adapters' last-number rule) apply. The task is small enough
-that the tiny random-initialised MoE model (`tunecost.models.tiny`) learns it on a CPU in minutes: single-digit
-operands, addition and subtraction with a non-negative result. The held-out split is drawn from a different seed
-stream and shares no question text with the train split (the arithmetic facts themselves repeat, as they must
-for a from-scratch model to answer them).
+Sources and derivations: docs/datasets.md, section `tunecost.workload.synthetic`.
 """
 
 from __future__ import annotations

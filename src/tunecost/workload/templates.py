@@ -1,19 +1,6 @@
 """Prompt templates: how a query (prompt + ground-truth response) becomes token ids.
 
-A *query* is the concatenation of a prompt and its ground-truth response (paper §III). Templates:
-
-- ``none``: the plain text ``prompt + response``, tokenized in one piece the way the Mixtral tokenizer does by
-  default: BOS counted, no EOS. This is the convention behind the paper-style counts (GSM8K test, LLM-Adapters
-  file: median 162 tokens = BOS + tokens of ``instruction + output``).
-- ``mistral``: LLaMA-Factory's ``mistral`` template as the paper used it (LLaMA-Factory 0.6-0.8):
-  ``<s>`` + ``"[INST] {prompt} [/INST]"`` + ``"{response}"`` + ``</s>``. Like LLaMA-Factory, the two text slots
-  are tokenized separately (so the prompt/response boundary is exact) and EOS ends the response.
-- ``alpaca``: the Stanford-Alpaca / LLM-Adapters instruction prompt ("Below is an instruction ... ### Response:\\n"),
-  BOS + prompt slot + response slot + EOS, slots tokenized separately.
-- ``chat``: the tokenizer's own chat template (transformers tokenizers that define one), tokenized as one text.
-
-`encode_query` returns the ids and the number of prompt tokens (training masks the prompt from the loss);
-`encode_prompt` gives the ids a model sees at generation time (a prefix of the query ids).
+Sources and derivations: docs/datasets.md, section `tunecost.workload.templates`.
 """
 
 from __future__ import annotations

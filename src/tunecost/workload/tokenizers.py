@@ -1,15 +1,6 @@
 """Tokenizers for counting and training: the model's own (transformers) or, offline, the real Mixtral one.
 
-`tokenizer_by_name` accepts
-- ``"mistral"`` (aliases ``mixtral``, ``mistral-v1``, ``tiny-mixtral``): the real Mixtral-8x7B / Mistral-7B v0.1
-  SentencePiece model (32000 pieces) shipped inside the `mistral-common` package as ``data/tokenizer.model.v1``;
-  loaded with `sentencepiece`, so it works without network or a hub cache;
-- a path to a SentencePiece ``.model`` file;
-- a local directory or a hub id: `transformers.AutoTokenizer` with ``local_files_only=True`` unless the caller
-  allows downloads.
-
-Every tokenizer carries a `name` that outputs must show. `encode` never adds special tokens: BOS/EOS are added by
-the template layer (`tunecost.workload.templates`), which is where the counting convention is decided.
+Sources and derivations: docs/datasets.md, section `tunecost.workload.tokenizers`.
 """
 
 from __future__ import annotations

@@ -1,34 +1,6 @@
 """The few architecture numbers the throughput model needs, read from a model's config (no torch).
 
-`Arch` holds parameter counts per kind of matmul (per layer or summed over layers) and the shapes the attention,
-scan and loss terms need. Every count is computed from the config here, so the analytic step counts
-(`throughput.counts`) are pure and fast; `tests/estimate/throughput/test_counts.py` checks the totals against
-`tunecost.models.params.count_parameters` (which builds the real model on the meta device).
-
-Families: Mixtral-style MoE transformers (mixtral, olmoe, qwen2_moe, qwen3_moe, granitemoe, granitemoeshared,
-gpt_oss), dense llama/mistral/qwen2 (Qwen 1 checkpoints are catalogued in the qwen2 layout: fused c_attn read as
-q, k, v with biases), the dense qwen3/gemma/gemma2/gemma3_text/phi3/granite/olmo/olmo2 (Llama's matmuls, with the
-differences below), Phi (GPT-J-style parallel block), GPTBigCode (GPT-2 config keys), StarCoder2 and Falcon
-(two-matrix GELU MLPs, `throughput.arch_gelu_mlp`) and BlackMamba (Zyphra's config keys). Other families raise a
-`TunecostError` naming the supported ones. Module shapes follow transformers 5.23's `modeling_<family>.py`:
-- qwen3: a q and a k RMSNorm of one head's width in every layer;
-- gemma: a GeGLU MLP (gate, up, down: Llama's matmuls), `head_dim` from the config, head tied to the embedding;
-- gemma2: as gemma, plus pre/post feed-forward RMSNorms (4 per layer) and sliding-window attention on alternate
-  layers (`layer_types`; `counts` bounds those layers' attention work by the window);
-- gemma3_text (Gemma 3's text model): as gemma2, plus a q and a k RMSNorm of one head's width, and five layers in
-  six attending over a sliding window (`layer_types`, else `sliding_window_pattern`, 6 by default);
-- phi3: one fused `qkv_proj` and one `gate_up_proj` (the same matmul parameters as the split ones; LoRA adapts the
-  fused matrices: 2 attention and 2 MLP matrices per layer), sliding-window attention on every layer when the
-  config gives a window;
-- granite: Llama's layout; its embedding/residual/attention/logit multipliers scale activations, no matmul;
-- olmo: Llama's layout with parameter-free LayerNorms (the norms' element-wise work stays, no weights);
-- olmo2: post-norms (after attention and after the MLP: still two RMSNorms per layer) and a q and a k RMSNorm over
-  all heads (as olmoe);
-- gpt_oss: Mixtral's layout with biases on q, k, v, o, on every expert's gate/up and down (counted with the expert:
-  their FLOPs are the matmuls') and on the router, one attention-sink logit per head, and sliding-window attention
-  on alternate layers (`layer_types`);
-- granitemoeshared: GraniteMoe plus a shared MLP in every layer (`input_linear` hidden -> 2 x
-  `shared_intermediate_size`, `output_linear` back), counted with the dense matmuls.
+Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.throughput.arch`.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
 """`Arch` of the decoders whose MLP is two matrices with a GELU between them: StarCoder2 and Falcon.
 
-Module shapes follow transformers 5.23's `modeling_starcoder2.py` and `modeling_falcon.py`:
-- starcoder2: Llama's q, k, v, o (grouped-query) and an MLP `c_fc` (hidden -> intermediate) / `c_proj` (back), every
-  linear with a bias under `use_bias` (the default), two LayerNorms with biases per layer and a final one, rotary
-  positions, the head tied to the embedding unless the config says otherwise, and every layer attending over the
-  config's `sliding_window` when it gives one;
-- falcon: one fused `query_key_value` of (heads + 2 x key/value heads) x head_dim outputs, where the key/value
-  heads are `num_kv_heads` under `new_decoder_architecture` (Falcon-40B), else one (`multi_query`, Falcon-7B) or
-  one per head; the attention output `dense`; an MLP `dense_h_to_4h` / `dense_4h_to_h` of width `ffn_hidden_size`
-  (4 x hidden by default); biases on those four only under `bias`; LayerNorms with biases: one per layer read by
-  attention and MLP alike (`parallel_attn`, Falcon-7B), two (`ln_attn`, `ln_mlp`: the new decoder architecture's
-  default) or two in sequence (no `parallel_attn`), then `ln_f`; the head tied to the embedding by default. LoRA on
-  the attention adapts the fused `query_key_value` and `dense` (2 matrices per layer), as PEFT's Falcon targets do.
+Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.throughput.arch_gelu_mlp`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
 """Calibrate the cross-GPU throughput model on measurements, then predict any (model, GPU, batch) with an interval.
 
-`calibrate(points)` fits six numbers shared by every model and GPU in the file: the five `StackParams` and a fixed
-time per measured run (`run_overhead_s`: start-up, warm-up and checkpointing inside the trainer's train_runtime,
-which the paper divides 1000 queries by; host work like the step's host time, so it is given on the reference host
-and divided by the host's speed). It is a maximum-a-posteriori least squares on log throughput
-(scipy.optimize.least_squares): every (model, dataset, GPU) group weighs the same, and each parameter has a weak
-log-normal prior (`PRIORS`, stated with its reason) so that parameters the data cannot separate stay physical.
-What each GPU achieves comes from `GpuTerms`: the catalog's (`model.catalog_gpu_terms`) or a measured GPU profile
-given in `gpu_terms` (keyed by catalog name). The 95 % prediction interval comes from held-out errors of the
-calibration per kind of extrapolation (`intervals.py`). A target outside what was calibrated (another GPU, model,
-method, top-k, or batch range) is flagged as an extrapolation, with the reasons.
+Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.throughput.calibrate`.
 """
 
 from __future__ import annotations
@@ -384,7 +375,7 @@ def calibrate(
     transfer_check: bool = True,
     fallback_evidence: Callable[[], IntervalEvidence | None] | None = None,
 ) -> CalibratedModel:
-    """Fit the shared parameters to `points`; see the module docstring. One set per software stack (method:
+    """Fit the shared parameters to `points`; see docs/throughput-model.md. One set per software stack (method:
     qlora, lora, full) that has enough points of its own, used for targets of that method; the set fitted on all
     points serves the others. `priors` replaces some of `PRIORS`; `use_priors=False` drops them (plain least
     squares within the bounds); both are for sensitivity studies. `gpu_terms`: measured GPU profiles by catalog

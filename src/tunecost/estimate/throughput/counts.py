@@ -1,16 +1,6 @@
 """Work per training step, split by op class: FLOPs, bytes moved, kernel launches, GEMM problem size.
 
-`analytic_step_counts(spec, job, lengths)` counts one step of the paper's software stack from the config alone
-(pure, no torch; milliseconds): transformers 4.40 eager MoE (a Python loop over the experts that got tokens),
-bitsandbytes 0.42 per-expert `Linear4bit` (nf4, double quantization: every use of a 4-bit weight dequantizes it
-to bf16 first), PEFT 0.7 LoRA (adapters upcast to fp32 by LLaMA-Factory), FlashAttention-2 varlen, gradient
-checkpointing per decoder layer, torch AdamW (foreach) with gradient clipping. Every term is written out below.
-
-Passes over a weight per step: forward (1) + recompute under gradient checkpointing (1) + backward grad-input (1)
-+ backward grad-weight (1, trainable weights only: none of the frozen base weights under (Q)LoRA).
-Routing is taken as uniform (expected experts hit per layer E(1 - (1 - k/E)^T)); the paper's Fig. 11 imbalance is
-not modelled. A step simulator (`tunecost.simulate`) counts the same classes on tunecost's own stack; the
-test `tests/estimate/throughput/test_counts.py` compares the two where it exists.
+Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.throughput.counts`.
 """
 
 from __future__ import annotations
@@ -134,7 +124,7 @@ class _Acc:
 
 
 def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths | None = None) -> AnalyticStepCounts:
-    """Count one step of `job` on `spec` (see the module docstring for the stack it describes)."""
+    """Count one step of `job` on `spec` (see docs/throughput-model.md for the stack it describes)."""
     arch = arch_of(spec)
     lengths = lengths or lengths_of_job(job)
     if lengths.batch_size != job.batch_size:

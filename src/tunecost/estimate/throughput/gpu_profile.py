@@ -1,18 +1,6 @@
 """The GPU profile file: what `tunecost calibrate-gpu` measured on one device, read back as `GpuTerms`.
 
-Format (JSON, one object; schema_version 1):
-
-    {"schema_version": 1, "kind": "gpu_profile", "name": "NVIDIA H100 80GB HBM3",
-     "created": "2026-11-25T06:00:00+00:00",
-     "device": {"kind": "cuda", "name": ..., "torch": ..., "cuda": ..., ...},
-     "tool_version": ..., "command": ...,
-     "values": {"matmul_flops_per_s": {"value": 6.1e14, "unit": "FLOP/s", "method": "how it was measured"}, ...},
-     "gemms": [{"rows": 1, "k": 4096, "n": 14336, "seconds": ..., "flops_per_s": ...}, ...]}
-
-`values` has one entry per `GpuTerms` field other than name and source: matmul_flops_per_s, fp32_flops_per_s and
-memory_bytes_per_s must hold a positive finite number; the others may hold null (not measured). Every entry has a
-`method` string. The reader is strict: a missing or unknown field, a wrong type, a non-finite or non-positive
-value or another schema version is a `TunecostError` naming the file and the field.
+Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.throughput.gpu_profile`.
 """
 
 from __future__ import annotations
@@ -94,7 +82,7 @@ def write_gpu_profile(path: str | Path, terms: GpuTerms, meta: dict[str, Any], *
 
 
 def load_gpu_profile(path: str | Path) -> GpuTerms:
-    """Read a GPU profile written by `write_gpu_profile` (strictly; see the module docstring)."""
+    """Read a GPU profile written by `write_gpu_profile` (strictly; see docs/throughput-model.md)."""
     p = Path(path)
     if not p.is_file():
         raise TunecostError(f"GPU profile {p} not found (write one with `tunecost calibrate-gpu --out {p}`)")

@@ -1,19 +1,6 @@
 """Sequence lengths as the throughput model sees them: tokens per padded batch and the attention work.
 
-The paper's trainer pads every batch to its longest query, rounded up to a multiple of 8 (LLaMA-Factory's
-`DataCollatorForSeq2Seq(pad_to_multiple_of=8)`; no packing, no length grouping, shuffled sampling). So a batch of
-B queries costs B x E[ceil8(max of B lengths)] tokens in every matmul, while FlashAttention-2 (varlen, unpadded)
-costs sum of l^2 over the real lengths.
-
-Where the lengths come from, best first:
-1. a fixed `seq_len` (every query padded or cut to it: the paper's latency runs);
-2. real per-query lengths (`tunecost.workload.lengths.LengthDistribution.lengths`, or `FineTuneJob.lengths`):
-   exact order statistics, E[max of B draws with replacement];
-3. a catalog dataset's statistics (`catalog_lengths`), best first: the paper's median (Fig. 2: 79 tokens
-   commonsense_15k, 174 math_14k) with the spread `DEFAULT_LOG_SIGMA`, exactly as the throughput model was
-   calibrated; else a median, with the spread its 95th percentile implies and cut at its maximum where known;
-   else a mean, turned into the median of a log-normal with the default spread (and said so). Everything is cut
-   at the paper's cutoff_len 1024. A dataset with none of these is an error naming what is missing.
+Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.throughput.lengths`.
 """
 
 from __future__ import annotations
@@ -157,8 +144,9 @@ def median_from_mean_tokens(mean_tokens: float, log_sigma: float) -> float:
 
 
 def catalog_lengths(facts: DatasetFacts, batch_size: int, *, log_sigma: float = DEFAULT_LOG_SIGMA) -> SeqLengths:
-    """Lengths of a catalog dataset from its best statistic (module docstring, 3.); `log_sigma` is the spread used
-    where the data give none (the paper's rows, a median without a p95, a mean)."""
+    """Lengths of a catalog dataset from its best statistic (source 3 in docs/throughput-model.md, section
+    `tunecost.estimate.throughput.lengths`); `log_sigma` is the spread used where the data give none (the paper's
+    rows, a median without a p95, a mean)."""
     if facts.has_paper_median:  # unchanged: the throughput model was calibrated on exactly these lengths
         median = facts.median_tokens_paper
         return lognormal_lengths(

@@ -1,33 +1,6 @@
 """Step time from step counts and what a GPU achieves: a roofline per op class plus launch and host overheads.
 
-    gpu_s = sum over op classes c of smoothmax(FLOPs_c / (eff_gemm(rows_c) * rate_c), bytes_c / (eff_mem * BW_c))
-    launch_s = kernel_launch_s * kernels
-    step_s = gpu_s + launch_s + host_step_s                                    (host syncs in every MoE layer)
-    step_s = smoothmax(gpu_s - gpu_opt, launch_s - launch_opt)
-             + smoothmax(gpu_opt, launch_opt) + host_step_s                     (host syncs per micro-step)
-    eff_gemm(rows) = gemm_efficiency * rows / (rows + gemm_half_rows)
-    queries_per_s = batch_size / step_s
-
-What the GPU achieves comes from `GpuTerms` (`gpu_terms.py`): rate_c is its achieved large-GEMM throughput
-(MAMF, from the catalog or a measured GPU profile) for GEMMs and attention, its fp32 rate for the rest (the fp32
-LoRA adapters, element-wise work, the optimizer); BW_c its achieved streaming bandwidth (its de-quantization rate
-for `dequant` when a profile measured one). The five `StackParams` describe the software stack (PyTorch eager,
-bitsandbytes, the trainer, the host CPU that launches kernels), not a GPU: efficiencies relative to what the GPU
-achieves in microbenchmarks, and host times on the reference host (the paper's Xeon Platinum 8380). One set is
-calibrated on measurements and applied to every GPU; host times are divided by the single-thread speed of the host
-that runs the GPU (`GpuTerms.host_speed`, from `catalog.host_cpus`), and a GPU profile that measured the launch and
-empty-step host times of its machine replaces them.
-
-Synchronisation decides whether host and GPU time add or overlap (`counts.host_sync`). CUDA launches are
-asynchronous: the host runs ahead of the GPU until it reads a GPU value. An eager routed-expert loop (transformers'
-MoE code, the paper's stack) does so in every MoE layer (`torch.where`/`nonzero` on the routing results, for every
-expert; the paper's timers also synchronise per layer), so the host's launches and the GPU's kernels take turns and
-their times add. A dense model's forward and backward read nothing back; the trainer does, once per micro-step
-(the HF Trainer's `logging_nan_inf_filter` tests each micro-step's loss with `torch.isnan(...) or torch.isinf(...)`)
-and at the optimizer step (logging the loss). Between two such points the GPU works while the host launches, and
-the time is the smooth maximum of the two, with the same soft corner as the roofline: the micro-steps are alike,
-so N of them take smoothmax(gpu, launch) over their totals, and the optimizer step is a segment of its own. The
-host time per step (data, bookkeeping) runs while the GPU waits at a synchronisation point, so it adds in both.
+Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.throughput.model`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """Load and save BlackMamba checkpoints in Zyphra's layout: `config.json` + `pytorch_model.bin` holding
 `{"model": state_dict}` (or `model.safetensors` holding the state dict itself).
 
-Loading is strict and safe: `torch.load(..., weights_only=True)` only (a pickle that needs more is refused
-with a way out, never loaded unsafely), every key must match, and a hub id is looked up in the local Hugging
-Face cache only, unless `allow_download=True`. Two layouts besides Zyphra's hub files are accepted because
-Zyphra's own code writes them: a flat state dict (no "model" wrapper), and `embedding.weight` plus
-`output_layer.weight` (their `MambaModel.save_pretrained`), renamed to `embedding.word_embeddings.weight`
-when the output layer is the tied copy.
+Sources and derivations: docs/models.md, section `tunecost.models.blackmamba.checkpoint`.
 """
 
 from __future__ import annotations

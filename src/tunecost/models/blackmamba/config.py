@@ -1,12 +1,6 @@
 """BlackMamba's architecture config, with the field names of Zyphra's `config.json`.
 
-Zyphra's loader (github.com/Zyphra/BlackMamba, `mamba_model.py::MambaModel.from_pretrained`) reads exactly
-these keys from the hub's config.json: num_layers, hidden_size, state_size, conv_dimension, vocab_size,
-expansion_factor, mamba_moe_layers, ffn_hidden_size, add_bias_linear, swiglu, max_sequence_length.
-`mamba_moe_layers` has one entry per layer (`mamba_block.py::create_block`): "r" is a Mamba block and a number
-is an MoE block with that many experts ("8"). Zyphra's MoE (`switch_mlp.py::SwitchMLP`) routes top-1;
-`experts_per_token` (ours, not Zyphra's) makes it top-k as in Xia et al.'s sparse (2) and dense (8) runs.
-Derived sizes (d_inner, dt_rank, layer kinds, expert count) are properties, never stored.
+Sources and derivations: docs/models.md, section `tunecost.models.blackmamba.config`.
 """
 
 from __future__ import annotations
@@ -28,7 +22,7 @@ TINY_LAYOUT_MODEL = "blackmamba-1.5b"  # the catalog model whose layout `tiny_bl
 
 @dataclass(frozen=True, kw_only=True)
 class BlackMambaConfig:
-    """A BlackMamba architecture. Field names and meanings are Zyphra's (see the module docstring)."""
+    """A BlackMamba architecture. Field names and meanings are Zyphra's (see docs/models.md)."""
 
     num_layers: int
     hidden_size: int

@@ -1,18 +1,6 @@
 """BlackMamba for causal language modelling (Anthony et al., 2024, arXiv:2402.01771), in plain PyTorch.
 
-State-dict keys are exactly those of Zyphra's released checkpoints:
-
-    embedding.word_embeddings.weight                       (also the output layer: tied)
-    decoder.layers.{i}.norm.weight
-    decoder.layers.{i}.mixer.{in_proj.weight, conv1d.weight, conv1d.bias, x_proj.weight,
-                              dt_proj.weight, dt_proj.bias, A_log, D, out_proj.weight}     (Mamba layers)
-    decoder.layers.{i}.mixer.router.{weight, bias}
-    decoder.layers.{i}.mixer.local_experts.{e}.linear_fc{1,2}.weight                     (MoE layers)
-    decoder.final_layernorm.{weight, bias}
-
-Modules to hook when profiling: `decoder.layers[i].norm` (RMSNorm), `decoder.layers[i].mixer` (`MambaMixer`
-or `MoEMixer`; `layer_type` says which), inside an MoE mixer `router` and `local_experts[e]`, then
-`decoder.final_layernorm` and `output_layer` (parameter-free: the tied projection to the vocabulary).
+Sources and derivations: docs/models.md, section `tunecost.models.blackmamba.model`.
 """
 
 from __future__ import annotations

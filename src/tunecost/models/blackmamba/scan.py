@@ -1,20 +1,6 @@
 """Mamba's selective scan and causal depthwise convolution, on any device.
 
-Shapes follow mamba-ssm's `selective_scan_fn` (Gu & Dao, "Mamba", 2023, Algorithm 2):
-
-    u, delta, z: (batch, d_inner, seqlen)    A: (d_inner, d_state)    B, C: (batch, d_state, seqlen)    D: (d_inner,)
-
-    delta <- softplus(delta + delta_bias)
-    h_t = exp(delta_t * A) * h_{t-1} + delta_t * B_t * u_t          (per channel d and state n)
-    y_t = <C_t, h_t> + D * u_t;   y_t <- y_t * silu(z_t)
-
-On CUDA with mamba-ssm / causal-conv1d installed, their fused kernels run. Everywhere else a pure-PyTorch
-*chunked* scan runs, and autograd does its backward. The sequence is cut into chunks of T ~ sqrt(L) steps;
-(1) a loop of T steps advances every chunk at once from a zero state, (2) a loop over the chunks carries the
-true state from chunk to chunk, (3) a second loop of T steps reruns every chunk from its true starting state
-and reads y out. About 3*sqrt(L) Python steps instead of L, and only decays in [0, 1] are ever multiplied, so
-nothing can overflow (the closed form exp(S_t) * cumsum(exp(-S_s) x_s), S = cumsum(delta*A), does for long
-chunks or large delta*|A|). `selective_scan_reference` is the plain one-step-per-position loop, for tests.
+Sources and derivations: docs/models.md, section `tunecost.models.blackmamba.scan`.
 """
 
 from __future__ import annotations
@@ -157,7 +143,7 @@ def selective_scan_chunked(
     return_last_state=False,
     chunk_size: int | None = None,
 ):
-    """The pure-PyTorch chunked scan (any device, autograd-friendly); see the module docstring."""
+    """The pure-PyTorch chunked scan (any device, autograd-friendly); see docs/models.md."""
     _check_shapes(u, delta, A, B, C, D, z)
     dtype = _compute_dtype(u)
     b, d, seqlen = u.shape
