@@ -1,23 +1,8 @@
-"""Predictions per corpus row and the accuracy summary.
+"""Predictions per corpus row beside its measurement, and the accuracy and interval coverage per quantity and stack.
 
-Memory quantities from one simulated step (`tunecost.simulate`) plus the device overhead it states:
-- peak_allocated_gib: the simulated peak (torch.cuda.max_memory_allocated semantics);
-- peak_reserved_gib: the peak reserve of PyTorch's caching allocator replayed over the step (`simulate.allocator`;
-  for a rank of a multi-GPU row, over the rank's allocations, `distributed.rank_reserve`), at most what the GPU
-  leaves it beside the CUDA context (the allocator releases its cached segments and retries before it fails);
-- nvidia_smi_gib: that reserve plus the device overhead outside the allocator (CUDA context, NCCL);
-- oom: 1 when the allocated peak plus the device overhead exceeds the GPU's memory, else 0: before it raises
-  out-of-memory the allocator releases its cached segments and retries, so the reserve above the allocated peak
-  does not decide it (a fragmented cache, split segments that cannot be released, can; not modelled).
-A peak-memory row measured a run that fit its GPU: the same verdict on its setting (`ValidationRow.fits`) is the
-"fits" half of the fits/out-of-memory accuracy (`memory_totals`).
-A value in "GB" is read as GiB (2^30 bytes): the sources print GiB-based figures (nvidia-smi's MiB / 1024,
-torch bytes / 2^30) with a "G"/"GB" label; likewise "MB" as MiB (nvidia-smi's unit); units match in any case.
-`error` is the signed percentage error (predicted - measured) / measured x 100 for memory, and predicted -
-measured (0 = right) for oom.
-Throughput quantities (tokens_per_s_per_gpu, samples_per_s, s_per_step) come from the throughput model's step
-time (see `throughput`), its GEMM efficiency calibrated on one row per (stack, GPU); a calibration row is `ok`
-with reason "calibration row" and no error; the other rows' error is the same signed percentage.
+Memory quantities come from one simulated step plus the device overhead it states; throughput quantities from
+the throughput model (`throughput`); each prediction carries its 95 % interval (`intervals`).
+Sources and derivations: docs/validation.md, section `tunecost.validate.run`.
 """
 
 from __future__ import annotations

@@ -1,41 +1,9 @@
 """Throughput rows: the throughput model's step time per row, one stack parameter calibrated per (stack, GPU).
 
-A row's step is predicted by `tunecost.estimate.throughput` (docs/throughput-model.md), not by a model of its own:
-- counts: `analytic_step_counts` of the row's job, one micro-batch (matmuls, causal attention, LoRA adapters,
-  4-bit de-quantization, element-wise work, the loss, kernel launches, the optimizer step), then `accumulated`
-  over the row's gradient accumulation: grad_accum micro-batches and one optimizer step;
-- the GPU: what it achieves (`catalog_gpu_terms`: its maximum achievable matmul rate, bandwidth and fp32 rate);
-- host and GPU: launches add to the GPU time where the host waits for the GPU in every MoE layer (an eager
-  routed-expert loop), and overlap it where it waits only between micro-steps (a dense model under the HF
-  Trainer); `counts.host_sync`, docs/throughput-model.md "Synchronisation and overlap";
-- the stack: `StackParams` with the host terms (launch time per kernel, host time per optimizer step), the memory
-  efficiency and the GEMM half-rows at the centres of the model's priors (`throughput.priors`, each with its
-  reason), the same for every stack here, all of which run eager PyTorch from a Python training loop; they are
-  not fitted to the corpus. The one fitted parameter is `gemm_efficiency` (the stack's large GEMMs and attention
-  as a fraction of the GPU's achieved rate; the model applies it to every class's compute side), solved per
-  (stack, GPU) so that the calibration row's predicted step equals its measured one. A stack is the named stack
-  together with the row's own stack cell (`group_key`: a plugin named there is software of its own). The
-  calibration row is the group's row with the most FLOPs per optimizer step in the counts (the work the fitted
-  efficiency scales, so the row least dominated by the host and memory terms, which are not fitted), the first in
-  file order on a tie; the rule uses the counts only, never a measurement.
-  Every other row of the group is predicted with that efficiency.
-Quantities: s_per_step = step_s; tokens_per_s_per_gpu = grad_accum * batch * seq_len / step_s;
-samples_per_s = grad_accum * batch * num_gpus / step_s (the whole job, as the corpus defines it).
-
-A row on several GPUs (one rank of its FSDP layout, `MappedRow.plan`) is the single-GPU step of its micro-batches
-plus the communication that compute does not hide (`row_step_fn`, `exposed_comm_s`); it calibrates its group only
-where the group has no single-GPU row (a single-GPU step has no communication in it to confound the fit). The
-collectives of each micro-batch (`distributed.timing`: sizes from the simulated single-GPU step, nccl-tests'
-bus bandwidths over the GPU's default node link, FSDP's prefetch overlap), counted for every micro-batch of the
-optimizer step (all-gathers run per micro-batch; a reduce-scatter skipped under gradient accumulation is counted
-anyway, an over-count bounded by the trainable bytes).
-
-Rows whose settings the counts do not represent are skipped with the reason (`unmodelled_settings`): a full
-fine-tune under a stack whose full fine-tune is not modelled (its optimizer step, e.g. DeepSpeed ZeRO's fp32 master
-weights, is not the counts' torch AdamW), torch.compile (fuses the element-wise ops the eager counts launch one by
-one), activation offload (host copies), eager attention (the counts are FlashAttention-2's). A group whose
-calibration row no efficiency in (the prior's lower bound, 1] reproduces is skipped whole, with the measured step,
-the step at that end of the range and its memory-bound and host shares (`calibration_failure`).
+The counts, GPU terms and stack parameters of `tunecost.estimate.throughput`; the one fitted parameter is
+`gemm_efficiency`, solved per (stack, GPU) on its calibration row (the most FLOPs per optimizer step) and used for
+the group's other rows. A multi-GPU row adds the communication compute does not hide.
+Sources and derivations: docs/validation.md, section `tunecost.validate.throughput`.
 """
 
 from __future__ import annotations
