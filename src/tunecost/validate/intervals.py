@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tunecost.catalog.held_out_errors import HeldOutError, held_out_errors
-from tunecost.estimate.conformal import conformal_halfwidth
+from tunecost.estimate.conformal import INTERVAL_LEVEL, conformal_halfwidth
 from tunecost.validate.mapping import THROUGHPUT_QUANTITIES
 
 if TYPE_CHECKING:
@@ -33,8 +33,10 @@ def has_interval(row: ValidationRow) -> bool:
     return row.status == "ok" and row.error is not None and row.quantity != "oom" and bool(row.predicted)
 
 
-def with_intervals(rows: Sequence[ValidationRow], errors: Sequence[HeldOutError] | None = None) -> list[ValidationRow]:
-    """`rows` with `low`/`high` set where a prediction can carry an interval."""
+def with_intervals(
+    rows: Sequence[ValidationRow], errors: Sequence[HeldOutError] | None = None, level: float = INTERVAL_LEVEL
+) -> list[ValidationRow]:
+    """`rows` with `low`/`high` set where a prediction can carry an interval (at `level`)."""
     evidence = held_out_errors() if errors is None else errors
     out = []
     for row in rows:
@@ -52,7 +54,7 @@ def with_intervals(rows: Sequence[ValidationRow], errors: Sequence[HeldOutError]
         if not pool:
             out.append(replace(row, interval=f"no held-out {kind} errors"))
             continue
-        h = conformal_halfwidth(pool, what)
+        h = conformal_halfwidth(pool, what, level)
         assert row.predicted is not None
         out.append(
             replace(

@@ -171,6 +171,7 @@ class CalibratedModel:
     stacks: Mapping[str, CalibratedModel] = field(default_factory=dict)  # per method, where it had enough points
     run_queries: int | None = None  # the run length every calibration point shares (the paper's 1000), if one
     evidence: IntervalEvidence | None = None  # held-out errors that set the intervals (intervals.py)
+    groups: frozenset[tuple[str, str, str]] = frozenset()  # (model, dataset or seqN, GPU) calibrated
     log_residual_dof: int = 1
 
     @property
@@ -201,7 +202,7 @@ class CalibratedModel:
             evidence=self.evidence,
             target=terms,
             calibrated=calibrated,
-            workload_calibrated=not self._workload_reasons(job),
+            workload_calibrated=self._workload_calibrated(job, gpu),
             cross_architecture=gpu.architecture not in {resolve_gpu_name(g).gpu.architecture for g in self.gpus},
             batch_size=job.batch_size,
             calibrated_max_batch=rng.batch_sizes[1] if rng else None,
@@ -251,6 +252,16 @@ class CalibratedModel:
         if not 0.5 * t_lo <= counts.tokens_per_step <= 2.0 * t_hi:
             reasons.append(f"{counts.tokens_per_step:.0f} tokens per step, calibrated {t_lo:.0f}..{t_hi:.0f}")
         return reasons
+
+    def _workload_calibrated(self, job: FineTuneJob, gpu: GPU) -> bool:
+        """The target's (model, data) was calibrated on this GPU, or, on a GPU outside the calibration, on another
+        GPU (the move is then the transfer's); else the held-out errors of unseen groups apply."""
+        if self._workload_reasons(job):
+            return False
+        data = job.dataset or f"seq{job.seq_len}"
+        if (job.model, data, gpu.name) in self.groups:
+            return True
+        return gpu.name not in self.gpus and any(g[:2] == (job.model, data) for g in self.groups)
 
     def _workload_reasons(self, job: FineTuneJob) -> list[str]:
         """What of the workload (model, top-k, method) the calibration did not cover."""
@@ -357,6 +368,7 @@ def fit_stack(
         num_points=len(points),
         in_sample_mape=float(np.mean(np.abs(np.expm1(log_res)))),
         ranges=_ranges(prepared),
+        groups=frozenset(keys),
         gpus=tuple(sorted({gpu.name for _, gpu, _, _, _ in prepared})),
         source=source,
         notes=tuple(_coverage_notes(prepared)),
