@@ -109,3 +109,35 @@ def test_shipped_errors_file_is_what_validate_computes_now() -> None:
     }
     # held out (the row itself, or its source), each quantity's 95 % interval covers 85-99 % of the corpus
     assert coverage and all(85.0 <= c <= 99.0 for c in coverage.values()), coverage
+
+
+def test_family_prior_is_the_median_of_the_other_stacks_of_the_family() -> None:
+    from tunecost.catalog.held_out_errors import StackEfficiency
+    from tunecost.validate.throughput import prior_efficiency, stack_family
+
+    def eff(stack: str, value: float, cell: str = "") -> StackEfficiency:
+        return StackEfficiency(
+            stack=stack, stack_cell=cell, gpu="A100-80GB-SXM", family=stack_family(stack, cell), gemm_efficiency=value
+        )
+
+    pool = [eff("hf-trainer", 0.9), eff("trl-sft-bnb", 0.7), eff("qwen-finetune", 0.04), eff("torchtune", 0.5)]
+    got, why = prior_efficiency(pool, "hf-trainer-bnb")  # hf-eager: 0.9, 0.7, 0.04 -> median 0.7
+    assert got == pytest.approx(0.7) and "hf-eager, 3 (stack, GPU) groups" in why
+    own, _ = prior_efficiency(pool, "trl-sft-bnb")  # its own group left out: sqrt(0.9 x 0.04)
+    assert own == pytest.approx(math.sqrt(0.9 * 0.04))
+    other, why = prior_efficiency(pool, "unsloth")  # no other fused-kernels stack: every other stack
+    assert "every family" in why and other == pytest.approx(math.sqrt(0.5 * 0.7))
+    assert stack_family("hf-trainer", "hf + fused-ops-and-kernels plugin") == "fused-kernels"
+    assert prior_efficiency([], "hf-trainer") is None
+
+
+def test_a_prior_row_takes_the_prior_errors() -> None:
+    from dataclasses import replace
+
+    errors = _errors("s", "b", [0.05] * 30) + [
+        HeldOutError(source="c", id=f"p{i}", quantity="s_per_step", stack="t", log_error=0.6, kind="stack prior")
+        for i in range(30)
+    ]
+    row = replace(_row("x", "a", "s", 10.0, 11.0), prior=True)
+    (got,) = with_intervals([row], errors)
+    assert got.high == pytest.approx(round(11.0 * math.exp(0.6), 4)) and "family's prior" in got.interval

@@ -1,7 +1,7 @@
-"""Held-out errors of `tunecost validate` on the shipped corpus: the evidence behind its per-row intervals.
+"""Held-out errors of `tunecost validate` on the shipped corpus, the evidence behind its intervals, and the GEMM
+efficiency each (stack, GPU) group of it calibrated (the family priors of stacks nobody calibrated).
 
-One row per predicted corpus row: ln(predicted / measured), with the row's source, quantity and stack, written by
-`benchmarks/held_out_errors.py --write` (its command and date on each row).
+Both files are written by `benchmarks/held_out_errors.py --write` (its command and date on each row).
 """
 
 from __future__ import annotations
@@ -15,7 +15,10 @@ from tunecost.csvfile import read_csv_rows
 from tunecost.errors import TunecostError
 
 HELD_OUT_ERRORS_PATH = Path(__file__).resolve().parent / "data" / "held_out_errors.csv"
-COLUMNS = ("source", "id", "quantity", "stack", "log_error", "command", "as_of")
+COLUMNS = ("source", "id", "quantity", "stack", "kind", "log_error", "command", "as_of")
+STACK_EFFICIENCIES_PATH = Path(__file__).resolve().parent / "data" / "stack_efficiencies.csv"
+EFFICIENCY_COLUMNS = ("stack", "stack_cell", "gpu", "family", "gemm_efficiency", "corpus", "command", "as_of")
+KINDS = ("calibrated", "stack prior")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -25,6 +28,16 @@ class HeldOutError:
     quantity: str
     stack: str
     log_error: float  # ln(predicted / measured)
+    kind: str = "calibrated"  # calibrated on a row of its (stack, GPU), or its family's prior (KINDS)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackEfficiency:
+    stack: str
+    stack_cell: str
+    gpu: str
+    family: str
+    gemm_efficiency: float
 
 
 @lru_cache(maxsize=2)
@@ -38,9 +51,41 @@ def held_out_errors(path: Path = HELD_OUT_ERRORS_PATH) -> tuple[HeldOutError, ..
             raise TunecostError(f"{path}: row {i}: log_error {row['log_error']!r} is not a number") from None
         if not math.isfinite(value):
             raise TunecostError(f"{path}: row {i}: log_error must be finite")
+        if row["kind"] not in KINDS:
+            raise TunecostError(f"{path}: row {i}: kind {row['kind']!r} is not one of {', '.join(KINDS)}")
         out.append(
             HeldOutError(
-                source=row["source"], id=row["id"], quantity=row["quantity"], stack=row["stack"], log_error=value
+                source=row["source"],
+                id=row["id"],
+                quantity=row["quantity"],
+                stack=row["stack"],
+                log_error=value,
+                kind=row["kind"],
+            )
+        )
+    return tuple(out)
+
+
+@lru_cache(maxsize=2)
+def stack_efficiencies(path: Path = STACK_EFFICIENCIES_PATH) -> tuple[StackEfficiency, ...]:
+    _, rows = read_csv_rows(path, "stack efficiencies file", required=EFFICIENCY_COLUMNS)
+    out = []
+    for i, row in enumerate(rows, start=2):
+        try:
+            eff = float(row["gemm_efficiency"])
+        except ValueError:
+            raise TunecostError(
+                f"{path}: row {i}: gemm_efficiency {row['gemm_efficiency']!r} is not a number"
+            ) from None
+        if not 0 < eff <= 1:
+            raise TunecostError(f"{path}: row {i}: gemm_efficiency must be in (0, 1]")
+        out.append(
+            StackEfficiency(
+                stack=row["stack"],
+                stack_cell=row["stack_cell"],
+                gpu=row["gpu"],
+                family=row["family"],
+                gemm_efficiency=eff,
             )
         )
     return tuple(out)

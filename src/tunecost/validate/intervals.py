@@ -44,9 +44,16 @@ def with_intervals(
             out.append(row)
             continue
         kind = quantity_class(row.quantity)
-        same = [e for e in evidence if quantity_class(e.quantity) == kind]
+        same = [
+            e
+            for e in evidence
+            if quantity_class(e.quantity) == kind and e.kind == ("stack prior" if row.prior else "calibrated")
+        ]
         own = [e.log_error for e in same if e.stack == row.stack and (e.source, e.id) != (row.source, row.id)]
-        if len(own) >= MIN_STACK_ERRORS:
+        if row.prior:
+            pool = [e.log_error for e in same if (e.source, e.id) != (row.source, row.id)]
+            what = f"{len(pool)} {kind} rows predicted from their family's prior"
+        elif len(own) >= MIN_STACK_ERRORS:
             pool, what = own, f"{len(own)} other {kind} rows of stack {row.stack}"
         else:
             pool = [e.log_error for e in same if e.source != row.source]

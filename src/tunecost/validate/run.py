@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
-from tunecost.catalog.held_out_errors import HeldOutError
+from tunecost.catalog.held_out_errors import HeldOutError, StackEfficiency
+from tunecost.catalog.held_out_errors import stack_efficiencies as tp_priors
 from tunecost.errors import TunecostError
+from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.simulate.batch import default_margin_fraction
 from tunecost.simulate.batch import fit_verdict as margin_verdict
 from tunecost.validate import throughput as tp
@@ -54,6 +56,7 @@ class ValidationRow:
     low: float | None = None  # the 95 % interval of the prediction (validate.intervals), where it has one
     high: float | None = None
     interval: str = ""  # which held-out errors set it (not an output column)
+    prior: bool = False  # a throughput predicted with its stack family's prior (no row of its group calibrated)
 
     def as_output(self) -> dict[str, object]:
         d = asdict(self)
@@ -188,10 +191,13 @@ def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simu
     )
 
 
-def _throughput_ok(row: CorpusRow, mapped: MappedRow, measured: float, predicted: float, reason: str):
+def _throughput_ok(
+    row: CorpusRow, mapped: MappedRow, measured: float, predicted: float, reason: str, prior: bool = False
+) -> ValidationRow:
     error = None if reason == tp.CALIBRATION_REASON else round((predicted - measured) / measured * 100.0, 2)
     reason = "; ".join(r for r in (reason, mapped.note) if r)
-    return _outcome(row, measured, predicted=round(predicted, 4), error=error, reason=reason, stack=mapped.stack.name)
+    out = _outcome(row, measured, predicted=round(predicted, 4), error=error, reason=reason, stack=mapped.stack.name)
+    return replace(out, prior=prior) if prior else out
 
 
 def _shape(m: MappedRow) -> dict[str, int]:
@@ -208,9 +214,15 @@ def validate_throughput_rows(
     rows: list[CorpusRow],
     counts_fn: tp.CountsFn = tp.micro_batch_counts,
     rank_step_fn: tp.RankStepFn = tp.rank_step,
+    priors: Sequence[StackEfficiency] | None = None,
+    prior_only: bool = False,
+    calibrated: list[StackEfficiency] | None = None,
 ) -> dict[int, ValidationRow]:
     """Throughput rows by position: one calibration row per (stack, GPU) (see `throughput`), the rest predicted.
-    A calibration row is `ok` with reason "calibration row" and no error (it is fitted, not predicted)."""
+    A calibration row is `ok` with reason "calibration row" and no error (it is fitted, not predicted). A group of
+    one row is predicted with its family's prior (`throughput.prior_efficiency`) over `priors` (default: the
+    shipped corpus's efficiencies) and this file's calibrated groups; `prior_only` predicts every group so, from
+    the file's other stacks (the held-out errors of that kind). `calibrated` collects the fitted efficiencies."""
     from tunecost.catalog.gpus import resolve_gpu_name
 
     out: dict[int, ValidationRow] = {}
@@ -239,6 +251,7 @@ def validate_throughput_rows(
             out[i] = _skipped(row, f"step counts failed: {exc}", mapped.stack.name)
             continue
         groups.setdefault(tp.group_key(row, mapped), []).append((i, row, mapped, measured, counts))
+    ready: list[tuple[tuple[str, str, str], list, dict[int, tp.StepFn]]] = []
     for (stack, stack_cell, gpu_name), members in groups.items():
         gpu = resolve_gpu_name(gpu_name).gpu
         try:
@@ -247,7 +260,6 @@ def validate_throughput_rows(
             for i, row, mapped, _, _ in members:
                 out[i] = _skipped(row, str(exc), mapped.stack.name)
             continue
-
         steps: dict[int, tp.StepFn] = {}
         for i, row, mapped, _, counts in members:
             try:
@@ -255,28 +267,74 @@ def validate_throughput_rows(
             except Exception as exc:  # a rank the simulator cannot trace is reported, never a crash
                 out[i] = _skipped(row, _simulation_failed(exc), mapped.stack.name)
         members = [m for m in members if m[0] in steps]
-        if not members:
-            continue
-        # calibration: a single-GPU row where the group has one (its step has no communication in it), the most
-        # FLOPs per optimizer step, first in file order on a tie
-        single = [m for m in members if m[2].num_gpus == 1]
-        cal = max(single or members, key=lambda t: (t[4].total_flops, -t[0]))
-        i, row, mapped, measured, counts = cal
-        measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **_shape(mapped))
-        eff = tp.gemm_efficiency_from(steps[i], measured_step_s)
-        if eff is None:
-            why = tp.calibration_failure(counts, terms, measured_step_s)
-            reason = f"calibration of {stack} ({stack_cell}) on {gpu_name} on {row.id} failed: {why}"
-            for i, row, mapped, _, _ in members:
-                out[i] = _skipped(row, reason, mapped.stack.name)
-            continue
+        if members:
+            ready.append(((stack, stack_cell, gpu_name), members, steps))
+    calibrated = [] if calibrated is None else calibrated
+    for key, members, steps in ready:
+        if len(members) > 1 or prior_only:
+            eff = _calibrate_group(key, members, steps, terms_of(key[2]), out, record=not prior_only)
+            if eff is not None:
+                calibrated.append(_efficiency(key, eff))
+    pool = calibrated if prior_only else [*calibrated, *(tp_priors() if priors is None else priors)]
+    for key, members, steps in ready:
+        if len(members) == 1 or prior_only:
+            prior = tp.prior_efficiency(pool, key[0], key[1])
+            if prior is None:
+                for i, row, mapped, _, _ in members:
+                    out[i] = _skipped(row, "no calibration row and no stack to borrow a prior from", mapped.stack.name)
+                continue
+            eff, reason = prior
+            i, row, mapped, measured, counts = members[0]
+            measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **_shape(mapped))
+            if not prior_only and tp.gemm_efficiency_from(steps[i], measured_step_s) is None:
+                # no efficiency reproduces it: the same row in a larger group fails its calibration
+                why = tp.calibration_failure(counts, terms_of(key[2]), measured_step_s)
+                failed = f"calibration of {key[0]} ({key[1]}) on {key[2]} on {row.id} failed: {why}"
+                out[i] = _skipped(row, failed, mapped.stack.name)
+                continue
+            for i, row, mapped, measured, _ in members:
+                predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), **_shape(mapped))
+                out[i] = _throughput_ok(row, mapped, measured, predicted, reason, prior=True)
+    return out
+
+
+def terms_of(gpu_name: str) -> GpuTerms:
+    from tunecost.catalog.gpus import resolve_gpu_name
+
+    return tp.gpu_terms(resolve_gpu_name(gpu_name).gpu)
+
+
+def _efficiency(key: tuple[str, str, str], eff: float) -> StackEfficiency:
+    stack, cell, gpu = key
+    return StackEfficiency(
+        stack=stack, stack_cell=cell, gpu=gpu, family=tp.stack_family(stack, cell), gemm_efficiency=eff
+    )
+
+
+def _calibrate_group(key, members, steps, terms, out: dict[int, ValidationRow], *, record: bool) -> float | None:
+    """Fit the group's efficiency on its calibration row (a single-GPU row where the group has one: its step has
+    no communication in it; the most FLOPs per optimizer step; first in file order on a tie) and, with `record`,
+    predict the other rows with it; a failed fit skips the group with the reason."""
+    stack, stack_cell, gpu_name = key
+    single = [m for m in members if m[2].num_gpus == 1]
+    cal = max(single or members, key=lambda t: (t[4].total_flops, -t[0]))
+    i, row, mapped, measured, counts = cal
+    measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **_shape(mapped))
+    eff = tp.gemm_efficiency_from(steps[i], measured_step_s)
+    if eff is None:
+        why = tp.calibration_failure(counts, terms, measured_step_s)
+        reason = f"calibration of {stack} ({stack_cell}) on {gpu_name} on {row.id} failed: {why}"
+        for i, row, mapped, _, _ in members:
+            out[i] = _skipped(row, reason, mapped.stack.name)
+        return None
+    if record:
         for i, row, mapped, measured, _ in members:
             predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), **_shape(mapped))
             reason = (
                 tp.CALIBRATION_REASON if (i, row) == cal[:2] else f"{tp.FITTED_PARAMETER} {eff:.3f} from {cal[1].id}"
             )
             out[i] = _throughput_ok(row, mapped, measured, predicted, reason)
-    return out
+    return eff
 
 
 def validate_rows(
@@ -286,13 +344,17 @@ def validate_rows(
     counts_fn: tp.CountsFn = tp.micro_batch_counts,
     on_progress: Callable[[int, int, str], None] | None = None,
     held_out: Sequence[HeldOutError] | None = None,
+    prior_only: bool = False,
+    calibrated: list[StackEfficiency] | None = None,
 ) -> list[ValidationRow]:
     """Every row's outcome, in file order, each prediction with its interval (`validate.intervals`) from
     `held_out` errors (default: the shipped corpus's)."""
     rows = list(rows)
     is_tp = [r.get("quantity") in THROUGHPUT_QUANTITIES for r in rows]
     tp_idx = [i for i, t in enumerate(is_tp) if t]
-    tp_rows = validate_throughput_rows([rows[i] for i in tp_idx], counts_fn)
+    tp_rows = validate_throughput_rows(
+        [rows[i] for i in tp_idx], counts_fn, prior_only=prior_only, calibrated=calibrated
+    )
     by_index = {tp_idx[j]: v for j, v in tp_rows.items()}
     out = []
     for i, row in enumerate(rows):
