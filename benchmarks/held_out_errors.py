@@ -31,6 +31,7 @@ from tunecost.io import atomic_write_text
 from tunecost.validate import read_corpus, validate_rows
 from tunecost.validate.intervals import has_interval, quantity_class, with_intervals
 from tunecost.validate.run import interval_coverage
+from tunecost.validate.stacks import STACKS
 
 COMMAND = "PYTHONPATH=src .venv/bin/python benchmarks/held_out_errors.py --write"
 
@@ -47,6 +48,7 @@ def held_out(corpus: list[Path] | None) -> tuple[list[HeldOutError], list[StackE
             stack=r.stack,
             log_error=round(math.log(r.predicted / r.measured), 6),
             kind="stack prior" if r.prior else "calibrated",
+            simulator_stack=(STACKS[r.stack].simulator_stack or "") if r.stack in STACKS else "",
         )
         for r in [*rows, *prior_rows]
         if has_interval(r) and r.measured and r.predicted
@@ -59,7 +61,9 @@ def csv_text(errors: list[HeldOutError], as_of: str) -> str:
     writer = csv.writer(buf, lineterminator="\n")
     writer.writerow(COLUMNS)
     for e in errors:
-        writer.writerow([e.source, e.id, e.quantity, e.stack, e.kind, f"{e.log_error:.6f}", COMMAND, as_of])
+        writer.writerow(
+            [e.source, e.id, e.quantity, e.stack, e.simulator_stack, e.kind, f"{e.log_error:.6f}", COMMAND, as_of]
+        )
     return buf.getvalue()
 
 

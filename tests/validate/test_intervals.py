@@ -141,3 +141,17 @@ def test_a_prior_row_takes_the_prior_errors() -> None:
     row = replace(_row("x", "a", "s", 10.0, 11.0), prior=True)
     (got,) = with_intervals([row], errors)
     assert got.high == pytest.approx(round(11.0 * math.exp(0.6), 4)) and "family's prior" in got.interval
+
+
+def test_a_simulated_peak_takes_the_published_peaks_of_its_stack() -> None:
+    from tunecost.estimate.memory_interval import MIN_STACK_ERRORS, peak_interval_bytes
+
+    published = [e for e in held_out_errors() if e.quantity == "peak_allocated_gib" and e.kind == "calibrated"]
+    own = [e for e in published if e.simulator_stack == "hf-peft"]
+    assert len(own) >= MIN_STACK_ERRORS
+    low, high, basis = peak_interval_bytes("hf-peft", 10 * 2**30)
+    assert low < 10 * 2**30 < high and f"{len(own)} published peaks" in basis
+    assert math.log(high / (10 * 2**30)) == pytest.approx(math.log(10 * 2**30 / low), abs=1e-6)
+    # a stack no published row ran on takes every stack's errors
+    _, _, pooled = peak_interval_bytes("no-such-stack", 2**30)
+    assert f"{len(published)} published peaks of every stack" in pooled

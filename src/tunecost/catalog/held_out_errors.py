@@ -15,7 +15,7 @@ from tunecost.csvfile import read_csv_rows
 from tunecost.errors import TunecostError
 
 HELD_OUT_ERRORS_PATH = Path(__file__).resolve().parent / "data" / "held_out_errors.csv"
-COLUMNS = ("source", "id", "quantity", "stack", "kind", "log_error", "command", "as_of")
+COLUMNS = ("source", "id", "quantity", "stack", "simulator_stack", "kind", "log_error", "command", "as_of")
 STACK_EFFICIENCIES_PATH = Path(__file__).resolve().parent / "data" / "stack_efficiencies.csv"
 EFFICIENCY_COLUMNS = ("stack", "stack_cell", "gpu", "family", "gemm_efficiency", "corpus", "command", "as_of")
 KINDS = ("calibrated", "stack prior")
@@ -29,6 +29,7 @@ class HeldOutError:
     stack: str
     log_error: float  # ln(predicted / measured)
     kind: str = "calibrated"  # calibrated on a row of its (stack, GPU), or its family's prior (KINDS)
+    simulator_stack: str = ""  # the step simulator's stack that reproduces the row's stack
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,6 +62,7 @@ def held_out_errors(path: Path = HELD_OUT_ERRORS_PATH) -> tuple[HeldOutError, ..
                 stack=row["stack"],
                 log_error=value,
                 kind=row["kind"],
+                simulator_stack=row["simulator_stack"],
             )
         )
     return tuple(out)

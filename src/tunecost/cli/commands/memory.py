@@ -51,6 +51,7 @@ from tunecost.cli.options import (
 )
 from tunecost.csvfile import check_input_file
 from tunecost.errors import TunecostError
+from tunecost.estimate.memory_interval import peak_interval_bytes
 from tunecost.limits import MAX_SEQ_LEN
 
 if TYPE_CHECKING:
@@ -234,6 +235,8 @@ def memory(
                 on_progress=report,
             )
     out = sim.to_dict()
+    low, high, basis = peak_interval_bytes(sim.stack, sim.peak_bytes)
+    out.update(peak_interval_bytes=[low, high], peak_interval=basis)
     if best is not None:
         out.update(gpu=gpu_name, gpu_memory_bytes=gpu_bytes, max_batch_size=best.batch_size, max_batch=best.to_dict())
         if gpu_note:
@@ -251,6 +254,8 @@ def _render(sim, best, gpu_name) -> None:
     )
     rows = [[k, _gb(v)] for k, v in sorted(sim.breakdown_bytes.items(), key=lambda kv: -kv[1])]
     rows.append(["PEAK (tensors)", _gb(sim.peak_bytes)])
+    low, high, _ = peak_interval_bytes(sim.stack, sim.peak_bytes)
+    rows.append(["  95 % interval (published peaks, held out)", f"{_gb(low)} - {_gb(high)}"])
     rows.append(["+ device overhead (assumed)", _gb(sim.device_overhead_bytes)])
     rows.append(["reserved by the caching allocator (replayed)", _gb(sim.peak_reserved_bytes)])
     print_table(title, ["at the peak (" + sim.peak_segment + ")", "bytes"], rows)

@@ -1,0 +1,26 @@
+"""The 95 % interval of a simulated peak, from the held-out errors of published peaks of its stack.
+
+The same evidence as `tunecost validate`'s intervals (catalog/held_out_errors.py, docs/validation.md).
+"""
+
+from __future__ import annotations
+
+import math
+
+from tunecost.catalog.held_out_errors import held_out_errors
+from tunecost.estimate.conformal import INTERVAL_LEVEL, conformal_halfwidth
+
+MIN_STACK_ERRORS = 5  # fewer published peaks of a stack do not describe it: every stack's are used
+
+
+def peak_interval_bytes(simulator_stack: str, peak_bytes: int, level: float = INTERVAL_LEVEL) -> tuple[int, int, str]:
+    """(low, high, basis) of an allocated peak simulated on `simulator_stack`: the held-out peak-allocated errors
+    of the published stacks it reproduces where there are `MIN_STACK_ERRORS`, else of every stack."""
+    errors = [e for e in held_out_errors() if e.quantity == "peak_allocated_gib" and e.kind == "calibrated"]
+    own = [e.log_error for e in errors if e.simulator_stack == simulator_stack]
+    if len(own) >= MIN_STACK_ERRORS:
+        pool, what = own, f"{len(own)} published peaks of stacks the {simulator_stack} stack reproduces"
+    else:
+        pool, what = [e.log_error for e in errors], f"{len(errors)} published peaks of every stack (none of this one)"
+    h = conformal_halfwidth(pool, what, level)
+    return int(peak_bytes * math.exp(-h.value)), int(peak_bytes * math.exp(h.value)), h.basis
