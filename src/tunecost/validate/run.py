@@ -12,6 +12,7 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 
+from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.catalog.held_out_errors import HeldOutError, StackEfficiency
 from tunecost.catalog.held_out_errors import stack_efficiencies as tp_priors
 from tunecost.errors import TunecostError
@@ -223,8 +224,6 @@ def validate_throughput_rows(
     one row is predicted with its family's prior (`throughput.prior_efficiency`) over `priors` (default: the
     shipped corpus's efficiencies) and this file's calibrated groups; `prior_only` predicts every group so, from
     the file's other stacks (the held-out errors of that kind). `calibrated` collects the fitted efficiencies."""
-    from tunecost.catalog.gpus import resolve_gpu_name
-
     out: dict[int, ValidationRow] = {}
     groups: dict[tuple[str, str, str], list[tuple[int, CorpusRow, MappedRow, float, tp.AnalyticStepCounts]]] = {}
     for i, row in enumerate(rows):
@@ -299,8 +298,6 @@ def validate_throughput_rows(
 
 
 def terms_of(gpu_name: str) -> GpuTerms:
-    from tunecost.catalog.gpus import resolve_gpu_name
-
     return tp.gpu_terms(resolve_gpu_name(gpu_name).gpu)
 
 

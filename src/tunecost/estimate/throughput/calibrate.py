@@ -32,6 +32,7 @@ from tunecost.estimate.throughput.intervals import (
 from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, empirical_lengths, fixed_lengths
 from tunecost.estimate.throughput.model import PARAM_NAMES, StackParams, StepTime, catalog_gpu_terms, step_time
 from tunecost.estimate.throughput.priors import PRIORS, Prior
+from tunecost.io import atomic_write_json, cache_root
 from tunecost.workload.job import FineTuneJob, Method
 
 PAPER_RUN_QUERIES = 1000  # the paper's throughput = 1000 queries / train_runtime
@@ -413,8 +414,6 @@ def held_out_evidence(
     """Leave-one-GPU-out and leave-one-group-out errors of `points`, kept on disk per calibration."""
     import hashlib
     import json
-
-    from tunecost.io import atomic_write_json, cache_root
 
     key = hashlib.sha256(
         repr(

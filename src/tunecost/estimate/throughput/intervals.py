@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.estimate.conformal import INTERVAL_LEVEL, Halfwidth, conformal_halfwidth, normal_quantile
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
 
@@ -67,8 +68,6 @@ class IntervalEvidence:
 
 
 def _by_gpu(points: Sequence[Any]) -> dict[str, list[Any]]:
-    from tunecost.catalog.gpus import resolve_gpu_name
-
     by_gpu: dict[str, list[Any]] = defaultdict(list)
     for p in points:
         by_gpu[resolve_gpu_name(p.target.gpu).gpu.name].append(p)
@@ -81,8 +80,6 @@ def _log_errors(model: Any, held: Sequence[Any]) -> list[float]:
 
 def transfer_errors(points: Sequence[Any], calibrate_rest: Callable[[list[Any]], Any], min_points: int) -> HeldOut:
     """Leave-one-GPU-out on `points` (CalibrationPoints): each held-out error divided by the GPU's distance."""
-    from tunecost.catalog.gpus import resolve_gpu_name
-
     errors: list[float] = []
     cross: list[bool] = []
     checks = []
