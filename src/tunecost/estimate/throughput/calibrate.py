@@ -24,6 +24,7 @@ from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.intervals import (
     HeldOut,
     IntervalEvidence,
+    batch_errors,
     combined_halfwidth,
     interval_parts,
     transfer_errors,
@@ -40,7 +41,7 @@ FIT_NAMES = (*PARAM_NAMES, "run_overhead_s")
 MIN_POINTS = len(FIT_NAMES) + 1
 LOG_NOISE = 0.05  # assumed measurement noise on log throughput: weighs the data against the priors
 INTERVAL_LEVEL = 0.95
-EVIDENCE_VERSION = 1  # bump when what the held-out checks compute changes
+EVIDENCE_VERSION = 3  # bump when what the held-out checks compute changes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -432,11 +433,14 @@ def held_out_evidence(
 
     transfer = transfer_errors(points, rest, MIN_POINTS)
     workload = workload_errors(points, rest, group_of)
+    batch = batch_errors(points, rest, MIN_POINTS)
     if transfer.errors:
         note = f"interval to another GPU from {len(transfer.errors)} held-out errors ({transfer.source})"
     else:
         note = "one GPU calibrated: no held-out error of a move to another GPU"
-    evidence = IntervalEvidence(transfer=transfer if transfer.errors else None, workload=workload, note=note)
+    evidence = IntervalEvidence(
+        transfer=transfer if transfer.errors else None, workload=workload, note=note, batch=batch
+    )
     atomic_write_json(path, _evidence_to_json(evidence))
     return evidence
 
@@ -445,7 +449,7 @@ def _evidence_to_json(e: IntervalEvidence) -> dict:
     def held(h: HeldOut | None) -> dict | None:
         return None if h is None else {**asdict(h), "errors": list(h.errors), "cross": list(h.cross_architecture)}
 
-    return {"transfer": held(e.transfer), "workload": held(e.workload), "note": e.note}
+    return {"transfer": held(e.transfer), "workload": held(e.workload), "batch": held(e.batch), "note": e.note}
 
 
 def _evidence_from_json(d: dict) -> IntervalEvidence:
@@ -459,7 +463,9 @@ def _evidence_from_json(d: dict) -> IntervalEvidence:
             cross_architecture=tuple(bool(x) for x in h["cross"]),
         )
 
-    return IntervalEvidence(transfer=held(d["transfer"]), workload=held(d["workload"]), note=str(d["note"]))
+    return IntervalEvidence(
+        transfer=held(d["transfer"]), workload=held(d["workload"]), batch=held(d["batch"]), note=str(d["note"])
+    )
 
 
 def group_of(point: CalibrationPoint) -> tuple[str, str, str]:

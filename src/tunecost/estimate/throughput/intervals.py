@@ -55,6 +55,7 @@ class IntervalEvidence:
     transfer: HeldOut | None  # leave-one-GPU-out, per e-fold of GPU speed
     workload: HeldOut | None  # leave-one-(model, dataset, GPU)-group-out
     note: str
+    batch: HeldOut | None = None  # each model's larger batches held out, per e-fold beyond the rest's largest
 
     def transfer_halfwidth(self, cross_architecture: bool) -> Halfwidth | None:
         """The per-e-fold half-width of a move to another GPU (another architecture: its own errors if any)."""
@@ -133,6 +134,30 @@ def workload_errors(
     )
 
 
+def batch_errors(points: Sequence[Any], calibrate_rest: Callable[[list[Any]], Any], min_points: int) -> HeldOut:
+    """Each model's batches above its median batch held out and predicted by a calibration on the rest: the
+    errors of extrapolating the batch (by up to the ratio the source states)."""
+    errors: list[float] = []
+    checks = []
+    for model in sorted({p.target.job.model for p in points}):
+        sizes = sorted({p.target.job.batch_size for p in points if p.target.job.model == model})
+        cut = sizes[(len(sizes) - 1) // 2]
+        held = [p for p in points if p.target.job.model == model and p.target.job.batch_size > cut]
+        rest = [p for p in points if p not in held]
+        if not held or len(rest) < min_points:
+            continue
+        fitted = calibrate_rest(rest)
+        errs = _log_errors(fitted, held)
+        errors += [abs(e) for e in errs]
+        top = max(p.target.job.batch_size for p in held)
+        checks.append(f"{model}: {len(held)} points of batch {cut + 1}-{top} from batches up to {cut}")
+    return HeldOut(
+        kind="batch beyond calibrated",
+        errors=tuple(errors),
+        source="larger batches held out (" + ("; ".join(checks) or "none") + ")",
+    )
+
+
 def interval_parts(
     *,
     in_sample: Halfwidth,
@@ -173,14 +198,14 @@ def interval_parts(
         )
     if calibrated_max_batch and batch_size > calibrated_max_batch:
         d_batch = math.log(batch_size / calibrated_max_batch)
-        z = normal_quantile(INTERVAL_LEVEL)
-        parts.append(
-            (
-                "batch beyond calibrated",
-                z * BATCH_SD_PER_LOG * d_batch,
-                f"assumed: {BATCH_SD_PER_LOG} log-sd per e-fold beyond batch {calibrated_max_batch}",
-            )
-        )
+        held = evidence.batch if evidence else None
+        if held is not None and held.errors:
+            h = conformal_halfwidth(held.errors, held.source)
+            part = (h.value, f"{h.basis}; batch {batch_size} beyond {calibrated_max_batch}")
+        else:
+            z = normal_quantile(INTERVAL_LEVEL)
+            part = (z * BATCH_SD_PER_LOG * d_batch, f"assumed: {BATCH_SD_PER_LOG} log-sd per e-fold beyond batch")
+        parts.append(("batch beyond calibrated", *part))
     return parts
 
 
