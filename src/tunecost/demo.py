@@ -51,9 +51,9 @@ def _stage_fit(out: Path, on_progress: ProgressFn | None) -> None:
 
 def _stage_estimate(out: Path, on_progress: ProgressFn | None) -> None:
     """Cost of fine-tuning the real Mixtral-8x7B (QLoRA) and BlackMamba-2.8B (full) on catalog GPUs."""
-    from tunecost.catalog.models import model_catalog
     from tunecost.estimate.cost import estimate_costs, estimate_job
     from tunecost.estimate.estimators import EstimatorOptions, estimator_names
+    from tunecost.models.catalog import model_catalog
 
     rows: list[dict] = []
     jobs = [("mixtral-8x7b", "qlora"), ("blackmamba-2.8b", "full")]
@@ -116,9 +116,9 @@ def _stage_lengths(out: Path, on_progress: ProgressFn | None) -> None:
 def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
     """Largest batch vs GPU memory for the real models: eq. (1) beside the step simulator on the paper's 2024
     stack and on today's (Fig. 13 and Table III)."""
-    from tunecost.catalog.models import resolve_model
     from tunecost.estimate.estimators import eq1_max_batch_size
     from tunecost.estimate.paper import EQ1_ARTIFACT_SEQ_LEN
+    from tunecost.models.catalog import resolve_model
     from tunecost.simulate.batch import fitting_batch_size
     from tunecost.workload.job import FineTuneJob
 
@@ -220,8 +220,8 @@ def _stage_multi_gpu(out: Path, on_progress: ProgressFn | None) -> None:
     then a real 2-rank FSDP2 step of tiny Mixtral on gloo (`profile --nproc-per-node 2`; resumes)."""
     from tunecost.catalog.datasets import get_dataset_facts
     from tunecost.catalog.gpus import resolve_gpu_name
-    from tunecost.distributed.setups import estimate_multi_gpu
     from tunecost.estimate.cost import estimate_job
+    from tunecost.estimate.setups import estimate_multi_gpu
     from tunecost.profile.model_setup import ModelSetup
     from tunecost.profile.ranks import profile_point
     from tunecost.results.records import multi_gpu_rows

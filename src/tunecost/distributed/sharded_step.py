@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from tunecost.distributed.plan import check_fsdp2_method
 from tunecost.distributed.recorder import Collective, ShardedStepRecorder
 from tunecost.errors import TunecostError
 from tunecost.workload.job import FineTuneJob
+from tunecost.workload.parallel import check_fsdp2_method
 
 FSDP_STRATEGIES = {"fsdp2": True, "fsdp2-shard-grad-op": False}  # strategy -> reshard_after_forward
 RANK_CATEGORIES = (

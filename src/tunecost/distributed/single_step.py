@@ -128,7 +128,7 @@ def trace_single_gpu_step(
     job: FineTuneJob, granule_bytes: int, behaviour=None, *, full_depth: bool = False
 ) -> SingleGpuStep:
     """The step traced at one and two units and scaled, or (`full_depth`, slow: for benchmarks) at full depth."""
-    from tunecost.catalog.models import resolve_model
+    from tunecost.models.catalog import resolve_model
     from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
     from tunecost.simulate.pool import prepared_model
     from tunecost.simulate.prepare import check_supported, layer_pattern

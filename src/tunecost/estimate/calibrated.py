@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import (
     EstimatePoint,
@@ -29,7 +30,6 @@ from tunecost.estimate.estimators import (
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
 from tunecost.estimate.simulated import simulated_sizing
 from tunecost.estimate.throughput.calibrate import CalibratedModel, Prediction, ThroughputTarget, throughput_target
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.sources import calibrate_files, calibration_files
 
 ESTIMATOR_NAME = "calibrated"

@@ -13,7 +13,6 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 
 from tunecost.catalog.gpus import GPU
-from tunecost.catalog.models import ModelSpec, resolve_model
 from tunecost.errors import TunecostError, unknown_name_error
 from tunecost.estimate import DEFAULT_ESTIMATOR
 from tunecost.estimate.fit import ThroughputFit, fit_all
@@ -25,6 +24,7 @@ from tunecost.estimate.paper import (
     max_batch_size_eq1,
     sparsity_fraction,
 )
+from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.workload.job import FineTuneJob
 

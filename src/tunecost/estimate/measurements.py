@@ -37,7 +37,7 @@ class Measurement:
 
 
 def _num_experts_of(model: str) -> int:
-    from tunecost.catalog.models import model_catalog
+    from tunecost.models.catalog import model_catalog
 
     spec = model_catalog().get(model)
     return spec.num_experts if spec is not None and spec.is_moe else DEFAULT_NUM_EXPERTS

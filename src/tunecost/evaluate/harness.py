@@ -209,7 +209,7 @@ def _local_adapter(adapter: str) -> str:
     if Path(adapter).expanduser().is_dir():
         return str(Path(adapter).expanduser())
     if "/" in adapter and not adapter.startswith((".", "/")):
-        from tunecost.catalog.models import cached_hub_file
+        from tunecost.models.catalog import cached_hub_file
 
         cached = cached_hub_file(adapter, "adapter_config.json")
         if cached is not None:
@@ -224,7 +224,7 @@ def pretrained_spec(name: str, allow_download: bool) -> Any:
     """The catalog entry, local folder or cached hub id `name` names (a catalog name loads its hub id, e.g.
     mixtral-8x7b -> mistralai/Mixtral-8x7B-v0.1); with downloads on, any hub id (its architecture is read from
     the download). An unknown name is an error that lists the catalog."""
-    from tunecost.catalog.models import ModelSpec, resolve_model
+    from tunecost.models.catalog import ModelSpec, resolve_model
 
     try:
         return resolve_model(name)

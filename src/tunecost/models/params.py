@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 
 from tunecost import __version__
-from tunecost.catalog.models import ModelSpec
 from tunecost.io import atomic_write_json, cache_root
+from tunecost.models.catalog import ModelSpec
 
 PARAMS_VERSION = "1"  # of the counts kept on disk; bump when `_count` changes
 

@@ -11,7 +11,7 @@ from typing import Any
 
 def _tiny_defaults() -> dict[str, Any]:
     """The tiny Mixtral's config, from the model catalog entry `tiny-mixtral` (one source of truth)."""
-    from tunecost.catalog.models import model_catalog
+    from tunecost.models.catalog import model_catalog
 
     config = dict(model_catalog()["tiny-mixtral"].config)
     config.pop("architectures", None)

@@ -11,7 +11,7 @@ training needs: input gradients through W, gradients for A and B from the routed
 x, h, act(h_gate) and the two rank-r products; the gated product is recomputed, and the backward runs over about
 half the rows (whole experts) at a time, so its (rows, 2I) and (rows, I) gradients exist for half the rows only.
 LoRA terms are accumulated in place (`grouped_addmm_`). Each phase, forward and backward, runs in a
-`record_function` range named as `tunecost.profile.ranges` names them (w1w3, w2, lora, act, dequant). Base weights
+`record_function` range named as `tunecost.moe.ranges` names them (w1w3, w2, lora, act, dequant). Base weights
 come from a `BaseWeights` object: dense parameters, or NF4 stacks de-quantized for the experts that received tokens
 only, once per forward, then kept for the backward where memory allows (by default: when the forward is a
 gradient-checkpointing recomputation, i.e. one layer at a time) and otherwise de-quantized again in the backward;
@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
+from tunecost.moe import ranges
 from tunecost.moe.grouped import (
     Groups,
     Routing,
@@ -38,10 +39,9 @@ from tunecost.moe.grouped import (
     route,
 )
 from tunecost.moe.nf4 import NF4ExpertWeights
-from tunecost.profile import ranges
 
 ACTIVATIONS: tuple[str, ...] = ("silu", "gelu", "gelu_tanh")
-# torch.profiler / NVTX range names (tunecost.profile.ranges), so the kernel classifier reads the experts' own work;
+# torch.profiler / NVTX range names (tunecost.moe.ranges), so the kernel classifier reads the experts' own work;
 # forward and backward work carry the same name.
 W1W3_RANGE, W2_RANGE = ranges.W1W3, ranges.W2
 LORA_RANGE, ACT_RANGE, DEQUANT_RANGE = ranges.LORA, ranges.ACTIVATION, ranges.DEQUANT

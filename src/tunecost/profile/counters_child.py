@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_text
+from tunecost.moe.ranges import RANGE_PREFIX, is_moe_work
 from tunecost.profile.kernels import classify_cpu_op, classify_kernel
 from tunecost.profile.ncu import KernelCounterRow
-from tunecost.profile.ranges import RANGE_PREFIX, is_moe_work
 
 if TYPE_CHECKING:
     from tunecost.profile.gpu_counters import GpuCountersJob

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 
 ProgressFn = Callable[[str], None]
 

@@ -34,10 +34,10 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_json, atomic_write_text, read_jsonl
+from tunecost.moe.ranges import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, is_moe_work
 from tunecost.profile.counters_child import child_command
 from tunecost.profile.model_setup import ModelSetup
 from tunecost.profile.ncu import DEFAULT_METRICS, KernelCounterRow, parse_ncu_csv_file, time_weighted_utilization
-from tunecost.profile.ranges import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, is_moe_work
 from tunecost.results.records import SCHEMA_VERSION
 from tunecost.workload.job import FineTuneJob
 
@@ -67,7 +67,7 @@ class GpuCountersJob:
     max_kernels: int = 20000  # ncu --launch-count: a bound on profiling time
 
     def __post_init__(self) -> None:
-        from tunecost.catalog.models import resolve_model
+        from tunecost.models.catalog import resolve_model
 
         if self.job.seq_len is None:
             raise TunecostError("gpu-counters runs a fixed sequence length (seq_len), not a dataset's lengths")

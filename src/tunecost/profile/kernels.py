@@ -1,6 +1,6 @@
 """The kernel classes of the MoE layer (paper Figs. 6, 9, 10) and how a kernel or CPU op is put in one.
 
-The primary signal is the innermost tunecost range the work ran in (`tunecost.profile.ranges`: the NVTX stack from
+The primary signal is the innermost tunecost range the work ran in (`tunecost.moe.ranges`: the NVTX stack from
 ncu, or the `record_function` stack from torch.profiler); the kernel or op name says what kind of work it is
 (matmul, de-quantization, softmax, top-k/sort, element-wise). A matmul is only attributed to a weight by its range:
 the name of a cuBLAS/CUTLASS kernel does not say which weight it multiplies.
@@ -25,8 +25,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from tunecost.moe.ranges import innermost_range, is_moe_work  # noqa: F401  (re-exported for callers)
 from tunecost.profile import nvtx
-from tunecost.profile.ranges import innermost_range, is_moe_work  # noqa: F401  (re-exported for callers)
 
 MATMUL_W1_GATE = "matmul_w1_gate"
 MATMUL_W3_UP = "matmul_w3_up"

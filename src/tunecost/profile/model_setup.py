@@ -100,7 +100,7 @@ class PreparedModel:
     """A model ready to train, with what was built."""
 
     model: Any
-    spec: Any  # tunecost.catalog.models.ModelSpec
+    spec: Any  # tunecost.models.catalog.ModelSpec
     num_experts: int
     experts_per_token: int
     experts_impl: str
@@ -118,10 +118,10 @@ def torch_dtype(name: str) -> Any:
 
 
 def resolve_profile_model(name: str) -> Any:
-    """`tunecost.catalog.models.resolve_model`, plus the built-in `tiny-blackmamba` (tunecost.models.blackmamba's
+    """`tunecost.models.catalog.resolve_model`, plus the built-in `tiny-blackmamba` (tunecost.models.blackmamba's
     tiny config: 4 layers Mamba/MoE alternating, 8 experts, top-2) while the catalog has no entry of that name."""
-    from tunecost.catalog.models import ModelSpec, resolve_model
     from tunecost.errors import TunecostError as _Err
+    from tunecost.models.catalog import ModelSpec, resolve_model
 
     try:
         return resolve_model(name)

@@ -5,7 +5,7 @@ One label, two tools: `moe_range(name)` pushes an NVTX push/pop range (only wher
 `tunecost.profile.kernels` classifies kernels by what they compute rather than by call order (the paper's artifact
 counted positions to tell W1 from W2 from W3).
 
-The range names are `tunecost.profile.ranges`' (re-exported here); labelling a model's MoE blocks on their
+The range names are `tunecost.moe.ranges`' (re-exported here); labelling a model's MoE blocks on their
 instances is `tunecost.profile.instrument`.
 
 Backward: NVTX push/pop ranges are per CPU thread and a forward context manager does not cover the backward
@@ -23,7 +23,7 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tunecost.profile.ranges import (  # noqa: F401  (re-exported: callers label with nvtx.ROUTER etc.)
+from tunecost.moe.ranges import (  # noqa: F401  (re-exported: callers label with nvtx.ROUTER etc.)
     ACTIVATION,
     ALL_RANGES,
     DEQUANT,

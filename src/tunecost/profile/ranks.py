@@ -57,9 +57,9 @@ class RankProfile:
 
 def check_rank_strategy(strategy: str, nproc_per_node: int, method: str) -> None:
     """What `profile_ranks` refuses before launching anything."""
-    from tunecost.distributed.plan import check_fsdp2_method
     from tunecost.errors import unknown_name_error
     from tunecost.limits import check_count
+    from tunecost.workload.parallel import check_fsdp2_method
 
     if strategy not in RANK_STRATEGIES:
         raise unknown_name_error("--strategy", strategy, RANK_STRATEGIES)
@@ -81,7 +81,7 @@ class _CollectiveCounter:
     def __init__(self) -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        from tunecost.distributed.recorder import _buffer_nbytes, collective_kind
+        from tunecost.distributed.recorder import buffer_nbytes, collective_kind
 
         counts: dict[str, dict[str, int]] = {}
 
@@ -89,7 +89,7 @@ class _CollectiveCounter:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kind = collective_kind(func)
                 if kind is not None:
-                    nbytes = _buffer_nbytes(kind, args)[0]
+                    nbytes = buffer_nbytes(kind, args)[0]
                     entry = counts.setdefault(kind, {"count": 0, "bytes": 0})
                     entry["count"] += 1
                     entry["bytes"] += int(nbytes)

@@ -24,7 +24,7 @@ def cache_dir() -> Path:
 def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512, behaviour=None) -> str:
     """The cache key; `behaviour` (a `StackBehaviour`) enters it only when it is not the default, so the default
     simulation keeps its key."""
-    from tunecost.catalog.models import resolve_model
+    from tunecost.models.catalog import resolve_model
     from tunecost.simulate.simulator import SIMULATOR_VERSION
 
     spec = resolve_model(job.model)

@@ -16,7 +16,6 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from tunecost.catalog.models import ModelSpec, resolve_model
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import (
     ATTENTION_NAMES,
@@ -27,6 +26,7 @@ from tunecost.models.anatomy import (
     layer_part,
     router_name,
 )
+from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, TORCHTUNE_LOSS_CODES, StackBehaviour, stack_adamw_impl
 from tunecost.simulate.hf2024 import Loop2024Experts
 from tunecost.simulate.modules import ModulesToSave, SimExperts, SimLinear, SimLoraRouter

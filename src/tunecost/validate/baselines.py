@@ -28,8 +28,8 @@ def _fp32_bytes(model: str) -> int:
     import torch
     from accelerate.utils import calculate_maximum_sizes
 
-    from tunecost.catalog.models import resolve_model
     from tunecost.models.build import build_model
+    from tunecost.models.catalog import resolve_model
 
     model_ = build_model(resolve_model(model), device="meta", dtype=torch.float32)
     total, _ = calculate_maximum_sizes(model_)
@@ -46,7 +46,7 @@ def accelerate_estimate_bytes(model: str, method: str) -> int:
 
 
 def rule_estimate_bytes(model: str, method: str) -> int:
-    from tunecost.catalog.models import resolve_model
+    from tunecost.models.catalog import resolve_model
     from tunecost.models.params import count_parameters
 
     return int(count_parameters(resolve_model(model)).total * RULE_BYTES_PER_PARAM[method])
@@ -54,8 +54,8 @@ def rule_estimate_bytes(model: str, method: str) -> int:
 
 def deepspeed_estimate_bytes(model: str, num_gpus: int) -> int:
     """DeepSpeed's estimate per GPU: ZeRO-2 on one GPU, ZeRO-3 on `num_gpus` above one (no offload)."""
-    from tunecost.catalog.models import resolve_model
     from tunecost.distributed.deepspeed_estimator import zero2_gpu_bytes, zero3_gpu_bytes
+    from tunecost.models.catalog import resolve_model
     from tunecost.models.params import count_parameters
 
     counts = count_parameters(resolve_model(model))

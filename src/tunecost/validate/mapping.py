@@ -39,7 +39,6 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tunecost.distributed.plan import ParallelPlan
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_TOKENS
 from tunecost.simulate.behaviour import ADAMW_FUSED, DEFAULT_BEHAVIOUR, DeepSpeedZero2, StackBehaviour
@@ -47,6 +46,7 @@ from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.stacks import Stack, behaviour_for, stack_for
 from tunecost.workload.frameworks.registry import framework_defaults
 from tunecost.workload.job import FineTuneJob, LoraConfig
+from tunecost.workload.parallel import ParallelPlan
 
 PEAK_MEMORY_QUANTITIES = ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")
 MEMORY_QUANTITIES = (*PEAK_MEMORY_QUANTITIES, "oom")
@@ -127,8 +127,8 @@ class MappedRow:
     gpu_name: str | None = None  # the GPU catalog's name (None: not in the catalog)
     grad_accum: int = 1
     num_gpus: int = 1  # data-parallel ranks; above 1 the row is one rank of `strategy`
-    strategy: str | None = None  # a `distributed.plan.STRATEGIES` name when num_gpus > 1 or DeepSpeed runs one rank
-    offload: str = "none"  # CPU offload of the strategy (`distributed.offload.OFFLOAD_CHOICES`)
+    strategy: str | None = None  # a `workload.parallel.STRATEGIES` name when num_gpus > 1 or DeepSpeed runs one rank
+    offload: str = "none"  # CPU offload of the strategy (`workload.offload.OFFLOAD_CHOICES`)
     deepspeed: DeepSpeedZero2 | None = None  # the stack's ZeRO-1/2 gradient buckets (None: DeepSpeed's defaults)
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR  # library behaviours of the row's stack (see `stacks`)
     note: str = ""  # what the mapping read differently from the row's cells, and why (shown as the row's reason)
@@ -288,8 +288,8 @@ def gpu_memory_bytes(name: str) -> int | None:
 
 def map_row(row: CorpusRow) -> MappedRow:
     """The job of one single-GPU row; raises `Skip` with the reason for anything tunecost does not model."""
-    from tunecost.catalog.models import resolve_model
     from tunecost.models.anatomy import SUPPORTED_FAMILIES
+    from tunecost.models.catalog import resolve_model
 
     quantity = row.get("quantity")
     throughput = quantity in THROUGHPUT_QUANTITIES
@@ -451,7 +451,7 @@ def framework_of(row: CorpusRow) -> str:
 
 def gptq_settings(row: CorpusRow) -> dict[str, Any]:
     """The job fields of a gptq-int4 row: the checkpoint's group size (catalog) and the kernel its stack loads."""
-    from tunecost.catalog.models import gptq_checkpoint
+    from tunecost.models.catalog import gptq_checkpoint
 
     checkpoint = gptq_checkpoint(row.get("model"))
     if checkpoint is None:

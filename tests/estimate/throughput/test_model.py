@@ -7,7 +7,6 @@ import itertools
 import pytest
 
 from tunecost.catalog.gpus import get_gpu
-from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.counts import analytic_step_counts
 from tunecost.estimate.throughput.lengths import dataset_lengths
@@ -19,6 +18,7 @@ from tunecost.estimate.throughput.model import (
     smooth_max,
     step_time,
 )
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob
 
 PARAMS = StackParams(

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.calibrate import CalibratedModel, ThroughputTarget, throughput_target
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.intervals import (
     TRANSFER_SD_PER_LOG_SPEED_MIN,
     TRANSFER_SD_PER_LOG_SPEED_ONE_GPU,

@@ -246,11 +246,11 @@ def estimate(
     """Cost of fine-tuning MODEL on each GPU and provider, the answer first; says which estimator answered.
     With --gpus (or --strategy): memory per rank, communication and cost on several GPUs."""
     from tunecost.catalog.gpus import gpu_catalog
-    from tunecost.catalog.models import resolve_model
     from tunecost.errors import TunecostError
     from tunecost.estimate.cost import check_queries_or_dataset, estimate_costs, estimate_job
     from tunecost.estimate.estimators import EstimatorOptions
     from tunecost.limits import MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_finite_at_most
+    from tunecost.models.catalog import resolve_model
     from tunecost.results.records import save_estimate_records
     from tunecost.workload.job import parse_lora_targets
     from tunecost.workload.job_data import job_data

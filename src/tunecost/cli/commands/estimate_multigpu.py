@@ -6,8 +6,8 @@ from typing import Annotated
 
 from tunecost.cli.common import console, format_hours, print_json, print_table, split_list
 from tunecost.cli.options import MAX_EXPERTS, count_option, opt
-from tunecost.distributed.plan import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS, MULTI_GPU_STRATEGIES
 from tunecost.units import format_bytes
+from tunecost.workload.parallel import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS, MULTI_GPU_STRATEGIES
 
 DEFAULT_GPUS_PER_NODE = 8
 MAX_GPUS_PER_NODE = 1024
@@ -96,9 +96,9 @@ def run_multi_gpu(
     rank runs `batch_size`, or the largest micro-batch that fits with the safety margin."""
     from tunecost.catalog.gpus import resolve_gpu_name
     from tunecost.distributed.expert_parallel import EP_STRATEGIES
-    from tunecost.distributed.offload import OFFLOAD_STRATEGIES
-    from tunecost.distributed.setups import estimate_multi_gpu
     from tunecost.errors import TunecostError
+    from tunecost.estimate.setups import estimate_multi_gpu
+    from tunecost.workload.offload import OFFLOAD_STRATEGIES
 
     offload = (offload or "none").strip().lower()
     every = [  # "all": the strategies that take the offload and the expert-parallel degree asked for

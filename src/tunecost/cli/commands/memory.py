@@ -163,7 +163,7 @@ def memory(
         raise TunecostError("give --gpu or --gpu-memory-gb/--gpu-memory-gib, not both")
     lengths = _read_lengths(dataset_lengths) if dataset_lengths else None
     if lora_targets is None:
-        from tunecost.catalog.models import resolve_model
+        from tunecost.models.catalog import resolve_model
 
         targets = default_lora_targets(is_moe=resolve_model(model).is_moe)
     else:

@@ -98,11 +98,11 @@ def plan(
     """Which method, GPU, count and layout to fine-tune on: the cheapest within --deadline or the fastest within
     --budget, the cost-vs-hours front, what was ruled out and why, and the launch recipe (--emit)."""
     from tunecost.catalog.gpus import gpu_catalog
-    from tunecost.distributed.plan import MAX_SEARCH_GPUS
     from tunecost.estimate.plan import METHODS, make_plan, parse_owned
     from tunecost.estimate.recipes import TARGETS
     from tunecost.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_positive
     from tunecost.workload.job_data import job_data
+    from tunecost.workload.parallel import MAX_SEARCH_GPUS
 
     model = required("model", model)
     methods = split_list(method, what="method") or list(METHODS)

@@ -22,17 +22,17 @@ from typing import cast
 
 import numpy as np
 
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.catalog.gpus import GPU, resolve_gpu_name
 from tunecost.catalog.host_cpus import REFERENCE_HOST, resolve_host_cpu
-from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.estimate.paper import PAPER_METHOD
 from tunecost.estimate.throughput.counts import AnalyticStepCounts, analytic_step_counts
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.intervals import TransferSpread, interval_log_halfwidth, transfer_spread
 from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, empirical_lengths, fixed_lengths
 from tunecost.estimate.throughput.model import PARAM_NAMES, StackParams, StepTime, catalog_gpu_terms, step_time
 from tunecost.estimate.throughput.priors import PRIORS, Prior
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob, Method
 
 PAPER_RUN_QUERIES = 1000  # the paper's throughput = 1000 queries / train_runtime

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
+from tunecost.catalog.gpu_terms import GpuTerms
 
 INTERVAL_LEVEL = 0.95
 # Stated assumptions (not fitted): see the module docstring and docs/throughput-model.md.

@@ -8,7 +8,7 @@
     eff_gemm(rows) = gemm_efficiency * rows / (rows + gemm_half_rows)
     queries_per_s = batch_size / step_s
 
-What the GPU achieves comes from `GpuTerms` (`gpu_terms.py`): rate_c is its achieved large-GEMM throughput
+What the GPU achieves comes from `GpuTerms` (`catalog/gpu_terms.py`): rate_c is its achieved large-GEMM throughput
 (MAMF, from the catalog or a measured GPU profile) for GEMMs and attention, its fp32 rate for the rest (the fp32
 LoRA adapters, element-wise work, the optimizer); BW_c its achieved streaming bandwidth (its de-quantization rate
 for `dequant` when a profile measured one). The five `StackParams` describe the software stack (PyTorch eager,
@@ -36,6 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.catalog.gpus import GPU
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.counts import (
@@ -45,7 +46,6 @@ from tunecost.estimate.throughput.counts import (
     TENSOR_CORE,
     AnalyticStepCounts,
 )
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.workload.op_classes import OP_CLASSES
 
 BF16_WRITTEN_FRACTION = 2.0 / (2.0 + NF4_BYTES_PER_PARAM)  # of a dequant's bytes (4-bit read, bf16 written)

@@ -21,7 +21,6 @@ from pathlib import Path
 from tunecost.catalog.gpus import GPU
 from tunecost.catalog.prices import Price, billed_gpus, cheapest_for
 from tunecost.distributed import deepspeed_estimator, expert_parallel, overlap
-from tunecost.distributed.plan import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS, ParallelPlan
 from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory, single_gpu_step
 from tunecost.distributed.timing import Links, StepCollective, default_links, step_time
 from tunecost.errors import TunecostError
@@ -32,6 +31,7 @@ from tunecost.models.params import ParamCounts
 from tunecost.simulate.batch import MAX_BATCH, default_margin_fraction, fit_verdict, margin_note, search_with_margin
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.workload.job import FineTuneJob
+from tunecost.workload.parallel import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS, ParallelPlan
 
 MAX_MICRO_BATCH = MAX_BATCH  # the micro-batch search's cap per rank: one GPU's
 RANK_MEMORY_VERSION = "1"  # of the rank memories kept on disk (`RankNeeds`); bump when rank_memory changes
@@ -330,8 +330,8 @@ def estimate_multi_gpu(
     fewest GPUs that fit per GPU and strategy are searched and costed (`more_gpus`: and that count doubled, up to
     `max_gpus`). Fitting nothing at all is an error then. `needs`: the job's rank memory and throughputs already
     computed (the same job with another offload or count); without `require_fit`, fitting nothing is an answer."""
-    from tunecost.catalog.models import resolve_model
     from tunecost.catalog.prices import price_catalog, prices_for
+    from tunecost.models.catalog import resolve_model
     from tunecost.models.params import count_parameters
 
     if not 1 <= max_gpus <= MAX_SEARCH_GPUS:
