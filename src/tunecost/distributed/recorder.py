@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tunecost.models.anatomy import decoder_layers
 from tunecost.simulate.recorder import StepRecorder, StorageRecord, flat_tensors
 
 # c10d dispatcher op -> collective kind (nccl-tests' names)
@@ -141,7 +142,6 @@ class ShardedStepRecorder(StepRecorder):
 
     def install_hooks(self, model: torch.nn.Module, trainable: list[torch.nn.Parameter]) -> None:
         super().install_hooks(model, trainable)
-        from tunecost.models.anatomy import decoder_layers
 
         layers = decoder_layers(model)
         self._handles.append(model.register_forward_pre_hook(lambda *_: self._set_unit(None), prepend=True))

@@ -16,6 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from tunecost.catalog.gpu_terms import GpuTerms
+from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import (
     EstimatePoint,
@@ -60,8 +61,6 @@ def calibrated_model(
 def _keyed_profiles(gpu_terms: Sequence[GpuTerms]) -> list[GpuTerms]:
     """Profiles re-keyed by the catalog name of the GPU they were measured on (an unknown GPU is an error)."""
     from dataclasses import replace
-
-    from tunecost.catalog.gpus import resolve_gpu_name
 
     out = []
     for t in gpu_terms:

@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING, Any
 from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_text
 from tunecost.moe.ranges import RANGE_PREFIX, is_moe_work
+from tunecost.profile.instrument import instrument_model
 from tunecost.profile.kernels import classify_cpu_op, classify_kernel
+from tunecost.profile.model_setup import build_training_model
 from tunecost.profile.ncu import KernelCounterRow
 
 if TYPE_CHECKING:
@@ -107,9 +109,6 @@ def run_child(
     """Build the model (`GpuCountersJob.model_setup`), train `warmup_steps` unlabelled then `steps` labelled steps
     of `batch_size` random queries; with mode "torch-profiler", return the kernel rows."""
     import torch
-
-    from tunecost.profile.instrument import instrument_model
-    from tunecost.profile.model_setup import build_training_model
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     setup = job.model_setup(device=device)

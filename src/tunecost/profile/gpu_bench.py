@@ -30,6 +30,7 @@ from typing import Any
 
 from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.errors import TunecostError
+from tunecost.results.meta import device_info
 
 ProgressFn = Callable[[str], None]
 
@@ -202,7 +203,6 @@ def device_name(device: str) -> str:
 
     if device.startswith("cuda"):
         return str(torch.cuda.get_device_name())
-    from tunecost.results.meta import device_info
 
     return str(device_info("cpu").get("name") or "cpu")
 

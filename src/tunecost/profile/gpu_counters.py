@@ -34,6 +34,7 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_json, atomic_write_text, read_jsonl
+from tunecost.models.catalog import resolve_model
 from tunecost.moe.ranges import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, is_moe_work
 from tunecost.profile.counters_child import child_command
 from tunecost.profile.model_setup import ModelSetup
@@ -67,8 +68,6 @@ class GpuCountersJob:
     max_kernels: int = 20000  # ncu --launch-count: a bound on profiling time
 
     def __post_init__(self) -> None:
-        from tunecost.models.catalog import resolve_model
-
         if self.job.seq_len is None:
             raise TunecostError("gpu-counters runs a fixed sequence length (seq_len), not a dataset's lengths")
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):

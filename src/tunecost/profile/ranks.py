@@ -25,7 +25,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunecost.errors import TunecostError
+from tunecost.errors import TunecostError, unknown_name_error
+from tunecost.limits import check_count
+from tunecost.results.records import add_records, read_records, record
+from tunecost.workload.parallel import check_fsdp2_method
 
 RANK_STRATEGIES = ("fsdp2", "ddp")
 MAX_NPROC_PER_NODE = 64
@@ -57,10 +60,6 @@ class RankProfile:
 
 def check_rank_strategy(strategy: str, nproc_per_node: int, method: str) -> None:
     """What `profile_ranks` refuses before launching anything."""
-    from tunecost.errors import unknown_name_error
-    from tunecost.limits import check_count
-    from tunecost.workload.parallel import check_fsdp2_method
-
     if strategy not in RANK_STRATEGIES:
         raise unknown_name_error("--strategy", strategy, RANK_STRATEGIES)
     check_count("--nproc-per-node", nproc_per_node, MAX_NPROC_PER_NODE)
@@ -234,8 +233,6 @@ def save_rank_profiles(
     from dataclasses import asdict
     from pathlib import Path
 
-    from tunecost.results.records import add_records, record
-
     slowest = slowest_rank(profiles).rank
     rows = [
         record(
@@ -254,8 +251,6 @@ def save_rank_profiles(
 def load_rank_profiles(out_dir: str | os.PathLike[str]) -> dict[str, list[dict[str, Any]]]:
     """Every finished multi-rank point in a run folder (see `save_rank_profiles`): point id -> its rank records."""
     from pathlib import Path
-
-    from tunecost.results.records import read_records
 
     path = Path(out_dir) / "ranks.jsonl"
     points: dict[str, list[dict[str, Any]]] = {}

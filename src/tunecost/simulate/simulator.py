@@ -21,6 +21,7 @@ from tunecost.simulate.records import STATIC_CATEGORIES, StepCounts, total_count
 if TYPE_CHECKING:
     from tunecost.models.catalog import ModelSpec
     from tunecost.simulate.trace import TraceResult
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
 
 SIMULATOR_VERSION = "5"  # 3: the caching-allocator replay; 4: no attention-dropout mask under fused kernels; 5: notes
@@ -240,7 +241,6 @@ def simulate_step(
     granule_bytes: allocation rounding (512 as CUDA's caching allocator; 1 to compare with CPU measurements).
     behaviour: library behaviours of a real stack to reproduce (`behaviour.StackBehaviour`; default: none).
     """
-    from tunecost.models.catalog import resolve_model
     from tunecost.simulate import cache as _cache
 
     if num_layers_to_trace is not None and num_layers_to_trace < 1:
@@ -260,7 +260,6 @@ def simulate_step(
 def _simulate_uncached(
     job, num_layers_to_trace, stack, overhead, granule_bytes, on_progress, behaviour=DEFAULT_BEHAVIOUR
 ) -> StepSimulation:
-    from tunecost.models.catalog import resolve_model
     from tunecost.simulate.hf2024 import padded_seq_len_2024
     from tunecost.simulate.pool import prepared_model
     from tunecost.simulate.prepare import check_supported, layer_pattern

@@ -39,8 +39,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_TOKENS
+from tunecost.models.anatomy import SUPPORTED_FAMILIES
+from tunecost.models.catalog import gptq_checkpoint, resolve_model
 from tunecost.simulate.behaviour import ADAMW_FUSED, DEFAULT_BEHAVIOUR, DeepSpeedZero2, StackBehaviour
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.stacks import Stack, behaviour_for, stack_for
@@ -258,8 +261,6 @@ def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
 def gpu_unknown_reason(name: str) -> str:
     """Why a corpus GPU spelling has no catalog entry: not in the catalog, or ambiguous (the catalog's message,
     naming the candidates)."""
-    from tunecost.catalog.gpus import resolve_gpu_name
-
     try:
         resolve_gpu_name(name.strip())
     except TunecostError as exc:
@@ -270,8 +271,6 @@ def gpu_unknown_reason(name: str) -> str:
 
 def catalog_gpu(name: str):
     """The GPU catalog entry of a corpus GPU spelling (None: not in the catalog)."""
-    from tunecost.catalog.gpus import resolve_gpu_name
-
     key = name.strip()
     if not key:
         return None
@@ -288,9 +287,6 @@ def gpu_memory_bytes(name: str) -> int | None:
 
 def map_row(row: CorpusRow) -> MappedRow:
     """The job of one single-GPU row; raises `Skip` with the reason for anything tunecost does not model."""
-    from tunecost.models.anatomy import SUPPORTED_FAMILIES
-    from tunecost.models.catalog import resolve_model
-
     quantity = row.get("quantity")
     throughput = quantity in THROUGHPUT_QUANTITIES
     if quantity == "time_to_train_s":
@@ -451,8 +447,6 @@ def framework_of(row: CorpusRow) -> str:
 
 def gptq_settings(row: CorpusRow) -> dict[str, Any]:
     """The job fields of a gptq-int4 row: the checkpoint's group size (catalog) and the kernel its stack loads."""
-    from tunecost.models.catalog import gptq_checkpoint
-
     checkpoint = gptq_checkpoint(row.get("model"))
     if checkpoint is None:
         raise Skip(f"gptq-int4: {row.get('model')!r} is not a GPTQ checkpoint in the catalog (group size unknown)")

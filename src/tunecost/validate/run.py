@@ -27,7 +27,9 @@ import statistics
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 
+from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.errors import TunecostError
+from tunecost.simulate import simulate_step
 from tunecost.simulate.batch import default_margin_fraction
 from tunecost.simulate.batch import fit_verdict as margin_verdict
 from tunecost.validate import throughput as tp
@@ -134,7 +136,6 @@ def _simulate(mapped: MappedRow):
         from tunecost.distributed.rank_memory import rank_memory
 
         return rank_memory(tp.rank_step(mapped), mapped.simulator_job, mapped.plan())
-    from tunecost.simulate import simulate_step
 
     return simulate_step(mapped.job, stack=mapped.stack.simulator_stack or "tunecost", behaviour=mapped.behaviour)
 
@@ -212,8 +213,6 @@ def validate_throughput_rows(
 ) -> dict[int, ValidationRow]:
     """Throughput rows by position: one calibration row per (stack, GPU) (see `throughput`), the rest predicted.
     A calibration row is `ok` with reason "calibration row" and no error (it is fitted, not predicted)."""
-    from tunecost.catalog.gpus import resolve_gpu_name
-
     out: dict[int, ValidationRow] = {}
     groups: dict[tuple[str, str, str], list[tuple[int, CorpusRow, MappedRow, float, tp.AnalyticStepCounts]]] = {}
     for i, row in enumerate(rows):

@@ -35,6 +35,7 @@ from tunecost.workload.known_datasets import (
     load_hub_rows,
     resolve_known,
 )
+from tunecost.workload.synthetic import synthetic_arith_dataset
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -344,8 +345,6 @@ def load_dataset(
         raise TunecostError(f"{spec} is a folder; pass a .json/.jsonl/.parquet/.csv file")
     known = canonical_name(spec)
     if known in ("synthetic-arith", "synthetic-arith-test"):
-        from tunecost.workload.synthetic import synthetic_arith_dataset
-
         return synthetic_arith_dataset(split="test" if known.endswith("-test") else "train").head(limit)
     if known is not None:
         local = resolve_known(known)

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from tunecost.catalog.gpu_terms import GpuTerms
+from tunecost.catalog.gpus import resolve_gpu_name
 
 INTERVAL_LEVEL = 0.95
 # Stated assumptions (not fitted): see the module docstring and docs/throughput-model.md.
@@ -67,8 +68,6 @@ def transfer_spread(
     points: Sequence[Any], calibrate_rest: Callable[[list[Any]], Any], min_points: int
 ) -> TransferSpread:
     """Leave-one-GPU-out on `points` (CalibrationPoints); `calibrate_rest(points)` returns a CalibratedModel."""
-    from tunecost.catalog.gpus import resolve_gpu_name
-
     by_gpu: dict[str, list[Any]] = defaultdict(list)
     for p in points:
         by_gpu[resolve_gpu_name(p.target.gpu).gpu.name].append(p)

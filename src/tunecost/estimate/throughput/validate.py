@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tunecost.estimate.throughput.calibrate import CalibratedModel, CalibrationPoint, calibrate
+from tunecost.catalog.gpus import resolve_gpu_name
+from tunecost.estimate.throughput.calibrate import MIN_POINTS, CalibratedModel, CalibrationPoint, calibrate
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,8 +46,6 @@ class GroupCheck:
 
 
 def group_of(point: CalibrationPoint) -> tuple[str, str, str]:
-    from tunecost.catalog.gpus import resolve_gpu_name
-
     t = point.target.job
     return (t.model, t.dataset or f"seq{t.seq_len}", resolve_gpu_name(point.target.gpu).gpu.name)
 
@@ -87,8 +86,6 @@ def leave_one_gpu_out(
 ) -> list[GroupCheck]:
     """Calibrate without each GPU in turn and predict its points: the error of moving to a GPU never measured.
     A GPU whose removal leaves fewer points than a calibration needs is skipped (named in no result)."""
-    from tunecost.estimate.throughput.calibrate import MIN_POINTS
-
     gpus = sorted({group_of(p)[2] for p in points})
     out = []
     for i, gpu in enumerate(gpus):
