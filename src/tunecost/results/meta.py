@@ -18,7 +18,7 @@ from typing import Any
 
 from tunecost import __version__
 from tunecost.io import atomic_write_json
-from tunecost.results.records import SCHEMA_VERSION
+from tunecost.results.schema import SCHEMA_VERSION
 
 TRACKED_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes")
 
