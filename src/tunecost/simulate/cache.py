@@ -13,8 +13,7 @@ from tunecost import __version__
 from tunecost.errors import TunecostError
 from tunecost.io import CACHE_ENV, atomic_write_json, cache_root  # noqa: F401 (CACHE_ENV: tests set it through here)
 from tunecost.models.catalog import resolve_model
-from tunecost.simulate.records import StepCounts
-from tunecost.simulate.simulator import SIMULATOR_VERSION, StepSimulation
+from tunecost.simulate.records import SIMULATOR_VERSION, StepCounts, StepSimulation
 
 _MEMORY: dict[str, object] = {}
 
