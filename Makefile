@@ -20,11 +20,12 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q -m "not gpu" -n 2
 
-# Formatter check, linter and type checker (CI runs this before the tests).
+# Formatter check, linter, type checker and the import layers of docs/architecture.md (CI runs this before the tests).
 lint: setup
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
+	$(PY) -m pytest -q -p no:cacheprovider tests/test_architecture.py
 
 # Headless Chromium for tests/report/test_browser.py (Debian's package); does nothing when it is installed.
 browser-deps:

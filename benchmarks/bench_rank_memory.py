@@ -12,10 +12,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from tunecost.distributed.plan import ParallelPlan
 from tunecost.distributed.rank_memory import rank_memory, single_gpu_step
 from tunecost.distributed.sharded_step import simulate_fsdp_rank
 from tunecost.workload.job import FineTuneJob, LoraConfig
+from tunecost.workload.parallel import ParallelPlan
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "distributed"))
 from tiny_jobs import tiny_job

@@ -14,7 +14,6 @@ from __future__ import annotations
 import sys
 import time
 
-from tunecost.distributed.plan import ParallelPlan
 from tunecost.distributed.rank_memory import rank_memory, single_gpu_step
 from tunecost.distributed.rank_reserve import rank_allocations
 from tunecost.distributed.single_step import trace_single_gpu_step
@@ -22,6 +21,7 @@ from tunecost.simulate.allocator import steady_state_replay
 from tunecost.simulate.records import AllocationTrace
 from tunecost.validate.corpus import read_corpus
 from tunecost.validate.mapping import map_row
+from tunecost.workload.parallel import ParallelPlan
 
 GIB = 2**30
 DEFAULT_ROWS = ("fms-16", "fms-22", "fms-36", "fms-60", "fms-134")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import time
 
-from tunecost.catalog.models import resolve_model
+from tunecost.models.catalog import resolve_model
 from tunecost.simulate import simulate_step
 from tunecost.simulate.pool import prepared_model
 from tunecost.simulate.prepare import layer_pattern

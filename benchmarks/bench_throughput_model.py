@@ -251,8 +251,8 @@ def sensitivity_report(points) -> None:
 
 
 def simulator_report() -> None:
-    from tunecost.catalog.models import resolve_model
     from tunecost.estimate.throughput.counts import analytic_step_counts
+    from tunecost.models.catalog import resolve_model
     from tunecost.simulate import simulate_step
     from tunecost.workload.job import FineTuneJob
 

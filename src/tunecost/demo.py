@@ -12,17 +12,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tunecost.estimate.measurements import PAPER_A40_SOURCE
+from tunecost.catalog.datasets import get_dataset_facts
+from tunecost.catalog.gpus import resolve_gpu_name
+from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS, PAPER_A40_SOURCE, load_measurements
+from tunecost.estimate.paper import EQ1_ARTIFACT_SEQ_LEN
 from tunecost.io import atomic_write_json
+from tunecost.models.catalog import model_catalog, resolve_model
+from tunecost.profile.model_setup import ModelSetup
+from tunecost.profile.ranks import profile_point
+from tunecost.profile.sweep import InputSpec, SweepSpec, run_sweep
+from tunecost.results.meta import run_metadata
 from tunecost.results.records import (
     SCHEMA_VERSION,
     estimate_rows,
     fit_rows,
+    multi_gpu_rows,
     record,
     validation_rows,
     write_records,
 )
+from tunecost.simulate.batch import fitting_batch_size
+from tunecost.train.trainability import TrainabilityJob, run_trainability
 from tunecost.units import bytes_from_gib
+from tunecost.workload.datasets import load_dataset
+from tunecost.workload.job import FineTuneJob
+from tunecost.workload.lengths import length_distribution
+from tunecost.workload.templates import template_by_name
+from tunecost.workload.tokenizers import tokenizer_by_name
 
 if TYPE_CHECKING:
     from tunecost.workload.job import Method
@@ -42,7 +58,6 @@ class DemoStage:
 def _stage_fit(out: Path, on_progress: ProgressFn | None) -> None:
     """Eq. (2) refitted on the paper's A40 measurements (Fig. 14)."""
     from tunecost.estimate.fit import fit_all
-    from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS, load_measurements
 
     points = load_measurements(PAPER_A40_MEASUREMENTS)
     fits = [f for form in ("artifact", "printed") for f in fit_all(points, form)]
@@ -51,7 +66,6 @@ def _stage_fit(out: Path, on_progress: ProgressFn | None) -> None:
 
 def _stage_estimate(out: Path, on_progress: ProgressFn | None) -> None:
     """Cost of fine-tuning the real Mixtral-8x7B (QLoRA) and BlackMamba-2.8B (full) on catalog GPUs."""
-    from tunecost.catalog.models import model_catalog
     from tunecost.estimate.cost import estimate_costs, estimate_job
     from tunecost.estimate.estimators import EstimatorOptions, estimator_names
 
@@ -93,11 +107,6 @@ DENSE_SPARSE = (2, 8)
 
 def _stage_lengths(out: Path, on_progress: ProgressFn | None) -> None:
     """Tokens per query of the embedded dataset with the real Mixtral tokenizer and prompt template (Fig. 2)."""
-    from tunecost.workload.datasets import load_dataset
-    from tunecost.workload.lengths import length_distribution
-    from tunecost.workload.templates import template_by_name
-    from tunecost.workload.tokenizers import tokenizer_by_name
-
     dist = length_distribution(load_dataset(DEMO_DATASET), tokenizer_by_name("mistral"), template_by_name("mistral"))
     rows = [
         record(
@@ -116,11 +125,7 @@ def _stage_lengths(out: Path, on_progress: ProgressFn | None) -> None:
 def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
     """Largest batch vs GPU memory for the real models: eq. (1) beside the step simulator on the paper's 2024
     stack and on today's (Fig. 13 and Table III)."""
-    from tunecost.catalog.models import resolve_model
     from tunecost.estimate.estimators import eq1_max_batch_size
-    from tunecost.estimate.paper import EQ1_ARTIFACT_SEQ_LEN
-    from tunecost.simulate.batch import fitting_batch_size
-    from tunecost.workload.job import FineTuneJob
 
     seq_len = EQ1_ARTIFACT_SEQ_LEN
     rows: list[dict] = []
@@ -168,9 +173,6 @@ def _stage_profile(out: Path, on_progress: ProgressFn | None) -> None:
     """Fine-tune tiny random-weight models of the real architectures on the embedded dataset on this CPU, dense vs
     sparse: throughput, stage / layer / kernel breakdown, expert load, memory (Figs. 4-8, 11). Resumes finished
     points."""
-    from tunecost.profile.model_setup import ModelSetup
-    from tunecost.profile.sweep import InputSpec, SweepSpec, run_sweep
-
     total = len(PROFILE_JOBS) * len(DENSE_SPARSE) * len(PROFILE_BATCH_SIZES)
     done = 0
     for model, method in PROFILE_JOBS:
@@ -191,15 +193,11 @@ def _stage_profile(out: Path, on_progress: ProgressFn | None) -> None:
 
 def _stage_trainability(out: Path, on_progress: ProgressFn | None) -> None:
     """Fine-tune a tiny MoE on the embedded arithmetic task, top-2 vs dense: accuracy per epoch (Fig. 3)."""
-    from tunecost.train.trainability import run_trainability
-
     run_trainability(trainability_job(), out, on_progress=on_progress)
 
 
 def trainability_job():
     """The paper's setup on the embedded task: tiny Mixtral, top-2 and dense, 10 epochs (TrainabilityJob defaults)."""
-    from tunecost.train.trainability import TrainabilityJob
-
     return TrainabilityJob()
 
 
@@ -218,13 +216,8 @@ RANKS_DEMO = ("tiny-mixtral", "lora", "fsdp2", 2)  # model, method, strategy, ra
 def _stage_multi_gpu(out: Path, on_progress: ProgressFn | None) -> None:
     """Mixtral-8x7B LoRA on 1-8 GPUs (`estimate --gpus auto`: DDP's replica does not fit, FSDP2's shard does),
     then a real 2-rank FSDP2 step of tiny Mixtral on gloo (`profile --nproc-per-node 2`; resumes)."""
-    from tunecost.catalog.datasets import get_dataset_facts
-    from tunecost.catalog.gpus import resolve_gpu_name
-    from tunecost.distributed.setups import estimate_multi_gpu
     from tunecost.estimate.cost import estimate_job
-    from tunecost.profile.model_setup import ModelSetup
-    from tunecost.profile.ranks import profile_point
-    from tunecost.results.records import multi_gpu_rows
+    from tunecost.estimate.setups import estimate_multi_gpu
 
     model, method, gpus, strategies, max_gpus = MULTI_GPU_DEMO
     if on_progress:
@@ -275,8 +268,6 @@ def run_demo(
 ) -> dict[str, float]:
     """Run every demo stage into `out_dir`; returns seconds per stage. Rerunning resumes the profile sweeps and
     the trainability runs where they stopped; the quick stages are redone."""
-    from tunecost.results.meta import run_metadata
-
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(
         out_dir / "meta.json",

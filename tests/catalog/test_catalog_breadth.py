@@ -17,7 +17,7 @@ from datetime import date
 
 import pytest
 
-from tunecost.catalog.models import resolve_model
+from tunecost.models.catalog import resolve_model
 from tunecost.models.params import count_parameters
 
 # (hub id, catalog name, an alias or None, published size in billions of parameters)
@@ -235,8 +235,8 @@ def test_a_repository_name_two_models_share_is_not_guessed(monkeypatch) -> None:
     """A hub id without its namespace names a model only when one catalog model has it."""
     from dataclasses import replace
 
-    from tunecost.catalog import models
     from tunecost.errors import TunecostError
+    from tunecost.models import catalog as models
 
     catalog = dict(models.model_catalog())
     twin = replace(catalog["llama-2-7b"], name="llama-2-7b-twin", hub_id="someone/Llama-2-7b-hf", aliases=())

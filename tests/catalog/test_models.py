@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from tunecost.catalog.models import SUPPORTED_FAMILIES, model_catalog, resolve_model
 from tunecost.errors import TunecostError
+from tunecost.models.catalog import SUPPORTED_FAMILIES, model_catalog, resolve_model
 from tunecost.models.params import count_parameters
 
 CATALOG = model_catalog()
@@ -257,7 +257,7 @@ def test_qwen1_as_qwen2_has_qwen1s_tensors() -> None:
     ],
 )
 def test_gptq_checkpoints_resolve_to_their_base_model(hub_id: str, name: str, group_size: int) -> None:
-    from tunecost.catalog.models import gptq_checkpoint
+    from tunecost.models.catalog import gptq_checkpoint
 
     assert resolve_model(hub_id).name == name
     checkpoint = gptq_checkpoint(hub_id)

@@ -8,7 +8,7 @@ from datetime import date
 
 import pytest
 
-from tunecost.catalog.models import model_catalog, resolve_model
+from tunecost.models.catalog import model_catalog, resolve_model
 
 CATALOG = model_catalog()
 NAMES = [(n, s.name) for s in CATALOG.values() for n in (s.hub_id, *s.aliases) if n]

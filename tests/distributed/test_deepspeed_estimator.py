@@ -7,9 +7,9 @@ import pytest
 from tiny_jobs import CONFIGS, tiny_job
 
 from tunecost.catalog.gpus import resolve_gpu_name
-from tunecost.catalog.models import resolve_model
 from tunecost.distributed.deepspeed_estimator import zero2_gpu_bytes, zero3_gpu_bytes
-from tunecost.distributed.setups import estimate_multi_gpu
+from tunecost.estimate.setups import estimate_multi_gpu
+from tunecost.models.catalog import resolve_model
 from tunecost.models.params import count_parameters
 from tunecost.workload.job import LoraConfig
 

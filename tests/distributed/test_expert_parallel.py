@@ -9,12 +9,12 @@ from test_setups import links_at
 from tiny_jobs import tiny_job
 
 from tunecost.distributed import expert_parallel
-from tunecost.distributed.plan import ParallelPlan
 from tunecost.distributed.rank_memory import rank_memory, rank_segment_bytes, single_gpu_step
-from tunecost.distributed.setups import estimate_multi_gpu, valid_gpu_counts
 from tunecost.distributed.timing import step_time
 from tunecost.errors import TunecostError
+from tunecost.estimate.setups import estimate_multi_gpu, valid_gpu_counts
 from tunecost.workload.job import LoraConfig
+from tunecost.workload.parallel import ParallelPlan
 
 BUSBW = 1e9  # bytes/s, no latency
 TOKENS, TOP_K, HIDDEN, FP32 = 2 * 16, 2, 64, 4  # tiny-mixtral-2l.json, tiny_jobs.tiny_job

@@ -8,9 +8,9 @@ import json
 import pytest
 from tiny_jobs import CONFIGS, tiny_job
 
-from tunecost.distributed.plan import ParallelPlan
 from tunecost.distributed.rank_memory import rank_memory, rank_segment_bytes, single_gpu_step
 from tunecost.workload.job import LoraConfig
+from tunecost.workload.parallel import ParallelPlan
 
 LAYERS = 6
 FSDP1 = ParallelPlan(num_gpus=2, strategy="fsdp1")

@@ -8,10 +8,10 @@ import pytest
 from test_setups import links_at
 from tiny_jobs import tiny_job
 
-from tunecost.distributed.plan import ParallelPlan
 from tunecost.distributed.rank_memory import rank_memory, rank_segment_bytes, single_gpu_step
 from tunecost.distributed.timing import step_time
 from tunecost.workload.job import LoraConfig
+from tunecost.workload.parallel import ParallelPlan
 
 BUSBW = 1e9  # bytes/s on every link (PCIe to the host included), no latency
 N = 4

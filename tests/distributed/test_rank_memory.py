@@ -8,7 +8,6 @@ import dataclasses
 import pytest
 from tiny_jobs import tiny_job
 
-from tunecost.distributed.plan import ParallelPlan
 from tunecost.distributed.rank_memory import (
     ZERO_ADAM_BYTES_PER_PARAM,
     rank_memory,
@@ -16,6 +15,7 @@ from tunecost.distributed.rank_memory import (
 )
 from tunecost.distributed.sharded_step import simulate_fsdp_rank
 from tunecost.workload.job import FineTuneJob, LoraConfig
+from tunecost.workload.parallel import ParallelPlan
 
 WEIGHTS = ("frozen_weights", "trainable_params")
 

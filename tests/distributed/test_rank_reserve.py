@@ -12,7 +12,6 @@ import pytest
 from tiny_jobs import tiny_job
 from tiny_models import write_llama_config
 
-from tunecost.distributed.plan import MULTI_GPU_STRATEGIES, ParallelPlan
 from tunecost.distributed.rank_memory import rank_memory, rank_segment_bytes, single_gpu_step
 from tunecost.distributed.rank_reserve import (
     STREAM_COMPUTE,
@@ -25,6 +24,7 @@ from tunecost.distributed.rank_reserve import (
 from tunecost.simulate.allocator import KIND_STEP, KIND_WEIGHT, steady_state_replay
 from tunecost.simulate.records import CATEGORIES, WEIGHT_CATEGORIES, AllocationTrace
 from tunecost.workload.job import FineTuneJob, LoraConfig
+from tunecost.workload.parallel import MULTI_GPU_STRATEGIES, ParallelPlan
 
 
 @pytest.fixture(scope="module", params=["full", "lora"])

@@ -10,12 +10,12 @@ from tiny_jobs import tiny_job
 
 from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.catalog.interconnects import resolve_interconnect
-from tunecost.distributed.plan import ParallelPlan
 from tunecost.distributed.rank_memory import single_gpu_step
-from tunecost.distributed.setups import estimate_multi_gpu, valid_gpu_counts
 from tunecost.distributed.timing import Links, step_time
 from tunecost.errors import TunecostError
+from tunecost.estimate.setups import estimate_multi_gpu, valid_gpu_counts
 from tunecost.workload.job import LoraConfig
+from tunecost.workload.parallel import ParallelPlan
 
 BUSBW = 1e9  # bytes/s, no latency: seconds = bytes x bus factor / 1e9
 
@@ -101,7 +101,7 @@ def test_bad_setups_are_one_line_errors(tiny, kwargs, message):
 
 
 def test_rank_memories_come_back_from_disk_without_a_step() -> None:
-    from tunecost.distributed.setups import RankNeeds
+    from tunecost.estimate.setups import RankNeeds
 
     job = tiny_job("tiny-mixtral-2l", "lora", LoraConfig(rank=8, targets=("attention",)))
     plans = [ParallelPlan(num_gpus=n, strategy=s) for n in (2, 4) for s in ("ddp", "fsdp2", "zero3")]

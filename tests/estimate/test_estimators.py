@@ -6,7 +6,6 @@ import math
 
 import pytest
 
-from tunecost.catalog.models import model_catalog
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import (
     estimator_names,
@@ -14,6 +13,7 @@ from tunecost.estimate.estimators import (
     paper_estimator,
     paper_max_batch_size,
 )
+from tunecost.models.catalog import model_catalog
 
 
 def test_registry_has_paper() -> None:

@@ -10,11 +10,11 @@ import pytest
 
 from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.cli.main import app
-from tunecost.distributed.setups import estimate_multi_gpu
 from tunecost.errors import TunecostError
 from tunecost.estimate.cost import estimate_job
 from tunecost.estimate.estimators import sizing_seq_len
 from tunecost.estimate.plan import make_plan, pareto_front, parse_owned
+from tunecost.estimate.setups import estimate_multi_gpu
 
 SMALL = {"num_queries": 2000, "epochs": 1, "max_gpus": 4, "gpus_per_node": 8}
 

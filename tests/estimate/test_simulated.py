@@ -26,6 +26,7 @@ def fake_simulator(monkeypatch):
         return SimpleNamespace(batch_size=6, borderline_batch_size=6, margin_fraction=0.1)
 
     monkeypatch.setattr(batch, "gpu_max_batch", fake)
+    monkeypatch.setattr(simulated, "gpu_max_batch", fake)
     return calls
 
 
@@ -60,6 +61,7 @@ def test_does_not_fit_is_a_row_not_a_crash(monkeypatch, make_request) -> None:
     import tunecost.simulate.batch as batch
 
     monkeypatch.setattr(batch, "gpu_max_batch", lambda job, gpu, *, stack=None, behaviour=None: None)
+    monkeypatch.setattr(simulated, "gpu_max_batch", lambda job, gpu, *, stack=None, behaviour=None: None)
     point = simulated.simulate_estimator(make_request())
     assert point.max_batch_size == 0 and point.queries_per_s is None
     assert "does not fit" in point.notes[-1]

@@ -179,8 +179,8 @@ def test_residual_stream_is_fp32_under_bf16():
 
 
 def test_full_size_model_builds_on_meta_without_memory():
-    from tunecost.catalog.models import model_catalog
     from tunecost.models.blackmamba.config import config_from_spec
+    from tunecost.models.catalog import model_catalog
 
     cfg = config_from_spec(model_catalog()["blackmamba-2.8b"])  # Zyphra's 2.8B config.json
     assert cfg.num_layers == 36 and cfg.hidden_size == 1472 and cfg.mamba_moe_layers == ("r", "8") * 18

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.models.build import BLACKMAMBA_TOKENIZER, default_tokenizer, load_pretrained
+from tunecost.models.catalog import resolve_model
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from tunecost.catalog.models import resolve_model
 from tunecost.models.build import hf_config
+from tunecost.models.catalog import resolve_model
 
 
 def test_hf_config_does_not_write_into_the_catalog() -> None:

@@ -10,8 +10,8 @@ import pytest
 import torch
 from tiny_models import dense_lora_job
 
-from tunecost.catalog.models import resolve_model
 from tunecost.models.build import build_model
+from tunecost.models.catalog import resolve_model
 from tunecost.models.params import count_parameters
 
 _SIZES = {

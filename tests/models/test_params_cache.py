@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tunecost.catalog.models import resolve_model
 from tunecost.models import params
+from tunecost.models.catalog import resolve_model
 
 
 def test_counts_come_back_from_disk(monkeypatch, tmp_path) -> None:

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.profile.gpu_bench import (
     BenchPlan,
     GemmTiming,

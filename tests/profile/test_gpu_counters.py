@@ -58,7 +58,7 @@ def test_cli_bad_input(tmp_path, args, message):
 def test_ncu_command_line(tmp_path):
     finetune = FineTuneJob(model="tiny-mixtral", method="full", experts_per_token=8, seq_len=128)
     job = G.GpuCountersJob(job=finetune, batch_sizes=(1, 32), layers=(0, 1))
-    child = C.child_command(job, 32, mode="steps")
+    child = G.child_command(job, 32, mode="steps")
     assert child[1:3] == ["-m", "tunecost.profile.counters_child"]
     spec = json.loads(child[-1])
     assert spec["batch_size"] == 32 and spec["counters"]["layers"] == [0, 1]

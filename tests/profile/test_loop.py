@@ -69,7 +69,7 @@ def test_bad_setups_are_clear_errors():
 
 
 def test_streamed_random_qlora_build_matches_the_plain_path():
-    from tunecost.catalog.models import resolve_model
+    from tunecost.models.catalog import resolve_model
     from tunecost.profile.model_setup import _random_streamed_4bit
 
     setup = _setup("qlora")
@@ -173,8 +173,8 @@ def test_expert_load_sees_through_peft_router_wrappers():
 
 
 def test_pretrained_weights_are_loaded_from_a_local_folder(tmp_path):
-    from tunecost.catalog.models import resolve_model
     from tunecost.models.build import build_model
+    from tunecost.models.catalog import resolve_model
 
     saved = build_model(resolve_model(str(MICRO_DIR)), seed=3)
     saved.save_pretrained(tmp_path / "micro")

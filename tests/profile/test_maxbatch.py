@@ -47,6 +47,7 @@ def test_simulated_search_against_a_budget(monkeypatch):
     import tunecost.simulate.batch as batch
 
     monkeypatch.setattr(batch, "default_margin_fraction", lambda: 0.0)  # the search alone
+    monkeypatch.setattr("tunecost.profile.maxbatch.default_margin_fraction", lambda: 0.0)
     job = FineTuneJob(model="tiny-mixtral", method="qlora", seq_len=128)
     per_query, fixed = 3_000_000, 10_000_000
 
@@ -64,6 +65,7 @@ def test_cli_max_batch_on_cpu_simulates_and_records(cli_runner, tmp_path, monkey
     import tunecost.simulate.batch as batch
 
     monkeypatch.setattr(batch, "default_margin_fraction", lambda: 0.0)  # the wiring and the record
+    monkeypatch.setattr("tunecost.profile.maxbatch.default_margin_fraction", lambda: 0.0)
     from tunecost.cli.main import app
     from tunecost.profile import maxbatch
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tunecost.catalog.models import resolve_model
+from tunecost.models.catalog import resolve_model
 from tunecost.models.params import count_parameters
 from tunecost.validate.baselines import accelerate_estimate_bytes, deepspeed_estimate_bytes, rule_estimate_bytes
 

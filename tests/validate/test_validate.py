@@ -85,9 +85,9 @@ def test_skip_reasons(corpus) -> None:
 def test_an_fsdp_row_is_one_rank_of_fsdp1(corpus) -> None:
     """A memory row on 2 GPUs under FSDP (accelerate's plugin: torch FSDP1) is predicted by the per-rank
     derivation; other layouts are skipped with their reason."""
-    from tunecost.distributed.plan import ParallelPlan
     from tunecost.distributed.rank_memory import rank_memory, single_gpu_step
     from tunecost.validate.corpus import CorpusRow
+    from tunecost.workload.parallel import ParallelPlan
 
     multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
     mapped = map_row(multi)
@@ -108,9 +108,9 @@ def test_an_fsdp_row_is_one_rank_of_fsdp1(corpus) -> None:
 def test_an_fsdp_rows_nvidia_smi_is_the_ranks_replayed_reserve(corpus) -> None:
     """nvidia-smi on a multi-GPU row: the rank's replayed reserve (`distributed.rank_reserve`), above its
     allocated peak, plus the CUDA context and NCCL's memory."""
-    from tunecost.distributed.plan import ParallelPlan
     from tunecost.distributed.rank_memory import rank_memory, single_gpu_step
     from tunecost.validate.corpus import CorpusRow
+    from tunecost.workload.parallel import ParallelPlan
 
     multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
     smi = CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, "quantity": "nvidia_smi_gib"})

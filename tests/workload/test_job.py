@@ -80,9 +80,9 @@ def test_bad_lora_config(kwargs, message) -> None:
 
 
 def test_job_gpus_strategy_and_stack() -> None:
-    from tunecost.distributed.plan import ParallelPlan
     from tunecost.errors import TunecostError
     from tunecost.workload.job import DEFAULT_STACK, STACKS, FineTuneJob
+    from tunecost.workload.parallel import ParallelPlan
 
     job = FineTuneJob(model="tiny-mixtral")
     assert (job.parallel, job.stack) == (ParallelPlan(), DEFAULT_STACK)

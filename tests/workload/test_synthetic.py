@@ -4,7 +4,8 @@ import pytest
 
 from tunecost.errors import TunecostError
 from tunecost.evaluate.parsers import extract_answer_number, parse_reference_number
-from tunecost.workload.synthetic import SyntheticArithConfig, synthetic_arith_dataset, synthetic_arith_rows
+from tunecost.workload.datasets import synthetic_arith_dataset
+from tunecost.workload.synthetic import SyntheticArithConfig, synthetic_arith_rows
 
 
 def test_rows_are_math14k_format_and_deterministic():

@@ -219,7 +219,6 @@ def checked_host_cpu(value: str | None) -> str | None:
     if value is None:
         return None
     from tunecost.catalog.host_cpus import resolve_host_cpu
-    from tunecost.errors import TunecostError
 
     try:
         return resolve_host_cpu(value).name

@@ -5,9 +5,9 @@ Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.deepsp
 
 from __future__ import annotations
 
-from tunecost.distributed import offload as offload_rules
-from tunecost.distributed.plan import ParallelPlan
 from tunecost.models.params import ParamCounts
+from tunecost.workload import offload as offload_rules
+from tunecost.workload.parallel import ParallelPlan
 
 ASSUMPTION = (
     "DeepSpeed's estimator (estimate_zero2/zero3_model_states_mem_needs): every parameter trainable in 16 bits "

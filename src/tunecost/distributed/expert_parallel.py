@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tunecost.distributed.plan import ParallelPlan
 from tunecost.errors import TunecostError
+from tunecost.workload.parallel import ParallelPlan
 
 EXPERT_GROUP = "experts"  # the routed experts' group in the step simulator's records (shared experts excluded)
 ALL_TO_ALLS_FORWARD = 2  # dispatch, combine

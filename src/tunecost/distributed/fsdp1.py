@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from tunecost.distributed.rank_memory import SingleGpuStep
+    from tunecost.distributed.single_step import SingleGpuStep
 
 HELD_SEGMENT = "backward:unit_first"  # the backward of the first decoder layer: all the others are done
 

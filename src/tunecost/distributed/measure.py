@@ -8,7 +8,9 @@ Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.measur
 from __future__ import annotations
 
 from tunecost.distributed.launch import launch_local_ranks
-from tunecost.distributed.sharded_step import RankStep
+from tunecost.distributed.sharded_step import RankStep, prepare_fsdp_rank, record_rank_step
+from tunecost.simulate.prepare import build_prepared
+from tunecost.simulate.step import make_batch, run_step
 from tunecost.workload.job import FineTuneJob
 
 SERIAL_GLOO = "tunecost_serial_gloo"  # gloo with a single worker thread (see docs/multi-gpu.md)
@@ -75,9 +77,6 @@ def _worker(job: FineTuneJob, strategy: str) -> RankStep:
     import torch
     import torch.distributed as dist
 
-    from tunecost.distributed.sharded_step import prepare_fsdp_rank, record_rank_step
-    from tunecost.simulate.step import make_batch
-
     torch.set_num_threads(1)
     _init_serial_gloo()
     try:
@@ -111,9 +110,6 @@ def _ddp_worker(job: FineTuneJob) -> list[int]:
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
-
-    from tunecost.simulate.prepare import build_prepared
-    from tunecost.simulate.step import make_batch, run_step
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")

@@ -8,14 +8,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from tunecost.distributed import expert_parallel, fsdp1, offload
-from tunecost.distributed.plan import STRATEGIES, ParallelPlan
+from tunecost.distributed import expert_parallel, fsdp1
 from tunecost.distributed.single_step import SingleGpuStep as SingleGpuStep  # re-exported
 from tunecost.distributed.single_step import single_gpu_step as single_gpu_step  # re-exported
+from tunecost.models.catalog import resolve_model
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.records import WEIGHT_CATEGORIES
 from tunecost.units import BYTES_PER_GIB
+from tunecost.workload import offload
 from tunecost.workload.job import FineTuneJob
+from tunecost.workload.parallel import STRATEGIES, ParallelPlan
 
 ZERO_STRATEGIES = ("zero1", "zero2", "zero3")
 PARAM_SHARDED = ("fsdp2", "fsdp1", "zero3", "hsdp")  # parameters gathered one unit at a time
@@ -207,8 +209,6 @@ def offloaded_host_bytes(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPl
 
 
 def rank_assumptions(job: FineTuneJob, plan: ParallelPlan, overhead: DeviceOverhead) -> tuple[str, ...]:
-    from tunecost.catalog.models import resolve_model
-
     out = [
         *resolve_model(job.model).not_modelled_notes,
         f"each rank runs the job's micro-batch ({job.batch_size} x {job.worst_case_seq_len} tokens) through the "

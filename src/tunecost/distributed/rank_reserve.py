@@ -10,12 +10,12 @@ import math
 
 import numpy as np
 
-from tunecost.distributed.plan import ParallelPlan
 from tunecost.distributed.rank_memory import PARAM_SHARDED, STORED_SHARDED, rank_segment_bytes, reduce_bucket_bytes
 from tunecost.distributed.single_step import SingleGpuStep
 from tunecost.simulate.allocator import KIND_STEP, KIND_WEIGHT, NEVER_FREED, CachingAllocator, steady_state_replay
 from tunecost.simulate.records import CATEGORIES, AllocationTrace
 from tunecost.workload.job import FineTuneJob
+from tunecost.workload.parallel import ParallelPlan
 
 STREAM_COMPUTE, STREAM_UNSHARD, STREAM_POST_BACKWARD = 0, 1, 2
 _GRADIENTS = CATEGORIES.index("gradients")

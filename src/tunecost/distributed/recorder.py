@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from tunecost.simulate.recorder import StepRecorder, StorageRecord, _tensors
+from tunecost.models.anatomy import decoder_layers
+from tunecost.simulate.recorder import StepRecorder, StorageRecord, flat_tensors
 
 # c10d dispatcher op -> collective kind (nccl-tests' names)
 _C10D_KINDS = {
@@ -52,11 +53,11 @@ def collective_kind(func) -> str | None:
     return _C10D_KINDS.get(name)
 
 
-def _buffer_nbytes(kind: str, args) -> tuple[int, str, torch.Tensor | None, torch.Tensor | None]:
+def buffer_nbytes(kind: str, args) -> tuple[int, str, torch.Tensor | None, torch.Tensor | None]:
     """(nccl-tests bytes, dtype, output buffer, input buffer) of a c10d op's arguments."""
     first, second = args[0], args[1] if len(args) > 1 else None
-    outs = _tensors(first)
-    ins = _tensors(second) if isinstance(second, (torch.Tensor, list, tuple)) else []
+    outs = flat_tensors(first)
+    ins = flat_tensors(second) if isinstance(second, (torch.Tensor, list, tuple)) else []
     out_t = outs[0] if outs else None
     in_t = ins[0] if ins else None
     out_bytes = sum(t.numel() * t.element_size() for t in outs)
@@ -102,7 +103,7 @@ class ShardedStepRecorder(StepRecorder):
             # FSDP2 issues a unit's all-gather in its pre-forward hook, before the layer's module context opens;
             # in backward, prefetching issues them under another layer's context, so no layer is claimed there
             layer = self._unit_layer if phase == "forward" else None
-            nbytes, dtype, out_t, in_t = _buffer_nbytes(kind, args)
+            nbytes, dtype, out_t, in_t = buffer_nbytes(kind, args)
             self.collectives.append(
                 Collective(
                     op=kind,
@@ -132,7 +133,6 @@ class ShardedStepRecorder(StepRecorder):
 
     def install_hooks(self, model: torch.nn.Module, trainable: list[torch.nn.Parameter]) -> None:
         super().install_hooks(model, trainable)
-        from tunecost.models.anatomy import decoder_layers
 
         layers = decoder_layers(model)
         self._handles.append(model.register_forward_pre_hook(lambda *_: self._set_unit(None), prepend=True))
@@ -148,7 +148,7 @@ class ShardedStepRecorder(StepRecorder):
         for p in params:
             if p.grad is None:
                 continue
-            for t in _tensors(p.grad):
+            for t in flat_tensors(p.grad):
                 rec = self._by_storage.get(t.untyped_storage())
                 if rec is not None and rec.static_category is None:
                     self.tags.setdefault(id(rec), "gradients")

@@ -14,10 +14,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from tunecost.distributed.plan import check_fsdp2_method
 from tunecost.distributed.recorder import Collective, ShardedStepRecorder
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import decoder_layers
+from tunecost.simulate.prepare import build_prepared
+from tunecost.simulate.step import make_batch, run_step
 from tunecost.workload.job import FineTuneJob
+from tunecost.workload.parallel import check_fsdp2_method
 
 FSDP_STRATEGIES = {"fsdp2": True, "fsdp2-shard-grad-op": False}  # strategy -> reshard_after_forward
 RANK_CATEGORIES = (
@@ -66,8 +69,6 @@ def shard_model(model: nn.Module, mesh, *, reshard_after_forward: bool) -> None:
     """`fully_shard` each decoder layer, then the root (torchtitan's layout)."""
     from torch.distributed.fsdp import fully_shard
 
-    from tunecost.models.anatomy import decoder_layers
-
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
@@ -77,8 +78,6 @@ def prepare_fsdp_rank(job: FineTuneJob, strategy: str, *, real: bool, seed: int 
     """Build `job`'s model at full depth and shard it over the default process group (which must exist)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-
-    from tunecost.simulate.prepare import build_prepared
 
     check_fsdp_supported(job, strategy)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
@@ -99,8 +98,6 @@ def _static_category(category: str) -> str:
 def record_rank_step(prepared, batch: dict, *, strategy: str, granule_bytes: int = 1) -> RankStep:
     """Run one warm-up step (FSDP2's lazy init, lazily created buffers), then record the next one."""
     import torch.distributed as dist
-
-    from tunecost.simulate.step import run_step
 
     world_size, rank = dist.get_world_size(), dist.get_rank()
     warm_up = ShardedStepRecorder(world_size=world_size, plan=prepared.plan, module_info=prepared.module_info)
@@ -206,8 +203,6 @@ def simulate_fsdp_rank(
     job: FineTuneJob, *, world_size: int, strategy: str = "fsdp2", rank: int = 0, granule_bytes: int = 512
 ) -> RankStep:
     """Simulate one rank of `job` on `world_size` GPUs under FSDP2, on fake tensors in a fake process group."""
-    from tunecost.simulate.step import make_batch
-
     if world_size < 1:
         raise TunecostError(f"number of GPUs must be at least 1, got {world_size}")
     check_fsdp_supported(job, strategy)

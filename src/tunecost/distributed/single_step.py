@@ -10,8 +10,13 @@ from dataclasses import dataclass
 
 from tunecost.distributed import expert_parallel
 from tunecost.errors import TunecostError
+from tunecost.io import atomic_write_json
+from tunecost.models.catalog import resolve_model
+from tunecost.simulate import cache
+from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
-from tunecost.simulate.prepare import reentrant_checkpointing
+from tunecost.simulate.pool import prepared_model
+from tunecost.simulate.prepare import check_supported, layer_pattern, reentrant_checkpointing
 from tunecost.simulate.records import WEIGHT_CATEGORIES
 from tunecost.workload.job import FineTuneJob
 
@@ -104,9 +109,6 @@ def single_gpu_step(
     `behaviour`: library behaviours of the job's stack (`simulate.behaviour.StackBehaviour`; None: the default)."""
     import json
 
-    from tunecost.io import atomic_write_json
-    from tunecost.simulate import cache
-
     key = f"rank-{LAYOUT_VERSION}-" + cache.job_key(job, None, job.stack, DEFAULT_OVERHEAD, granule_bytes, behaviour)
     path = cache.cache_dir() / f"{key}.json"
     if use_cache:
@@ -128,10 +130,6 @@ def trace_single_gpu_step(
     job: FineTuneJob, granule_bytes: int, behaviour=None, *, full_depth: bool = False
 ) -> SingleGpuStep:
     """The step traced at one and two units and scaled, or (`full_depth`, slow: for benchmarks) at full depth."""
-    from tunecost.catalog.models import resolve_model
-    from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
-    from tunecost.simulate.pool import prepared_model
-    from tunecost.simulate.prepare import check_supported, layer_pattern
     from tunecost.simulate.trace import trace_step
 
     spec = resolve_model(job.model)

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 from tunecost.catalog.gpus import GPU
 from tunecost.catalog.interconnects import Interconnect, resolve_interconnect
-from tunecost.distributed import comm, expert_parallel, offload, overlap
-from tunecost.distributed.plan import ParallelPlan
+from tunecost.distributed import comm, expert_parallel, overlap
 from tunecost.distributed.rank_memory import PARAM_SHARDED, SingleGpuStep, shard_group_size
 from tunecost.errors import TunecostError
+from tunecost.workload import offload
+from tunecost.workload.parallel import ParallelPlan
 
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default
 # Links assumed when none is named: the node's GPU link (by GPU family) and, between nodes, one NIC per GPU.

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 
+from tunecost.catalog.gpu_terms import GpuTerms
+from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import (
     EstimatePoint,
@@ -23,7 +25,6 @@ from tunecost.estimate.estimators import (
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
 from tunecost.estimate.simulated import simulated_sizing
 from tunecost.estimate.throughput.calibrate import CalibratedModel, Prediction, ThroughputTarget, throughput_target
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.sources import calibrate_files, calibration_files
 
 ESTIMATOR_NAME = "calibrated"
@@ -54,8 +55,6 @@ def calibrated_model(
 def _keyed_profiles(gpu_terms: Sequence[GpuTerms]) -> list[GpuTerms]:
     """Profiles re-keyed by the catalog name of the GPU they were measured on (an unknown GPU is an error)."""
     from dataclasses import replace
-
-    from tunecost.catalog.gpus import resolve_gpu_name
 
     out = []
     for t in gpu_terms:

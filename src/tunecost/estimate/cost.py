@@ -8,7 +8,6 @@ from pathlib import Path
 
 from tunecost.catalog.datasets import dataset_catalog, get_dataset_facts
 from tunecost.catalog.gpus import Resolved, resolve_gpu_name
-from tunecost.catalog.models import resolve_model
 from tunecost.catalog.prices import Price, price_catalog, prices_for
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import (
@@ -19,6 +18,7 @@ from tunecost.estimate.estimators import (
     get_estimator,
 )
 from tunecost.estimate.paper import training_hours, usd_for_hours
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import (
     DEFAULT_STACK,
     FineTuneJob,

@@ -13,7 +13,7 @@ from functools import cached_property, lru_cache
 from pathlib import Path
 
 from tunecost.catalog.gpus import GPU
-from tunecost.catalog.models import ModelSpec, resolve_model
+from tunecost.catalog.host_cpus import resolve_host_cpu
 from tunecost.errors import TunecostError, unknown_name_error
 from tunecost.estimate import DEFAULT_ESTIMATOR
 from tunecost.estimate.fit import ThroughputFit, fit_all
@@ -25,6 +25,8 @@ from tunecost.estimate.paper import (
     max_batch_size_eq1,
     sparsity_fraction,
 )
+from tunecost.estimate.throughput.sources import calibration_files
+from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.workload.job import FineTuneJob
 
@@ -64,8 +66,6 @@ class EstimatorOptions:
         if self.run_queries is not None and self.steady_state:
             raise TunecostError("give a run length or steady state, not both")
         if self.host_cpu is not None:
-            from tunecost.catalog.host_cpus import resolve_host_cpu
-
             object.__setattr__(self, "host_cpu", resolve_host_cpu(self.host_cpu).name)
 
 
@@ -227,8 +227,6 @@ def batch_to_price(req: EstimateRequest, sizing: Sizing) -> tuple[int, list[str]
 
 @lru_cache(maxsize=8)
 def _fits_for(calibrate: tuple[Path, ...]) -> dict[tuple[str, str, str], ThroughputFit]:
-    from tunecost.estimate.throughput.sources import calibration_files
-
     points = load_measurements(PAPER_A40_MEASUREMENTS)
     for path in calibration_files(calibrate) if calibrate else ():
         points = points + load_measurements(path)

@@ -14,6 +14,7 @@ from pathlib import Path
 from tunecost.csvfile import read_csv_rows
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_BATCH_SIZE, MAX_QUERIES_PER_S, MAX_SEQ_LEN, MIN_QUERIES_PER_S
+from tunecost.models.catalog import model_catalog
 
 MEASUREMENTS_DIR = Path(__file__).parents[1] / "catalog" / "data" / "measurements"
 PAPER_A40_MEASUREMENTS = MEASUREMENTS_DIR / "paper_a40_throughput.csv"
@@ -37,8 +38,6 @@ class Measurement:
 
 
 def _num_experts_of(model: str) -> int:
-    from tunecost.catalog.models import model_catalog
-
     spec = model_catalog().get(model)
     return spec.num_experts if spec is not None and spec.is_moe else DEFAULT_NUM_EXPERTS
 

@@ -1,7 +1,7 @@
 """`tunecost plan`: which method, GPU, count and layout to run a job on, within a budget or by a deadline.
 
 Method x GPU (rented or owned) x count x layout (every strategy, with and without CPU offload) x micro-batch, each
-priced by the multi-GPU estimate (`distributed.setups.estimate_multi_gpu`: memory per rank decides what fits
+priced by the multi-GPU estimate (`estimate.setups.estimate_multi_gpu`: memory per rank decides what fits
 before any time is estimated). The answer: the Pareto front of cost vs hours, one recommended setup, and why the
 others are out.
 """
@@ -14,15 +14,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tunecost.catalog.gpus import GPU, resolve_gpu_name
-from tunecost.catalog.prices import OWNED_PROVIDER, Price
+from tunecost.catalog.prices import OWNED_PROVIDER, Price, price_catalog, prices_for
 from tunecost.distributed.expert_parallel import EP_STRATEGIES
-from tunecost.distributed.offload import OFFLOAD_CHOICES, OFFLOAD_STRATEGIES
-from tunecost.distributed.plan import MULTI_GPU_STRATEGIES
-from tunecost.distributed.setups import RankNeeds, Setup, estimate_multi_gpu, setup_cost
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import sizing_seq_len
 from tunecost.estimate.recipes import LaunchJob
+from tunecost.estimate.setups import RankNeeds, Setup, estimate_multi_gpu, setup_cost
+from tunecost.models.catalog import resolve_model
+from tunecost.models.params import count_parameters
 from tunecost.workload.job import FineTuneJob
+from tunecost.workload.offload import OFFLOAD_CHOICES, OFFLOAD_STRATEGIES
+from tunecost.workload.parallel import MULTI_GPU_STRATEGIES
 
 METHODS = ("full", "lora", "qlora")
 MAX_OWNED_GPUS = 1024
@@ -354,10 +356,6 @@ def make_plan(
 
 def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=None) -> LaunchJob:
     """The recipe's view of the recommended `option` of `job`: every provider that rents its GPU as candidates."""
-    from tunecost.catalog.models import resolve_model
-    from tunecost.catalog.prices import price_catalog, prices_for
-    from tunecost.models.params import count_parameters
-
     setup, spec = option.setup, resolve_model(job.model)
     rented = [] if option.owned else prices_for(setup.gpu.name, price_catalog(prices_file), whole_nodes=True)
     weights_gb = 2 * count_parameters(spec).total / 1e9  # bf16 checkpoint files, downloaded once

@@ -22,6 +22,7 @@ from tunecost.estimate.estimators import (
     paper_throughput,
     register_estimator,
 )
+from tunecost.simulate.batch import default_margin_fraction, gpu_max_batch
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.workload.job import FineTuneJob
 
@@ -33,8 +34,6 @@ ESTIMATOR_NAME = "simulate"
 
 def simulated_sizing(job: FineTuneJob, gpu: GPU, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR) -> Sizing:
     """The step simulator's largest batch of `job` (on its stack) for `gpu`, with and without the margin."""
-    from tunecost.simulate.batch import gpu_max_batch
-
     best = gpu_max_batch(job, gpu, behaviour=behaviour)
     note = sizing_note(job, gpu, behaviour, best)
     if best is None:
@@ -45,8 +44,6 @@ def simulated_sizing(job: FineTuneJob, gpu: GPU, behaviour: StackBehaviour = DEF
 def sizing_note(job: FineTuneJob, gpu: GPU, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR, best=None) -> str:
     """How the step simulator sized the batch: the stack and its options, tokens per query, checkpointing, the
     GPU memory and the safety margin."""
-    from tunecost.simulate.batch import default_margin_fraction
-
     checkpointing = "on" if job.gradient_checkpointing else "off"
     options = "".join(f"; {line}" for line in behaviour.describe())
     margin = best.margin_fraction if best is not None else default_margin_fraction()

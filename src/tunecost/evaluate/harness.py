@@ -18,9 +18,12 @@ from typing import Any
 from tunecost.errors import TunecostError
 from tunecost.evaluate.generation import continuation_logprobs, greedy_generate
 from tunecost.evaluate.scoring import DEFAULT_MAX_NEW_TOKENS, Scorer, scorer_for
+from tunecost.models.build import default_tokenizer, load_pretrained
+from tunecost.models.catalog import ModelSpec, cached_hub_file, resolve_model
+from tunecost.models.tiny import build_tiny_mixtral
 from tunecost.workload.datasets import Dataset
-from tunecost.workload.templates import Template, encode_prompt
-from tunecost.workload.tokenizers import Tokenizer, tokenizer_by_name
+from tunecost.workload.templates import Template, common_prefix_len, encode_prompt
+from tunecost.workload.tokenizers import SubsetTokenizer, Tokenizer, tokenizer_by_name
 
 ProgressFn = Callable[[int, int, str], None]
 TOKENIZER_FILE = "tunecost_tokenizer.json"  # written next to checkpoints we save: which tokenizer they use
@@ -106,8 +109,6 @@ def _loglik_predictions(
 
 
 def _common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
-    from tunecost.workload.templates import common_prefix_len
-
     return common_prefix_len(a, b)
 
 
@@ -173,13 +174,9 @@ def load_eval_model(
     import torch
 
     if spec == "tiny-mixtral":
-        from tunecost.models.tiny import build_tiny_mixtral
-
         model = build_tiny_mixtral(seed=seed)
         tok = tokenizer_by_name(tokenizer or "mistral", allow_download=allow_download)
     else:
-        from tunecost.models.build import default_tokenizer, load_pretrained
-
         path = Path(spec).expanduser()
         model_spec = pretrained_spec(spec, allow_download)
         dtype = torch.bfloat16 if torch.cuda.is_available() else torch.float32  # bf16 matmuls crawl on CPU
@@ -209,8 +206,6 @@ def _local_adapter(adapter: str) -> str:
     if Path(adapter).expanduser().is_dir():
         return str(Path(adapter).expanduser())
     if "/" in adapter and not adapter.startswith((".", "/")):
-        from tunecost.catalog.models import cached_hub_file
-
         cached = cached_hub_file(adapter, "adapter_config.json")
         if cached is not None:
             return str(cached.parent)
@@ -224,8 +219,6 @@ def pretrained_spec(name: str, allow_download: bool) -> Any:
     """The catalog entry, local folder or cached hub id `name` names (a catalog name loads its hub id, e.g.
     mixtral-8x7b -> mistralai/Mixtral-8x7B-v0.1); with downloads on, any hub id (its architecture is read from
     the download). An unknown name is an error that lists the catalog."""
-    from tunecost.catalog.models import ModelSpec, resolve_model
-
     try:
         return resolve_model(name)
     except TunecostError:
@@ -252,6 +245,5 @@ def saved_tokenizer(folder: Path) -> Tokenizer | None:
     ids = info.get("subset_base_ids")
     if not ids:
         return base
-    from tunecost.workload.tokenizers import SubsetTokenizer
 
     return SubsetTokenizer(base, tuple(int(i) for i in ids), name=f"{base.name} subset ({len(ids)} pieces)")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from tunecost.catalog.models import ModelSpec
 from tunecost.errors import TunecostError
+from tunecost.models.catalog import ModelSpec
 
 
 def hf_config(spec: ModelSpec, experts_per_token: int | None = None, **overrides: Any):

@@ -13,8 +13,9 @@ import json
 from dataclasses import dataclass
 
 from tunecost import __version__
-from tunecost.catalog.models import ModelSpec
 from tunecost.io import atomic_write_json, cache_root
+from tunecost.models.build import build_model
+from tunecost.models.catalog import ModelSpec
 
 PARAMS_VERSION = "1"  # of the counts kept on disk; bump when `_count` changes
 
@@ -42,8 +43,6 @@ _CACHE: dict[tuple[str, str, int], ParamCounts] = {}
 
 
 def _count(spec: ModelSpec, experts_per_token: int) -> ParamCounts:
-    from tunecost.models.build import build_model
-
     model = build_model(spec, device="meta", experts_per_token=experts_per_token if spec.is_moe else None)
     seen: set[int] = set()
     total = routed = embedding = 0

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from tunecost.models.catalog import model_catalog
+
 
 def _tiny_defaults() -> dict[str, Any]:
     """The tiny Mixtral's config, from the model catalog entry `tiny-mixtral` (one source of truth)."""
-    from tunecost.catalog.models import model_catalog
-
     config = dict(model_catalog()["tiny-mixtral"].config)
     config.pop("architectures", None)
     config.pop("model_type", None)

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from tunecost.errors import TunecostError
+from tunecost.io import atomic_write_json
 from tunecost.models.anatomy import unwrap_peft as _unwrap
 from tunecost.moe.install import _STATE_ATTR, moe_layers
 from tunecost.moe.spec import LoraSpec, peft_lora_config
@@ -132,8 +133,6 @@ def _adapter_config(lora: LoraSpec, layout: str) -> dict:
 def save_adapter(model, directory: str | Path) -> Path:
     """Write adapter_config.json and adapter_model.safetensors of the installed MoE LoRA to `directory`."""
     from safetensors.torch import save_file
-
-    from tunecost.io import atomic_write_json
 
     layout, lora = _installed(model)
     _, tensors = adapter_state_dict(model)

@@ -17,6 +17,8 @@ from typing import Any
 import torch
 
 from tunecost.errors import TunecostError, unknown_name_error
+from tunecost.moe.install import install_experts
+from tunecost.moe.memory import PeakMemoryTracker
 from tunecost.moe.spec import LoraSpec
 from tunecost.workload.device import check_device
 
@@ -71,8 +73,6 @@ def _state_bytes(module: torch.nn.Module) -> int:
 
 
 def _build(impl: str, base_block: torch.nn.Module, lora: LoraSpec) -> torch.nn.Module:
-    from tunecost.moe.install import install_experts
-
     block: Any = copy.deepcopy(base_block)  # a transformers MoE block (gate, experts)
     if impl in ("eager", "grouped_mm", "grouped_mm-frozen"):
         block.experts.config._experts_implementation = impl.removesuffix("-frozen")
@@ -100,8 +100,6 @@ def _step(block, x, grad_out, device) -> tuple[float, float, float]:
 
 
 def _step_peak_bytes(block, x, grad_out, device) -> int:
-    from tunecost.moe.memory import PeakMemoryTracker
-
     for p in block.parameters():
         p.grad = None
     if device.type == "cuda":

@@ -12,7 +12,7 @@ from torch import nn
 
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import moe_blocks
-from tunecost.models.blackmamba.layers import MoEMixer
+from tunecost.models.blackmamba.layers import BlackMambaExpert, MoEMixer
 from tunecost.moe.fast import FastExperts
 from tunecost.moe.linear4bit import LoraLinear, make_linear4bit
 from tunecost.moe.spec import LoraSpec, peft_lora_config
@@ -95,8 +95,6 @@ def _plain_linear(module: Any, merge_lora: bool) -> nn.Linear:
 
 
 def uninstall_blackmamba(model: nn.Module, *, merge_lora: bool = False) -> nn.Module:
-    from tunecost.models.blackmamba.layers import BlackMambaExpert
-
     for name, module in list(model.named_modules()):  # PEFT lora.Linear layers (stock + LoRA)
         if hasattr(module, "get_base_layer") and module.__class__.__module__.startswith("peft."):
             parent_name, _, child = name.rpartition(".")

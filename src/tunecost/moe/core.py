@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.profiler import record_function
 
+from tunecost.moe import ranges
 from tunecost.moe.grouped import (
     Groups,
     Routing,
@@ -22,10 +23,9 @@ from tunecost.moe.grouped import (
     route,
 )
 from tunecost.moe.nf4 import NF4ExpertWeights
-from tunecost.profile import ranges
 
 ACTIVATIONS: tuple[str, ...] = ("silu", "gelu", "gelu_tanh")
-# torch.profiler / NVTX range names (tunecost.profile.ranges), so the kernel classifier reads the experts' own work;
+# torch.profiler / NVTX range names (tunecost.moe.ranges), so the kernel classifier reads the experts' own work;
 # forward and backward work carry the same name.
 W1W3_RANGE, W2_RANGE = ranges.W1W3, ranges.W2
 LORA_RANGE, ACT_RANGE, DEQUANT_RANGE = ranges.LORA, ranges.ACTIVATION, ranges.DEQUANT

@@ -19,6 +19,10 @@ from torch import nn
 from tunecost.errors import TunecostError, unknown_name_error
 from tunecost.models.anatomy import MoeBlock, moe_blocks
 from tunecost.models.anatomy import unwrap_peft as _unwrap
+from tunecost.models.blackmamba.layers import MoEMixer
+from tunecost.moe.blackmamba import install_blackmamba, uninstall_blackmamba
+from tunecost.moe.fast import FastExperts
+from tunecost.moe.linear4bit import Linear4bitExperts
 from tunecost.moe.spec import EXPERT_IMPLS, LoraSpec, peft_lora_config
 
 _HOOK_DICTS = (
@@ -43,8 +47,6 @@ _ACTIVATIONS = {  # config.hidden_act -> our activation names
 def _is_moe_block(block: MoeBlock) -> bool:
     """A Mixtral-style block with transformers' fused experts (or ours) and a top-k router, or a BlackMamba MoE
     mixer."""
-    from tunecost.models.blackmamba.layers import MoEMixer
-
     if isinstance(block.block, MoEMixer):
         return True
     gate, experts = getattr(block.block, "gate", None), block.experts
@@ -174,8 +176,6 @@ def _activation(config) -> str:
 
 
 def _install_ours(block: Any, impl: str, lora: LoraSpec | None, *, quantize_4bit: bool, keep: bool | None) -> None:
-    from tunecost.moe.fast import FastExperts
-    from tunecost.moe.linear4bit import Linear4bitExperts
     from tunecost.moe.router import LoraRouter
 
     state = _dense_state(block)
@@ -270,8 +270,6 @@ def install_experts(
         )
     layers = moe_layers(model)
     if blackmamba:
-        from tunecost.moe.blackmamba import install_blackmamba
-
         install_blackmamba(model, impl, lora, quantize_4bit=quantize_4bit, keep_dequantized=keep_dequantized)
     else:
         uninstall_experts(model)
@@ -294,8 +292,6 @@ def uninstall_experts(model: nn.Module, *, merge_lora: bool = False) -> nn.Modul
     """Put transformers' own router and fused experts back in every MoE block (de-quantized weights if they were
     4-bit; with `merge_lora` the LoRA update s·B·A is added into them, otherwise the adapters are dropped)."""
     if _blackmamba_mixers(model):
-        from tunecost.moe.blackmamba import uninstall_blackmamba
-
         return uninstall_blackmamba(model, merge_lora=merge_lora)
     for layer in moe_layers(model):
         _restore_stock(layer.block, merge_lora=merge_lora)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tunecost.errors import TunecostError, unknown_name_error
 from tunecost.workload.job import MOE_LORA_TARGETS
 
 if TYPE_CHECKING:
@@ -49,8 +50,6 @@ class LoraSpec:
     expert_layout: str | None = None
 
     def __post_init__(self) -> None:
-        from tunecost.errors import TunecostError, unknown_name_error
-
         if self.rank < 1:
             raise TunecostError(f"LoRA rank must be at least 1, got {self.rank}")
         if self.alpha <= 0:

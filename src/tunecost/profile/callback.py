@@ -13,10 +13,13 @@ from transformers import TrainerCallback
 
 from tunecost.io import append_jsonl, atomic_write_json
 from tunecost.profile.expert_load import ExpertLoad, ExpertLoadCounter
+from tunecost.profile.inputs import Batch
 from tunecost.profile.layers import LayerTimer, LayerTimes
+from tunecost.profile.loop import forward_only
 from tunecost.profile.memory import PeakMemoryMeter
 from tunecost.profile.point import point_id
 from tunecost.profile.timers import StepTimes, make_clock, median_step_index
+from tunecost.results.meta import run_metadata
 from tunecost.results.records import SCHEMA_VERSION
 
 
@@ -70,8 +73,6 @@ class TunecostCallback(TrainerCallback):
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
-        from tunecost.results.meta import run_metadata
-
         if model is None:
             return
         self._model = model
@@ -241,9 +242,6 @@ class TunecostCallback(TrainerCallback):
         if self._counter is None or not self._captured:
             return None
         import torch
-
-        from tunecost.profile.inputs import Batch
-        from tunecost.profile.loop import forward_only
 
         device = next(self._model.parameters()).device
         self._counter.reset()

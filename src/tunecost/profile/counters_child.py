@@ -12,28 +12,18 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable, Sequence
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_text
+from tunecost.moe.ranges import RANGE_PREFIX, is_moe_work
+from tunecost.profile.gpu_counters import CHILD_MODULE, GpuCountersJob
+from tunecost.profile.instrument import instrument_model
 from tunecost.profile.kernels import classify_cpu_op, classify_kernel
+from tunecost.profile.model_setup import build_training_model
 from tunecost.profile.ncu import KernelCounterRow
-from tunecost.profile.ranges import RANGE_PREFIX, is_moe_work
 
-if TYPE_CHECKING:
-    from tunecost.profile.gpu_counters import GpuCountersJob
-
-CHILD_MODULE = "tunecost.profile.counters_child"
 _SPEC_KEYS = frozenset({"counters", "batch_size", "mode", "device"})
-
-
-def child_command(job: GpuCountersJob, batch_size: int, *, mode: str, rows_out: Path | None = None) -> list[str]:
-    """The command line of the child process that runs the labelled training steps (its spec last)."""
-    spec: dict[str, Any] = {"mode": mode, "batch_size": batch_size, "counters": job.to_dict()}
-    if rows_out is not None:
-        spec["rows_out"] = str(rows_out)
-    return [sys.executable, "-m", CHILD_MODULE, json.dumps(spec, sort_keys=True)]
 
 
 # --- rows from torch.profiler (the fallback, and CPU runs) ----------------------------------------------------
@@ -108,9 +98,6 @@ def run_child(
     of `batch_size` random queries; with mode "torch-profiler", return the kernel rows."""
     import torch
 
-    from tunecost.profile.instrument import instrument_model
-    from tunecost.profile.model_setup import build_training_model
-
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     setup = job.model_setup(device=device)
     net = build_training_model(setup).model
@@ -163,8 +150,6 @@ def main(argv: Sequence[str]) -> int:
         unknown = sorted(set(spec) - _SPEC_KEYS)
         if unknown:
             raise TunecostError(f"{CHILD_MODULE}: unknown spec keys {unknown}")
-        from tunecost.profile.gpu_counters import GpuCountersJob
-
         job = GpuCountersJob.from_dict(spec.pop("counters", {}))
         rows = run_child(job, **spec)
     except (TunecostError, TypeError) as exc:

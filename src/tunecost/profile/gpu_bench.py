@@ -11,8 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
+from tunecost.results.meta import device_info
 
 ProgressFn = Callable[[str], None]
 
@@ -185,7 +186,6 @@ def device_name(device: str) -> str:
 
     if device.startswith("cuda"):
         return str(torch.cuda.get_device_name())
-    from tunecost.results.meta import device_info
 
     return str(device_info("cpu").get("name") or "cpu")
 

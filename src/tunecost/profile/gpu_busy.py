@@ -10,6 +10,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from tunecost.profile.kernel_breakdown import _quiet_native_stderr
+
 METHOD = "torch.profiler CUDA activity: union of kernel/memcpy/memset intervals, median over profiled steps"
 
 
@@ -60,8 +62,6 @@ def measure_gpu_busy(run_step: Callable[[], Any], device: str, *, steps: int = 3
         return None
     import torch
     from torch.profiler import ProfilerActivity, profile
-
-    from tunecost.profile.kernel_breakdown import _quiet_native_stderr
 
     per_step: list[tuple[float, int]] = []
     for _ in range(steps):

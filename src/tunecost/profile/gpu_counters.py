@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,10 +18,10 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_json, atomic_write_text, read_jsonl
-from tunecost.profile.counters_child import child_command
+from tunecost.models.catalog import resolve_model
+from tunecost.moe.ranges import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, is_moe_work
 from tunecost.profile.model_setup import ModelSetup
 from tunecost.profile.ncu import DEFAULT_METRICS, KernelCounterRow, parse_ncu_csv_file, time_weighted_utilization
-from tunecost.profile.ranges import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, is_moe_work
 from tunecost.results.records import SCHEMA_VERSION
 from tunecost.workload.job import FineTuneJob
 
@@ -50,8 +51,6 @@ class GpuCountersJob:
     max_kernels: int = 20000  # ncu --launch-count: a bound on profiling time
 
     def __post_init__(self) -> None:
-        from tunecost.catalog.models import resolve_model
-
         if self.job.seq_len is None:
             raise TunecostError("gpu-counters runs a fixed sequence length (seq_len), not a dataset's lengths")
         if not self.batch_sizes or any(b < 1 for b in self.batch_sizes):
@@ -99,6 +98,17 @@ class GpuCountersJob:
         if "job" in values:
             values["job"] = FineTuneJob.from_dict(values["job"])
         return cls(**values)
+
+
+CHILD_MODULE = "tunecost.profile.counters_child"
+
+
+def child_command(job: GpuCountersJob, batch_size: int, *, mode: str, rows_out: Path | None = None) -> list[str]:
+    """The command line of the child process that runs the labelled training steps (its spec last)."""
+    spec: dict[str, Any] = {"mode": mode, "batch_size": batch_size, "counters": job.to_dict()}
+    if rows_out is not None:
+        spec["rows_out"] = str(rows_out)
+    return [sys.executable, "-m", CHILD_MODULE, json.dumps(spec, sort_keys=True)]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunecost.errors import TunecostError
+from tunecost.workload.datasets import load_dataset
+from tunecost.workload.templates import encode_queries, template_by_name
+from tunecost.workload.tokenizers import tokenizer_by_name
 
 IGNORE_INDEX = -100
 
@@ -236,10 +239,6 @@ def dataset_source(
     limit: int | None = None,
 ) -> BatchSource:
     """A real dataset (tunecost.workload.datasets), tokenized and templated, cut to `max_length` tokens."""
-    from tunecost.workload.datasets import load_dataset
-    from tunecost.workload.templates import encode_queries, template_by_name
-    from tunecost.workload.tokenizers import tokenizer_by_name
-
     data = load_dataset(name, limit=limit)
     tok = tokenizer_by_name(tokenizer)
     if tok.vocab_size > vocab_size:

@@ -11,8 +11,8 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import MoeBlock, moe_blocks, unwrap_peft
+from tunecost.moe.ranges import EXPERTS, LORA, MOE_BLOCK, RECOMPUTE, ROUTER, W1, W1W3, W2, W3
 from tunecost.profile.nvtx import call_in_range, moe_range
-from tunecost.profile.ranges import EXPERTS, LORA, MOE_BLOCK, RECOMPUTE, ROUTER, W1, W1W3, W2, W3
 
 
 @dataclass

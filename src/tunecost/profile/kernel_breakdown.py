@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from tunecost.models.anatomy import moe_blocks
 from tunecost.profile import instrument, nvtx
 from tunecost.profile import kernels as taxonomy
 
@@ -70,8 +71,6 @@ def _wrap(module: Any, name: str, restores: list[Callable[[], None]]) -> None:
 
 def label_moe_layers(model: Any) -> instrument.InstrumentationHandle:
     """Put tunecost ranges on every MoE block of `model` (forward and backward); `.remove()` undoes it."""
-    from tunecost.models.anatomy import moe_blocks
-
     handle = instrument.InstrumentationHandle()
     try:
         blocks = instrument.gated_moe_blocks(model)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from tunecost.moe.ranges import innermost_range, is_moe_work  # noqa: F401  (re-exported for callers)
 from tunecost.profile import nvtx
-from tunecost.profile.ranges import innermost_range, is_moe_work  # noqa: F401  (re-exported for callers)
 
 MATMUL_W1_GATE = "matmul_w1_gate"
 MATMUL_W3_UP = "matmul_w3_up"

@@ -9,9 +9,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.errors import TunecostError
+from tunecost.profile.loop import make_optimizer, train_step
+from tunecost.profile.model_setup import build_training_model, resolve_profile_model
+from tunecost.profile.point import is_out_of_memory, point_id, release_memory
+from tunecost.profile.sweep import make_source
+from tunecost.profile.timers import make_clock
 from tunecost.results.records import SCHEMA_VERSION
+from tunecost.simulate.batch import default_margin_fraction, device_need_bytes, fits_with_margin, search_with_margin
+from tunecost.simulate.simulator import simulate_step
 from tunecost.units import format_bytes
+from tunecost.workload.job import FineTuneJob, LoraConfig, default_lora_targets
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -97,10 +106,6 @@ def measured_max_batch_size(
     """Search on the GPU with real training steps on `source.longest_batch(b)` (see docs/profiling.md)."""
     import torch
 
-    from tunecost.profile.loop import make_optimizer, train_step
-    from tunecost.profile.point import is_out_of_memory, release_memory
-    from tunecost.profile.timers import make_clock
-
     if not device.startswith("cuda"):
         raise TunecostError("a measured max-batch search needs a CUDA device; on CPU use the simulated search")
     index = torch.device(device).index or 0
@@ -160,8 +165,6 @@ def simulated_search(
 ) -> MaxBatchSearch:
     """The simulator's search against `memory_bytes`: each probe the device need of `job` at that batch size
     (reserved + CUDA context), judged with the safety margin as `memory` and `estimate` judge it."""
-    from tunecost.simulate.batch import default_margin_fraction, fits_with_margin, search_with_margin
-
     need_of = peak_bytes_fn or simulator_need_bytes
     margin = default_margin_fraction()
     needs: dict[int, int] = {}
@@ -195,9 +198,6 @@ def simulated_search(
 def simulator_need_bytes(job: Any) -> int:
     """What one training step of `job` takes from a GPU per the step simulator: the caching allocator's reserve
     plus the device overhead (CUDA context)."""
-    from tunecost.simulate.batch import device_need_bytes
-    from tunecost.simulate.simulator import simulate_step
-
     sim = simulate_step(job)
     return device_need_bytes(sim.peak_reserved_bytes, sim.device_overhead_bytes)
 
@@ -213,8 +213,6 @@ def catalog_gpu_budget(gpu: Any, device: str) -> int | None:
     that GPU: its own total is then measured, not taken from the catalog (drivers differ by a few MiB)."""
     if device.startswith("cuda"):
         import torch
-
-        from tunecost.catalog.gpus import resolve_gpu_name
 
         try:
             here = resolve_gpu_name(torch.cuda.get_device_name(torch.device(device).index or 0)).gpu.name
@@ -238,16 +236,11 @@ def find_max_batch_size(
     setup: a `tunecost.profile.model_setup.ModelSetup`; inputs: a `tunecost.profile.sweep.InputSpec` with one
     sequence length or a dataset (the probes use its longest queries).
     """
-    from tunecost.profile.model_setup import resolve_profile_model
-
     if len(inputs.resolved_seq_lens) != 1:
         raise TunecostError("max-batch takes one sequence length (or a dataset)")
     seq_len = inputs.resolved_seq_lens[0]
     spec = resolve_profile_model(setup.model)
     if setup.device.startswith("cuda"):
-        from tunecost.profile.model_setup import build_training_model
-        from tunecost.profile.sweep import make_source
-
         prepared = build_training_model(setup, spec=spec)
         vocab = int(getattr(prepared.model.config, "vocab_size", spec.vocab_size))
         source = make_source(inputs, vocab_size=vocab, seq_len=seq_len, num_queries=1, seed=setup.seed)
@@ -256,12 +249,9 @@ def find_max_batch_size(
         )
     if memory_bytes is None:
         raise TunecostError("on CPU the search is simulated against a GPU's memory: give --gpu G or --gpu-memory-gb X")
-    from tunecost.workload.job import FineTuneJob, LoraConfig, default_lora_targets
 
     lengths = None
     if inputs.dataset:
-        from tunecost.profile.sweep import make_source
-
         lengths = make_source(inputs, vocab_size=spec.vocab_size, seq_len=None, num_queries=1).lengths
     job = FineTuneJob(
         model=setup.model,
@@ -280,9 +270,6 @@ def find_max_batch_size(
 
 def max_batch_row(result: MaxBatchSearch, setup: Any, inputs: Any, *, gpu: str | None = None) -> dict[str, Any]:
     """The `max_batch.jsonl` row (docs/dev/records.md) of a search, with every probe."""
-    from tunecost.profile.model_setup import resolve_profile_model
-    from tunecost.profile.point import point_id
-
     spec = resolve_profile_model(setup.model)
     keys = {
         "model": setup.model,

@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError, unknown_name_error
-from tunecost.models.anatomy import set_top_k
+from tunecost.models.anatomy import decoder_layers, set_top_k
+from tunecost.models.build import build_model, load_pretrained
+from tunecost.models.catalog import ModelSpec, resolve_model
+from tunecost.moe.spec import EXPERT_IMPLS, LoraSpec
 from tunecost.workload.device import check_device
 from tunecost.workload.job import METHODS, MOE_LORA_TARGETS, FineTuneJob, LoraConfig
 
@@ -49,11 +52,8 @@ class ModelSetup:
             raise unknown_name_error("method", self.method, METHODS)
         if self.dtype not in (None, "bf16", "fp32", "fp16"):
             raise TunecostError(f"unsupported dtype {self.dtype!r}; use bf16, fp16 or fp32")
-        if self.experts_impl is not None:
-            from tunecost.moe.spec import EXPERT_IMPLS
-
-            if self.experts_impl not in EXPERT_IMPLS:
-                raise unknown_name_error("experts implementation", self.experts_impl, EXPERT_IMPLS)
+        if self.experts_impl is not None and self.experts_impl not in EXPERT_IMPLS:
+            raise unknown_name_error("experts implementation", self.experts_impl, EXPERT_IMPLS)
         if self.num_layers is not None and self.num_layers < 1:
             raise TunecostError(f"num_layers must be >= 1, got {self.num_layers}")
 
@@ -89,7 +89,7 @@ class PreparedModel:
     """A model ready to train, with what was built."""
 
     model: Any
-    spec: Any  # tunecost.catalog.models.ModelSpec
+    spec: Any  # tunecost.models.catalog.ModelSpec
     num_experts: int
     experts_per_token: int
     experts_impl: str
@@ -107,14 +107,11 @@ def torch_dtype(name: str) -> Any:
 
 
 def resolve_profile_model(name: str) -> Any:
-    """`tunecost.catalog.models.resolve_model`, plus the built-in `tiny-blackmamba` (tunecost.models.blackmamba's
+    """`tunecost.models.catalog.resolve_model`, plus the built-in `tiny-blackmamba` (tunecost.models.blackmamba's
     tiny config: 4 layers Mamba/MoE alternating, 8 experts, top-2) while the catalog has no entry of that name."""
-    from tunecost.catalog.models import ModelSpec, resolve_model
-    from tunecost.errors import TunecostError as _Err
-
     try:
         return resolve_model(name)
-    except _Err:
+    except TunecostError:
         if name.strip().lower() != "tiny-blackmamba":
             raise
     from tunecost.models.blackmamba.config import tiny_blackmamba_config
@@ -197,8 +194,6 @@ def build_training_model(setup: ModelSetup, *, spec: Any = None) -> PreparedMode
         weights = "random"
         notes.append("built layer by layer on the GPU and quantized as it went")
     else:
-        from tunecost.models.build import build_model
-
         model = build_model(spec, device=setup.device, dtype=dtype, seed=setup.seed, **overrides)
         weights = "random"
     if not getattr(model, "_tunecost_prepared", False):
@@ -224,15 +219,11 @@ def build_training_model(setup: ModelSetup, *, spec: Any = None) -> PreparedMode
 
 
 def _from_pretrained(spec: Any, where: str, *, dtype: Any, device: str, overrides: dict[str, Any]) -> Any:
-    from tunecost.models.build import load_pretrained
-
     model = load_pretrained(spec, where, dtype=dtype, device=device, **overrides)
     return model.train()
 
 
 def lora_spec(setup: ModelSetup) -> Any:
-    from tunecost.moe.spec import LoraSpec
-
     return LoraSpec.from_config(LoraConfig(rank=setup.lora_rank, alpha=setup.lora_alpha, targets=MOE_LORA_TARGETS))
 
 
@@ -312,9 +303,6 @@ def _random_streamed_4bit(spec: Any, setup: ModelSetup, dtype: Any, overrides: d
     its experts and attention right away, so the bf16 model never exists whole."""
     import torch
 
-    from tunecost.models.anatomy import decoder_layers
-    from tunecost.models.build import build_model
-
     model = build_model(spec, device="meta", dtype=dtype, seed=None, **overrides)
     device = torch.device(setup.device)
     inside = {id(m) for layer in decoder_layers(model) for m in layer.modules()}
@@ -332,8 +320,6 @@ def _prepare_layer_by_layer(model: Any, setup: ModelSetup, *, bring: Any, bring_
     """`bring(modules, layer)` each decoder layer onto the device and apply the method to it before the next,
     then `bring_rest()` (embeddings, final norm, head); the model ends up prepared (`_tunecost_prepared`)."""
     import torch
-
-    from tunecost.models.anatomy import decoder_layers
 
     for layer in decoder_layers(model):
         bring(layer.modules(), layer)

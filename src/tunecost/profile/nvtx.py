@@ -10,7 +10,7 @@ import functools
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from tunecost.profile.ranges import (  # noqa: F401  (re-exported: callers label with nvtx.ROUTER etc.)
+from tunecost.moe.ranges import (  # noqa: F401  (re-exported: callers label with nvtx.ROUTER etc.)
     ACTIVATION,
     ALL_RANGES,
     DEQUANT,

@@ -10,7 +10,10 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunecost.errors import TunecostError
+from tunecost.errors import TunecostError, unknown_name_error
+from tunecost.limits import check_count
+from tunecost.results.records import add_records, read_records, record
+from tunecost.workload.parallel import check_fsdp2_method
 
 RANK_STRATEGIES = ("fsdp2", "ddp")
 MAX_NPROC_PER_NODE = 64
@@ -42,10 +45,6 @@ class RankProfile:
 
 def check_rank_strategy(strategy: str, nproc_per_node: int, method: str) -> None:
     """What `profile_ranks` refuses before launching anything."""
-    from tunecost.distributed.plan import check_fsdp2_method
-    from tunecost.errors import unknown_name_error
-    from tunecost.limits import check_count
-
     if strategy not in RANK_STRATEGIES:
         raise unknown_name_error("--strategy", strategy, RANK_STRATEGIES)
     check_count("--nproc-per-node", nproc_per_node, MAX_NPROC_PER_NODE)
@@ -66,7 +65,7 @@ class _CollectiveCounter:
     def __init__(self) -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
 
-        from tunecost.distributed.recorder import _buffer_nbytes, collective_kind
+        from tunecost.distributed.recorder import buffer_nbytes, collective_kind
 
         counts: dict[str, dict[str, int]] = {}
 
@@ -74,7 +73,7 @@ class _CollectiveCounter:
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 kind = collective_kind(func)
                 if kind is not None:
-                    nbytes = _buffer_nbytes(kind, args)[0]
+                    nbytes = buffer_nbytes(kind, args)[0]
                     entry = counts.setdefault(kind, {"count": 0, "bytes": 0})
                     entry["count"] += 1
                     entry["bytes"] += int(nbytes)
@@ -219,8 +218,6 @@ def save_rank_profiles(
     from dataclasses import asdict
     from pathlib import Path
 
-    from tunecost.results.records import add_records, record
-
     slowest = slowest_rank(profiles).rank
     rows = [
         record(
@@ -239,8 +236,6 @@ def save_rank_profiles(
 def load_rank_profiles(out_dir: str | os.PathLike[str]) -> dict[str, list[dict[str, Any]]]:
     """Every finished multi-rank point in a run folder (see `save_rank_profiles`): point id -> its rank records."""
     from pathlib import Path
-
-    from tunecost.results.records import read_records
 
     path = Path(out_dir) / "ranks.jsonl"
     points: dict[str, list[dict[str, Any]]] = {}

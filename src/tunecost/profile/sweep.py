@@ -16,9 +16,11 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.profile.inputs import BatchSource, dataset_source, synthetic_source
-from tunecost.profile.model_setup import ModelSetup
+from tunecost.profile.loop import TrainableSnapshot
+from tunecost.profile.model_setup import ModelSetup, build_training_model, resolve_profile_model
 from tunecost.profile.point import MeasureOptions, PointMeasurement, Workload, measure_point
 from tunecost.profile.records import finished_points, purge_unfinished, summary, write_point
+from tunecost.results.meta import run_metadata, update_run_metadata
 
 ProgressFn = Callable[[int, int, str], None]
 DEFAULT_SEQ_LEN = 128  # the paper's latency / kernel runs (§III)
@@ -117,8 +119,6 @@ def make_source(
 
 
 def write_meta(out_dir: Path, spec: SweepSpec, points: list[Workload], command: Any, extra: dict[str, Any]) -> None:
-    from tunecost.results.meta import run_metadata, update_run_metadata
-
     new = run_metadata(
         device=spec.setup.device,
         command=command,
@@ -152,8 +152,6 @@ def run_sweep(
     `on_progress(done, total, label)` after each point; `on_point(measurement)` after each point is written;
     `on_step` within a point. A KeyboardInterrupt propagates after the last finished point is on disk.
     """
-    from tunecost.profile.model_setup import resolve_profile_model
-
     out = Path(out_dir)
     model_spec = resolve_profile_model(spec.setup.model)
     points = sweep_points(spec, model_spec)
@@ -190,9 +188,6 @@ def _run_locked(
     on_point: Callable[[PointMeasurement], None] | None,
     on_step: ProgressFn | None,
 ) -> SweepResult:
-    from tunecost.profile.loop import TrainableSnapshot
-    from tunecost.profile.model_setup import build_training_model
-
     purge_unfinished(out)
     done_before = finished_points(out)
     todo = [p for p in points if p.point_id not in done_before]

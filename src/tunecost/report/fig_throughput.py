@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from tunecost.estimate.fit import ThroughputFit
 from tunecost.report.base import (
     FigureResult,
     _device_of,
@@ -47,7 +48,6 @@ def fig_throughput_fit(records: RunRecords) -> FigureResult | str:
     points, fits = df[df["kind"] == "fit_point"], df[(df["kind"] == "fit") & (df.get("form") == "artifact")]
     if points.empty or fits.empty:
         return "no fitted eq. (2) in this run"
-    from tunecost.estimate.fit import ThroughputFit
 
     plt = _plt()
     groups = list(fits.itertuples())

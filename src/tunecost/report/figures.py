@@ -15,6 +15,7 @@ from tunecost.report.base import (  # re-exported: the figure API in one place
     is_dense,
     routing_label,
 )
+from tunecost.report.costs import cost_chart
 from tunecost.report.fig_multigpu import fig_cost_vs_gpus, fig_ranks
 from tunecost.report.fig_plan import fig_plan
 from tunecost.report.fig_profile import fig_counters, fig_expert_load, fig_kernels, fig_layers, fig_stages
@@ -25,8 +26,6 @@ from tunecost.report.records import RunRecords
 
 
 def table_costs(records: RunRecords) -> FigureResult | str:
-    from tunecost.report.costs import cost_chart
-
     return cost_chart(records)
 
 

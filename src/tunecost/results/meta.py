@@ -16,7 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tunecost.results.records import SCHEMA_VERSION
+from tunecost import __version__
+from tunecost.io import atomic_write_json
+from tunecost.results.schema import SCHEMA_VERSION
 
 TRACKED_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes")
 
@@ -107,8 +109,6 @@ def run_metadata(
 ) -> dict[str, Any]:
     """The `meta.json` object of docs/dev/records.md for one run directory. A run that measured nothing on a
     device (a fit, an estimate) passes `measured_on_device=False` and records `"device": null`."""
-    from tunecost import __version__
-
     meta: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "tool": "tunecost",
@@ -149,8 +149,6 @@ def merge_metadata(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str,
 def update_run_metadata(run_dir: str | os.PathLike[str], new: dict[str, Any]) -> Path:
     """Write `run_dir/meta.json` atomically, merged (`merge_metadata`) with the one already there."""
     import json
-
-    from tunecost.io import atomic_write_json
 
     path = Path(run_dir) / "meta.json"
     old = None

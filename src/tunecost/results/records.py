@@ -16,8 +16,7 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_text, read_jsonl
-
-SCHEMA_VERSION = 1
+from tunecost.results.schema import SCHEMA_VERSION
 
 # Fields that name what a row is about: a new row with the same values replaces an old one only with `force`.
 FIT_KEY = ("kind", "model", "dataset", "gpu", "form", "experts_per_token", "batch_size")

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tunecost.catalog.gpus import GPU, resolve_gpu_name
 from tunecost.catalog.memory_margin import default_memory_margin
 from tunecost.catalog.memory_margin import margin_note as memory_margin_note
 from tunecost.errors import DoesNotFit
@@ -264,8 +265,6 @@ def gpu_max_batch(
 ) -> MaxBatchResult | None:
     """`max_batch_size` against a catalog GPU (or its name): the memory CUDA reports for it (`usable_memory_bytes`);
     None when not even one query fits inside the card."""
-    from tunecost.catalog.gpus import GPU, resolve_gpu_name
-
     gpu_obj = gpu if isinstance(gpu, GPU) else resolve_gpu_name(str(gpu)).gpu
     try:
         return max_batch_size(job, gpu_obj.usable_memory_bytes, stack=stack, behaviour=behaviour)

@@ -12,7 +12,8 @@ from pathlib import Path
 from tunecost import __version__
 from tunecost.errors import TunecostError
 from tunecost.io import CACHE_ENV, atomic_write_json, cache_root  # noqa: F401 (CACHE_ENV: tests set it through here)
-from tunecost.simulate.records import StepCounts
+from tunecost.models.catalog import resolve_model
+from tunecost.simulate.records import SIMULATOR_VERSION, StepCounts, StepSimulation
 
 _MEMORY: dict[str, object] = {}
 
@@ -24,9 +25,6 @@ def cache_dir() -> Path:
 def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512, behaviour=None) -> str:
     """The cache key; `behaviour` (a `StackBehaviour`) enters it only when it is not the default, so the default
     simulation keeps its key."""
-    from tunecost.catalog.models import resolve_model
-    from tunecost.simulate.simulator import SIMULATOR_VERSION
-
     spec = resolve_model(job.model)
     payload = {
         "job": dataclasses.asdict(job),
@@ -52,8 +50,6 @@ def _to_json(sim) -> dict:
 
 
 def _from_json(d: dict):
-    from tunecost.simulate.simulator import StepSimulation
-
     d = dict(d)
     d["counts"] = {k: StepCounts(**v) for k, v in d["counts"].items()}
     d["layers_traced"] = tuple(d["layers_traced"])

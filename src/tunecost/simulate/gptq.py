@@ -10,6 +10,7 @@ import math
 import torch
 
 from tunecost.errors import TunecostError
+from tunecost.simulate.counts import op_class_scope
 
 BITS = 4
 CODES_PER_INT32 = 32 // BITS  # 8
@@ -102,8 +103,6 @@ def unpack_weight(qweight, qzeros, scales, g_idx) -> torch.Tensor:
 
 def matmul_torch_path(x: torch.Tensor, qweight, qzeros, scales, g_idx) -> torch.Tensor:
     """y = x @ W with W unpacked by auto-gptq's torch path; autograd keeps W (fp16) for the input gradient."""
-    from tunecost.simulate.counts import op_class_scope
-
     with torch.no_grad(), op_class_scope("dequant"):
         weight = unpack_weight(qweight, qzeros, scales, g_idx)
     return torch.matmul(x, weight)

@@ -13,6 +13,7 @@ from torch import nn
 
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import decoder_layers
+from tunecost.models.blackmamba import BlackMambaConfig, build_blackmamba
 from tunecost.models.blackmamba.layers import MambaMixer, MoEMixer
 from tunecost.simulate.counts import add_work
 from tunecost.simulate.quant4bit import is_fake, tokens_per_expert
@@ -170,8 +171,6 @@ class LoopMoEMixer(nn.Module):
 
 def build_blackmamba_for_sim(spec, *, num_layers: int, experts_per_token: int | None, dtype, device: str):
     """BlackMamba of `spec` with `num_layers` layers (the alternation kept), mixers swapped for simulation."""
-    from tunecost.models.blackmamba import BlackMambaConfig, MambaMixer, MoEMixer, build_blackmamba
-
     raw = dict(spec.config)
     raw["num_layers"] = num_layers
     raw["mamba_moe_layers"] = list(raw["mamba_moe_layers"])[:num_layers]

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
+from tunecost.simulate.prepare import build_prepared
 from tunecost.simulate.step import make_batch, optimizer_state_tensors, run_step
 from tunecost.workload.job import FineTuneJob
 
@@ -71,8 +72,6 @@ def measure_step_peak(
 ) -> MeasuredPeak:
     """Build `job`'s model at full depth with real random fp32-or-job-dtype CPU tensors, run one warm-up step,
     then measure the next step's peak."""
-    from tunecost.simulate.prepare import build_prepared
-
     prepared = build_prepared(job, num_units=None, stack=stack, behaviour=behaviour, real=True, seed=seed)
     config: Any = prepared.model.config  # a transformers or BlackMamba config
     vocab = int(config.vocab_size)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from tunecost.errors import TunecostError
+from tunecost.simulate.quant4bit import is_fake
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -76,7 +77,5 @@ class ActivationOffload:
 
 def check_fake(model: nn.Module) -> None:
     """Activation offload is simulated on fake tensors only: its host copies keep no values."""
-    from tunecost.simulate.quant4bit import is_fake
-
     if not any(is_fake(p) for p in model.parameters()):
         raise TunecostError("activation offload is simulated only (fake tensors), not measured on real tensors")

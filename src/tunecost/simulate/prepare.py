@@ -16,7 +16,6 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from tunecost.catalog.models import ModelSpec, resolve_model
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import (
     ATTENTION_NAMES,
@@ -27,11 +26,23 @@ from tunecost.models.anatomy import (
     layer_part,
     router_name,
 )
-from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, TORCHTUNE_LOSS_CODES, StackBehaviour, stack_adamw_impl
+from tunecost.models.build import build_model
+from tunecost.models.catalog import ModelSpec, resolve_model
+from tunecost.simulate.behaviour import (
+    DEFAULT_BEHAVIOUR,
+    TORCHTUNE_LOSS_CODES,
+    StackBehaviour,
+    autocast_attention,
+    cast_norms_fp32,
+    install_autocast_boundaries,
+    stack_adamw_impl,
+)
 from tunecost.simulate.hf2024 import Loop2024Experts
+from tunecost.simulate.mamba import build_blackmamba_for_sim
 from tunecost.simulate.modules import ModulesToSave, SimExperts, SimLinear, SimLoraRouter
 from tunecost.simulate.quant4bit import Quantized4bit, QuantSpec
 from tunecost.simulate.recorder import LayerPlan
+from tunecost.simulate.step import optimizer_state_tensors, simulated_optimizer, warm_up_optimizer
 from tunecost.workload.job import STACKS, FineTuneJob
 
 # LoRA Linear style per stack (see `SimLinear`); re-entrant checkpointing per stack (transformers' default when
@@ -398,9 +409,6 @@ def build_prepared(
     `fully_shard` per layer) runs on the finished model before the optimizer is built over its parameters."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from tunecost.models.build import build_model
-    from tunecost.simulate.step import optimizer_state_tensors, simulated_optimizer, warm_up_optimizer
-
     spec = resolve_model(job.model)
     check_supported(job, spec, stack, behaviour)
     prefix, period, full_units = layer_pattern(spec)
@@ -423,7 +431,6 @@ def build_prepared(
     if spec.family == "blackmamba":
         if real:
             raise TunecostError("BlackMamba steps are simulated only (fused Mamba kernels), not measured on CPU")
-        from tunecost.simulate.mamba import build_blackmamba_for_sim
 
         model = build_blackmamba_for_sim(
             spec, num_layers=num_layers, experts_per_token=experts_per_token, dtype=dtype, device="meta"
@@ -490,8 +497,6 @@ def build_prepared(
 
 def _kbit_fp32_norms(model: nn.Module, compute_dtype: torch.dtype) -> None:
     """The model as `prepare_model_for_kbit_training` + TRL's bf16 recast leave it (see `behaviour`)."""
-    from tunecost.simulate.behaviour import autocast_attention, cast_norms_fp32, install_autocast_boundaries
-
     cast_norms_fp32(model)
     install_autocast_boundaries(model, compute_dtype)
     config: Any = model.config

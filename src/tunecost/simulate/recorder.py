@@ -226,7 +226,7 @@ class StepRecorder(TorchDispatchMode):
         if out is None:
             out = func(*args, **kwargs)
         phase, group, layer, override = self._context()
-        out_tensors = _tensors(out)
+        out_tensors = flat_tensors(out)
         for t in out_tensors:
             st = t.untyped_storage()
             rec = self._by_storage.get(st)
@@ -245,7 +245,7 @@ class StepRecorder(TorchDispatchMode):
                 op_class = "elementwise"
         nbytes = 0
         if info.moves_bytes or op_class == "dequant":
-            nbytes = sum(t.numel() * t.element_size() for t in _tensors(args))
+            nbytes = sum(t.numel() * t.element_size() for t in flat_tensors(args))
             nbytes += sum(t.numel() * t.element_size() for t in out_tensors)
         self.counter.add(phase, op_class, group, flops, nbytes)
         return out
@@ -284,7 +284,7 @@ def _op_info(func) -> _OpInfo:
     return info
 
 
-def _tensors(obj) -> list[torch.Tensor]:
+def flat_tensors(obj) -> list[torch.Tensor]:
     """Tensors in an op's arguments or outputs (flat tuples/lists, one level of nesting as in foreach ops). A
     DTensor (FSDP2's sharded parameters, gradients and optimizer states) stands for its local shard."""
     if isinstance(obj, torch.Tensor):

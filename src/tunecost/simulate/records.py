@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 CATEGORIES = (
     "weights_4bit",
@@ -80,3 +81,72 @@ class AllocationTrace:
     backward_ops: list[list[int]]  # per layer: [first, last] op index of its backward and recompute
     t_optimizer: int  # index of the first optimizer op
     num_ops: int
+
+
+SIMULATOR_VERSION = "5"  # 3: the caching-allocator replay; 4: no attention-dropout mask under fused kernels; 5: notes
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepSimulation:
+    """The simulated step. Bytes are device bytes as `torch.cuda.max_memory_allocated` counts them (512-byte
+    granules), without the device overhead, which is given separately; `peak_reserved_bytes` is what
+    `torch.cuda.max_memory_reserved` would show over a run of such steps (the caching allocator replayed)."""
+
+    model: str
+    method: str
+    stack: str
+    batch_size: int
+    seq_len: int
+    num_layers: int
+    peak_bytes: int
+    peak_segment: str  # where in the step the peak falls, e.g. "backward:unit_last"
+    breakdown_bytes: dict[str, int]  # category -> bytes at the peak
+    module_bytes: dict[str, int]  # module group -> bytes at the peak
+    weight_bytes: dict[str, int]  # "group/category" -> bytes of the stored weights (4-bit, constants, ...)
+    counts: dict[str, StepCounts]  # phase (forward, backward, recompute, optimizer) -> FLOPs and bytes by class
+    flops_by_module: dict[str, dict[str, float]]  # module group -> phase -> FLOPs
+    device_overhead_bytes: int
+    peak_reserved_bytes: int
+    layers_traced: tuple[int, ...]
+    seconds_taken: float
+    assumptions: tuple[str, ...] = field(default=())
+
+    @property
+    def total_counts(self) -> StepCounts:
+        return total_counts(self.counts)
+
+    @property
+    def flops_per_step(self) -> float:
+        return self.total_counts.flops
+
+    @property
+    def static_bytes(self) -> int:
+        return sum(v for k, v in self.breakdown_bytes.items() if k in STATIC_CATEGORIES)
+
+    @property
+    def weight_storage_bytes(self) -> int:
+        return sum(v for k, v in self.weight_bytes.items() if not k.endswith("trainable_params"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The simulation as plain data (what `tunecost memory --json` prints), sizes in bytes."""
+        total = self.total_counts
+        job_fields = ("model", "method", "stack", "batch_size", "seq_len", "num_layers")  # printed as they are
+        return {
+            **{name: getattr(self, name) for name in job_fields},
+            "layers_traced": list(self.layers_traced),
+            "peak_bytes": self.peak_bytes,
+            "peak_segment": self.peak_segment,
+            "breakdown": self.breakdown_bytes,
+            "module_bytes": self.module_bytes,
+            "weight_bytes": self.weight_bytes,
+            "weight_storage_bytes": self.weight_storage_bytes,
+            "flops_per_step": total.flops,
+            "matmul_flops_per_step": total.matmul_flops,
+            "bytes_moved_per_step": total.bytes_moved,
+            "flops_by_phase": {p: c.flops_by_class for p, c in self.counts.items()},
+            "bytes_by_phase": {p: c.bytes_by_class for p, c in self.counts.items()},
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "device_overhead_bytes": self.device_overhead_bytes,
+            "seconds_taken": self.seconds_taken,
+            "assumptions": list(self.assumptions),
+        }

@@ -26,6 +26,7 @@ from tunecost.simulate.behaviour import (
     torchtune_output,
 )
 from tunecost.simulate.hf2024 import load_balancing_loss_2024
+from tunecost.simulate.offload import ActivationOffload, check_fake
 
 LEARNING_RATE = 5e-5  # the paper's; irrelevant to memory
 
@@ -251,7 +252,6 @@ def _activation_offload(prepared):
     """torchtune's activation offload over this model (None: the stack does not offload)."""
     if not prepared.behaviour.activation_offload:
         return None
-    from tunecost.simulate.offload import ActivationOffload, check_fake
 
     check_fake(prepared.model)
     return ActivationOffload([t for t, _category, _group in prepared.static])

@@ -17,13 +17,19 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError
+from tunecost.evaluate.harness import TOKENIZER_FILE, evaluate_model, load_eval_model, pretrained_spec
 from tunecost.io import append_jsonl, atomic_write_bytes, atomic_write_text, read_jsonl
 from tunecost.models.anatomy import num_experts as num_experts_of
 from tunecost.models.anatomy import set_top_k
+from tunecost.models.build import default_tokenizer
+from tunecost.models.tiny import build_tiny_mixtral
 from tunecost.results.records import SCHEMA_VERSION
 from tunecost.train.finetune import OptimConfig, make_batches, make_optimizer_with_schedule, train_epoch
 from tunecost.train.topk import routing_name
+from tunecost.workload.datasets import load_dataset
 from tunecost.workload.job import FineTuneJob
+from tunecost.workload.templates import encode_queries, template_by_name
+from tunecost.workload.tokenizers import subset_tokenizer, tokenizer_by_name
 
 ProgressFn = Callable[[int, int, str], None]
 ROWS_FILE = "trainability.jsonl"
@@ -98,8 +104,6 @@ class TrainabilityJob:
     def resolved_tokenizer(self) -> str:
         if self.tokenizer or self.model == "tiny-mixtral":
             return self.tokenizer or "mistral"
-        from tunecost.evaluate.harness import pretrained_spec
-        from tunecost.models.build import default_tokenizer
 
         return default_tokenizer(pretrained_spec(self.model, allow_download=False))
 
@@ -121,12 +125,8 @@ def _build_model(job: TrainabilityJob, k: int, vocab_size: int) -> Any:
     import torch
 
     if job.model == "tiny-mixtral":
-        from tunecost.models.tiny import build_tiny_mixtral
-
         model = build_tiny_mixtral(seed=job.seed, **{**dict(job.tiny_overrides), "vocab_size": vocab_size})
     else:
-        from tunecost.evaluate.harness import load_eval_model
-
         model, _ = load_eval_model(job.model)
         model = model.float() if not torch.cuda.is_available() else model
     set_top_k(model, k)
@@ -140,15 +140,12 @@ def _build_model(job: TrainabilityJob, k: int, vocab_size: int) -> Any:
 def _task_tokenizer(job: TrainabilityJob, base: Any, texts: list[str]) -> Any:
     if job.model != "tiny-mixtral" or job.vocab == "full":
         return base
-    from tunecost.workload.tokenizers import subset_tokenizer
 
     return subset_tokenizer(base, texts)
 
 
 def _save_final(model: Any, folder: Path, job: TrainabilityJob, tokenizer: Any) -> None:
     from transformers.utils import logging as hf_logging
-
-    from tunecost.evaluate.harness import TOKENIZER_FILE
 
     hf_logging.disable_progress_bar()  # tunecost shows its own (rich) progress; tqdm's would interleave with it
     model.save_pretrained(str(folder))
@@ -191,10 +188,6 @@ def run_trainability(
 ) -> list[dict[str, Any]]:
     """Run (or resume) the experiment; returns all rows of this job in ``out_dir/trainability.jsonl``."""
     import torch
-
-    from tunecost.workload.datasets import load_dataset
-    from tunecost.workload.templates import encode_queries, template_by_name
-    from tunecost.workload.tokenizers import tokenizer_by_name
 
     out = Path(out_dir)
     rows_path = out / ROWS_FILE
@@ -315,8 +308,6 @@ def _record_epoch(
     train_seconds: float,
 ) -> None:
     """Evaluate `model` on the held-out set and append the epoch's row."""
-    from tunecost.evaluate.harness import evaluate_model
-
     result = evaluate_model(
         model,
         tokenizer,

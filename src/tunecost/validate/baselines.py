@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from tunecost.distributed.deepspeed_estimator import zero2_gpu_bytes, zero3_gpu_bytes
+from tunecost.models.build import build_model
+from tunecost.models.catalog import resolve_model
+from tunecost.models.params import count_parameters
+
 RULE_BYTES_PER_PARAM = {"full": 16.0, "lora": 2.0, "qlora": 0.5}
 
 
@@ -17,9 +22,6 @@ def _fp32_bytes(model: str) -> int:
     `create_empty_model` does)."""
     import torch
     from accelerate.utils import calculate_maximum_sizes
-
-    from tunecost.catalog.models import resolve_model
-    from tunecost.models.build import build_model
 
     model_ = build_model(resolve_model(model), device="meta", dtype=torch.float32)
     total, _ = calculate_maximum_sizes(model_)
@@ -36,18 +38,11 @@ def accelerate_estimate_bytes(model: str, method: str) -> int:
 
 
 def rule_estimate_bytes(model: str, method: str) -> int:
-    from tunecost.catalog.models import resolve_model
-    from tunecost.models.params import count_parameters
-
     return int(count_parameters(resolve_model(model)).total * RULE_BYTES_PER_PARAM[method])
 
 
 def deepspeed_estimate_bytes(model: str, num_gpus: int) -> int:
     """DeepSpeed's estimate per GPU: ZeRO-2 on one GPU, ZeRO-3 on `num_gpus` above one (no offload)."""
-    from tunecost.catalog.models import resolve_model
-    from tunecost.distributed.deepspeed_estimator import zero2_gpu_bytes, zero3_gpu_bytes
-    from tunecost.models.params import count_parameters
-
     counts = count_parameters(resolve_model(model))
     if num_gpus == 1:
         return zero2_gpu_bytes(total_params=counts.total, num_gpus=1, offload_optimizer=False)

@@ -10,14 +10,17 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from tunecost.distributed.plan import ParallelPlan
+from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_TOKENS
+from tunecost.models.anatomy import SUPPORTED_FAMILIES
+from tunecost.models.catalog import gptq_checkpoint, resolve_model
 from tunecost.simulate.behaviour import ADAMW_FUSED, DEFAULT_BEHAVIOUR, DeepSpeedZero2, StackBehaviour
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.stacks import Stack, behaviour_for, stack_for
 from tunecost.workload.frameworks.registry import framework_defaults
 from tunecost.workload.job import FineTuneJob, LoraConfig
+from tunecost.workload.parallel import ParallelPlan
 
 PEAK_MEMORY_QUANTITIES = ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")
 MEMORY_QUANTITIES = (*PEAK_MEMORY_QUANTITIES, "oom")
@@ -98,8 +101,8 @@ class MappedRow:
     gpu_name: str | None = None  # the GPU catalog's name (None: not in the catalog)
     grad_accum: int = 1
     num_gpus: int = 1  # data-parallel ranks; above 1 the row is one rank of `strategy`
-    strategy: str | None = None  # a `distributed.plan.STRATEGIES` name when num_gpus > 1 or DeepSpeed runs one rank
-    offload: str = "none"  # CPU offload of the strategy (`distributed.offload.OFFLOAD_CHOICES`)
+    strategy: str | None = None  # a `workload.parallel.STRATEGIES` name when num_gpus > 1 or DeepSpeed runs one rank
+    offload: str = "none"  # CPU offload of the strategy (`workload.offload.OFFLOAD_CHOICES`)
     deepspeed: DeepSpeedZero2 | None = None  # the stack's ZeRO-1/2 gradient buckets (None: DeepSpeed's defaults)
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR  # library behaviours of the row's stack (see `stacks`)
     note: str = ""  # what the mapping read differently from the row's cells, and why (shown as the row's reason)
@@ -229,8 +232,6 @@ def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
 def gpu_unknown_reason(name: str) -> str:
     """Why a corpus GPU spelling has no catalog entry: not in the catalog, or ambiguous (the catalog's message,
     naming the candidates)."""
-    from tunecost.catalog.gpus import resolve_gpu_name
-
     try:
         resolve_gpu_name(name.strip())
     except TunecostError as exc:
@@ -241,8 +242,6 @@ def gpu_unknown_reason(name: str) -> str:
 
 def catalog_gpu(name: str):
     """The GPU catalog entry of a corpus GPU spelling (None: not in the catalog)."""
-    from tunecost.catalog.gpus import resolve_gpu_name
-
     key = name.strip()
     if not key:
         return None
@@ -259,9 +258,6 @@ def gpu_memory_bytes(name: str) -> int | None:
 
 def map_row(row: CorpusRow) -> MappedRow:
     """The job of one single-GPU row; raises `Skip` with the reason for anything tunecost does not model."""
-    from tunecost.catalog.models import resolve_model
-    from tunecost.models.anatomy import SUPPORTED_FAMILIES
-
     quantity = row.get("quantity")
     throughput = quantity in THROUGHPUT_QUANTITIES
     if quantity == "time_to_train_s":
@@ -422,8 +418,6 @@ def framework_of(row: CorpusRow) -> str:
 
 def gptq_settings(row: CorpusRow) -> dict[str, Any]:
     """The job fields of a gptq-int4 row: the checkpoint's group size (catalog) and the kernel its stack loads."""
-    from tunecost.catalog.models import gptq_checkpoint
-
     checkpoint = gptq_checkpoint(row.get("model"))
     if checkpoint is None:
         raise Skip(f"gptq-int4: {row.get('model')!r} is not a GPTQ checkpoint in the catalog (group size unknown)")

@@ -12,11 +12,12 @@ import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.catalog.held_out_errors import HeldOutError, StackEfficiency
 from tunecost.catalog.held_out_errors import stack_efficiencies as tp_priors
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
+from tunecost.simulate import simulate_step
 from tunecost.simulate.batch import default_margin_fraction
 from tunecost.simulate.batch import fit_verdict as margin_verdict
 from tunecost.validate import throughput as tp
@@ -137,7 +138,6 @@ def _simulate(mapped: MappedRow):
         from tunecost.distributed.rank_memory import rank_memory
 
         return rank_memory(tp.rank_step(mapped), mapped.simulator_job, mapped.plan())
-    from tunecost.simulate import simulate_step
 
     return simulate_step(mapped.job, stack=mapped.stack.simulator_stack or "tunecost", behaviour=mapped.behaviour)
 

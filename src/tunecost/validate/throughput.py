@@ -12,12 +12,13 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.catalog.gpus import GPU
 from tunecost.catalog.held_out_errors import StackEfficiency
 from tunecost.estimate.throughput.counts import AnalyticStepCounts, accumulated, analytic_step_counts
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.model import StackParams, catalog_gpu_terms, step_time
 from tunecost.estimate.throughput.priors import PRIORS
+from tunecost.models.catalog import resolve_model
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.mapping import MappedRow, names_torch_compile
 from tunecost.validate.stacks import torchtune_options
@@ -48,8 +49,6 @@ def gpu_terms(gpu: GPU) -> GpuTerms:
 
 def micro_batch_counts(mapped: MappedRow) -> AnalyticStepCounts:
     """One micro-batch of the row's job, with its optimizer step (the throughput model's analytic counts)."""
-    from tunecost.catalog.models import resolve_model
-
     return analytic_step_counts(resolve_model(mapped.job.model), mapped.job)
 
 

@@ -22,6 +22,13 @@ from tunecost.workload.known_datasets import (
     load_hub_rows,
     resolve_known,
 )
+from tunecost.workload.synthetic import (
+    DEFAULT_NUM_TEST,
+    DEFAULT_NUM_TRAIN,
+    SYNTHETIC_SEED,
+    SyntheticArithConfig,
+    synthetic_arith_rows,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -331,8 +338,6 @@ def load_dataset(
         raise TunecostError(f"{spec} is a folder; pass a .json/.jsonl/.parquet/.csv file")
     known = canonical_name(spec)
     if known in ("synthetic-arith", "synthetic-arith-test"):
-        from tunecost.workload.synthetic import synthetic_arith_dataset
-
         return synthetic_arith_dataset(split="test" if known.endswith("-test") else "train").head(limit)
     if known is not None:
         local = resolve_known(known)
@@ -374,3 +379,21 @@ def parse_columns(text: str | None) -> dict[str, str] | None:
             raise TunecostError(f"bad column mapping item {item!r}; expected KEY=COLUMN, e.g. prompt=question")
         mapping[key.strip()] = value.strip()
     return mapping
+
+
+def synthetic_arith_dataset(
+    split: str = "train",
+    num_train: int = DEFAULT_NUM_TRAIN,
+    num_test: int = DEFAULT_NUM_TEST,
+    *,
+    seed: int = SYNTHETIC_SEED,
+    config: SyntheticArithConfig = SyntheticArithConfig(),
+):
+    """The embedded task as a `tunecost.workload.datasets.Dataset` (format llm-adapters)."""
+    if split not in ("train", "test"):
+        raise TunecostError(f"synthetic-arith split must be 'train' or 'test', got {split!r}")
+    train, test = synthetic_arith_rows(num_train, num_test, seed=seed, config=config)
+    name = "synthetic-arith" if split == "train" else "synthetic-arith-test"
+    return rows_to_dataset(
+        train if split == "train" else test, name=name, source=f"embedded:seed={seed}", fmt="llm-adapters"
+    )

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
-from tunecost.distributed.plan import ParallelPlan
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_LORA_ALPHA
+from tunecost.workload.parallel import ParallelPlan
 
 Method = Literal["full", "lora", "qlora"]
 LoraTarget = Literal["attention", "experts", "router", "mlp"]
@@ -78,7 +78,7 @@ def quant_defaults(model: str, quant_type: str | None, gptq_group_size: int | No
     """The 4-bit storage type and GPTQ group size of a QLoRA job on `model` when not given: a GPTQ checkpoint of
     the catalog (e.g. TheBloke/Mistral-7B-v0.1-GPTQ) is gptq with its quantize_config's group size, any other model
     nf4 (group size 128, unused)."""
-    from tunecost.catalog.models import gptq_checkpoint
+    from tunecost.models.catalog import gptq_checkpoint
 
     checkpoint = gptq_checkpoint(model)
     kind = quant_type or ("gptq" if checkpoint is not None else "nf4")
@@ -136,7 +136,7 @@ class FineTuneJob:
     Several GPUs and how the job is spread over them are the job's `parallel` layout (one GPU by default).
     """
 
-    model: str  # catalog name, local config path or cached hub id (see tunecost.catalog.models)
+    model: str  # catalog name, local config path or cached hub id (see tunecost.models.catalog)
     method: Method = "qlora"
     lora: LoraConfig = field(default_factory=LoraConfig)
     experts_per_token: int | None = None  # None: the model's own top-k; num_experts: dense

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunecost.catalog.datasets import dataset_catalog, get_dataset_facts
-from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.datasets import load_dataset
 from tunecost.workload.known_datasets import KNOWN_DATASETS, canonical_name, resolve_known
 from tunecost.workload.lengths import LengthDistribution, length_distribution

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from tunecost.errors import TunecostError
+from tunecost.workload.templates import encode_queries
 
 if TYPE_CHECKING:
     from tunecost.workload.datasets import Dataset
@@ -150,8 +151,6 @@ class LengthDistribution:
 
 def length_distribution(dataset: Dataset, tokenizer: Tokenizer, template: Template) -> LengthDistribution:
     """Tokenize every query (prompt + response) of `dataset` and return its length distribution."""
-    from tunecost.workload.templates import encode_queries
-
     encoded = encode_queries(
         template, tokenizer, [e.prompt for e in dataset.examples], [e.response for e in dataset.examples]
     )

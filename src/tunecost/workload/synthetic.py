@@ -103,23 +103,3 @@ def synthetic_arith_rows(
         splits.append(rows)
     test, train = splits
     return train, test
-
-
-def synthetic_arith_dataset(
-    split: str = "train",
-    num_train: int = DEFAULT_NUM_TRAIN,
-    num_test: int = DEFAULT_NUM_TEST,
-    *,
-    seed: int = SYNTHETIC_SEED,
-    config: SyntheticArithConfig = SyntheticArithConfig(),
-):
-    """The embedded task as a `tunecost.workload.datasets.Dataset` (format llm-adapters)."""
-    from tunecost.workload.datasets import rows_to_dataset
-
-    if split not in ("train", "test"):
-        raise TunecostError(f"synthetic-arith split must be 'train' or 'test', got {split!r}")
-    train, test = synthetic_arith_rows(num_train, num_test, seed=seed, config=config)
-    name = "synthetic-arith" if split == "train" else "synthetic-arith-test"
-    return rows_to_dataset(
-        train if split == "train" else test, name=name, source=f"embedded:seed={seed}", fmt="llm-adapters"
-    )

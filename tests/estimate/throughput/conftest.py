@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
+from tunecost.catalog.gpu_terms import GpuTerms
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ from dataclasses import replace
 
 import pytest
 
-from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.arch import arch_of
 from tunecost.estimate.throughput.counts import (
@@ -17,6 +16,7 @@ from tunecost.estimate.throughput.counts import (
     experts_hit,
 )
 from tunecost.estimate.throughput.lengths import fixed_lengths
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob
 
 # Mixtral-8x7B by hand (config: H 4096, I 14336, 32 layers, 32 q / 8 kv heads of 128, vocab 32000):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from tunecost.catalog.models import resolve_model
 from tunecost.estimate.throughput.arch import arch_of
 from tunecost.estimate.throughput.counts import SYNC_PER_MICRO_STEP, accumulated, analytic_step_counts
 from tunecost.estimate.throughput.model import StackParams, overlapped_s, step_time
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob, LoraConfig
 
 # Mistral-7B by hand (config: H 4096, FFN 14336, 32 layers, 32 q / 8 kv heads of 128, vocab 32000, untied head):

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from tunecost.catalog.models import resolve_model
 from tunecost.estimate.throughput.arch import arch_of
 from tunecost.estimate.throughput.counts import analytic_step_counts, windowed_sq_len_tokens2
 from tunecost.estimate.throughput.lengths import empirical_lengths, fixed_lengths
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob, LoraConfig
 
 H, FFN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 64, 96, 4, 4, 2, 32, 200

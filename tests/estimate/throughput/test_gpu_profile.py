@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.gpu_profile import (
     OPTIONAL_VALUES,
@@ -15,7 +16,6 @@ from tunecost.estimate.throughput.gpu_profile import (
     profile_document,
     write_gpu_profile,
 )
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 
 TERMS = GpuTerms(
     name="Test GPU",

@@ -7,7 +7,6 @@ import itertools
 import pytest
 
 from tunecost.catalog.gpus import get_gpu
-from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.counts import analytic_step_counts
 from tunecost.estimate.throughput.lengths import dataset_lengths
@@ -19,6 +18,7 @@ from tunecost.estimate.throughput.model import (
     smooth_max,
     step_time,
 )
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob
 
 PARAMS = StackParams(
@@ -94,9 +94,9 @@ def test_catalog_terms_use_achieved_rates_not_the_datasheet() -> None:
 
 
 def test_catalog_gpu_without_achieved_values_is_a_clear_error(monkeypatch) -> None:
-    import tunecost.catalog.gpu_achieved as ga
+    import tunecost.estimate.throughput.model as throughput_model
 
-    monkeypatch.setattr(ga, "achieved_catalog", lambda: {})
+    monkeypatch.setattr(throughput_model, "achieved_catalog", lambda: {})
     with pytest.raises(TunecostError, match="no achieved matmul/bandwidth values"):
         catalog_gpu_terms(get_gpu("A40"))
 

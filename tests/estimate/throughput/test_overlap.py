@@ -11,10 +11,10 @@ from types import MappingProxyType
 
 import pytest
 
-from tunecost.catalog.models import resolve_model
 from tunecost.estimate.throughput import counts as tc
 from tunecost.estimate.throughput.lengths import fixed_lengths
 from tunecost.estimate.throughput.model import SMOOTH_MAX_POWER, StackParams, overlapped_s, step_time
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob
 
 SYNC_PER_MICRO_STEP, SYNC_PER_MOE_LAYER = tc.SYNC_PER_MICRO_STEP, tc.SYNC_PER_MOE_LAYER

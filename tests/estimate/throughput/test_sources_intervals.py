@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.errors import TunecostError
 from tunecost.estimate.conformal import Halfwidth, conformal_halfwidth
 from tunecost.estimate.throughput.calibrate import CalibratedModel, ThroughputTarget, throughput_target
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.intervals import (
     HOST_CLOCK_CHAIN_LOG_HALFWIDTH,
     HeldOut,

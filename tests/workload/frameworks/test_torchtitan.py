@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, parse_config_file
 from tunecost.workload.frameworks.torchtitan import FLAVORS, FRAMEWORK
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from tunecost import __version__
 from tunecost.cli.common import cli_errors, err_console, print_json, print_table
 from tunecost.cli.options import Device, Force, JsonOut, opt
 from tunecost.errors import TunecostError
@@ -37,7 +38,6 @@ def calibrate_gpu(
     host time of an empty training step. bf16 on CUDA, fp32 on CPU (smaller shapes). The throughput model uses the
     profile instead of the catalog's datasheet values.
     """
-    from tunecost import __version__
     from tunecost.estimate.throughput.gpu_profile import profile_document, write_gpu_profile
     from tunecost.profile.gpu_bench import run_gpu_bench
     from tunecost.results.meta import command_line, device_info, run_metadata

@@ -56,7 +56,7 @@ def gpus(json_out: JsonOut = False) -> None:
 @cli_errors
 def models(json_out: JsonOut = False) -> None:
     """The model catalog, with parameter counts computed from each config (total and active per token)."""
-    from tunecost.catalog.models import model_catalog
+    from tunecost.models.catalog import model_catalog
     from tunecost.models.params import count_parameters
 
     out: list[dict[str, Any]] = []

@@ -19,6 +19,7 @@ from tunecost.cli.options import (
     count_option,
     opt,
 )
+from tunecost.io import atomic_write_text
 from tunecost.limits import MAX_BATCH_SIZE
 from tunecost.results.records import SCHEMA_VERSION
 
@@ -64,7 +65,6 @@ def stats(
     as_json: JsonOut = False,
 ) -> None:
     """Token-length statistics of a dataset's queries (prompt + ground-truth response)."""
-    from tunecost.io import atomic_write_text
     from tunecost.outputs import check_output_path
     from tunecost.workload.datasets import load_dataset, parse_columns
     from tunecost.workload.lengths import length_distribution

@@ -50,7 +50,21 @@ from tunecost.cli.options import (
     Stack,
     opt,
 )
+from tunecost.errors import TunecostError, unknown_name_error
 from tunecost.estimate import DEFAULT_ESTIMATOR
+from tunecost.limits import (
+    MAX_BATCH_SIZE,
+    MAX_EPOCHS,
+    MAX_QUERIES,
+    MAX_QUERIES_PER_S,
+    MAX_SEQ_LEN,
+    MAX_USD_PER_HOUR,
+    MIN_QUERIES_PER_S,
+    check_count,
+    check_finite_at_most,
+)
+from tunecost.results.records import save_estimate_records, save_fit_records
+from tunecost.workload.job import parse_lora_targets
 
 CALIBRATE_HELP = (
     "Throughput measurements CSV or folder of CSVs to fit eq. (2) (paper) or calibrate (calibrated) on; repeat for "
@@ -77,7 +91,6 @@ def fit(
     """Fit eq. (2) per (model, dataset, GPU) group with scipy; report coefficients, RMSE, MAPE, points."""
     from tunecost.estimate.fit import fit_all
     from tunecost.estimate.measurements import load_measurements
-    from tunecost.results.records import save_fit_records
 
     points = load_measurements(measurements)
     fits = fit_all(points, form)  # type: ignore[arg-type]
@@ -134,16 +147,7 @@ def cost(
 ) -> None:
     """Hours and dollars of a fine-tune: queries x epochs / throughput / 3600 x $/h (Table IV)."""
     from tunecost.catalog.prices import cheapest_price, price_catalog
-    from tunecost.errors import TunecostError, unknown_name_error
     from tunecost.estimate.cost import CostEstimate
-    from tunecost.limits import (
-        MAX_EPOCHS,
-        MAX_QUERIES,
-        MAX_QUERIES_PER_S,
-        MAX_USD_PER_HOUR,
-        MIN_QUERIES_PER_S,
-        check_finite_at_most,
-    )
 
     if throughput is None:
         raise TunecostError("give --throughput QPS (queries per second); `tunecost estimate` predicts it")
@@ -246,13 +250,9 @@ def estimate(
     """Cost of fine-tuning MODEL on each GPU and provider, the answer first; says which estimator answered.
     With --gpus (or --strategy): memory per rank, communication and cost on several GPUs."""
     from tunecost.catalog.gpus import gpu_catalog
-    from tunecost.catalog.models import resolve_model
-    from tunecost.errors import TunecostError
     from tunecost.estimate.cost import check_queries_or_dataset, estimate_costs, estimate_job
     from tunecost.estimate.estimators import EstimatorOptions
-    from tunecost.limits import MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_finite_at_most
-    from tunecost.results.records import save_estimate_records
-    from tunecost.workload.job import parse_lora_targets
+    from tunecost.models.catalog import resolve_model
     from tunecost.workload.job_data import job_data
 
     model, epochs = required("model", model), required("epochs", epochs)
@@ -359,9 +359,6 @@ def estimate(
 
 def parse_batch_sizes(text: str, gpus: list[str]) -> dict[str, int]:
     """--batch-size: "17" (every GPU), "4,17,17" (aligned with --gpu), or "A40=4,H100=17"."""
-    from tunecost.errors import TunecostError
-    from tunecost.limits import MAX_BATCH_SIZE, check_count
-
     parts = [p.strip() for p in text.split(",") if p.strip()]
 
     def number(value: str) -> int:

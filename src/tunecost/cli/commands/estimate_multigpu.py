@@ -6,8 +6,12 @@ from typing import Annotated
 
 from tunecost.cli.common import console, format_hours, print_json, print_table, split_list
 from tunecost.cli.options import MAX_EXPERTS, count_option, opt
-from tunecost.distributed.plan import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS, MULTI_GPU_STRATEGIES
+from tunecost.errors import TunecostError
+from tunecost.limits import check_count
+from tunecost.results.records import save_multi_gpu_records
 from tunecost.units import format_bytes
+from tunecost.workload.offload import OFFLOAD_STRATEGIES
+from tunecost.workload.parallel import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS, MULTI_GPU_STRATEGIES
 
 DEFAULT_GPUS_PER_NODE = 8
 MAX_GPUS_PER_NODE = 1024
@@ -45,8 +49,6 @@ def parse_gpu_counts(text: str, gpus: list[str]) -> int | dict[str, int] | None:
     """--gpus: "auto" (search every count up to --max-gpus), one whole number, or one per --gpu in order
     ("2,1" with --gpu RTX-4090,H100)."""
     from tunecost.catalog.gpus import resolve_gpu_name
-    from tunecost.errors import TunecostError
-    from tunecost.limits import check_count
 
     if text.strip().lower() == "auto":
         return None
@@ -96,9 +98,7 @@ def run_multi_gpu(
     rank runs `batch_size`, or the largest micro-batch that fits with the safety margin."""
     from tunecost.catalog.gpus import resolve_gpu_name
     from tunecost.distributed.expert_parallel import EP_STRATEGIES
-    from tunecost.distributed.offload import OFFLOAD_STRATEGIES
-    from tunecost.distributed.setups import estimate_multi_gpu
-    from tunecost.errors import TunecostError
+    from tunecost.estimate.setups import estimate_multi_gpu
 
     offload = (offload or "none").strip().lower()
     every = [  # "all": the strategies that take the offload and the expert-parallel degree asked for
@@ -132,8 +132,6 @@ def run_multi_gpu(
     )
     if out is not None:  # every setup evaluated, for `tunecost report` (memory per rank and cost vs GPU count)
         import sys
-
-        from tunecost.results.records import save_multi_gpu_records
 
         save_multi_gpu_records(out, answer, command=sys.argv, force=force)
     if json_out:

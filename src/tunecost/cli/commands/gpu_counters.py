@@ -29,6 +29,7 @@ from tunecost.cli.options import (
     opt,
 )
 from tunecost.limits import MAX_STEPS
+from tunecost.workload.job import FineTuneJob
 
 MAX_PROFILED_KERNELS = 10**7  # kernels of one profile; a training step of Mixtral-8x7B launches about 10^4
 
@@ -77,7 +78,6 @@ def gpu_counters(
 
     options = dict(locals())
     from tunecost.profile.gpu_counters import GpuCountersJob, check_can_run, run_gpu_counters
-    from tunecost.workload.job import FineTuneJob
 
     job = call_with_options(
         GpuCountersJob,

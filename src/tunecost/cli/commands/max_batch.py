@@ -12,8 +12,11 @@ from tunecost.cli.commands.profile import inputs_spec, model_setup
 from tunecost.cli.common import cli_errors, console, err_console, print_json
 from tunecost.cli.jobconfig import ConfigFiles
 from tunecost.errors import TunecostError
+from tunecost.io import append_jsonl
 from tunecost.profile.threads import prepare_cpu_threads
 from tunecost.units import BYTES_PER_GIB as _GIB
+from tunecost.units import memory_bytes_from_options
+from tunecost.workload.job import default_gradient_checkpointing
 
 
 @cli_errors
@@ -43,8 +46,6 @@ def max_batch(
     json_out: cli.JsonOut = False,
 ) -> None:
     """Largest batch size that fits (paper Table III): grow then bisect; a found OOM is the measured boundary."""
-    from tunecost.workload.job import default_gradient_checkpointing
-
     options = dict(locals())
     checkpointing = default_gradient_checkpointing(method) if gradient_checkpointing is None else gradient_checkpointing
     options["no_checkpointing"] = not checkpointing
@@ -56,7 +57,6 @@ def max_batch(
             raise TunecostError(f"--out {str(out)!r}: max_batch.jsonl there is a folder, not a file")
     prepare_cpu_threads(device)
     from tunecost.profile.maxbatch import catalog_gpu_budget, find_max_batch_size, max_batch_row
-    from tunecost.units import memory_bytes_from_options
 
     gpu_name = None
     memory_bytes = memory_bytes_from_options(gpu_memory_gb=gpu_memory_gb, gpu_memory_gib=gpu_memory_gib)
@@ -84,8 +84,6 @@ def max_batch(
     result = find_max_batch_size(setup, inputs, memory_bytes=memory_bytes, limit=limit, on_probe=on_probe)
     row = max_batch_row(result, setup, inputs, gpu=gpu_name)
     if out is not None:
-        from tunecost.io import append_jsonl
-
         append_jsonl(Path(out) / "max_batch.jsonl", row)
     if json_out:
         print_json(row)

@@ -56,7 +56,17 @@ from tunecost.limits import MAX_SEQ_LEN
 
 if TYPE_CHECKING:
     from tunecost.workload.job import Method
+from tunecost.limits import check_count
 from tunecost.units import format_bytes, gb_from_bytes, memory_bytes_from_options
+from tunecost.workload.job import (
+    FineTuneJob,
+    LoraConfig,
+    default_gradient_checkpointing,
+    default_lora_targets,
+    parse_lora_targets,
+    parse_names,
+    quant_defaults,
+)
 
 MAX_LENGTHS_FILE_BYTES = 64 * 2**20  # one length per line: millions of queries
 LENGTHS_HELP = (
@@ -148,15 +158,6 @@ def memory(
     """Simulate one training step of MODEL from its config alone: peak memory with a breakdown, FLOPs, bytes
     moved, and (with --gpu or --gpu-memory-gb) the maximum batch size."""
     from tunecost.simulate import max_batch_size, simulate_step
-    from tunecost.workload.job import (
-        FineTuneJob,
-        LoraConfig,
-        default_gradient_checkpointing,
-        default_lora_targets,
-        parse_lora_targets,
-        parse_names,
-        quant_defaults,
-    )
 
     model, seq_len = required("model", model), seq_len or DEFAULT_SEQ_LEN
     memory_bytes = memory_bytes_from_options(gpu_memory_gb=gpu_memory_gb, gpu_memory_gib=gpu_memory_gib)
@@ -164,14 +165,12 @@ def memory(
         raise TunecostError("give --gpu or --gpu-memory-gb/--gpu-memory-gib, not both")
     lengths = _read_lengths(dataset_lengths) if dataset_lengths else None
     if lora_targets is None:
-        from tunecost.catalog.models import resolve_model
+        from tunecost.models.catalog import resolve_model
 
         targets = default_lora_targets(is_moe=resolve_model(model).is_moe)
     else:
         targets = parse_lora_targets(lora_targets)
     if gptq_group_size is not None and gptq_group_size != -1:  # -1: GPTQ's one group over all inputs
-        from tunecost.limits import check_count
-
         check_count("--gptq-group-size", gptq_group_size, MAX_GPTQ_GROUP_SIZE)
     quant_kind, group_size = quant_defaults(model, quant_type, gptq_group_size)
     gptq = method == "qlora" and quant_kind == "gptq"

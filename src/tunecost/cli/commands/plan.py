@@ -22,6 +22,9 @@ from tunecost.cli.common import (
 )
 from tunecost.cli.jobconfig import ConfigFiles, required
 from tunecost.errors import TunecostError
+from tunecost.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_positive
+from tunecost.workload.job import parse_lora_targets
+from tunecost.workload.parallel import MAX_SEARCH_GPUS
 
 OWN_HELP = 'GPUs you own, e.g. "2xRTX-4090,1xA100-80GB": no rental cost, counted by their hours.'
 METHOD_HELP = "Methods to weigh: a comma list of full, lora, qlora (default: all three, unless --config names one)."
@@ -39,7 +42,6 @@ MAX_DEADLINE_HOURS = 1e6
 
 def _jobs(methods: list[str], options: dict[str, Any]) -> list:
     from tunecost.estimate.cost import estimate_job
-    from tunecost.workload.job import parse_lora_targets
 
     model, targets = options.pop("model"), options.pop("lora_targets")
     parsed = parse_lora_targets(targets) if targets is not None else None
@@ -98,10 +100,8 @@ def plan(
     """Which method, GPU, count and layout to fine-tune on: the cheapest within --deadline or the fastest within
     --budget, the cost-vs-hours front, what was ruled out and why, and the launch recipe (--emit)."""
     from tunecost.catalog.gpus import gpu_catalog
-    from tunecost.distributed.plan import MAX_SEARCH_GPUS
     from tunecost.estimate.plan import METHODS, make_plan, parse_owned
     from tunecost.estimate.recipes import TARGETS
-    from tunecost.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_positive
     from tunecost.workload.job_data import job_data
 
     model = required("model", model)

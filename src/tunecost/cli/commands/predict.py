@@ -10,6 +10,9 @@ import typer
 from tunecost.cli.common import checked_host_cpu, cli_errors, console, print_json, print_table
 from tunecost.cli.jobconfig import ConfigFiles
 from tunecost.cli.options import BatchSize, Force, HostCpuOpt, JobModel, JsonOut, RunQueries, SeqLen, opt
+from tunecost.csvfile import read_csv_rows
+from tunecost.errors import TunecostError
+from tunecost.io import atomic_write_text
 
 CALIBRATE_HELP = (
     "Measurements CSV or folder of CSVs to calibrate on; repeat for several (default: every bundled measurement: "
@@ -52,8 +55,6 @@ OUTPUT_COLUMNS = (
 def read_targets(path: Path, host_cpu: str | None = None) -> list:
     """TARGETS.csv rows as `ThroughputTarget`s; every error names the row (1-based, header excluded). A row's
     host_cpu column names its host; `host_cpu` is the host of rows without one."""
-    from tunecost.csvfile import read_csv_rows
-    from tunecost.errors import TunecostError
     from tunecost.estimate.throughput.calibrate import throughput_target
 
     _, rows = read_csv_rows(path, "targets file", required=TARGET_COLUMNS)
@@ -100,8 +101,6 @@ def load_profiles(specs: list[str]) -> list:
         return []
     from dataclasses import replace
 
-    from tunecost.errors import TunecostError
-
     try:
         from tunecost.estimate.throughput.gpu_profile import load_gpu_profile
     except ImportError:
@@ -118,7 +117,6 @@ def load_profiles(specs: list[str]) -> list:
 
 def job_target(model: str | None, gpu: str | None, options: dict, host_cpu: str | None) -> list:
     """The one target the job options describe (`--model`/`--config` with `--gpu`), as a TARGETS.csv row would."""
-    from tunecost.errors import TunecostError
     from tunecost.estimate.throughput.calibrate import throughput_target
 
     if model is None or gpu is None:
@@ -127,8 +125,6 @@ def job_target(model: str | None, gpu: str | None, options: dict, host_cpu: str 
 
 
 def _predict_all(model, targets: list, path: Path, run_queries: int | None) -> list:
-    from tunecost.errors import TunecostError
-
     out = []
     for i, target in enumerate(targets, start=1):
         try:
@@ -200,9 +196,7 @@ def predict(
     --run-queries or --steady-state says otherwise."""
     import math
 
-    from tunecost.errors import TunecostError
     from tunecost.estimate.calibrated import calibrated_model
-    from tunecost.io import atomic_write_text
     from tunecost.outputs import check_output_path
 
     if run_queries is not None and steady_state:

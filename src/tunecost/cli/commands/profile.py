@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tunecost.cli.commands.profile_ranks import run_rank_profile
 from tunecost.cli.common import (
     call_with_options,
     cli_errors,
@@ -34,6 +35,8 @@ from tunecost.cli.options import (
     count_option,
     opt,
 )
+from tunecost.errors import TunecostError
+from tunecost.limits import MAX_BATCH_SIZE, MAX_QUERIES, MAX_SEQ_LEN, MAX_STEPS, check_count
 from tunecost.profile.ranks import MAX_NPROC_PER_NODE
 from tunecost.profile.threads import prepare_cpu_threads
 from tunecost.units import BYTES_PER_GIB as _GIB
@@ -67,9 +70,6 @@ def _device(device: str) -> str:
 
 def _batch_sizes(text: str, steps: int, warmup_steps: int) -> tuple[int, ...]:
     """--batch-sizes, each within what a GPU could hold, checked before any query is built."""
-    from tunecost.errors import TunecostError
-    from tunecost.limits import MAX_BATCH_SIZE, MAX_STEPS, check_count
-
     sizes = tuple(split_list(text, int, "batch size"))
     for size in sizes:
         check_count("--batch-sizes", size, MAX_BATCH_SIZE)
@@ -91,8 +91,6 @@ def model_setup(options: dict[str, Any], **given: Any) -> Any:
 def inputs_spec(
     seq_len: str | None, dataset: str | None, tokenizer: str, template: str, max_length: int, dataset_limit: int | None
 ) -> Any:
-    from tunecost.errors import TunecostError
-    from tunecost.limits import MAX_QUERIES, MAX_SEQ_LEN, check_count
     from tunecost.profile.sweep import InputSpec
     from tunecost.workload.templates import template_by_name
 
@@ -162,8 +160,6 @@ def profile(
     sizes = _batch_sizes(batch_sizes, steps, warmup_steps)
     inputs = inputs_spec(seq_len, dataset, tokenizer, template, max_length, dataset_limit)
     if strategy is not None or nproc_per_node > 1:
-        from tunecost.cli.commands.profile_ranks import run_rank_profile
-
         run_rank_profile(setup, options, out, top_ks=top_ks, batch_sizes=sizes, seq_lens=inputs.seq_lens)
         return
     from tunecost.profile.point import MeasureOptions

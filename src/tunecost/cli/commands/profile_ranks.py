@@ -8,6 +8,7 @@ from typing import Any
 
 from tunecost.cli.common import console, err_console, print_json, print_table
 from tunecost.errors import TunecostError
+from tunecost.profile.ranks import check_rank_strategy, profile_point
 from tunecost.units import BYTES_PER_GIB as _GIB
 
 
@@ -32,7 +33,6 @@ def run_rank_profile(
     import dataclasses
 
     from tunecost.profile.model_setup import resolve_profile_model
-    from tunecost.profile.ranks import check_rank_strategy, profile_point
     from tunecost.profile.sweep import DEFAULT_SEQ_LEN
 
     nproc, strategy = options["nproc_per_node"], options["strategy"] or "fsdp2"

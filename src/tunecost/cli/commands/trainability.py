@@ -18,7 +18,9 @@ from tunecost.cli.options import (
     opt,
     positive_number,
 )
+from tunecost.errors import unknown_name_error
 from tunecost.limits import MAX_EPOCHS, MAX_LEARNING_RATE, MAX_QUERIES
+from tunecost.workload.job import FineTuneJob
 
 TOP_K_HELP = "Top-k values to compare, a comma list (default 2,8: sparse top-2 vs dense Mixtral)."
 LR_HELP = "Learning rate (random-init tiny model: 3e-3)."
@@ -48,7 +50,6 @@ def trainability_command(
     from transformers.utils import logging as hf_logging
 
     from tunecost.train.trainability import ROWS_FILE, TrainabilityJob, run_trainability
-    from tunecost.workload.job import FineTuneJob
 
     hf_logging.disable_progress_bar()  # our own bar; checkpoint writes would print theirs
     _check_dataset("--dataset", dataset)
@@ -84,7 +85,6 @@ def trainability_command(
 def _check_dataset(option: str, spec: str) -> None:
     """A dataset option names a file, a known dataset, a synthetic task or a hub id (org/name); else an error
     naming the unknown dataset."""
-    from tunecost.errors import unknown_name_error
     from tunecost.workload.known_datasets import KNOWN_DATASETS, canonical_name
 
     if Path(spec).exists() or spec.startswith("synthetic-arith") or "/" in spec or canonical_name(spec) is not None:

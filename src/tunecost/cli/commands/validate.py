@@ -13,6 +13,8 @@ import typer
 
 from tunecost.cli.common import cli_errors, console, print_json, print_table
 from tunecost.cli.options import JsonOut, opt
+from tunecost.io import atomic_write_text
+from tunecost.results.records import read_records, save_validation_records
 
 
 def rows_csv(records: list[dict]) -> str:
@@ -45,9 +47,7 @@ def validate(
 ) -> None:
     """Run tunecost's estimators on every measurement they can model: each prediction beside its measurement,
     the rows skipped with their reason, and the accuracy per quantity and per stack."""
-    from tunecost.io import atomic_write_text
     from tunecost.outputs import check_output_folder
-    from tunecost.results.records import read_records, save_validation_records
     from tunecost.validate import read_corpus, summarize, validate_rows
     from tunecost.validate.run import memory_totals, throughput_totals
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import yaml
 
-from tunecost.distributed.plan import ParallelPlan
 from tunecost.errors import TunecostError
 from tunecost.workload.job import ATTENTION_IMPLS, DEFAULT_DENSE_LORA_TARGETS, DTYPES, LORA_TARGETS, METHODS, OPTIMIZERS
+from tunecost.workload.parallel import ParallelPlan
 
 TARGETS = ("accelerate", "torchtune", "llamafactory", "skypilot")
 FSDP_STRATEGIES = ("fsdp1", "fsdp2", "fsdp2-shard-grad-op", "hsdp")

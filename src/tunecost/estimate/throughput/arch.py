@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from tunecost.catalog.models import ModelSpec
 from tunecost.errors import TunecostError
+from tunecost.models.catalog import ModelSpec
 
 TRANSFORMER_FAMILIES = (
     *("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "gpt_oss"),

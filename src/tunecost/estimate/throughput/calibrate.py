@@ -13,14 +13,13 @@ from typing import cast
 
 import numpy as np
 
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.catalog.gpus import GPU, resolve_gpu_name
 from tunecost.catalog.host_cpus import REFERENCE_HOST, resolve_host_cpu
-from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.estimate.conformal import Halfwidth
 from tunecost.estimate.paper import PAPER_METHOD
 from tunecost.estimate.throughput.counts import AnalyticStepCounts, analytic_step_counts
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.intervals import (
     HeldOut,
     IntervalEvidence,
@@ -34,6 +33,7 @@ from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_le
 from tunecost.estimate.throughput.model import PARAM_NAMES, StackParams, StepTime, catalog_gpu_terms, step_time
 from tunecost.estimate.throughput.priors import PRIORS, Prior
 from tunecost.io import atomic_write_json, cache_root
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob, Method
 
 PAPER_RUN_QUERIES = 1000  # the paper's throughput = 1000 queries / train_runtime

@@ -10,10 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from tunecost.catalog.models import ModelSpec
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.arch import Arch, arch_of
 from tunecost.estimate.throughput.lengths import SeqLengths, empirical_lengths, fixed_lengths
+from tunecost.models.catalog import ModelSpec
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.op_classes import OP_CLASSES
 

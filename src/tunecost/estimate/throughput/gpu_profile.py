@@ -11,8 +11,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.io import atomic_write_json
 
 SCHEMA_VERSION = 1

@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.estimate.conformal import INTERVAL_LEVEL, Halfwidth, conformal_halfwidth, normal_quantile
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 
 # Stated assumptions, used only where no held-out error of the kind exists (docs/throughput-model.md).
 BATCH_SD_PER_LOG = 0.10  # log error per e-fold of batch beyond the largest calibrated one

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from tunecost.catalog.datasets import get_dataset_facts
 from tunecost.errors import TunecostError
 
 if TYPE_CHECKING:
@@ -187,6 +188,4 @@ def catalog_lengths(facts: DatasetFacts, batch_size: int, *, log_sigma: float = 
 @lru_cache(maxsize=512)
 def dataset_lengths(dataset: str, batch_size: int, *, log_sigma: float = DEFAULT_LOG_SIGMA) -> SeqLengths:
     """Lengths of a catalog dataset (any spelling the catalog resolves) from its best statistic."""
-    from tunecost.catalog.datasets import get_dataset_facts
-
     return catalog_lengths(get_dataset_facts(dataset), batch_size, log_sigma=log_sigma)

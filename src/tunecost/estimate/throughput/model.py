@@ -9,7 +9,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from types import MappingProxyType
 
+from tunecost.catalog.gpu_achieved import achieved_catalog
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.catalog.gpus import GPU
+from tunecost.catalog.host_cpus import gpu_host
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.counts import (
     NF4_BYTES_PER_PARAM,
@@ -18,7 +21,6 @@ from tunecost.estimate.throughput.counts import (
     TENSOR_CORE,
     AnalyticStepCounts,
 )
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.workload.op_classes import OP_CLASSES
 
 BF16_WRITTEN_FRACTION = 2.0 / (2.0 + NF4_BYTES_PER_PARAM)  # of a dequant's bytes (4-bit read, bf16 written)
@@ -95,8 +97,6 @@ def catalog_gpu_terms(gpu: GPU, host_cpu: str | None = None) -> GpuTerms:
     its fp32 rate from the datasheet, and the speed of the host that launches its kernels (`host_cpu` when named,
     else its reference system's CPU, else the reference host: `catalog.host_cpus.gpu_host`). A GPU with neither
     achieved values nor datasheet peaks is an error."""
-    from tunecost.catalog.gpu_achieved import achieved_catalog
-
     achieved = achieved_catalog().get(gpu.name)
     if achieved is None:
         raise TunecostError(
@@ -118,8 +118,6 @@ def catalog_gpu_terms(gpu: GPU, host_cpu: str | None = None) -> GpuTerms:
 
 def host_fields(gpu_name: str, host_cpu: str | None) -> dict:
     """`GpuTerms` fields for the host of `gpu_name` (`catalog.host_cpus.gpu_host`)."""
-    from tunecost.catalog.host_cpus import gpu_host
-
     host = gpu_host(gpu_name, host_cpu)
     return {
         "host_speed": host.cpu.speed,

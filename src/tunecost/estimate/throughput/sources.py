@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
+from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.csvfile import read_csv_rows
 from tunecost.errors import TunecostError
@@ -22,7 +23,6 @@ from tunecost.estimate.throughput.calibrate import (
     calibrate,
     throughput_target,
 )
-from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.intervals import IntervalEvidence
 from tunecost.limits import MAX_QUERIES, check_count
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tunecost.estimate.throughput.calibrate import CalibratedModel, CalibrationPoint, calibrate, group_of
+from tunecost.estimate.throughput.calibrate import MIN_POINTS, CalibratedModel, CalibrationPoint, calibrate, group_of
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,8 +80,6 @@ def leave_one_gpu_out(
 ) -> list[GroupCheck]:
     """Calibrate without each GPU in turn and predict its points: the error of moving to a GPU never measured.
     A GPU whose removal leaves fewer points than a calibration needs is skipped (named in no result)."""
-    from tunecost.estimate.throughput.calibrate import MIN_POINTS
-
     gpus = sorted({group_of(p)[2] for p in points})
     out = []
     for i, gpu in enumerate(gpus):

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError
+from tunecost.models.catalog import resolve_model
 
 MAMBA_LAYER = "mamba"
 MOE_LAYER = "moe"
@@ -179,8 +180,6 @@ def tiny_blackmamba_config(**overrides: Any) -> BlackMambaConfig:
     """A CPU-sized BlackMamba: the family's layout as the catalog gives it (state 16, conv 4, expansion 2, gated
     experts, no linear biases, the real vocabulary of 50304 so real text works) at hidden 128, 4 layers (Mamba, MoE,
     Mamba, MoE), 8 experts of width 256, top-2; override anything by keyword."""
-    from tunecost.catalog.models import resolve_model
-
     cpu_size = {"num_layers": 4, "hidden_size": 128, "ffn_hidden_size": 256, "experts_per_token": 2}
     base = _with_depth(dict(resolve_model(TINY_LAYOUT_MODEL).config), cpu_size)
     return BlackMambaConfig(**_with_depth(base, overrides))

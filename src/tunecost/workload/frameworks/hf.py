@@ -18,8 +18,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
 from tunecost.workload.known_datasets import catalog_dataset
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tunecost.distributed.plan import ParallelPlan
 from tunecost.errors import TunecostError
+from tunecost.workload.parallel import ParallelPlan
 
 
 def test_valid_plan_counts_nodes():

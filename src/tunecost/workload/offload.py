@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO CPU offload: what leaves the GPU, what the host holds, and the PCIe traffic of a step.
 
-Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.offload`.
+Sources and derivations: docs/multi-gpu.md, section `tunecost.workload.offload`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The model catalog: architecture facts (a Hugging Face style config per model), each with its source.
 
-Data lives in `data/models/*.json`. A model can also be named by a local `config.json` (or a folder holding
+Data lives in `catalog/data/models/*.json`. A model can also be named by a local `config.json` (or a folder holding
 one) or by a hub id whose config is in the local Hugging Face cache; nothing is downloaded.
 """
 
@@ -16,7 +16,7 @@ from typing import Any
 from tunecost.errors import TunecostError, unknown_name_error
 from tunecost.models.anatomy import SUPPORTED_FAMILIES, get_top_k, learned_positions, num_experts
 
-MODEL_CATALOG_DIR = Path(__file__).parent / "data" / "models"
+MODEL_CATALOG_DIR = Path(__file__).parents[1] / "catalog" / "data" / "models"
 
 # Config keys that name the expert count and the top-k (validated as positive integers below; what they mean per
 # family is tunecost.models.anatomy's).

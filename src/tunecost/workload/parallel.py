@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tunecost.distributed.offload import check_offload
 from tunecost.errors import TunecostError
+from tunecost.workload.offload import check_offload
 
 # strategy -> what it shards (P: parameters, G: gradients, O: optimizer states) across the data-parallel group
 STRATEGIES = {

@@ -1,6 +1,6 @@
 """Step time, cost and the GPU-count search for a fine-tune on several GPUs.
 
-Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.setups`.
+Sources and derivations: docs/multi-gpu.md, section `tunecost.estimate.setups`.
 """
 
 from __future__ import annotations
@@ -12,19 +12,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tunecost.catalog.gpus import GPU
-from tunecost.catalog.prices import Price, billed_gpus, cheapest_for
+from tunecost.catalog.prices import Price, billed_gpus, cheapest_for, price_catalog, prices_for
 from tunecost.distributed import deepspeed_estimator, expert_parallel, overlap
-from tunecost.distributed.plan import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS, ParallelPlan
 from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory, single_gpu_step
 from tunecost.distributed.timing import Links, StepCollective, default_links, step_time
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import EstimateRequest, EstimatorOptions
+from tunecost.estimate.paper import training_hours, usd_for_hours
 from tunecost.estimate.simulated import Throughput, throughput_at
 from tunecost.io import atomic_write_json
-from tunecost.models.params import ParamCounts
+from tunecost.models.catalog import resolve_model
+from tunecost.models.params import ParamCounts, count_parameters
+from tunecost.simulate import cache
 from tunecost.simulate.batch import MAX_BATCH, default_margin_fraction, fit_verdict, margin_note, search_with_margin
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.workload.job import FineTuneJob
+from tunecost.workload.parallel import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS, ParallelPlan
 
 MAX_MICRO_BATCH = MAX_BATCH  # the micro-batch search's cap per rank: one GPU's
 RANK_MEMORY_VERSION = "1"  # of the rank memories kept on disk (`RankNeeds`); bump when rank_memory changes
@@ -90,8 +93,6 @@ def setup_cost(
 ) -> SetupCost:
     """Hours of the fine-tune at `queries_per_s` (all ranks) plus its one start-up, and dollars: hours x billed
     GPUs x $ per GPU-hour (§V-C; the GPUs billed are `num_gpus` rounded up to the price's whole nodes)."""
-    from tunecost.estimate.paper import training_hours, usd_for_hours
-
     hours = training_hours(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s) + startup_s / 3600
     if price is None:
         return SetupCost(hours=hours, price=None, usd=None, startup_s=startup_s)
@@ -244,8 +245,6 @@ class RankNeeds:
         return self._memory[(plan, batch)]
 
     def _path(self, batch: int) -> Path:
-        from tunecost.simulate import cache
-
         job = self.job_at(batch)
         key = cache.job_key(job, None, job.stack, DEFAULT_OVERHEAD, 512, self.behaviour)
         return cache.cache_dir() / f"rankmem-{RANK_MEMORY_VERSION}-{key}.json"
@@ -323,10 +322,6 @@ def estimate_multi_gpu(
     fewest GPUs that fit per GPU and strategy are searched and costed (`more_gpus`: and that count doubled, up to
     `max_gpus`). Fitting nothing at all is an error then. `needs`: the job's rank memory and throughputs already
     computed (the same job with another offload or count); without `require_fit`, fitting nothing is an answer."""
-    from tunecost.catalog.models import resolve_model
-    from tunecost.catalog.prices import price_catalog, prices_for
-    from tunecost.models.params import count_parameters
-
     if not 1 <= max_gpus <= MAX_SEARCH_GPUS:
         raise TunecostError(f"the GPU limit must be between 1 and {MAX_SEARCH_GPUS}, got {max_gpus}")
     margin = default_margin_fraction() if margin_fraction is None else margin_fraction
