@@ -244,3 +244,11 @@ def test_a_calibrated_gpu_on_another_host_gets_the_host_term(two_gpu_model: Cali
 
     assert width("Xeon Platinum 8380") == pytest.approx(width(None))  # the calibration's own host
     assert width("EPYC 9654") > width(None)  # same GPU, another machine
+
+
+def test_a_cache_that_cannot_be_written_does_not_stop_a_calibration(tmp_path: Path, monkeypatch) -> None:
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("TUNECOST_CACHE_DIR", str(blocked))
+    model = calibrate_files([A40_CSV, A100_CSV])
+    assert model.evidence is not None and model.evidence.workload is not None

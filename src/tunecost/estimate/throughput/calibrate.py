@@ -5,6 +5,7 @@ Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.th
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -441,7 +442,8 @@ def held_out_evidence(
     evidence = IntervalEvidence(
         transfer=transfer if transfer.errors else None, workload=workload, note=note, batch=batch
     )
-    atomic_write_json(path, _evidence_to_json(evidence))
+    with contextlib.suppress(TunecostError):  # a cache that cannot be written is recomputed next time
+        atomic_write_json(path, _evidence_to_json(evidence))
     return evidence
 
 

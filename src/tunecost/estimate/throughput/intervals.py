@@ -18,6 +18,7 @@ import numpy as np
 
 from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.catalog.gpus import resolve_gpu_name
+from tunecost.errors import TunecostError
 from tunecost.estimate.conformal import INTERVAL_LEVEL, Halfwidth, conformal_halfwidth, normal_quantile
 
 # Stated assumptions, used only where no held-out error of the kind exists (docs/throughput-model.md).
@@ -88,7 +89,10 @@ def transfer_errors(points: Sequence[Any], calibrate_rest: Callable[[list[Any]],
         rest = [p for p in points if p not in held]
         if len(rest) < min_points:
             continue
-        model = calibrate_rest(rest)
+        try:
+            model = calibrate_rest(rest)
+        except TunecostError:  # the rest cannot be calibrated: this GPU cannot be held out
+            continue
         target = model.terms_for(resolve_gpu_name(gpu).gpu)
         dist = gpu_distance(target, [model.terms_for(resolve_gpu_name(g).gpu) for g in model.gpus])
         if dist <= 0:
@@ -124,7 +128,7 @@ def workload_errors(
             continue
         try:
             model = calibrate_rest(rest)
-        except Exception:  # too few points without this group: it cannot be held out
+        except TunecostError:  # too few points without this group: it cannot be held out
             continue
         errors += [abs(e) for e in _log_errors(model, held)]
     return HeldOut(
@@ -146,7 +150,10 @@ def batch_errors(points: Sequence[Any], calibrate_rest: Callable[[list[Any]], An
         rest = [p for p in points if p not in held]
         if not held or len(rest) < min_points:
             continue
-        fitted = calibrate_rest(rest)
+        try:
+            fitted = calibrate_rest(rest)
+        except TunecostError:  # the rest cannot be calibrated: these batches cannot be held out
+            continue
         errs = _log_errors(fitted, held)
         errors += [abs(e) for e in errs]
         top = max(p.target.job.batch_size for p in held)
