@@ -10,7 +10,7 @@ from collections.abc import Iterator, MutableMapping
 from typing import Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 from typer.main import get_command_from_info, get_command_name, get_group_from_info, solve_typer_info_defaults
 
 try:  # typer >= 0.22 carries its own copy of click
@@ -67,6 +67,7 @@ def build_command(name: str) -> Command:
     short, markup = app.pretty_exceptions_short, app.rich_markup_mode
     command: Command | None = None
     for info in sub.registered_commands:
+        info.cls = _Command if info.cls in (None, TyperCommand) else info.cls
         if (info.name or get_command_name(info.callback.__name__ if info.callback else "")) == name:
             command = get_command_from_info(info, pretty_exceptions_short=short, rich_markup_mode=markup)
     for group in sub.registered_groups:
@@ -79,6 +80,20 @@ def build_command(name: str) -> Command:
     command.rich_help_panel = panel  # type: ignore[attr-defined]
     refuse_blank_values(command)
     return command
+
+
+class _FalseHelp:
+    """`--help` reads False when not given: typer leaves it None, and reading None imports pydantic (~0.1 s)."""
+
+    def get_help_option(self, ctx: Any) -> Any:
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None:
+            option.default = False
+        return option
+
+
+class _Command(_FalseHelp, TyperCommand):
+    pass
 
 
 class _LazyCommands(MutableMapping[str, Command]):
@@ -111,7 +126,7 @@ class _LazyCommands(MutableMapping[str, Command]):
         return len(COMMANDS.keys() | self._built.keys())
 
 
-class _OneLineErrors(TyperGroup):
+class _OneLineErrors(_FalseHelp, TyperGroup):
     """The command group, with usage errors (unknown option, bad or missing value) as one `error: ...` line and
     exit code 2, the same as every other user error, instead of a boxed panel. Every text option of every command
     refuses an empty value (`tunecost.cli.options.refuse_blank_values`). Commands are built on first use."""
