@@ -49,10 +49,12 @@ def _stderr_console() -> Console:
 
 
 class LazyConsole:
-    """A rich `Console` made on first use, so that a command that prints nothing through rich never imports it."""
+    """A rich `Console` made on first use, so that a command that prints nothing through rich never imports it.
+    Off a terminal, `print` writes a line of plain text (style tags aside) itself: what rich would write."""
 
-    def __init__(self, make: Callable[[], Console]) -> None:
+    def __init__(self, make: Callable[[], Console], *, stdout: bool) -> None:
         self._make = make
+        self._stdout = stdout
         self._console: Console | None = None
 
     @property
@@ -64,9 +66,16 @@ class LazyConsole:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.console, name)
 
+    def print(self, *objects: Any, **options: Any) -> None:
+        line = plain_line(objects, options) if self._stdout and _plain_stdout() else None
+        if line is None:
+            self.console.print(*objects, **options)
+        else:
+            sys.stdout.write(line + "\n")
 
-console = cast("Console", LazyConsole(_stdout_console))
-err_console = cast("Console", LazyConsole(_stderr_console))
+
+console = cast("Console", LazyConsole(_stdout_console, stdout=True))
+err_console = cast("Console", LazyConsole(_stderr_console, stdout=False))
 
 
 def real_console(console_: Any) -> Console:
@@ -254,6 +263,26 @@ _RICH_SYNTAX = re.compile(r"\[|:\S*?:")  # markup, or an emoji code
 
 def _is_plain(text: str) -> bool:
     return text.isascii() and text.isprintable() and text == text.strip() and not _RICH_SYNTAX.search(text)
+
+
+_STYLE_TAG = re.compile(r"\[/?(?:bold|dim)\]")
+
+
+def plain_line(objects: Sequence[Any], options: Mapping[str, Any]) -> str | None:
+    """What `console.print(*objects, **options)` writes off a terminal, less its newline, where that is one line of
+    plain text once `[bold]` and `[dim]` tags are dropped; else None."""
+    if len(objects) != 1 or not isinstance(objects[0], str) or options.keys() - {"highlight"}:
+        return None
+    opened: list[str] = []
+    for tag in _STYLE_TAG.findall(objects[0]):
+        if not tag.startswith("[/"):
+            opened.append(tag[1:])
+        elif tag[2:] in opened:  # a closing tag closes the latest of its name
+            del opened[len(opened) - 1 - opened[::-1].index(tag[2:])]
+        else:  # rich refuses a tag closed before it opened
+            return None
+    line = _STYLE_TAG.sub("", objects[0])
+    return line if _is_plain(line) else None
 
 
 def plain_table(

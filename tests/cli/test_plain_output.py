@@ -1,4 +1,5 @@
-"""`print_table` off a terminal: its plain-text drawing is byte for byte what rich draws, or it leaves it to rich."""
+"""Off a terminal, `print_table` and `console.print` write plain text themselves: byte for byte what rich writes,
+or they leave it to rich."""
 
 from __future__ import annotations
 
@@ -10,16 +11,21 @@ import pytest
 from rich.console import Console
 from rich.table import Table
 
-from tunecost.cli.common import PIPE_WIDTH, plain_table
+from tunecost.cli.common import PIPE_WIDTH, plain_line, plain_table
 from tunecost.cli.main import app
 
 PLAIN = string.ascii_letters + string.digits + " .,-_/()$%'\"!?*#@=+<>|~`;&^{}"
 RICH_SYNTAX = "[]:\\é中\t"  # markup, emoji codes, escapes, wide and control characters
 
 
+def _rich_console() -> Console:
+    """`console` as `tunecost.cli.common` makes it off a terminal, writing to a string."""
+    return Console(file=io.StringIO(), width=PIPE_WIDTH, soft_wrap=True, highlight=False)
+
+
 def _rich(title: str | None, columns: list[str], rows: list[list[str]], caption: str | None) -> str:
     """The table exactly as `print_table` draws it with rich on `console` off a terminal."""
-    console = Console(file=io.StringIO(), width=PIPE_WIDTH, soft_wrap=True, highlight=False)
+    console = _rich_console()
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     for i, col in enumerate(columns):
         table.add_column(col, overflow="fold", no_wrap=i == 0)
@@ -82,3 +88,27 @@ def test_catalog_tables_print_as_rich_draws_them(cli_runner, command: str, monke
     assert result.exit_code == 0, result.output
     [(plain, rich)] = drawn
     assert plain is not None and result.stdout == plain == rich
+
+
+def test_plain_lines_are_what_rich_prints() -> None:
+    rng = random.Random(1)
+    tags = ["[bold]", "[/bold]", "[dim]", "[/dim]"]
+    written = 0
+    for k in range(600):
+        alphabet = PLAIN + (RICH_SYNTAX if k % 4 == 0 else "")
+        parts = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 10))) for _ in range(rng.randint(1, 4))]
+        text = "".join(part + (rng.choice(tags) if rng.random() < 0.5 else "") for part in parts)
+        line = plain_line([text], {"highlight": False})
+        if line is not None:
+            written += 1
+            console = _rich_console()
+            console.print(text, highlight=False)
+            assert line + "\n" == console.file.getvalue(), text  # type: ignore[attr-defined]
+    assert written > 200
+
+
+@pytest.mark.parametrize(
+    ("objects", "options"), [(["a", "b"], {}), ([1], {}), (["a"], {"style": "bold"}), (["a"], {"end": ""})]
+)
+def test_rich_prints_what_is_not_one_plain_string(objects: list, options: dict) -> None:
+    assert plain_line(objects, options) is None
