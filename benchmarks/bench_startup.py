@@ -2,9 +2,9 @@
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_startup.py [--repeats 5] [--cold-repeats 3] [--markdown]
 
-Each round runs every case once, in a fresh interpreter, so that load on the machine weighs on all alike. Every
-command runs with its own cache folder (never the user's): warm cases after one untimed run that fills it, `estimate
-cold` in an empty folder each time.
+Each round runs every case once in a fresh interpreter, so load on the machine weighs on all alike; CPU seconds
+(user + system) vary less with that load than wall seconds. Commands use a cache folder of their own, never the
+user's: warm cases after one untimed run, `estimate (cold)` an empty folder each time (`COST`, `ESTIMATE` below).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -35,27 +36,33 @@ CASES = [
     ("tunecost gpus", [*TUNECOST, "gpus"], False),
     ("tunecost models", [*TUNECOST, "models"], False),
     ("tunecost prices", [*TUNECOST, "prices"], False),
-    ("tunecost " + " ".join(COST), [*TUNECOST, *COST], False),
+    ("tunecost cost", [*TUNECOST, *COST], False),
     ("tunecost estimate (warm)", [*TUNECOST, *ESTIMATE], False),
     ("tunecost estimate (cold)", [*TUNECOST, *ESTIMATE], True),
 ]
 
 
-def run_seconds(args: list[str], cache: Path) -> float:
+def _children_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_seconds(args: list[str], cache: Path) -> tuple[float, float]:
+    """Wall and CPU (user + system) seconds of `python ARGS` with `cache` as its cache folder."""
     env = {**os.environ, "TUNECOST_CACHE_DIR": str(cache)}
     source = str(Path(tunecost.__file__).parents[1])  # the tunecost this script imported
     env["PYTHONPATH"] = os.pathsep.join([source, *filter(None, [os.environ.get("PYTHONPATH")])])
-    start = time.perf_counter()
+    cpu, start = _children_cpu_seconds(), time.perf_counter()
     subprocess.run([sys.executable, *args], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, _children_cpu_seconds() - cpu
 
 
-def measure(repeats: int, cold_repeats: int, work: Path) -> dict[str, list[float]]:
+def measure(repeats: int, cold_repeats: int, work: Path) -> dict[str, list[tuple[float, float]]]:
     warm = work / "warm"
     for _, args, cold in CASES:  # fills the warm cache; excluded from the timings
         if not cold:
             run_seconds(args, warm)
-    seconds: dict[str, list[float]] = {name: [] for name, _, _ in CASES}
+    seconds: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in CASES}
     for round_ in range(repeats):
         for name, args, cold in CASES:
             if cold and round_ >= cold_repeats:
@@ -65,15 +72,20 @@ def measure(repeats: int, cold_repeats: int, work: Path) -> dict[str, list[float
     return seconds
 
 
-def table(seconds: dict[str, list[float]], markdown: bool) -> list[str]:
-    base = statistics.median(seconds[CASES[0][0]])
-    rows = [(name, statistics.median(s), min(s), len(s)) for name, s in seconds.items()]
+def table(seconds: dict[str, list[tuple[float, float]]], markdown: bool) -> list[str]:
+    """Per case: the median wall seconds, its ratio to `python -c pass`'s, the median CPU seconds and the runs."""
+    rows = [
+        (name, statistics.median(w for w, _ in s), statistics.median(c for _, c in s), len(s))
+        for name, s in seconds.items()
+        if s
+    ]
+    base = rows[0][1]
     if markdown:
-        out = ["| command | median s | x python -c pass |", "|---|---|---|"]
-        return out + [f"| `{name}` | {median:.2f} | {median / base:.1f} |" for name, median, _, _ in rows]
-    width = max(len(name) for name in seconds)
-    out = [f"{'command':<{width}}  median s   min s  runs  x python -c pass"]
-    return out + [f"{n:<{width}}  {med:8.3f}  {low:6.3f}  {k:4d}  {med / base:16.1f}" for n, med, low, k in rows]
+        out = ["| command | wall s (median) | x python -c pass | CPU s |", "|---|---|---|---|"]
+        return out + [f"| `{name}` | {wall:.2f} | {wall / base:.1f} | {cpu:.2f} |" for name, wall, cpu, _ in rows]
+    width = max(len(name) for name, *_ in rows)
+    out = [f"{'command':<{width}}  wall s  x python -c pass  CPU s  runs"]
+    return out + [f"{n:<{width}}  {w:6.3f}  {w / base:16.1f}  {c:5.2f}  {k:4d}" for n, w, c, k in rows]
 
 
 def main() -> None:
