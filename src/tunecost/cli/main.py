@@ -15,10 +15,10 @@ from typer.main import get_command_from_info, get_command_name, get_group_from_i
 
 try:  # typer >= 0.22 carries its own copy of click
     from typer._click import exceptions as click_exceptions
-    from typer._click.core import Command
+    from typer._click.core import Command, Parameter
 except ImportError:  # pragma: no cover - older typer on the real click
     from click import exceptions as click_exceptions  # type: ignore[no-redef]
-    from click.core import Command  # type: ignore[assignment]
+    from click.core import Command, Parameter  # type: ignore[assignment]
 
 from tunecost import __version__
 from tunecost.cli import commands
@@ -79,7 +79,22 @@ def build_command(name: str) -> Command:
         raise KeyError(f"{commands.__name__}.{module} registers no command {name!r}")
     command.rich_help_panel = panel  # type: ignore[attr-defined]
     refuse_blank_values(command)
+    for param in command.params:
+        _read_absent_as_none(param)
     return command
+
+
+def _read_absent_as_none(param: Parameter) -> None:
+    """An optional single value that was not given reads None, as typer reads it, without typer building the
+    pydantic validator it would not use (~0.1 s)."""
+    process_value = param.process_value
+
+    def process(ctx: Any, value: Any) -> Any:
+        if value is None and param.nargs == 1 and not (param.multiple or param.required or param.callback):
+            return None
+        return process_value(ctx, value)
+
+    param.process_value = process  # type: ignore[method-assign]
 
 
 class _FalseHelp:
