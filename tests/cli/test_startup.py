@@ -42,8 +42,8 @@ HEAVY = {
 }
 # Off a terminal, tables and plain lines are written without rich.
 NO_RICH = HEAVY | {"rich"}
-# typer builds a pydantic validator to read an option's value; commands with flags only never need one.
-FLAGS_ONLY = NO_RICH | {"pydantic"}
+# typer builds a pydantic validator to read a value given to an option; a command given none needs none.
+NO_VALUES = NO_RICH | {"pydantic"}
 
 COST = ["cost", "--queries", "1000", "--epochs", "2", "--throughput", "1.5", "--usd-per-hour", "2"]
 
@@ -63,9 +63,9 @@ def _imported(args: list[str], cwd: Path) -> set[str]:
 @pytest.mark.parametrize(
     ("args", "absent"),
     [
-        (["--version"], FLAGS_ONLY),
-        (["gpus"], FLAGS_ONLY),
-        (["prices"], NO_RICH),
+        (["--version"], NO_VALUES),
+        (["gpus"], NO_VALUES),
+        (["prices"], NO_VALUES),
         (["prices", "--gpu", "h100", "--provider", "lambda"], NO_RICH),
         (COST, NO_RICH),
         ([*COST[:-2], "--gpu", "a100"], NO_RICH),
@@ -81,4 +81,4 @@ def test_models_reads_its_counts_without_torch(tmp_path: Path) -> None:
     """Once counted (on the meta device, with torch), `tunecost models` reads every count from the cache."""
     for spec in model_catalog().values():
         count_parameters(spec)
-    assert not _imported(["models"], tmp_path) & FLAGS_ONLY
+    assert not _imported(["models"], tmp_path) & NO_VALUES
