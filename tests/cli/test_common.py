@@ -32,9 +32,10 @@ def test_an_out_under_a_file_is_refused_before_any_work(tmp_path, cli_error, mon
     def no_work(*args, **kwargs):
         raise AssertionError("started work before checking --out")
 
-    monkeypatch.setattr(tunecost.profile.threads, "prepare_cpu_threads", no_work)
+    # the command modules first: one imported after the patch would keep `no_work` as its own
     monkeypatch.setattr("tunecost.cli.commands.profile.prepare_cpu_threads", no_work)
     monkeypatch.setattr("tunecost.cli.commands.max_batch.prepare_cpu_threads", no_work)
+    monkeypatch.setattr(tunecost.profile.threads, "prepare_cpu_threads", no_work)
     blocker = tmp_path / "some_file"
     blocker.write_text("x\n", encoding="utf-8")
     line = cli_error([*command, "--out", str(blocker / "sub")])

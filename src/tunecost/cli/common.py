@@ -11,17 +11,20 @@ import functools
 import inspect
 import json
 import math
+import os
+import re
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from tunecost.errors import TunecostError, TunecostWarning
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -29,10 +32,55 @@ T = TypeVar("T")
 # Piped or redirected output is never cut to a terminal's width: a wide virtual width, so every cell is whole
 # (`tunecost models | grep NAME` finds the row).
 PIPE_WIDTH = 10_000
-console = (
-    Console(highlight=False) if sys.stdout.isatty() else Console(width=PIPE_WIDTH, soft_wrap=True, highlight=False)
-)
-err_console = Console(stderr=True, highlight=False)
+
+
+def _stdout_console() -> Console:
+    from rich.console import Console
+
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    return Console(width=PIPE_WIDTH, soft_wrap=True, highlight=False)
+
+
+def _stderr_console() -> Console:
+    from rich.console import Console
+
+    return Console(stderr=True, highlight=False)
+
+
+class LazyConsole:
+    """A rich `Console` made on first use, so that a command that prints nothing through rich never imports it.
+    Off a terminal, `print` writes a line of plain text (style tags aside) itself: what rich would write."""
+
+    def __init__(self, make: Callable[[], Console], *, stdout: bool) -> None:
+        self._make = make
+        self._stdout = stdout
+        self._console: Console | None = None
+
+    @property
+    def console(self) -> Console:
+        if self._console is None:
+            self._console = self._make()
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.console, name)
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        line = plain_line(objects, options) if self._stdout and _plain_stdout() else None
+        if line is None:
+            self.console.print(*objects, **options)
+        else:
+            sys.stdout.write(line + "\n")
+
+
+console = cast("Console", LazyConsole(_stdout_console, stdout=True))
+err_console = cast("Console", LazyConsole(_stderr_console, stdout=False))
+
+
+def real_console(console_: Any) -> Console:
+    """The rich `Console` behind `console_` (a `LazyConsole` or a `Console`), for rich code that checks its type."""
+    return console_.console if isinstance(console_, LazyConsole) else console_
 
 
 def progress_bar(*columns: Any, **options: Any) -> Any:
@@ -40,7 +88,7 @@ def progress_bar(*columns: Any, **options: Any) -> Any:
     only a blank line behind (before any `error:` line)."""
     from rich.progress import Progress
 
-    console_ = options.pop("console", err_console)
+    console_ = real_console(options.pop("console", err_console))
     options.setdefault("transient", True)
     return Progress(*columns, console=console_, disable=not console_.is_terminal, **options)
 
@@ -187,12 +235,81 @@ def print_json(obj: Any) -> None:
 
 
 def print_table(title: str, columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str | None = None) -> None:
+    cells = [["" if v is None else str(v) for v in row] for row in rows]
+    plain = plain_table(title, columns, cells, caption) if _plain_stdout() else None
+    if plain is not None:
+        sys.stdout.write(plain)
+        return
+    from rich.table import Table
+
     table = Table(title=title, caption=caption, title_justify="left", caption_justify="left")
     for i, col in enumerate(columns):  # the first column (a name) is never cut inside a word
         table.add_column(col, overflow="fold", no_wrap=i == 0)
-    for row in rows:
-        table.add_row(*[("" if v is None else str(v)) for v in row])
+    for row in cells:
+        table.add_row(*row)
     console.print(table)
+
+
+def _plain_stdout() -> bool:
+    """Whether `console` writes to stdout with no styles, at `PIPE_WIDTH`, in UTF-8: not a terminal, and none of
+    the variables that make rich treat it as one."""
+    encoding = (getattr(sys.stdout, "encoding", None) or "utf-8").lower()
+    forced = os.environ.get("FORCE_COLOR") or os.environ.get("TTY_COMPATIBLE") == "1"
+    return not sys.stdout.isatty() and not forced and encoding.startswith("utf")
+
+
+_RICH_SYNTAX = re.compile(r"\[|:\S*?:")  # markup, or an emoji code
+
+
+def _is_plain(text: str) -> bool:
+    return text.isascii() and text.isprintable() and text == text.strip() and not _RICH_SYNTAX.search(text)
+
+
+_STYLE_TAG = re.compile(r"\[/?(?:bold|dim)\]")
+
+
+def plain_line(objects: Sequence[Any], options: Mapping[str, Any]) -> str | None:
+    """What `console.print(*objects, **options)` writes off a terminal, less its newline, where that is one line of
+    plain text once `[bold]` and `[dim]` tags are dropped; else None."""
+    if len(objects) != 1 or not isinstance(objects[0], str) or options.keys() - {"highlight"}:
+        return None
+    opened: list[str] = []
+    for tag in _STYLE_TAG.findall(objects[0]):
+        if not tag.startswith("[/"):
+            opened.append(tag[1:])
+        elif tag[2:] in opened:  # a closing tag closes the latest of its name
+            del opened[len(opened) - 1 - opened[::-1].index(tag[2:])]
+        else:  # rich refuses a tag closed before it opened
+            return None
+    line = _STYLE_TAG.sub("", objects[0])
+    return line if _is_plain(line) else None
+
+
+def plain_table(
+    title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]], caption: str | None
+) -> str | None:
+    """`print_table`'s output as rich draws it off a terminal (box HEAVY_HEAD, no styles, nothing wrapped), in a
+    fraction of rich's time; None where rich would draw more than plain text (markup, emoji codes, non-ASCII or
+    padded text, a row of another length, a table wider than `PIPE_WIDTH`)."""
+    texts = [title or "", caption or "", *columns, *(cell for row in rows for cell in row)]
+    if not columns or any(len(row) != len(columns) for row in rows) or not all(map(_is_plain, texts)):
+        return None
+    widths = [max([len(col), *(len(row[i]) for row in rows)]) for i, col in enumerate(columns)]
+    if sum(widths) + 3 * len(widths) + 1 > PIPE_WIDTH:
+        return None
+
+    def rule(left: str, line: str, middle: str, right: str) -> str:
+        return left + middle.join(line * (w + 2) for w in widths) + right
+
+    def cells(row: Sequence[str], bar: str) -> str:
+        return bar + bar.join(f" {cell.ljust(w)} " for cell, w in zip(row, widths, strict=True)) + bar
+
+    lines = [title] if title else []
+    lines += [rule("┏", "━", "┳", "┓"), cells(columns, "┃"), rule("┡", "━", "╇", "┩")]
+    lines += [cells(row, "│") for row in rows]
+    lines += [rule("└", "─", "┴", "┘")]
+    lines += [caption] if caption else []
+    return "\n".join(lines) + "\n"
 
 
 def split_list(value: str | None, cast: Callable[[str], Any] = str, what: str = "value") -> list[Any]:

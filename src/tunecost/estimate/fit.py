@@ -9,13 +9,14 @@ import math
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
-
-import numpy as np
+from typing import TYPE_CHECKING, Literal
 
 from tunecost.errors import TunecostError
 from tunecost.estimate.measurements import Measurement
 from tunecost.estimate.paper import EQ2_ARTIFACT_C3, throughput_eq2_artifact, throughput_eq2_printed
+
+if TYPE_CHECKING:
+    import numpy as np
 
 Form = Literal["artifact", "printed"]
 FORMS: tuple[str, ...] = ("artifact", "printed")
@@ -48,6 +49,7 @@ def default_c3(model: str) -> float:
 
 def _linear_least_squares(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """Fit y = p0 + p1 * x with scipy.optimize.curve_fit (both forms are linear in their free coefficients)."""
+    import numpy as np
     from scipy.optimize import curve_fit
 
     params, _ = curve_fit(lambda xs, p0, p1: p0 + p1 * xs, x, y, p0=[float(np.mean(y)), 0.0])
@@ -55,6 +57,8 @@ def _linear_least_squares(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 def fit_group(points: Sequence[Measurement], form: Form = "artifact", c3: float | None = None) -> ThroughputFit:
+    import numpy as np
+
     if form not in FORMS:
         raise TunecostError(f"unknown eq. (2) form {form!r}; choose one of {', '.join(FORMS)}")
     first = points[0]

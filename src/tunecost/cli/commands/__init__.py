@@ -1,3 +1,2 @@
 """One module per command group. Each module defines `register(app: typer.Typer) -> None`;
-`tunecost.cli.main` discovers and registers every module here, so adding a command never
-edits a shared file."""
+`tunecost.cli.main.COMMANDS` names the module of each command, imported only when that command runs."""
