@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import tunecost
-from tunecost.catalog.models import model_catalog
+from tunecost.models.catalog import model_catalog
 from tunecost.models.params import count_parameters
 
 # Runs `tunecost ARGS...` and prints, as its last stderr line, the top-level packages it imported.

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tunecost.errors import TunecostError
-from tunecost.estimate.cost import CostEstimate, estimate_costs, estimate_job
+from tunecost.estimate.cost import estimate_costs, estimate_job
 from tunecost.estimate.estimators import EstimatorOptions
+from tunecost.estimate.paper import CostEstimate
 from tunecost.workload.job import FineTuneJob
 
 JOB_FIELDS = ("model", "method", "experts_per_token", "dataset", "seq_len")

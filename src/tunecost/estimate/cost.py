@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from tunecost.catalog.datasets import dataset_catalog, get_dataset_facts
@@ -56,27 +56,6 @@ class CostRow:
     startup_s: float = 0.0  # the run's one-off start-up, included in `hours`
     owned: bool = False  # the price row is owned hardware ($0, or its electricity)
     fits: bool = True  # fit == "yes"
-
-
-@dataclass(frozen=True, kw_only=True)
-class CostEstimate:
-    """What `tunecost cost` prints: one fine-tune's hours and dollars from a throughput and a price (§V-C, Table
-    IV); `hours` and `usd` are computed (and the inputs checked) on construction."""
-
-    num_queries: float
-    epochs: float
-    queries_per_s: float
-    usd_per_hour: float
-    provider: str | None = None
-    price_date: str | None = None
-    gpu: str | None = None
-    hours: float = field(init=False)
-    usd: float = field(init=False)
-
-    def __post_init__(self) -> None:
-        hours = training_hours(num_queries=self.num_queries, epochs=self.epochs, queries_per_s=self.queries_per_s)
-        object.__setattr__(self, "hours", hours)
-        object.__setattr__(self, "usd", usd_for_hours(hours=hours, usd_per_gpu_hour=self.usd_per_hour))
 
 
 def _sort_key(row: CostRow) -> tuple[int, float, str]:

@@ -7,7 +7,7 @@ time in seconds or hours as named, money in USD.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tunecost.errors import TunecostError
 
@@ -105,3 +105,24 @@ def cost_usd(
     """§V-C: queries x epochs / throughput / 3600 x $/h (Table IV)."""
     hours = training_hours(num_queries=num_queries, epochs=epochs, queries_per_s=queries_per_s)
     return usd_for_hours(hours=hours, usd_per_gpu_hour=usd_per_gpu_hour, num_gpus=num_gpus)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CostEstimate:
+    """What `tunecost cost` prints: one fine-tune's hours and dollars from a throughput and a price (§V-C, Table
+    IV); `hours` and `usd` are computed (and the inputs checked) on construction."""
+
+    num_queries: float
+    epochs: float
+    queries_per_s: float
+    usd_per_hour: float
+    provider: str | None = None
+    price_date: str | None = None
+    gpu: str | None = None
+    hours: float = field(init=False)
+    usd: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        hours = training_hours(num_queries=self.num_queries, epochs=self.epochs, queries_per_s=self.queries_per_s)
+        object.__setattr__(self, "hours", hours)
+        object.__setattr__(self, "usd", usd_for_hours(hours=hours, usd_per_gpu_hour=self.usd_per_hour))

@@ -147,7 +147,7 @@ def cost(
 ) -> None:
     """Hours and dollars of a fine-tune: queries x epochs / throughput / 3600 x $/h (Table IV)."""
     from tunecost.catalog.prices import cheapest_price, price_catalog
-    from tunecost.estimate.cost import CostEstimate
+    from tunecost.estimate.paper import CostEstimate
 
     if throughput is None:
         raise TunecostError("give --throughput QPS (queries per second); `tunecost estimate` predicts it")
