@@ -21,9 +21,9 @@ class Halfwidth:
 
 def normal_quantile(level: float) -> float:
     """Two-sided: the z with P(|Z| <= z) = level."""
-    from scipy.stats import norm
+    from scipy.special import ndtri
 
-    return float(norm.ppf(0.5 + level / 2))
+    return float(ndtri(0.5 + level / 2))
 
 
 def conformal_rank(n: int, level: float = INTERVAL_LEVEL) -> int | None:
@@ -36,7 +36,7 @@ def conformal_rank(n: int, level: float = INTERVAL_LEVEL) -> int | None:
 def conformal_halfwidth(abs_errors: Sequence[float], source: str, level: float = INTERVAL_LEVEL) -> Halfwidth:
     """The split-conformal half-width of `abs_errors` (held-out |log errors|); with too few of them, the Student-t
     prediction bound of their root mean square (n degrees of freedom: the errors are centred on zero)."""
-    from scipy.stats import t as student_t
+    from scipy.special import stdtrit
 
     errors = sorted(abs(e) for e in abs_errors)
     n = len(errors)
@@ -46,5 +46,5 @@ def conformal_halfwidth(abs_errors: Sequence[float], source: str, level: float =
     if k is not None:
         return Halfwidth(errors[k - 1], f"{source}: split-conformal, error {k} of {n}")
     rms = math.sqrt(sum(e * e for e in errors) / n)
-    t = float(student_t.ppf(0.5 + level / 2, n))
+    t = float(stdtrit(n, 0.5 + level / 2))
     return Halfwidth(t * rms * math.sqrt(1 + 1 / n), f"{source}: Student t on the RMS of {n} errors (too few to rank)")

@@ -12,7 +12,7 @@ import pytest
 from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.errors import TunecostError
 from tunecost.estimate.conformal import Halfwidth, conformal_halfwidth
-from tunecost.estimate.throughput.calibrate import CalibratedModel, ThroughputTarget, throughput_target
+from tunecost.estimate.throughput.calibrate import CalibratedModel, ThroughputTarget, calibrate, throughput_target
 from tunecost.estimate.throughput.intervals import (
     HOST_CLOCK_CHAIN_LOG_HALFWIDTH,
     HeldOut,
@@ -252,3 +252,17 @@ def test_a_cache_that_cannot_be_written_does_not_stop_a_calibration(tmp_path: Pa
     monkeypatch.setenv("TUNECOST_CACHE_DIR", str(blocked))
     model = calibrate_files([A40_CSV, A100_CSV])
     assert model.evidence is not None and model.evidence.workload is not None
+
+
+def test_a_fit_is_kept_on_disk_and_a_bad_copy_is_refitted(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("TUNECOST_CACHE_DIR", str(tmp_path))
+    points = load_calibration_points(A40_CSV)
+    first = calibrate(points, transfer_check=False)
+    kept = list((tmp_path / "calibration-fits").glob("*.json"))
+    assert kept  # one file per fitted stack
+    again = calibrate(points, transfer_check=False)
+    assert again.params == first.params and again.run_overhead_s == first.run_overhead_s
+    for path in kept:
+        path.write_text("{not json")
+    refitted = calibrate(points, transfer_check=False)
+    assert refitted.params.as_dict() == pytest.approx(first.params.as_dict())

@@ -6,10 +6,13 @@ Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.th
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import cast
 
 import numpy as np
@@ -42,6 +45,7 @@ FIT_NAMES = (*PARAM_NAMES, "run_overhead_s")
 MIN_POINTS = len(FIT_NAMES) + 1
 LOG_NOISE = 0.05  # assumed measurement noise on log throughput: weighs the data against the priors
 INTERVAL_LEVEL = 0.95
+FIT_VERSION = 1  # bump when the fit's model or priors change what the cached parameters mean
 EVIDENCE_VERSION = 3  # bump when what the held-out checks compute changes
 
 
@@ -311,8 +315,7 @@ def fit_stack(
 ) -> CalibratedModel:
     """Fit one set of stack parameters to all of `points` (any models, methods and GPUs together)."""
     use_priors, priors, gpu_terms = options.use_priors, options.priors, options.gpu_terms
-    from scipy.optimize import least_squares
-    from scipy.stats import t as student_t
+    from scipy.special import stdtrit  # Student t quantiles without scipy.stats' import time
 
     if len(points) < MIN_POINTS:
         raise TunecostError(
@@ -349,20 +352,29 @@ def fit_stack(
         data = weights * (predicted_log(x) - y) / LOG_NOISE
         return np.concatenate([data, (x - centre) / width]) if use_priors else data
 
-    best = None
-    for half_rows, overhead in ((64.0, 20e-6), (512.0, 5e-6), (64.0, 60e-6), (512.0, 60e-6)):
-        start = centre.copy()
-        start[FIT_NAMES.index("gemm_half_rows")] = math.log(half_rows)
-        start[FIT_NAMES.index("kernel_overhead_s")] = math.log(overhead)
-        fit = least_squares(residuals, np.clip(start, bounds[0] + 1e-9, bounds[1] - 1e-9), bounds=bounds)
-        if best is None or fit.cost < best.cost:
-            best = fit
-    assert best is not None
-    params, run = _unpack(best.x)
-    log_res = predicted_log(best.x) - y
+    # keyed by the model's predictions at the prior centre too: a change in the counts or the step time refits
+    path = _fit_cache_path(points, options, predicted_log(centre))
+    x = _cached_fit(path)
+    if x is None:
+        from scipy.optimize import least_squares
+
+        best = None
+        for half_rows, overhead in ((64.0, 20e-6), (512.0, 5e-6), (64.0, 60e-6), (512.0, 60e-6)):
+            start = centre.copy()
+            start[FIT_NAMES.index("gemm_half_rows")] = math.log(half_rows)
+            start[FIT_NAMES.index("kernel_overhead_s")] = math.log(overhead)
+            fit = least_squares(residuals, np.clip(start, bounds[0] + 1e-9, bounds[1] - 1e-9), bounds=bounds)
+            if best is None or fit.cost < best.cost:
+                best = fit
+        assert best is not None
+        x = best.x
+        with contextlib.suppress(TunecostError):  # a cache that cannot be written is refitted next time
+            atomic_write_json(path, {"x": [float(v) for v in x]})
+    params, run = _unpack(x)
+    log_res = predicted_log(x) - y
     dof = len(points) - len(FIT_NAMES)
     sd = float(np.sqrt(np.sum(log_res**2) / dof))
-    halfwidth = float(student_t.ppf(0.5 + INTERVAL_LEVEL / 2, dof)) * sd
+    halfwidth = float(stdtrit(dof, 0.5 + INTERVAL_LEVEL / 2)) * sd
     return CalibratedModel(
         params=params,
         run_overhead_s=run,
@@ -378,6 +390,21 @@ def fit_stack(
         gpu_terms=profiles,
         log_residual_dof=dof,
     )
+
+
+def _fit_cache_path(points: Sequence[CalibrationPoint], options: FitOptions, fingerprint: np.ndarray) -> Path:
+    """Where the fitted parameters of these points under these options are kept (numbers only)."""
+    points_key = [(p.target, p.queries_per_s, p.run_queries) for p in points]
+    key = repr((FIT_VERSION, points_key, options, [f"{v:.12g}" for v in fingerprint]))
+    return cache_root() / "calibration-fits" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+
+
+def _cached_fit(path: Path) -> np.ndarray | None:
+    try:
+        x = np.array(json.loads(path.read_text())["x"], dtype=float)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return x if x.shape == (len(FIT_NAMES),) and np.all(np.isfinite(x)) else None
 
 
 def calibrate(
@@ -414,9 +441,6 @@ def held_out_evidence(
     points: Sequence[CalibrationPoint], options: FitOptions, model: CalibratedModel
 ) -> IntervalEvidence:
     """Leave-one-GPU-out and leave-one-group-out errors of `points`, kept on disk per calibration."""
-    import hashlib
-    import json
-
     key = hashlib.sha256(
         repr(
             (EVIDENCE_VERSION, [(p.target, p.queries_per_s, p.run_queries) for p in points], options, model.params)
