@@ -17,10 +17,10 @@ demo: setup
 	$(VENV)/bin/tunecost demo
 
 # Two workers on the 2-core machine; tests share one simulation cache in a temporary folder (tests/conftest.py).
-# --dist loadgroup hands out one test at a time (the `slow` ones, sorted first, start on both workers) and keeps a
-# module marked `xdist_group` on one worker, so the launches its tests share run once.
+# --dist loadgroup in collection order: the `slow` tests, sorted first, are handed out one at a time so both workers
+# start on them; the rest go a module at a time (tests/conftest.py), so module fixtures and shared launches run once.
 # `long` tests (end-to-end runs, the full option sweep) are left to `make test-long`; CI runs both (.ci/run).
-PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
 
 test: setup
 	$(PYTEST) -m "not gpu and not long"
