@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test lint bench clean browser-deps
+.PHONY: setup demo test test-long bench-tests lint bench clean browser-deps
 
 setup: $(VENV)/.installed
 
@@ -17,8 +17,20 @@ demo: setup
 	$(VENV)/bin/tunecost demo
 
 # Two workers on the 2-core machine; tests share one simulation cache in a temporary folder (tests/conftest.py).
+# --dist loadgroup in collection order: the `slow` tests, sorted first, are handed out one at a time so both workers
+# start on them; the rest go a module at a time (tests/conftest.py), so module fixtures and shared launches run once.
+# `long` tests (end-to-end runs, the full option sweep) are left to `make test-long`; CI runs both (.ci/run).
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
+
 test: setup
-	$(PY) -m pytest -q -m "not gpu" -n 2
+	$(PYTEST) -m "not gpu and not long"
+
+test-long: setup
+	$(PYTEST) -m "long and not gpu"
+
+# Seconds per test folder, one folder after another (benchmarks/bench_tests.py): recheck the split above.
+bench-tests: setup
+	$(PY) benchmarks/bench_tests.py
 
 # Formatter check, linter, type checker and the import layers of docs/architecture.md (CI runs this before the tests).
 lint: setup

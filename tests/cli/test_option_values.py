@@ -1,6 +1,7 @@
 """Every value-taking option of every command, fed a blank value or an out-of-range number: exit code 2, exactly
 one `error:` line, nothing on stdout, no traceback, no file changed. The probes come from walking the command tree
-(benchmarks/audit_cli.py, the full audit), so a new option is covered here without a change."""
+(benchmarks/audit_cli.py, the full audit), so a new option is covered here without a change. `make test` samples
+one probe per option and kind; CI runs them all."""
 
 from __future__ import annotations
 
@@ -29,12 +30,18 @@ NUMBERS = ("-1", "nan", "1e20")
 
 
 def _params() -> list:
+    """Every probe; `make test` runs one per option and kind (blank, number), its bad value taken in turn, and the
+    others carry the `long` marker (CI runs them in `make test-long`)."""
     probes, _ = audit.probes(kinds=("blank", "number"))
-    out = []
+    groups: dict[tuple[str, str, str], list] = {}
     for probe in probes:
-        if probe.kind == "number" and probe.bad not in NUMBERS:
-            continue
-        out.append(pytest.param(probe, id=f"{probe.command}:{probe.option}={probe.bad}"))
+        if probe.kind == "blank" or probe.bad in NUMBERS:
+            groups.setdefault((probe.command, probe.option, probe.kind), []).append(probe)
+    out = []
+    for turn, group in enumerate(groups.values()):
+        for i, probe in enumerate(group):
+            marks = [] if i == turn % len(group) else [pytest.mark.long]
+            out.append(pytest.param(probe, marks=marks, id=f"{probe.command}:{probe.option}={probe.bad}"))
     return out
 
 

@@ -17,7 +17,8 @@ from tunecost.profile.ranks import (
     slowest_rank,
 )
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
+# one worker runs the module: its module-scoped launches (ddp_full, fsdp_lora) run once
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.xdist_group("profile-ranks")]
 TINY = ModelSetup(model="tiny-mixtral", method="lora", random_weights=True, num_layers=1)
 
 
