@@ -44,7 +44,7 @@ def test_readme_names_the_two_make_targets_and_keeps_the_startup_slot() -> None:
     assert "<!-- startup -->" in text
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_readme_accuracy_table_is_what_the_benchmark_renders_from_the_shipped_corpus() -> None:
     doc = _accuracy_doc()
     block = _readme_block(README.read_text(encoding="utf-8"), doc.README_START, doc.README_END)

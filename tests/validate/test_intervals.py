@@ -92,7 +92,7 @@ def test_shipped_errors_file_reads_and_covers_each_quantity() -> None:
     assert {quantity_class(e.quantity) for e in errors} >= {"throughput", "peak_allocated_gib", "nvidia_smi_gib"}
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_shipped_errors_file_is_what_validate_computes_now() -> None:
     """benchmarks/held_out_errors.py --check: the shipped errors are this version's on the shipped corpus."""
     done = subprocess.run(
