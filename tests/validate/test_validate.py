@@ -387,6 +387,7 @@ def test_report_draws_the_validation_records(corpus, cli_runner, tmp_path) -> No
     assert result.exit_code == 0, result.output
     html = (run / "report.html").read_text(encoding="utf-8")
     assert "Accuracy against published measurements" in html and "median |error| %" in html
+    assert "inside 95 %" in html and "95 % intervals (held out)" in html  # coverage beside the error
 
 
 def test_cli_table_output_has_no_error_line(corpus, cli_runner) -> None:

@@ -10,7 +10,7 @@ from tunecost.report.records import RunRecords
 
 REQUIRED = ("id", "quantity", "unit", "status")
 # empty when every row was skipped; `fits` (tunecost's verdict on a row's setting) only in runs since it was recorded
-OPTIONAL = ("measured", "predicted", "error", "reason", "stack", "fits")
+OPTIONAL = ("measured", "predicted", "error", "reason", "stack", "fits", "low", "high")
 
 
 def _rows(df: pd.DataFrame) -> list:
@@ -31,6 +31,8 @@ def _rows(df: pd.DataFrame) -> list:
             reason="" if pd.isna(r["reason"]) else str(r["reason"]),
             stack="" if pd.isna(r["stack"]) else str(r["stack"]),
             fits=None if r["fits"] is None or pd.isna(r["fits"]) else bool(r["fits"]),
+            low=value(r["low"]),
+            high=value(r["high"]),
         )
         for _, r in df.iterrows()
     ]
@@ -79,6 +81,8 @@ def fig_validation(records: RunRecords) -> FigureResult | str:
                 "median |error| %": s.median_abs_pct_error,
                 "within 10 %": s.within_10pct,
                 "oom right": s.right,
+                "inside 95 %": f"{s.inside} of {s.with_interval}" if s.with_interval else None,
+                "median ± %": s.median_halfwidth_pct,
             }
             for s in summarize(rows)
         ]
@@ -92,7 +96,10 @@ def fig_validation(records: RunRecords) -> FigureResult | str:
         f"fits/out-of-memory right on {m['verdict_right']} of {m['verdict_rows']} (out of memory on "
         f"{m['oom_right']} of {m['oom_rows_modelled']}); {m['memory_rows_modelled']} of "
         f"{m['memory_rows']} memory rows modelled. Throughput: mean |error| {t['mape']} % over {t['predicted_rows']} "
-        f"rows ({t['calibration_rows']} calibration rows not counted). Grey band: within 10 %."
+        f"rows ({t['calibration_rows']} calibration rows not counted). 95 % intervals (held out): peak memory "
+        f"{m['peak_interval_inside']} of {m['peak_interval_with_interval']} inside, median ±"
+        f"{m['peak_interval_median_halfwidth_pct']} %; throughput {t['interval_inside']} of "
+        f"{t['interval_with_interval']}, median ±{t['interval_median_halfwidth_pct']} %. Grey band: within 10 %."
     )
     if not panels:
         return FigureResult(None, caption, table)
