@@ -196,8 +196,6 @@ def predict(
     """Predict queries/s with a 95 % interval for every target, from one calibration; flag extrapolations.
     Throughput is that of runs as long as the calibration's measurements (1000 queries for the paper's), unless
     --run-queries or --steady-state says otherwise."""
-    import math
-
     from tunecost.errors import TunecostError
     from tunecost.estimate.calibrated import calibrated_model
     from tunecost.io import atomic_write_text
@@ -223,7 +221,16 @@ def predict(
     rows = [_row(p, "; ".join(calib.notes)) for p in _predict_all(calib, targets, where, run_queries)]
     if output is not None:
         atomic_write_text(output, _csv_text(rows))
-    summary = {
+    if json_out:
+        print_json({"calibration": _summary(calib), "predictions": rows, "output": str(output) if output else None})
+        return
+    _print_predictions(rows, calib, run_queries, output)
+
+
+def _summary(calib) -> dict:
+    import math
+
+    return {
         "calibration": calib.source,
         "num_points": calib.num_points,
         "in_sample_mape": calib.in_sample_mape,
@@ -233,9 +240,9 @@ def predict(
         + (f"; {calib.spread.note}" if calib.spread else ""),
         "notes": list(calib.notes),
     }
-    if json_out:
-        print_json({"calibration": summary, "predictions": rows, "output": str(output) if output else None})
-        return
+
+
+def _print_predictions(rows: list[dict], calib, run_queries: int | None, output: Path | None) -> None:
     print_table(
         "Predicted throughput (estimator: calibrated)",
         ["model", "dataset", "gpu", "top-k", "batch", "queries/s [95 %]", "step s", "extrapolation"],
