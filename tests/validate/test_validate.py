@@ -233,7 +233,7 @@ def test_rows_pick_their_stack_behaviours(corpus) -> None:
         LOSS_TRANSFORMERS_446,
     )
     from tunecost.validate.corpus import CorpusRow
-    from tunecost.validate.stacks import loss_code_for
+    from tunecost.validate.stack_behaviour import loss_code_for
 
     fms = "torch 2.4.1; transformers 4.48.1; peft 0.13.2"
     assert loss_code_for("mistralai/Mistral-7B-v0.1", fms) == LOSS_TRANSFORMERS_446
