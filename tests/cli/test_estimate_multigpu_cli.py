@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tunecost.cli.main import app
-from tunecost.distributed.setups import MAX_SEARCH_GPUS
+from tunecost.distributed.plan import MAX_SEARCH_GPUS
 from tunecost.limits import MAX_BATCH_SIZE
 
 TINY = str(Path(__file__).parents[1] / "fixtures" / "distributed" / "tiny-mixtral-2l.json")
