@@ -28,6 +28,7 @@ from tunecost.catalog.models import resolve_model
 from tunecost.errors import TunecostError
 from tunecost.estimate.paper import PAPER_METHOD
 from tunecost.estimate.throughput.counts import AnalyticStepCounts, analytic_step_counts
+from tunecost.estimate.throughput.coverage import ModelRange, coverage_notes, model_ranges
 from tunecost.estimate.throughput.gpu_terms import GpuTerms
 from tunecost.estimate.throughput.intervals import TransferSpread, interval_log_halfwidth, transfer_spread
 from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, empirical_lengths, fixed_lengths
@@ -112,14 +113,6 @@ class Prediction:
     notes: tuple[str, ...] = field(default_factory=tuple)
     host_cpu: str = ""  # the host CPU the prediction assumes ("" when a GPU profile measured the host times)
     startup_s: float = 0.0  # one run's start-up (the calibrated time per run on this host), outside steady state
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelRange:
-    batch_sizes: tuple[int, int]
-    experts_per_token: frozenset[int]
-    methods: frozenset[str]
-    tokens_per_step: tuple[float, float]
 
 
 def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, AnalyticStepCounts]:
@@ -337,10 +330,10 @@ def fit_stack(
         interval_log_halfwidth=halfwidth,
         num_points=len(points),
         in_sample_mape=float(np.mean(np.abs(np.expm1(log_res)))),
-        ranges=_ranges(prepared),
+        ranges=model_ranges(prepared),
         gpus=tuple(sorted({gpu.name for _, gpu, _, _, _ in prepared})),
         source=source,
-        notes=tuple(_coverage_notes(prepared)),
+        notes=tuple(coverage_notes(prepared)),
         gpu_terms=profiles,
         log_residual_dof=dof,
     )
@@ -401,28 +394,3 @@ def _calibrate(
         stacks={m: replace(s, spread=spread) for m, s in stacks.items()},
     )
     return model
-
-
-def _ranges(prepared: Sequence[tuple]) -> dict[str, ModelRange]:
-    by_model: dict[str, list] = defaultdict(list)
-    for _, _, job, counts, _ in prepared:
-        by_model[job.model].append((job, counts))
-    return {
-        model: ModelRange(
-            batch_sizes=(min(j.batch_size for j, _ in rows), max(j.batch_size for j, _ in rows)),
-            experts_per_token=frozenset(int(j.experts_per_token) for j, _ in rows),
-            methods=frozenset(j.method for j, _ in rows),
-            tokens_per_step=(min(c.tokens_per_step for _, c in rows), max(c.tokens_per_step for _, c in rows)),
-        )
-        for model, rows in by_model.items()
-    }
-
-
-def _coverage_notes(prepared: Sequence[tuple]) -> list[str]:
-    notes = []
-    models = {job.model for _, _, job, _, _ in prepared}
-    if len(models) == 1:
-        notes.append("calibrated on one model only: launch/host overheads and GPU efficiencies are poorly separated")
-    if len({job.batch_size for _, _, job, _, _ in prepared}) == 1:
-        notes.append("all points share one batch size: the batch-size saturation is not constrained by data")
-    return notes
