@@ -104,14 +104,8 @@ class StackFlags:
     reentrant: cli.Reentrant = None
 
     def behaviour(self, stack: str | None) -> Any:
-        """The `StackBehaviour` these switches give on `stack`."""
-        return stack_behaviour(
-            stack,
-            chunked_loss=self.chunked_loss,
-            offload_activations=self.offload_activations,
-            optimizer_in_backward=self.optimizer_in_backward,
-            reentrant=self.reentrant,
-        )
+        """The `StackBehaviour` these switches give on `stack` (the fields are `stack_behaviour`'s keywords)."""
+        return stack_behaviour(stack, **dataclasses.asdict(self))
 
 
 @dataclass(frozen=True, kw_only=True)
