@@ -8,9 +8,11 @@ code under test importable (PYTHONPATH=src); it uses a fresh cache folder per ru
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -23,6 +25,8 @@ PUBLISHED_CORPUS = ROOT.parent / "shared" / "validation" / "published_measuremen
 PAPER_MEASUREMENTS = ROOT / "tests" / "fixtures" / "measurements" / "measured_throughput_a40.csv"
 # Fields that change from run to run (wall-clock time), dropped before a file is written.
 VOLATILE_KEYS = frozenset({"seconds_taken", "created_at", "started_at", "finished_at", "elapsed_s", "hostname"})
+# Where the package was imported from (a checkout, a copy of one) shows in the paths of its bundled data.
+PACKAGE_PATH = re.compile(r"[^\s\"']*/src/tunecost/")
 
 MIXTRAL_QLORA = ["--model", "mixtral-8x7b", "--method", "qlora", "--epochs", "3", "--queries", "10000"]
 DENSE_LORA = ["--model", "llama-3.1-8b", "--method", "lora", "--epochs", "1", "--dataset", "math_14k"]
@@ -102,10 +106,13 @@ def _drop_volatile(obj: object) -> object:
 
 
 def _normalised(text: str) -> str:
-    try:
-        return json.dumps(_drop_volatile(json.loads(text)), indent=2, sort_keys=True) + "\n"
-    except ValueError:
-        return text
+    with contextlib.suppress(ValueError):  # not JSON (an error message): compared as it is
+        text = json.dumps(_drop_volatile(json.loads(text)), indent=2, sort_keys=True) + "\n"
+    return _portable(text)
+
+
+def _portable(text: str) -> str:
+    return PACKAGE_PATH.sub("<src>/tunecost/", text)
 
 
 def _run(argv: list[str], env: dict[str, str]) -> str:
@@ -157,7 +164,7 @@ def compare(a: Path, b: Path) -> int:
             print(f"{name}: missing in {a}")
             differing += 1
             continue
-        ta, tb = pa.read_text(), pb.read_text()
+        ta, tb = _portable(pa.read_text()), _portable(pb.read_text())
         if ta == tb:
             print(f"{name}: identical")
             continue
