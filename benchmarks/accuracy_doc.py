@@ -22,8 +22,9 @@ from tunecost.validate.baselines import accelerate_estimate_bytes, deepspeed_est
 from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES as PEAK
 from tunecost.validate.mapping import THROUGHPUT_QUANTITIES as THROUGHPUT
 from tunecost.validate.mapping import Skip, map_row
-from tunecost.validate.run import GIB, memory_totals, throughput_totals
+from tunecost.validate.run import GIB
 from tunecost.validate.stacks import STACKS
+from tunecost.validate.summary import memory_totals, throughput_totals
 
 BASELINES = ("accelerate", "rule", "DeepSpeed")
 

@@ -31,6 +31,7 @@ from tunecost.catalog.host_cpus import REFERENCE_HOST
 from tunecost.estimate.fit import fit_all
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS, PAPER_A40_MEASUREMENTS, load_measurements
 from tunecost.estimate.throughput import calibrate as tc
+from tunecost.estimate.throughput import targets
 from tunecost.estimate.throughput.lengths import DEFAULT_LOG_SIGMA, dataset_lengths
 from tunecost.estimate.throughput.sources import load_calibration_points
 from tunecost.estimate.throughput.validate import (
@@ -145,7 +146,7 @@ def table_iv_report(model) -> None:
     )
     ours_ape, eq2_ape = [], []
     for gpu, batch, ref in (*TABLE_IV, *PCIE_VARIANTS):
-        target = tc.throughput_target(
+        target = targets.throughput_target(
             model="mixtral-8x7b", gpu=gpu, batch_size=batch, experts_per_token=2, dataset="math_14k"
         )
         run = model.predict(target, run_queries=1000)
@@ -185,7 +186,7 @@ def ratio_report(model) -> None:
     for batch in (1, 4, 8, 17, 32):
 
         def qps(gpu: str, host: str | None = None, size: int = batch):
-            target = tc.throughput_target(
+            target = targets.throughput_target(
                 model="mixtral-8x7b", gpu=gpu, batch_size=size, experts_per_token=2, dataset="math_14k", host_cpu=host
             )
             return model.predict(target)
@@ -209,14 +210,14 @@ def sensitivity_report(points) -> None:
         "\nsensitivity (refit on the calibration points, QLoRA stack parameters;"
         " H100 = Mixtral math sparse batch 17, 1000-query run):"
     )
-    target = tc.throughput_target(
+    target = targets.throughput_target(
         model="mixtral-8x7b", gpu="H100", batch_size=17, experts_per_token=2, dataset="math_14k"
     )
-    original = tc.dataset_lengths
+    original = targets.dataset_lengths
     try:
         for sigma in (0.25, DEFAULT_LOG_SIGMA, 0.5):
             for use_priors in (True, False):
-                tc.dataset_lengths = functools.partial(dataset_lengths, log_sigma=sigma)
+                targets.dataset_lengths = functools.partial(dataset_lengths, log_sigma=sigma)
                 model = tc.calibrate(points, use_priors=use_priors, transfer_check=False)
                 stack = model.stacks.get("qlora", model)  # the parameters the Mixtral QLoRA target uses
                 p = stack.params
@@ -229,7 +230,7 @@ def sensitivity_report(points) -> None:
                     f"H100 {model.predict(target, run_queries=1000).queries_per_s:.2f} qps"
                 )
     finally:
-        tc.dataset_lengths = original
+        targets.dataset_lengths = original
     # The fitted gemm_half_rows (hundreds of rows) is far above what cuBLAS needs: pin the GEMM parameters near
     # microbenchmark values to see what the A40 data then say (and how the transfer moves).
     tight = {
@@ -237,7 +238,7 @@ def sensitivity_report(points) -> None:
         "gemm_half_rows": tc.Prior(centre=64, factor=1.05, lower=1.0, upper=1e5, reason="pinned"),
     }
     model = tc.calibrate(points, priors=tight, transfer_check=False)
-    a100 = tc.ThroughputTarget(job=target.job, gpu="A100-80GB")
+    a100 = targets.ThroughputTarget(job=target.job, gpu="A100-80GB")
     stack = model.stacks.get("qlora", model)
     p = stack.params
     print(

@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from tunecost.errors import TunecostError
     from tunecost.estimate.calibrated import calibrated_model
-    from tunecost.estimate.throughput.calibrate import throughput_target
+    from tunecost.estimate.throughput.targets import throughput_target
 
     gpu, device = (args.gpu, "named with --gpu") if args.gpu else detect_gpu()
     if gpu is None:

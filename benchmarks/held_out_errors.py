@@ -30,8 +30,8 @@ from tunecost.catalog.held_out_errors import (
 from tunecost.io import atomic_write_text
 from tunecost.validate import read_corpus, validate_rows
 from tunecost.validate.intervals import has_interval, quantity_class, with_intervals
-from tunecost.validate.run import interval_coverage
 from tunecost.validate.stacks import STACKS
+from tunecost.validate.summary import interval_coverage
 
 COMMAND = "PYTHONPATH=src .venv/bin/python benchmarks/held_out_errors.py --write"
 

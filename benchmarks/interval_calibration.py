@@ -16,11 +16,12 @@ from pathlib import Path
 
 from tunecost.catalog.held_out_errors import held_out_errors
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
-from tunecost.estimate.throughput.calibrate import calibrate, group_of
+from tunecost.estimate.throughput.calibrate import calibrate
 from tunecost.estimate.throughput.sources import load_calibration_points
+from tunecost.estimate.throughput.targets import group_of
 from tunecost.validate import read_corpus, validate_rows
 from tunecost.validate.intervals import quantity_class, with_intervals
-from tunecost.validate.run import interval_coverage
+from tunecost.validate.summary import interval_coverage
 
 LEVELS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 
@@ -65,8 +66,8 @@ def throughput_model_coverage() -> list[tuple[tuple[str, str, str], int, int, fl
 def widths_table() -> None:
     """Mixtral-8x7B math, 1000-query runs: the 95 % half-width on the A100-80GB and H100, calibrated on both bundled
     GPUs and on the A40 alone (the A40-only calibration borrows the bundled transfer errors)."""
-    from tunecost.estimate.throughput.calibrate import throughput_target
     from tunecost.estimate.throughput.sources import calibrate_files
+    from tunecost.estimate.throughput.targets import throughput_target
 
     for files in (list(BUNDLED_MEASUREMENTS), [f for f in BUNDLED_MEASUREMENTS if "a40" in f.name]):
         model = calibrate_files(files)

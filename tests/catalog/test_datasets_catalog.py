@@ -149,7 +149,7 @@ def test_a_mean_only_dataset_estimates_and_says_it_used_a_mean(catalog_with: Cal
     assert lens.mean_len_tokens == pytest.approx(150, rel=0.01)  # the log-normal keeps the published mean
 
     from tunecost.estimate.calibrated import calibrated_model
-    from tunecost.estimate.throughput.calibrate import throughput_target
+    from tunecost.estimate.throughput.targets import throughput_target
 
     target = throughput_target(model="mixtral-8x7b", gpu="A40-48GB", batch_size=4, dataset="mean-only")
     pred = calibrated_model().predict(target)

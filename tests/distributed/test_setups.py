@@ -10,10 +10,11 @@ from tiny_jobs import tiny_job
 
 from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.catalog.interconnects import resolve_interconnect
+from tunecost.distributed.layouts import valid_gpu_counts
 from tunecost.distributed.rank_memory import single_gpu_step
 from tunecost.distributed.timing import Links, step_time
 from tunecost.errors import TunecostError
-from tunecost.estimate.setups import estimate_multi_gpu, valid_gpu_counts
+from tunecost.estimate.setups import estimate_multi_gpu
 from tunecost.workload.job import LoraConfig
 from tunecost.workload.parallel import ParallelPlan
 

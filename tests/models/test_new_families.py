@@ -110,7 +110,8 @@ def test_falcon_runs_as_a_fused_kernel_without_a_mask(tmp_path) -> None:
     attention modules say "sdpa" while the model builds no mask, and the step keeps no (B, heads, L, L) scores,
     which eager attention does (batch 2 x 4 heads x 256^2 per layer)."""
     from tunecost.simulate import simulate_step
-    from tunecost.simulate.prepare import MASK_FREE_SDPA, build_prepared
+    from tunecost.simulate.fused_attention import MASK_FREE_SDPA
+    from tunecost.simulate.prepare import build_prepared
 
     path = _config_file(tmp_path, "falcon-new-architecture")
     fused = FineTuneJob(model=str(path), method="lora", lora=_DENSE_LORA, batch_size=2, seq_len=256)

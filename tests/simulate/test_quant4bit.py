@@ -50,7 +50,7 @@ def test_fake_dequantize_allocates_matrix_and_absmax_only():
     mode = FakeTensorMode()
     with torch.device("meta"):
         q = Quantized4bit(2, 128, 256, QuantSpec("nf4", True))
-    from tunecost.simulate.prepare import to_fake
+    from tunecost.simulate.tensor_groups import to_fake
 
     to_fake(q, mode)
     with mode:

@@ -11,7 +11,8 @@ import pytest
 
 from tunecost.catalog.held_out_errors import HeldOutError, held_out_errors
 from tunecost.validate.intervals import MIN_STACK_ERRORS, quantity_class, with_intervals
-from tunecost.validate.run import ValidationRow, interval_coverage, summarize
+from tunecost.validate.run import ValidationRow
+from tunecost.validate.summary import interval_coverage, summarize
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,8 @@ from tunecost.estimate.throughput.priors import PRIORS
 from tunecost.validate import throughput as tp
 from tunecost.validate.corpus import REQUIRED_COLUMNS, CorpusRow
 from tunecost.validate.mapping import MappedRow, Skip, map_row
-from tunecost.validate.run import throughput_totals, validate_rows
+from tunecost.validate.run import validate_rows
+from tunecost.validate.summary import throughput_totals
 
 A100 = resolve_gpu_name("A100-80GB-SXM").gpu
 FLOPS_PER_TOKEN = 6e9  # made-up micro-batch counts: all work in one large GEMM class

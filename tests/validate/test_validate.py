@@ -14,8 +14,9 @@ from tunecost.results.records import read_records
 from tunecost.validate import OUTPUT_COLUMNS, read_corpus, summarize, validate_rows
 from tunecost.validate.corpus import DEFAULT_CORPUS_PATH, REQUIRED_COLUMNS
 from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES, Skip, lora_targets, map_row, modules_to_save
-from tunecost.validate.run import GIB, memory_totals, predicted_bytes
+from tunecost.validate.run import GIB, predicted_bytes
 from tunecost.validate.stacks import STACKS, stack_for
+from tunecost.validate.summary import memory_totals
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "validation" / "small.csv"
 TINY_LLAMA = {  # GQA (4 query heads, 2 key/value heads) and tied embeddings
@@ -233,7 +234,7 @@ def test_rows_pick_their_stack_behaviours(corpus) -> None:
         LOSS_TRANSFORMERS_446,
     )
     from tunecost.validate.corpus import CorpusRow
-    from tunecost.validate.stacks import loss_code_for
+    from tunecost.validate.stack_behaviour import loss_code_for
 
     fms = "torch 2.4.1; transformers 4.48.1; peft 0.13.2"
     assert loss_code_for("mistralai/Mistral-7B-v0.1", fms) == LOSS_TRANSFORMERS_446

@@ -24,8 +24,9 @@ from tunecost.estimate.estimators import (
 )
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
 from tunecost.estimate.simulated import simulated_sizing
-from tunecost.estimate.throughput.calibrate import CalibratedModel, Prediction, ThroughputTarget, throughput_target
+from tunecost.estimate.throughput.calibrate import CalibratedModel
 from tunecost.estimate.throughput.sources import calibrate_files, calibration_files
+from tunecost.estimate.throughput.targets import Prediction, ThroughputTarget, throughput_target
 
 ESTIMATOR_NAME = "calibrated"
 SIMULATOR_STACKS = ("hf-2024", "tunecost")  # the paper's stack first: the throughput model describes it

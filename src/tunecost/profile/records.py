@@ -46,6 +46,15 @@ def point_rows(m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> d
 def _measured_rows(
     rows: dict[str, list[dict[str, Any]]], m: PointMeasurement, base: Callable[[str, PointMeasurement], dict[str, Any]]
 ) -> None:
+    _timing_rows(rows, m, base)
+    _breakdown_rows(rows, m, base)
+    _overhead_rows(rows, m, base)
+
+
+def _timing_rows(
+    rows: dict[str, list[dict[str, Any]]], m: PointMeasurement, base: Callable[[str, PointMeasurement], dict[str, Any]]
+) -> None:
+    """Throughput of the plain steps, and the stages of the median step."""
     steps = len(m.plain)
     plain_seconds = sum(s.wall_seconds for s in m.plain)
     rows["throughput"].append(
@@ -80,6 +89,12 @@ def _measured_rows(
                 "note": "seconds: the median step (by step time), so stages add up to it",
             }
         )
+
+
+def _breakdown_rows(
+    rows: dict[str, list[dict[str, Any]]], m: PointMeasurement, base: Callable[[str, PointMeasurement], dict[str, Any]]
+) -> None:
+    """Layers, kernel classes, expert load and peak memory, where the point measured them."""
     if m.layers is not None and m.layers_step is not None:
         pass_total = {
             "forward": m.layers_step.forward_seconds,
@@ -114,6 +129,14 @@ def _measured_rows(
         rows["memory"].append(
             {**base("memory", m), "peak_bytes": m.memory.peak_bytes, "source": m.memory.source, **m.memory.detail}
         )
+
+
+def _overhead_rows(
+    rows: dict[str, list[dict[str, Any]]], m: PointMeasurement, base: Callable[[str, PointMeasurement], dict[str, Any]]
+) -> None:
+    """What the layer hooks and torch.profiler cost beside the plain steps."""
+    steps = len(m.plain)
+    plain_seconds = sum(s.wall_seconds for s in m.plain)
     if m.instrumented and len(m.instrumented) == len(m.plain):
         inst = sum(s.wall_seconds for s in m.instrumented)
         rows["overhead"].append(

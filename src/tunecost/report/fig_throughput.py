@@ -3,6 +3,8 @@ maximum batch size (Fig. 13, Table III)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pandas as pd
 
@@ -48,62 +50,13 @@ def fig_throughput_fit(records: RunRecords) -> FigureResult | str:
     points, fits = df[df["kind"] == "fit_point"], df[(df["kind"] == "fit") & (df.get("form") == "artifact")]
     if points.empty or fits.empty:
         return "no fitted eq. (2) in this run"
-
     plt = _plt()
     groups = list(fits.itertuples())
     fig, axes = _panels(plt, len(groups), 3.6, 3.4, max_cols=2)
     rows = []
     for ax, f in zip(axes, groups):
-        fit = ThroughputFit(
-            model=f.model,
-            dataset=f.dataset,
-            gpu=f.gpu,
-            form=f.form,
-            coefficients=f.coefficients,
-            rmse=f.rmse,
-            mape=f.mape,
-            num_points=f.num_points,
-            batch_size_range=tuple(f.batch_size_range),
-            note=f.note,
-        )
-        sel = points[(points.model == f.model) & (points.dataset == f.dataset) & (points.gpu == f.gpu)]
-        for k in sorted(sel.experts_per_token.dropna().unique()):
-            s = sel[sel.experts_per_token == k]
-            routing = "dense" if is_dense(s.iloc[0]) else "sparse"
-            color = "tab:red" if routing == "dense" else "tab:blue"
-            ax.plot(s.batch_size, s.queries_per_s, "o", color=color, label=f"measured {routing}")
-            b = np.linspace(1, s.batch_size.max(), 50)
-            sp = float(s.sparsity.iloc[0])
-            ax.plot(
-                b,
-                [fit.predict_queries_per_s(batch_size=x, sparsity=sp) for x in b],
-                "-",
-                color=color,
-                label=f"eq. (2) {routing}",
-            )
-        ax.set_title(f"{f.model}\n{f.dataset} on {f.gpu}", fontsize=9)
-        ax.set_xlabel("batch size (queries)")
-        ax.set_ylabel("throughput (queries/s)")
-        ax.text(
-            0.97,
-            0.05,
-            f"RMSE {f.rmse:.3f} q/s\nMAPE {100 * f.mape:.1f} %",
-            transform=ax.transAxes,
-            ha="right",
-            va="bottom",
-            fontsize=8,
-        )
-        rows.append(
-            {
-                "model": f.model,
-                "dataset": f.dataset,
-                "gpu": f.gpu,
-                "rmse_qps": round(f.rmse, 4),
-                "mape_pct": round(100 * f.mape, 2),
-                "points": f.num_points,
-                "coefficients": ", ".join(f"{k}={v:.4g}" for k, v in f.coefficients.items()),
-            }
-        )
+        _plot_fit(ax, f, points)
+        rows.append(_fit_row(f))
     fig.tight_layout()
     handles = {lbl: h for ax in axes for h, lbl in zip(*ax.get_legend_handles_labels())}
     fig.legend(
@@ -120,6 +73,62 @@ def fig_throughput_fit(records: RunRecords) -> FigureResult | str:
         "form a + b·log(B)/(sparsity·c3), fitted per (model, dataset, GPU) with scipy."
     )
     return FigureResult(fig, caption, pd.DataFrame(rows))
+
+
+def _plot_fit(ax: Any, f: Any, points: pd.DataFrame) -> None:
+    """One (model, dataset, GPU) panel: the measured points and eq. (2)'s curve per routing, with the fit's error."""
+
+    fit = ThroughputFit(
+        model=f.model,
+        dataset=f.dataset,
+        gpu=f.gpu,
+        form=f.form,
+        coefficients=f.coefficients,
+        rmse=f.rmse,
+        mape=f.mape,
+        num_points=f.num_points,
+        batch_size_range=tuple(f.batch_size_range),
+        note=f.note,
+    )
+    sel = points[(points.model == f.model) & (points.dataset == f.dataset) & (points.gpu == f.gpu)]
+    for k in sorted(sel.experts_per_token.dropna().unique()):
+        s = sel[sel.experts_per_token == k]
+        routing = "dense" if is_dense(s.iloc[0]) else "sparse"
+        color = "tab:red" if routing == "dense" else "tab:blue"
+        ax.plot(s.batch_size, s.queries_per_s, "o", color=color, label=f"measured {routing}")
+        b = np.linspace(1, s.batch_size.max(), 50)
+        sp = float(s.sparsity.iloc[0])
+        ax.plot(
+            b,
+            [fit.predict_queries_per_s(batch_size=x, sparsity=sp) for x in b],
+            "-",
+            color=color,
+            label=f"eq. (2) {routing}",
+        )
+    ax.set_title(f"{f.model}\n{f.dataset} on {f.gpu}", fontsize=9)
+    ax.set_xlabel("batch size (queries)")
+    ax.set_ylabel("throughput (queries/s)")
+    ax.text(
+        0.97,
+        0.05,
+        f"RMSE {f.rmse:.3f} q/s\nMAPE {100 * f.mape:.1f} %",
+        transform=ax.transAxes,
+        ha="right",
+        va="bottom",
+        fontsize=8,
+    )
+
+
+def _fit_row(f: Any) -> dict[str, Any]:
+    return {
+        "model": f.model,
+        "dataset": f.dataset,
+        "gpu": f.gpu,
+        "rmse_qps": round(f.rmse, 4),
+        "mape_pct": round(100 * f.mape, 2),
+        "points": f.num_points,
+        "coefficients": ", ".join(f"{k}={v:.4g}" for k, v in f.coefficients.items()),
+    }
 
 
 # --- Fig. 8: throughput vs batch size --------------------------------------------------------------------------

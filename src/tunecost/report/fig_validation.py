@@ -68,7 +68,7 @@ def fig_validation(records: RunRecords) -> FigureResult | str:
     df = _validation_frame(records)
     if isinstance(df, str):
         return df
-    from tunecost.validate.run import memory_totals, summarize, throughput_totals
+    from tunecost.validate.summary import memory_totals, summarize, throughput_totals
 
     rows = _rows(df)
     table = pd.DataFrame(

@@ -84,7 +84,7 @@ def _planned(records: RunRecords) -> list[str]:
 def _validated(records: RunRecords) -> list[str]:
     """How far the estimates were from published measurements, when the run holds `tunecost validate` records."""
     from tunecost.report.fig_validation import validation_results
-    from tunecost.validate.run import memory_totals
+    from tunecost.validate.summary import memory_totals
 
     rows = validation_results(records)
     totals = memory_totals(rows) if rows else {}

@@ -8,10 +8,9 @@ and ``"hf-2024"`` (the paper's transformers 4.40 / PEFT 0.7 / bitsandbytes memor
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import torch
 from torch import nn
@@ -20,7 +19,6 @@ from tunecost.errors import TunecostError
 from tunecost.models.anatomy import (
     ATTENTION_NAMES,
     FEED_FORWARD_NAMES,
-    LAYER_PATH,
     SUPPORTED_FAMILIES,
     decoder_layers,
     layer_part,
@@ -37,12 +35,13 @@ from tunecost.simulate.behaviour import (
     install_autocast_boundaries,
     stack_adamw_impl,
 )
+from tunecost.simulate.fused_attention import falcon_fused_attention, fused_attention_dropout, mask_free_sdpa
 from tunecost.simulate.hf2024 import Loop2024Experts
-from tunecost.simulate.mamba import build_blackmamba_for_sim
 from tunecost.simulate.modules import ModulesToSave, SimExperts, SimLinear, SimLoraRouter
-from tunecost.simulate.quant4bit import Quantized4bit, QuantSpec
+from tunecost.simulate.quant4bit import QuantSpec
 from tunecost.simulate.recorder import LayerPlan
 from tunecost.simulate.step import optimizer_state_tensors, simulated_optimizer, warm_up_optimizer
+from tunecost.simulate.tensor_groups import module_info, static_tensors, to_fake
 from tunecost.workload.job import STACKS, FineTuneJob
 
 # LoRA Linear style per stack (see `SimLinear`); re-entrant checkpointing per stack (transformers' default when
@@ -67,7 +66,6 @@ def reentrant_checkpointing(
 
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-_QUANT_BUFFERS = {"packed": "weights_4bit", "qweight": "weights_4bit"}  # bitsandbytes codes, GPTQ codes
 
 
 @dataclass
@@ -249,150 +247,6 @@ def wrap_modules_to_save(model: nn.Module, names: tuple[str, ...]) -> None:
         raise TunecostError(f"modules_to_save: no module named {', '.join(missing)} in {type(model).__name__}")
 
 
-def module_group(path: str, module: nn.Module, parent_group: str | None) -> str | None:
-    """The reporting group of a module (None: inherit the parent's)."""
-    name = path.rsplit(".", 1)[-1]
-    cls = type(module).__name__
-    if path == "":
-        return "lm_head/loss"
-    if name in ("embed_tokens", "word_embeddings", "embedding", "wte", "wpe"):
-        return "embedding"
-    if name in ("lm_head", "output_layer"):
-        return "lm_head/loss"
-    if name == "rotary_emb":
-        return "other"
-    if parent_group != "router" and (name in ("gate", "router", "shared_expert_gate") or "Router" in cls):
-        return "router"
-    if name in ("experts", "local_experts"):
-        return "experts"
-    if name in ("shared_expert", "shared_experts", "shared_mlp"):
-        return "shared_experts"
-    if parent_group in ("attention", "router", "experts", "shared_experts", "mlp", "mamba"):
-        return None  # everything inside those belongs to them (q_norm, LoRA factors, ...)
-    if "Norm" in cls or name.endswith("norm") or name.endswith("layernorm"):
-        return "norms"
-    if name in ("self_attn", "attention") or "Attention" in cls:
-        return "attention"
-    if name in FEED_FORWARD_NAMES:
-        return "experts" if hasattr(module, "experts") else "mlp"
-    if name == "mixer":
-        return "experts" if hasattr(module, "router") else "mamba"
-    if LAYER_PATH.search(path) and re.fullmatch(r"\d+", name):
-        return "residual"
-    if path in ("model", "decoder", "backbone", "transformer"):
-        return "other"
-    return None
-
-
-def module_info(model: nn.Module) -> dict[int, tuple[str, int | None]]:
-    info: dict[int, tuple[str, int | None]] = {}
-    groups: dict[str, str] = {}
-    for path, module in model.named_modules():
-        parent = path.rsplit(".", 1)[0] if "." in path else ""
-        parent_group = groups.get(parent) if path else None
-        group = module_group(path, module, parent_group) or parent_group or "other"
-        groups[path] = group
-        m = LAYER_PATH.search(path)
-        info[id(module)] = (group, int(m.group(1)) if m else None)
-    return info
-
-
-def static_tensors(model: nn.Module, info: dict[int, tuple[str, int | None]]) -> list[tuple[torch.Tensor, str, str]]:
-    """Every parameter and buffer with its memory category and module group (tied tensors once)."""
-    out: list[tuple[torch.Tensor, str, str]] = []
-    seen: set[int] = set()
-    for module in model.modules():
-        group = info[id(module)][0]
-        for p in module.parameters(recurse=False):
-            if id(p) not in seen:
-                seen.add(id(p))
-                out.append((p, "trainable_params" if p.requires_grad else "frozen_weights", group))
-        for name, b in module.named_buffers(recurse=False):
-            if b is not None and id(b) not in seen:
-                seen.add(id(b))
-                if isinstance(module, Quantized4bit):
-                    out.append((b, _QUANT_BUFFERS.get(name, "quant_constants"), group))
-                else:
-                    out.append((b, "buffers", group))
-    return out
-
-
-def to_fake(model: nn.Module, fake_mode) -> None:
-    """Replace every meta parameter and buffer with an empty fake CPU tensor (ties kept)."""
-    memo: dict[int, torch.Tensor] = {}
-
-    def fake(t: torch.Tensor) -> torch.Tensor:
-        if id(t) not in memo:
-            with fake_mode:
-                new = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
-            memo[id(t)] = nn.Parameter(new, requires_grad=t.requires_grad) if isinstance(t, nn.Parameter) else new
-        return memo[id(t)]
-
-    for module in model.modules():
-        for name, p in list(module._parameters.items()):
-            if p is not None:
-                module._parameters[name] = cast(nn.Parameter, fake(p))  # a parameter's copy is one
-        for name, b in list(module._buffers.items()):
-            if b is not None:
-                module._buffers[name] = fake(b)
-
-
-MASK_FREE_SDPA = "tunecost_sdpa"
-
-
-def mask_free_sdpa() -> str:
-    """Register (once) transformers' SDPA attention under a name with no mask function, so no 4-D mask is built
-    and SDPA runs causal without one, on real and fake tensors alike: what flash-attention / SDPA do for a batch
-    without padding. (For fake tensors transformers cannot prove the mask is all ones, so its own `sdpa` path would
-    materialize a (B, 1, L, L) mask that a real run skips.)"""
-    from transformers import AttentionInterface
-
-    if MASK_FREE_SDPA not in AttentionInterface._global_mapping:
-        AttentionInterface.register(MASK_FREE_SDPA, _fused_attention)
-    return MASK_FREE_SDPA
-
-
-def _fused_attention(*args: Any, **kwargs: Any) -> Any:
-    """transformers' SDPA attention, standing for a fused kernel. Gemma 2's attention-logit soft-capping (`softcap`)
-    and gpt-oss's attention sinks (`s_aux`, one logit per head), which SDPA refuses, are dropped: the fused kernels
-    that support them (FlashAttention-2's softcap, FlashAttention-3's sinks) apply them inside the kernel, with the
-    same tensors kept."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    kwargs.pop("softcap", None)
-    kwargs.pop("s_aux", None)
-    return sdpa_attention_forward(*args, **kwargs)
-
-
-def falcon_fused_attention(model: nn.Module) -> None:
-    """Falcon as a fused attention kernel runs it: causal SDPA, no mask. transformers 5.23's `FalconAttention` calls
-    torch SDPA itself when its config says "sdpa" (else it adds a mask to explicit scores), and `FalconModel` builds
-    a 4-D mask for it whatever the batch (`allow_is_causal_skip=False`). So the attention modules get a config copy
-    that says "sdpa" (with no mask SDPA runs `is_causal`), while the model's own config keeps the mask-free name and
-    builds no mask: what FlashAttention-2 (`FalconFlashAttention2`) does for a batch without padding. (A real SDPA run
-    also keeps that (B, 1, L, L) boolean mask: B x L^2 bytes, not counted.)"""
-    import copy
-
-    for layer in decoder_layers(model):
-        attention = layer_part(layer, ATTENTION_NAMES)
-        own = copy.copy(attention.config)
-        own._attn_implementation = "sdpa"
-        attention.config = own
-
-
-# Config keys of the attention-probability dropout (GPT-2 style `attn_pdrop`, transformers' `attention_dropout`).
-_ATTENTION_DROPOUT_KEYS = ("attention_dropout", "attn_pdrop")
-
-
-def fused_attention_dropout(spec: ModelSpec) -> dict[str, float]:
-    """Config overrides that turn off attention-probability dropout for a fused attention kernel. FlashAttention-2
-    (and SDPA's flash / memory-efficient CUDA kernels) apply that dropout inside the kernel and keep only its RNG
-    state for backward, so the memory is that of the kernel without dropout; on CPU fake tensors SDPA with dropout
-    would instead fall back to the math path and materialize the (B, heads, L, L) probabilities. Residual and
-    embedding dropout (separate `nn.Dropout` modules, whose masks are kept) are left as they are."""
-    return {key: 0.0 for key in _ATTENTION_DROPOUT_KEYS if spec.config.get(key)}
-
-
 def build_prepared(
     job: FineTuneJob,
     *,
@@ -415,59 +269,19 @@ def build_prepared(
     if num_units is None or num_units >= full_units:
         num_units = full_units
     num_layers = spec.num_layers if num_units == full_units else prefix + num_units * period
-    overrides: dict[str, Any] = {}
-    if spec.family == "blackmamba":
-        overrides["num_layers"] = num_layers
-    else:
-        overrides["num_hidden_layers"] = num_layers
-        if spec.is_moe:
-            overrides["output_router_logits"] = True
-        if job.attention != "eager":
-            overrides.update(fused_attention_dropout(spec))
     experts_per_token = job.experts_per_token if spec.is_moe else None
     if job.experts_per_token is not None and not spec.is_moe:
         raise TunecostError(f"{spec.name} is a dense model: --experts-per-token does not apply")
-    dtype = TORCH_DTYPES[job.compute_dtype]
-    if spec.family == "blackmamba":
-        if real:
-            raise TunecostError("BlackMamba steps are simulated only (fused Mamba kernels), not measured on CPU")
-
-        model = build_blackmamba_for_sim(
-            spec, num_layers=num_layers, experts_per_token=experts_per_token, dtype=dtype, device="meta"
-        )
-    else:
-        model = build_model(
-            spec,
-            device=device if real else "meta",
-            dtype=dtype,
-            experts_per_token=experts_per_token,
-            seed=seed,
-            attn_implementation="eager" if job.attention == "eager" else "sdpa",
-            **overrides,
-        )
-        if job.attention != "eager":
-            model.config._attn_implementation = mask_free_sdpa()
-            if spec.family == "falcon":
-                falcon_fused_attention(model)
-        transform(model, job, stack)
-        if behaviour.kbit_fp32_norms:
-            _kbit_fp32_norms(model, dtype)
+    model = _built_model(
+        job, spec, stack, behaviour, num_layers, experts_per_token, real=real, device=device, seed=seed
+    )
     fake_mode = None
     if not real:
         fake_mode = FakeTensorMode()
         to_fake(model, fake_mode)
     model.train()
     if job.gradient_checkpointing:
-        reentrant = reentrant_checkpointing(job, stack, behaviour)
-        enable = getattr(model, "activation_checkpointing_enable", None)
-        if spec.family == "blackmamba":
-            model.gradient_checkpointing_enable()  # its own: non-reentrant per block
-        elif enable is not None:
-            enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-        if reentrant and job.method != "full":
-            model.enable_input_require_grads()
+        _enable_checkpointing(model, job, spec, stack, behaviour)
     if wrap is not None:
         wrap(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -493,6 +307,72 @@ def build_prepared(
         top_k=top_k,
         behaviour=behaviour,
     )
+
+
+def _built_model(
+    job: FineTuneJob,
+    spec: ModelSpec,
+    stack: str,
+    behaviour: StackBehaviour,
+    num_layers: int,
+    experts_per_token: int | None,
+    *,
+    real: bool,
+    device: str,
+    seed: int,
+) -> Any:
+    """The model of `job` with `num_layers` layers, on the meta device (or real on `device`), transformed for the
+    method and stack."""
+
+    overrides: dict[str, Any] = {}
+    if spec.family == "blackmamba":
+        overrides["num_layers"] = num_layers
+    else:
+        overrides["num_hidden_layers"] = num_layers
+        if spec.is_moe:
+            overrides["output_router_logits"] = True
+        if job.attention != "eager":
+            overrides.update(fused_attention_dropout(spec))
+    dtype = TORCH_DTYPES[job.compute_dtype]
+    if spec.family == "blackmamba":
+        if real:
+            raise TunecostError("BlackMamba steps are simulated only (fused Mamba kernels), not measured on CPU")
+        from tunecost.simulate.mamba import build_blackmamba_for_sim
+
+        return build_blackmamba_for_sim(
+            spec, num_layers=num_layers, experts_per_token=experts_per_token, dtype=dtype, device="meta"
+        )
+    model = build_model(
+        spec,
+        device=device if real else "meta",
+        dtype=dtype,
+        experts_per_token=experts_per_token,
+        seed=seed,
+        attn_implementation="eager" if job.attention == "eager" else "sdpa",
+        **overrides,
+    )
+    if job.attention != "eager":
+        model.config._attn_implementation = mask_free_sdpa()
+        if spec.family == "falcon":
+            falcon_fused_attention(model)
+    transform(model, job, stack)
+    if behaviour.kbit_fp32_norms:
+        _kbit_fp32_norms(model, dtype)
+    return model
+
+
+def _enable_checkpointing(model: Any, job: FineTuneJob, spec: ModelSpec, stack: str, behaviour: StackBehaviour) -> None:
+    """Gradient checkpointing per decoder layer, re-entrant or not as the stack runs it."""
+    reentrant = reentrant_checkpointing(job, stack, behaviour)
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if spec.family == "blackmamba":
+        model.gradient_checkpointing_enable()  # its own: non-reentrant per block
+    elif enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    if reentrant and job.method != "full":
+        model.enable_input_require_grads()
 
 
 def _kbit_fp32_norms(model: nn.Module, compute_dtype: torch.dtype) -> None:

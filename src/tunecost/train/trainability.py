@@ -191,16 +191,7 @@ def run_trainability(
 
     out = Path(out_dir)
     rows_path = out / ROWS_FILE
-    template = template_by_name(job.template)
-    train_set = load_dataset(job.dataset).head(job.num_train)
-    eval_set = load_dataset(job.resolved_eval_dataset).head(job.num_eval)
-    # The task vocabulary comes from the training text and the held-out *prompts* (inputs known at test time).
-    texts = [template.render_prompt(e.prompt) for e in train_set.examples + eval_set.examples]
-    texts += [template.render_response(e.response) for e in train_set.examples]
-    tokenizer = _task_tokenizer(job, tokenizer_by_name(job.resolved_tokenizer), texts)
-    encoded = encode_queries(
-        template, tokenizer, [e.prompt for e in train_set.examples], [e.response for e in train_set.examples]
-    )
+    template, train_set, eval_set, tokenizer, encoded = _task_data(job)
     batch_size = job.job.batch_size
     steps_per_epoch = (len(encoded) + batch_size - 1) // batch_size
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -220,39 +211,11 @@ def run_trainability(
         run_dir = out / f"{routing}-k{k}"
         state_path = run_dir / STATE_FILE
         optimizer, scheduler = make_optimizer_with_schedule(model, OptimConfig(lr=job.lr), job.epochs * steps_per_epoch)
-        start_epoch = 1
-        state = _load_state(state_path)
         last_done = max((e for e in finished if e > 0), default=0)
-        # Resume from the saved state if it is of this run and no newer than the rows; epochs between the state
-        # and the last row are retrained (deterministic) without being evaluated again.
-        if state is not None and state.get("run_key") == run_key and 0 < int(state["epoch"]) <= last_done:
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            scheduler.load_state_dict(state["scheduler"])
-            start_epoch = int(state["epoch"]) + 1
-            done_steps += int(state["epoch"]) * steps_per_epoch
-        base = {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "trainability",
-            "model": job.model,
-            "method": "full",
-            "experts_per_token": k,
-            "num_experts": num_experts,
-            "routing": routing,
-            "batch_size": batch_size,
-            "seq_len": None,
-            "dataset": train_set.name,
-            "eval_dataset": eval_set.name,
-            "device": device,
-            "tokenizer": tokenizer.name,
-            "template": template.name,
-            "lr": job.lr,
-            "seed": job.seed,
-            "num_train": len(train_set),
-            "run_key": run_key,
-        }
-        if job.model == "tiny-mixtral":
-            base["model_overrides"] = dict(job.tiny_overrides)
+        resumed = _resume(state_path, run_key, last_done, model, optimizer, scheduler)
+        start_epoch = resumed + 1
+        done_steps += resumed * steps_per_epoch
+        base = _run_keys(job, k, num_experts, device, (train_set, eval_set, tokenizer, template))
 
         def record(epoch: int, train_loss: float | None, train_seconds: float, _model=model, _base=base) -> None:
             _record_epoch(
@@ -293,6 +256,63 @@ def run_trainability(
         state_path.unlink(missing_ok=True)  # the run is complete: only the final model is kept
 
     return [r for r in read_jsonl(rows_path) if r.get("run_key") in {job.run_key(k) for k in job.experts_per_token}]
+
+
+def _task_data(job: TrainabilityJob) -> tuple:
+    """(template, train set, eval set, task tokenizer, encoded training queries) of the job."""
+
+    template = template_by_name(job.template)
+    train_set = load_dataset(job.dataset).head(job.num_train)
+    eval_set = load_dataset(job.resolved_eval_dataset).head(job.num_eval)
+    # The task vocabulary comes from the training text and the held-out *prompts* (inputs known at test time).
+    texts = [template.render_prompt(e.prompt) for e in train_set.examples + eval_set.examples]
+    texts += [template.render_response(e.response) for e in train_set.examples]
+    tokenizer = _task_tokenizer(job, tokenizer_by_name(job.resolved_tokenizer), texts)
+    encoded = encode_queries(
+        template, tokenizer, [e.prompt for e in train_set.examples], [e.response for e in train_set.examples]
+    )
+    return template, train_set, eval_set, tokenizer, encoded
+
+
+def _resume(state_path: Path, run_key: str, last_done: int, model: Any, optimizer: Any, scheduler: Any) -> int:
+    """The epoch the saved state resumes after (0: from the start). A state resumes if it is of this run and no
+    newer than the rows; epochs between the state and the last row are retrained (deterministic) without being
+    evaluated again."""
+    state = _load_state(state_path)
+    if state is not None and state.get("run_key") == run_key and 0 < int(state["epoch"]) <= last_done:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        return int(state["epoch"])
+    return 0
+
+
+def _run_keys(job: TrainabilityJob, k: int, num_experts: int, device: str, data: tuple) -> dict[str, Any]:
+    """The columns every row of one run (one top-k) shares; `data`: (train set, eval set, tokenizer, template)."""
+    train_set, eval_set, tokenizer, template = data
+    keys: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "trainability",
+        "model": job.model,
+        "method": "full",
+        "experts_per_token": k,
+        "num_experts": num_experts,
+        "routing": routing_name(k, num_experts),
+        "batch_size": job.job.batch_size,
+        "seq_len": None,
+        "dataset": train_set.name,
+        "eval_dataset": eval_set.name,
+        "device": device,
+        "tokenizer": tokenizer.name,
+        "template": template.name,
+        "lr": job.lr,
+        "seed": job.seed,
+        "num_train": len(train_set),
+        "run_key": job.run_key(k),
+    }
+    if job.model == "tiny-mixtral":
+        keys["model_overrides"] = dict(job.tiny_overrides)
+    return keys
 
 
 def _record_epoch(

@@ -8,7 +8,8 @@
 """
 
 from tunecost.validate.corpus import DEFAULT_CORPUS_PATH, REQUIRED_COLUMNS, read_corpus
-from tunecost.validate.run import OUTPUT_COLUMNS, ValidationRow, summarize, validate_rows
+from tunecost.validate.run import OUTPUT_COLUMNS, ValidationRow, validate_rows
+from tunecost.validate.summary import summarize
 
 __all__ = [
     "DEFAULT_CORPUS_PATH",

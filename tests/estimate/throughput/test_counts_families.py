@@ -8,8 +8,9 @@ import json
 import pytest
 
 from tunecost.estimate.throughput.arch import arch_of
-from tunecost.estimate.throughput.counts import analytic_step_counts, windowed_sq_len_tokens2
+from tunecost.estimate.throughput.counts import analytic_step_counts
 from tunecost.estimate.throughput.lengths import empirical_lengths, fixed_lengths
+from tunecost.estimate.throughput.mixers import windowed_sq_len_tokens2
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob, LoraConfig
 
@@ -166,7 +167,7 @@ def test_windowed_attention_work() -> None:
 def test_gemma2_feed_forward_norms_add_element_wise_traffic(tmp_path) -> None:
     """Gemma 2 is Gemma plus a pre- and a post-feed-forward RMSNorm per layer: two more norms' traffic and
     kernels per layer (no window within these 32 tokens, no other difference in the counts)."""
-    from tunecost.estimate.throughput.counts import (
+    from tunecost.estimate.throughput.mixers import (
         BWD_BYTES_PER_FWD_BYTE,
         BWD_KERNELS_PER_FWD_KERNEL,
         RMSNORM_BYTES_PER_HIDDEN,

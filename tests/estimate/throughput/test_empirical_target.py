@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from tunecost.estimate.calibrated import calibrated_model
-from tunecost.estimate.throughput.calibrate import CalibratedModel, job_for, throughput_target
+from tunecost.estimate.throughput.calibrate import CalibratedModel
+from tunecost.estimate.throughput.targets import job_for, throughput_target
 
 SHORT = (24,) * 30 + (120,) * 2  # mostly short queries, two long ones
 BATCH = 4

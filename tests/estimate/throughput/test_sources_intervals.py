@@ -12,7 +12,7 @@ import pytest
 from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.errors import TunecostError
 from tunecost.estimate.conformal import Halfwidth, conformal_halfwidth
-from tunecost.estimate.throughput.calibrate import CalibratedModel, ThroughputTarget, calibrate, throughput_target
+from tunecost.estimate.throughput.calibrate import CalibratedModel, calibrate
 from tunecost.estimate.throughput.intervals import (
     HOST_CLOCK_CHAIN_LOG_HALFWIDTH,
     HeldOut,
@@ -28,6 +28,7 @@ from tunecost.estimate.throughput.sources import (
     calibration_files,
     load_calibration_points,
 )
+from tunecost.estimate.throughput.targets import ThroughputTarget, throughput_target
 from tunecost.estimate.throughput.validate import leave_one_gpu_out
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "measurements"

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from tunecost.cli.common import console, format_hours, print_json, print_table, split_list
 from tunecost.cli.options import MAX_EXPERTS, count_option, opt
 from tunecost.errors import TunecostError
 from tunecost.limits import check_count
-from tunecost.results.records import save_multi_gpu_records
 from tunecost.units import format_bytes
 from tunecost.workload.offload import OFFLOAD_STRATEGIES
 from tunecost.workload.parallel import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS, MULTI_GPU_STRATEGIES
+
+if TYPE_CHECKING:
+    from tunecost.cli.groups import MultiGpuOptions, Pricing, RecordsOutput
 
 DEFAULT_GPUS_PER_NODE = 8
 MAX_GPUS_PER_NODE = 1024
@@ -73,23 +75,14 @@ def parse_gpu_counts(text: str, gpus: list[str]) -> int | dict[str, int] | None:
 
 def run_multi_gpu(
     job,
+    options: MultiGpuOptions,
     *,
     gpus: list[str],
-    num_gpus: str,
-    gpus_per_node: int | None,
-    strategy: str | None,
-    max_gpus: int | None,
-    interconnect: str | None,
-    expert_degree: int | None,
-    offload: str | None,
-    provider: str | None,
-    prices_file,
+    pricing: Pricing,
     batch_size: str | None,
     num_queries: int,
     epochs: float,
-    json_out: bool,
-    out=None,
-    force: bool = False,
+    output: RecordsOutput,
     verbose: bool = False,
     steady_state: bool = False,
     behaviour=None,
@@ -100,7 +93,9 @@ def run_multi_gpu(
     from tunecost.distributed.expert_parallel import EP_STRATEGIES
     from tunecost.estimate.setups import estimate_multi_gpu
 
-    offload = (offload or "none").strip().lower()
+    num_gpus, gpus_per_node, strategy = options.num_gpus or "auto", options.gpus_per_node, options.strategy
+    max_gpus, interconnect, expert_degree = options.max_gpus, options.interconnect, options.expert_parallel
+    offload = (options.offload or "none").strip().lower()
     every = [  # "all": the strategies that take the offload and the expert-parallel degree asked for
         s
         for s in OFFLOAD_STRATEGIES.get(offload, MULTI_GPU_STRATEGIES)
@@ -122,19 +117,21 @@ def run_multi_gpu(
         node_link=interconnect,
         expert_degree=expert_degree or 1,
         offload=offload,
-        provider=provider,
-        prices_file=prices_file,
+        provider=pricing.provider,
+        prices_file=pricing.prices_file,
         num_queries=num_queries,
         epochs=epochs,
         micro_batch=int(batch_size) if batch_size else None,
         steady_state=steady_state,
         behaviour=behaviour,
     )
-    if out is not None:  # every setup evaluated, for `tunecost report` (memory per rank and cost vs GPU count)
+    if output.out is not None:  # every setup evaluated, for `tunecost report` (memory per rank and cost vs GPU count)
         import sys
 
-        save_multi_gpu_records(out, answer, command=sys.argv, force=force)
-    if json_out:
+        from tunecost.results.records import save_multi_gpu_records
+
+        save_multi_gpu_records(output.out, answer, command=sys.argv, force=output.force)
+    if output.json_out:
         print_json(answer)
         return
     print_answer(

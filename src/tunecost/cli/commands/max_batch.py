@@ -8,27 +8,28 @@ from typing import Annotated, Any
 import typer
 
 from tunecost.cli import options as cli
-from tunecost.cli.commands.profile import inputs_spec, model_setup
+from tunecost.cli.commands.profile import inputs_spec, resolve_device
 from tunecost.cli.common import cli_errors, console, err_console, print_json
+from tunecost.cli.groups import GpuMemory, option_groups
 from tunecost.cli.jobconfig import ConfigFiles
 from tunecost.errors import TunecostError
 from tunecost.io import append_jsonl
 from tunecost.profile.threads import prepare_cpu_threads
 from tunecost.units import BYTES_PER_GIB as _GIB
-from tunecost.units import memory_bytes_from_options
 from tunecost.workload.job import default_gradient_checkpointing
 
 
 @cli_errors
+@option_groups
 def max_batch(
+    *,
     model: cli.ModelName = "tiny-mixtral",
     method: cli.MethodName = "qlora",
     experts_per_token: cli.ExpertsPerToken = None,
     seq_len: cli.SeqLen = None,
     dataset: Annotated[str | None, cli.opt("--dataset", "Probe with the dataset's longest queries.")] = None,
     gpu: Annotated[str | None, cli.opt("--gpu", "Search against this catalog GPU's memory.")] = None,
-    gpu_memory_gb: cli.GpuMemoryGb = None,
-    gpu_memory_gib: cli.GpuMemoryGib = None,
+    gpu_memory: GpuMemory,
     device: Annotated[
         str, cli.opt("--device", "cuda: measured search; cpu: simulated (auto: cuda if available).")
     ] = "auto",
@@ -46,28 +47,26 @@ def max_batch(
     json_out: cli.JsonOut = False,
 ) -> None:
     """Largest batch size that fits (paper Table III): grow then bisect; a found OOM is the measured boundary."""
-    options = dict(locals())
+
     checkpointing = default_gradient_checkpointing(method) if gradient_checkpointing is None else gradient_checkpointing
-    options["no_checkpointing"] = not checkpointing
-    if out is not None:
-        from tunecost.outputs import check_output_folder
-
-        check_output_folder(out)
-        if (Path(out) / "max_batch.jsonl").is_dir():
-            raise TunecostError(f"--out {str(out)!r}: max_batch.jsonl there is a folder, not a file")
+    _check_out(out)
     prepare_cpu_threads(device)
-    from tunecost.profile.maxbatch import catalog_gpu_budget, find_max_batch_size, max_batch_row
+    from tunecost.profile.maxbatch import find_max_batch_size, max_batch_row
+    from tunecost.profile.model_setup import ModelSetup
 
-    gpu_name = None
-    memory_bytes = memory_bytes_from_options(gpu_memory_gb=gpu_memory_gb, gpu_memory_gib=gpu_memory_gib)
-    if gpu is not None and memory_bytes is not None:
-        raise TunecostError("give --gpu or --gpu-memory-gb/--gpu-memory-gib, not both")
-    setup = model_setup(options)
-    if gpu is not None:
-        from tunecost.catalog.gpus import resolve_gpu_name
-
-        g = resolve_gpu_name(gpu).gpu
-        memory_bytes, gpu_name = catalog_gpu_budget(g, setup.device), g.name
+    memory_bytes = gpu_memory.bytes_beside(gpu)
+    setup = ModelSetup(
+        model=model,
+        method=method,
+        experts_per_token=experts_per_token,
+        experts_impl=experts_impl,
+        device=resolve_device(device),
+        random_weights=random_weights,
+        gradient_checkpointing=checkpointing,
+        lora_rank=lora_rank,
+        lora_alpha=lora_alpha,
+    )
+    memory_bytes, gpu_name = _catalog_budget(gpu, setup) if gpu is not None else (memory_bytes, None)
     if seq_len is None and dataset is None:
         seq_len = cli.DEFAULT_SEQ_LEN
     if seq_len is not None and dataset is not None:  # the job's cutoff: the dataset's queries cut at it
@@ -88,6 +87,29 @@ def max_batch(
     if json_out:
         print_json(row)
         return
+    _print_result(result, gpu_name, limit, out)
+
+
+def _check_out(out: Path | None) -> None:
+    """--out: a folder to append max_batch.jsonl to."""
+    if out is None:
+        return
+    from tunecost.outputs import check_output_folder
+
+    check_output_folder(out)
+    if (Path(out) / "max_batch.jsonl").is_dir():
+        raise TunecostError(f"--out {str(out)!r}: max_batch.jsonl there is a folder, not a file")
+
+
+def _catalog_budget(gpu: str, setup: Any) -> tuple[int | None, str]:
+    from tunecost.catalog.gpus import resolve_gpu_name
+    from tunecost.profile.maxbatch import catalog_gpu_budget
+
+    g = resolve_gpu_name(gpu).gpu
+    return catalog_gpu_budget(g, setup.device), g.name
+
+
+def _print_result(result: Any, gpu_name: str | None, limit: int, out: Path | None) -> None:
     budget = f"{result.memory_bytes / _GIB:.1f} GiB" + (f" ({gpu_name})" if gpu_name else "")
     if result.max_batch_size == 0:
         b = result.boundary

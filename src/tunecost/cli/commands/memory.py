@@ -15,37 +15,16 @@ from tunecost.cli.common import (
     print_json,
     print_table,
     progress_callback,
-    stack_behaviour,
 )
+from tunecost.cli.groups import GpuMemory, JobOptions, StackFlags, option_groups
 from tunecost.cli.jobconfig import ConfigFiles, required
 from tunecost.cli.options import (
-    DEFAULT_LORA_ALPHA,
-    DEFAULT_LORA_RANK,
     DEFAULT_SEQ_LEN,
-    DEFAULT_STACK_NAME,
     MAX_LAYERS,
-    Attention,
     BatchSize,
-    ChunkedLoss,
-    DoubleQuant,
-    Dtype,
     ExpertsPerToken,
-    GpuMemoryGb,
-    GpuMemoryGib,
-    GradientCheckpointing,
-    JobModel,
     JsonOut,
-    LoraAlpha,
-    LoraRank,
-    LoraTargets,
     MethodName,
-    OffloadActivations,
-    Optimizer,
-    OptimizerInBackward,
-    QuantType,
-    Reentrant,
-    SeqLen,
-    Stack,
     count_option,
     opt,
 )
@@ -55,18 +34,9 @@ from tunecost.estimate.memory_interval import peak_interval_bytes
 from tunecost.limits import MAX_SEQ_LEN
 
 if TYPE_CHECKING:
-    from tunecost.workload.job import Method
+    from tunecost.workload.job import FineTuneJob, Method
 from tunecost.limits import check_count
-from tunecost.units import format_bytes, gb_from_bytes, memory_bytes_from_options
-from tunecost.workload.job import (
-    FineTuneJob,
-    LoraConfig,
-    default_gradient_checkpointing,
-    default_lora_targets,
-    parse_lora_targets,
-    parse_names,
-    quant_defaults,
-)
+from tunecost.units import format_bytes, gb_from_bytes
 
 MAX_LENGTHS_FILE_BYTES = 64 * 2**20  # one length per line: millions of queries
 LENGTHS_HELP = (
@@ -123,33 +93,20 @@ def _gb(n: float) -> str:
 
 
 @cli_errors
+@option_groups
 def memory(
-    model: JobModel = None,
+    *,
+    job_options: JobOptions,
     method: MethodName = "qlora",
     experts_per_token: ExpertsPerToken = None,
-    seq_len: SeqLen = None,
     batch_size: BatchSize = 1,
     dataset_lengths: Annotated[Path | None, opt("--dataset-lengths", LENGTHS_HELP)] = None,
-    lora_rank: LoraRank = DEFAULT_LORA_RANK,
-    lora_alpha: LoraAlpha = DEFAULT_LORA_ALPHA,
-    lora_targets: LoraTargets = None,
-    gradient_checkpointing: GradientCheckpointing = None,
-    attention: Attention = "flash",
-    optimizer: Optimizer = "adamw",
-    dtype: Dtype = None,
-    quant_type: QuantType = None,
-    double_quant: DoubleQuant = True,
     gptq_group_size: Annotated[int | None, opt("--gptq-group-size", GPTQ_GROUP_HELP)] = None,
     gptq_kernel: Annotated[str, opt("--gptq-kernel", GPTQ_KERNEL_HELP)] = "triton-v2",
     modules_to_save: Annotated[str, opt("--modules-to-save", MODULES_TO_SAVE_HELP)] = "",
-    stack: Stack = DEFAULT_STACK_NAME,
-    chunked_loss: ChunkedLoss = False,
-    offload_activations: OffloadActivations = False,
-    optimizer_in_backward: OptimizerInBackward = False,
-    reentrant: Reentrant = None,
+    stack_flags: StackFlags,
     gpu: Annotated[str | None, opt("--gpu", "GPU from the catalog: also report the largest batch that fits.")] = None,
-    gpu_memory_gb: GpuMemoryGb = None,
-    gpu_memory_gib: GpuMemoryGib = None,
+    gpu_memory: GpuMemory,
     layers_to_trace: Annotated[int | None, count_option("--layers-to-trace", TRACE_HELP, MAX_LAYERS)] = None,
     no_cache: Annotated[bool, opt("--no-cache", "Ignore and do not write the result cache.")] = False,
     config: ConfigFiles = None,
@@ -159,80 +116,27 @@ def memory(
     moved, and (with --gpu or --gpu-memory-gb) the maximum batch size."""
     from tunecost.simulate import max_batch_size, simulate_step
 
-    model, seq_len = required("model", model), seq_len or DEFAULT_SEQ_LEN
-    memory_bytes = memory_bytes_from_options(gpu_memory_gb=gpu_memory_gb, gpu_memory_gib=gpu_memory_gib)
-    if gpu is not None and memory_bytes is not None:
-        raise TunecostError("give --gpu or --gpu-memory-gb/--gpu-memory-gib, not both")
+    required("model", job_options.model)
+    memory_bytes = gpu_memory.bytes_beside(gpu)
     lengths = _read_lengths(dataset_lengths) if dataset_lengths else None
-    if lora_targets is None:
-        from tunecost.models.catalog import resolve_model
-
-        targets = default_lora_targets(is_moe=resolve_model(model).is_moe)
-    else:
-        targets = parse_lora_targets(lora_targets)
-    if gptq_group_size is not None and gptq_group_size != -1:  # -1: GPTQ's one group over all inputs
-        check_count("--gptq-group-size", gptq_group_size, MAX_GPTQ_GROUP_SIZE)
-    quant_kind, group_size = quant_defaults(model, quant_type, gptq_group_size)
-    gptq = method == "qlora" and quant_kind == "gptq"
-    job = FineTuneJob(
-        model=model,
-        method=cast("Method", method),  # FineTuneJob validates it
+    job = memory_job(
+        job_options,
+        method=method,
         experts_per_token=experts_per_token,
-        compute_dtype=dtype or ("fp16" if gptq else "bf16"),
-        quant_type=quant_kind,
-        double_quant=double_quant,
-        gptq_group_size=group_size,
-        gptq_kernel=gptq_kernel,
-        modules_to_save=parse_names(modules_to_save),
-        gradient_checkpointing=default_gradient_checkpointing(method)
-        if gradient_checkpointing is None
-        else gradient_checkpointing,
-        attention=attention,
-        optimizer=optimizer,
         batch_size=batch_size,
-        seq_len=None if lengths else seq_len,
         lengths=lengths,
         dataset=str(dataset_lengths) if dataset_lengths else None,
-        lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=targets),
-        stack=stack,
+        gptq=(gptq_group_size, gptq_kernel),
+        modules_to_save=modules_to_save,
     )
-    gpu_bytes, gpu_name, gpu_note = None, None, ""
-    if gpu is not None:
-        from tunecost.catalog.gpus import resolve_gpu_name
-
-        g = resolve_gpu_name(gpu).gpu
-        gpu_bytes, gpu_name, gpu_note = g.usable_memory_bytes, g.name, g.usable_memory_note()
-    elif memory_bytes is not None:
-        gpu_bytes = memory_bytes
-        gpu_name = f"{gpu_memory_gb:g} GB" if gpu_memory_gb is not None else f"{gpu_memory_gib:g} GiB"
-
-    behaviour = stack_behaviour(
-        stack,
-        chunked_loss=chunked_loss,
-        offload_activations=offload_activations,
-        optimizer_in_backward=optimizer_in_backward,
-        reentrant=reentrant,
-    )
+    gpu_bytes, gpu_name, gpu_note = _gpu_budget(gpu, gpu_memory, memory_bytes)
+    stack, behaviour = job_options.stack, stack_flags.behaviour(job_options.stack)
     with progress_callback("simulating", enabled=not json_out) as report:
-        sim = simulate_step(
-            job,
-            num_layers_to_trace=layers_to_trace,
-            stack=stack,
-            behaviour=behaviour,
-            use_cache=not no_cache,
-            on_progress=report,
-        )
+        common = {"stack": stack, "behaviour": behaviour, "use_cache": not no_cache, "on_progress": report}
+        sim = simulate_step(job, num_layers_to_trace=layers_to_trace, **common)
         best = None
         if gpu_bytes is not None:
-            best = max_batch_size(
-                job,
-                gpu_bytes,
-                stack=stack,
-                behaviour=behaviour,
-                num_layers_to_trace=layers_to_trace,
-                use_cache=not no_cache,
-                on_progress=report,
-            )
+            best = max_batch_size(job, gpu_bytes, num_layers_to_trace=layers_to_trace, **common)
     out = sim.to_dict()
     low, high, basis = peak_interval_bytes(sim.stack, sim.peak_bytes)
     out.update(peak_interval_bytes=[low, high], peak_interval=basis)
@@ -244,6 +148,74 @@ def memory(
         print_json(out)
         return
     _render(sim, best, f"{gpu_name} ({gpu_note})" if gpu_note else gpu_name)
+
+
+def memory_job(
+    options: JobOptions,
+    *,
+    method: str,
+    experts_per_token: int | None,
+    batch_size: int,
+    lengths: tuple[int, ...] | None,
+    dataset: str | None,
+    gptq: tuple[int | None, str],
+    modules_to_save: str,
+) -> FineTuneJob:
+    """The job `memory` simulates: the flags' job, with the 4-bit defaults of its checkpoint."""
+    from tunecost.workload.job import (
+        FineTuneJob,
+        LoraConfig,
+        default_gradient_checkpointing,
+        default_lora_targets,
+        parse_lora_targets,
+        parse_names,
+        quant_defaults,
+    )
+
+    model, seq_len = required("model", options.model), options.seq_len or DEFAULT_SEQ_LEN
+    if options.lora_targets is None:
+        from tunecost.models.catalog import resolve_model
+
+        targets = default_lora_targets(is_moe=resolve_model(model).is_moe)
+    else:
+        targets = parse_lora_targets(options.lora_targets)
+    gptq_group_size, gptq_kernel = gptq
+    if gptq_group_size is not None and gptq_group_size != -1:  # -1: GPTQ's one group over all inputs
+        check_count("--gptq-group-size", gptq_group_size, MAX_GPTQ_GROUP_SIZE)
+    quant_kind, group_size = quant_defaults(model, options.quant_type, gptq_group_size)
+    checkpointing = options.gradient_checkpointing
+    return FineTuneJob(
+        model=model,
+        method=cast("Method", method),  # FineTuneJob validates it
+        experts_per_token=experts_per_token,
+        compute_dtype=options.dtype or ("fp16" if method == "qlora" and quant_kind == "gptq" else "bf16"),
+        quant_type=quant_kind,
+        double_quant=options.double_quant,
+        gptq_group_size=group_size,
+        gptq_kernel=gptq_kernel,
+        modules_to_save=parse_names(modules_to_save),
+        gradient_checkpointing=default_gradient_checkpointing(method) if checkpointing is None else checkpointing,
+        attention=options.attention,
+        optimizer=options.optimizer,
+        batch_size=batch_size,
+        seq_len=None if lengths else seq_len,
+        lengths=lengths,
+        dataset=dataset,
+        lora=LoraConfig(rank=options.lora_rank, alpha=options.lora_alpha, targets=targets),
+        stack=options.stack,
+    )
+
+
+def _gpu_budget(gpu: str | None, gpu_memory: GpuMemory, memory_bytes: int | None) -> tuple:
+    """(bytes, name, note) of the GPU the largest batch is sought on; all None without one."""
+    if gpu is not None:
+        from tunecost.catalog.gpus import resolve_gpu_name
+
+        g = resolve_gpu_name(gpu).gpu
+        return g.usable_memory_bytes, g.name, g.usable_memory_note()
+    if memory_bytes is not None:
+        return memory_bytes, gpu_memory.name, ""
+    return None, None, ""
 
 
 def _render(sim, best, gpu_name) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -20,10 +20,10 @@ from tunecost.cli.common import (
     split_list,
     stack_behaviour,
 )
+from tunecost.cli.groups import JobOptions, Pricing, option_groups
 from tunecost.cli.jobconfig import ConfigFiles, required
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_positive
-from tunecost.workload.job import parse_lora_targets
 from tunecost.workload.parallel import MAX_SEARCH_GPUS
 
 OWN_HELP = 'GPUs you own, e.g. "2xRTX-4090,1xA100-80GB": no rental cost, counted by their hours.'
@@ -40,14 +40,6 @@ MAX_BUDGET_USD = 1e9
 MAX_DEADLINE_HOURS = 1e6
 
 
-def _jobs(methods: list[str], options: dict[str, Any]) -> list:
-    from tunecost.estimate.cost import estimate_job
-
-    model, targets = options.pop("model"), options.pop("lora_targets")
-    parsed = parse_lora_targets(targets) if targets is not None else None
-    return [estimate_job(model, method=m, lora_targets=parsed, **options) for m in methods]
-
-
 def _workload(queries: int | None, epochs: float | None, tokens: int | None, seq_len: int | None, data) -> tuple:
     """(queries, epochs) of the run: given, the dataset's size, or --tokens over --seq-len."""
     if tokens is not None:
@@ -62,33 +54,23 @@ def _workload(queries: int | None, epochs: float | None, tokens: int | None, seq
 
 
 @cli_errors
+@option_groups
 def plan(
-    model: cli.JobModel = None,
+    *,
+    job_options: JobOptions,
     method: Annotated[str | None, cli.opt("--method", METHOD_HELP)] = None,
     dataset: Annotated[str | None, cli.opt("--dataset", "Dataset: a known name or a local file.")] = None,
     queries: Annotated[int | None, cli.opt("--queries", "Queries (default: the dataset's size).")] = None,
     epochs: Annotated[float | None, cli.opt("--epochs", "Epochs (or from --config).")] = None,
     tokens: Annotated[int | None, cli.opt("--tokens", TOKENS_HELP)] = None,
-    seq_len: cli.SeqLen = None,
     budget: Annotated[float | None, cli.opt("--budget", "Most dollars to spend.")] = None,
     deadline: Annotated[float | None, cli.opt("--deadline", "Most hours the run may take.")] = None,
     gpu: Annotated[str, cli.opt("--gpu", "GPUs that may be rented: a comma list or 'all' ('none': own only).")] = "all",
     own: Annotated[str | None, cli.opt("--own", OWN_HELP)] = None,
-    provider: cli.Provider = None,
-    prices_file: cli.PricesFile = None,
+    pricing: Pricing,
     max_gpus: multi.MaxGpus = None,
     gpus_per_node: multi.GpusPerNode = None,
     global_batch: Annotated[int | None, cli.opt("--global-batch", GLOBAL_BATCH_HELP)] = None,
-    lora_rank: cli.LoraRank = cli.DEFAULT_LORA_RANK,
-    lora_alpha: cli.LoraAlpha = cli.DEFAULT_LORA_ALPHA,
-    lora_targets: cli.LoraTargets = None,
-    gradient_checkpointing: cli.GradientCheckpointing = None,
-    attention: cli.Attention = "flash",
-    optimizer: cli.Optimizer = "adamw",
-    dtype: cli.Dtype = None,
-    quant_type: cli.QuantType = None,
-    double_quant: cli.DoubleQuant = True,
-    stack: cli.Stack = cli.DEFAULT_STACK_NAME,
     emit: Annotated[Path | None, cli.opt("--emit", EMIT_HELP)] = None,
     target: Annotated[str | None, cli.opt("--target", TARGET_HELP)] = None,
     force: cli.Force = False,
@@ -99,56 +81,17 @@ def plan(
 ) -> None:
     """Which method, GPU, count and layout to fine-tune on: the cheapest within --deadline or the fastest within
     --budget, the cost-vs-hours front, what was ruled out and why, and the launch recipe (--emit)."""
-    from tunecost.catalog.gpus import gpu_catalog
-    from tunecost.estimate.plan import METHODS, make_plan, parse_owned
-    from tunecost.estimate.recipes import TARGETS
+    from tunecost.estimate.plan import make_plan, parse_owned
     from tunecost.workload.job_data import job_data
 
-    model = required("model", model)
-    methods = split_list(method, what="method") or list(METHODS)
-    for m in methods:
-        if m not in METHODS:
-            raise TunecostError(f"--method {m!r}: expected {', '.join(METHODS)}")
-    if target is not None and target not in TARGETS:
-        raise TunecostError(f"--target {target!r}: expected {', '.join(TARGETS)}")
-    check_positive("--budget", budget, MAX_BUDGET_USD)
-    check_positive("--deadline", deadline, MAX_DEADLINE_HOURS)
-    check_positive("--epochs", epochs, MAX_EPOCHS)
-    check_count("--queries", queries, MAX_QUERIES)
-    check_count("--tokens", tokens, MAX_QUERIES * MAX_SEQ_LEN)
-    check_count("--global-batch", global_batch, MAX_BATCH_SIZE * MAX_SEARCH_GPUS)
-    check_count("--max-gpus", max_gpus, MAX_SEARCH_GPUS)
-    check_count("--gpus-per-node", gpus_per_node, MAX_SEARCH_GPUS)
+    model = required("model", job_options.model)
+    methods = _methods(method, target)
+    _check_numbers(budget, deadline, epochs, queries, tokens, global_batch, max_gpus, gpus_per_node)
     owned = parse_owned(own)
-    names = [] if gpu.strip().lower() == "none" else split_list(gpu, what="GPU")
-    gpus = list(gpu_catalog().values()) if [n.lower() for n in names] == ["all"] else []
-    if not gpus and names:
-        from tunecost.catalog.gpus import resolve_gpu_name
-
-        gpus = [resolve_gpu_name(n).gpu for n in dict.fromkeys(names)]
-    if not gpus and not owned:
-        raise TunecostError("--gpu none needs --own: nothing to plan on")
+    gpus = _rented_gpus(gpu, owned)
     data = job_data(dataset, model=model) if dataset else None
-    num_queries, num_epochs = _workload(queries, epochs, tokens, seq_len, data)
-    jobs = _jobs(
-        methods,
-        {
-            "model": model,
-            "dataset": data.name if data else None,
-            "lengths": data.lengths if data else None,
-            "seq_len": seq_len,
-            "lora_targets": lora_targets,
-            "stack": stack,
-            "gradient_checkpointing": gradient_checkpointing,
-            "lora_rank": lora_rank,
-            "lora_alpha": lora_alpha,
-            "dtype": dtype,
-            "attention": attention,
-            "optimizer": optimizer,
-            "quant_type": quant_type,
-            "double_quant": double_quant,
-        },
-    )
+    num_queries, num_epochs = _workload(queries, epochs, tokens, job_options.seq_len, data)
+    jobs = [job_options.estimate_job(model, m, data) for m in methods]
     with progress_callback("planning", enabled=not json_out, counted=True) as on_progress:
         result = make_plan(
             jobs,
@@ -160,10 +103,10 @@ def plan(
             epochs=num_epochs,
             budget_usd=budget,
             deadline_h=deadline,
-            provider=provider,
-            prices_file=prices_file,
+            provider=pricing.provider,
+            prices_file=pricing.prices_file,
             global_batch=global_batch,
-            behaviour=stack_behaviour(stack),
+            behaviour=stack_behaviour(job_options.stack),
             on_progress=on_progress,
         )
     if out is not None:  # every setup weighed, for `tunecost report` (cost vs hours with the Pareto front)
@@ -180,6 +123,56 @@ def plan(
     print_plan(result, verbose=verbose)
     for path in written:
         console.print(f"wrote {path}")
+
+
+def _methods(method: str | None, target: str | None) -> list[str]:
+    """--method as a list (default: every method), after --target's check."""
+    from tunecost.estimate.plan import METHODS
+    from tunecost.estimate.recipes import TARGETS
+
+    methods = split_list(method, what="method") or list(METHODS)
+    for m in methods:
+        if m not in METHODS:
+            raise TunecostError(f"--method {m!r}: expected {', '.join(METHODS)}")
+    if target is not None and target not in TARGETS:
+        raise TunecostError(f"--target {target!r}: expected {', '.join(TARGETS)}")
+    return methods
+
+
+def _check_numbers(
+    budget: float | None,
+    deadline: float | None,
+    epochs: float | None,
+    queries: int | None,
+    tokens: int | None,
+    global_batch: int | None,
+    max_gpus: int | None,
+    gpus_per_node: int | None,
+) -> None:
+
+    check_positive("--budget", budget, MAX_BUDGET_USD)
+    check_positive("--deadline", deadline, MAX_DEADLINE_HOURS)
+    check_positive("--epochs", epochs, MAX_EPOCHS)
+    check_count("--queries", queries, MAX_QUERIES)
+    check_count("--tokens", tokens, MAX_QUERIES * MAX_SEQ_LEN)
+    check_count("--global-batch", global_batch, MAX_BATCH_SIZE * MAX_SEARCH_GPUS)
+    check_count("--max-gpus", max_gpus, MAX_SEARCH_GPUS)
+    check_count("--gpus-per-node", gpus_per_node, MAX_SEARCH_GPUS)
+
+
+def _rented_gpus(gpu: str, owned) -> list:
+    """--gpu: the catalog GPUs that may be rented ('all', a comma list, or 'none' beside --own)."""
+    from tunecost.catalog.gpus import gpu_catalog
+
+    names = [] if gpu.strip().lower() == "none" else split_list(gpu, what="GPU")
+    gpus = list(gpu_catalog().values()) if [n.lower() for n in names] == ["all"] else []
+    if not gpus and names:
+        from tunecost.catalog.gpus import resolve_gpu_name
+
+        gpus = [resolve_gpu_name(n).gpu for n in dict.fromkeys(names)]
+    if not gpus and not owned:
+        raise TunecostError("--gpu none needs --own: nothing to plan on")
+    return gpus
 
 
 def _emit(result, jobs: list, out: Path, target: str | None, force: bool, epochs: float) -> list[Path]:

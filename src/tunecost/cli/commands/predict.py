@@ -55,7 +55,7 @@ OUTPUT_COLUMNS = (
 def read_targets(path: Path, host_cpu: str | None = None) -> list:
     """TARGETS.csv rows as `ThroughputTarget`s; every error names the row (1-based, header excluded). A row's
     host_cpu column names its host; `host_cpu` is the host of rows without one."""
-    from tunecost.estimate.throughput.calibrate import throughput_target
+    from tunecost.estimate.throughput.targets import throughput_target
 
     _, rows = read_csv_rows(path, "targets file", required=TARGET_COLUMNS)
     if not rows:
@@ -117,7 +117,7 @@ def load_profiles(specs: list[str]) -> list:
 
 def job_target(model: str | None, gpu: str | None, options: dict, host_cpu: str | None) -> list:
     """The one target the job options describe (`--model`/`--config` with `--gpu`), as a TARGETS.csv row would."""
-    from tunecost.estimate.throughput.calibrate import throughput_target
+    from tunecost.estimate.throughput.targets import throughput_target
 
     if model is None or gpu is None:
         raise TunecostError("give --input TARGETS.csv, or one job: --model (or --config) and --gpu")
@@ -194,8 +194,8 @@ def predict(
     """Predict queries/s with a 95 % interval for every target, from one calibration; flag extrapolations.
     Throughput is that of runs as long as the calibration's measurements (1000 queries for the paper's), unless
     --run-queries or --steady-state says otherwise."""
-    import math
 
+    from tunecost.errors import TunecostError
     from tunecost.estimate.calibrated import calibrated_model
     from tunecost.outputs import check_output_path
 
@@ -219,7 +219,16 @@ def predict(
     rows = [_row(p, "; ".join(calib.notes)) for p in _predict_all(calib, targets, where, run_queries)]
     if output is not None:
         atomic_write_text(output, _csv_text(rows))
-    summary = {
+    if json_out:
+        print_json({"calibration": _summary(calib), "predictions": rows, "output": str(output) if output else None})
+        return
+    _print_predictions(rows, calib, run_queries, output)
+
+
+def _summary(calib) -> dict:
+    import math
+
+    return {
         "calibration": calib.source,
         "num_points": calib.num_points,
         "in_sample_mape": calib.in_sample_mape,
@@ -229,9 +238,9 @@ def predict(
         + (f"; {calib.evidence.note}" if calib.evidence else ""),
         "notes": list(calib.notes),
     }
-    if json_out:
-        print_json({"calibration": summary, "predictions": rows, "output": str(output) if output else None})
-        return
+
+
+def _print_predictions(rows: list[dict], calib, run_queries: int | None, output: Path | None) -> None:
     print_table(
         "Predicted throughput (estimator: calibrated)",
         ["model", "dataset", "gpu", "top-k", "batch", "queries/s [95 %]", "step s", "extrapolation"],

@@ -57,7 +57,8 @@ STRATEGY_HELP = (
 OVERHEAD_HELP = "Skip the plain-vs-instrumented comparison (one instrumented step for the layer breakdown)."
 
 
-def _device(device: str) -> str:
+def resolve_device(device: str) -> str:
+    """--device: cpu or cuda[:i] as given (checked), auto: cuda when available."""
     if device != "auto":
         from tunecost.workload.device import check_device
 
@@ -84,7 +85,7 @@ def model_setup(options: dict[str, Any], **given: Any) -> Any:
     `given` overrides an option."""
     from tunecost.profile.model_setup import ModelSetup
 
-    device, checkpointing = _device(options["device"]), not options["no_checkpointing"]
+    device, checkpointing = resolve_device(options["device"]), not options["no_checkpointing"]
     return call_with_options(ModelSetup, options, device=device, gradient_checkpointing=checkpointing, **given)
 
 

@@ -48,8 +48,7 @@ def validate(
     """Run tunecost's estimators on every measurement they can model: each prediction beside its measurement,
     the rows skipped with their reason, and the accuracy per quantity and per stack."""
     from tunecost.outputs import check_output_folder
-    from tunecost.validate import read_corpus, summarize, validate_rows
-    from tunecost.validate.run import memory_totals, throughput_totals
+    from tunecost.validate import read_corpus, validate_rows
 
     if out is not None:
         check_output_folder(out)
@@ -60,6 +59,13 @@ def validate(
     if json_out:
         print_json([r.as_output() for r in rows])
         return
+    _print_tables(rows)
+
+
+def _print_tables(rows) -> None:
+    """The predictions beside the measurements, the rows skipped, the accuracy per quantity and stack, the totals."""
+    from tunecost.validate.summary import memory_totals, summarize, throughput_totals
+
     print_table(
         "Predictions beside measurements (modelled rows; every row with --json or --out)",
         ["id", "quantity", "measured", "predicted", "95 % interval", "unit", "error"],

@@ -11,21 +11,19 @@ import json
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-from typing import cast
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.catalog.gpus import GPU, resolve_gpu_name
-from tunecost.catalog.host_cpus import REFERENCE_HOST, resolve_host_cpu
+from tunecost.catalog.host_cpus import REFERENCE_HOST
 from tunecost.errors import TunecostError
 from tunecost.estimate.conformal import Halfwidth
-from tunecost.estimate.paper import PAPER_METHOD
-from tunecost.estimate.throughput.counts import AnalyticStepCounts, analytic_step_counts
+from tunecost.estimate.throughput.counts import AnalyticStepCounts
+from tunecost.estimate.throughput.coverage import ModelRange, coverage_notes, model_ranges
+from tunecost.estimate.throughput.disk_cache import cached_fit, evidence_from_json, evidence_to_json, fit_cache_path
 from tunecost.estimate.throughput.intervals import (
-    HeldOut,
     IntervalEvidence,
     batch_errors,
     combined_halfwidth,
@@ -33,133 +31,24 @@ from tunecost.estimate.throughput.intervals import (
     transfer_errors,
     workload_errors,
 )
-from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, empirical_lengths, fixed_lengths
-from tunecost.estimate.throughput.model import PARAM_NAMES, StackParams, StepTime, catalog_gpu_terms, step_time
+from tunecost.estimate.throughput.model import PARAM_NAMES, StackParams, catalog_gpu_terms, step_time
 from tunecost.estimate.throughput.priors import PRIORS, Prior
+from tunecost.estimate.throughput.targets import (
+    CalibrationPoint,
+    Prediction,
+    ThroughputTarget,
+    group_of,
+    job_for,
+    run_queries_per_s,
+)
 from tunecost.io import atomic_write_json, cache_root
-from tunecost.models.catalog import resolve_model
-from tunecost.workload.job import FineTuneJob, Method
+from tunecost.workload.job import FineTuneJob
 
-PAPER_RUN_QUERIES = 1000  # the paper's throughput = 1000 queries / train_runtime
 FIT_NAMES = (*PARAM_NAMES, "run_overhead_s")
 MIN_POINTS = len(FIT_NAMES) + 1
 LOG_NOISE = 0.05  # assumed measurement noise on log throughput: weighs the data against the priors
 INTERVAL_LEVEL = 0.95
-FIT_VERSION = 1  # bump when the fit's model or priors change what the cached parameters mean
 EVIDENCE_VERSION = 3  # bump when what the held-out checks compute changes
-
-
-@dataclass(frozen=True, kw_only=True)
-class ThroughputTarget:
-    """One workload to predict: the job (model, method, top-k, batch, a dataset or a fixed seq_len) on a GPU."""
-
-    job: FineTuneJob
-    gpu: str
-    host_cpu: str | None = None  # the host CPU that runs the GPU, when known (catalog.host_cpus)
-
-
-def throughput_target(
-    *,
-    model: str,
-    gpu: str,
-    batch_size: int,
-    experts_per_token: int | None = None,
-    dataset: str | None = None,
-    seq_len: int | None = None,
-    method: str | None = None,
-    host_cpu: str | None = None,
-    lengths: tuple[int, ...] | None = None,
-) -> ThroughputTarget:
-    """The target of a TARGETS.csv or measurement row, with the paper's setup as the default: its method for its
-    models (else qlora), the model's own top-k, gradient checkpointing except for a full fine-tune. The job checks
-    the batch size and sequence length. `lengths`: the data's tokens per query (`seq_len` then is the cutoff)."""
-    if experts_per_token is not None and experts_per_token < 1:  # None (not 0) means the default
-        raise TunecostError(f"experts per token must be >= 1, got {experts_per_token}")
-    if dataset is None and seq_len is None and not lengths:
-        raise TunecostError(f"{model} on {gpu}: give a dataset or a seq_len (or the data's lengths)")
-    spec = resolve_model(model)
-    chosen = cast("Method", method or PAPER_METHOD.get(spec.name, "qlora"))  # FineTuneJob validates it
-    job = FineTuneJob(
-        model=spec.name,
-        method=chosen,
-        experts_per_token=experts_per_token or spec.default_experts_per_token,
-        batch_size=batch_size,
-        seq_len=seq_len,
-        lengths=lengths,
-        dataset=dataset,
-        gradient_checkpointing=chosen != "full",
-    )  # the paper: checkpointing for Mixtral QLoRA only
-    if host_cpu:
-        host_cpu = resolve_host_cpu(host_cpu).name
-    return ThroughputTarget(job=job, gpu=gpu, host_cpu=host_cpu or None)
-
-
-@dataclass(frozen=True, kw_only=True)
-class CalibrationPoint:
-    target: ThroughputTarget
-    queries_per_s: float
-    run_queries: int | None = PAPER_RUN_QUERIES  # queries in the measured run; None: steady state
-    source: str = ""  # where it came from, for error messages ("file: row N")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Prediction:
-    target: ThroughputTarget
-    gpu: str  # canonical catalog name
-    experts_per_token: int  # as resolved (the model's default when the target left it out)
-    method: str  # as resolved (the paper's setup for its models)
-    queries_per_s: float
-    queries_per_s_low: float
-    queries_per_s_high: float
-    step: StepTime
-    counts: AnalyticStepCounts
-    run_queries: int | None
-    extrapolation: bool
-    extrapolation_reasons: tuple[str, ...]
-    notes: tuple[str, ...] = field(default_factory=tuple)
-    host_cpu: str = ""  # the host CPU the prediction assumes ("" when a GPU profile measured the host times)
-    startup_s: float = 0.0  # one run's start-up (the calibrated time per run on this host), outside steady state
-    interval_parts: tuple[tuple[str, float, str], ...] = ()  # (kind, log half-width, basis), intervals.py
-
-    @property
-    def interval_kinds(self) -> str:
-        """The kinds of extrapolation behind the interval, with their share of it: "other GPU ±9 %; ..."."""
-        return "; ".join(f"{kind} ±{100 * math.expm1(h):.0f} %" for kind, h, _ in self.interval_parts)
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelRange:
-    batch_sizes: tuple[int, int]
-    experts_per_token: frozenset[int]
-    methods: frozenset[str]
-    tokens_per_step: tuple[float, float]
-
-
-def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, AnalyticStepCounts]:
-    """The target's job sized for the step counts (a dataset's job at its cutoff length) and its analytic step
-    counts over the job's own lengths: its real lengths (each batch padded to its longest, cut at seq_len if given,
-    else at the longest), else its fixed seq_len, else its dataset's length distribution."""
-    job = target.job
-    if job.lengths:
-        cutoff = job.seq_len if job.seq_len is not None else max(job.lengths)
-        source = f"{job.dataset}: measured lengths" if job.dataset else "measured lengths"
-        lengths = empirical_lengths(
-            job.lengths, job.batch_size, source=f"{source}, padded to the longest in the batch", cutoff_tokens=cutoff
-        )
-        job = replace(job, seq_len=cutoff)
-    elif job.seq_len is not None:
-        lengths = fixed_lengths(job.seq_len, job.batch_size)
-    else:
-        lengths = dataset_lengths(str(job.dataset), job.batch_size)
-        job = replace(job, seq_len=PAPER_CUTOFF_TOKENS)
-    return job, analytic_step_counts(resolve_model(job.model), job, lengths)
-
-
-def run_queries_per_s(step_s: float, batch_size: int, run_overhead_s: float, run_queries: int | None) -> float:
-    """Throughput of a run of `run_queries` queries with a fixed overhead; steady state when None."""
-    if run_queries is None:
-        return batch_size / step_s
-    return run_queries / (run_overhead_s + run_queries / batch_size * step_s)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -353,8 +242,8 @@ def fit_stack(
         return np.concatenate([data, (x - centre) / width]) if use_priors else data
 
     # keyed by the model's predictions at the prior centre too: a change in the counts or the step time refits
-    path = _fit_cache_path(points, options, predicted_log(centre))
-    x = _cached_fit(path)
+    path = fit_cache_path(points, options, predicted_log(centre))
+    x = cached_fit(path, len(FIT_NAMES))
     if x is None:
         from scipy.optimize import least_squares
 
@@ -382,29 +271,14 @@ def fit_stack(
         interval_log_halfwidth=halfwidth,
         num_points=len(points),
         in_sample_mape=float(np.mean(np.abs(np.expm1(log_res)))),
-        ranges=_ranges(prepared),
+        ranges=model_ranges(prepared),
         groups=frozenset(keys),
         gpus=tuple(sorted({gpu.name for _, gpu, _, _, _ in prepared})),
         source=source,
-        notes=tuple(_coverage_notes(prepared)),
+        notes=tuple(coverage_notes(prepared)),
         gpu_terms=profiles,
         log_residual_dof=dof,
     )
-
-
-def _fit_cache_path(points: Sequence[CalibrationPoint], options: FitOptions, fingerprint: np.ndarray) -> Path:
-    """Where the fitted parameters of these points under these options are kept (numbers only)."""
-    points_key = [(p.target, p.queries_per_s, p.run_queries) for p in points]
-    key = repr((FIT_VERSION, points_key, options, [f"{v:.12g}" for v in fingerprint]))
-    return cache_root() / "calibration-fits" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
-
-
-def _cached_fit(path: Path) -> np.ndarray | None:
-    try:
-        x = np.array(json.loads(path.read_text())["x"], dtype=float)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return x if x.shape == (len(FIT_NAMES),) and np.all(np.isfinite(x)) else None
 
 
 def calibrate(
@@ -449,7 +323,7 @@ def held_out_evidence(
     path = cache_root() / "interval-evidence" / f"{key}.json"
     if path.is_file():
         try:
-            return _evidence_from_json(json.loads(path.read_text()))
+            return evidence_from_json(json.loads(path.read_text()))
         except (ValueError, KeyError, TypeError):
             pass  # a torn or older file is recomputed
 
@@ -467,37 +341,8 @@ def held_out_evidence(
         transfer=transfer if transfer.errors else None, workload=workload, note=note, batch=batch
     )
     with contextlib.suppress(TunecostError):  # a cache that cannot be written is recomputed next time
-        atomic_write_json(path, _evidence_to_json(evidence))
+        atomic_write_json(path, evidence_to_json(evidence))
     return evidence
-
-
-def _evidence_to_json(e: IntervalEvidence) -> dict:
-    def held(h: HeldOut | None) -> dict | None:
-        return None if h is None else {**asdict(h), "errors": list(h.errors), "cross": list(h.cross_architecture)}
-
-    return {"transfer": held(e.transfer), "workload": held(e.workload), "batch": held(e.batch), "note": e.note}
-
-
-def _evidence_from_json(d: dict) -> IntervalEvidence:
-    def held(h: dict | None) -> HeldOut | None:
-        if h is None:
-            return None
-        return HeldOut(
-            kind=h["kind"],
-            errors=tuple(float(x) for x in h["errors"]),
-            source=h["source"],
-            cross_architecture=tuple(bool(x) for x in h["cross"]),
-        )
-
-    return IntervalEvidence(
-        transfer=held(d["transfer"]), workload=held(d["workload"]), batch=held(d["batch"]), note=str(d["note"])
-    )
-
-
-def group_of(point: CalibrationPoint) -> tuple[str, str, str]:
-    """(model, dataset or seqN, catalog GPU): the unit that leave-one-group-out holds out."""
-    t = point.target.job
-    return (t.model, t.dataset or f"seq{t.seq_len}", resolve_gpu_name(point.target.gpu).gpu.name)
 
 
 def _calibrate(points: Sequence[CalibrationPoint], source: str, options: FitOptions) -> CalibratedModel:
@@ -526,28 +371,3 @@ def _calibrate(points: Sequence[CalibrationPoint], source: str, options: FitOpti
         notes=tuple(notes),
         run_queries=next(iter(lengths)) if len(lengths := {p.run_queries for p in points}) == 1 else None,
     )
-
-
-def _ranges(prepared: Sequence[tuple]) -> dict[str, ModelRange]:
-    by_model: dict[str, list] = defaultdict(list)
-    for _, _, job, counts, _ in prepared:
-        by_model[job.model].append((job, counts))
-    return {
-        model: ModelRange(
-            batch_sizes=(min(j.batch_size for j, _ in rows), max(j.batch_size for j, _ in rows)),
-            experts_per_token=frozenset(int(j.experts_per_token) for j, _ in rows),
-            methods=frozenset(j.method for j, _ in rows),
-            tokens_per_step=(min(c.tokens_per_step for _, c in rows), max(c.tokens_per_step for _, c in rows)),
-        )
-        for model, rows in by_model.items()
-    }
-
-
-def _coverage_notes(prepared: Sequence[tuple]) -> list[str]:
-    notes = []
-    models = {job.model for _, _, job, _, _ in prepared}
-    if len(models) == 1:
-        notes.append("calibrated on one model only: launch/host overheads and GPU efficiencies are poorly separated")
-    if len({job.batch_size for _, _, job, _, _ in prepared}) == 1:
-        notes.append("all points share one batch size: the batch-size saturation is not constrained by data")
-    return notes

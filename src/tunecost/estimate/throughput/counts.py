@@ -13,6 +13,7 @@ from types import MappingProxyType
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.arch import Arch, arch_of
 from tunecost.estimate.throughput.lengths import SeqLengths, empirical_lengths, fixed_lengths
+from tunecost.estimate.throughput.mixers import BWD_BYTES_PER_FWD_BYTE, BWD_KERNELS_PER_FWD_KERNEL, add_mixers
 from tunecost.models.catalog import ModelSpec
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.op_classes import OP_CLASSES
@@ -34,25 +35,11 @@ GPTQ_TORCH_DEQUANT_KERNELS_PER_CALL = 9  # weight: shift, cast, and, sub, mul; z
 LORA_BYTES_PER_IN_OUT = 12  # fp32 adapter path: cast x to fp32, x@A, @B, * scaling, add into the bf16 output
 LORA_KERNELS_FWD, LORA_KERNELS_BWD = 5, 8  # cast, A, B, scale, add / their gradients (incl. A, B weight grads)
 LORA_PARAM_BYTES = 4  # LLaMA-Factory upcasts trainable adapter weights to fp32
-BWD_KERNELS_PER_FWD_KERNEL = 1.5  # non-GEMM ops: autograd launches about 1.5 kernels per forward kernel
-BWD_BYTES_PER_FWD_BYTE = 2.0  # element-wise backward reads the saved input and the incoming grad, writes a grad
-FA2_BWD_FLOPS_PER_FWD = 2.5  # FlashAttention-2 backward recomputes the scores: 5 matmuls vs 2
-SCAN_FLOPS_PER_STATE = 9  # selective scan: 9 B L D N FLOPs forward (Gu & Dao 2023, §3.3)
-# Element-wise traffic per token per layer, forward, in bytes per element of the named width:
-RMSNORM_BYTES_PER_HIDDEN = 34  # HF RMSNorm: upcast, pow, mean, rsqrt, mul, downcast, * weight
-RMSNORM_KERNELS = 7
-ROTARY_BYTES_PER_QK = 20  # q*cos + rotate_half(q)*sin on q and k (slice, neg, cat, mul, mul, add)
-ROTARY_KERNELS = 12
-RESIDUAL_BYTES_PER_HIDDEN = 6  # read two bf16, write one
-FA2_VARLEN_BYTES_PER_HIDDEN = 16  # unpad q, k, v and pad the output back (index ops)
-FA2_VARLEN_KERNELS = 8
 EXPERT_ACT_BYTES_PER_FFN = 10  # act(gate) and gate * up on the expert's tokens
 EXPERT_DISPATCH_BYTES_PER_HIDDEN = 14  # gather tokens, * routing weight, index_add back
 EXPERT_DISPATCH_KERNELS = 9  # where (nonzero: a host sync), index, act, mul, weight index + mul, index_add, cast
 ROUTER_KERNELS = 10  # softmax in fp32, topk, renormalise, cast, one_hot, permute
 ROUTER_FLOPS_PER_LOGIT = 10  # softmax, top-k, renormalisation
-MAMBA_NORM_BYTES_PER_HIDDEN = 12  # fused residual (fp32) + RMSNorm
-MAMBA_ELEMENTWISE_KERNELS = 8
 LOSS_BYTES_PER_VOCAB = 26  # logits upcast to fp32, log-softmax, NLL, and their backward
 LOSS_KERNELS = 12
 ADAMW_ACCESSES_PER_PARAM = 20  # foreach AdamW: lerp m, v*b2 + g^2, sqrt/div/add eps, decay, addcdiv (reads+writes)
@@ -111,7 +98,9 @@ def experts_hit(num_experts: int, experts_per_token: int, tokens: float) -> floa
     return num_experts * (1.0 - (1.0 - experts_per_token / num_experts) ** tokens)
 
 
-class _Acc:
+class OpTally:
+    """FLOPs, bytes and kernels per op class, added up term by term."""
+
     def __init__(self) -> None:
         self.flops: dict[str, float] = defaultdict(float)
         self.bytes: dict[str, float] = defaultdict(float)
@@ -133,7 +122,7 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
     if arch.num_experts > 1 and not 1 <= k <= arch.num_experts:
         raise TunecostError(f"{spec.name}: experts per token must be in 1..{arch.num_experts}, got {k}")
     tokens = lengths.tokens_per_step
-    acc = _Acc()
+    acc = OpTally()
     gc = 1.0 if job.gradient_checkpointing else 0.0
     full = job.method == "full"
     quantized = job.method == "qlora"
@@ -144,42 +133,8 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
     hit = experts_hit(arch.num_experts, k, tokens) if arch.num_experts > 1 else 0.0
     rows_expert = tokens * k / hit if hit else 0.0
 
-    # Routed experts: one GEMM per expert matrix per hit expert; weights re-read on every pass.
     if arch.num_experts > 1:
-        acc.add(
-            "expert_matmul",
-            flops=base_passes * 2.0 * tokens * k * arch.expert_params * arch.num_moe_layers,
-            bytes_=base_passes
-            * arch.num_moe_layers
-            * (hit * arch.expert_params * w_bytes + tokens * k * arch.expert_in_out * w_bytes),
-            kernels=base_passes * arch.num_moe_layers * hit * arch.num_expert_matrices,
-        )
-        router_params = arch.num_moe_layers * arch.router_params_per_layer
-        acc.add(
-            "router",
-            flops=base_passes * 2.0 * tokens * router_params
-            + fwd_passes * arch.num_moe_layers * tokens * arch.num_experts * ROUTER_FLOPS_PER_LOGIT,
-            bytes_=base_passes * (router_params * w_bytes + arch.num_moe_layers * tokens * arch.hidden * w_bytes)
-            + (fwd_passes + BWD_BYTES_PER_FWD_BYTE)
-            * arch.num_moe_layers
-            * tokens
-            * k
-            * arch.hidden
-            * EXPERT_DISPATCH_BYTES_PER_HIDDEN,
-            kernels=base_passes * arch.num_moe_layers
-            + (fwd_passes + BWD_KERNELS_PER_FWD_KERNEL)
-            * arch.num_moe_layers
-            * (ROUTER_KERNELS + hit * EXPERT_DISPATCH_KERNELS),
-        )
-        acc.add(
-            "elementwise",
-            bytes_=(fwd_passes + BWD_BYTES_PER_FWD_BYTE)
-            * arch.num_moe_layers
-            * tokens
-            * k
-            * arch.expert_ffn
-            * EXPERT_ACT_BYTES_PER_FFN,
-        )
+        _add_experts(acc, arch, tokens=tokens, k=k, hit=hit, w_bytes=w_bytes, passes=(base_passes, fwd_passes))
 
     # Every other matmul weight (attention or Mamba projections, shared experts, dense MLPs).
     acc.add(
@@ -199,38 +154,12 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
     )
     acc.add("elementwise", bytes_=tokens * spec.vocab_size * LOSS_BYTES_PER_VOCAB, kernels=LOSS_KERNELS)
 
-    # 4-bit weights (every Linear but the head under QLoRA) are dequantized on forward, recompute, backward
-    # (bitsandbytes, and GPTQ's triton kernel, which de-quantizes again in backward); GPTQ's torch path on
-    # forward and recompute only, with its un-fused traffic.
     if quantized:
-        quant_params: float = arch.dense_params + arch.num_moe_layers * arch.router_params_per_layer
-        quant_calls: float = arch.num_dense_matrices + arch.num_moe_layers  # + one router per MoE layer
-        if arch.num_experts > 1:
-            quant_params += arch.num_moe_layers * hit * arch.expert_params
-            quant_calls += arch.num_moe_layers * hit * arch.num_expert_matrices
-        gptq_torch = job.quant_type == "gptq" and job.gptq_kernel == "torch"
-        passes = fwd_passes if gptq_torch else frozen_passes
-        per_param = GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM if gptq_torch else NF4_BYTES_PER_PARAM + w_bytes
-        per_call = GPTQ_TORCH_DEQUANT_KERNELS_PER_CALL if gptq_torch else DEQUANT_KERNELS_PER_CALL
-        acc.add(
-            "dequant",
-            flops=passes * quant_params * DEQUANT_FLOPS_PER_PARAM,
-            bytes_=passes * quant_params * per_param,
-            kernels=passes * quant_calls * per_call,
-        )
+        _add_dequant(acc, arch, job, hit=hit, w_bytes=w_bytes, passes=(frozen_passes, fwd_passes))
 
     _add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
-    _add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes)
-    trainable_params, trainable_tensors, param_bytes = _trainable(arch, job, k)
-    acc.add(
-        "optimizer",
-        flops=trainable_params * ADAMW_FLOPS_PER_PARAM,
-        bytes_=trainable_params * param_bytes * (ADAMW_ACCESSES_PER_PARAM + CLIP_ACCESSES_PER_PARAM),
-        kernels=(ADAMW_FOREACH_OPS + 4) * -(-trainable_tensors // FOREACH_TENSORS_PER_LAUNCH),
-    )
-    if full:  # embedding gradient: zero-fill + scatter into a vocab x hidden buffer
-        acc.add("elementwise", bytes_=2.0 * arch.embedding_params * w_bytes, kernels=3)
-
+    add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes)
+    _add_optimizer(acc, arch, job, k)
     lora_rows = rows_expert if "experts" in job.lora.targets and arch.num_experts > 1 else tokens
     rows = {
         "expert_matmul": rows_expert,
@@ -257,6 +186,86 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
         source="analytic",
         host_sync=SYNC_PER_MOE_LAYER if arch.num_experts > 1 else SYNC_PER_MICRO_STEP,
     )
+
+
+def _add_experts(
+    acc: OpTally, arch: Arch, *, tokens: float, k: int, hit: float, w_bytes: int, passes: tuple[float, float]
+) -> None:
+    """Routed experts: one GEMM per expert matrix per hit expert, weights re-read on every pass; the router and
+    the dispatch around them."""
+    base_passes, fwd_passes = passes
+    acc.add(
+        "expert_matmul",
+        flops=base_passes * 2.0 * tokens * k * arch.expert_params * arch.num_moe_layers,
+        bytes_=base_passes
+        * arch.num_moe_layers
+        * (hit * arch.expert_params * w_bytes + tokens * k * arch.expert_in_out * w_bytes),
+        kernels=base_passes * arch.num_moe_layers * hit * arch.num_expert_matrices,
+    )
+    router_params = arch.num_moe_layers * arch.router_params_per_layer
+    acc.add(
+        "router",
+        flops=base_passes * 2.0 * tokens * router_params
+        + fwd_passes * arch.num_moe_layers * tokens * arch.num_experts * ROUTER_FLOPS_PER_LOGIT,
+        bytes_=base_passes * (router_params * w_bytes + arch.num_moe_layers * tokens * arch.hidden * w_bytes)
+        + (fwd_passes + BWD_BYTES_PER_FWD_BYTE)
+        * arch.num_moe_layers
+        * tokens
+        * k
+        * arch.hidden
+        * EXPERT_DISPATCH_BYTES_PER_HIDDEN,
+        kernels=base_passes * arch.num_moe_layers
+        + (fwd_passes + BWD_KERNELS_PER_FWD_KERNEL)
+        * arch.num_moe_layers
+        * (ROUTER_KERNELS + hit * EXPERT_DISPATCH_KERNELS),
+    )
+    acc.add(
+        "elementwise",
+        bytes_=(fwd_passes + BWD_BYTES_PER_FWD_BYTE)
+        * arch.num_moe_layers
+        * tokens
+        * k
+        * arch.expert_ffn
+        * EXPERT_ACT_BYTES_PER_FFN,
+    )
+
+
+def _add_dequant(
+    acc: OpTally, arch: Arch, job: FineTuneJob, *, hit: float, w_bytes: int, passes: tuple[float, float]
+) -> None:
+    """4-bit weights (every Linear but the head under QLoRA) are dequantized on forward, recompute, backward
+    (bitsandbytes, and GPTQ's triton kernel, which de-quantizes again in backward); GPTQ's torch path on
+    forward and recompute only, with its un-fused traffic."""
+    frozen_passes, fwd_passes = passes
+    quant_params: float = arch.dense_params + arch.num_moe_layers * arch.router_params_per_layer
+    quant_calls: float = arch.num_dense_matrices + arch.num_moe_layers  # + one router per MoE layer
+    if arch.num_experts > 1:
+        quant_params += arch.num_moe_layers * hit * arch.expert_params
+        quant_calls += arch.num_moe_layers * hit * arch.num_expert_matrices
+    gptq_torch = job.quant_type == "gptq" and job.gptq_kernel == "torch"
+    dequant_passes = fwd_passes if gptq_torch else frozen_passes
+    per_param = GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM if gptq_torch else NF4_BYTES_PER_PARAM + w_bytes
+    per_call = GPTQ_TORCH_DEQUANT_KERNELS_PER_CALL if gptq_torch else DEQUANT_KERNELS_PER_CALL
+    acc.add(
+        "dequant",
+        flops=dequant_passes * quant_params * DEQUANT_FLOPS_PER_PARAM,
+        bytes_=dequant_passes * quant_params * per_param,
+        kernels=dequant_passes * quant_calls * per_call,
+    )
+
+
+def _add_optimizer(acc: OpTally, arch: Arch, job: FineTuneJob, k: int) -> None:
+    """AdamW (foreach) with gradient clipping over the trainable parameters; the embedding's gradient under full FT."""
+    w_bytes = job.compute_bytes_per_element
+    trainable_params, trainable_tensors, param_bytes = _trainable(arch, job, k)
+    acc.add(
+        "optimizer",
+        flops=trainable_params * ADAMW_FLOPS_PER_PARAM,
+        bytes_=trainable_params * param_bytes * (ADAMW_ACCESSES_PER_PARAM + CLIP_ACCESSES_PER_PARAM),
+        kernels=(ADAMW_FOREACH_OPS + 4) * -(-trainable_tensors // FOREACH_TENSORS_PER_LAUNCH),
+    )
+    if job.method == "full":  # embedding gradient: zero-fill + scatter into a vocab x hidden buffer
+        acc.add("elementwise", bytes_=2.0 * arch.embedding_params * w_bytes, kernels=3)
 
 
 def accumulated(counts: AnalyticStepCounts, grad_accum: int) -> AnalyticStepCounts:
@@ -293,17 +302,7 @@ def dense_lora_targets(arch: Arch, targets: tuple[str, ...]) -> tuple[int, int]:
     return arch.dense_in_out - arch.attention_in_out, arch.num_dense_matrices - arch.num_attention_matrices
 
 
-def windowed_sq_len_tokens2(lengths: SeqLengths, window_tokens: int) -> float:
-    """E[l^2] as the work of a layer whose queries see at most w keys: twice its scored pairs, sum over i of
-    min(i, w), is l^2 - max(l - w, 0)^2. Exact for one fixed length; over a spread (mean and E[l^2] known) the
-    bound min(E[l^2], 2 w E[l]): E[l^2] when every length fits the window (lengths are cut at 1024 tokens)."""
-    mean_sq, mean = lengths.mean_sq_len_tokens2, lengths.mean_len_tokens
-    if window_tokens > 0 and mean_sq <= mean * mean:  # one length
-        return mean_sq - max(mean - window_tokens, 0.0) ** 2
-    return min(mean_sq, 2.0 * window_tokens * mean) if window_tokens > 0 else mean_sq
-
-
-def _add_lora(acc: _Acc, arch: Arch, job: FineTuneJob, *, tokens: float, k: int, hit: float, gc: float) -> None:
+def _add_lora(acc: OpTally, arch: Arch, job: FineTuneJob, *, tokens: float, k: int, hit: float, gc: float) -> None:
     """Rank-r adapters (fp32) beside the frozen weights they target: x@A@B on every pass, plus A/B grads."""
     if job.method == "full":
         return
@@ -326,55 +325,6 @@ def _add_lora(acc: _Acc, arch: Arch, job: FineTuneJob, *, tokens: float, k: int,
         bytes_=(1.0 + gc + 2.0) * token_io * LORA_BYTES_PER_IN_OUT,
         kernels=calls * ((1.0 + gc) * LORA_KERNELS_FWD + LORA_KERNELS_BWD),
     )
-
-
-def _add_mixers(acc: _Acc, arch: Arch, lengths: SeqLengths, *, gc: float, w_bytes: int) -> None:
-    """Attention (FlashAttention-2 varlen: causal l^2 work on real lengths) or the Mamba conv + scan, and the
-    per-layer element-wise work around them (norms, rotary, residuals)."""
-    batch = lengths.batch_size
-    tokens = lengths.tokens_per_step
-    fwd_passes = 1.0 + gc
-    ew_passes = fwd_passes + BWD_BYTES_PER_FWD_BYTE
-    ew_kernel_passes = fwd_passes + BWD_KERNELS_PER_FWD_KERNEL
-    if arch.num_attention_layers:
-        width = arch.num_heads * arch.head_dim
-        full_layers = arch.num_attention_layers - arch.num_window_layers
-        window_sq = windowed_sq_len_tokens2(lengths, arch.attention_window_tokens)
-        fwd_flops = full_layers * batch * lengths.mean_sq_len_tokens2 * 2.0 * width
-        fwd_flops += arch.num_window_layers * batch * window_sq * 2.0 * width
-        acc.add(
-            "attention",
-            flops=(fwd_passes + FA2_BWD_FLOPS_PER_FWD) * fwd_flops,
-            bytes_=(fwd_passes + FA2_BWD_FLOPS_PER_FWD) * arch.num_attention_layers * tokens * 4 * width * w_bytes,
-            kernels=arch.num_attention_layers * (fwd_passes + 3.0),
-        )
-        per_token_layer = (
-            arch.num_layer_norms * RMSNORM_BYTES_PER_HIDDEN
-            + 2 * RESIDUAL_BYTES_PER_HIDDEN
-            + FA2_VARLEN_BYTES_PER_HIDDEN
-        ) * arch.hidden + ROTARY_BYTES_PER_QK * 2 * width
-        kernels_layer = arch.num_layer_norms * RMSNORM_KERNELS + ROTARY_KERNELS + 2 + FA2_VARLEN_KERNELS
-        acc.add(
-            "elementwise",
-            bytes_=ew_passes * arch.num_attention_layers * tokens * per_token_layer,
-            kernels=ew_kernel_passes * arch.num_attention_layers * kernels_layer,
-        )
-    if arch.num_mamba_layers:
-        d, n = arch.mamba_inner, arch.mamba_state
-        fwd_flops = arch.num_mamba_layers * tokens * (SCAN_FLOPS_PER_STATE * d * n + 2 * 4 * d)  # scan + conv
-        fwd_bytes = arch.num_mamba_layers * tokens * ((6 * d + 4 * n) * w_bytes)  # x, dt, z in, y out, conv io, B, C
-        acc.add(
-            "ssm_scan",
-            flops=(fwd_passes + 2.0) * fwd_flops,
-            bytes_=(fwd_passes + 2.5) * fwd_bytes,
-            kernels=arch.num_mamba_layers * (2 * fwd_passes + 4),
-        )
-        acc.add(
-            "elementwise",
-            bytes_=ew_passes * arch.num_layers * tokens * MAMBA_NORM_BYTES_PER_HIDDEN * arch.hidden
-            + ew_passes * arch.num_mamba_layers * tokens * 6 * d,
-            kernels=ew_kernel_passes * (arch.num_layers * 2 + arch.num_mamba_layers * MAMBA_ELEMENTWISE_KERNELS),
-        )
 
 
 def _trainable(arch: Arch, job: FineTuneJob, k: int) -> tuple[float, int, int]:

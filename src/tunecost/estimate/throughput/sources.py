@@ -16,14 +16,9 @@ from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.csvfile import read_csv_rows
 from tunecost.errors import TunecostError
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS, Measurement, load_measurements
-from tunecost.estimate.throughput.calibrate import (
-    PAPER_RUN_QUERIES,
-    CalibratedModel,
-    CalibrationPoint,
-    calibrate,
-    throughput_target,
-)
+from tunecost.estimate.throughput.calibrate import CalibratedModel, calibrate
 from tunecost.estimate.throughput.intervals import IntervalEvidence
+from tunecost.estimate.throughput.targets import PAPER_RUN_QUERIES, CalibrationPoint, throughput_target
 from tunecost.limits import MAX_QUERIES, check_count
 
 

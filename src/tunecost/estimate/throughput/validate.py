@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tunecost.estimate.throughput.calibrate import MIN_POINTS, CalibratedModel, CalibrationPoint, calibrate, group_of
+from tunecost.estimate.throughput.calibrate import MIN_POINTS, CalibratedModel, calibrate
+from tunecost.estimate.throughput.targets import CalibrationPoint, group_of
 
 
 @dataclass(frozen=True, kw_only=True)

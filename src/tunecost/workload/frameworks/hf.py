@@ -21,9 +21,8 @@ from typing import Any
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
+from tunecost.workload.frameworks.hf_fsdp import Part, fsdp_options, truthy
 from tunecost.workload.known_datasets import catalog_dataset
-
-Part = tuple[dict[str, Any], list[str]]  # options and assumption lines
 
 
 def words(text: str) -> tuple[str, ...]:
@@ -49,7 +48,6 @@ GROUPS = {
 WHOLE_GROUP = {"attention": {"q_proj", "k_proj", "v_proj", "o_proj"}, "mlp": {"gate_proj", "up_proj", "down_proj"}}
 SFT_KEYS = {"max_length", "max_seq_length", "packing", "dataset_text_field", "completion_only_loss", "loss_type"}
 TRL_MODEL_KEYS = {"use_peft", "lora_r", "lora_target_modules", "use_bnb_nested_quant"}
-SHARDS = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard")
 # the keys of each file (keys/*.txt); max_seq_length: SFTConfig's max_length before TRL 0.20, torch_dtype:
 # ModelConfig's dtype before TRL 0.22 (many TRL YAMLs still set it)
 TRAINER_KEYS = ("hf_training_args", "hf_training_args_older", "hf_seq2seq_args", "trl_sft")
@@ -73,11 +71,6 @@ def not_modelled(cfg: ConfigFile, skip: tuple[str, ...] = ()) -> tuple[str, ...]
     """The unused keys that say something (not empty, off or unset) and do not start with a `skip` prefix."""
     said = (k for k in cfg.unused_keys() if cfg.data[k] not in (None, False, "", [], {}, "none", "no"))
     return tuple(k for k in said if not k.startswith(skip))
-
-
-def truthy(value: Any) -> bool:
-    """A flag written as a bool or as text ("true", "yes"), as transformers' and accelerate's str_to_bool read it."""
-    return str(value).strip().lower() in ("true", "1", "yes", "y", "t", "on")
 
 
 def job(cfg: ConfigFile, framework: str, options: dict[str, Any], notes: list[str]) -> ConfigJob:
@@ -216,42 +209,6 @@ def _precision(cfg: ConfigFile, whose: str) -> Part:
     return {"dtype": "fp32"}, [] if bf16 is False else [f"dtype fp32 (bf16, fp16 off): {whose} default; {launch}"]
 
 
-def _fsdp(cfg: ConfigFile) -> Part:
-    """strategy, offload (and checkpointing) of `fsdp` (True, or the older "full_shard auto_wrap") and fsdp_config,
-    as transformers 5's _process_fsdp_args reads them (FSDP2 unless fsdp_config says version 1)."""
-    fsdp, raw = cfg.get("fsdp"), cfg.get("fsdp_config")
-    if not fsdp:
-        return {}, []
-    items = fsdp.split() if isinstance(fsdp, str) else fsdp if isinstance(fsdp, list) else []
-    items = [str(i).lower() for i in items]
-    fcfg = {k.removeprefix("fsdp_"): v for k, v in raw.items()} if isinstance(raw, dict) else {}
-    notes = (
-        [f"fsdp_config {raw}: a file tunecost does not read; put its keys in fsdp_config"] if raw and not fcfg else []
-    )
-    version = str(fcfg.get("version", 2))
-    notes += [] if "version" in fcfg else ["FSDP version 2 (fsdp_config.version): transformers' default"]
-    reshard = str(fcfg.get("reshard_after_forward", "")).lower()
-    shard = next((i for i in items if i in SHARDS), "")
-    shard = shard or {"false": "shard_grad_op", "true": "full_shard", "": "full_shard"}.get(reshard, reshard)
-    strategies = {"full_shard": f"fsdp{version}", "shard_grad_op": "fsdp2-shard-grad-op"}
-    strategies.update({"hybrid_shard": "hsdp", "no_shard": "ddp"} if version == "1" else {})
-    if version not in ("1", "2") or shard not in strategies:
-        raise cfg.error(
-            "fsdp",
-            f"{shard} with FSDP version {version} is not modelled (full_shard, shard_grad_op; "
-            "FSDP1 also hybrid_shard, no_shard)",
-        )
-    out: dict[str, Any] = {"strategy": strategies[shard]}
-    if shard != "full_shard" and version == "1":
-        notes.append(f"FSDP1 {shard}: tunecost models it as {strategies[shard]}")
-    if "offload" in items or truthy(fcfg.get("cpu_offload", False)):
-        out["offload"] = "params"
-    if truthy(fcfg.get("activation_checkpointing", False)):
-        out.update(gradient_checkpointing=True, reentrant=False)
-        notes.append("fsdp_config activation_checkpointing: FSDP's own, non-reentrant (torch checkpoint_wrapper)")
-    return out, notes
-
-
 def _trl_model(cfg: ConfigFile, model: str | None) -> Part:
     """A TRL script's ModelConfig keys (use_peft, lora_r, load_in_4bit, ...) where the YAML has them."""
     use_peft, four, eight = (cfg.typed(k, bool) for k in ("use_peft", "load_in_4bit", "load_in_8bit"))
@@ -318,7 +275,7 @@ def _read_training_args(cfg: ConfigFile) -> ConfigJob:
     attn = cfg.typed("attn_implementation", str) or _mapping(cfg, "model_init_kwargs").get("attn_implementation")
     out["attention"] = attention_of(cfg, "attn_implementation", attn) if attn else "sdpa"
     notes += [] if attn else ["attention sdpa (attn_implementation unset): transformers' default"]
-    parts = [_precision(cfg, whose), _checkpointing(cfg, whose), _fsdp(cfg)]
+    parts = [_precision(cfg, whose), _checkpointing(cfg, whose), fsdp_options(cfg)]
     if whose == SFT:
         parts.append(_trl_model(cfg, out.get("model")))
     else:

@@ -1,0 +1,161 @@
+"""Option groups: options several commands share (the job, the stack, the GPU's memory, several GPUs), declared
+once as a frozen dataclass of `Annotated` options and received by a command as one value."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, TypeVar, get_type_hints
+
+from tunecost.cli import options as cli
+from tunecost.cli.commands import estimate_multigpu as multi
+from tunecost.cli.common import stack_behaviour
+from tunecost.errors import TunecostError
+from tunecost.units import memory_bytes_from_options
+
+F = TypeVar("F", bound=Callable[..., Any])
+RecordsOut = Annotated[Path | None, cli.opt("--out", "Run directory to add the records to (for `tunecost report`).")]
+ReplaceRecords = Annotated[bool, cli.opt("--force", "With --out: replace records of the same kind already there.")]
+
+
+def option_groups(func: F) -> F:
+    """`func` as typer sees it: each parameter whose type is an option group stands for the group's fields (each
+    an option with its default); a call packs them back into the group."""
+    hints = get_type_hints(func, include_extras=True)
+    params: list[inspect.Parameter] = []
+    groups: dict[str, tuple[type, list[str]]] = {}
+    for p in inspect.signature(func).parameters.values():
+        kind = hints[p.name]
+        if not (isinstance(kind, type) and dataclasses.is_dataclass(kind)):
+            params.append(p.replace(kind=inspect.Parameter.KEYWORD_ONLY, annotation=kind))
+            continue
+        field_hints = get_type_hints(kind, include_extras=True)
+        fields = dataclasses.fields(kind)
+        groups[p.name] = (kind, [f.name for f in fields])
+        params += [
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=field_hints[f.name])
+            for f in fields
+        ]
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> Any:
+        for name, (kind, names) in groups.items():
+            kwargs[name] = kind(**{n: kwargs.pop(n) for n in names})
+        return func(**kwargs)
+
+    wrapper.__signature__ = inspect.Signature(params, return_annotation=None)  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in params}
+    return wrapper  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobOptions:
+    """What is fine-tuned and how: the options `estimate`, `plan` and `memory` share."""
+
+    model: cli.JobModel = None
+    seq_len: cli.SeqLen = None
+    lora_rank: cli.LoraRank = cli.DEFAULT_LORA_RANK
+    lora_alpha: cli.LoraAlpha = cli.DEFAULT_LORA_ALPHA
+    lora_targets: cli.LoraTargets = None
+    gradient_checkpointing: cli.GradientCheckpointing = None
+    attention: cli.Attention = "flash"
+    optimizer: cli.Optimizer = "adamw"
+    dtype: cli.Dtype = None
+    quant_type: cli.QuantType = None
+    double_quant: cli.DoubleQuant = True
+    stack: cli.Stack = cli.DEFAULT_STACK_NAME
+
+    def estimate_job(self, model: str, method: str, data: Any = None, experts_per_token: int | None = None) -> Any:
+        """The job `estimate` and `plan` cost (`estimate.cost.estimate_job`), on `data`'s lengths when given."""
+        from tunecost.estimate.cost import estimate_job
+        from tunecost.workload.job import parse_lora_targets
+
+        return estimate_job(
+            model,
+            method=method,
+            experts_per_token=experts_per_token,
+            dataset=data.name if data else None,
+            seq_len=self.seq_len,
+            lora_targets=parse_lora_targets(self.lora_targets) if self.lora_targets is not None else None,
+            stack=self.stack,
+            lengths=data.lengths if data else None,
+            gradient_checkpointing=self.gradient_checkpointing,
+            lora_rank=self.lora_rank,
+            lora_alpha=self.lora_alpha,
+            dtype=self.dtype,
+            attention=self.attention,
+            optimizer=self.optimizer,
+            quant_type=self.quant_type,
+            double_quant=self.double_quant,
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackFlags:
+    """The stack's own switches (torchtune recipe options, re-entrant checkpointing)."""
+
+    chunked_loss: cli.ChunkedLoss = False
+    offload_activations: cli.OffloadActivations = False
+    optimizer_in_backward: cli.OptimizerInBackward = False
+    reentrant: cli.Reentrant = None
+
+    def behaviour(self, stack: str | None) -> Any:
+        """The `StackBehaviour` these switches give on `stack` (the fields are `stack_behaviour`'s keywords)."""
+        return stack_behaviour(stack, **dataclasses.asdict(self))
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuMemory:
+    """Device memory given as a number instead of a catalog GPU."""
+
+    gpu_memory_gb: cli.GpuMemoryGb = None
+    gpu_memory_gib: cli.GpuMemoryGib = None
+
+    def bytes_beside(self, gpu: str | None) -> int | None:
+        """The memory in bytes (None: not given); an error beside a catalog `gpu`."""
+        memory_bytes = memory_bytes_from_options(gpu_memory_gb=self.gpu_memory_gb, gpu_memory_gib=self.gpu_memory_gib)
+        if gpu is not None and memory_bytes is not None:
+            raise TunecostError("give --gpu or --gpu-memory-gb/--gpu-memory-gib, not both")
+        return memory_bytes
+
+    @property
+    def name(self) -> str:
+        return f"{self.gpu_memory_gb:g} GB" if self.gpu_memory_gb is not None else f"{self.gpu_memory_gib:g} GiB"
+
+
+@dataclass(frozen=True, kw_only=True)
+class MultiGpuOptions:
+    """Several GPUs: the count, the layout and the links."""
+
+    num_gpus: multi.NumGpus = None
+    gpus_per_node: multi.GpusPerNode = None
+    strategy: multi.Strategy = None
+    max_gpus: multi.MaxGpus = None
+    interconnect: multi.Interconnect = None
+    expert_parallel: multi.ExpertParallel = None
+    offload: multi.Offload = None
+
+    @property
+    def given(self) -> bool:
+        return any(v is not None for v in dataclasses.astuple(self))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pricing:
+    """Where prices come from."""
+
+    provider: cli.Provider = None
+    prices_file: cli.PricesFile = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordsOutput:
+    """The answer as JSON on stdout, and records added to a run directory."""
+
+    out: RecordsOut = None
+    force: ReplaceRecords = False
+    json_out: cli.JsonOut = False

@@ -1,0 +1,100 @@
+"""One rank's needs for a job, computed once per search: the memory per layout and micro-batch (kept on disk)
+and the single-GPU throughput each rank computes at."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from tunecost.catalog.gpus import GPU
+from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory, single_gpu_step
+from tunecost.errors import TunecostError
+from tunecost.estimate.estimators import EstimateRequest, EstimatorOptions
+from tunecost.estimate.simulated import Throughput, throughput_at
+from tunecost.io import atomic_write_json
+from tunecost.simulate.batch import MAX_BATCH, search_with_margin
+from tunecost.simulate.overhead import DEFAULT_OVERHEAD
+from tunecost.workload.job import FineTuneJob
+from tunecost.workload.parallel import ParallelPlan
+
+MAX_MICRO_BATCH = MAX_BATCH  # the micro-batch search's cap per rank: one GPU's
+RANK_MEMORY_VERSION = "1"  # of the rank memories kept on disk (`RankNeeds`); bump when rank_memory changes
+
+
+def single_gpu_throughput(job: FineTuneJob, gpu: GPU, steady_state: bool = False) -> tuple[Throughput, str]:
+    """A rank's compute: the single-GPU steady-state queries/s of the job's micro-batch, as `estimate` predicts it
+    (eq. (2) where it was fitted for this model and GPU, else the cross-GPU throughput model), with the run's
+    one start-up."""
+    options = EstimatorOptions(steady_state=steady_state)
+    tp = throughput_at(EstimateRequest(job=job, gpu=gpu, options=options), job.batch_size)
+    return tp, f"{gpu.name}: per-rank compute: " + "; ".join(tp.notes)
+
+
+class RankNeeds:
+    """One rank's memory per (layout, micro-batch), each simulated step and rank replay computed once: the
+    same for every GPU (a GPU only changes the budget). The rank memories are kept on disk beside the step they
+    come from (`flush`), so a search that was run before replays nothing."""
+
+    def __init__(self, job: FineTuneJob, behaviour=None) -> None:
+        self.job, self.behaviour = job, behaviour
+        self._steps: dict[int, SingleGpuStep] = {}
+        self._memory: dict[tuple[ParallelPlan, int], RankMemory] = {}
+        self._disk: dict[int, dict[str, dict]] = {}  # batch -> plan key -> RankMemory fields
+        self._dirty: set[int] = set()
+        self.throughputs: dict[tuple[str, bool], dict[int, tuple[Throughput, str]]] = {}  # (GPU, steady) -> batch
+
+    def job_at(self, batch: int) -> FineTuneJob:
+        return self.job.with_(batch_size=batch)
+
+    def step(self, batch: int) -> SingleGpuStep:
+        if batch not in self._steps:
+            self._steps[batch] = single_gpu_step(self.job_at(batch), behaviour=self.behaviour)
+        return self._steps[batch]
+
+    def memory(self, plan: ParallelPlan, batch: int) -> RankMemory:
+        if (plan, batch) not in self._memory:
+            saved, key = self._saved(batch), json.dumps(dataclasses.asdict(plan), sort_keys=True)
+            if key in saved:
+                memory = RankMemory(**{**saved[key], "assumptions": tuple(saved[key]["assumptions"])})
+            else:
+                memory = rank_memory(self.step(batch), self.job_at(batch), plan)
+                saved[key] = dataclasses.asdict(memory)
+                self._dirty.add(batch)
+            self._memory[(plan, batch)] = memory
+        return self._memory[(plan, batch)]
+
+    def _path(self, batch: int) -> Path:
+        from tunecost.simulate import cache
+
+        job = self.job_at(batch)
+        key = cache.job_key(job, None, job.stack, DEFAULT_OVERHEAD, 512, self.behaviour)
+        return cache.cache_dir() / f"rankmem-{RANK_MEMORY_VERSION}-{key}.json"
+
+    def _saved(self, batch: int) -> dict[str, dict]:
+        if batch not in self._disk:
+            try:
+                self._disk[batch] = json.loads(self._path(batch).read_text(encoding="utf-8"))
+            except (OSError, ValueError):
+                self._disk[batch] = {}
+        return self._disk[batch]
+
+    def flush(self) -> None:
+        """Write the rank memories computed since the last flush (a cache that cannot be written is no error)."""
+        for batch in sorted(self._dirty):
+            try:
+                self._path(batch).parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_json(self._path(batch), self._disk[batch])
+            except (OSError, TunecostError):
+                pass
+        self._dirty.clear()
+
+    def largest_micro_batch(self, plan: ParallelPlan, gpu: GPU, margin_fraction: float) -> tuple[int, int]:
+        """(largest micro-batch that fits `gpu` with the margin, largest within it without): the search
+        `memory` and `estimate` run on one GPU."""
+        return search_with_margin(
+            lambda b: self.memory(plan, b).nvidia_smi_bytes,
+            gpu.usable_memory_bytes,
+            margin_fraction,
+            max_batch=MAX_MICRO_BATCH,
+        )

@@ -1,0 +1,86 @@
+"""The token mixers' work per step: attention (FlashAttention-2 varlen) or the Mamba conv + scan, and the
+element-wise work around them in each layer (norms, rotary, residuals)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tunecost.estimate.throughput.arch import Arch
+from tunecost.estimate.throughput.lengths import SeqLengths
+
+if TYPE_CHECKING:
+    from tunecost.estimate.throughput.counts import OpTally
+
+BWD_KERNELS_PER_FWD_KERNEL = 1.5  # non-GEMM ops: autograd launches about 1.5 kernels per forward kernel
+BWD_BYTES_PER_FWD_BYTE = 2.0  # element-wise backward reads the saved input and the incoming grad, writes a grad
+FA2_BWD_FLOPS_PER_FWD = 2.5  # FlashAttention-2 backward recomputes the scores: 5 matmuls vs 2
+SCAN_FLOPS_PER_STATE = 9  # selective scan: 9 B L D N FLOPs forward (Gu & Dao 2023, §3.3)
+# Element-wise traffic per token per layer, forward, in bytes per element of the named width:
+RMSNORM_BYTES_PER_HIDDEN = 34  # HF RMSNorm: upcast, pow, mean, rsqrt, mul, downcast, * weight
+RMSNORM_KERNELS = 7
+ROTARY_BYTES_PER_QK = 20  # q*cos + rotate_half(q)*sin on q and k (slice, neg, cat, mul, mul, add)
+ROTARY_KERNELS = 12
+RESIDUAL_BYTES_PER_HIDDEN = 6  # read two bf16, write one
+FA2_VARLEN_BYTES_PER_HIDDEN = 16  # unpad q, k, v and pad the output back (index ops)
+FA2_VARLEN_KERNELS = 8
+MAMBA_NORM_BYTES_PER_HIDDEN = 12  # fused residual (fp32) + RMSNorm
+MAMBA_ELEMENTWISE_KERNELS = 8
+
+
+def windowed_sq_len_tokens2(lengths: SeqLengths, window_tokens: int) -> float:
+    """E[l^2] as the work of a layer whose queries see at most w keys: twice its scored pairs, sum over i of
+    min(i, w), is l^2 - max(l - w, 0)^2. Exact for one fixed length; over a spread (mean and E[l^2] known) the
+    bound min(E[l^2], 2 w E[l]): E[l^2] when every length fits the window (lengths are cut at 1024 tokens)."""
+    mean_sq, mean = lengths.mean_sq_len_tokens2, lengths.mean_len_tokens
+    if window_tokens > 0 and mean_sq <= mean * mean:  # one length
+        return mean_sq - max(mean - window_tokens, 0.0) ** 2
+    return min(mean_sq, 2.0 * window_tokens * mean) if window_tokens > 0 else mean_sq
+
+
+def add_mixers(acc: OpTally, arch: Arch, lengths: SeqLengths, *, gc: float, w_bytes: int) -> None:
+    """Attention (FlashAttention-2 varlen: causal l^2 work on real lengths) or the Mamba conv + scan, and the
+    per-layer element-wise work around them (norms, rotary, residuals)."""
+    batch = lengths.batch_size
+    tokens = lengths.tokens_per_step
+    fwd_passes = 1.0 + gc
+    ew_passes = fwd_passes + BWD_BYTES_PER_FWD_BYTE
+    ew_kernel_passes = fwd_passes + BWD_KERNELS_PER_FWD_KERNEL
+    if arch.num_attention_layers:
+        width = arch.num_heads * arch.head_dim
+        full_layers = arch.num_attention_layers - arch.num_window_layers
+        window_sq = windowed_sq_len_tokens2(lengths, arch.attention_window_tokens)
+        fwd_flops = full_layers * batch * lengths.mean_sq_len_tokens2 * 2.0 * width
+        fwd_flops += arch.num_window_layers * batch * window_sq * 2.0 * width
+        acc.add(
+            "attention",
+            flops=(fwd_passes + FA2_BWD_FLOPS_PER_FWD) * fwd_flops,
+            bytes_=(fwd_passes + FA2_BWD_FLOPS_PER_FWD) * arch.num_attention_layers * tokens * 4 * width * w_bytes,
+            kernels=arch.num_attention_layers * (fwd_passes + 3.0),
+        )
+        per_token_layer = (
+            arch.num_layer_norms * RMSNORM_BYTES_PER_HIDDEN
+            + 2 * RESIDUAL_BYTES_PER_HIDDEN
+            + FA2_VARLEN_BYTES_PER_HIDDEN
+        ) * arch.hidden + ROTARY_BYTES_PER_QK * 2 * width
+        kernels_layer = arch.num_layer_norms * RMSNORM_KERNELS + ROTARY_KERNELS + 2 + FA2_VARLEN_KERNELS
+        acc.add(
+            "elementwise",
+            bytes_=ew_passes * arch.num_attention_layers * tokens * per_token_layer,
+            kernels=ew_kernel_passes * arch.num_attention_layers * kernels_layer,
+        )
+    if arch.num_mamba_layers:
+        d, n = arch.mamba_inner, arch.mamba_state
+        fwd_flops = arch.num_mamba_layers * tokens * (SCAN_FLOPS_PER_STATE * d * n + 2 * 4 * d)  # scan + conv
+        fwd_bytes = arch.num_mamba_layers * tokens * ((6 * d + 4 * n) * w_bytes)  # x, dt, z in, y out, conv io, B, C
+        acc.add(
+            "ssm_scan",
+            flops=(fwd_passes + 2.0) * fwd_flops,
+            bytes_=(fwd_passes + 2.5) * fwd_bytes,
+            kernels=arch.num_mamba_layers * (2 * fwd_passes + 4),
+        )
+        acc.add(
+            "elementwise",
+            bytes_=ew_passes * arch.num_layers * tokens * MAMBA_NORM_BYTES_PER_HIDDEN * arch.hidden
+            + ew_passes * arch.num_mamba_layers * tokens * 6 * d,
+            kernels=ew_kernel_passes * (arch.num_layers * 2 + arch.num_mamba_layers * MAMBA_ELEMENTWISE_KERNELS),
+        )

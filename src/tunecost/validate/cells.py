@@ -1,0 +1,162 @@
+"""The cells of a measurement corpus row read as tunecost's job options: attention, checkpointing, LoRA targets,
+optimizer."""
+
+from __future__ import annotations
+
+import re
+
+from tunecost.simulate.behaviour import ADAMW_FUSED
+
+
+class Skip(Exception):
+    """A row tunecost does not model; the message is the reason."""
+
+
+# "dense" is Phi's and Falcon's attention output projection, "query_key_value" Falcon's fused q, k, v
+_ATTENTION_TARGETS = {
+    "query_key_value",
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "c_attn",
+    "output_proj",
+    "qkv_proj",
+    "wqkv",
+    "wo",
+    "dense",
+}
+_ALL_LINEAR_TARGETS = ("all-linear", "all_linear", "all")  # PEFT's name; LLaMA-Factory's `lora_target: all`
+# "dense_h_to_4h" / "dense_4h_to_h": Falcon's MLP
+_MLP_TARGETS = {"gate_proj", "up_proj", "down_proj", "w1", "w2", "w3", "gate_up_proj", "fc1", "fc2"}
+_MLP_TARGETS |= {"dense_h_to_4h", "dense_4h_to_h"}
+_BOTH_TARGETS = {"c_proj"}
+_MODULES_TO_SAVE = {"wte": "embed_tokens", "embed_tokens": "embed_tokens", "lm_head": "lm_head"}  # -> transformers
+# attention cell (case, spaces and punctuation ignored) -> FineTuneJob.attention: FlashAttention in any version,
+# xformers' memory-efficient kernel and an unstated kernel keep what a fused kernel keeps (output and log-sum-exp)
+_ATTENTION = {
+    **dict.fromkeys(("", "unknown", "fa", "xformers", "memoryefficient"), "flash"),  # and `attention_for`'s prefixes
+    **dict.fromkeys(("sdpa", "torchsdpa", "scaleddotproductattention"), "sdpa"),
+    **dict.fromkeys(("eager", "math", "vanilla"), "eager"),
+}
+_GRAD_CKPT = {
+    **dict.fromkeys(("on", "true", "yes", "1", "enabled", "full", "selective"), "on"),
+    **dict.fromkeys(("off", "false", "no", "0", "disabled", "none"), "off"),
+}
+_ASIDE = re.compile(r"\s*[(\[][^)\]]*[)\]]")  # "sdpa (default)", "AdamW [DeepSpeed]": the aside a person skips
+
+
+def _main(cell: str) -> str:
+    """A free-text cell without its asides in brackets."""
+    return _ASIDE.sub("", cell).strip()
+
+
+def grad_ckpt_for(cell: str) -> tuple[str, bool | None] | None:
+    """(on | off, re-entrant or not where the cell says) of a row's grad_ckpt cell; None: not stated. "non-reentrant",
+    "use_reentrant=False" and the like are checkpointing on without re-entrance; "reentrant" with it."""
+    key = cell.strip().lower()
+    if key in _GRAD_CKPT:
+        return _GRAD_CKPT[key], None
+    compact = re.sub(r"[\s_\-]", "", key)
+    if "nonreentrant" in compact or "usereentrant=false" in compact or "usereentrant:false" in compact:
+        return "on", False
+    if "reentrant" in compact:
+        return "on", True
+    return (_GRAD_CKPT[_main(key)], None) if _main(key) in _GRAD_CKPT else None
+
+
+def attention_for(cell: str) -> str | None:
+    """tunecost's attention for a row's attention cell (None: not known). "flash_attention_2", "flash-attn 2",
+    "FA2" and "FlashAttention-2" are all flash."""
+    key = _cell_key(cell)
+    if key.startswith(("flash", "fa2", "fa3")):
+        return "flash"
+    return _ATTENTION.get(key) or (_ATTENTION.get(_cell_key(_main(cell))) if _main(cell) else None)
+
+
+def _target_names(cell: str) -> list[str]:
+    return [t.strip() for t in cell.split(";") if t.strip()]
+
+
+def modules_to_save(cell: str) -> tuple[str, ...]:
+    """The whole modules a LoRA targets cell trains beside the adapters, as transformers names them."""
+    out = []
+    for name in _target_names(cell):
+        module = name.split()[0]
+        if "trained fully" in name or module in _MODULES_TO_SAVE:
+            if module not in _MODULES_TO_SAVE:
+                raise Skip(f"fully trained {module} beside LoRA not modelled (not an embedding or output head)")
+            out.append(_MODULES_TO_SAVE[module])
+    return tuple(out)
+
+
+def lora_targets(cell: str, *, is_moe: bool = False) -> tuple[str, ...]:
+    """tunecost's LoRA targets of a row's target names. PEFT's "all-linear" adapts every Linear but the output
+    layer: the attention and the MLPs of a dense model; of an MoE model the attention, the experts and the router
+    (each an nn.Linear in the transformers 4 MoE code that such rows ran)."""
+    names = [n for n in _target_names(cell) if not ("trained fully" in n or n.split()[0] in _MODULES_TO_SAVE)]
+    if not names:
+        raise Skip("LoRA targets not stated")
+    out: set[str] = set()
+    for name in names:
+        if name.lower() in _ALL_LINEAR_TARGETS:
+            out |= {"attention", "experts", "router"} if is_moe else {"attention", "mlp"}
+        elif name in _ATTENTION_TARGETS:
+            out.add("attention")
+        elif name in _MLP_TARGETS:
+            out.add("mlp")
+        elif name in _BOTH_TARGETS:
+            out |= {"attention", "mlp"}
+        else:
+            raise Skip(f"LoRA target {name!r} not known")
+    return tuple(sorted(out))
+
+
+_OPTIMIZERS = {  # normalised optimizer cell -> FineTuneJob.optimizer
+    **dict.fromkeys(
+        ("", "adamw", "adam", "adamwtorch", "adamwtorchfused", "adamwhf", "adamwapexfused", "fusedadam", "torchadamw"),
+        "adamw",
+    ),
+    **dict.fromkeys(("adamw8bit", "adamwbnb8bit", "8bitadamw", "bnbadamw8bit", "adam8bit"), "adamw-8bit"),
+    "sgd": "sgd",
+}
+_FUSED_ADAMW = ("adamwtorchfused", "adamwapexfused", "fusedadam")  # one kernel per step: no foreach temporaries
+
+
+def _cell_key(cell: str) -> str:
+    """A cell without case, spaces or punctuation ("Paged AdamW 8-bit" -> "pagedadamw8bit")."""
+    return re.sub(r"[^0-9a-z]+", "", cell.lower())
+
+
+def adamw_impl_for(cell: str, stack_impl: str) -> str:
+    """The AdamW implementation a row's optimizer cell names (`simulate.behaviour.ADAMW_IMPLS`): a fused kernel where
+    the cell says so, else the stack's own."""
+    fused = _cell_key(cell) in _FUSED_ADAMW or ("adam" in cell.lower() and "fused" in cell.lower())
+    return ADAMW_FUSED if fused else stack_impl
+
+
+def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
+    """tunecost's optimizer for a row's optimizer cell (case, spaces and punctuation ignored), and a note on how it
+    was read ("" if as named); `Skip` for one the simulator does not run. A paged optimizer (bitsandbytes: its states
+    in CUDA unified memory, outside PyTorch's allocator) is read as its unpaged self where it updates LoRA adapters
+    alone (`adapters_only`), whose states are a few MiB; where it holds a model's states, skipped."""
+    key = _cell_key(cell)
+    note = ""
+    if "paged" in key:
+        if not adapters_only:
+            raise Skip(
+                f"optimizer {cell!r} not modelled beside trained model weights (paged optimizer states live in "
+                "CUDA unified memory, outside PyTorch's allocator)"
+            )
+        key = key.replace("paged", "").replace("32bit", "")
+        note = (
+            f"optimizer {cell!r} read as its unpaged self: the adapters' states (a few MiB) counted in the allocator, "
+            "where the paged ones live in CUDA unified memory"
+        )
+    if key not in _OPTIMIZERS:
+        first = (re.findall(r"[a-z0-9]+", cell.lower()) or [""])[0]  # "adamw (DeepSpeed, fused)": AdamW
+        named = "adamw-8bit" if first.startswith("adam") and "8bit" in key else "adamw" * first.startswith("adam")
+        if not named:
+            raise Skip(f"optimizer {cell!r} not modelled (tunecost runs AdamW, 8-bit AdamW and SGD)")
+        return named, "; ".join(filter(None, (note, f"optimizer {cell!r} read as {named}")))
+    return _OPTIMIZERS[key], note
