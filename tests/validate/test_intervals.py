@@ -156,3 +156,16 @@ def test_a_simulated_peak_takes_the_published_peaks_of_its_stack() -> None:
     # a stack no published row ran on takes every stack's errors
     _, _, pooled = peak_interval_bytes("no-such-stack", 2**30)
     assert f"{len(published)} published peaks of every stack" in pooled
+
+
+def test_a_bad_errors_file_is_one_error_naming_the_file_row_and_column(tmp_path) -> None:
+    from tunecost.catalog.held_out_errors import COLUMNS
+    from tunecost.errors import TunecostError
+
+    path = tmp_path / "errors.csv"
+    path.write_text(",".join(COLUMNS) + "\nsrc,1,s_per_step,s,,calibrated,abc,cmd,2026-12-02\n")
+    with pytest.raises(TunecostError, match=r"errors.csv: row 2: log_error 'abc' is not a number"):
+        held_out_errors(path)
+    path.write_text(",".join(COLUMNS) + "\nsrc,1,s_per_step,s,,guessed,0.1,cmd,2026-12-02\n")
+    with pytest.raises(TunecostError, match="kind 'guessed' is not one of"):
+        held_out_errors(path)

@@ -41,53 +41,40 @@ class StackEfficiency:
     gemm_efficiency: float
 
 
+def _numbered_rows(path: Path, what: str, required: tuple[str, ...], column: str) -> list[tuple[int, dict, float]]:
+    """(line, row, the row's finite number in `column`) of a data file; a bad value is an error naming the file,
+    line and column."""
+    _, rows = read_csv_rows(path, what, required=required)
+    out = []
+    for line, row in enumerate(rows, start=2):
+        try:
+            value = float(row[column])
+        except ValueError:
+            raise TunecostError(f"{path}: row {line}: {column} {row[column]!r} is not a number") from None
+        if not math.isfinite(value):
+            raise TunecostError(f"{path}: row {line}: {column} must be finite")
+        out.append((line, row, value))
+    return out
+
+
 @lru_cache(maxsize=2)
 def held_out_errors(path: Path = HELD_OUT_ERRORS_PATH) -> tuple[HeldOutError, ...]:
-    _, rows = read_csv_rows(path, "held-out errors file", required=COLUMNS)
     out = []
-    for i, row in enumerate(rows, start=2):
-        try:
-            value = float(row["log_error"])
-        except ValueError:
-            raise TunecostError(f"{path}: row {i}: log_error {row['log_error']!r} is not a number") from None
-        if not math.isfinite(value):
-            raise TunecostError(f"{path}: row {i}: log_error must be finite")
+    for line, row, value in _numbered_rows(path, "held-out errors file", COLUMNS, "log_error"):
         if row["kind"] not in KINDS:
-            raise TunecostError(f"{path}: row {i}: kind {row['kind']!r} is not one of {', '.join(KINDS)}")
-        out.append(
-            HeldOutError(
-                source=row["source"],
-                id=row["id"],
-                quantity=row["quantity"],
-                stack=row["stack"],
-                log_error=value,
-                kind=row["kind"],
-                simulator_stack=row["simulator_stack"],
-            )
-        )
+            raise TunecostError(f"{path}: row {line}: kind {row['kind']!r} is not one of {', '.join(KINDS)}")
+        fields = {k: row[k] for k in ("source", "id", "quantity", "stack", "kind", "simulator_stack")}
+        out.append(HeldOutError(log_error=value, **fields))
     return tuple(out)
 
 
 @lru_cache(maxsize=2)
 def stack_efficiencies(path: Path = STACK_EFFICIENCIES_PATH) -> tuple[StackEfficiency, ...]:
-    _, rows = read_csv_rows(path, "stack efficiencies file", required=EFFICIENCY_COLUMNS)
     out = []
-    for i, row in enumerate(rows, start=2):
-        try:
-            eff = float(row["gemm_efficiency"])
-        except ValueError:
-            raise TunecostError(
-                f"{path}: row {i}: gemm_efficiency {row['gemm_efficiency']!r} is not a number"
-            ) from None
+    for line, row, eff in _numbered_rows(path, "stack efficiencies file", EFFICIENCY_COLUMNS, "gemm_efficiency"):
         if not 0 < eff <= 1:
-            raise TunecostError(f"{path}: row {i}: gemm_efficiency must be in (0, 1]")
+            raise TunecostError(f"{path}: row {line}: gemm_efficiency must be in (0, 1]")
         out.append(
-            StackEfficiency(
-                stack=row["stack"],
-                stack_cell=row["stack_cell"],
-                gpu=row["gpu"],
-                family=row["family"],
-                gemm_efficiency=eff,
-            )
+            StackEfficiency(gemm_efficiency=eff, **{k: row[k] for k in ("stack", "stack_cell", "gpu", "family")})
         )
     return tuple(out)
