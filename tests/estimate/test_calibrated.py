@@ -110,3 +110,11 @@ def test_model_without_batch_model_is_a_clear_error(monkeypatch, make_request) -
     monkeypatch.setattr(calibrated, "simulated_sizing", refuse)
     with pytest.raises(TunecostError, match=r"no maximum batch size for olmoe-1b-7b: .*not simulated.*eq\. \(1\)"):
         calibrated.calibrated_estimator(make_request(model="olmoe-1b-7b"))
+
+
+def test_a_stack_the_calibration_did_not_measure_is_said() -> None:
+    from tunecost.estimate.calibrated import PAPER_STACK, stack_note
+
+    assert stack_note(PAPER_STACK) == []
+    (note,) = stack_note("torchtune")
+    assert "the job's stack torchtune was not measured" in note and PAPER_STACK in note

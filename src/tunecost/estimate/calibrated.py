@@ -29,7 +29,8 @@ from tunecost.estimate.throughput.sources import calibrate_files, calibration_fi
 from tunecost.estimate.throughput.targets import Prediction, ThroughputTarget, throughput_target
 
 ESTIMATOR_NAME = "calibrated"
-SIMULATOR_STACKS = ("hf-2024", "tunecost")  # the paper's stack first: the throughput model describes it
+PAPER_STACK = "hf-2024"  # the software the bundled throughput measurements ran
+SIMULATOR_STACKS = (PAPER_STACK, "tunecost")  # the paper's stack first: the throughput model describes it
 
 
 @lru_cache(maxsize=8)
@@ -119,6 +120,7 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         *extrapolation_notes(pred),
         f"95 % interval: {pred.interval_kinds}",
         *(n for n in pred.notes if n.startswith("host ")),
+        *stack_note(req.options.stack or req.job.stack),
     ]
     return EstimatePoint(
         max_batch_size=sizing.max_batch_size,
@@ -130,6 +132,17 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         extrapolation=pred.extrapolation,
         startup_s=startup_seconds(req.options, pred),
     )
+
+
+def stack_note(stack: str) -> list[str]:
+    """Says when the job runs another software stack than the one the throughput calibration measured."""
+    if stack == PAPER_STACK:
+        return []
+    return [
+        f"throughput: the calibration measured the paper's stack ({PAPER_STACK}: transformers' eager MoE loop, "
+        f"bitsandbytes, PEFT); the job's stack {stack} was not measured, and its speed may differ "
+        "(`tunecost validate` shows how far stack families differ on published runs)"
+    ]
 
 
 def startup_seconds(options: EstimatorOptions, pred: Prediction) -> float:
