@@ -18,10 +18,11 @@ FIXTURES_DIR = Path(__file__).parent / "fixtures"
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The slow tests first: the workers start on them together instead of one finishing them alone at the end.
-    Under `--dist loadgroup` (make test) each slow test is handed out alone and the other tests of a module go
-    together, so a module's fixtures are made once; a module may name a group of its own (`xdist_group`)."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The slow tests first, then the long ones (when selected): the workers start on them together instead of one
+    finishing them alone at the end. Under `--dist loadgroup` (make test) each slow test is handed out alone and the
+    other tests of a module go together, so a module's fixtures are made once; a module may name a group of its own
+    (`xdist_group`)."""
+    items.sort(key=lambda item: 0 if item.get_closest_marker("slow") else 1 if item.get_closest_marker("long") else 2)
     for item in items:
         if item.get_closest_marker("slow") is None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

@@ -35,7 +35,7 @@ def _rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
 
 
-@pytest.mark.long  # every stage end to end, minutes on 2 cores even shrunk: CI's `make test-long`
+@pytest.mark.long  # every stage end to end, minutes on 2 cores even shrunk: CI runs it (.ci/run)
 def test_demo_writes_every_record_and_the_report(small_demo: Path) -> None:
     stages_seen = []
     seconds = demo.run_demo(small_demo, on_stage=lambda s: stages_seen.append(s.name))

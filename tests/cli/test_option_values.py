@@ -31,7 +31,7 @@ NUMBERS = ("-1", "nan", "1e20")
 
 def _params() -> list:
     """Every probe; `make test` runs one per option and kind (blank, number), its bad value taken in turn, and the
-    others carry the `long` marker (CI runs them in `make test-long`)."""
+    others carry the `long` marker (`make test-long`; CI runs every test)."""
     probes, _ = audit.probes(kinds=("blank", "number"))
     groups: dict[tuple[str, str, str], list] = {}
     for probe in probes:

@@ -127,7 +127,7 @@ def test_cli_trainability_json(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.long  # the full 10-epoch experiment, minutes on 2 cores: CI's `make test-long`
+@pytest.mark.long  # the full 10-epoch experiment, minutes on 2 cores: CI runs it (.ci/run)
 def test_tiny_moe_learns_the_embedded_task_dense_and_sparse(tmp_path):
     """Near-chance -> >= 80 % within 10 epochs for top-2 and dense, on CPU."""
     start = time.perf_counter()
