@@ -6,8 +6,6 @@ Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.th
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import math
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +20,13 @@ from tunecost.errors import TunecostError
 from tunecost.estimate.conformal import Halfwidth
 from tunecost.estimate.throughput.counts import AnalyticStepCounts
 from tunecost.estimate.throughput.coverage import ModelRange, coverage_notes, model_ranges
-from tunecost.estimate.throughput.disk_cache import cached_fit, evidence_from_json, evidence_to_json, fit_cache_path
+from tunecost.estimate.throughput.disk_cache import (
+    cached_evidence,
+    cached_fit,
+    evidence_cache_path,
+    evidence_json,
+    fit_cache_path,
+)
 from tunecost.estimate.throughput.intervals import (
     IntervalEvidence,
     batch_errors,
@@ -41,14 +45,13 @@ from tunecost.estimate.throughput.targets import (
     job_for,
     run_queries_per_s,
 )
-from tunecost.io import atomic_write_json, cache_root
+from tunecost.io import atomic_write_json
 from tunecost.workload.job import FineTuneJob
 
 FIT_NAMES = (*PARAM_NAMES, "run_overhead_s")
 MIN_POINTS = len(FIT_NAMES) + 1
 LOG_NOISE = 0.05  # assumed measurement noise on log throughput: weighs the data against the priors
 INTERVAL_LEVEL = 0.95
-EVIDENCE_VERSION = 3  # bump when what the held-out checks compute changes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -314,18 +317,10 @@ def calibrate(
 def held_out_evidence(
     points: Sequence[CalibrationPoint], options: FitOptions, model: CalibratedModel
 ) -> IntervalEvidence:
-    """Leave-one-GPU-out and leave-one-group-out errors of `points`, kept on disk per calibration."""
-    key = hashlib.sha256(
-        repr(
-            (EVIDENCE_VERSION, [(p.target, p.queries_per_s, p.run_queries) for p in points], options, model.params)
-        ).encode()
-    ).hexdigest()[:24]
-    path = cache_root() / "interval-evidence" / f"{key}.json"
-    if path.is_file():
-        try:
-            return evidence_from_json(json.loads(path.read_text()))
-        except (ValueError, KeyError, TypeError):
-            pass  # a torn or older file is recomputed
+    """Leave-one-GPU-out, leave-one-group-out and larger-batches-out errors of `points`, kept on disk."""
+    path = evidence_cache_path(points, options, model.params)
+    if (kept := cached_evidence(path)) is not None:
+        return kept
 
     def rest(pts: list[CalibrationPoint]) -> CalibratedModel:
         return _calibrate(pts, "measurements", options)
@@ -341,7 +336,7 @@ def held_out_evidence(
         transfer=transfer if transfer.errors else None, workload=workload, note=note, batch=batch
     )
     with contextlib.suppress(TunecostError):  # a cache that cannot be written is recomputed next time
-        atomic_write_json(path, evidence_to_json(evidence))
+        atomic_write_json(path, evidence_json(evidence))
     return evidence
 
 

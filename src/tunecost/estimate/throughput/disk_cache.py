@@ -15,13 +15,24 @@ from tunecost.estimate.throughput.intervals import HeldOut, IntervalEvidence
 from tunecost.io import cache_root
 
 FIT_VERSION = 1  # bump when the fit's model or priors change what the cached parameters mean
+EVIDENCE_VERSION = 3  # bump when what the held-out checks compute changes
+
+
+def _path(folder: str, points: Sequence[Any], *parts: Any) -> Path:
+    """The file in the cache `folder` keyed by the points (targets, throughputs, run lengths) and `parts`."""
+    points_key = [(p.target, p.queries_per_s, p.run_queries) for p in points]
+    key = repr((points_key, *parts))
+    return cache_root() / folder / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
 
 
 def fit_cache_path(points: Sequence[Any], options: Any, fingerprint: np.ndarray) -> Path:
     """Where the fitted parameters of these points under these options are kept (numbers only)."""
-    points_key = [(p.target, p.queries_per_s, p.run_queries) for p in points]
-    key = repr((FIT_VERSION, points_key, options, [f"{v:.12g}" for v in fingerprint]))
-    return cache_root() / "calibration-fits" / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.json"
+    return _path("calibration-fits", points, FIT_VERSION, options, [f"{v:.12g}" for v in fingerprint])
+
+
+def evidence_cache_path(points: Sequence[Any], options: Any, params: Any) -> Path:
+    """Where the held-out errors of the calibration of these points (fitted to `params`) are kept."""
+    return _path("interval-evidence", points, EVIDENCE_VERSION, options, params)
 
 
 def cached_fit(path: Path, size: int) -> np.ndarray | None:
@@ -32,14 +43,9 @@ def cached_fit(path: Path, size: int) -> np.ndarray | None:
     return x if x.shape == (size,) and np.all(np.isfinite(x)) else None
 
 
-def evidence_to_json(e: IntervalEvidence) -> dict:
-    def held(h: HeldOut | None) -> dict | None:
-        return None if h is None else {**asdict(h), "errors": list(h.errors), "cross": list(h.cross_architecture)}
+def cached_evidence(path: Path) -> IntervalEvidence | None:
+    """The held-out errors kept at `path`; None when there are none (or a torn or older file)."""
 
-    return {"transfer": held(e.transfer), "workload": held(e.workload), "batch": held(e.batch), "note": e.note}
-
-
-def evidence_from_json(d: dict) -> IntervalEvidence:
     def held(h: dict | None) -> HeldOut | None:
         if h is None:
             return None
@@ -47,9 +53,17 @@ def evidence_from_json(d: dict) -> IntervalEvidence:
             kind=h["kind"],
             errors=tuple(float(x) for x in h["errors"]),
             source=h["source"],
-            cross_architecture=tuple(bool(x) for x in h["cross"]),
+            cross_architecture=tuple(bool(x) for x in h["cross_architecture"]),
         )
 
-    return IntervalEvidence(
-        transfer=held(d["transfer"]), workload=held(d["workload"]), batch=held(d["batch"]), note=str(d["note"])
-    )
+    try:
+        d = json.loads(path.read_text())
+        return IntervalEvidence(
+            transfer=held(d["transfer"]), workload=held(d["workload"]), batch=held(d["batch"]), note=str(d["note"])
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def evidence_json(e: IntervalEvidence) -> dict:
+    return asdict(e)

@@ -56,7 +56,7 @@ class IntervalEvidence:
     transfer: HeldOut | None  # leave-one-GPU-out, per e-fold of GPU speed
     workload: HeldOut | None  # leave-one-(model, dataset, GPU)-group-out
     note: str
-    batch: HeldOut | None = None  # each model's larger batches held out, per e-fold beyond the rest's largest
+    batch: HeldOut | None = None  # each model's batches above its median held out
 
     def transfer_halfwidth(self, cross_architecture: bool) -> Halfwidth | None:
         """The per-e-fold half-width of a move to another GPU (another architecture: its own errors if any)."""
@@ -80,26 +80,35 @@ def _log_errors(model: Any, held: Sequence[Any]) -> list[float]:
     return [math.log(model.predict(p.target, run_queries=p.run_queries).queries_per_s / p.queries_per_s) for p in held]
 
 
+def _held_out(
+    points: Sequence[Any], held: Sequence[Any], calibrate_rest: Callable[[list[Any]], Any], min_points: int
+) -> tuple[Any, list[float]] | None:
+    """The calibration without `held` and its log errors on them; None when the rest cannot be calibrated."""
+    rest = [p for p in points if p not in held]
+    if not held or len(rest) < min_points:
+        return None
+    try:
+        model = calibrate_rest(rest)
+    except TunecostError:
+        return None
+    return model, _log_errors(model, held)
+
+
 def transfer_errors(points: Sequence[Any], calibrate_rest: Callable[[list[Any]], Any], min_points: int) -> HeldOut:
     """Leave-one-GPU-out on `points` (CalibrationPoints): each held-out error divided by the GPU's distance."""
     errors: list[float] = []
     cross: list[bool] = []
     checks = []
     for gpu, held in sorted(_by_gpu(points).items()):
-        rest = [p for p in points if p not in held]
-        if len(rest) < min_points:
-            continue
-        try:
-            model = calibrate_rest(rest)
-        except TunecostError:  # the rest cannot be calibrated: this GPU cannot be held out
-            continue
+        if (done := _held_out(points, held, calibrate_rest, min_points)) is None:
+            continue  # the rest cannot be calibrated: this GPU cannot be held out
+        model, errs = done
         target = model.terms_for(resolve_gpu_name(gpu).gpu)
         dist = gpu_distance(target, [model.terms_for(resolve_gpu_name(g).gpu) for g in model.gpus])
         if dist <= 0:
             continue
         arch = resolve_gpu_name(gpu).gpu.architecture
         other_arch = arch not in {resolve_gpu_name(g).gpu.architecture for g in model.gpus}
-        errs = _log_errors(model, held)
         errors += [abs(e) / dist for e in errs]
         cross += [other_arch] * len(errs)
         rms = float(np.sqrt(np.mean(np.square(errs))))
@@ -122,15 +131,9 @@ def workload_errors(
     for p in points:
         groups[group_of(p)].append(p)
     errors: list[float] = []
-    for key, held in sorted(groups.items()):
-        rest = [p for p in points if group_of(p) != key]
-        if len(groups) < 2 or not rest:
-            continue
-        try:
-            model = calibrate_rest(rest)
-        except TunecostError:  # too few points without this group: it cannot be held out
-            continue
-        errors += [abs(e) for e in _log_errors(model, held)]
+    for _, held in sorted(groups.items()) if len(groups) > 1 else ():
+        if (done := _held_out(points, held, calibrate_rest, 1)) is not None:  # else: too few points without it
+            errors += [abs(e) for e in done[1]]
     return HeldOut(
         kind="workload not calibrated",
         errors=tuple(errors),
@@ -147,15 +150,9 @@ def batch_errors(points: Sequence[Any], calibrate_rest: Callable[[list[Any]], An
         sizes = sorted({p.target.job.batch_size for p in points if p.target.job.model == model})
         cut = sizes[(len(sizes) - 1) // 2]
         held = [p for p in points if p.target.job.model == model and p.target.job.batch_size > cut]
-        rest = [p for p in points if p not in held]
-        if not held or len(rest) < min_points:
-            continue
-        try:
-            fitted = calibrate_rest(rest)
-        except TunecostError:  # the rest cannot be calibrated: these batches cannot be held out
-            continue
-        errs = _log_errors(fitted, held)
-        errors += [abs(e) for e in errs]
+        if (done := _held_out(points, held, calibrate_rest, min_points)) is None:
+            continue  # the rest cannot be calibrated: these batches cannot be held out
+        errors += [abs(e) for e in done[1]]
         top = max(p.target.job.batch_size for p in held)
         checks.append(f"{model}: {len(held)} points of batch {cut + 1}-{top} from batches up to {cut}")
     return HeldOut(
