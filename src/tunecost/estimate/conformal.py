@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 INTERVAL_LEVEL = 0.95
+# fewer held-out errors of one stack do not describe it: the errors of the other stacks are used instead
+MIN_STACK_ERRORS = 5
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,7 @@ from __future__ import annotations
 import math
 
 from tunecost.catalog.held_out_errors import held_out_errors
-from tunecost.estimate.conformal import INTERVAL_LEVEL, conformal_halfwidth
-
-MIN_STACK_ERRORS = 5  # fewer published peaks of a stack do not describe it: every stack's are used
+from tunecost.estimate.conformal import INTERVAL_LEVEL, MIN_STACK_ERRORS, conformal_halfwidth
 
 
 def peak_interval_bytes(simulator_stack: str, peak_bytes: int, level: float = INTERVAL_LEVEL) -> tuple[int, int, str]:

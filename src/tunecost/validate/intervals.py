@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tunecost.catalog.held_out_errors import HeldOutError, held_out_errors
-from tunecost.estimate.conformal import INTERVAL_LEVEL, conformal_halfwidth
+from tunecost.estimate.conformal import INTERVAL_LEVEL, MIN_STACK_ERRORS, conformal_halfwidth
 from tunecost.validate.mapping import THROUGHPUT_QUANTITIES
 
 if TYPE_CHECKING:
@@ -24,9 +24,6 @@ if TYPE_CHECKING:
 def quantity_class(quantity: str) -> str:
     """Throughput quantities share their errors (each is one step time); each memory quantity has its own."""
     return "throughput" if quantity in THROUGHPUT_QUANTITIES else quantity
-
-
-MIN_STACK_ERRORS = 5  # fewer rows of a stack do not describe it: the other sources' errors are used
 
 
 def has_interval(row: ValidationRow) -> bool:
