@@ -249,7 +249,7 @@ def validate_throughput_rows(
             out[i] = _skipped(row, f"step counts failed: {exc}", mapped.stack.name)
             continue
         groups.setdefault(tp.group_key(row, mapped), []).append((i, row, mapped, measured, counts))
-    ready: list[tuple[tuple[str, str, str], list, dict[int, tp.StepFn]]] = []
+    ready: list[tuple[tuple[str, str, str], list, dict[int, tp.StepFn], GpuTerms]] = []
     for (stack, stack_cell, gpu_name), members in groups.items():
         gpu = resolve_gpu_name(gpu_name).gpu
         try:
@@ -266,21 +266,23 @@ def validate_throughput_rows(
                 out[i] = _skipped(row, _simulation_failed(exc), mapped.stack.name)
         members = [m for m in members if m[0] in steps]
         if members:
-            ready.append(((stack, stack_cell, gpu_name), members, steps))
+            ready.append(((stack, stack_cell, gpu_name), members, steps, terms))
     calibrated = [] if calibrated is None else calibrated
-    for key, members, steps in ready:
+    for key, members, steps, terms in ready:
         if len(members) > 1 or prior_only:
-            eff = _calibrate_group(key, members, steps, terms_of(key[2]), out, record=not prior_only)
+            eff = _calibrate_group(key, members, steps, terms, out, record=not prior_only)
             if eff is not None:
                 calibrated.append(_efficiency(key, eff))
     pool = calibrated if prior_only else [*calibrated, *(tp_priors() if priors is None else priors)]
-    for key, members, steps in ready:
+    for key, members, steps, terms in ready:
         if len(members) == 1 or prior_only:
-            _predict_with_prior(key, members, steps, pool, out, check_fit=not prior_only)
+            _predict_with_prior(key, members, steps, terms, pool, out, check_fit=not prior_only)
     return out
 
 
-def _predict_with_prior(key, members, steps, pool, out: dict[int, ValidationRow], *, check_fit: bool) -> None:
+def _predict_with_prior(
+    key, members, steps, terms: GpuTerms, pool, out: dict[int, ValidationRow], *, check_fit: bool
+) -> None:
     """The group's rows at its family's prior efficiency; with `check_fit`, a row no efficiency reproduces is
     skipped as its calibration would have been."""
     prior = tp.prior_efficiency(pool, key[0], key[1])
@@ -292,18 +294,18 @@ def _predict_with_prior(key, members, steps, pool, out: dict[int, ValidationRow]
     i, row, mapped, measured, counts = members[0]
     measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **_shape(mapped))
     if check_fit and tp.gemm_efficiency_from(steps[i], measured_step_s) is None:
-        why = tp.calibration_failure(counts, terms_of(key[2]), measured_step_s)
-        out[i] = _skipped(
-            row, f"calibration of {key[0]} ({key[1]}) on {key[2]} on {row.id} failed: {why}", mapped.stack.name
-        )
+        out[i] = _skipped(row, _calibration_failed(key, row, counts, terms, measured_step_s), mapped.stack.name)
         return
     for i, row, mapped, measured, _ in members:
         predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), **_shape(mapped))
         out[i] = _throughput_ok(row, mapped, measured, predicted, reason, prior=True)
 
 
-def terms_of(gpu_name: str) -> GpuTerms:
-    return tp.gpu_terms(resolve_gpu_name(gpu_name).gpu)
+def _calibration_failed(key, row: CorpusRow, counts, terms: GpuTerms, measured_step_s: float) -> str:
+    """Why no efficiency reproduces the calibration row `row` of the group `key` (stack, stack cell, GPU)."""
+    stack, stack_cell, gpu_name = key
+    why = tp.calibration_failure(counts, terms, measured_step_s)
+    return f"calibration of {stack} ({stack_cell}) on {gpu_name} on {row.id} failed: {why}"
 
 
 def _efficiency(key: tuple[str, str, str], eff: float) -> StackEfficiency:
@@ -317,15 +319,13 @@ def _calibrate_group(key, members, steps, terms, out: dict[int, ValidationRow], 
     """Fit the group's efficiency on its calibration row (a single-GPU row where the group has one: its step has
     no communication in it; the most FLOPs per optimizer step; first in file order on a tie) and, with `record`,
     predict the other rows with it; a failed fit skips the group with the reason."""
-    stack, stack_cell, gpu_name = key
     single = [m for m in members if m[2].num_gpus == 1]
     cal = max(single or members, key=lambda t: (t[4].total_flops, -t[0]))
     i, row, mapped, measured, counts = cal
     measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **_shape(mapped))
     eff = tp.gemm_efficiency_from(steps[i], measured_step_s)
     if eff is None:
-        why = tp.calibration_failure(counts, terms, measured_step_s)
-        reason = f"calibration of {stack} ({stack_cell}) on {gpu_name} on {row.id} failed: {why}"
+        reason = _calibration_failed(key, row, counts, terms, measured_step_s)
         for i, row, mapped, _, _ in members:
             out[i] = _skipped(row, reason, mapped.stack.name)
         return None
