@@ -20,6 +20,9 @@ STRATEGIES = {
     "zero3": "PGO",  # DeepSpeed ZeRO stage 3
 }
 MULTI_GPU_STRATEGIES = tuple(s for s in STRATEGIES if s != "single")
+# pipeline schedule -> micro-batches whose activations the first stage holds at once (m: micro-batches, pp: stages,
+# v: virtual stages per rank); torch.distributed.pipelining's names
+PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default zero_optimization.reduce_bucket_size
 DEFAULT_MAX_GPUS = 64  # --gpus auto: the most GPUs searched
 MAX_SEARCH_GPUS = 100_000  # every count up to the limit is evaluated (arithmetic only)
@@ -50,6 +53,10 @@ class ParallelPlan:
     reduce_bucket_elements, overlap_comm: DeepSpeed ZeRO-1/2's `zero_optimization.reduce_bucket_size` and
         `overlap_comm` (its defaults: 5e8 elements, off): the gradient buckets each backward allocates, two with
         overlap_comm.
+    tp, pp, cp: tensor-, pipeline- and context-parallel degrees; the data-parallel group is the rest
+        (`dp` = num_gpus / (tp x pp x cp)), and `strategy` shards over it. sequence_parallel: Megatron's sequence
+        parallelism inside the TP group. micro_batches: pipeline micro-batches per step (None: pp);
+        pipeline_schedule: one of `PIPELINE_SCHEDULES`, virtual_stages its stages per rank (interleaved only).
     """
 
     num_gpus: int = 1
@@ -59,6 +66,13 @@ class ParallelPlan:
     offload: str = "none"
     reduce_bucket_elements: int = DEEPSPEED_REDUCE_BUCKET_ELEMENTS
     overlap_comm: bool = False
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    sequence_parallel: bool = False
+    micro_batches: int | None = None
+    pipeline_schedule: str = "1f1b"
+    virtual_stages: int = 1
 
     def __post_init__(self) -> None:
         if self.num_gpus < 1:
@@ -72,18 +86,83 @@ class ParallelPlan:
             )
         if self.strategy not in STRATEGIES:
             raise TunecostError(f"unknown strategy {self.strategy!r}; supported: {', '.join(STRATEGIES)}")
-        if self.strategy == "single" and self.num_gpus != 1:
+        self._check_model_parallel()
+        if self.strategy == "single" and self.dp != 1:
             raise TunecostError(
                 f"a job on {self.num_gpus} GPUs needs a multi-GPU strategy ({', '.join(MULTI_GPU_STRATEGIES)}), "
                 "not 'single'"
             )
-        if self.expert_parallel < 1 or self.num_gpus % self.expert_parallel:
-            raise TunecostError(
-                f"expert-parallel degree {self.expert_parallel} must be at least 1 and divide the {self.num_gpus} GPUs"
-            )
+        if self.expert_parallel < 1 or self.dp % self.expert_parallel:
+            where = f"the {self.num_gpus} GPUs" if self.dp == self.num_gpus else f"the data-parallel degree {self.dp}"
+            raise TunecostError(f"expert-parallel degree {self.expert_parallel} must be at least 1 and divide {where}")
         check_offload(self.offload, self.strategy)
         if self.reduce_bucket_elements < 1:
             raise TunecostError(f"reduce_bucket_size must be at least 1 element, got {self.reduce_bucket_elements}")
+
+    def _check_model_parallel(self) -> None:
+        for name, degree in (("--tp", self.tp), ("--pp", self.pp), ("--cp", self.cp)):
+            if degree < 1:
+                raise TunecostError(f"{name}: the degree must be at least 1, got {degree}")
+        if self.num_gpus % self.model_parallel:
+            raise TunecostError(
+                f"--tp {self.tp} x --pp {self.pp} x --cp {self.cp} = {self.model_parallel} does not divide the "
+                f"{self.num_gpus} GPUs"
+            )
+        if self.sequence_parallel and self.tp == 1:
+            raise TunecostError("--sequence-parallel shards along the tensor-parallel group; it needs --tp 2 or more")
+        if self.pipeline_schedule not in PIPELINE_SCHEDULES:
+            raise TunecostError(
+                f"unknown pipeline schedule {self.pipeline_schedule!r}; supported: {', '.join(PIPELINE_SCHEDULES)}"
+            )
+        if self.micro_batches is not None and self.micro_batches < 1:
+            raise TunecostError(f"--micro-batches must be at least 1, got {self.micro_batches}")
+        if self.virtual_stages < 1 or (self.virtual_stages > 1 and self.pipeline_schedule != "interleaved-1f1b"):
+            raise TunecostError(
+                f"virtual pipeline stages {self.virtual_stages}: at least 1, and above 1 only with interleaved-1f1b"
+            )
+        if self.pipeline_schedule == "interleaved-1f1b" and self.num_micro_batches % self.pp:
+            raise TunecostError(
+                f"interleaved-1f1b needs --micro-batches ({self.num_micro_batches}) a multiple of --pp {self.pp}"
+            )
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that hold one copy of the model between them: tp x pp x cp."""
+        return self.tp * self.pp * self.cp
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel degree: the ranks `strategy` replicates or shards over."""
+        return self.num_gpus // self.model_parallel
+
+    @property
+    def num_micro_batches(self) -> int:
+        """Pipeline micro-batches per step (one without a pipeline; pp when not given)."""
+        if self.pp == 1:
+            return 1 if self.micro_batches is None else self.micro_batches
+        return self.pp if self.micro_batches is None else self.micro_batches
+
+    def check_model(self, *, num_heads: int, num_kv_heads: int, num_layers: int, seq_len: int) -> None:
+        """One-line errors for degrees the model or the sequence cannot be split by (Megatron's and torchtitan's
+        rules: heads and key-value heads by tp, layers by pp x virtual stages, the sequence by cp and, with
+        sequence parallelism, by tp)."""
+        checks = [
+            ("--tp", self.tp, "attention heads", num_heads),
+            ("--tp", self.tp, "key-value heads", num_kv_heads),
+            (
+                f"--pp {self.pp} x {self.virtual_stages} virtual stages" if self.virtual_stages > 1 else "--pp",
+                self.pp * self.virtual_stages,
+                "decoder layers",
+                num_layers,
+            ),
+            ("--cp", self.cp, "tokens of the sequence", seq_len),
+        ]
+        if self.sequence_parallel:
+            checks.append(("--sequence-parallel (--tp)", self.tp, "tokens of the sequence", seq_len))
+        for option, degree, what, count in checks:
+            if degree > 1 and count % degree:
+                label = option if " x " in option else f"{option} {degree}"
+                raise TunecostError(f"{label} does not divide the model's {count} {what}")
 
     @property
     def num_reduce_buckets(self) -> int:
