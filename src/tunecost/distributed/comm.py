@@ -26,7 +26,12 @@ def broadcast_bus_factor(num_ranks: int) -> float:
     return 1.0
 
 
+def send_recv_bus_factor(num_ranks: int) -> float:
+    return 1.0  # point to point: the buffer crosses the link once
+
+
 BUS_FACTORS = {
+    "send_recv": send_recv_bus_factor,
     "all_reduce": all_reduce_bus_factor,
     "all_gather": all_gather_bus_factor,
     "reduce_scatter": reduce_scatter_bus_factor,

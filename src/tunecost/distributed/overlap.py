@@ -15,10 +15,11 @@ from tunecost.errors import TunecostError
 class StepTime:
     compute_seconds: float  # forward + backward + optimizer compute, no communication
     step_seconds: float
+    bubble_seconds: float = 0.0  # a pipeline's idle time (fill and drain)
 
     @property
     def exposed_comm_seconds(self) -> float:
-        return self.step_seconds - self.compute_seconds
+        return self.step_seconds - self.compute_seconds - self.bubble_seconds
 
     @property
     def exposed_comm_share(self) -> float:
