@@ -138,6 +138,12 @@ class MultiGpuOptions:
     interconnect: multi.Interconnect = None
     expert_parallel: multi.ExpertParallel = None
     offload: multi.Offload = None
+    tp: multi.TensorParallel = None
+    pp: multi.PipelineParallel = None
+    cp: multi.ContextParallel = None
+    sequence_parallel: multi.SequenceParallel = None
+    micro_batches: multi.MicroBatches = None
+    pipeline_schedule: multi.PipelineSchedule = None
 
     @property
     def given(self) -> bool:

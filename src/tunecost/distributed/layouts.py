@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tunecost.catalog.gpus import GPU
@@ -22,19 +24,73 @@ def valid_gpu_counts(gpus_per_node: int, max_gpus: int, expert_parallel: int = 1
     ]
 
 
+TP_SEARCH_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # dense families `--gpus auto` tries TP layouts on
+SEARCH_DEGREES = (1, 2, 4, 8)  # the TP and PP degrees `--gpus auto` tries
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelParallel:
+    """The model-parallel part of a layout (`ParallelPlan`'s fields of the same names)."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    sequence_parallel: bool = False
+    micro_batches: int | None = None
+    pipeline_schedule: str = "1f1b"
+    virtual_stages: int = 1
+
+    @property
+    def degree(self) -> int:
+        return self.tp * self.pp * self.cp
+
+
+def model_parallel_choices(
+    spec: ModelSpec, method: str, *, given: ModelParallel | None, searching: bool, gpus_per_node: int
+) -> list[ModelParallel]:
+    """The model-parallel layouts to evaluate: the one given; or, searching GPU counts for a full fine-tune of a
+    dense model of a TP-capable family, TP (with sequence parallelism) within a node x PP over `SEARCH_DEGREES`
+    that divide the heads and layers; else none (data parallelism only)."""
+    if given is not None:
+        return [given]
+    if not searching or method != "full" or spec.is_moe or spec.family not in TP_SEARCH_FAMILIES:
+        return [ModelParallel()]
+    tps = [t for t in SEARCH_DEGREES if t <= gpus_per_node and not spec.num_heads % t and not spec.num_kv_heads % t]
+    pps = [p for p in SEARCH_DEGREES if not spec.num_layers % p]
+    return [ModelParallel(tp=t, pp=p, sequence_parallel=t > 1) for t in tps for p in pps]
+
+
 def layout_plans(
-    n: int, strategies: Sequence[str], *, gpus_per_node: int, expert_degree: int, offload: str
+    n: int,
+    strategies: Sequence[str],
+    *,
+    gpus_per_node: int,
+    expert_degree: int,
+    offload: str,
+    model_parallel: Sequence[ModelParallel] = (ModelParallel(),),
 ) -> list[ParallelPlan]:
     """The layouts of `n` GPUs: one GPU without offload or expert parallelism is just that ("single"), whatever
-    the strategies asked."""
+    the strategies asked; each model-parallel layout that divides `n` with each strategy over the ranks left
+    (one plan where a single data-parallel rank leaves the strategies nothing to tell apart)."""
     if n == 1 and offload == "none" and expert_degree == 1:
         return [ParallelPlan()]
-    return [
-        ParallelPlan(
-            num_gpus=n, gpus_per_node=gpus_per_node, strategy=s, expert_parallel=expert_degree, offload=offload
-        )
-        for s in strategies
-    ]
+    out: list[ParallelPlan] = []
+    for mp in model_parallel:
+        if n % (mp.degree * expert_degree):
+            continue
+        alone = n == mp.degree and offload == "none"
+        for s in strategies if not alone else [s for s in strategies if s.startswith("zero")] + ["ddp"]:
+            out.append(
+                ParallelPlan(
+                    num_gpus=n,
+                    gpus_per_node=gpus_per_node,
+                    strategy=s,
+                    expert_parallel=expert_degree,
+                    offload=offload,
+                    **dataclasses.asdict(mp),
+                )
+            )
+    return out
 
 
 def gpu_counts(
@@ -57,20 +113,41 @@ def checked_counts(
     max_gpus: int,
     expert_degree: int,
     offload: str,
+    model_parallel_degree: int = 1,
 ) -> tuple[dict[str, list[int]], ModelSpec]:
-    """The GPU counts to evaluate per GPU, and the job's model, once the search's limits are checked."""
+    """The GPU counts to evaluate per GPU (searching: multiples of the expert- and model-parallel degrees), and
+    the job's model, once the search's limits are checked."""
     if not 1 <= max_gpus <= MAX_SEARCH_GPUS:
         raise TunecostError(f"the GPU limit must be between 1 and {MAX_SEARCH_GPUS}, got {max_gpus}")
-    counts_by_gpu = {g.name: gpu_counts(g.name, num_gpus, gpus_per_node, max_gpus, expert_degree) for g in gpus}
+    step = expert_degree * model_parallel_degree
+    counts_by_gpu = {g.name: gpu_counts(g.name, num_gpus, gpus_per_node, max_gpus, step) for g in gpus}
     if not any(counts_by_gpu.values()):
-        raise TunecostError(
-            f"no GPU count up to {max_gpus} is a multiple of the expert-parallel degree {expert_degree}"
-        )
+        what = "expert-parallel degree" if model_parallel_degree == 1 else "expert- x model-parallel degrees"
+        raise TunecostError(f"no GPU count up to {max_gpus} is a multiple of the {what} {step}")
     spec = resolve_model(model)
     most = max(max(c) for c in counts_by_gpu.values() if c)
     for s in strategies:
+        if most % model_parallel_degree:  # a given count the degrees do not divide: `check_model_parallel` says so
+            break
         plan = ParallelPlan(
             num_gpus=most, gpus_per_node=gpus_per_node, strategy=s, expert_parallel=expert_degree, offload=offload
         )
         expert_parallel.check_expert_parallel(plan, num_experts=spec.num_experts, model=spec.name)
     return counts_by_gpu, spec
+
+
+def check_model_parallel(spec: ModelSpec, seq_len: int, mp: ModelParallel, counts: Mapping[str, list[int]]) -> None:
+    """One-line errors for TP/PP/CP degrees that do not divide the GPUs asked for, the model's heads or layers, or
+    the sequence."""
+    for gpu, ns in counts.items():
+        for n in ns:
+            if n % mp.degree:
+                raise TunecostError(
+                    f"--tp {mp.tp} x --pp {mp.pp} x --cp {mp.cp} = {mp.degree} does not divide the {n} GPUs ({gpu})"
+                )
+    if mp.degree > 1 and spec.family == "blackmamba":
+        raise TunecostError(f"{spec.name}: tensor, pipeline and context parallelism are modelled for transformers only")
+    plan = ParallelPlan(num_gpus=mp.degree, strategy="ddp" if mp.degree > 1 else "single", **dataclasses.asdict(mp))
+    plan.check_model(
+        num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, num_layers=spec.num_layers, seq_len=seq_len
+    )

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 from tunecost.catalog.gpus import GPU
+from tunecost.distributed import model_parallel
 from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory, single_gpu_step
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import EstimateRequest, EstimatorOptions
@@ -19,7 +20,7 @@ from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ParallelPlan
 
 MAX_MICRO_BATCH = MAX_BATCH  # the micro-batch search's cap per rank: one GPU's
-RANK_MEMORY_VERSION = "1"  # of the rank memories kept on disk (`RankNeeds`); bump when rank_memory changes
+RANK_MEMORY_VERSION = "2"  # of the rank memories kept on disk (`RankNeeds`); bump when rank_memory changes
 
 
 def single_gpu_throughput(job: FineTuneJob, gpu: GPU, steady_state: bool = False) -> tuple[Throughput, str]:
@@ -39,6 +40,7 @@ class RankNeeds:
     def __init__(self, job: FineTuneJob, behaviour=None) -> None:
         self.job, self.behaviour = job, behaviour
         self._steps: dict[int, SingleGpuStep] = {}
+        self._rank_steps: dict[tuple[int, bool, int, int], SingleGpuStep] = {}  # (tp, sp, cp, batch)
         self._memory: dict[tuple[ParallelPlan, int], RankMemory] = {}
         self._disk: dict[int, dict[str, dict]] = {}  # batch -> plan key -> RankMemory fields
         self._dirty: set[int] = set()
@@ -52,13 +54,27 @@ class RankNeeds:
             self._steps[batch] = single_gpu_step(self.job_at(batch), behaviour=self.behaviour)
         return self._steps[batch]
 
+    def rank_step(self, plan: ParallelPlan, batch: int) -> SingleGpuStep:
+        """The whole-model step of one TP/CP rank of `plan` (the single-GPU step without them)."""
+        if plan.tp == 1 and plan.cp == 1:
+            return self.step(batch)
+        key = (plan.tp, plan.sequence_parallel, plan.cp, batch)
+        if key not in self._rank_steps:
+            self._rank_steps[key] = model_parallel.rank_step(self.job_at(batch), plan, behaviour=self.behaviour)
+        return self._rank_steps[key]
+
     def memory(self, plan: ParallelPlan, batch: int) -> RankMemory:
         if (plan, batch) not in self._memory:
             saved, key = self._saved(batch), json.dumps(dataclasses.asdict(plan), sort_keys=True)
             if key in saved:
                 memory = RankMemory(**{**saved[key], "assumptions": tuple(saved[key]["assumptions"])})
             else:
-                memory = rank_memory(self.step(batch), self.job_at(batch), plan)
+                job = self.job_at(batch)
+                memory = (
+                    rank_memory(self.step(batch), job, plan)
+                    if plan.model_parallel == 1
+                    else model_parallel.model_parallel_rank_memory(self.rank_step(plan, batch), job, plan)
+                )
                 saved[key] = dataclasses.asdict(memory)
                 self._dirty.add(batch)
             self._memory[(plan, batch)] = memory

@@ -11,14 +11,22 @@ from dataclasses import dataclass, field
 
 from tunecost.catalog.gpus import GPU
 from tunecost.catalog.prices import Price, billed_gpus, cheapest_for
-from tunecost.distributed import deepspeed_estimator, overlap
-from tunecost.distributed.layouts import checked_counts, layout_plans
+from tunecost.distributed import deepspeed_estimator, model_parallel, overlap
+from tunecost.distributed.layouts import (
+    ModelParallel,
+    check_model_parallel,
+    checked_counts,
+    layout_plans,
+    model_parallel_choices,
+)
+from tunecost.distributed.model_parallel_step import model_parallel_step_time
 from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory
 from tunecost.distributed.timing import Links, StepCollective, default_links, step_time
 from tunecost.errors import TunecostError
 from tunecost.estimate.paper import training_hours, usd_for_hours
 from tunecost.estimate.rank_needs import RankNeeds, single_gpu_throughput
 from tunecost.estimate.simulated import Throughput
+from tunecost.models.catalog import resolve_model
 from tunecost.models.params import ParamCounts
 from tunecost.simulate.batch import default_margin_fraction, fit_verdict, margin_note
 from tunecost.workload.job import FineTuneJob
@@ -130,8 +138,11 @@ def evaluate_setup(
     if base.fit == "no" or not single_gpu_queries_per_s:
         return base
     compute = job.batch_size / single_gpu_queries_per_s
-    timed, collectives = step_time(step, plan, links, compute)
-    qps = plan.num_gpus * job.batch_size / timed.step_seconds
+    if plan.model_parallel == 1:
+        timed, collectives = step_time(step, plan, links, compute)
+    else:
+        timed, collectives = model_parallel_time(step, job, plan, links, compute)
+    qps = plan.dp * plan.num_micro_batches * job.batch_size / timed.step_seconds
     cost = None
     if num_queries and epochs:
         cost = setup_cost(
@@ -152,12 +163,23 @@ def evaluate_setup(
     )
 
 
+def model_parallel_time(
+    step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan, links: Links, whole_model_seconds: float
+) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
+    """The step of a TP/PP/CP rank (`model_parallel_step`) from its whole-model TP/CP step `step`: a stage with
+    the most activations in flight (the first)."""
+    spec = resolve_model(job.model)
+    stage = model_parallel.stage_steps(step, plan)["all" if plan.pp == 1 else "first"]
+    kv = 2 * spec.num_kv_heads // plan.tp * spec.head_dim * job.compute_bytes_per_element  # K and V per token
+    return model_parallel_step_time(stage, plan, links, whole_model_seconds, kv_bytes_per_token=max(kv, 1))
+
+
 def smallest_fitting(setups: Sequence[Setup]) -> dict[tuple[str, str], Setup]:
     """(GPU name, strategy) -> the setup with the fewest GPUs that fits."""
     out: dict[tuple[str, str], Setup] = {}
     for s in sorted(setups, key=lambda s: s.plan.num_gpus):
-        if s.fits and (s.gpu.name, s.plan.strategy) not in out:
-            out[(s.gpu.name, s.plan.strategy)] = s
+        if s.fits and (s.gpu.name, s.plan.layout_name) not in out:
+            out[(s.gpu.name, s.plan.layout_name)] = s
     return out
 
 
@@ -214,18 +236,26 @@ def estimate_multi_gpu(
     more_gpus: bool = False,
     needs: RankNeeds | None = None,
     require_fit: bool = True,
+    model_parallel: ModelParallel | None = None,
 ) -> MultiGpuEstimate:
     """Evaluate `job` on each GPU x layout: `num_gpus` GPUs (one count, or a count per GPU name), or every valid
     count up to `max_gpus` (the counts the expert-parallel degree divides). Each setup runs `micro_batch` per
     rank, or the largest that fits with the safety margin (the search of one GPU); with no `num_gpus`, only the
     fewest GPUs that fit per GPU and strategy are searched and costed (`more_gpus`: and that count doubled, up to
     `max_gpus`). Fitting nothing at all is an error then. `needs`: the job's rank memory and throughputs already
-    computed (the same job with another offload or count); without `require_fit`, fitting nothing is an answer."""
+    computed (the same job with another offload or count); without `require_fit`, fitting nothing is an answer.
+    `model_parallel`: the TP/PP/CP degrees (None: data parallelism, or, searching, `layouts.model_parallel_choices`)."""
     from tunecost.catalog.prices import price_catalog, prices_for
     from tunecost.models.params import count_parameters
 
+    degree = model_parallel.degree if model_parallel is not None else 1
     counts_by_gpu, spec = checked_counts(
-        job.model, gpus, strategies, num_gpus, gpus_per_node, max_gpus, expert_degree, offload
+        job.model, gpus, strategies, num_gpus, gpus_per_node, max_gpus, expert_degree, offload, degree
+    )
+    if model_parallel is not None:
+        check_model_parallel(spec, job.worst_case_seq_len, model_parallel, counts_by_gpu)
+    choices = model_parallel_choices(
+        spec, job.method, given=model_parallel, searching=num_gpus is None, gpus_per_node=gpus_per_node
     )
     margin = default_margin_fraction() if margin_fraction is None else margin_fraction
     links_by_gpu = {gpu.name: default_links(gpu, gpus_per_node, node_link) for gpu in gpus}  # errors before tracing
@@ -246,6 +276,7 @@ def estimate_multi_gpu(
         num_queries=num_queries,
         epochs=epochs,
         param_counts=param_counts,
+        model_parallel=choices,
     )
     setups: list[Setup] = []
     notes = search.notes
@@ -273,6 +304,11 @@ def estimate_multi_gpu(
     )
 
 
+def _layout_key(plan: ParallelPlan) -> tuple:
+    """A layout whatever its GPU count: the model-parallel degrees and the data-parallel strategy."""
+    return (plan.tp, plan.sequence_parallel, plan.pp, plan.cp, plan.strategy)
+
+
 @dataclass(kw_only=True)
 class _Search:
     """What the setups of one `estimate_multi_gpu` share: the job's rank needs, the layouts asked for, and the
@@ -291,6 +327,7 @@ class _Search:
     num_queries: float | None
     epochs: float | None
     param_counts: ParamCounts | None
+    model_parallel: Sequence[ModelParallel] = (ModelParallel(),)
     notes: list[str] = field(default_factory=list)
     noted: set[str] = field(default_factory=set)
 
@@ -298,7 +335,7 @@ class _Search:
         """Every layout of each count of `gpu`, each at its micro-batch (the largest that fits unless given)."""
         throughputs = self.needs.throughputs.setdefault((gpu.name, self.steady_state), {})
         setups: list[Setup] = []
-        found: dict[str, int] = {}  # strategy -> its fewest GPUs that fit (no num_gpus)
+        found: dict[tuple, int] = {}  # layout -> its fewest GPUs that fit (no num_gpus)
         for n in counts:
             for plan in layout_plans(
                 n,
@@ -306,10 +343,11 @@ class _Search:
                 gpus_per_node=self.gpus_per_node,
                 expert_degree=self.expert_degree,
                 offload=self.offload,
+                model_parallel=self.model_parallel,
             ):
                 first = self.needs.memory(plan, 1)
                 fits_one = fit_verdict(first.nvidia_smi_bytes, gpu.usable_memory_bytes, self.margin) == "yes"
-                fewest = found.get(plan.strategy)
+                fewest = found.get(_layout_key(plan))
                 wanted = fewest is None or (self.more_gpus and n % fewest == 0 and (n // fewest).bit_count() == 1)
                 if self.micro_batch is not None:
                     setups.append(self.evaluate(gpu, links, prices, throughputs, plan, self.micro_batch, 0))
@@ -319,8 +357,10 @@ class _Search:
                     lo, border = self.needs.largest_micro_batch(plan, gpu, self.margin)
                     setups.append(self.evaluate(gpu, links, prices, throughputs, plan, max(lo, 1), border))
                     if lo and fewest is None:
-                        layouts = self.strategies if plan.strategy == "single" else (plan.strategy,)
-                        found.update(dict.fromkeys(layouts, n))
+                        single = [dataclasses.replace(plan, strategy=s) for s in self.strategies]
+                        found.update(
+                            dict.fromkeys(map(_layout_key, single if plan.strategy == "single" else [plan]), n)
+                        )
         return setups
 
     def evaluate(
@@ -344,7 +384,7 @@ class _Search:
         ratio = (tp.interval[0] / qps, tp.interval[1] / qps) if tp.interval and qps else None
         outside = tuple(n.removeprefix("extrapolation: ") for n in tp.notes if n.startswith("extrapolation: "))
         setup = evaluate_setup(
-            self.needs.step(batch),
+            self.needs.rank_step(plan, batch),
             self.needs.job_at(batch),
             gpu,
             plan,

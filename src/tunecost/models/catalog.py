@@ -25,6 +25,7 @@ _TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "experts_per_token")
 # GPT-2 style config.json names of the same sizes (GPTBigCode's `attribute_map` in transformers).
 _LAYERS_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 _HIDDEN_KEYS = ("hidden_size", "n_embd")
+_HEADS_KEYS = ("num_attention_heads", "n_head")
 
 
 def _first_int(config: dict[str, Any], keys: tuple[str, ...]) -> int:
@@ -89,6 +90,21 @@ class ModelSpec:
     @property
     def hidden_size(self) -> int:
         return _first_int(self.config, _HIDDEN_KEYS)
+
+    @property
+    def num_heads(self) -> int:
+        """Attention heads (0: no attention, e.g. Mamba layers)."""
+        return _first_int(self.config, _HEADS_KEYS) if any(k in self.config for k in _HEADS_KEYS) else 0
+
+    @property
+    def num_kv_heads(self) -> int:
+        """Key-value heads (grouped-query attention); the attention heads when the config gives none."""
+        keys = ("num_key_value_heads", "num_kv_heads")
+        return _first_int(self.config, keys) if any(self.config.get(k) for k in keys) else self.num_heads
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.config.get("head_dim") or self.hidden_size // max(1, self.num_heads))
 
     @property
     def vocab_size(self) -> int:

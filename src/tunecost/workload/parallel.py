@@ -126,6 +126,17 @@ class ParallelPlan:
             )
 
     @property
+    def layout_name(self) -> str:
+        """The strategy, preceded by the model-parallel degrees above 1 ("tp8+sp pp2 fsdp2"; "tp8 pp2" when the
+        data-parallel degree is 1 and the strategy shards nothing)."""
+        parts = [f"tp{self.tp}{'+sp' if self.sequence_parallel else ''}"] if self.tp > 1 else []
+        parts += [f"pp{self.pp}"] if self.pp > 1 else []
+        parts += [f"cp{self.cp}"] if self.cp > 1 else []
+        if not parts or self.dp > 1 or self.strategy.startswith("zero") or self.offload != "none":
+            parts.append(self.strategy)
+        return " ".join(parts)
+
+    @property
     def model_parallel(self) -> int:
         """Ranks that hold one copy of the model between them: tp x pp x cp."""
         return self.tp * self.pp * self.cp

@@ -10,7 +10,7 @@ from tunecost.errors import TunecostError
 from tunecost.limits import check_count
 from tunecost.units import format_bytes
 from tunecost.workload.offload import OFFLOAD_STRATEGIES
-from tunecost.workload.parallel import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS, MULTI_GPU_STRATEGIES
+from tunecost.workload.parallel import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS, MULTI_GPU_STRATEGIES, PIPELINE_SCHEDULES
 
 if TYPE_CHECKING:
     from tunecost.cli.groups import MultiGpuOptions, Pricing, RecordsOutput
@@ -45,6 +45,41 @@ ExpertParallel = Annotated[
         "--expert-parallel", "Several GPUs, MoE: ranks that share the experts (divides experts, GPUs).", MAX_EXPERTS
     ),
 ]
+
+MAX_DEGREE = 1024
+TensorParallel = Annotated[int | None, count_option("--tp", "Several GPUs: tensor-parallel degree.", MAX_DEGREE)]
+PipelineParallel = Annotated[int | None, count_option("--pp", "Several GPUs: pipeline stages.", MAX_DEGREE)]
+ContextParallel = Annotated[int | None, count_option("--cp", "Several GPUs: context-parallel degree.", MAX_DEGREE)]
+SequenceParallel = Annotated[
+    bool | None,
+    opt("--sequence-parallel/--no-sequence-parallel", "With --tp: Megatron's sequence parallelism (default on)."),
+]
+MicroBatches = Annotated[
+    int | None, count_option("--micro-batches", "With --pp: micro-batches per step (default: the stages).", 1 << 20)
+]
+PipelineSchedule = Annotated[
+    str | None, opt("--pipeline-schedule", "With --pp: " + " | ".join(PIPELINE_SCHEDULES) + " (default 1f1b).")
+]
+
+
+def model_parallel_option(options: MultiGpuOptions):
+    """The TP/PP/CP layout the options give (None: none of them given)."""
+    from tunecost.distributed.layouts import ModelParallel
+
+    values = (options.tp, options.pp, options.cp, options.micro_batches, options.pipeline_schedule)
+    if all(v is None for v in values) and options.sequence_parallel is None:
+        return None
+    tp = options.tp or 1
+    if options.sequence_parallel and tp == 1:
+        raise TunecostError("--sequence-parallel shards along the tensor-parallel group; it needs --tp 2 or more")
+    return ModelParallel(
+        tp=tp,
+        pp=options.pp or 1,
+        cp=options.cp or 1,
+        sequence_parallel=tp > 1 and options.sequence_parallel is not False,
+        micro_batches=options.micro_batches,
+        pipeline_schedule=(options.pipeline_schedule or "1f1b").strip().lower(),
+    )
 
 
 def parse_gpu_counts(text: str, gpus: list[str]) -> int | dict[str, int] | None:
@@ -124,6 +159,7 @@ def run_multi_gpu(
         micro_batch=int(batch_size) if batch_size else None,
         steady_state=steady_state,
         behaviour=behaviour,
+        model_parallel=model_parallel_option(options),
     )
     if output.out is not None:  # every setup evaluated, for `tunecost report` (memory per rank and cost vs GPU count)
         import sys
@@ -156,6 +192,8 @@ def print_answer(
             f"{format_hours(best.cost.hours)} h, [bold]${best.usd:.2f}[/bold] ({_price_text(best.cost)}"
             f"{f', start-up {_startup(best)} once' if _startup(best) else ''})"
         )
+        if best.plan.model_parallel > 1:
+            console.print(_model_parallel_line(best))
     elif not any(s.fits for s in answer.setups):
         console.print("answer: no setup fits with the safety margin")
     ranked = sorted(
@@ -164,7 +202,7 @@ def print_answer(
     )
     if count is None:
         ranked = [s for s in ranked if s.fit != "no" and s.cost is not None]
-    rows = [(s, s.plan.strategy) for s in ranked] if verbose else _merged(ranked)
+    rows = [(s, s.plan.layout_name) for s in ranked] if verbose else _merged(ranked)
     shown = rows if verbose else rows[:SHOWN_ROWS]
     ep = f", expert parallel {expert_degree}" if expert_degree and expert_degree > 1 else ""
     ep += f", CPU offload: {offload}" if offload != "none" else ""
@@ -209,20 +247,37 @@ def _figures(s) -> tuple:
     )
 
 
+def _model_parallel_line(s) -> str:
+    """Memory per rank, and where a step's time goes: compute, exposed communication, the pipeline's bubble."""
+    plan, t, m = s.plan, s.timing, s.memory
+    text = (
+        f"  per rank: {m.nvidia_smi_bytes / 1e9:.1f} GB of {s.gpu.usable_memory_bytes / 1e9:.0f} (peak at "
+        f"{m.peak_segment}); tp {plan.tp}{' + sequence parallel' if plan.sequence_parallel else ''}, pp {plan.pp}, "
+        f"cp {plan.cp}, data-parallel {plan.dp}, {plan.num_micro_batches} micro-batch(es) per step"
+    )
+    if t is not None and t.step_seconds:
+        text += (
+            f"\n  step {t.step_seconds:.3g} s: compute {t.compute_seconds:.3g} s, exposed communication "
+            f"{t.exposed_comm_seconds:.3g} s ({100 * t.exposed_comm_share:.1f} %), pipeline bubble "
+            f"{t.bubble_seconds:.3g} s ({100 * t.bubble_seconds / t.step_seconds:.1f} %)"
+        )
+    return text
+
+
 def _merged(ranked: list) -> list[tuple]:
     """(setup, layout names): one row per set of layouts with the same figures (fsdp2/zero3)."""
     groups: dict[tuple, list] = {}
     for s in ranked:
         groups.setdefault(_figures(s), []).append(s)
-    return [(same[0], "/".join(dict.fromkeys(x.plan.strategy for x in same))) for same in groups.values()]
+    return [(same[0], "/".join(dict.fromkeys(x.plan.layout_name for x in same))) for same in groups.values()]
 
 
 def _layout(s) -> str:
-    return "" if s.plan.strategy == "single" else f" ({s.plan.strategy})"
+    return "" if s.plan.strategy == "single" else f" ({s.plan.layout_name})"
 
 
 def _name(s) -> str:
-    return f"{s.plan.strategy} on {s.plan.num_gpus} x {s.gpu.name}"
+    return f"{s.plan.layout_name} on {s.plan.num_gpus} x {s.gpu.name}"
 
 
 def _startup(s) -> str:
