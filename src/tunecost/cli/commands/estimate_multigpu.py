@@ -305,6 +305,8 @@ def why_not(setup) -> str:
     m = setup.memory
     parts = sorted(m.breakdown_bytes.items(), key=lambda kv: -kv[1])[:3]
     held = "the whole model and its states replicated per rank" if m.shard_group == 1 else "its shard of the states"
+    if setup.plan.model_parallel > 1:
+        held = f"its {setup.plan.layout_name.rsplit(' ', 1)[0] if setup.plan.dp > 1 else setup.plan.layout_name} share"
     return (
         f"each rank needs {format_bytes(m.need_bytes)} ({held}: "
         + ", ".join(f"{k} {format_bytes(v)}" for k, v in parts)

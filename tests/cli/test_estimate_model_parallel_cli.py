@@ -1,0 +1,62 @@
+"""`tunecost estimate --tp/--pp/--cp`: the layout's one-line errors, and the answer for a pipeline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tunecost.cli.main import app
+
+DENSE = str(Path(__file__).parents[1] / "fixtures" / "distributed" / "tiny-llama-2l.json")
+BASE = ["estimate", "--epochs", "1", "--queries", "100", "--method", "full", "--gpu", "H100"]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            ["--model", "llama-2-70b", "--gpus", "12", "--tp", "8"],
+            "--tp 8 x --pp 1 x --cp 1 = 8 does not divide the 12",
+        ),
+        (["--model", "llama-2-70b", "--gpus", "6", "--tp", "3", "--pp", "2"], "--tp 3 does not divide the model's 64"),
+        (["--model", "llama-2-70b", "--gpus", "16", "--tp", "16"], "--tp 16 does not divide the model's 8 key-value"),
+        (["--model", "llama-2-70b", "--gpus", "24", "--pp", "3", "--tp", "8"], "--pp 3 does not divide the model's 80"),
+        (["--model", "llama-2-70b", "--gpus", "8", "--cp", "8", "--seq-len", "1004"], "--cp 8 does not divide the"),
+        (["--model", "llama-2-70b", "--gpus", "8", "--tp", "4", "--seq-len", "1002"], "--sequence-parallel (--tp) 4"),
+        (["--model", "llama-2-70b", "--gpus", "8", "--sequence-parallel"], "needs --tp 2 or more"),
+        (["--model", "llama-2-70b", "--gpus", "8", "--pp", "2", "--pipeline-schedule", "zbv"], "unknown pipeline"),
+        (["--model", "llama-2-70b", "--gpus", "8", "--pp", "0"], "--pp"),
+    ],
+)
+def test_a_layout_that_does_not_divide_is_one_error_line(cli_runner, args, message):
+    result = cli_runner.invoke(app, [*BASE, *args])
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and message in " ".join(result.output.split()), lines
+
+
+def test_a_pipeline_answers_with_memory_per_rank_and_its_bubble(cli_runner):
+    args = [
+        *BASE,
+        "--model",
+        DENSE,
+        "--gpus",
+        "4",
+        "--pp",
+        "2",
+        "--micro-batches",
+        "4",
+        "--seq-len",
+        "64",
+        "--batch-size",
+        "2",
+    ]
+    result = cli_runner.invoke(app, [*args, "--strategy", "ddp"])
+    assert result.exit_code == 0, result.output
+    assert "pp2 ddp" in result.output and "pipeline bubble" in result.output and "per rank" in result.output
+    result = cli_runner.invoke(app, [*args, "--strategy", "ddp", "--json"])
+    setup = json.loads(result.stdout)["setups"][0]
+    assert setup["plan"]["pp"] == 2 and setup["plan"]["micro_batches"] == 4
+    assert setup["timing"]["bubble_seconds"] / setup["timing"]["step_seconds"] == pytest.approx(1 / 5, rel=0.05)

@@ -1,0 +1,133 @@
+"""A model-parallel rank as a single-GPU step: the plan's checks, the pipeline cut (the stages' states add up to
+the model's, activations scale with the micro-batches in flight), memory and step time per rank."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_jobs import tiny_job
+
+from tunecost.catalog.gpus import resolve_gpu_name
+from tunecost.distributed.model_parallel import (
+    data_parallel_plan,
+    in_flight_micro_batches,
+    model_parallel_rank_memory,
+    stage_steps,
+)
+from tunecost.distributed.model_parallel_step import model_parallel_step_time
+from tunecost.distributed.rank_memory import rank_memory, single_gpu_step
+from tunecost.distributed.timing import default_links
+from tunecost.errors import TunecostError
+from tunecost.workload.job import LoraConfig
+from tunecost.workload.parallel import ParallelPlan
+
+STATES = ("frozen_weights", "trainable_params", "gradients", "optimizer_states")
+
+
+@pytest.fixture(scope="module")
+def job_step():
+    job = tiny_job("tiny-llama-2l", "full", LoraConfig(rank=8))
+    return job, single_gpu_step(job, granule_bytes=1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(num_gpus=12, strategy="ddp", tp=8), r"--tp 8 x --pp 1 x --cp 1 = 8 does not divide the 12 GPUs"),
+        (dict(num_gpus=8, strategy="ddp", tp=0), r"--tp: the degree must be at least 1"),
+        (dict(num_gpus=2, strategy="ddp", sequence_parallel=True), r"needs --tp 2 or more"),
+        (dict(num_gpus=2, strategy="ddp", pp=2, pipeline_schedule="zb"), r"unknown pipeline schedule 'zb'"),
+        (dict(num_gpus=4, strategy="ddp", pp=4, micro_batches=6, pipeline_schedule="interleaved-1f1b"), r"multiple"),
+        (dict(num_gpus=4, strategy="ddp", pp=2, virtual_stages=2), r"only with interleaved-1f1b"),
+    ],
+)
+def test_a_layout_that_does_not_divide_is_one_error(kwargs, message):
+    with pytest.raises(TunecostError, match=message):
+        ParallelPlan(**kwargs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(tp=3), r"--tp 3 does not divide the model's 64 attention heads"),
+        (dict(tp=16), r"--tp 16 does not divide the model's 8 key-value heads"),
+        (dict(pp=3), r"--pp 3 does not divide the model's 80 decoder layers"),
+        (dict(cp=3), r"--cp 3 does not divide the model's 4096 tokens"),
+        (dict(tp=2, sequence_parallel=True), None),
+    ],
+)
+def test_degrees_must_divide_heads_layers_and_sequence(kwargs, message):
+    degree = kwargs.get("tp", 1) * kwargs.get("pp", 1) * kwargs.get("cp", 1)
+    plan = ParallelPlan(num_gpus=degree, strategy="ddp", **kwargs)
+    shape = dict(num_heads=64, num_kv_heads=8, num_layers=80, seq_len=4096)
+    if message is None:
+        plan.check_model(**shape)
+        return
+    with pytest.raises(TunecostError, match=message):
+        plan.check_model(**shape)
+
+
+def test_the_data_parallel_part_is_what_the_model_parallel_degrees_leave():
+    plan = ParallelPlan(num_gpus=32, gpus_per_node=8, strategy="fsdp2", tp=4, pp=2)
+    dp = data_parallel_plan(plan)
+    assert (plan.dp, dp.num_gpus, dp.gpus_per_node, dp.strategy) == (4, 4, 2, "fsdp2")
+    alone = data_parallel_plan(ParallelPlan(num_gpus=16, gpus_per_node=8, strategy="fsdp2", tp=8, pp=2))
+    assert (alone.num_gpus, alone.strategy) == (1, "single")
+    assert ParallelPlan(num_gpus=16, strategy="fsdp2", tp=8, pp=2, sequence_parallel=True).layout_name == "tp8+sp pp2"
+    assert ParallelPlan(num_gpus=32, strategy="fsdp2", tp=8, pp=2).layout_name == "tp8 pp2 fsdp2"
+    assert ParallelPlan(num_gpus=8, strategy="zero3").layout_name == "zero3"
+
+
+@pytest.mark.parametrize(
+    ("schedule", "pp", "m", "v", "expected"),
+    [
+        ("gpipe", 4, 8, 1, {"first": 8, "middle": 8, "last": 8}),
+        ("1f1b", 4, 8, 1, {"first": 4, "middle": 2, "last": 1}),
+        ("1f1b", 4, 2, 1, {"first": 2, "middle": 2, "last": 1}),
+    ],
+)
+def test_micro_batches_in_flight_per_schedule(schedule, pp, m, v, expected):
+    plan = ParallelPlan(num_gpus=pp, strategy="ddp", pp=pp, micro_batches=m, pipeline_schedule=schedule)
+    assert {s: in_flight_micro_batches(plan, s) for s in expected} == expected
+
+
+def test_the_stages_hold_the_model_between_them(job_step):
+    """Summed over the two stages, each state is the model's; each stage holds half the decoder layers."""
+    _job, step = job_step
+    stages = stage_steps(step, ParallelPlan(num_gpus=2, strategy="ddp", pp=2, micro_batches=1))
+    key = "optimizer:opt"
+    for category in STATES:
+        whole = step.segments[key].get(category, 0)
+        assert abs(sum(s.segments[key].get(category, 0) for s in stages.values()) - whole) <= 2, category
+    assert all(s.num_layers == step.num_layers // 2 for s in stages.values())
+    assert sum(s.weight_bytes for s in stages.values()) == pytest.approx(step.weight_bytes, abs=4)
+
+
+def test_activations_scale_with_the_micro_batches_in_flight(job_step):
+    _job, step = job_step
+    one = stage_steps(step, ParallelPlan(num_gpus=2, strategy="ddp", pp=2, micro_batches=1))["first"]
+    two = stage_steps(step, ParallelPlan(num_gpus=2, strategy="ddp", pp=2, micro_batches=4))["first"]
+    key = next(k for k, c in step.segments.items() if c.get("activations"))
+    assert two.segments[key]["activations"] == pytest.approx(2 * one.segments[key]["activations"], abs=2)
+
+
+def test_no_model_parallelism_is_the_data_parallel_rank(job_step):
+    job, step = job_step
+    plan = ParallelPlan(num_gpus=4, strategy="fsdp2")
+    assert model_parallel_rank_memory(step, job, plan).peak_bytes == rank_memory(step, job, plan).peak_bytes
+
+
+def test_a_pipeline_rank_needs_less_than_the_whole_model_and_idles_in_the_bubble(job_step):
+    job, step = job_step
+    whole = rank_memory(step, job, ParallelPlan())
+    plan = ParallelPlan(num_gpus=2, strategy="ddp", pp=2, micro_batches=4)
+    staged = model_parallel_rank_memory(step, job, plan)
+    assert staged.peak_bytes < whole.peak_bytes
+    assert staged.breakdown_bytes["p2p_buffers"] == 2 * job.batch_size * job.seq_len * 64 * 4
+    links = default_links(resolve_gpu_name("H100").gpu, 8)
+    stage = stage_steps(step, plan)["first"]
+    timed, collectives = model_parallel_step_time(stage, plan, links, 1.0, kv_bytes_per_token=64)
+    per_micro_batch = 1.0 / 2
+    assert timed.compute_seconds == pytest.approx(4 * per_micro_batch)
+    assert timed.bubble_seconds / timed.step_seconds == pytest.approx(1 / 5, rel=0.02)  # (pp-1)/(m+pp-1)
+    sends = [c for c in collectives if c.op == "send_recv"]
+    assert sum(c.count for c in sends) == 2 * 4  # an activation forward and a gradient back per micro-batch
