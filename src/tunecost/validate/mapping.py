@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunecost.catalog.gpus import resolve_gpu_name
+from tunecost.distributed.layouts import ModelParallel
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_TOKENS
 from tunecost.models.anatomy import SUPPORTED_FAMILIES
@@ -26,6 +27,7 @@ from tunecost.validate.cells import (
     optimizer_for,
 )
 from tunecost.validate.corpus import CorpusRow
+from tunecost.validate.model_parallel_cells import model_parallel_of, names_distributed_optimizer
 from tunecost.validate.stack_behaviour import behaviour_for
 from tunecost.validate.stacks import Stack, stack_for
 from tunecost.workload.frameworks.registry import framework_defaults
@@ -51,6 +53,7 @@ class MappedRow:
     offload: str = "none"  # CPU offload of the strategy (`workload.offload.OFFLOAD_CHOICES`)
     deepspeed: DeepSpeedZero2 | None = None  # the stack's ZeRO-1/2 gradient buckets (None: DeepSpeed's defaults)
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR  # library behaviours of the row's stack (see `stacks`)
+    model_parallel: ModelParallel | None = None  # the row's TP/PP/CP degrees (None: data parallelism only)
     note: str = ""  # what the mapping read differently from the row's cells, and why (shown as the row's reason)
 
     @property
@@ -64,8 +67,9 @@ class MappedRow:
         if self.strategy is None:
             return ParallelPlan()
         per_node = min(self.num_gpus, NODE_GPUS)
+        mp = dataclasses.asdict(self.model_parallel) if self.model_parallel is not None else {}
         plan = ParallelPlan(
-            num_gpus=self.num_gpus, gpus_per_node=per_node, strategy=self.strategy, offload=self.offload
+            num_gpus=self.num_gpus, gpus_per_node=per_node, strategy=self.strategy, offload=self.offload, **mp
         )
         if self.deepspeed is None:
             return plan
@@ -170,6 +174,7 @@ def map_row(row: CorpusRow) -> MappedRow:
         )
         raise Skip(f"{gpu_unknown_reason(row.get('gpu'))} ({why})")
     grad_accum = _int(row, "grad_accum") if row.get("grad_accum") else 1
+    mp = model_parallel_row(row, spec, job, num_gpus, grad_accum) if num_gpus > 1 else None
     behaviour = row_behaviour(row, stack, num_gpus=num_gpus, strategy=strategy, family=spec.family, method=method)
     return MappedRow(
         job=job,
@@ -183,7 +188,24 @@ def map_row(row: CorpusRow) -> MappedRow:
         deepspeed=deepspeed,
         behaviour=dataclasses.replace(behaviour, reentrant_checkpointing=reentrant),
         note=note,
+        model_parallel=mp,
     )
+
+
+def model_parallel_row(row: CorpusRow, spec, job: FineTuneJob, num_gpus: int, grad_accum: int) -> ModelParallel | None:
+    """The row's TP/PP/CP degrees, its gradient accumulation as the pipeline's micro-batches; `Skip` for degrees
+    that do not divide its GPUs, the model or the sequence."""
+    mp = model_parallel_of(row.get("parallelism") or "", micro_batches=grad_accum)
+    if mp is None:
+        return None
+    try:
+        plan = ParallelPlan(num_gpus=num_gpus, strategy="ddp", **dataclasses.asdict(mp))
+        plan.check_model(
+            num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, num_layers=spec.num_layers, seq_len=job.seq_len
+        )
+    except TunecostError as exc:
+        raise Skip(f"parallelism {row.get('parallelism')!r}: {exc}") from None
+    return mp
 
 
 def row_behaviour(
@@ -342,7 +364,8 @@ def multi_gpu_layout(row: CorpusRow) -> tuple[str, str]:
         raise Skip(f"{num_gpus} GPUs fill no whole nodes of {NODE_GPUS} GPUs (the node layout is not in the row)")
     offload = "offload" in parallelism
     unknown = f"multi-GPU parallelism {parallelism or 'unstated'!r} not modelled (DDP, DeepSpeed ZeRO 1-3, FSDP)"
-    if any(word in parallelism for word in ("tensor", "pipeline", "hybrid", "no_shard", "megatron")):
+    mp = model_parallel_of(parallelism, micro_batches=1)
+    if mp is None and any(word in parallelism for word in ("tensor", "pipeline", "hybrid", "no_shard", "megatron")):
         raise Skip(unknown)
     stage = _ZERO_STAGE.search(parallelism)
     if stage:
@@ -363,4 +386,9 @@ def multi_gpu_layout(row: CorpusRow) -> tuple[str, str]:
             return "fsdp2-shard-grad-op", "none"
         strategy = "fsdp2" if "fsdp2" in parallelism or "fully_shard" in parallelism else "fsdp1"
         return strategy, "params" if offload else "none"
+    if mp is not None:  # Megatron's data parallelism: its distributed optimizer shards what ZeRO-1 does, else DDP
+        megatron = names_distributed_optimizer(parallelism) or any(
+            name in (row.get("stack") or "").lower() for name in ("nemo", "megatron")
+        )
+        return "zero1" if megatron else "ddp", "none"
     raise Skip(unknown)

@@ -133,6 +133,10 @@ def fit_verdict(need_bytes: int, gpu_memory_bytes: int) -> str:
 
 
 def _simulate(mapped: MappedRow):
+    if mapped.model_parallel is not None:  # the most loaded rank of the row's TP/PP/CP layout
+        from tunecost.distributed.model_parallel import model_parallel_rank_memory
+
+        return model_parallel_rank_memory(tp.rank_step(mapped), mapped.simulator_job, mapped.plan())
     if mapped.strategy is not None:  # one rank of the row's layout (or of DeepSpeed's ZeRO on one GPU)
         from tunecost.distributed.rank_memory import rank_memory
 
@@ -206,7 +210,7 @@ def _shape(m: MappedRow) -> dict[str, int]:
         "batch": m.job.batch_size,
         "seq_len": int(m.job.seq_len or 0),
         "grad_accum": m.grad_accum,
-        "num_gpus": m.num_gpus,
+        "num_gpus": m.num_gpus if m.model_parallel is None else m.plan().dp,  # the ranks that split the batch
     }
 
 

@@ -259,6 +259,25 @@ STACKS["nemo-automodel"] = replace(
     ),
 )
 
+# NeMo / Megatron-LM (Megatron Core with Transformer Engine): bf16 weights and gradients, fp32 main weights and Adam
+# states (sharded over the data-parallel ranks by its distributed optimizer: tunecost's zero1), non-re-entrant
+# recomputation; simulated on transformers' model code under the torchtune stack's behaviours.
+STACKS["nemo"] = replace(
+    STACKS["torchtune"],
+    name="nemo",
+    kept_for_backward="with recomputation (`recompute_granularity`), each layer's input and the recomputed layer's "
+    "activations during its backward; FlashAttention keeps the attention output and its log-sum-exp",
+    loss="the vocabulary-parallel cross-entropy on fp32 logits",
+    adapters="NeMo's LoRA adapters (`peft_scheme: lora`) in the compute dtype",
+    not_modelled=(
+        "Megatron Core's and Transformer Engine's own layers (fused norms, fused attention, fused bias and "
+        "activation) are simulated with transformers' model code",
+        "selective recomputation: full recomputation or none, as the row states",
+        "Transformer Engine's FP8 weight caches unless the job's FP8 is modelled",
+    ),
+    adamw_impl=ADAMW_FUSED,
+)
+
 # The same Trainer running an MoE model with transformers' own expert code (a loop over experts, or the model's
 # parallel-experts matmuls) instead of fused MoE kernels: its expert compute runs at its own efficiency, so its
 # throughput rows calibrate apart from the dense models of hf-trainer.
@@ -290,6 +309,8 @@ _CORPUS_STACKS: tuple[tuple[str, str], ...] = (  # (substring of the corpus `sta
     ("litgpt", "litgpt"),
     ("lit-gpt", "litgpt"),
     ("automodel", "nemo-automodel"),
+    ("nemo", "nemo"),
+    ("megatron", "nemo"),
     ("hf-2024", "hf-2024"),
     ("no moe kernels", "hf-trainer-no-moe-kernels"),
     ("llama-factory", "hf-trainer"),

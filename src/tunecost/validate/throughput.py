@@ -8,6 +8,7 @@ Sources and derivations: docs/validation.md, section `tunecost.validate.throughp
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
@@ -64,6 +65,10 @@ def rank_step(mapped: MappedRow) -> SingleGpuStep:
     """The simulated single-GPU step a rank of the row's layout derives from (cached on disk per job)."""
     from tunecost.distributed.rank_memory import single_gpu_step
 
+    if mapped.model_parallel is not None:  # the TP/CP rank's whole-model step
+        from tunecost.distributed.model_parallel import rank_step as model_parallel_rank_step
+
+        return model_parallel_rank_step(mapped.simulator_job, mapped.plan(), behaviour=mapped.behaviour)
     return single_gpu_step(mapped.simulator_job, behaviour=mapped.behaviour)
 
 
@@ -109,9 +114,36 @@ def row_step_fn(
     raise)."""
     if mapped.num_gpus == 1:
         return lambda eff: step_seconds(counts, terms, eff)
+    if mapped.model_parallel is not None:
+        return model_parallel_step_fn(mapped, terms, gpu, counts_fn, rank_step_fn)
     comm = exposed_comm_fn(mapped, gpu, rank_step_fn)
     micro = counts_fn(mapped)
     return lambda eff: step_seconds(counts, terms, eff) + comm(step_seconds(micro, terms, eff))
+
+
+def model_parallel_step_fn(
+    mapped: MappedRow, terms: GpuTerms, gpu: GPU, counts_fn: CountsFn, rank_step_fn: RankStepFn
+) -> StepFn:
+    """A TP/PP/CP row's seconds per optimizer step: its rank's share of each micro-batch's single-GPU compute, with
+    the model-parallel collectives, the pipeline's bubble and the data-parallel collectives
+    (`distributed.model_parallel_step`); the row's gradient accumulation is the pipeline's micro-batches."""
+    from tunecost.distributed.model_parallel import stage_steps
+    from tunecost.distributed.model_parallel_step import model_parallel_step_time
+    from tunecost.distributed.timing import default_links
+    from tunecost.models.catalog import resolve_model
+
+    plan = mapped.plan()
+    if plan.pp == 1 and mapped.grad_accum > 1:
+        plan = dataclasses.replace(plan, micro_batches=mapped.grad_accum)
+    stage = stage_steps(rank_step_fn(mapped), plan)["all" if plan.pp == 1 else "first"]
+    links, spec, job = default_links(gpu, plan.node_size), resolve_model(mapped.job.model), mapped.job
+    kv = max(1, 2 * spec.num_kv_heads // plan.tp * spec.head_dim * job.compute_bytes_per_element)
+    micro = counts_fn(mapped)
+    return lambda eff: (
+        model_parallel_step_time(stage, plan, links, step_seconds(micro, terms, eff), kv_bytes_per_token=kv)[
+            0
+        ].step_seconds
+    )
 
 
 def gemm_efficiency_from(step_of: StepFn, measured_step_s: float) -> float | None:
@@ -204,6 +236,7 @@ STACK_FAMILIES = {
     "unsloth": "fused-kernels",
     "torchtune": "torchtune",
     "litgpt": "torchtune",
+    "nemo": "nemo-te",
 }
 PRIOR_REASON = "stack prior"
 

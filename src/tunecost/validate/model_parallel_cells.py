@@ -1,0 +1,45 @@
+"""A corpus row's tensor, pipeline and context parallelism, read from its `parallelism` cell ("TP=8, PP=4",
+"tensor parallel 8 + sequence parallel", "tp4 pp2 cp2 vp5 distributed optimizer")."""
+
+from __future__ import annotations
+
+import re
+
+from tunecost.distributed.layouts import ModelParallel
+
+_PAR = r"(?:[ _-]?(?:model[ _-]?)?parallel(?:ism|[ _]size|[ _]degree)?)"
+_DEGREES = {
+    "tp": re.compile(rf"\b(?:tp|tensor{_PAR})\s*[=:]?\s*(\d+)"),
+    "pp": re.compile(rf"\b(?:pp|pipeline{_PAR})\s*[=:]?\s*(\d+)"),
+    "cp": re.compile(rf"\b(?:cp|context{_PAR})\s*[=:]?\s*(\d+)"),
+    "vp": re.compile(rf"\b(?:vp|vpp|virtual[ _-]?pipeline{_PAR}?)\s*[=:]?\s*(\d+)"),
+}
+_SEQUENCE_PARALLEL = re.compile(
+    r"\bsp\b(?!\s*[=:]?\s*(?:0|false|off))|sequence[ _-]?parallel(?!\w*\s*[=:]?\s*(?:0|false|off))"
+)
+_DISTRIBUTED_OPTIMIZER = re.compile(r"distributed[ _-]?optimi[sz]er|dist[ _-]?opt")
+
+
+def model_parallel_of(parallelism: str, *, micro_batches: int) -> ModelParallel | None:
+    """The TP/PP/CP degrees the cell states (None: none above 1); `micro_batches`: the row's micro-batches per
+    step and data-parallel rank (its gradient accumulation), which a pipeline runs as its micro-batches."""
+    cell = parallelism.lower()
+    found = {k: int(m.group(1)) for k, p in _DEGREES.items() if (m := p.search(cell))}
+    tp, pp, cp, vp = (max(1, found.get(k, 1)) for k in ("tp", "pp", "cp", "vp"))
+    if tp * pp * cp == 1:
+        return None
+    return ModelParallel(
+        tp=tp,
+        pp=pp,
+        cp=cp,
+        sequence_parallel=tp > 1 and bool(_SEQUENCE_PARALLEL.search(cell)),
+        micro_batches=micro_batches if pp > 1 else None,
+        pipeline_schedule="interleaved-1f1b" if vp > 1 else "1f1b",
+        virtual_stages=vp,
+    )
+
+
+def names_distributed_optimizer(parallelism: str) -> bool:
+    """Megatron's distributed optimizer (fp32 main weights and Adam states sharded over the data-parallel ranks:
+    tunecost's zero1)."""
+    return bool(_DISTRIBUTED_OPTIMIZER.search(parallelism.lower()))
