@@ -52,10 +52,9 @@ def micro_batch_comm(
         calls = dict(TP_ALL_REDUCES_PER_LAYER)
         calls["backward"] += calls["forward"] if step.recompute else 0
         for phase, count in calls.items():
+            ops: tuple[tuple[str, str], ...] = (("all_reduce", "row-parallel output"),)
             if plan.sequence_parallel:
                 ops = (("all_gather", "layer input (sequence parallel)"), ("reduce_scatter", "layer output"))
-            else:
-                ops = (("all_reduce", "row-parallel output"),)
             for op, what in ops:
                 c = _collective(op, phase, f"TP {what}", activation, count * layers, plan.tp, plan.tp, links)
                 out.append(c)

@@ -201,7 +201,10 @@ def model_parallel_row(row: CorpusRow, spec, job: FineTuneJob, num_gpus: int, gr
     try:
         plan = ParallelPlan(num_gpus=num_gpus, strategy="ddp", **dataclasses.asdict(mp))
         plan.check_model(
-            num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, num_layers=spec.num_layers, seq_len=job.seq_len
+            num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
+            num_layers=spec.num_layers,
+            seq_len=job.worst_case_seq_len,
         )
     except TunecostError as exc:
         raise Skip(f"parallelism {row.get('parallelism')!r}: {exc}") from None
