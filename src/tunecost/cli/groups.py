@@ -8,8 +8,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Annotated, Any, TypeVar, get_type_hints
+from typing import Any, TypeVar, get_type_hints
 
 from tunecost.cli import options as cli
 from tunecost.cli.commands import estimate_multigpu as multi
@@ -18,8 +17,6 @@ from tunecost.errors import TunecostError
 from tunecost.units import memory_bytes_from_options
 
 F = TypeVar("F", bound=Callable[..., Any])
-RecordsOut = Annotated[Path | None, cli.opt("--out", "Run directory to add the records to (for `tunecost report`).")]
-ReplaceRecords = Annotated[bool, cli.opt("--force", "With --out: replace records of the same kind already there.")]
 
 
 def option_groups(func: F) -> F:
@@ -162,6 +159,6 @@ class Pricing:
 class RecordsOutput:
     """The answer as JSON on stdout, and records added to a run directory."""
 
-    out: RecordsOut = None
-    force: ReplaceRecords = False
+    out: cli.RecordsOut = None
+    force: cli.ReplaceRecords = False
     json_out: cli.JsonOut = False

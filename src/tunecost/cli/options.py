@@ -214,3 +214,5 @@ PricesFile = Annotated[Path | None, opt("--prices", "A CSV overriding or extendi
 # Output.
 Force = Annotated[bool, opt("--force", "Replace an existing output file (never one of the inputs).")]
 JsonOut = Annotated[bool, opt("--json", "Print JSON on stdout, nothing else.")]
+RecordsOut = Annotated[Path | None, opt("--out", "Run directory to add the records to (for `tunecost report`).")]
+ReplaceRecords = Annotated[bool, opt("--force", "With --out: replace records of the same kind already there.")]

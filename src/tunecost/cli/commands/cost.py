@@ -10,8 +10,7 @@ from typing import Annotated
 import typer
 
 from tunecost.cli.common import cli_errors, console, print_json, print_table
-from tunecost.cli.groups import RecordsOut, ReplaceRecords
-from tunecost.cli.options import JsonOut, PricesFile, Provider, opt
+from tunecost.cli.options import JsonOut, PricesFile, Provider, RecordsOut, ReplaceRecords, opt
 
 
 @cli_errors
