@@ -173,3 +173,11 @@ def test_bad_input():
         collectives(ParallelPlan(num_gpus=2, strategy="single", cp=2), rotate_method="ring")
     with pytest.raises(TunecostError, match="--tp 8"):
         collectives(ParallelPlan(num_gpus=8, strategy="single", tp=8))
+
+
+def test_gathered_logits_without_loss_parallel():
+    # the LM head's vocabulary-sharded logits all-gathered once per micro-batch: 1 x 16 tokens x 32 x 2 bytes
+    cs = collectives(ParallelPlan(num_gpus=2, strategy="ddp", tp=2), gathered_logits_vocab=32)
+    assert [(c.op, c.phase, c.nbytes, c.count) for c in cs if "logits" in c.what] == [
+        ("all_gather", "forward", 1024, 1)
+    ]

@@ -8,6 +8,8 @@ Korthikanti et al. 2022".
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from tunecost.errors import TunecostError
 
 RECOMPUTE = ("none", "selective", "full")
@@ -158,3 +160,13 @@ def llama_layer_activation_bytes(s: int, b: int, **kwargs) -> float:
     """The sum of `llama_layer_terms_bytes` (same arguments). At t = 1, 16-bit: sbh(20 + 4 kv hd / h + 8f/h) +
     sb(8 + 4a), against GPT's sbh(34 + 5as/h)."""
     return sum(llama_layer_terms_bytes(s, b, **kwargs).values())
+
+
+def traced_layer_activation_bytes(segments: Mapping[str, Mapping[str, int]], num_layers: int) -> float:
+    """One decoder layer's saved activations in a traced step scaled to full depth (`single_step.SingleGpuStep`
+    segments): what the activations grow by from the first decoder layer's forward peak to the last's."""
+    if num_layers < 2:
+        raise TunecostError("a per-layer difference needs at least 2 decoder layers")
+    first = segments["forward:unit_first"]["activations"]
+    last = segments["forward:unit_last"]["activations"]
+    return (last - first) / (num_layers - 1)

@@ -62,7 +62,7 @@ def kv_block_bytes(*, batch: int, tokens: int, kv_heads: int, head_dim: int, byt
 
 
 def tp_layer_collectives(
-    plan: ParallelPlan, layer_bytes: float, *, recompute: bool, megatron_regather: bool = False
+    plan: ParallelPlan, *, recompute: bool, megatron_regather: bool = False
 ) -> list[tuple[str, str, str, int]]:
     """(op, phase, what, calls) of one decoder layer per micro-batch on a TP rank: 2 all-reduces forward, 2
     backward (Megatron's f and g); with sequence parallelism each becomes an all-gather and a reduce-scatter;
@@ -90,14 +90,17 @@ def tp_layer_collectives(
     return out
 
 
-def tp_root_collectives(plan: ParallelPlan, *, first_stage: bool, last_stage: bool) -> list[tuple[str, str, str, int]]:
+def tp_root_collectives(
+    plan: ParallelPlan, *, first_stage: bool, last_stage: bool, logits_bytes: float = 0
+) -> list[tuple]:
     """torchtitan's plan for the vocabulary-parallel embedding (row-wise: forward all-reduce, or reduce-scatter
     into sequence shards with SP, whose backward is an all-gather) and LM head (column-wise: the input gathered
-    with SP, its gradient all-reduced or reduce-scattered; logits stay vocabulary-sharded for loss_parallel)."""
+    with SP, its gradient all-reduced or reduce-scattered). `logits_bytes` > 0: the vocabulary-sharded logits are
+    all-gathered for a loss on whole logits (no loss_parallel; its backward takes a local slice)."""
     if plan.tp == 1:
         return []
     sp = plan.sequence_parallel
-    out = []
+    out: list[tuple] = []
     if first_stage:
         out.append(("reduce_scatter" if sp else "all_reduce", "forward", "embedding output", 1))
         if sp:
@@ -106,6 +109,8 @@ def tp_root_collectives(plan: ParallelPlan, *, first_stage: bool, last_stage: bo
         if sp:
             out.append(("all_gather", "forward", "LM head input", 1))
         out.append(("reduce_scatter" if sp else "all_reduce", "backward", "LM head input gradient", 1))
+        if logits_bytes:
+            out.append(("all_gather", "forward", "logits (no loss parallel)", 1, logits_bytes))
     return out
 
 
@@ -163,10 +168,12 @@ def model_parallel_collectives(
     stage: int = 0,
     rotate_method: str = "allgather",
     megatron_regather: bool = False,
+    gathered_logits_vocab: int = 0,
 ) -> tuple[ModelParallelCollective, ...]:
     """Every TP, CP and PP collective a rank on pipeline `stage` issues per step (all micro-batches): its
     num_layers / pp decoder layers per micro-batch, the embedding on the first stage, the LM head on the last.
-    `batch`: the micro-batch in sequences; `seq_len`: the whole sequence (split cp ways)."""
+    `batch`: the micro-batch in sequences; `seq_len`: the whole sequence (split cp ways); `gathered_logits_vocab`:
+    the vocabulary size when the LM head's logits are all-gathered (no loss parallel; 0: loss parallel)."""
     plan.check_model(num_heads=num_heads, num_kv_heads=num_kv_heads, num_layers=num_layers, seq_len=seq_len)
     if not 0 <= stage < plan.pp:
         raise TunecostError(f"pipeline stage {stage} out of range for --pp {plan.pp}")
@@ -177,7 +184,7 @@ def model_parallel_collectives(
 
     def add(group: str, ranks: int, rows, nbytes: float, per_micro_batch: int) -> None:
         for op, phase, what, calls, *rest in rows:
-            n = rest[0] if group == "cp" else nbytes
+            n = rest[0] if rest and group != "pp" else nbytes
             intra = rest[0] if group == "pp" else group_intra_node(plan, group)
             count = calls * per_micro_batch * m
             out.append(
@@ -189,11 +196,15 @@ def model_parallel_collectives(
     add(
         "tp",
         plan.tp,
-        tp_layer_collectives(plan, full, recompute=recompute, megatron_regather=megatron_regather),
+        tp_layer_collectives(plan, recompute=recompute, megatron_regather=megatron_regather),
         full,
         layers,
     )
-    add("tp", plan.tp, tp_root_collectives(plan, first_stage=stage == 0, last_stage=stage == plan.pp - 1), full, 1)
+    logits = activation_bytes(
+        batch=batch, tokens=tokens, hidden=gathered_logits_vocab, bytes_per_element=bytes_per_element
+    )
+    root = tp_root_collectives(plan, first_stage=stage == 0, last_stage=stage == plan.pp - 1, logits_bytes=logits)
+    add("tp", plan.tp, root, full, 1)
     block = kv_block_bytes(
         batch=batch,
         tokens=tokens,
