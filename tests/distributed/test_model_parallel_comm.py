@@ -181,3 +181,23 @@ def test_gathered_logits_without_loss_parallel():
     assert [(c.op, c.phase, c.nbytes, c.count) for c in cs if "logits" in c.what] == [
         ("all_gather", "forward", 1024, 1)
     ]
+
+
+def test_seconds_on_links():
+    from tunecost.distributed.model_parallel_comm import collective_seconds_on_links
+
+    links = dict(
+        node_bus_bandwidth_bytes_per_s=400e9,
+        node_latency_seconds=0.0,
+        nic_bus_bandwidth_bytes_per_s=50e9,
+        nic_latency_seconds=0.0,
+        nics_per_node=8,
+    )
+    plan = ParallelPlan(num_gpus=16, gpus_per_node=8, strategy="ddp", tp=2, pp=4)
+    by_kind = {(c.op, c.phase): c for c in collectives(plan, stage=1) if c.group == "pp"}
+    across, within = by_kind["send", "forward"], by_kind["send", "backward"]
+    assert collective_seconds_on_links(across, **links) == pytest.approx(across.nbytes / 50e9)  # one NIC
+    assert collective_seconds_on_links(within, **links) == pytest.approx(within.nbytes / 400e9)
+    assert collective_seconds_on_links(by_kind["recv", "forward"], **links) == 0.0
+    tp = next(c for c in collectives(plan) if c.op == "all_reduce")
+    assert collective_seconds_on_links(tp, **links) == pytest.approx(tp.nbytes * 2 * (1 / 2) / 400e9)

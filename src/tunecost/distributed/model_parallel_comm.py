@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tunecost.distributed import comm
 from tunecost.errors import TunecostError
 from tunecost.workload.parallel import PIPELINE_SCHEDULES, ParallelPlan
 
@@ -216,6 +217,28 @@ def model_parallel_collectives(
     sent = full / (plan.tp if plan.sequence_parallel else 1)  # with SP each TP rank sends its sequence shard
     add("pp", 2, pp_sends(plan, stage), sent, 1)
     return tuple(out)
+
+
+def collective_seconds_on_links(
+    c: ModelParallelCollective,
+    *,
+    node_bus_bandwidth_bytes_per_s: float,
+    node_latency_seconds: float,
+    nic_bus_bandwidth_bytes_per_s: float,
+    nic_latency_seconds: float,
+    nics_per_node: int,
+) -> float:
+    """Seconds of one call of `c`: on the node's link within a node; across nodes a send on the rank's own NIC,
+    a collective on the node's NICs together (as `timing.Links`), each capped by the node link. A `recv` is the
+    peer's send: 0."""
+    if c.op == "recv":
+        return 0.0
+    bus, latency = node_bus_bandwidth_bytes_per_s, node_latency_seconds
+    if not c.intra_node:
+        nics = 1 if c.op == "send" else nics_per_node
+        bus = min(bus, comm.inter_node_bus_bandwidth_bytes_per_s(nic_bus_bandwidth_bytes_per_s, nics))
+        latency = max(latency, nic_latency_seconds)
+    return comm.collective_seconds(c.op, c.nbytes, c.ranks, bus, latency)
 
 
 def point_to_point_seconds(nbytes: float, bandwidth_bytes_per_s: float, latency_seconds: float = 0.0) -> float:
