@@ -9,6 +9,10 @@ Run: PYTHONPATH=src .venv/bin/python benchmarks/korthikanti_activations.py
 
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
+
 from tunecost.distributed.activation_formulas import (
     korthikanti_layer_activation_bytes,
     llama_layer_terms_bytes,
@@ -43,6 +47,42 @@ def _traced(tp: int, sequence_parallel: bool, recompute: bool) -> str:
             return "TP trace: not available"
         step = tp_single_gpu_step(_job(recompute), tp=tp, sequence_parallel=sequence_parallel)
     return f"{traced_layer_activation_bytes(step.segments, step.num_layers) / MIB:10.1f}"
+
+
+TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+def tiny_tp_check(tp: int = 2) -> None:
+    """A tiny Llama (2 and 1 layers; seq 64, batch 2, bf16) under DTensor TP on a fake process group
+    (`tensor_parallel.simulate_tp_rank`): the peak's activations grow by one layer's from 1 to 2 layers."""
+    try:
+        from tunecost.distributed.tensor_parallel import simulate_tp_rank  # type: ignore[import-not-found]
+    except ImportError:
+        print("\ntiny Llama under DTensor TP: not available (tunecost.distributed.tensor_parallel)")
+        return
+    print(f"\ntiny Llama {TINY}, tp {tp}, bf16, seq 64, batch 2: bytes per layer per rank")
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256, **TINY}
+    config |= {"max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
+    dims = dict(h=64, a=4, kv=2, f=128, tp=tp)
+    with tempfile.TemporaryDirectory() as tmp:
+        for sp in (False, True):
+            peaks = []
+            for layers in (1, 2):
+                path = Path(tmp) / f"tiny-{layers}.json"
+                path.write_text(json.dumps({**config, "num_hidden_layers": layers}))
+                job = FineTuneJob(
+                    model=str(path), method="full", batch_size=2, seq_len=64, gradient_checkpointing=False
+                )
+                step = simulate_tp_rank(job, tp=tp, sequence_parallel=sp, granule_bytes=1)
+                peaks.append(step.breakdown_bytes.get("activations", 0))
+            megatron = sum(llama_layer_terms_bytes(64, 2, sequence_parallel=sp, **dims).values())
+            dtensor = sum(
+                llama_layer_terms_bytes(64, 2, sequence_parallel=sp, keeps_gathered_inputs=True, **dims).values()
+            )
+            print(
+                f"  {'TP+SP' if sp else 'TP':<6} traced {peaks[1] - peaks[0]}, Llama form {megatron:.0f}, "
+                f"with DTensor's gathered inputs {dtensor:.0f}"
+            )
 
 
 def main() -> None:
@@ -80,6 +120,7 @@ def main() -> None:
         print(f"  {name:<34} {value / sbh:8.4f} | {eight[name] / sbh:8.4f}")
     print(f"  {'total':<34} {sum(one.values()) / sbh:8.4f} | {sum(eight.values()) / sbh:8.4f}")
     print(f"GPT form at tp 1: 34 + 5as/h = {34 + 5 * a * SEQ / h:.1f} sbh")
+    tiny_tp_check()
 
 
 if __name__ == "__main__":
