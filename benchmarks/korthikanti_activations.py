@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 from tunecost.distributed.activation_formulas import (
@@ -18,9 +19,11 @@ from tunecost.distributed.activation_formulas import (
     llama_layer_terms_bytes,
     traced_layer_activation_bytes,
 )
+from tunecost.distributed.model_parallel_comm import model_parallel_collectives
 from tunecost.distributed.single_step import single_gpu_step
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob
+from tunecost.workload.parallel import ParallelPlan
 
 MODEL, SEQ, BATCH = "meta-llama/Llama-2-70b-hf", 4096, 1
 MIB = 2**20
@@ -49,19 +52,21 @@ def _traced(tp: int, sequence_parallel: bool, recompute: bool) -> str:
     return f"{traced_layer_activation_bytes(step.segments, step.num_layers) / MIB:10.1f}"
 
 
+TINY_VOCAB = 256
 TINY = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
 
 
 def tiny_tp_check(tp: int = 2) -> None:
     """A tiny Llama (2 and 1 layers; seq 64, batch 2, bf16) under DTensor TP on a fake process group
-    (`tensor_parallel.simulate_tp_rank`): the peak's activations grow by one layer's from 1 to 2 layers."""
+    (`tensor_parallel.simulate_tp_rank`): the peak's activations grow by one layer's from 1 to 2 layers; and the
+    2-layer step's recorded collectives against `model_parallel_collectives`."""
     try:
         from tunecost.distributed.tensor_parallel import simulate_tp_rank  # type: ignore[import-not-found]
     except ImportError:
         print("\ntiny Llama under DTensor TP: not available (tunecost.distributed.tensor_parallel)")
         return
     print(f"\ntiny Llama {TINY}, tp {tp}, bf16, seq 64, batch 2: bytes per layer per rank")
-    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 256, **TINY}
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": TINY_VOCAB, **TINY}
     config |= {"max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
     dims = dict(h=64, a=4, kv=2, f=128, tp=tp)
     with tempfile.TemporaryDirectory() as tmp:
@@ -75,6 +80,11 @@ def tiny_tp_check(tp: int = 2) -> None:
                 )
                 step = simulate_tp_rank(job, tp=tp, sequence_parallel=sp, granule_bytes=1)
                 peaks.append(step.breakdown_bytes.get("activations", 0))
+            for recompute in (False, True):
+                job = FineTuneJob(
+                    model=str(path), method="full", batch_size=2, seq_len=64, gradient_checkpointing=recompute
+                )
+                _compare_collectives(simulate_tp_rank(job, tp=tp, sequence_parallel=sp), tp, sp, recompute)
             megatron = sum(llama_layer_terms_bytes(64, 2, sequence_parallel=sp, **dims).values())
             dtensor = sum(
                 llama_layer_terms_bytes(64, 2, sequence_parallel=sp, keeps_gathered_inputs=True, **dims).values()
@@ -83,6 +93,32 @@ def tiny_tp_check(tp: int = 2) -> None:
                 f"  {'TP+SP' if sp else 'TP':<6} traced {peaks[1] - peaks[0]}, Llama form {megatron:.0f}, "
                 f"with DTensor's gathered inputs {dtensor:.0f}"
             )
+
+
+def _compare_collectives(step, tp: int, sp: bool, recompute: bool) -> None:
+    """The collectives DTensor TP recorded against `model_parallel_collectives` (recompute counted as backward)."""
+    recorded: Counter = Counter()
+    for c in step.collectives:
+        recorded[c.op, "backward" if c.phase == "recompute" else c.phase, c.nbytes] += 1
+    plan = ParallelPlan(num_gpus=tp, strategy="single", tp=tp, sequence_parallel=sp)
+    derived: Counter = Counter()
+    for c in model_parallel_collectives(
+        plan,
+        batch=2,
+        seq_len=64,
+        hidden=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        bytes_per_element=2,
+        recompute=recompute,
+        gathered_logits_vocab=TINY_VOCAB,
+    ):
+        derived[c.op, c.phase, c.nbytes] += c.count
+    label = ("TP+SP" if sp else "TP") + (", recompute" if recompute else "")
+    print(f"  {label:<16} collectives (op, phase, bytes: calls) recorded == derived: {recorded == derived}")
+    if recorded != derived:
+        print(f"    recorded {sorted(recorded.items())}\n    derived  {sorted(derived.items())}")
 
 
 def main() -> None:

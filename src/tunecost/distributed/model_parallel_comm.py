@@ -63,20 +63,22 @@ def kv_block_bytes(*, batch: int, tokens: int, kv_heads: int, head_dim: int, byt
 
 
 def tp_layer_collectives(
-    plan: ParallelPlan, *, recompute: bool, megatron_regather: bool = False
+    plan: ParallelPlan, *, recompute: bool, early_stop: bool = True, megatron_regather: bool = False
 ) -> list[tuple[str, str, str, int]]:
     """(op, phase, what, calls) of one decoder layer per micro-batch on a TP rank: 2 all-reduces forward, 2
-    backward (Megatron's f and g); with sequence parallelism each becomes an all-gather and a reduce-scatter;
-    full recomputation repeats the forward's in backward; `megatron_regather`: Megatron-SP's all-gather of
-    each saved sharded input again in backward (DTensor keeps the gathered input instead)."""
+    backward (Megatron's f and g); with sequence parallelism each becomes an all-gather and a reduce-scatter.
+    Full recomputation repeats the forward's in backward; with PyTorch's non-reentrant checkpoint (`early_stop`,
+    its default) all but the last row-parallel one, whose output no saved tensor needs. `megatron_regather`:
+    Megatron-SP's all-gather of each saved sharded input again in backward (DTensor keeps the gathered input)."""
     if plan.tp == 1:
         return []
     fwd, bwd = TP_ALL_REDUCES_FORWARD, TP_ALL_REDUCES_BACKWARD
+    again = fwd - (1 if early_stop else 0)  # row-parallel collectives the recompute re-runs
     if not plan.sequence_parallel:
         out = [("all_reduce", "forward", "layer outputs (row-parallel)", fwd)]
         out.append(("all_reduce", "backward", "input gradients (column-parallel)", bwd))
         if recompute:
-            out.append(("all_reduce", "backward", "layer outputs, recomputed", fwd))
+            out.append(("all_reduce", "backward", "layer outputs, recomputed", again))
         return out
     out = [
         ("all_gather", "forward", "sequence shards into column-parallel inputs", fwd),
@@ -85,7 +87,8 @@ def tp_layer_collectives(
         ("reduce_scatter", "backward", "input gradients into sequence shards", bwd),
     ]
     if recompute:
-        out += [(op, "backward", f"{what}, recomputed", n) for op, _, what, n in out[:2]]
+        out.append(("all_gather", "backward", "sequence shards into column-parallel inputs, recomputed", fwd))
+        out.append(("reduce_scatter", "backward", "row-parallel outputs into sequence shards, recomputed", again))
     if megatron_regather:
         out.append(("all_gather", "backward", "saved input shards again, for weight gradients", bwd))
     return out
@@ -166,6 +169,7 @@ def model_parallel_collectives(
     num_kv_heads: int,
     bytes_per_element: int,
     recompute: bool = False,
+    recompute_early_stop: bool = True,
     stage: int = 0,
     rotate_method: str = "allgather",
     megatron_regather: bool = False,
@@ -174,7 +178,9 @@ def model_parallel_collectives(
     """Every TP, CP and PP collective a rank on pipeline `stage` issues per step (all micro-batches): its
     num_layers / pp decoder layers per micro-batch, the embedding on the first stage, the LM head on the last.
     `batch`: the micro-batch in sequences; `seq_len`: the whole sequence (split cp ways); `gathered_logits_vocab`:
-    the vocabulary size when the LM head's logits are all-gathered (no loss parallel; 0: loss parallel)."""
+    the vocabulary size when the LM head's logits are all-gathered (no loss parallel; 0: loss parallel);
+    `recompute_early_stop`: full recomputation by PyTorch's non-reentrant checkpoint (False: Megatron's, which
+    re-runs the whole layer)."""
     plan.check_model(num_heads=num_heads, num_kv_heads=num_kv_heads, num_layers=num_layers, seq_len=seq_len)
     if not 0 <= stage < plan.pp:
         raise TunecostError(f"pipeline stage {stage} out of range for --pp {plan.pp}")
@@ -197,7 +203,9 @@ def model_parallel_collectives(
     add(
         "tp",
         plan.tp,
-        tp_layer_collectives(plan, recompute=recompute, megatron_regather=megatron_regather),
+        tp_layer_collectives(
+            plan, recompute=recompute, early_stop=recompute_early_stop, megatron_regather=megatron_regather
+        ),
         full,
         layers,
     )
