@@ -26,17 +26,18 @@ def broadcast_bus_factor(num_ranks: int) -> float:
     return 1.0
 
 
-def send_recv_bus_factor(num_ranks: int) -> float:
-    return 1.0  # point to point: the buffer crosses the link once
+def send_bus_factor(num_ranks: int) -> float:
+    """nccl-tests' sendrecv: bus bandwidth = algorithm bandwidth (one send between two ranks)."""
+    return 1.0
 
 
 BUS_FACTORS = {
-    "send_recv": send_recv_bus_factor,
     "all_reduce": all_reduce_bus_factor,
     "all_gather": all_gather_bus_factor,
     "reduce_scatter": reduce_scatter_bus_factor,
     "all_to_all": all_to_all_bus_factor,
     "broadcast": broadcast_bus_factor,
+    "send": send_bus_factor,
 }
 
 
