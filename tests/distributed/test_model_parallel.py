@@ -17,6 +17,7 @@ from tunecost.distributed.model_parallel_step import model_parallel_step_time
 from tunecost.distributed.rank_memory import rank_memory, single_gpu_step
 from tunecost.distributed.timing import default_links
 from tunecost.errors import TunecostError
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import LoraConfig
 from tunecost.workload.parallel import ParallelPlan
 
@@ -125,9 +126,11 @@ def test_a_pipeline_rank_needs_less_than_the_whole_model_and_idles_in_the_bubble
     assert staged.breakdown_bytes["p2p_buffers"] == 2 * job.batch_size * job.seq_len * 64 * 4
     links = default_links(resolve_gpu_name("H100").gpu, 8)
     stage = stage_steps(step, plan)["first"]
-    timed, collectives = model_parallel_step_time(stage, plan, links, 1.0, kv_bytes_per_token=64)
+    spec = resolve_model(job.model)
+    timed, collectives = model_parallel_step_time(stage, plan, links, 1.0, spec=spec)
     per_micro_batch = 1.0 / 2
     assert timed.compute_seconds == pytest.approx(4 * per_micro_batch)
     assert timed.bubble_seconds / timed.step_seconds == pytest.approx(1 / 5, rel=0.02)  # (pp-1)/(m+pp-1)
-    sends = [c for c in collectives if c.op == "send_recv"]
-    assert sum(c.count for c in sends) == 2 * 4  # an activation forward and a gradient back per micro-batch
+    sends = [c for c in collectives if c.op == "send"]
+    assert sum(c.count for c in sends) == 4  # the first stage sends each micro-batch's activation forward once
+    assert sum(c.count for c in collectives if c.op == "recv") == 4  # and receives its gradient back

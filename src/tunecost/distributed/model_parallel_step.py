@@ -1,28 +1,17 @@
 """The step time of one rank of a tensor-, pipeline- and context-parallel layout: its share of the single-GPU
-compute, the TP and CP collectives of each micro-batch, the pipeline's sends and bubble, and the data-parallel
-collectives over `dp` ranks as `timing` times them. Derivations: docs/multi-gpu.md, "Tensor, pipeline and
-context parallelism"."""
+compute, the TP, CP and pipeline communication of its micro-batches (`model_parallel_comm`), the pipeline's
+bubble, and the data-parallel collectives over `dp` ranks as `timing` times them. Derivations: docs/multi-gpu.md,
+"Tensor, pipeline and context parallelism"."""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
-
-from tunecost.distributed import comm, overlap
-from tunecost.distributed.model_parallel import boundary_bytes, data_parallel_plan
+from tunecost.distributed import model_parallel_comm as mpc
+from tunecost.distributed import overlap
+from tunecost.distributed.model_parallel import data_parallel_plan
 from tunecost.distributed.single_step import SingleGpuStep
 from tunecost.distributed.timing import Links, StepCollective, step_time
+from tunecost.models.catalog import ModelSpec
 from tunecost.workload.parallel import ParallelPlan
-
-TP_ALL_REDUCES_PER_LAYER = {"forward": 2, "backward": 2}  # Megatron: after attention's and the MLP's row-parallel
-
-
-@dataclass(frozen=True, kw_only=True)
-class MicroBatchComm:
-    """One micro-batch's model-parallel communication on one rank: the collectives, and the seconds exposed."""
-
-    collectives: tuple[StepCollective, ...]
-    exposed_seconds: float
 
 
 def attention_share(seq_len: int, hidden_size: int) -> float:
@@ -30,78 +19,75 @@ def attention_share(seq_len: int, hidden_size: int) -> float:
     return seq_len / (12 * hidden_size + seq_len)
 
 
-def _collective(op: str, phase: str, what: str, nbytes: float, count: int, ranks: int, span: int, links: Links):
-    bus, latency = links.bus_bandwidth_bytes_per_s(span, links.nics_per_node)  # nics_per_node: GPUs per node
-    seconds = comm.collective_seconds(op, nbytes, ranks, bus, latency)
-    return StepCollective(op=op, phase=phase, what=what, ranks=ranks, nbytes=nbytes, count=count, seconds=seconds)
+def _seconds(c: mpc.ModelParallelCollective, links: Links) -> float:
+    return mpc.collective_seconds_on_links(
+        c,
+        node_bus_bandwidth_bytes_per_s=links.node.bus_bandwidth_bytes_per_s,
+        node_latency_seconds=links.node.latency_seconds,
+        nic_bus_bandwidth_bytes_per_s=links.network.bus_bandwidth_bytes_per_s,
+        nic_latency_seconds=links.network.latency_seconds,
+        nics_per_node=links.nics_per_node,
+    )
 
 
-def micro_batch_comm(
-    step: SingleGpuStep, plan: ParallelPlan, links: Links, layer_seconds: float, *, kv_bytes_per_token: int
-) -> MicroBatchComm:
-    """The TP collectives (Megatron's two all-reduces per layer in forward and two in backward, again in forward
-    with recomputation; with sequence parallelism an all-gather and a reduce-scatter each, the same bytes on the
-    wire), CP's ring (cp-1 K/V block passes per layer forward, twice that backward, each hidden under the layer's
-    attention) and the pipeline's sends (the activation forward, its gradient back) of one micro-batch on a rank
-    whose stage has `step.num_layers` layers of `layer_seconds` each."""
-    out: list[StepCollective] = []
-    exposed = 0.0
-    layers = step.num_layers
-    activation = step.batch_size * step.seq_len * step.hidden_size * step.activation_bytes_per_element
-    if plan.tp > 1:
-        calls = dict(TP_ALL_REDUCES_PER_LAYER)
-        calls["backward"] += calls["forward"] if step.recompute else 0
-        for phase, count in calls.items():
-            ops: tuple[tuple[str, str], ...] = (("all_reduce", "row-parallel output"),)
-            if plan.sequence_parallel:
-                ops = (("all_gather", "layer input (sequence parallel)"), ("reduce_scatter", "layer output"))
-            for op, what in ops:
-                c = _collective(op, phase, f"TP {what}", activation, count * layers, plan.tp, plan.tp, links)
-                out.append(c)
-                exposed += c.total_seconds
-    if plan.cp > 1:
-        block = step.batch_size * step.seq_len * kv_bytes_per_token
-        span = plan.tp * plan.cp
-        for phase, passes in (("forward", 1), ("backward", 2 + (1 if step.recompute else 0))):
-            c = _collective(
-                "send_recv", phase, "CP ring K/V block", block, passes * (plan.cp - 1) * layers, 2, span, links
+def model_parallel_comm(
+    step: SingleGpuStep, plan: ParallelPlan, links: Links, spec: ModelSpec, layer_seconds: float, stage: int = 0
+) -> tuple[tuple[StepCollective, ...], float]:
+    """(the TP, CP and pipeline collectives of a step on a rank of pipeline `stage`, the seconds they leave
+    exposed). TP's and the pipeline's block the compute (no TP overlap); CP's K/V sends of each ring step hide
+    under the attention of one block, the rest of the layer's compute not counted (`attention_share`)."""
+    collectives = mpc.model_parallel_collectives(
+        plan,
+        batch=step.batch_size,
+        seq_len=step.seq_len * plan.cp,
+        hidden=spec.hidden_size,
+        num_layers=spec.num_layers,
+        num_heads=spec.num_heads,
+        num_kv_heads=spec.num_kv_heads,
+        bytes_per_element=step.activation_bytes_per_element,
+        recompute=step.recompute,
+        stage=stage,
+    )
+    block = layer_seconds * attention_share(step.seq_len * plan.cp, spec.hidden_size) / max(1, plan.cp)
+    out, exposed = [], 0.0
+    for c in collectives:
+        seconds = _seconds(c, links)
+        out.append(
+            StepCollective(
+                op=c.op,
+                phase=c.phase,
+                what=f"{c.group.upper()} {c.what}",
+                ranks=c.ranks,
+                nbytes=c.nbytes,
+                count=c.count,
+                seconds=seconds,
             )
-            out.append(c)
-            attention = passes * layer_seconds * attention_share(step.seq_len * plan.cp, step.hidden_size)
-            exposed += layers * max(0.0, passes * (plan.cp - 1) * c.seconds - attention)
-    if plan.pp > 1:
-        span = plan.model_parallel // plan.pp * 2  # neighbouring stages are tp x cp x dp ranks apart
-        nbytes = boundary_bytes(step, plan)
-        for phase, what in (("forward", "activation to the next stage"), ("backward", "gradient to the previous")):
-            c = _collective("send_recv", phase, f"PP {what}", nbytes, 1, 2, span * plan.dp, links)
-            out.append(c)
-            exposed += c.total_seconds
-    return MicroBatchComm(collectives=tuple(out), exposed_seconds=exposed)
+        )
+        if c.group == "cp" and c.op == "send":
+            exposed += c.count * max(0.0, seconds - block)
+        else:
+            exposed += c.count * seconds
+    return tuple(out), exposed
 
 
 def model_parallel_step_time(
-    step: SingleGpuStep,
-    plan: ParallelPlan,
-    links: Links,
-    whole_model_seconds: float,
-    *,
-    kv_bytes_per_token: int,
+    step: SingleGpuStep, plan: ParallelPlan, links: Links, whole_model_seconds: float, *, spec: ModelSpec
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
-    """(StepTime with its bubble, every collective of a step) of a rank of `plan` on a stage whose step is `step`
-    (`model_parallel.stage_step`), given the single-GPU seconds of one micro-batch through the whole model. The
-    rank computes 1/(tp pp cp) of it per micro-batch (the split assumed even); the data-parallel collectives
-    overlap the step's compute as `timing.step_time` has them."""
+    """(StepTime with its bubble, every collective of a step) of a rank of `plan` on the first pipeline stage,
+    whose step is `step` (`model_parallel.stage_step`), given the single-GPU seconds of one micro-batch through the
+    whole model. The rank computes 1/(tp pp cp) of it per micro-batch (the split assumed even); its model-parallel
+    communication is exposed as `model_parallel_comm` has it; the bubble stretches the stage's micro-batches by
+    (pp - 1) / (v m + pp - 1); the data-parallel collectives overlap the step's compute as in `timing.step_time`."""
     m = plan.num_micro_batches
     per_micro_batch = whole_model_seconds / plan.model_parallel
     layer_seconds = per_micro_batch / max(1, step.num_layers)
-    mp = micro_batch_comm(step, plan, links, layer_seconds, kv_bytes_per_token=kv_bytes_per_token)
+    collectives, exposed = model_parallel_comm(step, plan, links, spec, layer_seconds)
     dp_timed, dp_collectives = step_time(step, data_parallel_plan(plan), links, m * per_micro_batch)
-    stage_seconds = per_micro_batch + mp.exposed_seconds
-    bubble = (plan.pp - 1) / plan.virtual_stages * stage_seconds
+    stage_micro_batch = per_micro_batch + exposed / m
+    bubble = mpc.pipeline_bubble_seconds(stage_micro_batch, plan.pipeline_schedule, plan.pp, m, plan.virtual_stages)
     timed = overlap.StepTime(
         compute_seconds=dp_timed.compute_seconds,
-        step_seconds=dp_timed.step_seconds + m * mp.exposed_seconds + bubble,
+        step_seconds=dp_timed.step_seconds + exposed + bubble,
         bubble_seconds=bubble,
     )
-    scaled = tuple(dataclasses.replace(c, count=c.count * m) for c in mp.collectives)
-    return timed, (*dp_collectives, *scaled)
+    return timed, (*dp_collectives, *collectives)

@@ -168,10 +168,8 @@ def model_parallel_time(
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
     """The step of a TP/PP/CP rank (`model_parallel_step`) from its whole-model TP/CP step `step`: a stage with
     the most activations in flight (the first)."""
-    spec = resolve_model(job.model)
     stage = model_parallel.stage_steps(step, plan)["all" if plan.pp == 1 else "first"]
-    kv = 2 * spec.num_kv_heads // plan.tp * spec.head_dim * job.compute_bytes_per_element  # K and V per token
-    return model_parallel_step_time(stage, plan, links, whole_model_seconds, kv_bytes_per_token=max(kv, 1))
+    return model_parallel_step_time(stage, plan, links, whole_model_seconds, spec=resolve_model(job.model))
 
 
 def smallest_fitting(setups: Sequence[Setup]) -> dict[tuple[str, str], Setup]:

@@ -136,14 +136,13 @@ def model_parallel_step_fn(
     if plan.pp == 1 and mapped.grad_accum > 1:
         plan = dataclasses.replace(plan, micro_batches=mapped.grad_accum)
     stage = stage_steps(rank_step_fn(mapped), plan)["all" if plan.pp == 1 else "first"]
-    links, spec, job = default_links(gpu, plan.node_size), resolve_model(mapped.job.model), mapped.job
-    kv = max(1, 2 * spec.num_kv_heads // plan.tp * spec.head_dim * job.compute_bytes_per_element)
+    links, spec = default_links(gpu, plan.node_size), resolve_model(mapped.job.model)
     micro = counts_fn(mapped)
-    return lambda eff: (
-        model_parallel_step_time(stage, plan, links, step_seconds(micro, terms, eff), kv_bytes_per_token=kv)[
-            0
-        ].step_seconds
-    )
+
+    def step_of(eff: float) -> float:
+        return model_parallel_step_time(stage, plan, links, step_seconds(micro, terms, eff), spec=spec)[0].step_seconds
+
+    return step_of
 
 
 def gemm_efficiency_from(step_of: StepFn, measured_step_s: float) -> float | None:
