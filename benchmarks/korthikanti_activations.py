@@ -40,13 +40,24 @@ def _job(recompute: bool) -> FineTuneJob:
     )
 
 
+def _tp_single_gpu_step():
+    """`tp_single_gpu_step` from the TP branch's module, wherever it landed (None: not available)."""
+    import importlib
+
+    for name in ("tunecost.distributed.tensor_parallel", "tunecost.distributed.tp_single_step"):
+        try:
+            return importlib.import_module(name).tp_single_gpu_step
+        except (ImportError, AttributeError):
+            continue
+    return None
+
+
 def _traced(tp: int, sequence_parallel: bool, recompute: bool) -> str:
     if tp == 1:
         step = single_gpu_step(_job(recompute))
     else:
-        try:
-            from tunecost.distributed.tensor_parallel import tp_single_gpu_step  # type: ignore[attr-defined]
-        except ImportError:
+        tp_single_gpu_step = _tp_single_gpu_step()
+        if tp_single_gpu_step is None:
             return "TP trace: not available"
         step = tp_single_gpu_step(_job(recompute), tp=tp, sequence_parallel=sequence_parallel)
     return f"{traced_layer_activation_bytes(step.segments, step.num_layers) / MIB:10.1f}"
