@@ -78,7 +78,7 @@ def layout_plans(
     for mp in model_parallel:
         if n % (mp.degree * expert_degree):
             continue
-        alone = n == mp.degree and offload == "none"
+        alone = n == mp.degree and mp.cp == 1 and offload == "none"  # one rank holds each weight shard
         for s in strategies if not alone else [s for s in strategies if s.startswith("zero")] + ["ddp"]:
             out.append(
                 ParallelPlan(

@@ -18,14 +18,15 @@ LAST_STAGE_GROUPS = ("lm_head/loss", "other")  # the final norm and the LM head 
 
 
 def data_parallel_plan(plan: ParallelPlan) -> ParallelPlan:
-    """The data-parallel part of `plan`: its `dp` ranks, with the GPUs per node left to them once TP and CP
-    (the inner dimensions, Megatron's rank order) take theirs."""
-    inner = plan.tp * plan.cp
-    per_node = max(1, plan.node_size // inner) if plan.gpus_per_node is not None else None
-    alone = plan.dp == 1 and not plan.strategy.startswith("zero") and plan.offload == "none"  # nothing to shard
+    """The data-parallel part of `plan`: the dp x cp ranks that hold the same weights (CP ranks replicate them and
+    reduce their gradients together, as torchtitan's dp_shard_cp mesh and Megatron's data-parallel group with CP
+    do), with the GPUs per node left to them once TP (innermost, Megatron's rank order) takes its own."""
+    ranks = plan.dp * plan.cp
+    per_node = max(1, plan.node_size // plan.tp) if plan.gpus_per_node is not None else None
+    alone = ranks == 1 and not plan.strategy.startswith("zero") and plan.offload == "none"  # nothing to shard
     return dataclasses.replace(
         plan,
-        num_gpus=plan.dp,
+        num_gpus=ranks,
         gpus_per_node=per_node,
         strategy="single" if alone else plan.strategy,
         tp=1,
@@ -201,5 +202,7 @@ def model_parallel_assumptions(plan: ParallelPlan) -> tuple[str, ...]:
             "activations of the micro-batches in flight on the stage; the stage's reserve is its peak"
         )
     if plan.model_parallel > 1:
-        out.append(f"the data-parallel strategy over the {plan.dp} data-parallel rank(s)")
+        out.append(
+            f"the data-parallel strategy over the {plan.dp * plan.cp} rank(s) holding the same weights (dp x cp)"
+        )
     return tuple(out)

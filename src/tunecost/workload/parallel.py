@@ -132,7 +132,7 @@ class ParallelPlan:
         parts = [f"tp{self.tp}{'+sp' if self.sequence_parallel else ''}"] if self.tp > 1 else []
         parts += [f"pp{self.pp}"] if self.pp > 1 else []
         parts += [f"cp{self.cp}"] if self.cp > 1 else []
-        if not parts or self.dp > 1 or self.strategy.startswith("zero") or self.offload != "none":
+        if not parts or self.dp * self.cp > 1 or self.strategy.startswith("zero") or self.offload != "none":
             parts.append(self.strategy)
         return " ".join(parts)
 
