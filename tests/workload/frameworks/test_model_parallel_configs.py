@@ -177,3 +177,13 @@ def test_torchtune_tensor_and_context(tmp_path: Path) -> None:
 def test_torchtune_errors_name_the_key(tmp_path: Path, old: str, new: str, named: str) -> None:
     assert old in TUNE_70B
     assert named in _error(tmp_path, TUNE_70B.replace(old, new), ".yaml")
+
+
+def test_deepspeed_autotp(tmp_path: Path) -> None:
+    # DeepSpeed 0.16+ AutoTP training: tensor_parallel.autotp_size (0: off), runtime/tensor_parallel/config.py
+    text = '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}, "tensor_parallel": {%s}}'
+    job = _read(tmp_path, text % '"autotp_size": 4', ".json")
+    assert job.options["tp"] == 4 and "sequence_parallel" not in job.options
+    assert any("AutoTP all-reduces" in a for a in job.assumptions)
+    assert "tp" not in _read(tmp_path, text % '"autotp_size": 0', ".json").options
+    assert "tensor_parallel: autotp_size: " in _error(tmp_path, text % '"autotp_size": -2', ".json")

@@ -52,7 +52,7 @@ def check_layout(
     flat: ConfigFile, options: Mapping[str, Any], keys: Mapping[str, str], *, shape: ModelShape | None, seq_len: int
 ) -> None:
     """Build the plan the options describe and check the model against it; one error naming the config's keys.
-    `shape` None: the config does not name the model (nothing to split is checked); `seq_len` 0: no sequence is
+    `shape` None: the config does not name the model (only the sequence is checked); `seq_len` 0: no sequence is
     checked (a framework that pads each batch to a multiple of the degrees)."""
     values = {k: options[k] for k in PLAN_OPTIONS if options.get(k) is not None}
     values.setdefault("num_gpus", max(1, int(values.get("tp", 1)) * values.get("pp", 1) * values.get("cp", 1)))
@@ -60,10 +60,11 @@ def check_layout(
         values["strategy"] = "fsdp2"  # the data-parallel group's strategy does not change these checks
     try:
         plan = ParallelPlan(**values)
-        if shape is not None:
-            plan.check_model(
-                num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads, num_layers=shape.num_layers, seq_len=seq_len
-            )
+        if shape is None:  # counts the degrees divide: only the sequence is checked
+            shape = ModelShape(plan.tp, plan.tp, plan.pp * plan.virtual_stages)
+        plan.check_model(
+            num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads, num_layers=shape.num_layers, seq_len=seq_len
+        )
     except TunecostError as exc:
         raise plan_error(flat, exc, keys) from None
 
