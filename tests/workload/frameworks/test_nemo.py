@@ -199,3 +199,10 @@ def test_detect_is_false_for_other_frameworks() -> None:
     assert not any(FRAMEWORK.detect(d) for d in others)
     nemo = {"trainer": {"devices": 8}, "model": {"tensor_model_parallel_size": 2}}
     assert [f.name for f in frameworks() if f.detect(nemo)] == ["nemo"]
+
+
+def test_mlperf_reference_is_accelerate_deepspeed() -> None:
+    """The mlcommons reference of the same benchmark: accelerate + DeepSpeed ZeRO-3 on one node of 8 GPUs."""
+    job = read_config(MLPERF.with_name("mlperf_llama2_70b_lora_accelerate.yaml"))
+    assert job.framework == "accelerate"
+    assert job.options == {"num_gpus": 8, "gpus_per_node": 8, "dtype": "bf16", "strategy": "zero3"}

@@ -142,10 +142,8 @@ def _layout(r: Reader, options: dict[str, Any]) -> dict[str, str]:
         options["pipeline_schedule"] = "interleaved-1f1b" if vp > 1 else "1f1b"
         options["virtual_stages"] = vp if vp > 1 else None
     if d is NEMO:
-        devices, nodes = (
-            r.value("trainer.devices", (int, str), 1),
-            positive(r.flat, "trainer.num_nodes", r.value("trainer.num_nodes", int, 1)),
-        )
+        devices = r.value("trainer.devices", (int, str), 1)
+        nodes = positive(r.flat, "trainer.num_nodes", r.value("trainer.num_nodes", int, 1))
         if isinstance(devices, int) and devices > 0:
             options.update(num_gpus=devices * nodes, gpus_per_node=devices)
         else:
@@ -205,8 +203,8 @@ def _training(r: Reader, options: dict[str, Any]) -> None:
     sharded = sharded or bool(d is MEGATRON_LM and r.value("use_distributed_optimizer", bool))
     dp_group = options.get("num_gpus", 0) // max(1, options.get("tp", 1) * options.get("pp", 1) * options.get("cp", 1))
     options["strategy"] = "single" if dp_group == 1 else "zero1" if sharded else "ddp" if dp_group > 1 else None
-    if sharded:
-        r.notes.append(f"strategy zero1: {d.title}'s distributed optimizer shards its states over data parallel")
+    if options["strategy"] == "zero1":
+        r.notes.append(f"distributed optimizer: {d.title}'s shards its states over data parallel, modelled as zero1")
     recompute = r.value(d.recompute, str)
     if recompute not in (None, "full", "selective"):
         raise flat.error(r.key(d.recompute), f"{recompute!r}: full, selective or null")
