@@ -104,6 +104,8 @@ def test_torchtitan_layers_per_stage_and_gpipe(tmp_path: Path) -> None:
     text = TITAN_70B.replace("microbatch_size = 2", "microbatch_size = 2\npipeline_parallel_layers_per_stage = 11")
     job = _read_toml(tmp_path, text.replace("context_parallel_degree = 2", "context_parallel_degree = 1"))
     assert job.options["virtual_stages"] == 2 and "cp" not in job.options
+    parts = "microbatch_size = 2\nmodule_fqns_per_model_part = " + str([[f"layers.{i}"] for i in range(16)])
+    assert _read_toml(tmp_path, TITAN_70B.replace("microbatch_size = 2", parts)).options["virtual_stages"] == 4
     job = _read_toml(tmp_path, TITAN_70B.replace('"Interleaved1F1B"', '"gpipe"'))
     assert (job.options["pipeline_schedule"], job.options["virtual_stages"]) == ("gpipe", 1)
 
@@ -128,8 +130,14 @@ def test_torchtitan_shard_left_over(tmp_path: Path) -> None:
         ("tensor_parallel_degree = 8", "tensor_parallel_degree = 16", "parallelism.tensor_parallel_degree 16"),
         ("pipeline_parallel_degree = 4", "pipeline_parallel_degree = 3", "parallelism.pipeline_parallel_degree"),
         ("seq_len = 8192", "seq_len = 8200", "training.seq_len: 8200"),
-        ("microbatch_size = 2", "microbatch_size = 2\npipeline_parallel_layers_per_stage = 41", "layers_per_stage: 41"),
+        (
+            "microbatch_size = 2",
+            "microbatch_size = 2\npipeline_parallel_layers_per_stage = 41",
+            "layers_per_stage: 2 stages over 4 ranks",
+        ),
         ("microbatch_size = 2", "microbatch_size = 4", "pipeline_parallel_microbatch_size"),  # 2 micro-batches, pp 4
+        ("microbatch_size = 2", 'microbatch_size = 2\npipeline_parallel_schedule_csv = "s.csv"', "schedule_csv: "),
+        ("microbatch_size = 2", 'microbatch_size = 2\nmodule_fqns_per_model_part = [["layers.0"]]', "fqns_per"),
     ],
 )
 def test_torchtitan_errors_name_the_key(tmp_path: Path, old: str, new: str, named: str) -> None:

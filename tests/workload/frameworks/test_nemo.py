@@ -108,6 +108,7 @@ def test_pretraining_pipeline(tmp_path: Path) -> None:
     assert (plan.pipeline_schedule, plan.virtual_stages, plan.num_micro_batches) == ("interleaved-1f1b", 2, 16)
     assert (job.options["strategy"], job.options["gradient_checkpointing"]) == ("zero1", True)  # distributed optimizer
     assert job.options["method"] == "full" and job.options["gpus_per_node"] == 8
+    assert any(a.startswith("dtype bf16: NeMo's fp32 main parameters") for a in job.assumptions)
 
 
 def test_pretraining_defaults(tmp_path: Path) -> None:

@@ -192,6 +192,11 @@ def _training(r: Reader, options: dict[str, Any]) -> None:
         bf16, fp16 = r.value("model_parallel.bf16", bool, False), r.value("model_parallel.fp16", bool, False)
         dtype = "bf16" if bf16 else "fp16" if fp16 else "fp32"
     options["dtype"] = dtype
+    if dtype != "fp32" and options["method"] == "full":
+        r.notes.append(
+            f"dtype {dtype}: {d.title}'s fp32 main parameters and optimizer states (mixed precision) are simulated "
+            f"in {dtype} (their memory under-estimated; --dtype fp32 bounds it)"
+        )
     fp8 = r.value(d.fp8, (bool, str))
     if fp8:
         hybrid = f" (fp8_hybrid {r.value('model.fp8_hybrid', bool, True)})" if d is NEMO else ""

@@ -54,7 +54,7 @@ PLAN_KEYS = {
     "cp": f"{PAR}context_parallel_degree",
     "sequence_parallel": f"{PAR}tensor_parallel_degree",
     "micro_batches": f"training.local_batch_size / {PAR}pipeline_parallel_microbatch_size",
-    "virtual_stages": f"{PAR}pipeline_parallel_layers_per_stage",
+    "virtual_stages": f"{PAR}pipeline_parallel_layers_per_stage / module_fqns_per_model_part",
 }
 RESHARD = {"default": True, "always": True, "never": False}
 CHECKPOINTING = {"none": False, "full": True, "selective": True, "memory_budget": True}
@@ -237,17 +237,31 @@ def _pipeline(flat: ConfigFile, options: dict[str, Any], notes: list[str], shape
         raise flat.error(key, f"{size} does not divide training.local_batch_size {options['batch_size']}")
     options.update(micro_batches=options["batch_size"] // size, batch_size=size)
     notes.append(f"pipeline micro-batches: {options['micro_batches']} of {size} (batch_size), {key}")
+    if flat.typed(f"{PAR}pipeline_parallel_schedule_csv", str):
+        raise flat.error(f"{PAR}pipeline_parallel_schedule_csv", "a schedule read from a CSV file is not modelled")
+    stages, key = _stages(flat, shape)
+    if stages is None:
+        options["virtual_stages"] = 2 if schedule == "interleaved-1f1b" else 1
+        return
+    if stages % pp or (stages // pp > 1) != (schedule == "interleaved-1f1b"):
+        want = "2 or more" if schedule == "interleaved-1f1b" else "1"
+        raise flat.error(key, f"{stages} stages over {pp} ranks; {name} needs {want} per rank")
+    options["virtual_stages"] = stages // pp
+
+
+def _stages(flat: ConfigFile, shape: ModelShape) -> tuple[int | None, str]:
+    """Pipeline stages in all: one per module_fqns_per_model_part list, else layers_per_stage's count (the first
+    and last stages count their embedding and output as pipeline_parallel_first/last_stage_less_layers layers)."""
+    key = f"{PAR}module_fqns_per_model_part"
+    parts = flat.typed(key, list)
+    if parts:
+        return len(parts), key
     key = f"{PAR}pipeline_parallel_layers_per_stage"
     per_stage = flat.typed(key, int)
     if per_stage is None:
-        options["virtual_stages"] = 2 if schedule == "interleaved-1f1b" else 1
-        return
+        return None, key
     first, last = (flat.typed(f"{PAR}pipeline_parallel_{e}_stage_less_layers", int, 1) for e in ("first", "last"))
-    stages = -(-(shape.num_layers + first + last) // positive(flat, key, per_stage))
-    if stages % pp or (stages // pp > 1) != (schedule == "interleaved-1f1b"):
-        want = "2 or more" if schedule == "interleaved-1f1b" else "1"
-        raise flat.error(key, f"{per_stage} makes {stages} stages over {pp} ranks; {name} needs {want} per rank")
-    options["virtual_stages"] = stages // pp
+    return -(-(shape.num_layers + first + last) // positive(flat, key, per_stage)), key
 
 
 def _layout(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
