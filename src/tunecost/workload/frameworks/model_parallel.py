@@ -16,7 +16,8 @@ from tunecost.workload.parallel import ParallelPlan
 # ParallelPlan's option -> the flag its errors name
 PLAN_FLAGS = {"tp": "--tp", "pp": "--pp", "cp": "--cp", "sequence_parallel": "--sequence-parallel"}
 PLAN_FLAGS["micro_batches"] = "--micro-batches"
-PLAN_OPTIONS = ("num_gpus", "gpus_per_node", "strategy", "offload", *PLAN_FLAGS, "pipeline_schedule", "virtual_stages")
+MODEL_PARALLEL_OPTIONS = (*PLAN_FLAGS, "pipeline_schedule", "virtual_stages")  # job options a config may set
+PLAN_OPTIONS = ("num_gpus", "gpus_per_node", "strategy", "offload", *MODEL_PARALLEL_OPTIONS)
 _FLAG = re.compile(r"--(tp|pp|cp|sequence-parallel|micro-batches)\b")
 
 
