@@ -145,6 +145,15 @@ def test_torchtitan_errors_name_the_key(tmp_path: Path, old: str, new: str, name
     assert named in _error(tmp_path, TITAN_70B.replace(old, new), ".toml")
 
 
+def test_torchtitan_sequence_parallel_switch(tmp_path: Path) -> None:
+    # torchtitan's TOML versions always apply SequenceParallel with TP; the Python configs added the switch
+    assert any(a.startswith("sequence parallelism on") for a in _read_toml(tmp_path, TITAN_70B).assumptions)
+    text = TITAN_70B.replace(
+        "tensor_parallel_degree = 8", "tensor_parallel_degree = 8\nenable_sequence_parallel = false"
+    )
+    assert _read_toml(tmp_path, text).options["sequence_parallel"] is False
+
+
 def test_torchtitan_async_tp_needs_compile(tmp_path: Path) -> None:
     text = TITAN_70B.replace(
         "tensor_parallel_degree = 8", "tensor_parallel_degree = 8\nenable_async_tensor_parallel = true"

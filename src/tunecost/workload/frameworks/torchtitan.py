@@ -24,12 +24,14 @@ from tunecost.workload.frameworks.model_parallel import ModelShape, catalog_shap
 #   stages per rank; else ceil((layers + first/last_stage_less_layers 1 + 1) / it) stages in all)
 #                                                  torchtitan/distributed/{parallel_dims,pipeline_parallel}.py
 #   TP always shards the norms along the sequence (SequenceParallel in every models/*/infra/parallelize.py; no
-#   switch), seq_len a multiple of tp x 2 x cp (ParallelDims.seq_len_divisor)
+#   switch), seq_len a multiple of tp x 2 x cp (ParallelDims.seq_len_divisor). parallelism.enable_sequence_parallel
+#   (default True) came later, with the Python configs (aa68af18, 2026-03-29, torchtitan/config/configs.py)
 #   activation_checkpoint.mode selective (selective_ac_option "2": every 2nd layer); compile.enable False
 #   attention: the flavors' attn_type "sdpa" (torch SDPA); "_flex"/"_varlen" flavors: flex/varlen attention
 TITLE = "torchtitan"
 # JobConfig's sections and fields; training.batch_size: local_batch_size's name before 2025-06-05
-KEYS = KnownKeys(f"{TITLE}'s JobConfig", ("torchtitan",), extra=("training.batch_size",))
+SP_KEY = "enable_sequence_parallel"  # the Python configs' switch (2026-03-29), read when a TOML file has it
+KEYS = KnownKeys(f"{TITLE}'s JobConfig", ("torchtitan",), extra=("training.batch_size", f"parallelism.{SP_KEY}"))
 CUSTOM_CONFIG = ("job.custom_config_module", "experimental.custom_args_module")  # extend JobConfig: keys unknown
 SFT_ONLY = "tunecost estimates supervised fine-tuning (full, LoRA, QLoRA) only"
 # optimizer class (torch.optim, bitsandbytes.optim, torchao.optim) -> tunecost's optimizer
@@ -210,10 +212,9 @@ def _degrees(flat: ConfigFile) -> tuple[int, int, int]:
 def _tensor_parallel(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     tp, cp, seq_len = options.get("tp", 1), options.get("cp", 1), options["seq_len"]
     if tp > 1:
-        options["sequence_parallel"] = True
-        notes.append(
-            f"sequence parallelism on: {TITLE}'s tensor parallelism always shards the norms along the sequence"
-        )
+        options["sequence_parallel"] = flat.typed(f"{PAR}{SP_KEY}", bool) is not False
+        if f"{PAR}{SP_KEY}" not in flat.data:
+            notes.append(f"sequence parallelism on: {TITLE}'s tensor parallelism shards the norms along the sequence")
         line = f"{PAR}disable_loss_parallel false: {TITLE}'s default (vocabulary-sharded loss, not modelled apart)"
         read_or_default(flat, f"{PAR}disable_loss_parallel", bool, False, notes, line)
         if flat.typed(f"{PAR}enable_async_tensor_parallel", bool):
