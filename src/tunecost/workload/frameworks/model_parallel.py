@@ -13,12 +13,10 @@ from tunecost.models.catalog import resolve_model
 from tunecost.workload.frameworks import ConfigFile
 from tunecost.workload.parallel import ParallelPlan
 
-# ParallelPlan's option -> the flag its errors name
-PLAN_FLAGS = {"tp": "--tp", "pp": "--pp", "cp": "--cp", "sequence_parallel": "--sequence-parallel"}
-PLAN_FLAGS["micro_batches"] = "--micro-batches"
-MODEL_PARALLEL_OPTIONS = (*PLAN_FLAGS, "pipeline_schedule", "virtual_stages")  # job options a config may set
+# the plan's model-parallel options a config may set (job options of the same names)
+MODEL_PARALLEL_OPTIONS = ("tp", "pp", "cp", "sequence_parallel", "micro_batches", "pipeline_schedule", "virtual_stages")
 PLAN_OPTIONS = ("num_gpus", "gpus_per_node", "strategy", "offload", *MODEL_PARALLEL_OPTIONS)
-_FLAG = re.compile(r"--(tp|pp|cp|sequence-parallel|micro-batches)\b")
+_FLAG = re.compile(r"--(tp|pp|cp|sequence-parallel|micro-batches)\b")  # the flags ParallelPlan's errors name
 
 
 @dataclass(frozen=True)
@@ -41,11 +39,8 @@ def plan_error(flat: ConfigFile, exc: TunecostError, keys: Mapping[str, str]) ->
     """The plan's error with each flag replaced by the config key it came from (`keys`: option -> key)."""
     message = str(exc)
     named = _FLAG.sub(lambda m: keys.get(m.group(1).replace("-", "_"), m.group(0)), message)
-    if named == message:  # no flag in it (virtual stages): name the key of the option it is about
-        option = "virtual_stages" if "virtual" in message else next(iter(keys))
-        named = f"{keys.get(option, next(iter(keys.values())))}: {message}"
-    elif "virtual stages" in message and "virtual_stages" in keys:
-        named += f" (the stages {keys['virtual_stages']} makes)"
+    if "virtual" in message and "virtual_stages" in keys:  # the stage count came from this key
+        named = f"{keys['virtual_stages']}: {message}" if named == message else f"{named} ({keys['virtual_stages']})"
     return TunecostError(f"{flat.path}: {named}")
 
 
