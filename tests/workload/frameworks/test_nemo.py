@@ -127,7 +127,7 @@ def test_pretraining_defaults(tmp_path: Path) -> None:
 
 
 def test_finetuning_defaults(tmp_path: Path) -> None:
-    job = _read(tmp_path, "trainer:\n  devices: 2\nmodel:\n  micro_batch_size: 4\n  peft:\n    peft_scheme: lora\n")
+    job = _read(tmp_path, "trainer:\n  devices: '2'\nmodel:\n  micro_batch_size: 4\n  peft:\n    peft_scheme: lora\n")
     o = job.options
     assert (o["method"], o["lora_rank"], o["lora_alpha"], o["lora_targets"]) == ("lora", 32, 32, "attention")
     assert (o["dtype"], o["seq_len"], o["strategy"]) == ("fp16", 2048, "ddp")  # precision 16, max_seq_length 2048

@@ -143,6 +143,7 @@ def _layout(r: Reader, options: dict[str, Any]) -> dict[str, str]:
         options["virtual_stages"] = vp if vp > 1 else None
     if d is NEMO:
         devices = r.value("trainer.devices", (int, str), 1)
+        devices = int(devices) if isinstance(devices, str) and devices.isdigit() else devices
         nodes = positive(r.flat, "trainer.num_nodes", r.value("trainer.num_nodes", int, 1))
         if isinstance(devices, int) and devices > 0:
             options.update(num_gpus=devices * nodes, gpus_per_node=devices)
