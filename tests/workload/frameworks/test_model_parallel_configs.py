@@ -171,7 +171,7 @@ def test_torchtune_tensor_and_context(tmp_path: Path) -> None:
     assert (_plan(job).cp, job.options["num_gpus"]) == (2, 32)
     other_plan = TUNE_70B.replace("llama3.base_llama_tp_plan", "qwen2.my_plan")
     job = _read(tmp_path, other_plan, ".yaml")
-    assert "sequence_parallel" not in job.options and any("sequence parallelism off" in a for a in job.assumptions)
+    assert job.options["sequence_parallel"] is False and any("sequence parallelism off" in a for a in job.assumptions)
 
 
 @pytest.mark.parametrize(
@@ -200,7 +200,7 @@ def test_deepspeed_autotp(tmp_path: Path) -> None:
     # DeepSpeed 0.16+ AutoTP training: tensor_parallel.autotp_size (0: off), runtime/tensor_parallel/config.py
     text = '{"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 1}, "tensor_parallel": {%s}}'
     job = _read(tmp_path, text % '"autotp_size": 4', ".json")
-    assert job.options["tp"] == 4 and "sequence_parallel" not in job.options
+    assert job.options["tp"] == 4 and job.options["sequence_parallel"] is False  # stated: the CLI's default is on
     assert any("AutoTP all-reduces" in a for a in job.assumptions)
     assert "tp" not in _read(tmp_path, text % '"autotp_size": 0', ".json").options
     assert "tensor_parallel: autotp_size: " in _error(tmp_path, text % '"autotp_size": -2', ".json")

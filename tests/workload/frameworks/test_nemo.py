@@ -186,6 +186,7 @@ def test_megatron_lm_yaml(tmp_path: Path) -> None:
     flags += "use_distributed_optimizer: true\n"  # Megatron-LM's argparse flags as top-level keys
     job = _read(tmp_path, flags)
     assert (job.options["tp"], job.options["dtype"], job.options["strategy"]) == (4, "bf16", "zero1")
+    assert job.options["sequence_parallel"] is False  # Megatron-LM's default, stated: the CLI's default is on
     assert "micro_batch_size: missing" in _error(tmp_path, MEGATRON_YAML.replace("micro_batch_size: 2\n", ""))
 
 

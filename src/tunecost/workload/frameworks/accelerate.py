@@ -223,7 +223,7 @@ def _read_deepspeed(cfg: ConfigFile) -> ConfigJob:
     if tp is not None and tp < 0:
         raise tensor_parallel.error("autotp_size", f"must be 0 (off) or more, got {tp}")
     if tp is not None and tp > 1:
-        out["tp"] = tp
+        out.update(tp=tp, sequence_parallel=False)
         notes.append("sequence parallelism off: DeepSpeed's AutoTP all-reduces the row-parallel layers' outputs")
     optimizer = section(cfg, "optimizer")
     kind = str(optimizer.get("type") or "").lower()

@@ -137,7 +137,7 @@ def _layout(r: Reader, options: dict[str, Any]) -> dict[str, str]:
     sp = r.value(d.sp, bool, False)
     if sp and tp == 1:
         r.notes.append(f"{r.key(d.sp)} off: {d.title} turns sequence parallelism off without tensor parallelism")
-    options["sequence_parallel"] = bool(sp and tp > 1) or None
+    options["sequence_parallel"] = bool(sp) if tp > 1 else None  # stated: --sequence-parallel's default is on
     if pp > 1:
         options["pipeline_schedule"] = "interleaved-1f1b" if vp > 1 else "1f1b"
         options["virtual_stages"] = vp if vp > 1 else None

@@ -212,7 +212,8 @@ def _tensor_parallel(flat: ConfigFile, options: dict[str, Any], notes: list[str]
             f"sequence parallelism on: {TITLE}'s {plan.rsplit('.', 1)[-1]} shards the norms along the sequence"
         )
     else:
-        notes.append(f"sequence parallelism off: {plan} is not one of {TITLE}'s plans tunecost read")
+        options["sequence_parallel"] = False
+        notes.append(f"sequence parallelism off: assumed for {plan}, not one of {TITLE}'s plans tunecost read")
 
 
 def detect(data: Any) -> bool:
