@@ -242,12 +242,12 @@ def _pipeline(flat: ConfigFile, options: dict[str, Any], notes: list[str], shape
         raise flat.error(f"{PAR}pipeline_parallel_schedule_csv", "a schedule read from a CSV file is not modelled")
     stages, key = _stages(flat, shape)
     if stages is None:
-        options["virtual_stages"] = 2 if schedule == "interleaved-1f1b" else 1
+        options["virtual_stages"] = 2 if schedule == "interleaved-1f1b" else None  # None: the plan's 1
         return
     if stages % pp or (stages // pp > 1) != (schedule == "interleaved-1f1b"):
         want = "2 or more" if schedule == "interleaved-1f1b" else "1"
         raise flat.error(key, f"{stages} stages over {pp} ranks; {name} needs {want} per rank")
-    options["virtual_stages"] = stages // pp
+    options["virtual_stages"] = stages // pp if stages > pp else None
 
 
 def _stages(flat: ConfigFile, shape: ModelShape) -> tuple[int | None, str]:
