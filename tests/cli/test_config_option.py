@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import typer
 
 from tunecost.workload.frameworks.registry import read_configs
 
@@ -252,3 +253,16 @@ def test_a_bad_config_is_one_error_line(cli_error, tmp_path: Path, text: str, su
     path.write_text(text, encoding="utf-8")
     line = cli_error(["memory", "--config", str(path)])
     assert str(path) in line and message in line
+
+
+def test_model_parallel_degrees_a_command_does_not_take_are_named(cli_runner, tmp_path: Path) -> None:
+    """A config's tensor/pipeline degrees are never dropped silently by a command without those options."""
+    from tunecost.cli.main import app
+
+    path = tmp_path / "tp.toml"
+    path.write_text('[model]\nname = "qwen3"\nflavor = "0.6B"\n[parallelism]\ntensor_parallel_degree = 2\n')
+    result = cli_runner.invoke(app, ["memory", "--config", str(path), "--gpu", "no-such-gpu"])
+    params = {p.name for p in typer.main.get_command(app).commands["memory"].params}  # type: ignore[attr-defined]
+    if "tp" not in params:
+        stderr = " ".join(result.stderr.split())
+        assert "warning: this command does not take tp 2, sequence_parallel True from" in stderr, stderr

@@ -24,6 +24,7 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     """The config's job options as the command's defaults, before any other option is read."""
     if not paths:
         return paths
+    from tunecost.workload.frameworks.model_parallel import MODEL_PARALLEL_OPTIONS
     from tunecost.workload.frameworks.registry import read_configs
 
     try:
@@ -37,6 +38,9 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
         err_console.print(f"assumed: {line}")
     if job.not_modelled:
         err_console.print(f"warning: not modelled from {job.path}: {', '.join(job.not_modelled)}")
+    ignored = [f"{k} {job.options[k]}" for k in MODEL_PARALLEL_OPTIONS if k in job.options and k not in params]
+    if ignored:
+        err_console.print(f"warning: this command does not take {', '.join(ignored)} from {job.path} (ignored)")
     return paths
 
 

@@ -158,9 +158,10 @@ def test_every_flavor_is_a_catalog_model() -> None:
         ("local_batch_size = 1", 'local_batch_size = "one"', "training.local_batch_size"),
         ('flavor = "8B"', 'flavor = "debugmodel"', "model.flavor"),
         ('name = "llama3"', 'name = "flux"', "model.name"),
-        ("tensor_parallel_degree = 1", "tensor_parallel_degree = 8", "parallelism.tensor_parallel_degree"),
-        ("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 2", "parallelism.pipeline_parallel_degree"),
-        ("context_parallel_degree = 1", "context_parallel_degree = 2", "parallelism.context_parallel_degree"),
+        ("tensor_parallel_degree = 1", "tensor_parallel_degree = 0", "parallelism.tensor_parallel_degree"),
+        ("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 0", "parallelism.pipeline_parallel_degree"),
+        ("context_parallel_degree = 1", "context_parallel_degree = -1", "parallelism.context_parallel_degree"),
+        ("pipeline_parallel_degree = 1", "expert_parallel_degree = 2", "parallelism.expert_parallel_degree"),
         ('name = "AdamW"', 'name = "Lion"', "optimizer.name"),
         ('mode = "full"', 'mode = "sometimes"', "activation_checkpoint.mode"),
         (

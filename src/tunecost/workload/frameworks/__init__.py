@@ -46,6 +46,13 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "gpus_per_node": int,
     "strategy": str,
     "offload": str,  # none | optimizer | params
+    "tp": int,  # tensor-parallel degree
+    "pp": int,  # pipeline-parallel degree
+    "cp": int,  # context-parallel degree
+    "sequence_parallel": bool,
+    "micro_batches": int,  # pipeline micro-batches per step
+    "pipeline_schedule": str,  # 1f1b | gpipe | interleaved-1f1b
+    "virtual_stages": int,  # pipeline stages per rank (interleaved-1f1b)
 }
 
 

@@ -8,7 +8,8 @@ DeepSpeed JSON config. Each reports its own file and its own library's defaults 
 #   commands/launch.py, utils/dataclasses.py (FullyShardedDataParallelPlugin, DeepSpeedPlugin)
 #   FSDP activation checkpointing non-reentrant: accelerate accelerator.py / utils/fsdp_utils.py (checkpoint_wrapper)
 #   zero_optimization.stage 0, offload device "none", bf16/fp16 off: deepspeed runtime/zero/config.py,
-#   runtime/zero/offload_config.py, runtime/precision_config.py
+#   runtime/zero/offload_config.py, runtime/precision_config.py; tensor_parallel.autotp_size 0 (AutoTP training
+#   off): runtime/tensor_parallel/config.py TPTrainingConfig (0.16+)
 #   "auto" values: the Trainer's TrainingArguments fill them (transformers integrations/deepspeed.py)
 from __future__ import annotations
 
@@ -217,6 +218,13 @@ def _read_deepspeed(cfg: ConfigFile) -> ConfigJob:
     for part in (offload_of(devices, stage or 0, "offload_optimizer", "offload_param", []), _ds_precision(cfg)):
         out.update(part[0])
         notes += part[1]
+    tensor_parallel = section(cfg, "tensor_parallel")
+    tp = tensor_parallel.typed("autotp_size", int)
+    if tp is not None and tp < 0:
+        raise tensor_parallel.error("autotp_size", f"must be 0 (off) or more, got {tp}")
+    if tp is not None and tp > 1:
+        out.update(tp=tp, sequence_parallel=False)
+        notes.append("sequence parallelism off: DeepSpeed's AutoTP all-reduces the row-parallel layers' outputs")
     optimizer = section(cfg, "optimizer")
     kind = str(optimizer.get("type") or "").lower()
     if kind and kind not in ("adam", "adamw", "sgd"):
@@ -230,7 +238,7 @@ def _read_deepspeed(cfg: ConfigFile) -> ConfigJob:
             "(Megatron-style); the Trainer's gradient_checkpointing decides for HF models"
         )
     subs = [("zero_optimization", zero), *((f"zero_optimization.{k}", s) for k, s in offload.items())]
-    unused = nested_not_modelled(cfg, *subs, ("optimizer", optimizer))
+    unused = nested_not_modelled(cfg, *subs, ("optimizer", optimizer), ("tensor_parallel", tensor_parallel))
     return ConfigJob(
         framework=FRAMEWORK_DEEPSPEED.name, path=cfg.path, options=out, assumptions=tuple(notes), not_modelled=unused
     )

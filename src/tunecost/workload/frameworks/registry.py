@@ -11,7 +11,7 @@ from pathlib import Path
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, parse_config_file
 
-READER_MODULES = ("llamafactory", "axolotl", "torchtune", "litgpt", "torchtitan", "hf", "accelerate")
+READER_MODULES = ("llamafactory", "axolotl", "torchtune", "litgpt", "torchtitan", "nemo", "hf", "accelerate")
 
 
 def frameworks() -> list[Framework]:

@@ -10,18 +10,28 @@ from __future__ import annotations
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
+from tunecost.workload.frameworks.model_parallel import ModelShape, catalog_shape, check_layout, positive
 
 # Defaults, pytorch/torchtitan @ 238fa995 (2026-02-23, the last TOML version), torchtitan/config/job_config.py:
 #   model.name llama3, model.flavor debugmodel, converters []; optimizer.name AdamW, early_step_in_backward False
 #   training.local_batch_size 8 (training.batch_size before 2025-06-05), seq_len 2048, dtype float32,
 #   mixed_precision_param bfloat16, enable_cpu_offload False, dataset c4_test, steps 10000
-#   parallelism.data_parallel_shard_degree -1 (every GPU left), data_parallel_replicate_degree 1, tensor/pipeline/
-#   context/expert_parallel_degree 1, fsdp_reshard_after_forward "default" (resharded)
+#   parallelism.data_parallel_shard_degree -1 (every GPU left after replicate x cp x tp x pp), data_parallel_
+#   replicate_degree 1, tensor/pipeline/context/expert_parallel_degree 1, fsdp_reshard_after_forward "default"
+#   (resharded), disable_loss_parallel False, enable_async_tensor_parallel False (needs compile), pipeline_
+#   parallel_schedule "1F1B" (torch's get_schedule_class names, any case), pipeline_parallel_microbatch_size 1
+#   (micro-batches: local_batch_size / it), pipeline_parallel_layers_per_stage None (interleaved schedules: 2
+#   stages per rank; else ceil((layers + first/last_stage_less_layers 1 + 1) / it) stages in all)
+#                                                  torchtitan/distributed/{parallel_dims,pipeline_parallel}.py
+#   TP always shards the norms along the sequence (SequenceParallel in every models/*/infra/parallelize.py; no
+#   switch), seq_len a multiple of tp x 2 x cp (ParallelDims.seq_len_divisor). parallelism.enable_sequence_parallel
+#   (default True) came later, with the Python configs (aa68af18, 2026-03-29, torchtitan/config/configs.py)
 #   activation_checkpoint.mode selective (selective_ac_option "2": every 2nd layer); compile.enable False
 #   attention: the flavors' attn_type "sdpa" (torch SDPA); "_flex"/"_varlen" flavors: flex/varlen attention
 TITLE = "torchtitan"
 # JobConfig's sections and fields; training.batch_size: local_batch_size's name before 2025-06-05
-KEYS = KnownKeys(f"{TITLE}'s JobConfig", ("torchtitan",), extra=("training.batch_size",))
+SP_KEY = "enable_sequence_parallel"  # the Python configs' switch (2026-03-29), read when a TOML file has it
+KEYS = KnownKeys(f"{TITLE}'s JobConfig", ("torchtitan",), extra=("training.batch_size", f"parallelism.{SP_KEY}"))
 CUSTOM_CONFIG = ("job.custom_config_module", "experimental.custom_args_module")  # extend JobConfig: keys unknown
 SFT_ONLY = "tunecost estimates supervised fine-tuning (full, LoRA, QLoRA) only"
 # optimizer class (torch.optim, bitsandbytes.optim, torchao.optim) -> tunecost's optimizer
@@ -37,7 +47,17 @@ _FLAVOR_TABLE = """
 FLAVORS: dict[str, str] = dict(pair.split("=") for pair in _FLAVOR_TABLE.split())
 PAR = "parallelism."
 DP_KEYS = (f"{PAR}data_parallel_shard_degree", f"{PAR}data_parallel_replicate_degree", "training.enable_cpu_offload")
-NOT_MODELLED_DEGREES = ("tensor_parallel_degree", "pipeline_parallel_degree", "context_parallel_degree")
+# torchtitan's pipeline schedule (lower case) -> tunecost's; the others (ZBV, DualPipeV, LoopedBFS, ...) are refused
+SCHEDULES = {"1f1b": "1f1b", "gpipe": "gpipe", "interleaved1f1b": "interleaved-1f1b"}
+# the config keys each plan option comes from, named in its errors
+PLAN_KEYS = {
+    "tp": f"{PAR}tensor_parallel_degree",
+    "pp": f"{PAR}pipeline_parallel_degree",
+    "cp": f"{PAR}context_parallel_degree",
+    "sequence_parallel": f"{PAR}tensor_parallel_degree",
+    "micro_batches": f"training.local_batch_size / {PAR}pipeline_parallel_microbatch_size",
+    "virtual_stages": f"{PAR}pipeline_parallel_layers_per_stage / module_fqns_per_model_part",
+}
 RESHARD = {"default": True, "always": True, "never": False}
 CHECKPOINTING = {"none": False, "full": True, "selective": True, "memory_budget": True}
 DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
@@ -89,10 +109,11 @@ def optimizer_name(flat: ConfigFile, key: str, path: str) -> str:
 
 
 def data_parallel_layout(
-    flat: ConfigFile, keys: tuple[str, str, str], *, reshard: bool, title: str
+    flat: ConfigFile, keys: tuple[str, str, str], *, reshard: bool, title: str, inner: int = 1, pp: int = 1
 ) -> tuple[dict[str, Any], list[str]]:
-    """strategy, num_gpus, gpus_per_node and offload from FSDP2 data-parallel degrees (-1 shard: all the GPUs);
-    `keys`: the shard degree's, the replicate degree's and the CPU offload's."""
+    """strategy, num_gpus, gpus_per_node and offload from FSDP2 data-parallel degrees (-1 shard: the GPUs left
+    after the model-parallel ones); `keys`: the shard degree's, the replicate degree's and the CPU offload's.
+    `inner`: tensor x context degree (next to the shard dimension in the device mesh), `pp`: pipeline degree."""
     shard_key, replicate_key, offload_key = keys
     notes: list[str] = []
     shard = read_or_default(flat, shard_key, int, -1, notes, f"{shard_key} -1: {title}'s default")
@@ -106,13 +127,19 @@ def data_parallel_layout(
         options["strategy"] = "ddp" if shard == 1 else "hsdp"
     elif shard != 1:
         options["strategy"] = "fsdp2" if reshard else "fsdp2-shard-grad-op"
+    elif inner * pp > 1:
+        options["strategy"] = "single"  # a data-parallel group of one: nothing to replicate or shard
     if shard > 0:
-        options["num_gpus"] = shard * replicate
+        options["num_gpus"] = shard * replicate * inner * pp
     else:
-        notes.append(f"GPUs: {title}'s {shard_key} -1 takes every GPU the launcher starts (give --gpus)")
+        left = " left after the model-parallel degrees" if inner * pp > 1 else ""
+        notes.append(f"GPUs: {title}'s {shard_key} -1 takes every GPU the launcher starts{left} (give --gpus)")
     if options.get("strategy") == "hsdp" and shard > 0:
-        options["gpus_per_node"] = shard
-        notes.append(f"gpus_per_node {shard}: tunecost's HSDP shards within a node, so {shard_key} is one node")
+        options["gpus_per_node"] = shard * inner
+        within = f" x tensor x context {inner}" if inner > 1 else ""
+        notes.append(
+            f"gpus_per_node {shard * inner}: tunecost's HSDP shards within a node, so {shard_key}{within} is one node"
+        )
     if flat.typed(offload_key, bool):
         if options.get("strategy") != "fsdp2":
             raise flat.error(offload_key, "CPU offload is modelled under FSDP2 full sharding only")
@@ -174,17 +201,85 @@ def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> No
         )
 
 
-def _layout(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
-    for degree in (*NOT_MODELLED_DEGREES, "expert_parallel_degree", "expert_tensor_parallel_degree"):
+def _degrees(flat: ConfigFile) -> tuple[int, int, int]:
+    for degree in ("expert_parallel_degree", "expert_tensor_parallel_degree"):
         if (flat.typed(f"{PAR}{degree}", int) or 1) > 1:
-            raise flat.error(f"{PAR}{degree}", "tensor/pipeline/context/expert parallelism is not modelled yet")
+            raise flat.error(f"{PAR}{degree}", "expert parallelism is not modelled yet")
+    tp, pp, cp = (positive(flat, PLAN_KEYS[o], flat.typed(PLAN_KEYS[o], int)) for o in ("tp", "pp", "cp"))
+    return tp, pp, cp
+
+
+def _tensor_parallel(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
+    tp, cp, seq_len = options.get("tp", 1), options.get("cp", 1), options["seq_len"]
+    if tp > 1:
+        options["sequence_parallel"] = flat.typed(f"{PAR}{SP_KEY}", bool) is not False
+        if f"{PAR}{SP_KEY}" not in flat.data:
+            notes.append(f"sequence parallelism on: {TITLE}'s tensor parallelism shards the norms along the sequence")
+        line = f"{PAR}disable_loss_parallel false: {TITLE}'s default (vocabulary-sharded loss, not modelled apart)"
+        read_or_default(flat, f"{PAR}disable_loss_parallel", bool, False, notes, line)
+        if flat.typed(f"{PAR}enable_async_tensor_parallel", bool):
+            if not flat.typed("compile.enable", bool):
+                raise flat.error(f"{PAR}enable_async_tensor_parallel", f"{TITLE}'s async TP needs compile.enable")
+            notes.append(f"{PAR}enable_async_tensor_parallel: its compute/communication overlap is not modelled")
+    if tp * cp > 1 and seq_len % (tp * 2 * cp):
+        raise flat.error("training.seq_len", f"{seq_len}: {TITLE} needs a multiple of tp x 2 x cp = {tp * 2 * cp}")
+
+
+def _pipeline(flat: ConfigFile, options: dict[str, Any], notes: list[str], shape: ModelShape) -> None:
+    """Schedule, micro-batches (batch_size becomes the micro-batch's size) and virtual stages per rank."""
+    pp, key = options["pp"], f"{PAR}pipeline_parallel_schedule"
+    name = read_or_default(flat, key, str, "1F1B", notes, f"pipeline_schedule 1f1b: {TITLE}'s default ({key})")
+    if name.lower() not in SCHEDULES:
+        raise flat.error(key, f"{name!r}: tunecost models {TITLE}'s 1F1B, GPipe and Interleaved1F1B")
+    options["pipeline_schedule"] = schedule = SCHEDULES[name.lower()]
+    key = f"{PAR}pipeline_parallel_microbatch_size"
+    size = positive(flat, key, read_or_default(flat, key, int, 1, notes, f"{key} 1: {TITLE}'s default"))
+    if options["batch_size"] % size:
+        raise flat.error(key, f"{size} does not divide training.local_batch_size {options['batch_size']}")
+    options.update(micro_batches=options["batch_size"] // size, batch_size=size)
+    notes.append(f"pipeline micro-batches: {options['micro_batches']} of {size} (batch_size), {key}")
+    if flat.typed(f"{PAR}pipeline_parallel_schedule_csv", str):
+        raise flat.error(f"{PAR}pipeline_parallel_schedule_csv", "a schedule read from a CSV file is not modelled")
+    stages, key = _stages(flat, shape)
+    if stages is None:
+        options["virtual_stages"] = 2 if schedule == "interleaved-1f1b" else None  # None: the plan's 1
+        return
+    if stages % pp or (stages // pp > 1) != (schedule == "interleaved-1f1b"):
+        want = "2 or more" if schedule == "interleaved-1f1b" else "1"
+        raise flat.error(key, f"{stages} stages over {pp} ranks; {name} needs {want} per rank")
+    options["virtual_stages"] = stages // pp if stages > pp else None
+
+
+def _stages(flat: ConfigFile, shape: ModelShape) -> tuple[int | None, str]:
+    """Pipeline stages in all: one per module_fqns_per_model_part list, else layers_per_stage's count (the first
+    and last stages count their embedding and output as pipeline_parallel_first/last_stage_less_layers layers)."""
+    key = f"{PAR}module_fqns_per_model_part"
+    parts = flat.typed(key, list)
+    if parts:
+        return len(parts), key
+    key = f"{PAR}pipeline_parallel_layers_per_stage"
+    per_stage = flat.typed(key, int)
+    if per_stage is None:
+        return None, key
+    first, last = (flat.typed(f"{PAR}pipeline_parallel_{e}_stage_less_layers", int, 1) for e in ("first", "last"))
+    return -(-(shape.num_layers + first + last) // positive(flat, key, per_stage)), key
+
+
+def _layout(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
+    tp, pp, cp = _degrees(flat)
+    options.update({k: v for k, v in (("tp", tp), ("pp", pp), ("cp", cp)) if v > 1})
+    shape = catalog_shape(options["model"]) if tp * pp * cp > 1 else None
+    _tensor_parallel(flat, options, notes)
+    if shape is not None and pp > 1:
+        _pipeline(flat, options, notes, shape)
     line = f"{PAR}fsdp_reshard_after_forward default: {TITLE}'s default"
     reshard = read_or_default(flat, f"{PAR}fsdp_reshard_after_forward", str, "default", notes, line)
     if reshard not in RESHARD:
         raise flat.error(f"{PAR}fsdp_reshard_after_forward", f"{reshard!r}: one of {', '.join(RESHARD)}")
-    layout, lines = data_parallel_layout(flat, DP_KEYS, reshard=RESHARD[reshard], title=TITLE)
+    layout, lines = data_parallel_layout(flat, DP_KEYS, reshard=RESHARD[reshard], title=TITLE, inner=tp * cp, pp=pp)
     options.update(layout)
     notes.extend(lines)
+    check_layout(flat, options, PLAN_KEYS, shape=shape, seq_len=options["seq_len"])
 
 
 def detect(data: Any) -> bool:

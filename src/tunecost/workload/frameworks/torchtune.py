@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
+from tunecost.workload.frameworks.model_parallel import catalog_shape, check_layout, positive
 from tunecost.workload.frameworks.torchtitan import (
     SFT_ONLY,
     config_job,
@@ -25,6 +26,9 @@ from tunecost.workload.frameworks.torchtitan import (
 #   enable_activation_checkpointing/_offloading False, optimizer_in_bwd False, compile False, fsdp_cpu_offload
 #   False, fsdp_reshard_after_forward True, data_parallel_shard_dim -1, data_parallel_replicate_dim 1,
 #   tensor/context_parallel_dim 1                 recipes/{lora,full}_finetune_{single_device,distributed}.py
+#   tensor_parallel_dim > 1: the full distributed recipe only, with a tensor_parallel_plan (the LoRA recipe
+#   asserts 1); models/llama3/_parallelism.py (llama3, 3.1-3.3) and llama4's plans shard the norms along the
+#   sequence (SequenceParallel); batches padded to a multiple of tp (x 2 x cp)   training/_distributed.py
 #   tokenizer max_seq_len None (no truncation)                                      models/llama3/_model_builders.py
 #   attention: torch SDPA (flex attention for packed data)                          modules/attention_utils.py
 TITLE = "torchtune"
@@ -61,6 +65,8 @@ PREFERENCE_DATASETS = ("stack_exchange_paired_dataset", "preference_dataset", "h
 LOSSES = {"CEWithChunkedOutputLoss": True, "LinearCrossEntropyLoss": True, "CrossEntropyLoss": False}
 DP_KEYS = ("data_parallel_shard_dim", "data_parallel_replicate_dim", "fsdp_cpu_offload")  # shard, replicate, offload
 TP_CP_KEYS = ("tensor_parallel_dim", "context_parallel_dim")
+PLAN_KEYS = {"tp": "tensor_parallel_dim", "cp": "context_parallel_dim", "sequence_parallel": "tensor_parallel_dim"}
+SEQUENCE_PARALLEL_PLANS = ("base_llama_tp_plan", "decoder_only_tp_plan")  # models/llama3, llama4 _parallelism.py
 DISTRIBUTED_KEYS = (*DP_KEYS, *TP_CP_KEYS, "fsdp_reshard_after_forward", "custom_sharded_layers")
 
 
@@ -180,15 +186,34 @@ def _layout(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None
     if not any(key in flat.data for key in DISTRIBUTED_KEYS):
         notes.append(f"GPUs: {TITLE}'s recipe and `tune run --nproc_per_node` are not in the file (give --gpus)")
         return
-    for key in TP_CP_KEYS:
-        if (flat.typed(key, int) or 1) > 1:
-            raise flat.error(key, "tensor/pipeline/context parallelism is not modelled yet")
+    tp, cp = (positive(flat, key, flat.typed(key, int)) for key in TP_CP_KEYS)
+    options.update({k: v for k, v in (("tp", tp), ("cp", cp)) if v > 1})
+    if tp > 1:
+        _tensor_parallel(flat, options, notes)
     reshard = flat.typed("fsdp_reshard_after_forward", bool) is not False
-    layout, lines = data_parallel_layout(flat, DP_KEYS, reshard=reshard, title=TITLE)
+    layout, lines = data_parallel_layout(flat, DP_KEYS, reshard=reshard, title=TITLE, inner=tp * cp)
     options.update(layout)
     notes.extend(lines)
-    if "strategy" in layout:
+    if layout.get("strategy", "single") != "single":
         notes.append(f"strategy {layout['strategy']}: {TITLE}'s distributed recipes shard with FSDP2")
+    if tp * cp > 1:  # torchtune pads each batch to a multiple of the degrees: no sequence to check (seq_len 0)
+        check_layout(flat, options, PLAN_KEYS, shape=catalog_shape(options["model"]), seq_len=0)
+
+
+def _tensor_parallel(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
+    if options["method"] != "full":
+        raise flat.error("tensor_parallel_dim", f"{TITLE}'s LoRA recipes refuse tensor parallelism (set it to 1)")
+    plan = flat.typed("tensor_parallel_plan._component_", str)
+    if plan is None:
+        raise flat.error("tensor_parallel_plan", f"{TITLE} needs a tensor_parallel_plan with tensor_parallel_dim > 1")
+    if plan.rsplit(".", 1)[-1] in SEQUENCE_PARALLEL_PLANS:
+        options["sequence_parallel"] = True
+        notes.append(
+            f"sequence parallelism on: {TITLE}'s {plan.rsplit('.', 1)[-1]} shards the norms along the sequence"
+        )
+    else:
+        options["sequence_parallel"] = False
+        notes.append(f"sequence parallelism off: assumed for {plan}, not one of {TITLE}'s plans tunecost read")
 
 
 def detect(data: Any) -> bool:

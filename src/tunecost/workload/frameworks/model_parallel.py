@@ -1,0 +1,73 @@
+"""Tensor, pipeline and context degrees read from a framework's config, checked by `ParallelPlan` as the command
+line's would be, with the config's own keys named in the error instead of tunecost's flags."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tunecost.errors import TunecostError
+from tunecost.models.catalog import resolve_model
+from tunecost.workload.frameworks import ConfigFile
+from tunecost.workload.parallel import ParallelPlan
+
+# the plan's model-parallel options a config may set (job options of the same names)
+MODEL_PARALLEL_OPTIONS = ("tp", "pp", "cp", "sequence_parallel", "micro_batches", "pipeline_schedule", "virtual_stages")
+PLAN_OPTIONS = ("num_gpus", "gpus_per_node", "strategy", "offload", *MODEL_PARALLEL_OPTIONS)
+_FLAG = re.compile(r"--(tp|pp|cp|sequence-parallel|micro-batches)\b")  # the flags ParallelPlan's errors name
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What `ParallelPlan.check_model` splits: attention heads, key-value heads, decoder layers."""
+
+    num_heads: int
+    num_kv_heads: int
+    num_layers: int
+
+
+def catalog_shape(hub_id: str) -> ModelShape:
+    """The heads and layers of a catalog model (its config.json)."""
+    spec = resolve_model(hub_id)
+    heads = int(spec.config["num_attention_heads"])
+    return ModelShape(heads, int(spec.config.get("num_key_value_heads") or heads), spec.num_layers)
+
+
+def plan_error(flat: ConfigFile, exc: TunecostError, keys: Mapping[str, str]) -> TunecostError:
+    """The plan's error with each flag replaced by the config key it came from (`keys`: option -> key)."""
+    message = str(exc)
+    named = _FLAG.sub(lambda m: keys.get(m.group(1).replace("-", "_"), m.group(0)), message)
+    if "virtual" in message and "virtual_stages" in keys:  # the stage count came from this key
+        named = f"{keys['virtual_stages']}: {message}" if named == message else f"{named} ({keys['virtual_stages']})"
+    return TunecostError(f"{flat.path}: {named}")
+
+
+def check_layout(
+    flat: ConfigFile, options: Mapping[str, Any], keys: Mapping[str, str], *, shape: ModelShape | None, seq_len: int
+) -> None:
+    """Build the plan the options describe and check the model against it; one error naming the config's keys.
+    `shape` None: the config does not name the model (only the sequence is checked); `seq_len` 0: no sequence is
+    checked (a framework that pads each batch to a multiple of the degrees)."""
+    values = {k: options[k] for k in PLAN_OPTIONS if options.get(k) is not None}
+    values.setdefault("num_gpus", max(1, int(values.get("tp", 1)) * values.get("pp", 1) * values.get("cp", 1)))
+    if values.get("strategy") is None and values["num_gpus"] > 1:
+        values["strategy"] = "fsdp2"  # the data-parallel group's strategy does not change these checks
+    try:
+        plan = ParallelPlan(**values)
+        if shape is None:  # counts the degrees divide: only the sequence is checked
+            shape = ModelShape(plan.tp, plan.tp, plan.pp * plan.virtual_stages)
+        plan.check_model(
+            num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads, num_layers=shape.num_layers, seq_len=seq_len
+        )
+    except TunecostError as exc:
+        raise plan_error(flat, exc, keys) from None
+
+
+def positive(flat: ConfigFile, key: str, value: int | None, default: int = 1) -> int:
+    """A degree or size of at least 1 (`default` when the key is absent); else one error naming the key."""
+    value = default if value is None else value
+    if value < 1:
+        raise flat.error(key, f"must be at least 1, got {value}")
+    return value

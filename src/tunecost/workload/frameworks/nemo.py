@@ -1,0 +1,321 @@
+"""NeMo 1.x training YAML (Hydra: megatron_gpt_config.yaml, megatron_gpt_finetuning_config.yaml) and Megatron-LM's
+`--yaml-cfg` YAML (or its argparse flags as top-level keys) read as a tunecost job: the model-parallel layout,
+precision, micro- and global batch, sequence length and LoRA.
+
+Neither names a Hugging Face model (NeMo restores a .nemo checkpoint; Megatron-LM builds from its architecture
+keys): give --model. OmegaConf interpolations (${...}) are not resolved: give the resolved config (NeMo's saved
+hparams.yaml). NeMo 2's Python recipes are not read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework
+from tunecost.workload.frameworks.model_parallel import ModelShape, check_layout, positive
+from tunecost.workload.frameworks.torchtitan import config_job, nested_config
+
+# Defaults, NVIDIA/NeMo @ 8cfedd72 (2025-09-20), examples/nlp/language_modeling/conf/megatron_gpt_config.yaml
+# (pre-training) and tuning/conf/megatron_gpt_finetuning_config.yaml (a model.peft section):
+#   trainer.devices 1, num_nodes 1; precision bf16 (fine-tuning: 16); micro_batch_size 4; global_batch_size 8
+#   (fine-tuning: 128); tensor/pipeline_model_parallel_size 1, virtual_pipeline_model_parallel_size null,
+#   sequence_parallel False (turned off when tp is 1: megatron_base_model.py), context_parallel_size 1
+#   (megatron_base_model.py cfg.get); encoder_seq_length 512 (fine-tuning: data.train_ds.max_seq_length 2048);
+#   activations_checkpoint_granularity null; optim.name fused_adam; fp8 False; peft.peft_scheme "adapter",
+#   lora_tuning.adapter_dim 32, alpha = adapter_dim, target_modules ['attention_qkv']
+# Megatron-LM @ d98e8a64 (2026-08-22): megatron/core/model_parallel_config.py (degrees 1, sequence_parallel False,
+#   bf16/fp16 False: fp32), megatron/training/arguments.py (optimizer adam, global_batch_size micro x dp,
+#   micro_batch_size and seq_length required); YAML sections from megatron/training/yaml_arguments.py
+TITLE = "NeMo"
+MEGATRON = "Megatron-LM"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Dialect:
+    """Where one format keeps each setting."""
+
+    title: str = field(kw_only=False)
+    tp: str
+    pp: str
+    vp: str
+    cp: str
+    sp: str
+    micro: str
+    global_batch: str
+    seq_len: str
+    layers: str
+    heads: str
+    groups: str
+    fp8: str
+    optimizer: str
+    recompute: str
+
+
+NEMO = Dialect(
+    TITLE,
+    tp="model.tensor_model_parallel_size",
+    pp="model.pipeline_model_parallel_size",
+    vp="model.virtual_pipeline_model_parallel_size",
+    cp="model.context_parallel_size",
+    sp="model.sequence_parallel",
+    micro="model.micro_batch_size",
+    global_batch="model.global_batch_size",
+    seq_len="model.encoder_seq_length",
+    layers="model.num_layers",
+    heads="model.num_attention_heads",
+    groups="model.num_query_groups",
+    fp8="model.fp8",
+    optimizer="model.optim.name",
+    recompute="model.activations_checkpoint_granularity",
+)
+MEGATRON_LM = Dialect(
+    MEGATRON,
+    tp="model_parallel.tensor_model_parallel_size",
+    pp="model_parallel.pipeline_model_parallel_size",
+    vp="model_parallel.virtual_pipeline_model_parallel_size",
+    cp="model_parallel.context_parallel_size",
+    sp="model_parallel.sequence_parallel",
+    micro="micro_batch_size",
+    global_batch="global_batch_size",
+    seq_len="seq_length",
+    layers="language_model.num_layers",
+    heads="language_model.num_attention_heads",
+    groups="language_model.num_query_groups",
+    fp8="language_model.fp8",
+    optimizer="optimizer",
+    recompute="language_model.recompute_granularity",
+)
+# optimizer name -> tunecost's, and whether it shards its states over the data-parallel group (ZeRO-1's layout)
+OPTIMIZERS = {"fused_adam": ("adamw", False), "adam": ("adamw", False), "adamw": ("adamw", False)}
+OPTIMIZERS.update(distributed_fused_adam=("adamw", True), mcore_distributed_optim=("adamw", True), sgd=("sgd", False))
+LORA_TARGETS = {"attention_qkv": "attention", "attention_dense": "attention", "attention": "attention"}
+LORA_TARGETS.update(mlp_fc1="mlp", mlp_fc2="mlp", mlp="mlp", all="attention,mlp")
+# a group's NeMo linear layers
+LAYERS_OF: dict[str, tuple[str, ...]] = {
+    "attention": ("attention_qkv", "attention_dense"),
+    "mlp": ("mlp_fc1", "mlp_fc2"),
+}
+LAYERS_OF["all"] = LAYERS_OF["attention"] + LAYERS_OF["mlp"]
+
+
+class Reader:
+    """One file's values by the dialect's keys (a Megatron-LM key also as its top-level argparse name), each
+    default named among the assumptions with whose default it is."""
+
+    def __init__(self, flat: ConfigFile, dialect: Dialect, finetuning: bool) -> None:
+        self.flat, self.dialect, self.finetuning = flat, dialect, finetuning
+        self.notes: list[str] = []
+        self.title = f"{dialect.title}'s{' fine-tuning' if finetuning else ''} default"
+
+    def key(self, key: str) -> str:
+        if self.dialect is MEGATRON_LM and key not in self.flat.data and key.rsplit(".", 1)[-1] in self.flat.data:
+            return key.rsplit(".", 1)[-1]
+        return key
+
+    def value(self, key: str, kind: Any, default: Any = None, note: str | None = None) -> Any:
+        key = self.key(key)
+        raw = self.flat.data.get(key)
+        if isinstance(raw, str) and "${" in raw:
+            raise self.flat.error(key, f"{raw}: an OmegaConf interpolation; give the resolved config (hparams.yaml)")
+        value = self.flat.typed(key, kind)
+        if value is None and default is not None:
+            self.notes.append(note or f"{key} {default}: {self.title}")
+            return default
+        return value
+
+
+def _layout(r: Reader, options: dict[str, Any]) -> dict[str, str]:
+    """GPUs, degrees, micro-batches; returns the plan option -> config key map for the plan's errors."""
+    d = r.dialect
+    tp, pp, cp = (positive(r.flat, r.key(k), r.value(k, int, 1)) for k in (d.tp, d.pp, d.cp))
+    vp = r.value(d.vp, int) or 1
+    keys = {"tp": r.key(d.tp), "pp": r.key(d.pp), "cp": r.key(d.cp), "sequence_parallel": r.key(d.sp)}
+    keys.update(micro_batches=r.key(d.global_batch), virtual_stages=r.key(d.vp))
+    options.update({k: v for k, v in (("tp", tp), ("pp", pp), ("cp", cp)) if v > 1})
+    sp = r.value(d.sp, bool, False)
+    if sp and tp == 1:
+        r.notes.append(f"{r.key(d.sp)} off: {d.title} turns sequence parallelism off without tensor parallelism")
+    options["sequence_parallel"] = bool(sp) if tp > 1 else None  # stated: --sequence-parallel's default is on
+    if pp > 1:
+        options["pipeline_schedule"] = "interleaved-1f1b" if vp > 1 else "1f1b"
+        options["virtual_stages"] = vp if vp > 1 else None
+    if d is NEMO:
+        devices = r.value("trainer.devices", (int, str), 1)
+        devices = int(devices) if isinstance(devices, str) and devices.isdigit() else devices
+        nodes = positive(r.flat, "trainer.num_nodes", r.value("trainer.num_nodes", int, 1))
+        if isinstance(devices, int) and devices > 0:
+            options.update(num_gpus=devices * nodes, gpus_per_node=devices)
+        else:
+            r.notes.append(f"GPUs: trainer.devices {devices!r}: every GPU of the node (give --gpus)")
+    else:
+        r.notes.append(f"GPUs: {MEGATRON}'s world size comes from the launcher (give --gpus)")
+    micro = r.value(d.micro, int, 4 if d is NEMO else None)
+    if micro is None:
+        raise r.flat.error(r.key(d.micro), f"missing: {MEGATRON} requires it")
+    options["batch_size"] = micro = positive(r.flat, r.key(d.micro), micro)
+    _micro_batches(r, options, micro, tp * pp * cp)
+    return keys
+
+
+def _micro_batches(r: Reader, options: dict[str, Any], micro: int, model_parallel: int) -> None:
+    """Megatron's micro-batches per step: global batch / (micro-batch x data-parallel degree)."""
+    key = r.key(r.dialect.global_batch)
+    default = (128 if r.finetuning else 8) if r.dialect is NEMO else None
+    global_batch = r.value(r.dialect.global_batch, int, default)
+    gpus = options.get("num_gpus")
+    if global_batch is None or gpus is None or gpus % model_parallel:
+        return  # the plan names degrees that do not divide the GPUs
+    per_step = micro * (gpus // model_parallel)
+    if global_batch % per_step:
+        raise r.flat.error(
+            key, f"{global_batch} is not a multiple of micro-batch {micro} x data-parallel {gpus // model_parallel}"
+        )
+    count = global_batch // per_step
+    if options.get("pp", 1) > 1:
+        options["micro_batches"] = count
+    elif count > 1:
+        r.notes.append(
+            f"{key} {global_batch}: {count} micro-batches accumulated per step (estimates are per micro-batch)"
+        )
+
+
+def _training(r: Reader, options: dict[str, Any]) -> None:
+    d, flat = r.dialect, r.flat
+    if d is NEMO:
+        precision = str(r.value("trainer.precision", (str, int), 16 if r.finetuning else "bf16"))
+        dtype = "bf16" if "bf16" in precision else "fp16" if precision.startswith("16") else None
+        dtype = dtype or ("fp32" if precision.startswith("32") else None)
+        if dtype is None:
+            raise flat.error("trainer.precision", f"{precision!r}: tunecost models bf16, 16 and 32")
+    else:
+        bf16, fp16 = r.value("model_parallel.bf16", bool, False), r.value("model_parallel.fp16", bool, False)
+        dtype = "bf16" if bf16 else "fp16" if fp16 else "fp32"
+    options["dtype"] = dtype
+    if dtype != "fp32" and options["method"] == "full":
+        r.notes.append(
+            f"dtype {dtype}: {d.title}'s fp32 main parameters and optimizer states (mixed precision) are simulated "
+            f"in {dtype} (their memory under-estimated; --dtype fp32 bounds it)"
+        )
+    fp8 = r.value(d.fp8, (bool, str))
+    if fp8:
+        hybrid = f" (fp8_hybrid {r.value('model.fp8_hybrid', bool, True)})" if d is NEMO else ""
+        r.notes.append(f"{r.key(d.fp8)} {fp8}{hybrid}: read; FP8 compute is tunecost's --fp8 (not set from the config)")
+    name = r.value(d.optimizer, str, "fused_adam" if d is NEMO else "adam")
+    if name not in OPTIMIZERS:
+        raise flat.error(r.key(d.optimizer), f"{name!r}: tunecost models {', '.join(OPTIMIZERS)}")
+    options["optimizer"], sharded = OPTIMIZERS[name]
+    sharded = sharded or bool(d is MEGATRON_LM and r.value("use_distributed_optimizer", bool))
+    dp_group = options.get("num_gpus", 0) // max(1, options.get("tp", 1) * options.get("pp", 1) * options.get("cp", 1))
+    options["strategy"] = "single" if dp_group == 1 else "zero1" if sharded else "ddp" if dp_group > 1 else None
+    if options["strategy"] == "zero1":
+        r.notes.append(f"distributed optimizer: {d.title}'s shards its states over data parallel, modelled as zero1")
+    recompute = r.value(d.recompute, str)
+    if recompute not in (None, "full", "selective"):
+        raise flat.error(r.key(d.recompute), f"{recompute!r}: full, selective or null")
+    options["gradient_checkpointing"] = recompute == "full"
+    if recompute is None:
+        r.notes.append(f"gradient_checkpointing off: {r.key(d.recompute)} null ({d.title}'s default)")
+    if recompute == "selective":
+        r.notes.append(f"{r.key(d.recompute)} selective: core attention recomputed, modelled as no checkpointing")
+
+
+def _sequence(r: Reader, options: dict[str, Any]) -> None:
+    d = r.dialect
+    if d is NEMO and r.finetuning and "model.data.train_ds.max_seq_length" in r.flat.data:
+        options["seq_len"] = r.value("model.data.train_ds.max_seq_length", int)
+    elif d is NEMO and "model.seq_length" in r.flat.data:
+        options["seq_len"] = r.value("model.seq_length", int)
+    else:
+        default = (2048 if r.finetuning else 512) if d is NEMO else None
+        options["seq_len"] = r.value(d.seq_len, int, default)
+    if options["seq_len"] is None:
+        raise r.flat.error(r.key(d.seq_len), f"missing: {MEGATRON} requires it")
+    if r.value("model.data.train_ds.packed_sequence", bool):
+        r.notes.append(
+            "model.data.train_ds.packed_sequence: every sample is max_seq_length tokens, attention per document"
+        )
+    files = r.value("model.data.train_ds.file_names", list)
+    if isinstance(files, list) and len(files) == 1 and str(files[0]).endswith((".jsonl", ".json")):
+        options["dataset"] = str(files[0])
+    options["attention"] = "flash"
+    r.notes.append(f"attention flash: {d.title}'s Transformer Engine / flash attention kernels")
+
+
+def _peft(r: Reader, options: dict[str, Any]) -> None:
+    """full, or LoRA with its rank, alpha and targets (NeMo's model.peft; Megatron-LM trains the whole model)."""
+    if not r.finetuning:
+        options["method"] = "full"
+        return
+    scheme = r.value("model.peft.peft_scheme", str, "adapter")
+    if scheme in ("none", "null"):
+        options["method"] = "full"
+        return
+    if scheme != "lora":
+        raise r.flat.error("model.peft.peft_scheme", f"{scheme!r}: tunecost estimates full and LoRA fine-tuning")
+    options["method"] = "lora"
+    rank = positive(
+        r.flat, "model.peft.lora_tuning.adapter_dim", r.value("model.peft.lora_tuning.adapter_dim", int, 32)
+    )
+    options["lora_rank"] = rank
+    line = f"lora_alpha {rank}: {TITLE}'s default (model.peft.lora_tuning.alpha = adapter_dim)"
+    options["lora_alpha"] = r.value("model.peft.lora_tuning.alpha", (int, float), rank, line)
+    modules = r.value("model.peft.lora_tuning.target_modules", list, ["attention_qkv"])
+    if any(m not in LORA_TARGETS for m in modules) or not modules:
+        raise r.flat.error("model.peft.lora_tuning.target_modules", f"{modules}: a list of {', '.join(LORA_TARGETS)}")
+    groups = sorted({g for m in modules for g in LORA_TARGETS[m].split(",")})
+    options["lora_targets"] = ",".join(groups)
+    adapted = {p for m in modules for p in LAYERS_OF.get(m, (m,))}
+    if adapted != {p for g in groups for p in LAYERS_OF[g]}:
+        r.notes.append(f"lora_targets {options['lora_targets']}: tunecost adapts whole groups, not only {modules}")
+
+
+def _shape(r: Reader) -> ModelShape | None:
+    """Heads and layers when the config gives the architecture (pre-training); None for a restored checkpoint."""
+    d = r.dialect
+    heads, layers = r.value(d.heads, int), r.value(d.layers, int)
+    if heads is None or layers is None:
+        return None
+    return ModelShape(heads, r.value(d.groups, int) or heads, layers)
+
+
+def _dialect(data: Any) -> Dialect | None:
+    model, trainer = data.get("model"), data.get("trainer")
+    nemo_keys = ("tensor_model_parallel_size", "micro_batch_size", "global_batch_size", "mcore_gpt", "peft")
+    if isinstance(model, dict) and isinstance(trainer, dict) and any(k in model for k in nemo_keys):
+        return NEMO
+    sections = any(isinstance(data.get(k), dict) for k in ("model_parallel", "language_model"))
+    flags = any(k in data for k in ("tensor_model_parallel_size", "pipeline_model_parallel_size"))
+    return MEGATRON_LM if sections or flags else None
+
+
+def detect(data: Any) -> bool:
+    return _dialect(data) is not None
+
+
+def read(cfg: ConfigFile) -> ConfigJob:
+    dialect = _dialect(cfg.data)
+    assert dialect is not None
+    flat = nested_config(cfg)
+    finetuning = dialect is NEMO and any(k.startswith("model.peft.") for k in flat.data)
+    r = Reader(flat, dialect, finetuning)
+    options: dict[str, Any] = {"stack": "tunecost"}
+    r.notes.append(f"model: {dialect.title} restores a checkpoint or builds from its architecture keys (give --model)")
+    r.notes.append(f"{dialect.title}'s own model code: memory simulated with transformers' model code (stack tunecost)")
+    _peft(r, options)
+    keys = _layout(r, options)
+    _training(r, options)
+    _sequence(r, options)
+    check_layout(flat, options, keys, shape=_shape(r), seq_len=options["seq_len"])
+    job = config_job(FRAMEWORK.name, flat, options, r.notes)
+    return dataclasses.replace(job, not_modelled=_sections(job.not_modelled, flat.used))
+
+
+def _sections(keys: tuple[str, ...], used: set[str]) -> tuple[str, ...]:
+    """A key three deep or more named by its two-part section ("model.optim") when no key of that was read."""
+    read = {".".join(k.split(".")[:2]) for k in used}
+    return tuple(dict.fromkeys(k if ".".join(k.split(".")[:2]) in read else ".".join(k.split(".")[:2]) for k in keys))
+
+
+FRAMEWORK = Framework(name="nemo", title="NeMo / Megatron-LM", suffixes=(".yaml", ".yml"), detect=detect, read=read)

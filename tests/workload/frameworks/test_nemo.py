@@ -1,0 +1,210 @@
+"""NeMo 1.x YAML and Megatron-LM YAML read as a tunecost job: the model-parallel layout, each default named, each
+error one line naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tunecost.errors import TunecostError
+from tunecost.workload.frameworks import ConfigJob
+from tunecost.workload.frameworks.model_parallel import catalog_shape
+from tunecost.workload.frameworks.nemo import FRAMEWORK
+from tunecost.workload.frameworks.registry import frameworks, read_config
+from tunecost.workload.parallel import ParallelPlan
+
+MLPERF = Path(__file__).parents[2] / "fixtures" / "configs" / "mlperf_llama2_70b_lora_nemo.yaml"
+
+# megatron_gpt_config.yaml's shape: pre-training with the architecture in the file
+PRETRAIN = """\
+trainer:
+  devices: 8
+  num_nodes: 4
+  precision: bf16
+model:
+  mcore_gpt: true
+  micro_batch_size: 1
+  global_batch_size: 64
+  tensor_model_parallel_size: 2
+  pipeline_model_parallel_size: 4
+  virtual_pipeline_model_parallel_size: 2
+  context_parallel_size: 1
+  sequence_parallel: true
+  encoder_seq_length: 4096
+  num_layers: 32
+  num_attention_heads: 32
+  num_query_groups: 8
+  activations_checkpoint_granularity: full
+  optim:
+    name: distributed_fused_adam
+    lr: 3.0e-4
+"""
+
+# megatron/training/yaml_arguments.py's sections (examples/gpt3/gpt_config.yaml before c59c4ea3)
+MEGATRON_YAML = """\
+language_model:
+  num_layers: 24
+  num_attention_heads: 16
+  num_query_groups: null
+  recompute_granularity: selective
+model_parallel:
+  tensor_model_parallel_size: 2
+  pipeline_model_parallel_size: 2
+  context_parallel_size: 1
+  sequence_parallel: true
+  bf16: true
+micro_batch_size: 2
+global_batch_size: 128
+seq_length: 4096
+optimizer: adam
+"""
+
+
+def _read(tmp_path: Path, text: str) -> ConfigJob:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return read_config(path)
+
+
+def _plan(job: ConfigJob) -> ParallelPlan:
+    names: tuple[str, ...] = ("num_gpus", "gpus_per_node", "strategy", "tp", "pp", "cp", "sequence_parallel")
+    names += ("micro_batches", "pipeline_schedule", "virtual_stages")
+    return ParallelPlan(**{k: job.options[k] for k in names if k in job.options})
+
+
+def _error(tmp_path: Path, text: str) -> str:
+    with pytest.raises(TunecostError) as err:
+        _read(tmp_path, text)
+    message = str(err.value)
+    assert message.startswith(str(tmp_path / "config.yaml")) and "\n" not in message
+    return message
+
+
+def test_mlperf_llama2_70b_lora(tmp_path: Path) -> None:
+    job = read_config(MLPERF)
+    assert job.framework == "nemo"
+    o = job.options
+    assert (o["method"], o["lora_rank"], o["lora_alpha"], o["lora_targets"]) == ("lora", 16, 32, "attention")
+    assert (o["dtype"], o["optimizer"], o["batch_size"], o["seq_len"]) == ("bf16", "adamw", 1, 8192)
+    assert o["gradient_checkpointing"] is False and "model" not in o
+    plan = _plan(job)
+    assert (plan.num_gpus, plan.tp, plan.dp, plan.sequence_parallel, plan.strategy) == (8, 4, 2, True, "ddp")
+    shape = catalog_shape("meta-llama/Llama-2-70b-hf")  # the model it restores (/ckpt)
+    plan.check_model(
+        num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads, num_layers=shape.num_layers, seq_len=8192
+    )
+    # global 8 / (micro 1 x data-parallel 2): 4 micro-batches accumulated (no pipeline)
+    assert any(a.startswith("model.global_batch_size 8: 4 micro-batches") for a in job.assumptions)
+    assert any(a.startswith("model.fp8 True (fp8_hybrid True)") for a in job.assumptions)
+    assert "model.megatron_amp_O2" in job.not_modelled
+
+
+def test_pretraining_pipeline(tmp_path: Path) -> None:
+    job = _read(tmp_path, PRETRAIN)
+    plan = _plan(job)
+    assert (plan.num_gpus, plan.tp, plan.pp, plan.cp, plan.dp) == (32, 2, 4, 1, 4)
+    assert (plan.pipeline_schedule, plan.virtual_stages, plan.num_micro_batches) == ("interleaved-1f1b", 2, 16)
+    assert (job.options["strategy"], job.options["gradient_checkpointing"]) == ("zero1", True)  # distributed optimizer
+    assert job.options["method"] == "full" and job.options["gpus_per_node"] == 8
+    assert any(a.startswith("dtype bf16: NeMo's fp32 main parameters") for a in job.assumptions)
+
+
+def test_pretraining_defaults(tmp_path: Path) -> None:
+    job = _read(tmp_path, "trainer:\n  accelerator: gpu\nmodel:\n  mcore_gpt: true\n")
+    o = job.options
+    assert (o["num_gpus"], o["dtype"], o["batch_size"], o["seq_len"], o["strategy"]) == (1, "bf16", 4, 512, "single")
+    for start in (
+        "trainer.devices 1",
+        "trainer.precision bf16",
+        "model.micro_batch_size 4",
+        "model.global_batch_size 8",
+    ):
+        assert any(a.startswith(start) and "NeMo's default" in a for a in job.assumptions), start
+    assert any(a.startswith("model.encoder_seq_length 512") for a in job.assumptions)
+    assert any(a.startswith("model.optim.name fused_adam") for a in job.assumptions)
+
+
+def test_finetuning_defaults(tmp_path: Path) -> None:
+    job = _read(tmp_path, "trainer:\n  devices: '2'\nmodel:\n  micro_batch_size: 4\n  peft:\n    peft_scheme: lora\n")
+    o = job.options
+    assert (o["method"], o["lora_rank"], o["lora_alpha"], o["lora_targets"]) == ("lora", 32, 32, "attention")
+    assert (o["dtype"], o["seq_len"], o["strategy"]) == ("fp16", 2048, "ddp")  # precision 16, max_seq_length 2048
+    assert any("not only ['attention_qkv']" in a for a in job.assumptions)
+    assert any(a.startswith("model.global_batch_size 128: NeMo's fine-tuning default") for a in job.assumptions)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "named"),
+    [
+        (
+            "num_query_groups: 8",
+            "num_query_groups: 3",
+            "model.tensor_model_parallel_size 2 does not divide the model's 3",
+        ),
+        ("num_layers: 32", "num_layers: 28", "model.pipeline_model_parallel_size 4 x 2 virtual stages"),
+        ("devices: 8", "devices: 5", "= 8 does not divide the 20 GPUs"),
+        ("global_batch_size: 64", "global_batch_size: 62", "model.global_batch_size: 62 is not a multiple"),
+        ("global_batch_size: 64", "global_batch_size: 8", "(2) a multiple of model.pipeline_model_parallel_size 4"),
+        ("encoder_seq_length: 4096", "encoder_seq_length: 4095", "(model.tensor_model_parallel_size) 2 does not"),
+        ("precision: bf16", "precision: 64", "trainer.precision: '64'"),
+        ("name: distributed_fused_adam", "name: lamb", "model.optim.name: 'lamb'"),
+        ("granularity: full", "granularity: some", "model.activations_checkpoint_granularity: 'some'"),
+        ("micro_batch_size: 1", "micro_batch_size: ${oc.env:MBS,1}", "model.micro_batch_size: ${oc.env:MBS,1}"),
+        ("context_parallel_size: 1", "context_parallel_size: 0", "model.context_parallel_size: must be at least 1"),
+    ],
+)
+def test_errors_name_the_key(tmp_path: Path, old: str, new: str, named: str) -> None:
+    assert old in PRETRAIN
+    assert named in _error(tmp_path, PRETRAIN.replace(old, new))
+
+
+def test_peft_schemes(tmp_path: Path) -> None:
+    text = "trainer:\n  devices: 1\nmodel:\n  peft:\n    peft_scheme: {}\n"
+    assert _read(tmp_path, text.format("none")).options["method"] == "full"
+    assert "model.peft.peft_scheme: 'ia3'" in _error(tmp_path, text.format("ia3"))
+    assert "model.peft.peft_scheme: 'adapter'" in _error(tmp_path, text.format("null"))  # NeMo's default: adapter
+    bad = text.format("lora") + "    lora_tuning:\n      target_modules: [lm_head]\n"
+    assert "model.peft.lora_tuning.target_modules: " in _error(tmp_path, bad)
+
+
+def test_megatron_lm_yaml(tmp_path: Path) -> None:
+    job = _read(tmp_path, MEGATRON_YAML)
+    o = job.options
+    assert (o["tp"], o["pp"], o["sequence_parallel"], o["dtype"], o["batch_size"], o["seq_len"]) == (
+        2,
+        2,
+        True,
+        "bf16",
+        2,
+        4096,
+    )
+    assert o["gradient_checkpointing"] is False and "num_gpus" not in o and o["method"] == "full"
+    assert any("world size comes from the launcher" in a for a in job.assumptions)
+    flags = "tensor_model_parallel_size: 4\nmicro_batch_size: 1\nseq_length: 2048\nbf16: true\n"
+    flags += "use_distributed_optimizer: true\n"  # Megatron-LM's argparse flags as top-level keys
+    job = _read(tmp_path, flags)
+    assert (job.options["tp"], job.options["dtype"], job.options["strategy"]) == (4, "bf16", "zero1")
+    assert job.options["sequence_parallel"] is False  # Megatron-LM's default, stated: the CLI's default is on
+    assert "micro_batch_size: missing" in _error(tmp_path, MEGATRON_YAML.replace("micro_batch_size: 2\n", ""))
+
+
+def test_detect_is_false_for_other_frameworks() -> None:
+    others: list[dict[str, Any]] = [
+        {"model_name_or_path": "meta-llama/Llama-3.1-8B", "stage": "sft", "finetuning_type": "full"},  # LLaMA-Factory
+        {"base_model": "NousResearch/Llama-3.2-1B", "adapter": "qlora", "micro_batch_size": 2},  # axolotl
+        {"model": {"_component_": "torchtune.models.llama3_1.llama3_1_8b"}, "batch_size": 2},  # torchtune
+        {"checkpoint_dir": "checkpoints/meta-llama/Llama-2-7b-hf", "train": {"micro_batch_size": 2}},  # litgpt
+        {"model": {"name": "llama3", "flavor": "8B"}, "parallelism": {"tensor_parallel_degree": 2}},  # torchtitan
+    ]
+    assert not any(FRAMEWORK.detect(d) for d in others)
+    nemo = {"trainer": {"devices": 8}, "model": {"tensor_model_parallel_size": 2}}
+    assert [f.name for f in frameworks() if f.detect(nemo)] == ["nemo"]
+
+
+def test_mlperf_reference_is_accelerate_deepspeed() -> None:
+    """The mlcommons reference of the same benchmark: accelerate + DeepSpeed ZeRO-3 on one node of 8 GPUs."""
+    job = read_config(MLPERF.with_name("mlperf_llama2_70b_lora_accelerate.yaml"))
+    assert job.framework == "accelerate"
+    assert job.options == {"num_gpus": 8, "gpus_per_node": 8, "dtype": "bf16", "strategy": "zero3"}
