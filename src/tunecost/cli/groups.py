@@ -141,6 +141,7 @@ class MultiGpuOptions:
     sequence_parallel: multi.SequenceParallel = None
     micro_batches: multi.MicroBatches = None
     pipeline_schedule: multi.PipelineSchedule = None
+    virtual_stages: multi.VirtualStages = None
 
     @property
     def given(self) -> bool:

@@ -15,8 +15,8 @@ from tunecost.errors import TunecostError
 
 CONFIG_HELP = (
     "Your framework's training config: LLaMA-Factory or axolotl YAML, a torchtune recipe, HF TrainingArguments / "
-    "SFTConfig, PEFT adapter_config.json, BitsAndBytesConfig, accelerate YAML, DeepSpeed JSON, litgpt YAML or "
-    "torchtitan TOML; repeat for files read together. Flags override it."
+    "SFTConfig, PEFT adapter_config.json, BitsAndBytesConfig, accelerate YAML, DeepSpeed JSON, litgpt YAML, "
+    "torchtitan TOML or NeMo / Megatron-LM YAML; repeat for files read together. Flags override it."
 )
 
 

@@ -61,12 +61,17 @@ PipelineSchedule = Annotated[
     str | None, opt("--pipeline-schedule", "With --pp: " + " | ".join(PIPELINE_SCHEDULES) + " (default 1f1b).")
 ]
 
+VirtualStages = Annotated[
+    int | None, count_option("--virtual-stages", "With --pipeline-schedule interleaved-1f1b: stages per rank.", 1024)
+]
+
 
 def model_parallel_option(options: MultiGpuOptions):
     """The TP/PP/CP layout the options give (None: none of them given)."""
     from tunecost.distributed.layouts import ModelParallel
 
     values = (options.tp, options.pp, options.cp, options.micro_batches, options.pipeline_schedule)
+    values += (options.virtual_stages,)
     if all(v is None for v in values) and options.sequence_parallel is None:
         return None
     tp = options.tp or 1
@@ -79,6 +84,7 @@ def model_parallel_option(options: MultiGpuOptions):
         sequence_parallel=tp > 1 and options.sequence_parallel is not False,
         micro_batches=options.micro_batches,
         pipeline_schedule=(options.pipeline_schedule or "1f1b").strip().lower(),
+        virtual_stages=options.virtual_stages or 1,
     )
 
 
