@@ -8,10 +8,12 @@ Sources and derivations: docs/multi-gpu.md, section "Pipeline parallelism".
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
+from tunecost.distributed.pipeline import stage_layer_ids
 from tunecost.distributed.recorder import ShardedStepRecorder
 from tunecost.distributed.sharded_step import _peak, fake_process_group
 from tunecost.errors import TunecostError
@@ -55,16 +57,7 @@ class StageStep:
         return out
 
 
-def stage_layer_ids(num_layers: int, num_stages: int, stage: int) -> range:
-    """The decoder layers of `stage`: an even split, the earlier stages taking one more when it does not divide."""
-    if num_layers < num_stages:
-        raise TunecostError(f"pipeline: {num_stages} stages need at least as many layers, the model has {num_layers}")
-    base, extra = divmod(num_layers, num_stages)
-    start = stage * base + min(stage, extra)
-    return range(start, start + base + (1 if stage < extra else 0))
-
-
-def split_stage(model: nn.Module, *, stage: int, num_stages: int) -> None:
+def split_stage(model: Any, *, stage: int, num_stages: int) -> None:
     """Keep only `stage`'s part of a transformers causal LM, in place (torchtitan's `pipeline_module_split`): the
     embedding on the first stage, the final norm and LM head on the last, its decoder layers in between."""
     base = model.base_model
@@ -82,7 +75,7 @@ class CausalLMStage(nn.Module):
     """The forward of one stage of a split transformers causal LM: token ids (first stage) or hidden states in,
     hidden states or logits (last stage) out."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: Any) -> None:
         super().__init__()
         self.model = model
 
@@ -122,7 +115,7 @@ def build_stage(job: FineTuneJob, *, schedule: str, num_stages: int, micro_batch
     stage = dist.get_rank()
     loss_holder: list = []
 
-    def wrap(model: nn.Module) -> None:
+    def wrap(model: Any) -> None:
         loss_holder.append((model.loss_function, int(model.config.vocab_size)))
         split_stage(model, stage=stage, num_stages=num_stages)
 

@@ -1,0 +1,218 @@
+"""Pipeline parallelism as formulas: the bubble, the micro-batches a stage holds at once, the point-to-point bytes,
+the schedules' own action order (torch.distributed.pipelining) and a stage's memory from the single-GPU step.
+
+Sources and derivations: docs/multi-gpu.md, section "Pipeline parallelism".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tunecost.distributed.single_step import SingleGpuStep
+from tunecost.errors import TunecostError
+from tunecost.workload.parallel import PIPELINE_SCHEDULES
+
+
+def stage_layer_ids(num_layers: int, num_stages: int, stage: int) -> range:
+    """The decoder layers of `stage`: an even split, the earlier stages taking one more when it does not divide."""
+    if num_layers < num_stages:
+        raise TunecostError(f"pipeline: {num_stages} stages need at least as many layers, the model has {num_layers}")
+    base, extra = divmod(num_layers, num_stages)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (1 if stage < extra else 0))
+
+
+def check_schedule(schedule: str, pp: int, micro_batches: int, virtual_stages: int = 1) -> None:
+    if schedule not in PIPELINE_SCHEDULES:
+        raise TunecostError(f"unknown pipeline schedule {schedule!r}; known: {', '.join(PIPELINE_SCHEDULES)}")
+    if pp < 1 or micro_batches < 1 or virtual_stages < 1:
+        raise TunecostError(f"pipeline: pp {pp}, micro-batches {micro_batches}, virtual stages must be at least 1")
+    if virtual_stages != 1 and schedule != "interleaved-1f1b":
+        raise TunecostError(f"virtual stages apply to interleaved-1f1b only, not {schedule}")
+
+
+def bubble_fraction(schedule: str, pp: int, micro_batches: int, virtual_stages: int = 1) -> float:
+    """Idle share of a step: (pp-1)/(m+pp-1) for GPipe and 1F1B, (pp-1)/(v*m+pp-1) interleaved (Narayanan et al.
+    2021, sections 2.2.1-2.2.2: bubble time (p-1)(tf+tb), divided by v when interleaved, over m(tf+tb) of work)."""
+    check_schedule(schedule, pp, micro_batches, virtual_stages)
+    v = virtual_stages if schedule == "interleaved-1f1b" else 1
+    return (pp - 1) / (v * micro_batches + pp - 1)
+
+
+def in_flight_micro_batches(schedule: str, pp: int, micro_batches: int, stage: int, virtual_stages: int = 1) -> int:
+    """Micro-batches whose activations rank `stage` holds at once: GPipe all m; 1F1B min(m, pp - stage); interleaved
+    counted on torch's `ScheduleInterleaved1F1B` action order (model chunks x micro-batches, each 1/v of the rank's
+    layers)."""
+    check_schedule(schedule, pp, micro_batches, virtual_stages)
+    if not 0 <= stage < pp:
+        raise TunecostError(f"pipeline stage {stage} is outside 0..{pp - 1}")
+    if schedule == "gpipe":
+        return micro_batches
+    if schedule == "1f1b":
+        return min(micro_batches, pp - stage)
+    return in_flight_from_order(schedule_order(schedule, pp, micro_batches, virtual_stages), stage)
+
+
+def p2p_bytes_per_micro_batch(*, micro_batch_size: int, seq_len: int, hidden_size: int, bytes_per_element: int) -> int:
+    """Bytes of the activation (micro_batch, seq, hidden) a stage sends forward; its gradient coming back is the
+    same size."""
+    return micro_batch_size * seq_len * hidden_size * bytes_per_element
+
+
+def schedule_order(schedule: str, pp: int, micro_batches: int, virtual_stages: int = 1) -> dict[int, list[str]]:
+    """torch's own action order per rank (`pipeline_order`, e.g. "0F1", "1B0"; "" an idle slot), from the schedule
+    built over stand-in stages in a fake process group of `pp` ranks."""
+    import torch
+    from torch import nn
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleInterleaved1F1B,
+    )
+
+    from tunecost.distributed.sharded_step import fake_process_group
+
+    check_schedule(schedule, pp, micro_batches, virtual_stages)
+    v = virtual_stages if schedule == "interleaved-1f1b" else 1
+    with fake_process_group(pp, 0):
+        x = torch.empty(1, 1, device="meta")
+
+        def stand_in(index: int):
+            return PipelineStage(nn.Identity(), index, pp * v, torch.device("cpu"), input_args=x, output_args=x)
+
+        sched: Any
+        if schedule == "interleaved-1f1b":
+            sched = ScheduleInterleaved1F1B([stand_in(k * pp) for k in range(v)], micro_batches)
+        else:
+            sched = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[schedule](stand_in(0), micro_batches)
+        order = sched.pipeline_order or {}
+    return {rank: ["" if a is None else str(a) for a in actions] for rank, actions in order.items()}
+
+
+def _compute(action: str) -> tuple[int, str] | None:
+    """(stage, "F" | "B") of a forward or full-backward action, None for anything else."""
+    for kind in ("F", "B"):
+        head, sep, tail = action.partition(kind)
+        if sep and head.isdigit() and tail.isdigit():
+            return int(head), kind
+    return None
+
+
+def in_flight_from_order(order: dict[int, list[str]], rank: int) -> int:
+    """Most forwards of `rank` not yet matched by their backward, walking its actions in order."""
+    alive = most = 0
+    for action in order[rank]:
+        parsed = _compute(action)
+        if parsed is not None:
+            alive += 1 if parsed[1] == "F" else -1
+            most = max(most, alive)
+    return most
+
+
+def bubble_from_order(order: dict[int, list[str]], *, forward_s: float = 1.0, backward_s: float = 2.0) -> float:
+    """Idle share of the makespan when each rank runs its actions in torch's order as soon as their inputs exist:
+    forward k of stage s after forward k of stage s-1, backward k after backward k of stage s+1 (the k-th forward or
+    backward of a stage is micro-batch k, as the schedules run them). Communication is free."""
+    queues = {rank: [a for a in (_compute(x) for x in acts) if a is not None] for rank, acts in order.items()}
+    num_stages = 1 + max(s for q in queues.values() for s, _ in q)
+    done: dict[tuple[int, str, int], float] = {}
+    seen: dict[tuple[int, str], int] = {}
+    free = dict.fromkeys(queues, 0.0)
+    pos = dict.fromkeys(queues, 0)
+    busy = dict.fromkeys(queues, 0.0)
+    while any(pos[r] < len(q) for r, q in queues.items()):
+        progressed = False
+        for rank, queue in queues.items():
+            while pos[rank] < len(queue):
+                stage, kind = queue[pos[rank]]
+                k = seen.get((stage, kind), 0)
+                deps = [(stage - 1, "F", k)] if kind == "F" and stage > 0 else []
+                if kind == "B":
+                    deps = [(stage, "F", k)] + ([(stage + 1, "B", k)] if stage < num_stages - 1 else [])
+                if any(d not in done for d in deps):
+                    break
+                cost = forward_s if kind == "F" else backward_s
+                start = max([free[rank], *(done[d] for d in deps)])
+                free[rank] = done[(stage, kind, k)] = start + cost
+                busy[rank] += cost
+                seen[(stage, kind)] = k + 1
+                pos[rank] += 1
+                progressed = True
+        if not progressed:
+            raise TunecostError("pipeline schedule order deadlocks")
+    makespan = max(free.values())
+    return 1.0 - max(busy.values()) / makespan
+
+
+@dataclass(frozen=True, kw_only=True)
+class StageMemory:
+    """One pipeline stage's memory from the single-GPU step (bytes, as `max_memory_allocated` counts them)."""
+
+    stage: int
+    num_layers: int  # decoder layers on this stage
+    in_flight: int  # micro-batches whose activations the stage holds at once
+    peak_bytes: int
+    breakdown_bytes: dict[str, int]  # weights, gradients, optimizer_states, activations, p2p_buffers, temporaries
+
+
+def stage_memory(
+    step: SingleGpuStep,
+    *,
+    pp: int,
+    stage: int,
+    schedule: str = "1f1b",
+    micro_batches: int | None = None,
+    virtual_stages: int = 1,
+) -> StageMemory:
+    """Stage `stage` of `pp` from `step`, the single-GPU step traced at the MICRO-batch size: its layers' states
+    (+ embedding on the first stage, final norm and head on the last), one micro-batch's activations of its layers x
+    the micro-batches in flight, the last stage's head and loss for one micro-batch, and the receive buffers torch
+    allocates per micro-batch. Without activation checkpointing layer activations are the forward's."""
+    m = micro_batches or pp
+    in_flight = in_flight_micro_batches(schedule, pp, m, stage, virtual_stages)
+    v = virtual_stages if schedule == "interleaved-1f1b" else 1
+    first, last = stage == 0, stage == pp - 1
+    n = len(stage_layer_ids(step.num_layers, pp, stage))
+    fwd = {k.split(":", 1)[1]: c for k, c in step.segments.items() if k.startswith("forward:")}
+    act_first, act_last = fwd["unit_first"].get("activations", 0), fwd["unit_last"].get("activations", 0)
+    pre = fwd["pre"].get("activations", 0)
+    per_layer = (act_last - act_first) / max(step.num_layers - 1, 1) if step.num_layers > 1 else act_first - pre
+    embed = step.weight_bytes_by_key.get("embedding/trainable_params", 0) + step.weight_bytes_by_key.get(
+        "embedding/frozen_weights", 0
+    )
+    head = step.root_weight_bytes - embed
+    weights = n * step.layer_weight_bytes + (embed if first else 0) + (head if last else 0)
+    share = weights / step.weight_bytes  # this stage's part of the trainable parameters, by stored bytes
+    gradients = round(step.trainable_bytes * share)
+    opt_seg = step.segments["optimizer:opt"]
+    optimizer_states = round(opt_seg.get("optimizer_states", 0) * share)
+    activations = round(in_flight / v * (n * per_layer + (pre if first else 0)))
+    head_bytes = 0
+    if last:  # the head and loss of the micro-batch being run: what the forward holds past the last layer
+        post = fwd["post"]
+        head_bytes = post.get("activations", 0) - act_last + post.get("temporaries", 0)
+    p2p = p2p_bytes_per_micro_batch(
+        micro_batch_size=step.batch_size,
+        seq_len=step.seq_len,
+        hidden_size=step.hidden_size,
+        bytes_per_element=step.activation_bytes_per_element,
+    )
+    buffers = m * p2p * ((0 if first else 1) + (0 if last else 1))
+    optimizer_temporaries = round(opt_seg.get("temporaries", 0) * share)
+    during_step = gradients + activations + head_bytes
+    during_update = gradients + optimizer_temporaries
+    breakdown = {
+        "weights": weights,
+        "optimizer_states": optimizer_states,
+        "p2p_buffers": buffers,
+        "gradients": gradients,
+    }
+    if during_step >= during_update:
+        breakdown.update(activations=activations, temporaries=head_bytes)
+    else:
+        breakdown.update(temporaries=optimizer_temporaries)
+    return StageMemory(
+        stage=stage, num_layers=n, in_flight=in_flight, peak_bytes=sum(breakdown.values()), breakdown_bytes=breakdown
+    )
