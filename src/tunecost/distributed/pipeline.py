@@ -28,6 +28,8 @@ def check_schedule(schedule: str, pp: int, micro_batches: int, virtual_stages: i
         raise TunecostError(f"unknown pipeline schedule {schedule!r}; known: {', '.join(PIPELINE_SCHEDULES)}")
     if pp < 1 or micro_batches < 1 or virtual_stages < 1:
         raise TunecostError(f"pipeline: pp {pp}, micro-batches {micro_batches}, virtual stages must be at least 1")
+    if schedule == "1f1b" and micro_batches < pp:  # torch's Schedule1F1B refuses it
+        raise TunecostError(f"pipeline schedule {schedule} needs at least as many micro-batches as stages ({pp})")
     if virtual_stages != 1 and schedule != "interleaved-1f1b":
         raise TunecostError(f"virtual stages apply to interleaved-1f1b only, not {schedule}")
 
@@ -167,9 +169,10 @@ def stage_memory(
     virtual_stages: int = 1,
 ) -> StageMemory:
     """Stage `stage` of `pp` from `step`, the single-GPU step traced at the MICRO-batch size: its layers' states
-    (+ embedding on the first stage, final norm and head on the last), one micro-batch's activations of its layers x
-    the micro-batches in flight, the last stage's head and loss for one micro-batch, and the receive buffers torch
-    allocates per micro-batch. Without activation checkpointing layer activations are the forward's."""
+    (+ embedding on the first stage, final norm and head on the last), one micro-batch's saved activations of its
+    parts x the micro-batches in flight, the largest transient of one micro-batch's forward or backward (or the
+    optimizer's temporaries, whichever is larger), the batch, and the receive buffers torch allocates per
+    micro-batch. Agreement with a measured stage: docs/multi-gpu.md."""
     m = micro_batches or pp
     in_flight = in_flight_micro_batches(schedule, pp, m, stage, virtual_stages)
     v = virtual_stages if schedule == "interleaved-1f1b" else 1
@@ -188,11 +191,16 @@ def stage_memory(
     gradients = round(step.trainable_bytes * share)
     opt_seg = step.segments["optimizer:opt"]
     optimizer_states = round(opt_seg.get("optimizer_states", 0) * share)
-    activations = round(in_flight / v * (n * per_layer + (pre if first else 0)))
-    head_bytes = 0
-    if last:  # the head and loss of the micro-batch being run: what the forward holds past the last layer
-        post = fwd["post"]
-        head_bytes = post.get("activations", 0) - act_last + post.get("temporaries", 0)
+    head_saved = fwd["post"].get("activations", 0) - act_last if last else 0  # logits etc. kept for backward
+    activations = round(in_flight / v * (n * per_layer + (pre if first else 0) + head_saved))
+    # the largest transient of one micro-batch's forward or backward on this stage's parts
+    parts = ["unit_first", "unit_last", "unit_mid"] + (["pre"] if first else []) + (["post"] if last else [])
+    transient = 0
+    for key, cats in step.segments.items():
+        phase, _, region = key.partition(":")
+        if phase in ("forward", "backward") and region in parts:
+            transient = max(transient, cats.get("temporaries", 0))
+    inputs = fwd["pre"].get("inputs", 0) * m  # every rank loads the batch (token ids and labels)
     p2p = p2p_bytes_per_micro_batch(
         micro_batch_size=step.batch_size,
         seq_len=step.seq_len,
@@ -201,16 +209,15 @@ def stage_memory(
     )
     buffers = m * p2p * ((0 if first else 1) + (0 if last else 1))
     optimizer_temporaries = round(opt_seg.get("temporaries", 0) * share)
-    during_step = gradients + activations + head_bytes
-    during_update = gradients + optimizer_temporaries
     breakdown = {
         "weights": weights,
         "optimizer_states": optimizer_states,
         "p2p_buffers": buffers,
+        "inputs": inputs,
         "gradients": gradients,
     }
-    if during_step >= during_update:
-        breakdown.update(activations=activations, temporaries=head_bytes)
+    if activations + transient >= optimizer_temporaries:
+        breakdown.update(activations=activations, temporaries=transient)
     else:
         breakdown.update(temporaries=optimizer_temporaries)
     return StageMemory(

@@ -182,11 +182,11 @@ def run_schedule_step(prepared, schedule, batch: dict, recorder=None) -> None:
             if recorder is not None:
                 recorder.set_phase("forward")
             if stage.is_first:
-                schedule.step(batch["input_ids"])
-            elif stage.is_last:
-                schedule.step(target=batch["labels"], losses=[])
+                schedule.step(batch["input_ids"], return_outputs=False)
+            elif stage.is_last:  # only the losses are kept (torchtitan's train step): no logits merged
+                schedule.step(target=batch["labels"], losses=[], return_outputs=False)
             else:
-                schedule.step()
+                schedule.step(return_outputs=False)
         with rec_ctx:
             if recorder is not None:
                 recorder.set_phase("optimizer")
