@@ -1,7 +1,8 @@
-"""Pipeline stages of the tiny Llama (2 layers, 2 stages, 4 micro-batches of one 64-token sequence): each stage's
-peak simulated on fake tensors in a fake process group, measured on 2 real gloo ranks (both with torch's own
-`PipelineStage` and schedule), and estimated by `pipeline.stage_memory` from the single-GPU step; plus the
-point-to-point transfers and the schedules' bubble and in-flight counts. About a minute on 2 cores.
+"""Pipeline stages of a tiny Llama (2 ranks, 4 micro-batches of one 64-token sequence; 2 layers, or 4 layers in 2
+chunks per rank for interleaved 1F1B): each rank's peak simulated on fake tensors in a fake process group,
+measured on 2 real gloo ranks (both with torch's own `PipelineStage` and schedule), and estimated by
+`pipeline.stage_memory` from the single-GPU step; the point-to-point transfers; the schedules' bubble and
+in-flight counts from the formulas and from torch's own action order. About two minutes on 2 cores.
 
 Run: PYTHONPATH=src .venv/bin/python benchmarks/bench_pipeline.py
 """
@@ -27,39 +28,39 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "distribu
 from tiny_jobs import pipeline_job
 
 NUM_STAGES, MICRO_BATCHES = 2, 4
+LAYOUTS = [("1f1b", "tiny-llama-2l", 1), ("gpipe", "tiny-llama-2l", 1), ("interleaved-1f1b", "tiny-llama-4l", 2)]
 
 
 def _pct(a: int, b: int) -> str:
     return f"{100.0 * (a - b) / b:+.1f} %"
 
 
+def _cats(breakdown: dict[str, int]) -> str:
+    keys = ("activations", "temporaries", "gradients")
+    return " / ".join(f"{breakdown.get(k, 0) / 1024:.0f}" for k in keys)
+
+
 def stages_table() -> None:
-    job = pipeline_job()
-    micro_step = trace_single_gpu_step(dataclasses.replace(job, batch_size=job.batch_size // MICRO_BATCHES), 1)
     print(
-        "| schedule | stage | measured peak (gloo) | simulated (fake PG) | sim - meas | stage_memory | est - meas "
-        "| sends (n, bytes) | recvs (n, bytes) |"
+        "| schedule | v | rank | measured peak (gloo) | simulated (fake PG) | sim - meas | stage_memory | est - meas "
+        "| act / temp / grad KiB at the peak: meas; est | sends = recvs (n, bytes) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for schedule in ("1f1b", "gpipe"):
-        measured = measure_stages(job, num_stages=NUM_STAGES, schedule=schedule, micro_batches=MICRO_BATCHES)
-        for meas in measured:
-            sim = simulate_stage(
-                job,
-                num_stages=NUM_STAGES,
-                stage=meas.stage,
-                schedule=schedule,
-                micro_batches=MICRO_BATCHES,
-                granule_bytes=1,
-            )
+    print("|---|---|---|---:|---:|---:|---:|---:|---|---|")
+    for schedule, config, v in LAYOUTS:
+        job = pipeline_job(config=config)
+        micro = trace_single_gpu_step(dataclasses.replace(job, batch_size=job.batch_size // MICRO_BATCHES), 1)
+        kwargs = {"num_stages": NUM_STAGES, "schedule": schedule, "micro_batches": MICRO_BATCHES, "virtual_stages": v}
+        for meas in measure_stages(job, **kwargs):
+            sim = simulate_stage(job, stage=meas.stage, granule_bytes=1, **kwargs)
             est = stage_memory(
-                micro_step, pp=NUM_STAGES, stage=meas.stage, schedule=schedule, micro_batches=MICRO_BATCHES
+                micro, pp=NUM_STAGES, stage=meas.stage, schedule=schedule, micro_batches=MICRO_BATCHES, virtual_stages=v
             )
-            p2p = meas.p2p_totals()
+            assert sim.p2p_totals() == meas.p2p_totals()
             print(
-                f"| {schedule} | {meas.stage} | {meas.peak_bytes:,} | {sim.peak_bytes:,} "
+                f"| {schedule} | {v} | {meas.stage} | {meas.peak_bytes:,} | {sim.peak_bytes:,} "
                 f"| {_pct(sim.peak_bytes, meas.peak_bytes)} | {est.peak_bytes:,} "
-                f"| {_pct(est.peak_bytes, meas.peak_bytes)} | {p2p.get('send', (0, 0))} | {p2p.get('recv', (0, 0))} |"
+                f"| {_pct(est.peak_bytes, meas.peak_bytes)} "
+                f"| {_cats(meas.breakdown_bytes)}; {_cats(est.breakdown_bytes)} | {meas.p2p_totals()['send']} |"
             )
 
 

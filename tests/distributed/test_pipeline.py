@@ -24,61 +24,62 @@ from tunecost.distributed.pipeline_step import measure_stages, simulate_stage
 from tunecost.errors import TunecostError
 
 NUM_STAGES, MICRO_BATCHES = 2, 4
-SCHEDULES = ("1f1b", "gpipe")
+# (schedule, tiny config, virtual stages per rank): interleaved runs 2 chunks of one layer per rank
+LAYOUTS = [("1f1b", "tiny-llama-2l", 1), ("gpipe", "tiny-llama-2l", 1), ("interleaved-1f1b", "tiny-llama-4l", 2)]
+ONE_MESSAGE = p2p_bytes_per_micro_batch(micro_batch_size=1, seq_len=64, hidden_size=64, bytes_per_element=4)
 
 
-@pytest.fixture(scope="module", params=SCHEDULES)
+@pytest.fixture(scope="module", params=LAYOUTS, ids=[row[0] for row in LAYOUTS])
 def layout(request):
-    """(schedule, measured StageSteps, simulated StageSteps): one gloo launch per schedule."""
-    job = pipeline_job()
-    measured = measure_stages(job, num_stages=NUM_STAGES, schedule=request.param, micro_batches=MICRO_BATCHES)
-    simulated = [
-        simulate_stage(
-            job, num_stages=NUM_STAGES, stage=s, schedule=request.param, micro_batches=MICRO_BATCHES, granule_bytes=1
-        )
-        for s in range(NUM_STAGES)
-    ]
-    return request.param, measured, simulated
+    """(schedule, virtual stages, job, measured StageSteps, simulated StageSteps): one gloo launch per layout."""
+    schedule, config, v = request.param
+    job = pipeline_job(config=config)
+    kwargs = {"num_stages": NUM_STAGES, "schedule": schedule, "micro_batches": MICRO_BATCHES, "virtual_stages": v}
+    measured = measure_stages(job, **kwargs)
+    simulated = [simulate_stage(job, stage=s, granule_bytes=1, **kwargs) for s in range(NUM_STAGES)]
+    return schedule, v, job, measured, simulated
 
 
 @pytest.mark.long
 def test_simulated_stage_peaks_match_gloo(layout):
-    _schedule, measured, simulated = layout
+    """Within 3 % for 1F1B and GPipe. What the fake process group leaves out is exactly the sent tensors gloo's
+    unfinished send works still hold (a fake work holds none): the gap is a whole number of messages, at most the
+    sends of the step (interleaved 1F1B waits on its sends only at the step's end: 3-5 % here)."""
+    schedule, _v, _job, measured, simulated = layout
     for meas, sim in zip(measured, simulated, strict=True):
         assert sim.stage == meas.stage
-        assert sim.peak_bytes == pytest.approx(meas.peak_bytes, rel=0.03)
         assert sim.static_bytes == meas.static_bytes
+        gap = meas.peak_bytes - sim.peak_bytes
+        assert gap % ONE_MESSAGE == 0
+        assert 0 <= gap <= meas.p2p_totals()["send"][1]
+        if schedule != "interleaved-1f1b":
+            assert sim.peak_bytes == pytest.approx(meas.peak_bytes, rel=0.03)
 
 
 @pytest.mark.long
 def test_sends_and_recvs_match_gloo_and_the_hand_count(layout):
-    _schedule, measured, simulated = layout
-    job = pipeline_job()
-    # one (1, 64, 64) fp32 activation forward per micro-batch, its gradient back
-    one = p2p_bytes_per_micro_batch(
-        micro_batch_size=job.batch_size // MICRO_BATCHES, seq_len=64, hidden_size=64, bytes_per_element=4
-    )
+    """One (1, 64, 64) fp32 activation forward per micro-batch and stage boundary, its gradient back: with v chunks
+    per rank, each rank sends and receives (2 v - 1) x m messages over the 2 v - 1 boundaries (2 ranks)."""
+    _schedule, v, _job, measured, simulated = layout
+    n = (2 * v - 1) * MICRO_BATCHES
     for meas, sim in zip(measured, simulated, strict=True):
         assert sim.p2p_totals() == meas.p2p_totals()
-        assert meas.p2p_totals() == {
-            "send": (MICRO_BATCHES, MICRO_BATCHES * one),
-            "recv": (MICRO_BATCHES, MICRO_BATCHES * one),
-        }
-        peer = 1 - meas.stage
-        assert all(p.peer == peer for p in meas.p2p)
+        assert meas.p2p_totals() == {"send": (n, n * ONE_MESSAGE), "recv": (n, n * ONE_MESSAGE)}
+        assert all(p.peer == 1 - meas.stage for p in meas.p2p)
 
 
 @pytest.mark.long
 def test_stage_memory_estimate_against_gloo(layout):
-    """`stage_memory` from the single-GPU step at the micro-batch size: on this tiny model it under-estimates each
+    """`stage_memory` from the single-GPU step at the micro-batch size: on these tiny models it under-estimates each
     measured stage peak by 7-12 % (docs/multi-gpu.md lists the numbers); checked within 15 %, never above."""
     from tunecost.distributed.single_step import trace_single_gpu_step
 
-    schedule, measured, _simulated = layout
-    job = pipeline_job()
+    schedule, v, job, measured, _simulated = layout
     micro = trace_single_gpu_step(dataclasses.replace(job, batch_size=job.batch_size // MICRO_BATCHES), 1)
     for meas in measured:
-        est = stage_memory(micro, pp=NUM_STAGES, stage=meas.stage, schedule=schedule, micro_batches=MICRO_BATCHES)
+        est = stage_memory(
+            micro, pp=NUM_STAGES, stage=meas.stage, schedule=schedule, micro_batches=MICRO_BATCHES, virtual_stages=v
+        )
         assert est.peak_bytes == pytest.approx(meas.peak_bytes, rel=0.15)
         assert est.peak_bytes <= meas.peak_bytes
         assert est.breakdown_bytes["p2p_buffers"] == meas.static_bytes["p2p_buffers"]

@@ -35,11 +35,11 @@ def gloo_job(config: str, method: str, lora: LoraConfig) -> FineTuneJob:
     return tiny_job(config, method, lora, gradient_checkpointing=method != "full")
 
 
-def pipeline_job(*, seq_len: int = 64, batch_size: int = 4) -> FineTuneJob:
-    """The tiny Llama split into 2 pipeline stages (tests/distributed/test_pipeline.py): full fine-tuning, fp32,
+def pipeline_job(*, config: str = "tiny-llama-2l", seq_len: int = 64, batch_size: int = 4) -> FineTuneJob:
+    """A tiny Llama split into pipeline stages (tests/distributed/test_pipeline.py): full fine-tuning, fp32,
     4 sequences of 64 tokens (4 micro-batches of one), long enough that activations weigh beside the states."""
     return FineTuneJob(
-        model=str(CONFIGS / "tiny-llama-2l.json"),
+        model=str(CONFIGS / f"{config}.json"),
         method="full",
         compute_dtype="fp32",
         batch_size=batch_size,

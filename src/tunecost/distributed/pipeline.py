@@ -23,6 +23,11 @@ def stage_layer_ids(num_layers: int, num_stages: int, stage: int) -> range:
     return range(start, start + base + (1 if stage < extra else 0))
 
 
+def rank_stage_ids(rank: int, pp: int, virtual_stages: int = 1) -> list[int]:
+    """The stages rank `rank` runs: `rank`, `rank + pp`, ... (torch's looped placement for interleaved 1F1B)."""
+    return [rank + k * pp for k in range(virtual_stages)]
+
+
 def check_schedule(schedule: str, pp: int, micro_batches: int, virtual_stages: int = 1) -> None:
     if schedule not in PIPELINE_SCHEDULES:
         raise TunecostError(f"unknown pipeline schedule {schedule!r}; known: {', '.join(PIPELINE_SCHEDULES)}")
@@ -168,16 +173,17 @@ def stage_memory(
     micro_batches: int | None = None,
     virtual_stages: int = 1,
 ) -> StageMemory:
-    """Stage `stage` of `pp` from `step`, the single-GPU step traced at the MICRO-batch size: its layers' states
-    (+ embedding on the first stage, final norm and head on the last), one micro-batch's saved activations of its
-    parts x the micro-batches in flight, the largest transient of one micro-batch's forward or backward (or the
-    optimizer's temporaries, whichever is larger), the batch, and the receive buffers torch allocates per
-    micro-batch. Agreement with a measured stage: docs/multi-gpu.md."""
+    """Pipeline rank `stage` of `pp` (its `virtual_stages` chunks when interleaved) from `step`, the single-GPU
+    step traced at the MICRO-batch size: its layers' states (+ embedding on the first stage, final norm and head on
+    the last), one micro-batch's saved activations of its parts x the micro-batches in flight, the largest
+    transient of one micro-batch's forward or backward (or the optimizer's temporaries, whichever is larger), the
+    batch, and the receive buffers torch allocates per micro-batch. Agreement: docs/multi-gpu.md."""
     m = micro_batches or pp
     in_flight = in_flight_micro_batches(schedule, pp, m, stage, virtual_stages)
     v = virtual_stages if schedule == "interleaved-1f1b" else 1
-    first, last = stage == 0, stage == pp - 1
-    n = len(stage_layer_ids(step.num_layers, pp, stage))
+    num_stages, chunks = pp * v, rank_stage_ids(stage, pp, v)
+    first, last = 0 in chunks, num_stages - 1 in chunks
+    n = sum(len(stage_layer_ids(step.num_layers, num_stages, c)) for c in chunks)
     fwd = {k.split(":", 1)[1]: c for k, c in step.segments.items() if k.startswith("forward:")}
     act_first, act_last = fwd["unit_first"].get("activations", 0), fwd["unit_last"].get("activations", 0)
     pre = fwd["pre"].get("activations", 0)
@@ -192,6 +198,7 @@ def stage_memory(
     opt_seg = step.segments["optimizer:opt"]
     optimizer_states = round(opt_seg.get("optimizer_states", 0) * share)
     head_saved = fwd["post"].get("activations", 0) - act_last if last else 0  # logits etc. kept for backward
+    # in_flight counts chunk micro-batches when interleaved: each holds 1/v of the rank's layers
     activations = round(in_flight / v * (n * per_layer + (pre if first else 0) + head_saved))
     # the largest transient of one micro-batch's forward or backward on this stage's parts
     parts = ["unit_first", "unit_last", "unit_mid"] + (["pre"] if first else []) + (["post"] if last else [])
@@ -207,7 +214,7 @@ def stage_memory(
         hidden_size=step.hidden_size,
         bytes_per_element=step.activation_bytes_per_element,
     )
-    buffers = m * p2p * ((0 if first else 1) + (0 if last else 1))
+    buffers = m * p2p * sum((c > 0) + (c < num_stages - 1) for c in chunks)  # activations in, gradients back
     optimizer_temporaries = round(opt_seg.get("temporaries", 0) * share)
     breakdown = {
         "weights": weights,
