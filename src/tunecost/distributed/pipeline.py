@@ -207,6 +207,9 @@ def stage_memory(
         phase, _, region = key.partition(":")
         if phase in ("forward", "backward") and region in parts:
             transient = max(transient, cats.get("temporaries", 0))
+    if m > 1:  # from the 2nd micro-batch on, a fresh gradient is added into `.grad`: the largest, embedding or head
+        keys = (["embedding/trainable_params"] if first else []) + (["lm_head/loss/trainable_params"] if last else [])
+        transient += max((step.weight_bytes_by_key.get(k, 0) for k in keys), default=0)
     inputs = fwd["pre"].get("inputs", 0) * m  # every rank loads the batch (token ids and labels)
     p2p = p2p_bytes_per_micro_batch(
         micro_batch_size=step.batch_size,
