@@ -102,13 +102,26 @@ def test_bubble_and_in_flight_follow_torch_order(schedule, pp, extra):
 
 @pytest.mark.parametrize(("pp", "m", "v"), [(2, 4, 2), (4, 8, 2), (4, 16, 3), (4, 4, 2)])
 def test_interleaved_bubble_is_megatrons(pp, m, v):
-    """Narayanan et al. 2021: (p-1)/(v m + p-1); in flight on rank r: Megatron's warm-up count
-    2 (p - r - 1) + (v - 1) p plus the one in the steady state, at most v m."""
+    """m a multiple of pp (Megatron's condition): torch's order has Narayanan et al. 2021's bubble
+    (p-1)/(v m + p-1), and rank r holds Megatron's warm-up count 2 (p - r - 1) + (v - 1) p plus the one in the
+    steady state, at most v m."""
     order = schedule_order("interleaved-1f1b", pp, m, v)
     assert bubble_from_order(order) == pytest.approx(bubble_fraction("interleaved-1f1b", pp, m, v))
     for rank in range(pp):
         megatron = min(v * m, 2 * (pp - rank - 1) + (v - 1) * pp + 1)
         assert in_flight_micro_batches("interleaved-1f1b", pp, m, rank, v) == megatron
+
+
+@pytest.mark.parametrize(("pp", "m", "v"), [(4, 6, 2), (4, 7, 2), (2, 3, 2)])
+def test_interleaved_off_multiple_holds_more_than_megatron(pp, m, v):
+    """Other m (torch's flexible interleaving, one round of m): the bubble is still the formula's, but the warm-up
+    runs more forwards, so the counted in-flight chunks are at least Megatron's and above it on rank 0."""
+    order = schedule_order("interleaved-1f1b", pp, m, v)
+    assert bubble_from_order(order) == pytest.approx(bubble_fraction("interleaved-1f1b", pp, m, v))
+    counted = [in_flight_micro_batches("interleaved-1f1b", pp, m, r, v) for r in range(pp)]
+    megatron = [min(v * m, 2 * (pp - r - 1) + (v - 1) * pp + 1) for r in range(pp)]
+    assert all(c >= g for c, g in zip(counted, megatron, strict=True))
+    assert counted[0] > megatron[0]
 
 
 def test_stage_layers_split_evenly():

@@ -6,6 +6,7 @@ Sources and derivations: docs/multi-gpu.md, section "Pipeline parallelism".
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,7 +42,8 @@ def check_schedule(schedule: str, pp: int, micro_batches: int, virtual_stages: i
 
 def bubble_fraction(schedule: str, pp: int, micro_batches: int, virtual_stages: int = 1) -> float:
     """Idle share of a step: (pp-1)/(m+pp-1) for GPipe and 1F1B, (pp-1)/(v*m+pp-1) interleaved (Narayanan et al.
-    2021, sections 2.2.1-2.2.2: bubble time (p-1)(tf+tb), divided by v when interleaved, over m(tf+tb) of work)."""
+    2021, sections 2.2.1-2.2.2: bubble time (p-1)(tf+tb), divided by v when interleaved, over m(tf+tb) of work).
+    Interleaved assumes m >= pp: below it torch's schedule idles more (`bubble_from_order`, docs/multi-gpu.md)."""
     check_schedule(schedule, pp, micro_batches, virtual_stages)
     v = virtual_stages if schedule == "interleaved-1f1b" else 1
     return (pp - 1) / (v * micro_batches + pp - 1)
@@ -69,20 +71,20 @@ def p2p_bytes_per_micro_batch(*, micro_batch_size: int, seq_len: int, hidden_siz
 
 def schedule_order(schedule: str, pp: int, micro_batches: int, virtual_stages: int = 1) -> dict[int, list[str]]:
     """torch's own action order per rank (`pipeline_order`, e.g. "0F1", "1B0"; "" an idle slot), from the schedule
-    built over stand-in stages in a fake process group of `pp` ranks."""
+    built over stand-in stages in a fake process group of `pp` ranks (so not inside an initialized group)."""
+    check_schedule(schedule, pp, micro_batches, virtual_stages)
+    v = virtual_stages if schedule == "interleaved-1f1b" else 1
+    return {rank: list(actions) for rank, actions in enumerate(_torch_order(schedule, pp, micro_batches, v))}
+
+
+@functools.lru_cache(maxsize=256)
+def _torch_order(schedule: str, pp: int, micro_batches: int, v: int) -> tuple[tuple[str, ...], ...]:
     import torch
     from torch import nn
-    from torch.distributed.pipelining import (
-        PipelineStage,
-        Schedule1F1B,
-        ScheduleGPipe,
-        ScheduleInterleaved1F1B,
-    )
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
     from tunecost.distributed.sharded_step import fake_process_group
 
-    check_schedule(schedule, pp, micro_batches, virtual_stages)
-    v = virtual_stages if schedule == "interleaved-1f1b" else 1
     with fake_process_group(pp, 0):
         x = torch.empty(1, 1, device="meta")
 
@@ -90,12 +92,15 @@ def schedule_order(schedule: str, pp: int, micro_batches: int, virtual_stages: i
             return PipelineStage(nn.Identity(), index, pp * v, torch.device("cpu"), input_args=x, output_args=x)
 
         sched: Any
-        if schedule == "interleaved-1f1b":
-            sched = ScheduleInterleaved1F1B([stand_in(k * pp) for k in range(v)], micro_batches)
-        else:
-            sched = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[schedule](stand_in(0), micro_batches)
+        try:
+            if schedule == "interleaved-1f1b":
+                sched = ScheduleInterleaved1F1B([stand_in(k * pp) for k in range(v)], micro_batches)
+            else:
+                sched = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[schedule](stand_in(0), micro_batches)
+        except ValueError as exc:  # torch's own refusal, e.g. micro-batches that do not fill its rounds
+            raise TunecostError(f"pipeline schedule {schedule}: {exc}") from None
         order = sched.pipeline_order or {}
-    return {rank: ["" if a is None else str(a) for a in actions] for rank, actions in order.items()}
+    return tuple(tuple("" if a is None else str(a) for a in order[rank]) for rank in sorted(order))
 
 
 def _compute(action: str) -> tuple[int, str] | None:
