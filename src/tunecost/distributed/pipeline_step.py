@@ -1,6 +1,7 @@
-"""One pipeline stage's training step under torch.distributed.pipelining (`PipelineStage` + a schedule), split
-by hand as torchtitan's `pipeline_module_split` does, recorded with the sharded step's recorder: on fake tensors
-in a fake process group (simulation) or on real gloo ranks (measurement, tiny models only).
+"""One pipeline rank's training step under torch.distributed.pipelining (its `PipelineStage`s + a schedule:
+1F1B, GPipe, interleaved 1F1B), split by hand as torchtitan's `pipeline_module_split` does, recorded with the
+sharded step's recorder plus its point-to-point transfers: on fake tensors in a fake process group (simulation)
+or on real gloo ranks (measurement, tiny models only).
 
 Sources and derivations: docs/multi-gpu.md, section "Pipeline parallelism".
 """
