@@ -1,5 +1,5 @@
-"""Pipeline stages of a tiny Llama (2 ranks, 4 micro-batches of one 64-token sequence; 2 layers, or 4 layers in 2
-chunks per rank for interleaved 1F1B): each rank's peak simulated on fake tensors in a fake process group,
+"""Pipeline stages of a tiny Llama (2 ranks, 4 micro-batches of one 64-token sequence; 2 layers, or 4 layers as 4
+stages, 2 per rank, for interleaved 1F1B): each rank's peak simulated on fake tensors in a fake process group,
 measured on 2 real gloo ranks (both with torch's own `PipelineStage` and schedule), and estimated by
 `pipeline.stage_memory` from the single-GPU step; the point-to-point transfers; the schedules' bubble and
 in-flight counts from the formulas and from torch's own action order. About two minutes on 2 cores.

@@ -24,7 +24,7 @@ from tunecost.distributed.pipeline_step import measure_stages, simulate_stage
 from tunecost.errors import TunecostError
 
 NUM_STAGES, MICRO_BATCHES = 2, 4
-# (schedule, tiny config, virtual stages per rank): interleaved runs 2 chunks of one layer per rank
+# (schedule, tiny config, virtual stages per rank): interleaved runs stages 0, 2 and 1, 3 of a 4-layer Llama
 LAYOUTS = [("1f1b", "tiny-llama-2l", 1), ("gpipe", "tiny-llama-2l", 1), ("interleaved-1f1b", "tiny-llama-4l", 2)]
 ONE_MESSAGE = p2p_bytes_per_micro_batch(micro_batch_size=1, seq_len=64, hidden_size=64, bytes_per_element=4)
 
@@ -124,10 +124,15 @@ def test_interleaved_off_multiple_holds_more_than_megatron(pp, m, v):
     assert counted[0] > megatron[0]
 
 
-def test_stage_layers_split_evenly():
-    assert [list(stage_layer_ids(5, 2, s)) for s in range(2)] == [[0, 1, 2], [3, 4]]
-    with pytest.raises(TunecostError, match="at least as many layers"):
-        stage_layer_ids(2, 4, 0)
+def test_stage_layers_split_as_torchtitan():
+    """torchtitan's `generate_llm_fqn_per_model_part` docstring: 3 layers on 2 stages with the embedding and the
+    head weighing 2 layers each gives stage 0 the embedding and 2 layers; by default (weights 1) 32 layers on 4
+    stages are 8, 9, 8, 7 and 4 layers on 4 stages leave the last stage only the norm and head."""
+    assert [list(stage_layer_ids(3, 2, s, input_weight=2, output_weight=2)) for s in range(2)] == [[0, 1], [2]]
+    assert [len(stage_layer_ids(32, 4, s)) for s in range(4)] == [8, 9, 8, 7]
+    assert [list(stage_layer_ids(4, 4, s)) for s in range(4)] == [[0], [1, 2], [3], []]
+    with pytest.raises(TunecostError, match="without layers"):
+        stage_layer_ids(2, 5, 0)
 
 
 def test_bad_schedule_is_one_line():

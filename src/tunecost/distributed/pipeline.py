@@ -15,13 +15,27 @@ from tunecost.errors import TunecostError
 from tunecost.workload.parallel import PIPELINE_SCHEDULES
 
 
-def stage_layer_ids(num_layers: int, num_stages: int, stage: int) -> range:
-    """The decoder layers of `stage`: an even split, the earlier stages taking one more when it does not divide."""
-    if num_layers < num_stages:
-        raise TunecostError(f"pipeline: {num_stages} stages need at least as many layers, the model has {num_layers}")
-    base, extra = divmod(num_layers, num_stages)
-    start = stage * base + min(stage, extra)
-    return range(start, start + base + (1 if stage < extra else 0))
+def stage_layer_ids(
+    num_layers: int, num_stages: int, stage: int, *, input_weight: int = 1, output_weight: int = 1
+) -> range:
+    """The decoder layers of `stage`, as torchtitan's `generate_llm_fqn_per_model_part` deals them: the embedding
+    counts as `input_weight` layers on the first stage and the final norm + head as `output_weight` on the last
+    (torchtitan's defaults: 1 each), the effective layers spread evenly, the earlier stages taking one more."""
+    if num_stages == 1:
+        return range(num_layers)
+    effective = num_layers + input_weight + output_weight
+    per_stage, extra = divmod(effective, num_stages)
+    if per_stage == 0 or max(input_weight, output_weight) > per_stage:
+        raise TunecostError(
+            f"pipeline: {num_stages} stages leave a stage without layers ({num_layers} layers, embedding and head "
+            f"counted as {input_weight} and {output_weight})"
+        )
+    start = 0
+    for s in range(stage + 1):
+        count = per_stage + (1 if s < extra else 0) - (input_weight if s == 0 else 0)
+        count -= output_weight if s == num_stages - 1 else 0
+        begin, start = start, min(start + count, num_layers)
+    return range(begin, start)
 
 
 def rank_stage_ids(rank: int, pp: int, virtual_stages: int = 1) -> list[int]:
