@@ -33,3 +33,15 @@ def tiny_job(config: str, method: str, lora: LoraConfig, *, gradient_checkpointi
 def gloo_job(config: str, method: str, lora: LoraConfig) -> FineTuneJob:
     """The job of a GLOO_CASES row: activation checkpointing with LoRA, none in full fine-tuning."""
     return tiny_job(config, method, lora, gradient_checkpointing=method != "full")
+
+
+def pipeline_job(*, config: str = "tiny-llama-2l", seq_len: int = 64, batch_size: int = 4) -> FineTuneJob:
+    """A tiny Llama split into pipeline stages (tests/distributed/test_pipeline.py): full fine-tuning, fp32,
+    4 sequences of 64 tokens (4 micro-batches of one), long enough that activations weigh beside the states."""
+    return FineTuneJob(
+        model=str(CONFIGS / f"{config}.json"),
+        method="full",
+        compute_dtype="fp32",
+        batch_size=batch_size,
+        seq_len=seq_len,
+    )
