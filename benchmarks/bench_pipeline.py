@@ -1,7 +1,7 @@
 """Pipeline stages of a tiny Llama (2 ranks, 4 micro-batches of one 64-token sequence; 2 layers, or 4 layers as 4
 stages, 2 per rank, for interleaved 1F1B): each rank's peak simulated on fake tensors in a fake process group,
 measured on 2 real gloo ranks (both with torch's own `PipelineStage` and schedule), and estimated by
-`pipeline.stage_memory` from the single-GPU step; the point-to-point transfers; the schedules' bubble and
+`model_parallel.stage_step` (what `estimate` uses); the point-to-point transfers; the schedules' bubble and
 in-flight counts from the formulas and from torch's own action order. About two minutes on 2 cores.
 
 Run: PYTHONPATH=src .venv/bin/python benchmarks/bench_pipeline.py
@@ -19,13 +19,12 @@ from tunecost.distributed.pipeline import (
     in_flight_from_order,
     in_flight_micro_batches,
     schedule_order,
-    stage_memory,
 )
 from tunecost.distributed.pipeline_step import measure_stages, simulate_stage
 from tunecost.distributed.single_step import trace_single_gpu_step
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "distributed"))
-from tiny_jobs import pipeline_job
+from tiny_jobs import pipeline_job, stage_estimate
 
 NUM_STAGES, MICRO_BATCHES = 2, 4
 LAYOUTS = [("1f1b", "tiny-llama-2l", 1), ("gpipe", "tiny-llama-2l", 1), ("interleaved-1f1b", "tiny-llama-4l", 2)]
@@ -42,8 +41,8 @@ def _cats(breakdown: dict[str, int]) -> str:
 
 def stages_table() -> None:
     print(
-        "| schedule | v | rank | measured peak (gloo) | simulated (fake PG) | sim - meas | stage_memory | est - meas "
-        "| act / temp / grad KiB at the peak: meas; est | sends = recvs (n, bytes) |"
+        "| schedule | v | rank | measured peak (gloo) | simulated (fake PG) | sim - meas | estimate (stage_step) "
+        "| est - meas | act / temp / grad KiB at the peak: meas; est | sends = recvs (n, bytes) |"
     )
     print("|---|---|---|---:|---:|---:|---:|---:|---|---|")
     for schedule, config, v in LAYOUTS:
@@ -52,8 +51,8 @@ def stages_table() -> None:
         kwargs = {"num_stages": NUM_STAGES, "schedule": schedule, "micro_batches": MICRO_BATCHES, "virtual_stages": v}
         for meas in measure_stages(job, **kwargs):
             sim = simulate_stage(job, stage=meas.stage, granule_bytes=1, **kwargs)
-            est = stage_memory(
-                micro, pp=NUM_STAGES, stage=meas.stage, schedule=schedule, micro_batches=MICRO_BATCHES, virtual_stages=v
+            est = stage_estimate(
+                micro, job, stages=NUM_STAGES, micro_batches=MICRO_BATCHES, schedule=schedule, stage=meas.stage, v=v
             )
             assert sim.p2p_totals() == meas.p2p_totals()
             print(

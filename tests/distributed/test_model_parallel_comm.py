@@ -9,13 +9,13 @@ from hypothesis import strategies as st
 
 from tunecost.distributed import comm
 from tunecost.distributed.model_parallel_comm import (
-    bubble_fraction,
     model_parallel_collectives,
     pipeline_bubble_seconds,
     point_to_point_seconds,
     ring_exposed_seconds,
     stages_share_node,
 )
+from tunecost.distributed.pipeline import bubble_fraction
 from tunecost.errors import TunecostError
 from tunecost.workload.parallel import ParallelPlan
 

@@ -45,3 +45,21 @@ def pipeline_job(*, config: str = "tiny-llama-2l", seq_len: int = 64, batch_size
         batch_size=batch_size,
         seq_len=seq_len,
     )
+
+
+def stage_estimate(micro_step, job: FineTuneJob, *, stages: int, micro_batches: int, schedule: str, stage: int, v: int):
+    """A pipeline rank's memory as `estimate` derives it on one data-parallel rank (`model_parallel.stage_step` of
+    the single-GPU step at the micro-batch)."""
+    from tunecost.distributed.model_parallel import stage_step
+    from tunecost.distributed.rank_memory import rank_memory
+    from tunecost.workload.parallel import ParallelPlan
+
+    plan = ParallelPlan(
+        num_gpus=stages,
+        strategy="ddp",
+        pp=stages,
+        micro_batches=micro_batches,
+        pipeline_schedule=schedule,
+        virtual_stages=v,
+    )
+    return rank_memory(stage_step(micro_step, plan, stage), job, ParallelPlan())

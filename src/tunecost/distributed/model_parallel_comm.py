@@ -10,8 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tunecost.distributed import comm
+from tunecost.distributed.pipeline import bubble_fraction
 from tunecost.errors import TunecostError
-from tunecost.workload.parallel import PIPELINE_SCHEDULES, ParallelPlan
+from tunecost.workload.parallel import ParallelPlan
 
 TP_ALL_REDUCES_FORWARD = 2  # per decoder layer: after attention's output projection and the MLP's down projection
 TP_ALL_REDUCES_BACKWARD = 2  # the gradients of the column-parallel projections' inputs (QKV, gate/up)
@@ -260,17 +261,6 @@ def ring_exposed_seconds(step_comm_seconds: float, block_compute_seconds: float,
     """Exposed time of a ring pass whose every step's transfer overlaps one block's attention compute: what
     each transfer exceeds its block's compute by."""
     return num_steps * max(0.0, step_comm_seconds - block_compute_seconds)
-
-
-def bubble_fraction(schedule: str, pp: int, micro_batches: int, virtual_stages: int = 1) -> float:
-    """Idle share of a pipeline step (Narayanan et al. 2021, section 2.2): (pp - 1) / (m + pp - 1) for GPipe and
-    1F1B; (pp - 1) / (v m + pp - 1) interleaved (v model chunks per rank)."""
-    if schedule not in PIPELINE_SCHEDULES:
-        raise TunecostError(f"unknown pipeline schedule {schedule!r}; supported: {', '.join(PIPELINE_SCHEDULES)}")
-    if pp < 1 or micro_batches < 1 or virtual_stages < 1:
-        raise TunecostError("stages, micro-batches and virtual stages must be at least 1")
-    v = virtual_stages if schedule == "interleaved-1f1b" else 1
-    return (pp - 1) / (v * micro_batches + pp - 1)
 
 
 def pipeline_bubble_seconds(

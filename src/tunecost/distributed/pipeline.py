@@ -173,17 +173,21 @@ def bubble_from_order(order: dict[int, list[str]], *, forward_s: float = 1.0, ba
 
 
 @dataclass(frozen=True, kw_only=True)
-class StageMemory:
-    """One pipeline stage's memory from the single-GPU step (bytes, as `max_memory_allocated` counts them)."""
+class StageParts:
+    """What one pipeline rank holds beside its share of the states, from the single-GPU step at the micro-batch."""
 
-    stage: int
-    num_layers: int  # decoder layers on this stage
-    in_flight: int  # micro-batches whose activations the stage holds at once
-    peak_bytes: int
-    breakdown_bytes: dict[str, int]  # weights, gradients, optimizer_states, activations, p2p_buffers, temporaries
+    num_layers: int  # decoder layers of the rank's stages
+    first: bool  # holds the embedding
+    last: bool  # holds the final norm and the head
+    in_flight: int  # micro-batches (chunk micro-batches when interleaved) whose activations it holds at once
+    weight_share: float  # the rank's part of the stored weights (and, by bytes, of the trainable parameters)
+    activations: int  # saved activations of the micro-batches in flight
+    transient: int  # the largest temporaries of one micro-batch's forward or backward (+ gradient accumulation)
+    inputs: int  # every micro-batch's token ids and labels
+    p2p_buffers: int  # torch's receive buffers: one per micro-batch and boundary, activations in, gradients back
 
 
-def stage_memory(
+def stage_parts(
     step: SingleGpuStep,
     *,
     pp: int,
@@ -191,12 +195,11 @@ def stage_memory(
     schedule: str = "1f1b",
     micro_batches: int | None = None,
     virtual_stages: int = 1,
-) -> StageMemory:
+) -> StageParts:
     """Pipeline rank `stage` of `pp` (its `virtual_stages` chunks when interleaved) from `step`, the single-GPU
-    step traced at the MICRO-batch size: its layers' states (+ embedding on the first stage, final norm and head on
-    the last), one micro-batch's saved activations of its parts x the micro-batches in flight, the largest
-    transient of one micro-batch's forward or backward (or the optimizer's temporaries, whichever is larger), the
-    batch, and the receive buffers torch allocates per micro-batch. Agreement: docs/multi-gpu.md."""
+    step traced at the MICRO-batch size: its layers, one micro-batch's saved activations of its parts x the
+    micro-batches in flight, the largest transient of one micro-batch's forward or backward, the batch, and the
+    receive buffers torch allocates per micro-batch. Agreement: docs/multi-gpu.md."""
     m = micro_batches or pp
     in_flight = in_flight_micro_batches(schedule, pp, m, stage, virtual_stages)
     v = virtual_stages if schedule == "interleaved-1f1b" else 1
@@ -212,14 +215,9 @@ def stage_memory(
     )
     head = step.root_weight_bytes - embed
     weights = n * step.layer_weight_bytes + (embed if first else 0) + (head if last else 0)
-    share = weights / step.weight_bytes  # this stage's part of the trainable parameters, by stored bytes
-    gradients = round(step.trainable_bytes * share)
-    opt_seg = step.segments["optimizer:opt"]
-    optimizer_states = round(opt_seg.get("optimizer_states", 0) * share)
     head_saved = fwd["post"].get("activations", 0) - act_last if last else 0  # logits etc. kept for backward
     # in_flight counts chunk micro-batches when interleaved: each holds 1/v of the rank's layers
     activations = round(in_flight / v * (n * per_layer + (pre if first else 0) + head_saved))
-    # the largest transient of one micro-batch's forward or backward on this stage's parts
     parts = ["unit_first", "unit_last", "unit_mid"] + (["pre"] if first else []) + (["post"] if last else [])
     transient = 0
     for key, cats in step.segments.items():
@@ -229,26 +227,20 @@ def stage_memory(
     if m > 1:  # from the 2nd micro-batch on, a fresh gradient is added into `.grad`: the largest, embedding or head
         keys = (["embedding/trainable_params"] if first else []) + (["lm_head/loss/trainable_params"] if last else [])
         transient += max((step.weight_bytes_by_key.get(k, 0) for k in keys), default=0)
-    inputs = fwd["pre"].get("inputs", 0) * m  # every rank loads the batch (token ids and labels)
     p2p = p2p_bytes_per_micro_batch(
         micro_batch_size=step.batch_size,
         seq_len=step.seq_len,
         hidden_size=step.hidden_size,
         bytes_per_element=step.activation_bytes_per_element,
     )
-    buffers = m * p2p * sum((c > 0) + (c < num_stages - 1) for c in chunks)  # activations in, gradients back
-    optimizer_temporaries = round(opt_seg.get("temporaries", 0) * share)
-    breakdown = {
-        "weights": weights,
-        "optimizer_states": optimizer_states,
-        "p2p_buffers": buffers,
-        "inputs": inputs,
-        "gradients": gradients,
-    }
-    if activations + transient >= optimizer_temporaries:
-        breakdown.update(activations=activations, temporaries=transient)
-    else:
-        breakdown.update(temporaries=optimizer_temporaries)
-    return StageMemory(
-        stage=stage, num_layers=n, in_flight=in_flight, peak_bytes=sum(breakdown.values()), breakdown_bytes=breakdown
+    return StageParts(
+        num_layers=n,
+        first=first,
+        last=last,
+        in_flight=in_flight,
+        weight_share=weights / step.weight_bytes,
+        activations=activations,
+        transient=transient,
+        inputs=fwd["pre"].get("inputs", 0) * m,  # every rank loads the batch (token ids and labels)
+        p2p_buffers=m * p2p * sum((c > 0) + (c < num_stages - 1) for c in chunks),
     )

@@ -135,7 +135,7 @@ def model_parallel_step_fn(
     plan = mapped.plan()
     if plan.pp == 1 and mapped.grad_accum > 1:
         plan = dataclasses.replace(plan, micro_batches=mapped.grad_accum)
-    stage = stage_steps(rank_step_fn(mapped), plan)["all" if plan.pp == 1 else "first"]
+    stage = stage_steps(rank_step_fn(mapped), plan)[0]
     links, spec = default_links(gpu, plan.node_size), resolve_model(mapped.job.model)
     micro = counts_fn(mapped)
 

@@ -70,8 +70,14 @@ def model_parallel_option(options: MultiGpuOptions):
     """The TP/PP/CP layout the options give (None: none of them given)."""
     from tunecost.distributed.layouts import ModelParallel
 
-    values = (options.tp, options.pp, options.cp, options.micro_batches, options.pipeline_schedule)
-    values += (options.virtual_stages,)
+    values = (
+        options.tp,
+        options.pp,
+        options.cp,
+        options.micro_batches,
+        options.pipeline_schedule,
+        options.virtual_stages,
+    )
     if all(v is None for v in values) and options.sequence_parallel is None:
         return None
     tp = options.tp or 1
