@@ -138,3 +138,93 @@ def test_degrees_the_model_cannot_split():
         simulate_tp_rank(_job(), tp=4, sequence_parallel=False)  # 2 key-value heads
     with pytest.raises(TunecostError, match="sequence length"):
         simulate_tp_rank(dataclasses.replace(_job(), seq_len=63), tp=2, sequence_parallel=True)
+
+
+# ---- one TP rank's step at full depth (tp_single_gpu_step) -------------------------------------------------------
+
+
+def _depth_job(num_layers: int) -> FineTuneJob:
+    return dataclasses.replace(tiny_job(f"tiny-llama-{num_layers}l", "full", LoraConfig(rank=8)), seq_len=SEQ)
+
+
+@pytest.fixture(scope="module")
+def rank_step():
+    """`rank_step(num_layers, tp, sp)`: tp_single_gpu_step of the tiny Llama at that depth, made once."""
+    from tunecost.distributed.tp_single_step import tp_single_gpu_step
+
+    runs: dict = {}
+
+    def run(num_layers: int, tp: int, sp: bool):
+        key = (num_layers, tp, sp)
+        if key not in runs:
+            job = _depth_job(num_layers)
+            runs[key] = tp_single_gpu_step(job, tp=tp, sequence_parallel=sp, granule_bytes=1, use_cache=False)
+        return runs[key]
+
+    return run
+
+
+def _layer_activation_bytes(rank_step, tp: int, sp: bool) -> float:
+    """Activations one decoder layer keeps for backward: the forward's end at 4 layers minus at 2, halved."""
+    deep, shallow = rank_step(4, tp, sp), rank_step(2, tp, sp)
+    return (deep.segments["forward:post"]["activations"] - shallow.segments["forward:post"]["activations"]) / 2
+
+
+def test_rank_weights_are_one_over_tp_of_the_sharded_linears(rank_step):
+    """Per layer: q, o (64 x 64), k, v (64 x 32: 2 key-value heads of 16), gate, up, down (64 x 128) split in
+    two, the two norms (64 each) whole; the final norm (64) is spread over the layers. Root: the embedding and
+    the LM head (512 x 64 each) split in two, the rotary buffers (inv_freq and original_inv_freq, 8 fp32 each) whole."""
+    linear_bytes = (2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128) * 4
+    norm_bytes = 2 * 64 * 4 + 64 * 4 // NUM_LAYERS
+    step = rank_step(2, 2, False)
+    assert step.layer_weight_bytes == linear_bytes // 2 + norm_bytes
+    assert step.layer_trainable_bytes == step.layer_weight_bytes  # full fine-tuning
+    assert step.root_weight_bytes == 2 * VOCAB * HIDDEN * 4 // 2 + 2 * 8 * 4
+    assert step.segments["optimizer:opt"]["optimizer_states"] == 2 * step.trainable_bytes  # AdamW, fp32
+
+
+@pytest.mark.long
+def test_rank_activations_per_layer_shrink_with_tp_and_sp(rank_step):
+    """tp=1 keeps what one GPU keeps; tp=2 less (q/k/v, attention, MLP inside the parallel region are halved);
+    sequence parallelism halves, per norm, its input (the residual, B x S x H), its normalized input (B x S x H)
+    and its rsqrt (B x S x 1), two norms per layer: 2 x (2 x B S H + B S) x 4 bytes / 2."""
+    from tunecost.distributed.single_step import single_gpu_step
+
+    one_gpu = (
+        single_gpu_step(_depth_job(4), granule_bytes=1, use_cache=False).segments["forward:post"]["activations"]
+        - single_gpu_step(_depth_job(2), granule_bytes=1, use_cache=False).segments["forward:post"]["activations"]
+    ) / 2
+    tp1 = _layer_activation_bytes(rank_step, 1, False)
+    tp2 = _layer_activation_bytes(rank_step, 2, False)
+    tp2_sp = _layer_activation_bytes(rank_step, 2, True)
+    assert tp1 == one_gpu
+    assert tp2 < tp1
+    assert tp2 - tp2_sp == 2 * (2 * BATCH * SEQ * HIDDEN + BATCH * SEQ) * 4 / 2
+
+
+def test_rank_step_scaled_from_two_depths_equals_the_full_trace(rank_step):
+    """Traced at 1 and 2 layers and scaled to 4 = traced at 4 (identical layers), segment by segment."""
+    from tunecost.distributed.tp_single_step import tp_single_gpu_step
+
+    scaled = rank_step(4, 2, True)
+    full = tp_single_gpu_step(
+        _depth_job(4), tp=2, sequence_parallel=True, granule_bytes=1, use_cache=False, full_depth=True
+    )
+    assert {k: full.segments[k] for k in scaled.segments} == scaled.segments
+    assert full.layer_weight_bytes == scaled.layer_weight_bytes
+
+
+@pytest.mark.long
+def test_llama_2_70b_rank_at_tp8_in_seconds():
+    """Full width on fake tensors (1 and 2 layers traced): Llama-2-70B's config (hidden 8192, intermediate 28672,
+    64 heads and 8 key-value heads of 128, vocabulary 32000), bf16, 4096 tokens. Per layer: q and o 8192 x 8192,
+    k and v 8192 x 1024, gate, up and down 8192 x 28672 over 8 ranks, the two norms (8192) whole, plus 1/80 of the
+    final norm; root: the embedding and LM head over 8 ranks and the rotary buffers (2 x 64 fp32)."""
+    from tunecost.distributed.tp_single_step import tp_single_gpu_step
+
+    job = FineTuneJob(model="meta-llama/Llama-2-70b-hf", method="full", batch_size=1, seq_len=4096)
+    step = tp_single_gpu_step(job, tp=8, sequence_parallel=True, granule_bytes=1, use_cache=False)
+    hidden, inter, kv, vocab, layers = 8192, 28672, 1024, 32000, 80
+    linear_bytes = (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter) * 2
+    assert step.layer_weight_bytes == linear_bytes // 8 + 2 * hidden * 2 + hidden * 2 // layers
+    assert step.root_weight_bytes == 2 * vocab * hidden * 2 // 8 + 2 * 64 * 4

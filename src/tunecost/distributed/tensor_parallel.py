@@ -149,9 +149,16 @@ def apply_tp(model: nn.Module, mesh, *, sequence_parallel: bool) -> None:
 
 
 def prepare_tp_rank(
-    job: FineTuneJob, *, sequence_parallel: bool, real: bool, num_units: int | None = None, seed: int = 0
+    job: FineTuneJob,
+    *,
+    sequence_parallel: bool,
+    real: bool,
+    num_units: int | None = None,
+    stack: str = "tunecost",
+    seed: int = 0,
 ):
-    """Build `job`'s model and parallelize it over the default process group (which must exist)."""
+    """Build `job`'s model (`num_units` decoder layers, None: all) and parallelize it over the default process
+    group (which must exist)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
@@ -161,6 +168,7 @@ def prepare_tp_rank(
     return build_prepared(
         job,
         num_units=num_units,
+        stack=stack,
         real=real,
         seed=seed,
         wrap=lambda model: apply_tp(model, mesh, sequence_parallel=sequence_parallel),

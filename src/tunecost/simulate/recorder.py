@@ -171,7 +171,7 @@ class StepRecorder(TorchDispatchMode):
 
     def _on_grad(self, param: torch.Tensor) -> None:
         if param.grad is not None:
-            rec = self._by_storage.get(param.grad.untyped_storage())
+            rec = self._by_storage.get(_local(param.grad).untyped_storage())
             if rec is not None and rec.t_grad is None and rec.static_category is None:
                 rec.t_grad = self.t
 
