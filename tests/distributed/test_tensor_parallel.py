@@ -17,6 +17,7 @@ from tunecost.workload.job import FineTuneJob, LoraConfig
 NUM_LAYERS, HIDDEN, VOCAB, BATCH, SEQ = 2, 64, 512, 2, 64
 HIDDEN_BYTES = BATCH * SEQ * HIDDEN * 4  # one (B, S, H) fp32 activation
 LOGITS_BYTES = BATCH * SEQ * VOCAB * 4
+TOKEN_BYTES = BATCH * SEQ * 4  # one fp32 per token
 
 
 def _job(method: str = "full") -> FineTuneJob:
@@ -90,27 +91,42 @@ def test_sharded_model_computes_the_unsharded_loss(measured, sp):
 
 
 def test_megatron_collectives_without_sequence_parallelism(simulated):
-    """Forward: the embedding's partial sums and each layer's o_proj and down_proj outputs all-reduced, the logits
-    all-gathered (vocabulary shards); backward: one all-reduce per attention and MLP input (q/k/v and gate/up share
-    it) and one for the LM head's input."""
+    """Forward: the embedding's partial sums and each layer's o_proj and down_proj outputs all-reduced, and loss
+    parallelism's three all-reduces of one value per token (the logits' max, the sum of exponentials, the target's
+    logit); backward: one all-reduce per attention and MLP input (q/k/v and gate/up share it) and one for the LM
+    head's input. The logits stay sharded."""
     totals = simulated(False).collective_totals()
     per_pass = 1 + 2 * NUM_LAYERS
-    assert totals[("all_reduce", "forward")] == (per_pass, per_pass * HIDDEN_BYTES)
-    assert totals[("all_gather", "forward")] == (1, LOGITS_BYTES)
+    assert totals[("all_reduce", "forward")] == (per_pass + 3, per_pass * HIDDEN_BYTES + 3 * TOKEN_BYTES)
     assert totals[("all_reduce", "backward")] == (per_pass, per_pass * HIDDEN_BYTES)
-    assert set(totals) == {("all_reduce", "forward"), ("all_gather", "forward"), ("all_reduce", "backward")}
+    assert set(totals) == {("all_reduce", "forward"), ("all_reduce", "backward")}
 
 
 def test_megatron_collectives_with_sequence_parallelism(simulated):
-    """Each all-reduce becomes a reduce-scatter (the embedding and row-parallel outputs) and an all-gather (the
-    attention, MLP and LM head inputs), each the size of the all-reduce; backward swaps them."""
+    """Each activation all-reduce becomes a reduce-scatter (the embedding and row-parallel outputs) and an
+    all-gather (the attention, MLP and LM head inputs) of the same size; backward swaps them. The norms' weight
+    gradients are partial sums (each rank saw its part of the sequence): DTensor all-reduces one whenever an AdamW
+    op reads it (lerp_ once, addcmul_ twice), 3 x 5 norms of 64 fp32."""
     totals = simulated(True).collective_totals()
     per_pass = 1 + 2 * NUM_LAYERS
+    num_norms = 2 * NUM_LAYERS + 1
     assert totals[("reduce_scatter", "forward")] == (per_pass, per_pass * HIDDEN_BYTES)
-    assert totals[("all_gather", "forward")] == (per_pass + 1, per_pass * HIDDEN_BYTES + LOGITS_BYTES)
+    assert totals[("all_gather", "forward")] == (per_pass, per_pass * HIDDEN_BYTES)
+    assert totals[("all_reduce", "forward")] == (3, 3 * TOKEN_BYTES)
     assert totals[("reduce_scatter", "backward")] == (per_pass, per_pass * HIDDEN_BYTES)
     assert totals[("all_gather", "backward")] == (per_pass, per_pass * HIDDEN_BYTES)
+    assert totals[("all_reduce", "optimizer")] == (3 * num_norms, 3 * num_norms * HIDDEN * 4)
+    assert len(totals) == 6
     assert all(c.group_size == 2 and c.dtype == "float32" for c in simulated(True).collectives)
+
+
+def test_gathered_logits_without_loss_parallelism():
+    """loss_parallel=False: the logits are all-gathered (B x S x V) and the loss runs on them whole."""
+    step = simulate_tp_rank(_job(), tp=2, sequence_parallel=False, granule_bytes=1, loss_parallel=False)
+    totals = step.collective_totals()
+    per_pass = 1 + 2 * NUM_LAYERS
+    assert totals[("all_gather", "forward")] == (1, LOGITS_BYTES)
+    assert totals[("all_reduce", "forward")] == (per_pass, per_pass * HIDDEN_BYTES)
 
 
 def test_parameters_and_states_split_as_the_plan_shards(simulated):

@@ -100,6 +100,25 @@ def buffer_nbytes(kind: str, args) -> tuple[int, str, torch.Tensor | None, torch
     return out_bytes, dtype, out_t, None
 
 
+class _Suspended:
+    """A re-entrant context that counts how deep it is entered."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc) -> None:
+        self.depth -= 1
+
+
+def _dtensor_type() -> type:
+    from torch.distributed.tensor import DTensor
+
+    return DTensor
+
+
 def _group_size(args, default: int) -> int:
     for a in args:
         size = getattr(a, "size", None)
@@ -113,9 +132,14 @@ class ShardedStepRecorder(StepRecorder):
     """Record one data-parallel step (see docs/multi-gpu.md). `world_size` is the group size reported when a
     collective's process group cannot be asked."""
 
-    def __init__(self, *, world_size: int, **kwargs) -> None:
+    def __init__(self, *, world_size: int, desugar_dtensor: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
         self.world_size = world_size
+        # record what an op on DTensors runs on the local shards (its collectives and temporaries included), not
+        # the DTensor op itself, as CommDebugMode does; FLOPs then count local shapes too
+        self._dtensor_type = _dtensor_type() if desugar_dtensor else None
+        self._propagation = _Suspended()  # DTensor's shape propagation, not the rank's computation
+        self._lock_orig: object | None = None
         self.collectives: list[Collective] = []
         self.tags: dict[int, str] = {}  # id(StorageRecord) -> category overriding the recorder's classification
         self._resize_orig = None
@@ -124,6 +148,10 @@ class ShardedStepRecorder(StepRecorder):
 
     # ---- collectives ----------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self._propagation.depth:
+            return func(*args, **(kwargs or {}))
+        if self._dtensor_type is not None and self.phase != "setup" and self._dtensor_type in types:
+            return NotImplemented  # DTensor's dispatch runs the local ops, which come back here
         kind = collective_kind(func) if self.phase != "setup" else None
         out = super().__torch_dispatch__(func, types, args, kwargs)
         if func is torch.ops._c10d_functional.wait_tensor.default and self.phase != "setup":
@@ -193,9 +221,26 @@ class ShardedStepRecorder(StepRecorder):
 
         self._resize_orig = orig
         torch.UntypedStorage.resize_ = resize_
+        if self._dtensor_type is not None:
+            self._enter_propagation()
         return super().__enter__()
 
+    def _enter_propagation(self) -> None:
+        """DTensor derives an op's output shape by running it on fake tensors of the global shape, under the
+        class's `_fake_mode_lock` context (a no-op by default). On real tensors it makes its own fake mode, whose
+        ops the recorder does not see; under the simulation's fake mode the recorder would count them: so the
+        lock becomes a context that suspends recording."""
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+        self._lock_orig = ShardingPropagator._fake_mode_lock
+        ShardingPropagator._fake_mode_lock = self._propagation  # type: ignore[assignment]
+
     def __exit__(self, *exc):
+        if self._lock_orig is not None:
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+            ShardingPropagator._fake_mode_lock = self._lock_orig
+            self._lock_orig = None
         if self._resize_orig is not None:
             torch.UntypedStorage.resize_ = self._resize_orig
             self._resize_orig = None

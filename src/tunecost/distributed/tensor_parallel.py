@@ -9,6 +9,7 @@ Sources and derivations: docs/multi-gpu.md, section "Tensor parallelism".
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from torch import nn
@@ -94,10 +95,11 @@ def layer_plan(*, sequence_parallel: bool) -> dict[str, Any]:
     return plan
 
 
-def root_plan(*, sequence_parallel: bool) -> dict[str, Any]:
+def root_plan(*, sequence_parallel: bool, loss_parallel: bool = True) -> dict[str, Any]:
     """torchtitan's plan outside the blocks: the embedding row-parallel (vocabulary rows), its output reduced to a
     sequence shard (SP) or replicated; the final norm on the sequence shard (SP); the LM head column-parallel
-    (vocabulary columns) with its logits all-gathered: transformers' loss runs on whole logits (no loss parallel)."""
+    (vocabulary columns), its logits left sharded for loss parallelism (torchtitan's default: transformers' loss
+    runs on them under `loss_context`) or all-gathered."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel
 
@@ -106,7 +108,11 @@ def root_plan(*, sequence_parallel: bool) -> dict[str, Any]:
         "model.embed_tokens": RowwiseParallel(
             input_layouts=Replicate(), output_layouts=sp_layout, use_local_output=not sequence_parallel
         ),
-        "lm_head": ColwiseParallel(input_layouts=sp_layout, output_layouts=Replicate(), use_local_output=True),
+        "lm_head": ColwiseParallel(
+            input_layouts=sp_layout,
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        ),
     }
     plan["model.norm"] = SequenceParallel() if sequence_parallel else replicated()
     return plan
@@ -135,9 +141,10 @@ def replicated():
     return Replicated()
 
 
-def apply_tp(model: nn.Module, mesh, *, sequence_parallel: bool) -> None:
+def apply_tp(model: nn.Module, mesh, *, sequence_parallel: bool, loss_parallel: bool = True) -> None:
     """Parallelize `model` (a transformers causal LM of `TP_FAMILIES`, as `models.build` builds it) in place over
-    the 1-D device mesh `mesh`: every decoder layer, then the embedding, final norm and LM head."""
+    the 1-D device mesh `mesh`: every decoder layer, then the embedding, final norm and LM head. With
+    `loss_parallel` the step's forward and backward must run under `loss_context(True)`."""
     from torch.distributed.tensor.parallel import parallelize_module
 
     for layer in decoder_layers(model):
@@ -145,7 +152,15 @@ def apply_tp(model: nn.Module, mesh, *, sequence_parallel: bool) -> None:
             if not isinstance(layer.get_submodule(name), nn.Linear):
                 raise TunecostError(f"tensor parallelism: {name} of {type(layer).__name__} is not an nn.Linear")
         parallelize_module(layer, mesh, layer_plan(sequence_parallel=sequence_parallel))
-    parallelize_module(model, mesh, root_plan(sequence_parallel=sequence_parallel))
+    parallelize_module(model, mesh, root_plan(sequence_parallel=sequence_parallel, loss_parallel=loss_parallel))
+
+
+def loss_context(loss_parallel: bool):
+    """The context a step of a model under `apply_tp` runs in: DTensor's `loss_parallel` (cross-entropy on
+    vocabulary-sharded logits) or nothing."""
+    from torch.distributed.tensor.parallel import loss_parallel as parallel_loss
+
+    return parallel_loss() if loss_parallel else contextlib.nullcontext()
 
 
 def prepare_tp_rank(
@@ -156,6 +171,7 @@ def prepare_tp_rank(
     num_units: int | None = None,
     stack: str = "tunecost",
     seed: int = 0,
+    loss_parallel: bool = True,
 ):
     """Build `job`'s model (`num_units` decoder layers, None: all) and parallelize it over the default process
     group (which must exist)."""
@@ -171,24 +187,31 @@ def prepare_tp_rank(
         stack=stack,
         real=real,
         seed=seed,
-        wrap=lambda model: apply_tp(model, mesh, sequence_parallel=sequence_parallel),
+        wrap=lambda model: apply_tp(model, mesh, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel),
     )
 
 
-def tp_strategy(tp: int, sequence_parallel: bool) -> str:
+def tp_strategy(tp: int, sequence_parallel: bool, loss_parallel: bool = True) -> str:
     """The `RankStep.strategy` label of a TP layout."""
-    return f"tp{tp}" + ("-sp" if sequence_parallel else "")
+    return f"tp{tp}" + ("-sp" if sequence_parallel else "") + ("" if loss_parallel else "-gathered-logits")
 
 
 def simulate_tp_rank(
-    job: FineTuneJob, *, tp: int, sequence_parallel: bool, rank: int = 0, granule_bytes: int = 512
+    job: FineTuneJob,
+    *,
+    tp: int,
+    sequence_parallel: bool,
+    rank: int = 0,
+    granule_bytes: int = 512,
+    loss_parallel: bool = True,
 ) -> RankStep:
     """Simulate one rank of `job` split `tp` ways by tensor parallelism, on fake tensors in a fake process group."""
     check_tp_supported(job, tp, sequence_parallel=sequence_parallel)
     with fake_process_group(tp, rank):
-        prepared = prepare_tp_rank(job, sequence_parallel=sequence_parallel, real=False)
-        vocab = int(prepared.model.config.vocab_size)
-        batch = make_batch(vocab, job.batch_size, job.worst_case_seq_len, prepared.fake_mode)
-        return record_rank_step(
-            prepared, batch, strategy=tp_strategy(tp, sequence_parallel), granule_bytes=granule_bytes
-        )
+        prepared = prepare_tp_rank(job, sequence_parallel=sequence_parallel, real=False, loss_parallel=loss_parallel)
+        batch = make_batch(prepared.spec.vocab_size, job.batch_size, job.worst_case_seq_len, prepared.fake_mode)
+        strategy = tp_strategy(tp, sequence_parallel, loss_parallel)
+        with loss_context(loss_parallel):
+            return record_rank_step(
+                prepared, batch, strategy=strategy, granule_bytes=granule_bytes, desugar_dtensor=True
+            )
