@@ -29,6 +29,17 @@ _C10D_KINDS = {
     "alltoall_base_": "all_to_all",
     "broadcast_": "broadcast",
 }
+# functional collectives (`torch.distributed._functional_collectives`, DTensor's redistributions) -> kind; the
+# op returns its output buffer, and its process group is named by its last argument
+_FUNCTIONAL_KINDS = {
+    "all_gather_into_tensor": "all_gather",
+    "reduce_scatter_tensor": "reduce_scatter",
+    "all_reduce": "all_reduce",
+    "all_reduce_": "all_reduce",
+    "all_to_all_single": "all_to_all",
+    "broadcast": "broadcast",
+    "broadcast_": "broadcast",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,9 +59,25 @@ def collective_kind(func) -> str | None:
     """The collective kind of a dispatcher op, None for any other op."""
     schema = func._schema.name  # e.g. "c10d::_allgather_base_"
     namespace, _, name = schema.partition("::")
+    if namespace == "_c10d_functional":
+        return _FUNCTIONAL_KINDS.get(name)
     if namespace != "c10d":
         return None
     return _C10D_KINDS.get(name)
+
+
+def is_functional(func) -> bool:
+    return func._schema.name.startswith("_c10d_functional::")
+
+
+def functional_nbytes(kind: str, args, out) -> tuple[int, str, int]:
+    """(nccl-tests bytes, dtype, group size) of a functional collective: all-gather counts its output, the others
+    their input (all-to-all: the send buffer)."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    t = out if kind == "all_gather" else args[0]
+    group_size = _resolve_process_group(args[-1]).size()
+    return t.numel() * t.element_size(), str(t.dtype).removeprefix("torch."), group_size
 
 
 def buffer_nbytes(kind: str, args) -> tuple[int, str, torch.Tensor | None, torch.Tensor | None]:
@@ -73,6 +100,25 @@ def buffer_nbytes(kind: str, args) -> tuple[int, str, torch.Tensor | None, torch
     return out_bytes, dtype, out_t, None
 
 
+class _Suspended:
+    """A re-entrant context that counts how deep it is entered."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+
+    def __enter__(self) -> None:
+        self.depth += 1
+
+    def __exit__(self, *exc) -> None:
+        self.depth -= 1
+
+
+def _dtensor_type() -> type:
+    from torch.distributed.tensor import DTensor
+
+    return DTensor
+
+
 def _group_size(args, default: int) -> int:
     for a in args:
         size = getattr(a, "size", None)
@@ -86,35 +132,44 @@ class ShardedStepRecorder(StepRecorder):
     """Record one data-parallel step (see docs/multi-gpu.md). `world_size` is the group size reported when a
     collective's process group cannot be asked."""
 
-    def __init__(self, *, world_size: int, **kwargs) -> None:
+    def __init__(self, *, world_size: int, desugar_dtensor: bool = False, **kwargs) -> None:
         super().__init__(**kwargs)
         self.world_size = world_size
+        # record what an op on DTensors runs on the local shards (its collectives and temporaries included), not
+        # the DTensor op itself, as CommDebugMode does; FLOPs then count local shapes too
+        self._dtensor_type = _dtensor_type() if desugar_dtensor else None
+        self._propagation = _Suspended()  # DTensor's shape propagation, not the rank's computation
+        self._lock_orig: object | None = None
         self.collectives: list[Collective] = []
         self.tags: dict[int, str] = {}  # id(StorageRecord) -> category overriding the recorder's classification
         self._resize_orig = None
         self._unit_layer: int | None = None  # decoder layer whose forward (and FSDP2 pre-forward hook) runs
+        self._num_storages: dict[int, int] = {}  # id(StorageRecord) -> live storages standing for it, when over 1
 
     # ---- collectives ----------------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self._propagation.depth:
+            return func(*args, **(kwargs or {}))
+        if self._dtensor_type is not None and self.phase != "setup" and self._dtensor_type in types:
+            return NotImplemented  # DTensor's dispatch runs the local ops, which come back here
         kind = collective_kind(func) if self.phase != "setup" else None
         out = super().__torch_dispatch__(func, types, args, kwargs)
+        if func is torch.ops._c10d_functional.wait_tensor.default and self.phase != "setup":
+            self._alias_wait(args[0], out)
         if kind is not None:
             phase, _group, _layer, _override = self._context()
             # FSDP2 issues a unit's all-gather in its pre-forward hook, before the layer's module context opens;
             # in backward, prefetching issues them under another layer's context, so no layer is claimed there
             layer = self._unit_layer if phase == "forward" else None
-            nbytes, dtype, out_t, in_t = buffer_nbytes(kind, args)
+            if is_functional(func):  # DTensor's: its buffers are activations or temporaries, as any op's output
+                nbytes, dtype, group_size = functional_nbytes(kind, args, out)
+            else:
+                nbytes, dtype, out_t, in_t = buffer_nbytes(kind, args)
+                group_size = _group_size(args, self.world_size)
+                self._tag_buffers(kind, out_t, in_t)
             self.collectives.append(
-                Collective(
-                    op=kind,
-                    group_size=_group_size(args, self.world_size),
-                    nbytes=nbytes,
-                    dtype=dtype,
-                    phase=phase,
-                    layer=layer,
-                )
+                Collective(op=kind, group_size=group_size, nbytes=nbytes, dtype=dtype, phase=phase, layer=layer)
             )
-            self._tag_buffers(kind, out_t, in_t)
         return out
 
     def _tag_buffers(self, kind: str, out_t: torch.Tensor | None, in_t: torch.Tensor | None) -> None:
@@ -166,9 +221,26 @@ class ShardedStepRecorder(StepRecorder):
 
         self._resize_orig = orig
         torch.UntypedStorage.resize_ = resize_
+        if self._dtensor_type is not None:
+            self._enter_propagation()
         return super().__enter__()
 
+    def _enter_propagation(self) -> None:
+        """DTensor derives an op's output shape by running it on fake tensors of the global shape, under the
+        class's `_fake_mode_lock` context (a no-op by default). On real tensors it makes its own fake mode, whose
+        ops the recorder does not see; under the simulation's fake mode the recorder would count them: so the
+        lock becomes a context that suspends recording."""
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+        self._lock_orig = ShardingPropagator._fake_mode_lock
+        ShardingPropagator._fake_mode_lock = self._propagation  # type: ignore[assignment]
+
     def __exit__(self, *exc):
+        if self._lock_orig is not None:
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+            ShardingPropagator._fake_mode_lock = self._lock_orig
+            self._lock_orig = None
         if self._resize_orig is not None:
             torch.UntypedStorage.resize_ = self._resize_orig
             self._resize_orig = None
@@ -176,6 +248,31 @@ class ShardedStepRecorder(StepRecorder):
 
     def _freed(self, rec: StorageRecord, _ref) -> None:
         self._on_free(rec)
+
+    def _on_free(self, rec: StorageRecord) -> None:
+        left = self._num_storages.get(id(rec), 1) - 1
+        if left > 0:
+            self._num_storages[id(rec)] = left
+            return
+        super()._on_free(rec)
+
+    def _alias_wait(self, tensor: torch.Tensor, out: torch.Tensor) -> None:
+        """A functional collective's `wait_tensor` returns its input on real tensors, a new tensor on fake ones:
+        count that one buffer once, alive while either tensor is."""
+        st_in, st_out = tensor.untyped_storage(), out.untyped_storage()
+        rec_in, rec_out = self._by_storage.get(st_in), self._by_storage.get(st_out)
+        if (
+            rec_in is None
+            or rec_out is None
+            or rec_in is rec_out
+            or not self.records
+            or self.records[-1] is not rec_out
+        ):
+            return
+        self.records.pop()
+        self._by_storage[st_out] = rec_in
+        self._num_storages[id(rec_in)] = self._num_storages.get(id(rec_in), 1) + 1
+        self._refs.append(weakref.ref(st_out, functools.partial(self._freed, rec_in)))
 
     def _on_resize(self, storage, before: int, after: int) -> None:
         if self.phase == "setup" or before == after:

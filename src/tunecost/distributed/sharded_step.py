@@ -95,8 +95,11 @@ def _static_category(category: str) -> str:
     return "sharded_params" if category in ("trainable_params", "frozen_weights") else category
 
 
-def record_rank_step(prepared, batch: dict, *, strategy: str, granule_bytes: int = 1) -> RankStep:
-    """Run one warm-up step (FSDP2's lazy init, lazily created buffers), then record the next one."""
+def record_rank_step(
+    prepared, batch: dict, *, strategy: str, granule_bytes: int = 1, desugar_dtensor: bool = False
+) -> RankStep:
+    """Run one warm-up step (FSDP2's lazy init, lazily created buffers), then record the next one.
+    `desugar_dtensor`: record ops on DTensors as the local ops they run (`ShardedStepRecorder`)."""
     import torch.distributed as dist
 
     world_size, rank = dist.get_world_size(), dist.get_rank()
@@ -105,7 +108,11 @@ def record_rank_step(prepared, batch: dict, *, strategy: str, granule_bytes: int
     warm_up.finish()
     del warm_up
     rec = ShardedStepRecorder(
-        world_size=world_size, plan=prepared.plan, module_info=prepared.module_info, round_bytes=granule_bytes
+        world_size=world_size,
+        plan=prepared.plan,
+        module_info=prepared.module_info,
+        round_bytes=granule_bytes,
+        desugar_dtensor=desugar_dtensor,
     )
     static: dict[str, int] = {}
     for tensor, category, group in prepared.static:

@@ -6,12 +6,13 @@ and the decoder layers, and the deeper traced depth's allocations (for the rank'
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tunecost.distributed import expert_parallel
 from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_json
-from tunecost.models.catalog import resolve_model
+from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate import cache
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
@@ -107,16 +108,21 @@ def single_gpu_step(
     to the full depth, as `simulate.simulate_step` does for its peak (exact for identical units). Cached on disk
     beside the simulator's results (`simulate.cache`: the key hashes the job, the config and the versions).
     `behaviour`: library behaviours of the job's stack (`simulate.behaviour.StackBehaviour`; None: the default)."""
+    key = f"rank-{LAYOUT_VERSION}-" + cache.job_key(job, None, job.stack, DEFAULT_OVERHEAD, granule_bytes, behaviour)
+    return cached_step(key, lambda: trace_single_gpu_step(job, granule_bytes, behaviour), use_cache=use_cache)
+
+
+def cached_step(key: str, trace: Callable[[], SingleGpuStep], *, use_cache: bool = True) -> SingleGpuStep:
+    """The `SingleGpuStep` cached on disk under `key`, or `trace()` (then stored)."""
     import json
 
-    key = f"rank-{LAYOUT_VERSION}-" + cache.job_key(job, None, job.stack, DEFAULT_OVERHEAD, granule_bytes, behaviour)
     path = cache.cache_dir() / f"{key}.json"
     if use_cache:
         try:
             return SingleGpuStep(**json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError, TypeError):  # no entry, or one from another layout: trace again
             pass
-    step = trace_single_gpu_step(job, granule_bytes, behaviour)
+    step = trace()
     if use_cache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -134,10 +140,6 @@ def trace_single_gpu_step(
 
     spec = resolve_model(job.model)
     check_supported(job, spec, job.stack)
-    prefix, period, full_units = layer_pattern(spec)
-    if prefix or period != 1:
-        raise TunecostError(f"{spec.name}: per-rank memory needs identical decoder layers (this model has a prefix)")
-    units = [full_units] if full_units <= 2 or full_depth else [1, 2]
     traces = [
         trace_step(
             prepared_model(job, u, job.stack, behaviour or DEFAULT_BEHAVIOUR),
@@ -145,8 +147,25 @@ def trace_single_gpu_step(
             job.worst_case_seq_len,
             round_bytes=granule_bytes,
         )
-        for u in units
+        for u in traced_units(spec, full_depth=full_depth)
     ]
+    return scaled_step(
+        job, spec, traces, reentrant=reentrant_checkpointing(job, behaviour=behaviour or DEFAULT_BEHAVIOUR)
+    )
+
+
+def traced_units(spec: ModelSpec, *, full_depth: bool = False) -> list[int]:
+    """The depths (repeating units) to trace: one and two, or the full depth when it is short or asked for."""
+    prefix, period, full_units = layer_pattern(spec)
+    if prefix or period != 1:
+        raise TunecostError(f"{spec.name}: per-rank memory needs identical decoder layers (this model has a prefix)")
+    return [full_units] if full_units <= 2 or full_depth else [1, 2]
+
+
+def scaled_step(job: FineTuneJob, spec: ModelSpec, traces: list, *, reentrant: bool) -> SingleGpuStep:
+    """The `SingleGpuStep` at full depth from traces at one and two units (`simulate.trace.TraceResult`s; one
+    trace: already at full depth)."""
+    full_units = layer_pattern(spec)[2]
     ta, tb = traces[0], traces[-1]
     t = 0.0 if len(traces) == 1 else (full_units - ta.num_units) / (tb.num_units - ta.num_units)
     segments: dict[str, dict[str, int]] = {}
@@ -182,5 +201,5 @@ def trace_single_gpu_step(
         activation_bytes_per_element=job.compute_bytes_per_element,
         recompute=job.gradient_checkpointing,
         allocations=dataclasses.asdict(tb.allocations) if tb.allocations is not None else {},
-        reentrant_checkpointing=reentrant_checkpointing(job, behaviour=behaviour or DEFAULT_BEHAVIOUR),
+        reentrant_checkpointing=reentrant,
     )

@@ -171,7 +171,7 @@ class StepRecorder(TorchDispatchMode):
 
     def _on_grad(self, param: torch.Tensor) -> None:
         if param.grad is not None:
-            rec = self._by_storage.get(param.grad.untyped_storage())
+            rec = self._by_storage.get(_local(param.grad).untyped_storage())
             if rec is not None and rec.t_grad is None and rec.static_category is None:
                 rec.t_grad = self.t
 
@@ -286,7 +286,8 @@ def _op_info(func) -> _OpInfo:
 
 def flat_tensors(obj) -> list[torch.Tensor]:
     """Tensors in an op's arguments or outputs (flat tuples/lists, one level of nesting as in foreach ops). A
-    DTensor (FSDP2's sharded parameters, gradients and optimizer states) stands for its local shard."""
+    DTensor (FSDP2's sharded parameters, gradients and optimizer states) stands for its local shard, an
+    AsyncCollectiveTensor for its buffer."""
     if isinstance(obj, torch.Tensor):
         return [_local(obj)]
     out = []
@@ -300,7 +301,11 @@ def flat_tensors(obj) -> list[torch.Tensor]:
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard; the buffer a functional collective's AsyncCollectiveTensor wraps (a wrapper
+    holds no memory of its own)."""
     local = getattr(t, "_local_tensor", None)
+    if local is None and type(t).__name__ == "AsyncCollectiveTensor":
+        local = getattr(t, "elem", None)
     return local if isinstance(local, torch.Tensor) else t
 
 

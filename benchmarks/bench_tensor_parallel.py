@@ -1,0 +1,77 @@
+"""Per-rank memory and collectives of a tensor-parallel step (PyTorch's DTensor TP, torchtitan's Llama plan): the
+fake-process-group simulation of one rank against 2 real CPU ranks on gloo (same step, same recorder), on the tiny
+Llama of tests/distributed; then one TP rank of Llama-2-70B at full width (fake tensors). Every number printed
+here is measured in this run (about 3-5 minutes on 2 cores).
+
+Run: PYTHONPATH=src .venv/bin/python benchmarks/bench_tensor_parallel.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+from tunecost.distributed.tensor_parallel import simulate_tp_rank, tp_strategy
+from tunecost.distributed.tp_measure import measure_tp_ranks
+from tunecost.distributed.tp_single_step import tp_single_gpu_step
+from tunecost.workload.job import FineTuneJob, LoraConfig
+
+# the job tests/distributed/test_tensor_parallel.py checks
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "distributed"))
+from tiny_jobs import tiny_job
+
+LAYOUTS = [(False, True), (True, True), (False, False), (True, False)]  # (sequence parallel, loss parallel)
+
+
+def _collectives(step) -> str:
+    return "; ".join(f"{op} {phase} {n} x {b:,} B" for (op, phase), (n, b) in sorted(step.collective_totals().items()))
+
+
+def _signature(step) -> list:
+    return [(c.op, c.phase, c.nbytes, c.dtype, c.group_size) for c in step.collectives]
+
+
+def tiny_table() -> None:
+    job = dataclasses.replace(tiny_job("tiny-llama-2l", "full", LoraConfig(rank=8)), seq_len=64)
+    print("tiny Llama (2 layers, hidden 64, vocabulary 512), full fine-tuning, fp32, AdamW, batch 2 x 64 tokens, tp 2")
+    print(f"{'layout':<22} {'simulated':>10} {'rank 0':>10} {'rank 1':>10} {'error':>7} {'collectives':<12} loss")
+    for sp, lp in LAYOUTS:
+        start = time.perf_counter()
+        sim = simulate_tp_rank(job, tp=2, sequence_parallel=sp, granule_bytes=1, loss_parallel=lp)
+        ranks = measure_tp_ranks(job, tp=2, sequence_parallel=sp, loss_parallel=lp)
+        err = max(abs(sim.peak_bytes - r.step.peak_bytes) / r.step.peak_bytes for r in ranks)
+        same = all(_signature(r.step) == _signature(sim) for r in ranks)
+        losses = ", ".join(f"{r.loss:.6f}" for r in ranks)
+        print(
+            f"{tp_strategy(2, sp, lp):<22} {sim.peak_bytes:>10,} {ranks[0].step.peak_bytes:>10,} "
+            f"{ranks[1].step.peak_bytes:>10,} {100 * err:>6.3f}% {'equal' if same else 'DIFFERENT':<12} "
+            f"{losses} (unsharded {ranks[0].unsharded_loss:.6f}; {time.perf_counter() - start:.0f} s)"
+        )
+        print(f"    simulated peak ({sim.peak_phase}): {sim.breakdown_bytes}")
+        print(f"    collectives: {_collectives(sim)}")
+
+
+def llama_70b() -> None:
+    job = FineTuneJob(
+        model="meta-llama/Llama-2-70b-hf", method="full", batch_size=1, seq_len=4096, gradient_checkpointing=True
+    )
+    print("\nLlama-2-70B, full fine-tuning, bf16, AdamW, 1 x 4096 tokens, gradient checkpointing: one rank (GiB)")
+    print(f"{'layout':<10} {'layer weights':>13} {'weights':>8} {'activations':>11} {'peak':>8} {'traced in':>9}")
+    for tp, sp in ((1, False), (8, False), (8, True)):
+        start = time.perf_counter()
+        step = tp_single_gpu_step(job, tp=tp, sequence_parallel=sp, use_cache=False)
+        seconds = time.perf_counter() - start
+        peak_key = max(step.segments, key=lambda k: sum(step.segments[k].values()))
+        fwd_end = step.segments["forward:post"]
+        print(
+            f"{tp_strategy(tp, sp):<10} {step.layer_weight_bytes / 2**30:>13.3f} {step.weight_bytes / 2**30:>8.2f} "
+            f"{fwd_end.get('activations', 0) / 2**30:>11.2f} {sum(step.segments[peak_key].values()) / 2**30:>8.2f} "
+            f"{seconds:>8.1f}s   (peak segment {peak_key})"
+        )
+
+
+if __name__ == "__main__":
+    tiny_table()
+    llama_70b()

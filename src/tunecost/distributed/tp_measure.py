@@ -1,0 +1,70 @@
+"""Measure the tensor-parallel step on real ranks: `tp` CPU processes (started by `distributed.launch`) on a gloo
+group, each running `sharded_step.record_rank_step` on its real shard of a tiny model, as `measure` does for FSDP2.
+Each rank also reports its loss and the loss of the same model unsharded (the same seed's weights): TP changes
+where the arithmetic runs, not its result.
+
+Sources and derivations: docs/multi-gpu.md, section "Tensor parallelism".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tunecost.distributed.launch import launch_local_ranks
+from tunecost.distributed.measure import _init_serial_gloo, _leave_together
+from tunecost.distributed.sharded_step import RankStep, record_rank_step
+from tunecost.distributed.tensor_parallel import check_tp_supported, loss_context, prepare_tp_rank, tp_strategy
+from tunecost.models.catalog import resolve_model
+from tunecost.simulate.prepare import build_prepared
+from tunecost.simulate.step import forward_loss, make_batch
+from tunecost.workload.job import FineTuneJob
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasuredTpRank:
+    """One real rank's recorded step, its loss on the batch, and the unsharded model's loss on it."""
+
+    step: RankStep
+    loss: float
+    unsharded_loss: float
+
+
+def _loss(prepared, batch: dict) -> float:
+    import torch
+
+    with torch.no_grad():
+        loss = forward_loss(prepared, batch)
+    full_tensor = getattr(loss, "full_tensor", None)  # a DTensor under loss parallelism
+    return float(full_tensor() if full_tensor is not None else loss)
+
+
+def _tp_worker(job: FineTuneJob, sequence_parallel: bool, loss_parallel: bool) -> MeasuredTpRank:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    _init_serial_gloo()
+    try:
+        vocab = resolve_model(job.model).vocab_size
+        batch = make_batch(vocab, job.batch_size, job.worst_case_seq_len, None, seed=0)  # one batch per TP group
+        unsharded_loss = _loss(build_prepared(job, num_units=None, real=True, seed=0), batch)
+        prepared = prepare_tp_rank(
+            job, sequence_parallel=sequence_parallel, real=True, seed=0, loss_parallel=loss_parallel
+        )
+        strategy = tp_strategy(dist.get_world_size(), sequence_parallel, loss_parallel)
+        with loss_context(loss_parallel):
+            loss = _loss(prepared, batch)
+            step = record_rank_step(prepared, batch, strategy=strategy, granule_bytes=1, desugar_dtensor=True)
+        del prepared
+        _leave_together(dist)
+        return MeasuredTpRank(step=step, loss=loss, unsharded_loss=unsharded_loss)
+    finally:
+        dist.destroy_process_group()
+
+
+def measure_tp_ranks(
+    job: FineTuneJob, *, tp: int = 2, sequence_parallel: bool = False, loss_parallel: bool = True
+) -> list[MeasuredTpRank]:
+    """Run one recorded tensor-parallel step of `job` on `tp` real gloo ranks; their measurements by rank."""
+    check_tp_supported(job, tp, sequence_parallel=sequence_parallel)
+    return launch_local_ranks(_tp_worker, (job, sequence_parallel, loss_parallel), nproc=tp)

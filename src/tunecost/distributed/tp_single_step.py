@@ -1,0 +1,102 @@
+"""One tensor-parallel rank's simulated step at full depth, in the single-GPU step's terms (`single_step`): the
+model under `tensor_parallel.apply_tp` on a fake process group of `tp` ranks, traced at one and two decoder
+layers and scaled, so every segment's bytes are one rank's (its weight, gradient and optimizer-state shards, its
+activations: 1/tp inside the parallel regions, and with sequence parallelism in the norms too).
+
+Sources and derivations: docs/multi-gpu.md, section "Tensor parallelism".
+"""
+
+from __future__ import annotations
+
+import time
+
+from tunecost.distributed.recorder import ShardedStepRecorder
+from tunecost.distributed.sharded_step import fake_process_group
+from tunecost.distributed.single_step import LAYOUT_VERSION, SingleGpuStep, cached_step, scaled_step, traced_units
+from tunecost.distributed.tensor_parallel import check_tp_supported, loss_context, prepare_tp_rank, tp_strategy
+from tunecost.models.catalog import resolve_model
+from tunecost.simulate import cache
+from tunecost.simulate.overhead import DEFAULT_OVERHEAD
+from tunecost.simulate.prepare import check_supported, reentrant_checkpointing
+from tunecost.simulate.recorder import flat_tensors
+from tunecost.simulate.step import make_batch, run_step
+from tunecost.simulate.trace import TraceResult, analyze
+from tunecost.workload.job import FineTuneJob
+
+TP_LAYOUT_VERSION = "1"  # of the TP plan behind a cached step
+
+
+def trace_tp_step(
+    prepared, batch_size: int, seq_len: int, *, tp: int, round_bytes: int = 512, loss_parallel: bool = True
+) -> TraceResult:
+    """`simulate.trace.trace_step` for a model whose parameters are DTensors: their local shards registered, and
+    the collectives recorded (`ShardedStepRecorder`)."""
+    start = time.perf_counter()
+    batch = make_batch(prepared.spec.vocab_size, batch_size, seq_len, prepared.fake_mode)
+    rec = ShardedStepRecorder(
+        world_size=tp,
+        plan=prepared.plan,
+        module_info=prepared.module_info,
+        round_bytes=round_bytes,
+        desugar_dtensor=True,
+    )
+    for tensor, category, group in prepared.static:
+        for local in flat_tensors(tensor):
+            rec.register_static(local, category, group)
+    for tensor in batch.values():
+        rec.register_static(tensor, "inputs", "other")
+    rec.install_hooks(prepared.model, prepared.trainable)
+    try:
+        with loss_context(loss_parallel):
+            run_step(prepared, batch, rec)
+    finally:
+        rec.finish()
+    num_layers = prepared.plan.prefix + prepared.plan.num_units * prepared.plan.period
+    result = analyze(rec, num_layers, time.perf_counter() - start)
+    result.extra["collectives"] = rec.collectives
+    return result
+
+
+def tp_single_gpu_step(
+    job: FineTuneJob,
+    *,
+    tp: int,
+    sequence_parallel: bool,
+    granule_bytes: int = 512,
+    use_cache: bool = True,
+    full_depth: bool = False,
+    loss_parallel: bool = True,
+) -> SingleGpuStep:
+    """One TP rank's `SingleGpuStep`: traced at one and two units on a fake process group of `tp` ranks and scaled
+    to full depth (or, `full_depth`, slow: traced at full depth). Cached as `single_step.single_gpu_step` is, with
+    tp and sequence parallelism in the key."""
+    spec = resolve_model(job.model)
+    check_supported(job, spec, job.stack)
+    check_tp_supported(job, tp, sequence_parallel=sequence_parallel)
+    layout = tp_strategy(tp, sequence_parallel, loss_parallel)
+    key = f"rank-{layout}-{TP_LAYOUT_VERSION}-{LAYOUT_VERSION}-" + cache.job_key(
+        job, None, job.stack, DEFAULT_OVERHEAD, granule_bytes, None
+    )
+    if full_depth:
+        key += "-full"
+
+    def trace() -> SingleGpuStep:
+        traces = []
+        for units in traced_units(spec, full_depth=full_depth):
+            with fake_process_group(tp):
+                prepared = prepare_tp_rank(
+                    job,
+                    sequence_parallel=sequence_parallel,
+                    real=False,
+                    num_units=units,
+                    stack=job.stack,
+                    loss_parallel=loss_parallel,
+                )
+                batch_shape = (job.batch_size, job.worst_case_seq_len)
+                traces.append(
+                    trace_tp_step(prepared, *batch_shape, tp=tp, round_bytes=granule_bytes, loss_parallel=loss_parallel)
+                )
+                del prepared
+        return scaled_step(job, spec, traces, reentrant=reentrant_checkpointing(job))
+
+    return cached_step(key, trace, use_cache=use_cache)
