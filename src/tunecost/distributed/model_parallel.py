@@ -106,7 +106,7 @@ def rank_step(job: FineTuneJob, plan: ParallelPlan, *, behaviour=None) -> Single
     rank_job = model_parallel_job(job, plan)
     if plan.tp == 1:
         return single_gpu_step(rank_job, behaviour=behaviour)
-    from tunecost.distributed.tensor_parallel import tp_single_gpu_step
+    from tunecost.distributed.tp_single_step import tp_single_gpu_step
 
     return tp_single_gpu_step(rank_job, tp=plan.tp, sequence_parallel=plan.sequence_parallel)
 
