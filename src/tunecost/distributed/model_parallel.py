@@ -6,6 +6,7 @@ parallelism"."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from tunecost.distributed.pipeline import StageParts, stage_parts
 from tunecost.distributed.rank_memory import RankMemory, rank_memory
@@ -23,7 +24,8 @@ def data_parallel_plan(plan: ParallelPlan) -> ParallelPlan:
     reduce their gradients together, as torchtitan's dp_shard_cp mesh and Megatron's data-parallel group with CP
     do), with the GPUs per node left to them once TP (innermost, Megatron's rank order) takes its own."""
     ranks = plan.dp * plan.cp
-    per_node = max(1, plan.node_size // plan.tp) if plan.gpus_per_node is not None else None
+    # ranks of the group per node; a group that fills no whole nodes (pp splits them) counted in equal parts
+    per_node = math.gcd(ranks, max(1, plan.node_size // plan.tp)) if plan.gpus_per_node is not None else None
     alone = ranks == 1 and not plan.strategy.startswith("zero") and plan.offload == "none"  # nothing to shard
     return dataclasses.replace(
         plan,
