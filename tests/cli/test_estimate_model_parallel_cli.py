@@ -60,3 +60,13 @@ def test_a_pipeline_answers_with_memory_per_rank_and_its_bubble(cli_runner):
     setup = json.loads(result.stdout)["setups"][0]
     assert setup["plan"]["pp"] == 2 and setup["plan"]["micro_batches"] == 4
     assert setup["timing"]["bubble_seconds"] / setup["timing"]["step_seconds"] == pytest.approx(1 / 5, rel=0.05)
+
+
+def test_auto_searches_tensor_and_pipeline_layouts_for_a_dense_full_fine_tune(cli_runner):
+    """`--gpus auto` with no model-parallel option tries TP (with sequence parallelism) x PP beside data
+    parallelism for a full fine-tune of a dense Llama-family model, and names the cheapest that fits."""
+    args = [*BASE, "--model", DENSE, "--gpus", "auto", "--max-gpus", "4", "--seq-len", "64", "--batch-size", "2"]
+    result = cli_runner.invoke(app, [*args, "--strategy", "ddp", "--json"])
+    assert result.exit_code == 0, result.output
+    layouts = {(s["plan"]["tp"], s["plan"]["pp"]) for s in json.loads(result.stdout)["setups"]}
+    assert {(1, 1), (2, 1), (1, 2), (2, 2)} <= layouts
