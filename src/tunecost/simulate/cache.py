@@ -27,7 +27,7 @@ def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512,
     simulation keeps its key."""
     spec = resolve_model(job.model)
     payload = {
-        "job": dataclasses.asdict(job),
+        "job": {k: v for k, v in dataclasses.asdict(job).items() if not (k == "fp8" and v == "none")},
         "trace": num_layers_to_trace,
         "stack": stack,
         "overhead": dataclasses.asdict(overhead),

@@ -12,6 +12,7 @@ from types import MappingProxyType
 
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.arch import Arch, arch_of
+from tunecost.estimate.throughput.fp8 import fp8_cast_bytes, fp8_cast_kernels
 from tunecost.estimate.throughput.lengths import SeqLengths, empirical_lengths, fixed_lengths
 from tunecost.estimate.throughput.mixers import BWD_BYTES_PER_FWD_BYTE, BWD_KERNELS_PER_FWD_KERNEL, add_mixers
 from tunecost.models.catalog import ModelSpec
@@ -20,6 +21,8 @@ from tunecost.workload.op_classes import OP_CLASSES
 
 GEMM_CLASSES = ("expert_matmul", "dense_matmul", "lm_head", "router", "lora")
 TENSOR_CORE = "bf16_tensor"
+FP8_TENSOR_CORE = "fp8_tensor"  # the linear layers' GEMMs under --fp8 (docs/fp8.md)
+FP8_CLASSES = ("expert_matmul", "dense_matmul")  # not the head, router, LoRA factors or attention's BMMs
 CUDA_CORE = "fp32"
 
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64  # 4-bit codes + 8-bit absmax per 64-block (double quantization)
@@ -160,6 +163,8 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
     _add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
     add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes)
     _add_optimizer(acc, arch, job, k)
+    if job.fp8 != "none":
+        _add_fp8_casts(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
     lora_rows = rows_expert if "experts" in job.lora.targets and arch.num_experts > 1 else tokens
     rows = {
         "expert_matmul": rows_expert,
@@ -174,6 +179,8 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
         c: (TENSOR_CORE if c in ("expert_matmul", "dense_matmul", "lm_head", "router", "attention") else CUDA_CORE)
         for c in OP_CLASSES
     }
+    if job.fp8 != "none":
+        peaks.update({c: FP8_TENSOR_CORE for c in FP8_CLASSES})
     return AnalyticStepCounts(
         flops_by_class=MappingProxyType({c: acc.flops.get(c, 0.0) for c in OP_CLASSES}),
         bytes_by_class=MappingProxyType({c: acc.bytes.get(c, 0.0) for c in OP_CLASSES}),
@@ -252,6 +259,25 @@ def _add_dequant(
         bytes_=dequant_passes * quant_params * per_param,
         kernels=dequant_passes * quant_calls * per_call,
     )
+
+
+def _add_fp8_casts(acc: OpTally, arch: Arch, job: FineTuneJob, *, tokens: float, k: int, hit: float, gc: float) -> None:
+    """The casts around the FP8 GEMMs of the dense and routed-expert linears; input and grad-output elements
+    split evenly between a linear's in and out sides (docs/fp8.md)."""
+    weight_elems = arch.dense_params + arch.num_moe_layers * hit * arch.expert_params
+    token_io = tokens * arch.dense_in_out + tokens * k * arch.num_moe_layers * arch.expert_in_out
+    num_linears = arch.num_dense_matrices + arch.num_moe_layers * hit * arch.num_expert_matrices
+    fwd_passes, trains = 1.0 + gc, job.method == "full"
+    moved = fp8_cast_bytes(
+        job.fp8,
+        weight_elems=weight_elems,
+        input_elems=token_io / 2,
+        grad_out_elems=token_io / 2,
+        fwd_passes=fwd_passes,
+        trains_weight=trains,
+    )
+    kernels = fp8_cast_kernels(job.fp8, num_linears=num_linears, fwd_passes=fwd_passes, trains_weight=trains)
+    acc.add("elementwise", bytes_=moved, kernels=kernels)
 
 
 def _add_optimizer(acc: OpTally, arch: Arch, job: FineTuneJob, k: int) -> None:
