@@ -151,6 +151,15 @@ def _fp8_flops_per_s(path: Path, row_number: int, row: dict[str, str]) -> float 
     return value * 1e12
 
 
+def no_fp8_error(names: list[str]) -> TunecostError:
+    """The one-line error for FP8 training (--fp8) on GPUs without FP8 tensor cores."""
+    verb = "has" if len(names) == 1 else "have"
+    return TunecostError(
+        f"--fp8: {', '.join(names)} {verb} no FP8 tensor cores (FP8 needs Hopper, Ada, Blackwell, MI300); "
+        "drop --fp8 or pick such a GPU"
+    )
+
+
 @lru_cache(maxsize=1)
 def gpu_catalog() -> dict[str, GPU]:
     return load_gpus()

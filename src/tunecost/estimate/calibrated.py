@@ -6,6 +6,7 @@ Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.ca
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -56,7 +57,6 @@ def calibrated_model(
 
 def _keyed_profiles(gpu_terms: Sequence[GpuTerms]) -> list[GpuTerms]:
     """Profiles re-keyed by the catalog name of the GPU they were measured on (an unknown GPU is an error)."""
-    from dataclasses import replace
 
     out = []
     for t in gpu_terms:
@@ -162,7 +162,7 @@ def run_length_note(options: EstimatorOptions) -> str:
 def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
     """What the cross-GPU model predicts for the request at `batch_size`: the job's fixed sequence length, else
     its dataset's length distribution."""
-    return throughput_target(
+    target = throughput_target(
         model=req.spec.name,
         gpu=req.gpu.name,
         batch_size=batch_size,
@@ -173,6 +173,7 @@ def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
         method=req.job.method,
         host_cpu=req.options.host_cpu,
     )
+    return replace(target, job=target.job.with_(fp8=req.job.fp8)) if req.job.fp8 != "none" else target
 
 
 def extrapolation_notes(pred: Prediction) -> list[str]:

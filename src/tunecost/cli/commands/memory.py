@@ -203,6 +203,7 @@ def memory_job(
         dataset=dataset,
         lora=LoraConfig(rank=options.lora_rank, alpha=options.lora_alpha, targets=targets),
         stack=options.stack,
+        fp8=options.fp8,
     )
 
 

@@ -11,7 +11,7 @@ from types import MappingProxyType
 
 from tunecost.catalog.gpu_achieved import achieved_catalog
 from tunecost.catalog.gpu_terms import GpuTerms
-from tunecost.catalog.gpus import GPU
+from tunecost.catalog.gpus import GPU, no_fp8_error
 from tunecost.catalog.host_cpus import gpu_host
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.counts import (
@@ -150,9 +150,7 @@ def host_fields(gpu_name: str, host_cpu: str | None) -> dict:
 def rate_flops_per_s(terms: GpuTerms, peak: str) -> float:
     if peak == FP8_TENSOR_CORE:
         if terms.fp8_matmul_flops_per_s is None:
-            raise TunecostError(
-                f"--fp8: {terms.name} has no FP8 tensor cores (FP8 needs Hopper, Ada, Blackwell, MI300)"
-            )
+            raise no_fp8_error([terms.name])
         return terms.fp8_matmul_flops_per_s
     return terms.matmul_flops_per_s if peak == TENSOR_CORE else terms.fp32_flops_per_s
 

@@ -46,6 +46,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "gpus_per_node": int,
     "strategy": str,
     "offload": str,  # none | optimizer | params
+    "fp8": str,  # none | tensorwise | rowwise | te-delayed (FP8_RECIPES)
 }
 
 
