@@ -8,9 +8,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from tunecost.workload.job import TORCHAO_FP8_RECIPES as TORCHAO_RECIPES
+
 FP8_BYTES = 1
 BF16_BYTES = 2
-TORCHAO_RECIPES = ("tensorwise", "rowwise")
 
 
 @dataclass(frozen=True)

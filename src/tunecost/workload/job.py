@@ -46,6 +46,7 @@ OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw-8bit", "sgd")
 # per tensor ("tensorwise", torchao's and torchtitan's default) or per row ("rowwise"); Transformer Engine's
 # per-tensor delayed scaling ("te-delayed", NeMo/Megatron's default FP8 recipe: FP8 weight copies cached per linear).
 FP8_RECIPES: tuple[str, ...] = ("none", "tensorwise", "rowwise", "te-delayed")
+TORCHAO_FP8_RECIPES: tuple[str, ...] = ("tensorwise", "rowwise")  # torchao Float8Linear (float8_linear.py)
 BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp32": 4}
 RECORD_KEYS = ("model", "method", "experts_per_token", "seq_len", "dataset")  # FineTuneJob.record_keys
 
