@@ -26,6 +26,7 @@ from tunecost.estimate.estimators import (
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
 from tunecost.estimate.simulated import simulated_sizing
 from tunecost.estimate.throughput.calibrate import CalibratedModel
+from tunecost.estimate.throughput.model import achieved_fp8_flops_per_s
 from tunecost.estimate.throughput.sources import calibrate_files, calibration_files
 from tunecost.estimate.throughput.targets import Prediction, ThroughputTarget, throughput_target
 
@@ -56,18 +57,19 @@ def calibrated_model(
 
 
 def _keyed_profiles(gpu_terms: Sequence[GpuTerms]) -> list[GpuTerms]:
-    """Profiles re-keyed by the catalog name of the GPU they were measured on (an unknown GPU is an error)."""
-
+    """Profiles re-keyed by the catalog name of the GPU they were measured on (an unknown GPU is an error), with
+    the FP8 rate a profile does not measure derived from its measured bf16 rate (docs/fp8.md)."""
     out = []
     for t in gpu_terms:
         try:
-            name = resolve_gpu_name(t.name).gpu.name
+            gpu = resolve_gpu_name(t.name).gpu
         except TunecostError as exc:
             raise TunecostError(
                 f"GPU profile for {t.name!r} ({t.source}): {exc}; say which catalog GPU it measured with "
                 "--gpu-profile GPU=FILE"
             ) from None
-        out.append(replace(t, name=name))
+        fp8 = t.fp8_matmul_flops_per_s or achieved_fp8_flops_per_s(gpu, t.matmul_flops_per_s, None)
+        out.append(replace(t, name=gpu.name, fp8_matmul_flops_per_s=fp8))
     return out
 
 
