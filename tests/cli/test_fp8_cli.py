@@ -18,3 +18,8 @@ ESTIMATE = ["estimate", "--model", "llama-3.2-1b", "--epochs", "1", "--queries",
 )
 def test_fp8_errors_are_one_line(cli_error, args: list[str], message: str) -> None:
     assert message in cli_error([*ESTIMATE, *args])
+
+
+def test_memory_refuses_fp8_on_a_gpu_without_it(cli_error) -> None:
+    line = cli_error(["memory", "--model", "llama-3.2-1b", "--method", "lora", "--gpu", "A40", "--fp8", "te-delayed"])
+    assert "--fp8: A40-48GB has no FP8 tensor cores" in line
