@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from tunecost.workload.job import TORCHAO_FP8_RECIPES as TORCHAO_RECIPES
 
+FP8_MEMORY_VERSION = "1"  # in the result cache's key of an FP8 job: bump when these rules change
 FP8_BYTES = 1
 BF16_BYTES = 2
 
