@@ -14,6 +14,10 @@ ESTIMATE = ["estimate", "--model", "llama-3.2-1b", "--epochs", "1", "--queries",
         (["--method", "lora", "--gpu", "A100-80GB", "--fp8", "tensorwise"], "--fp8: A100-80GB-SXM has no FP8"),
         (["--method", "qlora", "--gpu", "H100", "--fp8", "tensorwise"], "--fp8: FP8 training does not apply to QLoRA"),
         (["--method", "lora", "--gpu", "H100", "--fp8", "e4m3"], "unsupported FP8 recipe (--fp8) 'e4m3'"),
+        (
+            ["--method", "lora", "--gpu", "H100", "--fp8", "tensorwise", "--estimator", "paper"],
+            "--fp8: the paper's eq. (1) and (2)",
+        ),
     ],
 )
 def test_fp8_errors_are_one_line(cli_error, args: list[str], message: str) -> None:
