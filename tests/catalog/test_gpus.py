@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tunecost.catalog.gpus import GPU, get_gpu, gpu_catalog, load_gpus, resolve_gpu_name
+from tunecost.catalog.gpus import GPU, fp8_gpu_names, get_gpu, gpu_catalog, load_gpus, resolve_gpu_name
 from tunecost.errors import TunecostError
 
 REQUIRED_GPUS = (  # the catalog holds at least these
@@ -213,3 +213,9 @@ def test_bad_fp8_rate_names_row(tmp_path) -> None:
     path.write_text(f"{head},source_fp8\nG1,g1,48,1,100,10,2026-01-01,,\nG2,g2,48,1,100,10,2026-01-01,200,sheet\n")
     gpus = load_gpus(path)
     assert gpus["G1"].fp8_tensor_flops_per_s is None and gpus["G2"].fp8_tensor_flops_per_s == 200e12
+
+
+def test_every_gpu_means_every_fp8_gpu() -> None:
+    every = fp8_gpu_names("tensorwise", list(gpu_catalog()), every=True)
+    assert "H100-80GB-SXM" in every and "A100-80GB-SXM" not in every
+    assert fp8_gpu_names("none", ["A40"]) == ["A40"]

@@ -27,3 +27,8 @@ def test_fp8_errors_are_one_line(cli_error, args: list[str], message: str) -> No
 def test_memory_refuses_fp8_on_a_gpu_without_it(cli_error) -> None:
     line = cli_error(["memory", "--model", "llama-3.2-1b", "--method", "lora", "--gpu", "A40", "--fp8", "te-delayed"])
     assert "--fp8: A40-48GB has no FP8 tensor cores" in line
+
+
+def test_multi_gpu_refuses_fp8_on_a_gpu_without_it(cli_error) -> None:
+    line = cli_error([*ESTIMATE, "--method", "lora", "--gpu", "A100-80GB", "--gpus", "2", "--fp8", "tensorwise"])
+    assert "--fp8: A100-80GB-SXM has no FP8 tensor cores" in line

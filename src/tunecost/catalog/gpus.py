@@ -160,6 +160,20 @@ def no_fp8_error(names: list[str]) -> TunecostError:
     )
 
 
+def fp8_gpu_names(fp8: str, names: list[str], *, every: bool = False) -> list[str]:
+    """The GPUs an FP8 job (`fp8` not "none") can run on: `every` (--gpu all) keeps the catalog's FP8 cards, else
+    a named GPU without FP8 tensor cores is `no_fp8_error`."""
+    if fp8 == "none":
+        return names
+    resolved = [resolve_gpu_name(n).gpu for n in names]
+    if every:
+        return [g.name for g in resolved if g.supports_fp8]
+    lacking = list(dict.fromkeys(g.name for g in resolved if not g.supports_fp8))
+    if lacking:
+        raise no_fp8_error(lacking)
+    return names
+
+
 @lru_cache(maxsize=1)
 def gpu_catalog() -> dict[str, GPU]:
     return load_gpus()
