@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunecost.catalog.datasets import dataset_catalog, get_dataset_facts
-from tunecost.catalog.gpus import Resolved, no_fp8_error, resolve_gpu_name
+from tunecost.catalog.gpus import Resolved, fp8_gpu_names, resolve_gpu_name
 from tunecost.catalog.prices import Price, price_catalog, prices_for
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import (
@@ -184,9 +184,7 @@ def estimate_costs(
     for name in gpus:
         named = resolve_gpu_name(name)
         resolved.setdefault(named.gpu.name, named)
-    no_fp8 = [name for name, named in resolved.items() if job.fp8 != "none" and not named.gpu.supports_fp8]
-    if no_fp8:
-        raise no_fp8_error(no_fp8)
+    fp8_gpu_names(job.fp8, list(resolved))  # a GPU without FP8 tensor cores: one error before any estimate
     catalog = price_catalog(prices_file)
     prices = {name: prices_for(name, catalog, provider) for name in resolved}  # before any (slow) estimate
     rows: list[CostRow] = []
