@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from tunecost.catalog.gpus import GPU, get_gpu, gpu_catalog, load_gpus, resolve_gpu_name
+from tunecost.catalog.gpus import GPU, fp8_gpu_names, get_gpu, gpu_catalog, load_gpus, resolve_gpu_name
 from tunecost.errors import TunecostError
 
 REQUIRED_GPUS = (  # the catalog holds at least these
@@ -185,3 +185,37 @@ def test_bad_cuda_memory_names_row(tmp_path) -> None:
         load_gpus(path)
     path.write_text(f"{head},source_cuda_memory\nG1,g1,48,1,100,10,2026-01-01,45,deviceQuery\n")
     assert load_gpus(path)["G1"].usable_memory_bytes == 45 * 2**30
+
+
+FP8_ARCHITECTURES = {"Hopper", "Ada", "Blackwell", "CDNA3", "CDNA4"}
+
+
+def test_fp8_rate_where_the_architecture_has_fp8_tensor_cores() -> None:
+    """Every Hopper, Ada, Blackwell and CDNA3/4 card has a dense FP8 rate with its source and date, twice its bf16
+    rate (the datasheets' ratio); older cards (Ampere, Volta, Turing, CDNA2) have none."""
+    for gpu in gpu_catalog().values():
+        if gpu.architecture not in FP8_ARCHITECTURES:
+            assert not gpu.supports_fp8 and gpu.fp8_tensor_flops_per_s is None, gpu.name
+            continue
+        assert gpu.supports_fp8 and gpu.fp8_tensor_flops_per_s is not None, gpu.name
+        ratio = gpu.fp8_tensor_flops_per_s / gpu.bf16_tensor_flops_per_s
+        assert 1.95 < ratio < 2.05, (gpu.name, ratio)
+        assert gpu.sources.get("fp8", "").strip(), f"{gpu.name}: no source for fp8_tensor_tflops"
+    assert get_gpu("H100").fp8_tensor_flops_per_s == pytest.approx(1979e12)  # gpus.csv: stas00 TFLOPS table
+
+
+def test_bad_fp8_rate_names_row(tmp_path) -> None:
+    path = tmp_path / "gpus.csv"
+    head = "name,aliases,memory_gib,mem_bandwidth_tb_s,bf16_tensor_tflops,fp32_tflops,as_of,fp8_tensor_tflops"
+    path.write_text(f"{head}\nG1,g1,48,1,100,10,2026-01-01,200\n")
+    with pytest.raises(TunecostError, match=r"row 1: fp8_tensor_tflops 200 has no source_fp8"):
+        load_gpus(path)
+    path.write_text(f"{head},source_fp8\nG1,g1,48,1,100,10,2026-01-01,,\nG2,g2,48,1,100,10,2026-01-01,200,sheet\n")
+    gpus = load_gpus(path)
+    assert gpus["G1"].fp8_tensor_flops_per_s is None and gpus["G2"].fp8_tensor_flops_per_s == 200e12
+
+
+def test_every_gpu_means_every_fp8_gpu() -> None:
+    every = fp8_gpu_names("tensorwise", list(gpu_catalog()), every=True)
+    assert "H100-80GB-SXM" in every and "A100-80GB-SXM" not in every
+    assert fp8_gpu_names("none", ["A40"]) == ["A40"]

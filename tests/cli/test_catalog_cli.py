@@ -18,7 +18,7 @@ def _ok_json(cli_runner, args: list[str]):
 # The documented fields of each catalog row in --json output.
 JSON_FIELDS = {
     "gpus": "name aliases memory_gib memory_bytes mem_bandwidth_bytes_per_s bf16_tensor_flops_per_s fp32_flops_per_s "
-    "as_of sources supports_bf16 cuda_memory_gib usable_memory_bytes",
+    "as_of sources supports_bf16 cuda_memory_gib usable_memory_bytes fp8_tensor_flops_per_s supports_fp8",
     "models": "name family hub_id layers hidden_size vocab_size num_experts experts_per_token total_params "
     "active_params published_total_params source as_of",
 }
@@ -37,6 +37,8 @@ def test_gpus_json(cli_runner) -> None:
     assert "a40" in a40["aliases"]
     assert by_name["H100-80GB-SXM"]["bf16_tensor_flops_per_s"] == pytest.approx(989e12)  # gpus.csv
     assert by_name["H100-80GB-SXM"]["supports_bf16"] and not by_name["T4-16GB"]["supports_bf16"]  # Turing
+    assert by_name["H100-80GB-SXM"]["fp8_tensor_flops_per_s"] == pytest.approx(1979e12)  # gpus.csv
+    assert by_name["H100-80GB-SXM"]["supports_fp8"] and not by_name["A40-48GB"]["supports_fp8"]  # Ampere
 
 
 def test_gpus_table(cli_runner) -> None:

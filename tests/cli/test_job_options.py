@@ -23,6 +23,7 @@ JOB_OPTIONS = (
     "optimizer",
     "seq_len",
     "stack",
+    "fp8",
     "chunked_loss",
     "offload_activations",
     "optimizer_in_backward",

@@ -21,6 +21,7 @@ class AchievedRates:
     memory_bytes_per_s: float
     sources: dict[str, str]
     as_of: str
+    fp8_matmul_flops_per_s: float | None = None  # measured FP8 MAMF where published (else derived: docs/fp8.md)
 
 
 def load_achieved(path: Path = GPU_ACHIEVED_PATH) -> dict[str, AchievedRates]:
@@ -38,6 +39,11 @@ def load_achieved(path: Path = GPU_ACHIEVED_PATH) -> dict[str, AchievedRates]:
             memory_bytes_per_s=memory,
             sources={k.removeprefix("source_"): v for k, v in row.items() if k.startswith("source_")},
             as_of=row["as_of"],
+            fp8_matmul_flops_per_s=(
+                parse_float(path, i, "fp8_matmul_tflops", row["fp8_matmul_tflops"]) * 1e12
+                if row.get("fp8_matmul_tflops")
+                else None
+            ),
         )
     return out
 

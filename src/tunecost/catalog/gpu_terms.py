@@ -10,6 +10,7 @@ from dataclasses import dataclass
 class GpuTerms:
     name: str  # catalog name, or the device name a profile was measured on
     matmul_flops_per_s: float  # achieved dense bf16 GEMM throughput at large shapes
+    fp8_matmul_flops_per_s: float | None = None  # achieved dense FP8 GEMM throughput; None: no FP8 tensor cores
     matmul_half_rows: float | None = None  # GEMM rows (M) at which a small-M GEMM reaches half of it
     fp32_flops_per_s: float  # achieved fp32 (non-tensor-core) throughput
     memory_bytes_per_s: float  # achieved element-wise (streaming) bandwidth

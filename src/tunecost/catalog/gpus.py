@@ -62,6 +62,13 @@ class GPU:
     # the datasheet figure by the driver's reserve, and on GDDR6 cards with ECC on by a further 1/16. None where no
     # printout is stored (`source_cuda_memory` names it).
     cuda_memory_gib: float | None = None
+    # Dense FP8 tensor-core rate (FP32 accumulate, no sparsity); None where the card has no FP8 tensor cores.
+    fp8_tensor_flops_per_s: float | None = None
+
+    @property
+    def supports_fp8(self) -> bool:
+        """True for cards with FP8 tensor cores (Hopper, Ada, Blackwell, CDNA3 and later): a catalog FP8 rate."""
+        return self.fp8_tensor_flops_per_s is not None
 
     @property
     def supports_bf16(self) -> bool:
@@ -109,6 +116,7 @@ def load_gpus(path: Path = GPU_CATALOG_PATH) -> dict[str, GPU]:
             sources={k.removeprefix("source_"): v for k, v in row.items() if k.startswith("source_")},
             notes=row.get("notes", ""),
             cuda_memory_gib=_cuda_memory_gib(path, i, row, memory_gib),
+            fp8_tensor_flops_per_s=_fp8_flops_per_s(path, i, row),
         )
         gpus[gpu.name] = gpu
     return gpus
@@ -128,6 +136,42 @@ def _cuda_memory_gib(path: Path, row_number: int, row: dict[str, str], datasheet
     if not row.get("source_cuda_memory"):
         raise TunecostError(f"{path}: row {row_number}: cuda_memory_gib {cell} has no source_cuda_memory")
     return value
+
+
+def _fp8_flops_per_s(path: Path, row_number: int, row: dict[str, str]) -> float | None:
+    """The optional `fp8_tensor_tflops` cell: blank (no FP8 tensor cores), or a positive rate with its source."""
+    cell = row.get("fp8_tensor_tflops", "")
+    if not cell:
+        return None
+    value = parse_float(path, row_number, "fp8_tensor_tflops", cell)
+    if not value > 0:
+        raise TunecostError(f"{path}: row {row_number}: fp8_tensor_tflops {cell} must be > 0")
+    if not row.get("source_fp8"):
+        raise TunecostError(f"{path}: row {row_number}: fp8_tensor_tflops {cell} has no source_fp8")
+    return value * 1e12
+
+
+def no_fp8_error(names: list[str]) -> TunecostError:
+    """The one-line error for FP8 training (--fp8) on GPUs without FP8 tensor cores."""
+    verb = "has" if len(names) == 1 else "have"
+    return TunecostError(
+        f"--fp8: {', '.join(names)} {verb} no FP8 tensor cores (FP8 needs Hopper, Ada, Blackwell, MI300); "
+        "drop --fp8 or pick such a GPU"
+    )
+
+
+def fp8_gpu_names(fp8: str, names: list[str], *, every: bool = False) -> list[str]:
+    """The GPUs an FP8 job (`fp8` not "none") can run on: `every` (--gpu all) keeps the catalog's FP8 cards, else
+    a named GPU without FP8 tensor cores is `no_fp8_error`."""
+    if fp8 == "none":
+        return names
+    resolved = [resolve_gpu_name(n).gpu for n in names]
+    if every:
+        return [g.name for g in resolved if g.supports_fp8]
+    lacking = list(dict.fromkeys(g.name for g in resolved if not g.supports_fp8))
+    if lacking:
+        raise no_fp8_error(lacking)
+    return names
 
 
 @lru_cache(maxsize=1)

@@ -65,6 +65,8 @@ class JobOptions:
     quant_type: cli.QuantType = None
     double_quant: cli.DoubleQuant = True
     stack: cli.Stack = cli.DEFAULT_STACK_NAME
+    # FP8 training (docs/fp8.md)
+    fp8: cli.Fp8 = "none"
 
     def estimate_job(self, model: str, method: str, data: Any = None, experts_per_token: int | None = None) -> Any:
         """The job `estimate` and `plan` cost (`estimate.cost.estimate_job`), on `data`'s lengths when given."""
@@ -88,6 +90,7 @@ class JobOptions:
             optimizer=self.optimizer,
             quant_type=self.quant_type,
             double_quant=self.double_quant,
+            fp8=self.fp8,
         )
 
 

@@ -129,6 +129,12 @@ QuantType = Annotated[
     opt("--quant-type", "4-bit type for qlora: nf4 | fp4 | gptq (default: gptq for a GPTQ checkpoint, else nf4)."),
 ]
 DoubleQuant = Annotated[bool, opt("--double-quant/--no-double-quant", "bitsandbytes' double quantization (qlora).")]
+# FP8 training (docs/fp8.md): its own block beside the job options.
+FP8_HELP = (
+    "FP8 linear GEMMs: none | tensorwise | rowwise (torchao float8, dynamic scaling) | te-delayed (Transformer "
+    "Engine, delayed per-tensor scaling); needs a GPU with FP8 tensor cores (Hopper, Ada, Blackwell, MI300)."
+)
+Fp8 = Annotated[str, opt("--fp8", FP8_HELP, metavar="RECIPE")]
 DEFAULT_LORA_RANK = 16
 DEFAULT_LORA_ALPHA = 32.0
 STACK_HELP = (

@@ -6,6 +6,7 @@ Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.ca
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from tunecost.estimate.estimators import (
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
 from tunecost.estimate.simulated import simulated_sizing
 from tunecost.estimate.throughput.calibrate import CalibratedModel
+from tunecost.estimate.throughput.model import achieved_fp8_flops_per_s
 from tunecost.estimate.throughput.sources import calibrate_files, calibration_files
 from tunecost.estimate.throughput.targets import Prediction, ThroughputTarget, throughput_target
 
@@ -55,19 +57,19 @@ def calibrated_model(
 
 
 def _keyed_profiles(gpu_terms: Sequence[GpuTerms]) -> list[GpuTerms]:
-    """Profiles re-keyed by the catalog name of the GPU they were measured on (an unknown GPU is an error)."""
-    from dataclasses import replace
-
+    """Profiles re-keyed by the catalog name of the GPU they were measured on (an unknown GPU is an error), with
+    the FP8 rate a profile does not measure derived from its measured bf16 rate (docs/fp8.md)."""
     out = []
     for t in gpu_terms:
         try:
-            name = resolve_gpu_name(t.name).gpu.name
+            gpu = resolve_gpu_name(t.name).gpu
         except TunecostError as exc:
             raise TunecostError(
                 f"GPU profile for {t.name!r} ({t.source}): {exc}; say which catalog GPU it measured with "
                 "--gpu-profile GPU=FILE"
             ) from None
-        out.append(replace(t, name=name))
+        fp8 = t.fp8_matmul_flops_per_s or achieved_fp8_flops_per_s(gpu, t.matmul_flops_per_s, None)
+        out.append(replace(t, name=gpu.name, fp8_matmul_flops_per_s=fp8))
     return out
 
 
@@ -162,7 +164,7 @@ def run_length_note(options: EstimatorOptions) -> str:
 def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
     """What the cross-GPU model predicts for the request at `batch_size`: the job's fixed sequence length, else
     its dataset's length distribution."""
-    return throughput_target(
+    target = throughput_target(
         model=req.spec.name,
         gpu=req.gpu.name,
         batch_size=batch_size,
@@ -173,6 +175,7 @@ def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
         method=req.job.method,
         host_cpu=req.options.host_cpu,
     )
+    return replace(target, job=target.job.with_(fp8=req.job.fp8)) if req.job.fp8 != "none" else target
 
 
 def extrapolation_notes(pred: Prediction) -> list[str]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunecost.catalog.datasets import dataset_catalog, get_dataset_facts
-from tunecost.catalog.gpus import Resolved, resolve_gpu_name
+from tunecost.catalog.gpus import Resolved, fp8_gpu_names, resolve_gpu_name
 from tunecost.catalog.prices import Price, price_catalog, prices_for
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import (
@@ -102,6 +102,7 @@ def estimate_job(
     optimizer: str = "adamw",
     quant_type: str | None = None,
     double_quant: bool = True,
+    fp8: str = "none",
 ) -> FineTuneJob:
     """The job `tunecost estimate` costs, with the paper's setups as defaults: gradient checkpointing for (Q)LoRA
     and not for a full fine-tune (BlackMamba's), LoRA on the model's MoE layers or, for a dense model, on its
@@ -134,6 +135,7 @@ def estimate_job(
         lengths=lengths,
         dataset=dataset_name(dataset, lengths),
         stack=stack or DEFAULT_STACK,
+        fp8=fp8,
     )
 
 
@@ -182,6 +184,7 @@ def estimate_costs(
     for name in gpus:
         named = resolve_gpu_name(name)
         resolved.setdefault(named.gpu.name, named)
+    fp8_gpu_names(job.fp8, list(resolved))  # a GPU without FP8 tensor cores: one error before any estimate
     catalog = price_catalog(prices_file)
     prices = {name: prices_for(name, catalog, provider) for name in resolved}  # before any (slow) estimate
     rows: list[CostRow] = []

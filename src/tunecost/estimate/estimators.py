@@ -283,7 +283,10 @@ def paper_max_batch_size(req: EstimateRequest) -> tuple[int, str]:
 
 
 def paper_throughput(req: EstimateRequest, batch_size: int) -> tuple[float | None, list[str]]:
-    """Eq. (2) (artifact form) fitted on measurements of this model, dataset and GPU, if there are any."""
+    """Eq. (2) (artifact form) fitted on measurements of this model, dataset and GPU, if there are any (never for
+    an FP8 job: bf16 measurements)."""
+    if req.job.fp8 != "none":
+        return None, ["eq. (2) was fitted on bf16 runs: the FP8 job's throughput is the cross-GPU model's"]
     fits = _fits_for(req.options.calibrate)
     fit = fits.get((req.spec.name, req.dataset, req.gpu.name))
     if fit is None:
@@ -303,6 +306,10 @@ def paper_throughput(req: EstimateRequest, batch_size: int) -> tuple[float | Non
 
 
 def _check_paper_method(req: EstimateRequest) -> None:
+    if req.job.fp8 != "none":
+        raise TunecostError(
+            "--fp8: the paper's eq. (1) and (2) have no FP8 term; use --estimator calibrated or simulate"
+        )
     expected = PAPER_METHOD.get(req.spec.name)
     if expected is not None and req.job.method != expected:
         raise TunecostError(

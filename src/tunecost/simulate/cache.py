@@ -13,6 +13,7 @@ from tunecost import __version__
 from tunecost.errors import TunecostError
 from tunecost.io import CACHE_ENV, atomic_write_json, cache_root  # noqa: F401 (CACHE_ENV: tests set it through here)
 from tunecost.models.catalog import resolve_model
+from tunecost.simulate.fp8 import FP8_MEMORY_VERSION
 from tunecost.simulate.records import SIMULATOR_VERSION, StepCounts, StepSimulation
 
 _MEMORY: dict[str, object] = {}
@@ -27,7 +28,7 @@ def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512,
     simulation keeps its key."""
     spec = resolve_model(job.model)
     payload = {
-        "job": dataclasses.asdict(job),
+        "job": {k: v for k, v in dataclasses.asdict(job).items() if not (k == "fp8" and v == "none")},
         "trace": num_layers_to_trace,
         "stack": stack,
         "overhead": dataclasses.asdict(overhead),
@@ -37,6 +38,8 @@ def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512,
         "version": __version__,
         "simulator": SIMULATOR_VERSION,
     }
+    if job.fp8 != "none":  # the FP8 rule's version: keys without FP8 keep their old form
+        payload["fp8_memory"] = FP8_MEMORY_VERSION
     if behaviour is not None and not behaviour.is_default:  # unset fields (None, "") left out: older keys hold
         payload["behaviour"] = {k: v for k, v in dataclasses.asdict(behaviour).items() if v is not None and v != ""}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:32]

@@ -1,5 +1,6 @@
 """Prepared (fake) models kept per workload shape within a process: a batch-size search re-steps the same model
-instead of rebuilding it. The key leaves out batch size and lengths, which only change the inputs."""
+instead of rebuilding it. The key leaves out batch size and lengths, which only change the inputs, and the FP8
+recipe, which the simulator adds after the trace (`simulate.fp8`)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ _POOL_SIZE = 6
 
 def _shape_key(job: FineTuneJob, num_units: int, stack: str, behaviour: StackBehaviour) -> str:
     fields = asdict(job)
-    for k in ("batch_size", "seq_len", "lengths", "dataset"):
+    for k in ("batch_size", "seq_len", "lengths", "dataset", "fp8"):
         fields.pop(k, None)
     return json.dumps([fields, num_units, stack, asdict(behaviour)], sort_keys=True, default=str)
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from tunecost.errors import TunecostError
 from tunecost.simulate import cache as _cache
 from tunecost.simulate.behaviour import ADAMW_IMPLS, DEFAULT_BEHAVIOUR, StackBehaviour, stack_adamw_impl
+from tunecost.simulate.fp8 import fp8_linears, fp8_memory_bytes
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.pool import prepared_model
 from tunecost.simulate.records import StepCounts, StepSimulation
@@ -24,6 +25,16 @@ if TYPE_CHECKING:
     from tunecost.simulate.trace import TraceResult
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
+
+FP8_NOTES = {
+    "tensorwise": "fp8 tensorwise (torchao float8): bf16 weights and saved inputs kept; the FP8 casts of the largest "
+    "linear's backward added as temporaries (docs/fp8.md)",
+    "rowwise": "fp8 rowwise (torchao float8): bf16 weights and saved inputs kept; the FP8 casts of the largest "
+    "linear's backward added as temporaries (docs/fp8.md)",
+    "te-delayed": "fp8 te-delayed (Transformer Engine): FP8 weight copies (row- and column-wise) cached per linear "
+    "as buffers, FP8 inputs saved beside the bf16 ones the model code saves (an upper bound), the grad-output's FP8 "
+    "copies as temporaries (docs/fp8.md)",
+}
 
 
 def _lerp(a: float, b: float, t: float) -> float:
@@ -76,6 +87,16 @@ def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layer
     }
 
 
+def add_fp8_memory(parts: dict, extra: dict[str, float]) -> None:
+    """FP8's bytes (`fp8.fp8_memory_bytes`, scaled to full depth) added to the peak, the reserve and the breakdown
+    at the peak: an upper bound where the peak falls after some of them are freed (docs/fp8.md)."""
+    total = round(sum(extra.values()))
+    parts["peak_bytes"] += total
+    parts["peak_reserved_bytes"] += total
+    for category, nbytes in extra.items():
+        parts["breakdown_bytes"][category] = parts["breakdown_bytes"].get(category, 0) + round(nbytes)
+
+
 def _assumptions(
     job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOverhead, behaviour: StackBehaviour, spec: ModelSpec
 ) -> tuple[str, ...]:
@@ -106,6 +127,8 @@ def _assumptions(
             if impl
             else "torch AdamW multi-tensor (foreach) path, as on CUDA: its temporaries span all trainable tensors"
         )
+    if job.fp8 != "none":
+        out.append(FP8_NOTES[job.fp8])
     if job.attention in ("flash", "sdpa"):
         out.append("attention memory as a fused kernel: output + fp32 log-sum-exp saved, no L x L scores")
     if job.method == "qlora" and job.quant_type == "gptq":
@@ -207,15 +230,25 @@ def _simulate_uncached(
     else:
         units_b = max(1, (num_layers_to_trace - prefix) // period)
     units = [full_units] if units_b >= full_units or full_units <= 2 else [max(1, units_b - 1), units_b]
-    traces = []
+    traces, linears = [], []
     for i, u in enumerate(units):
         if on_progress:
             on_progress(i, len(units), f"tracing {prefix + u * period} layers")
         prepared = prepared_model(job, u, stack, behaviour)
         traces.append(trace_step(prepared, job.batch_size, seq_len, round_bytes=granule_bytes))
+        linears.append(fp8_linears(prepared.model.named_modules(), full=job.method == "full"))
     if on_progress:
         on_progress(len(units), len(units), "done")
     parts = combine(traces[0], traces[1] if len(traces) > 1 else None, full_units, spec.num_layers)
+    if job.fp8 != "none":
+        tokens = job.batch_size * seq_len
+        extra = [fp8_memory_bytes(job.fp8, lin, tokens, granule_bytes) for lin in linears]
+        t = (
+            0.0
+            if len(traces) == 1
+            else (full_units - traces[0].num_units) / (traces[1].num_units - traces[0].num_units)
+        )
+        add_fp8_memory(parts, _lerp_dict(extra[0], extra[-1], t))
     return StepSimulation(
         model=spec.name,
         method=job.method,

@@ -42,6 +42,11 @@ QUANT_TYPES: tuple[str, ...] = ("nf4", "fp4", "gptq")  # bitsandbytes nf4/fp4; G
 GPTQ_KERNELS: tuple[str, ...] = ("triton-v2", "torch")
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "sdpa", "eager")
 OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw-8bit", "sgd")
+# FP8 training of the linear layers' GEMMs (docs/fp8.md): "none"; torchao float8 with dynamic scaling, one scale
+# per tensor ("tensorwise", torchao's and torchtitan's default) or per row ("rowwise"); Transformer Engine's
+# per-tensor delayed scaling ("te-delayed", NeMo/Megatron's default FP8 recipe: FP8 weight copies cached per linear).
+FP8_RECIPES: tuple[str, ...] = ("none", "tensorwise", "rowwise", "te-delayed")
+TORCHAO_FP8_RECIPES: tuple[str, ...] = ("tensorwise", "rowwise")  # torchao Float8Linear (float8_linear.py)
 BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp32": 4}
 RECORD_KEYS = ("model", "method", "experts_per_token", "seq_len", "dataset")  # FineTuneJob.record_keys
 
@@ -157,6 +162,7 @@ class FineTuneJob:
     # Modules trained fully beside LoRA (PEFT's modules_to_save, e.g. ("embed_tokens", "lm_head")): each keeps
     # its frozen original and gets a trainable copy with its gradient and optimizer states.
     modules_to_save: tuple[str, ...] = ()
+    fp8: str = "none"  # FP8 linear GEMMs, one of FP8_RECIPES (the GPU needs FP8 tensor cores)
 
     def __post_init__(self) -> None:
         _check_choice("method", self.method, METHODS)
@@ -182,6 +188,11 @@ class FineTuneJob:
             raise TunecostError(
                 f"GPTQ int4 weights compute in fp16 (auto-gptq's kernels), not {self.compute_dtype}; use --dtype fp16"
             )
+        _check_choice("FP8 recipe (--fp8)", self.fp8, FP8_RECIPES)
+        if self.fp8 != "none" and self.method == "qlora":
+            raise TunecostError("--fp8: FP8 training does not apply to QLoRA (4-bit base weights); use lora or full")
+        if self.fp8 != "none" and self.compute_dtype == "fp32":
+            raise TunecostError("--fp8: FP8 training runs beside bf16/fp16 compute, not fp32; use --dtype bf16")
         if self.modules_to_save and self.method == "full":
             raise TunecostError("modules_to_save applies beside LoRA; a full fine-tune already trains every module")
         if len(set(self.modules_to_save)) != len(self.modules_to_save):

@@ -195,3 +195,22 @@ def test_detect_is_false_for_other_frameworks() -> None:
         {"compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "num_processes": 8},  # accelerate
     ]
     assert not any(FRAMEWORK.detect(d) for d in others)
+
+
+def test_float8_converter_is_fp8(tmp_path: Path) -> None:
+    """model.converters with torchao's float8 linears -> fp8 at quantize.linear.float8.recipe_name, tensorwise
+    when unset (torchtitan @ 238fa99: TorchAOFloat8LinearConfig()); the llama3 TOMLs filter the output head."""
+    shipped = LLAMA3_8B.replace('hf_assets_path = "./assets/hf/Llama-3.1-8B"', 'converters = ["float8"]')
+    job = _read(tmp_path, shipped + '\n[quantize.linear.float8]\nfilter_fqns = ["output"]\n')
+    assert job.options["fp8"] == "tensorwise"
+    _named(job, "fp8 tensorwise")
+    assert not any("output head" in a for a in job.assumptions)
+    rowwise = shipped.replace('["float8"]', '["quantize.linear.float8", "quantize.linear.mx"]')
+    job = _read(tmp_path, rowwise + '\n[quantize.linear.float8]\nrecipe_name = "rowwise"\n')
+    assert job.options["fp8"] == "rowwise"
+    assert any(a.startswith("model.converters quantize.linear.mx: not modelled") for a in job.assumptions)
+    assert any("output head converted by torchtitan is modelled in bf16" in a for a in job.assumptions)
+    hp = rowwise + '\n[quantize.linear.float8]\nrecipe_name = "rowwise_with_gw_hp"\n'
+    with pytest.raises(TunecostError, match=r"quantize.linear.float8.recipe_name.*rowwise_with_gw_hp"):
+        _read(tmp_path, hp)
+    assert "fp8" not in _read(tmp_path, LLAMA3_8B).options

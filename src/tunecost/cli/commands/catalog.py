@@ -24,6 +24,7 @@ def gpus(json_out: JsonOut = False) -> None:
                     "memory_bytes": g.memory_bytes,
                     "usable_memory_bytes": g.usable_memory_bytes,
                     "supports_bf16": g.supports_bf16,
+                    "supports_fp8": g.supports_fp8,
                 }
                 for g in rows
             ]
@@ -31,7 +32,17 @@ def gpus(json_out: JsonOut = False) -> None:
         return
     print_table(
         "GPUs (datasheet, dense)",
-        ["name", "vendor", "aliases", "memory GiB", "CUDA GiB", "bandwidth TB/s", "BF16 TFLOP/s", "FP32 TFLOP/s"],
+        [
+            "name",
+            "vendor",
+            "aliases",
+            "memory GiB",
+            "CUDA GiB",
+            "bandwidth TB/s",
+            "BF16 TFLOP/s",
+            "FP8 TFLOP/s",
+            "FP32 TFLOP/s",
+        ],
         [
             [
                 g.name,
@@ -41,6 +52,7 @@ def gpus(json_out: JsonOut = False) -> None:
                 "-" if g.cuda_memory_gib is None else f"{g.cuda_memory_gib:.2f}",
                 f"{g.mem_bandwidth_bytes_per_s / 1e12:.3g}",
                 f"{g.bf16_tensor_flops_per_s / 1e12:g}" + ("" if g.supports_bf16 else " (FP16: no bf16)"),
+                "-" if g.fp8_tensor_flops_per_s is None else f"{g.fp8_tensor_flops_per_s / 1e12:g}",
                 f"{g.fp32_flops_per_s / 1e12:g}",
             ]
             for g in rows
@@ -48,6 +60,7 @@ def gpus(json_out: JsonOut = False) -> None:
         caption=(
             "CUDA GiB: the total CUDA reports (below the datasheet by the driver's reserve, and ECC's 1/16 on GDDR6 "
             "cards with ECC on), what fits are decided against; '-': not stored, the datasheet figure is used. "
+            "FP8 '-': no FP8 tensor cores (--fp8 refuses the card). "
             "Sources per figure: tunecost gpus --json"
         ),
     )

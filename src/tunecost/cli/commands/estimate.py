@@ -64,6 +64,7 @@ def estimate(
 ) -> None:
     """Cost of fine-tuning MODEL on each GPU and provider, the answer first; says which estimator answered.
     With --gpus (or --strategy): memory per rank, communication and cost on several GPUs."""
+    from tunecost.catalog.gpus import fp8_gpu_names
     from tunecost.estimate.cost import estimate_costs
     from tunecost.workload.job_data import job_data
 
@@ -72,6 +73,7 @@ def estimate(
     check_estimate_options(epochs, queries, job_options.seq_len, dataset, estimator, run_queries, steady_state)
     data = job_data(dataset, model=model) if dataset else None
     job = job_options.estimate_job(model, method, data, experts_per_token)
+    gpus = fp8_gpu_names(job.fp8, gpus, every=gpu.strip().lower() == "all")
     queries = data.num_queries if queries is None and data is not None else queries
     behaviour = stack_flags.behaviour(job_options.stack)
     if multi_gpu.given:

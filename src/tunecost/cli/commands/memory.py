@@ -129,7 +129,7 @@ def memory(
         gptq=(gptq_group_size, gptq_kernel),
         modules_to_save=modules_to_save,
     )
-    gpu_bytes, gpu_name, gpu_note = _gpu_budget(gpu, gpu_memory, memory_bytes)
+    gpu_bytes, gpu_name, gpu_note = _gpu_budget(gpu, gpu_memory, memory_bytes, fp8=job.fp8)
     stack, behaviour = job_options.stack, stack_flags.behaviour(job_options.stack)
     with progress_callback("simulating", enabled=not json_out) as report:
         common = {"stack": stack, "behaviour": behaviour, "use_cache": not no_cache, "on_progress": report}
@@ -203,15 +203,19 @@ def memory_job(
         dataset=dataset,
         lora=LoraConfig(rank=options.lora_rank, alpha=options.lora_alpha, targets=targets),
         stack=options.stack,
+        fp8=options.fp8,
     )
 
 
-def _gpu_budget(gpu: str | None, gpu_memory: GpuMemory, memory_bytes: int | None) -> tuple:
-    """(bytes, name, note) of the GPU the largest batch is sought on; all None without one."""
+def _gpu_budget(gpu: str | None, gpu_memory: GpuMemory, memory_bytes: int | None, fp8: str = "none") -> tuple:
+    """(bytes, name, note) of the GPU the largest batch is sought on; all None without one. FP8 on a GPU without
+    FP8 tensor cores is an error."""
     if gpu is not None:
-        from tunecost.catalog.gpus import resolve_gpu_name
+        from tunecost.catalog.gpus import no_fp8_error, resolve_gpu_name
 
         g = resolve_gpu_name(gpu).gpu
+        if fp8 != "none" and not g.supports_fp8:
+            raise no_fp8_error([g.name])
         return g.usable_memory_bytes, g.name, g.usable_memory_note()
     if memory_bytes is not None:
         return memory_bytes, gpu_memory.name, ""

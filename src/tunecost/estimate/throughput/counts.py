@@ -12,14 +12,16 @@ from types import MappingProxyType
 
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.arch import Arch, arch_of
+from tunecost.estimate.throughput.fp8 import fp8_cast_bytes, fp8_cast_kernels
 from tunecost.estimate.throughput.lengths import SeqLengths, empirical_lengths, fixed_lengths
 from tunecost.estimate.throughput.mixers import BWD_BYTES_PER_FWD_BYTE, BWD_KERNELS_PER_FWD_KERNEL, add_mixers
 from tunecost.models.catalog import ModelSpec
-from tunecost.workload.job import FineTuneJob
+from tunecost.workload.job import TORCHAO_FP8_RECIPES, FineTuneJob
 from tunecost.workload.op_classes import OP_CLASSES
 
 GEMM_CLASSES = ("expert_matmul", "dense_matmul", "lm_head", "router", "lora")
 TENSOR_CORE = "bf16_tensor"
+FP8_TENSOR_CORE = "fp8_tensor"  # the linear layers' GEMMs under --fp8 (docs/fp8.md)
 CUDA_CORE = "fp32"
 
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64  # 4-bit codes + 8-bit absmax per 64-block (double quantization)
@@ -136,12 +138,14 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
     if arch.num_experts > 1:
         _add_experts(acc, arch, tokens=tokens, k=k, hit=hit, w_bytes=w_bytes, passes=(base_passes, fwd_passes))
 
-    # Every other matmul weight (attention or Mamba projections, shared experts, dense MLPs).
+    # Every other matmul weight (attention or Mamba projections, shared experts, dense MLPs); torchao's Float8Linear
+    # runs the grad-weight GEMM of a frozen weight too (docs/fp8.md).
+    dense_passes = frozen_passes + (1.0 if full or job.fp8 in TORCHAO_FP8_RECIPES else 0.0)
     acc.add(
         "dense_matmul",
-        flops=base_passes * 2.0 * tokens * arch.dense_params,
-        bytes_=base_passes * (arch.dense_params * w_bytes + tokens * arch.dense_in_out * w_bytes),
-        kernels=base_passes * arch.num_dense_matrices,
+        flops=dense_passes * 2.0 * tokens * arch.dense_params,
+        bytes_=dense_passes * (arch.dense_params * w_bytes + tokens * arch.dense_in_out * w_bytes),
+        kernels=dense_passes * arch.num_dense_matrices,
     )
 
     # Output head (not recomputed; tied to the embedding in BlackMamba, which trains under full FT).
@@ -160,6 +164,8 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
     _add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
     add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes)
     _add_optimizer(acc, arch, job, k)
+    if job.fp8 != "none":
+        _add_fp8_casts(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
     lora_rows = rows_expert if "experts" in job.lora.targets and arch.num_experts > 1 else tokens
     rows = {
         "expert_matmul": rows_expert,
@@ -174,6 +180,8 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
         c: (TENSOR_CORE if c in ("expert_matmul", "dense_matmul", "lm_head", "router", "attention") else CUDA_CORE)
         for c in OP_CLASSES
     }
+    if job.fp8 != "none":
+        peaks.update({c: FP8_TENSOR_CORE for c in fp8_classes(job.fp8)})
     return AnalyticStepCounts(
         flops_by_class=MappingProxyType({c: acc.flops.get(c, 0.0) for c in OP_CLASSES}),
         bytes_by_class=MappingProxyType({c: acc.bytes.get(c, 0.0) for c in OP_CLASSES}),
@@ -252,6 +260,33 @@ def _add_dequant(
         bytes_=dequant_passes * quant_params * per_param,
         kernels=dequant_passes * quant_calls * per_call,
     )
+
+
+def fp8_classes(recipe: str) -> tuple[str, ...]:
+    """Op classes whose GEMMs run in FP8: the dense linears (torchao's Float8Linear swaps nn.Linear only), and the
+    routed experts under Transformer Engine (Megatron's grouped linears); never the head, router, LoRA factors or
+    attention's BMMs."""
+    return ("dense_matmul", "expert_matmul") if recipe == "te-delayed" else ("dense_matmul",)
+
+
+def _add_fp8_casts(acc: OpTally, arch: Arch, job: FineTuneJob, *, tokens: float, k: int, hit: float, gc: float) -> None:
+    """The casts around the FP8 GEMMs (`fp8_classes`): the dense linears, and under Transformer Engine the routed
+    experts; input and grad-output elements split evenly between a linear's in and out sides (docs/fp8.md)."""
+    experts = float("expert_matmul" in fp8_classes(job.fp8))
+    weight_elems = arch.dense_params + experts * arch.num_moe_layers * hit * arch.expert_params
+    token_io = tokens * arch.dense_in_out + experts * tokens * k * arch.num_moe_layers * arch.expert_in_out
+    num_linears = arch.num_dense_matrices + experts * arch.num_moe_layers * hit * arch.num_expert_matrices
+    fwd_passes, trains = 1.0 + gc, job.method == "full" or job.fp8 in TORCHAO_FP8_RECIPES
+    moved = fp8_cast_bytes(
+        job.fp8,
+        weight_elems=weight_elems,
+        input_elems=token_io / 2,
+        grad_out_elems=token_io / 2,
+        fwd_passes=fwd_passes,
+        trains_weight=trains,
+    )
+    kernels = fp8_cast_kernels(job.fp8, num_linears=num_linears, fwd_passes=fwd_passes, trains_weight=trains)
+    acc.add("elementwise", bytes_=moved, kernels=kernels)
 
 
 def _add_optimizer(acc: OpTally, arch: Arch, job: FineTuneJob, k: int) -> None:

@@ -53,6 +53,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "micro_batches": int,  # pipeline micro-batches per step
     "pipeline_schedule": str,  # 1f1b | gpipe | interleaved-1f1b
     "virtual_stages": int,  # pipeline stages per rank (interleaved-1f1b)
+    "fp8": str,  # none | tensorwise | rowwise | te-delayed (FP8_RECIPES)
 }
 
 

@@ -28,6 +28,8 @@ from tunecost.workload.frameworks.model_parallel import ModelShape, catalog_shap
 #   (default True) came later, with the Python configs (aa68af18, 2026-03-29, torchtitan/config/configs.py)
 #   activation_checkpoint.mode selective (selective_ac_option "2": every 2nd layer); compile.enable False
 #   attention: the flavors' attn_type "sdpa" (torch SDPA); "_flex"/"_varlen" flavors: flex/varlen attention
+#   quantize.linear.float8.recipe_name None (TorchAOFloat8LinearConfig(): tensorwise), filter_fqns [] (llama3 TOMLs:
+#   ["output"]); components/quantization/float8.py registers the converter "quantize.linear.float8"
 TITLE = "torchtitan"
 # JobConfig's sections and fields; training.batch_size: local_batch_size's name before 2025-06-05
 SP_KEY = "enable_sequence_parallel"  # the Python configs' switch (2026-03-29), read when a TOML file has it
@@ -61,6 +63,9 @@ PLAN_KEYS = {
 RESHARD = {"default": True, "always": True, "never": False}
 CHECKPOINTING = {"none": False, "full": True, "selective": True, "memory_budget": True}
 DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
+# torchao float8 linears: the converter's registered name, and "float8" as the shipped TOMLs write it
+FLOAT8_CONVERTERS = ("quantize.linear.float8", "float8")
+FLOAT8 = "quantize.linear.float8."
 
 
 def nested_config(cfg: ConfigFile) -> ConfigFile:
@@ -161,8 +166,29 @@ def _model(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     options.update(model=FLAVORS[f"{name}/{base}"], attention="sdpa")
     how = f"{attention} attention modelled as SDPA" if attention else "torch's scaled_dot_product_attention"
     notes.append(f"attention sdpa: {TITLE}'s flavor {flavor}: {how}")
-    if flat.get("model.converters"):
-        notes.append(f"model.converters: {TITLE}'s float8/MX matmuls are not modelled (bf16 matmuls assumed)")
+    _converters(flat, options, notes)
+
+
+def _converters(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
+    """model.converters: torchao float8 linears (FLOAT8_CONVERTERS) -> fp8 with quantize.linear.float8's recipe
+    (None: tensorwise, torchao's default config); MX and grouped-GEMM float8 are not modelled (bf16 assumed)."""
+    converters = flat.get("model.converters") or []
+    if isinstance(converters, str):  # the CLI's comma-separated form
+        converters = [c.strip() for c in converters.split(",") if c.strip()]
+    other = [c for c in converters if c not in FLOAT8_CONVERTERS]
+    if other:
+        notes.append(f"model.converters {', '.join(other)}: not modelled (bf16 matmuls assumed)")
+    if not any(c in FLOAT8_CONVERTERS for c in converters):
+        return
+    recipe = flat.typed(f"{FLOAT8}recipe_name", str)
+    if recipe not in (None, "tensorwise", "rowwise"):
+        raise flat.error(f"{FLOAT8}recipe_name", f"{recipe!r}: tunecost models tensorwise and rowwise")
+    options["fp8"] = recipe or "tensorwise"
+    if recipe is None:
+        notes.append(f"fp8 tensorwise: {FLOAT8}recipe_name unset, {TITLE}'s torchao Float8LinearConfig() default")
+    filtered = flat.get(f"{FLOAT8}filter_fqns") or []
+    if "output" not in filtered:
+        notes.append(f"{FLOAT8}filter_fqns: the output head converted by {TITLE} is modelled in bf16")
 
 
 def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
