@@ -70,6 +70,11 @@ def test_hugging_face_library_names_are_the_hf_trainer_stacks() -> None:
     assert {key: getattr(stack_for(*key), "name", None) for key in named} == named
 
 
-@pytest.mark.parametrize("cell", ["fsdp_qlora", "megatron-lm", "ms-swift 3"])
+@pytest.mark.parametrize("cell", ["fsdp_qlora", "ms-swift 3"])
 def test_other_trainers_stay_unknown(cell: str) -> None:
     assert stack_for(cell) is None
+
+
+@pytest.mark.parametrize("cell", ["megatron-lm", "NeMo 24.05", "nemo"])
+def test_nemo_and_megatron_are_one_stack(cell: str) -> None:
+    assert stack_for(cell).name == "nemo"

@@ -160,3 +160,14 @@ def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
             raise Skip(f"optimizer {cell!r} not modelled (tunecost runs AdamW, 8-bit AdamW and SGD)")
         return named, "; ".join(filter(None, (note, f"optimizer {cell!r} read as {named}")))
     return _OPTIMIZERS[key], note
+
+
+def fp8_of(cell: str, stack_cell: str) -> tuple[str, str]:
+    """(compute dtype, FP8 recipe) of a `compute_dtype` cell: "fp8" (or "fp8-hybrid", "fp8 (te)") is bf16 with FP8
+    linears, Transformer Engine's delayed scaling under NeMo / Megatron or a cell naming TE, else torchao's
+    tensorwise scaling."""
+    text = cell.strip().lower()
+    if "fp8" not in text:
+        return cell, "none"
+    te = any(name in f"{text} {stack_cell.lower()}" for name in ("te", "transformer engine", "nemo", "megatron"))
+    return "bf16", "te-delayed" if te else "tensorwise"

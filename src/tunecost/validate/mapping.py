@@ -21,13 +21,14 @@ from tunecost.validate.cells import (
     Skip,
     adamw_impl_for,
     attention_for,
+    fp8_of,
     grad_ckpt_for,
     lora_targets,
     modules_to_save,
     optimizer_for,
 )
 from tunecost.validate.corpus import CorpusRow
-from tunecost.validate.model_parallel_cells import model_parallel_of, names_distributed_optimizer
+from tunecost.validate.model_parallel_cells import model_parallel_of, model_parallel_row, names_distributed_optimizer
 from tunecost.validate.stack_behaviour import behaviour_for
 from tunecost.validate.stacks import Stack, stack_for
 from tunecost.workload.frameworks.registry import framework_defaults
@@ -144,7 +145,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     attention = attention_for(row.get("attention"))
     if attention is None:
         raise Skip(f"attention {row.get('attention')!r} not known")
-    dtype = row.get("compute_dtype") or "bf16"
+    dtype, fp8 = fp8_of(row.get("compute_dtype") or "bf16", row.get("stack"))
     saved = modules_to_save(row.get("lora_targets")) if method != "full" else ()
     optimizer, optimizer_note = optimizer_for(row.get("optimizer"), adapters_only=method != "full" and not saved)
     if throughput and method == "full" and optimizer != "adamw":
@@ -163,6 +164,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             batch_size=_int(row, "batch_size_per_gpu"),
             seq_len=seq_len,
             modules_to_save=saved,
+            fp8=fp8,
             **gptq,
         )
     except TunecostError as exc:
@@ -190,25 +192,6 @@ def map_row(row: CorpusRow) -> MappedRow:
         note=note,
         model_parallel=mp,
     )
-
-
-def model_parallel_row(row: CorpusRow, spec, job: FineTuneJob, num_gpus: int, grad_accum: int) -> ModelParallel | None:
-    """The row's TP/PP/CP degrees, its gradient accumulation as the pipeline's micro-batches; `Skip` for degrees
-    that do not divide its GPUs, the model or the sequence."""
-    mp = model_parallel_of(row.get("parallelism") or "", micro_batches=grad_accum)
-    if mp is None:
-        return None
-    try:
-        plan = ParallelPlan(num_gpus=num_gpus, strategy="ddp", **dataclasses.asdict(mp))
-        plan.check_model(
-            num_heads=spec.num_heads,
-            num_kv_heads=spec.num_kv_heads,
-            num_layers=spec.num_layers,
-            seq_len=job.worst_case_seq_len,
-        )
-    except TunecostError as exc:
-        raise Skip(f"parallelism {row.get('parallelism')!r}: {exc}") from None
-    return mp
 
 
 def row_behaviour(

@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from tunecost.distributed.layouts import ModelParallel
+from tunecost.errors import TunecostError
+from tunecost.validate.cells import Skip
+from tunecost.validate.corpus import CorpusRow
+from tunecost.workload.job import FineTuneJob
+from tunecost.workload.parallel import ParallelPlan
 
 _PAR = r"(?:[ _-]?(?:model[ _-]?)?parallel(?:ism|[ _]size|[ _]degree)?)"
 _DEGREES = {
@@ -43,3 +49,24 @@ def names_distributed_optimizer(parallelism: str) -> bool:
     """Megatron's distributed optimizer (fp32 main weights and Adam states sharded over the data-parallel ranks:
     tunecost's zero1)."""
     return bool(_DISTRIBUTED_OPTIMIZER.search(parallelism.lower()))
+
+
+def model_parallel_row(row: CorpusRow, spec, job: FineTuneJob, num_gpus: int, grad_accum: int) -> ModelParallel | None:
+    """The row's TP/PP/CP degrees, its gradient accumulation as the pipeline's micro-batches; `Skip` for degrees
+    that do not divide its GPUs, the model or the sequence."""
+    mp = model_parallel_of(row.get("parallelism") or "", micro_batches=grad_accum)
+    if mp is None:
+        return None
+    if mp.tp > 1 and job.method != "full":
+        raise Skip(f"tensor parallelism with {job.method} not modelled (the TP plan shards nn.Linear, not LoRA layers)")
+    try:
+        plan = ParallelPlan(num_gpus=num_gpus, strategy="ddp", **dataclasses.asdict(mp))
+        plan.check_model(
+            num_heads=spec.num_heads,
+            num_kv_heads=spec.num_kv_heads,
+            num_layers=spec.num_layers,
+            seq_len=job.worst_case_seq_len,
+        )
+    except TunecostError as exc:
+        raise Skip(f"parallelism {row.get('parallelism')!r}: {exc}") from None
+    return mp

@@ -199,9 +199,12 @@ def _training(r: Reader, options: dict[str, Any]) -> None:
             f"in {dtype} (their memory under-estimated; --dtype fp32 bounds it)"
         )
     fp8 = r.value(d.fp8, (bool, str))
-    if fp8:
+    if fp8:  # Transformer Engine's FP8 linears, delayed scaling (NeMo's fp8_recipe default)
+        options["fp8"] = "te-delayed"
         hybrid = f" (fp8_hybrid {r.value('model.fp8_hybrid', bool, True)})" if d is NEMO else ""
-        r.notes.append(f"{r.key(d.fp8)} {fp8}{hybrid}: read; FP8 compute is tunecost's --fp8 (not set from the config)")
+        r.notes.append(
+            f"{r.key(d.fp8)} {fp8}{hybrid}: Transformer Engine FP8 linears with delayed scaling (te-delayed)"
+        )
     name = r.value(d.optimizer, str, "fused_adam" if d is NEMO else "adam")
     if name not in OPTIMIZERS:
         raise flat.error(r.key(d.optimizer), f"{name!r}: tunecost models {', '.join(OPTIMIZERS)}")
