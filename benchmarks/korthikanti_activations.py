@@ -123,7 +123,6 @@ def _compare_collectives(step, tp: int, sp: bool, recompute: bool) -> None:
         num_kv_heads=2,
         bytes_per_element=2,
         recompute=recompute,
-        gathered_logits_vocab=TINY_VOCAB,
     ):
         derived[c.op, c.phase, c.nbytes] += c.count
     label = ("TP+SP" if sp else "TP") + (", recompute" if recompute else "")

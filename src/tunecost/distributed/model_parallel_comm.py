@@ -16,6 +16,8 @@ from tunecost.workload.parallel import ParallelPlan
 
 TP_ALL_REDUCES_FORWARD = 2  # per decoder layer: after attention's output projection and the MLP's down projection
 TP_ALL_REDUCES_BACKWARD = 2  # the gradients of the column-parallel projections' inputs (QKV, gate/up)
+LOSS_PARALLEL_ALL_REDUCES = 3  # torch.distributed.tensor.parallel.loss_parallel: max, sum of exp, target logits
+ADAMW_GRADIENT_READS = 3  # torch AdamW (foreach) reads a gradient 3 times: lerp, mul/addcmul of the second moment
 ROTATE_METHODS = ("allgather", "alltoall")  # torch.distributed.tensor.experimental's set_rotate_method
 
 
@@ -96,12 +98,13 @@ def tp_layer_collectives(
 
 
 def tp_root_collectives(
-    plan: ParallelPlan, *, first_stage: bool, last_stage: bool, logits_bytes: float = 0
+    plan: ParallelPlan, *, first_stage: bool, last_stage: bool, logits_bytes: float = 0, loss_bytes: float = 0
 ) -> list[tuple]:
     """torchtitan's plan for the vocabulary-parallel embedding (row-wise: forward all-reduce, or reduce-scatter
     into sequence shards with SP, whose backward is an all-gather) and LM head (column-wise: the input gathered
     with SP, its gradient all-reduced or reduce-scattered). `logits_bytes` > 0: the vocabulary-sharded logits are
-    all-gathered for a loss on whole logits (no loss_parallel; its backward takes a local slice)."""
+    all-gathered for a loss on whole logits (no loss_parallel; its backward takes a local slice); else
+    loss_parallel's reductions of `loss_bytes` (one fp32 value per token) each."""
     if plan.tp == 1:
         return []
     sp = plan.sequence_parallel
@@ -116,7 +119,17 @@ def tp_root_collectives(
         out.append(("reduce_scatter" if sp else "all_reduce", "backward", "LM head input gradient", 1))
         if logits_bytes:
             out.append(("all_gather", "forward", "logits (no loss parallel)", 1, logits_bytes))
+        else:  # DTensor's loss_parallel: the logits' max, the sum of exponentials and the target logits, fp32
+            out.append(("all_reduce", "forward", "loss parallel reductions", LOSS_PARALLEL_ALL_REDUCES, loss_bytes))
     return out
+
+
+def sp_norm_collectives(plan: ParallelPlan, *, norms: int, norm_bytes: int) -> list[tuple]:
+    """With sequence parallelism the norms' replicated weights get Partial gradients, all-reduced each time torch's
+    AdamW reads one (`ADAMW_GRADIENT_READS` per step): once per step, not per micro-batch."""
+    if plan.tp == 1 or not plan.sequence_parallel:
+        return []
+    return [("all_reduce", "optimizer", "norm weight gradients", ADAMW_GRADIENT_READS * norms, norm_bytes)]
 
 
 def cp_layer_collectives(plan: ParallelPlan, block_bytes: float, *, rotate_method: str) -> list[tuple]:
@@ -213,8 +226,25 @@ def model_parallel_collectives(
     logits = activation_bytes(
         batch=batch, tokens=tokens, hidden=gathered_logits_vocab, bytes_per_element=bytes_per_element
     )
-    root = tp_root_collectives(plan, first_stage=stage == 0, last_stage=stage == plan.pp - 1, logits_bytes=logits)
+    last = stage == plan.pp - 1
+    root = tp_root_collectives(
+        plan, first_stage=stage == 0, last_stage=last, logits_bytes=logits, loss_bytes=batch * tokens * 4
+    )
     add("tp", plan.tp, root, full, 1)
+    norms = 2 * layers + (1 if last else 0)  # two per decoder layer, the final norm on the last stage
+    for op, phase, what, calls, nbytes in sp_norm_collectives(plan, norms=norms, norm_bytes=hidden * bytes_per_element):
+        out.append(
+            ModelParallelCollective(
+                op=op,
+                phase=phase,
+                what=what,
+                group="tp",
+                ranks=plan.tp,
+                intra_node=group_intra_node(plan, "tp"),
+                nbytes=nbytes,
+                count=calls,
+            )
+        )
     block = kv_block_bytes(
         batch=batch,
         tokens=tokens,
