@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import json
+import tempfile
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -215,3 +219,27 @@ def test_seconds_on_links():
     assert collective_seconds_on_links(by_kind["recv", "forward"], **links) == 0.0
     tp = next(c for c in collectives(plan) if c.op == "all_reduce")
     assert collective_seconds_on_links(tp, **links) == pytest.approx(tp.nbytes * 2 * (1 / 2) / 400e9)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_derived_collectives_equal_dtensor_recorded(sp):
+    """The collectives `model_parallel_collectives` counts for a tiny Llama at tp 2 are those PyTorch's DTensor TP
+    issues (one rank on a fake process group, `tensor_parallel.simulate_tp_rank`): op, phase, bytes and calls."""
+    from collections import Counter
+
+    from tunecost.distributed.tensor_parallel import simulate_tp_rank
+    from tunecost.workload.job import FineTuneJob
+
+    config = {"model_type": "llama", "vocab_size": 256, "hidden_size": 64, "intermediate_size": 128}
+    config |= {"num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2}
+    path = Path(tempfile.mkdtemp()) / "tiny-llama.json"
+    path.write_text(json.dumps(config), encoding="utf-8")
+    job = FineTuneJob(model=str(path), method="full", batch_size=2, seq_len=64, gradient_checkpointing=False)
+    step = simulate_tp_rank(job, tp=2, sequence_parallel=sp)
+    recorded = Counter((c.op, c.phase, c.nbytes) for c in step.collectives)
+    plan = ParallelPlan(num_gpus=2, strategy="single", tp=2, sequence_parallel=sp)
+    derived: Counter = Counter()
+    shape = dict(hidden=64, num_layers=2, num_heads=4, num_kv_heads=2, bytes_per_element=2)
+    for c in model_parallel_collectives(plan, batch=2, seq_len=64, **shape):
+        derived[c.op, c.phase, c.nbytes] += c.count
+    assert recorded == derived
