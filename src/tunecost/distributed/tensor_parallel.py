@@ -4,7 +4,7 @@ the embedding row-parallel and the LM head column-parallel; with sequence parall
 `SequenceParallel` and the attention and MLP inputs all-gathered by `PrepareModuleInput`. Simulated on a fake process
 group (fake tensors) or measured on real gloo ranks (`tp_measure`), with the FSDP2 step's recorder.
 
-Sources and derivations: docs/multi-gpu.md, section "Tensor parallelism".
+Sources and derivations: docs/multi-gpu.md, section "Tensor parallelism: one rank on a fake process group vs gloo".
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ group, each running `sharded_step.record_rank_step` on its real shard of a tiny 
 Each rank also reports its loss and the loss of the same model unsharded (the same seed's weights): TP changes
 where the arithmetic runs, not its result.
 
-Sources and derivations: docs/multi-gpu.md, section "Tensor parallelism".
+Sources and derivations: docs/multi-gpu.md, section "Tensor parallelism: one rank on a fake process group vs gloo".
 """
 
 from __future__ import annotations
