@@ -244,3 +244,9 @@ def test_llama_2_70b_rank_at_tp8_in_seconds():
     linear_bytes = (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter) * 2
     assert step.layer_weight_bytes == linear_bytes // 8 + 2 * hidden * 2 + hidden * 2 // layers
     assert step.root_weight_bytes == 2 * vocab * hidden * 2 // 8 + 2 * 64 * 4
+    # a rank's FLOPs are its local ops': the matmuls and attention split 8 ways, only the norms, rotary embedding
+    # and residual adds (elementwise, under 1 % of the work) whole
+    one_gpu = tp_single_gpu_step(job, tp=1, sequence_parallel=False, granule_bytes=1, use_cache=False)
+    for phase in ("forward", "backward"):
+        share = step.flops_by_phase[phase] / one_gpu.flops_by_phase[phase]
+        assert 1 / 8 <= share <= 1.01 / 8, phase
