@@ -90,6 +90,21 @@ def test_sharded_model_computes_the_unsharded_loss(measured, sp):
         assert r.loss == pytest.approx(r.unsharded_loss, rel=1e-5)
 
 
+@pytest.mark.long
+@pytest.mark.xdist_group("gloo-ranks")
+def test_gloo_with_activation_checkpointing():
+    """Checkpointed layers re-run their forward (and its collectives) in backward: still the same bytes and calls."""
+    from tunecost.distributed.tp_measure import measure_tp_ranks
+
+    job = dataclasses.replace(_job(), gradient_checkpointing=True)
+    sim = simulate_tp_rank(job, tp=2, sequence_parallel=True, granule_bytes=1)
+    assert any(c.phase == "recompute" for c in sim.collectives)
+    for r in measure_tp_ranks(job, tp=2, sequence_parallel=True):
+        assert abs(sim.peak_bytes - r.step.peak_bytes) <= 0.03 * r.step.peak_bytes
+        assert _signature(r.step) == _signature(sim)
+        assert r.loss == pytest.approx(r.unsharded_loss, rel=1e-5)
+
+
 def test_megatron_collectives_without_sequence_parallelism(simulated):
     """Forward: the embedding's partial sums and each layer's o_proj and down_proj outputs all-reduced, and loss
     parallelism's three all-reduces of one value per token (the logits' max, the sum of exponentials, the target's
