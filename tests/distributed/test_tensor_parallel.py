@@ -159,9 +159,44 @@ def test_sequence_parallelism_shrinks_the_activations(simulated):
     assert simulated(True).peak_bytes < simulated(False).peak_bytes
 
 
-def test_lora_is_refused_under_tp():
-    with pytest.raises(TunecostError, match="--method full"):
-        simulate_tp_rank(_job("lora"), tp=2, sequence_parallel=False)
+def _lora_job() -> FineTuneJob:
+    lora = LoraConfig(rank=8, targets=("attention", "mlp"))
+    return dataclasses.replace(tiny_job("tiny-llama-2l", "lora", lora, gradient_checkpointing=True), seq_len=SEQ)
+
+
+def test_lora_factors_split_as_sharded_lora_layers():
+    """Column-parallel (q, k, v, gate, up): B split by output rows, A whole; row-parallel (o, down): A split by input
+    columns, B whole. r = 8 per layer: q 8x64 + (64x8)/2, k and v 8x64 + (32x8)/2, o (8x64)/2 + 64x8, gate and up
+    8x64 + (128x8)/2, down (8x128)/2 + 64x8; AdamW keeps two fp32 states of each; the norms stay frozen (with SP
+    too: SequenceParallel's new parameters would train them)."""
+    per_layer = (512 + 256) + 2 * (512 + 128) + (256 + 512) + 2 * (512 + 512) + (512 + 512)
+    for sp in (False, True):
+        step = simulate_tp_rank(_lora_job(), tp=2, sequence_parallel=sp, granule_bytes=1)
+        assert step.static_bytes["optimizer_states"] == 2 * NUM_LAYERS * per_layer * 4
+
+
+@pytest.mark.long
+@pytest.mark.xdist_group("gloo-ranks")
+def test_gloo_lora_with_sequence_parallelism():
+    """LoRA on attention and MLP, checkpointed, TP + SP: the same bytes and calls on 2 gloo ranks (the loss check
+    does not exercise the LoRA update: B starts at zero). The replicated factors' gradients (A of the 5
+    column-parallel linears, B of the 2 row-parallel ones, per layer) are partial sums that the AdamW step
+    all-reduces 3 times each, as the norms' under full fine-tuning; the frozen norms have none."""
+    from tunecost.distributed.tp_measure import measure_tp_ranks
+
+    job = _lora_job()
+    sim = simulate_tp_rank(job, tp=2, sequence_parallel=True, granule_bytes=1)
+    num_replicated_factors = 7 * NUM_LAYERS
+    assert sim.collective_totals()[("all_reduce", "optimizer")][0] == 3 * num_replicated_factors
+    for r in measure_tp_ranks(job, tp=2, sequence_parallel=True):
+        assert abs(sim.peak_bytes - r.step.peak_bytes) <= 0.03 * r.step.peak_bytes
+        assert _signature(r.step) == _signature(sim)
+        assert r.loss == pytest.approx(r.unsharded_loss, rel=1e-5)
+
+
+def test_qlora_is_refused_under_tp():
+    with pytest.raises(TunecostError, match="--method qlora"):
+        simulate_tp_rank(_job("qlora"), tp=2, sequence_parallel=False)
 
 
 def test_degrees_the_model_cannot_split():
