@@ -178,8 +178,8 @@ def test_lora_factors_split_as_sharded_lora_layers():
 @pytest.mark.long
 @pytest.mark.xdist_group("gloo-ranks")
 def test_gloo_lora_with_sequence_parallelism():
-    """LoRA on attention and MLP, checkpointed, TP + SP: the same bytes and calls on 2 gloo ranks (the loss check
-    does not exercise the LoRA update: B starts at zero). The replicated factors' gradients (A of the 5
+    """LoRA on attention and MLP, checkpointed, TP + SP: the same bytes and calls on 2 gloo ranks, and the unsharded
+    loss (the measurement sets every B to a nonzero ramp first). The replicated factors' gradients (A of the 5
     column-parallel linears, B of the 2 row-parallel ones, per layer) are partial sums that the AdamW step
     all-reduces 3 times each, as the norms' under full fine-tuning; the frozen norms have none."""
     from tunecost.distributed.tp_measure import measure_tp_ranks

@@ -10,6 +10,7 @@ Sources and derivations: docs/multi-gpu.md, section "Tensor parallelism: one ran
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -183,22 +184,29 @@ def prepare_tp_rank(
     stack: str = "tunecost",
     seed: int = 0,
     loss_parallel: bool = True,
+    before_tp: Callable[[nn.Module], None] | None = None,
 ):
     """Build `job`'s model (`num_units` decoder layers, None: all) and parallelize it over the default process
-    group (which must exist)."""
+    group (which must exist); `before_tp` runs on the whole model first (measurements set weights)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     tp = dist.get_world_size()
     check_tp_supported(job, tp, sequence_parallel=sequence_parallel)
     mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
+
+    def wrap(model: nn.Module) -> None:
+        if before_tp is not None:
+            before_tp(model)
+        apply_tp(model, mesh, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel)
+
     return build_prepared(
         job,
         num_units=num_units,
         stack=stack,
         real=real,
         seed=seed,
-        wrap=lambda model: apply_tp(model, mesh, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel),
+        wrap=wrap,
     )
 
 

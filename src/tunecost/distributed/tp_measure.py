@@ -38,6 +38,17 @@ def _loss(prepared, batch: dict) -> float:
     return float(full_tensor() if full_tensor is not None else loss)
 
 
+def _nonzero_lora_b(model) -> None:
+    """LoRA's B factors start at zero, which would hide the LoRA update from the loss check: set every one to the
+    same values in the unsharded and the TP model (a ramp, no random numbers)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("lora_B"):
+                p.copy_(torch.linspace(-0.5, 0.5, p.numel(), dtype=p.dtype).view_as(p))
+
+
 def _released_collectives():
     """A dispatch mode (below the recorder) that, after each `wait_tensor` of a functional collective, waits for
     gloo's worker thread to release the collective's buffers (`measure._release_collective`): without it, gloo
@@ -66,9 +77,16 @@ def _tp_worker(job: FineTuneJob, sequence_parallel: bool, loss_parallel: bool) -
     try:
         vocab = resolve_model(job.model).vocab_size
         batch = make_batch(vocab, job.batch_size, job.worst_case_seq_len, None, seed=0)  # one batch per TP group
-        unsharded_loss = _loss(build_prepared(job, num_units=None, real=True, seed=0), batch)
+        unsharded = build_prepared(job, num_units=None, real=True, seed=0, wrap=_nonzero_lora_b)
+        unsharded_loss = _loss(unsharded, batch)
+        del unsharded
         prepared = prepare_tp_rank(
-            job, sequence_parallel=sequence_parallel, real=True, seed=0, loss_parallel=loss_parallel
+            job,
+            sequence_parallel=sequence_parallel,
+            real=True,
+            seed=0,
+            loss_parallel=loss_parallel,
+            before_tp=_nonzero_lora_b,
         )
         strategy = tp_strategy(dist.get_world_size(), sequence_parallel, loss_parallel)
         with loss_context(loss_parallel), _released_collectives():
