@@ -22,7 +22,14 @@ from tunecost.workload.job import FineTuneJob, LoraConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "distributed"))
 from tiny_jobs import tiny_job
 
-LAYOUTS = [(False, True), (True, True), (False, False), (True, False)]  # (sequence parallel, loss parallel)
+# (method, sequence parallel, loss parallel); LoRA r 8 on attention and MLP with activation checkpointing
+LAYOUTS = [
+    ("full", False, True),
+    ("full", True, True),
+    ("full", False, False),
+    ("full", True, False),
+    ("lora", True, True),
+]
 
 
 def _collectives(step) -> str:
@@ -34,10 +41,15 @@ def _signature(step) -> list:
 
 
 def tiny_table() -> None:
-    job = dataclasses.replace(tiny_job("tiny-llama-2l", "full", LoraConfig(rank=8)), seq_len=64)
-    print("tiny Llama (2 layers, hidden 64, vocabulary 512), full fine-tuning, fp32, AdamW, batch 2 x 64 tokens, tp 2")
-    print(f"{'layout':<22} {'simulated':>10} {'rank 0':>10} {'rank 1':>10} {'error':>7} {'collectives':<12} loss")
-    for sp, lp in LAYOUTS:
+    lora = LoraConfig(rank=8, targets=("attention", "mlp"))
+    jobs = {
+        "full": dataclasses.replace(tiny_job("tiny-llama-2l", "full", lora), seq_len=64),
+        "lora": dataclasses.replace(tiny_job("tiny-llama-2l", "lora", lora, gradient_checkpointing=True), seq_len=64),
+    }
+    print("tiny Llama (2 layers, hidden 64, vocabulary 512), fp32, AdamW, batch 2 x 64 tokens, tp 2")
+    print(f"{'layout':<27} {'simulated':>10} {'rank 0':>10} {'rank 1':>10} {'error':>7} {'collectives':<12} loss")
+    for method, sp, lp in LAYOUTS:
+        job = jobs[method]
         start = time.perf_counter()
         sim = simulate_tp_rank(job, tp=2, sequence_parallel=sp, granule_bytes=1, loss_parallel=lp)
         ranks = measure_tp_ranks(job, tp=2, sequence_parallel=sp, loss_parallel=lp)
@@ -45,7 +57,7 @@ def tiny_table() -> None:
         same = all(_signature(r.step) == _signature(sim) for r in ranks)
         losses = ", ".join(f"{r.loss:.6f}" for r in ranks)
         print(
-            f"{tp_strategy(2, sp, lp):<22} {sim.peak_bytes:>10,} {ranks[0].step.peak_bytes:>10,} "
+            f"{method + ' ' + tp_strategy(2, sp, lp):<27} {sim.peak_bytes:>10,} {ranks[0].step.peak_bytes:>10,} "
             f"{ranks[1].step.peak_bytes:>10,} {100 * err:>6.3f}% {'equal' if same else 'DIFFERENT':<12} "
             f"{losses} (unsharded {ranks[0].unsharded_loss:.6f}; {time.perf_counter() - start:.0f} s)"
         )
@@ -58,17 +70,17 @@ def llama_70b() -> None:
         model="meta-llama/Llama-2-70b-hf", method="full", batch_size=1, seq_len=4096, gradient_checkpointing=True
     )
     print("\nLlama-2-70B, full fine-tuning, bf16, AdamW, 1 x 4096 tokens, gradient checkpointing: one rank (GiB)")
-    print(f"{'layout':<10} {'layer weights':>13} {'weights':>8} {'activations':>11} {'peak':>8} {'traced in':>9}")
+    print(f"{'layout':<10} {'layer weights':>13} {'weights':>8} {'activations':>11} {'fwd/bwd peak':>12} {'peak':>8}")
     for tp, sp in ((1, False), (8, False), (8, True)):
         start = time.perf_counter()
         step = tp_single_gpu_step(job, tp=tp, sequence_parallel=sp, use_cache=False)
         seconds = time.perf_counter() - start
-        peak_key = max(step.segments, key=lambda k: sum(step.segments[k].values()))
-        fwd_end = step.segments["forward:post"]
+        totals = {k: sum(v.values()) for k, v in step.segments.items()}
+        fwd_bwd = max(v for k, v in totals.items() if not k.startswith("optimizer"))
         print(
             f"{tp_strategy(tp, sp):<10} {step.layer_weight_bytes / 2**30:>13.3f} {step.weight_bytes / 2**30:>8.2f} "
-            f"{fwd_end.get('activations', 0) / 2**30:>11.2f} {sum(step.segments[peak_key].values()) / 2**30:>8.2f} "
-            f"{seconds:>8.1f}s   (peak segment {peak_key})"
+            f"{step.segments['forward:post'].get('activations', 0) / 2**30:>11.2f} {fwd_bwd / 2**30:>12.2f} "
+            f"{max(totals.values()) / 2**30:>8.2f}   (traced in {seconds:.1f} s)"
         )
 
 

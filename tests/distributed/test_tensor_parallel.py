@@ -90,6 +90,21 @@ def test_sharded_model_computes_the_unsharded_loss(measured, sp):
         assert r.loss == pytest.approx(r.unsharded_loss, rel=1e-5)
 
 
+@pytest.mark.long
+@pytest.mark.xdist_group("gloo-ranks")
+def test_gloo_with_activation_checkpointing():
+    """Checkpointed layers re-run their forward (and its collectives) in backward: still the same bytes and calls."""
+    from tunecost.distributed.tp_measure import measure_tp_ranks
+
+    job = dataclasses.replace(_job(), gradient_checkpointing=True)
+    sim = simulate_tp_rank(job, tp=2, sequence_parallel=True, granule_bytes=1)
+    assert any(c.phase == "recompute" for c in sim.collectives)
+    for r in measure_tp_ranks(job, tp=2, sequence_parallel=True):
+        assert abs(sim.peak_bytes - r.step.peak_bytes) <= 0.03 * r.step.peak_bytes
+        assert _signature(r.step) == _signature(sim)
+        assert r.loss == pytest.approx(r.unsharded_loss, rel=1e-5)
+
+
 def test_megatron_collectives_without_sequence_parallelism(simulated):
     """Forward: the embedding's partial sums and each layer's o_proj and down_proj outputs all-reduced, and loss
     parallelism's three all-reduces of one value per token (the logits' max, the sum of exponentials, the target's
@@ -144,9 +159,44 @@ def test_sequence_parallelism_shrinks_the_activations(simulated):
     assert simulated(True).peak_bytes < simulated(False).peak_bytes
 
 
-def test_lora_is_refused_under_tp():
-    with pytest.raises(TunecostError, match="--method full"):
-        simulate_tp_rank(_job("lora"), tp=2, sequence_parallel=False)
+def _lora_job() -> FineTuneJob:
+    lora = LoraConfig(rank=8, targets=("attention", "mlp"))
+    return dataclasses.replace(tiny_job("tiny-llama-2l", "lora", lora, gradient_checkpointing=True), seq_len=SEQ)
+
+
+def test_lora_factors_split_as_sharded_lora_layers():
+    """Column-parallel (q, k, v, gate, up): B split by output rows, A whole; row-parallel (o, down): A split by input
+    columns, B whole. r = 8 per layer: q 8x64 + (64x8)/2, k and v 8x64 + (32x8)/2, o (8x64)/2 + 64x8, gate and up
+    8x64 + (128x8)/2, down (8x128)/2 + 64x8; AdamW keeps two fp32 states of each; the norms stay frozen (with SP
+    too: SequenceParallel's new parameters would train them)."""
+    per_layer = (512 + 256) + 2 * (512 + 128) + (256 + 512) + 2 * (512 + 512) + (512 + 512)
+    for sp in (False, True):
+        step = simulate_tp_rank(_lora_job(), tp=2, sequence_parallel=sp, granule_bytes=1)
+        assert step.static_bytes["optimizer_states"] == 2 * NUM_LAYERS * per_layer * 4
+
+
+@pytest.mark.long
+@pytest.mark.xdist_group("gloo-ranks")
+def test_gloo_lora_with_sequence_parallelism():
+    """LoRA on attention and MLP, checkpointed, TP + SP: the same bytes and calls on 2 gloo ranks, and the unsharded
+    loss (the measurement sets every B to a nonzero ramp first). The replicated factors' gradients (A of the 5
+    column-parallel linears, B of the 2 row-parallel ones, per layer) are partial sums that the AdamW step
+    all-reduces 3 times each, as the norms' under full fine-tuning; the frozen norms have none."""
+    from tunecost.distributed.tp_measure import measure_tp_ranks
+
+    job = _lora_job()
+    sim = simulate_tp_rank(job, tp=2, sequence_parallel=True, granule_bytes=1)
+    num_replicated_factors = 7 * NUM_LAYERS
+    assert sim.collective_totals()[("all_reduce", "optimizer")][0] == 3 * num_replicated_factors
+    for r in measure_tp_ranks(job, tp=2, sequence_parallel=True):
+        assert abs(sim.peak_bytes - r.step.peak_bytes) <= 0.03 * r.step.peak_bytes
+        assert _signature(r.step) == _signature(sim)
+        assert r.loss == pytest.approx(r.unsharded_loss, rel=1e-5)
+
+
+def test_qlora_is_refused_under_tp():
+    with pytest.raises(TunecostError, match="--method qlora"):
+        simulate_tp_rank(_job("qlora"), tp=2, sequence_parallel=False)
 
 
 def test_degrees_the_model_cannot_split():
@@ -244,3 +294,9 @@ def test_llama_2_70b_rank_at_tp8_in_seconds():
     linear_bytes = (2 * hidden * hidden + 2 * hidden * kv + 3 * hidden * inter) * 2
     assert step.layer_weight_bytes == linear_bytes // 8 + 2 * hidden * 2 + hidden * 2 // layers
     assert step.root_weight_bytes == 2 * vocab * hidden * 2 // 8 + 2 * 64 * 4
+    # a rank's FLOPs are its local ops': the matmuls and attention split 8 ways, only the norms, rotary embedding
+    # and residual adds (elementwise, under 1 % of the work) whole
+    one_gpu = tp_single_gpu_step(job, tp=1, sequence_parallel=False, granule_bytes=1, use_cache=False)
+    for phase in ("forward", "backward"):
+        share = step.flops_by_phase[phase] / one_gpu.flops_by_phase[phase]
+        assert 1 / 8 <= share <= 1.01 / 8, phase

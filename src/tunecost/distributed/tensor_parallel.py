@@ -4,20 +4,23 @@ the embedding row-parallel and the LM head column-parallel; with sequence parall
 `SequenceParallel` and the attention and MLP inputs all-gathered by `PrepareModuleInput`. Simulated on a fake process
 group (fake tensors) or measured on real gloo ranks (`tp_measure`), with the FSDP2 step's recorder.
 
-Sources and derivations: docs/multi-gpu.md, section "Tensor parallelism".
+Sources and derivations: docs/multi-gpu.md, section "Tensor parallelism: one rank on a fake process group vs gloo".
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
 
 from tunecost.distributed.sharded_step import RankStep, fake_process_group, record_rank_step
+from tunecost.distributed.tp_lora import lora_linear_style
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import decoder_layers
 from tunecost.models.catalog import resolve_model
+from tunecost.simulate.modules import SimLinear
 from tunecost.simulate.prepare import build_prepared
 from tunecost.simulate.step import make_batch
 from tunecost.workload.job import FineTuneJob
@@ -39,11 +42,13 @@ def check_tp_supported(job: FineTuneJob, tp: int, *, sequence_parallel: bool) ->
             f"{spec.name}: tensor parallelism is simulated for the Llama layout ({', '.join(TP_FAMILIES)}), "
             f"not {spec.family!r}"
         )
-    if job.method != "full":
+    if job.method == "qlora":
         raise TunecostError(
-            f"--tp with --method {job.method}: tensor parallelism is simulated for full fine-tuning only (PyTorch's "
-            "ColwiseParallel/RowwiseParallel shard nn.Linear, not LoRA layers); use --method full or --tp 1"
+            "--tp with --method qlora: tensor parallelism is simulated for full fine-tuning and LoRA, not 4-bit "
+            "weights (their packed bytes would need a sharded layout of their own); use --method lora or full"
         )
+    if job.modules_to_save:
+        raise TunecostError("--tp with modules_to_save: the wrapped copies are not sharded by the TP plan")
     heads = int(spec.config.get("num_attention_heads") or 0)
     kv_heads = int(spec.config.get("num_key_value_heads") or heads)
     intermediate = int(spec.config.get("intermediate_size") or 0)
@@ -147,12 +152,19 @@ def apply_tp(model: nn.Module, mesh, *, sequence_parallel: bool, loss_parallel: 
     `loss_parallel` the step's forward and backward must run under `loss_context(True)`."""
     from torch.distributed.tensor.parallel import parallelize_module
 
+    trainable = {name: p.requires_grad for name, p in model.named_parameters()}
     for layer in decoder_layers(model):
+        plan = layer_plan(sequence_parallel=sequence_parallel)
         for name in (*COLWISE, *ROWWISE):
-            if not isinstance(layer.get_submodule(name), nn.Linear):
+            module = layer.get_submodule(name)
+            if isinstance(module, SimLinear) and module.qweight is None:  # LoRA, or a frozen linear beside it
+                plan[name] = lora_linear_style(plan[name])
+            elif not isinstance(module, nn.Linear):
                 raise TunecostError(f"tensor parallelism: {name} of {type(layer).__name__} is not an nn.Linear")
-        parallelize_module(layer, mesh, layer_plan(sequence_parallel=sequence_parallel))
+        parallelize_module(layer, mesh, plan)
     parallelize_module(model, mesh, root_plan(sequence_parallel=sequence_parallel, loss_parallel=loss_parallel))
+    for name, p in model.named_parameters():  # SequenceParallel's new parameters forget that a norm was frozen
+        p.requires_grad_(trainable[name])
 
 
 def loss_context(loss_parallel: bool):
@@ -172,22 +184,29 @@ def prepare_tp_rank(
     stack: str = "tunecost",
     seed: int = 0,
     loss_parallel: bool = True,
+    before_tp: Callable[[nn.Module], None] | None = None,
 ):
     """Build `job`'s model (`num_units` decoder layers, None: all) and parallelize it over the default process
-    group (which must exist)."""
+    group (which must exist); `before_tp` runs on the whole model first (measurements set weights)."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
     tp = dist.get_world_size()
     check_tp_supported(job, tp, sequence_parallel=sequence_parallel)
     mesh = init_device_mesh("cpu", (tp,), mesh_dim_names=("tp",))
+
+    def wrap(model: nn.Module) -> None:
+        if before_tp is not None:
+            before_tp(model)
+        apply_tp(model, mesh, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel)
+
     return build_prepared(
         job,
         num_units=num_units,
         stack=stack,
         real=real,
         seed=seed,
-        wrap=lambda model: apply_tp(model, mesh, sequence_parallel=sequence_parallel, loss_parallel=loss_parallel),
+        wrap=wrap,
     )
 
 

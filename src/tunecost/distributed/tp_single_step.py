@@ -3,7 +3,7 @@ model under `tensor_parallel.apply_tp` on a fake process group of `tp` ranks, tr
 layers and scaled, so every segment's bytes are one rank's (its weight, gradient and optimizer-state shards, its
 activations: 1/tp inside the parallel regions, and with sequence parallelism in the norms too).
 
-Sources and derivations: docs/multi-gpu.md, section "Tensor parallelism".
+Sources and derivations: docs/multi-gpu.md, section "Tensor parallelism: one rank on a fake process group vs gloo".
 """
 
 from __future__ import annotations
