@@ -98,7 +98,7 @@ def test_an_fsdp_row_is_one_rank_of_fsdp1(corpus) -> None:
     row = _by_id(validate_rows([multi]))["t-multi"]
     assert (row.status, row.predicted) == ("ok", round(rank.peak_bytes / GIB, 3))
     for cells, words in (
-        ({"parallelism": "tensor parallel 2"}, "not modelled"),
+        ({"parallelism": "hybrid sharding"}, "not modelled"),
         ({"parallelism": "deepspeed"}, "not modelled"),
         ({"parallelism": ""}, "unstated"),
     ):
@@ -646,7 +646,7 @@ def test_rows_of_other_stacks_gpus_and_layouts_are_predicted_or_skipped_with_the
         row("zero2-offload", parallelism="deepspeed zero2 + cpu offload", num_gpus="4"),
         row("zero3-offload", parallelism="DeepSpeed ZeRO-3 (offload)", num_gpus="8", method="full", lora_rank=""),
         row("fsdp-offload", parallelism="FSDP (FULL_SHARD) + CPU offload", quantity="oom", value="0", unit=""),
-        row("tensor-parallel", parallelism="tensor parallel 2"),
+        row("tensor-parallel", parallelism="tensor parallel 2", method="qlora"),
         row("one-gpu-speed", **one, **tokens, value=str(8192 / step_s)),
         row("two-gpu-speed", **tokens, value=str(0.9 * 8192 / step_s)),
         row("sixteen-gpu-speed", num_gpus="16", **tokens, value=str(0.8 * 8192 / step_s)),

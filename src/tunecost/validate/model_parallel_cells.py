@@ -57,8 +57,8 @@ def model_parallel_row(row: CorpusRow, spec, job: FineTuneJob, num_gpus: int, gr
     mp = model_parallel_of(row.get("parallelism") or "", micro_batches=grad_accum)
     if mp is None:
         return None
-    if mp.tp > 1 and job.method != "full":
-        raise Skip(f"tensor parallelism with {job.method} not modelled (the TP plan shards nn.Linear, not LoRA layers)")
+    if mp.tp > 1 and (job.method == "qlora" or job.modules_to_save):
+        raise Skip("tensor parallelism with QLoRA or fully trained modules beside LoRA not modelled")
     try:
         plan = ParallelPlan(num_gpus=num_gpus, strategy="ddp", **dataclasses.asdict(mp))
         plan.check_model(
