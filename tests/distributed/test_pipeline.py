@@ -68,7 +68,7 @@ def test_sends_and_recvs_match_gloo_and_the_hand_count(layout):
 
 
 @pytest.mark.long
-def test_stage_memory_estimate_against_gloo(layout):
+def test_stage_estimate_against_gloo(layout):
     """A pipeline rank's memory as `estimate` derives it (`model_parallel.stage_step` of the single-GPU step at the
     micro-batch size): on these tiny models it under-estimates each measured rank's peak by 0.5-6.3 %
     (docs/multi-gpu.md lists the numbers); checked within 10 %, never above."""

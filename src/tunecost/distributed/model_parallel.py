@@ -75,7 +75,9 @@ def stage_step(step: SingleGpuStep, plan: ParallelPlan, stage: int) -> SingleGpu
     states["optimizer_states"] = round(opt.get("optimizer_states", 0) * share)
     passes = {**states, "activations": parts.activations, "temporaries": parts.transient, "inputs": parts.inputs}
     passes["p2p_buffers"] = parts.p2p_buffers
-    optimizer = {**states, "temporaries": round(opt.get("temporaries", 0) * share)}
+    # torch's receive buffers and the batch stay allocated through the optimizer step
+    optimizer = {**states, "temporaries": round(opt.get("temporaries", 0) * share), "inputs": parts.inputs}
+    optimizer["p2p_buffers"] = parts.p2p_buffers
     by_key = {}
     for key, nbytes in step.weight_bytes_by_key.items():
         group = key.rsplit("/", 1)[0]
