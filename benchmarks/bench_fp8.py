@@ -31,15 +31,7 @@ def main() -> None:
     print(f"{args.model}, {args.method}, batch {args.batch_size} x {args.seq_len} tokens on {args.gpu}")
     print("recipe       step s  speed-up  dense_matmul s  elementwise s  lm_head s  attention s  other s")
     for recipe in FP8_RECIPES:
-        job = FineTuneJob(
-            model=args.model,
-            method=args.method,
-            lora=model_lora(args.method),
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            gradient_checkpointing=False,
-            fp8=recipe,
-        )
+        job = recipe_job(args, recipe, gradient_checkpointing=False)
         step = model.predict(ThroughputTarget(job=job, gpu=args.gpu)).step
         base = base or step.step_s
         c = step.class_s
@@ -53,21 +45,26 @@ def main() -> None:
 SHOWN = ("dense_matmul", "elementwise", "lm_head", "attention")
 
 
+def recipe_job(args: argparse.Namespace, recipe: str, *, gradient_checkpointing: bool) -> FineTuneJob:
+    """The benchmark's job under one FP8 recipe."""
+    return FineTuneJob(
+        model=args.model,
+        method=args.method,
+        lora=model_lora(args.method),
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        gradient_checkpointing=gradient_checkpointing,
+        fp8=recipe,
+    )
+
+
 def memory(args: argparse.Namespace) -> None:
     from tunecost.simulate import simulate_step
 
     print(f"{args.model}, {args.method}, batch {args.batch_size} x {args.seq_len} tokens: simulated peak (GiB)")
     base = None
     for recipe in FP8_RECIPES:
-        job = FineTuneJob(
-            model=args.model,
-            method=args.method,
-            lora=model_lora(args.method),
-            batch_size=args.batch_size,
-            seq_len=args.seq_len,
-            gradient_checkpointing=args.method != "full",
-            fp8=recipe,
-        )
+        job = recipe_job(args, recipe, gradient_checkpointing=args.method != "full")
         sim = simulate_step(job)
         base = base or sim.breakdown_bytes
         added = {k: v - base.get(k, 0) for k, v in sim.breakdown_bytes.items() if v != base.get(k, 0)}

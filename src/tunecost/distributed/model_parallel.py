@@ -115,6 +115,12 @@ def rank_step(job: FineTuneJob, plan: ParallelPlan, *, behaviour=None) -> Single
     return tp_single_gpu_step(rank_job, tp=plan.tp, sequence_parallel=plan.sequence_parallel)
 
 
+def first_stage(step: SingleGpuStep, plan: ParallelPlan) -> SingleGpuStep:
+    """The step of pipeline rank 0 (the most micro-batches in flight; `step` itself without a pipeline): the
+    stage the step time is priced on."""
+    return step if plan.pp == 1 else stage_step(step, plan, 0)
+
+
 def stage_steps(step: SingleGpuStep, plan: ParallelPlan) -> dict[int, SingleGpuStep]:
     """pipeline rank -> the step of that rank (`step` itself, rank 0, without a pipeline)."""
     return {0: step} if plan.pp == 1 else {s: stage_step(step, plan, s) for s in range(plan.pp)}

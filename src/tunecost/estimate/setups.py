@@ -168,7 +168,7 @@ def model_parallel_time(
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
     """The step of a TP/PP/CP rank (`model_parallel_step`) from its whole-model TP/CP step `step`: a stage with
     the most activations in flight (the first)."""
-    stage = model_parallel.stage_steps(step, plan)[0]
+    stage = model_parallel.first_stage(step, plan)
     return model_parallel_step_time(stage, plan, links, whole_model_seconds, spec=resolve_model(job.model))
 
 

@@ -127,7 +127,7 @@ def model_parallel_step_fn(
     """A TP/PP/CP row's seconds per optimizer step: its rank's share of each micro-batch's single-GPU compute, with
     the model-parallel collectives, the pipeline's bubble and the data-parallel collectives
     (`distributed.model_parallel_step`); the row's gradient accumulation is the pipeline's micro-batches."""
-    from tunecost.distributed.model_parallel import stage_steps
+    from tunecost.distributed.model_parallel import first_stage
     from tunecost.distributed.model_parallel_step import model_parallel_step_time
     from tunecost.distributed.timing import default_links
     from tunecost.models.catalog import resolve_model
@@ -135,7 +135,7 @@ def model_parallel_step_fn(
     plan = mapped.plan()
     if plan.pp == 1 and mapped.grad_accum > 1:
         plan = dataclasses.replace(plan, micro_batches=mapped.grad_accum)
-    stage = stage_steps(rank_step_fn(mapped), plan)[0]
+    stage = first_stage(rank_step_fn(mapped), plan)
     links, spec = default_links(gpu, plan.node_size), resolve_model(mapped.job.model)
     micro = counts_fn(mapped)
 
