@@ -16,11 +16,11 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from tunecost.catalog.held_out_errors import THROUGHPUT_QUANTITIES as THROUGHPUT
 from tunecost.io import atomic_write_text
 from tunecost.validate import read_corpus, summarize, validate_rows
 from tunecost.validate.baselines import accelerate_estimate_bytes, deepspeed_estimate_bytes, rule_estimate_bytes
 from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES as PEAK
-from tunecost.validate.mapping import THROUGHPUT_QUANTITIES as THROUGHPUT
 from tunecost.validate.mapping import Skip, map_row
 from tunecost.validate.run import GIB
 from tunecost.validate.stacks import STACKS

@@ -26,10 +26,11 @@ from tunecost.catalog.held_out_errors import (
     STACK_EFFICIENCIES_PATH,
     HeldOutError,
     StackEfficiency,
+    quantity_class,
 )
 from tunecost.io import atomic_write_text
 from tunecost.validate import read_corpus, validate_rows
-from tunecost.validate.intervals import has_interval, quantity_class, with_intervals
+from tunecost.validate.intervals import has_interval, with_intervals
 from tunecost.validate.stacks import STACKS
 from tunecost.validate.summary import interval_coverage
 

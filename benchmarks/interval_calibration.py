@@ -14,13 +14,13 @@ import argparse
 import statistics
 from pathlib import Path
 
-from tunecost.catalog.held_out_errors import held_out_errors
+from tunecost.catalog.held_out_errors import held_out_errors, quantity_class
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
 from tunecost.estimate.throughput.calibrate import calibrate
 from tunecost.estimate.throughput.sources import load_calibration_points
 from tunecost.estimate.throughput.targets import group_of
 from tunecost.validate import read_corpus, validate_rows
-from tunecost.validate.intervals import quantity_class, with_intervals
+from tunecost.validate.intervals import with_intervals
 from tunecost.validate.summary import interval_coverage
 
 LEVELS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)

@@ -217,12 +217,33 @@ def test_a_job_loads_as_its_files_say(job: str) -> None:
 @pytest.mark.parametrize(("command", "job"), [_param(job, command, command) for command in COMMANDS for job in JOBS])
 def test_a_config_answers_as_its_flags(cli_runner, command: str, job: str) -> None:
     paths = _files(job)
-    options = read_configs(paths).options
+    read = read_configs(paths)
+    options = {**read.options, "framework": read.framework}  # estimate takes the config's framework too
     unstated = ESTIMATE_UNSTATED if command == "estimate" else {}
     extra = [*COMMANDS[command], *(arg for name, args in unstated.items() if name not in options for arg in args)]
     from_config = _json(cli_runner, [command, *[a for p in paths for a in ("--config", p)], *extra])
     from_flags = _json(cli_runner, [command, *_flags(command, options), *extra])
     assert from_config == from_flags
+
+
+def test_the_configs_framework_reaches_estimates_throughput(cli_runner) -> None:
+    """A litgpt config runs on the tunecost stack but in litgpt (torchtune's family): its throughput prior is said."""
+    from tunecost.cli.main import app
+    from tunecost.estimate.throughput.stack_priors import stack_prior
+
+    (path,) = _files("litgpt/lora_r8")
+    args = ["estimate", "--config", path, *COMMANDS["estimate"], "--epochs", "1", "--verbose"]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    prior = stack_prior(read_configs([path]).options["stack"], "litgpt")
+    assert prior is not None and prior.note in " ".join(result.stdout.split())
+
+
+def test_an_unknown_framework_is_one_error_line(cli_error) -> None:
+    line = cli_error(
+        ["estimate", "--model", "qwen2.5-0.5b", *COMMANDS["estimate"], "--epochs", "1", "--framework", "x"]
+    )
+    assert "framework 'x' is not one of" in line and "torchtune" in line
 
 
 def test_flags_override_the_config_and_defaults_are_named(cli_runner) -> None:

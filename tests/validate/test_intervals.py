@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tunecost.catalog.held_out_errors import HeldOutError, held_out_errors
-from tunecost.validate.intervals import MIN_STACK_ERRORS, quantity_class, with_intervals
+from tunecost.catalog.held_out_errors import HeldOutError, held_out_errors, quantity_class
+from tunecost.validate.intervals import MIN_STACK_ERRORS, with_intervals
 from tunecost.validate.run import ValidationRow
 from tunecost.validate.summary import interval_coverage, summarize
 
@@ -114,7 +114,7 @@ def test_shipped_errors_file_is_what_validate_computes_now() -> None:
 
 def test_family_prior_is_the_median_of_the_other_stacks_of_the_family() -> None:
     from tunecost.catalog.held_out_errors import StackEfficiency
-    from tunecost.validate.throughput import prior_efficiency, stack_family
+    from tunecost.estimate.throughput.stack_priors import prior_efficiency, stack_family
 
     def eff(stack: str, value: float, cell: str = "") -> StackEfficiency:
         return StackEfficiency(

@@ -18,7 +18,15 @@ HELD_OUT_ERRORS_PATH = Path(__file__).resolve().parent / "data" / "held_out_erro
 COLUMNS = ("source", "id", "quantity", "stack", "simulator_stack", "kind", "log_error", "command", "as_of")
 STACK_EFFICIENCIES_PATH = Path(__file__).resolve().parent / "data" / "stack_efficiencies.csv"
 EFFICIENCY_COLUMNS = ("stack", "stack_cell", "gpu", "family", "gemm_efficiency", "corpus", "command", "as_of")
-KINDS = ("calibrated", "stack prior")
+PRIOR_KIND = "stack prior"  # predicted from its stack family's prior (no row of its own stack calibrated it)
+KINDS = ("calibrated", PRIOR_KIND)
+# the measured quantities that are one step time each (their errors share one class)
+THROUGHPUT_QUANTITIES = ("tokens_per_s_per_gpu", "samples_per_s", "s_per_step", "time_to_train_s")
+
+
+def quantity_class(quantity: str) -> str:
+    """Throughput quantities share their errors (each is one step time); each memory quantity has its own."""
+    return "throughput" if quantity in THROUGHPUT_QUANTITIES else quantity
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,6 +1,7 @@
-"""`--config FILE` on the job commands: read first (an eager option), its job options become the command's
-defaults (click's `default_map`), so flags override them and each is converted as the flag would be; the defaults
-the framework filled and the keys tunecost does not model are printed on stderr."""
+"""`--config FILE` on the job commands: read first (an eager option), its job options (and, for a command that
+takes --framework, its framework) become the command's defaults (click's `default_map`), so flags override them
+and each is converted as the flag would be; the defaults the framework filled and the keys tunecost does not model
+are printed on stderr."""
 
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     except TunecostError as exc:
         raise typer.BadParameter(str(exc)) from None
     params = {p.name for p in ctx.command.params}
-    options = {**job.options, **_aliases(job.options, params)}
+    options = {**job.options, "framework": job.framework, **_aliases(job.options, params)}
     ctx.default_map = {**(ctx.default_map or {}), **{k: v for k, v in options.items() if k in params}}
     for line in job.assumptions:
         err_console.print(f"assumed: {line}")

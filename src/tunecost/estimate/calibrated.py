@@ -5,6 +5,7 @@ Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.ca
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import lru_cache
@@ -26,8 +27,10 @@ from tunecost.estimate.estimators import (
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
 from tunecost.estimate.simulated import simulated_sizing
 from tunecost.estimate.throughput.calibrate import CalibratedModel
+from tunecost.estimate.throughput.intervals import combined_halfwidth
 from tunecost.estimate.throughput.model import achieved_fp8_flops_per_s
 from tunecost.estimate.throughput.sources import calibrate_files, calibration_files
+from tunecost.estimate.throughput.stack_priors import INTERVAL_KIND, StackPrior, stack_prior
 from tunecost.estimate.throughput.targets import Prediction, ThroughputTarget, throughput_target
 
 ESTIMATOR_NAME = "calibrated"
@@ -113,7 +116,7 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         return does_not_fit(sizing, "no room for a batch")
     batch, batch_notes = batch_to_price(req, sizing)
     run_queries = req.options.run_queries
-    pred = model.predict(request_target(req, batch), run_queries=run_queries)
+    pred, prior = for_job_software(req, model.predict(request_target(req, batch), run_queries=run_queries))
     notes = [
         sizing.note,
         *batch_notes,
@@ -122,7 +125,7 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         *extrapolation_notes(pred),
         f"95 % interval: {pred.interval_kinds}",
         *(n for n in pred.notes if n.startswith("host ")),
-        *stack_note(req.options.stack or req.job.stack),
+        *([prior.note] if prior else stack_note(req.options.stack or req.job.stack)),
     ]
     return EstimatePoint(
         max_batch_size=sizing.max_batch_size,
@@ -134,6 +137,20 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         extrapolation=pred.extrapolation,
         startup_s=startup_seconds(req.options, pred),
     )
+
+
+def for_job_software(req: EstimateRequest, pred: Prediction) -> tuple[Prediction, StackPrior | None]:
+    """The prediction for the job's software: as calibrated for the calibrated stack family (no prior); for another
+    family, scaled by that family's prior and its interval widened (`stack_priors.stack_prior`), with the prior."""
+    prior = stack_prior(req.options.stack or req.job.stack, req.options.framework)
+    if prior is None:
+        return pred, None
+    parts = (*pred.interval_parts, (INTERVAL_KIND, prior.log_halfwidth, prior.basis))
+    qps, spread = pred.queries_per_s * prior.factor, math.exp(combined_halfwidth(parts))
+    widened = replace(
+        pred, queries_per_s=qps, queries_per_s_low=qps / spread, queries_per_s_high=qps * spread, interval_parts=parts
+    )
+    return widened, prior
 
 
 def stack_note(stack: str) -> list[str]:

@@ -26,6 +26,7 @@ from tunecost.estimate.paper import (
     sparsity_fraction,
 )
 from tunecost.estimate.throughput.sources import calibration_files
+from tunecost.estimate.throughput.stack_priors import framework_family
 from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.workload.job import FineTuneJob
@@ -49,6 +50,8 @@ class EstimatorOptions:
         None: each GPU's default host.
     behaviour: the stack's recipe options that change what a step keeps (`simulate.behaviour.StackBehaviour`:
         torchtune's chunked loss, activation offload, optimizer in backward), for the simulator that sizes the batch.
+    framework: the framework whose config describes the job (`ConfigJob.framework`, e.g. "nemo"): with the stack,
+        the family whose throughput prior applies (`throughput.stack_priors.job_family`); None: the stack's alone.
     """
 
     name: str = DEFAULT_ESTIMATOR
@@ -59,8 +62,11 @@ class EstimatorOptions:
     stack: str | None = None
     host_cpu: str | None = None
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
+    framework: str | None = None
 
     def __post_init__(self) -> None:
+        if self.framework is not None:
+            framework_family(self.framework)  # an unknown framework is an error
         if self.run_queries is not None and self.run_queries < 1:
             raise TunecostError(f"run queries must be >= 1, got {self.run_queries}")
         if self.run_queries is not None and self.steady_state:

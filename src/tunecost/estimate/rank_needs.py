@@ -23,11 +23,13 @@ MAX_MICRO_BATCH = MAX_BATCH  # the micro-batch search's cap per rank: one GPU's
 RANK_MEMORY_VERSION = "2"  # of the rank memories kept on disk (`RankNeeds`); bump when rank_memory changes
 
 
-def single_gpu_throughput(job: FineTuneJob, gpu: GPU, steady_state: bool = False) -> tuple[Throughput, str]:
+def single_gpu_throughput(
+    job: FineTuneJob, gpu: GPU, steady_state: bool = False, framework: str | None = None
+) -> tuple[Throughput, str]:
     """A rank's compute: the single-GPU steady-state queries/s of the job's micro-batch, as `estimate` predicts it
     (eq. (2) where it was fitted for this model and GPU, else the cross-GPU throughput model), with the run's
-    one start-up."""
-    options = EstimatorOptions(steady_state=steady_state)
+    one start-up. `framework`: the one whose config describes the job (`EstimatorOptions.framework`)."""
+    options = EstimatorOptions(steady_state=steady_state, framework=framework)
     tp = throughput_at(EstimateRequest(job=job, gpu=gpu, options=options), job.batch_size)
     return tp, f"{gpu.name}: per-rank compute: " + "; ".join(tp.notes)
 
@@ -37,8 +39,8 @@ class RankNeeds:
     same for every GPU (a GPU only changes the budget). The rank memories are kept on disk beside the step they
     come from (`flush`), so a search that was run before replays nothing."""
 
-    def __init__(self, job: FineTuneJob, behaviour=None) -> None:
-        self.job, self.behaviour = job, behaviour
+    def __init__(self, job: FineTuneJob, behaviour=None, framework: str | None = None) -> None:
+        self.job, self.behaviour, self.framework = job, behaviour, framework
         self._steps: dict[int, SingleGpuStep] = {}
         self._rank_steps: dict[tuple[int, bool, int, int], SingleGpuStep] = {}  # (tp, sp, cp, batch)
         self._memory: dict[tuple[ParallelPlan, int], RankMemory] = {}
@@ -48,6 +50,10 @@ class RankNeeds:
 
     def job_at(self, batch: int) -> FineTuneJob:
         return self.job.with_(batch_size=batch)
+
+    def throughput(self, batch: int, gpu: GPU, steady_state: bool) -> tuple[Throughput, str]:
+        """`single_gpu_throughput` of the job at micro-batch `batch`, run by the job's framework."""
+        return single_gpu_throughput(self.job_at(batch), gpu, steady_state, self.framework)
 
     def step(self, batch: int) -> SingleGpuStep:
         if batch not in self._steps:

@@ -24,7 +24,7 @@ from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_mem
 from tunecost.distributed.timing import Links, StepCollective, default_links, step_time
 from tunecost.errors import TunecostError
 from tunecost.estimate.paper import training_hours, usd_for_hours
-from tunecost.estimate.rank_needs import RankNeeds, single_gpu_throughput
+from tunecost.estimate.rank_needs import RankNeeds
 from tunecost.estimate.simulated import Throughput
 from tunecost.models.catalog import resolve_model
 from tunecost.models.params import ParamCounts
@@ -373,7 +373,7 @@ class _Search:
     ) -> Setup:
         """The setup of `plan` on `gpu` at micro-batch `batch`: step time, throughput and cost."""
         if batch not in throughputs:
-            throughputs[batch] = single_gpu_throughput(self.needs.job_at(batch), gpu, self.steady_state)
+            throughputs[batch] = self.needs.throughput(batch, gpu, self.steady_state)
         tp, note = throughputs[batch]
         if gpu.name not in self.noted:  # the first micro-batch's, once per GPU
             self.noted.add(gpu.name)

@@ -73,6 +73,7 @@ def throughput_at(req: EstimateRequest, batch_size: int) -> Throughput:
     from tunecost.estimate.calibrated import (
         calibrated_model,
         extrapolation_notes,
+        for_job_software,
         request_target,
         run_length_note,
         startup_seconds,
@@ -83,10 +84,12 @@ def throughput_at(req: EstimateRequest, batch_size: int) -> Throughput:
         pred = model.predict(request_target(req, batch_size), run_queries=req.options.run_queries)
     except TunecostError as exc:
         return Throughput(queries_per_s=None, notes=(f"no throughput: {exc}",))
+    pred, prior = for_job_software(req, pred)
     out = (
         f"throughput from the cross-GPU model calibrated on {model.num_points} points of {model.source_names} "
         f"(no eq. (2) fit for this model, dataset and GPU); {run_length_note(req.options)}",
         *extrapolation_notes(pred),
+        *([prior.note] if prior else []),
     )
     return Throughput(
         queries_per_s=pred.queries_per_s,

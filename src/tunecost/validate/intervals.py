@@ -13,17 +13,11 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from tunecost.catalog.held_out_errors import HeldOutError, held_out_errors
+from tunecost.catalog.held_out_errors import PRIOR_KIND, HeldOutError, held_out_errors, quantity_class
 from tunecost.estimate.conformal import INTERVAL_LEVEL, MIN_STACK_ERRORS, conformal_halfwidth
-from tunecost.validate.mapping import THROUGHPUT_QUANTITIES
 
 if TYPE_CHECKING:
     from tunecost.validate.run import ValidationRow
-
-
-def quantity_class(quantity: str) -> str:
-    """Throughput quantities share their errors (each is one step time); each memory quantity has its own."""
-    return "throughput" if quantity in THROUGHPUT_QUANTITIES else quantity
 
 
 def has_interval(row: ValidationRow) -> bool:
@@ -44,7 +38,7 @@ def with_intervals(
         same = [
             e
             for e in evidence
-            if quantity_class(e.quantity) == kind and e.kind == ("stack prior" if row.prior else "calibrated")
+            if quantity_class(e.quantity) == kind and e.kind == (PRIOR_KIND if row.prior else "calibrated")
         ]
         own = [e.log_error for e in same if e.stack == row.stack and (e.source, e.id) != (row.source, row.id)]
         if row.prior:

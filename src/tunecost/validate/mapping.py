@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tunecost.catalog.gpus import resolve_gpu_name
+from tunecost.catalog.held_out_errors import THROUGHPUT_QUANTITIES
 from tunecost.distributed.layouts import ModelParallel
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_TOKENS
@@ -37,7 +38,6 @@ from tunecost.workload.parallel import ParallelPlan
 
 PEAK_MEMORY_QUANTITIES = ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")
 MEMORY_QUANTITIES = (*PEAK_MEMORY_QUANTITIES, "oom")
-THROUGHPUT_QUANTITIES = ("tokens_per_s_per_gpu", "samples_per_s", "s_per_step", "time_to_train_s")
 _GPTQ_KERNELS = (("accelerated-peft-autogptq", "triton-v2"), ("qwen finetune.py", "torch"))  # corpus stack cell
 NODE_GPUS = 8  # GPUs per node assumed for a row on more GPUs than one node holds (HGX / DGX servers)
 

@@ -13,16 +13,17 @@ from dataclasses import asdict, dataclass, replace
 
 from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.catalog.gpus import resolve_gpu_name
-from tunecost.catalog.held_out_errors import HeldOutError, StackEfficiency
+from tunecost.catalog.held_out_errors import THROUGHPUT_QUANTITIES, HeldOutError, StackEfficiency
 from tunecost.catalog.held_out_errors import stack_efficiencies as tp_priors
 from tunecost.errors import TunecostError
+from tunecost.estimate.throughput.stack_priors import FITTED_PARAMETER, prior_efficiency, stack_family
 from tunecost.simulate import simulate_step
 from tunecost.simulate.batch import default_margin_fraction
 from tunecost.simulate.batch import fit_verdict as margin_verdict
 from tunecost.validate import throughput as tp
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.intervals import with_intervals
-from tunecost.validate.mapping import THROUGHPUT_QUANTITIES, MappedRow, Skip, map_row
+from tunecost.validate.mapping import MappedRow, Skip, map_row
 
 GIB = 2**30
 OUTPUT_COLUMNS = ("id", "quantity", "measured", "predicted", "low", "high", "unit", "error", "status", "reason")
@@ -224,7 +225,7 @@ def validate_throughput_rows(
 ) -> dict[int, ValidationRow]:
     """Throughput rows by position: one calibration row per (stack, GPU) (see `throughput`), the rest predicted.
     A calibration row is `ok` with reason "calibration row" and no error (it is fitted, not predicted). A group of
-    one row is predicted with its family's prior (`throughput.prior_efficiency`) over `priors` (default: the
+    one row is predicted with its family's prior (`stack_priors.prior_efficiency`) over `priors` (default: the
     shipped corpus's efficiencies) and this file's calibrated groups; `prior_only` predicts every group so, from
     the file's other stacks (the held-out errors of that kind). `calibrated` collects the fitted efficiencies."""
     out: dict[int, ValidationRow] = {}
@@ -289,7 +290,7 @@ def _predict_with_prior(
 ) -> None:
     """The group's rows at its family's prior efficiency; with `check_fit`, a row no efficiency reproduces is
     skipped as its calibration would have been."""
-    prior = tp.prior_efficiency(pool, key[0], key[1])
+    prior = prior_efficiency(pool, key[0], key[1])
     if prior is None:
         for i, row, mapped, _, _ in members:
             out[i] = _skipped(row, "no calibration row and no stack to borrow a prior from", mapped.stack.name)
@@ -314,9 +315,7 @@ def _calibration_failed(key, row: CorpusRow, counts, terms: GpuTerms, measured_s
 
 def _efficiency(key: tuple[str, str, str], eff: float) -> StackEfficiency:
     stack, cell, gpu = key
-    return StackEfficiency(
-        stack=stack, stack_cell=cell, gpu=gpu, family=tp.stack_family(stack, cell), gemm_efficiency=eff
-    )
+    return StackEfficiency(stack=stack, stack_cell=cell, gpu=gpu, family=stack_family(stack, cell), gemm_efficiency=eff)
 
 
 def _calibrate_group(key, members, steps, terms, out: dict[int, ValidationRow], *, record: bool) -> float | None:
@@ -336,9 +335,7 @@ def _calibrate_group(key, members, steps, terms, out: dict[int, ValidationRow], 
     if record:
         for i, row, mapped, measured, _ in members:
             predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), **_shape(mapped))
-            reason = (
-                tp.CALIBRATION_REASON if (i, row) == cal[:2] else f"{tp.FITTED_PARAMETER} {eff:.3f} from {cal[1].id}"
-            )
+            reason = tp.CALIBRATION_REASON if (i, row) == cal[:2] else f"{FITTED_PARAMETER} {eff:.3f} from {cal[1].id}"
             out[i] = _throughput_ok(row, mapped, measured, predicted, reason)
     return eff
 

@@ -6,8 +6,9 @@ import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tunecost.catalog.held_out_errors import THROUGHPUT_QUANTITIES
 from tunecost.simulate.batch import default_margin_fraction
-from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES, THROUGHPUT_QUANTITIES
+from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES
 from tunecost.validate.run import ValidationRow
 
 

@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.catalog.gpus import GPU
-from tunecost.catalog.held_out_errors import StackEfficiency
 from tunecost.estimate.throughput.counts import AnalyticStepCounts, accumulated, analytic_step_counts
 from tunecost.estimate.throughput.model import StackParams, catalog_gpu_terms, step_time
 from tunecost.estimate.throughput.priors import PRIORS
+from tunecost.estimate.throughput.stack_priors import FITTED_PARAMETER
 from tunecost.models.catalog import resolve_model
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.mapping import MappedRow, names_torch_compile
@@ -28,7 +28,6 @@ if TYPE_CHECKING:
     from tunecost.distributed.single_step import SingleGpuStep
 
 CALIBRATION_REASON = "calibration row"
-FITTED_PARAMETER = "gemm_efficiency"
 _BISECTION_STEPS = 80
 _LOWEST_EFFICIENCY = PRIORS[FITTED_PARAMETER].lower
 
@@ -220,45 +219,3 @@ def from_step_seconds(
 ) -> float:
     """Seconds per optimizer step as the row's quantity (the inverse of `to_step_seconds`)."""
     return to_step_seconds(quantity, step_s, batch=batch, seq_len=seq_len, grad_accum=grad_accum, num_gpus=num_gpus)
-
-
-# The family a stack's efficiency is borrowed from when no row of it calibrates (docs/validation.md).
-STACK_FAMILIES = {
-    "hf-trainer": "hf-eager",
-    "hf-trainer-bnb": "hf-eager",
-    "hf-trainer-no-moe-kernels": "hf-eager",
-    "trl-sft-bnb": "hf-eager",
-    "hf-2024": "hf-eager",
-    "qwen-finetune": "hf-eager",
-    "swift-2": "hf-eager",
-    "nemo-automodel": "hf-eager",
-    "unsloth": "fused-kernels",
-    "torchtune": "torchtune",
-    "litgpt": "torchtune",
-    "nemo": "nemo-te",
-}
-PRIOR_REASON = "stack prior"
-
-
-def stack_family(stack: str, stack_cell: str = "") -> str:
-    """A named stack's family; a cell naming fused kernels (e.g. a plugin of them) makes its own family."""
-    if "fused" in stack_cell.lower() or "liger" in stack_cell.lower():
-        return "fused-kernels"
-    return STACK_FAMILIES.get(stack, "hf-eager")
-
-
-def prior_efficiency(
-    efficiencies: Sequence[StackEfficiency], stack: str, stack_cell: str = ""
-) -> tuple[float, str] | None:
-    """The median GEMM efficiency of the other stacks' groups of this stack's family (of every other stack when
-    the family has none; a median, so that one stack the counts miss does not move it), with what it was learned
-    from; None without any."""
-    family = stack_family(stack, stack_cell)
-    others = [e for e in efficiencies if e.stack != stack]
-    pool = [e for e in others if e.family == family] or others
-    if not pool:
-        return None
-    effs = sorted(e.gemm_efficiency for e in pool)
-    eff = math.sqrt(effs[(len(effs) - 1) // 2] * effs[len(effs) // 2])
-    which = family if pool[0].family == family else "every family"
-    return eff, f"{PRIOR_REASON} {FITTED_PARAMETER} {eff:.3f}: {which}, {len(pool)} (stack, GPU) groups of other stacks"

@@ -36,6 +36,10 @@ BATCH_SIZE_HELP = (
 )
 ESTIMATOR_HELP = "calibrated (answers for every GPU) | simulate | paper"
 STEADY_STATE_HELP = "Steady-state throughput with no start-up (default: one run, start-up once)."
+FRAMEWORK_HELP = (
+    "The framework that runs the job (torchtune, nemo, litgpt, torchtitan, axolotl, ...; set by --config): a "
+    "framework outside the calibrated stack family gets its family's throughput prior and a wider interval."
+)
 
 
 @cli_errors
@@ -60,6 +64,7 @@ def estimate(
     multi_gpu: MultiGpuOptions,
     output: RecordsOutput,
     verbose: Annotated[bool, opt("--verbose", "Every row and every note.")] = False,
+    framework: Annotated[str | None, opt("--framework", FRAMEWORK_HELP)] = None,
     config: ConfigFiles = None,
 ) -> None:
     """Cost of fine-tuning MODEL on each GPU and provider, the answer first; says which estimator answered.
@@ -70,7 +75,9 @@ def estimate(
 
     model, epochs = required("model", job_options.model), required("epochs", epochs)
     gpus = gpu_names(gpu)
-    check_estimate_options(epochs, queries, job_options.seq_len, dataset, estimator, run_queries, steady_state)
+    check_estimate_options(
+        epochs, queries, job_options.seq_len, dataset, estimator, run_queries, steady_state, framework
+    )
     data = job_data(dataset, model=model) if dataset else None
     job = job_options.estimate_job(model, method, data, experts_per_token)
     gpus = fp8_gpu_names(job.fp8, gpus, every=gpu.strip().lower() == "all")
@@ -95,11 +102,14 @@ def estimate(
             verbose=verbose,
             steady_state=steady_state,
             behaviour=behaviour,
+            framework=framework,
         )
         return
     if host_cpu is not None and estimator == "paper":
         raise TunecostError("--host-cpu needs --estimator calibrated or simulate (eq. (2) has no host in it)")
-    options = estimator_options(estimator, calibrate, run_queries, steady_state, job_options.stack, host_cpu, behaviour)
+    options = estimator_options(
+        estimator, calibrate, run_queries, steady_state, job_options.stack, host_cpu, behaviour, framework
+    )
     rows = estimate_costs(
         job,
         gpus,
@@ -128,10 +138,15 @@ def check_estimate_options(
     estimator: str,
     run_queries: int | None,
     steady_state: bool,
+    framework: str | None = None,
 ) -> None:
-    """The bounds of estimate's numbers and the conflicts between its throughput options."""
+    """The bounds of estimate's numbers, the conflicts between its throughput options, and a known framework."""
     from tunecost.estimate.cost import check_queries_or_dataset
+    from tunecost.estimate.throughput.stack_priors import framework_family
     from tunecost.limits import check_count
+
+    if framework is not None:
+        framework_family(framework)
 
     check_finite_at_most("--epochs", epochs, MAX_EPOCHS)
     if queries is not None and queries <= 0:
@@ -153,6 +168,7 @@ def estimator_options(
     stack: str,
     host_cpu: str | None,
     behaviour,
+    framework: str | None = None,
 ):
     """The `EstimatorOptions` of estimate's options on one GPU."""
     from tunecost.estimate.estimators import EstimatorOptions
@@ -165,6 +181,7 @@ def estimator_options(
         stack=stack,
         host_cpu=checked_host_cpu(host_cpu),
         behaviour=behaviour,
+        framework=framework,
     )
 
 

@@ -133,9 +133,11 @@ def run_multi_gpu(
     verbose: bool = False,
     steady_state: bool = False,
     behaviour=None,
+    framework: str | None = None,
 ) -> None:
     """Answer the multi-GPU question for `job` (the estimate command's job) and print it, the answer first. Each
-    rank runs `batch_size`, or the largest micro-batch that fits with the safety margin."""
+    rank runs `batch_size`, or the largest micro-batch that fits with the safety margin; `framework` runs it
+    (`EstimatorOptions.framework`)."""
     from tunecost.catalog.gpus import resolve_gpu_name
     from tunecost.distributed.expert_parallel import EP_STRATEGIES
     from tunecost.estimate.setups import estimate_multi_gpu
@@ -153,9 +155,11 @@ def run_multi_gpu(
     if batch_size is not None and not batch_size.strip().isdigit():
         raise TunecostError(f"with --gpus, --batch-size is one whole number (per rank), got {batch_size!r}")
     from tunecost.estimate.estimators import lengths_note, sizing_seq_len
+    from tunecost.estimate.rank_needs import RankNeeds
 
+    sized = job.with_(seq_len=sizing_seq_len(job))  # the longest batch's padded length, as on one GPU
     answer = estimate_multi_gpu(
-        job.with_(seq_len=sizing_seq_len(job)),  # the longest batch's padded length, as on one GPU
+        sized,
         gpus=[resolve_gpu_name(g).gpu for g in dict.fromkeys(gpus)],
         strategies=strategies,
         num_gpus=count,
@@ -172,6 +176,7 @@ def run_multi_gpu(
         steady_state=steady_state,
         behaviour=behaviour,
         model_parallel=model_parallel_option(options),
+        needs=RankNeeds(sized.with_(batch_size=1), behaviour, framework),
     )
     if output.out is not None:  # every setup evaluated, for `tunecost report` (memory per rank and cost vs GPU count)
         import sys
