@@ -57,6 +57,7 @@ def test_demo_writes_every_record_and_the_report(small_demo: Path) -> None:
     assert meta["tool"] == "tunecost" and meta["device"]["kind"] == "cpu"
 
 
+@pytest.mark.long  # a Mixtral batch search per GPU: CI runs it
 def test_max_batch_rows_are_eq1_and_the_simulator(small_demo: Path) -> None:
     from tunecost.estimate.paper import EQ1_COEFFICIENTS, max_batch_size_eq1, sparsity_fraction
     from tunecost.simulate import max_batch_size

@@ -35,7 +35,15 @@ def gloo_run():
     return run
 
 
-CASES = pytest.mark.parametrize("case", range(len(GLOO_CASES)), ids=[f"{m}-{method}" for m, method, _ in GLOO_CASES])
+# `make test` launches the LoRA case; the full fine-tunes are `long` (CI runs them)
+CASES = pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(i, marks=() if method == "lora" else pytest.mark.long)
+        for i, (_, method, _) in enumerate(GLOO_CASES)
+    ],
+    ids=[f"{m}-{method}" for m, method, _ in GLOO_CASES],
+)
 
 
 @CASES
@@ -58,6 +66,7 @@ def test_two_gloo_ranks_match_the_fake_run(gloo_run, case):
     assert 2 * measured[0].static_bytes["optimizer_states"] == unsharded.static_bytes["optimizer_states"]
 
 
+@pytest.mark.long
 def test_repeated_gloo_measurements_count_the_same_bytes(gloo_run):
     """Two measurements of the same step agree byte for byte: peak, its phase and its breakdown, on both ranks
     (before gloo's worker thread was waited for, gloo's clone of a reduce-scatter input was still counted at the

@@ -36,13 +36,20 @@ def test_70b_qlora_on_two_owned_4090s_needs_cpu_offload(cli_runner) -> None:
     assert no_offload and all(o["why_not"].startswith("does not fit") for o in no_offload)
 
 
-def test_the_front_holds_estimates_numbers() -> None:
+@pytest.mark.parametrize(
+    ("model", "method", "gpu_names", "provider"),
+    [
+        pytest.param("mixtral-8x7b", "qlora", ("A40", "A100-80GB", "H100"), "paper-2024", marks=pytest.mark.long),
+        ("Qwen/Qwen2.5-0.5B", "lora", ("RTX-4090", "H100"), None),
+    ],
+)
+def test_the_front_holds_estimates_numbers(model: str, method: str, gpu_names: tuple, provider: str | None) -> None:
     """Each setup on the front is the one `estimate --gpus N --strategy S` prices, with the same hours and $."""
-    job = estimate_job("mixtral-8x7b", method="qlora", dataset="math_14k")
+    job = estimate_job(model, method=method, dataset="math_14k")
     job = job.with_(seq_len=sizing_seq_len(job))
-    gpus = [resolve_gpu_name(g).gpu for g in ("A40", "A100-80GB", "H100")]
+    gpus = [resolve_gpu_name(g).gpu for g in gpu_names]
     plan = make_plan(
-        [job], gpus=gpus, provider="paper-2024", **{**SMALL, "max_gpus": 2, "num_queries": 14000, "epochs": 10}
+        [job], gpus=gpus, provider=provider, **{**SMALL, "max_gpus": 2, "num_queries": 14000, "epochs": 10}
     )
     assert plan.front and plan.recommended in plan.front
     for option in plan.front:
@@ -54,7 +61,7 @@ def test_the_front_holds_estimates_numbers() -> None:
             strategies=strategies,
             num_gpus=s.plan.num_gpus,
             offload=option.offload,
-            provider="paper-2024",
+            provider=provider,
             num_queries=14000,
             epochs=10,
         )

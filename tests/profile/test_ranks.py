@@ -17,7 +17,8 @@ from tunecost.profile.ranks import (
     slowest_rank,
 )
 
-# one worker runs the module: its module-scoped launches (ddp_full, fsdp_lora) run once
+# one worker runs the module: its module-scoped launches (ddp_full, fsdp_lora) run once; the launches are `long`
+# (CI runs them) but one, the single-rank launch through the launcher
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow, pytest.mark.xdist_group("profile-ranks")]
 TINY = ModelSetup(model="tiny-mixtral", method="lora", random_weights=True, num_layers=1)
 
@@ -35,6 +36,7 @@ def fsdp_lora(tmp_path_factory) -> list[RankProfile]:
     return profile_ranks(TINY, nproc_per_node=2, strategy="fsdp2", batch_size=2, seq_len=16, steps=2, log_dir=logs)
 
 
+@pytest.mark.long
 def test_every_rank_reports_its_steps_memory_and_collectives(ddp_full, fsdp_lora) -> None:
     for profiles in (ddp_full, fsdp_lora):
         assert [p.rank for p in profiles] == [0, 1]
@@ -45,6 +47,7 @@ def test_every_rank_reports_its_steps_memory_and_collectives(ddp_full, fsdp_lora
             assert p.comm_seconds >= 0
 
 
+@pytest.mark.long
 def test_ddp_all_reduces_every_trainable_gradient_once(ddp_full) -> None:
     # A full fine-tune in fp32 on CPU: DDP's buckets together hold every parameter's gradient, 4 bytes each.
     for p in ddp_full:
@@ -52,6 +55,7 @@ def test_ddp_all_reduces_every_trainable_gradient_once(ddp_full) -> None:
         assert p.collectives["all_reduce"]["bytes"] == 4 * p.trainable_params
 
 
+@pytest.mark.long
 def test_fsdp2_reduce_scatters_the_trainable_gradients_and_gathers_every_weight(fsdp_lora) -> None:
     for p in fsdp_lora:
         assert 0 < p.trainable_params < p.total_params
@@ -62,6 +66,7 @@ def test_fsdp2_reduce_scatters_the_trainable_gradients_and_gathers_every_weight(
     assert fsdp_lora[0].collectives == fsdp_lora[1].collectives
 
 
+@pytest.mark.long
 def test_records_mark_the_slowest_rank_and_a_rerun_finds_the_point(tmp_path, fsdp_lora) -> None:
     point = rank_point_id(TINY, strategy="fsdp2", nproc_per_node=2, batch_size=2, seq_len=16)
     save_rank_profiles(tmp_path, point, fsdp_lora)
@@ -83,12 +88,14 @@ def test_refused_before_launching(strategy, method, message) -> None:
         check_rank_strategy(strategy, 2, method)
 
 
+@pytest.mark.long
 def test_a_failing_rank_is_one_error(tmp_path) -> None:
     bad = ModelSetup(model="no-such-model", method="lora")  # each rank fails to build it
     with pytest.raises(TunecostError, match="a rank failed"):
         profile_ranks(bad, nproc_per_node=2, strategy="ddp", steps=1, log_dir=tmp_path)
 
 
+@pytest.mark.long
 def test_cli_profiles_once_and_resumes(tmp_path, cli_json, monkeypatch) -> None:
     out = tmp_path / "run"
     options = dict(model="tiny-mixtral", method="lora", random_weights=True, num_layers=1, nproc_per_node=2)

@@ -1,0 +1,65 @@
+"""The calibration of the bundled measurements, shipped so that a first `estimate` does not refit it.
+
+    PYTHONPATH=src .venv/bin/python benchmarks/seed_calibration_cache.py [--write | --check]
+
+Calibrates the bundled measurements (the A40 and A100-40GB points) in an empty cache folder, with the shipped copy
+turned off, and compares the fitted parameters and held-out errors it wrote with those in
+src/tunecost/estimate/throughput/data/. --write replaces that folder's files with them; --check exits 1 when they
+differ. Prints the seconds the calibration took.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tunecost.estimate.throughput import disk_cache
+
+FOLDERS = ("calibration-fits", "interval-evidence")
+
+
+def computed(cache: Path) -> dict[str, str]:
+    """folder/name -> text of every file the bundled calibration writes to an empty `cache`."""
+    os.environ["TUNECOST_CACHE_DIR"] = str(cache)
+    disk_cache.SHIPPED_CACHE = cache / "no-shipped-copy"
+    from tunecost.estimate.calibrated import calibrated_model
+
+    start = time.perf_counter()
+    calibrated_model()
+    print(f"calibrated the bundled measurements in {time.perf_counter() - start:.1f} s")
+    return {f"{d}/{p.name}": p.read_text() for d in FOLDERS for p in sorted((cache / d).glob("*.json"))}
+
+
+def shipped(root: Path) -> dict[str, str]:
+    return {f"{d}/{p.name}": p.read_text() for d in FOLDERS for p in sorted((root / d).glob("*.json"))}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="replace the shipped files")
+    mode.add_argument("--check", action="store_true", help="exit 1 when the shipped files differ")
+    options = parser.parse_args()
+    root = disk_cache.SHIPPED_CACHE
+    before = shipped(root)
+    with tempfile.TemporaryDirectory() as work:
+        files = computed(Path(work))
+    same = files == before
+    print(f"{len(files)} files; the shipped copy ({root}) is {'current' if same else 'stale'}")
+    if options.write and not same:
+        for d in FOLDERS:
+            shutil.rmtree(root / d, ignore_errors=True)
+            (root / d).mkdir(parents=True)
+        for name, text in files.items():
+            (root / name).write_text(text)
+        print(f"wrote {len(files)} files under {root}")
+    return 1 if options.check and not same else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
