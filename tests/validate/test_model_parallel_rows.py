@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tunecost.distributed.layouts import ModelParallel
 from tunecost.validate.cells import Skip
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.mapping import map_row
 from tunecost.validate.model_parallel_cells import model_parallel_of, names_distributed_optimizer
+from tunecost.workload.parallel import ModelParallel
 
 
 @pytest.mark.parametrize(

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tunecost.catalog.gpus import GPU
 from tunecost.distributed import expert_parallel
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
-from tunecost.workload.parallel import MAX_SEARCH_GPUS, ParallelPlan
+from tunecost.workload.parallel import MAX_SEARCH_GPUS, ModelParallel, ParallelPlan
 
 if TYPE_CHECKING:
     from tunecost.models.catalog import ModelSpec
@@ -26,23 +25,6 @@ def valid_gpu_counts(gpus_per_node: int, max_gpus: int, expert_parallel: int = 1
 
 TP_SEARCH_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # dense families `--gpus auto` tries TP layouts on
 SEARCH_DEGREES = (1, 2, 4, 8)  # the TP and PP degrees `--gpus auto` tries
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelParallel:
-    """The model-parallel part of a layout (`ParallelPlan`'s fields of the same names)."""
-
-    tp: int = 1
-    pp: int = 1
-    cp: int = 1
-    sequence_parallel: bool = False
-    micro_batches: int | None = None
-    pipeline_schedule: str = "1f1b"
-    virtual_stages: int = 1
-
-    @property
-    def degree(self) -> int:
-        return self.tp * self.pp * self.cp
 
 
 def model_parallel_choices(

@@ -13,7 +13,7 @@ from tunecost.distributed.rank_memory import RankMemory, rank_memory
 from tunecost.distributed.single_step import ROOT_GROUPS, SingleGpuStep, single_gpu_step
 from tunecost.simulate.records import WEIGHT_CATEGORIES
 from tunecost.workload.job import FineTuneJob
-from tunecost.workload.parallel import ParallelPlan
+from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
 FIRST_STAGE_GROUPS = ("embedding",)  # torchtitan's split: the embedding on the first stage
 LAST_STAGE_GROUPS = ("lm_head/loss", "other")  # the final norm and the LM head (and its loss) on the last
@@ -32,13 +32,7 @@ def data_parallel_plan(plan: ParallelPlan) -> ParallelPlan:
         num_gpus=ranks,
         gpus_per_node=per_node,
         strategy="single" if alone else plan.strategy,
-        tp=1,
-        pp=1,
-        cp=1,
-        sequence_parallel=False,
-        micro_batches=None,
-        pipeline_schedule="1f1b",
-        virtual_stages=1,
+        **dataclasses.asdict(ModelParallel()),
     )
 
 
@@ -163,7 +157,7 @@ def model_parallel_assumptions(plan: ParallelPlan) -> tuple[str, ...]:
             "on the last; the activations of the micro-batches in flight, one micro-batch's largest temporaries and "
             "a receive buffer per micro-batch and boundary (torch.distributed.pipelining); the reserve is the peak"
         )
-    if plan.model_parallel > 1:
+    if plan.degree > 1:
         out.append(
             f"the data-parallel strategy over the {plan.dp * plan.cp} rank(s) holding the same weights (dp x cp)"
         )

@@ -201,28 +201,10 @@ def model_parallel_collectives(
     m, tokens = plan.num_micro_batches, seq_len // plan.cp
     layers = num_layers // plan.pp
     full = activation_bytes(batch=batch, tokens=tokens, hidden=hidden, bytes_per_element=bytes_per_element)
-    out: list[ModelParallelCollective] = []
-
-    def add(group: str, ranks: int, rows, nbytes: float, per_micro_batch: int) -> None:
-        for op, phase, what, calls, *rest in rows:
-            n = rest[0] if rest and group != "pp" else nbytes
-            intra = rest[0] if group == "pp" else group_intra_node(plan, group)
-            count = calls * per_micro_batch * m
-            out.append(
-                ModelParallelCollective(
-                    op=op, phase=phase, what=what, group=group, ranks=ranks, intra_node=intra, nbytes=n, count=count
-                )
-            )
-
-    add(
-        "tp",
-        plan.tp,
-        tp_layer_collectives(
-            plan, recompute=recompute, early_stop=recompute_early_stop, megatron_regather=megatron_regather
-        ),
-        full,
-        layers,
+    rows = tp_layer_collectives(
+        plan, recompute=recompute, early_stop=recompute_early_stop, megatron_regather=megatron_regather
     )
+    out = _collectives(plan, "tp", rows, full, layers * m)
     logits = activation_bytes(
         batch=batch, tokens=tokens, hidden=gathered_logits_vocab, bytes_per_element=bytes_per_element
     )
@@ -230,32 +212,37 @@ def model_parallel_collectives(
     root = tp_root_collectives(
         plan, first_stage=stage == 0, last_stage=last, logits_bytes=logits, loss_bytes=batch * tokens * 4
     )
-    add("tp", plan.tp, root, full, 1)
+    out += _collectives(plan, "tp", root, full, m)
     norms = 2 * layers + (1 if last else 0)  # two per decoder layer, the final norm on the last stage
-    for op, phase, what, calls, nbytes in sp_norm_collectives(plan, norms=norms, norm_bytes=hidden * bytes_per_element):
-        out.append(
-            ModelParallelCollective(
-                op=op,
-                phase=phase,
-                what=what,
-                group="tp",
-                ranks=plan.tp,
-                intra_node=group_intra_node(plan, "tp"),
-                nbytes=nbytes,
-                count=calls,
-            )
-        )
+    out += _collectives(plan, "tp", sp_norm_collectives(plan, norms=norms, norm_bytes=hidden * bytes_per_element), 0, 1)
+    head_dim = hidden // num_heads
     block = kv_block_bytes(
         batch=batch,
         tokens=tokens,
         kv_heads=num_kv_heads // plan.tp,
-        head_dim=hidden // num_heads,
+        head_dim=head_dim,
         bytes_per_element=bytes_per_element,
     )
-    add("cp", plan.cp, cp_layer_collectives(plan, block, rotate_method=rotate_method), block, layers)
+    out += _collectives(plan, "cp", cp_layer_collectives(plan, block, rotate_method=rotate_method), block, layers * m)
     sent = full / (plan.tp if plan.sequence_parallel else 1)  # with SP each TP rank sends its sequence shard
-    add("pp", 2, pp_sends(plan, stage), sent, 1)
+    out += _collectives(plan, "pp", pp_sends(plan, stage), sent, m)
     return tuple(out)
+
+
+def _collectives(plan: ParallelPlan, group: str, rows, nbytes: float, times: int) -> list[ModelParallelCollective]:
+    """`rows` (op, phase, what, calls, and a row's own bytes or, for "pp", whether it stays within a node) of
+    `group` as collectives called `times` x calls per step, each moving `nbytes` unless the row gives its own."""
+    ranks = {"tp": plan.tp, "cp": plan.cp, "pp": 2}[group]
+    out = []
+    for op, phase, what, calls, *rest in rows:
+        n = rest[0] if rest and group != "pp" else nbytes
+        intra = rest[0] if group == "pp" else group_intra_node(plan, group)
+        out.append(
+            ModelParallelCollective(
+                op=op, phase=phase, what=what, group=group, ranks=ranks, intra_node=intra, nbytes=n, count=calls * times
+            )
+        )
+    return out
 
 
 def collective_seconds_on_links(

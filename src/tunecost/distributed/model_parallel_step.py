@@ -79,7 +79,7 @@ def model_parallel_step_time(
     communication is exposed as `model_parallel_comm` has it; the bubble stretches the stage's micro-batches by
     (pp - 1) / (v m + pp - 1); the data-parallel collectives overlap the step's compute as in `timing.step_time`."""
     m = plan.num_micro_batches
-    per_micro_batch = whole_model_seconds / plan.model_parallel
+    per_micro_batch = whole_model_seconds / plan.degree
     layer_seconds = per_micro_batch / max(1, step.num_layers)
     collectives, exposed = model_parallel_comm(step, plan, links, spec, layer_seconds)
     dp_timed, dp_collectives = step_time(step, data_parallel_plan(plan), links, m * per_micro_batch)

@@ -78,7 +78,7 @@ class RankNeeds:
                 job = self.job_at(batch)
                 memory = (
                     rank_memory(self.step(batch), job, plan)
-                    if plan.model_parallel == 1
+                    if plan.degree == 1
                     else model_parallel.model_parallel_rank_memory(self.rank_step(plan, batch), job, plan)
                 )
                 saved[key] = dataclasses.asdict(memory)

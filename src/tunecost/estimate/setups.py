@@ -12,13 +12,7 @@ from dataclasses import dataclass, field
 from tunecost.catalog.gpus import GPU
 from tunecost.catalog.prices import Price, billed_gpus, cheapest_for
 from tunecost.distributed import deepspeed_estimator, model_parallel, overlap
-from tunecost.distributed.layouts import (
-    ModelParallel,
-    check_model_parallel,
-    checked_counts,
-    layout_plans,
-    model_parallel_choices,
-)
+from tunecost.distributed.layouts import check_model_parallel, checked_counts, layout_plans, model_parallel_choices
 from tunecost.distributed.model_parallel_step import model_parallel_step_time
 from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory
 from tunecost.distributed.timing import Links, StepCollective, default_links, step_time
@@ -30,7 +24,7 @@ from tunecost.models.catalog import resolve_model
 from tunecost.models.params import ParamCounts
 from tunecost.simulate.batch import default_margin_fraction, fit_verdict, margin_note
 from tunecost.workload.job import FineTuneJob
-from tunecost.workload.parallel import DEFAULT_MAX_GPUS, ParallelPlan
+from tunecost.workload.parallel import DEFAULT_MAX_GPUS, ModelParallel, ParallelPlan
 
 COST_NOTE = (
     "cost = hours x billed GPUs x $ per GPU-hour, at the catalog row with the lowest bill for the count: a row "
@@ -138,7 +132,7 @@ def evaluate_setup(
     if base.fit == "no" or not single_gpu_queries_per_s:
         return base
     compute = job.batch_size / single_gpu_queries_per_s
-    if plan.model_parallel == 1:
+    if plan.degree == 1:
         timed, collectives = step_time(step, plan, links, compute)
     else:
         timed, collectives = model_parallel_time(step, job, plan, links, compute)

@@ -12,7 +12,6 @@ from typing import Any
 
 from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.catalog.held_out_errors import THROUGHPUT_QUANTITIES
-from tunecost.distributed.layouts import ModelParallel
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_TOKENS
 from tunecost.models.anatomy import SUPPORTED_FAMILIES
@@ -34,7 +33,7 @@ from tunecost.validate.stack_behaviour import behaviour_for
 from tunecost.validate.stacks import Stack, stack_for
 from tunecost.workload.frameworks.registry import framework_defaults
 from tunecost.workload.job import FineTuneJob, LoraConfig
-from tunecost.workload.parallel import ParallelPlan
+from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
 PEAK_MEMORY_QUANTITIES = ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")
 MEMORY_QUANTITIES = (*PEAK_MEMORY_QUANTITIES, "oom")

@@ -6,12 +6,11 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from tunecost.distributed.layouts import ModelParallel
 from tunecost.errors import TunecostError
 from tunecost.validate.cells import Skip
 from tunecost.validate.corpus import CorpusRow
 from tunecost.workload.job import FineTuneJob
-from tunecost.workload.parallel import ParallelPlan
+from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
 _PAR = r"(?:[ _-]?(?:model[ _-]?)?parallel(?:ism|[ _]size|[ _]degree)?)"
 _DEGREES = {

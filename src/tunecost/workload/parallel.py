@@ -40,32 +40,15 @@ def check_fsdp2_method(method: str, *, alternatives: str = "--method lora or ful
 
 
 @dataclass(frozen=True, kw_only=True)
-class ParallelPlan:
-    """A data-parallel (optionally expert-parallel) layout; the default is one GPU.
+class ModelParallel:
+    """The model-parallel part of a layout; `ParallelPlan` is one with its data-parallel part. `check` validates
+    it (a `ParallelPlan` runs it when built).
 
-    num_gpus: ranks in total.
-    gpus_per_node: ranks per node (collectives across nodes use the inter-node link); None: all on one node.
-    strategy: one of `STRATEGIES` ("single" for one GPU).
-    expert_parallel: expert-parallel degree for MoE models (1: every rank holds every expert); it must divide
-        the number of GPUs and, checked by `check_experts`, the number of experts.
-    offload: DeepSpeed ZeRO CPU offload: "none", "optimizer" (zero1/2/3) or "params" (zero3; parameters and
-        optimizer), see `offload`.
-    reduce_bucket_elements, overlap_comm: DeepSpeed ZeRO-1/2's `zero_optimization.reduce_bucket_size` and
-        `overlap_comm` (its defaults: 5e8 elements, off): the gradient buckets each backward allocates, two with
-        overlap_comm.
-    tp, pp, cp: tensor-, pipeline- and context-parallel degrees; the data-parallel group is the rest
-        (`dp` = num_gpus / (tp x pp x cp)), and `strategy` shards over it. sequence_parallel: Megatron's sequence
-        parallelism inside the TP group. micro_batches: pipeline micro-batches per step (None: pp);
-        pipeline_schedule: one of `PIPELINE_SCHEDULES`, virtual_stages its stages per rank (interleaved only).
+    tp, pp, cp: tensor-, pipeline- and context-parallel degrees. sequence_parallel: Megatron's sequence parallelism
+    inside the TP group. micro_batches: pipeline micro-batches per step (None: pp); pipeline_schedule: one of
+    `PIPELINE_SCHEDULES`, virtual_stages its stages per rank (interleaved only).
     """
 
-    num_gpus: int = 1
-    gpus_per_node: int | None = None
-    strategy: str = "single"
-    expert_parallel: int = 1
-    offload: str = "none"
-    reduce_bucket_elements: int = DEEPSPEED_REDUCE_BUCKET_ELEMENTS
-    overlap_comm: bool = False
     tp: int = 1
     pp: int = 1
     cp: int = 1
@@ -74,39 +57,27 @@ class ParallelPlan:
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
 
-    def __post_init__(self) -> None:
-        if self.num_gpus < 1:
-            raise TunecostError(f"number of GPUs must be at least 1, got {self.num_gpus}")
-        if self.gpus_per_node is not None and self.gpus_per_node < 1:
-            raise TunecostError(f"GPUs per node must be at least 1, got {self.gpus_per_node}")
-        if self.num_gpus > self.node_size and self.num_gpus % self.node_size:
-            raise TunecostError(
-                f"{self.num_gpus} GPUs cannot be split into whole nodes of {self.node_size} GPUs; "
-                f"use a multiple of {self.node_size}"
-            )
-        if self.strategy not in STRATEGIES:
-            raise TunecostError(f"unknown strategy {self.strategy!r}; supported: {', '.join(STRATEGIES)}")
-        self._check_model_parallel()
-        if self.strategy == "single" and self.dp != 1:
-            raise TunecostError(
-                f"a job on {self.num_gpus} GPUs needs a multi-GPU strategy ({', '.join(MULTI_GPU_STRATEGIES)}), "
-                "not 'single'"
-            )
-        if self.expert_parallel < 1 or self.dp % self.expert_parallel:
-            where = f"the {self.num_gpus} GPUs" if self.dp == self.num_gpus else f"the data-parallel degree {self.dp}"
-            raise TunecostError(f"expert-parallel degree {self.expert_parallel} must be at least 1 and divide {where}")
-        check_offload(self.offload, self.strategy)
-        if self.reduce_bucket_elements < 1:
-            raise TunecostError(f"reduce_bucket_size must be at least 1 element, got {self.reduce_bucket_elements}")
+    @property
+    def degree(self) -> int:
+        """Ranks that hold one copy of the model between them: tp x pp x cp."""
+        return self.tp * self.pp * self.cp
 
-    def _check_model_parallel(self) -> None:
+    @property
+    def num_micro_batches(self) -> int:
+        """Pipeline micro-batches per step (one without a pipeline; pp when not given)."""
+        if self.pp == 1:
+            return 1 if self.micro_batches is None else self.micro_batches
+        return self.pp if self.micro_batches is None else self.micro_batches
+
+    def check(self, num_gpus: int | None = None) -> None:
+        """One-line errors for degrees below 1 or (given `num_gpus`) whose product does not divide the GPUs, and
+        for pipeline options that do not go together."""
         for name, degree in (("--tp", self.tp), ("--pp", self.pp), ("--cp", self.cp)):
             if degree < 1:
                 raise TunecostError(f"{name}: the degree must be at least 1, got {degree}")
-        if self.num_gpus % self.model_parallel:
+        if num_gpus is not None and num_gpus % self.degree:
             raise TunecostError(
-                f"--tp {self.tp} x --pp {self.pp} x --cp {self.cp} = {self.model_parallel} does not divide the "
-                f"{self.num_gpus} GPUs"
+                f"--tp {self.tp} x --pp {self.pp} x --cp {self.cp} = {self.degree} does not divide the {num_gpus} GPUs"
             )
         if self.sequence_parallel and self.tp == 1:
             raise TunecostError("--sequence-parallel shards along the tensor-parallel group; it needs --tp 2 or more")
@@ -124,34 +95,6 @@ class ParallelPlan:
             raise TunecostError(
                 f"interleaved-1f1b needs --micro-batches ({self.num_micro_batches}) a multiple of --pp {self.pp}"
             )
-
-    @property
-    def layout_name(self) -> str:
-        """The strategy, preceded by the model-parallel degrees above 1 ("tp8+sp pp2 fsdp2"; "tp8 pp2" when the
-        data-parallel degree is 1 and the strategy shards nothing)."""
-        parts = [f"tp{self.tp}{'+sp' if self.sequence_parallel else ''}"] if self.tp > 1 else []
-        parts += [f"pp{self.pp}"] if self.pp > 1 else []
-        parts += [f"cp{self.cp}"] if self.cp > 1 else []
-        if not parts or self.dp * self.cp > 1 or self.strategy.startswith("zero") or self.offload != "none":
-            parts.append(self.strategy)
-        return " ".join(parts)
-
-    @property
-    def model_parallel(self) -> int:
-        """Ranks that hold one copy of the model between them: tp x pp x cp."""
-        return self.tp * self.pp * self.cp
-
-    @property
-    def dp(self) -> int:
-        """The data-parallel degree: the ranks `strategy` replicates or shards over."""
-        return self.num_gpus // self.model_parallel
-
-    @property
-    def num_micro_batches(self) -> int:
-        """Pipeline micro-batches per step (one without a pipeline; pp when not given)."""
-        if self.pp == 1:
-            return 1 if self.micro_batches is None else self.micro_batches
-        return self.pp if self.micro_batches is None else self.micro_batches
 
     def check_model(self, *, num_heads: int, num_kv_heads: int, num_layers: int, seq_len: int) -> None:
         """One-line errors for degrees the model or the sequence cannot be split by (Megatron's and torchtitan's
@@ -174,6 +117,79 @@ class ParallelPlan:
             if degree > 1 and count % degree:
                 label = option if " x " in option else f"{option} {degree}"
                 raise TunecostError(f"{label} does not divide the model's {count} {what}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _DataParallel:
+    """`ParallelPlan`'s own fields, in a base after `ModelParallel` so that they come first (repr, asdict, JSON)."""
+
+    num_gpus: int = 1
+    gpus_per_node: int | None = None
+    strategy: str = "single"
+    expert_parallel: int = 1
+    offload: str = "none"
+    reduce_bucket_elements: int = DEEPSPEED_REDUCE_BUCKET_ELEMENTS
+    overlap_comm: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelPlan(ModelParallel, _DataParallel):
+    """A data-parallel (optionally expert-, tensor-, pipeline- and context-parallel) layout; the default is one GPU.
+
+    num_gpus: ranks in total.
+    gpus_per_node: ranks per node (collectives across nodes use the inter-node link); None: all on one node.
+    strategy: one of `STRATEGIES` ("single" for one GPU).
+    expert_parallel: expert-parallel degree for MoE models (1: every rank holds every expert); it must divide
+        the number of GPUs and, checked by `check_experts`, the number of experts.
+    offload: DeepSpeed ZeRO CPU offload: "none", "optimizer" (zero1/2/3) or "params" (zero3; parameters and
+        optimizer), see `offload`.
+    reduce_bucket_elements, overlap_comm: DeepSpeed ZeRO-1/2's `zero_optimization.reduce_bucket_size` and
+        `overlap_comm` (its defaults: 5e8 elements, off): the gradient buckets each backward allocates, two with
+        overlap_comm.
+    tp, pp, cp, sequence_parallel, micro_batches, pipeline_schedule, virtual_stages: `ModelParallel`'s; the
+        data-parallel group is the rest (`dp` = num_gpus / (tp x pp x cp)), and `strategy` shards over it.
+    """
+
+    def __post_init__(self) -> None:
+        if self.num_gpus < 1:
+            raise TunecostError(f"number of GPUs must be at least 1, got {self.num_gpus}")
+        if self.gpus_per_node is not None and self.gpus_per_node < 1:
+            raise TunecostError(f"GPUs per node must be at least 1, got {self.gpus_per_node}")
+        if self.num_gpus > self.node_size and self.num_gpus % self.node_size:
+            raise TunecostError(
+                f"{self.num_gpus} GPUs cannot be split into whole nodes of {self.node_size} GPUs; "
+                f"use a multiple of {self.node_size}"
+            )
+        if self.strategy not in STRATEGIES:
+            raise TunecostError(f"unknown strategy {self.strategy!r}; supported: {', '.join(STRATEGIES)}")
+        self.check(self.num_gpus)
+        if self.strategy == "single" and self.dp != 1:
+            raise TunecostError(
+                f"a job on {self.num_gpus} GPUs needs a multi-GPU strategy ({', '.join(MULTI_GPU_STRATEGIES)}), "
+                "not 'single'"
+            )
+        if self.expert_parallel < 1 or self.dp % self.expert_parallel:
+            where = f"the {self.num_gpus} GPUs" if self.dp == self.num_gpus else f"the data-parallel degree {self.dp}"
+            raise TunecostError(f"expert-parallel degree {self.expert_parallel} must be at least 1 and divide {where}")
+        check_offload(self.offload, self.strategy)
+        if self.reduce_bucket_elements < 1:
+            raise TunecostError(f"reduce_bucket_size must be at least 1 element, got {self.reduce_bucket_elements}")
+
+    @property
+    def layout_name(self) -> str:
+        """The strategy, preceded by the model-parallel degrees above 1 ("tp8+sp pp2 fsdp2"; "tp8 pp2" when the
+        data-parallel degree is 1 and the strategy shards nothing)."""
+        parts = [f"tp{self.tp}{'+sp' if self.sequence_parallel else ''}"] if self.tp > 1 else []
+        parts += [f"pp{self.pp}"] if self.pp > 1 else []
+        parts += [f"cp{self.cp}"] if self.cp > 1 else []
+        if not parts or self.dp * self.cp > 1 or self.strategy.startswith("zero") or self.offload != "none":
+            parts.append(self.strategy)
+        return " ".join(parts)
+
+    @property
+    def dp(self) -> int:
+        """The data-parallel degree: the ranks `strategy` replicates or shards over."""
+        return self.num_gpus // self.degree
 
     @property
     def num_reduce_buckets(self) -> int:

@@ -10,7 +10,13 @@ from tunecost.errors import TunecostError
 from tunecost.limits import check_count
 from tunecost.units import format_bytes
 from tunecost.workload.offload import OFFLOAD_STRATEGIES
-from tunecost.workload.parallel import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS, MULTI_GPU_STRATEGIES, PIPELINE_SCHEDULES
+from tunecost.workload.parallel import (
+    DEFAULT_MAX_GPUS,
+    MAX_SEARCH_GPUS,
+    MULTI_GPU_STRATEGIES,
+    PIPELINE_SCHEDULES,
+    ModelParallel,
+)
 
 if TYPE_CHECKING:
     from tunecost.cli.groups import MultiGpuOptions, Pricing, RecordsOutput
@@ -68,8 +74,6 @@ VirtualStages = Annotated[
 
 def model_parallel_option(options: MultiGpuOptions):
     """The TP/PP/CP layout the options give (None: none of them given)."""
-    from tunecost.distributed.layouts import ModelParallel
-
     values = (
         options.tp,
         options.pp,
@@ -209,7 +213,7 @@ def print_answer(
             f"{format_hours(best.cost.hours)} h, [bold]${best.usd:.2f}[/bold] ({_price_text(best.cost)}"
             f"{f', start-up {_startup(best)} once' if _startup(best) else ''})"
         )
-        if best.plan.model_parallel > 1:
+        if best.plan.degree > 1:
             console.print(_model_parallel_line(best))
     elif not any(s.fits for s in answer.setups):
         console.print("answer: no setup fits with the safety margin")
@@ -322,7 +326,7 @@ def why_not(setup) -> str:
     m = setup.memory
     parts = sorted(m.breakdown_bytes.items(), key=lambda kv: -kv[1])[:3]
     held = "the whole model and its states replicated per rank" if m.shard_group == 1 else "its shard of the states"
-    if setup.plan.model_parallel > 1:
+    if setup.plan.degree > 1:
         held = f"its {setup.plan.layout_name.rsplit(' ', 1)[0] if setup.plan.dp > 1 else setup.plan.layout_name} share"
     return (
         f"each rank needs {format_bytes(m.need_bytes)} ({held}: "

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.frameworks import ConfigFile
-from tunecost.workload.parallel import ParallelPlan
+from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
 # the plan's model-parallel options a config may set (job options of the same names)
-MODEL_PARALLEL_OPTIONS = ("tp", "pp", "cp", "sequence_parallel", "micro_batches", "pipeline_schedule", "virtual_stages")
+MODEL_PARALLEL_OPTIONS = tuple(f.name for f in fields(ModelParallel))
 PLAN_OPTIONS = ("num_gpus", "gpus_per_node", "strategy", "offload", *MODEL_PARALLEL_OPTIONS)
 _FLAG = re.compile(r"--(tp|pp|cp|sequence-parallel|micro-batches)\b")  # the flags ParallelPlan's errors name
 
