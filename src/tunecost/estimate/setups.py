@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from tunecost.catalog.gpus import GPU
-from tunecost.catalog.prices import Price, billed_gpus, cheapest_for
+from tunecost.catalog.prices import Price, billed_gpus, cheapest_for, price_catalog, prices_for
 from tunecost.distributed import deepspeed_estimator, model_parallel, overlap
 from tunecost.distributed.layouts import check_model_parallel, checked_counts, layout_plans, model_parallel_choices
 from tunecost.distributed.model_parallel_step import model_parallel_step_time
@@ -21,7 +21,7 @@ from tunecost.estimate.paper import training_hours, usd_for_hours
 from tunecost.estimate.rank_needs import RankNeeds
 from tunecost.estimate.simulated import Throughput
 from tunecost.models.catalog import resolve_model
-from tunecost.models.params import ParamCounts
+from tunecost.models.params import ParamCounts, count_parameters
 from tunecost.simulate.batch import default_margin_fraction, fit_verdict, margin_note
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import DEFAULT_MAX_GPUS, ModelParallel, ParallelPlan
@@ -237,9 +237,6 @@ def estimate_multi_gpu(
     `max_gpus`). Fitting nothing at all is an error then. `needs`: the job's rank memory and throughputs already
     computed (the same job with another offload or count); without `require_fit`, fitting nothing is an answer.
     `model_parallel`: the TP/PP/CP degrees (None: data parallelism, or, searching, `layouts.model_parallel_choices`)."""
-    from tunecost.catalog.prices import price_catalog, prices_for
-    from tunecost.models.params import count_parameters
-
     degree = model_parallel.degree if model_parallel is not None else 1
     counts_by_gpu, spec = checked_counts(
         job.model, gpus, strategies, num_gpus, gpus_per_node, max_gpus, expert_degree, offload, degree
@@ -253,7 +250,6 @@ def estimate_multi_gpu(
     links_by_gpu = {gpu.name: default_links(gpu, gpus_per_node, node_link) for gpu in gpus}  # errors before tracing
     needs = needs or RankNeeds(job.with_(batch_size=1), behaviour)
     param_counts = count_parameters(spec, job.experts_per_token) if {"zero2", "zero3"} & set(strategies) else None
-    prices = price_catalog(prices_file)
     search = _Search(
         needs=needs,
         strategies=strategies,
@@ -270,14 +266,8 @@ def estimate_multi_gpu(
         param_counts=param_counts,
         model_parallel=choices,
     )
-    setups: list[Setup] = []
+    setups = _gpu_setups(search, gpus, counts_by_gpu, links_by_gpu, price_catalog(prices_file), provider)
     notes = search.notes
-    for gpu in gpus:
-        links, gpu_prices = links_by_gpu[gpu.name], prices_for(gpu.name, prices, provider, whole_nodes=True)
-        if not gpu_prices:
-            notes.append(f"no price for {gpu.name}" + (f" from {provider}" if provider else "") + " in the catalog")
-        setups += search.gpu_setups(gpu, counts_by_gpu[gpu.name], links, gpu_prices)
-        notes.append(f"{gpu.name}: links {links.node.name} in a node, {links.nics_per_node} x {links.network.name}")
     needs.flush()
     if num_gpus is None and require_fit and not any(s.fits for s in setups):
         raise TunecostError(
@@ -294,6 +284,22 @@ def estimate_multi_gpu(
         notes=tuple(notes),
         assumptions=(*setups[0].memory.assumptions, margin_note(margin)) if setups else (),
     )
+
+
+def _gpu_setups(search: _Search, gpus: Sequence[GPU], counts_by_gpu, links_by_gpu, prices, provider) -> list[Setup]:
+    """Every setup `search` evaluates on each GPU at its provider's prices, with a note per GPU on its links."""
+    setups: list[Setup] = []
+    for gpu in gpus:
+        links, gpu_prices = links_by_gpu[gpu.name], prices_for(gpu.name, prices, provider, whole_nodes=True)
+        if not gpu_prices:
+            search.notes.append(
+                f"no price for {gpu.name}" + (f" from {provider}" if provider else "") + " in the catalog"
+            )
+        setups += search.gpu_setups(gpu, counts_by_gpu[gpu.name], links, gpu_prices)
+        search.notes.append(
+            f"{gpu.name}: links {links.node.name} in a node, {links.nics_per_node} x {links.network.name}"
+        )
+    return setups
 
 
 def _layout_key(plan: ParallelPlan) -> tuple:

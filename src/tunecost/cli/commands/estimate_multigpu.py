@@ -74,15 +74,9 @@ VirtualStages = Annotated[
 
 def model_parallel_option(options: MultiGpuOptions):
     """The TP/PP/CP layout the options give (None: none of them given)."""
-    values = (
-        options.tp,
-        options.pp,
-        options.cp,
-        options.micro_batches,
-        options.pipeline_schedule,
-        options.virtual_stages,
-    )
-    if all(v is None for v in values) and options.sequence_parallel is None:
+    degrees = (options.tp, options.pp, options.cp)
+    schedule = (options.micro_batches, options.pipeline_schedule, options.virtual_stages)
+    if all(v is None for v in (*degrees, *schedule)) and options.sequence_parallel is None:
         return None
     tp = options.tp or 1
     if options.sequence_parallel and tp == 1:
