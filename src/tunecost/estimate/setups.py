@@ -345,7 +345,7 @@ class _Search:
                 if self.micro_batch is not None:
                     setups.append(self.evaluate(gpu, links, prices, throughputs, plan, self.micro_batch, 0))
                 elif self.searching and (not wanted or not fits_one):
-                    why = f"not timed: the search prices this layout on {fewest} GPUs (the fewest that fit)"
+                    why = f"not timed: this layout fits on fewer GPUs ({fewest}); the search prices that count"
                     why += " and its power-of-two multiples" if self.more_gpus else ""
                     skipped = Setup(gpu=gpu, plan=plan, memory=first, margin_fraction=self.margin)
                     setups.append(dataclasses.replace(skipped, not_timed=why if fits_one else ""))
