@@ -3,6 +3,7 @@ front and ruled-out setups say why."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 
@@ -13,8 +14,10 @@ from tunecost.cli.main import app
 from tunecost.errors import TunecostError
 from tunecost.estimate.cost import estimate_job
 from tunecost.estimate.estimators import sizing_seq_len
-from tunecost.estimate.plan import make_plan, pareto_front, parse_owned
+from tunecost.estimate.plan import make_plan, model_parallel_of, pareto_front, parse_owned, recommend
+from tunecost.estimate.plan_launch import launch_job
 from tunecost.estimate.setups import estimate_multi_gpu
+from tunecost.workload.parallel import ParallelPlan
 
 SMALL = {"num_queries": 2000, "epochs": 1, "max_gpus": 4, "gpus_per_node": 8}
 
@@ -135,3 +138,90 @@ def test_emit_writes_the_recipe_and_never_replaces_a_file(cli_runner, cli_error,
     assert (tmp_path / "recipe" / "accelerate_config.yaml").is_file()
     assert "--force" in cli_error(args)
     assert cli_runner.invoke(app, [*args, "--force"]).exit_code == 0
+
+
+TINY_FULL = {"num_queries": 2000, "epochs": 1, "max_gpus": 3, "gpus_per_node": 8}  # TP/PP layouts searched
+
+
+@pytest.fixture(scope="module")
+def tiny_full() -> tuple:
+    """A full fine-tune of a small Llama on RTX-4090s up to 3 GPUs: the search weighs TP and PP layouts too."""
+    job = estimate_job("tinyllama-1.1b", method="full", seq_len=2048)
+    job = job.with_(seq_len=sizing_seq_len(job))
+    return job, make_plan([job], gpus=[resolve_gpu_name("RTX-4090").gpu], **TINY_FULL)
+
+
+def _model_parallel_options(plan) -> list:
+    return [o for o in plan.options if o.setup.plan.model_parallel > 1 and o.setup.cost is not None]
+
+
+def test_a_global_batch_reprices_a_tp_pp_setup_as_itself(tiny_full) -> None:
+    """At --global-batch the layout stays: micro-batch x accumulation x data-parallel ranks x pipeline
+    micro-batches = G, priced as `estimate --gpus N --tp --pp` prices that layout at that micro-batch."""
+    job, _ = tiny_full
+    plan = make_plan([job], gpus=[resolve_gpu_name("RTX-4090").gpu], global_batch=16, **TINY_FULL)
+    mp = _model_parallel_options(plan)
+    assert any(o.setup.plan.pp > 1 for o in mp) and any(o.setup.plan.tp > 1 for o in mp)
+    for o in mp:
+        p = o.setup.plan
+        assert o.setup.micro_batch * o.accumulation * p.dp * p.num_micro_batches == 16
+    for o in [next(o for o in mp if o.setup.plan.pp > 1), next(o for o in mp if o.setup.plan.tp > 1)]:
+        s = o.setup
+        same = estimate_multi_gpu(
+            job,
+            gpus=[s.gpu],
+            strategies=[s.plan.strategy],
+            num_gpus=s.plan.num_gpus,
+            offload=o.offload,
+            micro_batch=s.micro_batch,
+            model_parallel=model_parallel_of(s.plan),
+            num_queries=TINY_FULL["num_queries"],
+            epochs=TINY_FULL["epochs"],
+        )
+        (twin,) = [t for t in same.setups if t.plan == s.plan]
+        assert (twin.cost.hours, twin.cost.usd) == (s.cost.hours, s.cost.usd)
+
+
+def test_a_tie_goes_to_fewer_model_parallel_ranks_before_the_strategy(tiny_full) -> None:
+    _, plan = tiny_full
+    at2 = [o for o in plan.options if o.setup.plan.num_gpus == 2 and o.offload == "none" and o.setup.cost]
+    tp = next(o for o in at2 if o.setup.plan.model_parallel > 1 and o.setup.plan.strategy == "ddp")
+    dp = next(o for o in at2 if o.setup.plan.model_parallel == 1 and o.setup.plan.strategy == "zero3")
+    tied = [dataclasses.replace(o, setup=dataclasses.replace(o.setup, cost=tp.setup.cost)) for o in (tp, dp)]
+    _, best, _ = recommend(tied, None, None)
+    assert best is not None and best.setup.plan == dp.setup.plan
+
+
+def test_counts_the_search_does_not_price_say_so(tiny_full) -> None:
+    """A layout is timed on its fewest GPUs that fit and their power-of-two multiples; at 3 GPUs it fits untimed."""
+    _, plan = tiny_full
+    untimed = [o for o in plan.options if o.setup.fits and o.setup.cost is None]
+    assert untimed and {o.setup.plan.num_gpus for o in untimed} == {3}
+    assert all(o.why_not.startswith("not timed: this layout fits on fewer GPUs (1)") for o in untimed)
+    assert plan.skipped == len(untimed) and plan.evaluated + plan.pruned + plan.skipped == len(plan.options)
+    assert not any(o.why_not.startswith(("not timed", "no throughput")) for o in plan.ruled_out)
+
+
+def test_emit_refuses_a_tp_pp_setup_in_one_line(tiny_full) -> None:
+    job, plan = tiny_full
+    option = _model_parallel_options(plan)[0]
+    with pytest.raises(TunecostError, match="data-parallel layouts only") as err:
+        launch_job(option, job, epochs=1)
+    assert option.setup.plan.layout_name in str(err.value) and "\n" not in str(err.value)
+    data_parallel = next(o for o in plan.options if o.setup.plan.num_gpus > 1 and o.setup.plan.model_parallel == 1)
+    assert launch_job(data_parallel, job, epochs=1).strategy == data_parallel.setup.plan.strategy
+
+
+def test_a_70b_full_plan_names_its_layout_and_emits_only_data_parallelism(cli_runner, cli_error, tmp_path) -> None:
+    """The answer and the tables name the TP/PP degrees of a setup, not only its strategy; --emit refuses them."""
+    args = ["plan", "--model", "meta-llama/Llama-2-70b-hf", "--method", "full", "--gpu", "H100"]
+    args += ["--dataset", "alpaca", "--epochs", "1", "--seq-len", "2048"]
+    best = json.loads(cli_runner.invoke(app, [*args, "--json"]).stdout)["plan"]["recommended"]
+    layout = ParallelPlan(**best["setup"]["plan"])
+    text = cli_runner.invoke(app, args).stdout
+    assert f"plan: full on {layout.num_gpus} x H100-80GB-SXM, {layout.layout_name}," in text
+    emit = [*args, "--emit", str(tmp_path / "recipe")]
+    if layout.model_parallel > 1:
+        assert layout.layout_name in cli_error(emit) and not (tmp_path / "recipe").exists()
+    else:
+        assert cli_runner.invoke(app, emit).exit_code == 0

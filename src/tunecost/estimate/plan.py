@@ -14,17 +14,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tunecost.catalog.gpus import GPU, resolve_gpu_name
-from tunecost.catalog.prices import OWNED_PROVIDER, Price, price_catalog, prices_for
+from tunecost.catalog.prices import OWNED_PROVIDER, Price
 from tunecost.distributed.expert_parallel import EP_STRATEGIES
+from tunecost.distributed.layouts import ModelParallel
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import sizing_seq_len
-from tunecost.estimate.recipes import LaunchJob
 from tunecost.estimate.setups import RankNeeds, Setup, estimate_multi_gpu, setup_cost
-from tunecost.models.catalog import resolve_model
-from tunecost.models.params import count_parameters
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.offload import OFFLOAD_CHOICES, OFFLOAD_STRATEGIES
-from tunecost.workload.parallel import MULTI_GPU_STRATEGIES
+from tunecost.workload.parallel import MULTI_GPU_STRATEGIES, ParallelPlan
 
 METHODS = ("full", "lora", "qlora")
 MAX_OWNED_GPUS = 1024
@@ -90,6 +88,7 @@ class Plan:
     options: tuple[Option, ...] = ()  # every option weighed, each with its verdict (`why_not`)
     evaluated: int  # setups timed and priced
     pruned: int  # setups ruled out by memory before any time was estimated
+    skipped: int = 0  # setups that fit but were not timed: GPU counts the search does not price
     notes: tuple[str, ...] = ()
 
 
@@ -172,13 +171,24 @@ def _search(
 
 def _global_micro_batch(option: Option, global_batch: int) -> tuple[int, int] | str:
     """(micro-batch, accumulation) that keep the optimisation's batch at `global_batch` over the data-parallel
-    ranks with the largest micro-batch that fits and divides the ranks' share; or why none does."""
-    ranks = option.setup.plan.num_gpus
-    if global_batch % ranks:
-        return f"global batch {global_batch} is not a multiple of {ranks} ranks"
-    share = global_batch // ranks
+    ranks (a pipeline's micro-batches each; TP and CP ranks share theirs, as `setups.evaluate_setup` counts
+    samples) with the largest micro-batch that fits and divides a rank's share; or why none does."""
+    plan = option.setup.plan
+    per_step = plan.dp * plan.num_micro_batches
+    if global_batch % per_step:
+        ranks = f"{plan.dp} data-parallel ranks"
+        ranks += f" x {plan.num_micro_batches} pipeline micro-batches" if plan.num_micro_batches > 1 else ""
+        return f"global batch {global_batch} is not a multiple of {ranks}"
+    share = global_batch // per_step
     micro = max(m for m in range(1, min(share, option.setup.micro_batch) + 1) if share % m == 0)
     return micro, share // micro
+
+
+def model_parallel_of(plan: ParallelPlan) -> ModelParallel | None:
+    """The TP/PP/CP part of `plan` (None: data parallelism only), to price the same layout again."""
+    if plan.model_parallel == 1:
+        return None
+    return ModelParallel(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(ModelParallel)})
 
 
 def _with_global_batch(option: Option, job: FineTuneJob, global_batch: int | None, search: dict) -> Option:
@@ -199,9 +209,10 @@ def _with_global_batch(option: Option, job: FineTuneJob, global_batch: int | Non
             gpus_per_node=setup.plan.node_size,
             offload=option.offload,
             micro_batch=micro,
+            model_parallel=model_parallel_of(setup.plan),
             **search,
         )
-        setup = dataclasses.replace(answer.setups[0], plan=setup.plan)
+        (setup,) = [s for s in answer.setups if s.plan == setup.plan]
         if option.owned:
             setup = _owned_cost(setup, search["num_queries"], search["epochs"])
     return dataclasses.replace(option, setup=setup, accumulation=accumulation)
@@ -230,6 +241,8 @@ def _verdict(option: Option, budget_usd: float | None, deadline_h: float | None)
 
 def _does_not_fit(option: Option) -> str:
     s = option.setup
+    if s.fits and s.not_timed:
+        return s.not_timed
     gb = 1e9
     need, card = s.memory.nvidia_smi_bytes / gb, s.gpu.usable_memory_bytes / gb
     if s.fit == "borderline":
@@ -254,14 +267,14 @@ def _closest_misses(options: Sequence[Option]) -> tuple[Option, ...]:
     return tuple(sorted(best.values(), key=lambda o: (o.method, o.setup.gpu.name, o.offload)))
 
 
-def _complexity(o: Option) -> tuple[int, bool, bool, int]:
+def _complexity(o: Option) -> tuple[int, bool, bool, int, int]:
     plan = o.setup.plan
-    return plan.num_gpus, o.offload != "none", not o.owned, PREFERENCE.index(plan.strategy)
+    return plan.num_gpus, o.offload != "none", not o.owned, plan.model_parallel, PREFERENCE.index(plan.strategy)
 
 
 def _simplest(options: Sequence[Option], key: Callable[[Option], tuple[float, float]]) -> Option:
     """The best by `key`, or, among the options within 1 % of it on both terms, the simplest to run: fewest GPUs,
-    no offload, owned before rented."""
+    no offload, owned before rented, fewest model-parallel ranks, then `PREFERENCE`."""
     best = key(min(options, key=key))
     close = [o for o in options if all(v <= b * (1 + TIE_FRACTION) for v, b in zip(key(o), best))]
     return min(close, key=lambda o: (*_complexity(o), key(o)))
@@ -340,47 +353,17 @@ def make_plan(
     feasible = [o for o in judged if not o.why_not]
     goal, best, why = recommend(feasible, budget_usd, deadline_h)
     timed = sum(1 for o in options if o.setup.queries_per_s is not None)
+    skipped = sum(1 for o in options if o.setup.fits and o.setup.not_timed)
     return Plan(
         model=jobs[0].model,
         goal=goal,
         recommended=best,
         reason=why,
         front=pareto_front(feasible),
-        ruled_out=_closest_misses([o for o in judged if o.why_not]),
+        ruled_out=_closest_misses([o for o in judged if o.why_not and not (o.setup.fits and o.setup.not_timed)]),
         options=tuple(judged),
         evaluated=timed,
-        pruned=len(options) - timed,
+        pruned=len(options) - timed - skipped,
+        skipped=skipped,
         notes=(METHOD_TRADES, *dict.fromkeys(notes)),
-    )
-
-
-def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=None) -> LaunchJob:
-    """The recipe's view of the recommended `option` of `job`: every provider that rents its GPU as candidates."""
-    setup, spec = option.setup, resolve_model(job.model)
-    rented = [] if option.owned else prices_for(setup.gpu.name, price_catalog(prices_file), whole_nodes=True)
-    weights_gb = 2 * count_parameters(spec).total / 1e9  # bf16 checkpoint files, downloaded once
-    return LaunchJob(
-        model=spec.hub_id or spec.name,
-        method=job.method,
-        lora_rank=job.lora.rank,
-        lora_alpha=job.lora.alpha,
-        lora_targets=job.lora.targets if job.method != "full" else (),
-        quant_type=job.quant_type if job.quant_type in ("nf4", "fp4") else "nf4",
-        double_quant=job.double_quant,
-        dtype=job.compute_dtype,
-        gradient_checkpointing=job.gradient_checkpointing,
-        attention=job.attention,
-        optimizer=job.optimizer,
-        seq_len=job.worst_case_seq_len,
-        micro_batch=setup.micro_batch,
-        grad_accum=option.accumulation,
-        epochs=epochs,
-        dataset=job.dataset,
-        gpu=setup.gpu.name,
-        num_gpus=setup.plan.num_gpus,
-        gpus_per_node=setup.plan.node_size,
-        strategy=setup.plan.strategy,
-        offload=option.offload,
-        clouds=tuple(dict.fromkeys((p.provider, "") for p in rented)),
-        disk_gb=int(max(100, 2 * weights_gb)),
     )

@@ -62,6 +62,7 @@ class Setup:
     margin_fraction: float = 0.0
     interval_ratio: tuple[float, float] | None = None  # the rank's throughput interval / its point estimate
     extrapolation: tuple[str, ...] = ()  # why the throughput lies outside the calibrated range, if it does
+    not_timed: str = ""  # why a search left a setup that fits untimed (a count it does not price)
 
     @property
     def fit(self) -> str:
@@ -160,8 +161,7 @@ def evaluate_setup(
 def model_parallel_time(
     step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan, links: Links, whole_model_seconds: float
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
-    """The step of a TP/PP/CP rank (`model_parallel_step`) from its whole-model TP/CP step `step`: a stage with
-    the most activations in flight (the first)."""
+    """A TP/PP/CP rank's step from its whole-model TP/CP step `step`: the first stage (most in flight)."""
     stage = model_parallel.first_stage(step, plan)
     return model_parallel_step_time(stage, plan, links, whole_model_seconds, spec=resolve_model(job.model))
 
@@ -173,11 +173,6 @@ def smallest_fitting(setups: Sequence[Setup]) -> dict[tuple[str, str], Setup]:
         if s.fits and (s.gpu.name, s.plan.layout_name) not in out:
             out[(s.gpu.name, s.plan.layout_name)] = s
     return out
-
-
-def fastest(setups: Sequence[Setup]) -> Setup | None:
-    timed = [(s.cost.hours, s.plan.num_gpus, i) for i, s in enumerate(setups) if s.fits and s.cost is not None]
-    return setups[min(timed)[2]] if timed else None
 
 
 def cheapest(setups: Sequence[Setup]) -> Setup | None:
@@ -350,7 +345,10 @@ class _Search:
                 if self.micro_batch is not None:
                     setups.append(self.evaluate(gpu, links, prices, throughputs, plan, self.micro_batch, 0))
                 elif self.searching and (not wanted or not fits_one):
-                    setups.append(Setup(gpu=gpu, plan=plan, memory=first, margin_fraction=self.margin))
+                    why = f"not timed: this layout fits on fewer GPUs ({fewest}); the search prices that count"
+                    why += " and its power-of-two multiples" if self.more_gpus else ""
+                    skipped = Setup(gpu=gpu, plan=plan, memory=first, margin_fraction=self.margin)
+                    setups.append(dataclasses.replace(skipped, not_timed=why if fits_one else ""))
                 else:
                     lo, border = self.needs.largest_micro_batch(plan, gpu, self.margin)
                     setups.append(self.evaluate(gpu, links, prices, throughputs, plan, max(lo, 1), border))

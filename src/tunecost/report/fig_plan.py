@@ -106,8 +106,9 @@ def _star(ax, row: pd.Series, color: str) -> Any:
     ax.scatter([row["hours"]], [row["usd"]], s=260, marker="*", facecolors=color, edgecolors="black", zorder=5)
     offload = f" + {row['offload']} offload" if row["offload"] != "none" else ""
     owned = " (owned)" if row["owned"] else ""
+    layout = row.get("layout") if isinstance(row.get("layout"), str) else row["strategy"]  # older rows: no layout
     text = (
-        f"recommended: {row['method']}, {int(row['num_gpus'])} x {row['gpu']}{owned}, {row['strategy']}{offload}\n"
+        f"recommended: {row['method']}, {int(row['num_gpus'])} x {row['gpu']}{owned}, {layout}{offload}\n"
         f"{row['hours']:.3g} h, "
         + (f"${row['usd']:,.2f}" if row["usd"] >= 1 or row["usd"] == 0 else f"${row['usd']:.2g}")
     )

@@ -32,6 +32,7 @@ class PlanOptionRow:
     gpu: str  # catalog name
     num_gpus: int
     strategy: str  # single, ddp, fsdp2, zero3, ...
+    layout: str  # the strategy with its TP/PP/CP degrees, e.g. "tp4+sp fsdp1" (`ParallelPlan.layout_name`)
     offload: str  # none, optimizer or params
     owned: bool  # the user's GPUs (--own): priced at $0
     micro_batch: int  # per rank
@@ -67,6 +68,7 @@ def option_row(plan: Any, option: Any) -> PlanOptionRow:
         gpu=setup.gpu.name,
         num_gpus=setup.plan.num_gpus,
         strategy=setup.plan.strategy,
+        layout=setup.plan.layout_name,
         offload=option.offload,
         owned=option.owned,
         micro_batch=setup.micro_batch,

@@ -176,7 +176,7 @@ def _rented_gpus(gpu: str, owned) -> list:
 
 
 def _emit(result, jobs: list, out: Path, target: str | None, force: bool, epochs: float) -> list[Path]:
-    from tunecost.estimate.plan import launch_job
+    from tunecost.estimate.plan_launch import launch_job
     from tunecost.estimate.recipes import write_recipe
 
     best = result.recommended
@@ -188,7 +188,7 @@ def _emit(result, jobs: list, out: Path, target: str | None, force: bool, epochs
 
 def _where(option) -> str:
     s = option.setup
-    layout = s.plan.strategy + (f" + {option.offload} offload" if option.offload != "none" else "")
+    layout = s.plan.layout_name + (f" + {option.offload} offload" if option.offload != "none" else "")
     owned = " (owned)" if option.owned else ""
     return f"{s.plan.num_gpus} x {s.gpu.name}{owned}, {layout}"
 
@@ -231,7 +231,8 @@ def print_plan(result, *, verbose: bool = False) -> None:
             ]
             for o in front
         ],
-        caption=f"{result.evaluated} setups timed and priced, {result.pruned} ruled out by memory first",
+        caption=f"{result.evaluated} setups timed and priced, {result.pruned} ruled out by memory first"
+        + (f", {result.skipped} fit at GPU counts the search does not price" if result.skipped else ""),
     )
     if result.ruled_out:
         _print_ruled_out(result, verbose)

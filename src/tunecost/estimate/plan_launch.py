@@ -1,0 +1,49 @@
+"""The launch recipe's view of a planned setup (`tunecost plan --emit`): `estimate.recipes.LaunchJob`."""
+
+from __future__ import annotations
+
+from tunecost.catalog.prices import price_catalog, prices_for
+from tunecost.errors import TunecostError
+from tunecost.estimate.plan import Option
+from tunecost.estimate.recipes import LaunchJob
+from tunecost.models.catalog import resolve_model
+from tunecost.models.params import count_parameters
+from tunecost.workload.job import FineTuneJob
+
+
+def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=None) -> LaunchJob:
+    """The recipe's view of the recommended `option` of `job`: every provider that rents its GPU as candidates.
+    The recipes launch data parallelism only: a TP/PP/CP layout is a `TunecostError`."""
+    setup, spec = option.setup, resolve_model(job.model)
+    if setup.plan.model_parallel > 1:
+        raise TunecostError(
+            f"--emit: the recommended setup is {setup.plan.layout_name} (tensor/pipeline/context parallel); the "
+            "recipes launch data-parallel layouts only (ddp, fsdp1, fsdp2, hsdp, zero1-3, one GPU)"
+        )
+    rented = [] if option.owned else prices_for(setup.gpu.name, price_catalog(prices_file), whole_nodes=True)
+    weights_gb = 2 * count_parameters(spec).total / 1e9  # bf16 checkpoint files, downloaded once
+    return LaunchJob(
+        model=spec.hub_id or spec.name,
+        method=job.method,
+        lora_rank=job.lora.rank,
+        lora_alpha=job.lora.alpha,
+        lora_targets=job.lora.targets if job.method != "full" else (),
+        quant_type=job.quant_type if job.quant_type in ("nf4", "fp4") else "nf4",
+        double_quant=job.double_quant,
+        dtype=job.compute_dtype,
+        gradient_checkpointing=job.gradient_checkpointing,
+        attention=job.attention,
+        optimizer=job.optimizer,
+        seq_len=job.worst_case_seq_len,
+        micro_batch=setup.micro_batch,
+        grad_accum=option.accumulation,
+        epochs=epochs,
+        dataset=job.dataset,
+        gpu=setup.gpu.name,
+        num_gpus=setup.plan.num_gpus,
+        gpus_per_node=setup.plan.node_size,
+        strategy=setup.plan.strategy,
+        offload=option.offload,
+        clouds=tuple(dict.fromkeys((p.provider, "") for p in rented)),
+        disk_gb=int(max(100, 2 * weights_gb)),
+    )
