@@ -300,3 +300,22 @@ def test_llama_2_70b_rank_at_tp8_in_seconds():
     for phase in ("forward", "backward"):
         share = step.flops_by_phase[phase] / one_gpu.flops_by_phase[phase]
         assert 1 / 8 <= share <= 1.01 / 8, phase
+
+
+def test_a_tied_head_shares_the_embeddings_shard(tmp_path):
+    """A model whose LM head is its embedding (tie_word_embeddings, e.g. Qwen2.5-0.5B) keeps one vocabulary shard
+    per rank for both: untied, the head would hold a second copy."""
+    import json
+
+    from tiny_jobs import CONFIGS
+
+    config = json.loads((CONFIGS / "tiny-llama-2l.json").read_text())
+    path = tmp_path / "tied.json"
+    path.write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    tied = dataclasses.replace(_job(), model=str(path))
+    static = {
+        name: simulate_tp_rank(job, tp=2, sequence_parallel=False, granule_bytes=1).static_bytes["sharded_params"]
+        for name, job in (("tied", tied), ("untied", _job()))
+    }
+    head_shard = config["vocab_size"] * config["hidden_size"] * 4 // 2  # fp32
+    assert static["untied"] - static["tied"] == head_shard

@@ -153,6 +153,8 @@ def apply_tp(model: nn.Module, mesh, *, sequence_parallel: bool, loss_parallel: 
     from torch.distributed.tensor.parallel import parallelize_module
 
     trainable = {name: p.requires_grad for name, p in model.named_parameters()}
+    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
+    tied = head is not None and head.weight is embedding.weight
     for layer in decoder_layers(model):
         plan = layer_plan(sequence_parallel=sequence_parallel)
         for name in (*COLWISE, *ROWWISE):
@@ -163,6 +165,8 @@ def apply_tp(model: nn.Module, mesh, *, sequence_parallel: bool, loss_parallel: 
                 raise TunecostError(f"tensor parallelism: {name} of {type(layer).__name__} is not an nn.Linear")
         parallelize_module(layer, mesh, plan)
     parallelize_module(model, mesh, root_plan(sequence_parallel=sequence_parallel, loss_parallel=loss_parallel))
+    if tied:  # both styles shard the vocabulary rows (Shard(0)): the head shares the embedding's shard again
+        head.weight = embedding.weight
     for name, p in model.named_parameters():  # SequenceParallel's new parameters forget that a norm was frozen
         p.requires_grad_(trainable[name])
 
