@@ -152,7 +152,7 @@ def tiny_full() -> tuple:
 
 
 def _model_parallel_options(plan) -> list:
-    return [o for o in plan.options if o.setup.plan.model_parallel > 1 and o.setup.cost is not None]
+    return [o for o in plan.options if o.setup.plan.degree > 1 and o.setup.cost is not None]
 
 
 def test_a_global_batch_reprices_a_tp_pp_setup_as_itself(tiny_full) -> None:
@@ -185,8 +185,8 @@ def test_a_global_batch_reprices_a_tp_pp_setup_as_itself(tiny_full) -> None:
 def test_a_tie_goes_to_fewer_model_parallel_ranks_before_the_strategy(tiny_full) -> None:
     _, plan = tiny_full
     at2 = [o for o in plan.options if o.setup.plan.num_gpus == 2 and o.offload == "none" and o.setup.cost]
-    tp = next(o for o in at2 if o.setup.plan.model_parallel > 1 and o.setup.plan.strategy == "ddp")
-    dp = next(o for o in at2 if o.setup.plan.model_parallel == 1 and o.setup.plan.strategy == "zero3")
+    tp = next(o for o in at2 if o.setup.plan.degree > 1 and o.setup.plan.strategy == "ddp")
+    dp = next(o for o in at2 if o.setup.plan.degree == 1 and o.setup.plan.strategy == "zero3")
     tied = [dataclasses.replace(o, setup=dataclasses.replace(o.setup, cost=tp.setup.cost)) for o in (tp, dp)]
     _, best, _ = recommend(tied, None, None)
     assert best is not None and best.setup.plan == dp.setup.plan
@@ -208,7 +208,7 @@ def test_emit_refuses_a_tp_pp_setup_in_one_line(tiny_full) -> None:
     with pytest.raises(TunecostError, match="data-parallel layouts only") as err:
         launch_job(option, job, epochs=1)
     assert option.setup.plan.layout_name in str(err.value) and "\n" not in str(err.value)
-    data_parallel = next(o for o in plan.options if o.setup.plan.num_gpus > 1 and o.setup.plan.model_parallel == 1)
+    data_parallel = next(o for o in plan.options if o.setup.plan.num_gpus > 1 and o.setup.plan.degree == 1)
     assert launch_job(data_parallel, job, epochs=1).strategy == data_parallel.setup.plan.strategy
 
 
@@ -221,7 +221,7 @@ def test_a_70b_full_plan_names_its_layout_and_emits_only_data_parallelism(cli_ru
     text = cli_runner.invoke(app, args).stdout
     assert f"plan: full on {layout.num_gpus} x H100-80GB-SXM, {layout.layout_name}," in text
     emit = [*args, "--emit", str(tmp_path / "recipe")]
-    if layout.model_parallel > 1:
+    if layout.degree > 1:
         assert layout.layout_name in cli_error(emit) and not (tmp_path / "recipe").exists()
     else:
         assert cli_runner.invoke(app, emit).exit_code == 0

@@ -153,8 +153,8 @@ def apply_tp(model: nn.Module, mesh, *, sequence_parallel: bool, loss_parallel: 
     from torch.distributed.tensor.parallel import parallelize_module
 
     trainable = {name: p.requires_grad for name, p in model.named_parameters()}
-    head, embedding = model.get_output_embeddings(), model.get_input_embeddings()
-    tied = head is not None and head.weight is embedding.weight
+    head, embedding = model.get_submodule("lm_head"), model.get_submodule("model.embed_tokens")
+    tied = head.weight is embedding.weight
     for layer in decoder_layers(model):
         plan = layer_plan(sequence_parallel=sequence_parallel)
         for name in (*COLWISE, *ROWWISE):

@@ -186,7 +186,7 @@ def _global_micro_batch(option: Option, global_batch: int) -> tuple[int, int] | 
 
 def model_parallel_of(plan: ParallelPlan) -> ModelParallel | None:
     """The TP/PP/CP part of `plan` (None: data parallelism only), to price the same layout again."""
-    if plan.model_parallel == 1:
+    if plan.degree == 1:
         return None
     return ModelParallel(**{f.name: getattr(plan, f.name) for f in dataclasses.fields(ModelParallel)})
 
@@ -269,7 +269,7 @@ def _closest_misses(options: Sequence[Option]) -> tuple[Option, ...]:
 
 def _complexity(o: Option) -> tuple[int, bool, bool, int, int]:
     plan = o.setup.plan
-    return plan.num_gpus, o.offload != "none", not o.owned, plan.model_parallel, PREFERENCE.index(plan.strategy)
+    return plan.num_gpus, o.offload != "none", not o.owned, plan.degree, PREFERENCE.index(plan.strategy)
 
 
 def _simplest(options: Sequence[Option], key: Callable[[Option], tuple[float, float]]) -> Option:

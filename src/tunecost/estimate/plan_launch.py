@@ -15,7 +15,7 @@ def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=N
     """The recipe's view of the recommended `option` of `job`: every provider that rents its GPU as candidates.
     The recipes launch data parallelism only: a TP/PP/CP layout is a `TunecostError`."""
     setup, spec = option.setup, resolve_model(job.model)
-    if setup.plan.model_parallel > 1:
+    if setup.plan.degree > 1:
         raise TunecostError(
             f"--emit: the recommended setup is {setup.plan.layout_name} (tensor/pipeline/context parallel); the "
             "recipes launch data-parallel layouts only (ddp, fsdp1, fsdp2, hsdp, zero1-3, one GPU)"
