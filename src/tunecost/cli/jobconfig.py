@@ -10,6 +10,13 @@ from typing import Annotated, Any
 
 import typer
 
+try:  # typer >= 0.22 carries its own copy of click
+    from typer._click.core import ParameterSource
+    from typer._click.globals import get_current_context
+except ImportError:  # pragma: no cover - older typer on the real click
+    from click import get_current_context  # type: ignore[no-redef]
+    from click.core import ParameterSource  # type: ignore[assignment]
+
 from tunecost.cli.common import err_console
 from tunecost.cli.options import opt
 from tunecost.errors import TunecostError
@@ -35,6 +42,7 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     params = {p.name for p in ctx.command.params}
     options = {**job.options, "framework": job.framework, **_aliases(job.options, params)}
     ctx.default_map = {**(ctx.default_map or {}), **{k: v for k, v in options.items() if k in params}}
+    ctx.meta[CONFIG_OPTIONS] = job.options
     for line in job.assumptions:
         err_console.print(f"assumed: {line}")
     if job.not_modelled:
@@ -55,6 +63,7 @@ def _aliases(options: dict[str, Any], params: set[str]) -> dict[str, Any]:
     return out
 
 
+CONFIG_OPTIONS = "tunecost.config_options"  # ctx.meta: the config's job options (the run length's global batch)
 ConfigFiles = Annotated[list[Path] | None, opt("--config", CONFIG_HELP, is_eager=True, callback=_read_config)]
 
 
@@ -63,3 +72,37 @@ def required(name: str, value: Any) -> Any:
     if value is None:
         raise TunecostError(f"give --{name.replace('_', '-')} (or a --config that sets it)")
     return value
+
+
+def run_length(epochs: float | None, max_steps: int | None, dataset_queries: int | None, global_batch=None) -> Any:
+    """The run's queries x epochs (`workload.run_length`) from --epochs / --max-steps or the config's run length
+    (its steps, epochs and global batch; `global_batch`: --global-batch instead); the line saying how steps became
+    queries is printed among the assumptions. A run length on the command line replaces the config's."""
+    from tunecost.workload.run_length import global_batch_of
+    from tunecost.workload.run_length import run_length as queries_x_epochs
+
+    config = get_current_context().meta.get(CONFIG_OPTIONS, {})
+    given = [n for n in ("epochs", "max_steps") if on_command_line(n)]
+    if len(given) == 2:
+        raise TunecostError("give --epochs or --max-steps, not both (each is the run's whole length)")
+    cap = config.get("max_steps_per_epoch")
+    if given == ["max_steps"]:
+        epochs, cap = None, None
+    elif given == ["epochs"]:
+        max_steps, cap = None, None
+    how = None if global_batch is None else (global_batch, f"global batch {global_batch} (--global-batch)")
+    length = queries_x_epochs(
+        dataset_queries=dataset_queries,
+        epochs=epochs,
+        max_steps=max_steps,
+        max_steps_per_epoch=cap,
+        global_batch=how or global_batch_of(config),
+    )
+    if length.note:
+        err_console.print(f"assumed: {length.note}")
+    return length
+
+
+def on_command_line(name: str) -> bool:
+    """Whether the running command's option `name` was given on the command line (not by --config)."""
+    return get_current_context().get_parameter_source(name) == ParameterSource.COMMANDLINE

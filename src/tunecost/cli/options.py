@@ -116,6 +116,13 @@ JobModel = Annotated[
     ),
 ]
 LoraRank = Annotated[int, count_option("--lora-rank", "LoRA rank.", MAX_LORA_RANK)]
+# The run's length: epochs, or optimizer steps (x the config's global batch: workload.run_length)
+Epochs = Annotated[float | None, opt("--epochs", "Epochs (or from --config).")]
+MAX_STEPS_HELP = (
+    "Optimizer steps of the run instead of --epochs (or from --config: max_steps, trainer.max_steps, "
+    "training.steps): queries = steps x the config's global batch."
+)
+MaxSteps = Annotated[int | None, count_option("--max-steps", MAX_STEPS_HELP, MAX_QUERIES)]
 LoraAlpha = Annotated[float, opt("--lora-alpha", "LoRA alpha (scaling alpha / rank).")]
 LoraTargets = Annotated[
     str | None,

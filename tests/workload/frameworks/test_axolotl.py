@@ -159,6 +159,7 @@ def test_lora(tmp_path):
         "optimizer": "adamw-8bit",
         "seq_len": 2048,
         "batch_size": 2,
+        "grad_accum": 2,
         "epochs": 1,
         "dataset": "data/alpaca_sample.jsonl",
         "stack": "hf-peft",

@@ -194,6 +194,7 @@ def test_training_arguments_json_dump(tmp_path: Path) -> None:
     assert job.options == {
         "stack": "hf-peft",
         "batch_size": 4,
+        "grad_accum": 4,
         "epochs": 2.0,
         "optimizer": "adamw-8bit",
         "attention": "sdpa",
@@ -231,6 +232,7 @@ def test_sft_config_yaml(tmp_path: Path) -> None:
         "model": "Qwen/Qwen2.5-7B",
         "method": "full",
         "batch_size": 2,
+        "grad_accum": 8,
         "epochs": 1,
         "optimizer": "adamw",
         "attention": "flash",

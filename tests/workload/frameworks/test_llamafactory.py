@@ -127,6 +127,7 @@ def test_lora_sft(tmp_path):
         "optimizer": "adamw",
         "seq_len": 1024,
         "batch_size": 2,
+        "grad_accum": 8,
         "epochs": 3.0,
         "stack": "hf-peft",
     }

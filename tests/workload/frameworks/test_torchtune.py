@@ -131,6 +131,7 @@ def test_lora_single_device(tmp_path: Path) -> None:
         "chunked_loss": True,
         "optimizer": "adamw",
         "batch_size": 4,
+        "grad_accum": 8,
         "epochs": 1,
         "seq_len": 2048,
         "attention": "sdpa",

@@ -12,8 +12,8 @@ from tunecost.cli.commands import estimate_multigpu as multi
 from tunecost.cli.commands.estimate_table import print_cost_rows
 from tunecost.cli.common import checked_host_cpu, cli_errors, print_json, split_list
 from tunecost.cli.groups import JobOptions, MultiGpuOptions, Pricing, RecordsOutput, StackFlags, option_groups
-from tunecost.cli.jobconfig import ConfigFiles, required
-from tunecost.cli.options import ExpertsPerToken, HostCpuOpt, MethodName, RunQueries, opt
+from tunecost.cli.jobconfig import ConfigFiles, required, run_length
+from tunecost.cli.options import Epochs, ExpertsPerToken, HostCpuOpt, MaxSteps, MethodName, RunQueries, opt
 from tunecost.errors import TunecostError
 from tunecost.estimate import DEFAULT_ESTIMATOR
 from tunecost.limits import (
@@ -48,7 +48,8 @@ def estimate(
     *,
     gpu: Annotated[str, opt("--gpu", "Comma-separated GPUs, e.g. A40,A100-80GB,H100 (or 'all').")],
     job_options: JobOptions,
-    epochs: Annotated[float | None, opt("--epochs", "Epochs (or from --config).")] = None,
+    epochs: Epochs = None,
+    max_steps: MaxSteps = None,
     queries: Annotated[int | None, opt("--queries", "Queries (default: the dataset's size).")] = None,
     dataset: Annotated[str | None, opt("--dataset", "Dataset (sets queries and the throughput's lengths).")] = None,
     method: MethodName = "qlora",
@@ -70,18 +71,20 @@ def estimate(
     """Cost of fine-tuning MODEL on each GPU and provider, the answer first; says which estimator answered.
     With --gpus (or --strategy): memory per rank, communication and cost on several GPUs."""
     from tunecost.catalog.gpus import fp8_gpu_names
-    from tunecost.estimate.cost import estimate_costs
+    from tunecost.estimate.cost import check_queries_or_dataset, estimate_costs
     from tunecost.workload.job_data import job_data
 
-    model, epochs = required("model", job_options.model), required("epochs", epochs)
+    model = required("model", job_options.model)
     gpus = gpu_names(gpu)
     check_estimate_options(
         epochs, queries, job_options.seq_len, dataset, estimator, run_queries, steady_state, framework
     )
     data = job_data(dataset, model=model) if dataset else None
+    length = run_length(epochs, max_steps, data.num_queries if queries is None and data is not None else queries)
+    queries, epochs = length.num_queries, length.epochs
+    check_queries_or_dataset(queries, dataset)
     job = job_options.estimate_job(model, method, data, experts_per_token)
     gpus = fp8_gpu_names(job.fp8, gpus, every=gpu.strip().lower() == "all")
-    queries = data.num_queries if queries is None and data is not None else queries
     behaviour = stack_flags.behaviour(job_options.stack)
     if multi_gpu.given:
         if estimator != DEFAULT_ESTIMATOR or calibrate or run_queries is not None or host_cpu is not None:
@@ -131,7 +134,7 @@ def gpu_names(gpu: str) -> list[str]:
 
 
 def check_estimate_options(
-    epochs: float,
+    epochs: float | None,
     queries: int | None,
     seq_len: int | None,
     dataset: str | None,
@@ -141,7 +144,6 @@ def check_estimate_options(
     framework: str | None = None,
 ) -> None:
     """The bounds of estimate's numbers, the conflicts between its throughput options, and a known framework."""
-    from tunecost.estimate.cost import check_queries_or_dataset
     from tunecost.estimate.throughput.stack_priors import framework_family
     from tunecost.limits import check_count
 
@@ -153,7 +155,6 @@ def check_estimate_options(
         raise TunecostError(f"--queries must be > 0, got {queries}")
     check_count("--queries", queries, MAX_QUERIES)
     check_count("--seq-len", seq_len, MAX_SEQ_LEN)
-    check_queries_or_dataset(queries, dataset)
     if run_queries is not None and (run_queries < 1 or estimator != "calibrated"):
         raise TunecostError("--run-queries must be >= 1 and needs --estimator calibrated")
     if steady_state and (run_queries is not None or estimator == "paper"):

@@ -21,7 +21,7 @@ from tunecost.cli.common import (
     stack_behaviour,
 )
 from tunecost.cli.groups import JobOptions, Pricing, option_groups
-from tunecost.cli.jobconfig import ConfigFiles, required
+from tunecost.cli.jobconfig import ConfigFiles, on_command_line, required, run_length
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_positive
 from tunecost.workload.parallel import MAX_SEARCH_GPUS
@@ -40,17 +40,20 @@ MAX_BUDGET_USD = 1e9
 MAX_DEADLINE_HOURS = 1e6
 
 
-def _workload(queries: int | None, epochs: float | None, tokens: int | None, seq_len: int | None, data) -> tuple:
-    """(queries, epochs) of the run: given, the dataset's size, or --tokens over --seq-len."""
+def _workload(run: tuple, tokens: int | None, seq_len: int | None, data, global_batch: int | None) -> tuple:
+    """(queries, epochs) of the run: `run` (--queries, --epochs, --max-steps) x the dataset's size or the global
+    batch, or --tokens over --seq-len."""
+    queries, epochs, max_steps = run
     if tokens is not None:
-        if queries is not None or epochs is not None or seq_len is None:
-            raise TunecostError("--tokens needs --seq-len and replaces --queries and --epochs")
+        if queries is not None or epochs is not None or on_command_line("max_steps") or seq_len is None:
+            raise TunecostError("--tokens needs --seq-len and replaces --queries, --epochs and --max-steps")
         return -(-tokens // seq_len), 1.0
     if queries is None and data is not None:
         queries = data.num_queries
-    if queries is None:
+    if queries is None and max_steps is None:
         raise TunecostError("give --dataset, --queries or --tokens")
-    return queries, required("epochs", epochs)
+    length = run_length(epochs, max_steps, queries, global_batch)
+    return length.num_queries, length.epochs
 
 
 @cli_errors
@@ -61,7 +64,8 @@ def plan(
     method: Annotated[str | None, cli.opt("--method", METHOD_HELP)] = None,
     dataset: Annotated[str | None, cli.opt("--dataset", "Dataset: a known name or a local file.")] = None,
     queries: Annotated[int | None, cli.opt("--queries", "Queries (default: the dataset's size).")] = None,
-    epochs: Annotated[float | None, cli.opt("--epochs", "Epochs (or from --config).")] = None,
+    epochs: cli.Epochs = None,
+    max_steps: cli.MaxSteps = None,
     tokens: Annotated[int | None, cli.opt("--tokens", TOKENS_HELP)] = None,
     budget: Annotated[float | None, cli.opt("--budget", "Most dollars to spend.")] = None,
     deadline: Annotated[float | None, cli.opt("--deadline", "Most hours the run may take.")] = None,
@@ -90,7 +94,7 @@ def plan(
     owned = parse_owned(own)
     gpus = _rented_gpus(gpu, owned)
     data = job_data(dataset, model=model) if dataset else None
-    num_queries, num_epochs = _workload(queries, epochs, tokens, job_options.seq_len, data)
+    num_queries, num_epochs = _workload((queries, epochs, max_steps), tokens, job_options.seq_len, data, global_batch)
     jobs = [job_options.estimate_job(model, m, data) for m in methods]
     with progress_callback("planning", enabled=not json_out, counted=True) as on_progress:
         result = make_plan(

@@ -38,6 +38,10 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "batch_size": int,  # per device (micro-batch)
     "dataset": str,
     "epochs": (int, float),
+    "max_steps": int,  # optimizer steps of the run (workload.run_length)
+    "max_steps_per_epoch": int,  # optimizer steps that end each epoch (torchtune)
+    "grad_accum": int,  # micro-batches accumulated per optimizer step
+    "queries_per_step": int,  # the global batch the config states outright (NeMo, Megatron-LM)
     "stack": str,
     "chunked_loss": bool,
     "offload_activations": bool,
@@ -225,3 +229,27 @@ def parse_config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise TunecostError(f"{path}: a config is a mapping of keys to values, got {type(data).__name__}")
     return data
+
+
+def steps_options(
+    cfg: ConfigFile, keys: tuple[str, str], title: str, notes: list[str], option: str = "max_steps"
+) -> dict[str, Any]:
+    """`option` (max_steps > 0: the run's length in optimizer steps, which replaces the epochs; torchtune's
+    max_steps_per_epoch: each epoch's cap) and grad_accum, from the config's steps and accumulation `keys`; the
+    accumulation counts as read only beside steps (it changes nothing else)."""
+    steps_key, accumulation_key = keys
+    steps, accumulation = cfg.typed(steps_key, int), cfg.typed(accumulation_key, int)
+    out: dict[str, Any] = {}
+    if accumulation is not None:
+        if accumulation < 1:
+            raise cfg.error(accumulation_key, f"must be >= 1, got {accumulation}")
+        out["grad_accum"] = accumulation
+    if steps is None or steps <= 0:
+        cfg.used.discard(accumulation_key)
+        return out
+    out[option] = steps
+    how = f"{title} ignores the epochs beside it" if option == "max_steps" else "each epoch ends there at the latest"
+    notes.append(f"run length: {steps_key} {steps} optimizer steps ({how})")
+    if accumulation is None:
+        notes.append(f"grad_accum 1: {title}'s default {accumulation_key}")
+    return out

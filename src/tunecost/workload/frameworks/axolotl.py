@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.llamafactory import (
     EIGHT_BIT,
     SFT_ONLY,
@@ -173,13 +173,11 @@ def _training(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
         "seq_len": _get(cfg, notes, "sequence_len", int),
         "batch_size": _get(cfg, notes, "micro_batch_size", int),
     }
-    max_steps = cfg.typed("max_steps", int)
-    if max_steps is not None and max_steps > 0:
-        notes.append(f"max_steps {max_steps}: sets the run's length in {TITLE}; tunecost counts epochs (give --epochs)")
-        epochs = cfg.typed("num_epochs", (int, float))
-    else:
-        epochs = _get(cfg, notes, "num_epochs", (int, float))
-    return options | ({"epochs": epochs} if epochs is not None else {})
+    options |= steps_options(cfg, ("max_steps", "gradient_accumulation_steps"), TITLE, notes)
+    if "max_steps" in options:
+        cfg.typed("num_epochs", (int, float))
+        return options
+    return options | {"epochs": _get(cfg, notes, "num_epochs", (int, float))}
 
 
 def _dataset(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:

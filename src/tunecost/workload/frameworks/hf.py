@@ -20,7 +20,7 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.hf_fsdp import Part, fsdp_options, truthy
 from tunecost.workload.known_datasets import catalog_dataset
 
@@ -257,16 +257,16 @@ def _read_training_args(cfg: ConfigFile) -> ConfigJob:
         out.update({"dataset": known} if known else {})
         notes += [] if known else [f"dataset_name {cfg.data['dataset_name']}: a hub dataset tunecost has no lengths "
                                    "for; give --dataset FILE or --seq-len"]  # fmt: skip
+    out |= steps_options(cfg, ("max_steps", "gradient_accumulation_steps"), whose, notes)
     for option, key, kind, default in (
         ("batch_size", "per_device_train_batch_size", int, 8),
         ("epochs", "num_train_epochs", (int, float), 3.0),
     ):
         value = cfg.typed(key, kind)
+        if option == "epochs" and "max_steps" in out:
+            continue  # max_steps > 0 replaces num_train_epochs
         out[option] = default if value is None else value
         notes += [f"{option} {default} ({key}): {whose} default"] if value is None else []
-    if (cfg.typed("max_steps", int) or 0) > 0:
-        del out["epochs"]
-        notes.append(f"max_steps {cfg.data['max_steps']} replaces num_train_epochs: give tunecost the epochs")
     optim = cfg.typed("optim", str)
     if optim is not None and optim.lower() not in OPTIMIZERS:
         raise cfg.error("optim", f"{optim!r} is not modelled; tunecost models adamw_torch(_fused), adamw_8bit, sgd")

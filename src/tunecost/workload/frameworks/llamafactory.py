@@ -9,7 +9,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.known_datasets import canonical_name
 
 TITLE = "LLaMA-Factory"
@@ -203,13 +203,11 @@ def _training(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
     }
     if not off:
         options["reentrant"] = _get(cfg, notes, "use_reentrant_gc", bool)
-    max_steps = cfg.typed("max_steps", int)
-    if max_steps is not None and max_steps > 0:
-        notes.append(f"max_steps {max_steps}: sets the run's length in {TITLE}; tunecost counts epochs (give --epochs)")
-        epochs = cfg.typed("num_train_epochs", (int, float))
-    else:
-        epochs = _get(cfg, notes, "num_train_epochs", (int, float))
-    return options | ({"epochs": epochs} if epochs is not None else {})
+    options |= steps_options(cfg, ("max_steps", "gradient_accumulation_steps"), TITLE, notes)
+    if "max_steps" in options:
+        cfg.typed("num_train_epochs", (int, float))
+        return options
+    return options | {"epochs": _get(cfg, notes, "num_train_epochs", (int, float))}
 
 
 def _read(cfg: ConfigFile) -> ConfigJob:

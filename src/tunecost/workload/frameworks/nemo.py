@@ -164,6 +164,7 @@ def _micro_batches(r: Reader, options: dict[str, Any], micro: int, model_paralle
     key = r.key(r.dialect.global_batch)
     default = (128 if r.finetuning else 8) if r.dialect is NEMO else None
     global_batch = r.value(r.dialect.global_batch, int, default)
+    options["queries_per_step"] = None if global_batch is None else positive(r.flat, key, global_batch)
     gpus = options.get("num_gpus")
     if global_batch is None or gpus is None or gpus % model_parallel:
         return  # the plan names degrees that do not divide the GPUs
@@ -274,6 +275,20 @@ def _peft(r: Reader, options: dict[str, Any]) -> None:
         r.notes.append(f"lora_targets {options['lora_targets']}: tunecost adapts whole groups, not only {modules}")
 
 
+def _run_length(r: Reader, options: dict[str, Any]) -> None:
+    """NeMo's trainer.max_steps and max_epochs (whichever ends first; -1 or null: no limit), Megatron-LM's
+    train_iters; the global batch (`_micro_batches`) turns steps into queries."""
+    steps_key = "trainer.max_steps" if r.dialect is NEMO else "train_iters"
+    steps = r.value(steps_key, int)
+    epochs = r.value("trainer.max_epochs", int) if r.dialect is NEMO else None
+    if steps is not None and steps > 0:
+        options["max_steps"] = steps
+        ends = f", or {epochs} epochs if they end first" if epochs is not None and epochs > 0 else ""
+        r.notes.append(f"run length: {steps_key} {steps} optimizer steps{ends} ({r.dialect.title} stops at either)")
+    if epochs is not None and epochs > 0:
+        options["epochs"] = epochs
+
+
 def _shape(r: Reader) -> ModelShape | None:
     """Heads and layers when the config gives the architecture (pre-training); None for a restored checkpoint."""
     d = r.dialect
@@ -310,6 +325,7 @@ def read(cfg: ConfigFile) -> ConfigJob:
     keys = _layout(r, options)
     _training(r, options)
     _sequence(r, options)
+    _run_length(r, options)
     check_layout(flat, options, keys, shape=_shape(r), seq_len=options["seq_len"])
     job = config_job(FRAMEWORK.name, flat, options, r.notes)
     return dataclasses.replace(job, not_modelled=_sections(job.not_modelled, flat.used))

@@ -329,7 +329,20 @@ def read(cfg: ConfigFile) -> ConfigJob:
     _model(flat, options, notes)
     _training(flat, options, notes)
     _layout(flat, options, notes)
+    _steps(flat, options, notes)
     return config_job(FRAMEWORK.name, flat, options, notes)
+
+
+def _steps(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
+    """The run's optimizer steps (training.steps; no epochs) and training.global_batch_size when set (-1: local
+    batch x data-parallel ranks, no accumulation)."""
+    line = f"max_steps 10000: {TITLE}'s default training.steps"
+    options["max_steps"] = positive(
+        flat, "training.steps", read_or_default(flat, "training.steps", int, 10000, notes, line)
+    )
+    stated = flat.typed("training.global_batch_size", int)
+    if stated is not None and stated > 0:
+        options["queries_per_step"] = stated
 
 
 FRAMEWORK = Framework(name="torchtitan", title=TITLE, suffixes=(".toml",), detect=detect, read=read)

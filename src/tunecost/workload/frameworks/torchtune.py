@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.model_parallel import catalog_shape, check_layout, positive
 from tunecost.workload.frameworks.torchtitan import (
     SFT_ONLY,
@@ -163,11 +163,15 @@ def _precision(flat: ConfigFile, method: str, options: dict[str, Any], notes: li
             )
 
 
+STEPS_KEYS = ("max_steps_per_epoch", "gradient_accumulation_steps")
+
+
 def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     optimizer = flat.typed("optimizer._component_", str)
     options["optimizer"] = optimizer_name(flat, "optimizer._component_", optimizer) if optimizer else None
     for key, option in (("batch_size", "batch_size"), ("epochs", "epochs"), ("tokenizer.max_seq_len", "seq_len")):
         options[option] = flat.typed(key, int)
+    options |= steps_options(flat, STEPS_KEYS, TITLE, notes, option="max_steps_per_epoch")
     if options["seq_len"] is None:
         notes.append(f"tokenizer.max_seq_len unset: {TITLE} does not truncate (seq_len left to the data)")
     options["attention"] = "sdpa"

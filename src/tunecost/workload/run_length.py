@@ -1,0 +1,84 @@
+"""A run's length in queries when its config counts optimizer steps: steps x global batch (micro-batch per rank x
+gradient accumulation x data-parallel ranks), and the frameworks' rules when steps and epochs are both set."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tunecost.errors import TunecostError
+
+
+def queries_for_steps(max_steps: int, global_batch: int) -> int:
+    """Queries processed by `max_steps` optimizer steps of `global_batch` queries each."""
+    if max_steps < 1 or global_batch < 1:
+        raise TunecostError(f"steps and global batch must be >= 1, got {max_steps} and {global_batch}")
+    return max_steps * global_batch
+
+
+def global_batch_of(options: Mapping[str, Any]) -> tuple[int, str] | None:
+    """(queries per optimizer step, how it was counted) from a config's job options: its stated global batch, else
+    micro-batch x gradient accumulation (1 unless stated) x data-parallel ranks (its GPUs, 1 unless stated, over
+    the model-parallel degrees). None: the config gives no batch."""
+    if options.get("queries_per_step") is not None:
+        return options["queries_per_step"], f"global batch {options['queries_per_step']}"
+    micro = options.get("batch_size")
+    if micro is None:
+        return None
+    if options.get("micro_batches") is not None and options.get("pp", 1) > 1:
+        micro *= options["micro_batches"]  # a pipeline's micro-batches are its accumulation
+    accumulation = options.get("grad_accum") or 1
+    model_parallel = options.get("tp", 1) * options.get("pp", 1) * options.get("cp", 1)
+    ranks = max(1, (options.get("num_gpus") or 1) // model_parallel)
+    how = f"global batch {micro * accumulation * ranks} (micro-batch {micro} x accumulation {accumulation} x {ranks} "
+    return micro * accumulation * ranks, how + f"data-parallel rank{'s' if ranks > 1 else ''})"
+
+
+@dataclass(frozen=True)
+class RunLength:
+    """What the cost multiplies: queries x epochs, and the line that says how steps gave them (None: epochs)."""
+
+    num_queries: int | None
+    epochs: float
+    note: str | None = None
+
+
+def run_length(
+    *,
+    dataset_queries: int | None,
+    epochs: float | None,
+    max_steps: int | None,
+    max_steps_per_epoch: int | None = None,
+    global_batch: tuple[int, str] | None = None,
+) -> RunLength:
+    """The run's queries x epochs. `max_steps` alone: steps x global batch. With `epochs` too (NeMo's
+    trainer.max_steps beside max_epochs): whichever ends first (the steps when the dataset's size is unknown).
+    `max_steps_per_epoch` (torchtune) caps each epoch. Without steps: the dataset's queries x `epochs`."""
+    steps = max_steps if max_steps is not None else max_steps_per_epoch
+    if steps is None:
+        if epochs is None:
+            raise TunecostError("give --epochs or --max-steps (or a --config that sets either)")
+        return RunLength(dataset_queries, epochs)
+    if global_batch is None:
+        raise TunecostError(
+            "--max-steps needs the global batch (queries per optimizer step): give a --config that states the "
+            "per-device batch, or --queries (steps x global batch) instead"
+        )
+    batch, how = global_batch
+    queries = queries_for_steps(steps, batch)
+    if max_steps is None:  # a cap on each epoch
+        per_epoch = queries if dataset_queries is None else min(queries, dataset_queries)
+        capped = f"max_steps_per_epoch {steps} x {how} = {queries} queries per epoch"
+        if dataset_queries is not None and dataset_queries <= queries:
+            capped += f" (the dataset's {dataset_queries} end each epoch first)"
+        return RunLength(per_epoch, epochs if epochs is not None else 1.0, capped)
+    note = f"max_steps {steps} x {how} = {queries} queries"
+    if epochs is None:
+        return RunLength(queries, 1.0, note)
+    if dataset_queries is None:
+        return RunLength(queries, 1.0, f"{note} (the dataset's size unknown: its {epochs:g} epochs not compared)")
+    if dataset_queries * epochs < queries:
+        ended = f"{epochs:g} epochs of {dataset_queries} queries end before max_steps {steps} ({queries} queries)"
+        return RunLength(dataset_queries, epochs, ended)
+    return RunLength(queries, 1.0, f"{note}, before {epochs:g} epochs of {dataset_queries} queries")

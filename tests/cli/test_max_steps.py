@@ -1,0 +1,81 @@
+"""--max-steps and a config's run length in optimizer steps: queries = steps x the config's global batch."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tunecost.cli.main import app
+
+CONFIGS = Path(__file__).parent / "configs"
+NEMO = Path(__file__).parents[1] / "fixtures" / "configs" / "mlperf_llama2_70b_lora_nemo.yaml"
+LF = CONFIGS / "llamafactory" / "lora_rank8" / "train.yaml"  # batch 2 x accumulation 4, one epoch
+
+
+def _error_lines(result) -> list[str]:
+    return [line for line in result.output.splitlines() if line.startswith("error:")]
+
+
+def test_mlperf_nemo_config_gives_an_answer_of_its_steps(cli_runner):
+    args = ["estimate", "--config", str(NEMO), "--model", "meta-llama/Llama-2-70b-hf", "--gpu", "H200"]
+    result = cli_runner.invoke(app, [*args, "--dataset", "alpaca", "--json"])
+    assert result.exit_code == 0, result.output
+    assert "896 x global batch 8 = 7168 queries" in result.output.replace("\n", " ")
+    setup = json.loads(result.stdout[result.stdout.index("{") :])["setups"][0]
+    run_s = setup["cost"]["hours"] * 3600 - setup["cost"].get("startup_s", 0.0)
+    assert abs(run_s * setup["queries_per_s"] / 7168 - 1) < 0.02  # hours are 7168 queries' worth
+
+
+def test_max_steps_on_the_command_line_replaces_the_configs_epochs(cli_runner):
+    base = ["estimate", "--config", str(LF), "--gpu", "H100", "--dataset", "alpaca", "--json"]
+    result = cli_runner.invoke(app, [*base, "--max-steps", "10"])
+    assert result.exit_code == 0, result.output
+    row = json.loads(result.stdout[result.stdout.index("[") :])[0]
+    assert (row["num_queries"], row["epochs"]) == (10 * 2 * 4, 1.0)
+    assert "max_steps 10 x global batch 8" in result.output.replace("\n", " ")
+
+
+def test_epochs_and_max_steps_on_the_command_line_are_one_error(cli_runner):
+    args = [
+        "estimate",
+        "--config",
+        str(LF),
+        "--gpu",
+        "H100",
+        "--dataset",
+        "alpaca",
+        "--max-steps",
+        "5",
+        "--epochs",
+        "2",
+    ]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 2 and _error_lines(result) == [
+        "error: give --epochs or --max-steps, not both (each is the run's whole length)"
+    ]
+
+
+def test_max_steps_without_a_batch_says_what_to_give(cli_runner):
+    args = ["estimate", "--model", "Qwen/Qwen2.5-0.5B", "--gpu", "H100", "--dataset", "alpaca", "--max-steps", "5"]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 2 and len(_error_lines(result)) == 1
+    assert "global batch" in _error_lines(result)[0] and "--config" in _error_lines(result)[0]
+
+
+def test_plan_takes_max_steps_with_global_batch(cli_runner):
+    args = [
+        "plan",
+        "--config",
+        str(LF),
+        "--gpu",
+        "H100",
+        "--max-gpus",
+        "1",
+        "--max-steps",
+        "10",
+        "--global-batch",
+        "16",
+    ]
+    result = cli_runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    assert "max_steps 10 x global batch 16 (--global-batch) = 160 queries" in result.output.replace("\n", " ")

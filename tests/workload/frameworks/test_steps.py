@@ -1,0 +1,102 @@
+"""Run length in optimizer steps: each reader's steps key, x its global batch, gives the run's queries."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tunecost.errors import TunecostError
+from tunecost.workload.frameworks.registry import read_config
+from tunecost.workload.run_length import global_batch_of, queries_for_steps, run_length
+
+FIXTURES = Path(__file__).parents[2] / "fixtures" / "configs"
+
+
+def _queries(path: Path, dataset_queries: int | None = None):
+    o = read_config(path).options
+    return run_length(
+        dataset_queries=dataset_queries,
+        epochs=o.get("epochs"),
+        max_steps=o.get("max_steps"),
+        max_steps_per_epoch=o.get("max_steps_per_epoch"),
+        global_batch=global_batch_of(o),
+    )
+
+
+def _write(tmp_path: Path, name: str, data: dict) -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data) if name.endswith(".json") else yaml.safe_dump(data))
+    return path
+
+
+def test_queries_for_steps() -> None:
+    assert queries_for_steps(896, 8) == 7168
+    with pytest.raises(TunecostError):
+        queries_for_steps(0, 8)
+
+
+def test_hf_max_steps_replaces_epochs(tmp_path: Path) -> None:
+    args = {"output_dir": "o", "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}
+    length = _queries(_write(tmp_path, "args.json", args | {"max_steps": 100, "num_train_epochs": 3}), 10**6)
+    assert (length.num_queries, length.epochs) == (800, 1.0)
+    assert "epochs" not in read_config(tmp_path / "args.json").options
+    default = _queries(
+        _write(tmp_path, "d.json", {"output_dir": "o", "per_device_train_batch_size": 4, "max_steps": 10})
+    )
+    assert default.num_queries == 40  # accumulation 1, one rank
+    assert _queries(_write(tmp_path, "e.json", args | {"max_steps": -1})).epochs == 3.0  # -1: epochs
+
+
+def test_llamafactory_and_axolotl_max_steps(tmp_path: Path) -> None:
+    lf = {"model_name_or_path": "m", "stage": "sft", "finetuning_type": "lora", "per_device_train_batch_size": 2}
+    lf |= {"gradient_accumulation_steps": 8, "max_steps": 50, "num_train_epochs": 3.0, "output_dir": "o"}
+    assert _queries(_write(tmp_path, "lf.yaml", lf)).num_queries == 50 * 2 * 8
+    ax = {"base_model": "m", "datasets": [], "micro_batch_size": 2, "max_steps": 30, "num_epochs": 4}
+    assert _queries(_write(tmp_path, "ax.yaml", ax)).num_queries == 30 * 2  # axolotl's accumulation default 1
+
+
+def test_nemo_mlperf_steps_before_epochs() -> None:
+    length = _queries(FIXTURES / "mlperf_llama2_70b_lora_nemo.yaml", dataset_queries=3901)
+    assert (length.num_queries, length.epochs) == (896 * 8, 1.0)
+    assert length.note is not None and "896 x global batch 8 = 7168 queries" in length.note
+    unknown = _queries(FIXTURES / "mlperf_llama2_70b_lora_nemo.yaml")
+    assert unknown.num_queries == 7168  # dataset size unknown: the steps
+
+
+def test_nemo_epochs_end_first(tmp_path: Path) -> None:
+    data = yaml.safe_load((FIXTURES / "mlperf_llama2_70b_lora_nemo.yaml").read_text())
+    data["trainer"]["max_epochs"] = 2
+    length = _queries(_write(tmp_path, "nemo.yaml", data), dataset_queries=100)
+    assert (length.num_queries, length.epochs) == (100, 2)  # 200 queries < 7168
+
+
+def test_torchtune_max_steps_per_epoch_caps_each_epoch(tmp_path: Path) -> None:
+    data = yaml.safe_load(
+        (Path(__file__).parents[2] / "cli/configs/torchtune/lora_single_device/lora_single_device.yaml").read_text()
+    )
+    data |= {"max_steps_per_epoch": 10, "epochs": 3}
+    length = _queries(_write(tmp_path, "tt.yaml", data), dataset_queries=52002)
+    batch, accumulation = data["batch_size"], data.get("gradient_accumulation_steps", 1)
+    assert (length.num_queries, length.epochs) == (10 * batch * accumulation, 3)
+    assert _queries(_write(tmp_path, "tt.yaml", data), dataset_queries=5).num_queries == 5
+
+
+def test_torchtitan_training_steps(tmp_path: Path) -> None:
+    path = tmp_path / "t.toml"
+    path.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 2\nsteps = 40\n')
+    assert _queries(path).num_queries == 80
+    path.write_text('[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 2\n')
+    assert _queries(path).num_queries == 10000 * 2  # torchtitan's default steps
+
+
+def test_megatron_train_iters(tmp_path: Path) -> None:
+    data = {"tensor_model_parallel_size": 1, "micro_batch_size": 2, "global_batch_size": 32, "seq_length": 2048}
+    assert _queries(_write(tmp_path, "m.yaml", data | {"train_iters": 5})).num_queries == 160
+
+
+def test_steps_without_batch_is_one_error() -> None:
+    with pytest.raises(TunecostError, match="global batch"):
+        run_length(dataset_queries=None, epochs=None, max_steps=10, global_batch=None)
