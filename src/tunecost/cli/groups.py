@@ -142,6 +142,7 @@ class MultiGpuOptions:
     pp: multi.PipelineParallel = None
     cp: multi.ContextParallel = None
     sequence_parallel: multi.SequenceParallel = None
+    tp_impl: multi.TpImpl = None
     micro_batches: multi.MicroBatches = None
     pipeline_schedule: multi.PipelineSchedule = None
     virtual_stages: multi.VirtualStages = None

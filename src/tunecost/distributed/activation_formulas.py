@@ -121,6 +121,16 @@ LLAMA_TP_SHARDED = frozenset({"q", "k_v", "attention_output", "logsumexp", "swig
 LLAMA_SP_GATHERED = frozenset({"qkv_input", "mlp_input"})  # gathered before the column-parallel projections
 
 
+def sp_gathered_excess_bytes(s: int, b: int, h: int, *, d: int, tp: int, inputs=LLAMA_SP_GATHERED) -> dict[str, float]:
+    """What keeping each gathered input of `inputs` (of `LLAMA_SP_GATHERED`) costs beyond Megatron's sequence
+    shard: d s b h (1 - 1/t) each (`llama_layer_terms_bytes` with and without `keeps_gathered_inputs`)."""
+    _check("none", tp, True)
+    unknown = set(inputs) - LLAMA_SP_GATHERED
+    if unknown:
+        raise TunecostError(f"not gathered inputs: {', '.join(sorted(unknown))}")
+    return {k: d * s * b * h * (1 - 1 / tp) for k in inputs}
+
+
 def llama_layer_terms_bytes(
     s: int,
     b: int,

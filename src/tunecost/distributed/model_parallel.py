@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from tunecost.distributed import megatron_sp
 from tunecost.distributed.pipeline import StageParts, stage_parts
 from tunecost.distributed.rank_memory import RankMemory, rank_memory
 from tunecost.distributed.single_step import ROOT_GROUPS, SingleGpuStep, single_gpu_step
@@ -100,13 +101,14 @@ def model_parallel_job(job: FineTuneJob, plan: ParallelPlan) -> FineTuneJob:
 
 def rank_step(job: FineTuneJob, plan: ParallelPlan, *, behaviour=None) -> SingleGpuStep:
     """The whole-model step of one TP/CP rank of `plan` (before the pipeline cut): the tensor-parallel rank's
-    traced step, at the rank's share of the sequence."""
+    traced step, at the rank's share of the sequence (with Megatron's SP, `megatron_sp.megatron_sp_step`)."""
     rank_job = model_parallel_job(job, plan)
     if plan.tp == 1:
         return single_gpu_step(rank_job, behaviour=behaviour)
     from tunecost.distributed.tp_single_step import tp_single_gpu_step
 
-    return tp_single_gpu_step(rank_job, tp=plan.tp, sequence_parallel=plan.sequence_parallel)
+    step = tp_single_gpu_step(rank_job, tp=plan.tp, sequence_parallel=plan.sequence_parallel)
+    return megatron_sp.megatron_sp_step(step, rank_job, plan)
 
 
 def first_stage(step: SingleGpuStep, plan: ParallelPlan) -> SingleGpuStep:
@@ -132,7 +134,7 @@ def model_parallel_rank_memory(step: SingleGpuStep, job: FineTuneJob, plan: Para
             memory,
             num_gpus=plan.num_gpus,
             peak_segment=where,
-            assumptions=(*memory.assumptions, *model_parallel_assumptions(plan)),
+            assumptions=(*memory.assumptions, *model_parallel_assumptions(plan, job)),
         )
         if best is None or memory.need_bytes > best.need_bytes:
             best = memory
@@ -140,7 +142,7 @@ def model_parallel_rank_memory(step: SingleGpuStep, job: FineTuneJob, plan: Para
     return best
 
 
-def model_parallel_assumptions(plan: ParallelPlan) -> tuple[str, ...]:
+def model_parallel_assumptions(plan: ParallelPlan, job: FineTuneJob | None = None) -> tuple[str, ...]:
     out = []
     if plan.tp > 1:
         sp = " with sequence parallelism" if plan.sequence_parallel else ""
@@ -148,6 +150,8 @@ def model_parallel_assumptions(plan: ParallelPlan) -> tuple[str, ...]:
             f"tensor parallelism over {plan.tp} ranks{sp}: the rank's step traced under PyTorch's parallelize_module "
             "(torchtitan's plan) on a fake process group"
         )
+    if job is not None and megatron_sp.applies(plan, job) and megatron_sp.kept_gathered_inputs(job):
+        out.append(megatron_sp.MEGATRON_SP_ASSUMPTION)
     if plan.cp > 1:
         out.append(f"context parallelism over {plan.cp} ranks: each rank traced at 1/{plan.cp} of the sequence")
     if plan.pp > 1:

@@ -186,7 +186,6 @@ def model_parallel_collectives(
     recompute_early_stop: bool = True,
     stage: int = 0,
     rotate_method: str = "allgather",
-    megatron_regather: bool = False,
     gathered_logits_vocab: int = 0,
 ) -> tuple[ModelParallelCollective, ...]:
     """Every TP, CP and PP collective a rank on pipeline `stage` issues per step (all micro-batches): its
@@ -194,7 +193,8 @@ def model_parallel_collectives(
     `batch`: the micro-batch in sequences; `seq_len`: the whole sequence (split cp ways); `gathered_logits_vocab`:
     the vocabulary size when the LM head's logits are all-gathered (no loss parallel; 0: loss parallel);
     `recompute_early_stop`: full recomputation by PyTorch's non-reentrant checkpoint (False: Megatron's, which
-    re-runs the whole layer)."""
+    re-runs the whole layer). With `plan.tp_impl` "megatron", SP's saved input shards are gathered again in
+    backward (`tp_layer_collectives`' `megatron_regather`)."""
     plan.check_model(num_heads=num_heads, num_kv_heads=num_kv_heads, num_layers=num_layers, seq_len=seq_len)
     if not 0 <= stage < plan.pp:
         raise TunecostError(f"pipeline stage {stage} out of range for --pp {plan.pp}")
@@ -202,7 +202,7 @@ def model_parallel_collectives(
     layers = num_layers // plan.pp
     full = activation_bytes(batch=batch, tokens=tokens, hidden=hidden, bytes_per_element=bytes_per_element)
     rows = tp_layer_collectives(
-        plan, recompute=recompute, early_stop=recompute_early_stop, megatron_regather=megatron_regather
+        plan, recompute=recompute, early_stop=recompute_early_stop, megatron_regather=plan.tp_impl == "megatron"
     )
     out = _collectives(plan, "tp", rows, full, layers * m)
     logits = activation_bytes(

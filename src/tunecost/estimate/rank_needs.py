@@ -42,7 +42,7 @@ class RankNeeds:
     def __init__(self, job: FineTuneJob, behaviour=None, framework: str | None = None) -> None:
         self.job, self.behaviour, self.framework = job, behaviour, framework
         self._steps: dict[int, SingleGpuStep] = {}
-        self._rank_steps: dict[tuple[int, bool, int, int], SingleGpuStep] = {}  # (tp, sp, cp, batch)
+        self._rank_steps: dict[tuple[int, bool, str, int, int], SingleGpuStep] = {}  # (tp, sp, tp_impl, cp, batch)
         self._memory: dict[tuple[ParallelPlan, int], RankMemory] = {}
         self._disk: dict[int, dict[str, dict]] = {}  # batch -> plan key -> RankMemory fields
         self._dirty: set[int] = set()
@@ -64,7 +64,7 @@ class RankNeeds:
         """The whole-model step of one TP/CP rank of `plan` (the single-GPU step without them)."""
         if plan.tp == 1 and plan.cp == 1:
             return self.step(batch)
-        key = (plan.tp, plan.sequence_parallel, plan.cp, batch)
+        key = (plan.tp, plan.sequence_parallel, plan.tp_impl, plan.cp, batch)
         if key not in self._rank_steps:
             self._rank_steps[key] = model_parallel.rank_step(self.job_at(batch), plan, behaviour=self.behaviour)
         return self._rank_steps[key]

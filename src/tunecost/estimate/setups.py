@@ -299,7 +299,7 @@ def _gpu_setups(search: _Search, gpus: Sequence[GPU], counts_by_gpu, links_by_gp
 
 def _layout_key(plan: ParallelPlan) -> tuple:
     """A layout whatever its GPU count: the model-parallel degrees and the data-parallel strategy."""
-    return (plan.tp, plan.sequence_parallel, plan.pp, plan.cp, plan.strategy)
+    return (plan.tp, plan.sequence_parallel, plan.tp_impl, plan.pp, plan.cp, plan.strategy)
 
 
 @dataclass(kw_only=True)

@@ -176,6 +176,7 @@ def map_row(row: CorpusRow) -> MappedRow:
         raise Skip(f"{gpu_unknown_reason(row.get('gpu'))} ({why})")
     grad_accum = _int(row, "grad_accum") if row.get("grad_accum") else 1
     mp = model_parallel_row(row, spec, job, num_gpus, grad_accum) if num_gpus > 1 else None
+    mp = dataclasses.replace(mp, tp_impl=stack.tp_impl) if mp is not None else None
     behaviour = row_behaviour(row, stack, num_gpus=num_gpus, strategy=strategy, family=spec.family, method=method)
     return MappedRow(
         job=job,

@@ -32,6 +32,7 @@ class Stack:
     # single-GPU full fine-tune rows run DeepSpeed ZeRO-2 (bf16): their memory is one rank of the zero2 strategy
     full_deepspeed_zero2: DeepSpeedZero2 | None = None
     adamw_impl: str = ""  # the AdamW of the stack's torch (`behaviour.ADAMW_IMPLS`; "": the installed torch's)
+    tp_impl: str = "torchtitan"  # whose tensor parallelism its TP rows run (`workload.parallel.TP_IMPLS`)
 
     def deepspeed_for(self, method: str, num_gpus: int) -> DeepSpeedZero2 | None:
         """The DeepSpeed ZeRO-2 engine a single-GPU row of `method` runs under this stack (None: no DeepSpeed)."""
@@ -276,6 +277,7 @@ STACKS["nemo"] = replace(
         "Transformer Engine's FP8 weight caches unless the job's FP8 is modelled",
     ),
     adamw_impl=ADAMW_FUSED,
+    tp_impl="megatron",
 )
 
 # The same Trainer running an MoE model with transformers' own expert code (a loop over experts, or the model's

@@ -23,6 +23,8 @@ MULTI_GPU_STRATEGIES = tuple(s for s in STRATEGIES if s != "single")
 # pipeline schedule -> micro-batches whose activations the first stage holds at once (m: micro-batches, pp: stages,
 # v: virtual stages per rank); torch.distributed.pipelining's names
 PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
+# whose tensor parallelism a layout runs: PyTorch's DTensor plan (torchtitan) or Megatron-LM's layers (NeMo)
+TP_IMPLS = ("torchtitan", "megatron")
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default zero_optimization.reduce_bucket_size
 DEFAULT_MAX_GPUS = 64  # --gpus auto: the most GPUs searched
 MAX_SEARCH_GPUS = 100_000  # every count up to the limit is evaluated (arithmetic only)
@@ -45,14 +47,17 @@ class ModelParallel:
     it (a `ParallelPlan` runs it when built).
 
     tp, pp, cp: tensor-, pipeline- and context-parallel degrees. sequence_parallel: Megatron's sequence parallelism
-    inside the TP group. micro_batches: pipeline micro-batches per step (None: pp); pipeline_schedule: one of
-    `PIPELINE_SCHEDULES`, virtual_stages its stages per rank (interleaved only).
+    inside the TP group. tp_impl: one of `TP_IMPLS` (with SP, Megatron keeps the column-parallel projections'
+    inputs as sequence shards and gathers them again in backward). micro_batches: pipeline micro-batches per step
+    (None: pp); pipeline_schedule: one of `PIPELINE_SCHEDULES`, virtual_stages its stages per rank (interleaved
+    only).
     """
 
     tp: int = 1
     pp: int = 1
     cp: int = 1
     sequence_parallel: bool = False
+    tp_impl: str = "torchtitan"
     micro_batches: int | None = None
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
@@ -81,6 +86,10 @@ class ModelParallel:
             )
         if self.sequence_parallel and self.tp == 1:
             raise TunecostError("--sequence-parallel shards along the tensor-parallel group; it needs --tp 2 or more")
+        if self.tp_impl not in TP_IMPLS:
+            raise TunecostError(
+                f"unknown tensor-parallel implementation {self.tp_impl!r}; supported: {', '.join(TP_IMPLS)}"
+            )
         if self.pipeline_schedule not in PIPELINE_SCHEDULES:
             raise TunecostError(
                 f"unknown pipeline schedule {self.pipeline_schedule!r}; supported: {', '.join(PIPELINE_SCHEDULES)}"
@@ -146,7 +155,7 @@ class ParallelPlan(ModelParallel, _DataParallel):
     reduce_bucket_elements, overlap_comm: DeepSpeed ZeRO-1/2's `zero_optimization.reduce_bucket_size` and
         `overlap_comm` (its defaults: 5e8 elements, off): the gradient buckets each backward allocates, two with
         overlap_comm.
-    tp, pp, cp, sequence_parallel, micro_batches, pipeline_schedule, virtual_stages: `ModelParallel`'s; the
+    tp, pp, cp, sequence_parallel, tp_impl, micro_batches, pipeline_schedule, virtual_stages: `ModelParallel`'s; the
         data-parallel group is the rest (`dp` = num_gpus / (tp x pp x cp)), and `strategy` shards over it.
     """
 

@@ -15,6 +15,7 @@ from tunecost.workload.parallel import (
     MAX_SEARCH_GPUS,
     MULTI_GPU_STRATEGIES,
     PIPELINE_SCHEDULES,
+    TP_IMPLS,
     ModelParallel,
 )
 
@@ -60,13 +61,16 @@ SequenceParallel = Annotated[
     bool | None,
     opt("--sequence-parallel/--no-sequence-parallel", "With --tp: Megatron's sequence parallelism (default on)."),
 ]
+TpImpl = Annotated[
+    str | None,
+    opt("--tp-impl", "With --tp: whose tensor parallelism, " + " | ".join(TP_IMPLS) + " (default torchtitan)."),
+]
 MicroBatches = Annotated[
     int | None, count_option("--micro-batches", "With --pp: micro-batches per step (default: the stages).", 1 << 20)
 ]
 PipelineSchedule = Annotated[
     str | None, opt("--pipeline-schedule", "With --pp: " + " | ".join(PIPELINE_SCHEDULES) + " (default 1f1b).")
 ]
-
 VirtualStages = Annotated[
     int | None, count_option("--virtual-stages", "With --pipeline-schedule interleaved-1f1b: stages per rank.", 1024)
 ]
@@ -74,9 +78,8 @@ VirtualStages = Annotated[
 
 def model_parallel_option(options: MultiGpuOptions):
     """The TP/PP/CP layout the options give (None: none of them given)."""
-    degrees = (options.tp, options.pp, options.cp)
-    schedule = (options.micro_batches, options.pipeline_schedule, options.virtual_stages)
-    if all(v is None for v in (*degrees, *schedule)) and options.sequence_parallel is None:
+    given = (options.tp, options.pp, options.cp, options.micro_batches, options.pipeline_schedule)
+    if all(v is None for v in (*given, options.virtual_stages, options.sequence_parallel, options.tp_impl)):
         return None
     tp = options.tp or 1
     if options.sequence_parallel and tp == 1:
@@ -86,6 +89,7 @@ def model_parallel_option(options: MultiGpuOptions):
         pp=options.pp or 1,
         cp=options.cp or 1,
         sequence_parallel=tp > 1 and options.sequence_parallel is not False,
+        tp_impl=(options.tp_impl or "torchtitan").strip().lower(),
         micro_batches=options.micro_batches,
         pipeline_schedule=(options.pipeline_schedule or "1f1b").strip().lower(),
         virtual_stages=options.virtual_stages or 1,

@@ -54,6 +54,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "pp": int,  # pipeline-parallel degree
     "cp": int,  # context-parallel degree
     "sequence_parallel": bool,
+    "tp_impl": str,  # torchtitan | megatron (TP_IMPLS): whose tensor parallelism
     "micro_batches": int,  # pipeline micro-batches per step
     "pipeline_schedule": str,  # 1f1b | gpipe | interleaved-1f1b
     "virtual_stages": int,  # pipeline stages per rank (interleaved-1f1b)

@@ -138,6 +138,7 @@ def _layout(r: Reader, options: dict[str, Any]) -> dict[str, str]:
     if sp and tp == 1:
         r.notes.append(f"{r.key(d.sp)} off: {d.title} turns sequence parallelism off without tensor parallelism")
     options["sequence_parallel"] = bool(sp) if tp > 1 else None  # stated: --sequence-parallel's default is on
+    options["tp_impl"] = "megatron" if tp > 1 else None  # Megatron Core's column/row-parallel layers
     if pp > 1:
         options["pipeline_schedule"] = "interleaved-1f1b" if vp > 1 else "1f1b"
         options["virtual_stages"] = vp if vp > 1 else None
