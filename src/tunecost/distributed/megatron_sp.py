@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tunecost.distributed.activation_formulas import sp_gathered_excess_bytes
+from tunecost.distributed.activation_formulas import sp_gathered_excess_bytes, traced_layer_activation_bytes
 from tunecost.distributed.single_step import SingleGpuStep
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ModelParallel
@@ -32,12 +32,17 @@ def applies(plan: ModelParallel, job: FineTuneJob) -> bool:
     return plan.tp_impl == "megatron" and plan.sequence_parallel and plan.tp > 1 and not job.gradient_checkpointing
 
 
-def _layers_held(segment: str, num_layers: int) -> int:
-    """Decoder layers whose saved activations a segment's peak holds (the running layer's included)."""
-    phase, _, region = segment.partition(":")
-    if phase not in ("forward", "backward") or region in ("pre", "prefix"):
+def _layers_held(segment: str, categories: dict[str, int], num_layers: int, per_layer: float) -> float:
+    """Decoder layers whose saved activations a segment's peak holds (the running layer's included): none before
+    the first layer's forward, one in the first layer, all from the last layer's forward through the head's
+    backward; elsewhere (the backward after the layers', a middle unit) its activations read as whole layers'."""
+    if segment in ("forward:pre", "optimizer:opt") or segment.endswith(":prefix"):
         return 0
-    return num_layers if region in ("unit_last", "post") else 1
+    if segment.endswith(":unit_first"):
+        return 1
+    if segment in ("forward:unit_last", "forward:post", "backward:post", "backward:unit_last"):
+        return num_layers
+    return min(num_layers, categories.get("activations", 0) / per_layer) if per_layer > 0 else 0
 
 
 def megatron_sp_step(step: SingleGpuStep, job: FineTuneJob, plan: ModelParallel) -> SingleGpuStep:
@@ -49,9 +54,10 @@ def megatron_sp_step(step: SingleGpuStep, job: FineTuneJob, plan: ModelParallel)
         return step
     s, b, h, d = step.seq_len, step.batch_size, step.hidden_size, step.activation_bytes_per_element
     excess = sum(sp_gathered_excess_bytes(s, b, h, d=d, tp=plan.tp, inputs=inputs).values())
+    per_layer = traced_layer_activation_bytes(step.segments, step.num_layers) if step.num_layers > 1 else 0.0
     segments = {}
     for key, categories in step.segments.items():
-        held, out = _layers_held(key, step.num_layers), dict(categories)
+        held, out = _layers_held(key, categories, step.num_layers, per_layer), dict(categories)
         if held:
             out["activations"] = out.get("activations", 0) - round(held * excess)
         if "unit_" in key and not key.startswith("optimizer"):
