@@ -20,7 +20,7 @@ from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ParallelPlan
 
 MAX_MICRO_BATCH = MAX_BATCH  # the micro-batch search's cap per rank: one GPU's
-RANK_MEMORY_VERSION = "2"  # of the rank memories kept on disk (`RankNeeds`); bump when rank_memory changes
+RANK_MEMORY_VERSION = "3"  # of the rank memories kept on disk (`RankNeeds`); bump when rank_memory changes
 
 
 def single_gpu_throughput(
