@@ -69,7 +69,7 @@ def _read(tmp_path: Path, text: str) -> ConfigJob:
 
 
 def _plan(job: ConfigJob) -> ParallelPlan:
-    names: tuple[str, ...] = ("num_gpus", "gpus_per_node", "strategy", "tp", "pp", "cp", "sequence_parallel")
+    names: tuple[str, ...] = ("num_gpus", "gpus_per_node", "strategy", "tp", "pp", "cp", "sequence_parallel", "tp_impl")
     names += ("micro_batches", "pipeline_schedule", "virtual_stages")
     return ParallelPlan(**{k: job.options[k] for k in names if k in job.options})
 
@@ -91,6 +91,7 @@ def test_mlperf_llama2_70b_lora(tmp_path: Path) -> None:
     assert o["gradient_checkpointing"] is False and "model" not in o
     plan = _plan(job)
     assert (plan.num_gpus, plan.tp, plan.dp, plan.sequence_parallel, plan.strategy) == (8, 4, 2, True, "ddp")
+    assert plan.tp_impl == "megatron"  # Megatron Core's layers: SP keeps the projections' inputs sharded
     shape = catalog_shape("meta-llama/Llama-2-70b-hf")  # the model it restores (/ckpt)
     plan.check_model(
         num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads, num_layers=shape.num_layers, seq_len=8192
