@@ -76,9 +76,7 @@ def test_sequence_parallel_by_hand():
         ("reduce_scatter", "backward", 8),
         ("reduce_scatter", "forward", 8),
     ]
-    regather = collectives(
-        ParallelPlan(num_gpus=2, strategy="ddp", tp=2, sequence_parallel=True), megatron_regather=True
-    )
+    regather = collectives(ParallelPlan(num_gpus=2, strategy="ddp", tp=2, sequence_parallel=True, tp_impl="megatron"))
     assert len(regather) == len(cs) + 1
 
 
