@@ -61,10 +61,7 @@ SequenceParallel = Annotated[
     bool | None,
     opt("--sequence-parallel/--no-sequence-parallel", "With --tp: Megatron's sequence parallelism (default on)."),
 ]
-TpImpl = Annotated[
-    str | None,
-    opt("--tp-impl", "With --tp: whose tensor parallelism, " + " | ".join(TP_IMPLS) + " (default torchtitan)."),
-]
+TpImpl = Annotated[str | None, opt("--tp-impl", "With --tp: whose TP, " + " | ".join(TP_IMPLS) + " (default first).")]
 MicroBatches = Annotated[
     int | None, count_option("--micro-batches", "With --pp: micro-batches per step (default: the stages).", 1 << 20)
 ]
