@@ -123,3 +123,22 @@ def test_a_pipeline_rank_needs_less_than_the_whole_model_and_idles_in_the_bubble
     sends = [c for c in collectives if c.op == "send"]
     assert sum(c.count for c in sends) == 4  # the first stage sends each micro-batch's activation forward once
     assert sum(c.count for c in collectives if c.op == "recv") == 4  # and receives its gradient back
+
+
+@pytest.mark.parametrize("seq_len", [4096, 32768])
+def test_the_search_adds_context_parallelism_for_long_sequences(seq_len: int) -> None:
+    from tunecost.distributed.layouts import CP_SEARCH_MIN_SEQ_LEN, model_parallel_choices
+    from tunecost.workload.job import FineTuneJob
+
+    spec = resolve_model("meta-llama/Llama-3.1-8B")
+    job = FineTuneJob(model="meta-llama/Llama-3.1-8B", method="full", seq_len=seq_len)
+    choices = model_parallel_choices(spec, job, given=None, searching=True, gpus_per_node=8)
+    with_cp = [c for c in choices if c.cp > 1]
+    if seq_len < CP_SEARCH_MIN_SEQ_LEN:
+        assert not with_cp
+    else:  # CP beside the widest TP within the node, each dividing the sequence with it
+        assert {c.cp for c in with_cp} == {2, 4, 8}
+        assert all(c.tp == 8 and c.pp == 1 and c.sequence_parallel and not seq_len % (c.cp * c.tp) for c in with_cp)
+    assert all(c.cp == 1 for c in choices[: len(choices) - len(with_cp)])
+    lora = model_parallel_choices(spec, job.with_(method="lora"), given=None, searching=True, gpus_per_node=8)
+    assert [c.degree for c in lora] == [1]

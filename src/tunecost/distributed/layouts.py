@@ -10,6 +10,7 @@ from tunecost.catalog.gpus import GPU
 from tunecost.distributed import expert_parallel
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
+from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import MAX_SEARCH_GPUS, ModelParallel, ParallelPlan
 
 if TYPE_CHECKING:
@@ -24,22 +25,30 @@ def valid_gpu_counts(gpus_per_node: int, max_gpus: int, expert_parallel: int = 1
 
 
 TP_SEARCH_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # dense families `--gpus auto` tries TP layouts on
-SEARCH_DEGREES = (1, 2, 4, 8)  # the TP and PP degrees `--gpus auto` tries
+SEARCH_DEGREES = (1, 2, 4, 8)  # the TP, PP and CP degrees `--gpus auto` tries
+CP_SEARCH_MIN_SEQ_LEN = 16384  # `--gpus auto` adds context-parallel layouts from this many tokens per sequence
 
 
 def model_parallel_choices(
-    spec: ModelSpec, method: str, *, given: ModelParallel | None, searching: bool, gpus_per_node: int
+    spec: ModelSpec, job: FineTuneJob, *, given: ModelParallel | None, searching: bool, gpus_per_node: int
 ) -> list[ModelParallel]:
     """The model-parallel layouts to evaluate: the one given; or, searching GPU counts for a full fine-tune of a
     dense model of a TP-capable family, TP (with sequence parallelism) within a node x PP over `SEARCH_DEGREES`
-    that divide the heads and layers; else none (data parallelism only)."""
+    that divide the heads and layers, and for sequences of `CP_SEARCH_MIN_SEQ_LEN` tokens or more CP beside the
+    widest TP (no PP); else none (data parallelism only)."""
     if given is not None:
         return [given]
-    if not searching or method != "full" or spec.is_moe or spec.family not in TP_SEARCH_FAMILIES:
+    seq_len = job.worst_case_seq_len
+    if not searching or job.method != "full" or spec.is_moe or spec.family not in TP_SEARCH_FAMILIES:
         return [ModelParallel()]
     tps = [t for t in SEARCH_DEGREES if t <= gpus_per_node and not spec.num_heads % t and not spec.num_kv_heads % t]
     pps = [p for p in SEARCH_DEGREES if not spec.num_layers % p]
-    return [ModelParallel(tp=t, pp=p, sequence_parallel=t > 1) for t in tps for p in pps]
+    choices = [ModelParallel(tp=t, pp=p, sequence_parallel=t > 1) for t in tps for p in pps]
+    if seq_len >= CP_SEARCH_MIN_SEQ_LEN:
+        t = max(tps)
+        cps = [c for c in SEARCH_DEGREES[1:] if not seq_len % (c * t)]
+        choices += [ModelParallel(tp=t, cp=c, sequence_parallel=t > 1) for c in cps]
+    return choices
 
 
 def layout_plans(

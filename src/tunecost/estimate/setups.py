@@ -238,9 +238,8 @@ def estimate_multi_gpu(
     )
     if model_parallel is not None:
         check_model_parallel(spec, job.worst_case_seq_len, model_parallel, counts_by_gpu)
-    choices = model_parallel_choices(
-        spec, job.method, given=model_parallel, searching=num_gpus is None, gpus_per_node=gpus_per_node
-    )
+    searching = num_gpus is None
+    choices = model_parallel_choices(spec, job, given=model_parallel, searching=searching, gpus_per_node=gpus_per_node)
     margin = default_margin_fraction() if margin_fraction is None else margin_fraction
     links_by_gpu = {gpu.name: default_links(gpu, gpus_per_node, node_link) for gpu in gpus}  # errors before tracing
     needs = needs or RankNeeds(job.with_(batch_size=1), behaviour)
@@ -248,7 +247,7 @@ def estimate_multi_gpu(
     search = _Search(
         needs=needs,
         strategies=strategies,
-        searching=num_gpus is None,
+        searching=searching,
         gpus_per_node=gpus_per_node,
         expert_degree=expert_degree,
         offload=offload,
