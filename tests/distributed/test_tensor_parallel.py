@@ -319,3 +319,17 @@ def test_a_tied_head_shares_the_embeddings_shard(tmp_path):
     }
     head_shard = config["vocab_size"] * config["hidden_size"] * 4 // 2  # fp32
     assert static["untied"] - static["tied"] == head_shard
+
+
+def test_a_fake_process_group_leaves_the_excepthook_as_it_was():
+    """torch's init_process_group prefixes uncaught tracebacks with the rank and never undoes it: after many
+    simulated ranks, one traceback would carry a prefix per group."""
+    import sys
+
+    from tunecost.distributed.sharded_step import fake_process_group
+
+    before = sys.excepthook
+    for _ in range(2):
+        with fake_process_group(2):
+            assert sys.excepthook is not before
+    assert sys.excepthook is before

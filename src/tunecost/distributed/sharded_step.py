@@ -8,6 +8,7 @@ Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.sharde
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,11 +200,13 @@ def fake_process_group(world_size: int, rank: int = 0):
 
     if dist.is_initialized():
         raise TunecostError("a process group is already initialized in this process; cannot simulate ranks here")
+    hook = sys.excepthook  # init_process_group chains a "[rank0]: " prefix onto it, and destroy does not undo it
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
 
 
 def simulate_fsdp_rank(
