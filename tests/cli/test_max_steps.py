@@ -79,3 +79,13 @@ def test_plan_takes_max_steps_with_global_batch(cli_runner):
     result = cli_runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
     assert "max_steps 10 x global batch 16 (--global-batch) = 160 queries" in result.output.replace("\n", " ")
+
+
+def test_a_gpu_count_on_the_command_line_counts_its_data_parallel_ranks(cli_runner):
+    """--gpus 4 over the config's one GPU: each optimizer step takes 4 ranks' batches (LoRA on a small model, DDP)."""
+    base = ["estimate", "--config", str(LF), "--model", "Qwen/Qwen2.5-0.5B", "--gpu", "H100", "--dataset", "alpaca"]
+    result = cli_runner.invoke(app, [*base, "--max-steps", "10", "--gpus", "4", "--strategy", "ddp"])
+    assert result.exit_code == 0, result.output
+    assert "max_steps 10 x global batch 32 (micro-batch 2 x accumulation 4 x 4 data-parallel ranks) = 320 queries" in (
+        " ".join(result.output.split())
+    )

@@ -96,11 +96,31 @@ def run_length(epochs: float | None, max_steps: int | None, dataset_queries: int
         epochs=epochs,
         max_steps=max_steps,
         max_steps_per_epoch=cap,
-        global_batch=how or global_batch_of(config),
+        global_batch=how or global_batch_of(_batch_options(config)),
     )
     if length.note:
         err_console.print(f"assumed: {length.note}")
     return length
+
+
+# options that size the global batch of a run in steps, when the command line gives them over the config's
+_BATCH_OPTIONS = ("batch_size", "num_gpus", "tp", "pp", "cp", "micro_batches")
+
+
+def _batch_options(config: dict[str, Any]) -> dict[str, Any]:
+    """The config's options with the command line's micro-batch, GPU count and model-parallel degrees over them
+    (each a whole number: `--gpus auto` or one count per GPU leaves the config's)."""
+    params, out = get_current_context().params, dict(config)
+    for name in _BATCH_OPTIONS:
+        value = params.get(name)
+        if value is None or not on_command_line(name):
+            continue
+        if isinstance(value, str):
+            if not value.strip().isdigit():
+                continue
+            value = int(value)
+        out[name] = value
+    return out
 
 
 def on_command_line(name: str) -> bool:
