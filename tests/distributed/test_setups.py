@@ -58,6 +58,33 @@ def test_collective_seconds_follow_a_hand_count(tiny, strategy, bytes_times_fact
     assert sum(c.total_seconds for c in collectives) == pytest.approx(bytes_times_factor(step, 4) / BUSBW)
 
 
+@pytest.mark.parametrize(
+    ("strategy", "bytes_times_factor"),
+    [
+        # a micro-batch under no_sync still all-gathers every weight in forward and backward: no reduce-scatter
+        ("fsdp2", lambda s, n: 2 * s.weight_bytes * (n - 1) / n),
+        ("fsdp1", lambda s, n: 2 * s.weight_bytes * (n - 1) / n),
+        ("fsdp2-shard-grad-op", lambda s, n: s.weight_bytes * (n - 1) / n),
+        ("ddp", lambda s, n: 0.0),  # DDP's no_sync: no all-reduce
+    ],
+)
+def test_a_micro_batch_under_no_sync_reduces_no_gradient(tiny, strategy, bytes_times_factor):
+    _job, step = tiny
+    plan = ParallelPlan(num_gpus=4, strategy=strategy)
+    timed, collectives = step_time(step, plan, _links(), compute_seconds=1.0, sync_gradients=False)
+    assert not any(c.op in ("reduce_scatter", "all_reduce") for c in collectives)
+    assert sum(c.total_seconds for c in collectives) == pytest.approx(bytes_times_factor(step, 4) / BUSBW)
+    synced, _ = step_time(step, plan, _links(), compute_seconds=1.0)
+    assert timed.step_seconds <= synced.step_seconds
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+def test_deepspeed_has_no_no_sync_micro_batch(tiny, strategy):
+    _job, step = tiny
+    with pytest.raises(TunecostError, match="every micro-batch"):
+        step_time(step, ParallelPlan(num_gpus=4, strategy=strategy), _links(), 1.0, sync_gradients=False)
+
+
 def test_one_gpu_communicates_nothing(tiny):
     _job, step = tiny
     timed, collectives = step_time(step, ParallelPlan(num_gpus=1, strategy="fsdp2"), _links(), compute_seconds=1.0)

@@ -221,7 +221,8 @@ def test_exposed_communication_per_micro_batch_and_across_nodes() -> None:
     assert tp.exposed_comm_s(one, A100, 0.1) == 0.0
     per_micro = tp.exposed_comm_s(two, A100, 0.1)
     accumulated = map_row(_fsdp(2, 2, batch_size_per_gpu="2", grad_accum="3"))
-    assert tp.exposed_comm_s(accumulated, A100, 0.1) == pytest.approx(3 * per_micro)
+    # three micro-batches' all-gathers, one reduce-scatter (the Trainer's no_sync: the next test)
+    assert per_micro < tp.exposed_comm_s(accumulated, A100, 0.1) < 3 * per_micro
     node, nodes = map_row(_fsdp(3, 8, batch_size_per_gpu="2")), map_row(_fsdp(4, 16, batch_size_per_gpu="2"))
     assert (node.plan().num_nodes, nodes.plan().num_nodes, nodes.plan().node_size) == (1, 2, 8)
     assert tp.exposed_comm_s(nodes, A100, 0.1) > tp.exposed_comm_s(node, A100, 0.1)  # the network is slower
@@ -247,3 +248,22 @@ def test_a_stack_and_gpu_with_rows_on_several_gpus_only_calibrates_on_one_of_the
     mapped = map_row(rows[0])
     assert step_of(rows[0])(eff) > tp.step_seconds(tp.step_counts(mapped, _gemm_only), terms, eff)  # + communication
     assert out[0].predicted == pytest.approx(2000 / step_of(rows[0])(eff), rel=1e-4)
+
+
+def test_the_trainer_reduces_gradients_once_per_optimizer_step_and_torchtune_every_micro_batch() -> None:
+    """Every micro-batch all-gathers the sharded weights in forward and backward; under transformers' Trainer
+    (accelerate's no_sync) only the last of an optimizer step reduce-scatters the gradients, while torchtune's
+    recipes reduce-scatter every micro-batch. With no compute to hide under, each micro-batch's communication is
+    exposed whole."""
+    from tunecost.distributed.timing import default_links, step_time
+
+    for stack, no_sync in (("hf-transformers+peft+accelerate", True), ("torchtune", False)):
+        one = map_row(_fsdp(0, 2, batch_size_per_gpu="2", method="full", stack=stack))
+        four = map_row(_fsdp(1, 2, batch_size_per_gpu="2", method="full", stack=stack, grad_accum="4"))
+        assert four.stack.no_sync_accumulation is no_sync
+        traced, plan, links = tp.rank_step(one), one.plan(), default_links(A100, 2)
+        synced = step_time(traced, plan, links, 0.0)[0].exposed_comm_seconds
+        unsynced = step_time(traced, plan, links, 0.0, sync_gradients=False)[0].exposed_comm_seconds
+        assert 0 < unsynced < synced
+        expected = synced + 3 * unsynced if no_sync else 4 * synced
+        assert tp.exposed_comm_s(four, A100, 0.0) == pytest.approx(expected)

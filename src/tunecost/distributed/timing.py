@@ -20,6 +20,10 @@ from tunecost.workload import offload
 from tunecost.workload.parallel import ParallelPlan
 
 DDP_BUCKET_BYTES = 25 * 2**20  # DDP's bucket_cap_mb default
+# Strategies whose gradient reduction a micro-batch can skip under gradient accumulation: DDP's and FSDP1's
+# `no_sync()`, FSDP2's `set_requires_gradient_sync(False)` (what accelerate's `no_sync` calls); DeepSpeed's ZeRO
+# reduces every micro-batch.
+NO_SYNC_STRATEGIES = ("ddp", "fsdp1", "fsdp2", "hsdp", "fsdp2-shard-grad-op")
 # Links assumed when none is named: the node's GPU link (by GPU family) and, between nodes, one NIC per GPU.
 DEFAULT_NODE_LINK = {
     "H100-80GB-SXM": "NVLink4",
@@ -100,8 +104,8 @@ class StepCollective:
 class _StepComm:
     """The collectives and host copies of one step, recorded as they are timed."""
 
-    def __init__(self, step: SingleGpuStep, plan: ParallelPlan, links: Links) -> None:
-        self.step, self.plan, self.links = step, plan, links
+    def __init__(self, step: SingleGpuStep, plan: ParallelPlan, links: Links, sync_gradients: bool = True) -> None:
+        self.step, self.plan, self.links, self.sync = step, plan, links, sync_gradients
         self.ep = plan.expert_parallel
         self.group = shard_group_size(plan) if plan.strategy == "hsdp" else plan.num_gpus  # data-parallel ranks
         self.out: list[StepCollective] = []
@@ -145,13 +149,16 @@ class _StepComm:
 
 
 def step_time(
-    step: SingleGpuStep, plan: ParallelPlan, links: Links, compute_seconds: float
+    step: SingleGpuStep, plan: ParallelPlan, links: Links, compute_seconds: float, *, sync_gradients: bool = True
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
     """(overlap.StepTime, the collectives and host copies of a step) of `plan` whose single-GPU compute is
     given. Expert parallelism's all-to-alls block the layer that issues them: they lengthen its forward and
-    backward."""
+    backward. `sync_gradients=False`: a micro-batch under `no_sync` (`NO_SYNC_STRATEGIES` only), gradients kept
+    unreduced: no gradient collective, its host copies or an optimizer step's; the all-gathers stay."""
+    if not sync_gradients and plan.strategy not in NO_SYNC_STRATEGIES:
+        raise TunecostError(f"{plan.strategy} reduces gradients every micro-batch: no no_sync micro-batch")
     fwd, bwd, opt = phase_seconds(step, compute_seconds)
-    c = _StepComm(step, plan, links)
+    c = _StepComm(step, plan, links, sync_gradients)
     a2a = {"forward": 0.0, "backward": 0.0}
     if c.ep > 1:
         for phase, calls in expert_parallel.all_to_all_per_layer(recompute=step.recompute).items():
@@ -167,27 +174,29 @@ def step_time(
 
 
 def _sharded_step_seconds(c: _StepComm, fwd: float, bwd: float, opt: float, a2a: dict[str, float]) -> float:
-    """FSDP2, ZeRO-3, HSDP: per layer an all-gather in forward (and in backward when resharded) and a
-    reduce-scatter, the root with the first layer, overlapped per `overlap.fsdp_step_seconds`. With CPU offload
-    each gradient shard follows its reduce-scatter to the host and (parameter offload) each layer's shard comes
-    from the host before its all-gather."""
+    """FSDP2, ZeRO-3, HSDP: per layer an all-gather in forward (and in backward when resharded) and (gradients
+    synced) a reduce-scatter, the root with the first layer, overlapped per `overlap.fsdp_step_seconds`. With CPU
+    offload each gradient shard follows its reduce-scatter to the host and (parameter offload) each layer's shard
+    comes from the host before its all-gather."""
     step, plan, layers = c.step, c.plan, c.step.num_layers
     reshard = plan.strategy != "fsdp2-shard-grad-op"
     weights, experts = step.layer_weight_bytes, step.layer_expert_bytes(trainable=False)
     layer_trainable, layer_expert_trainable = step.layer_trainable_bytes, step.layer_expert_bytes(trainable=True)
     ag = [c.data_parallel("all_gather", "forward", "layer weights", weights, experts, layers)] * layers
-    rs = [
-        c.data_parallel(
-            "reduce_scatter", "backward", "layer gradients", layer_trainable, layer_expert_trainable, layers
-        )
-    ] * layers
+    rs = [0.0] * layers
+    if c.sync:
+        rs = [
+            c.data_parallel(
+                "reduce_scatter", "backward", "layer gradients", layer_trainable, layer_expert_trainable, layers
+            )
+        ] * layers
+        rs[0] += c.add("reduce_scatter", "backward", "root gradients", step.root_trainable_bytes, 1)
     ag[0] += c.add("all_gather", "forward", "root weights", step.root_weight_bytes, 1)
-    rs[0] += c.add("reduce_scatter", "backward", "root gradients", step.root_trainable_bytes, 1)
     if reshard:  # the same all-gathers again in backward
         c.data_parallel("all_gather", "backward", "layer weights", weights, experts, layers)
         c.add("all_gather", "backward", "root weights", step.root_weight_bytes, 1)
     exposed = 0.0
-    if offload.offloads_states(plan.offload):
+    if offload.offloads_states(plan.offload) and c.sync:
         to_host = c.host_copy("device_to_host", "backward", "gradient shard", layer_trainable, layers)
         rs = [t + to_host for t in rs]
         rs[0] += c.host_copy("device_to_host", "backward", "root gradient shard", step.root_trainable_bytes, 1)
@@ -197,13 +206,13 @@ def _sharded_step_seconds(c: _StepComm, fwd: float, bwd: float, opt: float, a2a:
             root = c.host_copy("host_to_device", phase, "root weight shard", step.root_weight_bytes, 1)
         ag = [t + from_host for t in ag]
         ag[0] += root
-    elif offload.offloads_states(plan.offload):  # the updated 16-bit shard back to the GPU
+    elif offload.offloads_states(plan.offload) and c.sync:  # the updated 16-bit shard back to the GPU
         exposed += c.host_copy("host_to_device", "optimizer", "updated trainable shard", step.trainable_bytes, 1)
     layer_fwd, layer_bwd = fwd / layers + a2a["forward"], bwd / layers + a2a["backward"]
     timed = overlap.fsdp_step_seconds(
         [layer_fwd] * layers, [layer_bwd] * layers, ag, rs, opt, reshard_after_forward=reshard
     )
-    if plan.strategy == "hsdp" and plan.num_nodes > 1:  # sharded gradients all-reduced between nodes
+    if plan.strategy == "hsdp" and plan.num_nodes > 1 and c.sync:  # sharded gradients all-reduced between nodes
         shards = step.trainable_bytes / c.group
         exposed += c.add(
             "all_reduce", "backward", "gradient shards between nodes", shards, 1, plan.num_nodes, plan.num_gpus
@@ -222,8 +231,12 @@ def _bucketed_step_seconds(c: _StepComm, fwd: float, bwd: float, opt: float, a2a
     offloaded = offload.offloads_states(plan.offload)
     buckets: list[float] = []
     for label, total, ranks in (
-        (" (experts)", experts // ep, group // ep),
-        ("", step.trainable_bytes - experts, group),
+        (
+            (" (experts)", experts // ep, group // ep),
+            ("", step.trainable_bytes - experts, group),
+        )
+        if c.sync
+        else ()
     ):
         full, rest = divmod(total, DDP_BUCKET_BYTES)
         for size, count, what in (

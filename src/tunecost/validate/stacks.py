@@ -33,6 +33,9 @@ class Stack:
     full_deepspeed_zero2: DeepSpeedZero2 | None = None
     adamw_impl: str = ""  # the AdamW of the stack's torch (`behaviour.ADAMW_IMPLS`; "": the installed torch's)
     tp_impl: str = "torchtitan"  # whose tensor parallelism its TP rows run (`workload.parallel.TP_IMPLS`)
+    # the training loop runs each micro-batch but an optimizer step's last under DDP / FSDP `no_sync` (transformers'
+    # Trainer through accelerate's `no_sync`, DeepSpeed excepted): one gradient reduction per optimizer step
+    no_sync_accumulation: bool = False
 
     def deepspeed_for(self, method: str, num_gpus: int) -> DeepSpeedZero2 | None:
         """The DeepSpeed ZeRO-2 engine a single-GPU row of `method` runs under this stack (None: no DeepSpeed)."""
@@ -74,6 +77,7 @@ _BNB_NOT_MODELLED = (
 STACKS: dict[str, Stack] = {
     "hf-trainer": Stack(
         name="hf-trainer",
+        no_sync_accumulation=True,
         simulator_stack="hf-peft",
         kept_for_backward=_HF_KEPT + _FSDP1_KEPT,
         loss=_HF_LOSS,
@@ -95,6 +99,7 @@ STACKS: dict[str, Stack] = {
     ),
     "hf-trainer-bnb": Stack(
         name="hf-trainer-bnb",
+        no_sync_accumulation=True,
         simulator_stack="hf-peft",
         kept_for_backward=_HF_KEPT + _FSDP1_KEPT,
         loss="as hf-trainer",
@@ -109,6 +114,7 @@ STACKS: dict[str, Stack] = {
     ),
     "trl-sft-bnb": Stack(
         name="trl-sft-bnb",
+        no_sync_accumulation=True,
         simulator_stack="hf-peft",
         kept_for_backward=_HF_KEPT + "; with fp32 norms the residual stream, and so every checkpointed layer "
         "input from the second layer on, is fp32" + _FSDP1_KEPT,
@@ -128,6 +134,7 @@ STACKS: dict[str, Stack] = {
     ),
     "hf-2024": Stack(
         name="hf-2024",
+        no_sync_accumulation=True,
         simulator_stack="hf-2024",
         kept_for_backward="re-entrant checkpointing; per-expert loop; padded to a multiple of 8",
         loss="fp32 logits and a shifted fp32 copy (transformers 4.40)",
@@ -136,6 +143,7 @@ STACKS: dict[str, Stack] = {
     ),
     "qwen-finetune": Stack(
         name="qwen-finetune",
+        no_sync_accumulation=True,
         simulator_stack="hf-peft",
         kept_for_backward=_HF_KEPT + " (Qwen's own model code: fused c_attn, flash-attn 2; its re-entrant "
         "torch.utils.checkpoint call per block)",
@@ -179,6 +187,7 @@ STACKS: dict[str, Stack] = {
     ),
     "swift-2": Stack(
         name="swift-2",
+        no_sync_accumulation=True,
         simulator_stack="hf-peft",
         kept_for_backward=_HF_KEPT,
         loss="as hf-trainer",
@@ -253,6 +262,7 @@ STACKS["litgpt"] = replace(
 STACKS["nemo-automodel"] = replace(
     STACKS["hf-trainer"],
     name="nemo-automodel",
+    no_sync_accumulation=False,  # its own loop, not the Trainer's
     not_modelled=(
         "NeMo Automodel's own training loop, LoRA layers and loss are simulated as transformers + PEFT under the "
         "Trainer (re-entrant checkpointing, fp32 adapters under autocast)",

@@ -77,15 +77,26 @@ RankStepFn = Callable[[MappedRow], "SingleGpuStep"]
 def exposed_comm_fn(mapped: MappedRow, gpu: GPU, rank_step_fn: RankStepFn = rank_step) -> Callable[[float], float]:
     """Seconds per optimizer step that one rank of the row's layout spends in communication its compute does not
     hide, as a function of one micro-batch's compute seconds (`distributed.timing.step_time` over the GPU's
-    default node link and, beyond one node, its default network), times the row's gradient accumulation. The
-    rank's simulated step is traced once, here, and may raise."""
-    from tunecost.distributed.timing import default_links, step_time
+    default node link and, beyond one node, its default network), summed over the row's micro-batches: every one
+    all-gathers the sharded weights; under a stack's `no_sync` accumulation only the last reduces the gradients.
+    The rank's simulated step is traced once, here, and may raise."""
+    from tunecost.distributed.timing import NO_SYNC_STRATEGIES, default_links, step_time
 
     plan = mapped.plan()
     if plan.num_gpus == 1:
         return lambda _micro_step_s: 0.0
     traced, links = rank_step_fn(mapped), default_links(gpu, plan.node_size)
-    return lambda micro_step_s: mapped.grad_accum * step_time(traced, plan, links, micro_step_s)[0].exposed_comm_seconds
+    accumulate = mapped.grad_accum
+    unsynced = accumulate - 1 if mapped.stack.no_sync_accumulation and plan.strategy in NO_SYNC_STRATEGIES else 0
+
+    def exposed(micro_step_s: float, sync: bool) -> float:
+        return step_time(traced, plan, links, micro_step_s, sync_gradients=sync)[0].exposed_comm_seconds
+
+    def per_step(micro_step_s: float) -> float:
+        synced = (accumulate - unsynced) * exposed(micro_step_s, True)
+        return synced + (unsynced * exposed(micro_step_s, False) if unsynced else 0.0)
+
+    return per_step
 
 
 def exposed_comm_s(mapped: MappedRow, gpu: GPU, micro_step_s: float, rank_step_fn: RankStepFn = rank_step) -> float:
