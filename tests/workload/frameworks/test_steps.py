@@ -100,3 +100,17 @@ def test_megatron_train_iters(tmp_path: Path) -> None:
 def test_steps_without_batch_is_one_error() -> None:
     with pytest.raises(TunecostError, match="global batch"):
         run_length(dataset_queries=None, epochs=None, max_steps=10, global_batch=None)
+
+
+def test_litgpt_max_steps_or_epochs_whichever_first(tmp_path: Path) -> None:
+    cfg = {"checkpoint_dir": "checkpoints/Qwen/Qwen2.5-0.5B", "devices": 2, "train": {"micro_batch_size": 2}}
+    steps = {**cfg, "train": {"micro_batch_size": 2, "max_steps": 100, "epochs": 1}}
+    first = _queries(_write(tmp_path, "a.yaml", steps), dataset_queries=10**6)
+    assert (first.num_queries, first.epochs) == (100 * 16, 1.0)  # litgpt's default global batch 16, all ranks
+    assert any("global batch 16" in a for a in read_config(tmp_path / "a.yaml").assumptions)
+    ended = _queries(_write(tmp_path, "b.yaml", steps), dataset_queries=500)
+    assert (ended.num_queries, ended.epochs) == (500, 1)  # the one epoch ends before 100 x 16 queries
+    stated = {**cfg, "train": {"max_steps": 10, "global_batch_size": 64}}
+    assert _queries(_write(tmp_path, "c.yaml", stated)).num_queries == 640
+    plain = read_config(_write(tmp_path, "d.yaml", {**cfg, "train": {"global_batch_size": 64}}))
+    assert "max_steps" not in plain.options and "train.global_batch_size" in plain.not_modelled

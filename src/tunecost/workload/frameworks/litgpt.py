@@ -133,6 +133,7 @@ def _training(flat: ConfigFile, method: str, options: dict[str, Any], notes: lis
     line = f"batch_size 1: {TITLE}'s default train.micro_batch_size"
     options["batch_size"] = read_or_default(flat, "train.micro_batch_size", int, 1, notes, line)
     options["epochs"] = read_or_default(flat, "train.epochs", int, 5, notes, f"epochs 5: {TITLE}'s default")
+    _steps(flat, options, notes)
     options["seq_len"] = flat.typed("train.max_seq_length", int)
     if options["seq_len"] is None:
         notes.append(f"train.max_seq_length unset: {TITLE} does not truncate (seq_len left to the data)")
@@ -154,6 +155,18 @@ def _training(flat: ConfigFile, method: str, options: dict[str, Any], notes: lis
         options["dataset"] = json_path
     else:
         notes.append(f"data {data.rsplit('.', 1)[-1]}: {TITLE}'s data module, not read (give --dataset FILE)")
+
+
+def _steps(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
+    """train.max_steps: the run stops at it or at train.epochs, whichever comes first (fit's loop); each step
+    takes train.global_batch_size queries over every rank, read only beside the steps (it changes nothing else)."""
+    steps = flat.typed("train.max_steps", int)
+    if steps is None or steps <= 0:
+        return
+    options["max_steps"] = steps
+    line = f"global batch 16: {TITLE}'s default train.global_batch_size"
+    options["queries_per_step"] = read_or_default(flat, "train.global_batch_size", int, 16, notes, line)
+    notes.append(f"run length: train.max_steps {steps} optimizer steps or train.epochs, whichever ends first")
 
 
 def detect(data: Any) -> bool:
