@@ -89,3 +89,13 @@ def test_a_gpu_count_on_the_command_line_counts_its_data_parallel_ranks(cli_runn
     assert "max_steps 10 x global batch 32 (micro-batch 2 x accumulation 4 x 4 data-parallel ranks) = 320 queries" in (
         " ".join(result.output.split())
     )
+
+
+def test_steps_of_a_per_device_batch_need_one_gpu_count(cli_runner):
+    """--gpus auto and plan price setups of several rank counts: a run in steps of a per-device batch would need a
+    run length per setup, so each is one error line naming what to give instead."""
+    base = ["--config", str(LF), "--model", "Qwen/Qwen2.5-0.5B", "--gpu", "H100", "--dataset", "alpaca"]
+    auto = cli_runner.invoke(app, ["estimate", *base, "--max-steps", "10", "--gpus", "auto"])
+    assert auto.exit_code == 2 and len(_error_lines(auto)) == 1 and "--gpus auto" in _error_lines(auto)[0]
+    plan = cli_runner.invoke(app, ["plan", *base, "--max-steps", "10"])
+    assert plan.exit_code == 2 and len(_error_lines(plan)) == 1 and "--global-batch" in _error_lines(plan)[0]

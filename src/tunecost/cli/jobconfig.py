@@ -74,10 +74,13 @@ def required(name: str, value: Any) -> Any:
     return value
 
 
-def run_length(epochs: float | None, max_steps: int | None, dataset_queries: int | None, global_batch=None) -> Any:
+def run_length(
+    epochs: float | None, max_steps: int | None, dataset_queries: int | None, global_batch=None, searching=False
+) -> Any:
     """The run's queries x epochs (`workload.run_length`) from --epochs / --max-steps or the config's run length
     (its steps, epochs and global batch; `global_batch`: --global-batch instead); the line saying how steps became
-    queries is printed among the assumptions. A run length on the command line replaces the config's."""
+    queries is printed among the assumptions. A run length on the command line replaces the config's.
+    `searching`: the command searches GPU counts (plan)."""
     from tunecost.workload.run_length import global_batch_of
     from tunecost.workload.run_length import run_length as queries_x_epochs
 
@@ -91,6 +94,8 @@ def run_length(epochs: float | None, max_steps: int | None, dataset_queries: int
     elif given == ["epochs"]:
         max_steps, cap = None, None
     how = None if global_batch is None else (global_batch, f"global batch {global_batch} (--global-batch)")
+    if (max_steps or cap) and how is None and config.get("queries_per_step") is None:
+        _check_rank_count(searching)
     length = queries_x_epochs(
         dataset_queries=dataset_queries,
         epochs=epochs,
@@ -121,6 +126,22 @@ def _batch_options(config: dict[str, Any]) -> dict[str, Any]:
             value = int(value)
         out[name] = value
     return out
+
+
+def _check_rank_count(searching: bool) -> None:
+    """A run in steps of a per-rank batch processes more queries on more ranks: refuse a GPU count searched
+    (`plan`, `--gpus auto`) or one per GPU type, whose setups would each need their own run length."""
+    if searching:
+        raise TunecostError(
+            "plan: a run in optimizer steps of a per-device batch takes more queries on more ranks; give the "
+            "queries per step (--global-batch), or the run's length as --epochs or --queries"
+        )
+    gpus = get_current_context().params.get("num_gpus")
+    if isinstance(gpus, str) and on_command_line("num_gpus") and not gpus.strip().isdigit():
+        raise TunecostError(
+            f"--gpus {gpus.strip()}: a run in optimizer steps of a per-device batch takes more queries on more "
+            "ranks; give one count (--gpus N), or the run's length as --epochs or --queries"
+        )
 
 
 def on_command_line(name: str) -> bool:

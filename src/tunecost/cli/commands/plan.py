@@ -52,7 +52,7 @@ def _workload(run: tuple, tokens: int | None, seq_len: int | None, data, global_
         queries = data.num_queries
     if queries is None and max_steps is None:
         raise TunecostError("give --dataset, --queries or --tokens")
-    length = run_length(epochs, max_steps, queries, global_batch)
+    length = run_length(epochs, max_steps, queries, global_batch, searching=True)
     return length.num_queries, length.epochs
 
 
