@@ -32,10 +32,11 @@ def computed(cache: Path) -> dict[str, str]:
     start = time.perf_counter()
     calibrated_model()
     print(f"calibrated the bundled measurements in {time.perf_counter() - start:.1f} s")
-    return {f"{d}/{p.name}": p.read_text() for d in FOLDERS for p in sorted((cache / d).glob("*.json"))}
+    return files_in(cache)
 
 
-def shipped(root: Path) -> dict[str, str]:
+def files_in(root: Path) -> dict[str, str]:
+    """folder/name -> text of the calibration files under `root` (a cache folder or the shipped copy)."""
     return {f"{d}/{p.name}": p.read_text() for d in FOLDERS for p in sorted((root / d).glob("*.json"))}
 
 
@@ -46,7 +47,7 @@ def main() -> int:
     mode.add_argument("--check", action="store_true", help="exit 1 when the shipped files differ")
     options = parser.parse_args()
     root = disk_cache.SHIPPED_CACHE
-    before = shipped(root)
+    before = files_in(root)
     with tempfile.TemporaryDirectory() as work:
         files = computed(Path(work))
     same = files == before

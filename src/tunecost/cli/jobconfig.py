@@ -10,15 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-try:  # typer >= 0.22 carries its own copy of click
-    from typer._click.core import ParameterSource
-    from typer._click.globals import get_current_context
-except ImportError:  # pragma: no cover - older typer on the real click
-    from click import get_current_context  # type: ignore[no-redef]
-    from click.core import ParameterSource  # type: ignore[assignment]
-
 from tunecost.cli.common import err_console
-from tunecost.cli.options import opt
+from tunecost.cli.options import ParameterSource, get_current_context, opt
 from tunecost.errors import TunecostError
 
 CONFIG_HELP = (

@@ -24,7 +24,9 @@ from tunecost.limits import (
 
 try:  # typer >= 0.22 carries its own copy of click
     from typer._click.core import Command, Context, Parameter, ParameterSource
+    from typer._click.globals import get_current_context as get_current_context  # re-exported (cli.jobconfig)
 except ImportError:  # pragma: no cover - older typer on the real click
+    from click import get_current_context as get_current_context  # type: ignore[no-redef]
     from click.core import Command, Context, Parameter, ParameterSource  # type: ignore[assignment]
 
 MAX_SEED = 2**32 - 1  # numpy's and torch's seeds are 32-bit

@@ -230,14 +230,8 @@ def _bucketed_step_seconds(c: _StepComm, fwd: float, bwd: float, opt: float, a2a
     experts = step.expert_trainable_bytes if ep > 1 else 0
     offloaded = offload.offloads_states(plan.offload)
     buckets: list[float] = []
-    for label, total, ranks in (
-        (
-            (" (experts)", experts // ep, group // ep),
-            ("", step.trainable_bytes - experts, group),
-        )
-        if c.sync
-        else ()
-    ):
+    reduced = ((" (experts)", experts // ep, group // ep), ("", step.trainable_bytes - experts, group))
+    for label, total, ranks in reduced if c.sync else ():
         full, rest = divmod(total, DDP_BUCKET_BYTES)
         for size, count, what in (
             (DDP_BUCKET_BYTES, full, "gradient buckets"),

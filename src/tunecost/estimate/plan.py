@@ -16,13 +16,12 @@ from dataclasses import dataclass
 from tunecost.catalog.gpus import GPU, resolve_gpu_name
 from tunecost.catalog.prices import OWNED_PROVIDER, Price
 from tunecost.distributed.expert_parallel import EP_STRATEGIES
-from tunecost.distributed.layouts import ModelParallel
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import sizing_seq_len
 from tunecost.estimate.setups import RankNeeds, Setup, estimate_multi_gpu, setup_cost
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.offload import OFFLOAD_CHOICES, OFFLOAD_STRATEGIES
-from tunecost.workload.parallel import MULTI_GPU_STRATEGIES, ParallelPlan
+from tunecost.workload.parallel import MULTI_GPU_STRATEGIES, ModelParallel, ParallelPlan
 
 METHODS = ("full", "lora", "qlora")
 MAX_OWNED_GPUS = 1024

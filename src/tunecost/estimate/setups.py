@@ -346,8 +346,10 @@ class _Search:
                 elif self.searching and (not wanted or not fits_one):
                     why = f"not timed: this layout fits on fewer GPUs ({fewest}); the search prices that count"
                     why += " and its power-of-two multiples" if self.more_gpus else ""
-                    skipped = Setup(gpu=gpu, plan=plan, memory=first, margin_fraction=self.margin)
-                    setups.append(dataclasses.replace(skipped, not_timed=why if fits_one else ""))
+                    not_timed = why if fits_one else ""
+                    setups.append(
+                        Setup(gpu=gpu, plan=plan, memory=first, margin_fraction=self.margin, not_timed=not_timed)
+                    )
                 else:
                     lo, border = self.needs.largest_micro_batch(plan, gpu, self.margin)
                     setups.append(self.evaluate(gpu, links, prices, throughputs, plan, max(lo, 1), border))
