@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tunecost.errors import TunecostError
 from tunecost.simulate import simulate_step
 from tunecost.workload.job import FineTuneJob, LoraConfig
 
@@ -34,7 +35,7 @@ def config_file(tmp_path_factory):
     return path
 
 
-def _sim(path, fp8: str, method: str = "full"):
+def _sim(path, fp8: str, method: str = "full", *, fp8_params: bool = False):
     job = FineTuneJob(
         model=str(path),
         method=method,
@@ -42,6 +43,7 @@ def _sim(path, fp8: str, method: str = "full"):
         batch_size=BATCH,
         seq_len=SEQ,
         fp8=fp8,
+        fp8_params=fp8_params,
         gradient_checkpointing=False,
     )
     return simulate_step(job, num_layers_to_trace=99, granule_bytes=1, use_cache=False)
@@ -77,3 +79,23 @@ def test_torchao_beside_lora_keeps_the_frozen_weights_bf16_gradient(config_file,
     lora_none, lora = _sim(config_file, "none", "lora"), _sim(config_file, "tensorwise", "lora")
     expected = max(2 * TOKENS * o + i * o + TOKENS * i + 2 * i * o for i, o in LINEARS)
     assert lora.peak_bytes - lora_none.peak_bytes == expected
+
+
+@pytest.mark.parametrize(("method", "weights"), [("full", "trainable_params"), ("lora", "frozen_weights")])
+def test_fp8_primary_weights_keep_one_fp8_copy_beside_the_weight(config_file, method, weights) -> None:
+    """TE's fp8_model_init: each linear's bf16 weight (2 bytes) held as its FP8 row-wise copy (1 byte), the
+    column-wise copy cached beside it; nothing else changes."""
+    plain, primary = _sim(config_file, "te-delayed", method), _sim(config_file, "te-delayed", method, fp8_params=True)
+    elements = L * sum(i * o for i, o in LINEARS)
+    added = {
+        k: primary.breakdown_bytes.get(k, 0) - plain.breakdown_bytes.get(k, 0)
+        for k in set(plain.breakdown_bytes) | set(primary.breakdown_bytes)
+    }
+    assert {k: v for k, v in added.items() if v} == {"buffers": -elements, weights: -elements}
+    assert plain.peak_bytes - primary.peak_bytes == 2 * elements
+    assert any("fp8 primary weights" in a for a in primary.assumptions)
+
+
+def test_fp8_primary_weights_need_transformer_engine() -> None:
+    with pytest.raises(TunecostError, match="--fp8-params: .* use --fp8 te-delayed"):
+        FineTuneJob(model="tiny-mixtral", method="lora", fp8="tensorwise", fp8_params=True)

@@ -67,6 +67,7 @@ class JobOptions:
     stack: cli.Stack = cli.DEFAULT_STACK_NAME
     # FP8 training (docs/fp8.md)
     fp8: cli.Fp8 = "none"
+    fp8_params: cli.Fp8Params = False
 
     def estimate_job(self, model: str, method: str, data: Any = None, experts_per_token: int | None = None) -> Any:
         """The job `estimate` and `plan` cost (`estimate.cost.estimate_job`), on `data`'s lengths when given."""
@@ -91,6 +92,7 @@ class JobOptions:
             quant_type=self.quant_type,
             double_quant=self.double_quant,
             fp8=self.fp8,
+            fp8_params=self.fp8_params,
         )
 
 

@@ -144,6 +144,11 @@ FP8_HELP = (
     "Engine, delayed per-tensor scaling); needs a GPU with FP8 tensor cores (Hopper, Ada, Blackwell, MI300)."
 )
 Fp8 = Annotated[str, opt("--fp8", FP8_HELP, metavar="RECIPE")]
+FP8_PARAMS_HELP = (
+    "With --fp8 te-delayed: the linears' weights kept in FP8 only (Transformer Engine fp8_model_init; NeMo "
+    "model.fp8_params, Megatron-LM --fp8-param-gather)."
+)
+Fp8Params = Annotated[bool, opt("--fp8-params/--no-fp8-params", FP8_PARAMS_HELP)]
 DEFAULT_LORA_RANK = 16
 DEFAULT_LORA_ALPHA = 32.0
 STACK_HELP = (

@@ -82,6 +82,10 @@ def stage_step(step: SingleGpuStep, plan: ParallelPlan, stage: int) -> SingleGpu
         )
     layer_share = parts.num_layers / step.num_layers
     flops = {p: v * (share if p == "optimizer" else layer_share) for p, v in step.flops_by_phase.items()}
+    # FP8's weight copies with the stage's layers; its saved inputs for each micro-batch (chunk) in flight
+    chunk_share = layer_share / plan.virtual_stages * parts.in_flight
+    scale = {"activations": chunk_share, "temporaries": 1.0}
+    fp8 = {c: round(v * scale.get(c, layer_share)) for c, v in step.fp8_bytes.items()}
     return dataclasses.replace(
         step,
         num_layers=parts.num_layers,
@@ -91,6 +95,7 @@ def stage_step(step: SingleGpuStep, plan: ParallelPlan, stage: int) -> SingleGpu
         flops_by_phase=flops,
         weight_bytes_by_key=by_key,
         allocations={},  # the traced allocations are the whole model's: the stage's reserve is its peak
+        fp8_bytes=fp8,
     )
 
 

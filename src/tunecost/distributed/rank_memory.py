@@ -162,10 +162,27 @@ def rank_segment_bytes(
             continue
         dense, experts = expert_parallel.split_expert_bytes(nbytes, step.expert_share(category), ep)
         out[category] = _shard(dense, factor[kind]) + _shard(experts, max(1, factor[kind] // ep))
-    for name, nbytes in _buffers(step, plan, phase).items():
+    for name, nbytes in [
+        *_buffers(step, plan, phase).items(),
+        *_fp8_bytes(step, phase, None if "P" in on_host else factor["P"]).items(),
+    ]:
         out[name] = out.get(name, 0) + nbytes
     out["held_layer_inputs"] = fsdp1.held_input_bytes(step, segment) if plan.strategy == "fsdp1" else 0
     return {k: v for k, v in out.items() if v}
+
+
+def _fp8_bytes(step: SingleGpuStep, phase: str, weight_shards: int | None) -> dict[str, int]:
+    """FP8's bytes at a segment of `phase` (`SingleGpuStep.fp8_bytes`): the weight copies throughout, the saved
+    inputs and casts in the passes (added wherever the peak falls, as on one GPU); the stored weights' saving of
+    FP8 primary weights sharded as the weights are (None: the weights live on the host)."""
+    out: dict[str, int] = {}
+    for category, nbytes in step.fp8_bytes.items():
+        if category in WEIGHT_CATEGORIES and category != "buffers":
+            if weight_shards is not None:
+                out[category] = -_shard(-nbytes, weight_shards)
+        elif category == "buffers" or phase != "optimizer":
+            out[category] = nbytes
+    return out
 
 
 def rank_memory(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tunecost.distributed import expert_parallel
 from tunecost.errors import TunecostError
@@ -15,6 +15,7 @@ from tunecost.io import atomic_write_json
 from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate import cache
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
+from tunecost.simulate.fp8 import LinearShape, fp8_bytes_at_depth, fp8_job_bytes, fp8_linears
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.simulate.pool import prepared_model
 from tunecost.simulate.prepare import check_supported, layer_pattern, reentrant_checkpointing
@@ -50,6 +51,7 @@ class SingleGpuStep:
     recompute: bool  # activation checkpointing: backward re-runs each layer's forward
     allocations: dict  # the deeper traced depth's `simulate.records.AllocationTrace`, as plain data ({}: none)
     reentrant_checkpointing: bool = False  # layers recomputed by re-entrant torch.utils.checkpoint (`fsdp1`)
+    fp8_bytes: dict[str, int] = field(default_factory=dict)  # FP8's bytes by category at full depth (`simulate.fp8`)
 
     @property
     def weight_bytes(self) -> int:
@@ -140,18 +142,13 @@ def trace_single_gpu_step(
 
     spec = resolve_model(job.model)
     check_supported(job, spec, job.stack)
-    traces = [
-        trace_step(
-            prepared_model(job, u, job.stack, behaviour or DEFAULT_BEHAVIOUR),
-            job.batch_size,
-            job.worst_case_seq_len,
-            round_bytes=granule_bytes,
-        )
-        for u in traced_units(spec, full_depth=full_depth)
-    ]
-    return scaled_step(
-        job, spec, traces, reentrant=reentrant_checkpointing(job, behaviour=behaviour or DEFAULT_BEHAVIOUR)
-    )
+    traces, linears = [], []
+    for u in traced_units(spec, full_depth=full_depth):
+        prepared = prepared_model(job, u, job.stack, behaviour or DEFAULT_BEHAVIOUR)
+        linears.append(fp8_linears(prepared.model.named_modules(), full=job.method == "full"))
+        traces.append(trace_step(prepared, job.batch_size, job.worst_case_seq_len, round_bytes=granule_bytes))
+    reentrant = reentrant_checkpointing(job, behaviour=behaviour or DEFAULT_BEHAVIOUR)
+    return scaled_step(job, spec, traces, reentrant=reentrant, linears=linears, granule_bytes=granule_bytes)
 
 
 def traced_units(spec: ModelSpec, *, full_depth: bool = False) -> list[int]:
@@ -162,9 +159,17 @@ def traced_units(spec: ModelSpec, *, full_depth: bool = False) -> list[int]:
     return [full_units] if full_units <= 2 or full_depth else [1, 2]
 
 
-def scaled_step(job: FineTuneJob, spec: ModelSpec, traces: list, *, reentrant: bool) -> SingleGpuStep:
+def scaled_step(
+    job: FineTuneJob,
+    spec: ModelSpec,
+    traces: list,
+    *,
+    reentrant: bool,
+    linears: list[list[LinearShape]] | None = None,
+    granule_bytes: int = 512,
+) -> SingleGpuStep:
     """The `SingleGpuStep` at full depth from traces at one and two units (`simulate.trace.TraceResult`s; one
-    trace: already at full depth)."""
+    trace: already at full depth), with FP8's bytes from each traced depth's `linears`."""
     full_units = layer_pattern(spec)[2]
     ta, tb = traces[0], traces[-1]
     t = 0.0 if len(traces) == 1 else (full_units - ta.num_units) / (tb.num_units - ta.num_units)
@@ -202,4 +207,14 @@ def scaled_step(job: FineTuneJob, spec: ModelSpec, traces: list, *, reentrant: b
         recompute=job.gradient_checkpointing,
         allocations=dataclasses.asdict(tb.allocations) if tb.allocations is not None else {},
         reentrant_checkpointing=reentrant,
+        fp8_bytes=_fp8_bytes(job, linears or [], t, granule_bytes),
     )
+
+
+def _fp8_bytes(job: FineTuneJob, linears: list[list[LinearShape]], t: float, granule_bytes: int) -> dict[str, int]:
+    """FP8's bytes by category (`simulate.fp8`) at full depth: the traced depths' linear interpolation `t`."""
+    if job.fp8 == "none" or not linears:
+        return {}
+    tokens = job.batch_size * job.worst_case_seq_len
+    a, b = (fp8_job_bytes(job, lin, tokens, granule_bytes) for lin in (linears[0], linears[-1]))
+    return fp8_bytes_at_depth(a, b, t)

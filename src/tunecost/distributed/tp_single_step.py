@@ -16,6 +16,7 @@ from tunecost.distributed.single_step import LAYOUT_VERSION, SingleGpuStep, cach
 from tunecost.distributed.tensor_parallel import check_tp_supported, loss_context, prepare_tp_rank, tp_strategy
 from tunecost.models.catalog import resolve_model
 from tunecost.simulate import cache
+from tunecost.simulate.fp8 import fp8_linears
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.simulate.prepare import check_supported, reentrant_checkpointing
 from tunecost.simulate.recorder import flat_tensors
@@ -81,7 +82,7 @@ def tp_single_gpu_step(
         key += "-full"
 
     def trace() -> SingleGpuStep:
-        traces = []
+        traces, linears = [], []
         for units in traced_units(spec, full_depth=full_depth):
             with fake_process_group(tp):
                 prepared = prepare_tp_rank(
@@ -93,10 +94,15 @@ def tp_single_gpu_step(
                     loss_parallel=loss_parallel,
                 )
                 batch_shape = (job.batch_size, job.worst_case_seq_len)
+                sp_tp = tp if sequence_parallel else 1
+                linears.append(
+                    fp8_linears(prepared.model.named_modules(), full=job.method == "full", sequence_parallel_tp=sp_tp)
+                )
                 traces.append(
                     trace_tp_step(prepared, *batch_shape, tp=tp, round_bytes=granule_bytes, loss_parallel=loss_parallel)
                 )
                 del prepared
-        return scaled_step(job, spec, traces, reentrant=reentrant_checkpointing(job))
+        reentrant = reentrant_checkpointing(job)
+        return scaled_step(job, spec, traces, reentrant=reentrant, linears=linears, granule_bytes=granule_bytes)
 
     return cached_step(key, trace, use_cache=use_cache)

@@ -103,6 +103,7 @@ def estimate_job(
     quant_type: str | None = None,
     double_quant: bool = True,
     fp8: str = "none",
+    fp8_params: bool = False,
 ) -> FineTuneJob:
     """The job `tunecost estimate` costs, with the paper's setups as defaults: gradient checkpointing for (Q)LoRA
     and not for a full fine-tune (BlackMamba's), LoRA on the model's MoE layers or, for a dense model, on its
@@ -136,6 +137,7 @@ def estimate_job(
         dataset=dataset_name(dataset, lengths),
         stack=stack or DEFAULT_STACK,
         fp8=fp8,
+        fp8_params=fp8_params,
     )
 
 

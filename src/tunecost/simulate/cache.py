@@ -23,12 +23,15 @@ def cache_dir() -> Path:
     return cache_root() / "simulate"
 
 
+_UNSET_FP8 = {"fp8": "none", "fp8_params": False}  # left out of the key when unset: older keys hold
+
+
 def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512, behaviour=None) -> str:
     """The cache key; `behaviour` (a `StackBehaviour`) enters it only when it is not the default, so the default
     simulation keeps its key."""
     spec = resolve_model(job.model)
     payload = {
-        "job": {k: v for k, v in dataclasses.asdict(job).items() if not (k == "fp8" and v == "none")},
+        "job": {k: v for k, v in dataclasses.asdict(job).items() if not (k in _UNSET_FP8 and v == _UNSET_FP8[k])},
         "trace": num_layers_to_trace,
         "stack": stack,
         "overhead": dataclasses.asdict(overhead),

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from tunecost.errors import TunecostError
 from tunecost.simulate import cache as _cache
 from tunecost.simulate.behaviour import ADAMW_IMPLS, DEFAULT_BEHAVIOUR, StackBehaviour, stack_adamw_impl
-from tunecost.simulate.fp8 import fp8_linears, fp8_memory_bytes
+from tunecost.simulate.fp8 import fp8_bytes_at_depth, fp8_job_bytes, fp8_linears
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.pool import prepared_model
 from tunecost.simulate.records import StepCounts, StepSimulation
@@ -35,6 +35,10 @@ FP8_NOTES = {
     "as buffers, FP8 inputs saved beside the bf16 ones the model code saves (an upper bound), the grad-output's FP8 "
     "copies as temporaries (docs/fp8.md)",
 }
+FP8_PARAMS_NOTE = (
+    "fp8 primary weights (TE fp8_model_init): each linear's weight stored as its FP8 row-wise copy, one byte per "
+    "element instead of its compute dtype, with the column-wise copy cached beside it (docs/fp8.md)"
+)
 
 
 def _lerp(a: float, b: float, t: float) -> float:
@@ -87,7 +91,7 @@ def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layer
     }
 
 
-def add_fp8_memory(parts: dict, extra: dict[str, float]) -> None:
+def add_fp8_memory(parts: dict, extra: dict[str, int]) -> None:
     """FP8's bytes (`fp8.fp8_memory_bytes`, scaled to full depth) added to the peak, the reserve and the breakdown
     at the peak: an upper bound where the peak falls after some of them are freed (docs/fp8.md)."""
     total = round(sum(extra.values()))
@@ -129,6 +133,8 @@ def _assumptions(
         )
     if job.fp8 != "none":
         out.append(FP8_NOTES[job.fp8])
+    if job.fp8_params:
+        out.append(FP8_PARAMS_NOTE)
     if job.attention in ("flash", "sdpa"):
         out.append("attention memory as a fused kernel: output + fp32 log-sum-exp saved, no L x L scores")
     if job.method == "qlora" and job.quant_type == "gptq":
@@ -242,13 +248,13 @@ def _simulate_uncached(
     parts = combine(traces[0], traces[1] if len(traces) > 1 else None, full_units, spec.num_layers)
     if job.fp8 != "none":
         tokens = job.batch_size * seq_len
-        extra = [fp8_memory_bytes(job.fp8, lin, tokens, granule_bytes) for lin in linears]
+        extra = [fp8_job_bytes(job, lin, tokens, granule_bytes) for lin in linears]
         t = (
             0.0
             if len(traces) == 1
             else (full_units - traces[0].num_units) / (traces[1].num_units - traces[0].num_units)
         )
-        add_fp8_memory(parts, _lerp_dict(extra[0], extra[-1], t))
+        add_fp8_memory(parts, fp8_bytes_at_depth(extra[0], extra[-1], t))
     return StepSimulation(
         model=spec.name,
         method=job.method,

@@ -163,6 +163,7 @@ class FineTuneJob:
     # its frozen original and gets a trainable copy with its gradient and optimizer states.
     modules_to_save: tuple[str, ...] = ()
     fp8: str = "none"  # FP8 linear GEMMs, one of FP8_RECIPES (the GPU needs FP8 tensor cores)
+    fp8_params: bool = False  # te-delayed: the linears' weights kept in FP8 only (TE fp8_model_init)
 
     def __post_init__(self) -> None:
         _check_choice("method", self.method, METHODS)
@@ -191,6 +192,8 @@ class FineTuneJob:
         _check_choice("FP8 recipe (--fp8)", self.fp8, FP8_RECIPES)
         if self.fp8 != "none" and self.method == "qlora":
             raise TunecostError("--fp8: FP8 training does not apply to QLoRA (4-bit base weights); use lora or full")
+        if self.fp8_params and self.fp8 != "te-delayed":
+            raise TunecostError("--fp8-params: FP8 primary weights are Transformer Engine's; use --fp8 te-delayed")
         if self.fp8 != "none" and self.compute_dtype == "fp32":
             raise TunecostError("--fp8: FP8 training runs beside bf16/fp16 compute, not fp32; use --dtype bf16")
         if self.modules_to_save and self.method == "full":

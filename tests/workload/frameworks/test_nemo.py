@@ -99,7 +99,8 @@ def test_mlperf_llama2_70b_lora(tmp_path: Path) -> None:
     # global 8 / (micro 1 x data-parallel 2): 4 micro-batches accumulated (no pipeline)
     assert any(a.startswith("model.global_batch_size 8: 4 micro-batches") for a in job.assumptions)
     assert any(a.startswith("model.fp8 True (fp8_hybrid True)") for a in job.assumptions)
-    assert "model.megatron_amp_O2" in job.not_modelled
+    assert o["fp8"] == "te-delayed" and o["fp8_params"] is True  # model.fp8_params: TE's FP8 primary weights
+    assert "model.megatron_amp_O2" in job.not_modelled and "model.fp8_params" not in job.not_modelled
 
 
 def test_pretraining_pipeline(tmp_path: Path) -> None:

@@ -204,6 +204,7 @@ def memory_job(
         lora=LoraConfig(rank=options.lora_rank, alpha=options.lora_alpha, targets=targets),
         stack=options.stack,
         fp8=options.fp8,
+        fp8_params=options.fp8_params,
     )
 
 

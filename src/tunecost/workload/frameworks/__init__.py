@@ -59,6 +59,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "pipeline_schedule": str,  # 1f1b | gpipe | interleaved-1f1b
     "virtual_stages": int,  # pipeline stages per rank (interleaved-1f1b)
     "fp8": str,  # none | tensorwise | rowwise | te-delayed (FP8_RECIPES)
+    "fp8_params": bool,  # te-delayed: the linears' weights kept in FP8 only
 }
 
 

@@ -207,6 +207,8 @@ def _training(r: Reader, options: dict[str, Any]) -> None:
         r.notes.append(
             f"{r.key(d.fp8)} {fp8}{hybrid}: Transformer Engine FP8 linears with delayed scaling (te-delayed)"
         )
+        if d is NEMO and r.value("model.fp8_params", bool):  # TE fp8_model_init: no bf16 weight kept
+            options["fp8_params"] = True
     name = r.value(d.optimizer, str, "fused_adam" if d is NEMO else "adam")
     if name not in OPTIMIZERS:
         raise flat.error(r.key(d.optimizer), f"{name!r}: tunecost models {', '.join(OPTIMIZERS)}")
