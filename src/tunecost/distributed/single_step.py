@@ -15,6 +15,7 @@ from tunecost.io import atomic_write_json
 from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate import cache
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
+from tunecost.simulate.depth import depth_scaled
 from tunecost.simulate.fp8 import LinearShape, fp8_bytes_at_depth, fp8_job_bytes, fp8_linears
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.simulate.pool import prepared_model
@@ -23,7 +24,9 @@ from tunecost.simulate.records import WEIGHT_CATEGORIES
 from tunecost.workload.job import FineTuneJob
 
 ROOT_GROUPS = ("embedding", "lm_head/loss", "other")  # outside the decoder layers: FSDP2's root unit
-LAYOUT_VERSION = "3"  # of the cached `SingleGpuStep` (2: with the traced allocations; 3: reentrant_checkpointing)
+LAYOUT_VERSION = (
+    "4"  # of the cached `SingleGpuStep` (2: traced allocations; 3: reentrant_checkpointing; 4: temporaries)
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,7 +179,7 @@ def scaled_step(
     segments: dict[str, dict[str, int]] = {}
     for key in set(ta.segments) & set(tb.segments):
         ca, cb = ta.segments[key].by_category, tb.segments[key].by_category
-        segments[key] = {c: round(_lerp(ca.get(c, 0), cb.get(c, 0), t)) for c in set(ca) | set(cb)}
+        segments[key] = {c: max(0, round(v)) for c, v in depth_scaled(key, ca, cb, t, "temporaries").items()}
     weights = {k: round(_lerp(ta.weight_bytes.get(k, 0), tb.weight_bytes.get(k, 0), t)) for k in tb.weight_bytes}
     root = sum(v for k, v in weights.items() if k.rsplit("/", 1)[0] in ROOT_GROUPS)
     trainable = sum(v for k, v in weights.items() if k.endswith("/trainable_params"))

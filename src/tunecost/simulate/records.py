@@ -83,7 +83,7 @@ class AllocationTrace:
     num_ops: int
 
 
-SIMULATOR_VERSION = "5"  # 3: the caching-allocator replay; 4: no attention-dropout mask under fused kernels; 5: notes
+SIMULATOR_VERSION = "6"  # 3: allocator replay; 4: no dropout mask under fused kernels; 5: notes; 6: temporaries
 
 
 @dataclass(frozen=True, kw_only=True)

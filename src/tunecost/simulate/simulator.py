@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from tunecost.errors import TunecostError
 from tunecost.simulate import cache as _cache
 from tunecost.simulate.behaviour import ADAMW_IMPLS, DEFAULT_BEHAVIOUR, StackBehaviour, stack_adamw_impl
+from tunecost.simulate.depth import depth_scaled
 from tunecost.simulate.fp8 import fp8_bytes_at_depth, fp8_job_bytes, fp8_linears
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.pool import prepared_model
@@ -22,7 +23,7 @@ from tunecost.simulate.records import StepCounts, StepSimulation
 
 if TYPE_CHECKING:
     from tunecost.models.catalog import ModelSpec
-    from tunecost.simulate.trace import TraceResult
+    from tunecost.simulate.trace import SegmentPeak, TraceResult
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
 
@@ -49,6 +50,16 @@ def _lerp_dict(a: dict, b: dict, t: float) -> dict:
     return {k: max(0.0, _lerp(a.get(k, 0), b.get(k, 0), t)) for k in set(a) | set(b)}
 
 
+def _scaled_groups(key: str, sa: SegmentPeak, sb: SegmentPeak, t: float) -> dict[str, float]:
+    """A segment's bytes by module group at full depth: linear in the depth, its temporaries the deeper trace's
+    (`depth_scaled`)."""
+    rest = [{g: v - s.temporaries_by_group.get(g, 0) for g, v in s.by_group.items()} for s in (sa, sb)]
+    scaled = depth_scaled(key, rest[0], rest[1], t, "")
+    for g, v in depth_scaled(key, sa.temporaries_by_group, sb.temporaries_by_group, t, "*").items():
+        scaled[g] = scaled.get(g, 0) + v
+    return scaled
+
+
 def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layers: int) -> dict:
     """Scale two traces (units a < b) to `full_units`; with one trace (already full depth) just unpack it."""
     if tb is None:
@@ -61,8 +72,9 @@ def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layer
         if key.endswith("unit_mid"):
             continue  # affine in the unit index: never above both ends
         sa, sb = ta_.segments[key], tb_.segments[key]
-        peaks[key] = (_lerp(sa.total, sb.total, t), sa, sb)
-    key, (total, sa, sb) = max(peaks.items(), key=lambda kv: kv[1][0])
+        by_category = depth_scaled(key, sa.by_category, sb.by_category, t, "temporaries")
+        peaks[key] = (sum(by_category.values()), by_category, _scaled_groups(key, sa, sb, t))
+    key, (total, by_category, by_group) = max(peaks.items(), key=lambda kv: kv[1][0])
     # the replayed reserve: the deeper trace's excess over its allocated peak, kept at full depth (not scaled:
     # the reserve is not affine in the units; benchmarks/bench_reserved_extrapolation.py compares full depths)
     reserved = total + max(0, tb_.peak_reserved_bytes - max(s.total for s in tb_.segments.values()))
@@ -81,8 +93,8 @@ def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layer
         "peak_bytes": round(total),
         "peak_segment": key,
         "peak_reserved_bytes": round(reserved),
-        "breakdown_bytes": {k: round(v) for k, v in _lerp_dict(sa.by_category, sb.by_category, t).items() if v},
-        "module_bytes": {k: round(v) for k, v in _lerp_dict(sa.by_group, sb.by_group, t).items() if v},
+        "breakdown_bytes": {k: round(v) for k, v in by_category.items() if round(v) > 0},
+        "module_bytes": {k: round(v) for k, v in by_group.items() if round(v) > 0},
         "weight_bytes": {k: round(v) for k, v in _lerp_dict(ta_.weight_bytes, tb_.weight_bytes, t).items()},
         "counts": counts,
         "flops_by_module": by_group_flops,

@@ -3,7 +3,8 @@
 Segments are (phase, region) pairs: forward/backward/optimizer x {pre, prefix, unit_first, unit_last,
 unit_mid, post, opt}. For a stack of identical units, every segment's peak is an affine function of the number
 of units (activations saved per unit, gradients accumulated per unit, ...), which is what lets the simulator trace
-two small depths and extrapolate; the middle units never peak above both ends (affine in the unit index).
+two small depths and extrapolate (`depth.depth_scaled`); the middle units never peak above both ends (affine in the unit
+index).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class SegmentPeak:
     total: int
     by_category: dict[str, int]
     by_group: dict[str, int]
+    temporaries_by_group: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -101,7 +103,7 @@ def analyze(rec: StepRecorder, num_layers: int, seconds: float) -> TraceResult:
 
     t_fwd_end = rec.t_forward_end if rec.t_forward_end is not None else num_ops
     cat_codes, group_codes, cat_names, group_names = _codes(records, t_free, t_fwd_end)
-    grad_code = cat_names.index("gradients")
+    grad_code, temp_code = cat_names.index("gradients"), cat_names.index("temporaries")
     keys: dict[str, list[int]] = {}
     for k, segs in enumerate(rec.op_segments, start=1):
         for key in segs:
@@ -115,10 +117,13 @@ def analyze(rec: StepRecorder, num_layers: int, seconds: float) -> TraceResult:
         by_cat_arr = np.bincount(cats[alive], weights=nbytes[alive], minlength=len(cat_names))
         groups = np.where(cats == grad_code, len(group_names) - 1, group_codes)
         by_group_arr = np.bincount(groups[alive], weights=nbytes[alive], minlength=len(group_names))
+        transient = alive & (cats == temp_code)
+        by_temp_arr = np.bincount(groups[transient], weights=nbytes[transient], minlength=len(group_names))
         segments[key] = SegmentPeak(
             total=int(live[k_star]),
             by_category={cat_names[i]: int(v) for i, v in enumerate(by_cat_arr) if v},
             by_group={group_names[i]: int(v) for i, v in enumerate(by_group_arr) if v},
+            temporaries_by_group={group_names[i]: int(v) for i, v in enumerate(by_temp_arr) if v},
         )
 
     weight_bytes: dict[str, int] = {}
