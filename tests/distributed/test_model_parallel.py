@@ -125,6 +125,31 @@ def test_a_pipeline_rank_needs_less_than_the_whole_model_and_idles_in_the_bubble
     assert sum(c.count for c in collectives if c.op == "recv") == 4  # and receives its gradient back
 
 
+def test_tp_comm_overlap_hides_the_tp_collectives_under_the_gemms(job_step):
+    """--tp-comm-overlap: the TP collectives hide under the linears' GEMMs (the layers' compute beside attention);
+    what exceeds them stays exposed."""
+    from tunecost.distributed.model_parallel_step import attention_share, model_parallel_comm
+
+    _, step = job_step
+    spec = resolve_model(step.model)
+    links = default_links(resolve_gpu_name("H100").gpu, 8)
+    plain = ParallelPlan(num_gpus=2, strategy="ddp", tp=2, sequence_parallel=True)
+    overlapped = ParallelPlan(num_gpus=2, strategy="ddp", tp=2, sequence_parallel=True, tp_comm_overlap=True)
+    collectives, exposed = model_parallel_comm(step, plain, links, spec, layer_seconds=1e-9)
+    tp_seconds = sum(c.count * c.seconds for c in collectives)
+    assert exposed == pytest.approx(tp_seconds) and tp_seconds > 0
+    assert model_parallel_comm(step, overlapped, links, spec, layer_seconds=1.0)[1] == 0.0
+    layer_seconds = 1e-6
+    gemm = step.num_layers * layer_seconds * (1 - attention_share(step.seq_len, spec.hidden_size))
+    _, partly = model_parallel_comm(step, overlapped, links, spec, layer_seconds=layer_seconds)
+    assert partly == pytest.approx(max(0.0, tp_seconds - gemm))
+
+
+def test_tp_comm_overlap_needs_tensor_parallelism():
+    with pytest.raises(TunecostError, match="--tp-comm-overlap .* needs --tp 2 or more"):
+        ParallelPlan(num_gpus=2, strategy="ddp", tp_comm_overlap=True)
+
+
 @pytest.mark.parametrize("seq_len", [4096, 32768])
 def test_the_search_adds_context_parallelism_for_long_sequences(seq_len: int) -> None:
     from tunecost.distributed.layouts import CP_SEARCH_MIN_SEQ_LEN, model_parallel_choices

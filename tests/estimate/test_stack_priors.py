@@ -110,3 +110,13 @@ def test_the_shipped_data_set_the_prior_and_its_interval() -> None:
 def test_no_held_out_errors_leave_the_interval_as_it_is() -> None:
     prior = stack_prior("torchtune", errors=())
     assert prior is not None and prior.log_halfwidth == 0 and "not at all" in prior.note
+
+
+def test_a_nemo_job_counts_transformer_engine_layers(batch_three, make_request) -> None:
+    """A NeMo / Megatron-LM config's job runs Megatron Core's TE layers: its target counts their fused element-wise
+    work (`counts.analytic_step_counts(te_layers=True)`); the calibrated family's does not."""
+    nemo = calibrated.request_target(make_request(framework="nemo"), 3)
+    hf = calibrated.request_target(make_request(framework="llamafactory"), 3)
+    assert nemo.te_layers and not hf.te_layers
+    model = calibrated.calibrated_model()
+    assert model.predict(nemo).queries_per_s > model.predict(hf).queries_per_s

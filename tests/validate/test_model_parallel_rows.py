@@ -23,6 +23,7 @@ from tunecost.workload.parallel import ModelParallel
             "tp4 pp2 cp2 vp5",
             ModelParallel(tp=4, pp=2, cp=2, micro_batches=16, pipeline_schedule="interleaved-1f1b", virtual_stages=5),
         ),
+        ("tp4 sp, TP comm overlap", ModelParallel(tp=4, sequence_parallel=True, tp_comm_overlap=True)),
         ("fsdp (FULL_SHARD)", None),
         ("single", None),
     ],

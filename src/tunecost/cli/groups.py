@@ -145,6 +145,7 @@ class MultiGpuOptions:
     cp: multi.ContextParallel = None
     sequence_parallel: multi.SequenceParallel = None
     tp_impl: multi.TpImpl = None
+    tp_comm_overlap: multi.TpCommOverlap = None
     micro_batches: multi.MicroBatches = None
     pipeline_schedule: multi.PipelineSchedule = None
     virtual_stages: multi.VirtualStages = None

@@ -34,8 +34,9 @@ def model_parallel_comm(
     step: SingleGpuStep, plan: ParallelPlan, links: Links, spec: ModelSpec, layer_seconds: float, stage: int = 0
 ) -> tuple[tuple[StepCollective, ...], float]:
     """(the TP, CP and pipeline collectives of a step on a rank of pipeline `stage`, the seconds they leave
-    exposed). TP's and the pipeline's block the compute (no TP overlap); CP's K/V sends of each ring step hide
-    under the attention of one block, the rest of the layer's compute not counted (`attention_share`)."""
+    exposed). The pipeline's block the compute; TP's too, unless `plan.tp_comm_overlap`: then they hide under the
+    step's linear GEMMs (the layers' compute beside attention), what exceeds them exposed; CP's K/V sends of each
+    ring step hide under the attention of one block, the rest of the layer's compute not counted (`attention_share`)."""
     collectives = mpc.model_parallel_collectives(
         plan,
         batch=step.batch_size,
@@ -48,8 +49,10 @@ def model_parallel_comm(
         recompute=step.recompute,
         stage=stage,
     )
-    block = layer_seconds * attention_share(step.seq_len * plan.cp, spec.hidden_size) / max(1, plan.cp)
-    out, exposed = [], 0.0
+    share = attention_share(step.seq_len * plan.cp, spec.hidden_size)
+    block = layer_seconds * share / max(1, plan.cp)
+    gemm_seconds = plan.num_micro_batches * step.num_layers * layer_seconds * (1.0 - share)
+    out, exposed, tp_seconds = [], 0.0, 0.0
     for c in collectives:
         seconds = _seconds(c, links)
         out.append(
@@ -65,9 +68,11 @@ def model_parallel_comm(
         )
         if c.group == "cp" and c.op == "send":
             exposed += c.count * max(0.0, seconds - block)
+        elif c.group == "tp" and plan.tp_comm_overlap:
+            tp_seconds += c.count * seconds
         else:
             exposed += c.count * seconds
-    return tuple(out), exposed
+    return tuple(out), exposed + max(0.0, tp_seconds - gemm_seconds)
 
 
 def model_parallel_step_time(

@@ -30,7 +30,13 @@ from tunecost.estimate.throughput.calibrate import CalibratedModel
 from tunecost.estimate.throughput.intervals import combined_halfwidth
 from tunecost.estimate.throughput.model import achieved_fp8_flops_per_s
 from tunecost.estimate.throughput.sources import calibrate_files, calibration_files
-from tunecost.estimate.throughput.stack_priors import INTERVAL_KIND, StackPrior, stack_prior
+from tunecost.estimate.throughput.stack_priors import (
+    INTERVAL_KIND,
+    TE_LAYERS_FAMILY,
+    StackPrior,
+    job_family,
+    stack_prior,
+)
 from tunecost.estimate.throughput.targets import Prediction, ThroughputTarget, throughput_target
 
 ESTIMATOR_NAME = "calibrated"
@@ -192,7 +198,10 @@ def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
         method=req.job.method,
         host_cpu=req.options.host_cpu,
     )
-    return replace(target, job=target.job.with_(fp8=req.job.fp8)) if req.job.fp8 != "none" else target
+    te_layers = job_family(req.options.stack or req.job.stack, req.options.framework) == TE_LAYERS_FAMILY
+    if req.job.fp8 != "none":
+        target = replace(target, job=target.job.with_(fp8=req.job.fp8, fp8_params=req.job.fp8_params))
+    return replace(target, te_layers=True) if te_layers else target
 
 
 def extrapolation_notes(pred: Prediction) -> list[str]:

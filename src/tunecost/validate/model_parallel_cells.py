@@ -1,5 +1,5 @@
 """A corpus row's tensor, pipeline and context parallelism, read from its `parallelism` cell ("TP=8, PP=4",
-"tensor parallel 8 + sequence parallel", "tp4 pp2 cp2 vp5 distributed optimizer")."""
+"tensor parallel 8 + sequence parallel", "tp4 pp2 cp2 vp5 distributed optimizer", "tp4 sp tp comm overlap")."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ _DEGREES = {
 _SEQUENCE_PARALLEL = re.compile(
     r"\bsp\b(?!\s*[=:]?\s*(?:0|false|off))|sequence[ _-]?parallel(?!\w*\s*[=:]?\s*(?:0|false|off))"
 )
+_TP_COMM_OVERLAP = re.compile(r"(?:tp|tensor[ _-]?parallel)[ _-]?comm(?:unication)?[ _-]?overlap|userbuffers|\bub\b")
 _DISTRIBUTED_OPTIMIZER = re.compile(r"distributed[ _-]?optimi[sz]er|dist[ _-]?opt")
 
 
@@ -38,6 +39,7 @@ def model_parallel_of(parallelism: str, *, micro_batches: int) -> ModelParallel 
         pp=pp,
         cp=cp,
         sequence_parallel=tp > 1 and bool(_SEQUENCE_PARALLEL.search(cell)),
+        tp_comm_overlap=tp > 1 and bool(_TP_COMM_OVERLAP.search(cell)),
         micro_batches=micro_batches if pp > 1 else None,
         pipeline_schedule="interleaved-1f1b" if vp > 1 else "1f1b",
         virtual_stages=vp,

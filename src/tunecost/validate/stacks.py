@@ -282,7 +282,8 @@ STACKS["nemo"] = replace(
     adapters="NeMo's LoRA adapters (`peft_scheme: lora`) in the compute dtype",
     not_modelled=(
         "Megatron Core's and Transformer Engine's own layers (fused norms, fused attention, fused bias and "
-        "activation) are simulated with transformers' model code",
+        "activation) are simulated with transformers' model code (their element-wise traffic is counted as "
+        "fused in the step time)",
         "selective recomputation: full recomputation or none, as the row states",
         "Transformer Engine's FP8 weight caches unless the job's FP8 is modelled",
     ),

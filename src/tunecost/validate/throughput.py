@@ -18,7 +18,7 @@ from tunecost.catalog.gpus import GPU
 from tunecost.estimate.throughput.counts import AnalyticStepCounts, accumulated, analytic_step_counts
 from tunecost.estimate.throughput.model import StackParams, catalog_gpu_terms, step_time
 from tunecost.estimate.throughput.priors import PRIORS
-from tunecost.estimate.throughput.stack_priors import FITTED_PARAMETER
+from tunecost.estimate.throughput.stack_priors import FITTED_PARAMETER, TE_LAYERS_FAMILY, stack_family
 from tunecost.models.catalog import resolve_model
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.mapping import MappedRow, names_torch_compile
@@ -49,7 +49,8 @@ def gpu_terms(gpu: GPU) -> GpuTerms:
 
 def micro_batch_counts(mapped: MappedRow) -> AnalyticStepCounts:
     """One micro-batch of the row's job, with its optimizer step (the throughput model's analytic counts)."""
-    return analytic_step_counts(resolve_model(mapped.job.model), mapped.job)
+    te_layers = stack_family(mapped.stack.name) == TE_LAYERS_FAMILY
+    return analytic_step_counts(resolve_model(mapped.job.model), mapped.job, te_layers=te_layers)
 
 
 CountsFn = Callable[[MappedRow], AnalyticStepCounts]

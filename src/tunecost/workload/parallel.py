@@ -48,7 +48,8 @@ class ModelParallel:
 
     tp, pp, cp: tensor-, pipeline- and context-parallel degrees. sequence_parallel: Megatron's sequence parallelism
     inside the TP group. tp_impl: one of `TP_IMPLS` (with SP, Megatron keeps the column-parallel projections'
-    inputs as sequence shards and gathers them again in backward). micro_batches: pipeline micro-batches per step
+    inputs as sequence shards and gathers them again in backward). tp_comm_overlap: the TP collectives overlapped
+    with the linears' GEMMs (Transformer Engine's userbuffers). micro_batches: pipeline micro-batches per step
     (None: pp); pipeline_schedule: one of `PIPELINE_SCHEDULES`, virtual_stages its stages per rank (interleaved
     only).
     """
@@ -58,6 +59,7 @@ class ModelParallel:
     cp: int = 1
     sequence_parallel: bool = False
     tp_impl: str = "torchtitan"
+    tp_comm_overlap: bool = False
     micro_batches: int | None = None
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
@@ -86,6 +88,8 @@ class ModelParallel:
             )
         if self.sequence_parallel and self.tp == 1:
             raise TunecostError("--sequence-parallel shards along the tensor-parallel group; it needs --tp 2 or more")
+        if self.tp_comm_overlap and self.tp == 1:
+            raise TunecostError("--tp-comm-overlap overlaps the tensor-parallel collectives; it needs --tp 2 or more")
         if self.tp_impl not in TP_IMPLS:
             raise TunecostError(
                 f"unknown tensor-parallel implementation {self.tp_impl!r}; supported: {', '.join(TP_IMPLS)}"
@@ -155,7 +159,8 @@ class ParallelPlan(ModelParallel, _DataParallel):
     reduce_bucket_elements, overlap_comm: DeepSpeed ZeRO-1/2's `zero_optimization.reduce_bucket_size` and
         `overlap_comm` (its defaults: 5e8 elements, off): the gradient buckets each backward allocates, two with
         overlap_comm.
-    tp, pp, cp, sequence_parallel, tp_impl, micro_batches, pipeline_schedule, virtual_stages: `ModelParallel`'s; the
+    tp, pp, cp, sequence_parallel, tp_impl, tp_comm_overlap, micro_batches, pipeline_schedule, virtual_stages:
+        `ModelParallel`'s; the
         data-parallel group is the rest (`dp` = num_gpus / (tp x pp x cp)), and `strategy` shards over it.
     """
 

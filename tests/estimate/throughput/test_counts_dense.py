@@ -111,3 +111,22 @@ def test_accumulated_step_time_is_micro_steps_plus_one_optimizer_step(gpu_terms)
     optimizer_s = overlapped_s(one.class_s["optimizer"], 2e-5 * micro.kernels_by_class["optimizer"])
     expected = 4 * (one.step_s - one.step_overhead_s - optimizer_s) + optimizer_s + one.step_overhead_s
     assert four.step_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_transformer_engine_layers_fuse_the_element_wise_work() -> None:
+    """Megatron Core's TE layers (`te_layers`): per token and layer, each RMSNorm moves 4 bytes per hidden element
+    instead of 34, rotary 4 bytes per q/k element instead of 20, no unpad/pad copies (16 per hidden element); the
+    residual adds and everything else stay. Forward, recompute and backward (2x) passes as for the eager layers."""
+    from tunecost.estimate.throughput.mixers import BWD_BYTES_PER_FWD_BYTE
+
+    spec = resolve_model("meta-llama/Llama-3.1-8B")
+    job = FineTuneJob(model=spec.name, method="lora", batch_size=2, seq_len=2048, gradient_checkpointing=True)
+    eager, te = (analytic_step_counts(spec, job, te_layers=t) for t in (False, True))
+    arch = arch_of(spec)
+    width = arch.num_heads * arch.head_dim
+    per_token_layer = (arch.num_layer_norms * (34 - 4) + 16) * arch.hidden + (20 - 4) * 2 * width
+    passes = 2.0 + BWD_BYTES_PER_FWD_BYTE
+    expected = passes * arch.num_attention_layers * 2 * 2048 * per_token_layer
+    assert eager.bytes_by_class["elementwise"] - te.bytes_by_class["elementwise"] == pytest.approx(expected, rel=1e-12)
+    assert {c: v for c, v in te.flops_by_class.items()} == {c: v for c, v in eager.flops_by_class.items()}
+    assert te.kernels_by_class["elementwise"] < eager.kernels_by_class["elementwise"]

@@ -8,6 +8,7 @@ import pytest
 from tunecost.catalog.gpu_achieved import achieved_catalog
 from tunecost.catalog.gpus import get_gpu
 from tunecost.errors import TunecostError
+from tunecost.estimate.throughput.arch import arch_of
 from tunecost.estimate.throughput.counts import FP8_TENSOR_CORE, TENSOR_CORE, analytic_step_counts
 from tunecost.estimate.throughput.fp8 import fp8_cast_bytes
 from tunecost.estimate.throughput.model import (
@@ -93,3 +94,13 @@ def test_torchao_runs_the_grad_weight_gemm_of_frozen_weights_te_does_not() -> No
     full = analytic_step_counts(spec, _job("none")).flops_by_class["dense_matmul"]
     assert flops["tensorwise"] == flops["rowwise"] == full  # both use checkpointing: four passes
     assert flops["none"] == flops["te-delayed"] == pytest.approx(full * 3 / 4)
+
+
+def test_fp8_primary_weights_are_not_cast() -> None:
+    """`fp8_params`: the weight is FP8 already; Transformer Engine's per-micro-batch weight cast (read 2, write
+    the row- and column-wise copies, 1 + 1 bytes per element) goes."""
+    spec = resolve_model(MODEL)
+    job = _job("te-delayed", "lora")
+    plain, primary = (analytic_step_counts(spec, job.with_(fp8_params=p)) for p in (False, True))
+    moved = plain.bytes_by_class["elementwise"] - primary.bytes_by_class["elementwise"]
+    assert moved == 4 * arch_of(spec).dense_params

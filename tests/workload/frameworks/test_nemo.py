@@ -70,6 +70,7 @@ def _read(tmp_path: Path, text: str) -> ConfigJob:
 
 def _plan(job: ConfigJob) -> ParallelPlan:
     names: tuple[str, ...] = ("num_gpus", "gpus_per_node", "strategy", "tp", "pp", "cp", "sequence_parallel", "tp_impl")
+    names += ("tp_comm_overlap",)
     names += ("micro_batches", "pipeline_schedule", "virtual_stages")
     return ParallelPlan(**{k: job.options[k] for k in names if k in job.options})
 
@@ -100,6 +101,7 @@ def test_mlperf_llama2_70b_lora(tmp_path: Path) -> None:
     assert any(a.startswith("model.global_batch_size 8: 4 micro-batches") for a in job.assumptions)
     assert any(a.startswith("model.fp8 True (fp8_hybrid True)") for a in job.assumptions)
     assert o["fp8"] == "te-delayed" and o["fp8_params"] is True  # model.fp8_params: TE's FP8 primary weights
+    assert plan.tp_comm_overlap  # model.ub_tp_comm_overlap: TE's userbuffers
     assert "model.megatron_amp_O2" in job.not_modelled and "model.fp8_params" not in job.not_modelled
 
 

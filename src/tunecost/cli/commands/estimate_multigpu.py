@@ -62,6 +62,13 @@ SequenceParallel = Annotated[
     opt("--sequence-parallel/--no-sequence-parallel", "With --tp: Megatron's sequence parallelism (default on)."),
 ]
 TpImpl = Annotated[str | None, opt("--tp-impl", "With --tp: whose TP, " + " | ".join(TP_IMPLS) + " (default first).")]
+TpCommOverlap = Annotated[
+    bool | None,
+    opt(
+        "--tp-comm-overlap/--no-tp-comm-overlap",
+        "With --tp: TP collectives overlapped with the GEMMs (Transformer Engine userbuffers; default off).",
+    ),
+]
 MicroBatches = Annotated[
     int | None, count_option("--micro-batches", "With --pp: micro-batches per step (default: the stages).", 1 << 20)
 ]
@@ -76,7 +83,8 @@ VirtualStages = Annotated[
 def model_parallel_option(options: MultiGpuOptions):
     """The TP/PP/CP layout the options give (None: none of them given)."""
     given = (options.tp, options.pp, options.cp, options.micro_batches, options.pipeline_schedule)
-    if all(v is None for v in (*given, options.virtual_stages, options.sequence_parallel, options.tp_impl)):
+    flags = (options.virtual_stages, options.sequence_parallel, options.tp_impl, options.tp_comm_overlap)
+    if all(v is None for v in (*given, *flags)):
         return None
     tp = options.tp or 1
     if options.sequence_parallel and tp == 1:
@@ -87,6 +95,7 @@ def model_parallel_option(options: MultiGpuOptions):
         cp=options.cp or 1,
         sequence_parallel=tp > 1 and options.sequence_parallel is not False,
         tp_impl=(options.tp_impl or "torchtitan").strip().lower(),
+        tp_comm_overlap=bool(options.tp_comm_overlap),
         micro_batches=options.micro_batches,
         pipeline_schedule=(options.pipeline_schedule or "1f1b").strip().lower(),
         virtual_stages=options.virtual_stages or 1,

@@ -114,8 +114,11 @@ class OpTally:
         self.kernels[cls] += kernels
 
 
-def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths | None = None) -> AnalyticStepCounts:
-    """Count one step of `job` on `spec` (see docs/throughput-model.md for the stack it describes)."""
+def analytic_step_counts(
+    spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths | None = None, *, te_layers: bool = False
+) -> AnalyticStepCounts:
+    """Count one step of `job` on `spec` (see docs/throughput-model.md for the stack it describes; `te_layers`:
+    the element-wise work of Megatron Core's Transformer Engine layers instead of transformers' eager ones)."""
     arch = arch_of(spec)
     lengths = lengths or lengths_of_job(job)
     if lengths.batch_size != job.batch_size:
@@ -162,7 +165,7 @@ def analytic_step_counts(spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths 
         _add_dequant(acc, arch, job, hit=hit, w_bytes=w_bytes, passes=(frozen_passes, fwd_passes))
 
     _add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
-    add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes)
+    add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes, te_layers=te_layers)
     _add_optimizer(acc, arch, job, k)
     if job.fp8 != "none":
         _add_fp8_casts(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
@@ -273,7 +276,10 @@ def _add_fp8_casts(acc: OpTally, arch: Arch, job: FineTuneJob, *, tokens: float,
     """The casts around the FP8 GEMMs (`fp8_classes`): the dense linears, and under Transformer Engine the routed
     experts; input and grad-output elements split evenly between a linear's in and out sides (docs/fp8.md)."""
     experts = float("expert_matmul" in fp8_classes(job.fp8))
-    weight_elems = arch.dense_params + experts * arch.num_moe_layers * hit * arch.expert_params
+    # FP8 primary weights are FP8 already: no weight cast
+    weight_elems = (
+        0.0 if job.fp8_params else arch.dense_params + experts * arch.num_moe_layers * hit * arch.expert_params
+    )
     token_io = tokens * arch.dense_in_out + experts * tokens * k * arch.num_moe_layers * arch.expert_in_out
     num_linears = arch.num_dense_matrices + experts * arch.num_moe_layers * hit * arch.num_expert_matrices
     fwd_passes, trains = 1.0 + gc, job.method == "full" or job.fp8 in TORCHAO_FP8_RECIPES

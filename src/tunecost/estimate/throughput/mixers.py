@@ -25,6 +25,11 @@ FA2_VARLEN_BYTES_PER_HIDDEN = 16  # unpad q, k, v and pad the output back (index
 FA2_VARLEN_KERNELS = 8
 MAMBA_NORM_BYTES_PER_HIDDEN = 12  # fused residual (fp32) + RMSNorm
 MAMBA_ELEMENTWISE_KERNELS = 8
+# Megatron Core's layers on Transformer Engine (`te_layers`): the norm fused into the next linear's kernel
+# (LayerNormLinear: read the input, write the normalized one), fused rotary (read and write q and k), the residual
+# add fused with bias and dropout, packed (THD) attention without unpad/pad copies; one kernel each
+TE_NORM_BYTES_PER_HIDDEN = 4
+TE_ROTARY_BYTES_PER_QK = 4
 
 
 def windowed_sq_len_tokens2(lengths: SeqLengths, window_tokens: int) -> float:
@@ -37,9 +42,12 @@ def windowed_sq_len_tokens2(lengths: SeqLengths, window_tokens: int) -> float:
     return min(mean_sq, 2.0 * window_tokens * mean) if window_tokens > 0 else mean_sq
 
 
-def add_mixers(acc: OpTally, arch: Arch, lengths: SeqLengths, *, gc: float, w_bytes: int) -> None:
+def add_mixers(
+    acc: OpTally, arch: Arch, lengths: SeqLengths, *, gc: float, w_bytes: int, te_layers: bool = False
+) -> None:
     """Attention (FlashAttention-2 varlen: causal l^2 work on real lengths) or the Mamba conv + scan, and the
-    per-layer element-wise work around them (norms, rotary, residuals)."""
+    per-layer element-wise work around them (norms, rotary, residuals): transformers' eager layers, or with
+    `te_layers` Megatron Core's fused Transformer Engine layers."""
     batch = lengths.batch_size
     tokens = lengths.tokens_per_step
     fwd_passes = 1.0 + gc
@@ -57,12 +65,17 @@ def add_mixers(acc: OpTally, arch: Arch, lengths: SeqLengths, *, gc: float, w_by
             bytes_=(fwd_passes + FA2_BWD_FLOPS_PER_FWD) * arch.num_attention_layers * tokens * 4 * width * w_bytes,
             kernels=arch.num_attention_layers * (fwd_passes + 3.0),
         )
-        per_token_layer = (
-            arch.num_layer_norms * RMSNORM_BYTES_PER_HIDDEN
-            + 2 * RESIDUAL_BYTES_PER_HIDDEN
-            + FA2_VARLEN_BYTES_PER_HIDDEN
-        ) * arch.hidden + ROTARY_BYTES_PER_QK * 2 * width
-        kernels_layer = arch.num_layer_norms * RMSNORM_KERNELS + ROTARY_KERNELS + 2 + FA2_VARLEN_KERNELS
+        if te_layers:
+            per_hidden = arch.num_layer_norms * TE_NORM_BYTES_PER_HIDDEN + 2 * RESIDUAL_BYTES_PER_HIDDEN
+            per_token_layer = per_hidden * arch.hidden + TE_ROTARY_BYTES_PER_QK * 2 * width
+            kernels_layer = arch.num_layer_norms + 1 + 2
+        else:
+            per_token_layer = (
+                arch.num_layer_norms * RMSNORM_BYTES_PER_HIDDEN
+                + 2 * RESIDUAL_BYTES_PER_HIDDEN
+                + FA2_VARLEN_BYTES_PER_HIDDEN
+            ) * arch.hidden + ROTARY_BYTES_PER_QK * 2 * width
+            kernels_layer = arch.num_layer_norms * RMSNORM_KERNELS + ROTARY_KERNELS + 2 + FA2_VARLEN_KERNELS
         acc.add(
             "elementwise",
             bytes_=ew_passes * arch.num_attention_layers * tokens * per_token_layer,

@@ -25,6 +25,7 @@ from tunecost.estimate.conformal import INTERVAL_LEVEL, conformal_halfwidth
 FITTED_PARAMETER = "gemm_efficiency"  # the one stack parameter a (stack, GPU) group calibrates
 CALIBRATED_FAMILY = "hf-eager"  # the family of the paper's stack (hf-2024), the throughput model's calibration
 INTERVAL_KIND = "stack not calibrated"  # the kind its half-width is listed under (`Prediction.interval_kinds`)
+TE_LAYERS_FAMILY = "nemo-te"  # Megatron Core's Transformer Engine layers: fused element-wise work (`counts`)
 
 # The family a stack's efficiency is borrowed from when no row of it calibrates (docs/validation.md).
 STACK_FAMILIES = {
@@ -148,9 +149,15 @@ def stack_prior(
     h = conformal_halfwidth(pool, what, level) if pool else None
     runs = f"stack {stack}" + (f" from a {framework} config" if framework else "")
     widened = f"±{100 * math.expm1(h.value):.0f} % ({what})" if h else "not at all (no held-out errors of its kind)"
+    layers = (
+        "; its step counts the element-wise work of Megatron Core's Transformer Engine layers (fused norms and "
+        "rotary, packed attention)"
+        if family == TE_LAYERS_FAMILY
+        else ""
+    )
     note = (
         f"throughput: {runs} (family {family}) is not calibrated: {_prior_words(family, prior, base, factor)}; "
-        f"95 % interval widened by {widened}"
+        f"95 % interval widened by {widened}{layers}"
     )
     return StackPrior(family, factor, h.value if h else 0.0, h.basis if h else "no held-out errors", note)
 

@@ -29,6 +29,7 @@ class ThroughputTarget:
     job: FineTuneJob
     gpu: str
     host_cpu: str | None = None  # the host CPU that runs the GPU, when known (catalog.host_cpus)
+    te_layers: bool = False  # Megatron Core's Transformer Engine layers (`counts.analytic_step_counts`)
 
 
 def throughput_target(
@@ -117,7 +118,7 @@ def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, AnalyticStepCounts]:
     else:
         lengths = dataset_lengths(str(job.dataset), job.batch_size)
         job = replace(job, seq_len=PAPER_CUTOFF_TOKENS)
-    return job, analytic_step_counts(resolve_model(job.model), job, lengths)
+    return job, analytic_step_counts(resolve_model(job.model), job, lengths, te_layers=target.te_layers)
 
 
 def run_queries_per_s(step_s: float, batch_size: int, run_overhead_s: float, run_queries: int | None) -> float:

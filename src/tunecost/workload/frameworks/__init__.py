@@ -55,6 +55,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "cp": int,  # context-parallel degree
     "sequence_parallel": bool,
     "tp_impl": str,  # torchtitan | megatron (TP_IMPLS): whose tensor parallelism
+    "tp_comm_overlap": bool,  # TP collectives overlapped with the GEMMs (TE userbuffers)
     "micro_batches": int,  # pipeline micro-batches per step
     "pipeline_schedule": str,  # 1f1b | gpipe | interleaved-1f1b
     "virtual_stages": int,  # pipeline stages per rank (interleaved-1f1b)

@@ -51,6 +51,7 @@ class Dialect:
     fp8: str
     optimizer: str
     recompute: str
+    tp_overlap: str = ""
 
 
 NEMO = Dialect(
@@ -69,6 +70,7 @@ NEMO = Dialect(
     fp8="model.fp8",
     optimizer="model.optim.name",
     recompute="model.activations_checkpoint_granularity",
+    tp_overlap="model.ub_tp_comm_overlap",
 )
 MEGATRON_LM = Dialect(
     MEGATRON,
@@ -86,6 +88,7 @@ MEGATRON_LM = Dialect(
     fp8="language_model.fp8",
     optimizer="optimizer",
     recompute="language_model.recompute_granularity",
+    tp_overlap="model_parallel.tp_comm_overlap",
 )
 # optimizer name -> tunecost's, and whether it shards its states over the data-parallel group (ZeRO-1's layout)
 OPTIMIZERS = {"fused_adam": ("adamw", False), "adam": ("adamw", False), "adamw": ("adamw", False)}
@@ -139,6 +142,8 @@ def _layout(r: Reader, options: dict[str, Any]) -> dict[str, str]:
         r.notes.append(f"{r.key(d.sp)} off: {d.title} turns sequence parallelism off without tensor parallelism")
     options["sequence_parallel"] = bool(sp) if tp > 1 else None  # stated: --sequence-parallel's default is on
     options["tp_impl"] = "megatron" if tp > 1 else None  # Megatron Core's column/row-parallel layers
+    if tp > 1 and d.tp_overlap and r.value(d.tp_overlap, bool):  # TE userbuffers (default off)
+        options["tp_comm_overlap"] = True
     if pp > 1:
         options["pipeline_schedule"] = "interleaved-1f1b" if vp > 1 else "1f1b"
         options["virtual_stages"] = vp if vp > 1 else None
