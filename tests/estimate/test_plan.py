@@ -108,10 +108,11 @@ def test_the_front_is_the_options_nobody_beats() -> None:
 
 
 def test_a_global_batch_is_micro_batch_times_accumulation_times_ranks() -> None:
+    """The data-parallel ranks: every GPU without model parallelism, num_gpus / (tp x pp x cp) with it."""
     job = estimate_job("Qwen/Qwen2.5-0.5B", method="lora", seq_len=512)
     plan = make_plan([job], gpus=[resolve_gpu_name("H100").gpu], global_batch=32, **SMALL)
     for option in plan.front:
-        assert option.setup.micro_batch * option.accumulation * option.setup.plan.num_gpus == 32
+        assert option.setup.micro_batch * option.accumulation * option.setup.plan.dp == 32
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 from typing import Annotated
 
@@ -229,7 +230,7 @@ def print_plan(result, *, verbose: bool = False) -> None:
                 _batch(o),
                 f"{100 * o.headroom_fraction:.0f} %",
                 _range(o, o.hours, ".3g"),
-                "0 (owned)" if o.owned else _range(o, o.usd, ",.2f"),
+                "0 (owned)" if o.owned else _range(o, o.usd, ",.2f") if math.isfinite(o.usd) else "no price",
                 _price(o),
                 "outside validated range" if o.setup.extrapolation else "",
             ]
