@@ -217,7 +217,7 @@ def _stage_multi_gpu(out: Path, on_progress: ProgressFn | None) -> None:
     """Mixtral-8x7B LoRA on 1-8 GPUs (`estimate --gpus auto`: DDP's replica does not fit, FSDP2's shard does),
     then a real 2-rank FSDP2 step of tiny Mixtral on gloo (`profile --nproc-per-node 2`; resumes)."""
     from tunecost.estimate.cost import estimate_job
-    from tunecost.estimate.setups import estimate_multi_gpu
+    from tunecost.estimate.gpu_search import estimate_multi_gpu
 
     model, method, gpus, strategies, max_gpus = MULTI_GPU_DEMO
     if on_progress:

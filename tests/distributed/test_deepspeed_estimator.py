@@ -8,7 +8,7 @@ from tiny_jobs import CONFIGS, tiny_job
 
 from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.distributed.deepspeed_estimator import zero2_gpu_bytes, zero3_gpu_bytes
-from tunecost.estimate.setups import estimate_multi_gpu
+from tunecost.estimate.gpu_search import estimate_multi_gpu
 from tunecost.models.catalog import resolve_model
 from tunecost.models.params import count_parameters
 from tunecost.workload.job import LoraConfig

@@ -13,7 +13,7 @@ from tunecost.distributed.layouts import valid_gpu_counts
 from tunecost.distributed.rank_memory import rank_memory, rank_segment_bytes, single_gpu_step
 from tunecost.distributed.timing import step_time
 from tunecost.errors import TunecostError
-from tunecost.estimate.setups import estimate_multi_gpu
+from tunecost.estimate.gpu_search import estimate_multi_gpu
 from tunecost.workload.job import LoraConfig
 from tunecost.workload.parallel import ParallelPlan
 

@@ -165,7 +165,9 @@ def test_the_search_adds_context_parallelism_for_long_sequences(seq_len: int) ->
         assert {c.cp for c in with_cp} == {2, 4, 8}
         assert all(c.tp == 8 and c.pp == 1 and c.sequence_parallel and not seq_len % (c.cp * c.tp) for c in with_cp)
     assert all(c.cp == 1 for c in choices[: len(choices) - len(with_cp)])
-    lora = model_parallel_choices(spec, job.with_(method="lora"), given=None, searching=True, gpus_per_node=8)
-    assert lora == choices  # LoRA's frozen weights shard as a full fine-tune's do
-    qlora = model_parallel_choices(spec, job.with_(method="qlora"), given=None, searching=True, gpus_per_node=8)
-    assert [c.degree for c in qlora] == [1]  # 4-bit weights are not sharded
+    lora, qlora = job.with_(method="lora"), job.with_(method="qlora")
+    assert [c.degree for c in model_parallel_choices(spec, lora, given=None, searching=True, gpus_per_node=8)] == [1]
+    # asked again when no data-parallel layout holds the job: LoRA's frozen weights shard as a full fine-tune's do
+    assert model_parallel_choices(spec, lora, given=None, searching=True, gpus_per_node=8, lora=True) == choices
+    kw = dict(given=None, searching=True, gpus_per_node=8, lora=True)
+    assert [c.degree for c in model_parallel_choices(spec, qlora, **kw)] == [1]  # 4-bit weights are not sharded

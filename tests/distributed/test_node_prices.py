@@ -11,7 +11,7 @@ from tiny_jobs import tiny_job
 from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.catalog.prices import Price, billed_gpus, cheapest_for, load_prices, price_catalog, prices_for
 from tunecost.errors import TunecostError
-from tunecost.estimate.setups import estimate_multi_gpu
+from tunecost.estimate.gpu_search import estimate_multi_gpu
 from tunecost.workload.job import LoraConfig
 
 NODE_PRICES = Path(__file__).parents[1] / "fixtures" / "distributed" / "node_prices.csv"

@@ -14,7 +14,7 @@ from tunecost.distributed.layouts import valid_gpu_counts
 from tunecost.distributed.rank_memory import single_gpu_step
 from tunecost.distributed.timing import Links, step_time
 from tunecost.errors import TunecostError
-from tunecost.estimate.setups import estimate_multi_gpu
+from tunecost.estimate.gpu_search import estimate_multi_gpu
 from tunecost.workload.job import LoraConfig
 from tunecost.workload.parallel import ParallelPlan
 
@@ -129,7 +129,7 @@ def test_bad_setups_are_one_line_errors(tiny, kwargs, message):
 
 
 def test_rank_memories_come_back_from_disk_without_a_step() -> None:
-    from tunecost.estimate.setups import RankNeeds
+    from tunecost.estimate.rank_needs import RankNeeds
 
     job = tiny_job("tiny-mixtral-2l", "lora", LoraConfig(rank=8, targets=("attention",)))
     plans = [ParallelPlan(num_gpus=n, strategy=s) for n in (2, 4) for s in ("ddp", "fsdp2", "zero3")]
@@ -139,3 +139,19 @@ def test_rank_memories_come_back_from_disk_without_a_step() -> None:
     again = RankNeeds(job)
     assert [again.memory(plan, b) for plan in plans for b in (1, 3)] == computed
     assert not again._steps  # nothing traced or replayed
+
+
+def test_a_lora_job_no_data_parallel_layout_holds_is_searched_with_tensor_parallelism():
+    """Llama-3.1-8B LoRA at 8192 tokens without checkpointing holds on no data-parallel layout of up to 8 L4s;
+    the search then shards its frozen weights and activations with TP (and PP) and says so. A job data
+    parallelism holds keeps the data-parallel search."""
+    from tunecost.estimate.cost import estimate_job
+
+    job = estimate_job("meta-llama/Llama-3.1-8B", method="lora", seq_len=8192, gradient_checkpointing=False)
+    gpus, strategies = [resolve_gpu_name("L4").gpu], ["ddp", "zero3"]
+    answer = estimate_multi_gpu(job, gpus=gpus, strategies=strategies, max_gpus=8, num_queries=1000, epochs=1)
+    fitting = [s for s in answer.setups if s.fits]
+    assert fitting and all(s.plan.tp > 1 for s in fitting)
+    assert "no data-parallel layout fits: tensor- and pipeline-parallel layouts searched" in answer.notes
+    short = estimate_multi_gpu(job.with_(seq_len=512), gpus=gpus, strategies=strategies, max_gpus=8)
+    assert all(s.plan.degree == 1 for s in short.setups)

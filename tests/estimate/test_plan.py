@@ -14,9 +14,9 @@ from tunecost.cli.main import app
 from tunecost.errors import TunecostError
 from tunecost.estimate.cost import estimate_job
 from tunecost.estimate.estimators import sizing_seq_len
+from tunecost.estimate.gpu_search import estimate_multi_gpu
 from tunecost.estimate.plan import make_plan, model_parallel_of, pareto_front, parse_owned, recommend
 from tunecost.estimate.plan_launch import launch_job
-from tunecost.estimate.setups import estimate_multi_gpu
 from tunecost.workload.parallel import ParallelPlan
 
 SMALL = {"num_queries": 2000, "epochs": 1, "max_gpus": 4, "gpus_per_node": 8}

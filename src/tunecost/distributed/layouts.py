@@ -30,16 +30,24 @@ CP_SEARCH_MIN_SEQ_LEN = 16384  # `--gpus auto` adds context-parallel layouts fro
 
 
 def model_parallel_choices(
-    spec: ModelSpec, job: FineTuneJob, *, given: ModelParallel | None, searching: bool, gpus_per_node: int
+    spec: ModelSpec,
+    job: FineTuneJob,
+    *,
+    given: ModelParallel | None,
+    searching: bool,
+    gpus_per_node: int,
+    lora: bool = False,
 ) -> list[ModelParallel]:
-    """The model-parallel layouts to evaluate: the one given; or, searching GPU counts for a full or LoRA fine-tune
-    (QLoRA's 4-bit weights are not sharded) of a dense model of a TP-capable family, TP (with sequence
-    parallelism) within a node x PP over `SEARCH_DEGREES` that divide the heads and layers, and for sequences of
-    `CP_SEARCH_MIN_SEQ_LEN` tokens or more CP beside the widest TP (no PP); else none (data parallelism only)."""
+    """The model-parallel layouts to evaluate: the one given; or, searching GPU counts for a full fine-tune (a LoRA
+    one with `lora`: asked when no data-parallel layout fits it; QLoRA's 4-bit weights are not sharded) of a dense
+    model of a TP-capable family, TP (with sequence parallelism) within a node x PP over `SEARCH_DEGREES` that
+    divide the heads and layers, and for sequences of `CP_SEARCH_MIN_SEQ_LEN` tokens or more CP beside the widest
+    TP (no PP); else none (data parallelism only)."""
     if given is not None:
         return [given]
     seq_len = job.worst_case_seq_len
-    if not searching or job.method == "qlora" or spec.is_moe or spec.family not in TP_SEARCH_FAMILIES:
+    sharded = job.method == "full" or (lora and job.method == "lora")
+    if not searching or not sharded or spec.is_moe or spec.family not in TP_SEARCH_FAMILIES:
         return [ModelParallel()]
     tps = [t for t in SEARCH_DEGREES if t <= gpus_per_node and not spec.num_heads % t and not spec.num_kv_heads % t]
     pps = [p for p in SEARCH_DEGREES if not spec.num_layers % p]

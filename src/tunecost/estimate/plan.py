@@ -1,7 +1,7 @@
 """`tunecost plan`: which method, GPU, count and layout to run a job on, within a budget or by a deadline.
 
 Method x GPU (rented or owned) x count x layout (every strategy, with and without CPU offload) x micro-batch, each
-priced by the multi-GPU estimate (`estimate.setups.estimate_multi_gpu`: memory per rank decides what fits
+priced by the multi-GPU estimate (`estimate.gpu_search.estimate_multi_gpu`: memory per rank decides what fits
 before any time is estimated). The answer: the Pareto front of cost vs hours, one recommended setup, and why the
 others are out.
 """
@@ -18,7 +18,9 @@ from tunecost.catalog.prices import OWNED_PROVIDER, Price
 from tunecost.distributed.expert_parallel import EP_STRATEGIES
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import sizing_seq_len
-from tunecost.estimate.setups import RankNeeds, Setup, estimate_multi_gpu, setup_cost
+from tunecost.estimate.gpu_search import estimate_multi_gpu
+from tunecost.estimate.rank_needs import RankNeeds
+from tunecost.estimate.setups import Setup, setup_cost
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.offload import OFFLOAD_CHOICES, OFFLOAD_STRATEGIES
 from tunecost.workload.parallel import MULTI_GPU_STRATEGIES, ModelParallel, ParallelPlan

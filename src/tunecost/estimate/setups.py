@@ -1,4 +1,4 @@
-"""Step time, cost and the GPU-count search for a fine-tune on several GPUs.
+"""Step time and cost of a fine-tune on one multi-GPU setup (the search over setups: `gpu_search`).
 
 Sources and derivations: docs/multi-gpu.md, section `tunecost.estimate.setups`.
 """
@@ -6,25 +6,21 @@ Sources and derivations: docs/multi-gpu.md, section `tunecost.estimate.setups`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tunecost.catalog.gpus import GPU
-from tunecost.catalog.prices import Price, billed_gpus, cheapest_for, price_catalog, prices_for
+from tunecost.catalog.prices import Price, billed_gpus, cheapest_for
 from tunecost.distributed import deepspeed_estimator, model_parallel, overlap
-from tunecost.distributed.layouts import check_model_parallel, checked_counts, layout_plans, model_parallel_choices
 from tunecost.distributed.model_parallel_step import model_parallel_step_time
 from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory
-from tunecost.distributed.timing import Links, StepCollective, default_links, step_time
-from tunecost.errors import TunecostError
+from tunecost.distributed.timing import Links, StepCollective, step_time
 from tunecost.estimate.paper import training_hours, usd_for_hours
-from tunecost.estimate.rank_needs import RankNeeds
-from tunecost.estimate.simulated import Throughput
 from tunecost.models.catalog import resolve_model
-from tunecost.models.params import ParamCounts, count_parameters
-from tunecost.simulate.batch import default_margin_fraction, fit_verdict, margin_note
+from tunecost.models.params import ParamCounts
+from tunecost.simulate.batch import default_margin_fraction, fit_verdict
 from tunecost.workload.job import FineTuneJob
-from tunecost.workload.parallel import DEFAULT_MAX_GPUS, ModelParallel, ParallelPlan
+from tunecost.workload.parallel import ParallelPlan
 
 COST_NOTE = (
     "cost = hours x billed GPUs x $ per GPU-hour, at the catalog row with the lowest bill for the count: a row "
@@ -199,201 +195,3 @@ class MultiGpuEstimate:
     @property
     def cheapest(self) -> Setup | None:
         return cheapest(self.setups)
-
-
-def estimate_multi_gpu(
-    job: FineTuneJob,
-    *,
-    gpus: Sequence[GPU],
-    strategies: Sequence[str],
-    num_gpus: int | Mapping[str, int] | None = None,
-    gpus_per_node: int = 8,
-    max_gpus: int = DEFAULT_MAX_GPUS,
-    node_link: str | None = None,
-    expert_degree: int = 1,
-    offload: str = "none",
-    provider: str | None = None,
-    prices_file=None,
-    num_queries: float | None = None,
-    epochs: float | None = None,
-    micro_batch: int | None = None,
-    margin_fraction: float | None = None,
-    steady_state: bool = False,
-    behaviour=None,
-    more_gpus: bool = False,
-    needs: RankNeeds | None = None,
-    require_fit: bool = True,
-    model_parallel: ModelParallel | None = None,
-) -> MultiGpuEstimate:
-    """Evaluate `job` on each GPU x layout: `num_gpus` GPUs (one count, or a count per GPU name), or every valid
-    count up to `max_gpus` (the counts the expert-parallel degree divides). Each setup runs `micro_batch` per
-    rank, or the largest that fits with the safety margin (the search of one GPU); with no `num_gpus`, only the
-    fewest GPUs that fit per GPU and strategy are searched and costed (`more_gpus`: and that count doubled, up to
-    `max_gpus`). Fitting nothing at all is an error then. `needs`: the job's rank memory and throughputs already
-    computed (the same job with another offload or count); without `require_fit`, fitting nothing is an answer.
-    `model_parallel`: the TP/PP/CP degrees (None: data parallelism, or, searching, `layouts.model_parallel_choices`)."""
-    degree = model_parallel.degree if model_parallel is not None else 1
-    counts_by_gpu, spec = checked_counts(
-        job.model, gpus, strategies, num_gpus, gpus_per_node, max_gpus, expert_degree, offload, degree
-    )
-    if model_parallel is not None:
-        check_model_parallel(spec, job.worst_case_seq_len, model_parallel, counts_by_gpu)
-    searching = num_gpus is None
-    choices = model_parallel_choices(spec, job, given=model_parallel, searching=searching, gpus_per_node=gpus_per_node)
-    margin = default_margin_fraction() if margin_fraction is None else margin_fraction
-    links_by_gpu = {gpu.name: default_links(gpu, gpus_per_node, node_link) for gpu in gpus}  # errors before tracing
-    needs = needs or RankNeeds(job.with_(batch_size=1), behaviour)
-    param_counts = count_parameters(spec, job.experts_per_token) if {"zero2", "zero3"} & set(strategies) else None
-    search = _Search(
-        needs=needs,
-        strategies=strategies,
-        searching=searching,
-        gpus_per_node=gpus_per_node,
-        expert_degree=expert_degree,
-        offload=offload,
-        micro_batch=micro_batch,
-        more_gpus=more_gpus,
-        margin=margin,
-        steady_state=steady_state,
-        num_queries=num_queries,
-        epochs=epochs,
-        param_counts=param_counts,
-        model_parallel=choices,
-    )
-    setups = _gpu_setups(search, gpus, counts_by_gpu, links_by_gpu, price_catalog(prices_file), provider)
-    notes = search.notes
-    needs.flush()
-    if num_gpus is None and require_fit and not any(s.fits for s in setups):
-        raise TunecostError(
-            f"{spec.name} ({job.method}) fits no setup of up to {max_gpus} GPUs "
-            f"({', '.join(g.name for g in gpus)}; {', '.join(strategies)}); raise the limit or change the job"
-        )
-    notes += [COST_NOTE, *([deepspeed_estimator.ASSUMPTION] if param_counts is not None else [])]
-    return MultiGpuEstimate(
-        model=spec.name,
-        method=job.method,
-        batch_size=micro_batch or 0,
-        seq_len=job.worst_case_seq_len,
-        setups=tuple(setups),
-        notes=tuple(notes),
-        assumptions=(*setups[0].memory.assumptions, margin_note(margin)) if setups else (),
-    )
-
-
-def _gpu_setups(search: _Search, gpus: Sequence[GPU], counts_by_gpu, links_by_gpu, prices, provider) -> list[Setup]:
-    """Every setup `search` evaluates on each GPU at its provider's prices, with a note per GPU on its links."""
-    setups: list[Setup] = []
-    for gpu in gpus:
-        links, gpu_prices = links_by_gpu[gpu.name], prices_for(gpu.name, prices, provider, whole_nodes=True)
-        if not gpu_prices:
-            search.notes.append(
-                f"no price for {gpu.name}" + (f" from {provider}" if provider else "") + " in the catalog"
-            )
-        setups += search.gpu_setups(gpu, counts_by_gpu[gpu.name], links, gpu_prices)
-        search.notes.append(
-            f"{gpu.name}: links {links.node.name} in a node, {links.nics_per_node} x {links.network.name}"
-        )
-    return setups
-
-
-def _layout_key(plan: ParallelPlan) -> tuple:
-    """A layout whatever its GPU count: the model-parallel degrees and the data-parallel strategy."""
-    return (plan.tp, plan.sequence_parallel, plan.tp_impl, plan.pp, plan.cp, plan.strategy)
-
-
-@dataclass(kw_only=True)
-class _Search:
-    """What the setups of one `estimate_multi_gpu` share: the job's rank needs, the layouts asked for, and the
-    notes gathered on the way."""
-
-    needs: RankNeeds
-    strategies: Sequence[str]
-    searching: bool  # no GPU count given: the fewest GPUs that fit per GPU and strategy
-    gpus_per_node: int
-    expert_degree: int
-    offload: str
-    micro_batch: int | None
-    more_gpus: bool
-    margin: float
-    steady_state: bool
-    num_queries: float | None
-    epochs: float | None
-    param_counts: ParamCounts | None
-    model_parallel: Sequence[ModelParallel] = (ModelParallel(),)
-    notes: list[str] = field(default_factory=list)
-    noted: set[str] = field(default_factory=set)
-
-    def gpu_setups(self, gpu: GPU, counts: list[int], links: Links, prices: list[Price]) -> list[Setup]:
-        """Every layout of each count of `gpu`, each at its micro-batch (the largest that fits unless given)."""
-        throughputs = self.needs.throughputs.setdefault((gpu.name, self.steady_state), {})
-        setups: list[Setup] = []
-        found: dict[tuple, int] = {}  # layout -> its fewest GPUs that fit (no num_gpus)
-        for n in counts:
-            for plan in layout_plans(
-                n,
-                self.strategies,
-                gpus_per_node=self.gpus_per_node,
-                expert_degree=self.expert_degree,
-                offload=self.offload,
-                model_parallel=self.model_parallel,
-            ):
-                first = self.needs.memory(plan, 1)
-                fits_one = fit_verdict(first.nvidia_smi_bytes, gpu.usable_memory_bytes, self.margin) == "yes"
-                fewest = found.get(_layout_key(plan))
-                wanted = fewest is None or (self.more_gpus and n % fewest == 0 and (n // fewest).bit_count() == 1)
-                if self.micro_batch is not None:
-                    setups.append(self.evaluate(gpu, links, prices, throughputs, plan, self.micro_batch, 0))
-                elif self.searching and (not wanted or not fits_one):
-                    why = f"not timed: this layout fits on fewer GPUs ({fewest}); the search prices that count"
-                    why += " and its power-of-two multiples" if self.more_gpus else ""
-                    not_timed = why if fits_one else ""
-                    setups.append(
-                        Setup(gpu=gpu, plan=plan, memory=first, margin_fraction=self.margin, not_timed=not_timed)
-                    )
-                else:
-                    lo, border = self.needs.largest_micro_batch(plan, gpu, self.margin)
-                    setups.append(self.evaluate(gpu, links, prices, throughputs, plan, max(lo, 1), border))
-                    if lo and fewest is None:
-                        single = [dataclasses.replace(plan, strategy=s) for s in self.strategies]
-                        found.update(
-                            dict.fromkeys(map(_layout_key, single if plan.strategy == "single" else [plan]), n)
-                        )
-        return setups
-
-    def evaluate(
-        self,
-        gpu: GPU,
-        links: Links,
-        prices: list[Price],
-        throughputs: dict[int, tuple[Throughput, str]],
-        plan: ParallelPlan,
-        batch: int,
-        border: int,
-    ) -> Setup:
-        """The setup of `plan` on `gpu` at micro-batch `batch`: step time, throughput and cost."""
-        if batch not in throughputs:
-            throughputs[batch] = self.needs.throughput(batch, gpu, self.steady_state)
-        tp, note = throughputs[batch]
-        if gpu.name not in self.noted:  # the first micro-batch's, once per GPU
-            self.noted.add(gpu.name)
-            self.notes.append(note)
-        qps = tp.queries_per_s
-        ratio = (tp.interval[0] / qps, tp.interval[1] / qps) if tp.interval and qps else None
-        outside = tuple(n.removeprefix("extrapolation: ") for n in tp.notes if n.startswith("extrapolation: "))
-        setup = evaluate_setup(
-            self.needs.rank_step(plan, batch),
-            self.needs.job_at(batch),
-            gpu,
-            plan,
-            single_gpu_queries_per_s=qps,
-            links=links,
-            prices=prices,
-            num_queries=self.num_queries,
-            epochs=self.epochs,
-            param_counts=self.param_counts,
-            memory=self.needs.memory(plan, batch),
-            startup_s=tp.startup_s,
-            borderline_micro_batch=border,
-            margin_fraction=self.margin,
-        )
-        return dataclasses.replace(setup, interval_ratio=ratio, extrapolation=outside)

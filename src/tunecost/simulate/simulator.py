@@ -143,10 +143,8 @@ def _assumptions(
             if impl
             else "torch AdamW multi-tensor (foreach) path, as on CUDA: its temporaries span all trainable tensors"
         )
-    if job.fp8 != "none":
-        out.append(FP8_NOTES[job.fp8])
-    if job.fp8_params:
-        out.append(FP8_PARAMS_NOTE)
+    out += [FP8_NOTES[job.fp8]] if job.fp8 != "none" else []
+    out += [FP8_PARAMS_NOTE] if job.fp8_params else []
     if job.attention in ("flash", "sdpa"):
         out.append("attention memory as a fused kernel: output + fp32 log-sum-exp saved, no L x L scores")
     if job.method == "qlora" and job.quant_type == "gptq":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Annotated
 
 from tunecost.cli.common import console, format_hours, print_json, print_table, split_list
@@ -52,7 +53,6 @@ ExpertParallel = Annotated[
         "--expert-parallel", "Several GPUs, MoE: ranks that share the experts (divides experts, GPUs).", MAX_EXPERTS
     ),
 ]
-
 MAX_DEGREE = 1024
 TensorParallel = Annotated[int | None, count_option("--tp", "Several GPUs: tensor-parallel degree.", MAX_DEGREE)]
 PipelineParallel = Annotated[int | None, count_option("--pp", "Several GPUs: pipeline stages.", MAX_DEGREE)]
@@ -62,13 +62,8 @@ SequenceParallel = Annotated[
     opt("--sequence-parallel/--no-sequence-parallel", "With --tp: Megatron's sequence parallelism (default on)."),
 ]
 TpImpl = Annotated[str | None, opt("--tp-impl", "With --tp: whose TP, " + " | ".join(TP_IMPLS) + " (default first).")]
-TpCommOverlap = Annotated[
-    bool | None,
-    opt(
-        "--tp-comm-overlap/--no-tp-comm-overlap",
-        "With --tp: TP collectives overlapped with the GEMMs (Transformer Engine userbuffers; default off).",
-    ),
-]
+TP_OVERLAP_HELP = "With --tp: TP collectives overlapped with the GEMMs (Transformer Engine userbuffers; default off)."
+TpCommOverlap = Annotated[bool | None, opt("--tp-comm-overlap/--no-tp-comm-overlap", TP_OVERLAP_HELP)]
 MicroBatches = Annotated[
     int | None, count_option("--micro-batches", "With --pp: micro-batches per step (default: the stages).", 1 << 20)
 ]
@@ -82,9 +77,9 @@ VirtualStages = Annotated[
 
 def model_parallel_option(options: MultiGpuOptions):
     """The TP/PP/CP layout the options give (None: none of them given)."""
-    given = (options.tp, options.pp, options.cp, options.micro_batches, options.pipeline_schedule)
-    flags = (options.virtual_stages, options.sequence_parallel, options.tp_impl, options.tp_comm_overlap)
-    if all(v is None for v in (*given, *flags)):
+    o = options
+    given = (o.tp, o.pp, o.cp, o.micro_batches, o.pipeline_schedule, o.virtual_stages, o.sequence_parallel, o.tp_impl)
+    if all(v is None for v in (*given, o.tp_comm_overlap)):
         return None
     tp = options.tp or 1
     if options.sequence_parallel and tp == 1:
@@ -148,7 +143,7 @@ def run_multi_gpu(
     (`EstimatorOptions.framework`)."""
     from tunecost.catalog.gpus import resolve_gpu_name
     from tunecost.distributed.expert_parallel import EP_STRATEGIES
-    from tunecost.estimate.setups import estimate_multi_gpu
+    from tunecost.estimate.gpu_search import estimate_multi_gpu
 
     num_gpus, gpus_per_node, strategy = options.num_gpus or "auto", options.gpus_per_node, options.strategy
     max_gpus, interconnect, expert_degree = options.max_gpus, options.interconnect, options.expert_parallel
@@ -187,8 +182,6 @@ def run_multi_gpu(
         needs=RankNeeds(sized.with_(batch_size=1), behaviour, framework),
     )
     if output.out is not None:  # every setup evaluated, for `tunecost report` (memory per rank and cost vs GPU count)
-        import sys
-
         from tunecost.results.records import save_multi_gpu_records
 
         save_multi_gpu_records(output.out, answer, command=sys.argv, force=output.force)

@@ -137,7 +137,6 @@ def analytic_step_counts(
     fwd_passes = 1.0 + gc  # element-wise and dispatch ops run forward again under recompute
     hit = experts_hit(arch.num_experts, k, tokens) if arch.num_experts > 1 else 0.0
     rows_expert = tokens * k / hit if hit else 0.0
-
     if arch.num_experts > 1:
         _add_experts(acc, arch, tokens=tokens, k=k, hit=hit, w_bytes=w_bytes, passes=(base_passes, fwd_passes))
 
@@ -150,7 +149,6 @@ def analytic_step_counts(
         bytes_=dense_passes * (arch.dense_params * w_bytes + tokens * arch.dense_in_out * w_bytes),
         kernels=dense_passes * arch.num_dense_matrices,
     )
-
     # Output head (not recomputed; tied to the embedding in BlackMamba, which trains under full FT).
     head_passes = 2.0 + (1.0 if full else 0.0)
     acc.add(
@@ -160,10 +158,8 @@ def analytic_step_counts(
         kernels=head_passes,
     )
     acc.add("elementwise", bytes_=tokens * spec.vocab_size * LOSS_BYTES_PER_VOCAB, kernels=LOSS_KERNELS)
-
     if quantized:
         _add_dequant(acc, arch, job, hit=hit, w_bytes=w_bytes, passes=(frozen_passes, fwd_passes))
-
     _add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
     add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes, te_layers=te_layers)
     _add_optimizer(acc, arch, job, k)
