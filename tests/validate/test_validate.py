@@ -127,6 +127,9 @@ def test_lora_target_names() -> None:
     assert lora_targets("q_proj;v_proj") == ("attention",)
     assert lora_targets("c_attn;c_proj;w1;w2") == ("attention", "mlp")  # Qwen's c_proj: attention and MLP out
     assert lora_targets("gate_proj;up_proj;down_proj") == ("mlp",)
+    # NeMo 1 (MLPerf's `target_modules: ['attention']`) and Megatron Core names
+    assert lora_targets("attention") == lora_targets("attention_qkv;attention_dense") == ("attention",)
+    assert lora_targets("linear_qkv;linear_proj;linear_fc1;linear_fc2") == ("attention", "mlp")
     for bad in ("", "wte;lm_head (trained fully)", "frobnicate"):
         with pytest.raises(Skip):
             lora_targets(bad)

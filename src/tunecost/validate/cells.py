@@ -26,10 +26,12 @@ _ATTENTION_TARGETS = {
     "wo",
     "dense",
 }
+# NeMo 1 (`lora_tuning.target_modules`) and Megatron Core / NeMo 2 module names; NeMo's "attention" is qkv + dense
+_ATTENTION_TARGETS |= {"attention_qkv", "attention_dense", "linear_qkv", "linear_proj", "attention"}
 _ALL_LINEAR_TARGETS = ("all-linear", "all_linear", "all")  # PEFT's name; LLaMA-Factory's `lora_target: all`
 # "dense_h_to_4h" / "dense_4h_to_h": Falcon's MLP
 _MLP_TARGETS = {"gate_proj", "up_proj", "down_proj", "w1", "w2", "w3", "gate_up_proj", "fc1", "fc2"}
-_MLP_TARGETS |= {"dense_h_to_4h", "dense_4h_to_h"}
+_MLP_TARGETS |= {"dense_h_to_4h", "dense_4h_to_h", "mlp_fc1", "mlp_fc2", "linear_fc1", "linear_fc2", "mlp"}
 _BOTH_TARGETS = {"c_proj"}
 _MODULES_TO_SAVE = {"wte": "embed_tokens", "embed_tokens": "embed_tokens", "lm_head": "lm_head"}  # -> transformers
 # attention cell (case, spaces and punctuation ignored) -> FineTuneJob.attention: FlashAttention in any version,
