@@ -14,10 +14,13 @@ TINY_LLAMA_4L = Path(__file__).parents[1] / "fixtures" / "distributed" / "tiny-l
 
 def test_pass_temporaries_are_the_deeper_traces_and_the_rest_linear() -> None:
     one, two = {"activations": 10, "temporaries": 5}, {"activations": 20, "temporaries": 7}
-    assert depth_scaled("forward:unit_last", one, two, 3.0, "temporaries") == {"activations": 40, "temporaries": 7}
-    assert depth_scaled("backward:pre", one, two, 3.0, "*") == {"activations": 20, "temporaries": 7}
+    assert depth_scaled("forward:unit_last", one, two, 3.0) == {"activations": 40, "temporaries": 7}
+    assert depth_scaled("backward:pre", one, two, 3.0, fixed=("activations", "temporaries")) == {
+        "activations": 20,
+        "temporaries": 7,
+    }
     # AdamW's foreach temporaries span every parameter: linear in the depth
-    assert depth_scaled("optimizer:opt", one, two, 3.0, "temporaries") == {"activations": 40, "temporaries": 11}
+    assert depth_scaled("optimizer:opt", one, two, 3.0) == {"activations": 40, "temporaries": 11}
 
 
 def test_scaled_step_equals_the_full_depth_trace() -> None:

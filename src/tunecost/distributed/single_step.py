@@ -16,7 +16,7 @@ from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate import cache
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
 from tunecost.simulate.depth import depth_scaled
-from tunecost.simulate.fp8 import LinearShape, fp8_bytes_at_depth, fp8_job_bytes, fp8_linears
+from tunecost.simulate.fp8 import LinearShape, fp8_depth_bytes, fp8_linears
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.simulate.pool import prepared_model
 from tunecost.simulate.prepare import check_supported, layer_pattern, reentrant_checkpointing
@@ -179,7 +179,7 @@ def scaled_step(
     segments: dict[str, dict[str, int]] = {}
     for key in set(ta.segments) & set(tb.segments):
         ca, cb = ta.segments[key].by_category, tb.segments[key].by_category
-        segments[key] = {c: max(0, round(v)) for c, v in depth_scaled(key, ca, cb, t, "temporaries").items()}
+        segments[key] = {c: max(0, round(v)) for c, v in depth_scaled(key, ca, cb, t).items()}
     weights = {k: round(_lerp(ta.weight_bytes.get(k, 0), tb.weight_bytes.get(k, 0), t)) for k in tb.weight_bytes}
     root = sum(v for k, v in weights.items() if k.rsplit("/", 1)[0] in ROOT_GROUPS)
     trainable = sum(v for k, v in weights.items() if k.endswith("/trainable_params"))
@@ -210,14 +210,5 @@ def scaled_step(
         recompute=job.gradient_checkpointing,
         allocations=dataclasses.asdict(tb.allocations) if tb.allocations is not None else {},
         reentrant_checkpointing=reentrant,
-        fp8_bytes=_fp8_bytes(job, linears or [], t, granule_bytes),
+        fp8_bytes=fp8_depth_bytes(job, linears or [], job.batch_size * job.worst_case_seq_len, granule_bytes, t),
     )
-
-
-def _fp8_bytes(job: FineTuneJob, linears: list[list[LinearShape]], t: float, granule_bytes: int) -> dict[str, int]:
-    """FP8's bytes by category (`simulate.fp8`) at full depth: the traced depths' linear interpolation `t`."""
-    if job.fp8 == "none" or not linears:
-        return {}
-    tokens = job.batch_size * job.worst_case_seq_len
-    a, b = (fp8_job_bytes(job, lin, tokens, granule_bytes) for lin in (linears[0], linears[-1]))
-    return fp8_bytes_at_depth(a, b, t)

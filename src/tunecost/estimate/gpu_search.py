@@ -81,10 +81,10 @@ def estimate_multi_gpu(
         param_counts=param_counts,
         model_parallel=choices,
     )
-    places = (gpus, counts_by_gpu, links_by_gpu, prices_file, provider)
-    setups = _gpu_setups(search, gpus, counts_by_gpu, links_by_gpu, price_catalog(prices_file), provider)
-    if searching and model_parallel is None and job.method == "lora" and not any(s.fits for s in setups):
-        setups = _lora_model_parallel(search, spec, job, setups, *places)
+    prices = price_catalog(prices_file)
+    setups = _gpu_setups(search, gpus, counts_by_gpu, links_by_gpu, prices, provider)
+    if searching and model_parallel is None and _lora_model_parallel(search, spec, job, setups):
+        setups = _gpu_setups(search, gpus, counts_by_gpu, links_by_gpu, prices, provider)
     notes = search.notes
     needs.flush()
     if num_gpus is None and require_fit and not any(s.fits for s in setups):
@@ -104,19 +104,19 @@ def estimate_multi_gpu(
     )
 
 
-def _lora_model_parallel(search, spec, job, setups, *places) -> list[Setup]:
-    """A LoRA job no data-parallel layout holds (`setups`), searched again with the TP/PP layouts that shard its
-    frozen weights (`layouts.model_parallel_choices(lora=True)`); `setups` where the model has no TP plan.
-    `places`: `_gpu_setups`' GPUs, counts, links, prices file and provider."""
+def _lora_model_parallel(search: _Search, spec, job: FineTuneJob, setups: list[Setup]) -> bool:
+    """Whether to search a LoRA job again: no data-parallel layout holds it (`setups`) and its model has TP/PP
+    layouts that shard its frozen weights (`layouts.model_parallel_choices(lora=True)`), which `search` then takes."""
+    if job.method != "lora" or any(s.fits for s in setups):
+        return False
     choices = model_parallel_choices(
         spec, job, given=None, searching=True, gpus_per_node=search.gpus_per_node, lora=True
     )
     if len(choices) == 1:
-        return setups
-    gpus, counts_by_gpu, links_by_gpu, prices_file, provider = places
+        return False
     search.model_parallel = choices
     search.notes.append("no data-parallel layout fits: tensor- and pipeline-parallel layouts searched")
-    return _gpu_setups(search, gpus, counts_by_gpu, links_by_gpu, price_catalog(prices_file), provider)
+    return True
 
 
 def _gpu_setups(search: _Search, gpus: Sequence[GPU], counts_by_gpu, links_by_gpu, prices, provider) -> list[Setup]:
@@ -125,13 +125,9 @@ def _gpu_setups(search: _Search, gpus: Sequence[GPU], counts_by_gpu, links_by_gp
     for gpu in gpus:
         links, gpu_prices = links_by_gpu[gpu.name], prices_for(gpu.name, prices, provider, whole_nodes=True)
         if not gpu_prices:
-            search.notes.append(
-                f"no price for {gpu.name}" + (f" from {provider}" if provider else "") + " in the catalog"
-            )
+            search.note(f"no price for {gpu.name}" + (f" from {provider}" if provider else "") + " in the catalog")
         setups += search.gpu_setups(gpu, counts_by_gpu[gpu.name], links, gpu_prices)
-        search.notes.append(
-            f"{gpu.name}: links {links.node.name} in a node, {links.nics_per_node} x {links.network.name}"
-        )
+        search.note(f"{gpu.name}: links {links.node.name} in a node, {links.nics_per_node} x {links.network.name}")
     return setups
 
 
@@ -161,6 +157,11 @@ class _Search:
     model_parallel: Sequence[ModelParallel] = (ModelParallel(),)
     notes: list[str] = field(default_factory=list)
     noted: set[str] = field(default_factory=set)
+
+    def note(self, text: str) -> None:
+        """Add `text` to the notes once (a search of a LoRA job's TP/PP layouts visits each GPU again)."""
+        if text not in self.notes:
+            self.notes.append(text)
 
     def gpu_setups(self, gpu: GPU, counts: list[int], links: Links, prices: list[Price]) -> list[Setup]:
         """Every layout of each count of `gpu`, each at its micro-batch (the largest that fits unless given)."""

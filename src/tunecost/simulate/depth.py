@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 
-def depth_scaled(segment: str, a: dict[str, int], b: dict[str, int], t: float, temporaries: str) -> dict[str, float]:
+
+def depth_scaled(
+    segment: str, a: dict[str, int], b: dict[str, int], t: float, fixed: Collection[str] = ("temporaries",)
+) -> dict[str, float]:
     """Bytes of `segment` at full depth from two traced depths (`a` shallower, `b` deeper; `t` the interpolation),
-    each key linear in the depth, except a pass's temporaries (key `temporaries`, or every key when it is "*"):
-    one layer's work holds them whatever the depth, so they are the deeper trace's (a one-unit model's only layer
-    is first and last at once, and its temporaries are not a deeper model's). The optimizer step's temporaries
-    span every parameter and stay linear."""
-    fixed = not segment.startswith("optimizer")
+    each key linear in the depth, except in a pass the `fixed` keys (its temporaries): one layer's work holds them
+    whatever the depth, so they are the deeper trace's (a one-unit model's only layer is first and last at once,
+    and its temporaries are not a deeper model's). The optimizer step's temporaries span every parameter and stay
+    linear."""
+    fixed = () if segment.startswith("optimizer") else fixed
     return {
-        k: float(b.get(k, 0)) if fixed and temporaries in (k, "*") else a.get(k, 0) + (b.get(k, 0) - a.get(k, 0)) * t
-        for k in set(a) | set(b)
+        k: float(b.get(k, 0)) if k in fixed else a.get(k, 0) + (b.get(k, 0) - a.get(k, 0)) * t for k in set(a) | set(b)
     }

@@ -99,21 +99,24 @@ def fp8_memory_bytes(
     return {k: v for k, v in out.items() if v}
 
 
-def fp8_job_bytes(job: FineTuneJob, linears: Sequence[LinearShape], tokens: int, granule_bytes: int) -> dict[str, int]:
-    """`fp8_memory_bytes` of `job`'s recipe and weights."""
-    return fp8_memory_bytes(
-        job.fp8,
-        linears,
-        tokens,
-        granule_bytes,
-        fp8_params=job.fp8_params,
-        weight_bytes_per_element=job.compute_bytes_per_element,
+def fp8_depth_bytes(
+    job: FineTuneJob, linears: Sequence[Sequence[LinearShape]], tokens: int, granule_bytes: int, t: float
+) -> dict[str, int]:
+    """`fp8_memory_bytes` of `job`'s recipe and weights at full depth, from the linears of the shallower and the
+    deeper traced depth (`t`: their interpolation; the stored weights' savings stay negative); {} without FP8."""
+    if job.fp8 == "none" or not linears:
+        return {}
+    a, b = (
+        fp8_memory_bytes(
+            job.fp8,
+            lin,
+            tokens,
+            granule_bytes,
+            fp8_params=job.fp8_params,
+            weight_bytes_per_element=job.compute_bytes_per_element,
+        )
+        for lin in (linears[0], linears[-1])
     )
-
-
-def fp8_bytes_at_depth(a: dict[str, int], b: dict[str, int], t: float) -> dict[str, int]:
-    """FP8's bytes by category at full depth from two traced depths' (`t`: the interpolation; the stored weights'
-    savings stay negative)."""
     return {c: round(a.get(c, 0) + (b.get(c, 0) - a.get(c, 0)) * t) for c in sorted(set(a) | set(b))}
 
 

@@ -16,7 +16,7 @@ from tunecost.errors import TunecostError
 from tunecost.simulate import cache as _cache
 from tunecost.simulate.behaviour import ADAMW_IMPLS, DEFAULT_BEHAVIOUR, StackBehaviour, stack_adamw_impl
 from tunecost.simulate.depth import depth_scaled
-from tunecost.simulate.fp8 import fp8_bytes_at_depth, fp8_job_bytes, fp8_linears
+from tunecost.simulate.fp8 import fp8_depth_bytes, fp8_linears
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.pool import prepared_model
 from tunecost.simulate.records import StepCounts, StepSimulation
@@ -54,8 +54,9 @@ def _scaled_groups(key: str, sa: SegmentPeak, sb: SegmentPeak, t: float) -> dict
     """A segment's bytes by module group at full depth: linear in the depth, its temporaries the deeper trace's
     (`depth_scaled`)."""
     rest = [{g: v - s.temporaries_by_group.get(g, 0) for g, v in s.by_group.items()} for s in (sa, sb)]
-    scaled = depth_scaled(key, rest[0], rest[1], t, "")
-    for g, v in depth_scaled(key, sa.temporaries_by_group, sb.temporaries_by_group, t, "*").items():
+    scaled = depth_scaled(key, rest[0], rest[1], t, fixed=())
+    groups = sa.temporaries_by_group.keys() | sb.temporaries_by_group.keys()
+    for g, v in depth_scaled(key, sa.temporaries_by_group, sb.temporaries_by_group, t, fixed=groups).items():
         scaled[g] = scaled.get(g, 0) + v
     return scaled
 
@@ -72,9 +73,10 @@ def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layer
         if key.endswith("unit_mid"):
             continue  # affine in the unit index: never above both ends
         sa, sb = ta_.segments[key], tb_.segments[key]
-        by_category = depth_scaled(key, sa.by_category, sb.by_category, t, "temporaries")
-        peaks[key] = (sum(by_category.values()), by_category, _scaled_groups(key, sa, sb, t))
-    key, (total, by_category, by_group) = max(peaks.items(), key=lambda kv: kv[1][0])
+        by_category = depth_scaled(key, sa.by_category, sb.by_category, t)
+        peaks[key] = (sum(by_category.values()), by_category)
+    key, (total, by_category) = max(peaks.items(), key=lambda kv: kv[1][0])
+    by_group = _scaled_groups(key, ta_.segments[key], tb_.segments[key], t)
     # the replayed reserve: the deeper trace's excess over its allocated peak, kept at full depth (not scaled:
     # the reserve is not affine in the units; benchmarks/bench_reserved_extrapolation.py compares full depths)
     reserved = total + max(0, tb_.peak_reserved_bytes - max(s.total for s in tb_.segments.values()))
@@ -257,14 +259,12 @@ def _simulate_uncached(
         on_progress(len(units), len(units), "done")
     parts = combine(traces[0], traces[1] if len(traces) > 1 else None, full_units, spec.num_layers)
     if job.fp8 != "none":
-        tokens = job.batch_size * seq_len
-        extra = [fp8_job_bytes(job, lin, tokens, granule_bytes) for lin in linears]
         t = (
             0.0
             if len(traces) == 1
             else (full_units - traces[0].num_units) / (traces[1].num_units - traces[0].num_units)
         )
-        add_fp8_memory(parts, fp8_bytes_at_depth(extra[0], extra[-1], t))
+        add_fp8_memory(parts, fp8_depth_bytes(job, linears, job.batch_size * seq_len, granule_bytes, t))
     return StepSimulation(
         model=spec.name,
         method=job.method,

@@ -51,7 +51,7 @@ class Dialect:
     fp8: str
     optimizer: str
     recompute: str
-    tp_overlap: str = ""
+    tp_overlap: str
 
 
 NEMO = Dialect(
@@ -142,7 +142,7 @@ def _layout(r: Reader, options: dict[str, Any]) -> dict[str, str]:
         r.notes.append(f"{r.key(d.sp)} off: {d.title} turns sequence parallelism off without tensor parallelism")
     options["sequence_parallel"] = bool(sp) if tp > 1 else None  # stated: --sequence-parallel's default is on
     options["tp_impl"] = "megatron" if tp > 1 else None  # Megatron Core's column/row-parallel layers
-    if tp > 1 and d.tp_overlap and r.value(d.tp_overlap, bool):  # TE userbuffers (default off)
+    if tp > 1 and r.value(d.tp_overlap, bool):  # TE userbuffers (default off)
         options["tp_comm_overlap"] = True
     if pp > 1:
         options["pipeline_schedule"] = "interleaved-1f1b" if vp > 1 else "1f1b"
