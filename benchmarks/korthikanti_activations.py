@@ -1,8 +1,8 @@
 """Activation bytes per decoder layer of meta-llama/Llama-2-70b-hf (full fine-tune, bf16, micro-batch 1, 4096
 tokens, flash attention): Korthikanti et al. 2022's GPT form, the same count adapted to the Llama block, and
-tunecost's traced step (the single-GPU step at tp 1; at tp 8 the DTensor TP trace when
-`tunecost.distributed.tensor_parallel.tp_single_gpu_step` exists). Numbers in docs/multi-gpu.md, "Activation memory
-per layer vs Korthikanti et al. 2022".
+tunecost's traced step (the single-GPU step at tp 1; at tp 8 the DTensor TP trace, `tp_single_gpu_step`, as traced
+and with Megatron's sequence parallelism, `megatron_sp_step`). Numbers in docs/multi-gpu.md, "Activation memory per
+layer vs Korthikanti et al. 2022".
 
 Run: PYTHONPATH=src .venv/bin/python benchmarks/korthikanti_activations.py
 """
@@ -19,48 +19,41 @@ from tunecost.distributed.activation_formulas import (
     llama_layer_terms_bytes,
     traced_layer_activation_bytes,
 )
+from tunecost.distributed.megatron_sp import megatron_sp_step
 from tunecost.distributed.model_parallel_comm import model_parallel_collectives
 from tunecost.distributed.single_step import single_gpu_step
+from tunecost.distributed.tensor_parallel import simulate_tp_rank
+from tunecost.distributed.tp_single_step import tp_single_gpu_step
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob
-from tunecost.workload.parallel import ParallelPlan
+from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
 MODEL, SEQ, BATCH = "meta-llama/Llama-2-70b-hf", 4096, 1
 MIB = 2**20
 
 
-def _job(recompute: bool) -> FineTuneJob:
+def _job(recompute: str) -> FineTuneJob:
     return FineTuneJob(
         model=MODEL,
         method="full",
         compute_dtype="bf16",
         batch_size=BATCH,
         seq_len=SEQ,
-        gradient_checkpointing=recompute,
+        gradient_checkpointing=recompute == "full",
+        selective_recompute=recompute == "selective",
     )
 
 
-def _tp_single_gpu_step():
-    """`tp_single_gpu_step` from the TP branch's module, wherever it landed (None: not available)."""
-    import importlib
-
-    for name in ("tunecost.distributed.tensor_parallel", "tunecost.distributed.tp_single_step"):
-        try:
-            return importlib.import_module(name).tp_single_gpu_step
-        except (ImportError, AttributeError):
-            continue
-    return None
-
-
-def _traced(tp: int, sequence_parallel: bool, recompute: bool) -> str:
+def _traced(tp: int, sequence_parallel: bool, recompute: str) -> tuple[float, float]:
+    """MiB per layer per rank of the traced step: as traced (DTensor's TP at tp > 1) and with Megatron's SP."""
+    job = _job(recompute)
     if tp == 1:
-        step = single_gpu_step(_job(recompute))
-    else:
-        tp_single_gpu_step = _tp_single_gpu_step()
-        if tp_single_gpu_step is None:
-            return "TP trace: not available"
-        step = tp_single_gpu_step(_job(recompute), tp=tp, sequence_parallel=sequence_parallel)
-    return f"{traced_layer_activation_bytes(step.segments, step.num_layers) / MIB:10.1f}"
+        step = single_gpu_step(job)
+        return (traced_layer_activation_bytes(step.segments, step.num_layers) / MIB,) * 2
+    step = tp_single_gpu_step(job, tp=tp, sequence_parallel=sequence_parallel)
+    plan = ModelParallel(tp=tp, sequence_parallel=sequence_parallel, tp_impl="megatron")
+    megatron = megatron_sp_step(step, job, plan)
+    return tuple(traced_layer_activation_bytes(s.segments, s.num_layers) / MIB for s in (step, megatron))
 
 
 TINY_VOCAB = 256
@@ -71,11 +64,6 @@ def tiny_tp_check(tp: int = 2) -> None:
     """A tiny Llama (2 and 1 layers; seq 64, batch 2, bf16) under DTensor TP on a fake process group
     (`tensor_parallel.simulate_tp_rank`): the peak's activations grow by one layer's from 1 to 2 layers; and the
     2-layer step's recorded collectives against `model_parallel_collectives`."""
-    try:
-        from tunecost.distributed.tensor_parallel import simulate_tp_rank  # type: ignore[import-not-found]
-    except ImportError:
-        print("\ntiny Llama under DTensor TP: not available (tunecost.distributed.tensor_parallel)")
-        return
     print(f"\ntiny Llama {TINY}, tp {tp}, bf16, seq 64, batch 2: bytes per layer per rank")
     config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": TINY_VOCAB, **TINY}
     config |= {"max_position_embeddings": 256, "rms_norm_eps": 1e-5, "tie_word_embeddings": False}
@@ -138,9 +126,13 @@ def main() -> None:
     dims = dict(h=h, a=a, kv=kv, f=f, d=2)
     sbh = SEQ * BATCH * h
     print(f"{MODEL}: h {h}, heads {a}, kv heads {kv}, MLP {f}; s {SEQ}, b {BATCH}, bf16; MiB per layer per rank")
-    print(f"{'tp':>3} {'layout':<22} {'GPT form':>10} {'Llama form':>10} {'(DTensor SP)':>12} {'traced':>10}")
+    print(
+        f"{'tp':>3} {'layout':<22} {'GPT form':>10} {'Llama form':>10} {'(DTensor SP)':>12} {'traced':>10} "
+        f"{'megatron':>10}"
+    )
     rows = [
         (1, False, "none"),
+        (1, False, "selective"),
         (1, False, "full"),
         (8, False, "none"),
         (8, True, "none"),
@@ -153,12 +145,12 @@ def main() -> None:
         kw = dict(tp=tp, sequence_parallel=sp, recompute=recompute, **dims)
         llama = sum(llama_layer_terms_bytes(SEQ, BATCH, **kw).values())
         dtensor = sum(llama_layer_terms_bytes(SEQ, BATCH, keeps_gathered_inputs=True, **kw).values()) if sp else llama
-        if recompute == "selective":
-            traced = "no selective recompute in tunecost"
-        else:
-            traced = _traced(tp, sp, recompute == "full")
+        traced, megatron = _traced(tp, sp, recompute)
         layout = ("TP+SP" if sp else "TP" if tp > 1 else "one GPU") + ("" if recompute == "none" else f", {recompute}")
-        print(f"{tp:>3} {layout:<22} {gpt / MIB:10.1f} {llama / MIB:10.1f} {dtensor / MIB:12.1f} {traced:>10}")
+        print(
+            f"{tp:>3} {layout:<22} {gpt / MIB:10.1f} {llama / MIB:10.1f} {dtensor / MIB:12.1f} {traced:10.1f} "
+            f"{megatron:10.1f}"
+        )
     print("\nLlama terms in sbh units (tp 1 | tp 8 + SP, Megatron's sharded inputs):")
     one = llama_layer_terms_bytes(SEQ, BATCH, **dims)
     eight = llama_layer_terms_bytes(SEQ, BATCH, tp=8, sequence_parallel=True, **dims)

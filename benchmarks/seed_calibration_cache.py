@@ -5,12 +5,15 @@
 Calibrates the bundled measurements (the A40 and A100-40GB points) in an empty cache folder, with the shipped copy
 turned off, and compares the fitted parameters and held-out errors it wrote with those in
 src/tunecost/estimate/throughput/data/. --write replaces that folder's files with them; --check exits 1 when they
-differ. Prints the seconds the calibration took.
+differ beyond the optimizer's tolerance (on another CPU the same fit lands within about 1e-5 of it, and the held-out
+errors' file names hash the parameters). Prints the seconds the calibration took.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import shutil
 import sys
@@ -40,6 +43,40 @@ def files_in(root: Path) -> dict[str, str]:
     return {f"{d}/{p.name}": p.read_text() for d in FOLDERS for p in sorted((root / d).glob("*.json"))}
 
 
+def _leaves(value: object) -> list:
+    """The JSON value's numbers and strings in order (numbers as floats)."""
+    if isinstance(value, dict):
+        return [x for k in sorted(value) for x in [k, *_leaves(value[k])]]
+    if isinstance(value, list):
+        return [x for v in value for x in _leaves(v)]
+    return [float(value) if isinstance(value, int | float) and not isinstance(value, bool) else value]
+
+
+def _close(a: str, b: str, rel: float = 1e-4) -> bool:
+    x, y = _leaves(json.loads(a)), _leaves(json.loads(b))
+    return len(x) == len(y) and all(
+        math.isclose(u, v, rel_tol=rel, abs_tol=1e-12) if isinstance(u, float) and isinstance(v, float) else u == v
+        for u, v in zip(x, y, strict=True)
+    )
+
+
+def same_calibration(computed: dict[str, str], shipped: dict[str, str]) -> bool:
+    """The fits under the same names with the same parameters, and the same held-out errors (under any names)."""
+    fits = [n for n in computed if n.startswith("calibration-fits/")]
+    if sorted(fits) != sorted(n for n in shipped if n.startswith("calibration-fits/")):
+        return False
+    if not all(_close(computed[n], shipped[n]) for n in fits):
+        return False
+    left = [t for n, t in shipped.items() if n.startswith("interval-evidence/")]
+    for name, text in computed.items():
+        if name.startswith("interval-evidence/"):
+            match = next((i for i, t in enumerate(left) if _close(text, t)), None)
+            if match is None:
+                return False
+            left.pop(match)
+    return not left
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = parser.add_mutually_exclusive_group()
@@ -50,7 +87,7 @@ def main() -> int:
     before = files_in(root)
     with tempfile.TemporaryDirectory() as work:
         files = computed(Path(work))
-    same = files == before
+    same = same_calibration(files, before)
     print(f"{len(files)} files; the shipped copy ({root}) is {'current' if same else 'stale'}")
     if options.write and not same:
         for d in FOLDERS:

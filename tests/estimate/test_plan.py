@@ -226,3 +226,13 @@ def test_a_70b_full_plan_names_its_layout_and_emits_only_data_parallelism(cli_ru
         assert layout.layout_name in cli_error(emit) and not (tmp_path / "recipe").exists()
     else:
         assert cli_runner.invoke(app, emit).exit_code == 0
+
+
+def test_emit_refuses_what_the_recipes_cannot_switch_on(tiny_full) -> None:
+    """The launch recipes (LLaMA-Factory, torchtune, accelerate) have no FP8 or selective-recomputation switch: a
+    recipe without it would run another job than the one planned."""
+    job, plan = tiny_full
+    option = next(o for o in plan.options if o.setup.plan.degree == 1)
+    selective = job.with_(gradient_checkpointing=False, selective_recompute=True)
+    with pytest.raises(TunecostError, match="no selective recomputation switch"):
+        launch_job(option, selective, epochs=1)

@@ -731,3 +731,7 @@ def test_grad_ckpt_cells_say_how_layers_are_recomputed(corpus) -> None:
     assert mapped.stack.simulator_stack == "hf-peft" and mapped.behaviour.reentrant_checkpointing is False
     assert reentrant_checkpointing(mapped.simulator_job, "hf-peft")  # the stack's own default
     assert not reentrant_checkpointing(mapped.simulator_job, "hf-peft", mapped.behaviour)
+    # Megatron's selective recomputation: the core attention only, not the layer
+    assert grad_ckpt_for("selective") == ("selective", None)
+    job = map_row(CorpusRow(path=base.path, line=base.line, cells={**base.cells, "grad_ckpt": "selective"})).job
+    assert job.selective_recompute and not job.gradient_checkpointing

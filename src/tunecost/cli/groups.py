@@ -59,6 +59,7 @@ class JobOptions:
     lora_alpha: cli.LoraAlpha = cli.DEFAULT_LORA_ALPHA
     lora_targets: cli.LoraTargets = None
     gradient_checkpointing: cli.GradientCheckpointing = None
+    selective_recompute: cli.SelectiveRecompute = False
     attention: cli.Attention = "flash"
     optimizer: cli.Optimizer = "adamw"
     dtype: cli.Dtype = None
@@ -84,6 +85,7 @@ class JobOptions:
             stack=self.stack,
             lengths=data.lengths if data else None,
             gradient_checkpointing=self.gradient_checkpointing,
+            selective_recompute=self.selective_recompute,
             lora_rank=self.lora_rank,
             lora_alpha=self.lora_alpha,
             dtype=self.dtype,

@@ -149,6 +149,11 @@ FP8_PARAMS_HELP = (
     "model.fp8_params, Megatron-LM --fp8-param-gather)."
 )
 Fp8Params = Annotated[bool, opt("--fp8-params/--no-fp8-params", FP8_PARAMS_HELP)]
+SELECTIVE_RECOMPUTE_HELP = (
+    "Recompute the core attention in backward and keep the rest of each layer (Megatron's selective "
+    "recomputation; NeMo activations_checkpoint_granularity selective); gradient checkpointing then defaults off."
+)
+SelectiveRecompute = Annotated[bool, opt("--selective-recompute/--no-selective-recompute", SELECTIVE_RECOMPUTE_HELP)]
 DEFAULT_LORA_RANK = 16
 DEFAULT_LORA_ALPHA = 32.0
 STACK_HELP = (

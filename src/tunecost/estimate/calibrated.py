@@ -37,7 +37,7 @@ from tunecost.estimate.throughput.stack_priors import (
     job_family,
     stack_prior,
 )
-from tunecost.estimate.throughput.targets import Prediction, ThroughputTarget, throughput_target
+from tunecost.estimate.throughput.targets import Prediction, ThroughputTarget, throughput_target, with_setup
 
 ESTIMATOR_NAME = "calibrated"
 PAPER_STACK = "hf-2024"  # the software the bundled throughput measurements ran
@@ -199,8 +199,7 @@ def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
         host_cpu=req.options.host_cpu,
     )
     te_layers = job_family(req.options.stack or req.job.stack, req.options.framework) == TE_LAYERS_FAMILY
-    if req.job.fp8 != "none":
-        target = replace(target, job=target.job.with_(fp8=req.job.fp8, fp8_params=req.job.fp8_params))
+    target = with_setup(target, req.job)
     return replace(target, te_layers=True) if te_layers else target
 
 

@@ -95,6 +95,7 @@ def estimate_job(
     stack: str | None = None,
     lengths: tuple[int, ...] | None = None,
     gradient_checkpointing: bool | None = None,
+    selective_recompute: bool = False,
     lora_rank: int = 16,
     lora_alpha: float = 32.0,
     dtype: str | None = None,
@@ -129,9 +130,10 @@ def estimate_job(
         attention=attention,
         optimizer=optimizer,
         experts_per_token=experts_per_token,
-        gradient_checkpointing=default_gradient_checkpointing(method)
+        gradient_checkpointing=default_gradient_checkpointing(method, selective_recompute)
         if gradient_checkpointing is None
         else gradient_checkpointing,
+        selective_recompute=selective_recompute,
         seq_len=seq_len,
         lengths=lengths,
         dataset=dataset_name(dataset, lengths),

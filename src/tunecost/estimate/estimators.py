@@ -25,8 +25,10 @@ from tunecost.estimate.paper import (
     max_batch_size_eq1,
     sparsity_fraction,
 )
+from tunecost.estimate.throughput.coverage import setup_label
 from tunecost.estimate.throughput.sources import calibration_files
 from tunecost.estimate.throughput.stack_priors import framework_family
+from tunecost.estimate.throughput.targets import throughput_target
 from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.workload.job import FineTuneJob
@@ -293,6 +295,8 @@ def paper_throughput(req: EstimateRequest, batch_size: int) -> tuple[float | Non
     an FP8 job: bf16 measurements)."""
     if req.job.fp8 != "none":
         return None, ["eq. (2) was fitted on bf16 runs: the FP8 job's throughput is the cross-GPU model's"]
+    if (other := other_setup(req)) is not None:
+        return None, [f"eq. (2) was fitted on other runs ({other}): the throughput is the cross-GPU model's"]
     fits = _fits_for(req.options.calibrate)
     fit = fits.get((req.spec.name, req.dataset, req.gpu.name))
     if fit is None:
@@ -311,6 +315,15 @@ def paper_throughput(req: EstimateRequest, batch_size: int) -> tuple[float | Non
     return qps, notes
 
 
+def other_setup(req: EstimateRequest) -> str | None:
+    """How the job trains unlike the measurements eq. (1) and (2) are fitted on (the paper's setup), if it does."""
+    measured = throughput_target(
+        model=req.spec.name, gpu=req.gpu.name, batch_size=1, seq_len=512, method=req.job.method
+    ).job
+    ours, theirs = setup_label(req.job), setup_label(measured)
+    return None if ours == theirs else f"they ran {theirs}; this job {ours}"
+
+
 def _check_paper_method(req: EstimateRequest) -> None:
     if req.job.fp8 != "none":
         raise TunecostError(
@@ -321,6 +334,10 @@ def _check_paper_method(req: EstimateRequest) -> None:
         raise TunecostError(
             f"the paper measured {req.spec.name} with --method {expected} only; its coefficients do not apply to "
             f"{req.job.method} (use --estimator simulate)"
+        )
+    if (other := other_setup(req)) is not None:
+        raise TunecostError(
+            f"the paper's eq. (1) and (2) were fitted on its own setup: {other} (use --estimator simulate)"
         )
 
 

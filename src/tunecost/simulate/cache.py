@@ -23,7 +23,7 @@ def cache_dir() -> Path:
     return cache_root() / "simulate"
 
 
-_UNSET_FP8 = {"fp8": "none", "fp8_params": False}  # left out of the key when unset: older keys hold
+_UNSET = {"fp8": "none", "fp8_params": False, "selective_recompute": False}  # left out when unset: older keys hold
 
 
 def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512, behaviour=None) -> str:
@@ -31,7 +31,7 @@ def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512,
     simulation keeps its key."""
     spec = resolve_model(job.model)
     payload = {
-        "job": {k: v for k, v in dataclasses.asdict(job).items() if not (k in _UNSET_FP8 and v == _UNSET_FP8[k])},
+        "job": {k: v for k, v in dataclasses.asdict(job).items() if not (k in _UNSET and v == _UNSET[k])},
         "trace": num_layers_to_trace,
         "stack": stack,
         "overhead": dataclasses.asdict(overhead),

@@ -1,4 +1,5 @@
-"""Attention as a fused kernel runs it on fake tensors: causal SDPA without a mask, no dropout probabilities."""
+"""Attention as a fused kernel runs it on fake tensors (causal SDPA without a mask, no dropout probabilities), and
+the core attention recomputed in backward (selective recomputation)."""
 
 from __future__ import annotations
 
@@ -34,6 +35,33 @@ def _fused_attention(*args: Any, **kwargs: Any) -> Any:
     kwargs.pop("softcap", None)
     kwargs.pop("s_aux", None)
     return sdpa_attention_forward(*args, **kwargs)
+
+
+def recomputed_attention(base_name: str) -> str:
+    """Register (once) the attention function `base_name` run under non-re-entrant checkpointing: the core
+    attention (scores, softmax, the kernel's saved output and log-sum-exp) recomputed in backward from its saved
+    query, key and value, as Megatron's selective recomputation runs it. The base's mask function comes along."""
+    import sys
+
+    from torch.utils.checkpoint import checkpoint
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.models.llama import modeling_llama
+
+    name = f"{base_name}_recomputed"
+    if name not in AttentionInterface._global_mapping:
+        base = AttentionInterface._global_mapping.get(base_name)
+
+        def forward(module: nn.Module, *args: Any, **kwargs: Any) -> Any:
+            # "eager" is no registered function: each model's modeling file has its own
+            own = getattr(sys.modules[type(module).__module__], "eager_attention_forward", None)
+            fn = base or own or modeling_llama.eager_attention_forward
+            return checkpoint(fn, module, *args, use_reentrant=False, **kwargs)
+
+        AttentionInterface.register(name, forward)
+        if base_name in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+            ALL_MASK_ATTENTION_FUNCTIONS.register(name, ALL_MASK_ATTENTION_FUNCTIONS[base_name])
+    return name
 
 
 def falcon_fused_attention(model: nn.Module) -> None:

@@ -35,7 +35,12 @@ from tunecost.simulate.behaviour import (
     install_autocast_boundaries,
     stack_adamw_impl,
 )
-from tunecost.simulate.fused_attention import falcon_fused_attention, fused_attention_dropout, mask_free_sdpa
+from tunecost.simulate.fused_attention import (
+    falcon_fused_attention,
+    fused_attention_dropout,
+    mask_free_sdpa,
+    recomputed_attention,
+)
 from tunecost.simulate.hf2024 import Loop2024Experts
 from tunecost.simulate.modules import ModulesToSave, SimExperts, SimLinear, SimLoraRouter
 from tunecost.simulate.quant4bit import QuantSpec
@@ -104,6 +109,11 @@ def check_supported(
         raise TunecostError(
             f"{spec.name}: Falcon with ALiBi adds a (B, heads, L, L) bias to its attention, which the fused-attention "
             "simulation leaves out; simulate it with --attention eager"
+        )
+    if job.selective_recompute and spec.family in ("blackmamba", "falcon"):
+        raise TunecostError(
+            f"{spec.name}: selective recomputation (the core attention) is simulated for the families whose attention "
+            "runs through transformers' attention functions, not {spec.family}"
         )
     if spec.family == "blackmamba" and job.method != "full":
         raise TunecostError(
@@ -358,6 +368,8 @@ def _built_model(
     transform(model, job, stack)
     if behaviour.kbit_fp32_norms:
         _kbit_fp32_norms(model, dtype)
+    if job.selective_recompute:
+        model.config._attn_implementation = recomputed_attention(model.config._attn_implementation)
     return model
 
 

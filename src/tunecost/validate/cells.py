@@ -42,7 +42,8 @@ _ATTENTION = {
     **dict.fromkeys(("eager", "math", "vanilla"), "eager"),
 }
 _GRAD_CKPT = {
-    **dict.fromkeys(("on", "true", "yes", "1", "enabled", "full", "selective"), "on"),
+    **dict.fromkeys(("on", "true", "yes", "1", "enabled", "full"), "on"),
+    "selective": "selective",  # Megatron's: the core attention only
     **dict.fromkeys(("off", "false", "no", "0", "disabled", "none"), "off"),
 }
 _ASIDE = re.compile(r"\s*[(\[][^)\]]*[)\]]")  # "sdpa (default)", "AdamW [DeepSpeed]": the aside a person skips
@@ -54,7 +55,8 @@ def _main(cell: str) -> str:
 
 
 def grad_ckpt_for(cell: str) -> tuple[str, bool | None] | None:
-    """(on | off, re-entrant or not where the cell says) of a row's grad_ckpt cell; None: not stated. "non-reentrant",
+    """(on | off | selective, re-entrant or not where the cell says) of a row's grad_ckpt cell; None: not stated.
+    "non-reentrant",
     "use_reentrant=False" and the like are checkpointing on without re-entrance; "reentrant" with it."""
     key = cell.strip().lower()
     if key in _GRAD_CKPT:

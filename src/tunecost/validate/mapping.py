@@ -158,6 +158,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             lora=lora,
             compute_dtype=dtype,
             gradient_checkpointing=ckpt == "on",
+            selective_recompute=ckpt == "selective",
             attention=attention,
             optimizer=optimizer,
             batch_size=_int(row, "batch_size_per_gpu"),
@@ -261,11 +262,13 @@ def check_lengths(row: CorpusRow, throughput: bool) -> None:
 
 
 def checkpointing_of(row: CorpusRow, defaults: Any, defaulted: list[str]) -> tuple[str, bool | None]:
-    """("on" | "off", re-entrant) of the row, else of its framework's defaults (noted in `defaulted`)."""
+    """("on" | "off" | "selective", re-entrant) of the row, else of its framework's defaults (noted in
+    `defaulted`)."""
     stated = grad_ckpt_for(row.get("grad_ckpt"))
     if stated is None and defaults is not None and "gradient_checkpointing" in defaults.options:
         on = defaults.options["gradient_checkpointing"]
-        stated = ("on" if on else "off", defaults.options.get("reentrant") if on else None)
+        off = "selective" if defaults.options.get("selective_recompute") else "off"
+        stated = ("on" if on else off, defaults.options.get("reentrant") if on else None)
         defaulted.append(f"gradient checkpointing {stated[0]}: {defaults.framework}")
     if stated is None:
         raise Skip("gradient checkpointing not stated")

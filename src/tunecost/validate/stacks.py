@@ -277,14 +277,14 @@ STACKS["nemo"] = replace(
     STACKS["torchtune"],
     name="nemo",
     kept_for_backward="with recomputation (`recompute_granularity`), each layer's input and the recomputed layer's "
-    "activations during its backward; FlashAttention keeps the attention output and its log-sum-exp",
+    "activations during its backward; FlashAttention keeps the attention output and its log-sum-exp; with selective "
+    "recomputation, everything but the core attention's own (recomputed from its query, key and value)",
     loss="the vocabulary-parallel cross-entropy on fp32 logits",
     adapters="NeMo's LoRA adapters (`peft_scheme: lora`) in the compute dtype",
     not_modelled=(
         "Megatron Core's and Transformer Engine's own layers (fused norms, fused attention, fused bias and "
         "activation) are simulated with transformers' model code (their element-wise traffic is counted as "
         "fused in the step time)",
-        "selective recomputation: full recomputation or none, as the row states",
         "Transformer Engine's FP8 weight caches unless the job's FP8 is modelled",
     ),
     adamw_impl=ADAMW_FUSED,

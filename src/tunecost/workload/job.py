@@ -58,10 +58,10 @@ def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
         raise TunecostError(f"unsupported {what} {value!r};{hint} supported: {', '.join(choices)}")
 
 
-def default_gradient_checkpointing(method: str) -> bool:
+def default_gradient_checkpointing(method: str, selective_recompute: bool = False) -> bool:
     """Checkpointing when the user does not say: on for LoRA and QLoRA, off for a full fine-tune (the paper's
-    Mixtral QLoRA and BlackMamba full runs)."""
-    return method != "full"
+    Mixtral QLoRA and BlackMamba full runs), and off beside selective recomputation."""
+    return method != "full" and not selective_recompute
 
 
 def default_lora_targets(*, is_moe: bool) -> tuple[str, ...]:
@@ -164,6 +164,8 @@ class FineTuneJob:
     modules_to_save: tuple[str, ...] = ()
     fp8: str = "none"  # FP8 linear GEMMs, one of FP8_RECIPES (the GPU needs FP8 tensor cores)
     fp8_params: bool = False  # te-delayed: the linears' weights kept in FP8 only (TE fp8_model_init)
+    # the core attention recomputed in backward (Megatron's selective recomputation), the rest of each layer kept
+    selective_recompute: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("method", self.method, METHODS)
@@ -196,6 +198,11 @@ class FineTuneJob:
             raise TunecostError("--fp8-params: FP8 primary weights are Transformer Engine's; use --fp8 te-delayed")
         if self.fp8 != "none" and self.compute_dtype == "fp32":
             raise TunecostError("--fp8: FP8 training runs beside bf16/fp16 compute, not fp32; use --dtype bf16")
+        if self.selective_recompute and self.gradient_checkpointing:
+            raise TunecostError(
+                "--selective-recompute recomputes the core attention only; gradient checkpointing already recomputes "
+                "the whole layer: give one (--no-gradient-checkpointing)"
+            )
         if self.modules_to_save and self.method == "full":
             raise TunecostError("modules_to_save applies beside LoRA; a full fine-tune already trains every module")
         if len(set(self.modules_to_save)) != len(self.modules_to_save):

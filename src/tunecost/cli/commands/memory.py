@@ -194,7 +194,10 @@ def memory_job(
         gptq_group_size=group_size,
         gptq_kernel=gptq_kernel,
         modules_to_save=parse_names(modules_to_save),
-        gradient_checkpointing=default_gradient_checkpointing(method) if checkpointing is None else checkpointing,
+        gradient_checkpointing=default_gradient_checkpointing(method, options.selective_recompute)
+        if checkpointing is None
+        else checkpointing,
+        selective_recompute=options.selective_recompute,
         attention=options.attention,
         optimizer=options.optimizer,
         batch_size=batch_size,

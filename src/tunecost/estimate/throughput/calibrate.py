@@ -19,7 +19,7 @@ from tunecost.catalog.host_cpus import REFERENCE_HOST
 from tunecost.errors import TunecostError
 from tunecost.estimate.conformal import Halfwidth
 from tunecost.estimate.throughput.counts import AnalyticStepCounts
-from tunecost.estimate.throughput.coverage import ModelRange, coverage_notes, model_ranges
+from tunecost.estimate.throughput.coverage import ModelRange, coverage_notes, model_ranges, setup_label
 from tunecost.estimate.throughput.disk_cache import (
     cached_evidence,
     cached_fit,
@@ -163,7 +163,7 @@ class CalibratedModel:
         return gpu.name not in self.gpus and any(g[:2] == (job.model, data) for g in self.groups)
 
     def _workload_reasons(self, job: FineTuneJob) -> list[str]:
-        """What of the workload (model, top-k, method) the calibration did not cover."""
+        """What of the workload (model, top-k, method, setup) the calibration did not cover."""
         rng = self.ranges.get(job.model)
         if rng is None:
             return [f"model {job.model} not in the calibration ({', '.join(sorted(self.ranges))})"]
@@ -174,6 +174,8 @@ class CalibratedModel:
             )
         if job.method not in rng.methods:
             reasons.append(f"method {job.method} not calibrated for {job.model} (have {sorted(rng.methods)})")
+        elif (setup := setup_label(job)) not in rng.setups:
+            reasons.append(f"setup {setup} not calibrated for {job.model} (have {'; '.join(sorted(rng.setups))})")
         return reasons
 
 

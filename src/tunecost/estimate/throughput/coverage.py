@@ -5,6 +5,36 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+# What the step counts read of how a job trains, beyond its size (`counts.analytic_step_counts`): a request's
+# are carried into its target (`targets.with_setup`); a setup no calibration point ran is not calibrated.
+SETUP_FIELDS = (
+    "lora",
+    "compute_dtype",
+    "quant_type",
+    "double_quant",
+    "gptq_group_size",
+    "gptq_kernel",
+    "gradient_checkpointing",
+    "selective_recompute",
+    "fp8",
+    "fp8_params",
+)
+
+
+def setup_label(job: Any) -> str:
+    """How `job` trains, in words: checkpointing, precision, 4-bit storage, LoRA and FP8 (what the counts read)."""
+    recompute = "selective recompute" if job.selective_recompute else "no checkpointing"
+    parts = ["checkpointing" if job.gradient_checkpointing else recompute, job.compute_dtype]
+    if job.method == "qlora":
+        gptq = f"gptq g{job.gptq_group_size} {job.gptq_kernel}"
+        parts.append(gptq if job.quant_type == "gptq" else job.quant_type + (" + double quant" * job.double_quant))
+    if job.method != "full":
+        parts.append(f"LoRA r{job.lora.rank} on {'+'.join(job.lora.targets)}")
+    if job.fp8 != "none":
+        parts.append(f"FP8 {job.fp8}" + (" params" if job.fp8_params else ""))
+    return ", ".join(parts)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -13,10 +43,11 @@ class ModelRange:
     experts_per_token: frozenset[int]
     methods: frozenset[str]
     tokens_per_step: tuple[float, float]
+    setups: frozenset[str] = frozenset()  # `setup_label` of each calibrated job
 
 
 def model_ranges(prepared: Sequence[tuple]) -> dict[str, ModelRange]:
-    """Per model: the batch sizes, top-k, methods and tokens per step the calibration points span."""
+    """Per model: the batch sizes, top-k, methods, tokens per step and setups the calibration points span."""
     by_model: dict[str, list] = defaultdict(list)
     for _, _, job, counts, _ in prepared:
         by_model[job.model].append((job, counts))
@@ -26,6 +57,7 @@ def model_ranges(prepared: Sequence[tuple]) -> dict[str, ModelRange]:
             experts_per_token=frozenset(int(j.experts_per_token) for j, _ in rows),
             methods=frozenset(j.method for j, _ in rows),
             tokens_per_step=(min(c.tokens_per_step for _, c in rows), max(c.tokens_per_step for _, c in rows)),
+            setups=frozenset(setup_label(j) for j, _ in rows),
         )
         for model, rows in by_model.items()
     }

@@ -43,11 +43,19 @@ def windowed_sq_len_tokens2(lengths: SeqLengths, window_tokens: int) -> float:
 
 
 def add_mixers(
-    acc: OpTally, arch: Arch, lengths: SeqLengths, *, gc: float, w_bytes: int, te_layers: bool = False
+    acc: OpTally,
+    arch: Arch,
+    lengths: SeqLengths,
+    *,
+    gc: float,
+    w_bytes: int,
+    te_layers: bool = False,
+    selective: bool = False,
 ) -> None:
     """Attention (FlashAttention-2 varlen: causal l^2 work on real lengths) or the Mamba conv + scan, and the
     per-layer element-wise work around them (norms, rotary, residuals): transformers' eager layers, or with
-    `te_layers` Megatron Core's fused Transformer Engine layers."""
+    `te_layers` Megatron Core's fused Transformer Engine layers. `selective` (selective recomputation): the
+    attention kernel's forward runs again in backward."""
     batch = lengths.batch_size
     tokens = lengths.tokens_per_step
     fwd_passes = 1.0 + gc
@@ -59,11 +67,12 @@ def add_mixers(
         window_sq = windowed_sq_len_tokens2(lengths, arch.attention_window_tokens)
         fwd_flops = full_layers * batch * lengths.mean_sq_len_tokens2 * 2.0 * width
         fwd_flops += arch.num_window_layers * batch * window_sq * 2.0 * width
+        attn_passes = max(fwd_passes, 2.0 if selective else 1.0) + FA2_BWD_FLOPS_PER_FWD
         acc.add(
             "attention",
-            flops=(fwd_passes + FA2_BWD_FLOPS_PER_FWD) * fwd_flops,
-            bytes_=(fwd_passes + FA2_BWD_FLOPS_PER_FWD) * arch.num_attention_layers * tokens * 4 * width * w_bytes,
-            kernels=arch.num_attention_layers * (fwd_passes + 3.0),
+            flops=attn_passes * fwd_flops,
+            bytes_=attn_passes * arch.num_attention_layers * tokens * 4 * width * w_bytes,
+            kernels=arch.num_attention_layers * (attn_passes - FA2_BWD_FLOPS_PER_FWD + 3.0),
         )
         if te_layers:
             per_hidden = arch.num_layer_norms * TE_NORM_BYTES_PER_HIDDEN + 2 * RESIDUAL_BYTES_PER_HIDDEN

@@ -14,10 +14,11 @@ from tunecost.catalog.host_cpus import resolve_host_cpu
 from tunecost.errors import TunecostError
 from tunecost.estimate.paper import PAPER_METHOD
 from tunecost.estimate.throughput.counts import AnalyticStepCounts, analytic_step_counts
+from tunecost.estimate.throughput.coverage import SETUP_FIELDS
 from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, empirical_lengths, fixed_lengths
 from tunecost.estimate.throughput.model import StepTime
 from tunecost.models.catalog import resolve_model
-from tunecost.workload.job import FineTuneJob, Method
+from tunecost.workload.job import FineTuneJob, LoraConfig, Method, default_lora_targets
 
 PAPER_RUN_QUERIES = 1000  # the paper's throughput = 1000 queries / train_runtime
 
@@ -45,7 +46,8 @@ def throughput_target(
     lengths: tuple[int, ...] | None = None,
 ) -> ThroughputTarget:
     """The target of a TARGETS.csv or measurement row, with the paper's setup as the default: its method for its
-    models (else qlora), the model's own top-k, gradient checkpointing except for a full fine-tune. The job checks
+    models (else qlora), the model's own top-k, gradient checkpointing except for a full fine-tune, LoRA on the
+    model's default targets. The job checks
     the batch size and sequence length. `lengths`: the data's tokens per query (`seq_len` then is the cutoff)."""
     if experts_per_token is not None and experts_per_token < 1:  # None (not 0) means the default
         raise TunecostError(f"experts per token must be >= 1, got {experts_per_token}")
@@ -62,10 +64,16 @@ def throughput_target(
         lengths=lengths,
         dataset=dataset,
         gradient_checkpointing=chosen != "full",
+        lora=LoraConfig(targets=default_lora_targets(is_moe=spec.is_moe)),
     )  # the paper: checkpointing for Mixtral QLoRA only
     if host_cpu:
         host_cpu = resolve_host_cpu(host_cpu).name
     return ThroughputTarget(job=job, gpu=gpu, host_cpu=host_cpu or None)
+
+
+def with_setup(target: ThroughputTarget, job: FineTuneJob) -> ThroughputTarget:
+    """`target` trained as `job` trains (its `SETUP_FIELDS`: checkpointing, LoRA, precision, 4-bit storage, FP8)."""
+    return replace(target, job=target.job.with_(**{name: getattr(job, name) for name in SETUP_FIELDS}))
 
 
 @dataclass(frozen=True, kw_only=True)

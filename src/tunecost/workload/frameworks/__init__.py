@@ -31,6 +31,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "double_quant": bool,
     "dtype": str,  # bf16 | fp16 | fp32
     "gradient_checkpointing": bool,
+    "selective_recompute": bool,  # the core attention recomputed in backward
     "reentrant": bool,
     "attention": str,  # flash | sdpa | eager
     "optimizer": str,  # adamw | adamw-8bit | sgd

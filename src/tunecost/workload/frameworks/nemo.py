@@ -230,7 +230,7 @@ def _training(r: Reader, options: dict[str, Any]) -> None:
     if recompute is None:
         r.notes.append(f"gradient_checkpointing off: {r.key(d.recompute)} null ({d.title}'s default)")
     if recompute == "selective":
-        r.notes.append(f"{r.key(d.recompute)} selective: core attention recomputed, modelled as no checkpointing")
+        options["selective_recompute"] = True
 
 
 def _sequence(r: Reader, options: dict[str, Any]) -> None:
