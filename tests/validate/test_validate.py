@@ -735,3 +735,18 @@ def test_grad_ckpt_cells_say_how_layers_are_recomputed(corpus) -> None:
     assert grad_ckpt_for("selective") == ("selective", None)
     job = map_row(CorpusRow(path=base.path, line=base.line, cells={**base.cells, "grad_ckpt": "selective"})).job
     assert job.selective_recompute and not job.gradient_checkpointing
+
+
+def test_fp8_cells_say_the_recipe_and_whether_the_weights_are_fp8(corpus) -> None:
+    """ "fp8" under Transformer Engine is delayed scaling; a cell naming FP8 primary weights (NeMo `fp8_params`,
+    Megatron-LM `--fp8-param-gather`) keeps the linears' weights in FP8 only."""
+    from tunecost.validate.corpus import CorpusRow
+    from tunecost.validate.mapping import fp8_of, fp8_params_of
+
+    assert fp8_of("fp8 (TE)", "") == ("bf16", "te-delayed") and not fp8_params_of("fp8 (TE)")
+    assert fp8_params_of("fp8, fp8_params") and fp8_params_of("FP8 (TE, param gather)")
+    base = next(r for r in read_corpus([corpus]) if r.id == "t-alloc")
+    for cell, params in (("fp8 (TE)", False), ("fp8 (TE, fp8 params)", True)):
+        row = CorpusRow(path=base.path, line=base.line, cells={**base.cells, "compute_dtype": cell})
+        job = map_row(row).job
+        assert (job.fp8, job.fp8_params) == ("te-delayed", params), cell

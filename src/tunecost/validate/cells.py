@@ -166,6 +166,23 @@ def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
     return _OPTIMIZERS[key], note
 
 
+_FP8_PARAMS = (
+    "fp8 params",
+    "fp8_params",
+    "fp8-params",
+    "fp8 weights",
+    "fp8_model_init",
+    "param gather",
+    "param_gather",
+)
+
+
+def fp8_params_of(cell: str) -> bool:
+    """Whether a `compute_dtype` cell says the weights are kept in FP8 (Transformer Engine's `fp8_model_init`:
+    NeMo `fp8_params`, Megatron-LM `--fp8-param-gather`)."""
+    return any(word in cell.strip().lower() for word in _FP8_PARAMS)
+
+
 def fp8_of(cell: str, stack_cell: str) -> tuple[str, str]:
     """(compute dtype, FP8 recipe) of a `compute_dtype` cell: "fp8" (or "fp8-hybrid", "fp8 (te)") is bf16 with FP8
     linears, Transformer Engine's delayed scaling under NeMo / Megatron or a cell naming TE, else torchao's

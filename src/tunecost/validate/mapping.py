@@ -22,6 +22,7 @@ from tunecost.validate.cells import (
     adamw_impl_for,
     attention_for,
     fp8_of,
+    fp8_params_of,
     grad_ckpt_for,
     lora_targets,
     modules_to_save,
@@ -145,6 +146,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     if attention is None:
         raise Skip(f"attention {row.get('attention')!r} not known")
     dtype, fp8 = fp8_of(row.get("compute_dtype") or "bf16", row.get("stack"))
+    fp8_params = fp8 == "te-delayed" and fp8_params_of(row.get("compute_dtype") or "")
     saved = modules_to_save(row.get("lora_targets")) if method != "full" else ()
     optimizer, optimizer_note = optimizer_for(row.get("optimizer"), adapters_only=method != "full" and not saved)
     if throughput and method == "full" and optimizer != "adamw":
@@ -165,6 +167,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             seq_len=seq_len,
             modules_to_save=saved,
             fp8=fp8,
+            fp8_params=fp8_params,
             **gptq,
         )
     except TunecostError as exc:

@@ -192,6 +192,9 @@ def test_megatron_lm_yaml(tmp_path: Path) -> None:
     job = _read(tmp_path, flags)
     assert (job.options["tp"], job.options["dtype"], job.options["strategy"]) == (4, "bf16", "zero1")
     assert job.options["sequence_parallel"] is False  # Megatron-LM's default, stated: the CLI's default is on
+    job = _read(tmp_path, flags + "fp8: hybrid\nfp8_param_gather: true\n")  # --fp8-param-gather: fp8_model_init
+    assert (job.options["fp8"], job.options["fp8_params"]) == ("te-delayed", True)
+    assert "fp8_param_gather" not in job.not_modelled
     assert "micro_batch_size: missing" in _error(tmp_path, MEGATRON_YAML.replace("micro_batch_size: 2\n", ""))
 
 

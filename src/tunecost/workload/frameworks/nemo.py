@@ -49,6 +49,7 @@ class Dialect:
     heads: str
     groups: str
     fp8: str
+    fp8_params: str
     optimizer: str
     recompute: str
     tp_overlap: str
@@ -68,6 +69,7 @@ NEMO = Dialect(
     heads="model.num_attention_heads",
     groups="model.num_query_groups",
     fp8="model.fp8",
+    fp8_params="model.fp8_params",
     optimizer="model.optim.name",
     recompute="model.activations_checkpoint_granularity",
     tp_overlap="model.ub_tp_comm_overlap",
@@ -86,6 +88,7 @@ MEGATRON_LM = Dialect(
     heads="language_model.num_attention_heads",
     groups="language_model.num_query_groups",
     fp8="language_model.fp8",
+    fp8_params="language_model.fp8_param_gather",  # --fp8-param-gather: the model built under fp8_model_init
     optimizer="optimizer",
     recompute="language_model.recompute_granularity",
     tp_overlap="model_parallel.tp_comm_overlap",
@@ -212,7 +215,7 @@ def _training(r: Reader, options: dict[str, Any]) -> None:
         r.notes.append(
             f"{r.key(d.fp8)} {fp8}{hybrid}: Transformer Engine FP8 linears with delayed scaling (te-delayed)"
         )
-        if d is NEMO and r.value("model.fp8_params", bool):  # TE fp8_model_init: no bf16 weight kept
+        if r.value(d.fp8_params, bool):  # TE fp8_model_init: no bf16 weight kept
             options["fp8_params"] = True
     name = r.value(d.optimizer, str, "fused_adam" if d is NEMO else "adam")
     if name not in OPTIMIZERS:
