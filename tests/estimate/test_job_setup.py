@@ -72,3 +72,28 @@ def test_eq2_answers_only_for_the_setup_it_was_fitted_on(make_request) -> None:
     assert qps is None and "LoRA r8" in notes[0] and "LoRA r16" in notes[0]
     with pytest.raises(TunecostError, match="fitted on its own setup"):
         paper_estimator(rank8)
+
+
+def test_eager_attention_scores_every_pair_and_moves_the_scores(llama) -> None:
+    """transformers' eager attention: the full L x L product (no causal skip) in two matmuls forward and four
+    backward, and the scores' element-wise traffic (`mixers.EAGER_*`); the fused kernel's causal work otherwise."""
+    from tunecost.estimate.throughput.mixers import (
+        BWD_BYTES_PER_FWD_BYTE,
+        EAGER_BWD_BYTES_PER_SCORE,
+        EAGER_FWD_BYTES_PER_SCORE,
+        FA2_VARLEN_BYTES_PER_HIDDEN,
+    )
+
+    flash_req = _with(llama, gradient_checkpointing=False)
+    eager_req = _with(flash_req, attention="eager")
+    assert _target(eager_req).job.attention == "eager"
+    flash, eager = (job_for(_target(r, 1))[1] for r in (flash_req, eager_req))
+    heads, layers, tokens = 32, 32, 1024  # Llama-3.1-8B, batch 1 x 1024
+    scores = layers * heads * tokens**2
+    assert eager.flops_by_class["attention"] == pytest.approx(3 * 4 * scores * 128)
+    assert flash.flops_by_class["attention"] == pytest.approx(3.5 * 2 * layers * tokens**2 * heads * 128)
+    extra = eager.bytes_by_class["elementwise"] - flash.bytes_by_class["elementwise"]
+    unpad = layers * tokens * FA2_VARLEN_BYTES_PER_HIDDEN * 4096 * (1 + BWD_BYTES_PER_FWD_BYTE)  # flash's only
+    assert extra == pytest.approx(scores * (EAGER_FWD_BYTES_PER_SCORE + EAGER_BWD_BYTES_PER_SCORE) - unpad)
+    model = calibrated.calibrated_model()
+    assert model.predict(_target(eager_req)).queries_per_s < model.predict(_target(flash_req)).queries_per_s

@@ -161,7 +161,8 @@ def analytic_step_counts(
     if quantized:
         _add_dequant(acc, arch, job, hit=hit, w_bytes=w_bytes, passes=(frozen_passes, fwd_passes))
     _add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
-    add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes, te_layers=te_layers, selective=job.selective_recompute)
+    eager, selective = job.attention == "eager", job.selective_recompute
+    add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes, te_layers=te_layers, selective=selective, eager=eager)
     _add_optimizer(acc, arch, job, k)
     if job.fp8 != "none":
         _add_fp8_casts(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)

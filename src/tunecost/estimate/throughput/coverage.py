@@ -18,13 +18,15 @@ SETUP_FIELDS = (
     "gptq_kernel",
     "gradient_checkpointing",
     "selective_recompute",
+    "attention",
     "fp8",
     "fp8_params",
 )
 
 
 def setup_label(job: Any) -> str:
-    """How `job` trains, in words: checkpointing, precision, 4-bit storage, LoRA and FP8 (what the counts read)."""
+    """How `job` trains, in words: checkpointing, precision, 4-bit storage, LoRA, FP8 and eager attention (what the
+    counts read)."""
     recompute = "selective recompute" if job.selective_recompute else "no checkpointing"
     parts = ["checkpointing" if job.gradient_checkpointing else recompute, job.compute_dtype]
     if job.method == "qlora":
@@ -34,6 +36,8 @@ def setup_label(job: Any) -> str:
         parts.append(f"LoRA r{job.lora.rank} on {'+'.join(job.lora.targets)}")
     if job.fp8 != "none":
         parts.append(f"FP8 {job.fp8}" + (" params" if job.fp8_params else ""))
+    if job.attention == "eager":  # flash and SDPA run the same fused kernels on a GPU
+        parts.append("eager attention")
     return ", ".join(parts)
 
 

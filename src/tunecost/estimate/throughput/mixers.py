@@ -1,5 +1,5 @@
-"""The token mixers' work per step: attention (FlashAttention-2 varlen) or the Mamba conv + scan, and the
-element-wise work around them in each layer (norms, rotary, residuals)."""
+"""The token mixers' work per step: attention (FlashAttention-2 varlen, or transformers' eager attention) or the
+Mamba conv + scan, and the element-wise work around them in each layer (norms, rotary, residuals)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,12 @@ ROTARY_KERNELS = 12
 RESIDUAL_BYTES_PER_HIDDEN = 6  # read two bf16, write one
 FA2_VARLEN_BYTES_PER_HIDDEN = 16  # unpad q, k, v and pad the output back (index ops)
 FA2_VARLEN_KERNELS = 8
+# transformers' eager_attention_forward per (B, heads, L, L) score element, bf16: forward writes the QK^T product,
+# scales it, adds the mask, softmax in fp32 and back (2 + 4 + 4 + 6 + 6) and the PV matmul reads it (2); backward
+# the PV grads (2 + 2), the casts and softmax backward (6 + 12 + 6), the scale (4) and the QK^T grads read it (4)
+EAGER_FWD_BYTES_PER_SCORE = 24
+EAGER_BWD_BYTES_PER_SCORE = 38
+EAGER_FWD_KERNELS = 4  # scale, mask add, softmax, cast (beside the two matmuls)
 MAMBA_NORM_BYTES_PER_HIDDEN = 12  # fused residual (fp32) + RMSNorm
 MAMBA_ELEMENTWISE_KERNELS = 8
 # Megatron Core's layers on Transformer Engine (`te_layers`): the norm fused into the next linear's kernel
@@ -51,11 +57,13 @@ def add_mixers(
     w_bytes: int,
     te_layers: bool = False,
     selective: bool = False,
+    eager: bool = False,
 ) -> None:
     """Attention (FlashAttention-2 varlen: causal l^2 work on real lengths) or the Mamba conv + scan, and the
     per-layer element-wise work around them (norms, rotary, residuals): transformers' eager layers, or with
     `te_layers` Megatron Core's fused Transformer Engine layers. `selective` (selective recomputation): the
-    attention kernel's forward runs again in backward."""
+    attention kernel's forward runs again in backward. `eager`: transformers' eager attention instead of the fused
+    kernel (`_eager_attention`)."""
     batch = lengths.batch_size
     tokens = lengths.tokens_per_step
     fwd_passes = 1.0 + gc
@@ -67,13 +75,16 @@ def add_mixers(
         window_sq = windowed_sq_len_tokens2(lengths, arch.attention_window_tokens)
         fwd_flops = full_layers * batch * lengths.mean_sq_len_tokens2 * 2.0 * width
         fwd_flops += arch.num_window_layers * batch * window_sq * 2.0 * width
-        attn_passes = max(fwd_passes, 2.0 if selective else 1.0) + FA2_BWD_FLOPS_PER_FWD
-        acc.add(
-            "attention",
-            flops=attn_passes * fwd_flops,
-            bytes_=attn_passes * arch.num_attention_layers * tokens * 4 * width * w_bytes,
-            kernels=arch.num_attention_layers * (attn_passes - FA2_BWD_FLOPS_PER_FWD + 3.0),
-        )
+        attn_fwd = max(fwd_passes, 2.0 if selective else 1.0)
+        if eager:
+            _eager_attention(acc, arch, lengths, fwd_passes=attn_fwd)
+        else:
+            acc.add(
+                "attention",
+                flops=(attn_fwd + FA2_BWD_FLOPS_PER_FWD) * fwd_flops,
+                bytes_=(attn_fwd + FA2_BWD_FLOPS_PER_FWD) * arch.num_attention_layers * tokens * 4 * width * w_bytes,
+                kernels=arch.num_attention_layers * (attn_fwd + 3.0),
+            )
         if te_layers:
             per_hidden = arch.num_layer_norms * TE_NORM_BYTES_PER_HIDDEN + 2 * RESIDUAL_BYTES_PER_HIDDEN
             per_token_layer = per_hidden * arch.hidden + TE_ROTARY_BYTES_PER_QK * 2 * width
@@ -82,9 +93,11 @@ def add_mixers(
             per_token_layer = (
                 arch.num_layer_norms * RMSNORM_BYTES_PER_HIDDEN
                 + 2 * RESIDUAL_BYTES_PER_HIDDEN
-                + FA2_VARLEN_BYTES_PER_HIDDEN
+                + (0 if eager else FA2_VARLEN_BYTES_PER_HIDDEN)  # eager attention neither unpads nor pads
             ) * arch.hidden + ROTARY_BYTES_PER_QK * 2 * width
-            kernels_layer = arch.num_layer_norms * RMSNORM_KERNELS + ROTARY_KERNELS + 2 + FA2_VARLEN_KERNELS
+            kernels_layer = (
+                arch.num_layer_norms * RMSNORM_KERNELS + ROTARY_KERNELS + 2 + (0 if eager else FA2_VARLEN_KERNELS)
+            )
         acc.add(
             "elementwise",
             bytes_=ew_passes * arch.num_attention_layers * tokens * per_token_layer,
@@ -106,3 +119,19 @@ def add_mixers(
             + ew_passes * arch.num_mamba_layers * tokens * 6 * d,
             kernels=ew_kernel_passes * (arch.num_layers * 2 + arch.num_mamba_layers * MAMBA_ELEMENTWISE_KERNELS),
         )
+
+
+def _eager_attention(acc: OpTally, arch: Arch, lengths: SeqLengths, *, fwd_passes: float) -> None:
+    """transformers' eager attention on the padded batch: every layer scores all L x L pairs (no causal skip, no
+    window), two matmuls forward and four backward, and the scores' element-wise traffic (`EAGER_*`) in between."""
+    scores = arch.num_attention_layers * lengths.batch_size * arch.num_heads * lengths.padded_len_tokens**2
+    acc.add(
+        "attention",
+        flops=(fwd_passes + 2.0) * 4.0 * scores * arch.head_dim,
+        kernels=arch.num_attention_layers * (2.0 * fwd_passes + 4.0),
+    )
+    acc.add(
+        "elementwise",
+        bytes_=scores * (fwd_passes * EAGER_FWD_BYTES_PER_SCORE + EAGER_BWD_BYTES_PER_SCORE),
+        kernels=arch.num_attention_layers * EAGER_FWD_KERNELS * (fwd_passes + BWD_KERNELS_PER_FWD_KERNEL),
+    )
