@@ -57,6 +57,7 @@ class JobOptions:
     seq_len: cli.SeqLen = None
     lora_rank: cli.LoraRank = cli.DEFAULT_LORA_RANK
     lora_alpha: cli.LoraAlpha = cli.DEFAULT_LORA_ALPHA
+    lora_dropout: cli.LoraDropout = 0.0
     lora_targets: cli.LoraTargets = None
     gradient_checkpointing: cli.GradientCheckpointing = None
     selective_recompute: cli.SelectiveRecompute = False
@@ -88,6 +89,7 @@ class JobOptions:
             selective_recompute=self.selective_recompute,
             lora_rank=self.lora_rank,
             lora_alpha=self.lora_alpha,
+            lora_dropout=self.lora_dropout,
             dtype=self.dtype,
             attention=self.attention,
             optimizer=self.optimizer,

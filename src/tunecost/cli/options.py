@@ -126,6 +126,7 @@ MAX_STEPS_HELP = (
 )
 MaxSteps = Annotated[int | None, count_option("--max-steps", MAX_STEPS_HELP, MAX_QUERIES)]
 LoraAlpha = Annotated[float, opt("--lora-alpha", "LoRA alpha (scaling alpha / rank).")]
+LoraDropout = Annotated[float, opt("--lora-dropout", "Dropout on each LoRA adapter's input (PEFT's lora_dropout).")]
 LoraTargets = Annotated[
     str | None,
     opt("--lora-targets", "attention, experts, router, mlp (default: experts,router for MoE, attention,mlp dense)."),

@@ -98,6 +98,7 @@ def estimate_job(
     selective_recompute: bool = False,
     lora_rank: int = 16,
     lora_alpha: float = 32.0,
+    lora_dropout: float = 0.0,
     dtype: str | None = None,
     attention: str = "flash",
     optimizer: str = "adamw",
@@ -122,7 +123,7 @@ def estimate_job(
     return FineTuneJob(
         model=spec.name,
         method=method,  # type: ignore[arg-type]
-        lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=targets),
+        lora=LoraConfig(rank=lora_rank, alpha=lora_alpha, targets=targets, dropout=lora_dropout),
         compute_dtype=dtype or ("fp16" if gptq else "bf16"),
         quant_type=quant_kind,
         double_quant=double_quant,

@@ -30,8 +30,11 @@ def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512,
     """The cache key; `behaviour` (a `StackBehaviour`) enters it only when it is not the default, so the default
     simulation keeps its key."""
     spec = resolve_model(job.model)
+    fields = {k: v for k, v in dataclasses.asdict(job).items() if not (k in _UNSET and v == _UNSET[k])}
+    if not fields["lora"].get("dropout"):
+        fields["lora"] = {k: v for k, v in fields["lora"].items() if k != "dropout"}
     payload = {
-        "job": {k: v for k, v in dataclasses.asdict(job).items() if not (k in _UNSET and v == _UNSET[k])},
+        "job": fields,
         "trace": num_layers_to_trace,
         "stack": stack,
         "overhead": dataclasses.asdict(overhead),

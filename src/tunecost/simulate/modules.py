@@ -48,9 +48,11 @@ class SimLinear(nn.Module):
         lora_alpha: float = 32.0,
         lora_dtype: torch.dtype = torch.float32,
         style: str = "tunecost",
+        lora_dropout: float = 0.0,
     ) -> None:
         super().__init__()
         w = base.weight
+        self.lora_dropout = lora_dropout
         self.out_features, self.in_features = w.shape
         self.compute_dtype = w.dtype
         self.style = style
@@ -96,6 +98,9 @@ class SimLinear(nn.Module):
                 # PEFT >= 0.7 (style "peft") casts the input to the adapter dtype (fp32) first, and autocast
                 # casts it back for the matmul: a copy of the input is what the matmul keeps for backward.
                 x_lora = x2.to(self.lora_A.dtype) if self.style == "peft" and not gptq else x2
+                if self.lora_dropout and self.training:  # PEFT: lora_A(dropout(x)) on the cast input (torchtune
+                    # alike), on a GPU the fused kernel F.dropout runs there: a 1-byte mask kept, not CPU's noise
+                    x_lora = torch.native_dropout(x_lora, self.lora_dropout, True)[0]
                 x_lora = x_lora.to(self.compute_dtype)
                 a = x_lora @ self.lora_A.to(self.compute_dtype).t()
                 b_t = self.lora_B.to(self.compute_dtype).t()

@@ -1,10 +1,7 @@
 """Turn a `FineTuneJob` into a ready-to-step model: built from the config (meta device, then empty fake CPU
 tensors; or real random CPU tensors for measurements), frozen, quantized and LoRA-wrapped per the method and the
-software stack, with gradient checkpointing and an optimizer whose states already exist (a steady-state step).
-
-Stacks: ``"tunecost"`` (transformers 5 model code; our grouped split-LoRA experts with per-expert 4-bit weights)
-and ``"hf-2024"`` (the paper's transformers 4.40 / PEFT 0.7 / bitsandbytes memory behaviour, see `hf2024`).
-"""
+software stack (`STACKS`; `hf2024` for the paper's), with its recomputation and an optimizer whose states already
+exist (a steady-state step)."""
 
 from __future__ import annotations
 
@@ -111,10 +108,7 @@ def check_supported(
             "simulation leaves out; simulate it with --attention eager"
         )
     if job.selective_recompute and spec.family in ("blackmamba", "falcon"):
-        raise TunecostError(
-            f"{spec.name}: selective recomputation (the core attention) is simulated for the families whose attention "
-            "runs through transformers' attention functions, not {spec.family}"
-        )
+        raise TunecostError(f"{spec.name}: selective recomputation is not simulated for {spec.family}'s attention")
     if spec.family == "blackmamba" and job.method != "full":
         raise TunecostError(
             f"{spec.name}: the step simulator supports BlackMamba full fine-tuning only (as the "
@@ -173,6 +167,7 @@ def _swap_linears(
     lora: tuple[int, float] | None,
     style: str,
     skip: tuple[str, ...] = (),
+    dropout: float = 0.0,
 ) -> None:
     for name, child in list(parent.named_children()):
         if name in skip:
@@ -182,10 +177,18 @@ def _swap_linears(
             rank, alpha = lora if lora else (None, 0.0)
             # torchtune builds its LoRA model under the compute dtype as the default dtype: adapters in bf16
             lora_dtype = child.weight.dtype if style == "torchtune" else torch.float32
-            sim = SimLinear(child, quant=quant, lora_rank=rank, lora_alpha=alpha, lora_dtype=lora_dtype, style=style)
+            sim = SimLinear(
+                child,
+                quant=quant,
+                lora_rank=rank,
+                lora_alpha=alpha,
+                lora_dtype=lora_dtype,
+                style=style,
+                lora_dropout=dropout,
+            )
             setattr(parent, name, sim)
         else:
-            _swap_linears(child, quant=quant, lora=lora, style=style)
+            _swap_linears(child, quant=quant, lora=lora, style=style, dropout=dropout)
 
 
 def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
@@ -196,7 +199,7 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
         else None
     )
     lora = (job.lora.rank, job.lora.alpha)
-    targets = set(job.lora.targets)
+    targets, p = set(job.lora.targets), job.lora.dropout  # dropout on the dense adapters (experts: none simulated)
     style = _LORA_STYLE.get(stack, "tunecost")
     if job.method == "full":
         for layer in decoder_layers(model):
@@ -208,7 +211,7 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
     for layer in decoder_layers(model):
         attn = layer_part(layer, ATTENTION_NAMES)
         if attn is not None:
-            _swap_linears(attn, quant=quant, lora=lora if "attention" in targets else None, style=style)
+            _swap_linears(attn, quant=quant, lora=lora if "attention" in targets else None, style=style, dropout=p)
         shared_mlp = getattr(layer, "shared_mlp", None)  # GraniteMoeShared: the shared experts beside the block
         if shared_mlp is not None:
             _swap_linears(shared_mlp, quant=quant, lora=lora if "experts" in targets else None, style=style)
@@ -237,7 +240,7 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
                 lora_router = SimLoraRouter(getattr(mlp, router), lora_rank=lora[0], lora_alpha=lora[1])
                 setattr(mlp, router, lora_router)
         else:
-            _swap_linears(mlp, quant=quant, lora=lora if "mlp" in targets else None, style=style)
+            _swap_linears(mlp, quant=quant, lora=lora if "mlp" in targets else None, style=style, dropout=p)
     if not any(p.requires_grad for p in model.parameters()):
         raise TunecostError(f"no LoRA target among {', '.join(job.lora.targets)} exists in {job.model}")
     wrap_modules_to_save(model, job.modules_to_save)

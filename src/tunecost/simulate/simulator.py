@@ -115,6 +115,16 @@ def add_fp8_memory(parts: dict, extra: dict[str, int]) -> None:
         parts["breakdown_bytes"][category] = parts["breakdown_bytes"].get(category, 0) + round(nbytes)
 
 
+def _lora_dropout_note(job: FineTuneJob) -> list[str]:
+    if job.method == "full" or not job.lora.dropout:
+        return []
+    moe = " and ".join(sorted({"experts", "router"} & set(job.lora.targets)))
+    return [
+        f"LoRA dropout {job.lora.dropout:g}: a 1-byte mask (CUDA's fused dropout) and the dropped input per adapter"
+        + (f"; not simulated on the {moe} adapters" if moe else "")
+    ]
+
+
 def _assumptions(
     job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOverhead, behaviour: StackBehaviour, spec: ModelSpec
 ) -> tuple[str, ...]:
@@ -147,6 +157,7 @@ def _assumptions(
         )
     out += [FP8_NOTES[job.fp8]] if job.fp8 != "none" else []
     out += [FP8_PARAMS_NOTE] if job.fp8_params else []
+    out += _lora_dropout_note(job)
     if job.attention in ("flash", "sdpa"):
         out.append("attention memory as a fused kernel: output + fp32 log-sum-exp saved, no L x L scores")
     if job.method == "qlora" and job.quant_type == "gptq":
@@ -179,8 +190,7 @@ def _assumptions(
     if stack == "hf-peft":
         out.append(
             "hf-peft stack: PEFT >= 0.7 LoRA Linear under autocast (input cast to the fp32 adapter dtype and back, "
-            "update added out of place, no LoRA dropout)"
-            + (", re-entrant checkpointing (transformers' default)" if own else "")
+            "update added out of place)" + (", re-entrant checkpointing (transformers' default)" if own else "")
         )
     if stack == "torchtune":
         out.append(

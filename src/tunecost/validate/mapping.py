@@ -279,7 +279,8 @@ def checkpointing_of(row: CorpusRow, defaults: Any, defaulted: list[str]) -> tup
 
 
 def lora_of(row: CorpusRow, spec: Any, defaults: Any, defaulted: list[str]) -> LoraConfig:
-    """The row's LoRA rank, alpha and targets, else its framework's defaults (noted in `defaulted`)."""
+    """The row's LoRA rank, alpha and targets, else its framework's defaults (noted in `defaulted`), and the
+    framework's LoRA dropout."""
     rank = _int(row, "lora_rank") if row.get("lora_rank") else None
     default_alpha = None
     if rank is None and defaults is not None and "lora_rank" in defaults.options:
@@ -293,9 +294,12 @@ def lora_of(row: CorpusRow, spec: Any, defaults: Any, defaulted: list[str]) -> L
         if not row.get("lora_targets") and defaults is not None and "lora_targets" in defaults.options:
             targets = tuple(str(defaults.options["lora_targets"]).split(","))
             defaulted.append(f"LoRA targets {','.join(targets)}: {defaults.framework}")
-        return LoraConfig(
-            rank=rank, alpha=alpha, targets=targets or lora_targets(row.get("lora_targets"), is_moe=spec.is_moe)
-        )
+        dropout = 0.0
+        if defaults is not None and defaults.options.get("lora_dropout"):
+            dropout = float(defaults.options["lora_dropout"])
+            defaulted.append(f"LoRA dropout {dropout:g}: {defaults.framework}")
+        targets = targets or lora_targets(row.get("lora_targets"), is_moe=spec.is_moe)
+        return LoraConfig(rank=rank, alpha=alpha, targets=targets, dropout=dropout)
     except (ValueError, TunecostError) as exc:
         raise Skip(f"LoRA settings not usable: {exc}") from None
 

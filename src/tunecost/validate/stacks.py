@@ -169,8 +169,9 @@ STACKS: dict[str, Stack] = {
             "Qwen's fused c_attn LoRA (one A/B over q, k, v) is modelled as LoRA on each of q, k, v",
             "the rest of Qwen's own model code (fused c_attn, its RMSNorm and rotary kernels) is simulated with "
             "transformers' Qwen2 code",
-            "LoRA dropout 0.05 (finetune.py's default; a dropped copy of each adapter input and its mask, inside the "
-            "recomputed layer only)",
+            "LoRA dropout 0.05 (finetune.py's default: a mask and a dropped copy of each adapter input inside the "
+            "recomputed layer, three kernels per adapter a step; with those kernels the counts exceed the measured "
+            "step of a row at full GEMM efficiency, so the rows are run without it)",
             "PEFT 0.5.0's GPTQ LoRA forward clones the QuantLinear output before adding the update (inside the "
             "recomputed layer only)",
             "DeepSpeed's step-time fp32 copy of the gradient partition and its fp16 gradient copy during the "

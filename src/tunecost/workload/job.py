@@ -110,11 +110,12 @@ def parse_lora_targets(text: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True, kw_only=True)
 class LoraConfig:
-    """LoRA adapters: rank, scaling alpha, and which parts of the model get them."""
+    """LoRA adapters: rank, scaling alpha, which parts of the model get them, and the dropout on their input."""
 
     rank: int = 16
     alpha: float = 32.0
     targets: tuple[str, ...] = ("experts", "router")
+    dropout: float = 0.0  # PEFT's lora_dropout: a mask and a dropped copy of each adapter's input
 
     def __post_init__(self) -> None:
         if self.rank < 1:
@@ -123,6 +124,8 @@ class LoraConfig:
             raise TunecostError(f"LoRA alpha must be a positive number at most {MAX_LORA_ALPHA:g}, got {self.alpha!r}")
         if not self.targets:
             raise TunecostError("LoRA needs at least one target (attention, experts, router, mlp)")
+        if not (math.isfinite(self.dropout) and 0 <= self.dropout < 1):
+            raise TunecostError(f"LoRA dropout (--lora-dropout) must be at least 0 and below 1, got {self.dropout!r}")
         for t in self.targets:
             _check_choice("LoRA target", t, LORA_TARGETS)
 

@@ -151,6 +151,7 @@ def test_lora(tmp_path):
         "method": "lora",
         "lora_rank": 16,
         "lora_alpha": 32,
+        "lora_dropout": 0.05,
         "lora_targets": "attention,mlp",
         "dtype": "bf16",
         "attention": "flash",
@@ -167,9 +168,8 @@ def test_lora(tmp_path):
     assert _defaulted(job, "dtype bf16") and _defaulted(job, "reentrant on")
     assert not any("whole" in line for line in job.assumptions)  # all seven projections listed
     assert any(line.startswith("sample_packing / pad_to_sequence_len") for line in job.assumptions)
-    assert {"sample_packing", "lora_dropout", "tf32", "learning_rate", "gradient_accumulation_steps"} <= set(
-        job.not_modelled
-    )
+    assert {"sample_packing", "tf32", "learning_rate", "gradient_accumulation_steps"} <= set(job.not_modelled)
+    assert job.options["lora_dropout"] == 0.05 and "lora_dropout" not in job.not_modelled
 
 
 def test_qlora_fsdp(tmp_path):

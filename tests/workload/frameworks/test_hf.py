@@ -276,13 +276,14 @@ def test_lora_adapter_configs(tmp_path: Path) -> None:
     assert job.options == {
         "lora_rank": 16,
         "lora_alpha": 32,
+        "lora_dropout": 0.05,
         "lora_targets": "attention",
         "method": "lora",
         "stack": "hf-peft",
         "model": "meta-llama/Llama-3.1-8B",
     }
     assert _said(job, "q_proj, v_proj", "whole attention group")
-    assert job.not_modelled == ("lora_dropout", "modules_to_save")
+    assert job.not_modelled == ("modules_to_save",) and job.options["lora_dropout"] == 0.05
 
     job = _read(FRAMEWORK_PEFT_LORA, tmp_path, "adapter_config.json", LORA_ALL_LINEAR)
     assert (job.options["lora_rank"], job.options["lora_targets"]) == (64, "attention,mlp")
@@ -379,3 +380,9 @@ def test_detect_tells_the_three_apart() -> None:
         (BNB_MINIMAL, FRAMEWORK_BNB),
     ):
         assert [f for f in FRAMEWORKS if f.detect(data)] == [framework]
+
+
+def test_trl_fills_its_lora_dropout(tmp_path: Path) -> None:
+    """TRL's ModelConfig defaults lora_dropout to 0.05 (PEFT's LoraConfig to 0): an unset one is TRL's, and said."""
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "qlora.yaml", TRL_QLORA_YAML)
+    assert job.options["lora_dropout"] == 0.05 and _said(job, "lora_dropout 0.05", "ModelConfig's default")

@@ -103,6 +103,7 @@ def test_lora(tmp_path: Path) -> None:
         "model": "meta-llama/Llama-3.2-1B",
         "method": "lora",
         "lora_rank": 32,
+        "lora_dropout": 0.05,
         "lora_alpha": 16,
         "lora_targets": "attention",
         "dtype": "bf16",
@@ -116,7 +117,8 @@ def test_lora(tmp_path: Path) -> None:
     }
     _named(job, "litgpt's own model code", "method lora", "gradient_checkpointing off", "data Alpaca2k")
     assert any("all four projections" in a and "query, value" in a for a in job.assumptions)
-    assert {"out_dir", "lora_dropout", "train.global_batch_size", "optimizer.init_args.lr"} <= set(job.not_modelled)
+    assert {"out_dir", "train.global_batch_size", "optimizer.init_args.lr"} <= set(job.not_modelled)
+    assert job.options["lora_dropout"] == 0.05 and "lora_dropout" not in job.not_modelled
     assert "train.max_tokens" not in job.not_modelled  # null: sets nothing
 
 

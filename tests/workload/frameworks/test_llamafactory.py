@@ -119,6 +119,7 @@ def test_lora_sft(tmp_path):
         "method": "lora",
         "lora_rank": 16,
         "lora_alpha": 32,  # lora_rank * 2
+        "lora_dropout": 0.0,  # LLaMA-Factory's default
         "lora_targets": "attention,mlp",
         "dtype": "bf16",
         "attention": "sdpa",
@@ -151,7 +152,7 @@ def test_qlora_mixtral_paper_targets(tmp_path):
     assert _defaulted(job, "quant_type nf4") and _defaulted(job, "double_quant on")
     assert not _defaulted(job, "quantization_method")
     assert any("w1/w2/w3: read as MoE experts" in line for line in job.assumptions)
-    assert "lora_dropout" in job.not_modelled
+    assert opts["lora_dropout"] == 0 and "lora_dropout" not in job.not_modelled
 
 
 def test_full_deepspeed_fp16(tmp_path):

@@ -123,6 +123,7 @@ def test_lora_single_device(tmp_path: Path) -> None:
         "model": "meta-llama/Llama-3.2-3B",
         "method": "lora",
         "lora_rank": 16,
+        "lora_dropout": 0.0,
         "lora_alpha": 32,
         "lora_targets": "attention,mlp",
         "dtype": "bf16",
@@ -138,7 +139,8 @@ def test_lora_single_device(tmp_path: Path) -> None:
     }
     assert any("all four projections" in a and "q_proj, v_proj" in a for a in job.assumptions)
     _named(job, "attention sdpa", "dataset alpaca_cleaned_dataset", "GPUs")
-    assert {"model.lora_dropout", "checkpointer", "profiler", "gradient_accumulation_steps"} <= set(job.not_modelled)
+    assert {"checkpointer", "profiler", "gradient_accumulation_steps"} <= set(job.not_modelled)
+    assert job.options["lora_dropout"] == 0.0 and "model.lora_dropout" not in job.not_modelled
 
 
 def test_qlora_defaults_and_local_data(tmp_path: Path) -> None:

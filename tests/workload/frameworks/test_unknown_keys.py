@@ -81,7 +81,8 @@ per_device_train_batch_size: 2
 gradient_accumulation_steps: 4
 max_length: 1024
 """
-PEFT = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 16, "lora_alpha": 32, "lora_dropout": 0.05}
+PEFT = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 16, "lora_alpha": 32, "init_lora_weights": True}
+INIT = "init_lora_weights"  # known to PEFT, no cost to model
 BNB = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
 ACCELERATE = """\
 compute_environment: LOCAL_MACHINE
@@ -113,7 +114,7 @@ FORMATS = {
     "torchtitan": ("titan.toml", TORCHTITAN, "seq_len", "seq_lenght", "metrics.log_freq", "torchtitan's JobConfig"),
     "trainer": ("args.json", json.dumps(TRAINER), GA, "gradient_acumulation_steps", GA, TRAINER_TITLE),
     "sft": ("sft.yaml", SFT, "max_length", "max_lenght", GA, TRAINER_TITLE),
-    "peft": ("adapter_config.json", json.dumps(PEFT), "lora_alpha", "lora_alpah", "lora_dropout", "PEFT's LoraConfig"),
+    "peft": ("adapter_config.json", json.dumps(PEFT), "lora_alpha", "lora_alpah", INIT, "PEFT's LoraConfig"),
     "bnb": ("bnb.json", json.dumps(BNB), "bnb_4bit_quant_type", "bnb_4bit_quant_typ", "", "BitsAndBytesConfig"),
     "accelerate": ("acc.yaml", ACCELERATE, "num_processes", "num_procs", "enable_cpu_affinity", "accelerate's config"),
     "deepspeed": ("ds.json", DS, "gradient_clipping", "grad_clipping", "steps_per_print", "DeepSpeed's config"),

@@ -204,7 +204,9 @@ def memory_job(
         seq_len=None if lengths else seq_len,
         lengths=lengths,
         dataset=dataset,
-        lora=LoraConfig(rank=options.lora_rank, alpha=options.lora_alpha, targets=targets),
+        lora=LoraConfig(
+            rank=options.lora_rank, alpha=options.lora_alpha, targets=targets, dropout=options.lora_dropout
+        ),
         stack=options.stack,
         fp8=options.fp8,
         fp8_params=options.fp8_params,

@@ -357,11 +357,14 @@ def _add_lora(acc: OpTally, arch: Arch, job: FineTuneJob, *, tokens: float, k: i
     token_io += tokens * dense_io
     calls += dense_mats
     passes = 1.0 + gc + 2.0  # forward, recompute, grad-input, grad-weight of A and B
+    # lora_dropout: a dropout on each adapter's input (half its in + out, taken as the in side) forward, recompute
+    # and backward, each reading and writing fp32 and the mask (9 bytes per element), one kernel a pass
+    dropout = job.lora.dropout > 0
     acc.add(
         "lora",
         flops=passes * 2.0 * r * token_io,
-        bytes_=(1.0 + gc + 2.0) * token_io * LORA_BYTES_PER_IN_OUT,
-        kernels=calls * ((1.0 + gc) * LORA_KERNELS_FWD + LORA_KERNELS_BWD),
+        bytes_=passes * token_io * LORA_BYTES_PER_IN_OUT + dropout * (2.0 + gc) * 0.5 * token_io * 9,
+        kernels=calls * ((1.0 + gc) * LORA_KERNELS_FWD + LORA_KERNELS_BWD + dropout * (2.0 + gc)),
     )
 
 

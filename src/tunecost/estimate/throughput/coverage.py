@@ -33,7 +33,8 @@ def setup_label(job: Any) -> str:
         gptq = f"gptq g{job.gptq_group_size} {job.gptq_kernel}"
         parts.append(gptq if job.quant_type == "gptq" else job.quant_type + (" + double quant" * job.double_quant))
     if job.method != "full":
-        parts.append(f"LoRA r{job.lora.rank} on {'+'.join(job.lora.targets)}")
+        dropout = f" dropout {job.lora.dropout:g}" if job.lora.dropout else ""
+        parts.append(f"LoRA r{job.lora.rank}{dropout} on {'+'.join(job.lora.targets)}")
     if job.fp8 != "none":
         parts.append(f"FP8 {job.fp8}" + (" params" if job.fp8_params else ""))
     if job.attention == "eager":  # flash and SDPA run the same fused kernels on a GPU

@@ -26,6 +26,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "method": str,  # full | lora | qlora
     "lora_rank": int,
     "lora_alpha": (int, float),
+    "lora_dropout": (int, float),
     "lora_targets": str,  # comma list of attention, mlp, experts, router
     "quant_type": str,  # nf4 | fp4
     "double_quant": bool,

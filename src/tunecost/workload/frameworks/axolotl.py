@@ -88,6 +88,7 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
         notes.append("gptq: a GPTQ 4-bit checkpoint, read as qlora (tunecost takes the 4-bit type from the model)")
     elif load4:
         notes.append(f"load_in_4bit with adapter lora: {TITLE} quantizes only for adapter qlora; read as 16-bit LoRA")
+    options["lora_dropout"] = cfg.typed("lora_dropout", (int, float)) or 0.0  # unset: no dropout module
     for key, option in (("lora_r", "lora_rank"), ("lora_alpha", "lora_alpha")):
         value = cfg.typed(key, int if key == "lora_r" else (int, float))
         if value is None:

@@ -9,8 +9,8 @@ BitsAndBytesConfig. Each reports its own file and its own library's defaults onl
 #   use_reentrant False without checkpointing kwargs, attn_implementation sdpa: transformers modeling_utils.py
 #   SFTConfig max_length 1024, gradient_checkpointing on, bf16 unless fp16, use_reentrant False, loss_type
 #   chunked_nll: trl trainer/sft_config.py, base_config.py, sft_trainer.py; ModelConfig lora_r 16, lora_alpha 32,
-#   bnb_4bit_quant_type nf4, use_bnb_nested_quant False: trl trainer/model_config.py
-#   LoraConfig r 8, lora_alpha 8, target_modules None (the architecture's): peft tuners/lora/config.py
+#   lora_dropout 0.05, bnb_4bit_quant_type nf4, use_bnb_nested_quant False: trl trainer/model_config.py
+#   LoraConfig r 8, lora_alpha 8, lora_dropout 0.0, target_modules None (the architecture's): peft tuners/lora/config.py
 #   BitsAndBytesConfig bnb_4bit_quant_type fp4, double quant off, compute float32: transformers quantization_config.py
 from __future__ import annotations
 
@@ -127,10 +127,16 @@ def _is_moe(model: str | None) -> bool:
         return False
 
 
-def lora_options(cfg: ConfigFile, keys: tuple[str, ...], defaults: tuple[int, int], whose: str, model: Any) -> Part:
-    """lora_rank, lora_alpha, lora_targets from the keys (rank, alpha, target modules, target parameters)."""
+def lora_options(
+    cfg: ConfigFile, keys: tuple[str, ...], defaults: tuple[int, int, float], whose: str, model: Any
+) -> Part:
+    """lora_rank, lora_alpha, lora_dropout (`lora_dropout`), lora_targets from the keys (rank, alpha, target
+    modules, target parameters)."""
     out: dict[str, Any] = {}
     notes: list[str] = []
+    dropout = cfg.typed("lora_dropout", (int, float))
+    out["lora_dropout"] = defaults[2] if dropout is None else dropout
+    notes += [f"lora_dropout {defaults[2]}: {whose} default"] if dropout is None and defaults[2] else []
     for option, key, default in (("lora_rank", keys[0], defaults[0]), ("lora_alpha", keys[1], defaults[1])):
         value = cfg.typed(key, int if option == "lora_rank" else (int, float))
         out[option] = default if value is None else value
@@ -221,7 +227,7 @@ def _trl_model(cfg: ConfigFile, model: str | None) -> Part:
     if not use_peft:
         return {"method": "full"}, ([f"method full (use_peft unset): {TRL_MODEL} default"] if use_peft is None else [])
     keys = ("lora_r", "lora_alpha", "lora_target_modules", "lora_target_parameters")
-    out, notes = lora_options(cfg, keys, (16, 32), TRL_MODEL, model)
+    out, notes = lora_options(cfg, keys, (16, 32, 0.05), TRL_MODEL, model)
     quant, more = qlora_options(cfg, ("bnb_4bit_quant_type", "use_bnb_nested_quant"), ("nf4", False), TRL_MODEL)
     return ({**out, **quant}, notes + more) if four else ({**out, "method": "lora"}, notes)
 
@@ -301,7 +307,7 @@ def _read_lora(cfg: ConfigFile) -> ConfigJob:
         if cfg.typed(key, bool):
             raise cfg.error(key, f"{name} is not modelled; tunecost estimates full, LoRA and QLoRA fine-tuning")
     model = cfg.typed("base_model_name_or_path", str)
-    out, notes = lora_options(cfg, ("r", "lora_alpha", "target_modules", "target_parameters"), (8, 8), PEFT, model)
+    out, notes = lora_options(cfg, ("r", "lora_alpha", "target_modules", "target_parameters"), (8, 8, 0.0), PEFT, model)
     out.update(method="lora", stack="hf-peft", **({"model": model} if model else {}))
     return job(cfg, FRAMEWORK_PEFT_LORA.name, out, notes)
 

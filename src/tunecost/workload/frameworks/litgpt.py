@@ -15,7 +15,7 @@ from tunecost.workload.frameworks.torchtitan import SFT_ONLY, config_job, nested
 #   precision None -> utils.get_default_supported_precision(training=True): "bf16-mixed" ("16-mixed" without bf16)
 #   quantize None; devices 1, num_nodes 1; optimizer "AdamW" (torch.optim; under bnb quantize utils.
 #   instantiate_bnb_optimizer: bitsandbytes PagedAdamW); data None -> litgpt.data.Alpaca
-#   lora_r 8, lora_alpha 16, lora_query True, lora_value True, lora_key/projection/mlp/head False
+#   lora_r 8, lora_alpha 16, lora_dropout 0.05, lora_query True, lora_value True, lora_key/projection/mlp/head False
 #   train: TrainArgs(micro_batch_size=1, epochs=5, max_seq_length=None: no truncation), the signature's instance
 #   whose fields are jsonargparse's defaults (jsonargparse @ 5559c81 _signatures.py: set_defaults from it)
 #   one device: strategy "auto", no activation checkpointing; several: lora ModelParallelStrategy (FSDP2
@@ -69,6 +69,8 @@ def _lora(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     options["lora_rank"] = read_or_default(flat, "lora_r", int, 8, notes, f"lora_rank 8: {TITLE}'s default")
     line = f"lora_alpha 16: {TITLE}'s default"
     options["lora_alpha"] = read_or_default(flat, "lora_alpha", (int, float), 16, notes, line)
+    line = f"lora_dropout 0.05: {TITLE}'s default"
+    options["lora_dropout"] = read_or_default(flat, "lora_dropout", (int, float), 0.05, notes, line)
     flags = {key: flat.typed(key, bool) for key in LORA_FLAGS}
     defaulted = [f"{key} {str(LORA_FLAGS[key]).lower()}" for key, value in flags.items() if value is None]
     if defaulted:

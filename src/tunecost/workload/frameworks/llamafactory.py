@@ -177,6 +177,7 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
         target = _get(cfg, notes, "lora_target", str)
         groups, target_notes = lora_target_groups([t.strip() for t in target.split(",")], model, "lora_target")
         options |= {"lora_rank": rank, "lora_alpha": alpha} | ({"lora_targets": groups} if groups else {})
+        options["lora_dropout"] = cfg.typed("lora_dropout", (int, float)) or 0.0  # LLaMA-Factory's default: 0
         notes += target_notes
     return options
 

@@ -117,6 +117,7 @@ def _lora(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     options["lora_rank"] = read_or_default(flat, "model.lora_rank", int, 8, notes, f"lora_rank 8: {TITLE}'s default")
     line = f"lora_alpha 16: {TITLE}'s default"
     options["lora_alpha"] = read_or_default(flat, "model.lora_alpha", (int, float), 16, notes, line)
+    options["lora_dropout"] = flat.typed("model.lora_dropout", (int, float)) or 0.0  # the builders' default: 0
     modules = flat.get("model.lora_attn_modules")
     if not isinstance(modules, list) or any(m not in ATTENTION_MODULES for m in modules):
         raise flat.error("model.lora_attn_modules", f"must be a list of {', '.join(ATTENTION_MODULES)}")
