@@ -3,6 +3,7 @@ the core attention recomputed in backward (selective recomputation)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from torch import nn
@@ -41,8 +42,6 @@ def recomputed_attention(base_name: str) -> str:
     """Register (once) the attention function `base_name` run under non-re-entrant checkpointing: the core
     attention (scores, softmax, the kernel's saved output and log-sum-exp) recomputed in backward from its saved
     query, key and value, as Megatron's selective recomputation runs it. The base's mask function comes along."""
-    import sys
-
     from torch.utils.checkpoint import checkpoint
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS

@@ -37,6 +37,10 @@ GPTQ_TORCH_DEQUANT_KERNELS_PER_CALL = 9  # weight: shift, cast, and, sub, mul; z
 LORA_BYTES_PER_IN_OUT = 12  # fp32 adapter path: cast x to fp32, x@A, @B, * scaling, add into the bf16 output
 LORA_KERNELS_FWD, LORA_KERNELS_BWD = 5, 8  # cast, A, B, scale, add / their gradients (incl. A, B weight grads)
 LORA_PARAM_BYTES = 4  # LLaMA-Factory upcasts trainable adapter weights to fp32
+# lora_dropout on an adapter's input (its in side taken as half of its in + out) forward, recompute and backward:
+# read and write fp32 and the 1-byte mask each pass, one kernel a pass
+LORA_DROPOUT_BYTES_PER_INPUT = 4 + 4 + 1
+LORA_INPUT_SHARE_OF_IN_OUT = 0.5
 EXPERT_ACT_BYTES_PER_FFN = 10  # act(gate) and gate * up on the expert's tokens
 EXPERT_DISPATCH_BYTES_PER_HIDDEN = 14  # gather tokens, * routing weight, index_add back
 EXPERT_DISPATCH_KERNELS = 9  # where (nonzero: a host sync), index, act, mul, weight index + mul, index_add, cast
@@ -357,14 +361,13 @@ def _add_lora(acc: OpTally, arch: Arch, job: FineTuneJob, *, tokens: float, k: i
     token_io += tokens * dense_io
     calls += dense_mats
     passes = 1.0 + gc + 2.0  # forward, recompute, grad-input, grad-weight of A and B
-    # lora_dropout: a dropout on each adapter's input (half its in + out, taken as the in side) forward, recompute
-    # and backward, each reading and writing fp32 and the mask (9 bytes per element), one kernel a pass
-    dropout = job.lora.dropout > 0
+    dropout_passes = (2.0 + gc) if job.lora.dropout > 0 else 0.0  # forward, recompute, backward
     acc.add(
         "lora",
         flops=passes * 2.0 * r * token_io,
-        bytes_=passes * token_io * LORA_BYTES_PER_IN_OUT + dropout * (2.0 + gc) * 0.5 * token_io * 9,
-        kernels=calls * ((1.0 + gc) * LORA_KERNELS_FWD + LORA_KERNELS_BWD + dropout * (2.0 + gc)),
+        bytes_=passes * token_io * LORA_BYTES_PER_IN_OUT
+        + dropout_passes * LORA_INPUT_SHARE_OF_IN_OUT * token_io * LORA_DROPOUT_BYTES_PER_INPUT,
+        kernels=calls * ((1.0 + gc) * LORA_KERNELS_FWD + LORA_KERNELS_BWD + dropout_passes),
     )
 
 

@@ -72,7 +72,8 @@ def throughput_target(
 
 
 def with_setup(target: ThroughputTarget, job: FineTuneJob) -> ThroughputTarget:
-    """`target` trained as `job` trains (its `SETUP_FIELDS`: checkpointing, LoRA, precision, 4-bit storage, FP8)."""
+    """`target` trained as `job` trains (its `SETUP_FIELDS`: recomputation, attention, LoRA, precision, storage and
+    FP8)."""
     return replace(target, job=target.job.with_(**{name: getattr(job, name) for name in SETUP_FIELDS}))
 
 

@@ -36,6 +36,7 @@ _DEFAULTS: dict[str, tuple[Any, str, str]] = {
     "stage": ("sft", "stage sft", ""),  # finetuning_args.py
     "finetuning_type": ("lora", "method lora", "finetuning_type lora"),
     "lora_rank": (8, "lora_rank 8", ""),
+    "lora_dropout": (0.0, "lora_dropout 0", ""),
     "lora_target": ("all", "lora_target all", ""),
     "quantization_method": ("bnb", "quantization_method bnb", ""),  # model_args.py
     "quantization_type": ("nf4", "quant_type nf4", ""),
@@ -177,7 +178,7 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
         target = _get(cfg, notes, "lora_target", str)
         groups, target_notes = lora_target_groups([t.strip() for t in target.split(",")], model, "lora_target")
         options |= {"lora_rank": rank, "lora_alpha": alpha} | ({"lora_targets": groups} if groups else {})
-        options["lora_dropout"] = cfg.typed("lora_dropout", (int, float)) or 0.0  # LLaMA-Factory's default: 0
+        options["lora_dropout"] = _get(cfg, notes, "lora_dropout", (int, float))
         notes += target_notes
     return options
 

@@ -20,7 +20,8 @@ from tunecost.workload.frameworks.torchtitan import (
 )
 
 # Defaults, pytorch/torchtune @ bd2a0fc7 (2026-04-23):
-#   lora_rank 8, lora_alpha 16, apply_lora_to_mlp/_output False, use_dora False   models/*/_model_builders.py
+#   lora_rank 8, lora_alpha 16, lora_dropout 0.0, apply_lora_to_mlp/_output False, use_dora False
+#                                                                                models/*/_model_builders.py
 #   qlora_* = lora_* with quantize_base=True: torchao to_nf4 (64-weight blocks, int8 scalers per 256: double quant)
 #   dtype required (cfg.dtype); null -> fp32                                       training/precision.py get_dtype
 #   enable_activation_checkpointing/_offloading False, optimizer_in_bwd False, compile False, fsdp_cpu_offload
@@ -117,7 +118,8 @@ def _lora(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     options["lora_rank"] = read_or_default(flat, "model.lora_rank", int, 8, notes, f"lora_rank 8: {TITLE}'s default")
     line = f"lora_alpha 16: {TITLE}'s default"
     options["lora_alpha"] = read_or_default(flat, "model.lora_alpha", (int, float), 16, notes, line)
-    options["lora_dropout"] = flat.typed("model.lora_dropout", (int, float)) or 0.0  # the builders' default: 0
+    line = f"lora_dropout 0: {TITLE}'s default"
+    options["lora_dropout"] = read_or_default(flat, "model.lora_dropout", (int, float), 0.0, notes, line)
     modules = flat.get("model.lora_attn_modules")
     if not isinstance(modules, list) or any(m not in ATTENTION_MODULES for m in modules):
         raise flat.error("model.lora_attn_modules", f"must be a list of {', '.join(ATTENTION_MODULES)}")
