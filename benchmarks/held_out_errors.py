@@ -23,6 +23,7 @@ from tunecost.catalog.held_out_errors import (
     COLUMNS,
     EFFICIENCY_COLUMNS,
     HELD_OUT_ERRORS_PATH,
+    MODEL_KINDS,
     STACK_EFFICIENCIES_PATH,
     HeldOutError,
     StackEfficiency,
@@ -50,6 +51,7 @@ def held_out(corpus: list[Path] | None) -> tuple[list[HeldOutError], list[StackE
             log_error=round(math.log(r.predicted / r.measured), 6),
             kind="stack prior" if r.prior else "calibrated",
             simulator_stack=(STACKS[r.stack].simulator_stack or "") if r.stack in STACKS else "",
+            model_kind=r.model_kind,
         )
         for r in [*rows, *prior_rows]
         if has_interval(r) and r.measured and r.predicted
@@ -63,7 +65,10 @@ def csv_text(errors: list[HeldOutError], as_of: str) -> str:
     writer.writerow(COLUMNS)
     for e in errors:
         writer.writerow(
-            [e.source, e.id, e.quantity, e.stack, e.simulator_stack, e.kind, f"{e.log_error:.6f}", COMMAND, as_of]
+            [
+                *(e.source, e.id, e.quantity, e.stack, e.simulator_stack, e.model_kind, e.kind),
+                *(f"{e.log_error:.6f}", COMMAND, as_of),
+            ]
         )
     return buf.getvalue()
 
@@ -93,11 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     corpus = ", ".join(p.name for p in args.corpus) or "shipped corpus"
     rows = with_intervals(validate_rows(read_corpus(args.corpus or None), held_out=()), errors)
     prior_rows = [r for r in validate_rows(read_corpus(args.corpus or None), held_out=(), prior_only=True) if r.prior]
-    for label, judged in (("", rows), ("stack prior: ", with_intervals(prior_rows, errors))):
+    judged_priors = with_intervals(prior_rows, errors)
+    by_model = [(f"stack prior, {k}: ", [r for r in judged_priors if r.model_kind == k]) for k in MODEL_KINDS]
+    for label, judged in (("", rows), ("stack prior: ", judged_priors), *by_model):
         for kind in sorted({quantity_class(r.quantity) for r in judged if r.inside is not None}):
             cover = interval_coverage(r for r in judged if quantity_class(r.quantity) == kind)
             print(
-                f"{label + kind:22s} rows {cover['with_interval']:4d}  inside {cover['inside']:4d}  "
+                f"{label + kind:30s} rows {cover['with_interval']:4d}  inside {cover['inside']:4d}  "
                 f"coverage {cover['coverage_pct']} %  median half-width {cover['median_halfwidth_pct']} %"
             )
     ape = sorted(abs(math.expm1(e.log_error)) for e in errors if e.kind == "stack prior")

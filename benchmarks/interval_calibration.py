@@ -3,7 +3,8 @@
     PYTHONPATH=src .venv/bin/python benchmarks/interval_calibration.py [--plot docs/img/interval_calibration.png]
 
 - validate (shipped corpus): each row's interval at levels 50-99 % from the held-out errors of other rows
-  (validate.intervals), per quantity class;
+  (validate.intervals), per quantity class, and of every throughput row predicted from its stack family's prior
+  (its own stack left out), per kind of model;
 - the throughput model (bundled A40 and A100-40GB points): each (model, dataset, GPU) group predicted by a
   calibration without it, whose own held-out checks set the interval (nested leave-one-group-out), at 95 %.
 """
@@ -14,7 +15,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from tunecost.catalog.held_out_errors import held_out_errors, quantity_class
+from tunecost.catalog.held_out_errors import MODEL_KINDS, held_out_errors, quantity_class
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
 from tunecost.estimate.throughput.calibrate import calibrate
 from tunecost.estimate.throughput.sources import load_calibration_points
@@ -26,15 +27,24 @@ from tunecost.validate.summary import interval_coverage
 LEVELS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 
 
+def _classes(rows) -> list[str]:
+    return sorted({quantity_class(r.quantity) for r in rows if r.inside is not None})
+
+
 def validate_coverage() -> dict[str, list[tuple[float, float, int, float]]]:
     """Per quantity class: (level, coverage, rows, median half-width %) at each level."""
     rows = validate_rows(read_corpus(None), held_out=())
+    priors = [r for r in validate_rows(read_corpus(None), held_out=(), prior_only=True) if r.prior]
     errors = held_out_errors()
     out: dict[str, list[tuple[float, float, int, float]]] = {}
     for level in LEVELS:
         judged = with_intervals(rows, errors, level)
-        for kind in sorted({quantity_class(r.quantity) for r in judged if r.inside is not None}):
-            c = interval_coverage(r for r in judged if quantity_class(r.quantity) == kind)
+        classes = {kind: [r for r in judged if quantity_class(r.quantity) == kind] for kind in _classes(judged)}
+        for model_kind in MODEL_KINDS:  # every throughput row predicted from its family's prior, per kind of model
+            mine = [r for r in with_intervals(priors, errors, level) if r.model_kind == model_kind]
+            classes[f"stack prior, {model_kind}"] = mine
+        for kind, members in classes.items():
+            c = interval_coverage(members)
             out.setdefault(kind, []).append(
                 (
                     level,
@@ -125,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     print("validate, held-out intervals per quantity class: level -> coverage (median half-width)")
     for kind, pts in curves.items():
         cells = "  ".join(f"{100 * lv:.0f}%: {100 * c:.1f} (±{w:.0f} %)" for lv, c, _, w in pts)
-        print(f"  {kind:20s} n={pts[0][2]:3d}  {cells}")
+        print(f"  {kind:21s} n={pts[0][2]:3d}  {cells}")
     print("throughput model, 95 % half-widths of Mixtral-8x7B math on GPUs outside the calibration:")
     widths_table()
     print("throughput model, nested leave-one-group-out at 95 %:")

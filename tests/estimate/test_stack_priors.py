@@ -23,6 +23,7 @@ from tunecost.estimate.throughput.stack_priors import (
     family_efficiency,
     framework_family,
     job_family,
+    model_kind,
     stack_prior,
 )
 
@@ -44,8 +45,9 @@ def _efficiency(stack: str, family: str, value: float) -> StackEfficiency:
 
 def test_a_torchtune_job_gets_its_familys_prior_and_a_wider_interval(batch_three, make_request) -> None:
     hf = calibrated.calibrated_estimator(make_request(stack="hf-peft"))
-    tt = calibrated.calibrated_estimator(make_request(stack="torchtune"))
-    prior = stack_prior("torchtune")
+    req = make_request(stack="torchtune")
+    tt = calibrated.calibrated_estimator(req)
+    prior = stack_prior("torchtune", kind=model_kind(req.job.model))
     assert prior is not None and prior.family == "torchtune" and prior.log_halfwidth > 0
     assert prior.note in tt.notes and not any("is not calibrated" in n for n in hf.notes)
     assert tt.queries_per_s == pytest.approx(hf.queries_per_s * prior.factor)
@@ -102,9 +104,11 @@ def test_the_shipped_data_set_the_prior_and_its_interval() -> None:
         prior = stack_prior("tunecost", framework)
         assert prior is not None and "every family's median" in prior.note
     rows = [e for e in held_out_errors() if e.kind == PRIOR_KIND and quantity_class(e.quantity) == "throughput"]
-    prior = stack_prior("torchtune")
-    assert prior is not None and f"{len(rows)} held-out rows predicted from their family's prior" in prior.note
-    assert prior.log_halfwidth <= max(abs(e.log_error) for e in rows)
+    for kind in ("dense", "moe"):  # each kind of model takes its own rows' errors
+        mine = [e for e in rows if e.model_kind == kind]
+        prior = stack_prior("torchtune", kind=kind)
+        assert prior is not None and f"{len(mine)} held-out rows of {kind} models predicted" in prior.note
+        assert prior.log_halfwidth <= max(abs(e.log_error) for e in mine)
 
 
 def test_no_held_out_errors_leave_the_interval_as_it_is() -> None:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tunecost.catalog.held_out_errors import HeldOutError, held_out_errors, quantity_class
+from tunecost.estimate.conformal import conformal_halfwidth
 from tunecost.validate.intervals import MIN_STACK_ERRORS, with_intervals
 from tunecost.validate.run import ValidationRow
 from tunecost.validate.summary import interval_coverage, summarize
@@ -144,6 +145,55 @@ def test_a_prior_row_takes_the_prior_errors() -> None:
     assert got.high == pytest.approx(round(11.0 * math.exp(0.6), 4)) and "family's prior" in got.interval
 
 
+def test_a_prior_row_takes_the_prior_errors_of_its_kind_of_model() -> None:
+    from dataclasses import replace
+
+    def prior(kind: str, value: float, n: int) -> list[HeldOutError]:
+        return [
+            HeldOutError(
+                source="c",
+                id=f"{kind}{i}",
+                quantity="s_per_step",
+                stack="t",
+                log_error=value,
+                kind="stack prior",
+                model_kind=kind,
+            )
+            for i in range(n)
+        ]
+
+    errors = prior("dense", 0.2, 30) + prior("moe", 1.5, 10)
+    dense = replace(_row("x", "a", "s", 10.0, 11.0), prior=True)
+    moe = replace(dense, id="y", model_kind="moe")
+    got_dense, got_moe = with_intervals([dense, moe], errors)
+    assert got_dense.high == pytest.approx(round(11.0 * math.exp(0.2), 4)) and "30 held-out rows of dense" in (
+        got_dense.interval
+    )
+    assert "10 held-out rows of moe" in got_moe.interval and got_moe.high > 11.0 * math.exp(1.5)  # Student t
+    # a kind with fewer than MIN_STACK_ERRORS errors takes every prior row's
+    (few,) = with_intervals([moe], prior("dense", 0.2, 30) + prior("moe", 1.5, MIN_STACK_ERRORS - 1))
+    assert f"{30 + MIN_STACK_ERRORS - 1} held-out rows predicted" in few.interval
+
+
+def test_the_shipped_prior_errors_cover_each_kind_of_model() -> None:
+    """Each kind's split-conformal quantile covers about 95 % of its own rows, each left out in turn; the MoE rows
+    (an eager expert loop the counts miss) no longer widen every dense interval."""
+    from tunecost.estimate.throughput.stack_priors import prior_errors
+
+    shipped = [e for e in held_out_errors() if e.kind == "stack prior"]
+    widths = {}
+    for kind in ("dense", "moe"):
+        mine = [e for e in shipped if e.model_kind == kind]
+        inside = 0
+        for e in mine:
+            pool, what = prior_errors(shipped, kind, leave_out=(e.source, e.id))
+            assert f"of {kind} models" in what
+            inside += abs(e.log_error) <= conformal_halfwidth(pool, what).value
+        assert 0.9 <= inside / len(mine) <= 1.0
+        widths[kind] = conformal_halfwidth(prior_errors(shipped, kind)[0], "").value
+    assert widths["dense"] < conformal_halfwidth([e.log_error for e in shipped], "").value < widths["moe"]
+
+
 def test_a_simulated_peak_takes_the_published_peaks_of_its_stack() -> None:
     from tunecost.estimate.memory_interval import MIN_STACK_ERRORS, peak_interval_bytes
 
@@ -163,9 +213,12 @@ def test_a_bad_errors_file_is_one_error_naming_the_file_row_and_column(tmp_path)
     from tunecost.errors import TunecostError
 
     path = tmp_path / "errors.csv"
-    path.write_text(",".join(COLUMNS) + "\nsrc,1,s_per_step,s,,calibrated,abc,cmd,2026-12-02\n")
+    path.write_text(",".join(COLUMNS) + "\nsrc,1,s_per_step,s,,dense,calibrated,abc,cmd,2026-12-02\n")
     with pytest.raises(TunecostError, match=r"errors.csv: row 2: log_error 'abc' is not a number"):
         held_out_errors(path)
-    path.write_text(",".join(COLUMNS) + "\nsrc,1,s_per_step,s,,guessed,0.1,cmd,2026-12-02\n")
+    path.write_text(",".join(COLUMNS) + "\nsrc,1,s_per_step,s,,dense,guessed,0.1,cmd,2026-12-02\n")
     with pytest.raises(TunecostError, match="kind 'guessed' is not one of"):
+        held_out_errors(path)
+    path.write_text(",".join(COLUMNS) + "\nsrc,1,s_per_step,s,,sparse,calibrated,0.1,cmd,2026-12-02\n")
+    with pytest.raises(TunecostError, match="row 2: model_kind 'sparse': dense or moe"):
         held_out_errors(path)

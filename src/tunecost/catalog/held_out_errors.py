@@ -15,11 +15,24 @@ from tunecost.csvfile import read_csv_rows
 from tunecost.errors import TunecostError
 
 HELD_OUT_ERRORS_PATH = Path(__file__).resolve().parent / "data" / "held_out_errors.csv"
-COLUMNS = ("source", "id", "quantity", "stack", "simulator_stack", "kind", "log_error", "command", "as_of")
+COLUMNS = (
+    "source",
+    "id",
+    "quantity",
+    "stack",
+    "simulator_stack",
+    "model_kind",
+    "kind",
+    "log_error",
+    "command",
+    "as_of",
+)
 STACK_EFFICIENCIES_PATH = Path(__file__).resolve().parent / "data" / "stack_efficiencies.csv"
 EFFICIENCY_COLUMNS = ("stack", "stack_cell", "gpu", "family", "gemm_efficiency", "corpus", "command", "as_of")
 PRIOR_KIND = "stack prior"  # predicted from its stack family's prior (no row of its own stack calibrated it)
 KINDS = ("calibrated", PRIOR_KIND)
+# the row's model: dense, or MoE (routed experts, whose dispatch a stack may run as an eager loop: its own errors)
+MODEL_KINDS = ("dense", "moe")
 # the measured quantities that are one step time each (their errors share one class)
 THROUGHPUT_QUANTITIES = ("tokens_per_s_per_gpu", "samples_per_s", "s_per_step", "time_to_train_s")
 
@@ -38,6 +51,7 @@ class HeldOutError:
     log_error: float  # ln(predicted / measured)
     kind: str = "calibrated"  # calibrated on a row of its (stack, GPU), or its family's prior (KINDS)
     simulator_stack: str = ""  # the step simulator's stack that reproduces the row's stack
+    model_kind: str = "dense"  # MODEL_KINDS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,7 +85,9 @@ def held_out_errors(path: Path = HELD_OUT_ERRORS_PATH) -> tuple[HeldOutError, ..
     for line, row, value in _numbered_rows(path, "held-out errors file", COLUMNS, "log_error"):
         if row["kind"] not in KINDS:
             raise TunecostError(f"{path}: row {line}: kind {row['kind']!r} is not one of {', '.join(KINDS)}")
-        fields = {k: row[k] for k in ("source", "id", "quantity", "stack", "kind", "simulator_stack")}
+        if row["model_kind"] not in MODEL_KINDS:
+            raise TunecostError(f"{path}: row {line}: model_kind {row['model_kind']!r}: dense or moe")
+        fields = {k: row[k] for k in ("source", "id", "quantity", "stack", "kind", "simulator_stack", "model_kind")}
         out.append(HeldOutError(log_error=value, **fields))
     return tuple(out)
 

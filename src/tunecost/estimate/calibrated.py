@@ -35,6 +35,7 @@ from tunecost.estimate.throughput.stack_priors import (
     TE_LAYERS_FAMILY,
     StackPrior,
     job_family,
+    model_kind,
     stack_prior,
 )
 from tunecost.estimate.throughput.targets import Prediction, ThroughputTarget, throughput_target, with_setup
@@ -148,7 +149,7 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
 def for_job_software(req: EstimateRequest, pred: Prediction) -> tuple[Prediction, StackPrior | None]:
     """The prediction for the job's software: as calibrated for the calibrated stack family (no prior); for another
     family, scaled by that family's prior and its interval widened (`stack_priors.stack_prior`), with the prior."""
-    prior = stack_prior(req.options.stack or req.job.stack, req.options.framework)
+    prior = stack_prior(req.options.stack or req.job.stack, req.options.framework, kind=model_kind(req.job.model))
     if prior is None:
         return pred, None
     parts = (*pred.interval_parts, (INTERVAL_KIND, prior.log_halfwidth, prior.basis))

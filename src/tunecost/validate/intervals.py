@@ -2,7 +2,8 @@
 
 A row's interval is the split-conformal quantile (`estimate.conformal`) of |ln(predicted / measured)| over rows
 of its quantity class: of its own stack where the corpus has `MIN_STACK_ERRORS` of them (the row itself left
-out), else of every other source (a stack the corpus has not validated). docs/throughput-model.md shows the
+out), else of every other source (a stack the corpus has not validated); a row predicted from its family's prior
+takes the prior's errors of its kind of model (`stack_priors.prior_errors`). docs/throughput-model.md shows the
 coverage this reaches.
 """
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from tunecost.catalog.held_out_errors import PRIOR_KIND, HeldOutError, held_out_errors, quantity_class
 from tunecost.estimate.conformal import INTERVAL_LEVEL, MIN_STACK_ERRORS, conformal_halfwidth
+from tunecost.estimate.throughput.stack_priors import prior_errors
 
 if TYPE_CHECKING:
     from tunecost.validate.run import ValidationRow
@@ -42,8 +44,7 @@ def with_intervals(
         ]
         own = [e.log_error for e in same if e.stack == row.stack and (e.source, e.id) != (row.source, row.id)]
         if row.prior:
-            pool = [e.log_error for e in same if (e.source, e.id) != (row.source, row.id)]
-            what = f"{len(pool)} {kind} rows predicted from their family's prior"
+            pool, what = prior_errors(evidence, row.model_kind, leave_out=(row.source, row.id))
         elif len(own) >= MIN_STACK_ERRORS:
             pool, what = own, f"{len(own)} other {kind} rows of stack {row.stack}"
         else:

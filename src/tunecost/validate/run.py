@@ -16,7 +16,7 @@ from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.catalog.held_out_errors import THROUGHPUT_QUANTITIES, HeldOutError, StackEfficiency
 from tunecost.catalog.held_out_errors import stack_efficiencies as tp_priors
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.stack_priors import FITTED_PARAMETER, prior_efficiency, stack_family
+from tunecost.estimate.throughput.stack_priors import FITTED_PARAMETER, model_kind, prior_efficiency, stack_family
 from tunecost.simulate import simulate_step
 from tunecost.simulate.batch import default_margin_fraction
 from tunecost.simulate.batch import fit_verdict as margin_verdict
@@ -59,6 +59,7 @@ class ValidationRow:
     high: float | None = None
     interval: str = ""  # which held-out errors set it (not an output column)
     prior: bool = False  # a throughput predicted with its stack family's prior (no row of its group calibrated)
+    model_kind: str = "dense"  # dense or moe (`catalog.held_out_errors.MODEL_KINDS`): its interval's pool
 
     def as_output(self) -> dict[str, object]:
         d = asdict(self)
@@ -184,16 +185,10 @@ def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simu
     else:
         predicted = round(predicted_bytes(quantity, sim, mapped.gpu_memory_bytes) / (unit_bytes(unit) or GIB), 3)
         error = round((predicted - measured) / measured * 100.0, 2) if measured else None
-    return _outcome(
-        row,
-        measured,
-        predicted=predicted,
-        error=error,
-        reason=mapped.note,
-        stack=mapped.stack.name,
-        fits=fits,
-        fit=fit,
+    out = _outcome(
+        row, measured, predicted=predicted, error=error, reason=mapped.note, stack=mapped.stack.name, fits=fits, fit=fit
     )
+    return replace(out, model_kind=model_kind(mapped.job.model))
 
 
 def _throughput_ok(
@@ -202,7 +197,7 @@ def _throughput_ok(
     error = None if reason == tp.CALIBRATION_REASON else round((predicted - measured) / measured * 100.0, 2)
     reason = "; ".join(r for r in (reason, mapped.note) if r)
     out = _outcome(row, measured, predicted=round(predicted, 4), error=error, reason=reason, stack=mapped.stack.name)
-    return replace(out, prior=prior) if prior else out
+    return replace(out, prior=prior, model_kind=model_kind(mapped.job.model))
 
 
 def _shape(m: MappedRow) -> dict[str, int]:

@@ -20,7 +20,8 @@ from tunecost.catalog.held_out_errors import (
     stack_efficiencies,
 )
 from tunecost.errors import TunecostError
-from tunecost.estimate.conformal import INTERVAL_LEVEL, conformal_halfwidth
+from tunecost.estimate.conformal import INTERVAL_LEVEL, MIN_STACK_ERRORS, conformal_halfwidth
+from tunecost.models.catalog import resolve_model
 
 FITTED_PARAMETER = "gemm_efficiency"  # the one stack parameter a (stack, GPU) group calibrates
 CALIBRATED_FAMILY = "hf-eager"  # the family of the paper's stack (hf-2024), the throughput model's calibration
@@ -128,15 +129,38 @@ class StackPrior:
     note: str
 
 
+def model_kind(model: str) -> str:
+    """dense or moe: the held-out errors of a prior are pooled per kind of model (`prior_errors`)."""
+    return "moe" if resolve_model(model).is_moe else "dense"
+
+
+def prior_errors(
+    errors: Sequence[HeldOutError], kind: str, leave_out: tuple[str, str] | None = None
+) -> tuple[list[float], str]:
+    """The held-out throughput errors of rows predicted from their family's prior, of models of `kind` where
+    the corpus has `MIN_STACK_ERRORS` of them (Mondrian split-conformal: a kind known before the prediction), else
+    of every row; `leave_out` (source, id) is the row being predicted. With what they are, in words."""
+    pool = [
+        e
+        for e in errors
+        if e.kind == PRIOR_KIND and quantity_class(e.quantity) == "throughput" and (e.source, e.id) != leave_out
+    ]
+    same = [e.log_error for e in pool if e.model_kind == kind]
+    if len(same) >= MIN_STACK_ERRORS:
+        return same, f"{len(same)} held-out rows of {kind} models predicted from their family's prior"
+    return [e.log_error for e in pool], f"{len(pool)} held-out rows predicted from their family's prior"
+
+
 def stack_prior(
     stack: str,
     framework: str | None = None,
     efficiencies: Sequence[StackEfficiency] | None = None,
     errors: Sequence[HeldOutError] | None = None,
     level: float = INTERVAL_LEVEL,
+    kind: str = "dense",
 ) -> StackPrior | None:
     """The prior of the job's family from `efficiencies` and the held-out throughput `errors` of that kind
-    (default: the shipped ones); None for the calibrated family."""
+    (default: the shipped ones) for a model of `kind` (dense or moe); None for the calibrated family."""
     family = job_family(stack, framework)
     if family == CALIBRATED_FAMILY:
         return None
@@ -144,8 +168,7 @@ def stack_prior(
     prior, base = family_efficiency(effs, family), family_efficiency(effs, CALIBRATED_FAMILY)
     factor = prior.value / base.value if prior and base else 1.0
     held = held_out_errors() if errors is None else errors
-    pool = [e.log_error for e in held if e.kind == PRIOR_KIND and quantity_class(e.quantity) == "throughput"]
-    what = f"{len(pool)} held-out rows predicted from their family's prior"
+    pool, what = prior_errors(held, kind)
     h = conformal_halfwidth(pool, what, level) if pool else None
     runs = f"stack {stack}" + (f" from a {framework} config" if framework else "")
     widened = f"±{100 * math.expm1(h.value):.0f} % ({what})" if h else "not at all (no held-out errors of its kind)"
