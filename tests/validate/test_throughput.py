@@ -159,8 +159,10 @@ def test_unmodelled_settings_and_failed_calibrations_are_skipped_with_their_reas
         _row(2, notes="cumulative: +activation offload", value="3000"),
         _row(3, attention="eager", value="3000"),
         _row(4, stack="hf-transformers+peft (Qwen finetune.py)", method="full", value="3000"),
-        _row(5, stack="swift 2.x (hf-transformers+peft)", value="1e12"),  # faster than any efficiency allows
+        # faster than any efficiency allows these counts, within the GPU's peak for a 0.5B model's real ones
+        _row(5, stack="swift 2.x (hf-transformers+peft)", model="Qwen/Qwen2.5-0.5B", value="50000"),
         _row(6, gpu="no-such-gpu", value="1"),
+        _row(7, stack="swift 2.x (hf-transformers+peft)", value="1e12"),  # beyond any GPU
     ]
     out = validate_rows(rows, counts_fn=_gemm_only)
     # alone in its (stack, GPU), row 0 is predicted with its family's prior (the shipped corpus's other stacks)
@@ -172,6 +174,7 @@ def test_unmodelled_settings_and_failed_calibrations_are_skipped_with_their_reas
         4: "full fine-tune under stack qwen-finetune not modelled",
         5: "calibration of swift-2",
         6: "not in the GPU catalog",
+        7: "implausible: 1e12 tokens/s is",
     }
     for i, words in expected.items():
         assert out[i].status == "skipped" and words in out[i].reason and out[i].predicted is None, out[i]
@@ -267,3 +270,23 @@ def test_the_trainer_reduces_gradients_once_per_optimizer_step_and_torchtune_eve
         assert 0 < unsynced < synced
         expected = synced + 3 * unsynced if no_sync else 4 * synced
         assert tp.exposed_comm_s(four, A100, 0.0) == pytest.approx(expected)
+
+
+def test_a_measurement_beyond_the_gpus_tensor_peak_is_skipped_with_the_reading_that_fails() -> None:
+    """Mistral-7B LoRA at 1000 tokens: about 4 x 7.2 GFLOP per token without recomputation, so 100k tokens/s per
+    A100 would be ~2.9 PFLOP/s, nine times its 312 TFLOP/s bf16 peak; 3000 tokens/s is within it."""
+    from dataclasses import replace
+
+    fast = _row(1, value="100000")
+    mapped = map_row(fast)
+    assert mapped.job.gradient_checkpointing  # the row says on; the check counts the step without recomputation
+    least = tp.step_counts(replace(mapped, job=mapped.job.with_(gradient_checkpointing=False)))
+    implied = least.total_flops / tp.to_step_seconds("tokens_per_s_per_gpu", 100000.0, **tp.shape_of(mapped))
+    assert implied > 2 * A100.bf16_tensor_flops_per_s
+    why = tp.beyond_peak(fast, mapped, A100, 100000.0)
+    assert why is not None and why.startswith("implausible: 100000 tokens/s is") and "312 TFLOP/s bf16" in why
+    assert f"{implied / 1e12:.0f} TFLOP/s per GPU" in why
+    assert tp.beyond_peak(_row(2, value="3000"), map_row(_row(2, value="3000")), A100, 3000.0) is None
+    rows = validate_rows([fast, _row(4, value="3000"), _row(5, value="2900")], held_out=())
+    assert rows[0].status == "skipped" and rows[0].reason.startswith("implausible")
+    assert all(r.status == "ok" for r in rows[1:])

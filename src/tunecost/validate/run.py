@@ -200,16 +200,6 @@ def _throughput_ok(
     return replace(out, prior=prior, model_kind=model_kind(mapped.job.model))
 
 
-def _shape(m: MappedRow) -> dict[str, int]:
-    """Batch, sequence length, gradient accumulation and GPUs: what converts a step time into a row's quantity."""
-    return {
-        "batch": m.job.batch_size,
-        "seq_len": int(m.job.seq_len or 0),
-        "grad_accum": m.grad_accum,
-        "num_gpus": m.num_gpus if m.model_parallel is None else m.plan().dp,  # the ranks that split the batch
-    }
-
-
 def validate_throughput_rows(
     rows: list[CorpusRow],
     counts_fn: tp.CountsFn = tp.micro_batch_counts,
@@ -245,8 +235,12 @@ def validate_throughput_rows(
             continue
         try:
             counts = tp.step_counts(mapped, counts_fn)
+            implausible = tp.beyond_peak(row, mapped, resolve_gpu_name(tp.group_key(row, mapped)[2]).gpu, measured)
         except Exception as exc:  # a model tunecost cannot count is reported, never a crash
             out[i] = _skipped(row, f"step counts failed: {exc}", mapped.stack.name)
+            continue
+        if implausible:
+            out[i] = _skipped(row, implausible, mapped.stack.name)
             continue
         groups.setdefault(tp.group_key(row, mapped), []).append((i, row, mapped, measured, counts))
     ready: list[tuple[tuple[str, str, str], list, dict[int, tp.StepFn], GpuTerms]] = []
@@ -292,12 +286,12 @@ def _predict_with_prior(
         return
     eff, reason = prior
     i, row, mapped, measured, counts = members[0]
-    measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **_shape(mapped))
+    measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **tp.shape_of(mapped))
     if check_fit and tp.gemm_efficiency_from(steps[i], measured_step_s) is None:
         out[i] = _skipped(row, _calibration_failed(key, row, counts, terms, measured_step_s), mapped.stack.name)
         return
     for i, row, mapped, measured, _ in members:
-        predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), **_shape(mapped))
+        predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), **tp.shape_of(mapped))
         out[i] = _throughput_ok(row, mapped, measured, predicted, reason, prior=True)
 
 
@@ -320,7 +314,7 @@ def _calibrate_group(key, members, steps, terms, out: dict[int, ValidationRow], 
     single = [m for m in members if m[2].num_gpus == 1]
     cal = max(single or members, key=lambda t: (t[4].total_flops, -t[0]))
     i, row, mapped, measured, counts = cal
-    measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **_shape(mapped))
+    measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **tp.shape_of(mapped))
     eff = tp.gemm_efficiency_from(steps[i], measured_step_s)
     if eff is None:
         reason = _calibration_failed(key, row, counts, terms, measured_step_s)
@@ -329,7 +323,7 @@ def _calibrate_group(key, members, steps, terms, out: dict[int, ValidationRow], 
         return None
     if record:
         for i, row, mapped, measured, _ in members:
-            predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), **_shape(mapped))
+            predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), **tp.shape_of(mapped))
             reason = tp.CALIBRATION_REASON if (i, row) == cal[:2] else f"{FITTED_PARAMETER} {eff:.3f} from {cal[1].id}"
             out[i] = _throughput_ok(row, mapped, measured, predicted, reason)
     return eff

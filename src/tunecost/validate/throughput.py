@@ -208,6 +208,37 @@ def unmodelled_settings(row: CorpusRow, mapped: MappedRow) -> str | None:
     return None
 
 
+def beyond_peak(row: CorpusRow, mapped: MappedRow, gpu: GPU, measured: float) -> str | None:
+    """Why a measurement cannot be what the row says (None: it can): it implies more FLOP/s per GPU than the GPU's
+    datasheet tensor peak for the least work the step must do (no recomputation), as a total over the GPUs read per
+    GPU does. A tensor- or pipeline-parallel row is not checked (its rank does a share of the counts)."""
+    if mapped.model_parallel is not None:
+        return None
+    least = dataclasses.replace(mapped, job=mapped.job.with_(gradient_checkpointing=False, selective_recompute=False))
+    flops = step_counts(least).total_flops
+    step_s = to_step_seconds(row.get("quantity"), measured, **shape_of(mapped))
+    fp8 = mapped.job.fp8 != "none" and gpu.fp8_tensor_flops_per_s is not None
+    peak = gpu.fp8_tensor_flops_per_s if fp8 else gpu.bf16_tensor_flops_per_s
+    assert peak is not None
+    if flops / step_s <= peak:
+        return None
+    return (
+        f"implausible: {row.get('value')} {row.get('unit')} is {flops / step_s / 1e12:.0f} TFLOP/s per GPU for the "
+        f"step's least work (no recomputation), above the {gpu.name}'s {peak / 1e12:.0f} TFLOP/s "
+        f"{'FP8' if fp8 else 'bf16'} tensor peak (a total over the {mapped.num_gpus} GPUs read per GPU?)"
+    )
+
+
+def shape_of(m: MappedRow) -> dict[str, int]:
+    """Batch, sequence length, gradient accumulation and GPUs: what converts a step time into a row's quantity."""
+    return {
+        "batch": m.job.batch_size,
+        "seq_len": int(m.job.seq_len or 0),
+        "grad_accum": m.grad_accum,
+        "num_gpus": m.num_gpus if m.model_parallel is None else m.plan().dp,  # the ranks that split the batch
+    }
+
+
 def tokens_per_step(batch: int, seq_len: int, grad_accum: int) -> int:
     return batch * seq_len * grad_accum
 
