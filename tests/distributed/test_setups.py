@@ -155,3 +155,30 @@ def test_a_lora_job_no_data_parallel_layout_holds_is_searched_with_tensor_parall
     assert "no data-parallel layout fits: tensor- and pipeline-parallel layouts searched" in answer.notes
     short = estimate_multi_gpu(job.with_(seq_len=512), gpus=gpus, strategies=strategies, max_gpus=8)
     assert all(s.plan.degree == 1 for s in short.setups)
+
+
+def test_a_model_parallel_group_of_every_gpu_needs_no_data_parallel_strategy() -> None:
+    """tp 4 x pp 2 on 8 GPUs (a NeMo config's layout) leaves one data-parallel rank: 'single' is a valid strategy
+    there, and the checks before the search let it through."""
+    from tunecost.distributed.layouts import checked_counts
+
+    h100 = resolve_gpu_name("H100").gpu
+    counts, spec = checked_counts("meta-llama/Llama-2-70b-hf", [h100], ["single"], 8, 8, 8, 1, "none", 8)
+    assert counts == {h100.name: [8]} and spec.num_layers == 80
+    assert ParallelPlan(num_gpus=8, strategy="single", tp=4, pp=2).dp == 1
+
+
+def test_a_rank_with_some_layers_recomputed_lies_between_every_layer_and_none() -> None:
+    from tunecost.estimate.rank_needs import RankNeeds
+
+    job = tiny_job(
+        "tiny-llama-2l", "lora", LoraConfig(rank=8, targets=("attention", "mlp")), gradient_checkpointing=True
+    )
+    plan = ParallelPlan(num_gpus=2, strategy="fsdp2")
+    every = RankNeeds(job).memory(plan, 2)
+    none = RankNeeds(job.with_(gradient_checkpointing=False)).memory(plan, 2)
+    half = RankNeeds(job.with_(recompute_layers=1)).memory(plan, 2)  # 1 of the 2 layers
+    assert every.peak_bytes < half.peak_bytes < none.peak_bytes
+    assert half.peak_bytes == round((every.peak_bytes + none.peak_bytes) / 2)
+    assert half.peak_reserved_bytes >= half.peak_bytes and "1 of 2 layers recomputed" in half.assumptions[-1]
+    assert RankNeeds(job.with_(recompute_layers=2)).memory(plan, 2) == every

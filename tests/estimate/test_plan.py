@@ -236,3 +236,5 @@ def test_emit_refuses_what_the_recipes_cannot_switch_on(tiny_full) -> None:
     selective = job.with_(gradient_checkpointing=False, selective_recompute=True)
     with pytest.raises(TunecostError, match="no selective recomputation switch"):
         launch_job(option, selective, epochs=1)
+    with pytest.raises(TunecostError, match="no some-layers recomputation switch"):
+        launch_job(option, job.with_(gradient_checkpointing=True, recompute_layers=1), epochs=1)

@@ -61,6 +61,7 @@ class JobOptions:
     lora_targets: cli.LoraTargets = None
     gradient_checkpointing: cli.GradientCheckpointing = None
     selective_recompute: cli.SelectiveRecompute = False
+    recompute_layers: cli.RecomputeLayers = None
     attention: cli.Attention = "flash"
     optimizer: cli.Optimizer = "adamw"
     dtype: cli.Dtype = None
@@ -87,6 +88,7 @@ class JobOptions:
             lengths=data.lengths if data else None,
             gradient_checkpointing=self.gradient_checkpointing,
             selective_recompute=self.selective_recompute,
+            recompute_layers=self.recompute_layers,
             lora_rank=self.lora_rank,
             lora_alpha=self.lora_alpha,
             lora_dropout=self.lora_dropout,

@@ -155,6 +155,11 @@ SELECTIVE_RECOMPUTE_HELP = (
     "recomputation; NeMo activations_checkpoint_granularity selective); gradient checkpointing then defaults off."
 )
 SelectiveRecompute = Annotated[bool, opt("--selective-recompute/--no-selective-recompute", SELECTIVE_RECOMPUTE_HELP)]
+RECOMPUTE_LAYERS_HELP = (
+    "Under gradient checkpointing, how many decoder layers recompute their forward (Megatron's recompute_method "
+    "block, torchtitan's every-Nth-layer selective_ac_option); the rest keep their activations. Default: every layer."
+)
+RecomputeLayers = Annotated[int | None, count_option("--recompute-layers", RECOMPUTE_LAYERS_HELP, MAX_LAYERS)]
 DEFAULT_LORA_RANK = 16
 DEFAULT_LORA_ALPHA = 32.0
 STACK_HELP = (

@@ -128,6 +128,8 @@ def checked_counts(
     for s in strategies:
         if most % model_parallel_degree:  # a given count the degrees do not divide: `check_model_parallel` says so
             break
+        if s == "single" and most == model_parallel_degree:  # every GPU in the model-parallel group: no data parallel
+            continue
         plan = ParallelPlan(
             num_gpus=most, gpus_per_node=gpus_per_node, strategy=s, expert_parallel=expert_degree, offload=offload
         )

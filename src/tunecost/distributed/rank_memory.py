@@ -6,7 +6,7 @@ Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.rank_m
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tunecost.distributed import expert_parallel, fsdp1
 from tunecost.distributed.single_step import SingleGpuStep as SingleGpuStep  # re-exported
@@ -55,6 +55,25 @@ class RankMemory:
     def nvidia_smi_bytes(self) -> int:
         """What nvidia-smi would show for the rank: the reserve plus the memory outside the allocator."""
         return self.peak_reserved_bytes + self.device_overhead_bytes + self.nccl_bytes
+
+
+def partly_recomputed_rank(off: RankMemory, on: RankMemory, share: float, note: str) -> RankMemory:
+    """A rank's memory with `share` of its layers recomputed, between the rank with none (`off`) and every one
+    (`on`) recomputed, as `simulate.simulator.partly_recomputed` does for one GPU."""
+
+    def lerp(a: float, b: float) -> int:
+        return round(a + (b - a) * share)
+
+    keys = off.breakdown_bytes.keys() | on.breakdown_bytes.keys()
+    return replace(
+        off,
+        peak_bytes=lerp(off.peak_bytes, on.peak_bytes),
+        breakdown_bytes={k: lerp(off.breakdown_bytes.get(k, 0), on.breakdown_bytes.get(k, 0)) for k in keys},
+        peak_reserved_bytes=max(
+            lerp(off.peak_reserved_bytes, on.peak_reserved_bytes), lerp(off.peak_bytes, on.peak_bytes)
+        ),
+        assumptions=(*on.assumptions, note),
+    )
 
 
 def shard_group_size(plan: ParallelPlan) -> int:

@@ -96,6 +96,7 @@ def estimate_job(
     lengths: tuple[int, ...] | None = None,
     gradient_checkpointing: bool | None = None,
     selective_recompute: bool = False,
+    recompute_layers: int | None = None,
     lora_rank: int = 16,
     lora_alpha: float = 32.0,
     lora_dropout: float = 0.0,
@@ -135,6 +136,7 @@ def estimate_job(
         if gradient_checkpointing is None
         else gradient_checkpointing,
         selective_recompute=selective_recompute,
+        recompute_layers=recompute_layers,
         seq_len=seq_len,
         lengths=lengths,
         dataset=dataset_name(dataset, lengths),

@@ -13,17 +13,20 @@ from tunecost.workload.job import FineTuneJob
 
 def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=None) -> LaunchJob:
     """The recipe's view of the recommended `option` of `job`: every provider that rents its GPU as candidates.
-    The recipes launch data parallelism in bf16 or fp16 only: a TP/PP/CP layout, FP8 or selective recomputation is a
-    `TunecostError`."""
+    The recipes launch data parallelism in bf16 or fp16 only: a TP/PP/CP layout, FP8, selective or some-layers
+    recomputation is a `TunecostError`."""
     setup, spec = option.setup, resolve_model(job.model)
     if setup.plan.degree > 1:
         raise TunecostError(
             f"--emit: the recommended setup is {setup.plan.layout_name} (tensor/pipeline/context parallel); the "
             "recipes launch data-parallel layouts only (ddp, fsdp1, fsdp2, hsdp, zero1-3, one GPU)"
         )
-    missing = [
-        what for what, on in (("FP8", job.fp8 != "none"), ("selective recomputation", job.selective_recompute)) if on
-    ]
+    switches = (
+        ("FP8", job.fp8 != "none"),
+        ("selective recomputation", job.selective_recompute),
+        ("some-layers recomputation", job.recompute_layers is not None),
+    )
+    missing = [what for what, on in switches if on]
     if missing:
         raise TunecostError(
             f"--emit: the launch recipes have no {' or '.join(missing)} switch; plan without it to emit one"

@@ -9,11 +9,18 @@ from pathlib import Path
 
 from tunecost.catalog.gpus import GPU
 from tunecost.distributed import model_parallel
-from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory, single_gpu_step
+from tunecost.distributed.rank_memory import (
+    RankMemory,
+    SingleGpuStep,
+    partly_recomputed_rank,
+    rank_memory,
+    single_gpu_step,
+)
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import EstimateRequest, EstimatorOptions
 from tunecost.estimate.simulated import Throughput, throughput_at
 from tunecost.io import atomic_write_json
+from tunecost.models.catalog import resolve_model
 from tunecost.simulate.batch import MAX_BATCH, search_with_margin
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.workload.job import FineTuneJob
@@ -47,6 +54,12 @@ class RankNeeds:
         self._disk: dict[int, dict[str, dict]] = {}  # batch -> plan key -> RankMemory fields
         self._dirty: set[int] = set()
         self.throughputs: dict[tuple[str, bool], dict[int, tuple[Throughput, str]]] = {}  # (GPU, steady) -> batch
+        # some layers recomputed: the rank's memory between every layer recomputed and none (`partly_recomputed_rank`)
+        self._every = self._none = None
+        if job.recompute_layers is not None:
+            every = job.with_(recompute_layers=None)
+            self._every = RankNeeds(every, behaviour, framework)
+            self._none = RankNeeds(every.with_(gradient_checkpointing=False), behaviour, framework)
 
     def job_at(self, batch: int) -> FineTuneJob:
         return self.job.with_(batch_size=batch)
@@ -56,6 +69,8 @@ class RankNeeds:
         return single_gpu_throughput(self.job_at(batch), gpu, steady_state, self.framework)
 
     def step(self, batch: int) -> SingleGpuStep:
+        if self._every is not None:  # the traced step's communication: every layer's (recompute counted)
+            return self._every.step(batch)
         if batch not in self._steps:
             self._steps[batch] = single_gpu_step(self.job_at(batch), behaviour=self.behaviour)
         return self._steps[batch]
@@ -70,6 +85,14 @@ class RankNeeds:
         return self._rank_steps[key]
 
     def memory(self, plan: ParallelPlan, batch: int) -> RankMemory:
+        if self._every is not None and self._none is not None:
+            layers, num_layers = self.job.recompute_layers, resolve_model(self.job.model).num_layers
+            share = self.job.recomputed_share(num_layers)
+            on = self._every.memory(plan, batch)
+            if share == 1.0:
+                return on
+            note = f"{layers} of {num_layers} layers recomputed: memory between every layer recomputed and none"
+            return partly_recomputed_rank(self._none.memory(plan, batch), on, share, note)
         if (plan, batch) not in self._memory:
             saved, key = self._saved(batch), json.dumps(dataclasses.asdict(plan), sort_keys=True)
             if key in saved:
@@ -103,6 +126,9 @@ class RankNeeds:
 
     def flush(self) -> None:
         """Write the rank memories computed since the last flush (a cache that cannot be written is no error)."""
+        for variant in (self._every, self._none):
+            if variant is not None:
+                variant.flush()
         for batch in sorted(self._dirty):
             try:
                 self._path(batch).parent.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,8 @@ def cache_dir() -> Path:
     return cache_root() / "simulate"
 
 
-_UNSET = {"fp8": "none", "fp8_params": False, "selective_recompute": False}  # left out when unset: older keys hold
+# job fields left out of the key when unset: older keys hold
+_UNSET = {"fp8": "none", "fp8_params": False, "selective_recompute": False, "recompute_layers": None}
 
 
 def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512, behaviour=None) -> str:

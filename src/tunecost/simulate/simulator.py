@@ -8,8 +8,10 @@ bytes. The scaling is exact when the units are identical (tests check it against
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tunecost.errors import TunecostError
@@ -227,7 +229,26 @@ def simulate_step(
     """
     if num_layers_to_trace is not None and num_layers_to_trace < 1:
         raise TunecostError(f"layers to trace must be at least 1, got {num_layers_to_trace}")
-    resolve_model(job.model).check_seq_len(job.worst_case_seq_len)  # before the cache: no stored answer to it
+    spec = resolve_model(job.model)
+    spec.check_seq_len(job.worst_case_seq_len)  # before the cache: no stored answer to it
+    if job.recompute_layers is not None:  # some layers recomputed: between every layer and none
+        share = job.recomputed_share(spec.num_layers)
+        every = job.with_(recompute_layers=None)
+        run = functools.partial(
+            simulate_step,
+            num_layers_to_trace=num_layers_to_trace,
+            stack=stack,
+            behaviour=behaviour,
+            overhead=overhead,
+            granule_bytes=granule_bytes,
+            use_cache=use_cache,
+            on_progress=on_progress,
+        )
+        on = run(every)
+        if share == 1.0:
+            return on
+        off = run(every.with_(gradient_checkpointing=False))
+        return partly_recomputed(off, on, job.recompute_layers, spec.num_layers)
     key = _cache.job_key(job, num_layers_to_trace, stack, overhead, granule_bytes, behaviour)
     if use_cache:
         hit = _cache.load(key)
@@ -237,6 +258,44 @@ def simulate_step(
     if use_cache:
         _cache.store(key, sim)
     return sim
+
+
+def partly_recomputed(off: StepSimulation, on: StepSimulation, layers: int, num_layers: int) -> StepSimulation:
+    """The step with `layers` of `num_layers` decoder layers recomputed, from the steps with none (`off`) and every
+    one (`on`): each checkpointed layer keeps its input instead of its activations, so the bytes at the peak move
+    linearly from `off`'s to `on`'s (over by at most one layer's activations: `on`'s peak holds the layer being
+    recomputed); the recompute pass runs for that share of the layers."""
+    share = layers / num_layers
+
+    def lerp(a: dict, b: dict) -> dict:
+        return {k: round(_lerp(a.get(k, 0), b.get(k, 0), share)) for k in a.keys() | b.keys()}
+
+    def scaled(counts: StepCounts) -> StepCounts:
+        return StepCounts(
+            flops_by_class={k: v * share for k, v in counts.flops_by_class.items()},
+            bytes_by_class={k: v * share for k, v in counts.bytes_by_class.items()},
+        )
+
+    counts = {phase: scaled(c) if phase == "recompute" else c for phase, c in on.counts.items()}
+    flops_by_module = {
+        group: {phase: v * share if phase == "recompute" else v for phase, v in by_phase.items()}
+        for group, by_phase in on.flops_by_module.items()
+    }
+    note = (
+        f"{layers} of {num_layers} layers recomputed: the peak, its breakdown and the reserve interpolated between "
+        f"the step with every layer recomputed and with none (over by at most one layer's activations)"
+    )
+    return replace(
+        off,
+        peak_bytes=round(_lerp(off.peak_bytes, on.peak_bytes, share)),
+        breakdown_bytes=lerp(off.breakdown_bytes, on.breakdown_bytes),
+        module_bytes=lerp(off.module_bytes, on.module_bytes),
+        peak_reserved_bytes=round(_lerp(off.peak_reserved_bytes, on.peak_reserved_bytes, share)),
+        counts=counts,
+        flops_by_module=flops_by_module,
+        seconds_taken=off.seconds_taken + on.seconds_taken,
+        assumptions=(*on.assumptions, note),
+    )
 
 
 def _simulate_uncached(

@@ -169,6 +169,9 @@ class FineTuneJob:
     fp8_params: bool = False  # te-delayed: the linears' weights kept in FP8 only (TE fp8_model_init)
     # the core attention recomputed in backward (Megatron's selective recomputation), the rest of each layer kept
     selective_recompute: bool = False
+    # under gradient checkpointing, how many decoder layers recompute their forward (Megatron's block method,
+    # torchtitan's every-Nth-layer); None: every layer
+    recompute_layers: int | None = None
 
     def __post_init__(self) -> None:
         _check_choice("method", self.method, METHODS)
@@ -206,10 +209,29 @@ class FineTuneJob:
                 "--selective-recompute recomputes the core attention only; gradient checkpointing already recomputes "
                 "the whole layer: give one (--no-gradient-checkpointing)"
             )
+        if self.recompute_layers is not None:
+            if self.recompute_layers < 1:
+                raise TunecostError(f"--recompute-layers must be >= 1, got {self.recompute_layers}")
+            if not self.gradient_checkpointing:
+                raise TunecostError(
+                    "--recompute-layers counts the checkpointed layers: it needs gradient checkpointing"
+                )
         if self.modules_to_save and self.method == "full":
             raise TunecostError("modules_to_save applies beside LoRA; a full fine-tune already trains every module")
         if len(set(self.modules_to_save)) != len(self.modules_to_save):
             raise TunecostError(f"a module to save is named twice: {', '.join(self.modules_to_save)}")
+
+    def recomputed_share(self, num_layers: int) -> float:
+        """The share of the model's `num_layers` decoder layers whose forward runs again in backward."""
+        if not self.gradient_checkpointing:
+            return 0.0
+        if self.recompute_layers is None:
+            return 1.0
+        if self.recompute_layers > num_layers:
+            raise TunecostError(
+                f"--recompute-layers {self.recompute_layers}: the model has {num_layers} layers; give at most that"
+            )
+        return self.recompute_layers / num_layers
 
     @property
     def compute_bytes_per_element(self) -> int:

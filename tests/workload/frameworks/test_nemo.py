@@ -216,3 +216,28 @@ def test_mlperf_reference_is_accelerate_deepspeed() -> None:
     job = read_config(MLPERF.with_name("mlperf_llama2_70b_lora_accelerate.yaml"))
     assert job.framework == "accelerate"
     assert job.options == {"num_gpus": 8, "gpus_per_node": 8, "dtype": "bf16", "strategy": "zero3"}
+
+
+def test_block_recomputation_counts_the_layers_of_each_model_chunk(tmp_path: Path) -> None:
+    """activations_checkpoint_method block, num_layers N: the first N layers of each pipeline stage's model chunk
+    recompute (Megatron Core's TransformerBlock); uniform recomputes every layer."""
+    block = PRETRAIN.replace(
+        "activations_checkpoint_granularity: full",
+        "activations_checkpoint_granularity: full\n  activations_checkpoint_method: block\n"
+        "  activations_checkpoint_num_layers: 2",
+    )
+    job = _read(tmp_path, block)  # pp 4 x 2 virtual stages: 8 model chunks of 4 layers
+    assert job.options["gradient_checkpointing"] and job.options["recompute_layers"] == 16
+    assert any("block" in a and "8 model chunks" in a for a in job.assumptions)
+    uniform = _read(tmp_path, block.replace("method: block", "method: uniform"))
+    assert "recompute_layers" not in uniform.options
+    assert any("modelled as each layer recomputed alone" in a for a in uniform.assumptions)
+    assert "model.activations_checkpoint_num_layers" not in job.not_modelled
+    assert "model.activations_checkpoint_method: 'blocks': uniform or block" in _error(
+        tmp_path, block.replace("method: block", "method: blocks")
+    )
+    megatron = MEGATRON_YAML.replace(
+        "recompute_granularity: selective",
+        "recompute_granularity: full\n  recompute_method: block\n  recompute_num_layers: 3",
+    )
+    assert _read(tmp_path, megatron).options["recompute_layers"] == 6  # pp 2, no virtual stages

@@ -215,3 +215,21 @@ def test_float8_converter_is_fp8(tmp_path: Path) -> None:
     with pytest.raises(TunecostError, match=r"quantize.linear.float8.recipe_name.*rowwise_with_gw_hp"):
         _read(tmp_path, hp)
     assert "fp8" not in _read(tmp_path, LLAMA3_8B).options
+
+
+def test_layer_selective_checkpointing_recomputes_every_nth_layer(tmp_path: Path) -> None:
+    """selective_ac_option N wraps blocks N, 2N, ... of each stage (torchtitan's `_apply_layer_sac` counter)."""
+    every_second = LLAMA3_8B.replace('mode = "full"', 'mode = "selective"\nselective_ac_option = "2"')
+    job = _read(tmp_path, every_second)
+    assert job.options["gradient_checkpointing"] and job.options["recompute_layers"] == 16  # Llama-3.1-8B: 32
+    assert any(a.startswith("activation_checkpoint.selective_ac_option 2: 16 of") for a in job.assumptions)
+    default = _read(tmp_path, LLAMA3_8B.replace('mode = "full"', 'mode = "selective"'))
+    assert default.options["recompute_layers"] == 16
+    _named(default, "activation_checkpoint.selective_ac_option 2")
+    for option in ("1", "0"):  # every layer
+        text = LLAMA3_8B.replace('mode = "full"', f'mode = "selective"\nselective_ac_option = "{option}"')
+        assert "recompute_layers" not in _read(tmp_path, text).options
+    none = _read(tmp_path, every_second.replace('"2"', '"64"'))
+    assert none.options["gradient_checkpointing"] is False and "recompute_layers" not in none.options
+    with pytest.raises(TunecostError, match="selective_ac_option"):
+        _read(tmp_path, every_second.replace('"2"', '"half"'))

@@ -198,6 +198,7 @@ def memory_job(
         if checkpointing is None
         else checkpointing,
         selective_recompute=options.selective_recompute,
+        recompute_layers=options.recompute_layers,
         attention=options.attention,
         optimizer=options.optimizer,
         batch_size=batch_size,

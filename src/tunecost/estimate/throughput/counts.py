@@ -132,7 +132,7 @@ def analytic_step_counts(
         raise TunecostError(f"{spec.name}: experts per token must be in 1..{arch.num_experts}, got {k}")
     tokens = lengths.tokens_per_step
     acc = OpTally()
-    gc = 1.0 if job.gradient_checkpointing else 0.0
+    gc = job.recomputed_share(spec.num_layers)  # the share of the layers whose forward runs again
     full = job.method == "full"
     quantized = job.method == "qlora"
     w_bytes = job.compute_bytes_per_element

@@ -18,6 +18,7 @@ SETUP_FIELDS = (
     "gptq_kernel",
     "gradient_checkpointing",
     "selective_recompute",
+    "recompute_layers",
     "attention",
     "fp8",
     "fp8_params",
@@ -28,7 +29,8 @@ def setup_label(job: Any) -> str:
     """How `job` trains, in words: checkpointing, precision, 4-bit storage, LoRA, FP8 and eager attention (what the
     counts read)."""
     recompute = "selective recompute" if job.selective_recompute else "no checkpointing"
-    parts = ["checkpointing" if job.gradient_checkpointing else recompute, job.compute_dtype]
+    checkpointing = "checkpointing" + (f" of {job.recompute_layers} layers" if job.recompute_layers else "")
+    parts = [checkpointing if job.gradient_checkpointing else recompute, job.compute_dtype]
     if job.method == "qlora":
         gptq = f"gptq g{job.gptq_group_size} {job.gptq_kernel}"
         parts.append(gptq if job.quant_type == "gptq" else job.quant_type + (" + double quant" * job.double_quant))

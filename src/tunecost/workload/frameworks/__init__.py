@@ -33,6 +33,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "dtype": str,  # bf16 | fp16 | fp32
     "gradient_checkpointing": bool,
     "selective_recompute": bool,  # the core attention recomputed in backward
+    "recompute_layers": int,  # under gradient checkpointing, the layers recomputed (None: every layer)
     "reentrant": bool,
     "attention": str,  # flash | sdpa | eager
     "optimizer": str,  # adamw | adamw-8bit | sgd

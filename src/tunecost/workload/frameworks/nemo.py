@@ -234,6 +234,29 @@ def _training(r: Reader, options: dict[str, Any]) -> None:
         r.notes.append(f"gradient_checkpointing off: {r.key(d.recompute)} null ({d.title}'s default)")
     if recompute == "selective":
         options["selective_recompute"] = True
+    if recompute == "full":
+        _recomputed_layers(r, options)
+
+
+def _recomputed_layers(r: Reader, options: dict[str, Any]) -> None:
+    """Megatron Core's full recomputation: `block` checkpoints the first N layers of each pipeline stage (of each
+    model chunk under a virtual pipeline) and keeps the others' activations; `uniform` checkpoints every layer, N
+    at a time (modelled one at a time: a group's recompute holds N layers' activations)."""
+    d = r.dialect
+    method_key, layers_key = (r.key(d.recompute.replace("granularity", k)) for k in ("method", "num_layers"))
+    method, layers = r.value(method_key, str), r.value(layers_key, int)
+    if method not in (None, "uniform", "block"):
+        raise r.flat.error(method_key, f"{method!r}: uniform or block")
+    if layers is not None and layers < 1:
+        raise r.flat.error(layers_key, f"{layers}: at least 1")
+    if method == "block" and layers:
+        chunks = options.get("pp", 1) * (options.get("virtual_stages") or 1)
+        options["recompute_layers"] = layers * chunks
+        r.notes.append(f"{method_key} block, {layers_key} {layers}: {layers} layers of each of {chunks} model chunks")
+    elif method is None or layers is None:
+        r.notes.append(f"every layer recomputed: {method_key} or {layers_key} not set")
+    elif layers > 1:
+        r.notes.append(f"{method_key} uniform, {layers_key} {layers}: modelled as each layer recomputed alone")
 
 
 def _sequence(r: Reader, options: dict[str, Any]) -> None:

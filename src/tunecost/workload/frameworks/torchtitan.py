@@ -26,7 +26,9 @@ from tunecost.workload.frameworks.model_parallel import ModelShape, catalog_shap
 #   TP always shards the norms along the sequence (SequenceParallel in every models/*/infra/parallelize.py; no
 #   switch), seq_len a multiple of tp x 2 x cp (ParallelDims.seq_len_divisor). parallelism.enable_sequence_parallel
 #   (default True) came later, with the Python configs (aa68af18, 2026-03-29, torchtitan/config/configs.py)
-#   activation_checkpoint.mode selective (selective_ac_option "2": every 2nd layer); compile.enable False
+#   activation_checkpoint.mode selective, selective_ac_option "2": every 2nd block wrapped (torchtitan/distributed/
+#   activation_checkpoint.py `_apply_layer_sac`: a counter over the blocks, `count % ac_freq == 0`); compile.enable
+#   False
 #   attention: the flavors' attn_type "sdpa" (torch SDPA); "_flex"/"_varlen" flavors: flex/varlen attention
 #   quantize.linear.float8.recipe_name None (TorchAOFloat8LinearConfig(): tensorwise), filter_fqns [] (llama3 TOMLs:
 #   ["output"]); components/quantization/float8.py registers the converter "quantize.linear.float8"
@@ -221,10 +223,35 @@ def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> No
     if mode not in CHECKPOINTING:
         raise flat.error("activation_checkpoint.mode", f"{mode!r}: one of {', '.join(CHECKPOINTING)}")
     options["gradient_checkpointing"] = CHECKPOINTING[mode]
-    if mode in ("selective", "memory_budget"):
+    if mode == "memory_budget":
         notes.append(
             f"activation_checkpoint.mode {mode}: modelled as every layer checkpointed (memory under-estimated)"
         )
+
+
+def _layer_checkpointing(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
+    """Selective checkpointing of whole layers: selective_ac_option N wraps every Nth block of each pipeline stage
+    (torchtitan's counter: blocks N, 2N, ...); "op" keeps chosen ops' outputs (every layer recomputed, modelled)."""
+    key = "activation_checkpoint.selective_ac_option"
+    option = read_or_default(flat, key, str, "2", notes, f"{key} 2: {TITLE}'s default (every 2nd layer)")
+    if option == "op":
+        notes.append(
+            f"activation_checkpoint.mode selective, {key} op: per-op checkpointing modelled as every layer "
+            "checkpointed (memory under-estimated)"
+        )
+        return
+    if not option.isdigit():
+        raise flat.error(key, f"{option!r}: op or a whole number (checkpoint every Nth layer)")
+    every, pp = int(option), options.get("pp", 1)
+    if every <= 1 or options.get("model") is None:
+        return
+    per_stage = catalog_shape(options["model"]).num_layers // pp
+    if per_stage < every:
+        options["gradient_checkpointing"] = False
+        notes.append(f"{key} {every}: no layer of a {per_stage}-layer stage is checkpointed")
+        return
+    options["recompute_layers"] = pp * (per_stage // every)
+    notes.append(f"{key} {every}: {per_stage // every} of each stage's {per_stage} layers checkpointed")
 
 
 def _degrees(flat: ConfigFile) -> tuple[int, int, int]:
@@ -329,6 +356,8 @@ def read(cfg: ConfigFile) -> ConfigJob:
     _model(flat, options, notes)
     _training(flat, options, notes)
     _layout(flat, options, notes)
+    if options["gradient_checkpointing"] and flat.data.get("activation_checkpoint.mode", "selective") == "selective":
+        _layer_checkpointing(flat, options, notes)
     _steps(flat, options, notes)
     return config_job(FRAMEWORK.name, flat, options, notes)
 
