@@ -44,8 +44,9 @@ def _efficiency(stack: str, family: str, value: float) -> StackEfficiency:
 
 
 def test_a_torchtune_job_gets_its_familys_prior_and_a_wider_interval(batch_three, make_request) -> None:
-    hf = calibrated.calibrated_estimator(make_request(stack="hf-peft"))
-    req = make_request(stack="torchtune")
+    # a full fine-tune: no adapters, whose dtype differs between the families (`counts`), so the counts agree
+    hf = calibrated.calibrated_estimator(make_request(stack="hf-peft", method="full"))
+    req = make_request(stack="torchtune", method="full")
     tt = calibrated.calibrated_estimator(req)
     prior = stack_prior("torchtune", kind=model_kind(req.job.model))
     assert prior is not None and prior.family == "torchtune" and prior.log_halfwidth > 0
@@ -122,5 +123,8 @@ def test_a_nemo_job_counts_transformer_engine_layers(batch_three, make_request) 
     nemo = calibrated.request_target(make_request(framework="nemo"), 3)
     hf = calibrated.request_target(make_request(framework="llamafactory"), 3)
     assert nemo.te_layers and not hf.te_layers
+    assert nemo.lora_compute_dtype and not hf.lora_compute_dtype  # NeMo's adapters in the compute dtype
+    tune = calibrated.request_target(make_request(framework="torchtune"), 3)
+    assert tune.lora_compute_dtype and not tune.te_layers
     model = calibrated.calibrated_model()
     assert model.predict(nemo).queries_per_s > model.predict(hf).queries_per_s

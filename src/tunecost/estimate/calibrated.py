@@ -32,6 +32,7 @@ from tunecost.estimate.throughput.model import achieved_fp8_flops_per_s
 from tunecost.estimate.throughput.sources import calibrate_files, calibration_files
 from tunecost.estimate.throughput.stack_priors import (
     INTERVAL_KIND,
+    LORA_COMPUTE_DTYPE_FAMILIES,
     TE_LAYERS_FAMILY,
     StackPrior,
     job_family,
@@ -199,9 +200,11 @@ def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
         method=req.job.method,
         host_cpu=req.options.host_cpu,
     )
-    te_layers = job_family(req.options.stack or req.job.stack, req.options.framework) == TE_LAYERS_FAMILY
+    family = job_family(req.options.stack or req.job.stack, req.options.framework)
     target = with_setup(target, req.job)
-    return replace(target, te_layers=True) if te_layers else target
+    return replace(
+        target, te_layers=family == TE_LAYERS_FAMILY, lora_compute_dtype=family in LORA_COMPUTE_DTYPE_FAMILIES
+    )
 
 
 def extrapolation_notes(pred: Prediction) -> list[str]:

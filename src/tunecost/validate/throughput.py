@@ -18,7 +18,12 @@ from tunecost.catalog.gpus import GPU
 from tunecost.estimate.throughput.counts import AnalyticStepCounts, accumulated, analytic_step_counts
 from tunecost.estimate.throughput.model import StackParams, catalog_gpu_terms, step_time
 from tunecost.estimate.throughput.priors import PRIORS
-from tunecost.estimate.throughput.stack_priors import FITTED_PARAMETER, TE_LAYERS_FAMILY, stack_family
+from tunecost.estimate.throughput.stack_priors import (
+    FITTED_PARAMETER,
+    LORA_COMPUTE_DTYPE_FAMILIES,
+    TE_LAYERS_FAMILY,
+    stack_family,
+)
 from tunecost.models.catalog import resolve_model
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.mapping import MappedRow, names_torch_compile
@@ -49,8 +54,13 @@ def gpu_terms(gpu: GPU) -> GpuTerms:
 
 def micro_batch_counts(mapped: MappedRow) -> AnalyticStepCounts:
     """One micro-batch of the row's job, with its optimizer step (the throughput model's analytic counts)."""
-    te_layers = stack_family(mapped.stack.name) == TE_LAYERS_FAMILY
-    return analytic_step_counts(resolve_model(mapped.job.model), mapped.job, te_layers=te_layers)
+    family = stack_family(mapped.stack.name)
+    return analytic_step_counts(
+        resolve_model(mapped.job.model),
+        mapped.job,
+        te_layers=family == TE_LAYERS_FAMILY,
+        lora_compute_dtype=family in LORA_COMPUTE_DTYPE_FAMILIES,
+    )
 
 
 CountsFn = Callable[[MappedRow], AnalyticStepCounts]

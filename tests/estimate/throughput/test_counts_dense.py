@@ -75,6 +75,24 @@ def test_lora_on_attention_adapts_q_k_v_o_only() -> None:
     assert attn.flops_by_class["optimizer"] < both.flops_by_class["optimizer"]
 
 
+def test_adapters_in_the_compute_dtype_move_fewer_bytes_than_peft_fp32_ones() -> None:
+    """PEFT's fp32 path moves 12 bytes per (in + out) a pass (4 passes under checkpointing); adapters in the compute
+    dtype (torchtune, litgpt, NeMo) 7 per forward pass and 9 for the whole backward, the same FLOPs."""
+    spec = resolve_model("mistral-7b-v0.1")
+    job = _mistral(method="lora", lora=LoraConfig(rank=16, targets=("attention",)), gradient_checkpointing=True)
+    fp32, bf16 = (analytic_step_counts(spec, job, lora_compute_dtype=c) for c in (False, True))
+    token_io = 2 * 4096 * LAYERS * (2 * (H + H) + 2 * (H + KV))
+    assert fp32.bytes_by_class["lora"] == pytest.approx(4 * 12 * token_io)
+    assert bf16.bytes_by_class["lora"] == pytest.approx((2 * 7 + 9) * token_io)
+    assert bf16.flops_by_class["lora"] == fp32.flops_by_class["lora"]
+    assert bf16.kernels_by_class["lora"] < fp32.kernels_by_class["lora"]
+    # the adapters' optimizer state in the compute dtype: half the bytes
+    assert bf16.bytes_by_class["optimizer"] == pytest.approx(fp32.bytes_by_class["optimizer"] / 2)
+    # a full fine-tune has no adapters: the flag changes nothing
+    full = _mistral(method="full")
+    assert analytic_step_counts(spec, full, lora_compute_dtype=True) == analytic_step_counts(spec, full)
+
+
 def test_qwen_counts_the_q_k_v_biases_and_the_large_vocabulary_head() -> None:
     spec = resolve_model("qwen-1_8b")
     arch = arch_of(spec)

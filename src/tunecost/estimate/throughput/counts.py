@@ -37,6 +37,12 @@ GPTQ_TORCH_DEQUANT_KERNELS_PER_CALL = 9  # weight: shift, cast, and, sub, mul; z
 LORA_BYTES_PER_IN_OUT = 12  # fp32 adapter path: cast x to fp32, x@A, @B, * scaling, add into the bf16 output
 LORA_KERNELS_FWD, LORA_KERNELS_BWD = 5, 8  # cast, A, B, scale, add / their gradients (incl. A, B weight grads)
 LORA_PARAM_BYTES = 4  # LLaMA-Factory upcasts trainable adapter weights to fp32
+# Adapters in the compute dtype (torchtune's LoRALinear, litgpt's, NeMo's; `lora_compute_dtype`), per (in + out) at
+# in = out: the forward reads x (2 B per in) and writes, scales and adds the update (2 + 4 + 6 B per out); the
+# backward scales the update's gradient (4 per out), reads it for B's two GEMMs (4), writes x's gradient and adds
+# it into the base's (2 + 6 per in) and reads x for A's gradient (2 per in).
+LORA_COMPUTE_DTYPE_FWD_BYTES_PER_IN_OUT, LORA_COMPUTE_DTYPE_BWD_BYTES_PER_IN_OUT = 7, 9
+LORA_COMPUTE_DTYPE_KERNELS_FWD, LORA_COMPUTE_DTYPE_KERNELS_BWD = 4, 6  # A, B, scale, add / their gradients
 # lora_dropout on an adapter's input (its in side taken as half of its in + out) forward, recompute and backward:
 # read and write fp32 and the 1-byte mask each pass, one kernel a pass
 LORA_DROPOUT_BYTES_PER_INPUT = 4 + 4 + 1
@@ -119,10 +125,16 @@ class OpTally:
 
 
 def analytic_step_counts(
-    spec: ModelSpec, job: FineTuneJob, lengths: SeqLengths | None = None, *, te_layers: bool = False
+    spec: ModelSpec,
+    job: FineTuneJob,
+    lengths: SeqLengths | None = None,
+    *,
+    te_layers: bool = False,
+    lora_compute_dtype: bool = False,
 ) -> AnalyticStepCounts:
     """Count one step of `job` on `spec` (see docs/throughput-model.md for the stack it describes; `te_layers`:
-    the element-wise work of Megatron Core's Transformer Engine layers instead of transformers' eager ones)."""
+    the element-wise work of Megatron Core's Transformer Engine layers instead of transformers' eager ones;
+    `lora_compute_dtype`: LoRA adapters in the compute dtype instead of PEFT's fp32 ones)."""
     arch = arch_of(spec)
     lengths = lengths or lengths_of_job(job)
     if lengths.batch_size != job.batch_size:
@@ -164,10 +176,10 @@ def analytic_step_counts(
     acc.add("elementwise", bytes_=tokens * spec.vocab_size * LOSS_BYTES_PER_VOCAB, kernels=LOSS_KERNELS)
     if quantized:
         _add_dequant(acc, arch, job, hit=hit, w_bytes=w_bytes, passes=(frozen_passes, fwd_passes))
-    _add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
+    _add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc, compute_dtype=lora_compute_dtype)
     eager, selective = job.attention == "eager", job.selective_recompute
     add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes, te_layers=te_layers, selective=selective, eager=eager)
-    _add_optimizer(acc, arch, job, k)
+    _add_optimizer(acc, arch, job, k, lora_compute_dtype)
     if job.fp8 != "none":
         _add_fp8_casts(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
     lora_rows = rows_expert if "experts" in job.lora.targets and arch.num_experts > 1 else tokens
@@ -296,10 +308,12 @@ def _add_fp8_casts(acc: OpTally, arch: Arch, job: FineTuneJob, *, tokens: float,
     acc.add("elementwise", bytes_=moved, kernels=kernels)
 
 
-def _add_optimizer(acc: OpTally, arch: Arch, job: FineTuneJob, k: int) -> None:
+def _add_optimizer(acc: OpTally, arch: Arch, job: FineTuneJob, k: int, lora_compute_dtype: bool) -> None:
     """AdamW (foreach) with gradient clipping over the trainable parameters; the embedding's gradient under full FT."""
     w_bytes = job.compute_bytes_per_element
     trainable_params, trainable_tensors, param_bytes = _trainable(arch, job, k)
+    if lora_compute_dtype and job.method != "full":
+        param_bytes = w_bytes
     acc.add(
         "optimizer",
         flops=trainable_params * ADAMW_FLOPS_PER_PARAM,
@@ -344,8 +358,11 @@ def dense_lora_targets(arch: Arch, targets: tuple[str, ...]) -> tuple[int, int]:
     return arch.dense_in_out - arch.attention_in_out, arch.num_dense_matrices - arch.num_attention_matrices
 
 
-def _add_lora(acc: OpTally, arch: Arch, job: FineTuneJob, *, tokens: float, k: int, hit: float, gc: float) -> None:
-    """Rank-r adapters (fp32) beside the frozen weights they target: x@A@B on every pass, plus A/B grads."""
+def _add_lora(
+    acc: OpTally, arch: Arch, job: FineTuneJob, *, tokens: float, k: int, hit: float, gc: float, compute_dtype: bool
+) -> None:
+    """Rank-r adapters (PEFT's fp32 ones, or in the compute dtype) beside the frozen weights they target: x@A@B on
+    every pass, plus A/B grads."""
     if job.method == "full":
         return
     r = job.lora.rank
@@ -362,12 +379,20 @@ def _add_lora(acc: OpTally, arch: Arch, job: FineTuneJob, *, tokens: float, k: i
     calls += dense_mats
     passes = 1.0 + gc + 2.0  # forward, recompute, grad-input, grad-weight of A and B
     dropout_passes = (2.0 + gc) if job.lora.dropout > 0 else 0.0  # forward, recompute, backward
+    if compute_dtype:
+        fwd_bytes, bwd_bytes = LORA_COMPUTE_DTYPE_FWD_BYTES_PER_IN_OUT, LORA_COMPUTE_DTYPE_BWD_BYTES_PER_IN_OUT
+        fwd_kernels, bwd_kernels = LORA_COMPUTE_DTYPE_KERNELS_FWD, LORA_COMPUTE_DTYPE_KERNELS_BWD
+        dropout_bytes = 2 * job.compute_bytes_per_element + 1  # read and write x, the 1-byte mask
+    else:
+        fwd_bytes, bwd_bytes = LORA_BYTES_PER_IN_OUT, 2 * LORA_BYTES_PER_IN_OUT
+        fwd_kernels, bwd_kernels = LORA_KERNELS_FWD, LORA_KERNELS_BWD
+        dropout_bytes = LORA_DROPOUT_BYTES_PER_INPUT
     acc.add(
         "lora",
         flops=passes * 2.0 * r * token_io,
-        bytes_=passes * token_io * LORA_BYTES_PER_IN_OUT
-        + dropout_passes * LORA_INPUT_SHARE_OF_IN_OUT * token_io * LORA_DROPOUT_BYTES_PER_INPUT,
-        kernels=calls * ((1.0 + gc) * LORA_KERNELS_FWD + LORA_KERNELS_BWD + dropout_passes),
+        bytes_=((1.0 + gc) * fwd_bytes + bwd_bytes) * token_io
+        + dropout_passes * LORA_INPUT_SHARE_OF_IN_OUT * token_io * dropout_bytes,
+        kernels=calls * ((1.0 + gc) * fwd_kernels + bwd_kernels + dropout_passes),
     )
 
 

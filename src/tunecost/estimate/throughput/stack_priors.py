@@ -27,6 +27,7 @@ FITTED_PARAMETER = "gemm_efficiency"  # the one stack parameter a (stack, GPU) g
 CALIBRATED_FAMILY = "hf-eager"  # the family of the paper's stack (hf-2024), the throughput model's calibration
 INTERVAL_KIND = "stack not calibrated"  # the kind its half-width is listed under (`Prediction.interval_kinds`)
 TE_LAYERS_FAMILY = "nemo-te"  # Megatron Core's Transformer Engine layers: fused element-wise work (`counts`)
+LORA_COMPUTE_DTYPE_FAMILIES = ("torchtune", TE_LAYERS_FAMILY)  # LoRA adapters in the compute dtype (`counts`)
 
 # The family a stack's efficiency is borrowed from when no row of it calibrates (docs/validation.md).
 STACK_FAMILIES = {

@@ -31,6 +31,7 @@ class ThroughputTarget:
     gpu: str
     host_cpu: str | None = None  # the host CPU that runs the GPU, when known (catalog.host_cpus)
     te_layers: bool = False  # Megatron Core's Transformer Engine layers (`counts.analytic_step_counts`)
+    lora_compute_dtype: bool = False  # LoRA adapters in the compute dtype (`counts.analytic_step_counts`)
 
 
 def throughput_target(
@@ -127,7 +128,11 @@ def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, AnalyticStepCounts]:
     else:
         lengths = dataset_lengths(str(job.dataset), job.batch_size)
         job = replace(job, seq_len=PAPER_CUTOFF_TOKENS)
-    return job, analytic_step_counts(resolve_model(job.model), job, lengths, te_layers=target.te_layers)
+    spec = resolve_model(job.model)
+    counts = analytic_step_counts(
+        spec, job, lengths, te_layers=target.te_layers, lora_compute_dtype=target.lora_compute_dtype
+    )
+    return job, counts
 
 
 def run_queries_per_s(step_s: float, batch_size: int, run_overhead_s: float, run_queries: int | None) -> float:
