@@ -14,6 +14,7 @@ from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.arch import Arch, arch_of
 from tunecost.estimate.throughput.fp8 import fp8_cast_bytes, fp8_cast_kernels
 from tunecost.estimate.throughput.lengths import SeqLengths, empirical_lengths, fixed_lengths
+from tunecost.estimate.throughput.lora_counts import adapter_params, add_lora
 from tunecost.estimate.throughput.mixers import BWD_BYTES_PER_FWD_BYTE, BWD_KERNELS_PER_FWD_KERNEL, add_mixers
 from tunecost.models.catalog import ModelSpec
 from tunecost.workload.job import TORCHAO_FP8_RECIPES, FineTuneJob
@@ -34,19 +35,6 @@ DEQUANT_FLOPS_PER_PARAM = 2  # table lookup + scale
 # the input gradient: de-quantized on forward and recompute only, not again in backward.
 GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM = 0.5 + 4 + (4 + 1) + (1 + 1) + (1 + 1) + (1 + 2)
 GPTQ_TORCH_DEQUANT_KERNELS_PER_CALL = 9  # weight: shift, cast, and, sub, mul; zeros: shift, cast, and, + 1
-LORA_BYTES_PER_IN_OUT = 12  # fp32 adapter path: cast x to fp32, x@A, @B, * scaling, add into the bf16 output
-LORA_KERNELS_FWD, LORA_KERNELS_BWD = 5, 8  # cast, A, B, scale, add / their gradients (incl. A, B weight grads)
-LORA_PARAM_BYTES = 4  # LLaMA-Factory upcasts trainable adapter weights to fp32
-# Adapters in the compute dtype (torchtune's LoRALinear, litgpt's, NeMo's; `lora_compute_dtype`), per (in + out) at
-# in = out: the forward reads x (2 B per in) and writes, scales and adds the update (2 + 4 + 6 B per out); the
-# backward scales the update's gradient (4 per out), reads it for B's two GEMMs (4), writes x's gradient and adds
-# it into the base's (2 + 6 per in) and reads x for A's gradient (2 per in).
-LORA_COMPUTE_DTYPE_FWD_BYTES_PER_IN_OUT, LORA_COMPUTE_DTYPE_BWD_BYTES_PER_IN_OUT = 7, 9
-LORA_COMPUTE_DTYPE_KERNELS_FWD, LORA_COMPUTE_DTYPE_KERNELS_BWD = 4, 6  # A, B, scale, add / their gradients
-# lora_dropout on an adapter's input (its in side taken as half of its in + out) forward, recompute and backward:
-# read and write fp32 and the 1-byte mask each pass, one kernel a pass
-LORA_DROPOUT_BYTES_PER_INPUT = 4 + 4 + 1
-LORA_INPUT_SHARE_OF_IN_OUT = 0.5
 EXPERT_ACT_BYTES_PER_FFN = 10  # act(gate) and gate * up on the expert's tokens
 EXPERT_DISPATCH_BYTES_PER_HIDDEN = 14  # gather tokens, * routing weight, index_add back
 EXPERT_DISPATCH_KERNELS = 9  # where (nonzero: a host sync), index, act, mul, weight index + mul, index_add, cast
@@ -176,7 +164,7 @@ def analytic_step_counts(
     acc.add("elementwise", bytes_=tokens * spec.vocab_size * LOSS_BYTES_PER_VOCAB, kernels=LOSS_KERNELS)
     if quantized:
         _add_dequant(acc, arch, job, hit=hit, w_bytes=w_bytes, passes=(frozen_passes, fwd_passes))
-    _add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc, compute_dtype=lora_compute_dtype)
+    add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc, compute_dtype=lora_compute_dtype)
     eager, selective = job.attention == "eager", job.selective_recompute
     add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes, te_layers=te_layers, selective=selective, eager=eager)
     _add_optimizer(acc, arch, job, k, lora_compute_dtype)
@@ -192,24 +180,28 @@ def analytic_step_counts(
         "attention": lengths.padded_len_tokens,
         "ssm_scan": tokens,
     }
-    peaks = {
-        c: (TENSOR_CORE if c in ("expert_matmul", "dense_matmul", "lm_head", "router", "attention") else CUDA_CORE)
-        for c in OP_CLASSES
-    }
-    if job.fp8 != "none":
-        peaks.update({c: FP8_TENSOR_CORE for c in fp8_classes(job.fp8)})
     return AnalyticStepCounts(
         flops_by_class=MappingProxyType({c: acc.flops.get(c, 0.0) for c in OP_CLASSES}),
         bytes_by_class=MappingProxyType({c: acc.bytes.get(c, 0.0) for c in OP_CLASSES}),
         kernels_by_class=MappingProxyType({c: acc.kernels.get(c, 0.0) for c in OP_CLASSES}),
         gemm_rows_by_class=MappingProxyType(rows),
-        peak_by_class=MappingProxyType(peaks),
+        peak_by_class=MappingProxyType(peaks_of(job.fp8)),
         batch_size=job.batch_size,
         tokens_per_step=tokens,
         lengths=lengths,
         source="analytic",
         host_sync=SYNC_PER_MOE_LAYER if arch.num_experts > 1 else SYNC_PER_MICRO_STEP,
     )
+
+
+def peaks_of(fp8: str) -> dict[str, str]:
+    """Which peak bounds each op class's FLOPs: the tensor cores for GEMMs and attention (FP8 ones for the linear
+    layers' GEMMs under an FP8 recipe), the fp32 rate for the rest."""
+    tensor = ("expert_matmul", "dense_matmul", "lm_head", "router", "attention")
+    peaks = {c: (TENSOR_CORE if c in tensor else CUDA_CORE) for c in OP_CLASSES}
+    if fp8 != "none":
+        peaks.update({c: FP8_TENSOR_CORE for c in fp8_classes(fp8)})
+    return peaks
 
 
 def _add_experts(
@@ -345,57 +337,6 @@ def accumulated(counts: AnalyticStepCounts, grad_accum: int) -> AnalyticStepCoun
     )
 
 
-def dense_lora_targets(arch: Arch, targets: tuple[str, ...]) -> tuple[int, int]:
-    """(sum of in + out, matrices) of the dense matrices LoRA adapts: q, k, v, o for `attention`, the other dense
-    matrices (MLPs, shared experts) for `mlp`; a model without attention (Mamba) adapts every dense matrix."""
-    attention, mlp = "attention" in targets, "mlp" in targets
-    if not (attention or mlp):
-        return 0, 0
-    if (attention and mlp) or not arch.num_attention_matrices:
-        return arch.dense_in_out, arch.num_dense_matrices
-    if attention:
-        return arch.attention_in_out, arch.num_attention_matrices
-    return arch.dense_in_out - arch.attention_in_out, arch.num_dense_matrices - arch.num_attention_matrices
-
-
-def _add_lora(
-    acc: OpTally, arch: Arch, job: FineTuneJob, *, tokens: float, k: int, hit: float, gc: float, compute_dtype: bool
-) -> None:
-    """Rank-r adapters (PEFT's fp32 ones, or in the compute dtype) beside the frozen weights they target: x@A@B on
-    every pass, plus A/B grads."""
-    if job.method == "full":
-        return
-    r = job.lora.rank
-    token_io = 0.0  # sum over adapter calls of tokens x (in + out)
-    calls = 0.0
-    if "experts" in job.lora.targets and arch.num_experts > 1:
-        token_io += arch.num_moe_layers * tokens * k * arch.expert_in_out
-        calls += arch.num_moe_layers * hit * arch.num_expert_matrices
-    if "router" in job.lora.targets and arch.num_experts > 1:
-        token_io += arch.num_moe_layers * tokens * (arch.hidden + arch.num_experts)
-        calls += arch.num_moe_layers
-    dense_io, dense_mats = dense_lora_targets(arch, job.lora.targets)
-    token_io += tokens * dense_io
-    calls += dense_mats
-    passes = 1.0 + gc + 2.0  # forward, recompute, grad-input, grad-weight of A and B
-    dropout_passes = (2.0 + gc) if job.lora.dropout > 0 else 0.0  # forward, recompute, backward
-    if compute_dtype:
-        fwd_bytes, bwd_bytes = LORA_COMPUTE_DTYPE_FWD_BYTES_PER_IN_OUT, LORA_COMPUTE_DTYPE_BWD_BYTES_PER_IN_OUT
-        fwd_kernels, bwd_kernels = LORA_COMPUTE_DTYPE_KERNELS_FWD, LORA_COMPUTE_DTYPE_KERNELS_BWD
-        dropout_bytes = 2 * job.compute_bytes_per_element + 1  # read and write x, the 1-byte mask
-    else:
-        fwd_bytes, bwd_bytes = LORA_BYTES_PER_IN_OUT, 2 * LORA_BYTES_PER_IN_OUT
-        fwd_kernels, bwd_kernels = LORA_KERNELS_FWD, LORA_KERNELS_BWD
-        dropout_bytes = LORA_DROPOUT_BYTES_PER_INPUT
-    acc.add(
-        "lora",
-        flops=passes * 2.0 * r * token_io,
-        bytes_=((1.0 + gc) * fwd_bytes + bwd_bytes) * token_io
-        + dropout_passes * LORA_INPUT_SHARE_OF_IN_OUT * token_io * dropout_bytes,
-        kernels=calls * ((1.0 + gc) * fwd_kernels + bwd_kernels + dropout_passes),
-    )
-
-
 def _trainable(arch: Arch, job: FineTuneJob, k: int) -> tuple[float, int, int]:
     """(trainable parameters, trainable tensors, bytes per trainable parameter)."""
     if job.method == "full":
@@ -406,16 +347,4 @@ def _trainable(arch: Arch, job: FineTuneJob, k: int) -> tuple[float, int, int]:
             + 3
         )
         return float(arch.total_params), tensors, job.compute_bytes_per_element
-    r = job.lora.rank
-    params = 0.0
-    mats = 0
-    if "experts" in job.lora.targets and arch.num_experts > 1:
-        params += arch.num_moe_layers * arch.num_experts * r * arch.expert_in_out
-        mats += arch.num_moe_layers * arch.num_experts * arch.num_expert_matrices
-    if "router" in job.lora.targets and arch.num_experts > 1:
-        params += arch.num_moe_layers * r * (arch.hidden + arch.num_experts)
-        mats += arch.num_moe_layers
-    dense_io, dense_mats = dense_lora_targets(arch, job.lora.targets)
-    params += r * dense_io
-    mats += dense_mats
-    return params, 2 * mats, LORA_PARAM_BYTES
+    return adapter_params(arch, job, k)

@@ -1,0 +1,94 @@
+"""LoRA adapters' work per step: their GEMMs, the bytes and kernels around them (PEFT's fp32 adapters or adapters in
+the compute dtype), and the parameters the optimizer steps. Derivations: docs/throughput-model.md."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tunecost.estimate.throughput.arch import Arch
+from tunecost.workload.job import FineTuneJob
+
+if TYPE_CHECKING:
+    from tunecost.estimate.throughput.counts import OpTally
+
+LORA_BYTES_PER_IN_OUT = 12  # fp32 adapter path: cast x to fp32, x@A, @B, * scaling, add into the bf16 output
+LORA_KERNELS_FWD, LORA_KERNELS_BWD = 5, 8  # cast, A, B, scale, add / their gradients (incl. A, B weight grads)
+LORA_PARAM_BYTES = 4  # LLaMA-Factory upcasts trainable adapter weights to fp32
+# Adapters in the compute dtype (torchtune's LoRALinear, litgpt's, NeMo's; `lora_compute_dtype`), per (in + out) at
+# in = out: the forward reads x (2 B per in) and writes, scales and adds the update (2 + 4 + 6 B per out); the
+# backward scales the update's gradient (4 per out), reads it for B's two GEMMs (4), writes x's gradient and adds
+# it into the base's (2 + 6 per in) and reads x for A's gradient (2 per in).
+LORA_COMPUTE_DTYPE_FWD_BYTES_PER_IN_OUT, LORA_COMPUTE_DTYPE_BWD_BYTES_PER_IN_OUT = 7, 9
+LORA_COMPUTE_DTYPE_KERNELS_FWD, LORA_COMPUTE_DTYPE_KERNELS_BWD = 4, 6  # A, B, scale, add / their gradients
+# lora_dropout on an adapter's input (its in side taken as half of its in + out) forward, recompute and backward:
+# read and write fp32 and the 1-byte mask each pass, one kernel a pass
+LORA_DROPOUT_BYTES_PER_INPUT = 4 + 4 + 1
+LORA_INPUT_SHARE_OF_IN_OUT = 0.5
+
+
+def dense_lora_targets(arch: Arch, targets: tuple[str, ...]) -> tuple[int, int]:
+    """(sum of in + out, matrices) of the dense matrices LoRA adapts: q, k, v, o for `attention`, the other dense
+    matrices (MLPs, shared experts) for `mlp`; a model without attention (Mamba) adapts every dense matrix."""
+    attention, mlp = "attention" in targets, "mlp" in targets
+    if not (attention or mlp):
+        return 0, 0
+    if (attention and mlp) or not arch.num_attention_matrices:
+        return arch.dense_in_out, arch.num_dense_matrices
+    if attention:
+        return arch.attention_in_out, arch.num_attention_matrices
+    return arch.dense_in_out - arch.attention_in_out, arch.num_dense_matrices - arch.num_attention_matrices
+
+
+def add_lora(
+    acc: OpTally, arch: Arch, job: FineTuneJob, *, tokens: float, k: int, hit: float, gc: float, compute_dtype: bool
+) -> None:
+    """Rank-r adapters (PEFT's fp32 ones, or in the compute dtype) beside the frozen weights they target: x@A@B on
+    every pass, plus A/B grads."""
+    if job.method == "full":
+        return
+    r = job.lora.rank
+    token_io = 0.0  # sum over adapter calls of tokens x (in + out)
+    calls = 0.0
+    if "experts" in job.lora.targets and arch.num_experts > 1:
+        token_io += arch.num_moe_layers * tokens * k * arch.expert_in_out
+        calls += arch.num_moe_layers * hit * arch.num_expert_matrices
+    if "router" in job.lora.targets and arch.num_experts > 1:
+        token_io += arch.num_moe_layers * tokens * (arch.hidden + arch.num_experts)
+        calls += arch.num_moe_layers
+    dense_io, dense_mats = dense_lora_targets(arch, job.lora.targets)
+    token_io += tokens * dense_io
+    calls += dense_mats
+    passes = 1.0 + gc + 2.0  # forward, recompute, grad-input, grad-weight of A and B
+    dropout_passes = (2.0 + gc) if job.lora.dropout > 0 else 0.0  # forward, recompute, backward
+    if compute_dtype:
+        fwd_bytes, bwd_bytes = LORA_COMPUTE_DTYPE_FWD_BYTES_PER_IN_OUT, LORA_COMPUTE_DTYPE_BWD_BYTES_PER_IN_OUT
+        fwd_kernels, bwd_kernels = LORA_COMPUTE_DTYPE_KERNELS_FWD, LORA_COMPUTE_DTYPE_KERNELS_BWD
+        dropout_bytes = 2 * job.compute_bytes_per_element + 1  # read and write x, the 1-byte mask
+    else:
+        fwd_bytes, bwd_bytes = LORA_BYTES_PER_IN_OUT, 2 * LORA_BYTES_PER_IN_OUT
+        fwd_kernels, bwd_kernels = LORA_KERNELS_FWD, LORA_KERNELS_BWD
+        dropout_bytes = LORA_DROPOUT_BYTES_PER_INPUT
+    acc.add(
+        "lora",
+        flops=passes * 2.0 * r * token_io,
+        bytes_=((1.0 + gc) * fwd_bytes + bwd_bytes) * token_io
+        + dropout_passes * LORA_INPUT_SHARE_OF_IN_OUT * token_io * dropout_bytes,
+        kernels=calls * ((1.0 + gc) * fwd_kernels + bwd_kernels + dropout_passes),
+    )
+
+
+def adapter_params(arch: Arch, job: FineTuneJob, k: int) -> tuple[float, int, int]:
+    """(trainable parameters, trainable tensors, bytes per trainable parameter) of the job's adapters."""
+    r = job.lora.rank
+    params = 0.0
+    mats = 0
+    if "experts" in job.lora.targets and arch.num_experts > 1:
+        params += arch.num_moe_layers * arch.num_experts * r * arch.expert_in_out
+        mats += arch.num_moe_layers * arch.num_experts * arch.num_expert_matrices
+    if "router" in job.lora.targets and arch.num_experts > 1:
+        params += arch.num_moe_layers * r * (arch.hidden + arch.num_experts)
+        mats += arch.num_moe_layers
+    dense_io, dense_mats = dense_lora_targets(arch, job.lora.targets)
+    params += r * dense_io
+    mats += dense_mats
+    return params, 2 * mats, LORA_PARAM_BYTES
