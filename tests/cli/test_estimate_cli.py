@@ -313,6 +313,18 @@ def test_a_fixed_batch_that_does_not_fit_is_marked(cli_runner) -> None:
     )
 
 
+def test_a_job_no_single_gpu_holds_points_to_several(cli_runner, monkeypatch) -> None:
+    from tunecost.estimate import calibrated
+    from tunecost.estimate.estimators import Sizing
+
+    fake = Sizing(max_batch_size=0, borderline_batch_size=0, note="not even batch 1")
+    monkeypatch.setattr(calibrated, "_simulated_sizing", lambda req: fake)
+    opts = {"--model": "meta-llama/Llama-2-70b-hf", "--method": "lora", "--gpu": "A40", "--dataset": "math_14k"}
+    out = cli_runner.invoke(app, _args("estimate", {**opts, "--epochs": "1"}))
+    assert out.exit_code == 0, out.output
+    assert "answer: no single GPU fits this job; on several: --gpus auto (or --gpus N)" in out.stdout
+
+
 def test_lora_targets_follow_the_models_anatomy(cli_runner, cli_error, monkeypatch) -> None:
     from tunecost.estimate import calibrated
 

@@ -333,3 +333,24 @@ def test_a_fake_process_group_leaves_the_excepthook_as_it_was():
         with fake_process_group(2):
             assert sys.excepthook is not before
     assert sys.excepthook is before
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
+def test_qwen3_per_head_norms_are_replicated(tmp_path, sp):
+    """Qwen3's q_norm and k_norm (per head, run on the rank's own heads) are outside the Llama plan: replicated,
+    so the optimizer's foreach update sees DTensors only (a mix of DTensors and tensors is an error there)."""
+    import json
+
+    from tiny_jobs import CONFIGS
+
+    config = json.loads((CONFIGS / "tiny-llama-2l.json").read_text())
+    path = tmp_path / "qwen3.json"
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    qwen3_config = {**config, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "head_dim": head_dim}
+    path.write_text(json.dumps(qwen3_config))
+    qwen3 = dataclasses.replace(_job(), model=str(path))
+    static = {
+        name: simulate_tp_rank(job, tp=2, sequence_parallel=sp, granule_bytes=1).static_bytes["sharded_params"]
+        for name, job in (("qwen3", qwen3), ("llama", _job()))
+    }
+    assert static["qwen3"] - static["llama"] == NUM_LAYERS * 2 * head_dim * 4  # both norms whole on each rank

@@ -165,10 +165,23 @@ def apply_tp(model: nn.Module, mesh, *, sequence_parallel: bool, loss_parallel: 
                 raise TunecostError(f"tensor parallelism: {name} of {type(layer).__name__} is not an nn.Linear")
         parallelize_module(layer, mesh, plan)
     parallelize_module(model, mesh, root_plan(sequence_parallel=sequence_parallel, loss_parallel=loss_parallel))
+    _replicate_the_rest(model, mesh)
     if tied:  # both styles shard the vocabulary rows (Shard(0)): the head shares the embedding's shard again
         head.weight = embedding.weight
     for name, p in model.named_parameters():  # SequenceParallel's new parameters forget that a norm was frozen
         p.requires_grad_(trainable[name])
+
+
+def _replicate_the_rest(model: nn.Module, mesh) -> None:
+    """Modules the plan leaves out (Qwen3's per-head q_norm and k_norm, on the rank's own heads) run on their local
+    input with replicated DTensor parameters, so that the optimizer's foreach update sees DTensors only."""
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    for module in model.modules():
+        own = list(module.parameters(recurse=False))
+        if own and not any(isinstance(p, DTensor) for p in own):
+            parallelize_module(module, mesh, replicated())
 
 
 def loss_context(loss_parallel: bool):

@@ -26,6 +26,8 @@ def print_cost_rows(rows: list, *, job, verbose: bool = False) -> None:
             f"[bold]${best.usd:.2f}[/bold]"
             + (f", start-up {best.startup_s / 60:.1f} min once" if best.startup_s else "")
         )
+    elif all(r.fit == "no" and not r.max_batch_size for r in rows):  # not even batch 1 on one GPU
+        console.print("answer: no single GPU fits this job; on several: --gpus auto (or --gpus N)")
     else:
         console.print("answer: no GPU fits this job with a price in the catalog")
     shown = rows if verbose else _best_rows(rows)
