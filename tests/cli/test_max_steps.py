@@ -99,3 +99,8 @@ def test_steps_of_a_per_device_batch_need_one_gpu_count(cli_runner):
     assert auto.exit_code == 2 and len(_error_lines(auto)) == 1 and "--gpus auto" in _error_lines(auto)[0]
     plan = cli_runner.invoke(app, ["plan", *base, "--max-steps", "10"])
     assert plan.exit_code == 2 and len(_error_lines(plan)) == 1 and "--global-batch" in _error_lines(plan)[0]
+    # a strategy without a GPU count (a torchtitan config's shard degree -1): estimate searches the fewest GPUs
+    searched = cli_runner.invoke(app, ["estimate", *base, "--max-steps", "10", "--strategy", "fsdp2"])
+    lines = _error_lines(searched)
+    assert searched.exit_code == 2 and len(lines) == 1 and "GPU count is searched" in lines[0]
+    assert "--gpus N" in lines[0]

@@ -73,7 +73,7 @@ def run_length(
     """The run's queries x epochs (`workload.run_length`) from --epochs / --max-steps or the config's run length
     (its steps, epochs and global batch; `global_batch`: --global-batch instead); the line saying how steps became
     queries is printed among the assumptions. A run length on the command line replaces the config's.
-    `searching`: the command searches GPU counts (plan)."""
+    `searching`: the command searches GPU counts (plan; estimate without a GPU count)."""
     from tunecost.workload.run_length import global_batch_of
     from tunecost.workload.run_length import run_length as queries_x_epochs
 
@@ -125,9 +125,11 @@ def _check_rank_count(searching: bool) -> None:
     """A run in steps of a per-rank batch processes more queries on more ranks: refuse a GPU count searched
     (`plan`, `--gpus auto`) or one per GPU type, whose setups would each need their own run length."""
     if searching:
+        command = get_current_context().info_name
+        instead = "the queries per step (--global-batch)" if command == "plan" else "the GPU count (--gpus N)"
         raise TunecostError(
-            "plan: a run in optimizer steps of a per-device batch takes more queries on more ranks; give the "
-            "queries per step (--global-batch), or the run's length as --epochs or --queries"
+            f"{command}: a run in optimizer steps of a per-device batch takes more queries on more ranks, and the "
+            f"GPU count is searched; give {instead}, or the run's length as --epochs or --queries"
         )
     gpus = get_current_context().params.get("num_gpus")
     if isinstance(gpus, str) and on_command_line("num_gpus") and not gpus.strip().isdigit():

@@ -80,7 +80,9 @@ def estimate(
         epochs, queries, job_options.seq_len, dataset, estimator, run_queries, steady_state, framework
     )
     data = job_data(dataset, model=model) if dataset else None
-    length = run_length(epochs, max_steps, data.num_queries if queries is None and data is not None else queries)
+    searching = multi_gpu.given and multi_gpu.num_gpus is None  # the fewest GPUs that fit
+    dataset_queries = data.num_queries if queries is None and data is not None else queries
+    length = run_length(epochs, max_steps, dataset_queries, searching=searching)
     queries, epochs = length.num_queries, length.epochs
     check_queries_or_dataset(queries, dataset)
     job = job_options.estimate_job(model, method, data, experts_per_token)
