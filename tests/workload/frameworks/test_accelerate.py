@@ -291,6 +291,11 @@ def test_deepspeed_defaults(tmp_path: Path) -> None:
             {**ZERO2, "zero_optimization": {"stage": 3, "offload_param": {"device": "nvme"}}},
             "zero_optimization: offload_param: nvme offload is not modelled",
         ),
+        (
+            FRAMEWORK_DEEPSPEED,
+            {**ZERO2, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}},
+            "zero_optimization: offload_param: cpu without the optimizer offloaded: parameter-only offload is not",
+        ),
         (FRAMEWORK_DEEPSPEED, {**ZERO2, "optimizer": {"type": "OneBitAdam"}}, "optimizer: type: OneBitAdam is not"),
         (
             FRAMEWORK_DEEPSPEED,

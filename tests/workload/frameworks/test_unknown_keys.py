@@ -99,7 +99,12 @@ DEEPSPEED = {
     "train_micro_batch_size_per_gpu": 2,
     "steps_per_print": 10,
     "gradient_clipping": 1.0,
-    "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}, "stage3_max_live_parameters": 1e9},
+    "zero_optimization": {
+        "stage": 3,
+        "offload_optimizer": {"device": "cpu"},
+        "offload_param": {"device": "cpu"},
+        "stage3_max_live_parameters": 1e9,
+    },
     "bf16": {"enabled": True},
 }
 

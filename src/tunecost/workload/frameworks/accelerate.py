@@ -114,6 +114,14 @@ def offload_of(cfg: ConfigFile, stage: int, optimizer_key: str, param_key: str, 
     notes += [] if stage else ["ZeRO stage 0: plain data parallelism, tunecost's ddp"]
     if devices[param_key] and stage != 3:
         notes.append(f"{param_key} cpu: DeepSpeed offloads parameters with ZeRO-3 only; ignored")
+    if devices[param_key] and stage == 3 and not devices[optimizer_key]:
+        # DeepSpeed keeps the fp32 master weights, gradients and optimizer states on the GPU unless
+        # offload_optimizer is set (runtime/zero/stage3.py): only the compute-dtype parameter shards move
+        raise cfg.error(
+            param_key,
+            "cpu without the optimizer offloaded: parameter-only offload is not modelled (tunecost models the "
+            f"optimizer offloaded, or parameters and optimizer); set {optimizer_key} cpu too, or drop {param_key}",
+        )
     if devices[optimizer_key] or (devices[param_key] and stage == 3):
         if not stage:
             raise cfg.error(optimizer_key, "CPU offload needs ZeRO stage 1 to 3")
