@@ -104,3 +104,19 @@ def test_steps_of_a_per_device_batch_need_one_gpu_count(cli_runner):
     lines = _error_lines(searched)
     assert searched.exit_code == 2 and len(lines) == 1 and "GPU count is searched" in lines[0]
     assert "--gpus N" in lines[0]
+
+
+def test_llamafactory_max_samples_caps_the_queries_of_an_epoch(cli_runner, tmp_path):
+    """LLaMA-Factory cuts each dataset to its first max_samples examples: the run prices at most that many per
+    epoch; --queries on the command line replaces the cap."""
+    config = tmp_path / "train.yaml"
+    config.write_text(LF.read_text() + "max_samples: 1000\ndataset: alpaca_en_demo\n")
+    base = ["estimate", "--config", str(config), "--gpu", "H100", "--json"]
+    capped = cli_runner.invoke(app, [*base, "--dataset", "alpaca"])
+    assert capped.exit_code == 0, capped.output
+    assert {row["num_queries"] for row in json.loads(capped.stdout)} == {1000}
+    assert "assumed: 1000 queries per epoch: the config cuts the data there of 52002" in " ".join(
+        capped.output.split()
+    )
+    given = cli_runner.invoke(app, [*base, "--dataset", "alpaca", "--queries", "5000"])
+    assert {row["num_queries"] for row in json.loads(given.stdout)} == {5000}

@@ -86,6 +86,11 @@ def run_length(
         epochs, cap = None, None
     elif given == ["epochs"]:
         max_steps, cap = None, None
+    limit = config.get("max_queries")
+    if limit is not None and not on_command_line("queries") and (dataset_queries is None or dataset_queries > limit):
+        of = "" if dataset_queries is None else f" of {dataset_queries}"
+        err_console.print(f"assumed: {limit} queries per epoch: the config cuts the data there{of}")
+        dataset_queries = limit
     how = None if global_batch is None else (global_batch, f"global batch {global_batch} (--global-batch)")
     if (max_steps or cap) and how is None and config.get("queries_per_step") is None:
         _check_rank_count(searching)

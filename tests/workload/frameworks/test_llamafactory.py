@@ -130,14 +130,17 @@ def test_lora_sft(tmp_path):
         "batch_size": 2,
         "grad_accum": 8,
         "epochs": 3.0,
+        "max_queries": 2000,  # max_samples 1000 of each of the two datasets (LLaMA-Factory's data/loader.py)
         "stack": "hf-peft",
     }
+    assert any(line.startswith("max_samples 1000: each of the 2 dataset(s) cut") for line in job.assumptions)
     for option in ("lora_alpha 32", "attention sdpa", "gradient_checkpointing on", "reentrant on", "optimizer adamw"):
         assert _defaulted(job, option), option
     assert any("MoE" in line for line in job.assumptions)  # all -> attention,mlp
     assert any(line.startswith("dataset identity: a LLaMA-Factory dataset name") for line in job.assumptions)
     assert "dataset" not in job.options
-    assert {"template", "max_samples", "gradient_accumulation_steps", "learning_rate"} <= set(job.not_modelled)
+    assert {"template", "gradient_accumulation_steps", "learning_rate"} <= set(job.not_modelled)
+    assert "max_samples" not in job.not_modelled
     assert "lora_rank" not in job.not_modelled and "bf16" not in job.not_modelled
 
 

@@ -45,6 +45,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "max_steps_per_epoch": int,  # optimizer steps that end each epoch (torchtune)
     "grad_accum": int,  # micro-batches accumulated per optimizer step
     "queries_per_step": int,  # the global batch the config states outright (NeMo, Megatron-LM)
+    "max_queries": int,  # the data cut to at most this many queries (LLaMA-Factory's max_samples per dataset)
     "stack": str,
     "chunked_loss": bool,
     "offload_activations": bool,

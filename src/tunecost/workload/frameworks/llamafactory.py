@@ -226,7 +226,13 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         notes.append(f"do_train unset: read as a training run ({TITLE} trains only with do_train true)")
     options: dict[str, Any] = {"model": model} if model else {}
     options |= _method(cfg, model, notes) | _training(cfg, notes)
-    for name in (cfg.typed("dataset", str) or "").split(","):
+    names = [n for n in (cfg.typed("dataset", str) or "").split(",") if n.strip()]
+    max_samples = cfg.typed("max_samples", int)
+    if max_samples is not None:  # data/loader.py: each dataset cut to its first max_samples examples
+        options["max_queries"] = max_samples * max(1, len(names))
+        notes.append(f"max_samples {max_samples}: each of the {max(1, len(names))} dataset(s) cut to its first "
+                     f"{max_samples} examples, at most {options['max_queries']} queries per epoch")  # fmt: skip
+    for name in names:
         if canonical_name(name):
             options["dataset"] = canonical_name(name)
         elif name.strip():
