@@ -115,8 +115,6 @@ def test_llamafactory_max_samples_caps_the_queries_of_an_epoch(cli_runner, tmp_p
     capped = cli_runner.invoke(app, [*base, "--dataset", "alpaca"])
     assert capped.exit_code == 0, capped.output
     assert {row["num_queries"] for row in json.loads(capped.stdout)} == {1000}
-    assert "assumed: 1000 queries per epoch: the config cuts the data there of 52002" in " ".join(
-        capped.output.split()
-    )
+    assert "assumed: 1000 queries per epoch: the config cuts the data there of 52002" in " ".join(capped.output.split())
     given = cli_runner.invoke(app, [*base, "--dataset", "alpaca", "--queries", "5000"])
     assert {row["num_queries"] for row in json.loads(given.stdout)} == {5000}
