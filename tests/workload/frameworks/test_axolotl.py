@@ -239,6 +239,7 @@ def test_fsdp2_partial_targets_and_offload_checkpointing(tmp_path):
         ("xformers_attention: true", "xformers_attention"),
         ("processor_type: AutoProcessor", "processor_type"),
         ("pretraining_dataset: allenai/c4", "pretraining_dataset"),
+        ("unfrozen_parameters:\n  - ^lm_head.weight$", "unfrozen_parameters"),  # a subset of the weights trained
     ],
 )
 def test_errors_name_file_and_key(tmp_path, text, key):
@@ -248,6 +249,12 @@ def test_errors_name_file_and_key(tmp_path, text, key):
     with pytest.raises(TunecostError) as err:
         FRAMEWORK.read(ConfigFile(path=str(path), data=data))
     assert str(path) in str(err.value) and f": {key}:" in str(err.value)
+
+
+def test_debug_is_a_key_axolotl_reads(tmp_path):
+    """`debug: true` (four shipped examples) is read by axolotl's code outside its schema: not a typo."""
+    job = _read(tmp_path, LORA + "debug: true\n")
+    assert "debug" in job.not_modelled
 
 
 def test_rl_error_says_what_tunecost_estimates(tmp_path):

@@ -240,6 +240,8 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     model = cfg.typed("base_model", str)
     if "processor_type" in cfg.data or (model and VISION_MODEL.search(model)):
         raise cfg.error("processor_type" if "processor_type" in cfg.data else "base_model", f"multimodal: {SFT_ONLY}")
+    if cfg.data.get("unfrozen_parameters"):  # train.py freezes every parameter but these patterns
+        raise cfg.error("unfrozen_parameters", "training a subset of the weights is not modelled (full, lora, qlora)")
     options: dict[str, Any] = {"model": model} if model else {}
     options |= _method(cfg, model, notes) | _training(cfg, notes) | _dataset(cfg, notes) | _strategy(cfg, notes)
     if cfg.data.get("sample_packing") or cfg.data.get("pad_to_sequence_len"):
