@@ -26,6 +26,7 @@ from tunecost.estimate.paper import (
     sparsity_fraction,
 )
 from tunecost.estimate.throughput.coverage import setup_label
+from tunecost.estimate.throughput.lengths import dataset_lengths
 from tunecost.estimate.throughput.sources import calibration_files
 from tunecost.estimate.throughput.stack_priors import framework_family
 from tunecost.estimate.throughput.targets import throughput_target
@@ -124,8 +125,17 @@ def sizing_seq_len(job: FineTuneJob) -> int:
     return job.seq_len or EQ1_ARTIFACT_SEQ_LEN
 
 
-def lengths_note(job: FineTuneJob) -> str:
-    """How the job's tokens per query were taken, for the assumptions."""
+def sized_job(job: FineTuneJob) -> FineTuneJob:
+    """The job at its longest batch's padded length, as the multi-GPU estimate prices it; a catalog dataset the
+    catalog has no length for is an error, as on one GPU."""
+    if job.seq_len is None and not job.lengths:
+        dataset_lengths(str(job.dataset), 1)
+    return job.with_(seq_len=sizing_seq_len(job))
+
+
+def lengths_note(job: FineTuneJob, *, padded_to: int | None = None) -> str:
+    """How the job's tokens per query were taken, for the assumptions (`padded_to`: a catalog dataset's queries
+    priced at that fixed length, as the multi-GPU estimate does)."""
     if job.lengths:
         cut = f", cut at {job.seq_len}" if job.seq_len else ""
         return (
@@ -134,6 +144,11 @@ def lengths_note(job: FineTuneJob) -> str:
         )
     if job.seq_len:
         return f"tokens per query: every query padded to --seq-len {job.seq_len}"
+    if padded_to:
+        return (
+            f"tokens per query: every query padded to {padded_to} (the paper's eq. (1) length for {job.dataset}; "
+            "--seq-len or a data file to set it)"
+        )
     return (
         f"tokens per query: memory sized at {EQ1_ARTIFACT_SEQ_LEN} (the paper's eq. (1) length: {job.dataset} has "
         "only a median length; --seq-len or a data file to set it), throughput over the dataset's length "

@@ -75,18 +75,16 @@ def estimate(
     from tunecost.workload.job_data import job_data
 
     model = required("model", job_options.model)
-    gpus = gpu_names(gpu)
     check_estimate_options(
         epochs, queries, job_options.seq_len, dataset, estimator, run_queries, steady_state, framework
     )
     data = job_data(dataset, model=model) if dataset else None
-    searching = multi_gpu.given and multi_gpu.num_gpus is None  # the fewest GPUs that fit
     dataset_queries = data.num_queries if queries is None and data is not None else queries
-    length = run_length(epochs, max_steps, dataset_queries, searching=searching)
+    length = run_length(epochs, max_steps, dataset_queries, searching=multi_gpu.given and multi_gpu.num_gpus is None)
     queries, epochs = length.num_queries, length.epochs
     check_queries_or_dataset(queries, dataset)
     job = job_options.estimate_job(model, method, data, experts_per_token)
-    gpus = fp8_gpu_names(job.fp8, gpus, every=gpu.strip().lower() == "all")
+    gpus = fp8_gpu_names(job.fp8, gpu_names(gpu), every=gpu.strip().lower() == "all")
     behaviour = stack_flags.behaviour(job_options.stack)
     if multi_gpu.given:
         if estimator != DEFAULT_ESTIMATOR or calibrate or run_queries is not None or host_cpu is not None:

@@ -157,10 +157,10 @@ def run_multi_gpu(
     count = parse_gpu_counts(num_gpus, gpus)
     if batch_size is not None and not batch_size.strip().isdigit():
         raise TunecostError(f"with --gpus, --batch-size is one whole number (per rank), got {batch_size!r}")
-    from tunecost.estimate.estimators import lengths_note, sizing_seq_len
+    from tunecost.estimate.estimators import lengths_note, sized_job
     from tunecost.estimate.rank_needs import RankNeeds
 
-    sized = job.with_(seq_len=sizing_seq_len(job))  # the longest batch's padded length, as on one GPU
+    sized = sized_job(job)
     answer = estimate_multi_gpu(
         sized,
         gpus=[resolve_gpu_name(g).gpu for g in dict.fromkeys(gpus)],
@@ -195,7 +195,7 @@ def run_multi_gpu(
         expert_degree=expert_degree,
         offload=offload,
         verbose=verbose,
-        lengths=lengths_note(job),
+        lengths=lengths_note(job, padded_to=sized.seq_len),
     )
 
 
