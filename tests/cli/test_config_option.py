@@ -288,3 +288,14 @@ def test_model_parallel_degrees_a_command_does_not_take_are_named(cli_runner, tm
     if "tp" not in params:
         stderr = " ".join(result.stderr.split())
         assert "warning: this command does not take tp 2, sequence_parallel True from" in stderr, stderr
+
+
+def test_a_config_without_a_method_says_which_method_is_priced(cli_runner) -> None:
+    """An accelerate or DeepSpeed file alone does not say full, LoRA or QLoRA: the assumptions say --method decides."""
+    from tunecost.cli.main import app
+
+    path = str(Path(__file__).parent / "configs" / "accelerate" / "deepspeed_zero2" / "accelerate.yaml")
+    args = ["estimate", "--config", path, "--model", "Qwen/Qwen2.5-0.5B", "--gpu", "H100", *COMMANDS["estimate"]]
+    result = cli_runner.invoke(app, [*args, "--epochs", "1"])
+    assert result.exit_code == 0, result.output
+    assert f"assumed: method: {path} does not say; --method decides (default qlora)" in " ".join(result.output.split())

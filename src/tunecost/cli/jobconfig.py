@@ -38,6 +38,9 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     ctx.meta[CONFIG_OPTIONS] = job.options
     for line in job.assumptions:
         err_console.print(f"assumed: {line}")
+    method = next((p for p in ctx.command.params if p.name == "method"), None)
+    if method is not None and "method" not in job.options:  # e.g. an accelerate or DeepSpeed file alone
+        err_console.print(f"assumed: method: {job.path} does not say; --method decides (default {method.default})")
     if job.not_modelled:
         err_console.print(f"warning: not modelled from {job.path}: {', '.join(job.not_modelled)}")
     ignored = [f"{k} {job.options[k]}" for k in MODEL_PARALLEL_OPTIONS if k in job.options and k not in params]
