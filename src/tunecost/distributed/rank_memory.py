@@ -12,6 +12,7 @@ from tunecost.distributed import expert_parallel, fsdp1
 from tunecost.distributed.single_step import SingleGpuStep as SingleGpuStep  # re-exported
 from tunecost.distributed.single_step import single_gpu_step as single_gpu_step  # re-exported
 from tunecost.models.catalog import resolve_model
+from tunecost.simulate.depth import lerp_byte_map, lerp_bytes
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.records import WEIGHT_CATEGORIES
 from tunecost.units import BYTES_PER_GIB
@@ -60,18 +61,12 @@ class RankMemory:
 def partly_recomputed_rank(off: RankMemory, on: RankMemory, share: float, note: str) -> RankMemory:
     """A rank's memory with `share` of its layers recomputed, between the rank with none (`off`) and every one
     (`on`) recomputed, as `simulate.simulator.partly_recomputed` does for one GPU."""
-
-    def lerp(a: float, b: float) -> int:
-        return round(a + (b - a) * share)
-
-    keys = off.breakdown_bytes.keys() | on.breakdown_bytes.keys()
+    peak = lerp_bytes(off.peak_bytes, on.peak_bytes, share)
     return replace(
         off,
-        peak_bytes=lerp(off.peak_bytes, on.peak_bytes),
-        breakdown_bytes={k: lerp(off.breakdown_bytes.get(k, 0), on.breakdown_bytes.get(k, 0)) for k in keys},
-        peak_reserved_bytes=max(
-            lerp(off.peak_reserved_bytes, on.peak_reserved_bytes), lerp(off.peak_bytes, on.peak_bytes)
-        ),
+        peak_bytes=peak,
+        breakdown_bytes=lerp_byte_map(off.breakdown_bytes, on.breakdown_bytes, share),
+        peak_reserved_bytes=max(lerp_bytes(off.peak_reserved_bytes, on.peak_reserved_bytes, share), peak),
         assumptions=(*on.assumptions, note),
     )
 

@@ -17,3 +17,13 @@ def depth_scaled(
     return {
         k: float(b.get(k, 0)) if k in fixed else a.get(k, 0) + (b.get(k, 0) - a.get(k, 0)) * t for k in set(a) | set(b)
     }
+
+
+def lerp_bytes(a: float, b: float, t: float) -> int:
+    """Bytes a share `t` of the way from `a` to `b`, rounded (the some-layers recomputation steps)."""
+    return round(a + (b - a) * t)
+
+
+def lerp_byte_map(a: dict[str, int], b: dict[str, int], t: float) -> dict[str, int]:
+    """Each key's bytes a share `t` of the way from `a` to `b` (a key missing from one side counts 0)."""
+    return {k: lerp_bytes(a.get(k, 0), b.get(k, 0), t) for k in a.keys() | b.keys()}

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from tunecost.errors import TunecostError
 from tunecost.simulate import cache as _cache
 from tunecost.simulate.behaviour import ADAMW_IMPLS, DEFAULT_BEHAVIOUR, StackBehaviour, stack_adamw_impl
-from tunecost.simulate.depth import depth_scaled
+from tunecost.simulate.depth import depth_scaled, lerp_byte_map, lerp_bytes
 from tunecost.simulate.fp8 import fp8_depth_bytes, fp8_linears
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.pool import prepared_model
@@ -267,9 +267,6 @@ def partly_recomputed(off: StepSimulation, on: StepSimulation, layers: int, num_
     recomputed); the recompute pass runs for that share of the layers."""
     share = layers / num_layers
 
-    def lerp(a: dict, b: dict) -> dict:
-        return {k: round(_lerp(a.get(k, 0), b.get(k, 0), share)) for k in a.keys() | b.keys()}
-
     def scaled(counts: StepCounts) -> StepCounts:
         return StepCounts(
             flops_by_class={k: v * share for k, v in counts.flops_by_class.items()},
@@ -287,10 +284,10 @@ def partly_recomputed(off: StepSimulation, on: StepSimulation, layers: int, num_
     )
     return replace(
         off,
-        peak_bytes=round(_lerp(off.peak_bytes, on.peak_bytes, share)),
-        breakdown_bytes=lerp(off.breakdown_bytes, on.breakdown_bytes),
-        module_bytes=lerp(off.module_bytes, on.module_bytes),
-        peak_reserved_bytes=round(_lerp(off.peak_reserved_bytes, on.peak_reserved_bytes, share)),
+        peak_bytes=lerp_bytes(off.peak_bytes, on.peak_bytes, share),
+        breakdown_bytes=lerp_byte_map(off.breakdown_bytes, on.breakdown_bytes, share),
+        module_bytes=lerp_byte_map(off.module_bytes, on.module_bytes, share),
+        peak_reserved_bytes=lerp_bytes(off.peak_reserved_bytes, on.peak_reserved_bytes, share),
         counts=counts,
         flops_by_module=flops_by_module,
         seconds_taken=off.seconds_taken + on.seconds_taken,

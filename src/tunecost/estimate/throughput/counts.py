@@ -167,7 +167,7 @@ def analytic_step_counts(
     add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc, compute_dtype=lora_compute_dtype)
     eager, selective = job.attention == "eager", job.selective_recompute
     add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes, te_layers=te_layers, selective=selective, eager=eager)
-    _add_optimizer(acc, arch, job, k, lora_compute_dtype)
+    _add_optimizer(acc, arch, job, lora_compute_dtype)
     if job.fp8 != "none":
         _add_fp8_casts(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
     lora_rows = rows_expert if "experts" in job.lora.targets and arch.num_experts > 1 else tokens
@@ -300,12 +300,10 @@ def _add_fp8_casts(acc: OpTally, arch: Arch, job: FineTuneJob, *, tokens: float,
     acc.add("elementwise", bytes_=moved, kernels=kernels)
 
 
-def _add_optimizer(acc: OpTally, arch: Arch, job: FineTuneJob, k: int, lora_compute_dtype: bool) -> None:
+def _add_optimizer(acc: OpTally, arch: Arch, job: FineTuneJob, lora_compute_dtype: bool) -> None:
     """AdamW (foreach) with gradient clipping over the trainable parameters; the embedding's gradient under full FT."""
     w_bytes = job.compute_bytes_per_element
-    trainable_params, trainable_tensors, param_bytes = _trainable(arch, job, k)
-    if lora_compute_dtype and job.method != "full":
-        param_bytes = w_bytes
+    trainable_params, trainable_tensors, param_bytes = _trainable(arch, job, lora_compute_dtype)
     acc.add(
         "optimizer",
         flops=trainable_params * ADAMW_FLOPS_PER_PARAM,
@@ -337,7 +335,7 @@ def accumulated(counts: AnalyticStepCounts, grad_accum: int) -> AnalyticStepCoun
     )
 
 
-def _trainable(arch: Arch, job: FineTuneJob, k: int) -> tuple[float, int, int]:
+def _trainable(arch: Arch, job: FineTuneJob, lora_compute_dtype: bool) -> tuple[float, int, int]:
     """(trainable parameters, trainable tensors, bytes per trainable parameter)."""
     if job.method == "full":
         tensors = (
@@ -347,4 +345,4 @@ def _trainable(arch: Arch, job: FineTuneJob, k: int) -> tuple[float, int, int]:
             + 3
         )
         return float(arch.total_params), tensors, job.compute_bytes_per_element
-    return adapter_params(arch, job, k)
+    return adapter_params(arch, job, lora_compute_dtype)

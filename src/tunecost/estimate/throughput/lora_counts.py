@@ -39,6 +39,21 @@ def dense_lora_targets(arch: Arch, targets: tuple[str, ...]) -> tuple[int, int]:
     return arch.dense_in_out - arch.attention_in_out, arch.num_dense_matrices - arch.num_attention_matrices
 
 
+def _adapted(arch: Arch, targets: tuple[str, ...], *, experts: float, expert_calls: float) -> tuple[float, float]:
+    """(sum of in + out, matrices) of the matrices LoRA adapts per token: the routed experts' counted `experts`
+    times (top-k for the work, every expert for the parameters) and their matrices `expert_calls` times, the
+    router's, and the dense ones (`dense_lora_targets`)."""
+    dense_in_out, dense_mats = dense_lora_targets(arch, targets)
+    in_out, mats = float(dense_in_out), float(dense_mats)
+    if arch.num_experts > 1 and "experts" in targets:
+        in_out += arch.num_moe_layers * experts * arch.expert_in_out
+        mats += arch.num_moe_layers * expert_calls * arch.num_expert_matrices
+    if arch.num_experts > 1 and "router" in targets:
+        in_out += arch.num_moe_layers * (arch.hidden + arch.num_experts)
+        mats += arch.num_moe_layers
+    return in_out, mats
+
+
 def add_lora(
     acc: OpTally, arch: Arch, job: FineTuneJob, *, tokens: float, k: int, hit: float, gc: float, compute_dtype: bool
 ) -> None:
@@ -46,18 +61,8 @@ def add_lora(
     every pass, plus A/B grads."""
     if job.method == "full":
         return
-    r = job.lora.rank
-    token_io = 0.0  # sum over adapter calls of tokens x (in + out)
-    calls = 0.0
-    if "experts" in job.lora.targets and arch.num_experts > 1:
-        token_io += arch.num_moe_layers * tokens * k * arch.expert_in_out
-        calls += arch.num_moe_layers * hit * arch.num_expert_matrices
-    if "router" in job.lora.targets and arch.num_experts > 1:
-        token_io += arch.num_moe_layers * tokens * (arch.hidden + arch.num_experts)
-        calls += arch.num_moe_layers
-    dense_io, dense_mats = dense_lora_targets(arch, job.lora.targets)
-    token_io += tokens * dense_io
-    calls += dense_mats
+    in_out, calls = _adapted(arch, job.lora.targets, experts=k, expert_calls=hit)
+    token_io = tokens * in_out  # sum over adapter calls of tokens x (in + out)
     passes = 1.0 + gc + 2.0  # forward, recompute, grad-input, grad-weight of A and B
     dropout_passes = (2.0 + gc) if job.lora.dropout > 0 else 0.0  # forward, recompute, backward
     if compute_dtype:
@@ -70,25 +75,17 @@ def add_lora(
         dropout_bytes = LORA_DROPOUT_BYTES_PER_INPUT
     acc.add(
         "lora",
-        flops=passes * 2.0 * r * token_io,
+        flops=passes * 2.0 * job.lora.rank * token_io,
         bytes_=((1.0 + gc) * fwd_bytes + bwd_bytes) * token_io
         + dropout_passes * LORA_INPUT_SHARE_OF_IN_OUT * token_io * dropout_bytes,
         kernels=calls * ((1.0 + gc) * fwd_kernels + bwd_kernels + dropout_passes),
     )
 
 
-def adapter_params(arch: Arch, job: FineTuneJob, k: int) -> tuple[float, int, int]:
-    """(trainable parameters, trainable tensors, bytes per trainable parameter) of the job's adapters."""
-    r = job.lora.rank
-    params = 0.0
-    mats = 0
-    if "experts" in job.lora.targets and arch.num_experts > 1:
-        params += arch.num_moe_layers * arch.num_experts * r * arch.expert_in_out
-        mats += arch.num_moe_layers * arch.num_experts * arch.num_expert_matrices
-    if "router" in job.lora.targets and arch.num_experts > 1:
-        params += arch.num_moe_layers * r * (arch.hidden + arch.num_experts)
-        mats += arch.num_moe_layers
-    dense_io, dense_mats = dense_lora_targets(arch, job.lora.targets)
-    params += r * dense_io
-    mats += dense_mats
-    return params, 2 * mats, LORA_PARAM_BYTES
+def adapter_params(arch: Arch, job: FineTuneJob, compute_dtype: bool) -> tuple[float, int, int]:
+    """(trainable parameters, trainable tensors, bytes per trainable parameter) of the job's adapters: fp32
+    (PEFT's, LLaMA-Factory upcasts them) or in the compute dtype."""
+    n = arch.num_experts
+    in_out, mats = _adapted(arch, job.lora.targets, experts=n, expert_calls=n)
+    param_bytes = job.compute_bytes_per_element if compute_dtype else LORA_PARAM_BYTES
+    return job.lora.rank * in_out, 2 * int(mats), param_bytes
