@@ -63,6 +63,7 @@ class JobOptions:
     selective_recompute: cli.SelectiveRecompute = False
     recompute_layers: cli.RecomputeLayers = None
     attention: cli.Attention = "flash"
+    packing: cli.Packing = "none"
     optimizer: cli.Optimizer = "adamw"
     dtype: cli.Dtype = None
     quant_type: cli.QuantType = None
@@ -94,6 +95,7 @@ class JobOptions:
             lora_dropout=self.lora_dropout,
             dtype=self.dtype,
             attention=self.attention,
+            packing=self.packing,
             optimizer=self.optimizer,
             quant_type=self.quant_type,
             double_quant=self.double_quant,

@@ -71,12 +71,18 @@ def required(name: str, value: Any) -> Any:
 
 
 def run_length(
-    epochs: float | None, max_steps: int | None, dataset_queries: int | None, global_batch=None, searching=False
+    epochs: float | None,
+    max_steps: int | None,
+    dataset_queries: int | None,
+    global_batch=None,
+    searching=False,
+    queries_per_row: float = 1.0,
 ) -> Any:
     """The run's queries x epochs (`workload.run_length`) from --epochs / --max-steps or the config's run length
     (its steps, epochs and global batch; `global_batch`: --global-batch instead); the line saying how steps became
     queries is printed among the assumptions. A run length on the command line replaces the config's.
-    `searching`: the command searches GPU counts (plan; estimate without a GPU count)."""
+    `searching`: the command searches GPU counts (plan; estimate without a GPU count). `queries_per_row`: the
+    queries a packed row holds (a step's batch counts rows)."""
     from tunecost.workload.run_length import global_batch_of
     from tunecost.workload.run_length import run_length as queries_x_epochs
 
@@ -103,6 +109,7 @@ def run_length(
         max_steps=max_steps,
         max_steps_per_epoch=cap,
         global_batch=how or global_batch_of(_batch_options(config)),
+        queries_per_row=queries_per_row,
     )
     if length.note:
         err_console.print(f"assumed: {length.note}")

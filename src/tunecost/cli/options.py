@@ -132,6 +132,11 @@ LoraTargets = Annotated[
     opt("--lora-targets", "attention, experts, router, mlp (default: experts,router for MoE, attention,mlp dense)."),
 ]
 Attention = Annotated[str, opt("--attention", "flash | sdpa | eager.")]
+PACKING_HELP = (
+    "none | per-document | cross-document: queries packed into rows of --seq-len tokens (the batch counts rows), "
+    "attention within each query or across the row."
+)
+Packing = Annotated[str, opt("--packing", PACKING_HELP)]
 Optimizer = Annotated[str, opt("--optimizer", "adamw | adamw-8bit | sgd.")]
 Dtype = Annotated[str | None, opt("--dtype", "Compute dtype: bf16 | fp16 | fp32 (default bf16; fp16 for GPTQ).")]
 QuantType = Annotated[

@@ -187,14 +187,14 @@ def run_length_note(options: EstimatorOptions) -> str:
 
 
 def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
-    """What the cross-GPU model predicts for the request at `batch_size`: the job's fixed sequence length, else
-    its dataset's length distribution."""
+    """What the cross-GPU model predicts for the request at `batch_size`: the job's packed rows, else its fixed
+    sequence length, else its dataset's length distribution."""
     target = throughput_target(
         model=req.spec.name,
         gpu=req.gpu.name,
         batch_size=batch_size,
         experts_per_token=req.experts_per_token,
-        dataset=None if req.job.seq_len and not req.job.lengths else req.dataset,
+        dataset=None if req.job.seq_len and not req.job.lengths and req.job.packing == "none" else req.dataset,
         seq_len=req.job.seq_len,
         lengths=req.job.lengths,
         method=req.job.method,
@@ -203,7 +203,10 @@ def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
     family = job_family(req.options.stack or req.job.stack, req.options.framework)
     target = with_setup(target, req.job)
     return replace(
-        target, te_layers=family == TE_LAYERS_FAMILY, lora_compute_dtype=family in LORA_COMPUTE_DTYPE_FAMILIES
+        target,
+        job=target.job.with_(packing=req.job.packing),
+        te_layers=family == TE_LAYERS_FAMILY,
+        lora_compute_dtype=family in LORA_COMPUTE_DTYPE_FAMILIES,
     )
 
 

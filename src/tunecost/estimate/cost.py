@@ -102,6 +102,7 @@ def estimate_job(
     lora_dropout: float = 0.0,
     dtype: str | None = None,
     attention: str = "flash",
+    packing: str = "none",
     optimizer: str = "adamw",
     quant_type: str | None = None,
     double_quant: bool = True,
@@ -130,6 +131,7 @@ def estimate_job(
         double_quant=double_quant,
         gptq_group_size=group_size,
         attention=attention,
+        packing=packing,
         optimizer=optimizer,
         experts_per_token=experts_per_token,
         gradient_checkpointing=default_gradient_checkpointing(method, selective_recompute)

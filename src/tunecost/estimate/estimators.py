@@ -27,6 +27,7 @@ from tunecost.estimate.paper import (
 )
 from tunecost.estimate.throughput.coverage import setup_label
 from tunecost.estimate.throughput.lengths import dataset_lengths
+from tunecost.estimate.throughput.packing import job_packed_lengths
 from tunecost.estimate.throughput.sources import calibration_files
 from tunecost.estimate.throughput.stack_priors import framework_family
 from tunecost.estimate.throughput.targets import throughput_target
@@ -114,13 +115,16 @@ class EstimateRequest:
 
     @property
     def sizing_job(self) -> FineTuneJob:
-        """The job as the step simulator sizes it: at `sizing_seq_len` tokens per query, searched from batch 1."""
+        """The job as the step simulator sizes it: at `sizing_seq_len` tokens per query (a packed job: rows of
+        seq_len tokens, as a fixed length), searched from batch 1."""
+        if self.job.packing != "none":
+            return self.job.with_(batch_size=1, packing="none", lengths=None)
         return self.job.with_(seq_len=self.sizing_seq_len, batch_size=1)
 
 
 def sizing_seq_len(job: FineTuneJob) -> int:
-    """The padded length of a job's longest batch: what decides whether it fits."""
-    if job.lengths:
+    """The padded length of a job's longest batch: what decides whether it fits (a packed job's full row)."""
+    if job.lengths and job.packing == "none":
         return min(max(job.lengths), job.seq_len or max(job.lengths))
     return job.seq_len or EQ1_ARTIFACT_SEQ_LEN
 
@@ -136,6 +140,9 @@ def sized_job(job: FineTuneJob) -> FineTuneJob:
 def lengths_note(job: FineTuneJob, *, padded_to: int | None = None) -> str:
     """How the job's tokens per query were taken, for the assumptions (`padded_to`: a catalog dataset's queries
     priced at that fixed length, as the multi-GPU estimate does)."""
+    if job.packing != "none":
+        rows = job_packed_lengths(job.with_(batch_size=1)).source
+        return f"tokens per query: {rows}; the batch counts rows; memory sized at a full row"
     if job.lengths:
         cut = f", cut at {job.seq_len}" if job.seq_len else ""
         return (
@@ -336,6 +343,8 @@ def other_setup(req: EstimateRequest) -> str | None:
         model=req.spec.name, gpu=req.gpu.name, batch_size=1, seq_len=512, method=req.job.method
     ).job
     ours, theirs = setup_label(req.job), setup_label(measured)
+    if ours == theirs and req.job.packing != "none":
+        return f"they padded each batch to its longest query; this job packs them ({req.job.packing} attention)"
     return None if ours == theirs else f"they ran {theirs}; this job {ours}"
 
 

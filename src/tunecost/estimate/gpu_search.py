@@ -235,5 +235,6 @@ class _Search:
             startup_s=tp.startup_s,
             borderline_micro_batch=border,
             margin_fraction=self.margin,
+            queries_per_row=tp.queries_per_row,
         )
         return dataclasses.replace(setup, interval_ratio=ratio, extrapolation=outside)

@@ -14,7 +14,7 @@ from tunecost.workload.job import FineTuneJob
 def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=None) -> LaunchJob:
     """The recipe's view of the recommended `option` of `job`: every provider that rents its GPU as candidates.
     The recipes launch data parallelism in bf16 or fp16 only: a TP/PP/CP layout, FP8, selective or some-layers
-    recomputation is a `TunecostError`."""
+    recomputation, or packing is a `TunecostError`."""
     setup, spec = option.setup, resolve_model(job.model)
     if setup.plan.degree > 1:
         raise TunecostError(
@@ -25,6 +25,7 @@ def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=N
         ("FP8", job.fp8 != "none"),
         ("selective recomputation", job.selective_recompute),
         ("some-layers recomputation", job.recompute_layers is not None),
+        ("packing", job.packing != "none"),
     )
     missing = [what for what, on in switches if on]
     if missing:

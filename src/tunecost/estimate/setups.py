@@ -113,9 +113,11 @@ def evaluate_setup(
     startup_s: float = 0.0,
     borderline_micro_batch: int = 0,
     margin_fraction: float | None = None,
+    queries_per_row: float = 1.0,
 ) -> Setup:
     """Memory, step time, throughput and (given a workload) cost of one setup at the job's micro-batch; with
-    `param_counts`, DeepSpeed's own estimate beside a zero2 or zero3 rank's memory."""
+    `param_counts`, DeepSpeed's own estimate beside a zero2 or zero3 rank's memory; `queries_per_row`: the queries a
+    packed row holds (the micro-batch counts rows)."""
     deepspeed = deepspeed_estimator.gpu_bytes(plan, param_counts) if param_counts is not None else None
     base = Setup(
         gpu=gpu,
@@ -128,12 +130,12 @@ def evaluate_setup(
     )
     if base.fit == "no" or not single_gpu_queries_per_s:
         return base
-    compute = job.batch_size / single_gpu_queries_per_s
+    compute = job.batch_size * queries_per_row / single_gpu_queries_per_s  # one micro-step, in seconds
     if plan.degree == 1:
         timed, collectives = step_time(step, plan, links, compute)
     else:
         timed, collectives = model_parallel_time(step, job, plan, links, compute)
-    qps = plan.dp * plan.num_micro_batches * job.batch_size / timed.step_seconds
+    qps = plan.dp * plan.num_micro_batches * job.batch_size * queries_per_row / timed.step_seconds
     cost = None
     if num_queries and epochs:
         cost = setup_cost(

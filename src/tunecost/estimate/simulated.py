@@ -62,6 +62,7 @@ class Throughput:
     interval: tuple[float, float] | None = None
     startup_s: float = 0.0
     notes: tuple[str, ...] = ()
+    queries_per_row: float = 1.0  # queries a row of the batch holds (packing: several)
 
 
 def throughput_at(req: EstimateRequest, batch_size: int) -> Throughput:
@@ -96,6 +97,7 @@ def throughput_at(req: EstimateRequest, batch_size: int) -> Throughput:
         interval=(pred.queries_per_s_low, pred.queries_per_s_high),
         startup_s=startup_seconds(req.options, pred),
         notes=out,
+        queries_per_row=pred.counts.lengths.queries_per_row,
     )
 
 

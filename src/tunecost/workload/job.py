@@ -47,6 +47,10 @@ OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw-8bit", "sgd")
 # per-tensor delayed scaling ("te-delayed", NeMo/Megatron's default FP8 recipe: FP8 weight copies cached per linear).
 FP8_RECIPES: tuple[str, ...] = ("none", "tensorwise", "rowwise", "te-delayed")
 TORCHAO_FP8_RECIPES: tuple[str, ...] = ("tensorwise", "rowwise")  # torchao Float8Linear (float8_linear.py)
+# Queries concatenated into rows of seq_len tokens (docs/throughput-model.md, packing): "none" (each query its own
+# row, padded); "per-document" (attention within each query: flash-attn varlen, flex or block masks);
+# "cross-document" (one causal mask over the whole row).
+PACKINGS: tuple[str, ...] = ("none", "per-document", "cross-document")
 BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp32": 4}
 RECORD_KEYS = ("model", "method", "experts_per_token", "seq_len", "dataset")  # FineTuneJob.record_keys
 
@@ -172,6 +176,7 @@ class FineTuneJob:
     # under gradient checkpointing, how many decoder layers recompute their forward (Megatron's block method,
     # torchtitan's every-Nth-layer); None: every layer
     recompute_layers: int | None = None
+    packing: str = "none"  # one of PACKINGS: rows of seq_len tokens, each holding several queries
 
     def __post_init__(self) -> None:
         _check_choice("method", self.method, METHODS)
@@ -216,6 +221,9 @@ class FineTuneJob:
                 raise TunecostError(
                     "--recompute-layers counts the checkpointed layers: it needs gradient checkpointing"
                 )
+        _check_choice("packing (--packing)", self.packing, PACKINGS)
+        if self.packing != "none" and self.seq_len is None:
+            raise TunecostError("--packing packs queries into rows of --seq-len tokens: give --seq-len")
         if self.modules_to_save and self.method == "full":
             raise TunecostError("modules_to_save applies beside LoRA; a full fine-tune already trains every module")
         if len(set(self.modules_to_save)) != len(self.modules_to_save):

@@ -51,10 +51,12 @@ def run_length(
     max_steps: int | None,
     max_steps_per_epoch: int | None = None,
     global_batch: tuple[int, str] | None = None,
+    queries_per_row: float = 1.0,
 ) -> RunLength:
     """The run's queries x epochs. `max_steps` alone: steps x global batch. With `epochs` too (NeMo's
     trainer.max_steps beside max_epochs): whichever ends first (the steps when the dataset's size is unknown).
-    `max_steps_per_epoch` (torchtune) caps each epoch. Without steps: the dataset's queries x `epochs`."""
+    `max_steps_per_epoch` (torchtune) caps each epoch. Without steps: the dataset's queries x `epochs`.
+    `queries_per_row`: a packed job's batch counts rows, each holding this many queries."""
     steps = max_steps if max_steps is not None else max_steps_per_epoch
     if steps is None:
         if epochs is None:
@@ -67,6 +69,9 @@ def run_length(
         )
     batch, how = global_batch
     queries = queries_for_steps(steps, batch)
+    if queries_per_row != 1.0:
+        queries = max(1, round(queries * queries_per_row))
+        how += f" x {queries_per_row:.2f} queries per packed row"
     if max_steps is None:  # a cap on each epoch
         per_epoch = queries if dataset_queries is None else min(queries, dataset_queries)
         capped = f"max_steps_per_epoch {steps} x {how} = {queries} queries per epoch"

@@ -157,6 +157,7 @@ def test_lora(tmp_path):
         "attention": "flash",
         "gradient_checkpointing": True,
         "reentrant": True,  # axolotl's default with checkpointing and no kwargs
+        "packing": "per-document",  # sample_packing: multipack rows, attention per example
         "optimizer": "adamw-8bit",
         "seq_len": 2048,
         "batch_size": 2,
@@ -167,8 +168,9 @@ def test_lora(tmp_path):
     }
     assert _defaulted(job, "dtype bf16") and _defaulted(job, "reentrant on")
     assert not any("whole" in line for line in job.assumptions)  # all seven projections listed
-    assert any(line.startswith("sample_packing / pad_to_sequence_len") for line in job.assumptions)
-    assert {"sample_packing", "tf32", "learning_rate", "gradient_accumulation_steps"} <= set(job.not_modelled)
+    assert any(line.startswith("packing per-document: sample_packing") for line in job.assumptions)
+    assert {"tf32", "learning_rate", "gradient_accumulation_steps"} <= set(job.not_modelled)
+    assert "sample_packing" not in job.not_modelled
     assert job.options["lora_dropout"] == 0.05 and "lora_dropout" not in job.not_modelled
 
 

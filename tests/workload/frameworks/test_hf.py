@@ -241,10 +241,11 @@ def test_sft_config_yaml(tmp_path: Path) -> None:
         "reentrant": False,
         "strategy": "fsdp1",
         "seq_len": 2048,
+        "packing": "per-document",  # TRL's default packing_strategy bfd: position ids, attention per example
     }
     assert _said(job, "dtype bf16", "SFTConfig's default")  # TRL: bf16 unless fp16
     assert _said(job, "gradient_checkpointing on", "SFTConfig's default")
-    assert _said(job, "packing")
+    assert _said(job, "packing per-document: packing_strategy bfd", "SFTConfig's default")
     assert _said(job, "loss_type chunked_nll", "SFTConfig's default")
     assert not _said(job, "FSDP version 2")  # fsdp_config says version 1
     assert _said(job, "method full (use_peft unset)", "ModelConfig's default")  # TRL's sft.py: full unless use_peft
@@ -386,3 +387,10 @@ def test_trl_fills_its_lora_dropout(tmp_path: Path) -> None:
     """TRL's ModelConfig defaults lora_dropout to 0.05 (PEFT's LoraConfig to 0): an unset one is TRL's, and said."""
     job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "qlora.yaml", TRL_QLORA_YAML)
     assert job.options["lora_dropout"] == 0.05 and _said(job, "lora_dropout 0.05", "ModelConfig's default")
+
+
+def test_wrapped_packing_attends_across_the_row(tmp_path: Path) -> None:
+    yaml_text = SFT_YAML.replace("packing: true", "packing: true\npacking_strategy: wrapped")
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", yaml_text)
+    assert job.options["packing"] == "cross-document"
+    assert _said(job, "packing cross-document: packing_strategy wrapped:")

@@ -166,8 +166,9 @@ def test_full_deepspeed_fp16(tmp_path):
     assert (opts["dtype"], opts["gradient_checkpointing"]) == ("fp16", False)
     assert "reentrant" not in opts and "strategy" not in opts
     assert "deepspeed config examples/deepspeed/ds_z3_config.json: pass it too with --config" in job.assumptions
-    assert any(line.startswith("packing: not modelled") for line in job.assumptions)
-    assert "packing" in job.not_modelled
+    assert opts["packing"] == "cross-document"  # packing without neat_packing: one causal mask over the row
+    assert any(line.startswith("packing cross-document") for line in job.assumptions)
+    assert "packing" not in job.not_modelled
     assert _defaulted(job, "attention sdpa") and _defaulted(job, "optimizer adamw")
 
 
@@ -250,3 +251,8 @@ def test_detect_is_false_for_other_frameworks(data):
 )
 def test_lora_target_groups(targets, model, groups):
     assert lora_target_groups(targets, model, "lora_target")[0] == groups
+
+
+def test_neat_packing_keeps_each_example_apart(tmp_path):
+    opts = _read(tmp_path, FULL_DS3.replace("packing: true", "neat_packing: true")).options
+    assert opts["packing"] == "per-document"

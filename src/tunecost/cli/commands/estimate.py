@@ -72,6 +72,7 @@ def estimate(
     With --gpus (or --strategy): memory per rank, communication and cost on several GPUs."""
     from tunecost.catalog.gpus import fp8_gpu_names
     from tunecost.estimate.cost import check_queries_or_dataset, estimate_costs
+    from tunecost.estimate.throughput.packing import queries_per_row
     from tunecost.workload.job_data import job_data
 
     model = required("model", job_options.model)
@@ -80,10 +81,11 @@ def estimate(
     )
     data = job_data(dataset, model=model) if dataset else None
     dataset_queries = data.num_queries if queries is None and data is not None else queries
-    length = run_length(epochs, max_steps, dataset_queries, searching=multi_gpu.given and multi_gpu.num_gpus is None)
+    job = job_options.estimate_job(model, method, data, experts_per_token)
+    searching = multi_gpu.given and multi_gpu.num_gpus is None
+    length = run_length(epochs, max_steps, dataset_queries, searching=searching, queries_per_row=queries_per_row(job))
     queries, epochs = length.num_queries, length.epochs
     check_queries_or_dataset(queries, dataset)
-    job = job_options.estimate_job(model, method, data, experts_per_token)
     gpus = fp8_gpu_names(job.fp8, gpu_names(gpu), every=gpu.strip().lower() == "all")
     behaviour = stack_flags.behaviour(job_options.stack)
     if multi_gpu.given:

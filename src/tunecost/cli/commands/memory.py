@@ -202,8 +202,9 @@ def memory_job(
         attention=options.attention,
         optimizer=options.optimizer,
         batch_size=batch_size,
-        seq_len=None if lengths else seq_len,
-        lengths=lengths,
+        seq_len=None if lengths and options.packing == "none" else seq_len,
+        lengths=lengths if options.packing == "none" else None,  # packed: every row seq_len tokens
+        packing=options.packing,
         dataset=dataset,
         lora=LoraConfig(
             rank=options.lora_rank, alpha=options.lora_alpha, targets=targets, dropout=options.lora_dropout

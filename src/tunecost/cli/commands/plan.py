@@ -41,19 +41,21 @@ MAX_BUDGET_USD = 1e9
 MAX_DEADLINE_HOURS = 1e6
 
 
-def _workload(run: tuple, tokens: int | None, seq_len: int | None, data, global_batch: int | None) -> tuple:
+def _workload(
+    run: tuple, tokens: int | None, seq_len: int | None, data, global_batch: int | None, per_row: float
+) -> tuple:
     """(queries, epochs) of the run: `run` (--queries, --epochs, --max-steps) x the dataset's size or the global
-    batch, or --tokens over --seq-len."""
+    batch, or --tokens over --seq-len (`per_row`: the queries a packed row holds)."""
     queries, epochs, max_steps = run
     if tokens is not None:
         if queries is not None or epochs is not None or on_command_line("max_steps") or seq_len is None:
             raise TunecostError("--tokens needs --seq-len and replaces --queries, --epochs and --max-steps")
-        return -(-tokens // seq_len), 1.0
+        return max(1, round(-(-tokens // seq_len) * per_row)), 1.0
     if queries is None and data is not None:
         queries = data.num_queries
     if queries is None and max_steps is None:
         raise TunecostError("give --dataset, --queries or --tokens")
-    length = run_length(epochs, max_steps, queries, global_batch, searching=True)
+    length = run_length(epochs, max_steps, queries, global_batch, searching=True, queries_per_row=per_row)
     return length.num_queries, length.epochs
 
 
@@ -87,6 +89,7 @@ def plan(
     """Which method, GPU, count and layout to fine-tune on: the cheapest within --deadline or the fastest within
     --budget, the cost-vs-hours front, what was ruled out and why, and the launch recipe (--emit)."""
     from tunecost.estimate.plan import make_plan, parse_owned
+    from tunecost.estimate.throughput.packing import queries_per_row
     from tunecost.workload.job_data import job_data
 
     model = required("model", job_options.model)
@@ -95,8 +98,10 @@ def plan(
     owned = parse_owned(own)
     gpus = _rented_gpus(gpu, owned)
     data = job_data(dataset, model=model) if dataset else None
-    num_queries, num_epochs = _workload((queries, epochs, max_steps), tokens, job_options.seq_len, data, global_batch)
     jobs = [job_options.estimate_job(model, m, data) for m in methods]
+    per_row = queries_per_row(jobs[0])
+    run = (queries, epochs, max_steps)
+    num_queries, num_epochs = _workload(run, tokens, job_options.seq_len, data, global_batch, per_row)
     with progress_callback("planning", enabled=not json_out, counted=True) as on_progress:
         result = make_plan(
             jobs,

@@ -92,7 +92,9 @@ class CalibratedModel:
             return replace(pred, extrapolation=bool(reasons), extrapolation_reasons=tuple(reasons))
         terms = self.terms_for(gpu, target.host_cpu)
         step = step_time(counts, terms, self.params)
-        qps = run_queries_per_s(step.step_s, target.job.batch_size, self.run_overhead_s / terms.host_speed, run_queries)
+        qps = run_queries_per_s(
+            step.step_s, counts.queries_per_step, self.run_overhead_s / terms.host_speed, run_queries
+        )
         reasons = self._extrapolation(job, counts, gpu)
         rng = self.ranges.get(job.model)
         calibrated = [self.terms_for(resolve_gpu_name(g).gpu) for g in self.gpus]
@@ -236,7 +238,7 @@ def fit_stack(
         return np.log(
             [
                 run_queries_per_s(
-                    step_time(c, terms, params).step_s, p.target.job.batch_size, run / terms.host_speed, p.run_queries
+                    step_time(c, terms, params).step_s, c.queries_per_step, run / terms.host_speed, p.run_queries
                 )
                 for p, _, _, c, terms in prepared
             ]

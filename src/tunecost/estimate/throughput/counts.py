@@ -16,6 +16,7 @@ from tunecost.estimate.throughput.fp8 import fp8_cast_bytes, fp8_cast_kernels
 from tunecost.estimate.throughput.lengths import SeqLengths, empirical_lengths, fixed_lengths
 from tunecost.estimate.throughput.lora_counts import adapter_params, add_lora
 from tunecost.estimate.throughput.mixers import BWD_BYTES_PER_FWD_BYTE, BWD_KERNELS_PER_FWD_KERNEL, add_mixers
+from tunecost.estimate.throughput.packing import job_packed_lengths
 from tunecost.models.catalog import ModelSpec
 from tunecost.workload.job import TORCHAO_FP8_RECIPES, FineTuneJob
 from tunecost.workload.op_classes import OP_CLASSES
@@ -71,6 +72,11 @@ class AnalyticStepCounts:
     host_sync: str = SYNC_PER_MOE_LAYER  # where the host waits for the GPU: SYNC_PER_MOE_LAYER or _PER_MICRO_STEP
 
     @property
+    def queries_per_step(self) -> float:
+        """Queries one step trains: a query per row, or the queries a packed row holds."""
+        return self.batch_size * self.lengths.queries_per_row
+
+    @property
     def total_flops(self) -> float:
         return sum(self.flops_by_class.values())
 
@@ -84,7 +90,10 @@ class AnalyticStepCounts:
 
 
 def lengths_of_job(job: FineTuneJob) -> SeqLengths:
-    """The job's own lengths: its fixed seq_len, else its dataset lengths (padded to the longest per batch)."""
+    """The job's own lengths: its packed rows, else its fixed seq_len, else its dataset lengths (padded to the
+    longest per batch)."""
+    if job.packing != "none":
+        return job_packed_lengths(job)
     if job.seq_len is not None:
         return fixed_lengths(job.seq_len, job.batch_size)
     assert job.lengths

@@ -39,6 +39,8 @@ class SeqLengths:
     mean_len_tokens: float  # E[real length]: tokens that carry loss
     mean_sq_len_tokens2: float  # E[l^2]: FlashAttention-2 varlen work per query (l^2 / 2 causal)
     source: str
+    queries_per_row: float = 1.0  # queries one row of the batch holds (packing: several)
+    attention_seqs_per_row: float = 1.0  # causal sequences per row whose E[l], E[l^2] are the two above
 
     @property
     def tokens_per_step(self) -> float:
@@ -144,19 +146,27 @@ def median_from_mean_tokens(mean_tokens: float, log_sigma: float) -> float:
     return mean_tokens * math.exp(-(log_sigma**2) / 2)
 
 
-def catalog_lengths(facts: DatasetFacts, batch_size: int, *, log_sigma: float = DEFAULT_LOG_SIGMA) -> SeqLengths:
-    """Lengths of a catalog dataset from its best statistic (source 3 in docs/throughput-model.md, section
+@dataclass(frozen=True)
+class LogNormalShape:
+    """A catalog dataset's lengths as a log-normal: its median, spread and cut, and how they were taken."""
+
+    median_tokens: float
+    log_sigma: float
+    cutoff_tokens: int
+    label: str
+
+
+def catalog_shape(facts: DatasetFacts, *, log_sigma: float = DEFAULT_LOG_SIGMA) -> LogNormalShape:
+    """The log-normal of a catalog dataset from its best statistic (source 3 in docs/throughput-model.md, section
     `tunecost.estimate.throughput.lengths`); `log_sigma` is the spread used where the data give none (the paper's
     rows, a median without a p95, a mean)."""
     if facts.has_paper_median:  # unchanged: the throughput model was calibrated on exactly these lengths
         median = facts.median_tokens_paper
-        return lognormal_lengths(
-            median,
-            batch_size,
-            log_sigma=log_sigma,
-            source=f"{facts.name}: log-normal, paper median {median:g} tokens, sigma {log_sigma:g}, "
-            f"cut at {PAPER_CUTOFF_TOKENS}, padded to the longest in the batch",
+        label = (
+            f"{facts.name}: log-normal, paper median {median:g} tokens, sigma {log_sigma:g}, cut at "
+            f"{PAPER_CUTOFF_TOKENS}"
         )
+        return LogNormalShape(median, log_sigma, PAPER_CUTOFF_TOKENS, label)
     cutoff = PAPER_CUTOFF_TOKENS if facts.max_tokens is None else min(PAPER_CUTOFF_TOKENS, int(facts.max_tokens))
     cut = f"cut at {'max ' if cutoff < PAPER_CUTOFF_TOKENS else ''}{cutoff}"
     counted = f"counted with the {facts.tokenizer} tokenizer"
@@ -168,20 +178,30 @@ def catalog_lengths(facts: DatasetFacts, batch_size: int, *, log_sigma: float = 
         else:
             sigma = log_sigma
             shape = f"median {median:g} tokens, sigma {sigma:g} assumed (no p95)"
-        label = f"{facts.name}: log-normal through {shape}, {counted}, {cut}, padded to the longest in the batch"
-        return lognormal_lengths(median, batch_size, log_sigma=sigma, cutoff_tokens=cutoff, source=label)
+        return LogNormalShape(median, sigma, cutoff, f"{facts.name}: log-normal through {shape}, {counted}, {cut}")
     if facts.mean_tokens is not None:
         median = median_from_mean_tokens(facts.mean_tokens, log_sigma)
         label = (
             f"{facts.name}: log-normal from a mean (no median published) of {facts.mean_tokens:g} tokens, {counted}: "
-            f"median taken as mean x exp(-sigma^2/2) = {median:.1f}, sigma {log_sigma:g} assumed, {cut}, "
-            "padded to the longest in the batch"
+            f"median taken as mean x exp(-sigma^2/2) = {median:.1f}, sigma {log_sigma:g} assumed, {cut}"
         )
-        return lognormal_lengths(median, batch_size, log_sigma=log_sigma, cutoff_tokens=cutoff, source=label)
+        return LogNormalShape(median, log_sigma, cutoff, label)
     raise TunecostError(
         f"dataset {facts.name} has no token-length statistic in the catalog (no median, p95, max or mean tokens "
         f"per query: no source we know publishes one); give --dataset FILE (a local copy, measured with the "
         f"model's tokenizer) or --seq-len N"
+    )
+
+
+def catalog_lengths(facts: DatasetFacts, batch_size: int, *, log_sigma: float = DEFAULT_LOG_SIGMA) -> SeqLengths:
+    """Lengths of a catalog dataset from its best statistic (`catalog_shape`), each batch padded to its longest."""
+    shape = catalog_shape(facts, log_sigma=log_sigma)
+    return lognormal_lengths(
+        shape.median_tokens,
+        batch_size,
+        log_sigma=shape.log_sigma,
+        cutoff_tokens=shape.cutoff_tokens,
+        source=f"{shape.label}, padded to the longest in the batch",
     )
 
 

@@ -73,8 +73,9 @@ def add_mixers(
         width = arch.num_heads * arch.head_dim
         full_layers = arch.num_attention_layers - arch.num_window_layers
         window_sq = windowed_sq_len_tokens2(lengths, arch.attention_window_tokens)
-        fwd_flops = full_layers * batch * lengths.mean_sq_len_tokens2 * 2.0 * width
-        fwd_flops += arch.num_window_layers * batch * window_sq * 2.0 * width
+        seqs = batch * lengths.attention_seqs_per_row  # causal sequences in the batch (packed rows: several a row)
+        fwd_flops = full_layers * seqs * lengths.mean_sq_len_tokens2 * 2.0 * width
+        fwd_flops += arch.num_window_layers * seqs * window_sq * 2.0 * width
         attn_fwd = max(fwd_passes, 2.0 if selective else 1.0)
         if eager:
             _eager_attention(acc, arch, lengths, fwd_passes=attn_fwd)

@@ -64,10 +64,11 @@ class StepTime:
     step_overhead_s: float
     batch_size: int
     host_sync: str = SYNC_PER_MOE_LAYER  # where the host waits for the GPU: launches add to or hide under GPU time
+    queries_per_row: float = 1.0  # queries a row of the batch holds (packing: several)
 
     @property
     def queries_per_s(self) -> float:
-        return self.batch_size / self.step_s
+        return self.batch_size * self.queries_per_row / self.step_s
 
     @property
     def gpu_s(self) -> float:
@@ -199,6 +200,7 @@ def step_time(counts: AnalyticStepCounts, terms: GpuTerms, params: StackParams) 
         step_overhead_s=host_s,
         batch_size=counts.batch_size,
         host_sync=counts.host_sync,
+        queries_per_row=counts.lengths.queries_per_row,
     )
 
 

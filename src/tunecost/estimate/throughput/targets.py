@@ -17,6 +17,7 @@ from tunecost.estimate.throughput.counts import AnalyticStepCounts, analytic_ste
 from tunecost.estimate.throughput.coverage import SETUP_FIELDS
 from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, empirical_lengths, fixed_lengths
 from tunecost.estimate.throughput.model import StepTime
+from tunecost.estimate.throughput.packing import job_packed_lengths
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob, LoraConfig, Method, default_lora_targets
 
@@ -116,7 +117,9 @@ def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, AnalyticStepCounts]:
     counts over the job's own lengths: its real lengths (each batch padded to its longest, cut at seq_len if given,
     else at the longest), else its fixed seq_len, else its dataset's length distribution."""
     job = target.job
-    if job.lengths:
+    if job.packing != "none":
+        lengths = job_packed_lengths(job)
+    elif job.lengths:
         cutoff = job.seq_len if job.seq_len is not None else max(job.lengths)
         source = f"{job.dataset}: measured lengths" if job.dataset else "measured lengths"
         lengths = empirical_lengths(
@@ -135,11 +138,11 @@ def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, AnalyticStepCounts]:
     return job, counts
 
 
-def run_queries_per_s(step_s: float, batch_size: int, run_overhead_s: float, run_queries: int | None) -> float:
+def run_queries_per_s(step_s: float, queries_per_step: float, run_overhead_s: float, run_queries: int | None) -> float:
     """Throughput of a run of `run_queries` queries with a fixed overhead; steady state when None."""
     if run_queries is None:
-        return batch_size / step_s
-    return run_queries / (run_overhead_s + run_queries / batch_size * step_s)
+        return queries_per_step / step_s
+    return run_queries / (run_overhead_s + run_queries / queries_per_step * step_s)
 
 
 def group_of(point: CalibrationPoint) -> tuple[str, str, str]:

@@ -36,6 +36,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "recompute_layers": int,  # under gradient checkpointing, the layers recomputed (None: every layer)
     "reentrant": bool,
     "attention": str,  # flash | sdpa | eager
+    "packing": str,  # none | per-document | cross-document: queries packed into rows of seq_len tokens
     "optimizer": str,  # adamw | adamw-8bit | sgd
     "seq_len": int,  # the cutoff: longer examples are cut, each batch padded to its longest
     "batch_size": int,  # per device (micro-batch)

@@ -244,9 +244,13 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         raise cfg.error("unfrozen_parameters", "training a subset of the weights is not modelled (full, lora, qlora)")
     options: dict[str, Any] = {"model": model} if model else {}
     options |= _method(cfg, model, notes) | _training(cfg, notes) | _dataset(cfg, notes) | _strategy(cfg, notes)
-    if cfg.data.get("sample_packing") or cfg.data.get("pad_to_sequence_len"):
-        notes.append("sample_packing / pad_to_sequence_len: not modelled; tunecost pads each batch to its longest "
-                     "example (rows of sequence_len tokens: give --seq-len without --dataset for that)")  # fmt: skip
+    if cfg.typed("sample_packing", bool):
+        options["packing"] = "per-document"
+        notes.append("packing per-document: sample_packing packs examples into sequence_len-token rows, attention "
+                     "within each (multipack's position ids / block masks)")  # fmt: skip
+    elif cfg.data.get("pad_to_sequence_len"):
+        notes.append("pad_to_sequence_len: not modelled; tunecost pads each batch to its longest example (rows of "
+                     "sequence_len tokens: give --seq-len without --dataset for that)")  # fmt: skip
     options["stack"] = "hf-peft"
     notes.append(f"stack hf-peft: {TITLE} runs transformers + PEFT")
     return ConfigJob(framework="axolotl", path=cfg.path, options=options, assumptions=tuple(notes),

@@ -237,9 +237,14 @@ def _read(cfg: ConfigFile) -> ConfigJob:
             options["dataset"] = canonical_name(name)
         elif name.strip():
             notes.append(f"dataset {name.strip()}: a {TITLE} dataset name, give --dataset FILE for its lengths")
-    if cfg.data.get("packing") or cfg.data.get("neat_packing"):
-        notes.append("packing: not modelled; tunecost pads each batch to its longest example (packed rows are all "
-                     "cutoff_len long: give --seq-len without --dataset for that)")  # fmt: skip
+    if cfg.typed("neat_packing", bool):
+        options["packing"] = "per-document"
+        notes.append("packing per-document: neat_packing packs examples into cutoff_len-token rows, attention within "
+                     "each")  # fmt: skip
+    elif cfg.typed("packing", bool):
+        options["packing"] = "cross-document"
+        notes.append("packing cross-document: packing packs examples into cutoff_len-token rows, one causal mask "
+                     "over each (neat_packing would keep them apart)")  # fmt: skip
     ds_options, ds_notes = deepspeed_options(cfg, "deepspeed")
     options |= ds_options | {"stack": "hf-peft"}
     notes += [*ds_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]

@@ -186,7 +186,9 @@ def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> No
     elif component:
         notes.append(f"dataset {component.rsplit('.', 1)[-1]}: {TITLE}'s builder, not read (give --dataset FILE)")
     if flat.typed("dataset.packed", bool):
-        notes.append("dataset packed: every sample is max_seq_len tokens (seq_len), attention masked per document")
+        options["packing"] = "per-document"
+        notes.append("packing per-document: dataset.packed packs examples into max_seq_len-token rows, attention "
+                     "masked per document")  # fmt: skip
 
 
 def _layout(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
