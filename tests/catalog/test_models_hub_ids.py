@@ -81,10 +81,15 @@ def test_counted_parameters_match_a_hand_count_of_the_config(name: str) -> None:
         ("unsloth/Meta-Llama-3.1-8B-Instruct-bnb-4bit", "llama-3.1-8b"),
         ("unsloth/mistral-7b-v0.3", "mistral-7b-v0.3"),
         ("unsloth/Qwen2.5-7B-Instruct-unsloth-bnb-4bit", "qwen2.5-7b"),
+        ("NousResearch/Meta-Llama-3.1-8B", "llama-3.1-8b"),  # axolotl's examples
+        ("NousResearch/Llama-3.2-1B", "llama-3.2-1b"),
+        ("mistral-community/Mixtral-8x22B-v0.1", "mixtral-8x22b"),
+        ("huggyllama/llama-7b", "llama-7b"),
     ],
 )
-def test_an_unsloth_reupload_is_its_original(mirror: str, name: str) -> None:
-    """unsloth's re-uploads keep the original's config.json: found offline as the catalog model."""
+def test_a_reupload_is_its_original(mirror: str, name: str) -> None:
+    """unsloth's, NousResearch's, mistral-community's and huggyllama's re-uploads keep the original's config.json:
+    found offline as the catalog model."""
     assert resolve_model(mirror).name == name
 
 
@@ -93,3 +98,10 @@ def test_an_unsloth_reupload_of_a_model_outside_the_catalog_is_an_error() -> Non
 
     with pytest.raises(TunecostError, match="not in the catalog"):
         resolve_model("unsloth/zephyr-sft-bnb-4bit")
+
+
+def test_a_same_named_repository_elsewhere_is_not_a_reupload() -> None:
+    from tunecost.errors import TunecostError
+
+    with pytest.raises(TunecostError, match="not in the catalog"):
+        resolve_model("someone/Meta-Llama-3.1-8B")

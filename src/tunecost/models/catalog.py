@@ -294,13 +294,17 @@ def gptq_checkpoint(name: str) -> GptqCheckpoint | None:
 
 # unsloth's re-uploads of open models keep the original's config.json (the bitsandbytes ones add a
 # quantization_config): `unsloth/<model>[-unsloth][-bnb-4bit]` is <model>
-_UNSLOTH_MIRROR = re.compile(r"^unsloth/(?P<model>.+?)(?:-unsloth)?(?:-bnb-4bit)?$")
+# Namespaces that re-upload models under their original repository names, config.json unchanged (unsloth also
+# adds -unsloth / -bnb-4bit); docs/models.md, "Re-uploads".
+_MIRROR = re.compile(
+    r"^(?:unsloth|nousresearch|mistral-community|huggyllama)/(?P<model>.+?)(?:-unsloth)?(?:-bnb-4bit)?$"
+)
 
 
-def _unsloth_original(key: str, catalog: dict[str, ModelSpec]) -> ModelSpec | None:
-    """The catalog model an unsloth re-upload (`key`, lower case) copies: its name is the model's catalog name or
-    the last part of its hub id or of an alias."""
-    match = _UNSLOTH_MIRROR.match(key)
+def _mirror_original(key: str, catalog: dict[str, ModelSpec]) -> ModelSpec | None:
+    """The catalog model a re-upload (`key`, lower case: unsloth, NousResearch, mistral-community, huggyllama)
+    copies: its name is the model's catalog name or the last part of its hub id or of an alias."""
+    match = _MIRROR.match(key)
     if match is None:
         return None
     model = match["model"]
@@ -327,8 +331,8 @@ def _repository_name_match(key: str, catalog: dict[str, ModelSpec]) -> ModelSpec
 
 def resolve_model(name: str) -> ModelSpec:
     """A catalog name (any case, or its hub id), a GPTQ checkpoint's hub id (its base model), a hub id without its
-    namespace (when one catalog model has it), an unsloth re-upload of a catalog model, a local config path, or a
-    hub id in the local cache."""
+    namespace (when one catalog model has it), a re-upload of a catalog model (unsloth, NousResearch, ...), a local
+    config path, or a hub id in the local cache."""
     catalog = model_catalog()
     key = name.strip().lower()
     for spec in catalog.values():
@@ -338,7 +342,7 @@ def resolve_model(name: str) -> ModelSpec:
     by_repository = _repository_name_match(key, catalog)
     if by_repository is not None:
         return by_repository
-    original = _unsloth_original(key, catalog)
+    original = _mirror_original(key, catalog)
     if original is not None:
         return original
     path = Path(name).expanduser()

@@ -248,7 +248,7 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         options["packing"] = "per-document"
         notes.append("packing per-document: sample_packing packs examples into sequence_len-token rows, attention "
                      "within each (multipack's position ids / block masks)")  # fmt: skip
-    elif cfg.data.get("pad_to_sequence_len"):
+    elif cfg.typed("pad_to_sequence_len", bool):
         notes.append("pad_to_sequence_len: not modelled; tunecost pads each batch to its longest example (rows of "
                      "sequence_len tokens: give --seq-len without --dataset for that)")  # fmt: skip
     options["stack"] = "hf-peft"
