@@ -248,9 +248,12 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         options["packing"] = "per-document"
         notes.append("packing per-document: sample_packing packs examples into sequence_len-token rows, attention "
                      "within each (multipack's position ids / block masks)")  # fmt: skip
-    elif cfg.typed("pad_to_sequence_len", bool):
+        cfg.typed("pad_to_sequence_len", bool)  # packed rows are sequence_len tokens either way
+    elif cfg.data.get("pad_to_sequence_len"):  # left among the keys not modelled
         notes.append("pad_to_sequence_len: not modelled; tunecost pads each batch to its longest example (rows of "
                      "sequence_len tokens: give --seq-len without --dataset for that)")  # fmt: skip
+    else:
+        cfg.typed("pad_to_sequence_len", bool)  # false: each batch padded to its longest, as modelled
     options["stack"] = "hf-peft"
     notes.append(f"stack hf-peft: {TITLE} runs transformers + PEFT")
     return ConfigJob(framework="axolotl", path=cfg.path, options=options, assumptions=tuple(notes),
