@@ -394,3 +394,13 @@ def test_wrapped_packing_attends_across_the_row(tmp_path: Path) -> None:
     job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", yaml_text)
     assert job.options["packing"] == "cross-document"
     assert _said(job, "packing cross-document: packing_strategy wrapped:")
+
+
+@pytest.mark.parametrize(
+    ("optim", "ours"),
+    [("adamw_torch_fused", "adamw"), ("paged_adamw_8bit", "adamw-8bit"), ("adamw_torch_8bit", "adamw-8bit")],
+)
+def test_the_trainers_optimizer_names(tmp_path: Path, optim: str, ours: str) -> None:
+    """torchao's AdamW8bit (adamw_torch_8bit) keeps bitsandbytes' 8-bit states: blocks of 256, fp32 scales."""
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "args.json", {**TRAINER_DEFAULTS_JSON, "optim": optim})
+    assert job.options["optimizer"] == ours

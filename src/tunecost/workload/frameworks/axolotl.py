@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
+from tunecost.workload.frameworks.hf import optimizer_name
 from tunecost.workload.frameworks.llamafactory import (
     EIGHT_BIT,
     SFT_ONLY,
@@ -13,7 +14,6 @@ from tunecost.workload.frameworks.llamafactory import (
     deepspeed_options,
     filled,
     lora_target_groups,
-    optimizer_name,
 )
 from tunecost.workload.known_datasets import canonical_name
 

@@ -32,11 +32,26 @@ def words(text: str) -> tuple[str, ...]:
 TA, SFT, TRL_MODEL = "transformers TrainingArguments'", "TRL SFTConfig's", "TRL ModelConfig's"
 PEFT, BNB = "PEFT LoraConfig's", "BitsAndBytesConfig's"
 TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+# transformers' OptimizerNames -> tunecost's optimizers. adamw_torch_8bit is torchao's AdamW8bit: 8-bit states in
+# blocks of 256 with an fp32 scale each, fp32 below 4096 elements, as bitsandbytes' (torchao/optim/adam.py).
 OPTIMIZERS = {
     **dict.fromkeys(("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw", "paged_adamw_32bit"), "adamw"),
-    **dict.fromkeys(("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit"), "adamw-8bit"),
+    **dict.fromkeys(("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "bnb_8bit", "adamw_torch_8bit"), "adamw-8bit"),
     "sgd": "sgd",
 }
+
+
+def optimizer_name(cfg: ConfigFile, key: str, value: str) -> str:
+    """tunecost's optimizer for a Trainer/bitsandbytes optimizer name; an error for one it does not model."""
+    if value.strip().lower() in OPTIMIZERS:
+        return OPTIMIZERS[value.strip().lower()]
+    names: dict[str, list[str]] = {}
+    for name, tunecost in OPTIMIZERS.items():
+        names.setdefault(tunecost, []).append(name)
+    known = "; ".join(f"{tunecost} ({', '.join(group)})" for tunecost, group in names.items())
+    raise cfg.error(key, f"{value!r} is not modelled; tunecost models {known}")
+
+
 GROUPS = {
     **dict.fromkeys(
         words("q_proj k_proj v_proj o_proj c_attn query_key_value wqkv qkv_proj out_proj dense"), "attention"
@@ -284,9 +299,7 @@ def _read_training_args(cfg: ConfigFile) -> ConfigJob:
         out[option] = default if value is None else value
         notes += [f"{option} {default} ({key}): {whose} default"] if value is None else []
     optim = cfg.typed("optim", str)
-    if optim is not None and optim.lower() not in OPTIMIZERS:
-        raise cfg.error("optim", f"{optim!r} is not modelled; tunecost models adamw_torch(_fused), adamw_8bit, sgd")
-    out["optimizer"] = OPTIMIZERS[optim.lower()] if optim else "adamw"
+    out["optimizer"] = optimizer_name(cfg, "optim", optim) if optim else "adamw"
     notes += [] if optim else [f"optimizer adamw (optim adamw_torch_fused with torch >= 2.8): {whose} default"]
     attn = cfg.typed("attn_implementation", str) or _mapping(cfg, "model_init_kwargs").get("attn_implementation")
     out["attention"] = attention_of(cfg, "attn_implementation", attn) if attn else "sdpa"

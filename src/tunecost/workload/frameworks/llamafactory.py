@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
+from tunecost.workload.frameworks.hf import optimizer_name
 from tunecost.workload.known_datasets import canonical_name
 
 TITLE = "LLaMA-Factory"
@@ -57,10 +58,6 @@ _UNMODELLED_FLAGS = {
     "use_apollo": f"APOLLO {_OPT}", "use_badam": f"BAdam {_OPT}", "use_adam_mini": f"Adam-mini {_OPT}",
     "use_muon": f"Muon {_OPT}",
 }  # fmt: skip
-_OPTIMIZERS = {
-    "adamw": ("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw", "paged_adamw_32bit"),
-    "adamw-8bit": ("paged_adamw_8bit", "adamw_bnb_8bit", "adamw_8bit", "bnb_8bit"), "sgd": ("sgd",),
-}  # fmt: skip
 
 
 def lora_target_groups(entries: Sequence[str], model: str | None, key: str) -> tuple[str | None, list[str]]:
@@ -96,15 +93,6 @@ def lora_target_groups(entries: Sequence[str], model: str | None, key: str) -> t
                          f"({_WHOLE_TEXT[group]}), not only the listed ones")  # fmt: skip
     order = ("attention", "mlp", "experts", "router")
     return (",".join(g for g in order if g in found) or None), notes
-
-
-def optimizer_name(cfg: ConfigFile, key: str, value: str) -> str:
-    """tunecost's optimizer for a Trainer/bitsandbytes optimizer name; an error for one it does not model."""
-    for name, aliases in _OPTIMIZERS.items():
-        if value.strip().lower() in aliases:
-            return name
-    known = "; ".join(f"{name} ({', '.join(aliases)})" for name, aliases in _OPTIMIZERS.items())
-    raise cfg.error(key, f"{value}: tunecost models {known}")
 
 
 def deepspeed_options(cfg: ConfigFile, key: str) -> tuple[dict[str, Any], list[str]]:
