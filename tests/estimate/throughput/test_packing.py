@@ -90,3 +90,10 @@ def test_a_run_in_steps_of_packed_rows_counts_the_queries_the_rows_hold() -> Non
     length = run_length(dataset_queries=None, epochs=None, max_steps=100, global_batch=(8, "8"), queries_per_row=2.5)
     assert length.num_queries == 2000
     assert "x 2.50 queries per packed row" in str(length.note)
+
+
+def test_the_emptiest_row_counts_by_its_share() -> None:
+    """A sample of a larger dataset, or data under one row, is not priced as whole rows it leaves empty."""
+    half = packed_lengths([100] * 30, 2000, 1, per_document=True, source="x")  # one full row and half of one
+    assert half.queries_per_row == pytest.approx(30 / 1.5)
+    assert "100.0% full" in half.source

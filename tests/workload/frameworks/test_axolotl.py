@@ -269,3 +269,12 @@ def test_rl_error_says_what_tunecost_estimates(tmp_path):
 @pytest.mark.parametrize("data", [LLAMAFACTORY, TORCHTUNE, HF_TRAINING_ARGS, PEFT_ADAPTER])
 def test_detect_is_false_for_other_frameworks(data):
     assert not FRAMEWORK.detect(data)
+
+
+def test_context_and_tensor_parallel_sizes(tmp_path):
+    """examples/alst: context_parallel_size 8 splits each 500k-token row over 8 ranks; AutoTP's tensor_parallel_size."""
+    job = _read(tmp_path, QLORA_FSDP + "context_parallel_size: 8\ntensor_parallel_size: 2\n")
+    assert (job.options["cp"], job.options["tp"]) == (8, 2)
+    assert any(line.startswith("cp 8: context_parallel_size") for line in job.assumptions)
+    old = _read(tmp_path, QLORA_FSDP + "sequence_parallel_degree: 4\n", name="old.yml")
+    assert old.options["cp"] == 4 and "tp" not in old.options

@@ -23,6 +23,11 @@ LOGNORMAL_SAMPLE = 4000  # quantiles of a catalog dataset's log-normal that stan
 def packed_rows(lengths: Sequence[int], row_tokens: int) -> int:
     """Rows of `row_tokens` tokens that best-fit decreasing packs the queries into (each cut at `row_tokens`):
     every query, longest first, goes into the row it leaves least room in, or opens a row."""
+    return _best_fit_decreasing(lengths, row_tokens)[0]
+
+
+def _best_fit_decreasing(lengths: Sequence[int], row_tokens: int) -> tuple[int, int]:
+    """(rows, room left in the emptiest row) of best-fit decreasing."""
     if row_tokens < 1:
         raise TunecostError(f"a packed row must hold >= 1 token, got {row_tokens}")
     free: list[int] = []  # room left in the rows not yet full, ascending
@@ -36,12 +41,15 @@ def packed_rows(lengths: Sequence[int], row_tokens: int) -> int:
             left = row_tokens - n
         if left:
             bisect.insort(free, left)
-    return rows
+    return rows, (free[-1] if free else 0)
 
 
 @lru_cache(maxsize=64)
-def _rows_of(lengths: tuple[int, ...], row_tokens: int) -> int:
-    return packed_rows(lengths, row_tokens)
+def _rows_of(lengths: tuple[int, ...], row_tokens: int) -> float:
+    """Rows the queries fill, the emptiest counted by its share: a sample standing for a larger dataset, or a
+    dataset under one row, is not priced as whole rows it does not fill."""
+    rows, room = _best_fit_decreasing(lengths, row_tokens)
+    return rows - room / row_tokens
 
 
 def packed_lengths(

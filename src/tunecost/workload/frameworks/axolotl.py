@@ -199,9 +199,25 @@ def _dataset(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
     return {}
 
 
+def _model_parallel(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
+    """context_parallel_size (sequence_parallel_degree before it) and tensor_parallel_size (DeepSpeed AutoTP)."""
+    options: dict[str, Any] = {}
+    cp = cfg.typed("context_parallel_size", int) or cfg.typed("sequence_parallel_degree", int)
+    if cp and cp > 1:
+        options["cp"] = cp
+        notes.append(f"cp {cp}: context_parallel_size splits each sequence over {cp} ranks (ring-flash-attn); "
+                     "modelled as tunecost's context parallelism (docs/multi-gpu.md)")  # fmt: skip
+    tp = cfg.typed("tensor_parallel_size", int)
+    if tp and tp > 1:
+        options["tp"] = tp
+        notes.append(f"tp {tp}: tensor_parallel_size (DeepSpeed AutoTP)")
+    return options
+
+
 def _strategy(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
     options, ds_notes = deepspeed_options(cfg, "deepspeed")
     notes += ds_notes
+    options |= _model_parallel(cfg, notes)
     fsdp, conf = cfg.get("fsdp"), _fsdp_config(cfg)
     if not fsdp and not conf:
         return options
