@@ -5,6 +5,7 @@ Task.from_yaml. The last four are optional (importorskip); the structure checks 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -471,6 +472,7 @@ def test_no_overwrite_without_force_and_force_replaces(tmp_path: Path) -> None:
         ("torchtune", {"lora_targets": ("experts",)}, r"torchtune recipe: .*experts"),
         ("llamafactory", {"lora_targets": ("attention", "router")}, r"llamafactory recipe: .*routers"),
         ("llamafactory", {"lora_alpha": 7.5}, r"llamafactory recipe: .*integer"),
+        ("torchtune", {"packing": "cross-document"}, r"torchtune recipe: .*no cross-document packing"),
         ("skypilot", {"gpu": "H800-80GB-SXM"}, r"skypilot recipe: .*H800-80GB-SXM"),
     ],
 )
@@ -520,3 +522,19 @@ def test_recipes_do_not_import_torch() -> None:
 
     code = "import sys, tunecost.estimate.recipes; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+@pytest.mark.parametrize("packing", ["per-document", "cross-document"])
+def test_packing_reaches_every_recipe(packing: str, tmp_path: Path) -> None:
+    """LLaMA-Factory's neat_packing / packing, TRL's packing_strategy bfd / wrapped, torchtune's dataset.packed."""
+    job = make_job("ddp-lora", packing=packing)
+    write_recipe(job, "llamafactory", tmp_path / "lf")
+    config = yaml.safe_load((tmp_path / "lf" / "llamafactory.yaml").read_text())
+    assert config.get("neat_packing" if packing == "per-document" else "packing") is True
+    assert set(config) <= known_keys("llamafactory", "hf_training_args", "hf_seq2seq_args", "hf_training_args_older")
+    write_recipe(job, "accelerate", tmp_path / "acc")
+    args = json.loads((tmp_path / "acc" / "train_args.json").read_text())
+    assert args["packing"] == {"packing": True, "packing_strategy": "bfd" if packing == "per-document" else "wrapped"}
+    if packing == "per-document":
+        write_recipe(dataclasses.replace(job, strategy="fsdp2"), "torchtune", tmp_path / "tt")
+        assert "dataset.packed=True" in launch_words(tmp_path / "tt" / "launch.sh")

@@ -14,7 +14,7 @@ from tunecost.workload.job import FineTuneJob
 def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=None) -> LaunchJob:
     """The recipe's view of the recommended `option` of `job`: every provider that rents its GPU as candidates.
     The recipes launch data parallelism in bf16 or fp16 only: a TP/PP/CP layout, FP8, selective or some-layers
-    recomputation, or packing is a `TunecostError`."""
+    recomputation is a `TunecostError`."""
     setup, spec = option.setup, resolve_model(job.model)
     if setup.plan.degree > 1:
         raise TunecostError(
@@ -25,7 +25,6 @@ def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=N
         ("FP8", job.fp8 != "none"),
         ("selective recomputation", job.selective_recompute),
         ("some-layers recomputation", job.recompute_layers is not None),
-        ("packing", job.packing != "none"),
     )
     missing = [what for what, on in switches if on]
     if missing:
@@ -46,6 +45,7 @@ def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=N
         gradient_checkpointing=job.gradient_checkpointing,
         attention=job.attention,
         optimizer=job.optimizer,
+        packing=job.packing,
         seq_len=job.worst_case_seq_len,
         micro_batch=setup.micro_batch,
         grad_accum=option.accumulation,

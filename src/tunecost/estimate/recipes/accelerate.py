@@ -127,6 +127,8 @@ def _train_args(job: LaunchJob) -> dict[str, Any]:
     out: dict[str, Any] = {"model": {"pretrained_model_name_or_path": job.model, "dtype": TORCH_DTYPES[job.dtype]}}
     out["model"]["attn_implementation"] = HF_ATTENTION[job.attention]
     out |= {"max_seq_length": job.seq_len, "dataset": job.dataset, "training_args": training}
+    if job.packing != "none":  # TRL SFTConfig(packing=True, packing_strategy=...): bfd keeps examples apart
+        out["packing"] = {"packing": True, "packing_strategy": "bfd" if job.packing == "per-document" else "wrapped"}
     if job.method != "full":
         lora = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": job.rank, "lora_alpha": job.alpha}
         out["lora_config"] = lora | _peft_targets(job)
@@ -149,7 +151,7 @@ def _accelerate(job: LaunchJob) -> dict[str, str]:
         _summary(job),
         "train.py is your own training script (tunecost does not write it): it reads train_args.json:",
         "from_pretrained(**model), TrainingArguments(**training_args), LoraConfig(**lora_config),",
-        "BitsAndBytesConfig(**quantization_config), max_seq_length and dataset.",
+        "BitsAndBytesConfig(**quantization_config), max_seq_length and dataset (and packing: TRL SFTConfig's).",
         *_nodes_note(job),
     ]
     files["launch.sh"] = _script(note, _accelerate_launch(job, "train.py", "train_args.json"))

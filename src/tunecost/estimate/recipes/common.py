@@ -12,7 +12,15 @@ from typing import Any
 import yaml
 
 from tunecost.errors import TunecostError
-from tunecost.workload.job import ATTENTION_IMPLS, DEFAULT_DENSE_LORA_TARGETS, DTYPES, LORA_TARGETS, METHODS, OPTIMIZERS
+from tunecost.workload.job import (
+    ATTENTION_IMPLS,
+    DEFAULT_DENSE_LORA_TARGETS,
+    DTYPES,
+    LORA_TARGETS,
+    METHODS,
+    OPTIMIZERS,
+    PACKINGS,
+)
 from tunecost.workload.parallel import ParallelPlan
 
 TARGETS = ("accelerate", "torchtune", "llamafactory", "skypilot")
@@ -46,6 +54,7 @@ class LaunchJob:
     gradient_checkpointing: bool = True
     attention: str = "sdpa"  # flash | sdpa | eager
     optimizer: str = "adamw"  # adamw | adamw-8bit | sgd
+    packing: str = "none"  # none | per-document | cross-document: queries packed into rows of seq_len tokens
     seq_len: int
     micro_batch: int  # per GPU
     grad_accum: int = 1
@@ -62,7 +71,7 @@ class LaunchJob:
     def __post_init__(self) -> None:
         choices = [("method", self.method, METHODS), ("4-bit type", self.quant_type, ("nf4", "fp4"))]
         choices += [("dtype", self.dtype, DTYPES), ("attention", self.attention, ATTENTION_IMPLS)]
-        choices += [("optimizer", self.optimizer, OPTIMIZERS)]
+        choices += [("optimizer", self.optimizer, OPTIMIZERS), ("packing", self.packing, PACKINGS)]
         choices += [("LoRA target", t, LORA_TARGETS) for t in self.lora_targets]
         for what, value, allowed in choices:
             if value not in allowed:

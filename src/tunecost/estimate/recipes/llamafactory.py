@@ -44,6 +44,8 @@ def _llamafactory(job: LaunchJob) -> dict[str, str]:
         lf |= {"quantization_bit": 4, "quantization_method": "bnb", "quantization_type": job.quant_type}
         lf["double_quantization"] = job.double_quant
     lf |= {"dataset": job.dataset or "CHANGE_ME", "cutoff_len": job.seq_len, "output_dir": "output"}
+    if job.packing != "none":  # neat_packing keeps each example's attention to itself (and implies packing)
+        lf["neat_packing" if job.packing == "per-document" else "packing"] = True
     lf |= {"per_device_train_batch_size": job.micro_batch, "gradient_accumulation_steps": job.grad_accum}
     lf |= {"num_train_epochs": job.epochs, "bf16": job.dtype == "bf16", "fp16": job.dtype == "fp16"}
     lf |= {"flash_attn": LLAMAFACTORY_ATTENTION[job.attention], "optim": HF_OPTIM[job.optimizer]}

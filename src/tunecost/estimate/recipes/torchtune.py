@@ -101,6 +101,8 @@ def _check_torchtune(job: LaunchJob) -> None:
         why = "its LoRA builders adapt attention and MLP projections, not MoE experts or routers"
     elif job.epochs != int(job.epochs):
         why = f"it counts whole epochs, not {job.epochs:g}"
+    elif job.packing == "cross-document":
+        why = "its packed datasets mask attention per sample (dataset.packed): no cross-document packing"
     if why:
         raise _cannot("torchtune", why)
 
@@ -127,6 +129,8 @@ def _torchtune(job: LaunchJob) -> dict[str, str]:
     over: dict[str, Any] = {"batch_size": job.micro_batch, "gradient_accumulation_steps": job.grad_accum}
     over |= {"epochs": int(job.epochs), "tokenizer": {"max_seq_len": job.seq_len}, "dtype": job.dtype}
     over["enable_activation_checkpointing"] = job.gradient_checkpointing
+    if job.packing == "per-document":
+        over["dataset"] = {"packed": True}
     if job.method != "full":
         attention = TORCHTUNE_ATTENTION if "attention" in job.targets else []
         over["model"] = {"lora_rank": job.rank, "lora_alpha": job.alpha, "lora_attn_modules": attention}
