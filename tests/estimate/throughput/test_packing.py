@@ -77,6 +77,8 @@ def test_a_packing_job_needs_its_row_length_and_its_data() -> None:
         _job(seq_len=None, packing="per-document")
     with pytest.raises(TunecostError, match="--dataset"):
         job_packed_lengths(_job(dataset=None, seq_len=2048, packing="per-document"))
+    with pytest.raises(TunecostError, match="packing: dataset alpaca has no token-length statistic.*--packing none"):
+        job_packed_lengths(_job(dataset="alpaca", packing="per-document"))
     with pytest.raises(TunecostError, match="unsupported packing"):
         _job(packing="yes")
 

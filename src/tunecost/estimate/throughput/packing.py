@@ -102,7 +102,14 @@ def job_packed_lengths(job: FineTuneJob) -> SeqLengths:
     if job.dataset is None:
         raise TunecostError("packing: give the data (--dataset) whose queries fill the rows")
     facts = get_dataset_facts(job.dataset)
-    shape = catalog_shape(facts)
+    try:
+        shape = catalog_shape(facts)
+    except TunecostError:
+        raise TunecostError(
+            f"packing: dataset {facts.name} has no token-length statistic in the catalog, so the queries a packed row "
+            "holds are unknown; give --dataset FILE (a local copy, measured with the model's tokenizer), or "
+            "--packing none"
+        ) from None
     cut = row if facts.max_tokens is None else min(row, int(facts.max_tokens))
     sample = lognormal_sample(shape.median_tokens, shape.log_sigma, cut, LOGNORMAL_SAMPLE)
     source = (
