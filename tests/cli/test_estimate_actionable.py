@@ -60,6 +60,7 @@ def test_every_command_gives_the_same_largest_batch(cli_json, model, method, seq
 
 
 @pytest.mark.slow
+@pytest.mark.long  # 34 s on 2 cores: CI runs it (make test-long)
 def test_a_data_file_prices_its_own_lengths(cli_json, cli_ok, tmp_path: Path) -> None:
     data = tmp_path / "short.jsonl"
     rows = [{"instruction": f"Add {i} and {i + 1}.", "input": "", "output": f"{2 * i + 1}"} for i in range(200)]

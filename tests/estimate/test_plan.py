@@ -213,6 +213,7 @@ def test_emit_refuses_a_tp_pp_setup_in_one_line(tiny_full) -> None:
     assert launch_job(data_parallel, job, epochs=1).strategy == data_parallel.setup.plan.strategy
 
 
+@pytest.mark.long  # 33 s on 2 cores: CI runs it (make test-long); tiny_full's tests name TP/PP layouts in make test
 def test_a_70b_full_plan_names_its_layout_and_emits_only_data_parallelism(cli_runner, cli_error, tmp_path) -> None:
     """The answer and the tables name the TP/PP degrees of a setup, not only its strategy; --emit refuses them."""
     args = ["plan", "--model", "meta-llama/Llama-2-70b-hf", "--method", "full", "--gpu", "H100"]
