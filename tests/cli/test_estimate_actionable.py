@@ -30,12 +30,14 @@ def test_the_answer_comes_first_and_start_up_on_its_own_line(cli_ok) -> None:
     assert sum(line.startswith("start-up:") for line in lines) == 1
 
 
-# (model, method, seq_len, gpu): jobs near the edge of a card, small enough to simulate in seconds
+# (model, method, seq_len, gpu): jobs near the edge of a card, small enough to simulate in seconds; the three
+# slowest (10-17 s each on 2 cores) run in CI only (the long marker)
+_CI = pytest.mark.long
 JOBS = [
-    ("qwen2.5-0.5b", "full", 1024, "RTX-4090"),
+    pytest.param("qwen2.5-0.5b", "full", 1024, "RTX-4090", marks=_CI),
     ("qwen2.5-0.5b", "lora", 2048, "RTX-4090"),
-    ("qwen2.5-1.5b", "qlora", 2048, "RTX-4090"),
-    ("llama-3.2-1b", "lora", 2048, "RTX-4090"),
+    pytest.param("qwen2.5-1.5b", "qlora", 2048, "RTX-4090", marks=_CI),
+    pytest.param("llama-3.2-1b", "lora", 2048, "RTX-4090", marks=_CI),
     ("smollm2-135m", "full", 2048, "RTX-4060"),
 ]
 

@@ -38,7 +38,7 @@ def test_frozen_weights_have_no_bucket():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["full", "lora"])
+@pytest.mark.parametrize("method", [pytest.param("full", marks=pytest.mark.long), "lora"])  # full: CI only (15 s)
 def test_buckets_match_real_ddp_on_two_gloo_ranks(method):
     from tunecost.distributed.measure import measure_ddp_buckets
     from tunecost.simulate.prepare import build_prepared
