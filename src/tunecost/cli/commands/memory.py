@@ -184,6 +184,8 @@ def memory_job(
         check_count("--gptq-group-size", gptq_group_size, MAX_GPTQ_GROUP_SIZE)
     quant_kind, group_size = quant_defaults(model, options.quant_type, gptq_group_size)
     checkpointing = options.gradient_checkpointing
+    if options.packing != "none":
+        lengths = None  # packed: every row is seq_len tokens
     return FineTuneJob(
         model=model,
         method=cast("Method", method),  # FineTuneJob validates it
@@ -202,8 +204,8 @@ def memory_job(
         attention=options.attention,
         optimizer=options.optimizer,
         batch_size=batch_size,
-        seq_len=None if lengths and options.packing == "none" else seq_len,
-        lengths=lengths if options.packing == "none" else None,  # packed: every row seq_len tokens
+        seq_len=None if lengths else seq_len,
+        lengths=lengths,
         packing=options.packing,
         dataset=dataset,
         lora=LoraConfig(

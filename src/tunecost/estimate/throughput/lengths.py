@@ -102,6 +102,15 @@ def empirical_lengths(
     )
 
 
+def lognormal_quantiles(median_tokens: float, log_sigma: float, cutoff_tokens: int, batch_size: int = 1) -> np.ndarray:
+    """The longest of `batch_size` log-normal lengths at `_GRID_POINTS` evenly spaced probabilities v (midpoints):
+    Q(v^(1/B)), cut at `cutoff_tokens`; batch 1: the distribution's own quantiles."""
+    from scipy.special import ndtri
+
+    v = (np.arange(_GRID_POINTS) + 0.5) / _GRID_POINTS  # midpoint rule, smooth in B
+    return np.minimum(median_tokens * np.exp(log_sigma * ndtri(v ** (1.0 / batch_size))), cutoff_tokens)
+
+
 def lognormal_lengths(
     median_tokens: float,
     batch_size: int,
@@ -114,13 +123,8 @@ def lognormal_lengths(
     _check_batch(batch_size)
     if median_tokens <= 0 or log_sigma < 0:
         raise TunecostError(f"need median > 0 and sigma >= 0, got {median_tokens}, {log_sigma}")
-    from scipy.special import ndtri
-
-    v = (np.arange(_GRID_POINTS) + 0.5) / _GRID_POINTS  # midpoint rule, smooth in B
-    z_max = ndtri(v ** (1.0 / batch_size))
-    z = ndtri(v)
-    q_max = _pad_up(np.minimum(median_tokens * np.exp(log_sigma * z_max), cutoff_tokens), PAD_TO_MULTIPLE_OF)
-    q = np.minimum(median_tokens * np.exp(log_sigma * z), cutoff_tokens)
+    q_max = _pad_up(lognormal_quantiles(median_tokens, log_sigma, cutoff_tokens, batch_size), PAD_TO_MULTIPLE_OF)
+    q = lognormal_quantiles(median_tokens, log_sigma, cutoff_tokens)
     label = source or (
         f"log-normal, median {median_tokens:g} tokens, sigma {log_sigma:g}, cut at {cutoff_tokens}, "
         f"padded to the longest (multiple of {PAD_TO_MULTIPLE_OF})"

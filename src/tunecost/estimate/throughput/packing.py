@@ -14,10 +14,8 @@ import numpy as np
 
 from tunecost.catalog.datasets import get_dataset_facts
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.lengths import SeqLengths, catalog_shape
+from tunecost.estimate.throughput.lengths import SeqLengths, catalog_shape, lognormal_quantiles
 from tunecost.workload.job import FineTuneJob
-
-LOGNORMAL_SAMPLE = 4000  # quantiles of a catalog dataset's log-normal that stand for its queries when packed
 
 
 def packed_rows(lengths: Sequence[int], row_tokens: int) -> int:
@@ -81,17 +79,9 @@ def packed_lengths(
     )
 
 
-def lognormal_sample(median_tokens: float, log_sigma: float, cutoff_tokens: int, size: int) -> np.ndarray:
-    """`size` evenly spaced quantiles of a log-normal, cut at `cutoff_tokens`, as whole tokens (at least 1)."""
-    from scipy.special import ndtri
-
-    z = ndtri((np.arange(size) + 0.5) / size)
-    return np.clip(np.rint(median_tokens * np.exp(log_sigma * z)), 1, cutoff_tokens).astype(np.int64)
-
-
 def job_packed_lengths(job: FineTuneJob) -> SeqLengths:
-    """A packing job's batch of rows: its data's own lengths, else its catalog dataset's log-normal (as
-    `LOGNORMAL_SAMPLE` quantiles, cut at the row or the dataset's longest)."""
+    """A packing job's batch of rows: its data's own lengths, else its catalog dataset's log-normal (as the
+    quantiles `lognormal_quantiles` gives, cut at the row or the dataset's longest)."""
     row = job.seq_len
     if row is None or job.packing == "none":
         raise TunecostError("packed lengths need a packing job with a seq_len (the row's tokens)")
@@ -111,7 +101,8 @@ def job_packed_lengths(job: FineTuneJob) -> SeqLengths:
             "--packing none"
         ) from None
     cut = row if facts.max_tokens is None else min(row, int(facts.max_tokens))
-    sample = lognormal_sample(shape.median_tokens, shape.log_sigma, cut, LOGNORMAL_SAMPLE)
+    quantiles = lognormal_quantiles(shape.median_tokens, shape.log_sigma, cut)
+    sample = np.maximum(np.rint(quantiles), 1).astype(np.int64)  # whole tokens, at least one
     source = (
         f"{facts.name}: log-normal, median {shape.median_tokens:g} tokens, sigma {shape.log_sigma:.3f}, cut at {cut}"
     )

@@ -258,17 +258,16 @@ def _sft(cfg: ConfigFile) -> Part:
         notes.append(f"seq_len 1024 (max_length): {SFT} default")
     if cfg.typed("packing", bool):
         strategy = cfg.typed("packing_strategy", str) or "bfd"
-        out["packing"] = "cross-document" if strategy == "wrapped" else "per-document"
-        notes.append(
-            f"packing {out['packing']}: packing_strategy {strategy}"
-            + ("" if "packing_strategy" in cfg.data else f" ({SFT} default)")
-            + (
-                ": examples cut into max_length-token rows, one causal mask over each"
-                if strategy == "wrapped"
-                else ": examples packed into max_length-token rows, attention within each under a flash-attention "
-                "kernel (position ids)"
-            )
+        wrapped = strategy == "wrapped"
+        out["packing"] = "cross-document" if wrapped else "per-document"
+        whose = "" if "packing_strategy" in cfg.data else f" ({SFT} default)"
+        how = (
+            "examples cut into max_length-token rows, one causal mask over each"
+            if wrapped
+            else "examples packed into max_length-token rows, attention within each under a flash-attention kernel "
+            "(position ids)"
         )
+        notes.append(f"packing {out['packing']}: packing_strategy {strategy}{whose}: {how}")
     if cfg.typed("loss_type", str) in (None, "chunked_nll") and not cfg.data.get("use_liger_kernel"):
         notes.append(f"loss_type chunked_nll: {SFT} default; the hf-peft stack models the full logits")
     if cfg.typed("activation_offloading", bool):
