@@ -74,7 +74,15 @@ CASES = [
     ("tt-mid-llama-full", MID_DENSE, "full", None, 2, 2048, True),
     ("tt-mid-llama-full-chunked-optbwd", MID_DENSE, "full", None, 2, 2048, True),
     ("tt-mid-llama-qlora-chunked", MID_DENSE, "qlora", None, 4, 2048, True),
+    ("mid-llama-int8-lora", MID_DENSE, "qlora", None, 4, 1024, True),
+    ("mid-llama-int8-lora-reentrant", MID_DENSE, "qlora", None, 4, 1024, True),
 ]
+# FineTuneJob fields beyond FIELDS. The 8-bit cases run bitsandbytes' own MatMul8bitLt on the simulator's int8
+# codes (`_bitsandbytes_int8`): its CUDA kernels, not tunecost's model of them, set the measured peak.
+JOB_EXTRAS = {
+    "mid-llama-int8-lora": {"quant_type": "int8", "lora": ("attention", "mlp")},
+    "mid-llama-int8-lora-reentrant": {"quant_type": "int8", "lora": ("attention", "mlp")},
+}
 # The software stack of a configuration (default: tunecost's own) and its recipe options (`StackBehaviour` fields).
 STACKS = {
     "tt-mid-llama-full": ("torchtune", {}),
@@ -83,11 +91,34 @@ STACKS = {
         {"loss_code": "torchtune-chunked", "optimizer_in_backward": True},
     ),
     "tt-mid-llama-qlora-chunked": ("torchtune", {"loss_code": "torchtune-chunked"}),
+    "mid-llama-int8-lora-reentrant": ("hf-peft", {}),
 }
 
 
 def _configs(paths: dict[str, str]) -> dict[str, dict]:
     return {name: dict(zip(FIELDS, (paths.get(model, model), *fields), strict=True)) for name, model, *fields in CASES}
+
+
+def _bitsandbytes_int8(model) -> int:
+    """Route every int8 linear of a prepared model through `bitsandbytes.matmul` (MatMul8bitLt on CUDA, threshold
+    6 as transformers' load_in_8bit) on the same codes. Returns how many linears."""
+    import types
+
+    import bitsandbytes as bnb
+    from bitsandbytes.autograd._functions import MatmulLtState
+
+    from tunecost.simulate.modules import SimLinear
+
+    def base(self, x):
+        state = MatmulLtState()
+        state.CB, state.SCB = self.qweight.CB[0], self.qweight.SCB[0]
+        state.threshold, state.has_fp16_weights, state.is_training = 6.0, False, True
+        return bnb.matmul(x, self.qweight.CB[0], state=state, threshold=6.0, bias=self.bias)
+
+    linears = [m for m in model.modules() if isinstance(m, SimLinear) and m.qweight is not None]
+    for m in linears:
+        m._base = types.MethodType(base, m)
+    return len(linears)
 
 
 def measure_cuda(job, stack: str = "tunecost", behaviour=None) -> dict:
@@ -100,6 +131,8 @@ def measure_cuda(job, stack: str = "tunecost", behaviour=None) -> dict:
     torch.cuda.empty_cache()
     behaviour = behaviour or DEFAULT_BEHAVIOUR
     prepared = build_prepared(job, num_units=None, stack=stack, behaviour=behaviour, real=True, device="cuda")
+    if job.method == "qlora" and job.quant_type == "int8":
+        _bitsandbytes_int8(prepared.model)
     batch = make_batch(
         int(prepared.model.config.vocab_size), job.batch_size, job.worst_case_seq_len, None, device="cuda"
     )
@@ -148,8 +181,11 @@ def main() -> None:
             spec = configs[name]
             stack, options = STACKS.get(name, ("tunecost", {}))
             behaviour = StackBehaviour(**options)
-            lora = LoraConfig(rank=16, targets=("attention", "mlp")) if stack == "torchtune" else LoraConfig(rank=16)
-            job = FineTuneJob(compute_dtype="bf16", lora=lora, **spec)
+            extras = dict(JOB_EXTRAS.get(name, {}))
+            dense = stack == "torchtune" or "lora" in extras
+            targets = extras.pop("lora", ("attention", "mlp"))
+            lora = LoraConfig(rank=16, targets=targets) if dense else LoraConfig(rank=16)
+            job = FineTuneJob(compute_dtype="bf16", lora=lora, **spec, **extras)
             sim = simulate_step(job, num_layers_to_trace=999, stack=stack, behaviour=behaviour, use_cache=False)
             real = measure_cuda(job, stack, behaviour)
             err = sim.peak_bytes / real["max_allocated"] - 1

@@ -53,6 +53,12 @@ EXPECTED: dict[str, tuple[dict[str, object], str]] = {
          "batch_size": 2},
         "quant_type nf4: axolotl's default for qlora (loaders/model.py)",
     ),
+    "axolotl/lora_8bit": (
+        {"model": "Qwen/Qwen2.5-0.5B", "method": "qlora", "quant_type": "int8", "lora_rank": 32, "lora_alpha": 16,
+         "lora_targets": "attention,mlp", "optimizer": "adamw-8bit", "attention": "flash", "seq_len": 512,
+         "batch_size": 2, "epochs": 4},
+        "load_in_8bit with adapter lora: LLM.int8 base weights (--quant-type int8)",
+    ),
     "axolotl/fft_fsdp2": (
         {"model": "Qwen/Qwen3-0.6B", "method": "full", "strategy": "fsdp2", "gradient_checkpointing": True,
          "reentrant": False, "seq_len": 1024, "batch_size": 1, "epochs": 2},

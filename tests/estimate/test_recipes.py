@@ -28,6 +28,8 @@ BASE = {"seq_len": 2048, "micro_batch": 2, "grad_accum": 4}
 JOBS = {  # name -> a planned setup; one per layout the targets render differently
     "single-qlora": dict(model="meta-llama/Llama-2-7b-hf", method="qlora", gpu="RTX4090-24GB", attention="flash"),
     "ddp-lora": dict(model="mistralai/Mistral-7B-v0.1", method="lora", gpu="A100-80GB-SXM", num_gpus=4, strategy="ddp"),
+    "ddp-lora-8bit": dict(model="mistralai/Mistral-7B-v0.1", method="qlora", quant_type="int8", gpu="L40S-48GB",
+                          num_gpus=2, strategy="ddp"),
     "fsdp1-lora-offload": dict(
         model="meta-llama/Meta-Llama-3-8B", method="lora", gpu="A100-80GB-SXM", num_gpus=8, strategy="fsdp1",
         offload="params", dtype="fp16", lora_targets=("attention",),
@@ -188,6 +190,9 @@ def test_train_args_build_the_hf_objects(name: str, tmp_path: Path) -> None:
             assert "mlp.experts.gate_up_proj" in lora.target_parameters
     if job.method == "qlora":
         bnb = BitsAndBytesConfig(**args["quantization_config"])
+        if job.quant_type == "int8":
+            assert bnb.load_in_8bit and not bnb.load_in_4bit and bnb.llm_int8_threshold == 6.0
+            return
         assert bnb.load_in_4bit and bnb.bnb_4bit_quant_type == job.quant_type
         sharded = job.strategy in common.FSDP_STRATEGIES or job.strategy == "zero3"
         assert ("bnb_4bit_quant_storage" in args["quantization_config"]) == sharded
@@ -361,7 +366,14 @@ def test_torchtune_config_table_matches_the_registry() -> None:
 
 # --- LLaMA-Factory ------------------------------------------------------------------------------------------------
 
-LLAMAFACTORY_JOBS = ["single-qlora", "ddp-lora", "fsdp1-lora-offload", "fsdp2-qlora-2nodes", "zero2-offload"]
+LLAMAFACTORY_JOBS = [
+    "single-qlora",
+    "ddp-lora",
+    "ddp-lora-8bit",
+    "fsdp1-lora-offload",
+    "fsdp2-qlora-2nodes",
+    "zero2-offload",
+]
 
 
 @pytest.mark.parametrize("name", LLAMAFACTORY_JOBS)
@@ -373,6 +385,7 @@ def test_llamafactory_yaml_keys_and_launch(name: str, tmp_path: Path) -> None:
     assert (config["per_device_train_batch_size"], config["gradient_accumulation_steps"]) == (2, 4)
     assert config["cutoff_len"] == job.seq_len and config["disable_gradient_checkpointing"] is False
     assert ("quantization_bit" in config) == (job.method == "qlora")
+    assert config.get("quantization_bit") in (None, 8 if job.quant_type == "int8" else 4)
     assert ("deepspeed" in config) == ("ds_config.json" in paths) == job.strategy.startswith("zero")
     words = launch_words(tmp_path / "launch.sh")
     if job.strategy.startswith("fsdp"):
@@ -399,7 +412,8 @@ def test_llamafactory_parser_reads_the_yaml(name: str, tmp_path: Path, monkeypat
     model_args, data_args, training_args, finetuning_args, _ = get_train_args(config | {"use_cpu": True})
     assert (training_args.per_device_train_batch_size, data_args.cutoff_len) == (job.micro_batch, job.seq_len)
     assert finetuning_args.finetuning_type == ("full" if job.method == "full" else "lora")
-    assert model_args.quantization_bit == (4 if job.method == "qlora" else None)
+    bits = 8 if job.quant_type == "int8" else 4
+    assert model_args.quantization_bit == (bits if job.method == "qlora" else None)
 
 
 # --- SkyPilot -----------------------------------------------------------------------------------------------------

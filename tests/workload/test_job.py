@@ -34,7 +34,11 @@ def test_frozen_and_keyword_only() -> None:
     [
         ("method", "prefix", "unsupported method 'prefix'; supported: full, lora, qlora"),
         ("compute_dtype", "int8", "unsupported compute dtype 'int8'; supported: bf16, fp16, fp32"),
-        ("quant_type", "int4", "unsupported 4-bit quantization type 'int4'; supported: nf4, fp4"),
+        (
+            "quant_type",
+            "int4",
+            r"unsupported quantization type 'int4'; did you mean 'int8'\? supported: nf4, fp4, gptq",
+        ),
         ("attention", "flex", "unsupported attention implementation 'flex'; supported: flash, sdpa, eager"),
         (
             "optimizer",

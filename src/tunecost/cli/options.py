@@ -141,7 +141,11 @@ Optimizer = Annotated[str, opt("--optimizer", "adamw | adamw-8bit | sgd.")]
 Dtype = Annotated[str | None, opt("--dtype", "Compute dtype: bf16 | fp16 | fp32 (default bf16; fp16 for GPTQ).")]
 QuantType = Annotated[
     str | None,
-    opt("--quant-type", "4-bit type for qlora: nf4 | fp4 | gptq (default: gptq for a GPTQ checkpoint, else nf4)."),
+    opt(
+        "--quant-type",
+        "Base weights of qlora: nf4 | fp4 | gptq (4-bit) | int8 (bitsandbytes LLM.int8, load_in_8bit) "
+        "(default: gptq for a GPTQ checkpoint, else nf4).",
+    ),
 ]
 DoubleQuant = Annotated[bool, opt("--double-quant/--no-double-quant", "bitsandbytes' double quantization (qlora).")]
 # FP8 training (docs/fp8.md): its own block beside the job options.

@@ -44,7 +44,7 @@ def check_tp_supported(job: FineTuneJob, tp: int, *, sequence_parallel: bool) ->
         )
     if job.method == "qlora":
         raise TunecostError(
-            "--tp with --method qlora: tensor parallelism is simulated for full fine-tuning and LoRA, not 4-bit "
+            "--tp with --method qlora: tensor parallelism is simulated for full fine-tuning and LoRA, not quantized "
             "weights (their packed bytes would need a sharded layout of their own); use --method lora or full"
         )
     if job.modules_to_save:

@@ -11,6 +11,7 @@ from tunecost.catalog.gpus import GPU
 from tunecost.catalog.prices import Price, price_catalog, prices_for
 from tunecost.distributed import deepspeed_estimator
 from tunecost.distributed.layouts import check_model_parallel, checked_counts, layout_plans, model_parallel_choices
+from tunecost.distributed.rank_memory import STORED_SHARDED
 from tunecost.distributed.timing import Links, default_links
 from tunecost.errors import TunecostError
 from tunecost.estimate.rank_needs import RankNeeds
@@ -53,6 +54,13 @@ def estimate_multi_gpu(
     `max_gpus`). Fitting nothing at all is an error then. `needs`: the job's rank memory and throughputs already
     computed (the same job with another offload or count); without `require_fit`, fitting nothing is an answer.
     `model_parallel`: the TP/PP/CP degrees (None: data parallelism, or, searching, `layouts.model_parallel_choices`)."""
+    kept, int8_note = unsharded_strategies(job, strategies)
+    if not kept:
+        raise TunecostError(
+            f"--strategy {', '.join(strategies)}: 8-bit (LLM.int8) base weights cannot be sharded; "
+            "use ddp, zero1 or zero2"
+        )
+    strategies = kept
     degree = model_parallel.degree if model_parallel is not None else 1
     counts_by_gpu, spec = checked_counts(
         job.model, gpus, strategies, num_gpus, gpus_per_node, max_gpus, expert_degree, offload, degree
@@ -85,7 +93,7 @@ def estimate_multi_gpu(
     setups = _gpu_setups(search, gpus, counts_by_gpu, links_by_gpu, prices, provider)
     if searching and model_parallel is None and _lora_model_parallel(search, spec, job, setups):
         setups = _gpu_setups(search, gpus, counts_by_gpu, links_by_gpu, prices, provider)
-    notes = search.notes
+    notes = search.notes + int8_note
     needs.flush()
     if num_gpus is None and require_fit and not any(s.fits for s in setups):
         raise TunecostError(
@@ -102,6 +110,17 @@ def estimate_multi_gpu(
         notes=tuple(notes),
         assumptions=(*setups[0].memory.assumptions, margin_note(margin)) if setups else (),
     )
+
+
+def unsharded_strategies(job: FineTuneJob, strategies: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The strategies of `strategies` that can hold `job`'s weights, and a note on those left out: LLM.int8
+    weights cannot be stored as shards (FSDP flattens or shards float parameters; ZeRO-3 partitions them without
+    bitsandbytes' row scales)."""
+    if job.method != "qlora" or job.quant_type != "int8" or not set(strategies) & set(STORED_SHARDED):
+        return list(strategies), []
+    dropped = ", ".join(s for s in strategies if s in STORED_SHARDED)
+    note = f"{dropped}: not searched, 8-bit (LLM.int8) base weights cannot be sharded"
+    return [s for s in strategies if s not in STORED_SHARDED], [note]
 
 
 def _lora_model_parallel(search: _Search, spec, job: FineTuneJob, setups: list[Setup]) -> bool:

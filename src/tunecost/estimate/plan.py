@@ -18,7 +18,7 @@ from tunecost.catalog.prices import OWNED_PROVIDER, Price
 from tunecost.distributed.expert_parallel import EP_STRATEGIES
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import sizing_seq_len
-from tunecost.estimate.gpu_search import estimate_multi_gpu
+from tunecost.estimate.gpu_search import estimate_multi_gpu, unsharded_strategies
 from tunecost.estimate.rank_needs import RankNeeds
 from tunecost.estimate.setups import Setup, setup_cost
 from tunecost.workload.job import FineTuneJob
@@ -33,8 +33,9 @@ PREFERENCE = ("single", "ddp", "fsdp1", "fsdp2", "fsdp2-shard-grad-op", "hsdp", 
 TIE_FRACTION = 0.01  # options this close on cost and hours are a tie: the simpler one is recommended
 METHOD_TRADES = (
     "method: QLoRA holds the base weights in 4 bits (least memory, de-quantized every step: slower per token than "
-    "LoRA); LoRA keeps them in 16 bits; a full fine-tune also keeps gradients and optimizer states of every "
-    "weight. Accuracy is not estimated (docs/accuracy.md: what tunecost measures about routing)"
+    "LoRA; 8 bits with --quant-type int8); LoRA keeps them in 16 bits; a full fine-tune also keeps gradients and "
+    "optimizer states of every weight. Accuracy is not estimated (docs/accuracy.md: what tunecost measures about "
+    "routing)"
 )
 
 
@@ -146,10 +147,13 @@ def _search(
     options: list[Option] = []
     notes: list[str] = []
     for offload in OFFLOAD_CHOICES:
+        strategies, _ = unsharded_strategies(job, layout_strategies(offload))
+        if not strategies:  # 8-bit weights under the offload of sharded layouts only
+            continue
         answer = estimate_multi_gpu(
             job,
             gpus=gpus,
-            strategies=layout_strategies(offload),
+            strategies=strategies,
             gpus_per_node=gpus_per_node,
             max_gpus=max_gpus,
             offload=offload,

@@ -29,6 +29,12 @@ def _register_missing_formulas() -> None:
                 out_numel *= d
             return 2 * out_numel * a_shape[-1]
 
+    if aten._int_mm not in reg:  # LLM.int8's GEMM (tunecost.simulate.int8)
+
+        @_fc.register_flop_formula(aten._int_mm)
+        def _int_mm_flop(a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+            return 2 * a_shape[0] * a_shape[1] * b_shape[1]
+
     cpu_fwd = getattr(aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if cpu_fwd is not None and cpu_fwd not in reg:
 
@@ -56,7 +62,7 @@ _ATTENTION_OPS = {
     aten._flash_attention_forward,
     aten._flash_attention_backward,
 }
-_MATMUL_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten._grouped_mm}
+_MATMUL_OPS = {aten.mm, aten.addmm, aten.bmm, aten.baddbmm, aten._grouped_mm, aten._int_mm}
 _EMBEDDING_OPS = {aten.embedding, aten.embedding_dense_backward}
 _REDUCTION_FLOP_OPS = {
     aten._softmax,

@@ -1,4 +1,4 @@
-"""Frozen / 4-bit / LoRA modules the simulator swaps into a transformers model (fake- and real-tensor safe).
+"""Frozen / quantized / LoRA modules the simulator swaps into a transformers model (fake- and real-tensor safe).
 
 Sources and derivations: docs/memory-model.md, section `tunecost.simulate.modules`.
 """
@@ -37,7 +37,7 @@ def _new_param(shape, *, device, dtype, zero: bool = False) -> nn.Parameter:
 
 
 class SimLinear(nn.Module):
-    """y = x W^T (+ b) with W frozen (compute dtype or 4-bit), plus s * (x A^T) B^T when LoRA is on."""
+    """y = x W^T (+ b) with W frozen (compute dtype, 4-bit or int8), plus s * (x A^T) B^T when LoRA is on."""
 
     def __init__(
         self,
@@ -87,7 +87,10 @@ class SimLinear(nn.Module):
         # An input in another dtype (fp32 after fp32 norms) is computed in the compute dtype: bitsandbytes'
         # Linear4bit casts it and casts its output back to the input's dtype; autocast casts a plain linear's input
         # and keeps the compute dtype. The cast copy dies with the base matmul, as inside bitsandbytes' forward.
-        y = self._base(x2.to(self.compute_dtype))
+        if self.qweight is not None and self.qweight.spec.is_int8:
+            y = self._base(x2)  # Linear8bitLt: bitsandbytes casts to fp16 inside; out in the input's dtype
+        else:
+            y = self._base(x2.to(self.compute_dtype))
         if self.qweight is not None:
             y = y.to(x2.dtype)
         if self.lora_rank:

@@ -124,6 +124,12 @@ def check_supported(
             )
     if job.method == "qlora" and job.quant_type == "gptq" and job.gptq_kernel == "torch" and spec.is_moe:
         raise TunecostError("the torch GPTQ kernel path is modelled for dense layers; use gptq_kernel triton-v2")
+    if job.method == "qlora" and job.quant_type == "int8" and spec.is_moe:
+        raise TunecostError(
+            f"{spec.name}: 8-bit (LLM.int8) base weights are simulated for dense models; use --quant-type nf4"
+        )
+    if job.method == "qlora" and job.quant_type == "int8" and stack == "hf-2024":
+        raise TunecostError("stack hf-2024 ran QLoRA on bitsandbytes 4-bit weights, not 8-bit")
     if job.method == "qlora" and job.quant_type == "gptq" and stack == "hf-2024":
         raise TunecostError("stack hf-2024 ran QLoRA on bitsandbytes 4-bit weights, not GPTQ")
     if job.method == "qlora" and job.compute_dtype == "fp32" and stack == "hf-2024":

@@ -1,4 +1,4 @@
-"""4-bit (QLoRA) weight storage that runs on fake tensors as well as real ones.
+"""Quantized frozen weights (4-bit QLoRA; LLM.int8) that run on fake tensors as well as real ones.
 
 Sources and derivations: docs/memory-model.md, section `tunecost.simulate.quant4bit`.
 """
@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 import torch
 
-from tunecost.simulate import gptq
+from tunecost.simulate import gptq, int8
 from tunecost.simulate.counts import add_work, op_class_scope
 
 BLOCKSIZE = 64  # bitsandbytes' 4-bit default (QLoRA paper)
 NESTED_BLOCKSIZE = 256  # double quantization: second-level blocks of absmax values
 _DECODE_CHUNK_ELEMS = 1 << 16  # real-kernel scratch bound (elements decoded at a time)
-PACKED_BUFFER = {"bnb": "packed", "gptq": "qweight"}  # the buffer of 4-bit codes per storage format
+PACKED_BUFFER = {"bnb": "packed", "gptq": "qweight", "int8": "CB"}  # the buffer of codes per storage format
 
 
 def num_blocks(numel: int, blocksize: int = BLOCKSIZE) -> int:
@@ -87,7 +87,7 @@ _LIB.impl("dequantize_4bit", _dequantize_4bit_meta, "Meta")
 
 @dataclass(frozen=True)
 class QuantSpec:
-    quant_type: str = "nf4"  # nf4 / fp4 (bitsandbytes) or gptq
+    quant_type: str = "nf4"  # nf4 / fp4 (bitsandbytes), gptq, or int8 (bitsandbytes LLM.int8)
     double_quant: bool = True  # bitsandbytes only
     group_size: int = 128  # gptq only (-1: one group)
     kernel: str = "triton-v2"  # gptq only: see tunecost.simulate.gptq
@@ -96,14 +96,24 @@ class QuantSpec:
     def is_gptq(self) -> bool:
         return self.quant_type == "gptq"
 
+    @property
+    def is_int8(self) -> bool:
+        return self.quant_type == "int8"
+
+    @property
+    def storage(self) -> str:
+        """The storage format: a key of PACKED_BUFFER."""
+        return "gptq" if self.is_gptq else "int8" if self.is_int8 else "bnb"
+
 
 class Quantized4bit(torch.nn.Module):
-    """A stack of `num_mats` frozen (rows, cols) matrices in 4-bit storage (one quantization state each).
+    """A stack of `num_mats` frozen (rows, cols) matrices in 4-bit (or LLM.int8) storage, one state each.
 
     Buffers (not parameters: nothing here is trained): `packed` (num_mats, ceil(rows*cols/2)) uint8, `absmax`
     (num_mats, blocks) uint8 or fp32, `absmax2` (num_mats, blocks/256) fp32, `offset` (num_mats,) fp32, and the
     codes `code` (16,) and `code2` (256,). GPTQ: auto-gptq's `qweight`, `qzeros`, `scales`, `g_idx` per matrix
     (shapes in `gptq.buffer_shapes`, with rows = out_features and cols = in_features), stacked over num_mats.
+    int8: bitsandbytes' `CB` (rows, cols) int8 and `SCB` (rows,) fp32 per matrix (`int8.buffer_shapes`).
     """
 
     packed: torch.Tensor
@@ -116,13 +126,17 @@ class Quantized4bit(torch.nn.Module):
     qzeros: torch.Tensor
     scales: torch.Tensor
     g_idx: torch.Tensor
+    CB: torch.Tensor  # int8 only, as is SCB
+    SCB: torch.Tensor
 
     def __init__(self, num_mats: int, rows: int, cols: int, spec: QuantSpec, *, device=None) -> None:
         super().__init__()
         self.num_mats, self.rows, self.cols, self.spec = num_mats, rows, cols, spec
-        if spec.is_gptq:
-            gptq.check_shape(rows, cols, spec.group_size)
-            for name, (shape, dtype) in gptq.buffer_shapes(rows, cols, spec.group_size).items():
+        if spec.is_gptq or spec.is_int8:
+            if spec.is_gptq:
+                gptq.check_shape(rows, cols, spec.group_size)
+            shapes = gptq.buffer_shapes(rows, cols, spec.group_size) if spec.is_gptq else int8.buffer_shapes(rows, cols)
+            for name, (shape, dtype) in shapes.items():
                 self.register_buffer(name, torch.empty(num_mats, *shape, dtype=dtype, device=device))
             return
         numel = rows * cols
@@ -148,6 +162,12 @@ class Quantized4bit(torch.nn.Module):
     def load_from(self, weights: torch.Tensor) -> None:
         """Quantize real weights (num_mats, rows, cols) with bitsandbytes itself, or GPTQ's layout by
         round-to-nearest (real tensors only)."""
+        if self.spec.is_int8:
+            for i in range(self.num_mats):
+                cb, scb = int8.quantize(weights[i])
+                self.CB[i].copy_(cb)
+                self.SCB[i].copy_(scb)
+            return
         if self.spec.is_gptq:
             for i in range(self.num_mats):
                 for name, t in gptq.quantize_rtn(weights[i], self.spec.group_size).items():
@@ -172,6 +192,8 @@ class Quantized4bit(torch.nn.Module):
 
     def dequantize(self, i: int, dtype: torch.dtype) -> torch.Tensor:
         """Matrix `i` as a (rows, cols) tensor in `dtype`: a fresh temporary (the fp32 absmax is one too)."""
+        if self.spec.is_int8:
+            return int8.dequantize(self.CB[i], self.SCB[i], dtype)
         if self.spec.is_gptq:  # the triton kernel writes the whole (in, out) weight, here seen as (out, in)
             if is_fake(self.qweight):
                 with op_class_scope("dequant"):
@@ -198,6 +220,8 @@ class Quantized4bit(torch.nn.Module):
     def dequant_bytes(self, dtype: torch.dtype) -> int:
         """Traffic of de-quantizing one matrix: codes and absmax read, the matrix written (and, with double
         quantization, the fp32 absmax written and read back). GPTQ: its buffers read, the matrix written."""
+        if self.spec.is_int8:
+            return int8.dequant_bytes(self.rows, self.cols, dtype)
         if self.spec.is_gptq:
             return (
                 gptq.storage_bytes(self.rows, self.cols, self.spec.group_size) + self.rows * self.cols * dtype.itemsize
@@ -208,7 +232,7 @@ class Quantized4bit(torch.nn.Module):
 
     def storage_bytes(self) -> tuple[int, int]:
         """(packed 4-bit bytes, quantization-constant bytes including codes)."""
-        packed_name = PACKED_BUFFER["gptq" if self.spec.is_gptq else "bnb"]
+        packed_name = PACKED_BUFFER[self.spec.storage]
         const = sum(b.numel() * b.element_size() for n, b in self.named_buffers() if n != packed_name)
         packed = getattr(self, packed_name)
         return packed.numel() * packed.element_size(), const
@@ -234,7 +258,10 @@ class _Matmul4bit(torch.autograd.Function):
 
 
 def matmul_4bit(x: torch.Tensor, qweight: Quantized4bit, index: int = 0) -> torch.Tensor:
-    """y = x @ W_index^T; GPTQ's torch kernel path keeps its de-quantized weight for backward (see `gptq`)."""
+    """y = x @ W_index^T; GPTQ's torch kernel path keeps its de-quantized weight for backward (see `gptq`);
+    LLM.int8 runs an int8 GEMM on the quantized input (see `int8`)."""
+    if qweight.spec.is_int8:
+        return int8.matmul_int8(x, qweight.CB[index], qweight.SCB[index])
     if qweight.spec.is_gptq and qweight.spec.kernel == "torch":
         return gptq.matmul_torch_path(x, *qweight.gptq_buffers(index))
     return _Matmul4bit.apply(x, qweight, index)

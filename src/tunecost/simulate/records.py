@@ -16,8 +16,9 @@ CATEGORIES = (
     "activations",
     "temporaries",
     "inputs",
+    "weights_8bit",  # last: trace codes index this tuple
 )
-WEIGHT_CATEGORIES = ("weights_4bit", "quant_constants", "frozen_weights", "trainable_params", "buffers")
+WEIGHT_CATEGORIES = ("weights_4bit", "weights_8bit", "quant_constants", "frozen_weights", "trainable_params", "buffers")
 STATIC_CATEGORIES = (*WEIGHT_CATEGORIES, "optimizer_states")
 
 

@@ -172,6 +172,12 @@ def _assumptions(
                 else "unpacked by torch ops (int32 shift, int8 codes), the fp16 weight kept by autograd for backward"
             )
         )
+    elif job.method == "qlora" and job.quant_type == "int8":
+        out.append(
+            "LLM.int8 weights (bitsandbytes Linear8bitLt: int8 codes, one fp32 absmax per row); forward quantizes the "
+            "input per row (fp16 copy, |x| >= 6 outlier mask) for an int8 GEMM with an int32 product; backward "
+            "de-quantizes each weight into a temporary; the outlier columns' 16-bit matmul is not simulated"
+        )
     elif job.method == "qlora":
         out.append(
             "4-bit weights de-quantized per matrix into a temporary that is freed after the matmul "

@@ -11,7 +11,8 @@ from torch import nn
 from tunecost.models.anatomy import FEED_FORWARD_NAMES, LAYER_PATH
 from tunecost.simulate.quant4bit import Quantized4bit
 
-_QUANT_BUFFERS = {"packed": "weights_4bit", "qweight": "weights_4bit"}  # bitsandbytes codes, GPTQ codes
+# bitsandbytes 4-bit codes, GPTQ codes, LLM.int8 codes
+_QUANT_BUFFERS = {"packed": "weights_4bit", "qweight": "weights_4bit", "CB": "weights_8bit"}
 
 
 def module_group(path: str, module: nn.Module, parent_group: str | None) -> str | None:

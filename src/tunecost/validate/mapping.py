@@ -38,6 +38,8 @@ from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
 PEAK_MEMORY_QUANTITIES = ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")
 MEMORY_QUANTITIES = (*PEAK_MEMORY_QUANTITIES, "oom")
+QUANTIZED = ("bnb-nf4", "bnb-int8", "gptq-int4")  # a row's quantization cell under QLoRA (8-bit LoRA: bnb-int8)
+QUANT_JOB_FIELDS = {"bnb-int8": {"quant_type": "int8"}}  # gptq-int4's come from the catalog (`gptq_settings`)
 _GPTQ_KERNELS = (("accelerated-peft-autogptq", "triton-v2"), ("qwen finetune.py", "torch"))  # corpus stack cell
 NODE_GPUS = 8  # GPUs per node assumed for a row on more GPUs than one node holds (HGX / DGX servers)
 
@@ -130,7 +132,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     num_gpus = _int(row, "num_gpus")
     stack, strategy, offload, quantization = stack_and_layout(row, num_gpus, throughput)
     spec, method = model_and_method(row, quantization)
-    gptq = gptq_settings(row) if quantization == "gptq-int4" else {}
+    gptq = gptq_settings(row) if quantization == "gptq-int4" else QUANT_JOB_FIELDS.get(quantization, {})
     deepspeed = stack.deepspeed_for(method, num_gpus) if method == "full" else None
     if method == "full" and not stack.full_finetune_modelled and deepspeed is None and not throughput:
         raise Skip(f"full fine-tune under stack {stack.name} not modelled ({stack.full_skip_reason})")
@@ -219,7 +221,7 @@ def stack_and_layout(row: CorpusRow, num_gpus: int, throughput: bool) -> tuple[S
     """(stack, strategy, offload, quantization) of a row; `Skip` for a stack or quantization not modelled."""
     strategy, offload = multi_gpu_layout(row) if num_gpus != 1 else (None, "none")
     quantization = row.get("quantization") or "none"
-    if quantization not in ("none", "bnb-nf4", "gptq-int4"):
+    if quantization not in ("none", *QUANTIZED):
         raise Skip(f"{quantization} quantization not modelled")
     stack = stack_for(row.get("stack"), quantization, framework_of(row))
     if stack is None:
@@ -243,7 +245,7 @@ def model_and_method(row: CorpusRow, quantization: str) -> tuple[Any, str]:
     method = row.get("method")
     if method not in ("full", "lora", "qlora"):
         raise Skip(f"unknown method {method!r}")
-    if (method == "qlora") != (quantization in ("bnb-nf4", "gptq-int4")):
+    if (method == "qlora") != (quantization in QUANTIZED):
         raise Skip(f"method {method} with quantization {quantization} not modelled")
     return spec, method
 

@@ -344,7 +344,7 @@ _OWN_TRAINER = ("llama-factory", "llamafactory", "axolotl")  # they run their ow
 
 
 def stack_for(corpus_stack: str, quantization: str = "none", framework: str = "") -> Stack | None:
-    """The named stack of a corpus row's `stack` cell (None: unknown). 4-bit bitsandbytes rows of a plain
+    """The named stack of a corpus row's `stack` cell (None: unknown). bitsandbytes (4- or 8-bit) rows of a plain
     transformers stack are `hf-trainer-bnb`, or `trl-sft-bnb` when the cell names TRL (its SFTTrainer) or
     fms-acceleration's `framework` is its baseline (PEFT preparation left to TRL's SFTTrainer)."""
     key = corpus_stack.strip().lower()
@@ -354,7 +354,7 @@ def stack_for(corpus_stack: str, quantization: str = "none", framework: str = ""
         name = next((n for sub, n in _CORPUS_STACKS if sub in key), "hf-trainer" if _TRL.search(key) else "")
     if not name:
         return None
-    if name == "hf-trainer" and quantization == "bnb-nf4":
+    if name == "hf-trainer" and quantization in ("bnb-nf4", "bnb-int8"):
         sft = _TRL.search(key) and not any(own in key for own in _OWN_TRAINER)
         name = _FRAMEWORK_STACKS.get(framework.strip().lower(), "trl-sft-bnb" if sft else "hf-trainer-bnb")
     return STACKS[name]

@@ -35,7 +35,8 @@ DEFAULT_DENSE_LORA_TARGETS: tuple[str, ...] = ("attention", "mlp")
 STACKS: tuple[str, ...] = ("tunecost", "hf-2024", "hf-peft", "torchtune")
 DEFAULT_STACK = "tunecost"
 DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32")
-QUANT_TYPES: tuple[str, ...] = ("nf4", "fp4", "gptq")  # bitsandbytes nf4/fp4; GPTQ int4 (auto-gptq layout)
+# bitsandbytes nf4/fp4; GPTQ int4 (auto-gptq layout); bitsandbytes LLM.int8 (load_in_8bit: 8-bit LoRA)
+QUANT_TYPES: tuple[str, ...] = ("nf4", "fp4", "gptq", "int8")
 # How a GPTQ checkpoint's int4 weights meet the matmul (see tunecost.simulate.gptq): "triton-v2" de-quantizes each
 # matrix into a temporary freed after the matmul (forward and backward); "torch" is auto-gptq's un-fused torch path
 # (QuantLinear cuda-old without a CUDA kernel), whose de-quantized fp16 weight the matmul keeps for backward.
@@ -153,7 +154,7 @@ class FineTuneJob:
     lora: LoraConfig = field(default_factory=LoraConfig)
     experts_per_token: int | None = None  # None: the model's own top-k; num_experts: dense
     compute_dtype: str = "bf16"
-    quant_type: str = "nf4"  # 4-bit storage for qlora: nf4 / fp4 (bitsandbytes) or gptq (a GPTQ checkpoint)
+    quant_type: str = "nf4"  # base weights of qlora: nf4 / fp4 (bitsandbytes), gptq (a checkpoint), int8 (LLM.int8)
     double_quant: bool = True  # bitsandbytes only
     gptq_group_size: int = 128  # gptq only: inputs per scale/zero group (-1: one group over all inputs)
     gptq_kernel: str = "triton-v2"  # gptq only: one of GPTQ_KERNELS
@@ -181,7 +182,7 @@ class FineTuneJob:
     def __post_init__(self) -> None:
         _check_choice("method", self.method, METHODS)
         _check_choice("compute dtype", self.compute_dtype, DTYPES)
-        _check_choice("4-bit quantization type", self.quant_type, QUANT_TYPES)
+        _check_choice("quantization type", self.quant_type, QUANT_TYPES)
         _check_choice("attention implementation", self.attention, ATTENTION_IMPLS)
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.batch_size < 1:
@@ -204,7 +205,9 @@ class FineTuneJob:
             )
         _check_choice("FP8 recipe (--fp8)", self.fp8, FP8_RECIPES)
         if self.fp8 != "none" and self.method == "qlora":
-            raise TunecostError("--fp8: FP8 training does not apply to QLoRA (4-bit base weights); use lora or full")
+            raise TunecostError(
+                "--fp8: FP8 training does not apply to QLoRA (quantized base weights); use lora or full"
+            )
         if self.fp8_params and self.fp8 != "te-delayed":
             raise TunecostError("--fp8-params: FP8 primary weights are Transformer Engine's; use --fp8 te-delayed")
         if self.fp8 != "none" and self.compute_dtype == "fp32":

@@ -10,8 +10,12 @@ from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.arch import arch_of
 from tunecost.estimate.throughput.counts import (
     GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM,
+    INT8_BWD_DEQUANT_BYTES_PER_PARAM,
+    INT8_FWD_BYTES_PER_IO,
     NF4_BYTES_PER_PARAM,
     OP_CLASSES,
+    SYNC_PER_MICRO_STEP,
+    SYNC_PER_QUANT_LINEAR,
     analytic_step_counts,
     experts_hit,
 )
@@ -124,6 +128,24 @@ def test_gptq_torch_path_dequantizes_on_forward_and_recompute_with_its_unfused_t
     assert triton.bytes_by_class["dequant"] == nf4.bytes_by_class["dequant"]
     no_ckpt = analytic_step_counts(spec, job.with_(gptq_kernel="torch", gradient_checkpointing=False))
     assert no_ckpt.bytes_by_class["dequant"] == pytest.approx(torch_path.bytes_by_class["dequant"] / 2)
+
+
+def test_int8_quantizes_inputs_forward_and_dequantizes_weights_for_the_input_gradient() -> None:
+    """LLM.int8 under checkpointing: the activation (de)quantization traffic on forward and recompute, the weight
+    de-quantized once in backward; the same GEMM FLOPs as 16-bit LoRA; the host waits in every 8-bit linear."""
+    spec = resolve_model("mistral-7b-v0.1")
+    arch = arch_of(spec)
+    job = FineTuneJob(model="mistral-7b-v0.1", method="qlora", quant_type="int8", batch_size=2, seq_len=128)
+    int8, lora = analytic_step_counts(spec, job), analytic_step_counts(spec, job.with_(method="lora"))
+    tokens = 2 * 128
+    forward = 2 * tokens * arch.dense_in_out * (INT8_FWD_BYTES_PER_IO + 2)  # forward + recompute, bf16
+    backward = arch.dense_params * (INT8_BWD_DEQUANT_BYTES_PER_PARAM + 3 * 2)
+    assert int8.bytes_by_class["dequant"] == pytest.approx(forward + backward)
+    assert int8.kernels_by_class["dequant"] == arch.num_dense_matrices * (2 * 9 + 3)
+    assert int8.flops_by_class["dense_matmul"] == lora.flops_by_class["dense_matmul"]
+    assert (int8.host_sync, lora.host_sync) == (SYNC_PER_QUANT_LINEAR, SYNC_PER_MICRO_STEP)
+    no_ckpt = analytic_step_counts(spec, job.with_(gradient_checkpointing=False))
+    assert no_ckpt.bytes_by_class["dequant"] == pytest.approx(forward / 2 + backward)
 
 
 def test_lora_without_quantization_has_no_dequant_and_full_ft_trains_everything() -> None:

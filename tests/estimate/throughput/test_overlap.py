@@ -69,6 +69,7 @@ def test_host_bound_step_is_its_host_time(gpu_terms) -> None:
     [
         (SYNC_PER_MICRO_STEP, 2**0.25 * 1.0 + HOST_STEP_S),  # launches hide under GPU work: smooth corner, 1.239 s
         (SYNC_PER_MOE_LAYER, 1.0 + 1.0 + HOST_STEP_S),  # host and GPU take turns: they add, 2.05 s
+        (tc.SYNC_PER_QUANT_LINEAR, 1.0 + 1.0 + HOST_STEP_S),  # LLM.int8's outlier check in every linear: alike
     ],
 )
 def test_equal_host_and_gpu_time(gpu_terms, sync: str, expected_s: float) -> None:

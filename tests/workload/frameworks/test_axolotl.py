@@ -229,7 +229,7 @@ def test_fsdp2_partial_targets_and_offload_checkpointing(tmp_path):
     ("text", "key"),
     [
         ("adapter: lora\nrl: dpo", "rl"),
-        ("adapter: lora\nload_in_8bit: true", "load_in_8bit"),
+        ("load_in_8bit: true", "load_in_8bit"),
         ("adapter: qlora\nload_in_4bit: false", "adapter"),
         ("adapter: llama-adapter", "adapter"),
         ("adapter: lora\npeft_use_dora: true", "peft_use_dora"),
@@ -278,3 +278,10 @@ def test_context_and_tensor_parallel_sizes(tmp_path):
     assert any(line.startswith("cp 8: context_parallel_size") for line in job.assumptions)
     old = _read(tmp_path, QLORA_FSDP + "sequence_parallel_degree: 4\n", name="old.yml")
     assert old.options["cp"] == 4 and "tp" not in old.options
+
+
+def test_8bit_lora_reads_as_int8_base_weights(tmp_path):
+    """axolotl's lora.yml examples: adapter lora with load_in_8bit, bitsandbytes LLM.int8 under the adapters."""
+    job = _read(tmp_path, "base_model: NousResearch/Llama-2-7b-hf\nadapter: lora\nload_in_8bit: true\nlora_r: 32\n")
+    assert (job.options["method"], job.options["quant_type"], job.options["lora_rank"]) == ("qlora", "int8", 32)
+    assert any("load_in_8bit with adapter lora: LLM.int8" in line for line in job.assumptions)

@@ -263,6 +263,14 @@ def test_trl_qlora_recipe(tmp_path: Path) -> None:
     assert _said(job, "seq_len 1024", "SFTConfig's default")
 
 
+def test_trl_8bit_lora(tmp_path: Path) -> None:
+    text = TRL_QLORA_YAML.replace("load_in_4bit: true", "load_in_8bit: true")
+    assert text != TRL_QLORA_YAML
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "lora8.yaml", text)
+    assert (job.options["method"], job.options["quant_type"]) == ("qlora", "int8")
+    assert _said(job, "load_in_8bit", "LLM.int8") and not _said(job, "quant_type nf4")
+
+
 def test_fsdp2_shard_grad_op(tmp_path: Path) -> None:
     job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "args.yaml", FSDP2_YAML)
     assert job.options["strategy"] == "fsdp2-shard-grad-op" and "offload" not in job.options
@@ -322,7 +330,11 @@ def test_bitsandbytes_configs(tmp_path: Path) -> None:
         assert _said(job, option, "BitsAndBytesConfig's default"), option
 
     path = _write(tmp_path, "bnb8.json", BNB_8BIT)
-    with pytest.raises(TunecostError, match=r"bnb8\.json: load_in_8bit: 8-bit weights are not modelled"):
+    job = FRAMEWORK_BNB.read(ConfigFile(path=str(path), data=parse_config_file(path)))
+    assert (job.options["method"], job.options["quant_type"], job.options["stack"]) == ("qlora", "int8", "hf-peft")
+    assert "dtype" not in job.options and _said(job, "load_in_8bit", "LLM.int8")
+    path = _write(tmp_path, "bnb8fp16.json", {**BNB_8BIT, "llm_int8_has_fp16_weight": True})
+    with pytest.raises(TunecostError, match=r"bnb8fp16\.json: llm_int8_has_fp16_weight: 16-bit weights kept"):
         FRAMEWORK_BNB.read(ConfigFile(path=str(path), data=parse_config_file(path)))
 
 
@@ -348,8 +360,8 @@ def test_bitsandbytes_configs(tmp_path: Path) -> None:
         (FRAMEWORK_TRAINING_ARGS, {**TRAINER_DEFAULTS_JSON, "fsdp": "hybrid_shard"}, "fsdp: hybrid_shard with FSDP"),
         (
             FRAMEWORK_TRAINING_ARGS,
-            {**TRAINER_DEFAULTS_JSON, "use_peft": True, "load_in_8bit": True},
-            "load_in_8bit: 8-bit weights",
+            {**TRAINER_DEFAULTS_JSON, "use_peft": False, "load_in_8bit": True},
+            "load_in_8bit: quantized weights without LoRA",
         ),
         (FRAMEWORK_PEFT_LORA, {"peft_type": "IA3", "target_modules": ["k_proj"]}, "peft_type: 'IA3' is not modelled"),
         (FRAMEWORK_PEFT_LORA, {**LORA_LLAMA, "use_dora": True}, "use_dora: DoRA is not modelled"),

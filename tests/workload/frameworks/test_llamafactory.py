@@ -199,7 +199,8 @@ def test_partial_target_list_and_inline_deepspeed(tmp_path):
         ("stage: kto", "stage"),
         ("finetuning_type: freeze", "finetuning_type"),
         ("finetuning_type: oft", "finetuning_type"),
-        ("quantization_bit: 8", "quantization_bit"),
+        ("quantization_bit: 3", "quantization_bit"),
+        ("quantization_bit: 8\nfinetuning_type: full", "quantization_bit"),
         ("use_unsloth: true", "use_unsloth"),
         ("optim: adafactor", "optim"),
         ("flash_attn: xformers", "flash_attn"),
@@ -256,3 +257,11 @@ def test_lora_target_groups(targets, model, groups):
 def test_neat_packing_keeps_each_example_apart(tmp_path):
     opts = _read(tmp_path, FULL_DS3.replace("packing: true", "neat_packing: true")).options
     assert opts["packing"] == "per-document"
+
+
+def test_quantization_bit_8_reads_as_int8_base_weights(tmp_path):
+    path = tmp_path / "lora8.yaml"
+    path.write_text("model_name_or_path: meta-llama/Llama-3.1-8B\nfinetuning_type: lora\nquantization_bit: 8\n")
+    job = FRAMEWORK.read(ConfigFile(path=str(path), data=parse_config_file(path)))
+    assert (job.options["method"], job.options["quant_type"]) == ("qlora", "int8")
+    assert "double_quant" not in job.options

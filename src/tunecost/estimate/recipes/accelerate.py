@@ -132,7 +132,9 @@ def _train_args(job: LaunchJob) -> dict[str, Any]:
     if job.method != "full":
         lora = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": job.rank, "lora_alpha": job.alpha}
         out["lora_config"] = lora | _peft_targets(job)
-    if job.method == "qlora":
+    if job.method == "qlora" and job.quant_type == "int8":
+        out["quantization_config"] = {"load_in_8bit": True}  # llm_int8_threshold 6.0: transformers' default
+    elif job.method == "qlora":
         bnb = {"load_in_4bit": True, "bnb_4bit_quant_type": job.quant_type}
         bnb |= {"bnb_4bit_use_double_quant": job.double_quant, "bnb_4bit_compute_dtype": TORCH_DTYPES[job.dtype]}
         if fsdp or job.strategy == "zero3":  # sharded 4-bit weights need a float storage dtype (FSDP/ZeRO-3 QLoRA)

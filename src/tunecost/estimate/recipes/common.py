@@ -48,7 +48,7 @@ class LaunchJob:
     lora_rank: int | None = None  # None: DEFAULT_LORA_RANK
     lora_alpha: float | None = None  # None: 2 x rank
     lora_targets: tuple[str, ...] = ()  # tunecost groups: attention, mlp, experts, router; (): attention + mlp
-    quant_type: str = "nf4"  # qlora: nf4 | fp4
+    quant_type: str = "nf4"  # qlora: nf4 | fp4 (4-bit) | int8 (LLM.int8, load_in_8bit)
     double_quant: bool = True
     dtype: str = "bf16"  # bf16 | fp16 | fp32
     gradient_checkpointing: bool = True
@@ -69,7 +69,7 @@ class LaunchJob:
     disk_gb: int = 0  # disk for the weights (0: the recipe picks SkyPilot's default)
 
     def __post_init__(self) -> None:
-        choices = [("method", self.method, METHODS), ("4-bit type", self.quant_type, ("nf4", "fp4"))]
+        choices = [("method", self.method, METHODS), ("quantization type", self.quant_type, ("nf4", "fp4", "int8"))]
         choices += [("dtype", self.dtype, DTYPES), ("attention", self.attention, ATTENTION_IMPLS)]
         choices += [("optimizer", self.optimizer, OPTIMIZERS), ("packing", self.packing, PACKINGS)]
         choices += [("LoRA target", t, LORA_TARGETS) for t in self.lora_targets]

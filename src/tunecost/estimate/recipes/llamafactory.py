@@ -40,7 +40,9 @@ def _llamafactory(job: LaunchJob) -> dict[str, str]:
         names = [m for t in job.targets for m in PEFT_MODULES[t]]
         lf |= {"lora_rank": job.rank, "lora_alpha": int(job.alpha)}
         lf["lora_target"] = "all" if set(job.targets) == {"attention", "mlp"} else ",".join(names)
-    if job.method == "qlora":
+    if job.method == "qlora" and job.quant_type == "int8":
+        lf |= {"quantization_bit": 8, "quantization_method": "bnb"}
+    elif job.method == "qlora":
         lf |= {"quantization_bit": 4, "quantization_method": "bnb", "quantization_type": job.quant_type}
         lf["double_quantization"] = job.double_quant
     lf |= {"dataset": job.dataset or "CHANGE_ME", "cutoff_len": job.seq_len, "output_dir": "output"}

@@ -36,6 +36,15 @@ DEQUANT_FLOPS_PER_PARAM = 2  # table lookup + scale
 # the input gradient: de-quantized on forward and recompute only, not again in backward.
 GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM = 0.5 + 4 + (4 + 1) + (1 + 1) + (1 + 1) + (1 + 2)
 GPTQ_TORCH_DEQUANT_KERNELS_PER_CALL = 9  # weight: shift, cast, and, sub, mul; zeros: shift, cast, and, + 1
+# LLM.int8 (bitsandbytes MatMul8bitLt, outlier threshold 6), per linear and forward pass. Per input element: cast
+# to fp16 (w + 2), |x| (2 + 2), >= threshold (2 + 1), the mask's column any (1), row quantization (2 + 1), the int8
+# GEMM's read (1); per output element: the GEMM's int32 product (4), its de-quantization to fp16 (4 + 2), the cast
+# back (2 + w). Input and output elements are split evenly over a linear's in and out sides (as for FP8).
+INT8_FWD_BYTES_PER_IO = (14 + 12) / 2  # + w_bytes
+INT8_FWD_KERNELS_PER_CALL = 9  # cast, abs, ge, any, any(dim 0), argwhere, quantize, de-quantize, cast
+# backward (input gradient): `CB.to(dtype, copy=True).mul_(SCB / 127)`: codes read, copy written, read and written
+INT8_BWD_DEQUANT_BYTES_PER_PARAM = 1  # + 3 w_bytes
+INT8_BWD_DEQUANT_KERNELS_PER_CALL = 3
 EXPERT_ACT_BYTES_PER_FFN = 10  # act(gate) and gate * up on the expert's tokens
 EXPERT_DISPATCH_BYTES_PER_HIDDEN = 14  # gather tokens, * routing weight, index_add back
 EXPERT_DISPATCH_KERNELS = 9  # where (nonzero: a host sync), index, act, mul, weight index + mul, index_add, cast
@@ -53,6 +62,8 @@ ADAMW_FLOPS_PER_PARAM = 15
 # only between micro-steps (a dense forward/backward never reads a GPU value; the trainer's loss check does).
 SYNC_PER_MOE_LAYER = "per MoE layer"
 SYNC_PER_MICRO_STEP = "per micro-step"
+# LLM.int8's outlier check (`if outliers.any()`) reads a GPU value in every quantized linear's forward
+SYNC_PER_QUANT_LINEAR = "per 8-bit linear"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -171,7 +182,11 @@ def analytic_step_counts(
         kernels=head_passes,
     )
     acc.add("elementwise", bytes_=tokens * spec.vocab_size * LOSS_BYTES_PER_VOCAB, kernels=LOSS_KERNELS)
-    if quantized:
+    if quantized and job.quant_type == "int8":
+        if arch.num_experts > 1:
+            raise TunecostError(f"{spec.name}: 8-bit (LLM.int8) base weights are modelled for dense models")
+        _add_int8(acc, arch, tokens=tokens, w_bytes=w_bytes, passes=(frozen_passes, fwd_passes))
+    elif quantized:
         _add_dequant(acc, arch, job, hit=hit, w_bytes=w_bytes, passes=(frozen_passes, fwd_passes))
     add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc, compute_dtype=lora_compute_dtype)
     eager, selective = job.attention == "eager", job.selective_recompute
@@ -199,7 +214,7 @@ def analytic_step_counts(
         tokens_per_step=tokens,
         lengths=lengths,
         source="analytic",
-        host_sync=SYNC_PER_MOE_LAYER if arch.num_experts > 1 else SYNC_PER_MICRO_STEP,
+        host_sync=_host_sync(arch, job),
     )
 
 
@@ -252,6 +267,28 @@ def _add_experts(
         * k
         * arch.expert_ffn
         * EXPERT_ACT_BYTES_PER_FFN,
+    )
+
+
+def _host_sync(arch: Arch, job: FineTuneJob) -> str:
+    if arch.num_experts > 1:
+        return SYNC_PER_MOE_LAYER
+    return SYNC_PER_QUANT_LINEAR if job.method == "qlora" and job.quant_type == "int8" else SYNC_PER_MICRO_STEP
+
+
+def _add_int8(acc: OpTally, arch: Arch, *, tokens: float, w_bytes: int, passes: tuple[float, float]) -> None:
+    """LLM.int8 weights (dense models): the input's quantization and the product's de-quantization around each
+    forward GEMM (forward and recompute), the weight de-quantized for the input gradient. The int8 GEMMs count
+    with the dense matmuls, at the bf16 tensor-core rate (the catalog has no int8 rate)."""
+    frozen_passes, fwd_passes = passes
+    bwd_passes = frozen_passes - fwd_passes
+    acc.add(
+        "dequant",
+        flops=bwd_passes * arch.dense_params * DEQUANT_FLOPS_PER_PARAM,
+        bytes_=fwd_passes * tokens * arch.dense_in_out * (INT8_FWD_BYTES_PER_IO + w_bytes)
+        + bwd_passes * arch.dense_params * (INT8_BWD_DEQUANT_BYTES_PER_PARAM + 3 * w_bytes),
+        kernels=arch.num_dense_matrices
+        * (fwd_passes * INT8_FWD_KERNELS_PER_CALL + bwd_passes * INT8_BWD_DEQUANT_KERNELS_PER_CALL),
     )
 
 

@@ -33,7 +33,8 @@ def setup_label(job: Any) -> str:
     parts = [checkpointing if job.gradient_checkpointing else recompute, job.compute_dtype]
     if job.method == "qlora":
         gptq = f"gptq g{job.gptq_group_size} {job.gptq_kernel}"
-        parts.append(gptq if job.quant_type == "gptq" else job.quant_type + (" + double quant" * job.double_quant))
+        double = " + double quant" * (job.double_quant and job.quant_type in ("nf4", "fp4"))
+        parts.append(gptq if job.quant_type == "gptq" else job.quant_type + double)
     if job.method != "full":
         dropout = f" dropout {job.lora.dropout:g}" if job.lora.dropout else ""
         parts.append(f"LoRA r{job.lora.rank}{dropout} on {'+'.join(job.lora.targets)}")

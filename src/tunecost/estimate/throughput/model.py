@@ -19,6 +19,7 @@ from tunecost.estimate.throughput.counts import (
     NF4_BYTES_PER_PARAM,
     SYNC_PER_MICRO_STEP,
     SYNC_PER_MOE_LAYER,
+    SYNC_PER_QUANT_LINEAR,
     TENSOR_CORE,
     AnalyticStepCounts,
 )
@@ -183,7 +184,7 @@ def step_time(counts: AnalyticStepCounts, terms: GpuTerms, params: StackParams) 
     host_s = params.step_overhead_s / terms.host_speed if terms.host_step_s is None else terms.host_step_s
     launch_s = launch_each * counts.total_kernels
     gpu_s = sum(class_s.values())
-    if counts.host_sync == SYNC_PER_MOE_LAYER:
+    if counts.host_sync in (SYNC_PER_MOE_LAYER, SYNC_PER_QUANT_LINEAR):
         total = gpu_s + launch_s + host_s
     elif counts.host_sync == SYNC_PER_MICRO_STEP:
         opt_gpu_s = class_s.get("optimizer", 0.0)

@@ -8,7 +8,6 @@ from typing import Any
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.hf import optimizer_name
 from tunecost.workload.frameworks.llamafactory import (
-    EIGHT_BIT,
     SFT_ONLY,
     VISION_MODEL,
     deepspeed_options,
@@ -66,9 +65,10 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
         return {"method": "full"}
     if adapter not in ("lora", "qlora"):
         raise cfg.error("adapter", f"{adapter}: tunecost estimates full, LoRA and QLoRA fine-tuning")
-    if load8:
-        raise cfg.error("load_in_8bit", EIGHT_BIT)
     options: dict[str, Any] = {"method": adapter}
+    if load8 and adapter == "lora":  # loaders/model.py: BitsAndBytesConfig(load_in_8bit=True)
+        options |= {"method": "qlora", "quant_type": "int8"}
+        notes.append("load_in_8bit with adapter lora: LLM.int8 base weights (--quant-type int8)")
     if adapter == "qlora":
         if not load4:
             raise cfg.error("adapter", f"qlora needs load_in_4bit: true ({TITLE}'s own check)")
@@ -86,7 +86,7 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
     elif cfg.typed("gptq", bool):
         options["method"] = "qlora"
         notes.append("gptq: a GPTQ 4-bit checkpoint, read as qlora (tunecost takes the 4-bit type from the model)")
-    elif load4:
+    elif load4 and not load8:
         notes.append(f"load_in_4bit with adapter lora: {TITLE} quantizes only for adapter qlora; read as 16-bit LoRA")
     options["lora_dropout"] = cfg.typed("lora_dropout", (int, float)) or 0.0  # unset: no dropout module
     for key, option in (("lora_r", "lora_rank"), ("lora_alpha", "lora_alpha")):

@@ -98,8 +98,12 @@ def job(cfg: ConfigFile, framework: str, options: dict[str, Any], notes: list[st
     )
 
 
-def eight_bit(cfg: ConfigFile, key: str) -> TunecostError:
-    return cfg.error(key, "8-bit weights are not modelled; tunecost models 16-bit, and 4-bit (QLoRA)")
+def int8_options(cfg: ConfigFile, key: str) -> Part:
+    """8-bit LoRA (`key`, load_in_8bit, set): method qlora on bitsandbytes LLM.int8 base weights. 16-bit weights
+    kept beside the codes (llm_int8_has_fp16_weight) are not modelled."""
+    if cfg.typed("llm_int8_has_fp16_weight", bool):
+        raise cfg.error("llm_int8_has_fp16_weight", "16-bit weights kept beside the int8 codes are not modelled")
+    return {"method": "qlora", "quant_type": "int8"}, [f"{key}: LLM.int8 base weights (--quant-type int8)"]
 
 
 def attention_of(cfg: ConfigFile, key: str, value: str) -> str:
@@ -233,18 +237,19 @@ def _precision(cfg: ConfigFile, whose: str) -> Part:
 def _trl_model(cfg: ConfigFile, model: str | None) -> Part:
     """A TRL script's ModelConfig keys (use_peft, lora_r, load_in_4bit, ...) where the YAML has them."""
     use_peft, four, eight = (cfg.typed(k, bool) for k in ("use_peft", "load_in_4bit", "load_in_8bit"))
-    if eight:
-        raise eight_bit(cfg, "load_in_8bit")
     if cfg.typed("use_dora", bool):
         raise cfg.error("use_dora", "DoRA is not modelled; tunecost estimates full, LoRA and QLoRA fine-tuning")
-    if four and not use_peft:
-        raise cfg.error("load_in_4bit", "4-bit weights without LoRA (use_peft): tunecost estimates QLoRA")
+    if (four or eight) and not use_peft:
+        key = "load_in_4bit" if four else "load_in_8bit"
+        raise cfg.error(key, "quantized weights without LoRA (use_peft): tunecost estimates QLoRA")
     if not use_peft:
         return {"method": "full"}, ([f"method full (use_peft unset): {TRL_MODEL} default"] if use_peft is None else [])
     keys = ("lora_r", "lora_alpha", "lora_target_modules", "lora_target_parameters")
     out, notes = lora_options(cfg, keys, (16, 32, 0.05), TRL_MODEL, model)
     quant, more = qlora_options(cfg, ("bnb_4bit_quant_type", "use_bnb_nested_quant"), ("nf4", False), TRL_MODEL)
-    return ({**out, **quant}, notes + more) if four else ({**out, "method": "lora"}, notes)
+    if eight and not four:
+        quant, more = int8_options(cfg, "load_in_8bit")
+    return ({**out, **quant}, notes + more) if four or eight else ({**out, "method": "lora"}, notes)
 
 
 def _sft(cfg: ConfigFile) -> Part:
@@ -340,10 +345,11 @@ def _read_bnb(cfg: ConfigFile) -> ConfigJob:
         raise cfg.error("quant_method", "this reader takes a BitsAndBytesConfig (quant_method bitsandbytes)")
     # to_dict() writes each flag twice (load_in_4bit and _load_in_4bit): read both (a list, not a short circuit)
     four, eight = (any([cfg.typed(k, bool), cfg.typed(f"_{k}", bool)]) for k in ("load_in_4bit", "load_in_8bit"))
-    if eight:
-        raise eight_bit(cfg, "load_in_8bit")
-    if not four:
+    if not (four or eight):
         raise cfg.error("load_in_4bit", "false, and load_in_8bit too: this config quantizes nothing")
+    if eight and not four:  # the model's dtype is not in a BitsAndBytesConfig: tunecost's default applies
+        out, notes = int8_options(cfg, "load_in_8bit")
+        return job(cfg, FRAMEWORK_BNB.name, {**out, "stack": "hf-peft"}, notes)
     out, notes = qlora_options(cfg, ("bnb_4bit_quant_type", "bnb_4bit_use_double_quant"), ("fp4", False), BNB)
     compute = (cfg.typed("bnb_4bit_compute_dtype", str) or "").removeprefix("torch.")
     if compute and compute not in TORCH_DTYPES:

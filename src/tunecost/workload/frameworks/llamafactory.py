@@ -17,7 +17,6 @@ TITLE = "LLaMA-Factory"
 # its hparams dataclasses and the transformers Seq2SeqTrainingArguments they extend (headers of keys/*.txt)
 KEYS = KnownKeys(f"{TITLE}'s config", ("llamafactory", "hf_training_args", "hf_training_args_older", "hf_seq2seq_args"))
 SFT_ONLY = "tunecost estimates supervised fine-tuning (full, LoRA, QLoRA) only"
-EIGHT_BIT = "8-bit weights are not modelled; tunecost models 16-bit, and 4-bit (QLoRA)"
 VISION_MODEL = re.compile(r"(?i)vision|llava|internvl|(?<![a-z])vl(?![a-z])")
 
 _FFN_W = ("w1", "w2", "w3")  # a dense MLP's, or Mixtral's experts (block_sparse_moe.experts.N.w1)
@@ -142,16 +141,18 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
         raise cfg.error("finetuning_type", f"{kind}: tunecost estimates full, LoRA and QLoRA fine-tuning")
     options: dict[str, Any] = {"method": kind}
     bits = cfg.typed("quantization_bit", int)
-    if bits == 8:
-        raise cfg.error("quantization_bit", EIGHT_BIT)
-    if bits is not None and bits != 4:
-        raise cfg.error("quantization_bit", f"{bits}-bit weights are not modelled; tunecost models 16-bit and 4-bit")
-    if bits == 4:
+    if bits is not None and bits not in (4, 8):
+        raise cfg.error("quantization_bit", f"{bits}-bit weights are not modelled; tunecost models 16, 8 and 4 bits")
+    if bits is not None:
         if kind != "lora":
             raise cfg.error("quantization_bit", f"{TITLE} quantizes only for finetuning_type lora")
         qmethod = _get(cfg, notes, "quantization_method", str)
         if qmethod != "bnb":
-            raise cfg.error("quantization_method", f"{qmethod}: tunecost models bitsandbytes (bnb) 4-bit only")
+            raise cfg.error("quantization_method", f"{qmethod}: tunecost models bitsandbytes (bnb) quantization only")
+    if bits == 8:  # BitsAndBytesConfig(load_in_8bit=True) (model/model_utils/quantization.py)
+        options |= {"method": "qlora", "quant_type": "int8"}
+        notes.append("quantization_bit 8: LLM.int8 base weights (--quant-type int8)")
+    if bits == 4:
         quant = _get(cfg, notes, "quantization_type", str)
         if quant not in ("nf4", "fp4"):
             raise cfg.error("quantization_type", f"must be nf4 or fp4, got {quant!r}")
