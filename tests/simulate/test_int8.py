@@ -113,3 +113,11 @@ def test_int8_is_for_dense_models(config_path):
     job = FineTuneJob(model=config_path("tiny-mixtral-2l"), method="qlora", quant_type="int8", seq_len=16)
     with pytest.raises(TunecostError, match="8-bit .LLM.int8. base weights are simulated for dense models"):
         simulate_step(job, use_cache=False)
+
+
+def test_stacks_without_8bit_lora_refuse_it():
+    lora = LoraConfig(rank=8, targets=("attention", "mlp"))
+    job = FineTuneJob(model=str(TINY_LLAMA_4L), method="qlora", quant_type="int8", seq_len=16, lora=lora)
+    for stack in ("hf-2024", "torchtune"):
+        with pytest.raises(TunecostError, match=f"stack {stack} has no 8-bit .LLM.int8. LoRA"):
+            simulate_step(job, stack=stack, use_cache=False)

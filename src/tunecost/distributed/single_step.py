@@ -55,6 +55,9 @@ class SingleGpuStep:
     allocations: dict  # the deeper traced depth's `simulate.records.AllocationTrace`, as plain data ({}: none)
     reentrant_checkpointing: bool = False  # layers recomputed by re-entrant torch.utils.checkpoint (`fsdp1`)
     fp8_bytes: dict[str, int] = field(default_factory=dict)  # FP8's bytes by category at full depth (`simulate.fp8`)
+    # the bytes a rank gathers for "one layer" over the average layer's: 1 for identical layers; a repeating unit's
+    # over the average where layers differ (DeepSeek's dense prefix, BlackMamba's Mamba + MoE pairs)
+    layer_scale: float = 1.0
 
     @property
     def weight_bytes(self) -> int:
@@ -81,7 +84,7 @@ class SingleGpuStep:
         """One decoder layer's stored (or trainable) bytes with 1/ep of its routed experts."""
         layer = self.layer_trainable_bytes if trainable else self.layer_weight_bytes
         experts = self.layer_expert_bytes(trainable=trainable)
-        return layer - experts + experts // ep
+        return round((layer - experts + experts // ep) * self.layer_scale)
 
     @property
     def expert_trainable_bytes(self) -> int:
@@ -156,10 +159,21 @@ def trace_single_gpu_step(
 
 def traced_units(spec: ModelSpec, *, full_depth: bool = False) -> list[int]:
     """The depths (repeating units) to trace: one and two, or the full depth when it is short or asked for."""
-    prefix, period, full_units = layer_pattern(spec)
-    if prefix or period != 1:
-        raise TunecostError(f"{spec.name}: per-rank memory needs identical decoder layers (this model has a prefix)")
+    prefix, _, full_units = layer_pattern(spec)
+    if prefix == spec.num_layers:
+        raise TunecostError(f"{spec.name}: per-rank memory needs repeating decoder layers (these are irregular)")
     return [full_units] if full_units <= 2 or full_depth else [1, 2]
+
+
+def _layer_scale(spec: ModelSpec, traces: list, layer_weight_bytes: int) -> float:
+    """`SingleGpuStep.layer_scale`: a repeating unit's stored bytes (the two traces' difference per unit) over the
+    average layer's, where the layers differ; 1 where they are identical or only one depth was traced."""
+    prefix, period, _ = layer_pattern(spec)
+    if (not prefix and period == 1) or len(traces) < 2 or layer_weight_bytes <= 0:
+        return 1.0
+    ta, tb = traces[0], traces[-1]
+    unit = (sum(tb.weight_bytes.values()) - sum(ta.weight_bytes.values())) / (tb.num_units - ta.num_units)
+    return max(1.0, unit / layer_weight_bytes)
 
 
 def scaled_step(
@@ -189,6 +203,7 @@ def scaled_step(
     flops: dict[str, float] = {}
     for (phase, _cls), v in tb.flops.items():
         flops[phase] = flops.get(phase, 0.0) + _lerp(ta.flops.get((phase, _cls), 0.0), v, t)
+    layer_weight_bytes = (sum(weights.values()) - root) // spec.num_layers
     return SingleGpuStep(
         model=spec.name,
         method=job.method,
@@ -197,7 +212,7 @@ def scaled_step(
         num_layers=spec.num_layers,
         segments=segments,
         root_weight_bytes=root,
-        layer_weight_bytes=(sum(weights.values()) - root) // spec.num_layers,
+        layer_weight_bytes=layer_weight_bytes,
         trainable_bytes=trainable,
         layer_trainable_bytes=(trainable - root_trainable) // spec.num_layers,
         trainable_bytes_per_param=4 if job.method != "full" else job.compute_bytes_per_element,
@@ -211,4 +226,5 @@ def scaled_step(
         allocations=dataclasses.asdict(tb.allocations) if tb.allocations is not None else {},
         reentrant_checkpointing=reentrant,
         fp8_bytes=fp8_depth_bytes(job, linears or [], job.batch_size * job.worst_case_seq_len, granule_bytes, t),
+        layer_scale=_layer_scale(spec, traces, layer_weight_bytes),
     )

@@ -128,8 +128,8 @@ def check_supported(
         raise TunecostError(
             f"{spec.name}: 8-bit (LLM.int8) base weights are simulated for dense models; use --quant-type nf4"
         )
-    if job.method == "qlora" and job.quant_type == "int8" and stack == "hf-2024":
-        raise TunecostError("stack hf-2024 ran QLoRA on bitsandbytes 4-bit weights, not 8-bit")
+    if job.method == "qlora" and job.quant_type == "int8" and stack in ("hf-2024", "torchtune"):
+        raise TunecostError(f"stack {stack} has no 8-bit (LLM.int8) LoRA; use --quant-type nf4 or --stack hf-peft")
     if job.method == "qlora" and job.quant_type == "gptq" and stack == "hf-2024":
         raise TunecostError("stack hf-2024 ran QLoRA on bitsandbytes 4-bit weights, not GPTQ")
     if job.method == "qlora" and job.compute_dtype == "fp32" and stack == "hf-2024":

@@ -50,7 +50,9 @@ def _model(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> str:
     notes.append(f"model {options['model']}: checkpoint_dir's last two folders ({TITLE} download's ORG/NAME)")
     quantize = flat.typed("quantize", str)
     if quantize == "bnb.int8-training":
-        raise flat.error("quantize", "8-bit weights are not modelled; tunecost models 16-bit, and 4-bit (QLoRA)")
+        raise flat.error(
+            "quantize", "bnb.int8-training keeps 16-bit weights beside the int8 codes (has_fp16_weights): not modelled"
+        )
     if quantize is not None and quantize not in QUANTIZE:
         raise flat.error("quantize", f"{quantize!r}: one of {', '.join(QUANTIZE)} (bitsandbytes 4-bit)")
     lora = quantize is not None or any(k.startswith("lora_") for k in flat.data)
