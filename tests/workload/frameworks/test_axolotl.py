@@ -285,3 +285,13 @@ def test_8bit_lora_reads_as_int8_base_weights(tmp_path):
     job = _read(tmp_path, "base_model: NousResearch/Llama-2-7b-hf\nadapter: lora\nload_in_8bit: true\nlora_r: 32\n")
     assert (job.options["method"], job.options["quant_type"], job.options["lora_rank"]) == ("qlora", "int8", 32)
     assert any("load_in_8bit with adapter lora: LLM.int8" in line for line in job.assumptions)
+
+
+def test_keys_axolotl_drops_are_dropped_with_a_note(tmp_path):
+    """axolotl's pydantic schema ignores keys it lacks (its own examples carry eta_min, adam_eps, test_value): the
+    run goes ahead without them, and a misspelt key leaves its default, as it does in axolotl."""
+    job = _read(tmp_path, LORA + "eta_min: 0.000001\nmicro_batch_sise: 8\n")
+    assert any(line.startswith("eta_min: not a key of axolotl's config") for line in job.assumptions)
+    sise = [line for line in job.assumptions if line.startswith("micro_batch_sise:")]
+    assert sise and "did you mean micro_batch_size?" in sise[0] and "ignored" in sise[0]
+    assert job.options.get("batch_size") != 8 and "eta_min" not in job.not_modelled

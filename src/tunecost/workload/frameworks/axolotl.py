@@ -240,19 +240,25 @@ def _strategy(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
     return options
 
 
-def _check_keys(cfg: ConfigFile) -> None:
-    """Every key is one of axolotl's, unless a plugin from outside axolotl (which may add keys) is loaded."""
+def _ignored_keys(cfg: ConfigFile) -> list[str]:
+    """A note per key axolotl's schema lacks (unless a plugin from outside axolotl, which may add keys, is loaded):
+    its pydantic model drops unknown keys, so axolotl runs without them (a misspelt key's default applies), and so
+    does tunecost."""
     plugins = cfg.data.get("plugins")
     outside = (
         [p for p in plugins if not str(p).startswith("axolotl.integrations.")] if isinstance(plugins, list) else []
     )
-    if not outside:
-        cfg.check_keys(KEYS)
+    notes = []
+    for key in [] if outside else list(cfg.data):
+        unknown = KEYS.unknown(str(key))
+        if unknown is not None:
+            cfg.used.add(key)
+            notes.append(f"{key}: {KEYS.not_a_key(unknown)}; ignored, as {TITLE} ignores it (its schema drops it)")
+    return notes
 
 
 def _read(cfg: ConfigFile) -> ConfigJob:
-    _check_keys(cfg)
-    notes: list[str] = []
+    notes: list[str] = _ignored_keys(cfg)
     model = cfg.typed("base_model", str)
     if "processor_type" in cfg.data or (model and VISION_MODEL.search(model)):
         raise cfg.error("processor_type" if "processor_type" in cfg.data else "base_model", f"multimodal: {SFT_ONLY}")
