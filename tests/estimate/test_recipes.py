@@ -497,8 +497,9 @@ def test_unknown_target_or_inexpressible_setup_is_one_error(target: str, changes
 
 
 def test_offload_with_8bit_adamw_cannot_go_to_deepspeed(tmp_path: Path) -> None:
-    with pytest.raises(TunecostError, match=r"accelerate recipe: .*8-bit AdamW"):
-        write_recipe(make_job("zero2-offload", optimizer="adamw-8bit"), "accelerate", tmp_path)
+    for optimizer in ("adamw-8bit", "adamw-4bit"):
+        with pytest.raises(TunecostError, match=r"accelerate recipe: .*the low-bit AdamWs run on the GPU"):
+            write_recipe(make_job("zero2-offload", optimizer=optimizer), "accelerate", tmp_path)
 
 
 @pytest.mark.parametrize(

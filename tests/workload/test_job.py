@@ -43,7 +43,7 @@ def test_frozen_and_keyword_only() -> None:
         (
             "optimizer",
             "adam",
-            r"unsupported optimizer 'adam'; did you mean 'adamw'\? supported: adamw, adamw-8bit, sgd",
+            r"unsupported optimizer 'adam'; did you mean 'adamw'\? supported: adamw, adamw-8bit, adamw-4bit, sgd",
         ),
         ("batch_size", 0, "batch size must be >= 1, got 0"),
         ("batch_size", -2, "batch size must be >= 1, got -2"),

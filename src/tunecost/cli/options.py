@@ -137,7 +137,7 @@ PACKING_HELP = (
     "attention within each query or across the row."
 )
 Packing = Annotated[str, opt("--packing", PACKING_HELP)]
-Optimizer = Annotated[str, opt("--optimizer", "adamw | adamw-8bit | sgd.")]
+Optimizer = Annotated[str, opt("--optimizer", "adamw | adamw-8bit | adamw-4bit (torchao) | sgd.")]
 Dtype = Annotated[str | None, opt("--dtype", "Compute dtype: bf16 | fp16 | fp32 (default bf16; fp16 for GPTQ).")]
 QuantType = Annotated[
     str | None,

@@ -62,6 +62,37 @@ class SimAdamW8bit(torch.optim.Optimizer):
                 p.add_(p.grad, alpha=-group["lr"])
 
 
+class SimAdamW4bit(torch.optim.Optimizer):
+    """torchao's `AdamW4bit` (transformers' adamw_torch_4bit) memory on any tensor type: per state, 4-bit codes
+    packed two a byte, one fp32 scale per 128 values and a 16-entry fp32 code book, for tensors of at least 4096
+    elements that 128 divides; `zeros_like` states (the parameter's dtype) otherwise (torchao/optim/adam.py,
+    subclass_4bit.py). The compiled update's temporaries are not simulated. The update is a plain in-place SGD step."""
+
+    BLOCKSIZE = 128
+    MIN_QUANTIZED_SIZE = 4096
+
+    def __init__(self, params, lr: float = LEARNING_RATE) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    n = p.numel()
+                    for name in ("exp_avg", "exp_avg_sq"):
+                        if n >= self.MIN_QUANTIZED_SIZE and n % self.BLOCKSIZE == 0:
+                            state[f"{name}_codes"] = p.new_zeros((n // 2,), dtype=torch.uint8)
+                            state[f"{name}_scale"] = p.new_zeros((n // self.BLOCKSIZE,), dtype=torch.float32)
+                            state[f"{name}_qmap"] = p.new_zeros((16,), dtype=torch.float32)
+                        else:
+                            state[name] = torch.zeros_like(p)
+                p.add_(p.grad, alpha=-group["lr"])
+
+
 class _AdamWStates(torch.optim.Optimizer):
     """AdamW's two states per parameter, in the parameter's dtype (`zeros_like`), and the step count."""
 
@@ -179,6 +210,8 @@ def simulated_optimizer(
         return torch.optim.SGD(params, lr=LEARNING_RATE, foreach=True)
     if name == "adamw-8bit":
         return SimAdamW8bit(params)
+    if name == "adamw-4bit":
+        return SimAdamW4bit(params)
     raise ValueError(name)
 
 

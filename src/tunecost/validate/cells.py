@@ -122,6 +122,7 @@ _OPTIMIZERS = {  # normalised optimizer cell -> FineTuneJob.optimizer
         "adamw",
     ),
     **dict.fromkeys(("adamw8bit", "adamwbnb8bit", "8bitadamw", "bnbadamw8bit", "adam8bit"), "adamw-8bit"),
+    **dict.fromkeys(("adamwtorch4bit", "adamw4bit", "4bitadamw", "torchaoadamw4bit"), "adamw-4bit"),
     "sgd": "sgd",
 }
 _FUSED_ADAMW = ("adamwtorchfused", "adamwapexfused", "fusedadam")  # one kernel per step: no foreach temporaries
@@ -159,9 +160,10 @@ def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
         )
     if key not in _OPTIMIZERS:
         first = (re.findall(r"[a-z0-9]+", cell.lower()) or [""])[0]  # "adamw (DeepSpeed, fused)": AdamW
-        named = "adamw-8bit" if first.startswith("adam") and "8bit" in key else "adamw" * first.startswith("adam")
+        low_bit = next((f"adamw-{b}" for b in ("8bit", "4bit") if b in key), "adamw")
+        named = low_bit if first.startswith("adam") else ""
         if not named:
-            raise Skip(f"optimizer {cell!r} not modelled (tunecost runs AdamW, 8-bit AdamW and SGD)")
+            raise Skip(f"optimizer {cell!r} not modelled (tunecost runs AdamW, 8- and 4-bit AdamW and SGD)")
         return named, "; ".join(filter(None, (note, f"optimizer {cell!r} read as {named}")))
     return _OPTIMIZERS[key], note
 

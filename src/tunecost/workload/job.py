@@ -42,7 +42,7 @@ QUANT_TYPES: tuple[str, ...] = ("nf4", "fp4", "gptq", "int8")
 # (QuantLinear cuda-old without a CUDA kernel), whose de-quantized fp16 weight the matmul keeps for backward.
 GPTQ_KERNELS: tuple[str, ...] = ("triton-v2", "torch")
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "sdpa", "eager")
-OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw-8bit", "sgd")
+OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw-8bit", "adamw-4bit", "sgd")
 # FP8 training of the linear layers' GEMMs (docs/fp8.md): "none"; torchao float8 with dynamic scaling, one scale
 # per tensor ("tensorwise", torchao's and torchtitan's default) or per row ("rowwise"); Transformer Engine's
 # per-tensor delayed scaling ("te-delayed", NeMo/Megatron's default FP8 recipe: FP8 weight copies cached per linear).

@@ -295,3 +295,9 @@ def test_keys_axolotl_drops_are_dropped_with_a_note(tmp_path):
     sise = [line for line in job.assumptions if line.startswith("micro_batch_sise:")]
     assert sise and "did you mean micro_batch_size?" in sise[0] and "ignored" in sise[0]
     assert job.options.get("batch_size") != 8 and "eta_min" not in job.not_modelled
+
+
+def test_torchao_4bit_adamw(tmp_path):
+    """optimizer adamw_torch_4bit (ten of axolotl's examples): torchao's AdamW4bit."""
+    text = LORA.replace("optimizer: adamw_8bit", "optimizer: adamw_torch_4bit")
+    assert text != LORA and _read(tmp_path, text).options["optimizer"] == "adamw-4bit"

@@ -31,7 +31,12 @@ MAX_GRAD_NORM = 1.0  # TrainingArguments' default; the HF Trainer checks DeepSpe
 MASTER_PORT = 29500
 SKYPILOT_DEFAULT_DISK_GB = 256  # sky/resources.py DEFAULT_DISK_SIZE_GB
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-HF_OPTIM = {"adamw": "adamw_torch", "adamw-8bit": "paged_adamw_8bit", "sgd": "sgd"}  # transformers OptimizerNames
+HF_OPTIM = {
+    "adamw": "adamw_torch",
+    "adamw-8bit": "paged_adamw_8bit",
+    "adamw-4bit": "adamw_torch_4bit",
+    "sgd": "sgd",
+}  # transformers OptimizerNames
 HF_ATTENTION = {"flash": "flash_attention_2", "sdpa": "sdpa", "eager": "eager"}  # from_pretrained attn_implementation
 # LoRA targets as Llama-style module names (transformers 5: q/k/v/o_proj, gate/up/down_proj); MoE experts are fused
 # 3-D parameters and the router a TopKRouter, so PEFT reaches them with target_parameters (as tunecost.moe does).
@@ -53,7 +58,7 @@ class LaunchJob:
     dtype: str = "bf16"  # bf16 | fp16 | fp32
     gradient_checkpointing: bool = True
     attention: str = "sdpa"  # flash | sdpa | eager
-    optimizer: str = "adamw"  # adamw | adamw-8bit | sgd
+    optimizer: str = "adamw"  # adamw | adamw-8bit | adamw-4bit | sgd
     packing: str = "none"  # none | per-document | cross-document: queries packed into rows of seq_len tokens
     seq_len: int
     micro_batch: int  # per GPU

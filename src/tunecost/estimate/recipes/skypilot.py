@@ -62,6 +62,7 @@ def _skypilot(job: LaunchJob) -> dict[str, str]:
     packages = ["accelerate>=1.0", "transformers>=5.0,<6", "datasets>=3.0"]
     packages += ["peft>=0.17"] if job.method != "full" else []
     packages += ["bitsandbytes>=0.48"] if job.method == "qlora" or job.optimizer == "adamw-8bit" else []
+    packages += ["torchao"] if job.optimizer == "adamw-4bit" else []
     packages += ["deepspeed>=0.19"] if job.strategy in ZERO_STAGES else []
     run = ["set -e"]
     if job.num_nodes > 1:

@@ -62,7 +62,11 @@ TORCHTUNE_MODELS = (
     (r"qwen2-([\d.]+)b", "qwen2/{}B"),
 )
 TORCHTUNE_PLACEHOLDER = "YOUR_CONFIG.yaml"
-TORCHTUNE_OPTIMIZERS = {"adamw-8bit": "bitsandbytes.optim.PagedAdamW8bit", "sgd": "torch.optim.SGD"}
+TORCHTUNE_OPTIMIZERS = {
+    "adamw-8bit": "bitsandbytes.optim.PagedAdamW8bit",
+    "adamw-4bit": "torchao.optim.AdamW4bit",
+    "sgd": "torch.optim.SGD",
+}
 TORCHTUNE_ATTENTION = ["q_proj", "k_proj", "v_proj", "output_proj"]  # torchtune's LORA_ATTN_MODULES
 
 
@@ -142,14 +146,14 @@ def _torchtune(job: LaunchJob) -> dict[str, str]:
     removals = []
     if job.optimizer in TORCHTUNE_OPTIMIZERS:
         over["optimizer"] = {"_component_": TORCHTUNE_OPTIMIZERS[job.optimizer]}
-        if job.optimizer == "adamw-8bit" and config is not None and _torchtune_fused(config):
-            removals.append("~optimizer.fused")  # bitsandbytes' optimizers take no `fused`
+        if job.optimizer in ("adamw-8bit", "adamw-4bit") and config is not None and _torchtune_fused(config):
+            removals.append("~optimizer.fused")  # bitsandbytes' and torchao's optimizers take no `fused`
     notes = [_summary(job), f"first: tune download {job.model} --output-dir <the config's checkpointer.checkpoint_dir>"]
     if config is None:
         notes.append(f"torchtune 0.6.1 has no {recipe} config for {job.model}: `tune cp` the nearest (tune ls)")
         notes.append(f"to {TORCHTUNE_PLACEHOLDER} and set its model, tokenizer and checkpointer")
-        notes += ["(and drop its optimizer.fused: bitsandbytes' optimizers take none)"] * (
-            job.optimizer == "adamw-8bit"
+        notes += ["(and drop its optimizer.fused: bitsandbytes' and torchao's optimizers take none)"] * (
+            job.optimizer in ("adamw-8bit", "adamw-4bit")
         )
     if job.dataset:
         notes.append(f"dataset {job.dataset}: set the config's dataset component (torchtune builds datasets by format)")

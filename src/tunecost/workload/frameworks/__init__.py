@@ -37,7 +37,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "reentrant": bool,
     "attention": str,  # flash | sdpa | eager
     "packing": str,  # none | per-document | cross-document: queries packed into rows of seq_len tokens
-    "optimizer": str,  # adamw | adamw-8bit | sgd
+    "optimizer": str,  # adamw | adamw-8bit | adamw-4bit | sgd
     "seq_len": int,  # the cutoff: longer examples are cut, each batch padded to its longest
     "batch_size": int,  # per device (micro-batch)
     "dataset": str,

@@ -37,6 +37,7 @@ TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 OPTIMIZERS = {
     **dict.fromkeys(("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw", "paged_adamw_32bit"), "adamw"),
     **dict.fromkeys(("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "bnb_8bit", "adamw_torch_8bit"), "adamw-8bit"),
+    "adamw_torch_4bit": "adamw-4bit",  # torchao's AdamW4bit
     "sgd": "sgd",
 }
 

@@ -50,7 +50,7 @@ _DEFAULTS: dict[str, tuple[Any, str, str]] = {
     "num_train_epochs": (3.0, "epochs 3.0", "transformers' num_train_epochs"),
 }  # fmt: skip
 # no bf16/fp16: model/patcher.py loads the weights in extras/misc.py infer_optim_dtype's dtype (bf16 first)
-_OPT = "is not modelled; tunecost models adamw, adamw-8bit and sgd"
+_OPT = "is not modelled; tunecost models adamw, adamw-8bit, adamw-4bit and sgd"
 _UNMODELLED_FLAGS = {
     "use_unsloth": "unsloth's own kernels are not modelled", "use_dora": "DoRA is not modelled",
     "use_llama_pro": "LLaMA Pro (expanded blocks) is not modelled", "use_galore": f"GaLore {_OPT}",
