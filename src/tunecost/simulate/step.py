@@ -31,66 +31,65 @@ from tunecost.simulate.offload import ActivationOffload, check_fake
 LEARNING_RATE = 5e-5  # the paper's; irrelevant to memory
 
 
-class SimAdamW8bit(torch.optim.Optimizer):
+class _LowBitAdamW(torch.optim.Optimizer):
+    """A low-bit AdamW's memory: each parameter's states made once by `_states`; the fused update allocates
+    nothing. The update itself is a plain in-place SGD step."""
+
+    def __init__(self, params, lr: float = LEARNING_RATE) -> None:
+        super().__init__(params, {"lr": lr})
+
+    def _states(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if not self.state[p]:
+                    self.state[p].update(self._states(p))
+                p.add_(p.grad, alpha=-group["lr"])
+
+
+class SimAdamW8bit(_LowBitAdamW):
     """bitsandbytes `AdamW8bit`'s memory on any tensor type: blockwise 8-bit states (uint8 + one fp32 absmax per
     256 values, two states) for tensors of at least 4096 elements, fp32 states below that (bitsandbytes'
-    `min_8bit_size`); the fused update allocates nothing. The update itself is a plain in-place SGD step."""
+    `min_8bit_size`)."""
 
     BLOCKSIZE = 256
     MIN_8BIT_SIZE = 4096
 
-    def __init__(self, params, lr: float = LEARNING_RATE) -> None:
-        super().__init__(params, {"lr": lr})
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    n = p.numel()
-                    if n >= self.MIN_8BIT_SIZE:
-                        blocks = -(-n // self.BLOCKSIZE)
-                        for i in (1, 2):
-                            state[f"state{i}"] = p.new_zeros(p.shape, dtype=torch.uint8)
-                            state[f"absmax{i}"] = p.new_zeros((blocks,), dtype=torch.float32)
-                    else:
-                        for i in (1, 2):
-                            state[f"state{i}"] = p.new_zeros(p.shape, dtype=torch.float32)
-                p.add_(p.grad, alpha=-group["lr"])
+    def _states(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        n, out = p.numel(), {}
+        for i in (1, 2):
+            if n >= self.MIN_8BIT_SIZE:
+                out[f"state{i}"] = p.new_zeros(p.shape, dtype=torch.uint8)
+                out[f"absmax{i}"] = p.new_zeros((-(-n // self.BLOCKSIZE),), dtype=torch.float32)
+            else:
+                out[f"state{i}"] = p.new_zeros(p.shape, dtype=torch.float32)
+        return out
 
 
-class SimAdamW4bit(torch.optim.Optimizer):
+class SimAdamW4bit(_LowBitAdamW):
     """torchao's `AdamW4bit` (transformers' adamw_torch_4bit) memory on any tensor type: per state, 4-bit codes
     packed two a byte, one fp32 scale per 128 values and a 16-entry fp32 code book, for tensors of at least 4096
     elements that 128 divides; `zeros_like` states (the parameter's dtype) otherwise (torchao/optim/adam.py,
-    subclass_4bit.py). The compiled update's temporaries are not simulated. The update is a plain in-place SGD step."""
+    subclass_4bit.py). The compiled update's temporaries are not simulated."""
 
     BLOCKSIZE = 128
     MIN_QUANTIZED_SIZE = 4096
 
-    def __init__(self, params, lr: float = LEARNING_RATE) -> None:
-        super().__init__(params, {"lr": lr})
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if not state:
-                    n = p.numel()
-                    for name in ("exp_avg", "exp_avg_sq"):
-                        if n >= self.MIN_QUANTIZED_SIZE and n % self.BLOCKSIZE == 0:
-                            state[f"{name}_codes"] = p.new_zeros((n // 2,), dtype=torch.uint8)
-                            state[f"{name}_scale"] = p.new_zeros((n // self.BLOCKSIZE,), dtype=torch.float32)
-                            state[f"{name}_qmap"] = p.new_zeros((16,), dtype=torch.float32)
-                        else:
-                            state[name] = torch.zeros_like(p)
-                p.add_(p.grad, alpha=-group["lr"])
+    def _states(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        n, out = p.numel(), {}
+        for name in ("exp_avg", "exp_avg_sq"):
+            if n >= self.MIN_QUANTIZED_SIZE and n % self.BLOCKSIZE == 0:
+                out[f"{name}_codes"] = p.new_zeros((n // 2,), dtype=torch.uint8)
+                out[f"{name}_scale"] = p.new_zeros((n // self.BLOCKSIZE,), dtype=torch.float32)
+                out[f"{name}_qmap"] = p.new_zeros((16,), dtype=torch.float32)
+            else:
+                out[name] = torch.zeros_like(p)
+        return out
 
 
 class _AdamWStates(torch.optim.Optimizer):
