@@ -134,3 +134,8 @@ def test_profile_setup_and_moe_lora_come_from_the_job() -> None:
     assert (spec.rank, spec.alpha, spec.targets, spec.expert_layout) == (8, 16.0, ("experts", "router"), "fused")
     with pytest.raises(TunecostError, match="LoRA target"):
         LoraSpec.from_config(LoraConfig(targets=("attention",)))
+
+
+def test_base_quant_is_the_quantization_under_qlora_only() -> None:
+    assert FineTuneJob(model="m", method="qlora", quant_type="int8").base_quant == "int8"
+    assert FineTuneJob(model="m", method="lora", quant_type="int8").base_quant is None

@@ -116,7 +116,7 @@ def unsharded_strategies(job: FineTuneJob, strategies: Sequence[str]) -> tuple[l
     """The strategies of `strategies` that can hold `job`'s weights, and a note on those left out: LLM.int8
     weights cannot be stored as shards (FSDP flattens or shards float parameters; ZeRO-3 partitions them without
     bitsandbytes' row scales)."""
-    if job.method != "qlora" or job.quant_type != "int8" or not set(strategies) & set(STORED_SHARDED):
+    if job.base_quant != "int8" or not set(strategies) & set(STORED_SHARDED):
         return list(strategies), []
     dropped = ", ".join(s for s in strategies if s in STORED_SHARDED)
     note = f"{dropped}: not searched, 8-bit (LLM.int8) base weights cannot be sharded"

@@ -122,15 +122,15 @@ def check_supported(
                 f"LoRA target(s) {bad} do not apply to {spec.name}: it is a dense model with no MoE "
                 f"layers; use --lora-targets attention,mlp"
             )
-    if job.method == "qlora" and job.quant_type == "gptq" and job.gptq_kernel == "torch" and spec.is_moe:
+    if job.base_quant == "gptq" and job.gptq_kernel == "torch" and spec.is_moe:
         raise TunecostError("the torch GPTQ kernel path is modelled for dense layers; use gptq_kernel triton-v2")
-    if job.method == "qlora" and job.quant_type == "int8" and spec.is_moe:
+    if job.base_quant == "int8" and spec.is_moe:
         raise TunecostError(
             f"{spec.name}: 8-bit (LLM.int8) base weights are simulated for dense models; use --quant-type nf4"
         )
-    if job.method == "qlora" and job.quant_type == "int8" and stack in ("hf-2024", "torchtune"):
+    if job.base_quant == "int8" and stack in ("hf-2024", "torchtune"):
         raise TunecostError(f"stack {stack} has no 8-bit (LLM.int8) LoRA; use --quant-type nf4 or --stack hf-peft")
-    if job.method == "qlora" and job.quant_type == "gptq" and stack == "hf-2024":
+    if job.base_quant == "gptq" and stack == "hf-2024":
         raise TunecostError("stack hf-2024 ran QLoRA on bitsandbytes 4-bit weights, not GPTQ")
     if job.method == "qlora" and job.compute_dtype == "fp32" and stack == "hf-2024":
         raise TunecostError("stack hf-2024 ran QLoRA with bf16 compute only; use --dtype bf16 or the tunecost stack")

@@ -162,7 +162,7 @@ def _assumptions(
     out += _lora_dropout_note(job)
     if job.attention in ("flash", "sdpa"):
         out.append("attention memory as a fused kernel: output + fp32 log-sum-exp saved, no L x L scores")
-    if job.method == "qlora" and job.quant_type == "gptq":
+    if job.base_quant == "gptq":
         out.append(
             f"GPTQ int4 weights in auto-gptq's QuantLinear buffers (group size {job.gptq_group_size}); kernel "
             f"{job.gptq_kernel}: "
@@ -172,7 +172,7 @@ def _assumptions(
                 else "unpacked by torch ops (int32 shift, int8 codes), the fp16 weight kept by autograd for backward"
             )
         )
-    elif job.method == "qlora" and job.quant_type == "int8":
+    elif job.base_quant == "int8":
         out.append(
             "LLM.int8 weights (bitsandbytes Linear8bitLt: int8 codes, one fp32 absmax per row); forward quantizes the "
             "input per row (fp16 copy, |x| >= 6 outlier mask) for an int8 GEMM with an int32 product; backward "

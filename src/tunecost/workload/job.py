@@ -43,6 +43,7 @@ QUANT_TYPES: tuple[str, ...] = ("nf4", "fp4", "gptq", "int8")
 GPTQ_KERNELS: tuple[str, ...] = ("triton-v2", "torch")
 ATTENTION_IMPLS: tuple[str, ...] = ("flash", "sdpa", "eager")
 OPTIMIZERS: tuple[str, ...] = ("adamw", "adamw-8bit", "adamw-4bit", "sgd")
+LOW_BIT_ADAMW: tuple[str, ...] = ("adamw-8bit", "adamw-4bit")  # bitsandbytes' 8-bit, torchao's 4-bit: GPU-only steps
 # FP8 training of the linear layers' GEMMs (docs/fp8.md): "none"; torchao float8 with dynamic scaling, one scale
 # per tensor ("tensorwise", torchao's and torchtitan's default) or per row ("rowwise"); Transformer Engine's
 # per-tensor delayed scaling ("te-delayed", NeMo/Megatron's default FP8 recipe: FP8 weight copies cached per linear).
@@ -243,6 +244,11 @@ class FineTuneJob:
                 f"--recompute-layers {self.recompute_layers}: the model has {num_layers} layers; give at most that"
             )
         return self.recompute_layers / num_layers
+
+    @property
+    def base_quant(self) -> str | None:
+        """How the frozen base weights are stored: the quantization type under qlora, None otherwise."""
+        return self.quant_type if self.method == "qlora" else None
 
     @property
     def compute_bytes_per_element(self) -> int:

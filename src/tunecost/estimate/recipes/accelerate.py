@@ -24,6 +24,7 @@ from tunecost.estimate.recipes.common import (
     _summary,
     _yaml,
 )
+from tunecost.workload.job import LOW_BIT_ADAMW
 
 
 def _peft_targets(job: LaunchJob) -> dict[str, Any]:
@@ -56,7 +57,7 @@ def _ds_config(job: LaunchJob, target: str) -> dict[str, Any]:
         "zero_optimization": zero,
         "zero_allow_untested_optimizer": True,  # the client's optimizer (bitsandbytes 8-bit, SGD) under ZeRO
     }
-    if job.offload != "none" and job.optimizer in ("adamw-8bit", "adamw-4bit"):
+    if job.offload != "none" and job.optimizer in LOW_BIT_ADAMW:
         raise _cannot(target, "ZeRO-Offload steps the optimizer on the CPU; the low-bit AdamWs run on the GPU")
     if job.offload != "none" and job.optimizer == "adamw":  # DeepSpeed's CPU Adam; "auto": from the Trainer's args
         config["optimizer"] = {"type": "AdamW", "params": dict.fromkeys(("lr", "betas", "eps", "weight_decay"), "auto")}

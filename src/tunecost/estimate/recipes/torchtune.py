@@ -17,6 +17,7 @@ from tunecost.estimate.recipes.common import (
     _summary,
     _yaml,
 )
+from tunecost.workload.job import LOW_BIT_ADAMW
 
 # torchtune 0.6.1 (its last release): the configs of _recipe_registry.py for the lora/full recipes
 TORCHTUNE_CONFIGS = frozenset(
@@ -146,14 +147,14 @@ def _torchtune(job: LaunchJob) -> dict[str, str]:
     removals = []
     if job.optimizer in TORCHTUNE_OPTIMIZERS:
         over["optimizer"] = {"_component_": TORCHTUNE_OPTIMIZERS[job.optimizer]}
-        if job.optimizer in ("adamw-8bit", "adamw-4bit") and config is not None and _torchtune_fused(config):
+        if job.optimizer in LOW_BIT_ADAMW and config is not None and _torchtune_fused(config):
             removals.append("~optimizer.fused")  # bitsandbytes' and torchao's optimizers take no `fused`
     notes = [_summary(job), f"first: tune download {job.model} --output-dir <the config's checkpointer.checkpoint_dir>"]
     if config is None:
         notes.append(f"torchtune 0.6.1 has no {recipe} config for {job.model}: `tune cp` the nearest (tune ls)")
         notes.append(f"to {TORCHTUNE_PLACEHOLDER} and set its model, tokenizer and checkpointer")
         notes += ["(and drop its optimizer.fused: bitsandbytes' and torchao's optimizers take none)"] * (
-            job.optimizer in ("adamw-8bit", "adamw-4bit")
+            job.optimizer in LOW_BIT_ADAMW
         )
     if job.dataset:
         notes.append(f"dataset {job.dataset}: set the config's dataset component (torchtune builds datasets by format)")

@@ -154,7 +154,6 @@ def analytic_step_counts(
     acc = OpTally()
     gc = job.recomputed_share(spec.num_layers)  # the share of the layers whose forward runs again
     full = job.method == "full"
-    quantized = job.method == "qlora"
     w_bytes = job.compute_bytes_per_element
     frozen_passes = 1.0 + gc + 1.0  # forward, recompute, grad-input
     base_passes = frozen_passes + (1.0 if full else 0.0)  # + grad-weight when the base weights train
@@ -182,11 +181,11 @@ def analytic_step_counts(
         kernels=head_passes,
     )
     acc.add("elementwise", bytes_=tokens * spec.vocab_size * LOSS_BYTES_PER_VOCAB, kernels=LOSS_KERNELS)
-    if quantized and job.quant_type == "int8":
+    if job.base_quant == "int8":
         if arch.num_experts > 1:
             raise TunecostError(f"{spec.name}: 8-bit (LLM.int8) base weights are modelled for dense models")
         _add_int8(acc, arch, tokens=tokens, w_bytes=w_bytes, passes=(frozen_passes, fwd_passes))
-    elif quantized:
+    elif job.base_quant is not None:
         _add_dequant(acc, arch, job, hit=hit, w_bytes=w_bytes, passes=(frozen_passes, fwd_passes))
     add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc, compute_dtype=lora_compute_dtype)
     eager, selective = job.attention == "eager", job.selective_recompute
@@ -273,7 +272,7 @@ def _add_experts(
 def _host_sync(arch: Arch, job: FineTuneJob) -> str:
     if arch.num_experts > 1:
         return SYNC_PER_MOE_LAYER
-    return SYNC_PER_QUANT_LINEAR if job.method == "qlora" and job.quant_type == "int8" else SYNC_PER_MICRO_STEP
+    return SYNC_PER_QUANT_LINEAR if job.base_quant == "int8" else SYNC_PER_MICRO_STEP
 
 
 def _add_int8(acc: OpTally, arch: Arch, *, tokens: float, w_bytes: int, passes: tuple[float, float]) -> None:

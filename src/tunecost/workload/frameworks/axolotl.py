@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
-from tunecost.workload.frameworks.hf import optimizer_name
+from tunecost.workload.frameworks.hf import INT8, optimizer_name
 from tunecost.workload.frameworks.llamafactory import (
     SFT_ONLY,
     VISION_MODEL,
@@ -67,7 +67,7 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
         raise cfg.error("adapter", f"{adapter}: tunecost estimates full, LoRA and QLoRA fine-tuning")
     options: dict[str, Any] = {"method": adapter}
     if load8 and adapter == "lora":  # loaders/model.py: BitsAndBytesConfig(load_in_8bit=True)
-        options |= {"method": "qlora", "quant_type": "int8"}
+        options |= INT8
         notes.append("load_in_8bit with adapter lora: LLM.int8 base weights (--quant-type int8)")
     if adapter == "qlora":
         if not load4:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from tunecost.errors import TunecostError
@@ -99,12 +100,15 @@ def job(cfg: ConfigFile, framework: str, options: dict[str, Any], notes: list[st
     )
 
 
+INT8 = MappingProxyType({"method": "qlora", "quant_type": "int8"})  # 8-bit LoRA (load_in_8bit), as options
+
+
 def int8_options(cfg: ConfigFile, key: str) -> Part:
     """8-bit LoRA (`key`, load_in_8bit, set): method qlora on bitsandbytes LLM.int8 base weights. 16-bit weights
     kept beside the codes (llm_int8_has_fp16_weight) are not modelled."""
     if cfg.typed("llm_int8_has_fp16_weight", bool):
         raise cfg.error("llm_int8_has_fp16_weight", "16-bit weights kept beside the int8 codes are not modelled")
-    return {"method": "qlora", "quant_type": "int8"}, [f"{key}: LLM.int8 base weights (--quant-type int8)"]
+    return dict(INT8), [f"{key}: LLM.int8 base weights (--quant-type int8)"]
 
 
 def attention_of(cfg: ConfigFile, key: str, value: str) -> str:

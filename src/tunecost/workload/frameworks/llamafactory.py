@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
-from tunecost.workload.frameworks.hf import optimizer_name
+from tunecost.workload.frameworks.hf import INT8, optimizer_name
 from tunecost.workload.known_datasets import canonical_name
 
 TITLE = "LLaMA-Factory"
@@ -150,7 +150,7 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
         if qmethod != "bnb":
             raise cfg.error("quantization_method", f"{qmethod}: tunecost models bitsandbytes (bnb) quantization only")
     if bits == 8:  # BitsAndBytesConfig(load_in_8bit=True) (model/model_utils/quantization.py)
-        options |= {"method": "qlora", "quant_type": "int8"}
+        options |= INT8
         notes.append("quantization_bit 8: LLM.int8 base weights (--quant-type int8)")
     if bits == 4:
         quant = _get(cfg, notes, "quantization_type", str)
