@@ -2,7 +2,7 @@
 
 The throughput counts price the torch path (`tunecost.simulate.gptq.unpack_weight`, auto-gptq's cuda-old
 `QuantLinear` without its CUDA kernel) at 16.5 bytes moved per weight element
-(`counts.GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM`) and at the streaming bandwidth of element-wise work. This script
+(`quant_counts.GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM`) and at the streaming bandwidth of element-wise work. This script
 times the real op sequence and a bf16 copy of the same matrix, side by side in one run, and prints the bandwidth
 each reaches and their ratio: a ratio below 1 means the integer kernels reach less than plain element-wise work,
 which the counts do not model. On CPU the figures describe the CPU only; the check is meant for a GPU
@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from tunecost.estimate.throughput.counts import GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM
+from tunecost.estimate.throughput.quant_counts import GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM
 from tunecost.simulate.gptq import quantize_rtn, unpack_weight
 
 

@@ -180,3 +180,39 @@ def test_the_contract_sees_every_import_form(tmp_path: Path, monkeypatch, source
 def test_the_contract_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+MAX_FUNCTION_LINES, MAX_MODULE_LINES, MAX_MODULE_DOCSTRING_LINES = 80, 400, 8
+
+
+def test_functions_modules_and_module_docstrings_stay_short() -> None:
+    too_long = []
+    for name, path in MODULES.items():
+        text = path.read_text()
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES:
+            too_long.append(f"{name}: {lines} lines (at most {MAX_MODULE_LINES})")
+        tree = ast.parse(text, str(path))
+        docstring = ast.get_docstring(tree, clean=False) or ""
+        if len(docstring.splitlines()) > MAX_MODULE_DOCSTRING_LINES:
+            too_long.append(f"{name}: module docstring of {len(docstring.splitlines())} lines")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno is not None:
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    too_long.append(f"{name}.{node.name}: {length} lines (at most {MAX_FUNCTION_LINES})")
+    assert not too_long, "\n".join(too_long)
+
+
+def test_no_options_passed_by_name_through_locals() -> None:
+    """Options reach the library as explicit arguments: no `locals()` (nor `vars()` of the frame) in the package."""
+    calls = [
+        f"{name}:{node.lineno}"
+        for name, path in MODULES.items()
+        for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("locals", "vars")
+        and not node.args
+    ]
+    assert not calls, "locals()/vars() in:\n" + "\n".join(calls)

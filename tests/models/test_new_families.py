@@ -191,7 +191,7 @@ def test_falcon_and_starcoder2_target_names_read_as_attention_and_mlp(tmp_path) 
     attention and mlp targets."""
     from tunecost.validate.mapping import lora_targets
     from tunecost.workload.frameworks import ConfigFile, parse_config_file
-    from tunecost.workload.frameworks.hf import FRAMEWORK_PEFT_LORA
+    from tunecost.workload.frameworks.adapters import FRAMEWORK_PEFT_LORA
 
     falcon = ["query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h"]
     for names in (falcon, ["q_proj", "k_proj", "v_proj", "o_proj", "c_fc", "c_proj"]):

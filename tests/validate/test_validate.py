@@ -716,7 +716,7 @@ def test_torchtune_rows_name_their_recipe_options(corpus) -> None:
 def test_grad_ckpt_cells_say_how_layers_are_recomputed(corpus) -> None:
     """A grad_ckpt cell that names re-entrance sets it for the row's stack (a Trainer's gradient_checkpointing_kwargs),
     which the simulation then runs and says."""
-    from tunecost.simulate.prepare import reentrant_checkpointing
+    from tunecost.simulate.checkpointing import reentrant_checkpointing
     from tunecost.validate.corpus import CorpusRow
     from tunecost.validate.mapping import grad_ckpt_for
 

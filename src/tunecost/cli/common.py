@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-import inspect
 import json
 import math
 import os
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 F = TypeVar("F", bound=Callable[..., Any])
-T = TypeVar("T")
 
 # Piped or redirected output is never cut to a terminal's width: a wide virtual width, so every cell is whole
 # (`tunecost models | grep NAME` finds the row).
@@ -120,14 +118,6 @@ def counted_columns() -> tuple[Any, ...]:
     from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
     return TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()
-
-
-def call_with_options(func: Callable[..., T], options: Mapping[str, Any], **given: Any) -> T:
-    """`func(...)` (a library function or a job dataclass) with each keyword parameter taken from `options`, a
-    command's parameters by the same name, unless `given` holds it (a value the command parsed or derived): a
-    command passes its options on without spelling every name twice."""
-    accepted = inspect.signature(func).parameters
-    return func(**{k: v for k, v in options.items() if k in accepted and k not in given}, **given)
 
 
 def visible(text: object) -> str:

@@ -15,11 +15,12 @@ from tunecost.io import atomic_write_json
 from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate import cache
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
+from tunecost.simulate.checkpointing import reentrant_checkpointing
 from tunecost.simulate.depth import depth_scaled
 from tunecost.simulate.fp8 import LinearShape, fp8_depth_bytes, fp8_linears
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.simulate.pool import prepared_model
-from tunecost.simulate.prepare import check_supported, layer_pattern, reentrant_checkpointing
+from tunecost.simulate.prepare import check_supported, layer_pattern
 from tunecost.simulate.records import WEIGHT_CATEGORIES
 from tunecost.workload.job import FineTuneJob
 
@@ -219,7 +220,7 @@ def scaled_step(
         flops_by_phase=flops,
         weight_bytes_by_key=weights,
         num_experts=spec.num_experts,
-        experts_per_token=job.experts_per_token or spec.default_experts_per_token,
+        experts_per_token=spec.top_k(job.experts_per_token),
         hidden_size=spec.hidden_size,
         activation_bytes_per_element=job.compute_bytes_per_element,
         recompute=job.gradient_checkpointing,

@@ -16,9 +16,10 @@ from tunecost.distributed.single_step import LAYOUT_VERSION, SingleGpuStep, cach
 from tunecost.distributed.tensor_parallel import check_tp_supported, loss_context, prepare_tp_rank, tp_strategy
 from tunecost.models.catalog import resolve_model
 from tunecost.simulate import cache
+from tunecost.simulate.checkpointing import reentrant_checkpointing
 from tunecost.simulate.fp8 import fp8_linears
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
-from tunecost.simulate.prepare import check_supported, reentrant_checkpointing
+from tunecost.simulate.prepare import check_supported
 from tunecost.simulate.recorder import flat_tensors
 from tunecost.simulate.step import make_batch, run_step
 from tunecost.simulate.trace import TraceResult, analyze

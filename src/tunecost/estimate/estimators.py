@@ -99,8 +99,7 @@ class EstimateRequest:
 
     @property
     def experts_per_token(self) -> int:
-        k = self.job.experts_per_token
-        return self.spec.default_experts_per_token if k is None else k
+        return self.spec.top_k(self.job.experts_per_token)
 
     @property
     def dataset(self) -> str:

@@ -54,13 +54,7 @@ def estimate_multi_gpu(
     `max_gpus`). Fitting nothing at all is an error then. `needs`: the job's rank memory and throughputs already
     computed (the same job with another offload or count); without `require_fit`, fitting nothing is an answer.
     `model_parallel`: the TP/PP/CP degrees (None: data parallelism, or, searching, `layouts.model_parallel_choices`)."""
-    kept, int8_note = unsharded_strategies(job, strategies)
-    if not kept:
-        raise TunecostError(
-            f"--strategy {', '.join(strategies)}: 8-bit (LLM.int8) base weights cannot be sharded; "
-            "use ddp, zero1 or zero2"
-        )
-    strategies = kept
+    strategies, int8_note = _holding_strategies(job, strategies)
     degree = model_parallel.degree if model_parallel is not None else 1
     counts_by_gpu, spec = checked_counts(
         job.model, gpus, strategies, num_gpus, gpus_per_node, max_gpus, expert_degree, offload, degree
@@ -93,14 +87,10 @@ def estimate_multi_gpu(
     setups = _gpu_setups(search, gpus, counts_by_gpu, links_by_gpu, prices, provider)
     if searching and model_parallel is None and _lora_model_parallel(search, spec, job, setups):
         setups = _gpu_setups(search, gpus, counts_by_gpu, links_by_gpu, prices, provider)
-    notes = search.notes + int8_note
     needs.flush()
     if num_gpus is None and require_fit and not any(s.fits for s in setups):
-        raise TunecostError(
-            f"{spec.name} ({job.method}) fits no setup of up to {max_gpus} GPUs "
-            f"({', '.join(g.name for g in gpus)}; {', '.join(strategies)}); raise the limit or change the job"
-        )
-    notes += [COST_NOTE, *([deepspeed_estimator.ASSUMPTION] if param_counts is not None else [])]
+        raise _fits_nothing(spec.name, job.method, max_gpus, gpus, strategies)
+    notes = [*search.notes, *int8_note, COST_NOTE, *([deepspeed_estimator.ASSUMPTION] if param_counts else [])]
     return MultiGpuEstimate(
         model=spec.name,
         method=job.method,
@@ -110,6 +100,24 @@ def estimate_multi_gpu(
         notes=tuple(notes),
         assumptions=(*setups[0].memory.assumptions, margin_note(margin)) if setups else (),
     )
+
+
+def _fits_nothing(model: str, method: str, max_gpus: int, gpus: Sequence[GPU], strategies: Sequence[str]):
+    return TunecostError(
+        f"{model} ({method}) fits no setup of up to {max_gpus} GPUs ({', '.join(g.name for g in gpus)}; "
+        f"{', '.join(strategies)}); raise the limit or change the job"
+    )
+
+
+def _holding_strategies(job: FineTuneJob, strategies: Sequence[str]) -> tuple[list[str], list[str]]:
+    """`unsharded_strategies`, none of them an error."""
+    kept, note = unsharded_strategies(job, strategies)
+    if not kept:
+        raise TunecostError(
+            f"--strategy {', '.join(strategies)}: 8-bit (LLM.int8) base weights cannot be sharded; "
+            "use ddp, zero1 or zero2"
+        )
+    return kept, note
 
 
 def unsharded_strategies(job: FineTuneJob, strategies: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -79,6 +79,10 @@ class ModelSpec:
     def default_experts_per_token(self) -> int:
         return get_top_k({**self.config, "model_type": self.family})
 
+    def top_k(self, experts_per_token: int | None) -> int:
+        """The experts per token a job runs: its own choice, or the model's (None)."""
+        return self.default_experts_per_token if experts_per_token is None else experts_per_token
+
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 1
@@ -292,8 +296,6 @@ def gptq_checkpoint(name: str) -> GptqCheckpoint | None:
     return None
 
 
-# unsloth's re-uploads of open models keep the original's config.json (the bitsandbytes ones add a
-# quantization_config): `unsloth/<model>[-unsloth][-bnb-4bit]` is <model>
 # Namespaces that re-upload models under their original repository names, config.json unchanged (unsloth also
 # adds -unsloth / -bnb-4bit); docs/models.md, "Re-uploads".
 _MIRROR = re.compile(

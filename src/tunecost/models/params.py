@@ -73,7 +73,7 @@ def _count(spec: ModelSpec, experts_per_token: int) -> ParamCounts:
 def count_parameters(spec: ModelSpec, experts_per_token: int | None = None) -> ParamCounts:
     """Counts of `spec` at top-k `experts_per_token` (default: the model's); kept on disk, as building a large
     model on the meta device takes seconds."""
-    k = spec.default_experts_per_token if experts_per_token is None else experts_per_token
+    k = spec.top_k(experts_per_token)
     key = (spec.name, json.dumps(spec.config, sort_keys=True), k)
     if key not in _CACHE:
         digest = hashlib.sha256(json.dumps([*key, __version__, PARAMS_VERSION]).encode()).hexdigest()[:32]

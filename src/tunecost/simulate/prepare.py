@@ -32,6 +32,7 @@ from tunecost.simulate.behaviour import (
     install_autocast_boundaries,
     stack_adamw_impl,
 )
+from tunecost.simulate.checkpointing import enable_checkpointing
 from tunecost.simulate.fused_attention import (
     falcon_fused_attention,
     fused_attention_dropout,
@@ -46,25 +47,7 @@ from tunecost.simulate.step import optimizer_state_tensors, simulated_optimizer,
 from tunecost.simulate.tensor_groups import module_info, static_tensors, to_fake
 from tunecost.workload.job import STACKS, FineTuneJob
 
-# LoRA Linear style per stack (see `SimLinear`); re-entrant checkpointing per stack (transformers' default when
-# the Trainer passes no gradient_checkpointing_kwargs, and LLaMA-Factory's in 2024). torchtune wraps each layer in
-# torch's non-re-entrant `checkpoint_wrapper` (`training.set_activation_checkpointing`).
-_LORA_STYLE = {"hf-2024": "peft-2024", "hf-peft": "peft", "torchtune": "torchtune"}
-_REENTRANT_STACKS = ("hf-2024", "hf-peft")
-
-
-def reentrant_checkpointing(
-    job: FineTuneJob, stack: str | None = None, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
-) -> bool:
-    """True when the job's decoder layers are recomputed by re-entrant torch.utils.checkpoint: the behaviour's
-    choice where it makes one (a Trainer passing `gradient_checkpointing_kwargs={"use_reentrant": ...}`), else the
-    stack's (transformers' default, and the paper's LLaMA-Factory: re-entrant); BlackMamba checkpoints its blocks
-    non-re-entrantly."""
-    if not job.gradient_checkpointing or resolve_model(job.model).family == "blackmamba":
-        return False
-    if behaviour.reentrant_checkpointing is not None:
-        return behaviour.reentrant_checkpointing
-    return (stack or job.stack) in _REENTRANT_STACKS
+_LORA_STYLE = {"hf-2024": "peft-2024", "hf-peft": "peft", "torchtune": "torchtune"}  # see `SimLinear`
 
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -300,7 +283,7 @@ def build_prepared(
         to_fake(model, fake_mode)
     model.train()
     if job.gradient_checkpointing:
-        _enable_checkpointing(model, job, spec, stack, behaviour)
+        enable_checkpointing(model, job, spec, stack, behaviour)
     if wrap is not None:
         wrap(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -310,7 +293,7 @@ def build_prepared(
     info = module_info(model)
     static = static_tensors(model, info)
     static += [(t, "optimizer_states", "optimizer") for t in optimizer_state_tensors(optimizer)]
-    top_k = experts_per_token or spec.default_experts_per_token
+    top_k = spec.top_k(experts_per_token)
     return Prepared(
         model=model,
         optimizer=optimizer,
@@ -380,20 +363,6 @@ def _built_model(
     if job.selective_recompute:
         model.config._attn_implementation = recomputed_attention(model.config._attn_implementation)
     return model
-
-
-def _enable_checkpointing(model: Any, job: FineTuneJob, spec: ModelSpec, stack: str, behaviour: StackBehaviour) -> None:
-    """Gradient checkpointing per decoder layer, re-entrant or not as the stack runs it."""
-    reentrant = reentrant_checkpointing(job, stack, behaviour)
-    enable = getattr(model, "activation_checkpointing_enable", None)
-    if spec.family == "blackmamba":
-        model.gradient_checkpointing_enable()  # its own: non-reentrant per block
-    elif enable is not None:
-        enable(activation_checkpointing_kwargs={"use_reentrant": reentrant})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
-    if reentrant and job.method != "full":
-        model.enable_input_require_grads()
 
 
 def _kbit_fp32_norms(model: nn.Module, compute_dtype: torch.dtype) -> None:

@@ -162,6 +162,24 @@ def _assumptions(
     out += _lora_dropout_note(job)
     if job.attention in ("flash", "sdpa"):
         out.append("attention memory as a fused kernel: output + fp32 log-sum-exp saved, no L x L scores")
+    out += _base_weights_notes(job)
+    if job.modules_to_save:
+        out.append(
+            f"modules_to_save {', '.join(job.modules_to_save)}: frozen original kept, a trained copy in the model "
+            "dtype with its gradient and optimizer states (PEFT ModulesToSaveWrapper)"
+        )
+    out += _stack_notes(stack, behaviour, spec)
+    if spec.is_moe and (job.method == "qlora" or stack == "hf-2024"):
+        out.append(
+            "routing is unknown without data: expert loops assume tokens spread evenly over experts "
+            "(the memory of grouped or looped expert compute depends on the total routed tokens)"
+        )
+    return (*out, *behaviour.describe())
+
+
+def _base_weights_notes(job: FineTuneJob) -> list[str]:
+    """How the quantized base weights are held and de-quantized."""
+    out: list[str] = []
     if job.base_quant == "gptq":
         out.append(
             f"GPTQ int4 weights in auto-gptq's QuantLinear buffers (group size {job.gptq_group_size}); kernel "
@@ -183,11 +201,12 @@ def _assumptions(
             "4-bit weights de-quantized per matrix into a temporary that is freed after the matmul "
             "(forward and backward), as bitsandbytes does"
         )
-    if job.modules_to_save:
-        out.append(
-            f"modules_to_save {', '.join(job.modules_to_save)}: frozen original kept, a trained copy in the model "
-            "dtype with its gradient and optimizer states (PEFT ModulesToSaveWrapper)"
-        )
+    return out
+
+
+def _stack_notes(stack: str, behaviour: StackBehaviour, spec: ModelSpec) -> list[str]:
+    """What the named stack does beyond the defaults."""
+    out: list[str] = []
     # the stack's own checkpointing, unless the behaviour names another (its own line, `StackBehaviour.describe`)
     own = behaviour.reentrant_checkpointing is None
     if stack == "hf-2024":
@@ -207,12 +226,7 @@ def _assumptions(
             + "its loss); transformers' model code stands for torchtune's own"
             + ("; routed experts as tunecost's grouped experts (fp32 adapters)" if spec.is_moe else "")
         )
-    if spec.is_moe and (job.method == "qlora" or stack == "hf-2024"):
-        out.append(
-            "routing is unknown without data: expert loops assume tokens spread evenly over experts "
-            "(the memory of grouped or looped expert compute depends on the total routed tokens)"
-        )
-    return (*out, *behaviour.describe())
+    return out
 
 
 def simulate_step(

@@ -9,10 +9,6 @@ import pytest
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.arch import arch_of
 from tunecost.estimate.throughput.counts import (
-    GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM,
-    INT8_BWD_DEQUANT_BYTES_PER_PARAM,
-    INT8_FWD_BYTES_PER_IO,
-    NF4_BYTES_PER_PARAM,
     OP_CLASSES,
     SYNC_PER_MICRO_STEP,
     SYNC_PER_QUANT_LINEAR,
@@ -20,6 +16,12 @@ from tunecost.estimate.throughput.counts import (
     experts_hit,
 )
 from tunecost.estimate.throughput.lengths import fixed_lengths
+from tunecost.estimate.throughput.quant_counts import (
+    GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM,
+    INT8_BWD_DEQUANT_BYTES_PER_PARAM,
+    INT8_FWD_BYTES_PER_IO,
+    NF4_BYTES_PER_PARAM,
+)
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob
 

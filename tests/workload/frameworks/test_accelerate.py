@@ -11,6 +11,7 @@ import pytest
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, parse_config_file
 from tunecost.workload.frameworks.accelerate import FRAMEWORK_ACCELERATE, FRAMEWORK_DEEPSPEED, FRAMEWORKS
+from tunecost.workload.frameworks.adapters import FRAMEWORKS as ADAPTER_FRAMEWORKS
 from tunecost.workload.frameworks.hf import FRAMEWORKS as HF_FRAMEWORKS
 
 DDP_YAML = """\
@@ -149,7 +150,7 @@ def _read(framework, tmp_path: Path, name: str, content: str | dict) -> ConfigJo
     path = tmp_path / name
     path.write_text(content if isinstance(content, str) else json.dumps(content))
     data = parse_config_file(path)
-    assert [f.name for f in (*FRAMEWORKS, *HF_FRAMEWORKS) if f.detect(data)] == [framework.name]
+    assert [f.name for f in (*FRAMEWORKS, *HF_FRAMEWORKS, *ADAPTER_FRAMEWORKS) if f.detect(data)] == [framework.name]
     return framework.read(ConfigFile(path=str(path), data=data))
 
 

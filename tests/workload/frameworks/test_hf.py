@@ -10,12 +10,12 @@ import pytest
 
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, parse_config_file
-from tunecost.workload.frameworks.hf import (
-    FRAMEWORK_BNB,
-    FRAMEWORK_PEFT_LORA,
-    FRAMEWORK_TRAINING_ARGS,
-    FRAMEWORKS,
-)
+from tunecost.workload.frameworks.adapters import FRAMEWORK_BNB, FRAMEWORK_PEFT_LORA
+from tunecost.workload.frameworks.adapters import FRAMEWORKS as ADAPTER_FRAMEWORKS
+from tunecost.workload.frameworks.hf import FRAMEWORK_TRAINING_ARGS
+from tunecost.workload.frameworks.hf import FRAMEWORKS as TRAINER_FRAMEWORKS
+
+FRAMEWORKS = (*TRAINER_FRAMEWORKS, *ADAPTER_FRAMEWORKS)
 
 # TrainingArguments(...).to_json_string() (transformers 5: activation_checkpointing beside its gradient_* alias)
 TRAINER_JSON = {

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tunecost.cli.common import call_with_options, cli_errors, print_json, print_table, progress_callback, split_list
+from tunecost.cli.common import cli_errors, print_json, print_table, progress_callback, split_list
 from tunecost.cli.options import MAX_EXPERTS, JsonOut, count_option, opt
 from tunecost.limits import MAX_STEPS, MAX_TOKENS
 
@@ -63,17 +63,33 @@ def bench_moe(
     Opt-in via --impls: grouped_mm-frozen (experts frozen, no LoRA: the floor for LoRA on experts).
     On a CPU shared with other work, --threads 1 gives the steadiest numbers.
     """
-    options = dict(locals())
     from tunecost.moe.bench import BENCH_IMPLS, bench_moe_layer
 
     chosen = split_list(impls, str, "implementation") or list(BENCH_IMPLS)
     with progress_callback("bench moe") as on_progress:
-        rows = call_with_options(
-            bench_moe_layer, options, impls=chosen, measure_memory=not no_memory, on_progress=on_progress
+        rows = bench_moe_layer(
+            tokens=tokens,
+            hidden=hidden,
+            intermediate=intermediate,
+            experts=experts,
+            top_k=top_k,
+            rank=rank,
+            repeats=repeats,
+            warmup=warmup,
+            impls=chosen,
+            device=device,
+            dtype=dtype,
+            measure_memory=not no_memory,
+            threads=threads,
+            on_progress=on_progress,
         )
     if json_out:
         print_json(rows)
         return
+    _print_rows(rows, no_memory)
+
+
+def _print_rows(rows: list, no_memory: bool) -> None:
     first = rows[0]
     load = ""
     if hasattr(os, "getloadavg"):

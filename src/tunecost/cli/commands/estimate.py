@@ -88,12 +88,8 @@ def estimate(
     check_queries_or_dataset(queries, dataset)
     gpus = fp8_gpu_names(job.fp8, gpu_names(gpu), every=gpu.strip().lower() == "all")
     behaviour = stack_flags.behaviour(job_options.stack)
+    _check_gpu_count_options(multi_gpu.given, estimator, bool(calibrate), run_queries, host_cpu)
     if multi_gpu.given:
-        if estimator != DEFAULT_ESTIMATOR or calibrate or run_queries is not None or host_cpu is not None:
-            raise TunecostError(
-                "--gpus/--strategy estimate with the step simulator and the cross-GPU throughput model; "
-                "--estimator, --calibrate, --run-queries and --host-cpu apply to one GPU only"
-            )
         num_queries = queries or job_data(job.dataset or "", model=model).num_queries
         multi.run_multi_gpu(
             job,
@@ -110,8 +106,6 @@ def estimate(
             framework=framework,
         )
         return
-    if host_cpu is not None and estimator == "paper":
-        raise TunecostError("--host-cpu needs --estimator calibrated or simulate (eq. (2) has no host in it)")
     options = estimator_options(
         estimator, calibrate, run_queries, steady_state, job_options.stack, host_cpu, behaviour, framework
     )
@@ -163,6 +157,19 @@ def check_estimate_options(
         raise TunecostError("--steady-state: give it or --run-queries, not both; it needs the cross-GPU model")
 
 
+def _check_gpu_count_options(
+    several: bool, estimator: str, calibrate: bool, run_queries: int | None, host_cpu: str | None
+) -> None:
+    """The options of one GPU's estimators: not with --gpus/--strategy; --host-cpu not with eq. (2)."""
+    if several and (estimator != DEFAULT_ESTIMATOR or calibrate or run_queries is not None or host_cpu is not None):
+        raise TunecostError(
+            "--gpus/--strategy estimate with the step simulator and the cross-GPU throughput model; "
+            "--estimator, --calibrate, --run-queries and --host-cpu apply to one GPU only"
+        )
+    if host_cpu is not None and estimator == "paper":
+        raise TunecostError("--host-cpu needs --estimator calibrated or simulate (eq. (2) has no host in it)")
+
+
 def estimator_options(
     name: str,
     calibrate: list[Path] | None,
@@ -193,7 +200,7 @@ def show_cost_rows(rows: list, job, experts_per_token: int | None, output: Recor
     from tunecost.models.catalog import resolve_model
 
     if output.out is not None:
-        k = resolve_model(job.model).default_experts_per_token if experts_per_token is None else experts_per_token
+        k = resolve_model(job.model).top_k(experts_per_token)
         save_estimate_records(
             output.out, rows, method=job.method, experts_per_token=k, command=sys.argv, force=output.force
         )

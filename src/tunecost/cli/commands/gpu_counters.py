@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 
 from tunecost.cli.common import (
-    call_with_options,
     cli_errors,
     err_console,
     print_json,
@@ -29,7 +28,7 @@ from tunecost.cli.options import (
     opt,
 )
 from tunecost.limits import MAX_STEPS
-from tunecost.workload.job import FineTuneJob
+from tunecost.workload.job import FineTuneJob, Method
 
 MAX_PROFILED_KERNELS = 10**7  # kernels of one profile; a training step of Mixtral-8x7B launches about 10^4
 
@@ -76,15 +75,18 @@ def gpu_counters(
     durations come from torch.profiler instead.
     """
 
-    options = dict(locals())
     from tunecost.profile.gpu_counters import GpuCountersJob, check_can_run, run_gpu_counters
 
-    job = call_with_options(
-        GpuCountersJob,
-        options,
-        job=call_with_options(FineTuneJob, options),
+    job = GpuCountersJob(
+        job=FineTuneJob(
+            model=model, method=cast("Method", method), experts_per_token=experts_per_token, seq_len=seq_len
+        ),
+        experts_impl=experts_impl,
         batch_sizes=tuple(split_list(batch_sizes, int, "batch size")),
+        steps=steps,
+        warmup_steps=warmup_steps,
         layers=tuple(split_list(layers, int, "layer")),
+        max_kernels=max_kernels,
     )
     check_can_run(job)  # before the progress bar, so the error is the only line
     with progress_callback("gpu-counters") as on_progress:

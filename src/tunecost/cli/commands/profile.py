@@ -7,9 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from tunecost.cli.commands.profile_ranks import run_rank_profile
+from tunecost.cli.commands.profile_ranks import RankRun, run_rank_profile
 from tunecost.cli.common import (
-    call_with_options,
     cli_errors,
     console,
     counted_columns,
@@ -80,15 +79,6 @@ def _batch_sizes(text: str, steps: int, warmup_steps: int) -> tuple[int, ...]:
     return sizes
 
 
-def model_setup(options: dict[str, Any], **given: Any) -> Any:
-    """The `ModelSetup` a command's options describe (`--device auto` resolved, `--no-gradient-checkpointing`);
-    `given` overrides an option."""
-    from tunecost.profile.model_setup import ModelSetup
-
-    device, checkpointing = resolve_device(options["device"]), not options["no_checkpointing"]
-    return call_with_options(ModelSetup, options, device=device, gradient_checkpointing=checkpointing, **given)
-
-
 def inputs_spec(
     seq_len: str | None, dataset: str | None, tokenizer: str, template: str, max_length: int, dataset_limit: int | None
 ) -> Any:
@@ -151,17 +141,26 @@ def profile(
     json_out: JsonOut = False,
 ) -> None:
     """Profile MoE fine-tuning over experts-per-token x sequence lengths x batch sizes; writes tidy records."""
-    options = dict(locals())
     from tunecost.outputs import check_output_folder
+    from tunecost.profile.model_setup import ModelSetup
 
     check_output_folder(out)
     prepare_cpu_threads(device)
-    setup = model_setup(options, experts_per_token=None)  # the sweep sets each top-k
+    setup = ModelSetup(  # the sweep sets each top-k
+        model=model,
+        method=method,
+        experts_impl=experts_impl,
+        device=resolve_device(device),
+        random_weights=random_weights,
+        gradient_checkpointing=not no_checkpointing,
+        num_layers=num_layers,
+    )
     top_ks = split_list(experts_per_token, int, "experts per token")
     sizes = _batch_sizes(batch_sizes, steps, warmup_steps)
     inputs = inputs_spec(seq_len, dataset, tokenizer, template, max_length, dataset_limit)
     if strategy is not None or nproc_per_node > 1:
-        run_rank_profile(setup, options, out, top_ks=top_ks, batch_sizes=sizes, seq_lens=inputs.seq_lens)
+        ranks = RankRun(nproc_per_node, strategy or "fsdp2", steps, warmup_steps, quiet=json_out)
+        run_rank_profile(setup, ranks, out, top_ks=top_ks, batch_sizes=sizes, seq_lens=inputs.seq_lens, dataset=dataset)
         return
     from tunecost.profile.point import MeasureOptions
     from tunecost.profile.sweep import SweepSpec
@@ -175,15 +174,7 @@ def profile(
             steps=steps, warmup_steps=warmup_steps, instrumentation_overhead=not no_overhead, kernels=not no_kernels
         ),
     )
-    finished = [0]
-    try:
-        result = _run_with_progress(spec, out, json_out, finished)
-    except KeyboardInterrupt:
-        err_console.print(
-            f"interrupted: {finished[0]} finished point(s) are kept in {out}; rerun the same "
-            "command to resume (finished points are skipped)"
-        )
-        raise typer.Exit(code=130) from None
+    result = _run_sweep(spec, out, json_out)
     if json_out:
         print_json(
             {
@@ -196,6 +187,19 @@ def profile(
         )
         return
     _print_summary(result)
+
+
+def _run_sweep(spec: Any, out: Path, quiet: bool) -> Any:
+    """The sweep, with a progress bar unless `quiet`; an interrupt keeps the finished points and says so."""
+    finished = [0]
+    try:
+        return _run_with_progress(spec, out, quiet, finished)
+    except KeyboardInterrupt:
+        err_console.print(
+            f"interrupted: {finished[0]} finished point(s) are kept in {out}; rerun the same "
+            "command to resume (finished points are skipped)"
+        )
+        raise typer.Exit(code=130) from None
 
 
 def _run_with_progress(spec: Any, out: Path, quiet: bool, finished: list[int]) -> Any:

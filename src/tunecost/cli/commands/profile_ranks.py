@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,14 +20,26 @@ def _one(values: tuple[int, ...] | list[int], option: str, default: int) -> int:
     return values[0] if values else default
 
 
+@dataclass(frozen=True)
+class RankRun:
+    """How `profile --nproc-per-node` runs its point: ranks, strategy, steps, and whether it prints a table."""
+
+    nproc_per_node: int
+    strategy: str
+    steps: int
+    warmup_steps: int
+    quiet: bool = False  # --json: the records only
+
+
 def run_rank_profile(
     setup: Any,
-    options: dict[str, Any],
+    run: RankRun,
     out: Path,
     *,
     top_ks: list[int],
     batch_sizes: tuple[int, ...],
     seq_lens: tuple[int, ...],
+    dataset: str | None = None,
 ) -> None:
     """Profile one point on `--nproc-per-node` ranks (the values checked by `profile` as for a sweep), add its
     records to `out/ranks.jsonl`, print or --json it."""
@@ -35,17 +48,17 @@ def run_rank_profile(
     from tunecost.profile.model_setup import resolve_profile_model
     from tunecost.profile.sweep import DEFAULT_SEQ_LEN
 
-    nproc, strategy = options["nproc_per_node"], options["strategy"] or "fsdp2"
+    nproc, strategy = run.nproc_per_node, run.strategy
     check_rank_strategy(strategy, nproc, setup.method)
     resolve_profile_model(setup.model)  # an unknown model is an error here, not in every rank
-    if options["dataset"] is not None:
+    if dataset is not None:
         raise TunecostError("--dataset: --nproc-per-node trains on random tokens of --seq-len; leave --dataset out")
     top_k = _one(top_ks, "--experts-per-token", 0) or None
     batch = _one(batch_sizes, "--batch-sizes", 1)
     seq = _one(seq_lens, "--seq-len", DEFAULT_SEQ_LEN)
 
     def announce(_point: str) -> None:
-        if not options["json_out"]:
+        if not run.quiet:
             err_console.print(f"launching {nproc} ranks ({strategy}, {setup.device}); rank logs in {out}/rank-logs")
 
     point, ranks = profile_point(
@@ -55,11 +68,11 @@ def run_rank_profile(
         nproc_per_node=nproc,
         batch_size=batch,
         seq_len=seq,
-        steps=options["steps"],
-        warmup_steps=options["warmup_steps"],
+        steps=run.steps,
+        warmup_steps=run.warmup_steps,
         on_launch=announce,
     )
-    if options["json_out"]:
+    if run.quiet:
         print_json({"point_id": point, "out_dir": str(out), "ranks": ranks})
         return
     _print_ranks(point, ranks)

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tunecost.cli.common import call_with_options, cli_errors, print_json, print_table, progress_callback, split_list
+from tunecost.cli.common import cli_errors, print_json, print_table, progress_callback, split_list
 from tunecost.cli.options import (
     BatchSize,
     JsonOut,
@@ -46,7 +46,6 @@ def trainability_command(
     as_json: JsonOut = False,
 ) -> None:
     """Fine-tune for E epochs per routing, evaluate after each epoch, write tidy rows."""
-    options = dict(locals())
     from transformers.utils import logging as hf_logging
 
     from tunecost.train.trainability import ROWS_FILE, TrainabilityJob, run_trainability
@@ -56,8 +55,20 @@ def trainability_command(
     if eval_dataset is not None:
         _check_dataset("--eval-dataset", eval_dataset)
     ks = tuple(split_list(experts_per_token, int, "experts per token"))
-    finetune = call_with_options(FineTuneJob, options, method="full", seq_len=None, experts_per_token=None)
-    job = call_with_options(TrainabilityJob, options, job=finetune, experts_per_token=ks)
+    job = TrainabilityJob(
+        job=FineTuneJob(model=model, method="full", batch_size=batch_size, seq_len=None, dataset=dataset),
+        eval_dataset=eval_dataset,
+        epochs=epochs,
+        experts_per_token=ks,
+        lr=lr,
+        template=template,
+        tokenizer=tokenizer,
+        seed=seed,
+        num_train=num_train,
+        num_eval=num_eval,
+        save_every_epoch=save_every_epoch,
+        vocab=vocab,
+    )
     with progress_callback("training", enabled=not as_json, counted=True) as on_progress:
         rows = run_trainability(job, out, on_progress=on_progress)
     if as_json:

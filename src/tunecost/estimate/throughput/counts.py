@@ -17,6 +17,7 @@ from tunecost.estimate.throughput.lengths import SeqLengths, empirical_lengths, 
 from tunecost.estimate.throughput.lora_counts import adapter_params, add_lora
 from tunecost.estimate.throughput.mixers import BWD_BYTES_PER_FWD_BYTE, BWD_KERNELS_PER_FWD_KERNEL, add_mixers
 from tunecost.estimate.throughput.packing import job_packed_lengths
+from tunecost.estimate.throughput.quant_counts import add_dequant, add_int8
 from tunecost.models.catalog import ModelSpec
 from tunecost.workload.job import TORCHAO_FP8_RECIPES, FineTuneJob
 from tunecost.workload.op_classes import OP_CLASSES
@@ -26,25 +27,6 @@ TENSOR_CORE = "bf16_tensor"
 FP8_TENSOR_CORE = "fp8_tensor"  # the linear layers' GEMMs under --fp8 (docs/fp8.md)
 CUDA_CORE = "fp32"
 
-NF4_BYTES_PER_PARAM = 0.5 + 1 / 64  # 4-bit codes + 8-bit absmax per 64-block (double quantization)
-DEQUANT_KERNELS_PER_CALL = 2  # absmax dequantization, then the weights (bnb double quantization)
-DEQUANT_FLOPS_PER_PARAM = 2  # table lookup + scale
-# auto-gptq's QuantLinear (cuda-old) on its torch path ("torch" GPTQ kernel; qlinear_cuda_old.py `forward`, 4 bits),
-# per weight element: bitwise_right_shift of the expanded int32 qweight (read 0.5, write an int32: 4), .to(int8)
-# (4 + 1), bitwise_and in place (1 + 1), weight - zeros (int8: 1 + 1), scales * (...) (fp16: 1 + 2); the zeros
-# and scales are per group (negligible). The fp16 weight then meets a plain torch.matmul, which keeps it for
-# the input gradient: de-quantized on forward and recompute only, not again in backward.
-GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM = 0.5 + 4 + (4 + 1) + (1 + 1) + (1 + 1) + (1 + 2)
-GPTQ_TORCH_DEQUANT_KERNELS_PER_CALL = 9  # weight: shift, cast, and, sub, mul; zeros: shift, cast, and, + 1
-# LLM.int8 (bitsandbytes MatMul8bitLt, outlier threshold 6), per linear and forward pass. Per input element: cast
-# to fp16 (w + 2), |x| (2 + 2), >= threshold (2 + 1), the mask's column any (1), row quantization (2 + 1), the int8
-# GEMM's read (1); per output element: the GEMM's int32 product (4), its de-quantization to fp16 (4 + 2), the cast
-# back (2 + w). Input and output elements are split evenly over a linear's in and out sides (as for FP8).
-INT8_FWD_BYTES_PER_IO = (14 + 12) / 2  # + w_bytes
-INT8_FWD_KERNELS_PER_CALL = 9  # cast, abs, ge, any, any(dim 0), argwhere, quantize, de-quantize, cast
-# backward (input gradient): `CB.to(dtype, copy=True).mul_(SCB / 127)`: codes read, copy written, read and written
-INT8_BWD_DEQUANT_BYTES_PER_PARAM = 1  # + 3 w_bytes
-INT8_BWD_DEQUANT_KERNELS_PER_CALL = 3
 EXPERT_ACT_BYTES_PER_FFN = 10  # act(gate) and gate * up on the expert's tokens
 EXPERT_DISPATCH_BYTES_PER_HIDDEN = 14  # gather tokens, * routing weight, index_add back
 EXPERT_DISPATCH_KERNELS = 9  # where (nonzero: a host sync), index, act, mul, weight index + mul, index_add, cast
@@ -147,7 +129,7 @@ def analytic_step_counts(
     lengths = lengths or lengths_of_job(job)
     if lengths.batch_size != job.batch_size:
         raise TunecostError(f"lengths are for batch {lengths.batch_size}, the job for batch {job.batch_size}")
-    k = job.experts_per_token or spec.default_experts_per_token
+    k = spec.top_k(job.experts_per_token)
     if arch.num_experts > 1 and not 1 <= k <= arch.num_experts:
         raise TunecostError(f"{spec.name}: experts per token must be in 1..{arch.num_experts}, got {k}")
     tokens = lengths.tokens_per_step
@@ -163,30 +145,13 @@ def analytic_step_counts(
     if arch.num_experts > 1:
         _add_experts(acc, arch, tokens=tokens, k=k, hit=hit, w_bytes=w_bytes, passes=(base_passes, fwd_passes))
 
-    # Every other matmul weight (attention or Mamba projections, shared experts, dense MLPs); torchao's Float8Linear
-    # runs the grad-weight GEMM of a frozen weight too (docs/fp8.md).
-    dense_passes = frozen_passes + (1.0 if full or job.fp8 in TORCHAO_FP8_RECIPES else 0.0)
-    acc.add(
-        "dense_matmul",
-        flops=dense_passes * 2.0 * tokens * arch.dense_params,
-        bytes_=dense_passes * (arch.dense_params * w_bytes + tokens * arch.dense_in_out * w_bytes),
-        kernels=dense_passes * arch.num_dense_matrices,
-    )
-    # Output head (not recomputed; tied to the embedding in BlackMamba, which trains under full FT).
-    head_passes = 2.0 + (1.0 if full else 0.0)
-    acc.add(
-        "lm_head",
-        flops=head_passes * 2.0 * tokens * arch.lm_head_params,
-        bytes_=head_passes * (arch.lm_head_params * w_bytes + tokens * (arch.hidden + spec.vocab_size) * w_bytes),
-        kernels=head_passes,
-    )
-    acc.add("elementwise", bytes_=tokens * spec.vocab_size * LOSS_BYTES_PER_VOCAB, kernels=LOSS_KERNELS)
+    _add_dense_and_head(acc, arch, spec, job, tokens=tokens, w_bytes=w_bytes, frozen_passes=frozen_passes)
     if job.base_quant == "int8":
         if arch.num_experts > 1:
             raise TunecostError(f"{spec.name}: 8-bit (LLM.int8) base weights are modelled for dense models")
-        _add_int8(acc, arch, tokens=tokens, w_bytes=w_bytes, passes=(frozen_passes, fwd_passes))
+        add_int8(acc, arch, tokens=tokens, w_bytes=w_bytes, passes=(frozen_passes, fwd_passes))
     elif job.base_quant is not None:
-        _add_dequant(acc, arch, job, hit=hit, w_bytes=w_bytes, passes=(frozen_passes, fwd_passes))
+        add_dequant(acc, arch, job, hit=hit, w_bytes=w_bytes, passes=(frozen_passes, fwd_passes))
     add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc, compute_dtype=lora_compute_dtype)
     eager, selective = job.attention == "eager", job.selective_recompute
     add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes, te_layers=te_layers, selective=selective, eager=eager)
@@ -215,6 +180,31 @@ def analytic_step_counts(
         source="analytic",
         host_sync=_host_sync(arch, job),
     )
+
+
+def _add_dense_and_head(
+    acc: OpTally, arch: Arch, spec: ModelSpec, job: FineTuneJob, *, tokens: float, w_bytes: int, frozen_passes: float
+) -> None:
+    """The matmuls outside the experts, the output head and the loss."""
+    full = job.method == "full"
+    # Every other matmul weight (attention or Mamba projections, shared experts, dense MLPs); torchao's Float8Linear
+    # runs the grad-weight GEMM of a frozen weight too (docs/fp8.md).
+    dense_passes = frozen_passes + (1.0 if full or job.fp8 in TORCHAO_FP8_RECIPES else 0.0)
+    acc.add(
+        "dense_matmul",
+        flops=dense_passes * 2.0 * tokens * arch.dense_params,
+        bytes_=dense_passes * (arch.dense_params * w_bytes + tokens * arch.dense_in_out * w_bytes),
+        kernels=dense_passes * arch.num_dense_matrices,
+    )
+    # Output head (not recomputed; tied to the embedding in BlackMamba, which trains under full FT).
+    head_passes = 2.0 + (1.0 if full else 0.0)
+    acc.add(
+        "lm_head",
+        flops=head_passes * 2.0 * tokens * arch.lm_head_params,
+        bytes_=head_passes * (arch.lm_head_params * w_bytes + tokens * (arch.hidden + spec.vocab_size) * w_bytes),
+        kernels=head_passes,
+    )
+    acc.add("elementwise", bytes_=tokens * spec.vocab_size * LOSS_BYTES_PER_VOCAB, kernels=LOSS_KERNELS)
 
 
 def peaks_of(fp8: str) -> dict[str, str]:
@@ -273,46 +263,6 @@ def _host_sync(arch: Arch, job: FineTuneJob) -> str:
     if arch.num_experts > 1:
         return SYNC_PER_MOE_LAYER
     return SYNC_PER_QUANT_LINEAR if job.base_quant == "int8" else SYNC_PER_MICRO_STEP
-
-
-def _add_int8(acc: OpTally, arch: Arch, *, tokens: float, w_bytes: int, passes: tuple[float, float]) -> None:
-    """LLM.int8 weights (dense models): the input's quantization and the product's de-quantization around each
-    forward GEMM (forward and recompute), the weight de-quantized for the input gradient. The int8 GEMMs count
-    with the dense matmuls, at the bf16 tensor-core rate (the catalog has no int8 rate)."""
-    frozen_passes, fwd_passes = passes
-    bwd_passes = frozen_passes - fwd_passes
-    acc.add(
-        "dequant",
-        flops=bwd_passes * arch.dense_params * DEQUANT_FLOPS_PER_PARAM,
-        bytes_=fwd_passes * tokens * arch.dense_in_out * (INT8_FWD_BYTES_PER_IO + w_bytes)
-        + bwd_passes * arch.dense_params * (INT8_BWD_DEQUANT_BYTES_PER_PARAM + 3 * w_bytes),
-        kernels=arch.num_dense_matrices
-        * (fwd_passes * INT8_FWD_KERNELS_PER_CALL + bwd_passes * INT8_BWD_DEQUANT_KERNELS_PER_CALL),
-    )
-
-
-def _add_dequant(
-    acc: OpTally, arch: Arch, job: FineTuneJob, *, hit: float, w_bytes: int, passes: tuple[float, float]
-) -> None:
-    """4-bit weights (every Linear but the head under QLoRA) are dequantized on forward, recompute, backward
-    (bitsandbytes, and GPTQ's triton kernel, which de-quantizes again in backward); GPTQ's torch path on
-    forward and recompute only, with its un-fused traffic."""
-    frozen_passes, fwd_passes = passes
-    quant_params: float = arch.dense_params + arch.num_moe_layers * arch.router_params_per_layer
-    quant_calls: float = arch.num_dense_matrices + arch.num_moe_layers  # + one router per MoE layer
-    if arch.num_experts > 1:
-        quant_params += arch.num_moe_layers * hit * arch.expert_params
-        quant_calls += arch.num_moe_layers * hit * arch.num_expert_matrices
-    gptq_torch = job.quant_type == "gptq" and job.gptq_kernel == "torch"
-    dequant_passes = fwd_passes if gptq_torch else frozen_passes
-    per_param = GPTQ_TORCH_DEQUANT_BYTES_PER_PARAM if gptq_torch else NF4_BYTES_PER_PARAM + w_bytes
-    per_call = GPTQ_TORCH_DEQUANT_KERNELS_PER_CALL if gptq_torch else DEQUANT_KERNELS_PER_CALL
-    acc.add(
-        "dequant",
-        flops=dequant_passes * quant_params * DEQUANT_FLOPS_PER_PARAM,
-        bytes_=dequant_passes * quant_params * per_param,
-        kernels=dequant_passes * quant_calls * per_call,
-    )
 
 
 def fp8_classes(recipe: str) -> tuple[str, ...]:

@@ -16,13 +16,13 @@ from tunecost.catalog.host_cpus import gpu_host
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.counts import (
     FP8_TENSOR_CORE,
-    NF4_BYTES_PER_PARAM,
     SYNC_PER_MICRO_STEP,
     SYNC_PER_MOE_LAYER,
     SYNC_PER_QUANT_LINEAR,
     TENSOR_CORE,
     AnalyticStepCounts,
 )
+from tunecost.estimate.throughput.quant_counts import NF4_BYTES_PER_PARAM
 from tunecost.workload.op_classes import OP_CLASSES
 
 BF16_WRITTEN_FRACTION = 2.0 / (2.0 + NF4_BYTES_PER_PARAM)  # of a dequant's bytes (4-bit read, bf16 written)

@@ -11,7 +11,17 @@ from pathlib import Path
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, parse_config_file
 
-READER_MODULES = ("llamafactory", "axolotl", "torchtune", "litgpt", "torchtitan", "nemo", "hf", "accelerate")
+READER_MODULES = (
+    "llamafactory",
+    "axolotl",
+    "torchtune",
+    "litgpt",
+    "torchtitan",
+    "nemo",
+    "hf",
+    "adapters",
+    "accelerate",
+)
 
 
 def frameworks() -> list[Framework]:
