@@ -132,9 +132,9 @@ class Quantized4bit(torch.nn.Module):
     def __init__(self, num_mats: int, rows: int, cols: int, spec: QuantSpec, *, device=None) -> None:
         super().__init__()
         self.num_mats, self.rows, self.cols, self.spec = num_mats, rows, cols, spec
-        if spec.is_gptq or spec.is_int8:
-            if spec.is_gptq:
-                gptq.check_shape(rows, cols, spec.group_size)
+        if spec.is_gptq:
+            gptq.check_shape(rows, cols, spec.group_size)
+        if spec.storage != "bnb":
             shapes = gptq.buffer_shapes(rows, cols, spec.group_size) if spec.is_gptq else int8.buffer_shapes(rows, cols)
             for name, (shape, dtype) in shapes.items():
                 self.register_buffer(name, torch.empty(num_mats, *shape, dtype=dtype, device=device))
