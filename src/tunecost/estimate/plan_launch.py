@@ -5,7 +5,7 @@ from __future__ import annotations
 from tunecost.catalog.prices import price_catalog, prices_for
 from tunecost.errors import TunecostError
 from tunecost.estimate.plan import Option
-from tunecost.estimate.recipes import LaunchJob
+from tunecost.estimate.recipes import LAUNCH_QUANT_TYPES, LaunchJob
 from tunecost.models.catalog import resolve_model
 from tunecost.models.params import count_parameters
 from tunecost.workload.job import FineTuneJob
@@ -39,7 +39,7 @@ def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=N
         lora_rank=job.lora.rank,
         lora_alpha=job.lora.alpha,
         lora_targets=job.lora.targets if job.method != "full" else (),
-        quant_type=job.quant_type if job.quant_type in ("nf4", "fp4", "int8") else "nf4",
+        quant_type=job.quant_type if job.quant_type in LAUNCH_QUANT_TYPES else "nf4",
         double_quant=job.double_quant,
         dtype=job.compute_dtype,
         gradient_checkpointing=job.gradient_checkpointing,

@@ -14,13 +14,13 @@ from pathlib import Path
 
 from tunecost.errors import TunecostError
 from tunecost.estimate.recipes.accelerate import _accelerate
-from tunecost.estimate.recipes.common import TARGETS, LaunchJob
+from tunecost.estimate.recipes.common import LAUNCH_QUANT_TYPES, TARGETS, LaunchJob
 from tunecost.estimate.recipes.llamafactory import _llamafactory
 from tunecost.estimate.recipes.skypilot import _skypilot, skypilot_cloud
 from tunecost.estimate.recipes.torchtune import _torchtune, torchtune_config
 from tunecost.io import atomic_write_text
 
-__all__ = ["TARGETS", "LaunchJob", "skypilot_cloud", "torchtune_config", "write_recipe"]
+__all__ = ["LAUNCH_QUANT_TYPES", "TARGETS", "LaunchJob", "skypilot_cloud", "torchtune_config", "write_recipe"]
 
 RENDERERS: dict[str, Callable[[LaunchJob], dict[str, str]]] = {
     "accelerate": _accelerate,

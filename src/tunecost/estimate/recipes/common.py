@@ -30,6 +30,7 @@ DEFAULT_LORA_RANK = 16  # workload.job.LoraConfig's default (the paper's)
 MAX_GRAD_NORM = 1.0  # TrainingArguments' default; the HF Trainer checks DeepSpeed's gradient_clipping against it
 MASTER_PORT = 29500
 SKYPILOT_DEFAULT_DISK_GB = 256  # sky/resources.py DEFAULT_DISK_SIZE_GB
+LAUNCH_QUANT_TYPES = ("nf4", "fp4", "int8")  # the bitsandbytes base weights a recipe loads (qlora)
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 HF_OPTIM = {
     "adamw": "adamw_torch",
@@ -74,7 +75,7 @@ class LaunchJob:
     disk_gb: int = 0  # disk for the weights (0: the recipe picks SkyPilot's default)
 
     def __post_init__(self) -> None:
-        choices = [("method", self.method, METHODS), ("quantization type", self.quant_type, ("nf4", "fp4", "int8"))]
+        choices = [("method", self.method, METHODS), ("quantization type", self.quant_type, LAUNCH_QUANT_TYPES)]
         choices += [("dtype", self.dtype, DTYPES), ("attention", self.attention, ATTENTION_IMPLS)]
         choices += [("optimizer", self.optimizer, OPTIMIZERS), ("packing", self.packing, PACKINGS)]
         choices += [("LoRA target", t, LORA_TARGETS) for t in self.lora_targets]
