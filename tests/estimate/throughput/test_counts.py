@@ -61,6 +61,7 @@ def test_blackmamba_arch_matches_published_sizes() -> None:
         "ibm-moe-7b-1b-shared",
         "gpt-oss-20b",
         "santacoder",
+        "deepseek-v2-lite",
     ],
 )
 def test_arch_totals_match_the_meta_built_model(name: str) -> None:
@@ -88,9 +89,29 @@ def test_granitemoeshared_arch_counts_the_shared_mlp_as_the_meta_built_model() -
     assert arch.dense_params - without.dense_params == layers * 3 * h * shared
 
 
+def test_deepseek_v2_arch_counts_mla_the_dense_prefix_and_shared_experts() -> None:
+    from pathlib import Path
+
+    from tunecost.models.params import count_parameters
+
+    lite = arch_of(resolve_model("deepseek-v2-lite"))
+    h, heads, layers = 2048, 16, 27  # MLA: q 192 wide per head, kv latent 512 + rope 64, values 128 per head
+    attention = h * heads * 192 + h * (512 + 64) + 512 * heads * (128 + 128) + heads * 128 * h
+    assert lite.attention_in_out == layers * ((h + heads * 192) + (h + 576) + (512 + heads * 256) + (heads * 128 + h))
+    assert (lite.num_moe_layers, lite.num_experts, lite.expert_ffn, lite.head_dim) == (26, 64, 1408, 160)
+    shared, dense = 3 * h * 2 * 1408, 3 * h * 10944  # two shared experts in 26 layers, the dense first layer
+    assert lite.dense_params == layers * attention + 26 * shared + dense
+    spec = resolve_model(str(Path(__file__).parents[2] / "fixtures" / "simulate" / "tiny-deepseek-v2.json"))
+    for config in (spec.config, {**spec.config, "q_lora_rank": 24}):  # q_a_proj + q_a_layernorm + q_b_proj
+        counts, arch = count_parameters(replace(spec, config=config)), arch_of(replace(spec, config=config))
+        assert (arch.total_params, arch.routed_expert_params) == (counts.total, counts.routed_experts)
+        assert arch.active_params(2) == counts.active
+
+
 def test_unsupported_family_is_a_clear_error() -> None:
-    with pytest.raises(TunecostError, match="deepseek_v2"):
-        arch_of(resolve_model("deepseek-v2-lite"))
+    spec = resolve_model("llama-3.2-1b")
+    with pytest.raises(TunecostError, match="'mamba2'"):
+        arch_of(replace(spec, family="mamba2"))
 
 
 def test_experts_hit_limits() -> None:

@@ -315,11 +315,14 @@ def _decoder_arch(
 def arch_of(spec: ModelSpec) -> Arch:
     """The `Arch` of a catalog model (or any `ModelSpec` of a supported family)."""
     # imported here: those modules build their `Arch` with this module's helpers
+    from tunecost.estimate.throughput.arch_deepseek import deepseek_v2_arch
     from tunecost.estimate.throughput.arch_gelu_mlp import GELU_MLP_ARCHES
     from tunecost.estimate.throughput.arch_phi_bigcode import gpt_bigcode_arch, phi_arch
 
     if spec.family == "blackmamba":
         return _blackmamba_arch(spec.config)
+    if spec.family == "deepseek_v2":
+        return deepseek_v2_arch(spec.config)
     if spec.family == "gpt_bigcode":
         return gpt_bigcode_arch(spec.config)
     if spec.family == "phi":
@@ -330,5 +333,5 @@ def arch_of(spec: ModelSpec) -> Arch:
         return GELU_MLP_ARCHES[spec.family](spec.config)
     raise TunecostError(
         f"{spec.name}: the throughput model reads {', '.join(TRANSFORMER_FAMILIES)}, phi, gpt_bigcode, "
-        f"{', '.join(GELU_MLP_ARCHES)} and blackmamba configs, not {spec.family!r}"
+        f"{', '.join(GELU_MLP_ARCHES)}, deepseek_v2 and blackmamba configs, not {spec.family!r}"
     )
