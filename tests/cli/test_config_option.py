@@ -42,6 +42,23 @@ EXPECTED: dict[str, tuple[dict[str, object], str]] = {
          "dtype": "fp16", "gradient_checkpointing": False, "seq_len": 2048, "batch_size": 1, "epochs": 3.0},
         "optimizer adamw: LLaMA-Factory's default (transformers' optim adamw_torch_fused, torch >= 2.8)",
     ),
+    "llamafactory_v1/lora_fsdp2": (
+        {"model": "Qwen/Qwen3-0.6B", "method": "lora", "lora_rank": 16, "lora_alpha": 32,
+         "lora_targets": "attention,mlp", "strategy": "fsdp2", "reentrant": False, "seq_len": 1024, "batch_size": 2,
+         "epochs": 1},
+        "lora_dropout 0.05: LLaMA-Factory v1's default",
+    ),
+    "llamafactory_v1/qlora_single_gpu": (
+        {"model": "Qwen/Qwen2.5-0.5B", "method": "qlora", "quant_type": "nf4", "lora_rank": 8, "lora_alpha": 16,
+         "lora_dropout": 0.0, "lora_targets": "attention", "gradient_checkpointing": False, "seq_len": 512,
+         "batch_size": 4, "epochs": 2},
+        "double_quant on: LLaMA-Factory v1's default",
+    ),
+    "llamafactory_v1/full_fsdp2_offload": (
+        {"model": "Qwen/Qwen3-0.6B", "method": "full", "strategy": "fsdp2", "offload": "params", "attention": "flash",
+         "seq_len": 2048, "batch_size": 1, "epochs": 1},
+        "optimizer adamw: LLaMA-Factory v1's default without optim_config (torch.optim.AdamW, multi-tensor)",
+    ),
     "axolotl/lora_r16": (
         {"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "lora_rank": 16, "lora_alpha": 32,
          "lora_targets": "attention,mlp", "gradient_checkpointing": True, "seq_len": 1024, "batch_size": 2},
@@ -206,7 +223,16 @@ def _json(cli_runner, args: list[str]) -> str:
 def test_every_job_folder_is_checked_and_each_format_has_three_jobs() -> None:
     assert sorted(EXPECTED) == JOBS
     formats = {job.split("/")[0] for job in JOBS}
-    assert formats == {"llamafactory", "axolotl", "torchtune", "hf", "accelerate", "litgpt", "torchtitan"}
+    assert formats == {
+        "llamafactory",
+        "llamafactory_v1",
+        "axolotl",
+        "torchtune",
+        "hf",
+        "accelerate",
+        "litgpt",
+        "torchtitan",
+    }
     for fmt in formats:
         clean = [j for j in JOBS if j.startswith(f"{fmt}/") and not any(k[0] == j for k in READER_BUGS)]
         assert len(clean) >= 3, (fmt, clean)

@@ -47,6 +47,7 @@ STACK_FAMILIES = {
 # The family of the stack that runs a framework's config (the `workload.frameworks` readers' names)
 FRAMEWORK_FAMILIES = {
     "llamafactory": "hf-eager",
+    "llamafactory-v1": "hf-eager",  # transformers modules and PEFT in its own loop
     "axolotl": "hf-eager",
     "hf-training-args": "hf-eager",
     "peft-lora": "hf-eager",

@@ -13,6 +13,7 @@ from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, parse
 
 READER_MODULES = (
     "llamafactory",
+    "llamafactory_v1",
     "axolotl",
     "torchtune",
     "litgpt",
