@@ -301,3 +301,18 @@ def test_torchao_4bit_adamw(tmp_path):
     """optimizer adamw_torch_4bit (ten of axolotl's examples): torchao's AdamW4bit."""
     text = LORA.replace("optimizer: adamw_8bit", "optimizer: adamw_torch_4bit")
     assert text != LORA and _read(tmp_path, text).options["optimizer"] == "adamw-4bit"
+
+
+@pytest.mark.parametrize(
+    ("precision", "dtype"),
+    [
+        ("bf16: false\nfp16: false\nfloat16: true", "fp16"),
+        ("bf16: false\nbfloat16: true", "bf16"),
+        ("fp16: true", "fp16"),
+    ],
+)
+def test_half_weights_without_amp_set_the_dtype(tmp_path, precision: str, dtype: str) -> None:
+    """resolve_dtype: bfloat16 / float16 load the weights in that dtype (examples/llama-2/gptq-lora.yml)."""
+    job = _read(tmp_path, f"base_model: m\nadapter: lora\n{precision}\n")
+    assert job.options["dtype"] == dtype
+    assert not {"float16", "bfloat16"} & set(job.not_modelled)

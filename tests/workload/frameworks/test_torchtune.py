@@ -216,6 +216,7 @@ def test_every_builder_is_a_catalog_model() -> None:
             "teacher_model",
         ),
         ("epochs: 1", "epochs: 1\ntensor_parallel_dim: 2", "tensor_parallel_dim"),
+        ("epochs: 1", "epochs: 1\nquantizer:\n  _component_: torchtune.training.quantization.X", "quantizer"),
     ],
 )
 def test_errors_name_file_and_key(tmp_path: Path, old: str, new: str, key: str) -> None:
@@ -223,6 +224,31 @@ def test_errors_name_file_and_key(tmp_path: Path, old: str, new: str, key: str) 
     with pytest.raises(TunecostError) as err:
         _read(tmp_path, LORA_SINGLE.replace(old, new))
     assert str(tmp_path / "config.yaml") in str(err.value) and f": {key}: " in str(err.value)
+
+
+EVALUATION = """\
+model:
+  _component_: torchtune.models.qwen3.qwen3_0_6b_instruct
+checkpointer:
+  _component_: torchtune.training.FullModelHFCheckpointer
+  checkpoint_dir: /tmp/Qwen3-0.6B-Instruct
+  model_type: QWEN3
+tasks: ["truthfulqa_mc2"]
+limit: null
+max_seq_length: 4096
+batch_size: 8
+quantizer: null
+"""
+
+
+@pytest.mark.parametrize(("text", "key"), [(EVALUATION, "tasks"), (EVALUATION.replace("tasks", "prompt"), "prompt")])
+def test_an_evaluation_or_generation_config_trains_nothing(tmp_path: Path, text: str, key: str) -> None:
+    with pytest.raises(TunecostError, match=f": {key}: an evaluation, generation or quantization config"):
+        _read(tmp_path, text)
+
+
+def test_a_null_quantizer_is_no_quantization_aware_training(tmp_path: Path) -> None:
+    assert _read(tmp_path, LORA_SINGLE + "quantizer: null\n").options["method"] == "lora"
 
 
 def test_detect_is_false_for_other_frameworks() -> None:

@@ -123,16 +123,21 @@ def _fsdp_config(cfg: ConfigFile) -> dict[str, Any]:
 
 
 def _precision(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
+    """utils/config/__init__.py resolve_dtype: bf16 (or bfloat16, half weights without AMP) first, then fp16 (or
+    float16), else fp32; bf16 auto is bf16 where the GPU has it unless fp16 is set."""
     bf16, fp16 = cfg.typed("bf16", (bool, str), "auto"), cfg.typed("fp16", bool)
+    pure_bf16, pure_fp16 = cfg.typed("bfloat16", bool), cfg.typed("float16", bool)
     if isinstance(bf16, str) and bf16 != "auto":
         raise cfg.error("bf16", f"must be true, false or auto, got {bf16!r}")
-    if bf16 is True or (bf16 == "auto" and not fp16):
-        if bf16 == "auto":
+    if bf16 is True or pure_bf16 or (bf16 == "auto" and not fp16):
+        if bf16 == "auto" and not pure_bf16:
             notes.append(f"dtype bf16: {TITLE}'s default bf16 auto (bf16 where the GPU has it, else fp16)")
         return {"dtype": "bf16"}
-    if not fp16:
+    if pure_fp16 and not fp16:
+        notes.append("dtype fp16: float16 true loads the weights in fp16 (no mixed precision)")
+    elif not fp16:
         notes.append(f"dtype fp32: {TITLE} trains in float32 with bf16 false and fp16 unset")
-    return {"dtype": "fp16" if fp16 else "fp32"}
+    return {"dtype": "fp16" if fp16 or pure_fp16 else "fp32"}
 
 
 def _training(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:

@@ -62,6 +62,7 @@ STAGE_KEYS = {
     "grpo_samples": "GRPO",
     "quantizer": "quantization-aware training",
 }
+INFERENCE_KEYS = ("tasks", "prompt", "max_new_tokens", "quantizer")  # keys of the recipes that train nothing
 PREFERENCE_DATASETS = ("stack_exchange_paired_dataset", "preference_dataset", "hh_rlhf_helpful_dataset")
 LOSSES = {"CEWithChunkedOutputLoss": True, "LinearCrossEntropyLoss": True, "CrossEntropyLoss": False}
 DP_KEYS = ("data_parallel_shard_dim", "data_parallel_replicate_dim", "fsdp_cpu_offload")  # shard, replicate, offload
@@ -72,9 +73,14 @@ DISTRIBUTED_KEYS = (*DP_KEYS, *TP_CP_KEYS, "fsdp_reshard_after_forward", "custom
 
 
 def _check_stage(flat: ConfigFile) -> None:
+    trains = any(k == "optimizer" or k.startswith(("optimizer.", "loss")) for k in flat.data)
+    used = next((k for k in INFERENCE_KEYS if k in flat.data), None)
+    if used and not trains:  # eleuther_eval / generate / quantize recipes: no optimizer, no loss
+        raise flat.error(used, f"an evaluation, generation or quantization config: nothing is trained; {SFT_ONLY}")
     for key, stage in STAGE_KEYS.items():
-        if key in flat.data or any(k.startswith(f"{key}.") for k in flat.data):
-            raise flat.error(key, f"{stage}: {SFT_ONLY}")
+        if flat.data.get(key) is None and not any(k.startswith(f"{key}.") for k in flat.data):
+            continue  # absent, or `quantizer: null`
+        raise flat.error(key, f"{stage}: {SFT_ONLY}")
     loss = str(flat.get("loss._component_") or "")
     if any(word in loss.lower() for word in ("rlhf", "dpo", "ppo", "grpo", "simpo")):
         raise flat.error("loss._component_", f"{loss}: {SFT_ONLY}")
