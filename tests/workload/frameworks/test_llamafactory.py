@@ -265,3 +265,49 @@ def test_quantization_bit_8_reads_as_int8_base_weights(tmp_path):
     job = FRAMEWORK.read(ConfigFile(path=str(path), data=parse_config_file(path)))
     assert (job.options["method"], job.options["quant_type"]) == ("qlora", "int8")
     assert "double_quant" not in job.options
+
+
+MEGATRON_FULL = """\
+model_name_or_path: Qwen/Qwen3-8B
+do_train: true
+stage: sft
+finetuning_type: full
+dataset: alpaca_en_demo
+cutoff_len: 4096
+output_dir: saves/mca/qwen3_full
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+num_train_epochs: 2
+bf16: true
+tensor_model_parallel_size: 2
+sequence_parallel: true
+pipeline_model_parallel_size: 2
+recompute_granularity: full
+"""
+
+
+def test_the_megatron_backend_reads_its_layout(tmp_path):
+    """examples/megatron: USE_MCA / USE_MEGATRON_BRIDGE keys set TP (Megatron's), stages over the accumulated
+    micro-batches, recomputation and the distributed optimizer; the Trainer's checkpointing defaults drop out."""
+    job = _read(tmp_path, MEGATRON_FULL)
+    assert job.framework == "llamafactory-megatron"
+    wanted = {"tp": 2, "pp": 2, "sequence_parallel": True, "tp_impl": "megatron", "micro_batches": 8,
+              "gradient_checkpointing": True, "strategy": "zero1", "stack": "tunecost"}  # fmt: skip
+    assert {k: job.options[k] for k in wanted} == wanted
+    assert "reentrant" not in job.options and not any(a.startswith("gradient_checkpointing") for a in job.assumptions)
+    assert "use_distributed_optimizer true: LLaMA-Factory's Megatron backend's default" in " ".join(job.assumptions)
+    plain = _read(tmp_path, MEGATRON_FULL.replace("recompute_granularity: full", "use_distributed_optimizer: false"))
+    assert (plain.options["gradient_checkpointing"], plain.options["strategy"]) == (False, "ddp")
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("sequence_parallel: true", "expert_model_parallel_size: 2", "expert_model_parallel_size: expert parallelism"),
+        ("tensor_model_parallel_size: 2", "tensor_model_parallel_size: 3", "tensor_model_parallel_size"),
+        ("recompute_granularity: full", "recompute_granularity: block", "recompute_granularity: 'block'"),
+    ],
+)
+def test_a_megatron_layout_it_cannot_model_names_the_key(tmp_path, old: str, new: str, message: str) -> None:
+    with pytest.raises(TunecostError, match=message):
+        _read(tmp_path, MEGATRON_FULL.replace(old, new))

@@ -48,6 +48,7 @@ STACK_FAMILIES = {
 FRAMEWORK_FAMILIES = {
     "llamafactory": "hf-eager",
     "llamafactory-v1": "hf-eager",  # transformers modules and PEFT in its own loop
+    "llamafactory-megatron": "nemo-te",  # its USE_MCA / USE_MEGATRON_BRIDGE backends: Megatron Core on TE
     "axolotl": "hf-eager",
     "hf-training-args": "hf-eager",
     "peft-lora": "hf-eager",

@@ -11,6 +11,7 @@ from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.hf import INT8, optimizer_name
+from tunecost.workload.frameworks.llamafactory_megatron import megatron_options
 from tunecost.workload.known_datasets import canonical_name
 
 TITLE = "LLaMA-Factory"
@@ -237,8 +238,13 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     ds_options, ds_notes = deepspeed_options(cfg, "deepspeed")
     options |= ds_options | {"stack": "hf-peft"}
     notes += [*ds_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]
-    return ConfigJob(framework="llamafactory", path=cfg.path, options=options, assumptions=tuple(notes),
-                     not_modelled=cfg.unused_keys())  # fmt: skip
+    megatron = megatron_options(cfg, model, notes)
+    if megatron:  # Megatron Core runs the model: the Trainer's checkpointing, attention and stack do not apply
+        hf_only = ("gradient_checkpointing ", "reentrant ", "attention ", "optimizer ", "stack hf-peft")
+        notes = [n for n in notes if not n.startswith(hf_only)]
+        options = {k: v for k, v in options.items() if k not in ("reentrant", "attention")} | megatron
+    return ConfigJob(framework="llamafactory-megatron" if megatron else "llamafactory", path=cfg.path,
+                     options=options, assumptions=tuple(notes), not_modelled=cfg.unused_keys())  # fmt: skip
 
 
 def _detect(data: Mapping[str, Any]) -> bool:

@@ -1,0 +1,66 @@
+"""LLaMA-Factory's Megatron-Core backends (USE_MCA=1 mcore_adapter, USE_MEGATRON_BRIDGE=1): the layout its keys set."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tunecost.errors import TunecostError
+from tunecost.workload.frameworks import ConfigFile
+from tunecost.workload.frameworks.model_parallel import catalog_shape, check_layout, positive
+
+TITLE = "LLaMA-Factory's Megatron backend"
+# hparams/megatron_bridge_args.py MegatronBridgeArguments (hiyouga/LLaMA-Factory@ff6d4d12): keys the default
+# HfArgumentParser refuses, so a file that sets one runs under USE_MCA or USE_MEGATRON_BRIDGE
+KEYS = {  # key: the job option it sets
+    "tensor_model_parallel_size": "tp",
+    "pipeline_model_parallel_size": "pp",
+    "context_parallel_size": "cp",
+    "virtual_pipeline_model_parallel_size": "virtual_stages",
+    "sequence_parallel": "sequence_parallel",
+    "expert_model_parallel_size": "expert_parallel",
+    "recompute_granularity": "gradient_checkpointing",
+    "use_distributed_optimizer": "strategy",
+}
+_DEFAULT = f"{TITLE}'s default (MegatronBridgeArguments; mcore_adapter's not read)"
+
+
+def megatron_options(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, Any]:
+    """The Megatron layout of a file that sets any of `KEYS` (else {}): TP (Megatron's column/row-parallel layers,
+    sequence parallelism off by default), pipeline stages over the accumulated micro-batches, context parallelism,
+    recomputation by `recompute_granularity` (none by default), the distributed optimizer (on by default: ZeRO-1's
+    layout). Expert parallelism is refused."""
+    if not any(k in cfg.data for k in KEYS):
+        return {}
+    ep = positive(cfg, "expert_model_parallel_size", cfg.typed("expert_model_parallel_size", int))
+    if ep > 1:
+        raise cfg.error("expert_model_parallel_size", "expert parallelism is not modelled yet")
+    tp, pp, cp = (positive(cfg, key, cfg.typed(key, int)) for key in list(KEYS)[:3])
+    vp = cfg.typed("virtual_pipeline_model_parallel_size", int)
+    sp = bool(cfg.typed("sequence_parallel", bool)) and tp > 1
+    options: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "sequence_parallel": sp, "stack": "tunecost"}
+    options["tp_impl"] = "megatron" if tp > 1 else None
+    if vp is not None and vp > 1:
+        options |= {"virtual_stages": positive(cfg, "virtual_pipeline_model_parallel_size", vp)}
+        options["pipeline_schedule"] = "interleaved-1f1b"
+    if pp > 1:  # Megatron's micro-batches per step: the accumulation the Trainer arguments state
+        options["micro_batches"] = cfg.typed("gradient_accumulation_steps", int) or 1
+    recompute = cfg.typed("recompute_granularity", str)
+    if recompute not in (None, "full", "selective"):
+        raise cfg.error("recompute_granularity", f"{recompute!r}: full, selective or null")
+    options["gradient_checkpointing"] = recompute == "full"
+    options["selective_recompute"] = recompute == "selective"
+    if recompute is None:
+        notes.append(f"recompute_granularity null: no recomputation, {_DEFAULT}")
+    distributed = cfg.typed("use_distributed_optimizer", bool)
+    if distributed is None:
+        notes.append(f"use_distributed_optimizer true: {_DEFAULT}")
+    options["strategy"] = "ddp" if distributed is False else "zero1"
+    notes.append(f"{TITLE}: Megatron Core's layers and Adam, not transformers' (stack tunecost; the distributed "
+                 "optimizer modelled as zero1)")  # fmt: skip
+    keys = {option: key for key, option in KEYS.items()}
+    try:
+        shape = catalog_shape(model) if model else None
+    except TunecostError:
+        shape = None
+    check_layout(cfg, options, keys, shape=shape, seq_len=0)
+    return options
