@@ -153,6 +153,20 @@ def test_every_flavor_is_a_catalog_model() -> None:
         assert resolve_model(hub_id).hub_id, flavor
 
 
+def test_deepseek_v3_16b_is_deepseek_v2_lite_with_flex_attention(tmp_path: Path) -> None:
+    """models/deepseek_v3/__init__.py "16B": V2-Lite's sizes (dim 2048, 27 layers, one dense, 64 experts of 1408 with 2
+    shared, top 6, MLA q_lora_rank 0, kv_lora_rank 512, heads of 128 + 64 and 128), attn_type flex."""
+    job = _read(tmp_path, LLAMA3_8B.replace('name = "llama3"', 'name = "deepseek_v3"').replace('"8B"', '"16B"'))
+    spec = resolve_model(job.options["model"])
+    assert spec.name == "deepseek-v2-lite"
+    assert (spec.config["num_hidden_layers"], spec.config["n_routed_experts"], spec.config["kv_lora_rank"]) == (
+        27,
+        64,
+        512,
+    )
+    assert any("flex attention (block-causal) modelled as SDPA" in a for a in job.assumptions)
+
+
 @pytest.mark.parametrize(
     ("old", "new", "key"),
     [

@@ -46,8 +46,10 @@ _FLAVOR_TABLE = """
     llama3/8B=meta-llama/Llama-3.1-8B llama3/70B=meta-llama/Llama-3.1-70B llama3/405B=meta-llama/Llama-3.1-405B
     qwen3/0.6B=Qwen/Qwen3-0.6B qwen3/1.7B=Qwen/Qwen3-1.7B qwen3/4B=Qwen/Qwen3-4B qwen3/8B=Qwen/Qwen3-8B
     qwen3/14B=Qwen/Qwen3-14B qwen3/32B=Qwen/Qwen3-32B qwen3/30B-A3B=Qwen/Qwen3-30B-A3B
-    gpt_oss/20b=openai/gpt-oss-20b gpt_oss/120b=openai/gpt-oss-120b
+    gpt_oss/20b=openai/gpt-oss-20b gpt_oss/120b=openai/gpt-oss-120b deepseek_v3/16B=deepseek-ai/DeepSeek-V2-Lite
 """
+# flavors whose model args set flex attention (deepseek_v3 16B: attn_type "flex", block-causal masks)
+_FLEX_FLAVORS = ("deepseek_v3/16B",)
 FLAVORS: dict[str, str] = dict(pair.split("=") for pair in _FLAVOR_TABLE.split())
 PAR = "parallelism."
 DP_KEYS = (f"{PAR}data_parallel_shard_degree", f"{PAR}data_parallel_replicate_degree", "training.enable_cpu_offload")
@@ -167,6 +169,8 @@ def _model(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
         raise flat.error("model.flavor", f"{flavor!r}: not a released {name} size tunecost knows; known: {known}")
     options.update(model=FLAVORS[f"{name}/{base}"], attention="sdpa")
     how = f"{attention} attention modelled as SDPA" if attention else "torch's scaled_dot_product_attention"
+    if f"{name}/{base}" in _FLEX_FLAVORS:
+        how = "its model args' flex attention (block-causal) modelled as SDPA"
     notes.append(f"attention sdpa: {TITLE}'s flavor {flavor}: {how}")
     _converters(flat, options, notes)
 
