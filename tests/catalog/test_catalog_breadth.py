@@ -31,6 +31,10 @@ MODELS = [
     ("huggyllama/llama-13b", "llama-13b", None, 13.0),
     ("huggyllama/llama-30b", "llama-30b", None, 32.5),
     ("huggyllama/llama-65b", "llama-65b", None, 65.2),
+    # Mistral AI's announcements: Mistral Small v24.09, 22 billion parameters (mistral.ai/news/september-24-release);
+    # Mistral Small 3, a 24B-parameter model (mistral.ai/news/mistral-small-3)
+    ("mistralai/Mistral-Small-Instruct-2409", "mistral-small-22b", None, 22.0),
+    ("mistralai/Mistral-Small-24B-Base-2501", "mistral-small-24b", "mistralai/Mistral-Small-24B-Instruct-2501", 24.0),
     # Code Llama paper (Roziere et al. 2023) and model cards: 34B, 70B
     ("codellama/CodeLlama-34b-hf", "codellama-34b", "codellama/CodeLlama-34b-Instruct-hf", 34.0),
     ("codellama/CodeLlama-70b-hf", "codellama-70b", None, 70.0),
@@ -172,6 +176,9 @@ BREADTH = {
     "phi-3-medium-128k": ["microsoft/Phi-3-medium-128k-instruct"],
     "phi-3.5-mini": ["microsoft/Phi-3.5-mini-instruct"],
     "phi-4": ["microsoft/phi-4"],
+    # Mistral Small (22B 2409, 24B 2501)
+    "mistral-small-22b": ["mistralai/Mistral-Small-Instruct-2409"],
+    "mistral-small-24b": ["mistralai/Mistral-Small-24B-Base-2501", "mistralai/Mistral-Small-24B-Instruct-2501"],
     # DeepSeek-V2-Lite
     "deepseek-v2-lite": ["deepseek-ai/DeepSeek-V2-Lite", "deepseek-ai/DeepSeek-V2-Lite-Chat"],
     # OLMo, OLMo 2, OLMoE
