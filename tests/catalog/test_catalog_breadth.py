@@ -32,7 +32,9 @@ MODELS = [
     ("huggyllama/llama-30b", "llama-30b", None, 32.5),
     ("huggyllama/llama-65b", "llama-65b", None, 65.2),
     # Mistral AI's announcements: Mistral Small v24.09, 22 billion parameters (mistral.ai/news/september-24-release);
-    # Mistral Small 3, a 24B-parameter model (mistral.ai/news/mistral-small-3)
+    # Mistral Small 3, a 24B-parameter model (mistral.ai/news/mistral-small-3);
+    # Ministral 8B (mistral.ai/news/ministraux)
+    ("mistralai/Ministral-8B-Instruct-2410", "ministral-8b", None, 8.0),
     ("mistralai/Mistral-Small-Instruct-2409", "mistral-small-22b", None, 22.0),
     ("mistralai/Mistral-Small-24B-Base-2501", "mistral-small-24b", "mistralai/Mistral-Small-24B-Instruct-2501", 24.0),
     # Code Llama paper (Roziere et al. 2023) and model cards: 34B, 70B
@@ -176,7 +178,8 @@ BREADTH = {
     "phi-3-medium-128k": ["microsoft/Phi-3-medium-128k-instruct"],
     "phi-3.5-mini": ["microsoft/Phi-3.5-mini-instruct"],
     "phi-4": ["microsoft/phi-4"],
-    # Mistral Small (22B 2409, 24B 2501)
+    # Ministral 8B, Mistral Small (22B 2409, 24B 2501)
+    "ministral-8b": ["mistralai/Ministral-8B-Instruct-2410"],
     "mistral-small-22b": ["mistralai/Mistral-Small-Instruct-2409"],
     "mistral-small-24b": ["mistralai/Mistral-Small-24B-Base-2501", "mistralai/Mistral-Small-24B-Instruct-2501"],
     # DeepSeek-V2-Lite
