@@ -107,6 +107,29 @@ def test_cli_max_batch_on_cpu_simulates_and_records(cli_runner, tmp_path, monkey
     assert "nothing fits" in " ".join(text.stdout.split())
 
 
+def test_a_catalog_dataset_with_no_copy_is_probed_at_the_cutoff(cli_runner, monkeypatch, tmp_path):
+    """A config's hub dataset (alpaca: the catalog's, with no copy here) probes at the cutoff; without one it is
+    one error asking for --seq-len."""
+    from tunecost.cli.main import app
+    from tunecost.profile import maxbatch
+
+    def fake_peak(job):
+        return 2**30 + job.batch_size * job.seq_len * 2**20
+
+    fake_peak.estimator = "test"
+    monkeypatch.setattr(maxbatch, "simulator_need_bytes", fake_peak)
+    base = ["max-batch", "--model", "tiny-mixtral", "--gpu-memory-gib", "2", "--device", "cpu", "--json"]
+    cut = cli_runner.invoke(app, [*base, "--dataset", "alpaca", "--seq-len", "256"])
+    assert cut.exit_code == 0, cut.output
+    assert json.loads(cut.stdout)["seq_len"] == 256 and "alpaca has no copy here" in cut.stderr
+    uncut = cli_runner.invoke(app, [*base, "--dataset", "dolly-15k"])
+    assert uncut.exit_code == 2 and "dolly-15k has no copy here; give --seq-len N" in uncut.output
+    profile = cli_runner.invoke(
+        app, ["profile", "--model", "tiny-mixtral", "--dataset", "alpaca", "--out", str(tmp_path)]
+    )
+    assert profile.exit_code == 2 and "alpaca has no copy here; give --seq-len N" in profile.output
+
+
 def test_cli_max_batch_needs_a_budget_on_cpu(cli_error):
     line = cli_error(["max-batch", "--model", "tiny-mixtral", "--device", "cpu"])
     assert "--gpu" in line

@@ -184,8 +184,8 @@ def test_qlora_fsdp(tmp_path):
     assert (opts["attention"], opts["reentrant"], opts["dtype"]) == ("flash", False, "bf16")
     assert (opts["strategy"], opts["offload"]) == ("fsdp1", "params")
     assert _defaulted(job, "fsdp_version 1")
-    assert "dataset" not in opts
-    assert any(line.startswith("datasets[0].path tatsu-lab/alpaca: a hub dataset") for line in job.assumptions)
+    assert opts["dataset"] == "alpaca"  # tatsu-lab/alpaca: the catalog's (its queries; lengths where it has them)
+    assert not any(line.startswith("datasets[0].path tatsu-lab/alpaca") for line in job.assumptions)
     assert "pad_to_sequence_len" in job.not_modelled and "dataset_prepared_path" in job.not_modelled
 
 

@@ -136,9 +136,10 @@ def test_lora_single_device(tmp_path: Path) -> None:
         "epochs": 1,
         "seq_len": 2048,
         "attention": "sdpa",
+        "dataset": "alpaca-cleaned",  # alpaca_cleaned_dataset loads yahma/alpaca-cleaned, a catalog dataset
     }
     assert any("all four projections" in a and "q_proj, v_proj" in a for a in job.assumptions)
-    _named(job, "attention sdpa", "dataset alpaca_cleaned_dataset", "GPUs")
+    _named(job, "attention sdpa", "dataset alpaca-cleaned", "GPUs")
     assert {"checkpointer", "profiler", "gradient_accumulation_steps"} <= set(job.not_modelled)
     assert job.options["lora_dropout"] == 0.0 and "model.lora_dropout" not in job.not_modelled
 
@@ -245,6 +246,12 @@ quantizer: null
 def test_an_evaluation_or_generation_config_trains_nothing(tmp_path: Path, text: str, key: str) -> None:
     with pytest.raises(TunecostError, match=f": {key}: an evaluation, generation or quantization config"):
         _read(tmp_path, text)
+
+
+def test_a_builder_of_another_source_or_dataset_is_not_read(tmp_path: Path) -> None:
+    other = _read(tmp_path, LORA_SINGLE.replace("alpaca_cleaned_dataset", "slimorca_dataset"))
+    assert "dataset" not in other.options  # Open-Orca/SlimOrca-Dedup, not the catalog's SlimOrca
+    assert any(a.startswith("dataset slimorca_dataset: torchtune's builder, not read") for a in other.assumptions)
 
 
 def test_a_null_quantizer_is_no_quantization_aware_training(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from tunecost.cli import options as cli
-from tunecost.cli.commands.profile import inputs_spec, resolve_device
+from tunecost.cli.commands.profile import catalog_only, inputs_spec, resolve_device
 from tunecost.cli.common import cli_errors, console, err_console, print_json
 from tunecost.cli.groups import GpuMemory, option_groups
 from tunecost.cli.jobconfig import ConfigFiles
@@ -67,6 +67,8 @@ def max_batch(
         lora_alpha=lora_alpha,
     )
     memory_bytes, gpu_name = _catalog_budget(gpu, setup) if gpu is not None else (memory_bytes, None)
+    if dataset is not None and catalog_only(dataset, seq_len):
+        dataset = None
     if seq_len is None and dataset is None:
         seq_len = cli.DEFAULT_SEQ_LEN
     if seq_len is not None and dataset is not None:  # the job's cutoff: the dataset's queries cut at it

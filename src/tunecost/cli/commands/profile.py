@@ -79,6 +79,25 @@ def _batch_sizes(text: str, steps: int, warmup_steps: int) -> tuple[int, ...]:
     return sizes
 
 
+def catalog_only(dataset: str, cutoff: object) -> bool:
+    """Whether `dataset` is a catalog dataset with no copy here (no file, not a loadable name: a config's hub
+    dataset), to be probed at the `cutoff` (said in a note) instead; without a cutoff, one error asking for one."""
+    from tunecost.catalog.datasets import get_dataset_facts
+    from tunecost.workload.known_datasets import canonical_name
+
+    if Path(dataset).expanduser().exists() or canonical_name(dataset) is not None:
+        return False
+    try:
+        name = get_dataset_facts(dataset).name
+    except TunecostError:
+        return False  # not the catalog's either: the loader's own error
+    if cutoff is None:
+        raise TunecostError(f"--dataset {dataset}: the catalog's {name} has no copy here; give --seq-len N (its "
+                            "queries cut there) or a data file")  # fmt: skip
+    err_console.print(f"note: {name} has no copy here: its longest queries cut at --seq-len {cutoff} stand in")
+    return True
+
+
 def inputs_spec(
     seq_len: str | None, dataset: str | None, tokenizer: str, template: str, max_length: int, dataset_limit: int | None
 ) -> Any:
@@ -157,6 +176,8 @@ def profile(
     )
     top_ks = split_list(experts_per_token, int, "experts per token")
     sizes = _batch_sizes(batch_sizes, steps, warmup_steps)
+    if dataset is not None and catalog_only(dataset, seq_len):
+        dataset = None
     inputs = inputs_spec(seq_len, dataset, tokenizer, template, max_length, dataset_limit)
     if strategy is not None or nproc_per_node > 1:
         ranks = RankRun(nproc_per_node, strategy or "fsdp2", steps, warmup_steps, quiet=json_out)

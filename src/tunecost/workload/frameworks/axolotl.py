@@ -14,7 +14,7 @@ from tunecost.workload.frameworks.llamafactory import (
     filled,
     lora_target_groups,
 )
-from tunecost.workload.known_datasets import canonical_name
+from tunecost.workload.known_datasets import catalog_dataset
 
 TITLE = "axolotl"
 KEYS = KnownKeys(f"{TITLE}'s config", ("axolotl",))  # its pydantic schema and bundled plugins' args
@@ -196,8 +196,8 @@ def _dataset(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
         raise cfg.error("datasets", f"each entry needs a path, got {datasets[0]!r}")
     if len(datasets) > 1:
         notes.append(f"datasets: only the first of {len(datasets)} gives the lengths")
-    if canonical_name(path):
-        return {"dataset": canonical_name(path)}
+    if catalog_dataset(path):
+        return {"dataset": catalog_dataset(path)}
     if path.lower().endswith(_DATA_SUFFIXES):
         return {"dataset": path}
     notes.append(f"datasets[0].path {path}: a hub dataset or folder, give --dataset FILE for its lengths")

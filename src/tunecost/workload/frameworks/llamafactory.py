@@ -12,7 +12,7 @@ from typing import Any
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.hf import INT8, optimizer_name
 from tunecost.workload.frameworks.llamafactory_megatron import megatron_options
-from tunecost.workload.known_datasets import canonical_name
+from tunecost.workload.known_datasets import catalog_dataset
 
 TITLE = "LLaMA-Factory"
 # its hparams dataclasses and the transformers Seq2SeqTrainingArguments they extend (headers of keys/*.txt)
@@ -223,8 +223,8 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         notes.append(f"max_samples {max_samples}: each of the {max(1, len(names))} dataset(s) cut to its first "
                      f"{max_samples} examples, at most {options['max_queries']} queries per epoch")  # fmt: skip
     for name in names:
-        if canonical_name(name):
-            options["dataset"] = canonical_name(name)
+        if catalog_dataset(name):
+            options["dataset"] = catalog_dataset(name)
         elif name.strip():
             notes.append(f"dataset {name.strip()}: a {TITLE} dataset name, give --dataset FILE for its lengths")
     if cfg.typed("neat_packing", bool):

@@ -8,7 +8,7 @@ from typing import Any
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, dotted_keys
 from tunecost.workload.frameworks.accelerate import section
 from tunecost.workload.frameworks.llamafactory import SFT_ONLY, VISION_MODEL, filled, lora_target_groups
-from tunecost.workload.known_datasets import canonical_name
+from tunecost.workload.known_datasets import catalog_dataset
 
 TITLE = "LLaMA-Factory v1"
 KEYS = KnownKeys(f"{TITLE}'s config", ("llamafactory_v1",))
@@ -165,8 +165,8 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     if kernels.data and kernels.typed("name", str) != "auto":
         notes.append(f"kernel_config {kernels.data.get('name')}: its fused kernels are not modelled")
     dataset = cfg.typed("train_dataset", str)
-    if dataset and canonical_name(dataset):
-        options["dataset"] = canonical_name(dataset)
+    if dataset and catalog_dataset(dataset):
+        options["dataset"] = catalog_dataset(dataset)
     elif dataset:
         notes.append(f"train_dataset {dataset}: a {TITLE} data file, give --dataset FILE for its lengths")
     notes += [

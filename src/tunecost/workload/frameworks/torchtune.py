@@ -18,6 +18,7 @@ from tunecost.workload.frameworks.torchtitan import (
     optimizer_name,
     read_or_default,
 )
+from tunecost.workload.known_datasets import catalog_dataset
 
 # Defaults, pytorch/torchtune @ bd2a0fc7 (2026-04-23):
 #   lora_rank 8, lora_alpha 16, lora_dropout 0.0, apply_lora_to_mlp/_output False, use_dora False
@@ -61,6 +62,12 @@ STAGE_KEYS = {
     "kd_loss": "knowledge distillation",
     "grpo_samples": "GRPO",
     "quantizer": "quantization-aware training",
+}
+# dataset builders and the hub dataset each loads by default (torchtune/datasets/_alpaca.py, _slimorca.py @ bd2a0fc7)
+BUILDER_SOURCES = {
+    "alpaca_dataset": "tatsu-lab/alpaca",
+    "alpaca_cleaned_dataset": "yahma/alpaca-cleaned",
+    "slimorca_dataset": "Open-Orca/SlimOrca-Dedup",
 }
 INFERENCE_KEYS = ("tasks", "prompt", "max_new_tokens", "quantizer")  # keys of the recipes that train nothing
 PREFERENCE_DATASETS = ("stack_exchange_paired_dataset", "preference_dataset", "hh_rlhf_helpful_dataset")
@@ -190,7 +197,14 @@ def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> No
     if isinstance(files, str) and flat.get("dataset.source") in ("json", "csv", "parquet", "text"):
         options["dataset"] = files
     elif component:
-        notes.append(f"dataset {component.rsplit('.', 1)[-1]}: {TITLE}'s builder, not read (give --dataset FILE)")
+        builder = component.rsplit(".", 1)[-1]
+        source = flat.get("dataset.source") or BUILDER_SOURCES.get(builder)
+        known = catalog_dataset(source) if isinstance(source, str) else None
+        if known:
+            options["dataset"] = known
+            notes.append(f"dataset {known}: {TITLE}'s {builder} loads {source}")
+        else:
+            notes.append(f"dataset {builder}: {TITLE}'s builder, not read (give --dataset FILE)")
     if flat.typed("dataset.packed", bool):
         options["packing"] = "per-document"
         notes.append("packing per-document: dataset.packed packs examples into max_seq_len-token rows, attention "
