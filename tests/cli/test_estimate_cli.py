@@ -195,6 +195,21 @@ def test_estimate_table_names_estimator(cli_runner) -> None:
     assert "no mixtral-8x7b/math_14k measurements on H100-80GB-SXM" in text
 
 
+@pytest.mark.parametrize(
+    ("data", "title"),
+    [
+        ({"--dataset": "math_14k"}, "mixtral-8x7b on math_14k: 14000 queries"),
+        ({"--queries": "1000"}, "mixtral-8x7b on math_14k (the default data): 1000 queries"),
+        ({"--queries": "1000", "--seq-len": "256"}, "mixtral-8x7b: 1000 queries"),  # the lengths note says the rest
+    ],
+)
+def test_estimate_title_names_the_data_the_job_was_given(cli_runner, data: dict, title: str) -> None:
+    job = {k: v for k, v in PAPER_ESTIMATE.items() if k != "--dataset"} | {"--gpu": "A40"} | data
+    result = cli_runner.invoke(app, _args("estimate", job))
+    assert result.exit_code == 0, result.output
+    assert title in _flat(result.stdout)
+
+
 def test_estimate_queries_and_calibrate(cli_runner, write_file) -> None:
     # Synthetic H100 points on a + b*log(B)/(s*1.8), a=0.6, b=0.5: the H100 rows get a throughput and a cost.
     rows_csv = [

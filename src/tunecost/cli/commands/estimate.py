@@ -119,7 +119,7 @@ def estimate(
         provider=pricing.provider,
         prices_file=pricing.prices_file,
     )
-    show_cost_rows(rows, job, experts_per_token, output, verbose)
+    show_cost_rows(rows, job, experts_per_token, output, verbose, dataset_named=dataset is not None)
 
 
 def gpu_names(gpu: str) -> list[str]:
@@ -195,7 +195,9 @@ def estimator_options(
     )
 
 
-def show_cost_rows(rows: list, job, experts_per_token: int | None, output: RecordsOutput, verbose: bool) -> None:
+def show_cost_rows(
+    rows: list, job, experts_per_token: int | None, output: RecordsOutput, verbose: bool, *, dataset_named: bool
+) -> None:
     """The rows of one GPU each: added to the run directory, then printed as JSON or a table."""
     from tunecost.models.catalog import resolve_model
 
@@ -207,7 +209,7 @@ def show_cost_rows(rows: list, job, experts_per_token: int | None, output: Recor
     if output.json_out:
         print_json(rows)
         return
-    print_cost_rows(rows, job=job, verbose=verbose)
+    print_cost_rows(rows, job=job, verbose=verbose, dataset_named=dataset_named)
 
 
 def parse_batch_sizes(text: str, gpus: list[str]) -> dict[str, int]:

@@ -12,8 +12,10 @@ def _fmt(value: float | None, spec: str) -> str:
 SHOWN_ROWS = 12
 
 
-def print_cost_rows(rows: list, *, job, verbose: bool = False) -> None:
-    """The answer line (the cheapest row that fits), the best rows (all with --verbose), then the notes."""
+def print_cost_rows(rows: list, *, job, verbose: bool = False, dataset_named: bool = True) -> None:
+    """The answer line (the cheapest row that fits), the best rows (all with --verbose), then the notes. The title
+    names the data the user named, or the default whose lengths the throughput takes; none where --seq-len fixes
+    every query's length and no data was named."""
     from tunecost.catalog.prices import price_label
     from tunecost.estimate.estimators import lengths_note
 
@@ -32,7 +34,8 @@ def print_cost_rows(rows: list, *, job, verbose: bool = False) -> None:
         console.print("answer: no GPU fits this job with a price in the catalog")
     shown = rows if verbose else _best_rows(rows)
     print_table(
-        f"{first.model} on {first.dataset}: {first.num_queries} queries x {first.epochs:g} epochs "
+        f"{first.model}{_data_label(first.dataset, job, dataset_named)}: {first.num_queries} queries x "
+        f"{first.epochs:g} epochs "
         f"(estimator: {first.estimator})",
         ["gpu", "provider", "$/h", "batch", "fits", "queries/s", "hours", "cost $"],
         [
@@ -72,6 +75,12 @@ def print_cost_rows(rows: list, *, job, verbose: bool = False) -> None:
             console.print(f"[dim]note: {note}[/dim]")
     elif notes:
         console.print(f"[dim]{len(notes)} notes: --verbose[/dim]")
+
+
+def _data_label(dataset: str, job, named: bool) -> str:
+    if named:
+        return f" on {dataset}"
+    return "" if job.seq_len or job.lengths else f" on {dataset} (the default data)"
 
 
 def price_label_of(row, label) -> str:
