@@ -306,6 +306,7 @@ def test_the_megatron_backend_reads_its_layout(tmp_path):
         ("sequence_parallel: true", "expert_model_parallel_size: 2", "expert_model_parallel_size: expert parallelism"),
         ("tensor_model_parallel_size: 2", "tensor_model_parallel_size: 3", "tensor_model_parallel_size"),
         ("recompute_granularity: full", "recompute_granularity: block", "recompute_granularity: 'block'"),
+        ("recompute_granularity: full", "virtual_pipeline_model_parallel_size: 0", "virtual_pipeline_.*at least 1"),
     ],
 )
 def test_a_megatron_layout_it_cannot_model_names_the_key(tmp_path, old: str, new: str, message: str) -> None:

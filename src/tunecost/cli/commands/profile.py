@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tunecost.catalog.datasets import get_dataset_facts
 from tunecost.cli.commands.profile_ranks import RankRun, run_rank_profile
 from tunecost.cli.common import (
     cli_errors,
@@ -39,6 +40,7 @@ from tunecost.limits import MAX_BATCH_SIZE, MAX_QUERIES, MAX_SEQ_LEN, MAX_STEPS,
 from tunecost.profile.ranks import MAX_NPROC_PER_NODE
 from tunecost.profile.threads import prepare_cpu_threads
 from tunecost.units import BYTES_PER_GIB as _GIB
+from tunecost.workload.known_datasets import canonical_name
 
 TOP_K_HELP = "Top-k values to sweep, a comma list, e.g. 2,8 (sparse top-2 vs dense Mixtral); default: the model's."
 SEQ_LEN_HELP = (
@@ -82,9 +84,6 @@ def _batch_sizes(text: str, steps: int, warmup_steps: int) -> tuple[int, ...]:
 def catalog_only(dataset: str, cutoff: object) -> bool:
     """Whether `dataset` is a catalog dataset with no copy here (no file, not a loadable name: a config's hub
     dataset), to be probed at the `cutoff` (said in a note) instead; without a cutoff, one error asking for one."""
-    from tunecost.catalog.datasets import get_dataset_facts
-    from tunecost.workload.known_datasets import canonical_name
-
     if Path(dataset).expanduser().exists() or canonical_name(dataset) is not None:
         return False
     try:

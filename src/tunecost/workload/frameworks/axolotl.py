@@ -196,8 +196,8 @@ def _dataset(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
         raise cfg.error("datasets", f"each entry needs a path, got {datasets[0]!r}")
     if len(datasets) > 1:
         notes.append(f"datasets: only the first of {len(datasets)} gives the lengths")
-    if catalog_dataset(path):
-        return {"dataset": catalog_dataset(path)}
+    if known := catalog_dataset(path):
+        return {"dataset": known}
     if path.lower().endswith(_DATA_SUFFIXES):
         return {"dataset": path}
     notes.append(f"datasets[0].path {path}: a hub dataset or folder, give --dataset FILE for its lengths")

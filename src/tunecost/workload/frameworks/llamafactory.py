@@ -223,8 +223,8 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         notes.append(f"max_samples {max_samples}: each of the {max(1, len(names))} dataset(s) cut to its first "
                      f"{max_samples} examples, at most {options['max_queries']} queries per epoch")  # fmt: skip
     for name in names:
-        if catalog_dataset(name):
-            options["dataset"] = catalog_dataset(name)
+        if known := catalog_dataset(name):
+            options["dataset"] = known
         elif name.strip():
             notes.append(f"dataset {name.strip()}: a {TITLE} dataset name, give --dataset FILE for its lengths")
     if cfg.typed("neat_packing", bool):

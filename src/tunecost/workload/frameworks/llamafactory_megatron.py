@@ -34,14 +34,12 @@ def megatron_options(cfg: ConfigFile, model: str | None, notes: list[str]) -> di
     ep = positive(cfg, "expert_model_parallel_size", cfg.typed("expert_model_parallel_size", int))
     if ep > 1:
         raise cfg.error("expert_model_parallel_size", "expert parallelism is not modelled yet")
-    tp, pp, cp = (positive(cfg, key, cfg.typed(key, int)) for key in list(KEYS)[:3])
-    vp = cfg.typed("virtual_pipeline_model_parallel_size", int)
+    tp, pp, cp, vp = (positive(cfg, key, cfg.typed(key, int)) for key in list(KEYS)[:4])
     sp = bool(cfg.typed("sequence_parallel", bool)) and tp > 1
     options: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "sequence_parallel": sp, "stack": "tunecost"}
     options["tp_impl"] = "megatron" if tp > 1 else None
-    if vp is not None and vp > 1:
-        options |= {"virtual_stages": positive(cfg, "virtual_pipeline_model_parallel_size", vp)}
-        options["pipeline_schedule"] = "interleaved-1f1b"
+    if vp > 1:
+        options |= {"virtual_stages": vp, "pipeline_schedule": "interleaved-1f1b"}
     if pp > 1:  # Megatron's micro-batches per step: the accumulation the Trainer arguments state
         options["micro_batches"] = cfg.typed("gradient_accumulation_steps", int) or 1
     recompute = cfg.typed("recompute_granularity", str)

@@ -23,7 +23,6 @@ _DEFAULTS: dict[str, tuple[Any, str]] = {
     "r": (8, "lora_rank 8"),
     "lora_alpha": (16, "lora_alpha 16"),
     "lora_dropout": (0.05, "lora_dropout 0.05"),
-    "target_modules": ("all", "lora targets all"),
     "quantization_bit": (4, "quantization_bit 4 (the bnb plugin's default)"),
     "quantization_type": ("nf4", "quant_type nf4"),
     "double_quantization": (True, "double_quant on"),
@@ -80,7 +79,7 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
             "quant_type": quant_type,
             "double_quant": _get(quant, notes, "double_quantization", bool),
         }
-    return options  # fmt: skip
+    return options
 
 
 def _targets(peft: ConfigFile, notes: list[str]) -> list[str]:
@@ -165,8 +164,8 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     if kernels.data and kernels.typed("name", str) != "auto":
         notes.append(f"kernel_config {kernels.data.get('name')}: its fused kernels are not modelled")
     dataset = cfg.typed("train_dataset", str)
-    if dataset and catalog_dataset(dataset):
-        options["dataset"] = catalog_dataset(dataset)
+    if dataset and (known := catalog_dataset(dataset)):
+        options["dataset"] = known
     elif dataset:
         notes.append(f"train_dataset {dataset}: a {TITLE} data file, give --dataset FILE for its lengths")
     notes += [
