@@ -298,6 +298,7 @@ def test_the_megatron_backend_reads_its_layout(tmp_path):
     assert "use_distributed_optimizer true: LLaMA-Factory's Megatron backend's default" in " ".join(job.assumptions)
     plain = _read(tmp_path, MEGATRON_FULL.replace("recompute_granularity: full", "use_distributed_optimizer: false"))
     assert (plain.options["gradient_checkpointing"], plain.options["strategy"]) == (False, "ddp")
+    assert not any("zero1" in a for a in plain.assumptions)
 
 
 @pytest.mark.parametrize(

@@ -78,6 +78,16 @@ def test_lora_plugin_defaults_and_a_qlora_quant_plugin(tmp_path: Path) -> None:
     assert "lora_rank 8: LLaMA-Factory v1's default" in job.assumptions
 
 
+def test_the_auto_quant_plugin_without_bits_quantizes_nothing(tmp_path: Path) -> None:
+    """plugins/model_plugins/quantization.py: quantization_auto returns the model as it is when quantization_bit is
+    unset; the bnb plugin defaults to 4 bits."""
+    auto = _read(tmp_path, BARE + "peft_config:\n  name: lora\nquant_config:\n  name: auto\n")
+    assert auto.options["method"] == "lora" and "quant_type" not in auto.options
+    bnb = _read(tmp_path, BARE + "peft_config:\n  name: lora\nquant_config:\n  name: bnb\n")
+    assert bnb.options["method"] == "qlora"
+    assert "quantization_bit 4 (the bnb plugin's default): LLaMA-Factory v1's default" in bnb.assumptions
+
+
 def test_a_global_batch_and_offloaded_fsdp2(tmp_path: Path) -> None:
     text = BARE + "global_batch_size: 64\nmax_steps: 100\ndist_config:\n  name: fsdp2\n  offload_params: true\n"
     job = _read(tmp_path, text)

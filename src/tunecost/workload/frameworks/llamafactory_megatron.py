@@ -53,8 +53,8 @@ def megatron_options(cfg: ConfigFile, model: str | None, notes: list[str]) -> di
     if distributed is None:
         notes.append(f"use_distributed_optimizer true: {_DEFAULT}")
     options["strategy"] = "ddp" if distributed is False else "zero1"
-    notes.append(f"{TITLE}: Megatron Core's layers and Adam, not transformers' (stack tunecost; the distributed "
-                 "optimizer modelled as zero1)")  # fmt: skip
+    zero1 = "; the distributed optimizer modelled as zero1" if options["strategy"] == "zero1" else ""
+    notes.append(f"{TITLE}: Megatron Core's layers and Adam, not transformers' (stack tunecost{zero1})")
     keys = {option: key for key, option in KEYS.items()}
     try:
         shape = catalog_shape(model) if model else None

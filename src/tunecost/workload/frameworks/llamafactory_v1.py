@@ -66,6 +66,9 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
         qname = quant.typed("name", str)
         if qname not in ("bnb", "auto"):
             raise quant.error("name", f"{qname}: tunecost models bitsandbytes (bnb) quantization only")
+        if qname == "auto" and quant.typed("quantization_bit", int) is None:  # quantization_auto applies none
+            notes.append("quant_config auto without quantization_bit: no quantization, as its auto plugin does")
+            return options
         bits = _get(quant, notes, "quantization_bit", int)
         if bits == 8:
             raise quant.error("quantization_bit", f"8: {TITLE} trains 8-bit weights only without FSDP; not modelled")
