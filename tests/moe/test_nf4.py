@@ -33,7 +33,8 @@ def test_dequantize_matches_bitsandbytes_per_matrix(weights, parts):
 
 def test_last_dimension_not_a_multiple_of_the_blocksize():
     # bitsandbytes 0.50's CPU kernel indexes blocks per row and mis-dequantizes such matrices (about twice the
-    # quantization error); our stacks must agree with bitsandbytes' Python reference implementation instead.
+    # quantization error); our stacks must agree with bitsandbytes' Python reference implementation instead, run
+    # as written (`__wrapped__`: bitsandbytes wraps it in torch.compile, ~18 s to compile on 2 cores).
     from bitsandbytes.backends.default.ops import _dequantize_4bit_compute
     from bitsandbytes.backends.utils import _get_4bit_code
 
@@ -43,7 +44,7 @@ def test_last_dimension_not_a_multiple_of_the_blocksize():
     code = _get_4bit_code("nf4", weight.device)
     expected = torch.stack(
         [
-            _dequantize_4bit_compute(stack.packed[e], stack.absmax[e].reshape(-1), code, 64, (32, 48), torch.float32)
+            _dequantize_4bit_compute.__wrapped__(stack.packed[e], stack.absmax[e].reshape(-1), code, 64, (32, 48), torch.float32)
             for e in range(3)
         ]
     )
