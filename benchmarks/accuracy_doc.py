@@ -10,12 +10,15 @@ Simulations are cached (tunecost's simulate cache), so a second run takes second
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+# the shipped model catalog only (a model outside it is not fetched from the Hub): the same page with or without network
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from tunecost.catalog.held_out_errors import THROUGHPUT_QUANTITIES as THROUGHPUT
 from tunecost.io import atomic_write_text
 from tunecost.validate import read_corpus, summarize, validate_rows

@@ -127,7 +127,7 @@ def _wanted(name: str, only: list[str] | None, skip: list[str] | None) -> bool:
 def record(out: Path, cache: Path | None, only: list[str] | None, skip: list[str] | None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="same_outputs_") as tmp:
-        env = {**os.environ, "TUNECOST_CACHE_DIR": str(cache or Path(tmp) / "cache")}
+        env = {**os.environ, "TUNECOST_CACHE_DIR": str(cache or Path(tmp) / "cache"), "HF_HUB_OFFLINE": "1"}
         for name, args in COMMANDS.items():
             if not _wanted(name, only, skip):
                 continue

@@ -7,6 +7,9 @@ import os
 
 # Idle OpenMP threads spin by default; with 2 cores that starves the next op. Set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# No test reaches the Hugging Face Hub (a model outside the catalog is fetched from a local stand-in:
+# tests/models/test_hub.py). Set before huggingface_hub loads.
+os.environ["HF_HUB_OFFLINE"] = "1"
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any

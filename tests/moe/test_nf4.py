@@ -44,7 +44,9 @@ def test_last_dimension_not_a_multiple_of_the_blocksize():
     code = _get_4bit_code("nf4", weight.device)
     expected = torch.stack(
         [
-            _dequantize_4bit_compute.__wrapped__(stack.packed[e], stack.absmax[e].reshape(-1), code, 64, (32, 48), torch.float32)
+            _dequantize_4bit_compute.__wrapped__(
+                stack.packed[e], stack.absmax[e].reshape(-1), code, 64, (32, 48), torch.float32
+            )
             for e in range(3)
         ]
     )

@@ -66,7 +66,7 @@ def test_skip_reasons(corpus) -> None:
     fake = SimpleNamespace(peak_bytes=GIB, device_overhead_bytes=0)
     rows = _by_id(validate_rows(read_corpus([corpus]), simulate=lambda m: fake))
     expected = {
-        "t-unknown-model": "unknown model",
+        "t-unknown-model": "not in the catalog",
         "t-unknown-stack": "unknown stack",
         "t-unknown-quantity": "unsupported quantity",
         "t-gptq": "gptq-int4",

@@ -114,7 +114,8 @@ MethodName = Annotated[str, opt("--method", "full | lora | qlora")]
 JobModel = Annotated[
     str | None,
     opt(
-        "--model", "Catalog model (tiny-mixtral, mixtral-8x7b, ...), local folder or cached hub id (or from --config)."
+        "--model",
+        "Catalog model (tiny-mixtral, mixtral-8x7b, ...), local folder or hub id (its config.json; or from --config).",
     ),
 ]
 LoraRank = Annotated[int, count_option("--lora-rank", "LoRA rank.", MAX_LORA_RANK)]

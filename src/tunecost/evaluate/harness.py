@@ -19,7 +19,8 @@ from tunecost.errors import TunecostError
 from tunecost.evaluate.generation import continuation_logprobs, greedy_generate
 from tunecost.evaluate.scoring import DEFAULT_MAX_NEW_TOKENS, Scorer, scorer_for
 from tunecost.models.build import default_tokenizer, load_pretrained
-from tunecost.models.catalog import ModelSpec, cached_hub_file, resolve_model
+from tunecost.models.catalog import ModelSpec, resolve_model
+from tunecost.models.hub import cached_hub_file
 from tunecost.models.tiny import build_tiny_mixtral
 from tunecost.workload.datasets import Dataset
 from tunecost.workload.templates import Template, common_prefix_len, encode_prompt

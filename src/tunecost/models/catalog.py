@@ -15,6 +15,7 @@ from typing import Any
 
 from tunecost.errors import TunecostError, unknown_name_error
 from tunecost.models.anatomy import SUPPORTED_FAMILIES, get_top_k, learned_positions, num_experts
+from tunecost.models.hub import hub_file
 
 MODEL_CATALOG_DIR = Path(__file__).parents[1] / "catalog" / "data" / "models"
 
@@ -273,19 +274,6 @@ def _text_model_config(config: dict[str, Any]) -> dict[str, Any] | None:
     return {**text, "model_type": text_family}
 
 
-def cached_hub_file(repo_id: str, filename: str = "config.json") -> Path | None:
-    """The file of a hub repository in the local Hugging Face cache (None: not cached, or not a repository id)."""
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:  # pragma: no cover - huggingface_hub ships with transformers
-        return None
-    try:
-        hit = try_to_load_from_cache(repo_id, filename)
-    except ValueError:  # huggingface_hub's HFValidationError: not a repository id ("a/b/c", spaces, ...)
-        return None
-    return Path(hit) if isinstance(hit, str) else None
-
-
 def gptq_checkpoint(name: str) -> GptqCheckpoint | None:
     """The GPTQ checkpoint a hub id names (any case), or None."""
     key = name.strip().lower()
@@ -353,12 +341,9 @@ def resolve_model(name: str) -> ModelSpec:
     if name.strip().endswith(".json") or name.count("/") > 1:  # a path, not a hub id (namespace/name)
         raise TunecostError(f"no model config at {name!r}: no such file or folder")
     if "/" in name and not name.startswith((".", "/")):
-        cached = cached_hub_file(name)
-        if cached is not None:
-            spec = spec_from_config_file(cached)
-            return ModelSpec(**{**spec.__dict__, "name": name, "hub_id": name})
-        raise TunecostError(
-            f"model {name!r} is not in the catalog and its config.json is not in the local Hugging Face cache "
-            f"(tunecost does not download). Catalog models: {', '.join(sorted(catalog))}"
-        )
+        try:
+            spec = spec_from_config_file(hub_file(name))
+        except TunecostError as exc:
+            raise TunecostError(f"model {name!r} is not in the catalog: {exc}") from None
+        return ModelSpec(**{**spec.__dict__, "name": name, "hub_id": name})
     raise unknown_name_error("model", name, catalog.keys())

@@ -238,8 +238,8 @@ def model_and_method(row: CorpusRow, quantization: str) -> tuple[Any, str]:
 
     try:
         spec = resolve_model(row.get("model"))
-    except TunecostError:
-        raise Skip(f"unknown model {row.get('model')!r} (not in the catalog)") from None
+    except TunecostError as exc:
+        raise Skip(str(exc)) from None
     if spec.family not in SUPPORTED_FAMILIES:
         raise Skip(f"architecture {spec.family!r} not simulated")
     method = row.get("method")
