@@ -104,6 +104,11 @@ CASES = {
     "granite": (lambda: _hf("granite"), 3, 0, 1, 1),
     "olmo": (lambda: _hf("olmo"), 3, 0, 1, 1),
     "olmo2": (lambda: _hf("olmo2"), 3, 0, 1, 1),
+    "olmo3": (lambda: _hf("olmo3", eos_token_id=None), 3, 0, 1, 1),
+    **{
+        name: (lambda name=name: _hf(name, pad_token_id=None, bos_token_id=None, eos_token_id=None), 3, 0, 1, 1)
+        for name in ("smollm3", "exaone4", "ernie4_5", "glm", "glm4")
+    },
     "starcoder2": (lambda: _hf("starcoder2"), 3, 0, 1, 1),
     # Falcon's own keys (its blocks at transformer.h): width 32, 4 heads, 2 key-value heads (new architecture)
     "falcon": (

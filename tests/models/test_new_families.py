@@ -1,7 +1,7 @@
-"""OLMo, OLMo 2, StarCoder2 and Falcon: a tiny random config of each builds through the catalog path with the
-parameters of transformers' own model (and the throughput model's count of them), its attention and MLP
-projections are LoRA targets, a LoRA and a full step simulate, and the catalog's hub ids resolve offline with the
-published sizes."""
+"""OLMo 1-3, SmolLM3, EXAONE 4, ERNIE 4.5, GLM, GLM-4, StarCoder2 and Falcon: a tiny random config of each builds
+through the catalog path with the parameters of transformers' own model (and the throughput model's count of them),
+its attention and MLP projections are LoRA targets, a LoRA and a full step simulate, and the catalog's hub ids
+resolve offline with the published sizes."""
 
 from __future__ import annotations
 
@@ -22,9 +22,19 @@ from tunecost.workload.job import FineTuneJob, LoraConfig
 _SIZES = {"hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4, "vocab_size": 200}
 _DENSE_LORA = LoraConfig(rank=4, alpha=8, targets=("attention", "mlp"))
 _LLAMA_LIKE = {**_SIZES, "intermediate_size": 96, "num_key_value_heads": 2, "max_position_embeddings": 128}
+_LLAMA_LIKE |= {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}  # their defaults exceed vocab_size
+_SLIDING_THEN_FULL = ["sliding_attention", "sliding_attention", "full_attention"]
 CONFIGS = {
     "olmo": {"model_type": "olmo", **_LLAMA_LIKE, "clip_qkv": 8.0},  # clip_qkv: q, k, v clamped in place
     "olmo2": {"model_type": "olmo2", **_LLAMA_LIKE},
+    # two layers over a 16-token window (shorter than the simulated 32-token sequences), the last over all
+    "olmo3": {"model_type": "olmo3", **_LLAMA_LIKE, "sliding_window": 16, "layer_types": _SLIDING_THEN_FULL},
+    "smollm3": {"model_type": "smollm3", **_LLAMA_LIKE, "no_rope_layers": [1, 1, 0]},
+    "exaone4": {"model_type": "exaone4", **_LLAMA_LIKE, "sliding_window": 16, "layer_types": _SLIDING_THEN_FULL},
+    "ernie4_5": {"model_type": "ernie4_5", **_LLAMA_LIKE, "head_dim": 16},
+    "ernie4_5-bias": {"model_type": "ernie4_5", **_LLAMA_LIKE, "head_dim": 16, "use_bias": True},
+    "glm": {"model_type": "glm", **_LLAMA_LIKE, "head_dim": 16, "attention_bias": True},
+    "glm4": {"model_type": "glm4", **_LLAMA_LIKE, "head_dim": 16, "attention_bias": True},
     # every layer attends over a 16-token window (shorter than the simulated 32-token sequences)
     "starcoder2": {"model_type": "starcoder2", **_LLAMA_LIKE, "sliding_window": 16},
     # Falcon-7B's layout: one key/value head, attention and MLP side by side after one LayerNorm
@@ -44,7 +54,11 @@ CONFIGS = {
 # the attention and MLP projections (paths in a decoder layer) LoRA must wrap
 TARGETS = {
     "olmo": ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"),
-    "olmo2": ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"),
+    **dict.fromkeys(
+        ("olmo2", "olmo3", "smollm3", "exaone4", "ernie4_5", "ernie4_5-bias"),
+        ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"),
+    ),
+    **dict.fromkeys(("glm", "glm4"), ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")),
     "starcoder2": ("self_attn.q_proj", "self_attn.o_proj", "mlp.c_fc", "mlp.c_proj"),
     **dict.fromkeys(
         ("falcon-mqa-parallel", "falcon-new-architecture", "falcon-sequential-bias"),
@@ -73,6 +87,12 @@ def test_counted_parameters_are_transformers_models(tmp_path, name) -> None:
     assert arch_of(spec).total_params == expected  # the throughput model's count from the config alone
     built = build_model(spec, device="meta")
     assert {n for n, _ in built.named_parameters()} == {n for n, _ in reference.named_parameters()}
+
+
+@pytest.mark.parametrize("name", ["olmo3", "exaone4"])
+def test_sliding_window_layers_are_the_ones_layer_types_names(tmp_path, name) -> None:
+    arch = arch_of(resolve_model(str(_config_file(tmp_path, name))))
+    assert (arch.num_window_layers, arch.attention_window_tokens) == (2, 16)
 
 
 def test_falcon_fused_query_key_value_by_hand(tmp_path) -> None:

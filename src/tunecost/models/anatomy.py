@@ -76,6 +76,15 @@ _FAMILIES: dict[str, _Family] = {
     # Llama's layout and projection names
     "olmo": _Family("model.layers", None),
     "olmo2": _Family("model.layers", None),
+    # OLMo 3: OLMo 2 with sliding-window layers; SmolLM3: Llama with some layers without rotary; EXAONE 4: per-head
+    # q/k norms and post-norms; ERNIE 4.5 (dense): Llama's layout; GLM and GLM-4: q/k/v biases and a fused
+    # `gate_up_proj` (GLM-4: two more norms per layer)
+    "olmo3": _Family("model.layers", None),
+    "smollm3": _Family("model.layers", None),
+    "exaone4": _Family("model.layers", None),
+    "ernie4_5": _Family("model.layers", None),
+    "glm": _Family("model.layers", None),
+    "glm4": _Family("model.layers", None),
     # StarCoder2: Llama's layout, q/k/v/o with biases, a two-matrix GELU MLP `c_fc` / `c_proj`, LayerNorms
     "starcoder2": _Family("model.layers", None),
     # Falcon: blocks at `transformer.h`, attention `self_attention` (fused `query_key_value`, `dense`), MLP `mlp`

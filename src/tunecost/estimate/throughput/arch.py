@@ -16,16 +16,25 @@ TRANSFORMER_FAMILIES = (
     *("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "gpt_oss"),
     *("llama", "mistral", "qwen2"),
     *("qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "granite", "olmo", "olmo2"),
+    *("olmo3", "smollm3", "exaone4", "ernie4_5", "glm", "glm4"),
 )
 # transformers 5.23's config-class defaults where a config.json may leave the key out
 _HEAD_DIM_DEFAULTS = {"qwen3": 128, "gemma": 256, "gemma2": 256, "gemma3_text": 256}
-_TIED_DEFAULTS = {"gemma": True, "gemma2": True, "gemma3_text": True}
+_HEAD_DIM_DEFAULTS |= {"ernie4_5": 128, "glm": 128, "glm4": 128}
+_TIED_DEFAULTS = {"gemma": True, "gemma2": True, "gemma3_text": True, "smollm3": True, "ernie4_5": True}
 # RMSNorms of `hidden` width per decoder layer (else 2: input, post-attention)
-_NORMS_PER_LAYER = {"gemma2": 4, "gemma3_text": 4}
+_NORMS_PER_LAYER = {"gemma2": 4, "gemma3_text": 4, "glm4": 4}
+# families whose MLP fuses gate and up into one `gate_up_proj` (Phi-3 fuses q, k, v too)
+_FUSED_GATE_UP = ("phi3", "glm", "glm4")
+# families whose q, k and v (not o) have biases when `attention_bias` is set (GLM: set in its configs)
+_QKV_BIAS_FLAG_FAMILIES = ("glm", "glm4")
 # families whose norms have no weight (OLMo's `OlmoLayerNorm`: layer_norm without affine parameters)
 _PARAMETER_FREE_NORMS = ("olmo",)
 # families whose q, k, v, o follow `attention_bias` and whose MLP follows `mlp_bias` (Qwen2's biases are fixed)
-_BIAS_FLAG_FAMILIES = ("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "granite", "gpt_oss", "olmo", "olmo2")
+_BIAS_FLAG_FAMILIES = (
+    *("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "granite", "gpt_oss", "olmo", "olmo2"),
+    *("olmo3", "smollm3"),
+)
 # Gemma 3's default pattern: every sixth layer attends over the whole sequence, the others over the window
 _GEMMA3_SLIDING_WINDOW_PATTERN = 6
 
@@ -179,7 +188,7 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
     num_mlp_layers = layers - num_moe
     if num_mlp_layers:
         inter = int(_get(config, "intermediate_size"))
-        if family == "phi3":
+        if family in _FUSED_GATE_UP:
             mats += [(hidden, 2 * inter, num_mlp_layers), (inter, hidden, num_mlp_layers)]
         else:
             mats += [(hidden, inter, num_mlp_layers), (hidden, inter, num_mlp_layers), (inter, hidden, num_mlp_layers)]
@@ -189,8 +198,14 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
         "gemma3_text": 2 * head_dim,
         "olmoe": (heads + kv_heads) * head_dim,
         "olmo2": (heads + kv_heads) * head_dim,
+        "olmo3": (heads + kv_heads) * head_dim,
+        "exaone4": 2 * head_dim,
     }.get(family, 0)
     biases = (heads + 2 * kv_heads) * head_dim * layers if family in ("qwen2", "qwen2_moe") else 0  # Qwen's q/k/v
+    if family in _QKV_BIAS_FLAG_FAMILIES and config.get("attention_bias"):
+        biases += _bias_params(mats[:3])
+    if family == "ernie4_5" and config.get("use_bias"):  # every linear but the head
+        biases += _bias_params(mats)
     if family in _BIAS_FLAG_FAMILIES:
         biases += _bias_params(mats[:num_attention_mats]) if config.get("attention_bias") else 0
         biases += _bias_params(mats[num_attention_mats:]) if config.get("mlp_bias") else 0
@@ -226,7 +241,7 @@ def _attention_window(family: str, config: dict[str, Any], layers: int) -> tuple
     each `sliding_window_pattern`-th, Phi-3's every layer, Qwen3's layers from `max_window_layers` on when
     `use_sliding_window`, gpt-oss's alternate layers (0, 2, 4, ...); (0, 0) for every other family."""
     window = int(config.get("sliding_window") or 0)
-    if family not in ("gemma2", "gemma3_text", "phi3", "qwen3", "gpt_oss") or not window:
+    if family not in ("gemma2", "gemma3_text", "phi3", "qwen3", "gpt_oss", "olmo3", "exaone4") or not window:
         return 0, 0
     if family == "qwen3" and not config.get("use_sliding_window"):
         return 0, 0
