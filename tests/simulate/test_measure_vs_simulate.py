@@ -15,6 +15,7 @@ CASES = [
     ("tiny-olmoe", dict(method="qlora", gradient_checkpointing=True)),
     ("tiny-qwen2-moe", dict(method="lora", gradient_checkpointing=True, experts_per_token=8)),
     ("tiny-qwen2-moe", dict(method="qlora", gradient_checkpointing=False, experts_per_token=8)),
+    ("tiny-deepseek-v3", dict(method="lora", gradient_checkpointing=False)),
 ]
 
 

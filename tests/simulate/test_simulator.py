@@ -41,9 +41,10 @@ def test_scaled_two_depths_match_full_trace(config_path, options):
         assert scaled.weight_bytes[part] == pytest.approx(nbytes, rel=1e-6)
 
 
-def test_scaling_with_a_dense_prefix_layer(config_path):
+@pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-deepseek-v3"])
+def test_scaling_with_a_dense_prefix_layer(config_path, name):
     job = FineTuneJob(
-        model=config_path("tiny-deepseek-v2"),
+        model=config_path(name),
         method="qlora",
         compute_dtype="fp32",
         batch_size=2,

@@ -33,6 +33,8 @@ _FAMILIES: dict[str, _Family] = {
     "qwen2_moe": _Family("model.layers", "mlp", num_experts_keys=("num_experts",)),
     "qwen3_moe": _Family("model.layers", "mlp", num_experts_keys=("num_experts",)),
     "deepseek_v2": _Family("model.layers", "mlp", num_experts_keys=("n_routed_experts", "num_experts")),
+    # DeepSeek-V3 (Kimi K2, Moonlight): V2's modules; its router's group-limited sigmoid scoring adds a buffer only
+    "deepseek_v3": _Family("model.layers", "mlp", num_experts_keys=("n_routed_experts", "num_experts")),
     # tunecost's BlackMamba: `experts_per_token` on BlackMambaConfig; Zyphra's config.json says `mlp_router_topk`
     # (Megatron's `moe_top_k` in some exports)
     "blackmamba": _Family(

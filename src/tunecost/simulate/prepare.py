@@ -136,7 +136,7 @@ def layer_pattern(spec: ModelSpec) -> tuple[int, int, int]:
     time and scaled. DeepSeek's first dense layers form a prefix; BlackMamba alternates Mamba and MoE (period 2)."""
     cfg = spec.config
     n = spec.num_layers
-    if spec.family == "deepseek_v2":
+    if spec.family in ("deepseek_v2", "deepseek_v3"):
         prefix = min(int(cfg.get("first_k_dense_replace") or 0), n)
         return prefix, 1, n - prefix
     if spec.family == "blackmamba":

@@ -108,6 +108,32 @@ def test_deepseek_v2_arch_counts_mla_the_dense_prefix_and_shared_experts() -> No
         assert arch.active_params(2) == counts.active
 
 
+def test_deepseek_v3_counts_as_transformers_builds_it_and_as_its_report_says() -> None:
+    """V3 has V2's modules (its router's group-limited sigmoid scoring adds a buffer only). At full size, the
+    hyperparameters of the DeepSeek-V3 technical report (arXiv 2412.19437, section 4.2: 61 layers of width 7168,
+    128 heads, q/kv latents 1536/512, rope 64, 3 dense layers, 1 shared + 256 routed experts of width 2048, 8
+    active; vocabulary 129,280, dense MLP 18,432) give its stated 671B total and 37B active parameters."""
+    from pathlib import Path
+
+    from tunecost.models.params import count_parameters
+
+    spec = resolve_model(str(Path(__file__).parents[2] / "fixtures" / "simulate" / "tiny-deepseek-v3.json"))
+    counts, arch = count_parameters(spec), arch_of(spec)
+    assert spec.family == arch.family == "deepseek_v3"
+    assert (arch.total_params, arch.routed_expert_params, arch.active_params(2)) == (
+        counts.total,
+        counts.routed_experts,
+        counts.active,
+    )
+    sizes = {"hidden_size": 7168, "num_hidden_layers": 61, "num_attention_heads": 128, "q_lora_rank": 1536}
+    sizes |= {"kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
+    sizes |= {"n_routed_experts": 256, "n_shared_experts": 1, "moe_intermediate_size": 2048, "num_experts_per_tok": 8}
+    sizes |= {"first_k_dense_replace": 3, "vocab_size": 129280, "intermediate_size": 18432}
+    full = arch_of(replace(spec, config={**spec.config, **sizes}))
+    assert full.total_params == pytest.approx(671e9, rel=0.001)
+    assert full.active_params(8) == pytest.approx(37e9, rel=0.02)
+
+
 def test_unsupported_family_is_a_clear_error() -> None:
     spec = resolve_model("llama-3.2-1b")
     with pytest.raises(TunecostError, match="'mamba2'"):

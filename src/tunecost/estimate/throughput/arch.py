@@ -336,8 +336,8 @@ def arch_of(spec: ModelSpec) -> Arch:
 
     if spec.family == "blackmamba":
         return _blackmamba_arch(spec.config)
-    if spec.family == "deepseek_v2":
-        return deepseek_v2_arch(spec.config)
+    if spec.family in ("deepseek_v2", "deepseek_v3"):
+        return deepseek_v2_arch(spec.config, spec.family)
     if spec.family == "gpt_bigcode":
         return gpt_bigcode_arch(spec.config)
     if spec.family == "phi":
@@ -348,5 +348,5 @@ def arch_of(spec: ModelSpec) -> Arch:
         return GELU_MLP_ARCHES[spec.family](spec.config)
     raise TunecostError(
         f"{spec.name}: the throughput model reads {', '.join(TRANSFORMER_FAMILIES)}, phi, gpt_bigcode, "
-        f"{', '.join(GELU_MLP_ARCHES)}, deepseek_v2 and blackmamba configs, not {spec.family!r}"
+        f"{', '.join(GELU_MLP_ARCHES)}, deepseek_v2, deepseek_v3 and blackmamba configs, not {spec.family!r}"
     )

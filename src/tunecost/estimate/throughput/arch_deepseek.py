@@ -1,4 +1,5 @@
-"""`Arch` of DeepSeek-V2 (and V2-Lite): multi-head latent attention, routed plus shared experts, a dense prefix."""
+"""`Arch` of DeepSeek-V2 (and V2-Lite) and V3 (the same modules): multi-head latent attention, routed plus shared
+experts, a dense prefix."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 from tunecost.estimate.throughput.arch import Arch, _decoder_arch, _get, _Shape
 
 
-def deepseek_v2_arch(config: dict[str, Any]) -> Arch:
+def deepseek_v2_arch(config: dict[str, Any], family: str = "deepseek_v2") -> Arch:
     """DeepSeek-V2 as transformers builds it: MLA (q_proj, or q_a_proj + q_b_proj under `q_lora_rank`;
     kv_a_proj_with_mqa, kv_b_proj, o_proj; RMSNorms on the latents), the first `first_k_dense_replace` layers a
     dense MLP, the rest `n_routed_experts` experts plus one always-on MLP of `n_shared_experts` experts' width.
@@ -41,7 +42,7 @@ def deepseek_v2_arch(config: dict[str, Any]) -> Arch:
         mats += [(hidden, inter, num_dense), (hidden, inter, num_dense), (inter, hidden, num_dense)]
     latent_norms = kv_rank + q_rank  # kv_a_layernorm, and q_a_layernorm under q_lora_rank
     return _decoder_arch(
-        "deepseek_v2",
+        family,
         mats,
         _Shape(hidden, layers, heads, (qk_dim + v_dim) // 2, vocab),
         tied=bool(config.get("tie_word_embeddings", False)),
