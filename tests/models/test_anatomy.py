@@ -74,6 +74,7 @@ CASES = {
     # tiny-deepseek-v2.json: 4 layers, first_k_dense_replace 1 (layer 0 is a dense MLP), 8 routed experts, top-2
     "deepseek_v2": (lambda: _from_fixture("tiny-deepseek-v2"), 4, 3, 8, 2),
     "deepseek_v3": (lambda: _from_fixture("tiny-deepseek-v3"), 4, 3, 8, 2),
+    "glm4_moe": (lambda: _from_fixture("tiny-glm4-moe"), 4, 3, 8, 2),
     # tiny_blackmamba_config: 4 layers (Mamba, MoE, Mamba, MoE), 8 experts, top-2
     "blackmamba": (_blackmamba, 4, 2, 8, 2),
     "granitemoe": (lambda: _hf("granitemoe", num_local_experts=4, num_experts_per_tok=2), 3, 3, 4, 2),

@@ -16,6 +16,7 @@ CASES = [
     ("tiny-qwen2-moe", dict(method="lora", gradient_checkpointing=True, experts_per_token=8)),
     ("tiny-qwen2-moe", dict(method="qlora", gradient_checkpointing=False, experts_per_token=8)),
     ("tiny-deepseek-v3", dict(method="lora", gradient_checkpointing=False)),
+    ("tiny-glm4-moe", dict(method="full", gradient_checkpointing=True)),
 ]
 
 

@@ -41,7 +41,7 @@ def test_scaled_two_depths_match_full_trace(config_path, options):
         assert scaled.weight_bytes[part] == pytest.approx(nbytes, rel=1e-6)
 
 
-@pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-deepseek-v3"])
+@pytest.mark.parametrize("name", ["tiny-deepseek-v2", "tiny-deepseek-v3", "tiny-glm4-moe"])
 def test_scaling_with_a_dense_prefix_layer(config_path, name):
     job = FineTuneJob(
         model=config_path(name),

@@ -35,6 +35,8 @@ _FAMILIES: dict[str, _Family] = {
     "deepseek_v2": _Family("model.layers", "mlp", num_experts_keys=("n_routed_experts", "num_experts")),
     # DeepSeek-V3 (Kimi K2, Moonlight): V2's modules; its router's group-limited sigmoid scoring adds a buffer only
     "deepseek_v3": _Family("model.layers", "mlp", num_experts_keys=("n_routed_experts", "num_experts")),
+    # GLM-4.5 / 4.6: DeepSeek-V3's MoE layout (dense prefix, shared experts, biased sigmoid router) under GQA attention
+    "glm4_moe": _Family("model.layers", "mlp", num_experts_keys=("n_routed_experts",)),
     # tunecost's BlackMamba: `experts_per_token` on BlackMambaConfig; Zyphra's config.json says `mlp_router_topk`
     # (Megatron's `moe_top_k` in some exports)
     "blackmamba": _Family(

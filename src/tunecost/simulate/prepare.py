@@ -133,10 +133,11 @@ def check_supported(
 
 def layer_pattern(spec: ModelSpec) -> tuple[int, int, int]:
     """(prefix, period, num_units) of the decoder stack: layers that repeat identically can be traced a few at a
-    time and scaled. DeepSeek's first dense layers form a prefix; BlackMamba alternates Mamba and MoE (period 2)."""
+    time and scaled. DeepSeek's (and GLM-4.5's) first dense layers form a prefix; BlackMamba alternates Mamba and
+    MoE (period 2)."""
     cfg = spec.config
     n = spec.num_layers
-    if spec.family in ("deepseek_v2", "deepseek_v3"):
+    if spec.family in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
         prefix = min(int(cfg.get("first_k_dense_replace") or 0), n)
         return prefix, 1, n - prefix
     if spec.family == "blackmamba":

@@ -134,6 +134,25 @@ def test_deepseek_v3_counts_as_transformers_builds_it_and_as_its_report_says() -
     assert full.active_params(8) == pytest.approx(37e9, rel=0.02)
 
 
+@pytest.mark.parametrize("extra", [{}, {"attention_bias": False, "use_qk_norm": False}])
+def test_glm4_moe_counts_as_transformers_builds_it(extra) -> None:
+    """GLM-4.5's layout (GQA with q/k/v biases and q/k norms, a dense first layer, routed + shared experts): the
+    throughput model's totals equal the model transformers builds from the config."""
+    from pathlib import Path
+
+    from tunecost.models.params import count_parameters
+
+    spec = resolve_model(str(Path(__file__).parents[2] / "fixtures" / "simulate" / "tiny-glm4-moe.json"))
+    spec = replace(spec, config={**spec.config, **extra})
+    counts, arch = count_parameters(spec), arch_of(spec)
+    assert arch.family == "glm4_moe" and (arch.num_moe_layers, arch.num_experts) == (3, 8)
+    assert (arch.total_params, arch.routed_expert_params, arch.active_params(2)) == (
+        counts.total,
+        counts.routed_experts,
+        counts.active,
+    )
+
+
 def test_unsupported_family_is_a_clear_error() -> None:
     spec = resolve_model("llama-3.2-1b")
     with pytest.raises(TunecostError, match="'mamba2'"):

@@ -330,7 +330,7 @@ def _decoder_arch(
 def arch_of(spec: ModelSpec) -> Arch:
     """The `Arch` of a catalog model (or any `ModelSpec` of a supported family)."""
     # imported here: those modules build their `Arch` with this module's helpers
-    from tunecost.estimate.throughput.arch_deepseek import deepseek_v2_arch
+    from tunecost.estimate.throughput.arch_deepseek import deepseek_v2_arch, glm4_moe_arch
     from tunecost.estimate.throughput.arch_gelu_mlp import GELU_MLP_ARCHES
     from tunecost.estimate.throughput.arch_phi_bigcode import gpt_bigcode_arch, phi_arch
 
@@ -338,6 +338,8 @@ def arch_of(spec: ModelSpec) -> Arch:
         return _blackmamba_arch(spec.config)
     if spec.family in ("deepseek_v2", "deepseek_v3"):
         return deepseek_v2_arch(spec.config, spec.family)
+    if spec.family == "glm4_moe":
+        return glm4_moe_arch(spec.config)
     if spec.family == "gpt_bigcode":
         return gpt_bigcode_arch(spec.config)
     if spec.family == "phi":
@@ -348,5 +350,5 @@ def arch_of(spec: ModelSpec) -> Arch:
         return GELU_MLP_ARCHES[spec.family](spec.config)
     raise TunecostError(
         f"{spec.name}: the throughput model reads {', '.join(TRANSFORMER_FAMILIES)}, phi, gpt_bigcode, "
-        f"{', '.join(GELU_MLP_ARCHES)}, deepseek_v2, deepseek_v3 and blackmamba configs, not {spec.family!r}"
+        f"{', '.join(GELU_MLP_ARCHES)}, deepseek_v2, deepseek_v3, glm4_moe and blackmamba configs, not {spec.family!r}"
     )
