@@ -4,6 +4,8 @@ shortfall error when even one query does not fit."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tunecost.errors import DoesNotFit
 from tunecost.simulate import batch as batch_mod
@@ -49,6 +51,31 @@ def test_flat_start_and_convex_memory(monkeypatch):
     result = max_batch_size(FineTuneJob(model="mixtral-8x7b"), mem)
     assert need(result.batch_size) <= mem < need(result.batch_size + 1)
     assert len(calls) <= 10
+
+
+def _stepped(fixed: int, per_batch: int, step: int):
+    """An affine need rounded up to `step` bytes, as the allocator's blocks make it near a boundary."""
+    return lambda b: -(-(fixed + b * per_batch) // step) * step
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    fixed=st.integers(1, 10**10),
+    per_batch=st.integers(10**4, 10**9),  # bytes per query: 10 kB (a tiny model, a few tokens) and up
+    step=st.sampled_from([1, 2**21, 20 * 2**20]),  # the caching allocator's rounding: none, 2 MiB, 20 MiB
+    budget=st.integers(1, 10**11),
+    first=st.integers(1, 64),
+)
+def test_the_search_finds_the_boundary_of_a_stepped_need(fixed, per_batch, step, budget, first):
+    need = _stepped(fixed, per_batch, step)
+    found, asked = batch_mod.search_boundary(need, budget, first=first, max_batch=10**6)
+    lo, hi = 0, 10**6  # need is monotone: the largest batch within the budget, by bisection
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if need(mid) <= budget else (lo, mid - 1)
+    assert found == lo
+    # doubling to the bracket (up to 20 needs here), then the line, bisecting where it stalls on the steps
+    assert len(asked) <= 60
 
 
 def test_shortfall_when_batch_one_does_not_fit(monkeypatch):

@@ -209,30 +209,61 @@ def search_boundary(
         probe, predicted = _next_probe(asked, sorted(needs), lo, hi, budget, max_batch)
     else:
         probe, predicted = min(max_batch, 2 * lo), None
+    # Near the boundary the need rises in steps, and a line from a far end lands past it again and again. Illinois:
+    # when the same end of the bracket moves twice running, the other end's distance from the budget is halved in
+    # the line; a fitting batch with the need of the last (a plateau), an end exactly at the budget, or three probes
+    # that do not halve the bracket are followed by a bisection, so no search walks one batch at a time.
+    weights, last_side, widths = {"lo": 1.0, "hi": 1.0}, "", []
     while probe is not None and probe <= max_batch:
         fits = asked(probe) <= budget
+        bracketed = hi is not None
+        plateau = fits and lo > 0 and asked(lo) == needs[probe]  # a step of the need: the line says nothing
         if fits:
             lo = probe
         else:
             hi = probe
+        if hi is not None:
+            widths.append(hi - lo)
+        slow = len(widths) >= 4 and widths[-1] > widths[-4] // 2
+        if hi is not None and hi - lo > 1 and (plateau or slow):
+            probe, predicted = (lo + hi) // 2, None
+            continue
         if fits and probe == predicted and (hi is None or probe + 1 < hi):
             probe, predicted = probe + 1, None  # the line was right so far: confirm the boundary
             continue
-        probe, predicted = _next_probe(asked, sorted(needs), lo, hi, budget, max_batch)
+        side = "lo" if fits else "hi"
+        weights[side] = 1.0
+        if bracketed and side == last_side:
+            weights["hi" if fits else "lo"] /= 2
+        last_side = side if bracketed else ""
+        probe, predicted = _next_probe(asked, sorted(needs), lo, hi, budget, max_batch, weights)
     return lo, needs
 
 
 def _next_probe(
-    need: Callable[[int], int], simulated: list[int], lo: int, hi: int | None, mem: int, cap: int
+    need: Callable[[int], int],
+    simulated: list[int],
+    lo: int,
+    hi: int | None,
+    mem: int,
+    cap: int,
+    weights: dict[str, float] | None = None,
 ) -> tuple[int | None, int | None]:
     """Next batch to simulate, strictly inside the bracket (lo fits, hi does not): where the line through the two
-    simulations nearest the boundary reaches `mem` (and that guess when it was not clamped). None when closed."""
+    simulations nearest the boundary reaches `mem` (and that guess when it was not clamped). None when closed.
+    `weights` scale each end's distance from `mem` (Illinois, `search_boundary`)."""
     if hi is not None and hi - lo <= 1:
         return None, None
     upper = hi - 1 if hi is not None else min(cap, 8 * lo)  # a flat start must not send the search to the cap
     if lo >= upper:
         return None, None
-    guess = _line_guess(need, simulated, lo, hi, mem)
+    if hi is not None and need(lo) == mem:  # no line from an end at the budget: a plateau, bisect it
+        return (lo + hi) // 2, None
+    if hi is not None and weights and (weights["lo"], weights["hi"]) != (1.0, 1.0):
+        below, above = (mem - need(lo)) * weights["lo"], (need(hi) - mem) * weights["hi"]
+        guess: int | None = lo + int((hi - lo) * below / (below + above))
+    else:
+        guess = _line_guess(need, simulated, lo, hi, mem)
     if guess is None:  # flat so far: grow geometrically
         return min(2 * lo, upper), None
     probe = min(max(guess, lo + 1), upper)
