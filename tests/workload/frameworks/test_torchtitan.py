@@ -168,6 +168,20 @@ def test_deepseek_v3_16b_is_deepseek_v2_lite_with_flex_attention(tmp_path: Path)
 
 
 @pytest.mark.parametrize(
+    ("flavor", "name", "sizes"),
+    [("236B", "deepseek-v2", (5120, 60, 1, 160, 6)), ("671B", "deepseek-v3", (7168, 61, 3, 256, 8))],
+)
+def test_deepseek_v3_236b_and_671b_are_deepseek_v2_and_v3(tmp_path: Path, flavor, name, sizes) -> None:
+    """models/deepseek_v3/__init__.py "236B": V2's sizes (dim 5120, 60 layers, 1 dense, 160 experts, top 6), "671B":
+    V3's (dim 7168, 61 layers, 3 dense, 256 experts, top 8); both flex attention by default."""
+    job = _read(tmp_path, LLAMA3_8B.replace('name = "llama3"', 'name = "deepseek_v3"').replace('"8B"', f'"{flavor}"'))
+    spec = resolve_model(job.options["model"])
+    keys = ("hidden_size", "num_hidden_layers", "first_k_dense_replace", "n_routed_experts", "num_experts_per_tok")
+    assert spec.name == name and tuple(spec.config[k] for k in keys) == sizes
+    assert any("flex attention (block-causal) modelled as SDPA" in a for a in job.assumptions)
+
+
+@pytest.mark.parametrize(
     ("old", "new", "key"),
     [
         ("local_batch_size = 1", 'local_batch_size = "one"', "training.local_batch_size"),

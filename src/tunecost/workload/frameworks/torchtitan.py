@@ -47,9 +47,10 @@ _FLAVOR_TABLE = """
     qwen3/0.6B=Qwen/Qwen3-0.6B qwen3/1.7B=Qwen/Qwen3-1.7B qwen3/4B=Qwen/Qwen3-4B qwen3/8B=Qwen/Qwen3-8B
     qwen3/14B=Qwen/Qwen3-14B qwen3/32B=Qwen/Qwen3-32B qwen3/30B-A3B=Qwen/Qwen3-30B-A3B
     gpt_oss/20b=openai/gpt-oss-20b gpt_oss/120b=openai/gpt-oss-120b deepseek_v3/16B=deepseek-ai/DeepSeek-V2-Lite
+    deepseek_v3/236B=deepseek-ai/DeepSeek-V2 deepseek_v3/671B=deepseek-ai/DeepSeek-V3
 """
-# flavors whose model args set flex attention (deepseek_v3 16B: attn_type "flex", block-causal masks)
-_FLEX_FLAVORS = ("deepseek_v3/16B",)
+# flavors whose model registry defaults to flex attention (deepseek_v3: attn_backend "flex", block-causal masks)
+_FLEX_FLAVORS = ("deepseek_v3/16B", "deepseek_v3/236B", "deepseek_v3/671B")
 FLAVORS: dict[str, str] = dict(pair.split("=") for pair in _FLAVOR_TABLE.split())
 PAR = "parallelism."
 DP_KEYS = (f"{PAR}data_parallel_shard_degree", f"{PAR}data_parallel_replicate_degree", "training.enable_cpu_offload")
