@@ -211,8 +211,8 @@ def search_boundary(
         probe, predicted = min(max_batch, 2 * lo), None
     # Near the boundary the need rises in steps, and a line from a far end lands past it again and again. Illinois:
     # when the same end of the bracket moves twice running, the other end's distance from the budget is halved in
-    # the line; a fitting batch with the need of the last (a plateau), an end exactly at the budget, or three probes
-    # that do not halve the bracket are followed by a bisection, so no search walks one batch at a time.
+    # the line; a fitting batch with the need of the last (a plateau) or three probes that do not halve the bracket
+    # are followed by a bisection, so no search walks one batch at a time.
     weights, last_side, widths = {"lo": 1.0, "hi": 1.0}, "", []
     while probe is not None and probe <= max_batch:
         fits = asked(probe) <= budget
@@ -257,8 +257,6 @@ def _next_probe(
     upper = hi - 1 if hi is not None else min(cap, 8 * lo)  # a flat start must not send the search to the cap
     if lo >= upper:
         return None, None
-    if hi is not None and need(lo) == mem:  # no line from an end at the budget: a plateau, bisect it
-        return (lo + hi) // 2, None
     if hi is not None and weights and (weights["lo"], weights["hi"]) != (1.0, 1.0):
         below, above = (mem - need(lo)) * weights["lo"], (need(hi) - mem) * weights["hi"]
         guess: int | None = lo + int((hi - lo) * below / (below + above))
