@@ -553,3 +553,16 @@ def test_packing_reaches_every_recipe(packing: str, tmp_path: Path) -> None:
     if packing == "per-document":
         write_recipe(dataclasses.replace(job, strategy="fsdp2"), "torchtune", tmp_path / "tt")
         assert "dataset.packed=True" in launch_words(tmp_path / "tt" / "launch.sh")
+
+
+def test_torch_compile_reaches_every_recipe(tmp_path: Path) -> None:
+    """LLaMA-Factory's and the HF Trainer's torch_compile, torchtune's compile; the readers take each back."""
+    job = make_job("ddp-lora", torch_compile=True)
+    write_recipe(job, "llamafactory", tmp_path / "lf")
+    assert yaml.safe_load((tmp_path / "lf" / "llamafactory.yaml").read_text())["torch_compile"] is True
+    write_recipe(job, "accelerate", tmp_path / "acc")
+    assert json.loads((tmp_path / "acc" / "train_args.json").read_text())["training_args"]["torch_compile"] is True
+    write_recipe(dataclasses.replace(job, strategy="fsdp2"), "torchtune", tmp_path / "tt")
+    assert "compile=True" in launch_words(tmp_path / "tt" / "launch.sh")
+    write_recipe(make_job("ddp-lora"), "llamafactory", tmp_path / "eager")
+    assert "torch_compile" not in yaml.safe_load((tmp_path / "eager" / "llamafactory.yaml").read_text())

@@ -94,3 +94,15 @@ def test_the_step_counts_run_the_attention_forward_again() -> None:
     assert once > 0 and full.flops_by_class["attention"] == pytest.approx(selective.flops_by_class["attention"])
     assert selective.flops_by_class["dense_matmul"] == none.flops_by_class["dense_matmul"]
     assert setup_label(jobs[1]).startswith("selective recompute, bf16")
+
+
+def test_torch_compile_leaves_the_simulation_key_as_it_was(config_path, monkeypatch) -> None:
+    """The simulated step is eager's under torch.compile too: one key for both, the key of before the field."""
+    job = _job(config_path)
+    key = job_key(job, 2, "tunecost", DEFAULT_OVERHEAD)
+    assert job_key(job.with_(torch_compile=True), 2, "tunecost", DEFAULT_OVERHEAD) == key
+    asdict = dataclasses.asdict
+    monkeypatch.setattr(
+        dataclasses, "asdict", lambda obj: {k: v for k, v in asdict(obj).items() if k != "torch_compile"}
+    )
+    assert job_key(job, 2, "tunecost", DEFAULT_OVERHEAD) == key

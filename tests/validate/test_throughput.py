@@ -155,7 +155,7 @@ def test_exactly_one_calibration_row_per_stack_and_gpu() -> None:
 def test_unmodelled_settings_and_failed_calibrations_are_skipped_with_their_reason() -> None:
     rows = [
         _row(0, value="3000"),
-        _row(1, stack_versions="torch.compile on", value="3000"),
+        _row(1, notes="cumulative: +activation offload", stack_versions="torch.compile on", value="3000"),
         _row(2, notes="cumulative: +activation offload", value="3000"),
         _row(3, attention="eager", value="3000"),
         _row(4, stack="hf-transformers+peft (Qwen finetune.py)", method="full", value="3000"),
@@ -168,7 +168,7 @@ def test_unmodelled_settings_and_failed_calibrations_are_skipped_with_their_reas
     # alone in its (stack, GPU), row 0 is predicted with its family's prior (the shipped corpus's other stacks)
     assert out[0].prior and out[0].reason.startswith("stack prior gemm_efficiency") and out[0].error is not None
     expected = {
-        1: "torch.compile not modelled",
+        1: "activation offload not modelled",
         2: "activation offload not modelled",
         3: "eager attention not modelled",
         4: "full fine-tune under stack qwen-finetune not modelled",

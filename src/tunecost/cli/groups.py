@@ -64,6 +64,7 @@ class JobOptions:
     recompute_layers: cli.RecomputeLayers = None
     attention: cli.Attention = "flash"
     packing: cli.Packing = "none"
+    torch_compile: cli.TorchCompile = False
     optimizer: cli.Optimizer = "adamw"
     dtype: cli.Dtype = None
     quant_type: cli.QuantType = None
@@ -96,6 +97,7 @@ class JobOptions:
             dtype=self.dtype,
             attention=self.attention,
             packing=self.packing,
+            torch_compile=self.torch_compile,
             optimizer=self.optimizer,
             quant_type=self.quant_type,
             double_quant=self.double_quant,

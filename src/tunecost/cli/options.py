@@ -165,6 +165,11 @@ SELECTIVE_RECOMPUTE_HELP = (
     "recomputation; NeMo activations_checkpoint_granularity selective); gradient checkpointing then defaults off."
 )
 SelectiveRecompute = Annotated[bool, opt("--selective-recompute/--no-selective-recompute", SELECTIVE_RECOMPUTE_HELP)]
+TORCH_COMPILE_HELP = (
+    "The step runs under torch.compile (Inductor; torchtune compile, torchtitan compile.enable, HF torch_compile): "
+    "the throughput model fuses each layer's element-wise chains; peak memory stays the eager step's."
+)
+TorchCompile = Annotated[bool, opt("--torch-compile/--no-torch-compile", TORCH_COMPILE_HELP)]
 RECOMPUTE_LAYERS_HELP = (
     "Under gradient checkpointing, how many decoder layers recompute their forward (Megatron's recompute_method "
     "block, torchtitan's every-Nth-layer selective_ac_option); the rest keep their activations. Default: every layer."

@@ -131,6 +131,11 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         f"calibrated on {model.num_points} points of {model.source_names} "
         f"(in-sample MAPE {100 * model.in_sample_mape:.1f} %); " + run_length_note(req.options),
         *extrapolation_notes(pred),
+        *(
+            ["torch.compile: each layer's element-wise chains counted fused (Inductor)"]
+            if req.job.torch_compile
+            else []
+        ),
         f"95 % interval: {pred.interval_kinds}",
         *(n for n in pred.notes if n.startswith("host ")),
         *([prior.note] if prior else stack_note(req.options.stack or req.job.stack)),

@@ -103,6 +103,7 @@ def estimate_job(
     dtype: str | None = None,
     attention: str = "flash",
     packing: str = "none",
+    torch_compile: bool = False,
     optimizer: str = "adamw",
     quant_type: str | None = None,
     double_quant: bool = True,
@@ -132,6 +133,7 @@ def estimate_job(
         gptq_group_size=group_size,
         attention=attention,
         packing=packing,
+        torch_compile=torch_compile,
         optimizer=optimizer,
         experts_per_token=experts_per_token,
         gradient_checkpointing=default_gradient_checkpointing(method, selective_recompute)

@@ -46,6 +46,7 @@ def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=N
         attention=job.attention,
         optimizer=job.optimizer,
         packing=job.packing,
+        torch_compile=job.torch_compile,
         seq_len=job.worst_case_seq_len,
         micro_batch=setup.micro_batch,
         grad_accum=option.accumulation,

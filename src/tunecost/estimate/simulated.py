@@ -46,6 +46,7 @@ def sizing_note(job: FineTuneJob, gpu: GPU, behaviour: StackBehaviour = DEFAULT_
     GPU memory and the safety margin."""
     checkpointing = "on" if job.gradient_checkpointing else "off"
     options = "".join(f"; {line}" for line in behaviour.describe())
+    options += "; torch.compile: memory of the eager step" if job.torch_compile else ""
     margin = best.margin_fraction if best is not None else default_margin_fraction()
     return (
         f"max batch size from the step simulator ({job.stack} stack, {job.seq_len} tokens per query, "

@@ -170,6 +170,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             modules_to_save=saved,
             fp8=fp8,
             fp8_params=fp8_params,
+            torch_compile=names_torch_compile(row),
             **gptq,
         )
     except TunecostError as exc:

@@ -26,7 +26,7 @@ from tunecost.estimate.throughput.stack_priors import (
 )
 from tunecost.models.catalog import resolve_model
 from tunecost.validate.corpus import CorpusRow
-from tunecost.validate.mapping import MappedRow, names_torch_compile
+from tunecost.validate.mapping import MappedRow
 from tunecost.validate.stacks import torchtune_options
 
 if TYPE_CHECKING:
@@ -209,8 +209,6 @@ def unmodelled_settings(row: CorpusRow, mapped: MappedRow) -> str | None:
     stack = mapped.stack
     if mapped.job.method == "full" and not stack.full_finetune_modelled:
         return f"full fine-tune under stack {stack.name} not modelled ({stack.full_skip_reason}: not torch AdamW)"
-    if names_torch_compile(row):
-        return "torch.compile not modelled (it fuses the element-wise kernels the eager counts launch one by one)"
     if "activation offload" in torchtune_options(stated):
         return "activation offload not modelled (host copies of the activations)"
     if mapped.job.attention == "eager":

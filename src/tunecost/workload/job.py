@@ -179,6 +179,8 @@ class FineTuneJob:
     # torchtitan's every-Nth-layer); None: every layer
     recompute_layers: int | None = None
     packing: str = "none"  # one of PACKINGS: rows of seq_len tokens, each holding several queries
+    # the step under torch.compile (Inductor): the throughput model fuses the element-wise work; memory is eager's
+    torch_compile: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("method", self.method, METHODS)

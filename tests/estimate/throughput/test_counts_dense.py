@@ -148,3 +148,22 @@ def test_transformer_engine_layers_fuse_the_element_wise_work() -> None:
     assert eager.bytes_by_class["elementwise"] - te.bytes_by_class["elementwise"] == pytest.approx(expected, rel=1e-12)
     assert {c: v for c, v in te.flops_by_class.items()} == {c: v for c, v in eager.flops_by_class.items()}
     assert te.kernels_by_class["elementwise"] < eager.kernels_by_class["elementwise"]
+
+
+def test_torch_compile_fuses_the_layers_element_wise_work_and_nothing_else(gpu_terms) -> None:
+    """Under torch.compile (`job.torch_compile`) Inductor fuses each norm, rotary and residual chain into one
+    kernel: the layers' element-wise counts are the fused layers' (`te_layers`); the GEMMs, attention, loss,
+    LoRA and optimizer counts are eager's."""
+    spec = resolve_model("meta-llama/Llama-3.1-8B")
+    job = FineTuneJob(model=spec.name, method="lora", batch_size=2, seq_len=2048, gradient_checkpointing=True)
+    eager, fused = analytic_step_counts(spec, job), analytic_step_counts(spec, job, te_layers=True)
+    compiled = analytic_step_counts(spec, job.with_(torch_compile=True))
+    assert compiled.bytes_by_class == fused.bytes_by_class and compiled.kernels_by_class == fused.kernels_by_class
+    assert compiled.flops_by_class == eager.flops_by_class
+    changed = {c for c in eager.bytes_by_class if compiled.bytes_by_class[c] != eager.bytes_by_class[c]}
+    assert changed == {"elementwise"}
+    assert compiled.bytes_by_class["elementwise"] < eager.bytes_by_class["elementwise"]
+    params = StackParams(
+        gemm_efficiency=0.9, gemm_half_rows=64, memory_efficiency=0.75, kernel_overhead_s=2e-5, step_overhead_s=0.05
+    )
+    assert step_time(compiled, gpu_terms(), params).step_s < step_time(eager, gpu_terms(), params).step_s

@@ -316,3 +316,11 @@ def test_half_weights_without_amp_set_the_dtype(tmp_path, precision: str, dtype:
     job = _read(tmp_path, f"base_model: m\nadapter: lora\n{precision}\n")
     assert job.options["dtype"] == dtype
     assert not {"float16", "bfloat16"} & set(job.not_modelled)
+
+
+@pytest.mark.parametrize(("value", "said"), [("true", "torch_compile:"), ("auto", "torch_compile auto: on")])
+def test_torch_compile_is_read(tmp_path, value, said):
+    job = _read(tmp_path, f"base_model: m\nadapter: lora\ntorch_compile: {value}\n")
+    assert job.options["torch_compile"] is True and "torch_compile" not in job.not_modelled
+    assert any(line.startswith(said) and "peak memory is the eager step's" in line for line in job.assumptions)
+    assert "torch_compile" not in _read(tmp_path, "base_model: m\nadapter: lora\ntorch_compile: false\n").options

@@ -201,10 +201,12 @@ def test_training_arguments_json_dump(tmp_path: Path) -> None:
         "dtype": "bf16",
         "gradient_checkpointing": True,
         "reentrant": True,
+        "torch_compile": True,
     }
     assert "method" not in job.options  # the PEFT / bitsandbytes files say it
     assert _said(job, "attention sdpa", "transformers' default")
-    assert job.not_modelled == ("gradient_accumulation_steps", "torch_compile")
+    assert job.not_modelled == ("gradient_accumulation_steps",)
+    assert _said(job, "torch_compile", "fuses each layer's element-wise")
 
 
 def test_training_arguments_defaults(tmp_path: Path) -> None:

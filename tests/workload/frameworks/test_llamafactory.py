@@ -313,3 +313,12 @@ def test_the_megatron_backend_reads_its_layout(tmp_path):
 def test_a_megatron_layout_it_cannot_model_names_the_key(tmp_path, old: str, new: str, message: str) -> None:
     with pytest.raises(TunecostError, match=message):
         _read(tmp_path, MEGATRON_FULL.replace(old, new))
+
+
+def test_torch_compile_and_a_compile_mode_turn_it_on(tmp_path):
+    """LLaMA-Factory passes torch_compile to the HF Trainer, whose TrainingArguments turn it on when a compile
+    backend or mode is set."""
+    for extra in ("torch_compile: true\n", "torch_compile_mode: max-autotune\n"):
+        job = _read(tmp_path, f"model_name_or_path: Qwen/Qwen2.5-7B\ncutoff_len: 512\n{extra}")
+        assert job.options["torch_compile"] is True and not job.not_modelled, extra
+    assert "torch_compile" not in _read(tmp_path, "model_name_or_path: m\ncutoff_len: 512\n").options

@@ -135,6 +135,7 @@ def test_qwen3_hsdp_selective(tmp_path: Path) -> None:
     assert (o["strategy"], o["num_gpus"], o["gpus_per_node"]) == ("hsdp", 16, 8)
     assert o["gradient_checkpointing"] is True and "offload" not in o
     _named(job, "optimizer AdamW", "dataset c4_test", "compile.enable")
+    assert o["torch_compile"] is True
     assert any(a.startswith("activation_checkpoint.mode selective") for a in job.assumptions)
     assert not any("fp32 parameters" in a for a in job.assumptions)  # dtype bfloat16: pure bf16
 

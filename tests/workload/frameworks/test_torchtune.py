@@ -164,6 +164,7 @@ def test_qlora_defaults_and_local_data(tmp_path: Path) -> None:
     assert "seq_len" not in o
     _named(job, "nf4", "lora_rank 8", "lora_alpha 16", "apply_lora_to_mlp false", "gradient_checkpointing off")
     _named(job, "tokenizer.max_seq_len unset", "compile true")
+    assert o["torch_compile"] is True
     assert o["packing"] == "per-document"
     assert any(a.startswith("packing per-document: dataset.packed") for a in job.assumptions)
     assert not any("all four projections" in a for a in job.assumptions)

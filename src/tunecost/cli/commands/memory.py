@@ -207,6 +207,7 @@ def memory_job(
         seq_len=None if lengths else seq_len,
         lengths=lengths,
         packing=options.packing,
+        torch_compile=options.torch_compile,
         dataset=dataset,
         lora=LoraConfig(
             rank=options.lora_rank, alpha=options.lora_alpha, targets=targets, dropout=options.lora_dropout

@@ -61,6 +61,7 @@ class LaunchJob:
     attention: str = "sdpa"  # flash | sdpa | eager
     optimizer: str = "adamw"  # adamw | adamw-8bit | adamw-4bit | sgd
     packing: str = "none"  # none | per-document | cross-document: queries packed into rows of seq_len tokens
+    torch_compile: bool = False  # the step under torch.compile
     seq_len: int
     micro_batch: int  # per GPU
     grad_accum: int = 1

@@ -52,7 +52,7 @@ def _llamafactory(job: LaunchJob) -> dict[str, str]:
     lf |= {"num_train_epochs": job.epochs, "bf16": job.dtype == "bf16", "fp16": job.dtype == "fp16"}
     lf |= {"flash_attn": LLAMAFACTORY_ATTENTION[job.attention], "optim": HF_OPTIM[job.optimizer]}
     lf |= {"disable_gradient_checkpointing": not job.gradient_checkpointing, "max_grad_norm": MAX_GRAD_NORM}
-    lf |= {"logging_steps": 10, "report_to": "none"}
+    lf |= {"logging_steps": 10, "report_to": "none"} | ({"torch_compile": True} if job.torch_compile else {})
     files: dict[str, str] = {}
     if job.strategy in ZERO_STAGES:
         lf["deepspeed"] = "ds_config.json"

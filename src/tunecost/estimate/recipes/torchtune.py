@@ -136,6 +136,8 @@ def _torchtune(job: LaunchJob) -> dict[str, str]:
     over["enable_activation_checkpointing"] = job.gradient_checkpointing
     if job.packing == "per-document":
         over["dataset"] = {"packed": True}
+    if job.torch_compile:
+        over["compile"] = True
     if job.method != "full":
         attention = TORCHTUNE_ATTENTION if "attention" in job.targets else []
         over["model"] = {"lora_rank": job.rank, "lora_alpha": job.alpha, "lora_attn_modules": attention}

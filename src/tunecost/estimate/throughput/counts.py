@@ -154,7 +154,8 @@ def analytic_step_counts(
         add_dequant(acc, arch, job, hit=hit, w_bytes=w_bytes, passes=(frozen_passes, fwd_passes))
     add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc, compute_dtype=lora_compute_dtype)
     eager, selective = job.attention == "eager", job.selective_recompute
-    add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes, te_layers=te_layers, selective=selective, eager=eager)
+    fused = te_layers or job.torch_compile  # Inductor fuses each norm, rotary and residual chain as TE's layers do
+    add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes, fused=fused, selective=selective, eager=eager)
     _add_optimizer(acc, arch, job, lora_compute_dtype)
     if job.fp8 != "none":
         _add_fp8_casts(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)

@@ -22,12 +22,13 @@ SETUP_FIELDS = (
     "attention",
     "fp8",
     "fp8_params",
+    "torch_compile",
 )
 
 
 def setup_label(job: Any) -> str:
-    """How `job` trains, in words: checkpointing, precision, 4-bit storage, LoRA, FP8 and eager attention (what the
-    counts read)."""
+    """How `job` trains, in words: checkpointing, precision, 4-bit storage, LoRA, FP8, eager attention and
+    torch.compile (what the counts read)."""
     recompute = "selective recompute" if job.selective_recompute else "no checkpointing"
     checkpointing = "checkpointing" + (f" of {job.recompute_layers} layers" if job.recompute_layers else "")
     parts = [checkpointing if job.gradient_checkpointing else recompute, job.compute_dtype]
@@ -42,6 +43,8 @@ def setup_label(job: Any) -> str:
         parts.append(f"FP8 {job.fp8}" + (" params" if job.fp8_params else ""))
     if job.attention == "eager":  # flash and SDPA run the same fused kernels on a GPU
         parts.append("eager attention")
+    if job.torch_compile:
+        parts.append("torch.compile")
     return ", ".join(parts)
 
 

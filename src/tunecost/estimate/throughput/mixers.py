@@ -31,9 +31,10 @@ EAGER_BWD_BYTES_PER_SCORE = 38
 EAGER_FWD_KERNELS = 4  # scale, mask add, softmax, cast (beside the two matmuls)
 MAMBA_NORM_BYTES_PER_HIDDEN = 12  # fused residual (fp32) + RMSNorm
 MAMBA_ELEMENTWISE_KERNELS = 8
-# Megatron Core's layers on Transformer Engine (`te_layers`): the norm fused into the next linear's kernel
+# Fused layers (`fused`): Megatron Core's on Transformer Engine, the norm fused into the next linear's kernel
 # (LayerNormLinear: read the input, write the normalized one), fused rotary (read and write q and k), the residual
-# add fused with bias and dropout, packed (THD) attention without unpad/pad copies; one kernel each
+# add fused with bias and dropout, packed (THD) attention without unpad/pad copies; one kernel each. torch.compile's
+# Inductor fuses the same chains (a norm's upcast-reduce-scale, rotary's slice-neg-cat-mul-add) into one kernel each
 TE_NORM_BYTES_PER_HIDDEN = 4
 TE_ROTARY_BYTES_PER_QK = 4
 
@@ -55,15 +56,15 @@ def add_mixers(
     *,
     gc: float,
     w_bytes: int,
-    te_layers: bool = False,
+    fused: bool = False,
     selective: bool = False,
     eager: bool = False,
 ) -> None:
     """Attention (FlashAttention-2 varlen: causal l^2 work on real lengths) or the Mamba conv + scan, and the
     per-layer element-wise work around them (norms, rotary, residuals): transformers' eager layers, or with
-    `te_layers` Megatron Core's fused Transformer Engine layers. `selective` (selective recomputation): the
-    attention kernel's forward runs again in backward. `eager`: transformers' eager attention instead of the fused
-    kernel (`_eager_attention`)."""
+    `fused` one kernel per chain (Transformer Engine's layers, or Inductor's under torch.compile). `selective`
+    (selective recomputation): the attention kernel's forward runs again in backward. `eager`: transformers' eager
+    attention instead of the fused kernel (`_eager_attention`)."""
     batch = lengths.batch_size
     tokens = lengths.tokens_per_step
     fwd_passes = 1.0 + gc
@@ -86,7 +87,7 @@ def add_mixers(
                 bytes_=(attn_fwd + FA2_BWD_FLOPS_PER_FWD) * arch.num_attention_layers * tokens * 4 * width * w_bytes,
                 kernels=arch.num_attention_layers * (attn_fwd + 3.0),
             )
-        if te_layers:
+        if fused:
             per_hidden = arch.num_layer_norms * TE_NORM_BYTES_PER_HIDDEN + 2 * RESIDUAL_BYTES_PER_HIDDEN
             per_token_layer = per_hidden * arch.hidden + TE_ROTARY_BYTES_PER_QK * 2 * width
             kernels_layer = arch.num_layer_norms + 1 + 2

@@ -20,6 +20,9 @@ import yaml
 
 from tunecost.errors import TunecostError
 
+# what a config's torch.compile switch does to the estimate
+COMPILE_NOTE = "the throughput model fuses each layer's element-wise chains; peak memory is the eager step's"
+
 # tunecost's job options a config may set, and the type each value takes
 JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "model": str,
@@ -37,6 +40,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "reentrant": bool,
     "attention": str,  # flash | sdpa | eager
     "packing": str,  # none | per-document | cross-document: queries packed into rows of seq_len tokens
+    "torch_compile": bool,  # the step under torch.compile (Inductor)
     "optimizer": str,  # adamw | adamw-8bit | adamw-4bit | sgd
     "seq_len": int,  # the cutoff: longer examples are cut, each batch padded to its longest
     "batch_size": int,  # per device (micro-batch)

@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
-from tunecost.workload.frameworks.hf import INT8, optimizer_name
+from tunecost.workload.frameworks.hf import INT8, compile_options, optimizer_name
 from tunecost.workload.frameworks.llamafactory import (
     SFT_ONLY,
     VISION_MODEL,
@@ -281,8 +281,9 @@ def _read(cfg: ConfigFile) -> ConfigJob:
                      "sequence_len tokens: give --seq-len without --dataset for that)")  # fmt: skip
     else:
         cfg.typed("pad_to_sequence_len", bool)  # false: each batch padded to its longest, as modelled
-    options["stack"] = "hf-peft"
-    notes.append(f"stack hf-peft: {TITLE} runs transformers + PEFT")
+    compiled, compile_notes = compile_options(cfg, TITLE)
+    options |= compiled | {"stack": "hf-peft"}
+    notes += [*compile_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]
     return ConfigJob(framework="axolotl", path=cfg.path, options=options, assumptions=tuple(notes),
                      not_modelled=cfg.unused_keys())  # fmt: skip
 

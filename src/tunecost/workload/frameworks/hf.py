@@ -18,7 +18,7 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
+from tunecost.workload.frameworks import COMPILE_NOTE, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.hf_fsdp import Part, fsdp_options, truthy
 from tunecost.workload.known_datasets import catalog_dataset
 
@@ -97,6 +97,21 @@ def job(cfg: ConfigFile, framework: str, options: dict[str, Any], notes: list[st
 
 
 INT8 = MappingProxyType({"method": "qlora", "quant_type": "int8"})  # 8-bit LoRA (load_in_8bit), as options
+
+
+def compile_options(cfg: ConfigFile, whose: str) -> Part:
+    """torch_compile (the HF Trainer's, axolotl's and LLaMA-Factory's key; a compile backend or mode set turns it
+    on in TrainingArguments.__post_init__, and axolotl's "auto" on the torch it pins)."""
+    value = cfg.get("torch_compile")
+    if value == "auto":
+        return {"torch_compile": True}, [
+            f"torch_compile auto: on ({whose} compiles with torch >= 2.5.1); {COMPILE_NOTE}"
+        ]
+    on = bool(cfg.typed("torch_compile", bool))
+    mode = next((k for k in ("torch_compile_backend", "torch_compile_mode") if cfg.typed(k, str)), None)
+    if mode is not None and not on:
+        return {"torch_compile": True}, [f"torch_compile on: {mode} is set ({whose} turns it on); {COMPILE_NOTE}"]
+    return ({"torch_compile": True}, [f"torch_compile: {COMPILE_NOTE}"]) if on else ({}, [])
 
 
 def int8_options(cfg: ConfigFile, key: str) -> Part:
@@ -309,7 +324,7 @@ def _read_training_args(cfg: ConfigFile) -> ConfigJob:
     attn = cfg.typed("attn_implementation", str) or _mapping(cfg, "model_init_kwargs").get("attn_implementation")
     out["attention"] = attention_of(cfg, "attn_implementation", attn) if attn else "sdpa"
     notes += [] if attn else ["attention sdpa (attn_implementation unset): transformers' default"]
-    parts = [_precision(cfg, whose), _checkpointing(cfg, whose), fsdp_options(cfg)]
+    parts = [_precision(cfg, whose), _checkpointing(cfg, whose), fsdp_options(cfg), compile_options(cfg, whose)]
     if whose == SFT:
         parts.append(_trl_model(cfg, out.get("model")))
     else:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
-from tunecost.workload.frameworks.hf import INT8, optimizer_name
+from tunecost.workload.frameworks.hf import INT8, compile_options, optimizer_name
 from tunecost.workload.frameworks.llamafactory_megatron import megatron_options
 from tunecost.workload.known_datasets import catalog_dataset
 
@@ -236,8 +236,9 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         notes.append("packing cross-document: packing packs examples into cutoff_len-token rows, one causal mask "
                      "over each (neat_packing would keep them apart)")  # fmt: skip
     ds_options, ds_notes = deepspeed_options(cfg, "deepspeed")
-    options |= ds_options | {"stack": "hf-peft"}
-    notes += [*ds_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]
+    compiled, compile_notes = compile_options(cfg, TITLE)
+    options |= ds_options | compiled | {"stack": "hf-peft"}
+    notes += [*ds_notes, *compile_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]
     megatron = megatron_options(cfg, model, notes)
     if megatron:  # Megatron Core runs the model: the Trainer's checkpointing, attention and stack do not apply
         hf_only = ("gradient_checkpointing ", "reentrant ", "attention ", "optimizer ", "stack hf-peft")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
+from tunecost.workload.frameworks import COMPILE_NOTE, ConfigFile, ConfigJob, Framework, KnownKeys
 from tunecost.workload.frameworks.model_parallel import ModelShape, catalog_shape, check_layout, positive
 
 # Defaults, pytorch/torchtitan @ 238fa995 (2026-02-23, the last TOML version), torchtitan/config/job_config.py:
@@ -220,7 +220,8 @@ def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> No
     if flat.data.get("optimizer.early_step_in_backward"):  # left among the keys not modelled
         notes.append(f"optimizer.early_step_in_backward: {TITLE}'s optimizer in backward is not modelled (grads kept)")
     if flat.typed("compile.enable", bool):
-        notes.append(f"compile.enable: torch.compile's memory and speed under {TITLE} are not modelled (eager)")
+        options["torch_compile"] = True
+        notes.append(f"compile.enable: {TITLE} runs the step under torch.compile; {COMPILE_NOTE}")
     dataset = read_or_default(flat, "training.dataset", str, "c4_test", notes, f"dataset c4_test: {TITLE}'s default")
     notes.append(f"dataset {dataset}: {TITLE} packs its text into samples of seq_len tokens (not read; no epochs)")
     line = f"gradient_checkpointing on: {TITLE}'s default activation_checkpoint.mode selective"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
+from tunecost.workload.frameworks import COMPILE_NOTE, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.model_parallel import catalog_shape, check_layout, positive
 from tunecost.workload.frameworks.torchtitan import (
     SFT_ONLY,
@@ -167,7 +167,8 @@ def _precision(flat: ConfigFile, method: str, options: dict[str, Any], notes: li
     if method == "full":  # the LoRA recipes do not read optimizer_in_bwd
         options["optimizer_in_backward"] = flat.typed("optimizer_in_bwd", bool)
     if flat.typed("compile", bool):
-        notes.append(f"compile true: torch.compile's memory and speed under {TITLE} are not modelled (eager)")
+        options["torch_compile"] = True
+        notes.append(f"compile true: {TITLE} runs the step under torch.compile; {COMPILE_NOTE}")
     loss = flat.typed("loss._component_", str)
     if loss is not None:
         if loss.rsplit(".", 1)[-1] not in LOSSES:
