@@ -3,7 +3,8 @@
 #
 # On this machine, once:   bash benchmarks/gpu_wheels.sh        # wheels the GPU image lacks, into .whl/ (ignored)
 # On the GPU machine:      bash benchmarks/gpu_batch.sh PART     # PART: env | tests | profile | memory | moe |
-#                                                               #       counters | calibrate | throughput | ranks | gptq | all
+#                                                               #       counters | calibrate | throughput | ranks | gptq |
+#                                                               #       compile | all
 # Output goes to $OUT (the device tool's folder) or runs/gpu-batch/; paste the tables into docs/gpu-measurements.md
 # with the date, device and versions the `env` part prints.
 set -uo pipefail
@@ -72,9 +73,10 @@ part_ranks() {  # one-rank FSDP2 and DDP through the elastic launcher on NCCL (s
 }
 part_gptq() { run gptq "$PY" benchmarks/bench_gptq_dequant.py --device cuda; }
 part_throughput() { run throughput "$PY" benchmarks/gpu_throughput_check.py --model mixtral-8x7b --batch-sizes 1,2,4,8 --seq-len 128; }
+part_compile() { run compile "$PY" benchmarks/gpu_compile_check.py --model llama-3.2-1b --batch 4 --seq-len 2048 --json "$OUT/compile.json"; }
 
 case "$PART" in
-  env|tests|profile|memory|moe|counters|calibrate|throughput|ranks|gptq) part_env; "part_$PART" ;;
-  all) part_env; for p in tests profile memory moe counters calibrate throughput ranks gptq; do "part_$p"; done ;;
+  env|tests|profile|memory|moe|counters|calibrate|throughput|ranks|gptq|compile) part_env; "part_$PART" ;;
+  all) part_env; for p in tests profile memory moe counters calibrate throughput ranks gptq compile; do "part_$p"; done ;;
   *) echo "gpu_batch: unknown part '$PART'" >&2; exit 2 ;;
 esac
