@@ -20,3 +20,10 @@ def test_a_config_that_compiles_reaches_the_estimate(cli_json, tmp_path) -> None
     )
     rows = cli_json("estimate", config=str(config), gpu="A100-80GB", dataset="gsm8k-train", epochs=1)
     assert "each layer's element-wise chains counted fused" in rows[0]["notes"]
+
+
+def test_memory_is_the_eager_steps_and_says_so(cli_json) -> None:
+    job = {"model": "qwen2.5-0.5b", "method": "lora", "seq_len": 256, "batch_size": 2}
+    eager, compiled = (cli_json("memory", **job, torch_compile=c) for c in (False, True))
+    assert compiled["peak_bytes"] == eager["peak_bytes"]
+    assert "eager step's memory" in compiled["torch_compile"] and "torch_compile" not in eager

@@ -52,6 +52,8 @@ MAX_GPTQ_GROUP_SIZE = 2**20  # inputs per group: more than any layer has
 GPTQ_KERNEL_HELP = "GPTQ kernel: triton-v2 (de-quantized temporary) | torch (auto-gptq torch path, weight kept)."
 MODULES_TO_SAVE_HELP = "Modules trained fully beside LoRA (PEFT modules_to_save), e.g. embed_tokens,lm_head."
 
+COMPILE_MEMORY_NOTE = "torch.compile: the eager step's memory (what Inductor's partitioner keeps is not traced)"
+
 
 def _read_lengths(path: Path) -> tuple[int, ...]:
     """Token lengths: a JSON list, a JSON object with "lengths", or one integer per line."""
@@ -140,6 +142,8 @@ def memory(
     out = sim.to_dict()
     low, high, basis = peak_interval_bytes(sim.stack, sim.peak_bytes)
     out.update(peak_interval_bytes=[low, high], peak_interval=basis)
+    if job.torch_compile:
+        out["torch_compile"] = COMPILE_MEMORY_NOTE
     if best is not None:
         out.update(gpu=gpu_name, gpu_memory_bytes=gpu_bytes, max_batch_size=best.batch_size, max_batch=best.to_dict())
         if gpu_note:
@@ -147,7 +151,8 @@ def memory(
     if json_out:
         print_json(out)
         return
-    _render(sim, best, f"{gpu_name} ({gpu_note})" if gpu_note else gpu_name)
+    notes = (COMPILE_MEMORY_NOTE,) if job.torch_compile else ()
+    _render(sim, best, f"{gpu_name} ({gpu_note})" if gpu_note else gpu_name, notes)
 
 
 def memory_job(
@@ -233,7 +238,7 @@ def _gpu_budget(gpu: str | None, gpu_memory: GpuMemory, memory_bytes: int | None
     return None, None, ""
 
 
-def _render(sim, best, gpu_name) -> None:
+def _render(sim, best, gpu_name, notes: tuple[str, ...] = ()) -> None:
     title = (
         f"{sim.model} {sim.method} ({sim.stack} stack): batch {sim.batch_size} x {sim.seq_len} tokens, "
         f"{sim.num_layers} layers (traced {', '.join(map(str, sim.layers_traced))} and scaled)"
@@ -275,7 +280,7 @@ def _render(sim, best, gpu_name) -> None:
             f"headroom {_gb(best.headroom_bytes)}){border}"
         )
     console.print(f"simulated in {sim.seconds_taken:.1f} s. Assumptions:")
-    for a in sim.assumptions:
+    for a in (*sim.assumptions, *notes):
         console.print(f"  - {a}")
 
 
