@@ -155,8 +155,8 @@ def test_exactly_one_calibration_row_per_stack_and_gpu() -> None:
 def test_unmodelled_settings_and_failed_calibrations_are_skipped_with_their_reason() -> None:
     rows = [
         _row(0, value="3000"),
-        _row(1, notes="cumulative: +activation offload", stack_versions="torch.compile on", value="3000"),
-        _row(2, notes="cumulative: +activation offload", value="3000"),
+        _row(1, stack="torchtune", stack_versions="activation offload", grad_ckpt="off", value="3000"),
+        _row(2, stack="torchtune", stack_versions="activation offload", num_gpus="2", parallelism="ddp", value="3000"),
         _row(3, attention="eager", value="3000"),
         _row(4, stack="hf-transformers+peft (Qwen finetune.py)", method="full", value="3000"),
         # faster than any efficiency allows these counts, within the GPU's peak for a 0.5B model's real ones
@@ -168,8 +168,8 @@ def test_unmodelled_settings_and_failed_calibrations_are_skipped_with_their_reas
     # alone in its (stack, GPU), row 0 is predicted with its family's prior (the shipped corpus's other stacks)
     assert out[0].prior and out[0].reason.startswith("stack prior gemm_efficiency") and out[0].error is not None
     expected = {
-        1: "activation offload not modelled",
-        2: "activation offload not modelled",
+        1: "activation offload without gradient checkpointing not modelled",
+        2: "activation offload on several GPUs not modelled",
         3: "eager attention not modelled",
         4: "full fine-tune under stack qwen-finetune not modelled",
         5: "calibration of swift-2",
@@ -290,3 +290,26 @@ def test_a_measurement_beyond_the_gpus_tensor_peak_is_skipped_with_the_reading_t
     rows = validate_rows([fast, _row(4, value="3000"), _row(5, value="2900")], held_out=())
     assert rows[0].status == "skipped" and rows[0].reason.startswith("implausible")
     assert all(r.status == "ok" for r in rows[1:])
+
+
+def test_activation_offload_copies_run_beside_the_compute(monkeypatch) -> None:
+    """With checkpointing, a row under activation offload is its step with the copies of each layer's input to the
+    host and back beside it (`activation_offload.with_copies_s`): hidden while the compute is longer."""
+    from tunecost.estimate.throughput import activation_offload
+    from tunecost.validate.mapping import map_row
+
+    offloaded = {"stack": "torchtune", "stack_versions": "activation offload", "value": "3000"}
+    rows = [_row(0, stack="torchtune", value="3000"), _row(1, **offloaded)]
+    out = validate_rows(rows, counts_fn=_gemm_only)
+    assert [r.status for r in out] == ["ok", "ok"] and out[1].predicted is not None
+    mapped = map_row(rows[1])
+    assert mapped.behaviour.activation_offload
+    monkeypatch.setattr(activation_offload, "copies_seconds", lambda *a: 1e3)  # copies far longer than compute
+    monkeypatch.setattr("tunecost.validate.throughput.copies_seconds", lambda *a: 1e3)
+    slow = validate_rows(rows, counts_fn=_gemm_only)
+    assert slow[1].predicted < out[1].predicted
+
+
+def test_activation_offload_named_in_the_notes_only_is_skipped_with_where_to_name_it() -> None:
+    out = validate_rows([_row(0, stack="torchtune", notes="+activation offload", value="3000")], counts_fn=_gemm_only)
+    assert out[0].status == "skipped" and "stack_versions" in out[0].reason

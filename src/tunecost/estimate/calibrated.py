@@ -26,6 +26,7 @@ from tunecost.estimate.estimators import (
 )
 from tunecost.estimate.measurements import BUNDLED_MEASUREMENTS
 from tunecost.estimate.simulated import simulated_sizing
+from tunecost.estimate.throughput.activation_offload import copies_seconds, with_copies_s
 from tunecost.estimate.throughput.calibrate import CalibratedModel
 from tunecost.estimate.throughput.intervals import combined_halfwidth
 from tunecost.estimate.throughput.model import achieved_fp8_flops_per_s
@@ -125,6 +126,7 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
     batch, batch_notes = batch_to_price(req, sizing)
     run_queries = req.options.run_queries
     pred, prior = for_job_software(req, model.predict(request_target(req, batch), run_queries=run_queries))
+    pred, offload_notes = with_activation_offload(req, pred)
     notes = [
         sizing.note,
         *batch_notes,
@@ -136,6 +138,7 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
             if req.job.torch_compile
             else []
         ),
+        *offload_notes,
         f"95 % interval: {pred.interval_kinds}",
         *(n for n in pred.notes if n.startswith("host ")),
         *([prior.note] if prior else stack_note(req.options.stack or req.job.stack)),
@@ -150,6 +153,29 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         extrapolation=pred.extrapolation,
         startup_s=startup_seconds(req.options, pred),
     )
+
+
+def with_activation_offload(req: EstimateRequest, pred: Prediction) -> tuple[Prediction, list[str]]:
+    """The prediction with activation offload's copies beside the step's compute (`activation_offload`), and
+    the note that says what they cost; unchanged without activation offload."""
+    if not req.options.behaviour.activation_offload:
+        return pred, []
+    try:
+        copies_s = copies_seconds(req.spec, req.job, pred.counts.tokens_per_step, req.gpu.name)
+    except TunecostError as exc:
+        return pred, [f"activation offload: {exc}"]
+    factor = pred.step.step_s / with_copies_s(pred.step.step_s, copies_s)
+    scaled = replace(
+        pred,
+        queries_per_s=pred.queries_per_s * factor,
+        queries_per_s_low=pred.queries_per_s_low * factor,
+        queries_per_s_high=pred.queries_per_s_high * factor,
+    )
+    note = (
+        f"activation offload: {1e3 * copies_s:.0f} ms of host copies per step beside {1e3 * pred.step.step_s:.0f} ms "
+        f"of compute (its own stream): throughput x {factor:.3f}"
+    )
+    return scaled, [note]
 
 
 def for_job_software(req: EstimateRequest, pred: Prediction) -> tuple[Prediction, StackPrior | None]:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.catalog.gpus import GPU
+from tunecost.estimate.throughput.activation_offload import copies_seconds, with_copies_s
 from tunecost.estimate.throughput.counts import AnalyticStepCounts, accumulated, analytic_step_counts
 from tunecost.estimate.throughput.model import StackParams, catalog_gpu_terms, step_time
 from tunecost.estimate.throughput.priors import PRIORS
@@ -133,6 +134,10 @@ def row_step_fn(
     """The row's seconds per optimizer step as a function of the GEMM efficiency: the single-GPU step of its
     `counts`, plus on several GPUs the communication its micro-batches do not hide (`exposed_comm_fn`, which may
     raise)."""
+    if mapped.num_gpus == 1 and mapped.behaviour.activation_offload:
+        spec = resolve_model(mapped.job.model)
+        copies_s = mapped.grad_accum * copies_seconds(spec, mapped.job, counts_fn(mapped).tokens_per_step, gpu.name)
+        return lambda eff: with_copies_s(step_seconds(counts, terms, eff), copies_s)
     if mapped.num_gpus == 1:
         return lambda eff: step_seconds(counts, terms, eff)
     if mapped.model_parallel is not None:
@@ -210,7 +215,14 @@ def unmodelled_settings(row: CorpusRow, mapped: MappedRow) -> str | None:
     if mapped.job.method == "full" and not stack.full_finetune_modelled:
         return f"full fine-tune under stack {stack.name} not modelled ({stack.full_skip_reason}: not torch AdamW)"
     if "activation offload" in torchtune_options(stated):
-        return "activation offload not modelled (host copies of the activations)"
+        if stack.simulator_stack != "torchtune":
+            return f"activation offload under stack {stack.name} not modelled (torchtune's OffloadActivations is)"
+        if not mapped.behaviour.activation_offload:
+            return "activation offload named in the notes only (validate reads it in the stack or stack_versions cell)"
+        if mapped.num_gpus > 1:
+            return "activation offload on several GPUs not modelled (host copies beside the collectives)"
+        if not mapped.job.gradient_checkpointing:
+            return "activation offload without gradient checkpointing not modelled (every activation copied)"
     if mapped.job.attention == "eager":
         return "eager attention not modelled for throughput (the counts are FlashAttention-2's)"
     return None
