@@ -231,8 +231,8 @@ STACKS: dict[str, Stack] = {
         "torch AdamW with fused=True (the recipes' configs)",
         allocator="as hf-trainer; torchtune logs the peak of active bytes, which the allocated peak stands for",
         not_modelled=(
-            "torch.compile (rows skipped: Inductor's partitioner chooses what the forward keeps and fuses the "
-            "element-wise kernels)",
+            "torch.compile's memory (rows skipped: Inductor's partitioner chooses what the forward keeps; its "
+            "throughput counts the fused element-wise kernels)",
             "torchtune's own model code is simulated with transformers' (same tensors for Llama-style models, "
             "not checked op for op)",
             "LinearCrossEntropyLoss (the newer chunked loss with the output projection inside it)",
