@@ -133,11 +133,7 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         f"calibrated on {model.num_points} points of {model.source_names} "
         f"(in-sample MAPE {100 * model.in_sample_mape:.1f} %); " + run_length_note(req.options),
         *extrapolation_notes(pred),
-        *(
-            ["torch.compile: each layer's element-wise chains counted fused (Inductor)"]
-            if req.job.torch_compile
-            else []
-        ),
+        *([COMPILE_NOTE] if req.job.torch_compile else []),
         *offload_notes,
         f"95 % interval: {pred.interval_kinds}",
         *(n for n in pred.notes if n.startswith("host ")),
@@ -153,6 +149,9 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         extrapolation=pred.extrapolation,
         startup_s=startup_seconds(req.options, pred),
     )
+
+
+COMPILE_NOTE = "torch.compile: each layer's element-wise chains counted fused (Inductor)"
 
 
 def with_activation_offload(req: EstimateRequest, pred: Prediction) -> tuple[Prediction, list[str]]:

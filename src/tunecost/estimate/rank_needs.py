@@ -66,7 +66,10 @@ class RankNeeds:
 
     def throughput(self, batch: int, gpu: GPU, steady_state: bool) -> tuple[Throughput, str]:
         """`single_gpu_throughput` of the job at micro-batch `batch`, run by the job's framework."""
-        return single_gpu_throughput(self.job_at(batch), gpu, steady_state, self.framework)
+        tp, note = single_gpu_throughput(self.job_at(batch), gpu, steady_state, self.framework)
+        if self.behaviour is not None and self.behaviour.activation_offload:
+            note += "; activation offload: its host copies beside each rank's compute are not in the step time"
+        return tp, note
 
     def step(self, batch: int) -> SingleGpuStep:
         if self._every is not None:  # the traced step's communication: every layer's (recompute counted)

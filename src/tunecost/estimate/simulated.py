@@ -73,12 +73,14 @@ def throughput_at(req: EstimateRequest, batch_size: int) -> Throughput:
     if qps is not None:
         return Throughput(queries_per_s=qps, notes=tuple(notes))
     from tunecost.estimate.calibrated import (
+        COMPILE_NOTE,
         calibrated_model,
         extrapolation_notes,
         for_job_software,
         request_target,
         run_length_note,
         startup_seconds,
+        with_activation_offload,
     )
 
     model = calibrated_model(req.options.calibrate)
@@ -87,11 +89,14 @@ def throughput_at(req: EstimateRequest, batch_size: int) -> Throughput:
     except TunecostError as exc:
         return Throughput(queries_per_s=None, notes=(f"no throughput: {exc}",))
     pred, prior = for_job_software(req, pred)
+    pred, offload_notes = with_activation_offload(req, pred)
     out = (
         f"throughput from the cross-GPU model calibrated on {model.num_points} points of {model.source_names} "
         f"(no eq. (2) fit for this model, dataset and GPU); {run_length_note(req.options)}",
         *extrapolation_notes(pred),
         *([prior.note] if prior else []),
+        *([COMPILE_NOTE] if req.job.torch_compile else []),
+        *offload_notes,
     )
     return Throughput(
         queries_per_s=pred.queries_per_s,

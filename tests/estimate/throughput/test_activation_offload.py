@@ -37,3 +37,12 @@ def test_estimate_says_what_the_copies_cost(cli_json) -> None:
     plain, offloaded = cli_json("estimate", **job)[0], cli_json("estimate", **job, offload_activations=True)[0]
     assert "activation offload:" in offloaded["notes"] and "ms of host copies" in offloaded["notes"]
     assert offloaded["queries_per_s"] == pytest.approx(plain["queries_per_s"], rel=0.01)  # hidden under compute
+
+
+def test_the_simulate_estimator_prices_the_copies_and_several_gpus_say_they_do_not(cli_json) -> None:
+    job = {"model": "llama-3.2-3b", "method": "lora", "gpu": "A100-80GB", "seq_len": 4096, "batch_size": 2}
+    job |= {"epochs": 1, "queries": 1000, "stack": "torchtune", "offload_activations": True}
+    single = cli_json("estimate", **job, estimator="simulate")[0]
+    assert "activation offload:" in single["notes"] and "ms of host copies" in single["notes"]
+    several = cli_json("estimate", **job, gpus=2, strategy="ddp")
+    assert any("host copies beside each rank's compute are not in the step time" in n for n in several["notes"])
