@@ -41,12 +41,15 @@ def simulated_sizing(job: FineTuneJob, gpu: GPU, behaviour: StackBehaviour = DEF
     return Sizing(max_batch_size=best.batch_size, borderline_batch_size=best.borderline_batch_size, note=note)
 
 
+COMPILE_MEMORY_NOTE = "torch.compile: the eager step's memory (what Inductor's partitioner keeps is not traced)"
+
+
 def sizing_note(job: FineTuneJob, gpu: GPU, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR, best=None) -> str:
     """How the step simulator sized the batch: the stack and its options, tokens per query, checkpointing, the
     GPU memory and the safety margin."""
     checkpointing = "on" if job.gradient_checkpointing else "off"
     options = "".join(f"; {line}" for line in behaviour.describe())
-    options += "; torch.compile: memory of the eager step" if job.torch_compile else ""
+    options += f"; {COMPILE_MEMORY_NOTE}" if job.torch_compile else ""
     margin = best.margin_fraction if best is not None else default_margin_fraction()
     return (
         f"max batch size from the step simulator ({job.stack} stack, {job.seq_len} tokens per query, "

@@ -136,7 +136,7 @@ def row_step_fn(
     raise)."""
     if mapped.num_gpus == 1 and mapped.behaviour.activation_offload:
         spec = resolve_model(mapped.job.model)
-        copies_s = mapped.grad_accum * copies_seconds(spec, mapped.job, counts_fn(mapped).tokens_per_step, gpu.name)
+        copies_s = copies_seconds(spec, mapped.job, counts.tokens_per_step, gpu.name)  # every micro-batch's
         return lambda eff: with_copies_s(step_seconds(counts, terms, eff), copies_s)
     if mapped.num_gpus == 1:
         return lambda eff: step_seconds(counts, terms, eff)

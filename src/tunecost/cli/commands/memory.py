@@ -52,8 +52,6 @@ MAX_GPTQ_GROUP_SIZE = 2**20  # inputs per group: more than any layer has
 GPTQ_KERNEL_HELP = "GPTQ kernel: triton-v2 (de-quantized temporary) | torch (auto-gptq torch path, weight kept)."
 MODULES_TO_SAVE_HELP = "Modules trained fully beside LoRA (PEFT modules_to_save), e.g. embed_tokens,lm_head."
 
-COMPILE_MEMORY_NOTE = "torch.compile: the eager step's memory (what Inductor's partitioner keeps is not traced)"
-
 
 def _read_lengths(path: Path) -> tuple[int, ...]:
     """Token lengths: a JSON list, a JSON object with "lengths", or one integer per line."""
@@ -116,6 +114,7 @@ def memory(
 ) -> None:
     """Simulate one training step of MODEL from its config alone: peak memory with a breakdown, FLOPs, bytes
     moved, and (with --gpu or --gpu-memory-gb) the maximum batch size."""
+    from tunecost.estimate.simulated import COMPILE_MEMORY_NOTE
     from tunecost.simulate import max_batch_size, simulate_step
 
     required("model", job_options.model)
