@@ -316,3 +316,26 @@ def test_the_vision_tower_left_out_is_said_with_the_simulated_step() -> None:
         "vision tower" in a
         for a in simulate_step(job.with_(model="gemma-3-1b"), stack="hf-peft", use_cache=False).assumptions
     )
+
+
+def test_vision_language_mistral3_config_is_its_text_model(tmp_path) -> None:
+    """A Ministral 3 checkpoint's config.json (model_type mistral3, the text model in text_config as ministral3) is
+    read as its text model: the parameters of transformers' own Mistral3ForConditionalGeneration less its vision
+    tower and projector."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    text = {"model_type": "ministral3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3}
+    text |= {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300}
+    vision = {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2}
+    vision |= {"num_attention_heads": 2, "image_size": 28, "patch_size": 14, "head_dim": 16}
+    config = {"model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"]}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "text_config": text, "vision_config": vision}))
+    spec = resolve_model(str(tmp_path))
+    assert spec.family == "ministral3" and spec.hidden_size == 64 and spec.num_layers == 3
+    assert "vision tower and projector are not counted" in spec.not_modelled
+    with torch.device("meta"):
+        full = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(str(tmp_path)))
+    left_out = {"vision_tower", "multi_modal_projector"}
+    text_params = sum(p.numel() for n, p in full.named_parameters() if not left_out & set(n.split(".")))
+    assert count_parameters(spec).total == text_params

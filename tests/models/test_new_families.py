@@ -1,4 +1,5 @@
-"""OLMo 1-3, SmolLM3, EXAONE 4, ERNIE 4.5, GLM, GLM-4, StarCoder2 and Falcon: a tiny random config of each builds
+"""OLMo 1-3, SmolLM3, EXAONE 4, ERNIE 4.5, GLM, GLM-4, Ministral, Ministral 3, Seed-OSS, Hunyuan dense, StarCoder2
+and Falcon: a tiny random config of each builds
 through the catalog path with the parameters of transformers' own model (and the throughput model's count of them),
 its attention and MLP projections are LoRA targets, a LoRA and a full step simulate, and the catalog's hub ids
 resolve offline with the published sizes."""
@@ -35,6 +36,24 @@ CONFIGS = {
     "ernie4_5-bias": {"model_type": "ernie4_5", **_LLAMA_LIKE, "head_dim": 16, "use_bias": True},
     "glm": {"model_type": "glm", **_LLAMA_LIKE, "head_dim": 16, "attention_bias": True},
     "glm4": {"model_type": "glm4", **_LLAMA_LIKE, "head_dim": 16, "attention_bias": True},
+    "ministral": {
+        "model_type": "ministral",
+        **_LLAMA_LIKE,
+        "head_dim": 16,
+        "sliding_window": 16,
+        "layer_types": _SLIDING_THEN_FULL,
+    },
+    "ministral3": {"model_type": "ministral3", **_LLAMA_LIKE, "head_dim": 16},
+    "seed_oss": {"model_type": "seed_oss", **_LLAMA_LIKE, "head_dim": 16, "attention_bias": True},
+    "seed_oss-out-bias": {
+        "model_type": "seed_oss",
+        **_LLAMA_LIKE,
+        "head_dim": 16,
+        "attention_bias": False,
+        "attention_out_bias": True,
+        "mlp_bias": True,
+    },
+    "hunyuan_v1_dense": {"model_type": "hunyuan_v1_dense", **_LLAMA_LIKE, "head_dim": 16, "attention_bias": True},
     # every layer attends over a 16-token window (shorter than the simulated 32-token sequences)
     "starcoder2": {"model_type": "starcoder2", **_LLAMA_LIKE, "sliding_window": 16},
     # Falcon-7B's layout: one key/value head, attention and MLP side by side after one LayerNorm
@@ -55,10 +74,14 @@ CONFIGS = {
 TARGETS = {
     "olmo": ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"),
     **dict.fromkeys(
-        ("olmo2", "olmo3", "smollm3", "exaone4", "ernie4_5", "ernie4_5-bias"),
+        ("olmo2", "olmo3", "smollm3", "exaone4", "ernie4_5", "ernie4_5-bias", "ministral", "ministral3"),
         ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"),
     ),
     **dict.fromkeys(("glm", "glm4"), ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")),
+    **dict.fromkeys(
+        ("seed_oss", "seed_oss-out-bias", "hunyuan_v1_dense"),
+        ("self_attn.q_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"),
+    ),
     "starcoder2": ("self_attn.q_proj", "self_attn.o_proj", "mlp.c_fc", "mlp.c_proj"),
     **dict.fromkeys(
         ("falcon-mqa-parallel", "falcon-new-architecture", "falcon-sequential-bias"),
@@ -89,7 +112,7 @@ def test_counted_parameters_are_transformers_models(tmp_path, name) -> None:
     assert {n for n, _ in built.named_parameters()} == {n for n, _ in reference.named_parameters()}
 
 
-@pytest.mark.parametrize("name", ["olmo3", "exaone4"])
+@pytest.mark.parametrize("name", ["olmo3", "exaone4", "ministral"])
 def test_sliding_window_layers_are_the_ones_layer_types_names(tmp_path, name) -> None:
     arch = arch_of(resolve_model(str(_config_file(tmp_path, name))))
     assert (arch.num_window_layers, arch.attention_window_tokens) == (2, 16)

@@ -89,6 +89,12 @@ _FAMILIES: dict[str, _Family] = {
     "ernie4_5": _Family("model.layers", None),
     "glm": _Family("model.layers", None),
     "glm4": _Family("model.layers", None),
+    # Ministral (8B, 2410): Mistral with `layer_types` windows; Ministral 3: Llama's layout; Seed-OSS: q/k/v biases
+    # (`attention_bias`), o's own flag; Hunyuan dense: per-head q/k norms
+    "ministral": _Family("model.layers", None),
+    "ministral3": _Family("model.layers", None),
+    "seed_oss": _Family("model.layers", None),
+    "hunyuan_v1_dense": _Family("model.layers", None),
     # StarCoder2: Llama's layout, q/k/v/o with biases, a two-matrix GELU MLP `c_fc` / `c_proj`, LayerNorms
     "starcoder2": _Family("model.layers", None),
     # Falcon: blocks at `transformer.h`, attention `self_attention` (fused `query_key_value`, `dense`), MLP `mlp`

@@ -258,8 +258,9 @@ def spec_from_config_file(path: Path) -> ModelSpec:
 
 
 # Vision-language checkpoints whose text fine-tune tunecost models as their text model: model_type -> the
-# model_type of their `text_config` (transformers 5.23: Gemma3Config builds a Gemma3TextConfig from it)
-_TEXT_MODEL_OF = {"gemma3": "gemma3_text"}
+# model_type of their `text_config` (transformers 5.23: Gemma3Config builds a Gemma3TextConfig from it; None: the
+# text_config's own, as Mistral3Config takes it: ministral3 in Ministral 3, mistral in Mistral Small 3.1)
+_TEXT_MODEL_OF: dict[str, str | None] = {"gemma3": "gemma3_text", "mistral3": None}
 TEXT_MODEL_NOT_MODELLED = (
     "a vision-language checkpoint modelled as its text model: the vision tower and projector are not counted"
 )
@@ -267,10 +268,15 @@ TEXT_MODEL_NOT_MODELLED = (
 
 def _text_model_config(config: dict[str, Any]) -> dict[str, Any] | None:
     """The text model's config of a vision-language config.json (None for any other config)."""
-    text_family = _TEXT_MODEL_OF.get(str(config.get("model_type")))
+    model_type = str(config.get("model_type"))
     text = config.get("text_config")
-    if text_family is None or not isinstance(text, dict):
+    if model_type not in _TEXT_MODEL_OF or not isinstance(text, dict):
         return None
+    text_family = _TEXT_MODEL_OF[model_type] or text.get("model_type")
+    if not text_family:
+        return None
+    # the checkpoint's own tie_word_embeddings ties its head (both classes default to True in transformers 5.23)
+    text = {**text, "tie_word_embeddings": bool(config.get("tie_word_embeddings", True))}
     return {**text, "model_type": text_family}
 
 

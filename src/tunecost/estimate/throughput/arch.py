@@ -17,10 +17,11 @@ TRANSFORMER_FAMILIES = (
     *("llama", "mistral", "qwen2"),
     *("qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "granite", "olmo", "olmo2"),
     *("olmo3", "smollm3", "exaone4", "ernie4_5", "glm", "glm4"),
+    *("ministral", "ministral3", "seed_oss", "hunyuan_v1_dense"),
 )
 # transformers 5.23's config-class defaults where a config.json may leave the key out
 _HEAD_DIM_DEFAULTS = {"qwen3": 128, "gemma": 256, "gemma2": 256, "gemma3_text": 256}
-_HEAD_DIM_DEFAULTS |= {"ernie4_5": 128, "glm": 128, "glm4": 128}
+_HEAD_DIM_DEFAULTS |= {"ernie4_5": 128, "glm": 128, "glm4": 128, "ministral3": 128, "seed_oss": 128}
 _TIED_DEFAULTS = {"gemma": True, "gemma2": True, "gemma3_text": True, "smollm3": True, "ernie4_5": True}
 # RMSNorms of `hidden` width per decoder layer (else 2: input, post-attention)
 _NORMS_PER_LAYER = {"gemma2": 4, "gemma3_text": 4, "glm4": 4}
@@ -33,7 +34,7 @@ _PARAMETER_FREE_NORMS = ("olmo",)
 # families whose q, k, v, o follow `attention_bias` and whose MLP follows `mlp_bias` (Qwen2's biases are fixed)
 _BIAS_FLAG_FAMILIES = (
     *("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "granite", "gpt_oss", "olmo", "olmo2"),
-    *("olmo3", "smollm3"),
+    *("olmo3", "smollm3", "hunyuan_v1_dense"),
 )
 # Gemma 3's default pattern: every sixth layer attends over the whole sequence, the others over the window
 _GEMMA3_SLIDING_WINDOW_PATTERN = 6
@@ -200,15 +201,9 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
         "olmo2": (heads + kv_heads) * head_dim,
         "olmo3": (heads + kv_heads) * head_dim,
         "exaone4": 2 * head_dim,
+        "hunyuan_v1_dense": 2 * head_dim,
     }.get(family, 0)
-    biases = (heads + 2 * kv_heads) * head_dim * layers if family in ("qwen2", "qwen2_moe") else 0  # Qwen's q/k/v
-    if family in _QKV_BIAS_FLAG_FAMILIES and config.get("attention_bias"):
-        biases += _bias_params(mats[:3])
-    if family == "ernie4_5" and config.get("use_bias"):  # every linear but the head
-        biases += _bias_params(mats)
-    if family in _BIAS_FLAG_FAMILIES:
-        biases += _bias_params(mats[:num_attention_mats]) if config.get("attention_bias") else 0
-        biases += _bias_params(mats[num_attention_mats:]) if config.get("mlp_bias") else 0
+    biases = _biases(family, config, mats, num_attention_mats, layers * (heads + 2 * kv_heads) * head_dim)
     num_norms = _NORMS_PER_LAYER.get(family, 2)
     norm_width = 0 if family in _PARAMETER_FREE_NORMS else hidden  # weights per norm (the final norm's too)
     expert_bias, router_bias, sinks = _gpt_oss_extras(family, hidden, ffn, heads, layers)
@@ -230,6 +225,24 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
     )
 
 
+def _biases(family: str, config: dict[str, Any], mats: list, num_attention_mats: int, qkv_outputs: int) -> int:
+    """Bias parameters of the decoder's matmuls as the family's flags set them (`qkv_outputs`: q, k and v's
+    outputs over all layers, Qwen's fixed biases)."""
+    biases = qkv_outputs if family in ("qwen2", "qwen2_moe") else 0
+    if family in _QKV_BIAS_FLAG_FAMILIES and config.get("attention_bias"):
+        biases += _bias_params(mats[:3])
+    if family == "ernie4_5" and config.get("use_bias"):  # every linear but the head
+        biases += _bias_params(mats)
+    if family == "seed_oss":  # q, k, v follow attention_bias, o attention_out_bias, the MLP mlp_bias
+        biases += _bias_params(mats[:3]) if config.get("attention_bias") else 0
+        biases += _bias_params(mats[3:4]) if config.get("attention_out_bias") else 0
+        biases += _bias_params(mats[num_attention_mats:]) if config.get("mlp_bias") else 0
+    if family in _BIAS_FLAG_FAMILIES:
+        biases += _bias_params(mats[:num_attention_mats]) if config.get("attention_bias") else 0
+        biases += _bias_params(mats[num_attention_mats:]) if config.get("mlp_bias") else 0
+    return biases
+
+
 def _bias_params(mats: list[tuple[int, int, int]]) -> int:
     """Bias parameters of these matmuls (one per output, in every copy)."""
     return sum(out * n for _, out, n in mats)
@@ -241,7 +254,8 @@ def _attention_window(family: str, config: dict[str, Any], layers: int) -> tuple
     each `sliding_window_pattern`-th, Phi-3's every layer, Qwen3's layers from `max_window_layers` on when
     `use_sliding_window`, gpt-oss's alternate layers (0, 2, 4, ...); (0, 0) for every other family."""
     window = int(config.get("sliding_window") or 0)
-    if family not in ("gemma2", "gemma3_text", "phi3", "qwen3", "gpt_oss", "olmo3", "exaone4") or not window:
+    windowed = ("gemma2", "gemma3_text", "phi3", "qwen3", "gpt_oss", "olmo3", "exaone4", "ministral")
+    if family not in windowed or not window:
         return 0, 0
     if family == "qwen3" and not config.get("use_sliding_window"):
         return 0, 0
