@@ -76,12 +76,18 @@ CASES = [
     ("tt-mid-llama-qlora-chunked", MID_DENSE, "qlora", None, 4, 2048, True),
     ("mid-llama-int8-lora", MID_DENSE, "qlora", None, 4, 1024, True),
     ("mid-llama-int8-lora-reentrant", MID_DENSE, "qlora", None, 4, 1024, True),
+    ("mid-llama-liger-lora", MID_DENSE, "lora", None, 4, 2048, True),
+    ("mid-llama-liger-full", MID_DENSE, "full", None, 2, 2048, True),
 ]
 # FineTuneJob fields beyond FIELDS. The 8-bit cases run bitsandbytes' own MatMul8bitLt on the simulator's int8
 # codes (`_bitsandbytes_int8`): its CUDA kernels, not tunecost's model of them, set the measured peak.
+# The Liger cases run liger-kernel's own Triton kernels, bound by `_apply_liger_kernel_to_instance` as the HF Trainer
+# binds them (`_real_liger`), against the simulator's functions that keep what they keep.
 JOB_EXTRAS = {
     "mid-llama-int8-lora": {"quant_type": "int8", "lora": ("attention", "mlp")},
     "mid-llama-int8-lora-reentrant": {"quant_type": "int8", "lora": ("attention", "mlp")},
+    "mid-llama-liger-lora": {"liger_kernel": True, "lora": ("attention", "mlp")},
+    "mid-llama-liger-full": {"liger_kernel": True, "lora": ("attention", "mlp")},
 }
 # The software stack of a configuration (default: tunecost's own) and its recipe options (`StackBehaviour` fields).
 STACKS = {
@@ -121,6 +127,14 @@ def _bitsandbytes_int8(model) -> int:
     return len(linears)
 
 
+def _real_liger(model) -> None:
+    """Liger's kernels on the model as `Trainer(use_liger_kernel=True)` applies them (liger-kernel must be installed:
+    benchmarks/gpu_wheels.sh carries its wheel)."""
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    _apply_liger_kernel_to_instance(model=model)
+
+
 def measure_cuda(job, stack: str = "tunecost", behaviour=None) -> dict:
     import torch
 
@@ -130,9 +144,13 @@ def measure_cuda(job, stack: str = "tunecost", behaviour=None) -> dict:
 
     torch.cuda.empty_cache()
     behaviour = behaviour or DEFAULT_BEHAVIOUR
+    liger = job.liger_kernel  # the real kernels instead of the simulator's: the model's forward is Liger's
+    job = job.with_(liger_kernel=False) if liger else job
     prepared = build_prepared(job, num_units=None, stack=stack, behaviour=behaviour, real=True, device="cuda")
     if job.method == "qlora" and job.quant_type == "int8":
         _bitsandbytes_int8(prepared.model)
+    if liger:
+        _real_liger(prepared.model)
     batch = make_batch(
         int(prepared.model.config.vocab_size), job.batch_size, job.worst_case_seq_len, None, device="cuda"
     )

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .whl
 pins=()
-for name in bitsandbytes transformers peft typer rich; do
+for name in bitsandbytes transformers peft typer rich liger-kernel; do
   pins+=("$(grep -i "^${name}==" constraints.txt)")
 done
 platforms=()

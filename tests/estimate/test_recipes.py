@@ -566,3 +566,23 @@ def test_torch_compile_reaches_every_recipe(tmp_path: Path) -> None:
     assert "compile=True" in launch_words(tmp_path / "tt" / "launch.sh")
     write_recipe(make_job("ddp-lora"), "llamafactory", tmp_path / "eager")
     assert "torch_compile" not in yaml.safe_load((tmp_path / "eager" / "llamafactory.yaml").read_text())
+
+
+def test_liger_kernel_reaches_the_hf_recipes(tmp_path: Path) -> None:
+    """LLaMA-Factory's enable_liger_kernel and the HF Trainer's use_liger_kernel; the readers take each back."""
+    job = make_job("ddp-lora", liger_kernel=True)
+    write_recipe(job, "llamafactory", tmp_path / "lf")
+    assert yaml.safe_load((tmp_path / "lf" / "llamafactory.yaml").read_text())["enable_liger_kernel"] is True
+    write_recipe(job, "accelerate", tmp_path / "acc")
+    args = json.loads((tmp_path / "acc" / "train_args.json").read_text())["training_args"]
+    assert args["use_liger_kernel"] is True
+    write_recipe(make_job("ddp-lora"), "llamafactory", tmp_path / "eager")
+    assert "enable_liger_kernel" not in yaml.safe_load((tmp_path / "eager" / "llamafactory.yaml").read_text())
+
+
+def test_liger_kernel_has_no_torchtune_recipe(tmp_path: Path) -> None:
+    with pytest.raises(TunecostError, match="torchtune has no Liger kernels"):
+        write_recipe(
+            dataclasses.replace(make_job("ddp-lora", liger_kernel=True), strategy="fsdp2"), "torchtune", tmp_path
+        )
+    assert not list(tmp_path.iterdir())

@@ -750,3 +750,21 @@ def test_fp8_cells_say_the_recipe_and_whether_the_weights_are_fp8(corpus) -> Non
         row = CorpusRow(path=base.path, line=base.line, cells={**base.cells, "compute_dtype": cell})
         job = map_row(row).job
         assert (job.fp8, job.fp8_params) == ("te-delayed", params), cell
+
+
+def test_rows_that_name_liger_run_its_kernels(corpus) -> None:
+    """A row whose stack, versions or notes name Liger is simulated and counted with its kernels; one that says it
+    ran without them, or a torchtune row (no Liger), is not."""
+    from tunecost.validate.corpus import CorpusRow
+
+    base = next(r for r in read_corpus([corpus]) if r.id == "t-alloc")
+
+    def mapped(**cells):
+        return map_row(CorpusRow(path=base.path, line=base.line, cells={**base.cells, **cells}))
+
+    assert mapped(stack="axolotl + Liger").job.liger_kernel
+    assert mapped(stack_versions="liger-kernel 0.5.2").job.liger_kernel
+    assert not mapped(notes="without Liger").job.liger_kernel
+    assert not mapped().job.liger_kernel
+    with pytest.raises(Skip, match="--liger-kernel"):
+        mapped(stack="torchtune", notes="liger")

@@ -65,6 +65,7 @@ class JobOptions:
     attention: cli.Attention = "flash"
     packing: cli.Packing = "none"
     torch_compile: cli.TorchCompile = False
+    liger_kernel: cli.LigerKernel = False
     optimizer: cli.Optimizer = "adamw"
     dtype: cli.Dtype = None
     quant_type: cli.QuantType = None
@@ -98,6 +99,7 @@ class JobOptions:
             attention=self.attention,
             packing=self.packing,
             torch_compile=self.torch_compile,
+            liger_kernel=self.liger_kernel,
             optimizer=self.optimizer,
             quant_type=self.quant_type,
             double_quant=self.double_quant,

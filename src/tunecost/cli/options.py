@@ -170,6 +170,12 @@ TORCH_COMPILE_HELP = (
     "the throughput model fuses each layer's element-wise chains; peak memory stays the eager step's."
 )
 TorchCompile = Annotated[bool, opt("--torch-compile/--no-torch-compile", TORCH_COMPILE_HELP)]
+LIGER_KERNEL_HELP = (
+    "Liger's Triton kernels as the HF Trainer's use_liger_kernel applies them (TRL, axolotl's Liger plugin, "
+    "LLaMA-Factory enable_liger_kernel): RMSNorm, SwiGLU/GEGLU and RoPE fused, the fused linear cross-entropy "
+    "keeps no logits."
+)
+LigerKernel = Annotated[bool, opt("--liger-kernel/--no-liger-kernel", LIGER_KERNEL_HELP)]
 RECOMPUTE_LAYERS_HELP = (
     "Under gradient checkpointing, how many decoder layers recompute their forward (Megatron's recompute_method "
     "block, torchtitan's every-Nth-layer selective_ac_option); the rest keep their activations. Default: every layer."

@@ -41,6 +41,9 @@ from tunecost.estimate.throughput.stack_priors import (
     stack_prior,
 )
 from tunecost.estimate.throughput.targets import Prediction, ThroughputTarget, throughput_target, with_setup
+from tunecost.models.catalog import resolve_model
+from tunecost.workload.job import FineTuneJob
+from tunecost.workload.liger import liger_loss_applies, liger_note
 
 ESTIMATOR_NAME = "calibrated"
 PAPER_STACK = "hf-2024"  # the software the bundled throughput measurements ran
@@ -133,7 +136,7 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         f"calibrated on {model.num_points} points of {model.source_names} "
         f"(in-sample MAPE {100 * model.in_sample_mape:.1f} %); " + run_length_note(req.options),
         *extrapolation_notes(pred),
-        *([COMPILE_NOTE] if req.job.torch_compile else []),
+        *software_notes(req.job),
         *offload_notes,
         f"95 % interval: {pred.interval_kinds}",
         *(n for n in pred.notes if n.startswith("host ")),
@@ -152,6 +155,20 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
 
 
 COMPILE_NOTE = "torch.compile: each layer's element-wise chains counted fused (Inductor)"
+
+
+def software_notes(job: FineTuneJob) -> list[str]:
+    """What torch.compile and Liger's kernels change in the counted step."""
+    out = [COMPILE_NOTE] if job.torch_compile else []
+    if job.liger_kernel:
+        family = resolve_model(job.model).family
+        out.append(
+            "Liger kernels: each RMSNorm and rotary counted as one kernel, the loss as the fused linear "
+            "cross-entropy (the head's GEMMs per chunk of tokens, each re-reading the head's weight)"
+            if liger_loss_applies(family)
+            else liger_note(family)
+        )
+    return out
 
 
 def with_activation_offload(req: EstimateRequest, pred: Prediction) -> tuple[Prediction, list[str]]:

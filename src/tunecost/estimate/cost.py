@@ -104,6 +104,7 @@ def estimate_job(
     attention: str = "flash",
     packing: str = "none",
     torch_compile: bool = False,
+    liger_kernel: bool = False,
     optimizer: str = "adamw",
     quant_type: str | None = None,
     double_quant: bool = True,
@@ -134,6 +135,7 @@ def estimate_job(
         attention=attention,
         packing=packing,
         torch_compile=torch_compile,
+        liger_kernel=liger_kernel,
         optimizer=optimizer,
         experts_per_token=experts_per_token,
         gradient_checkpointing=default_gradient_checkpointing(method, selective_recompute)

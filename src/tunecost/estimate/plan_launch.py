@@ -47,6 +47,7 @@ def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=N
         optimizer=job.optimizer,
         packing=job.packing,
         torch_compile=job.torch_compile,
+        liger_kernel=job.liger_kernel,
         seq_len=job.worst_case_seq_len,
         micro_batch=setup.micro_batch,
         grad_accum=option.accumulation,

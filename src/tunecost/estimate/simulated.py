@@ -76,12 +76,12 @@ def throughput_at(req: EstimateRequest, batch_size: int) -> Throughput:
     if qps is not None:
         return Throughput(queries_per_s=qps, notes=tuple(notes))
     from tunecost.estimate.calibrated import (
-        COMPILE_NOTE,
         calibrated_model,
         extrapolation_notes,
         for_job_software,
         request_target,
         run_length_note,
+        software_notes,
         startup_seconds,
         with_activation_offload,
     )
@@ -98,7 +98,7 @@ def throughput_at(req: EstimateRequest, batch_size: int) -> Throughput:
         f"(no eq. (2) fit for this model, dataset and GPU); {run_length_note(req.options)}",
         *extrapolation_notes(pred),
         *([prior.note] if prior else []),
-        *([COMPILE_NOTE] if req.job.torch_compile else []),
+        *software_notes(req.job),
         *offload_notes,
     )
     return Throughput(

@@ -24,7 +24,14 @@ def cache_dir() -> Path:
 
 
 # job fields left out of the key when unset: older keys hold
-_UNSET = {"fp8": "none", "fp8_params": False, "selective_recompute": False, "recompute_layers": None, "packing": "none"}
+_UNSET = {
+    "fp8": "none",
+    "fp8_params": False,
+    "selective_recompute": False,
+    "recompute_layers": None,
+    "packing": "none",
+    "liger_kernel": False,
+}
 
 
 def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512, behaviour=None) -> str:

@@ -40,12 +40,14 @@ from tunecost.simulate.fused_attention import (
     recomputed_attention,
 )
 from tunecost.simulate.hf2024 import Loop2024Experts
+from tunecost.simulate.liger import install_liger
 from tunecost.simulate.modules import ModulesToSave, SimExperts, SimLinear, SimLoraRouter
 from tunecost.simulate.quant4bit import QuantSpec
 from tunecost.simulate.recorder import LayerPlan
 from tunecost.simulate.step import optimizer_state_tensors, simulated_optimizer, warm_up_optimizer
 from tunecost.simulate.tensor_groups import module_info, static_tensors, to_fake
 from tunecost.workload.job import STACKS, FineTuneJob
+from tunecost.workload.liger import liger_loss_applies, liger_patches
 
 _LORA_STYLE = {"hf-2024": "peft-2024", "hf-peft": "peft", "torchtune": "torchtune"}  # see `SimLinear`
 
@@ -70,6 +72,7 @@ class Prepared:
     num_experts: int
     top_k: int
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
+    liger_loss: bool = False  # the loss is Liger's fused linear cross-entropy on the last hidden states
 
 
 def check_supported(
@@ -309,6 +312,7 @@ def build_prepared(
         num_experts=spec.num_experts,
         top_k=top_k,
         behaviour=behaviour,
+        liger_loss=job.liger_kernel and liger_loss_applies(spec.family),
     )
 
 
@@ -359,6 +363,8 @@ def _built_model(
         if spec.family == "falcon":
             falcon_fused_attention(model)
     transform(model, job, stack)
+    if job.liger_kernel and liger_patches(spec.family):
+        install_liger(model, spec.family)
     if behaviour.kbit_fp32_norms:
         _kbit_fp32_norms(model, dtype)
     if job.selective_recompute:

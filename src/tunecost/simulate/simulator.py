@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from tunecost.simulate.trace import SegmentPeak, TraceResult
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
+from tunecost.workload.liger import liger_note
 
 FP8_NOTES = {
     "tensorwise": "fp8 tensorwise (torchao float8): bf16 weights and saved inputs kept; the FP8 casts of the largest "
@@ -169,6 +170,7 @@ def _assumptions(
             "dtype with its gradient and optimizer states (PEFT ModulesToSaveWrapper)"
         )
     out += _stack_notes(stack, behaviour, spec)
+    out += [liger_note(spec.family)] if job.liger_kernel else []
     if spec.is_moe and (job.method == "qlora" or stack == "hf-2024"):
         out.append(
             "routing is unknown without data: expert loops assume tokens spread evenly over experts "

@@ -26,6 +26,7 @@ from tunecost.simulate.behaviour import (
     torchtune_output,
 )
 from tunecost.simulate.hf2024 import load_balancing_loss_2024
+from tunecost.simulate.liger import liger_loss
 from tunecost.simulate.offload import ActivationOffload, check_fake
 
 LEARNING_RATE = 5e-5  # the paper's; irrelevant to memory
@@ -255,10 +256,14 @@ def forward_loss(prepared, batch: dict) -> torch.Tensor:
     if prepared.spec.family == "blackmamba":
         return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
     loss_code = stack_loss_code(prepared.stack, prepared.behaviour)
+    moe = {"output_router_logits": True} if prepared.is_moe else {}
+    if prepared.liger_loss:  # Liger's lce_forward: the fused linear cross-entropy on the last hidden states
+        out = model.base_model(input_ids=batch["input_ids"], use_cache=False, **moe)
+        loss = liger_loss(out.last_hidden_state, model.lm_head, batch["labels"])
+        return _with_aux_loss(prepared, loss, out)
     if loss_code == LOSS_TRANSFORMERS_5:
         return model(**batch, use_cache=False).loss
     # the loss of other model code, on the model's logits
-    moe = {"output_router_logits": True} if prepared.is_moe else {}
     offload = _activation_offload(prepared)
     with offload.forward() if offload is not None else contextlib.nullcontext():
         # the decoder under the LM head: `model.model` in most families, `model.transformer` in GPTBigCode
@@ -272,11 +277,16 @@ def forward_loss(prepared, batch: dict) -> torch.Tensor:
         loss = torchtune_loss(output, batch["labels"])
         del out, output
         return loss
-    loss = causal_lm_loss(loss_code, logits, batch["labels"])
-    coef = float(getattr(model.config, "router_aux_loss_coef", 0.0) or 0.0)
+    loss = _with_aux_loss(prepared, causal_lm_loss(loss_code, logits, batch["labels"]), out)
+    del out, logits
+    return loss
+
+
+def _with_aux_loss(prepared, loss: torch.Tensor, out) -> torch.Tensor:
+    """The loss plus the MoE load-balancing loss the model's forward adds (router_aux_loss_coef)."""
+    coef = float(getattr(prepared.model.config, "router_aux_loss_coef", 0.0) or 0.0)
     if prepared.is_moe and coef and out.router_logits:
         loss = loss + coef * load_balancing_loss_2024(out.router_logits, prepared.num_experts, prepared.top_k)
-    del out, logits
     return loss
 
 

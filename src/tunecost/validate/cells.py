@@ -4,12 +4,27 @@ optimizer."""
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from tunecost.simulate.behaviour import ADAMW_FUSED
 
 
 class Skip(Exception):
     """A row tunecost does not model; the message is the reason."""
+
+
+def software_of(stack_cell: str, stated: str, stack: Any, throughput: bool) -> tuple[bool, bool]:
+    """(torch_compile, liger_kernel) of a row's job: compile from its versions and notes (`stated`), Liger from those
+    and its stack cell; a memory row under torch.compile, or Liger named under a stack without it, is skipped."""
+    text = stated.lower()
+    compiled = "compile" in text and "compile off" not in text
+    text = f"{stack_cell.lower()} ; {text}"
+    liger = "liger" in text and not any(f"{no} liger" in text for no in ("no", "without", "not"))
+    if liger and stack.simulator_stack in ("torchtune", "hf-2024"):
+        raise Skip(f"--liger-kernel: Liger named under stack {stack.name}, which does not run it")
+    if compiled and not throughput:
+        raise Skip("torch.compile not modelled for memory (Inductor's partitioner chooses what the forward keeps)")
+    return compiled, liger
 
 
 # "dense" is Phi's and Falcon's attention output projection, "query_key_value" Falcon's fused q, k, v

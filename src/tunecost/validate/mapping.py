@@ -27,6 +27,7 @@ from tunecost.validate.cells import (
     lora_targets,
     modules_to_save,
     optimizer_for,
+    software_of,
 )
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.model_parallel_cells import model_parallel_of, model_parallel_row, names_distributed_optimizer
@@ -139,8 +140,9 @@ def map_row(row: CorpusRow) -> MappedRow:
     if deepspeed is not None and not throughput:  # one rank of DeepSpeed ZeRO-2
         strategy = "zero2"
     check_lengths(row, throughput)
-    if not throughput and names_torch_compile(row):
-        raise Skip("torch.compile not modelled for memory (Inductor's partitioner chooses what the forward keeps)")
+    compiled, liger = software_of(
+        row.get("stack"), f"{row.get('stack_versions')} ; {row.get('notes')}", stack, throughput
+    )
     defaults = framework_defaults(row.get("stack"), row.get("model"), method)
     defaulted: list[str] = []
     ckpt, reentrant = checkpointing_of(row, defaults, defaulted)
@@ -170,7 +172,8 @@ def map_row(row: CorpusRow) -> MappedRow:
             modules_to_save=saved,
             fp8=fp8,
             fp8_params=fp8_params,
-            torch_compile=names_torch_compile(row),
+            torch_compile=compiled,
+            liger_kernel=liger,
             **gptq,
         )
     except TunecostError as exc:
@@ -316,12 +319,6 @@ def within_positions(seq_len: int, spec: Any, note: str) -> tuple[int, str]:
         f"exceed: modelled at {spec.max_positions} (the stack cut the sequences)"
     )
     return spec.max_positions, "; ".join(filter(None, (note, positions)))
-
-
-def names_torch_compile(row: CorpusRow) -> bool:
-    """True when a row's stack_versions or notes say the step ran under torch.compile."""
-    stated = f"{row.get('stack_versions')} ; {row.get('notes')}".lower()
-    return "compile" in stated and "compile off" not in stated
 
 
 def framework_of(row: CorpusRow) -> str:

@@ -181,6 +181,8 @@ class FineTuneJob:
     packing: str = "none"  # one of PACKINGS: rows of seq_len tokens, each holding several queries
     # the step under torch.compile (Inductor): the throughput model fuses the element-wise work; memory is eager's
     torch_compile: bool = False
+    # Liger's kernels as use_liger_kernel applies them (RMSNorm, SwiGLU/GEGLU, RoPE, fused linear cross-entropy)
+    liger_kernel: bool = False
 
     def __post_init__(self) -> None:
         _check_choice("method", self.method, METHODS)
@@ -210,6 +212,11 @@ class FineTuneJob:
         if self.fp8 != "none" and self.method == "qlora":
             raise TunecostError(
                 "--fp8: FP8 training does not apply to QLoRA (quantized base weights); use lora or full"
+            )
+        if self.liger_kernel and self.stack in ("hf-2024", "torchtune"):
+            raise TunecostError(
+                f"--liger-kernel: Liger's kernels are applied by the HF Trainer (TRL, axolotl, LLaMA-Factory), not "
+                f"stack {self.stack}"
             )
         if self.fp8_params and self.fp8 != "te-delayed":
             raise TunecostError("--fp8-params: FP8 primary weights are Transformer Engine's; use --fp8 te-delayed")

@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from tunecost.estimate.throughput.arch import arch_of
-from tunecost.estimate.throughput.counts import SYNC_PER_MICRO_STEP, accumulated, analytic_step_counts
+from tunecost.estimate.throughput.counts import (
+    FLCE_BYTES_PER_VOCAB,
+    FLCE_KERNELS_PER_CHUNK,
+    LOSS_BYTES_PER_VOCAB,
+    LOSS_KERNELS,
+    SYNC_PER_MICRO_STEP,
+    accumulated,
+    analytic_step_counts,
+)
 from tunecost.estimate.throughput.model import StackParams, overlapped_s, step_time
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob, LoraConfig
@@ -167,3 +175,28 @@ def test_torch_compile_fuses_the_layers_element_wise_work_and_nothing_else(gpu_t
         gemm_efficiency=0.9, gemm_half_rows=64, memory_efficiency=0.75, kernel_overhead_s=2e-5, step_overhead_s=0.05
     )
     assert step_time(compiled, gpu_terms(), params).step_s < step_time(eager, gpu_terms(), params).step_s
+
+
+def test_liger_fuses_norm_and_rotary_and_chunks_the_head(gpu_terms) -> None:
+    """Liger (`job.liger_kernel`): each RMSNorm and rotary one kernel (residual adds and the varlen copies stay),
+    the loss one kernel per logits chunk reading and writing them once, the head's GEMMs per chunk with the weight
+    re-read; the FLOPs are eager's."""
+    spec = resolve_model("meta-llama/Llama-3.1-8B")
+    job = FineTuneJob(model=spec.name, method="lora", batch_size=2, seq_len=2048, gradient_checkpointing=True)
+    eager, liger = analytic_step_counts(spec, job), analytic_step_counts(spec, job.with_(liger_kernel=True))
+    assert liger.flops_by_class == eager.flops_by_class
+    tokens, vocab = 2 * 2048, spec.vocab_size
+    chunks = tokens // 128  # ceil(128256 / 4096) = 32 chunks of next_power_of_2(4096 / 32) = 128 rows
+    assert liger.gemm_rows_by_class["lm_head"] == 128 and eager.gemm_rows_by_class["lm_head"] == tokens
+    assert liger.kernels_by_class["lm_head"] == chunks * eager.kernels_by_class["lm_head"]
+    head_weight_bytes = 2.0 * vocab * spec.config["hidden_size"] * 2  # two passes (LoRA: frozen head), bf16
+    extra_reads = (chunks - 1) * head_weight_bytes
+    assert liger.bytes_by_class["lm_head"] - eager.bytes_by_class["lm_head"] == pytest.approx(extra_reads)
+    assert liger.bytes_by_class["elementwise"] < eager.bytes_by_class["elementwise"]
+    compiled = analytic_step_counts(spec, job.with_(torch_compile=True, liger_kernel=True))
+    fused = analytic_step_counts(spec, job.with_(torch_compile=True))
+    # under torch.compile the layers' chains are Inductor's either way; only the loss differs
+    loss_kernels = chunks * FLCE_KERNELS_PER_CHUNK - LOSS_KERNELS
+    assert compiled.kernels_by_class["elementwise"] - fused.kernels_by_class["elementwise"] == loss_kernels
+    loss_bytes = tokens * vocab * (FLCE_BYTES_PER_VOCAB - LOSS_BYTES_PER_VOCAB)
+    assert compiled.bytes_by_class["elementwise"] - fused.bytes_by_class["elementwise"] == pytest.approx(loss_bytes)

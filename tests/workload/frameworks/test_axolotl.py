@@ -324,3 +324,26 @@ def test_torch_compile_is_read(tmp_path, value, said):
     assert job.options["torch_compile"] is True and "torch_compile" not in job.not_modelled
     assert any(line.startswith(said) and "peak memory is the eager step's" in line for line in job.assumptions)
     assert "torch_compile" not in _read(tmp_path, "base_model: m\nadapter: lora\ntorch_compile: false\n").options
+
+
+LIGER = "plugins:\n  - axolotl.integrations.liger.LigerPlugin\n"
+LIGER_ON = (
+    "liger_rope: true\nliger_rms_norm: true\nliger_glu_activation: true\nliger_fused_linear_cross_entropy: true\n"
+)
+
+
+def test_the_liger_plugin_with_its_default_kernels_is_read(tmp_path):
+    job = _read(tmp_path, f"base_model: m\nadapter: lora\n{LIGER}{LIGER_ON}")
+    assert job.options["liger_kernel"] is True
+    assert not {k for k in job.not_modelled if k.startswith("liger_")}
+    assert any(line.startswith("Liger plugin:") for line in job.assumptions)
+
+
+@pytest.mark.parametrize("change", ["liger_fused_linear_cross_entropy: false\n", "liger_cross_entropy: true\n"])
+def test_another_liger_kernel_set_is_counted_without_liger(tmp_path, change):
+    text = f"base_model: m\nadapter: lora\n{LIGER}{LIGER_ON}".replace("liger_fused_linear_cross_entropy: true\n", "")
+    job = _read(tmp_path, text + change)
+    assert "liger_kernel" not in job.options
+    assert any("only Liger's default kernels are modelled" in line for line in job.assumptions)
+    assert "liger_rms_norm" in job.not_modelled
+    assert "liger_kernel" not in _read(tmp_path, f"base_model: m\nadapter: lora\n{LIGER_ON}").options  # no plugin

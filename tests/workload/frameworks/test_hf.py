@@ -418,3 +418,22 @@ def test_the_trainers_optimizer_names(tmp_path: Path, optim: str, ours: str) -> 
     """torchao's AdamW8bit (adamw_torch_8bit) keeps bitsandbytes' 8-bit states: blocks of 256, fp32 scales."""
     job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "args.json", {**TRAINER_DEFAULTS_JSON, "optim": optim})
     assert job.options["optimizer"] == ours
+
+
+@pytest.mark.parametrize(
+    ("extra", "on"),
+    [
+        ({"use_liger_kernel": True}, True),
+        ({"use_liger_kernel": True, "liger_kernel_config": {"rope": True, "swiglu": True}}, True),
+        ({"use_liger_kernel": True, "liger_kernel_config": {"fused_linear_cross_entropy": False}}, False),
+        ({"use_liger_kernel": False}, False),
+    ],
+)
+def test_use_liger_kernel_is_read_with_the_default_kernels(tmp_path: Path, extra: dict, on: bool) -> None:
+    args = {"output_dir": "out", "per_device_train_batch_size": 2, **extra}
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "args.json", args)
+    assert job.options.get("liger_kernel", False) is on
+    if on:
+        assert _said(job, "use_liger_kernel", "fused linear cross-entropy") and not job.not_modelled
+    elif extra["use_liger_kernel"]:
+        assert _said(job, "only Liger's default kernels are modelled") and "liger_kernel_config" in job.not_modelled

@@ -322,3 +322,9 @@ def test_torch_compile_and_a_compile_mode_turn_it_on(tmp_path):
         job = _read(tmp_path, f"model_name_or_path: Qwen/Qwen2.5-7B\ncutoff_len: 512\n{extra}")
         assert job.options["torch_compile"] is True and not job.not_modelled, extra
     assert "torch_compile" not in _read(tmp_path, "model_name_or_path: m\ncutoff_len: 512\n").options
+
+
+def test_enable_liger_kernel_is_read(tmp_path):
+    job = _read(tmp_path, "model_name_or_path: Qwen/Qwen2.5-7B\ncutoff_len: 512\nenable_liger_kernel: true\n")
+    assert job.options["liger_kernel"] is True and not job.not_modelled
+    assert "liger_kernel" not in _read(tmp_path, "model_name_or_path: m\ncutoff_len: 512\n").options

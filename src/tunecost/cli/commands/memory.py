@@ -212,6 +212,7 @@ def memory_job(
         lengths=lengths,
         packing=options.packing,
         torch_compile=options.torch_compile,
+        liger_kernel=options.liger_kernel,
         dataset=dataset,
         lora=LoraConfig(
             rank=options.lora_rank, alpha=options.lora_alpha, targets=targets, dropout=options.lora_dropout

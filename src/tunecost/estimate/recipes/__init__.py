@@ -35,6 +35,8 @@ def write_recipe(job: LaunchJob, target: str, out_dir: Path, *, force: bool = Fa
     rendered and checked before any is written; an existing file is replaced only with `force`."""
     if target not in RENDERERS:
         raise TunecostError(f"unknown recipe target {target!r}; targets: {', '.join(TARGETS)}")
+    if job.liger_kernel and target == "torchtune":
+        raise TunecostError("torchtune has no Liger kernels; plan --emit with --target llamafactory or accelerate")
     files = RENDERERS[target](job)
     paths = [Path(out_dir) / name for name in files]
     taken = [str(p) for p in paths if p.exists() or p.is_symlink()]

@@ -123,6 +123,7 @@ def _train_args(job: LaunchJob) -> dict[str, Any]:
     training |= {"bf16": job.dtype == "bf16", "fp16": job.dtype == "fp16", "optim": HF_OPTIM[job.optimizer]}
     training |= {"gradient_checkpointing": job.gradient_checkpointing and not fsdp, "max_grad_norm": MAX_GRAD_NORM}
     training |= {"logging_steps": 10, "report_to": "none"} | ({"torch_compile": True} if job.torch_compile else {})
+    training |= {"use_liger_kernel": True} if job.liger_kernel else {}
     if job.strategy == "ddp":
         training["ddp_find_unused_parameters"] = False
     out: dict[str, Any] = {"model": {"pretrained_model_name_or_path": job.model, "dtype": TORCH_DTYPES[job.dtype]}}

@@ -62,6 +62,7 @@ class LaunchJob:
     optimizer: str = "adamw"  # adamw | adamw-8bit | adamw-4bit | sgd
     packing: str = "none"  # none | per-document | cross-document: queries packed into rows of seq_len tokens
     torch_compile: bool = False  # the step under torch.compile
+    liger_kernel: bool = False  # Liger's kernels (use_liger_kernel)
     seq_len: int
     micro_batch: int  # per GPU
     grad_accum: int = 1

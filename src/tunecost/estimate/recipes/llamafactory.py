@@ -53,6 +53,7 @@ def _llamafactory(job: LaunchJob) -> dict[str, str]:
     lf |= {"flash_attn": LLAMAFACTORY_ATTENTION[job.attention], "optim": HF_OPTIM[job.optimizer]}
     lf |= {"disable_gradient_checkpointing": not job.gradient_checkpointing, "max_grad_norm": MAX_GRAD_NORM}
     lf |= {"logging_steps": 10, "report_to": "none"} | ({"torch_compile": True} if job.torch_compile else {})
+    lf |= {"enable_liger_kernel": True} if job.liger_kernel else {}
     files: dict[str, str] = {}
     if job.strategy in ZERO_STAGES:
         lf["deepspeed"] = "ds_config.json"

@@ -5,6 +5,7 @@ Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.th
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -20,6 +21,7 @@ from tunecost.estimate.throughput.packing import job_packed_lengths
 from tunecost.estimate.throughput.quant_counts import add_dequant, add_int8
 from tunecost.models.catalog import ModelSpec
 from tunecost.workload.job import TORCHAO_FP8_RECIPES, FineTuneJob
+from tunecost.workload.liger import flce_chunk_rows, liger_loss_applies, liger_patches
 from tunecost.workload.op_classes import OP_CLASSES
 
 GEMM_CLASSES = ("expert_matmul", "dense_matmul", "lm_head", "router", "lora")
@@ -34,6 +36,10 @@ ROUTER_KERNELS = 10  # softmax in fp32, topk, renormalise, cast, one_hot, permut
 ROUTER_FLOPS_PER_LOGIT = 10  # softmax, top-k, renormalisation
 LOSS_BYTES_PER_VOCAB = 26  # logits upcast to fp32, log-softmax, NLL, and their backward
 LOSS_KERNELS = 12
+# Liger's fused linear cross-entropy: per chunk of `flce_chunk_rows` tokens, the logits GEMM, one kernel that reads
+# the logits and writes their gradient over them (bf16: 2 + 2 bytes), the grad-input GEMM (+ grad-weight GEMM)
+FLCE_BYTES_PER_VOCAB = 4
+FLCE_KERNELS_PER_CHUNK = 2  # the cross-entropy kernel and the slice copy of the chunk's loss
 ADAMW_ACCESSES_PER_PARAM = 20  # foreach AdamW: lerp m, v*b2 + g^2, sqrt/div/add eps, decay, addcdiv (reads+writes)
 CLIP_ACCESSES_PER_PARAM = 3  # gradient-norm clipping: norm (read), scale (read + write)
 ADAMW_FOREACH_OPS = 12
@@ -145,7 +151,8 @@ def analytic_step_counts(
     if arch.num_experts > 1:
         _add_experts(acc, arch, tokens=tokens, k=k, hit=hit, w_bytes=w_bytes, passes=(base_passes, fwd_passes))
 
-    _add_dense_and_head(acc, arch, spec, job, tokens=tokens, w_bytes=w_bytes, frozen_passes=frozen_passes)
+    flce = job.liger_kernel and liger_loss_applies(spec.family)
+    _add_dense_and_head(acc, arch, spec, job, tokens=tokens, w_bytes=w_bytes, frozen_passes=frozen_passes, flce=flce)
     if job.base_quant == "int8":
         if arch.num_experts > 1:
             raise TunecostError(f"{spec.name}: 8-bit (LLM.int8) base weights are modelled for dense models")
@@ -155,7 +162,8 @@ def analytic_step_counts(
     add_lora(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc, compute_dtype=lora_compute_dtype)
     eager, selective = job.attention == "eager", job.selective_recompute
     fused = te_layers or job.torch_compile  # Inductor fuses each norm, rotary and residual chain as TE's layers do
-    add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes, fused=fused, selective=selective, eager=eager)
+    liger = job.liger_kernel and liger_patches(spec.family) and not fused  # Liger's norm and rotary kernels
+    add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes, fused=fused, liger=liger, selective=selective, eager=eager)
     _add_optimizer(acc, arch, job, lora_compute_dtype)
     if job.fp8 != "none":
         _add_fp8_casts(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
@@ -163,7 +171,7 @@ def analytic_step_counts(
     rows = {
         "expert_matmul": rows_expert,
         "dense_matmul": tokens,
-        "lm_head": tokens,
+        "lm_head": min(tokens, flce_chunk_rows(math.ceil(tokens), arch.hidden, spec.vocab_size)) if flce else tokens,
         "router": tokens,
         "lora": lora_rows,
         "attention": lengths.padded_len_tokens,
@@ -184,9 +192,18 @@ def analytic_step_counts(
 
 
 def _add_dense_and_head(
-    acc: OpTally, arch: Arch, spec: ModelSpec, job: FineTuneJob, *, tokens: float, w_bytes: int, frozen_passes: float
+    acc: OpTally,
+    arch: Arch,
+    spec: ModelSpec,
+    job: FineTuneJob,
+    *,
+    tokens: float,
+    w_bytes: int,
+    frozen_passes: float,
+    flce: bool = False,
 ) -> None:
-    """The matmuls outside the experts, the output head and the loss."""
+    """The matmuls outside the experts, the output head and the loss (`flce`: Liger's fused linear cross-entropy,
+    the head's GEMMs per chunk of tokens, each re-reading the head's weight)."""
     full = job.method == "full"
     # Every other matmul weight (attention or Mamba projections, shared experts, dense MLPs); torchao's Float8Linear
     # runs the grad-weight GEMM of a frozen weight too (docs/fp8.md).
@@ -199,13 +216,22 @@ def _add_dense_and_head(
     )
     # Output head (not recomputed; tied to the embedding in BlackMamba, which trains under full FT).
     head_passes = 2.0 + (1.0 if full else 0.0)
+    chunks = math.ceil(tokens / flce_chunk_rows(math.ceil(tokens), arch.hidden, spec.vocab_size)) if flce else 1
     acc.add(
         "lm_head",
         flops=head_passes * 2.0 * tokens * arch.lm_head_params,
-        bytes_=head_passes * (arch.lm_head_params * w_bytes + tokens * (arch.hidden + spec.vocab_size) * w_bytes),
-        kernels=head_passes,
+        bytes_=head_passes
+        * (chunks * arch.lm_head_params * w_bytes + tokens * (arch.hidden + spec.vocab_size) * w_bytes),
+        kernels=head_passes * chunks,
     )
-    acc.add("elementwise", bytes_=tokens * spec.vocab_size * LOSS_BYTES_PER_VOCAB, kernels=LOSS_KERNELS)
+    if flce:
+        acc.add(
+            "elementwise",
+            bytes_=tokens * spec.vocab_size * FLCE_BYTES_PER_VOCAB,
+            kernels=chunks * FLCE_KERNELS_PER_CHUNK,
+        )
+    else:
+        acc.add("elementwise", bytes_=tokens * spec.vocab_size * LOSS_BYTES_PER_VOCAB, kernels=LOSS_KERNELS)
 
 
 def peaks_of(fp8: str) -> dict[str, str]:

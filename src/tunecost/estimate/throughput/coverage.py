@@ -23,6 +23,7 @@ SETUP_FIELDS = (
     "fp8",
     "fp8_params",
     "torch_compile",
+    "liger_kernel",
 )
 
 
@@ -45,6 +46,8 @@ def setup_label(job: Any) -> str:
         parts.append("eager attention")
     if job.torch_compile:
         parts.append("torch.compile")
+    if getattr(job, "liger_kernel", False):
+        parts.append("Liger kernels")
     return ", ".join(parts)
 
 

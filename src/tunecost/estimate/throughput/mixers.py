@@ -57,12 +57,14 @@ def add_mixers(
     gc: float,
     w_bytes: int,
     fused: bool = False,
+    liger: bool = False,
     selective: bool = False,
     eager: bool = False,
 ) -> None:
     """Attention (FlashAttention-2 varlen: causal l^2 work on real lengths) or the Mamba conv + scan, and the
     per-layer element-wise work around them (norms, rotary, residuals): transformers' eager layers, or with
-    `fused` one kernel per chain (Transformer Engine's layers, or Inductor's under torch.compile). `selective`
+    `fused` one kernel per chain (Transformer Engine's layers, or Inductor's under torch.compile), or with `liger`
+    Liger's norm and rotary kernels (one each; residual adds and the varlen unpad/pad stay). `selective`
     (selective recomputation): the attention kernel's forward runs again in backward. `eager`: transformers' eager
     attention instead of the fused kernel (`_eager_attention`)."""
     batch = lengths.batch_size
@@ -91,6 +93,11 @@ def add_mixers(
             per_hidden = arch.num_layer_norms * TE_NORM_BYTES_PER_HIDDEN + 2 * RESIDUAL_BYTES_PER_HIDDEN
             per_token_layer = per_hidden * arch.hidden + TE_ROTARY_BYTES_PER_QK * 2 * width
             kernels_layer = arch.num_layer_norms + 1 + 2
+        elif liger:
+            per_hidden = arch.num_layer_norms * TE_NORM_BYTES_PER_HIDDEN + 2 * RESIDUAL_BYTES_PER_HIDDEN
+            varlen = 0 if eager else FA2_VARLEN_BYTES_PER_HIDDEN
+            per_token_layer = (per_hidden + varlen) * arch.hidden + TE_ROTARY_BYTES_PER_QK * 2 * width
+            kernels_layer = arch.num_layer_norms + 1 + 2 + (0 if eager else FA2_VARLEN_KERNELS)
         else:
             per_token_layer = (
                 arch.num_layer_norms * RMSNORM_BYTES_PER_HIDDEN

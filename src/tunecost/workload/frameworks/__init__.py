@@ -22,6 +22,13 @@ from tunecost.errors import TunecostError
 
 # what a config's torch.compile switch does to the estimate
 COMPILE_NOTE = "the throughput model fuses each layer's element-wise chains; peak memory is the eager step's"
+# what a config's Liger switch does to the estimate
+LIGER_NOTE = (
+    "Liger's RMSNorm, SwiGLU/GEGLU and RoPE kernels and its fused linear cross-entropy (no logits kept) in the "
+    "simulated step and the throughput model"
+)
+# Liger's kernel switches (liger_kernel_config, axolotl's liger_* keys) as use_liger_kernel sets them by default
+LIGER_DEFAULTS = {"rope": True, "rms_norm": True, "swiglu": True, "fused_linear_cross_entropy": True}
 
 # tunecost's job options a config may set, and the type each value takes
 JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
@@ -41,6 +48,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "attention": str,  # flash | sdpa | eager
     "packing": str,  # none | per-document | cross-document: queries packed into rows of seq_len tokens
     "torch_compile": bool,  # the step under torch.compile (Inductor)
+    "liger_kernel": bool,  # Liger's kernels as use_liger_kernel applies them
     "optimizer": str,  # adamw | adamw-8bit | adamw-4bit | sgd
     "seq_len": int,  # the cutoff: longer examples are cut, each batch padded to its longest
     "batch_size": int,  # per device (micro-batch)

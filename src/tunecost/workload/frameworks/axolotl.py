@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
+from tunecost.workload.frameworks import LIGER_NOTE, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.hf import INT8, compile_options, optimizer_name
 from tunecost.workload.frameworks.llamafactory import (
     SFT_ONLY,
@@ -245,6 +245,27 @@ def _strategy(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
     return options
 
 
+LIGER_KEYS = {"rope": "liger_rope", "rms_norm": "liger_rms_norm", "swiglu": "liger_glu_activation",
+              "fused_linear_cross_entropy": "liger_fused_linear_cross_entropy"}  # fmt: skip
+
+
+def _liger(cfg: ConfigFile) -> tuple[dict[str, Any], list[str]]:
+    """axolotl's Liger plugin (axolotl.integrations.liger) with the liger_* keys: modelled when they ask for the
+    default kernel set (rms_norm, glu_activation and fused_linear_cross_entropy on; rope either way); another set
+    stays among the keys not modelled and the step is counted without Liger."""
+    plugins = cfg.data.get("plugins")
+    if not isinstance(plugins, list) or not any(str(p).startswith("axolotl.integrations.liger") for p in plugins):
+        return {}, []
+    asked = {kernel: bool(cfg.data.get(key)) for kernel, key in LIGER_KEYS.items()}
+    if cfg.data.get("liger_cross_entropy") or not all(on for kernel, on in asked.items() if kernel != "rope"):
+        said = ", ".join(f"{LIGER_KEYS[k]} {v}" for k, v in asked.items())
+        return {}, [f"Liger plugin with {said}: only Liger's default kernels are modelled; counted without Liger"]
+    for key in LIGER_KEYS.values():
+        cfg.get(key)
+    cfg.get("liger_cross_entropy")
+    return {"liger_kernel": True}, [f"Liger plugin: {LIGER_NOTE}"]
+
+
 def _ignored_keys(cfg: ConfigFile) -> list[str]:
     """A note per key axolotl's schema lacks (unless a plugin from outside axolotl, which may add keys, is loaded):
     its pydantic model drops unknown keys, so axolotl runs without them (a misspelt key's default applies), and so
@@ -282,8 +303,9 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     else:
         cfg.typed("pad_to_sequence_len", bool)  # false: each batch padded to its longest, as modelled
     compiled, compile_notes = compile_options(cfg, TITLE)
-    options |= compiled | {"stack": "hf-peft"}
-    notes += [*compile_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]
+    liger, liger_notes = _liger(cfg)
+    options |= compiled | liger | {"stack": "hf-peft"}
+    notes += [*compile_notes, *liger_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]
     return ConfigJob(framework="axolotl", path=cfg.path, options=options, assumptions=tuple(notes),
                      not_modelled=cfg.unused_keys())  # fmt: skip
 

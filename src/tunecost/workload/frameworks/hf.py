@@ -18,7 +18,16 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
-from tunecost.workload.frameworks import COMPILE_NOTE, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
+from tunecost.workload.frameworks import (
+    COMPILE_NOTE,
+    LIGER_DEFAULTS,
+    LIGER_NOTE,
+    ConfigFile,
+    ConfigJob,
+    Framework,
+    KnownKeys,
+    steps_options,
+)
 from tunecost.workload.frameworks.hf_fsdp import Part, fsdp_options, truthy
 from tunecost.workload.known_datasets import catalog_dataset
 
@@ -112,6 +121,19 @@ def compile_options(cfg: ConfigFile, whose: str) -> Part:
     if mode is not None and not on:
         return {"torch_compile": True}, [f"torch_compile on: {mode} is set ({whose} turns it on); {COMPILE_NOTE}"]
     return ({"torch_compile": True}, [f"torch_compile: {COMPILE_NOTE}"]) if on else ({}, [])
+
+
+def liger_options(cfg: ConfigFile, key: str) -> Part:
+    """Liger's kernels (`key`: use_liger_kernel, LLaMA-Factory's enable_liger_kernel) with the default kernel set;
+    a liger_kernel_config that changes it stays among the keys not modelled, and the step is counted without."""
+    if not cfg.typed(key, bool):
+        return {}, []
+    config = cfg.data.get("liger_kernel_config")
+    if isinstance(config, Mapping) and any(config.get(k, on) != on for k, on in LIGER_DEFAULTS.items()):
+        return {}, [f"{key} with liger_kernel_config {dict(config)}: only Liger's default kernels are modelled; "
+                    "counted without Liger"]  # fmt: skip
+    cfg.get("liger_kernel_config")
+    return {"liger_kernel": True}, [f"{key}: {LIGER_NOTE}"]
 
 
 def int8_options(cfg: ConfigFile, key: str) -> Part:
@@ -289,7 +311,7 @@ def _sft(cfg: ConfigFile) -> Part:
             "(position ids)"
         )
         notes.append(f"packing {out['packing']}: packing_strategy {strategy}{whose}: {how}")
-    if cfg.typed("loss_type", str) in (None, "chunked_nll") and not cfg.data.get("use_liger_kernel"):
+    if cfg.typed("loss_type", str) in (None, "chunked_nll") and not cfg.typed("use_liger_kernel", bool):
         notes.append(f"loss_type chunked_nll: {SFT} default; the hf-peft stack models the full logits")
     if cfg.typed("activation_offloading", bool):
         notes.append("activation_offloading: not modelled on the hf-peft stack (activations counted on the GPU)")
@@ -325,6 +347,7 @@ def _read_training_args(cfg: ConfigFile) -> ConfigJob:
     out["attention"] = attention_of(cfg, "attn_implementation", attn) if attn else "sdpa"
     notes += [] if attn else ["attention sdpa (attn_implementation unset): transformers' default"]
     parts = [_precision(cfg, whose), _checkpointing(cfg, whose), fsdp_options(cfg), compile_options(cfg, whose)]
+    parts.append(liger_options(cfg, "use_liger_kernel"))
     if whose == SFT:
         parts.append(_trl_model(cfg, out.get("model")))
     else:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
-from tunecost.workload.frameworks.hf import INT8, compile_options, optimizer_name
+from tunecost.workload.frameworks.hf import INT8, compile_options, liger_options, optimizer_name
 from tunecost.workload.frameworks.llamafactory_megatron import megatron_options
 from tunecost.workload.known_datasets import catalog_dataset
 
@@ -237,13 +237,15 @@ def _read(cfg: ConfigFile) -> ConfigJob:
                      "over each (neat_packing would keep them apart)")  # fmt: skip
     ds_options, ds_notes = deepspeed_options(cfg, "deepspeed")
     compiled, compile_notes = compile_options(cfg, TITLE)
-    options |= ds_options | compiled | {"stack": "hf-peft"}
-    notes += [*ds_notes, *compile_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]
+    liger, liger_notes = liger_options(cfg, "enable_liger_kernel")
+    options |= ds_options | compiled | liger | {"stack": "hf-peft"}
+    notes += [*ds_notes, *compile_notes, *liger_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]
     megatron = megatron_options(cfg, model, notes)
     if megatron:  # Megatron Core runs the model: the Trainer's checkpointing, attention and stack do not apply
-        hf_only = ("gradient_checkpointing ", "reentrant ", "attention ", "optimizer ", "stack hf-peft")
+        hf_only = ("gradient_checkpointing ", "reentrant ", "attention ", "optimizer ", "stack hf-peft", "enable_liger")
         notes = [n for n in notes if not n.startswith(hf_only)]
-        options = {k: v for k, v in options.items() if k not in ("reentrant", "attention")} | megatron
+        hf_options = ("reentrant", "attention", "liger_kernel")
+        options = {k: v for k, v in options.items() if k not in hf_options} | megatron
     return ConfigJob(framework="llamafactory-megatron" if megatron else "llamafactory", path=cfg.path,
                      options=options, assumptions=tuple(notes), not_modelled=cfg.unused_keys())  # fmt: skip
 
