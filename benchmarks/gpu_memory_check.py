@@ -78,6 +78,7 @@ CASES = [
     ("mid-llama-int8-lora-reentrant", MID_DENSE, "qlora", None, 4, 1024, True),
     ("mid-llama-liger-lora", MID_DENSE, "lora", None, 4, 2048, True),
     ("mid-llama-liger-full", MID_DENSE, "full", None, 2, 2048, True),
+    ("mid-llama-trl-chunked-lora", MID_DENSE, "lora", None, 4, 2048, True),
 ]
 # FineTuneJob fields beyond FIELDS. The 8-bit cases run bitsandbytes' own MatMul8bitLt on the simulator's int8
 # codes (`_bitsandbytes_int8`): its CUDA kernels, not tunecost's model of them, set the measured peak.
@@ -88,6 +89,7 @@ JOB_EXTRAS = {
     "mid-llama-int8-lora-reentrant": {"quant_type": "int8", "lora": ("attention", "mlp")},
     "mid-llama-liger-lora": {"liger_kernel": True, "lora": ("attention", "mlp")},
     "mid-llama-liger-full": {"liger_kernel": True, "lora": ("attention", "mlp")},
+    "mid-llama-trl-chunked-lora": {"lora": ("attention", "mlp")},
 }
 # The software stack of a configuration (default: tunecost's own) and its recipe options (`StackBehaviour` fields).
 STACKS = {
@@ -98,6 +100,8 @@ STACKS = {
     ),
     "tt-mid-llama-qlora-chunked": ("torchtune", {"loss_code": "torchtune-chunked"}),
     "mid-llama-int8-lora-reentrant": ("hf-peft", {}),
+    # TRL's chunked_nll: measured on TRL's own patched forward (`_real_trl_chunked`)
+    "mid-llama-trl-chunked-lora": ("hf-peft", {"loss_code": "trl-chunked-nll"}),
 }
 
 
@@ -135,6 +139,13 @@ def _real_liger(model) -> None:
     _apply_liger_kernel_to_instance(model=model)
 
 
+def _real_trl_chunked(model) -> None:
+    """TRL's chunked_nll as SFTTrainer patches it into the model's forward (trl must be installed)."""
+    from trl.trainer.sft_trainer import _CHUNKED_LM_HEAD_CHUNK_SIZE, _patch_chunked_ce_lm_head
+
+    _patch_chunked_ce_lm_head(model, chunk_size=_CHUNKED_LM_HEAD_CHUNK_SIZE)
+
+
 def measure_cuda(job, stack: str = "tunecost", behaviour=None) -> dict:
     import torch
 
@@ -146,7 +157,11 @@ def measure_cuda(job, stack: str = "tunecost", behaviour=None) -> dict:
     behaviour = behaviour or DEFAULT_BEHAVIOUR
     liger = job.liger_kernel  # the real kernels instead of the simulator's: the model's forward is Liger's
     job = job.with_(liger_kernel=False) if liger else job
+    trl = behaviour.loss_code == "trl-chunked-nll"  # TRL's own forward instead of the simulator's copy
+    behaviour = DEFAULT_BEHAVIOUR if trl else behaviour
     prepared = build_prepared(job, num_units=None, stack=stack, behaviour=behaviour, real=True, device="cuda")
+    if trl:
+        _real_trl_chunked(prepared.model)
     if job.method == "qlora" and job.quant_type == "int8":
         _bitsandbytes_int8(prepared.model)
     if liger:

@@ -111,7 +111,8 @@ EXPECTED: dict[str, tuple[dict[str, object], str]] = {
         {"model": "HuggingFaceTB/SmolLM2-135M", "method": "qlora", "quant_type": "nf4", "double_quant": True,
          "lora_rank": 64, "lora_alpha": 16, "lora_targets": "attention", "optimizer": "adamw-8bit",
          "seq_len": 2048, "batch_size": 1, "gradient_checkpointing": False},
-        "loss_type chunked_nll: TRL SFTConfig's default; the hf-peft stack models the full logits",
+        "loss_type chunked_nll (TRL SFTConfig's default since TRL 1.7; before it nll: set loss_type nll there): the "
+        "head and its loss per 256 tokens, checkpointed, no logits",
     ),
     "hf/sft_full": (
         {"model": "Qwen/Qwen3-0.6B", "method": "full", "optimizer": "adamw-8bit", "seq_len": 512,

@@ -111,6 +111,16 @@ CASES = {
         name: (lambda name=name: _hf(name, pad_token_id=None, bos_token_id=None, eos_token_id=None), 3, 0, 1, 1)
         for name in ("smollm3", "exaone4", "ernie4_5", "glm", "glm4")
     },
+    **{  # head_dim set: these configs default it to None, which their attention cannot take
+        name: (
+            lambda name=name: _hf(name, head_dim=8, pad_token_id=None, bos_token_id=None, eos_token_id=None),
+            3,
+            0,
+            1,
+            1,
+        )
+        for name in ("ministral", "ministral3", "seed_oss", "hunyuan_v1_dense")
+    },
     "starcoder2": (lambda: _hf("starcoder2"), 3, 0, 1, 1),
     # Falcon's own keys (its blocks at transformer.h): width 32, 4 heads, 2 key-value heads (new architecture)
     "falcon": (

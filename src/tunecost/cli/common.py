@@ -341,11 +341,14 @@ def stack_behaviour(
     optimizer_in_backward: bool = False,
     reentrant: bool | None = None,
 ) -> Any:
-    """The `StackBehaviour` of the stack options: --chunked-loss, --offload-activations and --optimizer-in-backward
-    (torchtune recipe options) and --reentrant/--non-reentrant (torch.utils.checkpoint's use_reentrant, which a
-    Trainer sets through gradient_checkpointing_kwargs)."""
-    from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour, torchtune_behaviour
+    """The `StackBehaviour` of the stack options: --chunked-loss (torchtune's CEWithChunkedOutputLoss, or under
+    --stack hf-peft TRL's chunked_nll), --offload-activations and --optimizer-in-backward (torchtune recipe options)
+    and --reentrant/--non-reentrant (torch.utils.checkpoint's use_reentrant, which a Trainer sets through
+    gradient_checkpointing_kwargs)."""
+    from tunecost.simulate.behaviour import LOSS_TRL_CHUNKED, StackBehaviour, torchtune_behaviour
 
+    if stack == "hf-peft" and chunked_loss and not (offload_activations or optimizer_in_backward):
+        return StackBehaviour(loss_code=LOSS_TRL_CHUNKED, reentrant_checkpointing=reentrant)
     flags = (
         ("--chunked-loss", chunked_loss),
         ("--offload-activations", offload_activations),
@@ -363,7 +366,7 @@ def stack_behaviour(
             optimizer_in_backward=optimizer_in_backward,
             reentrant_checkpointing=reentrant,
         )
-    return DEFAULT_BEHAVIOUR if reentrant is None else StackBehaviour(reentrant_checkpointing=reentrant)
+    return StackBehaviour(reentrant_checkpointing=reentrant)
 
 
 def format_hours(hours: float | None) -> str:

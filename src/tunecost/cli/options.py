@@ -192,7 +192,10 @@ DEFAULT_STACK_NAME = "tunecost"
 ChunkedLoss = Annotated[
     bool,
     opt(
-        "--chunked-loss", "With --stack torchtune: CEWithChunkedOutputLoss (the logits in 8 chunks, each upcast alone)."
+        "--chunked-loss",
+        "With --stack torchtune: CEWithChunkedOutputLoss (the logits in 8 chunks, each upcast alone); with --stack "
+        "hf-peft: TRL's chunked_nll (SFTConfig's default loss_type since TRL 1.7: the head per 256 tokens, "
+        "checkpointed).",
     ),
 ]
 OffloadActivations = Annotated[

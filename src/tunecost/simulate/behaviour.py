@@ -23,6 +23,8 @@ LOSS_MODEL_SHIFTED_NO_AUTOCAST = "model-shifted-no-autocast"
 LOSS_TORCHTUNE = "torchtune"
 LOSS_TORCHTUNE_CHUNKED = "torchtune-chunked"
 TORCHTUNE_OUTPUT_CHUNKS = 8  # CEWithChunkedOutputLoss's default num_output_chunks
+LOSS_TRL_CHUNKED = "trl-chunked-nll"
+TRL_CHUNK_TOKENS = 256  # SFTTrainer's _CHUNKED_LM_HEAD_CHUNK_SIZE
 # loss code -> what it keeps, in vocab x tokens tensors beside the compute-dtype logits
 LOSS_CODES: dict[str, str] = {
     LOSS_TRANSFORMERS_5: "loss_utils.ForCausalLMLoss: one fp32 copy of the logits, labels padded (no shifted copy)",
@@ -39,6 +41,9 @@ LOSS_CODES: dict[str, str] = {
     LOSS_TORCHTUNE_CHUNKED: "torchtune's CEWithChunkedOutputLoss: the output projection per chunk of "
     f"{TORCHTUNE_OUTPUT_CHUNKS} along the sequence (compute-dtype chunks), each chunk upcast to fp32 inside its own "
     "cross-entropy (eager: every chunk's fp32 log-softmax kept for backward, one fp32 copy at a time)",
+    LOSS_TRL_CHUNKED: "TRL's chunked_nll (SFTConfig's default loss_type since TRL 1.7): the shifted hidden states "
+    f"copied with the valid tokens first, then per chunk of {TRL_CHUNK_TOKENS} tokens the head in fp32 on an fp32 copy "
+    "of its weight, log-softmax, NLL, argmax and entropy, each chunk under non-re-entrant checkpointing",
 }
 TORCHTUNE_LOSS_CODES = (LOSS_TORCHTUNE, LOSS_TORCHTUNE_CHUNKED)
 
@@ -196,6 +201,43 @@ def causal_lm_loss(loss_code: str, logits: torch.Tensor, labels: torch.Tensor) -
             flat = flat.float()
         return nn.functional.cross_entropy(flat, shift_labels.view(-1))
     raise TunecostError(f"loss code {loss_code!r} is the model's own forward, not a separate loss")
+
+
+def trl_chunked_loss(hidden_states: torch.Tensor, lm_head: nn.Module, labels: torch.Tensor, config: Any) -> Any:
+    """TRL's `_chunked_cross_entropy_loss` as SFTTrainer's patched forward runs it on the decoder's last hidden states
+    (`loss_type="chunked_nll"`, TRL 1.4-1.9): hidden states and labels shifted, the valid tokens packed first by a
+    stable argsort (every position is a real token here), then each chunk's head, loss, accuracy and entropy under
+    non-re-entrant checkpointing; the mean over the valid tokens."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    hidden = hidden_states[..., :-1, :].reshape(-1, hidden_states.size(-1))
+    target = labels[..., 1:].reshape(-1)
+    valid = target != -100
+    order = valid.to(torch.int8).argsort(descending=True, stable=True)
+    hidden, target = hidden[order], target[order]
+    scale, softcap = getattr(config, "logit_scale", 1.0), getattr(config, "final_logit_softcapping", None)
+    loss = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, hidden.shape[0], TRL_CHUNK_TOKENS):
+        end = start + TRL_CHUNK_TOKENS
+        args = (hidden[start:end], lm_head.weight, lm_head.bias, target[start:end], scale, softcap)
+        loss = loss + checkpoint(_trl_chunk, *args, use_reentrant=False)[0]
+    return loss / valid.sum()
+
+
+def _trl_chunk(h: Any, w: Any, b: Any, target: Any, scale: float, softcap: float | None) -> tuple:
+    from torch.nn import functional as F
+
+    logits = h.float() @ w.float().t()
+    logits = logits + b.float() if b is not None else logits
+    logits = logits * scale if scale != 1.0 else logits
+    if softcap is not None:
+        logits = softcap * (logits / softcap).tanh()
+    log_p = F.log_softmax(logits, dim=-1)
+    valid = target != -100
+    correct = ((logits.argmax(dim=-1) == target) & valid).sum().float()
+    entropy = (-(log_p.exp() * log_p).sum(dim=-1) * valid).sum()
+    return F.nll_loss(log_p, target, ignore_index=-100, reduction="sum"), correct, entropy
 
 
 def gradient_buckets(zero2: DeepSpeedZero2 | None, model: nn.Module) -> list[torch.Tensor]:

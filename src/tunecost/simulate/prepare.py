@@ -25,6 +25,7 @@ from tunecost.models.build import build_model
 from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate.behaviour import (
     DEFAULT_BEHAVIOUR,
+    LOSS_TRL_CHUNKED,
     TORCHTUNE_LOSS_CODES,
     StackBehaviour,
     autocast_attention,
@@ -125,6 +126,12 @@ def check_supported(
         raise TunecostError(
             f"torchtune's loss, activation offload and optimizer in backward are simulated under stack torchtune, "
             f"not {stack}"
+        )
+    if behaviour.loss_code == LOSS_TRL_CHUNKED and (stack not in ("tunecost", "hf-peft") or job.liger_kernel):
+        raise TunecostError(f"TRL's chunked_nll runs under stack hf-peft without Liger, not {stack}")
+    if behaviour.loss_code == LOSS_TRL_CHUNKED and "lm_head" in job.modules_to_save:
+        raise TunecostError(
+            "TRL's chunked_nll reads the head's own weight: not modelled with lm_head in modules_to_save"
         )
     if stack == "torchtune" and spec.family == "blackmamba":
         raise TunecostError(f"{spec.name}: stack torchtune is simulated for transformers' model families")

@@ -18,12 +18,14 @@ from tunecost.simulate.behaviour import (
     ADAMW_FUSED,
     ADAMW_TORCH_20,
     LOSS_TRANSFORMERS_5,
+    LOSS_TRL_CHUNKED,
     TORCHTUNE_LOSS_CODES,
     causal_lm_loss,
     gradient_buckets,
     stack_loss_code,
     torchtune_loss,
     torchtune_output,
+    trl_chunked_loss,
 )
 from tunecost.simulate.hf2024 import load_balancing_loss_2024
 from tunecost.simulate.liger import liger_loss
@@ -263,6 +265,10 @@ def forward_loss(prepared, batch: dict) -> torch.Tensor:
         return _with_aux_loss(prepared, loss, out)
     if loss_code == LOSS_TRANSFORMERS_5:
         return model(**batch, use_cache=False).loss
+    if loss_code == LOSS_TRL_CHUNKED:  # SFTTrainer's patched forward: the decoder, then the chunked loss
+        out = model.base_model(input_ids=batch["input_ids"], use_cache=False, **moe)
+        loss = trl_chunked_loss(out.last_hidden_state, model.lm_head, batch["labels"], model.config)
+        return _with_aux_loss(prepared, loss, out)
     # the loss of other model code, on the model's logits
     offload = _activation_offload(prepared)
     with offload.forward() if offload is not None else contextlib.nullcontext():

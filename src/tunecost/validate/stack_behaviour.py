@@ -12,6 +12,7 @@ from tunecost.simulate.behaviour import (
     LOSS_TRANSFORMERS_5,
     LOSS_TRANSFORMERS_440,
     LOSS_TRANSFORMERS_446,
+    LOSS_TRL_CHUNKED,
     StackBehaviour,
     torchtune_behaviour,
 )
@@ -26,9 +27,11 @@ def loss_code_for(model_id: str, stack_versions: str, family: str = "") -> str:
     transformers <= 4.48 (its forward computes the loss itself, not through `loss_function`), else the row's
     transformers version (read in each version's wheel: before 4.31 Llama shifts the compute-dtype logits, from
     4.31 to 4.45 the models' forward upcasts them first, 4.46-4.48 `ForCausalLMLoss` copies, the simulator's own
-    for >= 4.49 and for an unstated version)."""
+    for >= 4.49 and for an unstated version); TRL's chunked_nll where the row names it."""
     m = _TRANSFORMERS_VERSION.search(stack_versions)
     version = (int(m.group(1)), int(m.group(2))) if m else None
+    if "chunked_nll" in stack_versions.lower():  # TRL's SFTTrainer, named
+        return LOSS_TRL_CHUNKED
     if _QWEN_REMOTE_CODE.match(model_id.strip()):
         return LOSS_MODEL_SHIFTED
     if family == "gpt_bigcode" and version is not None and version < (4, 49):

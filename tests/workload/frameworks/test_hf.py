@@ -244,11 +244,12 @@ def test_sft_config_yaml(tmp_path: Path) -> None:
         "strategy": "fsdp1",
         "seq_len": 2048,
         "packing": "per-document",  # TRL's default packing_strategy bfd: position ids, attention per example
+        "chunked_loss": True,  # TRL >= 1.7's default loss_type chunked_nll
     }
     assert _said(job, "dtype bf16", "SFTConfig's default")  # TRL: bf16 unless fp16
     assert _said(job, "gradient_checkpointing on", "SFTConfig's default")
     assert _said(job, "packing per-document: packing_strategy bfd", "SFTConfig's default")
-    assert _said(job, "loss_type chunked_nll", "SFTConfig's default")
+    assert _said(job, "loss_type chunked_nll", "SFTConfig's default since TRL 1.7")
     assert not _said(job, "FSDP version 2")  # fsdp_config says version 1
     assert _said(job, "method full (use_peft unset)", "ModelConfig's default")  # TRL's sft.py: full unless use_peft
     assert _said(job, "dataset_name trl-lib/Capybara", "give --dataset FILE")  # no lengths known for it
@@ -437,3 +438,21 @@ def test_use_liger_kernel_is_read_with_the_default_kernels(tmp_path: Path, extra
         assert _said(job, "use_liger_kernel", "fused linear cross-entropy") and not job.not_modelled
     elif extra["use_liger_kernel"]:
         assert _said(job, "only Liger's default kernels are modelled") and "liger_kernel_config" in job.not_modelled
+
+
+@pytest.mark.parametrize(
+    ("extra", "chunked"),
+    [("", True), ("loss_type: chunked_nll\n", True), ("loss_type: nll\n", False), ("use_liger_kernel: true\n", False)],
+)
+def test_sft_loss_type_chunked_nll_is_trls_default(tmp_path: Path, extra: str, chunked: bool) -> None:
+    """SFTConfig's loss_type: chunked_nll when unset (TRL >= 1.7) unless use_liger_kernel, which makes it nll."""
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", SFT_YAML + extra)
+    assert job.options.get("chunked_loss", False) is chunked
+    assert "loss_type" not in job.not_modelled
+
+
+def test_sft_chunked_nll_with_liger_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(TunecostError, match="loss_type: chunked_nll with use_liger_kernel"):
+        _read(
+            FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", SFT_YAML + "loss_type: chunked_nll\nuse_liger_kernel: true\n"
+        )

@@ -311,8 +311,13 @@ def _sft(cfg: ConfigFile) -> Part:
             "(position ids)"
         )
         notes.append(f"packing {out['packing']}: packing_strategy {strategy}{whose}: {how}")
-    if cfg.typed("loss_type", str) in (None, "chunked_nll") and not cfg.typed("use_liger_kernel", bool):
-        notes.append(f"loss_type chunked_nll: {SFT} default; the hf-peft stack models the full logits")
+    loss_type, liger = cfg.typed("loss_type", str), cfg.typed("use_liger_kernel", bool)
+    if loss_type == "chunked_nll" and liger:
+        raise cfg.error("loss_type", f"chunked_nll with use_liger_kernel: {SFT} refuses the pair")
+    if loss_type in (None, "chunked_nll") and not liger:
+        out["chunked_loss"] = True
+        default = "" if loss_type else f" ({SFT} default since TRL 1.7; before it nll: set loss_type nll there)"
+        notes.append(f"loss_type chunked_nll{default}: the head and its loss per 256 tokens, checkpointed, no logits")
     if cfg.typed("activation_offloading", bool):
         notes.append("activation_offloading: not modelled on the hf-peft stack (activations counted on the GPU)")
     return out, notes
