@@ -33,10 +33,13 @@ def _saved(fn):
     return out, kept
 
 
-def test_rmsnorm_matches_eager_and_keeps_input_weight_and_fp32_rstd() -> None:
+@pytest.mark.parametrize("offset", [0.0, 1.0])  # Gemma's norms scale by 1 + w
+def test_rmsnorm_matches_eager_and_keeps_input_weight_and_fp32_rstd(offset: float) -> None:
     x = torch.randn(2, 7, 32, dtype=torch.float64, requires_grad=True)
     w = torch.randn(32, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda x, w: RMSNormFunction.apply(x, w, 1e-6, 0.0, False), (x, w))
+    assert torch.autograd.gradcheck(lambda x, w: RMSNormFunction.apply(x, w, 1e-6, offset, False), (x, w))
+    eager = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (w + offset)
+    torch.testing.assert_close(RMSNormFunction.apply(x, w, 1e-6, offset, False), eager)
     xb = torch.randn(3, 5, 16, dtype=torch.bfloat16, requires_grad=True)
     _, kept = _saved(lambda: RMSNormFunction.apply(xb, torch.ones(16, dtype=torch.bfloat16), 1e-6, 0.0, True))
     assert kept[0] == ((3, 5, 16), torch.bfloat16, xb.untyped_storage().data_ptr())  # X itself, no copy
