@@ -119,7 +119,7 @@ def test_memory_torchtune_recipe_options(cli_json, cli_error, tmp_path) -> None:
     assert any("optimizer in backward" in line for line in in_backward["assumptions"])
     assert any("CEWithChunkedOutputLoss" in line for line in chunked["assumptions"])
     line = cli_error(["memory", "--model", str(config), "--offload-activations"])
-    assert "--offload-activations needs --stack torchtune" in line and "not 'tunecost'" in line
+    assert "--offload-activations needs --stack torchtune or hf-peft" in line and "not 'tunecost'" in line
 
 
 def test_memory_names_how_checkpointed_layers_are_recomputed(cli_json, tmp_path) -> None:

@@ -107,3 +107,22 @@ def test_trls_own_chunked_loss_matches_the_simulated_one(tiny_llama, one_torch_t
     measured = profile_step_peak(prepared, batch)
     simulated = simulate_step(job, stack="hf-peft", behaviour=TRL, num_layers_to_trace=99, granule_bytes=1)
     assert abs(simulated.peak_bytes - measured.peak_bytes) <= 0.03 * measured.peak_bytes
+
+
+@pytest.mark.parametrize("loss_code", [LOSS_TRL_CHUNKED, StackBehaviour().loss_code])
+def test_trls_activation_offloading_moves_what_forward_and_loss_save(tiny_llama, loss_code) -> None:
+    """SFTConfig's activation_offloading: TRL's port of torchtune's OffloadActivations around the whole step, the
+    head kept on the device; simulated on fake tensors, it lowers the peak of both losses."""
+    job = _job(tiny_llama, gradient_checkpointing=False)
+    kept, offloaded = (
+        simulate_step(
+            job,
+            stack="hf-peft",
+            behaviour=StackBehaviour(loss_code=loss_code, activation_offload=on),
+            num_layers_to_trace=99,
+            use_cache=False,
+        )
+        for on in (False, True)
+    )
+    assert offloaded.peak_bytes < kept.peak_bytes
+    assert any(a.startswith("activation offload") for a in offloaded.assumptions)

@@ -341,14 +341,15 @@ def stack_behaviour(
     optimizer_in_backward: bool = False,
     reentrant: bool | None = None,
 ) -> Any:
-    """The `StackBehaviour` of the stack options: --chunked-loss (torchtune's CEWithChunkedOutputLoss, or under
-    --stack hf-peft TRL's chunked_nll), --offload-activations and --optimizer-in-backward (torchtune recipe options)
-    and --reentrant/--non-reentrant (torch.utils.checkpoint's use_reentrant, which a Trainer sets through
-    gradient_checkpointing_kwargs)."""
+    """The `StackBehaviour` of the stack options: --chunked-loss and --offload-activations (torchtune's
+    CEWithChunkedOutputLoss and activation offload, or under --stack hf-peft TRL's chunked_nll and
+    activation_offloading), --optimizer-in-backward (torchtune's) and --reentrant/--non-reentrant
+    (torch.utils.checkpoint's use_reentrant, which a Trainer sets through gradient_checkpointing_kwargs)."""
     from tunecost.simulate.behaviour import LOSS_TRL_CHUNKED, StackBehaviour, torchtune_behaviour
 
-    if stack == "hf-peft" and chunked_loss and not (offload_activations or optimizer_in_backward):
-        return StackBehaviour(loss_code=LOSS_TRL_CHUNKED, reentrant_checkpointing=reentrant)
+    if stack == "hf-peft" and (chunked_loss or offload_activations) and not optimizer_in_backward:  # TRL's
+        code = LOSS_TRL_CHUNKED if chunked_loss else StackBehaviour().loss_code
+        return StackBehaviour(loss_code=code, activation_offload=offload_activations, reentrant_checkpointing=reentrant)
     flags = (
         ("--chunked-loss", chunked_loss),
         ("--offload-activations", offload_activations),
@@ -358,7 +359,9 @@ def stack_behaviour(
     if named and stack != "torchtune":
         verb = "need" if len(named) > 1 else "needs"
         given = f"not {stack!r}" if stack else "none given"
-        raise TunecostError(f"{' and '.join(named)} {verb} --stack torchtune (torchtune recipe options; {given})")
+        if optimizer_in_backward:
+            raise TunecostError(f"{' and '.join(named)} {verb} --stack torchtune (torchtune recipe options; {given})")
+        raise TunecostError(f"{' and '.join(named)} {verb} --stack torchtune or hf-peft (torchtune's, TRL's; {given})")
     if named:
         return torchtune_behaviour(
             chunked_loss=chunked_loss,

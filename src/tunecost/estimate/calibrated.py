@@ -164,7 +164,7 @@ def software_notes(job: FineTuneJob, loss_code: str = "") -> list[str]:
     if loss_code == LOSS_TRL_CHUNKED:
         out.append(
             "TRL's chunked_nll: its memory is simulated, its time counted as the full-logits loss (its head GEMMs "
-            "per 256 tokens on fp32 copies, recomputed in backward, are not counted; TRL reports its wall time "
+            "per 256 tokens on fp32 copies, recomputed in backward, are not counted, and TRL reports its wall time "
             "typically neutral)"
         )
     if job.liger_kernel:

@@ -1,4 +1,5 @@
-"""Activation offload as torchtune runs it (`torchtune.training.OffloadActivations`), on the simulator's tensors.
+"""Activation offload as torchtune runs it (`torchtune.training.OffloadActivations`, and TRL's port of it), on the
+simulator's tensors.
 
 Sources and derivations: docs/memory-model.md, section `tunecost.simulate.offload`.
 """
@@ -64,6 +65,21 @@ class ActivationOffload:
         unpacking, as torchtune's does."""
         with torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack):
             yield
+
+    @contextmanager
+    def trainer_step(self, head: nn.Module) -> Iterator[None]:
+        """TRL's `get_act_offloading_ctx_manager` around SFTTrainer's step: the hooks over the forward and the loss,
+        and `NoOpManager` entered and left by hooks on the output head whenever it runs."""
+        handles = [
+            head.register_forward_pre_hook(lambda *_: setattr(self, "_enabled", False)),
+            head.register_forward_hook(lambda *_: setattr(self, "_enabled", True), always_call=True),
+        ]
+        try:
+            with self.forward():
+                yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
     @contextmanager
     def kept_on_device(self) -> Iterator[None]:

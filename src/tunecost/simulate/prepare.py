@@ -121,7 +121,8 @@ def check_supported(
         raise TunecostError("stack hf-2024 ran QLoRA on bitsandbytes 4-bit weights, not GPTQ")
     if job.method == "qlora" and job.compute_dtype == "fp32" and stack == "hf-2024":
         raise TunecostError("stack hf-2024 ran QLoRA with bf16 compute only; use --dtype bf16 or the tunecost stack")
-    torchtune_only = behaviour.activation_offload or behaviour.optimizer_in_backward
+    offload_elsewhere = behaviour.activation_offload and stack not in ("torchtune", "hf-peft")  # TRL's on hf-peft
+    torchtune_only = offload_elsewhere or behaviour.optimizer_in_backward
     if (torchtune_only or behaviour.loss_code in TORCHTUNE_LOSS_CODES) and stack != "torchtune":
         raise TunecostError(
             f"torchtune's loss, activation offload and optimizer in backward are simulated under stack torchtune, "

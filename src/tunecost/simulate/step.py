@@ -259,16 +259,10 @@ def forward_loss(prepared, batch: dict) -> torch.Tensor:
         return model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
     loss_code = stack_loss_code(prepared.stack, prepared.behaviour)
     moe = {"output_router_logits": True} if prepared.is_moe else {}
-    if prepared.liger_loss:  # Liger's lce_forward: the fused linear cross-entropy on the last hidden states
-        out = model.base_model(input_ids=batch["input_ids"], use_cache=False, **moe)
-        loss = liger_loss(out.last_hidden_state, model.lm_head, batch["labels"])
-        return _with_aux_loss(prepared, loss, out)
-    if loss_code == LOSS_TRANSFORMERS_5:
-        return model(**batch, use_cache=False).loss
-    if loss_code == LOSS_TRL_CHUNKED:  # SFTTrainer's patched forward: the decoder, then the chunked loss
-        out = model.base_model(input_ids=batch["input_ids"], use_cache=False, **moe)
-        loss = trl_chunked_loss(out.last_hidden_state, model.lm_head, batch["labels"], model.config)
-        return _with_aux_loss(prepared, loss, out)
+    if prepared.liger_loss or loss_code in (LOSS_TRANSFORMERS_5, LOSS_TRL_CHUNKED):
+        offload = _activation_offload(prepared)  # TRL's activation_offloading, over forward and loss
+        with offload.trainer_step(model.lm_head) if offload is not None else contextlib.nullcontext():
+            return _trainer_loss(prepared, batch, loss_code, moe)
     # the loss of other model code, on the model's logits
     offload = _activation_offload(prepared)
     with offload.forward() if offload is not None else contextlib.nullcontext():
@@ -288,6 +282,20 @@ def forward_loss(prepared, batch: dict) -> torch.Tensor:
     return loss
 
 
+def _trainer_loss(prepared, batch: dict, loss_code: str, moe: dict) -> torch.Tensor:
+    """The loss as a Trainer's model forward computes it: transformers' own, Liger's lce_forward (the fused linear
+    cross-entropy on the last hidden states) or SFTTrainer's patched forward (TRL's chunked loss)."""
+    model = prepared.model
+    if loss_code == LOSS_TRANSFORMERS_5 and not prepared.liger_loss:
+        return model(**batch, use_cache=False).loss
+    out = model.base_model(input_ids=batch["input_ids"], use_cache=False, **moe)
+    if prepared.liger_loss:
+        loss = liger_loss(out.last_hidden_state, model.lm_head, batch["labels"])
+    else:
+        loss = trl_chunked_loss(out.last_hidden_state, model.lm_head, batch["labels"], model.config)
+    return _with_aux_loss(prepared, loss, out)
+
+
 def _with_aux_loss(prepared, loss: torch.Tensor, out) -> torch.Tensor:
     """The loss plus the MoE load-balancing loss the model's forward adds (router_aux_loss_coef)."""
     coef = float(getattr(prepared.model.config, "router_aux_loss_coef", 0.0) or 0.0)
@@ -297,7 +305,7 @@ def _with_aux_loss(prepared, loss: torch.Tensor, out) -> torch.Tensor:
 
 
 def _activation_offload(prepared):
-    """torchtune's activation offload over this model (None: the stack does not offload)."""
+    """torchtune's (or TRL's) activation offload over this model (None: the stack does not offload)."""
     if not prepared.behaviour.activation_offload:
         return None
 

@@ -456,3 +456,9 @@ def test_sft_chunked_nll_with_liger_is_refused(tmp_path: Path) -> None:
         _read(
             FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", SFT_YAML + "loss_type: chunked_nll\nuse_liger_kernel: true\n"
         )
+
+
+def test_sft_activation_offloading_is_read(tmp_path: Path) -> None:
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", SFT_YAML + "activation_offloading: true\n")
+    assert job.options["offload_activations"] is True and "activation_offloading" not in job.not_modelled
+    assert _said(job, "activation_offloading: TRL's OffloadActivations")

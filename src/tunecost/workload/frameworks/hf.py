@@ -319,7 +319,9 @@ def _sft(cfg: ConfigFile) -> Part:
         default = "" if loss_type else f" ({SFT} default since TRL 1.7; before it nll: set loss_type nll there)"
         notes.append(f"loss_type chunked_nll{default}: the head and its loss per 256 tokens, checkpointed, no logits")
     if cfg.typed("activation_offloading", bool):
-        notes.append("activation_offloading: not modelled on the hf-peft stack (activations counted on the GPU)")
+        out["offload_activations"] = True
+        notes.append("activation_offloading: TRL's OffloadActivations over forward and loss (what they save, 1 KiB or "
+                     "more, to host memory; the head's kept; TRL's is torchtune's ported)")  # fmt: skip
     return out, notes
 
 
