@@ -4,7 +4,8 @@ batch, the largest batch that fits an 80 GB H100, and the estimated throughput a
     PYTHONPATH=src .venv/bin/python benchmarks/bench_liger.py [--allocator]
 
 --allocator instead compares the simulated peak of a tiny Llama's step with Liger with the CPU allocator's peak of
-the same step on real tensors (`simulate.measure`), for each method, checkpointing and LoRA target set.
+the same step on real tensors (`simulate.measure`), for each method, checkpointing and LoRA target set, then the same
+for tiny models of other families Liger patches (Gemma 2, Phi-3, Qwen3, GLM-4, Mixtral, DeepSeek-V3).
 
 Nothing here is a measurement of Liger: the peaks are the step simulator's (docs/memory-model.md, section
 `tunecost.simulate.liger`), the throughput the calibrated model's counts (docs/throughput-model.md, 'Liger').
@@ -46,6 +47,41 @@ TINY_LLAMA = {
 }
 
 
+ROOT = Path(__file__).resolve().parents[1]
+_SMALL = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4}
+_SMALL |= {"num_key_value_heads": 2, "vocab_size": 500, "max_position_embeddings": 128}
+_SMALL |= {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+FAMILIES = {
+    "gemma2": {"model_type": "gemma2", **_SMALL, "head_dim": 16},
+    "phi3": {"model_type": "phi3", **_SMALL},
+    "qwen3": {"model_type": "qwen3", **_SMALL, "head_dim": 16},
+    "glm4": {"model_type": "glm4", **_SMALL, "head_dim": 16},
+    "mixtral": ROOT / "tests" / "fixtures" / "simulate" / "tiny-mixtral-2l.json",
+    "deepseek_v3": ROOT / "tests" / "fixtures" / "simulate" / "tiny-deepseek-v3.json",
+}
+
+
+def _families_check(tmp: Path) -> None:
+    from tunecost.simulate import simulate_step
+    from tunecost.simulate.measure import measure_step_peak
+    from tunecost.workload.job import FineTuneJob, LoraConfig
+
+    print(f"{'family':<12} {'method':<6} {'simulated':>10} {'allocator':>10} {'diff':>7}")
+    for name, config in FAMILIES.items():
+        path = config if isinstance(config, Path) else tmp / f"{name}.json"
+        if not isinstance(config, Path):
+            path.write_text(json.dumps(config))
+        targets = ("attention",) if name in ("mixtral", "deepseek_v3") else ("attention", "mlp")
+        for method in ("full", "lora"):
+            job = FineTuneJob(
+                model=str(path), method=method, compute_dtype="fp32", batch_size=2, seq_len=32, liger_kernel=True,
+                gradient_checkpointing=False, lora=LoraConfig(rank=4, targets=targets),
+            )  # fmt: skip
+            sim = simulate_step(job, num_layers_to_trace=99, granule_bytes=1, use_cache=False).peak_bytes
+            real = measure_step_peak(job).peak_bytes
+            print(f"{name:<12} {method:<6} {sim:>10} {real:>10} {sim / real - 1:>+7.2%}")
+
+
 def allocator_check() -> None:
     from tunecost.simulate import simulate_step
     from tunecost.simulate.measure import measure_step_peak
@@ -70,6 +106,7 @@ def allocator_check() -> None:
             sim = simulate_step(job, num_layers_to_trace=99, granule_bytes=1, use_cache=False).peak_bytes
             real = measure_step_peak(job).peak_bytes
             print(f"{method:<6} {','.join(targets) or '-':<15} {gc!s:<13} {sim:>10} {real:>10} {sim / real - 1:>+7.2%}")
+        _families_check(Path(tmp))
 
 
 def main() -> None:
