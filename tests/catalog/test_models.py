@@ -279,21 +279,40 @@ def test_learned_positions_bound_the_sequence_length() -> None:
     mistral.check_seq_len(10**6)
 
 
-def test_vision_language_gemma3_config_is_its_text_model(tmp_path) -> None:
-    """A Gemma 3 vision-language config.json (model_type gemma3, a sparse text_config as on the hub) is read as
-    its text model: the parameters of transformers' own Gemma3ForConditionalGeneration less its vision tower and
-    projector, and the source says what is left out."""
+_TEXT = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4}
+_TEXT |= {"num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300}
+_VISION = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2, "num_attention_heads": 2}
+_VISION |= {"image_size": 28, "patch_size": 14}
+# (the checkpoint's config without its sub-configs, its text_config, its vision_config, the text family read)
+VISION_LANGUAGE = {
+    # Gemma 3: a sparse text_config as on the hub (no model_type: Gemma3Config builds a Gemma3TextConfig)
+    "gemma3": (
+        {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "mm_tokens_per_image": 4},
+        {**_TEXT, "sliding_window": 32},
+        {**_VISION, "model_type": "siglip_vision_model"},
+        "gemma3_text",
+    ),
+    # Ministral 3: the text model named in text_config (ministral3), a Pixtral vision tower
+    "mistral3": (
+        {"model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"]},
+        {**_TEXT, "model_type": "ministral3"},
+        {**_VISION, "model_type": "pixtral", "head_dim": 16},
+        "ministral3",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VISION_LANGUAGE))
+def test_vision_language_config_is_its_text_model(tmp_path, name: str) -> None:
+    """A vision-language config.json is read as its text model: the parameters of transformers' own
+    ...ForConditionalGeneration less its vision tower and projector, and the source says what is left out."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    text = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 4}
-    text |= {"num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300, "sliding_window": 32}
-    vision = {"model_type": "siglip_vision_model", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2}
-    vision |= {"num_attention_heads": 2, "image_size": 28, "patch_size": 14}
-    config = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "mm_tokens_per_image": 4}
+    config, text, vision, family = VISION_LANGUAGE[name]
     (tmp_path / "config.json").write_text(json.dumps({**config, "text_config": text, "vision_config": vision}))
     spec = resolve_model(str(tmp_path))
-    assert spec.family == "gemma3_text" and spec.hidden_size == 64 and spec.num_layers == 3
+    assert spec.family == family and spec.hidden_size == 64 and spec.num_layers == 3
     assert "vision tower and projector are not counted" in spec.not_modelled
     with torch.device("meta"):
         full = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(str(tmp_path)))
@@ -316,26 +335,3 @@ def test_the_vision_tower_left_out_is_said_with_the_simulated_step() -> None:
         "vision tower" in a
         for a in simulate_step(job.with_(model="gemma-3-1b"), stack="hf-peft", use_cache=False).assumptions
     )
-
-
-def test_vision_language_mistral3_config_is_its_text_model(tmp_path) -> None:
-    """A Ministral 3 checkpoint's config.json (model_type mistral3, the text model in text_config as ministral3) is
-    read as its text model: the parameters of transformers' own Mistral3ForConditionalGeneration less its vision
-    tower and projector."""
-    import torch
-    from transformers import AutoConfig, AutoModelForImageTextToText
-
-    text = {"model_type": "ministral3", "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 3}
-    text |= {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300}
-    vision = {"model_type": "pixtral", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2}
-    vision |= {"num_attention_heads": 2, "image_size": 28, "patch_size": 14, "head_dim": 16}
-    config = {"model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"]}
-    (tmp_path / "config.json").write_text(json.dumps({**config, "text_config": text, "vision_config": vision}))
-    spec = resolve_model(str(tmp_path))
-    assert spec.family == "ministral3" and spec.hidden_size == 64 and spec.num_layers == 3
-    assert "vision tower and projector are not counted" in spec.not_modelled
-    with torch.device("meta"):
-        full = AutoModelForImageTextToText.from_config(AutoConfig.from_pretrained(str(tmp_path)))
-    left_out = {"vision_tower", "multi_modal_projector"}
-    text_params = sum(p.numel() for n, p in full.named_parameters() if not left_out & set(n.split(".")))
-    assert count_parameters(spec).total == text_params

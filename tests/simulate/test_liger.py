@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from tiny_models import write_llama_config
 from torch import nn
 
 from tunecost.errors import TunecostError
@@ -99,9 +100,7 @@ def _job(path, **changes) -> FineTuneJob:
 
 @pytest.fixture
 def tiny_llama(tmp_path):
-    path = tmp_path / "llama.json"
-    path.write_text(json.dumps({"model_type": "llama", **TINY}))
-    return path
+    return write_llama_config(tmp_path / "llama.json", **TINY)
 
 
 @pytest.mark.parametrize(

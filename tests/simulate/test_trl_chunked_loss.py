@@ -3,11 +3,11 @@ gradients as the full-logits cross-entropy, a simulated peak that matches the CP
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import pytest
 import torch
+from tiny_models import write_llama_config
 from torch import nn
 
 from tunecost.errors import TunecostError
@@ -17,8 +17,8 @@ from tunecost.simulate.measure import measure_step_peak
 from tunecost.workload.job import FineTuneJob, LoraConfig
 
 TRL = StackBehaviour(loss_code=LOSS_TRL_CHUNKED)
-TINY = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2}
-TINY |= {"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 3000, "tie_word_embeddings": False}
+TINY = {"hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 2}
+TINY |= {"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 3000}
 
 
 @pytest.mark.parametrize("softcap", [None, 30.0])
@@ -43,9 +43,7 @@ def test_chunked_loss_equals_the_full_logits_cross_entropy(softcap) -> None:
 
 @pytest.fixture
 def tiny_llama(tmp_path):
-    path = tmp_path / "llama.json"
-    path.write_text(json.dumps(TINY))
-    return path
+    return write_llama_config(tmp_path / "llama.json", **TINY)
 
 
 def _job(path, **changes) -> FineTuneJob:

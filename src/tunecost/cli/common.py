@@ -345,10 +345,10 @@ def stack_behaviour(
     CEWithChunkedOutputLoss and activation offload, or under --stack hf-peft TRL's chunked_nll and
     activation_offloading), --optimizer-in-backward (torchtune's) and --reentrant/--non-reentrant
     (torch.utils.checkpoint's use_reentrant, which a Trainer sets through gradient_checkpointing_kwargs)."""
-    from tunecost.simulate.behaviour import LOSS_TRL_CHUNKED, StackBehaviour, torchtune_behaviour
+    from tunecost.simulate.behaviour import LOSS_TRANSFORMERS_5, LOSS_TRL_CHUNKED, StackBehaviour, torchtune_behaviour
 
     if stack == "hf-peft" and (chunked_loss or offload_activations) and not optimizer_in_backward:  # TRL's
-        code = LOSS_TRL_CHUNKED if chunked_loss else StackBehaviour().loss_code
+        code = LOSS_TRL_CHUNKED if chunked_loss else LOSS_TRANSFORMERS_5
         return StackBehaviour(loss_code=code, activation_offload=offload_activations, reentrant_checkpointing=reentrant)
     flags = (
         ("--chunked-loss", chunked_loss),

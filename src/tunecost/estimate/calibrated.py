@@ -41,9 +41,7 @@ from tunecost.estimate.throughput.stack_priors import (
     stack_prior,
 )
 from tunecost.estimate.throughput.targets import Prediction, ThroughputTarget, throughput_target, with_setup
-from tunecost.models.catalog import resolve_model
 from tunecost.simulate.behaviour import LOSS_TRL_CHUNKED
-from tunecost.workload.job import FineTuneJob
 from tunecost.workload.liger import liger_loss_applies, liger_note
 
 ESTIMATOR_NAME = "calibrated"
@@ -137,7 +135,7 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         f"calibrated on {model.num_points} points of {model.source_names} "
         f"(in-sample MAPE {100 * model.in_sample_mape:.1f} %); " + run_length_note(req.options),
         *extrapolation_notes(pred),
-        *software_notes(req.job, req.options.behaviour.loss_code),
+        *software_notes(req),
         *offload_notes,
         f"95 % interval: {pred.interval_kinds}",
         *(n for n in pred.notes if n.startswith("host ")),
@@ -158,17 +156,17 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
 COMPILE_NOTE = "torch.compile: each layer's element-wise chains counted fused (Inductor)"
 
 
-def software_notes(job: FineTuneJob, loss_code: str = "") -> list[str]:
+def software_notes(req: EstimateRequest) -> list[str]:
     """What torch.compile, Liger's kernels and TRL's chunked loss change in the counted step (or do not)."""
+    job, family = req.job, req.spec.family
     out = [COMPILE_NOTE] if job.torch_compile else []
-    if loss_code == LOSS_TRL_CHUNKED:
+    if req.options.behaviour.loss_code == LOSS_TRL_CHUNKED:
         out.append(
             "TRL's chunked_nll: its memory is simulated, its time counted as the full-logits loss (its head GEMMs "
             "per 256 tokens on fp32 copies, recomputed in backward, are not counted, and TRL reports its wall time "
             "typically neutral)"
         )
     if job.liger_kernel:
-        family = resolve_model(job.model).family
         out.append(
             "Liger kernels: each RMSNorm and rotary counted as one kernel, the loss as the fused linear "
             "cross-entropy (the head's GEMMs per chunk of tokens, each re-reading the head's weight)"

@@ -98,7 +98,7 @@ def throughput_at(req: EstimateRequest, batch_size: int) -> Throughput:
         f"(no eq. (2) fit for this model, dataset and GPU); {run_length_note(req.options)}",
         *extrapolation_notes(pred),
         *([prior.note] if prior else []),
-        *software_notes(req.job, req.options.behaviour.loss_code),
+        *software_notes(req),
         *offload_notes,
     )
     return Throughput(

@@ -151,8 +151,14 @@ def analytic_step_counts(
     if arch.num_experts > 1:
         _add_experts(acc, arch, tokens=tokens, k=k, hit=hit, w_bytes=w_bytes, passes=(base_passes, fwd_passes))
 
-    flce = job.liger_kernel and liger_loss_applies(spec.family)
-    _add_dense_and_head(acc, arch, spec, job, tokens=tokens, w_bytes=w_bytes, frozen_passes=frozen_passes, flce=flce)
+    # Liger's fused linear cross-entropy: the head's GEMMs per chunk of this many tokens (None: the whole step)
+    head_rows = (
+        flce_chunk_rows(math.ceil(tokens), arch.hidden, spec.vocab_size)
+        if job.liger_kernel and liger_loss_applies(spec.family)
+        else None
+    )
+    _add_dense_and_head(acc, arch, spec, job, tokens=tokens, w_bytes=w_bytes, frozen_passes=frozen_passes,
+                        chunk_rows=head_rows)  # fmt: skip
     if job.base_quant == "int8":
         if arch.num_experts > 1:
             raise TunecostError(f"{spec.name}: 8-bit (LLM.int8) base weights are modelled for dense models")
@@ -171,7 +177,7 @@ def analytic_step_counts(
     rows = {
         "expert_matmul": rows_expert,
         "dense_matmul": tokens,
-        "lm_head": min(tokens, flce_chunk_rows(math.ceil(tokens), arch.hidden, spec.vocab_size)) if flce else tokens,
+        "lm_head": min(tokens, head_rows) if head_rows else tokens,
         "router": tokens,
         "lora": lora_rows,
         "attention": lengths.padded_len_tokens,
@@ -200,10 +206,10 @@ def _add_dense_and_head(
     tokens: float,
     w_bytes: int,
     frozen_passes: float,
-    flce: bool = False,
+    chunk_rows: int | None = None,
 ) -> None:
-    """The matmuls outside the experts, the output head and the loss (`flce`: Liger's fused linear cross-entropy,
-    the head's GEMMs per chunk of tokens, each re-reading the head's weight)."""
+    """The matmuls outside the experts, the output head and the loss (`chunk_rows`: Liger's fused linear
+    cross-entropy, the head's GEMMs per chunk of that many tokens, each re-reading the head's weight)."""
     full = job.method == "full"
     # Every other matmul weight (attention or Mamba projections, shared experts, dense MLPs); torchao's Float8Linear
     # runs the grad-weight GEMM of a frozen weight too (docs/fp8.md).
@@ -216,7 +222,7 @@ def _add_dense_and_head(
     )
     # Output head (not recomputed; tied to the embedding in BlackMamba, which trains under full FT).
     head_passes = 2.0 + (1.0 if full else 0.0)
-    chunks = math.ceil(tokens / flce_chunk_rows(math.ceil(tokens), arch.hidden, spec.vocab_size)) if flce else 1
+    chunks = math.ceil(tokens / chunk_rows) if chunk_rows else 1
     acc.add(
         "lm_head",
         flops=head_passes * 2.0 * tokens * arch.lm_head_params,
@@ -224,7 +230,7 @@ def _add_dense_and_head(
         * (chunks * arch.lm_head_params * w_bytes + tokens * (arch.hidden + spec.vocab_size) * w_bytes),
         kernels=head_passes * chunks,
     )
-    if flce:
+    if chunk_rows:
         acc.add(
             "elementwise",
             bytes_=tokens * spec.vocab_size * FLCE_BYTES_PER_VOCAB,

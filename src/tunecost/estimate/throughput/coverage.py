@@ -46,7 +46,7 @@ def setup_label(job: Any) -> str:
         parts.append("eager attention")
     if job.torch_compile:
         parts.append("torch.compile")
-    if getattr(job, "liger_kernel", False):
+    if job.liger_kernel:
         parts.append("Liger kernels")
     return ", ".join(parts)
 

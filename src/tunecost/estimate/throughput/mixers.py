@@ -89,15 +89,13 @@ def add_mixers(
                 bytes_=(attn_fwd + FA2_BWD_FLOPS_PER_FWD) * arch.num_attention_layers * tokens * 4 * width * w_bytes,
                 kernels=arch.num_attention_layers * (attn_fwd + 3.0),
             )
-        if fused:
+        if fused or liger:
             per_hidden = arch.num_layer_norms * TE_NORM_BYTES_PER_HIDDEN + 2 * RESIDUAL_BYTES_PER_HIDDEN
             per_token_layer = per_hidden * arch.hidden + TE_ROTARY_BYTES_PER_QK * 2 * width
             kernels_layer = arch.num_layer_norms + 1 + 2
-        elif liger:
-            per_hidden = arch.num_layer_norms * TE_NORM_BYTES_PER_HIDDEN + 2 * RESIDUAL_BYTES_PER_HIDDEN
-            varlen = 0 if eager else FA2_VARLEN_BYTES_PER_HIDDEN
-            per_token_layer = (per_hidden + varlen) * arch.hidden + TE_ROTARY_BYTES_PER_QK * 2 * width
-            kernels_layer = arch.num_layer_norms + 1 + 2 + (0 if eager else FA2_VARLEN_KERNELS)
+            if liger and not fused and not eager:  # Liger keeps transformers' varlen unpad/pad copies
+                per_token_layer += FA2_VARLEN_BYTES_PER_HIDDEN * arch.hidden
+                kernels_layer += FA2_VARLEN_KERNELS
         else:
             per_token_layer = (
                 arch.num_layer_norms * RMSNORM_BYTES_PER_HIDDEN
