@@ -14,10 +14,10 @@ from __future__ import annotations
 import sys
 import time
 
+from tunecost.models.anatomy import layer_pattern
 from tunecost.models.catalog import resolve_model
 from tunecost.simulate import simulate_step
 from tunecost.simulate.pool import prepared_model
-from tunecost.simulate.prepare import layer_pattern
 from tunecost.simulate.trace import trace_step
 from tunecost.validate.corpus import read_corpus
 from tunecost.validate.mapping import map_row

@@ -61,8 +61,13 @@ MID_LLAMA = {
     "hidden_act": "silu",
 }
 
+# Qwen3.5 at its 9B-style width (transformers 5.23's Qwen3_5TextConfig defaults), 4 layers: three gated DeltaNet
+# layers (fla's chunked delta rule, which `gpu_wheels.sh` carries) and one gated attention layer.
+MID_QWEN3_5 = {"model_type": "qwen3_5_text", "num_hidden_layers": 4, "tie_word_embeddings": False}
+
 MID = "mid-mixtral"  # MID_MIXTRAL, written to a temporary config file for the run
 MID_DENSE = "mid-llama"  # MID_LLAMA, likewise
+MID_HYBRID = "mid-qwen3_5"  # MID_QWEN3_5, likewise
 # One configuration a row: its name, then the FineTuneJob fields named in FIELDS.
 FIELDS = ("model", "method", "experts_per_token", "batch_size", "seq_len", "gradient_checkpointing")
 CASES = [
@@ -79,6 +84,7 @@ CASES = [
     ("mid-llama-liger-lora", MID_DENSE, "lora", None, 4, 2048, True),
     ("mid-llama-liger-full", MID_DENSE, "full", None, 2, 2048, True),
     ("mid-llama-trl-chunked-lora", MID_DENSE, "lora", None, 4, 2048, True),
+    ("mid-qwen3_5-lora", MID_HYBRID, "lora", None, 4, 2048, True),
 ]
 # FineTuneJob fields beyond FIELDS. The 8-bit cases run bitsandbytes' own MatMul8bitLt on the simulator's int8
 # codes (`_bitsandbytes_int8`): its CUDA kernels, not tunecost's model of them, set the measured peak.
@@ -90,6 +96,9 @@ JOB_EXTRAS = {
     "mid-llama-liger-lora": {"liger_kernel": True, "lora": ("attention", "mlp")},
     "mid-llama-liger-full": {"liger_kernel": True, "lora": ("attention", "mlp")},
     "mid-llama-trl-chunked-lora": {"lora": ("attention", "mlp")},
+    # measured with fla's kernel and transformers' PyTorch convolution, simulated with causal-conv1d's (which keeps
+    # less: its input only): the simulated peak may fall below the measured one by a layer's saved conv output
+    "mid-qwen3_5-lora": {"lora": ("attention", "mlp")},
 }
 # The software stack of a configuration (default: tunecost's own) and its recipe options (`StackBehaviour` fields).
 STACKS = {
@@ -199,9 +208,10 @@ def main() -> None:
     from tunecost.workload.job import FineTuneJob, LoraConfig
 
     with tempfile.TemporaryDirectory() as tmp:
-        paths = {MID: os.path.join(tmp, "mid-mixtral.json"), MID_DENSE: os.path.join(tmp, "mid-llama.json")}
-        Path(paths[MID]).write_text(json.dumps(MID_MIXTRAL))
-        Path(paths[MID_DENSE]).write_text(json.dumps(MID_LLAMA))
+        models = {MID: MID_MIXTRAL, MID_DENSE: MID_LLAMA, MID_HYBRID: MID_QWEN3_5}
+        paths = {name: os.path.join(tmp, f"{name}.json") for name in models}
+        for name, config in models.items():
+            Path(paths[name]).write_text(json.dumps(config))
         configs = _configs(paths)
         names = list(configs) if args.configs == "all" else args.configs.split(",")
         print(f"device: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")

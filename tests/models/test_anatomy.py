@@ -75,6 +75,11 @@ CASES = {
     "deepseek_v2": (lambda: _from_fixture("tiny-deepseek-v2"), 4, 3, 8, 2),
     "deepseek_v3": (lambda: _from_fixture("tiny-deepseek-v3"), 4, 3, 8, 2),
     "glm4_moe": (lambda: _from_fixture("tiny-glm4-moe"), 4, 3, 8, 2),
+    # tiny-qwen3_5(-moe).json: 8 layers (DeltaNet x 3, attention, twice), every MoE layer 8 experts, top-2
+    "qwen3_5_text": (lambda: _from_fixture("tiny-qwen3_5"), 8, 0, 1, 1),
+    "qwen3_5_moe_text": (lambda: _from_fixture("tiny-qwen3_5-moe"), 8, 8, 8, 2),
+    # tiny-qwen3-next.json: the same mixers, decoder_sparse_step 2: layers 1, 3, 5, 7 route over 8 experts, top-2
+    "qwen3_next": (lambda: _from_fixture("tiny-qwen3-next"), 8, 4, 8, 2),
     # tiny_blackmamba_config: 4 layers (Mamba, MoE, Mamba, MoE), 8 experts, top-2
     "blackmamba": (_blackmamba, 4, 2, 8, 2),
     "granitemoe": (lambda: _hf("granitemoe", num_local_experts=4, num_experts_per_tok=2), 3, 3, 4, 2),

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from tunecost.distributed import expert_parallel
 from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_json
+from tunecost.models.anatomy import layer_pattern
 from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate import cache
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
@@ -20,7 +21,7 @@ from tunecost.simulate.depth import depth_scaled
 from tunecost.simulate.fp8 import LinearShape, fp8_depth_bytes, fp8_linears
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.simulate.pool import prepared_model
-from tunecost.simulate.prepare import check_supported, layer_pattern
+from tunecost.simulate.prepare import check_supported
 from tunecost.simulate.records import WEIGHT_CATEGORIES
 from tunecost.workload.job import FineTuneJob
 

@@ -9,9 +9,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunecost.errors import TunecostError
+
+if TYPE_CHECKING:
+    from tunecost.models.catalog import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,10 @@ _FAMILIES: dict[str, _Family] = {
     "ministral3": _Family("model.layers", None),
     "seed_oss": _Family("model.layers", None),
     "hunyuan_v1_dense": _Family("model.layers", None),
+    # Qwen3.5: gated DeltaNet (`linear_attn`) and gated attention (`self_attn`) layers; the MoE adds a shared expert
+    "qwen3_5_text": _Family("model.layers", None),
+    "qwen3_5_moe_text": _Family("model.layers", "mlp", num_experts_keys=("num_experts",)),
+    "qwen3_next": _Family("model.layers", "mlp", num_experts_keys=("num_experts",)),  # fused in_proj_qkvz, in_proj_ba
     # StarCoder2: Llama's layout, q/k/v/o with biases, a two-matrix GELU MLP `c_fc` / `c_proj`, LayerNorms
     "starcoder2": _Family("model.layers", None),
     # Falcon: blocks at `transformer.h`, attention `self_attention` (fused `query_key_value`, `dense`), MLP `mlp`
@@ -102,10 +109,13 @@ _FAMILIES: dict[str, _Family] = {
     "falcon": _Family("transformer.h", None),
 }
 SUPPORTED_FAMILIES = tuple(_FAMILIES)
+# families whose decoder mixes gated-DeltaNet (linear attention) and attention layers per `layer_types`
+HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 
 _ROUTER_NAMES = ("gate", "router")
 # A decoder layer's attention and feed-forward (dense MLP or MoE block) by attribute name, across families.
-ATTENTION_NAMES = ("self_attn", "attn", "self_attention")  # Falcon: `self_attention`
+# token mixers: Falcon's `self_attention`, Qwen3.5's gated DeltaNet `linear_attn`
+ATTENTION_NAMES = ("self_attn", "attn", "self_attention", "linear_attn")
 FEED_FORWARD_NAMES = ("mlp", "block_sparse_moe")
 _EXPERTS_NAMES = ("experts", "local_experts")
 _LAYERS_NAME = re.compile(r"(^|\.)layers$")
@@ -359,3 +369,28 @@ def set_top_k(model: Any, k: int) -> None:
         for obj in (unwrap_peft(block.router), block.block):
             if isinstance(getattr(obj, "top_k", None), int):
                 obj.top_k = k
+
+
+def layer_pattern(spec: ModelSpec) -> tuple[int, int, int]:
+    """(prefix, period, num_units) of the decoder stack: layers that repeat identically can be traced a few at a
+    time and scaled. DeepSeek's (and GLM-4.5's) first dense layers form a prefix; BlackMamba alternates Mamba and
+    MoE (period 2)."""
+    cfg = spec.config
+    n = spec.num_layers
+    if spec.family in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
+        prefix = min(int(cfg.get("first_k_dense_replace") or 0), n)
+        return prefix, 1, n - prefix
+    if spec.family == "blackmamba":
+        return 0, 2, n // 2
+    if spec.family in HYBRID_FAMILIES:  # the period of each layer's (token mixer, MoE or not)
+        step, dense = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or [])
+        kinds = [(t, i not in dense and (i + 1) % step == 0) for i, t in enumerate(cfg.get("layer_types") or [])]
+        repeats = (p for p in range(1, n + 1) if all(kinds[i] == kinds[i % p] for i in range(len(kinds))))
+        period = next(p for p in repeats if n % p == 0)
+        return 0, period, n // period
+    if spec.family in ("qwen2_moe", "qwen3_moe"):
+        if cfg.get("mlp_only_layers"):
+            return n, 1, 0  # irregular: trace every layer
+        step = int(cfg.get("decoder_sparse_step") or 1)
+        return 0, step, n // step
+    return 0, 1, n

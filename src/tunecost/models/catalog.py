@@ -259,8 +259,12 @@ def spec_from_config_file(path: Path) -> ModelSpec:
 
 # Vision-language checkpoints whose text fine-tune tunecost models as their text model: model_type -> the
 # model_type of their `text_config` (transformers 5.23: Gemma3Config builds a Gemma3TextConfig from it; None: the
-# text_config's own, as Mistral3Config takes it: ministral3 in Ministral 3, mistral in Mistral Small 3.1)
+# text_config's own, as Mistral3Config takes it: ministral3 in Ministral 3, mistral in Mistral Small 3.1; Qwen3.5's
+# checkpoints are all Qwen3_5(Moe)ForConditionalGeneration)
 _TEXT_MODEL_OF: dict[str, str | None] = {"gemma3": "gemma3_text", "mistral3": None}
+_TEXT_MODEL_OF |= {"qwen3_5": "qwen3_5_text", "qwen3_5_moe": "qwen3_5_moe_text"}
+# the checkpoint class's tie_word_embeddings default (transformers 5.23), where a config.json leaves it out
+_TIED_BY_DEFAULT = {"gemma3": True, "mistral3": True, "qwen3_5": False, "qwen3_5_moe": False}
 TEXT_MODEL_NOT_MODELLED = (
     "a vision-language checkpoint modelled as its text model: the vision tower and projector are not counted"
 )
@@ -275,8 +279,8 @@ def _text_model_config(config: dict[str, Any]) -> dict[str, Any] | None:
     text_family = _TEXT_MODEL_OF[model_type] or text.get("model_type")
     if not text_family:
         return None
-    # the checkpoint's own tie_word_embeddings ties its head (both classes default to True in transformers 5.23)
-    text = {**text, "tie_word_embeddings": bool(config.get("tie_word_embeddings", True))}
+    # the checkpoint's own tie_word_embeddings ties its head
+    text = {**text, "tie_word_embeddings": bool(config.get("tie_word_embeddings", _TIED_BY_DEFAULT[model_type]))}
     return {**text, "model_type": text_family}
 
 

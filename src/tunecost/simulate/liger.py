@@ -205,5 +205,9 @@ def install_liger(model: nn.Module, family: str) -> None:
         leaf = name.rsplit(".", 1)[-1]
         if type(module).__name__.endswith("RMSNorm") and getattr(module, "weight", None) is not None:
             module.forward = MethodType(_norm_forward(offset, in_place), module)
-        elif leaf in ("mlp", "shared_experts") and family not in NO_GLU and (act := _glu_act(module, model.config)):
+        elif (
+            leaf in ("mlp", "shared_experts", "shared_expert")
+            and family not in NO_GLU
+            and (act := _glu_act(module, model.config))
+        ):
             module.forward = MethodType(_glu_forward(act.startswith("gelu")), module)

@@ -16,9 +16,11 @@ from tunecost.errors import TunecostError
 from tunecost.models.anatomy import (
     ATTENTION_NAMES,
     FEED_FORWARD_NAMES,
+    HYBRID_FAMILIES,
     SUPPORTED_FAMILIES,
     decoder_layers,
     layer_part,
+    layer_pattern,
     router_name,
 )
 from tunecost.models.build import build_model
@@ -40,6 +42,7 @@ from tunecost.simulate.fused_attention import (
     mask_free_sdpa,
     recomputed_attention,
 )
+from tunecost.simulate.gated_delta import install_gated_delta_kernels
 from tunecost.simulate.hf2024 import Loop2024Experts
 from tunecost.simulate.liger import install_liger
 from tunecost.simulate.modules import ModulesToSave, SimExperts, SimLinear, SimLoraRouter
@@ -140,25 +143,6 @@ def check_supported(
         raise TunecostError(
             "prepare_model_for_kbit_training's fp32 norms are simulated for QLoRA with flash or SDPA attention only"
         )
-
-
-def layer_pattern(spec: ModelSpec) -> tuple[int, int, int]:
-    """(prefix, period, num_units) of the decoder stack: layers that repeat identically can be traced a few at a
-    time and scaled. DeepSeek's (and GLM-4.5's) first dense layers form a prefix; BlackMamba alternates Mamba and
-    MoE (period 2)."""
-    cfg = spec.config
-    n = spec.num_layers
-    if spec.family in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
-        prefix = min(int(cfg.get("first_k_dense_replace") or 0), n)
-        return prefix, 1, n - prefix
-    if spec.family == "blackmamba":
-        return 0, 2, n // 2
-    if spec.family in ("qwen2_moe", "qwen3_moe"):
-        if cfg.get("mlp_only_layers"):
-            return n, 1, 0  # irregular: trace every layer
-        step = int(cfg.get("decoder_sparse_step") or 1)
-        return 0, step, n // step
-    return 0, 1, n
 
 
 def _swap_linears(
@@ -371,6 +355,8 @@ def _built_model(
         if spec.family == "falcon":
             falcon_fused_attention(model)
     transform(model, job, stack)
+    if spec.family in HYBRID_FAMILIES and not real:
+        install_gated_delta_kernels(model)
     if job.liger_kernel and liger_patches(spec.family):
         install_liger(model, spec.family)
     if behaviour.kbit_fp32_norms:

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import HYBRID_FAMILIES
 from tunecost.simulate import cache as _cache
 from tunecost.simulate.behaviour import ADAMW_IMPLS, DEFAULT_BEHAVIOUR, StackBehaviour, stack_adamw_impl
 from tunecost.simulate.depth import depth_scaled, lerp_byte_map, lerp_bytes
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from tunecost.models.catalog import ModelSpec
     from tunecost.simulate.trace import SegmentPeak, TraceResult
 from tunecost.models.catalog import resolve_model
+from tunecost.workload.gated_delta import GATED_DELTA_NOTE
 from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
 from tunecost.workload.liger import liger_note
 
@@ -171,6 +173,7 @@ def _assumptions(
         )
     out += _stack_notes(stack, behaviour, spec)
     out += [liger_note(spec.family)] if job.liger_kernel else []
+    out += [GATED_DELTA_NOTE] if spec.family in HYBRID_FAMILIES else []
     if spec.is_moe and (job.method == "qlora" or stack == "hf-2024"):
         out.append(
             "routing is unknown without data: expert loops assume tokens spread evenly over experts "
@@ -320,8 +323,9 @@ def partly_recomputed(off: StepSimulation, on: StepSimulation, layers: int, num_
 def _simulate_uncached(
     job, num_layers_to_trace, stack, overhead, granule_bytes, on_progress, behaviour=DEFAULT_BEHAVIOUR
 ) -> StepSimulation:
+    from tunecost.models.anatomy import layer_pattern
     from tunecost.simulate.hf2024 import padded_seq_len_2024
-    from tunecost.simulate.prepare import check_supported, layer_pattern
+    from tunecost.simulate.prepare import check_supported
     from tunecost.simulate.trace import trace_step
 
     start = time.perf_counter()

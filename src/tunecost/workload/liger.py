@@ -29,14 +29,23 @@ LIGER_MODEL_TYPES = frozenset(
         "qwen2",
         "qwen3",
         "qwen3_moe",
+        "qwen3_5_text",
+        "qwen3_5_moe_text",
+        "qwen3_next",
         "smollm3",
     }
 )
-GEMMA_NORMS = frozenset({"gemma", "gemma2", "gemma3_text"})  # weight stored as w - 1 (offset 1), fp32 casting
-NORMS_NOT_IN_PLACE = frozenset({"exaone4", "gemma2", "gemma3_text", "glm4", "olmo2", "olmo3"})  # dX a new tensor
+GEMMA_NORMS = frozenset(
+    {"gemma", "gemma2", "gemma3_text", "qwen3_5_text", "qwen3_5_moe_text"}
+)  # weight stored as w - 1 (offset 1), fp32 casting
+NORMS_NOT_IN_PLACE = frozenset(
+    {"exaone4", "gemma2", "gemma3_text", "glm4", "olmo2", "olmo3", "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"}
+)  # dX a new tensor
 NO_GLU = frozenset({"gpt_oss"})  # swiglu=False by default
 NO_FLCE = frozenset({"granite"})  # fused_linear_cross_entropy=False by default: transformers' loss on the logits
-MOE_TYPES = frozenset({"mixtral", "deepseek_v2", "deepseek_v3", "gpt_oss", "qwen3_moe"})
+MOE_TYPES = frozenset(
+    {"mixtral", "deepseek_v2", "deepseek_v3", "gpt_oss", "qwen3_moe", "qwen3_5_moe_text", "qwen3_next"}
+)
 CHUNK_MEM_CONST = 1  # fused_linear_cross_entropy's _CHUNK_MEM_CONST: a logits chunk of about BT x H elements
 
 

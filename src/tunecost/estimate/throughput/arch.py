@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import HYBRID_FAMILIES
 from tunecost.models.catalog import ModelSpec
 
 TRANSFORMER_FAMILIES = (
@@ -73,6 +74,13 @@ class Arch:
     num_layer_norms: int = 2  # norms of `hidden` width per attention layer (element-wise work)
     num_window_layers: int = 0  # of the attention layers, those attending over a sliding window only
     attention_window_tokens: int = 0  # that window (keys a query sees at most)
+    # gated DeltaNet layers (Qwen3.5's linear attention; `num_attention_layers` counts the others)
+    num_delta_layers: int = 0
+    delta_key_heads: int = 0
+    delta_value_heads: int = 0
+    delta_key_dim: int = 0  # per head
+    delta_value_dim: int = 0
+    delta_conv_kernel: int = 0
 
     @property
     def routed_expert_params(self) -> int:
@@ -346,6 +354,7 @@ def arch_of(spec: ModelSpec) -> Arch:
     # imported here: those modules build their `Arch` with this module's helpers
     from tunecost.estimate.throughput.arch_deepseek import deepseek_v2_arch, glm4_moe_arch
     from tunecost.estimate.throughput.arch_gelu_mlp import GELU_MLP_ARCHES
+    from tunecost.estimate.throughput.arch_hybrid import qwen3_5_arch
     from tunecost.estimate.throughput.arch_phi_bigcode import gpt_bigcode_arch, phi_arch
 
     if spec.family == "blackmamba":
@@ -354,6 +363,8 @@ def arch_of(spec: ModelSpec) -> Arch:
         return deepseek_v2_arch(spec.config, spec.family)
     if spec.family == "glm4_moe":
         return glm4_moe_arch(spec.config)
+    if spec.family in HYBRID_FAMILIES:
+        return qwen3_5_arch(spec.config, spec.family)
     if spec.family == "gpt_bigcode":
         return gpt_bigcode_arch(spec.config)
     if spec.family == "phi":
@@ -364,5 +375,6 @@ def arch_of(spec: ModelSpec) -> Arch:
         return GELU_MLP_ARCHES[spec.family](spec.config)
     raise TunecostError(
         f"{spec.name}: the throughput model reads {', '.join(TRANSFORMER_FAMILIES)}, phi, gpt_bigcode, "
-        f"{', '.join(GELU_MLP_ARCHES)}, deepseek_v2, deepseek_v3, glm4_moe and blackmamba configs, not {spec.family!r}"
+        f"{', '.join(GELU_MLP_ARCHES)}, {', '.join(HYBRID_FAMILIES)}, deepseek_v2, deepseek_v3, glm4_moe and "
+        f"blackmamba configs, not {spec.family!r}"
     )

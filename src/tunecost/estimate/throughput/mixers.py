@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from tunecost.estimate.throughput.arch import Arch
 from tunecost.estimate.throughput.lengths import SeqLengths
+from tunecost.workload.gated_delta import delta_rule_bytes, delta_rule_flops
 
 if TYPE_CHECKING:
     from tunecost.estimate.throughput.counts import OpTally
@@ -31,6 +32,17 @@ EAGER_BWD_BYTES_PER_SCORE = 38
 EAGER_FWD_KERNELS = 4  # scale, mask add, softmax, cast (beside the two matmuls)
 MAMBA_NORM_BYTES_PER_HIDDEN = 12  # fused residual (fp32) + RMSNorm
 MAMBA_ELEMENTWISE_KERNELS = 8
+# Gated DeltaNet (fla 0.6 and causal-conv1d): forward kernels (conv, two l2norms, gate cumsum, kkt + solve, w/u,
+# state pass, output) and backward (w/u and states again, dv, dh, dq/dk/dw/dg, WY, cumsum, two l2norms, conv)
+DELTA_FWD_KERNELS = 8
+DELTA_BWD_KERNELS = 11
+DELTA_BWD_BYTES_PER_FWD_BYTE = 3.0  # the recompute plus the gradient passes, each reading what the forward wrote
+# transformers' eager work per value-head element: the gated RMSNorm (upcast, pow, mean, rsqrt, mul, weight, SiLU
+# of the gate in fp32, mul, downcast) and per value head the decay gate (fp32 add, softplus, exp, mul) and beta
+DELTA_GATED_NORM_BYTES = 44
+DELTA_GATED_NORM_FUSED_BYTES = 6  # read x and z, write the output
+DELTA_GATE_BYTES = 26
+DELTA_EAGER_KERNELS = 16
 # Fused layers (`fused`): Megatron Core's on Transformer Engine, the norm fused into the next linear's kernel
 # (LayerNormLinear: read the input, write the normalized one), fused rotary (read and write q and k), the residual
 # add fused with bias and dropout, packed (THD) attention without unpad/pad copies; one kernel each. torch.compile's
@@ -110,6 +122,8 @@ def add_mixers(
             bytes_=ew_passes * arch.num_attention_layers * tokens * per_token_layer,
             kernels=ew_kernel_passes * arch.num_attention_layers * kernels_layer,
         )
+    if arch.num_delta_layers:
+        _gated_delta(acc, arch, tokens, fwd_passes=fwd_passes, w_bytes=w_bytes, fused=fused)
     if arch.num_mamba_layers:
         d, n = arch.mamba_inner, arch.mamba_state
         fwd_flops = arch.num_mamba_layers * tokens * (SCAN_FLOPS_PER_STATE * d * n + 2 * 4 * d)  # scan + conv
@@ -126,6 +140,37 @@ def add_mixers(
             + ew_passes * arch.num_mamba_layers * tokens * 6 * d,
             kernels=ew_kernel_passes * (arch.num_layers * 2 + arch.num_mamba_layers * MAMBA_ELEMENTWISE_KERNELS),
         )
+
+
+def _gated_delta(acc: OpTally, arch: Arch, tokens: float, *, fwd_passes: float, w_bytes: int, fused: bool) -> None:
+    """Qwen3.5's gated DeltaNet layers: causal-conv1d's convolution and fla's chunked delta rule (`DELTA_*`,
+    `delta_rule_flops`), and transformers' eager work around them per layer: two RMSNorms and residual adds, the
+    fp32 decay gate, beta's sigmoid and the gated RMSNorm over the value heads (`fused`: one kernel per chain)."""
+    layers, heads = arch.num_delta_layers, arch.delta_value_heads
+    kd, vd = arch.delta_key_dim, arch.delta_value_dim
+    conv_width = 2 * arch.delta_key_heads * kd + heads * vd
+    fwd, bwd = delta_rule_flops(tokens, heads, kd, vd)
+    fwd_bytes = delta_rule_bytes(tokens, heads, kd, vd, w_bytes) + 2 * tokens * conv_width * w_bytes
+    conv_flops = 2 * tokens * conv_width * arch.delta_conv_kernel
+    acc.add(
+        "ssm_scan",
+        flops=layers * (fwd_passes * (fwd + conv_flops) + bwd + 2 * conv_flops),
+        bytes_=layers * (fwd_passes + DELTA_BWD_BYTES_PER_FWD_BYTE) * fwd_bytes,
+        kernels=layers * (fwd_passes * DELTA_FWD_KERNELS + DELTA_BWD_KERNELS),
+    )
+    if fused:
+        per_token = (2 * TE_NORM_BYTES_PER_HIDDEN + 2 * RESIDUAL_BYTES_PER_HIDDEN) * arch.hidden
+        per_token += DELTA_GATED_NORM_FUSED_BYTES * heads * vd
+        kernels = 2 + 2 + 2
+    else:
+        per_token = (2 * RMSNORM_BYTES_PER_HIDDEN + 2 * RESIDUAL_BYTES_PER_HIDDEN) * arch.hidden
+        per_token += DELTA_GATED_NORM_BYTES * heads * vd + DELTA_GATE_BYTES * heads
+        kernels = 2 * RMSNORM_KERNELS + 2 + DELTA_EAGER_KERNELS
+    acc.add(
+        "elementwise",
+        bytes_=(fwd_passes + BWD_BYTES_PER_FWD_BYTE) * layers * tokens * per_token,
+        kernels=(fwd_passes + BWD_KERNELS_PER_FWD_KERNEL) * layers * kernels,
+    )
 
 
 def _eager_attention(acc: OpTally, arch: Arch, lengths: SeqLengths, *, fwd_passes: float) -> None:
