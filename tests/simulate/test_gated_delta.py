@@ -126,11 +126,15 @@ def test_the_throughput_model_counts_what_the_simulator_traces(config_path, name
 
 @pytest.mark.parametrize(
     ("hub_id", "total", "layers"),
-    [("Qwen/Qwen3.5-35B-A3B", 35e9, (10, 30)), ("Qwen/Qwen3-Next-80B-A3B-Thinking", 80e9, (12, 36))],
+    [
+        ("Qwen/Qwen3.5-9B", 9e9, (8, 24)),
+        ("Qwen/Qwen3.5-35B-A3B", 35e9, (10, 30)),
+        ("Qwen/Qwen3-Next-80B-A3B-Thinking", 80e9, (12, 36)),
+    ],
 )
 def test_catalog_models_resolve_with_the_size_in_their_names(hub_id, total, layers) -> None:
     spec = resolve_model(hub_id)
-    assert spec.is_moe and count_parameters(spec).total == pytest.approx(total, abs=0.5e9)
+    assert spec.is_moe == (total > 9e9) and count_parameters(spec).total == pytest.approx(total, abs=0.5e9)
     arch = arch_of(spec)
     assert (arch.num_attention_layers, arch.num_delta_layers) == layers
 
