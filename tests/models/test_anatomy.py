@@ -80,6 +80,8 @@ CASES = {
     "qwen3_5_moe_text": (lambda: _from_fixture("tiny-qwen3_5-moe"), 8, 8, 8, 2),
     # tiny-qwen3-next.json: the same mixers, decoder_sparse_step 2: layers 1, 3, 5, 7 route over 8 experts, top-2
     "qwen3_next": (lambda: _from_fixture("tiny-qwen3-next"), 8, 4, 8, 2),
+    # tiny-granite-hybrid.json: Mamba2 x 3, attention, twice; every layer 8 experts, top-2, beside a shared MLP
+    "granitemoehybrid": (lambda: _from_fixture("tiny-granite-hybrid"), 8, 8, 8, 2),
     # tiny_blackmamba_config: 4 layers (Mamba, MoE, Mamba, MoE), 8 experts, top-2
     "blackmamba": (_blackmamba, 4, 2, 8, 2),
     "granitemoe": (lambda: _hf("granitemoe", num_local_experts=4, num_experts_per_tok=2), 3, 3, 4, 2),

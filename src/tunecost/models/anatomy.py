@@ -102,6 +102,10 @@ _FAMILIES: dict[str, _Family] = {
     "qwen3_5_text": _Family("model.layers", None),
     "qwen3_5_moe_text": _Family("model.layers", "mlp", num_experts_keys=("num_experts",)),
     "qwen3_next": _Family("model.layers", "mlp", num_experts_keys=("num_experts",)),  # fused in_proj_qkvz, in_proj_ba
+    # Granite 4.0 hybrid: Mamba2 (`mamba`) or attention layers, each with GraniteMoeShared's experts and shared MLP
+    "granitemoehybrid": _Family(
+        "model.layers", "block_sparse_moe", router="router", num_experts_keys=("num_local_experts",)
+    ),
     # StarCoder2: Llama's layout, q/k/v/o with biases, a two-matrix GELU MLP `c_fc` / `c_proj`, LayerNorms
     "starcoder2": _Family("model.layers", None),
     # Falcon: blocks at `transformer.h`, attention `self_attention` (fused `query_key_value`, `dense`), MLP `mlp`
@@ -109,13 +113,13 @@ _FAMILIES: dict[str, _Family] = {
     "falcon": _Family("transformer.h", None),
 }
 SUPPORTED_FAMILIES = tuple(_FAMILIES)
-# families whose decoder mixes gated-DeltaNet (linear attention) and attention layers per `layer_types`
-HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+# families whose decoder mixes gated-DeltaNet or Mamba2 layers with attention layers per `layer_types`
+HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid")
 
 _ROUTER_NAMES = ("gate", "router")
 # A decoder layer's attention and feed-forward (dense MLP or MoE block) by attribute name, across families.
-# token mixers: Falcon's `self_attention`, Qwen3.5's gated DeltaNet `linear_attn`
-ATTENTION_NAMES = ("self_attn", "attn", "self_attention", "linear_attn")
+# token mixers: Falcon's `self_attention`, Qwen3.5's gated DeltaNet `linear_attn`, Granite 4.0's Mamba2 `mamba`
+ATTENTION_NAMES = ("self_attn", "attn", "self_attention", "linear_attn", "mamba")
 FEED_FORWARD_NAMES = ("mlp", "block_sparse_moe")
 _EXPERTS_NAMES = ("experts", "local_experts")
 _LAYERS_NAME = re.compile(r"(^|\.)layers$")
@@ -293,8 +297,8 @@ def _config_of(model_or_config: Any) -> tuple[str | None, Any]:
 def _config_value(config: Any, keys: tuple[str, ...]) -> int | None:
     for key in keys:
         value = config.get(key) if isinstance(config, Mapping) else getattr(config, key, None)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value or 1  # 0 experts: Granite 4.0's dense hybrids, one MLP every token uses
     return None
 
 

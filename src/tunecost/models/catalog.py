@@ -222,10 +222,12 @@ def _with_transformers_defaults(config: dict[str, Any], family: str, where: str)
         raise TunecostError(f"{where}: transformers rejects this {family} config: {' '.join(reason[:3])}") from None
     filled = {k: v for k, v in defaults.items() if k not in config and k not in _NOT_DEFAULTED and v is not None}
     merged = {**config, **filled}
+    dense_hybrid = family == "granitemoehybrid" and merged.get("num_local_experts") == 0  # Granite 4.0's dense models
     bad = [
         f"{k}={merged[k]!r}"
         for k in _POSITIVE_SIZES
         if merged.get(k) is not None and not (isinstance(merged[k], int) and merged[k] > 0)
+        if not (dense_hybrid and k in ("num_local_experts", "num_experts_per_tok"))
     ]
     if bad:
         raise TunecostError(f"{where}: sizes must be positive integers: {', '.join(bad)}")

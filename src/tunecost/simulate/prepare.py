@@ -45,6 +45,7 @@ from tunecost.simulate.fused_attention import (
 from tunecost.simulate.gated_delta import install_gated_delta_kernels
 from tunecost.simulate.hf2024 import Loop2024Experts
 from tunecost.simulate.liger import install_liger
+from tunecost.simulate.mamba2 import install_mamba2_kernels
 from tunecost.simulate.modules import ModulesToSave, SimExperts, SimLinear, SimLoraRouter
 from tunecost.simulate.quant4bit import QuantSpec
 from tunecost.simulate.recorder import LayerPlan
@@ -197,10 +198,11 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
         attn = layer_part(layer, ATTENTION_NAMES)
         if attn is not None:
             _swap_linears(attn, quant=quant, lora=lora if "attention" in targets else None, style=style, dropout=p)
-        shared_mlp = getattr(layer, "shared_mlp", None)  # GraniteMoeShared: the shared experts beside the block
-        if shared_mlp is not None:
-            _swap_linears(shared_mlp, quant=quant, lora=lora if "experts" in targets else None, style=style)
         mlp = layer_part(layer, FEED_FORWARD_NAMES)
+        shared_mlp = getattr(layer, "shared_mlp", None)  # GraniteMoeShared: the shared experts beside the block
+        if shared_mlp is not None:  # Granite 4.0's dense models: the only MLP
+            target = "experts" if mlp is not None else "mlp"
+            _swap_linears(shared_mlp, quant=quant, lora=lora if target in targets else None, style=style)
         if mlp is None:
             continue
         if hasattr(mlp, "experts"):
@@ -355,7 +357,9 @@ def _built_model(
         if spec.family == "falcon":
             falcon_fused_attention(model)
     transform(model, job, stack)
-    if spec.family in HYBRID_FAMILIES and not real:
+    if spec.family == "granitemoehybrid" and not real and job.method != "qlora":
+        install_mamba2_kernels(model)
+    elif spec.family in HYBRID_FAMILIES and not real:
         install_gated_delta_kernels(model)
     if job.liger_kernel and liger_patches(spec.family):
         install_liger(model, spec.family)

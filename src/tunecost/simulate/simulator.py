@@ -31,6 +31,7 @@ from tunecost.models.catalog import resolve_model
 from tunecost.workload.gated_delta import GATED_DELTA_NOTE
 from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
 from tunecost.workload.liger import liger_note
+from tunecost.workload.ssd import MAMBA2_NOTE, MAMBA2_QLORA_NOTE
 
 FP8_NOTES = {
     "tensorwise": "fp8 tensorwise (torchao float8): bf16 weights and saved inputs kept; the FP8 casts of the largest "
@@ -173,7 +174,10 @@ def _assumptions(
         )
     out += _stack_notes(stack, behaviour, spec)
     out += [liger_note(spec.family)] if job.liger_kernel else []
-    out += [GATED_DELTA_NOTE] if spec.family in HYBRID_FAMILIES else []
+    if spec.family in HYBRID_FAMILIES and spec.family != "granitemoehybrid":
+        out.append(GATED_DELTA_NOTE)
+    elif spec.family == "granitemoehybrid":
+        out.append(MAMBA2_QLORA_NOTE if job.method == "qlora" else MAMBA2_NOTE)
     if spec.is_moe and (job.method == "qlora" or stack == "hf-2024"):
         out.append(
             "routing is unknown without data: expert loops assume tokens spread evenly over experts "

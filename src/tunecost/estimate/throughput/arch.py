@@ -81,6 +81,14 @@ class Arch:
     delta_key_dim: int = 0  # per head
     delta_value_dim: int = 0
     delta_conv_kernel: int = 0
+    # Mamba2 (SSD) layers (Granite 4.0's hybrid; `num_attention_layers` counts the others)
+    num_ssd_layers: int = 0
+    ssd_heads: int = 0
+    ssd_head_dim: int = 0
+    ssd_state: int = 0
+    ssd_groups: int = 0
+    ssd_chunk: int = 0
+    ssd_conv_kernel: int = 0
 
     @property
     def routed_expert_params(self) -> int:
@@ -354,7 +362,7 @@ def arch_of(spec: ModelSpec) -> Arch:
     # imported here: those modules build their `Arch` with this module's helpers
     from tunecost.estimate.throughput.arch_deepseek import deepseek_v2_arch, glm4_moe_arch
     from tunecost.estimate.throughput.arch_gelu_mlp import GELU_MLP_ARCHES
-    from tunecost.estimate.throughput.arch_hybrid import qwen3_5_arch
+    from tunecost.estimate.throughput.arch_hybrid import granite_hybrid_arch, qwen3_5_arch
     from tunecost.estimate.throughput.arch_phi_bigcode import gpt_bigcode_arch, phi_arch
 
     if spec.family == "blackmamba":
@@ -363,6 +371,8 @@ def arch_of(spec: ModelSpec) -> Arch:
         return deepseek_v2_arch(spec.config, spec.family)
     if spec.family == "glm4_moe":
         return glm4_moe_arch(spec.config)
+    if spec.family == "granitemoehybrid":
+        return granite_hybrid_arch(spec.config)
     if spec.family in HYBRID_FAMILIES:
         return qwen3_5_arch(spec.config, spec.family)
     if spec.family == "gpt_bigcode":

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from tunecost.estimate.throughput.arch import Arch
 from tunecost.estimate.throughput.lengths import SeqLengths
 from tunecost.workload.gated_delta import delta_rule_bytes, delta_rule_flops
+from tunecost.workload.ssd import ssd_bytes, ssd_flops
 
 if TYPE_CHECKING:
     from tunecost.estimate.throughput.counts import OpTally
@@ -43,6 +44,12 @@ DELTA_GATED_NORM_BYTES = 44
 DELTA_GATED_NORM_FUSED_BYTES = 6  # read x and z, write the output
 DELTA_GATE_BYTES = 26
 DELTA_EAGER_KERNELS = 16
+# Mamba2 (mamba-ssm's MambaSplitConv1dScanCombinedFn): forward kernels (conv, dt cumsum, chunk states, state passing,
+# C B^T, chunk scan, gated RMSNorm), backward (conv and scan recomputed, the scan's six gradient kernels, the norm's,
+# the conv's); backward traffic 3x the forward's, as the gated DeltaNet's
+SSD_FWD_KERNELS = 7
+SSD_BWD_KERNELS = 12
+SSD_BWD_BYTES_PER_FWD_BYTE = 3.0
 # Fused layers (`fused`): Megatron Core's on Transformer Engine, the norm fused into the next linear's kernel
 # (LayerNormLinear: read the input, write the normalized one), fused rotary (read and write q and k), the residual
 # add fused with bias and dropout, packed (THD) attention without unpad/pad copies; one kernel each. torch.compile's
@@ -122,8 +129,9 @@ def add_mixers(
             bytes_=ew_passes * arch.num_attention_layers * tokens * per_token_layer,
             kernels=ew_kernel_passes * arch.num_attention_layers * kernels_layer,
         )
-    if arch.num_delta_layers:
-        _gated_delta(acc, arch, tokens, fwd_passes=fwd_passes, w_bytes=w_bytes, fused=fused)
+    for layers, add in ((arch.num_delta_layers, _gated_delta), (arch.num_ssd_layers, _ssd)):  # linear-time mixers
+        if layers:
+            add(acc, arch, tokens, fwd_passes=fwd_passes, w_bytes=w_bytes, fused=fused)
     if arch.num_mamba_layers:
         d, n = arch.mamba_inner, arch.mamba_state
         fwd_flops = arch.num_mamba_layers * tokens * (SCAN_FLOPS_PER_STATE * d * n + 2 * 4 * d)  # scan + conv
@@ -170,6 +178,35 @@ def _gated_delta(acc: OpTally, arch: Arch, tokens: float, *, fwd_passes: float, 
         "elementwise",
         bytes_=(fwd_passes + BWD_BYTES_PER_FWD_BYTE) * layers * tokens * per_token,
         kernels=(fwd_passes + BWD_KERNELS_PER_FWD_KERNEL) * layers * kernels,
+    )
+
+
+def _ssd(acc: OpTally, arch: Arch, tokens: float, *, fwd_passes: float, w_bytes: int, fused: bool) -> None:
+    """Granite 4.0's Mamba2 layers: mamba-ssm's fused kernel (the convolution, the chunked SSD scan and the gated
+    RMSNorm: `tunecost.workload.ssd`) and transformers' eager work around it per layer: two RMSNorms and residual
+    adds scaled by the residual multiplier (`fused`: one kernel per chain)."""
+    layers, heads, head_dim = arch.num_ssd_layers, arch.ssd_heads, arch.ssd_head_dim
+    state, groups, chunk = arch.ssd_state, arch.ssd_groups, arch.ssd_chunk
+    conv_width = heads * head_dim + 2 * groups * state
+    fwd, bwd = ssd_flops(tokens, heads, head_dim, state, groups, chunk)
+    conv_flops = 2 * tokens * conv_width * arch.ssd_conv_kernel
+    acc.add(
+        "ssm_scan",
+        flops=layers * (fwd_passes * (fwd + conv_flops) + bwd + 3 * conv_flops),
+        bytes_=layers
+        * (fwd_passes + SSD_BWD_BYTES_PER_FWD_BYTE)
+        * ssd_bytes(tokens, heads, head_dim, state, groups, chunk, w_bytes),
+        kernels=layers * (fwd_passes * SSD_FWD_KERNELS + SSD_BWD_KERNELS),
+    )
+    norm = TE_NORM_BYTES_PER_HIDDEN if fused else RMSNORM_BYTES_PER_HIDDEN
+    acc.add(
+        "elementwise",
+        bytes_=(fwd_passes + BWD_BYTES_PER_FWD_BYTE)
+        * layers
+        * tokens
+        * (2 * norm + 2 * RESIDUAL_BYTES_PER_HIDDEN + 4)
+        * arch.hidden,
+        kernels=(fwd_passes + BWD_KERNELS_PER_FWD_KERNEL) * layers * (2 + 2 + 2 if fused else 2 * RMSNORM_KERNELS + 4),
     )
 
 
