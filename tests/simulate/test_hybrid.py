@@ -218,3 +218,9 @@ def test_liger_binds_what_its_qwen3_5_patch_binds(config_path, name) -> None:
         simulate_step(_job(config_path(name), liger_kernel=on), use_cache=False).peak_bytes for on in (False, True)
     )
     assert liger < eager
+
+
+@pytest.mark.parametrize(("name", "mixer"), [("tiny-qwen3_5", "gated DeltaNet"), ("tiny-granite-hybrid", "Mamba2")])
+def test_estimate_says_its_linear_time_layers_are_counted_not_calibrated(cli_json, config_path, name, mixer) -> None:
+    rows = cli_json("estimate", model=config_path(name), method="lora", gpu="H100", seq_len=128, queries=100, epochs=1)
+    assert all(f"{mixer} layers: counted as" in row["notes"] for row in rows)

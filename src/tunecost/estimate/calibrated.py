@@ -41,6 +41,7 @@ from tunecost.estimate.throughput.stack_priors import (
     stack_prior,
 )
 from tunecost.estimate.throughput.targets import Prediction, ThroughputTarget, throughput_target, with_setup
+from tunecost.models.anatomy import HYBRID_FAMILIES
 from tunecost.simulate.behaviour import LOSS_TRL_CHUNKED
 from tunecost.workload.liger import liger_loss_applies, liger_note
 
@@ -156,8 +157,18 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
 COMPILE_NOTE = "torch.compile: each layer's element-wise chains counted fused (Inductor)"
 
 
+HYBRID_TIME_NOTE = (
+    "gated DeltaNet layers: counted as flash-linear-attention's chunked delta rule and causal-conv1d run them, from "
+    "their code (no measured run of this family calibrates them, and without those packages transformers' PyTorch "
+    "fallbacks run far slower)",
+    "Mamba2 layers: counted as mamba-ssm's fused kernel runs them, from its code (no measured run of this family "
+    "calibrates them, and without mamba-ssm transformers' PyTorch path runs far slower)",
+)
+
+
 def software_notes(req: EstimateRequest) -> list[str]:
-    """What torch.compile, Liger's kernels and TRL's chunked loss change in the counted step (or do not)."""
+    """What torch.compile, Liger's kernels, TRL's chunked loss and a hybrid model's linear-time kernels change in
+    the counted step (or do not)."""
     job, family = req.job, req.spec.family
     out = [COMPILE_NOTE] if job.torch_compile else []
     if req.options.behaviour.loss_code == LOSS_TRL_CHUNKED:
@@ -173,6 +184,8 @@ def software_notes(req: EstimateRequest) -> list[str]:
             if liger_loss_applies(family)
             else liger_note(family)
         )
+    if family in HYBRID_FAMILIES:  # the linear-time layers' kernels, counted from their code, never measured here
+        out.append(HYBRID_TIME_NOTE[family == "granitemoehybrid"])
     return out
 
 
