@@ -224,3 +224,9 @@ def test_liger_binds_what_its_qwen3_5_patch_binds(config_path, name) -> None:
 def test_estimate_says_its_linear_time_layers_are_counted_not_calibrated(cli_json, config_path, name, mixer) -> None:
     rows = cli_json("estimate", model=config_path(name), method="lora", gpu="H100", seq_len=128, queries=100, epochs=1)
     assert all(f"{mixer} layers: counted as" in row["notes"] for row in rows)
+
+
+def test_context_parallelism_of_a_hybrid_is_one_clear_error(cli_error, config_path) -> None:
+    args = ["estimate", "--model", config_path("tiny-qwen3_5"), "--method", "lora", "--gpu", "H100", "--seq-len"]
+    line = cli_error([*args, "128", "--queries", "100", "--epochs", "1", "--gpus", "2", "--cp", "2"])
+    assert "context parallelism is modelled for attention layers" in line

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from tunecost.catalog.gpus import GPU
 from tunecost.distributed import expert_parallel
 from tunecost.errors import TunecostError
+from tunecost.models.anatomy import HYBRID_FAMILIES
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import MAX_SEARCH_GPUS, ModelParallel, ParallelPlan
@@ -148,6 +149,11 @@ def check_model_parallel(spec: ModelSpec, seq_len: int, mp: ModelParallel, count
                 )
     if mp.degree > 1 and spec.family == "blackmamba":
         raise TunecostError(f"{spec.name}: tensor, pipeline and context parallelism are modelled for transformers only")
+    if mp.cp > 1 and spec.family in HYBRID_FAMILIES:
+        raise TunecostError(
+            f"{spec.name}: context parallelism is modelled for attention layers (keys and values exchanged in a "
+            f"ring); its {spec.family} linear-time layers would pass their recurrent state between sequence shards"
+        )
     plan = ParallelPlan(num_gpus=mp.degree, strategy="ddp" if mp.degree > 1 else "single", **dataclasses.asdict(mp))
     plan.check_model(
         num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, num_layers=spec.num_layers, seq_len=seq_len
