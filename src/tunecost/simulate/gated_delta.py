@@ -60,7 +60,7 @@ class _ChunkGatedDeltaRule(torch.autograd.Function):
         del w, u, dw, dv, dk2
         _, bwd = delta_rule_flops(b * t, hv, kd, vd)
         add_work("ssm_scan", flops=int(bwd), nbytes=int(3 * delta_rule_bytes(b * t, hv, kd, vd, kn.element_size())))
-        return dq, dk, dv2, dg.to(gc.dtype), db
+        return dq, dk, dv2, dg, db
 
 
 class _CausalConv1d(torch.autograd.Function):
