@@ -41,7 +41,7 @@ from tunecost.estimate.throughput.stack_priors import (
     stack_prior,
 )
 from tunecost.estimate.throughput.targets import Prediction, ThroughputTarget, throughput_target, with_setup
-from tunecost.models.anatomy import HYBRID_FAMILIES
+from tunecost.models.anatomy import GATED_DELTA_FAMILIES, MAMBA2_FAMILIES
 from tunecost.simulate.behaviour import LOSS_TRL_CHUNKED
 from tunecost.workload.liger import liger_loss_applies, liger_note
 
@@ -157,12 +157,14 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
 COMPILE_NOTE = "torch.compile: each layer's element-wise chains counted fused (Inductor)"
 
 
-HYBRID_TIME_NOTE = (
+GATED_DELTA_TIME_NOTE = (
     "gated DeltaNet layers: counted as flash-linear-attention's chunked delta rule and causal-conv1d run them, from "
     "their code (no measured run of this family calibrates them, and without those packages transformers' PyTorch "
-    "fallbacks run far slower)",
+    "fallbacks run far slower)"
+)
+MAMBA2_TIME_NOTE = (
     "Mamba2 layers: counted as mamba-ssm's fused kernel runs them, from its code (no measured run of this family "
-    "calibrates them, and without mamba-ssm transformers' PyTorch path runs far slower)",
+    "calibrates them, and without mamba-ssm transformers' PyTorch path runs far slower)"
 )
 
 
@@ -184,8 +186,9 @@ def software_notes(req: EstimateRequest) -> list[str]:
             if liger_loss_applies(family)
             else liger_note(family)
         )
-    if family in HYBRID_FAMILIES:  # the linear-time layers' kernels, counted from their code, never measured here
-        out.append(HYBRID_TIME_NOTE[family == "granitemoehybrid"])
+    # the linear-time layers' kernels, counted from their code, never measured here
+    out += [GATED_DELTA_TIME_NOTE] if family in GATED_DELTA_FAMILIES else []
+    out += [MAMBA2_TIME_NOTE] if family in MAMBA2_FAMILIES else []
     return out
 
 

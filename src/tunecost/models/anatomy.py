@@ -30,6 +30,8 @@ class _Family:
     learned_positions_keys: tuple[str, ...] = ()
 
 
+# GraniteMoe: the MoE block is `block_sparse_moe` with a `router` (a `*TopKRouter`) and fused experts
+_GRANITE_MOE = _Family("model.layers", "block_sparse_moe", router="router", num_experts_keys=("num_local_experts",))
 _FAMILIES: dict[str, _Family] = {
     "mixtral": _Family("model.layers", "mlp", num_experts_keys=("num_local_experts",)),
     "olmoe": _Family("model.layers", "mlp", num_experts_keys=("num_experts", "num_local_experts")),
@@ -62,8 +64,7 @@ _FAMILIES: dict[str, _Family] = {
     "phi": _Family("model.layers", None),
     "phi3": _Family("model.layers", None),
     "granite": _Family("model.layers", None),  # dense Granite: Llama's layout with scaling multipliers
-    # GraniteMoe: the MoE block is `block_sparse_moe` with a `router` (a `*TopKRouter`) and fused experts
-    "granitemoe": _Family("model.layers", "block_sparse_moe", router="router", num_experts_keys=("num_local_experts",)),
+    "granitemoe": _GRANITE_MOE,
     # gpt-oss: a `router` with a bias, fused experts with biases (`gate_up_proj` (E, H, 2I), gate and up interleaved)
     "gpt_oss": _Family(
         "model.layers",
@@ -73,9 +74,7 @@ _FAMILIES: dict[str, _Family] = {
         top_k_keys=("num_experts_per_tok", "experts_per_token"),
     ),
     # GraniteMoeShared: GraniteMoe plus an always-on `shared_mlp` (fused `input_linear`, `output_linear`) in the layer
-    "granitemoeshared": _Family(
-        "model.layers", "block_sparse_moe", router="router", num_experts_keys=("num_local_experts",)
-    ),
+    "granitemoeshared": _GRANITE_MOE,
     # GPTBigCode (SantaCoder, StarCoder): GPT-2 layout, blocks at `transformer.h`, attention `attn`
     # and learned absolute positions (`wpe`, `n_positions` rows; transformers' GPTBigCodeModel)
     "gpt_bigcode": _Family("transformer.h", None, learned_positions_keys=("n_positions", "max_position_embeddings")),
@@ -103,9 +102,7 @@ _FAMILIES: dict[str, _Family] = {
     "qwen3_5_moe_text": _Family("model.layers", "mlp", num_experts_keys=("num_experts",)),
     "qwen3_next": _Family("model.layers", "mlp", num_experts_keys=("num_experts",)),  # fused in_proj_qkvz, in_proj_ba
     # Granite 4.0 hybrid: Mamba2 (`mamba`) or attention layers, each with GraniteMoeShared's experts and shared MLP
-    "granitemoehybrid": _Family(
-        "model.layers", "block_sparse_moe", router="router", num_experts_keys=("num_local_experts",)
-    ),
+    "granitemoehybrid": _GRANITE_MOE,
     # StarCoder2: Llama's layout, q/k/v/o with biases, a two-matrix GELU MLP `c_fc` / `c_proj`, LayerNorms
     "starcoder2": _Family("model.layers", None),
     # Falcon: blocks at `transformer.h`, attention `self_attention` (fused `query_key_value`, `dense`), MLP `mlp`
@@ -113,8 +110,10 @@ _FAMILIES: dict[str, _Family] = {
     "falcon": _Family("transformer.h", None),
 }
 SUPPORTED_FAMILIES = tuple(_FAMILIES)
-# families whose decoder mixes gated-DeltaNet or Mamba2 layers with attention layers per `layer_types`
-HYBRID_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "granitemoehybrid")
+# families whose decoder mixes linear-time layers with attention layers per `layer_types`, by their linear layer
+GATED_DELTA_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+MAMBA2_FAMILIES = ("granitemoehybrid",)
+HYBRID_FAMILIES = (*GATED_DELTA_FAMILIES, *MAMBA2_FAMILIES)
 
 _ROUTER_NAMES = ("gate", "router")
 # A decoder layer's attention and feed-forward (dense MLP or MoE block) by attribute name, across families.

@@ -16,7 +16,8 @@ from tunecost.errors import TunecostError
 from tunecost.models.anatomy import (
     ATTENTION_NAMES,
     FEED_FORWARD_NAMES,
-    HYBRID_FAMILIES,
+    GATED_DELTA_FAMILIES,
+    MAMBA2_FAMILIES,
     SUPPORTED_FAMILIES,
     decoder_layers,
     layer_part,
@@ -357,9 +358,9 @@ def _built_model(
         if spec.family == "falcon":
             falcon_fused_attention(model)
     transform(model, job, stack)
-    if spec.family == "granitemoehybrid" and not real and job.method != "qlora":
+    if spec.family in MAMBA2_FAMILIES and not real and job.method != "qlora":
         install_mamba2_kernels(model)
-    elif spec.family in HYBRID_FAMILIES and not real:
+    if spec.family in GATED_DELTA_FAMILIES and not real:
         install_gated_delta_kernels(model)
     if job.liger_kernel and liger_patches(spec.family):
         install_liger(model, spec.family)

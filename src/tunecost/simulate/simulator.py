@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tunecost.errors import TunecostError
-from tunecost.models.anatomy import HYBRID_FAMILIES
+from tunecost.models.anatomy import GATED_DELTA_FAMILIES, MAMBA2_FAMILIES
 from tunecost.simulate import cache as _cache
 from tunecost.simulate.behaviour import ADAMW_IMPLS, DEFAULT_BEHAVIOUR, StackBehaviour, stack_adamw_impl
 from tunecost.simulate.depth import depth_scaled, lerp_byte_map, lerp_bytes
@@ -174,9 +174,8 @@ def _assumptions(
         )
     out += _stack_notes(stack, behaviour, spec)
     out += [liger_note(spec.family)] if job.liger_kernel else []
-    if spec.family in HYBRID_FAMILIES and spec.family != "granitemoehybrid":
-        out.append(GATED_DELTA_NOTE)
-    elif spec.family == "granitemoehybrid":
+    out += [GATED_DELTA_NOTE] if spec.family in GATED_DELTA_FAMILIES else []
+    if spec.family in MAMBA2_FAMILIES:
         out.append(MAMBA2_QLORA_NOTE if job.method == "qlora" else MAMBA2_NOTE)
     if spec.is_moe and (job.method == "qlora" or stack == "hf-2024"):
         out.append(

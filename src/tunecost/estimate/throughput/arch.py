@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from tunecost.errors import TunecostError
-from tunecost.models.anatomy import HYBRID_FAMILIES
+from tunecost.models.anatomy import GATED_DELTA_FAMILIES, HYBRID_FAMILIES, MAMBA2_FAMILIES
 from tunecost.models.catalog import ModelSpec
 
 TRANSFORMER_FAMILIES = (
@@ -371,9 +371,9 @@ def arch_of(spec: ModelSpec) -> Arch:
         return deepseek_v2_arch(spec.config, spec.family)
     if spec.family == "glm4_moe":
         return glm4_moe_arch(spec.config)
-    if spec.family == "granitemoehybrid":
+    if spec.family in MAMBA2_FAMILIES:
         return granite_hybrid_arch(spec.config)
-    if spec.family in HYBRID_FAMILIES:
+    if spec.family in GATED_DELTA_FAMILIES:
         return qwen3_5_arch(spec.config, spec.family)
     if spec.family == "gpt_bigcode":
         return gpt_bigcode_arch(spec.config)
