@@ -21,7 +21,7 @@ from tunecost.distributed.rank_reserve import (
     rank_allocations,
     stream_peak_bytes,
 )
-from tunecost.simulate.allocator import KIND_STEP, KIND_WEIGHT, steady_state_replay
+from tunecost.simulate.allocator import KIND_STEP, KIND_WEIGHT, NEVER_FREED, steady_state_replay
 from tunecost.simulate.records import CATEGORIES, WEIGHT_CATEGORIES, AllocationTrace
 from tunecost.workload.job import FineTuneJob, LoraConfig
 from tunecost.workload.parallel import MULTI_GPU_STRATEGIES, ParallelPlan
@@ -157,3 +157,32 @@ def test_a_step_without_traced_allocations_reserves_its_allocated_peak(job_step)
     bare = dataclasses.replace(step, allocations={})
     m = rank_memory(bare, job, ParallelPlan(num_gpus=2, strategy="fsdp2"))
     assert m.peak_reserved_bytes == m.peak_bytes
+
+
+def test_a_replay_of_the_same_allocations_is_answered_from_memory(monkeypatch):
+    """Equal allocations (another GPU, a strategy that allocates alike) replay once; any other size replays."""
+    from collections import OrderedDict
+
+    from tunecost.distributed import rank_reserve
+
+    monkeypatch.setattr(rank_reserve, "_REPLAYS", OrderedDict())
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return steady_state_replay(*args, **kwargs)
+
+    monkeypatch.setattr(rank_reserve, "steady_state_replay", counted)
+    a = {
+        "nbytes": np.array([4 << 20, 3 << 20, 1 << 20]),
+        "t_alloc": np.array([0, 1, 2]),
+        "t_free": np.array([NEVER_FREED, 3, 3]),
+        "kind": np.array([KIND_WEIGHT, KIND_STEP, KIND_STEP]),
+        "stream": np.zeros(3, dtype=np.int64),
+    }
+    first = rank_reserve._replay(a, 5)
+    assert rank_reserve._replay({k: v.copy() for k, v in a.items()}, 5) == first and len(calls) == 1
+    other = rank_reserve._replay({**a, "nbytes": np.array([4 << 20, 3 << 20, 5 << 20])}, 5)
+    assert len(calls) == 2 and other != first
+    replay = steady_state_replay(a["nbytes"], a["t_alloc"], a["t_free"], a["kind"], 5, stream=a["stream"])
+    assert first == (replay.stream_reserved_bytes, replay.stream_peak_requested_bytes)

@@ -6,18 +6,22 @@ Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.rank_r
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections import OrderedDict
 
 import numpy as np
 
 from tunecost.distributed.rank_memory import PARAM_SHARDED, STORED_SHARDED, rank_segment_bytes, reduce_bucket_bytes
 from tunecost.distributed.single_step import SingleGpuStep
-from tunecost.simulate.allocator import KIND_STEP, KIND_WEIGHT, NEVER_FREED, CachingAllocator, steady_state_replay
+from tunecost.simulate.allocator import KIND_STEP, KIND_WEIGHT, NEVER_FREED, steady_state_replay
 from tunecost.simulate.records import CATEGORIES, AllocationTrace
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ParallelPlan
 
 STREAM_COMPUTE, STREAM_UNSHARD, STREAM_POST_BACKWARD = 0, 1, 2
+_REPLAYS: OrderedDict[bytes, tuple[dict[int, int], dict[int, int]]] = OrderedDict()  # digest -> `_replay`
+_REPLAYS_KEPT = 1 << 16  # a cold plan replays ~60,000 rank allocations, ~19,000 of them distinct
 _GRADIENTS = CATEGORIES.index("gradients")
 _TEMPORARIES = CATEGORIES.index("temporaries")
 ONCE_BUFFERS = ("gradient_buckets",)  # allocated at wrap time and kept
@@ -149,8 +153,24 @@ def _add_all_gathers(out: _Records, forward, backward, end: int, step: SingleGpu
                 out.add(layer_bytes, start, stop, stream=STREAM_UNSHARD)
 
 
-def _replay(a: dict[str, np.ndarray], t_optimizer: int) -> CachingAllocator:
-    return steady_state_replay(a["nbytes"], a["t_alloc"], a["t_free"], a["kind"], t_optimizer, stream=a["stream"])
+def _replay(a: dict[str, np.ndarray], t_optimizer: int) -> tuple[dict[int, int], dict[int, int]]:
+    """Per stream, the reserve and the peak requests of a steady-state replay of `a`; replays of the same
+    allocations (other GPUs, strategies that allocate alike) are answered from memory."""
+    digest = hashlib.blake2b(str(t_optimizer).encode(), digest_size=20)
+    for name in ("nbytes", "t_alloc", "t_free", "kind", "stream"):
+        column = np.ascontiguousarray(a[name], dtype=np.int64)
+        digest.update(len(column).to_bytes(8, "little"))
+        digest.update(column.tobytes())
+    key = digest.digest()
+    hit = _REPLAYS.get(key)
+    if hit is None:
+        alloc = steady_state_replay(a["nbytes"], a["t_alloc"], a["t_free"], a["kind"], t_optimizer, stream=a["stream"])
+        hit = _REPLAYS[key] = (alloc.stream_reserved_bytes, alloc.stream_peak_requested_bytes)
+        if len(_REPLAYS) > _REPLAYS_KEPT:
+            _REPLAYS.popitem(last=False)
+    else:
+        _REPLAYS.move_to_end(key)
+    return hit
 
 
 def stream_peak_bytes(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) -> dict[int, int]:
@@ -176,11 +196,10 @@ def rank_reserved_bytes(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPla
     the rank's allocated peak; `peak_bytes` itself when the step carries no allocations."""
     if not step.allocations:
         return peak_bytes
-    traced = _replay(rank_allocations(step, job, plan), AllocationTrace(**step.allocations).t_optimizer)
-    excess = traced.stream_reserved_bytes.get(STREAM_COMPUTE, 0)
-    excess -= traced.stream_peak_requested_bytes.get(STREAM_COMPUTE, 0)
+    reserved, requested = _replay(rank_allocations(step, job, plan), AllocationTrace(**step.allocations).t_optimizer)
+    excess = reserved.get(STREAM_COMPUTE, 0) - requested.get(STREAM_COMPUTE, 0)
     live = stream_peak_bytes(step, job, plan)
     side = full_depth_side_allocations(step, job, plan)
-    replayed = _replay(side, 4 * step.num_layers + 2).stream_reserved_bytes if len(side["nbytes"]) else {}
+    replayed = _replay(side, 4 * step.num_layers + 2)[0] if len(side["nbytes"]) else {}
     side_bytes = sum(max(replayed.get(s, 0), live.get(s, 0)) for s in (STREAM_UNSHARD, STREAM_POST_BACKWARD))
     return max(peak_bytes, live.get(STREAM_COMPUTE, 0) + max(0, excess) + side_bytes)

@@ -8,6 +8,7 @@ Sources and derivations: docs/multi-gpu.md, section "Tensor parallelism: one ran
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from tunecost.distributed.recorder import ShardedStepRecorder
@@ -16,6 +17,7 @@ from tunecost.distributed.single_step import LAYOUT_VERSION, SingleGpuStep, cach
 from tunecost.distributed.tensor_parallel import check_tp_supported, loss_context, prepare_tp_rank, tp_strategy
 from tunecost.models.catalog import resolve_model
 from tunecost.simulate import cache
+from tunecost.simulate.batch_line import BatchLine
 from tunecost.simulate.checkpointing import reentrant_checkpointing
 from tunecost.simulate.fp8 import fp8_linears
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
@@ -26,13 +28,21 @@ from tunecost.simulate.trace import TraceResult, analyze
 from tunecost.workload.job import FineTuneJob
 
 TP_LAYOUT_VERSION = "1"  # of the TP plan behind a cached step
+_LINES: dict[tuple, tuple[BatchLine, list]] = {}  # (layout, job shape, units) -> its steps' line, its FP8 linears
 
 
 def trace_tp_step(
-    prepared, batch_size: int, seq_len: int, *, tp: int, round_bytes: int = 512, loss_parallel: bool = True
+    prepared,
+    batch_size: int,
+    seq_len: int,
+    *,
+    tp: int,
+    round_bytes: int = 512,
+    loss_parallel: bool = True,
+    line: BatchLine | None = None,
 ) -> TraceResult:
     """`simulate.trace.trace_step` for a model whose parameters are DTensors: their local shards registered, and
-    the collectives recorded (`ShardedStepRecorder`)."""
+    the collectives recorded (`ShardedStepRecorder`); the step is added to `line`, if given."""
     start = time.perf_counter()
     batch = make_batch(prepared.spec.vocab_size, batch_size, seq_len, prepared.fake_mode)
     rec = ShardedStepRecorder(
@@ -56,7 +66,18 @@ def trace_tp_step(
     num_layers = prepared.plan.prefix + prepared.plan.num_units * prepared.plan.period
     result = analyze(rec, num_layers, time.perf_counter() - start)
     result.extra["collectives"] = rec.collectives
+    if line is not None:
+        line.observe(batch_size, rec)
     return result
+
+
+def _read_off_line(line: BatchLine, batch_size: int) -> TraceResult | None:
+    """The step at `batch_size` read off `line` (`simulate.batch_line`); None: trace it."""
+    start = time.perf_counter()
+    step = line.step_at(batch_size)
+    if step is None:
+        return None
+    return analyze(step, step.plan.prefix + step.plan.num_units * step.plan.period, time.perf_counter() - start)
 
 
 def tp_single_gpu_step(
@@ -82,9 +103,20 @@ def tp_single_gpu_step(
     if full_depth:
         key += "-full"
 
+    shape = (
+        layout,
+        cache.job_key(dataclasses.replace(job, batch_size=1), None, job.stack, DEFAULT_OVERHEAD, granule_bytes, None),
+    )
+
     def trace() -> SingleGpuStep:
         traces, linears = [], []
         for units in traced_units(spec, full_depth=full_depth):
+            line, unit_linears = _LINES.setdefault((*shape, units), (BatchLine(granule_bytes), []))
+            result = _read_off_line(line, job.batch_size)
+            if result is not None:
+                traces.append(result)
+                linears.append(unit_linears)
+                continue
             with fake_process_group(tp):
                 prepared = prepare_tp_rank(
                     job,
@@ -96,11 +128,19 @@ def tp_single_gpu_step(
                 )
                 batch_shape = (job.batch_size, job.worst_case_seq_len)
                 sp_tp = tp if sequence_parallel else 1
-                linears.append(
-                    fp8_linears(prepared.model.named_modules(), full=job.method == "full", sequence_parallel_tp=sp_tp)
+                unit_linears[:] = fp8_linears(
+                    prepared.model.named_modules(), full=job.method == "full", sequence_parallel_tp=sp_tp
                 )
+                linears.append(unit_linears)
                 traces.append(
-                    trace_tp_step(prepared, *batch_shape, tp=tp, round_bytes=granule_bytes, loss_parallel=loss_parallel)
+                    trace_tp_step(
+                        prepared,
+                        *batch_shape,
+                        tp=tp,
+                        round_bytes=granule_bytes,
+                        loss_parallel=loss_parallel,
+                        line=line,
+                    )
                 )
                 del prepared
         reentrant = reentrant_checkpointing(job)

@@ -174,6 +174,16 @@ class op_class_scope:
 WORK_LISTENERS: list = []  # callables(op_class, flops, nbytes): work done without dispatching ops
 
 
+NOT_AFFINE_LISTENERS: list = []  # callables(): a size of this step is not affine in the batch size
+
+
+def note_not_affine() -> None:
+    """Tell the running recorder (if any) that a size of this step is not affine in the batch size (an uneven
+    split of tokens, a power-of-two chunk), so no step is read off a line through it (`batch_line`)."""
+    for listener in NOT_AFFINE_LISTENERS:
+        listener()
+
+
 def add_work(op_class: str, *, flops: int = 0, nbytes: int = 0) -> None:
     """Count FLOPs and bytes of traffic under `op_class` in the running recorder (if any): for work the fake
     path models without running it op by op (fused kernels, the other experts of a de-quantization loop)."""

@@ -36,7 +36,9 @@ class _ChunkGatedDeltaRule(torch.autograd.Function):
         states, v_new = k.new_empty((b, nt, hv, kd, vd)), torch.empty_like(v)  # chunk_gated_delta_rule_fwd_h
         o = torch.empty_like(v)  # chunk_fwd_o
         fwd, _ = delta_rule_flops(b * t, hv, kd, vd)
-        add_work("ssm_scan", flops=int(fwd), nbytes=int(delta_rule_bytes(b * t, hv, kd, vd, k.element_size())))
+        add_work(
+            "ssm_scan", flops=int(fwd), nbytes=int(delta_rule_bytes(b * t, hv, kd, vd, k.element_size(), chunks=b * nt))
+        )
         del w, u, states, v_new
         ctx.save_for_backward(qn, q_rstd, kn, k_rstd, v, gc, beta, a)
         return o
@@ -59,7 +61,11 @@ class _ChunkGatedDeltaRule(torch.autograd.Function):
         db = torch.empty_like(beta)
         del w, u, dw, dv, dk2
         _, bwd = delta_rule_flops(b * t, hv, kd, vd)
-        add_work("ssm_scan", flops=int(bwd), nbytes=int(3 * delta_rule_bytes(b * t, hv, kd, vd, kn.element_size())))
+        add_work(
+            "ssm_scan",
+            flops=int(bwd),
+            nbytes=int(3 * delta_rule_bytes(b * t, hv, kd, vd, kn.element_size(), chunks=b * nt)),
+        )
         return dq, dk, dv2, dg, db
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from tunecost.simulate.counts import note_not_affine
 from tunecost.workload.liger import GEMMA_NORMS, NO_GLU, NORMS_NOT_IN_PLACE, flce_chunk_rows
 
 GLU_ACTS = frozenset({"silu", "swish", "gelu_pytorch_tanh", "gelu"})  # Liger's SwiGLU and GEGLU MLPs
@@ -124,6 +125,7 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, target: torch.Tensor, ignore_index: int) -> Any:
         tokens, hidden = x.shape
         chunk = flce_chunk_rows(tokens, hidden, weight.shape[0])
+        note_not_affine()  # a power-of-two chunk of rows
         grad_input = torch.zeros_like(x)
         grad_weight = torch.zeros_like(weight) if weight.requires_grad else None
         loss_1d = torch.zeros(tokens, dtype=torch.float32, device=x.device)

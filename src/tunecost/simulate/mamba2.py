@@ -47,7 +47,7 @@ class _SplitConv1dScan(torch.autograd.Function):
         add_work(
             "ssm_scan",
             flops=int(fwd_flops),
-            nbytes=int(ssd_bytes(b * t, heads, head_dim, state, groups, chunk, zxbcdt.element_size())),
+            nbytes=int(ssd_bytes(b * t, heads, head_dim, state, groups, chunk, zxbcdt.element_size(), chunks=b * nc)),
         )
         out = F.linear(normed, out_w, out_b)
         del normed
@@ -78,7 +78,9 @@ class _SplitConv1dScan(torch.autograd.Function):
         add_work(
             "ssm_scan",
             flops=int(bwd_flops),
-            nbytes=int(3 * ssd_bytes(b * t, heads, head_dim, state, groups, chunk, zxbcdt.element_size())),
+            nbytes=int(
+                3 * ssd_bytes(b * t, heads, head_dim, state, groups, chunk, zxbcdt.element_size(), chunks=b * nc)
+            ),
         )
         d_bias = None if out_b is None else dout.sum(dim=(0, 1))
         conv_b_grad = None if conv_b is None else torch.empty_like(conv_b)

@@ -13,6 +13,7 @@ from tunecost.workload.job import FineTuneJob
 
 _POOL: OrderedDict[str, object] = OrderedDict()
 _POOL_SIZE = 6
+_LINES: dict[str, dict] = {}  # shape key -> its steps' `batch_line.BatchLine`s: kept when the model is evicted
 
 
 def _shape_key(job: FineTuneJob, num_units: int, stack: str, behaviour: StackBehaviour) -> str:
@@ -31,6 +32,7 @@ def prepared_model(job: FineTuneJob, num_units: int, stack: str, behaviour: Stac
         _POOL.move_to_end(key)
         return hit
     prepared = build_prepared(job, num_units=num_units, stack=stack, behaviour=behaviour)
+    prepared.batch_lines = _LINES.setdefault(key, {})
     _POOL[key] = prepared
     while len(_POOL) > _POOL_SIZE:
         _POOL.popitem(last=False)
@@ -39,3 +41,4 @@ def prepared_model(job: FineTuneJob, num_units: int, stack: str, behaviour: Stac
 
 def clear() -> None:
     _POOL.clear()
+    _LINES.clear()

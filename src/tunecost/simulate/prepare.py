@@ -6,7 +6,7 @@ exist (a steady-state step)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -79,6 +79,7 @@ class Prepared:
     top_k: int
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
     liger_loss: bool = False  # the loss is Liger's fused linear cross-entropy on the last hidden states
+    batch_lines: dict = field(default_factory=dict)  # (length, granule) -> `batch_line.BatchLine` of its steps
 
 
 def check_supported(

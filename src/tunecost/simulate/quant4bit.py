@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from tunecost.simulate import gptq, int8
-from tunecost.simulate.counts import add_work, op_class_scope
+from tunecost.simulate.counts import add_work, note_not_affine, op_class_scope
 
 BLOCKSIZE = 64  # bitsandbytes' 4-bit default (QLoRA paper)
 NESTED_BLOCKSIZE = 256  # double quantization: second-level blocks of absmax values
@@ -323,5 +323,7 @@ def tokens_per_expert(expert_ids_sorted: torch.Tensor, num_experts: int) -> tupl
     total = expert_ids_sorted.numel()
     if is_fake(expert_ids_sorted):
         base, extra = divmod(total, num_experts)
+        if extra:
+            note_not_affine()
         return tuple(base + (1 if e < extra else 0) for e in range(num_experts))
     return tuple(int(c) for c in torch.bincount(expert_ids_sorted, minlength=num_experts).tolist())

@@ -48,6 +48,7 @@ class StorageRecord:
     static_category: str | None = None
     t_free: int | None = None
     t_grad: int | None = None  # when the storage became a parameter's .grad
+    raw_nbytes: int = 0  # before rounding to the granule
 
 
 @dataclass
@@ -87,6 +88,8 @@ class StepRecorder(TorchDispatchMode):
         self.op_layers: list[int] = []  # per op index: its decoder layer (-1: outside the layers)
         self.counter = _OpCounter()
         self._handles: list = []
+        self.resized = False  # a storage grew in place (its growth is a record of its own)
+        self.not_affine = False  # a size of this step is not affine in the batch size (counts.note_not_affine)
 
     # ---- static tensors and hooks -------------------------------------------------------------------------
     def _rounded(self, nbytes: int) -> int:
@@ -101,7 +104,12 @@ class StepRecorder(TorchDispatchMode):
         if nbytes == 0:
             return None
         rec = StorageRecord(
-            nbytes=self._rounded(nbytes), t_alloc=self.t, phase=phase, group=group, static_category=static_category
+            nbytes=self._rounded(nbytes),
+            t_alloc=self.t,
+            phase=phase,
+            group=group,
+            static_category=static_category,
+            raw_nbytes=nbytes,
         )
         self.records.append(rec)
         self._by_storage[st] = rec
@@ -132,6 +140,7 @@ class StepRecorder(TorchDispatchMode):
             self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
         _counts.LISTENERS.append(self._mark_seq)
         _counts.WORK_LISTENERS.append(self._add_work)
+        _counts.NOT_AFFINE_LISTENERS.append(self._not_affine)
 
     def remove_hooks(self) -> None:
         for h in self._handles:
@@ -141,6 +150,11 @@ class StepRecorder(TorchDispatchMode):
             _counts.LISTENERS.remove(self._mark_seq)
         if self._add_work in _counts.WORK_LISTENERS:
             _counts.WORK_LISTENERS.remove(self._add_work)
+        if self._not_affine in _counts.NOT_AFFINE_LISTENERS:
+            _counts.NOT_AFFINE_LISTENERS.remove(self._not_affine)
+
+    def _not_affine(self) -> None:
+        self.not_affine = True
 
     def _add_work(self, op_class: str, flops: int, nbytes: int) -> None:
         if self.phase != "setup":
@@ -260,6 +274,7 @@ class StepRecorder(TorchDispatchMode):
         )
         rec.nbytes += grown.nbytes
         self.records.append(grown)
+        self.resized = True
 
 
 @dataclass(frozen=True)

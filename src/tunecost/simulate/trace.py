@@ -21,6 +21,7 @@ from tunecost.simulate.allocator import (
     KIND_WEIGHT,
     steady_state_reserved_bytes,
 )
+from tunecost.simulate.batch_line import BatchLine, LineStep
 from tunecost.simulate.recorder import StepRecorder
 from tunecost.simulate.records import CATEGORIES, WEIGHT_CATEGORIES, AllocationTrace
 from tunecost.simulate.step import make_batch, run_step
@@ -91,7 +92,7 @@ def _codes(records, t_free: np.ndarray, t_fwd_end: int):
     return cat_codes, group_codes, cat_names, group_names
 
 
-def analyze(rec: StepRecorder, num_layers: int, seconds: float) -> TraceResult:
+def analyze(rec: StepRecorder | LineStep, num_layers: int, seconds: float) -> TraceResult:
     records = rec.records
     num_ops = rec.t_end or 0
     t_alloc, t_free, t_grad, nbytes = _classify(records, rec.t_forward_end or num_ops)
@@ -148,7 +149,7 @@ def analyze(rec: StepRecorder, num_layers: int, seconds: float) -> TraceResult:
     )
 
 
-def _replay_kinds(rec: StepRecorder) -> tuple[np.ndarray, int]:
+def _replay_kinds(rec: StepRecorder | LineStep) -> tuple[np.ndarray, int]:
     """The allocator replay's kind per record (weights loaded once, optimizer states placed by the first step,
     the batch, the step's own tensors) and the index of the first optimizer op."""
     kinds = {c: KIND_WEIGHT for c in WEIGHT_CATEGORIES} | {"optimizer_states": KIND_OPTIMIZER_STATE}
@@ -159,7 +160,9 @@ def _replay_kinds(rec: StepRecorder) -> tuple[np.ndarray, int]:
     return kind, t_optimizer
 
 
-def _allocation_trace(rec: StepRecorder, arrays, kind: np.ndarray, t_optimizer: int, cat_codes) -> AllocationTrace:
+def _allocation_trace(
+    rec: StepRecorder | LineStep, arrays, kind: np.ndarray, t_optimizer: int, cat_codes
+) -> AllocationTrace:
     t_alloc, t_free, t_grad, nbytes = arrays
     category = np.where(t_grad < np.iinfo(np.int64).max, CATEGORIES.index("gradients"), cat_codes)
     op_layer = np.asarray([-1, *rec.op_layers], dtype=np.int64)  # op indices start at 1
@@ -186,8 +189,16 @@ def _allocation_trace(rec: StepRecorder, arrays, kind: np.ndarray, t_optimizer: 
 
 
 def trace_step(prepared, batch_size: int, seq_len: int, *, round_bytes: int = 512) -> TraceResult:
-    """Run one recorded step of `prepared` at (batch_size, seq_len)."""
+    """Run one recorded step of `prepared` at (batch_size, seq_len), or read it off the line of the steps traced at
+    other batch sizes (`batch_line`; fake tensors only)."""
     start = time.perf_counter()
+    num_layers = prepared.plan.prefix + prepared.plan.num_units * prepared.plan.period
+    line = None
+    if prepared.fake_mode is not None:
+        line = prepared.batch_lines.setdefault((seq_len, round_bytes), BatchLine(round_bytes))
+        step = line.step_at(batch_size)
+        if step is not None:
+            return analyze(step, num_layers, time.perf_counter() - start)
     vocab = int(getattr(prepared.model.config, "vocab_size", 0) or prepared.spec.vocab_size)
     batch = make_batch(vocab, batch_size, seq_len, prepared.fake_mode)
     rec = StepRecorder(plan=prepared.plan, module_info=prepared.module_info, round_bytes=round_bytes)
@@ -200,6 +211,7 @@ def trace_step(prepared, batch_size: int, seq_len: int, *, round_bytes: int = 51
         run_step(prepared, batch, rec)
     finally:
         rec.finish()
-    num_layers = prepared.plan.prefix + prepared.plan.num_units * prepared.plan.period
     del batch
+    if line is not None:
+        line.observe(batch_size, rec)
     return analyze(rec, num_layers, time.perf_counter() - start)

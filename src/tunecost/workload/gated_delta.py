@@ -23,9 +23,12 @@ def delta_rule_flops(tokens: float, value_heads: int, key_dim: int, value_dim: i
     return tokens * per_token, tokens * (2 * per_token + recompute)
 
 
-def delta_rule_bytes(tokens: float, value_heads: int, key_dim: int, value_dim: int, elem_bytes: int) -> float:
+def delta_rule_bytes(
+    tokens: float, value_heads: int, key_dim: int, value_dim: int, elem_bytes: int, *, chunks: float | None = None
+) -> float:
     """Forward traffic of the same kernels: q, k, v in; A, w, u, v_new and o written and read once; the per-chunk
-    states h (K x V per chunk and head) written and read."""
+    states h (K x V per chunk and head) written and read (`chunks`: how many the kernel runs, each sequence
+    chunked on its own; default the tokens' count as one sequence)."""
     per_token = value_heads * (4 * key_dim + 4 * value_dim + CHUNK_TOKENS)
-    states = math.ceil(tokens / CHUNK_TOKENS) * value_heads * key_dim * value_dim
+    states = (math.ceil(tokens / CHUNK_TOKENS) if chunks is None else chunks) * value_heads * key_dim * value_dim
     return elem_bytes * (tokens * per_token + 2 * states)

@@ -25,10 +25,21 @@ def ssd_flops(tokens: float, heads: int, head_dim: int, state: int, groups: int,
     return tokens * per_token, 3 * tokens * per_token
 
 
-def ssd_bytes(tokens: float, heads: int, head_dim: int, state: int, groups: int, chunk: int, elem_bytes: int) -> float:
+def ssd_bytes(
+    tokens: float,
+    heads: int,
+    head_dim: int,
+    state: int,
+    groups: int,
+    chunk: int,
+    elem_bytes: int,
+    *,
+    chunks: float | None = None,
+) -> float:
     """Forward traffic of the same kernels: x, B, C and z read, the scan output written and read by the gated norm,
-    the norm's output written; the chunk states (fp32) written and read once per chunk."""
+    the norm's output written; the chunk states (fp32) written and read once per chunk (`chunks`: how many the
+    kernel runs, each sequence chunked on its own; default the tokens' count as one sequence)."""
     width = heads * head_dim
     per_token = elem_bytes * (4 * width + 4 * groups * state + heads)
-    states = math.ceil(tokens / chunk) * heads * head_dim * state * 4
+    states = (math.ceil(tokens / chunk) if chunks is None else chunks) * heads * head_dim * state * 4
     return tokens * per_token + 2 * states
