@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
@@ -72,13 +73,26 @@ def layout_plans(
     """The layouts of `n` GPUs: one GPU without offload or expert parallelism is just that ("single"), whatever
     the strategies asked; each model-parallel layout that divides `n` with each strategy over the ranks left
     (one plan where a single data-parallel rank leaves the strategies nothing to tell apart)."""
+    return list(_layout_plans(n, tuple(strategies), gpus_per_node, expert_degree, offload, tuple(model_parallel)))
+
+
+@functools.lru_cache(maxsize=4096)  # a plan asks for the same layouts once per GPU type and method
+def _layout_plans(
+    n: int,
+    strategies: tuple[str, ...],
+    gpus_per_node: int,
+    expert_degree: int,
+    offload: str,
+    model_parallel: tuple[ModelParallel, ...],
+) -> tuple[ParallelPlan, ...]:
     if n == 1 and offload == "none" and expert_degree == 1:
-        return [ParallelPlan()]
+        return (ParallelPlan(),)
     out: list[ParallelPlan] = []
     for mp in model_parallel:
         if n % (mp.degree * expert_degree):
             continue
         alone = n == mp.degree and mp.cp == 1 and offload == "none"  # one rank holds each weight shard
+        degrees = dataclasses.asdict(mp)
         for s in strategies if not alone else [s for s in strategies if s.startswith("zero")] + ["ddp"]:
             out.append(
                 ParallelPlan(
@@ -87,10 +101,10 @@ def layout_plans(
                     strategy=s,
                     expert_parallel=expert_degree,
                     offload=offload,
-                    **dataclasses.asdict(mp),
+                    **degrees,
                 )
             )
-    return out
+    return tuple(out)
 
 
 def gpu_counts(
