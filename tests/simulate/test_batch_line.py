@@ -141,3 +141,24 @@ def test_a_different_structure_breaks_it() -> None:
     line.observe(2, _rec([2], 2))
     line.observe(3, _rec([3, 1], 3))
     assert line.broken
+
+
+def test_sizes_not_affine_in_the_rows_say_so(monkeypatch) -> None:
+    """Liger's element-wise row blocks (ceil(rows / 16) rows each) and an uneven split of tokens over experts."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from tunecost.simulate import counts, liger, quant4bit
+
+    said: list[bool] = []
+    monkeypatch.setattr(counts, "NOT_AFFINE_LISTENERS", [lambda: said.append(True)])
+    liger._row_blocks(32)
+    quant4bit.tokens_per_expert(torch.zeros(16, dtype=torch.long), 8)  # real routing: counted, not split
+    with FakeTensorMode() as mode:
+        quant4bit.tokens_per_expert(mode.from_tensor(torch.zeros(16, dtype=torch.long)), 8)
+    assert not said
+    liger._row_blocks(24)
+    assert said == [True]
+    with FakeTensorMode() as mode:
+        quant4bit.tokens_per_expert(mode.from_tensor(torch.zeros(18, dtype=torch.long)), 8)
+    assert said == [True, True]

@@ -20,6 +20,8 @@ BLOCKS = 16  # element-wise math in this many row blocks, so its fp32 scratch st
 
 
 def _row_blocks(rows: int) -> list[slice]:
+    if rows % BLOCKS:
+        note_not_affine()  # blocks of ceil(rows / BLOCKS) rows
     step = max(-(-rows // BLOCKS), 1)
     return [slice(start, start + step) for start in range(0, rows, step)]
 
