@@ -24,7 +24,7 @@ from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.simulate.prepare import check_supported
 from tunecost.simulate.recorder import flat_tensors
 from tunecost.simulate.step import make_batch, run_step
-from tunecost.simulate.trace import TraceResult, analyze
+from tunecost.simulate.trace import TraceResult, analyze, read_off_line
 from tunecost.workload.job import FineTuneJob
 
 TP_LAYOUT_VERSION = "1"  # of the TP plan behind a cached step
@@ -63,21 +63,11 @@ def trace_tp_step(
             run_step(prepared, batch, rec)
     finally:
         rec.finish()
-    num_layers = prepared.plan.prefix + prepared.plan.num_units * prepared.plan.period
-    result = analyze(rec, num_layers, time.perf_counter() - start)
+    result = analyze(rec, prepared.plan.num_layers, time.perf_counter() - start)
     result.extra["collectives"] = rec.collectives
     if line is not None:
         line.observe(batch_size, rec)
     return result
-
-
-def _read_off_line(line: BatchLine, batch_size: int) -> TraceResult | None:
-    """The step at `batch_size` read off `line` (`simulate.batch_line`); None: trace it."""
-    start = time.perf_counter()
-    step = line.step_at(batch_size)
-    if step is None:
-        return None
-    return analyze(step, step.plan.prefix + step.plan.num_units * step.plan.period, time.perf_counter() - start)
 
 
 def tp_single_gpu_step(
@@ -103,16 +93,13 @@ def tp_single_gpu_step(
     if full_depth:
         key += "-full"
 
-    shape = (
-        layout,
-        cache.job_key(dataclasses.replace(job, batch_size=1), None, job.stack, DEFAULT_OVERHEAD, granule_bytes, None),
-    )
-
     def trace() -> SingleGpuStep:
         traces, linears = [], []
+        batchless = dataclasses.replace(job, batch_size=1)
+        shape = (layout, cache.job_key(batchless, None, job.stack, DEFAULT_OVERHEAD, granule_bytes, None))
         for units in traced_units(spec, full_depth=full_depth):
             line, unit_linears = _LINES.setdefault((*shape, units), (BatchLine(granule_bytes), []))
-            result = _read_off_line(line, job.batch_size)
+            result = read_off_line(line, job.batch_size)
             if result is not None:
                 traces.append(result)
                 linears.append(unit_linears)

@@ -27,6 +27,10 @@ class LayerPlan:
     period: int
     num_units: int
 
+    @property
+    def num_layers(self) -> int:
+        return self.prefix + self.num_units * self.period
+
     def regions(self, layer: int) -> tuple[str, ...]:
         if layer < self.prefix:
             return ("prefix",)

@@ -168,7 +168,7 @@ def _allocation_trace(
     op_layer = np.asarray([-1, *rec.op_layers], dtype=np.int64)  # op indices start at 1
     is_forward = np.asarray([False, *(bool(s) and s[0].startswith("forward:") for s in rec.op_segments)])
     is_backward = np.asarray([False, *(bool(s) and s[0].startswith("backward:") for s in rec.op_segments)])
-    num_layers = rec.plan.prefix + rec.plan.num_units * rec.plan.period
+    num_layers = rec.plan.num_layers
 
     def window(mask: np.ndarray, layer: int) -> list[int]:
         ops = np.flatnonzero(mask & (op_layer == layer))
@@ -191,14 +191,13 @@ def _allocation_trace(
 def trace_step(prepared, batch_size: int, seq_len: int, *, round_bytes: int = 512) -> TraceResult:
     """Run one recorded step of `prepared` at (batch_size, seq_len), or read it off the line of the steps traced at
     other batch sizes (`batch_line`; fake tensors only)."""
-    start = time.perf_counter()
-    num_layers = prepared.plan.prefix + prepared.plan.num_units * prepared.plan.period
     line = None
     if prepared.fake_mode is not None:
         line = prepared.batch_lines.setdefault((seq_len, round_bytes), BatchLine(round_bytes))
-        step = line.step_at(batch_size)
-        if step is not None:
-            return analyze(step, num_layers, time.perf_counter() - start)
+        read = read_off_line(line, batch_size)
+        if read is not None:
+            return read
+    start = time.perf_counter()
     vocab = int(getattr(prepared.model.config, "vocab_size", 0) or prepared.spec.vocab_size)
     batch = make_batch(vocab, batch_size, seq_len, prepared.fake_mode)
     rec = StepRecorder(plan=prepared.plan, module_info=prepared.module_info, round_bytes=round_bytes)
@@ -214,4 +213,11 @@ def trace_step(prepared, batch_size: int, seq_len: int, *, round_bytes: int = 51
     del batch
     if line is not None:
         line.observe(batch_size, rec)
-    return analyze(rec, num_layers, time.perf_counter() - start)
+    return analyze(rec, prepared.plan.num_layers, time.perf_counter() - start)
+
+
+def read_off_line(line: BatchLine, batch_size: int) -> TraceResult | None:
+    """The step at `batch_size` read off `line` (`simulate.batch_line`); None where it must be traced."""
+    start = time.perf_counter()
+    step = line.step_at(batch_size)
+    return None if step is None else analyze(step, step.plan.num_layers, time.perf_counter() - start)
