@@ -15,7 +15,8 @@ from tunecost.cli.options import ParameterSource, get_current_context, opt
 from tunecost.errors import TunecostError
 
 CONFIG_HELP = (
-    "Your framework's training config: LLaMA-Factory or axolotl YAML, a torchtune recipe, HF TrainingArguments / "
+    "Your framework's training config: LLaMA-Factory or axolotl YAML, a torchtune recipe config (a file, or the "
+    "name of one torchtune ships: llama3_1/8B_lora_single_device), HF TrainingArguments / "
     "SFTConfig, PEFT adapter_config.json, BitsAndBytesConfig, accelerate YAML, DeepSpeed JSON, litgpt YAML, "
     "torchtitan TOML or NeMo / Megatron-LM YAML; repeat for files read together. Flags override it."
 )

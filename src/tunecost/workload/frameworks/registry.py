@@ -4,12 +4,14 @@ files): each file read by its framework, the options merged, a contradiction bet
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from tunecost.catalog.torchtune_configs import find_torchtune_config, torchtune_configs
 from tunecost.errors import TunecostError
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, parse_config_file
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, parse_config_file, torchtune
 
 READER_MODULES = (
     "llamafactory",
@@ -35,7 +37,17 @@ def frameworks() -> list[Framework]:
 
 
 def read_config(path: str | Path) -> ConfigJob:
-    """One file, read by the framework whose config it is."""
+    """One file, read by the framework whose config it is; a name `tune run` takes (`llama2/7B_lora`) where no
+    such file exists, read as torchtune ships that config."""
+    shipped = None if Path(path).exists() else find_torchtune_config(str(path))
+    if shipped is not None:
+        job = torchtune.FRAMEWORK.read(ConfigFile(path=f"torchtune's {shipped.name}", data=shipped.config))
+        line = f"config {shipped.name}: as torchtune ships it for `tune run {shipped.recipe}` ({shipped.source})"
+        return dataclasses.replace(job, assumptions=(line, *job.assumptions))
+    if not Path(path).exists() and not Path(path).suffix:
+        close = difflib.get_close_matches(str(path), torchtune_configs(), n=3)
+        hint = f" (close: {', '.join(close)})" if close else ""
+        raise TunecostError(f"{path}: no such file, nor a config torchtune ships{hint}")
     data = parse_config_file(path)
     known = frameworks()
     matches = [f for f in known if f.detect(data)]
