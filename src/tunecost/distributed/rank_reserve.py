@@ -22,6 +22,7 @@ from tunecost.workload.parallel import ParallelPlan
 STREAM_COMPUTE, STREAM_UNSHARD, STREAM_POST_BACKWARD = 0, 1, 2
 _REPLAYS: OrderedDict[bytes, tuple[dict[int, int], dict[int, int]]] = OrderedDict()  # digest -> `_replay`
 _REPLAYS_KEPT = 1 << 16  # a cold plan replays ~60,000 rank allocations, ~19,000 of them distinct
+_COLUMNS = ("nbytes", "t_alloc", "t_free", "kind", "stream")
 _GRADIENTS = CATEGORIES.index("gradients")
 _TEMPORARIES = CATEGORIES.index("temporaries")
 ONCE_BUFFERS = ("gradient_buckets",)  # allocated at wrap time and kept
@@ -42,15 +43,24 @@ class _Records:
     """Rank allocations under construction: the replay's per-record arrays."""
 
     def __init__(self) -> None:
-        self.columns: dict[str, list[int]] = {k: [] for k in ("nbytes", "t_alloc", "t_free", "kind", "stream")}
+        self.nbytes: list[int] = []
+        self.t_alloc: list[int] = []
+        self.t_free: list[int] = []
+        self.kind: list[int] = []
+        self.stream: list[int] = []
 
     def add(self, nbytes: int, t_alloc: int, t_free: int, kind: int = KIND_STEP, stream: int = STREAM_COMPUTE):
         if nbytes > 0:
-            for key, value in zip(self.columns, (nbytes, t_alloc, t_free, kind, stream), strict=True):
-                self.columns[key].append(value)
+            self.nbytes.append(nbytes)
+            self.t_alloc.append(t_alloc)
+            self.t_free.append(t_free)
+            self.kind.append(kind)
+            self.stream.append(stream)
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        return {k: np.asarray(v, dtype=np.int64) for k, v in self.columns.items()}
+    def arrays(self, before: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+        """The records as int64 arrays, after `before`'s where given."""
+        out = {k: np.asarray(getattr(self, k), dtype=np.int64) for k in _COLUMNS}
+        return out if before is None else {k: np.concatenate((before[k], out[k])) for k in _COLUMNS}
 
 
 def optimizer_segment_bytes(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) -> dict[str, int]:
@@ -83,24 +93,9 @@ def rank_allocations(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) 
     """The rank's allocations at the traced depth: nbytes, t_alloc, t_free, kind and stream per record."""
     trace = AllocationTrace(**step.allocations)
     at_optimizer = optimizer_segment_bytes(step, job, plan)
-    ratios = state_ratios(step, at_optimizer)
-    out = _Records()
-    fsdp = plan.strategy in STORED_SHARDED
     end_backward = trace.t_optimizer - 1
-    for i, nbytes in enumerate(trace.nbytes):
-        category, t_alloc, t_free, kind = trace.category[i], trace.t_alloc[i], trace.t_free[i], trace.kind[i]
-        in_optimizer = t_alloc >= trace.t_optimizer
-        scaled = (
-            nbytes if category == _TEMPORARIES and not in_optimizer else math.ceil(nbytes * ratios.get(category, 1))
-        )
-        if not (fsdp and category == _GRADIENTS):
-            out.add(scaled, t_alloc, t_free, kind)
-            continue
-        layer = trace.layer[i]
-        reduced = max(t_alloc, trace.backward_ops[layer][1] if layer >= 0 else end_backward, 0)
-        out.add(nbytes, t_alloc, min(t_free, reduced), kind)  # the whole gradient, until its reduce-scatter
-        if t_free > reduced:
-            out.add(scaled, reduced, t_free, kind, STREAM_POST_BACKWARD)
+    traced = _traced_records(trace, state_ratios(step, at_optimizer), plan.strategy in STORED_SHARDED)
+    out = _Records()
     for name in ONCE_BUFFERS:
         out.add(at_optimizer.get(name, 0), 0, NEVER_FREED, KIND_WEIGHT)
     buckets = reduce_bucket_bytes(step, plan)  # ZeRO-1/2: allocated by each backward(), released at its end
@@ -109,7 +104,36 @@ def rank_allocations(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) 
         out.add(buckets // plan.num_reduce_buckets, min(starts), end_backward)
     if _gathers(plan):
         _add_all_gathers(out, trace.forward_ops, trace.backward_ops, end_backward, step, plan)
-    return out.arrays()
+    return out.arrays(before=traced)
+
+
+def _traced_records(trace: AllocationTrace, ratios: dict[int, float], fsdp: bool) -> dict[str, np.ndarray]:
+    """The traced records on the rank, in trace order: each scaled to the rank's share of its category (a
+    temporary before the optimizer kept whole); under FSDP a gradient whole until its layer's reduce-scatter,
+    then its shard on the post-backward stream. Records of no bytes are left out."""
+    nbytes, t_alloc, t_free, kind, category, layer = (
+        np.asarray(v, dtype=np.int64)
+        for v in (trace.nbytes, trace.t_alloc, trace.t_free, trace.kind, trace.category, trace.layer)
+    )
+    ratio = np.ones(len(CATEGORIES))
+    for code, value in ratios.items():
+        ratio[code] = value
+    whole = (category == _TEMPORARIES) & (t_alloc < trace.t_optimizer)
+    scaled = np.where(whole, nbytes, np.ceil(nbytes * ratio[category]).astype(np.int64))
+    grad = (category == _GRADIENTS) if fsdp else np.zeros(len(nbytes), dtype=bool)
+    backward_last = np.array([last for _first, last in trace.backward_ops] + [trace.t_optimizer - 1], dtype=np.int64)
+    reduced = np.maximum(np.maximum(t_alloc, backward_last[layer]), 0)  # layer -1: the end of backward
+    columns = {  # two slots per record: the record (a gradient until its reduce-scatter), then a gradient's shard
+        "nbytes": (np.where(grad, nbytes, scaled), scaled),
+        "t_alloc": (t_alloc, reduced),
+        "t_free": (np.where(grad, np.minimum(t_free, reduced), t_free), t_free),
+        "kind": (kind, kind),
+        "stream": (np.full(len(nbytes), STREAM_COMPUTE), np.full(len(nbytes), STREAM_POST_BACKWARD)),
+    }
+    pairs = {k: np.stack(v, axis=1).astype(np.int64) for k, v in columns.items()}
+    keep = pairs["nbytes"] > 0
+    keep[:, 1] &= grad & (t_free > reduced)
+    return {k: v[keep] for k, v in pairs.items()}
 
 
 def full_depth_side_allocations(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan) -> dict[str, np.ndarray]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tunecost.distributed import expert_parallel
 from tunecost.errors import TunecostError
@@ -107,6 +108,14 @@ class SingleGpuStep:
         )
 
 
+def _fields(record: Any) -> dict[str, Any]:
+    """A dataclass of plain data as a dict, its lists copied one level deep (`dataclasses.asdict` deep-copies
+    every element: seconds for a trace's allocations)."""
+    return {
+        f.name: list(v) if isinstance(v := getattr(record, f.name), list) else v for f in dataclasses.fields(record)
+    }
+
+
 def _lerp(a: float, b: float, t: float) -> float:
     return max(0.0, a + (b - a) * t)
 
@@ -136,7 +145,7 @@ def cached_step(key: str, trace: Callable[[], SingleGpuStep], *, use_cache: bool
     if use_cache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(path, dataclasses.asdict(step))
+            atomic_write_json(path, _fields(step))
         except (OSError, TunecostError):  # a cache that cannot be written is no error
             pass
     return step
@@ -225,7 +234,7 @@ def scaled_step(
         hidden_size=spec.hidden_size,
         activation_bytes_per_element=job.compute_bytes_per_element,
         recompute=job.gradient_checkpointing,
-        allocations=dataclasses.asdict(tb.allocations) if tb.allocations is not None else {},
+        allocations=_fields(tb.allocations) if tb.allocations is not None else {},
         reentrant_checkpointing=reentrant,
         fp8_bytes=fp8_depth_bytes(job, linears or [], job.batch_size * job.worst_case_seq_len, granule_bytes, t),
         layer_scale=_layer_scale(spec, traces, layer_weight_bytes),

@@ -331,16 +331,30 @@ def _repository_name_match(key: str, catalog: dict[str, ModelSpec]) -> ModelSpec
     return next(iter(found.values())) if len(found) == 1 else None
 
 
+_NAMES: list = [None, {}]  # [the catalog indexed, its index]
+
+
+def _names_of(catalog: dict[str, ModelSpec]) -> dict[str, ModelSpec]:
+    """Lower-case name, hub id, alias or GPTQ checkpoint -> the first catalog model with it."""
+    if _NAMES[0] is not catalog:
+        index: dict[str, ModelSpec] = {}
+        for spec in catalog.values():
+            for n in (spec.name, spec.hub_id or "", *spec.aliases, *(c.hub_id for c in spec.gptq_checkpoints)):
+                if n:
+                    index.setdefault(n.lower(), spec)
+        _NAMES[:] = [catalog, index]
+    return _NAMES[1]
+
+
 def resolve_model(name: str) -> ModelSpec:
     """A catalog name (any case, or its hub id), a GPTQ checkpoint's hub id (its base model), a hub id without its
     namespace (when one catalog model has it), a re-upload of a catalog model (unsloth, NousResearch, ...), a local
     config path, or a hub id in the local cache."""
     catalog = model_catalog()
     key = name.strip().lower()
-    for spec in catalog.values():
-        names = (spec.name, spec.hub_id or "", *spec.aliases, *(c.hub_id for c in spec.gptq_checkpoints))
-        if key in (n.lower() for n in names if n):
-            return spec
+    named = _names_of(catalog).get(key)
+    if named is not None:
+        return named
     by_repository = _repository_name_match(key, catalog)
     if by_repository is not None:
         return by_repository

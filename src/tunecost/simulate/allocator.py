@@ -66,76 +66,80 @@ class CachingAllocator:
         self.requested_bytes = 0
         self.peak_requested_bytes = 0
         self.num_segments_released = 0
-        self._requested: dict[int, int] = {}  # live block address -> its rounded request
         self.stream_reserved_bytes: dict[int, int] = {}
         self.stream_requested_bytes: dict[int, int] = {}
         self.stream_peak_requested_bytes: dict[int, int] = {}
         self._free: dict[tuple[int, bool], list[tuple[int, int]]] = {}  # (stream, small?) -> sorted (size, addr)
-        self._size: dict[int, int] = {}  # block address -> size
-        self._pool: dict[int, tuple[int, bool]] = {}  # block address -> its pool: (stream, small?)
-        self._is_free: dict[int, bool] = {}
+        # block address -> [size, pool (stream, small?), its rounded request (0: a free block)]
+        self._blocks: dict[int, list] = {}
         self._end: dict[int, int] = {}  # end address -> address of the block ending there
         self._segment: dict[int, int] = {}  # segment start -> segment size
         self._next_address = 0
 
     # ---- blocks --------------------------------------------------------------------------------------------
-    def _add_block(self, addr: int, size: int, pool: tuple[int, bool], free: bool) -> None:
-        self._size[addr] = size
-        self._pool[addr] = pool
-        self._is_free[addr] = free
+    def _add_free_block(self, addr: int, size: int, pool: tuple[int, bool]) -> None:
+        self._blocks[addr] = [size, pool, 0]
         self._end[addr + size] = addr
-        if free:
-            bisect.insort(self._free.setdefault(pool, []), (size, addr))
+        cached = self._free.get(pool)
+        if cached is None:
+            self._free[pool] = [(size, addr)]
+        else:
+            bisect.insort(cached, (size, addr))
 
-    def _drop_block(self, addr: int) -> tuple[int, tuple[int, bool]]:
-        size, pool = self._size.pop(addr), self._pool.pop(addr)
-        del self._end[addr + size]
-        if self._is_free.pop(addr):
-            cached = self._free[pool]
-            del cached[bisect.bisect_left(cached, (size, addr))]
-        return size, pool
+    def _drop_free_block(self, addr: int, size: int, pool: tuple[int, bool]) -> None:
+        del self._blocks[addr], self._end[addr + size]
+        cached = self._free[pool]
+        del cached[bisect.bisect_left(cached, (size, addr))]
 
     # ---- malloc / free --------------------------------------------------------------------------------------
     def malloc(self, nbytes: int, stream: int = 0) -> int:
         """A block for `nbytes` requested on `stream`: only blocks cached for that stream can serve it."""
-        size = round_size_bytes(nbytes)
-        small = is_small_request(size)
+        size = MIN_BLOCK_BYTES if nbytes <= MIN_BLOCK_BYTES else -(-nbytes // MIN_BLOCK_BYTES) * MIN_BLOCK_BYTES
+        small = size <= SMALL_REQUEST_BYTES
         pool = (stream, small)
-        cached = self._free.get(pool, [])
-        i = bisect.bisect_left(cached, (size, -1))
-        if i < len(cached):
-            block_size, addr = cached[i]
-            self._drop_block(addr)
+        cached = self._free.get(pool)
+        i = bisect.bisect_left(cached, (size, -1)) if cached else 0
+        if cached and i < len(cached):
+            block_size, addr = cached.pop(i)
+            del self._blocks[addr], self._end[addr + block_size]
         else:
             block_size = segment_bytes(size)
             addr = self._new_segment(block_size, stream)
-        if should_split(block_size - size, small):
-            self._add_block(addr + size, block_size - size, pool, free=True)
+        remaining = block_size - size
+        if remaining >= MIN_BLOCK_BYTES if small else remaining > SMALL_REQUEST_BYTES:  # should_split
+            self._add_free_block(addr + size, remaining, pool)
             block_size = size
-        self._add_block(addr, block_size, pool, free=False)
+        self._blocks[addr] = [block_size, pool, size]
+        self._end[addr + block_size] = addr
         self.allocated_bytes += block_size
-        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
-        self._requested[addr] = size
+        if self.allocated_bytes > self.peak_allocated_bytes:
+            self.peak_allocated_bytes = self.allocated_bytes
         self.requested_bytes += size
-        self.peak_requested_bytes = max(self.peak_requested_bytes, self.requested_bytes)
+        if self.requested_bytes > self.peak_requested_bytes:
+            self.peak_requested_bytes = self.requested_bytes
         live = self.stream_requested_bytes[stream] = self.stream_requested_bytes.get(stream, 0) + size
-        self.stream_peak_requested_bytes[stream] = max(self.stream_peak_requested_bytes.get(stream, 0), live)
+        if live > self.stream_peak_requested_bytes.get(stream, 0):
+            self.stream_peak_requested_bytes[stream] = live
         return addr
 
     def free(self, addr: int) -> None:
-        assert not self._is_free[addr], "block freed twice"
-        size, pool = self._drop_block(addr)  # back to the cache of the stream that allocated it
+        size, pool, request = self._blocks.pop(addr)
+        assert request, "block freed twice"
+        del self._end[addr + size]  # back to the cache of the stream that allocated it
         self.allocated_bytes -= size
-        request = self._requested.pop(addr)
         self.requested_bytes -= request
         self.stream_requested_bytes[pool[0]] -= request
         prev = self._end.get(addr)
-        if prev is not None and self._is_free[prev]:
-            addr, size = prev, self._drop_block(prev)[0] + size
-        nxt = addr + size
-        if nxt in self._size and self._is_free[nxt]:
-            size += self._drop_block(nxt)[0]
-        self._add_block(addr, size, pool, free=True)
+        if prev is not None:
+            before = self._blocks[prev]
+            if not before[2]:
+                self._drop_free_block(prev, before[0], before[1])
+                addr, size = prev, before[0] + size
+        after = self._blocks.get(addr + size)
+        if after is not None and not after[2]:
+            self._drop_free_block(addr + size, after[0], after[1])
+            size += after[0]
+        self._add_free_block(addr, size, pool)
 
     def _new_segment(self, nbytes: int, stream: int) -> int:
         cap = self.capacity_bytes
@@ -156,13 +160,13 @@ class CachingAllocator:
 
     def release_cached_segments(self) -> None:
         """`release_cached_blocks`: return every wholly free (unsplit) cached segment to the driver."""
-        for cached in list(self._free.values()):
+        for pool, cached in list(self._free.items()):
             for size, addr in list(cached):
                 if self._segment.get(addr) == size:
-                    stream = self._drop_block(addr)[1][0]
+                    self._drop_free_block(addr, size, pool)
                     del self._segment[addr]
                     self.reserved_bytes -= size
-                    self.stream_reserved_bytes[stream] -= size
+                    self.stream_reserved_bytes[pool[0]] -= size
                     self.num_segments_released += 1
 
 
