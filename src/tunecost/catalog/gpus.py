@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 from tunecost.catalog._csv import parse_float, read_catalog_csv
@@ -75,12 +75,12 @@ class GPU:
         """False for Volta and Turing cards: no bf16 tensor cores (the catalog's bf16 rate is their FP16 rate)."""
         return self.architecture not in _NO_BF16_ARCHITECTURES
 
-    @property
+    @cached_property
     def memory_bytes(self) -> int:
         """Device memory in bytes: the datasheet figure read as GiB (what CUDA reports before ECC/driver reserve)."""
         return bytes_from_gib(self.memory_gib)
 
-    @property
+    @cached_property
     def usable_memory_bytes(self) -> int:
         """The memory a training process can have on this GPU, what fits/out-of-memory decisions compare with:
         the total CUDA reports where the catalog stores it, else the datasheet figure (`memory_bytes`); never more

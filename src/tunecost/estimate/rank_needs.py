@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from functools import lru_cache
 from pathlib import Path
 
 from tunecost.catalog.gpus import GPU
@@ -27,6 +28,14 @@ from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ParallelPlan
 
 MAX_MICRO_BATCH = MAX_BATCH  # the micro-batch search's cap per rank: one GPU's
+
+
+@lru_cache(maxsize=4096)
+def _plan_key(plan: ParallelPlan) -> str:
+    """A plan's key among the rank memories kept on disk."""
+    return json.dumps(dataclasses.asdict(plan), sort_keys=True)
+
+
 RANK_MEMORY_VERSION = "3"  # of the rank memories kept on disk (`RankNeeds`); bump when rank_memory changes
 
 
@@ -97,7 +106,7 @@ class RankNeeds:
             note = f"{layers} of {num_layers} layers recomputed: memory between every layer recomputed and none"
             return partly_recomputed_rank(self._none.memory(plan, batch), on, share, note)
         if (plan, batch) not in self._memory:
-            saved, key = self._saved(batch), json.dumps(dataclasses.asdict(plan), sort_keys=True)
+            saved, key = self._saved(batch), _plan_key(plan)
             if key in saved:
                 memory = RankMemory(**{**saved[key], "assumptions": tuple(saved[key]["assumptions"])})
             else:
