@@ -36,9 +36,11 @@ def load_torchtune_configs(path: Path = TORCHTUNE_CONFIGS_PATH) -> dict[str, Shi
                for r in rows}  # fmt: skip
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise TunecostError(f"{path}: not a torchtune config catalog ({exc.__class__.__name__}: {exc})") from None
-    bad = next((c for c in out.values() if c.recipe not in RECIPES or not isinstance(c.config, dict)), None)
-    if bad is not None:
-        raise TunecostError(f"{path}: config {bad.name!r}: recipe {bad.recipe!r} is not one of {', '.join(RECIPES)}")
+    for c in out.values():
+        if c.recipe not in RECIPES:
+            raise TunecostError(f"{path}: config {c.name!r}: recipe {c.recipe!r} is not one of {', '.join(RECIPES)}")
+        if not isinstance(c.config, dict):
+            raise TunecostError(f"{path}: config {c.name!r}: its config is not a mapping")
     return out
 
 

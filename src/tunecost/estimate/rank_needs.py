@@ -28,15 +28,13 @@ from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ParallelPlan
 
 MAX_MICRO_BATCH = MAX_BATCH  # the micro-batch search's cap per rank: one GPU's
+RANK_MEMORY_VERSION = "3"  # of the rank memories kept on disk (`RankNeeds`); bump when rank_memory changes
 
 
 @lru_cache(maxsize=4096)
 def _plan_key(plan: ParallelPlan) -> str:
     """A plan's key among the rank memories kept on disk."""
     return json.dumps(dataclasses.asdict(plan), sort_keys=True)
-
-
-RANK_MEMORY_VERSION = "3"  # of the rank memories kept on disk (`RankNeeds`); bump when rank_memory changes
 
 
 def single_gpu_throughput(
