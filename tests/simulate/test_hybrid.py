@@ -220,6 +220,7 @@ def test_liger_binds_what_its_qwen3_5_patch_binds(config_path, name) -> None:
     assert liger < eager
 
 
+@pytest.mark.slow  # 15-20 s each on 2 cores: the batch search traces the torch fallbacks of the mixers
 @pytest.mark.parametrize(("name", "mixer"), [("tiny-qwen3_5", "gated DeltaNet"), ("tiny-granite-hybrid", "Mamba2")])
 def test_estimate_says_its_linear_time_layers_are_counted_not_calibrated(cli_json, config_path, name, mixer) -> None:
     rows = cli_json("estimate", model=config_path(name), method="lora", gpu="H100", seq_len=128, queries=100, epochs=1)
