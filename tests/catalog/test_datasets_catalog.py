@@ -164,6 +164,7 @@ def test_a_dataset_without_lengths_is_a_clear_error(cli_error: Callable[[list[st
         dataset_lengths("alpaca", 4)
     line = cli_error(["estimate", "--model", "mixtral-8x7b", "--gpu", "A40", "--dataset", "alpaca", "--epochs", "1"])
     assert "no token-length statistic" in line and "--seq-len" in line
+    assert "`hf download tatsu-lab/alpaca --repo-type dataset` (its local copy is counted)" in line
 
 
 def test_seq_len_prices_a_dataset_without_lengths(cli_runner) -> None:

@@ -97,6 +97,43 @@ def test_a_catalog_dataset_with_a_local_file_is_measured(monkeypatch, tmp_path: 
     assert data.note.startswith(f"lengths of math_14k ({tmp_path / 'math_14k.json'})")
 
 
+@pytest.fixture
+def hub_cache(monkeypatch, tmp_path: Path):
+    """`hub_cache(REPO_ID, ROWS)`: a local Hugging Face cache (in tmp_path) holding dataset REPO_ID as one JSON file,
+    laid out as `hf download` leaves it; datasets' own cache beside it."""
+    import datasets
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+
+    def put(repo_id: str, rows: list[dict]) -> None:
+        repo = tmp_path / "hub" / f"datasets--{repo_id.replace('/', '--')}"
+        commit = "0123456789abcdef0123456789abcdef01234567"
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(commit)
+        (repo / "snapshots" / commit / "data.json").write_text(json.dumps(rows), encoding="utf-8")
+
+    return put
+
+
+@pytest.mark.parametrize("name", ["alpaca-cleaned", "yahma/alpaca-cleaned"])
+def test_a_catalog_datasets_copy_in_the_local_hub_cache_is_measured(hub_cache, name: str):
+    hub_cache("yahma/alpaca-cleaned", ROWS)
+    data = job_data(name, model="mixtral-8x7b")
+    assert (data.name, data.num_queries) == ("alpaca-cleaned", 3)  # the copy's rows, not the catalog's 51,760
+    assert data.lengths == tuple(hand_count(r) for r in ROWS)
+    assert data.note.startswith("lengths of alpaca-cleaned (yahma/alpaca-cleaned): 3 examples")
+
+
+def test_a_hub_copy_it_cannot_read_leaves_the_facts_and_says_why(hub_cache):
+    hub_cache("yahma/alpaca-cleaned", [{"text": "no prompt or response columns"}])
+    data = job_data("alpaca-cleaned", model="mixtral-8x7b")
+    assert (data.num_queries, data.lengths) == (51760, None)
+    assert "lengths not measured" in data.note and "its local hub copy was not read: " in data.note
+
+
 def test_an_embedded_known_dataset_is_measured():
     data = job_data("synthetic-arith", model="mixtral-8x7b")
     assert data.lengths is not None and data.num_queries == len(data.lengths) > 0

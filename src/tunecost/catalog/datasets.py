@@ -84,12 +84,18 @@ class DatasetFacts:
             return f"a log-normal through median {self.median_tokens:g}{more} tokens ({counted})"
         if self.mean_tokens is not None:
             return f"a log-normal from a mean of {self.mean_tokens:g} tokens, no median published ({counted})"
-        return "no token-length statistic in the catalog (give --dataset FILE or --seq-len N)"
+        return f"no token-length statistic in the catalog ({self.counting_hint}, or --seq-len N)"
 
     @property
     def spellings(self) -> tuple[str, ...]:
         """Name and aliases: what resolves to this row alone."""
         return (self.name, *self.aliases)
+
+    @property
+    def counting_hint(self) -> str:
+        """How a user gets this dataset's real lengths counted: a file, or its copy in the local Hugging Face cache."""
+        hub = f", or `hf download {self.hub_id} --repo-type dataset` (its local copy is counted)" if self.hub_id else ""
+        return f"give --dataset FILE (a local copy, measured with the model's tokenizer){hub}"
 
     @property
     def hub_spellings(self) -> tuple[str, ...]:

@@ -1,7 +1,8 @@
 """The data of a job to price: a catalog dataset's facts, or a file's (or known name's) real token lengths.
 
 `job_data(dataset, model=...)` counts every example (prompt + response, template "none", as `tunecost data stats`
-does) with the model's own tokenizer when it loads offline, else with the offline Mixtral tokenizer as a stand-in.
+does) of a file, or of a catalog dataset's copy in the local Hugging Face cache, with the model's own tokenizer when
+it loads offline, else with the offline Mixtral tokenizer as a stand-in.
 Counts are cached in-process per (file, mtime, size, tokenizer), so pricing several GPUs tokenizes once.
 """
 
@@ -17,7 +18,7 @@ from tunecost.catalog.datasets import dataset_catalog, get_dataset_facts
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.datasets import load_dataset
-from tunecost.workload.known_datasets import KNOWN_DATASETS, canonical_name, resolve_known
+from tunecost.workload.known_datasets import KNOWN_DATASETS, canonical_name, hub_cached, resolve_known
 from tunecost.workload.lengths import LengthDistribution, length_distribution
 from tunecost.workload.templates import template_by_name
 from tunecost.workload.tokenizers import tokenizer_by_name
@@ -61,9 +62,15 @@ def job_data(dataset: str, *, model: str, allow_download: bool = False) -> JobDa
     if local is not None:
         return _measured(facts.name if facts else str(known), str(local), model, allow_download)
     if facts is not None:
+        unread = ""
+        if facts.hub_id and not facts.has_paper_median and hub_cached(facts.hub_id):  # the paper's rows stay
+            try:
+                return _measured(facts.name, facts.hub_id, model, allow_download, split=facts.split or "train")
+            except TunecostError as exc:
+                unread = f"; its local hub copy was not read: {exc}"
         note = (
             f"{facts.name}: {facts.num_queries:,} queries; lengths not measured: {facts.length_summary} "
-            f"(source: {facts.source})"
+            f"(source: {facts.source}){unread}"
         )
         return JobData(name=facts.name, num_queries=facts.num_queries, lengths=None, tokenizer=None, note=note)
     try:
@@ -72,8 +79,9 @@ def job_data(dataset: str, *, model: str, allow_download: bool = False) -> JobDa
         raise _unknown_dataset(dataset, known, exc) from None
 
 
-def _measured(name: str, source: str, model: str, allow_download: bool) -> JobData:
-    """`source` (a file, or a name `load_dataset` reads) counted with `model`'s tokenizer, described in a note."""
+def _measured(name: str, source: str, model: str, allow_download: bool, split: str = "train") -> JobData:
+    """`source` (a file, or a name or hub id `load_dataset` reads: its `split`) counted with `model`'s tokenizer,
+    described in a note."""
     tokenizer, which = _model_tokenizer(model, allow_download)
     target = Path(os.path.expanduser(source))
     if target.is_file():
@@ -81,7 +89,7 @@ def _measured(name: str, source: str, model: str, allow_download: bool) -> JobDa
         key = (str(target.resolve()), stat.st_mtime_ns, stat.st_size)
     else:
         key = (source, 0, 0)
-    dist = _lengths(*key, tokenizer, allow_download)
+    dist = _lengths(*key, tokenizer, allow_download, split)
     where = name if name == source else f"{name} ({source})"
     note = (
         f"lengths of {where}: {dist.num_queries:,} examples (prompt + response, template {TEMPLATE}) counted with "
@@ -113,9 +121,11 @@ def _loads(tokenizer: str, allow_download: bool) -> bool:
 
 
 @functools.lru_cache(maxsize=32)
-def _lengths(source: str, mtime_ns: int, size: int, tokenizer: str, allow_download: bool) -> LengthDistribution:
+def _lengths(
+    source: str, mtime_ns: int, size: int, tokenizer: str, allow_download: bool, split: str
+) -> LengthDistribution:
     """Token lengths of every example of `source`, cached per file version and tokenizer."""
-    ds = load_dataset(source, allow_download=allow_download)
+    ds = load_dataset(source, allow_download=allow_download, split=split)
     return length_distribution(
         ds, tokenizer_by_name(tokenizer, allow_download=allow_download), template_by_name(TEMPLATE)
     )

@@ -107,6 +107,14 @@ def canonical_name(spec: str) -> str | None:
     return lowered.get(spec.strip().lower())
 
 
+def hub_cached(repo_id: str) -> bool:
+    """Whether the local Hugging Face cache holds a snapshot of dataset `repo_id` (the cache's documented layout,
+    HF_HUB_CACHE/datasets--ORG--NAME/snapshots), looked up without loading the hub client."""
+    from huggingface_hub import constants
+
+    return (Path(constants.HF_HUB_CACHE) / f"datasets--{repo_id.replace('/', '--')}" / "snapshots").is_dir()
+
+
 def load_hub_rows(repo_id: str, config: str | None, split: str, *, allow_download: bool = False) -> list[dict]:
     """Rows of a hub dataset split: from the local hub cache, or downloaded when `allow_download`."""
     try:

@@ -192,8 +192,7 @@ def catalog_shape(facts: DatasetFacts, *, log_sigma: float = DEFAULT_LOG_SIGMA) 
         return LogNormalShape(median, log_sigma, cutoff, label)
     raise TunecostError(
         f"dataset {facts.name} has no token-length statistic in the catalog (no median, p95, max or mean tokens "
-        f"per query: no source we know publishes one); give --dataset FILE (a local copy, measured with the "
-        f"model's tokenizer) or --seq-len N"
+        f"per query: no source we know publishes one); {facts.counting_hint}, or --seq-len N"
     )
 
 

@@ -97,8 +97,7 @@ def job_packed_lengths(job: FineTuneJob) -> SeqLengths:
     except TunecostError:
         raise TunecostError(
             f"packing: dataset {facts.name} has no token-length statistic in the catalog, so the queries a packed row "
-            "holds are unknown; give --dataset FILE (a local copy, measured with the model's tokenizer), or "
-            "--packing none"
+            f"holds are unknown; {facts.counting_hint}, or --packing none"
         ) from None
     cut = row if facts.max_tokens is None else min(row, int(facts.max_tokens))
     quantiles = lognormal_quantiles(shape.median_tokens, shape.log_sigma, cut)
