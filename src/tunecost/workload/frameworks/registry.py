@@ -43,7 +43,11 @@ def read_config(path: str | Path) -> ConfigJob:
     if shipped is not None:
         job = torchtune.FRAMEWORK.read(ConfigFile(path=f"torchtune's {shipped.name}", data=shipped.config))
         line = f"config {shipped.name}: as torchtune ships it for `tune run {shipped.recipe}` ({shipped.source})"
-        return dataclasses.replace(job, assumptions=(line, *job.assumptions))
+        notes = job.assumptions
+        if shipped.recipe.endswith("_single_device"):  # the file leaves the GPUs to the recipe: here it is known
+            one = f"GPUs: 1, as `tune run {shipped.recipe}` trains on one"
+            notes = tuple(one if a.startswith("GPUs: ") else a for a in notes)
+        return dataclasses.replace(job, assumptions=(line, *notes))
     if not Path(path).exists() and not Path(path).suffix:
         close = difflib.get_close_matches(str(path), torchtune_configs(), n=3)
         hint = f" (close: {', '.join(close)})" if close else ""
