@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 
 # Idle OpenMP threads spin by default; with 2 cores that starves the next op. Set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # No test reaches the Hugging Face Hub (a model outside the catalog is fetched from a local stand-in:
 # tests/models/test_hub.py). Set before huggingface_hub loads.
 os.environ["HF_HUB_OFFLINE"] = "1"
+# Nor the user's Hugging Face cache: a dataset there would be counted (tunecost.workload.job_data). Tests that need
+# one make their own (`hub_cache`); this path is never created.
+os.environ["HF_HUB_CACHE"] = os.path.join(tempfile.gettempdir(), f"tunecost-tests-no-hf-cache-{os.getpid()}")
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,6 +43,27 @@ def _session_cache(tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TUNECOST_CACHE_DIR", str(folder))
         yield folder
+
+
+@pytest.fixture
+def hub_cache(monkeypatch, tmp_path: Path):
+    """`hub_cache(REPO_ID, ROWS)`: a local Hugging Face cache (in tmp_path) holding dataset REPO_ID as one JSON file,
+    laid out as `hf download` leaves it; datasets' own cache beside it."""
+    import datasets
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+
+    def put(repo_id: str, rows: list[dict], file: str = "data.json") -> None:
+        repo = tmp_path / "hub" / f"datasets--{repo_id.replace('/', '--')}"
+        commit = "0123456789abcdef0123456789abcdef01234567"
+        (repo / "snapshots" / commit / file).parent.mkdir(parents=True)
+        (repo / "refs").mkdir()
+        (repo / "refs" / "main").write_text(commit)
+        (repo / "snapshots" / commit / file).write_text(json.dumps(rows), encoding="utf-8")
+
+    return put
 
 
 # A verbatim copy of the paper artifact's A40 measurements: the points behind the paper's Fig. 14.

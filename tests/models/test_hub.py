@@ -68,6 +68,7 @@ def _resolve(hub: str, home: Path, name: str, offline: bool = False) -> subproce
     """`resolve_model(name)` in a fresh process against the stand-in Hub, with its own HF cache in `home`."""
     env = {**os.environ, "HF_ENDPOINT": hub, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1" if offline else "0"}
     env.pop("HF_TOKEN", None)
+    env.pop("HF_HUB_CACHE", None)  # the cache under HF_HOME
     code = (
         "import sys\nfrom tunecost.errors import TunecostError\nfrom tunecost.models.catalog import resolve_model\n"
         f"try:\n    spec = resolve_model({name!r})\nexcept TunecostError as exc:\n    sys.exit(f'error: {{exc}}')\n"

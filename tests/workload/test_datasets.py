@@ -7,12 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tunecost.errors import TunecostError
-from tunecost.workload.datasets import (
-    gsm8k_reference_answer,
-    load_dataset,
-    parse_columns,
-    rows_to_dataset,
-)
+from tunecost.workload.datasets import load_dataset, parse_columns, rows_to_dataset
+from tunecost.workload.formats import gsm8k_reference_answer
 from tunecost.workload.known_datasets import DATA_DIR_ENV
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "data"
@@ -59,12 +55,41 @@ def test_column_mapping():
         load_dataset(str(FIXTURES / "custom_columns.jsonl"), columns={"prompt": "question"})
 
 
+CHAT = [("system", "Be brief."), ("user", "Name a colour."), ("assistant", "Blue."), ("user", "And another?")]
+
+
+def test_chat_messages_and_sharegpt_conversations(tmp_path):
+    """The prompt is every turn before the last assistant turn, the response that turn and the rest."""
+    messages = [{"messages": [{"role": r, "content": c} for r, c in CHAT[:3]]}]
+    roles = {"system": "system", "user": "human", "assistant": "gpt"}
+    sharegpt = [{"conversations": [{"from": roles[r], "value": c} for r, c in CHAT]}]
+    for rows, fmt in ((messages, "messages"), (sharegpt, "conversations")):
+        ds = rows_to_dataset(rows, name="chat", source="chat")
+        ex = ds.examples[0]
+        assert ds.format == fmt and ex.prompt == "Be brief.\nName a colour." and ex.response.startswith("Blue.")
+    assert ex.response == "Blue.\nAnd another?"
+    path = tmp_path / "chat.parquet"  # list-of-struct cells come back from parquet as arrays
+    import pandas as pd
+
+    pd.DataFrame(messages * 2).to_parquet(path)
+    assert load_dataset(str(path)).examples[1].response == "Blue."
+
+
+def test_a_conversation_without_an_assistant_turn_is_a_malformed_row():
+    rows = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}]
+    rows.append({"messages": [{"role": "user", "content": "Hi"}]})
+    with pytest.raises(TunecostError, match=r"row 1 is malformed \('messages' has no assistant turn\)"):
+        rows_to_dataset(rows, name="chat", source="chat.json")
+    with pytest.raises(TunecostError, match=r"row 0 is malformed \(turn 0 of 'messages' needs 'role'"):
+        rows_to_dataset([{"messages": [{"text": "Hi"}]}], name="chat", source="chat.json")
+
+
 def test_unknown_format_names_columns_and_accepted_formats():
     with pytest.raises(TunecostError) as err:
         load_dataset(str(FIXTURES / "unknown_format.json"))
     message = str(err.value)
     assert "['query', 'reply', 'score']" in message
-    for accepted in ("instruction", "question", "ctx", "column mapping"):
+    for accepted in ("instruction", "question", "ctx", "role, content", "from, value", "column mapping"):
         assert accepted in message
 
 

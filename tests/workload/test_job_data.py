@@ -97,27 +97,6 @@ def test_a_catalog_dataset_with_a_local_file_is_measured(monkeypatch, tmp_path: 
     assert data.note.startswith(f"lengths of math_14k ({tmp_path / 'math_14k.json'})")
 
 
-@pytest.fixture
-def hub_cache(monkeypatch, tmp_path: Path):
-    """`hub_cache(REPO_ID, ROWS)`: a local Hugging Face cache (in tmp_path) holding dataset REPO_ID as one JSON file,
-    laid out as `hf download` leaves it; datasets' own cache beside it."""
-    import datasets
-    from huggingface_hub import constants
-
-    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
-
-    def put(repo_id: str, rows: list[dict]) -> None:
-        repo = tmp_path / "hub" / f"datasets--{repo_id.replace('/', '--')}"
-        commit = "0123456789abcdef0123456789abcdef01234567"
-        (repo / "snapshots" / commit).mkdir(parents=True)
-        (repo / "refs").mkdir()
-        (repo / "refs" / "main").write_text(commit)
-        (repo / "snapshots" / commit / "data.json").write_text(json.dumps(rows), encoding="utf-8")
-
-    return put
-
-
 @pytest.mark.parametrize("name", ["alpaca-cleaned", "yahma/alpaca-cleaned"])
 def test_a_catalog_datasets_copy_in_the_local_hub_cache_is_measured(hub_cache, name: str):
     hub_cache("yahma/alpaca-cleaned", ROWS)
@@ -125,6 +104,16 @@ def test_a_catalog_datasets_copy_in_the_local_hub_cache_is_measured(hub_cache, n
     assert (data.name, data.num_queries) == ("alpaca-cleaned", 3)  # the copy's rows, not the catalog's 51,760
     assert data.lengths == tuple(hand_count(r) for r in ROWS)
     assert data.note.startswith("lengths of alpaca-cleaned (yahma/alpaca-cleaned): 3 examples")
+
+
+def test_a_chat_dataset_in_the_hub_cache_is_measured_on_its_split(hub_cache):
+    """ultrachat-200k trains on split train_sft, a file named for it; its rows are role/content messages."""
+    chats = [[("user", r["instruction"]), ("assistant", r["output"])] for r in ROWS]
+    rows = [{"prompt": c[0][1], "messages": [{"role": role, "content": text} for role, text in c]} for c in chats]
+    hub_cache("HuggingFaceH4/ultrachat_200k", rows, file="data/train_sft-00000-of-00001.json")
+    data = job_data("ultrachat-200k", model="mixtral-8x7b")
+    expected = [1 + len(tokenizer_by_name("mistral").encode(r["instruction"] + r["output"])) for r in ROWS]
+    assert data.num_queries == 3 and data.lengths == tuple(expected)
 
 
 def test_a_hub_copy_it_cannot_read_leaves_the_facts_and_says_why(hub_cache):

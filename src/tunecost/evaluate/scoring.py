@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 from tunecost.errors import TunecostError
 from tunecost.evaluate import parsers
-from tunecost.workload.datasets import Dataset, Example
+from tunecost.workload.datasets import Dataset
+from tunecost.workload.formats import Example
 
 # LLM-Adapters' generation budgets: 256 new tokens for math reasoning, 32 for commonsense option words.
 DEFAULT_MAX_NEW_TOKENS = {"number": 256, "letter": 256, "choice": 32, "loglik": 0}

@@ -8,12 +8,13 @@ from __future__ import annotations
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError, unknown_name_error
+from tunecost.workload.formats import FORMAT_ALIASES, FORMATS, DatasetFormat, Example, columns_format, detect_format
 from tunecost.workload.known_datasets import (
     DATA_DIR_ENV,
     KNOWN_DATASETS,
@@ -29,17 +30,6 @@ from tunecost.workload.synthetic import (
     SyntheticArithConfig,
     synthetic_arith_rows,
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class Example:
-    """One query: a prompt and its ground-truth response, plus what evaluation compares against."""
-
-    prompt: str
-    response: str
-    answer: str = ""  # reference answer for scoring: "576.0", "answer3", "true", "A"; may be empty
-    choices: tuple[str, ...] = ()  # continuations scored by log-likelihood (HellaSwag)
-    label: int | None = None  # index of the right choice
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,7 +58,7 @@ class Dataset:
         return replace(self, examples=self.examples[:limit])
 
 
-# ----------------------------------------------------------------------------------------------- formats
+# ----------------------------------------------------------------------------------------------- rows
 
 
 @dataclass(frozen=True)
@@ -76,137 +66,6 @@ class BadLine:
     """A JSONL line that is not JSON: kept in place so `rows_to_dataset` reports it with its row index."""
 
     error: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class DatasetFormat:
-    name: str
-    required: tuple[str, ...]
-    description: str
-    to_example: Callable[[Mapping[str, Any]], Example] = field(repr=False)
-
-
-def _text(row: Mapping[str, Any], key: str, *, required: bool = True) -> str:
-    value = row.get(key)
-    if isinstance(value, float) and value != value:  # NaN: a missing cell in a parquet/csv file
-        value = None
-    if value is None:
-        if required:
-            raise ValueError(f"missing {key!r}")
-        return ""
-    if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-        raise ValueError(f"{key!r} should be text, got {type(value).__name__}")
-    return str(value)
-
-
-def _llm_adapters_example(row: Mapping[str, Any]) -> Example:
-    instruction = _text(row, "instruction")
-    extra = _text(row, "input", required=False)
-    prompt = f"{instruction}\n{extra}" if extra.strip() else instruction
-    if not prompt.strip():
-        raise ValueError("empty 'instruction'")
-    return Example(prompt=prompt, response=_text(row, "output"), answer=_text(row, "answer", required=False).strip())
-
-
-GSM8K_ANSWER = re.compile(r"####\s*(.+?)\s*$", re.DOTALL)
-
-
-def gsm8k_reference_answer(answer_text: str) -> str:
-    """The number after ``####`` in a GSM8K answer, thousands separators removed ("1,000" -> "1000")."""
-    match = GSM8K_ANSWER.search(answer_text)
-    if match is None:
-        raise ValueError("'answer' has no '#### N' final answer")
-    return match.group(1).replace(",", "").strip()
-
-
-def _gsm8k_example(row: Mapping[str, Any]) -> Example:
-    question, answer_text = _text(row, "question"), _text(row, "answer")
-    return Example(prompt=question, response=answer_text, answer=gsm8k_reference_answer(answer_text))
-
-
-def _hellaswag_clean(text: str) -> str:
-    # HellaSwag's WikiHow contexts carry "[title]"/"[header]" markers and double spaces.
-    text = text.strip().replace(" [title]", ". ")
-    text = re.sub(r"\[.*?\]", "", text)
-    return text.replace("  ", " ")
-
-
-def _hellaswag_example(row: Mapping[str, Any]) -> Example:
-    ctx = _hellaswag_clean(_text(row, "ctx"))
-    endings = row.get("endings")
-    if not isinstance(endings, (list, tuple)) or len(endings) < 2 or not all(isinstance(e, str) for e in endings):
-        raise ValueError("'endings' should be a list of at least two strings")
-    raw_label = row.get("label")
-    try:
-        if not isinstance(raw_label, (int, float, str)):
-            raise TypeError
-        label = int(raw_label)  # the hub's label is a string "0".."3"
-    except (TypeError, ValueError, OverflowError):
-        raise ValueError(f"'label' should be an ending index, got {raw_label!r}") from None
-    if not 0 <= label < len(endings):
-        raise ValueError(f"'label' {label} is out of range for {len(endings)} endings")
-    choices = tuple(" " + _hellaswag_clean(e) for e in endings)
-    return Example(prompt=ctx, response=choices[label], answer=str(label), choices=choices, label=label)
-
-
-FORMATS: dict[str, DatasetFormat] = {
-    f.name: f
-    for f in (
-        DatasetFormat(
-            name="llm-adapters",
-            required=("instruction", "output"),
-            description="llm-adapters/alpaca (instruction, output[, input, answer])",
-            to_example=_llm_adapters_example,
-        ),
-        DatasetFormat(
-            name="gsm8k",
-            required=("question", "answer"),
-            description="gsm8k (question, answer with '#### N')",
-            to_example=_gsm8k_example,
-        ),
-        DatasetFormat(
-            name="hellaswag",
-            required=("ctx", "endings", "label"),
-            description="hellaswag (ctx, endings, label)",
-            to_example=_hellaswag_example,
-        ),
-    )
-}
-FORMAT_ALIASES = {"alpaca": "llm-adapters"}
-
-
-def columns_format(columns: Mapping[str, str]) -> DatasetFormat:
-    """A format from a column mapping: keys ``prompt`` and ``response`` (required) and ``answer`` (optional)."""
-    unknown = set(columns) - {"prompt", "response", "answer"}
-    if unknown or not {"prompt", "response"} <= set(columns):
-        raise TunecostError(
-            f"a column mapping needs prompt=COL and response=COL (optionally answer=COL); got {dict(columns)}"
-        )
-
-    def to_example(row: Mapping[str, Any]) -> Example:
-        answer = _text(row, columns["answer"]) if "answer" in columns else ""
-        return Example(
-            prompt=_text(row, columns["prompt"]), response=_text(row, columns["response"]), answer=answer.strip()
-        )
-
-    return DatasetFormat(
-        name="columns", required=tuple(columns.values()), description=f"columns {dict(columns)}", to_example=to_example
-    )
-
-
-def accepted_formats_text() -> str:
-    kinds = "; ".join(f.description for f in FORMATS.values())
-    return f"{kinds}; or any JSON/JSONL with a column mapping (prompt=COL,response=COL[,answer=COL])"
-
-
-def detect_format(columns: Iterable[str], source: str) -> DatasetFormat:
-    found = set(columns)
-    for fmt in FORMATS.values():
-        if set(fmt.required) <= found:
-            return fmt
-    raise TunecostError(
-        f"{source}: unknown dataset format; found columns {sorted(found)}. Accepted formats: {accepted_formats_text()}"
-    )
 
 
 def rows_to_dataset(

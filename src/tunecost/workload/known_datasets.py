@@ -4,6 +4,7 @@ from the local hub cache, downloaded only when allowed)."""
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -108,11 +109,22 @@ def canonical_name(spec: str) -> str | None:
 
 
 def hub_cached(repo_id: str) -> bool:
-    """Whether the local Hugging Face cache holds a snapshot of dataset `repo_id` (the cache's documented layout,
-    HF_HUB_CACHE/datasets--ORG--NAME/snapshots), looked up without loading the hub client."""
+    """Whether `repo_id` is a hub id whose dataset snapshot the local Hugging Face cache holds (the cache's documented
+    layout, HF_HUB_CACHE/datasets--ORG--NAME/snapshots), looked up without loading the hub client."""
     from huggingface_hub import constants
 
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id) or Path(repo_id).suffix:
+        return False
     return (Path(constants.HF_HUB_CACHE) / f"datasets--{repo_id.replace('/', '--')}" / "snapshots").is_dir()
+
+
+def hub_dataset_option(key: str, repo_id: str) -> tuple[dict[str, str], str]:
+    """What a framework config's hub dataset `repo_id` (under `key`) gives a job tunecost has no catalog row for:
+    the dataset option where the local Hugging Face cache holds it, and the note that says which."""
+    if hub_cached(repo_id):
+        return {"dataset": repo_id}, f"{key} {repo_id}: its copy in the local Hugging Face cache is counted"
+    fix = f"give --dataset FILE or --seq-len, or `hf download {repo_id} --repo-type dataset`"
+    return {}, f"{key} {repo_id}: a hub dataset or folder not in the local Hugging Face cache; {fix}"
 
 
 def load_hub_rows(repo_id: str, config: str | None, split: str, *, allow_download: bool = False) -> list[dict]:

@@ -174,6 +174,15 @@ def test_lora(tmp_path):
     assert job.options["lora_dropout"] == 0.05 and "lora_dropout" not in job.not_modelled
 
 
+def test_a_hub_dataset_is_the_jobs_data_where_the_local_cache_holds_it(tmp_path, hub_cache):
+    text = LORA.replace("data/alpaca_sample.jsonl", "mhenrichsen/alpaca_2k_test")
+    job = _read(tmp_path, text)
+    assert "dataset" not in job.options
+    assert any("`hf download mhenrichsen/alpaca_2k_test --repo-type dataset`" in a for a in job.assumptions)
+    hub_cache("mhenrichsen/alpaca_2k_test", [{"instruction": "Hi", "input": "", "output": "Hello"}])
+    assert _read(tmp_path, text).options["dataset"] == "mhenrichsen/alpaca_2k_test"
+
+
 def test_qlora_fsdp(tmp_path):
     job = _read(tmp_path, QLORA_FSDP)
     opts = job.options

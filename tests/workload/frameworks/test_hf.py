@@ -255,6 +255,13 @@ def test_sft_config_yaml(tmp_path: Path) -> None:
     assert _said(job, "dataset_name trl-lib/Capybara", "give --dataset FILE")  # no lengths known for it
 
 
+def test_a_hub_dataset_in_the_local_cache_is_the_jobs_data(tmp_path: Path, hub_cache) -> None:
+    hub_cache("trl-lib/Capybara", [{"messages": [{"role": "user", "content": "Hi"}]}])
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", SFT_YAML)
+    assert job.options["dataset"] == "trl-lib/Capybara"
+    assert _said(job, "dataset_name trl-lib/Capybara: its copy in the local Hugging Face cache is counted")
+
+
 def test_trl_qlora_recipe(tmp_path: Path) -> None:
     job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "qlora.yaml", TRL_QLORA_YAML)
     options = job.options

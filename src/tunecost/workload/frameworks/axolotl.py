@@ -14,7 +14,7 @@ from tunecost.workload.frameworks.llamafactory import (
     filled,
     lora_target_groups,
 )
-from tunecost.workload.known_datasets import catalog_dataset
+from tunecost.workload.known_datasets import catalog_dataset, hub_dataset_option
 
 TITLE = "axolotl"
 KEYS = KnownKeys(f"{TITLE}'s config", ("axolotl",))  # its pydantic schema and bundled plugins' args
@@ -200,8 +200,9 @@ def _dataset(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
         return {"dataset": known}
     if path.lower().endswith(_DATA_SUFFIXES):
         return {"dataset": path}
-    notes.append(f"datasets[0].path {path}: a hub dataset or folder, give --dataset FILE for its lengths")
-    return {}
+    option, note = hub_dataset_option("datasets[0].path", path)
+    notes.append(note)
+    return option
 
 
 def _model_parallel(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from tunecost.workload.frameworks import (
     steps_options,
 )
 from tunecost.workload.frameworks.hf_fsdp import Part, fsdp_options, truthy
-from tunecost.workload.known_datasets import catalog_dataset
+from tunecost.workload.known_datasets import catalog_dataset, hub_dataset_option
 
 
 def words(text: str) -> tuple[str, ...]:
@@ -333,10 +333,12 @@ def _read_training_args(cfg: ConfigFile) -> ConfigJob:
     if cfg.typed("model_name_or_path", str):
         out["model"] = cfg.data["model_name_or_path"]
     if cfg.typed("dataset_name", str):
-        known = catalog_dataset(cfg.data["dataset_name"])
-        out.update({"dataset": known} if known else {})
-        notes += [] if known else [f"dataset_name {cfg.data['dataset_name']}: a hub dataset tunecost has no lengths "
-                                   "for; give --dataset FILE or --seq-len"]  # fmt: skip
+        if known := catalog_dataset(cfg.data["dataset_name"]):
+            out["dataset"] = known
+        else:
+            hub, note = hub_dataset_option("dataset_name", cfg.data["dataset_name"])
+            out |= hub
+            notes.append(note)
     out |= steps_options(cfg, ("max_steps", "gradient_accumulation_steps"), whose, notes)
     for option, key, kind, default in (
         ("batch_size", "per_device_train_batch_size", int, 8),
