@@ -116,6 +116,13 @@ def test_a_chat_dataset_in_the_hub_cache_is_measured_on_its_split(hub_cache):
     assert data.num_queries == 3 and data.lengths == tuple(expected)
 
 
+def test_a_sharegpt_copy_whose_hub_id_has_a_dot_is_measured(hub_cache):
+    turns = [[{"from": "human", "value": r["instruction"]}, {"from": "gpt", "value": r["output"]}] for r in ROWS]
+    hub_cache("teknium/OpenHermes-2.5", [{"conversations": t} for t in turns])
+    data = job_data("openhermes-2.5", model="mixtral-8x7b")
+    assert data.num_queries == 3 and data.note.startswith("lengths of openhermes-2.5 (teknium/OpenHermes-2.5)")
+
+
 def test_a_hub_copy_it_cannot_read_leaves_the_facts_and_says_why(hub_cache):
     hub_cache("yahma/alpaca-cleaned", [{"text": "no prompt or response columns"}])
     data = job_data("alpaca-cleaned", model="mixtral-8x7b")

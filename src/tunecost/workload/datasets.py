@@ -58,6 +58,8 @@ class Dataset:
         return replace(self, examples=self.examples[:limit])
 
 
+FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")  # what `read_rows` reads; any other name may be a hub id
+
 # ----------------------------------------------------------------------------------------------- rows
 
 
@@ -217,7 +219,7 @@ def load_dataset(
         return rows_to_dataset(
             rows, name=known, source=f"hub:{repo_id}:{hub_split}", fmt=fmt, columns=columns, skip_bad_rows=skip_bad_rows
         ).head(limit)
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec) and not path.suffix:
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec) and path.suffix.lower() not in FILE_SUFFIXES:  # teknium/OpenHermes-2.5
         rows = load_hub_rows(spec, None, split, allow_download=allow_download)
         return rows_to_dataset(
             rows, name=spec, source=f"hub:{spec}:{split}", fmt=fmt, columns=columns, skip_bad_rows=skip_bad_rows

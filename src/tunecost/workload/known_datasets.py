@@ -113,7 +113,7 @@ def hub_cached(repo_id: str) -> bool:
     layout, HF_HUB_CACHE/datasets--ORG--NAME/snapshots), looked up without loading the hub client."""
     from huggingface_hub import constants
 
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id) or Path(repo_id).suffix:
+    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id):  # dots are allowed: teknium/OpenHermes-2.5
         return False
     return (Path(constants.HF_HUB_CACHE) / f"datasets--{repo_id.replace('/', '--')}" / "snapshots").is_dir()
 
