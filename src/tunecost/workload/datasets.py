@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,6 +19,7 @@ from tunecost.workload.known_datasets import (
     KNOWN_DATASETS,
     canonical_name,
     data_dirs,
+    is_hub_id,
     load_hub_rows,
     resolve_known,
 )
@@ -57,8 +57,6 @@ class Dataset:
             raise TunecostError(f"limit must be positive, got {limit}")
         return replace(self, examples=self.examples[:limit])
 
-
-FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")  # what `read_rows` reads; any other name may be a hub id
 
 # ----------------------------------------------------------------------------------------------- rows
 
@@ -219,7 +217,7 @@ def load_dataset(
         return rows_to_dataset(
             rows, name=known, source=f"hub:{repo_id}:{hub_split}", fmt=fmt, columns=columns, skip_bad_rows=skip_bad_rows
         ).head(limit)
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec) and path.suffix.lower() not in FILE_SUFFIXES:  # teknium/OpenHermes-2.5
+    if is_hub_id(spec):
         rows = load_hub_rows(spec, None, split, allow_download=allow_download)
         return rows_to_dataset(
             rows, name=spec, source=f"hub:{spec}:{split}", fmt=fmt, columns=columns, skip_bad_rows=skip_bad_rows

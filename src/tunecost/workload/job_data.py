@@ -18,7 +18,7 @@ from tunecost.catalog.datasets import dataset_catalog, get_dataset_facts
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.datasets import load_dataset
-from tunecost.workload.known_datasets import KNOWN_DATASETS, canonical_name, hub_cached, resolve_known
+from tunecost.workload.known_datasets import FILE_SUFFIXES, KNOWN_DATASETS, canonical_name, hub_cached, resolve_known
 from tunecost.workload.lengths import LengthDistribution, length_distribution
 from tunecost.workload.templates import template_by_name
 from tunecost.workload.tokenizers import tokenizer_by_name
@@ -27,7 +27,7 @@ TEMPLATE = "none"  # prompt + response as one text, BOS counted (tunecost.worklo
 OFFLINE_TOKENIZER = "mistral"
 # Catalog models whose own tokenizer is the offline one (Mixtral / Mistral v1 SentencePiece, 32000 pieces).
 MISTRAL_V1_MODELS = ("mixtral-8x7b", "mistral-7b-v0.1", "mistral-7b-v0.2", "tiny-mixtral")
-FILE_TYPES = ".json, .jsonl, .csv or .parquet"
+FILE_TYPES = f"{', '.join(FILE_SUFFIXES[:-1])} or {FILE_SUFFIXES[-1]}"  # .json, .jsonl, .csv or .parquet
 
 
 @dataclass(frozen=True, kw_only=True)

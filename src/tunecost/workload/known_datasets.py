@@ -12,6 +12,7 @@ from tunecost.catalog.datasets import get_dataset_facts
 from tunecost.errors import TunecostError
 
 DATA_DIR_ENV = "TUNECOST_DATA_DIR"
+FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")  # the data files tunecost reads
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,12 +109,17 @@ def canonical_name(spec: str) -> str | None:
     return lowered.get(spec.strip().lower())
 
 
+def is_hub_id(spec: str) -> bool:
+    """Whether `spec` reads as a hub dataset id, `org/name` (dots allowed: teknium/OpenHermes-2.5), not a data file."""
+    return re.fullmatch(r"[\w.-]+/[\w.-]+", spec) is not None and Path(spec).suffix.lower() not in FILE_SUFFIXES
+
+
 def hub_cached(repo_id: str) -> bool:
     """Whether `repo_id` is a hub id whose dataset snapshot the local Hugging Face cache holds (the cache's documented
     layout, HF_HUB_CACHE/datasets--ORG--NAME/snapshots), looked up without loading the hub client."""
     from huggingface_hub import constants
 
-    if not re.fullmatch(r"[\w.-]+/[\w.-]+", repo_id):  # dots are allowed: teknium/OpenHermes-2.5
+    if not is_hub_id(repo_id):
         return False
     return (Path(constants.HF_HUB_CACHE) / f"datasets--{repo_id.replace('/', '--')}" / "snapshots").is_dir()
 

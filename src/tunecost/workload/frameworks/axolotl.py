@@ -14,7 +14,7 @@ from tunecost.workload.frameworks.llamafactory import (
     filled,
     lora_target_groups,
 )
-from tunecost.workload.known_datasets import catalog_dataset, hub_dataset_option
+from tunecost.workload.known_datasets import FILE_SUFFIXES, catalog_dataset, hub_dataset_option
 
 TITLE = "axolotl"
 KEYS = KnownKeys(f"{TITLE}'s config", ("axolotl",))  # its pydantic schema and bundled plugins' args
@@ -42,7 +42,6 @@ _NOT_SFT = {
     "rl": "RL / preference training", "reward_model": "reward model training",
     "process_reward_model": "reward model training", "pretraining_dataset": "pretraining",
 }  # fmt: skip
-_DATA_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")
 
 
 def _get(cfg: ConfigFile, notes: list[str], key: str, kind: Any) -> Any:
@@ -198,7 +197,7 @@ def _dataset(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
         notes.append(f"datasets: only the first of {len(datasets)} gives the lengths")
     if known := catalog_dataset(path):
         return {"dataset": known}
-    if path.lower().endswith(_DATA_SUFFIXES):
+    if path.lower().endswith(FILE_SUFFIXES):
         return {"dataset": path}
     option, note = hub_dataset_option("datasets[0].path", path)
     notes.append(note)

@@ -46,7 +46,7 @@ def read_config(path: str | Path) -> ConfigJob:
         notes = job.assumptions
         if shipped.recipe.endswith("_single_device"):  # the file leaves the GPUs to the recipe: here it is known
             one = f"GPUs: 1, as `tune run {shipped.recipe}` trains on one"
-            notes = tuple(one if a.startswith("GPUs: ") else a for a in notes)
+            notes = tuple(one if a == torchtune.GPUS_UNSAID else a for a in notes)
         return dataclasses.replace(job, assumptions=(line, *notes))
     if not Path(path).exists() and not Path(path).suffix:
         close = difflib.get_close_matches(str(path), torchtune_configs(), n=3)

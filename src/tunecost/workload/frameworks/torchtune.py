@@ -212,9 +212,12 @@ def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> No
                      "masked per document")  # fmt: skip
 
 
+GPUS_UNSAID = f"GPUs: {TITLE}'s recipe and `tune run --nproc_per_node` are not in the file (give --gpus)"
+
+
 def _layout(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     if not any(key in flat.data for key in DISTRIBUTED_KEYS):
-        notes.append(f"GPUs: {TITLE}'s recipe and `tune run --nproc_per_node` are not in the file (give --gpus)")
+        notes.append(GPUS_UNSAID)
         return
     tp, cp = (positive(flat, key, flat.typed(key, int)) for key in TP_CP_KEYS)
     options.update({k: v for k, v in (("tp", tp), ("cp", cp)) if v > 1})
