@@ -14,7 +14,7 @@ def gqa_attention(hidden_size: int, num_attention_heads: int) -> dict[str, int]:
     }
 
 
-def write_llama_config(path, **sizes: int | bool):
+def write_llama_config(path, **sizes: int | bool | str):
     """Write a tiny Llama config.json (untied head unless `tie_word_embeddings` says otherwise) with `sizes`
     (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, vocab_size) at
     `path` and return `path`."""

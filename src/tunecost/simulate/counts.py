@@ -5,6 +5,8 @@ Sources and derivations: docs/memory-model.md, section `tunecost.simulate.counts
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 from torch.utils import flop_counter as _fc
 
@@ -182,6 +184,15 @@ def note_not_affine() -> None:
     split of tokens, a power-of-two chunk), so no step is read off a line through it (`batch_line`)."""
     for listener in NOT_AFFINE_LISTENERS:
         listener()
+
+
+LOOP_LISTENERS: list = []  # callables(count, tensor) -> the indices of a loop the running recorder runs
+
+
+def like_iterations(count: int, tensor: torch.Tensor) -> Iterator[int]:
+    """0..count-1, the iterations of a loop that runs the same ops on the same sizes (the last may be smaller) over
+    `tensor`: the running recorder (if any) may run some and repeat their record for the rest (`loops`)."""
+    return LOOP_LISTENERS[-1](count, tensor) if LOOP_LISTENERS else iter(range(count))
 
 
 def add_work(op_class: str, *, flops: int = 0, nbytes: int = 0) -> None:

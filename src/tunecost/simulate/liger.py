@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tunecost.simulate.counts import note_not_affine
+from tunecost.simulate.counts import like_iterations, note_not_affine
 from tunecost.workload.liger import GEMMA_NORMS, NO_GLU, NORMS_NOT_IN_PLACE, flce_chunk_rows
 
 GLU_ACTS = frozenset({"silu", "swish", "gelu_pytorch_tanh", "gelu"})  # Liger's SwiGLU and GEGLU MLPs
@@ -51,7 +51,8 @@ class RMSNormFunction(torch.autograd.Function):
         dw = torch.zeros_like(w) if ctx.needs_input_grad[1] else None
         blocks = _row_blocks(rows.shape[0])
         x_hat, g, prod = _scratch(3, blocks, rows.shape[-1], rstd.dtype, rows.device)
-        for sl in blocks:
+        for i in like_iterations(len(blocks), rows):
+            sl = blocks[i]
             n = rows[sl].shape[0]
             xh, gb, pb, r = x_hat[:n], g[:n], prod[:n], rstd[sl, None]
             xh.copy_(rows[sl]).mul_(r)
@@ -81,7 +82,9 @@ class GLUFunction(torch.autograd.Function):
         ctx.gelu = gelu
         c = torch.empty_like(a)
         a2, b2, c2 = (t.view(-1, t.shape[-1]) for t in (a, b, c))
-        for sl in _row_blocks(a2.shape[0]):
+        blocks = _row_blocks(a2.shape[0])
+        for i in like_iterations(len(blocks), a2):
+            sl = blocks[i]
             act = nn.functional.gelu(a2[sl], approximate="tanh") if gelu else nn.functional.silu(a2[sl])
             c2[sl] = act * b2[sl]
         return c
@@ -95,7 +98,8 @@ class GLUFunction(torch.autograd.Function):
         buffers = _scratch(4 if ctx.gelu else 3, blocks, a2.shape[-1], acc, a.device)
         x, s, t = buffers[:3]
         w = buffers[3] if ctx.gelu else None
-        for sl in blocks:
+        for i in like_iterations(len(blocks), a2):
+            sl = blocks[i]
             n = a2[sl].shape[0]
             xb, sb, tb = x[:n], s[:n], t[:n]
             xb.copy_(a2[sl])
@@ -134,7 +138,9 @@ class FusedLinearCrossEntropy(torch.autograd.Function):
         mask = target != ignore_index
         count = mask.sum().clamp(min=1)
         logits = torch.empty((chunk, weight.shape[0]), dtype=x.dtype, device=x.device)
-        for start in range(0, tokens, chunk):
+        starts = range(0, tokens, chunk)
+        for i in like_iterations(len(starts), x):
+            start = starts[i]
             end = min(start + chunk, tokens)
             rows, t, m = x[start:end], target[start:end], mask[start:end]
             block = logits[: end - start]

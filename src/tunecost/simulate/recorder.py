@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import bisect
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from tunecost.simulate import counts as _counts
+from tunecost.simulate.loops import recorded_loop
 
 _SEQ_NONE = 2**63  # AccumulateGrad nodes carry UINT64_MAX
 
@@ -60,8 +62,11 @@ class _OpCounter:
     flops: dict = field(default_factory=dict)  # (phase, class) -> FLOPs
     bytes: dict = field(default_factory=dict)  # (phase, class) -> bytes
     flops_by_group: dict = field(default_factory=dict)  # (group, phase) -> FLOPs
+    log: list | None = None  # each add's arguments, while a loop is sampled (`loops.recorded_loop`)
 
     def add(self, phase: str, op_class: str, group: str, flops: int, nbytes: int) -> None:
+        if self.log is not None:
+            self.log.append((phase, op_class, group, flops, nbytes))
         if flops:
             self.flops[(phase, op_class)] = self.flops.get((phase, op_class), 0) + flops
             self.flops_by_group[(group, phase)] = self.flops_by_group.get((group, phase), 0) + flops
@@ -145,6 +150,7 @@ class StepRecorder(TorchDispatchMode):
         _counts.LISTENERS.append(self._mark_seq)
         _counts.WORK_LISTENERS.append(self._add_work)
         _counts.NOT_AFFINE_LISTENERS.append(self._not_affine)
+        _counts.LOOP_LISTENERS.append(self._loop)
 
     def remove_hooks(self) -> None:
         for h in self._handles:
@@ -156,9 +162,14 @@ class StepRecorder(TorchDispatchMode):
             _counts.WORK_LISTENERS.remove(self._add_work)
         if self._not_affine in _counts.NOT_AFFINE_LISTENERS:
             _counts.NOT_AFFINE_LISTENERS.remove(self._not_affine)
+        if self._loop in _counts.LOOP_LISTENERS:
+            _counts.LOOP_LISTENERS.remove(self._loop)
 
     def _not_affine(self) -> None:
         self.not_affine = True
+
+    def _loop(self, count: int, tensor: torch.Tensor) -> Iterator[int]:
+        return recorded_loop(self, count) if _is_fake(tensor) else iter(range(count))
 
     def _add_work(self, op_class: str, flops: int, nbytes: int) -> None:
         if self.phase != "setup":
