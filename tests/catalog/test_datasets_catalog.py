@@ -157,7 +157,10 @@ def test_a_mean_only_dataset_estimates_and_says_it_used_a_mean(catalog_with: Cal
     assert any(n.startswith("lengths: mean-only: log-normal from a mean") for n in pred.notes), pred.notes
 
 
-def test_a_dataset_without_lengths_is_a_clear_error(cli_error: Callable[[list[str]], str]) -> None:
+def test_a_dataset_without_lengths_is_a_clear_error(cli_error: Callable[[list[str]], str], monkeypatch) -> None:
+    from tunecost.estimate import calibrated
+
+    monkeypatch.setattr(calibrated, "max_batch_size_for", lambda req: pytest.fail("searched a batch first"))
     facts = get_dataset_facts("alpaca")
     assert facts.length_statistic == ""
     with pytest.raises(TunecostError, match=r"alpaca has no token-length statistic.*--dataset FILE.*--seq-len"):

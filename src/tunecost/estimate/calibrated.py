@@ -40,7 +40,13 @@ from tunecost.estimate.throughput.stack_priors import (
     model_kind,
     stack_prior,
 )
-from tunecost.estimate.throughput.targets import Prediction, ThroughputTarget, throughput_target, with_setup
+from tunecost.estimate.throughput.targets import (
+    Prediction,
+    ThroughputTarget,
+    job_lengths,
+    throughput_target,
+    with_setup,
+)
 from tunecost.models.anatomy import GATED_DELTA_FAMILIES, MAMBA2_FAMILIES
 from tunecost.simulate.behaviour import LOSS_TRL_CHUNKED
 from tunecost.workload.liger import liger_loss_applies, liger_note
@@ -123,6 +129,7 @@ def max_batch_size_for(req: EstimateRequest) -> Sizing:
 )
 def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
     model = calibrated_model(req.options.calibrate)
+    job_lengths(req.job.with_(batch_size=1))  # data without lengths: the error before the (slow) batch search
     sizing = max_batch_size_for(req)
     if sizing.max_batch_size < 1 and not req.fixed_batch:
         return does_not_fit(sizing, "no room for a batch")

@@ -15,7 +15,13 @@ from tunecost.errors import TunecostError
 from tunecost.estimate.paper import PAPER_METHOD
 from tunecost.estimate.throughput.counts import AnalyticStepCounts, analytic_step_counts
 from tunecost.estimate.throughput.coverage import SETUP_FIELDS
-from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, dataset_lengths, empirical_lengths, fixed_lengths
+from tunecost.estimate.throughput.lengths import (
+    PAPER_CUTOFF_TOKENS,
+    SeqLengths,
+    dataset_lengths,
+    empirical_lengths,
+    fixed_lengths,
+)
 from tunecost.estimate.throughput.model import StepTime
 from tunecost.estimate.throughput.packing import job_packed_lengths
 from tunecost.models.catalog import resolve_model
@@ -114,9 +120,19 @@ class Prediction:
 
 def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, AnalyticStepCounts]:
     """The target's job sized for the step counts (a dataset's job at its cutoff length) and its analytic step
-    counts over the job's own lengths: its real lengths (each batch padded to its longest, cut at seq_len if given,
-    else at the longest), else its fixed seq_len, else its dataset's length distribution."""
-    job = target.job
+    counts over the job's own lengths (`job_lengths`)."""
+    job, lengths = job_lengths(target.job)
+    spec = resolve_model(job.model)
+    counts = analytic_step_counts(
+        spec, job, lengths, te_layers=target.te_layers, lora_compute_dtype=target.lora_compute_dtype
+    )
+    return job, counts
+
+
+def job_lengths(job: FineTuneJob) -> tuple[FineTuneJob, SeqLengths]:
+    """The job sized for its lengths and the lengths of its batches: its real lengths (each batch padded to its
+    longest, cut at seq_len if given, else at the longest), else its fixed seq_len, else its dataset's length
+    distribution (an error where the catalog has none)."""
     if job.packing != "none":
         lengths = job_packed_lengths(job)
     elif job.lengths:
@@ -131,11 +147,7 @@ def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, AnalyticStepCounts]:
     else:
         lengths = dataset_lengths(str(job.dataset), job.batch_size)
         job = replace(job, seq_len=PAPER_CUTOFF_TOKENS)
-    spec = resolve_model(job.model)
-    counts = analytic_step_counts(
-        spec, job, lengths, te_layers=target.te_layers, lora_compute_dtype=target.lora_compute_dtype
-    )
-    return job, counts
+    return job, lengths
 
 
 def run_queries_per_s(step_s: float, queries_per_step: float, run_overhead_s: float, run_queries: int | None) -> float:
