@@ -70,6 +70,12 @@ COMMANDS: dict[str, list[str]] = {
     "memory_mixtral_qlora": ["memory", "--model", "mixtral-8x7b", "--method", "qlora", "--gpu", "A100-80GB-SXM"],
     "memory_dense_lora": ["memory", "--model", "llama-3.1-8b", "--method", "lora", "--batch-size", "4"],
     "memory_full_gb": ["memory", "--model", "blackmamba-2.8b", "--method", "full", "--gpu-memory-gb", "40"],
+    "memory_liger": ["memory", "--model", "llama-3.1-8b", "--method", "full", "--batch-size", "3", "--liger-kernel"],
+    "estimate_liger": [
+        "estimate",
+        *["--model", "qwen2.5-0.5b", "--method", "lora", "--gpu", "RTX3080-10GB", "--seq-len", "1024"],
+        *["--queries", "1000", "--epochs", "1", "--liger-kernel"],
+    ],
     "max_batch": ["max-batch", "--model", "tiny-mixtral", "--device", "cpu", "--gpu", "A40-48GB", "--seq-len", "128"],
     "plan": [
         "plan",

@@ -33,7 +33,7 @@ EXPECTED: dict[str, tuple[dict[str, object], str]] = {
     ),
     "llamafactory/qlora_rank64": (
         {"model": "Qwen/Qwen3-0.6B", "method": "qlora", "quant_type": "nf4", "lora_rank": 64, "lora_alpha": 128,
-         "lora_targets": "attention", "attention": "flash", "optimizer": "adamw-8bit", "seq_len": 512,
+         "lora_targets": "q_proj,v_proj", "attention": "flash", "optimizer": "adamw-8bit", "seq_len": 512,
          "batch_size": 4},
         "double_quant on: LLaMA-Factory's default",
     ),
@@ -89,8 +89,9 @@ EXPECTED: dict[str, tuple[dict[str, object], str]] = {
     ),
     "torchtune/qlora_single_device": (
         {"model": "google/gemma-2b", "method": "qlora", "lora_rank": 64, "lora_alpha": 128,
-         "lora_targets": "attention,mlp", "gradient_checkpointing": False, "seq_len": 2048, "batch_size": 4},
-        "lora_targets attention: tunecost adapts all four projections, not only q_proj, v_proj, output_proj",
+         "lora_targets": "mlp,q_proj,v_proj,o_proj", "gradient_checkpointing": False, "seq_len": 2048,
+         "batch_size": 4},
+        "attention sdpa: torchtune's attention calls torch's scaled_dot_product_attention",
     ),
     "torchtune/full_distributed": (
         {"model": "Qwen/Qwen3-0.6B", "method": "full", "optimizer": "adamw-8bit", "optimizer_in_backward": True,
@@ -136,13 +137,13 @@ EXPECTED: dict[str, tuple[dict[str, object], str]] = {
     ),
     "litgpt/lora_r8": (
         {"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "lora_rank": 8, "lora_alpha": 16,
-         "lora_targets": "attention", "num_gpus": 1, "gradient_checkpointing": False, "seq_len": 1024,
+         "lora_targets": "q_proj,v_proj", "num_gpus": 1, "gradient_checkpointing": False, "seq_len": 1024,
          "batch_size": 2},
         "lora_key false, lora_projection false, lora_mlp false, lora_head false: litgpt's defaults",
     ),
     "litgpt/qlora_nf4_dq": (
         {"model": "google/gemma-2b", "method": "qlora", "quant_type": "nf4", "double_quant": True,
-         "lora_rank": 32, "lora_alpha": 16, "lora_targets": "attention,mlp", "dtype": "bf16", "seq_len": 512,
+         "lora_rank": 32, "lora_alpha": 16, "lora_targets": "mlp,q_proj,v_proj", "dtype": "bf16", "seq_len": 512,
          "batch_size": 2, "epochs": 2},
         "optimizer adamw: litgpt runs bitsandbytes' PagedAdamW under quantize (paging not modelled)",
     ),

@@ -586,3 +586,20 @@ def test_liger_kernel_has_no_torchtune_recipe(tmp_path: Path) -> None:
             dataclasses.replace(make_job("ddp-lora", liger_kernel=True), strategy="fsdp2"), "torchtune", tmp_path
         )
     assert not list(tmp_path.iterdir())
+
+
+def test_single_projections_reach_every_recipe(tmp_path: Path) -> None:
+    """PEFT's target_modules, LLaMA-Factory's lora_target and torchtune's lora_attn_modules name the projections."""
+    job = make_job("ddp-lora", lora_targets=("q_proj", "v_proj"))
+    write_recipe(job, "accelerate", tmp_path / "acc")
+    lora = json.loads((tmp_path / "acc" / "train_args.json").read_text())["lora_config"]
+    assert lora["target_modules"] == ["q_proj", "v_proj"] and "target_parameters" not in lora
+    write_recipe(job, "llamafactory", tmp_path / "lf")
+    assert yaml.safe_load((tmp_path / "lf" / "llamafactory.yaml").read_text())["lora_target"] == "q_proj,v_proj"
+    write_recipe(
+        dataclasses.replace(job, strategy="fsdp2", lora_targets=("o_proj", "mlp")), "torchtune", tmp_path / "tt"
+    )
+    words = launch_words(tmp_path / "tt" / "launch.sh")
+    assert "model.lora_attn_modules=[output_proj]" in words and "model.apply_lora_to_mlp=True" in words
+    with pytest.raises(TunecostError, match="torchtune recipe: .*the MLP whole"):
+        write_recipe(dataclasses.replace(job, strategy="fsdp2", lora_targets=("down_proj",)), "torchtune", tmp_path)

@@ -61,7 +61,7 @@ def test_free_text_cells_read_as_a_person_reads_them(cells: dict, expected: tupl
 def test_torchtune_lora_rows_take_its_shipped_configs_and_full_rows_none() -> None:
     mapped = map_row(CorpusRow(path="x.csv", line=2, cells={**ROW, "stack": "torchtune"}))
     assert mapped.job.lora.rank == 8 and mapped.job.gradient_checkpointing
-    assert set(mapped.job.lora.targets) == {"attention", "mlp"}
+    assert set(mapped.job.lora.targets) == {"q_proj", "v_proj", "o_proj", "mlp"}  # lora_attn_modules q, v, output
     assert "LoRA rank 8: as torchtune's shipped LoRA configs set it" in mapped.note
     with pytest.raises(Skip, match="gradient checkpointing not stated"):  # its full configs differ per GPU
         map_row(CorpusRow(path="x.csv", line=2, cells={**ROW, "stack": "torchtune", "method": "full"}))

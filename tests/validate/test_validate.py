@@ -124,7 +124,8 @@ def test_an_fsdp_rows_nvidia_smi_is_the_ranks_replayed_reserve(corpus) -> None:
 
 
 def test_lora_target_names() -> None:
-    assert lora_targets("q_proj;v_proj") == ("attention",)
+    assert lora_targets("q_proj;v_proj") == ("q_proj", "v_proj")  # PEFT's default for Llama: two projections
+    assert lora_targets("q_proj;k_proj;v_proj;o_proj") == lora_targets("query_key_value") == ("attention",)
     assert lora_targets("c_attn;c_proj;w1;w2") == ("attention", "mlp")  # Qwen's c_proj: attention and MLP out
     assert lora_targets("gate_proj;up_proj;down_proj") == ("mlp",)
     # NeMo 1 (MLPerf's `target_modules: ['attention']`) and Megatron Core names

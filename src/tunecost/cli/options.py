@@ -130,7 +130,11 @@ LoraAlpha = Annotated[float, opt("--lora-alpha", "LoRA alpha (scaling alpha / ra
 LoraDropout = Annotated[float, opt("--lora-dropout", "Dropout on each LoRA adapter's input (PEFT's lora_dropout).")]
 LoraTargets = Annotated[
     str | None,
-    opt("--lora-targets", "attention, experts, router, mlp (default: experts,router for MoE, attention,mlp dense)."),
+    opt(
+        "--lora-targets",
+        "attention, mlp, experts, router, or single projections q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+        "down_proj (default: experts,router for MoE, attention,mlp dense).",
+    ),
 ]
 Attention = Annotated[str, opt("--attention", "flash | sdpa | eager.")]
 PACKING_HELP = (

@@ -156,13 +156,16 @@ def _swap_linears(
     style: str,
     skip: tuple[str, ...] = (),
     dropout: float = 0.0,
+    only: tuple[str, ...] | None = None,
 ) -> None:
+    """Quantize (`quant`) every linear under `parent` and give it LoRA (`lora`: rank, alpha), or, with `only`, give
+    LoRA to the linears of those names only."""
     for name, child in list(parent.named_children()):
         if name in skip:
             continue
         # nn.Linear, or a subclass computing the same x W^T + b (Falcon's FalconLinear); PEFT wraps both alike
         if isinstance(child, nn.Linear):
-            rank, alpha = lora if lora else (None, 0.0)
+            rank, alpha = lora if lora and (only is None or name in only) else (None, 0.0)
             # torchtune builds its LoRA model under the compute dtype as the default dtype: adapters in bf16
             lora_dtype = child.weight.dtype if style == "torchtune" else torch.float32
             sim = SimLinear(
@@ -176,7 +179,12 @@ def _swap_linears(
             )
             setattr(parent, name, sim)
         else:
-            _swap_linears(child, quant=quant, lora=lora, style=style, dropout=dropout)
+            _swap_linears(child, quant=quant, lora=lora, style=style, dropout=dropout, only=only)
+
+
+def _only(job: FineTuneJob, group: str) -> tuple[str, ...] | None:
+    """The linears of `group` that get LoRA: all (None) when the group is a target, else its named projections."""
+    return None if group in job.lora.targets else job.lora.adapted(group)
 
 
 def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
@@ -199,7 +207,7 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
     for layer in decoder_layers(model):
         attn = layer_part(layer, ATTENTION_NAMES)
         if attn is not None:
-            _swap_linears(attn, quant=quant, lora=lora if "attention" in targets else None, style=style, dropout=p)
+            _swap_linears(attn, quant=quant, lora=lora, style=style, dropout=p, only=_only(job, "attention"))
         mlp = layer_part(layer, FEED_FORWARD_NAMES)
         shared_mlp = getattr(layer, "shared_mlp", None)  # GraniteMoeShared: the shared experts beside the block
         if shared_mlp is not None:  # Granite 4.0's dense models: the only MLP
@@ -229,7 +237,7 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
                 lora_router = SimLoraRouter(getattr(mlp, router), lora_rank=lora[0], lora_alpha=lora[1])
                 setattr(mlp, router, lora_router)
         else:
-            _swap_linears(mlp, quant=quant, lora=lora if "mlp" in targets else None, style=style, dropout=p)
+            _swap_linears(mlp, quant=quant, lora=lora, style=style, dropout=p, only=_only(job, "mlp"))
     if not any(p.requires_grad for p in model.parameters()):
         raise TunecostError(f"no LoRA target among {', '.join(job.lora.targets)} exists in {job.model}")
     wrap_modules_to_save(model, job.modules_to_save)

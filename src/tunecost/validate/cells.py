@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from tunecost.simulate.behaviour import ADAMW_FUSED
+from tunecost.workload.job import group_targets
 
 
 class Skip(Exception):
@@ -116,19 +117,20 @@ def lora_targets(cell: str, *, is_moe: bool = False) -> tuple[str, ...]:
     names = [n for n in _target_names(cell) if not ("trained fully" in n or n.split()[0] in _MODULES_TO_SAVE)]
     if not names:
         raise Skip("LoRA targets not stated")
-    out: set[str] = set()
+    found: dict[str, set[str]] = {}  # group -> its names in the row ("*": the whole group)
     for name in names:
         if name.lower() in _ALL_LINEAR_TARGETS:
-            out |= {"attention", "experts", "router"} if is_moe else {"attention", "mlp"}
-        elif name in _ATTENTION_TARGETS:
-            out.add("attention")
-        elif name in _MLP_TARGETS:
-            out.add("mlp")
+            groups = ("attention", "experts", "router") if is_moe else ("attention", "mlp")
+        elif name in _ATTENTION_TARGETS or name in _MLP_TARGETS:
+            found.setdefault("attention" if name in _ATTENTION_TARGETS else "mlp", set()).add(name)
+            continue
         elif name in _BOTH_TARGETS:
-            out |= {"attention", "mlp"}
+            groups = ("attention", "mlp")
         else:
             raise Skip(f"LoRA target {name!r} not known")
-    return tuple(sorted(out))
+        for group in groups:
+            found.setdefault(group, set()).add("*")
+    return tuple(sorted(t for group, listed in found.items() for t in group_targets(group, listed)))
 
 
 _OPTIMIZERS = {  # normalised optimizer cell -> FineTuneJob.optimizer

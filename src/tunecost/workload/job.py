@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
@@ -18,11 +18,22 @@ from tunecost.limits import MAX_LORA_ALPHA
 from tunecost.workload.parallel import ParallelPlan
 
 Method = Literal["full", "lora", "qlora"]
-LoraTarget = Literal["attention", "experts", "router", "mlp"]
 METHODS: tuple[str, ...] = ("full", "lora", "qlora")
-# Parts of a model that can get LoRA adapters. The simulator models all four; the MoE installer that a profile
-# uses (tunecost.moe) puts adapters on the MoE layers only, so it accepts the MOE_LORA_TARGETS subset.
-LORA_TARGETS: tuple[str, ...] = ("attention", "experts", "router", "mlp")
+# Parts of a model that can get LoRA adapters: four groups, or single projections of the attention and dense MLP
+# groups as Llama-style models name them (PEFT's target_modules). The simulator models all; the MoE installer that
+# a profile uses (tunecost.moe) puts adapters on the MoE layers only, so it accepts the MOE_LORA_TARGETS subset.
+PROJECTIONS: dict[str, tuple[str, ...]] = {
+    "attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
+    "mlp": ("gate_proj", "up_proj", "down_proj"),
+}
+LORA_TARGETS: tuple[str, ...] = (
+    "attention",
+    "experts",
+    "router",
+    "mlp",
+    *PROJECTIONS["attention"],
+    *PROJECTIONS["mlp"],
+)
 MOE_LORA_TARGETS: tuple[str, ...] = ("experts", "router")
 # LoRA targets when none are named: the paper's for an MoE model (its experts and router), and what PEFT users
 # adapt in a dense model (the attention projections q, k, v, o and the MLP's gate, up, down).
@@ -111,7 +122,28 @@ def parse_lora_targets(text: str) -> tuple[str, ...]:
         _check_choice("LoRA target", t, LORA_TARGETS)
     if len(set(targets)) != len(targets):
         raise TunecostError(f"a LoRA target is named twice: {', '.join(targets)}")
+    _check_groups(targets)
     return targets
+
+
+def group_targets(group: str, names: set[str]) -> tuple[str, ...]:
+    """The LoRA targets for module names of one group as a config lists them: those projections where each is one
+    of the group's Llama-style projections (`PROJECTIONS`) and they are not all of them, else the whole group."""
+    own = PROJECTIONS.get(group, ())
+    return tuple(n for n in own if n in names) if names and names < set(own) else (group,)
+
+
+def targets_text(targets: Collection[str]) -> str:
+    """LoRA targets as the --lora-targets value: groups first (attention, mlp, experts, router), then projections."""
+    order = ("attention", "mlp", "experts", "router", *PROJECTIONS["attention"], *PROJECTIONS["mlp"])
+    return ",".join(t for t in order if t in targets)
+
+
+def _check_groups(targets: tuple[str, ...]) -> None:
+    for group, names in PROJECTIONS.items():
+        inside = [t for t in targets if t in names]
+        if group in targets and inside:
+            raise TunecostError(f"LoRA target {inside[0]} is part of {group}, named too: {', '.join(targets)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,10 +166,16 @@ class LoraConfig:
             raise TunecostError(f"LoRA dropout (--lora-dropout) must be at least 0 and below 1, got {self.dropout!r}")
         for t in self.targets:
             _check_choice("LoRA target", t, LORA_TARGETS)
+        _check_groups(self.targets)
 
     @property
     def scaling(self) -> float:
         return self.alpha / self.rank
+
+    def adapted(self, group: str) -> tuple[str, ...]:
+        """The projections of `group` (attention, mlp) that get adapters: all of them when the group is a target."""
+        names = PROJECTIONS[group]
+        return names if group in self.targets else tuple(n for n in names if n in self.targets)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -229,8 +229,8 @@ def test_fsdp2_partial_targets_and_offload_checkpointing(tmp_path):
         "fsdp_version: 2\nfsdp_config:\n  reshard_after_forward: true\n"
     )
     job = _read(tmp_path, text)
-    assert job.options["lora_targets"] == "attention,experts,router"
-    assert any("whole attention group" in line for line in job.assumptions)
+    assert job.options["lora_targets"] == "experts,router,q_proj,v_proj"  # the listed projections only
+    assert not any("whole attention group" in line for line in job.assumptions)
     assert job.options["strategy"] == "fsdp2" and job.options["gradient_checkpointing"] is True
 
 

@@ -186,8 +186,8 @@ def test_defaults_of_a_bare_config(tmp_path):
 def test_partial_target_list_and_inline_deepspeed(tmp_path):
     text = "model_name_or_path: m\nlora_target: q_proj, v_proj\ndeepspeed:\n  zero_optimization:\n    stage: 2\n"
     job = _read(tmp_path, text + "    offload_optimizer:\n      device: cpu\n")
-    assert job.options["lora_targets"] == "attention"
-    assert any("whole attention group (all four projections)" in line for line in job.assumptions)
+    assert job.options["lora_targets"] == "q_proj,v_proj"  # the listed projections, not the whole group
+    assert not any("whole attention group" in line for line in job.assumptions)
     assert (job.options["strategy"], job.options["offload"]) == ("zero2", "optimizer")
 
 
@@ -245,7 +245,8 @@ def test_detect_is_false_for_other_frameworks(data):
         (["w1", "w2", "w3"], "internlm/internlm2-7b", "mlp"),
         (["w1", "w2", "w3"], "mistralai/Mixtral-8x7B-v0.1", "experts"),
         (["model.layers.0.block_sparse_moe.experts.0.w1", "block_sparse_moe.gate"], "m", "experts,router"),
-        (["mlp.experts.gate_up_proj", "mlp.gate.weight", "self_attn.q_proj"], "m", "attention,experts,router"),
+        (["mlp.experts.gate_up_proj", "mlp.gate.weight", "self_attn.q_proj"], "m", "experts,router,q_proj"),
+        (["qkv_proj"], "m", "attention"),  # Phi-3's fused q, k, v: the whole group
         (["all-linear"], "m", "attention,mlp"),
         (["lm_head"], "m", None),
     ],

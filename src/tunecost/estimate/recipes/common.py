@@ -20,6 +20,7 @@ from tunecost.workload.job import (
     METHODS,
     OPTIMIZERS,
     PACKINGS,
+    PROJECTIONS,
 )
 from tunecost.workload.parallel import ParallelPlan
 
@@ -41,7 +42,7 @@ HF_OPTIM = {
 HF_ATTENTION = {"flash": "flash_attention_2", "sdpa": "sdpa", "eager": "eager"}  # from_pretrained attn_implementation
 # LoRA targets as Llama-style module names (transformers 5: q/k/v/o_proj, gate/up/down_proj); MoE experts are fused
 # 3-D parameters and the router a TopKRouter, so PEFT reaches them with target_parameters (as tunecost.moe does).
-PEFT_MODULES = {"attention": ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp": ("gate_proj", "up_proj", "down_proj")}
+PEFT_MODULES = {**PROJECTIONS, **{name: (name,) for names in PROJECTIONS.values() for name in names}}
 PEFT_PARAMETERS = {"experts": ("mlp.experts.gate_up_proj", "mlp.experts.down_proj"), "router": ("mlp.gate.weight",)}
 
 
@@ -53,7 +54,7 @@ class LaunchJob:
     method: str  # full | lora | qlora
     lora_rank: int | None = None  # None: DEFAULT_LORA_RANK
     lora_alpha: float | None = None  # None: 2 x rank
-    lora_targets: tuple[str, ...] = ()  # tunecost groups: attention, mlp, experts, router; (): attention + mlp
+    lora_targets: tuple[str, ...] = ()  # tunecost's LORA_TARGETS (groups or projections); (): attention + mlp
     quant_type: str = "nf4"  # qlora: nf4 | fp4 (4-bit) | int8 (LLM.int8, load_in_8bit)
     double_quant: bool = True
     dtype: str = "bf16"  # bf16 | fp16 | fp32

@@ -28,7 +28,7 @@ LLAMAFACTORY_ATTENTION = {"flash": "fa2", "sdpa": "sdpa", "eager": "disabled"}  
 
 def _llamafactory(job: LaunchJob) -> dict[str, str]:
     """LLaMA-Factory's training YAML (hparams/*_args.py); FSDP through accelerate (examples/accelerate/)."""
-    if job.method != "full" and set(job.targets) - {"attention", "mlp"}:
+    if job.method != "full" and set(job.targets) - set(PEFT_MODULES):
         raise _cannot(
             "llamafactory", "lora_target names Linear modules; transformers 5's MoE experts and routers are not"
         )

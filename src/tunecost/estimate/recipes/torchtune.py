@@ -17,7 +17,7 @@ from tunecost.estimate.recipes.common import (
     _summary,
     _yaml,
 )
-from tunecost.workload.job import LOW_BIT_ADAMW
+from tunecost.workload.job import LOW_BIT_ADAMW, PROJECTIONS
 
 # torchtune 0.6.1 (its last release): the configs of _recipe_registry.py for the lora/full recipes
 TORCHTUNE_CONFIGS = frozenset(
@@ -102,8 +102,10 @@ def _check_torchtune(job: LaunchJob) -> None:
         why = "its recipes refuse fp16; use bf16 or fp32"
     elif job.method == "qlora" and (job.quant_type != "nf4" or not job.double_quant):
         why = "its QLoRA is torchao's NF4 with double-quantized scales only"
-    elif job.method != "full" and set(job.targets) - {"attention", "mlp"}:
+    elif job.method != "full" and set(job.targets) & {"experts", "router"}:
         why = "its LoRA builders adapt attention and MLP projections, not MoE experts or routers"
+    elif job.method != "full" and set(job.targets) & set(PROJECTIONS["mlp"]):
+        why = "its LoRA builders adapt the MLP whole (apply_lora_to_mlp), not one of its projections"
     elif job.epochs != int(job.epochs):
         why = f"it counts whole epochs, not {job.epochs:g}"
     elif job.packing == "cross-document":
@@ -139,7 +141,9 @@ def _torchtune(job: LaunchJob) -> dict[str, str]:
     if job.torch_compile:
         over["compile"] = True
     if job.method != "full":
-        attention = TORCHTUNE_ATTENTION if "attention" in job.targets else []
+        attention = [
+            t for t, p in zip(TORCHTUNE_ATTENTION, PROJECTIONS["attention"]) if {p, "attention"} & set(job.targets)
+        ]
         over["model"] = {"lora_rank": job.rank, "lora_alpha": job.alpha, "lora_attn_modules": attention}
         over["model"]["apply_lora_to_mlp"] = "mlp" in job.targets
     if job.offload == "params":

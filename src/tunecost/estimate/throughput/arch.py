@@ -6,12 +6,13 @@ Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.th
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import GATED_DELTA_FAMILIES, HYBRID_FAMILIES, MAMBA2_FAMILIES
 from tunecost.models.catalog import ModelSpec
+from tunecost.workload.job import PROJECTIONS
 
 TRANSFORMER_FAMILIES = (
     *("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "gpt_oss"),
@@ -88,6 +89,8 @@ class Arch:
     ssd_state: int = 0
     ssd_groups: int = 0
     ssd_chunk: int = 0
+    # (name, sum of in + out over its copies, copies) of the Llama-style projections LoRA may target one by one
+    projection_in_out: tuple[tuple[str, int, int], ...] = ()
     ssd_conv_kernel: int = 0
 
     @property
@@ -223,7 +226,7 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
     num_norms = _NORMS_PER_LAYER.get(family, 2)
     norm_width = 0 if family in _PARAMETER_FREE_NORMS else hidden  # weights per norm (the final norm's too)
     expert_bias, router_bias, sinks = _gpt_oss_extras(family, hidden, ffn, heads, layers)
-    return _decoder_arch(
+    arch = _decoder_arch(
         family,
         mats,
         _Shape(hidden, layers, heads, head_dim, vocab),
@@ -239,6 +242,9 @@ def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
         num_layer_norms=num_norms,
         window=_attention_window(family, config, layers),
     )
+    attention = [] if family == "phi3" else list(zip(PROJECTIONS["attention"], mats[:4]))  # not a fused qkv
+    mlp = list(zip(PROJECTIONS["mlp"], mats[-3:])) if num_mlp_layers and family not in _FUSED_GATE_UP else []
+    return replace(arch, projection_in_out=tuple((name, (i + o) * n, n) for name, (i, o, n) in attention + mlp))
 
 
 def _biases(family: str, config: dict[str, Any], mats: list, num_attention_mats: int, qkv_outputs: int) -> int:

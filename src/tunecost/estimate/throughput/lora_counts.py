@@ -28,15 +28,19 @@ LORA_INPUT_SHARE_OF_IN_OUT = 0.5
 
 def dense_lora_targets(arch: Arch, targets: tuple[str, ...]) -> tuple[int, int]:
     """(sum of in + out, matrices) of the dense matrices LoRA adapts: q, k, v, o for `attention`, the other dense
-    matrices (MLPs, shared experts) for `mlp`; a model without attention (Mamba) adapts every dense matrix."""
+    matrices (MLPs, shared experts) for `mlp`, and the projections named one by one (q_proj, ..., down_proj); a
+    model without attention (Mamba) adapts every dense matrix for either group."""
+    named = [(in_out, n) for name, in_out, n in arch.projection_in_out if name in targets]
+    in_out, mats = sum(i for i, _ in named), sum(n for _, n in named)
     attention, mlp = "attention" in targets, "mlp" in targets
     if not (attention or mlp):
-        return 0, 0
+        return in_out, mats
     if (attention and mlp) or not arch.num_attention_matrices:
         return arch.dense_in_out, arch.num_dense_matrices
     if attention:
-        return arch.attention_in_out, arch.num_attention_matrices
-    return arch.dense_in_out - arch.attention_in_out, arch.num_dense_matrices - arch.num_attention_matrices
+        return arch.attention_in_out + in_out, arch.num_attention_matrices + mats
+    rest = arch.dense_in_out - arch.attention_in_out, arch.num_dense_matrices - arch.num_attention_matrices
+    return rest[0] + in_out, rest[1] + mats
 
 
 def _adapted(arch: Arch, targets: tuple[str, ...], *, experts: float, expert_calls: float) -> tuple[float, float]:

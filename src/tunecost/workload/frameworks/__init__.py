@@ -37,7 +37,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "lora_rank": int,
     "lora_alpha": (int, float),
     "lora_dropout": (int, float),
-    "lora_targets": str,  # comma list of attention, mlp, experts, router
+    "lora_targets": str,  # comma list of LORA_TARGETS: attention, mlp, experts, router, or projections (q_proj, ...)
     "quant_type": str,  # nf4 | fp4
     "double_quant": bool,
     "dtype": str,  # bf16 | fp16 | fp32

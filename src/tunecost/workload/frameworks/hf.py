@@ -29,6 +29,7 @@ from tunecost.workload.frameworks import (
     steps_options,
 )
 from tunecost.workload.frameworks.hf_fsdp import Part, fsdp_options, truthy
+from tunecost.workload.job import group_targets, targets_text
 from tunecost.workload.known_datasets import catalog_dataset, hub_dataset_option
 
 
@@ -68,7 +69,6 @@ GROUPS = {
     **dict.fromkeys(("experts", "gate_up_proj"), "experts"),
     **dict.fromkeys(("gate", "router"), "router"),
 }
-WHOLE_GROUP = {"attention": {"q_proj", "k_proj", "v_proj", "o_proj"}, "mlp": {"gate_proj", "up_proj", "down_proj"}}
 SFT_KEYS = {"max_length", "max_seq_length", "packing", "dataset_text_field", "completion_only_loss", "loss_type"}
 TRL_MODEL_KEYS = {"use_peft", "lora_r", "lora_target_modules", "use_bnb_nested_quant"}
 # the keys of each file (keys/*.txt); max_seq_length: SFTConfig's max_length before TRL 0.20, torch_dtype:
@@ -170,11 +170,7 @@ def target_groups(cfg: ConfigFile, key: str, names: Any, model: str | None, note
                 key, f"{'.'.join(path)!r} is not a module tunecost adapts (attention, mlp, experts, router)"
             )
         groups.setdefault(group, set()).add(leaf)
-    for group, listed in groups.items():
-        if listed < WHOLE_GROUP.get(group, set()):
-            whole = ", ".join(sorted(WHOLE_GROUP[group]))
-            notes.append(f"{key} {', '.join(sorted(listed))}: tunecost adapts the whole {group} group ({whole})")
-    return set(groups)
+    return {t for group, listed in groups.items() for t in group_targets(group, listed)}
 
 
 def _is_moe(model: str | None) -> bool:
@@ -203,7 +199,7 @@ def lora_options(
         if cfg.get(key) not in (None, []):
             groups |= target_groups(cfg, key, cfg.data[key], model, notes)
     if groups:
-        out["lora_targets"] = ",".join(g for g in ("attention", "mlp", "experts", "router") if g in groups)
+        out["lora_targets"] = targets_text(groups)
     elif cfg.data.get(keys[2]) is None:
         notes.append(
             f"lora_targets ({keys[2]} unset): {whose} default, PEFT's targets for the architecture: "

@@ -10,6 +10,7 @@ from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
 from tunecost.workload.frameworks.torchtitan import SFT_ONLY, config_job, nested_config, optimizer_name, read_or_default
+from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
 
 # Defaults, Lightning-AI/litgpt @ 26857050 (2026-06-29), litgpt/finetune/lora.py and full.py setup():
 #   precision None -> utils.get_default_supported_precision(training=True): "bf16-mixed" ("16-mixed" without bf16)
@@ -78,15 +79,14 @@ def _lora(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     if defaulted:
         notes.append(f"{', '.join(defaulted)}: {TITLE}'s defaults")
     flags = {key: LORA_FLAGS[key] if value is None else value for key, value in flags.items()}
-    attention = [key.removeprefix("lora_") for key in ATTENTION_FLAGS if flags[key]]
-    groups = ["attention"] * bool(attention) + ["mlp"] * flags["lora_mlp"]
-    if attention and len(attention) < len(ATTENTION_FLAGS):
-        notes.append(f"lora_targets attention: tunecost adapts all four projections, not only {', '.join(attention)}")
+    # lora_query/key/value/projection: q, k, v and o (litgpt's fused qkv is adapted per part, as separate q, k, v)
+    attention = {name for key, name in zip(ATTENTION_FLAGS, PROJECTIONS["attention"]) if flags[key]}
+    groups = [*group_targets("attention", attention)] * bool(attention) + ["mlp"] * flags["lora_mlp"]
     if flags["lora_head"]:
         notes.append("lora_head: LoRA on the output head is not modelled")
     if not groups:
         raise flat.error("lora_query", "no LoRA target (lora_query/key/value/projection/mlp all false)")
-    options["lora_targets"] = ",".join(groups)
+    options["lora_targets"] = targets_text(groups)
 
 
 def _precision(flat: ConfigFile, method: str, options: dict[str, Any], notes: list[str]) -> None:

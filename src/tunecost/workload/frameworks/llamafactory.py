@@ -12,6 +12,7 @@ from typing import Any
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.hf import INT8, compile_options, liger_options, optimizer_name
 from tunecost.workload.frameworks.llamafactory_megatron import megatron_options
+from tunecost.workload.job import group_targets, targets_text
 from tunecost.workload.known_datasets import catalog_dataset
 
 TITLE = "LLaMA-Factory"
@@ -87,12 +88,14 @@ def lora_target_groups(entries: Sequence[str], model: str | None, key: str) -> t
         found.setdefault(group, set()).add(name)
     if any(n in _FFN_W for names in found.values() for n in names):
         notes.append(f"{key} w1/w2/w3: read as {'MoE experts' if moe else 'a dense MLP'} (from the model and targets)")
+    targets: set[str] = set()
     for group, names in found.items():
-        if group in _WHOLE and "all" not in names and not any(set(s.split()) <= names for s in _WHOLE[group]):
+        targets.update(narrowed := group_targets(group, names))
+        whole = "all" in names or any(set(s.split()) <= names for s in _WHOLE.get(group, ()))
+        if narrowed == (group,) and group in _WHOLE and not whole:
             notes.append(f"{key} {','.join(sorted(names))}: tunecost adapts the whole {group} group "
                          f"({_WHOLE_TEXT[group]}), not only the listed ones")  # fmt: skip
-    order = ("attention", "mlp", "experts", "router")
-    return (",".join(g for g in order if g in found) or None), notes
+    return (targets_text(targets) or None), notes
 
 
 def deepspeed_options(cfg: ConfigFile, key: str) -> tuple[dict[str, Any], list[str]]:

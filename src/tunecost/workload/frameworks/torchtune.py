@@ -18,6 +18,7 @@ from tunecost.workload.frameworks.torchtitan import (
     optimizer_name,
     read_or_default,
 )
+from tunecost.workload.job import group_targets, targets_text
 from tunecost.workload.known_datasets import catalog_dataset
 
 # Defaults, pytorch/torchtune @ bd2a0fc7 (2026-04-23):
@@ -136,9 +137,8 @@ def _lora(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     modules = flat.get("model.lora_attn_modules")
     if not isinstance(modules, list) or any(m not in ATTENTION_MODULES for m in modules):
         raise flat.error("model.lora_attn_modules", f"must be a list of {', '.join(ATTENTION_MODULES)}")
-    groups = ["attention"] if modules else []
-    if modules and set(modules) != set(ATTENTION_MODULES):
-        notes.append(f"lora_targets attention: tunecost adapts all four projections, not only {', '.join(modules)}")
+    names = {"o_proj" if m == "output_proj" else m for m in modules}  # torchtune's output_proj: transformers' o_proj
+    groups = list(group_targets("attention", names)) if modules else []
     line = f"apply_lora_to_mlp false: {TITLE}'s default"
     if read_or_default(flat, "model.apply_lora_to_mlp", bool, False, notes, line):
         groups.append("mlp")
@@ -146,7 +146,7 @@ def _lora(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
         notes.append("apply_lora_to_output: LoRA on the output projection is not modelled")
     if not groups:
         raise flat.error("model.lora_attn_modules", "no LoRA target (empty, and apply_lora_to_mlp false)")
-    options["lora_targets"] = ",".join(groups)
+    options["lora_targets"] = targets_text(groups)
 
 
 def _precision(flat: ConfigFile, method: str, options: dict[str, Any], notes: list[str]) -> None:
