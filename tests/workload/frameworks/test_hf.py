@@ -323,6 +323,21 @@ def test_lora_default_targets(tmp_path: Path) -> None:
     assert _said(job, "target_modules unset", "PEFT LoraConfig's default", "tunecost's default targets")
 
 
+@pytest.mark.parametrize(
+    ("model", "targets", "said"),
+    [
+        ("meta-llama/Llama-3.1-8B", "q_proj,v_proj", "PEFT's default for model type llama"),
+        ("mistralai/Mixtral-8x7B-v0.1", "q_proj,v_proj", "PEFT's default for model type mixtral"),
+        ("Qwen/Qwen1.5-MoE-A2.7B", None, "PEFT has none for model type qwen2_moe"),
+    ],
+)
+def test_unset_target_modules_are_pefts_for_the_model_type(tmp_path: Path, model, targets, said) -> None:
+    config = {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "base_model_name_or_path": model}
+    job = _read(FRAMEWORK_PEFT_LORA, tmp_path, "adapter_config.json", config)
+    assert job.options.get("lora_targets") == targets
+    assert _said(job, "target_modules unset", said)
+
+
 def test_bitsandbytes_configs(tmp_path: Path) -> None:
     job = _read(FRAMEWORK_BNB, tmp_path, "bnb.json", BNB_NF4)
     assert job.options == {

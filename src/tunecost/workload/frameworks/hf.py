@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
+from tunecost.catalog.peft_targets import peft_default_targets
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.frameworks import (
@@ -198,14 +199,28 @@ def lora_options(
     for key in keys[2:]:
         if cfg.get(key) not in (None, []):
             groups |= target_groups(cfg, key, cfg.data[key], model, notes)
+    if not groups and cfg.data.get(keys[2]) is None:
+        groups = _peft_default_targets(cfg, keys[2], model, whose, notes)
     if groups:
         out["lora_targets"] = targets_text(groups)
-    elif cfg.data.get(keys[2]) is None:
-        notes.append(
-            f"lora_targets ({keys[2]} unset): {whose} default, PEFT's targets for the architecture: "
-            "tunecost's default targets"
-        )
     return out, notes
+
+
+def _peft_default_targets(cfg: ConfigFile, key: str, model: Any, whose: str, notes: list[str]) -> set[str]:
+    """The targets PEFT takes for the model's type when `key` is unset (`catalog.peft_targets`); none (tunecost's
+    default targets) where the model is not known here or PEFT has no default for its type."""
+    try:
+        model_type = resolve_model(str(model)).family if model else None
+    except TunecostError:
+        model_type = None
+    names = peft_default_targets(model_type) if model_type else None
+    if names is None:
+        why = f"PEFT has none for model type {model_type}" if model_type else "the model's type is not known here"
+        notes.append(f"lora_targets ({key} unset): {whose} default, PEFT's targets for the architecture ({why}): "
+                     "tunecost's default targets")  # fmt: skip
+        return set()
+    notes.append(f"lora_targets {', '.join(names)} ({key} unset): PEFT's default for model type {model_type}")
+    return target_groups(cfg, key, list(names), model, notes)
 
 
 def qlora_options(cfg: ConfigFile, keys: tuple[str, str], defaults: tuple[str, bool], whose: str) -> Part:
