@@ -131,6 +131,7 @@ def test_lora_target_names() -> None:
     # NeMo 1 (MLPerf's `target_modules: ['attention']`) and Megatron Core names
     assert lora_targets("attention") == lora_targets("attention_qkv;attention_dense") == ("attention",)
     assert lora_targets("linear_qkv;linear_proj;linear_fc1;linear_fc2") == ("attention", "mlp")
+    assert lora_targets("linear_qkv") == lora_targets("attention_qkv") == ("k_proj", "q_proj", "v_proj")  # fused qkv
     for bad in ("", "wte;lm_head (trained fully)", "frobnicate"):
         with pytest.raises(Skip):
             lora_targets(bad)

@@ -44,6 +44,13 @@ _ATTENTION_TARGETS = {
 }
 # NeMo 1 (`lora_tuning.target_modules`) and Megatron Core / NeMo 2 module names; NeMo's "attention" is qkv + dense
 _ATTENTION_TARGETS |= {"attention_qkv", "attention_dense", "linear_qkv", "linear_proj", "attention"}
+# NeMo / Megatron Core linears as the projections of transformers' model (linear_qkv and linear_fc1 are fused)
+_MEGATRON_PROJECTIONS = {
+    **dict.fromkeys(("attention_qkv", "linear_qkv"), ("q_proj", "k_proj", "v_proj")),
+    **dict.fromkeys(("attention_dense", "linear_proj"), ("o_proj",)),
+    **dict.fromkeys(("mlp_fc1", "linear_fc1"), ("gate_proj", "up_proj")),
+    **dict.fromkeys(("mlp_fc2", "linear_fc2"), ("down_proj",)),
+}
 _ALL_LINEAR_TARGETS = ("all-linear", "all_linear", "all")  # PEFT's name; LLaMA-Factory's `lora_target: all`
 # "dense_h_to_4h" / "dense_4h_to_h": Falcon's MLP
 _MLP_TARGETS = {"gate_proj", "up_proj", "down_proj", "w1", "w2", "w3", "gate_up_proj", "fc1", "fc2"}
@@ -122,7 +129,8 @@ def lora_targets(cell: str, *, is_moe: bool = False) -> tuple[str, ...]:
         if name.lower() in _ALL_LINEAR_TARGETS:
             groups = ("attention", "experts", "router") if is_moe else ("attention", "mlp")
         elif name in _ATTENTION_TARGETS or name in _MLP_TARGETS:
-            found.setdefault("attention" if name in _ATTENTION_TARGETS else "mlp", set()).add(name)
+            group = "attention" if name in _ATTENTION_TARGETS else "mlp"
+            found.setdefault(group, set()).update(_MEGATRON_PROJECTIONS.get(name, (name,)))
             continue
         elif name in _BOTH_TARGETS:
             groups = ("attention", "mlp")

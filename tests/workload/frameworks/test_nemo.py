@@ -133,9 +133,10 @@ def test_pretraining_defaults(tmp_path: Path) -> None:
 def test_finetuning_defaults(tmp_path: Path) -> None:
     job = _read(tmp_path, "trainer:\n  devices: '2'\nmodel:\n  micro_batch_size: 4\n  peft:\n    peft_scheme: lora\n")
     o = job.options
-    assert (o["method"], o["lora_rank"], o["lora_alpha"], o["lora_targets"]) == ("lora", 32, 32, "attention")
+    # target_modules [attention_qkv]: the fused q, k, v projection, not the output projection
+    assert (o["method"], o["lora_rank"], o["lora_alpha"], o["lora_targets"]) == ("lora", 32, 32, "q_proj,k_proj,v_proj")
     assert (o["dtype"], o["seq_len"], o["strategy"]) == ("fp16", 2048, "ddp")  # precision 16, max_seq_length 2048
-    assert any("not only ['attention_qkv']" in a for a in job.assumptions)
+    assert any("fused linear_qkv and linear_fc1 take one adapter each" in a for a in job.assumptions)
     assert any(a.startswith("model.global_batch_size 128: NeMo's fine-tuning default") for a in job.assumptions)
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework
 from tunecost.workload.frameworks.model_parallel import ModelShape, check_layout, positive
 from tunecost.workload.frameworks.torchtitan import config_job, nested_config
+from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
 
 # Defaults, NVIDIA/NeMo @ 8cfedd72 (2025-09-20), examples/nlp/language_modeling/conf/megatron_gpt_config.yaml
 # (pre-training) and tuning/conf/megatron_gpt_finetuning_config.yaml (a model.peft section):
@@ -96,14 +97,9 @@ MEGATRON_LM = Dialect(
 # optimizer name -> tunecost's, and whether it shards its states over the data-parallel group (ZeRO-1's layout)
 OPTIMIZERS = {"fused_adam": ("adamw", False), "adam": ("adamw", False), "adamw": ("adamw", False)}
 OPTIMIZERS.update(distributed_fused_adam=("adamw", True), mcore_distributed_optim=("adamw", True), sgd=("sgd", False))
-LORA_TARGETS = {"attention_qkv": "attention", "attention_dense": "attention", "attention": "attention"}
-LORA_TARGETS.update(mlp_fc1="mlp", mlp_fc2="mlp", mlp="mlp", all="attention,mlp")
-# a group's NeMo linear layers
-LAYERS_OF: dict[str, tuple[str, ...]] = {
-    "attention": ("attention_qkv", "attention_dense"),
-    "mlp": ("mlp_fc1", "mlp_fc2"),
-}
-LAYERS_OF["all"] = LAYERS_OF["attention"] + LAYERS_OF["mlp"]
+# NeMo's LoRA target -> the projections of transformers' model it adapts (linear_qkv, linear_fc1: fused in Megatron)
+LORA_TARGETS = {"attention_qkv": "q_proj,k_proj,v_proj", "attention_dense": "o_proj", "attention": "attention"}
+LORA_TARGETS.update(mlp_fc1="gate_proj,up_proj", mlp_fc2="down_proj", mlp="mlp", all="attention,mlp")
 
 
 class Reader:
@@ -302,11 +298,15 @@ def _peft(r: Reader, options: dict[str, Any]) -> None:
     modules = r.value("model.peft.lora_tuning.target_modules", list, ["attention_qkv"])
     if any(m not in LORA_TARGETS for m in modules) or not modules:
         raise r.flat.error("model.peft.lora_tuning.target_modules", f"{modules}: a list of {', '.join(LORA_TARGETS)}")
-    groups = sorted({g for m in modules for g in LORA_TARGETS[m].split(",")})
-    options["lora_targets"] = ",".join(groups)
-    adapted = {p for m in modules for p in LAYERS_OF.get(m, (m,))}
-    if adapted != {p for g in groups for p in LAYERS_OF[g]}:
-        r.notes.append(f"lora_targets {options['lora_targets']}: tunecost adapts whole groups, not only {modules}")
+    names = {n for m in modules for n in LORA_TARGETS[m].split(",")}
+    targets: set[str] = set()
+    for group, own in PROJECTIONS.items():
+        listed = names & set(own)
+        targets.update((group,) if group in names else group_targets(group, listed) if listed else ())
+    options["lora_targets"] = targets_text(targets)
+    if names & {"attention", "mlp", "q_proj", "gate_proj"}:
+        r.notes.append(f"lora_targets {options['lora_targets']}: {TITLE}'s fused linear_qkv and linear_fc1 take one "
+                       "adapter each; priced as one adapter per projection")  # fmt: skip
 
 
 def _run_length(r: Reader, options: dict[str, Any]) -> None:
