@@ -26,11 +26,10 @@ from tunecost.estimate.paper import (
     sparsity_fraction,
 )
 from tunecost.estimate.throughput.coverage import setup_label
-from tunecost.estimate.throughput.lengths import dataset_lengths
 from tunecost.estimate.throughput.packing import job_packed_lengths
 from tunecost.estimate.throughput.sources import calibration_files
 from tunecost.estimate.throughput.stack_priors import framework_family
-from tunecost.estimate.throughput.targets import throughput_target
+from tunecost.estimate.throughput.targets import job_lengths, throughput_target
 from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.workload.job import FineTuneJob
@@ -129,10 +128,9 @@ def sizing_seq_len(job: FineTuneJob) -> int:
 
 
 def sized_job(job: FineTuneJob) -> FineTuneJob:
-    """The job at its longest batch's padded length, as the multi-GPU estimate prices it; a catalog dataset the
-    catalog has no length for is an error, as on one GPU."""
-    if job.seq_len is None and not job.lengths:
-        dataset_lengths(str(job.dataset), 1)
+    """The job at its longest batch's padded length, as the multi-GPU estimate prices it; data without lengths is an
+    error, as on one GPU (`job_lengths`)."""
+    job_lengths(job.with_(batch_size=1))
     return job.with_(seq_len=sizing_seq_len(job))
 
 

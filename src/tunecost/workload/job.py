@@ -127,10 +127,13 @@ def parse_lora_targets(text: str) -> tuple[str, ...]:
 
 
 def group_targets(group: str, names: set[str]) -> tuple[str, ...]:
-    """The LoRA targets for module names of one group as a config lists them: those projections where each is one
-    of the group's Llama-style projections (`PROJECTIONS`) and they are not all of them, else the whole group."""
+    """The LoRA targets for module names of one group as a config lists them: none for no names; those projections
+    where each is one of the group's Llama-style projections (`PROJECTIONS`) and they are not all of them; else the
+    whole group."""
     own = PROJECTIONS.get(group, ())
-    return tuple(n for n in own if n in names) if names and names < set(own) else (group,)
+    if not names:
+        return ()
+    return tuple(n for n in own if n in names) if names < set(own) else (group,)
 
 
 def targets_text(targets: Collection[str]) -> str:

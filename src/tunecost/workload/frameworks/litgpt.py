@@ -81,7 +81,7 @@ def _lora(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     flags = {key: LORA_FLAGS[key] if value is None else value for key, value in flags.items()}
     # lora_query/key/value/projection: q, k, v and o (litgpt's fused qkv is adapted per part, as separate q, k, v)
     attention = {name for key, name in zip(ATTENTION_FLAGS, PROJECTIONS["attention"]) if flags[key]}
-    groups = [*group_targets("attention", attention)] * bool(attention) + ["mlp"] * flags["lora_mlp"]
+    groups = [*group_targets("attention", attention)] + ["mlp"] * flags["lora_mlp"]
     if flags["lora_head"]:
         notes.append("lora_head: LoRA on the output head is not modelled")
     if not groups:

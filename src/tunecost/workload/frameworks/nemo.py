@@ -301,8 +301,7 @@ def _peft(r: Reader, options: dict[str, Any]) -> None:
     names = {n for m in modules for n in LORA_TARGETS[m].split(",")}
     targets: set[str] = set()
     for group, own in PROJECTIONS.items():
-        listed = names & set(own)
-        targets.update((group,) if group in names else group_targets(group, listed) if listed else ())
+        targets.update(group_targets(group, names & {group, *own}))
     options["lora_targets"] = targets_text(targets)
     if names & {"attention", "mlp", "q_proj", "gate_proj"}:
         r.notes.append(f"lora_targets {options['lora_targets']}: {TITLE}'s fused linear_qkv and linear_fc1 take one "

@@ -138,7 +138,7 @@ def _lora(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     if not isinstance(modules, list) or any(m not in ATTENTION_MODULES for m in modules):
         raise flat.error("model.lora_attn_modules", f"must be a list of {', '.join(ATTENTION_MODULES)}")
     names = {"o_proj" if m == "output_proj" else m for m in modules}  # torchtune's output_proj: transformers' o_proj
-    groups = list(group_targets("attention", names)) if modules else []
+    groups = list(group_targets("attention", names))
     line = f"apply_lora_to_mlp false: {TITLE}'s default"
     if read_or_default(flat, "model.apply_lora_to_mlp", bool, False, notes, line):
         groups.append("mlp")
