@@ -246,8 +246,8 @@ def test_fsdp2_partial_targets_and_offload_checkpointing(tmp_path):
         ("adapter: lora\nlora_r: eight", "lora_r"),
         ("micro_batch_size: two", "micro_batch_size"),
         ("optimizer: lion_8bit", "optimizer"),
-        ("attn_implementation: xformers", "attn_implementation"),
-        ("xformers_attention: true", "xformers_attention"),
+        ("attn_implementation: sage", "attn_implementation"),
+        ("sage_attention: true", "sage_attention"),
         ("processor_type: AutoProcessor", "processor_type"),
         ("pretraining_dataset: allenai/c4", "pretraining_dataset"),
         ("unfrozen_parameters:\n  - ^lm_head.weight$", "unfrozen_parameters"),  # a subset of the weights trained
@@ -260,6 +260,17 @@ def test_errors_name_file_and_key(tmp_path, text, key):
     with pytest.raises(TunecostError) as err:
         FRAMEWORK.read(ConfigFile(path=str(path), data=data))
     assert str(path) in str(err.value) and f": {key}:" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "text", ["attn_implementation: xformers", "xformers_attention: true", "attn_implementation: flex_attention"]
+)
+def test_xformers_and_flex_attention_are_read_as_flash_with_a_note(tmp_path, text):
+    """xformers (axolotl registers it with FA2's masks) and flex attention keep the output and log-sum-exp for
+    backward, as FlashAttention-2 does (11 of axolotl's examples at 067b021c name one)."""
+    job = _read(tmp_path, LORA.replace("attn_implementation: flash_attention_2\n", f"{text}\n"))
+    assert job.options["attention"] == "flash"
+    assert any(line.startswith("attention flash:") and text.split(":")[0] in line for line in job.assumptions)
 
 
 def test_debug_is_a_key_axolotl_reads(tmp_path):

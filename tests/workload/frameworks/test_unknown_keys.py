@@ -147,7 +147,9 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
-DROPS_UNKNOWN = ("axolotl",)  # its pydantic schema ignores keys it lacks: the run goes ahead without them
+# axolotl's pydantic schema ignores keys it lacks, DeepSpeed the top-level keys it does not read: the run goes ahead
+# without them
+DROPS_UNKNOWN = ("axolotl", "deepspeed")
 
 
 @pytest.mark.parametrize("fmt", [f for f in FORMATS if f not in DROPS_UNKNOWN])
@@ -262,6 +264,17 @@ def test_deepspeed_checks_the_sections_it_validates(tmp_path: Path, section: str
         TunecostError, match=rf"ds\.json: {section}\..*: not a key of DeepSpeed's config \(did you mean {meant}\?\)"
     ):
         read_config(path)
+
+
+def test_deepspeed_ignores_top_level_keys_it_does_not_read_and_says_so(tmp_path: Path) -> None:
+    """LLaMA-Factory's shipped DeepSpeed files carry a `_comment` and sections DeepSpeed does not read
+    (`comms_config`, `monitor_config`); DeepSpeed runs without them, and the job is read as it runs."""
+    extra = {"_comment": "supported models: ...", "comms_config": {"verbose": False}, "monitor_config": {"on": 1}}
+    job = read_config(_write(tmp_path, "ds.json", json.dumps({**DEEPSPEED, **extra})))
+    assert job.options == read_config(_write(tmp_path, "plain.json", DS)).options
+    notes = [line for line in job.assumptions if "ignored, as DeepSpeed ignores it" in line]
+    assert [line.split(":")[0] for line in notes] == list(extra)
+    assert "(did you mean comms_logger?)" in notes[1] and not set(extra) & set(job.not_modelled)
 
 
 def test_deepspeed_does_not_check_an_optimizers_params(tmp_path: Path) -> None:

@@ -209,9 +209,18 @@ def _ds_precision(cfg: ConfigFile) -> Part:
     return {"dtype": "bf16" if flags.get("bf16") else "fp16" if flags.get("fp16") else "fp32"}, []
 
 
+def _ignored_keys(cfg: ConfigFile) -> list[str]:
+    """A note per top-level key DeepSpeed does not read (a comment, another version's key): its config ignores
+    them, and so does tunecost; keys inside its sections are checked."""
+    keys = dotted_keys(cfg.data)
+    ignored = [k for k in dict.fromkeys(k.split(".")[0] for k in keys) if DEEPSPEED_KEYS.unknown(k) == k]
+    cfg.check_keys(DEEPSPEED_KEYS, [k for k in keys if k.split(".")[0] not in ignored])
+    cfg.used.update(ignored)
+    return [f"{k}: {DEEPSPEED_KEYS.not_a_key(k)}; ignored, as DeepSpeed ignores it at the top level" for k in ignored]
+
+
 def _read_deepspeed(cfg: ConfigFile) -> ConfigJob:
-    cfg.check_keys(DEEPSPEED_KEYS, dotted_keys(cfg.data))
-    notes = _auto_lines(cfg)
+    notes = _ignored_keys(cfg) + _auto_lines(cfg)
     out: dict[str, Any] = {}
     if cfg.get("train_micro_batch_size_per_gpu") != "auto":
         micro = cfg.typed("train_micro_batch_size_per_gpu", int)

@@ -34,6 +34,9 @@ _BNB: dict[str, tuple[str, Any]] = {
     "bnb_4bit_use_double_quant": ("double_quant", True),
 }
 _ATTENTION = {"eager": "eager", "sdpa": "sdpa", "flash_attention_2": "flash", "flash_attention_3": "flash"}
+# kernels that keep what FlashAttention-2 keeps for backward (the output and its log-sum-exp, no L x L scores):
+# axolotl registers xformers with FA2's masks (monkeypatch/attention/__init__.py); transformers' flex_attention
+_LIKE_FLASH = {"xformers": "xformers' memory_efficient_attention", "flex_attention": "torch's flex_attention"}
 _LEGACY_ATTENTION = {  # schemas/enums.py LEGACY_ATTN_FLAG_TO_IMPL, in its order
     "xformers_attention": "xformers", "sage_attention": "sage", "flex_attention": "flex_attention",
     "flash_attention": "flash_attention_2", "sdp_attention": "sdpa", "eager_attention": "eager",
@@ -148,6 +151,10 @@ def _training(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
     if impl is None:
         notes.append(f"attention sdpa: {TITLE}'s default (no attn_implementation: transformers' default, sdpa)")
     attention = "sdpa" if impl is None else _ATTENTION.get(impl, "flash" if "flash" in impl else None)
+    if impl in _LIKE_FLASH:
+        attention = "flash"
+        notes.append(f"attention flash: {key} {impl}: {_LIKE_FLASH[impl]} keeps for backward what FlashAttention-2 "
+                     "keeps; its kernels' speed is taken as FlashAttention-2's")  # fmt: skip
     if attention is None:
         raise cfg.error(key, f"{impl}: tunecost models eager, sdpa and flash_attention_2/3")
     checkpointing = cfg.typed("gradient_checkpointing", (bool, str))
