@@ -258,8 +258,8 @@ def test_deepspeed_defaults(tmp_path: Path) -> None:
         (FRAMEWORK_ACCELERATE, DDP_YAML.replace("MULTI_GPU", "XLA"), "distributed_type: XLA is not modelled"),
         (
             FRAMEWORK_ACCELERATE,
-            DDP_YAML.replace("mixed_precision: bf16", "mixed_precision: fp8"),
-            "mixed_precision: fp8 is not modelled",
+            DDP_YAML.replace("mixed_precision: bf16", "mixed_precision: fp4"),
+            "mixed_precision: fp4 is not modelled",
         ),
         (FRAMEWORK_ACCELERATE, DDP_YAML.replace("num_processes: 4", "num_processes: four"), "num_processes: must be"),
         (
@@ -320,3 +320,26 @@ def test_errors_name_the_file_and_key(tmp_path: Path, framework, content: str | 
 @pytest.mark.parametrize("data", [TRAINER_ARGS, LORA, LLAMA_FACTORY, AXOLOTL, {"load_in_4bit": True}], ids=str)
 def test_detect_is_false_for_other_frameworks(data: dict) -> None:
     assert not any(framework.detect(data) for framework in FRAMEWORKS)
+
+
+@pytest.mark.parametrize(
+    ("fp8_config", "recipe"),
+    [
+        ("", "tensorwise"),
+        ("fp8_config:\n  backend: AO\n", "tensorwise"),
+        ("fp8_config:\n  backend: TE\n", "te-delayed"),
+    ],
+)
+def test_accelerate_fp8_reads_the_backend(tmp_path: Path, fp8_config: str, recipe: str) -> None:
+    """mixed_precision fp8: torchao's default Float8LinearConfig (tensorwise) where the backend is AO or unset
+    (accelerate's first choice when torchao is installed), Transformer Engine's delayed scaling for TE."""
+    text = DDP_YAML.replace("mixed_precision: bf16", "mixed_precision: fp8") + fp8_config
+    job = _read(FRAMEWORK_ACCELERATE, tmp_path, "fp8.yaml", text)
+    assert (job.options["fp8"], job.options["dtype"]) == (recipe, "bf16")
+    assert _said(job, f"fp8 {recipe}:") and _said(job, "backend auto") == (fp8_config == "")
+
+
+def test_accelerate_fp8_with_ms_amp_is_an_error(tmp_path: Path) -> None:
+    text = DDP_YAML.replace("mixed_precision: bf16", "mixed_precision: fp8") + "fp8_config:\n  backend: MSAMP\n"
+    with pytest.raises(TunecostError, match=r"fp8\.yaml: fp8_config: backend: MSAMP: tunecost models FP8 with torchao"):
+        _read(FRAMEWORK_ACCELERATE, tmp_path, "fp8.yaml", text)

@@ -367,3 +367,12 @@ def test_another_liger_kernel_set_is_counted_without_liger(tmp_path, change):
     assert any("only Liger's default kernels are modelled" in line for line in job.assumptions)
     assert "liger_rms_norm" in job.not_modelled
     assert "liger_kernel" not in _read(tmp_path, f"base_model: m\nadapter: lora\n{LIGER_ON}").options  # no plugin
+
+
+def test_fp8_is_torchaos_tensorwise_float8(tmp_path):
+    """`fp8: true` (examples/llama-3/3b-fp8-fsdp2.yaml): accelerate with AORecipeKwargs(Float8LinearConfig()),
+    torchao's default tensorwise scaling (core/trainers/base.py)."""
+    job = _read(tmp_path, LORA + "fp8: true\n")
+    assert (job.options["fp8"], job.options["dtype"]) == ("tensorwise", "bf16")
+    assert any(line.startswith("fp8 tensorwise: axolotl's torchao Float8Linear") for line in job.assumptions)
+    assert "fp8" not in _read(tmp_path, LORA + "fp8: false\n").options

@@ -329,3 +329,33 @@ def test_enable_liger_kernel_is_read(tmp_path):
     job = _read(tmp_path, "model_name_or_path: Qwen/Qwen2.5-7B\ncutoff_len: 512\nenable_liger_kernel: true\n")
     assert job.options["liger_kernel"] is True and not job.not_modelled
     assert "liger_kernel" not in _read(tmp_path, "model_name_or_path: m\ncutoff_len: 512\n").options
+
+
+@pytest.mark.parametrize(
+    ("lines", "recipe"),
+    [
+        ("fp8: true\n", "rowwise"),  # fp8_backend auto: torchao, Float8LinearConfig.from_recipe_name("rowwise")
+        ("fp8: true\nfp8_backend: te\n", "te-delayed"),
+        ("fp8_enable_fsdp_float8_all_gather: true\n", "rowwise"),  # the parser turns fp8 on for it
+    ],
+)
+def test_fp8_as_llamafactory_builds_it(tmp_path, lines, recipe):
+    """train/fp8_utils.py create_fp8_kwargs: torchao rowwise for auto/torchao, Transformer Engine for te."""
+    job = _read(tmp_path, LORA_SFT + lines)
+    assert (job.options["fp8"], job.options["dtype"]) == (recipe, "bf16")
+    assert any(line.startswith(f"fp8 {recipe}:") and "LLaMA-Factory's" in line for line in job.assumptions)
+    assert "fp8" not in job.not_modelled
+
+
+def test_fp8_with_ms_amp_is_an_error(tmp_path):
+    with pytest.raises(TunecostError, match=r"train\.yaml: fp8_backend: msamp: tunecost models FP8 with torchao"):
+        _read(tmp_path, LORA_SFT + "fp8: true\nfp8_backend: msamp\n")
+
+
+def test_the_trainers_fsdp_arguments_set_the_strategy(tmp_path):
+    """examples/extras/fp8/llama3_fp8_fsdp_sft.yaml: `fsdp: [full_shard, auto_wrap]`, TrainingArguments' own FSDP
+    (transformers' default version 2)."""
+    job = _read(tmp_path, LORA_SFT + "fsdp:\n  - full_shard\n  - auto_wrap\n")
+    assert job.options["strategy"] == "fsdp2" and "fsdp" not in job.not_modelled
+    offload = _read(tmp_path, LORA_SFT + "fsdp: full_shard offload auto_wrap\nfsdp_config:\n  version: 1\n")
+    assert (offload.options["strategy"], offload.options["offload"]) == ("fsdp1", "params")

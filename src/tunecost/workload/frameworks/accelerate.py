@@ -35,6 +35,23 @@ AUTO = {
 }
 
 
+def fp8_options(cfg: ConfigFile, key: str, backend: str | None, torchao_recipe: str, whose: str) -> Part:
+    """accelerate's FP8 training (mixed_precision "fp8", the other ops under bf16 autocast) with `backend`: torchao
+    Float8Linear with `torchao_recipe`, Transformer Engine (TERecipeKwargs: delayed scaling), or unset / auto
+    (torchao where installed, accelerate's first choice)."""
+    name = (backend or "auto").strip().lower()
+    if name in ("te", "transformer_engine", "transformer-engine"):
+        line = (
+            f"fp8 te-delayed: {key} {backend}: {whose} Transformer Engine linears with delayed scaling, the rest bf16"
+        )
+        return {"fp8": "te-delayed", "dtype": "bf16"}, [line]
+    if name not in ("auto", "no", "ao", "torchao"):
+        raise cfg.error(key, f"{backend}: tunecost models FP8 with torchao (ao) and Transformer Engine (te)")
+    auto = "" if name in ("ao", "torchao") else " (backend auto: torchao where installed, accelerate's first choice)"
+    line = f"fp8 {torchao_recipe}: {whose} torchao Float8Linear, {torchao_recipe} scaling{auto}, the rest bf16"
+    return {"fp8": torchao_recipe, "dtype": "bf16"}, [line]
+
+
 def section(cfg: ConfigFile, key: str) -> ConfigFile:
     """A nested mapping as a ConfigFile whose errors name the file and section: "FILE: zero_optimization: stage"."""
     return ConfigFile(path=f"{cfg.path}: {key}", data=cfg.typed(key, dict) or {})
@@ -148,9 +165,13 @@ def _read_accelerate(cfg: ConfigFile) -> ConfigJob:
         raise cfg.error("use_cpu", "true: tunecost estimates GPU jobs")
     out, notes = _gpus(cfg, distributed)
     precision = str(cfg.get("mixed_precision") or "no").lower()
-    if precision not in ("no", "bf16", "fp16"):
-        raise cfg.error("mixed_precision", f"{precision} is not modelled; tunecost models bf16, fp16 and no")
-    if precision == "no":  # the Trainer's bf16/fp16 still turn mixed precision on: no dtype from this file
+    if precision not in ("no", "bf16", "fp16", "fp8"):
+        raise cfg.error("mixed_precision", f"{precision} is not modelled; tunecost models bf16, fp16, fp8 and no")
+    fp8 = section(cfg, "fp8_config")
+    if precision == "fp8":
+        more, lines = fp8_options(fp8, "backend", fp8.typed("backend", str), "tensorwise", ACCELERATE)
+        out, notes = {**out, **more}, notes + lines
+    elif precision == "no":  # the Trainer's bf16/fp16 still turn mixed precision on: no dtype from this file
         unset = "" if "mixed_precision" in cfg.data else f" ({ACCELERATE} default)"
         notes.append(f"mixed_precision no{unset}: accelerate adds none; the script's bf16/fp16, else fp32, decides")
     else:
@@ -161,7 +182,7 @@ def _read_accelerate(cfg: ConfigFile) -> ConfigJob:
     elif distributed in ("FSDP", "DEEPSPEED"):
         more, lines = _fsdp(fsdp) if distributed == "FSDP" else _zero(ds)
         out, notes = {**out, **more}, notes + lines
-    unused = nested_not_modelled(cfg, ("fsdp_config", fsdp), ("deepspeed_config", ds))
+    unused = nested_not_modelled(cfg, ("fsdp_config", fsdp), ("deepspeed_config", ds), ("fp8_config", fp8))
     skip = (
         "compute_environment",
         "machine_rank",

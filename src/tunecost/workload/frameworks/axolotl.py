@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunecost.workload.frameworks import LIGER_NOTE, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
+from tunecost.workload.frameworks.accelerate import fp8_options
 from tunecost.workload.frameworks.hf import INT8, compile_options, optimizer_name
 from tunecost.workload.frameworks.llamafactory import (
     SFT_ONLY,
@@ -311,8 +312,10 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         cfg.typed("pad_to_sequence_len", bool)  # false: each batch padded to its longest, as modelled
     compiled, compile_notes = compile_options(cfg, TITLE)
     liger, liger_notes = _liger(cfg)
-    options |= compiled | liger | {"stack": "hf-peft"}
-    notes += [*compile_notes, *liger_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]
+    # fp8: accelerate with AORecipeKwargs(Float8LinearConfig()), torchao's tensorwise default (core/trainers/base.py)
+    fp8, fp8_notes = fp8_options(cfg, "fp8", "ao", "tensorwise", f"{TITLE}'s") if cfg.typed("fp8", bool) else ({}, [])
+    options |= compiled | liger | fp8 | {"stack": "hf-peft"}
+    notes += [*compile_notes, *liger_notes, *fp8_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]
     return ConfigJob(framework="axolotl", path=cfg.path, options=options, assumptions=tuple(notes),
                      not_modelled=cfg.unused_keys())  # fmt: skip
 

@@ -10,7 +10,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
+from tunecost.workload.frameworks.accelerate import fp8_options
 from tunecost.workload.frameworks.hf import INT8, compile_options, liger_options, optimizer_name
+from tunecost.workload.frameworks.hf_fsdp import fsdp_options
 from tunecost.workload.frameworks.llamafactory_megatron import megatron_options
 from tunecost.workload.job import group_targets, targets_text
 from tunecost.workload.known_datasets import catalog_dataset
@@ -239,16 +241,21 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         notes.append("packing cross-document: packing packs examples into cutoff_len-token rows, one causal mask "
                      "over each (neat_packing would keep them apart)")  # fmt: skip
     ds_options, ds_notes = deepspeed_options(cfg, "deepspeed")
+    fsdp, fsdp_notes = fsdp_options(cfg)  # the Trainer's own fsdp / fsdp_config arguments
     compiled, compile_notes = compile_options(cfg, TITLE)
     liger, liger_notes = liger_options(cfg, "enable_liger_kernel")
-    options |= ds_options | compiled | liger | {"stack": "hf-peft"}
-    notes += [*ds_notes, *compile_notes, *liger_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]
+    options |= ds_options | fsdp | compiled | liger | {"stack": "hf-peft"}
+    notes += [*ds_notes, *fsdp_notes, *compile_notes, *liger_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]
     megatron = megatron_options(cfg, model, notes)
     if megatron:  # Megatron Core runs the model: the Trainer's checkpointing, attention and stack do not apply
         hf_only = ("gradient_checkpointing ", "reentrant ", "attention ", "optimizer ", "stack hf-peft", "enable_liger")
         notes = [n for n in notes if not n.startswith(hf_only)]
         hf_options = ("reentrant", "attention", "liger_kernel")
         options = {k: v for k, v in options.items() if k not in hf_options} | megatron
+    elif cfg.typed("fp8", bool) or cfg.typed("fp8_enable_fsdp_float8_all_gather", bool):
+        # train/fp8_utils.py: torchao rowwise (auto, torchao) or TE's HYBRID delayed recipe, forced into accelerate
+        fp8, fp8_notes = fp8_options(cfg, "fp8_backend", cfg.typed("fp8_backend", str), "rowwise", f"{TITLE}'s")
+        options, notes = options | fp8, notes + fp8_notes
     return ConfigJob(framework="llamafactory-megatron" if megatron else "llamafactory", path=cfg.path,
                      options=options, assumptions=tuple(notes), not_modelled=cfg.unused_keys())  # fmt: skip
 
