@@ -297,6 +297,19 @@ def test_flags_override_the_config_and_defaults_are_named(cli_runner) -> None:
     assert "not modelled" in result.stderr and "learning_rate" in result.stderr
 
 
+def test_an_assumption_about_an_option_the_flags_give_is_not_printed(cli_runner) -> None:
+    """The config's default for lora_alpha is named unless --lora-alpha replaces it; a flag the command line
+    refuses is the only line."""
+    from tunecost.cli.main import app
+
+    (path,) = _files("llamafactory/lora_rank8")
+    said = cli_runner.invoke(app, ["memory", "--config", path, "--lora-alpha", "8", "--json"])
+    assert said.exit_code == 0, said.output
+    assert "assumed: lora_alpha" not in said.stderr and "assumed: " in said.stderr
+    bad = cli_runner.invoke(app, ["memory", "--config", path, "--seq-len", "0"])
+    assert bad.exit_code == 2 and bad.stderr.startswith("error:") and "assumed:" not in bad.stderr
+
+
 @pytest.mark.parametrize(
     ("text", "suffix", "message"),
     [

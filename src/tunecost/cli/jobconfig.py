@@ -37,17 +37,33 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     options = {**job.options, "framework": job.framework, **_aliases(job.options, params)}
     ctx.default_map = {**(ctx.default_map or {}), **{k: v for k, v in options.items() if k in params}}
     ctx.meta[CONFIG_OPTIONS] = job.options
-    for line in job.assumptions:
-        err_console.print(f"assumed: {line}")
+    notes = [(_option_of(line, params), f"assumed: {line}") for line in job.assumptions]
     method = next((p for p in ctx.command.params if p.name == "method"), None)
     if method is not None and "method" not in job.options:  # e.g. an accelerate or DeepSpeed file alone
-        err_console.print(f"assumed: method: {job.path} does not say; --method decides (default {method.default})")
+        notes.append(
+            ("method", f"assumed: method: {job.path} does not say; --method decides (default {method.default})")
+        )
     if job.not_modelled:
-        err_console.print(f"warning: not modelled from {job.path}: {', '.join(job.not_modelled)}")
+        notes.append((None, f"warning: not modelled from {job.path}: {', '.join(job.not_modelled)}"))
     ignored = [f"{k} {job.options[k]}" for k in MODEL_PARALLEL_OPTIONS if k in job.options and k not in params]
     if ignored:
-        err_console.print(f"warning: this command does not take {', '.join(ignored)} from {job.path} (ignored)")
+        notes.append((None, f"warning: this command does not take {', '.join(ignored)} from {job.path} (ignored)"))
+    ctx.meta[CONFIG_NOTES] = notes
     return paths
+
+
+def _option_of(line: str, params: set[str]) -> str | None:
+    """The command's option an assumption line is about: its first word ("packing per-document: ...")."""
+    word = line.split(" ", 1)[0].rstrip(":")
+    return word if word in params else None
+
+
+def print_config_notes(ctx: typer.Context) -> None:
+    """The config's assumption and warning lines on stderr, once every option is read: a line about an option the
+    command line gives is left out, as the flag replaces the config's value."""
+    for option, line in ctx.meta.pop(CONFIG_NOTES, ()):
+        if option is None or ctx.get_parameter_source(option) != ParameterSource.COMMANDLINE:
+            err_console.print(line)
 
 
 def _aliases(options: dict[str, Any], params: set[str]) -> dict[str, Any]:
@@ -61,6 +77,7 @@ def _aliases(options: dict[str, Any], params: set[str]) -> dict[str, Any]:
 
 
 CONFIG_OPTIONS = "tunecost.config_options"  # ctx.meta: the config's job options (the run length's global batch)
+CONFIG_NOTES = "tunecost.config_notes"  # ctx.meta: (option or None, line) printed before the command runs
 ConfigFiles = Annotated[list[Path] | None, opt("--config", CONFIG_HELP, is_eager=True, callback=_read_config)]
 
 

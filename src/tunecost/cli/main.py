@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover - older typer on the real click
 from tunecost import __version__
 from tunecost.cli import commands
 from tunecost.cli.common import echo_error
+from tunecost.cli.jobconfig import print_config_notes
 from tunecost.cli.options import refuse_blank_values
 
 ESTIMATE, MEASURE, CATALOGS, MORE = "Estimate", "Measure", "Catalogs", "More"
@@ -108,7 +109,9 @@ class _FalseHelp:
 
 
 class _Command(_FalseHelp, TyperCommand):
-    pass
+    def invoke(self, ctx: Any) -> Any:
+        print_config_notes(ctx)  # --config's lines, once the flags that replace its values are known
+        return super().invoke(ctx)
 
 
 class _LazyCommands(MutableMapping[str, Command]):
