@@ -170,6 +170,8 @@ def _read_accelerate(cfg: ConfigFile) -> ConfigJob:
     fp8 = section(cfg, "fp8_config")
     if precision == "fp8":
         more, lines = fp8_options(fp8, "backend", fp8.typed("backend", str), "tensorwise", ACCELERATE)
+        lines.append("mixed_precision fp8: an HF Trainer keeps it only with bf16 and fp16 false in its arguments "
+                     "(TrainingArguments sets its mixed precision from those first)")  # fmt: skip
         out, notes = {**out, **more}, notes + lines
     elif precision == "no":  # the Trainer's bf16/fp16 still turn mixed precision on: no dtype from this file
         unset = "" if "mixed_precision" in cfg.data else f" ({ACCELERATE} default)"
