@@ -124,13 +124,15 @@ def hub_cached(repo_id: str) -> bool:
     return (Path(constants.HF_HUB_CACHE) / f"datasets--{repo_id.replace('/', '--')}" / "snapshots").is_dir()
 
 
-def hub_dataset_option(key: str, repo_id: str) -> tuple[dict[str, str], str]:
-    """What a framework config's hub dataset `repo_id` (under `key`) gives a job tunecost has no catalog row for:
-    the dataset option where the local Hugging Face cache holds it, and the note that says which."""
-    if hub_cached(repo_id):
-        return {"dataset": repo_id}, f"{key} {repo_id}: its copy in the local Hugging Face cache is counted"
-    fix = f"give --dataset FILE or --seq-len, or `hf download {repo_id} --repo-type dataset`"
-    return {}, f"{key} {repo_id}: a hub dataset or folder not in the local Hugging Face cache; {fix}"
+def config_dataset_option(key: str, name: str) -> tuple[dict[str, str], list[str]]:
+    """What a framework config's dataset `name` (under `key`) gives a job: the catalog's row, else its copy in the
+    local Hugging Face cache, else no dataset and a note saying how to give the lengths."""
+    if known := catalog_dataset(name):
+        return {"dataset": known}, []
+    if hub_cached(name):
+        return {"dataset": name}, [f"{key} {name}: its copy in the local Hugging Face cache is counted"]
+    fix = f"give --dataset FILE or --seq-len, or `hf download {name} --repo-type dataset`"
+    return {}, [f"{key} {name}: a hub dataset or folder not in the local Hugging Face cache; {fix}"]
 
 
 def load_hub_rows(repo_id: str, config: str | None, split: str, *, allow_download: bool = False) -> list[dict]:

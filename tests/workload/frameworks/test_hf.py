@@ -484,3 +484,62 @@ def test_sft_activation_offloading_is_read(tmp_path: Path) -> None:
     job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", SFT_YAML + "activation_offloading: true\n")
     assert job.options["offload_activations"] is True and "activation_offloading" not in job.not_modelled
     assert _said(job, "activation_offloading: TRL's OffloadActivations")
+
+
+# the alignment handbook's recipes/zephyr-7b-beta/sft/config_full.yaml (@925acdf), shortened: TRL's SFTConfig and
+# ModelConfig keys beside the handbook's dataset_mixture and chat_template
+HANDBOOK_SFT = """\
+model_name_or_path: mistralai/Mistral-7B-v0.1
+torch_dtype: bfloat16
+attn_implementation: flash_attention_2
+chat_template: "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+dataset_mixture:
+  datasets:
+    - id: HuggingFaceH4/ultrachat_200k
+      split: train_sft
+    - id: HuggingFaceH4/ultrachat_200k
+      split: test_sft
+  test_split_size: 1000
+bf16: true
+gradient_checkpointing: true
+gradient_checkpointing_kwargs:
+  use_reentrant: False
+max_seq_length: 2048
+num_train_epochs: 1
+output_dir: data/zephyr-7b-sft-full
+per_device_train_batch_size: 16
+"""
+
+
+def test_an_alignment_handbook_sft_recipe(tmp_path: Path) -> None:
+    """The handbook's ScriptArguments.dataset_mixture gives the data (its first dataset), chat_template is read."""
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "config_full.yaml", HANDBOOK_SFT)
+    assert job.options["dataset"] == "ultrachat-200k" and job.options["seq_len"] == 2048
+    assert (job.options["method"], job.options["batch_size"], job.options["reentrant"]) == ("full", 16, False)
+    mixed = HANDBOOK_SFT.replace("id: HuggingFaceH4/ultrachat_200k\n      split: test", "id: org/other\n      split: t")
+    two = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "two.yaml", mixed)
+    assert _said(two, "dataset_mixture: only the first of 2 datasets gives the lengths")
+
+
+def test_trls_dataset_mixture_gives_the_data(tmp_path: Path) -> None:
+    """TRL's own DatasetMixtureConfig: `datasets`, each a `path` (trl/scripts/utils.py)."""
+    text = "model_name_or_path: Qwen/Qwen2.5-0.5B\ndatasets:\n  - path: tatsu-lab/alpaca\n    split: train\n"
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "mix.yaml", text)
+    assert job.options["dataset"] == "alpaca" and _said(job, "TRL SFTConfig's default")
+
+
+def test_a_bare_trl_cli_config_is_read_with_sfts_defaults(tmp_path: Path) -> None:
+    """`trl sft --config`'s example (examples/cli_configs/example_config.yaml): model and data, no batch size."""
+    text = (
+        "model_name_or_path: Qwen/Qwen2.5-0.5B\ndataset_name: stanfordnlp/imdb\nreport_to: none\nlearning_rate: 1e-4\n"
+    )
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "example_config.yaml", text)
+    assert (job.options["batch_size"], job.options["seq_len"], job.options["method"]) == (8, 1024, "full")
+    assert job.options["gradient_checkpointing"] is True and _said(job, "dataset_name stanfordnlp/imdb")
+
+
+def test_a_preference_trainers_config_is_one_error(tmp_path: Path) -> None:
+    """DPOConfig and its kin carry `beta` (the handbook's dpo/ and orpo/ recipes)."""
+    path = _write(tmp_path, "dpo.yaml", HANDBOOK_SFT.replace("bf16: true", "beta: 0.01"))
+    with pytest.raises(TunecostError, match=r"dpo\.yaml: beta: a preference or RL trainer's config"):
+        FRAMEWORK_TRAINING_ARGS.read(ConfigFile(path=str(path), data=parse_config_file(path)))

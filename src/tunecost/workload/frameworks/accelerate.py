@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, dotted_keys
-from tunecost.workload.frameworks.hf import Part, not_modelled, truthy
+from tunecost.workload.frameworks.hf import not_modelled
+from tunecost.workload.frameworks.hf_common import Part, truthy
 
 ACCELERATE, DEEPSPEED = "accelerate's", "DeepSpeed's"
 ACCELERATE_KEYS = KnownKeys(f"{ACCELERATE} config", ("accelerate",))

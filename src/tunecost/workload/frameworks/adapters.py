@@ -10,16 +10,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
-from tunecost.workload.frameworks.hf import (
-    BNB,
-    FILES,
-    PEFT,
-    TORCH_DTYPES,
-    int8_options,
-    job,
-    lora_options,
-    qlora_options,
-)
+from tunecost.workload.frameworks.hf import BNB, FILES, PEFT, TORCH_DTYPES, job, lora_options, qlora_options
+from tunecost.workload.frameworks.hf_common import int8_options
 
 LORA_KEYS, BNB_KEYS = KnownKeys("PEFT's LoraConfig", ("peft_lora",)), KnownKeys("BitsAndBytesConfig", ("bnb",))
 

@@ -7,7 +7,8 @@ from typing import Any
 
 from tunecost.workload.frameworks import LIGER_NOTE, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.accelerate import fp8_options
-from tunecost.workload.frameworks.hf import INT8, compile_options, optimizer_name
+from tunecost.workload.frameworks.hf import optimizer_name
+from tunecost.workload.frameworks.hf_common import INT8, compile_options
 from tunecost.workload.frameworks.llamafactory import (
     SFT_ONLY,
     VISION_MODEL,
@@ -15,7 +16,7 @@ from tunecost.workload.frameworks.llamafactory import (
     filled,
     lora_target_groups,
 )
-from tunecost.workload.known_datasets import FILE_SUFFIXES, catalog_dataset, hub_dataset_option
+from tunecost.workload.known_datasets import FILE_SUFFIXES, catalog_dataset, config_dataset_option
 
 TITLE = "axolotl"
 KEYS = KnownKeys(f"{TITLE}'s config", ("axolotl",))  # its pydantic schema and bundled plugins' args
@@ -203,12 +204,10 @@ def _dataset(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
         raise cfg.error("datasets", f"each entry needs a path, got {datasets[0]!r}")
     if len(datasets) > 1:
         notes.append(f"datasets: only the first of {len(datasets)} gives the lengths")
-    if known := catalog_dataset(path):
-        return {"dataset": known}
-    if path.lower().endswith(FILE_SUFFIXES):
+    if path.lower().endswith(FILE_SUFFIXES) and not catalog_dataset(path):
         return {"dataset": path}
-    option, note = hub_dataset_option("datasets[0].path", path)
-    notes.append(note)
+    option, lines = config_dataset_option("datasets[0].path", path)
+    notes += lines
     return option
 
 

@@ -13,25 +13,28 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 from tunecost.catalog.peft_targets import peft_default_targets
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.frameworks import (
-    COMPILE_NOTE,
-    LIGER_DEFAULTS,
-    LIGER_NOTE,
     ConfigFile,
     ConfigJob,
     Framework,
     KnownKeys,
     steps_options,
 )
-from tunecost.workload.frameworks.hf_fsdp import Part, fsdp_options, truthy
+from tunecost.workload.frameworks.hf_common import (
+    Part,
+    compile_options,
+    fsdp_options,
+    int8_options,
+    liger_options,
+    truthy,
+)
 from tunecost.workload.job import group_targets, targets_text
-from tunecost.workload.known_datasets import catalog_dataset, hub_dataset_option
+from tunecost.workload.known_datasets import config_dataset_option
 
 
 def words(text: str) -> tuple[str, ...]:
@@ -71,12 +74,16 @@ GROUPS = {
     **dict.fromkeys(("gate", "router"), "router"),
 }
 SFT_KEYS = {"max_length", "max_seq_length", "packing", "dataset_text_field", "completion_only_loss", "loss_type"}
+SCRIPT_KEYS = ("dataset_name", "datasets", "dataset_mixture")  # a TRL script's data (ScriptArguments): `trl sft`'s
 TRL_MODEL_KEYS = {"use_peft", "lora_r", "lora_target_modules", "use_bnb_nested_quant"}
 # the keys of each file (keys/*.txt); max_seq_length: SFTConfig's max_length before TRL 0.20, torch_dtype:
-# ModelConfig's dtype before TRL 0.22 (many TRL YAMLs still set it)
+# ModelConfig's dtype before TRL 0.22 (many TRL YAMLs still set it); dataset_mixture, chat_template: the alignment
+# handbook's ScriptArguments and SFTConfig (huggingface/alignment-handbook@925acdfe src/alignment/configs.py)
 TRAINER_KEYS = ("hf_training_args", "hf_training_args_older", "hf_seq2seq_args", "trl_sft")
 ARGS_KEYS = KnownKeys(
-    "transformers' TrainingArguments or TRL's SFTConfig", TRAINER_KEYS, extra=("max_seq_length", "torch_dtype")
+    "transformers' TrainingArguments or TRL's SFTConfig",
+    TRAINER_KEYS,
+    extra=("max_seq_length", "torch_dtype", "dataset_mixture", "chat_template"),
 )
 # key prefixes that change neither memory nor time: logging, saving, evaluation, hub, learning-rate schedule, seeds
 NO_COST = words(
@@ -104,45 +111,6 @@ def job(cfg: ConfigFile, framework: str, options: dict[str, Any], notes: list[st
         assumptions=tuple(notes),
         not_modelled=not_modelled(cfg, NO_COST),
     )
-
-
-INT8 = MappingProxyType({"method": "qlora", "quant_type": "int8"})  # 8-bit LoRA (load_in_8bit), as options
-
-
-def compile_options(cfg: ConfigFile, whose: str) -> Part:
-    """torch_compile (the HF Trainer's, axolotl's and LLaMA-Factory's key; a compile backend or mode set turns it
-    on in TrainingArguments.__post_init__, and axolotl's "auto" on the torch it pins)."""
-    value = cfg.get("torch_compile")
-    if value == "auto":
-        return {"torch_compile": True}, [
-            f"torch_compile auto: on ({whose} compiles with torch >= 2.5.1); {COMPILE_NOTE}"
-        ]
-    on = bool(cfg.typed("torch_compile", bool))
-    mode = next((k for k in ("torch_compile_backend", "torch_compile_mode") if cfg.typed(k, str)), None)
-    if mode is not None and not on:
-        return {"torch_compile": True}, [f"torch_compile on: {mode} is set ({whose} turns it on); {COMPILE_NOTE}"]
-    return ({"torch_compile": True}, [f"torch_compile: {COMPILE_NOTE}"]) if on else ({}, [])
-
-
-def liger_options(cfg: ConfigFile, key: str) -> Part:
-    """Liger's kernels (`key`: use_liger_kernel, LLaMA-Factory's enable_liger_kernel) with the default kernel set;
-    a liger_kernel_config that changes it stays among the keys not modelled, and the step is counted without."""
-    if not cfg.typed(key, bool):
-        return {}, []
-    config = cfg.data.get("liger_kernel_config")
-    if isinstance(config, Mapping) and any(config.get(k, on) != on for k, on in LIGER_DEFAULTS.items()):
-        return {}, [f"{key} with liger_kernel_config {dict(config)}: only Liger's default kernels are modelled; "
-                    "counted without Liger"]  # fmt: skip
-    cfg.get("liger_kernel_config")
-    return {"liger_kernel": True}, [f"{key}: {LIGER_NOTE}"]
-
-
-def int8_options(cfg: ConfigFile, key: str) -> Part:
-    """8-bit LoRA (`key`, load_in_8bit, set): method qlora on bitsandbytes LLM.int8 base weights. 16-bit weights
-    kept beside the codes (llm_int8_has_fp16_weight) are not modelled."""
-    if cfg.typed("llm_int8_has_fp16_weight", bool):
-        raise cfg.error("llm_int8_has_fp16_weight", "16-bit weights kept beside the int8 codes are not modelled")
-    return dict(INT8), [f"{key}: LLM.int8 base weights (--quant-type int8)"]
 
 
 def attention_of(cfg: ConfigFile, key: str, value: str) -> str:
@@ -336,20 +304,37 @@ def _sft(cfg: ConfigFile) -> Part:
     return out, notes
 
 
+def _dataset(cfg: ConfigFile) -> Part:
+    """dataset_name, else the first of a mixture: TRL's `datasets` (DatasetMixtureConfig, each a `path`) or the
+    alignment handbook's `dataset_mixture.datasets` (each an `id`, src/alignment/configs.py)."""
+    key, mixture = "datasets", cfg.get("datasets")
+    if not mixture:
+        key, mixture = "dataset_mixture", _mapping(cfg, "dataset_mixture").get("datasets")
+    entries = (
+        [d.get("path") or d.get("id") for d in mixture if isinstance(d, dict)] if isinstance(mixture, list) else []
+    )
+    names: list[str] = list(dict.fromkeys(n for n in entries if isinstance(n, str)))
+    name: str | None = cfg.typed("dataset_name", str)
+    if name is not None:
+        return config_dataset_option("dataset_name", name)
+    if not names:
+        return {}, []
+    options, notes = config_dataset_option(key, names[0])
+    return options, [f"{key}: only the first of {len(names)} datasets gives the lengths"] * (len(names) > 1) + notes
+
+
 def _read_training_args(cfg: ConfigFile) -> ConfigJob:
+    if "beta" in cfg.data:  # DPOConfig, ORPOConfig, KTOConfig, CPOConfig, GRPOConfig: the preference / RL trainers'
+        raise cfg.error("beta", "a preference or RL trainer's config (DPO, ORPO, KTO, GRPO): tunecost estimates "
+                        "supervised fine-tuning (full, LoRA, QLoRA) only")  # fmt: skip
     cfg.check_keys(ARGS_KEYS)
-    whose = SFT if any(k in cfg.data for k in SFT_KEYS | TRL_MODEL_KEYS) else TA
+    whose = SFT if any(k in cfg.data for k in {*SFT_KEYS, *TRL_MODEL_KEYS, *SCRIPT_KEYS}) else TA
     out: dict[str, Any] = {"stack": "hf-peft"}
     notes: list[str] = []
     if cfg.typed("model_name_or_path", str):
         out["model"] = cfg.data["model_name_or_path"]
-    if cfg.typed("dataset_name", str):
-        if known := catalog_dataset(cfg.data["dataset_name"]):
-            out["dataset"] = known
-        else:
-            hub, note = hub_dataset_option("dataset_name", cfg.data["dataset_name"])
-            out |= hub
-            notes.append(note)
+    dataset, lines = _dataset(cfg)
+    out, notes = out | dataset, notes + lines
     out |= steps_options(cfg, ("max_steps", "gradient_accumulation_steps"), whose, notes)
     for option, key, kind, default in (
         ("batch_size", "per_device_train_batch_size", int, 8),
@@ -382,10 +367,13 @@ def _read_training_args(cfg: ConfigFile) -> ConfigJob:
 
 
 def detect_training_args(data: Mapping[str, Any]) -> bool:
-    """per_device_train_batch_size with another TrainingArguments key; not LLaMA-Factory's, axolotl's or PEFT's."""
+    """per_device_train_batch_size with another TrainingArguments key, or a TRL script's model and data (`trl sft
+    --config`'s example has no batch size); not LLaMA-Factory's, axolotl's or PEFT's."""
     others = ("stage", "finetuning_type", "base_model", "micro_batch_size", "peft_type", "distributed_type")
     ours = ("output_dir", "num_train_epochs", "learning_rate", "gradient_accumulation_steps")
-    return "per_device_train_batch_size" in data and any(k in data for k in ours) and not any(k in data for k in others)
+    trainer = "per_device_train_batch_size" in data and any(k in data for k in ours)
+    script = "model_name_or_path" in data and any(k in data for k in SCRIPT_KEYS)
+    return (trainer or script) and not any(k in data for k in others)
 
 
 FILES = (".json", ".yaml", ".yml")

@@ -11,8 +11,8 @@ from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.accelerate import fp8_options
-from tunecost.workload.frameworks.hf import INT8, compile_options, liger_options, optimizer_name
-from tunecost.workload.frameworks.hf_fsdp import fsdp_options
+from tunecost.workload.frameworks.hf import optimizer_name
+from tunecost.workload.frameworks.hf_common import INT8, compile_options, fsdp_options, liger_options
 from tunecost.workload.frameworks.llamafactory_megatron import megatron_options
 from tunecost.workload.job import group_targets, targets_text
 from tunecost.workload.known_datasets import catalog_dataset
