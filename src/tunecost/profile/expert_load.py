@@ -27,9 +27,6 @@ class ExpertLoad:
         """Population variance of the tokens per expert of one layer (the paper's imbalance measure)."""
         return float(statistics.pvariance(self.tokens[layer_index]))
 
-    def mean_variance(self) -> float:
-        return statistics.fmean(self.variance(i) for i in self.tokens) if self.tokens else float("nan")
-
     def rows(self) -> list[dict[str, Any]]:
         return [
             {"layer_index": layer, "expert": e, "tokens": n}

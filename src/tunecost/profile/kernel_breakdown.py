@@ -50,9 +50,6 @@ class KernelBreakdown:
     def moe_seconds(self) -> float:
         return sum(c.seconds for c in self.classes)
 
-    def seconds_of(self, kernel_class: str) -> float:
-        return sum(c.seconds for c in self.classes if c.kernel_class == kernel_class)
-
 
 # ----------------------------------------------------------------------------------------------- labelling
 

@@ -44,11 +44,6 @@ def segment_bytes(size_bytes: int) -> int:
     return -(-size_bytes // ROUND_LARGE_BYTES) * ROUND_LARGE_BYTES
 
 
-def should_split(remaining_bytes: int, small: bool) -> bool:
-    """`should_split` with max_split_size unlimited."""
-    return remaining_bytes >= MIN_BLOCK_BYTES if small else remaining_bytes > SMALL_REQUEST_BYTES
-
-
 class CachingAllocator:
     """Blocks addressed by integers; segments laid out at increasing addresses. `malloc` returns a block address
     to pass to `free`. `reserved_bytes` is what `torch.cuda.memory_reserved` reports, `peak_reserved_bytes` its

@@ -130,7 +130,3 @@ def bundled_evidence() -> IntervalEvidence | None:
         return None
     note = f"the bundled calibration's {len(evidence.transfer.errors)} held-out errors ({evidence.transfer.source})"
     return replace(evidence, note=note)
-
-
-def calibrate_file(path: str | Path) -> CalibratedModel:
-    return calibrate_files([path])
