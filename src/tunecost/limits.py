@@ -15,6 +15,7 @@ MAX_SEQ_LEN = 1 << 20  # tokens per sequence
 MAX_TOKENS = 1 << 26  # tokens in one step or benchmark call (MAX_BATCH_SIZE x 1024)
 MAX_QUERIES = 10**12  # queries in one fine-tune
 MAX_EPOCHS = 10**6
+MAX_GRAD_ACCUM = 1 << 16  # micro-batches accumulated per optimizer step
 MAX_STEPS = 10**5  # timed or warm-up steps of one profile point
 MAX_QUERIES_PER_S = 1e6  # measured throughput of one fine-tune, queries/s
 MIN_QUERIES_PER_S = 1e-6

@@ -118,3 +118,31 @@ def test_llamafactory_max_samples_caps_the_queries_of_an_epoch(cli_runner, tmp_p
     assert "assumed: 1000 queries per epoch: the config cuts the data there of 52002" in " ".join(capped.output.split())
     given = cli_runner.invoke(app, [*base, "--dataset", "alpaca", "--queries", "5000"])
     assert {row["num_queries"] for row in json.loads(given.stdout)} == {5000}
+
+
+def test_grad_accum_on_the_command_line_sizes_the_steps_and_spreads_the_optimizer(cli_runner):
+    """--grad-accum 16 over the config's 4: a step takes 16 micro-batches, and the optimizer's time is spread over
+    them (the config's own accumulation by default, read from gradient_accumulation_steps)."""
+    base = ["estimate", "--config", str(LF), "--gpu", "H100", "--dataset", "alpaca", "--method", "full"]
+    base += ["--model", "Qwen/Qwen2.5-0.5B", "--batch-size", "2", "--json"]
+    rows = {}
+    for accumulation in ("4", "16"):
+        result = cli_runner.invoke(app, [*base, "--max-steps", "10", "--grad-accum", accumulation])
+        assert result.exit_code == 0, result.output
+        rows[accumulation] = json.loads(result.stdout[result.stdout.index("[") :])[0]
+    assert (rows["4"]["num_queries"], rows["16"]["num_queries"]) == (10 * 2 * 4, 10 * 2 * 16)
+    assert rows["16"]["queries_per_s"] > rows["4"]["queries_per_s"]
+    bad = cli_runner.invoke(app, [*base, "--grad-accum", "0"])
+    assert bad.exit_code == 2 and "--grad-accum" in bad.output
+
+
+def test_plan_takes_grad_accum_or_a_global_batch(cli_runner):
+    """plan --grad-accum N: every option accumulates N micro-batches (the launch recipe's gradient accumulation);
+    beside --global-batch, which sets each option's own accumulation, it is one error."""
+    args = ["plan", "--config", str(LF), "--gpu", "H100", "--max-gpus", "1", "--epochs", "1", "--queries", "1000"]
+    result = cli_runner.invoke(app, [*args, "--grad-accum", "4", "--json"])
+    assert result.exit_code == 0, result.output
+    front = json.loads(result.stdout[result.stdout.index("{") :])["plan"]["front"]
+    assert front and {option["accumulation"] for option in front} == {4}
+    both = cli_runner.invoke(app, [*args, "--grad-accum", "4", "--global-batch", "16"])
+    assert both.exit_code == 2 and "give --global-batch or --grad-accum" in both.output

@@ -97,3 +97,19 @@ def test_eager_attention_scores_every_pair_and_moves_the_scores(llama) -> None:
     assert extra == pytest.approx(scores * (EAGER_FWD_BYTES_PER_SCORE + EAGER_BWD_BYTES_PER_SCORE) - unpad)
     model = calibrated.calibrated_model()
     assert model.predict(_target(eager_req)).queries_per_s < model.predict(_target(flash_req)).queries_per_s
+
+
+def test_gradient_accumulation_runs_the_optimizer_once_per_accumulated_micro_batches(llama) -> None:
+    """--grad-accum N: N micro-batches of every class but the optimizer's per step, as `validate` prices its rows;
+    a full fine-tune's AdamW over every weight is then spread over N micro-batches, the interval's kind unchanged."""
+    from tunecost.estimate.throughput.counts import accumulated
+
+    full = _with(llama, method="full", gradient_checkpointing=False)
+    one, eight = job_for(_target(full))[1], job_for(_target(_with(full, grad_accum=8)))[1]
+    assert eight == accumulated(one, 8)
+    assert eight.flops_by_class["optimizer"] == one.flops_by_class["optimizer"] > 0
+    assert eight.flops_by_class["dense_matmul"] == 8 * one.flops_by_class["dense_matmul"]
+    model = calibrated.calibrated_model()
+    single, spread = model.predict(_target(full)), model.predict(_target(_with(full, grad_accum=8)))
+    assert spread.queries_per_s > 1.05 * single.queries_per_s
+    assert [k for k, _, _ in spread.interval_parts] == [k for k, _, _ in single.interval_parts]

@@ -135,7 +135,7 @@ def run_length(
 
 
 # options that size the global batch of a run in steps, when the command line gives them over the config's
-_BATCH_OPTIONS = ("batch_size", "num_gpus", "tp", "pp", "cp", "micro_batches")
+_BATCH_OPTIONS = ("batch_size", "grad_accum", "num_gpus", "tp", "pp", "cp", "micro_batches")
 
 
 def _batch_options(config: dict[str, Any]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import typer
 
 from tunecost.limits import (
     MAX_BATCH_SIZE,
+    MAX_GRAD_ACCUM,
     MAX_QUERIES,
     MAX_SEQ_LEN,
     MAX_STEPS,
@@ -126,6 +127,11 @@ MAX_STEPS_HELP = (
     "training.steps): queries = steps x the config's global batch."
 )
 MaxSteps = Annotated[int | None, count_option("--max-steps", MAX_STEPS_HELP, MAX_QUERIES)]
+GRAD_ACCUM_HELP = (
+    "Micro-batches accumulated per optimizer step (or from --config: gradient_accumulation_steps): the optimizer "
+    "step's time is spread over them. Default 1."
+)
+GradAccum = Annotated[int | None, count_option("--grad-accum", GRAD_ACCUM_HELP, MAX_GRAD_ACCUM)]
 LoraAlpha = Annotated[float, opt("--lora-alpha", "LoRA alpha (scaling alpha / rank).")]
 LoraDropout = Annotated[float, opt("--lora-dropout", "Dropout on each LoRA adapter's input (PEFT's lora_dropout).")]
 LoraTargets = Annotated[

@@ -170,7 +170,9 @@ def _search(
         for setup in answer.setups:
             if owned:
                 setup = _owned_cost(setup, num_queries, epochs)
-            options.append(Option(method=job.method, setup=setup, owned=owned, offload=offload))
+            options.append(
+                Option(method=job.method, setup=setup, owned=owned, offload=offload, accumulation=job.grad_accum)
+            )
     return options, notes
 
 
@@ -205,9 +207,9 @@ def _with_global_batch(option: Option, job: FineTuneJob, global_batch: int | Non
         return dataclasses.replace(option, why_not=chosen)
     micro, accumulation = chosen
     setup = option.setup
-    if micro != setup.micro_batch:
+    if micro != setup.micro_batch or accumulation != job.grad_accum:  # the optimizer runs once per accumulation
         answer = estimate_multi_gpu(
-            job,
+            job.with_(grad_accum=accumulation),
             gpus=[setup.gpu],
             strategies=[MULTI_GPU_STRATEGIES[0] if setup.plan.strategy == "single" else setup.plan.strategy],
             num_gpus=setup.plan.num_gpus,

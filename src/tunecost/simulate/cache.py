@@ -40,6 +40,7 @@ def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512,
     spec = resolve_model(job.model)
     fields = {k: v for k, v in dataclasses.asdict(job).items() if not (k in _UNSET and v == _UNSET[k])}
     fields.pop("torch_compile", None)  # the simulated step is eager's either way
+    fields.pop("grad_accum", None)  # and a micro-batch's
     if not fields["lora"].get("dropout"):
         fields["lora"] = {k: v for k, v in fields["lora"].items() if k != "dropout"}
     payload = {

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
 from tunecost.errors import TunecostError
-from tunecost.limits import MAX_LORA_ALPHA
+from tunecost.limits import MAX_GRAD_ACCUM, MAX_LORA_ALPHA, check_count
 from tunecost.workload.parallel import ParallelPlan
 
 Method = Literal["full", "lora", "qlora"]
@@ -204,6 +204,8 @@ class FineTuneJob:
     attention: str = "flash"
     optimizer: str = "adamw"
     batch_size: int = 1
+    # micro-batches accumulated per optimizer step: the step's time counts the optimizer once per grad_accum of them
+    grad_accum: int = 1
     seq_len: int | None = 512
     lengths: tuple[int, ...] | None = None  # per-query token counts of a dataset
     dataset: str | None = None  # name of the dataset (the lengths came from, or whose length distribution applies)
@@ -233,6 +235,7 @@ class FineTuneJob:
         _check_choice("optimizer", self.optimizer, OPTIMIZERS)
         if self.batch_size < 1:
             raise TunecostError(f"batch size must be >= 1, got {self.batch_size}")
+        check_count("gradient accumulation (--grad-accum)", self.grad_accum, MAX_GRAD_ACCUM)
         if self.seq_len is None and not self.lengths and self.dataset is None:
             raise TunecostError("give a sequence length, a dataset's lengths or a dataset")
         if self.seq_len is not None and self.seq_len < 1:

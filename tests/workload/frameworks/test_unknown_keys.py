@@ -83,13 +83,16 @@ flavor = "8B"
 local_batch_size = 2
 seq_len = 4096
 """
-TRAINER = {"output_dir": "out", "per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "bf16": True}
+TRAINER = {"output_dir": "out", "per_device_train_batch_size": 2, "gradient_accumulation_steps": 4, "bf16": True,
+           "dataloader_num_workers": 4}  # fmt: skip
 SFT = """\
 model_name_or_path: Qwen/Qwen2.5-0.5B
 per_device_train_batch_size: 2
 gradient_accumulation_steps: 4
 max_length: 1024
+dataloader_num_workers: 4
 """
+WORKERS = "dataloader_num_workers"  # known to the Trainer, no cost tunecost models
 PEFT = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": 16, "lora_alpha": 32, "init_lora_weights": True}
 INIT = "init_lora_weights"  # known to PEFT, no cost to model
 BNB = {"quant_method": "bitsandbytes", "load_in_4bit": True, "bnb_4bit_quant_type": "nf4"}
@@ -128,8 +131,8 @@ FORMATS = {
     "torchtune": ("tt.yaml", TORCHTUNE, "batch_size", "bach_size", "log_every_n_steps", "torchtune's recipe configs"),
     "litgpt": ("lit.yaml", LITGPT, "  micro_batch_size", "  micro_batch_sise", "seed", "litgpt's config"),
     "torchtitan": ("titan.toml", TORCHTITAN, "seq_len", "seq_lenght", "metrics.log_freq", "torchtitan's JobConfig"),
-    "trainer": ("args.json", json.dumps(TRAINER), GA, "gradient_acumulation_steps", GA, TRAINER_TITLE),
-    "sft": ("sft.yaml", SFT, "max_length", "max_lenght", GA, TRAINER_TITLE),
+    "trainer": ("args.json", json.dumps(TRAINER), GA, "gradient_acumulation_steps", WORKERS, TRAINER_TITLE),
+    "sft": ("sft.yaml", SFT, "max_length", "max_lenght", WORKERS, TRAINER_TITLE),
     "peft": ("adapter_config.json", json.dumps(PEFT), "lora_alpha", "lora_alpah", INIT, "PEFT's LoraConfig"),
     "bnb": ("bnb.json", json.dumps(BNB), "bnb_4bit_quant_type", "bnb_4bit_quant_typ", "", "BitsAndBytesConfig"),
     "accelerate": ("acc.yaml", ACCELERATE, "num_processes", "num_procs", "enable_cpu_affinity", "accelerate's config"),

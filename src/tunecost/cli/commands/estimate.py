@@ -13,7 +13,16 @@ from tunecost.cli.commands.estimate_table import print_cost_rows
 from tunecost.cli.common import checked_host_cpu, cli_errors, print_json, split_list
 from tunecost.cli.groups import JobOptions, MultiGpuOptions, Pricing, RecordsOutput, StackFlags, option_groups
 from tunecost.cli.jobconfig import ConfigFiles, required, run_length
-from tunecost.cli.options import Epochs, ExpertsPerToken, HostCpuOpt, MaxSteps, MethodName, RunQueries, opt
+from tunecost.cli.options import (
+    Epochs,
+    ExpertsPerToken,
+    GradAccum,
+    HostCpuOpt,
+    MaxSteps,
+    MethodName,
+    RunQueries,
+    opt,
+)
 from tunecost.errors import TunecostError
 from tunecost.estimate import DEFAULT_ESTIMATOR
 from tunecost.limits import (
@@ -50,6 +59,7 @@ def estimate(
     job_options: JobOptions,
     epochs: Epochs = None,
     max_steps: MaxSteps = None,
+    grad_accum: GradAccum = None,
     queries: Annotated[int | None, opt("--queries", "Queries (default: the dataset's size).")] = None,
     dataset: Annotated[str | None, opt("--dataset", "Dataset (sets queries and the throughput's lengths).")] = None,
     method: MethodName = "qlora",
@@ -81,7 +91,7 @@ def estimate(
     )
     data = job_data(dataset, model=model) if dataset else None
     dataset_queries = data.num_queries if queries is None and data is not None else queries
-    job = job_options.estimate_job(model, method, data, experts_per_token)
+    job = job_options.estimate_job(model, method, data, experts_per_token).with_(grad_accum=grad_accum or 1)
     searching = multi_gpu.given and multi_gpu.num_gpus is None
     length = run_length(epochs, max_steps, dataset_queries, searching=searching, queries_per_row=queries_per_row(job))
     queries, epochs = length.num_queries, length.epochs

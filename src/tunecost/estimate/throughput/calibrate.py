@@ -150,8 +150,9 @@ class CalibratedModel:
             reasons.append(f"batch {job.batch_size} outside calibrated {lo}..{hi} for {job.model}{far}")
         reasons += self._workload_reasons(job)
         t_lo, t_hi = rng.tokens_per_step
-        if not 0.5 * t_lo <= counts.tokens_per_step <= 2.0 * t_hi:
-            reasons.append(f"{counts.tokens_per_step:.0f} tokens per step, calibrated {t_lo:.0f}..{t_hi:.0f}")
+        tokens = counts.tokens_per_step / job.grad_accum  # a micro-batch's: the calibration has no accumulation
+        if not 0.5 * t_lo <= tokens <= 2.0 * t_hi:
+            reasons.append(f"{tokens:.0f} tokens per step, calibrated {t_lo:.0f}..{t_hi:.0f}")
         return reasons
 
     def _workload_calibrated(self, job: FineTuneJob, gpu: GPU) -> bool:

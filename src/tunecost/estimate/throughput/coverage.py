@@ -24,6 +24,7 @@ SETUP_FIELDS = (
     "fp8_params",
     "torch_compile",
     "liger_kernel",
+    "grad_accum",
 )
 
 

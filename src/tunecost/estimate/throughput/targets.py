@@ -13,7 +13,7 @@ from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.catalog.host_cpus import resolve_host_cpu
 from tunecost.errors import TunecostError
 from tunecost.estimate.paper import PAPER_METHOD
-from tunecost.estimate.throughput.counts import AnalyticStepCounts, analytic_step_counts
+from tunecost.estimate.throughput.counts import AnalyticStepCounts, accumulated, analytic_step_counts
 from tunecost.estimate.throughput.coverage import SETUP_FIELDS
 from tunecost.estimate.throughput.lengths import (
     PAPER_CUTOFF_TOKENS,
@@ -126,7 +126,7 @@ def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, AnalyticStepCounts]:
     counts = analytic_step_counts(
         spec, job, lengths, te_layers=target.te_layers, lora_compute_dtype=target.lora_compute_dtype
     )
-    return job, counts
+    return job, accumulated(counts, job.grad_accum) if job.grad_accum > 1 else counts
 
 
 def job_lengths(job: FineTuneJob) -> tuple[FineTuneJob, SeqLengths]:

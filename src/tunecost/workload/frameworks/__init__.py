@@ -255,8 +255,8 @@ def steps_options(
     cfg: ConfigFile, keys: tuple[str, str], title: str, notes: list[str], option: str = "max_steps"
 ) -> dict[str, Any]:
     """`option` (max_steps > 0: the run's length in optimizer steps, which replaces the epochs; torchtune's
-    max_steps_per_epoch: each epoch's cap) and grad_accum, from the config's steps and accumulation `keys`; the
-    accumulation counts as read only beside steps (it changes nothing else)."""
+    max_steps_per_epoch: each epoch's cap) and grad_accum (the optimizer's share of the step time, and the global
+    batch of a run in steps), from the config's steps and accumulation `keys`."""
     steps_key, accumulation_key = keys
     steps, accumulation = cfg.typed(steps_key, int), cfg.typed(accumulation_key, int)
     out: dict[str, Any] = {}
@@ -265,7 +265,6 @@ def steps_options(
             raise cfg.error(accumulation_key, f"must be >= 1, got {accumulation}")
         out["grad_accum"] = accumulation
     if steps is None or steps <= 0:
-        cfg.used.discard(accumulation_key)
         return out
     out[option] = steps
     how = f"{title} ignores the epochs beside it" if option == "max_steps" else "each epoch ends there at the latest"
