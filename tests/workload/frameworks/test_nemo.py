@@ -98,7 +98,9 @@ def test_mlperf_llama2_70b_lora(tmp_path: Path) -> None:
         num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads, num_layers=shape.num_layers, seq_len=8192
     )
     # global 8 / (micro 1 x data-parallel 2): 4 micro-batches accumulated (no pipeline)
-    assert any(a.startswith("model.global_batch_size 8: 4 micro-batches") for a in job.assumptions)
+    assert o["grad_accum"] == 4 and any(
+        a.startswith("grad_accum 4: model.global_batch_size 8") for a in job.assumptions
+    )
     assert any(a.startswith("model.fp8 True (fp8_hybrid True)") for a in job.assumptions)
     assert o["fp8"] == "te-delayed" and o["fp8_params"] is True  # model.fp8_params: TE's FP8 primary weights
     assert plan.tp_comm_overlap  # model.ub_tp_comm_overlap: TE's userbuffers

@@ -182,9 +182,8 @@ def _micro_batches(r: Reader, options: dict[str, Any], micro: int, model_paralle
     if options.get("pp", 1) > 1:
         options["micro_batches"] = count
     elif count > 1:
-        r.notes.append(
-            f"{key} {global_batch}: {count} micro-batches accumulated per step (estimates are per micro-batch)"
-        )
+        options["grad_accum"] = count
+        r.notes.append(f"grad_accum {count}: {key} {global_batch} is {count} micro-batches accumulated per step")
 
 
 def _training(r: Reader, options: dict[str, Any]) -> None:
