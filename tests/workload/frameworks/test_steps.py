@@ -113,4 +113,33 @@ def test_litgpt_max_steps_or_epochs_whichever_first(tmp_path: Path) -> None:
     stated = {**cfg, "train": {"max_steps": 10, "global_batch_size": 64}}
     assert _queries(_write(tmp_path, "c.yaml", stated)).num_queries == 640
     plain = read_config(_write(tmp_path, "d.yaml", {**cfg, "train": {"global_batch_size": 64}}))
-    assert "max_steps" not in plain.options and "train.global_batch_size" in plain.not_modelled
+    assert "max_steps" not in plain.options and plain.options["grad_accum"] == 32  # 64 / (micro 1 x 2 ranks)
+
+
+@pytest.mark.parametrize(
+    ("options", "accumulation"),
+    [
+        ({"queries_per_step": 32, "batch_size": 4, "num_gpus": 4}, 2),  # 32 / (4 x 4 ranks)
+        ({"queries_per_step": 32, "batch_size": 4, "num_gpus": 8, "tp": 2}, 2),  # 4 data-parallel ranks
+        ({"queries_per_step": 16, "batch_size": 4, "num_gpus": 4}, None),  # one micro-batch a step
+        ({"queries_per_step": 30, "batch_size": 4, "num_gpus": 4}, None),  # not a whole count: left unset
+        ({"queries_per_step": 64, "batch_size": 4, "num_gpus": 4, "pp": 2}, None),  # the pipeline's micro-batches
+        ({"queries_per_step": 64, "batch_size": 4}, None),  # GPUs unstated
+    ],
+)
+def test_a_stated_global_batch_gives_the_accumulation(options: dict, accumulation: int | None) -> None:
+    from tunecost.workload.frameworks import accumulation_of
+
+    lines = accumulation_of(options, "global_batch_size")
+    assert options.get("grad_accum") == accumulation and bool(lines) == (accumulation is not None)
+
+
+def test_torchtitan_global_batch_is_its_gradient_accumulation(tmp_path: Path) -> None:
+    """train.py: gradient_accumulation_steps = global_batch_size / (local_batch_size x data-parallel degree)."""
+    path = tmp_path / "titan.toml"
+    path.write_text(
+        '[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 2\nglobal_batch_size = 32\n'
+        "[parallelism]\ndata_parallel_shard_degree = 8\n"
+    )
+    job = read_config(path)
+    assert job.options["grad_accum"] == 2 and _queries(path).num_queries == 10000 * 32

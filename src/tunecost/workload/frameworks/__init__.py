@@ -251,6 +251,22 @@ def parse_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def accumulation_of(options: dict[str, Any], key: str) -> list[str]:
+    """grad_accum from a stated global batch (`options["queries_per_step"]`, under `key`) = global / (micro-batch x
+    data-parallel ranks), where the file also gives the micro-batch and GPUs and no pipeline takes the micro-batches
+    (torchtitan's, litgpt's and LLaMA-Factory v1's own division); the assumption line, else nothing."""
+    tp, pp, cp = (options.get(k, 1) for k in ("tp", "pp", "cp"))
+    global_batch, micro, gpus = options.get("queries_per_step"), options.get("batch_size"), options.get("num_gpus")
+    if pp > 1 or not (global_batch and micro and gpus) or gpus % (tp * cp):
+        return []
+    ranks = gpus // (tp * cp)
+    count, left = divmod(global_batch, micro * ranks)
+    if left or count <= 1:
+        return []
+    options["grad_accum"] = count
+    return [f"grad_accum {count}: {key} {global_batch} / (micro-batch {micro} x {ranks} data-parallel ranks)"]
+
+
 def steps_options(
     cfg: ConfigFile, keys: tuple[str, str], title: str, notes: list[str], option: str = "max_steps"
 ) -> dict[str, Any]:

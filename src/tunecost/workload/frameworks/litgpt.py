@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, accumulation_of
 from tunecost.workload.frameworks.torchtitan import SFT_ONLY, config_job, nested_config, optimizer_name, read_or_default
 from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
 
@@ -162,14 +162,14 @@ def _training(flat: ConfigFile, method: str, options: dict[str, Any], notes: lis
 
 
 def _steps(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
-    """train.max_steps: the run stops at it or at train.epochs, whichever comes first (fit's loop); each step
-    takes train.global_batch_size queries over every rank, read only beside the steps (it changes nothing else)."""
+    """train.global_batch_size: each optimizer step's queries over every rank (the accumulation, and the run's
+    queries in steps); train.max_steps: the run stops at it or at train.epochs, whichever comes first."""
+    line = f"global batch 16: {TITLE}'s default train.global_batch_size"
+    options["queries_per_step"] = read_or_default(flat, "train.global_batch_size", int, 16, notes, line)
     steps = flat.typed("train.max_steps", int)
     if steps is None or steps <= 0:
         return
     options["max_steps"] = steps
-    line = f"global batch 16: {TITLE}'s default train.global_batch_size"
-    options["queries_per_step"] = read_or_default(flat, "train.global_batch_size", int, 16, notes, line)
     notes.append(f"run length: train.max_steps {steps} optimizer steps or train.epochs, whichever ends first")
 
 
@@ -188,6 +188,7 @@ def read(cfg: ConfigFile) -> ConfigJob:
     _precision(flat, method, options, notes)
     _layout(flat, method, options, notes)
     _training(flat, method, options, notes)
+    notes += accumulation_of(options, "train.global_batch_size")  # TrainArgs.gradient_accumulation_iters
     return config_job(FRAMEWORK.name, flat, options, notes)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, dotted_keys
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, accumulation_of, dotted_keys
 from tunecost.workload.frameworks.accelerate import section
 from tunecost.workload.frameworks.llamafactory import SFT_ONLY, VISION_MODEL, filled, lora_target_groups
 from tunecost.workload.known_datasets import catalog_dataset
@@ -178,6 +178,7 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         "logits and a shifted fp32 copy, one copy more than the simulated transformers loss",
     ]
     options["stack"] = "hf-peft"
+    notes += accumulation_of(options, "global_batch_size")  # core/utils/batching.py
     return ConfigJob(framework="llamafactory-v1", path=cfg.path, options=options, assumptions=tuple(notes),
                      not_modelled=cfg.unused_keys())  # fmt: skip
 

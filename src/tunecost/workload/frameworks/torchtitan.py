@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecost.workload.frameworks import COMPILE_NOTE, ConfigFile, ConfigJob, Framework, KnownKeys
+from tunecost.workload.frameworks import COMPILE_NOTE, ConfigFile, ConfigJob, Framework, KnownKeys, accumulation_of
 from tunecost.workload.frameworks.model_parallel import ModelShape, catalog_shape, check_layout, positive
 
 # Defaults, pytorch/torchtitan @ 238fa995 (2026-02-23, the last TOML version), torchtitan/config/job_config.py:
@@ -365,6 +365,7 @@ def read(cfg: ConfigFile) -> ConfigJob:
     if options["gradient_checkpointing"] and flat.data.get("activation_checkpoint.mode", "selective") == "selective":
         _layer_checkpointing(flat, options, notes)
     _steps(flat, options, notes)
+    notes += accumulation_of(options, "training.global_batch_size")  # train.py's gradient_accumulation_steps
     return config_job(FRAMEWORK.name, flat, options, notes)
 
 
