@@ -36,7 +36,8 @@ def print_cost_rows(rows: list, *, job, verbose: bool = False, dataset_named: bo
     print_table(
         f"{first.model}{_data_label(first.dataset, job, dataset_named)}: {first.num_queries} queries x "
         f"{first.epochs:g} epochs "
-        f"(estimator: {first.estimator})",
+        + (f"({job.grad_accum} micro-batches per optimizer step) " if job.grad_accum > 1 else "")
+        + f"(estimator: {first.estimator})",
         ["gpu", "provider", "$/h", "batch", "fits", "queries/s", "hours", "cost $"],
         [
             [
