@@ -18,7 +18,7 @@ _LINES: dict[str, dict] = {}  # shape key -> its steps' `batch_line.BatchLine`s:
 
 def _shape_key(job: FineTuneJob, num_units: int, stack: str, behaviour: StackBehaviour) -> str:
     fields = asdict(job)
-    for k in ("batch_size", "seq_len", "lengths", "dataset", "fp8"):
+    for k in ("batch_size", "grad_accum", "seq_len", "lengths", "dataset", "fp8"):
         fields.pop(k, None)
     return json.dumps([fields, num_units, stack, asdict(behaviour)], sort_keys=True, default=str)
 

@@ -51,7 +51,6 @@ class MappedRow:
     stack: Stack
     gpu_memory_bytes: int | None
     gpu_name: str | None = None  # the GPU catalog's name (None: not in the catalog)
-    grad_accum: int = 1
     num_gpus: int = 1  # data-parallel ranks; above 1 the row is one rank of `strategy`
     strategy: str | None = None  # a `workload.parallel.STRATEGIES` name when num_gpus > 1 or DeepSpeed runs one rank
     offload: str = "none"  # CPU offload of the strategy (`workload.offload.OFFLOAD_CHOICES`)
@@ -59,6 +58,10 @@ class MappedRow:
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR  # library behaviours of the row's stack (see `stacks`)
     model_parallel: ModelParallel | None = None  # the row's TP/PP/CP degrees (None: data parallelism only)
     note: str = ""  # what the mapping read differently from the row's cells, and why (shown as the row's reason)
+
+    @property
+    def grad_accum(self) -> int:
+        return self.job.grad_accum
 
     @property
     def simulator_job(self) -> FineTuneJob:
@@ -168,6 +171,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             attention=attention,
             optimizer=optimizer,
             batch_size=_int(row, "batch_size_per_gpu"),
+            grad_accum=_int(row, "grad_accum") if row.get("grad_accum") else 1,
             seq_len=seq_len,
             modules_to_save=saved,
             fp8=fp8,
@@ -184,8 +188,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             "its memory decides out-of-memory" if quantity == "oom" else "its peak rate and bandwidth set the step time"
         )
         raise Skip(f"{gpu_unknown_reason(row.get('gpu'))} ({why})")
-    grad_accum = _int(row, "grad_accum") if row.get("grad_accum") else 1
-    mp = model_parallel_row(row, spec, job, num_gpus, grad_accum) if num_gpus > 1 else None
+    mp = model_parallel_row(row, spec, job, num_gpus, job.grad_accum) if num_gpus > 1 else None
     mp = dataclasses.replace(mp, tp_impl=stack.tp_impl) if mp is not None else None
     behaviour = row_behaviour(row, stack, num_gpus=num_gpus, strategy=strategy, family=spec.family, method=method)
     return MappedRow(
@@ -193,7 +196,6 @@ def map_row(row: CorpusRow) -> MappedRow:
         stack=stack,
         gpu_memory_bytes=None if gpu is None else gpu.usable_memory_bytes,
         gpu_name=None if gpu is None else gpu.name,
-        grad_accum=grad_accum,
         num_gpus=num_gpus,
         strategy=strategy,
         offload=offload,
