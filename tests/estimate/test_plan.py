@@ -230,8 +230,8 @@ def test_a_70b_full_plan_names_its_layout_and_emits_only_data_parallelism(cli_ru
 
 
 def test_emit_refuses_what_the_recipes_cannot_switch_on(tiny_full) -> None:
-    """The launch recipes (LLaMA-Factory, torchtune, accelerate) have no FP8 or selective-recomputation switch: a
-    recipe without it would run another job than the one planned."""
+    """The launch recipes (LLaMA-Factory, torchtune, accelerate) have no selective-recomputation switch: a recipe
+    without it would run another job than the one planned. FP8 reaches the recipe (LLaMA-Factory's writes it)."""
     job, plan = tiny_full
     option = next(o for o in plan.options if o.setup.plan.degree == 1)
     selective = job.with_(gradient_checkpointing=False, selective_recompute=True)
@@ -241,3 +241,4 @@ def test_emit_refuses_what_the_recipes_cannot_switch_on(tiny_full) -> None:
         launch_job(option, job.with_(gradient_checkpointing=True, recompute_layers=1), epochs=1)
     packed = launch_job(option, job.with_(seq_len=job.seq_len or 64, packing="per-document"), epochs=1)
     assert packed.packing == "per-document"  # the recipes switch packing on
+    assert launch_job(option, job.with_(fp8="rowwise"), epochs=1).fp8 == "rowwise"

@@ -603,3 +603,26 @@ def test_single_projections_reach_every_recipe(tmp_path: Path) -> None:
     assert "model.lora_attn_modules=[output_proj]" in words and "model.apply_lora_to_mlp=True" in words
     with pytest.raises(TunecostError, match="torchtune recipe: .*the MLP whole"):
         write_recipe(dataclasses.replace(job, strategy="fsdp2", lora_targets=("down_proj",)), "torchtune", tmp_path)
+
+
+@pytest.mark.parametrize(("fp8", "backend"), [("rowwise", "torchao"), ("te-delayed", "te")])
+def test_fp8_reaches_the_llamafactory_recipe_and_reads_back(fp8: str, backend: str, tmp_path: Path) -> None:
+    """LLaMA-Factory's fp8 / fp8_backend (train/fp8_utils.py: torchao rowwise, or Transformer Engine); its reader
+    takes the same recipe back."""
+    from tunecost.workload.frameworks.registry import read_config
+
+    write_recipe(make_job("ddp-lora", fp8=fp8), "llamafactory", tmp_path)
+    written = yaml.safe_load((tmp_path / "llamafactory.yaml").read_text())
+    assert (written["fp8"], written["fp8_backend"]) == (True, backend)
+    assert read_config(tmp_path / "llamafactory.yaml").options["fp8"] == fp8
+
+
+@pytest.mark.parametrize(
+    ("target", "fp8"), [("accelerate", "tensorwise"), ("torchtune", "rowwise"), ("llamafactory", "tensorwise")]
+)
+def test_fp8_a_recipe_cannot_launch_is_one_error(target: str, fp8: str, tmp_path: Path) -> None:
+    """The HF Trainer sets its mixed precision from bf16 before accelerate's fp8; torchtune's recipes have no FP8;
+    LLaMA-Factory's torchao recipe is rowwise."""
+    with pytest.raises(TunecostError, match=f"{target} recipe: cannot express this setup: FP8"):
+        write_recipe(make_job("ddp-lora", fp8=fp8), target, tmp_path)
+    assert not list(tmp_path.iterdir())

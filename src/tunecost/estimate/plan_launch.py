@@ -13,8 +13,8 @@ from tunecost.workload.job import FineTuneJob
 
 def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=None) -> LaunchJob:
     """The recipe's view of the recommended `option` of `job`: every provider that rents its GPU as candidates.
-    The recipes launch data parallelism in bf16 or fp16 only: a TP/PP/CP layout, FP8, selective or some-layers
-    recomputation is a `TunecostError`."""
+    The recipes launch data parallelism only: a TP/PP/CP layout, selective or some-layers recomputation is a
+    `TunecostError`; FP8 only LLaMA-Factory's recipe writes."""
     setup, spec = option.setup, resolve_model(job.model)
     if setup.plan.degree > 1:
         raise TunecostError(
@@ -22,7 +22,6 @@ def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=N
             "recipes launch data-parallel layouts only (ddp, fsdp1, fsdp2, hsdp, zero1-3, one GPU)"
         )
     switches = (
-        ("FP8", job.fp8 != "none"),
         ("selective recomputation", job.selective_recompute),
         ("some-layers recomputation", job.recompute_layers is not None),
     )
@@ -48,6 +47,7 @@ def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=N
         packing=job.packing,
         torch_compile=job.torch_compile,
         liger_kernel=job.liger_kernel,
+        fp8=job.fp8,
         seq_len=job.worst_case_seq_len,
         micro_batch=setup.micro_batch,
         grad_accum=option.accumulation,

@@ -37,6 +37,8 @@ def write_recipe(job: LaunchJob, target: str, out_dir: Path, *, force: bool = Fa
         raise TunecostError(f"unknown recipe target {target!r}; targets: {', '.join(TARGETS)}")
     if job.liger_kernel and target == "torchtune":
         raise TunecostError("torchtune has no Liger kernels; plan --emit with --target llamafactory or accelerate")
+    if job.fp8 != "none" and target != "llamafactory":  # the Trainer's bf16 wins over accelerate's fp8
+        raise TunecostError(f"{target} recipe: cannot express this setup: FP8; plan --emit with --target llamafactory")
     files = RENDERERS[target](job)
     paths = [Path(out_dir) / name for name in files]
     taken = [str(p) for p in paths if p.exists() or p.is_symlink()]

@@ -16,6 +16,7 @@ from tunecost.workload.job import (
     ATTENTION_IMPLS,
     DEFAULT_DENSE_LORA_TARGETS,
     DTYPES,
+    FP8_RECIPES,
     LORA_TARGETS,
     METHODS,
     OPTIMIZERS,
@@ -64,6 +65,7 @@ class LaunchJob:
     packing: str = "none"  # none | per-document | cross-document: queries packed into rows of seq_len tokens
     torch_compile: bool = False  # the step under torch.compile
     liger_kernel: bool = False  # Liger's kernels (use_liger_kernel)
+    fp8: str = "none"  # FP8 linears (workload.job.FP8_RECIPES); LLaMA-Factory's recipe writes rowwise and te-delayed
     seq_len: int
     micro_batch: int  # per GPU
     grad_accum: int = 1
@@ -81,6 +83,7 @@ class LaunchJob:
         choices = [("method", self.method, METHODS), ("quantization type", self.quant_type, LAUNCH_QUANT_TYPES)]
         choices += [("dtype", self.dtype, DTYPES), ("attention", self.attention, ATTENTION_IMPLS)]
         choices += [("optimizer", self.optimizer, OPTIMIZERS), ("packing", self.packing, PACKINGS)]
+        choices += [("FP8 recipe", self.fp8, FP8_RECIPES)]
         choices += [("LoRA target", t, LORA_TARGETS) for t in self.lora_targets]
         for what, value, allowed in choices:
             if value not in allowed:
@@ -167,7 +170,8 @@ def _summary(job: LaunchJob) -> str:
     layout = f"{job.num_gpus} x {job.gpu} ({job.num_nodes} node{'s' if job.num_nodes > 1 else ''}), {job.strategy}"
     offload = f", offload {job.offload}" if job.offload != "none" else ""
     batch = f"micro-batch {job.micro_batch} x {job.grad_accum} accumulation"
-    return f"tunecost plan: {job.method} of {job.model} on {layout}{offload}; {batch}"
+    fp8 = f", FP8 {job.fp8}" if job.fp8 != "none" else ""
+    return f"tunecost plan: {job.method}{fp8} of {job.model} on {layout}{offload}; {batch}"
 
 
 def _nodes_note(job: LaunchJob) -> list[str]:

@@ -54,6 +54,10 @@ def _llamafactory(job: LaunchJob) -> dict[str, str]:
     lf |= {"disable_gradient_checkpointing": not job.gradient_checkpointing, "max_grad_norm": MAX_GRAD_NORM}
     lf |= {"logging_steps": 10, "report_to": "none"} | ({"torch_compile": True} if job.torch_compile else {})
     lf |= {"enable_liger_kernel": True} if job.liger_kernel else {}
+    if job.fp8 == "tensorwise":  # train/fp8_utils.py builds torchao's rowwise recipe, or Transformer Engine's
+        raise _cannot("llamafactory", "FP8 tensorwise; LLaMA-Factory's torchao recipe is rowwise")
+    if job.fp8 != "none":
+        lf |= {"fp8": True, "fp8_backend": "torchao" if job.fp8 == "rowwise" else "te"}
     files: dict[str, str] = {}
     if job.strategy in ZERO_STAGES:
         lf["deepspeed"] = "ds_config.json"
