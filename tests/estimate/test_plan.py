@@ -242,3 +242,18 @@ def test_emit_refuses_what_the_recipes_cannot_switch_on(tiny_full) -> None:
     packed = launch_job(option, job.with_(seq_len=job.seq_len or 64, packing="per-document"), epochs=1)
     assert packed.packing == "per-document"  # the recipes switch packing on
     assert launch_job(option, job.with_(fp8="rowwise"), epochs=1).fp8 == "rowwise"
+
+
+def test_a_pipeline_runs_the_optimizer_once_per_step(tiny_full) -> None:
+    """A pipeline's m micro-batches are its accumulation: the rank's compute is m micro-batches of the single-GPU
+    step with its optimizer spread over them (the job at grad_accum m), not m optimizer steps."""
+    from tunecost.estimate.rank_needs import single_gpu_throughput
+
+    job, plan = tiny_full
+    option = next(o for o in _model_parallel_options(plan) if o.setup.plan.pp > 1)
+    s, m = option.setup, option.setup.plan.num_micro_batches
+    at = job.with_(batch_size=s.micro_batch)
+    spread, _ = single_gpu_throughput(at.with_(grad_accum=m), s.gpu)
+    each, _ = single_gpu_throughput(at, s.gpu)
+    assert m > 1 and spread.queries_per_s > each.queries_per_s
+    assert s.timing.compute_seconds == pytest.approx(m * s.micro_batch / spread.queries_per_s / s.plan.degree)

@@ -232,15 +232,17 @@ class _Search:
         gpu: GPU,
         links: Links,
         prices: list[Price],
-        throughputs: dict[int, tuple[Throughput, str]],
+        throughputs: dict[tuple[int, int | None], tuple[Throughput, str]],
         plan: ParallelPlan,
         batch: int,
         border: int,
     ) -> Setup:
         """The setup of `plan` on `gpu` at micro-batch `batch`: step time, throughput and cost."""
-        if batch not in throughputs:
-            throughputs[batch] = self.needs.throughput(batch, gpu, self.steady_state)
-        tp, note = throughputs[batch]
+        # a pipeline's micro-batches are its accumulation: the optimizer runs once per step, not per micro-batch
+        key = (batch, plan.num_micro_batches if plan.pp > 1 else None)
+        if key not in throughputs:
+            throughputs[key] = self.needs.throughput(batch, gpu, self.steady_state, grad_accum=key[1])
+        tp, note = throughputs[key]
         if gpu.name not in self.noted:  # the first micro-batch's, once per GPU
             self.noted.add(gpu.name)
             self.notes.append(note)

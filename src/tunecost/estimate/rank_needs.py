@@ -60,7 +60,8 @@ class RankNeeds:
         self._memory: dict[tuple[ParallelPlan, int], RankMemory] = {}
         self._disk: dict[int, dict[str, dict]] = {}  # batch -> plan key -> RankMemory fields
         self._dirty: set[int] = set()
-        self.throughputs: dict[tuple[str, bool], dict[int, tuple[Throughput, str]]] = {}  # (GPU, steady) -> batch
+        # (GPU, steady) -> (batch, a pipeline's micro-batches or None) -> the throughput and its note
+        self.throughputs: dict[tuple[str, bool], dict[tuple[int, int | None], tuple[Throughput, str]]] = {}
         # some layers recomputed: the rank's memory between every layer recomputed and none (`partly_recomputed_rank`)
         self._every = self._none = None
         if job.recompute_layers is not None:
@@ -71,9 +72,13 @@ class RankNeeds:
     def job_at(self, batch: int) -> FineTuneJob:
         return self.job.with_(batch_size=batch)
 
-    def throughput(self, batch: int, gpu: GPU, steady_state: bool) -> tuple[Throughput, str]:
-        """`single_gpu_throughput` of the job at micro-batch `batch`, run by the job's framework."""
-        tp, note = single_gpu_throughput(self.job_at(batch), gpu, steady_state, self.framework)
+    def throughput(
+        self, batch: int, gpu: GPU, steady_state: bool, grad_accum: int | None = None
+    ) -> tuple[Throughput, str]:
+        """`single_gpu_throughput` of the job at micro-batch `batch`, run by the job's framework; `grad_accum`: the
+        micro-batches per optimizer step in place of the job's (a pipeline's)."""
+        job = self.job_at(batch) if grad_accum is None else self.job_at(batch).with_(grad_accum=grad_accum)
+        tp, note = single_gpu_throughput(job, gpu, steady_state, self.framework)
         if self.behaviour is not None and self.behaviour.activation_offload:
             note += "; activation offload: its host copies beside each rank's compute are not in the step time"
         return tp, note

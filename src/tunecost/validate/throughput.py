@@ -152,7 +152,8 @@ def model_parallel_step_fn(
 ) -> StepFn:
     """A TP/PP/CP row's seconds per optimizer step: its rank's share of each micro-batch's single-GPU compute, with
     the model-parallel collectives, the pipeline's bubble and the data-parallel collectives
-    (`distributed.model_parallel_step`); the row's gradient accumulation is the pipeline's micro-batches."""
+    (`distributed.model_parallel_step`); the row's gradient accumulation is the pipeline's micro-batches, and
+    the optimizer's step is spread over them."""
     from tunecost.distributed.model_parallel import first_stage
     from tunecost.distributed.model_parallel_step import model_parallel_step_time
     from tunecost.distributed.timing import default_links
@@ -163,10 +164,12 @@ def model_parallel_step_fn(
         plan = dataclasses.replace(plan, micro_batches=mapped.grad_accum)
     stage = first_stage(rank_step_fn(mapped), plan)
     links, spec = default_links(gpu, plan.node_size), resolve_model(mapped.job.model)
-    micro = counts_fn(mapped)
+    m = plan.num_micro_batches  # the optimizer runs once per step: a micro-batch's share of it, 1/m
+    step = accumulated(counts_fn(mapped), m)
 
     def step_of(eff: float) -> float:
-        return model_parallel_step_time(stage, plan, links, step_seconds(micro, terms, eff), spec=spec)[0].step_seconds
+        micro_s = step_seconds(step, terms, eff) / m
+        return model_parallel_step_time(stage, plan, links, micro_s, spec=spec)[0].step_seconds
 
     return step_of
 
