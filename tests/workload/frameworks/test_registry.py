@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tunecost.errors import TunecostError
@@ -27,3 +29,22 @@ def test_lora_beside_4bit_is_qlora_and_two_stated_values_clash() -> None:
     }
     with pytest.raises(TunecostError, match=r"b.json: lora_rank is 16 but a.json says 8"):
         merge_configs([_job("a.json", {"lora_rank": 8}), _job("b.json", {"lora_rank": 16})])
+
+
+def test_the_trainers_bf16_runs_before_accelerates_fp8(tmp_path: Path) -> None:
+    """TrainingArguments.__post_init__ sets the mixed precision from bf16 / fp16 (TRL's SFTConfig: bf16 unless fp16)
+    before accelerate's fp8: beside them the run is not FP8; beside bf16 and fp16 false it is."""
+    from tunecost.workload.frameworks.registry import read_configs
+
+    accelerate = tmp_path / "acc.yaml"
+    accelerate.write_text("distributed_type: MULTI_GPU\nnum_processes: 2\nmixed_precision: fp8\n")
+    for bf16, fp8 in (("true", None), ("false", "tensorwise")):
+        args = tmp_path / f"args-{bf16}.yaml"
+        args.write_text(f"output_dir: o\nper_device_train_batch_size: 2\nnum_train_epochs: 1\nbf16: {bf16}\n")
+        job = read_configs([accelerate, args])
+        assert job.options.get("fp8") == fp8 and job.options["dtype"] == "bf16"
+        assert any(a.startswith("fp8 none:") for a in job.assumptions) == (fp8 is None)
+    sft = tmp_path / "sft.yaml"
+    sft.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\ndataset_name: trl-lib/Capybara\nfp16: true\n")
+    job = read_configs([accelerate, sft])
+    assert "fp8" not in job.options and job.options["dtype"] == "fp16"

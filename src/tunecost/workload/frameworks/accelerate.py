@@ -173,6 +173,7 @@ def _read_accelerate(cfg: ConfigFile) -> ConfigJob:
         more, lines = fp8_options(fp8, "backend", fp8.typed("backend", str), "tensorwise", ACCELERATE)
         lines.append("mixed_precision fp8: an HF Trainer keeps it only with bf16 and fp16 false in its arguments "
                      "(TrainingArguments sets its mixed precision from those first)")  # fmt: skip
+        lines.append("dtype bf16: accelerate's fp8 runs the ops outside the FP8 linears under bf16 autocast")
         out, notes = {**out, **more}, notes + lines
     elif precision == "no":  # the Trainer's bf16/fp16 still turn mixed precision on: no dtype from this file
         unset = "" if "mixed_precision" in cfg.data else f" ({ACCELERATE} default)"

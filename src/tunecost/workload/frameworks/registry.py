@@ -86,13 +86,29 @@ def merge_configs(jobs: Sequence[ConfigJob]) -> ConfigJob:
                     raise TunecostError(f"{job.path}: {name} is {value!r} but {source[name].path} says {old!r}")
             options[name], source[name] = value, job
     kept = {(name, id(job)) for name, job in source.items()}
+    precision = _trainer_precision_first(jobs, options)
     return ConfigJob(
         framework="+".join(dict.fromkeys(j.framework for j in jobs)),
         path=", ".join(j.path for j in jobs),
         options=options,
-        assumptions=tuple(a for j in jobs for a in j.assumptions if _kept(a, j, kept)),
+        assumptions=(*(a for j in jobs for a in j.assumptions if _kept(a, j, kept)), *precision),
         not_modelled=tuple(k for j in jobs for k in j.not_modelled),
     )
+
+
+def _trainer_precision_first(jobs: Sequence[ConfigJob], options: dict[str, object]) -> list[str]:
+    """The HF Trainer's precision beside accelerate's fp8: TrainingArguments.__post_init__ takes bf16 or fp16 (TRL's
+    SFTConfig: bf16 by default) before accelerate's mixed precision, so the run is not FP8; with both false it
+    takes accelerate's fp8, under bf16 autocast."""
+    trainer = next((j for j in jobs if j.framework == "hf-training-args"), None)
+    fp8 = next((j for j in jobs if j.framework == "accelerate" and "fp8" in j.options), None)
+    if trainer is None or fp8 is None:
+        return []
+    if trainer.options.get("dtype") == "fp32":
+        options["dtype"] = "bf16"
+        return []
+    options.pop("fp8", None)
+    return [f"fp8 none: {trainer.path} runs {trainer.options['dtype']}, which the Trainer sets before {fp8.path}'s fp8"]
 
 
 def read_configs(paths: Sequence[str | Path]) -> ConfigJob:
