@@ -64,6 +64,7 @@ class JobOptions:
     recompute_layers: cli.RecomputeLayers = None
     attention: cli.Attention = "flash"
     packing: cli.Packing = "none"
+    grad_accum: cli.GradAccum = None
     torch_compile: cli.TorchCompile = False
     liger_kernel: cli.LigerKernel = False
     optimizer: cli.Optimizer = "adamw"
@@ -105,7 +106,7 @@ class JobOptions:
             double_quant=self.double_quant,
             fp8=self.fp8,
             fp8_params=self.fp8_params,
-        )
+        ).with_(grad_accum=self.grad_accum or 1)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,7 +16,6 @@ from tunecost.cli.jobconfig import ConfigFiles, required, run_length
 from tunecost.cli.options import (
     Epochs,
     ExpertsPerToken,
-    GradAccum,
     HostCpuOpt,
     MaxSteps,
     MethodName,
@@ -59,7 +58,6 @@ def estimate(
     job_options: JobOptions,
     epochs: Epochs = None,
     max_steps: MaxSteps = None,
-    grad_accum: GradAccum = None,
     queries: Annotated[int | None, opt("--queries", "Queries (default: the dataset's size).")] = None,
     dataset: Annotated[str | None, opt("--dataset", "Dataset (sets queries and the throughput's lengths).")] = None,
     method: MethodName = "qlora",
@@ -91,7 +89,7 @@ def estimate(
     )
     data = job_data(dataset, model=model) if dataset else None
     dataset_queries = data.num_queries if queries is None and data is not None else queries
-    job = job_options.estimate_job(model, method, data, experts_per_token).with_(grad_accum=grad_accum or 1)
+    job = job_options.estimate_job(model, method, data, experts_per_token)
     searching = multi_gpu.given and multi_gpu.num_gpus is None
     length = run_length(epochs, max_steps, dataset_queries, searching=searching, queries_per_row=queries_per_row(job))
     queries, epochs = length.num_queries, length.epochs

@@ -208,6 +208,7 @@ def memory_job(
         attention=options.attention,
         optimizer=options.optimizer,
         batch_size=batch_size,
+        grad_accum=options.grad_accum or 1,  # the step time's, not the peak's
         seq_len=None if lengths else seq_len,
         lengths=lengths,
         packing=options.packing,

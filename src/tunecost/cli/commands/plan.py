@@ -78,7 +78,6 @@ def plan(
     max_gpus: multi.MaxGpus = None,
     gpus_per_node: multi.GpusPerNode = None,
     global_batch: Annotated[int | None, cli.opt("--global-batch", GLOBAL_BATCH_HELP)] = None,
-    grad_accum: cli.GradAccum = None,
     emit: Annotated[Path | None, cli.opt("--emit", EMIT_HELP)] = None,
     target: Annotated[str | None, cli.opt("--target", TARGET_HELP)] = None,
     force: cli.Force = False,
@@ -101,8 +100,9 @@ def plan(
     data = job_data(dataset, model=model) if dataset else None
     if global_batch is not None and on_command_line("grad_accum"):
         raise TunecostError("give --global-batch or --grad-accum: the global batch sets each setup's accumulation")
-    accumulation = 1 if global_batch is not None else grad_accum or 1
-    jobs = [job_options.estimate_job(model, m, data).with_(grad_accum=accumulation) for m in methods]
+    jobs = [job_options.estimate_job(model, m, data) for m in methods]
+    if global_batch is not None:  # each setup's accumulation comes from the global batch (plan._with_global_batch)
+        jobs = [j.with_(grad_accum=1) for j in jobs]
     per_row = queries_per_row(jobs[0])
     run = (queries, epochs, max_steps)
     num_queries, num_epochs = _workload(run, tokens, job_options.seq_len, data, global_batch, per_row)

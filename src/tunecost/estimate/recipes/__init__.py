@@ -14,7 +14,7 @@ from pathlib import Path
 
 from tunecost.errors import TunecostError
 from tunecost.estimate.recipes.accelerate import _accelerate
-from tunecost.estimate.recipes.common import LAUNCH_QUANT_TYPES, TARGETS, LaunchJob
+from tunecost.estimate.recipes.common import LAUNCH_QUANT_TYPES, TARGETS, LaunchJob, _cannot
 from tunecost.estimate.recipes.llamafactory import _llamafactory
 from tunecost.estimate.recipes.skypilot import _skypilot, skypilot_cloud
 from tunecost.estimate.recipes.torchtune import _torchtune, torchtune_config
@@ -38,7 +38,7 @@ def write_recipe(job: LaunchJob, target: str, out_dir: Path, *, force: bool = Fa
     if job.liger_kernel and target == "torchtune":
         raise TunecostError("torchtune has no Liger kernels; plan --emit with --target llamafactory or accelerate")
     if job.fp8 != "none" and target != "llamafactory":  # the Trainer's bf16 wins over accelerate's fp8
-        raise TunecostError(f"{target} recipe: cannot express this setup: FP8; plan --emit with --target llamafactory")
+        raise _cannot(target, "FP8; plan --emit with --target llamafactory")
     files = RENDERERS[target](job)
     paths = [Path(out_dir) / name for name in files]
     taken = [str(p) for p in paths if p.exists() or p.is_symlink()]

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework
+from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, accumulation_of
 from tunecost.workload.frameworks.model_parallel import ModelShape, check_layout, positive
 from tunecost.workload.frameworks.torchtitan import config_job, nested_config
 from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
@@ -181,9 +181,8 @@ def _micro_batches(r: Reader, options: dict[str, Any], micro: int, model_paralle
     count = global_batch // per_step
     if options.get("pp", 1) > 1:
         options["micro_batches"] = count
-    elif count > 1:
-        options["grad_accum"] = count
-        r.notes.append(f"grad_accum {count}: {key} {global_batch} is {count} micro-batches accumulated per step")
+    else:
+        r.notes += accumulation_of(options, key)
 
 
 def _training(r: Reader, options: dict[str, Any]) -> None:
