@@ -1,6 +1,6 @@
 """Write src/tunecost/catalog/data/peft_targets.csv from the installed PEFT: the LoRA targets PEFT takes for a model
 type when a LoraConfig leaves target_modules unset (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`), for the
-model types whose module names tunecost reads (`workload.frameworks.hf.GROUPS`).
+model types whose module names tunecost reads (`workload.frameworks.hf_common.ADAPTED_NAMES`).
 
     .venv/bin/python benchmarks/peft_targets.py [--check]    # --check: exit 1 if the file would change
 """
@@ -16,14 +16,14 @@ from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPP
 
 from tunecost.catalog.peft_targets import PEFT_TARGETS_PATH
 from tunecost.io import atomic_write_text
-from tunecost.workload.frameworks.hf import GROUPS
+from tunecost.workload.frameworks.hf_common import ADAPTED_NAMES
 
 
 def rows(as_of: str) -> list[str]:
     source = f"peft {version('peft')} utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING"
     out = []
     for model_type, names in sorted(MAPPING.items()):
-        if isinstance(names, list) and all(n in GROUPS for n in names):
+        if isinstance(names, list) and all(n in ADAPTED_NAMES for n in names):
             out.append(f"{model_type},{';'.join(names)},{source},{as_of}")
     return out
 

@@ -8,7 +8,9 @@ import pytest
 
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, parse_config_file
-from tunecost.workload.frameworks.llamafactory import FRAMEWORK, lora_target_groups
+from tunecost.workload.frameworks.hf_common import peft_targets
+from tunecost.workload.frameworks.llamafactory import FRAMEWORK
+from tunecost.workload.job import targets_text
 
 LORA_SFT = """\
 ### model
@@ -250,11 +252,20 @@ def test_detect_is_false_for_other_frameworks(data):
         (["mlp.experts.gate_up_proj", "mlp.gate.weight", "self_attn.q_proj"], "m", "experts,router,q_proj"),
         (["qkv_proj"], "m", "attention"),  # Phi-3's fused q, k, v: the whole group
         (["all-linear"], "m", "attention,mlp"),
-        (["lm_head"], "m", None),
+        (["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], "microsoft/Phi-3-mini-4k-instruct", "attention,mlp"),
+        (["gate_up_proj"], "openai/gpt-oss-20b", "experts"),  # an MoE's fused experts
+        (["q_proj", "lm_head"], "m", "q_proj"),  # lm_head left out, with a note
+        ([r".*\.(q_proj|v_proj)$"], "m", "q_proj,v_proj"),  # a PEFT pattern: the names in it
     ],
 )
-def test_lora_target_groups(targets, model, groups):
-    assert lora_target_groups(targets, model, "lora_target")[0] == groups
+def test_peft_targets(targets, model, groups):
+    cfg = ConfigFile(path="lf.yaml", data={})
+    assert targets_text(peft_targets(cfg, "lora_target", targets, model)[0]) == groups
+
+
+def test_peft_targets_without_an_adapted_module_is_an_error():
+    with pytest.raises(TunecostError, match="lf.yaml: lora_target: 'lm_head' is not a module tunecost adapts"):
+        peft_targets(ConfigFile(path="lf.yaml", data={}), "lora_target", ["lm_head"], "m")
 
 
 def test_neat_packing_keeps_each_example_apart(tmp_path):

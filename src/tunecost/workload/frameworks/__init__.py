@@ -29,6 +29,7 @@ LIGER_NOTE = (
 )
 # Liger's kernel switches (liger_kernel_config, axolotl's liger_* keys) as use_liger_kernel sets them by default
 LIGER_DEFAULTS = {"rope": True, "rms_norm": True, "swiglu": True, "fused_linear_cross_entropy": True}
+SFT_ONLY = "tunecost estimates supervised fine-tuning (full, LoRA, QLoRA) only"
 
 # tunecost's job options a config may set, and the type each value takes
 JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
@@ -139,6 +140,14 @@ class ConfigFile:
                 raise self.error(key, f"must be {_type_name(kind)}, got {value!r}") from None
         if not isinstance(value, kind):
             raise self.error(key, f"must be {_type_name(kind)}, got {value!r}")
+        return value
+
+    def or_default(self, key: str, kind: Any, default: Any, notes: list[str], line: str) -> Any:
+        """The key's value, or the framework's `default` with its assumption `line` noted when the file has none."""
+        value = self.typed(key, kind)
+        if value is None:
+            notes.append(line)
+            return default
         return value
 
     def error(self, key: str, what: str) -> TunecostError:

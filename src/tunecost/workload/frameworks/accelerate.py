@@ -18,7 +18,7 @@ from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, dotted_keys
 from tunecost.workload.frameworks.hf import not_modelled
-from tunecost.workload.frameworks.hf_common import Part, truthy
+from tunecost.workload.frameworks.hf_common import Part, fp8_options, truthy
 
 ACCELERATE, DEEPSPEED = "accelerate's", "DeepSpeed's"
 ACCELERATE_KEYS = KnownKeys(f"{ACCELERATE} config", ("accelerate",))
@@ -34,23 +34,6 @@ AUTO = {
     "bf16.enabled": "bf16",
     "fp16.enabled": "fp16",
 }
-
-
-def fp8_options(cfg: ConfigFile, key: str, backend: str | None, torchao_recipe: str, whose: str) -> Part:
-    """accelerate's FP8 training (mixed_precision "fp8", the other ops under bf16 autocast) with `backend`: torchao
-    Float8Linear with `torchao_recipe`, Transformer Engine (TERecipeKwargs: delayed scaling), or unset / auto
-    (torchao where installed, accelerate's first choice)."""
-    name = (backend or "auto").strip().lower()
-    if name in ("te", "transformer_engine", "transformer-engine"):
-        line = (
-            f"fp8 te-delayed: {key} {backend}: {whose} Transformer Engine linears with delayed scaling, the rest bf16"
-        )
-        return {"fp8": "te-delayed", "dtype": "bf16"}, [line]
-    if name not in ("auto", "no", "ao", "torchao"):
-        raise cfg.error(key, f"{backend}: tunecost models FP8 with torchao (ao) and Transformer Engine (te)")
-    auto = "" if name in ("ao", "torchao") else " (backend auto: torchao where installed, accelerate's first choice)"
-    line = f"fp8 {torchao_recipe}: {whose} torchao Float8Linear, {torchao_recipe} scaling{auto}, the rest bf16"
-    return {"fp8": torchao_recipe, "dtype": "bf16"}, [line]
 
 
 def section(cfg: ConfigFile, key: str) -> ConfigFile:

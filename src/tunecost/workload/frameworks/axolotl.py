@@ -5,17 +5,25 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tunecost.workload.frameworks import LIGER_NOTE, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
-from tunecost.workload.frameworks.accelerate import fp8_options
-from tunecost.workload.frameworks.hf import optimizer_name
-from tunecost.workload.frameworks.hf_common import INT8, compile_options
-from tunecost.workload.frameworks.llamafactory import (
+from tunecost.workload.frameworks import (
+    LIGER_NOTE,
     SFT_ONLY,
-    VISION_MODEL,
-    deepspeed_options,
-    filled,
-    lora_target_groups,
+    ConfigFile,
+    ConfigJob,
+    Framework,
+    KnownKeys,
+    steps_options,
 )
+from tunecost.workload.frameworks.hf_common import (
+    INT8,
+    VISION_MODEL,
+    compile_options,
+    deepspeed_options,
+    fp8_options,
+    optimizer_name,
+    peft_targets,
+)
+from tunecost.workload.job import targets_text
 from tunecost.workload.known_datasets import FILE_SUFFIXES, catalog_dataset, config_dataset_option
 
 TITLE = "axolotl"
@@ -51,7 +59,7 @@ _NOT_SFT = {
 
 def _get(cfg: ConfigFile, notes: list[str], key: str, kind: Any) -> Any:
     default, said, how = _DEFAULTS[key]
-    return filled(cfg, notes, key, kind, default, f"{said}: {TITLE}'s default ({how})")
+    return cfg.or_default(key, kind, default, notes, f"{said}: {TITLE}'s default ({how})")
 
 
 def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, Any]:
@@ -115,9 +123,9 @@ def _targets(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, 
     if not entries:
         notes.append("no lora_target_modules or lora_target_linear: tunecost's default targets apply")
         return {}
-    groups, target_notes = lora_target_groups(entries, model, "LoRA targets")
+    targets, target_notes = peft_targets(cfg, "LoRA targets", entries, model)
     notes += target_notes
-    return {"lora_targets": groups} if groups else {}
+    return {"lora_targets": targets_text(targets)}
 
 
 def _fsdp_config(cfg: ConfigFile) -> dict[str, Any]:

@@ -31,9 +31,11 @@ from tunecost.workload.frameworks.hf_common import (
     fsdp_options,
     int8_options,
     liger_options,
+    optimizer_name,
+    peft_targets,
     truthy,
 )
-from tunecost.workload.job import group_targets, targets_text
+from tunecost.workload.job import targets_text
 from tunecost.workload.known_datasets import config_dataset_option
 
 
@@ -44,35 +46,6 @@ def words(text: str) -> tuple[str, ...]:
 TA, SFT, TRL_MODEL = "transformers TrainingArguments'", "TRL SFTConfig's", "TRL ModelConfig's"
 PEFT, BNB = "PEFT LoraConfig's", "BitsAndBytesConfig's"
 TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
-# transformers' OptimizerNames -> tunecost's optimizers. adamw_torch_8bit is torchao's AdamW8bit: 8-bit states in
-# blocks of 256 with an fp32 scale each, fp32 below 4096 elements, as bitsandbytes' (torchao/optim/adam.py).
-OPTIMIZERS = {
-    **dict.fromkeys(("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw", "paged_adamw_32bit"), "adamw"),
-    **dict.fromkeys(("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "bnb_8bit", "adamw_torch_8bit"), "adamw-8bit"),
-    "adamw_torch_4bit": "adamw-4bit",  # torchao's AdamW4bit
-    "sgd": "sgd",
-}
-
-
-def optimizer_name(cfg: ConfigFile, key: str, value: str) -> str:
-    """tunecost's optimizer for a Trainer/bitsandbytes optimizer name; an error for one it does not model."""
-    if value.strip().lower() in OPTIMIZERS:
-        return OPTIMIZERS[value.strip().lower()]
-    names: dict[str, list[str]] = {}
-    for name, tunecost in OPTIMIZERS.items():
-        names.setdefault(tunecost, []).append(name)
-    known = "; ".join(f"{tunecost} ({', '.join(group)})" for tunecost, group in names.items())
-    raise cfg.error(key, f"{value!r} is not modelled; tunecost models {known}")
-
-
-GROUPS = {
-    **dict.fromkeys(
-        words("q_proj k_proj v_proj o_proj c_attn query_key_value wqkv qkv_proj out_proj dense"), "attention"
-    ),
-    **dict.fromkeys(words("gate_proj up_proj down_proj fc1 fc2 c_fc c_proj dense_h_to_4h dense_4h_to_h"), "mlp"),
-    **dict.fromkeys(("experts", "gate_up_proj"), "experts"),
-    **dict.fromkeys(("gate", "router"), "router"),
-}
 SFT_KEYS = {"max_length", "max_seq_length", "packing", "dataset_text_field", "completion_only_loss", "loss_type"}
 SCRIPT_KEYS = ("dataset_name", "datasets", "dataset_mixture")  # a TRL script's data (ScriptArguments): `trl sft`'s
 TRL_MODEL_KEYS = {"use_peft", "lora_r", "lora_target_modules", "use_bnb_nested_quant"}
@@ -120,35 +93,6 @@ def attention_of(cfg: ConfigFile, key: str, value: str) -> str:
     raise cfg.error(key, f"{value!r} is not modelled; tunecost models flash_attention_2, sdpa and eager")
 
 
-def target_groups(cfg: ConfigFile, key: str, names: Any, model: str | None, notes: list[str]) -> set[str]:
-    """tunecost's target groups of a PEFT target list (module or parameter names), naming what tunecost assumes."""
-    if isinstance(names, str) and names.lower().replace("_", "-") in ("all", "all-linear"):
-        notes.append(f"{key} {names}: attention and mlp (for an MoE model tunecost's default targets may differ)")
-        return {"attention", "mlp"}
-    if not isinstance(names, list):
-        raise cfg.error(key, f"must be a list of module names or 'all-linear', got {names!r}")
-    paths = [str(n).lower().split(".") for n in names]
-    leaves = [p[-2] if p[-1] == "weight" and len(p) > 1 else p[-1] for p in paths]
-    moe = any("experts" in p or GROUPS.get(leaf) == "router" for leaf, p in zip(leaves, paths)) or _is_moe(model)
-    groups: dict[str, set[str]] = {}
-    for leaf, path in zip(leaves, paths):
-        group = "experts" if "experts" in path or (moe and leaf in ("w1", "w2", "w3")) else GROUPS.get(leaf)
-        group = group or ("mlp" if leaf in ("w1", "w2", "w3") else None)  # a dense model's w1/w2/w3
-        if group is None:
-            raise cfg.error(
-                key, f"{'.'.join(path)!r} is not a module tunecost adapts (attention, mlp, experts, router)"
-            )
-        groups.setdefault(group, set()).add(leaf)
-    return {t for group, listed in groups.items() for t in group_targets(group, listed)}
-
-
-def _is_moe(model: str | None) -> bool:
-    try:
-        return bool(model) and resolve_model(str(model)).is_moe
-    except TunecostError:
-        return False
-
-
 def lora_options(
     cfg: ConfigFile, keys: tuple[str, ...], defaults: tuple[int, int, float], whose: str, model: Any
 ) -> Part:
@@ -166,7 +110,7 @@ def lora_options(
     groups: set[str] = set()
     for key in keys[2:]:
         if cfg.get(key) not in (None, []):
-            groups |= target_groups(cfg, key, cfg.data[key], model, notes)
+            groups |= _target_groups(cfg, key, cfg.data[key], model, notes)
     if not groups and cfg.data.get(keys[2]) is None:
         groups = _peft_default_targets(cfg, keys[2], model, whose, notes)
     if groups:
@@ -188,7 +132,16 @@ def _peft_default_targets(cfg: ConfigFile, key: str, model: Any, whose: str, not
                      "tunecost's default targets")  # fmt: skip
         return set()
     notes.append(f"lora_targets {', '.join(names)} ({key} unset): PEFT's default for model type {model_type}")
-    return target_groups(cfg, key, list(names), model, notes)
+    return _target_groups(cfg, key, list(names), model, notes)
+
+
+def _target_groups(cfg: ConfigFile, key: str, names: Any, model: Any, notes: list[str]) -> set[str]:
+    """PEFT's target list (names, or one name or pattern) as tunecost's targets."""
+    if not isinstance(names, (list, str)):
+        raise cfg.error(key, f"must be a list of module names or 'all-linear', got {names!r}")
+    targets, lines = peft_targets(cfg, key, [names] if isinstance(names, str) else [str(n) for n in names], model)
+    notes += lines
+    return targets
 
 
 def qlora_options(cfg: ConfigFile, keys: tuple[str, str], defaults: tuple[str, bool], whose: str) -> Part:

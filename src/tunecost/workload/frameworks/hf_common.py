@@ -1,15 +1,21 @@
-"""What the Hugging Face stack's readers share: flags read as transformers reads them, its FSDP settings (`fsdp`,
-`fsdp_config`), and the torch.compile, Liger and 8-bit keys the Trainer, LLaMA-Factory and axolotl have."""
+"""What the Hugging Face stack's readers share (the Trainer, TRL, PEFT, accelerate, LLaMA-Factory, axolotl): flags
+read as transformers reads them, PEFT's target module names, optimizer names, FSDP, DeepSpeed and FP8 settings, and
+the torch.compile, Liger and 8-bit keys."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from tunecost.errors import TunecostError
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.frameworks import COMPILE_NOTE, LIGER_DEFAULTS, LIGER_NOTE, ConfigFile
+from tunecost.workload.job import group_targets
 
 Part = tuple[dict[str, Any], list[str]]  # options and assumption lines
+VISION_MODEL = re.compile(r"(?i)vision|llava|internvl|(?<![a-z])vl(?![a-z])")
 SHARDS = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard")
 
 
@@ -91,3 +97,125 @@ def int8_options(cfg: ConfigFile, key: str) -> Part:
     if cfg.typed("llm_int8_has_fp16_weight", bool):
         raise cfg.error("llm_int8_has_fp16_weight", "16-bit weights kept beside the int8 codes are not modelled")
     return dict(INT8), [f"{key}: LLM.int8 base weights (--quant-type int8)"]
+
+
+# PEFT module names -> tunecost's LoRA target groups: the module sets that each cover a whole group
+_WHOLE = {
+    "attention": ("q_proj k_proj v_proj o_proj", "query_key_value dense", "wqkv out_proj", "qkv_proj o_proj", "c_attn"),
+    "mlp": ("gate_proj up_proj down_proj", "gate_up_proj down_proj", "fc1 fc2", "c_fc c_proj", "w1 w2 w3",
+            "dense_h_to_4h dense_4h_to_h"),
+}  # fmt: skip
+_WHOLE_TEXT = {"attention": "all four projections", "mlp": "gate, up and down projections"}
+_NAME_GROUP = {name: group for group, sets in _WHOLE.items() for s in sets for name in s.split()}
+_MOE_FFN = ("w1", "w2", "w3", "gate_up_proj")  # an MoE's experts (Mixtral's, gpt-oss's fused), else a dense MLP's
+_ROUTER = ("gate", "router")
+_ALL_LINEAR = ("all", "all-linear", "all_linear")
+ADAPTED_NAMES = frozenset((*_NAME_GROUP, "experts", *_ROUTER))  # the module names tunecost reads as targets
+_MOE_NAME = re.compile(r"(?i)mixtral|moe")
+
+
+def peft_targets(cfg: ConfigFile, key: str, entries: Sequence[str], model: str | None) -> tuple[set[str], list[str]]:
+    """tunecost's LoRA targets for PEFT module names, paths or patterns (`key`'s list) and the assumption lines
+    they need; an error when none names a module tunecost adapts."""
+    tokens = [re.findall(r"[A-Za-z0-9_]+", e) for e in entries]
+    spelled = {t.lower(): t for ts in tokens for t in ts}  # as the file spells it, for the notes
+    tokens = [[t.lower() for t in ts] for ts in tokens]
+    moe = _is_moe(model) or any(t in _ROUTER or t == "experts" for ts in tokens for t in ts)
+    found: dict[str, set[str]] = {}
+    notes: list[str] = []
+    for entry, ts in zip(entries, tokens):
+        if entry.strip().lower() in _ALL_LINEAR:
+            found.setdefault("attention", set()).add("all")
+            found.setdefault("mlp", set()).add("all")
+            notes.append(f"{key} {entry}: every linear layer, read as attention,mlp (for an MoE model tunecost's "
+                         "default targets may differ)")  # fmt: skip
+            continue
+        named = [("experts", "experts")] if "experts" in ts else [("router", "gate")] if set(ts) & set(_ROUTER) else []
+        named = named or [("experts" if moe and t in _MOE_FFN else _NAME_GROUP[t], t) for t in ts if t in _NAME_GROUP]
+        if not named:
+            notes.append(f"{key} {entry}: not a module tunecost adapts (attention, mlp, experts, router); left out")
+        for group, name in named:
+            found.setdefault(group, set()).add(name)
+    if not found:
+        what = f"{entries[0]!r} is not" if len(entries) == 1 else f"none of {', '.join(entries)} is"
+        raise cfg.error(key, f"{what} a module tunecost adapts (attention, mlp, experts, router)")
+    if any(n in ("w1", "w2", "w3") for names in found.values() for n in names):
+        notes.append(f"{key} w1/w2/w3: read as {'MoE experts' if moe else 'a dense MLP'} (from the model and targets)")
+    targets: set[str] = set()
+    for group, names in found.items():
+        targets.update(narrowed := group_targets(group, names))
+        whole = "all" in names or any(set(s.split()) <= names for s in _WHOLE.get(group, ()))
+        if narrowed == (group,) and group in _WHOLE and not whole:
+            listed = ",".join(sorted(spelled[n] for n in names))
+            notes.append(f"{key} {listed}: tunecost adapts the whole {group} group ({_WHOLE_TEXT[group]}), not only "
+                         "the listed ones")  # fmt: skip
+    return targets, notes
+
+
+def _is_moe(model: str | None) -> bool:
+    """Whether the model has experts: from its config, else from its name."""
+    if not model:
+        return False
+    try:
+        return resolve_model(str(model)).is_moe
+    except TunecostError:
+        return bool(_MOE_NAME.search(str(model)))
+
+
+# transformers' OptimizerNames -> tunecost's optimizers. adamw_torch_8bit is torchao's AdamW8bit: 8-bit states in
+# blocks of 256 with an fp32 scale each, fp32 below 4096 elements, as bitsandbytes' (torchao/optim/adam.py).
+OPTIMIZERS = {
+    **dict.fromkeys(("adamw_torch", "adamw_torch_fused", "adamw_hf", "adamw", "paged_adamw_32bit"), "adamw"),
+    **dict.fromkeys(("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "bnb_8bit", "adamw_torch_8bit"), "adamw-8bit"),
+    "adamw_torch_4bit": "adamw-4bit",  # torchao's AdamW4bit
+    "sgd": "sgd",
+}
+
+
+def optimizer_name(cfg: ConfigFile, key: str, value: str) -> str:
+    """tunecost's optimizer for a Trainer/bitsandbytes optimizer name; an error for one it does not model."""
+    if value.strip().lower() in OPTIMIZERS:
+        return OPTIMIZERS[value.strip().lower()]
+    names: dict[str, list[str]] = {}
+    for name, tunecost in OPTIMIZERS.items():
+        names.setdefault(tunecost, []).append(name)
+    known = "; ".join(f"{tunecost} ({', '.join(group)})" for tunecost, group in names.items())
+    raise cfg.error(key, f"{value!r} is not modelled; tunecost models {known}")
+
+
+def fp8_options(cfg: ConfigFile, key: str, backend: str | None, torchao_recipe: str, whose: str) -> Part:
+    """accelerate's FP8 training (mixed_precision "fp8", the other ops under bf16 autocast) with `backend`: torchao
+    Float8Linear with `torchao_recipe`, Transformer Engine (TERecipeKwargs: delayed scaling), or unset / auto
+    (torchao where installed, accelerate's first choice)."""
+    name = (backend or "auto").strip().lower()
+    if name in ("te", "transformer_engine", "transformer-engine"):
+        line = (
+            f"fp8 te-delayed: {key} {backend}: {whose} Transformer Engine linears with delayed scaling, the rest bf16"
+        )
+        return {"fp8": "te-delayed", "dtype": "bf16"}, [line]
+    if name not in ("auto", "no", "ao", "torchao"):
+        raise cfg.error(key, f"{backend}: tunecost models FP8 with torchao (ao) and Transformer Engine (te)")
+    auto = "" if name in ("ao", "torchao") else " (backend auto: torchao where installed, accelerate's first choice)"
+    line = f"fp8 {torchao_recipe}: {whose} torchao Float8Linear, {torchao_recipe} scaling{auto}, the rest bf16"
+    return {"fp8": torchao_recipe, "dtype": "bf16"}, [line]
+
+
+def deepspeed_options(cfg: ConfigFile, key: str) -> tuple[dict[str, Any], list[str]]:
+    """strategy/offload of an inline DeepSpeed dict; for a file path, an assumption line asking for the file."""
+    value = cfg.typed(key, (str, dict))
+    if value is None:
+        return {}, []
+    if isinstance(value, str):
+        return {}, [f"deepspeed config {value}: pass it too with --config"]
+    zero = value.get("zero_optimization") or {}
+    stage = zero.get("stage", 0)
+    if stage not in (0, 1, 2, 3):
+        raise cfg.error(key, f"zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
+    options: dict[str, Any] = {"strategy": f"zero{stage}" if stage else "ddp"}
+    notes = [] if "stage" in zero else ["zero stage 0: DeepSpeed's default (plain data parallel)"]
+    params, optim = (
+        str((zero.get(k) or {}).get("device")) in ("cpu", "nvme") for k in ("offload_param", "offload_optimizer")
+    )
+    if params or optim:
+        options["offload"] = "params" if params else "optimizer"
+    return options, notes

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, accumulation_of
-from tunecost.workload.frameworks.torchtitan import SFT_ONLY, config_job, nested_config, optimizer_name, read_or_default
+from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framework, KnownKeys, accumulation_of
+from tunecost.workload.frameworks.torchtitan import config_job, nested_config, optimizer_name
 from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
 
 # Defaults, Lightning-AI/litgpt @ 26857050 (2026-06-29), litgpt/finetune/lora.py and full.py setup():
@@ -69,11 +69,11 @@ def _model(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> str:
 
 
 def _lora(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
-    options["lora_rank"] = read_or_default(flat, "lora_r", int, 8, notes, f"lora_rank 8: {TITLE}'s default")
+    options["lora_rank"] = flat.or_default("lora_r", int, 8, notes, f"lora_rank 8: {TITLE}'s default")
     line = f"lora_alpha 16: {TITLE}'s default"
-    options["lora_alpha"] = read_or_default(flat, "lora_alpha", (int, float), 16, notes, line)
+    options["lora_alpha"] = flat.or_default("lora_alpha", (int, float), 16, notes, line)
     line = f"lora_dropout 0.05: {TITLE}'s default"
-    options["lora_dropout"] = read_or_default(flat, "lora_dropout", (int, float), 0.05, notes, line)
+    options["lora_dropout"] = flat.or_default("lora_dropout", (int, float), 0.05, notes, line)
     flags = {key: flat.typed(key, bool) for key in LORA_FLAGS}
     defaulted = [f"{key} {str(LORA_FLAGS[key]).lower()}" for key, value in flags.items() if value is None]
     if defaulted:
@@ -112,7 +112,7 @@ def _layout(flat: ConfigFile, method: str, options: dict[str, Any], notes: list[
     devices = flat.get("devices", 1)
     if "devices" not in flat.data:
         notes.append(f"devices 1: {TITLE}'s default")
-    nodes = read_or_default(flat, "num_nodes", int, 1, notes, f"num_nodes 1: {TITLE}'s default")
+    nodes = flat.or_default("num_nodes", int, 1, notes, f"num_nodes 1: {TITLE}'s default")
     if devices in ("auto", -1, "-1"):
         notes.append(f"devices {devices}: every visible GPU, not in the file (give --gpus); {TITLE} shards on several")
         return
@@ -135,8 +135,8 @@ def _layout(flat: ConfigFile, method: str, options: dict[str, Any], notes: list[
 
 def _training(flat: ConfigFile, method: str, options: dict[str, Any], notes: list[str]) -> None:
     line = f"batch_size 1: {TITLE}'s default train.micro_batch_size"
-    options["batch_size"] = read_or_default(flat, "train.micro_batch_size", int, 1, notes, line)
-    options["epochs"] = read_or_default(flat, "train.epochs", int, 5, notes, f"epochs 5: {TITLE}'s default")
+    options["batch_size"] = flat.or_default("train.micro_batch_size", int, 1, notes, line)
+    options["epochs"] = flat.or_default("train.epochs", int, 5, notes, f"epochs 5: {TITLE}'s default")
     _steps(flat, options, notes)
     options["seq_len"] = flat.typed("train.max_seq_length", int)
     if options["seq_len"] is None:
@@ -165,7 +165,7 @@ def _steps(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     """train.global_batch_size: each optimizer step's queries over every rank (the accumulation, and the run's
     queries in steps); train.max_steps: the run stops at it or at train.epochs, whichever comes first."""
     line = f"global batch 16: {TITLE}'s default train.global_batch_size"
-    options["queries_per_step"] = read_or_default(flat, "train.global_batch_size", int, 16, notes, line)
+    options["queries_per_step"] = flat.or_default("train.global_batch_size", int, 16, notes, line)
     steps = flat.typed("train.max_steps", int)
     if steps is None or steps <= 0:
         return

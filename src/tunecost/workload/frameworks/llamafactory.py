@@ -1,39 +1,30 @@
-"""LLaMA-Factory training YAML (examples/train_lora, train_qlora, train_full) as a tunecost job.
-
-Also the mapping helpers the YAML readers share: LoRA target lists, optimizer names, DeepSpeed, vision models.
-"""
+"""LLaMA-Factory training YAML (examples/train_lora, train_qlora, train_full) as a tunecost job."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
-from tunecost.workload.frameworks.accelerate import fp8_options
-from tunecost.workload.frameworks.hf import optimizer_name
-from tunecost.workload.frameworks.hf_common import INT8, compile_options, fsdp_options, liger_options
+from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
+from tunecost.workload.frameworks.hf_common import (
+    INT8,
+    VISION_MODEL,
+    compile_options,
+    deepspeed_options,
+    fp8_options,
+    fsdp_options,
+    liger_options,
+    optimizer_name,
+    peft_targets,
+)
 from tunecost.workload.frameworks.llamafactory_megatron import megatron_options
-from tunecost.workload.job import group_targets, targets_text
+from tunecost.workload.job import targets_text
 from tunecost.workload.known_datasets import catalog_dataset
 
 TITLE = "LLaMA-Factory"
 # its hparams dataclasses and the transformers Seq2SeqTrainingArguments they extend (headers of keys/*.txt)
 KEYS = KnownKeys(f"{TITLE}'s config", ("llamafactory", "hf_training_args", "hf_training_args_older", "hf_seq2seq_args"))
-SFT_ONLY = "tunecost estimates supervised fine-tuning (full, LoRA, QLoRA) only"
-VISION_MODEL = re.compile(r"(?i)vision|llava|internvl|(?<![a-z])vl(?![a-z])")
 
-_FFN_W = ("w1", "w2", "w3")  # a dense MLP's, or Mixtral's experts (block_sparse_moe.experts.N.w1)
-_ROUTER = ("gate", "router")
-_ALL_LINEAR = ("all", "all-linear", "all_linear")
-_WHOLE = {  # module sets that each cover a group: a target list covering none of them adapts only part of it
-    "attention": ("q_proj k_proj v_proj o_proj", "query_key_value dense", "Wqkv out_proj", "qkv_proj o_proj", "c_attn"),
-    "mlp": ("gate_proj up_proj down_proj", "gate_up_proj down_proj", "fc1 fc2", "c_fc c_proj", "w1 w2 w3",
-            "dense_h_to_4h dense_4h_to_h"),
-}  # fmt: skip
-_NAME_GROUP = {name: group for group, sets in _WHOLE.items() for s in sets for name in s.split()}
-_WHOLE_TEXT = {"attention": "all four projections", "mlp": "gate, up and down projections"}
-_MOE_MODEL = re.compile(r"(?i)mixtral|moe")
 # key: (default, option as tunecost reads it, how); read at hiyouga/LLaMA-Factory ff6d4d12 (v0.9.5-54, Aug 2026),
 # src/llamafactory/hparams/*.py, and transformers 5.23.0 training_args.py (the Trainer arguments it extends)
 _DEFAULTS: dict[str, tuple[Any, str, str]] = {
@@ -63,76 +54,9 @@ _UNMODELLED_FLAGS = {
 }  # fmt: skip
 
 
-def lora_target_groups(entries: Sequence[str], model: str | None, key: str) -> tuple[str | None, list[str]]:
-    """tunecost's LoRA target groups (comma list) for module names / paths, and the assumption lines they need."""
-    tokens = [re.findall(r"[A-Za-z0-9_]+", e) for e in entries]
-    moe = bool(model and _MOE_MODEL.search(model)) or any(t in _ROUTER or t == "experts" for ts in tokens for t in ts)
-    found: dict[str, set[str]] = {}
-    notes: list[str] = []
-    for entry, ts in zip(entries, tokens):
-        if entry.strip().lower() in _ALL_LINEAR:
-            found.setdefault("attention", set()).add("all")
-            found.setdefault("mlp", set()).add("all")
-            notes.append(f"{key} {entry}: every linear layer, read as attention,mlp (for an MoE model tunecost's "
-                         "default targets may differ)")  # fmt: skip
-            continue
-        known = [t for t in ts if t in _NAME_GROUP]
-        if "experts" in ts:
-            group, name = "experts", "experts"
-        elif any(t in _ROUTER for t in ts):
-            group, name = "router", "gate"
-        elif known:
-            name = known[-1]
-            group = ("experts" if moe else "mlp") if name in _FFN_W else _NAME_GROUP[name]
-        else:
-            notes.append(f"{key} {entry}: not a module tunecost adapts (attention, mlp, experts, router); left out")
-            continue
-        found.setdefault(group, set()).add(name)
-    if any(n in _FFN_W for names in found.values() for n in names):
-        notes.append(f"{key} w1/w2/w3: read as {'MoE experts' if moe else 'a dense MLP'} (from the model and targets)")
-    targets: set[str] = set()
-    for group, names in found.items():
-        targets.update(narrowed := group_targets(group, names))
-        whole = "all" in names or any(set(s.split()) <= names for s in _WHOLE.get(group, ()))
-        if narrowed == (group,) and group in _WHOLE and not whole:
-            notes.append(f"{key} {','.join(sorted(names))}: tunecost adapts the whole {group} group "
-                         f"({_WHOLE_TEXT[group]}), not only the listed ones")  # fmt: skip
-    return (targets_text(targets) or None), notes
-
-
-def deepspeed_options(cfg: ConfigFile, key: str) -> tuple[dict[str, Any], list[str]]:
-    """strategy/offload of an inline DeepSpeed dict; for a file path, an assumption line asking for the file."""
-    value = cfg.typed(key, (str, dict))
-    if value is None:
-        return {}, []
-    if isinstance(value, str):
-        return {}, [f"deepspeed config {value}: pass it too with --config"]
-    zero = value.get("zero_optimization") or {}
-    stage = zero.get("stage", 0)
-    if stage not in (0, 1, 2, 3):
-        raise cfg.error(key, f"zero_optimization.stage must be 0, 1, 2 or 3, got {stage!r}")
-    options: dict[str, Any] = {"strategy": f"zero{stage}" if stage else "ddp"}
-    notes = [] if "stage" in zero else ["zero stage 0: DeepSpeed's default (plain data parallel)"]
-    params, optim = (
-        str((zero.get(k) or {}).get("device")) in ("cpu", "nvme") for k in ("offload_param", "offload_optimizer")
-    )
-    if params or optim:
-        options["offload"] = "params" if params else "optimizer"
-    return options, notes
-
-
-def filled(cfg: ConfigFile, notes: list[str], key: str, kind: Any, default: Any, line: str) -> Any:
-    """The key's value, or the framework's `default` with its assumption `line` noted."""
-    value = cfg.typed(key, kind)
-    if value is None:
-        notes.append(line)
-        return default
-    return value
-
-
 def _get(cfg: ConfigFile, notes: list[str], key: str, kind: Any) -> Any:
     default, said, how = _DEFAULTS[key]
-    return filled(cfg, notes, key, kind, default, f"{said}: {TITLE}'s default" + (f" ({how})" if how else ""))
+    return cfg.or_default(key, kind, default, notes, f"{said}: {TITLE}'s default" + (f" ({how})" if how else ""))
 
 
 def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, Any]:
@@ -171,8 +95,8 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
             alpha = rank * 2
             notes.append(f"lora_alpha {alpha}: {TITLE}'s default (lora_rank * 2)")
         target = _get(cfg, notes, "lora_target", str)
-        groups, target_notes = lora_target_groups([t.strip() for t in target.split(",")], model, "lora_target")
-        options |= {"lora_rank": rank, "lora_alpha": alpha} | ({"lora_targets": groups} if groups else {})
+        targets, target_notes = peft_targets(cfg, "lora_target", [t.strip() for t in target.split(",")], model)
+        options |= {"lora_rank": rank, "lora_alpha": alpha, "lora_targets": targets_text(targets)}
         options["lora_dropout"] = _get(cfg, notes, "lora_dropout", (int, float))
         notes += target_notes
     return options

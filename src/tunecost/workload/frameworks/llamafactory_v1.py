@@ -5,9 +5,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, accumulation_of, dotted_keys
+from tunecost.workload.frameworks import (
+    SFT_ONLY,
+    ConfigFile,
+    ConfigJob,
+    Framework,
+    KnownKeys,
+    accumulation_of,
+    dotted_keys,
+)
 from tunecost.workload.frameworks.accelerate import section
-from tunecost.workload.frameworks.llamafactory import SFT_ONLY, VISION_MODEL, filled, lora_target_groups
+from tunecost.workload.frameworks.hf_common import VISION_MODEL, peft_targets
+from tunecost.workload.job import targets_text
 from tunecost.workload.known_datasets import catalog_dataset
 
 TITLE = "LLaMA-Factory v1"
@@ -32,7 +41,7 @@ _ATTENTION = {"sdpa": "sdpa", "flash_attention_2": "flash", "eager": "eager"}  #
 
 def _get(cfg: ConfigFile, notes: list[str], key: str, kind: Any) -> Any:
     default, said = _DEFAULTS[key]
-    return filled(cfg, notes, key, kind, default, f"{said}: {TITLE}'s default")
+    return cfg.or_default(key, kind, default, notes, f"{said}: {TITLE}'s default")
 
 
 def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, Any]:
@@ -52,15 +61,13 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
     if peft.typed("use_dora", bool):
         raise peft.error("use_dora", "DoRA is not modelled")
     rank = _get(peft, notes, "r", int)
-    groups, target_notes = lora_target_groups(_targets(peft, notes), model, "peft_config.target_modules")
+    targets, target_notes = peft_targets(cfg, "peft_config.target_modules", _targets(peft, notes), model)
     options: dict[str, Any] = {
         "method": "lora",
         "lora_rank": rank,
         "lora_alpha": _get(peft, notes, "lora_alpha", (int, float)),
     }
-    options |= {"lora_dropout": _get(peft, notes, "lora_dropout", (int, float))} | (
-        {"lora_targets": groups} if groups else {}
-    )
+    options |= {"lora_dropout": _get(peft, notes, "lora_dropout", (int, float)), "lora_targets": targets_text(targets)}
     notes += target_notes
     if quant.data:
         qname = quant.typed("name", str)

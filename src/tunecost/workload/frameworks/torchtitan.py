@@ -37,7 +37,6 @@ TITLE = "torchtitan"
 SP_KEY = "enable_sequence_parallel"  # the Python configs' switch (2026-03-29), read when a TOML file has it
 KEYS = KnownKeys(f"{TITLE}'s JobConfig", ("torchtitan",), extra=("training.batch_size", f"parallelism.{SP_KEY}"))
 CUSTOM_CONFIG = ("job.custom_config_module", "experimental.custom_args_module")  # extend JobConfig: keys unknown
-SFT_ONLY = "tunecost estimates supervised fine-tuning (full, LoRA, QLoRA) only"
 # optimizer class (torch.optim, bitsandbytes.optim, torchao.optim) -> tunecost's optimizer
 OPTIMIZER_CLASSES = {"AdamW": "adamw", "PagedAdamW": "adamw", "AdamW8bit": "adamw-8bit", "PagedAdamW8bit": "adamw-8bit"}
 OPTIMIZER_CLASSES["SGD"] = "sgd"
@@ -92,15 +91,6 @@ def unmodelled_keys(flat: ConfigFile) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def read_or_default(flat: ConfigFile, key: str, kind: Any, default: Any, notes: list[str], line: str) -> Any:
-    """The key's value, or `default` with `line` among the assumptions when the file leaves it out."""
-    value = flat.typed(key, kind)
-    if value is None:
-        notes.append(line)
-        return default
-    return value
-
-
 def config_job(framework: str, flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> ConfigJob:
     """The job: the options set (None: not set), the assumptions, the keys not read."""
     options = {k: v for k, v in options.items() if v is not None}
@@ -126,8 +116,8 @@ def data_parallel_layout(
     `inner`: tensor x context degree (next to the shard dimension in the device mesh), `pp`: pipeline degree."""
     shard_key, replicate_key, offload_key = keys
     notes: list[str] = []
-    shard = read_or_default(flat, shard_key, int, -1, notes, f"{shard_key} -1: {title}'s default")
-    replicate = read_or_default(flat, replicate_key, int, 1, notes, f"{replicate_key} 1: {title}'s default")
+    shard = flat.or_default(shard_key, int, -1, notes, f"{shard_key} -1: {title}'s default")
+    replicate = flat.or_default(replicate_key, int, 1, notes, f"{replicate_key} 1: {title}'s default")
     if shard == 0 or shard < -1:
         raise flat.error(shard_key, f"must be -1 (all the GPUs) or at least 1, got {shard}")
     if replicate < 1:
@@ -158,9 +148,9 @@ def data_parallel_layout(
 
 
 def _model(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
-    name = read_or_default(flat, "model.name", str, "llama3", notes, f"model.name llama3: {TITLE}'s default")
+    name = flat.or_default("model.name", str, "llama3", notes, f"model.name llama3: {TITLE}'s default")
     line = f"model.flavor debugmodel: {TITLE}'s default"
-    flavor = read_or_default(flat, "model.flavor", str, "debugmodel", notes, line)
+    flavor = flat.or_default("model.flavor", str, "debugmodel", notes, line)
     if not any(key.startswith(f"{name}/") for key in FLAVORS):
         known = ", ".join(dict.fromkeys(key.split("/")[0] for key in FLAVORS))
         raise flat.error("model.name", f"{name!r}: not a model tunecost knows; known: {known}")
@@ -201,12 +191,12 @@ def _converters(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> 
 def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     key = "training.local_batch_size" if "training.batch_size" not in flat.data else "training.batch_size"
     line = f"batch_size 8: {TITLE}'s default (training.local_batch_size)"
-    options["batch_size"] = read_or_default(flat, key, int, 8, notes, line)
-    options["seq_len"] = read_or_default(flat, "training.seq_len", int, 2048, notes, f"seq_len 2048: {TITLE}'s default")
+    options["batch_size"] = flat.or_default(key, int, 8, notes, line)
+    options["seq_len"] = flat.or_default("training.seq_len", int, 2048, notes, f"seq_len 2048: {TITLE}'s default")
     line = f"training.dtype float32: {TITLE}'s default"
-    dtype = DTYPES.get(read_or_default(flat, "training.dtype", str, "float32", notes, line))
+    dtype = DTYPES.get(flat.or_default("training.dtype", str, "float32", notes, line))
     line = f"training.mixed_precision_param bfloat16: {TITLE}'s default"
-    compute = DTYPES.get(read_or_default(flat, "training.mixed_precision_param", str, "bfloat16", notes, line))
+    compute = DTYPES.get(flat.or_default("training.mixed_precision_param", str, "bfloat16", notes, line))
     if dtype is None or compute is None:
         raise flat.error("training.dtype" if dtype is None else "training.mixed_precision_param", "bfloat16 or float32")
     options["dtype"] = "bf16" if "bf16" in (dtype, compute) else "fp32"
@@ -215,17 +205,17 @@ def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> No
             f"dtype bf16: {TITLE}'s fp32 parameters, gradients and AdamW states with bf16 compute are simulated in "
             "bf16 (their memory under-estimated; --dtype fp32 bounds it)"
         )
-    name = read_or_default(flat, "optimizer.name", str, "AdamW", notes, f"optimizer AdamW: {TITLE}'s default")
+    name = flat.or_default("optimizer.name", str, "AdamW", notes, f"optimizer AdamW: {TITLE}'s default")
     options["optimizer"] = optimizer_name(flat, "optimizer.name", name)
     if flat.data.get("optimizer.early_step_in_backward"):  # left among the keys not modelled
         notes.append(f"optimizer.early_step_in_backward: {TITLE}'s optimizer in backward is not modelled (grads kept)")
     if flat.typed("compile.enable", bool):
         options["torch_compile"] = True
         notes.append(f"compile.enable: {TITLE} runs the step under torch.compile; {COMPILE_NOTE}")
-    dataset = read_or_default(flat, "training.dataset", str, "c4_test", notes, f"dataset c4_test: {TITLE}'s default")
+    dataset = flat.or_default("training.dataset", str, "c4_test", notes, f"dataset c4_test: {TITLE}'s default")
     notes.append(f"dataset {dataset}: {TITLE} packs its text into samples of seq_len tokens (not read; no epochs)")
     line = f"gradient_checkpointing on: {TITLE}'s default activation_checkpoint.mode selective"
-    mode = read_or_default(flat, "activation_checkpoint.mode", str, "selective", notes, line)
+    mode = flat.or_default("activation_checkpoint.mode", str, "selective", notes, line)
     if mode not in CHECKPOINTING:
         raise flat.error("activation_checkpoint.mode", f"{mode!r}: one of {', '.join(CHECKPOINTING)}")
     options["gradient_checkpointing"] = CHECKPOINTING[mode]
@@ -239,7 +229,7 @@ def _layer_checkpointing(flat: ConfigFile, options: dict[str, Any], notes: list[
     """Selective checkpointing of whole layers: selective_ac_option N wraps every Nth block of each pipeline stage
     (torchtitan's counter: blocks N, 2N, ...); "op" keeps chosen ops' outputs (every layer recomputed, modelled)."""
     key = "activation_checkpoint.selective_ac_option"
-    option = read_or_default(flat, key, str, "2", notes, f"{key} 2: {TITLE}'s default (every 2nd layer)")
+    option = flat.or_default(key, str, "2", notes, f"{key} 2: {TITLE}'s default (every 2nd layer)")
     if option == "op":
         notes.append(
             f"activation_checkpoint.mode selective, {key} op: per-op checkpointing modelled as every layer "
@@ -275,7 +265,7 @@ def _tensor_parallel(flat: ConfigFile, options: dict[str, Any], notes: list[str]
         if f"{PAR}{SP_KEY}" not in flat.data:
             notes.append(f"sequence parallelism on: {TITLE}'s tensor parallelism shards the norms along the sequence")
         line = f"{PAR}disable_loss_parallel false: {TITLE}'s default (vocabulary-sharded loss, not modelled apart)"
-        read_or_default(flat, f"{PAR}disable_loss_parallel", bool, False, notes, line)
+        flat.or_default(f"{PAR}disable_loss_parallel", bool, False, notes, line)
         if flat.typed(f"{PAR}enable_async_tensor_parallel", bool):
             if not flat.typed("compile.enable", bool):
                 raise flat.error(f"{PAR}enable_async_tensor_parallel", f"{TITLE}'s async TP needs compile.enable")
@@ -287,12 +277,12 @@ def _tensor_parallel(flat: ConfigFile, options: dict[str, Any], notes: list[str]
 def _pipeline(flat: ConfigFile, options: dict[str, Any], notes: list[str], shape: ModelShape) -> None:
     """Schedule, micro-batches (batch_size becomes the micro-batch's size) and virtual stages per rank."""
     pp, key = options["pp"], f"{PAR}pipeline_parallel_schedule"
-    name = read_or_default(flat, key, str, "1F1B", notes, f"pipeline_schedule 1f1b: {TITLE}'s default ({key})")
+    name = flat.or_default(key, str, "1F1B", notes, f"pipeline_schedule 1f1b: {TITLE}'s default ({key})")
     if name.lower() not in SCHEDULES:
         raise flat.error(key, f"{name!r}: tunecost models {TITLE}'s 1F1B, GPipe and Interleaved1F1B")
     options["pipeline_schedule"] = schedule = SCHEDULES[name.lower()]
     key = f"{PAR}pipeline_parallel_microbatch_size"
-    size = positive(flat, key, read_or_default(flat, key, int, 1, notes, f"{key} 1: {TITLE}'s default"))
+    size = positive(flat, key, flat.or_default(key, int, 1, notes, f"{key} 1: {TITLE}'s default"))
     if options["batch_size"] % size:
         raise flat.error(key, f"{size} does not divide training.local_batch_size {options['batch_size']}")
     options.update(micro_batches=options["batch_size"] // size, batch_size=size)
@@ -332,7 +322,7 @@ def _layout(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None
     if shape is not None and pp > 1:
         _pipeline(flat, options, notes, shape)
     line = f"{PAR}fsdp_reshard_after_forward default: {TITLE}'s default"
-    reshard = read_or_default(flat, f"{PAR}fsdp_reshard_after_forward", str, "default", notes, line)
+    reshard = flat.or_default(f"{PAR}fsdp_reshard_after_forward", str, "default", notes, line)
     if reshard not in RESHARD:
         raise flat.error(f"{PAR}fsdp_reshard_after_forward", f"{reshard!r}: one of {', '.join(RESHARD)}")
     layout, lines = data_parallel_layout(flat, DP_KEYS, reshard=RESHARD[reshard], title=TITLE, inner=tp * cp, pp=pp)
@@ -373,9 +363,7 @@ def _steps(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     """The run's optimizer steps (training.steps; no epochs) and training.global_batch_size when set (-1: local
     batch x data-parallel ranks, no accumulation)."""
     line = f"max_steps 10000: {TITLE}'s default training.steps"
-    options["max_steps"] = positive(
-        flat, "training.steps", read_or_default(flat, "training.steps", int, 10000, notes, line)
-    )
+    options["max_steps"] = positive(flat, "training.steps", flat.or_default("training.steps", int, 10000, notes, line))
     stated = flat.typed("training.global_batch_size", int)
     if stated is not None and stated > 0:
         options["queries_per_step"] = stated

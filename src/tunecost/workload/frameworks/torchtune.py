@@ -8,15 +8,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecost.workload.frameworks import COMPILE_NOTE, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
+from tunecost.workload.frameworks import (
+    COMPILE_NOTE,
+    SFT_ONLY,
+    ConfigFile,
+    ConfigJob,
+    Framework,
+    KnownKeys,
+    steps_options,
+)
 from tunecost.workload.frameworks.model_parallel import catalog_shape, check_layout, positive
 from tunecost.workload.frameworks.torchtitan import (
-    SFT_ONLY,
     config_job,
     data_parallel_layout,
     nested_config,
     optimizer_name,
-    read_or_default,
 )
 from tunecost.workload.job import group_targets, targets_text
 from tunecost.workload.known_datasets import catalog_dataset
@@ -129,18 +135,18 @@ def _model(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> str:
 def _lora(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     if flat.typed("model.use_dora", bool):
         raise flat.error("model.use_dora", "DoRA: tunecost estimates full, LoRA and QLoRA fine-tuning")
-    options["lora_rank"] = read_or_default(flat, "model.lora_rank", int, 8, notes, f"lora_rank 8: {TITLE}'s default")
+    options["lora_rank"] = flat.or_default("model.lora_rank", int, 8, notes, f"lora_rank 8: {TITLE}'s default")
     line = f"lora_alpha 16: {TITLE}'s default"
-    options["lora_alpha"] = read_or_default(flat, "model.lora_alpha", (int, float), 16, notes, line)
+    options["lora_alpha"] = flat.or_default("model.lora_alpha", (int, float), 16, notes, line)
     line = f"lora_dropout 0: {TITLE}'s default"
-    options["lora_dropout"] = read_or_default(flat, "model.lora_dropout", (int, float), 0.0, notes, line)
+    options["lora_dropout"] = flat.or_default("model.lora_dropout", (int, float), 0.0, notes, line)
     modules = flat.get("model.lora_attn_modules")
     if not isinstance(modules, list) or any(m not in ATTENTION_MODULES for m in modules):
         raise flat.error("model.lora_attn_modules", f"must be a list of {', '.join(ATTENTION_MODULES)}")
     names = {"o_proj" if m == "output_proj" else m for m in modules}  # torchtune's output_proj: transformers' o_proj
     groups = list(group_targets("attention", names))
     line = f"apply_lora_to_mlp false: {TITLE}'s default"
-    if read_or_default(flat, "model.apply_lora_to_mlp", bool, False, notes, line):
+    if flat.or_default("model.apply_lora_to_mlp", bool, False, notes, line):
         groups.append("mlp")
     if flat.typed("model.apply_lora_to_output", bool):
         notes.append("apply_lora_to_output: LoRA on the output projection is not modelled")
@@ -158,7 +164,7 @@ def _precision(flat: ConfigFile, method: str, options: dict[str, Any], notes: li
         raise flat.error("dtype", f"{dtype!r}: {TITLE}'s recipes train in bf16 or fp32")
     options["dtype"] = dtype or "fp32"
     line = f"gradient_checkpointing off: {TITLE}'s default (enable_activation_checkpointing false)"
-    checkpointing = read_or_default(flat, "enable_activation_checkpointing", bool, False, notes, line)
+    checkpointing = flat.or_default("enable_activation_checkpointing", bool, False, notes, line)
     if not checkpointing and flat.get("ac_mode") is not None:
         checkpointing = True
         notes.append(f"ac_mode: {TITLE}'s selective activation checkpointing modelled as every layer checkpointed")
