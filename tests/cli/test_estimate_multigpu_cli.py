@@ -118,12 +118,15 @@ def test_all_strategies_means_those_that_take_the_options(cli_runner, extra, str
 
 
 def test_a_catalog_datasets_length_is_said_as_on_one_gpu(cli_runner):
-    """Without --seq-len or a data file, several GPUs price a catalog dataset's queries at eq. (1)'s 512 tokens and
-    say so; a dataset the catalog has no length for is the one-GPU path's error."""
+    """Without --seq-len or a data file, several GPUs size memory at eq. (1)'s 512 tokens and price the compute
+    over the dataset's lengths, as one GPU does, and say so; a dataset the catalog has no length for is the one-GPU
+    path's error."""
     args = ["estimate", "--epochs", "1", "--model", DENSE, "--gpu", "H100", "--gpus", "2", "--strategy", "fsdp2"]
     known = cli_runner.invoke(app, [*args, "--dataset", "math_14k", "--batch-size", "2"])
     assert known.exit_code == 0, known.output
-    assert "every query padded to 512 (the paper's eq. (1) length for math_14k" in " ".join(known.output.split())
+    said = " ".join(known.output.split())
+    assert "memory sized at 512 (the paper's eq. (1) length: math_14k has only a median length" in said
+    assert "throughput over the dataset's length distribution" in said
     unknown = cli_runner.invoke(app, [*args, "--dataset", "alpaca-cleaned"])
     _assert_one_error_line(unknown, "dataset alpaca-cleaned has no token-length statistic in the catalog")
 

@@ -72,6 +72,22 @@ def test_the_front_holds_estimates_numbers(model: str, method: str, gpu_names: t
         assert (twin.micro_batch, twin.cost.hours, twin.cost.usd) == (s.micro_batch, s.cost.hours, s.cost.usd)
 
 
+def test_a_rank_computes_over_the_datas_lengths_as_estimate_prices_one_gpu() -> None:
+    """Memory is sized at the longest batch (512 tokens for a dataset with a median only); the compute is the
+    single-GPU estimate's, over the dataset's lengths, so the 1-GPU setup is not every query padded to 512."""
+    from tunecost.estimate.rank_needs import single_gpu_throughput
+
+    job = estimate_job("Qwen/Qwen2.5-0.5B", method="lora", dataset="math_14k")
+    gpu = resolve_gpu_name("H100").gpu
+    plan = make_plan([job], gpus=[gpu], **{**SMALL, "max_gpus": 1})
+    (single,) = [o.setup for o in plan.options if o.setup.plan.strategy == "single"]
+    assert "512 tokens" in single.memory.assumptions[0]
+    own, _ = single_gpu_throughput(job.with_(batch_size=single.micro_batch), gpu)
+    padded, _ = single_gpu_throughput(job.with_(batch_size=single.micro_batch, seq_len=512), gpu)
+    assert single.queries_per_s == pytest.approx(own.queries_per_s)
+    assert padded.queries_per_s < 0.9 * own.queries_per_s
+
+
 def test_a_budget_is_kept_at_the_point_estimate_and_a_crossing_interval_is_said() -> None:
     job = estimate_job("Qwen/Qwen2.5-0.5B", method="lora", seq_len=512)
     gpus = [resolve_gpu_name(g).gpu for g in ("RTX-4090", "H100")]

@@ -128,15 +128,14 @@ def sizing_seq_len(job: FineTuneJob) -> int:
 
 
 def sized_job(job: FineTuneJob) -> FineTuneJob:
-    """The job at its longest batch's padded length, as the multi-GPU estimate prices it; data without lengths is an
-    error, as on one GPU (`job_lengths`)."""
+    """The job at its longest batch's padded length, as the multi-GPU estimate sizes its memory; data without
+    lengths is an error, as on one GPU (`job_lengths`)."""
     job_lengths(job.with_(batch_size=1))
     return job.with_(seq_len=sizing_seq_len(job))
 
 
-def lengths_note(job: FineTuneJob, *, padded_to: int | None = None) -> str:
-    """How the job's tokens per query were taken, for the assumptions (`padded_to`: a catalog dataset's queries
-    priced at that fixed length, as the multi-GPU estimate does)."""
+def lengths_note(job: FineTuneJob) -> str:
+    """How the job's tokens per query were taken, for the assumptions."""
     if job.packing != "none":
         rows = job_packed_lengths(job.with_(batch_size=1)).source
         return f"tokens per query: {rows}; the batch counts rows; memory sized at a full row"
@@ -148,11 +147,6 @@ def lengths_note(job: FineTuneJob, *, padded_to: int | None = None) -> str:
         )
     if job.seq_len:
         return f"tokens per query: every query padded to --seq-len {job.seq_len}"
-    if padded_to:
-        return (
-            f"tokens per query: every query padded to {padded_to} (the paper's eq. (1) length for {job.dataset}; "
-            "--seq-len or a data file to set it)"
-        )
     return (
         f"tokens per query: memory sized at {EQ1_ARTIFACT_SEQ_LEN} (the paper's eq. (1) length: {job.dataset} has "
         "only a median length; --seq-len or a data file to set it), throughput over the dataset's length "

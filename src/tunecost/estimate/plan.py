@@ -17,7 +17,7 @@ from tunecost.catalog.gpus import GPU, resolve_gpu_name
 from tunecost.catalog.prices import OWNED_PROVIDER, Price
 from tunecost.distributed.expert_parallel import EP_STRATEGIES
 from tunecost.errors import TunecostError
-from tunecost.estimate.estimators import sizing_seq_len
+from tunecost.estimate.estimators import sized_job
 from tunecost.estimate.gpu_search import estimate_multi_gpu, unsharded_strategies
 from tunecost.estimate.rank_needs import RankNeeds
 from tunecost.estimate.setups import Setup, setup_cost
@@ -327,13 +327,13 @@ def make_plan(
     on_progress: Callable[[int, int, str], None] | None = None,
 ) -> Plan:
     """Plan `jobs` (one per method) on the rented `gpus` and the `own`ed ones; each sized at its longest batch's
-    padded length, as `estimate` sizes it."""
-    jobs = [job.with_(seq_len=sizing_seq_len(job)) for job in jobs]
+    padded length and priced over its own lengths, as `estimate` sizes and prices it."""
+    needs = {job.method: RankNeeds(job.with_(batch_size=1), behaviour) for job in jobs}
+    jobs = [sized_job(job) for job in jobs]
     groups = [(job, list(gpus), False, max_gpus, gpus_per_node) for job in jobs if gpus]
     groups += [(job, [o.gpu], True, o.count, o.count) for job in jobs for o in own]
     options: list[Option] = []
     notes: list[str] = []
-    needs = {job.method: RankNeeds(job.with_(batch_size=1), behaviour) for job in jobs}
     for i, (job, where, owned, limit, per_node) in enumerate(groups):
         if on_progress:
             on_progress(i, len(groups), f"{job.method} on {'owned ' if owned else ''}{len(where)} GPU type(s)")

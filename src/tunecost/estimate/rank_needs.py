@@ -18,7 +18,7 @@ from tunecost.distributed.rank_memory import (
     single_gpu_step,
 )
 from tunecost.errors import TunecostError
-from tunecost.estimate.estimators import EstimateRequest, EstimatorOptions
+from tunecost.estimate.estimators import EstimateRequest, EstimatorOptions, sizing_seq_len
 from tunecost.estimate.simulated import Throughput, throughput_at
 from tunecost.io import atomic_write_json
 from tunecost.models.catalog import resolve_model
@@ -54,7 +54,10 @@ class RankNeeds:
     come from (`flush`), so a search that was run before replays nothing."""
 
     def __init__(self, job: FineTuneJob, behaviour=None, framework: str | None = None) -> None:
-        self.job, self.behaviour, self.framework = job, behaviour, framework
+        # memory and the traced steps at the longest batch's padded length; the compute over the job's own lengths,
+        # as `estimate` prices one GPU
+        self.job, self.priced = job.with_(seq_len=sizing_seq_len(job)), job
+        self.behaviour, self.framework = behaviour, framework
         self._steps: dict[int, SingleGpuStep] = {}
         self._rank_steps: dict[tuple[int, bool, str, int, int], SingleGpuStep] = {}  # (tp, sp, tp_impl, cp, batch)
         self._memory: dict[tuple[ParallelPlan, int], RankMemory] = {}
@@ -77,7 +80,7 @@ class RankNeeds:
     ) -> tuple[Throughput, str]:
         """`single_gpu_throughput` of the job at micro-batch `batch`, run by the job's framework; `grad_accum`: the
         micro-batches per optimizer step in place of the job's (a pipeline's)."""
-        job = self.job_at(batch) if grad_accum is None else self.job_at(batch).with_(grad_accum=grad_accum)
+        job = self.priced.with_(batch_size=batch, grad_accum=grad_accum or self.priced.grad_accum)
         tp, note = single_gpu_throughput(job, gpu, steady_state, self.framework)
         if self.behaviour is not None and self.behaviour.activation_offload:
             note += "; activation offload: its host copies beside each rank's compute are not in the step time"

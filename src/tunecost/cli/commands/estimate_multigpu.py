@@ -179,7 +179,7 @@ def run_multi_gpu(
         steady_state=steady_state,
         behaviour=behaviour,
         model_parallel=model_parallel_option(options),
-        needs=RankNeeds(sized.with_(batch_size=1), behaviour, framework),
+        needs=RankNeeds(job.with_(batch_size=1), behaviour, framework),
     )
     if output.out is not None:  # every setup evaluated, for `tunecost report` (memory per rank and cost vs GPU count)
         from tunecost.results.records import save_multi_gpu_records
@@ -195,7 +195,7 @@ def run_multi_gpu(
         expert_degree=expert_degree,
         offload=offload,
         verbose=verbose,
-        lengths=lengths_note(job, padded_to=sized.seq_len),
+        lengths=lengths_note(job),
     )
 
 

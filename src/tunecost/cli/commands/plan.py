@@ -88,6 +88,7 @@ def plan(
 ) -> None:
     """Which method, GPU, count and layout to fine-tune on: the cheapest within --deadline or the fastest within
     --budget, the cost-vs-hours front, what was ruled out and why, and the launch recipe (--emit)."""
+    from tunecost.estimate.estimators import lengths_note
     from tunecost.estimate.plan import make_plan, parse_owned
     from tunecost.estimate.throughput.packing import queries_per_row
     from tunecost.workload.job_data import job_data
@@ -134,7 +135,7 @@ def plan(
         # every option weighed goes to --out RUN; the JSON answer keeps the front and the closest misses
         print_json({"plan": dataclasses.replace(result, options=()), "emitted": [str(p) for p in written]})
         return
-    print_plan(result, verbose=verbose)
+    print_plan(result, verbose=verbose, lengths=lengths_note(jobs[0]))
     for path in written:
         console.print(f"wrote {path}")
 
@@ -217,7 +218,7 @@ def _range(option, value: float, spec: str) -> str:
     return f"{value:{spec}} [{lo:{spec}}-{hi:{spec}}]" if hi > lo else f"{value:{spec}}"
 
 
-def print_plan(result, *, verbose: bool = False) -> None:
+def print_plan(result, *, verbose: bool = False, lengths: str = "") -> None:
     best = result.recommended
     if best is None:
         console.print(f"[bold]no setup[/bold] for {result.model}: {result.reason}", highlight=False)
@@ -248,6 +249,8 @@ def print_plan(result, *, verbose: bool = False) -> None:
         caption=f"{result.evaluated} setups timed and priced, {result.pruned} ruled out by memory first"
         + (f", {result.skipped} fit at GPU counts the search does not price" if result.skipped else ""),
     )
+    if lengths:
+        console.print(f"[dim]{lengths}[/dim]")
     if result.ruled_out:
         _print_ruled_out(result, verbose)
     notes = result.notes if verbose else result.notes[:1]
