@@ -269,3 +269,30 @@ def test_detect_is_false_for_other_frameworks() -> None:
         {"zero_optimization": {"stage": 2}, "train_micro_batch_size_per_gpu": 4},  # DeepSpeed
     ]
     assert not any(FRAMEWORK.detect(d) for d in others)
+
+
+@pytest.mark.parametrize(
+    ("enabled", "extra", "checkpointing", "recomputed"),
+    [
+        ("false", "ac_mode: none\n", False, None),
+        ("false", "ac_mode: full\n", True, None),
+        ("false", "ac_mode: selective\nac_option: 2\n", True, 14),  # Qwen2.5-7B: 28 layers, every 2nd block
+        ("true", "ac_mode: selective\nac_option: 2\n", False, None),  # the recipe applies neither
+    ],
+)
+def test_ac_mode_as_the_full_distributed_recipe_reads_it(tmp_path, enabled, extra, checkpointing, recomputed):
+    text = FULL_DISTRIBUTED.replace(
+        "enable_activation_checkpointing: true\n", f"enable_activation_checkpointing: {enabled}\n"
+    )
+    job = _read(tmp_path, text + extra)
+    assert job.options["gradient_checkpointing"] is checkpointing
+    assert job.options.get("recompute_layers") == recomputed
+    assert "ac_mode" not in job.not_modelled and "ac_option" not in job.not_modelled
+
+
+def test_ac_mode_is_not_read_by_the_lora_recipes(tmp_path):
+    text = LORA_SINGLE.replace("enable_activation_checkpointing: true", "enable_activation_checkpointing: false")
+    assert text != LORA_SINGLE
+    job = _read(tmp_path, text + "ac_mode: selective\nac_option: 1\n")
+    assert job.options["gradient_checkpointing"] is False
+    assert any("not read by torchtune's LoRA recipes" in a for a in job.assumptions)

@@ -160,10 +160,8 @@ def _precision(flat: ConfigFile, method: str, options: dict[str, Any], notes: li
     options["dtype"] = dtype or "fp32"
     line = f"gradient_checkpointing off: {TITLE}'s default (enable_activation_checkpointing false)"
     checkpointing = flat.or_default("enable_activation_checkpointing", bool, False, notes, line)
-    if not checkpointing and flat.get("ac_mode") is not None:
-        checkpointing = True
-        notes.append(f"ac_mode: {TITLE}'s selective activation checkpointing modelled as every layer checkpointed")
     options["gradient_checkpointing"] = checkpointing
+    _ac_mode(flat, method, options, notes)
     options["offload_activations"] = flat.typed("enable_activation_offloading", bool)
     if method == "full":  # the LoRA recipes do not read optimizer_in_bwd
         options["optimizer_in_backward"] = flat.typed("optimizer_in_bwd", bool)
@@ -248,6 +246,37 @@ def _tensor_parallel(flat: ConfigFile, options: dict[str, Any], notes: list[str]
     else:
         options["sequence_parallel"] = False
         notes.append(f"sequence parallelism off: assumed for {plan}, not one of {TITLE}'s plans tunecost read")
+
+
+def _ac_mode(flat: ConfigFile, method: str, options: dict[str, Any], notes: list[str]) -> None:
+    """ac_mode / ac_option as recipes/full_finetune_distributed.py reads them: only with
+    enable_activation_checkpointing false ("full": every layer; "selective" N: every Nth block, counted over the
+    whole model; "none": none); beside it true, neither is applied. The LoRA recipes do not read them."""
+    mode, option = flat.typed("ac_mode", str), flat.get("ac_option")
+    if mode is None:
+        return
+    if method != "full":
+        notes.append(f"ac_mode {mode}: not read by {TITLE}'s LoRA recipes (enable_activation_checkpointing is)")
+        return
+    notes.append(f"ac_mode {mode}: as {TITLE}'s full_finetune_distributed reads it (the single-device one does not)")
+    if options["gradient_checkpointing"]:
+        options["gradient_checkpointing"] = False
+        notes.append(
+            "enable_activation_checkpointing true beside ac_mode: the recipe applies neither, no checkpointing"
+        )
+        return
+    if mode not in ("none", "full", "selective"):
+        raise flat.error("ac_mode", f"{mode!r}: none, full or selective")
+    option = str(option if mode == "selective" else 1)
+    if not option.isdigit():
+        raise flat.error("ac_option", f"{option!r}: a whole number (checkpoint every Nth layer)")
+    every = int(option)
+    options["gradient_checkpointing"] = mode != "none"
+    if mode == "selective" and every > 1 and options.get("model") is not None:
+        layers = catalog_shape(options["model"]).num_layers
+        options["gradient_checkpointing"] = layers >= every
+        options |= {"recompute_layers": layers // every} if layers >= every else {}
+        notes.append(f"ac_option {every}: {layers // every} of the {layers} layers checkpointed (one in {every})")
 
 
 def detect(data: Any) -> bool:
