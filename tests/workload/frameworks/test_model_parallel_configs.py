@@ -82,7 +82,7 @@ def test_torchtitan_every_degree(tmp_path: Path) -> None:
     assert plan.sequence_parallel and plan.pipeline_schedule == "interleaved-1f1b"
     # torchtitan: micro-batches = local_batch_size / microbatch size; interleaved: 2 stages per rank by default
     assert (job.options["batch_size"], plan.num_micro_batches, plan.virtual_stages) == (2, 4, 2)
-    assert job.options["strategy"] == "fsdp2"
+    assert job.options["strategy"] == "fsdp2-shard-grad-op"  # "default" under PP: not resharded after forward
 
 
 def test_torchtitan_defaults(tmp_path: Path) -> None:
@@ -112,7 +112,7 @@ def test_torchtitan_layers_per_stage_and_gpipe(tmp_path: Path) -> None:
 
 def test_torchtitan_shard_left_over(tmp_path: Path) -> None:
     job = _read_toml(tmp_path, TITAN_70B.replace("data_parallel_shard_degree = 2", "data_parallel_shard_degree = -1"))
-    assert "num_gpus" not in job.options and job.options["strategy"] == "fsdp2"
+    assert "num_gpus" not in job.options and job.options["strategy"] == "fsdp2-shard-grad-op"
     assert any("left after the model-parallel degrees" in a for a in job.assumptions)
     job = _read_toml(tmp_path, TITAN_70B.replace("data_parallel_shard_degree = 2", "data_parallel_shard_degree = 1"))
     assert (job.options["strategy"], job.options["num_gpus"]) == ("single", 64)  # a data-parallel group of one
@@ -204,3 +204,23 @@ def test_deepspeed_autotp(tmp_path: Path) -> None:
     assert any("AutoTP all-reduces" in a for a in job.assumptions)
     assert "tp" not in _read(tmp_path, text % '"autotp_size": 0', ".json").options
     assert "tensor_parallel: autotp_size: " in _error(tmp_path, text % '"autotp_size": -2', ".json")
+
+
+def test_torchtitan_reshards_after_forward_by_default_without_a_pipeline(tmp_path: Path) -> None:
+    text = TITAN_70B.replace("pipeline_parallel_degree = 4", "pipeline_parallel_degree = 1")
+    assert text != TITAN_70B
+    job = _read(tmp_path, text, ".toml")
+    assert job.options["strategy"] == "fsdp2"
+
+
+def test_torchtitan_tp_pp_without_fsdp_trains_in_fp32(tmp_path: Path) -> None:
+    """maybe_enable_amp: TP or PP with a data-parallel shard of 1 (and no CP) runs without mixed precision."""
+    text = TITAN_70B.replace('dtype = "bfloat16"\n', "").replace(
+        "data_parallel_shard_degree = 2", "data_parallel_shard_degree = 1"
+    )
+    text = text.replace("context_parallel_degree = 2", "context_parallel_degree = 1")
+    job = _read(tmp_path, text, ".toml")
+    assert (job.options["strategy"], job.options["dtype"]) == ("single", "fp32")
+    assert any("disables mixed precision" in a for a in job.assumptions)
+    sharded = _read(tmp_path, text.replace("data_parallel_shard_degree = 1", "data_parallel_shard_degree = 2"), ".toml")
+    assert sharded.options["dtype"] == "bf16"  # FSDP's mixed precision: bf16 compute

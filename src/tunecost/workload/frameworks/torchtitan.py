@@ -18,7 +18,8 @@ from tunecost.workload.frameworks.model_parallel import ModelShape, catalog_shap
 #   mixed_precision_param bfloat16, enable_cpu_offload False, dataset c4_test, steps 10000
 #   parallelism.data_parallel_shard_degree -1 (every GPU left after replicate x cp x tp x pp), data_parallel_
 #   replicate_degree 1, tensor/pipeline/context/expert_parallel_degree 1, fsdp_reshard_after_forward "default"
-#   (resharded), disable_loss_parallel False, enable_async_tensor_parallel False (needs compile), pipeline_
+#   (resharded, not under pipeline parallelism), disable_loss_parallel False, enable_async_tensor_parallel False
+#   (needs compile), pipeline_
 #   parallel_schedule "1F1B" (torch's get_schedule_class names, any case), pipeline_parallel_microbatch_size 1
 #   (micro-batches: local_batch_size / it), pipeline_parallel_layers_per_stage None (interleaved schedules: 2
 #   stages per rank; else ceil((layers + first/last_stage_less_layers 1 + 1) / it) stages in all)
@@ -321,14 +322,34 @@ def _layout(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None
     _tensor_parallel(flat, options, notes)
     if shape is not None and pp > 1:
         _pipeline(flat, options, notes, shape)
-    line = f"{PAR}fsdp_reshard_after_forward default: {TITLE}'s default"
+    # "default": resharded after forward, except under pipeline parallelism (per-micro-batch all-gathers avoided;
+    # models/llama3/infra/parallelize.py apply_fsdp)
+    smart = "resharded" if pp == 1 else "not resharded after forward under pipeline parallelism"
+    line = f"{PAR}fsdp_reshard_after_forward default: {TITLE}'s default ({smart})"
     reshard = flat.or_default(f"{PAR}fsdp_reshard_after_forward", str, "default", notes, line)
     if reshard not in RESHARD:
         raise flat.error(f"{PAR}fsdp_reshard_after_forward", f"{reshard!r}: one of {', '.join(RESHARD)}")
-    layout, lines = data_parallel_layout(flat, DP_KEYS, reshard=RESHARD[reshard], title=TITLE, inner=tp * cp, pp=pp)
+    resharded = RESHARD[reshard] and not (reshard == "default" and pp > 1)
+    layout, lines = data_parallel_layout(flat, DP_KEYS, reshard=resharded, title=TITLE, inner=tp * cp, pp=pp)
     options.update(layout)
     notes.extend(lines)
+    _mixed_precision(flat, options, notes, tp * pp > 1 and cp == 1)
     check_layout(flat, options, PLAN_KEYS, shape=shape, seq_len=options["seq_len"])
+
+
+def _mixed_precision(flat: ConfigFile, options: dict[str, Any], notes: list[str], model_parallel: bool) -> None:
+    """torchtitan's maybe_enable_amp: mixed precision is FSDP's (or CP's); TP or PP without them trains in
+    training.dtype (fp32 by default) throughout (distributed/utils.py)."""
+    if not model_parallel or flat.data.get("training.dtype", "float32") != "float32" or options["dtype"] == "fp32":
+        return
+    if options.get("strategy") in ("single", "ddp"):
+        options["dtype"] = "fp32"
+        notes.append(f"dtype fp32: TP or PP without FSDP: {TITLE} disables mixed precision (training.dtype float32)")
+    elif "num_gpus" not in options:
+        notes.append(
+            f"dtype bf16 assumed: on GPUs that leave a data-parallel shard of 1 (TP or PP without FSDP) {TITLE} trains "
+            "in training.dtype float32 throughout (--dtype fp32 prices that)"
+        )
 
 
 def detect(data: Any) -> bool:
