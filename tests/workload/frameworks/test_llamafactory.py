@@ -372,3 +372,20 @@ def test_the_trainers_fsdp_arguments_set_the_strategy(tmp_path):
     assert job.options["strategy"] == "fsdp2" and "fsdp" not in job.not_modelled
     offload = _read(tmp_path, LORA_SFT + "fsdp: full_shard offload auto_wrap\nfsdp_config:\n  version: 1\n")
     assert (offload.options["strategy"], offload.options["offload"]) == ("fsdp1", "params")
+
+
+def test_a_full_fine_tune_says_its_parameters_are_upcast_unless_pure_bf16(tmp_path):
+    text = "model_name_or_path: meta-llama/Llama-3.1-8B\nstage: sft\nfinetuning_type: full\nbf16: true\n"
+    assert any(
+        "upcasts a full fine-tune's trainable parameters to fp32" in a for a in _read(tmp_path, text).assumptions
+    )
+    pure = _read(tmp_path, text + "pure_bf16: true\n")
+    assert not any("upcasts" in a for a in pure.assumptions)
+
+
+def test_flash_attn_auto_on_gemma2_is_not_sdpa(tmp_path):
+    text = "model_name_or_path: google/gemma-2-9b\nstage: sft\nfinetuning_type: lora\n"
+    job = _read(tmp_path, text)
+    assert job.options["attention"] == "eager" and not any(a.startswith("attention sdpa") for a in job.assumptions)
+    assert _read(tmp_path, text + "flash_attn: fa2\n").options["attention"] == "flash"
+    assert _read(tmp_path, text.replace("google/gemma-2-9b", "meta-llama/Llama-3.1-8B")).options["attention"] == "sdpa"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tunecost.errors import TunecostError
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.hf_common import (
     INT8,
@@ -170,6 +172,7 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     liger, liger_notes = liger_options(cfg, "enable_liger_kernel")
     options |= ds_options | fsdp | compiled | liger | {"stack": "hf-peft"}
     notes += [*ds_notes, *fsdp_notes, *compile_notes, *liger_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]
+    notes += _upcast_note(cfg, options) + _gemma2_attention(cfg, model, options, notes)
     megatron = megatron_options(cfg, model, notes)
     if megatron:  # Megatron Core runs the model: the Trainer's checkpointing, attention and stack do not apply
         hf_only = ("gradient_checkpointing ", "reentrant ", "attention ", "optimizer ", "stack hf-peft", "enable_liger")
@@ -182,6 +185,32 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         options, notes = options | fp8, notes + fp8_notes
     return ConfigJob(framework="llamafactory-megatron" if megatron else "llamafactory", path=cfg.path,
                      options=options, assumptions=tuple(notes), not_modelled=cfg.unused_keys())  # fmt: skip
+
+
+def _upcast_note(cfg: ConfigFile, options: dict[str, Any]) -> list[str]:
+    """model/adapter.py: a full fine-tune's trainable parameters are upcast to fp32 (bf16 autocast) unless
+    pure_bf16 (ZeRO-3 keeps its own fp32 copy); tunecost simulates them in the compute dtype."""
+    if options.get("method") != "full" or cfg.data.get("pure_bf16") or options.get("strategy") == "zero3":
+        return []
+    return [f"parameters in {options['dtype']}: {TITLE} upcasts a full fine-tune's trainable parameters to fp32 "
+            "(pure_bf16 false), so its parameters, gradients and AdamW states are fp32; tunecost simulates them in "
+            f"{options['dtype']}: their memory is under-estimated about 2x (--dtype fp32 bounds it)"]  # fmt: skip
+
+
+def _gemma2_attention(cfg: ConfigFile, model: str | None, options: dict[str, Any], notes: list[str]) -> list[str]:
+    """model_utils/attention.py: flash_attn auto on Gemma-2 is fa2 where flash-attn is installed, else eager."""
+    if cfg.data.get("flash_attn", "auto") != "auto" or not model or options.get("attention") != "sdpa":
+        return []
+    try:
+        family = resolve_model(model).family
+    except TunecostError:
+        return []
+    if family != "gemma2":
+        return []
+    options["attention"] = "eager"
+    notes[:] = [n for n in notes if not n.startswith("attention sdpa")]
+    return [f"attention eager: {TITLE}'s flash_attn auto on Gemma-2 (fa2 where flash-attn is installed, else eager; "
+            "--attention flash prices fa2)"]  # fmt: skip
 
 
 def _detect(data: Mapping[str, Any]) -> bool:

@@ -49,6 +49,9 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
     if not peft.data:
         if quant.data:
             raise cfg.error("quant_config", f"{TITLE} quantizes the base weights of a LoRA run only (peft_config)")
+        notes.append(f"parameters in bf16: {TITLE} runs a full fine-tune's model in fp32 (core/model_engine.py): "
+                     "fp32 parameters, gradients and AdamW states, computed in bf16 under FSDP2's mixed precision "
+                     "and in fp32 without it; tunecost simulates it in bf16 (--dtype fp32 bounds it)")  # fmt: skip
         return {"method": "full"}
     name = peft.typed("name", str)
     if name != "lora":
