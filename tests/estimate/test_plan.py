@@ -157,6 +157,19 @@ def test_emit_writes_the_recipe_and_never_replaces_a_file(cli_runner, cli_error,
     assert cli_runner.invoke(app, [*args, "--force"]).exit_code == 0
 
 
+def test_emit_keeps_the_model_the_user_named_and_asks_for_data_not_given(cli_runner, tmp_path) -> None:
+    """An instruct checkpoint priced as its base model is launched as itself; no dataset: CHANGE_ME."""
+    args = ["plan", "--model", "Qwen/Qwen2.5-0.5B-Instruct", "--method", "lora", "--gpu", "H100", "--queries", "1000"]
+    args += ["--epochs", "1", "--seq-len", "512", "--max-gpus", "1", "--emit", str(tmp_path), "--force"]
+    assert cli_runner.invoke(app, [*args, "--target", "llamafactory"]).exit_code == 0
+    recipe = (tmp_path / "llamafactory.yaml").read_text()
+    assert "model_name_or_path: Qwen/Qwen2.5-0.5B-Instruct" in recipe and "dataset: CHANGE_ME" in recipe
+    assert cli_runner.invoke(app, args).exit_code == 0
+    train_args = json.loads((tmp_path / "train_args.json").read_text())
+    assert train_args["model"]["pretrained_model_name_or_path"] == "Qwen/Qwen2.5-0.5B-Instruct"
+    assert train_args["dataset"] == "CHANGE_ME"
+
+
 TINY_FULL = {"num_queries": 2000, "epochs": 1, "max_gpus": 3, "gpus_per_node": 8}  # TP/PP layouts searched
 
 

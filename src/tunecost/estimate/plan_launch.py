@@ -11,8 +11,12 @@ from tunecost.models.params import count_parameters
 from tunecost.workload.job import FineTuneJob
 
 
-def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=None) -> LaunchJob:
+def launch_job(
+    option: Option, job: FineTuneJob, *, epochs: float, prices_file=None, model: str | None = None, dataset=None
+) -> LaunchJob:
     """The recipe's view of the recommended `option` of `job`: every provider that rents its GPU as candidates.
+    `model`: the hub id the user named (an instruct or re-uploaded checkpoint the catalog prices as its base);
+    `dataset`: the data the user named (None: the recipe asks for it, not the default tunecost priced).
     The recipes launch data parallelism only: a TP/PP/CP layout, selective or some-layers recomputation is a
     `TunecostError`; FP8 only LLaMA-Factory's recipe writes."""
     setup, spec = option.setup, resolve_model(job.model)
@@ -33,7 +37,7 @@ def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=N
     rented = [] if option.owned else prices_for(setup.gpu.name, price_catalog(prices_file), whole_nodes=True)
     weights_gb = 2 * count_parameters(spec).total / 1e9  # bf16 checkpoint files, downloaded once
     return LaunchJob(
-        model=spec.hub_id or spec.name,
+        model=model if model and "/" in model else spec.hub_id or spec.name,
         method=job.method,
         lora_rank=job.lora.rank,
         lora_alpha=job.lora.alpha,
@@ -52,7 +56,7 @@ def launch_job(option: Option, job: FineTuneJob, *, epochs: float, prices_file=N
         micro_batch=setup.micro_batch,
         grad_accum=option.accumulation,
         epochs=epochs,
-        dataset=job.dataset,
+        dataset=dataset,
         gpu=setup.gpu.name,
         num_gpus=setup.plan.num_gpus,
         gpus_per_node=setup.plan.node_size,

@@ -130,7 +130,7 @@ def plan(
         from tunecost.results.plan_records import save_plan_records
 
         save_plan_records(out, result, command=sys.argv, force=force)
-    written = _emit(result, jobs, emit, target, force, num_epochs) if emit is not None else []
+    written = _emit(result, jobs, (emit, model, dataset), target, force, num_epochs) if emit is not None else []
     if json_out:
         # every option weighed goes to --out RUN; the JSON answer keeps the front and the closest misses
         print_json({"plan": dataclasses.replace(result, options=()), "emitted": [str(p) for p in written]})
@@ -190,7 +190,8 @@ def _rented_gpus(gpu: str, owned) -> list:
     return gpus
 
 
-def _emit(result, jobs: list, out: Path, target: str | None, force: bool, epochs: float) -> list[Path]:
+def _emit(result, jobs: list, emit: tuple, target: str | None, force: bool, epochs: float) -> list[Path]:
+    """The recommended setup's recipe in folder `emit[0]`, for the model and data the user named (`emit[1:]`)."""
     from tunecost.estimate.plan_launch import launch_job
     from tunecost.estimate.recipes import write_recipe
 
@@ -198,7 +199,9 @@ def _emit(result, jobs: list, out: Path, target: str | None, force: bool, epochs
     if best is None:
         raise TunecostError("--emit: no setup to launch (nothing fits within the constraints)")
     job = next(j for j in jobs if j.method == best.method)
-    return write_recipe(launch_job(best, job, epochs=epochs), target or "accelerate", out, force=force)
+    out, model, dataset = emit
+    recipe = launch_job(best, job, epochs=epochs, model=model, dataset=dataset)
+    return write_recipe(recipe, target or "accelerate", out, force=force)
 
 
 def _where(option) -> str:

@@ -128,7 +128,7 @@ def _train_args(job: LaunchJob) -> dict[str, Any]:
         training["ddp_find_unused_parameters"] = False
     out: dict[str, Any] = {"model": {"pretrained_model_name_or_path": job.model, "dtype": TORCH_DTYPES[job.dtype]}}
     out["model"]["attn_implementation"] = HF_ATTENTION[job.attention]
-    out |= {"max_seq_length": job.seq_len, "dataset": job.dataset, "training_args": training}
+    out |= {"max_seq_length": job.seq_len, "dataset": job.dataset or "CHANGE_ME", "training_args": training}
     if job.packing != "none":  # TRL SFTConfig(packing=True, packing_strategy=...): bfd keeps examples apart
         out["packing"] = {"packing": True, "packing_strategy": "bfd" if job.packing == "per-document" else "wrapped"}
     if job.method != "full":
