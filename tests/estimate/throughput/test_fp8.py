@@ -104,3 +104,13 @@ def test_fp8_primary_weights_are_not_cast() -> None:
     plain, primary = (analytic_step_counts(spec, job.with_(fp8_params=p)) for p in (False, True))
     moved = plain.bytes_by_class["elementwise"] - primary.bytes_by_class["elementwise"]
     assert moved == 4 * arch_of(spec).dense_params
+
+
+def test_an_fp32_step_runs_its_gemms_at_the_fp32_rate() -> None:
+    """torch's fp32 matmuls do not use the tensor cores (TF32 off by default): the step is several times slower."""
+    spec, terms = resolve_model(MODEL), catalog_gpu_terms(get_gpu("H100-80GB-SXM"))
+    bf16 = analytic_step_counts(spec, _job("none"))
+    fp32 = analytic_step_counts(spec, _job("none").with_(compute_dtype="fp32"))
+    assert bf16.peak_by_class["dense_matmul"] == TENSOR_CORE and fp32.peak_by_class["dense_matmul"] != TENSOR_CORE
+    ratio = step_time(fp32, terms, PARAMS).step_s / step_time(bf16, terms, PARAMS).step_s
+    assert ratio > 0.5 * terms.matmul_flops_per_s / terms.fp32_flops_per_s

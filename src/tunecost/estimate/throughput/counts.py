@@ -188,7 +188,7 @@ def analytic_step_counts(
         bytes_by_class=MappingProxyType({c: acc.bytes.get(c, 0.0) for c in OP_CLASSES}),
         kernels_by_class=MappingProxyType({c: acc.kernels.get(c, 0.0) for c in OP_CLASSES}),
         gemm_rows_by_class=MappingProxyType(rows),
-        peak_by_class=MappingProxyType(peaks_of(job.fp8)),
+        peak_by_class=MappingProxyType(peaks_of(job.fp8, job.compute_dtype)),
         batch_size=job.batch_size,
         tokens_per_step=tokens,
         lengths=lengths,
@@ -240,10 +240,11 @@ def _add_dense_and_head(
         acc.add("elementwise", bytes_=tokens * spec.vocab_size * LOSS_BYTES_PER_VOCAB, kernels=LOSS_KERNELS)
 
 
-def peaks_of(fp8: str) -> dict[str, str]:
+def peaks_of(fp8: str, compute_dtype: str = "bf16") -> dict[str, str]:
     """Which peak bounds each op class's FLOPs: the tensor cores for GEMMs and attention (FP8 ones for the linear
-    layers' GEMMs under an FP8 recipe), the fp32 rate for the rest."""
-    tensor = ("expert_matmul", "dense_matmul", "lm_head", "router", "attention")
+    layers' GEMMs under an FP8 recipe), the fp32 rate for the rest and for every class of an fp32 step (torch's
+    matmuls do not use TF32 unless allowed)."""
+    tensor = () if compute_dtype == "fp32" else ("expert_matmul", "dense_matmul", "lm_head", "router", "attention")
     peaks = {c: (TENSOR_CORE if c in tensor else CUDA_CORE) for c in OP_CLASSES}
     if fp8 != "none":
         peaks.update({c: FP8_TENSOR_CORE for c in fp8_classes(fp8)})
