@@ -543,3 +543,16 @@ def test_a_preference_trainers_config_is_one_error(tmp_path: Path) -> None:
     path = _write(tmp_path, "dpo.yaml", HANDBOOK_SFT.replace("bf16: true", "beta: 0.01"))
     with pytest.raises(TunecostError, match=r"dpo\.yaml: beta: a preference or RL trainer's config"):
         FRAMEWORK_TRAINING_ARGS.read(ConfigFile(path=str(path), data=parse_config_file(path)))
+
+
+def test_trl_loads_the_model_in_fp32_unless_its_dtype_says(tmp_path: Path) -> None:
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", TRL_QLORA_YAML)
+    assert _said(job, "TRL loads the model in fp32", "TRL's default float32", "frozen weights")
+    half = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", TRL_QLORA_YAML + "dtype: bfloat16\n")
+    assert not _said(half, "TRL loads the model in fp32") and "dtype" not in half.not_modelled
+
+
+def test_trl_datasets_win_over_dataset_name(tmp_path: Path) -> None:
+    """trl/scripts/sft.py loads `datasets` and ignores dataset_name beside it."""
+    text = TRL_QLORA_YAML + "datasets:\n  - path: HuggingFaceH4/ultrachat_200k\n"
+    assert _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", text).options["dataset"] == "ultrachat-200k"

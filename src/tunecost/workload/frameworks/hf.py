@@ -222,6 +222,23 @@ def _trl_model(cfg: ConfigFile, model: str | None) -> Part:
     return ({**out, **quant}, notes + more) if four or eight else ({**out, "method": "lora"}, notes)
 
 
+def _trl_load_dtype(cfg: ConfigFile, out: dict[str, Any]) -> list[str]:
+    """The dtype TRL loads the model in (ModelConfig.dtype, or model_init_kwargs' for SFTTrainer): float32 by
+    default (trl/trainer/model_config.py, utils.py create_model_from_path), computed under bf16/fp16 autocast."""
+    init = _mapping(cfg, "model_init_kwargs")
+    key = next((k for k in ("dtype", "torch_dtype") if cfg.data.get(k) is not None), None)
+    dtype = cfg.typed(key, str) if key else init.get("dtype") or init.get("torch_dtype")
+    if dtype in ("bfloat16", "float16", "auto") or out.get("dtype") == "fp32":
+        return []
+    if dtype not in (None, "float32"):
+        raise cfg.error(key or "model_init_kwargs", f"{dtype!r}: bfloat16, float16, float32 or auto")
+    said = f"{key or 'model_init_kwargs dtype'} float32" if dtype else "dtype unset: TRL's default float32"
+    held = "weights, gradients and AdamW states" if out.get("method") == "full" else "frozen weights"
+    return [f"weights in {out.get('dtype', 'bf16')}: TRL loads the model in fp32 ({said}) under autocast, so its "
+            f"{held} are fp32; tunecost simulates them in {out.get('dtype', 'bf16')}: their memory is under-estimated "
+            "(2x for those; set dtype: bfloat16, or --dtype fp32 bounds it)"]  # fmt: skip
+
+
 def _sft(cfg: ConfigFile) -> Part:
     """seq_len (max_length; max_seq_length before TRL 0.20), packing and loss_type of an SFTConfig."""
     length = cfg.typed("max_length", int)
@@ -268,10 +285,8 @@ def _dataset(cfg: ConfigFile) -> Part:
     )
     names: list[str] = list(dict.fromkeys(n for n in entries if isinstance(n, str)))
     name: str | None = cfg.typed("dataset_name", str)
-    if name is not None:
-        return config_dataset_option("dataset_name", name)
-    if not names:
-        return {}, []
+    if not names:  # trl/scripts/sft.py: `datasets` first, dataset_name ignored beside it
+        return config_dataset_option("dataset_name", name) if name is not None else ({}, [])
     options, notes = config_dataset_option(key, names[0])
     return options, [f"{key}: only the first of {len(names)} datasets gives the lengths"] * (len(names) > 1) + notes
 
@@ -313,6 +328,7 @@ def _read_training_args(cfg: ConfigFile) -> ConfigJob:
     for options, lines in [*parts, _sft(cfg)] if whose == SFT else parts:
         out.update(options)
         notes += lines
+    notes += _trl_load_dtype(cfg, out) if whose == SFT else []
     if cfg.get("deepspeed"):
         where = cfg.data["deepspeed"] if isinstance(cfg.data["deepspeed"], str) else "inline (save it as a JSON file)"
         notes.append(f"deepspeed {where}: pass the DeepSpeed file too (--config); its ZeRO stage is the strategy")
