@@ -340,11 +340,24 @@ def stack_behaviour(
     offload_activations: bool = False,
     optimizer_in_backward: bool = False,
     reentrant: bool | None = None,
+    fused_adamw: bool = False,
 ) -> Any:
     """The `StackBehaviour` of the stack options: --chunked-loss and --offload-activations (torchtune's
     CEWithChunkedOutputLoss and activation offload, or under --stack hf-peft TRL's chunked_nll and
     activation_offloading), --optimizer-in-backward (torchtune's) and --reentrant/--non-reentrant
-    (torch.utils.checkpoint's use_reentrant, which a Trainer sets through gradient_checkpointing_kwargs)."""
+    (torch.utils.checkpoint's use_reentrant, which a Trainer sets through gradient_checkpointing_kwargs) and
+    --fused-adamw (torch's fused AdamW kernel)."""
+    import dataclasses
+
+    from tunecost.simulate.behaviour import ADAMW_FUSED
+
+    behaviour = _stack_behaviour(stack, chunked_loss, offload_activations, optimizer_in_backward, reentrant)
+    return dataclasses.replace(behaviour, adamw_impl=ADAMW_FUSED) if fused_adamw else behaviour
+
+
+def _stack_behaviour(
+    stack: str | None, chunked_loss: bool, offload_activations: bool, optimizer_in_backward: bool, reentrant
+) -> Any:
     from tunecost.simulate.behaviour import LOSS_TRANSFORMERS_5, LOSS_TRL_CHUNKED, StackBehaviour, torchtune_behaviour
 
     if stack == "hf-peft" and (chunked_loss or offload_activations) and not optimizer_in_backward:  # TRL's

@@ -219,6 +219,14 @@ Reentrant = Annotated[
         "re-entrant for hf-peft and hf-2024, as transformers' Trainer without gradient_checkpointing_kwargs).",
     ),
 ]
+FusedAdamw = Annotated[
+    bool,
+    opt(
+        "--fused-adamw",
+        "AdamW as one fused kernel (torch's fused=True: the HF Trainer's default adamw_torch_fused), with no "
+        "multi-tensor temporaries (default: the stack's own; fused under torchtune, else foreach).",
+    ),
+]
 OptimizerInBackward = Annotated[
     bool,
     opt("--optimizer-in-backward", "With --stack torchtune: optimizer_in_bwd (each gradient freed once applied)."),

@@ -216,6 +216,7 @@ def test_training_arguments_defaults(tmp_path: Path) -> None:
         "batch_size": 2,
         "epochs": 3.0,
         "optimizer": "adamw",
+        "fused_adamw": True,  # adamw_torch_fused, the default
         "attention": "sdpa",
         "dtype": "fp32",
         "gradient_checkpointing": False,
@@ -237,6 +238,7 @@ def test_sft_config_yaml(tmp_path: Path) -> None:
         "grad_accum": 8,
         "epochs": 1,
         "optimizer": "adamw",
+        "fused_adamw": True,
         "attention": "flash",
         "dtype": "bf16",
         "gradient_checkpointing": True,
@@ -556,3 +558,18 @@ def test_trl_datasets_win_over_dataset_name(tmp_path: Path) -> None:
     """trl/scripts/sft.py loads `datasets` and ignores dataset_name beside it."""
     text = TRL_QLORA_YAML + "datasets:\n  - path: HuggingFaceH4/ultrachat_200k\n"
     assert _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", text).options["dataset"] == "ultrachat-200k"
+
+
+@pytest.mark.parametrize(("optim", "fused"), [(None, True), ("adamw_torch_fused", True), ("adamw_torch", None)])
+def test_the_trainers_fused_adamw_is_read(tmp_path: Path, optim, fused) -> None:
+    """transformers' default optim (torch >= 2.8) is adamw_torch_fused: torch's AdamW with fused=True."""
+    text = TRL_QLORA_YAML + (f"optim: {optim}\n" if optim else "")
+    assert _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", text).options.get("fused_adamw") is fused
+
+
+def test_fused_adamw_is_the_behaviours_adamw() -> None:
+    from tunecost.cli.common import stack_behaviour
+    from tunecost.simulate.behaviour import ADAMW_FUSED
+
+    assert stack_behaviour("hf-peft", fused_adamw=True).adamw_impl == ADAMW_FUSED
+    assert stack_behaviour("hf-peft").adamw_impl != ADAMW_FUSED

@@ -128,6 +128,7 @@ def test_lora_sft(tmp_path):
         "gradient_checkpointing": True,
         "reentrant": True,
         "optimizer": "adamw",
+        "fused_adamw": True,
         "seq_len": 1024,
         "batch_size": 2,
         "grad_accum": 8,

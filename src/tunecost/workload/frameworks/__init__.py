@@ -46,6 +46,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "selective_recompute": bool,  # the core attention recomputed in backward
     "recompute_layers": int,  # under gradient checkpointing, the layers recomputed (None: every layer)
     "reentrant": bool,
+    "fused_adamw": bool,  # torch's fused AdamW kernel (the HF Trainer's adamw_torch_fused)
     "attention": str,  # flash | sdpa | eager
     "packing": str,  # none | per-document | cross-document: queries packed into rows of seq_len tokens
     "torch_compile": bool,  # the step under torch.compile (Inductor)

@@ -20,7 +20,7 @@ from tunecost.workload.frameworks.hf_common import (
     compile_options,
     deepspeed_options,
     fp8_options,
-    optimizer_name,
+    optimizer_options,
     peft_targets,
 )
 from tunecost.workload.job import targets_text
@@ -191,7 +191,7 @@ def _training(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
     options |= {
         "attention": attention,
         "gradient_checkpointing": bool(checkpointing),
-        "optimizer": optimizer_name(cfg, "optimizer", _get(cfg, notes, "optimizer", str)),
+        **optimizer_options(cfg, "optimizer", _get(cfg, notes, "optimizer", str)),
         "seq_len": _get(cfg, notes, "sequence_len", int),
         "batch_size": _get(cfg, notes, "micro_batch_size", int),
     }

@@ -31,7 +31,7 @@ from tunecost.workload.frameworks.hf_common import (
     fsdp_options,
     int8_options,
     liger_options,
-    optimizer_name,
+    optimizer_options,
     peft_targets,
     truthy,
 )
@@ -314,7 +314,7 @@ def _read_training_args(cfg: ConfigFile) -> ConfigJob:
         out[option] = default if value is None else value
         notes += [f"{option} {default} ({key}): {whose} default"] if value is None else []
     optim = cfg.typed("optim", str)
-    out["optimizer"] = optimizer_name(cfg, "optim", optim) if optim else "adamw"
+    out |= optimizer_options(cfg, "optim", optim or "adamw_torch_fused")
     notes += [] if optim else [f"optimizer adamw (optim adamw_torch_fused with torch >= 2.8): {whose} default"]
     attn = cfg.typed("attn_implementation", str) or _mapping(cfg, "model_init_kwargs").get("attn_implementation")
     out["attention"] = attention_of(cfg, "attn_implementation", attn) if attn else "sdpa"

@@ -172,6 +172,12 @@ OPTIMIZERS = {
 }
 
 
+def optimizer_options(cfg: ConfigFile, key: str, value: str) -> dict[str, Any]:
+    """optimizer, and fused_adamw for the Trainer's adamw_torch_fused (torch's AdamW with fused=True)."""
+    fused = {"fused_adamw": True} if value.strip().lower() == "adamw_torch_fused" else {}
+    return {"optimizer": optimizer_name(cfg, key, value), **fused}
+
+
 def optimizer_name(cfg: ConfigFile, key: str, value: str) -> str:
     """tunecost's optimizer for a Trainer/bitsandbytes optimizer name; an error for one it does not model."""
     if value.strip().lower() in OPTIMIZERS:

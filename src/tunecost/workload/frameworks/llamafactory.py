@@ -16,7 +16,7 @@ from tunecost.workload.frameworks.hf_common import (
     fp8_options,
     fsdp_options,
     liger_options,
-    optimizer_name,
+    optimizer_options,
     peft_targets,
 )
 from tunecost.workload.frameworks.llamafactory_megatron import megatron_options
@@ -120,7 +120,7 @@ def _training(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
         "dtype": "fp16" if fp16 else "bf16",
         "attention": attention,
         "gradient_checkpointing": not off,
-        "optimizer": optimizer_name(cfg, "optim", _get(cfg, notes, "optim", str)),
+        **optimizer_options(cfg, "optim", _get(cfg, notes, "optim", str)),
         "seq_len": _get(cfg, notes, "cutoff_len", int),
         "batch_size": _get(cfg, notes, "per_device_train_batch_size", int),
     }
