@@ -43,3 +43,9 @@ def test_packing_without_a_row_length_is_one_error(cli_error) -> None:
     line = cli_error(["estimate", "--model", "qwen2.5-0.5b", "--gpu", "A100-80GB", "--dataset", "gsm8k-train",
                       "--epochs", "1", "--packing", "per-document"])  # fmt: skip
     assert "--seq-len" in line
+
+
+def test_packing_without_data_is_one_error_not_the_default_datasets_lengths(cli_error) -> None:
+    line = cli_error(["estimate", "--model", "qwen2.5-0.5b", "--gpu", "A100-80GB", "--queries", "1000",
+                      "--epochs", "1", "--seq-len", "1024", "--packing", "per-document"])  # fmt: skip
+    assert "--dataset" in line and "packed row" in line

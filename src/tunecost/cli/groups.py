@@ -81,6 +81,11 @@ class JobOptions:
         from tunecost.estimate.cost import estimate_job
         from tunecost.workload.job import parse_lora_targets
 
+        if self.packing != "none" and data is None:  # not the default dataset's lengths, which are not the user's
+            raise TunecostError(
+                f"--packing {self.packing}: the queries a packed row holds come from the data's lengths; give "
+                "--dataset (a data file, or a catalog dataset with a length statistic)"
+            )
         return estimate_job(
             model,
             method=method,
