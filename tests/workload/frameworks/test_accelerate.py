@@ -208,10 +208,9 @@ def test_accelerate_deepspeed(tmp_path: Path) -> None:
 
 def test_deepspeed_zero2(tmp_path: Path) -> None:
     job = _read(FRAMEWORK_DEEPSPEED, tmp_path, "ds_z2.json", ZERO2)
-    assert job.options == {"batch_size": 4, "strategy": "zero2", "dtype": "bf16", "optimizer": "adamw"}
+    assert job.options == {"batch_size": 4, "grad_accum": 8, "strategy": "zero2", "dtype": "bf16", "optimizer": "adamw"}
     assert job.assumptions == ()
     assert job.not_modelled == (
-        "gradient_accumulation_steps",
         "gradient_clipping",
         "zero_optimization.allgather_partitions",
         "zero_optimization.overlap_comm",
@@ -343,3 +342,11 @@ def test_accelerate_fp8_with_ms_amp_is_an_error(tmp_path: Path) -> None:
     text = DDP_YAML.replace("mixed_precision: bf16", "mixed_precision: fp8") + "fp8_config:\n  backend: MSAMP\n"
     with pytest.raises(TunecostError, match=r"fp8\.yaml: fp8_config: backend: MSAMP: tunecost models FP8 with torchao"):
         _read(FRAMEWORK_ACCELERATE, tmp_path, "fp8.yaml", text)
+
+
+def test_deepspeed_train_batch_size_gives_the_gpus(tmp_path: Path) -> None:
+    """train_batch_size = micro-batch x accumulation x world size, as DeepSpeed checks it."""
+    job = _read(FRAMEWORK_DEEPSPEED, tmp_path, "ds.json", {**ZERO2, "train_batch_size": 128})
+    assert (job.options["grad_accum"], job.options["num_gpus"]) == (8, 4)
+    with pytest.raises(TunecostError, match="train_batch_size: 100 is not micro-batch 4 x accumulation 8"):
+        _read(FRAMEWORK_DEEPSPEED, tmp_path, "ds.json", {**ZERO2, "train_batch_size": 100})

@@ -227,6 +227,24 @@ def _ignored_keys(cfg: ConfigFile) -> list[str]:
     return [f"{k}: {DEEPSPEED_KEYS.not_a_key(k)}; ignored, as DeepSpeed ignores it at the top level" for k in ignored]
 
 
+def _stated_batch(cfg: ConfigFile, micro: int | None, notes: list[str]) -> dict[str, Any]:
+    """grad_accum of a stated gradient_accumulation_steps, and the GPUs a stated train_batch_size then implies
+    (DeepSpeed: train_batch_size = micro-batch x accumulation x world size, checked at start-up)."""
+    accum = None if cfg.get("gradient_accumulation_steps") == "auto" else cfg.typed("gradient_accumulation_steps", int)
+    if accum is not None and accum < 1:
+        raise cfg.error("gradient_accumulation_steps", f"must be at least 1, got {accum}")
+    out: dict[str, Any] = {} if accum is None else {"grad_accum": accum}
+    total = None if cfg.get("train_batch_size") == "auto" else cfg.typed("train_batch_size", int)
+    if total is not None and micro is not None and accum is not None:
+        if total % (micro * accum):
+            raise cfg.error("train_batch_size", f"{total} is not micro-batch {micro} x accumulation {accum} x GPUs")
+        out["num_gpus"] = total // (micro * accum)
+        notes.append(
+            f"num_gpus {out['num_gpus']}: train_batch_size {total} / (micro-batch {micro} x accumulation {accum})"
+        )
+    return out
+
+
 def _read_deepspeed(cfg: ConfigFile) -> ConfigJob:
     notes = _ignored_keys(cfg) + _auto_lines(cfg)
     out: dict[str, Any] = {}
@@ -235,6 +253,7 @@ def _read_deepspeed(cfg: ConfigFile) -> ConfigJob:
         out.update({} if micro is None else {"batch_size": micro})
         if micro is None and cfg.get("train_batch_size") not in (None, "auto"):
             notes.append("train_batch_size: the micro-batch is train_batch_size / (GPUs x gradient_accumulation_steps)")
+    out |= _stated_batch(cfg, out.get("batch_size"), notes)
     zero = section(cfg, "zero_optimization")
     stage = zero.typed("stage", int)
     notes += [] if stage is not None else [f"zero_optimization.stage 0: {DEEPSPEED} default"]
