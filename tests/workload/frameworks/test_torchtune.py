@@ -296,3 +296,12 @@ def test_ac_mode_is_not_read_by_the_lora_recipes(tmp_path):
     job = _read(tmp_path, text + "ac_mode: selective\nac_option: 1\n")
     assert job.options["gradient_checkpointing"] is False
     assert any("not read by torchtune's LoRA recipes" in a for a in job.assumptions)
+
+
+def test_fp8_training_of_the_full_distributed_recipe(tmp_path):
+    job = _read(tmp_path, FULL_DISTRIBUTED + "enable_fp8_training: true\n")
+    assert job.options["fp8"] == "tensorwise" and "enable_fp8_training" not in job.not_modelled
+    rowwise = _read(tmp_path, FULL_DISTRIBUTED + "enable_fp8_training: true\nfp8_recipe_name: rowwise\n")
+    assert rowwise.options["fp8"] == "rowwise"
+    with pytest.raises(TunecostError, match="fp8_recipe_name: 'mx'"):
+        _read(tmp_path, FULL_DISTRIBUTED + "enable_fp8_training: true\nfp8_recipe_name: mx\n")

@@ -162,6 +162,7 @@ def _precision(flat: ConfigFile, method: str, options: dict[str, Any], notes: li
     checkpointing = flat.or_default("enable_activation_checkpointing", bool, False, notes, line)
     options["gradient_checkpointing"] = checkpointing
     _ac_mode(flat, method, options, notes)
+    _fp8(flat, method, options, notes)
     options["offload_activations"] = flat.typed("enable_activation_offloading", bool)
     if method == "full":  # the LoRA recipes do not read optimizer_in_bwd
         options["optimizer_in_backward"] = flat.typed("optimizer_in_bwd", bool)
@@ -277,6 +278,22 @@ def _ac_mode(flat: ConfigFile, method: str, options: dict[str, Any], notes: list
         options["gradient_checkpointing"] = layers >= every
         options |= {"recompute_layers": layers // every} if layers >= every else {}
         notes.append(f"ac_option {every}: {layers // every} of the {layers} layers checkpointed (one in {every})")
+
+
+def _fp8(flat: ConfigFile, method: str, options: dict[str, Any], notes: list[str]) -> None:
+    """enable_fp8_training (full_finetune_distributed only): torchao Float8Linear on every linear but the output
+    head, fp8_recipe_name's recipe (unset: tensorwise, training/quantization.py convert_to_float8_training)."""
+    recipe = flat.typed("fp8_recipe_name", str)
+    if not flat.typed("enable_fp8_training", bool):
+        return
+    if method != "full":
+        notes.append(f"enable_fp8_training: not read by {TITLE}'s LoRA recipes (bf16 matmuls)")
+        return
+    if recipe not in (None, "tensorwise", "rowwise"):
+        raise flat.error("fp8_recipe_name", f"{recipe!r}: tunecost models tensorwise and rowwise")
+    options["fp8"] = recipe or "tensorwise"
+    notes.append(f"fp8 {options['fp8']}: {TITLE}'s full_finetune_distributed converts the linears but the output head "
+                 f"to torchao Float8Linear{'' if recipe else ' (fp8_recipe_name unset: tensorwise)'}")  # fmt: skip
 
 
 def detect(data: Any) -> bool:
