@@ -256,7 +256,9 @@ def test_detect_is_false_for_other_frameworks(data):
         (["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], "microsoft/Phi-3-mini-4k-instruct", "attention,mlp"),
         (["gate_up_proj"], "openai/gpt-oss-20b", "experts"),  # an MoE's fused experts
         (["q_proj", "lm_head"], "m", "q_proj"),  # lm_head left out, with a note
-        ([r".*\.(q_proj|v_proj)$"], "m", "q_proj,v_proj"),  # a PEFT pattern: the names in it
+        ([r".*\.(q_proj|v_proj)$"], "m", "q_proj,v_proj"),  # a PEFT pattern: the module paths it matches
+        (["model.layers.*.self_attn.[qkv]_proj"], "m", "q_proj,k_proj,v_proj"),
+        ([r".*\.(w1|w2|w3|gate)"], "mistralai/Mixtral-8x7B-v0.1", "experts,router"),
     ],
 )
 def test_peft_targets(targets, model, groups):
@@ -390,3 +392,9 @@ def test_flash_attn_auto_on_gemma2_is_not_sdpa(tmp_path):
     assert job.options["attention"] == "eager" and not any(a.startswith("attention sdpa") for a in job.assumptions)
     assert _read(tmp_path, text + "flash_attn: fa2\n").options["attention"] == "flash"
     assert _read(tmp_path, text.replace("google/gemma-2-9b", "meta-llama/Llama-3.1-8B")).options["attention"] == "sdpa"
+
+
+def test_lora_target_and_dataset_may_be_yaml_lists(tmp_path):
+    text = "model_name_or_path: meta-llama/Llama-3.1-8B\nstage: sft\nfinetuning_type: lora\n"
+    job = _read(tmp_path, text + "lora_target: [q_proj, v_proj]\ndataset: [gsm8k, my_own]\n")
+    assert (job.options["lora_targets"], job.options["dataset"]) == ("q_proj,v_proj", "gsm8k")

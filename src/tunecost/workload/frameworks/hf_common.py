@@ -130,8 +130,7 @@ def peft_targets(cfg: ConfigFile, key: str, entries: Sequence[str], model: str |
             notes.append(f"{key} {entry}: every linear layer, read as attention,mlp (for an MoE model tunecost's "
                          "default targets may differ)")  # fmt: skip
             continue
-        named = [("experts", "experts")] if "experts" in ts else [("router", "gate")] if set(ts) & set(_ROUTER) else []
-        named = named or [("experts" if moe and t in _MOE_FFN else _NAME_GROUP[t], t) for t in ts if t in _NAME_GROUP]
+        named = _named(entry, ts, moe)
         if not named:
             notes.append(f"{key} {entry}: not a module tunecost adapts (attention, mlp, experts, router); left out")
         for group, name in named:
@@ -146,10 +145,50 @@ def peft_targets(cfg: ConfigFile, key: str, entries: Sequence[str], model: str |
         targets.update(narrowed := group_targets(group, names))
         whole = "all" in names or any(set(s.split()) <= names for s in _WHOLE.get(group, ()))
         if narrowed == (group,) and group in _WHOLE and not whole:
-            listed = ",".join(sorted(spelled[n] for n in names))
+            listed = ",".join(sorted(spelled.get(n, n) for n in names))
             notes.append(f"{key} {listed}: tunecost adapts the whole {group} group ({_WHOLE_TEXT[group]}), not only "
                          "the listed ones")  # fmt: skip
     return targets, notes
+
+
+def _candidates() -> tuple[tuple[str, str, str], ...]:
+    """(module path, group, name) a PEFT pattern is matched against (re.fullmatch on a module's name): each
+    target name where it sits in a Llama-, Mixtral-, Qwen-MoE- or GPT-style layer."""
+    places = {
+        "attention": ("self_attn", "attn", "self_attention"),
+        "mlp": ("mlp", "mlp.shared_experts", "mlp.shared_expert"),
+        "experts": ("block_sparse_moe.experts.0", "mlp.experts.0", "mlp.experts"),
+    }
+    out = []
+    for layer in ("model.layers.0", "transformer.h.0"):
+        for name, group in _NAME_GROUP.items():
+            homes = places[group] + (places["experts"] if group == "mlp" else ())
+            out += [
+                (f"{layer}.{home}.{name}", "experts" if "experts" in home.split(".") else group, name) for home in homes
+            ]
+        out += [(f"{layer}.{home}.{n}", "router", "gate") for home in ("block_sparse_moe", "mlp") for n in _ROUTER]
+        out += [(f"{layer}.{home}.experts", "experts", "experts") for home in ("block_sparse_moe", "mlp")]
+    return tuple(out)
+
+
+_CANDIDATES = _candidates()
+_PATTERN = re.compile(r"[\\\[\]()|*+?^$]")
+
+
+def _named(entry: str, tokens: list[str], moe: bool) -> list[tuple[str, str]]:
+    """(group, module name) of one target: a name or path by its words, a PEFT pattern by the paths it matches."""
+    try:
+        pattern = re.compile(entry) if _PATTERN.search(entry) else None
+    except re.error:
+        pattern = None
+    if pattern is not None:
+        hits = [(g, n) for path, g, n in _CANDIDATES if pattern.fullmatch(path)]
+        return list(dict.fromkeys(("experts", n) if g == "mlp" and moe and n in _MOE_FFN else (g, n) for g, n in hits))
+    if "experts" in tokens:
+        return [("experts", "experts")]
+    if set(tokens) & set(_ROUTER):
+        return [("router", "gate")]
+    return [("experts" if moe and t in _MOE_FFN else _NAME_GROUP[t], t) for t in tokens if t in _NAME_GROUP]
 
 
 def _is_moe(model: str | None) -> bool:

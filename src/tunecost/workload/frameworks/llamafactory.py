@@ -96,12 +96,18 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
         if not alpha:  # LLaMA-Factory: lora_alpha or lora_rank * 2
             alpha = rank * 2
             notes.append(f"lora_alpha {alpha}: {TITLE}'s default (lora_rank * 2)")
-        target = _get(cfg, notes, "lora_target", str)
-        targets, target_notes = peft_targets(cfg, "lora_target", [t.strip() for t in target.split(",")], model)
+        target = _get(cfg, notes, "lora_target", (str, list))
+        targets, target_notes = peft_targets(cfg, "lora_target", _names(target), model)
         options |= {"lora_rank": rank, "lora_alpha": alpha, "lora_targets": targets_text(targets)}
         options["lora_dropout"] = _get(cfg, notes, "lora_dropout", (int, float))
         notes += target_notes
     return options
+
+
+def _names(value: str | list) -> list[str]:
+    """A comma list or a YAML list of names, as LLaMA-Factory's split_arg reads it (hparams/*.py)."""
+    items = value.split(",") if isinstance(value, str) else [str(v) for v in value]
+    return [n.strip() for n in items if n.strip()]
 
 
 def _training(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
@@ -147,7 +153,7 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         notes.append(f"do_train unset: read as a training run ({TITLE} trains only with do_train true)")
     options: dict[str, Any] = {"model": model} if model else {}
     options |= _method(cfg, model, notes) | _training(cfg, notes)
-    names = [n for n in (cfg.typed("dataset", str) or "").split(",") if n.strip()]
+    names = _names(cfg.typed("dataset", (str, list)) or "")
     max_samples = cfg.typed("max_samples", int)
     if max_samples is not None:  # data/loader.py: each dataset cut to its first max_samples examples
         options["max_queries"] = max_samples * max(1, len(names))
