@@ -24,6 +24,15 @@ def test_llm_adapters_format():
     assert ds.examples[3].prompt == "Half of 5 is what?\nGive a decimal."
 
 
+def test_input_output_format_and_alpaca_rows_stay_alpaca():
+    """NeMo's SFT JSONL and torchtune's instruct_dataset columns; an alpaca row (instruction, input, output) is
+    still alpaca's."""
+    ds = rows_to_dataset([{"input": "2+2?", "output": "4"}], name="nemo", source="nemo.jsonl")
+    assert ds.format == "input-output" and (ds.examples[0].prompt, ds.examples[0].response) == ("2+2?", "4")
+    alpaca = rows_to_dataset([{"instruction": "Add", "input": "2+2", "output": "4"}], name="a", source="a.json")
+    assert alpaca.format == "llm-adapters"
+
+
 def test_gsm8k_original_format():
     ds = load_dataset(str(FIXTURES / "gsm8k_original.jsonl"))
     assert ds.format == "gsm8k" and len(ds) == 3

@@ -123,6 +123,12 @@ FORMATS: dict[str, DatasetFormat] = {
             description="hellaswag (ctx, endings, label)",
             to_example=_hellaswag_example,
         ),
+        DatasetFormat(  # NeMo's SFT JSONL and torchtune's instruct_dataset columns
+            name="input-output",
+            required=("input", "output"),
+            description="input-output (input, output: NeMo's SFT JSONL, torchtune's instruct_dataset)",
+            to_example=lambda row: Example(prompt=_text(row, "input"), response=_text(row, "output")),
+        ),
     )
 }
 FORMATS |= {column: _chat_format(column, description) for column, (_, _, description) in CHAT_FORMATS.items()}
