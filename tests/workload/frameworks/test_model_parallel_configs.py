@@ -224,3 +224,11 @@ def test_torchtitan_tp_pp_without_fsdp_trains_in_fp32(tmp_path: Path) -> None:
     assert any("disables mixed precision" in a for a in job.assumptions)
     sharded = _read(tmp_path, text.replace("data_parallel_shard_degree = 1", "data_parallel_shard_degree = 2"), ".toml")
     assert sharded.options["dtype"] == "bf16"  # FSDP's mixed precision: bf16 compute
+
+
+def test_gemma2_soft_capping_is_not_sdpa_in_frameworks_own_model_code() -> None:
+    from tunecost.workload.frameworks.model_parallel import own_attention
+
+    assert own_attention("torchtune", "google/gemma-2-9b")[0] == "eager"
+    assert own_attention("litgpt", "meta-llama/Llama-3.1-8B")[0] == "sdpa"
+    assert own_attention("litgpt", None)[0] == "sdpa"

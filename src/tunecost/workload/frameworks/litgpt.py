@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framework, KnownKeys, accumulation_of
+from tunecost.workload.frameworks.model_parallel import own_attention
 from tunecost.workload.frameworks.torchtitan import config_job, nested_config, optimizer_name
 from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
 
@@ -150,8 +151,8 @@ def _training(flat: ConfigFile, method: str, options: dict[str, Any], notes: lis
         if options["optimizer"] != "adamw":
             raise flat.error(key, f"{path}: {TITLE} takes only AdamW with quantize")
         notes.append(f"optimizer adamw: {TITLE} runs bitsandbytes' PagedAdamW under quantize (paging not modelled)")
-    options["attention"] = "sdpa"
-    notes.append(f"attention sdpa: {TITLE}'s model calls torch's scaled_dot_product_attention")
+    options["attention"], line = own_attention(TITLE, options.get("model"))
+    notes.append(line)
     data = flat.typed("data.class_path", str) or flat.typed("data", str)
     if data is None:
         notes.append(f"data Alpaca: {TITLE}'s default, not read (give --dataset FILE)")

@@ -17,7 +17,7 @@ from tunecost.workload.frameworks import (
     KnownKeys,
     steps_options,
 )
-from tunecost.workload.frameworks.model_parallel import catalog_shape, check_layout, positive
+from tunecost.workload.frameworks.model_parallel import catalog_shape, check_layout, own_attention, positive
 from tunecost.workload.frameworks.torchtitan import config_job, data_parallel_layout, nested_config, optimizer_name
 from tunecost.workload.job import group_targets, targets_text
 from tunecost.workload.known_datasets import catalog_dataset
@@ -191,8 +191,8 @@ def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> No
     options |= steps_options(flat, STEPS_KEYS, TITLE, notes, option="max_steps_per_epoch")
     if options["seq_len"] is None:
         notes.append(f"tokenizer.max_seq_len unset: {TITLE} does not truncate (seq_len left to the data)")
-    options["attention"] = "sdpa"
-    notes.append(f"attention sdpa: {TITLE}'s attention calls torch's scaled_dot_product_attention")
+    options["attention"], line = own_attention(TITLE, options.get("model"))
+    notes.append(line)
     component = flat.typed("dataset._component_", str)
     files = flat.get("dataset.data_files")
     if isinstance(files, str) and flat.get("dataset.source") in ("json", "csv", "parquet", "text"):
