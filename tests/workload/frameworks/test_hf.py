@@ -223,7 +223,7 @@ def test_training_arguments_defaults(tmp_path: Path) -> None:
     }
     for option in ("epochs 3.0", "optimizer adamw", "dtype fp32", "gradient_checkpointing off"):
         assert _said(job, option, "TrainingArguments' default"), option
-    assert _said(job, "deepspeed ds_z3.json", "pass the DeepSpeed file too")
+    assert _said(job, "deepspeed config ds_z3.json", "pass it too with --config")
     assert _said(job, "method: TrainingArguments do not say")
     assert job.not_modelled == ()
 

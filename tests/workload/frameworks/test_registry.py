@@ -31,6 +31,12 @@ def test_lora_beside_4bit_is_qlora_and_two_stated_values_clash() -> None:
         merge_configs([_job("a.json", {"lora_rank": 8}), _job("b.json", {"lora_rank": 16})])
 
 
+def test_the_line_asking_for_the_deepspeed_file_goes_once_it_is_given() -> None:
+    asking = _job("lf.yaml", {"method": "full"}, ("deepspeed config ds_z3.json: pass it too with --config",))
+    assert merge_configs([asking]).assumptions == asking.assumptions
+    assert merge_configs([asking, _job("deepspeed.json", {"strategy": "zero3"})]).assumptions == ()
+
+
 def test_the_trainers_bf16_runs_before_accelerates_fp8(tmp_path: Path) -> None:
     """TrainingArguments.__post_init__ sets the mixed precision from bf16 / fp16 (TRL's SFTConfig: bf16 unless fp16)
     before accelerate's fp8: beside them the run is not FP8; beside bf16 and fp16 false it is."""

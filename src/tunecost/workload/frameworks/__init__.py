@@ -30,6 +30,7 @@ LIGER_NOTE = (
 # Liger's kernel switches (liger_kernel_config, axolotl's liger_* keys) as use_liger_kernel sets them by default
 LIGER_DEFAULTS = {"rope": True, "rms_norm": True, "swiglu": True, "fused_linear_cross_entropy": True}
 SFT_ONLY = "tunecost estimates supervised fine-tuning (full, LoRA, QLoRA) only"
+PASS_DEEPSPEED = "pass it too with --config"  # ends the line of a config that names its DeepSpeed file
 
 # tunecost's job options a config may set, and the type each value takes
 JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {

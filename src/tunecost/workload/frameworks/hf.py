@@ -19,6 +19,7 @@ from tunecost.catalog.peft_targets import peft_default_targets
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.frameworks import (
+    PASS_DEEPSPEED,
     ConfigFile,
     ConfigJob,
     Framework,
@@ -331,7 +332,7 @@ def _read_training_args(cfg: ConfigFile) -> ConfigJob:
     notes += _trl_load_dtype(cfg, out) if whose == SFT else []
     if cfg.get("deepspeed"):
         where = cfg.data["deepspeed"] if isinstance(cfg.data["deepspeed"], str) else "inline (save it as a JSON file)"
-        notes.append(f"deepspeed {where}: pass the DeepSpeed file too (--config); its ZeRO stage is the strategy")
+        notes.append(f"deepspeed config {where} (its ZeRO stage is the strategy): {PASS_DEEPSPEED}")
     return job(cfg, FRAMEWORK_TRAINING_ARGS.name, out, notes)
 
 

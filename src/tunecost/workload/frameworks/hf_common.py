@@ -11,7 +11,7 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
-from tunecost.workload.frameworks import COMPILE_NOTE, LIGER_DEFAULTS, LIGER_NOTE, ConfigFile
+from tunecost.workload.frameworks import COMPILE_NOTE, LIGER_DEFAULTS, LIGER_NOTE, PASS_DEEPSPEED, ConfigFile
 from tunecost.workload.job import group_targets
 
 Part = tuple[dict[str, Any], list[str]]  # options and assumption lines
@@ -251,7 +251,7 @@ def deepspeed_options(cfg: ConfigFile, key: str) -> tuple[dict[str, Any], list[s
     if value is None:
         return {}, []
     if isinstance(value, str):
-        return {}, [f"deepspeed config {value}: pass it too with --config"]
+        return {}, [f"deepspeed config {value}: {PASS_DEEPSPEED}"]
     zero = value.get("zero_optimization") or {}
     stage = zero.get("stage", 0)
     if stage not in (0, 1, 2, 3):

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tunecost.workload.frameworks import (
+    PASS_DEEPSPEED,
     SFT_ONLY,
     ConfigFile,
     ConfigJob,
@@ -119,7 +120,7 @@ def _parallel(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
         return {"strategy": "fsdp2"} | ({"offload": "params"} if offload else {})
     if name == "deepspeed":
         path = dist.typed("config_file", str)
-        notes.append(f"deepspeed config {path}: pass it too with --config")
+        notes.append(f"deepspeed config {path}: {PASS_DEEPSPEED}")
         return {}
     raise dist.error("name", f"{name}: tunecost models fsdp2 and deepspeed ({TITLE}'s fsdpturbo is not modelled)")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from tunecost.catalog.torchtune_configs import find_torchtune_config, torchtune_configs
 from tunecost.errors import TunecostError
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, parse_config_file, torchtune
+from tunecost.workload.frameworks import PASS_DEEPSPEED, ConfigFile, ConfigJob, Framework, parse_config_file, torchtune
 
 READER_MODULES = (
     "llamafactory",
@@ -91,7 +91,7 @@ def merge_configs(jobs: Sequence[ConfigJob]) -> ConfigJob:
         framework="+".join(dict.fromkeys(j.framework for j in jobs)),
         path=", ".join(j.path for j in jobs),
         options=options,
-        assumptions=(*(a for j in jobs for a in j.assumptions if _kept(a, j, kept)), *precision),
+        assumptions=(*(a for j in jobs for a in j.assumptions if _kept(a, j, kept) and _asked(a, jobs)), *precision),
         not_modelled=tuple(k for j in jobs for k in j.not_modelled),
     )
 
@@ -113,6 +113,11 @@ def _trainer_precision_first(jobs: Sequence[ConfigJob], options: dict[str, objec
 
 def read_configs(paths: Sequence[str | Path]) -> ConfigJob:
     return merge_configs([read_config(p) for p in paths])
+
+
+def _asked(assumption: str, jobs: Sequence[ConfigJob]) -> bool:
+    """A line asking for the DeepSpeed file is dropped once a DeepSpeed file is among the configs."""
+    return not (assumption.endswith(PASS_DEEPSPEED) and any(j.framework == "deepspeed" for j in jobs))
 
 
 def _kept(assumption: str, job: ConfigJob, kept: set[tuple[str, int]]) -> bool:
