@@ -351,3 +351,17 @@ def test_a_config_without_a_method_says_which_method_is_priced(cli_runner) -> No
     assert result.exit_code == 0, result.output
     said = "".join(result.output.split())  # a long path is folded across lines
     assert "".join(f"assumed: method: {path} does not say; --method decides (default qlora)".split()) in said
+
+
+def test_plan_takes_the_data_cut_a_config_makes(cli_runner, tmp_path) -> None:
+    """LLaMA-Factory's max_samples sizes the run when its dataset is one tunecost cannot read, as in estimate."""
+    path = tmp_path / "lf.yaml"
+    path.write_text(
+        "model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: sft\nfinetuning_type: lora\ndataset: my_set\nmax_samples: 500\n"
+        "cutoff_len: 512\nnum_train_epochs: 1\n"
+    )
+    from tunecost.cli.main import app
+
+    result = cli_runner.invoke(app, ["plan", "--config", str(path), "--gpu", "H100", "--max-gpus", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    assert "500 queries per epoch: the config cuts the data there" in " ".join(result.stderr.split())

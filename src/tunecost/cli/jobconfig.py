@@ -81,6 +81,11 @@ CONFIG_NOTES = "tunecost.config_notes"  # ctx.meta: (option or None, line) print
 ConfigFiles = Annotated[list[Path] | None, opt("--config", CONFIG_HELP, is_eager=True, callback=_read_config)]
 
 
+def config_cuts_the_data() -> bool:
+    """Whether the --config files cut the data to a number of queries (LLaMA-Factory's max_samples)."""
+    return get_current_context().meta.get(CONFIG_OPTIONS, {}).get("max_queries") is not None
+
+
 def required(name: str, value: Any) -> Any:
     """A job option the command needs, from the flags or the config."""
     if value is None:

@@ -22,7 +22,7 @@ from tunecost.cli.common import (
     stack_behaviour,
 )
 from tunecost.cli.groups import JobOptions, Pricing, option_groups
-from tunecost.cli.jobconfig import ConfigFiles, on_command_line, required, run_length
+from tunecost.cli.jobconfig import ConfigFiles, config_cuts_the_data, on_command_line, required, run_length
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_positive
 from tunecost.workload.parallel import MAX_SEARCH_GPUS
@@ -53,7 +53,7 @@ def _workload(
         return max(1, round(-(-tokens // seq_len) * per_row)), 1.0
     if queries is None and data is not None:
         queries = data.num_queries
-    if queries is None and max_steps is None:
+    if queries is None and max_steps is None and not config_cuts_the_data():
         raise TunecostError("give --dataset, --queries or --tokens")
     length = run_length(epochs, max_steps, queries, global_batch, searching=True, queries_per_row=per_row)
     return length.num_queries, length.epochs
