@@ -370,9 +370,9 @@ def test_fp8_with_ms_amp_is_an_error(tmp_path):
 
 def test_the_trainers_fsdp_arguments_set_the_strategy(tmp_path):
     """examples/extras/fp8/llama3_fp8_fsdp_sft.yaml: `fsdp: [full_shard, auto_wrap]`, TrainingArguments' own FSDP
-    (transformers' default version 2)."""
+    (version 1: the default of the transformers <= 5.8.0 LLaMA-Factory pins)."""
     job = _read(tmp_path, LORA_SFT + "fsdp:\n  - full_shard\n  - auto_wrap\n")
-    assert job.options["strategy"] == "fsdp2" and "fsdp" not in job.not_modelled
+    assert job.options["strategy"] == "fsdp1" and "fsdp" not in job.not_modelled
     offload = _read(tmp_path, LORA_SFT + "fsdp: full_shard offload auto_wrap\nfsdp_config:\n  version: 1\n")
     assert (offload.options["strategy"], offload.options["offload"]) == ("fsdp1", "params")
 

@@ -24,9 +24,10 @@ def truthy(value: Any) -> bool:
     return str(value).strip().lower() in ("true", "1", "yes", "y", "t", "on")
 
 
-def fsdp_options(cfg: ConfigFile) -> Part:
+def fsdp_options(cfg: ConfigFile, default_version: tuple[str, str] = ("2", "transformers' default")) -> Part:
     """strategy, offload (and checkpointing) of `fsdp` (True, or the older "full_shard auto_wrap") and fsdp_config,
-    as transformers 5's _process_fsdp_args reads them (FSDP2 unless fsdp_config says version 1)."""
+    as transformers 5's _process_fsdp_args reads them (`default_version`: the version fsdp_config leaves unset, and
+    whose default it is: FSDP2 since transformers 5.10, FSDP1 before)."""
     fsdp, raw = cfg.get("fsdp"), cfg.get("fsdp_config")
     if not fsdp:
         return {}, []
@@ -36,8 +37,8 @@ def fsdp_options(cfg: ConfigFile) -> Part:
     notes = (
         [f"fsdp_config {raw}: a file tunecost does not read; put its keys in fsdp_config"] if raw and not fcfg else []
     )
-    version = str(fcfg.get("version", 2))
-    notes += [] if "version" in fcfg else ["FSDP version 2 (fsdp_config.version): transformers' default"]
+    version = str(fcfg.get("version", default_version[0]))
+    notes += [] if "version" in fcfg else [f"FSDP version {version} (fsdp_config.version): {default_version[1]}"]
     reshard = str(fcfg.get("reshard_after_forward", "")).lower()
     shard = next((i for i in items if i in SHARDS), "")
     shard = shard or {"false": "shard_grad_op", "true": "full_shard", "": "full_shard"}.get(reshard, reshard)

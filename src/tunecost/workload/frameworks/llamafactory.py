@@ -173,7 +173,8 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         notes.append("packing cross-document: packing packs examples into cutoff_len-token rows, one causal mask "
                      "over each (neat_packing would keep them apart)")  # fmt: skip
     ds_options, ds_notes = deepspeed_options(cfg, "deepspeed")
-    fsdp, fsdp_notes = fsdp_options(cfg)  # the Trainer's own fsdp / fsdp_config arguments
+    # the Trainer's own fsdp / fsdp_config arguments, on the transformers <= 5.8.0 its pyproject.toml pins
+    fsdp, fsdp_notes = fsdp_options(cfg, ("1", f"transformers' default up to 5.9 ({TITLE} pins <= 5.8.0)"))
     compiled, compile_notes = compile_options(cfg, TITLE)
     liger, liger_notes = liger_options(cfg, "enable_liger_kernel")
     options |= ds_options | fsdp | compiled | liger | {"stack": "hf-peft"}
