@@ -204,6 +204,12 @@ def _emit(result, jobs: list, emit: tuple, target: str | None, force: bool, epoc
     return write_recipe(recipe, target or "accelerate", out, force=force)
 
 
+def _note(option) -> str:
+    """What the row's hours leave out or rest on: the CPU optimizer step of an offload (not timed), extrapolation."""
+    said = ["CPU optimizer step not timed"] if option.offload != "none" else []
+    return "; ".join(said + (["outside validated range"] if option.setup.extrapolation else []))
+
+
 def _where(option) -> str:
     s = option.setup
     layout = s.plan.layout_name + (f" + {option.offload} offload" if option.offload != "none" else "")
@@ -245,7 +251,7 @@ def print_plan(result, *, verbose: bool = False, lengths: str = "") -> None:
                 _range(o, o.hours, ".3g"),
                 "0 (owned)" if o.owned else _range(o, o.usd, ",.2f") if math.isfinite(o.usd) else "no price",
                 _price(o),
-                "outside validated range" if o.setup.extrapolation else "",
+                _note(o),
             ]
             for o in front
         ],
