@@ -19,9 +19,8 @@ from tunecost.cli.common import (
     print_table,
     progress_callback,
     split_list,
-    stack_behaviour,
 )
-from tunecost.cli.groups import JobOptions, Pricing, option_groups
+from tunecost.cli.groups import JobOptions, Pricing, StackFlags, option_groups
 from tunecost.cli.jobconfig import ConfigFiles, config_cuts_the_data, on_command_line, required, run_length
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_positive
@@ -64,6 +63,7 @@ def _workload(
 def plan(
     *,
     job_options: JobOptions,
+    stack_flags: StackFlags,
     method: Annotated[str | None, cli.opt("--method", METHOD_HELP)] = None,
     dataset: Annotated[str | None, cli.opt("--dataset", "Dataset: a known name or a local file.")] = None,
     queries: Annotated[int | None, cli.opt("--queries", "Queries (default: the dataset's size).")] = None,
@@ -121,7 +121,7 @@ def plan(
             provider=pricing.provider,
             prices_file=pricing.prices_file,
             global_batch=global_batch,
-            behaviour=stack_behaviour(job_options.stack),
+            behaviour=stack_flags.behaviour(job_options.stack),
             on_progress=on_progress,
         )
     if out is not None:  # every setup weighed, for `tunecost report` (cost vs hours with the Pareto front)
