@@ -218,11 +218,12 @@ def test_training_arguments_defaults(tmp_path: Path) -> None:
         "optimizer": "adamw",
         "fused_adamw": True,  # adamw_torch_fused, the default
         "attention": "sdpa",
-        "dtype": "fp32",
+        "dtype": "bf16",  # no autocast: the model as from_pretrained loads it (the checkpoint's dtype)
         "gradient_checkpointing": False,
     }
-    for option in ("epochs 3.0", "optimizer adamw", "dtype fp32", "gradient_checkpointing off"):
+    for option in ("epochs 3.0", "optimizer adamw", "dtype bf16 (bf16, fp16 off)", "gradient_checkpointing off"):
         assert _said(job, option, "TrainingArguments' default"), option
+    assert _said(job, "dtype bf16", "no autocast", "--dtype fp32 for a model loaded in fp32")
     assert _said(job, "deepspeed config ds_z3.json", "pass it too with --config")
     assert _said(job, "method: TrainingArguments do not say")
     assert job.not_modelled == ()
@@ -573,3 +574,10 @@ def test_fused_adamw_is_the_behaviours_adamw() -> None:
 
     assert stack_behaviour("hf-peft", fused_adamw=True).adamw_impl == ADAMW_FUSED
     assert stack_behaviour("hf-peft").adamw_impl != ADAMW_FUSED
+
+
+@pytest.mark.parametrize(("extra", "dtype"), [("", "fp32"), ("dtype: bfloat16\n", "bf16"), ("dtype: auto\n", "bf16")])
+def test_trl_without_autocast_trains_in_its_load_dtype(tmp_path: Path, extra: str, dtype: str) -> None:
+    assert "bf16" not in TRL_QLORA_YAML
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", TRL_QLORA_YAML + "bf16: false\nfp16: false\n" + extra)
+    assert job.options["dtype"] == dtype and _said(job, f"dtype {dtype} (bf16, fp16 off)", "no autocast")

@@ -47,6 +47,7 @@ def words(text: str) -> tuple[str, ...]:
 TA, SFT, TRL_MODEL = "transformers TrainingArguments'", "TRL SFTConfig's", "TRL ModelConfig's"
 PEFT, BNB = "PEFT LoraConfig's", "BitsAndBytesConfig's"
 TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+BOTH_OFF = "(bf16, fp16 off)"  # in the dtype line of a Trainer file that turns both off: no autocast
 SFT_KEYS = {"max_length", "max_seq_length", "packing", "dataset_text_field", "completion_only_loss", "loss_type"}
 SCRIPT_KEYS = ("dataset_name", "datasets", "dataset_mixture")  # a TRL script's data (ScriptArguments): `trl sft`'s
 TRL_MODEL_KEYS = {"use_peft", "lora_r", "lora_target_modules", "use_bnb_nested_quant"}
@@ -194,6 +195,9 @@ def _checkpointing(cfg: ConfigFile, whose: str) -> Part:
 
 
 def _precision(cfg: ConfigFile, whose: str) -> Part:
+    """The compute dtype: bf16 / fp16 autocast where on (TRL's SFTConfig: bf16 unless fp16); both off, no autocast:
+    the dtype the model was loaded in (BOTH_OFF): TRL's load dtype (float32 by default), else transformers 5's
+    from_pretrained default, the checkpoint's (dtype "auto": bf16 for the catalog's models)."""
     bf16, fp16 = cfg.typed("bf16", bool), cfg.typed("fp16", bool)
     if bf16 and fp16:
         raise cfg.error("bf16", "bf16 and fp16 are both true; set one")
@@ -201,8 +205,24 @@ def _precision(cfg: ConfigFile, whose: str) -> Part:
         return {"dtype": "bf16" if bf16 else "fp16"}, []
     if whose == SFT and bf16 is None:
         return {"dtype": "bf16"}, [f"dtype bf16 (bf16 unset, fp16 off): {whose} default"]
-    launch = "accelerate launch's mixed_precision turns it on where set"
-    return {"dtype": "fp32"}, [] if bf16 is False else [f"dtype fp32 (bf16, fp16 off): {whose} default; {launch}"]
+    launch = "accelerate launch's mixed_precision turns autocast on where set"
+    if whose == SFT:
+        loaded = TORCH_DTYPES.get(str(_trl_dtype(cfg)), "bf16" if _trl_dtype(cfg) == "auto" else "fp32")
+        return {"dtype": loaded}, [f"dtype {loaded} {BOTH_OFF}: no autocast, the model in TRL's load dtype; {launch}"]
+    default = "" if bf16 is False else f"{whose} default; "
+    return {"dtype": "bf16"}, [f"dtype bf16 {BOTH_OFF}: {default}no autocast, the model in the dtype it was loaded in "
+                               "(transformers' from_pretrained: the checkpoint's, bf16 for the catalog's models; "
+                               f"--dtype fp32 for a model loaded in fp32); {launch}"]  # fmt: skip
+
+
+def _trl_dtype(cfg: ConfigFile) -> str | None:
+    """The dtype TRL loads the model in, as the file says it (dtype, torch_dtype, model_init_kwargs; None: unset)."""
+    init = _mapping(cfg, "model_init_kwargs")
+    key = next((k for k in ("dtype", "torch_dtype") if cfg.data.get(k) is not None), None)
+    dtype = cfg.typed(key, str) if key else init.get("dtype") or init.get("torch_dtype")
+    if dtype not in (None, "bfloat16", "float16", "float32", "auto"):
+        raise cfg.error(key or "model_init_kwargs", f"{dtype!r}: bfloat16, float16, float32 or auto")
+    return dtype
 
 
 def _trl_model(cfg: ConfigFile, model: str | None) -> Part:
@@ -226,14 +246,10 @@ def _trl_model(cfg: ConfigFile, model: str | None) -> Part:
 def _trl_load_dtype(cfg: ConfigFile, out: dict[str, Any]) -> list[str]:
     """The dtype TRL loads the model in (ModelConfig.dtype, or model_init_kwargs' for SFTTrainer): float32 by
     default (trl/trainer/model_config.py, utils.py create_model_from_path), computed under bf16/fp16 autocast."""
-    init = _mapping(cfg, "model_init_kwargs")
-    key = next((k for k in ("dtype", "torch_dtype") if cfg.data.get(k) is not None), None)
-    dtype = cfg.typed(key, str) if key else init.get("dtype") or init.get("torch_dtype")
+    dtype = _trl_dtype(cfg)
     if dtype in ("bfloat16", "float16", "auto") or out.get("dtype") == "fp32":
         return []
-    if dtype not in (None, "float32"):
-        raise cfg.error(key or "model_init_kwargs", f"{dtype!r}: bfloat16, float16, float32 or auto")
-    said = f"{key or 'model_init_kwargs dtype'} float32" if dtype else "dtype unset: TRL's default float32"
+    said = "float32 stated" if dtype else "dtype unset: TRL's default float32"
     held = "weights, gradients and AdamW states" if out.get("method") == "full" else "frozen weights"
     return [f"weights in {out.get('dtype', 'bf16')}: TRL loads the model in fp32 ({said}) under autocast, so its "
             f"{held} are fp32; tunecost simulates them in {out.get('dtype', 'bf16')}: their memory is under-estimated "

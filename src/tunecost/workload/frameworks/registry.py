@@ -12,6 +12,7 @@ from pathlib import Path
 from tunecost.catalog.torchtune_configs import find_torchtune_config, torchtune_configs
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import PASS_DEEPSPEED, ConfigFile, ConfigJob, Framework, parse_config_file, torchtune
+from tunecost.workload.frameworks.hf import BOTH_OFF
 
 READER_MODULES = (
     "llamafactory",
@@ -104,7 +105,7 @@ def _trainer_precision_first(jobs: Sequence[ConfigJob], options: dict[str, objec
     fp8 = next((j for j in jobs if j.framework == "accelerate" and "fp8" in j.options), None)
     if trainer is None or fp8 is None:
         return []
-    if trainer.options.get("dtype") == "fp32":
+    if any(BOTH_OFF in line for line in trainer.assumptions):
         options["dtype"] = "bf16"
         return []
     options.pop("fp8", None)
