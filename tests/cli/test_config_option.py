@@ -91,7 +91,7 @@ EXPECTED: dict[str, tuple[dict[str, object], str]] = {
         {"model": "google/gemma-2b", "method": "qlora", "lora_rank": 64, "lora_alpha": 128,
          "lora_targets": "mlp,q_proj,v_proj,o_proj", "gradient_checkpointing": False, "seq_len": 2048,
          "batch_size": 4},
-        "attention sdpa: torchtune's attention calls torch's scaled_dot_product_attention",
+        "attention sdpa: torchtune's model calls torch's scaled_dot_product_attention",
     ),
     "torchtune/full_distributed": (
         {"model": "Qwen/Qwen3-0.6B", "method": "full", "optimizer": "adamw-8bit", "optimizer_in_backward": True,

@@ -45,7 +45,8 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
         )
     if job.not_modelled:
         notes.append((None, f"warning: not modelled from {job.path}: {', '.join(job.not_modelled)}"))
-    ignored = [f"{k} {job.options[k]}" for k in MODEL_PARALLEL_OPTIONS if k in job.options and k not in params]
+    taken_elsewhere = (*MODEL_PARALLEL_OPTIONS, "modules_to_save")  # options only some commands take
+    ignored = [f"{k} {job.options[k]}" for k in taken_elsewhere if k in job.options and k not in params]
     if ignored:
         notes.append((None, f"warning: this command does not take {', '.join(ignored)} from {job.path} (ignored)"))
     ctx.meta[CONFIG_NOTES] = notes

@@ -303,9 +303,10 @@ def test_lora_adapter_configs(tmp_path: Path) -> None:
         "method": "lora",
         "stack": "hf-peft",
         "model": "meta-llama/Llama-3.1-8B",
+        "modules_to_save": "lm_head",  # trained fully beside the adapters (`memory --modules-to-save`)
     }
     assert not any("whole attention group" in line for line in job.assumptions)  # the listed projections only
-    assert job.not_modelled == ("modules_to_save",) and job.options["lora_dropout"] == 0.05
+    assert job.not_modelled == () and job.options["lora_dropout"] == 0.05
 
     job = _read(FRAMEWORK_PEFT_LORA, tmp_path, "adapter_config.json", LORA_ALL_LINEAR)
     assert (job.options["lora_rank"], job.options["lora_targets"]) == (64, "attention,mlp")

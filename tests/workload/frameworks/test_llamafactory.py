@@ -398,3 +398,10 @@ def test_lora_target_and_dataset_may_be_yaml_lists(tmp_path):
     text = "model_name_or_path: meta-llama/Llama-3.1-8B\nstage: sft\nfinetuning_type: lora\n"
     job = _read(tmp_path, text + "lora_target: [q_proj, v_proj]\ndataset: [gsm8k, my_own]\n")
     assert (job.options["lora_targets"], job.options["dataset"]) == ("q_proj,v_proj", "gsm8k")
+
+
+def test_additional_target_and_resize_vocab_train_modules_fully(tmp_path):
+    text = "model_name_or_path: meta-llama/Llama-3.1-8B\nstage: sft\nfinetuning_type: lora\n"
+    job = _read(tmp_path, text + "additional_target: embed_tokens,lm_head\n")
+    assert job.options["modules_to_save"] == "embed_tokens,lm_head" and "additional_target" not in job.not_modelled
+    assert _read(tmp_path, text + "resize_vocab: true\n").options["modules_to_save"] == "embed_tokens,lm_head"

@@ -48,6 +48,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "recompute_layers": int,  # under gradient checkpointing, the layers recomputed (None: every layer)
     "reentrant": bool,
     "fused_adamw": bool,  # torch's fused AdamW kernel (the HF Trainer's adamw_torch_fused)
+    "modules_to_save": str,  # modules trained fully beside LoRA (PEFT's modules_to_save), comma-separated
     "attention": str,  # flash | sdpa | eager
     "packing": str,  # none | per-document | cross-document: queries packed into rows of seq_len tokens
     "torch_compile": bool,  # the step under torch.compile (Inductor)

@@ -11,7 +11,7 @@ from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys
 from tunecost.workload.frameworks.hf import BNB, FILES, PEFT, TORCH_DTYPES, job, lora_options, qlora_options
-from tunecost.workload.frameworks.hf_common import int8_options
+from tunecost.workload.frameworks.hf_common import int8_options, modules_to_save
 
 LORA_KEYS, BNB_KEYS = KnownKeys("PEFT's LoraConfig", ("peft_lora",)), KnownKeys("BitsAndBytesConfig", ("bnb",))
 
@@ -29,7 +29,9 @@ def _read_lora(cfg: ConfigFile) -> ConfigJob:
             raise cfg.error(key, f"{name} is not modelled; tunecost estimates full, LoRA and QLoRA fine-tuning")
     model = cfg.typed("base_model_name_or_path", str)
     out, notes = lora_options(cfg, ("r", "lora_alpha", "target_modules", "target_parameters"), (8, 8, 0.0), PEFT, model)
-    out.update(method="lora", stack="hf-peft", **({"model": model} if model else {}))
+    out.update(
+        method="lora", stack="hf-peft", **({"model": model} if model else {}), **modules_to_save(cfg, "modules_to_save")
+    )
     return job(cfg, FRAMEWORK_PEFT_LORA.name, out, notes)
 
 

@@ -20,6 +20,7 @@ from tunecost.workload.frameworks.hf_common import (
     compile_options,
     deepspeed_options,
     fp8_options,
+    modules_to_save,
     optimizer_options,
     peft_targets,
 )
@@ -107,7 +108,7 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
             notes.append(f"{key} unset: {TITLE} has no default for it; tunecost's --{option.replace('_', '-')} applies")
         else:
             options[option] = value
-    return options | _targets(cfg, model, notes)
+    return options | _targets(cfg, model, notes) | modules_to_save(cfg, "lora_modules_to_save")
 
 
 def _targets(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, Any]:

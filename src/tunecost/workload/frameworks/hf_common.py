@@ -212,6 +212,14 @@ OPTIMIZERS = {
 }
 
 
+def modules_to_save(cfg: ConfigFile, key: str) -> dict[str, Any]:
+    """modules_to_save of PEFT's modules_to_save (LLaMA-Factory's additional_target, axolotl's
+    lora_modules_to_save): a list or a comma list of module names."""
+    value = cfg.typed(key, (str, list))
+    names = [str(v).strip() for v in (value.split(",") if isinstance(value, str) else value or [])]
+    return {"modules_to_save": ",".join(n for n in names if n)} if any(names) else {}
+
+
 def optimizer_options(cfg: ConfigFile, key: str, value: str) -> dict[str, Any]:
     """optimizer, and fused_adamw for the Trainer's adamw_torch_fused (torch's AdamW with fused=True)."""
     fused = {"fused_adamw": True} if value.strip().lower() == "adamw_torch_fused" else {}

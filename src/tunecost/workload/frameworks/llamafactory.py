@@ -16,6 +16,7 @@ from tunecost.workload.frameworks.hf_common import (
     fp8_options,
     fsdp_options,
     liger_options,
+    modules_to_save,
     optimizer_options,
     peft_targets,
 )
@@ -100,6 +101,10 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
         targets, target_notes = peft_targets(cfg, "lora_target", _names(target), model)
         options |= {"lora_rank": rank, "lora_alpha": alpha, "lora_targets": targets_text(targets)}
         options["lora_dropout"] = _get(cfg, notes, "lora_dropout", (int, float))
+        options |= modules_to_save(cfg, "additional_target")  # model/adapter.py: PEFT's modules_to_save
+        if cfg.typed("resize_vocab", bool) and "modules_to_save" not in options:
+            options["modules_to_save"] = "embed_tokens,lm_head"
+            notes.append("modules_to_save embed_tokens,lm_head: resize_vocab trains the resized embeddings fully")
         notes += target_notes
     return options
 
