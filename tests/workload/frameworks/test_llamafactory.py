@@ -258,6 +258,7 @@ def test_detect_is_false_for_other_frameworks(data):
         (["q_proj", "lm_head"], "m", "q_proj"),  # lm_head left out, with a note
         ([r".*\.(q_proj|v_proj)$"], "m", "q_proj,v_proj"),  # a PEFT pattern: the module paths it matches
         (["model.layers.*.self_attn.[qkv]_proj"], "m", "q_proj,k_proj,v_proj"),
+        ([r"model.language_model.layers.[\d]+.(mlp|self_attn).(up|down|gate|q|k|v|o)_proj"], "m", "attention,mlp"),
         ([r".*\.(w1|w2|w3|gate)"], "mistralai/Mixtral-8x7B-v0.1", "experts,router"),
     ],
 )

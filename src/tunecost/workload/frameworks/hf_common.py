@@ -161,7 +161,8 @@ def _candidates() -> tuple[tuple[str, str, str], ...]:
         "experts": ("block_sparse_moe.experts.0", "mlp.experts.0", "mlp.experts"),
     }
     out = []
-    for layer in ("model.layers.0", "transformer.h.0"):
+    layers = ("model.layers.0", "transformer.h.0", "model.language_model.layers.0", "language_model.model.layers.0")
+    for layer in (*layers, *(f"base_model.model.{layer}" for layer in layers)):
         for name, group in _NAME_GROUP.items():
             homes = places[group] + (places["experts"] if group == "mlp" else ())
             out += [
