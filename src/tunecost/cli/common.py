@@ -356,7 +356,11 @@ def stack_behaviour(
 
 
 def _stack_behaviour(
-    stack: str | None, chunked_loss: bool, offload_activations: bool, optimizer_in_backward: bool, reentrant
+    stack: str | None,
+    chunked_loss: bool,
+    offload_activations: bool,
+    optimizer_in_backward: bool,
+    reentrant: bool | None,
 ) -> Any:
     from tunecost.simulate.behaviour import LOSS_TRANSFORMERS_5, LOSS_TRL_CHUNKED, StackBehaviour, torchtune_behaviour
 

@@ -207,7 +207,8 @@ def _precision(cfg: ConfigFile, whose: str) -> Part:
         return {"dtype": "bf16"}, [f"dtype bf16 (bf16 unset, fp16 off): {whose} default"]
     launch = "accelerate launch's mixed_precision turns autocast on where set"
     if whose == SFT:
-        loaded = TORCH_DTYPES.get(str(_trl_dtype(cfg)), "bf16" if _trl_dtype(cfg) == "auto" else "fp32")
+        stated = _trl_dtype(cfg)
+        loaded = TORCH_DTYPES.get(str(stated), "bf16" if stated == "auto" else "fp32")
         return {"dtype": loaded}, [f"dtype {loaded} {BOTH_OFF}: no autocast, the model in TRL's load dtype; {launch}"]
     default = "" if bf16 is False else f"{whose} default; "
     return {"dtype": "bf16"}, [f"dtype bf16 {BOTH_OFF}: {default}no autocast, the model in the dtype it was loaded in "

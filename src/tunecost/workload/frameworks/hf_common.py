@@ -213,12 +213,17 @@ OPTIMIZERS = {
 }
 
 
+def name_list(value: str | list | None) -> list[str]:
+    """A comma list or a YAML list of names, as LLaMA-Factory's split_arg and PEFT read them."""
+    items = value.split(",") if isinstance(value, str) else [str(v) for v in value or []]
+    return [n.strip() for n in items if n.strip()]
+
+
 def modules_to_save(cfg: ConfigFile, key: str) -> dict[str, Any]:
     """modules_to_save of PEFT's modules_to_save (LLaMA-Factory's additional_target, axolotl's
     lora_modules_to_save): a list or a comma list of module names."""
-    value = cfg.typed(key, (str, list))
-    names = [str(v).strip() for v in (value.split(",") if isinstance(value, str) else value or [])]
-    return {"modules_to_save": ",".join(n for n in names if n)} if any(names) else {}
+    names = name_list(cfg.typed(key, (str, list)))
+    return {"modules_to_save": ",".join(names)} if names else {}
 
 
 def optimizer_options(cfg: ConfigFile, key: str, value: str) -> dict[str, Any]:

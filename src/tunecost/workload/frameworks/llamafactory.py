@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tunecost.errors import TunecostError
-from tunecost.models.catalog import resolve_model
 from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.hf_common import (
     INT8,
@@ -17,10 +15,12 @@ from tunecost.workload.frameworks.hf_common import (
     fsdp_options,
     liger_options,
     modules_to_save,
+    name_list,
     optimizer_options,
     peft_targets,
 )
 from tunecost.workload.frameworks.llamafactory_megatron import megatron_options
+from tunecost.workload.frameworks.model_parallel import soft_capped
 from tunecost.workload.job import targets_text
 from tunecost.workload.known_datasets import catalog_dataset
 
@@ -98,7 +98,7 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
             alpha = rank * 2
             notes.append(f"lora_alpha {alpha}: {TITLE}'s default (lora_rank * 2)")
         target = _get(cfg, notes, "lora_target", (str, list))
-        targets, target_notes = peft_targets(cfg, "lora_target", _names(target), model)
+        targets, target_notes = peft_targets(cfg, "lora_target", name_list(target), model)
         options |= {"lora_rank": rank, "lora_alpha": alpha, "lora_targets": targets_text(targets)}
         options["lora_dropout"] = _get(cfg, notes, "lora_dropout", (int, float))
         options |= modules_to_save(cfg, "additional_target")  # model/adapter.py: PEFT's modules_to_save
@@ -109,20 +109,20 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
     return options
 
 
-def _names(value: str | list) -> list[str]:
-    """A comma list or a YAML list of names, as LLaMA-Factory's split_arg reads it (hparams/*.py)."""
-    items = value.split(",") if isinstance(value, str) else [str(v) for v in value]
-    return [n.strip() for n in items if n.strip()]
-
-
-def _training(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
+def _training(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, Any]:
     bf16, fp16, pure = (cfg.typed(k, bool) for k in ("bf16", "fp16", "pure_bf16"))
     if bf16 and fp16:
         raise cfg.error("fp16", "bf16 and fp16 are both true; set one")
     if not (bf16 or fp16 or pure):
         notes.append(f"dtype bf16: {TITLE}'s default without bf16/fp16 (weights in bf16 where the GPU has it and "
                      "the model's torch_dtype is bf16 or unset, else fp16; no mixed precision)")  # fmt: skip
-    flash = _get(cfg, notes, "flash_attn", str)
+    # model_utils/attention.py: auto on Gemma-2 is fa2 where flash-attn is installed, else eager; elsewhere sdpa
+    capped = cfg.data.get("flash_attn", "auto") == "auto" and soft_capped(model)
+    if capped:
+        cfg.get("flash_attn")
+        notes.append(f"attention eager: {TITLE}'s flash_attn auto on Gemma-2 (fa2 where flash-attn is installed, "
+                     "else eager; --attention flash prices fa2)")  # fmt: skip
+    flash = "disabled" if capped else _get(cfg, notes, "flash_attn", str)
     attention = {"auto": "sdpa", "sdpa": "sdpa", "fa2": "flash", "fa3": "flash", "disabled": "eager"}.get(flash)
     if attention is None:
         raise cfg.error("flash_attn", f"{flash}: must be auto, disabled, sdpa, fa2 or fa3")
@@ -157,8 +157,8 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     if do_train is None:
         notes.append(f"do_train unset: read as a training run ({TITLE} trains only with do_train true)")
     options: dict[str, Any] = {"model": model} if model else {}
-    options |= _method(cfg, model, notes) | _training(cfg, notes)
-    names = _names(cfg.typed("dataset", (str, list)) or "")
+    options |= _method(cfg, model, notes) | _training(cfg, model, notes)
+    names = name_list(cfg.typed("dataset", (str, list)))
     max_samples = cfg.typed("max_samples", int)
     if max_samples is not None:  # data/loader.py: each dataset cut to its first max_samples examples
         options["max_queries"] = max_samples * max(1, len(names))
@@ -184,7 +184,7 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     liger, liger_notes = liger_options(cfg, "enable_liger_kernel")
     options |= ds_options | fsdp | compiled | liger | {"stack": "hf-peft"}
     notes += [*ds_notes, *fsdp_notes, *compile_notes, *liger_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]
-    notes += _upcast_note(cfg, options) + _gemma2_attention(cfg, model, options, notes)
+    notes += _upcast_note(cfg, options)
     megatron = megatron_options(cfg, model, notes)
     if megatron:  # Megatron Core runs the model: the Trainer's checkpointing, attention and stack do not apply
         hf_only = ("gradient_checkpointing ", "reentrant ", "attention ", "optimizer ", "stack hf-peft", "enable_liger")
@@ -207,22 +207,6 @@ def _upcast_note(cfg: ConfigFile, options: dict[str, Any]) -> list[str]:
     return [f"parameters in {options['dtype']}: {TITLE} upcasts a full fine-tune's trainable parameters to fp32 "
             "(pure_bf16 false), so its parameters, gradients and AdamW states are fp32; tunecost simulates them in "
             f"{options['dtype']}: their memory is under-estimated about 2x (--dtype fp32 bounds it)"]  # fmt: skip
-
-
-def _gemma2_attention(cfg: ConfigFile, model: str | None, options: dict[str, Any], notes: list[str]) -> list[str]:
-    """model_utils/attention.py: flash_attn auto on Gemma-2 is fa2 where flash-attn is installed, else eager."""
-    if cfg.data.get("flash_attn", "auto") != "auto" or not model or options.get("attention") != "sdpa":
-        return []
-    try:
-        family = resolve_model(model).family
-    except TunecostError:
-        return []
-    if family != "gemma2":
-        return []
-    options["attention"] = "eager"
-    notes[:] = [n for n in notes if not n.startswith("attention sdpa")]
-    return [f"attention eager: {TITLE}'s flash_attn auto on Gemma-2 (fa2 where flash-attn is installed, else eager; "
-            "--attention flash prices fa2)"]  # fmt: skip
 
 
 def _detect(data: Mapping[str, Any]) -> bool:

@@ -16,7 +16,7 @@ from tunecost.workload.frameworks import (
     dotted_keys,
 )
 from tunecost.workload.frameworks.accelerate import section
-from tunecost.workload.frameworks.hf_common import VISION_MODEL, peft_targets
+from tunecost.workload.frameworks.hf_common import VISION_MODEL, name_list, peft_targets
 from tunecost.workload.job import targets_text
 from tunecost.workload.known_datasets import catalog_dataset
 
@@ -101,7 +101,7 @@ def _targets(peft: ConfigFile, notes: list[str]) -> list[str]:
     if value is None:
         notes.append(f"lora targets all: {TITLE}'s default (every linear layer but the head)")
         value = "all"
-    return [str(v) for v in value] if isinstance(value, list) else [v.strip() for v in value.split(",")]
+    return name_list(value)
 
 
 def _parallel(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:

@@ -19,14 +19,18 @@ PLAN_OPTIONS = ("num_gpus", "gpus_per_node", "strategy", "offload", *MODEL_PARAL
 _FLAG = re.compile(r"--(tp|pp|cp|sequence-parallel|micro-batches)\b")  # the flags ParallelPlan's errors name
 
 
-def own_attention(title: str, model: str | None) -> tuple[str, str]:
-    """The attention of a framework whose own model code calls torch's SDPA: eager for Gemma-2, whose logit
-    soft-capping SDPA cannot take (full L x L scores, as torchtune's and litgpt's Gemma-2 attention compute them)."""
+def soft_capped(model: str | None) -> bool:
+    """Whether the model soft-caps its attention logits (Gemma-2), which SDPA cannot take."""
     try:
-        family = resolve_model(model).family if model else None
+        return bool(model) and resolve_model(str(model)).family == "gemma2"
     except TunecostError:
-        family = None
-    if family == "gemma2":
+        return False
+
+
+def own_attention(title: str, model: str | None) -> tuple[str, str]:
+    """The attention of a framework whose own model code calls torch's SDPA: eager for a soft-capped model (full
+    L x L scores, as torchtune's and litgpt's Gemma-2 attention compute them)."""
+    if soft_capped(model):
         return "eager", f"attention eager: {title}'s Gemma-2 attention soft-caps its logits, which SDPA cannot take"
     return "sdpa", f"attention sdpa: {title}'s model calls torch's scaled_dot_product_attention"
 
