@@ -28,11 +28,11 @@ def tiny():
 
 
 def links_at(bus_bandwidth_bytes_per_s: float) -> Links:
-    """Every link at one bus bandwidth, no latency."""
+    """Every link at one bus bandwidth, no latency; the host's memory too."""
     link = dataclasses.replace(
         resolve_interconnect("NVLink4"), bus_bandwidth_bytes_per_s=bus_bandwidth_bytes_per_s, latency_seconds=0.0
     )
-    return Links(node=link, network=link, nics_per_node=1, host=link)
+    return Links(node=link, network=link, nics_per_node=1, host=link, host_memory_bytes_per_s=bus_bandwidth_bytes_per_s)
 
 
 def _links() -> Links:

@@ -1,7 +1,7 @@
 """Host CPUs: the machine that launches a GPU's kernels (`data/host_cpus.csv`), and the host of each GPU's
 reference system (`data/gpu_hosts.csv`). The throughput model divides its calibrated host times (kernel launches,
 Python, the trainer) by the host's single-thread speed relative to the reference host, the Xeon Platinum 8380 of
-the paper's A40 server."""
+the paper's A40 server; an offloaded optimizer step runs at the host's memory bandwidth."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ class HostCpu:
     max_turbo_ghz: float
     core: str
     per_clock: float  # performance per clock relative to the reference host's core (Sunny Cove)
+    memory_channels: int
+    memory_mt_s: int  # DDR transfers per second per channel, in millions
     sources: dict[str, str]
     as_of: str
 
@@ -33,6 +35,11 @@ class HostCpu:
     def speed(self) -> float:
         """Single-thread speed relative to the reference host."""
         return self.max_turbo_ghz / REFERENCE_TURBO_GHZ * self.per_clock
+
+    @property
+    def memory_bytes_per_s(self) -> float:
+        """One socket's datasheet memory bandwidth: channels x transfers x 8 bytes."""
+        return self.memory_channels * self.memory_mt_s * 1e6 * 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,11 +58,11 @@ def load_host_cpus(path: Path = HOST_CPUS_PATH) -> tuple[dict[str, HostCpu], dic
     """(CPUs by name, name by lower-case name or alias)."""
     cpus: dict[str, HostCpu] = {}
     names: dict[str, str] = {}
-    for i, row in read_catalog_csv(path, ("name", "aliases", "max_turbo_ghz", "core", "per_clock", "as_of")):
-        turbo = parse_float(path, i, "max_turbo_ghz", row["max_turbo_ghz"])
-        per_clock = parse_float(path, i, "per_clock", row["per_clock"])
-        if turbo <= 0 or per_clock <= 0:
-            raise TunecostError(f"{path}: row {i}: max_turbo_ghz and per_clock must be > 0")
+    columns = ("name", "aliases", "max_turbo_ghz", "core", "per_clock", "memory_channels", "memory_mt_s", "as_of")
+    for i, row in read_catalog_csv(path, columns):
+        turbo, per_clock, channels, mt_s = (parse_float(path, i, k, row[k]) for k in columns[2:7] if k != "core")
+        if min(turbo, per_clock, channels, mt_s) <= 0:
+            raise TunecostError(f"{path}: row {i}: max_turbo_ghz, per_clock and the memory columns must be > 0")
         name = row["name"]
         for alias in (name, *(a for a in row["aliases"].split(";") if a.strip())):
             key = _key(alias)
@@ -67,6 +74,8 @@ def load_host_cpus(path: Path = HOST_CPUS_PATH) -> tuple[dict[str, HostCpu], dic
             max_turbo_ghz=turbo,
             core=row["core"],
             per_clock=per_clock,
+            memory_channels=int(channels),
+            memory_mt_s=int(mt_s),
             sources={k.removeprefix("source_"): v for k, v in row.items() if k.startswith("source_")},
             as_of=row["as_of"],
         )

@@ -263,8 +263,9 @@ HostCpuOpt = Annotated[
     str | None,
     opt(
         "--host-cpu",
-        "CPU of the machine that runs the GPU (8480C, EPYC 7763, ...): scales the host time of the step "
-        "(default: the GPU's reference system's CPU where NVIDIA sells one, else the paper's Xeon 8380).",
+        "CPU of the machine that runs the GPU (8480C, EPYC 7763, ...): scales the host time of the step and, "
+        "with --offload, runs the optimizer step (default: the GPU's reference system's CPU where NVIDIA sells one, "
+        "else the paper's Xeon 8380).",
     ),
 ]
 NumExamples = Annotated[int | None, count_option("--limit", "Use the first N examples.", MAX_QUERIES)]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tunecost.catalog.gpus import GPU
+from tunecost.catalog.host_cpus import gpu_host
 from tunecost.catalog.interconnects import Interconnect, resolve_interconnect
 from tunecost.distributed import comm, expert_parallel, overlap
 from tunecost.distributed.rank_memory import PARAM_SHARDED, SingleGpuStep, shard_group_size
@@ -54,6 +55,7 @@ class Links:
     network: Interconnect  # one NIC between nodes
     nics_per_node: int
     host: Interconnect | None = None  # GPU to CPU memory (PCIe), for DeepSpeed's CPU offload
+    host_memory_bytes_per_s: float = 0.0  # the node's CPU memory bandwidth, for an offloaded optimizer step
 
     def bus_bandwidth_bytes_per_s(self, num_ranks: int, gpus_per_node: int) -> tuple[float, float]:
         """(bus bandwidth, latency) of a collective over `num_ranks` ranks: the node link within one node; across
@@ -65,13 +67,16 @@ class Links:
         return min(self.node.bus_bandwidth_bytes_per_s, network), latency
 
 
-def default_links(gpu: GPU, gpus_per_node: int, node_link: str | None = None) -> Links:
+def default_links(gpu: GPU, gpus_per_node: int, node_link: str | None = None, host_cpu: str | None = None) -> Links:
+    """The GPU's node link, network and PCIe by its family, and the memory of its host (`host_cpu`, else the
+    GPU's default host) times `offload.HOST_SOCKETS`."""
     node = resolve_interconnect(node_link or DEFAULT_NODE_LINK.get(gpu.name, DEFAULT_NODE_LINK_OTHER))
     if node.scope != "node":
         raise TunecostError(f"{node.name} links nodes, not the GPUs of one node; name a node link (NVLink, PCIe)")
     network = resolve_interconnect(DEFAULT_NETWORK.get(gpu.name, DEFAULT_NETWORK_OTHER))
     host = resolve_interconnect(offload.host_link_name(gpu.name))
-    return Links(node=node, network=network, nics_per_node=gpus_per_node, host=host)
+    memory = offload.HOST_SOCKETS * gpu_host(gpu.name, host_cpu).cpu.memory_bytes_per_s
+    return Links(node=node, network=network, nics_per_node=gpus_per_node, host=host, host_memory_bytes_per_s=memory)
 
 
 def phase_seconds(step: SingleGpuStep, step_seconds: float) -> tuple[float, float, float]:
@@ -148,16 +153,54 @@ class _StepComm:
         return seconds
 
 
+def cpu_optimizer_seconds(step: SingleGpuStep, plan: ParallelPlan, links: Links, *, fused_adamw: bool) -> float:
+    """An offloaded rank's optimizer step on its host: its partition of the trainable parameters through
+    DeepSpeedCPUAdam (ZeRO) or torch's AdamW (FSDP; fused or single-tensor), the node's memory shared by its ranks."""
+    if links.host_memory_bytes_per_s <= 0:
+        raise TunecostError("CPU offload needs the host's memory bandwidth in the links")
+    params = step.trainable_bytes / step.trainable_bytes_per_param / shard_group_size(plan)
+    if plan.strategy.startswith("zero"):
+        per_param = offload.CPU_ADAM_ELEMENTS_FUSED * offload.DEEPSPEED_CPU_ADAM_BYTES
+    else:
+        elements = offload.CPU_ADAM_ELEMENTS_FUSED if fused_adamw else offload.CPU_ADAM_ELEMENTS_SINGLE_TENSOR
+        per_param = elements * step.trainable_bytes_per_param
+    bandwidth = links.host_memory_bytes_per_s / min(plan.num_gpus, plan.node_size)
+    return offload.cpu_optimizer_seconds(params, per_param, bandwidth)
+
+
+def cpu_optimizer_note(gpu: GPU, links: Links, host_cpu: str | None = None) -> str:
+    """What an offloaded optimizer step's time rests on, for `gpu`'s host (`host_cpu`, else its default)."""
+    host = gpu_host(gpu.name, host_cpu)
+    named = "named" if host_cpu else "assumed"
+    return (
+        f"{gpu.name}: the offloaded optimizer step runs on the host CPU, bound by its memory: "
+        f"{links.host_memory_bytes_per_s / 1e9:.0f} GB/s ({offload.HOST_SOCKETS} x {host.cpu.name}, {named}; "
+        "its datasheet bandwidth) shared by the node's ranks, DeepSpeedCPUAdam moving 28 bytes per parameter "
+        "(torch's AdamW on CPU, for FSDP: 7 or, not fused, 20 elements); a floor: memory achieves less than its "
+        "datasheet, and fewer threads per rank (torchrun's OMP_NUM_THREADS=1) make it slower"
+    )
+
+
 def step_time(
-    step: SingleGpuStep, plan: ParallelPlan, links: Links, compute_seconds: float, *, sync_gradients: bool = True
+    step: SingleGpuStep,
+    plan: ParallelPlan,
+    links: Links,
+    compute_seconds: float,
+    *,
+    sync_gradients: bool = True,
+    fused_adamw: bool = False,
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
     """(overlap.StepTime, the collectives and host copies of a step) of `plan` whose single-GPU compute is
     given. Expert parallelism's all-to-alls block the layer that issues them: they lengthen its forward and
     backward. `sync_gradients=False`: a micro-batch under `no_sync` (`NO_SYNC_STRATEGIES` only), gradients kept
-    unreduced: no gradient collective, its host copies or an optimizer step's; the all-gathers stay."""
+    unreduced: no gradient collective, its host copies or an optimizer step's; the all-gathers stay. With the
+    optimizer offloaded its step runs on the host (`cpu_optimizer_seconds`, `fused_adamw`: torch's fused AdamW)
+    instead of the GPU."""
     if not sync_gradients and plan.strategy not in NO_SYNC_STRATEGIES:
         raise TunecostError(f"{plan.strategy} reduces gradients every micro-batch: no no_sync micro-batch")
     fwd, bwd, opt = phase_seconds(step, compute_seconds)
+    if offload.offloads_states(plan.offload) and sync_gradients:
+        opt = cpu_optimizer_seconds(step, plan, links, fused_adamw=fused_adamw)
     c = _StepComm(step, plan, links, sync_gradients)
     a2a = {"forward": 0.0, "backward": 0.0}
     if c.ep > 1:

@@ -12,7 +12,7 @@ from tunecost.catalog.prices import Price, price_catalog, prices_for
 from tunecost.distributed import deepspeed_estimator
 from tunecost.distributed.layouts import check_model_parallel, checked_counts, layout_plans, model_parallel_choices
 from tunecost.distributed.rank_memory import STORED_SHARDED
-from tunecost.distributed.timing import Links, default_links
+from tunecost.distributed.timing import Links, cpu_optimizer_note, default_links
 from tunecost.errors import TunecostError
 from tunecost.estimate.rank_needs import RankNeeds
 from tunecost.estimate.setups import COST_NOTE, MultiGpuEstimate, Setup, evaluate_setup
@@ -64,7 +64,8 @@ def estimate_multi_gpu(
     searching = num_gpus is None
     choices = model_parallel_choices(spec, job, given=model_parallel, searching=searching, gpus_per_node=gpus_per_node)
     margin = default_margin_fraction() if margin_fraction is None else margin_fraction
-    links_by_gpu = {gpu.name: default_links(gpu, gpus_per_node, node_link) for gpu in gpus}  # errors before tracing
+    host_cpu = needs.host_cpu if needs is not None else None
+    links_by_gpu = {g.name: default_links(g, gpus_per_node, node_link, host_cpu) for g in gpus}  # errors before tracing
     needs = needs or RankNeeds(job.with_(batch_size=1), behaviour)
     param_counts = count_parameters(spec, job.experts_per_token) if {"zero2", "zero3"} & set(strategies) else None
     search = _Search(
@@ -91,6 +92,8 @@ def estimate_multi_gpu(
     if num_gpus is None and require_fit and not any(s.fits for s in setups):
         raise _fits_nothing(spec.name, job.method, max_gpus, gpus, strategies)
     notes = [*search.notes, *int8_note, COST_NOTE, *([deepspeed_estimator.ASSUMPTION] if param_counts else [])]
+    if offload != "none":
+        notes += [cpu_optimizer_note(gpu, links_by_gpu[gpu.name], host_cpu) for gpu in gpus]
     return MultiGpuEstimate(
         model=spec.name,
         method=job.method,
@@ -265,5 +268,6 @@ class _Search:
             borderline_micro_batch=border,
             margin_fraction=self.margin,
             queries_per_row=tp.queries_per_row,
+            fused_adamw=self.needs.fused_adamw,
         )
         return dataclasses.replace(setup, interval_ratio=ratio, extrapolation=outside)

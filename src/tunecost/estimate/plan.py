@@ -226,12 +226,17 @@ def _with_global_batch(option: Option, job: FineTuneJob, global_batch: int | Non
 
 
 def pareto_front(options: Sequence[Option]) -> tuple[Option, ...]:
-    """The options no other beats on both cost and hours, cheapest first."""
+    """The options no other beats on both cost and hours, cheapest first; each the simplest of the options within
+    1 % of it on both (`_simplest`), as `recommend` picks."""
     front: list[Option] = []
     for option in sorted(options, key=lambda o: (o.usd, o.hours, *_complexity(o))):
         if not front or option.hours < front[-1].hours:
             front.append(option)
-    return tuple(front)
+    out: list[Option] = []
+    for f in front:
+        simplest = _simplest([o for o in options if _within_tie(o, f)], lambda o: (o.usd, o.hours))
+        out += [] if any(simplest is o for o in out) else [simplest]
+    return tuple(out)
 
 
 def _verdict(option: Option, budget_usd: float | None, deadline_h: float | None) -> str:
@@ -277,6 +282,10 @@ def _closest_misses(options: Sequence[Option]) -> tuple[Option, ...]:
 def _complexity(o: Option) -> tuple[int, bool, bool, int, int]:
     plan = o.setup.plan
     return plan.num_gpus, o.offload != "none", not o.owned, plan.degree, PREFERENCE.index(plan.strategy)
+
+
+def _within_tie(option: Option, of: Option) -> bool:
+    return option.usd <= of.usd * (1 + TIE_FRACTION) and option.hours <= of.hours * (1 + TIE_FRACTION)
 
 
 def _simplest(options: Sequence[Option], key: Callable[[Option], tuple[float, float]]) -> Option:

@@ -23,6 +23,7 @@ from tunecost.estimate.simulated import Throughput, throughput_at
 from tunecost.io import atomic_write_json
 from tunecost.models.catalog import resolve_model
 from tunecost.simulate.batch import MAX_BATCH, search_with_margin
+from tunecost.simulate.behaviour import ADAMW_FUSED, DEFAULT_BEHAVIOUR, stack_adamw_impl
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ParallelPlan
@@ -38,12 +39,17 @@ def _plan_key(plan: ParallelPlan) -> str:
 
 
 def single_gpu_throughput(
-    job: FineTuneJob, gpu: GPU, steady_state: bool = False, framework: str | None = None
+    job: FineTuneJob,
+    gpu: GPU,
+    steady_state: bool = False,
+    framework: str | None = None,
+    host_cpu: str | None = None,
 ) -> tuple[Throughput, str]:
     """A rank's compute: the single-GPU steady-state queries/s of the job's micro-batch, as `estimate` predicts it
     (eq. (2) where it was fitted for this model and GPU, else the cross-GPU throughput model), with the run's
-    one start-up. `framework`: the one whose config describes the job (`EstimatorOptions.framework`)."""
-    options = EstimatorOptions(steady_state=steady_state, framework=framework)
+    one start-up. `framework`: the one whose config describes the job (`EstimatorOptions.framework`); `host_cpu`:
+    the host that runs the GPU (else its default)."""
+    options = EstimatorOptions(steady_state=steady_state, framework=framework, host_cpu=host_cpu)
     tp = throughput_at(EstimateRequest(job=job, gpu=gpu, options=options), job.batch_size)
     return tp, f"{gpu.name}: per-rank compute: " + "; ".join(tp.notes)
 
@@ -53,11 +59,14 @@ class RankNeeds:
     same for every GPU (a GPU only changes the budget). The rank memories are kept on disk beside the step they
     come from (`flush`), so a search that was run before replays nothing."""
 
-    def __init__(self, job: FineTuneJob, behaviour=None, framework: str | None = None) -> None:
+    def __init__(
+        self, job: FineTuneJob, behaviour=None, framework: str | None = None, host_cpu: str | None = None
+    ) -> None:
         # memory and the traced steps at the longest batch's padded length; the compute over the job's own lengths,
         # as `estimate` prices one GPU
         self.job, self.priced = job.with_(seq_len=sizing_seq_len(job)), job
-        self.behaviour, self.framework = behaviour, framework
+        self.behaviour, self.framework, self.host_cpu = behaviour, framework, host_cpu
+        self.fused_adamw = stack_adamw_impl(job.stack, behaviour or DEFAULT_BEHAVIOUR) == ADAMW_FUSED
         self._steps: dict[int, SingleGpuStep] = {}
         self._rank_steps: dict[tuple[int, bool, str, int, int], SingleGpuStep] = {}  # (tp, sp, tp_impl, cp, batch)
         self._memory: dict[tuple[ParallelPlan, int], RankMemory] = {}
@@ -69,8 +78,8 @@ class RankNeeds:
         self._every = self._none = None
         if job.recompute_layers is not None:
             every = job.with_(recompute_layers=None)
-            self._every = RankNeeds(every, behaviour, framework)
-            self._none = RankNeeds(every.with_(gradient_checkpointing=False), behaviour, framework)
+            self._every = RankNeeds(every, behaviour, framework, host_cpu)
+            self._none = RankNeeds(every.with_(gradient_checkpointing=False), behaviour, framework, host_cpu)
 
     def job_at(self, batch: int) -> FineTuneJob:
         return self.job.with_(batch_size=batch)
@@ -81,7 +90,7 @@ class RankNeeds:
         """`single_gpu_throughput` of the job at micro-batch `batch`, run by the job's framework; `grad_accum`: the
         micro-batches per optimizer step in place of the job's (a pipeline's)."""
         job = self.priced.with_(batch_size=batch, grad_accum=grad_accum or self.priced.grad_accum)
-        tp, note = single_gpu_throughput(job, gpu, steady_state, self.framework)
+        tp, note = single_gpu_throughput(job, gpu, steady_state, self.framework, self.host_cpu)
         if self.behaviour is not None and self.behaviour.activation_offload:
             note += "; activation offload: its host copies beside each rank's compute are not in the step time"
         return tp, note

@@ -114,10 +114,12 @@ def evaluate_setup(
     borderline_micro_batch: int = 0,
     margin_fraction: float | None = None,
     queries_per_row: float = 1.0,
+    fused_adamw: bool = False,
 ) -> Setup:
     """Memory, step time, throughput and (given a workload) cost of one setup at the job's micro-batch; with
     `param_counts`, DeepSpeed's own estimate beside a zero2 or zero3 rank's memory; `queries_per_row`: the queries a
-    packed row holds (the micro-batch counts rows)."""
+    packed row holds (the micro-batch counts rows); `fused_adamw`: the job runs torch's fused AdamW (an offloaded
+    FSDP optimizer's host step)."""
     deepspeed = deepspeed_estimator.gpu_bytes(plan, param_counts) if param_counts is not None else None
     base = Setup(
         gpu=gpu,
@@ -132,9 +134,9 @@ def evaluate_setup(
         return base
     compute = job.batch_size * queries_per_row / single_gpu_queries_per_s  # one micro-step, in seconds
     if plan.degree == 1:
-        timed, collectives = step_time(step, plan, links, compute)
+        timed, collectives = step_time(step, plan, links, compute, fused_adamw=fused_adamw)
     else:
-        timed, collectives = model_parallel_time(step, job, plan, links, compute)
+        timed, collectives = model_parallel_time(step, job, plan, links, compute, fused_adamw=fused_adamw)
     qps = plan.dp * plan.num_micro_batches * job.batch_size * queries_per_row / timed.step_seconds
     cost = None
     if num_queries and epochs:
@@ -157,11 +159,18 @@ def evaluate_setup(
 
 
 def model_parallel_time(
-    step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan, links: Links, whole_model_seconds: float
+    step: SingleGpuStep,
+    job: FineTuneJob,
+    plan: ParallelPlan,
+    links: Links,
+    whole_model_seconds: float,
+    *,
+    fused_adamw: bool = False,
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
     """A TP/PP/CP rank's step from its whole-model TP/CP step `step`: the first stage (most in flight)."""
     stage = model_parallel.first_stage(step, plan)
-    return model_parallel_step_time(stage, plan, links, whole_model_seconds, spec=resolve_model(job.model))
+    spec = resolve_model(job.model)
+    return model_parallel_step_time(stage, plan, links, whole_model_seconds, spec=spec, fused_adamw=fused_adamw)
 
 
 def smallest_fitting(setups: Sequence[Setup]) -> dict[tuple[str, str], Setup]:

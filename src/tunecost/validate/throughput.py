@@ -26,6 +26,7 @@ from tunecost.estimate.throughput.stack_priors import (
     stack_family,
 )
 from tunecost.models.catalog import resolve_model
+from tunecost.simulate.behaviour import ADAMW_FUSED, stack_adamw_impl
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.mapping import MappedRow
 from tunecost.validate.stacks import torchtune_options
@@ -87,11 +88,12 @@ RankStepFn = Callable[[MappedRow], "SingleGpuStep"]
 
 
 def exposed_comm_fn(mapped: MappedRow, gpu: GPU, rank_step_fn: RankStepFn = rank_step) -> Callable[[float], float]:
-    """Seconds per optimizer step that one rank of the row's layout spends in communication its compute does not
-    hide, as a function of one micro-batch's compute seconds (`distributed.timing.step_time` over the GPU's
-    default node link and, beyond one node, its default network), summed over the row's micro-batches: every one
-    all-gathers the sharded weights; under a stack's `no_sync` accumulation only the last reduces the gradients.
-    The rank's simulated step is traced once, here, and may raise."""
+    """Seconds per optimizer step that one rank of the row's layout spends beyond its micro-batches' compute, as
+    a function of one micro-batch's compute seconds (`distributed.timing.step_time` over the GPU's default node
+    link and, beyond one node, its default network): communication the compute does not hide, summed over the
+    row's micro-batches (every one all-gathers the sharded weights; under a stack's `no_sync` accumulation only the
+    last reduces the gradients), and an offloaded optimizer's host step over the GPU's. The rank's simulated step
+    is traced once, here, and may raise."""
     from tunecost.distributed.timing import NO_SYNC_STRATEGIES, default_links, step_time
 
     plan = mapped.plan()
@@ -101,8 +103,11 @@ def exposed_comm_fn(mapped: MappedRow, gpu: GPU, rank_step_fn: RankStepFn = rank
     accumulate = mapped.grad_accum
     unsynced = accumulate - 1 if mapped.stack.no_sync_accumulation and plan.strategy in NO_SYNC_STRATEGIES else 0
 
+    fused = stack_adamw_impl(mapped.job.stack, mapped.behaviour) == ADAMW_FUSED
+
     def exposed(micro_step_s: float, sync: bool) -> float:
-        return step_time(traced, plan, links, micro_step_s, sync_gradients=sync)[0].exposed_comm_seconds
+        timed = step_time(traced, plan, links, micro_step_s, sync_gradients=sync, fused_adamw=fused)[0]
+        return timed.step_seconds - micro_step_s
 
     def per_step(micro_step_s: float) -> float:
         synced = (accumulate - unsynced) * exposed(micro_step_s, True)

@@ -12,6 +12,13 @@ OFFLOAD_STRATEGIES = {"optimizer": ("zero1", "zero2", "zero3"), "params": ("zero
 FP32_GRADIENT_BYTES = 4  # DeepSpeed keeps the offloaded gradient partition in fp32 for the CPU Adam
 HOST_LINK_BY_GPU = {"H100-80GB-SXM": "PCIe5", "H100-80GB-PCIE": "PCIe5", "H200-141GB": "PCIe5"}
 HOST_LINK_OTHER = "PCIe4"
+HOST_SOCKETS = 2  # CPUs per GPU server (the DGX systems' two; assumed for the others)
+# Host memory one parameter's CPU optimizer update moves, in elements of the states' dtype: DeepSpeedCPUAdam's
+# one fused pass (fp32 param, grad, exp_avg, exp_avg_sq read, three written) and torch's AdamW on CPU tensors,
+# fused=True likewise, else its single-tensor loop of eight ops (12 read, 8 written); docs/multi-gpu.md.
+CPU_ADAM_ELEMENTS_FUSED = 7
+CPU_ADAM_ELEMENTS_SINGLE_TENSOR = 20
+DEEPSPEED_CPU_ADAM_BYTES = 4  # DeepSpeedCPUAdam's fp32 partition
 
 
 def check_offload(offload: str, strategy: str) -> None:
@@ -54,3 +61,10 @@ def copy_seconds(nbytes: float, host_bandwidth_bytes_per_s: float) -> float:
     if host_bandwidth_bytes_per_s <= 0 or nbytes < 0:
         raise TunecostError("a host copy needs a positive bandwidth and non-negative bytes")
     return nbytes / host_bandwidth_bytes_per_s
+
+
+def cpu_optimizer_seconds(params: float, bytes_per_param: float, host_memory_bytes_per_s: float) -> float:
+    """Time of an optimizer step over `params` parameters on the host, bound by its memory bandwidth: a floor."""
+    if host_memory_bytes_per_s <= 0 or params < 0 or bytes_per_param < 0:
+        raise TunecostError("a CPU optimizer step needs a positive memory bandwidth and non-negative sizes")
+    return params * bytes_per_param / host_memory_bytes_per_s

@@ -112,6 +112,7 @@ def estimate(
             steady_state=steady_state,
             behaviour=behaviour,
             framework=framework,
+            host_cpu=host_cpu,
         )
         return
     options = estimator_options(
@@ -169,10 +170,10 @@ def _check_gpu_count_options(
     several: bool, estimator: str, calibrate: bool, run_queries: int | None, host_cpu: str | None
 ) -> None:
     """The options of one GPU's estimators: not with --gpus/--strategy; --host-cpu not with eq. (2)."""
-    if several and (estimator != DEFAULT_ESTIMATOR or calibrate or run_queries is not None or host_cpu is not None):
+    if several and (estimator != DEFAULT_ESTIMATOR or calibrate or run_queries is not None):
         raise TunecostError(
             "--gpus/--strategy estimate with the step simulator and the cross-GPU throughput model; "
-            "--estimator, --calibrate, --run-queries and --host-cpu apply to one GPU only"
+            "--estimator, --calibrate and --run-queries apply to one GPU only"
         )
     if host_cpu is not None and estimator == "paper":
         raise TunecostError("--host-cpu needs --estimator calibrated or simulate (eq. (2) has no host in it)")

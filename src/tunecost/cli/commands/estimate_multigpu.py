@@ -137,10 +137,10 @@ def run_multi_gpu(
     steady_state: bool = False,
     behaviour=None,
     framework: str | None = None,
+    host_cpu: str | None = None,
 ) -> None:
-    """Answer the multi-GPU question for `job` (the estimate command's job) and print it, the answer first. Each
-    rank runs `batch_size`, or the largest micro-batch that fits with the safety margin; `framework` runs it
-    (`EstimatorOptions.framework`)."""
+    """Answer the multi-GPU question for `job` and print it, the answer first: each rank runs `batch_size` (else the
+    largest micro-batch that fits with the margin) under `framework`, on `host_cpu` (else each GPU's default host)."""
     from tunecost.catalog.gpus import resolve_gpu_name
     from tunecost.distributed.expert_parallel import EP_STRATEGIES
     from tunecost.estimate.gpu_search import estimate_multi_gpu
@@ -179,7 +179,7 @@ def run_multi_gpu(
         steady_state=steady_state,
         behaviour=behaviour,
         model_parallel=model_parallel_option(options),
-        needs=RankNeeds(job.with_(batch_size=1), behaviour, framework),
+        needs=RankNeeds(job.with_(batch_size=1), behaviour, framework, host_cpu),
     )
     if output.out is not None:  # every setup evaluated, for `tunecost report` (memory per rank and cost vs GPU count)
         from tunecost.results.records import save_multi_gpu_records

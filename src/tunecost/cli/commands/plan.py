@@ -205,8 +205,8 @@ def _emit(result, jobs: list, emit: tuple, target: str | None, force: bool, epoc
 
 
 def _note(option) -> str:
-    """What the row's hours leave out or rest on: the CPU optimizer step of an offload (not timed), extrapolation."""
-    said = ["CPU optimizer step not timed"] if option.offload != "none" else []
+    """What the row's hours rest on: an offload's host optimizer step (at datasheet bandwidth), extrapolation."""
+    said = ["host optimizer step: a floor"] if option.offload != "none" else []
     return "; ".join(said + (["outside validated range"] if option.setup.extrapolation else []))
 
 
