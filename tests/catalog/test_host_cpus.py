@@ -25,10 +25,12 @@ def test_every_cpu_is_sourced_and_the_reference_host_has_speed_one():
     spr = cpus["Xeon Platinum 8480C"]
     assert spr.speed == pytest.approx(3.8 / 3.4 * 1.19)
     assert cpus["EPYC 7763"].per_clock == pytest.approx(cpus["EPYC 7742"].per_clock * 1.19, rel=1e-3)
-    # memory bandwidth per socket = channels x MT/s x 8 bytes: Ice Lake 8 x DDR4-3200, Genoa 12 x DDR5-4800
+    # memory bandwidth = sockets x channels x MT/s x 8 bytes: Ice Lake 2 x 8 x DDR4-3200, Genoa 2 x 12 x DDR5-4800,
+    # a Ryzen 9 7950X desktop 1 x 2 x DDR5-5200
     assert all(c.sources.get("memory") for c in cpus.values())
-    assert cpus[REFERENCE_HOST].memory_bytes_per_s == pytest.approx(204.8e9)
-    assert cpus["EPYC 9654"].memory_bytes_per_s == pytest.approx(460.8e9)
+    assert cpus[REFERENCE_HOST].memory_bytes_per_s == pytest.approx(2 * 204.8e9)
+    assert cpus["EPYC 9654"].memory_bytes_per_s == pytest.approx(2 * 460.8e9)
+    assert cpus["Ryzen 9 7950X"].memory_bytes_per_s == pytest.approx(83.2e9)
 
 
 def test_names_and_aliases_resolve_and_unknown_lists_the_known():
@@ -51,19 +53,20 @@ def test_default_hosts_named_or_reference_system_or_reference():
 
 def test_bad_rows_name_the_file_and_row(tmp_path):
     path = tmp_path / "cpus.csv"
-    header = (
-        "name,aliases,max_turbo_ghz,source_clock,core,per_clock,source_per_clock,memory_channels,memory_mt_s,as_of\n"
-    )
-    path.write_text(header + f"{REFERENCE_HOST},,fast,x,Sunny Cove,1,x,8,3200,2026-01-01\n")
+    header = "name,aliases,max_turbo_ghz,source_clock,core,per_clock,source_per_clock,"
+    header += "memory_channels,memory_mt_s,sockets,as_of\n"
+    path.write_text(header + f"{REFERENCE_HOST},,fast,x,Sunny Cove,1,x,8,3200,2,2026-01-01\n")
     with pytest.raises(TunecostError, match="row 1: column 'max_turbo_ghz' is not a number"):
         load_host_cpus(path)
-    path.write_text(header + f"{REFERENCE_HOST},,3.4,x,Sunny Cove,0,x,8,3200,2026-01-01\n")
-    with pytest.raises(TunecostError, match="row 1: max_turbo_ghz, per_clock and the memory columns must be > 0"):
+    path.write_text(header + f"{REFERENCE_HOST},,3.4,x,Sunny Cove,0,x,8,3200,2,2026-01-01\n")
+    with pytest.raises(
+        TunecostError, match="row 1: max_turbo_ghz, per_clock, memory_channels, memory_mt_s, sockets must be > 0"
+    ):
         load_host_cpus(path)
-    path.write_text(header + f"{REFERENCE_HOST},,3.4,x,Sunny Cove,1,x,0,3200,2026-01-01\n")
-    with pytest.raises(TunecostError, match="row 1: .* the memory columns must be > 0"):
+    path.write_text(header + f"{REFERENCE_HOST},,3.4,x,Sunny Cove,1,x,0,3200,2,2026-01-01\n")
+    with pytest.raises(TunecostError, match="row 1: .* memory_channels, .* must be > 0"):
         load_host_cpus(path)
-    row = "3.4,x,c,1,x,8,3200,2026-01-01"
+    row = "3.4,x,c,1,x,8,3200,2,2026-01-01"
     path.write_text(header + f"{REFERENCE_HOST},8380,{row}\nOther,8380,{row}\n")
     with pytest.raises(TunecostError, match="row 2: '8380' already names"):
         load_host_cpus(path)
@@ -79,7 +82,8 @@ def test_bad_rows_name_the_file_and_row(tmp_path):
         ("Intel(R) Xeon(R) Platinum 8380 CPU @ 2.30GHz", "Xeon Platinum 8380"),
         ("AMD EPYC 7742 64-Core Processor", "EPYC 7742"),
         ("Intel(R) Xeon(R) Platinum 8480+", "Xeon Platinum 8480+"),
-        ("AMD Ryzen 9 7950X 16-Core Processor", None),
+        ("AMD Ryzen 9 7950X 16-Core Processor", "Ryzen 9 7950X"),
+        ("AMD Ryzen 7 5800X3D 8-Core Processor", None),
         ("", None),
     ],
 )

@@ -28,6 +28,7 @@ class HostCpu:
     per_clock: float  # performance per clock relative to the reference host's core (Sunny Cove)
     memory_channels: int
     memory_mt_s: int  # DDR transfers per second per channel, in millions
+    sockets: int  # CPUs in the machine (servers 2, desktops 1)
     sources: dict[str, str]
     as_of: str
 
@@ -38,8 +39,8 @@ class HostCpu:
 
     @property
     def memory_bytes_per_s(self) -> float:
-        """One socket's datasheet memory bandwidth: channels x transfers x 8 bytes."""
-        return self.memory_channels * self.memory_mt_s * 1e6 * 8
+        """The machine's datasheet memory bandwidth: sockets x channels x transfers x 8 bytes."""
+        return self.sockets * self.memory_channels * self.memory_mt_s * 1e6 * 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,11 +59,11 @@ def load_host_cpus(path: Path = HOST_CPUS_PATH) -> tuple[dict[str, HostCpu], dic
     """(CPUs by name, name by lower-case name or alias)."""
     cpus: dict[str, HostCpu] = {}
     names: dict[str, str] = {}
-    columns = ("name", "aliases", "max_turbo_ghz", "core", "per_clock", "memory_channels", "memory_mt_s", "as_of")
-    for i, row in read_catalog_csv(path, columns):
-        turbo, per_clock, channels, mt_s = (parse_float(path, i, k, row[k]) for k in columns[2:7] if k != "core")
-        if min(turbo, per_clock, channels, mt_s) <= 0:
-            raise TunecostError(f"{path}: row {i}: max_turbo_ghz, per_clock and the memory columns must be > 0")
+    numbers = ("max_turbo_ghz", "per_clock", "memory_channels", "memory_mt_s", "sockets")
+    for i, row in read_catalog_csv(path, ("name", "aliases", "core", *numbers, "as_of")):
+        turbo, per_clock, channels, mt_s, sockets = (parse_float(path, i, k, row[k]) for k in numbers)
+        if min(turbo, per_clock, channels, mt_s, sockets) <= 0:
+            raise TunecostError(f"{path}: row {i}: {', '.join(numbers)} must be > 0")
         name = row["name"]
         for alias in (name, *(a for a in row["aliases"].split(";") if a.strip())):
             key = _key(alias)
@@ -76,6 +77,7 @@ def load_host_cpus(path: Path = HOST_CPUS_PATH) -> tuple[dict[str, HostCpu], dic
             per_clock=per_clock,
             memory_channels=int(channels),
             memory_mt_s=int(mt_s),
+            sockets=int(sockets),
             sources={k.removeprefix("source_"): v for k, v in row.items() if k.startswith("source_")},
             as_of=row["as_of"],
         )

@@ -69,13 +69,13 @@ class Links:
 
 def default_links(gpu: GPU, gpus_per_node: int, node_link: str | None = None, host_cpu: str | None = None) -> Links:
     """The GPU's node link, network and PCIe by its family, and the memory of its host (`host_cpu`, else the
-    GPU's default host) times `offload.HOST_SOCKETS`."""
+    GPU's default host)."""
     node = resolve_interconnect(node_link or DEFAULT_NODE_LINK.get(gpu.name, DEFAULT_NODE_LINK_OTHER))
     if node.scope != "node":
         raise TunecostError(f"{node.name} links nodes, not the GPUs of one node; name a node link (NVLink, PCIe)")
     network = resolve_interconnect(DEFAULT_NETWORK.get(gpu.name, DEFAULT_NETWORK_OTHER))
     host = resolve_interconnect(offload.host_link_name(gpu.name))
-    memory = offload.HOST_SOCKETS * gpu_host(gpu.name, host_cpu).cpu.memory_bytes_per_s
+    memory = gpu_host(gpu.name, host_cpu).cpu.memory_bytes_per_s
     return Links(node=node, network=network, nics_per_node=gpus_per_node, host=host, host_memory_bytes_per_s=memory)
 
 
@@ -170,14 +170,14 @@ def cpu_optimizer_seconds(step: SingleGpuStep, plan: ParallelPlan, links: Links,
 
 def cpu_optimizer_note(gpu: GPU, links: Links, host_cpu: str | None = None) -> str:
     """What an offloaded optimizer step's time rests on, for `gpu`'s host (`host_cpu`, else its default)."""
-    host = gpu_host(gpu.name, host_cpu)
-    named = "named" if host_cpu else "assumed"
+    cpu = gpu_host(gpu.name, host_cpu).cpu
+    named = "named" if host_cpu else "assumed; name yours with --host-cpu: a workstation's two channels give far less"
     return (
         f"{gpu.name}: the offloaded optimizer step runs on the host CPU, bound by its memory: "
-        f"{links.host_memory_bytes_per_s / 1e9:.0f} GB/s ({offload.HOST_SOCKETS} x {host.cpu.name}, {named}; "
-        "its datasheet bandwidth) shared by the node's ranks, DeepSpeedCPUAdam moving 28 bytes per parameter "
-        "(torch's AdamW on CPU, for FSDP: 7 or, not fused, 20 elements); a floor: memory achieves less than its "
-        "datasheet, and fewer threads per rank (torchrun's OMP_NUM_THREADS=1) make it slower"
+        f"{links.host_memory_bytes_per_s / 1e9:.0f} GB/s, the datasheet bandwidth of {cpu.sockets} x {cpu.name} "
+        f"({named}), shared by the node's ranks; DeepSpeedCPUAdam moves 28 bytes per parameter (torch's AdamW on "
+        "CPU, for FSDP: 7 elements fused, 20 not); a floor: memory achieves less than its datasheet, and one thread "
+        "per rank (torchrun's OMP_NUM_THREADS=1) makes it slower"
     )
 
 

@@ -12,7 +12,6 @@ OFFLOAD_STRATEGIES = {"optimizer": ("zero1", "zero2", "zero3"), "params": ("zero
 FP32_GRADIENT_BYTES = 4  # DeepSpeed keeps the offloaded gradient partition in fp32 for the CPU Adam
 HOST_LINK_BY_GPU = {"H100-80GB-SXM": "PCIe5", "H100-80GB-PCIE": "PCIe5", "H200-141GB": "PCIe5"}
 HOST_LINK_OTHER = "PCIe4"
-HOST_SOCKETS = 2  # CPUs per GPU server (the DGX systems' two; assumed for the others)
 # Host memory one parameter's CPU optimizer update moves, in elements of the states' dtype: DeepSpeedCPUAdam's
 # one fused pass (fp32 param, grad, exp_avg, exp_avg_sq read, three written) and torch's AdamW on CPU tensors,
 # fused=True likewise, else its single-tensor loop of eight ops (12 read, 8 written); docs/multi-gpu.md.
