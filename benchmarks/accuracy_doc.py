@@ -269,7 +269,8 @@ def render(v: Validated) -> str:
         "efficiency reproduces. A row on "
         "several GPUs is its own single-GPU step plus the communication its compute does not hide "
         "(`distributed.timing`: FSDP's collectives over the GPU's node link, nccl-tests' bus bandwidths, prefetch "
-        "overlap), with its stack's single-GPU efficiency; it calibrates only a group without a single-GPU row.",
+        "overlap), its optimizer step over the rank's shard of the states (1/N under FSDP and ZeRO), with its "
+        "stack's single-GPU efficiency; it calibrates only a group without a single-GPU row.",
         "",
     ]
     lines += _throughput_stack_lines(results)

@@ -129,11 +129,22 @@ def test_an_offloaded_optimizer_steps_on_the_host(full, strategy, offload, fused
     assert timed.compute_seconds == pytest.approx(forward + backward + host)
 
 
-def test_the_host_steps_dont_count_a_no_sync_micro_batch(full):
+def test_a_no_sync_micro_batch_steps_no_optimizer(full):
     _job, step = full
     plan = ParallelPlan(num_gpus=N, strategy="fsdp2", offload="params")
     timed, _ = step_time(step, plan, links_at(BUSBW), 1.0, sync_gradients=False)
-    assert timed.compute_seconds == pytest.approx(1.0)
+    forward, backward, _ = phase_seconds(step, 1.0)
+    assert timed.compute_seconds == pytest.approx(forward + backward)
+
+
+def test_a_host_step_counts_once_per_accumulated_step(full):
+    """A micro-step carries 1/accumulation of the host's optimizer step, as of the GPU's."""
+    _job, step = full
+    plan = ParallelPlan(num_gpus=N, strategy="zero2", offload="optimizer")
+    once, _ = step_time(step, plan, links_at(BUSBW), 1.0, optimizer_seconds=0.1)
+    fourth, _ = step_time(step, plan, links_at(BUSBW), 1.0, optimizer_seconds=0.1, accumulation=4)
+    host = once.compute_seconds - 0.9
+    assert fourth.compute_seconds == pytest.approx(0.9 + host / 4)
 
 
 def _adamw_elements_moved(**options) -> tuple[int, int, set[str]]:

@@ -12,7 +12,7 @@ from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.catalog.interconnects import resolve_interconnect
 from tunecost.distributed.layouts import valid_gpu_counts
 from tunecost.distributed.rank_memory import single_gpu_step
-from tunecost.distributed.timing import Links, step_time
+from tunecost.distributed.timing import Links, phase_seconds, step_time
 from tunecost.errors import TunecostError
 from tunecost.estimate.gpu_search import estimate_multi_gpu
 from tunecost.workload.job import LoraConfig
@@ -83,6 +83,20 @@ def test_deepspeed_has_no_no_sync_micro_batch(tiny, strategy):
     _job, step = tiny
     with pytest.raises(TunecostError, match="every micro-batch"):
         step_time(step, ParallelPlan(num_gpus=4, strategy=strategy), _links(), 1.0, sync_gradients=False)
+
+
+@pytest.mark.parametrize(("strategy", "share"), [("ddp", 1), ("zero1", 1 / 4), ("zero3", 1 / 4), ("fsdp2", 1 / 4)])
+def test_a_rank_steps_the_optimizer_over_its_shard(tiny, strategy, share):
+    """The throughput model's optimizer seconds (memory-bound, given) shrink to the rank's shard of the states:
+    all of them under DDP, 1/N under ZeRO and FSDP; the rest of the compute splits by the simulated FLOPs."""
+    _job, step = tiny
+    plan = ParallelPlan(num_gpus=4, strategy=strategy)
+    timed, _ = step_time(step, plan, _links(), compute_seconds=1.0, optimizer_seconds=0.4)
+    assert timed.compute_seconds == pytest.approx(0.6 + 0.4 * share)
+    forward, backward, optimizer = phase_seconds(step, 1.0, 0.4)
+    flops = step.flops_by_phase
+    assert optimizer == 0.4 and forward + backward == pytest.approx(0.6)
+    assert forward / 0.6 == pytest.approx(flops["forward"] / (sum(flops.values()) - flops.get("optimizer", 0.0)))
 
 
 def test_one_gpu_communicates_nothing(tiny):

@@ -83,6 +83,7 @@ def model_parallel_step_time(
     *,
     spec: ModelSpec,
     fused_adamw: bool = False,
+    optimizer_fraction: float | None = None,
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
     """(StepTime with its bubble, every collective of a step) of a rank of `plan` on the first pipeline stage,
     whose step is `step` (`model_parallel.stage_step`), given the single-GPU seconds of one micro-batch through the
@@ -93,8 +94,11 @@ def model_parallel_step_time(
     per_micro_batch = whole_model_seconds / plan.degree
     layer_seconds = per_micro_batch / max(1, step.num_layers)
     collectives, exposed = model_parallel_comm(step, plan, links, spec, layer_seconds)
-    dp_plan = data_parallel_plan(plan)
-    dp_timed, dp_collectives = step_time(step, dp_plan, links, m * per_micro_batch, fused_adamw=fused_adamw)
+    compute = m * per_micro_batch  # the stage's step, its optimizer's share (`optimizer_fraction`) once
+    optimizer = None if optimizer_fraction is None else optimizer_fraction * compute
+    dp_timed, dp_collectives = step_time(
+        step, data_parallel_plan(plan), links, compute, fused_adamw=fused_adamw, optimizer_seconds=optimizer
+    )
     stage_micro_batch = per_micro_batch + exposed / m
     bubble = mpc.pipeline_bubble_seconds(stage_micro_batch, plan.pipeline_schedule, plan.pp, m, plan.virtual_stages)
     timed = overlap.StepTime(

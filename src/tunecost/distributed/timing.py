@@ -3,8 +3,8 @@
 Per step of a strategy, the collectives (sizes from the single-GPU step, `rank_memory.SingleGpuStep`) are timed
 with nccl-tests' bus-bandwidth definitions (`comm`) over the interconnect catalog and hidden under compute per
 `overlap`; expert parallelism adds its all-to-alls (`expert_parallel`). Compute per rank is given (the
-single-GPU step at the same micro-batch), split into forward, backward (with recompute) and optimizer by the
-simulated FLOPs, and evenly over the decoder layers.
+single-GPU step at the same micro-batch); the rank steps the optimizer over its shard of the states, and the rest
+splits into forward and backward by the simulated FLOPs, evenly over the decoder layers.
 """
 
 from __future__ import annotations
@@ -79,13 +79,18 @@ def default_links(gpu: GPU, gpus_per_node: int, node_link: str | None = None, ho
     return Links(node=node, network=network, nics_per_node=gpus_per_node, host=host, host_memory_bytes_per_s=memory)
 
 
-def phase_seconds(step: SingleGpuStep, step_seconds: float) -> tuple[float, float, float]:
-    """(forward, backward + recompute, optimizer) seconds of a step, split by the simulated FLOPs."""
+def phase_seconds(
+    step: SingleGpuStep, step_seconds: float, optimizer_seconds: float | None = None
+) -> tuple[float, float, float]:
+    """(forward, backward + recompute, optimizer) seconds of a step: the optimizer's as given (the throughput
+    model's, memory-bound) or its share of the simulated FLOPs, the rest split by the simulated FLOPs."""
     flops = step.flops_by_phase
     total = sum(flops.values()) or 1.0
-    forward = flops.get("forward", 0.0) / total
-    optimizer = flops.get("optimizer", 0.0) / total
-    return forward * step_seconds, (1.0 - forward - optimizer) * step_seconds, optimizer * step_seconds
+    if optimizer_seconds is None:
+        optimizer_seconds = flops.get("optimizer", 0.0) / total * step_seconds
+    rest = step_seconds - optimizer_seconds
+    forward = flops.get("forward", 0.0) / ((total - flops.get("optimizer", 0.0)) or 1.0) * rest
+    return forward, rest - forward, optimizer_seconds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -168,6 +173,16 @@ def cpu_optimizer_seconds(step: SingleGpuStep, plan: ParallelPlan, links: Links,
     return offload.cpu_optimizer_seconds(params, per_param, bandwidth)
 
 
+def rank_optimizer_seconds(
+    step: SingleGpuStep, plan: ParallelPlan, links: Links, single_gpu_seconds: float, *, fused_adamw: bool = False
+) -> float:
+    """A rank's optimizer step: on its host when offloaded (`cpu_optimizer_seconds`), else the single GPU's
+    `single_gpu_seconds` over the ranks that shard the optimizer states (ZeRO, FSDP: each updates its shard)."""
+    if offload.offloads_states(plan.offload):
+        return cpu_optimizer_seconds(step, plan, links, fused_adamw=fused_adamw)
+    return single_gpu_seconds / shard_group_size(plan)
+
+
 def cpu_optimizer_note(gpu: GPU, links: Links, host_cpu: str | None = None) -> str:
     """What an offloaded optimizer step's time rests on, for `gpu`'s host (`host_cpu`, else its default)."""
     cpu = gpu_host(gpu.name, host_cpu).cpu
@@ -189,18 +204,21 @@ def step_time(
     *,
     sync_gradients: bool = True,
     fused_adamw: bool = False,
+    optimizer_seconds: float | None = None,
+    accumulation: int = 1,
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
     """(overlap.StepTime, the collectives and host copies of a step) of `plan` whose single-GPU compute is
     given. Expert parallelism's all-to-alls block the layer that issues them: they lengthen its forward and
     backward. `sync_gradients=False`: a micro-batch under `no_sync` (`NO_SYNC_STRATEGIES` only), gradients kept
-    unreduced: no gradient collective, its host copies or an optimizer step's; the all-gathers stay. With the
-    optimizer offloaded its step runs on the host (`cpu_optimizer_seconds`, `fused_adamw`: torch's fused AdamW)
-    instead of the GPU."""
+    unreduced: no gradient collective, its host copies or optimizer step; the all-gathers stay.
+    `optimizer_seconds`: the single GPU's optimizer time in `compute_seconds` (`phase_seconds`), one
+    `accumulation`-th of a step's; the rank runs its own (`rank_optimizer_seconds`, `fused_adamw`: torch's fused
+    AdamW on an offloading host)."""
     if not sync_gradients and plan.strategy not in NO_SYNC_STRATEGIES:
         raise TunecostError(f"{plan.strategy} reduces gradients every micro-batch: no no_sync micro-batch")
-    fwd, bwd, opt = phase_seconds(step, compute_seconds)
-    if offload.offloads_states(plan.offload) and sync_gradients:
-        opt = cpu_optimizer_seconds(step, plan, links, fused_adamw=fused_adamw)
+    fwd, bwd, opt = phase_seconds(step, compute_seconds, optimizer_seconds)
+    whole = rank_optimizer_seconds(step, plan, links, opt * accumulation, fused_adamw=fused_adamw)
+    opt = whole / accumulation if sync_gradients else 0.0
     c = _StepComm(step, plan, links, sync_gradients)
     a2a = {"forward": 0.0, "backward": 0.0}
     if c.ep > 1:

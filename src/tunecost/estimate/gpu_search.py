@@ -269,5 +269,6 @@ class _Search:
             margin_fraction=self.margin,
             queries_per_row=tp.queries_per_row,
             fused_adamw=self.needs.fused_adamw,
+            optimizer_fraction=tp.optimizer_fraction,
         )
         return dataclasses.replace(setup, interval_ratio=ratio, extrapolation=outside)

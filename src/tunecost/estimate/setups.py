@@ -115,11 +115,13 @@ def evaluate_setup(
     margin_fraction: float | None = None,
     queries_per_row: float = 1.0,
     fused_adamw: bool = False,
+    optimizer_fraction: float | None = None,
 ) -> Setup:
     """Memory, step time, throughput and (given a workload) cost of one setup at the job's micro-batch; with
     `param_counts`, DeepSpeed's own estimate beside a zero2 or zero3 rank's memory; `queries_per_row`: the queries a
     packed row holds (the micro-batch counts rows); `fused_adamw`: the job runs torch's fused AdamW (an offloaded
-    FSDP optimizer's host step)."""
+    FSDP optimizer's host step); `optimizer_fraction`: the optimizer's share of the single-GPU step, which each rank
+    runs over its shard of the states (`timing.rank_optimizer_seconds`)."""
     deepspeed = deepspeed_estimator.gpu_bytes(plan, param_counts) if param_counts is not None else None
     base = Setup(
         gpu=gpu,
@@ -133,10 +135,21 @@ def evaluate_setup(
     if base.fit == "no" or not single_gpu_queries_per_s:
         return base
     compute = job.batch_size * queries_per_row / single_gpu_queries_per_s  # one micro-step, in seconds
+    optimizer = None if optimizer_fraction is None else optimizer_fraction * compute
     if plan.degree == 1:
-        timed, collectives = step_time(step, plan, links, compute, fused_adamw=fused_adamw)
+        timed, collectives = step_time(
+            step,
+            plan,
+            links,
+            compute,
+            fused_adamw=fused_adamw,
+            optimizer_seconds=optimizer,
+            accumulation=job.grad_accum,
+        )
     else:
-        timed, collectives = model_parallel_time(step, job, plan, links, compute, fused_adamw=fused_adamw)
+        timed, collectives = model_parallel_time(
+            step, job, plan, links, compute, fused_adamw=fused_adamw, optimizer_fraction=optimizer_fraction
+        )
     qps = plan.dp * plan.num_micro_batches * job.batch_size * queries_per_row / timed.step_seconds
     cost = None
     if num_queries and epochs:
@@ -166,11 +179,20 @@ def model_parallel_time(
     whole_model_seconds: float,
     *,
     fused_adamw: bool = False,
+    optimizer_fraction: float | None = None,
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
     """A TP/PP/CP rank's step from its whole-model TP/CP step `step`: the first stage (most in flight)."""
     stage = model_parallel.first_stage(step, plan)
     spec = resolve_model(job.model)
-    return model_parallel_step_time(stage, plan, links, whole_model_seconds, spec=spec, fused_adamw=fused_adamw)
+    return model_parallel_step_time(
+        stage,
+        plan,
+        links,
+        whole_model_seconds,
+        spec=spec,
+        fused_adamw=fused_adamw,
+        optimizer_fraction=optimizer_fraction,
+    )
 
 
 def smallest_fitting(setups: Sequence[Setup]) -> dict[tuple[str, str], Setup]:

@@ -67,6 +67,7 @@ class Throughput:
     startup_s: float = 0.0
     notes: tuple[str, ...] = ()
     queries_per_row: float = 1.0  # queries a row of the batch holds (packing: several)
+    optimizer_fraction: float | None = None  # the optimizer step's share of the time (None: eq. (2), not split)
 
 
 def throughput_at(req: EstimateRequest, batch_size: int) -> Throughput:
@@ -107,6 +108,7 @@ def throughput_at(req: EstimateRequest, batch_size: int) -> Throughput:
         startup_s=startup_seconds(req.options, pred),
         notes=out,
         queries_per_row=pred.counts.lengths.queries_per_row,
+        optimizer_fraction=pred.step.optimizer_fraction,
     )
 
 

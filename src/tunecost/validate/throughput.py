@@ -85,20 +85,22 @@ def rank_step(mapped: MappedRow) -> SingleGpuStep:
 
 
 RankStepFn = Callable[[MappedRow], "SingleGpuStep"]
+RankExtraFn = Callable[[float, float], float]  # (micro-batch compute s, single-GPU optimizer s) -> a rank's extra s
 
 
-def exposed_comm_fn(mapped: MappedRow, gpu: GPU, rank_step_fn: RankStepFn = rank_step) -> Callable[[float], float]:
-    """Seconds per optimizer step that one rank of the row's layout spends beyond its micro-batches' compute, as
-    a function of one micro-batch's compute seconds (`distributed.timing.step_time` over the GPU's default node
-    link and, beyond one node, its default network): communication the compute does not hide, summed over the
-    row's micro-batches (every one all-gathers the sharded weights; under a stack's `no_sync` accumulation only the
-    last reduces the gradients), and an offloaded optimizer's host step over the GPU's. The rank's simulated step
-    is traced once, here, and may raise."""
-    from tunecost.distributed.timing import NO_SYNC_STRATEGIES, default_links, step_time
+def exposed_comm_fn(mapped: MappedRow, gpu: GPU, rank_step_fn: RankStepFn = rank_step) -> RankExtraFn:
+    """Seconds per optimizer step that one rank of the row's layout spends beyond a single GPU's step, as a
+    function of one micro-batch's compute seconds and the single GPU's optimizer seconds
+    (`distributed.timing.step_time` over the GPU's default node link and, beyond one node, its default network):
+    the communication its compute does not hide, summed over the row's micro-batches (every one all-gathers the
+    sharded weights; under a stack's `no_sync` accumulation only the last reduces the gradients), and its own
+    optimizer step against the single GPU's (`rank_optimizer_seconds`: a shard of it, or the host's). The rank's
+    simulated step is traced once, here, and may raise."""
+    from tunecost.distributed.timing import NO_SYNC_STRATEGIES, default_links, rank_optimizer_seconds, step_time
 
     plan = mapped.plan()
     if plan.num_gpus == 1:
-        return lambda _micro_step_s: 0.0
+        return lambda _micro_step_s, _optimizer_s: 0.0
     traced, links = rank_step_fn(mapped), default_links(gpu, plan.node_size)
     accumulate = mapped.grad_accum
     unsynced = accumulate - 1 if mapped.stack.no_sync_accumulation and plan.strategy in NO_SYNC_STRATEGIES else 0
@@ -106,19 +108,19 @@ def exposed_comm_fn(mapped: MappedRow, gpu: GPU, rank_step_fn: RankStepFn = rank
     fused = stack_adamw_impl(mapped.job.stack, mapped.behaviour) == ADAMW_FUSED
 
     def exposed(micro_step_s: float, sync: bool) -> float:
-        timed = step_time(traced, plan, links, micro_step_s, sync_gradients=sync, fused_adamw=fused)[0]
-        return timed.step_seconds - micro_step_s
+        return step_time(traced, plan, links, micro_step_s, sync_gradients=sync)[0].exposed_comm_seconds
 
-    def per_step(micro_step_s: float) -> float:
+    def per_step(micro_step_s: float, optimizer_s: float = 0.0) -> float:
         synced = (accumulate - unsynced) * exposed(micro_step_s, True)
-        return synced + (unsynced * exposed(micro_step_s, False) if unsynced else 0.0)
+        own = rank_optimizer_seconds(traced, plan, links, optimizer_s, fused_adamw=fused) - optimizer_s
+        return synced + (unsynced * exposed(micro_step_s, False) if unsynced else 0.0) + own
 
     return per_step
 
 
 def exposed_comm_s(mapped: MappedRow, gpu: GPU, micro_step_s: float, rank_step_fn: RankStepFn = rank_step) -> float:
     """`exposed_comm_fn` at one micro-batch's compute seconds."""
-    return exposed_comm_fn(mapped, gpu, rank_step_fn)(micro_step_s)
+    return exposed_comm_fn(mapped, gpu, rank_step_fn)(micro_step_s, 0.0)
 
 
 def step_seconds(counts: AnalyticStepCounts, terms: GpuTerms, gemm_efficiency: float) -> float:
@@ -138,7 +140,7 @@ def row_step_fn(
 ) -> StepFn:
     """The row's seconds per optimizer step as a function of the GEMM efficiency: the single-GPU step of its
     `counts`, plus on several GPUs the communication its micro-batches do not hide (`exposed_comm_fn`, which may
-    raise)."""
+    raise), with the rank's own share of the optimizer step."""
     if mapped.num_gpus == 1 and mapped.behaviour.activation_offload:
         spec = resolve_model(mapped.job.model)
         copies_s = copies_seconds(spec, mapped.job, counts.tokens_per_step, gpu.name)  # every micro-batch's
@@ -147,9 +149,14 @@ def row_step_fn(
         return lambda eff: step_seconds(counts, terms, eff)
     if mapped.model_parallel is not None:
         return model_parallel_step_fn(mapped, terms, gpu, counts_fn, rank_step_fn)
-    comm = exposed_comm_fn(mapped, gpu, rank_step_fn)
+    extra = exposed_comm_fn(mapped, gpu, rank_step_fn)
     micro = counts_fn(mapped)
-    return lambda eff: step_seconds(counts, terms, eff) + comm(step_seconds(micro, terms, eff))
+
+    def step_of(eff: float) -> float:
+        whole = step_time(counts, terms, stack_params(eff))
+        return whole.step_s + extra(step_seconds(micro, terms, eff), whole.class_s.get("optimizer", 0.0))
+
+    return step_of
 
 
 def model_parallel_step_fn(
@@ -173,8 +180,11 @@ def model_parallel_step_fn(
     step = accumulated(counts_fn(mapped), m)
 
     def step_of(eff: float) -> float:
-        micro_s = step_seconds(step, terms, eff) / m
-        return model_parallel_step_time(stage, plan, links, micro_s, spec=spec)[0].step_seconds
+        whole = step_time(step, terms, stack_params(eff))
+        timed = model_parallel_step_time(
+            stage, plan, links, whole.step_s / m, spec=spec, optimizer_fraction=whole.optimizer_fraction
+        )
+        return timed[0].step_seconds
 
     return step_of
 

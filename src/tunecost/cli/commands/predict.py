@@ -42,6 +42,7 @@ OUTPUT_COLUMNS = (
     "step_s",
     "gpu_s",
     "host_s",
+    "optimizer_s",
     "host_cpu",
     "run_queries",
     "extrapolation",
@@ -151,6 +152,7 @@ def _row(pred, notes: str = "") -> dict:
         # where the step goes: GPU work, and launch and host time the GPU work does not hide
         "gpu_s": round(pred.step.gpu_s, 6),
         "host_s": round(pred.step.exposed_host_s, 6),
+        "optimizer_s": round(pred.step.class_s.get("optimizer", 0.0), 6),  # of gpu_s; sharded ranks split it
         "host_cpu": pred.host_cpu or "measured (GPU profile)",
         "run_queries": pred.run_queries or "",
         "extrapolation": str(pred.extrapolation).lower(),

@@ -76,6 +76,11 @@ class StepTime:
         return sum(self.class_s.values())
 
     @property
+    def optimizer_fraction(self) -> float:
+        """The optimizer step's share of the step (what sharding its states divides)."""
+        return self.class_s.get("optimizer", 0.0) / self.step_s if self.step_s else 0.0
+
+    @property
     def exposed_host_s(self) -> float:
         """Time the step spends beyond its GPU work: launch and host time not hidden under GPU work."""
         return self.step_s - self.gpu_s
