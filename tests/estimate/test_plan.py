@@ -145,6 +145,20 @@ def test_plan_errors_are_one_line(cli_error) -> None:
     assert "--method" in cli_error([*base, "--method", "prefix-tuning"])
     assert "--own" in cli_error([*base, "--gpu", "none"])
     assert "--budget" in cli_error([*base, "--budget", "-3"])
+    assert "give --own" in cli_error([*base, "--host-cpu", "7950X"])
+    assert "--host-cpu: unknown host CPU 'Z80'" in cli_error([*base, "--own", "RTX-4090", "--host-cpu", "Z80"])
+
+
+def test_a_named_host_runs_the_owned_gpus_and_not_the_rented_ones() -> None:
+    """--host-cpu is the machine of the owned GPUs: their offloaded optimizer steps on its memory; a rented GPU
+    keeps its default host."""
+    job = estimate_job("Qwen/Qwen2.5-0.5B", method="full", seq_len=512)
+    owned = parse_owned("1xRTX-4090")
+    gpus = [resolve_gpu_name("RTX-4090").gpu]
+    plan = make_plan([job], gpus=gpus, own=owned, host_cpu="Ryzen 9 7950X", **{**SMALL, "max_gpus": 1})
+    notes = " ".join(plan.notes)
+    assert "83 GB/s, the datasheet bandwidth of 1 x Ryzen 9 7950X (named)" in notes
+    assert "the datasheet bandwidth of 2 x Xeon Platinum 8380 (assumed" in notes
 
 
 def test_emit_writes_the_recipe_and_never_replaces_a_file(cli_runner, cli_error, tmp_path) -> None:

@@ -334,10 +334,14 @@ def make_plan(
     global_batch: int | None = None,
     behaviour=None,
     on_progress: Callable[[int, int, str], None] | None = None,
+    host_cpu: str | None = None,
 ) -> Plan:
-    """Plan `jobs` (one per method) on the rented `gpus` and the `own`ed ones; each sized at its longest batch's
-    padded length and priced over its own lengths, as `estimate` sizes and prices it."""
-    needs = {job.method: RankNeeds(job.with_(batch_size=1), behaviour) for job in jobs}
+    """Plan `jobs` (one per method) on the rented `gpus` and the `own`ed ones (on `host_cpu`'s machine, else a
+    rented GPU's default host); each sized at its longest batch's padded length and priced over its own lengths, as
+    `estimate` sizes and prices it."""
+    rented = {job.method: RankNeeds(job.with_(batch_size=1), behaviour) for job in jobs}
+    mine = {job.method: RankNeeds(job.with_(batch_size=1), behaviour, host_cpu=host_cpu) for job in jobs}
+    needs = {False: rented, True: mine if host_cpu else rented}
     jobs = [sized_job(job) for job in jobs]
     groups = [(job, list(gpus), False, max_gpus, gpus_per_node) for job in jobs if gpus]
     groups += [(job, [o.gpu], True, o.count, o.count) for job in jobs for o in own]
@@ -357,9 +361,10 @@ def make_plan(
             provider=provider,
             prices_file=prices_file,
             behaviour=behaviour,
-            needs=needs[job.method],
+            needs=needs[owned][job.method],
         )
-        search = {"num_queries": num_queries, "epochs": epochs, "needs": needs[job.method], "prices_file": prices_file}
+        search = {"num_queries": num_queries, "epochs": epochs, "needs": needs[owned][job.method]}
+        search["prices_file"] = prices_file
         search["provider"] = None if owned else provider
         options += [_with_global_batch(o, job, global_batch, search) for o in found]
         notes += found_notes

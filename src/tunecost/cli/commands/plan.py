@@ -12,6 +12,7 @@ import typer
 from tunecost.cli import options as cli
 from tunecost.cli.commands import estimate_multigpu as multi
 from tunecost.cli.common import (
+    checked_host_cpu,
     cli_errors,
     console,
     format_hours,
@@ -27,6 +28,10 @@ from tunecost.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN
 from tunecost.workload.parallel import MAX_SEARCH_GPUS
 
 OWN_HELP = 'GPUs you own, e.g. "2xRTX-4090,1xA100-80GB": no rental cost, counted by their hours.'
+HOST_HELP = (
+    "CPU of the machine with your --own GPUs (13900K, 7950X, 8480C, ...): its speed times the host work and, "
+    "with offload, its memory the optimizer step (default: as a rented GPU's)."
+)
 METHOD_HELP = "Methods to weigh: a comma list of full, lora, qlora (default: all three, unless --config names one)."
 GLOBAL_BATCH_HELP = "The optimisation's batch, kept fixed: micro-batch x accumulation x data-parallel ranks."
 TOKENS_HELP = "Tokens to train on instead of --queries x --epochs (one epoch of tokens / --seq-len queries)."
@@ -74,6 +79,7 @@ def plan(
     deadline: Annotated[float | None, cli.opt("--deadline", "Most hours the run may take.")] = None,
     gpu: Annotated[str, cli.opt("--gpu", "GPUs that may be rented: a comma list or 'all' ('none': own only).")] = "all",
     own: Annotated[str | None, cli.opt("--own", OWN_HELP)] = None,
+    host_cpu: Annotated[str | None, cli.opt("--host-cpu", HOST_HELP)] = None,
     pricing: Pricing,
     max_gpus: multi.MaxGpus = None,
     gpus_per_node: multi.GpusPerNode = None,
@@ -89,14 +95,14 @@ def plan(
     """Which method, GPU, count and layout to fine-tune on: the cheapest within --deadline or the fastest within
     --budget, the cost-vs-hours front, what was ruled out and why, and the launch recipe (--emit)."""
     from tunecost.estimate.estimators import lengths_note
-    from tunecost.estimate.plan import make_plan, parse_owned
+    from tunecost.estimate.plan import make_plan
     from tunecost.estimate.throughput.packing import queries_per_row
     from tunecost.workload.job_data import job_data
 
     model = required("model", job_options.model)
     methods = _methods(method, target)
     _check_numbers(budget, deadline, epochs, queries, tokens, global_batch, max_gpus, gpus_per_node)
-    owned = parse_owned(own)
+    owned, host_cpu = _owned(own, host_cpu)
     gpus = _rented_gpus(gpu, owned)
     data = job_data(dataset, model=model) if dataset else None
     if global_batch is not None and on_command_line("grad_accum"):
@@ -123,6 +129,7 @@ def plan(
             global_batch=global_batch,
             behaviour=stack_flags.behaviour(job_options.stack),
             on_progress=on_progress,
+            host_cpu=host_cpu,
         )
     if out is not None:  # every setup weighed, for `tunecost report` (cost vs hours with the Pareto front)
         import sys
@@ -152,6 +159,16 @@ def _methods(method: str | None, target: str | None) -> list[str]:
     if target is not None and target not in TARGETS:
         raise TunecostError(f"--target {target!r}: expected {', '.join(TARGETS)}")
     return methods
+
+
+def _owned(own: str | None, host_cpu: str | None) -> tuple[tuple, str | None]:
+    """--own's GPUs, and --host-cpu (their machine's CPU) as the catalog names it."""
+    from tunecost.estimate.plan import parse_owned
+
+    owned = parse_owned(own)
+    if host_cpu is not None and not owned:
+        raise TunecostError("--host-cpu names the machine of your --own GPUs; give --own")
+    return owned, checked_host_cpu(host_cpu)
 
 
 def _check_numbers(
