@@ -171,3 +171,16 @@ def test_the_search_adds_context_parallelism_for_long_sequences(seq_len: int) ->
     assert model_parallel_choices(spec, lora, given=None, searching=True, gpus_per_node=8, lora=True) == choices
     kw = dict(given=None, searching=True, gpus_per_node=8, lora=True)
     assert [c.degree for c in model_parallel_choices(spec, qlora, **kw)] == [1]  # 4-bit weights are not sharded
+
+
+def test_the_search_leaves_out_zero_2_and_3_under_a_pipeline():
+    from tunecost.distributed.layouts import layout_plans
+    from tunecost.workload.parallel import MULTI_GPU_STRATEGIES, ModelParallel
+
+    layouts = [ModelParallel(), ModelParallel(pp=2), ModelParallel(tp=2, pp=2)]
+    plans = layout_plans(
+        8, MULTI_GPU_STRATEGIES, gpus_per_node=8, expert_degree=1, offload="none", model_parallel=layouts
+    )
+    piped = {p.strategy for p in plans if p.pp > 1}
+    assert piped and not piped & {"zero2", "zero3"} and "zero1" in piped
+    assert {"zero2", "zero3"} <= {p.strategy for p in plans if p.pp == 1}

@@ -47,3 +47,12 @@ def test_bad_plans(kwargs, message):
 def test_expert_parallel_must_divide_the_experts():
     with pytest.raises(TunecostError, match="does not divide the model's 60 experts"):
         ParallelPlan(num_gpus=8, strategy="fsdp2", expert_parallel=8).check_experts(60)
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "zero3"])
+def test_zero_2_and_3_do_not_run_under_a_pipeline(strategy):
+    """DeepSpeed's PipelineEngine asserts a ZeRO stage below 2; zero1, FSDP and DDP take a pipeline."""
+    with pytest.raises(TunecostError, match=f"{strategy} with --pp 2: DeepSpeed runs ZeRO-2 and ZeRO-3 without"):
+        ParallelPlan(num_gpus=4, strategy=strategy, pp=2)
+    for other in ("zero1", "fsdp2", "ddp"):
+        ParallelPlan(num_gpus=4, strategy=other, pp=2)

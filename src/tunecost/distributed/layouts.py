@@ -13,7 +13,7 @@ from tunecost.errors import TunecostError
 from tunecost.models.anatomy import HYBRID_FAMILIES
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob
-from tunecost.workload.parallel import MAX_SEARCH_GPUS, ModelParallel, ParallelPlan
+from tunecost.workload.parallel import MAX_SEARCH_GPUS, NOT_WITH_PIPELINE, ModelParallel, ParallelPlan
 
 if TYPE_CHECKING:
     from tunecost.models.catalog import ModelSpec
@@ -94,6 +94,8 @@ def _layout_plans(
         alone = n == mp.degree and mp.cp == 1 and offload == "none"  # one rank holds each weight shard
         degrees = dataclasses.asdict(mp)
         for s in strategies if not alone else [s for s in strategies if s.startswith("zero")] + ["ddp"]:
+            if mp.pp > 1 and s in NOT_WITH_PIPELINE:
+                continue
             out.append(
                 ParallelPlan(
                     num_gpus=n,

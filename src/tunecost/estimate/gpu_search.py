@@ -223,11 +223,10 @@ class _Search:
                 else:
                     lo, border = self.needs.largest_micro_batch(plan, gpu, self.margin)
                     setups.append(self.evaluate(gpu, links, prices, throughputs, plan, max(lo, 1), border))
-                    if lo and fewest is None:
-                        single = [dataclasses.replace(plan, strategy=s) for s in self.strategies]
-                        found.update(
-                            dict.fromkeys(map(_layout_key, single if plan.strategy == "single" else [plan]), n)
-                        )
+                    if lo and fewest is None:  # one GPU fitting stands for every strategy's
+                        single = plan.strategy == "single"
+                        same = [dataclasses.replace(plan, strategy=s) for s in self.strategies] if single else [plan]
+                        found.update(dict.fromkeys(map(_layout_key, same), n))
         return setups
 
     def evaluate(

@@ -20,6 +20,9 @@ STRATEGIES = {
     "zero3": "PGO",  # DeepSpeed ZeRO stage 3
 }
 MULTI_GPU_STRATEGIES = tuple(s for s in STRATEGIES if s != "single")
+# DeepSpeed's PipelineEngine asserts a ZeRO stage below 2: "ZeRO-2 and ZeRO-3 are incompatible with pipeline
+# parallelism" (deepspeed/runtime/pipe/engine.py)
+NOT_WITH_PIPELINE = ("zero2", "zero3")
 # pipeline schedule -> micro-batches whose activations the first stage holds at once (m: micro-batches, pp: stages,
 # v: virtual stages per rank); torch.distributed.pipelining's names
 PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
@@ -186,6 +189,11 @@ class ParallelPlan(ModelParallel, _DataParallel):
             where = f"the {self.num_gpus} GPUs" if self.dp == self.num_gpus else f"the data-parallel degree {self.dp}"
             raise TunecostError(f"expert-parallel degree {self.expert_parallel} must be at least 1 and divide {where}")
         check_offload(self.offload, self.strategy)
+        if self.pp > 1 and self.strategy in NOT_WITH_PIPELINE:
+            raise TunecostError(
+                f"{self.strategy} with --pp {self.pp}: DeepSpeed runs ZeRO-2 and ZeRO-3 without pipeline parallelism "
+                "(its PipelineEngine asserts a stage below 2); use zero1, fsdp2 or ddp"
+            )
         if self.reduce_bucket_elements < 1:
             raise TunecostError(f"reduce_bucket_size must be at least 1 element, got {self.reduce_bucket_elements}")
 
