@@ -282,6 +282,9 @@ def test_emit_refuses_what_the_recipes_cannot_switch_on(tiny_full) -> None:
         launch_job(option, selective, epochs=1)
     with pytest.raises(TunecostError, match="no some-layers recomputation switch"):
         launch_job(option, job.with_(gradient_checkpointing=True, recompute_layers=1), epochs=1)
+    saved = job.with_(method="lora", modules_to_save=("lm_head",))
+    with pytest.raises(TunecostError, match="no modules-to-save switch"):
+        launch_job(option, saved, epochs=1)
     packed = launch_job(option, job.with_(seq_len=job.seq_len or 64, packing="per-document"), epochs=1)
     assert packed.packing == "per-document"  # the recipes switch packing on
     assert launch_job(option, job.with_(fp8="rowwise"), epochs=1).fp8 == "rowwise"

@@ -68,6 +68,7 @@ class JobOptions:
     torch_compile: cli.TorchCompile = False
     liger_kernel: cli.LigerKernel = False
     optimizer: cli.Optimizer = "adamw"
+    modules_to_save: cli.ModulesToSave = ""
     dtype: cli.Dtype = None
     quant_type: cli.QuantType = None
     double_quant: cli.DoubleQuant = True
@@ -79,7 +80,7 @@ class JobOptions:
     def estimate_job(self, model: str, method: str, data: Any = None, experts_per_token: int | None = None) -> Any:
         """The job `estimate` and `plan` cost (`estimate.cost.estimate_job`), on `data`'s lengths when given."""
         from tunecost.estimate.cost import estimate_job
-        from tunecost.workload.job import parse_lora_targets
+        from tunecost.workload.job import parse_lora_targets, parse_names
 
         if self.packing != "none" and data is None:  # not the default dataset's lengths, which are not the user's
             raise TunecostError(
@@ -111,6 +112,7 @@ class JobOptions:
             double_quant=self.double_quant,
             fp8=self.fp8,
             fp8_params=self.fp8_params,
+            modules_to_save=() if method == "full" else parse_names(self.modules_to_save),  # full trains them all
         ).with_(grad_accum=self.grad_accum or 1)
 
 

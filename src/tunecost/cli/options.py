@@ -149,6 +149,10 @@ PACKING_HELP = (
 )
 Packing = Annotated[str, opt("--packing", PACKING_HELP)]
 Optimizer = Annotated[str, opt("--optimizer", "adamw | adamw-8bit | adamw-4bit (torchao) | sgd.")]
+ModulesToSave = Annotated[
+    str,
+    opt("--modules-to-save", "Modules trained fully beside LoRA (PEFT modules_to_save), e.g. embed_tokens,lm_head."),
+]
 Dtype = Annotated[str | None, opt("--dtype", "Compute dtype: bf16 | fp16 | fp32 (default bf16; fp16 for GPTQ).")]
 QuantType = Annotated[
     str | None,

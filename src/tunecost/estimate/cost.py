@@ -18,6 +18,7 @@ from tunecost.estimate.estimators import (
     get_estimator,
 )
 from tunecost.estimate.paper import training_hours, usd_for_hours
+from tunecost.estimate.throughput.lora_counts import check_counted_modules
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import (
     DEFAULT_STACK,
@@ -110,6 +111,7 @@ def estimate_job(
     double_quant: bool = True,
     fp8: str = "none",
     fp8_params: bool = False,
+    modules_to_save: tuple[str, ...] = (),
 ) -> FineTuneJob:
     """The job `tunecost estimate` costs, with the paper's setups as defaults: gradient checkpointing for (Q)LoRA
     and not for a full fine-tune (BlackMamba's), LoRA on the model's MoE layers or, for a dense model, on its
@@ -119,6 +121,7 @@ def estimate_job(
     spec = resolve_model(model)
     if seq_len is not None:
         spec.check_seq_len(seq_len)
+    check_counted_modules(modules_to_save)
     targets = lora_targets or default_lora_targets(is_moe=spec.is_moe)
     if method != "full":
         check_lora_targets(targets, model=spec.name, is_moe=spec.is_moe)
@@ -143,6 +146,7 @@ def estimate_job(
         else gradient_checkpointing,
         selective_recompute=selective_recompute,
         recompute_layers=recompute_layers,
+        modules_to_save=modules_to_save,
         seq_len=seq_len,
         lengths=lengths,
         dataset=dataset_name(dataset, lengths),

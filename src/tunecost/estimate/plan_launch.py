@@ -28,6 +28,7 @@ def launch_job(
     switches = (
         ("selective recomputation", job.selective_recompute),
         ("some-layers recomputation", job.recompute_layers is not None),
+        ("modules-to-save", bool(job.modules_to_save)),
     )
     missing = [what for what, on in switches if on]
     if missing:

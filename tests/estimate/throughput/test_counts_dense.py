@@ -200,3 +200,25 @@ def test_liger_fuses_norm_and_rotary_and_chunks_the_head(gpu_terms) -> None:
     assert compiled.kernels_by_class["elementwise"] - fused.kernels_by_class["elementwise"] == loss_kernels
     loss_bytes = tokens * vocab * (FLCE_BYTES_PER_VOCAB - LOSS_BYTES_PER_VOCAB)
     assert compiled.bytes_by_class["elementwise"] - fused.bytes_by_class["elementwise"] == pytest.approx(loss_bytes)
+
+
+def test_modules_saved_beside_lora_train_the_head_and_the_embedding_by_hand() -> None:
+    """PEFT's modules_to_save: the head's weight gradient (one more pass of 2 x tokens x H x V), the embedding's
+    gradient (zero-fill and scatter of a V x H buffer) and AdamW with clipping over both copies in bf16."""
+    from tunecost.estimate.throughput.counts import (
+        ADAMW_ACCESSES_PER_PARAM,
+        ADAMW_FLOPS_PER_PARAM,
+        CLIP_ACCESSES_PER_PARAM,
+    )
+
+    spec, tokens = resolve_model("mistral-7b-v0.1"), 2 * 4096
+    plain = analytic_step_counts(spec, _mistral(method="lora"))
+    saved = analytic_step_counts(spec, _mistral(method="lora", modules_to_save=("embed_tokens", "lm_head")))
+    head_only = analytic_step_counts(spec, _mistral(method="lora", modules_to_save=("lm_head",)))
+    extra = {c: saved.flops_by_class[c] - plain.flops_by_class[c] for c in saved.flops_by_class}
+    assert extra["lm_head"] == pytest.approx(2 * tokens * MISTRAL_HEAD)
+    assert extra["optimizer"] == pytest.approx(2 * MISTRAL_HEAD * ADAMW_FLOPS_PER_PARAM)  # embedding = head size
+    moved = saved.bytes_by_class["optimizer"] - plain.bytes_by_class["optimizer"]
+    assert moved == pytest.approx(2 * MISTRAL_HEAD * 2 * (ADAMW_ACCESSES_PER_PARAM + CLIP_ACCESSES_PER_PARAM))
+    embedding = saved.bytes_by_class["elementwise"] - head_only.bytes_by_class["elementwise"]
+    assert embedding == pytest.approx(2 * VOCAB * H * 2)

@@ -50,7 +50,6 @@ QUANT_TYPE_HELP = (
 GPTQ_GROUP_HELP = "GPTQ group size, -1 for one group (default: the checkpoint's quantize_config, else 128)."
 MAX_GPTQ_GROUP_SIZE = 2**20  # inputs per group: more than any layer has
 GPTQ_KERNEL_HELP = "GPTQ kernel: triton-v2 (de-quantized temporary) | torch (auto-gptq torch path, weight kept)."
-MODULES_TO_SAVE_HELP = "Modules trained fully beside LoRA (PEFT modules_to_save), e.g. embed_tokens,lm_head."
 
 
 def _read_lengths(path: Path) -> tuple[int, ...]:
@@ -103,7 +102,6 @@ def memory(
     dataset_lengths: Annotated[Path | None, opt("--dataset-lengths", LENGTHS_HELP)] = None,
     gptq_group_size: Annotated[int | None, opt("--gptq-group-size", GPTQ_GROUP_HELP)] = None,
     gptq_kernel: Annotated[str, opt("--gptq-kernel", GPTQ_KERNEL_HELP)] = "triton-v2",
-    modules_to_save: Annotated[str, opt("--modules-to-save", MODULES_TO_SAVE_HELP)] = "",
     stack_flags: StackFlags,
     gpu: Annotated[str | None, opt("--gpu", "GPU from the catalog: also report the largest batch that fits.")] = None,
     gpu_memory: GpuMemory,
@@ -128,7 +126,6 @@ def memory(
         lengths=lengths,
         dataset=str(dataset_lengths) if dataset_lengths else None,
         gptq=(gptq_group_size, gptq_kernel),
-        modules_to_save=modules_to_save,
     )
     gpu_bytes, gpu_name, gpu_note = _gpu_budget(gpu, gpu_memory, memory_bytes, fp8=job.fp8)
     stack, behaviour = job_options.stack, stack_flags.behaviour(job_options.stack)
@@ -163,7 +160,6 @@ def memory_job(
     lengths: tuple[int, ...] | None,
     dataset: str | None,
     gptq: tuple[int | None, str],
-    modules_to_save: str,
 ) -> FineTuneJob:
     """The job `memory` simulates: the flags' job, with the 4-bit defaults of its checkpoint."""
     from tunecost.workload.job import (
@@ -199,7 +195,7 @@ def memory_job(
         double_quant=options.double_quant,
         gptq_group_size=group_size,
         gptq_kernel=gptq_kernel,
-        modules_to_save=parse_names(modules_to_save),
+        modules_to_save=parse_names(options.modules_to_save),
         gradient_checkpointing=default_gradient_checkpointing(method, options.selective_recompute)
         if checkpointing is None
         else checkpointing,

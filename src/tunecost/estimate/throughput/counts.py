@@ -15,7 +15,7 @@ from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.arch import Arch, arch_of
 from tunecost.estimate.throughput.fp8 import fp8_cast_bytes, fp8_cast_kernels
 from tunecost.estimate.throughput.lengths import SeqLengths, empirical_lengths, fixed_lengths
-from tunecost.estimate.throughput.lora_counts import adapter_params, add_lora
+from tunecost.estimate.throughput.lora_counts import HEAD_NAMES, adapter_params, add_lora, saved_module_params
 from tunecost.estimate.throughput.mixers import BWD_BYTES_PER_FWD_BYTE, BWD_KERNELS_PER_FWD_KERNEL, add_mixers
 from tunecost.estimate.throughput.packing import job_packed_lengths
 from tunecost.estimate.throughput.quant_counts import add_dequant, add_int8
@@ -42,6 +42,8 @@ FLCE_BYTES_PER_VOCAB = 4
 FLCE_KERNELS_PER_CHUNK = 2  # the cross-entropy kernel and the slice copy of the chunk's loss
 ADAMW_ACCESSES_PER_PARAM = 20  # foreach AdamW: lerp m, v*b2 + g^2, sqrt/div/add eps, decay, addcdiv (reads+writes)
 CLIP_ACCESSES_PER_PARAM = 3  # gradient-norm clipping: norm (read), scale (read + write)
+
+
 ADAMW_FOREACH_OPS = 12
 FOREACH_TENSORS_PER_LAUNCH = 32
 ADAMW_FLOPS_PER_PARAM = 15
@@ -221,7 +223,7 @@ def _add_dense_and_head(
         kernels=dense_passes * arch.num_dense_matrices,
     )
     # Output head (not recomputed; tied to the embedding in BlackMamba, which trains under full FT).
-    head_passes = 2.0 + (1.0 if full else 0.0)
+    head_passes = 2.0 + (1.0 if full or HEAD_NAMES & set(job.modules_to_save) else 0.0)
     chunks = math.ceil(tokens / chunk_rows) if chunk_rows else 1
     acc.add(
         "lm_head",
@@ -330,7 +332,8 @@ def _add_fp8_casts(acc: OpTally, arch: Arch, job: FineTuneJob, *, tokens: float,
 
 
 def _add_optimizer(acc: OpTally, arch: Arch, job: FineTuneJob, lora_compute_dtype: bool) -> None:
-    """AdamW (foreach) with gradient clipping over the trainable parameters; the embedding's gradient under full FT."""
+    """AdamW (foreach) with gradient clipping over the trainable parameters, the modules saved beside LoRA
+    included; the embedding's gradient where it trains."""
     w_bytes = job.compute_bytes_per_element
     trainable_params, trainable_tensors, param_bytes = _trainable(arch, job, lora_compute_dtype)
     acc.add(
@@ -339,7 +342,15 @@ def _add_optimizer(acc: OpTally, arch: Arch, job: FineTuneJob, lora_compute_dtyp
         bytes_=trainable_params * param_bytes * (ADAMW_ACCESSES_PER_PARAM + CLIP_ACCESSES_PER_PARAM),
         kernels=(ADAMW_FOREACH_OPS + 4) * -(-trainable_tensors // FOREACH_TENSORS_PER_LAUNCH),
     )
-    if job.method == "full":  # embedding gradient: zero-fill + scatter into a vocab x hidden buffer
+    saved_params, embedding_saved = saved_module_params(arch, job)  # PEFT's copies, in the model's dtype
+    if saved_params:
+        acc.add(
+            "optimizer",
+            flops=saved_params * ADAMW_FLOPS_PER_PARAM,
+            bytes_=saved_params * w_bytes * (ADAMW_ACCESSES_PER_PARAM + CLIP_ACCESSES_PER_PARAM),
+            kernels=ADAMW_FOREACH_OPS + 4,
+        )
+    if job.method == "full" or embedding_saved:  # embedding gradient: zero-fill + scatter into vocab x hidden
         acc.add("elementwise", bytes_=2.0 * arch.embedding_params * w_bytes, kernels=3)
 
 

@@ -1,10 +1,12 @@
 """LoRA adapters' work per step: their GEMMs, the bytes and kernels around them (PEFT's fp32 adapters or adapters in
-the compute dtype), and the parameters the optimizer steps. Derivations: docs/throughput-model.md."""
+the compute dtype), the parameters the optimizer steps, and the modules PEFT trains beside them (modules_to_save).
+Derivations: docs/throughput-model.md."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.arch import Arch
 from tunecost.workload.job import FineTuneJob
 
@@ -93,3 +95,26 @@ def adapter_params(arch: Arch, job: FineTuneJob, compute_dtype: bool) -> tuple[f
     in_out, mats = _adapted(arch, job.lora.targets, experts=n, expert_calls=n)
     param_bytes = job.compute_bytes_per_element if compute_dtype else LORA_PARAM_BYTES
     return job.lora.rank * in_out, 2 * int(mats), param_bytes
+
+
+# module names (a path's last part) of the input embedding and the output head, for PEFT's modules_to_save
+EMBEDDING_NAMES = frozenset({"embed_tokens", "wte", "word_embeddings", "embed_in"})
+HEAD_NAMES = frozenset({"lm_head", "embed_out", "output"})
+
+
+def check_counted_modules(names: tuple[str, ...]) -> None:
+    """One-line error for a module saved beside LoRA that the counts do not know (the embedding and the head)."""
+    unknown = [n for n in names if n not in EMBEDDING_NAMES | HEAD_NAMES]
+    if unknown:
+        raise TunecostError(
+            f"--modules-to-save {', '.join(unknown)}: the throughput counts train the input embedding "
+            f"({', '.join(sorted(EMBEDDING_NAMES))}) or the output head ({', '.join(sorted(HEAD_NAMES))}) beside "
+            "LoRA; `tunecost memory` simulates any module"
+        )
+
+
+def saved_module_params(arch: Arch, job: FineTuneJob) -> tuple[float, bool]:
+    """(parameters of the modules PEFT trains beside LoRA, whether the embedding is one of them)."""
+    saved = set(job.modules_to_save)
+    embedding, head = bool(EMBEDDING_NAMES & saved), bool(HEAD_NAMES & saved)
+    return arch.embedding_params * embedding + arch.lm_head_params * head, embedding
