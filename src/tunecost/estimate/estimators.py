@@ -26,7 +26,6 @@ from tunecost.estimate.paper import (
     sparsity_fraction,
 )
 from tunecost.estimate.throughput.coverage import setup_label
-from tunecost.estimate.throughput.lengths import PAD_TO_MULTIPLE_OF
 from tunecost.estimate.throughput.packing import job_packed_lengths
 from tunecost.estimate.throughput.sources import calibration_files
 from tunecost.estimate.throughput.stack_priors import framework_family
@@ -34,6 +33,7 @@ from tunecost.estimate.throughput.targets import job_lengths, throughput_target
 from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.workload.job import FineTuneJob
+from tunecost.workload.lengths import padded_length
 
 DEFAULT_THROUGHPUT_DATASET = "math_14k"  # Table IV's workload, when the job names no dataset
 
@@ -124,7 +124,7 @@ class EstimateRequest:
 def sizing_seq_len(job: FineTuneJob) -> int:
     """The padded length of a job's longest batch: what decides whether it fits (a packed job's full row)."""
     if job.lengths and job.packing == "none":  # padded to a multiple of 8, as the throughput's batches are
-        return -(-min(max(job.lengths), job.seq_len or max(job.lengths)) // PAD_TO_MULTIPLE_OF) * PAD_TO_MULTIPLE_OF
+        return padded_length(min(max(job.lengths), job.seq_len or max(job.lengths)))
     return job.seq_len or EQ1_ARTIFACT_SEQ_LEN
 
 

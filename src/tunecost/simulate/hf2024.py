@@ -14,8 +14,6 @@ from torch import nn
 from tunecost.simulate.modules import SimLinear, expert_weights, split_gate_up
 from tunecost.simulate.quant4bit import QuantSpec, tokens_per_expert
 
-PAD_TO_MULTIPLE_OF = 8
-
 
 class Loop2024Experts(nn.Module):
     """Per-expert w1/w3/w2 modules (4-bit or frozen + PEFT-style LoRA, or trainable for full fine-tuning) looped
@@ -97,7 +95,3 @@ def load_balancing_loss_2024(gate_logits: tuple[torch.Tensor, ...], num_experts:
     router_prob_per_expert = torch.mean(routing_weights, dim=0)
     overall = torch.sum(tokens_per_expert_frac * router_prob_per_expert.unsqueeze(0))
     return overall * num_experts
-
-
-def padded_seq_len_2024(seq_len: int) -> int:
-    return -(-seq_len // PAD_TO_MULTIPLE_OF) * PAD_TO_MULTIPLE_OF

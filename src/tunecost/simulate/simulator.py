@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.gated_delta import GATED_DELTA_NOTE
 from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
+from tunecost.workload.lengths import padded_length
 from tunecost.workload.liger import liger_note
 from tunecost.workload.ssd import MAMBA2_NOTE, MAMBA2_QLORA_NOTE
 
@@ -327,7 +328,6 @@ def _simulate_uncached(
     job, num_layers_to_trace, stack, overhead, granule_bytes, on_progress, behaviour=DEFAULT_BEHAVIOUR
 ) -> StepSimulation:
     from tunecost.models.anatomy import layer_pattern
-    from tunecost.simulate.hf2024 import padded_seq_len_2024
     from tunecost.simulate.prepare import check_supported
     from tunecost.simulate.trace import trace_step
 
@@ -337,7 +337,7 @@ def _simulate_uncached(
     prefix, period, full_units = layer_pattern(spec)
     seq_len = job.worst_case_seq_len
     if stack == "hf-2024":
-        seq_len = padded_seq_len_2024(seq_len)
+        seq_len = padded_length(seq_len)
     if num_layers_to_trace is None:
         units_b = 2
     else:

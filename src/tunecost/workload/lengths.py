@@ -24,6 +24,13 @@ if TYPE_CHECKING:
 
 BatchOrder = Literal["dataset", "sorted", "shuffled"]
 
+PAD_TO_MULTIPLE_OF = 8  # the collators' pad_to_multiple_of (LLaMA-Factory's; the paper's transformers 4.40 stack)
+
+
+def padded_length(tokens: int) -> int:
+    """A batch's length as the collator pads it: up to a multiple of `PAD_TO_MULTIPLE_OF`."""
+    return -(-tokens // PAD_TO_MULTIPLE_OF) * PAD_TO_MULTIPLE_OF
+
 
 @dataclass(frozen=True, kw_only=True)
 class HistogramBin:

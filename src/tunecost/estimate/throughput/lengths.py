@@ -16,12 +16,12 @@ import numpy as np
 
 from tunecost.catalog.datasets import get_dataset_facts
 from tunecost.errors import TunecostError
+from tunecost.workload.lengths import PAD_TO_MULTIPLE_OF
 
 if TYPE_CHECKING:
     from tunecost.catalog.datasets import DatasetFacts
 
 PAPER_CUTOFF_TOKENS = 1024  # LLaMA-Factory --cutoff_len in the artifact's scripts
-PAD_TO_MULTIPLE_OF = 8  # LLaMA-Factory's collator
 # Std. dev. of log(tokens per query). The paper gives medians only. Measured here: 0.32 on LLM-Adapters'
 # math_data.json (3000 queries, Mixtral tokenizer, prompt + response); the commonsense mix of eight tasks with
 # different medians is wider. 0.35 for both; docs/throughput-model.md shows the sensitivity.
