@@ -15,7 +15,7 @@ from tunecost.catalog.gpus import GPU
 from tunecost.catalog.host_cpus import gpu_host
 from tunecost.catalog.interconnects import Interconnect, resolve_interconnect
 from tunecost.distributed import comm, expert_parallel, overlap
-from tunecost.distributed.rank_memory import PARAM_SHARDED, SingleGpuStep, shard_group_size
+from tunecost.distributed.rank_memory import PARAM_SHARDED, ZERO_STRATEGIES, SingleGpuStep, shard_group_size
 from tunecost.errors import TunecostError
 from tunecost.workload import offload
 from tunecost.workload.parallel import ParallelPlan
@@ -164,7 +164,7 @@ def cpu_optimizer_seconds(step: SingleGpuStep, plan: ParallelPlan, links: Links,
     if links.host_memory_bytes_per_s <= 0:
         raise TunecostError("CPU offload needs the host's memory bandwidth in the links")
     params = step.trainable_bytes / step.trainable_bytes_per_param / shard_group_size(plan)
-    if plan.strategy.startswith("zero"):
+    if plan.strategy in ZERO_STRATEGIES:
         per_param = offload.CPU_ADAM_ELEMENTS_FUSED * offload.DEEPSPEED_CPU_ADAM_BYTES
     else:
         elements = offload.CPU_ADAM_ELEMENTS_FUSED if fused_adamw else offload.CPU_ADAM_ELEMENTS_SINGLE_TENSOR
@@ -217,8 +217,10 @@ def step_time(
     if not sync_gradients and plan.strategy not in NO_SYNC_STRATEGIES:
         raise TunecostError(f"{plan.strategy} reduces gradients every micro-batch: no no_sync micro-batch")
     fwd, bwd, opt = phase_seconds(step, compute_seconds, optimizer_seconds)
-    whole = rank_optimizer_seconds(step, plan, links, opt * accumulation, fused_adamw=fused_adamw)
-    opt = whole / accumulation if sync_gradients else 0.0
+    if sync_gradients:  # the step's own optimizer, a micro-step's share of it
+        opt = rank_optimizer_seconds(step, plan, links, opt * accumulation, fused_adamw=fused_adamw) / accumulation
+    else:
+        opt = 0.0
     c = _StepComm(step, plan, links, sync_gradients)
     a2a = {"forward": 0.0, "backward": 0.0}
     if c.ep > 1:

@@ -340,8 +340,10 @@ def make_plan(
     rented GPU's default host); each sized at its longest batch's padded length and priced over its own lengths, as
     `estimate` sizes and prices it."""
     rented = {job.method: RankNeeds(job.with_(batch_size=1), behaviour) for job in jobs}
-    mine = {job.method: RankNeeds(job.with_(batch_size=1), behaviour, host_cpu=host_cpu) for job in jobs}
-    needs = {False: rented, True: mine if host_cpu else rented}
+    mine = (
+        {j.method: RankNeeds(j.with_(batch_size=1), behaviour, host_cpu=host_cpu) for j in jobs} if host_cpu else rented
+    )
+    needs = {False: rented, True: mine}
     jobs = [sized_job(job) for job in jobs]
     groups = [(job, list(gpus), False, max_gpus, gpus_per_node) for job in jobs if gpus]
     groups += [(job, [o.gpu], True, o.count, o.count) for job in jobs for o in own]

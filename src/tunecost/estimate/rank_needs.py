@@ -23,7 +23,7 @@ from tunecost.estimate.simulated import Throughput, throughput_at
 from tunecost.io import atomic_write_json
 from tunecost.models.catalog import resolve_model
 from tunecost.simulate.batch import MAX_BATCH, search_with_margin
-from tunecost.simulate.behaviour import ADAMW_FUSED, DEFAULT_BEHAVIOUR, stack_adamw_impl
+from tunecost.simulate.behaviour import runs_fused_adamw
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ParallelPlan
@@ -66,7 +66,7 @@ class RankNeeds:
         # as `estimate` prices one GPU
         self.job, self.priced = job.with_(seq_len=sizing_seq_len(job)), job
         self.behaviour, self.framework, self.host_cpu = behaviour, framework, host_cpu
-        self.fused_adamw = stack_adamw_impl(job.stack, behaviour or DEFAULT_BEHAVIOUR) == ADAMW_FUSED
+        self.fused_adamw = runs_fused_adamw(job.stack, behaviour)
         self._steps: dict[int, SingleGpuStep] = {}
         self._rank_steps: dict[tuple[int, bool, str, int, int], SingleGpuStep] = {}  # (tp, sp, tp_impl, cp, batch)
         self._memory: dict[tuple[ParallelPlan, int], RankMemory] = {}

@@ -180,6 +180,11 @@ def stack_adamw_impl(stack: str, behaviour: StackBehaviour) -> str:
     return behaviour.adamw_impl
 
 
+def runs_fused_adamw(stack: str, behaviour: StackBehaviour | None) -> bool:
+    """Whether a step on `stack` runs a fused AdamW (`stack_adamw_impl`; None: the default behaviour)."""
+    return stack_adamw_impl(stack, behaviour or DEFAULT_BEHAVIOUR) == ADAMW_FUSED
+
+
 def causal_lm_loss(loss_code: str, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """The causal-LM loss on compute-dtype `logits` (B, L, V) as the named code computes it, for the codes that
     differ from the simulator's own (`LOSS_TRANSFORMERS_5` is the model's forward with labels)."""

@@ -26,7 +26,7 @@ from tunecost.estimate.throughput.stack_priors import (
     stack_family,
 )
 from tunecost.models.catalog import resolve_model
-from tunecost.simulate.behaviour import ADAMW_FUSED, stack_adamw_impl
+from tunecost.simulate.behaviour import runs_fused_adamw
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.mapping import MappedRow
 from tunecost.validate.stacks import torchtune_options
@@ -105,7 +105,7 @@ def exposed_comm_fn(mapped: MappedRow, gpu: GPU, rank_step_fn: RankStepFn = rank
     accumulate = mapped.grad_accum
     unsynced = accumulate - 1 if mapped.stack.no_sync_accumulation and plan.strategy in NO_SYNC_STRATEGIES else 0
 
-    fused = stack_adamw_impl(mapped.job.stack, mapped.behaviour) == ADAMW_FUSED
+    fused = runs_fused_adamw(mapped.job.stack, mapped.behaviour)
 
     def exposed(micro_step_s: float, sync: bool) -> float:
         return step_time(traced, plan, links, micro_step_s, sync_gradients=sync)[0].exposed_comm_seconds

@@ -15,7 +15,7 @@ from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.arch import Arch, arch_of
 from tunecost.estimate.throughput.fp8 import fp8_cast_bytes, fp8_cast_kernels
 from tunecost.estimate.throughput.lengths import SeqLengths, empirical_lengths, fixed_lengths
-from tunecost.estimate.throughput.lora_counts import HEAD_NAMES, adapter_params, add_lora, saved_module_params
+from tunecost.estimate.throughput.lora_counts import adapter_params, add_lora, saved_modules
 from tunecost.estimate.throughput.mixers import BWD_BYTES_PER_FWD_BYTE, BWD_KERNELS_PER_FWD_KERNEL, add_mixers
 from tunecost.estimate.throughput.packing import job_packed_lengths
 from tunecost.estimate.throughput.quant_counts import add_dequant, add_int8
@@ -223,7 +223,7 @@ def _add_dense_and_head(
         kernels=dense_passes * arch.num_dense_matrices,
     )
     # Output head (not recomputed; tied to the embedding in BlackMamba, which trains under full FT).
-    head_passes = 2.0 + (1.0 if full or HEAD_NAMES & set(job.modules_to_save) else 0.0)
+    head_passes = 2.0 + (1.0 if full or saved_modules(job)[1] else 0.0)
     chunks = math.ceil(tokens / chunk_rows) if chunk_rows else 1
     acc.add(
         "lm_head",
@@ -342,7 +342,8 @@ def _add_optimizer(acc: OpTally, arch: Arch, job: FineTuneJob, lora_compute_dtyp
         bytes_=trainable_params * param_bytes * (ADAMW_ACCESSES_PER_PARAM + CLIP_ACCESSES_PER_PARAM),
         kernels=(ADAMW_FOREACH_OPS + 4) * -(-trainable_tensors // FOREACH_TENSORS_PER_LAUNCH),
     )
-    saved_params, embedding_saved = saved_module_params(arch, job)  # PEFT's copies, in the model's dtype
+    embedding_saved, head_saved = saved_modules(job)  # PEFT's copies, in the model's dtype
+    saved_params = arch.embedding_params * embedding_saved + arch.lm_head_params * head_saved
     if saved_params:
         acc.add(
             "optimizer",

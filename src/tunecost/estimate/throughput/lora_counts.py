@@ -113,8 +113,7 @@ def check_counted_modules(names: tuple[str, ...]) -> None:
         )
 
 
-def saved_module_params(arch: Arch, job: FineTuneJob) -> tuple[float, bool]:
-    """(parameters of the modules PEFT trains beside LoRA, whether the embedding is one of them)."""
+def saved_modules(job: FineTuneJob) -> tuple[bool, bool]:
+    """(the embedding, the output head): whether PEFT trains a copy of it beside LoRA (modules_to_save)."""
     saved = set(job.modules_to_save)
-    embedding, head = bool(EMBEDDING_NAMES & saved), bool(HEAD_NAMES & saved)
-    return arch.embedding_params * embedding + arch.lm_head_params * head, embedding
+    return bool(EMBEDDING_NAMES & saved), bool(HEAD_NAMES & saved)
