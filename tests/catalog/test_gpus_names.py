@@ -161,21 +161,30 @@ def _achieved_rows() -> list[dict[str, str]]:
 @pytest.mark.parametrize("row", _achieved_rows(), ids=lambda r: r["name"])
 def test_assumed_matmul_rates_follow_their_stated_arithmetic(row: dict[str, str]) -> None:
     # "assumed: datasheet P x E (...)": P is the catalog's bf16 peak and the value is P x E to within 0.1 TFLOP/s;
-    # E is one of the measured MAMF efficiencies the header cites (A100 PCIe 256.4/312, H100 SXM 792.1/989; for
-    # CDNA2, one MI250X GCD 147.0/191.5)
+    # E is one of the measured efficiencies the data README cites (A100 PCIe 256.4/312, H100 SXM 792.1/989; for
+    # CDNA2, one MI250X GCD 147.0/191.5; for GeForce cards, their generation's RTX 4090, 3090 or 5090)
     match = re.match(r"assumed: datasheet (?:FP16 )?([\d.]+) x ([\d.]+)", row["source_matmul"])
     if match is None:
         return
     peak, efficiency = float(match[1]), float(match[2])
     assert peak * 1e12 == pytest.approx(get_gpu(row["name"]).bf16_tensor_flops_per_s)
-    assert efficiency in (round(256.4 / 312, 3), round(792.1 / 989, 3), round(147.0 / 191.5, 3))
+    # the A100 PCIe, H100 SXM, MI250X GCD, RTX 4090, RTX 3090 and RTX 5090 measured ones
+    measured = (256.4 / 312, 792.1 / 989, 147.0 / 191.5, 178.5 / 165, 76.7 / 71.2, 236.0 / 209.5)
+    assert efficiency in {round(e, 3) for e in measured}
     assert float(row["matmul_tflops"]) == pytest.approx(peak * efficiency, abs=0.1)
+
+
+GEFORCE = re.compile(r"^RTX\d{4}")
+# A GeForce card's datasheet rate is at its rated boost clock, which GPU Boost exceeds: measured torch.mm maxima of
+# the RTX 3080 Ti, 3090, 4090 and 5090 are 8-13 % above it (catalog/data/README.md, gpu_achieved.csv).
+GEFORCE_BOOST_HEADROOM = 1.15
 
 
 @pytest.mark.parametrize("gpu", list(gpu_catalog().values()), ids=lambda g: g.name)
 def test_achieved_never_exceeds_datasheet(gpu) -> None:
     rates = achieved_catalog()[gpu.name]
-    assert rates.matmul_flops_per_s <= gpu.bf16_tensor_flops_per_s
+    headroom = GEFORCE_BOOST_HEADROOM if GEFORCE.match(gpu.name) else 1.0
+    assert rates.matmul_flops_per_s <= headroom * gpu.bf16_tensor_flops_per_s
     assert rates.memory_bytes_per_s <= gpu.mem_bandwidth_bytes_per_s
 
 

@@ -133,6 +133,27 @@ def test_one_calibration_row_per_stack_and_gpu_predicts_the_rest() -> None:
     assert totals["mape"] == pytest.approx((abs(pred.error) + abs(tie.error)) / 2, abs=0.01)
 
 
+def test_a_calibration_row_no_efficiency_reproduces_predicts_its_group_at_the_bound() -> None:
+    """Faster than the counts at GEMM efficiency 1: every row of the group, the calibration row too, is predicted
+    at efficiency 1 with its error, and nothing is recorded as that stack's fitted efficiency."""
+    fastest_tokens_per_s = 2000 / (2000 * FLOPS_PER_TOKEN / tp.gpu_terms(A100).matmul_flops_per_s + STEP_OVERHEAD_S)
+    small = "Qwen/Qwen2.5-0.5B"  # its real counts keep the row within the GPU's peak (not implausible)
+    rows = [
+        _row(0, model=small, batch_size_per_gpu="2", value=str(2 * fastest_tokens_per_s)),
+        _row(1, model=small, seq_len="500", value="1"),
+    ]
+    calibrated: list = []
+    out = validate_rows(rows, counts_fn=_gemm_only, calibrated=calibrated)
+    assert calibrated == []
+    cal, other = out
+    assert cal.status == other.status == "ok" and not cal.prior
+    assert cal.predicted == pytest.approx(fastest_tokens_per_s, rel=1e-6) and cal.error == pytest.approx(-50.0)
+    assert other.error is not None and other.error > 0
+    for r in out:
+        assert r.reason.startswith("gemm_efficiency at its bound 1: calibration of hf-trainer")
+        assert "on r0: measured" in r.reason and "faster than the counts at gemm_efficiency 1" in r.reason
+
+
 def test_exactly_one_calibration_row_per_stack_and_gpu() -> None:
     plugin = "hf-transformers+peft+accelerate (accelerated-peft-bnb plugin)"
     rows = [
@@ -152,7 +173,7 @@ def test_exactly_one_calibration_row_per_stack_and_gpu() -> None:
     assert {r.reason.split(" from ")[1] for r in out if r.error is not None} == {"r1", "r2", "r5", "r6"}
 
 
-def test_unmodelled_settings_and_failed_calibrations_are_skipped_with_their_reason() -> None:
+def test_unmodelled_settings_are_skipped_and_a_failed_calibration_shown_at_its_bound() -> None:
     rows = [
         _row(0, value="3000"),
         _row(1, stack="torchtune", stack_versions="activation offload", grad_ckpt="off", value="3000"),
@@ -172,12 +193,14 @@ def test_unmodelled_settings_and_failed_calibrations_are_skipped_with_their_reas
         2: "activation offload on several GPUs not modelled",
         3: "eager attention not modelled",
         4: "full fine-tune under stack qwen-finetune not modelled",
-        5: "calibration of swift-2",
         6: "not in the GPU catalog",
         7: "implausible: 1e12 tokens/s is",
     }
     for i, words in expected.items():
         assert out[i].status == "skipped" and words in out[i].reason and out[i].predicted is None, out[i]
+    # no efficiency reproduces row 5 (alone in its group: its family's prior predicts it, and the reason says
+    # the row is faster than the counts at any efficiency); shown with its error, not skipped
+    assert out[5].status == "ok" and out[5].error is not None and out[5].error < 0 and out[5].prior
     assert "faster than the counts at gemm_efficiency 1" in out[5].reason
 
 

@@ -277,29 +277,20 @@ def validate_throughput_rows(
 def _predict_with_prior(
     key, members, steps, terms: GpuTerms, pool, out: dict[int, ValidationRow], *, check_fit: bool
 ) -> None:
-    """The group's rows at its family's prior efficiency; with `check_fit`, a row no efficiency reproduces is
-    skipped as its calibration would have been."""
+    """The group's rows at its family's prior efficiency; with `check_fit`, the reason of a row no efficiency
+    reproduces says so."""
     prior = prior_efficiency(pool, key[0], key[1])
     if prior is None:
         for i, row, mapped, _, _ in members:
             out[i] = _skipped(row, "no calibration row and no stack to borrow a prior from", mapped.stack.name)
         return
     eff, reason = prior
-    i, row, mapped, measured, counts = members[0]
-    measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **tp.shape_of(mapped))
-    if check_fit and tp.gemm_efficiency_from(steps[i], measured_step_s) is None:
-        out[i] = _skipped(row, _calibration_failed(key, row, counts, terms, measured_step_s), mapped.stack.name)
-        return
-    for i, row, mapped, measured, _ in members:
+    for i, row, mapped, measured, counts in members:
+        measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **tp.shape_of(mapped))
+        beyond = check_fit and tp.gemm_efficiency_from(steps[i], measured_step_s) is None
+        why = f"{reason}; {tp.calibration_failure(counts, terms, measured_step_s)}" if beyond else reason
         predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), **tp.shape_of(mapped))
-        out[i] = _throughput_ok(row, mapped, measured, predicted, reason, prior=True)
-
-
-def _calibration_failed(key, row: CorpusRow, counts, terms: GpuTerms, measured_step_s: float) -> str:
-    """Why no efficiency reproduces the calibration row `row` of the group `key` (stack, stack cell, GPU)."""
-    stack, stack_cell, gpu_name = key
-    why = tp.calibration_failure(counts, terms, measured_step_s)
-    return f"calibration of {stack} ({stack_cell}) on {gpu_name} on {row.id} failed: {why}"
+        out[i] = _throughput_ok(row, mapped, measured, predicted, why, prior=True)
 
 
 def _efficiency(key: tuple[str, str, str], eff: float) -> StackEfficiency:
@@ -310,23 +301,27 @@ def _efficiency(key: tuple[str, str, str], eff: float) -> StackEfficiency:
 def _calibrate_group(key, members, steps, terms, out: dict[int, ValidationRow], *, record: bool) -> float | None:
     """Fit the group's efficiency on its calibration row (a single-GPU row where the group has one: its step has
     no communication in it; the most FLOPs per optimizer step; first in file order on a tie) and, with `record`,
-    predict the other rows with it; a failed fit skips the group with the reason."""
+    predict the other rows with it. Where no efficiency reproduces the calibration row, every row of the group,
+    that one too, is predicted at the end of the range it lies beyond, the reason says why, and no efficiency is
+    returned (a bound is not a fit)."""
     single = [m for m in members if m[2].num_gpus == 1]
     cal = max(single or members, key=lambda t: (t[4].total_flops, -t[0]))
     i, row, mapped, measured, counts = cal
     measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **tp.shape_of(mapped))
-    eff = tp.gemm_efficiency_from(steps[i], measured_step_s)
-    if eff is None:
-        reason = _calibration_failed(key, row, counts, terms, measured_step_s)
-        for i, row, mapped, _, _ in members:
-            out[i] = _skipped(row, reason, mapped.stack.name)
-        return None
+    fitted = tp.gemm_efficiency_from(steps[i], measured_step_s)
+    eff = tp.efficiency_bound(steps[i], measured_step_s) if fitted is None else fitted
     if record:
-        for i, row, mapped, measured, _ in members:
-            predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), **tp.shape_of(mapped))
-            reason = tp.CALIBRATION_REASON if (i, row) == cal[:2] else f"{FITTED_PARAMETER} {eff:.3f} from {cal[1].id}"
-            out[i] = _throughput_ok(row, mapped, measured, predicted, reason)
-    return eff
+        at_bound = f"{FITTED_PARAMETER} at its bound {eff:g}: calibration of {key[0]} ({key[1]}) on {key[2]} on " + (
+            f"{row.id}: {tp.calibration_failure(counts, terms, measured_step_s)}"
+        )
+        for j, r, m, measured_j, _ in members:
+            predicted = tp.from_step_seconds(r.get("quantity"), steps[j](eff), **tp.shape_of(m))
+            if fitted is None:
+                reason = at_bound
+            else:
+                reason = tp.CALIBRATION_REASON if (j, r) == cal[:2] else f"{FITTED_PARAMETER} {eff:.3f} from {row.id}"
+            out[j] = _throughput_ok(r, m, measured_j, predicted, reason)
+    return fitted
 
 
 def validate_rows(

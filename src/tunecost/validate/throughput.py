@@ -206,6 +206,12 @@ def gemm_efficiency_from(step_of: StepFn, measured_step_s: float) -> float | Non
     return math.sqrt(lo * hi)
 
 
+def efficiency_bound(step_of: StepFn, measured_step_s: float) -> float:
+    """The end of the GEMM efficiency's range nearest to a step no efficiency reproduces: 1 for a step faster than
+    the model at full efficiency, the lowest prior bound for one slower than at the lowest."""
+    return 1.0 if measured_step_s < step_of(1.0) else _LOWEST_EFFICIENCY
+
+
 def calibration_failure(counts: AnalyticStepCounts, terms: GpuTerms, measured_step_s: float) -> str:
     """Why no GEMM efficiency reproduces a measured step: the step at both ends of its range, and where it goes."""
     faster = measured_step_s < step_seconds(counts, terms, 1.0)
