@@ -171,6 +171,22 @@ def test_a_lora_job_no_data_parallel_layout_holds_is_searched_with_tensor_parall
     assert all(s.plan.degree == 1 for s in short.setups)
 
 
+def test_at_a_given_count_a_job_no_data_parallel_layout_holds_is_searched_with_tensor_parallelism():
+    """The same job on the 8 L4s a user names (`--gpus 8`, no --tp): no data-parallel layout holds it, so the
+    model-parallel layouts of those 8 GPUs are searched, and the note says how to name one."""
+    from tunecost.estimate.cost import estimate_job
+
+    job = estimate_job("meta-llama/Llama-3.1-8B", method="lora", seq_len=8192, gradient_checkpointing=False)
+    gpus, strategies = [resolve_gpu_name("L4").gpu], ["ddp", "zero3"]
+    answer = estimate_multi_gpu(job, gpus=gpus, strategies=strategies, num_gpus=8, num_queries=1000, epochs=1)
+    assert {s.plan.num_gpus for s in answer.setups} == {8}
+    fitting = [s for s in answer.setups if s.fits]
+    assert fitting and all(s.plan.tp > 1 or s.plan.pp > 1 for s in fitting)
+    assert any(s.plan.degree == 1 and not s.fits for s in answer.setups)  # the data-parallel ones, shown
+    note = "no data-parallel layout fits: tensor- and pipeline-parallel layouts searched on the GPUs given"
+    assert any(n.startswith(note) for n in answer.notes)
+
+
 def test_a_model_parallel_group_of_every_gpu_needs_no_data_parallel_strategy() -> None:
     """tp 4 x pp 2 on 8 GPUs (a NeMo config's layout) leaves one data-parallel rank: 'single' is a valid strategy
     there, and the checks before the search let it through."""

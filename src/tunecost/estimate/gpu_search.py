@@ -86,7 +86,7 @@ def estimate_multi_gpu(
     )
     prices = price_catalog(prices_file)
     setups = _gpu_setups(search, gpus, counts_by_gpu, links_by_gpu, prices, provider)
-    if searching and model_parallel is None and _lora_model_parallel(search, spec, job, setups):
+    if model_parallel is None and _model_parallel_fallback(search, spec, job, setups):
         setups = _gpu_setups(search, gpus, counts_by_gpu, links_by_gpu, prices, provider)
     needs.flush()
     if num_gpus is None and require_fit and not any(s.fits for s in setups):
@@ -134,18 +134,22 @@ def unsharded_strategies(job: FineTuneJob, strategies: Sequence[str]) -> tuple[l
     return [s for s in strategies if s not in STORED_SHARDED], [note]
 
 
-def _lora_model_parallel(search: _Search, spec, job: FineTuneJob, setups: list[Setup]) -> bool:
-    """Whether to search a LoRA job again: no data-parallel layout holds it (`setups`) and its model has TP/PP
-    layouts that shard its frozen weights (`layouts.model_parallel_choices(lora=True)`), which `search` then takes."""
-    if job.method != "lora" or any(s.fits for s in setups):
+def _model_parallel_fallback(search: _Search, spec, job: FineTuneJob, setups: list[Setup]) -> bool:
+    """Whether to search the job again over tensor- and pipeline-parallel layouts: no data-parallel layout holds
+    it (`setups`), and its model has TP/PP layouts that shard its weights (`layouts.model_parallel_choices`), which
+    `search` then takes. Searching GPU counts, a full fine-tune's were searched already and a LoRA job's come now;
+    at the counts given, those of either."""
+    if any(s.fits for s in setups) or (search.searching and job.method != "lora"):
         return False
+    lora = job.method == "lora"
     choices = model_parallel_choices(
-        spec, job, given=None, searching=True, gpus_per_node=search.gpus_per_node, lora=True
+        spec, job, given=None, searching=True, gpus_per_node=search.gpus_per_node, lora=lora
     )
     if len(choices) == 1:
         return False
     search.model_parallel = choices
-    search.notes.append("no data-parallel layout fits: tensor- and pipeline-parallel layouts searched")
+    where = "" if search.searching else " on the GPUs given (--tp, --pp, --cp name one)"
+    search.notes.append(f"no data-parallel layout fits: tensor- and pipeline-parallel layouts searched{where}")
     return True
 
 
