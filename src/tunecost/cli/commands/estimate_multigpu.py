@@ -213,7 +213,8 @@ def print_answer(
         if best.plan.degree > 1:
             console.print(_model_parallel_line(best))
     elif not any(s.fits for s in answer.setups):
-        console.print("answer: no setup fits with the safety margin")
+        hint = "; --gpus auto finds the counts that do" if count is not None else ""
+        console.print(f"answer: no setup fits with the safety margin{hint}")
     ranked = sorted(
         (s for s in answer.setups if s.cost is not None or s.fit != "no" or count is not None),
         key=lambda s: (s.fit != "yes", s.usd is None, s.usd or 0.0, s.plan.num_gpus),
@@ -255,14 +256,8 @@ SHOWN_ROWS = 15
 
 
 def _figures(s) -> tuple:
-    return (
-        s.gpu.name,
-        s.plan.num_gpus,
-        s.micro_batch,
-        s.fit,
-        round(s.usd or 0, 2),
-        round(s.memory.nvidia_smi_bytes, -8),
-    )
+    smi = round(s.memory.nvidia_smi_bytes, -8)
+    return (s.gpu.name, s.plan.num_gpus, s.micro_batch, s.fit, round(s.usd or 0, 2), smi)
 
 
 def _model_parallel_line(s) -> str:
