@@ -311,8 +311,9 @@ def _calibrate_group(key, members, steps, terms, out: dict[int, ValidationRow], 
     fitted = tp.gemm_efficiency_from(steps[i], measured_step_s)
     eff = tp.efficiency_bound(steps[i], measured_step_s) if fitted is None else fitted
     if record:
-        at_bound = f"{FITTED_PARAMETER} at its bound {eff:g}: calibration of {key[0]} ({key[1]}) on {key[2]} on " + (
-            f"{row.id}: {tp.calibration_failure(counts, terms, measured_step_s)}"
+        at_bound = (
+            f"{FITTED_PARAMETER} at its bound {eff:g}: calibration of {key[0]} ({key[1]}) on {key[2]} on {row.id}: "
+            f"{tp.calibration_failure(counts, terms, measured_step_s)}"
         )
         for j, r, m, measured_j, _ in members:
             predicted = tp.from_step_seconds(r.get("quantity"), steps[j](eff), **tp.shape_of(m))
