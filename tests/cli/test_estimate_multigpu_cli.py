@@ -67,6 +67,7 @@ def test_ddp_that_does_not_fit_says_why(cli_runner):
         (["--gpus", "4", "--strategy", "ddp", "--offload", "optimizer"], "for zero1/zero2/zero3 only; not for ddp"),
         (["--gpus", "4", "--strategy", "hsdp", "--offload", "params"], "for zero3/fsdp1/fsdp2 only; not for hsdp"),
         (["--gpus", "4", "--offload", "nvme"], "unknown offload 'nvme'"),
+        (["--model", DENSE, "--gpus", "2", "--tp", "2", "--liger-kernel"], "with Liger's kernels is not modelled"),
     ],
 )
 def test_bad_multi_gpu_input_is_a_one_line_error(cli_runner, extra, message):

@@ -173,6 +173,24 @@ def test_the_search_adds_context_parallelism_for_long_sequences(seq_len: int) ->
     assert [c.degree for c in model_parallel_choices(spec, qlora, **kw)] == [1]  # 4-bit weights are not sharded
 
 
+def test_liger_kernels_leave_tensor_parallelism_out_of_the_search_and_a_given_tp_is_an_error() -> None:
+    """Liger's kernels take local tensors, not the TP plan's DTensors (tracing them under TP fails): the search
+    keeps PP and CP, and --tp with --liger-kernel is one error naming both."""
+    from tunecost.distributed.layouts import check_model_parallel, model_parallel_choices
+    from tunecost.errors import TunecostError
+    from tunecost.workload.job import FineTuneJob
+    from tunecost.workload.parallel import ModelParallel
+
+    spec = resolve_model("meta-llama/Llama-3.1-8B")
+    job = FineTuneJob(model="meta-llama/Llama-3.1-8B", method="full", seq_len=32768, liger_kernel=True)
+    choices = model_parallel_choices(spec, job, given=None, searching=True, gpus_per_node=8)
+    assert {c.tp for c in choices} == {1} and {c.pp for c in choices} > {1} and {c.cp for c in choices} > {1}
+    counts = {"H100-80GB-SXM": [8]}
+    check_model_parallel(spec, 32768, ModelParallel(pp=2), counts, liger=True)
+    with pytest.raises(TunecostError, match=r"^--tp 2 with Liger's kernels is not modelled"):
+        check_model_parallel(spec, 32768, ModelParallel(tp=2), counts, liger=True)
+
+
 def test_the_search_leaves_out_zero_2_and_3_under_a_pipeline():
     from tunecost.distributed.layouts import layout_plans
     from tunecost.workload.parallel import MULTI_GPU_STRATEGIES, ModelParallel

@@ -43,8 +43,8 @@ def model_parallel_choices(
     """The model-parallel layouts to evaluate: the one given; or, searching GPU counts for a full fine-tune (a LoRA
     one with `lora`: asked when no data-parallel layout fits it; QLoRA's 4-bit weights are not sharded) of a dense
     model of a TP-capable family, TP (with sequence parallelism) within a node x PP over `SEARCH_DEGREES` that
-    divide the heads and layers (no TP with modules saved beside LoRA), and for sequences of `CP_SEARCH_MIN_SEQ_LEN`
-    tokens or more CP beside the widest TP (no PP); else none (data parallelism only)."""
+    divide the heads and layers (no TP with modules saved beside LoRA or under Liger), and for sequences of
+    `CP_SEARCH_MIN_SEQ_LEN` tokens or more CP beside the widest TP (no PP); else none (data parallelism only)."""
     if given is not None:
         return [given]
     seq_len = job.worst_case_seq_len
@@ -52,7 +52,8 @@ def model_parallel_choices(
     if not searching or not sharded or spec.is_moe or spec.family not in TP_SEARCH_FAMILIES:
         return [ModelParallel()]
     tps = [t for t in SEARCH_DEGREES if t <= gpus_per_node and not spec.num_heads % t and not spec.num_kv_heads % t]
-    tps = tps[:1] if job.modules_to_save else tps  # the TP plan does not shard PEFT's saved copies
+    # the TP plan does not shard PEFT's saved copies, and Liger's kernels take no DTensors (`check_model_parallel`)
+    tps = tps[:1] if job.modules_to_save or job.liger_kernel else tps
     pps = [p for p in SEARCH_DEGREES if not spec.num_layers % p]
     choices = [ModelParallel(tp=t, pp=p, sequence_parallel=t > 1) for t in tps for p in pps]
     if seq_len >= CP_SEARCH_MIN_SEQ_LEN:
@@ -155,9 +156,16 @@ def checked_counts(
     return counts_by_gpu, spec
 
 
-def check_model_parallel(spec: ModelSpec, seq_len: int, mp: ModelParallel, counts: Mapping[str, list[int]]) -> None:
+def check_model_parallel(
+    spec: ModelSpec, seq_len: int, mp: ModelParallel, counts: Mapping[str, list[int]], *, liger: bool = False
+) -> None:
     """One-line errors for TP/PP/CP degrees that do not divide the GPUs asked for, the model's heads or layers, or
-    the sequence."""
+    the sequence, and for TP under Liger's kernels (`liger`)."""
+    if mp.tp > 1 and liger:
+        raise TunecostError(
+            f"--tp {mp.tp} with Liger's kernels is not modelled (they take local tensors, not the tensor-parallel "
+            "plan's DTensors): use --pp or --cp, or drop --liger-kernel"
+        )
     for gpu, ns in counts.items():
         for n in ns:
             if n % mp.degree:

@@ -60,7 +60,7 @@ def estimate_multi_gpu(
         job.model, gpus, strategies, num_gpus, gpus_per_node, max_gpus, expert_degree, offload, degree
     )
     if model_parallel is not None:
-        check_model_parallel(spec, job.worst_case_seq_len, model_parallel, counts_by_gpu)
+        check_model_parallel(spec, job.worst_case_seq_len, model_parallel, counts_by_gpu, liger=job.liger_kernel)
     searching = num_gpus is None
     choices = model_parallel_choices(spec, job, given=model_parallel, searching=searching, gpus_per_node=gpus_per_node)
     margin = default_margin_fraction() if margin_fraction is None else margin_fraction
