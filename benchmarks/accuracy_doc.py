@@ -148,7 +148,7 @@ def _throughput_stack_lines(results) -> list[str]:
         lines.append(f"| {stack} | {len(of)} | {cal} | {len(ape)} | {mape} |")
     bound = "gemm_efficiency at its bound"
     at_bound = Counter(r.reason.split("; ")[0] for r in thr if r.status == "ok" and r.reason.startswith(bound))
-    return [*lines, "", *(f"- {n} rows predicted with the {reason}." for reason, n in sorted(at_bound.items())), ""]
+    return [*lines, "", *(f"- {n} rows: {reason}." for reason, n in sorted(at_bound.items())), ""]
 
 
 @dataclass(frozen=True)

@@ -150,8 +150,8 @@ def test_a_calibration_row_no_efficiency_reproduces_predicts_its_group_at_the_bo
     assert cal.predicted == pytest.approx(fastest_tokens_per_s, rel=1e-6) and cal.error == pytest.approx(-50.0)
     assert other.error is not None and other.error > 0
     for r in out:
-        assert r.reason.startswith("gemm_efficiency at its bound 1: calibration of hf-trainer")
-        assert "on r0: measured" in r.reason and "faster than the counts at gemm_efficiency 1" in r.reason
+        assert r.reason.startswith("gemm_efficiency at its bound 1, none fitted: no efficiency reproduces r0, the")
+        assert "calibration row of hf-trainer" in r.reason and "faster than the counts at gemm_efficiency 1" in r.reason
 
 
 def test_exactly_one_calibration_row_per_stack_and_gpu() -> None:

@@ -312,8 +312,8 @@ def _calibrate_group(key, members, steps, terms, out: dict[int, ValidationRow], 
     eff = tp.efficiency_bound(steps[i], measured_step_s) if fitted is None else fitted
     if record:
         at_bound = (
-            f"{FITTED_PARAMETER} at its bound {eff:g}: calibration of {key[0]} ({key[1]}) on {key[2]} on {row.id}: "
-            f"{tp.calibration_failure(counts, terms, measured_step_s)}"
+            f"{FITTED_PARAMETER} at its bound {eff:g}, none fitted: no efficiency reproduces {row.id}, the calibration "
+            f"row of {key[0]} ({key[1]}) on {key[2]}: {tp.calibration_failure(counts, terms, measured_step_s)}"
         )
         for j, r, m, measured_j, _ in members:
             predicted = tp.from_step_seconds(r.get("quantity"), steps[j](eff), **tp.shape_of(m))
