@@ -28,6 +28,7 @@ from tunecost.validate.mapping import Skip, map_row
 from tunecost.validate.run import GIB
 from tunecost.validate.stacks import STACKS
 from tunecost.validate.summary import memory_totals, throughput_totals
+from tunecost.validate.throughput import AT_BOUND_REASON
 
 BASELINES = ("accelerate", "rule", "DeepSpeed")
 
@@ -146,8 +147,9 @@ def _throughput_stack_lines(results) -> list[str]:
         cal = sum(1 for r in of if r.status == "ok" and r.error is None)
         mape = _f(statistics.fmean(ape)) + " %" if ape else "-"
         lines.append(f"| {stack} | {len(of)} | {cal} | {len(ape)} | {mape} |")
-    bound = "gemm_efficiency at its bound"
-    at_bound = Counter(r.reason.split("; ")[0] for r in thr if r.status == "ok" and r.reason.startswith(bound))
+    at_bound = Counter(
+        r.reason.split("; ")[0] for r in thr if r.status == "ok" and r.reason.startswith(AT_BOUND_REASON)
+    )
     return [*lines, "", *(f"- {n} rows: {reason}." for reason, n in sorted(at_bound.items())), ""]
 
 

@@ -13,7 +13,7 @@ import statistics
 from tunecost.catalog.held_out_errors import THROUGHPUT_QUANTITIES
 from tunecost.validate import read_corpus, validate_rows
 from tunecost.validate.mapping import MappedRow
-from tunecost.validate.throughput import micro_batch_counts
+from tunecost.validate.throughput import AT_BOUND_REASON, micro_batch_counts
 
 
 def eager_counts(mapped: MappedRow):
@@ -41,7 +41,7 @@ def main() -> None:
         median = f"median |error| {statistics.median(errs):.1f} %" if errs else "no row predicted"
         print(f"{name}: {median} over {len(errs)} rows")
         for reason in sorted(
-            {r.reason for r in v if r.quantity in THROUGHPUT_QUANTITIES and "at its bound" in r.reason}
+            {r.reason for r in v if r.quantity in THROUGHPUT_QUANTITIES and r.reason.startswith(AT_BOUND_REASON)}
         ):
             print(f"  {name}: {reason}")
 

@@ -287,7 +287,7 @@ def _predict_with_prior(
     eff, reason = prior
     for i, row, mapped, measured, counts in members:
         measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **tp.shape_of(mapped))
-        beyond = check_fit and tp.gemm_efficiency_from(steps[i], measured_step_s) is None
+        beyond = check_fit and not tp.reproducible(steps[i], measured_step_s)
         why = f"{reason}; {tp.calibration_failure(counts, terms, measured_step_s)}" if beyond else reason
         predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), **tp.shape_of(mapped))
         out[i] = _throughput_ok(row, mapped, measured, predicted, why, prior=True)
@@ -311,17 +311,14 @@ def _calibrate_group(key, members, steps, terms, out: dict[int, ValidationRow], 
     fitted = tp.gemm_efficiency_from(steps[i], measured_step_s)
     eff = tp.efficiency_bound(steps[i], measured_step_s) if fitted is None else fitted
     if record:
-        at_bound = (
-            f"{FITTED_PARAMETER} at its bound {eff:g}, none fitted: no efficiency reproduces {row.id}, the calibration "
-            f"row of {key[0]} ({key[1]}) on {key[2]}: {tp.calibration_failure(counts, terms, measured_step_s)}"
+        at_bound = fitted is None and (
+            f"{tp.AT_BOUND_REASON} {eff:g}, none fitted: no efficiency reproduces {row.id}, the calibration row of "
+            f"{key[0]} ({key[1]}) on {key[2]}: {tp.calibration_failure(counts, terms, measured_step_s)}"
         )
         for j, r, m, measured_j, _ in members:
             predicted = tp.from_step_seconds(r.get("quantity"), steps[j](eff), **tp.shape_of(m))
-            if fitted is None:
-                reason = at_bound
-            else:
-                reason = tp.CALIBRATION_REASON if (j, r) == cal[:2] else f"{FITTED_PARAMETER} {eff:.3f} from {row.id}"
-            out[j] = _throughput_ok(r, m, measured_j, predicted, reason)
+            fit_reason = tp.CALIBRATION_REASON if (j, r) == cal[:2] else f"{FITTED_PARAMETER} {eff:.3f} from {row.id}"
+            out[j] = _throughput_ok(r, m, measured_j, predicted, at_bound or fit_reason)
     return fitted
 
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from tunecost.distributed.single_step import SingleGpuStep
 
 CALIBRATION_REASON = "calibration row"
+AT_BOUND_REASON = f"{FITTED_PARAMETER} at its bound"  # a group no efficiency reproduces (`efficiency_bound`)
 _BISECTION_STEPS = 80
 _LOWEST_EFFICIENCY = PRIORS[FITTED_PARAMETER].lower
 
@@ -194,9 +195,9 @@ def gemm_efficiency_from(step_of: StepFn, measured_step_s: float) -> float | Non
     no efficiency in (lowest prior bound, 1] reaches it: the step is faster than the model at full efficiency, or
     slower than at the lowest). The step falls monotonically with the efficiency (compute, and the communication
     it leaves exposed): bisection on its logarithm."""
-    lo, hi = _LOWEST_EFFICIENCY, 1.0
-    if not step_of(hi) <= measured_step_s <= step_of(lo):
+    if not reproducible(step_of, measured_step_s):
         return None
+    lo, hi = _LOWEST_EFFICIENCY, 1.0
     for _ in range(_BISECTION_STEPS):
         mid = math.sqrt(lo * hi)
         if step_of(mid) > measured_step_s:
@@ -204,6 +205,12 @@ def gemm_efficiency_from(step_of: StepFn, measured_step_s: float) -> float | Non
         else:
             hi = mid
     return math.sqrt(lo * hi)
+
+
+def reproducible(step_of: StepFn, measured_step_s: float) -> bool:
+    """Whether some GEMM efficiency in (lowest prior bound, 1] gives `measured_step_s`: it lies between the steps
+    at the two ends."""
+    return step_of(1.0) <= measured_step_s <= step_of(_LOWEST_EFFICIENCY)
 
 
 def efficiency_bound(step_of: StepFn, measured_step_s: float) -> float:

@@ -42,8 +42,6 @@ FLCE_BYTES_PER_VOCAB = 4
 FLCE_KERNELS_PER_CHUNK = 2  # the cross-entropy kernel and the slice copy of the chunk's loss
 ADAMW_ACCESSES_PER_PARAM = 20  # foreach AdamW: lerp m, v*b2 + g^2, sqrt/div/add eps, decay, addcdiv (reads+writes)
 CLIP_ACCESSES_PER_PARAM = 3  # gradient-norm clipping: norm (read), scale (read + write)
-
-
 ADAMW_FOREACH_OPS = 12
 FOREACH_TENSORS_PER_LAUNCH = 32
 ADAMW_FLOPS_PER_PARAM = 15
@@ -336,23 +334,24 @@ def _add_optimizer(acc: OpTally, arch: Arch, job: FineTuneJob, lora_compute_dtyp
     included; the embedding's gradient where it trains."""
     w_bytes = job.compute_bytes_per_element
     trainable_params, trainable_tensors, param_bytes = _trainable(arch, job, lora_compute_dtype)
-    acc.add(
-        "optimizer",
-        flops=trainable_params * ADAMW_FLOPS_PER_PARAM,
-        bytes_=trainable_params * param_bytes * (ADAMW_ACCESSES_PER_PARAM + CLIP_ACCESSES_PER_PARAM),
-        kernels=(ADAMW_FOREACH_OPS + 4) * -(-trainable_tensors // FOREACH_TENSORS_PER_LAUNCH),
-    )
+    _add_adamw(acc, trainable_params, param_bytes, launches=-(-trainable_tensors // FOREACH_TENSORS_PER_LAUNCH))
     embedding_saved, head_saved = saved_modules(job)  # PEFT's copies, in the model's dtype
     saved_params = arch.embedding_params * embedding_saved + arch.lm_head_params * head_saved
     if saved_params:
-        acc.add(
-            "optimizer",
-            flops=saved_params * ADAMW_FLOPS_PER_PARAM,
-            bytes_=saved_params * w_bytes * (ADAMW_ACCESSES_PER_PARAM + CLIP_ACCESSES_PER_PARAM),
-            kernels=ADAMW_FOREACH_OPS + 4,
-        )
+        _add_adamw(acc, saved_params, w_bytes, launches=1)
     if job.method == "full" or embedding_saved:  # embedding gradient: zero-fill + scatter into vocab x hidden
         acc.add("elementwise", bytes_=2.0 * arch.embedding_params * w_bytes, kernels=3)
+
+
+def _add_adamw(acc: OpTally, params: float, param_bytes: int, *, launches: int) -> None:
+    """Foreach AdamW with gradient clipping over `params` parameters of `param_bytes` each, in `launches` launches
+    of its ops."""
+    acc.add(
+        "optimizer",
+        flops=params * ADAMW_FLOPS_PER_PARAM,
+        bytes_=params * param_bytes * (ADAMW_ACCESSES_PER_PARAM + CLIP_ACCESSES_PER_PARAM),
+        kernels=(ADAMW_FOREACH_OPS + 4) * launches,
+    )
 
 
 def accumulated(counts: AnalyticStepCounts, grad_accum: int) -> AnalyticStepCounts:
