@@ -216,6 +216,8 @@ def trl_chunked_loss(hidden_states: torch.Tensor, lm_head: nn.Module, labels: to
     import torch
     from torch.utils.checkpoint import checkpoint
 
+    from tunecost.simulate.counts import like_backward, like_iterations  # imports torch
+
     hidden = hidden_states[..., :-1, :].reshape(-1, hidden_states.size(-1))
     target = labels[..., 1:].reshape(-1)
     valid = target != -100
@@ -223,10 +225,12 @@ def trl_chunked_loss(hidden_states: torch.Tensor, lm_head: nn.Module, labels: to
     hidden, target = hidden[order], target[order]
     scale, softcap = getattr(config, "logit_scale", 1.0), getattr(config, "final_logit_softcapping", None)
     loss = hidden.new_zeros((), dtype=torch.float32)
-    for start in range(0, hidden.shape[0], TRL_CHUNK_TOKENS):
-        end = start + TRL_CHUNK_TOKENS
+    count = -(-hidden.shape[0] // TRL_CHUNK_TOKENS)
+    for i in like_iterations(count, hidden):  # the recorder may run some chunks and repeat their record
+        start, end = i * TRL_CHUNK_TOKENS, (i + 1) * TRL_CHUNK_TOKENS
         args = (hidden[start:end], lm_head.weight, lm_head.bias, target[start:end], scale, softcap)
         loss = loss + checkpoint(_trl_chunk, *args, use_reentrant=False)[0]
+        like_backward(i, count, loss)  # and their backward: the sum's gradient starts each chunk's
     return loss / valid.sum()
 
 

@@ -195,6 +195,17 @@ def like_iterations(count: int, tensor: torch.Tensor) -> Iterator[int]:
     return LOOP_LISTENERS[-1](count, tensor) if LOOP_LISTENERS else iter(range(count))
 
 
+BACKWARD_LOOP_LISTENERS: list = []  # callables(i, count, output): an iteration of a loop autograd walks back
+
+
+def like_backward(i: int, count: int, output: torch.Tensor) -> None:
+    """Iteration `i` of a `like_iterations` loop left `output`, whose gradient starts that iteration's backward
+    (autograd walks the iterations back one by one): the running recorder (if any) writes the backward of the
+    iterations it did not run (`loops`)."""
+    if BACKWARD_LOOP_LISTENERS:
+        BACKWARD_LOOP_LISTENERS[-1](i, count, output)
+
+
 def add_work(op_class: str, *, flops: int = 0, nbytes: int = 0) -> None:
     """Count FLOPs and bytes of traffic under `op_class` in the running recorder (if any): for work the fake
     path models without running it op by op (fused kernels, the other experts of a de-quantization loop)."""

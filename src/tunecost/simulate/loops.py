@@ -1,6 +1,7 @@
-"""Loops of like iterations in a recorded step (Liger's loss chunks and row blocks): on fake tensors the recorder
-runs the first three and the last, and writes the ones between as copies of the second, each shifted by its length,
-so the record is the one the whole loop leaves (design: docs/memory-model.md, `simulate.loops`)."""
+"""Loops of like iterations in a recorded step (Liger's loss chunks and row blocks, TRL's checkpointed loss chunks
+and their backward): on fake tensors the recorder runs the first three and the last, and writes the ones between as
+copies of the second, each shifted by its length, so the record is the one the whole loop leaves (design:
+docs/memory-model.md, `simulate.loops`)."""
 
 from __future__ import annotations
 
@@ -34,13 +35,49 @@ def recorded_loop(rec: Any, count: int) -> Iterator[int]:
         yield from range(3, count)
 
 
+class LoopMismatch(RuntimeError):
+    """The backward of a sampled loop's iterations differ: the step is traced again with every loop whole."""
+
+
+class SampledBackward:
+    """The backward of one loop `recorded_loop` may sample, whose iterations autograd walks back one by one (the
+    last, then 2, 1 and 0 where iterations 0-2 and the last ran): when it reaches iteration 0, the backward of the
+    iterations that did not run is written as copies of iteration 2's (`LoopMismatch` where 2 and 1 differ)."""
+
+    def __init__(self, rec: Any, count: int) -> None:
+        self.rec, self.count = rec, count
+        self.ran: list[int] = []
+        self.marks: list[tuple[int, int, int]] = []
+
+    def iteration(self, i: int, output: Any) -> None:
+        """Iteration `i` ran and left `output`, whose gradient starts its backward."""
+        self.ran.append(i)
+        if i <= 2 and self.count >= MIN_COUNT:
+            output.register_hook(self._hook(i))
+
+    def _hook(self, i: int) -> Any:
+        def hook(_grad: Any) -> None:
+            rec = self.rec
+            if self.ran != [0, 1, 2, self.count - 1]:
+                return  # the whole loop ran
+            if i == 2:
+                rec.counter.log = []
+            self.marks.append(_mark(rec))
+            if i == 0:
+                log, rec.counter.log = rec.counter.log, None
+                if not _insert(rec, self.marks, log, self.count - 4):
+                    raise LoopMismatch(f"the backward of a sampled loop of {self.count} iterations differs")
+
+        return hook
+
+
 def _mark(rec: Any) -> tuple[int, int, int]:
     return rec.t, len(rec.records), len(rec.counter.log)
 
 
-def _repeat(rec: Any, marks: list[tuple[int, int, int]], log: list, times: int) -> bool:
-    """Write `times` copies of the second iteration after the third, or False (nothing written) where the second
-    and third differ: other ops, other storages, or a storage that outlives the iteration after its own."""
+def _alike(rec: Any, marks: list[tuple[int, int, int]], log: list) -> bool:
+    """Whether the iteration between the first two marks and the one between the last two agree: the same ops,
+    storages of the same bytes, each freed by the iteration after its own at the same offset (or still alive)."""
     (t0, n0, w0), (t1, n1, w1), (t2, n2, w2) = marks
     span = t1 - t0
     first, second = rec.records[n0:n1], rec.records[n1:n2]
@@ -57,14 +94,57 @@ def _repeat(rec: Any, marks: list[tuple[int, int, int]], log: list, times: int) 
             return False
         if b.t_free not in (None, a.t_free + span):
             return False
-    for b, a in zip(second, first):  # the third's storages are freed by the last iteration, at the fourth's times
-        b.t_free = a.t_free + span
-    for k in range(2, times + 2):
+    return True
+
+
+def _copies(rec: Any, marks: list[tuple[int, int, int]], log: list, ks: range) -> tuple[list, list, list]:
+    """The records, op segments and op layers of the first iteration shifted by k iterations for each k in `ks`, its
+    counter adds added once per k."""
+    (t0, n0, w0), (t1, n1, w1) = marks[:2]
+    span, first = t1 - t0, rec.records[n0:n1]
+    records, segs, layers = [], [], []
+    for k in ks:
         shift = k * span
-        rec.records += [dataclasses.replace(a, t_alloc=a.t_alloc + shift, t_free=a.t_free + shift) for a in first]
-        rec.op_segments += segs[t0:t1]
-        rec.op_layers += ops[t0:t1]
+        records += [dataclasses.replace(a, t_alloc=a.t_alloc + shift, t_free=a.t_free + shift) for a in first]
+        segs += rec.op_segments[t0:t1]
+        layers += rec.op_layers[t0:t1]
         for entry in log[w0:w1]:
             rec.counter.add(*entry)
+    return records, segs, layers
+
+
+def _repeat(rec: Any, marks: list[tuple[int, int, int]], log: list, times: int) -> bool:
+    """Write `times` copies of the second iteration after the third, or False (nothing written) where the second
+    and third differ (`_alike`)."""
+    if not _alike(rec, marks, log):
+        return False
+    (t0, n0, _w0), (t1, n1, _w1), (_t2, n2, _w2) = marks
+    span = t1 - t0
+    for b, a in zip(rec.records[n1:n2], rec.records[n0:n1]):  # the third's are freed by the last, at the fourth's times
+        b.t_free = a.t_free + span
+    records, segs, layers = _copies(rec, marks, log, range(2, times + 2))
+    rec.records += records
+    rec.op_segments += segs
+    rec.op_layers += layers
     rec.t += times * span
+    return True
+
+
+def _insert(rec: Any, marks: list[tuple[int, int, int]], log: list, times: int) -> bool:
+    """Write `times` copies of the second iteration between it and the third (whose records, and frees inside it,
+    move past them), or False where the two differ (`_alike`): the third's storages are freed by the iteration after
+    it at their own times, so a last iteration unlike the others (a backward's first, say) is recorded as it ran."""
+    if not _alike(rec, marks, log):
+        return False
+    (t0, _n0, _w0), (t1, n1, _w1), (_t2, _n2, _w2) = marks
+    moved = times * (t1 - t0)
+    for r in rec.records:
+        if r.t_alloc > t1:  # the third's own: allocated and (maybe) freed after the copies
+            r.t_alloc += moved
+            r.t_free = None if r.t_free is None else r.t_free + moved
+    records, segs, layers = _copies(rec, marks, log, range(1, times + 1))
+    rec.records[n1:n1] = records
+    rec.op_segments[t1:t1] = segs
+    rec.op_layers[t1:t1] = layers
+    rec.t += moved
     return True

@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.weak import WeakIdKeyDictionary
 
 from tunecost.simulate import counts as _counts
-from tunecost.simulate.loops import recorded_loop
+from tunecost.simulate.loops import SampledBackward, recorded_loop
 
 _SEQ_NONE = 2**63  # AccumulateGrad nodes carry UINT64_MAX
 
@@ -77,8 +77,17 @@ class _OpCounter:
 class StepRecorder(TorchDispatchMode):
     """Record one step. Use: register static tensors, install hooks, then set_phase() around each phase."""
 
-    def __init__(self, *, plan: LayerPlan, module_info: dict[int, tuple[str, int | None]], round_bytes: int = 1):
+    def __init__(
+        self,
+        *,
+        plan: LayerPlan,
+        module_info: dict[int, tuple[str, int | None]],
+        round_bytes: int = 1,
+        sample_loops: bool = True,
+    ):
         super().__init__()
+        self.sample_loops = sample_loops  # loops of like iterations on fake tensors run in part (`loops`)
+        self._sampled_backward: SampledBackward | None = None  # the loop whose backward is being sampled
         self.plan = plan
         self.module_info = module_info  # id(module) -> (group, layer index or None)
         self.round_bytes = round_bytes
@@ -151,6 +160,7 @@ class StepRecorder(TorchDispatchMode):
         _counts.WORK_LISTENERS.append(self._add_work)
         _counts.NOT_AFFINE_LISTENERS.append(self._not_affine)
         _counts.LOOP_LISTENERS.append(self._loop)
+        _counts.BACKWARD_LOOP_LISTENERS.append(self._backward_loop)
 
     def remove_hooks(self) -> None:
         for h in self._handles:
@@ -164,12 +174,20 @@ class StepRecorder(TorchDispatchMode):
             _counts.NOT_AFFINE_LISTENERS.remove(self._not_affine)
         if self._loop in _counts.LOOP_LISTENERS:
             _counts.LOOP_LISTENERS.remove(self._loop)
+        if self._backward_loop in _counts.BACKWARD_LOOP_LISTENERS:
+            _counts.BACKWARD_LOOP_LISTENERS.remove(self._backward_loop)
 
     def _not_affine(self) -> None:
         self.not_affine = True
 
     def _loop(self, count: int, tensor: torch.Tensor) -> Iterator[int]:
-        return recorded_loop(self, count) if _is_fake(tensor) else iter(range(count))
+        return recorded_loop(self, count) if self.sample_loops and _is_fake(tensor) else iter(range(count))
+
+    def _backward_loop(self, i: int, count: int, output: torch.Tensor) -> None:
+        if i == 0:
+            self._sampled_backward = SampledBackward(self, count)
+        if self.sample_loops and _is_fake(output) and self._sampled_backward is not None:
+            self._sampled_backward.iteration(i, output)
 
     def _add_work(self, op_class: str, flops: int, nbytes: int) -> None:
         if self.phase != "setup":

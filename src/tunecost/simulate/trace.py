@@ -9,6 +9,7 @@ index).
 
 from __future__ import annotations
 
+import gc
 import time
 from dataclasses import dataclass, field
 
@@ -22,6 +23,7 @@ from tunecost.simulate.allocator import (
     steady_state_reserved_bytes,
 )
 from tunecost.simulate.batch_line import BatchLine, LineStep
+from tunecost.simulate.loops import LoopMismatch
 from tunecost.simulate.recorder import StepRecorder
 from tunecost.simulate.records import CATEGORIES, WEIGHT_CATEGORIES, AllocationTrace
 from tunecost.simulate.step import make_batch, run_step
@@ -198,9 +200,24 @@ def trace_step(prepared, batch_size: int, seq_len: int, *, round_bytes: int = 51
         if read is not None:
             return read
     start = time.perf_counter()
+    try:
+        rec = _record(prepared, batch_size, seq_len, round_bytes, sample_loops=True)
+    except LoopMismatch:  # a sampled loop's backward iterations differed: every loop whole
+        rec = None
+    if rec is None:
+        gc.collect()  # the aborted step's graph (a cycle through its hooks) must not outlive it
+        rec = _record(prepared, batch_size, seq_len, round_bytes, sample_loops=False)
+    if line is not None:
+        line.observe(batch_size, rec)
+    return analyze(rec, prepared.plan.num_layers, time.perf_counter() - start)
+
+
+def _record(prepared, batch_size: int, seq_len: int, round_bytes: int, *, sample_loops: bool) -> StepRecorder:
     vocab = int(getattr(prepared.model.config, "vocab_size", 0) or prepared.spec.vocab_size)
     batch = make_batch(vocab, batch_size, seq_len, prepared.fake_mode)
-    rec = StepRecorder(plan=prepared.plan, module_info=prepared.module_info, round_bytes=round_bytes)
+    rec = StepRecorder(
+        plan=prepared.plan, module_info=prepared.module_info, round_bytes=round_bytes, sample_loops=sample_loops
+    )
     for tensor, category, group in prepared.static:
         rec.register_static(tensor, category, group)
     for tensor in batch.values():
@@ -210,10 +227,7 @@ def trace_step(prepared, batch_size: int, seq_len: int, *, round_bytes: int = 51
         run_step(prepared, batch, rec)
     finally:
         rec.finish()
-    del batch
-    if line is not None:
-        line.observe(batch_size, rec)
-    return analyze(rec, prepared.plan.num_layers, time.perf_counter() - start)
+    return rec
 
 
 def read_off_line(line: BatchLine, batch_size: int) -> TraceResult | None:
