@@ -179,6 +179,45 @@ def test_seq_len_prices_a_dataset_without_lengths(cli_runner) -> None:
     assert '"num_queries": 51760' in result.stdout and '"dataset": "alpaca-cleaned"' in result.stdout
 
 
+def test_seq_len_cuts_a_catalog_dataset_instead_of_padding_to_it() -> None:
+    """`--dataset D --seq-len L` is a maximum length (HF collators, torchtune, axolotl and LLaMA-Factory pad each
+    batch to its longest): the catalog's log-normal cut at L; fixed L only without a length statistic."""
+    from tunecost.estimate.estimators import lengths_note, sizing_seq_len
+    from tunecost.estimate.throughput.targets import job_lengths
+    from tunecost.workload.job import FineTuneJob
+
+    job = FineTuneJob(model="llama-3.1-8b", method="lora", batch_size=8, seq_len=2048, dataset="math_14k")
+    sized, lengths = job_lengths(job)
+    assert (
+        sized.seq_len == 2048 and lengths.source.startswith("math_14k: log-normal") and "cut at 2048" in lengths.source
+    )
+    assert lengths.mean_len_tokens < 400 < 2048  # median 174: nowhere near every query at 2048
+    assert lengths.padded_len_tokens == pytest.approx(
+        dataset_lengths("math_14k", 8, cutoff_tokens=2048).padded_len_tokens
+    )
+    assert sizing_seq_len(job) == 2048  # no published longest: memory sized at the cut
+    assert "cut at --seq-len 2048, each batch padded to its longest" in lengths_note(job)
+    short = job.with_(seq_len=128)
+    assert job_lengths(short)[1].padded_len_tokens <= 128 + 8
+    fixed = job.with_(dataset="alpaca")  # no length statistic: every query padded to seq_len
+    assert job_lengths(fixed)[1].source == "fixed seq_len 2048"
+    assert lengths_note(fixed) == (
+        "tokens per query: every query padded to --seq-len 2048 (alpaca: no token-length statistic in the catalog)"
+    )
+    no_data = job.with_(dataset=None)
+    assert job_lengths(no_data)[1].source == "fixed seq_len 2048"
+
+
+def test_seq_len_sizes_memory_at_a_published_longest(catalog_with: Callable[..., Path]) -> None:
+    from tunecost.estimate.estimators import sizing_seq_len
+    from tunecost.workload.job import FineTuneJob
+
+    catalog_with("capped,1000,,math,,train,,100,150,300,,mistral-v1,x,x,2026-12-05")
+    job = FineTuneJob(model="llama-3.1-8b", method="lora", batch_size=1, seq_len=2048, dataset="capped")
+    assert sizing_seq_len(job) == 304  # the longest (300), padded to a multiple of 8
+    assert sizing_seq_len(job.with_(seq_len=256)) == 256
+
+
 def test_loader_rejects_inconsistent_rows(catalog_with: Callable[..., Path]) -> None:
     catalog_with("bad,10,,math,,train,,200,100,,,mistral-v1,x,x,2026-12-02")
     with pytest.raises(TunecostError, match=r"row 16: dataset bad: median 200 tokens above p95 100"):
@@ -189,3 +228,13 @@ def test_loader_rejects_inconsistent_rows(catalog_with: Callable[..., Path]) -> 
     catalog_with("other,10,,math,,train,dolly,,,,,,,x,2026-12-02")
     with pytest.raises(TunecostError, match="'dolly' already names dataset dolly-15k"):
         dataset_catalog()
+
+
+def test_a_length_note_quoting_a_chat_template_prints(cli_runner) -> None:
+    """gsm8k-train's length source quotes Mistral's "[INST] ... [/INST]": printed as text, not read as markup."""
+    from tunecost.cli.main import app
+
+    args = ["estimate", "--model", "llama-3.1-8b", "--method", "lora", "--gpu", "H100", "--dataset", "gsm8k-train"]
+    result = cli_runner.invoke(app, [*args, "--epochs", "1", "--seq-len", "2048"])
+    assert result.exit_code == 0, result.output
+    assert "[/INST]" in result.stdout and "cut at --seq-len 2048" in " ".join(result.stdout.split())

@@ -17,20 +17,24 @@ def _per_row() -> float:
     return queries_per_row(job)
 
 
+PADDED = {**{k: v for k, v in JOB.items() if k != "dataset"}, "queries": 7473}  # every query 1024 tokens
+
+
 def test_packed_rows_across_documents_are_full_rows_holding_more_queries(cli_json) -> None:
-    rows = {p: cli_json("estimate", **JOB, epochs=1, batch_size=4, packing=p)[0] for p in ("none", "cross-document")}
-    assert rows["cross-document"]["queries_per_s"] == pytest.approx(rows["none"]["queries_per_s"] * _per_row())
-    assert rows["cross-document"]["max_batch_size"] == rows["none"]["max_batch_size"]  # a row is seq_len tokens
+    """A packed row across documents costs what one query padded to seq_len costs, and holds more queries."""
+    packed = cli_json("estimate", **JOB, epochs=1, batch_size=4, packing="cross-document")[0]
+    padded = cli_json("estimate", **PADDED, epochs=1, batch_size=4)[0]
+    assert packed["queries_per_s"] == pytest.approx(padded["queries_per_s"] * _per_row())
+    assert packed["max_batch_size"] == padded["max_batch_size"]  # a row is seq_len tokens
+    cut = cli_json("estimate", **JOB, epochs=1, batch_size=4)[0]  # the data's lengths, cut at seq_len
+    assert padded["queries_per_s"] < cut["queries_per_s"] < packed["queries_per_s"]
 
 
 def test_several_gpus_carry_the_rows_queries_too(cli_json) -> None:
-    qps = {
-        p: cli_json("estimate", **JOB, epochs=1, gpus=2, strategy="ddp", batch_size=4, packing=p)["setups"][0][
-            "queries_per_s"
-        ]
-        for p in ("none", "cross-document")
-    }
-    assert qps["cross-document"] == pytest.approx(qps["none"] * _per_row())
+    setup = {"epochs": 1, "gpus": 2, "strategy": "ddp", "batch_size": 4}
+    packed = cli_json("estimate", **JOB, **setup, packing="cross-document")["setups"][0]["queries_per_s"]
+    padded = cli_json("estimate", **PADDED, **setup)["setups"][0]["queries_per_s"]
+    assert packed == pytest.approx(padded * _per_row())
 
 
 def test_a_run_in_steps_counts_the_queries_in_its_rows(cli_ok) -> None:

@@ -21,9 +21,10 @@ def _make_request(
     batch_size: int | None = None,
     **options,
 ) -> EstimateRequest:
-    """Mixtral-8x7B QLoRA top-2 on math_14k (Table IV's job) unless told; `batch_size` fixes the batch;
-    `options` are `EstimatorOptions` fields."""
-    job = estimate_job(model, method=method, experts_per_token=experts_per_token, dataset="math_14k", seq_len=seq_len)
+    """Mixtral-8x7B QLoRA top-2 on math_14k (Table IV's job) unless told (`seq_len`: every query that long, no
+    dataset); `batch_size` fixes the batch; `options` are `EstimatorOptions` fields."""
+    dataset = None if seq_len else "math_14k"
+    job = estimate_job(model, method=method, experts_per_token=experts_per_token, dataset=dataset, seq_len=seq_len)
     return EstimateRequest(
         job=job if batch_size is None else job.with_(batch_size=batch_size),
         gpu=get_gpu(gpu),

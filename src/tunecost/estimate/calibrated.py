@@ -262,14 +262,14 @@ def run_length_note(options: EstimatorOptions) -> str:
 
 
 def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
-    """What the cross-GPU model predicts for the request at `batch_size`: the job's packed rows, else its fixed
-    sequence length, else its dataset's length distribution."""
+    """What the cross-GPU model predicts for the request at `batch_size`: the job's packed rows, else its data's
+    lengths (cut at its seq_len), else its fixed sequence length (`targets.job_lengths`)."""
     target = throughput_target(
         model=req.spec.name,
         gpu=req.gpu.name,
         batch_size=batch_size,
         experts_per_token=req.experts_per_token,
-        dataset=None if req.job.seq_len and not req.job.lengths and req.job.packing == "none" else req.dataset,
+        dataset=req.job.dataset if req.job.seq_len else req.dataset,  # with seq_len and no data: fixed lengths
         seq_len=req.job.seq_len,
         lengths=req.job.lengths,
         method=req.job.method,

@@ -116,8 +116,8 @@ def estimate_job(
     """The job `tunecost estimate` costs, with the paper's setups as defaults: gradient checkpointing for (Q)LoRA
     and not for a full fine-tune (BlackMamba's), LoRA on the model's MoE layers or, for a dense model, on its
     attention and MLP projections (`default_lora_targets`), and the throughput of the dataset's length distribution
-    unless `seq_len` fixes the length (default dataset: Table IV's), on `stack` (None: tunecost's own). The model is
-    resolved and named as the catalog names it."""
+    (cut at `seq_len`; no dataset: Table IV's, or with a `seq_len` every query that long), on `stack` (None:
+    tunecost's own). The model is resolved and named as the catalog names it."""
     spec = resolve_model(model)
     if seq_len is not None:
         spec.check_seq_len(seq_len)
@@ -149,7 +149,7 @@ def estimate_job(
         modules_to_save=modules_to_save,
         seq_len=seq_len,
         lengths=lengths,
-        dataset=dataset_name(dataset, lengths),
+        dataset=dataset_name(dataset, lengths) if dataset or seq_len is None else None,
         stack=stack or DEFAULT_STACK,
         fp8=fp8,
         fp8_params=fp8_params,

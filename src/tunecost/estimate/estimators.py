@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from pathlib import Path
 
+from tunecost.catalog.datasets import get_dataset_facts
 from tunecost.catalog.gpus import GPU
 from tunecost.catalog.host_cpus import resolve_host_cpu
 from tunecost.errors import TunecostError, unknown_name_error
@@ -26,6 +27,7 @@ from tunecost.estimate.paper import (
     sparsity_fraction,
 )
 from tunecost.estimate.throughput.coverage import setup_label
+from tunecost.estimate.throughput.lengths import has_length_statistic
 from tunecost.estimate.throughput.packing import job_packed_lengths
 from tunecost.estimate.throughput.sources import calibration_files
 from tunecost.estimate.throughput.stack_priors import framework_family
@@ -125,6 +127,9 @@ def sizing_seq_len(job: FineTuneJob) -> int:
     """The padded length of a job's longest batch: what decides whether it fits (a packed job's full row)."""
     if job.lengths and job.packing == "none":  # padded to a multiple of 8, as the throughput's batches are
         return padded_length(min(max(job.lengths), job.seq_len or max(job.lengths)))
+    if job.seq_len and job.packing == "none" and has_length_statistic(job.dataset):  # its longest, if published
+        longest = get_dataset_facts(str(job.dataset)).max_tokens
+        return job.seq_len if longest is None else padded_length(min(int(longest), job.seq_len))
     return job.seq_len or EQ1_ARTIFACT_SEQ_LEN
 
 
@@ -146,8 +151,15 @@ def lengths_note(job: FineTuneJob) -> str:
             f"tokens per query: the data's own lengths{cut}, each batch padded to its longest (multiple of 8); "
             f"memory sized at the longest batch, {sizing_seq_len(job)} tokens"
         )
+    if job.seq_len and has_length_statistic(job.dataset):
+        facts = get_dataset_facts(str(job.dataset))
+        return (
+            f"tokens per query: {facts.length_summary}, cut at --seq-len {job.seq_len}, each batch padded to its "
+            f"longest; memory sized at the longest batch, {sizing_seq_len(job)} tokens"
+        )
     if job.seq_len:
-        return f"tokens per query: every query padded to --seq-len {job.seq_len}"
+        why = f" ({job.dataset}: no token-length statistic in the catalog)" if job.dataset else ""
+        return f"tokens per query: every query padded to --seq-len {job.seq_len}{why}"
     return (
         f"tokens per query: memory sized at {EQ1_ARTIFACT_SEQ_LEN} (the paper's eq. (1) length: {job.dataset} has "
         "only a median length; --seq-len or a data file to set it), throughput over the dataset's length "

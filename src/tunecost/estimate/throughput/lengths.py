@@ -160,19 +160,19 @@ class LogNormalShape:
     label: str
 
 
-def catalog_shape(facts: DatasetFacts, *, log_sigma: float = DEFAULT_LOG_SIGMA) -> LogNormalShape:
+def catalog_shape(
+    facts: DatasetFacts, *, log_sigma: float = DEFAULT_LOG_SIGMA, cutoff_tokens: int | None = None
+) -> LogNormalShape:
     """The log-normal of a catalog dataset from its best statistic (source 3 in docs/throughput-model.md, section
     `tunecost.estimate.throughput.lengths`); `log_sigma` is the spread used where the data give none (the paper's
-    rows, a median without a p95, a mean)."""
+    rows, a median without a p95, a mean); `cutoff_tokens`: the job's maximum length (default the paper's)."""
+    limit = PAPER_CUTOFF_TOKENS if cutoff_tokens is None else cutoff_tokens
     if facts.has_paper_median:  # unchanged: the throughput model was calibrated on exactly these lengths
         median = facts.median_tokens_paper
-        label = (
-            f"{facts.name}: log-normal, paper median {median:g} tokens, sigma {log_sigma:g}, cut at "
-            f"{PAPER_CUTOFF_TOKENS}"
-        )
-        return LogNormalShape(median, log_sigma, PAPER_CUTOFF_TOKENS, label)
-    cutoff = PAPER_CUTOFF_TOKENS if facts.max_tokens is None else min(PAPER_CUTOFF_TOKENS, int(facts.max_tokens))
-    cut = f"cut at {'max ' if cutoff < PAPER_CUTOFF_TOKENS else ''}{cutoff}"
+        label = f"{facts.name}: log-normal, paper median {median:g} tokens, sigma {log_sigma:g}, cut at {limit}"
+        return LogNormalShape(median, log_sigma, limit, label)
+    cutoff = limit if facts.max_tokens is None else min(limit, int(facts.max_tokens))
+    cut = f"cut at {'max ' if cutoff < limit else ''}{cutoff}"
     counted = f"counted with the {facts.tokenizer} tokenizer"
     if facts.median_tokens is not None:
         median = facts.median_tokens
@@ -196,9 +196,12 @@ def catalog_shape(facts: DatasetFacts, *, log_sigma: float = DEFAULT_LOG_SIGMA) 
     )
 
 
-def catalog_lengths(facts: DatasetFacts, batch_size: int, *, log_sigma: float = DEFAULT_LOG_SIGMA) -> SeqLengths:
-    """Lengths of a catalog dataset from its best statistic (`catalog_shape`), each batch padded to its longest."""
-    shape = catalog_shape(facts, log_sigma=log_sigma)
+def catalog_lengths(
+    facts: DatasetFacts, batch_size: int, *, log_sigma: float = DEFAULT_LOG_SIGMA, cutoff_tokens: int | None = None
+) -> SeqLengths:
+    """Lengths of a catalog dataset from its best statistic (`catalog_shape`, cut at `cutoff_tokens`), each batch
+    padded to its longest."""
+    shape = catalog_shape(facts, log_sigma=log_sigma, cutoff_tokens=cutoff_tokens)
     return lognormal_lengths(
         shape.median_tokens,
         batch_size,
@@ -209,6 +212,19 @@ def catalog_lengths(facts: DatasetFacts, batch_size: int, *, log_sigma: float = 
 
 
 @lru_cache(maxsize=512)
-def dataset_lengths(dataset: str, batch_size: int, *, log_sigma: float = DEFAULT_LOG_SIGMA) -> SeqLengths:
-    """Lengths of a catalog dataset (any spelling the catalog resolves) from its best statistic."""
-    return catalog_lengths(get_dataset_facts(dataset), batch_size, log_sigma=log_sigma)
+def dataset_lengths(
+    dataset: str, batch_size: int, *, log_sigma: float = DEFAULT_LOG_SIGMA, cutoff_tokens: int | None = None
+) -> SeqLengths:
+    """Lengths of a catalog dataset (any spelling the catalog resolves) from its best statistic, cut at
+    `cutoff_tokens` (default the paper's)."""
+    return catalog_lengths(get_dataset_facts(dataset), batch_size, log_sigma=log_sigma, cutoff_tokens=cutoff_tokens)
+
+
+def has_length_statistic(dataset: str | None) -> bool:
+    """Whether `dataset` is a catalog dataset whose lengths the catalog describes (a median, mean or the paper's)."""
+    if dataset is None:
+        return False
+    try:
+        return bool(get_dataset_facts(dataset).length_statistic)
+    except TunecostError:
+        return False

@@ -93,13 +93,13 @@ def job_packed_lengths(job: FineTuneJob) -> SeqLengths:
         raise TunecostError("packing: give the data (--dataset) whose queries fill the rows")
     facts = get_dataset_facts(job.dataset)
     try:
-        shape = catalog_shape(facts)
+        shape = catalog_shape(facts, cutoff_tokens=row)
     except TunecostError:
         raise TunecostError(
             f"packing: dataset {facts.name} has no token-length statistic in the catalog, so the queries a packed row "
             f"holds are unknown; {facts.counting_hint}, or --packing none"
         ) from None
-    cut = row if facts.max_tokens is None else min(row, int(facts.max_tokens))
+    cut = shape.cutoff_tokens
     quantiles = lognormal_quantiles(shape.median_tokens, shape.log_sigma, cut)
     sample = np.maximum(np.rint(quantiles), 1).astype(np.int64)  # whole tokens, at least one
     source = (

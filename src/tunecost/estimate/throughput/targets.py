@@ -21,6 +21,7 @@ from tunecost.estimate.throughput.lengths import (
     dataset_lengths,
     empirical_lengths,
     fixed_lengths,
+    has_length_statistic,
 )
 from tunecost.estimate.throughput.model import StepTime
 from tunecost.estimate.throughput.packing import job_packed_lengths
@@ -131,8 +132,8 @@ def job_for(target: ThroughputTarget) -> tuple[FineTuneJob, AnalyticStepCounts]:
 
 def job_lengths(job: FineTuneJob) -> tuple[FineTuneJob, SeqLengths]:
     """The job sized for its lengths and the lengths of its batches: its real lengths (each batch padded to its
-    longest, cut at seq_len if given, else at the longest), else its fixed seq_len, else its dataset's length
-    distribution (an error where the catalog has none)."""
+    longest, cut at seq_len if given, else at the longest), else its catalog dataset's length distribution (cut at
+    seq_len if given), else its fixed seq_len (every query padded to it; an error without one)."""
     if job.packing != "none":
         lengths = job_packed_lengths(job)
     elif job.lengths:
@@ -142,11 +143,11 @@ def job_lengths(job: FineTuneJob) -> tuple[FineTuneJob, SeqLengths]:
             job.lengths, job.batch_size, source=f"{source}, padded to the longest in the batch", cutoff_tokens=cutoff
         )
         job = replace(job, seq_len=cutoff)
-    elif job.seq_len is not None:
+    elif job.seq_len is not None and not has_length_statistic(job.dataset):
         lengths = fixed_lengths(job.seq_len, job.batch_size)
-    else:
-        lengths = dataset_lengths(str(job.dataset), job.batch_size)
-        job = replace(job, seq_len=PAPER_CUTOFF_TOKENS)
+    else:  # cut at the job's seq_len, else at the paper's cutoff
+        lengths = dataset_lengths(str(job.dataset), job.batch_size, cutoff_tokens=job.seq_len)
+        job = replace(job, seq_len=job.seq_len or PAPER_CUTOFF_TOKENS)
     return job, lengths
 
 
