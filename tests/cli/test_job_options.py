@@ -62,3 +62,15 @@ def test_max_batch_takes_its_job_options_alike() -> None:
     memory, max_batch = _options("memory"), _options("max-batch")
     for name in MAX_BATCH_OPTIONS:
         assert memory[name] == max_batch[name], name
+
+
+def test_quant_type_without_qlora_is_an_error_not_ignored(cli_error) -> None:
+    job = ["--model", "Qwen/Qwen2.5-0.5B", "--gpu", "H100", "--seq-len", "256", "--quant-type", "nf4"]
+    for command in (
+        ["memory", "--method", "full"],
+        ["estimate", "--method", "lora", "--epochs", "1", "--queries", "9"],
+    ):
+        line = cli_error([*command, *job])
+        assert line.startswith("error: --quant-type nf4: the base weights' type of --method qlora; --method ")
+    line = cli_error(["plan", "--method", "full,lora", *job, "--epochs", "1", "--queries", "9"])
+    assert "--quant-type nf4" in line

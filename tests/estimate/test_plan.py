@@ -83,7 +83,7 @@ def test_a_rank_computes_over_the_datas_lengths_as_estimate_prices_one_gpu() -> 
     (single,) = [o.setup for o in plan.options if o.setup.plan.strategy == "single"]
     assert "512 tokens" in single.memory.assumptions[0]
     own, _ = single_gpu_throughput(job.with_(batch_size=single.micro_batch), gpu)
-    padded, _ = single_gpu_throughput(job.with_(batch_size=single.micro_batch, seq_len=512), gpu)
+    padded, _ = single_gpu_throughput(job.with_(batch_size=single.micro_batch, seq_len=512, dataset=None), gpu)
     assert single.queries_per_s == pytest.approx(own.queries_per_s)
     assert padded.queries_per_s < 0.9 * own.queries_per_s
 
@@ -182,6 +182,15 @@ def test_emit_keeps_the_model_the_user_named_and_asks_for_data_not_given(cli_run
     train_args = json.loads((tmp_path / "train_args.json").read_text())
     assert train_args["model"]["pretrained_model_name_or_path"] == "Qwen/Qwen2.5-0.5B-Instruct"
     assert train_args["dataset"] == "CHANGE_ME"
+
+
+def test_emit_without_a_seq_len_writes_the_length_memory_was_sized_at(cli_runner, tmp_path) -> None:
+    """A catalog dataset with a median only and no --seq-len: sized at 512 tokens, and the recipe cuts there."""
+    args = ["plan", "--model", "Qwen/Qwen2.5-0.5B", "--method", "lora", "--gpu", "H100", "--dataset", "math_14k"]
+    args += ["--epochs", "1", "--max-gpus", "1", "--emit", str(tmp_path), "--force", "--target", "llamafactory"]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "cutoff_len: 512" in (tmp_path / "llamafactory.yaml").read_text()
 
 
 TINY_FULL = {"num_queries": 2000, "epochs": 1, "max_gpus": 3, "gpus_per_node": 8}  # TP/PP layouts searched
@@ -303,3 +312,11 @@ def test_a_pipeline_runs_the_optimizer_once_per_step(tiny_full) -> None:
     each, _ = single_gpu_throughput(at, s.gpu)
     assert m > 1 and spread.queries_per_s > each.queries_per_s
     assert s.timing.compute_seconds == pytest.approx(m * s.micro_batch / spread.queries_per_s / s.plan.degree)
+
+
+def test_a_verdict_tells_a_cost_from_the_budget_it_is_over() -> None:
+    from tunecost.estimate.plan import _apart
+
+    assert _apart(7.4213, 7.42, 2) == ("7.421", "7.420")  # not "$7.42 > $7.42"
+    assert _apart(1234.5, 1000, 2) == ("1,234.50", "1,000.00")
+    assert _apart(70.31, 48, 1) == ("70.3", "48.0")

@@ -222,3 +222,19 @@ def test_cli_data_stats_writes_nothing_without_out_and_reports_errors(tmp_path, 
     assert skipped.exit_code == 0 and json.loads(skipped.stdout)["skipped_rows"] == [1]
     listing = _cli(["data", "list", "--json"])
     assert listing.exit_code == 0 and any(r["name"] == "math_14k" for r in json.loads(listing.stdout))
+
+
+def test_a_catalog_dataset_name_loads_its_hub_copy(monkeypatch) -> None:
+    """`tunecost data stats alpaca`: the catalog's hub id and split, read from the local cache (never a download
+    unless allowed)."""
+    import tunecost.workload.datasets as datasets_module
+
+    asked = []
+
+    def rows(repo_id, config, split, *, allow_download):
+        asked.append((repo_id, config, split, allow_download))
+        return [{"instruction": "Add 2 and 3.", "input": "", "output": "5"}]
+
+    monkeypatch.setattr(datasets_module, "load_hub_rows", rows)
+    ds = datasets_module.load_dataset("alpaca")
+    assert asked == [("tatsu-lab/alpaca", None, "train", False)] and len(ds) == 1

@@ -72,6 +72,13 @@ class LazyConsole:
             sys.stdout.write(line + "\n")
 
 
+def dim(text: str) -> str:
+    """`text` dimmed, its own brackets escaped (a note may quote a chat template's "[/INST]")."""
+    from rich.markup import escape
+
+    return f"[dim]{escape(text)}[/dim]"
+
+
 console = cast("Console", LazyConsole(_stdout_console, stdout=True))
 err_console = cast("Console", LazyConsole(_stderr_console, stdout=False))
 
@@ -82,8 +89,7 @@ def real_console(console_: Any) -> Console:
 
 
 def progress_bar(*columns: Any, **options: Any) -> Any:
-    """A rich `Progress` on stderr, cleared when done. Off a terminal it draws nothing: a live bar there leaves
-    only a blank line behind (before any `error:` line)."""
+    """A rich `Progress` on stderr, cleared when done; off a terminal nothing (a live bar leaves a blank line)."""
     from rich.progress import Progress
 
     console_ = real_console(options.pop("console", err_console))
@@ -98,9 +104,8 @@ ProgressCallback = Callable[[int, int, str], None]
 def progress_callback(
     description: str, *, enabled: bool = True, counted: bool = False, label_as_description: bool = True
 ) -> Iterator[ProgressCallback | None]:
-    """A transient progress bar on stderr (stdout carries only the results), and the `on_progress(done, total,
-    label)` callback a library function calls to move it; None when not `enabled`. `counted` shows done/total and
-    the time elapsed; the library's label replaces `description` unless not `label_as_description`."""
+    """A transient progress bar on stderr and the `on_progress(done, total, label)` callback that moves it (None when
+    not `enabled`); `counted`: done/total and time; the label replaces `description` if `label_as_description`."""
     if not enabled:
         yield None
         return
@@ -121,9 +126,8 @@ def counted_columns() -> tuple[Any, ...]:
 
 
 def visible(text: object) -> str:
-    """`text` on one line with every control character (NUL, escape, newline, ...) shown as its Python escape
-    (`\\x00`, `\\x1b`, `\\n`), so a name read from a file or option is never printed invisibly, and nothing a
-    message holds can move the cursor or start a blank line. Surrounding whitespace is dropped."""
+    """`text` on one line, every control character shown as its Python escape (`\\x00`, `\\x1b`, `\\n`): nothing
+    it holds is printed invisibly, moves the cursor or starts a blank line. Surrounding whitespace is dropped."""
     return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(text).strip())
 
 

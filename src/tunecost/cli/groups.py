@@ -13,6 +13,7 @@ from typing import Any, TypeVar, get_type_hints
 from tunecost.cli import options as cli
 from tunecost.cli.commands import estimate_multigpu as multi
 from tunecost.cli.common import stack_behaviour
+from tunecost.cli.jobconfig import on_command_line
 from tunecost.errors import TunecostError
 from tunecost.units import memory_bytes_from_options
 
@@ -76,6 +77,14 @@ class JobOptions:
     # FP8 training (docs/fp8.md)
     fp8: cli.Fp8 = "none"
     fp8_params: cli.Fp8Params = False
+
+    def check_method(self, method: str) -> None:
+        """--quant-type sets qlora's base weights: given on the command line with another method, an error."""
+        if self.quant_type is not None and method != "qlora" and on_command_line("quant_type"):
+            raise TunecostError(
+                f"--quant-type {self.quant_type}: the base weights' type of --method qlora; --method {method} keeps "
+                "them in the compute dtype (drop --quant-type, or --method qlora)"
+            )
 
     def estimate_job(self, model: str, method: str, data: Any = None, experts_per_token: int | None = None) -> Any:
         """The job `estimate` and `plan` cost (`estimate.cost.estimate_job`), on `data`'s lengths when given."""

@@ -245,10 +245,16 @@ def _verdict(option: Option, budget_usd: float | None, deadline_h: float | None)
     if not option.setup.fits or option.setup.cost is None:
         return _does_not_fit(option)
     if budget_usd is not None and option.usd > budget_usd:
-        return f"over budget: ${option.usd:,.2f} > ${budget_usd:,.2f}"
+        return "over budget: ${} > ${}".format(*_apart(option.usd, budget_usd, 2))
     if deadline_h is not None and option.hours > deadline_h:
-        return f"past deadline: {option.hours:.3g} h > {deadline_h:g} h"
+        return "past deadline: {} h > {} h".format(*_apart(option.hours, deadline_h, 1))
     return ""
+
+
+def _apart(value: float, limit: float, decimals: int) -> tuple[str, str]:
+    """`value` and `limit` with `decimals` decimals, or the fewest more (up to 6) that tell them apart."""
+    d = next((d for d in range(decimals, 6) if f"{value:,.{d}f}" != f"{limit:,.{d}f}"), 6)
+    return f"{value:,.{d}f}", f"{limit:,.{d}f}"
 
 
 def _does_not_fit(option: Option) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tunecost.catalog.prices import price_catalog, prices_for
 from tunecost.errors import TunecostError
+from tunecost.estimate.estimators import sizing_seq_len
 from tunecost.estimate.plan import Option
 from tunecost.estimate.recipes import LAUNCH_QUANT_TYPES, LaunchJob
 from tunecost.models.catalog import resolve_model
@@ -53,7 +54,7 @@ def launch_job(
         torch_compile=job.torch_compile,
         liger_kernel=job.liger_kernel,
         fp8=job.fp8,
-        seq_len=job.worst_case_seq_len,
+        seq_len=sizing_seq_len(job),  # the length the setup's memory was sized at
         micro_batch=setup.micro_batch,
         grad_accum=option.accumulation,
         epochs=epochs,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Annotated
 
-from tunecost.cli.common import console, format_hours, print_json, print_table, split_list
+from tunecost.cli.common import console, dim, format_hours, print_json, print_table, split_list
 from tunecost.cli.options import MAX_EXPERTS, count_option, opt
 from tunecost.errors import TunecostError
 from tunecost.limits import check_count
@@ -180,6 +180,7 @@ def run_multi_gpu(
         behaviour=behaviour,
         model_parallel=model_parallel_option(options),
         needs=RankNeeds(job.with_(batch_size=1), behaviour, framework, host_cpu),
+        more_gpus=count is None,  # searching: the fewest that fit and their power-of-two multiples, as plan prices
     )
     if output.out is not None:  # every setup evaluated, for `tunecost report` (memory per rank and cost vs GPU count)
         from tunecost.results.records import save_multi_gpu_records
@@ -225,14 +226,16 @@ def print_answer(
     shown = rows if verbose else rows[:SHOWN_ROWS]
     ep = f", expert parallel {expert_degree}" if expert_degree and expert_degree > 1 else ""
     ep += f", CPU offload: {offload}" if offload != "none" else ""
-    what = "fewest GPUs that fit, per GPU and strategy (up to " + f"{limit})" if count is None else "GPUs as given"
+    what = (
+        f"fewest GPUs that fit and their power-of-two multiples (up to {limit})" if count is None else "GPUs as given"
+    )
     _print_setups(
         f"{answer.model} ({answer.method}{ep}), {answer.seq_len} tokens per query: {what}", shown, wide=verbose
     )
     if not verbose:
         console.print("GB/rank: what nvidia-smi would show; layout +N: N more with the same figures (--verbose)")
     if lengths:
-        console.print(f"[dim]{lengths}[/dim]")
+        console.print(dim(lengths))
     if len(shown) < len(rows):
         console.print(f"{len(rows) - len(shown)} more setups: --verbose shows them")
     for s, _ in shown:
@@ -247,7 +250,7 @@ def print_answer(
                     f"(tunecost: {s.memory.nvidia_smi_bytes / 1e9:.1f} GB in all)"
                 )
         for note in dict.fromkeys((*answer.notes, *answer.assumptions)):
-            console.print(f"[dim]note: {note}[/dim]")
+            console.print(dim(f"note: {note}"))
     else:
         console.print(f"[dim]{len(set(answer.notes)) + len(set(answer.assumptions))} notes: --verbose[/dim]")
 
@@ -321,9 +324,10 @@ def why_not(setup) -> str:
     if setup.plan.degree > 1:
         held = f"its {setup.plan.layout_name.rsplit(' ', 1)[0] if setup.plan.dp > 1 else setup.plan.layout_name} share"
     return (
-        f"each rank needs {format_bytes(m.need_bytes)} ({held}: "
+        f"each rank needs {format_bytes(m.nvidia_smi_bytes)} as nvidia-smi shows it (the allocator's reserve of "
+        f"{format_bytes(m.peak_reserved_bytes)} for a peak of {format_bytes(m.peak_bytes)} of tensors, {held}: "
         + ", ".join(f"{k} {format_bytes(v)}" for k, v in parts)
-        + f", plus {format_bytes(m.device_overhead_bytes + m.nccl_bytes)} device and NCCL overhead) "
+        + f"; plus {format_bytes(m.device_overhead_bytes + m.nccl_bytes)} device and NCCL overhead) "
         f"but the GPU has {format_bytes(setup.gpu.usable_memory_bytes)}"
     )
 

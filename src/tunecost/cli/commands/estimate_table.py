@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tunecost.cli.common import console, format_hours, print_table
+from tunecost.cli.common import console, dim, format_hours, print_table
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -69,11 +69,11 @@ def print_cost_rows(rows: list, *, job, verbose: bool = False, dataset_named: bo
         console.print(
             f"start-up: {startup / 60:.1f} min, counted once in the hours (--run-queries 1000: the paper's runs)"
         )
-    console.print(f"[dim]{lengths_note(job)}[/dim]")
+    console.print(dim(lengths_note(job)))
     notes = _notes(rows)
     if verbose:
         for note in notes:
-            console.print(f"[dim]note: {note}[/dim]")
+            console.print(dim(f"note: {note}"))
     elif notes:
         console.print(f"[dim]{len(notes)} notes: --verbose[/dim]")
 

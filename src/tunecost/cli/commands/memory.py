@@ -173,6 +173,7 @@ def memory_job(
     )
 
     model, seq_len = required("model", options.model), options.seq_len or DEFAULT_SEQ_LEN
+    options.check_method(method)
     if options.lora_targets is None:
         from tunecost.models.catalog import resolve_model
 

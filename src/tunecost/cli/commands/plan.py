@@ -15,6 +15,7 @@ from tunecost.cli.common import (
     checked_host_cpu,
     cli_errors,
     console,
+    dim,
     format_hours,
     print_json,
     print_table,
@@ -100,7 +101,7 @@ def plan(
     from tunecost.workload.job_data import job_data
 
     model = required("model", job_options.model)
-    methods = _methods(method, target)
+    methods = _methods(method, target, job_options)
     _check_numbers(budget, deadline, epochs, queries, tokens, global_batch, max_gpus, gpus_per_node)
     owned, host_cpu = _owned(own, host_cpu)
     gpus = _rented_gpus(gpu, owned)
@@ -147,8 +148,8 @@ def plan(
         console.print(f"wrote {path}")
 
 
-def _methods(method: str | None, target: str | None) -> list[str]:
-    """--method as a list (default: every method), after --target's check."""
+def _methods(method: str | None, target: str | None, job_options: JobOptions) -> list[str]:
+    """--method as a list (default: every method), after --target's check and --quant-type's (qlora's)."""
     from tunecost.estimate.plan import METHODS
     from tunecost.estimate.recipes import TARGETS
 
@@ -158,6 +159,8 @@ def _methods(method: str | None, target: str | None) -> list[str]:
             raise TunecostError(f"--method {m!r}: expected {', '.join(METHODS)}")
     if target is not None and target not in TARGETS:
         raise TunecostError(f"--target {target!r}: expected {', '.join(TARGETS)}")
+    if "qlora" not in methods:
+        job_options.check_method(methods[0])
     return methods
 
 
@@ -276,7 +279,7 @@ def print_plan(result, *, verbose: bool = False, lengths: str = "") -> None:
         + (f", {result.skipped} fit at GPU counts the search does not price" if result.skipped else ""),
     )
     if lengths:
-        console.print(f"[dim]{lengths}[/dim]")
+        console.print(dim(lengths))
     if result.ruled_out:
         _print_ruled_out(result, verbose)
     notes = result.notes if verbose else result.notes[:1]

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from tunecost.cli.common import cli_errors, console, print_json
+from tunecost.cli.common import cli_errors, console, dim, print_json
 from tunecost.cli.options import JsonOut, opt
 
 FORCE_HELP = (
@@ -31,7 +31,7 @@ def report(
         print_json(result)
         return
     for key, why in result.sections_omitted.items():
-        console.print(f"[dim]section {key} omitted: {why}[/dim]")
+        console.print(dim(f"section {key} omitted: {why}"))
     console.print(
         f"report: [bold]{result.html_path.resolve()}[/bold] ({len(result.sections_shown)} sections, "
         f"{len(result.figure_paths)} figure files in {result.html_path.parent / 'figures'})"

@@ -97,7 +97,10 @@ def _torchtune_fused(config: str) -> bool:
 def _check_torchtune(job: LaunchJob) -> None:
     why = None
     if job.strategy not in ("single", "fsdp2", "fsdp2-shard-grad-op"):
-        why = f"its distributed recipes shard with FSDP2 only (HSDP is newer than release 0.6.1), not {job.strategy}"
+        why = (
+            f"its distributed recipes shard with FSDP2 only (HSDP is newer than release 0.6.1), not {job.strategy} "
+            "(--target accelerate launches it)"
+        )
     elif job.dtype == "fp16":
         why = "its recipes refuse fp16; use bf16 or fp32"
     elif job.method == "qlora" and (job.quant_type != "nf4" or not job.double_quant):
