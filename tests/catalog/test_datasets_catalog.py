@@ -195,8 +195,14 @@ def test_seq_len_cuts_a_catalog_dataset_instead_of_padding_to_it() -> None:
     assert lengths.padded_len_tokens == pytest.approx(
         dataset_lengths("math_14k", 8, cutoff_tokens=2048).padded_len_tokens
     )
-    assert sizing_seq_len(job) == 2048  # no published longest: memory sized at the cut
+    # no published longest: the log-normal's longest of 14,000 queries, 174 x exp(0.35 x z(1 - 1/14000)) = 659
+    assert sizing_seq_len(job) == 664 == sizing_seq_len(job.with_(seq_len=8192))  # padded to a multiple of 8
+    assert sizing_seq_len(job.with_(seq_len=256)) == 256
+    assert sizing_seq_len(job.with_(seq_len=None)) == 512  # the paper's datasets without --seq-len: eq. (1)'s 512
     assert "cut at --seq-len 2048, each batch padded to its longest" in lengths_note(job)
+    assert lengths_note(job).endswith(
+        "memory sized at the longest batch, 664 tokens (the length model's longest of 14,000)"
+    )
     short = job.with_(seq_len=128)
     assert job_lengths(short)[1].padded_len_tokens <= 128 + 8
     fixed = job.with_(dataset="alpaca")  # no length statistic: every query padded to seq_len
@@ -214,7 +220,7 @@ def test_seq_len_sizes_memory_at_a_published_longest(catalog_with: Callable[...,
 
     catalog_with("capped,1000,,math,,train,,100,150,300,,mistral-v1,x,x,2026-12-05")
     job = FineTuneJob(model="llama-3.1-8b", method="lora", batch_size=1, seq_len=2048, dataset="capped")
-    assert sizing_seq_len(job) == 304  # the longest (300), padded to a multiple of 8
+    assert sizing_seq_len(job) == 304 == sizing_seq_len(job.with_(seq_len=None))  # the longest (300), padded
     assert sizing_seq_len(job.with_(seq_len=256)) == 256
 
 

@@ -317,6 +317,7 @@ def test_a_pipeline_runs_the_optimizer_once_per_step(tiny_full) -> None:
 def test_a_verdict_tells_a_cost_from_the_budget_it_is_over() -> None:
     from tunecost.estimate.plan import _apart
 
-    assert _apart(7.4213, 7.42, 2) == ("7.421", "7.420")  # not "$7.42 > $7.42"
-    assert _apart(1234.5, 1000, 2) == ("1,234.50", "1,000.00")
-    assert _apart(70.31, 48, 1) == ("70.3", "48.0")
+    assert _apart(7.4213, 7.42, 2) == ("7.421", "7.42")  # not "$7.42 > $7.42"
+    assert _apart(1234.5, 1000, 2) == ("1,234.50", "1,000")
+    assert _apart(0.54, 0.035, 2) == ("0.54", "0.035")  # the limit as given, not "$0.04"
+    assert _apart(0.04, 0.001, 1) == ("0.04", "0.001") and _apart(70.31, 48, 1) == ("70.3", "48")

@@ -27,7 +27,7 @@ from tunecost.estimate.paper import (
     sparsity_fraction,
 )
 from tunecost.estimate.throughput.coverage import setup_label
-from tunecost.estimate.throughput.lengths import has_length_statistic
+from tunecost.estimate.throughput.lengths import PAPER_CUTOFF_TOKENS, catalog_longest_tokens, has_length_statistic
 from tunecost.estimate.throughput.packing import job_packed_lengths
 from tunecost.estimate.throughput.sources import calibration_files
 from tunecost.estimate.throughput.stack_priors import framework_family
@@ -127,10 +127,16 @@ def sizing_seq_len(job: FineTuneJob) -> int:
     """The padded length of a job's longest batch: what decides whether it fits (a packed job's full row)."""
     if job.lengths and job.packing == "none":  # padded to a multiple of 8, as the throughput's batches are
         return padded_length(min(max(job.lengths), job.seq_len or max(job.lengths)))
-    if job.seq_len and job.packing == "none" and has_length_statistic(job.dataset):  # its longest, if published
-        longest = get_dataset_facts(str(job.dataset)).max_tokens
-        return job.seq_len if longest is None else padded_length(min(int(longest), job.seq_len))
+    if job.packing == "none" and _modelled_lengths(job):  # the length model's longest query, cut at seq_len
+        return padded_length(catalog_longest_tokens(str(job.dataset), job.seq_len or PAPER_CUTOFF_TOKENS))
     return job.seq_len or EQ1_ARTIFACT_SEQ_LEN
+
+
+def _modelled_lengths(job: FineTuneJob) -> bool:
+    """A catalog dataset's length model sizes the job: given a seq_len, or not the paper's (eq. (1) sized at 512)."""
+    if not has_length_statistic(job.dataset):
+        return False
+    return job.seq_len is not None or not get_dataset_facts(str(job.dataset)).has_paper_median
 
 
 def sized_job(job: FineTuneJob) -> FineTuneJob:
@@ -151,11 +157,13 @@ def lengths_note(job: FineTuneJob) -> str:
             f"tokens per query: the data's own lengths{cut}, each batch padded to its longest (multiple of 8); "
             f"memory sized at the longest batch, {sizing_seq_len(job)} tokens"
         )
-    if job.seq_len and has_length_statistic(job.dataset):
+    if _modelled_lengths(job):
         facts = get_dataset_facts(str(job.dataset))
+        cut = f"--seq-len {job.seq_len}" if job.seq_len else f"{PAPER_CUTOFF_TOKENS} (the paper's cutoff_len)"
+        longest = "" if facts.max_tokens is not None else f" (the length model's longest of {facts.num_queries:,})"
         return (
-            f"tokens per query: {facts.length_summary}, cut at --seq-len {job.seq_len}, each batch padded to its "
-            f"longest; memory sized at the longest batch, {sizing_seq_len(job)} tokens"
+            f"tokens per query: {facts.length_summary}, cut at {cut}, each batch padded to its longest; memory "
+            f"sized at the longest batch, {sizing_seq_len(job)} tokens{longest}"
         )
     if job.seq_len:
         why = f" ({job.dataset}: no token-length statistic in the catalog)" if job.dataset else ""

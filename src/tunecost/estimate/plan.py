@@ -252,9 +252,9 @@ def _verdict(option: Option, budget_usd: float | None, deadline_h: float | None)
 
 
 def _apart(value: float, limit: float, decimals: int) -> tuple[str, str]:
-    """`value` and `limit` with `decimals` decimals, or the fewest more (up to 6) that tell them apart."""
-    d = next((d for d in range(decimals, 6) if f"{value:,.{d}f}" != f"{limit:,.{d}f}"), 6)
-    return f"{value:,.{d}f}", f"{limit:,.{d}f}"
+    """`value` with `decimals` decimals, or the fewest more (up to 6) that show it above `limit`; `limit` as given."""
+    d = next((d for d in range(decimals, 6) if round(value, d) > limit), 6)
+    return f"{value:,.{d}f}", format(limit, ",f").rstrip("0").rstrip(".")
 
 
 def _does_not_fit(option: Option) -> str:

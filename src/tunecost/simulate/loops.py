@@ -132,8 +132,9 @@ def _repeat(rec: Any, marks: list[tuple[int, int, int]], log: list, times: int) 
 
 def _insert(rec: Any, marks: list[tuple[int, int, int]], log: list, times: int) -> bool:
     """Write `times` copies of the second iteration between it and the third (whose records, and frees inside it,
-    move past them), or False where the two differ (`_alike`): the third's storages are freed by the iteration after
-    it at their own times, so a last iteration unlike the others (a backward's first, say) is recorded as it ran."""
+    move past them), or False where the two differ (`_alike`): the third's storages keep the free times the next
+    iteration gave them, so a next one unlike the others (iteration 0's backward: its running sum starts at a
+    constant) is recorded as it ran."""
     if not _alike(rec, marks, log):
         return False
     (t0, _n0, _w0), (t1, n1, _w1), (_t2, _n2, _w2) = marks

@@ -220,6 +220,17 @@ def dataset_lengths(
     return catalog_lengths(get_dataset_facts(dataset), batch_size, log_sigma=log_sigma, cutoff_tokens=cutoff_tokens)
 
 
+def catalog_longest_tokens(dataset: str, cutoff_tokens: int) -> int:
+    """The longest query of a catalog dataset, cut at `cutoff_tokens`: its published maximum, else the log-normal's
+    longest of the dataset's queries (its 1 - 1/N quantile)."""
+    facts = get_dataset_facts(dataset)
+    shape = catalog_shape(facts, cutoff_tokens=cutoff_tokens)
+    if facts.max_tokens is not None:
+        return shape.cutoff_tokens
+    z = NormalDist().inv_cdf(1.0 - 1.0 / max(2, facts.num_queries))
+    return min(shape.cutoff_tokens, math.ceil(shape.median_tokens * math.exp(shape.log_sigma * z)))
+
+
 def has_length_statistic(dataset: str | None) -> bool:
     """Whether `dataset` is a catalog dataset whose lengths the catalog describes (a median, mean or the paper's)."""
     if dataset is None:
