@@ -172,3 +172,11 @@ def get_dataset_facts(name: str) -> DatasetFacts:
     if by_hub:
         raise TunecostError(f"dataset {name!r} is the hub id of {', '.join(f.name for f in by_hub)}; name one")
     raise unknown_name_error("dataset", name, catalog.keys())
+
+
+def find_dataset_facts(name: str) -> DatasetFacts | None:
+    """The catalog row `name` names (`get_dataset_facts`), or None where it names none (or several)."""
+    try:
+        return get_dataset_facts(name)
+    except TunecostError:
+        return None

@@ -184,9 +184,11 @@ class StepRecorder(TorchDispatchMode):
         return recorded_loop(self, count) if self.sample_loops and _is_fake(tensor) else iter(range(count))
 
     def _backward_loop(self, i: int, count: int, output: torch.Tensor) -> None:
+        if not (self.sample_loops and _is_fake(output)):
+            return
         if i == 0:
             self._sampled_backward = SampledBackward(self, count)
-        if self.sample_loops and _is_fake(output) and self._sampled_backward is not None:
+        if self._sampled_backward is not None:
             self._sampled_backward.iteration(i, output)
 
     def _add_work(self, op_class: str, flops: int, nbytes: int) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from tunecost.catalog.datasets import DatasetFacts, get_dataset_facts
+from tunecost.catalog.datasets import find_dataset_facts
 from tunecost.errors import TunecostError, unknown_name_error
 from tunecost.workload.formats import FORMAT_ALIASES, FORMATS, DatasetFormat, Example, columns_format, detect_format
 from tunecost.workload.known_datasets import (
@@ -225,20 +225,13 @@ def load_dataset(
         ).head(limit)
     if path.suffix or os.sep in spec:
         raise TunecostError(f"dataset file not found: {spec}")
-    facts = _catalog_facts(spec)
+    facts = find_dataset_facts(spec)
     if facts is not None and facts.hub_id:  # a catalog dataset: its hub copy (the local cache, else a download)
         return load_dataset(
             facts.hub_id, fmt=fmt, columns=columns, skip_bad_rows=skip_bad_rows, allow_download=allow_download,
             split=facts.split or "train", limit=limit,
         )  # fmt: skip
     raise unknown_name_error("dataset", spec, KNOWN_DATASETS)
-
-
-def _catalog_facts(name: str) -> DatasetFacts | None:
-    try:
-        return get_dataset_facts(name)
-    except TunecostError:
-        return None
 
 
 def parse_columns(text: str | None) -> dict[str, str] | None:

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunecost.catalog.datasets import dataset_catalog, get_dataset_facts
+from tunecost.catalog.datasets import dataset_catalog, find_dataset_facts
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.datasets import load_dataset
@@ -53,10 +53,7 @@ def job_data(dataset: str, *, model: str, allow_download: bool = False) -> JobDa
     path = Path(os.path.expanduser(dataset))
     if path.is_file():
         return _measured(dataset, str(path), model, allow_download)
-    try:
-        facts = get_dataset_facts(dataset)
-    except TunecostError:
-        facts = None
+    facts = find_dataset_facts(dataset)
     known = canonical_name(dataset)
     local = resolve_known(known) if known is not None else None
     if local is not None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from tunecost.catalog.datasets import get_dataset_facts
+from tunecost.catalog.datasets import find_dataset_facts, get_dataset_facts
 from tunecost.errors import TunecostError
 from tunecost.workload.lengths import PAD_TO_MULTIPLE_OF
 
@@ -233,9 +233,5 @@ def catalog_longest_tokens(dataset: str, cutoff_tokens: int) -> int:
 
 def has_length_statistic(dataset: str | None) -> bool:
     """Whether `dataset` is a catalog dataset whose lengths the catalog describes (a median, mean or the paper's)."""
-    if dataset is None:
-        return False
-    try:
-        return bool(get_dataset_facts(dataset).length_statistic)
-    except TunecostError:
-        return False
+    facts = find_dataset_facts(dataset) if dataset is not None else None
+    return facts is not None and bool(facts.length_statistic)
