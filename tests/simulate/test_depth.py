@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tiny_models import write_llama_config
+
 from tunecost.distributed.single_step import trace_single_gpu_step
 from tunecost.simulate.depth import depth_scaled
 from tunecost.workload.job import FineTuneJob, LoraConfig
@@ -38,4 +40,18 @@ def test_scaled_step_equals_the_full_depth_trace() -> None:
     scaled = trace_single_gpu_step(job, 1)
     full = trace_single_gpu_step(job, 1, full_depth=True)
     assert scaled.segments["forward:unit_last"]["temporaries"] == 115_200
+    assert {k: full.segments[k] for k in scaled.segments} == scaled.segments
+
+
+def test_a_layers_gradient_accumulation_is_in_its_layers_backward(tmp_path) -> None:
+    """A parameter's AccumulateGrad runs inside its layer's backward, where the unit's segment holds the deeper
+    layers' activations. Filed under `backward:pre` (the embedding's backward, after every layer), its moment
+    took that segment's peak at two units but not at one, and scaling mixed the two (tied embeddings, a large
+    vocabulary: Qwen2.5-0.5B full at batch 24 scaled to 17.5 GB against 13.0 GB traced whole)."""
+    shape = {"hidden_size": 64, "intermediate_size": 160, "num_hidden_layers": 6, "num_attention_heads": 4}
+    shape |= {"num_key_value_heads": 2, "vocab_size": 12000, "tie_word_embeddings": True}
+    path = write_llama_config(tmp_path / "llama.json", **shape)
+    job = FineTuneJob(model=str(path), method="full", batch_size=2, seq_len=300, gradient_checkpointing=False)
+    scaled = trace_single_gpu_step(job, 1)
+    full = trace_single_gpu_step(job, 1, full_depth=True)
     assert {k: full.segments[k] for k in scaled.segments} == scaled.segments

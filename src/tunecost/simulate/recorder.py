@@ -102,6 +102,7 @@ class StepRecorder(TorchDispatchMode):
         self._seq_marks: list[int] = []
         self._seq_tags: list[tuple[str, int | None, str | None]] = []
         self._layers_seen = {"forward": False, "backward": False}
+        self._param_layers: dict[int, int] = {}  # id(parameter) -> its decoder layer, for its AccumulateGrad
         self.op_segments: list[tuple[str, ...]] = []  # per op index: its segment keys
         self.op_layers: list[int] = []  # per op index: its decoder layer (-1: outside the layers)
         self.counter = _OpCounter()
@@ -150,6 +151,8 @@ class StepRecorder(TorchDispatchMode):
             info = self.module_info.get(id(module))
             if info is None:
                 continue
+            if info[1] is not None:
+                self._param_layers.update((id(p), info[1]) for p in module.parameters())
             self._handles.append(module.register_forward_pre_hook(lambda _m, _a, info=info: self._enter(info)))
             self._handles.append(
                 module.register_forward_hook(lambda _m, _a, _o, info=info: self._exit(), always_call=True)
@@ -246,11 +249,13 @@ class StepRecorder(TorchDispatchMode):
             node = torch._C._current_autograd_node()
             if node is not None:
                 seq = node._sequence_nr()
-                if seq < _SEQ_NONE:
-                    i = bisect.bisect_right(self._seq_marks, seq) - 1
-                    if i >= 0:
-                        group, layer, override = self._seq_tags[i]
-                        return "backward", group, layer, override
+                if seq >= _SEQ_NONE:  # a parameter's AccumulateGrad: in its layer's backward
+                    param = getattr(node, "variable", None)
+                    return "backward", "other", self._param_layers.get(id(param)), None
+                i = bisect.bisect_right(self._seq_marks, seq) - 1
+                if i >= 0:
+                    group, layer, override = self._seq_tags[i]
+                    return "backward", group, layer, override
             return "backward", "other", None, None
         return self.phase, "lm_head/loss", None, _counts.current_override()
 

@@ -84,7 +84,8 @@ class AllocationTrace:
     num_ops: int
 
 
-SIMULATOR_VERSION = "6"  # 3: allocator replay; 4: no dropout mask under fused kernels; 5: notes; 6: temporaries
+SIMULATOR_VERSION = "7"  # 3: allocator replay; 4: no dropout mask under fused kernels; 5: notes; 6: temporaries;
+# 7: a parameter's AccumulateGrad in its layer's backward
 
 
 @dataclass(frozen=True, kw_only=True)
