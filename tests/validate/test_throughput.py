@@ -336,3 +336,21 @@ def test_activation_offload_copies_run_beside_the_compute(monkeypatch) -> None:
 def test_activation_offload_named_in_the_notes_only_is_skipped_with_where_to_name_it() -> None:
     out = validate_rows([_row(0, stack="torchtune", notes="+activation offload", value="3000")], counts_fn=_gemm_only)
     assert out[0].status == "skipped" and "stack_versions" in out[0].reason
+
+
+def test_sequences_up_to_seq_len_of_a_catalog_dataset_are_its_lengths_cut_there() -> None:
+    """A throughput row whose queries run up to seq_len of a catalog dataset is priced on the dataset's lengths
+    cut at seq_len, each batch padded to its longest (as `estimate --dataset D --seq-len L`); a dataset the
+    catalog has no lengths for, or tokens per second (padding counted or not), stays skipped."""
+    row = _row(0, seq_len="2048", seq_len_kind="max", dataset="gsm8k-train", batch_size_per_gpu="4",
+               quantity="samples_per_s", unit="samples/s")  # fmt: skip
+    mapped = map_row(row)
+    assert mapped.job.seq_len == 2048 and mapped.lengths is not None
+    assert 100 < mapped.lengths.padded_len_tokens <= 568  # gsm8k-train's longest query: 561 tokens
+    assert "gsm8k" in mapped.note
+    counts = tp.micro_batch_counts(mapped)
+    fixed = tp.micro_batch_counts(MappedRow(job=mapped.job, stack=mapped.stack, gpu_memory_bytes=None))
+    assert counts.total_flops < 0.35 * fixed.total_flops
+    for cells in (dict(dataset="a benchmark set"), dict(quantity="tokens_per_s_per_gpu", unit="tokens/s")):
+        with pytest.raises(Skip):
+            map_row(_row(0, **{**row.cells, **cells}))

@@ -13,6 +13,7 @@ from typing import Any
 from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.catalog.held_out_errors import THROUGHPUT_QUANTITIES
 from tunecost.errors import TunecostError
+from tunecost.estimate.throughput.lengths import SeqLengths
 from tunecost.limits import MAX_TOKENS
 from tunecost.models.anatomy import SUPPORTED_FAMILIES
 from tunecost.models.catalog import gptq_checkpoint, resolve_model
@@ -31,6 +32,7 @@ from tunecost.validate.cells import (
 )
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.model_parallel_cells import model_parallel_of, model_parallel_row, names_distributed_optimizer
+from tunecost.validate.row_lengths import check_lengths, max_lengths
 from tunecost.validate.stack_behaviour import behaviour_for
 from tunecost.validate.stacks import Stack, stack_for
 from tunecost.workload.frameworks.registry import framework_defaults
@@ -57,6 +59,7 @@ class MappedRow:
     deepspeed: DeepSpeedZero2 | None = None  # the stack's ZeRO-1/2 gradient buckets (None: DeepSpeed's defaults)
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR  # library behaviours of the row's stack (see `stacks`)
     model_parallel: ModelParallel | None = None  # the row's TP/PP/CP degrees (None: data parallelism only)
+    lengths: SeqLengths | None = None  # a micro-batch's lengths where they run up to seq_len (None: seq_len each)
     note: str = ""  # what the mapping read differently from the row's cells, and why (shown as the row's reason)
 
     @property
@@ -127,12 +130,7 @@ def gpu_memory_bytes(name: str) -> int | None:
 
 def map_row(row: CorpusRow) -> MappedRow:
     """The job of one single-GPU row; raises `Skip` with the reason for anything tunecost does not model."""
-    quantity = row.get("quantity")
-    throughput = quantity in THROUGHPUT_QUANTITIES
-    if quantity == "time_to_train_s":
-        raise Skip("time_to_train_s not modelled (the number of steps is not in the row)")
-    if not throughput and quantity not in MEMORY_QUANTITIES:
-        raise Skip(f"unsupported quantity {quantity!r}")
+    throughput = modelled_quantity(row.get("quantity")) == "throughput"
     num_gpus = _int(row, "num_gpus")
     stack, strategy, offload, quantization = stack_and_layout(row, num_gpus, throughput)
     spec, method = model_and_method(row, quantization)
@@ -183,6 +181,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     except TunecostError as exc:
         raise Skip(str(exc)) from None
     gpu = catalog_gpu(row.get("gpu"))
+    quantity = row.get("quantity")
     if gpu is None and (quantity == "oom" or throughput):
         why = (
             "its memory decides out-of-memory" if quantity == "oom" else "its peak rate and bandwidth set the step time"
@@ -191,6 +190,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     mp = model_parallel_row(row, spec, job, num_gpus, job.grad_accum) if num_gpus > 1 else None
     mp = dataclasses.replace(mp, tp_impl=stack.tp_impl) if mp is not None else None
     behaviour = row_behaviour(row, stack, num_gpus=num_gpus, strategy=strategy, family=spec.family, method=method)
+    lengths = max_lengths(row, job.batch_size, seq_len) if throughput else None
     return MappedRow(
         job=job,
         stack=stack,
@@ -201,9 +201,21 @@ def map_row(row: CorpusRow) -> MappedRow:
         offload=offload,
         deepspeed=deepspeed,
         behaviour=dataclasses.replace(behaviour, reentrant_checkpointing=reentrant),
-        note=note,
+        note="; ".join(filter(None, (note, lengths.source if lengths else ""))),
         model_parallel=mp,
+        lengths=lengths,
     )
+
+
+def modelled_quantity(quantity: str) -> str:
+    """ "throughput" or "memory": the kind of a quantity tunecost models; `Skip` for one it does not."""
+    if quantity == "time_to_train_s":
+        raise Skip("time_to_train_s not modelled (the number of steps is not in the row)")
+    if quantity in THROUGHPUT_QUANTITIES:
+        return "throughput"
+    if quantity not in MEMORY_QUANTITIES:
+        raise Skip(f"unsupported quantity {quantity!r}")
+    return "memory"
 
 
 def row_behaviour(
@@ -254,22 +266,6 @@ def model_and_method(row: CorpusRow, quantization: str) -> tuple[Any, str]:
     if (method == "qlora") != (quantization in QUANTIZED):
         raise Skip(f"method {method} with quantization {quantization} not modelled")
     return spec, method
-
-
-def check_lengths(row: CorpusRow, throughput: bool) -> None:
-    """Raise `Skip` where the row's sequence lengths do not say the work or the worst batch."""
-    kind = row.get("seq_len_kind") or "fixed"
-    if kind not in ("fixed", "packed", "max"):
-        raise Skip(f"sequence lengths {kind!r} (a dataset's lengths are not in the row)")
-    if throughput and kind == "max":
-        raise Skip(
-            "throughput with sequences up to seq_len (the dataset's lengths, which set the work, are not in the row)"
-        )
-    if kind == "max" and not row.get("dataset"):
-        raise Skip(
-            "peak memory with sequences up to seq_len of a dataset the row does not name (whether a batch reaches "
-            "seq_len, the worst case tunecost sizes, is not known)"
-        )
 
 
 def checkpointing_of(row: CorpusRow, defaults: Any, defaulted: list[str]) -> tuple[str, bool | None]:

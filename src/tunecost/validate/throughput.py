@@ -61,6 +61,7 @@ def micro_batch_counts(mapped: MappedRow) -> AnalyticStepCounts:
     return analytic_step_counts(
         resolve_model(mapped.job.model),
         mapped.job,
+        mapped.lengths,
         te_layers=family == TE_LAYERS_FAMILY,
         lora_compute_dtype=family in LORA_COMPUTE_DTYPE_FAMILIES,
     )

@@ -1,0 +1,37 @@
+"""A corpus row's sequence lengths: which kinds tunecost models, and the lengths of a row whose sequences run up
+to seq_len of a catalog dataset."""
+
+from __future__ import annotations
+
+from tunecost.estimate.throughput.lengths import SeqLengths, dataset_lengths, has_length_statistic
+from tunecost.validate.cells import Skip
+from tunecost.validate.corpus import CorpusRow
+
+
+def check_lengths(row: CorpusRow, throughput: bool) -> None:
+    """Raise `Skip` where the row's sequence lengths do not say the work or the worst batch."""
+    kind = row.get("seq_len_kind") or "fixed"
+    if kind not in ("fixed", "packed", "max"):
+        raise Skip(f"sequence lengths {kind!r} (a dataset's lengths are not in the row)")
+    if throughput and kind == "max":
+        if not has_length_statistic(row.get("dataset")):
+            raise Skip(
+                "throughput with sequences up to seq_len (the dataset's lengths, which set the work, are not in the "
+                "row)"
+            )
+        if row.get("quantity") == "tokens_per_s_per_gpu":
+            raise Skip("tokens per second of sequences up to seq_len (whether padding counts is not stated)")
+    if kind == "max" and not row.get("dataset"):
+        raise Skip(
+            "peak memory with sequences up to seq_len of a dataset the row does not name (whether a batch reaches "
+            "seq_len, the worst case tunecost sizes, is not known)"
+        )
+
+
+def max_lengths(row: CorpusRow, batch_size: int, seq_len: int) -> SeqLengths | None:
+    """Lengths of a micro-batch of a throughput row whose queries run up to `seq_len` of a catalog dataset, each
+    batch padded to its longest (as `estimate --dataset D --seq-len L` prices them); None for other kinds (every
+    query `seq_len` tokens). Call after `check_lengths` passed the row."""
+    if row.get("seq_len_kind") != "max":
+        return None
+    return dataset_lengths(row.get("dataset"), batch_size, cutoff_tokens=seq_len)
