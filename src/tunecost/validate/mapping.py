@@ -208,7 +208,7 @@ def map_row(row: CorpusRow) -> MappedRow:
 
 
 def modelled_quantity(quantity: str) -> str:
-    """ "throughput" or "memory": the kind of a quantity tunecost models; `Skip` for one it does not."""
+    """The kind of a quantity tunecost models ("throughput" or "memory"); `Skip` for one it does not."""
     if quantity == "time_to_train_s":
         raise Skip("time_to_train_s not modelled (the number of steps is not in the row)")
     if quantity in THROUGHPUT_QUANTITIES:
