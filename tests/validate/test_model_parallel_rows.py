@@ -79,3 +79,55 @@ def test_a_pipeline_row_is_one_rank_of_its_layout():
 def test_a_layout_the_row_cannot_take_is_skipped_with_why(cell, gpus, message):
     with pytest.raises(Skip, match=message):
         map_row(_row(cell, num_gpus=gpus))
+
+
+def test_a_blank_grad_accum_is_the_global_batch_over_the_data_parallel_micro_batches():
+    """64 GPUs at TP 4 x PP 4: 4 data-parallel ranks; global batch 128 of micro-batch 1 is 32 micro-batches each,
+    said in the row's reason; a global batch they do not divide is skipped with why."""
+    mapped = map_row(_row("TP=4, PP=4, distributed optimizer", num_gpus="64", grad_accum="", global_batch="128"))
+    assert (mapped.grad_accum, mapped.plan().dp, mapped.plan().num_micro_batches) == (32, 4, 32)
+    assert "grad_accum 32: global_batch 128 / (1 x 4 data-parallel ranks)" in mapped.note
+    with pytest.raises(Skip, match="global_batch 126 is not a multiple"):
+        map_row(_row("TP=4, PP=4", num_gpus="64", grad_accum="", global_batch="126"))
+
+
+def test_tokens_per_gpu_share_a_data_parallel_ranks_tokens_over_its_model_parallel_gpus():
+    """TP 4 on 8 GPUs: two data-parallel ranks, each of 4 GPUs; a step's tokens per GPU are a quarter of a rank's,
+    so the same step reads the same from samples per second and from tokens per second per GPU."""
+    from tunecost.validate import throughput as tp
+
+    mapped = map_row(_row("TP=4", quantity="samples_per_s", value="10", unit="samples/s"))
+    shape = tp.shape_of(mapped)
+    assert (shape.num_gpus, shape.model_parallel) == (2, 4)
+    step_s = tp.to_step_seconds("samples_per_s", 10.0, shape)  # 1 x 8 x 2 samples per step
+    tokens_per_gpu = tp.from_step_seconds("tokens_per_s_per_gpu", step_s, shape)
+    assert tokens_per_gpu == pytest.approx(10.0 / 2 * 2048 / 4)  # a rank's samples/s x tokens, over its 4 GPUs
+
+
+def test_expert_parallelism_is_said_for_throughput_and_skipped_for_memory():
+    row = dict(model="mistralai/Mixtral-8x7B-v0.1", num_gpus="64", grad_accum="", global_batch="256")
+    mapped = map_row(_row("TP=1, PP=4, EP=8", quantity="samples_per_s", value="5", unit="samples/s", **row))
+    assert "expert parallelism 8 not modelled" in mapped.note
+    with pytest.raises(Skip, match="expert parallelism 8"):
+        map_row(_row("TP=1, PP=4, EP=8", **row))
+
+
+@pytest.mark.parametrize(
+    ("cells", "read"),
+    [
+        (dict(gpu="8xH100"), lambda m: m.gpu_name.startswith("H100")),
+        (dict(compute_dtype="bfloat16"), lambda m: m.job.compute_dtype == "bf16"),
+        (dict(compute_dtype="bf16-mixed"), lambda m: m.job.compute_dtype == "bf16"),
+        (dict(method="Full"), lambda m: m.job.method == "full"),
+        (dict(attention="cudnn fused attention"), lambda m: m.job.attention == "flash"),
+        (dict(attention="TE"), lambda m: m.job.attention == "flash"),
+        (dict(optimizer="distributed_fused_adam"), lambda m: m.job.optimizer == "adamw"),
+        (dict(stack="deepspeed"), lambda m: m.stack.name == "hf-trainer"),
+        (dict(grad_ckpt=""), lambda m: not m.job.gradient_checkpointing and "NeMo" in m.note),
+    ],
+)
+def test_how_sources_spell_a_row(cells, read):
+    """Spellings of published rows: a GPU with its count, framework dtype names, capitals, Transformer Engine's
+    fused attention, NeMo's optimizer, DeepSpeed named alone, and NeMo's default (no recomputation) where the row
+    leaves checkpointing blank."""
+    assert read(map_row(_row("TP=4", **cells)))

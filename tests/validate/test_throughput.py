@@ -64,15 +64,15 @@ def _row(i: int, **cells: str) -> CorpusRow:
 
 
 def test_units_round_trip() -> None:
-    shape = {"batch": 4, "seq_len": 1000, "grad_accum": 2}
-    assert tp.to_step_seconds("tokens_per_s_per_gpu", 4000.0, **shape) == 2.0  # 8000 tokens per step
-    assert tp.to_step_seconds("samples_per_s", 4.0, **shape) == 2.0  # 8 samples per step
-    assert tp.to_step_seconds("s_per_step", 2.0, **shape) == 2.0
+    shape = tp.StepShape(batch=4, seq_len=1000, grad_accum=2)
+    assert tp.to_step_seconds("tokens_per_s_per_gpu", 4000.0, shape) == 2.0  # 8000 tokens per step
+    assert tp.to_step_seconds("samples_per_s", 4.0, shape) == 2.0  # 8 samples per step
+    assert tp.to_step_seconds("s_per_step", 2.0, shape) == 2.0
     # samples per second are the whole job's: 4 GPUs run 4 x 8 samples per step
-    assert tp.to_step_seconds("samples_per_s", 16.0, **shape, num_gpus=4) == 2.0
-    assert tp.to_step_seconds("tokens_per_s_per_gpu", 4000.0, **shape, num_gpus=4) == 2.0
+    assert tp.to_step_seconds("samples_per_s", 16.0, shape._replace(num_gpus=4)) == 2.0
+    assert tp.to_step_seconds("tokens_per_s_per_gpu", 4000.0, shape._replace(num_gpus=4)) == 2.0
     for q in ("tokens_per_s_per_gpu", "samples_per_s", "s_per_step"):
-        assert tp.from_step_seconds(q, tp.to_step_seconds(q, 3.0, **shape), **shape) == pytest.approx(3.0)
+        assert tp.from_step_seconds(q, tp.to_step_seconds(q, 3.0, shape), shape) == pytest.approx(3.0)
 
 
 def test_host_terms_are_the_priors_and_only_the_gemm_efficiency_is_free() -> None:
@@ -304,7 +304,7 @@ def test_a_measurement_beyond_the_gpus_tensor_peak_is_skipped_with_the_reading_t
     mapped = map_row(fast)
     assert mapped.job.gradient_checkpointing  # the row says on; the check counts the step without recomputation
     least = tp.step_counts(replace(mapped, job=mapped.job.with_(gradient_checkpointing=False)))
-    implied = least.total_flops / tp.to_step_seconds("tokens_per_s_per_gpu", 100000.0, **tp.shape_of(mapped))
+    implied = least.total_flops / tp.to_step_seconds("tokens_per_s_per_gpu", 100000.0, tp.shape_of(mapped))
     assert implied > 2 * A100.bf16_tensor_flops_per_s
     why = tp.beyond_peak(fast, mapped, A100, 100000.0)
     assert why is not None and why.startswith("implausible: 100000 tokens/s is") and "312 TFLOP/s bf16" in why

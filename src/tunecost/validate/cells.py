@@ -63,7 +63,14 @@ _ATTENTION = {
     **dict.fromkeys(("", "unknown", "fa", "xformers", "memoryefficient"), "flash"),  # and `attention_for`'s prefixes
     **dict.fromkeys(("sdpa", "torchsdpa", "scaleddotproductattention"), "sdpa"),
     **dict.fromkeys(("eager", "math", "vanilla"), "eager"),
+    # Transformer Engine's / cuDNN's fused attention: a FlashAttention-style kernel (no L x L scores kept)
+    **dict.fromkeys(("te", "transformerengine", "cudnn", "cudnnfusedattention", "fusedattention", "fused"), "flash"),
 }
+_DTYPE_NAMES = (  # (cell pattern, compute dtype): "bfloat16", "bf16-mixed", "16-mixed" (Lightning's fp16), ...
+    (re.compile(r"^(?:bf16|bfloat16)\b"), "bf16"),
+    (re.compile(r"^(?:fp16|float16|half|16)\b"), "fp16"),
+    (re.compile(r"^(?:fp32|float32|32)\b"), "fp32"),
+)
 _GRAD_CKPT = {
     **dict.fromkeys(("on", "true", "yes", "1", "enabled", "full"), "on"),
     "selective": "selective",  # Megatron's: the core attention only
@@ -146,11 +153,20 @@ _OPTIMIZERS = {  # normalised optimizer cell -> FineTuneJob.optimizer
         ("", "adamw", "adam", "adamwtorch", "adamwtorchfused", "adamwhf", "adamwapexfused", "fusedadam", "torchadamw"),
         "adamw",
     ),
+    # NeMo's / Apex's: fused AdamW kernels (the distributed one shards like Megatron's distributed optimizer)
+    **dict.fromkeys(("distributedfusedadam", "fusedadamw", "apexfusedadam", "mcoredistributedoptim"), "adamw"),
     **dict.fromkeys(("adamw8bit", "adamwbnb8bit", "8bitadamw", "bnbadamw8bit", "adam8bit"), "adamw-8bit"),
     **dict.fromkeys(("adamwtorch4bit", "adamw4bit", "4bitadamw", "torchaoadamw4bit"), "adamw-4bit"),
     "sgd": "sgd",
 }
-_FUSED_ADAMW = ("adamwtorchfused", "adamwapexfused", "fusedadam")  # one kernel per step: no foreach temporaries
+_FUSED_ADAMW = (
+    "adamwtorchfused",
+    "adamwapexfused",
+    "fusedadam",
+    "distributedfusedadam",
+    "fusedadamw",
+    "apexfusedadam",
+)  # one kernel per step: no foreach temporaries
 
 
 def _cell_key(cell: str) -> str:
@@ -216,6 +232,6 @@ def fp8_of(cell: str, stack_cell: str) -> tuple[str, str]:
     tensorwise scaling."""
     text = cell.strip().lower()
     if "fp8" not in text:
-        return cell, "none"
+        return next((dtype for pattern, dtype in _DTYPE_NAMES if pattern.search(text)), cell), "none"
     te = any(name in f"{text} {stack_cell.lower()}" for name in ("te", "transformer engine", "nemo", "megatron"))
     return "bf16", "te-delayed" if te else "tensorwise"

@@ -31,7 +31,13 @@ from tunecost.validate.cells import (
     software_of,
 )
 from tunecost.validate.corpus import CorpusRow
-from tunecost.validate.model_parallel_cells import model_parallel_of, model_parallel_row, names_distributed_optimizer
+from tunecost.validate.model_parallel_cells import (
+    expert_parallel_note,
+    grad_accum_of,
+    model_parallel_of,
+    model_parallel_row,
+    names_distributed_optimizer,
+)
 from tunecost.validate.row_lengths import check_lengths, max_lengths
 from tunecost.validate.stack_behaviour import behaviour_for
 from tunecost.validate.stacks import Stack, stack_for
@@ -44,6 +50,7 @@ MEMORY_QUANTITIES = (*PEAK_MEMORY_QUANTITIES, "oom")
 QUANTIZED = ("bnb-nf4", "bnb-int8", "gptq-int4")  # a row's quantization cell under QLoRA (8-bit LoRA: bnb-int8)
 QUANT_JOB_FIELDS = {"bnb-int8": {"quant_type": "int8"}}  # gptq-int4's come from the catalog (`gptq_settings`)
 _GPTQ_KERNELS = (("accelerated-peft-autogptq", "triton-v2"), ("qwen finetune.py", "torch"))  # corpus stack cell
+_GPU_COUNT = re.compile(r"^\d+\s*[x\u00d7]\s*", re.IGNORECASE)  # "8xH100", "8 x A100-80GB"
 NODE_GPUS = 8  # GPUs per node assumed for a row on more GPUs than one node holds (HGX / DGX servers)
 
 
@@ -105,7 +112,7 @@ def gpu_unknown_reason(name: str) -> str:
     """Why a corpus GPU spelling has no catalog entry: not in the catalog, or ambiguous (the catalog's message,
     naming the candidates)."""
     try:
-        resolve_gpu_name(name.strip())
+        resolve_gpu_name(_GPU_COUNT.sub("", name.strip()))
     except TunecostError as exc:
         if str(exc).startswith("ambiguous"):
             return str(exc).splitlines()[0]
@@ -113,8 +120,9 @@ def gpu_unknown_reason(name: str) -> str:
 
 
 def catalog_gpu(name: str):
-    """The GPU catalog entry of a corpus GPU spelling (None: not in the catalog)."""
-    key = name.strip()
+    """The GPU catalog entry of a corpus GPU spelling (None: not in the catalog); a count before it ("8xH100")
+    is the `num_gpus` cell's."""
+    key = _GPU_COUNT.sub("", name.strip())
     if not key:
         return None
     try:
@@ -157,6 +165,8 @@ def map_row(row: CorpusRow) -> MappedRow:
     if throughput and method == "full" and optimizer != "adamw":
         raise Skip(f"throughput with optimizer {row.get('optimizer')!r} (the counts price AdamW's step)")
     lora = lora_of(row, spec, defaults, defaulted) if method != "full" else LoraConfig()
+    implied_accum = grad_accum_of(row, num_gpus, _int(row, "batch_size_per_gpu"), defaulted)
+    expert_parallel_note(row, throughput, defaulted)
     seq_len, note = within_positions(_int(row, "seq_len"), spec, "; ".join(filter(None, (optimizer_note, *defaulted))))
     try:
         job = FineTuneJob(
@@ -169,7 +179,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             attention=attention,
             optimizer=optimizer,
             batch_size=_int(row, "batch_size_per_gpu"),
-            grad_accum=_int(row, "grad_accum") if row.get("grad_accum") else 1,
+            grad_accum=_int(row, "grad_accum") if row.get("grad_accum") else implied_accum or 1,
             seq_len=seq_len,
             modules_to_save=saved,
             fp8=fp8,
@@ -260,7 +270,7 @@ def model_and_method(row: CorpusRow, quantization: str) -> tuple[Any, str]:
         raise Skip(str(exc)) from None
     if spec.family not in SUPPORTED_FAMILIES:
         raise Skip(f"architecture {spec.family!r} not simulated")
-    method = row.get("method")
+    method = row.get("method").strip().lower()
     if method not in ("full", "lora", "qlora"):
         raise Skip(f"unknown method {method!r}")
     if (method == "qlora") != (quantization in QUANTIZED):

@@ -19,6 +19,7 @@ _DEGREES = {
     "cp": re.compile(rf"\b(?:cp|context{_PAR})\s*[=:]?\s*(\d+)"),
     "vp": re.compile(rf"\b(?:vp|vpp|virtual[ _-]?pipeline{_PAR}?)\s*[=:]?\s*(\d+)"),
 }
+_EXPERT_DEGREE = re.compile(rf"\b(?:ep|expert{_PAR})\s*[=:]?\s*(\d+)")
 _SEQUENCE_PARALLEL = re.compile(
     r"\bsp\b(?!\s*[=:]?\s*(?:0|false|off))|sequence[ _-]?parallel(?!\w*\s*[=:]?\s*(?:0|false|off))"
 )
@@ -26,12 +27,52 @@ _TP_COMM_OVERLAP = re.compile(r"(?:tp|tensor[ _-]?parallel)[ _-]?comm(?:unicatio
 _DISTRIBUTED_OPTIMIZER = re.compile(r"distributed[ _-]?optimi[sz]er|dist[ _-]?opt")
 
 
+def _degrees(cell: str) -> tuple[int, ...]:
+    """(tp, pp, cp, vp) a lower-cased cell states, 1 where it states none."""
+    found = {k: int(m.group(1)) for k, p in _DEGREES.items() if (m := p.search(cell))}
+    return tuple(max(1, found.get(k, 1)) for k in ("tp", "pp", "cp", "vp"))
+
+
+def grad_accum_of(row: CorpusRow, num_gpus: int, micro_batch: int, noted: list[str]) -> int | None:
+    """The micro-batches per step and data-parallel rank a row's `global_batch` implies where its `grad_accum` is
+    blank: global batch / (micro-batch x data-parallel ranks, its GPUs over TP x PP x CP), said in `noted`; None
+    without either; `Skip` where they do not divide."""
+    cell = row.get("global_batch")
+    if row.get("grad_accum") or not cell:
+        return None
+    tp, pp, cp, _ = _degrees((row.get("parallelism") or "").lower())
+    ranks = num_gpus // (tp * pp * cp)
+    try:
+        global_batch = int(float(cell))
+    except (ValueError, OverflowError):
+        raise Skip(f"global_batch {cell!r} is not a number") from None
+    if ranks < 1 or global_batch < 1 or global_batch % (micro_batch * ranks):
+        raise Skip(
+            f"global_batch {cell} is not a multiple of batch_size_per_gpu {micro_batch} x {max(ranks, 0)} "
+            f"data-parallel ranks ({num_gpus} GPUs / TP {tp} x PP {pp} x CP {cp})"
+        )
+    accum = global_batch // (micro_batch * ranks)
+    noted.append(f"grad_accum {accum}: global_batch {global_batch} / ({micro_batch} x {ranks} data-parallel ranks)")
+    return accum
+
+
+def expert_parallel_note(row: CorpusRow, throughput: bool, noted: list[str]) -> None:
+    """A row's expert parallelism, which the layouts read from a corpus row do not model: a throughput row is
+    priced without it (said in `noted`: its all-to-all not counted), a memory row is skipped (each rank would hold
+    every expert)."""
+    found = _EXPERT_DEGREE.search((row.get("parallelism") or "").lower())
+    if found is None or int(found.group(1)) <= 1:
+        return
+    if not throughput:
+        raise Skip(f"expert parallelism {found.group(1)} in a corpus row not modelled for memory")
+    noted.append(f"expert parallelism {found.group(1)} not modelled: priced without its all-to-all")
+
+
 def model_parallel_of(parallelism: str, *, micro_batches: int) -> ModelParallel | None:
     """The TP/PP/CP degrees the cell states (None: none above 1); `micro_batches`: the row's micro-batches per
     step and data-parallel rank (its gradient accumulation), which a pipeline runs as its micro-batches."""
     cell = parallelism.lower()
-    found = {k: int(m.group(1)) for k, p in _DEGREES.items() if (m := p.search(cell))}
-    tp, pp, cp, vp = (max(1, found.get(k, 1)) for k in ("tp", "pp", "cp", "vp"))
+    tp, pp, cp, vp = _degrees(cell)
     if tp * pp * cp == 1:
         return None
     return ModelParallel(

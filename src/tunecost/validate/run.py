@@ -286,10 +286,10 @@ def _predict_with_prior(
         return
     eff, reason = prior
     for i, row, mapped, measured, counts in members:
-        measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **tp.shape_of(mapped))
+        measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, tp.shape_of(mapped))
         beyond = check_fit and not tp.reproducible(steps[i], measured_step_s)
         why = f"{reason}; {tp.calibration_failure(counts, terms, measured_step_s)}" if beyond else reason
-        predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), **tp.shape_of(mapped))
+        predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), tp.shape_of(mapped))
         out[i] = _throughput_ok(row, mapped, measured, predicted, why, prior=True)
 
 
@@ -307,7 +307,7 @@ def _calibrate_group(key, members, steps, terms, out: dict[int, ValidationRow], 
     single = [m for m in members if m[2].num_gpus == 1]
     cal = max(single or members, key=lambda t: (t[4].total_flops, -t[0]))
     i, row, mapped, measured, counts = cal
-    measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, **tp.shape_of(mapped))
+    measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, tp.shape_of(mapped))
     fitted = tp.gemm_efficiency_from(steps[i], measured_step_s)
     eff = tp.efficiency_bound(steps[i], measured_step_s) if fitted is None else fitted
     if record:
@@ -316,7 +316,7 @@ def _calibrate_group(key, members, steps, terms, out: dict[int, ValidationRow], 
             f"{key[0]} ({key[1]}) on {key[2]}: {tp.calibration_failure(counts, terms, measured_step_s)}"
         )
         for j, r, m, measured_j, _ in members:
-            predicted = tp.from_step_seconds(r.get("quantity"), steps[j](eff), **tp.shape_of(m))
+            predicted = tp.from_step_seconds(r.get("quantity"), steps[j](eff), tp.shape_of(m))
             fit_reason = tp.CALIBRATION_REASON if (j, r) == cal[:2] else f"{FITTED_PARAMETER} {eff:.3f} from {row.id}"
             out[j] = _throughput_ok(r, m, measured_j, predicted, at_bound or fit_reason)
     return fitted

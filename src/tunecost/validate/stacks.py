@@ -338,6 +338,8 @@ _CORPUS_STACKS: tuple[tuple[str, str], ...] = (  # (substring of the corpus `sta
     ("hf trainer", "hf-trainer"),
     ("peft", "hf-trainer"),
     ("accelerate", "hf-trainer"),
+    ("hf-trainer", "hf-trainer"),
+    ("deepspeed", "hf-trainer"),  # DeepSpeed named alone: its engine around transformers' models (the HF examples)
 )
 _TRL = re.compile(r"\btrl\b")
 _OWN_TRAINER = ("llama-factory", "llamafactory", "axolotl")  # they run their own trainer even with TRL installed

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.catalog.gpus import GPU
@@ -268,7 +268,7 @@ def beyond_peak(row: CorpusRow, mapped: MappedRow, gpu: GPU, measured: float) ->
         return None
     least = dataclasses.replace(mapped, job=mapped.job.with_(gradient_checkpointing=False, selective_recompute=False))
     flops = step_counts(least).total_flops
-    step_s = to_step_seconds(row.get("quantity"), measured, **shape_of(mapped))
+    step_s = to_step_seconds(row.get("quantity"), measured, shape_of(mapped))
     fp8 = mapped.job.fp8 != "none" and gpu.fp8_tensor_flops_per_s is not None
     peak = gpu.fp8_tensor_flops_per_s if fp8 else gpu.bf16_tensor_flops_per_s
     assert peak is not None
@@ -281,36 +281,45 @@ def beyond_peak(row: CorpusRow, mapped: MappedRow, gpu: GPU, measured: float) ->
     )
 
 
-def shape_of(m: MappedRow) -> dict[str, int]:
-    """Batch, sequence length, gradient accumulation and GPUs: what converts a step time into a row's quantity."""
-    return {
-        "batch": m.job.batch_size,
-        "seq_len": int(m.job.seq_len or 0),
-        "grad_accum": m.grad_accum,
-        "num_gpus": m.num_gpus if m.model_parallel is None else m.plan().dp,  # the ranks that split the batch
-    }
+class StepShape(NamedTuple):
+    """What converts a step time into a row's quantity: the micro-batch, its sequence length, the micro-batches per
+    step, the data-parallel ranks that split the batch and the GPUs of one rank (TP x PP x CP)."""
+
+    batch: int
+    seq_len: int
+    grad_accum: int = 1
+    num_gpus: int = 1
+    model_parallel: int = 1
+
+
+def shape_of(m: MappedRow) -> StepShape:
+    plan = m.plan() if m.model_parallel is not None else None
+    return StepShape(
+        batch=m.job.batch_size,
+        seq_len=int(m.job.seq_len or 0),
+        grad_accum=m.grad_accum,
+        num_gpus=m.num_gpus if plan is None else plan.dp,
+        model_parallel=1 if plan is None else plan.tp * plan.pp * plan.cp,
+    )
 
 
 def tokens_per_step(batch: int, seq_len: int, grad_accum: int) -> int:
     return batch * seq_len * grad_accum
 
 
-def to_step_seconds(
-    quantity: str, value: float, *, batch: int, seq_len: int, grad_accum: int, num_gpus: int = 1
-) -> float:
-    """A measured throughput figure as seconds per optimizer step: tokens per second per GPU, samples per second
-    of the whole job (every GPU's micro-batches), or seconds per step."""
+def to_step_seconds(quantity: str, value: float, shape: StepShape) -> float:
+    """A measured throughput figure as seconds per optimizer step: tokens per second per GPU (a data-parallel
+    rank's tokens shared by its GPUs), samples per second of the whole job (every data-parallel rank's
+    micro-batches), or seconds per step."""
     if quantity == "s_per_step":
         return value
     if quantity == "tokens_per_s_per_gpu":
-        return tokens_per_step(batch, seq_len, grad_accum) / value
+        return tokens_per_step(shape.batch, shape.seq_len, shape.grad_accum) / shape.model_parallel / value
     if quantity == "samples_per_s":
-        return batch * grad_accum * num_gpus / value
+        return shape.batch * shape.grad_accum * shape.num_gpus / value
     raise ValueError(quantity)
 
 
-def from_step_seconds(
-    quantity: str, step_s: float, *, batch: int, seq_len: int, grad_accum: int, num_gpus: int = 1
-) -> float:
-    """Seconds per optimizer step as the row's quantity (the inverse of `to_step_seconds`)."""
-    return to_step_seconds(quantity, step_s, batch=batch, seq_len=seq_len, grad_accum=grad_accum, num_gpus=num_gpus)
+def from_step_seconds(quantity: str, step_s: float, shape: StepShape) -> float:
+    """Seconds per optimizer step as the row's quantity (`to_step_seconds` is its own inverse: X / value)."""
+    return to_step_seconds(quantity, step_s, shape)

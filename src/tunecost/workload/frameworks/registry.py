@@ -155,6 +155,20 @@ def _torchtune(model: str, method: str) -> dict[str, object] | None:
     return {"model": model_cfg, "dtype": "bf16", "enable_activation_checkpointing": True}
 
 
+def _nemo(model: str, method: str) -> dict[str, object]:
+    """A NeMo 1.x GPT config (Megatron Core), its reader filling NeMo's defaults: no activation recomputation;
+    LoRA (`model.peft`) rank 32 on the fused QKV projection."""
+    model_cfg: dict[str, object] = {"mcore_gpt": True, "micro_batch_size": 1}
+    if method != "full":
+        model_cfg["peft"] = {"peft_scheme": "lora"}
+    return {"trainer": {}, "model": model_cfg}
+
+
+def _none(model: str, method: str) -> None:
+    """A framework whose defaults tunecost does not read (NeMo AutoModel, named "nemo" too)."""
+    return None
+
+
 # a framework named in a stack cell, the smallest config of it (its reader fills the framework's defaults), whose
 # defaults they are, and the options the config states only to be read (not defaults)
 _NAMED_FRAMEWORKS: tuple[tuple[str, Callable[[str, str], dict[str, object] | None], str, tuple[str, ...]], ...] = (
@@ -162,6 +176,9 @@ _NAMED_FRAMEWORKS: tuple[tuple[str, Callable[[str, str], dict[str, object] | Non
     ("llamafactory", _llamafactory, "", ()),
     ("axolotl", _axolotl, "", ()),
     ("torchtune", _torchtune, "as torchtune's shipped LoRA configs set it", ("model",)),
+    ("automodel", _none, "", ()),
+    ("nemo", _nemo, "", ()),
+    ("megatron", _nemo, "", ()),
 )
 
 
