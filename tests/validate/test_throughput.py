@@ -91,7 +91,12 @@ def test_gemm_efficiency_round_trip_on_real_counts() -> None:
     assert tp.gemm_efficiency_from(step_of, measured) == pytest.approx(0.55, rel=1e-6)
     fastest = tp.step_seconds(counts, terms, 1.0)
     assert tp.gemm_efficiency_from(step_of, 0.9 * fastest) is None
-    assert "faster than the counts" in tp.calibration_failure(counts, terms, 0.9 * fastest)
+    said = tp.calibration_failure(step_of, counts, terms, 0.9 * fastest, one_gpu=True)
+    assert f"faster than the counts at gemm_efficiency 1 ({fastest:.3g} s, of which" in said
+    # a rank's step (its communication, a TP/PP/CP share of the counts) is the row's: the step it was compared with
+    rank_step = lambda eff: 0.5 * step_of(eff)  # noqa: E731
+    said = tp.calibration_failure(rank_step, counts, terms, 0.4 * fastest, one_gpu=False)
+    assert f"faster than the counts at gemm_efficiency 1 ({0.5 * fastest:.3g} s: one rank's step" in said
 
 
 def test_a_step_is_grad_accum_micro_batches_and_one_optimizer_step() -> None:

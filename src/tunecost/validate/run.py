@@ -288,7 +288,10 @@ def _predict_with_prior(
     for i, row, mapped, measured, counts in members:
         measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, tp.shape_of(mapped))
         beyond = check_fit and not tp.reproducible(steps[i], measured_step_s)
-        why = f"{reason}; {tp.calibration_failure(counts, terms, measured_step_s)}" if beyond else reason
+        failure = beyond and tp.calibration_failure(
+            steps[i], counts, terms, measured_step_s, one_gpu=mapped.num_gpus == 1
+        )
+        why = f"{reason}; {failure}" if failure else reason
         predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), tp.shape_of(mapped))
         out[i] = _throughput_ok(row, mapped, measured, predicted, why, prior=True)
 
@@ -313,7 +316,8 @@ def _calibrate_group(key, members, steps, terms, out: dict[int, ValidationRow], 
     if record:
         at_bound = fitted is None and (
             f"{tp.AT_BOUND_REASON} {eff:g}, none fitted: no efficiency reproduces {row.id}, the calibration row of "
-            f"{key[0]} ({key[1]}) on {key[2]}: {tp.calibration_failure(counts, terms, measured_step_s)}"
+            f"{key[0]} ({key[1]}) on {key[2]}: "
+            + tp.calibration_failure(steps[i], counts, terms, measured_step_s, one_gpu=mapped.num_gpus == 1)
         )
         for j, r, m, measured_j, _ in members:
             predicted = tp.from_step_seconds(r.get("quantity"), steps[j](eff), tp.shape_of(m))

@@ -220,16 +220,25 @@ def efficiency_bound(step_of: StepFn, measured_step_s: float) -> float:
     return 1.0 if measured_step_s < step_of(1.0) else _LOWEST_EFFICIENCY
 
 
-def calibration_failure(counts: AnalyticStepCounts, terms: GpuTerms, measured_step_s: float) -> str:
-    """Why no GEMM efficiency reproduces a measured step: the step at both ends of its range, and where it goes."""
-    faster = measured_step_s < step_seconds(counts, terms, 1.0)
-    end = 1.0 if faster else _LOWEST_EFFICIENCY
+def calibration_failure(
+    step_of: StepFn, counts: AnalyticStepCounts, terms: GpuTerms, measured_step_s: float, *, one_gpu: bool
+) -> str:
+    """Why no GEMM efficiency reproduces a measured step: the row's step at the end of the range it lies beyond,
+    and for a single-GPU row what in it no efficiency shortens (a rank's step also holds communication, and under
+    TP/PP/CP a share of `counts`)."""
+    end = efficiency_bound(step_of, measured_step_s)
+    faster = end == 1.0
     at_end = step_time(counts, terms, stack_params(end))
     memory_s = sum(s for c, s in at_end.class_s.items() if at_end.bound_by_class[c] == "memory")
+    parts = (
+        f", of which {memory_s:.3g} s memory-bound work and {at_end.exposed_host_s:.3g} s host time not hidden "
+        f"under GPU work; host syncs {at_end.host_sync}"
+        if one_gpu
+        else ": one rank's step, communication included"
+    )
     return (
         f"measured {measured_step_s:.3g} s per step, {'faster' if faster else 'slower'} than the counts at "
-        f"{FITTED_PARAMETER} {end:g} ({at_end.step_s:.3g} s, of which {memory_s:.3g} s memory-bound work and "
-        f"{at_end.exposed_host_s:.3g} s host time not hidden under GPU work; host syncs {at_end.host_sync})"
+        f"{FITTED_PARAMETER} {end:g} ({step_of(end):.3g} s{parts})"
     )
 
 
