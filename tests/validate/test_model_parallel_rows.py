@@ -131,3 +131,13 @@ def test_how_sources_spell_a_row(cells, read):
     fused attention, NeMo's optimizer, DeepSpeed named alone, and NeMo's default (no recomputation) where the row
     leaves checkpointing blank."""
     assert read(map_row(_row("TP=4", **cells)))
+
+
+def test_fp8_weights_are_transformer_engines_fp8_params_and_skipped_elsewhere():
+    """quantization fp8 (MLPerf's LoRA keeps its frozen weights in FP8 under NeMo): FP8 compute with the weights
+    kept in FP8 only; outside Transformer Engine it is skipped with why, not read as bf16 weights."""
+    lora = dict(method="lora", lora_rank="16", lora_targets="q_proj;v_proj", quantization="FP8")
+    mapped = map_row(_row("TP=4", **lora))
+    assert (mapped.job.fp8, mapped.job.fp8_params, mapped.job.compute_dtype) == ("te-delayed", True, "bf16")
+    with pytest.raises(Skip, match="fp8 weights outside Transformer Engine"):
+        map_row(_row("TP=4", **lora, stack="transformers"))

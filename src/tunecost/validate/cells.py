@@ -226,6 +226,20 @@ def fp8_params_of(cell: str) -> bool:
     return any(word in cell.strip().lower() for word in _FP8_PARAMS)
 
 
+def precision_of(compute_cell: str, quantization: str, stack_cell: str) -> tuple[str, str, bool]:
+    """(compute dtype, FP8 recipe, weights kept in FP8) of a row: its `compute_dtype` cell (`fp8_of`,
+    `fp8_params_of`); a `quantization` of fp8 is weights kept in FP8 under Transformer Engine's FP8 compute (MLPerf's
+    LoRA on NeMo), `Skip` outside Transformer Engine."""
+    cell = compute_cell or "bf16"
+    if quantization == "fp8":
+        cell = f"{cell} fp8 params" if "fp8" in cell.lower() else "fp8 params"
+    dtype, fp8 = fp8_of(cell, stack_cell)
+    fp8_params = fp8 == "te-delayed" and fp8_params_of(cell)
+    if quantization == "fp8" and not fp8_params:
+        raise Skip("fp8 weights outside Transformer Engine (NeMo, Megatron) not modelled")
+    return dtype, fp8, fp8_params
+
+
 def fp8_of(cell: str, stack_cell: str) -> tuple[str, str]:
     """(compute dtype, FP8 recipe) of a `compute_dtype` cell: "fp8" (or "fp8-hybrid", "fp8 (te)") is bf16 with FP8
     linears, Transformer Engine's delayed scaling under NeMo / Megatron or a cell naming TE, else torchao's

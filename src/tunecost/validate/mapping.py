@@ -22,12 +22,11 @@ from tunecost.validate.cells import (
     Skip,
     adamw_impl_for,
     attention_for,
-    fp8_of,
-    fp8_params_of,
     grad_ckpt_for,
     lora_targets,
     modules_to_save,
     optimizer_for,
+    precision_of,
     software_of,
 )
 from tunecost.validate.corpus import CorpusRow
@@ -158,8 +157,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     attention = attention_for(row.get("attention"))
     if attention is None:
         raise Skip(f"attention {row.get('attention')!r} not known")
-    dtype, fp8 = fp8_of(row.get("compute_dtype") or "bf16", row.get("stack"))
-    fp8_params = fp8 == "te-delayed" and fp8_params_of(row.get("compute_dtype") or "")
+    dtype, fp8, fp8_params = precision_of(row.get("compute_dtype"), quantization, row.get("stack"))
     saved = modules_to_save(row.get("lora_targets")) if method != "full" else ()
     optimizer, optimizer_note = optimizer_for(row.get("optimizer"), adapters_only=method != "full" and not saved)
     if throughput and method == "full" and optimizer != "adamw":
@@ -248,8 +246,8 @@ def row_behaviour(
 def stack_and_layout(row: CorpusRow, num_gpus: int, throughput: bool) -> tuple[Stack, str | None, str, str]:
     """(stack, strategy, offload, quantization) of a row; `Skip` for a stack or quantization not modelled."""
     strategy, offload = multi_gpu_layout(row) if num_gpus != 1 else (None, "none")
-    quantization = row.get("quantization") or "none"
-    if quantization not in ("none", *QUANTIZED):
+    quantization = (row.get("quantization") or "none").strip().lower()
+    if quantization not in ("none", "fp8", *QUANTIZED):
         raise Skip(f"{quantization} quantization not modelled")
     stack = stack_for(row.get("stack"), quantization, framework_of(row))
     if stack is None:
