@@ -742,8 +742,8 @@ def test_grad_ckpt_cells_say_how_layers_are_recomputed(corpus) -> None:
 def test_fp8_cells_say_the_recipe_and_whether_the_weights_are_fp8(corpus) -> None:
     """ "fp8" under Transformer Engine is delayed scaling; a cell naming FP8 primary weights (NeMo `fp8_params`,
     Megatron-LM `--fp8-param-gather`) keeps the linears' weights in FP8 only."""
-    from tunecost.validate.corpus import CorpusRow
     from tunecost.validate.cells import fp8_of, fp8_params_of
+    from tunecost.validate.corpus import CorpusRow
 
     assert fp8_of("fp8 (TE)", "") == ("bf16", "te-delayed") and not fp8_params_of("fp8 (TE)")
     assert fp8_params_of("fp8, fp8_params") and fp8_params_of("FP8 (TE, param gather)")
