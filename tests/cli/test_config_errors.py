@@ -34,3 +34,30 @@ def test_a_typo_in_one_of_several_configs_names_that_file_and_the_nested_key(cli
     line = cli_error(["memory", "--config", str(args), "--config", str(ds), "--model", "Qwen/Qwen2.5-0.5B"])
     assert f"{ds}: zero_optimization.overlap_com: not a key of DeepSpeed's config" in line
     assert "did you mean zero_optimization.overlap_comm?" in line
+
+
+@pytest.mark.parametrize(
+    ("key", "option", "flag"),
+    [("cutoff_len: -5", "seq_len -5", "--seq-len"), ("lora_rank: 0", "lora_rank 0", "--lora-rank")],
+)
+def test_a_bad_value_the_config_gave_names_the_config(cli_error, tmp_path: Path, key, option, flag) -> None:
+    """A value out of range is blamed on the flag that would set it; where the config set it, the line also names
+    the file and the value, and a flag given on the command line is blamed alone."""
+    path = tmp_path / "lf.yaml"
+    path.write_text(TYPO.replace("lora_rnak: 16\n", "").replace("cutoff_len: 512\n", "") + key + "\n")
+    line = cli_error(["estimate", "--config", str(path), "--gpu", "H100", "--queries", "100"])
+    assert flag in line and f"({option} from --config {path})" in line
+    given = cli_error(["estimate", "--config", str(path), "--gpu", "H100", "--queries", "100", flag, "-5"])
+    assert flag in given and "from --config" not in given
+
+
+def test_no_fused_adamw_runs_the_multi_tensor_adamw_under_torchtune() -> None:
+    """torchtune's stack runs a fused AdamW unless told otherwise: --no-fused-adamw (or a recipe's
+    optimizer.fused: False) is the multi-tensor one."""
+    from tunecost.cli.common import stack_behaviour
+    from tunecost.simulate.behaviour import ADAMW_FOREACH, ADAMW_FUSED, runs_fused_adamw
+
+    assert runs_fused_adamw("torchtune", stack_behaviour("torchtune"))
+    assert stack_behaviour("torchtune", fused_adamw=False).adamw_impl == ADAMW_FOREACH
+    assert not runs_fused_adamw("torchtune", stack_behaviour("torchtune", fused_adamw=False))
+    assert stack_behaviour("hf-peft", fused_adamw=True).adamw_impl == ADAMW_FUSED

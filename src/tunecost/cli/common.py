@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import typer
 
+from tunecost.cli.options import blame_config
 from tunecost.errors import TunecostError, TunecostWarning
 
 if TYPE_CHECKING:
@@ -27,8 +28,7 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-# Piped or redirected output is never cut to a terminal's width: a wide virtual width, so every cell is whole
-# (`tunecost models | grep NAME` finds the row).
+# Piped or redirected output is never cut to a terminal's width (`tunecost models | grep NAME` finds the row).
 PIPE_WIDTH = 10_000
 
 
@@ -132,8 +132,8 @@ def visible(text: object) -> str:
 
 
 def echo_error(message: object) -> None:
-    """Print `message` as one `error: ...` line on stderr (control characters made visible)."""
-    typer.echo(f"error: {visible(message)}", err=True)
+    """Print `message` as one `error: ...` line on stderr (control characters made visible; `blame_config`)."""
+    typer.echo(f"error: {visible(blame_config(str(message)))}", err=True)
 
 
 def _show_tunecost_warnings(previous: Callable[..., Any]) -> Callable[..., Any]:
@@ -344,19 +344,18 @@ def stack_behaviour(
     offload_activations: bool = False,
     optimizer_in_backward: bool = False,
     reentrant: bool | None = None,
-    fused_adamw: bool = False,
+    fused_adamw: bool | None = None,
 ) -> Any:
-    """The `StackBehaviour` of the stack options: --chunked-loss and --offload-activations (torchtune's
-    CEWithChunkedOutputLoss and activation offload, or under --stack hf-peft TRL's chunked_nll and
-    activation_offloading), --optimizer-in-backward (torchtune's) and --reentrant/--non-reentrant
-    (torch.utils.checkpoint's use_reentrant, which a Trainer sets through gradient_checkpointing_kwargs) and
-    --fused-adamw (torch's fused AdamW kernel)."""
+    """The `StackBehaviour` of the stack options: --chunked-loss and --offload-activations (torchtune's, or under
+    --stack hf-peft TRL's), --optimizer-in-backward (torchtune's), --reentrant/--non-reentrant (use_reentrant of
+    torch.utils.checkpoint) and --fused-adamw/--no-fused-adamw (None: the stack's own AdamW)."""
     import dataclasses
 
-    from tunecost.simulate.behaviour import ADAMW_FUSED
+    from tunecost.simulate.behaviour import ADAMW_FOREACH, ADAMW_FUSED
 
     behaviour = _stack_behaviour(stack, chunked_loss, offload_activations, optimizer_in_backward, reentrant)
-    return dataclasses.replace(behaviour, adamw_impl=ADAMW_FUSED) if fused_adamw else behaviour
+    impl = {True: ADAMW_FUSED, False: ADAMW_FOREACH, None: behaviour.adamw_impl}[fused_adamw]
+    return dataclasses.replace(behaviour, adamw_impl=impl)
 
 
 def _stack_behaviour(

@@ -133,7 +133,7 @@ class StackFlags:
     offload_activations: cli.OffloadActivations = False
     optimizer_in_backward: cli.OptimizerInBackward = False
     reentrant: cli.Reentrant = None
-    fused_adamw: cli.FusedAdamw = False
+    fused_adamw: cli.FusedAdamw = None
 
     def behaviour(self, stack: str | None) -> Any:
         """The `StackBehaviour` these switches give on `stack` (the fields are `stack_behaviour`'s keywords)."""

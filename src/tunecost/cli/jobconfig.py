@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 
 from tunecost.cli.common import err_console
-from tunecost.cli.options import ParameterSource, get_current_context, opt
+from tunecost.cli.options import CONFIG_OPTIONS, CONFIG_PATH, ParameterSource, get_current_context, opt
 from tunecost.errors import TunecostError
 
 CONFIG_HELP = (
@@ -37,6 +37,7 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     options = {**job.options, "framework": job.framework, **_aliases(job.options, params)}
     ctx.default_map = {**(ctx.default_map or {}), **{k: v for k, v in options.items() if k in params}}
     ctx.meta[CONFIG_OPTIONS] = job.options
+    ctx.meta[CONFIG_PATH] = job.path
     notes = [(_option_of(line, params), f"assumed: {line}") for line in job.assumptions]
     method = next((p for p in ctx.command.params if p.name == "method"), None)
     if method is not None and "method" not in job.options:  # e.g. an accelerate or DeepSpeed file alone
@@ -77,7 +78,6 @@ def _aliases(options: dict[str, Any], params: set[str]) -> dict[str, Any]:
     return out
 
 
-CONFIG_OPTIONS = "tunecost.config_options"  # ctx.meta: the config's job options (the run length's global batch)
 CONFIG_NOTES = "tunecost.config_notes"  # ctx.meta: (option or None, line) printed before the command runs
 ConfigFiles = Annotated[list[Path] | None, opt("--config", CONFIG_HELP, is_eager=True, callback=_read_config)]
 

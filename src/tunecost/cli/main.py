@@ -24,7 +24,7 @@ from tunecost import __version__
 from tunecost.cli import commands
 from tunecost.cli.common import echo_error
 from tunecost.cli.jobconfig import print_config_notes
-from tunecost.cli.options import refuse_blank_values
+from tunecost.cli.options import blame_config, refuse_blank_values
 
 ESTIMATE, MEASURE, CATALOGS, MORE = "Estimate", "Measure", "Catalogs", "More"
 
@@ -166,7 +166,7 @@ class _OneLineErrors(_FalseHelp, TyperGroup):
             exc.show()
             sys.exit(exc.exit_code)
         except click_exceptions.UsageError as exc:
-            message = " ".join(_usage_message(exc).split())
+            message = blame_config(" ".join(_usage_message(exc).split()), exc.ctx)
             where = f" (see `{exc.ctx.command_path} --help`)" if exc.ctx is not None else ""
             echo_error(f"{message}{where}")
             sys.exit(2)

@@ -9,6 +9,7 @@ exit code 2, raised before the command runs.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -224,11 +225,11 @@ Reentrant = Annotated[
     ),
 ]
 FusedAdamw = Annotated[
-    bool,
+    bool | None,
     opt(
-        "--fused-adamw",
-        "AdamW as one fused kernel (torch's fused=True: the HF Trainer's default adamw_torch_fused), with no "
-        "multi-tensor temporaries (default: the stack's own; fused under torchtune, else foreach).",
+        "--fused-adamw/--no-fused-adamw",
+        "AdamW as one fused kernel (torch's fused=True: the HF Trainer's adamw_torch_fused), with no multi-tensor "
+        "temporaries, or not (default: the stack's own; fused under torchtune, else foreach).",
     ),
 ]
 OptimizerInBackward = Annotated[
@@ -294,3 +295,21 @@ Force = Annotated[bool, opt("--force", "Replace an existing output file (never o
 JsonOut = Annotated[bool, opt("--json", "Print JSON on stdout, nothing else.")]
 RecordsOut = Annotated[Path | None, opt("--out", "Run directory to add the records to (for `tunecost report`).")]
 ReplaceRecords = Annotated[bool, opt("--force", "With --out: replace records of the same kind already there.")]
+
+
+CONFIG_OPTIONS = "tunecost.config_options"  # ctx.meta: the config's job options (the run length's global batch)
+CONFIG_PATH = "tunecost.config_path"  # ctx.meta: the --config file(s) they came from
+
+
+def blame_config(message: str, ctx: Context | None = None) -> str:
+    """`message`, naming the --config file and the value where the option it is about took its value from the
+    config (no flag gave it): "--seq-len: must be positive (seq_len -5 from --config lf.yaml)"."""
+    ctx = ctx or get_current_context(silent=True)
+    if ctx is None or CONFIG_PATH not in ctx.meta or "--config" in message:
+        return message
+    for name, value in ctx.meta.get(CONFIG_OPTIONS, {}).items():
+        flag = "--" + name.replace("_", "-")
+        said = re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])|(?<![\w-]){name}(?![\w-])", message)
+        if said and ctx.get_parameter_source(name) == ParameterSource.DEFAULT_MAP:
+            return f"{message} ({name} {value!r} from --config {ctx.meta[CONFIG_PATH]})"
+    return message

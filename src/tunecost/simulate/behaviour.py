@@ -49,6 +49,7 @@ TORCHTUNE_LOSS_CODES = (LOSS_TORCHTUNE, LOSS_TORCHTUNE_CHUNKED)
 
 ADAMW_TORCH_20 = "torch-2.0-foreach"
 ADAMW_FUSED = "fused"
+ADAMW_FOREACH = "foreach"  # the multi-tensor AdamW asked for where the stack's own is fused (torchtune fused=False)
 # AdamW implementation -> its temporaries at the step ("": the installed torch's multi-tensor AdamW)
 ADAMW_IMPLS: dict[str, str] = {
     "": "torch multi-tensor AdamW: one temporary the size of the trainable tensors",
@@ -56,6 +57,7 @@ ADAMW_IMPLS: dict[str, str] = {
     "eps) out of place): two temporaries the size of the trainable tensors",
     ADAMW_FUSED: "a fused AdamW kernel (DeepSpeed's FusedAdam; torch's AdamW with fused=True, as torchtune's "
     "configs set it): no temporaries",
+    ADAMW_FOREACH: "torch multi-tensor AdamW (fused off): one temporary the size of the trainable tensors",
 }
 
 

@@ -131,6 +131,7 @@ def test_lora_single_device(tmp_path: Path) -> None:
         "offload_activations": False,
         "chunked_loss": True,
         "optimizer": "adamw",
+        "fused_adamw": True,  # optimizer.fused: True
         "batch_size": 4,
         "grad_accum": 8,
         "epochs": 1,
@@ -305,3 +306,12 @@ def test_fp8_training_of_the_full_distributed_recipe(tmp_path):
     assert rowwise.options["fp8"] == "rowwise"
     with pytest.raises(TunecostError, match="fp8_recipe_name: 'mx'"):
         _read(tmp_path, FULL_DISTRIBUTED + "enable_fp8_training: true\nfp8_recipe_name: mx\n")
+
+
+@pytest.mark.parametrize(("line", "fused"), [("  fused: False\n", False), ("  fused: True\n", True), ("", None)])
+def test_the_optimizers_fused_flag_is_read(tmp_path: Path, line: str, fused: bool | None) -> None:
+    """`optimizer.fused` is the AdamW the step runs (False: the multi-tensor one, whose temporaries the fused kernel
+    does not hold); unstated, the stack's own (torchtune's configs set fused=True)."""
+    job = _read(tmp_path, FULL_DISTRIBUTED.replace("  lr: 2e-5\n", "  lr: 2e-5\n" + line))
+    assert job.options.get("fused_adamw") is fused
+    assert "optimizer.fused" not in job.not_modelled

@@ -186,6 +186,7 @@ STEPS_KEYS = ("max_steps_per_epoch", "gradient_accumulation_steps")
 def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     optimizer = flat.typed("optimizer._component_", str)
     options["optimizer"] = optimizer_name(flat, "optimizer._component_", optimizer) if optimizer else None
+    options["fused_adamw"] = flat.typed("optimizer.fused", bool) if options["optimizer"] == "adamw" else None
     for key, option in (("batch_size", "batch_size"), ("epochs", "epochs"), ("tokenizer.max_seq_len", "seq_len")):
         options[option] = flat.typed(key, int)
     options |= steps_options(flat, STEPS_KEYS, TITLE, notes, option="max_steps_per_epoch")
