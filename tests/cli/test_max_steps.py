@@ -92,13 +92,14 @@ def test_a_gpu_count_on_the_command_line_counts_its_data_parallel_ranks(cli_runn
 
 
 def test_steps_of_a_per_device_batch_need_one_gpu_count(cli_runner):
-    """--gpus auto and plan price setups of several rank counts: a run in steps of a per-device batch would need a
-    run length per setup, so each is one error line naming what to give instead."""
+    """--gpus auto prices setups of several rank counts: a run in steps of a per-device batch would need a run
+    length per setup, so it is one error line naming what to give instead; plan keeps the config's global batch."""
     base = ["--config", str(LF), "--model", "Qwen/Qwen2.5-0.5B", "--gpu", "H100", "--dataset", "alpaca"]
     auto = cli_runner.invoke(app, ["estimate", *base, "--max-steps", "10", "--gpus", "auto"])
     assert auto.exit_code == 2 and len(_error_lines(auto)) == 1 and "--gpus auto" in _error_lines(auto)[0]
-    plan = cli_runner.invoke(app, ["plan", *base, "--max-steps", "10"])
-    assert plan.exit_code == 2 and len(_error_lines(plan)) == 1 and "--global-batch" in _error_lines(plan)[0]
+    # plan keeps the global batch the config states (2 x 4 on one GPU), so ten steps are 80 queries in every setup
+    plan = cli_runner.invoke(app, ["plan", *base, "--max-steps", "10", "--max-gpus", "2"])
+    assert plan.exit_code == 0 and "kept in every setup" in " ".join(plan.stderr.split())
     # a strategy without a GPU count (a torchtitan config's shard degree -1): estimate searches the fewest GPUs
     searched = cli_runner.invoke(app, ["estimate", *base, "--max-steps", "10", "--strategy", "fsdp2"])
     lines = _error_lines(searched)
@@ -146,3 +147,25 @@ def test_plan_takes_grad_accum_or_a_global_batch(cli_runner):
     assert front and {option["accumulation"] for option in front} == {4}
     both = cli_runner.invoke(app, [*args, "--grad-accum", "4", "--global-batch", "16"])
     assert both.exit_code == 2 and "give --global-batch or --grad-accum" in both.output
+
+
+def test_plan_keeps_the_global_batch_a_config_states(cli_runner, tmp_path):
+    """A config that states its micro-batch and accumulation (1 x 8) states the optimisation's batch: every setup
+    the plan weighs keeps 8 queries per step, with its own micro-batch x accumulation x ranks, and says so; a config
+    that leaves them to its framework's defaults, or a flag that sets them, leaves each setup its own."""
+    path = tmp_path / "lf.yaml"
+    path.write_text(
+        "model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: sft\nfinetuning_type: lora\ncutoff_len: 512\n"
+        "per_device_train_batch_size: 1\ngradient_accumulation_steps: 8\n"
+    )
+    args = ["plan", "--config", str(path), "--gpu", "H100", "--max-gpus", "4", "--epochs", "1", "--queries", "1000"]
+    result = cli_runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    front = json.loads(result.stdout[result.stdout.index("{") :])["plan"]["front"]
+    per_step = {o["setup"]["micro_batch"] * o["accumulation"] * o["setup"]["plan"]["num_gpus"] for o in front}
+    assert front and per_step == {8}
+    assert "global batch 8 (micro-batch 1 x accumulation 8 x 1 data-parallel rank), kept" in " ".join(
+        result.stderr.split()
+    )
+    flagged = cli_runner.invoke(app, [*args, "--global-batch", "16", "--json"])
+    assert flagged.exit_code == 0 and "kept in every setup" not in flagged.stderr

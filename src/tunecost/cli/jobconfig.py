@@ -87,6 +87,21 @@ def config_cuts_the_data() -> bool:
     return get_current_context().meta.get(CONFIG_OPTIONS, {}).get("max_queries") is not None
 
 
+def config_global_batch() -> tuple[int, str] | None:
+    """The global batch the --config files state (their micro-batch, accumulation and GPUs, none of them a
+    framework's default) where no flag changes the micro-batch or the accumulation, and how it was counted: the
+    optimisation a plan keeps while it changes the setup. None: the config leaves it to defaults."""
+    from tunecost.workload.run_length import global_batch_of
+
+    ctx = get_current_context()
+    defaulted = {option for option, _ in ctx.meta.get(CONFIG_NOTES, ())} | {
+        name for name in ("batch_size", "grad_accum") if on_command_line(name)
+    }
+    if defaulted & {"batch_size", "grad_accum"}:
+        return None
+    return global_batch_of(ctx.meta.get(CONFIG_OPTIONS, {}))
+
+
 def required(name: str, value: Any) -> Any:
     """A job option the command needs, from the flags or the config."""
     if value is None:

@@ -16,6 +16,7 @@ from tunecost.cli.common import (
     cli_errors,
     console,
     dim,
+    err_console,
     format_hours,
     print_json,
     print_table,
@@ -23,7 +24,14 @@ from tunecost.cli.common import (
     split_list,
 )
 from tunecost.cli.groups import JobOptions, Pricing, StackFlags, option_groups
-from tunecost.cli.jobconfig import ConfigFiles, config_cuts_the_data, on_command_line, required, run_length
+from tunecost.cli.jobconfig import (
+    ConfigFiles,
+    config_cuts_the_data,
+    config_global_batch,
+    on_command_line,
+    required,
+    run_length,
+)
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_positive
 from tunecost.workload.parallel import MAX_SEARCH_GPUS
@@ -106,8 +114,7 @@ def plan(
     owned, host_cpu = _owned(own, host_cpu)
     gpus = _rented_gpus(gpu, owned)
     data = job_data(dataset, model=model) if dataset else None
-    if global_batch is not None and on_command_line("grad_accum"):
-        raise TunecostError("give --global-batch or --grad-accum: the global batch sets each setup's accumulation")
+    global_batch = _kept_global_batch(global_batch)
     jobs = [job_options.estimate_job(model, m, data) for m in methods]
     if global_batch is not None:  # each setup's accumulation comes from the global batch (plan._with_global_batch)
         jobs = [j.with_(grad_accum=1) for j in jobs]
@@ -172,6 +179,18 @@ def _owned(own: str | None, host_cpu: str | None) -> tuple[tuple, str | None]:
     if host_cpu is not None and not owned:
         raise TunecostError("--host-cpu names the machine of your --own GPUs; give --own")
     return owned, checked_host_cpu(host_cpu)
+
+
+def _kept_global_batch(global_batch: int | None) -> int | None:
+    """--global-batch, else the one the --config files state (said on stderr: the optimisation every setup keeps,
+    each with its own micro-batch x accumulation); an error beside --grad-accum."""
+    if global_batch is not None and on_command_line("grad_accum"):
+        raise TunecostError("give --global-batch or --grad-accum: the global batch sets each setup's accumulation")
+    stated = config_global_batch() if global_batch is None else None
+    if stated is None:
+        return global_batch
+    err_console.print(f"assumed: {stated[1]}, kept in every setup (--global-batch N to change it)")
+    return stated[0]
 
 
 def _check_numbers(
