@@ -169,3 +169,22 @@ def test_plan_keeps_the_global_batch_a_config_states(cli_runner, tmp_path):
     )
     flagged = cli_runner.invoke(app, [*args, "--global-batch", "16", "--json"])
     assert flagged.exit_code == 0 and "kept in every setup" not in flagged.stderr
+
+
+def test_plan_emits_for_the_framework_of_the_config_from_the_config(cli_runner, tmp_path):
+    """--emit without --target writes the recipe of the config's framework (LLaMA-Factory here), starting from the
+    user's file: its dataset and template stay, the plan's batch and accumulation replace its own."""
+    path = tmp_path / "lf.yaml"
+    path.write_text(
+        "model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: sft\nfinetuning_type: lora\ncutoff_len: 512\n"
+        "dataset: my_set\ntemplate: qwen\nper_device_train_batch_size: 1\ngradient_accumulation_steps: 8\n"
+    )
+    out = tmp_path / "recipe"
+    args = ["plan", "--config", str(path), "--gpu", "H100", "--max-gpus", "1", "--queries", "1000", "--emit", str(out)]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    import yaml
+
+    config = yaml.safe_load((out / "llamafactory.yaml").read_text())
+    assert (config["dataset"], config["template"]) == ("my_set", "qwen")
+    assert config["per_device_train_batch_size"] * config["gradient_accumulation_steps"] == 8

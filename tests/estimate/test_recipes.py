@@ -399,6 +399,24 @@ def test_llamafactory_yaml_keys_and_launch(name: str, tmp_path: Path) -> None:
         assert set(env) <= set(words) and words[-3:] == ["llamafactory-cli", "train", "llamafactory.yaml"]
 
 
+def test_a_llamafactory_recipe_starts_from_the_users_config(tmp_path: Path) -> None:
+    """The user's own LLaMA-Factory YAML keeps every key the plan does not decide (data, template, schedule,
+    output) and takes the plan's for the rest: a DeepSpeed file the single-GPU plan does not use is dropped, the
+    planned batch replaces the user's, and the fused AdamW the plan priced is named."""
+    mine = {"model_name_or_path": "x", "stage": "sft", "dataset": "identity,alpaca_en_demo", "template": "llama3",
+            "max_samples": 1000, "learning_rate": 1e-4, "output_dir": "saves/mine", "deepspeed": "ds_z3.json",
+            "per_device_train_batch_size": 1, "gradient_accumulation_steps": 8}  # fmt: skip
+    job = make_job("single-qlora", base=mine, base_path="mine.yaml", fused_adamw=True)
+    write_recipe(job, "llamafactory", tmp_path)
+    text = (tmp_path / "llamafactory.yaml").read_text()
+    config = yaml.safe_load(text)
+    kept = ("dataset", "template", "max_samples", "learning_rate", "output_dir")
+    assert {k: config[k] for k in kept} == {k: mine[k] for k in kept}
+    assert "deepspeed" not in config and config["model_name_or_path"] == job.model
+    assert (config["per_device_train_batch_size"], config["gradient_accumulation_steps"]) == (2, 4)
+    assert config["optim"] == "adamw_torch_fused" and "# from mine.yaml: its keys, the plan's in place of" in text
+
+
 @pytest.mark.parametrize("name", LLAMAFACTORY_JOBS)
 def test_llamafactory_parser_reads_the_yaml(name: str, tmp_path: Path, monkeypatch) -> None:
     pytest.importorskip("llamafactory")

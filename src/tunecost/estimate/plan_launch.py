@@ -13,13 +13,22 @@ from tunecost.workload.job import FineTuneJob
 
 
 def launch_job(
-    option: Option, job: FineTuneJob, *, epochs: float, prices_file=None, model: str | None = None, dataset=None
+    option: Option,
+    job: FineTuneJob,
+    *,
+    epochs: float,
+    prices_file=None,
+    model: str | None = None,
+    dataset=None,
+    fused_adamw: bool = False,
+    base: tuple[str, dict] | None = None,
 ) -> LaunchJob:
     """The recipe's view of the recommended `option` of `job`: every provider that rents its GPU as candidates.
     `model`: the hub id the user named (an instruct or re-uploaded checkpoint the catalog prices as its base);
     `dataset`: the data the user named (None: the recipe asks for it, not the default tunecost priced).
     The recipes launch data parallelism only: a TP/PP/CP layout, selective or some-layers recomputation is a
-    `TunecostError`; FP8 only LLaMA-Factory's recipe writes."""
+    `TunecostError`; FP8 only LLaMA-Factory's recipe writes. `fused_adamw`: the plan priced torch's fused AdamW;
+    `base`: (path, data) of the user's config of the target framework, whose other keys the recipe keeps."""
     setup, spec = option.setup, resolve_model(job.model)
     if setup.plan.degree > 1:
         raise TunecostError(
@@ -66,4 +75,7 @@ def launch_job(
         offload=option.offload,
         clouds=tuple(dict.fromkeys((p.provider, "") for p in rented)),
         disk_gb=int(max(100, 2 * weights_gb)),
+        fused_adamw=fused_adamw,
+        base=base[1] if base else {},
+        base_path=base[0] if base else "",
     )

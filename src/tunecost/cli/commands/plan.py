@@ -145,7 +145,8 @@ def plan(
         from tunecost.results.plan_records import save_plan_records
 
         save_plan_records(out, result, command=sys.argv, force=force)
-    written = _emit(result, jobs, (emit, model, dataset), target, force, num_epochs) if emit is not None else []
+    how = (stack_flags.behaviour(job_options.stack), config)
+    written = _emit(result, jobs, (emit, model, dataset), target, force, num_epochs, how) if emit is not None else []
     if json_out:
         # every option weighed goes to --out RUN; the JSON answer keeps the front and the closest misses
         print_json({"plan": dataclasses.replace(result, options=()), "emitted": [str(p) for p in written]})
@@ -229,18 +230,26 @@ def _rented_gpus(gpu: str, owned) -> list:
     return gpus
 
 
-def _emit(result, jobs: list, emit: tuple, target: str | None, force: bool, epochs: float) -> list[Path]:
-    """The recommended setup's recipe in folder `emit[0]`, for the model and data the user named (`emit[1:]`)."""
+def _emit(result, jobs: list, emit: tuple, target: str | None, force: bool, epochs: float, how: tuple) -> list[Path]:
+    """The recommended setup's recipe in folder `emit[0]`, for the model and data the user named (`emit[1:]`); `how`:
+    (behaviour, --config files). The target defaults to the config's framework where it is one (else accelerate);
+    a LLaMA-Factory recipe starts from the user's LLaMA-Factory config."""
     from tunecost.estimate.plan_launch import launch_job
     from tunecost.estimate.recipes import write_recipe
+    from tunecost.simulate.behaviour import runs_fused_adamw
+    from tunecost.workload.frameworks.registry import config_of
 
     best = result.recommended
     if best is None:
         raise TunecostError("--emit: no setup to launch (nothing fits within the constraints)")
     job = next(j for j in jobs if j.method == best.method)
+    behaviour, configs = how
+    target = target or next((t for t in ("llamafactory", "torchtune") if config_of(configs or (), t)), "accelerate")
+    base = config_of(configs or (), target) if target == "llamafactory" else None
     out, model, dataset = emit
-    recipe = launch_job(best, job, epochs=epochs, model=model, dataset=dataset)
-    return write_recipe(recipe, target or "accelerate", out, force=force)
+    fused = runs_fused_adamw(job.stack, behaviour)
+    recipe = launch_job(best, job, epochs=epochs, model=model, dataset=dataset, fused_adamw=fused, base=base)
+    return write_recipe(recipe, target, out, force=force)
 
 
 def _note(option) -> str:

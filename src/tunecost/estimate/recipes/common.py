@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import math
 import shlex
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -78,6 +78,9 @@ class LaunchJob:
     offload: str = "none"  # none | optimizer (zero1-3) | params (zero3, fsdp1, fsdp2): CPU offload
     clouds: tuple[tuple[str, str], ...] = ()  # (provider, region) of the price rows the plan used; region may be ""
     disk_gb: int = 0  # disk for the weights (0: the recipe picks SkyPilot's default)
+    fused_adamw: bool = False  # torch's fused AdamW (the HF Trainer's adamw_torch_fused), as the plan priced it
+    base: Mapping[str, Any] = field(default_factory=dict)  # the user's config of the target framework to start from
+    base_path: str = ""  # the file `base` was read from
 
     def __post_init__(self) -> None:
         choices = [("method", self.method, METHODS), ("quantization type", self.quant_type, LAUNCH_QUANT_TYPES)]

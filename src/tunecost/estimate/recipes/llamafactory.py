@@ -24,6 +24,41 @@ from tunecost.estimate.recipes.common import (
 )
 
 LLAMAFACTORY_ATTENTION = {"flash": "fa2", "sdpa": "sdpa", "eager": "disabled"}  # extras/constants.py AttentionFunction
+# the keys the plan decides: a user's own YAML (`LaunchJob.base`) keeps every other key (data, template, schedule)
+PLANNED_KEYS = frozenset(
+    (
+        "model_name_or_path",
+        "stage",
+        "do_train",
+        "finetuning_type",
+        "lora_rank",
+        "lora_alpha",
+        "lora_target",
+        "quantization_bit",
+        "quantization_method",
+        "quantization_type",
+        "double_quantization",
+        "cutoff_len",
+        "packing",
+        "neat_packing",
+        "per_device_train_batch_size",
+        "gradient_accumulation_steps",
+        "num_train_epochs",
+        "max_steps",
+        "bf16",
+        "fp16",
+        "pure_bf16",
+        "flash_attn",
+        "optim",
+        "disable_gradient_checkpointing",
+        "torch_compile",
+        "enable_liger_kernel",
+        "use_unsloth",
+        "fp8",
+        "fp8_backend",
+        "deepspeed",
+    )
+)
 
 
 def _llamafactory(job: LaunchJob) -> dict[str, str]:
@@ -34,6 +69,7 @@ def _llamafactory(job: LaunchJob) -> dict[str, str]:
         )
     if job.method != "full" and job.alpha != int(job.alpha):
         raise _cannot("llamafactory", f"lora_alpha is an integer there, not {job.alpha:g}")
+    kept = {k: v for k, v in job.base.items() if k not in PLANNED_KEYS}
     lf: dict[str, Any] = {"model_name_or_path": job.model, "stage": "sft", "do_train": True}
     lf["finetuning_type"] = "full" if job.method == "full" else "lora"
     if job.method != "full":
@@ -45,14 +81,17 @@ def _llamafactory(job: LaunchJob) -> dict[str, str]:
     elif job.method == "qlora":
         lf |= {"quantization_bit": 4, "quantization_method": "bnb", "quantization_type": job.quant_type}
         lf["double_quantization"] = job.double_quant
-    lf |= {"dataset": job.dataset or "CHANGE_ME", "cutoff_len": job.seq_len, "output_dir": "output"}
+    lf |= {"dataset": job.dataset or kept.pop("dataset", "CHANGE_ME"), "cutoff_len": job.seq_len}
+    lf["output_dir"] = kept.pop("output_dir", "output")
     if job.packing != "none":  # neat_packing keeps each example's attention to itself (and implies packing)
         lf["neat_packing" if job.packing == "per-document" else "packing"] = True
     lf |= {"per_device_train_batch_size": job.micro_batch, "gradient_accumulation_steps": job.grad_accum}
     lf |= {"num_train_epochs": job.epochs, "bf16": job.dtype == "bf16", "fp16": job.dtype == "fp16"}
-    lf |= {"flash_attn": LLAMAFACTORY_ATTENTION[job.attention], "optim": HF_OPTIM[job.optimizer]}
+    optim = "adamw_torch_fused" if job.optimizer == "adamw" and job.fused_adamw else HF_OPTIM[job.optimizer]
+    lf |= {"flash_attn": LLAMAFACTORY_ATTENTION[job.attention], "optim": optim}
     lf |= {"disable_gradient_checkpointing": not job.gradient_checkpointing, "max_grad_norm": MAX_GRAD_NORM}
     lf |= {"logging_steps": 10, "report_to": "none"} | ({"torch_compile": True} if job.torch_compile else {})
+    lf |= kept  # the user's own keys: data, template, learning rate, logging (over the defaults written here)
     lf |= {"enable_liger_kernel": True} if job.liger_kernel else {}
     if job.fp8 == "tensorwise":  # train/fp8_utils.py builds torchao's rowwise recipe, or Transformer Engine's
         raise _cannot("llamafactory", "FP8 tensorwise; LLaMA-Factory's torchao recipe is rowwise")
@@ -63,6 +102,9 @@ def _llamafactory(job: LaunchJob) -> dict[str, str]:
         lf["deepspeed"] = "ds_config.json"
         files["ds_config.json"] = _json(_ds_config(job, "llamafactory"))
     notes = [_summary(job), "dataset: a name in dataset_dir/dataset_info.json (LLaMA-Factory's data/ folder)"]
+    if job.base:
+        replaced = ", ".join(sorted(PLANNED_KEYS & job.base.keys())) or "none"
+        notes.append(f"from {job.base_path}: its keys, the plan's in place of {replaced}")
     files["llamafactory.yaml"] = _yaml(lf, notes)
     if job.strategy in FSDP_STRATEGIES:  # LLaMA-Factory checkpoints activations itself (disable_gradient_checkpointing)
         files["accelerate_config.yaml"] = _yaml(_accelerate_config(job, fsdp_checkpointing=False), [_summary(job)])

@@ -8,6 +8,7 @@ import difflib
 import importlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from tunecost.catalog.torchtune_configs import find_torchtune_config, torchtune_configs
 from tunecost.errors import TunecostError
@@ -110,6 +111,18 @@ def _trainer_precision_first(jobs: Sequence[ConfigJob], options: dict[str, objec
         return []
     options.pop("fp8", None)
     return [f"fp8 none: {trainer.path} runs {trainer.options['dtype']}, which the Trainer sets before {fp8.path}'s fp8"]
+
+
+def config_of(paths: Sequence[str | Path], framework: str) -> tuple[str, dict[str, Any]] | None:
+    """(path, data) of the first of `paths` that is `framework`'s config (None: none is), to start a recipe from."""
+    readers = frameworks()
+    for path in paths:
+        if not Path(path).is_file():
+            continue
+        data = parse_config_file(path)
+        if any(f.name == framework and f.detect(data) for f in readers):
+            return str(path), data
+    return None
 
 
 def read_configs(paths: Sequence[str | Path]) -> ConfigJob:
