@@ -61,3 +61,19 @@ def test_no_fused_adamw_runs_the_multi_tensor_adamw_under_torchtune() -> None:
     assert stack_behaviour("torchtune", fused_adamw=False).adamw_impl == ADAMW_FOREACH
     assert not runs_fused_adamw("torchtune", stack_behaviour("torchtune", fused_adamw=False))
     assert stack_behaviour("hf-peft", fused_adamw=True).adamw_impl == ADAMW_FUSED
+
+
+def test_a_data_file_the_config_names_but_this_machine_lacks_is_said_not_fatal(cli_runner, tmp_path: Path) -> None:
+    """A config written for the training cluster names its data there: estimating on a laptop, the file is not
+    read (said), and the run's size and lengths come from --queries and --seq-len."""
+    from tunecost.cli.main import app
+
+    config = tmp_path / "ax.yml"
+    config.write_text(
+        "base_model: Qwen/Qwen2.5-0.5B\nadapter: lora\nlora_r: 8\nsequence_len: 512\nmicro_batch_size: 2\n"
+        "datasets:\n  - path: /cluster/data/train.jsonl\n    type: alpaca\n",
+        encoding="utf-8",
+    )
+    result = cli_runner.invoke(app, ["estimate", "--config", str(config), "--gpu", "H100", "--queries", "1000"])
+    assert result.exit_code == 0, result.output
+    assert "/cluster/data/train.jsonl" in result.stderr and "is not on this machine" in " ".join(result.stderr.split())

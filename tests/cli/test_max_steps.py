@@ -188,3 +188,10 @@ def test_plan_emits_for_the_framework_of_the_config_from_the_config(cli_runner, 
     config = yaml.safe_load((out / "llamafactory.yaml").read_text())
     assert (config["dataset"], config["template"]) == ("my_set", "qwen")
     assert config["per_device_train_batch_size"] * config["gradient_accumulation_steps"] == 8
+
+
+def test_queries_beside_max_steps_is_one_error(cli_runner):
+    """--max-steps sets the run's queries (steps x the global batch): --queries beside it would be dropped."""
+    result = cli_runner.invoke(app, ["estimate", "--config", str(LF), "--gpu", "H100", "--max-steps", "10",
+                                     "--queries", "100"])  # fmt: skip
+    assert result.exit_code == 2 and "give --queries or --max-steps, not both" in result.output

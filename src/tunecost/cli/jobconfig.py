@@ -102,6 +102,23 @@ def config_global_batch() -> tuple[int, str] | None:
     return global_batch_of(ctx.meta.get(CONFIG_OPTIONS, {}))
 
 
+def config_data_file(dataset: str | None) -> str | None:
+    """`dataset`, or None where a --config names a data file this machine does not have (a cluster's path), said
+    on stderr: the run's size and lengths then come from --queries and --seq-len."""
+    ctx = get_current_context()
+    if dataset is None or ctx.get_parameter_source("dataset") != ParameterSource.DEFAULT_MAP:
+        return dataset
+    path = Path(dataset).expanduser()
+    a_file = path.is_absolute() or dataset.startswith(".") or path.suffix in (".json", ".jsonl", ".csv", ".parquet")
+    if not a_file or path.exists():
+        return dataset
+    err_console.print(
+        f"assumed: dataset {dataset} (from --config {ctx.meta.get(CONFIG_PATH)}) is not on this machine: its size "
+        "and lengths are not read (--queries and --seq-len, or --dataset)"
+    )
+    return None
+
+
 def required(name: str, value: Any) -> Any:
     """A job option the command needs, from the flags or the config."""
     if value is None:
@@ -129,6 +146,8 @@ def run_length(
     given = [n for n in ("epochs", "max_steps") if on_command_line(n)]
     if len(given) == 2:
         raise TunecostError("give --epochs or --max-steps, not both (each is the run's whole length)")
+    if given == ["max_steps"] and on_command_line("queries"):
+        raise TunecostError("give --queries or --max-steps, not both (the steps x the global batch are the queries)")
     cap = config.get("max_steps_per_epoch")
     if given == ["max_steps"]:
         epochs, cap = None, None

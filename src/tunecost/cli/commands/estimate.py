@@ -12,7 +12,7 @@ from tunecost.cli.commands import estimate_multigpu as multi
 from tunecost.cli.commands.estimate_table import print_cost_rows
 from tunecost.cli.common import checked_host_cpu, cli_errors, print_json, split_list
 from tunecost.cli.groups import JobOptions, MultiGpuOptions, Pricing, RecordsOutput, StackFlags, option_groups
-from tunecost.cli.jobconfig import ConfigFiles, required, run_length
+from tunecost.cli.jobconfig import ConfigFiles, config_data_file, required, run_length
 from tunecost.cli.options import (
     Epochs,
     ExpertsPerToken,
@@ -87,6 +87,7 @@ def estimate(
     check_estimate_options(
         epochs, queries, job_options.seq_len, dataset, estimator, run_queries, steady_state, framework
     )
+    dataset = config_data_file(dataset)
     data = job_data(dataset, model=model) if dataset else None
     dataset_queries = data.num_queries if queries is None and data is not None else queries
     job_options.check_method(method)

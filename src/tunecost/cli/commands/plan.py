@@ -27,6 +27,7 @@ from tunecost.cli.groups import JobOptions, Pricing, StackFlags, option_groups
 from tunecost.cli.jobconfig import (
     ConfigFiles,
     config_cuts_the_data,
+    config_data_file,
     config_global_batch,
     on_command_line,
     required,
@@ -113,7 +114,7 @@ def plan(
     _check_numbers(budget, deadline, epochs, queries, tokens, global_batch, max_gpus, gpus_per_node)
     owned, host_cpu = _owned(own, host_cpu)
     gpus = _rented_gpus(gpu, owned)
-    data = job_data(dataset, model=model) if dataset else None
+    data = job_data(dataset, model=model) if dataset and config_data_file(dataset) else None  # emit names it
     global_batch = _kept_global_batch(global_batch)
     jobs = [job_options.estimate_job(model, m, data) for m in methods]
     if global_batch is not None:  # each setup's accumulation comes from the global batch (plan._with_global_batch)
