@@ -32,9 +32,16 @@ def test_lora_beside_4bit_is_qlora_and_two_stated_values_clash() -> None:
 
 
 def test_the_line_asking_for_the_deepspeed_file_goes_once_it_is_given() -> None:
+    """Once a DeepSpeed file is given the line asking for it goes; given under another name than the config's, the
+    merge says which is priced (axolotl's zero2.json beside a zero3 file passed by hand)."""
     asking = _job("lf.yaml", {"method": "full"}, ("deepspeed config ds_z3.json: pass it too with --config",))
     assert merge_configs([asking]).assumptions == asking.assumptions
-    assert merge_configs([asking, _job("deepspeed.json", {"strategy": "zero3"})]).assumptions == ()
+    given = ConfigJob(framework="deepspeed", path="configs/ds_z3.json", options={"strategy": "zero3"})
+    assert merge_configs([asking, given]).assumptions == ()
+    other = ConfigJob(framework="deepspeed", path="zero2.json", options={"strategy": "zero2"})
+    assert merge_configs([asking, other]).assumptions == (
+        "strategy: lf.yaml names DeepSpeed file ds_z3.json; zero2.json is priced instead",
+    )
 
 
 def test_the_trainers_bf16_runs_before_accelerates_fp8(tmp_path: Path) -> None:

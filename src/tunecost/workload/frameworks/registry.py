@@ -93,7 +93,11 @@ def merge_configs(jobs: Sequence[ConfigJob]) -> ConfigJob:
         framework="+".join(dict.fromkeys(j.framework for j in jobs)),
         path=", ".join(j.path for j in jobs),
         options=options,
-        assumptions=(*(a for j in jobs for a in j.assumptions if _kept(a, j, kept) and _asked(a, jobs)), *precision),
+        assumptions=(
+            *(a for j in jobs for a in j.assumptions if _kept(a, j, kept) and _asked(a, jobs)),
+            *precision,
+            *_other_deepspeed(jobs),
+        ),
         not_modelled=tuple(k for j in jobs for k in j.not_modelled),
     )
 
@@ -127,6 +131,20 @@ def config_of(paths: Sequence[str | Path], framework: str) -> tuple[str, dict[st
 
 def read_configs(paths: Sequence[str | Path]) -> ConfigJob:
     return merge_configs([read_config(p) for p in paths])
+
+
+def _other_deepspeed(jobs: Sequence[ConfigJob]) -> list[str]:
+    """A line where a config names a DeepSpeed file by a name none of the given DeepSpeed files has: the given one
+    is priced in its place (axolotl's `deepspeed: zero2.json` beside `--config zero3_offload.json`)."""
+    given = [j for j in jobs if j.framework == "deepspeed"]
+    out = []
+    for job in jobs if given else ():
+        for line in job.assumptions:
+            named = line.removeprefix("deepspeed config ").split(" ", 1)[0].rstrip(":")
+            asks = line.startswith("deepspeed config ") and line.endswith(PASS_DEEPSPEED) and named.endswith(".json")
+            if asks and all(Path(named).name != Path(ds.path).name for ds in given):
+                out.append(f"strategy: {job.path} names DeepSpeed file {named}; {given[0].path} is priced instead")
+    return out
 
 
 def _asked(assumption: str, jobs: Sequence[ConfigJob]) -> bool:
