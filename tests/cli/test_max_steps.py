@@ -195,3 +195,17 @@ def test_queries_beside_max_steps_is_one_error(cli_runner):
     result = cli_runner.invoke(app, ["estimate", "--config", str(LF), "--gpu", "H100", "--max-steps", "10",
                                      "--queries", "100"])  # fmt: skip
     assert result.exit_code == 2 and "give --queries or --max-steps, not both" in result.output
+
+
+def test_plan_says_the_configs_layout_is_one_it_weighs(cli_runner, tmp_path):
+    """A plan searches layouts: the ZeRO-2 a config's DeepSpeed file states is weighed among them, and said."""
+    (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2}}')
+    path = tmp_path / "lf.yaml"
+    path.write_text(
+        "model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: sft\nfinetuning_type: lora\ncutoff_len: 512\n"
+        f"deepspeed: {tmp_path / 'ds.json'}\n"
+    )
+    args = ["plan", "--config", str(path), "--config", str(tmp_path / "ds.json"), "--gpu", "H100", "--max-gpus", "2"]
+    result = cli_runner.invoke(app, [*args, "--queries", "1000", "--json"])
+    assert result.exit_code == 0, result.output
+    assert "zero2 from --config is weighed among every layout the plan searches" in " ".join(result.stderr.split())

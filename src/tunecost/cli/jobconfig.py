@@ -87,6 +87,15 @@ def config_cuts_the_data() -> bool:
     return get_current_context().meta.get(CONFIG_OPTIONS, {}).get("max_queries") is not None
 
 
+def config_layout() -> str:
+    """The layout the --config files state ("zero2, offload optimizer, 2 GPUs"), "" where they state none."""
+    config = get_current_context().meta.get(CONFIG_OPTIONS, {})
+    said = [config.get("strategy")] if config.get("strategy") not in (None, "single") else []
+    said += [f"offload {config['offload']}"] if config.get("offload") not in (None, "none") else []
+    said += [f"{config['num_gpus']} GPUs"] if (config.get("num_gpus") or 1) > 1 else []
+    return ", ".join(said)
+
+
 def config_global_batch() -> tuple[int, str] | None:
     """The global batch the --config files state (their micro-batch, accumulation and GPUs, none of them a
     framework's default) where no flag changes the micro-batch or the accumulation, and how it was counted: the

@@ -29,6 +29,7 @@ from tunecost.cli.jobconfig import (
     config_cuts_the_data,
     config_data_file,
     config_global_batch,
+    config_layout,
     on_command_line,
     required,
     run_length,
@@ -185,9 +186,13 @@ def _owned(own: str | None, host_cpu: str | None) -> tuple[tuple, str | None]:
 
 def _kept_global_batch(global_batch: int | None) -> int | None:
     """--global-batch, else the one the --config files state (said on stderr: the optimisation every setup keeps,
-    each with its own micro-batch x accumulation); an error beside --grad-accum."""
+    each with its own micro-batch x accumulation); an error beside --grad-accum. The config's own layout is said to
+    be weighed among the others (a plan searches layouts)."""
     if global_batch is not None and on_command_line("grad_accum"):
         raise TunecostError("give --global-batch or --grad-accum: the global batch sets each setup's accumulation")
+    layout = config_layout()
+    if layout:
+        err_console.print(f"assumed: {layout} from --config is weighed among every layout the plan searches")
     stated = config_global_batch() if global_batch is None else None
     if stated is None:
         return global_batch
