@@ -77,3 +77,8 @@ def test_a_data_file_the_config_names_but_this_machine_lacks_is_said_not_fatal(c
     result = cli_runner.invoke(app, ["estimate", "--config", str(config), "--gpu", "H100", "--queries", "1000"])
     assert result.exit_code == 0, result.output
     assert "/cluster/data/train.jsonl" in result.stderr and "is not on this machine" in " ".join(result.stderr.split())
+
+
+def test_a_folder_given_as_config_says_so(cli_error, tmp_path: Path) -> None:
+    line = cli_error(["estimate", "--config", str(tmp_path), "--gpu", "H100"])
+    assert f"{tmp_path}: a folder, not a config file" in line

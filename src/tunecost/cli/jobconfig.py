@@ -40,7 +40,8 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     ctx.meta[CONFIG_PATH] = job.path
     notes = [(_option_of(line, params), f"assumed: {line}") for line in job.assumptions]
     method = next((p for p in ctx.command.params if p.name == "method"), None)
-    if method is not None and "method" not in job.options:  # e.g. an accelerate or DeepSpeed file alone
+    said = any(line.startswith("method") for line in job.assumptions)  # the reader's own line on the method
+    if method is not None and "method" not in job.options and not said:  # e.g. an accelerate or DeepSpeed file
         notes.append(
             ("method", f"assumed: method: {job.path} does not say; --method decides (default {method.default})")
         )

@@ -238,7 +238,7 @@ def parse_config_file(path: str | Path) -> dict[str, Any]:
     """The file as a mapping: YAML (safe loader), JSON or TOML by its suffix; one error naming the file otherwise."""
     p = Path(path)
     if not p.is_file():
-        raise TunecostError(f"{path}: no such file")
+        raise TunecostError(f"{path}: {'a folder, not a config file' if p.is_dir() else 'no such file'}")
     try:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
