@@ -169,6 +169,9 @@ def test_plan_keeps_the_global_batch_a_config_states(cli_runner, tmp_path):
     )
     flagged = cli_runner.invoke(app, [*args, "--global-batch", "16", "--json"])
     assert flagged.exit_code == 0 and "kept in every setup" not in flagged.stderr
+    path.write_text(path.read_text().replace("per_device_train_batch_size: 1\ngradient_accumulation_steps: 8\n", ""))
+    defaults = cli_runner.invoke(app, [*args, "--json"])  # LLaMA-Factory's default batch: not the user's choice
+    assert defaults.exit_code == 0 and "kept in every setup" not in defaults.stderr
 
 
 def test_plan_emits_for_the_framework_of_the_config_from_the_config(cli_runner, tmp_path):

@@ -64,7 +64,7 @@ def _option_of(line: str, params: set[str]) -> str | None:
 def print_config_notes(ctx: typer.Context) -> None:
     """The config's assumption and warning lines on stderr, once every option is read: a line about an option the
     command line gives is left out, as the flag replaces the config's value."""
-    for option, line in ctx.meta.pop(CONFIG_NOTES, ()):
+    for option, line in ctx.meta.get(CONFIG_NOTES, ()):
         if option is None or ctx.get_parameter_source(option) != ParameterSource.COMMANDLINE:
             err_console.print(line)
 
@@ -104,7 +104,8 @@ def config_global_batch() -> tuple[int, str] | None:
     from tunecost.workload.run_length import global_batch_of
 
     ctx = get_current_context()
-    defaulted = {option for option, _ in ctx.meta.get(CONFIG_NOTES, ())} | {
+    notes = ctx.meta.get(CONFIG_NOTES, ())  # "assumed: batch_size 8: LLaMA-Factory's default (...)"
+    defaulted = {line.removeprefix("assumed: ").split(" ", 1)[0].rstrip(":") for _, line in notes} | {
         name for name in ("batch_size", "grad_accum") if on_command_line(name)
     }
     if defaulted & {"batch_size", "grad_accum"}:
