@@ -38,6 +38,7 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     ctx.default_map = {**(ctx.default_map or {}), **{k: v for k, v in options.items() if k in params}}
     ctx.meta[CONFIG_OPTIONS] = job.options
     ctx.meta[CONFIG_PATH] = job.path
+    ctx.meta[CONFIG_DEFAULTED] = frozenset(_subject(line) for line in job.assumptions)  # a framework's defaults
     notes = [(_option_of(line, params), f"assumed: {line}") for line in job.assumptions]
     method = next((p for p in ctx.command.params if p.name == "method"), None)
     said = any(line.startswith("method") for line in job.assumptions)  # the reader's own line on the method
@@ -55,16 +56,21 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     return paths
 
 
+def _subject(line: str) -> str:
+    """The job option an assumption line is about: its first word ("packing per-document: ...")."""
+    return line.split(" ", 1)[0].rstrip(":")
+
+
 def _option_of(line: str, params: set[str]) -> str | None:
-    """The command's option an assumption line is about: its first word ("packing per-document: ...")."""
-    word = line.split(" ", 1)[0].rstrip(":")
+    """The command's option an assumption line is about (`_subject`), None where the command has no such option."""
+    word = _subject(line)
     return word if word in params else None
 
 
 def print_config_notes(ctx: typer.Context) -> None:
     """The config's assumption and warning lines on stderr, once every option is read: a line about an option the
     command line gives is left out, as the flag replaces the config's value."""
-    for option, line in ctx.meta.get(CONFIG_NOTES, ()):
+    for option, line in ctx.meta.pop(CONFIG_NOTES, ()):
         if option is None or ctx.get_parameter_source(option) != ParameterSource.COMMANDLINE:
             err_console.print(line)
 
@@ -80,6 +86,7 @@ def _aliases(options: dict[str, Any], params: set[str]) -> dict[str, Any]:
 
 
 CONFIG_NOTES = "tunecost.config_notes"  # ctx.meta: (option or None, line) printed before the command runs
+CONFIG_DEFAULTED = "tunecost.config_defaulted"  # ctx.meta: the job options the config left to its framework
 ConfigFiles = Annotated[list[Path] | None, opt("--config", CONFIG_HELP, is_eager=True, callback=_read_config)]
 
 
@@ -104,11 +111,8 @@ def config_global_batch() -> tuple[int, str] | None:
     from tunecost.workload.run_length import global_batch_of
 
     ctx = get_current_context()
-    notes = ctx.meta.get(CONFIG_NOTES, ())  # "assumed: batch_size 8: LLaMA-Factory's default (...)"
-    defaulted = {line.removeprefix("assumed: ").split(" ", 1)[0].rstrip(":") for _, line in notes} | {
-        name for name in ("batch_size", "grad_accum") if on_command_line(name)
-    }
-    if defaulted & {"batch_size", "grad_accum"}:
+    batch = ("batch_size", "grad_accum")
+    if ctx.meta.get(CONFIG_DEFAULTED, frozenset()) & set(batch) or any(on_command_line(name) for name in batch):
         return None
     return global_batch_of(ctx.meta.get(CONFIG_OPTIONS, {}))
 

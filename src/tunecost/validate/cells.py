@@ -6,12 +6,29 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from tunecost.limits import MAX_TOKENS
 from tunecost.simulate.behaviour import ADAMW_FUSED
+from tunecost.validate.corpus import CorpusRow
 from tunecost.workload.job import group_targets
 
 
 class Skip(Exception):
     """A row tunecost does not model; the message is the reason."""
+
+
+def count_of(row: CorpusRow, column: str) -> int:
+    """A row's whole count in `column` (batch, tokens, rank, GPUs); `Skip` for one that is not a number, below 1,
+    or larger than any count a measurement row holds (`MAX_TOKENS`)."""
+    value = row.get(column)
+    try:
+        n = int(float(value))
+    except (ValueError, OverflowError):  # OverflowError: inf
+        raise Skip(f"{column} {value!r} is not a number") from None
+    if n < 1:
+        raise Skip(f"{column} {value!r} must be >= 1")
+    if n > MAX_TOKENS:
+        raise Skip(f"{column} {value!r} is larger than {MAX_TOKENS}")
+    return n
 
 
 def software_of(stack_cell: str, stated: str, stack: Any, throughput: bool) -> tuple[bool, bool]:

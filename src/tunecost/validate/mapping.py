@@ -14,7 +14,6 @@ from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.catalog.held_out_errors import THROUGHPUT_QUANTITIES
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.lengths import SeqLengths
-from tunecost.limits import MAX_TOKENS
 from tunecost.models.anatomy import SUPPORTED_FAMILIES
 from tunecost.models.catalog import gptq_checkpoint, resolve_model
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, DeepSpeedZero2, StackBehaviour
@@ -22,6 +21,7 @@ from tunecost.validate.cells import (
     Skip,
     adamw_impl_for,
     attention_for,
+    count_of,
     grad_ckpt_for,
     lora_targets,
     modules_to_save,
@@ -94,19 +94,6 @@ class MappedRow:
         )
 
 
-def _int(row: CorpusRow, column: str) -> int:
-    value = row.get(column)
-    try:
-        n = int(float(value))
-    except (ValueError, OverflowError):  # OverflowError: inf
-        raise Skip(f"{column} {value!r} is not a number") from None
-    if n < 1:
-        raise Skip(f"{column} {value!r} must be >= 1")
-    if n > MAX_TOKENS:  # no count in a measurement row (batch, tokens, rank, GPUs) comes near it
-        raise Skip(f"{column} {value!r} is larger than {MAX_TOKENS}")
-    return n
-
-
 def gpu_unknown_reason(name: str) -> str:
     """Why a corpus GPU spelling has no catalog entry: not in the catalog, or ambiguous (the catalog's message,
     naming the candidates)."""
@@ -138,7 +125,7 @@ def gpu_memory_bytes(name: str) -> int | None:
 def map_row(row: CorpusRow) -> MappedRow:
     """The job of one single-GPU row; raises `Skip` with the reason for anything tunecost does not model."""
     throughput = modelled_quantity(row.get("quantity")) == "throughput"
-    num_gpus = _int(row, "num_gpus")
+    num_gpus = count_of(row, "num_gpus")
     stack, strategy, offload, quantization = stack_and_layout(row, num_gpus, throughput)
     spec, method = model_and_method(row, quantization)
     gptq = gptq_settings(row) if quantization == "gptq-int4" else QUANT_JOB_FIELDS.get(quantization, {})
@@ -163,9 +150,11 @@ def map_row(row: CorpusRow) -> MappedRow:
     if throughput and method == "full" and optimizer != "adamw":
         raise Skip(f"throughput with optimizer {row.get('optimizer')!r} (the counts price AdamW's step)")
     lora = lora_of(row, spec, defaults, defaulted) if method != "full" else LoraConfig()
-    implied_accum = grad_accum_of(row, num_gpus, _int(row, "batch_size_per_gpu"), defaulted)
+    implied_accum = grad_accum_of(row, num_gpus, count_of(row, "batch_size_per_gpu"), defaulted)
     expert_parallel_note(row, throughput, defaulted)
-    seq_len, note = within_positions(_int(row, "seq_len"), spec, "; ".join(filter(None, (optimizer_note, *defaulted))))
+    seq_len, note = within_positions(
+        count_of(row, "seq_len"), spec, "; ".join(filter(None, (optimizer_note, *defaulted)))
+    )
     try:
         job = FineTuneJob(
             model=spec.name,
@@ -176,8 +165,8 @@ def map_row(row: CorpusRow) -> MappedRow:
             selective_recompute=ckpt == "selective",
             attention=attention,
             optimizer=optimizer,
-            batch_size=_int(row, "batch_size_per_gpu"),
-            grad_accum=_int(row, "grad_accum") if row.get("grad_accum") else implied_accum or 1,
+            batch_size=count_of(row, "batch_size_per_gpu"),
+            grad_accum=count_of(row, "grad_accum") if row.get("grad_accum") else implied_accum or 1,
             seq_len=seq_len,
             modules_to_save=saved,
             fp8=fp8,
@@ -293,7 +282,7 @@ def checkpointing_of(row: CorpusRow, defaults: Any, defaulted: list[str]) -> tup
 def lora_of(row: CorpusRow, spec: Any, defaults: Any, defaulted: list[str]) -> LoraConfig:
     """The row's LoRA rank, alpha and targets, else its framework's defaults (noted in `defaulted`), and the
     framework's LoRA dropout."""
-    rank = _int(row, "lora_rank") if row.get("lora_rank") else None
+    rank = count_of(row, "lora_rank") if row.get("lora_rank") else None
     default_alpha = None
     if rank is None and defaults is not None and "lora_rank" in defaults.options:
         rank, default_alpha = int(defaults.options["lora_rank"]), defaults.options.get("lora_alpha")
@@ -361,7 +350,7 @@ def multi_gpu_layout(row: CorpusRow) -> tuple[str, str]:
     `Skip` for anything else (tensor, pipeline, hybrid sharding; DeepSpeed without a stage) and for a GPU count
     that fills no whole nodes of `NODE_GPUS`."""
     parallelism = (row.get("parallelism") or "").strip().lower()
-    num_gpus = _int(row, "num_gpus")
+    num_gpus = count_of(row, "num_gpus")
     if num_gpus > NODE_GPUS and num_gpus % NODE_GPUS:
         raise Skip(f"{num_gpus} GPUs fill no whole nodes of {NODE_GPUS} GPUs (the node layout is not in the row)")
     offload = "offload" in parallelism

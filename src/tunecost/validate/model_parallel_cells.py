@@ -7,7 +7,7 @@ import dataclasses
 import re
 
 from tunecost.errors import TunecostError
-from tunecost.validate.cells import Skip
+from tunecost.validate.cells import Skip, count_of
 from tunecost.validate.corpus import CorpusRow
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ModelParallel, ParallelPlan
@@ -37,18 +37,14 @@ def grad_accum_of(row: CorpusRow, num_gpus: int, micro_batch: int, noted: list[s
     """The micro-batches per step and data-parallel rank a row's `global_batch` implies where its `grad_accum` is
     blank: global batch / (micro-batch x data-parallel ranks, its GPUs over TP x PP x CP), said in `noted`; None
     without either; `Skip` where they do not divide."""
-    cell = row.get("global_batch")
-    if row.get("grad_accum") or not cell:
+    if row.get("grad_accum") or not row.get("global_batch"):
         return None
     tp, pp, cp, _ = _degrees((row.get("parallelism") or "").lower())
     ranks = num_gpus // (tp * pp * cp)
-    try:
-        global_batch = int(float(cell))
-    except (ValueError, OverflowError):
-        raise Skip(f"global_batch {cell!r} is not a number") from None
-    if ranks < 1 or global_batch < 1 or global_batch % (micro_batch * ranks):
+    global_batch = count_of(row, "global_batch")
+    if ranks < 1 or global_batch % (micro_batch * ranks):
         raise Skip(
-            f"global_batch {cell} is not a multiple of batch_size_per_gpu {micro_batch} x {max(ranks, 0)} "
+            f"global_batch {global_batch} is not a multiple of batch_size_per_gpu {micro_batch} x {max(ranks, 0)} "
             f"data-parallel ranks ({num_gpus} GPUs / TP {tp} x PP {pp} x CP {cp})"
         )
     accum = global_batch // (micro_batch * ranks)

@@ -228,14 +228,14 @@ def calibration_failure(
     TP/PP/CP a share of `counts`)."""
     end = efficiency_bound(step_of, measured_step_s)
     faster = end == 1.0
-    at_end = step_time(counts, terms, stack_params(end))
-    memory_s = sum(s for c, s in at_end.class_s.items() if at_end.bound_by_class[c] == "memory")
-    parts = (
-        f", of which {memory_s:.3g} s memory-bound work and {at_end.exposed_host_s:.3g} s host time not hidden "
-        f"under GPU work; host syncs {at_end.host_sync}"
-        if one_gpu
-        else ": one rank's step, communication included"
-    )
+    parts = ": one rank's step, communication included"
+    if one_gpu:
+        at_end = step_time(counts, terms, stack_params(end))
+        memory_s = sum(s for c, s in at_end.class_s.items() if at_end.bound_by_class[c] == "memory")
+        parts = (
+            f", of which {memory_s:.3g} s memory-bound work and {at_end.exposed_host_s:.3g} s host time not hidden "
+            f"under GPU work; host syncs {at_end.host_sync}"
+        )
     return (
         f"measured {measured_step_s:.3g} s per step, {'faster' if faster else 'slower'} than the counts at "
         f"{FITTED_PARAMETER} {end:g} ({step_of(end):.3g} s{parts})"

@@ -243,15 +243,16 @@ def _emit(result, jobs: list, emit: tuple, target: str | None, force: bool, epoc
     from tunecost.estimate.plan_launch import launch_job
     from tunecost.estimate.recipes import write_recipe
     from tunecost.simulate.behaviour import runs_fused_adamw
-    from tunecost.workload.frameworks.registry import config_of
+    from tunecost.workload.frameworks.registry import configs_of
 
     best = result.recommended
     if best is None:
         raise TunecostError("--emit: no setup to launch (nothing fits within the constraints)")
     job = next(j for j in jobs if j.method == best.method)
     behaviour, configs = how
-    target = target or next((t for t in ("llamafactory", "torchtune") if config_of(configs or (), t)), "accelerate")
-    base = config_of(configs or (), target) if target == "llamafactory" else None
+    own = configs_of(configs or (), ("llamafactory", "torchtune"))
+    target = target or next((t for t in ("llamafactory", "torchtune") if t in own), "accelerate")
+    base = own.get("llamafactory") if target == "llamafactory" else None
     out, model, dataset = emit
     fused = runs_fused_adamw(job.stack, behaviour)
     recipe = launch_job(best, job, epochs=epochs, model=model, dataset=dataset, fused_adamw=fused, base=base)

@@ -117,16 +117,17 @@ def _trainer_precision_first(jobs: Sequence[ConfigJob], options: dict[str, objec
     return [f"fp8 none: {trainer.path} runs {trainer.options['dtype']}, which the Trainer sets before {fp8.path}'s fp8"]
 
 
-def config_of(paths: Sequence[str | Path], framework: str) -> tuple[str, dict[str, Any]] | None:
-    """(path, data) of the first of `paths` that is `framework`'s config (None: none is), to start a recipe from."""
-    readers = frameworks()
-    for path in paths:
-        if not Path(path).is_file():
-            continue
+def configs_of(paths: Sequence[str | Path], names: Sequence[str]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Framework name -> (path, data) of the first of `paths` that is that framework's config, for each of `names`
+    some file is (each file parsed once), to start a recipe from."""
+    readers = [f for f in frameworks() if f.name in names]
+    found: dict[str, tuple[str, dict[str, Any]]] = {}
+    for path in (p for p in paths if Path(p).is_file()):
         data = parse_config_file(path)
-        if any(f.name == framework and f.detect(data) for f in readers):
-            return str(path), data
-    return None
+        for reader in readers:
+            if reader.name not in found and reader.detect(data):
+                found[reader.name] = (str(path), data)
+    return found
 
 
 def read_configs(paths: Sequence[str | Path]) -> ConfigJob:
