@@ -2,9 +2,10 @@
 
 For each corpus row (ids on the command line, default a mix of methods and stacks), traces the model at one and
 two repeating units and at its full depth, replays the caching allocator on each, and prints the full-depth
-reserve beside two ways of scaling it from the small depths: the reserve extrapolated affinely in the number of
-units, and what `simulate_step` states (the full-depth allocated peak plus the reserve's excess over the
-allocated peak at two units).
+reserve beside three ways of getting it from the small depths: the reserve extrapolated affinely in the number of
+units, the full-depth allocated peak plus the reserve's excess over the allocated peak at two units (what
+`simulate_step` stated before `simulate.full_depth`), and what `simulate_step` states (the allocator replayed over
+the step made whole).
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_reserved_extrapolation.py [ROW_ID ...]
 """
@@ -33,7 +34,8 @@ def _peaks(job, units: int, stack: str) -> tuple[int, int]:
 
 def main(row_ids: list[str]) -> None:
     rows = {r.id: r for r in read_corpus()}
-    print(f"{'row':10} {'units':>5} {'alloc GiB':>9} {'reserved':>9} {'affine':>9} {'tunecost':>9} {'s':>6}")
+    columns = ("alloc GiB", "reserved", "affine", "excess@2", "tunecost")
+    print(f"{'row':10} {'units':>5} " + " ".join(f"{c:>9}" for c in columns) + f" {'s':>6}")
     for row_id in row_ids:
         mapped = map_row(rows[row_id])
         if mapped.num_gpus > 1:
@@ -42,11 +44,12 @@ def main(row_ids: list[str]) -> None:
         job, stack = mapped.job, mapped.stack.simulator_stack or "tunecost"
         _, _, full = layer_pattern(resolve_model(job.model))
         start = time.perf_counter()
-        (_, r1), (_, r2), (af, rf) = (_peaks(job, u, stack) for u in (1, 2, full))
+        (_, r1), (a2, r2), (af, rf) = (_peaks(job, u, stack) for u in (1, 2, full))
         affine = r1 + (r2 - r1) * (full - 1)
         stated = simulate_step(job, stack=stack, use_cache=False).peak_reserved_bytes
         print(
-            f"{row_id:10} {full:5d} {af / GIB:9.3f} {rf / GIB:9.3f} {affine / GIB:9.3f} {stated / GIB:9.3f} "
+            f"{row_id:10} {full:5d} {af / GIB:9.3f} {rf / GIB:9.3f} {affine / GIB:9.3f} {(af + r2 - a2) / GIB:9.3f} "
+            f"{stated / GIB:9.3f} "
             f"{time.perf_counter() - start:6.1f}"
         )
 

@@ -212,3 +212,12 @@ def test_plan_says_the_configs_layout_is_one_it_weighs(cli_runner, tmp_path):
     result = cli_runner.invoke(app, [*args, "--queries", "1000", "--json"])
     assert result.exit_code == 0, result.output
     assert "zero2 from --config is weighed among every layout the plan searches" in " ".join(result.stderr.split())
+
+
+def test_plan_keeps_the_global_batch_a_nemo_config_states(cli_runner):
+    """NeMo states the global batch and the micro-batch; the accumulation derived from them is the config's, not a
+    default, so the plan keeps 8 sequences per step."""
+    args = ["plan", "--config", str(NEMO), "--model", "meta-llama/Llama-2-70b-hf", "--gpu", "H200", "--max-gpus", "8"]
+    result = cli_runner.invoke(app, [*args, "--dataset", "alpaca"])
+    assert result.exit_code == 0, result.output
+    assert "global batch 8, kept in every setup" in " ".join(result.stderr.split())

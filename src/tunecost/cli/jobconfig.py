@@ -26,7 +26,8 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     """The config's job options as the command's defaults, before any other option is read."""
     if not paths:
         return paths
-    from tunecost.workload.frameworks.model_parallel import MODEL_PARALLEL_OPTIONS
+    from tunecost.workload.frameworks.model_parallel import PLAN_OPTIONS
+    from tunecost.workload.frameworks import DERIVED_ACCUMULATION
     from tunecost.workload.frameworks.registry import read_configs
 
     try:
@@ -38,7 +39,9 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     ctx.default_map = {**(ctx.default_map or {}), **{k: v for k, v in options.items() if k in params}}
     ctx.meta[CONFIG_OPTIONS] = job.options
     ctx.meta[CONFIG_PATH] = job.path
-    ctx.meta[CONFIG_DEFAULTED] = frozenset(_subject(line) for line in job.assumptions)  # a framework's defaults
+    # a framework's defaults; grad_accum from a stated global batch is the config's (`frameworks.accumulation`)
+    defaulted = (_subject(line) for line in job.assumptions if DERIVED_ACCUMULATION not in line)
+    ctx.meta[CONFIG_DEFAULTED] = frozenset(defaulted)
     notes = [(_option_of(line, params), f"assumed: {line}") for line in job.assumptions]
     method = next((p for p in ctx.command.params if p.name == "method"), None)
     said = any(line.startswith("method") for line in job.assumptions)  # the reader's own line on the method
@@ -48,7 +51,7 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
         )
     if job.not_modelled:
         notes.append((None, f"warning: not modelled from {job.path}: {', '.join(job.not_modelled)}"))
-    taken_elsewhere = (*MODEL_PARALLEL_OPTIONS, "modules_to_save")  # options only some commands take
+    taken_elsewhere = (*PLAN_OPTIONS, "modules_to_save")  # options only some commands take (a layout: estimate)
     ignored = [f"{k} {job.options[k]}" for k in taken_elsewhere if k in job.options and k not in params]
     if ignored:
         notes.append((None, f"warning: this command does not take {', '.join(ignored)} from {job.path} (ignored)"))

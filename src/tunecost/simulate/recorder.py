@@ -6,6 +6,7 @@ Sources and derivations: docs/memory-model.md, section `tunecost.simulate.record
 from __future__ import annotations
 
 import bisect
+import functools
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -55,6 +56,7 @@ class StorageRecord:
     t_free: int | None = None
     t_grad: int | None = None  # when the storage became a parameter's .grad
     raw_nbytes: int = 0  # before rounding to the granule
+    layer: int = -1  # a static tensor's decoder layer (-1: outside the layers, or not static)
 
 
 @dataclass
@@ -115,7 +117,9 @@ class StepRecorder(TorchDispatchMode):
         r = self.round_bytes
         return nbytes if r <= 1 else -(-nbytes // r) * r
 
-    def _record_storage(self, st, phase: str, group: str, static_category: str | None = None) -> StorageRecord | None:
+    def _record_storage(
+        self, st, phase: str, group: str, static_category: str | None = None, layer: int = -1
+    ) -> StorageRecord | None:
         rec = self._by_storage.get(st)
         if rec is not None:
             return rec
@@ -129,6 +133,7 @@ class StepRecorder(TorchDispatchMode):
             group=group,
             static_category=static_category,
             raw_nbytes=nbytes,
+            layer=layer,
         )
         self.records.append(rec)
         self._by_storage[st] = rec
@@ -143,8 +148,8 @@ class StepRecorder(TorchDispatchMode):
         if rec.t_free is None and self.t_end is None:
             rec.t_free = self.t
 
-    def register_static(self, tensor: torch.Tensor, category: str, group: str) -> None:
-        self._record_storage(tensor.untyped_storage(), "static", group, category)
+    def register_static(self, tensor: torch.Tensor, category: str, group: str, layer: int = -1) -> None:
+        self._record_storage(tensor.untyped_storage(), "static", group, category, layer)
 
     def install_hooks(self, model: torch.nn.Module, trainable: list[torch.nn.Parameter]) -> None:
         for module in model.modules():
@@ -159,26 +164,25 @@ class StepRecorder(TorchDispatchMode):
             )
         for p in trainable:
             self._handles.append(p.register_post_accumulate_grad_hook(self._on_grad))
-        _counts.LISTENERS.append(self._mark_seq)
-        _counts.WORK_LISTENERS.append(self._add_work)
-        _counts.NOT_AFFINE_LISTENERS.append(self._not_affine)
-        _counts.LOOP_LISTENERS.append(self._loop)
-        _counts.BACKWARD_LOOP_LISTENERS.append(self._backward_loop)
+        for listeners, listener in self._listeners():
+            listeners.append(listener)
+
+    def _listeners(self) -> tuple:
+        return (
+            (_counts.LISTENERS, self._mark_seq),
+            (_counts.WORK_LISTENERS, self._add_work),
+            (_counts.NOT_AFFINE_LISTENERS, self._not_affine),
+            (_counts.LOOP_LISTENERS, self._loop),
+            (_counts.BACKWARD_LOOP_LISTENERS, self._backward_loop),
+        )
 
     def remove_hooks(self) -> None:
         for h in self._handles:
             h.remove()
         self._handles.clear()
-        if self._mark_seq in _counts.LISTENERS:
-            _counts.LISTENERS.remove(self._mark_seq)
-        if self._add_work in _counts.WORK_LISTENERS:
-            _counts.WORK_LISTENERS.remove(self._add_work)
-        if self._not_affine in _counts.NOT_AFFINE_LISTENERS:
-            _counts.NOT_AFFINE_LISTENERS.remove(self._not_affine)
-        if self._loop in _counts.LOOP_LISTENERS:
-            _counts.LOOP_LISTENERS.remove(self._loop)
-        if self._backward_loop in _counts.BACKWARD_LOOP_LISTENERS:
-            _counts.BACKWARD_LOOP_LISTENERS.remove(self._backward_loop)
+        for listeners, listener in self._listeners():
+            if listener in listeners:
+                listeners.remove(listener)
 
     def _not_affine(self) -> None:
         self.not_affine = True
@@ -236,6 +240,19 @@ class StepRecorder(TorchDispatchMode):
         self.t_end = self.t
         self.remove_hooks()
 
+    def _layer_of(self, args) -> int | None:
+        """The decoder layer the arguments were recorded in (None: none, or several: a list across layers)."""
+        layers = {r.layer for t in flat_tensors(args) if (r := self._by_storage.get(t.untyped_storage())) is not None}
+        layers.discard(-1)
+        return layers.pop() if len(layers) == 1 else None
+
+    def _out_layers(self, phase: str, args, outs: list, layer: int | None) -> list[int | None]:
+        """Per output, its layer: a foreach optimizer op's i-th output is its first list's i-th tensor's."""
+        first = args[0] if args and phase == "optimizer" else None
+        if isinstance(first, (list, tuple)) and len(first) == len(outs):
+            return [self._layer_of(x) for x in first]
+        return [layer] * len(outs)
+
     # ---- context of the running op ------------------------------------------------------------------------
     def _context(self) -> tuple[str, str, int | None, str | None]:
         """(phase, group, layer, op-class override) of the op being dispatched."""
@@ -281,11 +298,13 @@ class StepRecorder(TorchDispatchMode):
             out = func(*args, **kwargs)
         phase, group, layer, override = self._context()
         out_tensors = flat_tensors(out)
-        for t in out_tensors:
+        if phase == "optimizer":  # the layer of the parameter (state, temporary) it updates
+            layer = self._layer_of(args)
+        for t, t_layer in zip(out_tensors, self._out_layers(phase, args, out_tensors, layer), strict=True):
             st = t.untyped_storage()
             rec = self._by_storage.get(st)
             if rec is None:
-                self._record_storage(st, phase, group)
+                self._record_storage(st, phase, group, layer=-1 if t_layer is None else t_layer)
             elif st.nbytes() > rec.nbytes:  # resized in place: count the growth as a new allocation
                 self._record_storage_growth(rec, st.nbytes())
         self.op_segments.append(self._segment(phase, layer))
@@ -324,19 +343,13 @@ class _OpInfo:
     moves_bytes: bool
 
 
-_OP_INFO: dict = {}
-
-
+@functools.cache
 def _op_info(func) -> _OpInfo:
-    info = _OP_INFO.get(func)
-    if info is None:
-        info = _OpInfo(
-            has_formula=func._overloadpacket in _counts._fc.flop_registry,
-            elementwise=_counts.may_count_elementwise(func),
-            moves_bytes=_counts.moves_bytes(func),
-        )
-        _OP_INFO[func] = info
-    return info
+    return _OpInfo(
+        has_formula=func._overloadpacket in _counts._fc.flop_registry,
+        elementwise=_counts.may_count_elementwise(func),
+        moves_bytes=_counts.moves_bytes(func),
+    )
 
 
 def flat_tensors(obj) -> list[torch.Tensor]:
@@ -345,13 +358,9 @@ def flat_tensors(obj) -> list[torch.Tensor]:
     AsyncCollectiveTensor for its buffer."""
     if isinstance(obj, torch.Tensor):
         return [_local(obj)]
-    out = []
-    if isinstance(obj, (tuple, list)):
-        for x in obj:
-            if isinstance(x, torch.Tensor):
-                out.append(_local(x))
-            elif isinstance(x, (tuple, list)):
-                out.extend(_local(y) for y in x if isinstance(y, torch.Tensor))
+    out: list[torch.Tensor] = []
+    for x in obj if isinstance(obj, (tuple, list)) else ():
+        out.extend(_local(y) for y in (x if isinstance(x, (tuple, list)) else (x,)) if isinstance(y, torch.Tensor))
     return out
 
 

@@ -84,7 +84,7 @@ class AllocationTrace:
     num_ops: int
 
 
-SIMULATOR_VERSION = "7"  # 3: allocator replay; 4: no dropout mask under fused kernels; 5: notes; 6: temporaries;
+SIMULATOR_VERSION = "8"  # 3: allocator replay; 4: no dropout mask under fused kernels; 5: notes; 6: temporaries;
 # 7: a parameter's AccumulateGrad in its layer's backward
 
 

@@ -20,6 +20,7 @@ from tunecost.simulate import cache as _cache
 from tunecost.simulate.behaviour import ADAMW_IMPLS, DEFAULT_BEHAVIOUR, StackBehaviour, stack_adamw_impl
 from tunecost.simulate.depth import depth_scaled, lerp_byte_map, lerp_bytes
 from tunecost.simulate.fp8 import fp8_depth_bytes, fp8_linears
+from tunecost.simulate.full_depth import full_depth_reserve
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.pool import prepared_model
 from tunecost.simulate.records import StepCounts, StepSimulation
@@ -68,8 +69,16 @@ def _scaled_groups(key: str, sa: SegmentPeak, sb: SegmentPeak, t: float) -> dict
     return scaled
 
 
-def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layers: int) -> dict:
-    """Scale two traces (units a < b) to `full_units`; with one trace (already full depth) just unpack it."""
+def combine(
+    ta: TraceResult,
+    tb: TraceResult | None,
+    full_units: int,
+    full_layers: int,
+    deeper: Callable[[], TraceResult | None] | None = None,
+) -> dict:
+    """Scale two traces (units a < b) to `full_units`; with one trace (already full depth) just unpack it. The
+    reserve is replayed over the deeper trace made whole, else over a trace one unit deeper (`deeper`: where the
+    first traced unit differs from the others), else it is the deeper trace's excess over its allocated peak."""
     if tb is None:
         t, ta_, tb_ = 0.0, ta, ta
     else:
@@ -84,9 +93,11 @@ def combine(ta: TraceResult, tb: TraceResult | None, full_units: int, full_layer
         peaks[key] = (sum(by_category.values()), by_category)
     key, (total, by_category) = max(peaks.items(), key=lambda kv: kv[1][0])
     by_group = _scaled_groups(key, ta_.segments[key], tb_.segments[key], t)
-    # the replayed reserve: the deeper trace's excess over its allocated peak, kept at full depth (not scaled:
-    # the reserve is not affine in the units; benchmarks/bench_reserved_extrapolation.py compares full depths)
-    reserved = total + max(0, tb_.peak_reserved_bytes - max(s.total for s in tb_.segments.values()))
+    replayed = full_depth_reserve(ta_, tb_, full_units, total)
+    if replayed is None and tb is not None and deeper is not None:
+        replayed = full_depth_reserve(tb, deeper(), full_units, total)
+    excess = tb_.peak_reserved_bytes - max(s.total for s in tb_.segments.values())
+    reserved = total + max(0, excess) if replayed is None else replayed
     by_group_flops: dict[str, dict[str, float]] = {}
     for (group, phase), v in _lerp_dict(ta_.flops_by_group, tb_.flops_by_group, t).items():
         by_group_flops.setdefault(group, {})[phase] = v
@@ -352,7 +363,17 @@ def _simulate_uncached(
         linears.append(fp8_linears(prepared.model.named_modules(), full=job.method == "full"))
     if on_progress:
         on_progress(len(units), len(units), "done")
-    parts = combine(traces[0], traces[1] if len(traces) > 1 else None, full_units, spec.num_layers)
+
+    def deeper() -> TraceResult | None:
+        units_c = units[-1] + 1
+        if units_c > full_units:
+            return None
+        if on_progress:
+            on_progress(len(units), len(units), f"tracing {prefix + units_c * period} layers")
+        prepared = prepared_model(job, units_c, stack, behaviour)
+        return trace_step(prepared, job.batch_size, seq_len, round_bytes=granule_bytes)
+
+    parts = combine(traces[0], traces[1] if len(traces) > 1 else None, full_units, spec.num_layers, deeper)
     if job.fp8 != "none":
         t = (
             0.0

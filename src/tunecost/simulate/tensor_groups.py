@@ -63,6 +63,22 @@ def module_info(model: nn.Module) -> dict[int, tuple[str, int | None]]:
     return info
 
 
+def static_layers(model: nn.Module, info: dict[int, tuple[str, int | None]], optimizer) -> dict[int, int]:
+    """id of each parameter, buffer and optimizer state inside a decoder layer -> that layer (a state is its
+    parameter's)."""
+    out: dict[int, int] = {}
+    for module in model.modules():
+        layer = info.get(id(module), ("", None))[1]
+        if layer is not None:
+            out.update((id(t), layer) for t in (*module.parameters(), *module.buffers()))
+    inner = getattr(optimizer, "optimizers", None)  # `step.OptimizerInBackward`: one optimizer per parameter
+    for opt in inner.values() if inner is not None else (optimizer,):
+        for param, state in opt.state.items():
+            if id(param) in out:
+                out.update((id(v), out[id(param)]) for v in state.values() if isinstance(v, torch.Tensor))
+    return out
+
+
 def static_tensors(model: nn.Module, info: dict[int, tuple[str, int | None]]) -> list[tuple[torch.Tensor, str, str]]:
     """Every parameter and buffer with its memory category and module group (tied tensors once)."""
     out: list[tuple[torch.Tensor, str, str]] = []

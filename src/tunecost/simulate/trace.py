@@ -27,6 +27,7 @@ from tunecost.simulate.loops import LoopMismatch
 from tunecost.simulate.recorder import StepRecorder
 from tunecost.simulate.records import CATEGORIES, WEIGHT_CATEGORIES, AllocationTrace
 from tunecost.simulate.step import make_batch, run_step
+from tunecost.simulate.tensor_groups import static_layers
 
 
 @dataclass
@@ -168,6 +169,7 @@ def _allocation_trace(
     t_alloc, t_free, t_grad, nbytes = arrays
     category = np.where(t_grad < np.iinfo(np.int64).max, CATEGORIES.index("gradients"), cat_codes)
     op_layer = np.asarray([-1, *rec.op_layers], dtype=np.int64)  # op indices start at 1
+    own_layer = np.fromiter((r.layer for r in rec.records), np.int64, len(rec.records))
     is_forward = np.asarray([False, *(bool(s) and s[0].startswith("forward:") for s in rec.op_segments)])
     is_backward = np.asarray([False, *(bool(s) and s[0].startswith("backward:") for s in rec.op_segments)])
     num_layers = rec.plan.num_layers
@@ -182,7 +184,7 @@ def _allocation_trace(
         t_free=t_free.tolist(),
         kind=kind.tolist(),
         category=category.tolist(),
-        layer=op_layer[np.minimum(t_alloc, len(op_layer) - 1)].tolist(),
+        layer=np.where(own_layer >= 0, own_layer, op_layer[np.minimum(t_alloc, len(op_layer) - 1)]).tolist(),
         forward_ops=[window(is_forward, i) for i in range(num_layers)],
         backward_ops=[window(is_backward, i) for i in range(num_layers)],
         t_optimizer=t_optimizer,
@@ -218,8 +220,9 @@ def _record(prepared, batch_size: int, seq_len: int, round_bytes: int, *, sample
     rec = StepRecorder(
         plan=prepared.plan, module_info=prepared.module_info, round_bytes=round_bytes, sample_loops=sample_loops
     )
+    layers = static_layers(prepared.model, prepared.module_info, prepared.optimizer)
     for tensor, category, group in prepared.static:
-        rec.register_static(tensor, category, group)
+        rec.register_static(tensor, category, group, layers.get(id(tensor), -1))
     for tensor in batch.values():
         rec.register_static(tensor, "inputs", "other")
     rec.install_hooks(prepared.model, prepared.trainable)

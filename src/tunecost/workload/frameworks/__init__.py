@@ -263,6 +263,9 @@ def parse_config_file(path: str | Path) -> dict[str, Any]:
     return data
 
 
+DERIVED_ACCUMULATION = " / (micro-batch "  # the line of grad_accum derived from a stated global batch
+
+
 def accumulation_of(options: dict[str, Any], key: str) -> list[str]:
     """grad_accum from a stated global batch (`options["queries_per_step"]`, under `key`) = global / (micro-batch x
     data-parallel ranks), where the file also gives the micro-batch and GPUs and no pipeline takes the micro-batches
@@ -276,7 +279,7 @@ def accumulation_of(options: dict[str, Any], key: str) -> list[str]:
     if left or count <= 1:
         return []
     options["grad_accum"] = count
-    return [f"grad_accum {count}: {key} {global_batch} / (micro-batch {micro} x {ranks} data-parallel ranks)"]
+    return [f"grad_accum {count}: {key} {global_batch}{DERIVED_ACCUMULATION}{micro} x {ranks} data-parallel ranks)"]
 
 
 def steps_options(
