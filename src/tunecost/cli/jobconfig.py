@@ -26,8 +26,8 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     """The config's job options as the command's defaults, before any other option is read."""
     if not paths:
         return paths
-    from tunecost.workload.frameworks.model_parallel import PLAN_OPTIONS
     from tunecost.workload.frameworks import DERIVED_ACCUMULATION
+    from tunecost.workload.frameworks.model_parallel import PLAN_OPTIONS
     from tunecost.workload.frameworks.registry import read_configs
 
     try:
