@@ -2,8 +2,9 @@
 
 For each corpus row on several GPUs (ids on the command line, default a mix of methods), builds the single-GPU
 step traced at one and two units (what tunecost uses) and traced at full depth, and prints one rank's allocated
-peak, the reserve tunecost states (the compute stream's full-depth peak plus its excess at two units, the side
-streams' pools laid out at full depth), the same composition from the full-depth trace, and the caching
+peak, the reserve tunecost states (the compute stream's full-depth peak plus its excess replayed over the step
+made whole, `simulate.full_depth`; the side streams' pools laid out at full depth), the same composition from the
+full-depth trace, and the caching
 allocator replayed over the rank's whole full-depth allocations on every stream at once.
 
     PYTHONPATH=src .venv/bin/python benchmarks/bench_rank_reserve_extrapolation.py [ROW_ID ...]

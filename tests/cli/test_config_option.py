@@ -329,7 +329,8 @@ def test_a_bad_config_is_one_error_line(cli_error, tmp_path: Path, text: str, su
 
 
 def test_model_parallel_degrees_a_command_does_not_take_are_named(cli_runner, tmp_path: Path) -> None:
-    """A config's tensor/pipeline degrees are never dropped silently by a command without those options."""
+    """A config's layout (strategy, tensor/pipeline degrees) is never dropped silently by a command without
+    those options."""
     from tunecost.cli.main import app
 
     path = tmp_path / "tp.toml"
@@ -338,7 +339,7 @@ def test_model_parallel_degrees_a_command_does_not_take_are_named(cli_runner, tm
     params = {p.name for p in typer.main.get_command(app).commands["memory"].params}  # type: ignore[attr-defined]
     if "tp" not in params:
         stderr = " ".join(result.stderr.split())
-        assert "warning: this command does not take tp 2, sequence_parallel True from" in stderr, stderr
+        assert "warning: this command does not take strategy fsdp2, tp 2, sequence_parallel True from" in stderr
 
 
 def test_a_config_without_a_method_says_which_method_is_priced(cli_runner) -> None:

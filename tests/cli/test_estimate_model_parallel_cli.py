@@ -28,6 +28,7 @@ BASE = ["estimate", "--epochs", "1", "--queries", "100", "--method", "full", "--
         (["--model", "llama-2-70b", "--gpus", "8", "--sequence-parallel"], "needs --tp 2 or more"),
         (["--model", "llama-2-70b", "--gpus", "8", "--pp", "2", "--pipeline-schedule", "zbv"], "unknown pipeline"),
         (["--model", "llama-2-70b", "--gpus", "8", "--pp", "0"], "--pp"),
+        (["--model", "llama-2-70b", "--gpus", "8", "--micro-batches", "16"], "accumulates them with --grad-accum"),
     ],
 )
 def test_a_layout_that_does_not_divide_is_one_error_line(cli_runner, args, message):

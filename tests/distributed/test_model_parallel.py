@@ -100,6 +100,18 @@ def test_activations_scale_with_the_micro_batches_in_flight(job_step):
     assert first(4)["p2p_buffers"] == 2 * first(2)["p2p_buffers"]  # a receive buffer per micro-batch
 
 
+def test_sequence_parallelism_sends_a_sequence_shard_between_stages(job_step):
+    _job, step = job_step
+
+    def buffers(sequence_parallel: bool) -> int:
+        plan = ParallelPlan(
+            num_gpus=4, strategy="ddp", tp=2, pp=2, micro_batches=4, sequence_parallel=sequence_parallel
+        )
+        return stage_steps(step, plan)[0].segments["backward:stage"]["p2p_buffers"]
+
+    assert buffers(True) * 2 == buffers(False)
+
+
 def test_no_model_parallelism_is_the_data_parallel_rank(job_step):
     job, step = job_step
     plan = ParallelPlan(num_gpus=4, strategy="fsdp2")
@@ -202,3 +214,19 @@ def test_the_search_leaves_out_zero_2_and_3_under_a_pipeline():
     piped = {p.strategy for p in plans if p.pp > 1}
     assert piped and not piped & {"zero2", "zero3"} and "zero1" in piped
     assert {"zero2", "zero3"} <= {p.strategy for p in plans if p.pp == 1}
+
+
+def test_the_bubble_holds_forward_and_backward_only(job_step):
+    """The optimizer steps once after the pipeline drains: the bubble is (pp-1) micro-batches of forward and
+    backward, whatever the micro-batch count, and never above (pp-1)/(m+pp-1) of the step."""
+    job, step = job_step
+    links = default_links(resolve_gpu_name("H100").gpu, 8)
+    spec = resolve_model(job.model)
+    for m in (4, 8):
+        plan = ParallelPlan(num_gpus=2, strategy="ddp", pp=2, micro_batches=m)
+        stage = stage_steps(step, plan)[0]
+        optimizer = 0.3  # a single-GPU step of 1 s at accumulation m: 0.3 s of optimizer, 0.7 s of m micro-batches
+        whole = (0.7 + optimizer) / m
+        timed, _ = model_parallel_step_time(stage, plan, links, whole, spec=spec, optimizer_fraction=optimizer)
+        assert timed.bubble_seconds == pytest.approx(0.7 / m / 2, rel=0.01)  # a micro-batch's, on its stage
+        assert timed.bubble_seconds / timed.step_seconds <= 1 / (m + 1)

@@ -131,6 +131,26 @@ def test_a_global_batch_is_micro_batch_times_accumulation_times_ranks() -> None:
         assert option.setup.micro_batch * option.accumulation * option.setup.plan.dp == 32
 
 
+def test_a_global_batch_is_priced_at_its_accumulation() -> None:
+    """Each option at a global batch costs what `estimate_multi_gpu` gives its layout at that micro-batch and
+    accumulation (the optimizer once per step), not what its throughput at accumulation 1 gives."""
+    job = estimate_job("Qwen/Qwen2.5-0.5B", method="lora", seq_len=512)
+    h100 = resolve_gpu_name("H100").gpu
+    plan = make_plan([job], gpus=[h100], global_batch=1024, **SMALL)
+    option = next(o for o in plan.options if o.accumulation > 1 and o.setup.plan.degree == 1 and o.setup.fits)
+    alone = estimate_multi_gpu(
+        job.with_(grad_accum=option.accumulation),
+        gpus=[h100],
+        strategies=[option.setup.plan.strategy],
+        num_gpus=option.setup.plan.num_gpus,
+        micro_batch=option.setup.micro_batch,
+        num_queries=SMALL["num_queries"],
+        epochs=SMALL["epochs"],
+    )
+    (setup,) = [s for s in alone.setups if s.plan == option.setup.plan]
+    assert option.setup.queries_per_s == pytest.approx(setup.queries_per_s, rel=1e-9)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [("2xTPU", "unknown GPU"), ("0xRTX-4090", "COUNTxGPU"), ("x", "unknown GPU")],

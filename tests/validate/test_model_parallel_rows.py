@@ -24,6 +24,7 @@ from tunecost.workload.parallel import ModelParallel
             ModelParallel(tp=4, pp=2, cp=2, micro_batches=16, pipeline_schedule="interleaved-1f1b", virtual_stages=5),
         ),
         ("tp4 sp, TP comm overlap", ModelParallel(tp=4, sequence_parallel=True, tp_comm_overlap=True)),
+        ("TP8PP2", ModelParallel(tp=8, pp=2, micro_batches=16)),  # a degree right after another's digit
         ("fsdp (FULL_SHARD)", None),
         ("single", None),
     ],

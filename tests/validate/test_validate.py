@@ -770,3 +770,23 @@ def test_rows_that_name_liger_run_its_kernels(corpus) -> None:
     assert not mapped().job.liger_kernel
     with pytest.raises(Skip, match="--liger-kernel"):
         mapped(stack="torchtune", notes="liger")
+
+
+def test_a_memory_value_that_cannot_be_measured_and_a_fractional_count_are_skipped(corpus) -> None:
+    """nan, inf, zero and negative memory values, and a sequence length or accumulation that is not whole, are
+    skipped with their reason instead of entering the accuracy figures."""
+    from tunecost.validate.corpus import CorpusRow
+
+    multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
+    fake = SimpleNamespace(peak_bytes=GIB, device_overhead_bytes=0)
+    rows = [
+        CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, "id": f"v-{value}", "value": value})
+        for value in ("nan", "inf", "0", "-5")
+    ]
+    rows += [
+        CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, "id": f"c-{column}", column: "4096.5"})
+        for column in ("seq_len", "grad_accum")
+    ]
+    for out in validate_rows(rows, simulate=lambda m: fake):
+        expected = "finite number > 0" if out.id.startswith("v-") else "not a whole number"
+        assert out.status == "skipped" and expected in out.reason, out

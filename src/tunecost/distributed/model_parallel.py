@@ -69,10 +69,12 @@ def stage_step(step: SingleGpuStep, plan: ParallelPlan, stage: int) -> SingleGpu
     states = {**weights, "gradients": round(opt.get("gradients", 0) * share)}
     states["optimizer_states"] = round(opt.get("optimizer_states", 0) * share)
     passes = {**states, "activations": parts.activations, "temporaries": parts.transient, "inputs": parts.inputs}
-    passes["p2p_buffers"] = parts.p2p_buffers
-    # torch's receive buffers and the batch stay allocated through the optimizer step
+    # torch's receive buffers (a sequence shard under sequence parallelism) and the batch stay allocated through
+    # the optimizer step
+    p2p = parts.p2p_buffers // plan.tp if plan.sequence_parallel and plan.tp > 1 else parts.p2p_buffers
+    passes["p2p_buffers"] = p2p
     optimizer = {**states, "temporaries": round(opt.get("temporaries", 0) * share), "inputs": parts.inputs}
-    optimizer["p2p_buffers"] = parts.p2p_buffers
+    optimizer["p2p_buffers"] = p2p
     by_key = {}
     for key, nbytes in step.weight_bytes_by_key.items():
         group = key.rsplit("/", 1)[0]

@@ -87,9 +87,10 @@ def model_parallel_step_time(
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
     """(StepTime with its bubble, every collective of a step) of a rank of `plan` on the first pipeline stage,
     whose step is `step` (`model_parallel.stage_step`), given the single-GPU seconds of one micro-batch through the
-    whole model. The rank computes 1/(tp pp cp) of it per micro-batch (the split assumed even); its model-parallel
-    communication is exposed as `model_parallel_comm` has it; the bubble stretches the stage's micro-batches by
-    (pp - 1) / (v m + pp - 1); the data-parallel collectives overlap the step's compute as in `timing.step_time`."""
+    whole model, a 1/m share of the step's optimizer in it (`optimizer_fraction`). The rank computes 1/(tp pp cp)
+    of it per micro-batch (the split assumed even); its model-parallel communication is exposed as
+    `model_parallel_comm` has it; the bubble stretches the stage's forward and backward by (pp - 1) / (v m + pp - 1);
+    the data-parallel collectives overlap the step's compute as in `timing.step_time`."""
     m = plan.num_micro_batches
     per_micro_batch = whole_model_seconds / plan.degree
     layer_seconds = per_micro_batch / max(1, step.num_layers)
@@ -99,7 +100,7 @@ def model_parallel_step_time(
     dp_timed, dp_collectives = step_time(
         step, data_parallel_plan(plan), links, compute, fused_adamw=fused_adamw, optimizer_seconds=optimizer
     )
-    stage_micro_batch = per_micro_batch + exposed / m
+    stage_micro_batch = per_micro_batch * (1 - (optimizer_fraction or 0.0)) + exposed / m  # the optimizer: no bubble
     bubble = mpc.pipeline_bubble_seconds(stage_micro_batch, plan.pipeline_schedule, plan.pp, m, plan.virtual_stages)
     timed = overlap.StepTime(
         compute_seconds=dp_timed.compute_seconds,

@@ -1,5 +1,5 @@
 """The reserve of one rank of a data-parallel job: PyTorch's caching allocator (`simulate.allocator`) replayed over
-the rank's allocations, built from the single-GPU step's traced allocations (`SingleGpuStep.allocations`).
+the rank's allocations, built from the single-GPU step's allocations at full depth (`SingleGpuStep.allocations`).
 
 Sources and derivations: docs/multi-gpu.md, section `tunecost.distributed.rank_reserve`.
 """
@@ -30,7 +30,7 @@ RESERVE_ASSUMPTION = (
     "reserved memory per rank: PyTorch's caching allocator replayed over the rank's allocations (the single-GPU "
     "step's, states scaled to the rank's share per tensor; under FSDP all-gather outputs on the unshard stream "
     "and reduce-scatter outputs on the post-backward stream, each stream with its own cached blocks): the "
-    "compute stream's full-depth allocated peak plus its reserve excess at the traced depth, plus the side "
+    "compute stream's full-depth allocated peak plus its reserve excess over the step made whole, plus the side "
     "streams' reserves at full depth; not modelled: FSDP1's one flat parameter (and gradient) per wrapped unit, "
     "FSDP1's held layer inputs in the replay (counted in the compute stream's peak only), "
     "the copy-out of FSDP2's unsharded parameters on the compute stream, mixed precision's low-precision shard "
@@ -215,7 +215,7 @@ def rank_reserved_bytes(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPla
     """The rank's peak reserve at full depth. Each stream's cached blocks serve that stream alone and the
     reserve never shrinks (no cache release below the device's capacity), so the peak is the sum of the
     streams' own reserves: the compute stream's full-depth allocated peak plus its excess of reserve over its
-    peak requests in the traced replay (the single-GPU step's convention); a side stream's reserve replayed at
+    peak requests in the replay of the step made whole; a side stream's reserve replayed at
     full depth, and at least the most bytes the rank's segments hold on that stream. At least `peak_bytes`,
     the rank's allocated peak; `peak_bytes` itself when the step carries no allocations."""
     if not step.allocations:

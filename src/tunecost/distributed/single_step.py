@@ -20,6 +20,7 @@ from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
 from tunecost.simulate.checkpointing import reentrant_checkpointing
 from tunecost.simulate.depth import depth_scaled
 from tunecost.simulate.fp8 import LinearShape, fp8_depth_bytes, fp8_linears
+from tunecost.simulate.full_depth import full_depth_allocations
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.simulate.pool import prepared_model
 from tunecost.simulate.prepare import check_supported
@@ -28,7 +29,7 @@ from tunecost.workload.job import FineTuneJob
 
 ROOT_GROUPS = ("embedding", "lm_head/loss", "other")  # outside the decoder layers: FSDP2's root unit
 LAYOUT_VERSION = (
-    "4"  # of the cached `SingleGpuStep` (2: traced allocations; 3: reentrant_checkpointing; 4: temporaries)
+    "5"  # of the cached `SingleGpuStep` (2: traced allocations; 3: reentrant_checkpointing; 4: temporaries; 5: whole)
 )
 
 
@@ -187,6 +188,18 @@ def _layer_scale(spec: ModelSpec, traces: list, layer_weight_bytes: int) -> floa
     return max(1.0, unit / layer_weight_bytes)
 
 
+def _whole_allocations(spec: ModelSpec, traces: list) -> dict:
+    """The deeper trace's allocations made whole (`simulate.full_depth`), else as traced ({}: none)."""
+    tb = traces[-1]
+    if tb.allocations is None:
+        return {}
+    whole = None
+    if len(traces) > 1:
+        prefix, period, full_units = layer_pattern(spec)
+        whole = full_depth_allocations(tb.allocations, prefix, period, tb.num_units, full_units)
+    return _fields(whole or tb.allocations)
+
+
 def scaled_step(
     job: FineTuneJob,
     spec: ModelSpec,
@@ -234,7 +247,7 @@ def scaled_step(
         hidden_size=spec.hidden_size,
         activation_bytes_per_element=job.compute_bytes_per_element,
         recompute=job.gradient_checkpointing,
-        allocations=_fields(tb.allocations) if tb.allocations is not None else {},
+        allocations=_whole_allocations(spec, traces),
         reentrant_checkpointing=reentrant,
         fp8_bytes=fp8_depth_bytes(job, linears or [], job.batch_size * job.worst_case_seq_len, granule_bytes, t),
         layer_scale=_layer_scale(spec, traces, layer_weight_bytes),

@@ -83,6 +83,7 @@ def estimate_multi_gpu(
         epochs=epochs,
         param_counts=param_counts,
         model_parallel=choices,
+        grad_accum=job.grad_accum,
     )
     prices = price_catalog(prices_file)
     setups = _gpu_setups(search, gpus, counts_by_gpu, links_by_gpu, prices, provider)
@@ -189,6 +190,7 @@ class _Search:
     epochs: float | None
     param_counts: ParamCounts | None
     model_parallel: Sequence[ModelParallel] = (ModelParallel(),)
+    grad_accum: int = 1  # the job's, which `needs` (shared by jobs that differ in it) may not have
     notes: list[str] = field(default_factory=list)
     noted: set[str] = field(default_factory=set)
 
@@ -245,7 +247,7 @@ class _Search:
     ) -> Setup:
         """The setup of `plan` on `gpu` at micro-batch `batch`: step time, throughput and cost."""
         # a pipeline's micro-batches are its accumulation: the optimizer runs once per step, not per micro-batch
-        key = (batch, plan.num_micro_batches if plan.pp > 1 else None)
+        key = (batch, plan.num_micro_batches if plan.pp > 1 else self.grad_accum)
         if key not in throughputs:
             throughputs[key] = self.needs.throughput(batch, gpu, self.steady_state, grad_accum=key[1])
         tp, note = throughputs[key]
@@ -257,7 +259,7 @@ class _Search:
         outside = tuple(n.removeprefix("extrapolation: ") for n in tp.notes if n.startswith("extrapolation: "))
         setup = evaluate_setup(
             self.needs.rank_step(plan, batch),
-            self.needs.job_at(batch),
+            self.needs.job_at(batch).with_(grad_accum=self.grad_accum),
             gpu,
             plan,
             single_gpu_queries_per_s=qps,

@@ -29,7 +29,7 @@ from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ParallelPlan
 
 MAX_MICRO_BATCH = MAX_BATCH  # the micro-batch search's cap per rank: one GPU's
-RANK_MEMORY_VERSION = "3"  # of the rank memories kept on disk (`RankNeeds`); bump when rank_memory changes
+RANK_MEMORY_VERSION = "4"  # of the rank memories kept on disk (`RankNeeds`); bump when rank_memory changes
 
 
 @lru_cache(maxsize=4096)

@@ -150,7 +150,8 @@ def evaluate_setup(
         timed, collectives = model_parallel_time(
             step, job, plan, links, compute, fused_adamw=fused_adamw, optimizer_fraction=optimizer_fraction
         )
-    qps = plan.dp * plan.num_micro_batches * job.batch_size * queries_per_row / timed.step_seconds
+    micro_steps = plan.num_micro_batches if plan.degree > 1 else 1  # data-parallel: the time of one micro-step
+    qps = plan.dp * micro_steps * job.batch_size * queries_per_row / timed.step_seconds
     cost = None
     if num_queries and epochs:
         cost = setup_cost(
@@ -181,7 +182,14 @@ def model_parallel_time(
     fused_adamw: bool = False,
     optimizer_fraction: float | None = None,
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
-    """A TP/PP/CP rank's step from its whole-model TP/CP step `step`: the first stage (most in flight)."""
+    """A TP/PP/CP rank's step from its whole-model TP/CP step `step`: the first stage (most in flight). The
+    single-GPU micro-step's optimizer (`optimizer_fraction` of `whole_model_seconds`) runs once per step of the
+    pipeline's micro-batches: each micro-batch carries its share."""
+    m = plan.num_micro_batches
+    if optimizer_fraction is not None and m > 1:
+        optimizer = optimizer_fraction * whole_model_seconds
+        whole_model_seconds -= optimizer * (1 - 1 / m)
+        optimizer_fraction = optimizer / m / whole_model_seconds
     stage = model_parallel.first_stage(step, plan)
     spec = resolve_model(job.model)
     return model_parallel_step_time(

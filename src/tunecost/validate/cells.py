@@ -21,9 +21,12 @@ def count_of(row: CorpusRow, column: str) -> int:
     or larger than any count a measurement row holds (`MAX_TOKENS`)."""
     value = row.get(column)
     try:
-        n = int(float(value))
+        number = float(value)
+        n = int(number)
     except (ValueError, OverflowError):  # OverflowError: inf
         raise Skip(f"{column} {value!r} is not a number") from None
+    if n != number:
+        raise Skip(f"{column} {value!r} is not a whole number")
     if n < 1:
         raise Skip(f"{column} {value!r} must be >= 1")
     if n > MAX_TOKENS:

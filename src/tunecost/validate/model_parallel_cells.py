@@ -13,13 +13,13 @@ from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
 _PAR = r"(?:[ _-]?(?:model[ _-]?)?parallel(?:ism|[ _]size|[ _]degree)?)"
-_DEGREES = {
-    "tp": re.compile(rf"\b(?:tp|tensor{_PAR})\s*[=:]?\s*(\d+)"),
-    "pp": re.compile(rf"\b(?:pp|pipeline{_PAR})\s*[=:]?\s*(\d+)"),
-    "cp": re.compile(rf"\b(?:cp|context{_PAR})\s*[=:]?\s*(\d+)"),
-    "vp": re.compile(rf"\b(?:vp|vpp|virtual[ _-]?pipeline{_PAR}?)\s*[=:]?\s*(\d+)"),
+_DEGREES = {  # after a digit too: "tp8pp2"
+    "tp": re.compile(rf"(?<![a-z])(?:tp|tensor{_PAR})\s*[=:]?\s*(\d+)"),
+    "pp": re.compile(rf"(?<![a-z])(?:pp|pipeline{_PAR})\s*[=:]?\s*(\d+)"),
+    "cp": re.compile(rf"(?<![a-z])(?:cp|context{_PAR})\s*[=:]?\s*(\d+)"),
+    "vp": re.compile(rf"(?<![a-z])(?:vp|vpp|virtual[ _-]?pipeline{_PAR}?)\s*[=:]?\s*(\d+)"),
 }
-_EXPERT_DEGREE = re.compile(rf"\b(?:ep|expert{_PAR})\s*[=:]?\s*(\d+)")
+_EXPERT_DEGREE = re.compile(rf"(?<![a-z])(?:ep|expert{_PAR})\s*[=:]?\s*(\d+)")
 _SEQUENCE_PARALLEL = re.compile(
     r"\bsp\b(?!\s*[=:]?\s*(?:0|false|off))|sequence[ _-]?parallel(?!\w*\s*[=:]?\s*(?:0|false|off))"
 )

@@ -169,6 +169,8 @@ def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simu
         return _skipped(row, f"value {row.get('value')!r} is not a number", mapped.stack.name)
     if quantity != "oom" and unit_bytes(unit) is None:
         return _skipped(row, f"unit {unit!r} not known for {quantity}", mapped.stack.name)
+    if quantity != "oom" and not 0 < measured < math.inf:
+        return _skipped(row, "value must be a finite number > 0", mapped.stack.name)
     try:
         sim = simulate(mapped)
     except Exception as exc:  # a row the simulator cannot run is reported, never a crash

@@ -103,6 +103,11 @@ class ModelParallel:
             )
         if self.micro_batches is not None and self.micro_batches < 1:
             raise TunecostError(f"--micro-batches must be at least 1, got {self.micro_batches}")
+        if (self.micro_batches or 1) > 1 and self.degree == 1:  # `timing.step_time` times one micro-step
+            raise TunecostError(
+                f"--micro-batches {self.micro_batches}: micro-batches per step are a TP/PP/CP layout's; a "
+                "data-parallel layout accumulates them with --grad-accum"
+            )
         if self.virtual_stages < 1 or (self.virtual_stages > 1 and self.pipeline_schedule != "interleaved-1f1b"):
             raise TunecostError(
                 f"virtual pipeline stages {self.virtual_stages}: at least 1, and above 1 only with interleaved-1f1b"
