@@ -221,3 +221,16 @@ def test_plan_keeps_the_global_batch_a_nemo_config_states(cli_runner):
     result = cli_runner.invoke(app, [*args, "--dataset", "alpaca"])
     assert result.exit_code == 0, result.output
     assert "global batch 8, kept in every setup" in " ".join(result.stderr.split())
+
+
+def test_emit_runs_the_steps_the_plan_priced(cli_runner, tmp_path):
+    """A run given in optimizer steps is emitted in steps at the plan's global batch (the recipe's epochs alone
+    would train the whole dataset): the config's global batch 8 is kept, so its 10 steps stay 10."""
+    out = tmp_path / "recipe"
+    args = ["plan", "--config", str(LF), "--gpu", "H100", "--max-steps", "10", "--max-gpus", "1", "--emit", str(out)]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    text = (out / "llamafactory.yaml").read_text(encoding="utf-8")
+    micro = int(text.split("per_device_train_batch_size: ")[1].split()[0])
+    accumulation = int(text.split("gradient_accumulation_steps: ")[1].split()[0])
+    assert micro * accumulation == 8 and "max_steps: 10\n" in text

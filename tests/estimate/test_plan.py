@@ -241,7 +241,7 @@ def test_a_global_batch_reprices_a_tp_pp_setup_as_itself(tiny_full) -> None:
     for o in [next(o for o in mp if o.setup.plan.pp > 1), next(o for o in mp if o.setup.plan.tp > 1)]:
         s = o.setup
         same = estimate_multi_gpu(
-            job,
+            job.with_(grad_accum=o.accumulation),
             gpus=[s.gpu],
             strategies=[s.plan.strategy],
             num_gpus=s.plan.num_gpus,

@@ -63,7 +63,6 @@ def estimate_multi_gpu(
         check_model_parallel(spec, job.worst_case_seq_len, model_parallel, counts_by_gpu, liger=job.liger_kernel)
     searching = num_gpus is None
     choices = model_parallel_choices(spec, job, given=model_parallel, searching=searching, gpus_per_node=gpus_per_node)
-    margin = default_margin_fraction() if margin_fraction is None else margin_fraction
     host_cpu = needs.host_cpu if needs is not None else None
     links_by_gpu = {g.name: default_links(g, gpus_per_node, node_link, host_cpu) for g in gpus}  # errors before tracing
     needs = needs or RankNeeds(job.with_(batch_size=1), behaviour)
@@ -77,7 +76,7 @@ def estimate_multi_gpu(
         offload=offload,
         micro_batch=micro_batch,
         more_gpus=more_gpus,
-        margin=margin,
+        margin=default_margin_fraction() if margin_fraction is None else margin_fraction,
         steady_state=steady_state,
         num_queries=num_queries,
         epochs=epochs,
@@ -102,7 +101,7 @@ def estimate_multi_gpu(
         seq_len=job.worst_case_seq_len,
         setups=tuple(setups),
         notes=tuple(notes),
-        assumptions=(*setups[0].memory.assumptions, margin_note(margin)) if setups else (),
+        assumptions=(*setups[0].memory.assumptions, margin_note(search.margin)) if setups else (),
     )
 
 

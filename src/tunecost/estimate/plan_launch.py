@@ -22,13 +22,15 @@ def launch_job(
     dataset=None,
     fused_adamw: bool = False,
     base: tuple[str, dict] | None = None,
+    max_steps: int | None = None,
 ) -> LaunchJob:
     """The recipe's view of the recommended `option` of `job`: every provider that rents its GPU as candidates.
     `model`: the hub id the user named (an instruct or re-uploaded checkpoint the catalog prices as its base);
     `dataset`: the data the user named (None: the recipe asks for it, not the default tunecost priced).
     The recipes launch data parallelism only: a TP/PP/CP layout, selective or some-layers recomputation is a
     `TunecostError`; FP8 only LLaMA-Factory's recipe writes. `fused_adamw`: the plan priced torch's fused AdamW;
-    `base`: (path, data) of the user's config of the target framework, whose other keys the recipe keeps."""
+    `base`: (path, data) of the user's config of the target framework, whose other keys the recipe keeps;
+    `max_steps`: the run's optimizer steps at the option's global batch, where it was given in steps."""
     setup, spec = option.setup, resolve_model(job.model)
     if setup.plan.degree > 1:
         raise TunecostError(
@@ -67,6 +69,7 @@ def launch_job(
         micro_batch=setup.micro_batch,
         grad_accum=option.accumulation,
         epochs=epochs,
+        max_steps=max_steps,
         dataset=dataset,
         gpu=setup.gpu.name,
         num_gpus=setup.plan.num_gpus,

@@ -182,14 +182,7 @@ def model_parallel_time(
     fused_adamw: bool = False,
     optimizer_fraction: float | None = None,
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
-    """A TP/PP/CP rank's step from its whole-model TP/CP step `step`: the first stage (most in flight). The
-    single-GPU micro-step's optimizer (`optimizer_fraction` of `whole_model_seconds`) runs once per step of the
-    pipeline's micro-batches: each micro-batch carries its share."""
-    m = plan.num_micro_batches
-    if optimizer_fraction is not None and m > 1:
-        optimizer = optimizer_fraction * whole_model_seconds
-        whole_model_seconds -= optimizer * (1 - 1 / m)
-        optimizer_fraction = optimizer / m / whole_model_seconds
+    """A TP/PP/CP rank's step from its whole-model TP/CP step `step`: the first stage (most in flight)."""
     stage = model_parallel.first_stage(step, plan)
     spec = resolve_model(job.model)
     return model_parallel_step_time(

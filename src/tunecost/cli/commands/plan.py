@@ -147,7 +147,7 @@ def plan(
         from tunecost.results.plan_records import save_plan_records
 
         save_plan_records(out, result, command=sys.argv, force=force)
-    how = (stack_flags.behaviour(job_options.stack), config)
+    how = (stack_flags.behaviour(job_options.stack), config, None if max_steps is None else num_queries / per_row)
     written = _emit(result, jobs, (emit, model, dataset), target, force, num_epochs, how) if emit is not None else []
     if json_out:
         # every option weighed goes to --out RUN; the JSON answer keeps the front and the closest misses
@@ -238,8 +238,9 @@ def _rented_gpus(gpu: str, owned) -> list:
 
 def _emit(result, jobs: list, emit: tuple, target: str | None, force: bool, epochs: float, how: tuple) -> list[Path]:
     """The recommended setup's recipe in folder `emit[0]`, for the model and data the user named (`emit[1:]`); `how`:
-    (behaviour, --config files). The target defaults to the config's framework where it is one (else accelerate);
-    a LLaMA-Factory recipe starts from the user's LLaMA-Factory config."""
+    (behaviour, --config files, the rows of an epoch where the run was given in optimizer steps, else None). The
+    target defaults to the config's framework where it is one (else accelerate); a LLaMA-Factory recipe starts from
+    the user's LLaMA-Factory config."""
     from tunecost.estimate.plan_launch import launch_job
     from tunecost.estimate.recipes import write_recipe
     from tunecost.simulate.behaviour import runs_fused_adamw
@@ -249,13 +250,17 @@ def _emit(result, jobs: list, emit: tuple, target: str | None, force: bool, epoc
     if best is None:
         raise TunecostError("--emit: no setup to launch (nothing fits within the constraints)")
     job = next(j for j in jobs if j.method == best.method)
-    behaviour, configs = how
+    behaviour, configs, rows = how
     own = configs_of(configs or (), ("llamafactory", "torchtune"))
     target = target or next((t for t in ("llamafactory", "torchtune") if t in own), "accelerate")
     base = own.get("llamafactory") if target == "llamafactory" else None
     out, model, dataset = emit
     fused = runs_fused_adamw(job.stack, behaviour)
-    recipe = launch_job(best, job, epochs=epochs, model=model, dataset=dataset, fused_adamw=fused, base=base)
+    global_batch = best.setup.micro_batch * best.accumulation * best.setup.plan.dp
+    steps = None if rows is None else math.ceil(rows * epochs / global_batch - 1e-9)
+    recipe = launch_job(
+        best, job, epochs=epochs, model=model, dataset=dataset, fused_adamw=fused, base=base, max_steps=steps
+    )
     return write_recipe(recipe, target, out, force=force)
 
 

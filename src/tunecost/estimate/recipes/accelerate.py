@@ -120,6 +120,7 @@ def _train_args(job: LaunchJob) -> dict[str, Any]:
     fsdp = job.strategy in FSDP_STRATEGIES  # FSDP checkpoints itself; the HF Trainer refuses both at once
     training = {"output_dir": "output", "per_device_train_batch_size": job.micro_batch}
     training |= {"gradient_accumulation_steps": job.grad_accum, "num_train_epochs": job.epochs}
+    training |= {"max_steps": job.max_steps} if job.max_steps else {}
     training |= {"bf16": job.dtype == "bf16", "fp16": job.dtype == "fp16", "optim": HF_OPTIM[job.optimizer]}
     training |= {"gradient_checkpointing": job.gradient_checkpointing and not fsdp, "max_grad_norm": MAX_GRAD_NORM}
     training |= {"logging_steps": 10, "report_to": "none"} | ({"torch_compile": True} if job.torch_compile else {})

@@ -70,6 +70,7 @@ class LaunchJob:
     micro_batch: int  # per GPU
     grad_accum: int = 1
     epochs: float = 1.0
+    max_steps: int | None = None  # optimizer steps, where the plan priced a run given in steps (None: epochs)
     dataset: str | None = None  # a name or a local file
     gpu: str  # tunecost catalog GPU name, e.g. "H100-80GB-SXM"
     num_gpus: int = 1

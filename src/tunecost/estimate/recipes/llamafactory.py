@@ -87,6 +87,7 @@ def _llamafactory(job: LaunchJob) -> dict[str, str]:
         lf["neat_packing" if job.packing == "per-document" else "packing"] = True
     lf |= {"per_device_train_batch_size": job.micro_batch, "gradient_accumulation_steps": job.grad_accum}
     lf |= {"num_train_epochs": job.epochs, "bf16": job.dtype == "bf16", "fp16": job.dtype == "fp16"}
+    lf |= {"max_steps": job.max_steps} if job.max_steps else {}  # the Trainer's max_steps ends the run first
     optim = "adamw_torch_fused" if job.optimizer == "adamw" and job.fused_adamw else HF_OPTIM[job.optimizer]
     lf |= {"flash_attn": LLAMAFACTORY_ATTENTION[job.attention], "optim": optim}
     lf |= {"disable_gradient_checkpointing": not job.gradient_checkpointing, "max_grad_norm": MAX_GRAD_NORM}

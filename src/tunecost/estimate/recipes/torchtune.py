@@ -138,6 +138,7 @@ def _torchtune(job: LaunchJob) -> dict[str, str]:
     config = torchtune_config(job.model, job.method, distributed=distributed)
     over: dict[str, Any] = {"batch_size": job.micro_batch, "gradient_accumulation_steps": job.grad_accum}
     over |= {"epochs": int(job.epochs), "tokenizer": {"max_seq_len": job.seq_len}, "dtype": job.dtype}
+    over |= {"max_steps_per_epoch": -(-job.max_steps // int(job.epochs))} if job.max_steps else {}
     over["enable_activation_checkpointing"] = job.gradient_checkpointing
     if job.packing == "per-document":
         over["dataset"] = {"packed": True}
