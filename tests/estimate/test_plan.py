@@ -341,3 +341,19 @@ def test_a_verdict_tells_a_cost_from_the_budget_it_is_over() -> None:
     assert _apart(1234.5, 1000, 2) == ("1,234.50", "1,000")
     assert _apart(0.54, 0.035, 2) == ("0.54", "0.035")  # the limit as given, not "$0.04"
     assert _apart(0.04, 0.001, 1) == ("0.04", "0.001") and _apart(70.31, 48, 1) == ("70.3", "48")
+
+
+def test_the_closest_miss_over_budget_is_the_cheapest_over_it() -> None:
+    """A setup ruled out by the budget is shown by what it costs, not by its memory headroom."""
+    job = estimate_job("Qwen/Qwen2.5-0.5B", method="full", seq_len=512)
+    plan = make_plan([job], gpus=[resolve_gpu_name("H100").gpu], budget_usd=1e-6, **SMALL)
+    over = [o for o in plan.options if o.why_not.startswith("over budget")]
+    missed = [o for o in plan.ruled_out if o.why_not.startswith("over budget")]
+    assert missed
+    for m in missed:
+        same = [
+            o
+            for o in over
+            if (o.method, o.setup.gpu.name, o.owned, o.offload) == (m.method, m.setup.gpu.name, m.owned, m.offload)
+        ]
+        assert m.usd == min(o.usd for o in same)

@@ -105,12 +105,13 @@ def test_shipped_errors_file_is_what_validate_computes_now() -> None:
     )
     assert done.returncode == 0, done.stderr
     coverage = {
-        line.split()[0]: float(line.split("coverage ")[1].split(" %")[0])
+        line.split()[0]: (int(line.split("rows")[1].split()[0]), float(line.split("coverage ")[1].split(" %")[0]))
         for line in done.stdout.splitlines()
         if "coverage" in line
     }
-    # held out (the row itself, or its source), each quantity's 95 % interval covers 85-99 % of the corpus
-    assert coverage and all(85.0 <= c <= 99.0 for c in coverage.values()), coverage
+    # held out (the row itself, or its source), each quantity's 95 % interval covers 85-99 % of the corpus; all of
+    # it only where the rows are too few for one miss to be expected (under 20: 12 of 12 is the likeliest count)
+    assert coverage and all(85.0 <= c <= (99.0 if n >= 20 else 100.0) for n, c in coverage.values()), coverage
 
 
 def test_family_prior_is_the_median_of_the_other_stacks_of_the_family() -> None:

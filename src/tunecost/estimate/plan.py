@@ -274,8 +274,9 @@ def _does_not_fit(option: Option) -> str:
 def _closest_misses(options: Sequence[Option]) -> tuple[Option, ...]:
     """One ruled-out option per method, GPU, ownership and offload: the one closest to qualifying."""
 
-    def closeness(o: Option) -> tuple[float, float]:  # a rank's memory against its card, then dollars
-        return 1 - o.headroom_fraction, o.usd
+    def closeness(o: Option) -> tuple[float, float]:  # what it misses by: dollars, hours, or memory then dollars
+        by = {"over budget": (o.usd, o.hours), "past deadline": (o.hours, o.usd)}
+        return by.get(o.why_not.split(":")[0], (1 - o.headroom_fraction, o.usd))
 
     best: dict[tuple, Option] = {}
     for o in options:
@@ -307,7 +308,7 @@ def recommend(
 ) -> tuple[str, Option | None, str]:
     """(goal, the recommended option, why): cheapest by the deadline, fastest within the budget, else cheapest."""
     if not feasible:
-        return "cheapest", None, "no setup fits the job within the constraints"
+        return "cheapest", None, "no setup meets the constraints (memory, budget, deadline)"
     if deadline_h is not None:
         goal, best = "cheapest within the deadline", _simplest(feasible, lambda o: (o.usd, o.hours))
     elif budget_usd is not None:
