@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 _COLUMNS = ("nbytes", "t_alloc", "t_free", "kind")
 TOLERANCE_BYTES = 2**20  # the full-depth replay's peak requests against the depth-scaled peak (and 0.1 %)
 
-Position = tuple[int, str, int]  # (unit: 0 the lower traced unit, 1 the upper, m>1 the m-1th inserted one; pass; op)
+Position = tuple[int, str, int]  # (0: the lower traced unit, 1: the upper; pass "f" or "b"; offset in its ops)
 
 
 @dataclass(frozen=True)

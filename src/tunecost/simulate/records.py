@@ -68,9 +68,10 @@ class AllocationTrace:
     """One traced step's allocations in the order the caching allocator sees them, as plain lists (JSON-ready;
     `simulate.allocator` replays them). Per record: bytes (rounded to the granule), the op index that allocates
     and frees it (`allocator.NEVER_FREED`: never), its replay kind (`allocator.KIND_*`), its category (an index
-    into `CATEGORIES`; a storage that became a parameter's gradient counts as "gradients") and the decoder layer
-    of the op that allocated it (-1: outside the layers). Per traced layer: the first and last op index of its
-    forward and of its backward (recompute included); -1 where the layer has none."""
+    into `CATEGORIES`; a storage that became a parameter's gradient counts as "gradients") and its decoder layer
+    (a weight's or state's own, else the allocating op's or, in the optimizer, its parameter's; -1: outside). Per
+    traced layer: the first and last op index of its forward and of its backward (recompute included); -1 where the
+    layer has none."""
 
     nbytes: list[int]
     t_alloc: list[int]
