@@ -3,11 +3,13 @@ traced step made whole equals the step traced whole."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tunecost.distributed.single_step import trace_single_gpu_step
 from tunecost.models.anatomy import layer_pattern
 from tunecost.models.catalog import resolve_model
 from tunecost.simulate import simulate_step
@@ -107,3 +109,13 @@ def test_the_simulated_reserve_is_the_full_depth_replay() -> None:
         _, _, full_units = layer_pattern(resolve_model(job.model))
         simulated = simulate_step(job, stack=stack, use_cache=False)
         assert simulated.peak_reserved_bytes == _replay(_traced(job, full_units, stack))[0]
+
+
+def test_the_multi_gpu_step_is_made_whole_by_the_same_rule() -> None:
+    """The per-rank models' step (`distributed.single_step`) carries the allocations the simulator replays: made
+    whole from a third unit where the first differs (BlackMamba), so both reserves agree."""
+    job = dataclasses.replace(_job("simulate/tiny-blackmamba.json", "full", False), stack="tunecost")
+    step = trace_single_gpu_step(job, 512)
+    whole = AllocationTrace(**step.allocations)
+    assert len(whole.forward_ops) == step.num_layers == resolve_model(job.model).num_layers
+    assert _replay(whole)[0] == simulate_step(job, stack="tunecost", use_cache=False).peak_reserved_bytes

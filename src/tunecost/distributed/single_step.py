@@ -1,6 +1,6 @@
 """The single-GPU simulated step at full depth, as the per-rank models of a data-parallel job read it: bytes by
 category at every segment's peak (phase x region, `simulate.trace`), the stored weights split into the root unit
-and the decoder layers, and the deeper traced depth's allocations (for the rank's caching-allocator replay,
+and the decoder layers, and the step's allocations made whole (for the rank's caching-allocator replay,
 `rank_reserve`)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tunecost.distributed import expert_parallel
 from tunecost.errors import TunecostError
@@ -20,17 +20,18 @@ from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
 from tunecost.simulate.checkpointing import reentrant_checkpointing
 from tunecost.simulate.depth import depth_scaled
 from tunecost.simulate.fp8 import LinearShape, fp8_depth_bytes, fp8_linears
-from tunecost.simulate.full_depth import full_depth_allocations
+from tunecost.simulate.full_depth import whole_step
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.simulate.pool import prepared_model
 from tunecost.simulate.prepare import check_supported
 from tunecost.simulate.records import WEIGHT_CATEGORIES
 from tunecost.workload.job import FineTuneJob
 
+if TYPE_CHECKING:
+    from tunecost.simulate.trace import TraceResult
+
 ROOT_GROUPS = ("embedding", "lm_head/loss", "other")  # outside the decoder layers: FSDP2's root unit
-LAYOUT_VERSION = (
-    "5"  # of the cached `SingleGpuStep` (2: traced allocations; 3: reentrant_checkpointing; 4: temporaries; 5: whole)
-)
+LAYOUT_VERSION = "6"  # of the cached `SingleGpuStep` (3: reentrant_checkpointing; 4: temporaries; 5, 6: whole)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,7 +57,7 @@ class SingleGpuStep:
     hidden_size: int
     activation_bytes_per_element: int
     recompute: bool  # activation checkpointing: backward re-runs each layer's forward
-    allocations: dict  # the deeper traced depth's `simulate.records.AllocationTrace`, as plain data ({}: none)
+    allocations: dict  # the step's `simulate.records.AllocationTrace` made whole, as plain data ({}: none)
     reentrant_checkpointing: bool = False  # layers recomputed by re-entrant torch.utils.checkpoint (`fsdp1`)
     fp8_bytes: dict[str, int] = field(default_factory=dict)  # FP8's bytes by category at full depth (`simulate.fp8`)
     # the bytes a rank gathers for "one layer" over the average layer's: 1 for identical layers; a repeating unit's
@@ -160,13 +161,27 @@ def trace_single_gpu_step(
 
     spec = resolve_model(job.model)
     check_supported(job, spec, job.stack)
-    traces, linears = [], []
-    for u in traced_units(spec, full_depth=full_depth):
-        prepared = prepared_model(job, u, job.stack, behaviour or DEFAULT_BEHAVIOUR)
+    behaviour = behaviour or DEFAULT_BEHAVIOUR
+    linears: list[list[LinearShape]] = []
+
+    def trace(units: int) -> TraceResult:
+        prepared = prepared_model(job, units, job.stack, behaviour)
         linears.append(fp8_linears(prepared.model.named_modules(), full=job.method == "full"))
-        traces.append(trace_step(prepared, job.batch_size, job.worst_case_seq_len, round_bytes=granule_bytes))
-    reentrant = reentrant_checkpointing(job, behaviour=behaviour or DEFAULT_BEHAVIOUR)
-    return scaled_step(job, spec, traces, reentrant=reentrant, linears=linears, granule_bytes=granule_bytes)
+        return trace_step(prepared, job.batch_size, job.worst_case_seq_len, round_bytes=granule_bytes)
+
+    units = traced_units(spec, full_depth=full_depth)
+    traces = [trace(u) for u in units]
+    full_units = layer_pattern(spec)[2]
+    reentrant = reentrant_checkpointing(job, behaviour=behaviour)
+    return scaled_step(
+        job,
+        spec,
+        traces,
+        reentrant=reentrant,
+        linears=linears[: len(traces)],
+        granule_bytes=granule_bytes,
+        deeper=lambda: trace(units[-1] + 1) if units[-1] < full_units else None,
+    )
 
 
 def traced_units(spec: ModelSpec, *, full_depth: bool = False) -> list[int]:
@@ -188,16 +203,13 @@ def _layer_scale(spec: ModelSpec, traces: list, layer_weight_bytes: int) -> floa
     return max(1.0, unit / layer_weight_bytes)
 
 
-def _whole_allocations(spec: ModelSpec, traces: list) -> dict:
-    """The deeper trace's allocations made whole (`simulate.full_depth`), else as traced ({}: none)."""
+def _whole_allocations(traces: list, full_units: int, peak_bytes: float, deeper) -> dict:
+    """The step's allocations made whole (`simulate.full_depth.whole_step`), else as traced ({}: none)."""
     tb = traces[-1]
     if tb.allocations is None:
         return {}
-    whole = None
-    if len(traces) > 1:
-        prefix, period, full_units = layer_pattern(spec)
-        whole = full_depth_allocations(tb.allocations, prefix, period, tb.num_units, full_units)
-    return _fields(whole or tb.allocations)
+    whole = whole_step(traces[0], tb if len(traces) > 1 else None, full_units, peak_bytes, deeper)
+    return _fields(whole.allocations if whole else tb.allocations)
 
 
 def scaled_step(
@@ -208,16 +220,21 @@ def scaled_step(
     reentrant: bool,
     linears: list[list[LinearShape]] | None = None,
     granule_bytes: int = 512,
+    deeper: Callable[[], TraceResult | None] | None = None,
 ) -> SingleGpuStep:
     """The `SingleGpuStep` at full depth from traces at one and two units (`simulate.trace.TraceResult`s; one
-    trace: already at full depth), with FP8's bytes from each traced depth's `linears`."""
+    trace: already at full depth), with FP8's bytes from each traced depth's `linears`; `deeper` traces one unit
+    more where the first traced unit differs from the others (`simulate.full_depth.whole_step`)."""
     full_units = layer_pattern(spec)[2]
     ta, tb = traces[0], traces[-1]
     t = 0.0 if len(traces) == 1 else (full_units - ta.num_units) / (tb.num_units - ta.num_units)
     segments: dict[str, dict[str, int]] = {}
+    peak = 0.0
     for key in set(ta.segments) & set(tb.segments):
         ca, cb = ta.segments[key].by_category, tb.segments[key].by_category
-        segments[key] = {c: max(0, round(v)) for c, v in depth_scaled(key, ca, cb, t).items()}
+        scaled = depth_scaled(key, ca, cb, t)
+        segments[key] = {c: max(0, round(v)) for c, v in scaled.items()}
+        peak = peak if key.endswith("unit_mid") else max(peak, sum(scaled.values()))
     weights = {k: round(_lerp(ta.weight_bytes.get(k, 0), tb.weight_bytes.get(k, 0), t)) for k in tb.weight_bytes}
     root = sum(v for k, v in weights.items() if k.rsplit("/", 1)[0] in ROOT_GROUPS)
     trainable = sum(v for k, v in weights.items() if k.endswith("/trainable_params"))
@@ -247,7 +264,7 @@ def scaled_step(
         hidden_size=spec.hidden_size,
         activation_bytes_per_element=job.compute_bytes_per_element,
         recompute=job.gradient_checkpointing,
-        allocations=_whole_allocations(spec, traces),
+        allocations=_whole_allocations(traces, full_units, peak, deeper),
         reentrant_checkpointing=reentrant,
         fp8_bytes=fp8_depth_bytes(job, linears or [], job.batch_size * job.worst_case_seq_len, granule_bytes, t),
         layer_scale=_layer_scale(spec, traces, layer_weight_bytes),

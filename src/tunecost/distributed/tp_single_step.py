@@ -15,11 +15,12 @@ from tunecost.distributed.recorder import ShardedStepRecorder
 from tunecost.distributed.sharded_step import fake_process_group
 from tunecost.distributed.single_step import LAYOUT_VERSION, SingleGpuStep, cached_step, scaled_step, traced_units
 from tunecost.distributed.tensor_parallel import check_tp_supported, loss_context, prepare_tp_rank, tp_strategy
+from tunecost.models.anatomy import layer_pattern
 from tunecost.models.catalog import resolve_model
 from tunecost.simulate import cache
 from tunecost.simulate.batch_line import BatchLine
 from tunecost.simulate.checkpointing import reentrant_checkpointing
-from tunecost.simulate.fp8 import fp8_linears
+from tunecost.simulate.fp8 import LinearShape, fp8_linears
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.simulate.prepare import check_supported
 from tunecost.simulate.recorder import flat_tensors
@@ -94,16 +95,16 @@ def tp_single_gpu_step(
         key += "-full"
 
     def trace() -> SingleGpuStep:
-        traces, linears = [], []
+        linears: list[list[LinearShape]] = []
         batchless = dataclasses.replace(job, batch_size=1)
         shape = (layout, cache.job_key(batchless, None, job.stack, DEFAULT_OVERHEAD, granule_bytes, None))
-        for units in traced_units(spec, full_depth=full_depth):
+
+        def trace_units(units: int) -> TraceResult:
             line, unit_linears = _LINES.setdefault((*shape, units), (BatchLine(granule_bytes), []))
             result = read_off_line(line, job.batch_size)
+            linears.append(unit_linears)
             if result is not None:
-                traces.append(result)
-                linears.append(unit_linears)
-                continue
+                return result
             with fake_process_group(tp):
                 prepared = prepare_tp_rank(
                     job,
@@ -113,24 +114,31 @@ def tp_single_gpu_step(
                     stack=job.stack,
                     loss_parallel=loss_parallel,
                 )
-                batch_shape = (job.batch_size, job.worst_case_seq_len)
                 sp_tp = tp if sequence_parallel else 1
                 unit_linears[:] = fp8_linears(
                     prepared.model.named_modules(), full=job.method == "full", sequence_parallel_tp=sp_tp
                 )
-                linears.append(unit_linears)
-                traces.append(
-                    trace_tp_step(
-                        prepared,
-                        *batch_shape,
-                        tp=tp,
-                        round_bytes=granule_bytes,
-                        loss_parallel=loss_parallel,
-                        line=line,
-                    )
+                return trace_tp_step(
+                    prepared,
+                    job.batch_size,
+                    job.worst_case_seq_len,
+                    tp=tp,
+                    round_bytes=granule_bytes,
+                    loss_parallel=loss_parallel,
+                    line=line,
                 )
-                del prepared
-        reentrant = reentrant_checkpointing(job)
-        return scaled_step(job, spec, traces, reentrant=reentrant, linears=linears, granule_bytes=granule_bytes)
+
+        units = traced_units(spec, full_depth=full_depth)
+        traces = [trace_units(u) for u in units]
+        full_units = layer_pattern(spec)[2]
+        return scaled_step(
+            job,
+            spec,
+            traces,
+            reentrant=reentrant_checkpointing(job),
+            linears=linears[: len(traces)],
+            granule_bytes=granule_bytes,
+            deeper=lambda: trace_units(units[-1] + 1) if units[-1] < full_units else None,
+        )
 
     return cached_step(key, trace, use_cache=use_cache)

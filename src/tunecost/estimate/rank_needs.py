@@ -17,6 +17,7 @@ from tunecost.distributed.rank_memory import (
     rank_memory,
     single_gpu_step,
 )
+from tunecost.distributed.single_step import LAYOUT_VERSION
 from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import EstimateRequest, EstimatorOptions, sizing_seq_len
 from tunecost.estimate.simulated import Throughput, throughput_at
@@ -29,7 +30,9 @@ from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ParallelPlan
 
 MAX_MICRO_BATCH = MAX_BATCH  # the micro-batch search's cap per rank: one GPU's
-RANK_MEMORY_VERSION = "4"  # of the rank memories kept on disk (`RankNeeds`); bump when rank_memory changes
+# of the rank memories kept on disk (`RankNeeds`; their key holds the step's LAYOUT_VERSION): bump when rank_memory
+# changes
+RANK_MEMORY_VERSION = "4"
 
 
 @lru_cache(maxsize=4096)
@@ -141,7 +144,7 @@ class RankNeeds:
 
         job = self.job_at(batch)
         key = cache.job_key(job, None, job.stack, DEFAULT_OVERHEAD, 512, self.behaviour)
-        return cache.cache_dir() / f"rankmem-{RANK_MEMORY_VERSION}-{key}.json"
+        return cache.cache_dir() / f"rankmem-{RANK_MEMORY_VERSION}-{LAYOUT_VERSION}-{key}.json"
 
     def _saved(self, batch: int) -> dict[str, dict]:
         if batch not in self._disk:

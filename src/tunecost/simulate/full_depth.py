@@ -6,6 +6,7 @@ does); docs/memory-model.md, "Reserved memory".
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -244,27 +245,41 @@ def _windows(windows: list[list[int]], t: _Timeline, first: int, pass_: str, lo_
     return out
 
 
-def full_depth_replay(
-    trace: AllocationTrace, prefix: int, period: int, units: int, full_units: int
-) -> tuple[int, int] | None:
-    """(peak reserved, peak requested) bytes of the caching allocator over a run of the full-depth step
-    (`full_depth_allocations`); None where the traced units do not give it."""
-    full = full_depth_allocations(trace, prefix, period, units, full_units)
-    if full is None:
-        return None
-    nbytes, t_alloc, t_free, kind = (np.asarray(getattr(full, k), dtype=np.int64) for k in _COLUMNS)
-    replay = steady_state_replay(nbytes, t_alloc, t_free, kind, full.t_optimizer)
-    return replay.peak_reserved_bytes, replay.peak_requested_bytes
+@dataclass(frozen=True)
+class WholeStep:
+    """The step's allocations at full depth and the caching allocator's peak reserve replayed over them."""
+
+    allocations: AllocationTrace
+    peak_reserved_bytes: int
 
 
-def full_depth_reserve(ta: TraceResult, tb: TraceResult | None, full_units: int, peak_bytes: float) -> int | None:
-    """The reserve replayed over the deeper of two traces made whole, where its peak requests equal the
-    depth-scaled allocated peak `peak_bytes` (else some allocation was not repeated); None where it is not."""
+def whole_step(
+    ta: TraceResult,
+    tb: TraceResult | None,
+    full_units: int,
+    peak_bytes: float,
+    deeper: Callable[[], TraceResult | None] | None = None,
+) -> WholeStep | None:
+    """The deeper of two traces (units a < b) made whole, where the replay's peak requests equal the depth-scaled
+    allocated peak `peak_bytes` (else some allocation was not repeated), else a trace one unit deeper (`deeper()`:
+    where the first traced unit differs from the others) made whole with `tb` as the shallower; None where
+    neither is (one trace: it is already at full depth)."""
+    made = _made_whole(ta, tb, full_units, peak_bytes)
+    if made is None and tb is not None and tb is not ta and deeper is not None:
+        made = _made_whole(tb, deeper(), full_units, peak_bytes)
+    return made
+
+
+def _made_whole(ta: TraceResult, tb: TraceResult | None, full_units: int, peak_bytes: float) -> WholeStep | None:
     if tb is None or tb is ta or tb.allocations is None or tb.num_units < 2:
         return None
     period = (tb.num_layers - ta.num_layers) // (tb.num_units - ta.num_units)
     prefix = tb.num_layers - tb.num_units * period
-    replay = full_depth_replay(tb.allocations, prefix, period, tb.num_units, full_units)
-    if replay is None or abs(replay[1] - peak_bytes) > max(TOLERANCE_BYTES, 1e-3 * peak_bytes):
+    full = full_depth_allocations(tb.allocations, prefix, period, tb.num_units, full_units)
+    if full is None:
         return None
-    return replay[0]
+    nbytes, t_alloc, t_free, kind = (np.asarray(getattr(full, k), dtype=np.int64) for k in _COLUMNS)
+    replay = steady_state_replay(nbytes, t_alloc, t_free, kind, full.t_optimizer)
+    if abs(replay.peak_requested_bytes - peak_bytes) > max(TOLERANCE_BYTES, 1e-3 * peak_bytes):
+        return None
+    return WholeStep(full, replay.peak_reserved_bytes)

@@ -20,7 +20,7 @@ from tunecost.simulate import cache as _cache
 from tunecost.simulate.behaviour import ADAMW_IMPLS, DEFAULT_BEHAVIOUR, StackBehaviour, stack_adamw_impl
 from tunecost.simulate.depth import depth_scaled, lerp_byte_map, lerp_bytes
 from tunecost.simulate.fp8 import fp8_depth_bytes, fp8_linears
-from tunecost.simulate.full_depth import full_depth_reserve
+from tunecost.simulate.full_depth import whole_step
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.pool import prepared_model
 from tunecost.simulate.records import StepCounts, StepSimulation
@@ -93,11 +93,9 @@ def combine(
         peaks[key] = (sum(by_category.values()), by_category)
     key, (total, by_category) = max(peaks.items(), key=lambda kv: kv[1][0])
     by_group = _scaled_groups(key, ta_.segments[key], tb_.segments[key], t)
-    replayed = full_depth_reserve(ta_, tb_, full_units, total)
-    if replayed is None and tb is not None and deeper is not None:
-        replayed = full_depth_reserve(tb, deeper(), full_units, total)
+    whole = whole_step(ta_, tb, full_units, total, deeper)
     excess = tb_.peak_reserved_bytes - max(s.total for s in tb_.segments.values())
-    reserved = total + max(0, excess) if replayed is None else replayed
+    reserved = total + max(0, excess) if whole is None else whole.peak_reserved_bytes
     by_group_flops: dict[str, dict[str, float]] = {}
     for (group, phase), v in _lerp_dict(ta_.flops_by_group, tb_.flops_by_group, t).items():
         by_group_flops.setdefault(group, {})[phase] = v

@@ -20,7 +20,8 @@ def queries_for_steps(max_steps: int, global_batch: int) -> int:
 def global_batch_of(options: Mapping[str, Any]) -> tuple[int, str] | None:
     """(queries per optimizer step, how it was counted) from a config's job options: its stated global batch, else
     micro-batch x gradient accumulation (1 unless stated) x data-parallel ranks (its GPUs, 1 unless stated, over
-    the model-parallel degrees). None: the config gives no batch."""
+    the model-parallel degrees; the count said to be the launcher's where unstated). None: the config gives no
+    batch."""
     if options.get("queries_per_step") is not None:
         return options["queries_per_step"], f"global batch {options['queries_per_step']}"
     micro = options.get("batch_size")
@@ -32,7 +33,9 @@ def global_batch_of(options: Mapping[str, Any]) -> tuple[int, str] | None:
     model_parallel = options.get("tp", 1) * options.get("pp", 1) * options.get("cp", 1)
     ranks = max(1, (options.get("num_gpus") or 1) // model_parallel)
     how = f"global batch {micro * accumulation * ranks} (micro-batch {micro} x accumulation {accumulation} x {ranks} "
-    return micro * accumulation * ranks, how + f"data-parallel rank{'s' if ranks > 1 else ''})"
+    how += f"data-parallel rank{'s' if ranks > 1 else ''}"
+    unstated = "; the config leaves the GPU count to its launcher" if options.get("num_gpus") is None else ""
+    return micro * accumulation * ranks, how + unstated + ")"
 
 
 @dataclass(frozen=True)
