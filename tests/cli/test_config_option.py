@@ -14,6 +14,7 @@ process is stored under another cache key than the second, identical command loo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -366,3 +367,30 @@ def test_plan_takes_the_data_cut_a_config_makes(cli_runner, tmp_path) -> None:
     result = cli_runner.invoke(app, ["plan", "--config", str(path), "--gpu", "H100", "--max-gpus", "1", "--json"])
     assert result.exit_code == 0, result.output
     assert "500 queries per epoch: the config cuts the data there" in " ".join(result.stderr.split())
+
+
+def test_the_configs_framework_reaches_plans_throughput(cli_runner) -> None:
+    """plan prices a litgpt config's setups with litgpt's family prior, as estimate does; --framework names another."""
+    from tunecost.cli.main import app
+    from tunecost.estimate.throughput.stack_priors import stack_prior
+
+    (path,) = _files("litgpt/lora_r8")
+    args = ["plan", "--config", path, "--gpu", "RTX-4090", "--max-gpus", "1", "--queries", "1000", "--epochs", "1"]
+    result = cli_runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    stack = read_configs([path]).options["stack"]
+    prior = stack_prior(stack, "litgpt")
+    assert prior is not None and prior.note in _plan_text(result.stdout)
+    flagged = cli_runner.invoke(app, [*args, "--framework", "nemo", "--json"])
+    nemo = stack_prior(stack, "nemo")
+    assert flagged.exit_code == 0 and nemo is not None and nemo.note in _plan_text(flagged.stdout)
+    assert prior.note not in _plan_text(flagged.stdout)
+
+
+def _plan_text(stdout: str) -> str:
+    return json.dumps(json.loads(stdout[stdout.index("{") :]), ensure_ascii=False)
+
+
+def test_an_unknown_framework_is_one_plan_error_line(cli_error) -> None:
+    line = cli_error(["plan", "--model", "qwen2.5-0.5b", "--queries", "1000", "--epochs", "1", "--framework", "x"])
+    assert "framework 'x' is not one of" in line

@@ -10,12 +10,13 @@ import json
 import pytest
 
 from tunecost.catalog.gpus import resolve_gpu_name
+from tunecost.cli.commands.plan import parse_owned
 from tunecost.cli.main import app
 from tunecost.errors import TunecostError
 from tunecost.estimate.cost import estimate_job
 from tunecost.estimate.estimators import sizing_seq_len
 from tunecost.estimate.gpu_search import estimate_multi_gpu
-from tunecost.estimate.plan import make_plan, model_parallel_of, pareto_front, parse_owned, recommend
+from tunecost.estimate.plan import make_plan, model_parallel_of, pareto_front, recommend
 from tunecost.estimate.plan_launch import launch_job
 from tunecost.workload.parallel import ParallelPlan
 

@@ -128,6 +128,11 @@ MAX_STEPS_HELP = (
     "training.steps): queries = steps x the config's global batch."
 )
 MaxSteps = Annotated[int | None, count_option("--max-steps", MAX_STEPS_HELP, MAX_QUERIES)]
+FRAMEWORK_HELP = (
+    "The framework that runs the job (torchtune, nemo, litgpt, torchtitan, axolotl, ...; set by --config): a "
+    "framework outside the calibrated stack family gets its family's throughput prior and a wider interval."
+)
+Framework = Annotated[str | None, opt("--framework", FRAMEWORK_HELP)]
 GRAD_ACCUM_HELP = (
     "Micro-batches accumulated per optimizer step (or from --config: gradient_accumulation_steps): the optimizer "
     "step's time is spread over them. Default 1."

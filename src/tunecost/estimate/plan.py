@@ -9,24 +9,22 @@ others are out.
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from tunecost.catalog.gpus import GPU, resolve_gpu_name
+from tunecost.catalog.gpus import GPU
 from tunecost.catalog.prices import OWNED_PROVIDER, Price
 from tunecost.distributed.expert_parallel import EP_STRATEGIES
-from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import sized_job
 from tunecost.estimate.gpu_search import estimate_multi_gpu, unsharded_strategies
 from tunecost.estimate.rank_needs import RankNeeds
 from tunecost.estimate.setups import Setup, setup_cost
+from tunecost.estimate.throughput.stack_priors import framework_family
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.offload import OFFLOAD_CHOICES, OFFLOAD_STRATEGIES
 from tunecost.workload.parallel import MULTI_GPU_STRATEGIES, ModelParallel, ParallelPlan
 
 METHODS = ("full", "lora", "qlora")
-MAX_OWNED_GPUS = 1024
 # tied layouts: one GPU, then PyTorch's own data parallelism (accelerate's FSDP first, as most runs use it), then
 # DeepSpeed's
 PREFERENCE = ("single", "ddp", "fsdp1", "fsdp2", "fsdp2-shard-grad-op", "hsdp", "zero1", "zero2", "zero3")
@@ -92,20 +90,6 @@ class Plan:
     pruned: int  # setups ruled out by memory before any time was estimated
     skipped: int = 0  # setups that fit but were not timed: GPU counts the search does not price
     notes: tuple[str, ...] = ()
-
-
-def parse_owned(text: str | None) -> tuple[Owned, ...]:
-    """`--own "2xRTX-4090,1xA100-80GB"`: counts of catalog GPUs (a bare name is one GPU)."""
-    out: list[Owned] = []
-    for item in (text or "").split(","):
-        if not item.strip():
-            continue
-        m = re.fullmatch(r"\s*(?:(\d+)\s*[xX*]\s*)?(.+?)\s*", item)
-        count = int(m.group(1)) if m and m.group(1) else 1
-        if not m or not 1 <= count <= MAX_OWNED_GPUS:
-            raise TunecostError(f"--own {item.strip()!r}: expected COUNTxGPU with 1 to {MAX_OWNED_GPUS} GPUs")
-        out.append(Owned(gpu=resolve_gpu_name(m.group(2)).gpu, count=count))
-    return tuple(out)
 
 
 def layout_strategies(offload: str, expert_degree: int = 1) -> list[str]:
@@ -342,13 +326,18 @@ def make_plan(
     behaviour=None,
     on_progress: Callable[[int, int, str], None] | None = None,
     host_cpu: str | None = None,
+    framework: str | None = None,
 ) -> Plan:
     """Plan `jobs` (one per method) on the rented `gpus` and the `own`ed ones (on `host_cpu`'s machine, else a
-    rented GPU's default host); each sized at its longest batch's padded length and priced over its own lengths, as
-    `estimate` sizes and prices it."""
-    rented = {job.method: RankNeeds(job.with_(batch_size=1), behaviour) for job in jobs}
+    rented GPU's default host), run by `framework` (`EstimatorOptions.framework`); each sized at its longest batch's
+    padded length and priced over its own lengths, as `estimate` sizes and prices it."""
+    if framework is not None:
+        framework_family(framework)  # an unknown framework is an error before the search
+    rented = {job.method: RankNeeds(job.with_(batch_size=1), behaviour, framework) for job in jobs}
     mine = (
-        {j.method: RankNeeds(j.with_(batch_size=1), behaviour, host_cpu=host_cpu) for j in jobs} if host_cpu else rented
+        {j.method: RankNeeds(j.with_(batch_size=1), behaviour, framework, host_cpu) for j in jobs}
+        if host_cpu
+        else rented
     )
     needs = {False: rented, True: mine}
     jobs = [sized_job(job) for job in jobs]

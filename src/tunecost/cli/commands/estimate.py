@@ -16,6 +16,7 @@ from tunecost.cli.jobconfig import ConfigFiles, config_data_file, required, run_
 from tunecost.cli.options import (
     Epochs,
     ExpertsPerToken,
+    Framework,
     HostCpuOpt,
     MaxSteps,
     MethodName,
@@ -44,10 +45,6 @@ BATCH_SIZE_HELP = (
 )
 ESTIMATOR_HELP = "calibrated (answers for every GPU) | simulate | paper"
 STEADY_STATE_HELP = "Steady-state throughput with no start-up (default: one run, start-up once)."
-FRAMEWORK_HELP = (
-    "The framework that runs the job (torchtune, nemo, litgpt, torchtitan, axolotl, ...; set by --config): a "
-    "framework outside the calibrated stack family gets its family's throughput prior and a wider interval."
-)
 
 
 @cli_errors
@@ -73,7 +70,7 @@ def estimate(
     multi_gpu: MultiGpuOptions,
     output: RecordsOutput,
     verbose: Annotated[bool, opt("--verbose", "Every row and every note.")] = False,
-    framework: Annotated[str | None, opt("--framework", FRAMEWORK_HELP)] = None,
+    framework: Framework = None,
     config: ConfigFiles = None,
 ) -> None:
     """Cost of fine-tuning MODEL on each GPU and provider, the answer first; says which estimator answered.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 from typing import Annotated
 
@@ -37,6 +38,8 @@ from tunecost.cli.jobconfig import (
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_positive
 from tunecost.workload.parallel import MAX_SEARCH_GPUS
+
+MAX_OWNED_GPUS = 1024
 
 OWN_HELP = 'GPUs you own, e.g. "2xRTX-4090,1xA100-80GB": no rental cost, counted by their hours.'
 HOST_HELP = (
@@ -91,6 +94,7 @@ def plan(
     gpu: Annotated[str, cli.opt("--gpu", "GPUs that may be rented: a comma list or 'all' ('none': own only).")] = "all",
     own: Annotated[str | None, cli.opt("--own", OWN_HELP)] = None,
     host_cpu: Annotated[str | None, cli.opt("--host-cpu", HOST_HELP)] = None,
+    framework: cli.Framework = None,
     pricing: Pricing,
     max_gpus: multi.MaxGpus = None,
     gpus_per_node: multi.GpusPerNode = None,
@@ -121,8 +125,9 @@ def plan(
     if global_batch is not None:  # each setup's accumulation comes from the global batch (plan._with_global_batch)
         jobs = [j.with_(grad_accum=1) for j in jobs]
     per_row = queries_per_row(jobs[0])
-    run = (queries, epochs, max_steps)
-    num_queries, num_epochs = _workload(run, tokens, job_options.seq_len, data, global_batch, per_row)
+    num_queries, num_epochs = _workload(
+        (queries, epochs, max_steps), tokens, job_options.seq_len, data, global_batch, per_row
+    )
     with progress_callback("planning", enabled=not json_out, counted=True) as on_progress:
         result = make_plan(
             jobs,
@@ -140,13 +145,10 @@ def plan(
             behaviour=stack_flags.behaviour(job_options.stack),
             on_progress=on_progress,
             host_cpu=host_cpu,
+            framework=framework,
         )
-    if out is not None:  # every setup weighed, for `tunecost report` (cost vs hours with the Pareto front)
-        import sys
-
-        from tunecost.results.plan_records import save_plan_records
-
-        save_plan_records(out, result, command=sys.argv, force=force)
+    if out is not None:
+        _save_records(out, result, force)
     how = (stack_flags.behaviour(job_options.stack), config, None if max_steps is None else num_queries / per_row)
     written = _emit(result, jobs, (emit, model, dataset), target, force, num_epochs, how) if emit is not None else []
     if json_out:
@@ -156,6 +158,15 @@ def plan(
     print_plan(result, verbose=verbose, lengths=lengths_note(jobs[0]))
     for path in written:
         console.print(f"wrote {path}")
+
+
+def _save_records(out: Path, result, force: bool) -> None:
+    """Every setup weighed, for `tunecost report` (cost vs hours with the Pareto front)."""
+    import sys
+
+    from tunecost.results.plan_records import save_plan_records
+
+    save_plan_records(out, result, command=sys.argv, force=force)
 
 
 def _methods(method: str | None, target: str | None, job_options: JobOptions) -> list[str]:
@@ -176,12 +187,27 @@ def _methods(method: str | None, target: str | None, job_options: JobOptions) ->
 
 def _owned(own: str | None, host_cpu: str | None) -> tuple[tuple, str | None]:
     """--own's GPUs, and --host-cpu (their machine's CPU) as the catalog names it."""
-    from tunecost.estimate.plan import parse_owned
-
     owned = parse_owned(own)
     if host_cpu is not None and not owned:
         raise TunecostError("--host-cpu names the machine of your --own GPUs; give --own")
     return owned, checked_host_cpu(host_cpu)
+
+
+def parse_owned(text: str | None) -> tuple:
+    """`--own "2xRTX-4090,1xA100-80GB"`: counts of catalog GPUs (a bare name is one GPU), as `estimate.plan.Owned`."""
+    from tunecost.catalog.gpus import resolve_gpu_name
+    from tunecost.estimate.plan import Owned
+
+    out: list[Owned] = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        m = re.fullmatch(r"\s*(?:(\d+)\s*[xX*]\s*)?(.+?)\s*", item)
+        count = int(m.group(1)) if m and m.group(1) else 1
+        if not m or not 1 <= count <= MAX_OWNED_GPUS:
+            raise TunecostError(f"--own {item.strip()!r}: expected COUNTxGPU with 1 to {MAX_OWNED_GPUS} GPUs")
+        out.append(Owned(gpu=resolve_gpu_name(m.group(2)).gpu, count=count))
+    return tuple(out)
 
 
 def _kept_global_batch(global_batch: int | None) -> int | None:
