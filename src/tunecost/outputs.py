@@ -56,10 +56,34 @@ def check_output_path(
     return target
 
 
-def check_output_folder(path: str | os.PathLike[str], *, option: str = "--out") -> Path:
-    """`path` as a Path when it is, or can become, a folder; else a `TunecostError` naming `option`."""
+def check_output_folder(
+    path: str | os.PathLike[str], *, option: str = "--out", own: Iterable[tuple[str, str]] = ()
+) -> Path:
+    """`path` as a Path when it is, or can become, a tunecost run folder; else a `TunecostError` naming `option`.
+    Refused: a file, a folder whose meta.json is not a tunecost run's, and a folder holding a file the command
+    writes beside its records (`own`: (file, records file) pairs) where those records are not there (the file is
+    the user's, not an earlier run's)."""
     target = Path(path)
     if target.exists() and not target.is_dir():
         raise TunecostError(f"{option} {str(target)!r} is a file; give a folder")
     _check_parent_is_a_folder(target, option)
+    meta = target / "meta.json"
+    if meta.exists() and not is_run_metadata(meta):
+        raise TunecostError(f"{option} {str(target)!r}: its meta.json is not a tunecost run's; give another folder")
+    for name, records in own:
+        if (target / name).exists() and not (target / records).exists():
+            raise TunecostError(
+                f"{option} {str(target)!r} holds {name} but no {records}: not a tunecost run's; give another folder"
+            )
     return target
+
+
+def is_run_metadata(path: Path) -> bool:
+    """Whether `path` is a run folder's meta.json that tunecost wrote (a JSON object with "tool": "tunecost")."""
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and data.get("tool") == "tunecost"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import math
 
 import pytest
 
@@ -358,3 +359,39 @@ def test_the_closest_miss_over_budget_is_the_cheapest_over_it() -> None:
             if (o.method, o.setup.gpu.name, o.owned, o.offload) == (m.method, m.setup.gpu.name, m.owned, m.offload)
         ]
         assert m.usd == min(o.usd for o in same)
+
+
+def test_emit_never_writes_onto_a_config_it_read(cli_runner, tmp_path) -> None:
+    """A recipe named as the --config file (LLaMA-Factory's llamafactory.yaml) is refused even with --force; an
+    --emit that is a file and an --out whose meta.json tunecost did not write are refused before the search."""
+    config = tmp_path / "llamafactory.yaml"
+    text = "model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: sft\nfinetuning_type: lora\ncutoff_len: 512\n"
+    config.write_text(text)
+    args = ["plan", "--config", str(config), "--gpu", "H100", "--queries", "1000", "--epochs", "1", "--max-gpus", "1"]
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "meta.json").write_text("{not json")
+    for extra, said in (
+        (["--target", "llamafactory", "--emit", str(tmp_path), "--force"], "is one of this command's inputs"),
+        (["--emit", str(tmp_path / "afile")], "is a file; give a folder"),
+        (["--out", str(tmp_path / "run")], "its meta.json is not a tunecost run's"),
+    ):
+        result = cli_runner.invoke(app, [*args, *extra])
+        last = result.stderr.strip().splitlines()[-1]
+        assert result.exit_code == 2 and last.startswith("error: ") and said in " ".join(result.stderr.split())
+    assert config.read_text() == text and (tmp_path / "run" / "meta.json").read_text() == "{not json"
+
+
+def test_no_setup_steps_over_more_queries_than_an_epoch_holds(cli_runner) -> None:
+    """1000 queries on up to 32 H100s: a micro-batch larger than a rank's share of the epoch never runs, so each
+    setup's is cut to it (32 ranks: 32, not the 50-odd that fit) and the plan says so."""
+    args = ["plan", "--model", "Qwen/Qwen2.5-0.5B", "--method", "lora", "--gpu", "H100", "--queries", "1000"]
+    result = cli_runner.invoke(app, [*args, "--epochs", "1", "--seq-len", "512", "--budget", "1", "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout[result.stdout.index("{") :])["plan"]
+    for option in plan["front"]:
+        layout = option["setup"]["plan"]
+        dp = layout["num_gpus"] // (layout.get("tp", 1) * layout.get("pp", 1) * layout.get("cp", 1))
+        assert option["setup"]["micro_batch"] <= math.ceil(1000 / (dp * option["accumulation"]))
+    assert any(o["setup"]["plan"]["num_gpus"] >= 16 for o in plan["front"])
+    assert any("more than an epoch's 1000 queries" in n for n in plan["notes"])

@@ -790,3 +790,15 @@ def test_a_memory_value_that_cannot_be_measured_and_a_fractional_count_are_skipp
     for out in validate_rows(rows, simulate=lambda m: fake):
         expected = "finite number > 0" if out.id.startswith("v-") else "not a whole number"
         assert out.status == "skipped" and expected in out.reason, out
+
+
+def test_out_never_replaces_a_file_the_user_had(corpus, cli_error, tmp_path) -> None:
+    """A folder whose validation.csv has no validation.jsonl beside it, or whose meta.json tunecost did not write,
+    is not a run folder: refused before any row is validated, the files untouched (even with --force)."""
+    for name, text in (("validation.csv", "my,own,data\n"), ("meta.json", '{"my": "meta"}')):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / name).write_text(text, encoding="utf-8")
+        line = cli_error(["validate", str(corpus), "--out", str(folder)])
+        assert line.startswith("error: --out") and "give another folder" in line
+        assert (folder / name).read_text(encoding="utf-8") == text and not (folder / "validation.jsonl").exists()

@@ -45,10 +45,10 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     notes = [(_option_of(line, params), f"assumed: {line}") for line in job.assumptions]
     method = next((p for p in ctx.command.params if p.name == "method"), None)
     said = any(line.startswith("method") for line in job.assumptions)  # the reader's own line on the method
-    if method is not None and "method" not in job.options and not said:  # e.g. an accelerate or DeepSpeed file
-        notes.append(
-            ("method", f"assumed: method: {job.path} does not say; --method decides (default {method.default})")
-        )
+    if method is not None and "method" not in job.options:  # e.g. an accelerate or DeepSpeed file
+        default = "all three weighed" if method.default is None else method.default
+        line = f"method: {job.path} does not say; --method decides (default {default})"
+        notes.append(("method", f"assumed: method {default}: --method's default" if said else f"assumed: {line}"))
     if job.not_modelled:
         notes.append((None, f"warning: not modelled from {job.path}: {', '.join(job.not_modelled)}"))
     taken_elsewhere = (*PLAN_OPTIONS, "modules_to_save")  # options only some commands take (a layout: estimate)

@@ -4,6 +4,7 @@ that fits (`setups.evaluate_setup`). Derivations: docs/multi-gpu.md, section `tu
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -227,12 +228,26 @@ class _Search:
                     )
                 else:
                     lo, border = self.needs.largest_micro_batch(plan, gpu, self.margin)
-                    setups.append(self.evaluate(gpu, links, prices, throughputs, plan, max(lo, 1), border))
+                    batch = self.within_epoch(plan, max(lo, 1))
+                    setups.append(self.evaluate(gpu, links, prices, throughputs, plan, batch, border))
                     if lo and fewest is None:  # one GPU fitting stands for every strategy's
                         single = plan.strategy == "single"
                         same = [dataclasses.replace(plan, strategy=s) for s in self.strategies] if single else [plan]
                         found.update(dict.fromkeys(map(_layout_key, same), n))
         return setups
+
+    def within_epoch(self, plan: ParallelPlan, batch: int) -> int:
+        """`batch`, cut to the most one optimizer step of `plan` can take from an epoch's queries (micro-batch x
+        accumulation x data-parallel ranks x pipeline micro-batches at most the epoch): a larger one never runs."""
+        if not self.num_queries:
+            return batch
+        per_step = plan.dp * self.grad_accum * (plan.num_micro_batches if plan.pp > 1 else 1)
+        most = max(1, math.ceil(self.num_queries / per_step))
+        if most < batch:
+            self.note(
+                f"micro-batch cut where one optimizer step would take more than an epoch's {self.num_queries:g} queries"
+            )
+        return min(batch, most)
 
     def evaluate(
         self,

@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from tunecost import __version__
+from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_json
+from tunecost.outputs import is_run_metadata
 from tunecost.results.schema import SCHEMA_VERSION
 
 TRACKED_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes")
@@ -147,14 +149,14 @@ def merge_metadata(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str,
 
 
 def update_run_metadata(run_dir: str | os.PathLike[str], new: dict[str, Any]) -> Path:
-    """Write `run_dir/meta.json` atomically, merged (`merge_metadata`) with the one already there."""
+    """Write `run_dir/meta.json` atomically, merged (`merge_metadata`) with the one already there; one that tunecost
+    did not write is never replaced (`TunecostError`)."""
     import json
 
     path = Path(run_dir) / "meta.json"
     old = None
     if path.exists():
-        try:
-            old = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError:
-            old = None
-    return atomic_write_json(path, merge_metadata(old if isinstance(old, dict) else None, new))
+        if not is_run_metadata(path):
+            raise TunecostError(f"{path}: not a tunecost run's meta.json; write to another run directory")
+        old = json.loads(path.read_text(encoding="utf-8"))
+    return atomic_write_json(path, merge_metadata(old, new))

@@ -115,7 +115,7 @@ def plan(
     from tunecost.workload.job_data import job_data
 
     model = required("model", job_options.model)
-    methods = _methods(method, target, job_options)
+    methods = _methods(method, target, job_options, (out, emit))
     _check_numbers(budget, deadline, epochs, queries, tokens, global_batch, max_gpus, gpus_per_node)
     owned, host_cpu = _owned(own, host_cpu)
     gpus = _rented_gpus(gpu, owned)
@@ -169,11 +169,18 @@ def _save_records(out: Path, result, force: bool) -> None:
     save_plan_records(out, result, command=sys.argv, force=force)
 
 
-def _methods(method: str | None, target: str | None, job_options: JobOptions) -> list[str]:
-    """--method as a list (default: every method), after --target's check and --quant-type's (qlora's)."""
+def _methods(method: str | None, target: str | None, job_options: JobOptions, outputs: tuple) -> list[str]:
+    """--method as a list (default: every method), after --target's check, --quant-type's (qlora's) and the
+    output folders' (--out, --emit: before the search)."""
     from tunecost.estimate.plan import METHODS
     from tunecost.estimate.recipes import TARGETS
+    from tunecost.outputs import check_output_folder
 
+    out, emit = outputs
+    if out is not None:
+        check_output_folder(out)
+    if emit is not None and emit.exists() and not emit.is_dir():
+        raise TunecostError(f"--emit {str(emit)!r} is a file; give a folder")
     methods = split_list(method, what="method") or list(METHODS)
     for m in methods:
         if m not in METHODS:
@@ -287,7 +294,7 @@ def _emit(result, jobs: list, emit: tuple, target: str | None, force: bool, epoc
     recipe = launch_job(
         best, job, epochs=epochs, model=model, dataset=dataset, fused_adamw=fused, base=base, max_steps=steps
     )
-    return write_recipe(recipe, target, out, force=force)
+    return write_recipe(recipe, target, out, force=force, inputs=configs or ())
 
 
 def _note(option) -> str:

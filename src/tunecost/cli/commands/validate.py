@@ -51,7 +51,7 @@ def validate(
     from tunecost.validate import read_corpus, validate_rows
 
     if out is not None:
-        check_output_folder(out)
+        check_output_folder(out, own=(("validation.csv", "validation.jsonl"),))
     rows = validate_rows(read_corpus(list(files) if files else None))
     if out is not None:
         path = save_validation_records(out, rows, command=sys.argv, force=force)

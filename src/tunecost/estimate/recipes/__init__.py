@@ -9,7 +9,7 @@ raised before anything is written; an existing file is replaced only with `force
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tunecost.errors import TunecostError
@@ -19,6 +19,7 @@ from tunecost.estimate.recipes.llamafactory import _llamafactory
 from tunecost.estimate.recipes.skypilot import _skypilot, skypilot_cloud
 from tunecost.estimate.recipes.torchtune import _torchtune, torchtune_config
 from tunecost.io import atomic_write_text
+from tunecost.outputs import check_output_path
 
 __all__ = ["LAUNCH_QUANT_TYPES", "TARGETS", "LaunchJob", "skypilot_cloud", "torchtune_config", "write_recipe"]
 
@@ -30,9 +31,12 @@ RENDERERS: dict[str, Callable[[LaunchJob], dict[str, str]]] = {
 }
 
 
-def write_recipe(job: LaunchJob, target: str, out_dir: Path, *, force: bool = False) -> list[Path]:
+def write_recipe(
+    job: LaunchJob, target: str, out_dir: Path, *, force: bool = False, inputs: Sequence[Path] = ()
+) -> list[Path]:
     """Write `target`'s files for `job` into `out_dir` (created if missing) and return their paths. Every file is
-    rendered and checked before any is written; an existing file is replaced only with `force`."""
+    rendered and checked before any is written; an existing file is replaced only with `force`, one of the
+    command's `inputs` (its --config files) never."""
     if target not in RENDERERS:
         raise TunecostError(f"unknown recipe target {target!r}; targets: {', '.join(TARGETS)}")
     if job.liger_kernel and target == "torchtune":
@@ -40,7 +44,7 @@ def write_recipe(job: LaunchJob, target: str, out_dir: Path, *, force: bool = Fa
     if job.fp8 != "none" and target != "llamafactory":  # the Trainer's bf16 wins over accelerate's fp8
         raise _cannot(target, "FP8; plan --emit with --target llamafactory")
     files = RENDERERS[target](job)
-    paths = [Path(out_dir) / name for name in files]
+    paths = [check_output_path(Path(out_dir) / name, force=True, inputs=inputs, option="--emit") for name in files]
     taken = [str(p) for p in paths if p.exists() or p.is_symlink()]
     if taken and not force:
         raise TunecostError(f"{', '.join(taken)}: already there; pass --force to replace")
