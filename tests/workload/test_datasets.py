@@ -87,9 +87,9 @@ def test_chat_messages_and_sharegpt_conversations(tmp_path):
 def test_a_conversation_without_an_assistant_turn_is_a_malformed_row():
     rows = [{"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]}]
     rows.append({"messages": [{"role": "user", "content": "Hi"}]})
-    with pytest.raises(TunecostError, match=r"row 1 is malformed \('messages' has no assistant turn\)"):
+    with pytest.raises(TunecostError, match=r"row 2 is malformed \('messages' has no assistant turn\)"):
         rows_to_dataset(rows, name="chat", source="chat.json")
-    with pytest.raises(TunecostError, match=r"row 0 is malformed \(turn 0 of 'messages' needs 'role'"):
+    with pytest.raises(TunecostError, match=r"row 1 is malformed \(turn 0 of 'messages' needs 'role'"):
         rows_to_dataset([{"messages": [{"text": "Hi"}]}], name="chat", source="chat.json")
 
 
@@ -104,7 +104,7 @@ def test_unknown_format_names_columns_and_accepted_formats():
 
 def test_malformed_row_reported_with_index_and_skipped_only_on_request():
     path = str(FIXTURES / "malformed_rows.json")
-    with pytest.raises(TunecostError, match=r"row 1 is malformed \(missing 'output'\)"):
+    with pytest.raises(TunecostError, match=r"row 2 is malformed \(missing 'output'\)"):
         load_dataset(path)
     ds = load_dataset(path, skip_bad_rows=True)
     assert len(ds) == 2 and ds.skipped_rows == (1,)
@@ -112,7 +112,7 @@ def test_malformed_row_reported_with_index_and_skipped_only_on_request():
 
 def test_non_json_line_reported_with_index():
     path = str(FIXTURES / "malformed_line.jsonl")
-    with pytest.raises(TunecostError, match=r"row 1 is malformed \(line 2 is not JSON"):
+    with pytest.raises(TunecostError, match=r"row 2 is malformed \(line 2 is not JSON"):
         load_dataset(path)
     assert load_dataset(path, skip_bad_rows=True).skipped_rows == (1,)
 
@@ -217,9 +217,9 @@ def test_cli_data_stats_writes_nothing_without_out_and_reports_errors(tmp_path, 
     assert "gsm8k_original" in result.output and "mistral" in result.output
     assert list(tmp_path.iterdir()) == []
     bad = _cli(["data", "stats", str(FIXTURES / "malformed_rows.json")])
-    assert bad.exit_code == 2 and "row 1" in bad.output
+    assert bad.exit_code == 2 and "row 2" in bad.output
     skipped = _cli(["data", "stats", str(FIXTURES / "malformed_rows.json"), "--skip-bad-rows", "--json"])
-    assert skipped.exit_code == 0 and json.loads(skipped.stdout)["skipped_rows"] == [1]
+    assert skipped.exit_code == 0 and json.loads(skipped.stdout)["skipped_rows"] == [2]
     listing = _cli(["data", "list", "--json"])
     assert listing.exit_code == 0 and any(r["name"] == "math_14k" for r in json.loads(listing.stdout))
 

@@ -151,7 +151,7 @@ def test_a_missing_file_is_named(tmp_path: Path):
 
 def test_a_malformed_file_names_its_row(write_file):
     bad = write_file("bad.jsonl", json.dumps(ROWS[0]) + "\n{not json\n")
-    with pytest.raises(TunecostError, match=f"{bad}: row 1 is malformed"):
+    with pytest.raises(TunecostError, match=f"{bad}: row 2 is malformed"):
         job_data(str(bad), model="mixtral-8x7b")
 
 

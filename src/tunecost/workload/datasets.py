@@ -106,8 +106,8 @@ def rows_to_dataset(
         except ValueError as exc:
             if not skip_bad_rows:
                 raise TunecostError(
-                    f"{source}: row {index} is malformed ({exc}) for format {fmt.name}; fix it or skip bad rows "
-                    "(skip_bad_rows=True / --skip-bad-rows)"
+                    f"{source}: row {index + 1} is malformed ({exc}) for format {fmt.name}; fix it (`tunecost data "
+                    "stats FILE --skip-bad-rows` lists every malformed row)"
                 ) from None
             skipped.append(index)
     if not examples:

@@ -156,7 +156,7 @@ def columns_format(columns: Mapping[str, str]) -> DatasetFormat:
 
 def accepted_formats_text() -> str:
     kinds = "; ".join(f.description for f in FORMATS.values())
-    return f"{kinds}; or any JSON/JSONL with a column mapping (prompt=COL,response=COL[,answer=COL])"
+    return f"{kinds}; or any JSON/JSONL with a column mapping (`tunecost data stats --columns prompt=COL,response=COL`)"
 
 
 def detect_format(columns: Iterable[str], source: str) -> DatasetFormat:

@@ -93,7 +93,7 @@ def stats(
         **summary,
         "source": ds.source,
         "format": ds.format,
-        "skipped_rows": list(ds.skipped_rows),
+        "skipped_rows": [i + 1 for i in ds.skipped_rows],  # counted from 1, as the errors count rows
         **padding,
         "histogram": histogram,
     }
