@@ -185,3 +185,13 @@ def test_a_named_host_runs_the_ranks_and_the_offloaded_optimizer_step(cli_runner
         steps[host] = answer["setups"][0]["timing"]["compute_seconds"]
         assert any(f"{bandwidth} x {host} (named)" in n for n in answer["notes"])
     assert steps["Ryzen 9 7950X"] != steps["Xeon Platinum 8480C"]
+
+
+def test_a_strategy_on_one_gpu_is_said_to_be_one_gpu_alone(cli_runner):
+    """--gpus 1 --strategy zero3 without offload: ZeRO-3 of one rank shards nothing, priced and said as one GPU."""
+    args = [*BASE, "--model", DENSE, "--gpu", "H100", "--gpus", "1", "--strategy", "zero3", "--json"]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert [s["plan"]["strategy"] for s in answer["setups"]] == ["single"]
+    assert "one GPU: zero3 shard and replicate nothing there; priced as one GPU alone" in answer["notes"]

@@ -74,3 +74,13 @@ def test_quant_type_without_qlora_is_an_error_not_ignored(cli_error) -> None:
         assert line.startswith("error: --quant-type nf4: the base weights' type of --method qlora; --method ")
     line = cli_error(["plan", "--method", "full,lora", *job, "--epochs", "1", "--queries", "9"])
     assert "--quant-type nf4" in line
+    line = cli_error(["memory", "--method", "lora", *job[:-2], "--no-double-quant"])
+    assert line.startswith("error: --no-double-quant: the base weights' type of --method qlora")
+
+
+def test_lora_options_with_a_full_fine_tune_are_errors_not_ignored(cli_error) -> None:
+    job = ["--model", "Qwen/Qwen2.5-0.5B", "--gpu", "H100", "--seq-len", "256"]
+    for flag in (["--lora-rank", "64"], ["--lora-dropout", "0.3"], ["--lora-targets", "attention"]):
+        for command in (["memory"], ["estimate", "--epochs", "1", "--queries", "9"], ["plan", "--queries", "9"]):
+            line = cli_error([*command, "--method", "full", *job, *flag])
+            assert line.startswith(f"error: {flag[0]}: an option of the LoRA adapter; --method full"), line

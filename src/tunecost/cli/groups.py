@@ -78,12 +78,24 @@ class JobOptions:
     fp8: cli.Fp8 = "none"
     fp8_params: cli.Fp8Params = False
 
-    def check_method(self, method: str) -> None:
-        """--quant-type sets qlora's base weights: given on the command line with another method, an error."""
-        if self.quant_type is not None and method != "qlora" and on_command_line("quant_type"):
+    def check_method(self, *methods: str) -> None:
+        """Options given on the command line that none of `methods` takes are errors: --quant-type and
+        --no-double-quant set qlora's base weights, the LoRA options an adapter that a full fine-tune does not have."""
+        quant = {
+            "quant_type": f"--quant-type {self.quant_type}",
+            "double_quant": f"--{'' if self.double_quant else 'no-'}double-quant",
+        }
+        given = [flag for option, flag in quant.items() if on_command_line(option)]
+        if given and "qlora" not in methods:
             raise TunecostError(
-                f"--quant-type {self.quant_type}: the base weights' type of --method qlora; --method {method} keeps "
-                "them in the compute dtype (drop --quant-type, or --method qlora)"
+                f"{given[0]}: the base weights' type of --method qlora; --method {methods[0]} keeps them in the "
+                f"compute dtype (drop {given[0].split()[0]}, or --method qlora)"
+            )
+        lora = [o for o in _LORA_OPTIONS if on_command_line(o)]
+        if lora and set(methods) == {"full"}:
+            raise TunecostError(
+                f"--{lora[0].replace('_', '-')}: an option of the LoRA adapter; --method full trains every weight and "
+                "has none (drop it, or --method lora)"
             )
 
     def estimate_job(self, model: str, method: str, data: Any = None, experts_per_token: int | None = None) -> Any:
@@ -123,6 +135,9 @@ class JobOptions:
             fp8_params=self.fp8_params,
             modules_to_save=() if method == "full" else parse_names(self.modules_to_save),  # full trains them all
         ).with_(grad_accum=self.grad_accum or 1)
+
+
+_LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "modules_to_save")
 
 
 @dataclass(frozen=True, kw_only=True)

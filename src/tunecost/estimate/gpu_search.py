@@ -205,6 +205,10 @@ class _Search:
         setups: list[Setup] = []
         found: dict[tuple, int] = {}  # layout -> its fewest GPUs that fit (no num_gpus)
         for n in counts:
+            if n == 1 and not self.searching and self.offload == "none" and self.expert_degree == 1:
+                asked = [s for s in self.strategies if s != "single"]
+                if asked and len(asked) == len(self.strategies):
+                    self.note(f"one GPU: {', '.join(asked)} shard and replicate nothing there; priced as one GPU alone")
             for plan in layout_plans(
                 n,
                 self.strategies,

@@ -187,8 +187,7 @@ def _methods(method: str | None, target: str | None, job_options: JobOptions, ou
             raise TunecostError(f"--method {m!r}: expected {', '.join(METHODS)}")
     if target is not None and target not in TARGETS:
         raise TunecostError(f"--target {target!r}: expected {', '.join(TARGETS)}")
-    if "qlora" not in methods:
-        job_options.check_method(methods[0])
+    job_options.check_method(*methods)
     return methods
 
 
