@@ -31,10 +31,10 @@ def test_sizes_past_int64_name_the_option(cli_error, args: list[str], expected: 
     assert expected in cli_error(args)
 
 
-def test_nan_names_the_option(cli_error) -> None:
-    assert "--epochs must be a finite number" in cli_error(
-        ["estimate", "--model", "mixtral-8x7b", "--gpu", "A40", "--epochs", "nan"]
-    )
+@pytest.mark.parametrize(("flag", "value"), [("--epochs", "nan"), ("--epochs", "0"), ("--lora-alpha", "-1")])
+def test_a_number_out_of_range_names_the_option(cli_error, flag: str, value: str) -> None:
+    line = cli_error(["estimate", "--model", "mixtral-8x7b", "--gpu", "A40", "--epochs", "1", flag, value])
+    assert line.startswith(f"error: {flag}: must be a positive number at most")
 
 
 @pytest.mark.parametrize(

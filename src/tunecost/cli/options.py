@@ -18,7 +18,9 @@ import typer
 
 from tunecost.limits import (
     MAX_BATCH_SIZE,
+    MAX_EPOCHS,
     MAX_GRAD_ACCUM,
+    MAX_LORA_ALPHA,
     MAX_QUERIES,
     MAX_SEQ_LEN,
     MAX_STEPS,
@@ -122,7 +124,7 @@ JobModel = Annotated[
 ]
 LoraRank = Annotated[int, count_option("--lora-rank", "LoRA rank.", MAX_LORA_RANK)]
 # The run's length: epochs, or optimizer steps (x the config's global batch: workload.run_length)
-Epochs = Annotated[float | None, opt("--epochs", "Epochs (or from --config).")]
+Epochs = Annotated[float | None, opt("--epochs", "Epochs (or from --config).", parser=positive_number(MAX_EPOCHS))]
 MAX_STEPS_HELP = (
     "Optimizer steps of the run instead of --epochs (or from --config: max_steps, trainer.max_steps, "
     "training.steps): queries = steps x the config's global batch."
@@ -138,7 +140,9 @@ GRAD_ACCUM_HELP = (
     "step's time is spread over them. Default 1."
 )
 GradAccum = Annotated[int | None, count_option("--grad-accum", GRAD_ACCUM_HELP, MAX_GRAD_ACCUM)]
-LoraAlpha = Annotated[float, opt("--lora-alpha", "LoRA alpha (scaling alpha / rank).")]
+LoraAlpha = Annotated[
+    float, opt("--lora-alpha", "LoRA alpha (scaling alpha / rank).", parser=positive_number(MAX_LORA_ALPHA))
+]
 LoraDropout = Annotated[float, opt("--lora-dropout", "Dropout on each LoRA adapter's input (PEFT's lora_dropout).")]
 LoraTargets = Annotated[
     str | None,

@@ -259,7 +259,7 @@ def batch_to_price(req: EstimateRequest, sizing: Sizing) -> tuple[int, list[str]
     if not req.fixed_batch:
         return sizing.max_batch_size, []
     batch = req.job.batch_size
-    notes = [f"batch fixed at {batch} (--batch-size)"]
+    notes = [f"batch fixed at {batch} (the job's: --batch-size or --config)"]
     if batch > sizing.borderline_batch_size:
         notes.append(f"DOES NOT FIT: batch {batch} is more than the {sizing.max_batch_size} that fit in {req.gpu.name}")
     elif batch > sizing.max_batch_size:

@@ -212,7 +212,10 @@ def parse_owned(text: str | None) -> tuple:
         count = int(m.group(1)) if m and m.group(1) else 1
         if not m or not 1 <= count <= MAX_OWNED_GPUS:
             raise TunecostError(f"--own {item.strip()!r}: expected COUNTxGPU with 1 to {MAX_OWNED_GPUS} GPUs")
-        out.append(Owned(gpu=resolve_gpu_name(m.group(2)).gpu, count=count))
+        try:
+            out.append(Owned(gpu=resolve_gpu_name(m.group(2)).gpu, count=count))
+        except TunecostError as exc:
+            raise TunecostError(f"--own {item.strip()!r}: {exc}") from None
     return tuple(out)
 
 
