@@ -64,11 +64,10 @@ def print_cost_rows(rows: list, *, job, verbose: bool = False, dataset_named: bo
     console.print("queries/s: steady state [95 % interval]; prices of " + ", ".join(dates))
     if any(r.extrapolation for r in shown):
         console.print("* predicted outside the calibrated range (GPU, model or batch): see the notes")
-    startup = max((r.startup_s for r in rows), default=0.0)
-    if startup:
-        console.print(
-            f"start-up: {startup / 60:.1f} min, counted once in the hours (--run-queries 1000: the paper's runs)"
-        )
+    startups = sorted({round(r.startup_s / 60, 1) for r in shown if r.startup_s})  # each row's own
+    if startups:
+        span = f"{startups[0]:.1f}" + (f"-{startups[-1]:.1f}" if len(startups) > 1 else "")
+        console.print(f"start-up: {span} min, counted once in the hours (--run-queries 1000: the paper's runs)")
     console.print(dim(lengths_note(job)))
     notes = _notes(rows)
     if verbose:

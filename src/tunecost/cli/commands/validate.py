@@ -33,6 +33,11 @@ def _fmt(v: object) -> str:
     return "" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def _pct(v: float | None) -> str:
+    """A percentage in a sentence; "n/a" where no row gives one."""
+    return "n/a" if v is None else f"{v:g} %"
+
+
 @cli_errors
 def validate(
     files: Annotated[
@@ -116,7 +121,7 @@ def _print_tables(rows) -> None:
     t = memory_totals(rows)
     console.print(
         f"memory rows modelled: {t['memory_rows_modelled']} of {t['memory_rows']}; peak memory median |error| "
-        f"{_fmt(t['peak_median_abs_pct_error'])} % over {t['peak_rows_modelled']} rows; fits/out-of-memory "
+        f"{_pct(t['peak_median_abs_pct_error'])} over {t['peak_rows_modelled']} rows; fits/out-of-memory "
         f"verdict right on {t['verdict_right']} of {t['verdict_rows']} rows that state one (fits on "
         f"{t['fits_right']} of the {t['ran_rows_modelled']} peak rows that ran, out of memory on {t['oom_right']} "
         f"of {t['oom_rows_modelled']} oom rows)"
@@ -129,15 +134,15 @@ def _print_tables(rows) -> None:
     )
     th = throughput_totals(rows)
     console.print(
-        f"throughput: mean |error| {_fmt(th['mape'])} % over {th['predicted_rows']} predicted rows of "
+        f"throughput: mean |error| {_pct(th['mape'])} over {th['predicted_rows']} predicted rows of "
         f"{th['throughput_rows']}; {th['calibration_rows']} calibration rows (one per stack and GPU) not counted"
     )
     for name, prefix, totals in (("throughput", "interval_", th), ("peak memory", "peak_interval_", t)):
         if totals[f"{prefix}with_interval"]:
             console.print(
                 f"{name} 95 % intervals: {totals[f'{prefix}inside']} of {totals[f'{prefix}with_interval']} "
-                f"measurements inside ({_fmt(totals[f'{prefix}coverage_pct'])} %), median half-width "
-                f"{_fmt(totals[f'{prefix}median_halfwidth_pct'])} %"
+                f"measurements inside ({_pct(totals[f'{prefix}coverage_pct'])}), median half-width "
+                f"{_pct(totals[f'{prefix}median_halfwidth_pct'])}"
             )
 
 
