@@ -95,6 +95,10 @@ def test_interrupted_sweep_resumes_without_redoing_points(tmp_path):
     assert len(result.table) == 4
     again = run_sweep(spec, tmp_path)  # everything finished: nothing is built or measured
     assert not again.measured and len(again.skipped) == 4
+    longer = _spec(kernels=False, expert_load=False, instrumentation_overhead=False, steps=2, warmup_steps=0)
+    with pytest.raises(TunecostError, match="measured with steps 1 \\(now 2\\); resume with the same settings"):
+        run_sweep(longer, tmp_path)  # points of 1 step and of 2 would be one table
+    assert len(read_rows(tmp_path, "throughput")) == 4
 
 
 def test_out_of_memory_point_is_a_recorded_boundary(tmp_path, monkeypatch):

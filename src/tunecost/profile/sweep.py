@@ -118,24 +118,43 @@ def make_source(
     return synthetic_source(vocab_size=vocab_size, seq_len=seq_len, num_queries=num_queries, seed=seed)
 
 
+def _settings(spec: SweepSpec) -> dict[str, Any]:
+    """What every point of a sweep is measured with, beside its own keys (`Workload.keys`)."""
+    return {
+        "steps": spec.options.steps,
+        "warmup_steps": spec.options.warmup_steps,
+        "gradient_checkpointing": spec.setup.gradient_checkpointing,
+        "lora_rank": spec.setup.lora_rank,
+        "lora_alpha": spec.setup.lora_alpha,
+        "random_weights": spec.setup.random_weights,
+    }
+
+
 def write_meta(out_dir: Path, spec: SweepSpec, points: list[Workload], command: Any, extra: dict[str, Any]) -> None:
     new = run_metadata(
         device=spec.setup.device,
         command=command,
         workloads=[p.keys() for p in points],
-        extra={
-            "profile": {
-                "steps": spec.options.steps,
-                "warmup_steps": spec.options.warmup_steps,
-                "gradient_checkpointing": spec.setup.gradient_checkpointing,
-                "lora_rank": spec.setup.lora_rank,
-                "lora_alpha": spec.setup.lora_alpha,
-                "random_weights": spec.setup.random_weights,
-                **extra,
-            }
-        },
+        extra={"profile": {**_settings(spec), **extra}},
     )
     update_run_metadata(out_dir, new)
+
+
+def _check_same_settings(out: Path, spec: SweepSpec) -> None:
+    """A sweep resumed into `out` measures its missing points as its finished ones were measured: other settings
+    would mix two measurements in one table."""
+    import json
+
+    try:
+        old = json.loads((out / "meta.json").read_text(encoding="utf-8")).get("profile", {})
+    except (OSError, ValueError, AttributeError):
+        return
+    changed = [f"{k} {old[k]} (now {v})" for k, v in _settings(spec).items() if k in old and old[k] != v]
+    if changed:
+        raise TunecostError(
+            f"--out {out}: its finished points were measured with {', '.join(changed)}; resume with the same "
+            "settings, or measure into another --out"
+        )
 
 
 def run_sweep(
@@ -188,8 +207,10 @@ def _run_locked(
     on_point: Callable[[PointMeasurement], None] | None,
     on_step: ProgressFn | None,
 ) -> SweepResult:
-    purge_unfinished(out)
     done_before = finished_points(out)
+    if done_before:
+        _check_same_settings(out, spec)
+    purge_unfinished(out)
     todo = [p for p in points if p.point_id not in done_before]
     write_meta(out, spec, points, command, {})
     measured: list[str] = []
