@@ -644,3 +644,20 @@ def test_fp8_a_recipe_cannot_launch_is_one_error(target: str, fp8: str, tmp_path
     with pytest.raises(TunecostError, match=f"{target} recipe: cannot express this setup: FP8"):
         write_recipe(make_job("ddp-lora", fp8=fp8), target, tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+def test_the_lora_dropout_reaches_every_recipe_and_reads_back(tmp_path: Path) -> None:
+    """The dropout the plan priced (its mask and dropped copy of each adapter's input) is the one each recipe runs:
+    PEFT's lora_dropout, LLaMA-Factory's lora_dropout (read back by its reader), torchtune's model.lora_dropout."""
+    from peft import LoraConfig
+
+    from tunecost.workload.frameworks.registry import read_config
+
+    job = make_job("ddp-lora", lora_dropout=0.05)
+    write_recipe(job, "accelerate", tmp_path / "acc")
+    args = json.loads((tmp_path / "acc" / "train_args.json").read_text())
+    assert LoraConfig(**args["lora_config"]).lora_dropout == 0.05
+    write_recipe(job, "llamafactory", tmp_path / "lf")
+    assert read_config(tmp_path / "lf" / "llamafactory.yaml").options["lora_dropout"] == 0.05
+    write_recipe(dataclasses.replace(job, strategy="fsdp2"), "torchtune", tmp_path / "tt")
+    assert "model.lora_dropout=0.05" in launch_words(tmp_path / "tt" / "launch.sh")

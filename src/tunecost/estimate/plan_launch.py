@@ -54,6 +54,7 @@ def launch_job(
         method=job.method,
         lora_rank=job.lora.rank,
         lora_alpha=job.lora.alpha,
+        lora_dropout=job.lora.dropout,
         lora_targets=job.lora.targets if job.method != "full" else (),
         quant_type=job.quant_type if job.quant_type in LAUNCH_QUANT_TYPES else "nf4",
         double_quant=job.double_quant,

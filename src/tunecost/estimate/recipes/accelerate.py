@@ -134,6 +134,7 @@ def _train_args(job: LaunchJob) -> dict[str, Any]:
         out["packing"] = {"packing": True, "packing_strategy": "bfd" if job.packing == "per-document" else "wrapped"}
     if job.method != "full":
         lora = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": job.rank, "lora_alpha": job.alpha}
+        lora["lora_dropout"] = job.lora_dropout
         out["lora_config"] = lora | _peft_targets(job)
     if job.method == "qlora" and job.quant_type == "int8":
         out["quantization_config"] = {"load_in_8bit": True}  # llm_int8_threshold 6.0: transformers' default

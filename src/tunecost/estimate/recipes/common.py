@@ -55,6 +55,7 @@ class LaunchJob:
     method: str  # full | lora | qlora
     lora_rank: int | None = None  # None: DEFAULT_LORA_RANK
     lora_alpha: float | None = None  # None: 2 x rank
+    lora_dropout: float = 0.0  # PEFT's lora_dropout (its mask and dropped copy are in the planned memory)
     lora_targets: tuple[str, ...] = ()  # tunecost's LORA_TARGETS (groups or projections); (): attention + mlp
     quant_type: str = "nf4"  # qlora: nf4 | fp4 (4-bit) | int8 (LLM.int8, load_in_8bit)
     double_quant: bool = True

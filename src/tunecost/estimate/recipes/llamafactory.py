@@ -33,6 +33,7 @@ PLANNED_KEYS = frozenset(
         "finetuning_type",
         "lora_rank",
         "lora_alpha",
+        "lora_dropout",
         "lora_target",
         "quantization_bit",
         "quantization_method",
@@ -74,7 +75,7 @@ def _llamafactory(job: LaunchJob) -> dict[str, str]:
     lf["finetuning_type"] = "full" if job.method == "full" else "lora"
     if job.method != "full":
         names = [m for t in job.targets for m in PEFT_MODULES[t]]
-        lf |= {"lora_rank": job.rank, "lora_alpha": int(job.alpha)}
+        lf |= {"lora_rank": job.rank, "lora_alpha": int(job.alpha), "lora_dropout": job.lora_dropout}
         lf["lora_target"] = "all" if set(job.targets) == {"attention", "mlp"} else ",".join(names)
     if job.method == "qlora" and job.quant_type == "int8":
         lf |= {"quantization_bit": 8, "quantization_method": "bnb"}

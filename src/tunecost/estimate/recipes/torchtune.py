@@ -149,6 +149,7 @@ def _torchtune(job: LaunchJob) -> dict[str, str]:
             t for t, p in zip(TORCHTUNE_ATTENTION, PROJECTIONS["attention"]) if {p, "attention"} & set(job.targets)
         ]
         over["model"] = {"lora_rank": job.rank, "lora_alpha": job.alpha, "lora_attn_modules": attention}
+        over["model"]["lora_dropout"] = job.lora_dropout
         over["model"]["apply_lora_to_mlp"] = "mlp" in job.targets
     if job.offload == "params":
         over["fsdp_cpu_offload"] = True
