@@ -42,9 +42,9 @@ def test_memory_dataset_lengths_folder(tmp_path: Path, cli_error) -> None:
     [
         (["--gpu-memory-gb", "1e20"], "--gpu-memory-gb is larger than any GPU holds (at most 10000 GB)"),
         (["--gpu-memory-gib", "1e308"], "--gpu-memory-gib is larger than any GPU holds"),
-        (["--method", "lora", "--lora-alpha", "0"], "LoRA alpha must be a positive number"),
-        (["--method", "lora", "--lora-alpha", "-1"], "LoRA alpha must be a positive number"),
-        (["--method", "lora", "--lora-alpha", "1e20"], "LoRA alpha must be a positive number at most 1e+06"),
+        (["--method", "lora", "--lora-alpha", "0"], "--lora-alpha: must be a positive number"),
+        (["--method", "lora", "--lora-alpha", "-1"], "--lora-alpha: must be a positive number"),
+        (["--method", "lora", "--lora-alpha", "1e20"], "--lora-alpha: must be a positive number at most 1e+06"),
     ],
 )
 def test_memory_sizes_past_any_gpu(cli_error, args: list[str], expected: str) -> None:

@@ -46,6 +46,21 @@ def _by_id(rows):
     return {r.id: r for r in rows}
 
 
+def test_a_repeated_id_and_quantity_is_named_and_a_quoted_line_break_stays_in_its_cell(corpus, tmp_path) -> None:
+    lines = corpus.read_text(encoding="utf-8").splitlines()
+    header, first = lines[0], lines[1]
+    path = tmp_path / "twice.csv"
+    path.write_text("\n".join([header, first, first]) + "\n", encoding="utf-8")
+    with pytest.raises(TunecostError, match=r"twice.csv: row 3: id '[^']+' with quantity '[^']+' repeats .* row 2"):
+        read_corpus([path])
+    column = header.split(",").index("notes")
+    cells = first.split(",")
+    cells[column] = '"a note\nover two lines\u2028and a line separator"'
+    path.write_text("\n".join([header, ",".join(cells)]) + "\n", encoding="utf-8")
+    (row,) = read_corpus([path])
+    assert row.get("notes") == "a note\nover two lines\u2028and a line separator"
+
+
 def test_missing_columns_are_named(tmp_path) -> None:
     path = tmp_path / "m.csv"
     path.write_text("id,model,value\nx,y,1\n", encoding="utf-8")

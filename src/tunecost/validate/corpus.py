@@ -7,6 +7,7 @@ per row in `mapping` (a bad value skips that row with its reason, it never stops
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def read_corpus_file(path: Path) -> list[CorpusRow]:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise TunecostError(f"{path}: not a UTF-8 text file (measurements are CSV)") from None
-    reader = csv.DictReader(text.splitlines())
+    reader = csv.DictReader(io.StringIO(text, newline=""))  # quoted cells may hold line breaks (and U+2028)
     header = [h.strip() for h in (reader.fieldnames or [])]
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
@@ -83,4 +84,13 @@ def read_corpus(paths: list[Path] | None = None) -> list[CorpusRow]:
     out: list[CorpusRow] = []
     for path in paths or [DEFAULT_CORPUS_PATH]:
         out.extend(read_corpus_file(Path(path)))
+    first: dict[tuple[str, str], CorpusRow] = {}
+    for row in out:
+        key = (row.get("id"), row.get("quantity"))
+        if key[0] and first.setdefault(key, row) is not row:
+            seen = first[key]
+            raise TunecostError(
+                f"{row.path}: row {row.line}: id {key[0]!r} with quantity {key[1]!r} repeats {seen.path} row "
+                f"{seen.line} (a row's id and quantity name its result)"
+            )
     return out
