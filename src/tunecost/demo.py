@@ -18,6 +18,7 @@ from tunecost.estimate.measurements import PAPER_A40_MEASUREMENTS, PAPER_A40_SOU
 from tunecost.estimate.paper import EQ1_ARTIFACT_SEQ_LEN
 from tunecost.io import atomic_write_json
 from tunecost.models.catalog import model_catalog, resolve_model
+from tunecost.outputs import check_output_folder
 from tunecost.profile.model_setup import ModelSetup
 from tunecost.profile.ranks import profile_point
 from tunecost.profile.sweep import InputSpec, SweepSpec, run_sweep
@@ -267,7 +268,9 @@ def run_demo(
     out_dir: Path, *, on_stage: Callable[[DemoStage], None] | None = None, on_progress: ProgressFn | None = None
 ) -> dict[str, float]:
     """Run every demo stage into `out_dir`; returns seconds per stage. Rerunning resumes the profile sweeps and
-    the trainability runs where they stopped; the quick stages are redone."""
+    the trainability runs where they stopped; the quick stages are redone. A folder that is not a tunecost run's
+    (`outputs.check_output_folder`) is refused before anything is written."""
+    check_output_folder(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(
         out_dir / "meta.json",

@@ -144,3 +144,10 @@ def test_seq_len_beyond_learned_positions_names_the_option(cli_error, command: l
     line = cli_error([*args, "--model", "santacoder", "--method", "full", "--seq-len", "4096"])
     assert "--seq-len 2048 or less" in line and "learned position embeddings" in line
     assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
+def test_max_batch_limit_out_of_range_is_named_before_any_probe(cli_error) -> None:
+    line = cli_error(
+        ["max-batch", "--model", "tiny-mixtral", "--device", "cpu", "--gpu-memory-gb", "24", "--limit", "0"]
+    )
+    assert line.startswith("error: --limit: must be positive and at most")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -98,6 +99,12 @@ def test_interrupted_sweep_resumes_without_redoing_points(tmp_path):
     longer = _spec(kernels=False, expert_load=False, instrumentation_overhead=False, steps=2, warmup_steps=0)
     with pytest.raises(TunecostError, match="measured with steps 1 \\(now 2\\); resume with the same settings"):
         run_sweep(longer, tmp_path)  # points of 1 step and of 2 would be one table
+    cut = dataclasses.replace(spec, setup=dataclasses.replace(spec.setup, num_layers=1))
+    with pytest.raises(TunecostError, match="measured with num_layers None \\(now 1\\)"):
+        run_sweep(cut, tmp_path)  # the whole model's points are not the cut-down model's
+    deeper = dataclasses.replace(spec, setup=dataclasses.replace(spec.setup, num_layers=99))
+    with pytest.raises(TunecostError, match="--num-layers 99: .* has \\d+ decoder layers"):
+        run_sweep(deeper, tmp_path / "other")
     assert len(read_rows(tmp_path, "throughput")) == 4
 
 

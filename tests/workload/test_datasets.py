@@ -222,6 +222,9 @@ def test_cli_data_stats_writes_nothing_without_out_and_reports_errors(tmp_path, 
     assert skipped.exit_code == 0 and json.loads(skipped.stdout)["skipped_rows"] == [2]
     listing = _cli(["data", "list", "--json"])
     assert listing.exit_code == 0 and any(r["name"] == "math_14k" for r in json.loads(listing.stdout))
+    from tunecost.catalog.datasets import dataset_catalog
+
+    assert set(dataset_catalog()) <= {r["name"] for r in json.loads(listing.stdout)}  # every name estimate takes
 
 
 def test_a_catalog_dataset_name_loads_its_hub_copy(monkeypatch) -> None:

@@ -84,6 +84,9 @@ def sweep_points(spec: SweepSpec, model_spec: Any) -> list[Workload]:
             )
     for seq in spec.inputs.seq_lens:
         model_spec.check_seq_len(seq)
+    layers = spec.setup.num_layers
+    if layers is not None and layers > model_spec.num_layers:
+        raise TunecostError(f"--num-layers {layers}: {model_spec.name} has {model_spec.num_layers} decoder layers")
     device = spec.setup.device
     return [
         Workload(
@@ -127,6 +130,7 @@ def _settings(spec: SweepSpec) -> dict[str, Any]:
         "lora_rank": spec.setup.lora_rank,
         "lora_alpha": spec.setup.lora_alpha,
         "random_weights": spec.setup.random_weights,
+        "num_layers": spec.setup.num_layers,
     }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_text, read_jsonl
+from tunecost.outputs import check_output_folder
 from tunecost.results.schema import SCHEMA_VERSION
 
 # Fields that name what a row is about: a new row with the same values replaces an old one only with `force`.
@@ -115,6 +116,7 @@ def add_records(
     is rewritten atomically, so an interruption leaves the old file or the new one.
     """
     target = Path(path)
+    check_output_folder(target.parent)  # a file, or a folder that is not a tunecost run's: nothing is written
     old = read_records(target) if target.exists() else []
 
     def ident(row: dict[str, Any]) -> str:

@@ -126,6 +126,7 @@ def stats(
 @cli_errors
 def list_known(as_json: JsonOut = False) -> None:
     """Known dataset names and where each resolves ($TUNECOST_DATA_DIR, hub cache or embedded)."""
+    from tunecost.catalog.datasets import dataset_catalog
     from tunecost.workload.known_datasets import KNOWN_DATASETS, resolve_known
 
     rows = []
@@ -134,6 +135,11 @@ def list_known(as_json: JsonOut = False) -> None:
         where = "embedded" if name.startswith("synthetic-arith") else (str(local) if local else "")
         hub = f"{known.hub[0]} ({known.hub[2]})" if known.hub else ""
         rows.append({"name": name, "description": known.description, "local": where, "hub": hub})
+    for name, facts in dataset_catalog().items():  # sizes and lengths for estimate and plan, no rows to read
+        if name not in KNOWN_DATASETS:
+            lengths = f"median {facts.median_tokens:g} tokens" if facts.median_tokens else "no length statistic"
+            description = f"{facts.num_queries} queries, {lengths} (catalog: estimate, plan)"
+            rows.append({"name": name, "description": description, "local": "", "hub": facts.hub_id})
     if as_json:
         print_json(rows)
         return
@@ -141,7 +147,7 @@ def list_known(as_json: JsonOut = False) -> None:
         "Known datasets",
         ["name", "description", "local file", "hub"],
         [[r["name"], r["description"], r["local"] or "-", r["hub"] or "-"] for r in rows],
-        caption="Local files are looked up under $TUNECOST_DATA_DIR.",
+        caption="Local files: under $TUNECOST_DATA_DIR. Catalog rows give estimate and plan a size and lengths.",
     )
 
 

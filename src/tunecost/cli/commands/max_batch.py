@@ -14,6 +14,7 @@ from tunecost.cli.groups import GpuMemory, option_groups
 from tunecost.cli.jobconfig import ConfigFiles
 from tunecost.errors import TunecostError
 from tunecost.io import append_jsonl
+from tunecost.limits import MAX_BATCH_SIZE
 from tunecost.profile.threads import prepare_cpu_threads
 from tunecost.units import BYTES_PER_GIB as _GIB
 from tunecost.workload.job import default_gradient_checkpointing
@@ -38,7 +39,7 @@ def max_batch(
     gradient_checkpointing: cli.GradientCheckpointing = None,
     lora_rank: cli.LoraRank = cli.DEFAULT_LORA_RANK,
     lora_alpha: cli.LoraAlpha = cli.DEFAULT_LORA_ALPHA,
-    limit: Annotated[int, cli.opt("--limit", "Largest batch size tried.")] = 4096,
+    limit: Annotated[int, cli.count_option("--limit", "Largest batch size tried.", MAX_BATCH_SIZE)] = 4096,
     tokenizer: cli.Tokenizer = "mistral",
     template: cli.Template = "mistral",
     max_length: cli.MaxLength = 1024,  # with --seq-len too, --seq-len (the job's cutoff) is the length
