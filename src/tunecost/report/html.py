@@ -79,9 +79,9 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, force: b
     """Write `report.html` (default: in the run directory) and `figures/*.png|svg` beside it.
 
     The page and its figures are built in memory first, so a failure writes nothing. The report owns its
-    `figures/` folder: a folder holding files it did not write is refused (without `force`; with it, those files
-    are kept), its own figures of sections no longer shown are removed, and an existing HTML file that no
-    tunecost report wrote is replaced only with `force`.
+    `figures/` folder: a folder holding files it did not write is refused (without `force`; with it, those named
+    as a figure it writes are replaced and the others kept), its own figures of sections no longer shown are
+    removed, and an existing HTML file that no tunecost report wrote is replaced only with `force`.
     """
     import matplotlib.pyplot as plt
 
@@ -158,7 +158,7 @@ def _check_report_target(records: RunRecords, html_path: Path, fig_dir: Path, *,
             raise TunecostError(
                 f"{str(fig_dir)!r} holds files this report did not write ({', '.join(map(repr, foreign[:3]))}"
                 f"{', ...' if len(foreign) > 3 else ''}); write the report elsewhere with --out, or pass --force "
-                "(files it did not write are kept)"
+                "(it then replaces those named as a figure it writes, e.g. throughput.png, and keeps the others)"
             )
 
 

@@ -12,7 +12,7 @@ from tunecost.cli.options import JsonOut, opt
 
 FORCE_HELP = (
     "Replace an existing HTML file tunecost did not write; write into a figures/ folder that holds other files "
-    "(they are kept)."
+    "(those named as a figure the report writes are replaced, the others kept)."
 )
 
 
