@@ -80,7 +80,10 @@ def test_quant_type_without_qlora_is_an_error_not_ignored(cli_error) -> None:
 
 def test_lora_options_with_a_full_fine_tune_are_errors_not_ignored(cli_error) -> None:
     job = ["--model", "Qwen/Qwen2.5-0.5B", "--gpu", "H100", "--seq-len", "256"]
+    commands = [["memory"], ["estimate", "--epochs", "1", "--queries", "9"], ["plan", "--queries", "9"]]
     for flag in (["--lora-rank", "64"], ["--lora-dropout", "0.3"], ["--lora-targets", "attention"]):
-        for command in (["memory"], ["estimate", "--epochs", "1", "--queries", "9"], ["plan", "--queries", "9"]):
+        for command in commands:
             line = cli_error([*command, "--method", "full", *job, *flag])
             assert line.startswith(f"error: {flag[0]}: an option of the LoRA adapter; --method full"), line
+    line = cli_error(["max-batch", "--device", "cpu", "--method", "full", *job, "--lora-rank", "8"])
+    assert line.startswith("error: --lora-rank: an option of the LoRA adapter; --method full")

@@ -91,12 +91,7 @@ class JobOptions:
                 f"{given[0]}: the base weights' type of --method qlora; --method {methods[0]} keeps them in the "
                 f"compute dtype (drop {given[0].split()[0]}, or --method qlora)"
             )
-        lora = [o for o in _LORA_OPTIONS if on_command_line(o)]
-        if lora and set(methods) == {"full"}:
-            raise TunecostError(
-                f"--{lora[0].replace('_', '-')}: an option of the LoRA adapter; --method full trains every weight and "
-                "has none (drop it, or --method lora)"
-            )
+        check_lora_options(*methods)
 
     def estimate_job(self, model: str, method: str, data: Any = None, experts_per_token: int | None = None) -> Any:
         """The job `estimate` and `plan` cost (`estimate.cost.estimate_job`), on `data`'s lengths when given."""
@@ -138,6 +133,16 @@ class JobOptions:
 
 
 _LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "modules_to_save")
+
+
+def check_lora_options(*methods: str) -> None:
+    """LoRA options given on the command line beside only full fine-tunes are an error, not ignored."""
+    lora = [o for o in _LORA_OPTIONS if on_command_line(o)]
+    if lora and set(methods) == {"full"}:
+        raise TunecostError(
+            f"--{lora[0].replace('_', '-')}: an option of the LoRA adapter; --method full trains every weight and "
+            "has none (drop it, or --method lora)"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

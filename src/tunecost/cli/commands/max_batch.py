@@ -10,7 +10,7 @@ import typer
 from tunecost.cli import options as cli
 from tunecost.cli.commands.profile import catalog_only, inputs_spec, resolve_device
 from tunecost.cli.common import cli_errors, console, err_console, print_json
-from tunecost.cli.groups import GpuMemory, option_groups
+from tunecost.cli.groups import GpuMemory, check_lora_options, option_groups
 from tunecost.cli.jobconfig import ConfigFiles
 from tunecost.errors import TunecostError
 from tunecost.io import append_jsonl
@@ -48,7 +48,7 @@ def max_batch(
     json_out: cli.JsonOut = False,
 ) -> None:
     """Largest batch size that fits (paper Table III): grow then bisect; a found OOM is the measured boundary."""
-
+    check_lora_options(method)
     checkpointing = default_gradient_checkpointing(method) if gradient_checkpointing is None else gradient_checkpointing
     _check_out(out)
     prepare_cpu_threads(device)
