@@ -142,3 +142,25 @@ def test_bad_schedule_is_one_line():
         bubble_fraction("1f1b", 2, 4, virtual_stages=2)
     with pytest.raises(TunecostError, match="at least as many micro-batches"):
         in_flight_micro_batches("1f1b", 4, 2, 0)
+
+
+def test_a_tied_head_is_a_copy_on_the_last_stage(tmp_path) -> None:
+    """Each stage holds its own modules: a head tied to the embedding is a second copy on the last stage, with its
+    gradient and optimizer states, so the last stage holds as much as an untied model's."""
+    import json
+
+    from tunecost.distributed.model_parallel import stage_steps
+    from tunecost.distributed.single_step import single_gpu_step
+    from tunecost.workload.parallel import ParallelPlan
+
+    base = json.loads(open(pipeline_job(config="tiny-llama-4l").model).read())
+    last = {}
+    for tied in (False, True):
+        path = tmp_path / f"tied-{tied}.json"
+        path.write_text(json.dumps({**base, "tie_word_embeddings": tied}))
+        job = dataclasses.replace(pipeline_job(config="tiny-llama-4l", batch_size=2), model=str(path))
+        plan = ParallelPlan(num_gpus=2, strategy="ddp", pp=2, micro_batches=2)
+        steps = stage_steps(single_gpu_step(job, use_cache=False), plan)
+        last[tied] = steps[1].trainable_bytes
+        assert steps[0].trainable_bytes > 0
+    assert last[True] == last[False] > 0

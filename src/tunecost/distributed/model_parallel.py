@@ -37,9 +37,18 @@ def data_parallel_plan(plan: ParallelPlan) -> ParallelPlan:
     )
 
 
+def _held_groups(step: SingleGpuStep, parts: StageParts) -> tuple[str, ...]:
+    """The root groups a stage holds. A head tied to the embedding (no bytes of its own in the traced step) is a
+    copy of the embedding on a last stage that is not also the first: each stage holds its own modules."""
+    head = sum(v for k, v in step.weight_bytes_by_key.items() if k.rsplit("/", 1)[0] == "lm_head/loss")
+    tied_copy = parts.last and not parts.first and head == 0
+    held = (FIRST_STAGE_GROUPS if parts.first or tied_copy else ()) + (LAST_STAGE_GROUPS if parts.last else ())
+    return held
+
+
 def _weights(step: SingleGpuStep, category: str, parts: StageParts) -> int:
     """The stage's bytes of a stored-weight category: its layers' share and the root groups it holds."""
-    held = (FIRST_STAGE_GROUPS if parts.first else ()) + (LAST_STAGE_GROUPS if parts.last else ())
+    held = _held_groups(step, parts)
     on_stage = root = 0
     for key, nbytes in step.weight_bytes_by_key.items():
         group, cat = key.rsplit("/", 1)
@@ -76,11 +85,13 @@ def stage_step(step: SingleGpuStep, plan: ParallelPlan, stage: int) -> SingleGpu
     optimizer = {**states, "temporaries": round(opt.get("temporaries", 0) * share), "inputs": parts.inputs}
     optimizer["p2p_buffers"] = p2p
     by_key = {}
+    groups = _held_groups(step, parts)
     for key, nbytes in step.weight_bytes_by_key.items():
         group = key.rsplit("/", 1)[0]
-        held = (group in FIRST_STAGE_GROUPS and parts.first) or (group in LAST_STAGE_GROUPS and parts.last)
         by_key[key] = (
-            (nbytes if held else 0) if group in ROOT_GROUPS else round(nbytes * parts.num_layers / step.num_layers)
+            (nbytes if group in groups else 0)
+            if group in ROOT_GROUPS
+            else round(nbytes * parts.num_layers / step.num_layers)
         )
     layer_share = parts.num_layers / step.num_layers
     flops = {p: v * (share if p == "optimizer" else layer_share) for p, v in step.flops_by_phase.items()}
