@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -153,7 +154,7 @@ def test_a_tied_head_is_a_copy_on_the_last_stage(tmp_path) -> None:
     from tunecost.distributed.single_step import single_gpu_step
     from tunecost.workload.parallel import ParallelPlan
 
-    base = json.loads(open(pipeline_job(config="tiny-llama-4l").model).read())
+    base = json.loads(Path(pipeline_job(config="tiny-llama-4l").model).read_text())
     last = {}
     for tied in (False, True):
         path = tmp_path / f"tied-{tied}.json"
