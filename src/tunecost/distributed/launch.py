@@ -6,6 +6,7 @@ needs no further arguments; `fn` must be a module-level function and return some
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -37,11 +38,19 @@ def launch_local_ranks(
         monitor_interval=0.1,
         logs_specs=DefaultLogsSpecs() if log_dir is None else DefaultLogsSpecs(os.fspath(log_dir), Std.ALL),
     )
+    handlers = {sig: signal.getsignal(sig) for sig in _SIGNALS}
     try:
         results = elastic_launch(config, fn)(*args)
     except ChildFailedError as exc:
         raise TunecostError(f"a rank failed: {_failure_line(exc)}") from None
+    finally:  # the launcher's handlers (a SIGTERM raised as its SignalException) outlive it otherwise
+        for sig, handler in handlers.items():
+            if handler is not None:  # None: a handler not installed from Python, left as it is
+                signal.signal(sig, handler)
     return [results[r] for r in sorted(results)]
+
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)  # the ones torch's launcher takes over
 
 
 def _failure_line(exc: Any) -> str:
