@@ -23,7 +23,10 @@ BASE = ["estimate", "--epochs", "1", "--queries", "100", "--method", "full", "--
         (["--model", "llama-2-70b", "--gpus", "6", "--tp", "3", "--pp", "2"], "--tp 3 does not divide the model's 64"),
         (["--model", "llama-2-70b", "--gpus", "16", "--tp", "16"], "--tp 16 does not divide the model's 8 key-value"),
         (["--model", "llama-2-70b", "--gpus", "24", "--pp", "3", "--tp", "8"], "--pp 3 does not divide the model's 80"),
-        (["--model", "llama-2-70b", "--gpus", "8", "--cp", "8", "--seq-len", "1004"], "--cp 8 does not divide the"),
+        (
+            ["--model", "llama-2-70b", "--gpus", "8", "--cp", "8", "--seq-len", "1004"],
+            "--cp 8 does not divide 1004 tokens of the job's sequence",
+        ),
         (["--model", "llama-2-70b", "--gpus", "8", "--tp", "4", "--seq-len", "1002"], "--sequence-parallel (--tp) 4"),
         (["--model", "llama-2-70b", "--gpus", "8", "--sequence-parallel"], "needs --tp 2 or more"),
         (["--model", "llama-2-70b", "--gpus", "8", "--pp", "2", "--pipeline-schedule", "zbv"], "unknown pipeline"),

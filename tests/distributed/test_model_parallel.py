@@ -51,7 +51,7 @@ def test_a_layout_that_does_not_divide_is_one_error(kwargs, message):
         (dict(tp=3), r"--tp 3 does not divide the model's 64 attention heads"),
         (dict(tp=16), r"--tp 16 does not divide the model's 8 key-value heads"),
         (dict(pp=3), r"--pp 3 does not divide the model's 80 decoder layers"),
-        (dict(cp=3), r"--cp 3 does not divide the model's 4096 tokens"),
+        (dict(cp=3), r"--cp 3 does not divide 4096 tokens of the job's sequence \(--seq-len\)"),
         (dict(tp=2, sequence_parallel=True), None),
     ],
 )

@@ -46,7 +46,7 @@ def test_missing_run_dir_is_a_clear_error(tmp_path: Path) -> None:
 def test_a_file_is_not_a_run_dir(tmp_path: Path) -> None:
     path = tmp_path / "report.html"
     path.write_text("<html></html>", encoding="utf-8")
-    with pytest.raises(TunecostError, match="run directory not found"):
+    with pytest.raises(TunecostError, match="report.html: a file; give the run directory that holds the records"):
         load_run(path)
 
 

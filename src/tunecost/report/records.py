@@ -50,6 +50,8 @@ def _read_meta(run_dir: Path) -> dict[str, Any]:
 def load_run(run_dir: str | Path) -> RunRecords:
     """Every `*.jsonl` in the run directory and its immediate sub-directories, by kind (file stem)."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise TunecostError(f"{run_dir}: a file; give the run directory that holds the records")
     if not run_dir.is_dir():
         raise TunecostError(f"run directory not found: {run_dir}")
     files = sorted(run_dir.glob("*.jsonl")) + sorted(run_dir.glob("*/*.jsonl"))

@@ -29,7 +29,9 @@ def check_shape(out_features: int, in_features: int, group_size: int) -> None:
             f"cannot be stored (both sizes must be multiples of {CODES_PER_INT32})"
         )
     if group_size != -1 and in_features % group_size:
-        raise TunecostError(f"GPTQ group size {group_size} does not divide the {in_features} inputs of a layer")
+        raise TunecostError(
+            f"GPTQ group size {group_size} (--gptq-group-size) does not divide the {in_features} inputs of a layer"
+        )
 
 
 def buffer_shapes(

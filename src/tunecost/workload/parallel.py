@@ -130,14 +130,15 @@ class ModelParallel:
                 "decoder layers",
                 num_layers,
             ),
-            ("--cp", self.cp, "tokens of the sequence", seq_len),
+            ("--cp", self.cp, "tokens of the job's sequence (--seq-len)", seq_len),
         ]
         if self.sequence_parallel:
-            checks.append(("--sequence-parallel (--tp)", self.tp, "tokens of the sequence", seq_len))
+            checks.append(("--sequence-parallel (--tp)", self.tp, "tokens of the job's sequence (--seq-len)", seq_len))
         for option, degree, what, count in checks:
             if degree > 1 and count % degree:
                 label = option if " x " in option else f"{option} {degree}"
-                raise TunecostError(f"{label} does not divide the model's {count} {what}")
+                whose = "" if "job's" in what else "the model's "
+                raise TunecostError(f"{label} does not divide {whose}{count} {what}")
 
 
 @dataclass(frozen=True, kw_only=True)
