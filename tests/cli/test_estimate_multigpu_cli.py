@@ -195,3 +195,8 @@ def test_a_strategy_on_one_gpu_is_said_to_be_one_gpu_alone(cli_runner):
     answer = json.loads(result.stdout)
     assert [s["plan"]["strategy"] for s in answer["setups"]] == ["single"]
     assert "one GPU: zero3 shard and replicate nothing there; priced as one GPU alone" in answer["notes"]
+
+
+def test_max_gpus_beside_a_named_count_is_an_error_not_ignored(cli_error):
+    line = cli_error([*BASE, "--model", DENSE, "--gpu", "H100", "--gpus", "2", "--max-gpus", "4"])
+    assert line == "error: --max-gpus bounds the search of --gpus auto; --gpus 2 names the count"

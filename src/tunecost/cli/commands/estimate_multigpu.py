@@ -98,8 +98,7 @@ def model_parallel_option(options: MultiGpuOptions):
 
 
 def parse_gpu_counts(text: str, gpus: list[str]) -> int | dict[str, int] | None:
-    """--gpus: "auto" (search every count up to --max-gpus), one whole number, or one per --gpu in order
-    ("2,1" with --gpu RTX-4090,H100)."""
+    """--gpus: "auto" (a search up to --max-gpus), one number, or one per --gpu ("2,1" with --gpu RTX-4090,H100)."""
     from tunecost.catalog.gpus import resolve_gpu_name
 
     if text.strip().lower() == "auto":
@@ -155,6 +154,8 @@ def run_multi_gpu(
     ]
     strategies = every if strategy in (None, "all") else split_list(strategy, what="strategy")
     count = parse_gpu_counts(num_gpus, gpus)
+    if count is not None and max_gpus is not None:
+        raise TunecostError(f"--max-gpus bounds the search of --gpus auto; --gpus {num_gpus} names the count")
     if batch_size is not None and not batch_size.strip().isdigit():
         raise TunecostError(f"with --gpus, --batch-size is one whole number (per rank), got {batch_size!r}")
     from tunecost.estimate.estimators import lengths_note, sized_job
