@@ -75,6 +75,8 @@ PROFILE_INPUT_ERRORS = {
     "--template nosuch": "unknown template 'nosuch'",
     "--tokenizer nosuch": "--tokenizer applies to --dataset queries",
     "--dataset-limit 3": "--dataset-limit applies to --dataset queries",
+    "--template alpaca": "--template applies to --dataset queries",
+    "--max-length 64": "--max-length applies to --dataset queries",
     "--dataset-limit -1": "--dataset-limit must be between 1 and",
 }
 

@@ -19,7 +19,7 @@ from tunecost.cli.common import (
     progress_bar,
     split_list,
 )
-from tunecost.cli.jobconfig import ConfigFiles
+from tunecost.cli.jobconfig import ConfigFiles, on_command_line
 from tunecost.cli.options import (
     MAX_LAYERS,
     Device,
@@ -110,9 +110,9 @@ def inputs_spec(
     check_count("--dataset-limit", dataset_limit, MAX_QUERIES)
     template_by_name(template)  # an unknown name is an error also where it would go unused
     if dataset is None:
-        unused = [
-            o for o, given in (("--tokenizer", tokenizer != "mistral"), ("--dataset-limit", dataset_limit)) if given
-        ]
+        given = {"--tokenizer": tokenizer != "mistral", "--dataset-limit": dataset_limit is not None}
+        given |= {"--template": on_command_line("template"), "--max-length": on_command_line("max_length")}
+        unused = [o for o, said in given.items() if said]
         if unused:
             raise TunecostError(f"{unused[0]} applies to --dataset queries; give --dataset or leave it out")
     return InputSpec(
