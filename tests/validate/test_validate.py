@@ -431,6 +431,16 @@ def test_cli_says_when_no_row_is_skipped(tmp_path, cli_runner, corpus) -> None:
     assert "Rows skipped: none" in result.output
 
 
+def test_cli_names_the_skipped_rows(cli_runner, corpus) -> None:
+    """The skipped table gives a few ids per reason beside the count (every one with --json or --out)."""
+    skipped = [r for r in validate_rows(read_corpus([corpus])) if r.status == "skipped"]
+    assert skipped
+    result = cli_runner.invoke(app, ["validate", str(corpus)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "Rows skipped" in text and skipped[0].id in text
+
+
 def test_memory_units_in_any_case() -> None:
     """GB, G and MB are read as GiB and MiB (the sources' G/M labels on binary figures), in any case."""
     from tunecost.validate.run import unit_bytes

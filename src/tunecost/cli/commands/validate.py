@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import sys
-from collections import Counter
 from pathlib import Path
 from typing import Annotated
 
@@ -31,6 +30,24 @@ def rows_csv(records: list[dict]) -> str:
 
 def _fmt(v: object) -> str:
     return "" if v is None else f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _print_skipped(rows) -> None:
+    """The rows not modelled, by reason: how many, a few of their ids."""
+    ids: dict[str, list[str]] = {}
+    for r in rows:
+        if r.status == "skipped":
+            ids.setdefault(r.reason, []).append(r.id)
+    if not ids:
+        print("Rows skipped: none")
+        return
+    ordered = sorted(ids.items(), key=lambda kv: -len(kv[1]))
+    print_table("Rows skipped", ["rows", "ids", "reason"], [[len(v), _first(v), k] for k, v in ordered])
+
+
+def _first(ids: list[str], shown: int = 3) -> str:
+    """A few of the ids, and how many more (every one with --json or --out)."""
+    return ", ".join(ids[:shown]) + (f" +{len(ids) - shown}" if len(ids) > shown else "")
 
 
 def _pct(v: float | None) -> str:
@@ -85,11 +102,7 @@ def _print_tables(rows) -> None:
             "corpus, the row's own left out (* : the measurement lies outside)"
         ),
     )
-    skipped = Counter(r.reason for r in rows if r.status == "skipped")
-    if skipped:
-        print_table("Rows skipped", ["rows", "reason"], [[n, reason] for reason, n in skipped.most_common()])
-    else:
-        print("Rows skipped: none")
+    _print_skipped(rows)
     print_table(
         "Accuracy per quantity and stack",
         [
