@@ -68,7 +68,7 @@ def check_output_folder(
         raise TunecostError(f"{option} {str(target)!r} is a file; give a folder")
     _check_parent_is_a_folder(target, option)
     meta = target / "meta.json"
-    if meta.exists() and not is_run_metadata(meta):
+    if meta.exists() and read_run_metadata(meta) is None:
         raise TunecostError(f"{option} {str(target)!r}: its meta.json is not a tunecost run's; give another folder")
     for name, records in own:
         if (target / name).exists() and not (target / records).exists():
@@ -78,12 +78,13 @@ def check_output_folder(
     return target
 
 
-def is_run_metadata(path: Path) -> bool:
-    """Whether `path` is a run folder's meta.json that tunecost wrote (a JSON object with "tool": "tunecost")."""
+def read_run_metadata(path: Path) -> dict | None:
+    """A run folder's meta.json that tunecost wrote (a JSON object with "tool": "tunecost"); None where `path` is
+    not one (missing, unreadable, or another program's)."""
     import json
 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
-        return False
-    return isinstance(data, dict) and data.get("tool") == "tunecost"
+        return None
+    return data if isinstance(data, dict) and data.get("tool") == "tunecost" else None

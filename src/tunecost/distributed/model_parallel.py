@@ -42,13 +42,11 @@ def _held_groups(step: SingleGpuStep, parts: StageParts) -> tuple[str, ...]:
     copy of the embedding on a last stage that is not also the first: each stage holds its own modules."""
     head = sum(v for k, v in step.weight_bytes_by_key.items() if k.rsplit("/", 1)[0] == "lm_head/loss")
     tied_copy = parts.last and not parts.first and head == 0
-    held = (FIRST_STAGE_GROUPS if parts.first or tied_copy else ()) + (LAST_STAGE_GROUPS if parts.last else ())
-    return held
+    return (FIRST_STAGE_GROUPS if parts.first or tied_copy else ()) + (LAST_STAGE_GROUPS if parts.last else ())
 
 
-def _weights(step: SingleGpuStep, category: str, parts: StageParts) -> int:
-    """The stage's bytes of a stored-weight category: its layers' share and the root groups it holds."""
-    held = _held_groups(step, parts)
+def _weights(step: SingleGpuStep, category: str, parts: StageParts, held: tuple[str, ...]) -> int:
+    """The stage's bytes of a stored-weight category: its layers' share and the root groups it holds (`held`)."""
     on_stage = root = 0
     for key, nbytes in step.weight_bytes_by_key.items():
         group, cat = key.rsplit("/", 1)
@@ -71,7 +69,8 @@ def stage_step(step: SingleGpuStep, plan: ParallelPlan, stage: int) -> SingleGpu
         micro_batches=plan.num_micro_batches,
         virtual_stages=plan.virtual_stages,
     )
-    weights = {c: _weights(step, c, parts) for c in WEIGHT_CATEGORIES if c != "buffers"}
+    groups = _held_groups(step, parts)
+    weights = {c: _weights(step, c, parts, groups) for c in WEIGHT_CATEGORIES if c != "buffers"}
     trainable = weights.get("trainable_params", 0)
     share = trainable / step.trainable_bytes if step.trainable_bytes else 0.0
     opt = step.segments["optimizer:opt"]
@@ -85,7 +84,6 @@ def stage_step(step: SingleGpuStep, plan: ParallelPlan, stage: int) -> SingleGpu
     optimizer = {**states, "temporaries": round(opt.get("temporaries", 0) * share), "inputs": parts.inputs}
     optimizer["p2p_buffers"] = p2p
     by_key = {}
-    groups = _held_groups(step, parts)
     for key, nbytes in step.weight_bytes_by_key.items():
         group = key.rsplit("/", 1)[0]
         by_key[key] = (

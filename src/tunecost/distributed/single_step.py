@@ -208,7 +208,7 @@ def _whole_allocations(traces: list, full_units: int, peak_bytes: float, deeper)
     tb = traces[-1]
     if tb.allocations is None:
         return {}
-    whole = whole_step(traces[0], tb if len(traces) > 1 else None, full_units, peak_bytes, deeper)
+    whole = whole_step(traces[0], tb, full_units, peak_bytes, deeper)  # one trace: already whole (None)
     return _fields(whole.allocations if whole else tb.allocations)
 
 

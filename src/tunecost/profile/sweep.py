@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError
+from tunecost.outputs import read_run_metadata
 from tunecost.profile.inputs import BatchSource, dataset_source, synthetic_source
 from tunecost.profile.loop import TrainableSnapshot
 from tunecost.profile.model_setup import ModelSetup, build_training_model, resolve_profile_model
@@ -147,12 +148,7 @@ def write_meta(out_dir: Path, spec: SweepSpec, points: list[Workload], command: 
 def _check_same_settings(out: Path, spec: SweepSpec) -> None:
     """A sweep resumed into `out` measures its missing points as its finished ones were measured: other settings
     would mix two measurements in one table."""
-    import json
-
-    try:
-        old = json.loads((out / "meta.json").read_text(encoding="utf-8")).get("profile", {})
-    except (OSError, ValueError, AttributeError):
-        return
+    old = (read_run_metadata(out / "meta.json") or {}).get("profile") or {}
     changed = [f"{k} {old[k]} (now {v})" for k, v in _settings(spec).items() if k in old and old[k] != v]
     if changed:
         raise TunecostError(

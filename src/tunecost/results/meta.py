@@ -19,7 +19,7 @@ from typing import Any
 from tunecost import __version__
 from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_json
-from tunecost.outputs import is_run_metadata
+from tunecost.outputs import read_run_metadata
 from tunecost.results.schema import SCHEMA_VERSION
 
 TRACKED_PACKAGES = ("torch", "transformers", "peft", "bitsandbytes")
@@ -151,12 +151,8 @@ def merge_metadata(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str,
 def update_run_metadata(run_dir: str | os.PathLike[str], new: dict[str, Any]) -> Path:
     """Write `run_dir/meta.json` atomically, merged (`merge_metadata`) with the one already there; one that tunecost
     did not write is never replaced (`TunecostError`)."""
-    import json
-
     path = Path(run_dir) / "meta.json"
-    old = None
-    if path.exists():
-        if not is_run_metadata(path):
-            raise TunecostError(f"{path}: not a tunecost run's meta.json; write to another run directory")
-        old = json.loads(path.read_text(encoding="utf-8"))
+    old = read_run_metadata(path) if path.exists() else None
+    if path.exists() and old is None:
+        raise TunecostError(f"{path}: not a tunecost run's meta.json; write to another run directory")
     return atomic_write_json(path, merge_metadata(old, new))

@@ -121,24 +121,24 @@ class ModelParallel:
         """One-line errors for degrees the model or the sequence cannot be split by (Megatron's and torchtitan's
         rules: heads and key-value heads by tp, layers by pp x virtual stages, the sequence by cp and, with
         sequence parallelism, by tp)."""
+        sequence = "{} tokens of the job's sequence (--seq-len)"
         checks = [
-            ("--tp", self.tp, "attention heads", num_heads),
-            ("--tp", self.tp, "key-value heads", num_kv_heads),
+            ("--tp", self.tp, "the model's {} attention heads", num_heads),
+            ("--tp", self.tp, "the model's {} key-value heads", num_kv_heads),
             (
                 f"--pp {self.pp} x {self.virtual_stages} virtual stages" if self.virtual_stages > 1 else "--pp",
                 self.pp * self.virtual_stages,
-                "decoder layers",
+                "the model's {} decoder layers",
                 num_layers,
             ),
-            ("--cp", self.cp, "tokens of the job's sequence (--seq-len)", seq_len),
+            ("--cp", self.cp, sequence, seq_len),
         ]
         if self.sequence_parallel:
-            checks.append(("--sequence-parallel (--tp)", self.tp, "tokens of the job's sequence (--seq-len)", seq_len))
+            checks.append(("--sequence-parallel (--tp)", self.tp, sequence, seq_len))
         for option, degree, what, count in checks:
             if degree > 1 and count % degree:
                 label = option if " x " in option else f"{option} {degree}"
-                whose = "" if "job's" in what else "the model's "
-                raise TunecostError(f"{label} does not divide {whose}{count} {what}")
+                raise TunecostError(f"{label} does not divide {what.format(count)}")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -115,7 +115,7 @@ def plan(
     from tunecost.workload.job_data import job_data
 
     model = required("model", job_options.model)
-    methods = _methods(method, target, job_options, (out, emit))
+    methods = _before_search(method, target, job_options, (out, emit))
     _check_numbers(budget, deadline, epochs, queries, tokens, global_batch, max_gpus, gpus_per_node)
     owned, host_cpu = _owned(own, host_cpu)
     gpus = _rented_gpus(gpu, owned)
@@ -169,9 +169,9 @@ def _save_records(out: Path, result, force: bool) -> None:
     save_plan_records(out, result, command=sys.argv, force=force)
 
 
-def _methods(method: str | None, target: str | None, job_options: JobOptions, outputs: tuple) -> list[str]:
-    """--method as a list (default: every method), after --target's check, --quant-type's (qlora's) and the
-    output folders' (--out, --emit: before the search)."""
+def _before_search(method: str | None, target: str | None, job_options: JobOptions, outputs: tuple) -> list[str]:
+    """The checks that need no search (--out and --emit folders, --method, --target, the options no method takes),
+    and --method as a list (default: every method)."""
     from tunecost.estimate.plan import METHODS
     from tunecost.estimate.recipes import TARGETS
     from tunecost.outputs import check_output_folder
