@@ -69,6 +69,12 @@ def test_a_pipeline_row_is_one_rank_of_its_layout():
     assert (plan.pp, plan.dp, plan.strategy, plan.num_micro_batches) == (4, 2, "zero1", 8)
 
 
+@pytest.mark.parametrize(("cell", "strategy"), [("TP1 PP1 CP1 VP1", "zero1"), ("tensor parallel 1", "zero1")])
+def test_a_megatron_layout_of_degree_one_is_its_data_parallelism(cell, strategy):
+    plan = map_row(_row(cell)).plan()
+    assert (plan.tp, plan.pp, plan.cp, plan.dp, plan.strategy) == (1, 1, 1, 8, strategy)
+
+
 @pytest.mark.parametrize(
     ("cell", "gpus", "message"),
     [

@@ -147,6 +147,9 @@ def test_lora_target_names() -> None:
     assert lora_targets("attention") == lora_targets("attention_qkv;attention_dense") == ("attention",)
     assert lora_targets("linear_qkv;linear_proj;linear_fc1;linear_fc2") == ("attention", "mlp")
     assert lora_targets("linear_qkv") == lora_targets("attention_qkv") == ("k_proj", "q_proj", "v_proj")  # fused qkv
+    # the separators sources use: a comma, a Python list, spaces
+    assert lora_targets("linear_qkv,linear_proj") == lora_targets("['linear_qkv', 'linear_proj']") == ("attention",)
+    assert lora_targets("q_proj v_proj") == lora_targets("q_proj;v_proj")
     for bad in ("", "wte;lm_head (trained fully)", "frobnicate"):
         with pytest.raises(Skip):
             lora_targets(bad)

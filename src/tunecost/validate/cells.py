@@ -128,8 +128,17 @@ def attention_for(cell: str) -> str | None:
     return _ATTENTION.get(key) or (_ATTENTION.get(_cell_key(_main(cell))) if _main(cell) else None)
 
 
+_TARGET_SEPARATOR = re.compile(r"[;,+|]|\s+and\s+")
+
+
 def _target_names(cell: str) -> list[str]:
-    return [t.strip() for t in cell.split(";") if t.strip()]
+    """The names of a targets cell: "a;b", "a, b", "['a', 'b']", "a b" (a name with a note in parentheses kept
+    whole: "lm_head (trained fully)")."""
+    out: list[str] = []
+    for item in _TARGET_SEPARATOR.split(cell):
+        item = item.strip("[]'\" ")
+        out += [item] if "(" in item else item.split()
+    return [t for t in out if t]
 
 
 def modules_to_save(cell: str) -> tuple[str, ...]:

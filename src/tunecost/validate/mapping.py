@@ -33,9 +33,9 @@ from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.model_parallel_cells import (
     expert_parallel_note,
     grad_accum_of,
-    model_parallel_of,
     model_parallel_row,
     names_distributed_optimizer,
+    states_model_parallel,
 )
 from tunecost.validate.row_lengths import check_lengths, max_lengths
 from tunecost.validate.stack_behaviour import behaviour_for
@@ -347,7 +347,9 @@ def multi_gpu_layout(row: CorpusRow) -> tuple[str, str]:
       plugin runs (the corpus's FSDP rows), or fsdp2 where the cell says "fsdp2" or "fully_shard";
       SHARD_GRAD_OP -> fsdp2-shard-grad-op; with "offload": FSDP's CPU offload (parameter and gradient shards and
       the optimizer step on the host: "params");
-    `Skip` for anything else (tensor, pipeline, hybrid sharding; DeepSpeed without a stage) and for a GPU count
+    - a Megatron layout ("TP=4 PP=2", "TP1 PP1 CP1"): its data parallelism, zero1 under the distributed optimizer
+      or a NeMo/Megatron stack, else ddp;
+    `Skip` for anything else (hybrid sharding, DeepSpeed without a stage) and for a GPU count
     that fills no whole nodes of `NODE_GPUS`."""
     parallelism = (row.get("parallelism") or "").strip().lower()
     num_gpus = count_of(row, "num_gpus")
@@ -355,8 +357,10 @@ def multi_gpu_layout(row: CorpusRow) -> tuple[str, str]:
         raise Skip(f"{num_gpus} GPUs fill no whole nodes of {NODE_GPUS} GPUs (the node layout is not in the row)")
     offload = "offload" in parallelism
     unknown = f"multi-GPU parallelism {parallelism or 'unstated'!r} not modelled (DDP, DeepSpeed ZeRO 1-3, FSDP)"
-    mp = model_parallel_of(parallelism, micro_batches=1)
-    if mp is None and any(word in parallelism for word in ("tensor", "pipeline", "hybrid", "no_shard", "megatron")):
+    megatron_layout = states_model_parallel(parallelism)
+    if not megatron_layout and any(
+        word in parallelism for word in ("tensor", "pipeline", "hybrid", "no_shard", "megatron")
+    ):
         raise Skip(unknown)
     stage = _ZERO_STAGE.search(parallelism)
     if stage:
@@ -377,7 +381,7 @@ def multi_gpu_layout(row: CorpusRow) -> tuple[str, str]:
             return "fsdp2-shard-grad-op", "none"
         strategy = "fsdp2" if "fsdp2" in parallelism or "fully_shard" in parallelism else "fsdp1"
         return strategy, "params" if offload else "none"
-    if mp is not None:  # Megatron's data parallelism: its distributed optimizer shards what ZeRO-1 does, else DDP
+    if megatron_layout:  # Megatron's data parallelism: its distributed optimizer shards what ZeRO-1 does, else DDP
         megatron = names_distributed_optimizer(parallelism) or any(
             name in (row.get("stack") or "").lower() for name in ("nemo", "megatron")
         )

@@ -83,6 +83,12 @@ def model_parallel_of(parallelism: str, *, micro_batches: int) -> ModelParallel 
     )
 
 
+def states_model_parallel(parallelism: str) -> bool:
+    """Whether the cell states a TP/PP/CP degree, even 1 ("TP1 PP1 CP1": Megatron's data parallelism alone)."""
+    cell = parallelism.lower()
+    return any(p.search(cell) for p in _DEGREES.values())
+
+
 def names_distributed_optimizer(parallelism: str) -> bool:
     """Megatron's distributed optimizer (fp32 main weights and Adam states sharded over the data-parallel ranks:
     tunecost's zero1)."""
