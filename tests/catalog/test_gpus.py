@@ -70,6 +70,11 @@ def test_units_are_base_units() -> None:
         ("A100", "A100-80GB-SXM", True),
         ("h100-pcie", "H100-80GB-PCIE", True),
         ("RTX4090", "RTX4090-24GB", True),
+        # the catalog's words in another order, an SXM generation, a memory type
+        ("H200-SXM-141GB", "H200-141GB", True),
+        ("B200-SXM-180GB", "B200-180GB", True),
+        ("H100-SXM5-80GB", "H100-80GB-SXM", True),
+        ("NVIDIA H100 80GB HBM3", "H100-80GB-SXM", True),
     ],
 )
 def test_names_resolve_case_insensitively(typed: str, canonical: str, via_alias: bool) -> None:

@@ -135,9 +135,16 @@ def test_blackmamba_2_8b_params() -> None:
     assert counts.active == pytest.approx(0.63e9, rel=0.05)
 
 
-@pytest.mark.parametrize("typed", ["Mixtral-8x7B", "mistralai/Mixtral-8x7B-v0.1", "MISTRALAI/mixtral-8x7b-v0.1"])
+@pytest.mark.parametrize(
+    "typed", ["Mixtral-8x7B", "mistralai/Mixtral-8x7B-v0.1", "MISTRALAI/mixtral-8x7b-v0.1", "mixtral_8x7b"]
+)
 def test_resolve_by_name_or_hub_id(typed: str) -> None:
     assert resolve_model(typed).name == "mixtral-8x7b"
+
+
+def test_a_name_spelled_without_its_punctuation_is_the_one_it_matches() -> None:
+    assert resolve_model("llama2-70b").name == "llama-2-70b"  # MLPerf's llama2_70b_lora
+    assert resolve_model("Llama2_70B").name == "llama-2-70b"
 
 
 def test_unknown_model_lists_valid_names() -> None:

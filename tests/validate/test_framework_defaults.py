@@ -35,11 +35,54 @@ def test_llamafactory_rows_take_its_defaults() -> None:
     assert "gradient checkpointing on: LLaMA-Factory's default" in mapped.note
 
 
-def test_axolotl_states_no_rank_and_a_plain_trainer_no_defaults() -> None:
+def test_axolotl_states_no_rank_and_a_plain_trainer_checkpoints_nothing() -> None:
     with pytest.raises(Skip, match="LoRA rank not stated"):  # axolotl has no default rank
         map_row(CorpusRow(path="x.csv", line=2, cells={**ROW, "stack": "axolotl 0.6"}))
-    with pytest.raises(Skip, match="gradient checkpointing not stated"):
-        map_row(CorpusRow(path="x.csv", line=2, cells={**ROW, "stack": "hf-transformers", "lora_rank": "16"}))
+    for stack in ("hf-transformers", "HF Trainer + DeepSpeed 0.14", "accelerate"):
+        mapped = map_row(
+            CorpusRow(path="x.csv", line=2, cells={**ROW, "stack": stack, "lora_rank": "16", "lora_targets": "q_proj"})
+        )
+        assert not mapped.job.gradient_checkpointing, stack
+        assert "gradient checkpointing off: transformers TrainingArguments' default" in mapped.note
+    # TRL's SFTConfig default changed between versions, swift and unsloth keep their own: not guessed
+    for stack in ("trl SFTTrainer", "swift 2.x (hf-transformers+peft)", "trl 0.9 + transformers"):
+        with pytest.raises(Skip, match="gradient checkpointing not stated"):
+            map_row(
+                CorpusRow(
+                    path="x.csv", line=2, cells={**ROW, "stack": stack, "lora_rank": "16", "lora_targets": "q_proj"}
+                )
+            )
+
+
+@pytest.mark.parametrize(
+    ("cells", "expected"),
+    [
+        ({"method": "SFT", "lora_rank": "", "lora_targets": ""}, ("full", "off")),
+        ({"method": "full fine-tune", "lora_rank": "", "lora_targets": ""}, ("full", "off")),
+        ({"method": "LoRA", "quantization": "bnb-nf4"}, ("qlora", "off")),
+        ({"grad_ckpt": "activation recompute (full)"}, ("lora", "on")),
+        ({"grad_ckpt": "recompute: none"}, ("lora", "off")),
+        ({"grad_ckpt": "unknown"}, ("lora", "off")),  # unknown: the framework's default
+    ],
+)
+def test_method_and_checkpointing_as_sources_write_them(cells: dict, expected: tuple) -> None:
+    row = {**ROW, "stack": "hf-transformers", "lora_rank": "16", "lora_targets": "q_proj;v_proj", **cells}
+    mapped = map_row(CorpusRow(path="x.csv", line=2, cells=row))
+    assert (mapped.job.method, "on" if mapped.job.gradient_checkpointing else "off") == expected
+
+
+@pytest.mark.parametrize(
+    ("cells", "reason"),
+    [
+        ({"grad_ckpt": "sometimes"}, "grad_ckpt 'sometimes' not understood"),
+        ({"method": "SFT"}, "full fine-tune or LoRA"),
+        ({"method": "dpo"}, "unknown method 'dpo'"),
+    ],
+)
+def test_cells_that_cannot_be_read_are_skipped_with_why(cells: dict, reason: str) -> None:
+    row = {**ROW, "stack": "hf-transformers", "lora_rank": "16", "lora_targets": "q_proj;v_proj", **cells}
+    with pytest.raises(Skip, match=reason):
+        map_row(CorpusRow(path="x.csv", line=2, cells=row))
 
 
 @pytest.mark.parametrize(

@@ -544,6 +544,10 @@ def test_an_unsloth_row_is_skipped_with_its_reason(corpus) -> None:
         ("deepspeed zero3 + cpu offload", ("zero3", "params")),
         ("deepspeed zero3 (offload optimizer)", ("zero3", "optimizer")),
         ("zero3 offload_param + offload_optimizer", ("zero3", "params")),
+        ("zero_stage=3", ("zero3", "none")),
+        ("ds_z3", ("zero3", "none")),
+        ("ZeRO-3 (no offload)", ("zero3", "none")),
+        ("zero2, offload: none", ("zero2", "none")),
     ],
 )
 def test_a_multi_gpu_rows_parallelism_names_its_layout(corpus, cell, layout) -> None:
@@ -603,6 +607,8 @@ def test_attention_and_checkpointing_cells_in_the_spellings_sources_use() -> Non
 
     for cell in ("flash2", "fa2", "FA2", "flash_attention_2", "flash-attn 2", "FlashAttention-2", "fa3", "", "unknown"):
         assert attention_for(cell) == "flash", cell
+    for cell in ("cuDNN FMHA", "TE fused attention", "Transformer Engine (cuDNN)"):  # NeMo's fused kernels
+        assert attention_for(cell) == "flash", cell
     for cell, expected in (("sdpa", "sdpa"), ("SDPA", "sdpa"), ("torch sdpa", "sdpa"), ("eager", "eager")):
         assert attention_for(cell) == expected, cell
     assert attention_for("ring attention") is None
@@ -615,8 +621,8 @@ def test_gradient_checkpointing_cell_spellings(corpus, cell: str, on: bool) -> N
     row = next(r for r in read_corpus([corpus]) if r.get("quantity") == "peak_allocated_gib")
     cells = {**row.cells, "grad_ckpt": cell, "attention": "flash_attention_2"}
     assert map_row(type(row)(row.path, row.line, cells)).job.gradient_checkpointing is on
-    with pytest.raises(Skip, match="gradient checkpointing not stated"):
-        map_row(type(row)(row.path, row.line, {**cells, "grad_ckpt": "unknown"}))
+    unknown = map_row(type(row)(row.path, row.line, {**cells, "grad_ckpt": "unknown"}))  # the Trainer's default
+    assert not unknown.job.gradient_checkpointing and "TrainingArguments' default" in unknown.note
 
 
 def test_a_full_fine_tune_row_is_simulated_with_its_optimizer(corpus) -> None:

@@ -193,6 +193,16 @@ def normalize_gpu_name(name: str) -> str:
     return "".join(w for w in words if w and w not in _VENDOR_WORDS)
 
 
+def _name_words(name: str) -> frozenset[str]:
+    """The words of a GPU name without vendor and memory-type words, any SXM generation as "sxm"."""
+    words = (re.sub(r"^sxm\d$", "sxm", w) for w in re.split(r"[^0-9a-z]+", name.lower()))
+    return frozenset(w for w in words if w and w not in _VENDOR_WORDS and not w.startswith("hbm"))
+
+
+def _all_words(gpu: GPU) -> frozenset[str]:
+    return _name_words(gpu.name).union(*(_name_words(a) for a in gpu.aliases))
+
+
 def _ambiguous(name: str, candidates: list[str]) -> TunecostError:
     return TunecostError(f"ambiguous GPU {name!r}: matches {', '.join(candidates)}; name one of them")
 
@@ -222,6 +232,10 @@ def resolve_gpu_name(name: str, catalog: dict[str, GPU] | None = None) -> Resolv
     if key in _AMBIGUOUS_NAMES:
         other, inside = _AMBIGUOUS_NAMES[key]
         raise _ambiguous(name, [other, *(n for n in inside if n in catalog)])
+    words = _name_words(name)
+    within = [g for g in catalog.values() if g.name.split("-")[0].lower() in words and words <= _all_words(g)]
+    if len(words) > 1 and len(within) == 1:  # the catalog's words in another order: "H200-SXM-141GB"
+        return Resolved(within[0], name)
     prefix = [gpu for gpu in catalog.values() if normalize_gpu_name(gpu.name).startswith(key)]
     if len(prefix) == 1 and _keeps_model_number(key, normalize_gpu_name(prefix[0].name)):
         return Resolved(prefix[0], name)

@@ -34,7 +34,7 @@ KINDS = ("calibrated", PRIOR_KIND)
 # the row's model: dense, or MoE (routed experts, whose dispatch a stack may run as an eager loop: its own errors)
 MODEL_KINDS = ("dense", "moe")
 # the measured quantities that are one step time each (their errors share one class)
-THROUGHPUT_QUANTITIES = ("tokens_per_s_per_gpu", "samples_per_s", "s_per_step", "time_to_train_s")
+THROUGHPUT_QUANTITIES = ("tokens_per_s_per_gpu", "tokens_per_s", "samples_per_s", "s_per_step", "time_to_train_s")
 
 
 def quantity_class(quantity: str) -> str:

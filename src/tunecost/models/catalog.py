@@ -346,6 +346,20 @@ def _names_of(catalog: dict[str, ModelSpec]) -> dict[str, ModelSpec]:
     return _NAMES[1]
 
 
+def _spelled_without_punctuation(key: str, catalog: dict[str, ModelSpec]) -> ModelSpec | None:
+    """The one catalog model whose name or alias matches `key` with punctuation dropped ("llama2-70b" for
+    llama-2-70b, MLPerf's spelling); a path or hub id is not such a spelling."""
+    if "/" in key or key.endswith((".json", ".yaml", ".yml")):
+        return None
+    compact = re.sub(r"[^0-9a-z]+", "", key)
+    hits = {
+        id(spec): spec
+        for name, spec in _names_of(catalog).items()
+        if "/" not in name and re.sub(r"[^0-9a-z]+", "", name) == compact
+    }
+    return next(iter(hits.values())) if len(hits) == 1 else None
+
+
 def resolve_model(name: str) -> ModelSpec:
     """A catalog name (any case, or its hub id), a GPTQ checkpoint's hub id (its base model), a hub id without its
     namespace (when one catalog model has it), a re-upload of a catalog model (unsloth, NousResearch, ...), a local
@@ -358,7 +372,7 @@ def resolve_model(name: str) -> ModelSpec:
     by_repository = _repository_name_match(key, catalog)
     if by_repository is not None:
         return by_repository
-    original = _mirror_original(key, catalog)
+    original = _mirror_original(key, catalog) or _spelled_without_punctuation(key, catalog)
     if original is not None:
         return original
     path = Path(name).expanduser()

@@ -86,6 +86,7 @@ _ATTENTION = {
     # Transformer Engine's / cuDNN's fused attention: a FlashAttention-style kernel (no L x L scores kept)
     **dict.fromkeys(("te", "transformerengine", "cudnn", "cudnnfusedattention", "fusedattention", "fused"), "flash"),
 }
+_FLASH_WORDS = ("flashattention", "cudnn", "fmha", "fusedattention", "transformerengine", "memoryefficient")
 _DTYPE_NAMES = (  # (cell pattern, compute dtype): "bfloat16", "bf16-mixed", "16-mixed" (Lightning's fp16), ...
     (re.compile(r"^(?:bf16|bfloat16)\b"), "bf16"),
     (re.compile(r"^(?:fp16|float16|half|16)\b"), "fp16"),
@@ -116,14 +117,21 @@ def grad_ckpt_for(cell: str) -> tuple[str, bool | None] | None:
         return "on", False
     if "reentrant" in compact:
         return "on", True
-    return (_GRAD_CKPT[_main(key)], None) if _main(key) in _GRAD_CKPT else None
+    if _main(key) in _GRAD_CKPT:
+        return _GRAD_CKPT[_main(key)], None
+    if "selective" in compact:  # "selective recompute", "recompute_granularity=selective"
+        return "selective", None
+    if any(word in compact for word in ("recompute", "recomputation", "checkpoint")):  # "activation recompute (full)"
+        negated = re.search(r"\b(?:no|none|off|false|disabled|without)\b", key)
+        return ("off" if negated else "on"), None
+    return None
 
 
 def attention_for(cell: str) -> str | None:
     """tunecost's attention for a row's attention cell (None: not known). "flash_attention_2", "flash-attn 2",
     "FA2" and "FlashAttention-2" are all flash."""
     key = _cell_key(cell)
-    if key.startswith(("flash", "fa2", "fa3")):
+    if key.startswith(("flash", "fa2", "fa3")) or any(word in key for word in _FLASH_WORDS):
         return "flash"
     return _ATTENTION.get(key) or (_ATTENTION.get(_cell_key(_main(cell))) if _main(cell) else None)
 
@@ -196,6 +204,18 @@ _FUSED_ADAMW = (
     "fusedadamw",
     "apexfusedadam",
 )  # one kernel per step: no foreach temporaries
+
+
+_METHODS = {  # a method cell without case or punctuation -> tunecost's method
+    **dict.fromkeys(("full", "sft", "fullsft", "fft", "fullfinetune", "fullfinetuning", "fullparameter"), "full"),
+    **dict.fromkeys(("lora", "peftlora", "lorasft"), "lora"),
+    "qlora": "qlora",
+}
+
+
+def method_for(cell: str) -> str:
+    """tunecost's method for a row's method cell ("SFT", "full fine-tune", "LoRA"), else the cell lower-cased."""
+    return _METHODS.get(_cell_key(cell), cell.lower())
 
 
 def _cell_key(cell: str) -> str:

@@ -24,6 +24,7 @@ from tunecost.validate.cells import (
     count_of,
     grad_ckpt_for,
     lora_targets,
+    method_for,
     modules_to_save,
     optimizer_for,
     precision_of,
@@ -257,9 +258,13 @@ def model_and_method(row: CorpusRow, quantization: str) -> tuple[Any, str]:
         raise Skip(str(exc)) from None
     if spec.family not in SUPPORTED_FAMILIES:
         raise Skip(f"architecture {spec.family!r} not simulated")
-    method = row.get("method").strip().lower()
+    method = method_for(row.get("method"))
+    if method == "full" != row.get("method").lower() and (row.get("lora_rank") or row.get("lora_targets")):
+        raise Skip(f"method {row.get('method')!r} with LoRA cells: full fine-tune or LoRA?")
     if method not in ("full", "lora", "qlora"):
         raise Skip(f"unknown method {method!r}")
+    if method == "lora" and quantization in QUANTIZED:
+        method = "qlora"  # LoRA on quantized weights
     if (method == "qlora") != (quantization in QUANTIZED):
         raise Skip(f"method {method} with quantization {quantization} not modelled")
     return spec, method
@@ -269,6 +274,8 @@ def checkpointing_of(row: CorpusRow, defaults: Any, defaulted: list[str]) -> tup
     """("on" | "off" | "selective", re-entrant) of the row, else of its framework's defaults (noted in
     `defaulted`)."""
     stated = grad_ckpt_for(row.get("grad_ckpt"))
+    if stated is None and row.get("grad_ckpt").lower() not in ("", "unknown", "n/a", "?"):
+        raise Skip(f"grad_ckpt {row.get('grad_ckpt')!r} not understood (on, off, selective)")
     if stated is None and defaults is not None and "gradient_checkpointing" in defaults.options:
         on = defaults.options["gradient_checkpointing"]
         off = "selective" if defaults.options.get("selective_recompute") else "off"
@@ -334,7 +341,10 @@ def gptq_settings(row: CorpusRow) -> dict[str, Any]:
     return {"quant_type": "gptq", "gptq_group_size": checkpoint.group_size, "gptq_kernel": kernel}
 
 
-_ZERO_STAGE = re.compile(r"zero[\s_-]*(?:stage[\s_-]*)?([123])")
+# "zero3", "ZeRO-3", "zero stage 3", "zero_stage=3", "ds_z3", "DeepSpeed stage 3"
+_ZERO_STAGE = re.compile(r"(?:zero|\bds[\s_-]*z|deepspeed[\s_-]*stage)[\s_-]*(?:stage)?[\s_=:-]*([123])\b")
+# "no offload", "offload: none", "without CPU offload", "offload=false"
+_NO_OFFLOAD = re.compile(r"\b(?:no|without)[\s_-]+(?:cpu[\s_-]+)?offload|offload\w*\W*(?:none|false|off|no)\b")
 
 
 def multi_gpu_layout(row: CorpusRow) -> tuple[str, str]:
@@ -349,13 +359,13 @@ def multi_gpu_layout(row: CorpusRow) -> tuple[str, str]:
       the optimizer step on the host: "params");
     - a Megatron layout ("TP=4 PP=2", "TP1 PP1 CP1"): its data parallelism, zero1 under the distributed optimizer
       or a NeMo/Megatron stack, else ddp;
-    `Skip` for anything else (hybrid sharding, DeepSpeed without a stage) and for a GPU count
-    that fills no whole nodes of `NODE_GPUS`."""
+    `Skip` for anything else (hybrid sharding, DeepSpeed without a stage) and for a GPU count that fills no whole
+    nodes of `NODE_GPUS`."""
     parallelism = (row.get("parallelism") or "").strip().lower()
     num_gpus = count_of(row, "num_gpus")
     if num_gpus > NODE_GPUS and num_gpus % NODE_GPUS:
         raise Skip(f"{num_gpus} GPUs fill no whole nodes of {NODE_GPUS} GPUs (the node layout is not in the row)")
-    offload = "offload" in parallelism
+    offload = "offload" in parallelism and not _NO_OFFLOAD.search(parallelism)
     unknown = f"multi-GPU parallelism {parallelism or 'unstated'!r} not modelled (DDP, DeepSpeed ZeRO 1-3, FSDP)"
     megatron_layout = states_model_parallel(parallelism)
     if not megatron_layout and any(

@@ -19,7 +19,7 @@ def check_lengths(row: CorpusRow, throughput: bool) -> None:
                 "throughput with sequences up to seq_len (the dataset's lengths, which set the work, are not in the "
                 "row)"
             )
-        if row.get("quantity") == "tokens_per_s_per_gpu":
+        if row.get("quantity") in ("tokens_per_s_per_gpu", "tokens_per_s"):
             raise Skip("tokens per second of sequences up to seq_len (whether padding counts is not stated)")
     if kind == "max" and not row.get("dataset"):
         raise Skip(

@@ -318,12 +318,14 @@ def tokens_per_step(batch: int, seq_len: int, grad_accum: int) -> int:
 
 def to_step_seconds(quantity: str, value: float, shape: StepShape) -> float:
     """A measured throughput figure as seconds per optimizer step: tokens per second per GPU (a data-parallel
-    rank's tokens shared by its GPUs), samples per second of the whole job (every data-parallel rank's
+    rank's tokens shared by its GPUs), tokens or samples per second of the whole job (every data-parallel rank's
     micro-batches), or seconds per step."""
     if quantity == "s_per_step":
         return value
     if quantity == "tokens_per_s_per_gpu":
         return tokens_per_step(shape.batch, shape.seq_len, shape.grad_accum) / shape.model_parallel / value
+    if quantity == "tokens_per_s":
+        return tokens_per_step(shape.batch, shape.seq_len, shape.grad_accum) * shape.num_gpus / value
     if quantity == "samples_per_s":
         return shape.batch * shape.grad_accum * shape.num_gpus / value
     raise ValueError(quantity)

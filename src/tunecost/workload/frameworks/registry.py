@@ -196,10 +196,18 @@ def _nemo(model: str, method: str) -> dict[str, object]:
     return {"trainer": {}, "model": model_cfg}
 
 
+def _hf_trainer(model: str, method: str) -> dict[str, object]:
+    """transformers' TrainingArguments as the HF Trainer (and DeepSpeed or accelerate around it) runs them by
+    default: gradient checkpointing off."""
+    return {"output_dir": "out", "per_device_train_batch_size": 8}
+
+
 def _none(model: str, method: str) -> None:
     """A framework whose defaults tunecost does not read (NeMo AutoModel, named "nemo" too)."""
     return None
 
+
+_HF_TRAINER = ("transformers", "hf trainer", "hf-trainer", "accelerate", "deepspeed")
 
 # a framework named in a stack cell, the smallest config of it (its reader fills the framework's defaults), whose
 # defaults they are, and the options the config states only to be read (not defaults)
@@ -211,6 +219,9 @@ _NAMED_FRAMEWORKS: tuple[tuple[str, Callable[[str, str], dict[str, object] | Non
     ("automodel", _none, "", ()),
     ("nemo", _nemo, "", ()),
     ("megatron", _nemo, "", ()),
+    # their own defaults (TRL's SFTConfig: checkpointing on in recent versions, off in older ones), not read
+    *((name, _none, "", ()) for name in ("trl", "sft", "swift", "unsloth", "finetune.py")),
+    *((name, _hf_trainer, "transformers TrainingArguments' default", ("batch_size",)) for name in _HF_TRAINER),
 )
 
 
