@@ -98,6 +98,18 @@ def test_a_blank_grad_accum_is_the_global_batch_over_the_data_parallel_micro_bat
         map_row(_row("TP=4, PP=4", num_gpus="64", grad_accum="", global_batch="126"))
 
 
+def test_a_blank_micro_batch_is_the_global_batch_over_the_accumulated_data_parallel_ranks():
+    """MLPerf states the global batch: 8 GPUs at TP 4 are 2 data-parallel ranks; global batch 8 with 2 micro-batches
+    each is a micro-batch of 2, said; one they do not divide, or no global batch, is skipped with why."""
+    mapped = map_row(_row("TP=4", batch_size_per_gpu="", grad_accum="2", global_batch="8"))
+    assert (mapped.job.batch_size, mapped.grad_accum, mapped.plan().dp) == (2, 2, 2)
+    assert "batch_size_per_gpu 2: global_batch / (2 x 2 ranks)" in mapped.note
+    with pytest.raises(Skip, match="global_batch 6 is not a multiple of grad_accum 4"):
+        map_row(_row("TP=4", batch_size_per_gpu="", grad_accum="4", global_batch="6"))
+    with pytest.raises(Skip, match="batch_size_per_gpu '' is not a number"):
+        map_row(_row("TP=4", batch_size_per_gpu=""))
+
+
 def test_tokens_per_gpu_share_a_data_parallel_ranks_tokens_over_its_model_parallel_gpus():
     """TP 4 on 8 GPUs: two data-parallel ranks, each of 4 GPUs; a step's tokens per GPU are a quarter of a rank's,
     so the same step reads the same from samples per second and from tokens per second per GPU."""

@@ -552,7 +552,7 @@ def test_an_unsloth_row_is_skipped_with_its_reason(corpus) -> None:
 )
 def test_a_multi_gpu_rows_parallelism_names_its_layout(corpus, cell, layout) -> None:
     from tunecost.validate.corpus import CorpusRow
-    from tunecost.validate.mapping import multi_gpu_layout
+    from tunecost.validate.model_parallel_cells import multi_gpu_layout
 
     multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
     row = CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, "parallelism": cell})

@@ -32,11 +32,12 @@ from tunecost.validate.cells import (
 )
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.model_parallel_cells import (
+    NODE_GPUS,
     expert_parallel_note,
     grad_accum_of,
+    micro_batch_of,
     model_parallel_row,
-    names_distributed_optimizer,
-    states_model_parallel,
+    multi_gpu_layout,
 )
 from tunecost.validate.row_lengths import check_lengths, max_lengths
 from tunecost.validate.stack_behaviour import behaviour_for
@@ -51,7 +52,6 @@ QUANTIZED = ("bnb-nf4", "bnb-int8", "gptq-int4")  # a row's quantization cell un
 QUANT_JOB_FIELDS = {"bnb-int8": {"quant_type": "int8"}}  # gptq-int4's come from the catalog (`gptq_settings`)
 _GPTQ_KERNELS = (("accelerated-peft-autogptq", "triton-v2"), ("qwen finetune.py", "torch"))  # corpus stack cell
 _GPU_COUNT = re.compile(r"^\d+\s*[x\u00d7]\s*", re.IGNORECASE)  # "8xH100", "8 x A100-80GB"
-NODE_GPUS = 8  # GPUs per node assumed for a row on more GPUs than one node holds (HGX / DGX servers)
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,8 @@ def map_row(row: CorpusRow) -> MappedRow:
     if throughput and method == "full" and optimizer != "adamw":
         raise Skip(f"throughput with optimizer {row.get('optimizer')!r} (the counts price AdamW's step)")
     lora = lora_of(row, spec, defaults, defaulted) if method != "full" else LoraConfig()
-    implied_accum = grad_accum_of(row, num_gpus, count_of(row, "batch_size_per_gpu"), defaulted)
+    micro_batch = micro_batch_of(row, num_gpus, defaulted)
+    implied_accum = grad_accum_of(row, num_gpus, micro_batch, defaulted)
     expert_parallel_note(row, throughput, defaulted)
     seq_len, note = within_positions(
         count_of(row, "seq_len"), spec, "; ".join(filter(None, (optimizer_note, *defaulted)))
@@ -166,7 +167,7 @@ def map_row(row: CorpusRow) -> MappedRow:
             selective_recompute=ckpt == "selective",
             attention=attention,
             optimizer=optimizer,
-            batch_size=count_of(row, "batch_size_per_gpu"),
+            batch_size=micro_batch,
             grad_accum=count_of(row, "grad_accum") if row.get("grad_accum") else implied_accum or 1,
             seq_len=seq_len,
             modules_to_save=saved,
@@ -178,13 +179,7 @@ def map_row(row: CorpusRow) -> MappedRow:
         )
     except TunecostError as exc:
         raise Skip(str(exc)) from None
-    gpu = catalog_gpu(row.get("gpu"))
-    quantity = row.get("quantity")
-    if gpu is None and (quantity == "oom" or throughput):
-        why = (
-            "its memory decides out-of-memory" if quantity == "oom" else "its peak rate and bandwidth set the step time"
-        )
-        raise Skip(f"{gpu_unknown_reason(row.get('gpu'))} ({why})")
+    gpu = row_gpu(row, throughput)
     mp = model_parallel_row(row, spec, job, num_gpus, job.grad_accum) if num_gpus > 1 else None
     mp = dataclasses.replace(mp, tp_impl=stack.tp_impl) if mp is not None else None
     behaviour = row_behaviour(row, stack, num_gpus=num_gpus, strategy=strategy, family=spec.family, method=method)
@@ -203,6 +198,15 @@ def map_row(row: CorpusRow) -> MappedRow:
         model_parallel=mp,
         lengths=lengths,
     )
+
+
+def row_gpu(row: CorpusRow, throughput: bool) -> Any:
+    """The row's catalog GPU (None: not in the catalog); `Skip` where the row's quantity needs it."""
+    gpu = catalog_gpu(row.get("gpu"))
+    if gpu is None and (row.get("quantity") == "oom" or throughput):
+        why = "its peak rate and bandwidth set the step time" if throughput else "its memory decides out-of-memory"
+        raise Skip(f"{gpu_unknown_reason(row.get('gpu'))} ({why})")
+    return gpu
 
 
 def modelled_quantity(quantity: str) -> str:
@@ -339,61 +343,3 @@ def gptq_settings(row: CorpusRow) -> dict[str, Any]:
     if kernel is None:
         raise Skip(f"gptq-int4 under stack {row.get('stack')!r}: the GPTQ kernel it loads is not known")
     return {"quant_type": "gptq", "gptq_group_size": checkpoint.group_size, "gptq_kernel": kernel}
-
-
-# "zero3", "ZeRO-3", "zero stage 3", "zero_stage=3", "ds_z3", "DeepSpeed stage 3"
-_ZERO_STAGE = re.compile(r"(?:zero|\bds[\s_-]*z|deepspeed[\s_-]*stage)[\s_-]*(?:stage)?[\s_=:-]*([123])\b")
-# "no offload", "offload: none", "without CPU offload", "offload=false"
-_NO_OFFLOAD = re.compile(r"\b(?:no|without)[\s_-]+(?:cpu[\s_-]+)?offload|offload\w*\W*(?:none|false|off|no)\b")
-
-
-def multi_gpu_layout(row: CorpusRow) -> tuple[str, str]:
-    """(strategy, offload) of a multi-GPU row, read from its `parallelism` cell (case-insensitive):
-    - DeepSpeed ZeRO: "zero1/2/3", "zero-2", "zero stage 3" -> zeroN; with "offload": "params" where the cell
-      names parameters, "optimizer" where it names the optimizer only, else ZeRO-3's common offload configuration
-      (parameters and optimizer: "params") and ZeRO-1/2's only one ("optimizer");
-    - DDP ("ddp", "data parallel") -> ddp;
-    - FSDP: FULL_SHARD (a bare "fsdp" included) -> fsdp1, the torch FullyShardedDataParallel that accelerate's FSDP
-      plugin runs (the corpus's FSDP rows), or fsdp2 where the cell says "fsdp2" or "fully_shard";
-      SHARD_GRAD_OP -> fsdp2-shard-grad-op; with "offload": FSDP's CPU offload (parameter and gradient shards and
-      the optimizer step on the host: "params");
-    - a Megatron layout ("TP=4 PP=2", "TP1 PP1 CP1"): its data parallelism, zero1 under the distributed optimizer
-      or a NeMo/Megatron stack, else ddp;
-    `Skip` for anything else (hybrid sharding, DeepSpeed without a stage) and for a GPU count that fills no whole
-    nodes of `NODE_GPUS`."""
-    parallelism = (row.get("parallelism") or "").strip().lower()
-    num_gpus = count_of(row, "num_gpus")
-    if num_gpus > NODE_GPUS and num_gpus % NODE_GPUS:
-        raise Skip(f"{num_gpus} GPUs fill no whole nodes of {NODE_GPUS} GPUs (the node layout is not in the row)")
-    offload = "offload" in parallelism and not _NO_OFFLOAD.search(parallelism)
-    unknown = f"multi-GPU parallelism {parallelism or 'unstated'!r} not modelled (DDP, DeepSpeed ZeRO 1-3, FSDP)"
-    megatron_layout = states_model_parallel(parallelism)
-    if not megatron_layout and any(
-        word in parallelism for word in ("tensor", "pipeline", "hybrid", "no_shard", "megatron")
-    ):
-        raise Skip(unknown)
-    stage = _ZERO_STAGE.search(parallelism)
-    if stage:
-        strategy = f"zero{stage.group(1)}"
-        if not offload:
-            return strategy, "none"
-        if "param" in parallelism:
-            return strategy, "params"
-        return strategy, "params" if strategy == "zero3" and "optim" not in parallelism else "optimizer"
-    if "ddp" in parallelism or "data parallel" in parallelism:
-        if offload:
-            raise Skip(f"multi-GPU parallelism {parallelism!r}: DDP has no CPU offload")
-        return "ddp", "none"
-    if "fsdp" in parallelism or "fully_shard" in parallelism:
-        if "shard_grad_op" in parallelism or "shard grad op" in parallelism:
-            if offload:
-                raise Skip(f"multi-GPU parallelism {parallelism!r}: CPU offload with SHARD_GRAD_OP not modelled")
-            return "fsdp2-shard-grad-op", "none"
-        strategy = "fsdp2" if "fsdp2" in parallelism or "fully_shard" in parallelism else "fsdp1"
-        return strategy, "params" if offload else "none"
-    if megatron_layout:  # Megatron's data parallelism: its distributed optimizer shards what ZeRO-1 does, else DDP
-        megatron = names_distributed_optimizer(parallelism) or any(
-            name in (row.get("stack") or "").lower() for name in ("nemo", "megatron")
-        )
-        return "zero1" if megatron else "ddp", "none"
-    raise Skip(unknown)

@@ -1,5 +1,6 @@
-"""A corpus row's tensor, pipeline and context parallelism, read from its `parallelism` cell ("TP=8, PP=4",
-"tensor parallel 8 + sequence parallel", "tp4 pp2 cp2 vp5 distributed optimizer", "tp4 sp tp comm overlap")."""
+"""A corpus row's parallelism cell: its data-parallel layout ("zero3 + cpu offload", "fsdp (FULL_SHARD)") and its
+tensor, pipeline and context parallelism ("TP=8, PP=4", "tensor parallel 8 + sequence parallel", "tp4 pp2 cp2 vp5
+distributed optimizer", "tp4 sp tp comm overlap")."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from tunecost.validate.corpus import CorpusRow
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
+NODE_GPUS = 8  # GPUs per node assumed for a row on more GPUs than one node holds (HGX / DGX servers)
 _PAR = r"(?:[ _-]?(?:model[ _-]?)?parallel(?:ism|[ _]size|[ _]degree)?)"
 _DEGREES = {  # after a digit too: "tp8pp2"
     "tp": re.compile(rf"(?<![a-z])(?:tp|tensor{_PAR})\s*[=:]?\s*(\d+)"),
@@ -50,6 +52,19 @@ def grad_accum_of(row: CorpusRow, num_gpus: int, micro_batch: int, noted: list[s
     accum = global_batch // (micro_batch * ranks)
     noted.append(f"grad_accum {accum}: global_batch {global_batch} / ({micro_batch} x {ranks} data-parallel ranks)")
     return accum
+
+
+def micro_batch_of(row: CorpusRow, num_gpus: int, noted: list[str]) -> int:
+    """The row's batch_size_per_gpu, else global batch / (grad_accum x data-parallel ranks), said in `noted`;
+    `Skip` where neither is stated or they do not divide."""
+    if row.get("batch_size_per_gpu") or not (row.get("global_batch") and row.get("grad_accum")):
+        return count_of(row, "batch_size_per_gpu")
+    tp, pp, cp, _ = _degrees((row.get("parallelism") or "").lower())
+    ranks, accum, global_batch = num_gpus // (tp * pp * cp), count_of(row, "grad_accum"), count_of(row, "global_batch")
+    if ranks < 1 or global_batch % (accum * ranks):
+        raise Skip(f"global_batch {global_batch} is not a multiple of grad_accum {accum} x {max(ranks, 0)} ranks")
+    noted.append(f"batch_size_per_gpu {global_batch // (accum * ranks)}: global_batch / ({accum} x {ranks} ranks)")
+    return global_batch // (accum * ranks)
 
 
 def expert_parallel_note(row: CorpusRow, throughput: bool, noted: list[str]) -> None:
@@ -114,3 +129,59 @@ def model_parallel_row(row: CorpusRow, spec, job: FineTuneJob, num_gpus: int, gr
     except TunecostError as exc:
         raise Skip(f"parallelism {row.get('parallelism')!r}: {exc}") from None
     return mp
+
+
+# "zero3", "ZeRO-3", "zero stage 3", "zero_stage=3", "ds_z3", "DeepSpeed stage 3"
+_ZERO_STAGE = re.compile(r"(?:zero|\bds[\s_-]*z|deepspeed[\s_-]*stage)[\s_-]*(?:stage)?[\s_=:-]*([123])\b")
+# "no offload", "offload: none", "without CPU offload", "offload=false"
+_NO_OFFLOAD = re.compile(r"\b(?:no|without)[\s_-]+(?:cpu[\s_-]+)?offload|offload\w*\W*(?:none|false|off|no)\b")
+
+
+def multi_gpu_layout(row: CorpusRow) -> tuple[str, str]:
+    """(strategy, offload) of a multi-GPU row, read from its `parallelism` cell (case-insensitive):
+    - DeepSpeed ZeRO: "zero1/2/3", "zero-2", "zero stage 3" -> zeroN; with "offload": "params" where the cell
+      names parameters, "optimizer" where it names the optimizer only, else ZeRO-3's common offload configuration
+      (parameters and optimizer: "params") and ZeRO-1/2's only one ("optimizer"); DDP ("data parallel") -> ddp;
+    - FSDP: FULL_SHARD (a bare "fsdp" included) -> fsdp1, the torch FullyShardedDataParallel that accelerate's FSDP
+      plugin runs (the corpus's FSDP rows), or fsdp2 where the cell says "fsdp2" or "fully_shard";
+      SHARD_GRAD_OP -> fsdp2-shard-grad-op; with "offload": FSDP's CPU offload (parameter and gradient shards and
+      the optimizer step on the host: "params");
+    - a Megatron layout ("TP=4 PP=2", "TP1 PP1 CP1"): its data parallelism, zero1 under the distributed optimizer
+      or a NeMo/Megatron stack, else ddp; `Skip` for anything else (hybrid sharding, DeepSpeed without a stage) and
+      for a GPU count that fills no whole nodes of `NODE_GPUS`."""
+    parallelism = (row.get("parallelism") or "").strip().lower()
+    num_gpus = count_of(row, "num_gpus")
+    if num_gpus > NODE_GPUS and num_gpus % NODE_GPUS:
+        raise Skip(f"{num_gpus} GPUs fill no whole nodes of {NODE_GPUS} GPUs (the node layout is not in the row)")
+    offload = "offload" in parallelism and not _NO_OFFLOAD.search(parallelism)
+    unknown = f"multi-GPU parallelism {parallelism or 'unstated'!r} not modelled (DDP, DeepSpeed ZeRO 1-3, FSDP)"
+    megatron_layout = states_model_parallel(parallelism)
+    if not megatron_layout and any(
+        word in parallelism for word in ("tensor", "pipeline", "hybrid", "no_shard", "megatron")
+    ):
+        raise Skip(unknown)
+    stage = _ZERO_STAGE.search(parallelism)
+    if stage:
+        strategy = f"zero{stage.group(1)}"
+        if not offload:
+            return strategy, "none"
+        if "param" in parallelism:
+            return strategy, "params"
+        return strategy, "params" if strategy == "zero3" and "optim" not in parallelism else "optimizer"
+    if "ddp" in parallelism or "data parallel" in parallelism:
+        if offload:
+            raise Skip(f"multi-GPU parallelism {parallelism!r}: DDP has no CPU offload")
+        return "ddp", "none"
+    if "fsdp" in parallelism or "fully_shard" in parallelism:
+        if "shard_grad_op" in parallelism or "shard grad op" in parallelism:
+            if offload:
+                raise Skip(f"multi-GPU parallelism {parallelism!r}: CPU offload with SHARD_GRAD_OP not modelled")
+            return "fsdp2-shard-grad-op", "none"
+        strategy = "fsdp2" if "fsdp2" in parallelism or "fully_shard" in parallelism else "fsdp1"
+        return strategy, "params" if offload else "none"
+    if megatron_layout:  # Megatron's data parallelism: its distributed optimizer shards what ZeRO-1 does, else DDP
+        megatron = names_distributed_optimizer(parallelism) or any(
+            name in (row.get("stack") or "").lower() for name in ("nemo", "megatron")
+        )
+        return "zero1" if megatron else "ddp", "none"
+    raise Skip(unknown)
