@@ -79,9 +79,9 @@ BASE: dict[str, list[str]] = {
     "trainability": ["--out", "{scratch}/train", "--epochs", "1", "--num-train", "2", "--num-eval", "2"],
     "validate": [],
 }
-# Options for which 0 is a valid value (no warm-up, seed 0, the first layer; module "0", the first decoder layer,
-# as PEFT's modules_to_save matches a name's last component).
-ZERO_IS_VALID = {"--warmup", "--warmup-steps", "--seed", "--layers", "--modules-to-save"}
+# Options for which 0 is a valid value (no warm-up, seed 0, the first layer, no LoRA dropout; module "0", the first
+# decoder layer, as PEFT's modules_to_save matches a name's last component).
+ZERO_IS_VALID = {"--warmup", "--warmup-steps", "--seed", "--layers", "--modules-to-save", "--lora-dropout"}
 # Options for which -1 is a valid value (GPTQ's group size -1: one group over all inputs).
 MINUS_ONE_IS_VALID = {"--gptq-group-size"}
 LARGE = "2000000000"

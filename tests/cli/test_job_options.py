@@ -78,6 +78,23 @@ def test_quant_type_without_qlora_is_an_error_not_ignored(cli_error) -> None:
     assert line.startswith("error: --no-double-quant: the base weights' type of --method qlora")
 
 
+def test_gptq_options_beside_other_weights_are_errors_not_ignored(cli_error) -> None:
+    job = ["memory", "--model", "Qwen/Qwen2.5-0.5B", "--seq-len", "256"]
+    line = cli_error([*job, "--method", "qlora", "--gptq-group-size", "64"])
+    assert line == (
+        "error: --gptq-group-size: GPTQ weights' setting; this job's base weights are nf4 (--quant-type gptq, or a "
+        "GPTQ checkpoint)"
+    )
+    assert "base weights are bf16" in cli_error([*job, "--method", "lora", "--gptq-kernel", "torch"])
+
+
+def test_experts_impl_in_a_simulated_max_batch_search_is_an_error_not_ignored(cli_error) -> None:
+    line = cli_error(
+        ["max-batch", "--model", "tiny-mixtral", "--device", "cpu", "--gpu", "A40", "--experts-impl", "fast"]
+    )
+    assert line.startswith("error: --experts-impl fast: the implementation a measured search (CUDA) runs")
+
+
 def test_lora_options_with_a_full_fine_tune_are_errors_not_ignored(cli_error) -> None:
     job = ["--model", "Qwen/Qwen2.5-0.5B", "--gpu", "H100", "--seq-len", "256"]
     commands = [["memory"], ["estimate", "--epochs", "1", "--queries", "9"], ["plan", "--queries", "9"]]

@@ -249,6 +249,11 @@ def find_max_batch_size(
         )
     if memory_bytes is None:
         raise TunecostError("on CPU the search is simulated against a GPU's memory: give --gpu G or --gpu-memory-gb X")
+    if setup.experts_impl is not None:
+        raise TunecostError(
+            f"--experts-impl {setup.experts_impl}: the implementation a measured search (CUDA) runs; the simulated "
+            "search (CPU) traces the job's stack"
+        )
 
     lengths = None
     if inputs.dataset:

@@ -17,7 +17,7 @@ from tunecost.cli.common import (
     progress_callback,
 )
 from tunecost.cli.groups import GpuMemory, JobOptions, StackFlags, option_groups
-from tunecost.cli.jobconfig import ConfigFiles, required
+from tunecost.cli.jobconfig import ConfigFiles, on_command_line, required
 from tunecost.cli.options import (
     DEFAULT_SEQ_LEN,
     MAX_LAYERS,
@@ -184,6 +184,14 @@ def memory_job(
     if gptq_group_size is not None and gptq_group_size != -1:  # -1: GPTQ's one group over all inputs
         check_count("--gptq-group-size", gptq_group_size, MAX_GPTQ_GROUP_SIZE)
     quant_kind, group_size = quant_defaults(model, options.quant_type, gptq_group_size)
+    given = [
+        f for f, o in (("--gptq-group-size", "gptq_group_size"), ("--gptq-kernel", "gptq_kernel")) if on_command_line(o)
+    ]
+    if given and (method != "qlora" or quant_kind != "gptq"):
+        raise TunecostError(
+            f"{given[0]}: GPTQ weights' setting; this job's base weights are "
+            f"{quant_kind if method == 'qlora' else options.dtype or 'bf16'} (--quant-type gptq, or a GPTQ checkpoint)"
+        )
     checkpointing = options.gradient_checkpointing
     if options.packing != "none":
         lengths = None  # packed: every row is seq_len tokens
