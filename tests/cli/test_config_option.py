@@ -320,6 +320,9 @@ def test_an_assumption_about_an_option_the_flags_give_is_not_printed(cli_runner)
         ("just: a mapping\nof: nothing known\n", ".yaml", "not a config tunecost reads"),
         ("model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: sft\nlora_rank: eight\n", ".yaml", "lora_rank"),
         ("model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: dpo\nfinetuning_type: lora\n", ".yaml", "stage"),
+        # a key given twice: which value the user meant is not known (YAML and JSON readers keep the last)
+        ("stage: sft\nlora_rank: 8\nfinetuning_type: lora\nlora_rank: 16\n", ".yaml", "'lora_rank' is given twice"),
+        ('{"per_device_train_batch_size": 2, "per_device_train_batch_size": 4}', ".json", "given twice"),
     ],
 )
 def test_a_bad_config_is_one_error_line(cli_error, tmp_path: Path, text: str, suffix: str, message: str) -> None:

@@ -565,7 +565,7 @@ def test_trl_datasets_win_over_dataset_name(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("optim", "fused"), [(None, True), ("adamw_torch_fused", True), ("adamw_torch", None)])
 def test_the_trainers_fused_adamw_is_read(tmp_path: Path, optim, fused) -> None:
     """transformers' default optim (torch >= 2.8) is adamw_torch_fused: torch's AdamW with fused=True."""
-    text = TRL_QLORA_YAML + (f"optim: {optim}\n" if optim else "")
+    text = TRL_QLORA_YAML.replace("optim: adamw_torch_fused\n", "") + (f"optim: {optim}\n" if optim else "")
     assert _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", text).options.get("fused_adamw") is fused
 
 

@@ -61,3 +61,16 @@ def test_the_trainers_bf16_runs_before_accelerates_fp8(tmp_path: Path) -> None:
     sft.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\ndataset_name: trl-lib/Capybara\nfp16: true\n")
     job = read_configs([accelerate, sft])
     assert "fp8" not in job.options and job.options["dtype"] == "fp16"
+
+
+def test_a_yaml_merge_key_may_be_overridden_and_a_repeated_key_may_not(tmp_path) -> None:
+    from tunecost.errors import TunecostError
+    from tunecost.workload.frameworks import parse_config_file
+
+    merged = tmp_path / "merge.yaml"
+    merged.write_text("base: &b\n  lr: 1\nrun:\n  <<: *b\n  lr: 2\n", encoding="utf-8")
+    assert parse_config_file(merged) == {"base": {"lr": 1}, "run": {"lr": 2}}
+    repeated = tmp_path / "repeated.yaml"
+    repeated.write_text("run:\n  lr: 1\n  lr: 2\n", encoding="utf-8")
+    with pytest.raises(TunecostError, match=r"key 'lr' is given twice in one mapping \(line 3\)"):
+        parse_config_file(repeated)

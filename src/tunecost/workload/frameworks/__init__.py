@@ -234,6 +234,34 @@ def _type_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(dict.fromkeys(names.get(k, k.__name__) for k in kinds))
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once (json keeps the last of a repeated key, silently)."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"key {key!r} is given twice in one object")
+        out[key] = value
+    return out
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml's safe loader refusing a key given twice in one mapping (it keeps the last, silently); a merge key's
+    (`<<`) values stay overridable."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping (line {key_node.start_mark.line + 1})"
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def parse_config_file(path: str | Path) -> dict[str, Any]:
     """The file as a mapping: YAML (safe loader), JSON or TOML by its suffix; one error naming the file otherwise."""
     p = Path(path)
@@ -246,7 +274,7 @@ def parse_config_file(path: str | Path) -> dict[str, Any]:
     suffix = p.suffix.lower()
     try:
         if suffix == ".json":
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=_unique_keys)
         elif suffix == ".toml":
             try:
                 import tomllib
@@ -254,7 +282,7 @@ def parse_config_file(path: str | Path) -> dict[str, Any]:
                 raise TunecostError(f"{path}: reading TOML needs Python 3.11 or newer") from None
             data = tomllib.loads(text)
         else:
-            data = yaml.safe_load(text)
+            data = yaml.load(text, Loader=_UniqueKeyLoader)  # a yaml.SafeLoader: no arbitrary objects
     except (ValueError, yaml.YAMLError) as exc:  # tomllib.TOMLDecodeError and json's errors are ValueErrors
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else exc.__class__.__name__
         raise TunecostError(f"{path}: not valid {suffix.lstrip('.').upper() or 'YAML'}: {first}") from None
