@@ -18,7 +18,7 @@ from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate import cache
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR
 from tunecost.simulate.checkpointing import reentrant_checkpointing
-from tunecost.simulate.depth import depth_scaled
+from tunecost.simulate.depth import depth_share, peak_segment, scaled_segments
 from tunecost.simulate.fp8 import LinearShape, fp8_depth_bytes, fp8_linears
 from tunecost.simulate.full_depth import whole_step
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
@@ -227,14 +227,10 @@ def scaled_step(
     more where the first traced unit differs from the others (`simulate.full_depth.whole_step`)."""
     full_units = layer_pattern(spec)[2]
     ta, tb = traces[0], traces[-1]
-    t = 0.0 if len(traces) == 1 else (full_units - ta.num_units) / (tb.num_units - ta.num_units)
-    segments: dict[str, dict[str, int]] = {}
-    peak = 0.0
-    for key in set(ta.segments) & set(tb.segments):
-        ca, cb = ta.segments[key].by_category, tb.segments[key].by_category
-        scaled = depth_scaled(key, ca, cb, t)
-        segments[key] = {c: max(0, round(v)) for c, v in scaled.items()}
-        peak = peak if key.endswith("unit_mid") else max(peak, sum(scaled.values()))
+    t = 0.0 if len(traces) == 1 else depth_share(ta.num_units, tb.num_units, full_units)
+    scaled = scaled_segments(ta.segments, tb.segments, t)
+    segments = {key: {c: max(0, round(v)) for c, v in by_category.items()} for key, by_category in scaled.items()}
+    peak = peak_segment(scaled)[1]
     weights = {k: round(_lerp(ta.weight_bytes.get(k, 0), tb.weight_bytes.get(k, 0), t)) for k in tb.weight_bytes}
     root = sum(v for k, v in weights.items() if k.rsplit("/", 1)[0] in ROOT_GROUPS)
     trainable = sum(v for k, v in weights.items() if k.endswith("/trainable_params"))

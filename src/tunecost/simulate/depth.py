@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
+from typing import Any
 
 
 def depth_scaled(
@@ -27,3 +28,21 @@ def lerp_bytes(a: float, b: float, t: float) -> int:
 def lerp_byte_map(a: dict[str, int], b: dict[str, int], t: float) -> dict[str, int]:
     """Each key's bytes a share `t` of the way from `a` to `b` (a key missing from one side counts 0)."""
     return {k: lerp_bytes(a.get(k, 0), b.get(k, 0), t) for k in a.keys() | b.keys()}
+
+
+def depth_share(a_units: int, b_units: int, full_units: int) -> float:
+    """How far past the shallower trace (`a_units`) the full depth lies, in steps of the deeper one's extra units."""
+    return (full_units - a_units) / (b_units - a_units)
+
+
+def scaled_segments(a: Mapping[str, Any], b: Mapping[str, Any], t: float) -> dict[str, dict[str, float]]:
+    """Each segment both traces hold (`TraceResult.segments`), its bytes per category at full depth."""
+    return {key: depth_scaled(key, a[key].by_category, b[key].by_category, t) for key in sorted(a.keys() & b.keys())}
+
+
+def peak_segment(scaled: Mapping[str, Mapping[str, float]]) -> tuple[str, float]:
+    """The segment of the largest total and that total; a unit's middle segment is affine in the unit index, never
+    above both ends, so it is not a candidate."""
+    totals = {key: sum(v.values()) for key, v in scaled.items() if not key.endswith("unit_mid")}
+    key = max(totals, key=totals.__getitem__)
+    return key, totals[key]

@@ -18,7 +18,7 @@ from tunecost.errors import TunecostError
 from tunecost.models.anatomy import GATED_DELTA_FAMILIES, MAMBA2_FAMILIES
 from tunecost.simulate import cache as _cache
 from tunecost.simulate.behaviour import ADAMW_IMPLS, DEFAULT_BEHAVIOUR, StackBehaviour, stack_adamw_impl
-from tunecost.simulate.depth import depth_scaled, lerp_byte_map, lerp_bytes
+from tunecost.simulate.depth import depth_scaled, depth_share, lerp_byte_map, lerp_bytes, peak_segment, scaled_segments
 from tunecost.simulate.fp8 import fp8_depth_bytes, fp8_linears
 from tunecost.simulate.full_depth import whole_step
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
@@ -79,19 +79,11 @@ def combine(
     """Scale two traces (units a < b) to `full_units`; with one trace (already full depth) just unpack it. The
     reserve is replayed over the deeper trace made whole, else over a trace one unit deeper (`deeper`: where the
     first traced unit differs from the others), else it is the deeper trace's excess over its allocated peak."""
-    if tb is None:
-        t, ta_, tb_ = 0.0, ta, ta
-    else:
-        t = (full_units - ta.num_units) / (tb.num_units - ta.num_units)
-        ta_, tb_ = ta, tb
-    peaks = {}
-    for key in set(ta_.segments) & set(tb_.segments):
-        if key.endswith("unit_mid"):
-            continue  # affine in the unit index: never above both ends
-        sa, sb = ta_.segments[key], tb_.segments[key]
-        by_category = depth_scaled(key, sa.by_category, sb.by_category, t)
-        peaks[key] = (sum(by_category.values()), by_category)
-    key, (total, by_category) = max(peaks.items(), key=lambda kv: kv[1][0])
+    ta_, tb_ = ta, ta if tb is None else tb
+    t = 0.0 if tb is None else depth_share(ta.num_units, tb.num_units, full_units)
+    scaled = scaled_segments(ta_.segments, tb_.segments, t)
+    key, total = peak_segment(scaled)
+    by_category = scaled[key]
     by_group = _scaled_groups(key, ta_.segments[key], tb_.segments[key], t)
     whole = whole_step(ta_, tb, full_units, total, deeper)
     excess = tb_.peak_reserved_bytes - max(s.total for s in tb_.segments.values())
