@@ -25,6 +25,11 @@ from tunecost.workload.parallel import ModelParallel
         ),
         ("tp4 sp, TP comm overlap", ModelParallel(tp=4, sequence_parallel=True, tp_comm_overlap=True)),
         ("TP8PP2", ModelParallel(tp=8, pp=2, micro_batches=16)),  # a degree right after another's digit
+        ("TP4xPP2xCP2", ModelParallel(tp=4, pp=2, cp=2, micro_batches=16)),  # or after an "x"
+        (
+            "TP4 PP2 VP-5",
+            ModelParallel(tp=4, pp=2, micro_batches=16, pipeline_schedule="interleaved-1f1b", virtual_stages=5),
+        ),
         ("fsdp (FULL_SHARD)", None),
         ("single", None),
     ],
@@ -143,6 +148,10 @@ def test_expert_parallelism_is_said_for_throughput_and_skipped_for_memory():
         (dict(optimizer="distributed_fused_adam"), lambda m: m.job.optimizer == "adamw"),
         (dict(stack="deepspeed"), lambda m: m.stack.name == "hf-trainer"),
         (dict(grad_ckpt=""), lambda m: not m.job.gradient_checkpointing and "NeMo" in m.note),
+        (dict(compute_dtype="torch.bfloat16"), lambda m: m.job.compute_dtype == "bf16"),
+        (dict(compute_dtype="AMP (bf16)"), lambda m: m.job.compute_dtype == "bf16"),
+        (dict(num_gpus="8 GPUs"), lambda m: m.num_gpus == 8),
+        (dict(num_gpus="2x8"), lambda m: m.num_gpus == 16),  # nodes x GPUs
     ],
 )
 def test_how_sources_spell_a_row(cells, read):

@@ -512,6 +512,10 @@ def test_report_summary_states_the_validated_memory_error(corpus, cli_runner, tm
         ("LLaMA-Factory (unsloth)", "bnb-nf4", "unsloth"),
         ("unsloth 2024.8", "none", "unsloth"),
         ("ctrl-trainer", "none", None),  # "trl" inside a word names no TRL
+        ("HF", "none", "hf-trainer"),
+        ("Trainer", "none", "hf-trainer"),
+        ("FastChat", "none", "hf-trainer"),  # transformers' Trainer
+        ("M-Core", "none", "nemo"),  # Megatron Core
     ],
 )
 def test_frameworks_built_on_the_hf_trainer_are_its_stacks(cell, quantization, expected) -> None:
@@ -548,6 +552,10 @@ def test_an_unsloth_row_is_skipped_with_its_reason(corpus) -> None:
         ("ds_z3", ("zero3", "none")),
         ("ZeRO-3 (no offload)", ("zero3", "none")),
         ("zero2, offload: none", ("zero2", "none")),
+        ("stage: 3", ("zero3", "none")),
+        ("DeepSpeed Z3", ("zero3", "none")),
+        ('"zero_optimization": {"stage": 3}', ("zero3", "none")),
+        ("zero3_offload: none", ("zero3", "none")),
     ],
 )
 def test_a_multi_gpu_rows_parallelism_names_its_layout(corpus, cell, layout) -> None:
@@ -586,7 +594,16 @@ def test_llama_factory_all_and_phi_dense_are_lora_targets() -> None:
 def test_optimizer_cell_names_the_simulated_optimizer() -> None:
     from tunecost.validate.mapping import optimizer_for
 
-    for cell in ("", "adamw_torch", "AdamW", "adamw_torch_fused", "adamw_hf", "FusedAdam"):
+    for cell in (
+        "",
+        "adamw_torch",
+        "AdamW",
+        "adamw_torch_fused",
+        "adamw_hf",
+        "FusedAdam",
+        "torch.optim.AdamW",
+        "DeepSpeed FusedAdam",
+    ):
         assert optimizer_for(cell) == ("adamw", ""), cell
     for cell in ("adamw_8bit", "adamw_bnb_8bit", "8-bit AdamW"):
         assert optimizer_for(cell) == ("adamw-8bit", ""), cell
@@ -609,6 +626,12 @@ def test_attention_and_checkpointing_cells_in_the_spellings_sources_use() -> Non
         assert attention_for(cell) == "flash", cell
     for cell in ("cuDNN FMHA", "TE fused attention", "Transformer Engine (cuDNN)"):  # NeMo's fused kernels
         assert attention_for(cell) == "flash", cell
+    for cell, expected in (
+        ("PyTorch SDPA", "sdpa"),
+        ("attn_implementation=sdpa", "sdpa"),
+        ("attn_implementation=eager", "eager"),
+    ):
+        assert attention_for(cell) == expected, cell
     for cell, expected in (("sdpa", "sdpa"), ("SDPA", "sdpa"), ("torch sdpa", "sdpa"), ("eager", "eager")):
         assert attention_for(cell) == expected, cell
     assert attention_for("ring attention") is None
@@ -761,6 +784,13 @@ def test_grad_ckpt_cells_say_how_layers_are_recomputed(corpus) -> None:
         assert grad_ckpt_for(cell) == ("on", False), cell
     assert grad_ckpt_for("reentrant") == ("on", True)
     assert grad_ckpt_for("unknown") is None and grad_ckpt_for("") is None
+    for cell, read in (
+        ("\u2713", "on"),
+        ("GC", "on"),
+        ("recompute_num_layers=0", "off"),
+        ("recompute_granularity=null", "off"),
+    ):
+        assert grad_ckpt_for(cell) == (read, None), cell
     base = next(r for r in read_corpus([corpus]) if r.id == "t-alloc")
     row = CorpusRow(path=base.path, line=base.line, cells={**base.cells, "grad_ckpt": "non-reentrant"})
     mapped = map_row(row)

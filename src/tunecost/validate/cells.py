@@ -16,6 +16,17 @@ class Skip(Exception):
     """A row tunecost does not model; the message is the reason."""
 
 
+_GPU_COUNT = re.compile(r"^\s*(\d+)\s*(?:[x\u00d7*]\s*(\d+)\b|[x\u00d7]?\s*(?:gpus?\b|\(|$))", re.IGNORECASE)
+
+
+def gpu_count_of(row: CorpusRow) -> int:
+    """A row's num_gpus: a count, or as sources write it ("8 GPUs", "8x", "2x8": nodes x GPUs, "8 (1 node)")."""
+    found = _GPU_COUNT.match(row.get("num_gpus"))
+    if found is None:
+        return count_of(row, "num_gpus")
+    return count_of(CorpusRow(row.path, row.line, {"num_gpus": str(int(found[1]) * int(found[2] or 1))}), "num_gpus")
+
+
 def count_of(row: CorpusRow, column: str) -> int:
     """A row's whole count in `column` (batch, tokens, rank, GPUs); `Skip` for one that is not a number, below 1,
     or larger than any count a measurement row holds (`MAX_TOKENS`)."""
@@ -87,13 +98,14 @@ _ATTENTION = {
     **dict.fromkeys(("te", "transformerengine", "cudnn", "cudnnfusedattention", "fusedattention", "fused"), "flash"),
 }
 _FLASH_WORDS = ("flashattention", "cudnn", "fmha", "fusedattention", "transformerengine", "memoryefficient")
-_DTYPE_NAMES = (  # (cell pattern, compute dtype): "bfloat16", "bf16-mixed", "16-mixed" (Lightning's fp16), ...
-    (re.compile(r"^(?:bf16|bfloat16)\b"), "bf16"),
-    (re.compile(r"^(?:fp16|float16|half|16)\b"), "fp16"),
-    (re.compile(r"^(?:fp32|float32|32)\b"), "fp32"),
+_DTYPE_NAMES = (  # (cell pattern, compute dtype): "bfloat16", "bf16-mixed", "16-mixed" (Lightning's fp16),
+    # "torch.bfloat16", "AMP (bf16)", "mixed_precision=bf16", ...: the first named, bf16 before fp16 before fp32
+    (re.compile(r"(?<![a-z0-9])(?:bf16|bfloat16)(?![a-z0-9])"), "bf16"),
+    (re.compile(r"(?<![a-z0-9])(?:fp16|float16|half|16)(?![a-z0-9])"), "fp16"),
+    (re.compile(r"(?<![a-z0-9])(?:fp32|float32|32)(?![a-z0-9])"), "fp32"),
 )
 _GRAD_CKPT = {
-    **dict.fromkeys(("on", "true", "yes", "1", "enabled", "full"), "on"),
+    **dict.fromkeys(("on", "true", "yes", "y", "1", "enabled", "full", "\u2713", "\u2714", "gc", "ckpt"), "on"),
     "selective": "selective",  # Megatron's: the core attention only
     **dict.fromkeys(("off", "false", "no", "0", "disabled", "none"), "off"),
 }
@@ -121,8 +133,8 @@ def grad_ckpt_for(cell: str) -> tuple[str, bool | None] | None:
         return _GRAD_CKPT[_main(key)], None
     if "selective" in compact:  # "selective recompute", "recompute_granularity=selective"
         return "selective", None
-    if any(word in compact for word in ("recompute", "recomputation", "checkpoint")):  # "activation recompute (full)"
-        negated = re.search(r"\b(?:no|none|off|false|disabled|without)\b", key)
+    if any(word in compact for word in ("recompute", "recomputation", "checkpoint", "ckpt")):  # "activation recompute"
+        negated = re.search(r"\b(?:no|none|null|off|false|disabled|without|0)\b", key)  # "recompute_num_layers=0"
         return ("off" if negated else "on"), None
     return None
 
@@ -133,6 +145,10 @@ def attention_for(cell: str) -> str | None:
     key = _cell_key(cell)
     if key.startswith(("flash", "fa2", "fa3")) or any(word in key for word in _FLASH_WORDS):
         return "flash"
+    if "sdpa" in key or "scaleddotproduct" in key:  # "PyTorch SDPA", "attn_implementation=sdpa"
+        return "sdpa"
+    if "eager" in key:  # "attn_implementation=eager"
+        return "eager"
     return _ATTENTION.get(key) or (_ATTENTION.get(_cell_key(_main(cell))) if _main(cell) else None)
 
 
@@ -230,6 +246,9 @@ def adamw_impl_for(cell: str, stack_impl: str) -> str:
     return ADAMW_FUSED if fused else stack_impl
 
 
+_OPTIMIZER_PREFIX = re.compile(r"^(?:torchoptim|torch|deepspeed|ds|apex)")
+
+
 def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
     """tunecost's optimizer for a row's optimizer cell (case, spaces and punctuation ignored), and a note on how it
     was read ("" if as named); `Skip` for one the simulator does not run. A paged optimizer (bitsandbytes: its states
@@ -248,6 +267,7 @@ def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
             f"optimizer {cell!r} read as its unpaged self: the adapters' states (a few MiB) counted in the allocator, "
             "where the paged ones live in CUDA unified memory"
         )
+    key = key if key in _OPTIMIZERS else _OPTIMIZER_PREFIX.sub("", key)  # "torch.optim.AdamW", "DeepSpeed FusedAdam"
     if key not in _OPTIMIZERS:
         first = (re.findall(r"[a-z0-9]+", cell.lower()) or [""])[0]  # "adamw (DeepSpeed, fused)": AdamW
         low_bit = next((f"adamw-{b}" for b in ("8bit", "4bit") if b in key), "adamw")

@@ -22,6 +22,7 @@ from tunecost.validate.cells import (
     adamw_impl_for,
     attention_for,
     count_of,
+    gpu_count_of,
     grad_ckpt_for,
     lora_targets,
     method_for,
@@ -126,7 +127,7 @@ def gpu_memory_bytes(name: str) -> int | None:
 def map_row(row: CorpusRow) -> MappedRow:
     """The job of one single-GPU row; raises `Skip` with the reason for anything tunecost does not model."""
     throughput = modelled_quantity(row.get("quantity")) == "throughput"
-    num_gpus = count_of(row, "num_gpus")
+    num_gpus = gpu_count_of(row)
     stack, strategy, offload, quantization = stack_and_layout(row, num_gpus, throughput)
     spec, method = model_and_method(row, quantization)
     gptq = gptq_settings(row) if quantization == "gptq-int4" else QUANT_JOB_FIELDS.get(quantization, {})

@@ -8,20 +8,20 @@ import dataclasses
 import re
 
 from tunecost.errors import TunecostError
-from tunecost.validate.cells import Skip, count_of
+from tunecost.validate.cells import Skip, count_of, gpu_count_of
 from tunecost.validate.corpus import CorpusRow
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
 NODE_GPUS = 8  # GPUs per node assumed for a row on more GPUs than one node holds (HGX / DGX servers)
 _PAR = r"(?:[ _-]?(?:model[ _-]?)?parallel(?:ism|[ _]size|[ _]degree)?)"
-_DEGREES = {  # after a digit too: "tp8pp2"
-    "tp": re.compile(rf"(?<![a-z])(?:tp|tensor{_PAR})\s*[=:]?\s*(\d+)"),
-    "pp": re.compile(rf"(?<![a-z])(?:pp|pipeline{_PAR})\s*[=:]?\s*(\d+)"),
-    "cp": re.compile(rf"(?<![a-z])(?:cp|context{_PAR})\s*[=:]?\s*(\d+)"),
-    "vp": re.compile(rf"(?<![a-z])(?:vp|vpp|virtual[ _-]?pipeline{_PAR}?)\s*[=:]?\s*(\d+)"),
+_DEGREES = {  # after a digit or an "x" too: "tp8pp2", "TP4xPP1xCP2"; "VP-5"
+    "tp": re.compile(rf"(?<![a-wyz])(?:tp|tensor{_PAR})\s*[=:-]?\s*(\d+)"),
+    "pp": re.compile(rf"(?<![a-wyz])(?:pp|pipeline{_PAR})\s*[=:-]?\s*(\d+)"),
+    "cp": re.compile(rf"(?<![a-wyz])(?:cp|context{_PAR})\s*[=:-]?\s*(\d+)"),
+    "vp": re.compile(rf"(?<![a-wyz])(?:vp|vpp|virtual[ _-]?pipeline{_PAR}?)\s*[=:-]?\s*(\d+)"),
 }
-_EXPERT_DEGREE = re.compile(rf"(?<![a-z])(?:ep|expert{_PAR})\s*[=:]?\s*(\d+)")
+_EXPERT_DEGREE = re.compile(rf"(?<![a-wyz])(?:ep|expert{_PAR})\s*[=:-]?\s*(\d+)")
 _SEQUENCE_PARALLEL = re.compile(
     r"\bsp\b(?!\s*[=:]?\s*(?:0|false|off))|sequence[ _-]?parallel(?!\w*\s*[=:]?\s*(?:0|false|off))"
 )
@@ -131,8 +131,12 @@ def model_parallel_row(row: CorpusRow, spec, job: FineTuneJob, num_gpus: int, gr
     return mp
 
 
-# "zero3", "ZeRO-3", "zero stage 3", "zero_stage=3", "ds_z3", "DeepSpeed stage 3"
-_ZERO_STAGE = re.compile(r"(?:zero|\bds[\s_-]*z|deepspeed[\s_-]*stage)[\s_-]*(?:stage)?[\s_=:-]*([123])\b")
+# "zero3", "ZeRO-3", "zero stage 3", "zero_stage=3", "zero_optimization.stage=3", '"zero_optimization": {"stage":
+# 3}', "ds_z3", "DeepSpeed Z3", "Z3", "stage3" (a DeepSpeed stage where no pipeline is named)
+_ZERO_STAGE = re.compile(
+    r"(?:zero(?:[\s_-]*optimization)?|(?<![a-z])ds[\s_-]*z|(?<![a-z0-9])z|(?<![a-z])stage)[^0-9a-z]*(?:stage[^0-9a-z]*)?"
+    r"([123])(?!\d)"
+)
 # "no offload", "offload: none", "without CPU offload", "offload=false"
 _NO_OFFLOAD = re.compile(r"\b(?:no|without)[\s_-]+(?:cpu[\s_-]+)?offload|offload\w*\W*(?:none|false|off|no)\b")
 
@@ -150,7 +154,7 @@ def multi_gpu_layout(row: CorpusRow) -> tuple[str, str]:
       or a NeMo/Megatron stack, else ddp; `Skip` for anything else (hybrid sharding, DeepSpeed without a stage) and
       for a GPU count that fills no whole nodes of `NODE_GPUS`."""
     parallelism = (row.get("parallelism") or "").strip().lower()
-    num_gpus = count_of(row, "num_gpus")
+    num_gpus = gpu_count_of(row)
     if num_gpus > NODE_GPUS and num_gpus % NODE_GPUS:
         raise Skip(f"{num_gpus} GPUs fill no whole nodes of {NODE_GPUS} GPUs (the node layout is not in the row)")
     offload = "offload" in parallelism and not _NO_OFFLOAD.search(parallelism)
@@ -160,7 +164,7 @@ def multi_gpu_layout(row: CorpusRow) -> tuple[str, str]:
         word in parallelism for word in ("tensor", "pipeline", "hybrid", "no_shard", "megatron")
     ):
         raise Skip(unknown)
-    stage = _ZERO_STAGE.search(parallelism)
+    stage = None if "pipeline" in parallelism else _ZERO_STAGE.search(parallelism)
     if stage:
         strategy = f"zero{stage.group(1)}"
         if not offload:

@@ -325,6 +325,8 @@ _CORPUS_STACKS: tuple[tuple[str, str], ...] = (  # (substring of the corpus `sta
     ("automodel", "nemo-automodel"),
     ("nemo", "nemo"),
     ("megatron", "nemo"),
+    ("mcore", "nemo"),  # Megatron Core
+    ("m-core", "nemo"),
     ("hf-2024", "hf-2024"),
     ("no moe kernels", "hf-trainer-no-moe-kernels"),
     ("llama-factory", "hf-trainer"),
@@ -340,8 +342,12 @@ _CORPUS_STACKS: tuple[tuple[str, str], ...] = (  # (substring of the corpus `sta
     ("accelerate", "hf-trainer"),
     ("hf-trainer", "hf-trainer"),
     ("deepspeed", "hf-trainer"),  # DeepSpeed named alone: its engine around transformers' models (the HF examples)
+    # projects whose training loop is transformers' Trainer or accelerate around transformers' models
+    ("fastchat", "hf-trainer"),
+    ("open-instruct", "hf-trainer"),
 )
 _TRL = re.compile(r"\btrl\b")
+_HF = re.compile(r"\bhf\b|^trainer$")  # "HF", "HF + DeepSpeed", "Trainer" (another project's trainer is not)
 _OWN_TRAINER = ("llama-factory", "llamafactory", "axolotl")  # they run their own trainer even with TRL installed
 
 
@@ -353,7 +359,8 @@ def stack_for(corpus_stack: str, quantization: str = "none", framework: str = ""
     if key in STACKS:
         name = key
     else:
-        name = next((n for sub, n in _CORPUS_STACKS if sub in key), "hf-trainer" if _TRL.search(key) else "")
+        named_hf = _TRL.search(key) or _HF.search(key)
+        name = next((n for sub, n in _CORPUS_STACKS if sub in key), "hf-trainer" if named_hf else "")
     if not name:
         return None
     if name == "hf-trainer" and quantization in ("bnb-nf4", "bnb-int8"):
