@@ -152,6 +152,17 @@ def test_expert_parallelism_is_said_for_throughput_and_skipped_for_memory():
         (dict(compute_dtype="AMP (bf16)"), lambda m: m.job.compute_dtype == "bf16"),
         (dict(num_gpus="8 GPUs"), lambda m: m.num_gpus == 8),
         (dict(num_gpus="2x8"), lambda m: m.num_gpus == 16),  # nodes x GPUs
+        (dict(seq_len="2k"), lambda m: m.job.seq_len == 2048),
+        (dict(seq_len="2,048 tokens"), lambda m: m.job.seq_len == 2048),
+        (dict(seq_len_kind="Packed (ConstantLengthDataset)"), lambda m: m.job.seq_len == 2048),
+        (dict(seq_len_kind="packing=True"), lambda m: m.job.seq_len == 2048),
+        (dict(method="SFT (LoRA)", lora_rank="16", lora_targets="all linear"), lambda m: m.job.method == "lora"),
+        (
+            dict(method="LoRA (r=16)", lora_rank="16", lora_targets="q,k,v,o"),
+            lambda m: m.job.lora.targets == ("attention",),
+        ),
+        (dict(gpu="NVIDIA A100-SXM4-80GB (x8)"), lambda m: m.gpu_name == "A100-80GB-SXM"),
+        (dict(gpu="A100 80G"), lambda m: m.gpu_name == "A100-80GB-SXM"),
     ],
 )
 def test_how_sources_spell_a_row(cells, read):

@@ -189,13 +189,14 @@ class Resolved:
 def normalize_gpu_name(name: str) -> str:
     """The comparison key of a GPU name: lower case, vendor words and punctuation dropped ("NVIDIA GeForce RTX
     3090" and "rtx-3090" both give "rtx3090")."""
-    words = re.split(r"[^0-9a-z]+", name.lower())
+    words = (re.sub(r"^(\d+)g$", r"\1gb", w) for w in re.split(r"[^0-9a-z]+", name.lower()))  # "80G": 80GB
     return "".join(w for w in words if w and w not in _VENDOR_WORDS)
 
 
 def _name_words(name: str) -> frozenset[str]:
     """The words of a GPU name without vendor and memory-type words, any SXM generation as "sxm"."""
-    words = (re.sub(r"^sxm\d$", "sxm", w) for w in re.split(r"[^0-9a-z]+", name.lower()))
+    aside = re.sub(r"\(.*?\)", " ", name.lower())  # "A100-SXM4-80GB (x8)"
+    words = (re.sub(r"^(\d+)g$", r"\1gb", re.sub(r"^sxm\d$", "sxm", w)) for w in re.split(r"[^0-9a-z]+", aside))
     return frozenset(w for w in words if w and w not in _VENDOR_WORDS and not w.startswith("hbm"))
 
 
@@ -236,6 +237,8 @@ def resolve_gpu_name(name: str, catalog: dict[str, GPU] | None = None) -> Resolv
     within = [g for g in catalog.values() if g.name.split("-")[0].lower() in words and words <= _all_words(g)]
     if len(words) > 1 and len(within) == 1:  # the catalog's words in another order: "H200-SXM-141GB"
         return Resolved(within[0], name)
+    if len(words) > 1 and len(within) > 1:  # "A100-SXM4": the 40 GB or the 80 GB card
+        raise _ambiguous(name, [g.name for g in within])
     prefix = [gpu for gpu in catalog.values() if normalize_gpu_name(gpu.name).startswith(key)]
     if len(prefix) == 1 and _keeps_model_number(key, normalize_gpu_name(prefix[0].name)):
         return Resolved(prefix[0], name)

@@ -27,6 +27,19 @@ def gpu_count_of(row: CorpusRow) -> int:
     return count_of(CorpusRow(row.path, row.line, {"num_gpus": str(int(found[1]) * int(found[2] or 1))}), "num_gpus")
 
 
+_TOKENS = re.compile(r"^\s*(\d{1,3}(?:,\d{3})+|\d+)\s*(k)?\s*(?:tokens?)?\s*$", re.IGNORECASE)
+
+
+def tokens_of(row: CorpusRow, column: str) -> int:
+    """A token count as sources write it: "2048", "2,048", "2048 tokens", "8k" (8192: context lengths are powers of
+    two)."""
+    found = _TOKENS.match(row.get(column))
+    if found is None:
+        return count_of(row, column)
+    number = int(found[1].replace(",", "")) * (1024 if found[2] else 1)
+    return count_of(CorpusRow(row.path, row.line, {column: str(number)}), column)
+
+
 def count_of(row: CorpusRow, column: str) -> int:
     """A row's whole count in `column` (batch, tokens, rank, GPUs); `Skip` for one that is not a number, below 1,
     or larger than any count a measurement row holds (`MAX_TOKENS`)."""
@@ -177,11 +190,20 @@ def modules_to_save(cell: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+_SHORT_TARGETS = {short: f"{short}_proj" for short in ("q", "k", "v", "o", "gate", "up", "down")}
+
+
 def lora_targets(cell: str, *, is_moe: bool = False) -> tuple[str, ...]:
     """tunecost's LoRA targets of a row's target names. PEFT's "all-linear" adapts every Linear but the output
     layer: the attention and the MLPs of a dense model; of an MoE model the attention, the experts and the router
     (each an nn.Linear in the transformers 4 MoE code that such rows ran)."""
-    names = [n for n in _target_names(cell) if not ("trained fully" in n or n.split()[0] in _MODULES_TO_SAVE)]
+    if re.match(r"all\W*(?:linear|proj)", cell.strip().lower()):  # "all linear layers (except lm_head)"
+        cell = "all-linear"
+    names = [
+        _SHORT_TARGETS.get(_main(n), _main(n))  # "q,k,v,o", "all-linear (7 modules)"
+        for n in _target_names(cell)
+        if not ("trained fully" in n or n.split()[0] in _MODULES_TO_SAVE)
+    ]
     if not names:
         raise Skip("LoRA targets not stated")
     found: dict[str, set[str]] = {}  # group -> its names in the row ("*": the whole group)
@@ -230,8 +252,14 @@ _METHODS = {  # a method cell without case or punctuation -> tunecost's method
 
 
 def method_for(cell: str) -> str:
-    """tunecost's method for a row's method cell ("SFT", "full fine-tune", "LoRA"), else the cell lower-cased."""
-    return _METHODS.get(_cell_key(cell), cell.lower())
+    """tunecost's method for a row's method cell ("SFT", "full fine-tune", "LoRA (r=16)", "SFT (LoRA)", "PEFT"),
+    else the cell lower-cased."""
+    key = _cell_key(cell)
+    if "qlora" in key:
+        return "qlora"
+    if "lora" in key or key == "peft":
+        return "lora"
+    return _METHODS.get(key, _METHODS.get(_cell_key(_main(cell)), cell.lower()))
 
 
 def _cell_key(cell: str) -> str:

@@ -30,6 +30,7 @@ from tunecost.validate.cells import (
     optimizer_for,
     precision_of,
     software_of,
+    tokens_of,
 )
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.model_parallel_cells import (
@@ -156,7 +157,7 @@ def map_row(row: CorpusRow) -> MappedRow:
     implied_accum = grad_accum_of(row, num_gpus, micro_batch, defaulted)
     expert_parallel_note(row, throughput, defaulted)
     seq_len, note = within_positions(
-        count_of(row, "seq_len"), spec, "; ".join(filter(None, (optimizer_note, *defaulted)))
+        tokens_of(row, "seq_len"), spec, "; ".join(filter(None, (optimizer_note, *defaulted)))
     )
     try:
         job = FineTuneJob(
