@@ -163,9 +163,15 @@ def test_expert_parallelism_is_said_for_throughput_and_skipped_for_memory():
         ),
         (dict(gpu="NVIDIA A100-SXM4-80GB (x8)"), lambda m: m.gpu_name == "A100-80GB-SXM"),
         (dict(gpu="A100 80G"), lambda m: m.gpu_name == "A100-80GB-SXM"),
+        (dict(num_gpus="8x H100"), lambda m: m.num_gpus == 8),
+        (dict(seq_len_kind="padded"), lambda m: m.job.seq_len == 2048),
+        (dict(method="Full-parameter fine-tuning"), lambda m: m.job.method == "full"),
+        (dict(quantization="bf16"), lambda m: m.job.method == "full"),  # the weights' own dtype: not quantized
+        (dict(grad_ckpt="gradient checkpointing, no CPU offload"), lambda m: m.job.gradient_checkpointing),
+        (dict(grad_ckpt="on, no offload"), lambda m: m.job.gradient_checkpointing),
     ],
 )
-def test_how_sources_spell_a_row(cells, read):
+def test_how_sources_spell_a_row(cells: dict, read) -> None:
     """Spellings of published rows: a GPU with its count, framework dtype names, capitals, Transformer Engine's
     fused attention, NeMo's optimizer, DeepSpeed named alone, and NeMo's default (no recomputation) where the row
     leaves checkpointing blank."""
@@ -180,3 +186,12 @@ def test_fp8_weights_are_transformer_engines_fp8_params_and_skipped_elsewhere():
     assert (mapped.job.fp8, mapped.job.fp8_params, mapped.job.compute_dtype) == ("te-delayed", True, "bf16")
     with pytest.raises(Skip, match="fp8 weights outside Transformer Engine"):
         map_row(_row("TP=4", **lora, stack="transformers"))
+
+
+def test_memory_units_as_sources_write_them():
+    from tunecost.validate.run import unit_bytes
+
+    for unit in ("GiB", "GB", "GiB per GPU", "GB/GPU", "GB (per device)", "gigabytes", "Gi"):
+        assert unit_bytes(unit) == 2**30, unit
+    assert unit_bytes("MiB") == 2**20 and unit_bytes("B") == 1
+    assert unit_bytes("tokens/s") is None and unit_bytes("GBs") is None

@@ -16,7 +16,8 @@ class Skip(Exception):
     """A row tunecost does not model; the message is the reason."""
 
 
-_GPU_COUNT = re.compile(r"^\s*(\d+)\s*(?:[x\u00d7*]\s*(\d+)\b|[x\u00d7]?\s*(?:gpus?\b|\(|$))", re.IGNORECASE)
+# "2x8" (nodes x GPUs), else a count before other words: "8 GPUs", "8x", "8x H100", "8 (1 node)"
+_GPU_COUNT = re.compile(r"^\s*(\d+)\s*(?:[x\u00d7*]\s*(\d+)\s*(?:gpus?)?\s*$|(?![\d.e]))", re.IGNORECASE)
 
 
 def gpu_count_of(row: CorpusRow) -> int:
@@ -122,6 +123,13 @@ _GRAD_CKPT = {
     "selective": "selective",  # Megatron's: the core attention only
     **dict.fromkeys(("off", "false", "no", "0", "disabled", "none"), "off"),
 }
+_RECOMPUTE_WORD = r"(?:recompute|recomputation|checkpoint|ckpt)"
+# "no activation checkpointing", "recompute_num_layers=0", "recompute_granularity: null" (not "checkpointing, no
+# offload")
+_NO_RECOMPUTE = re.compile(
+    rf"\b(?:no|without|disabled?)\s+(?:activation\s+|gradient\s+|grad\s+)?{_RECOMPUTE_WORD}"
+    rf"|{_RECOMPUTE_WORD}\w*\s*[=:]?\s*(?:none|null|off|false|0|disabled|no)\b"
+)
 _ASIDE = re.compile(r"\s*[(\[][^)\]]*[)\]]")  # "sdpa (default)", "AdamW [DeepSpeed]": the aside a person skips
 
 
@@ -142,12 +150,13 @@ def grad_ckpt_for(cell: str) -> tuple[str, bool | None] | None:
         return "on", False
     if "reentrant" in compact:
         return "on", True
-    if _main(key) in _GRAD_CKPT:
-        return _GRAD_CKPT[_main(key)], None
+    first = re.match(r"[^\s,;(]+", key)  # "on, no offload", "yes (default)"
+    if _main(key) in _GRAD_CKPT or (first and first[0] in _GRAD_CKPT):
+        return _GRAD_CKPT[_main(key) if _main(key) in _GRAD_CKPT else first[0]], None  # type: ignore[index]
     if "selective" in compact:  # "selective recompute", "recompute_granularity=selective"
         return "selective", None
     if any(word in compact for word in ("recompute", "recomputation", "checkpoint", "ckpt")):  # "activation recompute"
-        negated = re.search(r"\b(?:no|none|null|off|false|disabled|without|0)\b", key)  # "recompute_num_layers=0"
+        negated = _NO_RECOMPUTE.search(key)
         return ("off" if negated else "on"), None
     return None
 
@@ -259,6 +268,8 @@ def method_for(cell: str) -> str:
         return "qlora"
     if "lora" in key or key == "peft":
         return "lora"
+    if key.startswith("full") or key == "ft":  # "Full FT", "Full-parameter fine-tuning"
+        return "full"
     return _METHODS.get(key, _METHODS.get(_cell_key(_main(cell)), cell.lower()))
 
 

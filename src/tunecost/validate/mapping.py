@@ -50,6 +50,7 @@ from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
 PEAK_MEMORY_QUANTITIES = ("peak_allocated_gib", "peak_reserved_gib", "nvidia_smi_gib")
 MEMORY_QUANTITIES = (*PEAK_MEMORY_QUANTITIES, "oom")
+_NOT_QUANTIZED = ("no", "n/a", "-", "bf16", "fp16", "fp32", "bfloat16", "float16")  # the weights' own dtype
 QUANTIZED = ("bnb-nf4", "bnb-int8", "gptq-int4")  # a row's quantization cell under QLoRA (8-bit LoRA: bnb-int8)
 QUANT_JOB_FIELDS = {"bnb-int8": {"quant_type": "int8"}}  # gptq-int4's come from the catalog (`gptq_settings`)
 _GPTQ_KERNELS = (("accelerated-peft-autogptq", "triton-v2"), ("qwen finetune.py", "torch"))  # corpus stack cell
@@ -243,6 +244,7 @@ def stack_and_layout(row: CorpusRow, num_gpus: int, throughput: bool) -> tuple[S
     """(stack, strategy, offload, quantization) of a row; `Skip` for a stack or quantization not modelled."""
     strategy, offload = multi_gpu_layout(row) if num_gpus != 1 else (None, "none")
     quantization = (row.get("quantization") or "none").strip().lower()
+    quantization = "none" if quantization in _NOT_QUANTIZED else quantization
     if quantization not in ("none", "fp8", *QUANTIZED):
         raise Skip(f"{quantization} quantization not modelled")
     stack = stack_for(row.get("stack"), quantization, framework_of(row))

@@ -9,6 +9,9 @@ from tunecost.estimate.throughput.lengths import SeqLengths, dataset_lengths, ha
 from tunecost.validate.cells import Skip
 from tunecost.validate.corpus import CorpusRow
 
+# padded to seq_len (transformers' padding="max_length"): every sequence seq_len tokens; cut at it, unpadded: max
+_KINDS = {"padded": "fixed", "max_length": "fixed", "padding=max_length": "fixed", "truncated": "max"}
+
 
 def seq_len_kind_of(row: CorpusRow) -> str:
     """The row's seq_len_kind in any case, with an aside ("Packed", "packed (ConstantLengthDataset)"), or as a
@@ -16,7 +19,7 @@ def seq_len_kind_of(row: CorpusRow) -> str:
     cell = re.sub(r"\s*\(.*?\)", "", row.get("seq_len_kind")).strip().lower()
     if re.fullmatch(r"packing\s*[=:]\s*(?:true|yes|on|1)", cell):
         return "packed"
-    return cell or "fixed"
+    return _KINDS.get(cell, cell) or "fixed"
 
 
 def check_lengths(row: CorpusRow, throughput: bool) -> None:

@@ -8,6 +8,7 @@ Sources and derivations: docs/validation.md, section `tunecost.validate.run`.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 
@@ -28,13 +29,18 @@ from tunecost.validate.mapping import MappedRow, Skip, map_row
 GIB = 2**30
 OUTPUT_COLUMNS = ("id", "quantity", "measured", "predicted", "low", "high", "unit", "error", "status", "reason")
 # "GB", "G" (as some tables print it) and "MB" are read as binary units, as the corpus's sources use them
-_UNIT_BYTES = {"gib": GIB, "gb": GIB, "g": GIB, "mib": 2**20, "mb": 2**20, "bytes": 1}
+_UNIT_BYTES = {
+    **dict.fromkeys(("gib", "gb", "g", "gi", "gbyte", "gbytes", "gigabyte", "gigabytes"), GIB),
+    **dict.fromkeys(("mib", "mb", "mi", "mbyte", "mbytes", "megabyte", "megabytes"), 2**20),
+    **dict.fromkeys(("bytes", "byte", "b"), 1),
+}
 
 
 def unit_bytes(unit: str) -> int | None:
-    """Bytes per unit of a memory value ("GiB", "GB", "G", "MiB", "MB", "bytes", in any case); None for an unknown
-    unit."""
-    return _UNIT_BYTES.get(unit.strip().lower())
+    """Bytes per unit of a memory value ("GiB", "GB", "G", "MiB", "MB", "bytes", in any case, with a qualifier:
+    "GiB per GPU", "GB/GPU", "GB (per device)"); None for an unknown unit."""
+    first = re.match(r"\s*([a-z]+)\s*(?:$|/|\(|per\b)", unit.lower())
+    return _UNIT_BYTES.get(first[1]) if first else None
 
 
 @dataclass(frozen=True, kw_only=True)
