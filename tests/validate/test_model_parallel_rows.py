@@ -26,6 +26,10 @@ from tunecost.workload.parallel import ModelParallel
         ("tp4 sp, TP comm overlap", ModelParallel(tp=4, sequence_parallel=True, tp_comm_overlap=True)),
         ("TP8PP2", ModelParallel(tp=8, pp=2, micro_batches=16)),  # a degree right after another's digit
         ("TP4xPP2xCP2", ModelParallel(tp=4, pp=2, cp=2, micro_batches=16)),  # or after an "x"
+        (  # Megatron's argument names: the virtual pipeline's is not the pipeline's
+            "virtual_pipeline_model_parallel_size=5, tensor_model_parallel_size=4, pipeline_model_parallel_size=2",
+            ModelParallel(tp=4, pp=2, micro_batches=16, pipeline_schedule="interleaved-1f1b", virtual_stages=5),
+        ),
         (
             "TP4 PP2 VP-5",
             ModelParallel(tp=4, pp=2, micro_batches=16, pipeline_schedule="interleaved-1f1b", virtual_stages=5),
@@ -164,6 +168,7 @@ def test_expert_parallelism_is_said_for_throughput_and_skipped_for_memory():
         (dict(gpu="NVIDIA A100-SXM4-80GB (x8)"), lambda m: m.gpu_name == "A100-80GB-SXM"),
         (dict(gpu="A100 80G"), lambda m: m.gpu_name == "A100-80GB-SXM"),
         (dict(num_gpus="8x H100"), lambda m: m.num_gpus == 8),
+        (dict(num_gpus="2 nodes x 8 GPUs"), lambda m: m.num_gpus == 16),
         (dict(seq_len_kind="padded"), lambda m: m.job.seq_len == 2048),
         (dict(method="Full-parameter fine-tuning"), lambda m: m.job.method == "full"),
         (dict(quantization="bf16"), lambda m: m.job.method == "full"),  # the weights' own dtype: not quantized

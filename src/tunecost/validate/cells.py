@@ -16,8 +16,8 @@ class Skip(Exception):
     """A row tunecost does not model; the message is the reason."""
 
 
-# "2x8" (nodes x GPUs), else a count before other words: "8 GPUs", "8x", "8x H100", "8 (1 node)"
-_GPU_COUNT = re.compile(r"^\s*(\d+)\s*(?:[x\u00d7*]\s*(\d+)\s*(?:gpus?)?\s*$|(?![\d.e]))", re.IGNORECASE)
+# "2x8" / "2 nodes x 8 GPUs" (nodes x GPUs), else a count before other words: "8 GPUs", "8x", "8x H100", "8 (1 node)"
+_GPU_COUNT = re.compile(r"^\s*(\d+)\s*(?:(?:nodes?\s*)?[x\u00d7*]\s*(\d+)\s*(?:gpus?)?\s*$|(?![\d.e]))", re.IGNORECASE)
 
 
 def gpu_count_of(row: CorpusRow) -> int:

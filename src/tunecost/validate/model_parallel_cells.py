@@ -17,7 +17,7 @@ NODE_GPUS = 8  # GPUs per node assumed for a row on more GPUs than one node hold
 _PAR = r"(?:[ _-]?(?:model[ _-]?)?parallel(?:ism|[ _]size|[ _]degree)?)"
 _DEGREES = {  # after a digit or an "x" too: "tp8pp2", "TP4xPP1xCP2"; "VP-5"
     "tp": re.compile(rf"(?<![a-wyz])(?:tp|tensor{_PAR})\s*[=:-]?\s*(\d+)"),
-    "pp": re.compile(rf"(?<![a-wyz])(?:pp|pipeline{_PAR})\s*[=:-]?\s*(\d+)"),
+    "pp": re.compile(rf"(?<![a-wyz])(?<!virtual[ _-])(?:pp|pipeline{_PAR})\s*[=:-]?\s*(\d+)"),
     "cp": re.compile(rf"(?<![a-wyz])(?:cp|context{_PAR})\s*[=:-]?\s*(\d+)"),
     "vp": re.compile(rf"(?<![a-wyz])(?:vp|vpp|virtual[ _-]?pipeline{_PAR}?)\s*[=:-]?\s*(\d+)"),
 }
