@@ -354,3 +354,31 @@ def test_qwen3_per_head_norms_are_replicated(tmp_path, sp):
         for name, job in (("qwen3", qwen3), ("llama", _job()))
     }
     assert static["qwen3"] - static["llama"] == NUM_LAYERS * 2 * head_dim * 4  # both norms whole on each rank
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
+def test_nemotron_splits_as_llama_without_a_gate(tmp_path, sp):
+    """Nemotron's MLP is up_proj and down_proj (squared ReLU, no gate_proj): the plan leaves the gate out; its
+    LayerNorms carry a bias, whole on each rank like the norms' weights."""
+    import json
+
+    from tiny_jobs import CONFIGS
+
+    config = json.loads((CONFIGS / "tiny-llama-2l.json").read_text())
+    path = tmp_path / "nemotron.json"
+    nemotron = {
+        **{k: v for k, v in config.items() if k not in ("rms_norm_eps", "hidden_act")},
+        "model_type": "nemotron",
+        "architectures": ["NemotronForCausalLM"],
+        "hidden_act": "relu2",
+        "head_dim": config["hidden_size"] // config["num_attention_heads"],
+    }
+    path.write_text(json.dumps(nemotron))
+    job = dataclasses.replace(_job(), model=str(path))
+    static = {
+        name: simulate_tp_rank(j, tp=2, sequence_parallel=sp, granule_bytes=1).static_bytes["sharded_params"]
+        for name, j in (("nemotron", job), ("llama", _job()))
+    }
+    gate_shard = NUM_LAYERS * config["hidden_size"] * config["intermediate_size"] * 4 // 2
+    norm_biases = (2 * NUM_LAYERS + 1) * config["hidden_size"] * 4
+    assert static["llama"] - static["nemotron"] == gate_shard - norm_biases

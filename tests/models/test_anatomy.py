@@ -129,6 +129,7 @@ CASES = {
         for name in ("ministral", "ministral3", "seed_oss", "hunyuan_v1_dense")
     },
     "starcoder2": (lambda: _hf("starcoder2"), 3, 0, 1, 1),
+    "nemotron": (lambda: _hf("nemotron", head_dim=8), 3, 0, 1, 1),
     # Falcon's own keys (its blocks at transformer.h): width 32, 4 heads, 2 key-value heads (new architecture)
     "falcon": (
         lambda: _from_config(

@@ -26,8 +26,8 @@ from tunecost.simulate.step import make_batch
 from tunecost.workload.job import FineTuneJob
 
 # families with Llama's module names (self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj, the two layer norms,
-# model.embed_tokens, model.norm, lm_head)
-TP_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+# model.embed_tokens, model.norm, lm_head); Nemotron's MLP has no gate_proj
+TP_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "nemotron")
 COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
 
@@ -158,7 +158,10 @@ def apply_tp(model: nn.Module, mesh, *, sequence_parallel: bool, loss_parallel: 
     for layer in decoder_layers(model):
         plan = layer_plan(sequence_parallel=sequence_parallel)
         for name in (*COLWISE, *ROWWISE):
-            module = layer.get_submodule(name)
+            module = _submodule(layer, name)
+            if module is None:  # a projection the family does not have
+                plan.pop(name)
+                continue
             if isinstance(module, SimLinear) and module.qweight is None:  # LoRA, or a frozen linear beside it
                 plan[name] = lora_linear_style(plan[name])
             elif not isinstance(module, nn.Linear):
@@ -170,6 +173,13 @@ def apply_tp(model: nn.Module, mesh, *, sequence_parallel: bool, loss_parallel: 
         head.weight = embedding.weight
     for name, p in model.named_parameters():  # SequenceParallel's new parameters forget that a norm was frozen
         p.requires_grad_(trainable[name])
+
+
+def _submodule(layer: nn.Module, name: str) -> nn.Module | None:
+    try:
+        return layer.get_submodule(name)
+    except AttributeError:
+        return None
 
 
 def _replicate_the_rest(model: nn.Module, mesh) -> None:

@@ -108,6 +108,7 @@ _FAMILIES: dict[str, _Family] = {
     # Falcon: blocks at `transformer.h`, attention `self_attention` (fused `query_key_value`, `dense`), MLP `mlp`
     # (`dense_h_to_4h`, `dense_4h_to_h`); rotary positions (ALiBi variants have no position table either)
     "falcon": _Family("transformer.h", None),
+    "nemotron": _Family("model.layers", None),  # Nemotron-4: Llama's layout, a squared-ReLU up_proj / down_proj MLP
 }
 SUPPORTED_FAMILIES = tuple(_FAMILIES)
 # families whose decoder mixes linear-time layers with attention layers per `layer_types`, by their linear layer

@@ -1,4 +1,5 @@
-"""`Arch` of the decoders whose MLP is two matrices with a GELU between them: StarCoder2 and Falcon.
+"""`Arch` of the decoders whose MLP is two matrices with an activation between them: StarCoder2 and Falcon (GELU),
+Nemotron (squared ReLU).
 
 Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.throughput.arch_gelu_mlp`.
 """
@@ -35,6 +36,30 @@ def _starcoder2_arch(config: dict[str, Any]) -> Arch:
         embedding_params=vocab * hidden,
         norm_params=layers * layer_norms + biases + _LAYER_NORM_PARAMS_PER_HIDDEN * hidden,  # + the final norm
         window=(layers, window) if window else (0, 0),
+    )
+
+
+def _nemotron_arch(config: dict[str, Any]) -> Arch:
+    """Nemotron: StarCoder2's shape with the biases' own flags (`attention_bias`, `mlp_bias`) and an untied head."""
+    hidden = int(_get(config, "hidden_size"))
+    layers = int(_get(config, "num_hidden_layers"))
+    heads = int(_get(config, "num_attention_heads"))
+    kv_heads = int(_get(config, "num_key_value_heads", default=heads))
+    head_dim = int(config.get("head_dim") or hidden // heads)
+    inter, vocab = int(_get(config, "intermediate_size")), int(_get(config, "vocab_size"))
+    q_out, kv_out = heads * head_dim, kv_heads * head_dim
+    attention = [(hidden, q_out, layers), (hidden, kv_out, layers), (hidden, kv_out, layers), (q_out, hidden, layers)]
+    mlp = [(hidden, inter, layers), (inter, hidden, layers)]  # up_proj, down_proj
+    biases = (_bias_params(attention) if config.get("attention_bias") else 0) + (
+        _bias_params(mlp) if config.get("mlp_bias") else 0
+    )
+    return _decoder_arch(
+        "nemotron",
+        attention + mlp,
+        _Shape(hidden, layers, heads, head_dim, vocab),
+        tied=bool(config.get("tie_word_embeddings", False)),
+        embedding_params=vocab * hidden,
+        norm_params=(2 * layers + 1) * _LAYER_NORM_PARAMS_PER_HIDDEN * hidden + biases,  # two per layer, the final
     )
 
 
@@ -87,4 +112,5 @@ def _falcon_arch(config: dict[str, Any]) -> Arch:
 GELU_MLP_ARCHES: dict[str, Callable[[dict[str, Any]], Arch]] = {
     "starcoder2": _starcoder2_arch,
     "falcon": _falcon_arch,
+    "nemotron": _nemotron_arch,
 }
