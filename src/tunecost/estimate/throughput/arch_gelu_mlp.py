@@ -14,24 +14,31 @@ from tunecost.estimate.throughput.arch import Arch, _bias_params, _decoder_arch,
 _LAYER_NORM_PARAMS_PER_HIDDEN = 2  # a LayerNorm's weight and bias
 
 
-def _starcoder2_arch(config: dict[str, Any]) -> Arch:
+def _two_matrix_mlp(config: dict[str, Any]) -> tuple[_Shape, list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """(shape, attention q/k/v/o, MLP in/out) of a Llama-layout config whose MLP is two matrices."""
     hidden = int(_get(config, "hidden_size"))
     layers = int(_get(config, "num_hidden_layers"))
     heads = int(_get(config, "num_attention_heads"))
     kv_heads = int(_get(config, "num_key_value_heads", default=heads))
     head_dim = int(config.get("head_dim") or hidden // heads)
     inter = int(_get(config, "intermediate_size"))
-    vocab = int(_get(config, "vocab_size"))
     q_out, kv_out = heads * head_dim, kv_heads * head_dim
-    mats = [(hidden, q_out, layers), (hidden, kv_out, layers), (hidden, kv_out, layers), (q_out, hidden, layers)]
-    mats += [(hidden, inter, layers), (inter, hidden, layers)]  # c_fc, c_proj
+    attention = [(hidden, q_out, layers), (hidden, kv_out, layers), (hidden, kv_out, layers), (q_out, hidden, layers)]
+    shape = _Shape(hidden, layers, heads, head_dim, int(_get(config, "vocab_size")))
+    return shape, attention, [(hidden, inter, layers), (inter, hidden, layers)]
+
+
+def _starcoder2_arch(config: dict[str, Any]) -> Arch:
+    shape, attention, mlp = _two_matrix_mlp(config)  # mlp: c_fc, c_proj
+    hidden, layers, _, _, vocab = shape
+    mats = attention + mlp
     biases = _bias_params(mats) if config.get("use_bias", True) else 0
     layer_norms = 2 * _LAYER_NORM_PARAMS_PER_HIDDEN * hidden  # input_layernorm, post_attention_layernorm
     window = int(config.get("sliding_window") or 0)
     return _decoder_arch(
         "starcoder2",
         mats,
-        _Shape(hidden, layers, heads, head_dim, vocab),
+        shape,
         tied=bool(config.get("tie_word_embeddings", True)),
         embedding_params=vocab * hidden,
         norm_params=layers * layer_norms + biases + _LAYER_NORM_PARAMS_PER_HIDDEN * hidden,  # + the final norm
@@ -41,22 +48,15 @@ def _starcoder2_arch(config: dict[str, Any]) -> Arch:
 
 def _nemotron_arch(config: dict[str, Any]) -> Arch:
     """Nemotron: StarCoder2's shape with the biases' own flags (`attention_bias`, `mlp_bias`) and an untied head."""
-    hidden = int(_get(config, "hidden_size"))
-    layers = int(_get(config, "num_hidden_layers"))
-    heads = int(_get(config, "num_attention_heads"))
-    kv_heads = int(_get(config, "num_key_value_heads", default=heads))
-    head_dim = int(config.get("head_dim") or hidden // heads)
-    inter, vocab = int(_get(config, "intermediate_size")), int(_get(config, "vocab_size"))
-    q_out, kv_out = heads * head_dim, kv_heads * head_dim
-    attention = [(hidden, q_out, layers), (hidden, kv_out, layers), (hidden, kv_out, layers), (q_out, hidden, layers)]
-    mlp = [(hidden, inter, layers), (inter, hidden, layers)]  # up_proj, down_proj
+    shape, attention, mlp = _two_matrix_mlp(config)  # mlp: up_proj, down_proj
+    hidden, layers, _, _, vocab = shape
     biases = (_bias_params(attention) if config.get("attention_bias") else 0) + (
         _bias_params(mlp) if config.get("mlp_bias") else 0
     )
     return _decoder_arch(
         "nemotron",
         attention + mlp,
-        _Shape(hidden, layers, heads, head_dim, vocab),
+        shape,
         tied=bool(config.get("tie_word_embeddings", False)),
         embedding_params=vocab * hidden,
         norm_params=(2 * layers + 1) * _LAYER_NORM_PARAMS_PER_HIDDEN * hidden + biases,  # two per layer, the final
