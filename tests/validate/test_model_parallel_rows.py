@@ -26,6 +26,7 @@ from tunecost.workload.parallel import ModelParallel
         ("tp4 sp, TP comm overlap", ModelParallel(tp=4, sequence_parallel=True, tp_comm_overlap=True)),
         ("TP8PP2", ModelParallel(tp=8, pp=2, micro_batches=16)),  # a degree right after another's digit
         ("TP4xPP2xCP2", ModelParallel(tp=4, pp=2, cp=2, micro_batches=16)),  # or after an "x"
+        ("TPx4 CPx2", ModelParallel(tp=4, cp=2)),
         (  # Megatron's argument names: the virtual pipeline's is not the pipeline's
             "virtual_pipeline_model_parallel_size=5, tensor_model_parallel_size=4, pipeline_model_parallel_size=2",
             ModelParallel(tp=4, pp=2, micro_batches=16, pipeline_schedule="interleaved-1f1b", virtual_stages=5),
@@ -169,6 +170,14 @@ def test_expert_parallelism_is_said_for_throughput_and_skipped_for_memory():
         (dict(gpu="A100 80G"), lambda m: m.gpu_name == "A100-80GB-SXM"),
         (dict(num_gpus="8x H100"), lambda m: m.num_gpus == 8),
         (dict(num_gpus="2 nodes x 8 GPUs"), lambda m: m.num_gpus == 16),
+        (dict(num_gpus="1,024", global_batch="1,024", grad_accum=""), lambda m: m.num_gpus == 1024),
+        (dict(gpu="DGX H100"), lambda m: m.gpu_name == "H100-80GB-SXM"),
+        (dict(gpu="GB200 NVL72"), lambda m: m.gpu_name == "GB200-186GB"),
+        (dict(method="Low-Rank Adaptation", lora_rank="16", lora_targets="QKV;Proj"), lambda m: m.job.method == "lora"),
+        (
+            dict(method="lora", lora_rank="16", lora_targets="attention (qkv, proj)"),
+            lambda m: m.job.lora.targets == ("attention",),
+        ),
         (dict(seq_len_kind="padded"), lambda m: m.job.seq_len == 2048),
         (dict(method="Full-parameter fine-tuning"), lambda m: m.job.method == "full"),
         (dict(quantization="bf16"), lambda m: m.job.method == "full"),  # the weights' own dtype: not quantized
@@ -189,6 +198,8 @@ def test_fp8_weights_are_transformer_engines_fp8_params_and_skipped_elsewhere():
     lora = dict(method="lora", lora_rank="16", lora_targets="q_proj;v_proj", quantization="FP8")
     mapped = map_row(_row("TP=4", **lora))
     assert (mapped.job.fp8, mapped.job.fp8_params, mapped.job.compute_dtype) == ("te-delayed", True, "bf16")
+    for cell in ("FP8 params", "fp8 (TE)", "float8", "E4M3"):
+        assert map_row(_row("TP=4", **{**lora, "quantization": cell})).job.fp8_params, cell
     with pytest.raises(Skip, match="fp8 weights outside Transformer Engine"):
         map_row(_row("TP=4", **lora, stack="transformers"))
 

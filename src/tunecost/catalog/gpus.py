@@ -22,6 +22,8 @@ GPU_CATALOG_PATH = Path(__file__).parent / "data" / "gpus.csv"
 
 # Words sources put before a card's name that never tell two catalog cards apart.
 _VENDOR_WORDS = frozenset({"nvidia", "geforce", "tesla", "amd", "instinct"})
+# a system or architecture named with the GPU: "DGX H100", "HGX B200", "GB200 NVL72", "Grace Blackwell GB200"
+_VENDOR_WORDS |= {"dgx", "hgx", "nvl72", "nvl36", "nvl4", "grace", "hopper", "blackwell", "superpod"}
 # Names that mean a card outside the catalog as well as one inside it: (what else it may be, catalog candidates).
 _AMBIGUOUS_NAMES = {
     "rtx6000": ("the Turing Quadro RTX 6000 (24 GB, not in the catalog)", ("RTX6000ADA-48GB",)),

@@ -17,7 +17,7 @@ class Skip(Exception):
 
 
 # "2x8" / "2 nodes x 8 GPUs" (nodes x GPUs), else a count before other words: "8 GPUs", "8x", "8x H100", "8 (1 node)"
-_GPU_COUNT = re.compile(r"^\s*(\d+)\s*(?:(?:nodes?\s*)?[x\u00d7*]\s*(\d+)\s*(?:gpus?)?\s*$|(?![\d.e]))", re.IGNORECASE)
+_GPU_COUNT = re.compile(r"^\s*(\d+)\s*(?:(?:nodes?\s*)?[x\u00d7*]\s*(\d+)\s*(?:gpus?)?\s*$|(?![\d.e,]))", re.IGNORECASE)
 
 
 def gpu_count_of(row: CorpusRow) -> int:
@@ -41,12 +41,15 @@ def tokens_of(row: CorpusRow, column: str) -> int:
     return count_of(CorpusRow(row.path, row.line, {column: str(number)}), column)
 
 
+_THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+")
+
+
 def count_of(row: CorpusRow, column: str) -> int:
     """A row's whole count in `column` (batch, tokens, rank, GPUs); `Skip` for one that is not a number, below 1,
     or larger than any count a measurement row holds (`MAX_TOKENS`)."""
     value = row.get(column)
     try:
-        number = float(value)
+        number = float(value.replace(",", "") if _THOUSANDS.fullmatch(value) else value)  # "1,024"
         n = int(number)
     except (ValueError, OverflowError):  # OverflowError: inf
         raise Skip(f"{column} {value!r} is not a number") from None
@@ -199,7 +202,9 @@ def modules_to_save(cell: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+# short names: "q,k,v,o", "qkv, proj" (Megatron's fused linear_qkv and linear_proj)
 _SHORT_TARGETS = {short: f"{short}_proj" for short in ("q", "k", "v", "o", "gate", "up", "down")}
+_SHORT_TARGETS |= {"qkv": "linear_qkv", "proj": "linear_proj", "dense": "dense"}
 
 
 def lora_targets(cell: str, *, is_moe: bool = False) -> tuple[str, ...]:
@@ -208,8 +213,9 @@ def lora_targets(cell: str, *, is_moe: bool = False) -> tuple[str, ...]:
     (each an nn.Linear in the transformers 4 MoE code that such rows ran)."""
     if re.match(r"all\W*(?:linear|proj)", cell.strip().lower()):  # "all linear layers (except lm_head)"
         cell = "all-linear"
+    cell = re.sub(r"\s*\((?!trained)[^)]*\)", "", cell)  # "attention (qkv, proj)", "all-linear (7 modules)"
     names = [
-        _SHORT_TARGETS.get(_main(n), _main(n))  # "q,k,v,o", "all-linear (7 modules)"
+        _SHORT_TARGETS.get(n.lower(), n.lower())
         for n in _target_names(cell)
         if not ("trained fully" in n or n.split()[0] in _MODULES_TO_SAVE)
     ]
@@ -266,7 +272,7 @@ def method_for(cell: str) -> str:
     key = _cell_key(cell)
     if "qlora" in key:
         return "qlora"
-    if "lora" in key or key == "peft":
+    if "lora" in key or key in ("peft", "lowrankadaptation"):
         return "lora"
     if key.startswith("full") or key == "ft":  # "Full FT", "Full-parameter fine-tuning"
         return "full"

@@ -245,6 +245,7 @@ def stack_and_layout(row: CorpusRow, num_gpus: int, throughput: bool) -> tuple[S
     strategy, offload = multi_gpu_layout(row) if num_gpus != 1 else (None, "none")
     quantization = (row.get("quantization") or "none").strip().lower()
     quantization = "none" if quantization in _NOT_QUANTIZED else quantization
+    quantization = "fp8" if re.search(r"fp8|float8|e4m3", quantization) else quantization  # "FP8 params", "te-fp8"
     if quantization not in ("none", "fp8", *QUANTIZED):
         raise Skip(f"{quantization} quantization not modelled")
     stack = stack_for(row.get("stack"), quantization, framework_of(row))

@@ -15,13 +15,13 @@ from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
 NODE_GPUS = 8  # GPUs per node assumed for a row on more GPUs than one node holds (HGX / DGX servers)
 _PAR = r"(?:[ _-]?(?:model[ _-]?)?parallel(?:ism|[ _]size|[ _]degree)?)"
-_DEGREES = {  # after a digit or an "x" too: "tp8pp2", "TP4xPP1xCP2"; "VP-5"
-    "tp": re.compile(rf"(?<![a-wyz])(?:tp|tensor{_PAR})\s*[=:-]?\s*(\d+)"),
-    "pp": re.compile(rf"(?<![a-wyz])(?<!virtual[ _-])(?:pp|pipeline{_PAR})\s*[=:-]?\s*(\d+)"),
-    "cp": re.compile(rf"(?<![a-wyz])(?:cp|context{_PAR})\s*[=:-]?\s*(\d+)"),
-    "vp": re.compile(rf"(?<![a-wyz])(?:vp|vpp|virtual[ _-]?pipeline{_PAR}?)\s*[=:-]?\s*(\d+)"),
+_DEGREES = {  # after a digit or an "x" too: "tp8pp2", "TP4xPP1xCP2"; "VP-5", "TPx4"
+    "tp": re.compile(rf"(?<![a-wyz])(?:tp|tensor{_PAR})\s*[=:x-]?\s*(\d+)"),
+    "pp": re.compile(rf"(?<![a-wyz])(?<!virtual[ _-])(?:pp|pipeline{_PAR})\s*[=:x-]?\s*(\d+)"),
+    "cp": re.compile(rf"(?<![a-wyz])(?:cp|context{_PAR})\s*[=:x-]?\s*(\d+)"),
+    "vp": re.compile(rf"(?<![a-wyz])(?:vp|vpp|virtual[ _-]?pipeline{_PAR}?)\s*[=:x-]?\s*(\d+)"),
 }
-_EXPERT_DEGREE = re.compile(rf"(?<![a-wyz])(?:ep|expert{_PAR})\s*[=:-]?\s*(\d+)")
+_EXPERT_DEGREE = re.compile(rf"(?<![a-wyz])(?:ep|expert{_PAR})\s*[=:x-]?\s*(\d+)")
 _SEQUENCE_PARALLEL = re.compile(
     r"\bsp\b(?!\s*[=:]?\s*(?:0|false|off))|sequence[ _-]?parallel(?!\w*\s*[=:]?\s*(?:0|false|off))"
 )
