@@ -172,6 +172,11 @@ def test_expert_parallelism_is_said_for_throughput_and_skipped_for_memory():
         (dict(num_gpus="2 nodes x 8 GPUs"), lambda m: m.num_gpus == 16),
         (dict(num_gpus="1,024", global_batch="1,024", grad_accum=""), lambda m: m.num_gpus == 1024),
         (dict(gpu="DGX H100"), lambda m: m.gpu_name == "H100-80GB-SXM"),
+        (dict(gpu="DGX-GB200"), lambda m: m.gpu_name == "GB200-186GB"),
+        (dict(method="pre-training"), lambda m: m.job.method == "full"),  # the step of a full fine-tune
+        (dict(method="Supervised fine-tuning"), lambda m: m.job.method == "full"),
+        (dict(compute_dtype="float8 (e4m3)"), lambda m: m.job.fp8 == "te-delayed"),
+        (dict(optimizer="Distributed Adam"), lambda m: m.job.optimizer == "adamw"),
         (dict(gpu="GB200 NVL72"), lambda m: m.gpu_name == "GB200-186GB"),
         (dict(method="Low-Rank Adaptation", lora_rank="16", lora_targets="QKV;Proj"), lambda m: m.job.method == "lora"),
         (

@@ -244,7 +244,9 @@ _OPTIMIZERS = {  # normalised optimizer cell -> FineTuneJob.optimizer
         "adamw",
     ),
     # NeMo's / Apex's: fused AdamW kernels (the distributed one shards like Megatron's distributed optimizer)
-    **dict.fromkeys(("distributedfusedadam", "fusedadamw", "apexfusedadam", "mcoredistributedoptim"), "adamw"),
+    **dict.fromkeys(
+        ("distributedfusedadam", "distributedadam", "fusedadamw", "apexfusedadam", "mcoredistributedoptim"), "adamw"
+    ),
     **dict.fromkeys(("adamw8bit", "adamwbnb8bit", "8bitadamw", "bnbadamw8bit", "adam8bit"), "adamw-8bit"),
     **dict.fromkeys(("adamwtorch4bit", "adamw4bit", "4bitadamw", "torchaoadamw4bit"), "adamw-4bit"),
     "sgd": "sgd",
@@ -274,8 +276,8 @@ def method_for(cell: str) -> str:
         return "qlora"
     if "lora" in key or key in ("peft", "lowrankadaptation"):
         return "lora"
-    if key.startswith("full") or key == "ft":  # "Full FT", "Full-parameter fine-tuning"
-        return "full"
+    if key.startswith(("full", "sft", "supervised", "pretrain", "continuedpretrain")) or key in ("ft", "cpt"):
+        return "full"  # "Full FT", "SFT full", "Supervised fine-tuning"; pre-training's step is a full fine-tune's
     return _METHODS.get(key, _METHODS.get(_cell_key(_main(cell)), cell.lower()))
 
 
@@ -358,7 +360,7 @@ def fp8_of(cell: str, stack_cell: str) -> tuple[str, str]:
     """(compute dtype, FP8 recipe) of a `compute_dtype` cell: "fp8" (or "fp8-hybrid", "fp8 (te)") is bf16 with FP8
     linears, Transformer Engine's delayed scaling under NeMo / Megatron or a cell naming TE, else torchao's
     tensorwise scaling."""
-    text = cell.strip().lower()
+    text = re.sub(r"float8|e4m3", "fp8", cell.strip().lower())  # "float8 (e4m3)"
     if "fp8" not in text:
         return next((dtype for pattern, dtype in _DTYPE_NAMES if pattern.search(text)), cell), "none"
     te = any(name in f"{text} {stack_cell.lower()}" for name in ("te", "transformer engine", "nemo", "megatron"))
