@@ -26,7 +26,7 @@ def valid_gpu_counts(gpus_per_node: int, max_gpus: int, expert_parallel: int = 1
     ]
 
 
-TP_SEARCH_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")  # dense families `--gpus auto` tries TP layouts on
+TP_SEARCH_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "nemotron", "mixtral")  # `--gpus auto` tries TP on these
 SEARCH_DEGREES = (1, 2, 4, 8)  # the TP, PP and CP degrees `--gpus auto` tries
 CP_SEARCH_MIN_SEQ_LEN = 16384  # `--gpus auto` adds context-parallel layouts from this many tokens per sequence
 
@@ -41,17 +41,22 @@ def model_parallel_choices(
     lora: bool = False,
 ) -> list[ModelParallel]:
     """The model-parallel layouts to evaluate: the one given; or, searching GPU counts for a full fine-tune (a LoRA
-    one with `lora`: asked when no data-parallel layout fits it; QLoRA's 4-bit weights are not sharded) of a dense
-    model of a TP-capable family, TP (with sequence parallelism) within a node x PP over `SEARCH_DEGREES` that
+    one with `lora`: asked when no data-parallel layout fits it; QLoRA's 4-bit weights are not sharded) of a model
+    of a TP-capable family, TP (with sequence parallelism) within a node x PP over `SEARCH_DEGREES` that
     divide the heads and layers (no TP with modules saved beside LoRA or under Liger), and for sequences of
     `CP_SEARCH_MIN_SEQ_LEN` tokens or more CP beside the widest TP (no PP); else none (data parallelism only)."""
     if given is not None:
         return [given]
     seq_len = job.worst_case_seq_len
     sharded = job.method == "full" or (lora and job.method == "lora")
-    if not searching or not sharded or spec.is_moe or spec.family not in TP_SEARCH_FAMILIES:
+    if not searching or not sharded or spec.family not in TP_SEARCH_FAMILIES:
         return [ModelParallel()]
-    tps = [t for t in SEARCH_DEGREES if t <= gpus_per_node and not spec.num_heads % t and not spec.num_kv_heads % t]
+    intermediate = int(spec.config.get("intermediate_size") or 0)
+    tps = [
+        t
+        for t in SEARCH_DEGREES
+        if t <= gpus_per_node and not (spec.num_heads % t or spec.num_kv_heads % t or intermediate % t)
+    ]
     # the TP plan does not shard PEFT's saved copies, and Liger's kernels take no DTensors (`check_model_parallel`)
     tps = tps[:1] if job.modules_to_save or job.liger_kernel else tps
     pps = [p for p in SEARCH_DEGREES if not spec.num_layers % p]

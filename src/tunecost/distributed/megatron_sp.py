@@ -8,6 +8,7 @@ import dataclasses
 
 from tunecost.distributed.activation_formulas import sp_gathered_excess_bytes, traced_layer_activation_bytes
 from tunecost.distributed.single_step import SingleGpuStep
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ModelParallel
 
@@ -20,10 +21,12 @@ _LORA_INPUTS = {"attention": "qkv_input", "mlp": "mlp_input"}  # LoRA target -> 
 
 def kept_gathered_inputs(job: FineTuneJob) -> tuple[str, ...]:
     """The gathered inputs the traced step keeps for backward: a projection's input is saved for its weight's
-    gradient or its LoRA factor A's (full fine-tuning: both; LoRA: those of its targets)."""
+    gradient or its LoRA factor A's (full fine-tuning: both; LoRA: those of its targets). An MoE block's gathered
+    tokens are kept by Megatron too (its token dispatcher permutes them for the experts): not an excess."""
+    groups = ("attention",) if resolve_model(job.model).is_moe else tuple(_LORA_INPUTS)
     if job.method == "full":
-        return tuple(_LORA_INPUTS.values())
-    return tuple(v for k, v in _LORA_INPUTS.items() if k in job.lora.targets)
+        return tuple(_LORA_INPUTS[g] for g in groups)
+    return tuple(_LORA_INPUTS[g] for g in groups if g in job.lora.targets)
 
 
 def applies(plan: ModelParallel, job: FineTuneJob) -> bool:

@@ -16,6 +16,7 @@ from typing import Any
 from torch import nn
 
 from tunecost.distributed.sharded_step import RankStep, fake_process_group, record_rank_step
+from tunecost.distributed.tp_experts import moe_block_style, shard_experts
 from tunecost.distributed.tp_lora import lora_linear_style
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import decoder_layers
@@ -26,8 +27,9 @@ from tunecost.simulate.step import make_batch
 from tunecost.workload.job import FineTuneJob
 
 # families with Llama's module names (self_attn.{q,k,v,o}_proj, mlp.{gate,up,down}_proj, the two layer norms,
-# model.embed_tokens, model.norm, lm_head); Nemotron's MLP has no gate_proj
-TP_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "nemotron")
+# model.embed_tokens, model.norm, lm_head); Nemotron's MLP has no gate_proj; Mixtral's is an MoE block
+# (mlp.gate, mlp.experts: `tp_experts`)
+TP_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "nemotron", "mixtral")
 COLWISE = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
 
@@ -46,6 +48,10 @@ def check_tp_supported(job: FineTuneJob, tp: int, *, sequence_parallel: bool) ->
         raise TunecostError(
             "--tp with --method qlora: tensor parallelism is simulated for full fine-tuning and LoRA, not quantized "
             "weights (their packed bytes would need a sharded layout of their own); use --method lora or full"
+        )
+    if spec.is_moe and job.stack == "hf-2024":
+        raise TunecostError(
+            "--tp with stack hf-2024: its per-expert linears are not split by the TP plan; use the default stack"
         )
     if job.modules_to_save:
         raise TunecostError("--tp with modules_to_save: the wrapped copies are not sharded by the TP plan")
@@ -157,6 +163,12 @@ def apply_tp(model: nn.Module, mesh, *, sequence_parallel: bool, loss_parallel: 
     tied = head.weight is embedding.weight
     for layer in decoder_layers(model):
         plan = layer_plan(sequence_parallel=sequence_parallel)
+        mlp = _submodule(layer, "mlp")
+        if mlp is not None and hasattr(mlp, "experts"):
+            if not loss_parallel:  # transformers adds the (DTensor) load-balancing loss in place to a plain loss
+                raise TunecostError("tensor parallelism of an MoE model: gathered logits are not simulated")
+            shard_experts(mlp, mesh)
+            plan["mlp"] = moe_block_style(sequence_parallel=sequence_parallel)
         for name in (*COLWISE, *ROWWISE):
             module = _submodule(layer, name)
             if module is None:  # a projection the family does not have
@@ -172,7 +184,7 @@ def apply_tp(model: nn.Module, mesh, *, sequence_parallel: bool, loss_parallel: 
     if tied:  # both styles shard the vocabulary rows (Shard(0)): the head shares the embedding's shard again
         head.weight = embedding.weight
     for name, p in model.named_parameters():  # SequenceParallel's new parameters forget that a norm was frozen
-        p.requires_grad_(trainable[name])
+        p.requires_grad_(trainable.get(name, p.requires_grad))  # the experts' (renamed) keep their flag
 
 
 def _submodule(layer: nn.Module, name: str) -> nn.Module | None:
@@ -196,10 +208,16 @@ def _replicate_the_rest(model: nn.Module, mesh) -> None:
 
 def loss_context(loss_parallel: bool):
     """The context a step of a model under `apply_tp` runs in: DTensor's `loss_parallel` (cross-entropy on
-    vocabulary-sharded logits) or nothing."""
+    vocabulary-sharded logits) or not, and `implicit_replication` (plain tensors beside DTensors taken as replicated:
+    the MoE load-balancing loss builds its sums from plain zeros)."""
+    from torch.distributed.tensor.experimental import implicit_replication
     from torch.distributed.tensor.parallel import loss_parallel as parallel_loss
 
-    return parallel_loss() if loss_parallel else contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(implicit_replication())
+    if loss_parallel:
+        stack.enter_context(parallel_loss())
+    return stack
 
 
 def prepare_tp_rank(
