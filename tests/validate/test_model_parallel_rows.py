@@ -133,12 +133,19 @@ def test_tokens_per_gpu_share_a_data_parallel_ranks_tokens_over_its_model_parall
     assert tokens_per_gpu == pytest.approx(10.0 / 2 * 2048 / 4)  # a rank's samples/s x tokens, over its 4 GPUs
 
 
-def test_expert_parallelism_is_said_for_throughput_and_skipped_for_memory():
+def test_expert_parallelism_over_the_data_parallel_ranks_is_modelled():
+    """64 GPUs at PP 4 leave 16 data-parallel ranks: EP 8 splits the experts over them (memory and throughput).
+    At TP 2 x PP 8 only 4 are left: EP 8 would span TP ranks (Megatron-Core's MoE parallel folding), not
+    modelled: a throughput row is priced without its all-to-all (said), a memory row skipped with why."""
     row = dict(model="mistralai/Mixtral-8x7B-v0.1", num_gpus="64", grad_accum="", global_batch="256")
-    mapped = map_row(_row("TP=1, PP=4, EP=8", quantity="samples_per_s", value="5", unit="samples/s", **row))
-    assert "expert parallelism 8 not modelled" in mapped.note
-    with pytest.raises(Skip, match="expert parallelism 8"):
-        map_row(_row("TP=1, PP=4, EP=8", **row))
+    for quantity in (dict(), dict(quantity="samples_per_s", value="5", unit="samples/s")):
+        mapped = map_row(_row("TP=1, PP=4, EP=8", **row, **quantity))
+        assert mapped.plan().expert_parallel == 8 and "expert parallelism" not in mapped.note
+    mapped = map_row(_row("TP=2, PP=8, EP=8", quantity="samples_per_s", value="5", unit="samples/s", **row))
+    assert mapped.plan().expert_parallel == 1
+    assert "expert parallelism 8 not modelled (it does not divide the 4 data-parallel ranks)" in mapped.note
+    with pytest.raises(Skip, match="expert parallelism 8: it does not divide the 4 data-parallel ranks"):
+        map_row(_row("TP=2, PP=8, EP=8", **row))
 
 
 @pytest.mark.parametrize(

@@ -35,11 +35,11 @@ from tunecost.validate.cells import (
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.model_parallel_cells import (
     NODE_GPUS,
-    expert_parallel_note,
     grad_accum_of,
     micro_batch_of,
     model_parallel_row,
     multi_gpu_layout,
+    row_expert_parallel,
 )
 from tunecost.validate.row_lengths import check_lengths, max_lengths
 from tunecost.validate.stack_behaviour import behaviour_for
@@ -69,6 +69,7 @@ class MappedRow:
     deepspeed: DeepSpeedZero2 | None = None  # the stack's ZeRO-1/2 gradient buckets (None: DeepSpeed's defaults)
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR  # library behaviours of the row's stack (see `stacks`)
     model_parallel: ModelParallel | None = None  # the row's TP/PP/CP degrees (None: data parallelism only)
+    expert_parallel: int = 1  # ranks of the data-parallel group that share the routed experts
     lengths: SeqLengths | None = None  # a micro-batch's lengths where they run up to seq_len (None: seq_len each)
     note: str = ""  # what the mapping read differently from the row's cells, and why (shown as the row's reason)
 
@@ -89,7 +90,12 @@ class MappedRow:
         per_node = min(self.num_gpus, NODE_GPUS)
         mp = dataclasses.asdict(self.model_parallel) if self.model_parallel is not None else {}
         plan = ParallelPlan(
-            num_gpus=self.num_gpus, gpus_per_node=per_node, strategy=self.strategy, offload=self.offload, **mp
+            num_gpus=self.num_gpus,
+            gpus_per_node=per_node,
+            strategy=self.strategy,
+            offload=self.offload,
+            expert_parallel=self.expert_parallel,
+            **mp,
         )
         if self.deepspeed is None:
             return plan
@@ -156,7 +162,6 @@ def map_row(row: CorpusRow) -> MappedRow:
     lora = lora_of(row, spec, defaults, defaulted) if method != "full" else LoraConfig()
     micro_batch = micro_batch_of(row, num_gpus, defaulted)
     implied_accum = grad_accum_of(row, num_gpus, micro_batch, defaulted)
-    expert_parallel_note(row, throughput, defaulted)
     seq_len, note = within_positions(
         tokens_of(row, "seq_len"), spec, "; ".join(filter(None, (optimizer_note, *defaulted)))
     )
@@ -185,6 +190,8 @@ def map_row(row: CorpusRow) -> MappedRow:
     gpu = row_gpu(row, throughput)
     mp = model_parallel_row(row, spec, job, num_gpus, job.grad_accum) if num_gpus > 1 else None
     mp = dataclasses.replace(mp, tp_impl=stack.tp_impl) if mp is not None else None
+    ep_noted: list[str] = []
+    ep = row_expert_parallel(row, spec, mp, num_gpus, strategy=strategy, throughput=throughput, noted=ep_noted)
     behaviour = row_behaviour(row, stack, num_gpus=num_gpus, strategy=strategy, family=spec.family, method=method)
     lengths = max_lengths(row, job.batch_size, seq_len) if throughput else None
     return MappedRow(
@@ -197,8 +204,9 @@ def map_row(row: CorpusRow) -> MappedRow:
         offload=offload,
         deepspeed=deepspeed,
         behaviour=dataclasses.replace(behaviour, reentrant_checkpointing=reentrant),
-        note="; ".join(filter(None, (note, lengths.source if lengths else ""))),
+        note="; ".join(filter(None, (note, *ep_noted, lengths.source if lengths else ""))),
         model_parallel=mp,
+        expert_parallel=ep,
         lengths=lengths,
     )
 

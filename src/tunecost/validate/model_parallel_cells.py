@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from tunecost.distributed.expert_parallel import EP_STRATEGIES
 from tunecost.errors import TunecostError
 from tunecost.validate.cells import Skip, count_of, gpu_count_of
 from tunecost.validate.corpus import CorpusRow
@@ -67,16 +68,38 @@ def micro_batch_of(row: CorpusRow, num_gpus: int, noted: list[str]) -> int:
     return global_batch // (accum * ranks)
 
 
-def expert_parallel_note(row: CorpusRow, throughput: bool, noted: list[str]) -> None:
-    """A row's expert parallelism, which the layouts read from a corpus row do not model: a throughput row is
-    priced without it (said in `noted`: its all-to-all not counted), a memory row is skipped (each rank would hold
-    every expert)."""
+def row_expert_parallel(
+    row: CorpusRow,
+    spec,
+    model_parallel: ModelParallel | None,
+    num_gpus: int,
+    *,
+    strategy: str | None,
+    throughput: bool,
+    noted: list[str],
+) -> int:
+    """A row's expert-parallel degree where tunecost models it: the routed experts split over the data-parallel
+    ranks that hold the same weights, under `EP_STRATEGIES`. Otherwise 1: a throughput row is priced without
+    its all-to-all (said in `noted`), a memory row is skipped (each rank would hold every expert)."""
+    num_experts = spec.num_experts if spec.is_moe else 1
+    data_parallel = num_gpus // (model_parallel.degree if model_parallel is not None else 1)
     found = _EXPERT_DEGREE.search((row.get("parallelism") or "").lower())
-    if found is None or int(found.group(1)) <= 1:
-        return
+    ep = int(found.group(1)) if found is not None else 1
+    if ep <= 1 or num_experts <= 1:
+        return 1
+    why = None
+    if num_experts % ep:
+        why = f"it does not divide the model's {num_experts} experts"
+    elif data_parallel % ep:  # Megatron-Core may also spread experts over TP ranks (MoE parallel folding)
+        why = f"it does not divide the {data_parallel} data-parallel ranks"
+    elif strategy not in EP_STRATEGIES:
+        why = f"not modelled with {strategy or 'one GPU'}"
+    if why is None:
+        return ep
     if not throughput:
-        raise Skip(f"expert parallelism {found.group(1)} in a corpus row not modelled for memory")
-    noted.append(f"expert parallelism {found.group(1)} not modelled: priced without its all-to-all")
+        raise Skip(f"expert parallelism {ep}: {why}")
+    noted.append(f"expert parallelism {ep} not modelled ({why}): priced without its all-to-all")
+    return 1
 
 
 def model_parallel_of(parallelism: str, *, micro_batches: int) -> ModelParallel | None:
