@@ -120,6 +120,14 @@ def test_a_blank_micro_batch_is_the_global_batch_over_the_accumulated_data_paral
         map_row(_row("TP=4", batch_size_per_gpu=""))
 
 
+def test_a_global_batch_that_disagrees_with_the_stated_micro_batch_and_accumulation_is_skipped():
+    """8 GPUs at TP 4 x CP 2 are one data-parallel rank: global batch 8 needs 8 accumulated micro-batches of 1;
+    a row that also states grad_accum 1 says two different steps, and is skipped naming both."""
+    assert map_row(_row("TP4 CP2", grad_accum="8", global_batch="8")).grad_accum == 8
+    with pytest.raises(Skip, match=r"global_batch 8 is not batch_size_per_gpu 1 x grad_accum 1 x 1 data-parallel"):
+        map_row(_row("TP4 CP2", grad_accum="1", global_batch="8"))
+
+
 def test_tokens_per_gpu_share_a_data_parallel_ranks_tokens_over_its_model_parallel_gpus():
     """TP 4 on 8 GPUs: two data-parallel ranks, each of 4 GPUs; a step's tokens per GPU are a quarter of a rank's,
     so the same step reads the same from samples per second and from tokens per second per GPU."""

@@ -39,12 +39,20 @@ def _degrees(cell: str) -> tuple[int, ...]:
 def grad_accum_of(row: CorpusRow, num_gpus: int, micro_batch: int, noted: list[str]) -> int | None:
     """The micro-batches per step and data-parallel rank a row's `global_batch` implies where its `grad_accum` is
     blank: global batch / (micro-batch x data-parallel ranks, its GPUs over TP x PP x CP), said in `noted`; None
-    without either; `Skip` where they do not divide."""
-    if row.get("grad_accum") or not row.get("global_batch"):
+    without either; `Skip` where they do not divide, or where all three are stated and disagree."""
+    if not row.get("global_batch"):
         return None
     tp, pp, cp, _ = _degrees((row.get("parallelism") or "").lower())
     ranks = num_gpus // (tp * pp * cp)
     global_batch = count_of(row, "global_batch")
+    if row.get("grad_accum"):
+        accum = count_of(row, "grad_accum")
+        if global_batch != micro_batch * accum * ranks:
+            raise Skip(
+                f"global_batch {global_batch} is not batch_size_per_gpu {micro_batch} x grad_accum {accum} x "
+                f"{ranks} data-parallel ranks ({num_gpus} GPUs / TP {tp} x PP {pp} x CP {cp}): which is the run's?"
+            )
+        return None
     if ranks < 1 or global_batch % (micro_batch * ranks):
         raise Skip(
             f"global_batch {global_batch} is not a multiple of batch_size_per_gpu {micro_batch} x {max(ranks, 0)} "
