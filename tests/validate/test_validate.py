@@ -616,6 +616,12 @@ def test_optimizer_cell_names_the_simulated_optimizer() -> None:
         assert optimizer == name and "unified memory" in note, cell
     with pytest.raises(Skip, match="unified memory"):
         optimizer_for("paged_adamw_8bit")
+    # DeepSpeed's CPU Adam: AdamW on the host where the optimizer is offloaded; named without offload, skipped
+    for cell in ("cpu_adam", "DeepSpeedCPUAdam", "deepspeed.ops.adam.DeepSpeedCPUAdam"):
+        optimizer, note = optimizer_for(cell, offloaded=True)
+        assert optimizer == "adamw" and "on the host" in note, cell
+        with pytest.raises(Skip, match="offloads no optimizer state"):
+            optimizer_for(cell)
 
 
 def test_attention_and_checkpointing_cells_in_the_spellings_sources_use() -> None:

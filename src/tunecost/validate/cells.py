@@ -296,13 +296,18 @@ def adamw_impl_for(cell: str, stack_impl: str) -> str:
 _OPTIMIZER_PREFIX = re.compile(r"^(?:torchoptim|torch|deepspeed|ds|apex)")
 
 
-def optimizer_for(cell: str, *, adapters_only: bool = False) -> tuple[str, str]:
+def optimizer_for(cell: str, *, adapters_only: bool = False, offloaded: bool = False) -> tuple[str, str]:
     """tunecost's optimizer for a row's optimizer cell (case, spaces and punctuation ignored), and a note on how it
     was read ("" if as named); `Skip` for one the simulator does not run. A paged optimizer (bitsandbytes: its states
     in CUDA unified memory, outside PyTorch's allocator) is read as its unpaged self where it updates LoRA adapters
-    alone (`adapters_only`), whose states are a few MiB; where it holds a model's states, skipped."""
+    alone (`adapters_only`), whose states are a few MiB; where it holds a model's states, skipped. DeepSpeed's CPU
+    Adam is AdamW run on the host where the row offloads the optimizer (`offloaded`); without that, skipped."""
     key = _cell_key(cell)
     note = ""
+    if "cpuadam" in key:  # "cpu_adam", "DeepSpeedCPUAdam", "deepspeed.ops.adam.DeepSpeedCPUAdam"
+        if not offloaded:
+            raise Skip(f"optimizer {cell!r} runs on the host, but the row offloads no optimizer state")
+        return "adamw", f"optimizer {cell!r}: AdamW's step on the host, where the row's offload puts it"
     if "paged" in key:
         if not adapters_only:
             raise Skip(

@@ -156,7 +156,9 @@ def map_row(row: CorpusRow) -> MappedRow:
         raise Skip(f"attention {row.get('attention')!r} not known")
     dtype, fp8, fp8_params = precision_of(row.get("compute_dtype"), quantization, row.get("stack"))
     saved = modules_to_save(row.get("lora_targets")) if method != "full" else ()
-    optimizer, optimizer_note = optimizer_for(row.get("optimizer"), adapters_only=method != "full" and not saved)
+    optimizer, optimizer_note = optimizer_for(
+        row.get("optimizer"), adapters_only=method != "full" and not saved, offloaded=offload != "none"
+    )
     if throughput and method == "full" and optimizer != "adamw":
         raise Skip(f"throughput with optimizer {row.get('optimizer')!r} (the counts price AdamW's step)")
     lora = lora_of(row, spec, defaults, defaulted) if method != "full" else LoraConfig()
