@@ -120,6 +120,18 @@ def test_a_blank_micro_batch_is_the_global_batch_over_the_accumulated_data_paral
         map_row(_row("TP=4", batch_size_per_gpu=""))
 
 
+def test_nemo_rows_run_sequence_parallelism_with_tp_unless_the_cell_says_otherwise():
+    """NeMo's performance scripts turn sequence parallelism on whenever TP > 1: a NeMo row that does not say runs it
+    (said in the row's reason); one that says no, or whose sequence TP does not divide, does not; nor a row of a
+    stack without that default."""
+    mapped = map_row(_row("TP=4"))
+    assert mapped.plan().sequence_parallel and "sequence parallelism on with TP 4" in mapped.note
+    for cell in ("TP=4 sp=false", "TP=4, no sequence parallelism", "TP4 sequence_parallel: False"):
+        assert not map_row(_row(cell)).plan().sequence_parallel, cell
+    assert not map_row(_row("TP=4", seq_len="2046")).plan().sequence_parallel
+    assert not map_row(_row("TP=4", stack="hf-transformers")).plan().sequence_parallel
+
+
 def test_a_global_batch_that_disagrees_with_the_stated_micro_batch_and_accumulation_is_skipped():
     """8 GPUs at TP 4 x CP 2 are one data-parallel rank: global batch 8 needs 8 accumulated micro-batches of 1;
     a row that also states grad_accum 1 says two different steps, and is skipped naming both."""

@@ -190,10 +190,9 @@ def map_row(row: CorpusRow) -> MappedRow:
     except TunecostError as exc:
         raise Skip(str(exc)) from None
     gpu = row_gpu(row, throughput)
-    mp = model_parallel_row(row, spec, job, num_gpus, job.grad_accum) if num_gpus > 1 else None
-    mp = dataclasses.replace(mp, tp_impl=stack.tp_impl) if mp is not None else None
-    ep_noted: list[str] = []
-    ep = row_expert_parallel(row, spec, mp, num_gpus, strategy=strategy, throughput=throughput, noted=ep_noted)
+    layout_noted: list[str] = []
+    mp = model_parallel_row(row, spec, job, num_gpus, stack=stack, noted=layout_noted) if num_gpus > 1 else None
+    ep = row_expert_parallel(row, spec, mp, num_gpus, strategy=strategy, throughput=throughput, noted=layout_noted)
     behaviour = row_behaviour(row, stack, num_gpus=num_gpus, strategy=strategy, family=spec.family, method=method)
     lengths = max_lengths(row, job.batch_size, seq_len) if throughput else None
     return MappedRow(
@@ -206,7 +205,7 @@ def map_row(row: CorpusRow) -> MappedRow:
         offload=offload,
         deepspeed=deepspeed,
         behaviour=dataclasses.replace(behaviour, reentrant_checkpointing=reentrant),
-        note="; ".join(filter(None, (note, *ep_noted, lengths.source if lengths else ""))),
+        note="; ".join(filter(None, (note, *layout_noted, lengths.source if lengths else ""))),
         model_parallel=mp,
         expert_parallel=ep,
         lengths=lengths,

@@ -11,6 +11,7 @@ from tunecost.distributed.expert_parallel import EP_STRATEGIES
 from tunecost.errors import TunecostError
 from tunecost.validate.cells import Skip, count_of, gpu_count_of
 from tunecost.validate.corpus import CorpusRow
+from tunecost.validate.stacks import Stack
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
@@ -25,6 +26,9 @@ _DEGREES = {  # after a digit or an "x" too: "tp8pp2", "TP4xPP1xCP2"; "VP-5", "T
 _EXPERT_DEGREE = re.compile(rf"(?<![a-wyz])(?:ep|expert{_PAR})\s*[=:x-]?\s*(\d+)")
 _SEQUENCE_PARALLEL = re.compile(
     r"\bsp\b(?!\s*[=:]?\s*(?:0|false|off))|sequence[ _-]?parallel(?!\w*\s*[=:]?\s*(?:0|false|off))"
+)
+_SEQUENCE_PARALLEL_OFF = re.compile(
+    r"(?:\bsp\b|sequence[ _-]?parallel\w*)\s*[=:]?\s*(?:0|false|off)\b|\bno[ _-]?(?:sp\b|sequence[ _-]?parallel)"
 )
 _TP_COMM_OVERLAP = re.compile(r"(?:tp|tensor[ _-]?parallel)[ _-]?comm(?:unication)?[ _-]?overlap|userbuffers|\bub\b")
 _DISTRIBUTED_OPTIMIZER = re.compile(r"distributed[ _-]?optimi[sz]er|dist[ _-]?opt")
@@ -110,18 +114,20 @@ def row_expert_parallel(
     return 1
 
 
-def model_parallel_of(parallelism: str, *, micro_batches: int) -> ModelParallel | None:
+def model_parallel_of(parallelism: str, *, micro_batches: int, sp_default: bool = False) -> ModelParallel | None:
     """The TP/PP/CP degrees the cell states (None: none above 1); `micro_batches`: the row's micro-batches per
-    step and data-parallel rank (its gradient accumulation), which a pipeline runs as its micro-batches."""
+    step and data-parallel rank (its gradient accumulation), which a pipeline runs as its micro-batches;
+    sequence parallelism as the cell states it, else `sp_default`."""
     cell = parallelism.lower()
     tp, pp, cp, vp = _degrees(cell)
     if tp * pp * cp == 1:
         return None
+    stated = False if _SEQUENCE_PARALLEL_OFF.search(cell) else True if _SEQUENCE_PARALLEL.search(cell) else None
     return ModelParallel(
         tp=tp,
         pp=pp,
         cp=cp,
-        sequence_parallel=tp > 1 and bool(_SEQUENCE_PARALLEL.search(cell)),
+        sequence_parallel=tp > 1 and (sp_default if stated is None else stated),
         tp_comm_overlap=tp > 1 and bool(_TP_COMM_OVERLAP.search(cell)),
         micro_batches=micro_batches if pp > 1 else None,
         pipeline_schedule="interleaved-1f1b" if vp > 1 else "1f1b",
@@ -141,14 +147,24 @@ def names_distributed_optimizer(parallelism: str) -> bool:
     return bool(_DISTRIBUTED_OPTIMIZER.search(parallelism.lower()))
 
 
-def model_parallel_row(row: CorpusRow, spec, job: FineTuneJob, num_gpus: int, grad_accum: int) -> ModelParallel | None:
-    """The row's TP/PP/CP degrees, its gradient accumulation as the pipeline's micro-batches; `Skip` for degrees
-    that do not divide its GPUs, the model or the sequence."""
-    mp = model_parallel_of(row.get("parallelism") or "", micro_batches=grad_accum)
+def model_parallel_row(
+    row: CorpusRow, spec, job: FineTuneJob, num_gpus: int, *, stack: Stack, noted: list[str]
+) -> ModelParallel | None:
+    """The row's TP/PP/CP degrees under its stack's TP, its gradient accumulation as the pipeline's micro-batches,
+    sequence parallelism as the cell states it or as the stack turns it on with TP (said in `noted`); `Skip` for
+    degrees that do not divide its GPUs, the model or the sequence."""
+    cell = row.get("parallelism") or ""
+    mp = model_parallel_of(cell, micro_batches=job.grad_accum)
     if mp is None:
         return None
     if mp.tp > 1 and (job.method == "qlora" or job.modules_to_save):
         raise Skip("tensor parallelism with QLoRA or fully trained modules beside LoRA not modelled")
+    mp = dataclasses.replace(mp, tp_impl=stack.tp_impl)
+    unstated = model_parallel_of(cell, micro_batches=job.grad_accum, sp_default=True)
+    said = unstated is None or unstated.sequence_parallel == mp.sequence_parallel  # the cell states it, or no TP
+    if stack.sp_with_tp and not said and not job.worst_case_seq_len % mp.tp:
+        mp = dataclasses.replace(mp, sequence_parallel=True)
+        noted.append(f"sequence parallelism on with TP {mp.tp}: {stack.sp_with_tp}")
     try:
         plan = ParallelPlan(num_gpus=num_gpus, strategy="ddp", **dataclasses.asdict(mp))
         plan.check_model(

@@ -33,6 +33,7 @@ class Stack:
     full_deepspeed_zero2: DeepSpeedZero2 | None = None
     adamw_impl: str = ""  # the AdamW of the stack's torch (`behaviour.ADAMW_IMPLS`; "": the installed torch's)
     tp_impl: str = "torchtitan"  # whose tensor parallelism its TP rows run (`workload.parallel.TP_IMPLS`)
+    sp_with_tp: str = ""  # why its TP rows run sequence parallelism where the row does not say ("": they do not)
     # the training loop runs each micro-batch but an optimizer step's last under DDP / FSDP `no_sync` (transformers'
     # Trainer through accelerate's `no_sync`, DeepSpeed excepted): one gradient reduction per optimizer step
     no_sync_accumulation: bool = False
@@ -290,6 +291,8 @@ STACKS["nemo"] = replace(
     ),
     adamw_impl=ADAMW_FUSED,
     tp_impl="megatron",
+    # NVIDIA/NeMo@e8509a92 scripts/performance/helpers.py, set_primary_perf_configs: sequence_parallel = tp_size > 1
+    sp_with_tp="as NeMo's performance scripts set it (the row does not say)",
 )
 
 # The same Trainer running an MoE model with transformers' own expert code (a loop over experts, or the model's
