@@ -43,6 +43,16 @@ def test_ddp_that_does_not_fit_says_why(cli_runner):
     assert "ddp on 8 x H100-80GB-SXM does not fit" in text
     assert "the whole model and its states replicated per rank: frozen_weights 93.41 GB" in text
     assert "needs 100.7" in text and "as nvidia-smi shows it (the allocator's reserve of" in text  # the table's GB/rank
+    # no data-parallel layout holds it on 8 GPUs: the same count's tensor-parallel layouts are searched and answer
+    assert "answer: 8 x H100-80GB-SXM (tp" in text
+
+
+def test_no_layout_that_fits_is_the_answer(cli_runner):
+    """QLoRA's 4-bit weights are not split by tensor parallelism: Mixtral on 2 T4s under ddp has nothing to try."""
+    args = ["estimate", "--epochs", "1", "--queries", "100", "--method", "qlora", "--model", "mixtral-8x7b"]
+    result = cli_runner.invoke(app, [*args, "--gpu", "T4", "--gpus", "2", "--strategy", "ddp"])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
     assert "answer: no setup fits with the safety margin; --gpus auto finds the counts that do" in text
 
 

@@ -205,11 +205,12 @@ class ParallelPlan(ModelParallel, _DataParallel):
 
     @property
     def layout_name(self) -> str:
-        """The strategy, preceded by the model-parallel degrees above 1 ("tp8+sp pp2 fsdp2"; "tp8 pp2" when the
-        data-parallel degree is 1 and the strategy shards nothing)."""
+        """The strategy, preceded by the model- and expert-parallel degrees above 1 ("tp8+sp pp2 fsdp2", "ep8
+        zero1"; "tp8 pp2" when the data-parallel degree is 1 and the strategy shards nothing)."""
         parts = [f"tp{self.tp}{'+sp' if self.sequence_parallel else ''}"] if self.tp > 1 else []
         parts += [f"pp{self.pp}"] if self.pp > 1 else []
         parts += [f"cp{self.cp}"] if self.cp > 1 else []
+        parts += [f"ep{self.expert_parallel}"] if self.expert_parallel > 1 else []
         if not parts or self.dp * self.cp > 1 or self.strategy.startswith("zero") or self.offload != "none":
             parts.append(self.strategy)
         return " ".join(parts)
