@@ -1,7 +1,7 @@
 """Per-rank memory and collectives of a tensor-parallel step (PyTorch's DTensor TP, torchtitan's Llama plan): the
 fake-process-group simulation of one rank against 2 real CPU ranks on gloo (same step, same recorder), on the tiny
-Llama of tests/distributed; then one TP rank of Llama-2-70B at full width (fake tensors). Every number printed
-here is measured in this run (about 3-5 minutes on 2 cores).
+Llama and the tiny Mixtral of tests/distributed; then one TP rank of Llama-2-70B and of Mixtral-8x7B at full width
+(fake tensors). Every number printed here is measured in this run (about 1-2 minutes on 2 cores).
 
 Run: PYTHONPATH=src .venv/bin/python benchmarks/bench_tensor_parallel.py
 """
@@ -47,8 +47,20 @@ def tiny_table() -> None:
         "lora": dataclasses.replace(tiny_job("tiny-llama-2l", "lora", lora, gradient_checkpointing=True), seq_len=64),
     }
     print("tiny Llama (2 layers, hidden 64, vocabulary 512), fp32, AdamW, batch 2 x 64 tokens, tp 2")
+    _compare(jobs, LAYOUTS)
+    moe_lora = LoraConfig(rank=8, targets=("attention", "experts", "router"))
+    moe_jobs = {
+        "full": dataclasses.replace(tiny_job("tiny-mixtral-2l", "full", moe_lora), seq_len=64),
+        "lora": dataclasses.replace(tiny_job("tiny-mixtral-2l", "lora", moe_lora), seq_len=64),
+    }
+    print("\ntiny Mixtral (2 layers, hidden 64, 8 experts of 128, top-2), fp32, AdamW, batch 2 x 64 tokens, tp 2;")
+    print("LoRA r 8 on attention, experts and router")
+    _compare(moe_jobs, [("full", False, True), ("full", True, True), ("lora", True, True)])
+
+
+def _compare(jobs: dict[str, FineTuneJob], layouts: list[tuple[str, bool, bool]]) -> None:
     print(f"{'layout':<27} {'simulated':>10} {'rank 0':>10} {'rank 1':>10} {'error':>7} {'collectives':<12} loss")
-    for method, sp, lp in LAYOUTS:
+    for method, sp, lp in layouts:
         job = jobs[method]
         start = time.perf_counter()
         sim = simulate_tp_rank(job, tp=2, sequence_parallel=sp, granule_bytes=1, loss_parallel=lp)
@@ -65,11 +77,9 @@ def tiny_table() -> None:
         print(f"    collectives: {_collectives(sim)}")
 
 
-def llama_70b() -> None:
-    job = FineTuneJob(
-        model="meta-llama/Llama-2-70b-hf", method="full", batch_size=1, seq_len=4096, gradient_checkpointing=True
-    )
-    print("\nLlama-2-70B, full fine-tuning, bf16, AdamW, 1 x 4096 tokens, gradient checkpointing: one rank (GiB)")
+def full_width(model: str, title: str) -> None:
+    job = FineTuneJob(model=model, method="full", batch_size=1, seq_len=4096, gradient_checkpointing=True)
+    print(f"\n{title}, full fine-tuning, bf16, AdamW, 1 x 4096 tokens, gradient checkpointing: one rank (GiB)")
     print(f"{'layout':<10} {'layer weights':>13} {'weights':>8} {'activations':>11} {'fwd/bwd peak':>12} {'peak':>8}")
     for tp, sp in ((1, False), (8, False), (8, True)):
         start = time.perf_counter()
@@ -86,4 +96,5 @@ def llama_70b() -> None:
 
 if __name__ == "__main__":
     tiny_table()
-    llama_70b()
+    full_width("meta-llama/Llama-2-70b-hf", "Llama-2-70B")
+    full_width("mistralai/Mixtral-8x7B-v0.1", "Mixtral-8x7B")
