@@ -89,13 +89,22 @@ def test_a_megatron_layout_of_degree_one_is_its_data_parallelism(cell, strategy)
     ("cell", "gpus", "message"),
     [
         ("TP=3, PP=2", "8", "does not divide the 8 GPUs"),
-        ("PP=3", "6", "--pp 3 does not divide the model's 32 decoder layers"),
         ("TP=64", "64", "--tp 64 does not divide the model's 32 attention heads"),
     ],
 )
 def test_a_layout_the_row_cannot_take_is_skipped_with_why(cell, gpus, message):
     with pytest.raises(Skip, match=message):
         map_row(_row(cell, num_gpus=gpus))
+
+
+def test_layers_the_pipeline_does_not_divide_are_split_unevenly_and_said():
+    """32 layers over 3 stages ran (Megatron with its embedding and loss counted, or torchtitan's split): the
+    stages hold 10, 11 and 10 layers, said in the row's reason."""
+    mapped = map_row(_row("PP=3", num_gpus="6"))
+    assert mapped.plan().pp == 3
+    assert "32 layers split unevenly over 3 pipeline stages" in mapped.note
+    with pytest.raises(Skip, match="64 stages leave a stage without layers"):
+        map_row(_row("PP=32 VP=2", num_gpus="32", grad_accum="32"))
 
 
 def test_a_blank_grad_accum_is_the_global_batch_over_the_data_parallel_micro_batches():

@@ -189,17 +189,20 @@ def model_parallel_collectives(
     gathered_logits_vocab: int = 0,
 ) -> tuple[ModelParallelCollective, ...]:
     """Every TP, CP and PP collective a rank on pipeline `stage` issues per step (all micro-batches): its
-    num_layers / pp decoder layers per micro-batch, the embedding on the first stage, the LM head on the last.
+    num_layers / pp decoder layers (rounded up) per micro-batch, the embedding on the first stage, the LM head on
+    the last.
     `batch`: the micro-batch in sequences; `seq_len`: the whole sequence (split cp ways); `gathered_logits_vocab`:
     the vocabulary size when the LM head's logits are all-gathered (no loss parallel; 0: loss parallel);
     `recompute_early_stop`: full recomputation by PyTorch's non-reentrant checkpoint (False: Megatron's, which
     re-runs the whole layer). With `plan.tp_impl` "megatron", SP's saved input shards are gathered again in
     backward (`tp_layer_collectives`' `megatron_regather`)."""
-    plan.check_model(num_heads=num_heads, num_kv_heads=num_kv_heads, num_layers=num_layers, seq_len=seq_len)
+    plan.check_model(
+        num_heads=num_heads, num_kv_heads=num_kv_heads, num_layers=num_layers, seq_len=seq_len, even_layers=False
+    )
     if not 0 <= stage < plan.pp:
         raise TunecostError(f"pipeline stage {stage} out of range for --pp {plan.pp}")
     m, tokens = plan.num_micro_batches, seq_len // plan.cp
-    layers = num_layers // plan.pp
+    layers = -(-num_layers // plan.pp)  # a stage of an uneven split: at most one more
     full = activation_bytes(batch=batch, tokens=tokens, hidden=hidden, bytes_per_element=bytes_per_element)
     rows = tp_layer_collectives(
         plan, recompute=recompute, early_stop=recompute_early_stop, megatron_regather=plan.tp_impl == "megatron"

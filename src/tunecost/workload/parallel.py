@@ -117,10 +117,12 @@ class ModelParallel:
                 f"interleaved-1f1b needs --micro-batches ({self.num_micro_batches}) a multiple of --pp {self.pp}"
             )
 
-    def check_model(self, *, num_heads: int, num_kv_heads: int, num_layers: int, seq_len: int) -> None:
+    def check_model(
+        self, *, num_heads: int, num_kv_heads: int, num_layers: int, seq_len: int, even_layers: bool = True
+    ) -> None:
         """One-line errors for degrees the model or the sequence cannot be split by (Megatron's and torchtitan's
-        rules: heads and key-value heads by tp, layers by pp x virtual stages, the sequence by cp and, with
-        sequence parallelism, by tp)."""
+        rules: heads and key-value heads by tp, layers by pp x virtual stages unless `even_layers` is False (a
+        run that split them unevenly), the sequence by cp and, with sequence parallelism, by tp)."""
         sequence = "{} tokens of the job's sequence (--seq-len)"
         checks = [
             ("--tp", self.tp, "the model's {} attention heads", num_heads),
@@ -135,6 +137,8 @@ class ModelParallel:
         ]
         if self.sequence_parallel:
             checks.append(("--sequence-parallel (--tp)", self.tp, sequence, seq_len))
+        if not even_layers:
+            del checks[2]
         for option, degree, what, count in checks:
             if degree > 1 and count % degree:
                 label = option if " x " in option else f"{option} {degree}"
