@@ -252,3 +252,28 @@ def test_memory_units_as_sources_write_them():
         assert unit_bytes(unit) == 2**30, unit
     assert unit_bytes("MiB") == 2**20 and unit_bytes("B") == 1
     assert unit_bytes("tokens/s") is None and unit_bytes("GBs") is None
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "read"),
+    [
+        ("30", "GB", 30.0),
+        ("1,234.5", "tokens/s", 1234.5),
+        ("~30", "GiB", 30.0),
+        ("≈ 30", "GiB", 30.0),
+        ("about 12.5", "s/it", 12.5),
+        ("30 GB", "GB", 30.0),
+        ("30 GiB", "GB", None),  # another unit than the row's: not guessed
+        ("1,23", "GB", None),
+        ("abc", "GB", None),
+    ],
+)
+def test_measured_values_in_the_spellings_sources_use(value, unit, read):
+    from tunecost.validate.cells import measured_value
+
+    row = CorpusRow(path="rows.csv", line=2, cells={"value": value, "unit": unit})
+    if read is None:
+        with pytest.raises(ValueError):
+            measured_value(row)
+    else:
+        assert measured_value(row) == read

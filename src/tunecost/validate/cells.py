@@ -62,6 +62,22 @@ def count_of(row: CorpusRow, column: str) -> int:
     return n
 
 
+_MEASURED = re.compile(r"(?:~|≈|about|approx\.?|approximately)?\s*([0-9][0-9,]*(?:\.[0-9]+)?(?:e[+-]?[0-9]+)?)\s*(.*)")
+
+
+def measured_value(row: CorpusRow) -> float:
+    """A row's measured `value`: a number, with thousands separators ("1,234.5"), marked approximate ("~30") or
+    followed by the row's own unit ("30 GB" where the unit is GB); ValueError for anything else."""
+    cell = row.get("value").strip()
+    found = _MEASURED.fullmatch(cell.lower())
+    if found is None or found.group(2) not in ("", row.get("unit").strip().lower()):
+        return float(cell)  # "inf", "nan", or the ValueError naming the cell
+    number = found.group(1)
+    if "," in number and not _THOUSANDS.fullmatch(number.split(".")[0]):
+        raise ValueError(f"could not convert string to float: {cell!r}")
+    return float(number.replace(",", ""))
+
+
 def software_of(stack_cell: str, stated: str, stack: Any, throughput: bool) -> tuple[bool, bool]:
     """(torch_compile, liger_kernel) of a row's job: compile from its versions and notes (`stated`), Liger from those
     and its stack cell; a memory row under torch.compile, or Liger named under a stack without it, is skipped."""

@@ -22,6 +22,7 @@ from tunecost.simulate import simulate_step
 from tunecost.simulate.batch import default_margin_fraction
 from tunecost.simulate.batch import fit_verdict as margin_verdict
 from tunecost.validate import throughput as tp
+from tunecost.validate.cells import measured_value
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.intervals import with_intervals
 from tunecost.validate.mapping import MappedRow, Skip, map_row
@@ -110,7 +111,7 @@ def _outcome(
 def _skipped(row: CorpusRow, reason: str, stack: str = "") -> ValidationRow:
     measured: float | None
     try:
-        measured = float(row.get("value"))
+        measured = measured_value(row)
     except ValueError:
         measured = None
     return _outcome(row, measured, reason=reason, stack=stack)
@@ -170,7 +171,7 @@ def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simu
         return _skipped(row, str(exc))
     quantity, unit = row.get("quantity"), row.get("unit")
     try:
-        measured = float(row.get("value"))
+        measured = measured_value(row)
     except ValueError:
         return _skipped(row, f"value {row.get('value')!r} is not a number", mapped.stack.name)
     if quantity != "oom" and unit_bytes(unit) is None:
@@ -230,7 +231,7 @@ def validate_throughput_rows(
             out[i] = _skipped(row, str(exc))
             continue
         try:
-            measured = float(row.get("value"))
+            measured = measured_value(row)
         except ValueError:
             out[i] = _skipped(row, f"value {row.get('value')!r} is not a number", mapped.stack.name)
             continue
