@@ -177,6 +177,18 @@ def test_expert_parallelism_over_the_data_parallel_ranks_is_modelled():
         map_row(_row("TP=2, PP=8, EP=8", **row))
 
 
+def test_experts_split_otherwise_than_tp_are_said_or_skipped():
+    """Megatron's expert tensor parallelism (ETP) other than TP: tunecost splits the experts as TP does, so a
+    throughput row says so and a memory row is skipped; ETP equal to TP is what it models."""
+    row = dict(model="mistralai/Mixtral-8x7B-v0.1", num_gpus="64", grad_accum="", global_batch="256")
+    throughput = dict(quantity="samples_per_s", value="5", unit="samples/s")
+    mapped = map_row(_row("TP=2, PP=4, EP=8, ETP=1", **row, **throughput))
+    assert "expert tensor parallelism 1 beside TP 2 not modelled" in mapped.note
+    with pytest.raises(Skip, match="expert tensor parallelism 1 beside TP 2"):
+        map_row(_row("TP=2, PP=4, EP=8, ETP=1", **row))
+    assert "expert tensor" not in map_row(_row("TP=2, PP=4, EP=8, ETP=2", **row)).note
+
+
 @pytest.mark.parametrize(
     ("cells", "read"),
     [

@@ -24,6 +24,7 @@ _DEGREES = {  # after a digit or an "x" too: "tp8pp2", "TP4xPP1xCP2"; "VP-5", "T
     "cp": re.compile(rf"(?<![a-wyz])(?:cp|context{_PAR})\s*[=:x-]?\s*(\d+)"),
     "vp": re.compile(rf"(?<![a-wyz])(?:vp|vpp|virtual[ _-]?pipeline{_PAR}?)\s*[=:x-]?\s*(\d+)"),
 }
+_EXPERT_TENSOR_DEGREE = re.compile(rf"(?<![a-z])(?:etp|expert[ _-]?tensor{_PAR})\s*[=:x-]?\s*(\d+)")
 _EXPERT_DEGREE = re.compile(rf"(?<![a-wyz])(?:ep|expert{_PAR})\s*[=:x-]?\s*(\d+)")
 _SEQUENCE_PARALLEL = re.compile(
     r"\bsp\b(?!\s*[=:]?\s*(?:0|false|off))|sequence[ _-]?parallel(?!\w*\s*[=:]?\s*(?:0|false|off))"
@@ -96,7 +97,14 @@ def row_expert_parallel(
     its all-to-all (said in `noted`), a memory row is skipped (each rank would hold every expert)."""
     num_experts = spec.num_experts if spec.is_moe else 1
     data_parallel = num_gpus // (model_parallel.degree if model_parallel is not None else 1)
-    found = _EXPERT_DEGREE.search((row.get("parallelism") or "").lower())
+    cell = (row.get("parallelism") or "").lower()
+    etp, tp = _EXPERT_TENSOR_DEGREE.search(cell), model_parallel.tp if model_parallel is not None else 1
+    if num_experts > 1 and etp is not None and int(etp.group(1)) != tp:
+        split = f"expert tensor parallelism {etp.group(1)} beside TP {tp} not modelled (the experts split as TP)"
+        if not throughput:
+            raise Skip(split)
+        noted.append(split)
+    found = _EXPERT_DEGREE.search(cell)
     ep = int(found.group(1)) if found is not None else 1
     if ep <= 1 or num_experts <= 1:
         return 1
