@@ -33,20 +33,7 @@ def test_each_ranks_rows_are_its_gate_then_its_up():
     assert ranks == [0, 1, 4, 5, 2, 3, 6, 7]
 
 
-@pytest.fixture(scope="module")
-def simulated():
-    """`simulated(sp)`: rank 0 of the full fine-tune on a fake process group of 2, made once per layout."""
-    runs: dict = {}
-
-    def run(sp: bool):
-        if sp not in runs:
-            runs[sp] = simulate_tp_rank(_job(), tp=2, sequence_parallel=sp, granule_bytes=1)
-        return runs[sp]
-
-    return run
-
-
-def test_experts_and_linears_split_in_half_router_and_norms_whole(simulated):
+def test_experts_and_linears_split_in_half_router_and_norms_whole():
     """Per layer: attention q, o 64x64, k, v 64x32 and the experts 8 x (2 x 128 x 64 + 64 x 128) split in two; the
     router (8 x 64) and the two norms whole; the embedding and head (512 x 64) split, the final norm whole."""
     attention = 2 * HIDDEN * HIDDEN + 2 * HIDDEN * 32
@@ -54,13 +41,15 @@ def test_experts_and_linears_split_in_half_router_and_norms_whole(simulated):
     whole = LAYERS * (EXPERTS * HIDDEN + 2 * HIDDEN) + HIDDEN
     expected = (LAYERS * (attention + experts) + 2 * VOCAB * HIDDEN) // 2 + whole
     for sp in (False, True):
-        assert simulated(sp).static_bytes["sharded_params"] == 4 * expected
+        step = simulate_tp_rank(_job(), tp=2, sequence_parallel=sp, granule_bytes=1)
+        assert step.static_bytes["sharded_params"] == 4 * expected
 
 
-def test_block_collectives_are_a_dense_mlps_plus_the_routing_weights(simulated):
+def test_block_collectives_are_a_dense_mlps_plus_the_routing_weights():
     """Forward: the embedding's and each layer's attention and MoE all-reduce of (B, S, H). Backward: each layer's
     tokens' gradient from attention and from the experts, and the routing weights' (T x top-k), all-reduced."""
-    calls = [(c.op, c.phase, c.nbytes) for c in simulated(False).collectives]
+    step = simulate_tp_rank(_job(), tp=2, sequence_parallel=False, granule_bytes=1)
+    calls = [(c.op, c.phase, c.nbytes) for c in step.collectives]
     hidden_bytes = TOKENS * HIDDEN * 4
     assert calls.count(("all_reduce", "forward", hidden_bytes)) == 1 + 2 * LAYERS
     assert calls.count(("all_reduce", "backward", hidden_bytes)) == 2 * LAYERS + 1
