@@ -123,20 +123,25 @@ def row_expert_parallel(
     return 1
 
 
-def model_parallel_of(parallelism: str, *, micro_batches: int, sp_default: bool = False) -> ModelParallel | None:
+def sequence_parallel_stated(cell: str) -> bool | None:
+    """Sequence parallelism as a lower-cased cell states it: on, off ("no SP", "sp=false"), or None (unsaid)."""
+    return False if _SEQUENCE_PARALLEL_OFF.search(cell) else True if _SEQUENCE_PARALLEL.search(cell) else None
+
+
+def model_parallel_of(parallelism: str, *, micro_batches: int) -> ModelParallel | None:
     """The TP/PP/CP degrees the cell states (None: none above 1); `micro_batches`: the row's micro-batches per
     step and data-parallel rank (its gradient accumulation), which a pipeline runs as its micro-batches;
-    sequence parallelism as the cell states it, else `sp_default`."""
+    sequence parallelism as the cell states it (off where it does not)."""
     cell = parallelism.lower()
     tp, pp, cp, vp = _degrees(cell)
     if tp * pp * cp == 1:
         return None
-    stated = False if _SEQUENCE_PARALLEL_OFF.search(cell) else True if _SEQUENCE_PARALLEL.search(cell) else None
+    stated = sequence_parallel_stated(cell)
     return ModelParallel(
         tp=tp,
         pp=pp,
         cp=cp,
-        sequence_parallel=tp > 1 and (sp_default if stated is None else stated),
+        sequence_parallel=tp > 1 and bool(stated),
         tp_comm_overlap=tp > 1 and bool(_TP_COMM_OVERLAP.search(cell)),
         micro_batches=micro_batches if pp > 1 else None,
         pipeline_schedule="interleaved-1f1b" if vp > 1 else "1f1b",
@@ -169,9 +174,8 @@ def model_parallel_row(
     if mp.tp > 1 and (job.method == "qlora" or job.modules_to_save):
         raise Skip("tensor parallelism with QLoRA or fully trained modules beside LoRA not modelled")
     mp = dataclasses.replace(mp, tp_impl=stack.tp_impl)
-    unstated = model_parallel_of(cell, micro_batches=job.grad_accum, sp_default=True)
-    said = unstated is None or unstated.sequence_parallel == mp.sequence_parallel  # the cell states it, or no TP
-    if stack.sp_with_tp and not said and not job.worst_case_seq_len % mp.tp:
+    unsaid = mp.tp > 1 and sequence_parallel_stated(cell.lower()) is None
+    if stack.sp_with_tp and unsaid and not job.worst_case_seq_len % mp.tp:
         mp = dataclasses.replace(mp, sequence_parallel=True)
         noted.append(f"sequence parallelism on with TP {mp.tp}: {stack.sp_with_tp}")
     try:

@@ -74,3 +74,14 @@ def test_a_yaml_merge_key_may_be_overridden_and_a_repeated_key_may_not(tmp_path)
     repeated.write_text("run:\n  lr: 1\n  lr: 2\n", encoding="utf-8")
     with pytest.raises(TunecostError, match=r"key 'lr' is given twice in one mapping \(line 3\)"):
         parse_config_file(repeated)
+
+
+def test_a_yaml_config_cannot_build_python_objects(tmp_path) -> None:
+    """The duplicate-key loader is yaml's safe loader: a python tag is an error, never a constructed object."""
+    from tunecost.errors import TunecostError
+    from tunecost.workload.frameworks import parse_config_file
+
+    unsafe = tmp_path / "unsafe.yaml"
+    unsafe.write_text("run: !!python/object/apply:os.system ['true']\n", encoding="utf-8")
+    with pytest.raises(TunecostError, match="not valid YAML"):
+        parse_config_file(unsafe)
