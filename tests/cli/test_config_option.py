@@ -182,8 +182,8 @@ COMMANDS = {
     "max-batch": ["--gpu", "RTX-4090", "--device", "cpu", "--limit", "4"],
 }
 ESTIMATE_UNSTATED = {"epochs": ["--epochs", "1"], "num_gpus": ["--gpus", "1"]}  # estimate's, where the job has none
-# `make test` runs every job under estimate, and under memory and max-batch the first job of each format: the three
-# commands read a config through one option group, and differ in what they ask of the job. CI runs every pair (`long`).
+# `make test` runs the first job of each format under each command: the three commands read a config through one
+# option group, and differ in what they ask of the job. CI runs every pair (`long`).
 SAMPLED = {min(j for j in JOBS if j.split("/")[0] == fmt) for fmt in {j.split("/")[0] for j in JOBS}}
 
 
@@ -195,7 +195,7 @@ def _files(job: str) -> list[str]:
 def _param(job: str, what: str, *values: str):
     reason = READER_BUGS.get((job, what))
     marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-    marks += [pytest.mark.long] if values and values[0] != "estimate" and job not in SAMPLED else []
+    marks += [pytest.mark.long] if values and job not in SAMPLED else []
     return pytest.param(*values, job, marks=marks, id="-".join([*values, job]))
 
 

@@ -347,7 +347,7 @@ def test_a_verdict_tells_a_cost_from_the_budget_it_is_over() -> None:
 
 def test_the_closest_miss_over_budget_is_the_cheapest_over_it() -> None:
     """A setup ruled out by the budget is shown by what it costs, not by its memory headroom."""
-    job = estimate_job("Qwen/Qwen2.5-0.5B", method="full", seq_len=512)
+    job = estimate_job("Qwen/Qwen2.5-0.5B", method="lora", seq_len=512)
     plan = make_plan([job], gpus=[resolve_gpu_name("H100").gpu], budget_usd=1e-6, **SMALL)
     over = [o for o in plan.options if o.why_not.startswith("over budget")]
     missed = [o for o in plan.ruled_out if o.why_not.startswith("over budget")]

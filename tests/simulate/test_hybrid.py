@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from tunecost.catalog.gpus import resolve_gpu_name
+from tunecost.estimate.calibrated import GATED_DELTA_TIME_NOTE, MAMBA2_TIME_NOTE, software_notes
+from tunecost.estimate.estimators import EstimateRequest
 from tunecost.estimate.throughput.arch import arch_of
 from tunecost.estimate.throughput.counts import analytic_step_counts
 from tunecost.models.anatomy import decoder_layers, layer_pattern
@@ -220,7 +223,19 @@ def test_liger_binds_what_its_qwen3_5_patch_binds(config_path, name) -> None:
     assert liger < eager
 
 
-@pytest.mark.slow  # 15-20 s each on 2 cores: the batch search traces the torch fallbacks of the mixers
+@pytest.mark.parametrize(
+    ("name", "note"),
+    [("tiny-qwen3_5", GATED_DELTA_TIME_NOTE), ("tiny-granite-hybrid", MAMBA2_TIME_NOTE)],
+    ids=["gated DeltaNet", "Mamba2"],
+)
+def test_a_hybrids_linear_time_layers_are_said_to_be_counted(config_path, name, note) -> None:
+    """The note that `estimate` gives each row (end to end: the `long` test below)."""
+    h100 = resolve_gpu_name("H100").gpu
+    assert note in software_notes(EstimateRequest(job=_job(config_path(name)), gpu=h100))
+    assert note not in software_notes(EstimateRequest(job=_job("Qwen/Qwen2.5-0.5B"), gpu=h100))
+
+
+@pytest.mark.long  # 15-20 s each on 2 cores: the batch search traces the torch fallbacks of the mixers
 @pytest.mark.parametrize(("name", "mixer"), [("tiny-qwen3_5", "gated DeltaNet"), ("tiny-granite-hybrid", "Mamba2")])
 def test_estimate_says_its_linear_time_layers_are_counted_not_calibrated(cli_json, config_path, name, mixer) -> None:
     rows = cli_json("estimate", model=config_path(name), method="lora", gpu="H100", seq_len=128, queries=100, epochs=1)
