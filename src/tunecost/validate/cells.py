@@ -44,12 +44,19 @@ def tokens_of(row: CorpusRow, column: str) -> int:
 _THOUSANDS = re.compile(r"\d{1,3}(?:,\d{3})+")
 
 
+def plain_number(text: str) -> float:
+    """`text` as a number, its thousands separators read ("1,024", "1,234.5"); ValueError for anything else."""
+    if "," in text and not _THOUSANDS.fullmatch(text.split(".")[0]):
+        raise ValueError(f"could not convert string to float: {text!r}")
+    return float(text.replace(",", ""))
+
+
 def count_of(row: CorpusRow, column: str) -> int:
     """A row's whole count in `column` (batch, tokens, rank, GPUs); `Skip` for one that is not a number, below 1,
     or larger than any count a measurement row holds (`MAX_TOKENS`)."""
     value = row.get(column)
     try:
-        number = float(value.replace(",", "") if _THOUSANDS.fullmatch(value) else value)  # "1,024"
+        number = plain_number(value)
         n = int(number)
     except (ValueError, OverflowError):  # OverflowError: inf
         raise Skip(f"{column} {value!r} is not a number") from None
@@ -72,10 +79,7 @@ def measured_value(row: CorpusRow) -> float:
     found = _MEASURED.fullmatch(cell.lower())
     if found is None or found.group(2) not in ("", row.get("unit").strip().lower()):
         return float(cell)  # "inf", "nan", or the ValueError naming the cell
-    number = found.group(1)
-    if "," in number and not _THOUSANDS.fullmatch(number.split(".")[0]):
-        raise ValueError(f"could not convert string to float: {cell!r}")
-    return float(number.replace(",", ""))
+    return plain_number(found.group(1))
 
 
 def software_of(stack_cell: str, stated: str, stack: Any, throughput: bool) -> tuple[bool, bool]:
