@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tunecost.cli.main import app
+from tunecost.distributed.pipeline import uneven_split_note
 
 DENSE = str(Path(__file__).parents[1] / "fixtures" / "distributed" / "tiny-llama-2l.json")
 BASE = ["estimate", "--epochs", "1", "--queries", "100", "--method", "full", "--gpu", "H100"]
@@ -22,7 +23,10 @@ BASE = ["estimate", "--epochs", "1", "--queries", "100", "--method", "full", "--
         ),
         (["--model", "llama-2-70b", "--gpus", "6", "--tp", "3", "--pp", "2"], "--tp 3 does not divide the model's 64"),
         (["--model", "llama-2-70b", "--gpus", "16", "--tp", "16"], "--tp 16 does not divide the model's 8 key-value"),
-        (["--model", "llama-2-70b", "--gpus", "24", "--pp", "3", "--tp", "8"], "--pp 3 does not divide the model's 80"),
+        (
+            ["--model", "llama-2-70b", "--gpus", "96", "--pp", "96"],
+            "--pp 96: pipeline: 96 stages leave a stage without",
+        ),
         (
             ["--model", "llama-2-70b", "--gpus", "8", "--cp", "8", "--seq-len", "1004"],
             "--cp 8 does not divide 1004 tokens of the job's sequence",
@@ -39,6 +43,18 @@ def test_a_layout_that_does_not_divide_is_one_error_line(cli_runner, args, messa
     assert result.exit_code == 2, result.output
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and message in " ".join(result.output.split()), lines
+
+
+def test_pipeline_stages_the_layers_do_not_fill_evenly_are_dealt_as_torchtitan_deals_them(cli_runner) -> None:
+    """--pp 3 over the tiny Llama's 2 layers: torchtitan's split (the embedding and the head counted as a layer
+    each) leaves the last stage the norm and head alone, and the answer says so."""
+    args = [*BASE, "--model", DENSE, "--gpus", "3", "--pp", "3", "--strategy", "ddp", "--json"]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert uneven_split_note(2, 3) in answer["notes"]
+    (setup,) = answer["setups"]
+    assert setup["plan"]["pp"] == 3 and setup["micro_batch"] >= 1 and setup["cost"]["usd"] > 0
 
 
 def test_a_pipeline_answers_with_memory_per_rank_and_its_bubble(cli_runner):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from tunecost.catalog.gpus import GPU
 from tunecost.distributed import expert_parallel
+from tunecost.distributed.pipeline import stage_layer_ids, uneven_split_note
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import HYBRID_FAMILIES
 from tunecost.models.catalog import resolve_model
@@ -162,10 +163,13 @@ def checked_counts(
 
 
 def check_model_parallel(
-    spec: ModelSpec, seq_len: int, mp: ModelParallel, counts: Mapping[str, list[int]], *, liger: bool = False
-) -> None:
-    """One-line errors for TP/PP/CP degrees that do not divide the GPUs asked for, the model's heads or layers, or
-    the sequence, and for TP under Liger's kernels (`liger`)."""
+    spec: ModelSpec, seq_len: int, mp: ModelParallel | None, counts: Mapping[str, list[int]], *, liger: bool = False
+) -> list[str]:
+    """One-line errors for TP/PP/CP degrees that do not divide the GPUs asked for, the model's heads or the
+    sequence, for more pipeline stages than the layers fill, and for TP under Liger's kernels (`liger`); the
+    notes the layout is priced with (layers the stages do not divide); none for data parallelism (None)."""
+    if mp is None:
+        return []
     if mp.tp > 1 and liger:
         raise TunecostError(
             f"--tp {mp.tp} with Liger's kernels is not modelled (they take local tensors, not the tensor-parallel "
@@ -186,5 +190,15 @@ def check_model_parallel(
         )
     plan = ParallelPlan(num_gpus=mp.degree, strategy="ddp" if mp.degree > 1 else "single", **dataclasses.asdict(mp))
     plan.check_model(
-        num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, num_layers=spec.num_layers, seq_len=seq_len
+        num_heads=spec.num_heads,
+        num_kv_heads=spec.num_kv_heads,
+        num_layers=spec.num_layers,
+        seq_len=seq_len,
+        even_layers=False,  # dealt as torchtitan deals them (`pipeline.uneven_split_note`)
     )
+    try:
+        stage_layer_ids(spec.num_layers, mp.pp * mp.virtual_stages, 0)
+    except TunecostError as exc:
+        raise TunecostError(f"--pp {mp.pp}: {exc}") from None
+    note = uneven_split_note(spec.num_layers, mp.pp * mp.virtual_stages)
+    return [note] if note else []

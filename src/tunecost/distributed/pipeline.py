@@ -38,6 +38,16 @@ def stage_layer_ids(
     return range(begin, start)
 
 
+def uneven_split_note(num_layers: int, num_stages: int) -> str | None:
+    """What a split of the layers over pipeline stages that does not divide them is priced as (None: even)."""
+    if num_stages <= 1 or not num_layers % num_stages:
+        return None
+    return (
+        f"{num_layers} layers split unevenly over {num_stages} pipeline stages, the embedding and the head counted "
+        "as a layer each (torchtitan's split; Megatron's account_for_embedding/loss_in_pipeline_split)"
+    )
+
+
 def rank_stage_ids(rank: int, pp: int, virtual_stages: int = 1) -> list[int]:
     """The stages rank `rank` runs: `rank`, `rank + pp`, ... (torch's looped placement for interleaved 1F1B)."""
     return [rank + k * pp for k in range(virtual_stages)]

@@ -83,7 +83,8 @@ class SingleGpuStep:
     def layer_expert_bytes(self, *, trainable: bool) -> int:
         """One decoder layer's routed-expert bytes: all its stored weights, or its trainable parameters."""
         keys = ("trainable_params",) if trainable else WEIGHT_CATEGORIES
-        return sum(expert_parallel.expert_bytes(self.weight_bytes_by_key, c) for c in keys) // self.num_layers
+        experts = sum(expert_parallel.expert_bytes(self.weight_bytes_by_key, c) for c in keys)
+        return experts // self.num_layers if self.num_layers else 0  # a pipeline stage of the norm and head alone
 
     def layer_bytes_per_rank(self, *, trainable: bool, ep: int) -> int:
         """One decoder layer's stored (or trainable) bytes with 1/ep of its routed experts."""

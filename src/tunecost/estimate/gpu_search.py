@@ -60,8 +60,7 @@ def estimate_multi_gpu(
     counts_by_gpu, spec = checked_counts(
         job.model, gpus, strategies, num_gpus, gpus_per_node, max_gpus, expert_degree, offload, degree
     )
-    if model_parallel is not None:
-        check_model_parallel(spec, job.worst_case_seq_len, model_parallel, counts_by_gpu, liger=job.liger_kernel)
+    mp_notes = check_model_parallel(spec, job.worst_case_seq_len, model_parallel, counts_by_gpu, liger=job.liger_kernel)
     searching = num_gpus is None
     choices = model_parallel_choices(spec, job, given=model_parallel, searching=searching, gpus_per_node=gpus_per_node)
     host_cpu = needs.host_cpu if needs is not None else None
@@ -92,7 +91,8 @@ def estimate_multi_gpu(
     needs.flush()
     if num_gpus is None and require_fit and not any(s.fits for s in setups):
         raise _fits_nothing(spec.name, job.method, max_gpus, gpus, strategies)
-    notes = [*search.notes, *int8_note, COST_NOTE, *([deepspeed_estimator.ASSUMPTION] if param_counts else [])]
+    notes = [*search.notes, *mp_notes, *int8_note, COST_NOTE]
+    notes += [deepspeed_estimator.ASSUMPTION] if param_counts else []
     if offload != "none":
         notes += [cpu_optimizer_note(gpu, links_by_gpu[gpu.name], host_cpu) for gpu in gpus]
     return MultiGpuEstimate(

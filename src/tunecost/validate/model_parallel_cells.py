@@ -8,7 +8,7 @@ import dataclasses
 import re
 
 from tunecost.distributed.expert_parallel import EP_STRATEGIES
-from tunecost.distributed.pipeline import stage_layer_ids
+from tunecost.distributed.pipeline import stage_layer_ids, uneven_split_note
 from tunecost.errors import TunecostError
 from tunecost.validate.cells import Skip, count_of, gpu_count_of
 from tunecost.validate.corpus import CorpusRow
@@ -190,12 +190,7 @@ def model_parallel_row(
         stage_layer_ids(spec.num_layers, mp.pp * mp.virtual_stages, 0)  # no stage left without layers
     except TunecostError as exc:
         raise Skip(f"parallelism {row.get('parallelism')!r}: {exc}") from None
-    if spec.num_layers % (mp.pp * mp.virtual_stages):
-        noted.append(
-            f"{spec.num_layers} layers split unevenly over {mp.pp * mp.virtual_stages} pipeline stages, the embedding "
-            "and the head counted as a layer each (torchtitan's split; Megatron's account_for_embedding/loss_in_"
-            "pipeline_split)"
-        )
+    noted += [n for n in [uneven_split_note(spec.num_layers, mp.pp * mp.virtual_stages)] if n]
     return mp
 
 

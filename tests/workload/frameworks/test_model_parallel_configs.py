@@ -232,3 +232,10 @@ def test_gemma2_soft_capping_is_not_sdpa_in_frameworks_own_model_code() -> None:
     assert own_attention("torchtune", "google/gemma-2-9b")[0] == "eager"
     assert own_attention("litgpt", "meta-llama/Llama-3.1-8B")[0] == "sdpa"
     assert own_attention("litgpt", None)[0] == "sdpa"
+
+
+def test_torchtitan_deals_layers_its_stages_do_not_divide(tmp_path: Path) -> None:
+    """torchtitan splits 80 layers over 3 stages (`generate_llm_fqn_per_model_part`): no even split is asked."""
+    text = TITAN_70B.replace("pipeline_parallel_degree = 4", "pipeline_parallel_degree = 3")
+    job = _read_toml(tmp_path, text.replace('"Interleaved1F1B"', '"1F1B"'))
+    assert (job.options["pp"], job.options["num_gpus"]) == (3, 96)

@@ -61,11 +61,18 @@ def plan_error(flat: ConfigFile, exc: TunecostError, keys: Mapping[str, str]) ->
 
 
 def check_layout(
-    flat: ConfigFile, options: Mapping[str, Any], keys: Mapping[str, str], *, shape: ModelShape | None, seq_len: int
+    flat: ConfigFile,
+    options: Mapping[str, Any],
+    keys: Mapping[str, str],
+    *,
+    shape: ModelShape | None,
+    seq_len: int,
+    even_layers: bool = True,
 ) -> None:
     """Build the plan the options describe and check the model against it; one error naming the config's keys.
     `shape` None: the config does not name the model (only the sequence is checked); `seq_len` 0: no sequence is
-    checked (a framework that pads each batch to a multiple of the degrees)."""
+    checked (a framework that pads each batch to a multiple of the degrees); `even_layers` False: a framework
+    that deals layers the stages do not divide (torchtitan)."""
     values = {k: options[k] for k in PLAN_OPTIONS if options.get(k) is not None}
     values.setdefault("num_gpus", max(1, int(values.get("tp", 1)) * values.get("pp", 1) * values.get("cp", 1)))
     if values.get("strategy") is None and values["num_gpus"] > 1:
@@ -75,7 +82,11 @@ def check_layout(
         if shape is None:  # counts the degrees divide: only the sequence is checked
             shape = ModelShape(plan.tp, plan.tp, plan.pp * plan.virtual_stages)
         plan.check_model(
-            num_heads=shape.num_heads, num_kv_heads=shape.num_kv_heads, num_layers=shape.num_layers, seq_len=seq_len
+            num_heads=shape.num_heads,
+            num_kv_heads=shape.num_kv_heads,
+            num_layers=shape.num_layers,
+            seq_len=seq_len,
+            even_layers=even_layers,
         )
     except TunecostError as exc:
         raise plan_error(flat, exc, keys) from None

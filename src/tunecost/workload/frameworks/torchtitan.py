@@ -334,7 +334,7 @@ def _layout(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None
     options.update(layout)
     notes.extend(lines)
     _mixed_precision(flat, options, notes, tp * pp > 1 and cp == 1)
-    check_layout(flat, options, PLAN_KEYS, shape=shape, seq_len=options["seq_len"])
+    check_layout(flat, options, PLAN_KEYS, shape=shape, seq_len=options["seq_len"], even_layers=False)
 
 
 def _mixed_precision(flat: ConfigFile, options: dict[str, Any], notes: list[str], model_parallel: bool) -> None:
