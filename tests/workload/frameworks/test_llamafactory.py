@@ -406,3 +406,14 @@ def test_additional_target_and_resize_vocab_train_modules_fully(tmp_path):
     job = _read(tmp_path, text + "additional_target: embed_tokens,lm_head\n")
     assert job.options["modules_to_save"] == "embed_tokens,lm_head" and "additional_target" not in job.not_modelled
     assert _read(tmp_path, text + "resize_vocab: true\n").options["modules_to_save"] == "embed_tokens,lm_head"
+
+
+def test_the_megatron_backend_counts_the_embedding_in_the_split_where_told(tmp_path):
+    """Qwen3-8B's 36 layers over 5 stages: refused as Megatron Core refuses them, read where the file counts the
+    embedding as a layer of the split (account_for_embedding_in_pipeline_split)."""
+    five = MEGATRON_FULL.replace("pipeline_model_parallel_size: 2", "pipeline_model_parallel_size: 5")
+    with pytest.raises(TunecostError, match="pipeline_model_parallel_size 5 does not divide the model's 36"):
+        _read(tmp_path, five)
+    job = _read(tmp_path, five + "account_for_embedding_in_pipeline_split: true\n")
+    assert job.options["pp"] == 5
+    assert any(a.startswith("account_for_embedding_in_pipeline_split: the layers dealt") for a in job.assumptions)

@@ -244,3 +244,32 @@ def test_block_recomputation_counts_the_layers_of_each_model_chunk(tmp_path: Pat
         "recompute_granularity: full\n  recompute_method: block\n  recompute_num_layers: 3",
     )
     assert _read(tmp_path, megatron).options["recompute_layers"] == 6  # pp 2, no virtual stages
+
+
+@pytest.mark.parametrize(
+    "keys", [(), ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")]
+)
+def test_the_embedding_and_loss_in_the_pipeline_split(tmp_path: Path, keys: tuple[str, ...]) -> None:
+    """Llama-3.1-405B's 126 layers over 4 x 2 stages: Megatron Core deals them only where the config counts the
+    embedding and the loss as layers of the split (NeMo's 405B recipe); otherwise the stages must divide them."""
+    text = PRETRAIN.replace("num_layers: 32", "num_layers: 126")
+    text = text.replace("  mcore_gpt: true\n", "  mcore_gpt: true\n" + "".join(f"  {k}: true\n" for k in keys))
+    if not keys:
+        assert "model.pipeline_model_parallel_size 4 x 2 virtual stages" in _error(tmp_path, text)
+        return
+    job = _read(tmp_path, text)
+    assert _plan(job).pp == 4
+    assert any(
+        a.startswith("model.account_for_embedding_in_pipeline_split and model.account_for_loss")
+        for a in job.assumptions
+    )
+    assert "model.account_for_loss_in_pipeline_split" not in job.not_modelled
+
+
+def test_megatron_lm_reads_the_split_among_its_transformer_keys(tmp_path: Path) -> None:
+    text = MEGATRON_YAML.replace("num_layers: 24", "num_layers: 23\n  account_for_loss_in_pipeline_split: true")
+    job = _read(tmp_path, text)
+    assert any(a.startswith("language_model.account_for_loss_in_pipeline_split: the layers") for a in job.assumptions)
+    assert "does not divide the model's 23" in _error(
+        tmp_path, MEGATRON_YAML.replace("num_layers: 24", "num_layers: 23")
+    )

@@ -21,6 +21,8 @@ KEYS = {  # key: the job option it sets
     "recompute_granularity": "gradient_checkpointing",
     "use_distributed_optimizer": "strategy",
 }
+# Megatron Core's embedding and loss counted as layers of the pipeline split: the stages need not divide the layers
+SPLIT_KEYS = ("account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 _DEFAULT = f"{TITLE}'s default (MegatronBridgeArguments; mcore_adapter's not read)"
 
 
@@ -60,5 +62,8 @@ def megatron_options(cfg: ConfigFile, model: str | None, notes: list[str]) -> di
         shape = catalog_shape(model) if model else None
     except TunecostError:
         shape = None
-    check_layout(cfg, options, keys, shape=shape, seq_len=0)
+    split = [k for k in SPLIT_KEYS if cfg.typed(k, bool)]
+    if split and pp > 1:
+        notes.append(f"{' and '.join(split)}: the layers dealt with the embedding and the head counted as a layer each")
+    check_layout(cfg, options, keys, shape=shape, seq_len=0, even_layers=not split)
     return options

@@ -54,6 +54,8 @@ class Dialect:
     optimizer: str
     recompute: str
     tp_overlap: str
+    split_embedding: str  # Megatron Core's account_for_embedding/loss_in_pipeline_split
+    split_loss: str
 
 
 NEMO = Dialect(
@@ -74,6 +76,8 @@ NEMO = Dialect(
     optimizer="model.optim.name",
     recompute="model.activations_checkpoint_granularity",
     tp_overlap="model.ub_tp_comm_overlap",
+    split_embedding="model.account_for_embedding_in_pipeline_split",  # TransformerConfig fields, as NeMo passes them
+    split_loss="model.account_for_loss_in_pipeline_split",
 )
 MEGATRON_LM = Dialect(
     MEGATRON,
@@ -93,6 +97,8 @@ MEGATRON_LM = Dialect(
     optimizer="optimizer",
     recompute="language_model.recompute_granularity",
     tp_overlap="model_parallel.tp_comm_overlap",
+    split_embedding="language_model.account_for_embedding_in_pipeline_split",
+    split_loss="language_model.account_for_loss_in_pipeline_split",
 )
 # optimizer name -> tunecost's, and whether it shards its states over the data-parallel group (ZeRO-1's layout)
 OPTIMIZERS = {"fused_adam": ("adamw", False), "adam": ("adamw", False), "adamw": ("adamw", False)}
@@ -320,6 +326,18 @@ def _run_length(r: Reader, options: dict[str, Any]) -> None:
         options["epochs"] = epochs
 
 
+def _pipeline_split(r: Reader, options: dict[str, Any]) -> bool:
+    """True where the config counts the embedding or the loss as a layer of the pipeline split (Megatron Core's
+    account_for_embedding/loss_in_pipeline_split, default off): the stages need not divide the decoder layers."""
+    stated = [r.key(k) for k in (r.dialect.split_embedding, r.dialect.split_loss) if r.flat.typed(r.key(k), bool)]
+    if stated and options.get("pp", 1) > 1:
+        r.notes.append(
+            f"{' and '.join(stated)}: the layers dealt over the stages with the embedding and the head counted as a "
+            "layer each (torchtitan's split, which Megatron's gives with both on)"
+        )
+    return bool(stated)
+
+
 def _shape(r: Reader) -> ModelShape | None:
     """Heads and layers when the config gives the architecture (pre-training); None for a restored checkpoint."""
     d = r.dialect
@@ -357,7 +375,8 @@ def read(cfg: ConfigFile) -> ConfigJob:
     _training(r, options)
     _sequence(r, options)
     _run_length(r, options)
-    check_layout(flat, options, keys, shape=_shape(r), seq_len=options["seq_len"])
+    uneven = _pipeline_split(r, options)
+    check_layout(flat, options, keys, shape=_shape(r), seq_len=options["seq_len"], even_layers=not uneven)
     job = config_job(FRAMEWORK.name, flat, options, r.notes)
     return dataclasses.replace(job, not_modelled=_sections(job.not_modelled, flat.used))
 
