@@ -382,3 +382,21 @@ def test_nemotron_splits_as_llama_without_a_gate(tmp_path, sp):
     gate_shard = NUM_LAYERS * config["hidden_size"] * config["intermediate_size"] * 4 // 2
     norm_biases = (2 * NUM_LAYERS + 1) * config["hidden_size"] * 4
     assert static["llama"] - static["nemotron"] == gate_shard - norm_biases
+
+
+def test_a_rank_whose_optimizer_steps_tensor_by_tensor_is_not_traced_deeper(monkeypatch):
+    """DTensor runs the multi-tensor AdamW step one tensor at a time, so an optimizer op allocates for one traced
+    unit alone and no deeper trace makes the step whole (`full_depth.whole_step`): the rank of the 4-layer Llama is
+    traced at one and two layers only, its allocations those of the two-layer trace."""
+    from tunecost.distributed import tp_single_step
+
+    depths: list[int] = []
+    trace = tp_single_step.trace_tp_step
+
+    def counted(prepared, *args, **kwargs):
+        depths.append(prepared.plan.num_layers)
+        return trace(prepared, *args, **kwargs)
+
+    monkeypatch.setattr(tp_single_step, "trace_tp_step", counted)
+    step = tp_single_step.tp_single_gpu_step(_depth_job(4), tp=2, sequence_parallel=True, use_cache=False)
+    assert depths == [1, 2] and step.allocations

@@ -55,3 +55,14 @@ def test_a_layers_gradient_accumulation_is_in_its_layers_backward(tmp_path) -> N
     scaled = trace_single_gpu_step(job, 1)
     full = trace_single_gpu_step(job, 1, full_depth=True)
     assert {k: full.segments[k] for k in scaled.segments} == scaled.segments
+
+
+def test_a_segment_lists_its_categories_in_one_order() -> None:
+    """Sorted, not in a set's order (which moves with PYTHONHASHSEED): the JSON output is the same run to run."""
+    from tunecost.simulate.depth import depth_scaled
+
+    assert list(depth_scaled("forward:post", {"temporaries": 1, "activations": 2}, {"gradients": 3}, 0.5)) == [
+        "activations",
+        "gradients",
+        "temporaries",
+    ]

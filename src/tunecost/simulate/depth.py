@@ -16,7 +16,8 @@ def depth_scaled(
     linear."""
     fixed = () if segment.startswith("optimizer") else fixed
     return {
-        k: float(b.get(k, 0)) if k in fixed else a.get(k, 0) + (b.get(k, 0) - a.get(k, 0)) * t for k in set(a) | set(b)
+        k: float(b.get(k, 0)) if k in fixed else a.get(k, 0) + (b.get(k, 0) - a.get(k, 0)) * t
+        for k in sorted(set(a) | set(b))
     }
 
 

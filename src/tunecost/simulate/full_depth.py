@@ -265,9 +265,24 @@ def whole_step(
     where the first traced unit differs from the others) made whole with `tb` as the shallower; None where
     neither is (one trace: it is already at full depth)."""
     made = _made_whole(ta, tb, full_units, peak_bytes)
-    if made is None and tb is not None and tb is not ta and deeper is not None:
+    if made is None and tb is not None and tb is not ta and deeper is not None and not _optimizer_ops_per_unit(ta, tb):
         made = _made_whole(tb, deeper(), full_units, peak_bytes)
     return made
+
+
+def _optimizer_ops_per_unit(ta: TraceResult, tb: TraceResult) -> bool:
+    """True where some op of `tb`'s optimizer step allocates for one traced unit's tensors alone (a multi-tensor
+    step run tensor by tensor, as over DTensors): no deeper trace makes such a step whole, whatever its depth."""
+    trace = tb.allocations
+    if trace is None or tb.num_units < 2:
+        return False
+    period = (tb.num_layers - ta.num_layers) // max(1, tb.num_units - ta.num_units)
+    lo_first = tb.num_layers - 2 * period
+    units_by_op: dict[int, set[int]] = {}
+    for i in range(len(trace.nbytes)):
+        if trace.kind[i] == KIND_STEP and trace.t_alloc[i] > trace.t_optimizer and trace.layer[i] >= lo_first:
+            units_by_op.setdefault(trace.t_alloc[i], set()).add((trace.layer[i] - lo_first) // period)
+    return any(len(units) == 1 for units in units_by_op.values())
 
 
 def _made_whole(ta: TraceResult, tb: TraceResult | None, full_units: int, peak_bytes: float) -> WholeStep | None:

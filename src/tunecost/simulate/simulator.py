@@ -55,7 +55,7 @@ def _lerp(a: float, b: float, t: float) -> float:
 
 
 def _lerp_dict(a: dict, b: dict, t: float) -> dict:
-    return {k: max(0.0, _lerp(a.get(k, 0), b.get(k, 0), t)) for k in set(a) | set(b)}
+    return {k: max(0.0, _lerp(a.get(k, 0), b.get(k, 0), t)) for k in sorted(set(a) | set(b))}
 
 
 def _scaled_groups(key: str, sa: SegmentPeak, sb: SegmentPeak, t: float) -> dict[str, float]:
