@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 JOB = {"model": "qwen2.5-0.5b", "method": "qlora", "seq_len": 512, "lora_targets": "attention,mlp"}
 
 
@@ -26,6 +28,7 @@ def test_sharded_strategies_are_refused_or_left_out(cli_error, cli_json) -> None
     assert "zero3: not searched, 8-bit (LLM.int8) base weights cannot be sharded" in out["notes"]
 
 
+@pytest.mark.long  # 13 s (estimate's side: the test above)
 def test_a_plan_for_8bit_weights_weighs_unsharded_layouts_only(cli_json) -> None:
     plan = cli_json("plan", **JOB, quant_type="int8", gpu="A100-80GB", epochs=1, queries=1000)["plan"]
     strategies = {o["setup"]["plan"]["strategy"] for o in plan["front"]}

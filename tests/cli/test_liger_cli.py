@@ -15,7 +15,7 @@ def test_memory_drops_the_logits(cli_json) -> None:
     assert any(a.startswith("Liger kernels") for a in liger["assumptions"])
 
 
-@pytest.mark.slow  # ~50 s on 2 cores: every probed batch traces Liger's chunked loss
+@pytest.mark.long  # 15-50 s on 2 cores: every probed batch traces Liger's chunked loss (the step: the test below)
 def test_estimate_fits_a_larger_batch_and_says_why(cli_json) -> None:
     job = {"model": "qwen2.5-0.5b", "method": "lora", "gpu": "RTX3080-10GB", "seq_len": 1024, "queries": 1000}
     eager, liger = (cli_json("estimate", **job, epochs=1, liger_kernel=on)[0] for on in (False, True))

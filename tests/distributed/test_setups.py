@@ -109,6 +109,7 @@ def test_gpu_counts_are_within_a_node_or_whole_nodes():
     assert valid_gpu_counts(8, 24) == [1, 2, 3, 4, 5, 6, 7, 8, 16, 24]
 
 
+@pytest.mark.long  # 13 s: the TP and PP layouts of the tiny Mixtral traced at every probed batch
 def test_search_finds_the_smallest_count_and_the_cheapest(tiny):
     job, _step = tiny
     gpu = resolve_gpu_name("H100").gpu

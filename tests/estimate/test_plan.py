@@ -382,6 +382,7 @@ def test_emit_never_writes_onto_a_config_it_read(cli_runner, tmp_path) -> None:
     assert config.read_text() == text and (tmp_path / "run" / "meta.json").read_text() == "{not json"
 
 
+@pytest.mark.long  # 13 s: a search up to 32 H100s
 def test_no_setup_steps_over_more_queries_than_an_epoch_holds(cli_runner) -> None:
     """1000 queries on up to 32 H100s: a micro-batch larger than a rank's share of the epoch never runs, so each
     setup's is cut to it (32 ranks: 32, not the 50-odd that fit) and the plan says so."""
