@@ -396,3 +396,14 @@ def test_no_setup_steps_over_more_queries_than_an_epoch_holds(cli_runner) -> Non
         assert option["setup"]["micro_batch"] <= math.ceil(1000 / (dp * option["accumulation"]))
     assert any(o["setup"]["plan"]["num_gpus"] >= 16 for o in plan["front"])
     assert any("more than an epoch's 1000 queries" in n for n in plan["notes"])
+
+
+def test_a_micro_batch_is_cut_to_its_ranks_share_of_the_epoch() -> None:
+    """100 queries on up to 4 H100s (the search of the test above, smaller): no setup runs a micro-batch larger
+    than its ranks' share of the epoch, and the plan says so."""
+    job = estimate_job("Qwen/Qwen2.5-0.5B", method="lora", seq_len=512)
+    plan = make_plan([job], gpus=[resolve_gpu_name("H100").gpu], **{**SMALL, "num_queries": 100})
+    for option in plan.front:
+        p = option.setup.plan
+        assert option.setup.micro_batch <= math.ceil(100 / (p.dp * option.accumulation))
+    assert any("more than an epoch's 100 queries" in n for n in plan.notes)
