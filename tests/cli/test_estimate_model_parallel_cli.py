@@ -25,7 +25,7 @@ BASE = ["estimate", "--epochs", "1", "--queries", "100", "--method", "full", "--
         (["--model", "llama-2-70b", "--gpus", "16", "--tp", "16"], "--tp 16 does not divide the model's 8 key-value"),
         (
             ["--model", "llama-2-70b", "--gpus", "96", "--pp", "96"],
-            "--pp 96: pipeline: 96 stages leave a stage without",
+            "--pp 96: 96 pipeline stages leave a stage without",
         ),
         (
             ["--model", "llama-2-70b", "--gpus", "8", "--cp", "8", "--seq-len", "1004"],

@@ -103,7 +103,7 @@ def test_layers_the_pipeline_does_not_divide_are_split_unevenly_and_said():
     mapped = map_row(_row("PP=3", num_gpus="6"))
     assert mapped.plan().pp == 3
     assert "32 layers split unevenly over 3 pipeline stages" in mapped.note
-    with pytest.raises(Skip, match="64 stages leave a stage without layers"):
+    with pytest.raises(Skip, match="64 pipeline stages leave a stage without layers"):
         map_row(_row("PP=32 VP=2", num_gpus="32", grad_accum="32"))
 
 

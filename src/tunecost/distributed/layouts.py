@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from tunecost.catalog.gpus import GPU
 from tunecost.distributed import expert_parallel
-from tunecost.distributed.pipeline import stage_layer_ids, uneven_split_note
+from tunecost.distributed.pipeline import uneven_split_note
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import HYBRID_FAMILIES
 from tunecost.models.catalog import resolve_model
@@ -196,9 +196,5 @@ def check_model_parallel(
         seq_len=seq_len,
         even_layers=False,  # dealt as torchtitan deals them (`pipeline.uneven_split_note`)
     )
-    try:
-        stage_layer_ids(spec.num_layers, mp.pp * mp.virtual_stages, 0)
-    except TunecostError as exc:
-        raise TunecostError(f"--pp {mp.pp}: {exc}") from None
     note = uneven_split_note(spec.num_layers, mp.pp * mp.virtual_stages)
     return [note] if note else []

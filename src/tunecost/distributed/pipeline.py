@@ -12,7 +12,7 @@ from typing import Any
 
 from tunecost.distributed.single_step import SingleGpuStep
 from tunecost.errors import TunecostError
-from tunecost.workload.parallel import PIPELINE_SCHEDULES
+from tunecost.workload.parallel import PIPELINE_SCHEDULES, UNEVEN_SPLIT, effective_layers_per_stage
 
 
 def stage_layer_ids(
@@ -23,13 +23,13 @@ def stage_layer_ids(
     (torchtitan's defaults: 1 each), the effective layers spread evenly, the earlier stages taking one more."""
     if num_stages == 1:
         return range(num_layers)
-    effective = num_layers + input_weight + output_weight
-    per_stage, extra = divmod(effective, num_stages)
-    if per_stage == 0 or max(input_weight, output_weight) > per_stage:
+    per_stage = effective_layers_per_stage(num_layers, num_stages, input_weight, output_weight)
+    if not per_stage:
         raise TunecostError(
-            f"pipeline: {num_stages} stages leave a stage without layers ({num_layers} layers, embedding and head "
+            f"{num_stages} pipeline stages leave a stage without layers ({num_layers} layers, embedding and head "
             f"counted as {input_weight} and {output_weight})"
         )
+    extra = (num_layers + input_weight + output_weight) % num_stages
     start = 0
     for s in range(stage + 1):
         count = per_stage + (1 if s < extra else 0) - (input_weight if s == 0 else 0)
@@ -42,10 +42,7 @@ def uneven_split_note(num_layers: int, num_stages: int) -> str | None:
     """What a split of the layers over pipeline stages that does not divide them is priced as (None: even)."""
     if num_stages <= 1 or not num_layers % num_stages:
         return None
-    return (
-        f"{num_layers} layers split unevenly over {num_stages} pipeline stages, the embedding and the head counted "
-        "as a layer each (torchtitan's split; Megatron's account_for_embedding/loss_in_pipeline_split)"
-    )
+    return f"{num_layers} layers split unevenly over {num_stages} pipeline stages: {UNEVEN_SPLIT}"
 
 
 def rank_stage_ids(rank: int, pp: int, virtual_stages: int = 1) -> list[int]:

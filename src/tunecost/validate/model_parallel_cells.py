@@ -8,7 +8,7 @@ import dataclasses
 import re
 
 from tunecost.distributed.expert_parallel import EP_STRATEGIES
-from tunecost.distributed.pipeline import stage_layer_ids, uneven_split_note
+from tunecost.distributed.pipeline import uneven_split_note
 from tunecost.errors import TunecostError
 from tunecost.validate.cells import Skip, count_of, gpu_count_of
 from tunecost.validate.corpus import CorpusRow
@@ -187,7 +187,6 @@ def model_parallel_row(
             seq_len=job.worst_case_seq_len,
             even_layers=False,
         )
-        stage_layer_ids(spec.num_layers, mp.pp * mp.virtual_stages, 0)  # no stage left without layers
     except TunecostError as exc:
         raise Skip(f"parallelism {row.get('parallelism')!r}: {exc}") from None
     noted += [n for n in [uneven_split_note(spec.num_layers, mp.pp * mp.virtual_stages)] if n]

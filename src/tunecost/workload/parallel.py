@@ -31,6 +31,19 @@ TP_IMPLS = ("torchtitan", "megatron")
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default zero_optimization.reduce_bucket_size
 DEFAULT_MAX_GPUS = 64  # --gpus auto: the most GPUs searched
 MAX_SEARCH_GPUS = 100_000  # every count up to the limit is evaluated (arithmetic only)
+# how a split the stages do not divide is dealt (`stage_layer_ids`), said in the notes of a layout priced with one
+UNEVEN_SPLIT = (
+    "the layers dealt over the stages with the embedding and the head counted as a layer each (torchtitan's split; "
+    "Megatron's with account_for_embedding/loss_in_pipeline_split)"
+)
+
+
+def effective_layers_per_stage(num_layers: int, num_stages: int, input_weight: int = 1, output_weight: int = 1) -> int:
+    """The effective layers each pipeline stage holds at least, the embedding counted as `input_weight` layers and
+    the head as `output_weight` (torchtitan's `generate_llm_fqn_per_model_part`); 0 or less than either weight: a
+    stage is left without layers."""
+    per_stage = (num_layers + input_weight + output_weight) // num_stages
+    return per_stage if per_stage >= max(input_weight, output_weight, 1) else 0
 
 
 def check_fsdp2_method(method: str, *, alternatives: str = "--method lora or full") -> None:
@@ -122,7 +135,8 @@ class ModelParallel:
     ) -> None:
         """One-line errors for degrees the model or the sequence cannot be split by (Megatron's and torchtitan's
         rules: heads and key-value heads by tp, layers by pp x virtual stages unless `even_layers` is False (a
-        run that split them unevenly), the sequence by cp and, with sequence parallelism, by tp)."""
+        run that deals them unevenly: then no stage may be left without layers), the sequence by cp and, with
+        sequence parallelism, by tp)."""
         sequence = "{} tokens of the job's sequence (--seq-len)"
         checks = [
             ("--tp", self.tp, "the model's {} attention heads", num_heads),
@@ -138,7 +152,12 @@ class ModelParallel:
         if self.sequence_parallel:
             checks.append(("--sequence-parallel (--tp)", self.tp, sequence, seq_len))
         if not even_layers:
-            del checks[2]
+            option, stages = checks.pop(2)[:2]
+            if stages > 1 and not effective_layers_per_stage(num_layers, stages):
+                raise TunecostError(
+                    f"{option if ' x ' in option else f'{option} {stages}'}: {stages} pipeline stages leave a stage "
+                    f"without layers ({num_layers} layers, the embedding and the head counted as a layer each)"
+                )
         for option, degree, what, count in checks:
             if degree > 1 and count % degree:
                 label = option if " x " in option else f"{option} {degree}"

@@ -239,3 +239,10 @@ def test_torchtitan_deals_layers_its_stages_do_not_divide(tmp_path: Path) -> Non
     text = TITAN_70B.replace("pipeline_parallel_degree = 4", "pipeline_parallel_degree = 3")
     job = _read_toml(tmp_path, text.replace('"Interleaved1F1B"', '"1F1B"'))
     assert (job.options["pp"], job.options["num_gpus"]) == (3, 96)
+
+
+def test_torchtitan_stages_past_the_layers_name_the_key(tmp_path: Path) -> None:
+    """82 effective layers (80, the embedding and the head) over 96 stages: a stage would hold nothing."""
+    text = TITAN_70B.replace("pipeline_parallel_degree = 4", "pipeline_parallel_degree = 96")
+    message = _error(tmp_path, text.replace('"Interleaved1F1B"', '"1F1B"'), ".toml")
+    assert "parallelism.pipeline_parallel_degree 96: 96 pipeline stages leave a stage without layers" in message

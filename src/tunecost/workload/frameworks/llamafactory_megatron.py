@@ -7,6 +7,7 @@ from typing import Any
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import ConfigFile
 from tunecost.workload.frameworks.model_parallel import catalog_shape, check_layout, positive
+from tunecost.workload.parallel import UNEVEN_SPLIT
 
 TITLE = "LLaMA-Factory's Megatron backend"
 # hparams/megatron_bridge_args.py MegatronBridgeArguments (hiyouga/LLaMA-Factory@ff6d4d12): keys the default
@@ -64,6 +65,6 @@ def megatron_options(cfg: ConfigFile, model: str | None, notes: list[str]) -> di
         shape = None
     split = [k for k in SPLIT_KEYS if cfg.typed(k, bool)]
     if split and pp > 1:
-        notes.append(f"{' and '.join(split)}: the layers dealt with the embedding and the head counted as a layer each")
+        notes.append(f"{' and '.join(split)}: {UNEVEN_SPLIT}")
     check_layout(cfg, options, keys, shape=shape, seq_len=0, even_layers=not split)
     return options

@@ -17,6 +17,7 @@ from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, accum
 from tunecost.workload.frameworks.model_parallel import ModelShape, check_layout, positive
 from tunecost.workload.frameworks.torchtitan import config_job, nested_config
 from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
+from tunecost.workload.parallel import UNEVEN_SPLIT
 
 # Defaults, NVIDIA/NeMo @ 8cfedd72 (2025-09-20), examples/nlp/language_modeling/conf/megatron_gpt_config.yaml
 # (pre-training) and tuning/conf/megatron_gpt_finetuning_config.yaml (a model.peft section):
@@ -331,10 +332,7 @@ def _pipeline_split(r: Reader, options: dict[str, Any]) -> bool:
     account_for_embedding/loss_in_pipeline_split, default off): the stages need not divide the decoder layers."""
     stated = [r.key(k) for k in (r.dialect.split_embedding, r.dialect.split_loss) if r.flat.typed(r.key(k), bool)]
     if stated and options.get("pp", 1) > 1:
-        r.notes.append(
-            f"{' and '.join(stated)}: the layers dealt over the stages with the embedding and the head counted as a "
-            "layer each (torchtitan's split, which Megatron's gives with both on)"
-        )
+        r.notes.append(f"{' and '.join(stated)}: {UNEVEN_SPLIT}")
     return bool(stated)
 
 
