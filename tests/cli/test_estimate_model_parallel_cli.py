@@ -90,3 +90,24 @@ def test_auto_searches_tensor_and_pipeline_layouts_for_a_dense_full_fine_tune(cl
     assert result.exit_code == 0, result.output
     layouts = {(s["plan"]["tp"], s["plan"]["pp"]) for s in json.loads(result.stdout)["setups"]}
     assert {(1, 1), (2, 1), (1, 2), (2, 2)} <= layouts
+
+
+def test_the_stages_count_the_embedding_and_the_head_as_told(cli_runner) -> None:
+    """4 layers over 4 stages: torchtitan's default (each counted as a layer) deals 1, 2, 1, 0, leaving the last
+    stage the norm and head alone; Megatron's (neither counted) 1 each, so the last stage adds a layer to the head."""
+    lora = [a if a != "full" else "lora" for a in BASE]
+    args = [*lora, "--model", str(Path(DENSE).with_name("tiny-llama-4l.json")), "--gpus", "4", "--pp", "4"]
+    answers = []
+    for less in ("1", "0"):
+        given = ["--pp-first-stage-less-layers", less, "--pp-last-stage-less-layers", less]
+        result = cli_runner.invoke(app, [*args, *given, "--strategy", "ddp", "--json"])
+        assert result.exit_code == 0, result.output
+        answers.append(json.loads(result.stdout))
+    torchtitan, megatron = (a["setups"][0] for a in answers)
+    assert uneven_split_note(4, 4) in answers[0]["notes"] and "1, 2, 1, 0" in uneven_split_note(4, 4)
+    assert not any("pipeline stages as" in n for n in answers[1]["notes"])
+    assert (megatron["plan"]["first_stage_less_layers"], megatron["plan"]["last_stage_less_layers"]) == (0, 0)
+    assert megatron["memory"]["peak_segment"].startswith("pipeline rank 3")
+    assert megatron["memory"]["peak_bytes"] > torchtitan["memory"]["peak_bytes"]
+    too_many = cli_runner.invoke(app, [*BASE, "--model", DENSE, "--gpus", "3", "--pp", "3", *given])
+    assert too_many.exit_code == 2 and "--pp 3: 3 pipeline stages leave a stage without layers" in too_many.output

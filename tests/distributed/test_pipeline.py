@@ -14,11 +14,14 @@ from tiny_jobs import pipeline_job, stage_estimate
 from tunecost.distributed.pipeline import (
     bubble_fraction,
     bubble_from_order,
+    head_layer_equivalents,
     in_flight_from_order,
     in_flight_micro_batches,
     p2p_bytes_per_micro_batch,
     schedule_order,
+    slowest_rank_share,
     stage_layer_ids,
+    uneven_split_note,
 )
 from tunecost.distributed.pipeline_step import measure_stages, simulate_stage
 from tunecost.errors import TunecostError
@@ -129,11 +132,23 @@ def test_stage_layers_split_as_torchtitan():
     """torchtitan's `generate_llm_fqn_per_model_part` docstring: 3 layers on 2 stages with the embedding and the
     head weighing 2 layers each gives stage 0 the embedding and 2 layers; by default (weights 1) 32 layers on 4
     stages are 8, 9, 8, 7 and 4 layers on 4 stages leave the last stage only the norm and head."""
-    assert [list(stage_layer_ids(3, 2, s, input_weight=2, output_weight=2)) for s in range(2)] == [[0, 1], [2]]
+    assert [list(stage_layer_ids(3, 2, s, (2, 2))) for s in range(2)] == [[0, 1], [2]]
     assert [len(stage_layer_ids(32, 4, s)) for s in range(4)] == [8, 9, 8, 7]
     assert [list(stage_layer_ids(4, 4, s)) for s in range(4)] == [[0], [1, 2], [3], []]
     with pytest.raises(TunecostError, match="without layers"):
         stage_layer_ids(2, 5, 0)
+
+
+def test_stage_layers_split_as_megatron():
+    """Megatron Core's default (neither counted) deals 32 layers evenly; with account_for_embedding_in_pipeline_
+    split alone, 31 layers and the embedding make 32 effective over 4 stages: 7, 8, 8, 8."""
+    assert [len(stage_layer_ids(32, 4, s, (0, 0))) for s in range(4)] == [8, 8, 8, 8]
+    assert [len(stage_layer_ids(31, 4, s, (1, 0))) for s in range(4)] == [7, 8, 8, 8]
+    assert [len(stage_layer_ids(30, 4, s, (1, 1))) for s in range(4)] == [7, 8, 8, 7]
+    assert uneven_split_note(32, 4, (0, 0)) is None
+    note = uneven_split_note(31, 4, (1, 0))
+    assert note is not None and note.startswith("31 layers over 4 pipeline stages as 7, 8, 8, 8: ")
+    assert "the embedding counted as 1 and the head as 0 layer(s)" in note
 
 
 def test_bad_schedule_is_one_line():
@@ -165,3 +180,25 @@ def test_a_tied_head_is_a_copy_on_the_last_stage(tmp_path) -> None:
         last[tied] = steps[1].trainable_bytes
         assert steps[0].trainable_bytes > 0
     assert last[True] == last[False] > 0
+
+
+def test_the_pipeline_moves_at_its_slowest_rank():
+    """32 layers over 4 ranks: Megatron's even split with no head is a quarter each; torchtitan's 8, 9, 8, 7 runs at
+    the 9-layer rank's pace; an LM head worth 2 layers on the last rank makes it the slowest under the even split
+    (10 of 34) and ties it with the 9-layer rank under torchtitan's (7 + 2 = 9 of 34)."""
+    assert slowest_rank_share(32, 4, weights=(0, 0)) == pytest.approx(8 / 32)
+    assert slowest_rank_share(32, 4) == pytest.approx(9 / 32)
+    assert slowest_rank_share(32, 4, weights=(0, 0), head_layers=2.0) == pytest.approx(10 / 34)
+    assert slowest_rank_share(32, 4, head_layers=2.0) == pytest.approx(9 / 34)
+    # interleaved over 8 stages (4, 5, 4, 4, 4, 4, 4, 3 layers): rank r runs stages r and r + 4, rank 1 5 + 4
+    # layers, rank 3 4 + 3 layers and the head
+    assert slowest_rank_share(32, 4, 2, head_layers=2.0) == pytest.approx(max(8, 9, 8, 9) / 34)
+    assert slowest_rank_share(32, 1) == 1.0
+
+
+def test_the_head_counts_as_its_gemm_against_a_layers_weights_and_attention():
+    """Llama-3-8B at 8192 tokens: a 128256 x 4096 head against a layer's 218M weights and 8192 x 4096 of attention
+    is about two layers' worth."""
+    head = head_layer_equivalents(vocab_size=128256, hidden_size=4096, layer_params=218_112_000, seq_len=8192)
+    assert head == pytest.approx(128256 * 4096 / (218_112_000 + 8192 * 4096))
+    assert 2.0 < head < 2.2

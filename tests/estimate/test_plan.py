@@ -323,8 +323,12 @@ def test_emit_refuses_what_the_recipes_cannot_switch_on(tiny_full) -> None:
 
 def test_a_pipeline_runs_the_optimizer_once_per_step(tiny_full) -> None:
     """A pipeline's m micro-batches are its accumulation: the rank's compute is m micro-batches of the single-GPU
-    step with its optimizer spread over them (the job at grad_accum m), not m optimizer steps."""
+    step with its optimizer spread over them (the job at grad_accum m), not m optimizer steps, at the pace of the
+    slowest pipeline rank (its layers and, on the last stage, the LM head in layers' worth)."""
+    from tunecost.distributed.pipeline import head_layer_equivalents, slowest_rank_share
     from tunecost.estimate.rank_needs import single_gpu_throughput
+    from tunecost.models.catalog import resolve_model
+    from tunecost.models.params import count_parameters
 
     job, plan = tiny_full
     option = next(o for o in _model_parallel_options(plan) if o.setup.plan.pp > 1)
@@ -333,7 +337,17 @@ def test_a_pipeline_runs_the_optimizer_once_per_step(tiny_full) -> None:
     spread, _ = single_gpu_throughput(at.with_(grad_accum=m), s.gpu)
     each, _ = single_gpu_throughput(at, s.gpu)
     assert m > 1 and spread.queries_per_s > each.queries_per_s
-    assert s.timing.compute_seconds == pytest.approx(m * s.micro_batch / spread.queries_per_s / s.plan.degree)
+    spec, p = resolve_model(job.model), s.plan
+    counts = count_parameters(spec, job.experts_per_token)
+    layer = (counts.active - counts.embedding) / spec.num_layers
+    seq_len = job.worst_case_seq_len
+    head = head_layer_equivalents(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, layer_params=layer, seq_len=seq_len
+    )
+    share = slowest_rank_share(spec.num_layers, p.pp, p.virtual_stages, p.stage_weights, head)
+    assert share > 1 / p.pp  # the head's stage is slower than an even share
+    expected = m * s.micro_batch / spread.queries_per_s / (p.tp * p.cp) * share
+    assert s.timing.compute_seconds == pytest.approx(expected)
 
 
 def test_a_verdict_tells_a_cost_from_the_budget_it_is_over() -> None:

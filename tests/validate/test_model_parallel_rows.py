@@ -99,10 +99,10 @@ def test_a_layout_the_row_cannot_take_is_skipped_with_why(cell, gpus, message):
 
 def test_layers_the_pipeline_does_not_divide_are_split_unevenly_and_said():
     """32 layers over 3 stages ran (Megatron with its embedding and loss counted, or torchtitan's split): the
-    stages hold 10, 11 and 10 layers, said in the row's reason."""
+    stages hold 11, 11 and 10 layers, said in the row's reason."""
     mapped = map_row(_row("PP=3", num_gpus="6"))
     assert mapped.plan().pp == 3
-    assert "32 layers split unevenly over 3 pipeline stages" in mapped.note
+    assert "32 layers over 3 pipeline stages as 11, 11, 10" in mapped.note
     with pytest.raises(Skip, match="64 pipeline stages leave a stage without layers"):
         map_row(_row("PP=32 VP=2", num_gpus="32", grad_accum="32"))
 
@@ -289,3 +289,10 @@ def test_measured_values_in_the_spellings_sources_use(value, unit, read):
             measured_value(row)
     else:
         assert measured_value(row) == read
+
+
+def test_a_megatron_row_whose_stages_divide_the_layers_deals_them_evenly():
+    """NeMo runs Megatron Core's split: 32 layers over 4 stages are 8 each, not torchtitan's 8, 9, 8, 7."""
+    plan = map_row(_row("PP=4", num_gpus="8")).plan()
+    assert (plan.pp, plan.stage_weights) == (4, (0, 0))
+    assert map_row(_row("PP=3", num_gpus="6")).plan().stage_weights == (1, 1)

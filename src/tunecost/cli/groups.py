@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar, get_type_hints
 
+from tunecost.cli import multi_options as multi
 from tunecost.cli import options as cli
-from tunecost.cli.commands import estimate_multigpu as multi
 from tunecost.cli.common import stack_behaviour
 from tunecost.cli.jobconfig import on_command_line
 from tunecost.errors import TunecostError
@@ -199,6 +199,8 @@ class MultiGpuOptions:
     micro_batches: multi.MicroBatches = None
     pipeline_schedule: multi.PipelineSchedule = None
     virtual_stages: multi.VirtualStages = None
+    first_stage_less_layers: multi.FirstStageLess = None
+    last_stage_less_layers: multi.LastStageLess = None
 
     @property
     def given(self) -> bool:

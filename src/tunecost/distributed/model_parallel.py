@@ -14,7 +14,7 @@ from tunecost.distributed.rank_memory import RankMemory, rank_memory
 from tunecost.distributed.single_step import ROOT_GROUPS, SingleGpuStep, single_gpu_step
 from tunecost.simulate.records import WEIGHT_CATEGORIES
 from tunecost.workload.job import FineTuneJob
-from tunecost.workload.parallel import ModelParallel, ParallelPlan
+from tunecost.workload.parallel import ModelParallel, ParallelPlan, split_note
 
 FIRST_STAGE_GROUPS = ("embedding",)  # torchtitan's split: the embedding on the first stage
 LAST_STAGE_GROUPS = ("lm_head/loss", "other")  # the final norm and the LM head (and its loss) on the last
@@ -68,6 +68,7 @@ def stage_step(step: SingleGpuStep, plan: ParallelPlan, stage: int) -> SingleGpu
         schedule=plan.pipeline_schedule,
         micro_batches=plan.num_micro_batches,
         virtual_stages=plan.virtual_stages,
+        weights=plan.stage_weights,
     )
     groups = _held_groups(step, parts)
     weights = {c: _weights(step, c, parts, groups) for c in WEIGHT_CATEGORIES if c != "buffers"}
@@ -172,10 +173,10 @@ def model_parallel_assumptions(plan: ParallelPlan, job: FineTuneJob | None = Non
         out.append(f"context parallelism over {plan.cp} ranks: each rank traced at 1/{plan.cp} of the sequence")
     if plan.pp > 1:
         out.append(
-            f"pipeline of {plan.pp} stages ({plan.pipeline_schedule}, {plan.num_micro_batches} micro-batches): the "
-            "layers dealt as torchtitan deals them, the embedding on the first stage and the final norm and LM head "
-            "on the last; the activations of the micro-batches in flight, one micro-batch's largest temporaries and "
-            "a receive buffer per micro-batch and boundary (torch.distributed.pipelining); the reserve is the peak"
+            f"pipeline of {plan.pp} stages ({plan.pipeline_schedule}, {plan.num_micro_batches} micro-batches): "
+            f"{split_note(*plan.stage_weights)}; the activations of the micro-batches in flight, one micro-batch's "
+            "largest temporaries and a receive buffer per micro-batch and boundary (torch.distributed.pipelining); "
+            "the reserve is the peak"
         )
     if plan.degree > 1:
         out.append(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from tunecost.distributed import model_parallel_comm as mpc
 from tunecost.distributed import overlap
 from tunecost.distributed.model_parallel import data_parallel_plan
+from tunecost.distributed.pipeline import slowest_rank_share
 from tunecost.distributed.single_step import SingleGpuStep
 from tunecost.distributed.timing import Links, StepCollective, step_time
 from tunecost.models.catalog import ModelSpec
@@ -84,15 +85,18 @@ def model_parallel_step_time(
     spec: ModelSpec,
     fused_adamw: bool = False,
     optimizer_fraction: float | None = None,
+    head_layers: float = 0.0,
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
     """(StepTime with its bubble, every collective of a step) of a rank of `plan` on the first pipeline stage,
     whose step is `step` (`model_parallel.stage_step`), given the single-GPU seconds of one micro-batch through the
-    whole model, a 1/m share of the step's optimizer in it (`optimizer_fraction`). The rank computes 1/(tp pp cp)
-    of it per micro-batch (the split assumed even); its model-parallel communication is exposed as
+    whole model, a 1/m share of the step's optimizer in it (`optimizer_fraction`). The rank computes 1/(tp cp) of
+    it per micro-batch times the slowest pipeline rank's share (`pipeline.slowest_rank_share`, the LM head as
+    `head_layers` layers); its model-parallel communication is exposed as
     `model_parallel_comm` has it; the bubble stretches the stage's forward and backward by (pp - 1) / (v m + pp - 1);
     the data-parallel collectives overlap the step's compute as in `timing.step_time`."""
     m = plan.num_micro_batches
-    per_micro_batch = whole_model_seconds / plan.degree
+    share = slowest_rank_share(spec.num_layers, plan.pp, plan.virtual_stages, plan.stage_weights, head_layers)
+    per_micro_batch = whole_model_seconds / (plan.tp * plan.cp) * share
     layer_seconds = per_micro_batch / max(1, step.num_layers)
     collectives, exposed = model_parallel_comm(step, plan, links, spec, layer_seconds)
     compute = m * per_micro_batch  # the stage's step, its optimizer's share (`optimizer_fraction`) once

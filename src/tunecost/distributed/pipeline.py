@@ -12,22 +12,21 @@ from typing import Any
 
 from tunecost.distributed.single_step import SingleGpuStep
 from tunecost.errors import TunecostError
-from tunecost.workload.parallel import PIPELINE_SCHEDULES, UNEVEN_SPLIT, effective_layers_per_stage
+from tunecost.workload.parallel import PIPELINE_SCHEDULES, effective_layers_per_stage, split_note
 
 
-def stage_layer_ids(
-    num_layers: int, num_stages: int, stage: int, *, input_weight: int = 1, output_weight: int = 1
-) -> range:
+def stage_layer_ids(num_layers: int, num_stages: int, stage: int, weights: tuple[int, int] = (1, 1)) -> range:
     """The decoder layers of `stage`, as torchtitan's `generate_llm_fqn_per_model_part` deals them: the embedding
-    counts as `input_weight` layers on the first stage and the final norm + head as `output_weight` on the last
+    counts as `weights[0]` layers on the first stage and the final norm + head as `weights[1]` on the last
     (torchtitan's defaults: 1 each), the effective layers spread evenly, the earlier stages taking one more."""
     if num_stages == 1:
         return range(num_layers)
+    input_weight, output_weight = weights
     per_stage = effective_layers_per_stage(num_layers, num_stages, input_weight, output_weight)
     if not per_stage:
         raise TunecostError(
-            f"{num_stages} pipeline stages leave a stage without layers ({num_layers} layers, embedding and head "
-            f"counted as {input_weight} and {output_weight})"
+            f"{num_stages} pipeline stages leave a stage without layers ({num_layers} layers, the embedding and the "
+            f"head counted as {input_weight} and {output_weight})"
         )
     extra = (num_layers + input_weight + output_weight) % num_stages
     start = 0
@@ -38,16 +37,39 @@ def stage_layer_ids(
     return range(begin, start)
 
 
-def uneven_split_note(num_layers: int, num_stages: int) -> str | None:
-    """What a split of the layers over pipeline stages that does not divide them is priced as (None: even)."""
-    if num_stages <= 1 or not num_layers % num_stages:
+def uneven_split_note(num_layers: int, num_stages: int, weights: tuple[int, int] = (1, 1)) -> str | None:
+    """The decoder layers per pipeline stage where the stages hold different counts (None: the same)."""
+    counts = [len(stage_layer_ids(num_layers, num_stages, s, weights)) for s in range(num_stages)]
+    if len(set(counts)) == 1:
         return None
-    return f"{num_layers} layers split unevenly over {num_stages} pipeline stages: {UNEVEN_SPLIT}"
+    shown = ", ".join(map(str, counts)) if num_stages <= 8 else f"{min(counts)} to {max(counts)}"
+    return f"{num_layers} layers over {num_stages} pipeline stages as {shown}: {split_note(*weights)}"
 
 
 def rank_stage_ids(rank: int, pp: int, virtual_stages: int = 1) -> list[int]:
     """The stages rank `rank` runs: `rank`, `rank + pp`, ... (torch's looped placement for interleaved 1F1B)."""
     return [rank + k * pp for k in range(virtual_stages)]
+
+
+def slowest_rank_share(
+    num_layers: int, pp: int, virtual_stages: int = 1, weights: tuple[int, int] = (1, 1), head_layers: float = 0.0
+) -> float:
+    """The largest share of one micro-batch's whole-model compute a pipeline rank runs (the pipeline moves at its
+    pace): its stages' decoder layers and, on the last stage, the LM head as `head_layers` layers' worth (the
+    embedding's lookup counted as nothing)."""
+    num_stages = pp * virtual_stages
+    work = []
+    for rank in range(pp):
+        chunks = rank_stage_ids(rank, pp, virtual_stages)
+        layers = sum(len(stage_layer_ids(num_layers, num_stages, c, weights)) for c in chunks)
+        work.append(layers + (head_layers if num_stages - 1 in chunks else 0.0))
+    return max(work) / (num_layers + head_layers)
+
+
+def head_layer_equivalents(*, vocab_size: int, hidden_size: int, layer_params: float, seq_len: int) -> float:
+    """The LM head's FLOPs per token in decoder layers' worth: 2 V h against a layer's 2 P (its weights as used
+    per token) + 2 s h (causal attention, `model_parallel_step.attention_share`'s convention)."""
+    return vocab_size * hidden_size / (layer_params + seq_len * hidden_size)
 
 
 def check_schedule(schedule: str, pp: int, micro_batches: int, virtual_stages: int = 1) -> None:
@@ -202,17 +224,19 @@ def stage_parts(
     schedule: str = "1f1b",
     micro_batches: int | None = None,
     virtual_stages: int = 1,
+    weights: tuple[int, int] = (1, 1),
 ) -> StageParts:
-    """Pipeline rank `stage` of `pp` (its `virtual_stages` chunks when interleaved) from `step`, the single-GPU
-    step traced at the MICRO-batch size: its layers, one micro-batch's saved activations of its parts x the
-    micro-batches in flight, the largest transient of one micro-batch's forward or backward, the batch, and the
-    receive buffers torch allocates per micro-batch. Agreement: docs/multi-gpu.md."""
+    """Pipeline rank `stage` of `pp` (its `virtual_stages` chunks when interleaved, the layers dealt with the
+    embedding and the head counted as `weights` layers) from `step`, the single-GPU step traced at the MICRO-batch
+    size: its layers, one micro-batch's saved activations of its parts x the micro-batches in flight, the largest
+    transient of one micro-batch's forward or backward, the batch, and the receive buffers torch allocates per
+    micro-batch. Agreement: docs/multi-gpu.md."""
     m = micro_batches or pp
     in_flight = in_flight_micro_batches(schedule, pp, m, stage, virtual_stages)
     v = virtual_stages if schedule == "interleaved-1f1b" else 1
     num_stages, chunks = pp * v, rank_stage_ids(stage, pp, v)
     first, last = 0 in chunks, num_stages - 1 in chunks
-    n = sum(len(stage_layer_ids(step.num_layers, num_stages, c)) for c in chunks)
+    n = sum(len(stage_layer_ids(step.num_layers, num_stages, c, weights)) for c in chunks)
     fwd = {k.split(":", 1)[1]: c for k, c in step.segments.items() if k.startswith("forward:")}
     act_first, act_last = fwd["unit_first"].get("activations", 0), fwd["unit_last"].get("activations", 0)
     pre = fwd["pre"].get("activations", 0)
@@ -221,7 +245,7 @@ def stage_parts(
         "embedding/frozen_weights", 0
     )
     head = step.root_weight_bytes - embed
-    weights = n * step.layer_weight_bytes + (embed if first else 0) + (head if last else 0)
+    held = n * step.layer_weight_bytes + (embed if first else 0) + (head if last else 0)
     head_saved = fwd["post"].get("activations", 0) - act_last if last else 0  # logits etc. kept for backward
     # in_flight counts chunk micro-batches when interleaved: each holds 1/v of the rank's layers
     activations = round(in_flight / v * (n * per_layer + (pre if first else 0) + head_saved))
@@ -245,7 +269,7 @@ def stage_parts(
         first=first,
         last=last,
         in_flight=in_flight,
-        weight_share=weights / step.weight_bytes,
+        weight_share=held / step.weight_bytes,
         activations=activations,
         transient=transient,
         inputs=fwd["pre"].get("inputs", 0) * m,  # every rank loads the batch (token ids and labels)

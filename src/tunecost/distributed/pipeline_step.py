@@ -80,17 +80,19 @@ class CausalLMStage(nn.Module):
         return self.head(self.norm(hidden))
 
 
-def split_stages(model: Any, *, stages: list[int], num_stages: int) -> list[CausalLMStage]:
+def split_stages(
+    model: Any, *, stages: list[int], num_stages: int, weights: tuple[int, int] = (1, 1)
+) -> list[CausalLMStage]:
     """Keep only the parts of `stages` (of `num_stages`) in a transformers causal LM, in place, as torchtitan's
-    `pipeline_module_split` does: the embedding on the first stage, the final norm and LM head on the last, an even
-    share of the decoder layers on each; the stages' modules, in the order of `stages`."""
+    `pipeline_module_split` does: the embedding on the first stage, the final norm and LM head on the last, the
+    decoder layers dealt with those counted as `weights` layers; the stages' modules, in the order of `stages`."""
     base = model.base_model
     layers = decoder_layers(model)
     last = num_stages - 1
     parts = [
         CausalLMStage(
             embed=base.embed_tokens if s == 0 else None,
-            layers=[layers[i] for i in stage_layer_ids(len(layers), num_stages, s)],
+            layers=[layers[i] for i in stage_layer_ids(len(layers), num_stages, s, weights)],
             rotary=base.rotary_emb,
             norm=base.norm if s == last else None,
             head=model.lm_head if s == last else None,
@@ -131,7 +133,7 @@ def build_stages(
 
     def wrap(model: Any) -> None:
         held.append((model.loss_function, int(model.config.vocab_size)))
-        held.append(split_stages(model, stages=own, num_stages=num_stages))
+        held.append(split_stages(model, stages=own, num_stages=num_stages, weights=job.parallel.stage_weights))
 
     prepared = build_prepared(job, num_units=None, real=real, seed=seed, wrap=wrap)
     (loss_function, vocab), parts = held

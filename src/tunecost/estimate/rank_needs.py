@@ -32,7 +32,7 @@ from tunecost.workload.parallel import ParallelPlan
 MAX_MICRO_BATCH = MAX_BATCH  # the micro-batch search's cap per rank: one GPU's
 # of the rank memories kept on disk (`RankNeeds`; their key holds the step's LAYOUT_VERSION): bump when rank_memory
 # changes
-RANK_MEMORY_VERSION = "5"
+RANK_MEMORY_VERSION = "6"
 
 
 @lru_cache(maxsize=4096)

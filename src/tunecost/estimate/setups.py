@@ -13,11 +13,12 @@ from tunecost.catalog.gpus import GPU
 from tunecost.catalog.prices import Price, billed_gpus, cheapest_for
 from tunecost.distributed import deepspeed_estimator, model_parallel, overlap
 from tunecost.distributed.model_parallel_step import model_parallel_step_time
+from tunecost.distributed.pipeline import head_layer_equivalents
 from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory
 from tunecost.distributed.timing import Links, StepCollective, step_time
 from tunecost.estimate.paper import training_hours, usd_for_hours
 from tunecost.models.catalog import resolve_model
-from tunecost.models.params import ParamCounts
+from tunecost.models.params import ParamCounts, count_parameters
 from tunecost.simulate.batch import default_margin_fraction, fit_verdict
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ParallelPlan
@@ -182,9 +183,19 @@ def model_parallel_time(
     fused_adamw: bool = False,
     optimizer_fraction: float | None = None,
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
-    """A TP/PP/CP rank's step from its whole-model TP/CP step `step`: the first stage (most in flight)."""
+    """A TP/PP/CP rank's step from its whole-model TP/CP step `step`: the first stage (most in flight), at the
+    pace of the pipeline's slowest rank (the LM head's GEMM counted in layers' worth)."""
     stage = model_parallel.first_stage(step, plan)
     spec = resolve_model(job.model)
+    head = 0.0
+    if plan.pp > 1:
+        counts = count_parameters(spec, job.experts_per_token)
+        head = head_layer_equivalents(
+            vocab_size=spec.vocab_size,
+            hidden_size=spec.hidden_size,
+            layer_params=(counts.active - counts.embedding) / spec.num_layers,
+            seq_len=step.seq_len * plan.cp,
+        )
     return model_parallel_step_time(
         stage,
         plan,
@@ -193,6 +204,7 @@ def model_parallel_time(
         spec=spec,
         fused_adamw=fused_adamw,
         optimizer_fraction=optimizer_fraction,
+        head_layers=head,
     )
 
 

@@ -173,7 +173,10 @@ def model_parallel_row(
         return None
     if mp.tp > 1 and (job.method == "qlora" or job.modules_to_save):
         raise Skip("tensor parallelism with QLoRA or fully trained modules beside LoRA not modelled")
-    mp = dataclasses.replace(mp, tp_impl=stack.tp_impl)
+    stages = mp.pp * mp.virtual_stages
+    # stages that do not divide the layers ran with the embedding and the head counted (Megatron's account_for keys)
+    first, last = (1, 1) if spec.num_layers % stages else stack.stage_weights
+    mp = dataclasses.replace(mp, tp_impl=stack.tp_impl, first_stage_less_layers=first, last_stage_less_layers=last)
     unsaid = mp.tp > 1 and sequence_parallel_stated(cell.lower()) is None
     if stack.sp_with_tp and unsaid and not job.worst_case_seq_len % mp.tp:
         mp = dataclasses.replace(mp, sequence_parallel=True)
@@ -189,7 +192,7 @@ def model_parallel_row(
         )
     except TunecostError as exc:
         raise Skip(f"parallelism {row.get('parallelism')!r}: {exc}") from None
-    noted += [n for n in [uneven_split_note(spec.num_layers, mp.pp * mp.virtual_stages)] if n]
+    noted += [n for n in [uneven_split_note(spec.num_layers, stages, mp.stage_weights)] if n]
     return mp
 
 

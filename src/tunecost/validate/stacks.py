@@ -34,6 +34,8 @@ class Stack:
     adamw_impl: str = ""  # the AdamW of the stack's torch (`behaviour.ADAMW_IMPLS`; "": the installed torch's)
     tp_impl: str = "torchtitan"  # whose tensor parallelism its TP rows run (`workload.parallel.TP_IMPLS`)
     sp_with_tp: str = ""  # why its TP rows run sequence parallelism where the row does not say ("": they do not)
+    # the layers its PP rows' stages count the embedding and the head as (`ModelParallel.stage_weights`)
+    stage_weights: tuple[int, int] = (1, 1)
     # the training loop runs each micro-batch but an optimizer step's last under DDP / FSDP `no_sync` (transformers'
     # Trainer through accelerate's `no_sync`, DeepSpeed excepted): one gradient reduction per optimizer step
     no_sync_accumulation: bool = False
@@ -291,6 +293,7 @@ STACKS["nemo"] = replace(
     ),
     adamw_impl=ADAMW_FUSED,
     tp_impl="megatron",
+    stage_weights=(0, 0),  # Megatron Core's default (account_for_embedding/loss_in_pipeline_split off)
     # NVIDIA/NeMo@e8509a92 scripts/performance/helpers.py, set_primary_perf_configs: sequence_parallel = tp_size > 1
     sp_with_tp="as NeMo's performance scripts set it (the row does not say)",
 )

@@ -31,17 +31,22 @@ TP_IMPLS = ("torchtitan", "megatron")
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default zero_optimization.reduce_bucket_size
 DEFAULT_MAX_GPUS = 64  # --gpus auto: the most GPUs searched
 MAX_SEARCH_GPUS = 100_000  # every count up to the limit is evaluated (arithmetic only)
-# how a split the stages do not divide is dealt (`stage_layer_ids`), said in the notes of a layout priced with one
-UNEVEN_SPLIT = (
-    "the layers dealt over the stages with the embedding and the head counted as a layer each (torchtitan's split; "
-    "Megatron's with account_for_embedding/loss_in_pipeline_split)"
-)
+
+
+def split_note(first_less: int, last_less: int) -> str:
+    """How the stages deal the decoder layers, for the notes of a layout priced with that split."""
+    return (
+        f"the decoder layers dealt over the stages with the embedding counted as {first_less} and the head as "
+        f"{last_less} layer(s), the earlier stages taking one more where the stages do not divide them (torchtitan's "
+        "pipeline_parallel_first/last_stage_less_layers, 1 and 1 by default; Megatron's 0 and 0, 1 each with "
+        "account_for_embedding/loss_in_pipeline_split)"
+    )
 
 
 def effective_layers_per_stage(num_layers: int, num_stages: int, input_weight: int = 1, output_weight: int = 1) -> int:
     """The effective layers each pipeline stage holds at least, the embedding counted as `input_weight` layers and
-    the head as `output_weight` (torchtitan's `generate_llm_fqn_per_model_part`); 0 or less than either weight: a
-    stage is left without layers."""
+    the head as `output_weight` (torchtitan's `generate_llm_fqn_per_model_part`); 0 where a stage would be left
+    without layers."""
     per_stage = (num_layers + input_weight + output_weight) // num_stages
     return per_stage if per_stage >= max(input_weight, output_weight, 1) else 0
 
@@ -67,7 +72,8 @@ class ModelParallel:
     inputs as sequence shards and gathers them again in backward). tp_comm_overlap: the TP collectives overlapped
     with the linears' GEMMs (Transformer Engine's userbuffers). micro_batches: pipeline micro-batches per step
     (None: pp); pipeline_schedule: one of `PIPELINE_SCHEDULES`, virtual_stages its stages per rank (interleaved
-    only).
+    only); first/last_stage_less_layers: the layers the embedding and the head count as where the stages deal the
+    decoder layers (torchtitan's keys and defaults; `pipeline.stage_layer_ids`).
     """
 
     tp: int = 1
@@ -79,11 +85,18 @@ class ModelParallel:
     micro_batches: int | None = None
     pipeline_schedule: str = "1f1b"
     virtual_stages: int = 1
+    first_stage_less_layers: int = 1
+    last_stage_less_layers: int = 1
 
     @property
     def degree(self) -> int:
         """Ranks that hold one copy of the model between them: tp x pp x cp."""
         return self.tp * self.pp * self.cp
+
+    @property
+    def stage_weights(self) -> tuple[int, int]:
+        """The layers the embedding and the head count as where the pipeline stages deal the decoder layers."""
+        return self.first_stage_less_layers, self.last_stage_less_layers
 
     @property
     def num_micro_batches(self) -> int:
@@ -121,6 +134,11 @@ class ModelParallel:
                 f"--micro-batches {self.micro_batches}: micro-batches per step are a TP/PP/CP layout's; a "
                 "data-parallel layout accumulates them with --grad-accum"
             )
+        if min(self.first_stage_less_layers, self.last_stage_less_layers) < 0:
+            raise TunecostError(
+                "--pp-first-stage-less-layers and --pp-last-stage-less-layers must be at least 0, got "
+                f"{self.first_stage_less_layers} and {self.last_stage_less_layers}"
+            )
         if self.virtual_stages < 1 or (self.virtual_stages > 1 and self.pipeline_schedule != "interleaved-1f1b"):
             raise TunecostError(
                 f"virtual pipeline stages {self.virtual_stages}: at least 1, and above 1 only with interleaved-1f1b"
@@ -151,12 +169,14 @@ class ModelParallel:
         ]
         if self.sequence_parallel:
             checks.append(("--sequence-parallel (--tp)", self.tp, sequence, seq_len))
+        weights = self.stage_weights
         if not even_layers:
             option, stages = checks.pop(2)[:2]
-            if stages > 1 and not effective_layers_per_stage(num_layers, stages):
+            if stages > 1 and not effective_layers_per_stage(num_layers, stages, *weights):
                 raise TunecostError(
                     f"{option if ' x ' in option else f'{option} {stages}'}: {stages} pipeline stages leave a stage "
-                    f"without layers ({num_layers} layers, the embedding and the head counted as a layer each)"
+                    f"without layers ({num_layers} layers, the embedding and the head counted as {weights[0]} and "
+                    f"{weights[1]})"
                 )
         for option, degree, what, count in checks:
             if degree > 1 and count % degree:
@@ -191,7 +211,8 @@ class ParallelPlan(ModelParallel, _DataParallel):
     reduce_bucket_elements, overlap_comm: DeepSpeed ZeRO-1/2's `zero_optimization.reduce_bucket_size` and
         `overlap_comm` (its defaults: 5e8 elements, off): the gradient buckets each backward allocates, two with
         overlap_comm.
-    tp, pp, cp, sequence_parallel, tp_impl, tp_comm_overlap, micro_batches, pipeline_schedule, virtual_stages:
+    tp, pp, cp, sequence_parallel, tp_impl, tp_comm_overlap, micro_batches, pipeline_schedule, virtual_stages,
+        first_stage_less_layers, last_stage_less_layers:
         `ModelParallel`'s; the
         data-parallel group is the rest (`dp` = num_gpus / (tp x pp x cp)), and `strategy` shards over it.
     """

@@ -416,4 +416,5 @@ def test_the_megatron_backend_counts_the_embedding_in_the_split_where_told(tmp_p
         _read(tmp_path, five)
     job = _read(tmp_path, five + "account_for_embedding_in_pipeline_split: true\n")
     assert job.options["pp"] == 5
-    assert any(a.startswith("account_for_embedding_in_pipeline_split: the layers dealt") for a in job.assumptions)
+    assert any(a.startswith("account_for_embedding_in_pipeline_split: the decoder layers") for a in job.assumptions)
+    assert (job.options["first_stage_less_layers"], job.options["last_stage_less_layers"]) == (1, 0)

@@ -246,3 +246,13 @@ def test_torchtitan_stages_past_the_layers_name_the_key(tmp_path: Path) -> None:
     text = TITAN_70B.replace("pipeline_parallel_degree = 4", "pipeline_parallel_degree = 96")
     message = _error(tmp_path, text.replace('"Interleaved1F1B"', '"1F1B"'), ".toml")
     assert "parallelism.pipeline_parallel_degree 96: 96 pipeline stages leave a stage without layers" in message
+
+
+def test_torchtitan_reads_what_its_first_and_last_stages_count_the_embedding_and_head_as(tmp_path: Path) -> None:
+    text = TITAN_70B.replace('"Interleaved1F1B"', '"1F1B"')
+    job = _read_toml(tmp_path, text)
+    assert (job.options["first_stage_less_layers"], job.options["last_stage_less_layers"]) == (1, 1)  # its defaults
+    less = text.replace("[parallelism]", "[parallelism]\npipeline_parallel_first_stage_less_layers = 0")
+    assert _read_toml(tmp_path, less).options["first_stage_less_layers"] == 0
+    bad = text.replace("[parallelism]", "[parallelism]\npipeline_parallel_last_stage_less_layers = -1")
+    assert "parallelism.pipeline_parallel_last_stage_less_layers: must be at least 0" in _error(tmp_path, bad, ".toml")

@@ -269,7 +269,9 @@ def test_the_embedding_and_loss_in_the_pipeline_split(tmp_path: Path, keys: tupl
 def test_megatron_lm_reads_the_split_among_its_transformer_keys(tmp_path: Path) -> None:
     text = MEGATRON_YAML.replace("num_layers: 24", "num_layers: 23\n  account_for_loss_in_pipeline_split: true")
     job = _read(tmp_path, text)
-    assert any(a.startswith("language_model.account_for_loss_in_pipeline_split: the layers") for a in job.assumptions)
+    said = "language_model.account_for_loss_in_pipeline_split: the decoder layers"
+    assert any(a.startswith(said) for a in job.assumptions)
+    assert (job.options["first_stage_less_layers"], job.options["last_stage_less_layers"]) == (0, 1)
     assert "does not divide the model's 23" in _error(
         tmp_path, MEGATRON_YAML.replace("num_layers: 24", "num_layers: 23")
     )

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING
 
 from tunecost.cli.common import console, dim, format_hours, print_json, print_table, split_list
-from tunecost.cli.options import MAX_EXPERTS, count_option, opt
+from tunecost.cli.multi_options import DEFAULT_GPUS_PER_NODE
 from tunecost.errors import TunecostError
 from tunecost.limits import check_count
 from tunecost.units import format_bytes
@@ -15,71 +15,18 @@ from tunecost.workload.parallel import (
     DEFAULT_MAX_GPUS,
     MAX_SEARCH_GPUS,
     MULTI_GPU_STRATEGIES,
-    PIPELINE_SCHEDULES,
-    TP_IMPLS,
     ModelParallel,
 )
 
 if TYPE_CHECKING:
     from tunecost.cli.groups import MultiGpuOptions, Pricing, RecordsOutput
 
-DEFAULT_GPUS_PER_NODE = 8
-MAX_GPUS_PER_NODE = 1024
-NumGpus = Annotated[
-    str | None, opt("--gpus", "Several GPUs: a number, or 'auto' for the fewest that fit and the cheapest setup.")
-]
-GpusPerNode = Annotated[
-    int | None, count_option("--gpus-per-node", "Several GPUs: GPUs per node (default 8).", MAX_GPUS_PER_NODE)
-]
-Strategy = Annotated[
-    str | None,
-    opt("--strategy", "Several GPUs: " + ", ".join(MULTI_GPU_STRATEGIES) + ", or all (default; comma list)."),
-]
-MaxGpus = Annotated[
-    int | None, count_option("--max-gpus", "--gpus auto: the most GPUs to consider (default 64).", MAX_SEARCH_GPUS)
-]
-Interconnect = Annotated[str | None, opt("--interconnect", "Several GPUs: the link inside a node (NVLink4, PCIe4...).")]
-Offload = Annotated[
-    str | None,
-    opt(
-        "--offload",
-        "Several GPUs, CPU offload: none | optimizer (DeepSpeed zero1/2/3) | params (zero3 with the optimizer; "
-        "FSDP's CPU offload for fsdp1/fsdp2).",
-    ),
-]
-ExpertParallel = Annotated[
-    int | None,
-    count_option(
-        "--expert-parallel", "Several GPUs, MoE: ranks that share the experts (divides experts, GPUs).", MAX_EXPERTS
-    ),
-]
-MAX_DEGREE = 1024
-TensorParallel = Annotated[int | None, count_option("--tp", "Several GPUs: tensor-parallel degree.", MAX_DEGREE)]
-PipelineParallel = Annotated[int | None, count_option("--pp", "Several GPUs: pipeline stages.", MAX_DEGREE)]
-ContextParallel = Annotated[int | None, count_option("--cp", "Several GPUs: context-parallel degree.", MAX_DEGREE)]
-SequenceParallel = Annotated[
-    bool | None,
-    opt("--sequence-parallel/--no-sequence-parallel", "With --tp: Megatron's sequence parallelism (default on)."),
-]
-TpImpl = Annotated[str | None, opt("--tp-impl", "With --tp: whose TP, " + " | ".join(TP_IMPLS) + " (default first).")]
-TP_OVERLAP_HELP = "With --tp: TP collectives overlapped with the GEMMs (Transformer Engine userbuffers; default off)."
-TpCommOverlap = Annotated[bool | None, opt("--tp-comm-overlap/--no-tp-comm-overlap", TP_OVERLAP_HELP)]
-MicroBatches = Annotated[
-    int | None, count_option("--micro-batches", "With --pp: micro-batches per step (default: the stages).", 1 << 20)
-]
-PipelineSchedule = Annotated[
-    str | None, opt("--pipeline-schedule", "With --pp: " + " | ".join(PIPELINE_SCHEDULES) + " (default 1f1b).")
-]
-VirtualStages = Annotated[
-    int | None, count_option("--virtual-stages", "With --pipeline-schedule interleaved-1f1b: stages per rank.", 1024)
-]
-
 
 def model_parallel_option(options: MultiGpuOptions):
     """The TP/PP/CP layout the options give (None: none of them given)."""
     o = options
     given = (o.tp, o.pp, o.cp, o.micro_batches, o.pipeline_schedule, o.virtual_stages, o.sequence_parallel, o.tp_impl)
-    if all(v is None for v in (*given, o.tp_comm_overlap)):
+    if all(v is None for v in (*given, o.tp_comm_overlap, o.first_stage_less_layers, o.last_stage_less_layers)):
         return None
     tp = options.tp or 1
     if options.sequence_parallel and tp == 1:
@@ -94,6 +41,8 @@ def model_parallel_option(options: MultiGpuOptions):
         micro_batches=options.micro_batches,
         pipeline_schedule=(options.pipeline_schedule or "1f1b").strip().lower(),
         virtual_stages=options.virtual_stages or 1,
+        first_stage_less_layers=1 if options.first_stage_less_layers is None else options.first_stage_less_layers,
+        last_stage_less_layers=1 if options.last_stage_less_layers is None else options.last_stage_less_layers,
     )
 
 

@@ -10,8 +10,8 @@ from typing import Annotated
 
 import typer
 
+from tunecost.cli import multi_options as multi
 from tunecost.cli import options as cli
-from tunecost.cli.commands import estimate_multigpu as multi
 from tunecost.cli.common import (
     checked_host_cpu,
     cli_errors,
@@ -37,7 +37,7 @@ from tunecost.cli.jobconfig import (
 )
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_positive
-from tunecost.workload.parallel import MAX_SEARCH_GPUS
+from tunecost.workload.parallel import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS
 
 MAX_OWNED_GPUS = 1024
 
@@ -133,7 +133,7 @@ def plan(
             jobs,
             gpus=gpus,
             own=owned,
-            max_gpus=max_gpus or multi.DEFAULT_MAX_GPUS,
+            max_gpus=max_gpus or DEFAULT_MAX_GPUS,
             gpus_per_node=gpus_per_node or multi.DEFAULT_GPUS_PER_NODE,
             num_queries=num_queries,
             epochs=num_epochs,

@@ -80,6 +80,8 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "micro_batches": int,  # pipeline micro-batches per step
     "pipeline_schedule": str,  # 1f1b | gpipe | interleaved-1f1b
     "virtual_stages": int,  # pipeline stages per rank (interleaved-1f1b)
+    "first_stage_less_layers": int,  # the layers the embedding counts as in the pipeline split
+    "last_stage_less_layers": int,  # ... and the head
     "fp8": str,  # none | tensorwise | rowwise | te-delayed (FP8_RECIPES)
     "fp8_params": bool,  # te-delayed: the linears' weights kept in FP8 only
 }

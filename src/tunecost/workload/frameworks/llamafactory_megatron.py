@@ -7,7 +7,7 @@ from typing import Any
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import ConfigFile
 from tunecost.workload.frameworks.model_parallel import catalog_shape, check_layout, positive
-from tunecost.workload.parallel import UNEVEN_SPLIT
+from tunecost.workload.parallel import split_note
 
 TITLE = "LLaMA-Factory's Megatron backend"
 # hparams/megatron_bridge_args.py MegatronBridgeArguments (hiyouga/LLaMA-Factory@ff6d4d12): keys the default
@@ -63,8 +63,12 @@ def megatron_options(cfg: ConfigFile, model: str | None, notes: list[str]) -> di
         shape = catalog_shape(model) if model else None
     except TunecostError:
         shape = None
-    split = [k for k in SPLIT_KEYS if cfg.typed(k, bool)]
-    if split and pp > 1:
-        notes.append(f"{' and '.join(split)}: {UNEVEN_SPLIT}")
-    check_layout(cfg, options, keys, shape=shape, seq_len=0, even_layers=not split)
+    first, last = (int(bool(cfg.typed(k, bool))) for k in SPLIT_KEYS)
+    if pp > 1:
+        options.update(first_stage_less_layers=first, last_stage_less_layers=last)
+        if first or last:
+            notes.append(
+                f"{' and '.join(k for k, on in zip(SPLIT_KEYS, (first, last)) if on)}: {split_note(first, last)}"
+            )
+    check_layout(cfg, options, keys, shape=shape, seq_len=0, even_layers=not (first or last))
     return options

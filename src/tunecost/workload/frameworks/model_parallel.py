@@ -16,7 +16,7 @@ from tunecost.workload.parallel import ModelParallel, ParallelPlan
 # the plan's model-parallel options a config may set (job options of the same names)
 MODEL_PARALLEL_OPTIONS = tuple(f.name for f in fields(ModelParallel))
 PLAN_OPTIONS = ("num_gpus", "gpus_per_node", "strategy", "offload", *MODEL_PARALLEL_OPTIONS)
-_FLAG = re.compile(r"--(tp|pp|cp|sequence-parallel|micro-batches)\b")  # the flags ParallelPlan's errors name
+_FLAG = re.compile(r"--(tp|pp|cp|sequence-parallel|micro-batches)\b(?!-)")  # the flags ParallelPlan's errors name
 
 
 def soft_capped(model: str | None) -> bool:

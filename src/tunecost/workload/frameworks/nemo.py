@@ -17,7 +17,7 @@ from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, accum
 from tunecost.workload.frameworks.model_parallel import ModelShape, check_layout, positive
 from tunecost.workload.frameworks.torchtitan import config_job, nested_config
 from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
-from tunecost.workload.parallel import UNEVEN_SPLIT
+from tunecost.workload.parallel import split_note
 
 # Defaults, NVIDIA/NeMo @ 8cfedd72 (2025-09-20), examples/nlp/language_modeling/conf/megatron_gpt_config.yaml
 # (pre-training) and tuning/conf/megatron_gpt_finetuning_config.yaml (a model.peft section):
@@ -328,12 +328,17 @@ def _run_length(r: Reader, options: dict[str, Any]) -> None:
 
 
 def _pipeline_split(r: Reader, options: dict[str, Any]) -> bool:
-    """True where the config counts the embedding or the loss as a layer of the pipeline split (Megatron Core's
-    account_for_embedding/loss_in_pipeline_split, default off): the stages need not divide the decoder layers."""
-    stated = [r.key(k) for k in (r.dialect.split_embedding, r.dialect.split_loss) if r.flat.typed(r.key(k), bool)]
-    if stated and options.get("pp", 1) > 1:
-        r.notes.append(f"{' and '.join(stated)}: {UNEVEN_SPLIT}")
-    return bool(stated)
+    """The layers the stages count the embedding and the head as (Megatron Core's account_for_embedding/loss_in_
+    pipeline_split, default off: the stages divide the decoder layers); True where either is on (the stages need
+    not divide the layers)."""
+    if options.get("pp", 1) == 1:
+        return False
+    keys = [r.key(k) for k in (r.dialect.split_embedding, r.dialect.split_loss)]
+    first, last = (int(bool(r.value(k, bool, False, f"{k} off: {r.title}"))) for k in keys)
+    options.update(first_stage_less_layers=first, last_stage_less_layers=last)
+    if first or last:
+        r.notes.append(f"{' and '.join(k for k, on in zip(keys, (first, last)) if on)}: {split_note(first, last)}")
+    return bool(first or last)
 
 
 def _shape(r: Reader) -> ModelShape | None:

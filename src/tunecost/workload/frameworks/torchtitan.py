@@ -12,27 +12,7 @@ from typing import Any
 from tunecost.workload.frameworks import COMPILE_NOTE, ConfigFile, ConfigJob, Framework, KnownKeys, accumulation_of
 from tunecost.workload.frameworks.model_parallel import ModelShape, catalog_shape, check_layout, positive
 
-# Defaults, pytorch/torchtitan @ 238fa995 (2026-02-23, the last TOML version), torchtitan/config/job_config.py:
-#   model.name llama3, model.flavor debugmodel, converters []; optimizer.name AdamW, early_step_in_backward False
-#   training.local_batch_size 8 (training.batch_size before 2025-06-05), seq_len 2048, dtype float32,
-#   mixed_precision_param bfloat16, enable_cpu_offload False, dataset c4_test, steps 10000
-#   parallelism.data_parallel_shard_degree -1 (every GPU left after replicate x cp x tp x pp), data_parallel_
-#   replicate_degree 1, tensor/pipeline/context/expert_parallel_degree 1, fsdp_reshard_after_forward "default"
-#   (resharded, not under pipeline parallelism), disable_loss_parallel False, enable_async_tensor_parallel False
-#   (needs compile), pipeline_
-#   parallel_schedule "1F1B" (torch's get_schedule_class names, any case), pipeline_parallel_microbatch_size 1
-#   (micro-batches: local_batch_size / it), pipeline_parallel_layers_per_stage None (interleaved schedules: 2
-#   stages per rank; else ceil((layers + first/last_stage_less_layers 1 + 1) / it) stages in all)
-#                                                  torchtitan/distributed/{parallel_dims,pipeline_parallel}.py
-#   TP always shards the norms along the sequence (SequenceParallel in every models/*/infra/parallelize.py; no
-#   switch), seq_len a multiple of tp x 2 x cp (ParallelDims.seq_len_divisor). parallelism.enable_sequence_parallel
-#   (default True) came later, with the Python configs (aa68af18, 2026-03-29, torchtitan/config/configs.py)
-#   activation_checkpoint.mode selective, selective_ac_option "2": every 2nd block wrapped (torchtitan/distributed/
-#   activation_checkpoint.py `_apply_layer_sac`: a counter over the blocks, `count % ac_freq == 0`); compile.enable
-#   False
-#   attention: the flavors' attn_type "sdpa" (torch SDPA); "_flex"/"_varlen" flavors: flex/varlen attention
-#   quantize.linear.float8.recipe_name None (TorchAOFloat8LinearConfig(): tensorwise), filter_fqns [] (llama3 TOMLs:
-#   ["output"]); components/quantization/float8.py registers the converter "quantize.linear.float8"
+# Defaults and where they were read: docs/configs.md, "torchtitan's defaults"
 TITLE = "torchtitan"
 # JobConfig's sections and fields; training.batch_size: local_batch_size's name before 2025-06-05
 SP_KEY = "enable_sequence_parallel"  # the Python configs' switch (2026-03-29), read when a TOML file has it
@@ -290,6 +270,7 @@ def _pipeline(flat: ConfigFile, options: dict[str, Any], notes: list[str], shape
     notes.append(f"pipeline micro-batches: {options['micro_batches']} of {size} (batch_size), {key}")
     if flat.typed(f"{PAR}pipeline_parallel_schedule_csv", str):
         raise flat.error(f"{PAR}pipeline_parallel_schedule_csv", "a schedule read from a CSV file is not modelled")
+    options["first_stage_less_layers"], options["last_stage_less_layers"] = _less_layers(flat)
     stages, key = _stages(flat, shape)
     if stages is None:
         options["virtual_stages"] = 2 if schedule == "interleaved-1f1b" else None  # None: the plan's 1
@@ -311,8 +292,20 @@ def _stages(flat: ConfigFile, shape: ModelShape) -> tuple[int | None, str]:
     per_stage = flat.typed(key, int)
     if per_stage is None:
         return None, key
-    first, last = (flat.typed(f"{PAR}pipeline_parallel_{e}_stage_less_layers", int, 1) for e in ("first", "last"))
+    first, last = _less_layers(flat)
     return -(-(shape.num_layers + first + last) // positive(flat, key, per_stage)), key
+
+
+def _less_layers(flat: ConfigFile) -> tuple[int, int]:
+    """pipeline_parallel_first/last_stage_less_layers: the layers the embedding and the head count as (1 each)."""
+    out = []
+    for end in ("first", "last"):
+        key = f"{PAR}pipeline_parallel_{end}_stage_less_layers"
+        value = flat.typed(key, int, 1)
+        if value < 0:
+            raise flat.error(key, f"must be at least 0, got {value}")
+        out.append(value)
+    return out[0], out[1]
 
 
 def _layout(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
