@@ -111,3 +111,13 @@ def test_the_stages_count_the_embedding_and_the_head_as_told(cli_runner) -> None
     assert megatron["memory"]["peak_bytes"] > torchtitan["memory"]["peak_bytes"]
     too_many = cli_runner.invoke(app, [*BASE, "--model", DENSE, "--gpus", "3", "--pp", "3", *given])
     assert too_many.exit_code == 2 and "--pp 3: 3 pipeline stages leave a stage without layers" in too_many.output
+
+
+def test_a_sharded_stage_without_decoder_layers_is_timed(cli_runner) -> None:
+    """2 layers over 4 stages (torchtitan: 0, 1, 1, 0): under fsdp2 the first rank shards its embedding alone, its
+    step timed as one unit (a traceback before)."""
+    args = [*BASE, "--model", DENSE, "--gpus", "8", "--pp", "4", "--strategy", "fsdp2", "--json"]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    (setup,) = json.loads(result.stdout)["setups"]
+    assert setup["plan"]["pp"] == 4 and setup["timing"]["step_seconds"] > setup["timing"]["compute_seconds"] > 0

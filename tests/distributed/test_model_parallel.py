@@ -230,3 +230,15 @@ def test_the_bubble_holds_forward_and_backward_only(job_step):
         timed, _ = model_parallel_step_time(stage, plan, links, whole, spec=spec, optimizer_fraction=optimizer)
         assert timed.bubble_seconds == pytest.approx(0.7 / m / 2, rel=0.01)  # a micro-batch's, on its stage
         assert timed.bubble_seconds / timed.step_seconds <= 1 / (m + 1)
+
+
+def test_the_search_tries_pipelines_whose_stages_do_not_divide_the_layers() -> None:
+    """Llama-3.1-405B's 126 layers over 4 or 8 stages are dealt as torchtitan deals them (and timed at the slowest
+    rank's pace), so the search weighs them beside the stages that divide the layers."""
+    from tunecost.distributed.layouts import model_parallel_choices
+    from tunecost.workload.job import FineTuneJob
+
+    spec = resolve_model("meta-llama/Llama-3.1-405B")
+    job = FineTuneJob(model="meta-llama/Llama-3.1-405B", method="full", seq_len=4096)
+    choices = model_parallel_choices(spec, job, given=None, searching=True, gpus_per_node=8)
+    assert spec.num_layers == 126 and {c.pp for c in choices} == {1, 2, 4, 8}

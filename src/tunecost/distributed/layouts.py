@@ -14,7 +14,13 @@ from tunecost.errors import TunecostError
 from tunecost.models.anatomy import HYBRID_FAMILIES
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob
-from tunecost.workload.parallel import MAX_SEARCH_GPUS, NOT_WITH_PIPELINE, ModelParallel, ParallelPlan
+from tunecost.workload.parallel import (
+    MAX_SEARCH_GPUS,
+    NOT_WITH_PIPELINE,
+    ModelParallel,
+    ParallelPlan,
+    effective_layers_per_stage,
+)
 
 if TYPE_CHECKING:
     from tunecost.models.catalog import ModelSpec
@@ -43,8 +49,9 @@ def model_parallel_choices(
 ) -> list[ModelParallel]:
     """The model-parallel layouts to evaluate: the one given; or, searching GPU counts for a full fine-tune (a LoRA
     one with `lora`: asked when no data-parallel layout fits it; QLoRA's 4-bit weights are not sharded) of a model
-    of a TP-capable family, TP (with sequence parallelism) within a node x PP over `SEARCH_DEGREES` that
-    divide the heads and layers (no TP with modules saved beside LoRA or under Liger), and for sequences of
+    of a TP-capable family, TP (with sequence parallelism) within a node x PP over `SEARCH_DEGREES` (TP dividing
+    the heads, PP dealing the layers as torchtitan does; no TP with modules saved beside LoRA or under Liger), and
+    for sequences of
     `CP_SEARCH_MIN_SEQ_LEN` tokens or more CP beside the widest TP (no PP); else none (data parallelism only)."""
     if given is not None:
         return [given]
@@ -60,7 +67,7 @@ def model_parallel_choices(
     ]
     # the TP plan does not shard PEFT's saved copies, and Liger's kernels take no DTensors (`check_model_parallel`)
     tps = tps[:1] if job.modules_to_save or job.liger_kernel else tps
-    pps = [p for p in SEARCH_DEGREES if not spec.num_layers % p]
+    pps = [p for p in SEARCH_DEGREES if p == 1 or effective_layers_per_stage(spec.num_layers, p)]  # torchtitan's split
     choices = [ModelParallel(tp=t, pp=p, sequence_parallel=t > 1) for t in tps for p in pps]
     if seq_len >= CP_SEARCH_MIN_SEQ_LEN:
         t = max(tps)

@@ -242,17 +242,18 @@ def _sharded_step_seconds(c: _StepComm, fwd: float, bwd: float, opt: float, a2a:
     offload each gradient shard follows its reduce-scatter to the host and (parameter offload) each layer's shard
     comes from the host before its all-gather."""
     step, plan, layers = c.step, c.plan, c.step.num_layers
+    units = max(layers, 1)  # a pipeline stage of the embedding or the head alone: its root is the one unit
     reshard = plan.strategy != "fsdp2-shard-grad-op"
     weights, experts = step.layer_weight_bytes, step.layer_expert_bytes(trainable=False)
     layer_trainable, layer_expert_trainable = step.layer_trainable_bytes, step.layer_expert_bytes(trainable=True)
-    ag = [c.data_parallel("all_gather", "forward", "layer weights", weights, experts, layers)] * layers
-    rs = [0.0] * layers
+    ag = [c.data_parallel("all_gather", "forward", "layer weights", weights, experts, layers)] * units
+    rs = [0.0] * units
     if c.sync:
         rs = [
             c.data_parallel(
                 "reduce_scatter", "backward", "layer gradients", layer_trainable, layer_expert_trainable, layers
             )
-        ] * layers
+        ] * units
         rs[0] += c.add("reduce_scatter", "backward", "root gradients", step.root_trainable_bytes, 1)
     ag[0] += c.add("all_gather", "forward", "root weights", step.root_weight_bytes, 1)
     if reshard:  # the same all-gathers again in backward
@@ -271,9 +272,9 @@ def _sharded_step_seconds(c: _StepComm, fwd: float, bwd: float, opt: float, a2a:
         ag[0] += root
     elif offload.offloads_states(plan.offload) and c.sync:  # the updated 16-bit shard back to the GPU
         exposed += c.host_copy("host_to_device", "optimizer", "updated trainable shard", step.trainable_bytes, 1)
-    layer_fwd, layer_bwd = fwd / layers + a2a["forward"], bwd / layers + a2a["backward"]
+    layer_fwd, layer_bwd = fwd / units + a2a["forward"], bwd / units + a2a["backward"]
     timed = overlap.fsdp_step_seconds(
-        [layer_fwd] * layers, [layer_bwd] * layers, ag, rs, opt, reshard_after_forward=reshard
+        [layer_fwd] * units, [layer_bwd] * units, ag, rs, opt, reshard_after_forward=reshard
     )
     if plan.strategy == "hsdp" and plan.num_nodes > 1 and c.sync:  # sharded gradients all-reduced between nodes
         shards = step.trainable_bytes / c.group
