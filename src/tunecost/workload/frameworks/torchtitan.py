@@ -270,7 +270,9 @@ def _pipeline(flat: ConfigFile, options: dict[str, Any], notes: list[str], shape
     notes.append(f"pipeline micro-batches: {options['micro_batches']} of {size} (batch_size), {key}")
     if flat.typed(f"{PAR}pipeline_parallel_schedule_csv", str):
         raise flat.error(f"{PAR}pipeline_parallel_schedule_csv", "a schedule read from a CSV file is not modelled")
-    options["first_stage_less_layers"], options["last_stage_less_layers"] = _less_layers(flat)
+    first, last = _less_layers(flat)
+    if (first, last) != (1, 1):  # torchtitan's defaults are the plan's
+        options.update(first_stage_less_layers=first, last_stage_less_layers=last)
     stages, key = _stages(flat, shape)
     if stages is None:
         options["virtual_stages"] = 2 if schedule == "interleaved-1f1b" else None  # None: the plan's 1
