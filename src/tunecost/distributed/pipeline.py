@@ -12,7 +12,7 @@ from typing import Any
 
 from tunecost.distributed.single_step import SingleGpuStep
 from tunecost.errors import TunecostError
-from tunecost.workload.parallel import PIPELINE_SCHEDULES, effective_layers_per_stage, split_note
+from tunecost.workload.parallel import PIPELINE_SCHEDULES, effective_layers_per_stage, empty_stage_message, split_note
 
 
 def stage_layer_ids(num_layers: int, num_stages: int, stage: int, weights: tuple[int, int] = (1, 1)) -> range:
@@ -24,10 +24,7 @@ def stage_layer_ids(num_layers: int, num_stages: int, stage: int, weights: tuple
     input_weight, output_weight = weights
     per_stage = effective_layers_per_stage(num_layers, num_stages, input_weight, output_weight)
     if not per_stage:
-        raise TunecostError(
-            f"{num_stages} pipeline stages leave a stage without layers ({num_layers} layers, the embedding and the "
-            f"head counted as {input_weight} and {output_weight})"
-        )
+        raise TunecostError(empty_stage_message(num_layers, num_stages, weights))
     extra = (num_layers + input_weight + output_weight) % num_stages
     start = 0
     for s in range(stage + 1):

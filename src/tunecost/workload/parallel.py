@@ -51,6 +51,14 @@ def effective_layers_per_stage(num_layers: int, num_stages: int, input_weight: i
     return per_stage if per_stage >= max(input_weight, output_weight, 1) else 0
 
 
+def empty_stage_message(num_layers: int, num_stages: int, weights: tuple[int, int]) -> str:
+    """The error where `effective_layers_per_stage` is 0."""
+    return (
+        f"{num_stages} pipeline stages leave a stage without layers ({num_layers} layers, the embedding and the head "
+        f"counted as {weights[0]} and {weights[1]})"
+    )
+
+
 def check_fsdp2_method(method: str, *, alternatives: str = "--method lora or full") -> None:
     """Refuse QLoRA where tunecost runs PyTorch's FSDP2 itself (the fake-process-group simulation of a rank and
     `tunecost profile --nproc-per-node`): FSDP2 shards 4-bit weights only when bitsandbytes stores them in a float
@@ -173,11 +181,8 @@ class ModelParallel:
         if not even_layers:
             option, stages = checks.pop(2)[:2]
             if stages > 1 and not effective_layers_per_stage(num_layers, stages, *weights):
-                raise TunecostError(
-                    f"{option if ' x ' in option else f'{option} {stages}'}: {stages} pipeline stages leave a stage "
-                    f"without layers ({num_layers} layers, the embedding and the head counted as {weights[0]} and "
-                    f"{weights[1]})"
-                )
+                label = option if " x " in option else f"{option} {stages}"
+                raise TunecostError(f"{label}: {empty_stage_message(num_layers, stages, weights)}")
         for option, degree, what, count in checks:
             if degree > 1 and count % degree:
                 label = option if " x " in option else f"{option} {degree}"

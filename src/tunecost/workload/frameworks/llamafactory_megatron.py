@@ -6,8 +6,7 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import ConfigFile
-from tunecost.workload.frameworks.model_parallel import catalog_shape, check_layout, positive
-from tunecost.workload.parallel import split_note
+from tunecost.workload.frameworks.model_parallel import catalog_shape, check_layout, megatron_split, positive
 
 TITLE = "LLaMA-Factory's Megatron backend"
 # hparams/megatron_bridge_args.py MegatronBridgeArguments (hiyouga/LLaMA-Factory@ff6d4d12): keys the default
@@ -63,12 +62,7 @@ def megatron_options(cfg: ConfigFile, model: str | None, notes: list[str]) -> di
         shape = catalog_shape(model) if model else None
     except TunecostError:
         shape = None
-    first, last = (int(bool(cfg.typed(k, bool))) for k in SPLIT_KEYS)
-    if pp > 1:
-        options.update(first_stage_less_layers=first, last_stage_less_layers=last)
-        if first or last:
-            notes.append(
-                f"{' and '.join(k for k, on in zip(SPLIT_KEYS, (first, last)) if on)}: {split_note(first, last)}"
-            )
-    check_layout(cfg, options, keys, shape=shape, seq_len=0, even_layers=not (first or last))
+    on = [cfg.typed(k, bool) for k in SPLIT_KEYS]
+    uneven = pp > 1 and megatron_split(options, SPLIT_KEYS, on, notes)
+    check_layout(cfg, options, keys, shape=shape, seq_len=0, even_layers=not uneven)
     return options

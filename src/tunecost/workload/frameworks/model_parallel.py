@@ -4,14 +4,14 @@ line's would be, with the config's own keys named in the error instead of tuneco
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.frameworks import ConfigFile
-from tunecost.workload.parallel import ModelParallel, ParallelPlan
+from tunecost.workload.parallel import ModelParallel, ParallelPlan, split_note
 
 # the plan's model-parallel options a config may set (job options of the same names)
 MODEL_PARALLEL_OPTIONS = tuple(f.name for f in fields(ModelParallel))
@@ -98,3 +98,16 @@ def positive(flat: ConfigFile, key: str, value: int | None, default: int = 1) ->
     if value < 1:
         raise flat.error(key, f"must be at least 1, got {value}")
     return value
+
+
+def megatron_split(options: dict[str, Any], keys: Sequence[str], on: Sequence[bool], notes: list[str]) -> bool:
+    """Megatron Core's account_for_embedding/loss_in_pipeline_split (`keys`, whether each is `on`) as the stages'
+    embedding and head weights (0 each by default), said in `notes` where one is on; True then (the stages need
+    not divide the decoder layers)."""
+    first, last = (int(bool(o)) for o in on)
+    options.update(first_stage_less_layers=first, last_stage_less_layers=last)
+    if first or last:
+        notes.append(
+            f"{' and '.join(k for k, o in zip(keys, (first, last), strict=True) if o)}: {split_note(first, last)}"
+        )
+    return bool(first or last)

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, accumulation_of
-from tunecost.workload.frameworks.model_parallel import ModelShape, check_layout, positive
+from tunecost.workload.frameworks.model_parallel import ModelShape, check_layout, megatron_split, positive
 from tunecost.workload.frameworks.torchtitan import config_job, nested_config
 from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
-from tunecost.workload.parallel import split_note
 
 # Defaults, NVIDIA/NeMo @ 8cfedd72 (2025-09-20), examples/nlp/language_modeling/conf/megatron_gpt_config.yaml
 # (pre-training) and tuning/conf/megatron_gpt_finetuning_config.yaml (a model.peft section):
@@ -334,11 +333,7 @@ def _pipeline_split(r: Reader, options: dict[str, Any]) -> bool:
     if options.get("pp", 1) == 1:
         return False
     keys = [r.key(k) for k in (r.dialect.split_embedding, r.dialect.split_loss)]
-    first, last = (int(bool(r.value(k, bool, False, f"{k} off: {r.title}"))) for k in keys)
-    options.update(first_stage_less_layers=first, last_stage_less_layers=last)
-    if first or last:
-        r.notes.append(f"{' and '.join(k for k, on in zip(keys, (first, last)) if on)}: {split_note(first, last)}")
-    return bool(first or last)
+    return megatron_split(options, keys, [r.value(k, bool, False, f"{k} off: {r.title}") for k in keys], r.notes)
 
 
 def _shape(r: Reader) -> ModelShape | None:
