@@ -242,3 +242,18 @@ def test_the_search_tries_pipelines_whose_stages_do_not_divide_the_layers() -> N
     job = FineTuneJob(model="meta-llama/Llama-3.1-405B", method="full", seq_len=4096)
     choices = model_parallel_choices(spec, job, given=None, searching=True, gpus_per_node=8)
     assert spec.num_layers == 126 and {c.pp for c in choices} == {1, 2, 4, 8}
+
+
+def test_a_pipeline_step_exposes_its_slowest_ranks_communication(job_step):
+    """The pipeline moves at its slowest rank's pace, compute and communication: two stages of one layer each tie
+    (the first rank's sends), an LM head worth 5 layers makes the last rank the slowest (its receives)."""
+    job, step = job_step
+    plan = ParallelPlan(num_gpus=2, strategy="ddp", pp=2, micro_batches=4)
+    stage, spec = stage_steps(step, plan)[0], resolve_model(job.model)
+    links = default_links(resolve_gpu_name("H100").gpu, 8)
+
+    def forward_pp(head: float) -> set[str]:
+        _, collectives = model_parallel_step_time(stage, plan, links, 1.0, spec=spec, head_layers=head)
+        return {c.op for c in collectives if c.what.startswith("PP") and c.phase == "forward"}
+
+    assert forward_pp(0.0) == {"send"} and forward_pp(5.0) == {"recv"}

@@ -133,6 +133,25 @@ def test_no_model_parallelism_no_collectives(batch, layers):
     )
 
 
+def test_a_pipeline_rank_counts_the_tp_collectives_of_its_own_layers():
+    """32 layers over 4 stages: torchtitan's split deals them 8, 9, 8, 7, Megatron's (no embedding or head
+    weights) 8 each; a rank's per-layer TP all-reduces follow its own layers, 2 forward and 2 backward per layer
+    and micro-batch."""
+    shape = dict(MODEL, num_layers=32)
+    for weights, layers in (((1, 1), [8, 9, 8, 7]), ((0, 0), [8, 8, 8, 8])):
+        plan = ParallelPlan(
+            num_gpus=8, strategy="single", tp=2, pp=4, micro_batches=4,
+            first_stage_less_layers=weights[0], last_stage_less_layers=weights[1],
+        )  # fmt: skip
+        for stage, n in enumerate(layers):
+            cs = model_parallel_collectives(plan, batch=1, seq_len=16, stage=stage, **shape)
+            per_layer = {c.what: c.count for c in cs if c.group == "tp" and "-parallel)" in c.what}
+            assert per_layer == {
+                "layer outputs (row-parallel)": 2 * 4 * n,
+                "input gradients (column-parallel)": 2 * 4 * n,
+            }
+
+
 def _bus_bytes(cs) -> float:
     return sum(c.count * c.nbytes * comm.BUS_FACTORS[c.op](c.ranks) for c in cs)
 

@@ -19,7 +19,7 @@ from tunecost.distributed.pipeline import (
     in_flight_micro_batches,
     p2p_bytes_per_micro_batch,
     schedule_order,
-    slowest_rank_share,
+    slowest_rank,
     stage_layer_ids,
     uneven_split_note,
 )
@@ -186,14 +186,14 @@ def test_the_pipeline_moves_at_its_slowest_rank():
     """32 layers over 4 ranks: Megatron's even split with no head is a quarter each; torchtitan's 8, 9, 8, 7 runs at
     the 9-layer rank's pace; an LM head worth 2 layers on the last rank makes it the slowest under the even split
     (10 of 34) and ties it with the 9-layer rank under torchtitan's (7 + 2 = 9 of 34)."""
-    assert slowest_rank_share(32, 4, weights=(0, 0)) == pytest.approx(8 / 32)
-    assert slowest_rank_share(32, 4) == pytest.approx(9 / 32)
-    assert slowest_rank_share(32, 4, weights=(0, 0), head_layers=2.0) == pytest.approx(10 / 34)
-    assert slowest_rank_share(32, 4, head_layers=2.0) == pytest.approx(9 / 34)
+    assert slowest_rank(32, 4, weights=(0, 0)) == (0, pytest.approx(8 / 32))
+    assert slowest_rank(32, 4) == (1, pytest.approx(9 / 32))
+    assert slowest_rank(32, 4, weights=(0, 0), head_layers=2.0) == (3, pytest.approx(10 / 34))
+    assert slowest_rank(32, 4, head_layers=2.0) == (1, pytest.approx(9 / 34))
     # interleaved over 8 stages (4, 5, 4, 4, 4, 4, 4, 3 layers): rank r runs stages r and r + 4, rank 1 5 + 4
     # layers, rank 3 4 + 3 layers and the head
-    assert slowest_rank_share(32, 4, 2, head_layers=2.0) == pytest.approx(max(8, 9, 8, 9) / 34)
-    assert slowest_rank_share(32, 1) == 1.0
+    assert slowest_rank(32, 4, 2, head_layers=2.0) == (1, pytest.approx(max(8, 9, 8, 9) / 34))
+    assert slowest_rank(32, 1) == (0, 1.0)
 
 
 def test_the_head_counts_as_its_gemm_against_a_layers_weights_and_attention():

@@ -325,7 +325,7 @@ def test_a_pipeline_runs_the_optimizer_once_per_step(tiny_full) -> None:
     """A pipeline's m micro-batches are its accumulation: the rank's compute is m micro-batches of the single-GPU
     step with its optimizer spread over them (the job at grad_accum m), not m optimizer steps, at the pace of the
     slowest pipeline rank (its layers and, on the last stage, the LM head in layers' worth)."""
-    from tunecost.distributed.pipeline import head_layer_equivalents, slowest_rank_share
+    from tunecost.distributed.pipeline import head_layer_equivalents, slowest_rank
     from tunecost.estimate.rank_needs import single_gpu_throughput
     from tunecost.models.catalog import resolve_model
     from tunecost.models.params import count_parameters
@@ -344,7 +344,7 @@ def test_a_pipeline_runs_the_optimizer_once_per_step(tiny_full) -> None:
     head = head_layer_equivalents(
         vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, layer_params=layer, seq_len=seq_len
     )
-    share = slowest_rank_share(spec.num_layers, p.pp, p.virtual_stages, p.stage_weights, head)
+    _, share = slowest_rank(spec.num_layers, p.pp, p.virtual_stages, p.stage_weights, head)
     assert share > 1 / p.pp  # the head's stage is slower than an even share
     expected = m * s.micro_batch / spread.queries_per_s / (p.tp * p.cp) * share
     assert s.timing.compute_seconds == pytest.approx(expected)

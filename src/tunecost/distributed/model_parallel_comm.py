@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tunecost.distributed import comm
-from tunecost.distributed.pipeline import bubble_fraction
+from tunecost.distributed.pipeline import bubble_fraction, rank_layers
 from tunecost.errors import TunecostError
 from tunecost.workload.parallel import ParallelPlan
 
@@ -188,9 +188,9 @@ def model_parallel_collectives(
     rotate_method: str = "allgather",
     gathered_logits_vocab: int = 0,
 ) -> tuple[ModelParallelCollective, ...]:
-    """Every TP, CP and PP collective a rank on pipeline `stage` issues per step (all micro-batches): its
-    num_layers / pp decoder layers (rounded up) per micro-batch, the embedding on the first stage, the LM head on
-    the last.
+    """Every TP, CP and PP collective pipeline rank `stage` issues per step (all micro-batches): its decoder
+    layers as the plan's split deals them (`pipeline.rank_layers`) per micro-batch, the embedding on the first
+    stage, the LM head on the last.
     `batch`: the micro-batch in sequences; `seq_len`: the whole sequence (split cp ways); `gathered_logits_vocab`:
     the vocabulary size when the LM head's logits are all-gathered (no loss parallel; 0: loss parallel);
     `recompute_early_stop`: full recomputation by PyTorch's non-reentrant checkpoint (False: Megatron's, which
@@ -202,7 +202,7 @@ def model_parallel_collectives(
     if not 0 <= stage < plan.pp:
         raise TunecostError(f"pipeline stage {stage} out of range for --pp {plan.pp}")
     m, tokens = plan.num_micro_batches, seq_len // plan.cp
-    layers = -(-num_layers // plan.pp)  # a stage of an uneven split: at most one more
+    layers = rank_layers(num_layers, plan.pp, stage, plan.virtual_stages, plan.stage_weights)
     full = activation_bytes(batch=batch, tokens=tokens, hidden=hidden, bytes_per_element=bytes_per_element)
     rows = tp_layer_collectives(
         plan, recompute=recompute, early_stop=recompute_early_stop, megatron_regather=plan.tp_impl == "megatron"

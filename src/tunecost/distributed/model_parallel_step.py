@@ -8,16 +8,26 @@ from __future__ import annotations
 from tunecost.distributed import model_parallel_comm as mpc
 from tunecost.distributed import overlap
 from tunecost.distributed.model_parallel import data_parallel_plan
-from tunecost.distributed.pipeline import slowest_rank_share
+from tunecost.distributed.pipeline import head_layer_equivalents, rank_layers, slowest_rank
 from tunecost.distributed.single_step import SingleGpuStep
 from tunecost.distributed.timing import Links, StepCollective, step_time
 from tunecost.models.catalog import ModelSpec
+from tunecost.models.params import count_parameters
 from tunecost.workload.parallel import ParallelPlan
 
 
 def attention_share(seq_len: int, hidden_size: int) -> float:
     """Causal attention's share of a decoder layer's FLOPs per token: 2 s h of 24 h^2 + 2 s h (GPT's block)."""
     return seq_len / (12 * hidden_size + seq_len)
+
+
+def lm_head_layers(spec: ModelSpec, experts_per_token: int | None, seq_len: int) -> float:
+    """The LM head's GEMM in decoder layers' worth at `seq_len` tokens (`pipeline.head_layer_equivalents`)."""
+    counts = count_parameters(spec, experts_per_token)
+    layer_params = (counts.active - counts.embedding) / spec.num_layers
+    return head_layer_equivalents(
+        vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, layer_params=layer_params, seq_len=seq_len
+    )
 
 
 def _seconds(c: mpc.ModelParallelCollective, links: Links) -> float:
@@ -52,7 +62,8 @@ def model_parallel_comm(
     )
     share = attention_share(step.seq_len * plan.cp, spec.hidden_size)
     block = layer_seconds * share / max(1, plan.cp)
-    gemm_seconds = plan.num_micro_batches * step.num_layers * layer_seconds * (1.0 - share)
+    layers = rank_layers(spec.num_layers, plan.pp, stage, plan.virtual_stages, plan.stage_weights)
+    gemm_seconds = plan.num_micro_batches * layers * layer_seconds * (1.0 - share)
     out, exposed, tp_seconds = [], 0.0, 0.0
     for c in collectives:
         seconds = _seconds(c, links)
@@ -87,18 +98,18 @@ def model_parallel_step_time(
     optimizer_fraction: float | None = None,
     head_layers: float = 0.0,
 ) -> tuple[overlap.StepTime, tuple[StepCollective, ...]]:
-    """(StepTime with its bubble, every collective of a step) of a rank of `plan` on the first pipeline stage,
-    whose step is `step` (`model_parallel.stage_step`), given the single-GPU seconds of one micro-batch through the
-    whole model, a 1/m share of the step's optimizer in it (`optimizer_fraction`). The rank computes 1/(tp cp) of
-    it per micro-batch times the slowest pipeline rank's share (`pipeline.slowest_rank_share`, the LM head as
-    `head_layers` layers); its model-parallel communication is exposed as
+    """(StepTime with its bubble, every collective of a step) of a rank of `plan` whose first-stage step is `step`
+    (`model_parallel.stage_step`), given the single-GPU seconds of one micro-batch through the whole model, a 1/m
+    share of the step's optimizer in it (`optimizer_fraction`). The pipeline moves at its slowest rank's pace
+    (`pipeline.slowest_rank`, the LM head as `head_layers` layers): 1/(tp cp) of the whole model's compute per
+    micro-batch times that rank's share, and that rank's model-parallel communication exposed as
     `model_parallel_comm` has it; the bubble stretches the stage's forward and backward by (pp - 1) / (v m + pp - 1);
-    the data-parallel collectives overlap the step's compute as in `timing.step_time`."""
+    the data-parallel collectives (the first stage's) overlap the step's compute as in `timing.step_time`."""
     m = plan.num_micro_batches
-    share = slowest_rank_share(spec.num_layers, plan.pp, plan.virtual_stages, plan.stage_weights, head_layers)
+    rank, share = slowest_rank(spec.num_layers, plan.pp, plan.virtual_stages, plan.stage_weights, head_layers)
     per_micro_batch = whole_model_seconds / (plan.tp * plan.cp) * share
-    layer_seconds = per_micro_batch / max(1, step.num_layers)
-    collectives, exposed = model_parallel_comm(step, plan, links, spec, layer_seconds)
+    layer_seconds = whole_model_seconds / (plan.tp * plan.cp) / (spec.num_layers + head_layers)
+    collectives, exposed = model_parallel_comm(step, plan, links, spec, layer_seconds, stage=rank)
     compute = m * per_micro_batch  # the stage's step, its optimizer's share (`optimizer_fraction`) once
     optimizer = None if optimizer_fraction is None else optimizer_fraction * compute
     dp_timed, dp_collectives = step_time(

@@ -48,19 +48,23 @@ def rank_stage_ids(rank: int, pp: int, virtual_stages: int = 1) -> list[int]:
     return [rank + k * pp for k in range(virtual_stages)]
 
 
-def slowest_rank_share(
-    num_layers: int, pp: int, virtual_stages: int = 1, weights: tuple[int, int] = (1, 1), head_layers: float = 0.0
-) -> float:
-    """The largest share of one micro-batch's whole-model compute a pipeline rank runs (the pipeline moves at its
-    pace): its stages' decoder layers and, on the last stage, the LM head as `head_layers` layers' worth (the
-    embedding's lookup counted as nothing)."""
+def rank_layers(num_layers: int, pp: int, rank: int, virtual_stages: int = 1, weights: tuple[int, int] = (1, 1)) -> int:
+    """The decoder layers pipeline rank `rank` holds over its `virtual_stages` stages."""
     num_stages = pp * virtual_stages
-    work = []
-    for rank in range(pp):
-        chunks = rank_stage_ids(rank, pp, virtual_stages)
-        layers = sum(len(stage_layer_ids(num_layers, num_stages, c, weights)) for c in chunks)
-        work.append(layers + (head_layers if num_stages - 1 in chunks else 0.0))
-    return max(work) / (num_layers + head_layers)
+    chunks = rank_stage_ids(rank, pp, virtual_stages)
+    return sum(len(stage_layer_ids(num_layers, num_stages, c, weights)) for c in chunks)
+
+
+def slowest_rank(
+    num_layers: int, pp: int, virtual_stages: int = 1, weights: tuple[int, int] = (1, 1), head_layers: float = 0.0
+) -> tuple[int, float]:
+    """(the pipeline rank that runs the most of one micro-batch's compute, its share of the whole model's): its
+    stages' decoder layers and, on the last rank, the LM head as `head_layers` layers' worth (the embedding's
+    lookup counted as nothing). The pipeline moves at this rank's pace."""
+    work = [float(rank_layers(num_layers, pp, r, virtual_stages, weights)) for r in range(pp)]
+    work[-1] += head_layers
+    rank = max(range(pp), key=work.__getitem__)
+    return rank, work[rank] / (num_layers + head_layers)
 
 
 def head_layer_equivalents(*, vocab_size: int, hidden_size: int, layer_params: float, seq_len: int) -> float:

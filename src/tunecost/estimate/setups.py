@@ -12,13 +12,12 @@ from dataclasses import dataclass, field
 from tunecost.catalog.gpus import GPU
 from tunecost.catalog.prices import Price, billed_gpus, cheapest_for
 from tunecost.distributed import deepspeed_estimator, model_parallel, overlap
-from tunecost.distributed.model_parallel_step import model_parallel_step_time
-from tunecost.distributed.pipeline import head_layer_equivalents
+from tunecost.distributed.model_parallel_step import lm_head_layers, model_parallel_step_time
 from tunecost.distributed.rank_memory import RankMemory, SingleGpuStep, rank_memory
 from tunecost.distributed.timing import Links, StepCollective, step_time
 from tunecost.estimate.paper import training_hours, usd_for_hours
 from tunecost.models.catalog import resolve_model
-from tunecost.models.params import ParamCounts, count_parameters
+from tunecost.models.params import ParamCounts
 from tunecost.simulate.batch import default_margin_fraction, fit_verdict
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ParallelPlan
@@ -187,15 +186,7 @@ def model_parallel_time(
     pace of the pipeline's slowest rank (the LM head's GEMM counted in layers' worth)."""
     stage = model_parallel.first_stage(step, plan)
     spec = resolve_model(job.model)
-    head = 0.0
-    if plan.pp > 1:
-        counts = count_parameters(spec, job.experts_per_token)
-        head = head_layer_equivalents(
-            vocab_size=spec.vocab_size,
-            hidden_size=spec.hidden_size,
-            layer_params=(counts.active - counts.embedding) / spec.num_layers,
-            seq_len=step.seq_len * plan.cp,
-        )
+    head = lm_head_layers(spec, job.experts_per_token, step.seq_len * plan.cp) if plan.pp > 1 else 0.0
     return model_parallel_step_time(
         stage,
         plan,

@@ -169,22 +169,32 @@ def model_parallel_step_fn(
     (`distributed.model_parallel_step`); the row's gradient accumulation is the pipeline's micro-batches, and
     the optimizer's step is spread over them."""
     from tunecost.distributed.model_parallel import first_stage
-    from tunecost.distributed.model_parallel_step import model_parallel_step_time
+    from tunecost.distributed.model_parallel_step import lm_head_layers, model_parallel_step_time
     from tunecost.distributed.timing import default_links
     from tunecost.models.catalog import resolve_model
 
     plan = mapped.plan()
     if plan.pp == 1 and mapped.grad_accum > 1:
         plan = dataclasses.replace(plan, micro_batches=mapped.grad_accum)
-    stage = first_stage(rank_step_fn(mapped), plan)
+    rank = rank_step_fn(mapped)
+    stage = first_stage(rank, plan)
     links, spec = default_links(gpu, plan.node_size), resolve_model(mapped.job.model)
+    head = lm_head_layers(spec, mapped.job.experts_per_token, rank.seq_len * plan.cp) if plan.pp > 1 else 0.0
+    fused = runs_fused_adamw(mapped.job.stack, mapped.behaviour)
     m = plan.num_micro_batches  # the optimizer runs once per step: a micro-batch's share of it, 1/m
     step = accumulated(counts_fn(mapped), m)
 
     def step_of(eff: float) -> float:
         whole = step_time(step, terms, stack_params(eff))
         timed = model_parallel_step_time(
-            stage, plan, links, whole.step_s / m, spec=spec, optimizer_fraction=whole.optimizer_fraction
+            stage,
+            plan,
+            links,
+            whole.step_s / m,
+            spec=spec,
+            fused_adamw=fused,
+            optimizer_fraction=whole.optimizer_fraction,
+            head_layers=head,
         )
         return timed[0].step_seconds
 
