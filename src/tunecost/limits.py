@@ -23,6 +23,7 @@ MAX_USD_PER_HOUR = 1e4  # price of one GPU-hour
 MAX_GPU_MEMORY_BYTES = 10**13  # memory of one GPU (10 TB); the largest today hold 141-192 GB
 MAX_LEARNING_RATE = 10.0  # fine-tuning rates are 1e-5 to 1e-2; past 10 any optimizer diverges
 MAX_LORA_ALPHA = 1e6  # LoRA scaling numerator; common values are 8 to 2 x rank
+MAX_STAGE_LAYERS = 100_000  # decoder layers of one pipeline stage; the deepest models have a few hundred
 
 
 def check_count(option: str, value: int | float | None, maximum: int, *, minimum: int = 1) -> int | None:

@@ -9,6 +9,7 @@ import pytest
 
 from tunecost.cli.main import app
 from tunecost.distributed.pipeline import uneven_split_note
+from tunecost.workload.parallel import ModelParallel
 
 DENSE = str(Path(__file__).parents[1] / "fixtures" / "distributed" / "tiny-llama-2l.json")
 BASE = ["estimate", "--epochs", "1", "--queries", "100", "--method", "full", "--gpu", "H100"]
@@ -36,6 +37,11 @@ BASE = ["estimate", "--epochs", "1", "--queries", "100", "--method", "full", "--
         (["--model", "llama-2-70b", "--gpus", "8", "--pp", "2", "--pipeline-schedule", "zbv"], "unknown pipeline"),
         (["--model", "llama-2-70b", "--gpus", "8", "--pp", "0"], "--pp"),
         (["--model", "llama-2-70b", "--gpus", "8", "--micro-batches", "16"], "accumulates them with --grad-accum"),
+        (
+            ["--model", "llama-2-70b", "--gpus", "4", "--pp", "4", "--pp-first-stage-layers", "19"],
+            "--pp-first-stage-layers 19 leave 61 of the model's 80 decoder layers to 3 other stage(s)",
+        ),
+        (["--model", "llama-2-70b", "--gpus", "8", "--pp-last-stage-layers", "8"], "with --pp 2 or more"),
     ],
 )
 def test_a_layout_that_does_not_divide_is_one_error_line(cli_runner, args, message):
@@ -52,7 +58,7 @@ def test_pipeline_stages_the_layers_do_not_fill_evenly_are_dealt_as_torchtitan_d
     result = cli_runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     answer = json.loads(result.stdout)
-    assert uneven_split_note(2, 3) in answer["notes"]
+    assert uneven_split_note(2, ModelParallel(pp=3)) in answer["notes"]
     (setup,) = answer["setups"]
     assert setup["plan"]["pp"] == 3 and setup["micro_batch"] >= 1 and setup["cost"]["usd"] > 0
 
@@ -104,7 +110,8 @@ def test_the_stages_count_the_embedding_and_the_head_as_told(cli_runner) -> None
         assert result.exit_code == 0, result.output
         answers.append(json.loads(result.stdout))
     torchtitan, megatron = (a["setups"][0] for a in answers)
-    assert uneven_split_note(4, 4) in answers[0]["notes"] and "1, 2, 1, 0" in uneven_split_note(4, 4)
+    note = uneven_split_note(4, ModelParallel(pp=4))
+    assert note is not None and note in answers[0]["notes"] and "1, 2, 1, 0" in note
     assert not any("pipeline stages as" in n for n in answers[1]["notes"])
     assert (megatron["plan"]["first_stage_less_layers"], megatron["plan"]["last_stage_less_layers"]) == (0, 0)
     assert megatron["memory"]["peak_segment"].startswith("pipeline rank 3")
@@ -121,3 +128,18 @@ def test_a_sharded_stage_without_decoder_layers_is_timed(cli_runner) -> None:
     assert result.exit_code == 0, result.output
     (setup,) = json.loads(result.stdout)["setups"]
     assert setup["plan"]["pp"] == 4 and setup["timing"]["step_seconds"] > setup["timing"]["compute_seconds"] > 0
+
+
+def test_megatrons_first_and_last_stage_layers_from_the_command_line(cli_runner) -> None:
+    """--pp-first-stage-layers 3 over the 4-layer Llama's 2 stages leaves the last one layer, and the answer says
+    how the stages hold the layers."""
+    lora = [a if a != "full" else "lora" for a in BASE]
+    args = [*lora, "--model", str(Path(DENSE).with_name("tiny-llama-4l.json")), "--gpus", "2", "--pp", "2"]
+    result = cli_runner.invoke(app, [*args, "--pp-first-stage-layers", "3", "--strategy", "ddp", "--json"])
+    assert result.exit_code == 0, result.output
+    answer = json.loads(result.stdout)
+    assert any(
+        n.startswith("4 layers over 2 pipeline stages as 3, 1: 3 layers on the first stage") for n in answer["notes"]
+    )
+    (setup,) = answer["setups"]
+    assert setup["plan"]["first_stage_layers"] == 3 and setup["plan"]["last_stage_layers"] is None

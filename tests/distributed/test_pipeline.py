@@ -25,6 +25,7 @@ from tunecost.distributed.pipeline import (
 )
 from tunecost.distributed.pipeline_step import measure_stages, simulate_stage
 from tunecost.errors import TunecostError
+from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
 NUM_STAGES, MICRO_BATCHES = 2, 4
 # (schedule, tiny config, virtual stages per rank): interleaved runs stages 0, 2 and 1, 3 of a 4-layer Llama
@@ -145,10 +146,55 @@ def test_stage_layers_split_as_megatron():
     assert [len(stage_layer_ids(32, 4, s, (0, 0))) for s in range(4)] == [8, 8, 8, 8]
     assert [len(stage_layer_ids(31, 4, s, (1, 0))) for s in range(4)] == [7, 8, 8, 8]
     assert [len(stage_layer_ids(30, 4, s, (1, 1))) for s in range(4)] == [7, 8, 8, 7]
-    assert uneven_split_note(32, 4, (0, 0)) is None
-    note = uneven_split_note(31, 4, (1, 0))
+    megatron = ModelParallel(pp=4, first_stage_less_layers=0, last_stage_less_layers=0)
+    assert uneven_split_note(32, megatron) is None
+    note = uneven_split_note(31, dataclasses.replace(megatron, first_stage_less_layers=1))
     assert note is not None and note.startswith("31 layers over 4 pipeline stages as 7, 8, 8, 8: ")
     assert "the embedding counted as 1 and the head as 0 layer(s)" in note
+
+
+@pytest.mark.parametrize(
+    ("num_layers", "pp", "first", "last", "counts"),
+    [
+        (32, 4, 6, 6, [6, 10, 10, 6]),  # the other stages divide the 20 left
+        (32, 4, 11, None, [11, 7, 7, 7]),
+        (32, 4, None, 5, [9, 9, 9, 5]),
+        (32, 2, 10, 22, [10, 22]),  # no other stage: the two hold every layer
+        (30, 2, 12, None, [12, 18]),
+    ],
+)
+def test_megatrons_first_and_last_stage_layers_deal_the_rest_evenly(num_layers, pp, first, last, counts):
+    """Megatron Core's num_layers_in_first/last_pipeline_stage (transformer_block.get_num_layers_to_build): the
+    given stages hold their layers, the others divide the rest evenly; as the two weights of the split."""
+    mp = ModelParallel(pp=pp, first_stage_layers=first, last_stage_layers=last)
+    weights = mp.stage_weights(num_layers)
+    assert [len(stage_layer_ids(num_layers, pp, s, weights)) for s in range(pp)] == counts
+    assert sum(len(stage_layer_ids(num_layers, pp, s, weights)) for s in range(pp)) == num_layers
+    note = uneven_split_note(num_layers, mp)
+    assert note is not None and "num_layers_in_first/last_pipeline_stage" in note
+
+
+@pytest.mark.parametrize(
+    ("num_layers", "pp", "first", "last", "message"),
+    [
+        (32, 4, 5, 6, "leave 21 of the model's 32 decoder layers to 2 other stage"),
+        (32, 2, 10, 10, "leave 12 of the model's 32 decoder layers to 0 other stage"),
+        (32, 4, 30, 6, "leave -4 of"),
+    ],
+)
+def test_first_and_last_stage_layers_that_leave_an_uneven_rest_are_one_error(num_layers, pp, first, last, message):
+    plan = ParallelPlan(num_gpus=pp, strategy="ddp", pp=pp, first_stage_layers=first, last_stage_layers=last)
+    with pytest.raises(TunecostError, match=message):
+        plan.check_model(num_heads=8, num_kv_heads=8, num_layers=num_layers, seq_len=64)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [dict(pp=1, first_stage_layers=4), dict(pp=2, first_stage_layers=0), dict(pp=2, last_stage_layers=4,
+    micro_batches=4, pipeline_schedule="interleaved-1f1b", virtual_stages=2)]
+)  # fmt: skip
+def test_first_and_last_stage_layers_need_a_plain_pipeline(kwargs):
+    with pytest.raises(TunecostError, match="with --pp 2 or more and no virtual stages"):
+        ModelParallel(**kwargs).check()
 
 
 def test_bad_schedule_is_one_line():

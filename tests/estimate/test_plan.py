@@ -344,7 +344,7 @@ def test_a_pipeline_runs_the_optimizer_once_per_step(tiny_full) -> None:
     head = head_layer_equivalents(
         vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, layer_params=layer, seq_len=seq_len
     )
-    _, share = slowest_rank(spec.num_layers, p.pp, p.virtual_stages, p.stage_weights, head)
+    _, share = slowest_rank(spec.num_layers, p.pp, p.virtual_stages, p.stage_weights(spec.num_layers), head)
     assert share > 1 / p.pp  # the head's stage is slower than an even share
     expected = m * s.micro_batch / spread.queries_per_s / (p.tp * p.cp) * share
     assert s.timing.compute_seconds == pytest.approx(expected)

@@ -294,5 +294,5 @@ def test_measured_values_in_the_spellings_sources_use(value, unit, read):
 def test_a_megatron_row_whose_stages_divide_the_layers_deals_them_evenly():
     """NeMo runs Megatron Core's split: 32 layers over 4 stages are 8 each, not torchtitan's 8, 9, 8, 7."""
     plan = map_row(_row("PP=4", num_gpus="8")).plan()
-    assert (plan.pp, plan.stage_weights) == (4, (0, 0))
-    assert map_row(_row("PP=3", num_gpus="6")).plan().stage_weights == (1, 1)
+    assert (plan.pp, plan.stage_weights(32)) == (4, (0, 0))
+    assert map_row(_row("PP=3", num_gpus="6")).plan().stage_weights(32) == (1, 1)

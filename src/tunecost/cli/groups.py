@@ -201,6 +201,8 @@ class MultiGpuOptions:
     virtual_stages: multi.VirtualStages = None
     first_stage_less_layers: multi.FirstStageLess = None
     last_stage_less_layers: multi.LastStageLess = None
+    first_stage_layers: multi.FirstStageLayers = None
+    last_stage_layers: multi.LastStageLayers = None
 
     @property
     def given(self) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from tunecost.cli.options import MAX_EXPERTS, count_option, opt
+from tunecost.limits import MAX_STAGE_LAYERS
 from tunecost.workload.parallel import (
     MAX_SEARCH_GPUS,
     MULTI_GPU_STRATEGIES,
@@ -65,4 +66,11 @@ FirstStageLess = Annotated[
 ]
 LastStageLess = Annotated[
     int | None, count_option("--pp-last-stage-less-layers", LESS_HELP.format("head"), MAX_DEGREE, 0)
+]
+FIXED_HELP = "With --pp: the decoder layers of the {} stage, the others dividing the rest evenly (Megatron's)."
+FirstStageLayers = Annotated[
+    int | None, count_option("--pp-first-stage-layers", FIXED_HELP.format("first"), MAX_STAGE_LAYERS)
+]
+LastStageLayers = Annotated[
+    int | None, count_option("--pp-last-stage-layers", FIXED_HELP.format("last"), MAX_STAGE_LAYERS)
 ]

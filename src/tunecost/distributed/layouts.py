@@ -203,5 +203,5 @@ def check_model_parallel(
         seq_len=seq_len,
         even_layers=False,  # dealt as torchtitan deals them (`pipeline.uneven_split_note`)
     )
-    note = uneven_split_note(spec.num_layers, mp.pp * mp.virtual_stages, mp.stage_weights)
+    note = uneven_split_note(spec.num_layers, mp)
     return [note] if note else []

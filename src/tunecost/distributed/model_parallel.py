@@ -14,7 +14,7 @@ from tunecost.distributed.rank_memory import RankMemory, rank_memory
 from tunecost.distributed.single_step import ROOT_GROUPS, SingleGpuStep, single_gpu_step
 from tunecost.simulate.records import WEIGHT_CATEGORIES
 from tunecost.workload.job import FineTuneJob
-from tunecost.workload.parallel import ModelParallel, ParallelPlan, split_note
+from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
 FIRST_STAGE_GROUPS = ("embedding",)  # torchtitan's split: the embedding on the first stage
 LAST_STAGE_GROUPS = ("lm_head/loss", "other")  # the final norm and the LM head (and its loss) on the last
@@ -68,7 +68,7 @@ def stage_step(step: SingleGpuStep, plan: ParallelPlan, stage: int) -> SingleGpu
         schedule=plan.pipeline_schedule,
         micro_batches=plan.num_micro_batches,
         virtual_stages=plan.virtual_stages,
-        weights=plan.stage_weights,
+        weights=plan.stage_weights(step.num_layers),
     )
     groups = _held_groups(step, parts)
     weights = {c: _weights(step, c, parts, groups) for c in WEIGHT_CATEGORIES if c != "buffers"}
@@ -151,7 +151,7 @@ def model_parallel_rank_memory(step: SingleGpuStep, job: FineTuneJob, plan: Para
             memory,
             num_gpus=plan.num_gpus,
             peak_segment=where,
-            assumptions=(*memory.assumptions, *model_parallel_assumptions(plan, job)),
+            assumptions=(*memory.assumptions, *model_parallel_assumptions(plan, step.num_layers, job)),
         )
         if best is None or memory.need_bytes > best.need_bytes:
             best = memory
@@ -159,7 +159,7 @@ def model_parallel_rank_memory(step: SingleGpuStep, job: FineTuneJob, plan: Para
     return best
 
 
-def model_parallel_assumptions(plan: ParallelPlan, job: FineTuneJob | None = None) -> tuple[str, ...]:
+def model_parallel_assumptions(plan: ParallelPlan, num_layers: int, job: FineTuneJob | None = None) -> tuple[str, ...]:
     out = []
     if plan.tp > 1:
         sp = " with sequence parallelism" if plan.sequence_parallel else ""
@@ -174,7 +174,7 @@ def model_parallel_assumptions(plan: ParallelPlan, job: FineTuneJob | None = Non
     if plan.pp > 1:
         out.append(
             f"pipeline of {plan.pp} stages ({plan.pipeline_schedule}, {plan.num_micro_batches} micro-batches): "
-            f"{split_note(*plan.stage_weights)}; the activations of the micro-batches in flight, one micro-batch's "
+            f"{plan.split_text(num_layers)}; the activations of the micro-batches in flight, one micro-batch's "
             "largest temporaries and a receive buffer per micro-batch and boundary (torch.distributed.pipelining); "
             "the reserve is the peak"
         )

@@ -202,7 +202,7 @@ def model_parallel_collectives(
     if not 0 <= stage < plan.pp:
         raise TunecostError(f"pipeline stage {stage} out of range for --pp {plan.pp}")
     m, tokens = plan.num_micro_batches, seq_len // plan.cp
-    layers = rank_layers(num_layers, plan.pp, stage, plan.virtual_stages, plan.stage_weights)
+    layers = rank_layers(num_layers, plan.pp, stage, plan.virtual_stages, plan.stage_weights(num_layers))
     full = activation_bytes(batch=batch, tokens=tokens, hidden=hidden, bytes_per_element=bytes_per_element)
     rows = tp_layer_collectives(
         plan, recompute=recompute, early_stop=recompute_early_stop, megatron_regather=plan.tp_impl == "megatron"

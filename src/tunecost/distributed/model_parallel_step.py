@@ -62,7 +62,7 @@ def model_parallel_comm(
     )
     share = attention_share(step.seq_len * plan.cp, spec.hidden_size)
     block = layer_seconds * share / max(1, plan.cp)
-    layers = rank_layers(spec.num_layers, plan.pp, stage, plan.virtual_stages, plan.stage_weights)
+    layers = rank_layers(spec.num_layers, plan.pp, stage, plan.virtual_stages, plan.stage_weights(spec.num_layers))
     gemm_seconds = plan.num_micro_batches * layers * layer_seconds * (1.0 - share)
     out, exposed, tp_seconds = [], 0.0, 0.0
     for c in collectives:
@@ -106,7 +106,9 @@ def model_parallel_step_time(
     `model_parallel_comm` has it; the bubble stretches the stage's forward and backward by (pp - 1) / (v m + pp - 1);
     the data-parallel collectives (the first stage's) overlap the step's compute as in `timing.step_time`."""
     m = plan.num_micro_batches
-    rank, share = slowest_rank(spec.num_layers, plan.pp, plan.virtual_stages, plan.stage_weights, head_layers)
+    rank, share = slowest_rank(
+        spec.num_layers, plan.pp, plan.virtual_stages, plan.stage_weights(spec.num_layers), head_layers
+    )
     per_micro_batch = whole_model_seconds / (plan.tp * plan.cp) * share
     layer_seconds = whole_model_seconds / (plan.tp * plan.cp) / (spec.num_layers + head_layers)
     collectives, exposed = model_parallel_comm(step, plan, links, spec, layer_seconds, stage=rank)

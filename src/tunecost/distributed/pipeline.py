@@ -12,7 +12,12 @@ from typing import Any
 
 from tunecost.distributed.single_step import SingleGpuStep
 from tunecost.errors import TunecostError
-from tunecost.workload.parallel import PIPELINE_SCHEDULES, effective_layers_per_stage, empty_stage_message, split_note
+from tunecost.workload.parallel import (
+    PIPELINE_SCHEDULES,
+    ModelParallel,
+    effective_layers_per_stage,
+    empty_stage_message,
+)
 
 
 def stage_layer_ids(num_layers: int, num_stages: int, stage: int, weights: tuple[int, int] = (1, 1)) -> range:
@@ -34,13 +39,14 @@ def stage_layer_ids(num_layers: int, num_stages: int, stage: int, weights: tuple
     return range(begin, start)
 
 
-def uneven_split_note(num_layers: int, num_stages: int, weights: tuple[int, int] = (1, 1)) -> str | None:
-    """The decoder layers per pipeline stage where the stages hold different counts (None: the same)."""
+def uneven_split_note(num_layers: int, mp: ModelParallel) -> str | None:
+    """The decoder layers per pipeline stage of `mp` where the stages hold different counts (None: the same)."""
+    num_stages, weights = mp.pp * mp.virtual_stages, mp.stage_weights(num_layers)
     counts = [len(stage_layer_ids(num_layers, num_stages, s, weights)) for s in range(num_stages)]
     if len(set(counts)) == 1:
         return None
     shown = ", ".join(map(str, counts)) if num_stages <= 8 else f"{min(counts)} to {max(counts)}"
-    return f"{num_layers} layers over {num_stages} pipeline stages as {shown}: {split_note(*weights)}"
+    return f"{num_layers} layers over {num_stages} pipeline stages as {shown}: {mp.split_text(num_layers)}"
 
 
 def rank_stage_ids(rank: int, pp: int, virtual_stages: int = 1) -> list[int]:

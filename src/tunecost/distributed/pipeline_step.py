@@ -133,7 +133,8 @@ def build_stages(
 
     def wrap(model: Any) -> None:
         held.append((model.loss_function, int(model.config.vocab_size)))
-        held.append(split_stages(model, stages=own, num_stages=num_stages, weights=job.parallel.stage_weights))
+        weights = job.parallel.stage_weights(len(decoder_layers(model)))
+        held.append(split_stages(model, stages=own, num_stages=num_stages, weights=weights))
 
     prepared = build_prepared(job, num_units=None, real=real, seed=seed, wrap=wrap)
     (loss_function, vocab), parts = held

@@ -192,7 +192,7 @@ def model_parallel_row(
         )
     except TunecostError as exc:
         raise Skip(f"parallelism {row.get('parallelism')!r}: {exc}") from None
-    noted += [n for n in [uneven_split_note(spec.num_layers, stages, mp.stage_weights)] if n]
+    noted += [n for n in [uneven_split_note(spec.num_layers, mp)] if n]
     return mp
 
 

@@ -51,6 +51,32 @@ def effective_layers_per_stage(num_layers: int, num_stages: int, input_weight: i
     return per_stage if per_stage >= max(input_weight, output_weight, 1) else 0
 
 
+def fixed_stage_weights(num_layers: int, pp: int, first: int | None, last: int | None) -> tuple[int, int]:
+    """Megatron's uneven pipeline (num_layers_in_first/last_pipeline_stage: `first` and `last` decoder layers,
+    None where not set, the rest divided evenly over the other stages) as the two weights that make
+    `pipeline.stage_layer_ids` deal the same: with k layers on the other stages, k - first and k - last."""
+    others = pp - (first is not None) - (last is not None)
+    rest = num_layers - (first or 0) - (last or 0)
+    if rest < 0 or bool(rest) != bool(others) or (others and rest % others):
+        raise TunecostError(
+            f"{fixed_flags(first, last)} leave {rest} of the model's {num_layers} decoder layers to {others} other "
+            "stage(s): Megatron needs them divided evenly"
+        )
+    k = rest // others if others else (last or 0)
+    return k - (k if first is None else first), k - (k if last is None else last)
+
+
+def fixed_flags(first: int | None, last: int | None) -> str:
+    """The options that gave the first and last stages' layers, for errors."""
+    given = ((first, "--pp-first-stage-layers"), (last, "--pp-last-stage-layers"))
+    return " and ".join(f"{flag} {n}" for n, flag in given if n is not None)
+
+
+def first_last_text(first: int | None, last: int | None) -> str:
+    """The first and last stages' layers as a config states them, for notes and errors."""
+    return " and ".join(f"{n} layers on the {w} stage" for n, w in ((first, "first"), (last, "last")) if n is not None)
+
+
 def empty_stage_message(num_layers: int, num_stages: int, weights: tuple[int, int]) -> str:
     """The error where `effective_layers_per_stage` is 0."""
     return (
@@ -81,7 +107,9 @@ class ModelParallel:
     with the linears' GEMMs (Transformer Engine's userbuffers). micro_batches: pipeline micro-batches per step
     (None: pp); pipeline_schedule: one of `PIPELINE_SCHEDULES`, virtual_stages its stages per rank (interleaved
     only); first/last_stage_less_layers: the layers the embedding and the head count as where the stages deal the
-    decoder layers (torchtitan's keys and defaults; `pipeline.stage_layer_ids`).
+    decoder layers (torchtitan's keys and defaults; `pipeline.stage_layer_ids`); first/last_stage_layers: the
+    decoder layers of the first and last stages, the rest divided evenly over the others (Megatron's
+    num_layers_in_first/last_pipeline_stage; they replace the two weights, `stage_weights`).
     """
 
     tp: int = 1
@@ -95,16 +123,29 @@ class ModelParallel:
     virtual_stages: int = 1
     first_stage_less_layers: int = 1
     last_stage_less_layers: int = 1
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
 
     @property
     def degree(self) -> int:
         """Ranks that hold one copy of the model between them: tp x pp x cp."""
         return self.tp * self.pp * self.cp
 
-    @property
-    def stage_weights(self) -> tuple[int, int]:
-        """The layers the embedding and the head count as where the pipeline stages deal the decoder layers."""
-        return self.first_stage_less_layers, self.last_stage_less_layers
+    def stage_weights(self, num_layers: int) -> tuple[int, int]:
+        """The layers the embedding and the head count as where the pipeline stages deal the model's
+        `num_layers` decoder layers (`fixed_stage_weights` where the first or last stage's layers are given)."""
+        if self.first_stage_layers is None and self.last_stage_layers is None:
+            return self.first_stage_less_layers, self.last_stage_less_layers
+        return fixed_stage_weights(num_layers, self.pp, self.first_stage_layers, self.last_stage_layers)
+
+    def split_text(self, num_layers: int) -> str:
+        """How the stages deal the decoder layers, for the notes of a layout priced with this split."""
+        if self.first_stage_layers is None and self.last_stage_layers is None:
+            return split_note(*self.stage_weights(num_layers))
+        fixed = first_last_text(self.first_stage_layers, self.last_stage_layers)
+        return (
+            f"{fixed}, the other stages dividing the rest evenly (Megatron's num_layers_in_first/last_pipeline_stage)"
+        )
 
     @property
     def num_micro_batches(self) -> int:
@@ -142,6 +183,12 @@ class ModelParallel:
                 f"--micro-batches {self.micro_batches}: micro-batches per step are a TP/PP/CP layout's; a "
                 "data-parallel layout accumulates them with --grad-accum"
             )
+        fixed = [n for n in (self.first_stage_layers, self.last_stage_layers) if n is not None]
+        if fixed and (min(fixed) < 1 or self.pp == 1 or self.virtual_stages > 1):
+            raise TunecostError(
+                f"{fixed_flags(self.first_stage_layers, self.last_stage_layers)}: at least 1 each, with --pp 2 or "
+                "more and no virtual stages (tunecost does not model them with a virtual pipeline)"
+            )
         if min(self.first_stage_less_layers, self.last_stage_less_layers) < 0:
             raise TunecostError(
                 "--pp-first-stage-less-layers and --pp-last-stage-less-layers must be at least 0, got "
@@ -177,7 +224,9 @@ class ModelParallel:
         ]
         if self.sequence_parallel:
             checks.append(("--sequence-parallel (--tp)", self.tp, sequence, seq_len))
-        weights = self.stage_weights
+        weights = self.stage_weights(num_layers)
+        if self.first_stage_layers is not None or self.last_stage_layers is not None:
+            even_layers = False  # the stages hold the layers the plan gives them
         if not even_layers:
             option, stages = checks.pop(2)[:2]
             if stages > 1 and not effective_layers_per_stage(num_layers, stages, *weights):
@@ -217,7 +266,7 @@ class ParallelPlan(ModelParallel, _DataParallel):
         `overlap_comm` (its defaults: 5e8 elements, off): the gradient buckets each backward allocates, two with
         overlap_comm.
     tp, pp, cp, sequence_parallel, tp_impl, tp_comm_overlap, micro_batches, pipeline_schedule, virtual_stages,
-        first_stage_less_layers, last_stage_less_layers:
+        first_stage_less_layers, last_stage_less_layers, first_stage_layers, last_stage_layers:
         `ModelParallel`'s; the
         data-parallel group is the rest (`dp` = num_gpus / (tp x pp x cp)), and `strategy` shards over it.
     """

@@ -275,3 +275,26 @@ def test_megatron_lm_reads_the_split_among_its_transformer_keys(tmp_path: Path) 
     assert "does not divide the model's 23" in _error(
         tmp_path, MEGATRON_YAML.replace("num_layers: 24", "num_layers: 23")
     )
+
+
+def test_megatrons_first_and_last_stage_layers(tmp_path: Path) -> None:
+    """num_layers_in_first/last_pipeline_stage: the given stages hold their layers, the others divide the rest
+    (Megatron Core), read from NeMo's model section and Megatron-LM's argparse names; refused beside the
+    account_for keys and with a virtual pipeline, and where the other stages cannot divide the rest."""
+    text = PRETRAIN.replace("  virtual_pipeline_model_parallel_size: 2\n", "")
+    nemo = text.replace("  mcore_gpt: true\n", "  mcore_gpt: true\n  num_layers_in_first_pipeline_stage: 5\n")
+    nemo = nemo.replace("  mcore_gpt: true\n", "  mcore_gpt: true\n  num_layers_in_last_pipeline_stage: 9\n")
+    job = _read(tmp_path, nemo)
+    assert (job.options["first_stage_layers"], job.options["last_stage_layers"]) == (5, 9)
+    assert any("5 layers on the first stage and 9 layers on the last stage" in a for a in job.assumptions)
+    assert "model.num_layers_in_first_pipeline_stage" not in job.not_modelled
+    uneven = nemo.replace("num_layers_in_last_pipeline_stage: 9", "num_layers_in_last_pipeline_stage: 8")
+    assert "model.num_layers_in_first_pipeline_stage 5 and model.num_layers_in_last_pipeline_stage 8 leave 19" in (
+        _error(tmp_path, uneven)
+    )
+    both = nemo.replace("  mcore_gpt: true\n", "  mcore_gpt: true\n  account_for_loss_in_pipeline_split: true\n")
+    assert "Megatron refuses it beside model.account_for_loss_in_pipeline_split" in _error(tmp_path, both)
+    assert "no virtual stages" in _error(tmp_path, nemo.replace("mcore_gpt: true", "mcore_gpt: true\n  "
+                                                                "virtual_pipeline_model_parallel_size: 2"))  # fmt: skip
+    megatron = MEGATRON_YAML + "decoder_first_pipeline_num_layers: 10\n"
+    assert _read(tmp_path, megatron).options["first_stage_layers"] == 10

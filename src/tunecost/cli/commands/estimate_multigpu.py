@@ -26,7 +26,8 @@ def model_parallel_option(options: MultiGpuOptions):
     """The TP/PP/CP layout the options give (None: none of them given)."""
     o = options
     given = (o.tp, o.pp, o.cp, o.micro_batches, o.pipeline_schedule, o.virtual_stages, o.sequence_parallel, o.tp_impl)
-    if all(v is None for v in (*given, o.tp_comm_overlap, o.first_stage_less_layers, o.last_stage_less_layers)):
+    split = (o.first_stage_less_layers, o.last_stage_less_layers, o.first_stage_layers, o.last_stage_layers)
+    if all(v is None for v in (*given, o.tp_comm_overlap, *split)):
         return None
     tp = options.tp or 1
     if options.sequence_parallel and tp == 1:
@@ -43,6 +44,8 @@ def model_parallel_option(options: MultiGpuOptions):
         virtual_stages=options.virtual_stages or 1,
         first_stage_less_layers=1 if options.first_stage_less_layers is None else options.first_stage_less_layers,
         last_stage_less_layers=1 if options.last_stage_less_layers is None else options.last_stage_less_layers,
+        first_stage_layers=options.first_stage_layers,
+        last_stage_layers=options.last_stage_layers,
     )
 
 

@@ -16,7 +16,8 @@ from tunecost.workload.parallel import ModelParallel, ParallelPlan, split_note
 # the plan's model-parallel options a config may set (job options of the same names)
 MODEL_PARALLEL_OPTIONS = tuple(f.name for f in fields(ModelParallel))
 PLAN_OPTIONS = ("num_gpus", "gpus_per_node", "strategy", "offload", *MODEL_PARALLEL_OPTIONS)
-_FLAG = re.compile(r"--(tp|pp|cp|sequence-parallel|micro-batches)\b(?!-)")  # the flags ParallelPlan's errors name
+_FLAG = re.compile(r"--(tp|pp|cp|sequence-parallel|micro-batches|pp-(?:first|last)-stage-layers)\b(?!-)")  # the flags
+# ParallelPlan's errors name
 
 
 def soft_capped(model: str | None) -> bool:
@@ -80,7 +81,10 @@ def check_layout(
     try:
         plan = ParallelPlan(**values)
         if shape is None:  # counts the degrees divide: only the sequence is checked
-            shape = ModelShape(plan.tp, plan.tp, plan.pp * plan.virtual_stages)
+            fixed = (plan.first_stage_layers, plan.last_stage_layers)
+            others = plan.pp - sum(n is not None for n in fixed)
+            layers = sum(n or 0 for n in fixed) + others if any(n is not None for n in fixed) else plan.pp
+            shape = ModelShape(plan.tp, plan.tp, layers * plan.virtual_stages)
         plan.check_model(
             num_heads=shape.num_heads,
             num_kv_heads=shape.num_kv_heads,

@@ -10,96 +10,15 @@ hparams.yaml). NeMo 2's Python recipes are not read.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, accumulation_of
 from tunecost.workload.frameworks.model_parallel import ModelShape, check_layout, megatron_split, positive
+from tunecost.workload.frameworks.nemo_keys import MEGATRON, MEGATRON_FIXED_FLAGS, MEGATRON_LM, NEMO, TITLE, Dialect
 from tunecost.workload.frameworks.torchtitan import config_job, nested_config
 from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
+from tunecost.workload.parallel import first_last_text
 
-# Defaults, NVIDIA/NeMo @ 8cfedd72 (2025-09-20), examples/nlp/language_modeling/conf/megatron_gpt_config.yaml
-# (pre-training) and tuning/conf/megatron_gpt_finetuning_config.yaml (a model.peft section):
-#   trainer.devices 1, num_nodes 1; precision bf16 (fine-tuning: 16); micro_batch_size 4; global_batch_size 8
-#   (fine-tuning: 128); tensor/pipeline_model_parallel_size 1, virtual_pipeline_model_parallel_size null,
-#   sequence_parallel False (turned off when tp is 1: megatron_base_model.py), context_parallel_size 1
-#   (megatron_base_model.py cfg.get); encoder_seq_length 512 (fine-tuning: data.train_ds.max_seq_length 2048);
-#   activations_checkpoint_granularity null; optim.name fused_adam; fp8 False; peft.peft_scheme "adapter",
-#   lora_tuning.adapter_dim 32, alpha = adapter_dim, target_modules ['attention_qkv']
-# Megatron-LM @ d98e8a64 (2026-08-22): megatron/core/model_parallel_config.py (degrees 1, sequence_parallel False,
-#   bf16/fp16 False: fp32), megatron/training/arguments.py (optimizer adam, global_batch_size micro x dp,
-#   micro_batch_size and seq_length required); YAML sections from megatron/training/yaml_arguments.py
-TITLE = "NeMo"
-MEGATRON = "Megatron-LM"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Dialect:
-    """Where one format keeps each setting."""
-
-    title: str = field(kw_only=False)
-    tp: str
-    pp: str
-    vp: str
-    cp: str
-    sp: str
-    micro: str
-    global_batch: str
-    seq_len: str
-    layers: str
-    heads: str
-    groups: str
-    fp8: str
-    fp8_params: str
-    optimizer: str
-    recompute: str
-    tp_overlap: str
-    split_embedding: str  # Megatron Core's account_for_embedding/loss_in_pipeline_split
-    split_loss: str
-
-
-NEMO = Dialect(
-    TITLE,
-    tp="model.tensor_model_parallel_size",
-    pp="model.pipeline_model_parallel_size",
-    vp="model.virtual_pipeline_model_parallel_size",
-    cp="model.context_parallel_size",
-    sp="model.sequence_parallel",
-    micro="model.micro_batch_size",
-    global_batch="model.global_batch_size",
-    seq_len="model.encoder_seq_length",
-    layers="model.num_layers",
-    heads="model.num_attention_heads",
-    groups="model.num_query_groups",
-    fp8="model.fp8",
-    fp8_params="model.fp8_params",
-    optimizer="model.optim.name",
-    recompute="model.activations_checkpoint_granularity",
-    tp_overlap="model.ub_tp_comm_overlap",
-    split_embedding="model.account_for_embedding_in_pipeline_split",  # TransformerConfig fields, as NeMo passes them
-    split_loss="model.account_for_loss_in_pipeline_split",
-)
-MEGATRON_LM = Dialect(
-    MEGATRON,
-    tp="model_parallel.tensor_model_parallel_size",
-    pp="model_parallel.pipeline_model_parallel_size",
-    vp="model_parallel.virtual_pipeline_model_parallel_size",
-    cp="model_parallel.context_parallel_size",
-    sp="model_parallel.sequence_parallel",
-    micro="micro_batch_size",
-    global_batch="global_batch_size",
-    seq_len="seq_length",
-    layers="language_model.num_layers",
-    heads="language_model.num_attention_heads",
-    groups="language_model.num_query_groups",
-    fp8="language_model.fp8",
-    fp8_params="language_model.fp8_param_gather",  # --fp8-param-gather: the model built under fp8_model_init
-    optimizer="optimizer",
-    recompute="language_model.recompute_granularity",
-    tp_overlap="model_parallel.tp_comm_overlap",
-    split_embedding="language_model.account_for_embedding_in_pipeline_split",
-    split_loss="language_model.account_for_loss_in_pipeline_split",
-)
 # optimizer name -> tunecost's, and whether it shards its states over the data-parallel group (ZeRO-1's layout)
 OPTIMIZERS = {"fused_adam": ("adamw", False), "adam": ("adamw", False), "adamw": ("adamw", False)}
 OPTIMIZERS.update(distributed_fused_adam=("adamw", True), mcore_distributed_optim=("adamw", True), sgd=("sgd", False))
@@ -326,14 +245,37 @@ def _run_length(r: Reader, options: dict[str, Any]) -> None:
         options["epochs"] = epochs
 
 
-def _pipeline_split(r: Reader, options: dict[str, Any]) -> bool:
+def _pipeline_split(r: Reader, options: dict[str, Any], keys: dict[str, str]) -> bool:
     """The layers the stages count the embedding and the head as (Megatron Core's account_for_embedding/loss_in_
-    pipeline_split, default off: the stages divide the decoder layers); True where either is on (the stages need
-    not divide the layers)."""
+    pipeline_split, default off: the stages divide the decoder layers), or the first and last stages' own layers
+    (num_layers_in_first/last_pipeline_stage, which Megatron refuses beside them); True where the stages need not
+    divide the layers."""
     if options.get("pp", 1) == 1:
         return False
-    keys = [r.key(k) for k in (r.dialect.split_embedding, r.dialect.split_loss)]
-    return megatron_split(options, keys, [r.value(k, bool, False, f"{k} off: {r.title}") for k in keys], r.notes)
+    fixed = _fixed_stage_keys(r)
+    for (option, key), flag in zip(fixed.items(), ("pp_first_stage_layers", "pp_last_stage_layers"), strict=True):
+        value = r.value(key, int)
+        options[option], keys[flag] = None if value is None else positive(r.flat, key, value), key
+    split = [r.key(k) for k in (r.dialect.split_embedding, r.dialect.split_loss)]
+    given = [k for option, k in fixed.items() if options[option] is not None]
+    if given:
+        on = [k for k in split if r.value(k, bool)]
+        if on:
+            raise r.flat.error(given[0], f"Megatron refuses it beside {' and '.join(on)}")
+        text = first_last_text(options["first_stage_layers"], options["last_stage_layers"])
+        r.notes.append(f"{' and '.join(given)}: {text}, the other stages dividing the rest evenly (Megatron Core)")
+        return True
+    return megatron_split(options, split, [r.value(k, bool, False, f"{k} off: {r.title}") for k in split], r.notes)
+
+
+def _fixed_stage_keys(r: Reader) -> dict[str, str]:
+    """option -> the key of the first and last stages' layers (Megatron-LM's argparse names where given)."""
+    d, out = r.dialect, {}
+    for option, key, flag in zip(
+        ("first_stage_layers", "last_stage_layers"), (d.first_layers, d.last_layers), MEGATRON_FIXED_FLAGS, strict=True
+    ):
+        out[option] = flag if d is MEGATRON_LM and flag in r.flat.data else r.key(key)
+    return out
 
 
 def _shape(r: Reader) -> ModelShape | None:
@@ -373,7 +315,7 @@ def read(cfg: ConfigFile) -> ConfigJob:
     _training(r, options)
     _sequence(r, options)
     _run_length(r, options)
-    uneven = _pipeline_split(r, options)
+    uneven = _pipeline_split(r, options, keys)
     check_layout(flat, options, keys, shape=_shape(r), seq_len=options["seq_len"], even_layers=not uneven)
     job = config_job(FRAMEWORK.name, flat, options, r.notes)
     return dataclasses.replace(job, not_modelled=_sections(job.not_modelled, flat.used))
