@@ -322,7 +322,7 @@ def test_the_megatron_backend_reads_its_layout(tmp_path):
 @pytest.mark.parametrize(
     ("old", "new", "message"),
     [
-        ("sequence_parallel: true", "expert_model_parallel_size: 2", "expert_model_parallel_size: expert parallelism"),
+        ("sequence_parallel: true", "expert_model_parallel_size: 0", "expert_model_parallel_size: must be at least 1"),
         ("tensor_model_parallel_size: 2", "tensor_model_parallel_size: 3", "tensor_model_parallel_size"),
         ("recompute_granularity: full", "recompute_granularity: block", "recompute_granularity: 'block'"),
         ("recompute_granularity: full", "virtual_pipeline_model_parallel_size: 0", "virtual_pipeline_.*at least 1"),
@@ -418,3 +418,8 @@ def test_the_megatron_backend_counts_the_embedding_in_the_split_where_told(tmp_p
     assert job.options["pp"] == 5
     assert any(a.startswith("account_for_embedding_in_pipeline_split: the decoder layers") for a in job.assumptions)
     assert (job.options["first_stage_less_layers"], job.options["last_stage_less_layers"]) == (1, 0)
+
+
+def test_the_megatron_backend_reads_expert_parallelism(tmp_path) -> None:
+    job = _read(tmp_path, MEGATRON_FULL.replace("sequence_parallel: true", "expert_model_parallel_size: 2"))
+    assert job.options["expert_parallel"] == 2

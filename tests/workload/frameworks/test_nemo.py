@@ -298,3 +298,19 @@ def test_megatrons_first_and_last_stage_layers(tmp_path: Path) -> None:
                                                                 "virtual_pipeline_model_parallel_size: 2"))  # fmt: skip
     megatron = MEGATRON_YAML + "decoder_first_pipeline_num_layers: 10\n"
     assert _read(tmp_path, megatron).options["first_stage_layers"] == 10
+
+
+def test_expert_parallelism_over_the_data_parallel_ranks(tmp_path: Path) -> None:
+    """model.expert_model_parallel_size: the experts split over the data-parallel ranks (32 GPUs / tp 2 x pp 4 =
+    4), each expert split as TP (expert_tensor_parallel_size: TP's by default); other splits are one error."""
+    text = PRETRAIN.replace("  mcore_gpt: true\n", "  mcore_gpt: true\n  expert_model_parallel_size: 4\n")
+    assert _read(tmp_path, text).options["expert_parallel"] == 4
+    assert "expert_model_parallel_size: 8 does not divide the 4 data-parallel ranks" in _error(
+        tmp_path, text.replace("expert_model_parallel_size: 4", "expert_model_parallel_size: 8")
+    )
+    etp = text.replace(
+        "expert_model_parallel_size: 4", "expert_model_parallel_size: 4\n  expert_tensor_parallel_size: 1"
+    )
+    assert "model.expert_tensor_parallel_size: expert tensor parallelism 1 beside tensor parallelism 2" in _error(
+        tmp_path, etp
+    )

@@ -191,7 +191,7 @@ def test_deepseek_v3_236b_and_671b_are_deepseek_v2_and_v3(tmp_path: Path, flavor
         ("tensor_parallel_degree = 1", "tensor_parallel_degree = 0", "parallelism.tensor_parallel_degree"),
         ("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 0", "parallelism.pipeline_parallel_degree"),
         ("context_parallel_degree = 1", "context_parallel_degree = -1", "parallelism.context_parallel_degree"),
-        ("pipeline_parallel_degree = 1", "expert_parallel_degree = 2", "parallelism.expert_parallel_degree"),
+        ("pipeline_parallel_degree = 1", "expert_parallel_degree = 0", "parallelism.expert_parallel_degree"),
         ('name = "AdamW"', 'name = "Lion"', "optimizer.name"),
         ('mode = "full"', 'mode = "sometimes"', "activation_checkpoint.mode"),
         (
@@ -262,3 +262,20 @@ def test_layer_selective_checkpointing_recomputes_every_nth_layer(tmp_path: Path
     assert none.options["gradient_checkpointing"] is False and "recompute_layers" not in none.options
     with pytest.raises(TunecostError, match="selective_ac_option"):
         _read(tmp_path, every_second.replace('"2"', '"half"'))
+
+
+def test_expert_parallelism_where_the_experts_split_over_data_parallel_ranks(tmp_path: Path) -> None:
+    """torchtitan's expert_parallel_degree (expert_tensor_parallel_degree 1 by default): without TP and CP the
+    experts split over the FSDP ranks, as --expert-parallel; with TP the experts must split as TP does (etp = tp),
+    and EP spread over context-parallel ranks is refused, each error naming its key."""
+    ep = LLAMA3_8B.replace("pipeline_parallel_degree = 1", "pipeline_parallel_degree = 1\nexpert_parallel_degree = 2")
+    assert _read(tmp_path, ep).options["expert_parallel"] == 2
+    with_tp = ep.replace("tensor_parallel_degree = 1", "tensor_parallel_degree = 2")
+    with pytest.raises(TunecostError, match="parallelism.expert_parallel_degree: expert tensor parallelism 1 beside"):
+        _read(tmp_path, with_tp)
+    split = with_tp.replace(
+        "expert_parallel_degree = 2", "expert_parallel_degree = 2\nexpert_tensor_parallel_degree = 2"
+    )
+    assert _read(tmp_path, split).options["expert_parallel"] == 2
+    with pytest.raises(TunecostError, match="expert_parallel_degree: 2 beside context parallelism 2"):
+        _read(tmp_path, ep.replace("context_parallel_degree = 1", "context_parallel_degree = 2"))

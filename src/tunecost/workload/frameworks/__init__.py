@@ -82,6 +82,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "virtual_stages": int,  # pipeline stages per rank (interleaved-1f1b)
     "first_stage_less_layers": int,  # the layers the embedding counts as in the pipeline split
     "last_stage_less_layers": int,  # ... and the head
+    "expert_parallel": int,  # the routed experts split over this many data-parallel ranks
     "first_stage_layers": int,  # the first pipeline stage's decoder layers (Megatron's uneven pipeline)
     "last_stage_layers": int,  # ... and the last's
     "fp8": str,  # none | tensorwise | rowwise | te-delayed (FP8_RECIPES)

@@ -6,7 +6,13 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import ConfigFile
-from tunecost.workload.frameworks.model_parallel import catalog_shape, check_layout, megatron_split, positive
+from tunecost.workload.frameworks.model_parallel import (
+    catalog_shape,
+    check_layout,
+    config_expert_parallel,
+    megatron_split,
+    positive,
+)
 
 TITLE = "LLaMA-Factory's Megatron backend"
 # hparams/megatron_bridge_args.py MegatronBridgeArguments (hiyouga/LLaMA-Factory@ff6d4d12): keys the default
@@ -30,16 +36,14 @@ def megatron_options(cfg: ConfigFile, model: str | None, notes: list[str]) -> di
     """The Megatron layout of a file that sets any of `KEYS` (else {}): TP (Megatron's column/row-parallel layers,
     sequence parallelism off by default), pipeline stages over the accumulated micro-batches, context parallelism,
     recomputation by `recompute_granularity` (none by default), the distributed optimizer (on by default: ZeRO-1's
-    layout). Expert parallelism is refused."""
+    layout), expert parallelism where tunecost models it (`config_expert_parallel`)."""
     if not any(k in cfg.data for k in KEYS):
         return {}
-    ep = positive(cfg, "expert_model_parallel_size", cfg.typed("expert_model_parallel_size", int))
-    if ep > 1:
-        raise cfg.error("expert_model_parallel_size", "expert parallelism is not modelled yet")
     tp, pp, cp, vp = (positive(cfg, key, cfg.typed(key, int)) for key in list(KEYS)[:4])
     sp = bool(cfg.typed("sequence_parallel", bool)) and tp > 1
     options: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "sequence_parallel": sp, "stack": "tunecost"}
     options["tp_impl"] = "megatron" if tp > 1 else None
+    config_expert_parallel(cfg, options, "expert_model_parallel_size", "expert_tensor_parallel_size", etp_default=None)
     if vp > 1:
         options |= {"virtual_stages": vp, "pipeline_schedule": "interleaved-1f1b"}
     if pp > 1:  # Megatron's micro-batches per step: the accumulation the Trainer arguments state

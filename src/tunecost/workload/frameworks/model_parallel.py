@@ -15,7 +15,7 @@ from tunecost.workload.parallel import ModelParallel, ParallelPlan, split_note
 
 # the plan's model-parallel options a config may set (job options of the same names)
 MODEL_PARALLEL_OPTIONS = tuple(f.name for f in fields(ModelParallel))
-PLAN_OPTIONS = ("num_gpus", "gpus_per_node", "strategy", "offload", *MODEL_PARALLEL_OPTIONS)
+PLAN_OPTIONS = ("num_gpus", "gpus_per_node", "strategy", "offload", "expert_parallel", *MODEL_PARALLEL_OPTIONS)
 _FLAG = re.compile(r"--(tp|pp|cp|sequence-parallel|micro-batches|pp-(?:first|last)-stage-layers)\b(?!-)")  # the flags
 # ParallelPlan's errors name
 
@@ -74,7 +74,7 @@ def check_layout(
     `shape` None: the config does not name the model (only the sequence is checked); `seq_len` 0: no sequence is
     checked (a framework that pads each batch to a multiple of the degrees); `even_layers` False: a framework
     that deals layers the stages do not divide (torchtitan)."""
-    values = {k: options[k] for k in PLAN_OPTIONS if options.get(k) is not None}
+    values = {k: options[k] for k in PLAN_OPTIONS if options.get(k) is not None and k != "expert_parallel"}
     values.setdefault("num_gpus", max(1, int(values.get("tp", 1)) * values.get("pp", 1) * values.get("cp", 1)))
     if values.get("strategy") is None and values["num_gpus"] > 1:
         values["strategy"] = "fsdp2"  # the data-parallel group's strategy does not change these checks
@@ -94,6 +94,35 @@ def check_layout(
         )
     except TunecostError as exc:
         raise plan_error(flat, exc, keys) from None
+
+
+def config_expert_parallel(
+    flat: ConfigFile, options: dict[str, Any], ep_key: str, etp_key: str | None, *, etp_default: int | None
+) -> None:
+    """The expert-parallel degree at `ep_key` as tunecost models it (`options["expert_parallel"]`): the routed
+    experts split over the data-parallel ranks, each expert split as TP splits it (the expert tensor parallelism at
+    `etp_key` equal to TP; `etp_default` None: TP's, Megatron Core's default). One error naming the key where the
+    framework would spread the experts over other ranks (expert TP other than TP, context-parallel ranks)."""
+    ep = positive(flat, ep_key, flat.typed(ep_key, int))
+    if ep == 1:
+        return
+    tp, cp = options.get("tp", 1), options.get("cp", 1)
+    etp = flat.typed(etp_key, int) if etp_key else None
+    etp = etp if etp is not None else tp if etp_default is None else etp_default
+    if etp != tp:
+        key = etp_key if etp_key and etp_key in flat.data else ep_key
+        raise flat.error(
+            key, f"expert tensor parallelism {etp} beside tensor parallelism {tp}: experts split other than TP splits "
+            "them are not modelled"
+        )  # fmt: skip
+    if cp > 1:
+        raise flat.error(
+            ep_key, f"{ep} beside context parallelism {cp}: experts spread over context-parallel ranks are not modelled"
+        )
+    gpus, degree = options.get("num_gpus"), tp * options.get("pp", 1) * cp
+    if gpus and gpus % degree == 0 and (gpus // degree) % ep:
+        raise flat.error(ep_key, f"{ep} does not divide the {gpus // degree} data-parallel ranks")
+    options["expert_parallel"] = ep
 
 
 def positive(flat: ConfigFile, key: str, value: int | None, default: int = 1) -> int:

@@ -13,7 +13,13 @@ import dataclasses
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, accumulation_of
-from tunecost.workload.frameworks.model_parallel import ModelShape, check_layout, megatron_split, positive
+from tunecost.workload.frameworks.model_parallel import (
+    ModelShape,
+    check_layout,
+    config_expert_parallel,
+    megatron_split,
+    positive,
+)
 from tunecost.workload.frameworks.nemo_keys import MEGATRON, MEGATRON_FIXED_FLAGS, MEGATRON_LM, NEMO, TITLE, Dialect
 from tunecost.workload.frameworks.torchtitan import config_job, nested_config
 from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
@@ -86,6 +92,7 @@ def _layout(r: Reader, options: dict[str, Any]) -> dict[str, str]:
         raise r.flat.error(r.key(d.micro), f"missing: {MEGATRON} requires it")
     options["batch_size"] = micro = positive(r.flat, r.key(d.micro), micro)
     _micro_batches(r, options, micro, tp * pp * cp)
+    config_expert_parallel(r.flat, options, r.key(d.ep), r.key(d.etp), etp_default=None)
     return keys
 
 

@@ -41,6 +41,8 @@ class Dialect:
     optimizer: str
     recompute: str
     tp_overlap: str
+    ep: str  # expert_model_parallel_size, expert_tensor_parallel_size (default: TP's)
+    etp: str
     split_embedding: str  # Megatron Core's account_for_embedding/loss_in_pipeline_split
     split_loss: str
     first_layers: str  # Megatron Core's num_layers_in_first/last_pipeline_stage
@@ -65,6 +67,8 @@ NEMO = Dialect(
     optimizer="model.optim.name",
     recompute="model.activations_checkpoint_granularity",
     tp_overlap="model.ub_tp_comm_overlap",
+    ep="model.expert_model_parallel_size",
+    etp="model.expert_tensor_parallel_size",
     split_embedding="model.account_for_embedding_in_pipeline_split",  # TransformerConfig fields, as NeMo passes them
     split_loss="model.account_for_loss_in_pipeline_split",
     first_layers="model.num_layers_in_first_pipeline_stage",
@@ -88,6 +92,8 @@ MEGATRON_LM = Dialect(
     optimizer="optimizer",
     recompute="language_model.recompute_granularity",
     tp_overlap="model_parallel.tp_comm_overlap",
+    ep="model_parallel.expert_model_parallel_size",
+    etp="model_parallel.expert_tensor_parallel_size",
     split_embedding="language_model.account_for_embedding_in_pipeline_split",
     split_loss="language_model.account_for_loss_in_pipeline_split",
     first_layers="language_model.num_layers_in_first_pipeline_stage",  # argparse: --decoder-first-pipeline-num-layers

@@ -10,7 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from tunecost.workload.frameworks import COMPILE_NOTE, ConfigFile, ConfigJob, Framework, KnownKeys, accumulation_of
-from tunecost.workload.frameworks.model_parallel import ModelShape, catalog_shape, check_layout, positive
+from tunecost.workload.frameworks.model_parallel import (
+    ModelShape,
+    catalog_shape,
+    check_layout,
+    config_expert_parallel,
+    positive,
+)
 
 # Defaults and where they were read: docs/configs.md, "torchtitan's defaults"
 TITLE = "torchtitan"
@@ -232,9 +238,6 @@ def _layer_checkpointing(flat: ConfigFile, options: dict[str, Any], notes: list[
 
 
 def _degrees(flat: ConfigFile) -> tuple[int, int, int]:
-    for degree in ("expert_parallel_degree", "expert_tensor_parallel_degree"):
-        if (flat.typed(f"{PAR}{degree}", int) or 1) > 1:
-            raise flat.error(f"{PAR}{degree}", "expert parallelism is not modelled yet")
     tp, pp, cp = (positive(flat, PLAN_KEYS[o], flat.typed(PLAN_KEYS[o], int)) for o in ("tp", "pp", "cp"))
     return tp, pp, cp
 
@@ -313,6 +316,8 @@ def _less_layers(flat: ConfigFile) -> tuple[int, int]:
 def _layout(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     tp, pp, cp = _degrees(flat)
     options.update({k: v for k, v in (("tp", tp), ("pp", pp), ("cp", cp)) if v > 1})
+    ep, etp = f"{PAR}expert_parallel_degree", f"{PAR}expert_tensor_parallel_degree"  # etp: 1 by default
+    config_expert_parallel(flat, options, ep, etp, etp_default=1)
     shape = catalog_shape(options["model"]) if tp * pp * cp > 1 else None
     _tensor_parallel(flat, options, notes)
     if shape is not None and pp > 1:
