@@ -80,8 +80,10 @@ BASE: dict[str, list[str]] = {
     "validate": [],
 }
 # Options for which 0 is a valid value (no warm-up, seed 0, the first layer, no LoRA dropout; module "0", the first
-# decoder layer, as PEFT's modules_to_save matches a name's last component).
+# decoder layer, as PEFT's modules_to_save matches a name's last component; a pipeline split that counts the
+# embedding or the head as no layer, Megatron's).
 ZERO_IS_VALID = {"--warmup", "--warmup-steps", "--seed", "--layers", "--modules-to-save", "--lora-dropout"}
+ZERO_IS_VALID |= {"--pp-first-stage-less-layers", "--pp-last-stage-less-layers"}
 # Options for which -1 is a valid value (GPTQ's group size -1: one group over all inputs).
 MINUS_ONE_IS_VALID = {"--gptq-group-size"}
 LARGE = "2000000000"
