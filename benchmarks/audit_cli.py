@@ -84,6 +84,7 @@ BASE: dict[str, list[str]] = {
 # embedding or the head as no layer, Megatron's).
 ZERO_IS_VALID = {"--warmup", "--warmup-steps", "--seed", "--layers", "--modules-to-save", "--lora-dropout"}
 ZERO_IS_VALID |= {"--pp-first-stage-less-layers", "--pp-last-stage-less-layers"}
+ZERO_IS_VALID |= {"--usd-per-hour"}  # a price of 0: owned hardware (`CostEstimate`)
 # Options for which -1 is a valid value (GPTQ's group size -1: one group over all inputs).
 MINUS_ONE_IS_VALID = {"--gptq-group-size"}
 LARGE = "2000000000"
@@ -201,7 +202,7 @@ def probes(only: str | None = None, kinds: tuple[str, ...] = KINDS) -> tuple[lis
             base = _without(BASE[path], param, option_params)
             annotation = _annotation(param)
             takes_path = "Path" in str(annotation)
-            is_output = name in ("--out", "--output")
+            is_output = name in ("--out", "--output", "--emit")  # --emit: the folder a recipe is written into
             # a number is a valid file name: paths get the file probes below instead
             valid = {"0"} if name in ZERO_IS_VALID else set()
             valid |= {LARGE} if {name, f"{path} {name}"} & LARGE_IS_VALID else set()

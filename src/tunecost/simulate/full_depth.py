@@ -270,13 +270,18 @@ def whole_step(
     return made
 
 
+def _period(ta: TraceResult, tb: TraceResult) -> int:
+    """Layers per repeating unit: what the deeper trace `tb` adds per unit over `ta`."""
+    return (tb.num_layers - ta.num_layers) // max(1, tb.num_units - ta.num_units)
+
+
 def _optimizer_ops_per_unit(ta: TraceResult, tb: TraceResult) -> bool:
     """True where some op of `tb`'s optimizer step allocates for one traced unit's tensors alone (a multi-tensor
     step run tensor by tensor, as over DTensors): no deeper trace makes such a step whole, whatever its depth."""
     trace = tb.allocations
     if trace is None or tb.num_units < 2:
         return False
-    period = (tb.num_layers - ta.num_layers) // max(1, tb.num_units - ta.num_units)
+    period = _period(ta, tb)
     lo_first = tb.num_layers - 2 * period
     units_by_op: dict[int, set[int]] = {}
     for i in range(len(trace.nbytes)):
@@ -288,7 +293,7 @@ def _optimizer_ops_per_unit(ta: TraceResult, tb: TraceResult) -> bool:
 def _made_whole(ta: TraceResult, tb: TraceResult | None, full_units: int, peak_bytes: float) -> WholeStep | None:
     if tb is None or tb is ta or tb.allocations is None or tb.num_units < 2:
         return None
-    period = (tb.num_layers - ta.num_layers) // (tb.num_units - ta.num_units)
+    period = _period(ta, tb)
     prefix = tb.num_layers - tb.num_units * period
     full = full_depth_allocations(tb.allocations, prefix, period, tb.num_units, full_units)
     if full is None:
