@@ -65,6 +65,7 @@ def test_the_front_holds_estimates_numbers(model: str, method: str, gpu_names: t
             gpus=[s.gpu],
             strategies=strategies,
             num_gpus=s.plan.num_gpus,
+            expert_degree=s.plan.expert_parallel,
             offload=option.offload,
             provider=provider,
             num_queries=14000,
@@ -84,6 +85,7 @@ def test_a_rank_computes_over_the_datas_lengths_as_estimate_prices_one_gpu() -> 
     plan = make_plan([job], gpus=[gpu], **{**SMALL, "max_gpus": 1})
     (single,) = [o.setup for o in plan.options if o.setup.plan.strategy == "single"]
     assert "512 tokens" in single.memory.assumptions[0]
+    assert all(o.setup.plan.expert_parallel == 1 for o in plan.options)  # a dense model: no experts to split
     own, _ = single_gpu_throughput(job.with_(batch_size=single.micro_batch), gpu)
     padded, _ = single_gpu_throughput(job.with_(batch_size=single.micro_batch, seq_len=512, dataset=None), gpu)
     assert single.queries_per_s == pytest.approx(own.queries_per_s)
@@ -421,3 +423,26 @@ def test_a_micro_batch_is_cut_to_its_ranks_share_of_the_epoch() -> None:
         p = option.setup.plan
         assert option.setup.micro_batch <= math.ceil(100 / (p.dp * option.accumulation))
     assert any("more than an epoch's 100 queries" in n for n in plan.notes)
+
+
+def test_an_moe_plan_weighs_expert_parallel_layouts() -> None:
+    """tiny-mixtral's 8 experts on up to 4 GPUs: layouts at expert-parallel 2 and 4 are weighed beside the
+    data-parallel ones, each priced as `estimate --expert-parallel E` prices it."""
+    job = estimate_job("tiny-mixtral", method="lora", dataset="math_14k")
+    job = job.with_(seq_len=sizing_seq_len(job))
+    gpu = resolve_gpu_name("H100").gpu
+    plan = make_plan([job], gpus=[gpu], **SMALL)
+    assert {o.setup.plan.expert_parallel for o in plan.options} == {1, 2, 4}
+    option = next(o for o in plan.options if o.setup.plan.expert_parallel == 2 and o.setup.cost is not None)
+    s = option.setup
+    same = estimate_multi_gpu(
+        job,
+        gpus=[gpu],
+        strategies=[s.plan.strategy],
+        num_gpus=s.plan.num_gpus,
+        expert_degree=2,
+        num_queries=SMALL["num_queries"],
+        epochs=SMALL["epochs"],
+    )
+    (twin,) = [t for t in same.setups if t.plan == s.plan]
+    assert (twin.micro_batch, twin.cost.hours, twin.cost.usd) == (s.micro_batch, s.cost.hours, s.cost.usd)

@@ -31,6 +31,12 @@ def check_expert_parallel(plan: ParallelPlan, *, num_experts: int, model: str) -
         )
 
 
+def searched_degrees(num_experts: int, max_gpus: int) -> list[int]:
+    """The expert-parallel degrees a search weighs beside none: 2, 4 and 8 where they divide the model's experts
+    and `max_gpus` (none for a dense model)."""
+    return [e for e in (2, 4, 8) if num_experts > 1 and num_experts % e == 0 and e <= max_gpus]
+
+
 def dispatch_bytes(*, num_tokens: int, experts_per_token: int, hidden_size: int, bytes_per_element: int) -> int:
     """Bytes one rank sends in one dispatch (or combine) all-to-all: every token's hidden state once per chosen
     expert (balanced routing; tokens for the rank's own experts included, as nccl-tests counts the buffer)."""

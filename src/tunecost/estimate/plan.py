@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 from tunecost.catalog.gpus import GPU
 from tunecost.catalog.prices import OWNED_PROVIDER, Price
-from tunecost.distributed.expert_parallel import EP_STRATEGIES
+from tunecost.distributed.expert_parallel import EP_STRATEGIES, searched_degrees
 from tunecost.estimate.estimators import sized_job
 from tunecost.estimate.gpu_search import estimate_multi_gpu, unsharded_strategies
 from tunecost.estimate.rank_needs import RankNeeds
 from tunecost.estimate.setups import Setup, setup_cost
 from tunecost.estimate.throughput.stack_priors import framework_family
+from tunecost.models.catalog import resolve_model
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.offload import OFFLOAD_CHOICES, OFFLOAD_STRATEGIES
 from tunecost.workload.parallel import MULTI_GPU_STRATEGIES, ModelParallel, ParallelPlan
@@ -127,11 +128,13 @@ def _search(
     behaviour,
     needs: RankNeeds,
 ) -> tuple[list[Option], list[str]]:
-    """Every layout of `job` on `gpus` with each offload: the fewest GPUs that fit and that count doubled."""
+    """Every layout of `job` on `gpus` with each offload, and an MoE model's with each expert-parallel degree
+    (`expert_parallel.searched_degrees`, without offload): the fewest GPUs that fit and that count doubled."""
     options: list[Option] = []
     notes: list[str] = []
-    for offload in OFFLOAD_CHOICES:
-        strategies, _ = unsharded_strategies(job, layout_strategies(offload))
+    degrees = searched_degrees(resolve_model(job.model).num_experts, max_gpus)
+    for offload, expert_degree in [(o, 1) for o in OFFLOAD_CHOICES] + [("none", e) for e in degrees]:
+        strategies, _ = unsharded_strategies(job, layout_strategies(offload, expert_degree))
         if not strategies:  # 8-bit weights under the offload of sharded layouts only
             continue
         answer = estimate_multi_gpu(
@@ -140,6 +143,7 @@ def _search(
             strategies=strategies,
             gpus_per_node=gpus_per_node,
             max_gpus=max_gpus,
+            expert_degree=expert_degree,
             offload=offload,
             provider=None if owned else provider,
             prices_file=prices_file,
@@ -198,6 +202,7 @@ def _with_global_batch(option: Option, job: FineTuneJob, global_batch: int | Non
             strategies=[MULTI_GPU_STRATEGIES[0] if setup.plan.strategy == "single" else setup.plan.strategy],
             num_gpus=setup.plan.num_gpus,
             gpus_per_node=setup.plan.node_size,
+            expert_degree=setup.plan.expert_parallel,
             offload=option.offload,
             micro_batch=micro,
             model_parallel=model_parallel_of(setup.plan),

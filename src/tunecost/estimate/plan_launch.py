@@ -27,15 +27,15 @@ def launch_job(
     """The recipe's view of the recommended `option` of `job`: every provider that rents its GPU as candidates.
     `model`: the hub id the user named (an instruct or re-uploaded checkpoint the catalog prices as its base);
     `dataset`: the data the user named (None: the recipe asks for it, not the default tunecost priced).
-    The recipes launch data parallelism only: a TP/PP/CP layout, selective or some-layers recomputation is a
+    The recipes launch data parallelism only: a TP/PP/CP/EP layout, selective or some-layers recomputation is a
     `TunecostError`; FP8 only LLaMA-Factory's recipe writes. `fused_adamw`: the plan priced torch's fused AdamW;
     `base`: (path, data) of the user's config of the target framework, whose other keys the recipe keeps;
     `max_steps`: the run's optimizer steps at the option's global batch, where it was given in steps."""
     setup, spec = option.setup, resolve_model(job.model)
-    if setup.plan.degree > 1:
+    if setup.plan.degree > 1 or setup.plan.expert_parallel > 1:
         raise TunecostError(
-            f"--emit: the recommended setup is {setup.plan.layout_name} (tensor/pipeline/context parallel); the "
-            "recipes launch data-parallel layouts only (ddp, fsdp1, fsdp2, hsdp, zero1-3, one GPU)"
+            f"--emit: the recommended setup is {setup.plan.layout_name} (tensor/pipeline/context/expert parallel); "
+            "the recipes launch data-parallel layouts only (ddp, fsdp1, fsdp2, hsdp, zero1-3, one GPU)"
         )
     switches = (
         ("selective recomputation", job.selective_recompute),
