@@ -16,8 +16,8 @@ from tunecost.workload.parallel import ModelParallel, ParallelPlan, split_note
 # the plan's model-parallel options a config may set (job options of the same names)
 MODEL_PARALLEL_OPTIONS = tuple(f.name for f in fields(ModelParallel))
 PLAN_OPTIONS = ("num_gpus", "gpus_per_node", "strategy", "offload", "expert_parallel", *MODEL_PARALLEL_OPTIONS)
-_FLAG = re.compile(r"--(tp|pp|cp|sequence-parallel|micro-batches|pp-(?:first|last)-stage-layers)\b(?!-)")  # the flags
-# ParallelPlan's errors name
+# the flags ParallelPlan's errors name
+_FLAG = re.compile(r"--(tp|pp|cp|sequence-parallel|micro-batches|pp-(?:first|last)-stage-layers)\b(?!-)")
 
 
 def soft_capped(model: str | None) -> bool:
