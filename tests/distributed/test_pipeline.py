@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from tiny_jobs import pipeline_job, stage_estimate
 
@@ -172,6 +172,29 @@ def test_megatrons_first_and_last_stage_layers_deal_the_rest_evenly(num_layers, 
     assert sum(len(stage_layer_ids(num_layers, pp, s, weights)) for s in range(pp)) == num_layers
     note = uneven_split_note(num_layers, mp)
     assert note is not None and "num_layers_in_first/last_pipeline_stage" in note
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    pp=st.integers(2, 16),
+    per_stage=st.integers(1, 12),
+    first=st.one_of(st.none(), st.integers(1, 20)),
+    last=st.one_of(st.none(), st.integers(1, 20)),
+)
+def test_first_and_last_stage_layers_deal_as_megatron_for_any_counts(pp, per_stage, first, last):
+    """Any counts Megatron accepts: the first and last stages hold theirs, every other stage `per_stage`, as
+    Megatron Core's get_num_layers_to_build; the stages cover every layer once, in order."""
+    assume(first is not None or last is not None)
+    others = pp - (first is not None) - (last is not None)
+    num_layers = (first or 0) + (last or 0) + others * per_stage
+    weights = ModelParallel(pp=pp, first_stage_layers=first, last_stage_layers=last).stage_weights(num_layers)
+    stages = [stage_layer_ids(num_layers, pp, s, weights) for s in range(pp)]
+    expected = [per_stage] * pp
+    expected[0], expected[-1] = first or expected[0], last or expected[-1]
+    if not others:  # two stages, both given
+        expected = [first, last]
+    assert [len(r) for r in stages] == expected
+    assert [i for r in stages for i in r] == list(range(num_layers))
 
 
 @pytest.mark.parametrize(
