@@ -67,6 +67,16 @@ COMMANDS: dict[str, list[str]] = {
         "--strategy",
         "ddp,fsdp2",
     ],
+    "estimate_tp_pp": [
+        "estimate",
+        *["--model", "meta-llama/Llama-2-70b-hf", "--method", "full", "--gpu", "H100", "--gpus", "16"],
+        *["--tp", "8", "--pp", "2", "--epochs", "1", "--queries", "10000"],
+    ],
+    "estimate_nemo_config": [
+        "estimate",
+        *["--config", str(ROOT / "tests" / "fixtures" / "configs" / "mlperf_llama2_70b_lora_nemo.yaml")],
+        *["--model", "meta-llama/Llama-2-70b-hf", "--gpu", "H100", "--epochs", "1", "--queries", "3000"],
+    ],
     "memory_mixtral_qlora": ["memory", "--model", "mixtral-8x7b", "--method", "qlora", "--gpu", "A100-80GB-SXM"],
     "memory_dense_lora": ["memory", "--model", "llama-3.1-8b", "--method", "lora", "--batch-size", "4"],
     "memory_full_gb": ["memory", "--model", "blackmamba-2.8b", "--method", "full", "--gpu-memory-gb", "40"],
@@ -86,6 +96,11 @@ COMMANDS: dict[str, list[str]] = {
         "8",
         "--deadline",
         "10",
+    ],
+    "plan_moe": [
+        "plan",
+        *["--model", "mixtral-8x7b", "--method", "lora", "--gpu", "H100-80GB-SXM", "--max-gpus", "8"],
+        *["--epochs", "1", "--queries", "14000"],
     ],
     "predict": ["predict", "--model", "mixtral-8x7b", "--gpu", "A40-48GB", "--batch-size", "4", "--dataset", "gsm8k"],
     "fit": ["fit", str(PAPER_MEASUREMENTS)],
