@@ -43,7 +43,7 @@ def megatron_options(cfg: ConfigFile, model: str | None, notes: list[str]) -> di
     sp = bool(cfg.typed("sequence_parallel", bool)) and tp > 1
     options: dict[str, Any] = {"tp": tp, "pp": pp, "cp": cp, "sequence_parallel": sp, "stack": "tunecost"}
     options["tp_impl"] = "megatron" if tp > 1 else None
-    config_expert_parallel(cfg, options, "expert_model_parallel_size", "expert_tensor_parallel_size", etp_default=None)
+    config_expert_parallel(cfg, options, "expert_model_parallel_size", None, etp_default=None)  # experts split as TP
     if vp > 1:
         options |= {"virtual_stages": vp, "pipeline_schedule": "interleaved-1f1b"}
     if pp > 1:  # Megatron's micro-batches per step: the accumulation the Trainer arguments state
