@@ -72,9 +72,10 @@ def fixed_flags(first: int | None, last: int | None) -> str:
     return " and ".join(f"{flag} {n}" for n, flag in given if n is not None)
 
 
-def first_last_text(first: int | None, last: int | None) -> str:
-    """The first and last stages' layers as a config states them, for notes and errors."""
-    return " and ".join(f"{n} layers on the {w} stage" for n, w in ((first, "first"), (last, "last")) if n is not None)
+def fixed_split_note(first: int | None, last: int | None) -> str:
+    """How stages with the first and last stages' layers given deal the decoder layers (`split_note`'s twin)."""
+    given = " and ".join(f"{n} layers on the {w} stage" for n, w in ((first, "first"), (last, "last")) if n is not None)
+    return f"{given}, the other stages dividing the rest evenly (Megatron's num_layers_in_first/last_pipeline_stage)"
 
 
 def empty_stage_message(num_layers: int, num_stages: int, weights: tuple[int, int]) -> str:
@@ -142,10 +143,7 @@ class ModelParallel:
         """How the stages deal the decoder layers, for the notes of a layout priced with this split."""
         if self.first_stage_layers is None and self.last_stage_layers is None:
             return split_note(*self.stage_weights(num_layers))
-        fixed = first_last_text(self.first_stage_layers, self.last_stage_layers)
-        return (
-            f"{fixed}, the other stages dividing the rest evenly (Megatron's num_layers_in_first/last_pipeline_stage)"
-        )
+        return fixed_split_note(self.first_stage_layers, self.last_stage_layers)
 
     @property
     def num_micro_batches(self) -> int:

@@ -23,7 +23,7 @@ from tunecost.workload.frameworks.model_parallel import (
 from tunecost.workload.frameworks.nemo_keys import MEGATRON, MEGATRON_FIXED_FLAGS, MEGATRON_LM, NEMO, TITLE, Dialect
 from tunecost.workload.frameworks.torchtitan import config_job, nested_config
 from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
-from tunecost.workload.parallel import first_last_text
+from tunecost.workload.parallel import fixed_split_note
 
 # optimizer name -> tunecost's, and whether it shards its states over the data-parallel group (ZeRO-1's layout)
 OPTIMIZERS = {"fused_adam": ("adamw", False), "adam": ("adamw", False), "adamw": ("adamw", False)}
@@ -269,8 +269,9 @@ def _pipeline_split(r: Reader, options: dict[str, Any], keys: dict[str, str]) ->
         on = [k for k in split if r.value(k, bool)]
         if on:
             raise r.flat.error(given[0], f"Megatron refuses it beside {' and '.join(on)}")
-        text = first_last_text(options["first_stage_layers"], options["last_stage_layers"])
-        r.notes.append(f"{' and '.join(given)}: {text}, the other stages dividing the rest evenly (Megatron Core)")
+        r.notes.append(
+            f"{' and '.join(given)}: {fixed_split_note(options['first_stage_layers'], options['last_stage_layers'])}"
+        )
         return True
     return megatron_split(options, split, [r.value(k, bool, False, f"{k} off: {r.title}") for k in split], r.notes)
 
