@@ -310,7 +310,10 @@ def test_lora_adapter_configs(tmp_path: Path) -> None:
 
     job = _read(FRAMEWORK_PEFT_LORA, tmp_path, "adapter_config.json", LORA_ALL_LINEAR)
     assert (job.options["lora_rank"], job.options["lora_targets"]) == (64, "attention,mlp")
-    assert _said(job, "all-linear", "MoE")
+    assert _said(job, "all-linear", "every nn.Linear") and not _said(job, "all-linear", "MoE")  # a dense model
+    moe = {**LORA_ALL_LINEAR, "base_model_name_or_path": "mistralai/Mixtral-8x7B-v0.1"}
+    job = _read(FRAMEWORK_PEFT_LORA, tmp_path, "adapter_config.json", moe)
+    assert _said(job, "all-linear", "on an MoE model, attention and any dense MLP only", "transformers >= 5")
 
     job = _read(FRAMEWORK_PEFT_LORA, tmp_path, "adapter_config.json", LORA_MIXTRAL)
     assert job.options["lora_targets"] == "experts,router"

@@ -139,7 +139,7 @@ def test_lora_sft(tmp_path):
     assert any(line.startswith("max_samples 1000: each of the 2 dataset(s) cut") for line in job.assumptions)
     for option in ("lora_alpha 32", "attention sdpa", "gradient_checkpointing on", "reentrant on", "optimizer adamw"):
         assert _defaulted(job, option), option
-    assert any("MoE" in line for line in job.assumptions)  # all -> attention,mlp
+    assert any("every nn.Linear, read as attention,mlp" in line for line in job.assumptions)  # all
     assert any(line.startswith("dataset identity: a LLaMA-Factory dataset name") for line in job.assumptions)
     assert "dataset" not in job.options
     assert {"template", "learning_rate"} <= set(

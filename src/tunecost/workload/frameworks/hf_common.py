@@ -113,6 +113,11 @@ _ROUTER = ("gate", "router")
 _ALL_LINEAR = ("all", "all-linear", "all_linear")
 ADAPTED_NAMES = frozenset((*_NAME_GROUP, "experts", *_ROUTER))  # the module names tunecost reads as targets
 _MOE_NAME = re.compile(r"(?i)mixtral|moe")
+_MOE_ALL_LINEAR = (
+    ": on an MoE model, attention and any dense MLP only (transformers >= 5 holds the routed experts as fused 3-D "
+    "parameters and the router as a bare parameter, which no nn.Linear search finds; under transformers 4.x "
+    "they were adapted too: --lora-targets attention,experts,router prices that)"
+)
 
 
 def peft_targets(cfg: ConfigFile, key: str, entries: Sequence[str], model: str | None) -> tuple[set[str], list[str]]:
@@ -128,8 +133,7 @@ def peft_targets(cfg: ConfigFile, key: str, entries: Sequence[str], model: str |
         if entry.strip().lower() in _ALL_LINEAR:
             found.setdefault("attention", set()).add("all")
             found.setdefault("mlp", set()).add("all")
-            notes.append(f"{key} {entry}: every linear layer, read as attention,mlp (for an MoE model tunecost's "
-                         "default targets may differ)")  # fmt: skip
+            notes.append(f"{key} {entry}: every nn.Linear, read as attention,mlp" + (_MOE_ALL_LINEAR if moe else ""))
             continue
         named = _named(entry, ts, moe)
         if not named:
