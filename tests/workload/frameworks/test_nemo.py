@@ -176,6 +176,22 @@ def test_peft_schemes(tmp_path: Path) -> None:
     assert "model.peft.lora_tuning.target_modules: " in _error(tmp_path, bad)
 
 
+def test_an_interpolation_of_another_key_is_that_keys_value(tmp_path: Path) -> None:
+    """NeMo's shipped fine-tuning config writes alpha: ${model.peft.lora_tuning.adapter_dim}: read as 32 here, the
+    key it names counted as read; a chain resolves, a cycle and a resolver stay errors naming the key."""
+    text = "trainer:\n  devices: 1\nmodel:\n  encoder_seq_length: 2048\n  peft:\n    peft_scheme: lora\n"
+    text += "    lora_tuning:\n      adapter_dim: 32\n      alpha: ${model.peft.lora_tuning.adapter_dim}\n"
+    job = _read(tmp_path, text)
+    assert (job.options["lora_rank"], job.options["lora_alpha"]) == (32, 32)
+    chain = text.replace("adapter_dim: 32", "adapter_dim: ${model.width}") + "  width: 32\n"
+    assert _read(tmp_path, chain).options["lora_alpha"] == 32
+    cycle = text.replace("adapter_dim: 32", "adapter_dim: ${model.peft.lora_tuning.alpha}")
+    assert "an OmegaConf interpolation" in _error(tmp_path, cycle)
+    assert "model.peft.lora_tuning.alpha: ${oc.env:A,8}" in _error(
+        tmp_path, text.replace("${model.peft.lora_tuning.adapter_dim}", "${oc.env:A,8}")
+    )
+
+
 def test_megatron_lm_yaml(tmp_path: Path) -> None:
     job = _read(tmp_path, MEGATRON_YAML)
     o = job.options

@@ -3,13 +3,14 @@
 precision, micro- and global batch, sequence length and LoRA.
 
 Neither names a Hugging Face model (NeMo restores a .nemo checkpoint; Megatron-LM builds from its architecture
-keys): give --model. OmegaConf interpolations (${...}) are not resolved: give the resolved config (NeMo's saved
-hparams.yaml). NeMo 2's Python recipes are not read.
+keys): give --model. An OmegaConf interpolation of another key of the file (${model.x}) is that key's value;
+resolvers (${oc.env:...}) are not run: give the resolved config (NeMo's hparams.yaml). NeMo 2's recipes are not read.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, accumulation_of
@@ -49,14 +50,28 @@ class Reader:
 
     def value(self, key: str, kind: Any, default: Any = None, note: str | None = None) -> Any:
         key = self.key(key)
-        raw = self.flat.data.get(key)
+        raw, seen = self.flat.data.get(key), {key}
+        while isinstance(raw, str) and (ref := _REFERENCE.fullmatch(raw.strip())) and ref[1] not in seen:
+            seen.add(
+                ref[1]
+            )  # OmegaConf's ${other.key}: its value (NeMo's alpha: ${model.peft.lora_tuning.adapter_dim})
+            raw = self.flat.data.get(ref[1])
+            self.flat.used.add(ref[1])
         if isinstance(raw, str) and "${" in raw:
             raise self.flat.error(key, f"{raw}: an OmegaConf interpolation; give the resolved config (hparams.yaml)")
-        value = self.flat.typed(key, kind)
+        value = self.flat.typed(key, kind) if len(seen) == 1 else _typed(self.flat, key, raw, kind)
         if value is None and default is not None:
             self.notes.append(note or f"{key} {default}: {self.title}")
             return default
         return value
+
+
+_REFERENCE = re.compile(r"\$\{([A-Za-z_][\w.]*)\}")  # another key of the file, by its absolute path
+
+
+def _typed(flat: ConfigFile, key: str, value: Any, kind: Any) -> Any:
+    """`flat.typed` of `key` holding `value` (the value an interpolation names)."""
+    return dataclasses.replace(flat, data={**flat.data, key: value}).typed(key, kind)
 
 
 def _layout(r: Reader, options: dict[str, Any]) -> dict[str, str]:
