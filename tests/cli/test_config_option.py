@@ -397,3 +397,18 @@ def _plan_text(stdout: str) -> str:
 def test_an_unknown_framework_is_one_plan_error_line(cli_error) -> None:
     line = cli_error(["plan", "--model", "qwen2.5-0.5b", "--queries", "1000", "--epochs", "1", "--framework", "x"])
     assert "framework 'x' is not one of" in line
+
+
+def test_several_gpus_search_only_the_strategies_the_configs_framework_runs(cli_runner) -> None:
+    """A torchtune config on 2 GPUs is priced as its distributed recipe runs it (FSDP2), the rest named once;
+    --strategy weighs others."""
+    from tunecost.cli.main import app
+
+    config = str(CONFIG_DIR / "torchtune" / "lora_single_device" / "lora_single_device.yaml")
+    args = ["estimate", "--config", config, "--gpu", "H100", "--gpus", "2", "--epochs", "1", "--json"]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert {s["plan"]["strategy"] for s in json.loads(result.stdout)["setups"]} == {"fsdp2"}
+    assert "not searched, torchtune's distributed recipes shard with FSDP2" in " ".join(result.stderr.split())
+    given = cli_runner.invoke(app, [*args, "--strategy", "ddp,fsdp2"])
+    assert {s["plan"]["strategy"] for s in json.loads(given.stdout)["setups"]} == {"ddp", "fsdp2"}

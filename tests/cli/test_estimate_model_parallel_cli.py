@@ -143,3 +143,37 @@ def test_megatrons_first_and_last_stage_layers_from_the_command_line(cli_runner)
     )
     (setup,) = answer["setups"]
     assert setup["plan"]["first_stage_layers"] == 3 and setup["plan"]["last_stage_layers"] is None
+
+
+MEGATRON_LM = """
+language_model:
+  num_layers: 4
+model_parallel:
+  tensor_model_parallel_size: 1
+  pipeline_model_parallel_size: 2
+micro_batch_size: 1
+global_batch_size: 16
+seq_length: 128
+train_iters: 2
+bf16: true
+"""
+
+
+def test_a_megatron_files_global_batch_sets_the_pipelines_micro_batches_at_the_gpus_given(cli_runner, tmp_path):
+    """A Megatron-LM file names no GPU count: on --gpus 4 (pp 2: 2 data-parallel ranks) its global batch 16 of
+    micro-batch 1 is 8 micro-batches per step, not the pipeline's default; --micro-batches overrides it; a count
+    the global batch does not divide is one error line."""
+    config = tmp_path / "megatron.yaml"
+    config.write_text(MEGATRON_LM, encoding="utf-8")
+    model = str(Path(DENSE).with_name("tiny-llama-4l.json"))
+    args = ["estimate", "--config", str(config), "--model", model, "--gpu", "H100", "--strategy", "ddp", "--json"]
+    result = cli_runner.invoke(app, [*args, "--gpus", "4"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["setups"][0]["plan"]["micro_batches"] == 8
+    said = "micro_batches 8: the config's global batch 16 / (micro-batch 1 x data-parallel 2)"
+    assert said in " ".join(result.stderr.split())
+    given = cli_runner.invoke(app, [*args, "--gpus", "4", "--micro-batches", "4"])
+    assert json.loads(given.stdout)["setups"][0]["plan"]["micro_batches"] == 4
+    odd = cli_runner.invoke(app, [*args, "--gpus", "6"])
+    assert odd.exit_code == 2
+    assert "global batch 16 is not a multiple of micro-batch 1 x data-parallel 3" in " ".join(odd.stderr.split())

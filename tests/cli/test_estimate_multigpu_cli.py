@@ -210,3 +210,19 @@ def test_a_strategy_on_one_gpu_is_said_to_be_one_gpu_alone(cli_runner):
 def test_max_gpus_beside_a_named_count_is_an_error_not_ignored(cli_error):
     line = cli_error([*BASE, "--model", DENSE, "--gpu", "H100", "--gpus", "2", "--max-gpus", "4"])
     assert line == "error: --max-gpus bounds the search of --gpus auto; --gpus 2 names the count"
+
+
+def test_searching_counts_of_an_moe_model_weighs_expert_parallel_layouts(cli_runner):
+    """`--gpus auto` without --expert-parallel prices tiny-mixtral's layouts at expert-parallel 2 and 4 too (as
+    `plan` does) and says so; a degree given, or a count given, prices that degree only."""
+    args = [*BASE, "--model", TINY, "--gpu", "H100", "--max-gpus", "4", "--strategy", "ddp,fsdp2", "--json"]
+    searched = json.loads(cli_runner.invoke(app, [*args, "--gpus", "auto"]).stdout)
+    assert {s["plan"]["expert_parallel"] for s in searched["setups"]} == {1, 2, 4}
+    assert "expert-parallel layouts searched too: degree 2, 4 (--expert-parallel sets one)" in searched["notes"]
+    given = json.loads(cli_runner.invoke(app, [*args, "--gpus", "auto", "--expert-parallel", "1"]).stdout)
+    assert {s["plan"]["expert_parallel"] for s in given["setups"]} == {1}
+    assert [s for s in searched["setups"] if s["plan"]["expert_parallel"] == 1] == given["setups"]
+    per_gpu = [[n for n in answer["notes"] if n.startswith("H100")] for answer in (searched, given)]
+    assert per_gpu[0] == per_gpu[1]  # the GPU's links and first throughput once, as one search says them
+    counted = cli_runner.invoke(app, [*args[:-5], "--strategy", "ddp", "--gpus", "4", "--json"])
+    assert {s["plan"]["expert_parallel"] for s in json.loads(counted.stdout)["setups"]} == {1}

@@ -5,6 +5,7 @@ are printed on stderr."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,6 +14,7 @@ import typer
 from tunecost.cli.common import err_console
 from tunecost.cli.options import CONFIG_OPTIONS, CONFIG_PATH, ParameterSource, get_current_context, opt
 from tunecost.errors import TunecostError
+from tunecost.workload.parallel import ModelParallel
 
 CONFIG_HELP = (
     "Your framework's training config: LLaMA-Factory or axolotl YAML, a torchtune recipe config (a file, or the "
@@ -233,3 +235,27 @@ def _check_rank_count(searching: bool) -> None:
 def on_command_line(name: str) -> bool:
     """Whether the running command's option `name` was given on the command line (not by --config)."""
     return get_current_context().get_parameter_source(name) == ParameterSource.COMMANDLINE
+
+
+def pipeline_micro_batches(mp: ModelParallel | None, num_gpus, micro_batch: int | None) -> ModelParallel | None:
+    """`mp` with the micro-batches per step of a config that states its global batch and not them at this GPU
+    count (Megatron: global batch / (micro-batch x data-parallel ranks); a Megatron-LM file names no GPU count,
+    a NeMo file's may differ from --gpus); `mp` as given where --micro-batches or the config sets them."""
+    config = get_current_context().meta.get(CONFIG_OPTIONS, {})
+    global_batch = config.get("queries_per_step")
+    if mp is None or mp.pp == 1 or global_batch is None or not isinstance(num_gpus, int) or micro_batch is None:
+        return mp
+    if on_command_line("micro_batches") or (config.get("num_gpus", num_gpus) == num_gpus and "micro_batches" in config):
+        return mp
+    dp = num_gpus // mp.degree
+    if num_gpus % mp.degree or global_batch % (micro_batch * dp):
+        raise TunecostError(
+            f"the config's global batch {global_batch} is not a multiple of micro-batch {micro_batch} x "
+            f"data-parallel {dp} on --gpus {num_gpus} (tp x pp x cp {mp.degree}); give --micro-batches"
+        )
+    count = global_batch // (micro_batch * dp)
+    err_console.print(
+        f"assumed: micro_batches {count}: the config's global batch {global_batch} / (micro-batch {micro_batch} x "
+        f"data-parallel {dp})"
+    )
+    return dataclasses.replace(mp, micro_batches=count)

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from tunecost.cli.options import MAX_EXPERTS, count_option, opt
-from tunecost.limits import MAX_STAGE_LAYERS
+from tunecost.errors import TunecostError
+from tunecost.limits import MAX_STAGE_LAYERS, check_count
 from tunecost.workload.parallel import (
     MAX_SEARCH_GPUS,
     MULTI_GPU_STRATEGIES,
     PIPELINE_SCHEDULES,
     TP_IMPLS,
+    ModelParallel,
 )
+
+if TYPE_CHECKING:
+    from tunecost.cli.groups import MultiGpuOptions
 
 DEFAULT_GPUS_PER_NODE = 8
 MAX_GPUS_PER_NODE = 1024
@@ -74,3 +79,55 @@ FirstStageLayers = Annotated[
 LastStageLayers = Annotated[
     int | None, count_option("--pp-last-stage-layers", FIXED_HELP.format("last"), MAX_STAGE_LAYERS)
 ]
+
+
+def model_parallel_option(options: MultiGpuOptions):
+    """The TP/PP/CP layout the options give (None: none of them given)."""
+    o = options
+    given = (o.tp, o.pp, o.cp, o.micro_batches, o.pipeline_schedule, o.virtual_stages, o.sequence_parallel, o.tp_impl)
+    split = (o.first_stage_less_layers, o.last_stage_less_layers, o.first_stage_layers, o.last_stage_layers)
+    if all(v is None for v in (*given, o.tp_comm_overlap, *split)):
+        return None
+    tp = options.tp or 1
+    if options.sequence_parallel and tp == 1:
+        raise TunecostError("--sequence-parallel shards along the tensor-parallel group; it needs --tp 2 or more")
+    return ModelParallel(
+        tp=tp,
+        pp=options.pp or 1,
+        cp=options.cp or 1,
+        sequence_parallel=tp > 1 and options.sequence_parallel is not False,
+        tp_impl=(options.tp_impl or "torchtitan").strip().lower(),
+        tp_comm_overlap=bool(options.tp_comm_overlap),
+        micro_batches=options.micro_batches,
+        pipeline_schedule=(options.pipeline_schedule or "1f1b").strip().lower(),
+        virtual_stages=options.virtual_stages or 1,
+        first_stage_less_layers=1 if options.first_stage_less_layers is None else options.first_stage_less_layers,
+        last_stage_less_layers=1 if options.last_stage_less_layers is None else options.last_stage_less_layers,
+        first_stage_layers=options.first_stage_layers,
+        last_stage_layers=options.last_stage_layers,
+    )
+
+
+def parse_gpu_counts(text: str, gpus: list[str]) -> int | dict[str, int] | None:
+    """--gpus: "auto" (a search up to --max-gpus), one number, or one per --gpu ("2,1" with --gpu RTX-4090,H100)."""
+    from tunecost.catalog.gpus import resolve_gpu_name
+
+    if text.strip().lower() == "auto":
+        return None
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        raise TunecostError(f"--gpus must be a whole number, one per --gpu, or 'auto', got {text!r}")
+    counts = []
+    for part in parts:
+        try:
+            counts.append(check_count("--gpus", int(part), MAX_SEARCH_GPUS) or 0)
+        except ValueError:
+            raise TunecostError(f"--gpus must be a whole number or 'auto' (or one per --gpu), got {text!r}") from None
+    if len(counts) == 1:
+        return counts[0]
+    if len(counts) != len(gpus):
+        raise TunecostError(f"--gpus has {len(counts)} counts for {len(gpus)} GPUs; give one, or one per --gpu")
+    names = [resolve_gpu_name(g).gpu.name for g in gpus]
+    if len(set(names)) != len(names):
+        raise TunecostError("--gpus with a count per GPU needs each --gpu once")
+    return dict(zip(names, counts, strict=True))

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from tunecost.catalog.gpus import GPU
 from tunecost.catalog.prices import Price, price_catalog, prices_for
 from tunecost.distributed import deepspeed_estimator
+from tunecost.distributed.expert_parallel import EP_STRATEGIES, searched_degrees
 from tunecost.distributed.layouts import check_model_parallel, checked_counts, layout_plans, model_parallel_choices
 from tunecost.distributed.rank_memory import STORED_SHARDED
 from tunecost.distributed.timing import Links, cpu_optimizer_note, default_links
@@ -18,6 +19,7 @@ from tunecost.errors import TunecostError
 from tunecost.estimate.rank_needs import RankNeeds
 from tunecost.estimate.setups import COST_NOTE, MultiGpuEstimate, Setup, evaluate_setup
 from tunecost.estimate.simulated import Throughput
+from tunecost.models.catalog import resolve_model
 from tunecost.models.params import ParamCounts, count_parameters
 from tunecost.simulate.batch import default_margin_fraction, fit_verdict, margin_note
 from tunecost.workload.job import FineTuneJob
@@ -104,6 +106,36 @@ def estimate_multi_gpu(
         notes=tuple(notes),
         assumptions=(*setups[0].memory.assumptions, margin_note(search.margin)) if setups else (),
     )
+
+
+def searched_expert_degrees(job: FineTuneJob, *, offload: str, max_gpus: int) -> list[int]:
+    """The expert-parallel degrees a search of GPU counts prices beside none: an MoE model's
+    (`expert_parallel.searched_degrees`) without CPU offload (not modelled with it); none for a dense model."""
+    return searched_degrees(resolve_model(job.model).num_experts, max_gpus) if offload == "none" else []
+
+
+def expert_strategies(strategies: Sequence[str], expert_degree: int) -> list[str]:
+    """The strategies of `strategies` that take `expert_degree` (all of them at 1)."""
+    return [s for s in strategies if expert_degree == 1 or s in EP_STRATEGIES]
+
+
+def merged_estimates(
+    answers: Sequence[MultiGpuEstimate], *, strategies: Sequence[str], max_gpus: int, gpus: Sequence[GPU]
+) -> MultiGpuEstimate:
+    """One answer from the searches of one job at several expert-parallel degrees (the first's assumptions;
+    fitting nothing at all is an error, as one search's is)."""
+    setups = tuple(s for a in answers for s in a.setups)
+    first = answers[0]
+    if not any(s.fits for s in setups):
+        raise _fits_nothing(first.model, first.method, max_gpus, gpus, strategies)
+    degrees = sorted({s.plan.expert_parallel for s in setups} - {1})
+    searched = (
+        f"expert-parallel layouts searched too: degree {', '.join(map(str, degrees))} (--expert-parallel sets one)"
+    )
+    per_gpu = tuple(f"{g.name}: " for g in gpus)  # each GPU's links and first throughput: the first search's
+    later = (n for a in answers[1:] for n in a.notes if not n.startswith(per_gpu))
+    notes = tuple(dict.fromkeys((*first.notes, *later)))
+    return dataclasses.replace(first, setups=setups, notes=(searched, *notes))
 
 
 def _fits_nothing(model: str, method: str, max_gpus: int, gpus: Sequence[GPU], strategies: Sequence[str]):
@@ -204,6 +236,7 @@ class _Search:
         throughputs = self.needs.throughputs.setdefault((gpu.name, self.steady_state), {})
         setups: list[Setup] = []
         found: dict[tuple, int] = {}  # layout -> its fewest GPUs that fit (no num_gpus)
+        guess: dict[tuple, int] = {}  # layout -> its micro-batch on fewer GPUs: the next count's first probe
         for n in counts:
             if n == 1 and not self.searching and self.offload == "none" and self.expert_degree == 1:
                 asked = [s for s in self.strategies if s != "single"]
@@ -231,7 +264,8 @@ class _Search:
                         Setup(gpu=gpu, plan=plan, memory=first, margin_fraction=self.margin, not_timed=not_timed)
                     )
                 else:
-                    lo, border = self.needs.largest_micro_batch(plan, gpu, self.margin)
+                    lo, border = self.needs.largest_micro_batch(plan, gpu, self.margin, guess.get(_layout_key(plan), 1))
+                    guess[_layout_key(plan)] = lo
                     batch = self.within_epoch(plan, max(lo, 1))
                     setups.append(self.evaluate(gpu, links, prices, throughputs, plan, batch, border))
                     if lo and fewest is None:  # one GPU fitting stands for every strategy's

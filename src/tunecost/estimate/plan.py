@@ -14,13 +14,17 @@ from dataclasses import dataclass
 
 from tunecost.catalog.gpus import GPU
 from tunecost.catalog.prices import OWNED_PROVIDER, Price
-from tunecost.distributed.expert_parallel import EP_STRATEGIES, searched_degrees
 from tunecost.estimate.estimators import sized_job
-from tunecost.estimate.gpu_search import estimate_multi_gpu, unsharded_strategies
+from tunecost.estimate.gpu_search import (
+    estimate_multi_gpu,
+    expert_strategies,
+    searched_expert_degrees,
+    unsharded_strategies,
+)
 from tunecost.estimate.rank_needs import RankNeeds
 from tunecost.estimate.setups import Setup, setup_cost
 from tunecost.estimate.throughput.stack_priors import framework_family
-from tunecost.models.catalog import resolve_model
+from tunecost.workload.frameworks.registry import runnable_strategies
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.offload import OFFLOAD_CHOICES, OFFLOAD_STRATEGIES
 from tunecost.workload.parallel import MULTI_GPU_STRATEGIES, ModelParallel, ParallelPlan
@@ -94,9 +98,8 @@ class Plan:
 
 
 def layout_strategies(offload: str, expert_degree: int = 1) -> list[str]:
-    """The multi-GPU strategies that take `offload`."""
-    allowed = OFFLOAD_STRATEGIES.get(offload, MULTI_GPU_STRATEGIES)
-    return [s for s in allowed if expert_degree == 1 or s in EP_STRATEGIES]
+    """The multi-GPU strategies that take `offload` and `expert_degree`."""
+    return expert_strategies(OFFLOAD_STRATEGIES.get(offload, MULTI_GPU_STRATEGIES), expert_degree)
 
 
 def _owned_cost(setup: Setup, num_queries: float, epochs: float) -> Setup:
@@ -129,14 +132,16 @@ def _search(
     needs: RankNeeds,
 ) -> tuple[list[Option], list[str]]:
     """Every layout of `job` on `gpus` with each offload, and an MoE model's with each expert-parallel degree
-    (`expert_parallel.searched_degrees`, without offload): the fewest GPUs that fit and that count doubled."""
+    (`gpu_search.searched_expert_degrees`, without offload): the fewest GPUs that fit and that count doubled."""
     options: list[Option] = []
     notes: list[str] = []
-    degrees = searched_degrees(resolve_model(job.model).num_experts, max_gpus)
+    degrees = searched_expert_degrees(job, offload="none", max_gpus=max_gpus)
     for offload, expert_degree in [(o, 1) for o in OFFLOAD_CHOICES] + [("none", e) for e in degrees]:
         strategies, _ = unsharded_strategies(job, layout_strategies(offload, expert_degree))
-        if not strategies:  # 8-bit weights under the offload of sharded layouts only
+        strategies, dropped = runnable_strategies(strategies, needs.framework)
+        if not strategies:  # 8-bit weights under the offload of sharded layouts only, or none the framework runs
             continue
+        notes.extend(n for n in dropped if n not in notes)
         answer = estimate_multi_gpu(
             job,
             gpus=gpus,

@@ -8,7 +8,7 @@ import pytest
 
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import ConfigJob
-from tunecost.workload.frameworks.registry import merge_configs
+from tunecost.workload.frameworks.registry import merge_configs, runnable_strategies
 
 
 def _job(path: str, options: dict, assumptions: tuple[str, ...] = ()) -> ConfigJob:
@@ -85,3 +85,17 @@ def test_a_yaml_config_cannot_build_python_objects(tmp_path) -> None:
     unsafe.write_text("run: !!python/object/apply:os.system ['true']\n", encoding="utf-8")
     with pytest.raises(TunecostError, match="not valid YAML"):
         parse_config_file(unsafe)
+
+
+def test_a_framework_that_runs_some_strategies_keeps_those() -> None:
+    """torchtune's distributed recipes run FSDP2 only, torchtitan FSDP2's degrees; other frameworks (and files read
+    together with neither) keep every strategy; one GPU always stays."""
+    every = ["single", "ddp", "fsdp1", "fsdp2", "hsdp", "zero3"]
+    kept, dropped = runnable_strategies(every, "torchtune")
+    assert kept == ["single", "fsdp2"]
+    assert dropped == ["ddp, fsdp1, hsdp, zero3: not searched, torchtune's distributed recipes shard with FSDP2 "
+                       "(fully_shard)"]  # fmt: skip
+    assert runnable_strategies(every, "torchtitan")[0] == ["single", "ddp", "fsdp2", "hsdp"]
+    assert runnable_strategies(every, "hf-training-args+torchtitan")[0] == ["single", "ddp", "fsdp2", "hsdp"]
+    for other in ("llamafactory", "axolotl", "hf-training-args+deepspeed", None):
+        assert runnable_strategies(every, other) == (every, [])

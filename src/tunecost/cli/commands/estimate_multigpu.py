@@ -5,73 +5,18 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from tunecost.cli.common import console, dim, format_hours, print_json, print_table, split_list
-from tunecost.cli.multi_options import DEFAULT_GPUS_PER_NODE
+from tunecost.cli.common import console, dim, err_console, format_hours, print_json, print_table, split_list
+from tunecost.cli.multi_options import DEFAULT_GPUS_PER_NODE, model_parallel_option, parse_gpu_counts
 from tunecost.errors import TunecostError
-from tunecost.limits import check_count
 from tunecost.units import format_bytes
 from tunecost.workload.offload import OFFLOAD_STRATEGIES
 from tunecost.workload.parallel import (
     DEFAULT_MAX_GPUS,
-    MAX_SEARCH_GPUS,
     MULTI_GPU_STRATEGIES,
-    ModelParallel,
 )
 
 if TYPE_CHECKING:
     from tunecost.cli.groups import MultiGpuOptions, Pricing, RecordsOutput
-
-
-def model_parallel_option(options: MultiGpuOptions):
-    """The TP/PP/CP layout the options give (None: none of them given)."""
-    o = options
-    given = (o.tp, o.pp, o.cp, o.micro_batches, o.pipeline_schedule, o.virtual_stages, o.sequence_parallel, o.tp_impl)
-    split = (o.first_stage_less_layers, o.last_stage_less_layers, o.first_stage_layers, o.last_stage_layers)
-    if all(v is None for v in (*given, o.tp_comm_overlap, *split)):
-        return None
-    tp = options.tp or 1
-    if options.sequence_parallel and tp == 1:
-        raise TunecostError("--sequence-parallel shards along the tensor-parallel group; it needs --tp 2 or more")
-    return ModelParallel(
-        tp=tp,
-        pp=options.pp or 1,
-        cp=options.cp or 1,
-        sequence_parallel=tp > 1 and options.sequence_parallel is not False,
-        tp_impl=(options.tp_impl or "torchtitan").strip().lower(),
-        tp_comm_overlap=bool(options.tp_comm_overlap),
-        micro_batches=options.micro_batches,
-        pipeline_schedule=(options.pipeline_schedule or "1f1b").strip().lower(),
-        virtual_stages=options.virtual_stages or 1,
-        first_stage_less_layers=1 if options.first_stage_less_layers is None else options.first_stage_less_layers,
-        last_stage_less_layers=1 if options.last_stage_less_layers is None else options.last_stage_less_layers,
-        first_stage_layers=options.first_stage_layers,
-        last_stage_layers=options.last_stage_layers,
-    )
-
-
-def parse_gpu_counts(text: str, gpus: list[str]) -> int | dict[str, int] | None:
-    """--gpus: "auto" (a search up to --max-gpus), one number, or one per --gpu ("2,1" with --gpu RTX-4090,H100)."""
-    from tunecost.catalog.gpus import resolve_gpu_name
-
-    if text.strip().lower() == "auto":
-        return None
-    parts = [p.strip() for p in text.split(",") if p.strip()]
-    if not parts:
-        raise TunecostError(f"--gpus must be a whole number, one per --gpu, or 'auto', got {text!r}")
-    counts = []
-    for part in parts:
-        try:
-            counts.append(check_count("--gpus", int(part), MAX_SEARCH_GPUS) or 0)
-        except ValueError:
-            raise TunecostError(f"--gpus must be a whole number or 'auto' (or one per --gpu), got {text!r}") from None
-    if len(counts) == 1:
-        return counts[0]
-    if len(counts) != len(gpus):
-        raise TunecostError(f"--gpus has {len(counts)} counts for {len(gpus)} GPUs; give one, or one per --gpu")
-    names = [resolve_gpu_name(g).gpu.name for g in gpus]
-    if len(set(names)) != len(names):
-        raise TunecostError("--gpus with a count per GPU needs each --gpu once")
-    return dict(zip(names, counts, strict=True))
 
 
 def run_multi_gpu(
@@ -92,48 +37,38 @@ def run_multi_gpu(
 ) -> None:
     """Answer the multi-GPU question for `job` and print it, the answer first: each rank runs `batch_size` (else the
     largest micro-batch that fits with the margin) under `framework`, on `host_cpu` (else each GPU's default host)."""
-    from tunecost.catalog.gpus import resolve_gpu_name
-    from tunecost.distributed.expert_parallel import EP_STRATEGIES
-    from tunecost.estimate.gpu_search import estimate_multi_gpu
+    from tunecost.estimate.gpu_search import expert_strategies
 
-    num_gpus, gpus_per_node, strategy = options.num_gpus or "auto", options.gpus_per_node, options.strategy
-    max_gpus, interconnect, expert_degree = options.max_gpus, options.interconnect, options.expert_parallel
+    num_gpus, strategy = options.num_gpus or "auto", options.strategy
+    max_gpus, expert_degree = options.max_gpus, options.expert_parallel
     offload = (options.offload or "none").strip().lower()
-    every = [  # "all": the strategies that take the offload and the expert-parallel degree asked for
-        s
-        for s in OFFLOAD_STRATEGIES.get(offload, MULTI_GPU_STRATEGIES)
-        if (expert_degree or 1) == 1 or s in EP_STRATEGIES
-    ]
+    # "all": the strategies that take the offload and the expert-parallel degree asked for
+    every = expert_strategies(OFFLOAD_STRATEGIES.get(offload, MULTI_GPU_STRATEGIES), expert_degree or 1)
     strategies = every if strategy in (None, "all") else split_list(strategy, what="strategy")
+    if strategy in (None, "all"):
+        strategies = _framework_strategies(every, framework)
     count = parse_gpu_counts(num_gpus, gpus)
     if count is not None and max_gpus is not None:
         raise TunecostError(f"--max-gpus bounds the search of --gpus auto; --gpus {num_gpus} names the count")
     if batch_size is not None and not batch_size.strip().isdigit():
         raise TunecostError(f"with --gpus, --batch-size is one whole number (per rank), got {batch_size!r}")
-    from tunecost.estimate.estimators import lengths_note, sized_job
-    from tunecost.estimate.rank_needs import RankNeeds
+    from tunecost.estimate.estimators import lengths_note
 
-    sized = sized_job(job)
-    answer = estimate_multi_gpu(
-        sized,
-        gpus=[resolve_gpu_name(g).gpu for g in dict.fromkeys(gpus)],
+    answer = _searched(
+        job,
+        options,
+        gpus=gpus,
         strategies=strategies,
-        num_gpus=count,
-        gpus_per_node=gpus_per_node or DEFAULT_GPUS_PER_NODE,
-        max_gpus=max_gpus or DEFAULT_MAX_GPUS,
-        node_link=interconnect,
-        expert_degree=expert_degree or 1,
+        count=count,
         offload=offload,
-        provider=pricing.provider,
-        prices_file=pricing.prices_file,
+        pricing=pricing,
+        batch_size=int(batch_size) if batch_size else None,
         num_queries=num_queries,
         epochs=epochs,
-        micro_batch=int(batch_size) if batch_size else None,
         steady_state=steady_state,
         behaviour=behaviour,
-        model_parallel=model_parallel_option(options),
-        needs=RankNeeds(job.with_(batch_size=1), behaviour, framework, host_cpu),
-        more_gpus=count is None,  # searching: the fewest that fit and their power-of-two multiples, as plan prices
+        framework=framework,
+        host_cpu=host_cpu,
     )
     if output.out is not None:  # every setup evaluated, for `tunecost report` (memory per rank and cost vs GPU count)
         from tunecost.results.records import save_multi_gpu_records
@@ -151,6 +86,79 @@ def run_multi_gpu(
         verbose=verbose,
         lengths=lengths_note(job),
     )
+
+
+def _framework_strategies(every: list[str], framework: str | None) -> list[str]:
+    """Of `every`, the strategies the config's framework runs (`registry.runnable_strategies`), the rest said."""
+    from tunecost.workload.frameworks.registry import runnable_strategies
+
+    kept, dropped = runnable_strategies(every, framework)
+    for line in dropped if kept else []:
+        err_console.print(f"assumed: {line} (--strategy weighs them)")
+    return kept or every
+
+
+def _searched(
+    job,
+    options: MultiGpuOptions,
+    *,
+    gpus: list[str],
+    strategies: list[str],
+    count: int | dict[str, int] | None,
+    offload: str,
+    pricing: Pricing,
+    batch_size: int | None,
+    num_queries: int,
+    epochs: float,
+    steady_state: bool,
+    behaviour,
+    framework: str | None,
+    host_cpu: str | None,
+):
+    """`estimate_multi_gpu` of `job` at the expert-parallel degree given; searching the GPU counts of an MoE model
+    without a degree, offload or TP/PP/CP given, at each degree `plan` weighs too (one answer)."""
+    from tunecost.catalog.gpus import resolve_gpu_name
+    from tunecost.cli.jobconfig import pipeline_micro_batches
+    from tunecost.estimate import gpu_search
+    from tunecost.estimate.estimators import sized_job
+    from tunecost.estimate.rank_needs import RankNeeds
+
+    sized, limit = sized_job(job), options.max_gpus or DEFAULT_MAX_GPUS
+    model_parallel = pipeline_micro_batches(model_parallel_option(options), count, batch_size)
+    searching = count is None and options.expert_parallel is None and model_parallel is None
+    more = gpu_search.searched_expert_degrees(sized, offload=offload, max_gpus=limit) if searching else []
+    more = [e for e in more if gpu_search.expert_strategies(strategies, e)]
+    degree = options.expert_parallel or 1
+    gpu_list = [resolve_gpu_name(g).gpu for g in dict.fromkeys(gpus)]
+    needs = RankNeeds(job.with_(batch_size=1), behaviour, framework, host_cpu)
+    answers = [
+        gpu_search.estimate_multi_gpu(
+            sized,
+            gpus=gpu_list,
+            strategies=strategies if e == degree else gpu_search.expert_strategies(strategies, e),
+            num_gpus=count,
+            gpus_per_node=options.gpus_per_node or DEFAULT_GPUS_PER_NODE,
+            max_gpus=limit,
+            node_link=options.interconnect,
+            expert_degree=e,
+            offload=offload,
+            provider=pricing.provider,
+            prices_file=pricing.prices_file,
+            num_queries=num_queries,
+            epochs=epochs,
+            micro_batch=batch_size,
+            steady_state=steady_state,
+            behaviour=behaviour,
+            model_parallel=model_parallel,
+            needs=needs,
+            more_gpus=count is None and e == 1,  # searching: the fewest that fit and their power-of-two multiples
+            require_fit=not more,
+        )
+        for e in [degree, *more]
+    ]
+    if not more:
+        return answers[0]
+    return gpu_search.merged_estimates(answers, strategies=strategies, max_gpus=limit, gpus=gpu_list)
 
 
 def print_answer(
@@ -234,10 +242,14 @@ def _model_parallel_line(s) -> str:
 
 
 def _merged(ranked: list) -> list[tuple]:
-    """(setup, layout names): one row per set of layouts with the same figures (fsdp2/zero3)."""
+    """(setup, layout names): one row per set of layouts with the same figures (fsdp2/zero3), and of the
+    expert-parallel layouts a search adds, the cheapest per GPU, count and degree."""
     groups: dict[tuple, list] = {}
     for s in ranked:
-        groups.setdefault(_figures(s), []).append(s)
+        ep = s.plan.expert_parallel
+        key = (s.gpu.name, s.plan.num_gpus, ep) if ep > 1 and s.fits else _figures(s)
+        if ep == 1 or key not in groups or _figures(s) == _figures(groups[key][0]):
+            groups.setdefault(key, []).append(s)
     return [(same[0], "/".join(dict.fromkeys(x.plan.layout_name for x in same))) for same in groups.values()]
 
 
@@ -340,7 +352,7 @@ def _print_setups(title: str, setups, *, wide: bool = False) -> None:
                 s.micro_batch,
                 s.fit,
                 f"{s.memory.nvidia_smi_bytes / 1e9:.1f}/{s.gpu.usable_memory_bytes / 1e9:.0f}"
-                + (f" +{s.memory.host_bytes / 1e9:.0f} CPU" if s.memory.host_bytes else ""),
+                + (f" +{s.memory.host_bytes / 1e9:.1f} CPU" if s.memory.host_bytes else ""),
                 "-" if s.exposed_comm_share is None else f"{abs(100 * s.exposed_comm_share):.1f} %",
                 fmt(s.queries_per_s, ".2f"),
                 format_hours(s.cost.hours if s.cost else None),

@@ -120,6 +120,8 @@ class Framework:
     suffixes: tuple[str, ...]  # file types its configs come in
     detect: Callable[[Mapping[str, Any]], bool]
     read: Callable[[ConfigFile], ConfigJob]
+    strategies: tuple[str, ...] = ()  # the several-GPU strategies it runs, and why (empty: every one tunecost models)
+    strategies_why: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -38,6 +38,19 @@ def frameworks() -> list[Framework]:
     return out
 
 
+def runnable_strategies(strategies: Sequence[str], framework: str | None) -> tuple[list[str], list[str]]:
+    """Of `strategies`, those the job's framework (a config's, "a+b" for files read together) runs, with a note
+    on the rest ("single", one GPU, always stays); all of them for a framework that runs every one."""
+    readers = {f.name: f for f in frameworks()}
+    names = (framework or "").split("+")
+    runs = next((readers[n] for n in names if n in readers and readers[n].strategies), None)
+    if runs is None:
+        return list(strategies), []
+    kept = [s for s in strategies if s in runs.strategies or s == "single"]
+    dropped = [s for s in strategies if s not in kept]
+    return kept, [f"{', '.join(dropped)}: not searched, {runs.strategies_why}"] if dropped else []
+
+
 def read_config(path: str | Path) -> ConfigJob:
     """One file, read by the framework whose config it is; a name `tune run` takes (`llama2/7B_lora`) where no
     such file exists, read as torchtune ships that config."""

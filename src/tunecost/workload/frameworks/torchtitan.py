@@ -18,8 +18,7 @@ from tunecost.workload.frameworks.model_parallel import (
     positive,
 )
 
-# Defaults and where they were read: docs/configs.md, "torchtitan's defaults"
-TITLE = "torchtitan"
+TITLE = "torchtitan"  # its defaults and where they were read: docs/configs.md, "torchtitan's defaults"
 # JobConfig's sections and fields; training.batch_size: local_batch_size's name before 2025-06-05
 SP_KEY = "enable_sequence_parallel"  # the Python configs' switch (2026-03-29), read when a TOML file has it
 KEYS = KnownKeys(f"{TITLE}'s JobConfig", ("torchtitan",), extra=("training.batch_size", f"parallelism.{SP_KEY}"))
@@ -390,4 +389,12 @@ def _steps(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
         options["queries_per_step"] = stated
 
 
-FRAMEWORK = Framework(name="torchtitan", title=TITLE, suffixes=(".toml",), detect=detect, read=read)
+FRAMEWORK = Framework(
+    name="torchtitan",
+    title=TITLE,
+    suffixes=(".toml",),
+    detect=detect,
+    read=read,
+    strategies=("fsdp2", "fsdp2-shard-grad-op", "hsdp", "ddp"),
+    strategies_why=f"{TITLE} shards and replicates with FSDP2's degrees",
+)

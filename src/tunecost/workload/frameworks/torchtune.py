@@ -314,4 +314,12 @@ def read(cfg: ConfigFile) -> ConfigJob:
     return config_job(FRAMEWORK.name, flat, options, notes)
 
 
-FRAMEWORK = Framework(name="torchtune", title=TITLE, suffixes=(".yaml", ".yml"), detect=detect, read=read)
+FRAMEWORK = Framework(
+    name="torchtune",
+    title=TITLE,
+    suffixes=(".yaml", ".yml"),
+    detect=detect,
+    read=read,
+    strategies=("fsdp2",),
+    strategies_why=f"{TITLE}'s distributed recipes shard with FSDP2 (fully_shard)",
+)
