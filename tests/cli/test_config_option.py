@@ -412,3 +412,17 @@ def test_several_gpus_search_only_the_strategies_the_configs_framework_runs(cli_
     assert "not searched, torchtune's distributed recipes shard with FSDP2" in " ".join(result.stderr.split())
     given = cli_runner.invoke(app, [*args, "--strategy", "ddp,fsdp2"])
     assert {s["plan"]["strategy"] for s in json.loads(given.stdout)["setups"]} == {"ddp", "fsdp2"}
+
+
+def test_plan_weighs_only_the_strategies_the_configs_framework_runs(cli_runner) -> None:
+    """A torchtune config's plan on up to 2 GPUs: one GPU or FSDP2, as torchtune's recipes run; the rest noted."""
+    from tunecost.cli.main import app
+
+    config = str(CONFIG_DIR / "torchtune" / "lora_single_device" / "lora_single_device.yaml")
+    args = ["plan", "--config", config, "--gpu", "H100", "--max-gpus", "2", "--queries", "1000", "--epochs", "1"]
+    result = cli_runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.stdout[result.stdout.index("{") :])["plan"]
+    assert {o["setup"]["plan"]["strategy"] for o in plan["front"]} == {"single", "fsdp2"}
+    said = [n for n in plan["notes"] if "not searched, torchtune's distributed recipes shard with FSDP2" in n]
+    assert len(said) == 1 and said[0].startswith("ddp, fsdp1, fsdp2-shard-grad-op, hsdp, zero1")

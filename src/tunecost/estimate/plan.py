@@ -134,14 +134,13 @@ def _search(
     """Every layout of `job` on `gpus` with each offload, and an MoE model's with each expert-parallel degree
     (`gpu_search.searched_expert_degrees`, without offload): the fewest GPUs that fit and that count doubled."""
     options: list[Option] = []
-    notes: list[str] = []
+    notes: list[str] = runnable_strategies(MULTI_GPU_STRATEGIES, needs.framework)[1]
     degrees = searched_expert_degrees(job, offload="none", max_gpus=max_gpus)
     for offload, expert_degree in [(o, 1) for o in OFFLOAD_CHOICES] + [("none", e) for e in degrees]:
         strategies, _ = unsharded_strategies(job, layout_strategies(offload, expert_degree))
-        strategies, dropped = runnable_strategies(strategies, needs.framework)
+        strategies, _ = runnable_strategies(strategies, needs.framework)
         if not strategies:  # 8-bit weights under the offload of sharded layouts only, or none the framework runs
             continue
-        notes.extend(n for n in dropped if n not in notes)
         answer = estimate_multi_gpu(
             job,
             gpus=gpus,
