@@ -159,7 +159,7 @@ def run_length(
     queries is printed among the assumptions. A run length on the command line replaces the config's.
     `searching`: the command searches GPU counts (plan; estimate without a GPU count). `queries_per_row`: the
     queries a packed row holds (a step's batch counts rows)."""
-    from tunecost.workload.run_length import global_batch_of
+    from tunecost.workload.run_length import global_batch_of, training_queries
     from tunecost.workload.run_length import run_length as queries_x_epochs
 
     config = get_current_context().meta.get(CONFIG_OPTIONS, {})
@@ -178,6 +178,12 @@ def run_length(
         of = "" if dataset_queries is None else f" of {dataset_queries}"
         err_console.print(f"assumed: {limit} queries per epoch: the config cuts the data there{of}")
         dataset_queries = limit
+    split = config.get("eval_split")
+    if split and dataset_queries is not None and not on_command_line("queries"):
+        train = training_queries(dataset_queries, split)
+        err_console.print(f"assumed: {train} queries per epoch: the config sets {dataset_queries - train} of "
+                          f"{dataset_queries} aside for evaluation (their evaluation passes not counted)")  # fmt: skip
+        dataset_queries = train
     how = None if global_batch is None else (global_batch, f"global batch {global_batch} (--global-batch)")
     if (max_steps or cap) and how is None and config.get("queries_per_step") is None:
         _check_rank_count(searching)

@@ -3,6 +3,7 @@ gradient accumulation x data-parallel ranks), and the frameworks' rules when ste
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,17 @@ def queries_for_steps(max_steps: int, global_batch: int) -> int:
     if max_steps < 1 or global_batch < 1:
         raise TunecostError(f"steps and global batch must be >= 1, got {max_steps} and {global_batch}")
     return max_steps * global_batch
+
+
+def training_queries(dataset_queries: int, eval_split: float) -> int:
+    """The queries left to train on once `eval_split` is set aside for evaluation: a fraction below 1 (rounded up,
+    as `datasets`' train_test_split rounds its test size) or a count."""
+    held = math.ceil(eval_split * dataset_queries) if eval_split < 1 else int(eval_split)
+    if held >= dataset_queries:
+        raise TunecostError(
+            f"the config's evaluation split {eval_split:g} leaves none of the {dataset_queries} queries to train"
+        )
+    return dataset_queries - held
 
 
 def global_batch_of(options: Mapping[str, Any]) -> tuple[int, str] | None:

@@ -164,6 +164,7 @@ def test_lora(tmp_path):
         "grad_accum": 2,
         "epochs": 1,
         "dataset": "data/alpaca_sample.jsonl",
+        "eval_split": 0.1,  # val_set_size: a tenth of the data set aside for evaluation
         "stack": "hf-peft",
     }
     assert _defaulted(job, "dtype bf16") and _defaulted(job, "reentrant on")

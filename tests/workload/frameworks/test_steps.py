@@ -10,9 +10,11 @@ import yaml
 
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks.registry import read_config
-from tunecost.workload.run_length import global_batch_of, queries_for_steps, run_length
+from tunecost.workload.run_length import global_batch_of, queries_for_steps, run_length, training_queries
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "configs"
+LLAMAFACTORY = {"model_name_or_path": "m", "stage": "sft", "finetuning_type": "lora", "output_dir": "o"}
+AXOLOTL = {"base_model": "m", "datasets": [], "micro_batch_size": 2}
 
 
 def _queries(path: Path, dataset_queries: int | None = None):
@@ -143,3 +145,21 @@ def test_torchtitan_global_batch_is_its_gradient_accumulation(tmp_path: Path) ->
     )
     job = read_config(path)
     assert job.options["grad_accum"] == 2 and _queries(path).num_queries == 10000 * 32
+
+
+def test_an_evaluation_split_leaves_the_rest_to_train() -> None:
+    """A fraction is rounded up as `datasets`' train_test_split rounds its test size; a count is taken as is."""
+    assert training_queries(52002, 0.1) == 52002 - 5201
+    assert training_queries(1000, 0.05) == 950 and training_queries(1000, 200) == 800
+    with pytest.raises(TunecostError, match="evaluation split 100 leaves none of the 100 queries to train"):
+        training_queries(100, 100)
+
+
+@pytest.mark.parametrize(("name", "key"), [("train.yaml", "val_size"), ("axolotl.yaml", "val_set_size")])
+def test_llamafactory_and_axolotl_evaluation_splits(tmp_path: Path, name: str, key: str) -> None:
+    base = LLAMAFACTORY if key == "val_size" else AXOLOTL
+    assert read_config(_write(tmp_path, name, {**base, key: 0.05})).options["eval_split"] == 0.05
+    assert read_config(_write(tmp_path, name, {**base, key: 500})).options["eval_split"] == 500
+    assert "eval_split" not in read_config(_write(tmp_path, name, {**base, key: 0})).options
+    with pytest.raises(TunecostError, match=f"{key}: must be a fraction in \\[0, 1\\) or a whole count, got 2.5"):
+        read_config(_write(tmp_path, name, {**base, key: 2.5}))

@@ -63,6 +63,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "grad_accum": int,  # micro-batches accumulated per optimizer step
     "queries_per_step": int,  # the global batch the config states outright (NeMo, Megatron-LM)
     "max_queries": int,  # the data cut to at most this many queries (LLaMA-Factory's max_samples per dataset)
+    "eval_split": (int, float),  # then set aside for evaluation: a fraction below 1 or a count (val_size)
     "stack": str,
     "chunked_loss": bool,
     "offload_activations": bool,
@@ -338,3 +339,13 @@ def steps_options(
     if accumulation is None:
         notes.append(f"grad_accum 1: {title}'s default {accumulation_key}")
     return out
+
+
+def eval_split_of(cfg: ConfigFile, key: str) -> dict[str, float]:
+    """`key`'s evaluation split as a job option (a fraction in [0, 1) or a whole count, as `datasets` takes it)."""
+    value = cfg.typed(key, (int, float))
+    if value is None or value == 0:
+        return {}
+    if value < 0 or (value >= 1 and value != int(value)):
+        raise cfg.error(key, f"must be a fraction in [0, 1) or a whole count, got {value!r}")
+    return {"eval_split": value}

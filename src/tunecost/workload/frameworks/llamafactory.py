@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
+from tunecost.workload.frameworks import (
+    SFT_ONLY,
+    ConfigFile,
+    ConfigJob,
+    Framework,
+    KnownKeys,
+    eval_split_of,
+    steps_options,
+)
 from tunecost.workload.frameworks.hf_common import (
     INT8,
     VISION_MODEL,
@@ -164,6 +172,7 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         options["max_queries"] = max_samples * max(1, len(names))
         notes.append(f"max_samples {max_samples}: each of the {max(1, len(names))} dataset(s) cut to its first "
                      f"{max_samples} examples, at most {options['max_queries']} queries per epoch")  # fmt: skip
+    options |= eval_split_of(cfg, "val_size")  # data/data_utils.py split_dataset: train_test_split(test_size)
     for name in names:
         if known := catalog_dataset(name):
             options["dataset"] = known
