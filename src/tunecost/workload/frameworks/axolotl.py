@@ -12,7 +12,6 @@ from tunecost.workload.frameworks import (
     ConfigJob,
     Framework,
     KnownKeys,
-    eval_split_of,
     steps_options,
 )
 from tunecost.workload.frameworks.hf_common import (
@@ -20,6 +19,7 @@ from tunecost.workload.frameworks.hf_common import (
     VISION_MODEL,
     compile_options,
     deepspeed_options,
+    eval_split_of,
     fp8_options,
     modules_to_save,
     optimizer_options,

@@ -283,3 +283,13 @@ def deepspeed_options(cfg: ConfigFile, key: str) -> tuple[dict[str, Any], list[s
     if params or optim:
         options["offload"] = "params" if params else "optimizer"
     return options, notes
+
+
+def eval_split_of(cfg: ConfigFile, key: str) -> dict[str, float]:
+    """`key`'s evaluation split as a job option (a fraction in [0, 1) or a whole count, as `datasets` takes it)."""
+    value = cfg.typed(key, (int, float))
+    if value is None or value == 0:
+        return {}
+    if value < 0 or (value >= 1 and value != int(value)):
+        raise cfg.error(key, f"must be a fraction in [0, 1) or a whole count, got {value!r}")
+    return {"eval_split": value}

@@ -5,20 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tunecost.workload.frameworks import (
-    SFT_ONLY,
-    ConfigFile,
-    ConfigJob,
-    Framework,
-    KnownKeys,
-    eval_split_of,
-    steps_options,
-)
+from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.hf_common import (
     INT8,
     VISION_MODEL,
     compile_options,
     deepspeed_options,
+    eval_split_of,
     fp8_options,
     fsdp_options,
     liger_options,
