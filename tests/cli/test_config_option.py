@@ -182,6 +182,7 @@ COMMANDS = {
     "max-batch": ["--gpu", "RTX-4090", "--device", "cpu", "--limit", "4"],
 }
 ESTIMATE_UNSTATED = {"epochs": ["--epochs", "1"], "num_gpus": ["--gpus", "1"]}  # estimate's, where the job has none
+UNSTATED = {"method": ["--method", "qlora"]}  # every command's, where the files do not say it
 # `make test` runs the first job of each format under each command: the three commands read a config through one
 # option group, and differ in what they ask of the job. CI runs every pair (`long`).
 SAMPLED = {min(j for j in JOBS if j.split("/")[0] == fmt) for fmt in {j.split("/")[0] for j in JOBS}}
@@ -259,7 +260,7 @@ def test_a_config_answers_as_its_flags(cli_runner, command: str, job: str) -> No
     read = read_configs(paths)
     options = {**read.options, "framework": read.framework}  # estimate takes the config's framework too
     options.pop("max_steps", None)  # steps need the config's global batch (no flag): --epochs 1 replaces them in both
-    unstated = ESTIMATE_UNSTATED if command == "estimate" else {}
+    unstated = {**UNSTATED, **(ESTIMATE_UNSTATED if command == "estimate" else {})}
     extra = [*COMMANDS[command], *(arg for name, args in unstated.items() if name not in options for arg in args)]
     from_config = _json(cli_runner, [command, *[a for p in paths for a in ("--config", p)], *extra])
     from_flags = _json(cli_runner, [command, *_flags(command, options), *extra])
@@ -346,16 +347,18 @@ def test_model_parallel_degrees_a_command_does_not_take_are_named(cli_runner, tm
         assert "warning: this command does not take strategy fsdp2, tp 2, sequence_parallel True from" in stderr
 
 
-def test_a_config_without_a_method_says_which_method_is_priced(cli_runner) -> None:
-    """An accelerate or DeepSpeed file alone does not say full, LoRA or QLoRA: the assumptions say --method decides."""
+def test_a_config_without_a_method_asks_for_it(cli_runner, cli_error) -> None:
+    """An accelerate or DeepSpeed file, or a Trainer's arguments, alone do not say full, LoRA or QLoRA (the model
+    is wrapped in the user's code): a command that prices one method asks for --method; plan weighs all three."""
     from tunecost.cli.main import app
 
     path = str(Path(__file__).parent / "configs" / "accelerate" / "deepspeed_zero2" / "accelerate.yaml")
     args = ["estimate", "--config", path, "--model", "Qwen/Qwen2.5-0.5B", "--gpu", "H100", *COMMANDS["estimate"]]
-    result = cli_runner.invoke(app, [*args, "--epochs", "1"])
+    line = cli_error([*args, "--epochs", "1"])
+    assert line.startswith("error: --method: ") and "does not say full, LoRA or QLoRA" in line
+    assert "give --method full, lora or qlora" in line
+    result = cli_runner.invoke(app, [*args, "--epochs", "1", "--method", "full"])
     assert result.exit_code == 0, result.output
-    said = "".join(result.output.split())  # a long path is folded across lines
-    assert "".join(f"assumed: method: {path} does not say; --method decides (default qlora)".split()) in said
 
 
 def test_plan_takes_the_data_cut_a_config_makes(cli_runner, tmp_path) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import typer
 
@@ -74,7 +74,17 @@ def _option_of(line: str, params: set[str]) -> str | None:
 
 def print_config_notes(ctx: typer.Context) -> None:
     """The config's assumption and warning lines on stderr, once every option is read: a line about an option the
-    command line gives is left out, as the flag replaces the config's value."""
+    command line gives is left out, as the flag replaces the config's value. A config that does not say full,
+    LoRA or QLoRA is an error where the command prices one method and --method is not given."""
+    method = next((p for p in ctx.command.params if p.name == "method"), None)
+    config = ctx.meta.get(CONFIG_OPTIONS)
+    unsaid = config is not None and "method" not in config and method is not None and method.default is not None
+    if unsaid and ctx.get_parameter_source("method") != ParameterSource.COMMANDLINE:
+        raise typer.BadParameter(
+            f"{ctx.meta.get(CONFIG_PATH)} does not say full, LoRA or QLoRA (no PEFT, bitsandbytes or adapter key in "
+            "the files given); give --method full, lora or qlora",
+            param=cast(Any, method),  # click's Option: typer types the argument as its own
+        )
     for option, line in ctx.meta.pop(CONFIG_NOTES, ()):
         if option is None or ctx.get_parameter_source(option) != ParameterSource.COMMANDLINE:
             err_console.print(line)
