@@ -236,7 +236,6 @@ class _Search:
         throughputs = self.needs.throughputs.setdefault((gpu.name, self.steady_state), {})
         setups: list[Setup] = []
         found: dict[tuple, int] = {}  # layout -> its fewest GPUs that fit (no num_gpus)
-        guess: dict[tuple, int] = {}  # layout -> its micro-batch on fewer GPUs: the next count's first probe
         for n in counts:
             if n == 1 and not self.searching and self.offload == "none" and self.expert_degree == 1:
                 asked = [s for s in self.strategies if s != "single"]
@@ -264,8 +263,7 @@ class _Search:
                         Setup(gpu=gpu, plan=plan, memory=first, margin_fraction=self.margin, not_timed=not_timed)
                     )
                 else:
-                    lo, border = self.needs.largest_micro_batch(plan, gpu, self.margin, guess.get(_layout_key(plan), 1))
-                    guess[_layout_key(plan)] = lo
+                    lo, border = self.needs.largest_micro_batch(plan, gpu, self.margin)
                     batch = self.within_epoch(plan, max(lo, 1))
                     setups.append(self.evaluate(gpu, links, prices, throughputs, plan, batch, border))
                     if lo and fewest is None:  # one GPU fitting stands for every strategy's

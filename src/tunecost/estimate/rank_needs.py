@@ -167,15 +167,12 @@ class RankNeeds:
                 pass
         self._dirty.clear()
 
-    def largest_micro_batch(
-        self, plan: ParallelPlan, gpu: GPU, margin_fraction: float, first: int = 1
-    ) -> tuple[int, int]:
+    def largest_micro_batch(self, plan: ParallelPlan, gpu: GPU, margin_fraction: float) -> tuple[int, int]:
         """(largest micro-batch that fits `gpu` with the margin, largest within it without): the search
-        `memory` and `estimate` run on one GPU, its first probe at `first` (a guess: the answer is the same)."""
+        `memory` and `estimate` run on one GPU."""
         return search_with_margin(
             lambda b: self.memory(plan, b).nvidia_smi_bytes,
             gpu.usable_memory_bytes,
             margin_fraction,
-            first=first,
             max_batch=MAX_MICRO_BATCH,
         )
