@@ -204,6 +204,7 @@ def test_megatron_lm_yaml(tmp_path: Path) -> None:
         4096,
     )
     assert o["gradient_checkpointing"] is False and "num_gpus" not in o and o["method"] == "full"
+    assert o["strategy"] == "ddp"  # no distributed optimizer: Megatron Core's DDP, whatever the GPU count
     assert o["selective_recompute"] is True  # recompute_granularity: selective (the core attention)
     assert any("world size comes from the launcher" in a for a in job.assumptions)
     flags = "tensor_model_parallel_size: 4\nmicro_batch_size: 1\nseq_length: 2048\nbf16: true\n"

@@ -206,7 +206,7 @@ def print_answer(
         for s, _ in shown:
             if s.deepspeed_estimate_bytes is not None:
                 console.print(
-                    f"DeepSpeed's own estimator, {s.plan.strategy} on {s.plan.num_gpus} GPUs: "
+                    f"DeepSpeed's own estimator, {s.plan.layout_name} on {s.plan.num_gpus} GPUs: "
                     f"{s.deepspeed_estimate_bytes / 1e9:.1f} GB of model states per GPU, every parameter trainable "
                     f"(tunecost: {s.memory.nvidia_smi_bytes / 1e9:.1f} GB in all)"
                 )
