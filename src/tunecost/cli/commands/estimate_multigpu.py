@@ -135,24 +135,24 @@ def _searched(
         gpu_search.estimate_multi_gpu(
             sized,
             gpus=gpu_list,
-            strategies=strategies if e == degree else gpu_search.expert_strategies(strategies, e),
             num_gpus=count,
-            gpus_per_node=options.gpus_per_node or DEFAULT_GPUS_PER_NODE,
+            strategies=strategies if e == degree else gpu_search.expert_strategies(strategies, e),
             max_gpus=limit,
-            node_link=options.interconnect,
+            gpus_per_node=options.gpus_per_node or DEFAULT_GPUS_PER_NODE,
             expert_degree=e,
+            node_link=options.interconnect,
             offload=offload,
             provider=pricing.provider,
-            prices_file=pricing.prices_file,
             num_queries=num_queries,
+            prices_file=pricing.prices_file,
             epochs=epochs,
+            more_gpus=count is None and e == 1,  # searching: the fewest that fit and their power-of-two multiples
             micro_batch=batch_size,
+            require_fit=not more,
+            model_parallel=model_parallel,
             steady_state=steady_state,
             behaviour=behaviour,
-            model_parallel=model_parallel,
             needs=needs,
-            more_gpus=count is None and e == 1,  # searching: the fewest that fit and their power-of-two multiples
-            require_fit=not more,
         )
         for e in [degree, *more]
     ]

@@ -12,6 +12,7 @@ from tunecost.workload.frameworks import (
     ConfigJob,
     Framework,
     KnownKeys,
+    hf_common,
     steps_options,
 )
 from tunecost.workload.frameworks.hf_common import (
@@ -19,7 +20,6 @@ from tunecost.workload.frameworks.hf_common import (
     VISION_MODEL,
     compile_options,
     deepspeed_options,
-    eval_split_of,
     fp8_options,
     modules_to_save,
     optimizer_options,
@@ -309,7 +309,7 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         raise cfg.error("unfrozen_parameters", "training a subset of the weights is not modelled (full, lora, qlora)")
     options: dict[str, Any] = {"model": model} if model else {}
     options |= _method(cfg, model, notes) | _training(cfg, notes) | _dataset(cfg, notes) | _strategy(cfg, notes)
-    options |= eval_split_of(cfg, "val_set_size")  # utils/data: train_test_split(test_size=val_set_size)
+    options |= hf_common.eval_split_of(cfg, "val_set_size")  # utils/data: train_test_split(test_size=val_set_size)
     if cfg.typed("sample_packing", bool):
         options["packing"] = "per-document"
         notes.append("packing per-document: sample_packing packs examples into sequence_len-token rows, attention "
