@@ -177,3 +177,18 @@ def test_a_megatron_files_global_batch_sets_the_pipelines_micro_batches_at_the_g
     odd = cli_runner.invoke(app, [*args, "--gpus", "6"])
     assert odd.exit_code == 2
     assert "global batch 16 is not a multiple of micro-batch 1 x data-parallel 3" in " ".join(odd.stderr.split())
+
+
+def test_of_equal_cost_the_answer_is_the_layout_with_the_least_memory_per_rank(cli_runner, tmp_path):
+    """Pipeline stages over 2 GPUs leave one data-parallel rank: ddp and zero1 cost the same there, and the answer
+    (and the table's first row) is the one that needs less memory per rank (ddp, no fp32 master copy)."""
+    config = tmp_path / "megatron.yaml"
+    config.write_text(MEGATRON_LM, encoding="utf-8")
+    model = str(Path(DENSE).with_name("tiny-llama-4l.json"))
+    args = ["estimate", "--config", str(config), "--model", model, "--gpu", "H100", "--gpus", "2"]
+    result = cli_runner.invoke(app, [*args, "--strategy", "zero1,ddp"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    answer = next(line for line in result.stdout.splitlines() if line.startswith("answer:"))
+    assert "(pp2)" in answer
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
+    assert "pp2 zero1" not in rows[0] and "pp2 zero1" in rows[1]

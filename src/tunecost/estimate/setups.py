@@ -209,8 +209,13 @@ def smallest_fitting(setups: Sequence[Setup]) -> dict[tuple[str, str], Setup]:
 
 
 def cheapest(setups: Sequence[Setup]) -> Setup | None:
-    priced = [(s.usd, s.plan.num_gpus, i) for i, s in enumerate(setups) if s.fits and s.usd is not None]
-    return setups[min(priced)[2]] if priced else None
+    """The fitting setup of least cost; of equal cost, the fewest GPUs, then the least memory per rank."""
+    priced = [
+        (s.usd, s.plan.num_gpus, s.memory.nvidia_smi_bytes, i)
+        for i, s in enumerate(setups)
+        if s.fits and s.usd is not None
+    ]
+    return setups[min(priced)[-1]] if priced else None
 
 
 @dataclass(frozen=True, kw_only=True)

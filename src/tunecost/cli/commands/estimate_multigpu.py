@@ -179,7 +179,7 @@ def print_answer(
         console.print(f"answer: no setup fits with the safety margin{hint}")
     ranked = sorted(
         (s for s in answer.setups if s.cost is not None or s.fit != "no" or count is not None),
-        key=lambda s: (s.fit != "yes", s.usd is None, s.usd or 0.0, s.plan.num_gpus),
+        key=lambda s: (s.fit != "yes", s.usd is None, s.usd or 0.0, s.plan.num_gpus, s.memory.nvidia_smi_bytes),
     )
     if count is None:
         ranked = [s for s in ranked if s.fit != "no" and s.cost is not None]
