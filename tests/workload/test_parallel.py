@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tunecost.errors import TunecostError
-from tunecost.workload.parallel import ParallelPlan
+from tunecost.workload.parallel import ParallelPlan, micro_batches_per_step
 
 
 def test_valid_plan_counts_nodes():
@@ -56,3 +56,9 @@ def test_zero_2_and_3_do_not_run_under_a_pipeline(strategy):
         ParallelPlan(num_gpus=4, strategy=strategy, pp=2)
     for other in ("zero1", "fsdp2", "ddp"):
         ParallelPlan(num_gpus=4, strategy=other, pp=2)
+
+
+def test_micro_batches_per_step_divide_the_global_batch_by_micro_batch_times_data_parallel():
+    assert micro_batches_per_step(128, 2, 8) == 8
+    with pytest.raises(ValueError, match="128 is not a multiple of micro-batch 3 x data-parallel 8"):
+        micro_batches_per_step(128, 3, 8)

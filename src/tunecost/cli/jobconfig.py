@@ -14,7 +14,7 @@ import typer
 from tunecost.cli.common import err_console
 from tunecost.cli.options import CONFIG_OPTIONS, CONFIG_PATH, ParameterSource, get_current_context, opt
 from tunecost.errors import TunecostError
-from tunecost.workload.parallel import ModelParallel
+from tunecost.workload.parallel import ModelParallel, micro_batches_per_step
 
 CONFIG_HELP = (
     "Your framework's training config: LLaMA-Factory or axolotl YAML, a torchtune recipe config (a file, or the "
@@ -264,12 +264,15 @@ def pipeline_micro_batches(mp: ModelParallel | None, num_gpus, micro_batch: int 
     if on_command_line("micro_batches") or (config.get("num_gpus", num_gpus) == num_gpus and "micro_batches" in config):
         return mp
     dp = num_gpus // mp.degree
-    if num_gpus % mp.degree or global_batch % (micro_batch * dp):
+    try:
+        if num_gpus % mp.degree:
+            raise ValueError(f"tp x pp x cp {mp.degree} does not divide --gpus {num_gpus}")
+        count = micro_batches_per_step(global_batch, micro_batch, dp)
+    except ValueError:
         raise TunecostError(
             f"the config's global batch {global_batch} is not a multiple of micro-batch {micro_batch} x "
             f"data-parallel {dp} on --gpus {num_gpus} (tp x pp x cp {mp.degree}); give --micro-batches"
-        )
-    count = global_batch // (micro_batch * dp)
+        ) from None
     err_console.print(
         f"assumed: micro_batches {count}: the config's global batch {global_batch} / (micro-batch {micro_batch} x "
         f"data-parallel {dp})"

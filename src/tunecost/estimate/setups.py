@@ -208,14 +208,14 @@ def smallest_fitting(setups: Sequence[Setup]) -> dict[tuple[str, str], Setup]:
     return out
 
 
+def cost_order(s: Setup) -> tuple[bool, float, int, int]:
+    """Sort key of setups: least cost, unpriced last; of equal cost, the fewest GPUs, then least memory per rank."""
+    return (s.usd is None, s.usd or 0.0, s.plan.num_gpus, s.memory.nvidia_smi_bytes)
+
+
 def cheapest(setups: Sequence[Setup]) -> Setup | None:
-    """The fitting setup of least cost; of equal cost, the fewest GPUs, then the least memory per rank."""
-    priced = [
-        (s.usd, s.plan.num_gpus, s.memory.nvidia_smi_bytes, i)
-        for i, s in enumerate(setups)
-        if s.fits and s.usd is not None
-    ]
-    return setups[min(priced)[-1]] if priced else None
+    """The fitting setup of least cost (`cost_order`)."""
+    return min((s for s in setups if s.fits and s.usd is not None), key=cost_order, default=None)
 
 
 @dataclass(frozen=True, kw_only=True)

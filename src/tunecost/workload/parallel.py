@@ -86,6 +86,15 @@ def empty_stage_message(num_layers: int, num_stages: int, weights: tuple[int, in
     )
 
 
+def micro_batches_per_step(global_batch: int, micro_batch: int, data_parallel: int) -> int:
+    """Megatron's micro-batches per optimizer step: global batch / (micro-batch x data-parallel ranks)."""
+    if global_batch % (micro_batch * data_parallel):
+        raise ValueError(
+            f"{global_batch} is not a multiple of micro-batch {micro_batch} x data-parallel {data_parallel}"
+        )
+    return global_batch // (micro_batch * data_parallel)
+
+
 def check_fsdp2_method(method: str, *, alternatives: str = "--method lora or full") -> None:
     """Refuse QLoRA where tunecost runs PyTorch's FSDP2 itself (the fake-process-group simulation of a rank and
     `tunecost profile --nproc-per-node`): FSDP2 shards 4-bit weights only when bitsandbytes stores them in a float

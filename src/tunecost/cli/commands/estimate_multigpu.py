@@ -44,9 +44,8 @@ def run_multi_gpu(
     offload = (options.offload or "none").strip().lower()
     # "all": the strategies that take the offload and the expert-parallel degree asked for
     every = expert_strategies(OFFLOAD_STRATEGIES.get(offload, MULTI_GPU_STRATEGIES), expert_degree or 1)
-    strategies = every if strategy in (None, "all") else split_list(strategy, what="strategy")
-    if strategy in (None, "all"):
-        strategies = _framework_strategies(every, framework)
+    named = strategy not in (None, "all")
+    strategies = split_list(strategy, what="strategy") if named else _framework_strategies(every, framework)
     count = parse_gpu_counts(num_gpus, gpus)
     if count is not None and max_gpus is not None:
         raise TunecostError(f"--max-gpus bounds the search of --gpus auto; --gpus {num_gpus} names the count")
@@ -165,6 +164,8 @@ def print_answer(
     answer, *, count, limit: int, expert_degree: int | None, offload: str, verbose: bool, lengths: str = ""
 ) -> None:
     """The answer line, the best setups (every one with --verbose), why the rest do not fit, and the notes."""
+    from tunecost.estimate.setups import cost_order
+
     best = answer.cheapest
     if best is not None and best.cost is not None and best.cost.price is not None:
         console.print(
@@ -179,7 +180,7 @@ def print_answer(
         console.print(f"answer: no setup fits with the safety margin{hint}")
     ranked = sorted(
         (s for s in answer.setups if s.cost is not None or s.fit != "no" or count is not None),
-        key=lambda s: (s.fit != "yes", s.usd is None, s.usd or 0.0, s.plan.num_gpus, s.memory.nvidia_smi_bytes),
+        key=lambda s: (not s.fits, *cost_order(s)),
     )
     if count is None:
         ranked = [s for s in ranked if s.fit != "no" and s.cost is not None]

@@ -24,7 +24,7 @@ from tunecost.workload.frameworks.model_parallel import (
 from tunecost.workload.frameworks.nemo_keys import MEGATRON, MEGATRON_FIXED_FLAGS, MEGATRON_LM, NEMO, TITLE, Dialect
 from tunecost.workload.frameworks.torchtitan import config_job, nested_config
 from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
-from tunecost.workload.parallel import fixed_split_note
+from tunecost.workload.parallel import fixed_split_note, micro_batches_per_step
 
 # optimizer name -> tunecost's, and whether it shards its states over the data-parallel group (ZeRO-1's layout)
 OPTIMIZERS = {"fused_adam": ("adamw", False), "adam": ("adamw", False), "adamw": ("adamw", False)}
@@ -120,12 +120,10 @@ def _micro_batches(r: Reader, options: dict[str, Any], micro: int, model_paralle
     gpus = options.get("num_gpus")
     if global_batch is None or gpus is None or gpus % model_parallel:
         return  # the plan names degrees that do not divide the GPUs
-    per_step = micro * (gpus // model_parallel)
-    if global_batch % per_step:
-        raise r.flat.error(
-            key, f"{global_batch} is not a multiple of micro-batch {micro} x data-parallel {gpus // model_parallel}"
-        )
-    count = global_batch // per_step
+    try:
+        count = micro_batches_per_step(global_batch, micro, gpus // model_parallel)
+    except ValueError as e:
+        raise r.flat.error(key, str(e)) from None
     if options.get("pp", 1) > 1:
         options["micro_batches"] = count
     else:
