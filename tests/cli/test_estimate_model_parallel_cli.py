@@ -161,7 +161,8 @@ bf16: true
 
 def test_a_megatron_files_global_batch_sets_the_pipelines_micro_batches_at_the_gpus_given(cli_runner, tmp_path):
     """A Megatron-LM file names no GPU count: on --gpus 4 (pp 2: 2 data-parallel ranks) its global batch 16 of
-    micro-batch 1 is 8 micro-batches per step, not the pipeline's default; --micro-batches overrides it; a count
+    micro-batch 1 is 8 micro-batches per step, not the pipeline's default; --micro-batches overrides it (and says
+    the step it makes); a count
     the global batch does not divide is one error line."""
     config = tmp_path / "megatron.yaml"
     config.write_text(MEGATRON_LM, encoding="utf-8")
@@ -174,6 +175,8 @@ def test_a_megatron_files_global_batch_sets_the_pipelines_micro_batches_at_the_g
     assert said in " ".join(result.stderr.split())
     given = cli_runner.invoke(app, [*args, "--gpus", "4", "--micro-batches", "4"])
     assert json.loads(given.stdout)["setups"][0]["plan"]["micro_batches"] == 4
+    said = "a step of 8 queries (micro-batch 1 x data-parallel 2 x --micro-batches 4), not the config's global batch 16"
+    assert said in " ".join(given.stderr.split())
     odd = cli_runner.invoke(app, [*args, "--gpus", "6"])
     assert odd.exit_code == 2
     assert "global batch 16 is not a multiple of micro-batch 1 x data-parallel 3" in " ".join(odd.stderr.split())

@@ -261,9 +261,17 @@ def pipeline_micro_batches(mp: ModelParallel | None, num_gpus, micro_batch: int 
     global_batch = config.get("queries_per_step")
     if mp is None or mp.pp == 1 or global_batch is None or not isinstance(num_gpus, int) or micro_batch is None:
         return mp
-    if on_command_line("micro_batches") or (config.get("num_gpus", num_gpus) == num_gpus and "micro_batches" in config):
-        return mp
     dp = num_gpus // mp.degree
+    if on_command_line("micro_batches"):
+        if num_gpus % mp.degree == 0 and micro_batch * dp * mp.num_micro_batches != global_batch:
+            err_console.print(
+                f"assumed: a step of {micro_batch * dp * mp.num_micro_batches} queries (micro-batch {micro_batch} x "
+                f"data-parallel {dp} x --micro-batches {mp.num_micro_batches}), not the config's global batch "
+                f"{global_batch}; the run keeps its length in queries"
+            )
+        return mp
+    if config.get("num_gpus", num_gpus) == num_gpus and "micro_batches" in config:
+        return mp
     try:
         if num_gpus % mp.degree:
             raise ValueError(f"tp x pp x cp {mp.degree} does not divide --gpus {num_gpus}")
