@@ -429,3 +429,23 @@ def test_plan_weighs_only_the_strategies_the_configs_framework_runs(cli_runner) 
     assert {o["setup"]["plan"]["strategy"] for o in plan["front"]} == {"single", "fsdp2"}
     said = [n for n in plan["notes"] if "not searched, torchtune's distributed recipes shard with FSDP2" in n]
     assert len(said) == 1 and said[0].startswith("ddp, fsdp1, fsdp2-shard-grad-op, hsdp, zero1")
+
+
+def test_a_torchtune_split_slice_sets_the_queries_per_epoch(cli_runner, cli_error, tmp_path) -> None:
+    """`dataset.split: train[:95%]` loads 95 % of the train split (datasets' slicing, rounded to the closest row):
+    the run's queries, said among the assumptions; a spec datasets cannot read is one error line naming the key."""
+    from tunecost.cli.main import app
+
+    (path,) = _files("torchtune/lora_single_device")
+    text = Path(path).read_text(encoding="utf-8")
+    sliced, bad = tmp_path / "sliced.yaml", tmp_path / "bad.yaml"
+    sliced.write_text(text.replace("  packed: False\n", "  packed: False\n  split: train[:95%]\n"), encoding="utf-8")
+    bad.write_text(text.replace("  packed: False\n", "  packed: False\n  split: train[:x]\n"), encoding="utf-8")
+    args = ["estimate", "--gpu", "H100", "--json"]
+    whole = json.loads(cli_runner.invoke(app, [*args, "--config", path]).stdout)[0]["num_queries"]
+    result = cli_runner.invoke(app, [*args, "--config", str(sliced)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)[0]["num_queries"] == round(0.95 * whole)
+    said = f"assumed: {round(0.95 * whole)} queries per epoch: the config's split train[:95%] of {whole}"
+    assert said in " ".join(result.stderr.split())
+    assert "dataset.split: train[:x]: not a Hugging Face split spec" in cli_error(["estimate", "--config", str(bad)])

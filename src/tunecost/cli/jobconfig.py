@@ -169,7 +169,7 @@ def run_length(
     queries is printed among the assumptions. A run length on the command line replaces the config's.
     `searching`: the command searches GPU counts (plan; estimate without a GPU count). `queries_per_row`: the
     queries a packed row holds (a step's batch counts rows)."""
-    from tunecost.workload.run_length import global_batch_of, training_queries
+    from tunecost.workload.run_length import global_batch_of
     from tunecost.workload.run_length import run_length as queries_x_epochs
 
     config = get_current_context().meta.get(CONFIG_OPTIONS, {})
@@ -183,17 +183,8 @@ def run_length(
         epochs, cap = None, None
     elif given == ["epochs"]:
         max_steps, cap = None, None
-    limit = config.get("max_queries")
-    if limit is not None and not on_command_line("queries") and (dataset_queries is None or dataset_queries > limit):
-        of = "" if dataset_queries is None else f" of {dataset_queries}"
-        err_console.print(f"assumed: {limit} queries per epoch: the config cuts the data there{of}")
-        dataset_queries = limit
-    split = config.get("eval_split")
-    if split and dataset_queries is not None and not on_command_line("queries"):
-        train = training_queries(dataset_queries, split)
-        err_console.print(f"assumed: {train} queries per epoch: the config sets {dataset_queries - train} of "
-                          f"{dataset_queries} aside for evaluation (their evaluation passes not counted)")  # fmt: skip
-        dataset_queries = train
+    if not on_command_line("queries"):
+        dataset_queries = _trained_queries(config, dataset_queries)
     how = None if global_batch is None else (global_batch, f"global batch {global_batch} (--global-batch)")
     if (max_steps or cap) and how is None and config.get("queries_per_step") is None:
         _check_rank_count(searching)
@@ -208,6 +199,36 @@ def run_length(
     if length.note:
         err_console.print(f"assumed: {length.note}")
     return length
+
+
+def _trained_queries(config: dict[str, Any], dataset_queries: int | None) -> int | None:
+    """The data's queries per epoch as the config loads them: its split's slice, cut to its max_samples, less its
+    evaluation split; each step said."""
+    from tunecost.workload.run_length import sliced_queries, training_queries
+
+    spec = config.get("dataset_split")
+    if spec and dataset_queries is not None:
+        taken = sliced_queries(spec, dataset_queries)
+        if taken is None:
+            err_console.print(f"assumed: {dataset_queries} queries per epoch: the train split's, not the config's "
+                              f"split {spec} (give --queries)")  # fmt: skip
+        elif taken < 1:
+            raise TunecostError(f"the config's dataset split {spec} takes none of the {dataset_queries} queries")
+        else:
+            err_console.print(f"assumed: {taken} queries per epoch: the config's split {spec} of {dataset_queries}")
+            dataset_queries = taken
+    limit = config.get("max_queries")
+    if limit is not None and (dataset_queries is None or dataset_queries > limit):
+        of = "" if dataset_queries is None else f" of {dataset_queries}"
+        err_console.print(f"assumed: {limit} queries per epoch: the config cuts the data there{of}")
+        dataset_queries = limit
+    split = config.get("eval_split")
+    if split and dataset_queries is not None:
+        train = training_queries(dataset_queries, split)
+        err_console.print(f"assumed: {train} queries per epoch: the config sets {dataset_queries - train} of "
+                          f"{dataset_queries} aside for evaluation (their evaluation passes not counted)")  # fmt: skip
+        dataset_queries = train
+    return dataset_queries
 
 
 # options that size the global batch of a run in steps, when the command line gives them over the config's

@@ -18,6 +18,21 @@ def queries_for_steps(max_steps: int, global_batch: int) -> int:
     return max_steps * global_batch
 
 
+def sliced_queries(split: str, split_queries: int, counted_split: str = "train") -> int | None:
+    """The queries `split`, a Hugging Face split spec ("train[:95%]", "train[:10%]+train[-80%:]"), takes of the
+    split `counted_split` of `split_queries` rows (datasets' ReadInstruction: percentages rounded to the closest
+    row); None where it names another split. ValueError: not a split spec."""
+    from datasets import ReadInstruction
+
+    try:
+        parts = ReadInstruction.from_spec(split).to_absolute({counted_split: split_queries})
+    except ValueError as e:
+        if str(e).startswith("Unknown split"):
+            return None
+        raise
+    return sum(max(0, p.to - p.from_) for p in parts)
+
+
 def training_queries(dataset_queries: int, eval_split: float) -> int:
     """The queries left to train on once `eval_split` is set aside for evaluation: a fraction below 1 (rounded up,
     as `datasets`' train_test_split rounds its test size) or a count."""

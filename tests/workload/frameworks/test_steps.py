@@ -10,7 +10,13 @@ import yaml
 
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks.registry import read_config
-from tunecost.workload.run_length import global_batch_of, queries_for_steps, run_length, training_queries
+from tunecost.workload.run_length import (
+    global_batch_of,
+    queries_for_steps,
+    run_length,
+    sliced_queries,
+    training_queries,
+)
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "configs"
 LLAMAFACTORY = {"model_name_or_path": "m", "stage": "sft", "finetuning_type": "lora", "output_dir": "o"}
@@ -163,3 +169,14 @@ def test_llamafactory_and_axolotl_evaluation_splits(tmp_path: Path, name: str, k
     assert "eval_split" not in read_config(_write(tmp_path, name, {**base, key: 0})).options
     with pytest.raises(TunecostError, match=f"{key}: must be a fraction in \\[0, 1\\) or a whole count, got 2.5"):
         read_config(_write(tmp_path, name, {**base, key: 2.5}))
+
+
+def test_a_split_slice_takes_its_share_of_the_counted_split() -> None:
+    """datasets' ReadInstruction: percentages rounded to the closest row, absolute and negative bounds, sums of
+    slices; another split's share is unknown (None)."""
+    assert sliced_queries("train[:95%]", 51760) == 49172 and sliced_queries("train", 100) == 100
+    assert sliced_queries("train[10:20]", 100) == 10 and sliced_queries("train[-5%:]", 1000) == 50
+    assert sliced_queries("train[:10%]+train[-80%:]", 1001) == 100 + 801
+    assert sliced_queries("test[:10%]", 1000) is None and sliced_queries("train[20:10]", 100) == 0
+    with pytest.raises(ValueError, match="Unrecognized instruction format"):
+        sliced_queries("train[:x]", 100)

@@ -62,6 +62,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "max_steps_per_epoch": int,  # optimizer steps that end each epoch (torchtune)
     "grad_accum": int,  # micro-batches accumulated per optimizer step
     "queries_per_step": int,  # the global batch the config states outright (NeMo, Megatron-LM)
+    "dataset_split": str,  # the Hugging Face split spec the data is loaded as, where it slices ("train[:95%]")
     "max_queries": int,  # the data cut to at most this many queries (LLaMA-Factory's max_samples per dataset)
     "eval_split": (int, float),  # then set aside for evaluation: a fraction below 1 or a count (val_size)
     "stack": str,

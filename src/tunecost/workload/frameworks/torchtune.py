@@ -21,6 +21,7 @@ from tunecost.workload.frameworks.model_parallel import catalog_shape, check_lay
 from tunecost.workload.frameworks.torchtitan import config_job, data_parallel_layout, nested_config, optimizer_name
 from tunecost.workload.job import group_targets, targets_text
 from tunecost.workload.known_datasets import catalog_dataset
+from tunecost.workload.run_length import sliced_queries
 
 # Defaults, pytorch/torchtune @ bd2a0fc7 (2026-04-23):
 #   lora_rank 8, lora_alpha 16, lora_dropout 0.0, apply_lora_to_mlp/_output False, use_dora False
@@ -207,6 +208,13 @@ def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> No
             notes.append(f"dataset {known}: {TITLE}'s {builder} loads {source}")
         else:
             notes.append(f"dataset {builder}: {TITLE}'s builder, not read (give --dataset FILE)")
+    split = flat.typed("dataset.split", str)
+    if split and split.strip() != "train":
+        try:
+            sliced_queries(split, 0)
+        except ValueError as e:
+            raise flat.error("dataset.split", f"{split}: not a Hugging Face split spec ({e})") from None
+        options["dataset_split"] = split.strip()
     if flat.typed("dataset.packed", bool):
         options["packing"] = "per-document"
         notes.append("packing per-document: dataset.packed packs examples into max_seq_len-token rows, attention "
