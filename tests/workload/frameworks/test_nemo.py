@@ -331,3 +331,35 @@ def test_expert_parallelism_over_the_data_parallel_ranks(tmp_path: Path) -> None
     assert "model.expert_tensor_parallel_size: expert tensor parallelism 1 beside tensor parallelism 2" in _error(
         tmp_path, etp
     )
+
+
+def test_the_model_is_the_hugging_face_tokenizers_else_the_one_catalog_model_of_the_architecture(
+    tmp_path: Path,
+) -> None:
+    """Megatron-LM's HuggingFaceTokenizer names the model where its architecture is the file's; else the catalog's
+    one model of the architecture keys is the job's; several or none are named, the model left to --model."""
+    llama = MEGATRON_YAML.replace("  num_layers: 24\n  num_attention_heads: 16\n  num_query_groups: null\n", "")
+    llama = llama.replace(
+        "language_model:\n",
+        "language_model:\n  num_layers: 32\n  hidden_size: 4096\n  num_attention_heads: 32\n  num_query_groups: 8\n"
+        "  ffn_hidden_size: 14336\n",
+    )
+    hf = "tokenizer_type: HuggingFaceTokenizer\ntokenizer_model: meta-llama/Meta-Llama-3-8B\n"
+    job = _read(tmp_path, llama + hf)
+    assert job.options["model"] == "meta-llama/Meta-Llama-3-8B" and "tokenizer_model" not in job.not_modelled
+    assert "model meta-llama/Meta-Llama-3-8B: the file's tokenizer_model meta-llama/Meta-Llama-3-8B" in job.assumptions
+    several = _read(tmp_path, llama)  # Llama-3-8B and Mistral-7B differ in their vocabulary only
+    assert "model" not in several.options
+    (note,) = [a for a in several.assumptions if a.startswith("model: the file's architecture")]
+    assert "meta-llama/Llama-3.1-8B" in note and "mistralai/Mistral-7B-v0.1" in note and "(give --model)" in note
+    mixtral = _read(
+        tmp_path, llama.replace("  ffn_hidden_size: 14336\n", "  ffn_hidden_size: 14336\n  num_moe_experts: 8\n") + hf
+    )
+    assert mixtral.options["model"] == "mistralai/Mixtral-8x7B-v0.1"  # the tokenizer's model is dense: not this one
+    assert any(
+        a.startswith("model mistralai/Mixtral-8x7B-v0.1: the catalog's one model of") for a in mixtral.assumptions
+    )
+    tiny = _read(
+        tmp_path, MEGATRON_YAML.replace("  num_attention_heads: 16\n", "  num_attention_heads: 16\n  hidden_size: 64\n")
+    )
+    assert "model" not in tiny.options and any("is no catalog model's (give --model)" in a for a in tiny.assumptions)

@@ -2,9 +2,9 @@
 `--yaml-cfg` YAML (or its argparse flags as top-level keys) read as a tunecost job: the model-parallel layout,
 precision, micro- and global batch, sequence length and LoRA.
 
-Neither names a Hugging Face model (NeMo restores a .nemo checkpoint; Megatron-LM builds from its architecture
-keys): give --model. An OmegaConf interpolation of another key of the file (${model.x}) is that key's value;
-resolvers (${oc.env:...}) are not run: give the resolved config (NeMo's hparams.yaml). NeMo 2's recipes are not read.
+Neither names a Hugging Face model: it is the tokenizer's or the architecture's (megatron_model.py), else --model.
+An OmegaConf interpolation of another key of the file (${model.x}) is that key's value; resolvers (${oc.env:...})
+are not run: give the resolved config (NeMo's hparams.yaml). NeMo 2's recipes are not read.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import re
 from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, accumulation_of
+from tunecost.workload.frameworks.megatron_model import Architecture, file_model
 from tunecost.workload.frameworks.model_parallel import (
     ModelShape,
     check_layout,
@@ -299,6 +300,23 @@ def _fixed_stage_keys(r: Reader) -> dict[str, str]:
     return out
 
 
+def _model(r: Reader, options: dict[str, Any]) -> None:
+    """The model the file trains where its Hugging Face tokenizer or its architecture keys name one
+    (`megatron_model.file_model`); the note says how, or what to give."""
+    d, (kind_key, hf_kind, name_key) = r.dialect, r.dialect.tokenizer
+    name = r.flat.get(r.key(name_key)) if r.flat.get(r.key(kind_key)) == hf_kind else None
+    layers, hidden, heads = (r.value(k, int) for k in (d.layers, d.hidden, d.heads))
+    arch = None
+    if layers and hidden and heads:
+        experts, kv_heads = r.value(d.experts, int) or 1, r.value(d.groups, int) or heads
+        arch = Architecture(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=r.value(d.ffn, int),
+                            experts=experts)  # fmt: skip
+    model, note = file_model(name if isinstance(name, str) else None, r.key(name_key), arch, d.title)
+    r.notes.append(note)
+    if model is not None:
+        options["model"] = model
+
+
 def _shape(r: Reader) -> ModelShape | None:
     """Heads and layers when the config gives the architecture (pre-training); None for a restored checkpoint."""
     d = r.dialect
@@ -329,7 +347,7 @@ def read(cfg: ConfigFile) -> ConfigJob:
     finetuning = dialect is NEMO and any(k.startswith("model.peft.") for k in flat.data)
     r = Reader(flat, dialect, finetuning)
     options: dict[str, Any] = {"stack": "tunecost"}
-    r.notes.append(f"model: {dialect.title} restores a checkpoint or builds from its architecture keys (give --model)")
+    _model(r, options)
     r.notes.append(f"{dialect.title}'s own model code: memory simulated with transformers' model code (stack tunecost)")
     _peft(r, options)
     keys = _layout(r, options)

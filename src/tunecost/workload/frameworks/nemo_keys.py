@@ -35,6 +35,10 @@ class Dialect:
     seq_len: str
     layers: str
     heads: str
+    hidden: str
+    ffn: str
+    experts: str
+    tokenizer: tuple[str, str, str]  # (the tokenizer kind's key, the Hugging Face kind, the key naming its hub id)
     groups: str
     fp8: str
     fp8_params: str
@@ -61,6 +65,10 @@ NEMO = Dialect(
     seq_len="model.encoder_seq_length",
     layers="model.num_layers",
     heads="model.num_attention_heads",
+    hidden="model.hidden_size",
+    ffn="model.ffn_hidden_size",
+    experts="model.num_moe_experts",
+    tokenizer=("model.tokenizer.library", "huggingface", "model.tokenizer.type"),
     groups="model.num_query_groups",
     fp8="model.fp8",
     fp8_params="model.fp8_params",
@@ -86,6 +94,10 @@ MEGATRON_LM = Dialect(
     seq_len="seq_length",
     layers="language_model.num_layers",
     heads="language_model.num_attention_heads",
+    hidden="language_model.hidden_size",
+    ffn="language_model.ffn_hidden_size",
+    experts="language_model.num_moe_experts",
+    tokenizer=("tokenizer_type", "HuggingFaceTokenizer", "tokenizer_model"),
     groups="language_model.num_query_groups",
     fp8="language_model.fp8",
     fp8_params="language_model.fp8_param_gather",  # --fp8-param-gather: the model built under fp8_model_init
