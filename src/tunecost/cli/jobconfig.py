@@ -294,14 +294,14 @@ def pipeline_micro_batches(mp: ModelParallel | None, num_gpus, micro_batch: int 
     if config.get("num_gpus", num_gpus) == num_gpus and "micro_batches" in config:
         return mp
     try:
-        if num_gpus % mp.degree:
-            raise ValueError(f"tp x pp x cp {mp.degree} does not divide --gpus {num_gpus}")
-        count = micro_batches_per_step(global_batch, micro_batch, dp)
+        count = micro_batches_per_step(global_batch, micro_batch, dp) if num_gpus % mp.degree == 0 else None
     except ValueError:
+        count = None
+    if count is None:
         raise TunecostError(
             f"the config's global batch {global_batch} is not a multiple of micro-batch {micro_batch} x "
             f"data-parallel {dp} on --gpus {num_gpus} (tp x pp x cp {mp.degree}); give --micro-batches"
-        ) from None
+        )
     err_console.print(
         f"assumed: micro_batches {count}: the config's global batch {global_batch} / (micro-batch {micro_batch} x "
         f"data-parallel {dp})"
