@@ -195,3 +195,23 @@ def test_of_equal_cost_the_answer_is_the_layout_with_the_least_memory_per_rank(c
     assert "(pp2)" in answer
     rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
     assert "pp2 zero1" not in rows[0] and "pp2 zero1" in rows[1]
+
+
+def test_a_model_other_than_the_megatron_files_architecture_is_warned(cli_runner, tmp_path):
+    """A Megatron-LM file states its architecture: --model of another (a tiny Llama for a 4-layer, 64-wide file
+    of other heads) is priced as asked, with one warning line naming both."""
+    config = tmp_path / "megatron.yaml"
+    config.write_text(
+        MEGATRON_LM.replace("  num_layers: 4\n", "  num_layers: 4\n  hidden_size: 96\n  num_attention_heads: 3\n"),
+        encoding="utf-8",
+    )
+    model = str(Path(DENSE).with_name("tiny-llama-4l.json"))
+    args = ["estimate", "--config", str(config), "--model", model, "--gpu", "H100", "--strategy", "ddp", "--gpus", "4"]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    said = f"warning: --model {model} is not the architecture {config} states (4 layers, hidden 96, 3 heads"
+    assert said in " ".join(result.stderr.split())
+    its_own = "  num_layers: 4\n  hidden_size: 64\n  num_attention_heads: 4\n  num_query_groups: 2\n"
+    config.write_text(MEGATRON_LM.replace("  num_layers: 4\n", its_own), encoding="utf-8")
+    same = cli_runner.invoke(app, args)
+    assert same.exit_code == 0 and "warning: --model" not in same.stderr

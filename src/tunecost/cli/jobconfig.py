@@ -41,6 +41,7 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     ctx.default_map = {**(ctx.default_map or {}), **{k: v for k, v in options.items() if k in params}}
     ctx.meta[CONFIG_OPTIONS] = job.options
     ctx.meta[CONFIG_PATH] = job.path
+    ctx.meta[CONFIG_ARCHITECTURE] = job.architecture
     # a framework's defaults; grad_accum from a stated global batch is the config's (`frameworks.accumulation`)
     defaulted = (_subject(line) for line in job.assumptions if DERIVED_ACCUMULATION not in line)
     ctx.meta[CONFIG_DEFAULTED] = frozenset(defaulted)
@@ -88,6 +89,22 @@ def print_config_notes(ctx: typer.Context) -> None:
     for option, line in ctx.meta.pop(CONFIG_NOTES, ()):
         if option is None or ctx.get_parameter_source(option) != ParameterSource.COMMANDLINE:
             err_console.print(line)
+    arch = ctx.meta.get(CONFIG_ARCHITECTURE)
+    if arch is not None and ctx.get_parameter_source("model") == ParameterSource.COMMANDLINE:
+        _check_architecture(arch, str(ctx.params.get("model")), str(ctx.meta.get(CONFIG_PATH)))
+
+
+def _check_architecture(arch: Any, model: str, path: str) -> None:
+    """A warning where --model is not the architecture the config states (the estimate is --model's)."""
+    from tunecost.models.catalog import resolve_model
+
+    try:
+        spec = resolve_model(model)
+    except TunecostError:
+        return  # the command says it
+    if not arch.of(spec):
+        err_console.print(f"warning: --model {model} is not the architecture {path} states ({arch.text}); the "
+                          "estimate is --model's")  # fmt: skip
 
 
 def _aliases(options: dict[str, Any], params: set[str]) -> dict[str, Any]:
@@ -100,6 +117,7 @@ def _aliases(options: dict[str, Any], params: set[str]) -> dict[str, Any]:
     return out
 
 
+CONFIG_ARCHITECTURE = "tunecost.config_architecture"  # ctx.meta: the model's sizes the config states, or None
 CONFIG_NOTES = "tunecost.config_notes"  # ctx.meta: (option or None, line) printed before the command runs
 CONFIG_DEFAULTED = "tunecost.config_defaulted"  # ctx.meta: the job options the config left to its framework
 ConfigFiles = Annotated[list[Path] | None, opt("--config", CONFIG_HELP, is_eager=True, callback=_read_config)]

@@ -14,11 +14,14 @@ import json
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from tunecost.errors import TunecostError
+
+if TYPE_CHECKING:
+    from tunecost.workload.frameworks.megatron_model import Architecture
 
 # what a config's torch.compile switch does to the estimate
 COMPILE_NOTE = "the throughput model fuses each layer's element-wise chains; peak memory is the eager step's"
@@ -101,6 +104,7 @@ class ConfigJob:
     options: dict[str, Any]
     assumptions: tuple[str, ...] = ()  # "lora_rank 8: LLaMA-Factory's default"
     not_modelled: tuple[str, ...] = ()  # keys of the file tunecost does not model
+    architecture: Architecture | None = None  # the model's sizes the file states: --model is checked against them
 
     def __post_init__(self) -> None:
         for name, value in self.options.items():

@@ -300,9 +300,9 @@ def _fixed_stage_keys(r: Reader) -> dict[str, str]:
     return out
 
 
-def _model(r: Reader, options: dict[str, Any]) -> None:
+def _model(r: Reader, options: dict[str, Any]) -> Architecture | None:
     """The model the file trains where its Hugging Face tokenizer or its architecture keys name one
-    (`megatron_model.file_model`); the note says how, or what to give."""
+    (`megatron_model.file_model`); the note says how, or what to give. Returns the architecture the file states."""
     d, (kind_key, hf_kind, name_key) = r.dialect, r.dialect.tokenizer
     name = r.flat.get(r.key(name_key)) if r.flat.get(r.key(kind_key)) == hf_kind else None
     layers, hidden, heads = (r.value(k, int) for k in (d.layers, d.hidden, d.heads))
@@ -315,6 +315,7 @@ def _model(r: Reader, options: dict[str, Any]) -> None:
     r.notes.append(note)
     if model is not None:
         options["model"] = model
+    return arch
 
 
 def _shape(r: Reader) -> ModelShape | None:
@@ -347,7 +348,7 @@ def read(cfg: ConfigFile) -> ConfigJob:
     finetuning = dialect is NEMO and any(k.startswith("model.peft.") for k in flat.data)
     r = Reader(flat, dialect, finetuning)
     options: dict[str, Any] = {"stack": "tunecost"}
-    _model(r, options)
+    arch = _model(r, options)
     r.notes.append(f"{dialect.title}'s own model code: memory simulated with transformers' model code (stack tunecost)")
     _peft(r, options)
     keys = _layout(r, options)
@@ -357,7 +358,7 @@ def read(cfg: ConfigFile) -> ConfigJob:
     uneven = _pipeline_split(r, options, keys)
     check_layout(flat, options, keys, shape=_shape(r), seq_len=options["seq_len"], even_layers=not uneven)
     job = config_job(FRAMEWORK.name, flat, options, r.notes)
-    return dataclasses.replace(job, not_modelled=_sections(job.not_modelled, flat.used))
+    return dataclasses.replace(job, not_modelled=_sections(job.not_modelled, flat.used), architecture=arch)
 
 
 def _sections(keys: tuple[str, ...], used: set[str]) -> tuple[str, ...]:

@@ -112,6 +112,7 @@ def merge_configs(jobs: Sequence[ConfigJob]) -> ConfigJob:
             *_other_deepspeed(jobs),
         ),
         not_modelled=tuple(k for j in jobs for k in j.not_modelled),
+        architecture=next((j.architecture for j in jobs if j.architecture is not None), None),
     )
 
 
