@@ -88,7 +88,8 @@ def test_a_yaml_config_cannot_build_python_objects(tmp_path) -> None:
 
 
 def test_a_framework_that_runs_some_strategies_keeps_those() -> None:
-    """torchtune's distributed recipes run FSDP2 only, torchtitan FSDP2's degrees; other frameworks (and files read
+    """torchtune's distributed recipes run FSDP2 only, torchtitan FSDP2's degrees, NeMo / Megatron-LM Megatron
+    Core's DDP and distributed optimizer or PyTorch FSDP; other frameworks (and files read
     together with neither) keep every strategy; one GPU always stays."""
     every = ["single", "ddp", "fsdp1", "fsdp2", "hsdp", "zero3"]
     kept, dropped = runnable_strategies(every, "torchtune")
@@ -97,5 +98,6 @@ def test_a_framework_that_runs_some_strategies_keeps_those() -> None:
                        "(fully_shard)"]  # fmt: skip
     assert runnable_strategies(every, "torchtitan")[0] == ["single", "ddp", "fsdp2", "hsdp"]
     assert runnable_strategies(every, "hf-training-args+torchtitan")[0] == ["single", "ddp", "fsdp2", "hsdp"]
+    assert runnable_strategies([*every, "zero1"], "nemo")[0] == ["single", "ddp", "fsdp1", "fsdp2", "zero1"]
     for other in ("llamafactory", "axolotl", "hf-training-args+deepspeed", None):
         assert runnable_strategies(every, other) == (every, [])

@@ -367,4 +367,13 @@ def _sections(keys: tuple[str, ...], used: set[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(k if ".".join(k.split(".")[:2]) in read else ".".join(k.split(".")[:2]) for k in keys))
 
 
-FRAMEWORK = Framework(name="nemo", title="NeMo / Megatron-LM", suffixes=(".yaml", ".yml"), detect=detect, read=read)
+FRAMEWORK = Framework(
+    name="nemo",
+    title="NeMo / Megatron-LM",
+    suffixes=(".yaml", ".yml"),
+    detect=detect,
+    read=read,
+    strategies=("ddp", "zero1", "fsdp1", "fsdp2"),
+    strategies_why="NeMo and Megatron-LM run Megatron Core's DDP or distributed optimizer (zero1), or PyTorch FSDP "
+    "(NeMo's model.fsdp: FSDP1; Megatron-LM's use_torch_fsdp2)",
+)
