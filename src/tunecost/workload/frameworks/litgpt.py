@@ -193,4 +193,13 @@ def read(cfg: ConfigFile) -> ConfigJob:
     return config_job(FRAMEWORK.name, flat, options, notes)
 
 
-FRAMEWORK = Framework(name="litgpt", title=TITLE, suffixes=(".yaml", ".yml"), detect=detect, read=read)
+FRAMEWORK = Framework(
+    name="litgpt",
+    title=TITLE,
+    suffixes=(".yaml", ".yml"),
+    detect=detect,
+    read=read,
+    strategies=("fsdp1", "fsdp2"),
+    strategies_why=f"{TITLE} fine-tunes on several devices with FSDP (full: FSDPStrategy, FSDP1; LoRA: "
+    "ModelParallelStrategy, FSDP2)",
+)
