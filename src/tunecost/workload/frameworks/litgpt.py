@@ -197,9 +197,8 @@ FRAMEWORK = Framework(
     name="litgpt",
     title=TITLE,
     suffixes=(".yaml", ".yml"),
+    strategies=("fsdp1", "fsdp2"),  # full fine-tuning: FSDPStrategy; LoRA: ModelParallelStrategy
+    strategies_why=f"{TITLE} shards with FSDP on several devices (full fine-tuning: FSDP1, LoRA: FSDP2)",
     detect=detect,
     read=read,
-    strategies=("fsdp1", "fsdp2"),
-    strategies_why=f"{TITLE} fine-tunes on several devices with FSDP (full: FSDPStrategy, FSDP1; LoRA: "
-    "ModelParallelStrategy, FSDP2)",
 )
