@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import re
+import shlex
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -49,3 +50,33 @@ def test_readme_accuracy_table_is_what_the_benchmark_renders_from_the_shipped_co
     doc = _accuracy_doc()
     block = _readme_block(README.read_text(encoding="utf-8"), doc.README_START, doc.README_END)
     assert block == doc.readme_block(doc.validated(None))
+
+
+def _console_examples(text: str) -> list[tuple[list[str], list[str]]]:
+    """(the command's arguments, the output lines shown) of each ```console block: `$ tunecost ...` with its `\\`
+    continuations, then the lines until the fence, less `...` and the table rules (their widths follow the rows)."""
+    examples = []
+    for block in re.findall(r"```console\n(.*?)```", text, re.S):
+        lines = block.splitlines()
+        command = lines.pop(0).removeprefix("$ ")
+        while command.endswith("\\"):
+            command = command[:-1] + " " + lines.pop(0).strip()
+        shown = [ln for ln in lines if ln.strip() != "..." and not set(ln.strip()) <= set("┏┓┗┛┡┩└┘━─┳┻╇┴ ")]
+        examples.append((shlex.split(command)[1:], shown))
+    return examples
+
+
+@pytest.mark.long
+@pytest.mark.parametrize("index", range(3))
+def test_each_readme_console_example_prints_what_the_readme_shows(cli_runner, index: int) -> None:
+    """The README's first-screen examples are today's output: each line shown is printed (whitespace aside)."""
+    from tunecost.cli.main import app
+
+    examples = _console_examples(README.read_text(encoding="utf-8"))
+    assert len(examples) == 3
+    args, shown = examples[index]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    printed = " ".join((result.stdout + result.stderr).split())
+    for line in shown:
+        assert " ".join(line.split()) in printed, line
