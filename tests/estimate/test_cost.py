@@ -168,3 +168,13 @@ def test_a_gpu_named_twice_gets_one_set_of_rows() -> None:
     once = paper_costs(["A40"], epochs=1)
     twice = paper_costs(["A40", "A40-48GB"], epochs=1)
     assert [(r.gpu, r.provider) for r in twice] == [(r.gpu, r.provider) for r in once]
+
+
+def test_a_row_names_the_data_its_throughput_is_for() -> None:
+    """At a fixed sequence length without data the cross-GPU model prices every query at that length (no dataset);
+    the paper's eq. (2) prices its fit's dataset (math_14k, Table IV's workload) whatever the length."""
+    mixtral = FineTuneJob(model="mixtral-8x7b")  # a fixed sequence length, no dataset
+    (paper, *_) = estimate_costs(mixtral, ["A40"], epochs=1, num_queries=100, options=EstimatorOptions(name="paper"))
+    small = estimate_job("qwen2.5-0.5b", method="lora", seq_len=256)
+    (calibrated, *_) = estimate_costs(small, ["A40"], epochs=1, num_queries=100)
+    assert (paper.dataset, calibrated.dataset) == ("math_14k", None)

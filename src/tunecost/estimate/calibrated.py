@@ -269,7 +269,7 @@ def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
         gpu=req.gpu.name,
         batch_size=batch_size,
         experts_per_token=req.experts_per_token,
-        dataset=req.job.dataset if req.job.seq_len else req.dataset,  # with seq_len and no data: fixed lengths
+        dataset=req.lengths_dataset,
         seq_len=req.job.seq_len,
         lengths=req.job.lengths,
         method=req.job.method,

@@ -34,7 +34,7 @@ from tunecost.workload.job import (
 @dataclass(frozen=True, kw_only=True)
 class CostRow:
     model: str
-    dataset: str
+    dataset: str | None  # the data whose throughput is priced (None: every query at the job's seq_len)
     gpu: str
     provider: str | None
     price_date: str | None
@@ -245,7 +245,7 @@ def _cost_row(
     interval = point.queries_per_s_interval
     return CostRow(
         model=req.spec.name,
-        dataset=req.dataset,
+        dataset=point.eq2_dataset or req.lengths_dataset,
         gpu=req.gpu.name,
         provider=price.provider if price else None,
         price_date=price.date if price else None,

@@ -109,6 +109,12 @@ class EstimateRequest:
         return self.job.dataset or DEFAULT_THROUGHPUT_DATASET
 
     @property
+    def lengths_dataset(self) -> str | None:
+        """The dataset whose lengths the cross-GPU model prices: the job's, else (without a seq_len) `dataset`;
+        None with a seq_len and no data (every query at that length)."""
+        return self.job.dataset if self.job.seq_len else self.dataset
+
+    @property
     def sizing_seq_len(self) -> int:
         """Tokens per query the batch is sized at: the data's longest (cut at seq_len), else seq_len, else the
         paper's 512."""
@@ -185,6 +191,7 @@ class EstimatePoint:
     extrapolation: bool = False  # the throughput is predicted outside what the estimator was calibrated on
     startup_s: float = 0.0  # the run's one-off start-up, beside the steady-state throughput (0: inside it)
     borderline_batch_size: int | None = None  # largest batch within the card without the margin (None: as max)
+    eq2_dataset: str | None = None  # the dataset of the eq. (2) fit the throughput came from (None: not eq. (2))
 
     @property
     def fit(self) -> str:
@@ -386,4 +393,7 @@ def paper_estimator(req: EstimateRequest) -> EstimatePoint:
         return does_not_fit(sizing, "eq. (1) gives no room for a batch")
     batch, batch_notes = batch_to_price(req, sizing)
     qps, notes = paper_throughput(req, batch)
-    return EstimatePoint(max_batch_size=mbs, batch_size=batch, queries_per_s=qps, notes=(note, *batch_notes, *notes))
+    notes = [note, *batch_notes, *notes]
+    return EstimatePoint(
+        max_batch_size=mbs, batch_size=batch, queries_per_s=qps, notes=tuple(notes), eq2_dataset=req.dataset
+    )

@@ -68,6 +68,7 @@ class Throughput:
     notes: tuple[str, ...] = ()
     queries_per_row: float = 1.0  # queries a row of the batch holds (packing: several)
     optimizer_fraction: float | None = None  # the optimizer step's share of the time (None: eq. (2), not split)
+    eq2_dataset: str | None = None  # the dataset of the eq. (2) fit it came from (None: the cross-GPU model)
 
 
 def throughput_at(req: EstimateRequest, batch_size: int) -> Throughput:
@@ -75,7 +76,7 @@ def throughput_at(req: EstimateRequest, batch_size: int) -> Throughput:
     else the cross-GPU model."""
     qps, notes = paper_throughput(req, batch_size)
     if qps is not None:
-        return Throughput(queries_per_s=qps, notes=tuple(notes))
+        return Throughput(queries_per_s=qps, notes=tuple(notes), eq2_dataset=req.dataset)
     from tunecost.estimate.calibrated import (
         calibrated_model,
         extrapolation_notes,
@@ -133,4 +134,5 @@ def simulate_estimator(req: EstimateRequest) -> EstimatePoint:
         queries_per_s_interval=tp.interval,
         notes=(sizing.note, *batch_notes, *tp.notes),
         startup_s=tp.startup_s,
+        eq2_dataset=tp.eq2_dataset,
     )

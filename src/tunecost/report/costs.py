@@ -57,6 +57,7 @@ def cost_chart(records: RunRecords) -> FigureResult | str:
     q = df.iloc[0]
     caption = (
         f"Cheapest provider per GPU for {int(q['num_queries'])} queries x {q['epochs']:g} epochs of "
-        f"{q['dataset']}; groups are model, routing and estimator (bold); price dates in the table."
+        f"{q['dataset'] if isinstance(q['dataset'], str) else 'fixed-length queries'}; groups are model, routing "
+        "and estimator (bold); price dates in the table."
     )
     return FigureResult(fig, caption, table)

@@ -77,7 +77,7 @@ def print_cost_rows(rows: list, *, job, verbose: bool = False, dataset_named: bo
         console.print(f"[dim]{len(notes)} notes: --verbose[/dim]")
 
 
-def _data_label(dataset: str, job, named: bool) -> str:
+def _data_label(dataset: str | None, job, named: bool) -> str:
     if named:
         return f" on {dataset}"
     return "" if job.seq_len or job.lengths else f" on {dataset} (the default data)"
