@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
@@ -15,6 +15,9 @@ from tunecost.cli.common import err_console
 from tunecost.cli.options import CONFIG_OPTIONS, CONFIG_PATH, ParameterSource, get_current_context, opt
 from tunecost.errors import TunecostError
 from tunecost.workload.parallel import ModelParallel, micro_batches_per_step
+
+if TYPE_CHECKING:
+    from tunecost.workload.frameworks.megatron_model import Architecture
 
 CONFIG_HELP = (
     "Your framework's training config: LLaMA-Factory or axolotl YAML, a torchtune recipe config (a file, or the "
@@ -94,7 +97,7 @@ def print_config_notes(ctx: typer.Context) -> None:
         _check_architecture(arch, str(ctx.params.get("model")), str(ctx.meta.get(CONFIG_PATH)))
 
 
-def _check_architecture(arch: Any, model: str, path: str) -> None:
+def _check_architecture(arch: Architecture, model: str, path: str) -> None:
     """A warning where --model is not the architecture the config states (the estimate is --model's)."""
     from tunecost.models.catalog import resolve_model
 
