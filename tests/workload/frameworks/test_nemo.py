@@ -11,7 +11,7 @@ import pytest
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import ConfigJob
 from tunecost.workload.frameworks.model_parallel import catalog_shape
-from tunecost.workload.frameworks.nemo import FRAMEWORK
+from tunecost.workload.frameworks.nemo import FRAMEWORKS
 from tunecost.workload.frameworks.registry import frameworks, read_config
 from tunecost.workload.parallel import ParallelPlan
 
@@ -226,9 +226,11 @@ def test_detect_is_false_for_other_frameworks() -> None:
         {"checkpoint_dir": "checkpoints/meta-llama/Llama-2-7b-hf", "train": {"micro_batch_size": 2}},  # litgpt
         {"model": {"name": "llama3", "flavor": "8B"}, "parallelism": {"tensor_parallel_degree": 2}},  # torchtitan
     ]
-    assert not any(FRAMEWORK.detect(d) for d in others)
+    assert not any(f.detect(d) for f in FRAMEWORKS for d in others)
     nemo = {"trainer": {"devices": 8}, "model": {"tensor_model_parallel_size": 2}}
     assert [f.name for f in frameworks() if f.detect(nemo)] == ["nemo"]
+    megatron = {"model_parallel": {"tensor_model_parallel_size": 2}, "micro_batch_size": 1}
+    assert [f.name for f in frameworks() if f.detect(megatron)] == ["megatron-lm"]
 
 
 def test_mlperf_reference_is_accelerate_deepspeed() -> None:

@@ -88,8 +88,8 @@ def test_a_yaml_config_cannot_build_python_objects(tmp_path) -> None:
 
 
 def test_a_framework_that_runs_some_strategies_keeps_those() -> None:
-    """torchtune's distributed recipes run FSDP2 only, torchtitan FSDP2's degrees, NeMo / Megatron-LM Megatron
-    Core's DDP and distributed optimizer or PyTorch FSDP, litgpt FSDP; other frameworks (and files read
+    """torchtune's distributed recipes run FSDP2 only, torchtitan FSDP2's degrees, NeMo Megatron Core's DDP and
+    distributed optimizer or FSDP1, Megatron-LM those or FSDP2, litgpt FSDP; other frameworks (and files read
     together with neither) keep every strategy; one GPU always stays."""
     every = ["single", "ddp", "fsdp1", "fsdp2", "hsdp", "zero3"]
     kept, dropped = runnable_strategies(every, "torchtune")
@@ -98,7 +98,8 @@ def test_a_framework_that_runs_some_strategies_keeps_those() -> None:
                        "(fully_shard)"]  # fmt: skip
     assert runnable_strategies(every, "torchtitan")[0] == ["single", "ddp", "fsdp2", "hsdp"]
     assert runnable_strategies(every, "hf-training-args+torchtitan")[0] == ["single", "ddp", "fsdp2", "hsdp"]
-    assert runnable_strategies([*every, "zero1"], "nemo")[0] == ["single", "ddp", "fsdp1", "fsdp2", "zero1"]
+    assert runnable_strategies([*every, "zero1"], "nemo")[0] == ["single", "ddp", "fsdp1", "zero1"]
+    assert runnable_strategies([*every, "zero1"], "megatron-lm")[0] == ["single", "ddp", "fsdp2", "zero1"]
     assert runnable_strategies(every, "litgpt")[0] == ["single", "fsdp1", "fsdp2"]
     for other in ("llamafactory", "axolotl", "hf-training-args+deepspeed", None):
         assert runnable_strategies(every, other) == (every, [])

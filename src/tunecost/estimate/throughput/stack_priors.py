@@ -59,6 +59,7 @@ FRAMEWORK_FAMILIES = {
     "litgpt": "torchtune",
     "torchtitan": "torchtune",  # plain PyTorch modules and optimizer, as torchtune's
     "nemo": "nemo-te",
+    "megatron-lm": "nemo-te",
 }
 
 

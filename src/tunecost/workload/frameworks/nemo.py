@@ -337,10 +337,6 @@ def _dialect(data: Any) -> Dialect | None:
     return MEGATRON_LM if sections or flags else None
 
 
-def detect(data: Any) -> bool:
-    return _dialect(data) is not None
-
-
 def read(cfg: ConfigFile) -> ConfigJob:
     dialect = _dialect(cfg.data)
     assert dialect is not None
@@ -357,7 +353,7 @@ def read(cfg: ConfigFile) -> ConfigJob:
     _run_length(r, options)
     uneven = _pipeline_split(r, options, keys)
     check_layout(flat, options, keys, shape=_shape(r), seq_len=options["seq_len"], even_layers=not uneven)
-    job = config_job(FRAMEWORK.name, flat, options, r.notes)
+    job = config_job(FRAMEWORKS[dialect is MEGATRON_LM].name, flat, options, r.notes)
     return dataclasses.replace(job, not_modelled=_sections(job.not_modelled, flat.used), architecture=arch)
 
 
@@ -367,13 +363,19 @@ def _sections(keys: tuple[str, ...], used: set[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(k if ".".join(k.split(".")[:2]) in read else ".".join(k.split(".")[:2]) for k in keys))
 
 
-FRAMEWORK = Framework(
-    name="nemo",
-    title="NeMo / Megatron-LM",
-    suffixes=(".yaml", ".yml"),
-    detect=detect,
-    read=read,
-    strategies=("ddp", "zero1", "fsdp1", "fsdp2"),
-    strategies_why="NeMo and Megatron-LM run Megatron Core's DDP or distributed optimizer (zero1), or PyTorch FSDP "
-    "(NeMo's model.fsdp: FSDP1; Megatron-LM's use_torch_fsdp2)",
+def _framework(name: str, dialect: Dialect, strategies: tuple[str, ...], why: str) -> Framework:
+    def detect(data: Any) -> bool:
+        return _dialect(data) is dialect
+
+    why = f"{dialect.title} runs Megatron Core's DDP or distributed optimizer (zero1), or {why}"
+    return Framework(
+        name=name, title=dialect.title, suffixes=(".yaml", ".yml"), detect=detect, read=read, strategies=strategies,
+        strategies_why=why,
+    )  # fmt: skip
+
+
+# NeMo's model.fsdp is PyTorch FSDP1 (NLPFSDPStrategy); Megatron-LM's use_torch_fsdp2 is FSDP2
+FRAMEWORKS = (
+    _framework("nemo", NEMO, ("ddp", "zero1", "fsdp1"), "FSDP1 (model.fsdp)"),
+    _framework("megatron-lm", MEGATRON_LM, ("ddp", "zero1", "fsdp2"), "FSDP2 (use_torch_fsdp2)"),
 )
