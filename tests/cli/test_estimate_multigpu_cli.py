@@ -34,7 +34,7 @@ def test_mixtral_lora_on_8_h100_fits_under_fsdp2_not_ddp(cli_runner):
     assert fsdp2["timing"]["step_seconds"] > fsdp2["timing"]["compute_seconds"]
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_ddp_that_does_not_fit_says_why(cli_runner):
     args = [*BASE, "--model", "mixtral-8x7b", "--gpu", "H100", "--gpus", "2", "--strategy", "ddp"]
     result = cli_runner.invoke(app, args)

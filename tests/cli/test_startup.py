@@ -76,7 +76,7 @@ def test_light_commands_import_no_heavy_library(args: list[str], absent: set[str
     assert not _imported(args, tmp_path) & absent
 
 
-@pytest.mark.slow
+@pytest.mark.long
 def test_models_reads_its_counts_without_torch(tmp_path: Path) -> None:
     """Once counted (on the meta device, with torch), `tunecost models` reads every count from the cache."""
     for spec in model_catalog().values():
