@@ -33,8 +33,21 @@ def test_sizes_past_int64_name_the_option(cli_error, args: list[str], expected: 
 
 @pytest.mark.parametrize(("flag", "value"), [("--epochs", "nan"), ("--epochs", "0"), ("--lora-alpha", "-1")])
 def test_a_number_out_of_range_names_the_option(cli_error, flag: str, value: str) -> None:
-    line = cli_error(["estimate", "--model", "mixtral-8x7b", "--gpu", "A40", "--epochs", "1", flag, value])
+    epochs = [] if flag == "--epochs" else ["--epochs", "1"]
+    line = cli_error(["estimate", "--model", "mixtral-8x7b", "--gpu", "A40", *epochs, flag, value])
     assert line.startswith(f"error: {flag}: must be a positive number at most")
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--gpu", "H100", "--gpu=A100"], "error: --gpu given 2 times (H100, A100); it takes one"),
+        (["--gpu", "A40", "--seq-len", "512", "--seq-len", "1024"], "error: --seq-len given 2 times (512, 1024)"),
+    ],
+)
+def test_an_option_of_one_value_given_twice_is_refused(cli_error, args: list[str], expected: str) -> None:
+    """Click keeps the last of a repeated option; the user who gave both meant something else."""
+    assert cli_error(["estimate", "--model", "qwen2.5-0.5b", *args]).startswith(expected)
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,8 @@ from tunecost.workload.parallel import MAX_SEARCH_GPUS
 
 TINY = str(Path(__file__).parents[1] / "fixtures" / "distributed" / "tiny-mixtral-2l.json")
 DENSE = str(Path(__file__).parents[1] / "fixtures" / "distributed" / "tiny-llama-2l.json")
-BASE = ["estimate", "--epochs", "1", "--queries", "100", "--method", "lora"]
+RUN = ["estimate", "--epochs", "1", "--queries", "100"]
+BASE = [*RUN, "--method", "lora"]
 
 
 @pytest.mark.slow
@@ -89,7 +90,7 @@ def test_bad_multi_gpu_input_is_a_one_line_error(cli_runner, extra, message):
 def test_a_job_that_fits_no_count_up_to_the_limit_is_a_one_line_error(cli_runner):
     """A full fine-tune of Mixtral-8x7B (46.7B parameters) replicated by DDP on at most 2 RTX 4090s."""
     args = ["--model", "mixtral-8x7b", "--method", "full", "--gpu", "RTX4090", "--gpus", "auto", "--max-gpus", "2"]
-    result = cli_runner.invoke(app, [*BASE, *args, "--strategy", "ddp"])
+    result = cli_runner.invoke(app, [*RUN, *args, "--strategy", "ddp"])
     _assert_one_error_line(result, "mixtral-8x7b (full) fits no setup of up to 2 GPUs")
 
 
@@ -183,7 +184,7 @@ def test_a_named_host_runs_the_ranks_and_the_offloaded_optimizer_step(cli_runner
     """--host-cpu with --gpus: the named host's single-thread speed times each rank's host work and its memory the
     offloaded optimizer (two sockets of 8 DDR5-4800 channels for the DGX H100's Xeon, one of 2 DDR5-5200 channels
     for a Ryzen 9 7950X workstation)."""
-    args = [*BASE, "--model", TINY, "--method", "full", "--gpu", "H100", "--gpus", "2", "--strategy", "zero2"]
+    args = [*RUN, "--model", TINY, "--method", "full", "--gpu", "H100", "--gpus", "2", "--strategy", "zero2"]
     steps = {}
     for host, bandwidth in (
         ("Xeon Platinum 8480C", "614 GB/s, the datasheet bandwidth of 2"),

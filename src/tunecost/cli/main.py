@@ -109,9 +109,35 @@ class _FalseHelp:
 
 
 class _Command(_FalseHelp, TyperCommand):
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        _refuse_repeats(self, args, ctx)
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: Any) -> Any:
         print_config_notes(ctx)  # --config's lines, once the flags that replace its values are known
         return super().invoke(ctx)
+
+
+def _refuse_repeats(command: Command, args: list[str], ctx: Any) -> None:
+    """An option that takes one value, given twice, is a usage error naming both (click would keep the last)."""
+    takes_one = {
+        name: param
+        for param in command.params
+        if param.param_type_name == "option" and not (param.multiple or getattr(param, "is_flag", False))
+        for name in param.opts
+    }
+    seen: dict[str, list[str]] = {}
+    words = iter(args[: args.index("--")] if "--" in args else args)
+    for word in words:
+        name, _, inline = word.partition("=")
+        param = takes_one.get(name) if name.startswith("-") else None
+        if param is not None:
+            seen.setdefault(param.opts[0], []).append(inline if inline else next(words, ""))
+    for name, values in seen.items():
+        if len(values) > 1:
+            raise click_exceptions.UsageError(
+                f"{name} given {len(values)} times ({', '.join(values)}); it takes one", ctx
+            )
 
 
 class _LazyCommands(MutableMapping[str, Command]):
