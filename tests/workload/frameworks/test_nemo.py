@@ -3,6 +3,7 @@ error one line naming the key."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,9 @@ def test_pretraining_pipeline(tmp_path: Path) -> None:
 def test_pretraining_defaults(tmp_path: Path) -> None:
     job = _read(tmp_path, "trainer:\n  accelerator: gpu\nmodel:\n  mcore_gpt: true\n")
     o = job.options
-    assert (o["num_gpus"], o["dtype"], o["batch_size"], o["seq_len"], o["strategy"]) == (1, "bf16", 4, 512, "single")
+    assert (o["num_gpus"], o["dtype"], o["batch_size"], o["seq_len"], o["strategy"]) == (1, "bf16", 4, 512, "ddp")
+    # Megatron Core's DDP at one rank too: the file's one device, or --gpus 8 in its place, each a valid layout
+    assert _plan(job).dp == 1 and _plan(dataclasses.replace(job, options={**o, "num_gpus": 8})).dp == 8
     for start in (
         "trainer.devices 1",
         "trainer.precision bf16",

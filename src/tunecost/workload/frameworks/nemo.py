@@ -162,8 +162,8 @@ def _training(r: Reader, options: dict[str, Any]) -> None:
         raise flat.error(r.key(d.optimizer), f"{name!r}: tunecost models {', '.join(OPTIMIZERS)}")
     options["optimizer"], sharded = OPTIMIZERS[name]
     sharded = sharded or bool(d is MEGATRON_LM and r.value("use_distributed_optimizer", bool))
-    dp_group = options.get("num_gpus", 0) // max(1, options.get("tp", 1) * options.get("pp", 1) * options.get("cp", 1))
-    options["strategy"] = "single" if dp_group == 1 else "zero1" if sharded else "ddp"  # Megatron Core's own DDP
+    # Megatron Core's own DDP at any data-parallel size (one rank: priced as one GPU; --gpus N: replicated over N)
+    options["strategy"] = "zero1" if sharded else "ddp"
     if options["strategy"] == "zero1":
         r.notes.append(f"distributed optimizer: {d.title}'s shards its states over data parallel, modelled as zero1")
     recompute = r.value(d.recompute, str)
