@@ -138,6 +138,9 @@ def test_qwen3_hsdp_selective(tmp_path: Path) -> None:
     assert o["torch_compile"] is True
     assert any(a.startswith("activation_checkpoint.mode selective") for a in job.assumptions)
     assert not any("fp32 parameters" in a for a in job.assumptions)  # dtype bfloat16: pure bf16
+    loss_only = _read(tmp_path, QWEN3_HSDP + 'components = ["loss"]\n')  # torchtitan compiles the model only if named
+    assert "torch_compile" not in loss_only.options
+    assert "compile.components ['loss']: the model runs eagerly (not 'model')" in loss_only.assumptions
 
 
 def test_old_keys_and_defaults(tmp_path: Path) -> None:

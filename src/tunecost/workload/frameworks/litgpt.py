@@ -10,7 +10,7 @@ from typing import Any
 
 from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framework, KnownKeys, accumulation_of
 from tunecost.workload.frameworks.model_parallel import own_attention
-from tunecost.workload.frameworks.torchtitan import config_job, nested_config, optimizer_name
+from tunecost.workload.frameworks.nested import config_job, nested_config, optimizer_name
 from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
 
 # Defaults, Lightning-AI/litgpt @ 26857050 (2026-06-29), litgpt/finetune/lora.py and full.py setup():

@@ -23,7 +23,7 @@ from tunecost.workload.frameworks.model_parallel import (
     positive,
 )
 from tunecost.workload.frameworks.nemo_keys import MEGATRON, MEGATRON_FIXED_FLAGS, MEGATRON_LM, NEMO, TITLE, Dialect
-from tunecost.workload.frameworks.torchtitan import config_job, nested_config
+from tunecost.workload.frameworks.nested import config_job, nested_config
 from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
 from tunecost.workload.parallel import fixed_split_note, micro_batches_per_step
 

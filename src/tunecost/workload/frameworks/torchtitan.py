@@ -1,5 +1,4 @@
-"""torchtitan job configs (TOML, `--job.config_file FILE`) read as a tunecost job, and the helpers the torchtune and
-litgpt readers share (nested keys, defaults, data-parallel degrees).
+"""torchtitan job configs (TOML, `--job.config_file FILE`) read as a tunecost job.
 
 torchtitan trains the whole model (pre-training or continued training): priced as a full fine-tune step. TOML is
 torchtitan's format up to February 2026; later versions configure runs in Python, which is not read here.
@@ -17,15 +16,13 @@ from tunecost.workload.frameworks.model_parallel import (
     config_expert_parallel,
     positive,
 )
+from tunecost.workload.frameworks.nested import config_job, data_parallel_layout, nested_config, optimizer_name
 
 TITLE = "torchtitan"  # its defaults and where they were read: docs/configs.md, "torchtitan's defaults"
 # JobConfig's sections and fields; training.batch_size: local_batch_size's name before 2025-06-05
 SP_KEY = "enable_sequence_parallel"  # the Python configs' switch (2026-03-29), read when a TOML file has it
 KEYS = KnownKeys(f"{TITLE}'s JobConfig", ("torchtitan",), extra=("training.batch_size", f"parallelism.{SP_KEY}"))
 CUSTOM_CONFIG = ("job.custom_config_module", "experimental.custom_args_module")  # extend JobConfig: keys unknown
-# optimizer class (torch.optim, bitsandbytes.optim, torchao.optim) -> tunecost's optimizer
-OPTIMIZER_CLASSES = {"AdamW": "adamw", "PagedAdamW": "adamw", "AdamW8bit": "adamw-8bit", "PagedAdamW8bit": "adamw-8bit"}
-OPTIMIZER_CLASSES["SGD"] = "sgd"
 # model.name/flavor -> hub id in tunecost's catalog (llama3's flavors are Llama 3.1's: hf_assets_path Llama-3.1-8B)
 _FLAVOR_TABLE = """
     llama3/8B=meta-llama/Llama-3.1-8B llama3/70B=meta-llama/Llama-3.1-70B llama3/405B=meta-llama/Llama-3.1-405B
@@ -56,81 +53,6 @@ DTYPES = {"bfloat16": "bf16", "float32": "fp32"}
 # torchao float8 linears: the converter's registered name, and "float8" as the shipped TOMLs write it
 FLOAT8_CONVERTERS = ("quantize.linear.float8", "float8")
 FLOAT8 = "quantize.linear.float8."
-
-
-def nested_config(cfg: ConfigFile) -> ConfigFile:
-    """The config with nested sections as dotted keys ("model.lora_rank"), so errors name the full key."""
-
-    def flat(data: Any, prefix: str) -> dict[str, Any]:
-        if not isinstance(data, dict) or not data:
-            return {prefix: data}
-        return {k: v for key, value in data.items() for k, v in flat(value, f"{prefix}{key}.").items()}
-
-    return ConfigFile(path=cfg.path, data={k.rstrip("."): v for k, v in flat(dict(cfg.data), "").items()})
-
-
-def unmodelled_keys(flat: ConfigFile) -> tuple[str, ...]:
-    """Keys not read and not null; a section none of whose keys was read is named once ("profiler")."""
-    read_sections = {key.split(".")[0] for key in flat.used}
-    unread = (k for k in flat.unused_keys() if flat.data[k] is not None)
-    names = (k if k.split(".")[0] in read_sections else k.split(".")[0] for k in unread)
-    return tuple(dict.fromkeys(names))
-
-
-def config_job(framework: str, flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> ConfigJob:
-    """The job: the options set (None: not set), the assumptions, the keys not read."""
-    options = {k: v for k, v in options.items() if v is not None}
-    unread = unmodelled_keys(flat)
-    return ConfigJob(
-        framework=framework, path=flat.path, options=options, assumptions=tuple(notes), not_modelled=unread
-    )
-
-
-def optimizer_name(flat: ConfigFile, key: str, path: str) -> str:
-    """tunecost's optimizer for an optimizer class path ("torch.optim.AdamW")."""
-    name = OPTIMIZER_CLASSES.get(path.rsplit(".", 1)[-1])
-    if name is None:
-        raise flat.error(key, f"{path}: supported: {', '.join(OPTIMIZER_CLASSES)} (torch.optim, bitsandbytes.optim)")
-    return name
-
-
-def data_parallel_layout(
-    flat: ConfigFile, keys: tuple[str, str, str], *, reshard: bool, title: str, inner: int = 1, pp: int = 1
-) -> tuple[dict[str, Any], list[str]]:
-    """strategy, num_gpus, gpus_per_node and offload from FSDP2 data-parallel degrees (-1 shard: the GPUs left
-    after the model-parallel ones); `keys`: the shard degree's, the replicate degree's and the CPU offload's.
-    `inner`: tensor x context degree (next to the shard dimension in the device mesh), `pp`: pipeline degree."""
-    shard_key, replicate_key, offload_key = keys
-    notes: list[str] = []
-    shard = flat.or_default(shard_key, int, -1, notes, f"{shard_key} -1: {title}'s default")
-    replicate = flat.or_default(replicate_key, int, 1, notes, f"{replicate_key} 1: {title}'s default")
-    if shard == 0 or shard < -1:
-        raise flat.error(shard_key, f"must be -1 (all the GPUs) or at least 1, got {shard}")
-    if replicate < 1:
-        raise flat.error(replicate_key, f"must be at least 1, got {replicate}")
-    options: dict[str, Any] = {}
-    if replicate > 1:
-        options["strategy"] = "ddp" if shard == 1 else "hsdp"
-    elif shard != 1:
-        options["strategy"] = "fsdp2" if reshard else "fsdp2-shard-grad-op"
-    elif inner * pp > 1:
-        options["strategy"] = "single"  # a data-parallel group of one: nothing to replicate or shard
-    if shard > 0:
-        options["num_gpus"] = shard * replicate * inner * pp
-    else:
-        left = " left after the model-parallel degrees" if inner * pp > 1 else ""
-        notes.append(f"GPUs: {title}'s {shard_key} -1 takes every GPU the launcher starts{left} (give --gpus)")
-    if options.get("strategy") == "hsdp" and shard > 0:
-        options["gpus_per_node"] = shard * inner
-        within = f" x tensor x context {inner}" if inner > 1 else ""
-        notes.append(
-            f"gpus_per_node {shard * inner}: tunecost's HSDP shards within a node, so {shard_key}{within} is one node"
-        )
-    if flat.typed(offload_key, bool):
-        if options.get("strategy") != "fsdp2":
-            raise flat.error(offload_key, "CPU offload is modelled under FSDP2 full sharding only")
-        options["offload"] = "params"
-    return options, notes
 
 
 def _model(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
@@ -195,9 +117,11 @@ def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> No
     options["optimizer"] = optimizer_name(flat, "optimizer.name", name)
     if flat.data.get("optimizer.early_step_in_backward"):  # left among the keys not modelled
         notes.append(f"optimizer.early_step_in_backward: {TITLE}'s optimizer in backward is not modelled (grads kept)")
-    if flat.typed("compile.enable", bool):
+    if _compiles_model(flat):
         options["torch_compile"] = True
         notes.append(f"compile.enable: {TITLE} runs the step under torch.compile; {COMPILE_NOTE}")
+    elif flat.typed("compile.enable", bool):
+        notes.append(f"compile.components {flat.get('compile.components')}: the model runs eagerly (not 'model')")
     dataset = flat.or_default("training.dataset", str, "c4_test", notes, f"dataset c4_test: {TITLE}'s default")
     notes.append(f"dataset {dataset}: {TITLE} packs its text into samples of seq_len tokens (not read; no epochs)")
     line = f"gradient_checkpointing on: {TITLE}'s default activation_checkpoint.mode selective"
@@ -250,11 +174,16 @@ def _tensor_parallel(flat: ConfigFile, options: dict[str, Any], notes: list[str]
         line = f"{PAR}disable_loss_parallel false: {TITLE}'s default (vocabulary-sharded loss, not modelled apart)"
         flat.or_default(f"{PAR}disable_loss_parallel", bool, False, notes, line)
         if flat.typed(f"{PAR}enable_async_tensor_parallel", bool):
-            if not flat.typed("compile.enable", bool):
-                raise flat.error(f"{PAR}enable_async_tensor_parallel", f"{TITLE}'s async TP needs compile.enable")
+            if not _compiles_model(flat):
+                raise flat.error(f"{PAR}enable_async_tensor_parallel", f"{TITLE}'s async TP needs a compiled model")
             notes.append(f"{PAR}enable_async_tensor_parallel: its compute/communication overlap is not modelled")
     if tp * cp > 1 and seq_len % (tp * 2 * cp):
         raise flat.error("training.seq_len", f"{seq_len}: {TITLE} needs a multiple of tp x 2 x cp = {tp * 2 * cp}")
+
+
+def _compiles_model(flat: ConfigFile) -> bool:
+    """compile.enable with 'model' among compile.components (torchtitan's default: model and loss)."""
+    return bool(flat.typed("compile.enable", bool)) and "model" in flat.typed("compile.components", list, ["model"])
 
 
 def _pipeline(flat: ConfigFile, options: dict[str, Any], notes: list[str], shape: ModelShape) -> None:

@@ -18,7 +18,7 @@ from tunecost.workload.frameworks import (
     steps_options,
 )
 from tunecost.workload.frameworks.model_parallel import catalog_shape, check_layout, own_attention, positive
-from tunecost.workload.frameworks.torchtitan import config_job, data_parallel_layout, nested_config, optimizer_name
+from tunecost.workload.frameworks.nested import config_job, data_parallel_layout, nested_config, optimizer_name
 from tunecost.workload.job import group_targets, targets_text
 from tunecost.workload.known_datasets import catalog_dataset
 from tunecost.workload.run_length import sliced_queries
