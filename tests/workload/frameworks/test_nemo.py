@@ -368,3 +368,16 @@ def test_the_model_is_the_hugging_face_tokenizers_else_the_one_catalog_model_of_
         tmp_path, MEGATRON_YAML.replace("  num_attention_heads: 16\n", "  num_attention_heads: 16\n  hidden_size: 64\n")
     )
     assert "model" not in tiny.options and any("is no catalog model's (give --model)" in a for a in tiny.assumptions)
+
+
+def test_megatron_cores_local_spec_keeps_the_attention_scores(tmp_path: Path) -> None:
+    """Megatron-LM's transformer_impl local and NeMo's transformer_engine false build Megatron Core's local layer
+    spec, whose DotProductAttention keeps the scores (eager); the default, Transformer Engine, is fused (flash)."""
+    assert _read(tmp_path, MEGATRON_YAML).options["attention"] == "flash"
+    local = _read(tmp_path, MEGATRON_YAML + "transformer_impl: local\n")
+    assert local.options["attention"] == "eager" and "transformer_impl" not in local.not_modelled
+    line = "attention eager: transformer_impl local: Megatron Core's DotProductAttention keeps the attention scores"
+    assert line in local.assumptions
+    nemo = PRETRAIN.replace("  mcore_gpt: true\n", "  mcore_gpt: true\n  transformer_engine: false\n")
+    assert _read(tmp_path, nemo).options["attention"] == "eager"
+    assert _read(tmp_path, PRETRAIN).options["attention"] == "flash"

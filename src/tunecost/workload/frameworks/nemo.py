@@ -217,8 +217,23 @@ def _sequence(r: Reader, options: dict[str, Any]) -> None:
     files = r.value("model.data.train_ds.file_names", list)
     if isinstance(files, list) and len(files) == 1 and str(files[0]).endswith((".jsonl", ".json")):
         options["dataset"] = str(files[0])
-    options["attention"] = "flash"
-    r.notes.append(f"attention flash: {d.title}'s Transformer Engine / flash attention kernels")
+    _attention(r, options)
+
+
+def _attention(r: Reader, options: dict[str, Any]) -> None:
+    """Megatron Core's local layer spec (Megatron-LM transformer_impl local; NeMo transformer_engine false) runs
+    DotProductAttention, which keeps the scores: eager. Else Transformer Engine's fused (flash) attention."""
+    if r.dialect is MEGATRON_LM:
+        key, local = "transformer_impl", r.value("transformer_impl", str, "transformer_engine") == "local"
+    else:  # the legacy (not mcore_gpt) model takes use_flash_attention without TE
+        legacy_flash = not r.value("model.mcore_gpt", bool) and r.value("model.use_flash_attention", bool)
+        key, local = "model.transformer_engine", r.value("model.transformer_engine", bool) is False and not legacy_flash
+    options["attention"] = "eager" if local else "flash"
+    if local:
+        r.notes.append(f"attention eager: {key} {r.flat.data[key]}: Megatron Core's DotProductAttention keeps the "
+                       "attention scores")  # fmt: skip
+    else:
+        r.notes.append(f"attention flash: {r.dialect.title}'s Transformer Engine / flash attention kernels")
 
 
 def _peft(r: Reader, options: dict[str, Any]) -> None:
