@@ -293,9 +293,10 @@ def test_detect_is_false_for_other_frameworks(data):
 
 
 def test_context_and_tensor_parallel_sizes(tmp_path):
-    """examples/alst: context_parallel_size 8 splits each 500k-token row over 8 ranks; AutoTP's tensor_parallel_size."""
+    """examples/alst: context_parallel_size 8 splits each 500k-token row over 8 ranks; tensor_parallel_size is
+    transformers' tp_plan (AutoTP under DeepSpeed), which shards no norm: no sequence parallelism."""
     job = _read(tmp_path, QLORA_FSDP + "context_parallel_size: 8\ntensor_parallel_size: 2\n")
-    assert (job.options["cp"], job.options["tp"]) == (8, 2)
+    assert (job.options["cp"], job.options["tp"], job.options["sequence_parallel"]) == (8, 2, False)
     assert any(line.startswith("cp 8: context_parallel_size") for line in job.assumptions)
     old = _read(tmp_path, QLORA_FSDP + "sequence_parallel_degree: 4\n", name="old.yml")
     assert old.options["cp"] == 4 and "tp" not in old.options
@@ -377,3 +378,19 @@ def test_fp8_is_torchaos_tensorwise_float8(tmp_path):
     assert (job.options["fp8"], job.options["dtype"]) == ("tensorwise", "bf16")
     assert any(line.startswith("fp8 tensorwise: axolotl's torchao Float8Linear") for line in job.assumptions)
     assert "fp8" not in _read(tmp_path, LORA + "fp8: false\n").options
+
+
+def test_nd_parallel_data_parallel_sizes(tmp_path):
+    """examples/distributed-parallel: dp_shard_size x dp_replicate_size x tp fixes the GPUs; FSDP's shard groups
+    replicated over the rest are HSDP's (a shard group per node); dp_shard_size alone leaves the count open."""
+    fsdp2 = "base_model: meta-llama/Llama-3.1-8B\nmicro_batch_size: 1\nfsdp_version: 2\n"
+    fsdp2 += "fsdp_config:\n  offload_params: false\n"
+    both = _read(tmp_path, fsdp2 + "dp_shard_size: 4\ndp_replicate_size: 2\ntensor_parallel_size: 2\n")
+    o = both.options
+    assert (o["num_gpus"], o["strategy"], o["gpus_per_node"], o["tp"]) == (16, "hsdp", 8, 2)
+    shard = _read(tmp_path, fsdp2 + "dp_shard_size: 2\ncontext_parallel_size: 2\ntensor_parallel_size: 2\n")
+    assert (shard.options["strategy"], shard.options["gpus_per_node"]) == (
+        "hsdp",
+        8,
+    ) and "num_gpus" not in shard.options
+    assert "strategy" not in _read(tmp_path, "base_model: m\nmicro_batch_size: 1\ndp_shard_size: 2\n").options

@@ -222,7 +222,8 @@ def _dataset(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
 
 
 def _model_parallel(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
-    """context_parallel_size (sequence_parallel_degree before it) and tensor_parallel_size (DeepSpeed AutoTP)."""
+    """context_parallel_size (sequence_parallel_degree before it) and tensor_parallel_size (transformers' tp_plan
+    under FSDP, DeepSpeed AutoTP under DeepSpeed: neither shards the norms, so no sequence parallelism)."""
     options: dict[str, Any] = {}
     cp = cfg.typed("context_parallel_size", int) or cfg.typed("sequence_parallel_degree", int)
     if cp and cp > 1:
@@ -231,9 +232,26 @@ def _model_parallel(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
                      "modelled as tunecost's context parallelism (docs/multi-gpu.md)")  # fmt: skip
     tp = cfg.typed("tensor_parallel_size", int)
     if tp and tp > 1:
-        options["tp"] = tp
-        notes.append(f"tp {tp}: tensor_parallel_size (DeepSpeed AutoTP)")
+        options.update(tp=tp, sequence_parallel=False)
+        how = "DeepSpeed AutoTP" if cfg.data.get("deepspeed") else "transformers' tp_plan (loaders/model.py tp_size)"
+        notes.append(f"tp {tp}: tensor_parallel_size, {how}; sequence parallelism off (the norms are not sharded)")
     return options
+
+
+def _data_parallel(cfg: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
+    """dp_shard_size and dp_replicate_size (accelerate's ParallelismConfig, utils/distributed.py): both fix the
+    GPUs; FSDP over shard groups replicated over the rest is HSDP (tunecost's HSDP shards within a node)."""
+    shard, replicate = cfg.typed("dp_shard_size", int) or 1, cfg.typed("dp_replicate_size", int) or 1
+    inner = options.get("tp", 1) * options.get("cp", 1)
+    if shard < 1 or replicate < 1:
+        raise cfg.error("dp_shard_size" if shard < 1 else "dp_replicate_size", "must be at least 1")
+    if "dp_shard_size" in cfg.data and "dp_replicate_size" in cfg.data:
+        options["num_gpus"] = shard * replicate * inner
+        notes.append(f"GPUs {options['num_gpus']}: dp_shard_size x dp_replicate_size x tp x cp")
+    if (shard > 1 or replicate > 1) and options.get("strategy") in ("fsdp1", "fsdp2"):
+        options.update(strategy="hsdp" if shard > 1 else "ddp", gpus_per_node=shard * inner)
+        notes.append(f"gpus_per_node {shard * inner}: each shard group (dp_shard_size x tp x cp) is one node; "
+                     f"{TITLE} replicates over the others")  # fmt: skip
 
 
 def _strategy(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
@@ -259,6 +277,7 @@ def _strategy(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
     options["strategy"] = strategy
     if conf.get("offload_params") or "offload" in words:
         options["offload"] = "params"
+    _data_parallel(cfg, options, notes)
     return options
 
 
