@@ -368,6 +368,11 @@ def test_the_model_is_the_hugging_face_tokenizers_else_the_one_catalog_model_of_
         tmp_path, MEGATRON_YAML.replace("  num_attention_heads: 16\n", "  num_attention_heads: 16\n  hidden_size: 64\n")
     )
     assert "model" not in tiny.options and any("is no catalog model's (give --model)" in a for a in tiny.assumptions)
+    # no ffn_hidden_size: Megatron-LM's own, 4 x hidden or 2/3 of it (to 64) under SwiGLU; not Qwen1.5-0.5B's 2816
+    qwen = MEGATRON_YAML.replace("  num_attention_heads: 16\n", "  num_attention_heads: 16\n  hidden_size: 1024\n")
+    for extra, ffn in (("", 4096), ("swiglu: true\n", 2688)):
+        job = _read(tmp_path, qwen + extra)
+        assert "model" not in job.options and any(f"FFN {ffn}) is no catalog" in a for a in job.assumptions)
 
 
 def test_megatron_cores_local_spec_keeps_the_attention_scores(tmp_path: Path) -> None:

@@ -324,8 +324,11 @@ def _model(r: Reader, options: dict[str, Any]) -> Architecture | None:
     arch = None
     if layers and hidden and heads:
         experts, kv_heads = r.value(d.experts, int) or 1, r.value(d.groups, int) or heads
-        arch = Architecture(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=r.value(d.ffn, int),
-                            experts=experts)  # fmt: skip
+        ffn = r.value(d.ffn, int)
+        if ffn is None and d is MEGATRON_LM:  # its arguments' default: 4 x hidden, 2/3 of it (to 64) for SwiGLU
+            swiglu = r.value("language_model.activation_func", str) == "swiglu" or r.value("swiglu", bool)
+            ffn = int(4 * hidden * 2 / 3 / 64) * 64 if swiglu else 4 * hidden
+        arch = Architecture(layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads, ffn=ffn, experts=experts)
     model, note = file_model(name if isinstance(name, str) else None, r.key(name_key), arch, d.title)
     r.notes.append(note)
     if model is not None:
