@@ -386,3 +386,10 @@ def test_megatron_cores_local_spec_keeps_the_attention_scores(tmp_path: Path) ->
     nemo = PRETRAIN.replace("  mcore_gpt: true\n", "  mcore_gpt: true\n  transformer_engine: false\n")
     assert _read(tmp_path, nemo).options["attention"] == "eager"
     assert _read(tmp_path, PRETRAIN).options["attention"] == "flash"
+
+
+def test_omegaconfs_mandatory_value_is_unset_and_said(tmp_path: Path) -> None:
+    """NeMo's shipped fine-tuning config leaves `file_names: ???` to its command line: read as unset, said."""
+    job = _read(tmp_path, PRETRAIN.replace("  micro_batch_size: 1\n", "  micro_batch_size: ???\n"))
+    assert job.options["batch_size"] == 4  # NeMo's default, as if the key were absent
+    assert "model.micro_batch_size ???: given on NeMo's command line, not in the file" in job.assumptions

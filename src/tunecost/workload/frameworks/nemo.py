@@ -52,12 +52,15 @@ class Reader:
     def value(self, key: str, kind: Any, default: Any = None, note: str | None = None) -> Any:
         key = self.key(key)
         raw, seen = self.flat.data.get(key), {key}
+        # OmegaConf's ${other.key}: its value (NeMo's alpha: ${model.peft.lora_tuning.adapter_dim})
         while isinstance(raw, str) and (ref := _REFERENCE.fullmatch(raw.strip())) and ref[1] not in seen:
-            seen.add(
-                ref[1]
-            )  # OmegaConf's ${other.key}: its value (NeMo's alpha: ${model.peft.lora_tuning.adapter_dim})
+            seen.add(ref[1])
             raw = self.flat.data.get(ref[1])
             self.flat.used.add(ref[1])
+        if raw == "???":  # OmegaConf's mandatory value, given on the command line: as if unset
+            self.flat.used.add(key)
+            self.notes.append(f"{key} ???: given on {self.dialect.title}'s command line, not in the file")
+            return default
         if isinstance(raw, str) and "${" in raw:
             raise self.flat.error(key, f"{raw}: an OmegaConf interpolation; give the resolved config (hparams.yaml)")
         value = self.flat.typed(key, kind) if len(seen) == 1 else _typed(self.flat, key, raw, kind)
@@ -229,11 +232,9 @@ def _attention(r: Reader, options: dict[str, Any]) -> None:
         legacy_flash = not r.value("model.mcore_gpt", bool) and r.value("model.use_flash_attention", bool)
         key, local = "model.transformer_engine", r.value("model.transformer_engine", bool) is False and not legacy_flash
     options["attention"] = "eager" if local else "flash"
-    if local:
-        r.notes.append(f"attention eager: {key} {r.flat.data[key]}: Megatron Core's DotProductAttention keeps the "
-                       "attention scores")  # fmt: skip
-    else:
-        r.notes.append(f"attention flash: {r.dialect.title}'s Transformer Engine / flash attention kernels")
+    kept = f"{key} {r.flat.data.get(key)}: Megatron Core's DotProductAttention keeps the attention scores"
+    fused = f"{r.dialect.title}'s Transformer Engine / flash attention kernels"
+    r.notes.append(f"attention {options['attention']}: {kept if local else fused}")
 
 
 def _peft(r: Reader, options: dict[str, Any]) -> None:
