@@ -353,7 +353,7 @@ def test_a_config_without_a_method_asks_for_it(cli_runner, cli_error) -> None:
     from tunecost.cli.main import app
 
     path = str(Path(__file__).parent / "configs" / "accelerate" / "deepspeed_zero2" / "accelerate.yaml")
-    args = ["estimate", "--config", path, "--model", "Qwen/Qwen2.5-0.5B", "--gpu", "H100", *COMMANDS["estimate"]]
+    args = ["estimate", "--config", path, "--model", "Qwen/Qwen2.5-0.5B", *COMMANDS["estimate"]]
     line = cli_error([*args, "--epochs", "1"])
     assert line.startswith("error: --method: ") and "does not say full, LoRA or QLoRA" in line
     assert "give --method full, lora or qlora" in line

@@ -44,6 +44,27 @@ def test_the_line_asking_for_the_deepspeed_file_goes_once_it_is_given() -> None:
     )
 
 
+def test_the_deepspeed_file_a_config_names_is_read_where_it_is(tmp_path: Path, monkeypatch) -> None:
+    """LLaMA-Factory's `deepspeed: examples/deepspeed/ds_z3_config.json`, relative to the folder it is launched from
+    (else to the config's), is read with the config; a file given beside it, or none found, is left as it was."""
+    from tunecost.workload.frameworks.registry import read_configs
+
+    (tmp_path / "examples" / "deepspeed").mkdir(parents=True)
+    (tmp_path / "examples" / "deepspeed" / "ds_z3_config.json").write_text('{"zero_optimization": {"stage": 3}}')
+    lf = "model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: sft\nfinetuning_type: full\n"
+    (tmp_path / "lf.yaml").write_text(lf + "deepspeed: examples/deepspeed/ds_z3_config.json\n")
+    monkeypatch.chdir(tmp_path)
+    job = read_configs(["lf.yaml"])
+    assert job.framework == "llamafactory+deepspeed" and job.options["strategy"] == "zero3"
+    assert "deepspeed config examples/deepspeed/ds_z3_config.json: read" in job.assumptions
+    monkeypatch.chdir(tmp_path / "examples")  # beside the config, not where it is launched from
+    assert read_configs([tmp_path / "lf.yaml"]).options["strategy"] == "zero3"
+    (tmp_path / "lf.yaml").write_text(lf + "deepspeed: missing.json\n")
+    alone = read_configs([tmp_path / "lf.yaml"])
+    assert "strategy" not in alone.options and alone.framework == "llamafactory"
+    assert "deepspeed config missing.json: pass it too with --config" in alone.assumptions
+
+
 def test_the_trainers_bf16_runs_before_accelerates_fp8(tmp_path: Path) -> None:
     """TrainingArguments.__post_init__ sets the mixed precision from bf16 / fp16 (TRL's SFTConfig: bf16 unless fp16)
     before accelerate's fp8: beside them the run is not FP8; beside bf16 and fp16 false it is."""

@@ -145,7 +145,23 @@ def configs_of(paths: Sequence[str | Path], names: Sequence[str]) -> dict[str, t
 
 
 def read_configs(paths: Sequence[str | Path]) -> ConfigJob:
-    return merge_configs([read_config(p) for p in paths])
+    jobs = [read_config(p) for p in paths]
+    return merge_configs([*jobs, *_named_deepspeed(jobs)])
+
+
+def _named_deepspeed(jobs: Sequence[ConfigJob]) -> list[ConfigJob]:
+    """The DeepSpeed file a config names, read where it is a file (from the current folder, as the launcher reads
+    it, else beside the config), unless a DeepSpeed file was given."""
+    out: list[ConfigJob] = []
+    for job in jobs if not any(j.framework == "deepspeed" for j in jobs) else ():
+        for line in (a for a in job.assumptions if a.startswith("deepspeed config ") and a.endswith(PASS_DEEPSPEED)):
+            named = line.removeprefix("deepspeed config ").split(" ", 1)[0].rstrip(":")
+            found = next((p for p in (Path(named), Path(job.path).parent / named) if p.is_file()), None)
+            if found is not None and not out:
+                ds = read_config(found)
+                line = f"deepspeed config {named}: read" + (f" from {found}" if found != Path(named) else "")
+                out.append(dataclasses.replace(ds, assumptions=(line, *ds.assumptions)))
+    return out
 
 
 def _other_deepspeed(jobs: Sequence[ConfigJob]) -> list[str]:
