@@ -43,11 +43,15 @@ def test_a_number_out_of_range_names_the_option(cli_error, flag: str, value: str
     [
         (["--gpu", "H100", "--gpu=A100"], "error: --gpu given 2 times (H100, A100); it takes one"),
         (["--gpu", "A40", "--seq-len", "512", "--seq-len", "1024"], "error: --seq-len given 2 times (512, 1024)"),
+        (["--gpu=", "--gpu", "A100"], "error: --gpu given 2 times (, A100)"),
     ],
 )
 def test_an_option_of_one_value_given_twice_is_refused(cli_error, args: list[str], expected: str) -> None:
     """Click keeps the last of a repeated option; the user who gave both meant something else."""
     assert cli_error(["estimate", "--model", "qwen2.5-0.5b", *args]).startswith(expected)
+    assert cli_error(["data", "stats", "synthetic-arith", "--bins", "5", "--bins", "9"]).startswith(
+        "error: --bins given 2 times (5, 9)"
+    )  # a group's command too
 
 
 @pytest.mark.parametrize(

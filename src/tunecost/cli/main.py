@@ -72,6 +72,8 @@ def build_command(name: str) -> Command:
         if (info.name or get_command_name(info.callback.__name__ if info.callback else "")) == name:
             command = get_command_from_info(info, pretty_exceptions_short=short, rich_markup_mode=markup)
     for group in sub.registered_groups:
+        for info in group.typer_instance.registered_commands if group.typer_instance else ():
+            info.cls = _Command if info.cls in (None, TyperCommand) else info.cls
         if solve_typer_info_defaults(group).name == name:
             command = get_group_from_info(
                 group, pretty_exceptions_short=short, rich_markup_mode=markup, suggest_commands=app.suggest_commands
@@ -129,10 +131,10 @@ def _refuse_repeats(command: Command, args: list[str], ctx: Any) -> None:
     seen: dict[str, list[str]] = {}
     words = iter(args[: args.index("--")] if "--" in args else args)
     for word in words:
-        name, _, inline = word.partition("=")
+        name, equals, inline = word.partition("=")
         param = takes_one.get(name) if name.startswith("-") else None
         if param is not None:
-            seen.setdefault(param.opts[0], []).append(inline if inline else next(words, ""))
+            seen.setdefault(param.opts[0], []).append(inline if equals else next(words, ""))
     for name, values in seen.items():
         if len(values) > 1:
             raise click_exceptions.UsageError(

@@ -393,4 +393,8 @@ def test_nd_parallel_data_parallel_sizes(tmp_path):
         "hsdp",
         8,
     ) and "num_gpus" not in shard.options
-    assert "strategy" not in _read(tmp_path, "base_model: m\nmicro_batch_size: 1\ndp_shard_size: 2\n").options
+    ddp = _read(tmp_path, fsdp2 + "dp_shard_size: 1\ndp_replicate_size: 8\n").options  # replicas of one GPU
+    assert (ddp["strategy"], ddp["num_gpus"], "gpus_per_node" in ddp) == ("ddp", 8, False)
+    assert _read(tmp_path, fsdp2 + "dp_shard_size: 8\ndp_replicate_size: 1\n").options["strategy"] == "fsdp2"
+    deepspeed = _read(tmp_path, "base_model: m\nmicro_batch_size: 1\ndp_shard_size: 2\ndp_replicate_size: 2\n")
+    assert "strategy" not in deepspeed.options and deepspeed.options["num_gpus"] == 4

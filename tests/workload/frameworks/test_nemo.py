@@ -383,9 +383,15 @@ def test_megatron_cores_local_spec_keeps_the_attention_scores(tmp_path: Path) ->
     assert local.options["attention"] == "eager" and "transformer_impl" not in local.not_modelled
     line = "attention eager: transformer_impl local: Megatron Core's DotProductAttention keeps the attention scores"
     assert line in local.assumptions
-    nemo = PRETRAIN.replace("  mcore_gpt: true\n", "  mcore_gpt: true\n  transformer_engine: false\n")
-    assert _read(tmp_path, nemo).options["attention"] == "eager"
-    assert _read(tmp_path, PRETRAIN).options["attention"] == "flash"
+    te = PRETRAIN.replace("  mcore_gpt: true\n", "  mcore_gpt: true\n  transformer_engine: true\n")
+    assert _read(tmp_path, te).options["attention"] == "flash"
+    unset = _read(tmp_path, PRETRAIN)  # NeMo's cfg.get('transformer_engine', False): the local spec
+    assert (
+        unset.options["attention"] == "eager" and "model.transformer_engine False: NeMo's default" in unset.assumptions
+    )
+    # a fine-tuning run builds the model its checkpoint's config describes: unset, Transformer Engine assumed
+    lora = PRETRAIN.replace("  mcore_gpt: true\n", "  mcore_gpt: true\n  peft:\n    peft_scheme: lora\n")
+    assert _read(tmp_path, lora).options["attention"] == "flash"
 
 
 def test_omegaconfs_mandatory_value_is_unset_and_said(tmp_path: Path) -> None:

@@ -59,6 +59,13 @@ def test_the_deepspeed_file_a_config_names_is_read_where_it_is(tmp_path: Path, m
     assert "deepspeed config examples/deepspeed/ds_z3_config.json: read" in job.assumptions
     monkeypatch.chdir(tmp_path / "examples")  # beside the config, not where it is launched from
     assert read_configs([tmp_path / "lf.yaml"]).options["strategy"] == "zero3"
+    (tmp_path / "my ds").mkdir()
+    (tmp_path / "my ds" / "z2.json").write_text('{"zero_optimization": {"stage": 2}}')
+    (tmp_path / "lf.yaml").write_text(lf + 'deepspeed: "my ds/z2.json"\n')
+    assert read_configs([tmp_path / "lf.yaml"]).options["strategy"] == "zero2"
+    (tmp_path / "my ds" / "z2.json").write_text("{not json")
+    with pytest.raises(TunecostError, match=r"lf.yaml names DeepSpeed file my ds/z2.json: .*z2.json"):
+        read_configs([tmp_path / "lf.yaml"])
     (tmp_path / "lf.yaml").write_text(lf + "deepspeed: missing.json\n")
     alone = read_configs([tmp_path / "lf.yaml"])
     assert "strategy" not in alone.options and alone.framework == "llamafactory"

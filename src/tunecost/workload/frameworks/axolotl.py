@@ -239,19 +239,29 @@ def _model_parallel(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
 
 
 def _data_parallel(cfg: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
-    """dp_shard_size and dp_replicate_size (accelerate's ParallelismConfig, utils/distributed.py): both fix the
-    GPUs; FSDP over shard groups replicated over the rest is HSDP (tunecost's HSDP shards within a node)."""
-    shard, replicate = cfg.typed("dp_shard_size", int) or 1, cfg.typed("dp_replicate_size", int) or 1
+    """dp_shard_size and dp_replicate_size (accelerate's ParallelismConfig, utils/distributed.py
+    _get_parallel_config_kwargs): both fix the GPUs; under FSDP, shard groups of more than one GPU replicated over
+    the others are HSDP (tunecost's HSDP shards within a node), replicas of one GPU are DDP."""
+    shard, replicate = cfg.typed("dp_shard_size", int), cfg.typed("dp_replicate_size", int)
+    for key, size in (("dp_shard_size", shard), ("dp_replicate_size", replicate)):
+        if size is not None and size < 1:
+            raise cfg.error(key, f"must be at least 1, got {size}")
     inner = options.get("tp", 1) * options.get("cp", 1)
-    if shard < 1 or replicate < 1:
-        raise cfg.error("dp_shard_size" if shard < 1 else "dp_replicate_size", "must be at least 1")
-    if "dp_shard_size" in cfg.data and "dp_replicate_size" in cfg.data:
+    if shard is not None and replicate is not None:
         options["num_gpus"] = shard * replicate * inner
         notes.append(f"GPUs {options['num_gpus']}: dp_shard_size x dp_replicate_size x tp x cp")
-    if (shard > 1 or replicate > 1) and options.get("strategy") in ("fsdp1", "fsdp2"):
-        options.update(strategy="hsdp" if shard > 1 else "ddp", gpus_per_node=shard * inner)
+    if options.get("strategy") not in ("fsdp1", "fsdp2") or (shard or 1) * (replicate or 1) == 1 or replicate == 1:
+        return  # FSDP over every data-parallel GPU
+    if shard == 1:
+        options["strategy"] = "ddp"
+    elif shard is not None:
+        options.update(strategy="hsdp", gpus_per_node=shard * inner)
         notes.append(f"gpus_per_node {shard * inner}: each shard group (dp_shard_size x tp x cp) is one node; "
                      f"{TITLE} replicates over the others")  # fmt: skip
+    else:
+        options["strategy"] = "hsdp"
+        notes.append(f"dp_replicate_size {replicate}: {TITLE} shards over the GPUs each replica leaves (HSDP; "
+                     "--gpus-per-node sets the shard group)")  # fmt: skip
 
 
 def _strategy(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
@@ -260,6 +270,7 @@ def _strategy(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
     options |= _model_parallel(cfg, notes)
     fsdp, conf = cfg.get("fsdp"), _fsdp_config(cfg)
     if not fsdp and not conf:
+        _data_parallel(cfg, options, notes)
         return options
     words = fsdp if isinstance(fsdp, list) else str(fsdp or "").split()
     version = cfg.typed("fsdp_version", int) or conf.get("fsdp_version") or conf.get("version")

@@ -97,13 +97,15 @@ def _layout(r: Reader, options: dict[str, Any]) -> dict[str, str]:
         options["pipeline_schedule"] = "interleaved-1f1b" if vp > 1 else "1f1b"
         options["virtual_stages"] = vp if vp > 1 else None
     if d is NEMO:
-        devices = r.value("trainer.devices", (int, str), 1)
+        unsaid = r.flat.get("trainer.devices") == "???"  # given on NeMo's command line
+        devices = "???" if unsaid else r.value("trainer.devices", (int, str), 1)
         devices = int(devices) if isinstance(devices, str) and devices.isdigit() else devices
         nodes = positive(r.flat, "trainer.num_nodes", r.value("trainer.num_nodes", int, 1))
         if isinstance(devices, int) and devices > 0:
             options.update(num_gpus=devices * nodes, gpus_per_node=devices)
         else:
-            r.notes.append(f"GPUs: trainer.devices {devices!r}: every GPU of the node (give --gpus)")
+            why = "given on NeMo's command line" if unsaid else "every GPU of the node"
+            r.notes.append(f"GPUs: trainer.devices {devices!r}: {why} (give --gpus)")
     else:
         r.notes.append(f"GPUs: {MEGATRON}'s world size comes from the launcher (give --gpus)")
     micro = r.value(d.micro, int, 4 if d is NEMO else None)
@@ -230,9 +232,11 @@ def _attention(r: Reader, options: dict[str, Any]) -> None:
         key, local = "transformer_impl", r.value("transformer_impl", str, "transformer_engine") == "local"
     else:  # the legacy (not mcore_gpt) model takes use_flash_attention without TE
         legacy_flash = not r.value("model.mcore_gpt", bool) and r.value("model.use_flash_attention", bool)
-        key, local = "model.transformer_engine", r.value("model.transformer_engine", bool) is False and not legacy_flash
+        # unset: False (megatron_gpt_model.py cfg.get), but a fine-tuning run takes its checkpoint's model config
+        te = r.value("model.transformer_engine", bool, None if r.finetuning else False)
+        key, local = "model.transformer_engine", te is False and not legacy_flash
     options["attention"] = "eager" if local else "flash"
-    kept = f"{key} {r.flat.data.get(key)}: Megatron Core's DotProductAttention keeps the attention scores"
+    kept = f"{key} {r.flat.data.get(key, False)}: Megatron Core's DotProductAttention keeps the attention scores"
     fused = f"{r.dialect.title}'s Transformer Engine / flash attention kernels"
     r.notes.append(f"attention {options['attention']}: {kept if local else fused}")
 
@@ -383,14 +387,9 @@ def _sections(keys: tuple[str, ...], used: set[str]) -> tuple[str, ...]:
 
 
 def _framework(name: str, dialect: Dialect, strategies: tuple[str, ...], why: str) -> Framework:
-    def detect(data: Any) -> bool:
-        return _dialect(data) is dialect
-
     why = f"{dialect.title} runs Megatron Core's DDP or distributed optimizer (zero1), or {why}"
-    return Framework(
-        name=name, title=dialect.title, suffixes=(".yaml", ".yml"), detect=detect, read=read, strategies=strategies,
-        strategies_why=why,
-    )  # fmt: skip
+    return Framework(name=name, title=dialect.title, suffixes=(".yaml", ".yml"), read=read, strategies=strategies,
+                     detect=lambda data: _dialect(data) is dialect, strategies_why=why)  # fmt: skip
 
 
 # NeMo's model.fsdp is PyTorch FSDP1 (NLPFSDPStrategy); Megatron-LM's use_torch_fsdp2 is FSDP2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from typing import Any
 from tunecost.catalog.torchtune_configs import find_torchtune_config, torchtune_configs
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import PASS_DEEPSPEED, ConfigFile, ConfigJob, Framework, parse_config_file, torchtune
+from tunecost.workload.frameworks.accelerate import FRAMEWORK_DEEPSPEED
 from tunecost.workload.frameworks.hf import BOTH_OFF
 
 READER_MODULES = (
@@ -152,16 +154,26 @@ def read_configs(paths: Sequence[str | Path]) -> ConfigJob:
 def _named_deepspeed(jobs: Sequence[ConfigJob]) -> list[ConfigJob]:
     """The DeepSpeed file a config names, read where it is a file (from the current folder, as the launcher reads
     it, else beside the config), unless a DeepSpeed file was given."""
-    out: list[ConfigJob] = []
     for job in jobs if not any(j.framework == "deepspeed" for j in jobs) else ():
-        for line in (a for a in job.assumptions if a.startswith("deepspeed config ") and a.endswith(PASS_DEEPSPEED)):
-            named = line.removeprefix("deepspeed config ").split(" ", 1)[0].rstrip(":")
+        for named in filter(None, map(_deepspeed_file_named, job.assumptions)):
             found = next((p for p in (Path(named), Path(job.path).parent / named) if p.is_file()), None)
-            if found is not None and not out:
-                ds = read_config(found)
-                line = f"deepspeed config {named}: read" + (f" from {found}" if found != Path(named) else "")
-                out.append(dataclasses.replace(ds, assumptions=(line, *ds.assumptions)))
-    return out
+            if found is None:
+                continue
+            try:
+                ds = FRAMEWORK_DEEPSPEED.read(ConfigFile(path=str(found), data=parse_config_file(found)))
+            except TunecostError as err:
+                raise TunecostError(f"{job.path} names DeepSpeed file {named}: {err}") from None
+            line = f"deepspeed config {named}: read" + (f" from {found}" if found != Path(named) else "")
+            return [dataclasses.replace(ds, assumptions=(line, *ds.assumptions))]
+    return []
+
+
+def _deepspeed_file_named(assumption: str) -> str | None:
+    """The file of a line asking for a config's DeepSpeed file ("deepspeed config X (...): pass it too ...")."""
+    if not (assumption.startswith("deepspeed config ") and assumption.endswith(PASS_DEEPSPEED)):
+        return None
+    named = assumption.removeprefix("deepspeed config ").removesuffix(f": {PASS_DEEPSPEED}")
+    return re.sub(r" \([^()]*\)$", "", named)
 
 
 def _other_deepspeed(jobs: Sequence[ConfigJob]) -> list[str]:
@@ -170,10 +182,8 @@ def _other_deepspeed(jobs: Sequence[ConfigJob]) -> list[str]:
     given = [j for j in jobs if j.framework == "deepspeed"]
     out = []
     for job in jobs if given else ():
-        for line in job.assumptions:
-            named = line.removeprefix("deepspeed config ").split(" ", 1)[0].rstrip(":")
-            asks = line.startswith("deepspeed config ") and line.endswith(PASS_DEEPSPEED) and named.endswith(".json")
-            if asks and all(Path(named).name != Path(ds.path).name for ds in given):
+        for named in filter(None, map(_deepspeed_file_named, job.assumptions)):
+            if named.endswith(".json") and all(Path(named).name != Path(ds.path).name for ds in given):
                 out.append(f"strategy: {job.path} names DeepSpeed file {named}; {given[0].path} is priced instead")
     return out
 
