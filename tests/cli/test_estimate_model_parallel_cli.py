@@ -212,6 +212,7 @@ def test_a_model_other_than_the_megatron_files_architecture_is_warned(cli_runner
     said = f"warning: --model {model} is not the architecture {config} states (4 layers, hidden 96, 3 heads"
     assert "".join(said.split()) in "".join(result.stderr.split())  # rich wraps a long path anywhere
     its_own = "  num_layers: 4\n  hidden_size: 64\n  num_attention_heads: 4\n  num_query_groups: 2\n"
+    its_own += "  activation_func: swiglu\n"  # Megatron-LM's FFN: 2/3 of 4 x 64, the tiny Llama's 128
     config.write_text(MEGATRON_LM.replace("  num_layers: 4\n", its_own), encoding="utf-8")
     same = cli_runner.invoke(app, args)
     assert same.exit_code == 0 and "warning: --model" not in same.stderr

@@ -74,21 +74,8 @@ def test_cli_max_batch_on_cpu_simulates_and_records(cli_runner, tmp_path, monkey
 
     fake_peak.estimator = "test"
     monkeypatch.setattr(maxbatch, "simulator_need_bytes", fake_peak)
-    args = [
-        "max-batch",
-        "--model",
-        "tiny-mixtral",
-        "--experts-per-token",
-        "2",
-        "--seq-len",
-        "256",
-        "--gpu-memory-gib",
-        "2",
-        "--device",
-        "cpu",
-        "--out",
-        str(tmp_path),
-    ]
+    job = ["max-batch", "--model", "tiny-mixtral", "--experts-per-token", "2", "--seq-len", "256"]
+    args = [*job, "--gpu-memory-gib", "2", "--device", "cpu", "--out", str(tmp_path)]
     result = cli_runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())  # rich wraps long lines
@@ -97,13 +84,13 @@ def test_cli_max_batch_on_cpu_simulates_and_records(cli_runner, tmp_path, monkey
     assert row["kind"] == "max_batch" and row["max_batch_size"] == 4 and row["seq_len"] == 256
     assert row["source"] == "simulated" and row["memory_bytes"] == 2 * 2**30 and row["point_id"]
     # --gpu-memory-gb is 10^9 bytes, as in `tunecost memory`: 2 GB = 2e9 bytes holds 2^30 + B * 2^28 up to B = 3
-    gb = json.loads(cli_runner.invoke(app, [*args[:-6], "--gpu-memory-gb", "2", "--device", "cpu", "--json"]).stdout)
+    gb = json.loads(cli_runner.invoke(app, [*job, "--gpu-memory-gb", "2", "--device", "cpu", "--json"]).stdout)
     assert gb["memory_bytes"] == 2 * 10**9 and gb["max_batch_size"] == (2 * 10**9 - 2**30) // 2**28
     both = cli_runner.invoke(app, [*args, "--gpu-memory-gb", "2"])
     assert both.exit_code == 2 and "not both" in both.output
-    small = cli_runner.invoke(app, [*args[:-2], "--gpu-memory-gib", "0.5", "--json"])
+    small = cli_runner.invoke(app, [*job, "--device", "cpu", "--gpu-memory-gib", "0.5", "--json"])
     assert small.exit_code == 0 and json.loads(small.stdout)["max_batch_size"] == 0
-    text = cli_runner.invoke(app, [*args[:-2], "--gpu-memory-gib", "0.5"])
+    text = cli_runner.invoke(app, [*job, "--device", "cpu", "--gpu-memory-gib", "0.5"])
     assert "nothing fits" in " ".join(text.stdout.split())
 
 

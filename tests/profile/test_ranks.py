@@ -118,8 +118,8 @@ def test_cli_profiles_once_and_resumes(tmp_path, cli_json, monkeypatch) -> None:
     ],
 )
 def test_cli_bad_input_is_one_error_line(tmp_path, cli_error, option, value, message) -> None:
-    base = ["profile", "--out", str(tmp_path / "run"), "--nproc-per-node", "2", "--method", "lora"]
-    line = cli_error([*base, option, value])  # a repeated --method: the last one counts
+    method = [] if option == "--method" else ["--method", "lora"]
+    line = cli_error(["profile", "--out", str(tmp_path / "run"), "--nproc-per-node", "2", *method, option, value])
     assert message in line
 
 

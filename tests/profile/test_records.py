@@ -144,7 +144,7 @@ def test_write_purge_and_summary(tmp_path):
     assert row["overhead_ratio"] == pytest.approx(9.9 / 9.6) and row["peak_bytes"] == 10 * 2**20
 
 
-def _profile_args(out: Path, *extra: str) -> list[str]:
+def _profile_args(out: Path, *extra: str, steps: str = "1") -> list[str]:
     return [
         "profile",
         "--model",
@@ -159,7 +159,7 @@ def _profile_args(out: Path, *extra: str) -> list[str]:
         "--seq-len",
         "16",
         "--steps",
-        "1",
+        steps,
         "--warmup-steps",
         "0",
         "--no-kernels",
@@ -187,7 +187,7 @@ def test_cli_profile_writes_records_and_prints_the_table(cli_runner, tmp_path):
 
 def test_cli_profile_bad_input_is_one_clear_line(cli_error, tmp_path):
     assert "unknown model" in cli_error(["profile", "--model", "mixtral-9x9b", "--out", str(tmp_path / "a")])
-    assert "--steps must be at least 1" in cli_error(_profile_args(tmp_path / "b", "--steps", "0"))
+    assert "--steps must be at least 1" in cli_error(_profile_args(tmp_path / "b", steps="0"))
     assert "bad batch size" in cli_error(["profile", "--batch-sizes", "1,x", "--out", str(tmp_path / "c")])
     data = tmp_path / "two.jsonl"
     data.write_text('{"instruction": "a", "output": "b"}\n{"instruction": "c", "output": "d"}\n')
