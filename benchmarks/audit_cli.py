@@ -13,7 +13,8 @@ Bad values: '' and '   ' for every option that takes text or a path; -1 and 0 (e
 inf, 1e20, 10^20 and 2 x 10^9 (past any GPU, within int32; except counts of queries and seeds) for every option that
 takes a value; for every path (and every text option whose help names a file, folder or path): a missing file
 (absolute, and a relative path of several parts), a folder, a file that is not UTF-8; for every output (--out,
---output): a path under an existing file, an existing file (no --force), and each input of the same invocation.
+--output): a path under an existing file, an existing file (no --force), and each input of the same invocation;
+for every option of one value the valid invocation gives: the same option given twice.
 
     PYTHONPATH=src python benchmarks/audit_cli.py [--timeout 20] [--only COMMAND] [--kinds blank,number] [--verbose]
 
@@ -107,7 +108,7 @@ BLANKS = ["", "   "]
 INPUT_FILES = ("measurements", "targets", "data")
 
 
-KINDS = ("blank", "number", "file", "output")
+KINDS = ("blank", "number", "file", "output", "repeat")
 
 
 @dataclass
@@ -212,6 +213,9 @@ def probes(only: str | None = None, kinds: tuple[str, ...] = KINDS) -> tuple[lis
                 out.append(Probe(path, name, "blank", repr(value), _with(base, param, value)))
             for value in numbers:
                 out.append(Probe(path, name, "number", value, _with(base, param, value)))
+            given = BASE[path][BASE[path].index(name) + 1] if name in BASE[path] else None
+            if given is not None and not param.multiple and not _is_positional(param):
+                out.append(Probe(path, name, "repeat", "given twice", [*BASE[path], name, given]))
             if is_output:
                 out.append(Probe(path, name, "output", "under an existing file", _with(base, param, "{existing}/sub")))
                 out.append(Probe(path, name, "output", "an existing file", _with(base, param, "{existing}")))
