@@ -186,6 +186,9 @@ def test_defaults_of_a_bare_config(tmp_path):
                    "epochs 3.0", "dtype bf16"):  # fmt: skip
         assert _defaulted(job, option), option
     assert any(line.startswith("do_train unset") for line in job.assumptions)
+    # examples/extras/nlg_eval/llama3_lora_predict.yaml: do_predict, no do_train: nothing is trained
+    with pytest.raises(TunecostError, match="do_predict: true without do_train: an evaluation or prediction run"):
+        _read(tmp_path, "model_name_or_path: Qwen/Qwen2.5-7B\ncutoff_len: 512\ndo_predict: true\n")
 
 
 def test_partial_target_list_and_inline_deepspeed(tmp_path):

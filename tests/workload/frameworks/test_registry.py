@@ -57,6 +57,7 @@ def test_the_deepspeed_file_a_config_names_is_read_where_it_is(tmp_path: Path, m
     job = read_configs(["lf.yaml"])
     assert job.framework == "llamafactory+deepspeed" and job.options["strategy"] == "zero3"
     assert "deepspeed config examples/deepspeed/ds_z3_config.json: read" in job.assumptions
+    assert not any("upcasts" in a for a in job.assumptions)  # ZeRO-3 keeps no fp32 upcast (model/adapter.py)
     monkeypatch.chdir(tmp_path / "examples")  # beside the config, not where it is launched from
     assert read_configs([tmp_path / "lf.yaml"]).options["strategy"] == "zero3"
     (tmp_path / "my ds").mkdir()
@@ -70,6 +71,7 @@ def test_the_deepspeed_file_a_config_names_is_read_where_it_is(tmp_path: Path, m
     alone = read_configs([tmp_path / "lf.yaml"])
     assert "strategy" not in alone.options and alone.framework == "llamafactory"
     assert "deepspeed config missing.json: pass it too with --config" in alone.assumptions
+    assert any("upcasts a full fine-tune's trainable parameters to fp32" in a for a in alone.assumptions)
 
 
 def test_the_trainers_bf16_runs_before_accelerates_fp8(tmp_path: Path) -> None:

@@ -155,6 +155,9 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     do_train = cfg.typed("do_train", bool)
     if do_train is False:
         raise cfg.error("do_train", f"false: nothing is trained; {SFT_ONLY}")
+    if do_train is None and (cfg.typed("do_predict", bool) or cfg.typed("do_eval", bool)):
+        which = "do_predict" if cfg.data.get("do_predict") else "do_eval"
+        raise cfg.error(which, f"true without do_train: an evaluation or prediction run trains nothing; {SFT_ONLY}")
     if do_train is None:
         notes.append(f"do_train unset: read as a training run ({TITLE} trains only with do_train true)")
     options: dict[str, Any] = {"model": model} if model else {}
@@ -201,12 +204,15 @@ def _read(cfg: ConfigFile) -> ConfigJob:
                      options=options, assumptions=tuple(notes), not_modelled=cfg.unused_keys())  # fmt: skip
 
 
+UPCASTS = "upcasts a full fine-tune's trainable parameters to fp32"  # not under ZeRO-3: `registry.merge_configs`
+
+
 def _upcast_note(cfg: ConfigFile, options: dict[str, Any]) -> list[str]:
     """model/adapter.py: a full fine-tune's trainable parameters are upcast to fp32 (bf16 autocast) unless
     pure_bf16 (ZeRO-3 keeps its own fp32 copy); tunecost simulates them in the compute dtype."""
     if options.get("method") != "full" or cfg.data.get("pure_bf16") or options.get("strategy") == "zero3":
         return []
-    return [f"parameters in {options['dtype']}: {TITLE} upcasts a full fine-tune's trainable parameters to fp32 "
+    return [f"parameters in {options['dtype']}: {TITLE} {UPCASTS} "
             "(pure_bf16 false), so its parameters, gradients and AdamW states are fp32; tunecost simulates them in "
             f"{options['dtype']}: their memory is under-estimated about 2x (--dtype fp32 bounds it)"]  # fmt: skip
 

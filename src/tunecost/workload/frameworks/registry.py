@@ -16,6 +16,7 @@ from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import PASS_DEEPSPEED, ConfigFile, ConfigJob, Framework, parse_config_file, torchtune
 from tunecost.workload.frameworks.accelerate import FRAMEWORK_DEEPSPEED
 from tunecost.workload.frameworks.hf import BOTH_OFF
+from tunecost.workload.frameworks.llamafactory import UPCASTS
 
 READER_MODULES = (
     "llamafactory",
@@ -109,7 +110,7 @@ def merge_configs(jobs: Sequence[ConfigJob]) -> ConfigJob:
         path=", ".join(j.path for j in jobs),
         options=options,
         assumptions=(
-            *(a for j in jobs for a in j.assumptions if _kept(a, j, kept) and _asked(a, jobs)),
+            *(a for j in jobs for a in j.assumptions if _kept(a, j, kept) and _asked(a, jobs) and _holds(a, options)),
             *precision,
             *_other_deepspeed(jobs),
         ),
@@ -186,6 +187,12 @@ def _other_deepspeed(jobs: Sequence[ConfigJob]) -> list[str]:
             if named.endswith(".json") and all(Path(named).name != Path(ds.path).name for ds in given):
                 out.append(f"strategy: {job.path} names DeepSpeed file {named}; {given[0].path} is priced instead")
     return out
+
+
+def _holds(assumption: str, options: dict[str, object]) -> bool:
+    """LLaMA-Factory's fp32 upcast of a full fine-tune is skipped under ZeRO-3 (model/adapter.py), which a DeepSpeed
+    file read beside it can set."""
+    return not (UPCASTS in assumption and options.get("strategy") == "zero3")
 
 
 def _asked(assumption: str, jobs: Sequence[ConfigJob]) -> bool:
