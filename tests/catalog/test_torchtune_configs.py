@@ -22,8 +22,9 @@ def test_every_shipped_config_reads_as_its_recipe_runs_it() -> None:
     for config in configs.values():
         job = read_config(config.name)
         assert (job.options["method"] == "full") == config.recipe.startswith("full_"), config.name
+        # first word "torchtune", not the name of an option (a line about --config would go when --config is given)
         assert job.assumptions[0].startswith(
-            f"config {config.name}: as torchtune ships it for `tune run {config.recipe}`"
+            f"torchtune config {config.name}: as it ships for `tune run {config.recipe}`"
         )
         assert config.source.endswith(f"recipes/configs/{config.name}.yaml") and "@" in config.source
         gpus = [a for a in job.assumptions if a.startswith("GPUs: ")]

@@ -13,6 +13,7 @@ from tunecost.distributed.pipeline import uneven_split_note
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import HYBRID_FAMILIES
 from tunecost.models.catalog import resolve_model
+from tunecost.workload.frameworks.registry import runnable_layouts
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import (
     MAX_SEARCH_GPUS,
@@ -46,13 +47,15 @@ def model_parallel_choices(
     searching: bool,
     gpus_per_node: int,
     lora: bool = False,
+    framework: str | None = None,
 ) -> list[ModelParallel]:
     """The model-parallel layouts to evaluate: the one given; or, searching GPU counts for a full fine-tune (a LoRA
     one with `lora`: asked when no data-parallel layout fits it; QLoRA's 4-bit weights are not sharded) of a model
     of a TP-capable family, TP (with sequence parallelism) within a node x PP over `SEARCH_DEGREES` (TP dividing
     the heads, PP dealing the layers as torchtitan does; no TP with modules saved beside LoRA or under Liger), and
     for sequences of
-    `CP_SEARCH_MIN_SEQ_LEN` tokens or more CP beside the widest TP (no PP); else none (data parallelism only)."""
+    `CP_SEARCH_MIN_SEQ_LEN` tokens or more CP beside the widest TP (no PP); else none (data parallelism only). Of
+    those, the ones whose dimensions the config's `framework` runs (`registry.runnable_layouts`)."""
     if given is not None:
         return [given]
     seq_len = job.worst_case_seq_len
@@ -73,7 +76,7 @@ def model_parallel_choices(
         t = max(tps)
         cps = [c for c in SEARCH_DEGREES[1:] if not seq_len % (c * t)]
         choices += [ModelParallel(tp=t, cp=c, sequence_parallel=t > 1) for c in cps]
-    return choices
+    return runnable_layouts(choices, framework)
 
 
 def layout_plans(

@@ -63,16 +63,16 @@ def estimate_multi_gpu(
         job.model, gpus, strategies, num_gpus, gpus_per_node, max_gpus, expert_degree, offload, degree
     )
     mp_notes = check_model_parallel(spec, job.worst_case_seq_len, model_parallel, counts_by_gpu, liger=job.liger_kernel)
-    searching = num_gpus is None
-    choices = model_parallel_choices(spec, job, given=model_parallel, searching=searching, gpus_per_node=gpus_per_node)
     host_cpu = needs.host_cpu if needs is not None else None
     links_by_gpu = {g.name: default_links(g, gpus_per_node, node_link, host_cpu) for g in gpus}  # errors before tracing
     needs = needs or RankNeeds(job.with_(batch_size=1), behaviour)
+    choices = model_parallel_choices(spec, job, given=model_parallel, searching=num_gpus is None,
+                                     gpus_per_node=gpus_per_node, framework=needs.framework)  # fmt: skip
     param_counts = count_parameters(spec, job.experts_per_token) if {"zero2", "zero3"} & set(strategies) else None
     search = _Search(
         needs=needs,
         strategies=strategies,
-        searching=searching,
+        searching=num_gpus is None,
         gpus_per_node=gpus_per_node,
         expert_degree=expert_degree,
         offload=offload,
@@ -175,9 +175,8 @@ def _model_parallel_fallback(search: _Search, spec, job: FineTuneJob, setups: li
     if any(s.fits for s in setups) or (search.searching and job.method != "lora"):
         return False
     lora = job.method == "lora"
-    choices = model_parallel_choices(
-        spec, job, given=None, searching=True, gpus_per_node=search.gpus_per_node, lora=lora
-    )
+    choices = model_parallel_choices(spec, job, given=None, searching=True, gpus_per_node=search.gpus_per_node,
+                                     lora=lora, framework=search.needs.framework)  # fmt: skip
     if len(choices) == 1:
         return False
     search.model_parallel = choices

@@ -133,3 +133,15 @@ def test_a_framework_that_runs_some_strategies_keeps_those() -> None:
     assert runnable_strategies(every, "litgpt")[0] == ["single", "fsdp1", "fsdp2"]
     for other in ("llamafactory", "axolotl", "hf-training-args+deepspeed", None):
         assert runnable_strategies(every, other) == (every, [])
+
+
+def test_a_framework_searches_only_the_model_parallel_dimensions_it_runs() -> None:
+    """torchtune has TP and CP but no pipeline (full_finetune_distributed.py's parallel dims), litgpt's scripts
+    neither; a framework that runs every dimension, or none named, keeps every searched layout."""
+    from tunecost.workload.frameworks.registry import runnable_layouts
+    from tunecost.workload.parallel import ModelParallel
+
+    searched = [ModelParallel(), ModelParallel(tp=2), ModelParallel(pp=2), ModelParallel(tp=2, cp=2)]
+    assert runnable_layouts(searched, "torchtune") == [searched[0], searched[1], searched[3]]
+    assert runnable_layouts(searched, "litgpt") == [ModelParallel()]
+    assert runnable_layouts(searched, "torchtitan") == runnable_layouts(searched, None) == searched

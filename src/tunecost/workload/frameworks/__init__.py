@@ -128,6 +128,7 @@ class Framework:
     read: Callable[[ConfigFile], ConfigJob]
     strategies: tuple[str, ...] = ()  # the several-GPU strategies it runs, and why (empty: every one tunecost models)
     strategies_why: str = ""
+    model_parallel: tuple[str, ...] | None = None  # the TP/PP/CP dimensions it runs ("tp", "pp", "cp"; None: all)
 
 
 @dataclass(frozen=True, kw_only=True)

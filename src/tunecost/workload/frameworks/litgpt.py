@@ -198,6 +198,7 @@ FRAMEWORK = Framework(
     title=TITLE,
     suffixes=(".yaml", ".yml"),
     strategies=("fsdp1", "fsdp2"),  # full fine-tuning: FSDPStrategy; LoRA: ModelParallelStrategy
+    model_parallel=(),  # its fine-tuning scripts shard with FSDP only
     strategies_why=f"{TITLE} shards with FSDP on several devices (full fine-tuning: FSDP1, LoRA: FSDP2)",
     detect=detect,
     read=read,

@@ -17,6 +17,7 @@ from tunecost.workload.frameworks import PASS_DEEPSPEED, ConfigFile, ConfigJob, 
 from tunecost.workload.frameworks.accelerate import FRAMEWORK_DEEPSPEED
 from tunecost.workload.frameworks.hf import BOTH_OFF
 from tunecost.workload.frameworks.llamafactory import UPCASTS
+from tunecost.workload.parallel import ModelParallel
 
 READER_MODULES = (
     "llamafactory",
@@ -54,13 +55,24 @@ def runnable_strategies(strategies: Sequence[str], framework: str | None) -> tup
     return kept, [f"{', '.join(dropped)}: not searched, {runs.strategies_why}"] if dropped else []
 
 
+def runnable_layouts(choices: Sequence[ModelParallel], framework: str | None) -> list[ModelParallel]:
+    """Of the searched model-parallel `choices`, those whose dimensions the job's framework runs (torchtune: TP and
+    CP, no pipeline; litgpt and LLaMA-Factory: neither); all of them for a framework that runs every one."""
+    readers = {f.name: f for f in frameworks()} if framework else {}
+    names = [n for n in (framework or "").split("+") if n in readers and readers[n].model_parallel is not None]
+    if not names:
+        return list(choices)
+    runs = readers[names[0]].model_parallel or ()
+    return [c for c in choices if all(getattr(c, d) == 1 or d in runs for d in ("tp", "pp", "cp"))]
+
+
 def read_config(path: str | Path) -> ConfigJob:
     """One file, read by the framework whose config it is; a name `tune run` takes (`llama2/7B_lora`) where no
     such file exists, read as torchtune ships that config."""
     shipped = None if Path(path).exists() else find_torchtune_config(str(path))
     if shipped is not None:
         job = torchtune.FRAMEWORK.read(ConfigFile(path=f"torchtune's {shipped.name}", data=shipped.config))
-        line = f"config {shipped.name}: as torchtune ships it for `tune run {shipped.recipe}` ({shipped.source})"
+        line = f"torchtune config {shipped.name}: as it ships for `tune run {shipped.recipe}` ({shipped.source})"
         notes = job.assumptions
         if shipped.recipe.endswith("_single_device"):  # the file leaves the GPUs to the recipe: here it is known
             one = f"GPUs: 1, as `tune run {shipped.recipe}` trains on one"

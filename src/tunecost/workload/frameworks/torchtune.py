@@ -329,5 +329,6 @@ FRAMEWORK = Framework(
     detect=detect,
     read=read,
     strategies=("fsdp2",),
+    model_parallel=("tp", "cp"),  # tensor_parallel_dim, context_parallel_dim: no pipeline
     strategies_why=f"{TITLE}'s distributed recipes shard with FSDP2 (fully_shard)",
 )
