@@ -27,9 +27,11 @@ def test_every_shipped_config_reads_as_its_recipe_runs_it() -> None:
             f"torchtune config {config.name}: as it ships for `tune run {config.recipe}`"
         )
         assert config.source.endswith(f"recipes/configs/{config.name}.yaml") and "@" in config.source
-        gpus = [a for a in job.assumptions if a.startswith("GPUs: ")]
-        if config.recipe.endswith("_single_device"):  # the recipe, named with the config, says one GPU
-            assert gpus == [f"GPUs: 1, as `tune run {config.recipe}` trains on one"], config.name
+        gpus = [a for a in job.assumptions if a.startswith(("GPUs: ", "num_gpus "))]
+        if config.recipe.endswith("_single_device"):  # the recipe says one GPU; --gpus replaces the line
+            assert gpus == [
+                f"num_gpus 1: `tune run {config.recipe}` trains on one (--gpus prices its distributed recipe)"
+            ]
         else:
             assert all("give --gpus" in a for a in gpus), config.name
 
@@ -40,7 +42,7 @@ def test_a_name_reads_as_the_same_yaml_in_a_file(tmp_path: Path, monkeypatch: py
     path.write_text(yaml.safe_dump(shipped.config))
     by_name, by_file = read_config(shipped.name), read_config(path)
     assert by_name.options == by_file.options and by_name.options["lora_rank"] == 64
-    one_gpu = "GPUs: 1, as `tune run lora_finetune_single_device` trains on one"  # a file leaves the recipe unsaid
+    one_gpu = "num_gpus 1: `tune run lora_finetune_single_device` trains on one (--gpus prices its distributed recipe)"
     assert by_name.assumptions[1:] == tuple(one_gpu if a.startswith("GPUs: ") else a for a in by_file.assumptions)
     assert one_gpu not in by_file.assumptions
     monkeypatch.chdir(tmp_path)  # a file of that name, where one exists, is read instead

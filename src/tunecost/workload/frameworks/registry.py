@@ -75,7 +75,7 @@ def read_config(path: str | Path) -> ConfigJob:
         line = f"torchtune config {shipped.name}: as it ships for `tune run {shipped.recipe}` ({shipped.source})"
         notes = job.assumptions
         if shipped.recipe.endswith("_single_device"):  # the file leaves the GPUs to the recipe: here it is known
-            one = f"GPUs: 1, as `tune run {shipped.recipe}` trains on one"
+            one = f"num_gpus 1: `tune run {shipped.recipe}` trains on one (--gpus prices its distributed recipe)"
             notes = tuple(one if a == torchtune.GPUS_UNSAID else a for a in notes)
         return dataclasses.replace(job, assumptions=(line, *notes))
     if not Path(path).exists() and not Path(path).suffix:
