@@ -21,7 +21,7 @@ demo: setup
 # start on them; the rest go a module at a time (tests/conftest.py), so module fixtures and shared launches run once.
 # (pytest stays below 9.2, where xdist's groups are lost: constraints.txt; tests/test_workers.py checks.)
 # `long` tests (end-to-end runs, real multi-process launches, the full option sweep, the config-vs-flags pairs beyond
-# one job per format, checks of generated files, the two slowest CLI searches) are left to `make test-long`;
+# one job per format, checks of generated files, the slowest single CLI runs) are left to `make test-long`;
 # CI runs every test in one session: `make test TEST_MARKS="not gpu"` (.ci/run).
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder
 TEST_MARKS ?= not gpu and not long

@@ -170,6 +170,7 @@ def test_a_dataset_without_lengths_is_a_clear_error(cli_error: Callable[[list[st
     assert "`hf download tatsu-lab/alpaca --repo-type dataset` (its local copy is counted)" in line
 
 
+@pytest.mark.long
 def test_seq_len_prices_a_dataset_without_lengths(cli_runner) -> None:
     from tunecost.cli.main import app
 
@@ -236,6 +237,7 @@ def test_loader_rejects_inconsistent_rows(catalog_with: Callable[..., Path]) -> 
         dataset_catalog()
 
 
+@pytest.mark.long
 def test_a_length_note_quoting_a_chat_template_prints(cli_runner) -> None:
     """gsm8k-train's length source quotes Mistral's "[INST] ... [/INST]": printed as text, not read as markup."""
     from tunecost.cli.main import app

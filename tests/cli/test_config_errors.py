@@ -63,6 +63,7 @@ def test_no_fused_adamw_runs_the_multi_tensor_adamw_under_torchtune() -> None:
     assert stack_behaviour("hf-peft", fused_adamw=True).adamw_impl == ADAMW_FUSED
 
 
+@pytest.mark.long
 def test_a_data_file_the_config_names_but_this_machine_lacks_is_said_not_fatal(cli_runner, tmp_path: Path) -> None:
     """A config written for the training cluster names its data there: estimating on a laptop, the file is not
     read (said), and the run's size and lengths come from --queries and --seq-len."""

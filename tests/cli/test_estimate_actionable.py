@@ -80,6 +80,7 @@ def test_a_data_file_prices_its_own_lengths(cli_json, cli_ok, tmp_path: Path) ->
     assert several["seq_len"] < 64 and several["setups"][0]["micro_batch"] == one["max_batch_size"] >= 1
 
 
+@pytest.mark.long
 def test_owned_and_rented_in_one_table(cli_ok, cli_json, tmp_path: Path) -> None:
     prices = tmp_path / "prices.csv"
     prices.write_text(

@@ -45,6 +45,7 @@ def test_fixed_batch_with_the_paper_estimator_prices_that_batch() -> None:
         estimate_costs(job, ["A40"], epochs=1, batch_sizes={"*": 0})
 
 
+@pytest.mark.long
 def test_calibrated_estimate_at_fixed_batches_marks_extrapolation(cli_runner) -> None:
     args = [*BASE, "--gpu", "A40,H100", "--batch-size", "4,17", "--estimator", "calibrated", "--provider"]
     result = cli_runner.invoke(app, [*args, "paper-2024", "--json"])

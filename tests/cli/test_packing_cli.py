@@ -20,6 +20,7 @@ def _per_row() -> float:
 PADDED = {**{k: v for k, v in JOB.items() if k != "dataset"}, "queries": 7473}  # every query 1024 tokens
 
 
+@pytest.mark.long
 def test_packed_rows_across_documents_are_full_rows_holding_more_queries(cli_json) -> None:
     """A packed row across documents costs what one query padded to seq_len costs, and holds more queries."""
     packed = cli_json("estimate", **JOB, epochs=1, batch_size=4, packing="cross-document")[0]
