@@ -151,6 +151,7 @@ def test_plan_takes_grad_accum_or_a_global_batch(cli_runner):
     assert both.exit_code == 2 and "give --global-batch or --grad-accum" in both.output
 
 
+@pytest.mark.long
 def test_plan_keeps_the_global_batch_a_config_states(cli_runner, tmp_path):
     """A config that states its micro-batch and accumulation (1 x 8) states the optimisation's batch: every setup
     the plan weighs keeps 8 queries per step, with its own micro-batch x accumulation x ranks, and says so; a config

@@ -30,6 +30,7 @@ def _plan(cli_runner, args: list[str]) -> dict:
     return json.loads(result.stdout)["plan"]
 
 
+@pytest.mark.long
 def test_70b_qlora_on_two_owned_4090s_needs_cpu_offload(cli_runner) -> None:
     args = ["--model", "meta-llama/Llama-2-70b-hf", "--method", "qlora", "--own", "2xRTX-4090", "--gpu", "none"]
     plan = _plan(cli_runner, [*args, "--dataset", "alpaca", "--epochs", "1", "--seq-len", "2048"])
@@ -45,7 +46,7 @@ def test_70b_qlora_on_two_owned_4090s_needs_cpu_offload(cli_runner) -> None:
     ("model", "method", "gpu_names", "provider"),
     [
         pytest.param("mixtral-8x7b", "qlora", ("A40", "A100-80GB", "H100"), "paper-2024", marks=pytest.mark.long),
-        ("Qwen/Qwen2.5-0.5B", "lora", ("RTX-4090", "H100"), None),
+        pytest.param("Qwen/Qwen2.5-0.5B", "lora", ("RTX-4090", "H100"), None, marks=pytest.mark.long),
     ],
 )
 def test_the_front_holds_estimates_numbers(model: str, method: str, gpu_names: tuple, provider: str | None) -> None:
@@ -425,6 +426,7 @@ def test_a_micro_batch_is_cut_to_its_ranks_share_of_the_epoch() -> None:
     assert any("more than an epoch's 100 queries" in n for n in plan.notes)
 
 
+@pytest.mark.long
 def test_an_moe_plan_weighs_expert_parallel_layouts() -> None:
     """tiny-mixtral's 8 experts on up to 4 GPUs: layouts at expert-parallel 2 and 4 are weighed beside the
     data-parallel ones, each priced as `estimate --expert-parallel E` prices it."""
