@@ -57,7 +57,7 @@ def runnable_strategies(strategies: Sequence[str], framework: str | None) -> tup
 
 def runnable_layouts(choices: Sequence[ModelParallel], framework: str | None) -> list[ModelParallel]:
     """Of the searched model-parallel `choices`, those whose dimensions the job's framework runs (torchtune: TP and
-    CP, no pipeline; litgpt and LLaMA-Factory: neither); all of them for a framework that runs every one."""
+    CP, no pipeline; litgpt: neither); all of them for a framework that runs every one."""
     readers = {f.name: f for f in frameworks()} if framework else {}
     names = [n for n in (framework or "").split("+") if n in readers and readers[n].model_parallel is not None]
     if not names:
