@@ -45,9 +45,7 @@ def frameworks() -> list[Framework]:
 def runnable_strategies(strategies: Sequence[str], framework: str | None) -> tuple[list[str], list[str]]:
     """Of `strategies`, those the job's framework (a config's, "a+b" for files read together) runs, with a note
     on the rest ("single", one GPU, always stays); all of them for a framework that runs every one."""
-    readers = {f.name: f for f in frameworks()}
-    names = (framework or "").split("+")
-    runs = next((readers[n] for n in names if n in readers and readers[n].strategies), None)
+    runs = _restricting(framework, lambda f: bool(f.strategies))
     if runs is None:
         return list(strategies), []
     kept = [s for s in strategies if s in runs.strategies or s == "single"]
@@ -58,12 +56,19 @@ def runnable_strategies(strategies: Sequence[str], framework: str | None) -> tup
 def runnable_layouts(choices: Sequence[ModelParallel], framework: str | None) -> list[ModelParallel]:
     """Of the searched model-parallel `choices`, those whose dimensions the job's framework runs (torchtune: TP and
     CP, no pipeline; litgpt: neither); all of them for a framework that runs every one."""
-    readers = {f.name: f for f in frameworks()} if framework else {}
-    names = [n for n in (framework or "").split("+") if n in readers and readers[n].model_parallel is not None]
-    if not names:
+    runs = _restricting(framework, lambda f: f.model_parallel is not None)
+    if runs is None:
         return list(choices)
-    runs = readers[names[0]].model_parallel or ()
-    return [c for c in choices if all(getattr(c, d) == 1 or d in runs for d in ("tp", "pp", "cp"))]
+    dims = runs.model_parallel or ()
+    return [c for c in choices if all(getattr(c, d) == 1 or d in dims for d in ("tp", "pp", "cp"))]
+
+
+def _restricting(framework: str | None, restricts: Callable[[Framework], bool]) -> Framework | None:
+    """The first reader of `framework` ("a+b" for files read together) that `restricts` the search; None without."""
+    if not framework:
+        return None
+    readers = {f.name: f for f in frameworks()}
+    return next((readers[n] for n in framework.split("+") if n in readers and restricts(readers[n])), None)
 
 
 def read_config(path: str | Path) -> ConfigJob:
