@@ -35,7 +35,8 @@ def valid_gpu_counts(gpus_per_node: int, max_gpus: int, expert_parallel: int = 1
 
 
 TP_SEARCH_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "nemotron", "mixtral")  # `--gpus auto` tries TP on these
-SEARCH_DEGREES = (1, 2, 4, 8)  # the TP, PP and CP degrees `--gpus auto` tries
+SEARCH_DEGREES = (1, 2, 4, 8)  # the TP and PP degrees `--gpus auto` tries
+CP_SEARCH_DEGREES = (2, 4, 8, 16, 32)  # and the CP ones: across nodes, as 128k-token runs shard the sequence
 CP_SEARCH_MIN_SEQ_LEN = 16384  # `--gpus auto` adds context-parallel layouts from this many tokens per sequence
 
 
@@ -53,9 +54,9 @@ def model_parallel_choices(
     one with `lora`: asked when no data-parallel layout fits it; QLoRA's 4-bit weights are not sharded) of a model
     of a TP-capable family, TP (with sequence parallelism) within a node x PP over `SEARCH_DEGREES` (TP dividing
     the heads, PP dealing the layers as torchtitan does; no TP with modules saved beside LoRA or under Liger), and
-    for sequences of
-    `CP_SEARCH_MIN_SEQ_LEN` tokens or more CP beside the widest TP (no PP); else none (data parallelism only). Of
-    those, the ones whose dimensions the config's `framework` runs (`registry.runnable_layouts`)."""
+    for sequences of `CP_SEARCH_MIN_SEQ_LEN` tokens or more CP over `CP_SEARCH_DEGREES` beside the widest TP (no
+    PP); else none (data parallelism only). Of those, the ones whose dimensions the config's `framework` runs
+    (`registry.runnable_layouts`)."""
     if given is not None:
         return [given]
     seq_len = job.worst_case_seq_len
@@ -74,7 +75,7 @@ def model_parallel_choices(
     choices = [ModelParallel(tp=t, pp=p, sequence_parallel=t > 1) for t in tps for p in pps]
     if seq_len >= CP_SEARCH_MIN_SEQ_LEN:
         t = max(tps)
-        cps = [c for c in SEARCH_DEGREES[1:] if not seq_len % (c * t)]
+        cps = [c for c in CP_SEARCH_DEGREES if not seq_len % (c * t)]
         choices += [ModelParallel(tp=t, cp=c, sequence_parallel=t > 1) for c in cps]
     return runnable_layouts(choices, framework)
 
