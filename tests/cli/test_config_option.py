@@ -126,7 +126,7 @@ EXPECTED: dict[str, tuple[dict[str, object], str]] = {
         "train_micro_batch_size_per_gpu auto: the Trainer's per_device_train_batch_size",
     ),
     "accelerate/fsdp2_lora": (
-        {"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "strategy": "fsdp2", "num_gpus": 4, "gpus_per_node": 4,
+        {"model": "Qwen/Qwen2.5-0.5B", "method": "lora", "strategy": "fsdp2", "num_gpus": 4,
          "gradient_checkpointing": True, "reentrant": False, "lora_rank": 16, "lora_targets": "attention,mlp",
          "seq_len": 1024, "batch_size": 4},
         "optimizer adamw (optim adamw_torch_fused with torch >= 2.8): TRL SFTConfig's default",

@@ -18,7 +18,6 @@ from tunecost.workload.parallel import (
 if TYPE_CHECKING:
     from tunecost.cli.groups import MultiGpuOptions
 
-DEFAULT_GPUS_PER_NODE = 8
 MAX_GPUS_PER_NODE = 1024
 NumGpus = Annotated[
     str | None, opt("--gpus", "Several GPUs: a number, or 'auto' for the fewest that fit and the cheapest setup.")

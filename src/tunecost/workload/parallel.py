@@ -30,7 +30,14 @@ PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved-1f1b")
 TP_IMPLS = ("torchtitan", "megatron")
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default zero_optimization.reduce_bucket_size
 DEFAULT_MAX_GPUS = 64  # --gpus auto: the most GPUs searched
+DEFAULT_GPUS_PER_NODE = 8  # a node's GPUs where neither --gpus-per-node nor a multi-node config says
 MAX_SEARCH_GPUS = 100_000  # every count up to the limit is evaluated (arithmetic only)
+
+
+def config_node_size(per_node: int, nodes: int) -> dict[str, int]:
+    """The `gpus_per_node` a launch config states: its GPUs per node where it spans nodes or fills more than a
+    default node; none for one node, whose size it does not say (`--gpus 16` then fills default nodes)."""
+    return {"gpus_per_node": per_node} if nodes > 1 or per_node > DEFAULT_GPUS_PER_NODE else {}
 
 
 def split_note(first_less: int, last_less: int) -> str:

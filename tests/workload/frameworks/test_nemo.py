@@ -118,6 +118,16 @@ def test_pretraining_pipeline(tmp_path: Path) -> None:
     assert any(a.startswith("dtype bf16: NeMo's fp32 main parameters") for a in job.assumptions)
 
 
+def test_a_single_node_file_leaves_the_node_size_unsaid(tmp_path: Path) -> None:
+    """trainer.devices of one node is the GPUs the run uses, not the node's size: `--gpus auto` on that file
+    searches TP and CP within whole nodes (NeMo's Qwen2 config, devices 1, was searched as 1-GPU nodes: no TP, its
+    CP groups over InfiniBand); several nodes or more than a default node state it."""
+    one = _read(tmp_path, PRETRAIN.replace("num_nodes: 4", "num_nodes: 1"))
+    assert one.options["num_gpus"] == 8 and "gpus_per_node" not in one.options
+    big = _read(tmp_path, PRETRAIN.replace("num_nodes: 4", "num_nodes: 1").replace("devices: 8", "devices: 16"))
+    assert (big.options["num_gpus"], big.options["gpus_per_node"]) == (16, 16)
+
+
 def test_pretraining_defaults(tmp_path: Path) -> None:
     job = _read(tmp_path, "trainer:\n  accelerator: gpu\nmodel:\n  mcore_gpt: true\n")
     o = job.options
@@ -240,7 +250,7 @@ def test_mlperf_reference_is_accelerate_deepspeed() -> None:
     """The mlcommons reference of the same benchmark: accelerate + DeepSpeed ZeRO-3 on one node of 8 GPUs."""
     job = read_config(MLPERF.with_name("mlperf_llama2_70b_lora_accelerate.yaml"))
     assert job.framework == "accelerate"
-    assert job.options == {"num_gpus": 8, "gpus_per_node": 8, "dtype": "bf16", "strategy": "zero3"}
+    assert job.options == {"num_gpus": 8, "dtype": "bf16", "strategy": "zero3"}  # one node: its size unsaid
 
 
 def test_block_recomputation_counts_the_layers_of_each_model_chunk(tmp_path: Path) -> None:

@@ -6,11 +6,12 @@ import sys
 from typing import TYPE_CHECKING
 
 from tunecost.cli.common import console, dim, err_console, format_hours, print_json, print_table, split_list
-from tunecost.cli.multi_options import DEFAULT_GPUS_PER_NODE, model_parallel_option, parse_gpu_counts
+from tunecost.cli.multi_options import model_parallel_option, parse_gpu_counts
 from tunecost.errors import TunecostError
 from tunecost.units import format_bytes
 from tunecost.workload.offload import OFFLOAD_STRATEGIES
 from tunecost.workload.parallel import (
+    DEFAULT_GPUS_PER_NODE,
     DEFAULT_MAX_GPUS,
     MULTI_GPU_STRATEGIES,
 )

@@ -37,7 +37,7 @@ from tunecost.cli.jobconfig import (
 )
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_BATCH_SIZE, MAX_EPOCHS, MAX_QUERIES, MAX_SEQ_LEN, check_count, check_positive
-from tunecost.workload.parallel import DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS
+from tunecost.workload.parallel import DEFAULT_GPUS_PER_NODE, DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS
 
 MAX_OWNED_GPUS = 1024
 
@@ -134,7 +134,7 @@ def plan(
             gpus=gpus,
             own=owned,
             max_gpus=max_gpus or DEFAULT_MAX_GPUS,
-            gpus_per_node=gpus_per_node or multi.DEFAULT_GPUS_PER_NODE,
+            gpus_per_node=gpus_per_node or DEFAULT_GPUS_PER_NODE,
             num_queries=num_queries,
             epochs=num_epochs,
             budget_usd=budget,

@@ -19,6 +19,7 @@ from typing import Any
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, dotted_keys
 from tunecost.workload.frameworks.hf import not_modelled
 from tunecost.workload.frameworks.hf_common import Part, fp8_options, truthy
+from tunecost.workload.parallel import config_node_size
 
 ACCELERATE, DEEPSPEED = "accelerate's", "DeepSpeed's"
 ACCELERATE_KEYS = KnownKeys(f"{ACCELERATE} config", ("accelerate",))
@@ -55,7 +56,7 @@ def _gpus(cfg: ConfigFile, distributed: str) -> Part:
     if processes % (machines or 1):
         raise cfg.error("num_processes", f"{processes} processes do not fill {machines} machines evenly")
     notes = [] if machines else [f"num_machines 1: {ACCELERATE} default"]
-    return {"num_gpus": processes, "gpus_per_node": processes // (machines or 1)}, notes
+    return {"num_gpus": processes, **config_node_size(processes // (machines or 1), machines or 1)}, notes
 
 
 def _fsdp(fsdp: ConfigFile) -> Part:

@@ -12,6 +12,7 @@ from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framew
 from tunecost.workload.frameworks.model_parallel import own_attention
 from tunecost.workload.frameworks.nested import config_job, nested_config, optimizer_name
 from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
+from tunecost.workload.parallel import config_node_size
 
 # Defaults, Lightning-AI/litgpt @ 26857050 (2026-06-29), litgpt/finetune/lora.py and full.py setup():
 #   precision None -> utils.get_default_supported_precision(training=True): "bf16-mixed" ("16-mixed" without bf16)
@@ -128,8 +129,7 @@ def _layout(flat: ConfigFile, method: str, options: dict[str, Any], notes: list[
     if method == "qlora":
         raise flat.error("quantize", f"{TITLE} quantizes on one device only (devices 1, num_nodes 1)")
     options["strategy"] = "fsdp2" if method == "lora" else "fsdp1"
-    if nodes > 1:
-        options["gpus_per_node"] = int(devices)
+    options.update(config_node_size(int(devices), nodes))
     how = "ModelParallelStrategy (FSDP2)" if method == "lora" else "FSDPStrategy (FSDP1 full shard)"
     notes.append(f"strategy {options['strategy']}, gradient_checkpointing on: {TITLE}'s {how} on several devices")
 

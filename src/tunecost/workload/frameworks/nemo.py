@@ -25,7 +25,7 @@ from tunecost.workload.frameworks.model_parallel import (
 from tunecost.workload.frameworks.nemo_keys import MEGATRON, MEGATRON_FIXED_FLAGS, MEGATRON_LM, NEMO, TITLE, Dialect
 from tunecost.workload.frameworks.nested import config_job, nested_config
 from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
-from tunecost.workload.parallel import fixed_split_note, micro_batches_per_step
+from tunecost.workload.parallel import config_node_size, fixed_split_note, micro_batches_per_step
 
 # optimizer name -> tunecost's, and whether it shards its states over the data-parallel group (ZeRO-1's layout)
 OPTIMIZERS = {"fused_adam": ("adamw", False), "adam": ("adamw", False), "adamw": ("adamw", False)}
@@ -102,7 +102,7 @@ def _layout(r: Reader, options: dict[str, Any]) -> dict[str, str]:
         devices = int(devices) if isinstance(devices, str) and devices.isdigit() else devices
         nodes = positive(r.flat, "trainer.num_nodes", r.value("trainer.num_nodes", int, 1))
         if isinstance(devices, int) and devices > 0:
-            options.update(num_gpus=devices * nodes, gpus_per_node=devices)
+            options.update(num_gpus=devices * nodes, **config_node_size(devices, nodes))
         else:
             why = "given on NeMo's command line" if unsaid else "every GPU of the node"
             r.notes.append(f"GPUs: trainer.devices {devices!r}: {why} (give --gpus)")
