@@ -340,6 +340,27 @@ def test_a_job_no_single_gpu_holds_points_to_several(cli_runner, monkeypatch) ->
     assert "answer: no single GPU fits this job; on several: --gpus auto (or --gpus N)" in out.stdout
 
 
+@pytest.mark.parametrize(
+    ("most", "border", "said"),
+    [
+        (2, 6, "answer: batch 4 fits no GPU with the safety margin (A40-48GB holds at most 2: --batch-size 2)"),
+        (0, 6, "answer: no single GPU fits this job with the safety margin (A40-48GB at batch 4 fits only inside it"),
+    ],
+)
+def test_an_answer_without_a_fit_says_what_would_fit(cli_runner, monkeypatch, most, border, said) -> None:
+    """A batch that fits only inside the safety margin, or over the most that fits with it, is said as such (not
+    as a GPU without a price), with the batch that fits where one does."""
+    from tunecost.estimate import calibrated
+    from tunecost.estimate.estimators import Sizing
+
+    fake = Sizing(max_batch_size=most, borderline_batch_size=border, note="faked")
+    monkeypatch.setattr(calibrated, "_simulated_sizing", lambda req: fake)
+    opts = {"--model": "meta-llama/Llama-2-70b-hf", "--method": "lora", "--gpu": "A40", "--dataset": "math_14k"}
+    out = cli_runner.invoke(app, _args("estimate", {**opts, "--epochs": "1", "--batch-size": "4"}))
+    assert out.exit_code == 0, out.output
+    assert said in " ".join(out.stdout.split()) and "on several: --gpus auto" in out.stdout
+
+
 def test_lora_targets_follow_the_models_anatomy(cli_runner, cli_error, monkeypatch) -> None:
     from tunecost.estimate import calibrated
 

@@ -155,7 +155,8 @@ def test_plan_takes_grad_accum_or_a_global_batch(cli_runner):
 def test_plan_keeps_the_global_batch_a_config_states(cli_runner, tmp_path):
     """A config that states its micro-batch and accumulation (1 x 8) states the optimisation's batch: every setup
     the plan weighs keeps 8 queries per step, with its own micro-batch x accumulation x ranks, and says so; a config
-    that leaves them to its framework's defaults, or a flag that sets them, leaves each setup its own."""
+    that leaves them to its framework's defaults, states a micro-batch per GPU alone (the launcher's GPUs multiply
+    it), or a flag that sets them, leaves each setup its own."""
     path = tmp_path / "lf.yaml"
     path.write_text(
         "model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: sft\nfinetuning_type: lora\ncutoff_len: 512\n"
@@ -173,7 +174,11 @@ def test_plan_keeps_the_global_batch_a_config_states(cli_runner, tmp_path):
     )
     flagged = cli_runner.invoke(app, [*args, "--global-batch", "16", "--json"])
     assert flagged.exit_code == 0 and "kept in every setup" not in flagged.stderr
-    path.write_text(path.read_text().replace("per_device_train_batch_size: 1\ngradient_accumulation_steps: 8\n", ""))
+    text = path.read_text()
+    path.write_text(text.replace("gradient_accumulation_steps: 8", "gradient_accumulation_steps: 1"))
+    per_gpu = cli_runner.invoke(app, [*args, "--json"])  # a micro-batch per GPU, times the GPUs launched
+    assert per_gpu.exit_code == 0 and "kept in every setup" not in per_gpu.stderr
+    path.write_text(text.replace("per_device_train_batch_size: 1\ngradient_accumulation_steps: 8\n", ""))
     defaults = cli_runner.invoke(app, [*args, "--json"])  # LLaMA-Factory's default batch: not the user's choice
     assert defaults.exit_code == 0 and "kept in every setup" not in defaults.stderr
 

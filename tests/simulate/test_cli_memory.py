@@ -134,3 +134,16 @@ def test_memory_names_how_checkpointed_layers_are_recomputed(cli_json, tmp_path)
     assert any("re-entrant checkpointing (transformers' default)" in line for line in own["assumptions"])
     assert any("use_reentrant=False" in line for line in named["assumptions"])
     assert not any("transformers' default" in line for line in named["assumptions"])
+
+
+def test_the_largest_batch_line_says_none_when_only_a_borderline_batch_fits():
+    """With no batch inside the margin, the need shown is the borderline batch's, and the line says so."""
+    from types import SimpleNamespace
+
+    from tunecost.cli.commands.memory import _largest_batch_line
+
+    common = {"margin_fraction": 0.37, "seq_len": 1024, "need_bytes": 84_860_000_000, "headroom_bytes": 170_000_000}
+    none = _largest_batch_line(SimpleNamespace(batch_size=0, borderline_batch_size=7, **common), "H100")
+    assert "safety margin: [bold]none[/bold] (batch 7 x 1024 tokens needs 84.86 GB" in none and "headroom" not in none
+    some = _largest_batch_line(SimpleNamespace(batch_size=3, borderline_batch_size=7, **common), "H100")
+    assert "[bold]3[/bold] x 1024 tokens" in some and "batch 7 is borderline" in some

@@ -143,14 +143,19 @@ def config_layout() -> str:
 def config_global_batch() -> tuple[int, str] | None:
     """The global batch the --config files state (their micro-batch, accumulation and GPUs, none of them a
     framework's default) where no flag changes the micro-batch or the accumulation, and how it was counted: the
-    optimisation a plan keeps while it changes the setup. None: the config leaves it to defaults."""
+    optimisation a plan keeps while it changes the setup. None: the config leaves it to defaults, or states only a
+    micro-batch per GPU for a launcher to multiply (torchtitan's global_batch_size -1)."""
     from tunecost.workload.run_length import global_batch_of
 
     ctx = get_current_context()
     batch = ("batch_size", "grad_accum")
     if ctx.meta.get(CONFIG_DEFAULTED, frozenset()) & set(batch) or any(on_command_line(name) for name in batch):
         return None
-    return global_batch_of(ctx.meta.get(CONFIG_OPTIONS, {}))
+    options = ctx.meta.get(CONFIG_OPTIONS, {})
+    launched = options.get("num_gpus") is None and options.get("queries_per_step") is None
+    if launched and options.get("pp", 1) == 1 and (options.get("grad_accum") or 1) == 1:
+        return None  # a micro-batch per GPU, times the GPUs the launcher starts
+    return global_batch_of(options)
 
 
 def config_data_file(dataset: str | None) -> str | None:

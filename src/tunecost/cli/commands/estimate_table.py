@@ -12,6 +12,26 @@ def _fmt(value: float | None, spec: str) -> str:
 SHOWN_ROWS = 12
 
 
+def _no_answer(rows: list) -> str:
+    """Why no row is the answer: fits without a price, none fits even batch 1 with the safety margin, or the batch
+    asked is over the most that fits with it (a smaller one does)."""
+    several = "on several: --gpus auto (or --gpus N)"
+    if any(r.fits for r in rows):
+        return "no GPU that fits this job has a price in the catalog"
+    most = max(rows, key=lambda r: (r.max_batch_size, r.fit == "borderline"))
+    if most.max_batch_size:
+        return (
+            f"batch {most.batch_size} fits no GPU with the safety margin ({most.gpu} holds at most "
+            f"{most.max_batch_size}: --batch-size {most.max_batch_size}); {several}"
+        )
+    if most.fit == "borderline":
+        return (
+            f"no single GPU fits this job with the safety margin ({most.gpu} at batch {most.batch_size} fits only "
+            f"inside it, an out-of-memory risk); {several}"
+        )
+    return f"no single GPU fits this job; {several}"
+
+
 def print_cost_rows(rows: list, *, job, verbose: bool = False, dataset_named: bool = True) -> None:
     """The answer line (the cheapest row that fits), the best rows (all with --verbose), then the notes. The title
     names the data the user named, or the default whose lengths the throughput takes; none where --seq-len fixes
@@ -28,10 +48,8 @@ def print_cost_rows(rows: list, *, job, verbose: bool = False, dataset_named: bo
             f"[bold]${best.usd:.2f}[/bold]"
             + (f", start-up {best.startup_s / 60:.1f} min once" if best.startup_s else "")
         )
-    elif all(r.fit == "no" and not r.max_batch_size for r in rows):  # not even batch 1 on one GPU
-        console.print("answer: no single GPU fits this job; on several: --gpus auto (or --gpus N)")
     else:
-        console.print("answer: no GPU fits this job with a price in the catalog")
+        console.print(f"answer: {_no_answer(rows)}")
     shown = rows if verbose else _best_rows(rows)
     print_table(
         f"{first.model}{_data_label(first.dataset, job, dataset_named)}: {first.num_queries} queries x "

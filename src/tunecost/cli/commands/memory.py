@@ -274,20 +274,30 @@ def _render(sim, best, gpu_name, notes: tuple[str, ...] = ()) -> None:
         + [["total", f"{total.flops / 1e12:,.3f}", f"{gb_from_bytes(total.bytes_moved):,.2f}"]],
     )
     if best is not None:
-        margin = f"{100 * best.margin_fraction:g} %"
-        border = (
-            f"; batch {best.borderline_batch_size} is borderline: within the card only inside the margin"
-            if best.borderline_batch_size > best.batch_size
-            else ""
-        )
-        console.print(
-            f"Largest batch on {gpu_name} with a {margin} safety margin: [bold]{best.batch_size}[/bold] x "
-            f"{best.seq_len} tokens (needs {_gb(best.need_bytes)}: reserved + CUDA context; "
-            f"headroom {_gb(best.headroom_bytes)}){border}"
-        )
+        console.print(_largest_batch_line(best, gpu_name))
     console.print(f"simulated in {sim.seconds_taken:.1f} s. Assumptions:")
     for a in (*sim.assumptions, *notes):
         console.print(f"  - {a}")
+
+
+def _largest_batch_line(best, gpu_name: str) -> str:
+    """The largest batch with the margin and what it needs; none fitting with it, the borderline batch's need."""
+    margin = f"{100 * best.margin_fraction:g} %"
+    head = f"Largest batch on {gpu_name} with a {margin} safety margin:"
+    if not best.batch_size:  # the simulated peak is the borderline batch's
+        return (
+            f"{head} [bold]none[/bold] (batch {best.borderline_batch_size} x {best.seq_len} tokens needs "
+            f"{_gb(best.need_bytes)}: within the card only inside the margin)"
+        )
+    border = (
+        f"; batch {best.borderline_batch_size} is borderline: within the card only inside the margin"
+        if best.borderline_batch_size > best.batch_size
+        else ""
+    )
+    return (
+        f"{head} [bold]{best.batch_size}[/bold] x {best.seq_len} tokens (needs {_gb(best.need_bytes)}: reserved + "
+        f"CUDA context; headroom {_gb(best.headroom_bytes)}){border}"
+    )
 
 
 def register(app: typer.Typer) -> None:
