@@ -251,6 +251,8 @@ def test_fsdp2_partial_targets_and_offload_checkpointing(tmp_path):
         ("sage_attention: true", "sage_attention"),
         ("processor_type: AutoProcessor", "processor_type"),
         ("pretraining_dataset: allenai/c4", "pretraining_dataset"),
+        ("qat:\n  weight_dtype: nvfp4", "qat"),  # quantization-aware training, as torchtune's quantizer
+        ("kd_trainer: true", "kd_trainer"),  # knowledge distillation
         ("unfrozen_parameters:\n  - ^lm_head.weight$", "unfrozen_parameters"),  # a subset of the weights trained
     ],
 )

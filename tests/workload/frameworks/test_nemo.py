@@ -173,6 +173,8 @@ def test_finetuning_defaults(tmp_path: Path) -> None:
         ("granularity: full", "granularity: some", "model.activations_checkpoint_granularity: 'some'"),
         ("micro_batch_size: 1", "micro_batch_size: ${oc.env:MBS,1}", "model.micro_batch_size: ${oc.env:MBS,1}"),
         ("context_parallel_size: 1", "context_parallel_size: 0", "model.context_parallel_size: must be at least 1"),
+        # megatron_llama_distill.yaml leaves the teacher's path null, for its command line to give
+        ("mcore_gpt: true", "mcore_gpt: true\n  kd_teacher_restore_from_path: null", "knowledge distillation"),
     ],
 )
 def test_errors_name_the_key(tmp_path: Path, old: str, new: str, named: str) -> None:

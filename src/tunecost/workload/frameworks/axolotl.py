@@ -56,6 +56,7 @@ _LEGACY_ATTENTION = {  # schemas/enums.py LEGACY_ATTN_FLAG_TO_IMPL, in its order
 _NOT_SFT = {
     "rl": "RL / preference training", "reward_model": "reward model training",
     "process_reward_model": "reward model training", "pretraining_dataset": "pretraining",
+    "kd_trainer": "knowledge distillation", "qat": "quantization-aware training",
 }  # fmt: skip
 
 

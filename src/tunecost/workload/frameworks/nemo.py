@@ -13,7 +13,7 @@ import dataclasses
 import re
 from typing import Any
 
-from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, accumulation_of
+from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framework, accumulation_of
 from tunecost.workload.frameworks.megatron_model import Architecture, file_model
 from tunecost.workload.frameworks.model_parallel import (
     ModelShape,
@@ -243,6 +243,8 @@ def _attention(r: Reader, options: dict[str, Any]) -> None:
 
 def _peft(r: Reader, options: dict[str, Any]) -> None:
     """full, or LoRA with its rank, alpha and targets (NeMo's model.peft; Megatron-LM trains the whole model)."""
+    if "model.kd_teacher_restore_from_path" in r.flat.data:  # megatron_gpt_distillation.py's teacher (null: a CLI's)
+        raise r.flat.error("model.kd_teacher_restore_from_path", f"knowledge distillation: {SFT_ONLY}")
     if not r.finetuning:
         options["method"] = "full"
         return
@@ -253,10 +255,8 @@ def _peft(r: Reader, options: dict[str, Any]) -> None:
     if scheme != "lora":
         raise r.flat.error("model.peft.peft_scheme", f"{scheme!r}: tunecost estimates full and LoRA fine-tuning")
     options["method"] = "lora"
-    rank = positive(
-        r.flat, "model.peft.lora_tuning.adapter_dim", r.value("model.peft.lora_tuning.adapter_dim", int, 32)
-    )
-    options["lora_rank"] = rank
+    dim = "model.peft.lora_tuning.adapter_dim"
+    options["lora_rank"] = rank = positive(r.flat, dim, r.value(dim, int, 32))
     line = f"lora_alpha {rank}: {TITLE}'s default (model.peft.lora_tuning.alpha = adapter_dim)"
     options["lora_alpha"] = r.value("model.peft.lora_tuning.alpha", (int, float), rank, line)
     modules = r.value("model.peft.lora_tuning.target_modules", list, ["attention_qkv"])
