@@ -376,6 +376,8 @@ def test_the_model_is_the_hugging_face_tokenizers_else_the_one_catalog_model_of_
     assert any(
         a.startswith("model mistralai/Mixtral-8x7B-v0.1: the catalog's one model of") for a in mixtral.assumptions
     )
+    flag = _read(tmp_path, llama + hf + "num_experts: 8\n")  # Megatron-LM's argparse name (--num-experts)
+    assert flag.options["model"] == "mistralai/Mixtral-8x7B-v0.1"
     tiny = _read(
         tmp_path, MEGATRON_YAML.replace("  num_attention_heads: 16\n", "  num_attention_heads: 16\n  hidden_size: 64\n")
     )

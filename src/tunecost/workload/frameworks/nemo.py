@@ -328,7 +328,8 @@ def _model(r: Reader, options: dict[str, Any]) -> Architecture | None:
     layers, hidden, heads = (r.value(k, int) for k in (d.layers, d.hidden, d.heads))
     arch = None
     if layers and hidden and heads:
-        experts, kv_heads = r.value(d.experts, int) or 1, r.value(d.groups, int) or heads
+        kv_heads = r.value(d.groups, int) or heads  # Megatron-LM's argparse name for num_moe_experts: num_experts
+        experts = r.value(d.experts, int) or (d is MEGATRON_LM and r.value("num_experts", int)) or 1
         ffn = r.value(d.ffn, int)
         if ffn is None and d is MEGATRON_LM:  # its arguments' default: 4 x hidden, 2/3 of it (to 64) for SwiGLU
             swiglu = r.value("language_model.activation_func", str) == "swiglu" or r.value("swiglu", bool)
