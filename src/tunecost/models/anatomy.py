@@ -111,6 +111,7 @@ _FAMILIES: dict[str, _Family] = {
     "nemotron": _Family("model.layers", None),  # Nemotron-4: Llama's layout, a squared-ReLU up_proj / down_proj MLP
 }
 SUPPORTED_FAMILIES = tuple(_FAMILIES)
+FUSED_QKV_FAMILIES = ("falcon", "phi3")  # transformers' attention fuses q, k and v into one linear
 # families whose decoder mixes linear-time layers with attention layers per `layer_types`, by their linear layer
 GATED_DELTA_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
 MAMBA2_FAMILIES = ("granitemoehybrid",)

@@ -360,6 +360,11 @@ def _spelled_without_punctuation(key: str, catalog: dict[str, ModelSpec]) -> Mod
     return next(iter(hits.values())) if len(hits) == 1 else None
 
 
+def catalog_model(name: str) -> ModelSpec | None:
+    """The catalog model a name, hub id or alias names exactly (any case), looked up without the hub; else None."""
+    return _names_of(model_catalog()).get(name.strip().lower())
+
+
 def resolve_model(name: str) -> ModelSpec:
     """A catalog name (any case, or its hub id), a GPTQ checkpoint's hub id (its base model), a hub id without its
     namespace (when one catalog model has it), a re-upload of a catalog model (unsloth, NousResearch, ...), a local

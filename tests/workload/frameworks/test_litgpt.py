@@ -124,6 +124,15 @@ def test_lora(tmp_path: Path) -> None:
     assert "train.max_tokens" not in job.not_modelled  # null: sets nothing
 
 
+def test_a_model_whose_transformers_attention_fuses_qkv_takes_lora_on_the_whole_attention(tmp_path: Path) -> None:
+    """litgpt adapts parts of its own fused qkv for every model; where the transformers model tunecost simulates
+    fuses q, k and v too (Falcon's query_key_value), q_proj/v_proj name nothing, so the attention is adapted whole."""
+    job = _read(tmp_path, LORA.replace("meta-llama/Llama-3.2-1B", "tiiuae/falcon-7b"))
+    assert job.options["lora_targets"] == "attention"
+    _named(job, "lora_query/key/value: falcon-7b's transformers attention fuses q, k and v")
+    assert _read(tmp_path, LORA).options["lora_targets"] == "q_proj,v_proj"
+
+
 def test_qlora_defaults(tmp_path: Path) -> None:
     job = _read(tmp_path, QLORA)
     o = job.options

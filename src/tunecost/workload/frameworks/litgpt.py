@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tunecost.models.anatomy import FUSED_QKV_FAMILIES
+from tunecost.models.catalog import catalog_model
 from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framework, KnownKeys, accumulation_of
 from tunecost.workload.frameworks.model_parallel import own_attention
 from tunecost.workload.frameworks.nested import config_job, nested_config, optimizer_name
@@ -83,6 +85,11 @@ def _lora(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     flags = {key: LORA_FLAGS[key] if value is None else value for key, value in flags.items()}
     # lora_query/key/value/projection: q, k, v and o (litgpt's fused qkv is adapted per part, as separate q, k, v)
     attention = {name for key, name in zip(ATTENTION_FLAGS, PROJECTIONS["attention"]) if flags[key]}
+    spec = catalog_model(options["model"])
+    if attention - {"o_proj"} and spec is not None and spec.family in FUSED_QKV_FAMILIES:
+        attention = set(PROJECTIONS["attention"])
+        fused = f"{spec.name}'s transformers attention fuses q, k and v into one linear"
+        notes.append(f"lora_query/key/value: {fused}; priced as LoRA on its whole attention ({TITLE} adapts parts)")
     groups = [*group_targets("attention", attention)] + ["mlp"] * flags["lora_mlp"]
     if flags["lora_head"]:
         notes.append("lora_head: LoRA on the output head is not modelled")
