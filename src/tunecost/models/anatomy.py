@@ -112,8 +112,7 @@ _FAMILIES: dict[str, _Family] = {
 }
 SUPPORTED_FAMILIES = tuple(_FAMILIES)
 FUSED_QKV_FAMILIES = ("falcon", "phi3")  # transformers' attention fuses q, k and v into one linear
-# families whose decoder mixes linear-time layers with attention layers per `layer_types`, by their linear layer
-GATED_DELTA_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")
+GATED_DELTA_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")  # linear-time layers among attention
 MAMBA2_FAMILIES = ("granitemoehybrid",)
 HYBRID_FAMILIES = (*GATED_DELTA_FAMILIES, *MAMBA2_FAMILIES)
 
