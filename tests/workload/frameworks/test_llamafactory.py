@@ -149,6 +149,14 @@ def test_lora_sft(tmp_path):
     assert "lora_rank" not in job.not_modelled and "bf16" not in job.not_modelled
 
 
+def test_ray_workers_are_the_runs_gpus(tmp_path):
+    """examples/train_lora/qwen3_lora_sft_ray.yaml: ray_num_workers is the GPUs of a Ray run, one per worker."""
+    job = _read(tmp_path, LORA_SFT + "ray_num_workers: 4\n")
+    assert job.options["num_gpus"] == 4 and "ray_num_workers" not in job.not_modelled
+    assert any(a.startswith("num_gpus 4: ray_num_workers, one GPU per Ray worker") for a in job.assumptions)
+    assert "num_gpus" not in _read(tmp_path, LORA_SFT + "ray_num_workers: 1\n").options
+
+
 def test_qlora_mixtral_paper_targets(tmp_path):
     job = _read(tmp_path, QLORA_MIXTRAL, "mixtral.yml")
     opts = job.options

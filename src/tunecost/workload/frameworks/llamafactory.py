@@ -169,6 +169,9 @@ def _read(cfg: ConfigFile) -> ConfigJob:
         notes.append(f"max_samples {max_samples}: each of the {max(1, len(names))} dataset(s) cut to its first "
                      f"{max_samples} examples, at most {options['max_queries']} queries per epoch")  # fmt: skip
     options |= eval_split_of(cfg, "val_size")  # data/data_utils.py split_dataset: train_test_split(test_size)
+    if (workers := cfg.typed("ray_num_workers", int)) is not None and workers > 1:  # train/tuner.py, USE_RAY=1
+        options["num_gpus"] = workers
+        notes.append(f"num_gpus {workers}: ray_num_workers, one GPU per Ray worker (a run launched with USE_RAY=1)")
     for name in names:
         if known := catalog_dataset(name):
             options["dataset"] = known
