@@ -361,6 +361,7 @@ def test_a_config_without_a_method_asks_for_it(cli_runner, cli_error) -> None:
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.long  # CI runs it (7-15 s of work no other test shares)
 def test_plan_takes_the_data_cut_a_config_makes(cli_runner, tmp_path) -> None:
     """LLaMA-Factory's max_samples sizes the run when its dataset is one tunecost cannot read, as in estimate."""
     path = tmp_path / "lf.yaml"

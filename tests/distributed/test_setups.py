@@ -156,6 +156,7 @@ def test_rank_memories_come_back_from_disk_without_a_step() -> None:
     assert not again._steps  # nothing traced or replayed
 
 
+@pytest.mark.long  # CI runs it (7-15 s of work no other test shares)
 def test_a_lora_job_no_data_parallel_layout_holds_is_searched_with_tensor_parallelism():
     """Llama-3.1-8B LoRA at 8192 tokens without checkpointing holds on no data-parallel layout of up to 8 L4s;
     the search then shards its frozen weights and activations with TP (and PP) and says so. A job data

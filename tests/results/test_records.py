@@ -48,6 +48,7 @@ def test_read_records_rejects_another_version(tmp_path) -> None:
         read_records(path)
 
 
+@pytest.mark.long  # CI runs it (7-15 s of work no other test shares)
 def test_fit_and_estimate_out_are_drawn_by_report(cli_runner, paper_a40_csv, tmp_path) -> None:
     run = tmp_path / "run"
     fit = cli_runner.invoke(app, ["fit", str(paper_a40_csv), "--out", str(run)])

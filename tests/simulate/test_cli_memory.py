@@ -90,6 +90,7 @@ def test_memory_gptq_checkpoint_defaults(cli_error):
     assert "fp16" in line
 
 
+@pytest.mark.long  # CI runs it (7-15 s of work no other test shares)
 def test_memory_with_a_catalog_gpu_is_sized_against_the_total_cuda_reports(cli_json, cli_ok, config_path):
     """`--gpu A40`: the budget is the 44.34 GiB an ECC-on A40 reports to CUDA, not its 48 GiB of chips, and the
     answer says so."""

@@ -8,12 +8,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128}
 TINY |= {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256}
 TINY |= {"max_position_embeddings": 512, "tie_word_embeddings": False}
 
 
+@pytest.mark.long  # CI runs it (7-15 s of work no other test shares)
 def test_the_check_prints_predicted_and_measured_speed_ups(tmp_path: Path) -> None:
     config = tmp_path / "config.json"
     config.write_text(json.dumps(TINY))
