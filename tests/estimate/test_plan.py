@@ -93,6 +93,7 @@ def test_a_rank_computes_over_the_datas_lengths_as_estimate_prices_one_gpu() -> 
     assert padded.queries_per_s < 0.9 * own.queries_per_s
 
 
+@pytest.mark.long  # CI runs it (with the test beside it, 7-15 s of work no other test shares)
 def test_a_budget_is_kept_at_the_point_estimate_and_a_crossing_interval_is_said() -> None:
     job = estimate_job("Qwen/Qwen2.5-0.5B", method="lora", seq_len=512)
     gpus = [resolve_gpu_name(g).gpu for g in ("RTX-4090", "H100")]
@@ -108,6 +109,7 @@ def test_a_budget_is_kept_at_the_point_estimate_and_a_crossing_interval_is_said(
     assert any(o.why_not.startswith("over budget") for o in plan.ruled_out)
 
 
+@pytest.mark.long  # CI runs it (with the test beside it, 7-15 s of work no other test shares)
 def test_a_deadline_picks_the_cheapest_in_time() -> None:
     job = estimate_job("Qwen/Qwen2.5-0.5B", method="lora", seq_len=512)
     gpus = [resolve_gpu_name(g).gpu for g in ("RTX-4090", "H100")]

@@ -31,6 +31,7 @@ def test_copies_hide_under_longer_compute_and_set_the_step_when_longer() -> None
     assert with_copies_s(1.0, 1.0) > 1.0  # the roofline's soft corner
 
 
+@pytest.mark.long  # CI runs it (with the test beside it, 7-15 s of work no other test shares)
 def test_estimate_says_what_the_copies_cost(cli_json) -> None:
     job = {"model": "llama-3.2-3b", "method": "lora", "gpu": "A100-80GB", "seq_len": 4096, "batch_size": 2}
     job |= {"epochs": 1, "queries": 1000, "stack": "torchtune"}
@@ -39,6 +40,7 @@ def test_estimate_says_what_the_copies_cost(cli_json) -> None:
     assert offloaded["queries_per_s"] == pytest.approx(plain["queries_per_s"], rel=0.01)  # hidden under compute
 
 
+@pytest.mark.long  # CI runs it (with the test beside it, 7-15 s of work no other test shares)
 def test_the_simulate_estimator_prices_the_copies_and_several_gpus_say_they_do_not(cli_json) -> None:
     job = {"model": "llama-3.2-3b", "method": "lora", "gpu": "A100-80GB", "seq_len": 4096, "batch_size": 2}
     job |= {"epochs": 1, "queries": 1000, "stack": "torchtune", "offload_activations": True}
