@@ -75,14 +75,16 @@ def _accelerate() -> dict[str, tuple[list[str], list[str]]]:
     source = inspect.getsource(accelerate.utils.launch)  # prepare_multi_gpu_env reads fsdp_ignored_modules too
     groups["FSDP Arguments"] += re.findall(r"""(?:args\.|getattr\(args, ")(fsdp_\w+)""", source)
     top = [*_init_fields(ClusterConfig), *_init_fields(SageMakerConfig), "fp16", "dynamo_backend"]
-    keys = [k for k in top if k not in ("fsdp_config", "deepspeed_config")]
+    keys = [k for k in top if k not in ("fsdp_config", "deepspeed_config", "parallelism_config")]
     keys += [f"fsdp_config.{k}" for k in groups["FSDP Arguments"]]
     keys += [f"deepspeed_config.{k}" for k in groups["DeepSpeed Arguments"]]
+    keys += [f"parallelism_config.{k}" for k in groups["ParallelismConfig Arguments"]]
     header = [
         f"accelerate's config file: accelerate {accelerate.__version__} (installed)",
         "commands/config/config_args.py ClusterConfig and SageMakerConfig fields (from_yaml_file refuses others),",
         "fp16 and dynamo_backend (older keys BaseConfig.process_config converts);",
-        "fsdp_config.* and deepspeed_config.*: commands/launch.py's FSDP and DeepSpeed argument groups, which",
+        "fsdp_config.*, deepspeed_config.* and parallelism_config.*: commands/launch.py's FSDP, DeepSpeed and",
+        "ParallelismConfig argument groups, which",
         "`accelerate launch` fills from those sections (an fsdp_config key without the fsdp_ prefix gets it),",
         "and the args.fsdp_* utils/launch.py reads (prepare_multi_gpu_env)",
     ]

@@ -369,11 +369,11 @@ def resolve_model(name: str) -> ModelSpec:
     """A catalog name (any case, or its hub id), a GPTQ checkpoint's hub id (its base model), a hub id without its
     namespace (when one catalog model has it), a re-upload of a catalog model (unsloth, NousResearch, ...), a local
     config path, or a hub id in the local cache."""
-    catalog = model_catalog()
-    key = name.strip().lower()
-    named = _names_of(catalog).get(key)
+    named = catalog_model(name)
     if named is not None:
         return named
+    catalog = model_catalog()
+    key = name.strip().lower()
     by_repository = _repository_name_match(key, catalog)
     if by_repository is not None:
         return by_repository

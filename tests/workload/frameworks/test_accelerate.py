@@ -4,6 +4,7 @@ them and as the transformers DeepSpeed docs show them, "auto" values included)."
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -349,3 +350,62 @@ def test_deepspeed_train_batch_size_gives_the_gpus(tmp_path: Path) -> None:
     assert (job.options["grad_accum"], job.options["num_gpus"]) == (8, 4)
     with pytest.raises(TunecostError, match="train_batch_size: 100 is not micro-batch 4 x accumulation 8"):
         _read(FRAMEWORK_DEEPSPEED, tmp_path, "ds.json", {**ZERO2, "train_batch_size": 100})
+
+
+PARALLELISM = """\
+compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+fsdp_config:
+  fsdp_version: 2
+mixed_precision: bf16
+num_machines: 1
+num_processes: 8
+parallelism_config:
+  parallelism_config_dp_replicate_size: {replicate}
+  parallelism_config_dp_shard_size: {shard}
+  parallelism_config_tp_size: {tp}
+  parallelism_config_cp_size: {cp}
+"""
+
+
+@pytest.mark.parametrize(
+    ("sizes", "expected"),
+    [
+        ((1, 8, 1, 1), {"num_gpus": 8, "strategy": "fsdp2"}),
+        ((1, 2, 2, 2), {"num_gpus": 8, "strategy": "fsdp2", "tp": 2, "sequence_parallel": False, "cp": 2}),
+        ((2, 2, 2, 1), {"num_gpus": 8, "strategy": "hsdp", "gpus_per_node": 4, "tp": 2, "sequence_parallel": False}),
+    ],
+)
+def test_accelerate_parallelism_config_sets_the_layout(tmp_path: Path, sizes: tuple, expected: dict) -> None:
+    replicate, shard, tp, cp = sizes
+    text = PARALLELISM.format(replicate=replicate, shard=shard, tp=tp, cp=cp)
+    job = _read(FRAMEWORK_ACCELERATE, tmp_path, "par.yaml", text)
+    assert {k: v for k, v in job.options.items() if k not in ("dtype", "gpus_per_node") or k in expected} == expected
+    assert not any(k.startswith("parallelism_config.parallelism_config_") and k.endswith("_size")
+                   for k in job.not_modelled)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("sizes", "message"),
+    [
+        ((1, 2, 2, 1), "parallelism_config_dp_shard_size: the sizes' product 4 is not num_processes 8"),
+        ((2, 1, 4, 1), "parallelism_config_dp_shard_size: 1 with cp_size 1 under FSDP: nothing to shard over"),
+        ((1, 8, 1, 0), "parallelism_config_cp_size: must be at least 1, got 0"),
+    ],
+)
+def test_accelerate_parallelism_config_errors(tmp_path: Path, sizes: tuple, message: str) -> None:
+    replicate, shard, tp, cp = sizes
+    path = tmp_path / "par.yaml"
+    path.write_text(PARALLELISM.format(replicate=replicate, shard=shard, tp=tp, cp=cp))
+    with pytest.raises(TunecostError, match=f"par.yaml: parallelism_config: {re.escape(message)}"):
+        FRAMEWORK_ACCELERATE.read(ConfigFile(path=str(path), data=parse_config_file(path)))
+
+
+def test_accelerate_ulysses_sequence_parallelism_is_refused(tmp_path: Path) -> None:
+    """TRL's alst_ulysses_4gpu.yaml: DeepSpeed ZeRO-3 with ALST/Ulysses over 2 ranks."""
+    text = PARALLELISM.format(replicate=1, shard=2, tp=1, cp=1).replace("distributed_type: FSDP", "distributed_type: "
+           "DEEPSPEED") + "  parallelism_config_sp_size: 2\n  parallelism_config_sp_backend: deepspeed\n"  # fmt: skip
+    path = tmp_path / "alst.yaml"
+    path.write_text(text.replace("num_processes: 8", "num_processes: 4"))
+    with pytest.raises(TunecostError, match="parallelism_config_sp_size: 2: ALST/Ulysses sequence parallelism"):
+        FRAMEWORK_ACCELERATE.read(ConfigFile(path=str(path), data=parse_config_file(path)))

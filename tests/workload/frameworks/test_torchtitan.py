@@ -152,6 +152,24 @@ def test_old_keys_and_defaults(tmp_path: Path) -> None:
     assert any("flex attention modelled as SDPA" in a for a in job.assumptions)
 
 
+def test_a_toml_of_mid_2025_reads_as_todays(tmp_path: Path) -> None:
+    """torchtitan 34d815c0's (2025-07-22) names: training.compile, checkpoint.enable_checkpoint, [float8]."""
+    today = QWEN3_HSDP.replace('flavor = "14B"', 'flavor = "14B"\nconverters = ["float8"]')
+    today += '\n[checkpoint]\nenable = false\n\n[quantize.linear.float8]\nrecipe_name = "rowwise"\n'
+    older = today.replace("\n[compile]\nenable = true\n", "").replace("dtype =", "compile = true\ndtype =")
+    older = older.replace("enable = false", "enable_checkpoint = false").replace("quantize.linear.float8", "float8")
+    for text in (today, older):
+        job = _read(tmp_path, text)
+        assert (job.options["torch_compile"], job.options["fp8"]) == (True, "rowwise")
+    assert [a for a in job.assumptions if "its name today" in a] == [
+        "training.compile: read as compile.enable, its name today",
+        "checkpoint.enable_checkpoint: read as checkpoint.enable, its name today",
+        "float8.recipe_name: read as quantize.linear.float8.recipe_name, its name today",
+    ]
+    with pytest.raises(TunecostError, match=r"training.compile: and compile.enable .* are both set"):
+        _read(tmp_path, QWEN3_HSDP.replace("enable_cpu_offload = false", "compile = true"))
+
+
 def test_every_flavor_is_a_catalog_model() -> None:
     for flavor, hub_id in FLAVORS.items():
         assert resolve_model(hub_id).hub_id, flavor

@@ -13,6 +13,7 @@ DeepSpeed JSON config. Each reports its own file and its own library's defaults 
 #   "auto" values: the Trainer's TrainingArguments fill them (transformers integrations/deepspeed.py)
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -131,18 +132,63 @@ def offload_of(cfg: ConfigFile, stage: int, optimizer_key: str, param_key: str, 
     return out, notes
 
 
-def _check_accelerate_keys(cfg: ConfigFile) -> None:
-    """Top-level keys and those of fsdp_config and deepspeed_config; `accelerate launch` adds fsdp_ where missing."""
+def _check_accelerate_keys(cfg: ConfigFile) -> list[str]:
+    """An error for an unknown top-level key (accelerate refuses the file); a note for one inside a section, which
+    `accelerate launch` copies onto its arguments where nothing reads it (it adds fsdp_ to fsdp_config's keys)."""
     fsdp = {f"fsdp_config.{k}": f"fsdp_config.fsdp_{k}" for k in dotted_keys(section(cfg, "fsdp_config").data)}
+    notes = []
     for key in dotted_keys(cfg.data):
         checked = key if key.startswith("fsdp_config.fsdp") else fsdp.get(key, key)
         unknown = ACCELERATE_KEYS.unknown(checked)
+        if unknown is not None and "." not in unknown:
+            raise cfg.error(unknown, ACCELERATE_KEYS.not_a_key(unknown))
         if unknown is not None:
-            raise cfg.error(unknown if checked == key else key, ACCELERATE_KEYS.not_a_key(unknown))
+            notes.append(f"{key}: {ACCELERATE_KEYS.not_a_key(unknown)}; ignored, as `accelerate launch` ignores it")
+    return notes
+
+
+def _parallelism(cfg: ConfigFile, out: dict[str, Any], notes: list[str]) -> ConfigFile:
+    """tp, cp, the GPUs and the data-parallel layout of a parallelism_config section (accelerate's
+    ParallelismConfig: every size 1 unless set, their product the processes; HSDP where shards are replicated)."""
+    par = section(cfg, "parallelism_config")
+    sizes = {}
+    for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
+        key = f"parallelism_config_{name}_size"
+        sizes[name] = par.typed(key, int, 1)
+        if sizes[name] < 1:
+            raise par.error(key, f"must be at least 1, got {sizes[name]}")
+    if sizes["sp"] > 1:
+        raise par.error("parallelism_config_sp_size", f"{sizes['sp']}: ALST/Ulysses sequence parallelism "
+                        "(DeepSpeed, all-to-all heads) is not modelled; context parallelism (cp_size) is")  # fmt: skip
+    total = math.prod(sizes.values())
+    if total == 1:
+        return par
+    if out.get("num_gpus", total) != total:
+        raise par.error("parallelism_config_dp_shard_size", f"the sizes' product {total} is not num_processes "
+                        f"{out['num_gpus']} (accelerate checks they are equal)")  # fmt: skip
+    out["num_gpus"] = total
+    strategy, inner = out.get("strategy"), sizes["tp"] * sizes["cp"]
+    if inner > 1 and strategy not in ("fsdp2", "fsdp2-shard-grad-op", "ddp"):
+        raise par.error("parallelism_config_tp_size" if sizes["tp"] > 1 else "parallelism_config_cp_size",
+                        "tensor and context parallelism run with FSDP2 or MULTI_GPU (ParallelismConfig)")  # fmt: skip
+    if sizes["tp"] > 1:
+        out.update(tp=sizes["tp"], sequence_parallel=False)
+        notes.append(f"tp {sizes['tp']}: transformers' tp_plan; sequence parallelism off (the norms are not sharded)")
+    if sizes["cp"] > 1:
+        out["cp"] = sizes["cp"]
+        notes.append(f"cp {sizes['cp']}: torch's context parallelism (ring attention), as tunecost models it")
+    shard = sizes["dp_shard"] * sizes["cp"]  # FSDP2 shards over dp_shard x cp
+    if strategy in ("fsdp2", "fsdp2-shard-grad-op") and shard == 1:
+        raise par.error("parallelism_config_dp_shard_size", "1 with cp_size 1 under FSDP: nothing to shard over")
+    if strategy in ("fsdp2", "fsdp2-shard-grad-op") and sizes["dp_replicate"] > 1:
+        out.update(strategy="hsdp", gpus_per_node=shard * sizes["tp"])
+        notes.append(f"hsdp: dp_replicate_size {sizes['dp_replicate']} copies of shard groups of {shard}; "
+                     f"gpus_per_node {shard * sizes['tp']} (tunecost's HSDP shards within a node)")  # fmt: skip
+    return par
 
 
 def _read_accelerate(cfg: ConfigFile) -> ConfigJob:
-    _check_accelerate_keys(cfg)
+    ignored = _check_accelerate_keys(cfg)
     distributed = (cfg.typed("distributed_type", str) or "").upper()
     if distributed not in ("NO", "MULTI_GPU", "FSDP", "DEEPSPEED"):
         raise cfg.error("distributed_type", f"{distributed} is not modelled (NO, MULTI_GPU, FSDP, DEEPSPEED)")
@@ -170,7 +216,9 @@ def _read_accelerate(cfg: ConfigFile) -> ConfigJob:
     elif distributed in ("FSDP", "DEEPSPEED"):
         more, lines = _fsdp(fsdp) if distributed == "FSDP" else _zero(ds)
         out, notes = {**out, **more}, notes + lines
-    unused = nested_not_modelled(cfg, ("fsdp_config", fsdp), ("deepspeed_config", ds), ("fp8_config", fp8))
+    par = _parallelism(cfg, out, notes)
+    sections = (("fsdp_config", fsdp), ("deepspeed_config", ds), ("fp8_config", fp8), ("parallelism_config", par))
+    unused = nested_not_modelled(cfg, *sections)
     skip = (
         "compute_environment",
         "machine_rank",
@@ -186,7 +234,7 @@ def _read_accelerate(cfg: ConfigFile) -> ConfigJob:
         framework=FRAMEWORK_ACCELERATE.name,
         path=cfg.path,
         options=out,
-        assumptions=tuple(notes),
+        assumptions=(*notes, *ignored),
         not_modelled=tuple(k for k in unused if not k.startswith(skip)),
     )
 

@@ -21,7 +21,29 @@ from tunecost.workload.frameworks.nested import config_job, data_parallel_layout
 TITLE = "torchtitan"  # its defaults and where they were read: docs/configs.md, "torchtitan's defaults"
 # JobConfig's sections and fields; training.batch_size: local_batch_size's name before 2025-06-05
 SP_KEY = "enable_sequence_parallel"  # the Python configs' switch (2026-03-29), read when a TOML file has it
-KEYS = KnownKeys(f"{TITLE}'s JobConfig", ("torchtitan",), extra=("training.batch_size", f"parallelism.{SP_KEY}"))
+# the TOML names of July to September 2025 (torchtitan 0.1, 0.2: 34d815c0, 8a2686c4) read as today's
+_RENAMED_TABLE = """
+    job.print_args=job.print_config training.compile=compile.enable training.seed=debug.seed
+    training.deterministic=debug.deterministic checkpoint.enable_checkpoint=checkpoint.enable
+    memory_estimation.enabled=memory_estimation.enable validation.enabled=validation.enable
+    mx.recipe_name=quantize.linear.mx.recipe_name mx.filter_fqns=quantize.linear.mx.filter_fqns
+    mx.mxfp8_dim1_cast_kernel_choice=quantize.linear.mx.mxfp8_dim1_cast_kernel_choice
+"""
+FLOAT8_FIELDS = ("emulate", "enable_fsdp_float8_all_gather", "filter_fqns", "precompute_float8_dynamic_scale_for_fsdp")
+RENAMED = dict(pair.split("=") for pair in _RENAMED_TABLE.split()) | {
+    f"float8.{k}": f"quantize.linear.float8.{k}" for k in (*FLOAT8_FIELDS, "recipe_name")
+}
+# those months' keys with no name today (not modelled, so not read)
+_DROPPED_TABLE = """
+    job.use_for_integration_test parallelism.enable_compiled_autograd parallelism.pipeline_parallel_split_points
+    float8.force_recompute_fp8_weight_in_bwd float8.moe_fqns_prototype mx.moe_fqns_prototype
+    mx.use_fp8_dim1_cast_triton_kernel lr_scheduler.lr_min fault_tolerance.fragment_sync_delay
+    fault_tolerance.fragment_update_alpha fault_tolerance.should_quantize fault_tolerance.sync_steps
+"""
+DROPPED = tuple(_DROPPED_TABLE.split())
+KEYS = KnownKeys(
+    f"{TITLE}'s JobConfig", ("torchtitan",), extra=("training.batch_size", f"parallelism.{SP_KEY}", *DROPPED)
+)
 CUSTOM_CONFIG = ("job.custom_config_module", "experimental.custom_args_module")  # extend JobConfig: keys unknown
 # model.name/flavor -> hub id in tunecost's catalog (llama3's flavors are Llama 3.1's: hf_assets_path Llama-3.1-8B)
 _FLAVOR_TABLE = """
@@ -289,12 +311,22 @@ def detect(data: Any) -> bool:
     )
 
 
+def _renamed(flat: ConfigFile) -> tuple[ConfigFile, list[str]]:
+    """The config with an older TOML's keys under today's names (RENAMED), and a note per key renamed."""
+    older = [k for k in flat.data if k in RENAMED]
+    both = [k for k in older if RENAMED[k] in flat.data]
+    if both:
+        raise flat.error(both[0], f"and {RENAMED[both[0]]} (its name since October 2025) are both set")
+    data = {RENAMED.get(k, k): v for k, v in flat.data.items()}
+    return ConfigFile(path=flat.path, data=data), [f"{k}: read as {RENAMED[k]}, its name today" for k in older]
+
+
 def read(cfg: ConfigFile) -> ConfigJob:
-    flat = nested_config(cfg)
+    flat, notes = _renamed(nested_config(cfg))
     if not any(flat.data.get(key) for key in CUSTOM_CONFIG):
         flat.check_keys(KEYS)
     options: dict[str, Any] = {"method": "full", "stack": "tunecost"}
-    notes = [
+    notes[:0] = [
         f"method full: {TITLE} trains the whole model (pre-training or continued training)",
         f"{TITLE}'s own model code: memory simulated with transformers' model code (stack tunecost)",
     ]
