@@ -54,3 +54,15 @@ def test_packing_without_data_is_one_error_not_the_default_datasets_lengths(cli_
     line = cli_error(["estimate", "--model", "qwen2.5-0.5b", "--gpu", "A100-80GB", "--queries", "1000",
                       "--epochs", "1", "--seq-len", "1024", "--packing", "per-document"])  # fmt: skip
     assert "--dataset" in line and "packed row" in line
+    assert "--max-steps" in line  # a run in steps needs no lengths
+
+
+def test_packing_without_data_in_steps_prices_full_rows(cli_ok, cli_json) -> None:
+    """A run counted in steps needs no lengths: each row full, one query, attention over the whole row (the most
+    per-document attention can cost): what a query padded to seq_len costs."""
+    job = {k: v for k, v in JOB.items() if k != "dataset"}
+    err = cli_ok("estimate", **job, max_steps=10, batch_size=4, packing="per-document").stderr
+    assert "assumed: packing without the data's lengths: each row 1024 tokens full" in " ".join(err.split())
+    rows = cli_json("estimate", **job, max_steps=10, batch_size=4, packing="per-document")[0]
+    padded = cli_json("estimate", **job, queries=40, epochs=1, batch_size=4)[0]
+    assert rows["num_queries"] == 40 and rows["queries_per_s"] == pytest.approx(padded["queries_per_s"])

@@ -12,7 +12,7 @@ from typing import Any, TypeVar, get_type_hints
 
 from tunecost.cli import multi_options as multi
 from tunecost.cli import options as cli
-from tunecost.cli.common import stack_behaviour
+from tunecost.cli.common import err_console, stack_behaviour
 from tunecost.cli.jobconfig import on_command_line
 from tunecost.errors import TunecostError
 from tunecost.units import memory_bytes_from_options
@@ -93,16 +93,15 @@ class JobOptions:
             )
         check_lora_options(*methods)
 
-    def estimate_job(self, model: str, method: str, data: Any = None, experts_per_token: int | None = None) -> Any:
-        """The job `estimate` and `plan` cost (`estimate.cost.estimate_job`), on `data`'s lengths when given."""
+    def estimate_job(
+        self, model: str, method: str, data: Any = None, experts_per_token: int | None = None, *, rows: bool = False
+    ) -> Any:
+        """The job `estimate` and `plan` cost (`estimate.cost.estimate_job`), on `data`'s lengths when given.
+        `rows`: the run is counted in steps or tokens, so a packed job needs no lengths (`_full_rows`)."""
         from tunecost.estimate.cost import estimate_job
         from tunecost.workload.job import parse_lora_targets, parse_names
 
-        if self.packing != "none" and data is None:  # not the default dataset's lengths, which are not the user's
-            raise TunecostError(
-                f"--packing {self.packing}: the queries a packed row holds come from the data's lengths; give "
-                "--dataset (a data file, or a catalog dataset with a length statistic)"
-            )
+        lengths = data.lengths if data else self._full_rows(rows)
         return estimate_job(
             model,
             method=method,
@@ -111,7 +110,7 @@ class JobOptions:
             seq_len=self.seq_len,
             lora_targets=parse_lora_targets(self.lora_targets) if self.lora_targets is not None else None,
             stack=self.stack,
-            lengths=data.lengths if data else None,
+            lengths=lengths,
             gradient_checkpointing=self.gradient_checkpointing,
             selective_recompute=self.selective_recompute,
             recompute_layers=self.recompute_layers,
@@ -130,6 +129,25 @@ class JobOptions:
             fp8_params=self.fp8_params,
             modules_to_save=() if method == "full" else parse_names(self.modules_to_save),  # full trains them all
         ).with_(grad_accum=self.grad_accum or 1)
+
+    def _full_rows(self, rows: bool) -> tuple[int, ...] | None:
+        """Without the data, a packed job's rows as full ones, each counted as one query with attention over the
+        whole row (an upper bound on per-document attention): only for a run counted in steps or tokens, whose
+        rows do not depend on how many queries a row holds. Not the default dataset's lengths: not the user's."""
+        if self.packing == "none":
+            return None
+        if not rows or self.seq_len is None:
+            raise TunecostError(
+                f"--packing {self.packing}: the queries a packed row holds come from the data's lengths; give "
+                "--dataset (a data file, or a catalog dataset with a length statistic), or count the run in steps "
+                "(--max-steps N), which needs no lengths"
+            )
+        err_console.print(
+            f"assumed: packing without the data's lengths: each row {self.seq_len} tokens full, counted as one "
+            "query, its attention over the whole row (an upper bound on attention within each query); --dataset "
+            "gives the queries a row holds"
+        )
+        return (self.seq_len,)
 
 
 _LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "modules_to_save")

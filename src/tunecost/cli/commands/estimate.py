@@ -88,7 +88,7 @@ def estimate(
     data = job_data(dataset, model=model) if dataset else None
     dataset_queries = data.num_queries if queries is None and data is not None else queries
     job_options.check_method(method)
-    job = job_options.estimate_job(model, method, data, experts_per_token)
+    job = job_options.estimate_job(model, method, data, experts_per_token, rows=max_steps is not None)
     searching = multi_gpu.given and multi_gpu.num_gpus is None
     length = run_length(epochs, max_steps, dataset_queries, searching=searching, queries_per_row=queries_per_row(job))
     queries, epochs = length.num_queries, length.epochs

@@ -121,7 +121,8 @@ def plan(
     gpus = _rented_gpus(gpu, owned)
     data = job_data(dataset, model=model) if dataset and config_data_file(dataset) else None  # emit names it
     global_batch = _kept_global_batch(global_batch)
-    jobs = [job_options.estimate_job(model, m, data) for m in methods]
+    rows = max_steps is not None or tokens is not None
+    jobs = [job_options.estimate_job(model, m, data, rows=rows) for m in methods]
     if global_batch is not None:  # each setup's accumulation comes from the global batch (plan._with_global_batch)
         jobs = [j.with_(grad_accum=1) for j in jobs]
     per_row = queries_per_row(jobs[0])

@@ -88,6 +88,8 @@ def job_packed_lengths(job: FineTuneJob) -> SeqLengths:
     per_document = job.packing == "per-document"
     if job.lengths:
         source = f"{job.dataset or 'dataset'}: {len(job.lengths)} measured lengths"
+        if job.dataset is None and job.lengths == (row,):  # the CLI's rows of unknown data (`JobOptions._full_rows`)
+            source = "the data's lengths unknown: full rows, one query each"
         return packed_lengths(job.lengths, row, job.batch_size, per_document=per_document, source=source)
     if job.dataset is None:
         raise TunecostError("packing: give the data (--dataset) whose queries fill the rows")
