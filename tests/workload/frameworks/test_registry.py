@@ -145,3 +145,20 @@ def test_a_framework_searches_only_the_model_parallel_dimensions_it_runs() -> No
     assert runnable_layouts(searched, "torchtune") == [searched[0], searched[1], searched[3]]
     assert runnable_layouts(searched, "litgpt") == [ModelParallel()]
     assert runnable_layouts(searched, "torchtitan") == runnable_layouts(searched, None) == searched
+
+
+def test_the_hf_stack_searches_tp_without_sequence_parallelism_and_no_pipeline() -> None:
+    """transformers' tp_plan and DeepSpeed AutoTP shard no norms; none of the HF-stack readers runs a pipeline;
+    LLaMA-Factory's Trainer backend has TP through DeepSpeed AutoTP only, its v1 no TP (Ulysses cp is not modelled)."""
+    from tunecost.workload.frameworks.registry import runnable_layouts
+    from tunecost.workload.parallel import ModelParallel
+
+    tp_sp, tp = ModelParallel(tp=2, sequence_parallel=True), ModelParallel(tp=2)
+    searched = [ModelParallel(), tp_sp, ModelParallel(pp=2), ModelParallel(tp=2, cp=2, sequence_parallel=True)]
+    hf = [ModelParallel(), tp, ModelParallel(tp=2, cp=2)]
+    for framework in ("hf-training-args", "accelerate", "axolotl", "axolotl+deepspeed"):
+        assert runnable_layouts(searched, framework) == hf
+    assert runnable_layouts(searched, "llamafactory") == runnable_layouts(searched, "deepspeed") == hf[:2]
+    assert runnable_layouts(searched, "llamafactory-v1") == [ModelParallel()]
+    assert runnable_layouts(searched, "llamafactory-megatron") == searched  # Megatron Core runs them all
+    assert runnable_layouts([tp_sp, tp], "accelerate") == [tp]  # one layout, not two alike

@@ -129,6 +129,7 @@ class Framework:
     strategies: tuple[str, ...] = ()  # the several-GPU strategies it runs, and why (empty: every one tunecost models)
     strategies_why: str = ""
     model_parallel: tuple[str, ...] | None = None  # the TP/PP/CP dimensions it runs ("tp", "pp", "cp"; None: all)
+    tp_shards_norms: bool = True  # its TP runs sequence parallelism; False: transformers' tp_plan, DeepSpeed AutoTP
 
 
 @dataclass(frozen=True, kw_only=True)

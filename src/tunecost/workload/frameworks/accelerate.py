@@ -355,8 +355,16 @@ FRAMEWORK_ACCELERATE = Framework(
     suffixes=(".yaml", ".yml", ".json"),
     detect=detect_accelerate,
     read=_read_accelerate,
+    model_parallel=("tp", "cp"),  # parallelism_config
+    tp_shards_norms=False,
 )
 FRAMEWORK_DEEPSPEED = Framework(
-    name="deepspeed", title="DeepSpeed", suffixes=(".json",), detect=detect_deepspeed, read=_read_deepspeed
+    name="deepspeed",
+    title="DeepSpeed",
+    suffixes=(".json",),
+    detect=detect_deepspeed,
+    read=_read_deepspeed,
+    model_parallel=("tp",),  # tensor_parallel.autotp_size (AutoTP training)
+    tp_shards_norms=False,
 )
 FRAMEWORKS = (FRAMEWORK_ACCELERATE, FRAMEWORK_DEEPSPEED)

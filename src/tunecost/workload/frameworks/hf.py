@@ -370,5 +370,7 @@ FRAMEWORK_TRAINING_ARGS = Framework(
     suffixes=FILES,
     detect=detect_training_args,
     read=_read_training_args,
+    model_parallel=("tp", "cp"),  # parallelism_config: accelerate's ParallelismConfig
+    tp_shards_norms=False,
 )
 FRAMEWORKS = (FRAMEWORK_TRAINING_ARGS,)

@@ -199,6 +199,6 @@ def _detect(data: Mapping[str, Any]) -> bool:
     return isinstance(data.get("model"), str) and "model_name_or_path" not in data and any(k in data for k in keys)
 
 
-FRAMEWORK = Framework(
-    name="llamafactory-v1", title=TITLE, suffixes=(".yaml", ".yml", ".json"), detect=_detect, read=_read
-)
+# data parallelism, and Ulysses' cp_size (not modelled): no model-parallel layout searched
+FRAMEWORK = Framework(name="llamafactory-v1", title=TITLE, suffixes=(".yaml", ".yml", ".json"),
+                      detect=_detect, read=_read, model_parallel=())  # fmt: skip

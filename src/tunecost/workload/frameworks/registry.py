@@ -55,12 +55,18 @@ def runnable_strategies(strategies: Sequence[str], framework: str | None) -> tup
 
 def runnable_layouts(choices: Sequence[ModelParallel], framework: str | None) -> list[ModelParallel]:
     """Of the searched model-parallel `choices`, those whose dimensions the job's framework runs (torchtune: TP and
-    CP, no pipeline; litgpt: neither); all of them for a framework that runs every one."""
+    CP, no pipeline; litgpt: neither), TP without sequence parallelism where its TP shards no norms; all of them
+    for a framework that runs every one."""
     runs = _restricting(framework, lambda f: f.model_parallel is not None)
     if runs is None:
         return list(choices)
     dims = runs.model_parallel or ()
-    return [c for c in choices if all(getattr(c, d) == 1 or d in dims for d in ("tp", "pp", "cp"))]
+    kept = [c for c in choices if all(getattr(c, d) == 1 or d in dims for d in ("tp", "pp", "cp"))]
+    return (
+        kept
+        if runs.tp_shards_norms
+        else list(dict.fromkeys(dataclasses.replace(c, sequence_parallel=False) for c in kept))
+    )
 
 
 def _restricting(framework: str | None, restricts: Callable[[Framework], bool]) -> Framework | None:
