@@ -450,3 +450,18 @@ def test_an_moe_plan_weighs_expert_parallel_layouts() -> None:
     )
     (twin,) = [t for t in same.setups if t.plan == s.plan]
     assert (twin.micro_batch, twin.cost.hours, twin.cost.usd) == (s.micro_batch, s.cost.hours, s.cost.usd)
+
+
+def test_a_kept_global_batch_caps_the_micro_batch_search_at_a_ranks_share() -> None:
+    """With a global batch kept, no micro-batch over a rank's share is simulated, and the setup is the uncapped
+    search's at the share (the plan re-prices at a micro-batch dividing it either way)."""
+    from tunecost.estimate.rank_needs import RankNeeds
+
+    job = estimate_job("Qwen/Qwen2.5-0.5B", method="lora", seq_len=512)
+    h100 = resolve_gpu_name("H100").gpu
+    run = {"gpus": [h100], "strategies": ["ddp"], "num_gpus": 2, "num_queries": 2000, "epochs": 1}
+    needs = RankNeeds(job.with_(batch_size=1))
+    (capped,) = estimate_multi_gpu(job, **run, needs=needs, global_batch=8).setups
+    assert capped.micro_batch == 4 and max(batch for _, batch in needs._memory) == 4  # 8 over 2 ranks
+    (free,) = estimate_multi_gpu(job, **run).setups
+    assert free.micro_batch > 4 and capped.fits == free.fits

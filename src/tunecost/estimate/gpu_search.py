@@ -16,7 +16,7 @@ from tunecost.distributed.layouts import check_model_parallel, checked_counts, l
 from tunecost.distributed.rank_memory import STORED_SHARDED
 from tunecost.distributed.timing import Links, cpu_optimizer_note, default_links
 from tunecost.errors import TunecostError
-from tunecost.estimate.rank_needs import RankNeeds
+from tunecost.estimate.rank_needs import MAX_MICRO_BATCH, RankNeeds
 from tunecost.estimate.setups import COST_NOTE, MultiGpuEstimate, Setup, evaluate_setup
 from tunecost.estimate.simulated import Throughput
 from tunecost.models.catalog import resolve_model
@@ -49,23 +49,23 @@ def estimate_multi_gpu(
     needs: RankNeeds | None = None,
     require_fit: bool = True,
     model_parallel: ModelParallel | None = None,
+    global_batch: int | None = None,
 ) -> MultiGpuEstimate:
     """Evaluate `job` on each GPU x layout: `num_gpus` GPUs (one count, or a count per GPU name), or every valid
-    count up to `max_gpus` (the counts the expert-parallel degree divides). Each setup runs `micro_batch` per
-    rank, or the largest that fits with the safety margin (the search of one GPU); with no `num_gpus`, only the
-    fewest GPUs that fit per GPU and strategy are searched and costed (`more_gpus`: and that count doubled, up to
-    `max_gpus`). Fitting nothing at all is an error then. `needs`: the job's rank memory and throughputs already
-    computed (the same job with another offload or count); without `require_fit`, fitting nothing is an answer.
-    `model_parallel`: the TP/PP/CP degrees (None: data parallelism, or, searching, `layouts.model_parallel_choices`)."""
+    count up to `max_gpus` (the counts the expert-parallel degree divides). Each setup runs `micro_batch` per rank,
+    or the largest that fits with the safety margin (up to a rank's share of a kept `global_batch`); with no
+    `num_gpus`, only the fewest GPUs that fit per GPU and strategy are searched and costed (`more_gpus`: and that
+    count doubled, up to `max_gpus`), and fitting nothing is an error unless not `require_fit`. `needs`: the job's
+    rank memory and throughputs already computed (the same job with another offload or count). `model_parallel`:
+    the TP/PP/CP degrees (None: data parallelism, or, searching, `layouts.model_parallel_choices`)."""
     strategies, int8_note = _holding_strategies(job, strategies)
     degree = model_parallel.degree if model_parallel is not None else 1
     counts_by_gpu, spec = checked_counts(
         job.model, gpus, strategies, num_gpus, gpus_per_node, max_gpus, expert_degree, offload, degree
     )
     mp_notes = check_model_parallel(spec, job.worst_case_seq_len, model_parallel, counts_by_gpu, liger=job.liger_kernel)
-    host_cpu = needs.host_cpu if needs is not None else None
-    links_by_gpu = {g.name: default_links(g, gpus_per_node, node_link, host_cpu) for g in gpus}  # errors before tracing
     needs = needs or RankNeeds(job.with_(batch_size=1), behaviour)
+    links_by_gpu = {g.name: default_links(g, gpus_per_node, node_link, needs.host_cpu) for g in gpus}  # before tracing
     choices = model_parallel_choices(spec, job, given=model_parallel, searching=num_gpus is None,
                                      gpus_per_node=gpus_per_node, framework=needs.framework)  # fmt: skip
     param_counts = count_parameters(spec, job.experts_per_token) if {"zero2", "zero3"} & set(strategies) else None
@@ -85,6 +85,7 @@ def estimate_multi_gpu(
         param_counts=param_counts,
         model_parallel=choices,
         grad_accum=job.grad_accum,
+        global_batch=global_batch,
     )
     prices = price_catalog(prices_file)
     setups = _gpu_setups(search, gpus, counts_by_gpu, links_by_gpu, prices, provider)
@@ -95,8 +96,7 @@ def estimate_multi_gpu(
         raise _fits_nothing(spec.name, job.method, max_gpus, gpus, strategies)
     notes = [*search.notes, *mp_notes, *int8_note, COST_NOTE]
     notes += [deepspeed_estimator.ASSUMPTION] if param_counts else []
-    if offload != "none":
-        notes += [cpu_optimizer_note(gpu, links_by_gpu[gpu.name], host_cpu) for gpu in gpus]
+    notes += [cpu_optimizer_note(g, links_by_gpu[g.name], needs.host_cpu) for g in gpus if offload != "none"]
     return MultiGpuEstimate(
         model=spec.name,
         method=job.method,
@@ -222,6 +222,7 @@ class _Search:
     param_counts: ParamCounts | None
     model_parallel: Sequence[ModelParallel] = (ModelParallel(),)
     grad_accum: int = 1  # the job's, which `needs` (shared by jobs that differ in it) may not have
+    global_batch: int | None = None  # kept by the caller (`plan`): a rank runs at most its share
     notes: list[str] = field(default_factory=list)
     noted: set[str] = field(default_factory=set)
 
@@ -262,7 +263,7 @@ class _Search:
                         Setup(gpu=gpu, plan=plan, memory=first, margin_fraction=self.margin, not_timed=not_timed)
                     )
                 else:
-                    lo, border = self.needs.largest_micro_batch(plan, gpu, self.margin)
+                    lo, border = self.needs.largest_micro_batch(plan, gpu, self.margin, self.most_micro_batch(plan))
                     batch = self.within_epoch(plan, max(lo, 1))
                     setups.append(self.evaluate(gpu, links, prices, throughputs, plan, batch, border))
                     if lo and fewest is None:  # one GPU fitting stands for every strategy's
@@ -270,6 +271,13 @@ class _Search:
                         same = [dataclasses.replace(plan, strategy=s) for s in self.strategies] if single else [plan]
                         found.update(dict.fromkeys(map(_layout_key, same), n))
         return setups
+
+    def most_micro_batch(self, plan: ParallelPlan) -> int:
+        """The largest micro-batch worth searching: a rank's share of the kept global batch (per pipeline
+        micro-batch), at least 1; the search's own limit without one."""
+        if self.global_batch is None:
+            return MAX_MICRO_BATCH
+        return max(1, self.global_batch // (plan.dp * plan.num_micro_batches))
 
     def within_epoch(self, plan: ParallelPlan, batch: int) -> int:
         """`batch`, cut to the most one optimizer step of `plan` can take from an epoch's queries (micro-batch x

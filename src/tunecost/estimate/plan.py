@@ -130,6 +130,7 @@ def _search(
     prices_file,
     behaviour,
     needs: RankNeeds,
+    global_batch: int | None,
 ) -> tuple[list[Option], list[str]]:
     """Every layout of `job` on `gpus` with each offload, and an MoE model's with each expert-parallel degree
     (`gpu_search.searched_expert_degrees`, without offload): the fewest GPUs that fit and that count doubled."""
@@ -157,6 +158,7 @@ def _search(
             more_gpus=True,
             needs=needs,
             require_fit=False,
+            global_batch=global_batch,
         )
         notes.extend(answer.notes)
         for setup in answer.setups:
@@ -369,6 +371,7 @@ def make_plan(
             prices_file=prices_file,
             behaviour=behaviour,
             needs=needs[owned][job.method],
+            global_batch=global_batch,
         )
         search = {"num_queries": num_queries, "epochs": epochs, "needs": needs[owned][job.method]}
         search["prices_file"] = prices_file

@@ -167,12 +167,11 @@ class RankNeeds:
                 pass
         self._dirty.clear()
 
-    def largest_micro_batch(self, plan: ParallelPlan, gpu: GPU, margin_fraction: float) -> tuple[int, int]:
-        """(largest micro-batch that fits `gpu` with the margin, largest within it without): the search
+    def largest_micro_batch(
+        self, plan: ParallelPlan, gpu: GPU, margin_fraction: float, most: int = MAX_MICRO_BATCH
+    ) -> tuple[int, int]:
+        """(largest micro-batch up to `most` that fits `gpu` with the margin, largest within it without): the search
         `memory` and `estimate` run on one GPU."""
         return search_with_margin(
-            lambda b: self.memory(plan, b).nvidia_smi_bytes,
-            gpu.usable_memory_bytes,
-            margin_fraction,
-            max_batch=MAX_MICRO_BATCH,
+            lambda b: self.memory(plan, b).nvidia_smi_bytes, gpu.usable_memory_bytes, margin_fraction, max_batch=most
         )
