@@ -27,8 +27,9 @@ def unknown_name_error(kind: str, name: str, choices: Iterable[str]) -> Tunecost
     """An error for an unknown `kind` (model, GPU, provider, ...) that lists the valid choices
     and, where one is close, suggests it ("did you mean")."""
     valid = sorted(set(choices))
+    longer = [c for c in valid if c.lower().startswith(name.strip().lower())]  # "mistral-7b": its versions
     close = difflib.get_close_matches(name.lower(), [c.lower() for c in valid], n=1, cutoff=0.6)
-    hint = ""
-    if close:
-        hint = f" Did you mean {next(c for c in valid if c.lower() == close[0])!r}?"
+    meant = longer[:4] if name.strip() and longer else [c for c in valid if close and c.lower() == close[0]][:1]
+    said = [repr(m) for m in meant]
+    hint = f" Did you mean {' or '.join([', '.join(said[:-1]), said[-1]] if len(said) > 1 else said)}?" if said else ""
     return TunecostError(f"unknown {kind} {name!r}.{hint} Valid choices: {', '.join(valid)}")

@@ -157,6 +157,13 @@ def test_unknown_model_lists_valid_names() -> None:
         assert name in message
 
 
+def test_a_name_without_its_version_suggests_the_versions() -> None:
+    with pytest.raises(
+        TunecostError, match=r"Did you mean 'mistral-7b-v0\.1', 'mistral-7b-v0\.2' or 'mistral-7b-v0\.3'\?"
+    ):
+        resolve_model("mistral-7b")
+
+
 def test_an_uncached_hub_id_in_an_offline_session_is_an_error() -> None:
     """Tests never reach the Hub (tests/conftest.py sets HF_HUB_OFFLINE; the download: tests/models/test_hub.py)."""
     with pytest.raises(TunecostError, match="not in the catalog: config.json .* not in the local Hugging Face cache"):
