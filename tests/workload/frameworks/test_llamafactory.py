@@ -218,6 +218,9 @@ def test_partial_target_list_and_inline_deepspeed(tmp_path):
         ("quantization_bit: 3", "quantization_bit"),
         ("quantization_bit: 8\nfinetuning_type: full", "quantization_bit"),
         ("use_unsloth: true", "use_unsloth"),
+        ("use_kt: true", "use_kt"),  # examples/ktransformers: the experts on the CPU
+        ("shift_attn: true", "shift_attn"),
+        ("mixture_of_depths: convert", "mixture_of_depths"),  # examples/extras/mod
         ("optim: adafactor", "optim"),
         ("flash_attn: xformers", "flash_attn"),
         ("lora_rank: eight", "lora_rank"),

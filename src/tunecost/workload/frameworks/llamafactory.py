@@ -54,7 +54,9 @@ _UNMODELLED_FLAGS = {
     "use_unsloth": "unsloth's own kernels are not modelled", "use_dora": "DoRA is not modelled",
     "use_llama_pro": "LLaMA Pro (expanded blocks) is not modelled", "use_galore": f"GaLore {_OPT}",
     "use_apollo": f"APOLLO {_OPT}", "use_badam": f"BAdam {_OPT}", "use_adam_mini": f"Adam-mini {_OPT}",
-    "use_muon": f"Muon {_OPT}",
+    "use_muon": f"Muon {_OPT}", "use_kt": "KTransformers (the MoE experts run on the CPU) is not modelled",
+    "shift_attn": "LongLoRA's shifted short attention (S^2-Attn) is not modelled",
+    "mixture_of_depths": "Mixture-of-Depths (tokens skip layers) is not modelled",
 }  # fmt: skip
 
 
@@ -68,7 +70,7 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
     if stage != "sft":
         raise cfg.error("stage", f"{stage} (pt: pretraining, rm/ppo/dpo/kto: reward/preference training): {SFT_ONLY}")
     for key, what in _UNMODELLED_FLAGS.items():
-        if cfg.typed(key, bool):
+        if cfg.typed(key, str if key == "mixture_of_depths" else bool):  # its "convert" or "load"
             raise cfg.error(key, what)
     kind = _get(cfg, notes, "finetuning_type", str)
     if kind not in ("lora", "full"):
