@@ -22,6 +22,7 @@ from tunecost.estimate.simulated import Throughput
 from tunecost.models.catalog import resolve_model
 from tunecost.models.params import ParamCounts, count_parameters
 from tunecost.simulate.batch import default_margin_fraction, fit_verdict, margin_note
+from tunecost.workload.frameworks.registry import runnable_plans
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import DEFAULT_MAX_GPUS, ModelParallel, ParallelPlan
 
@@ -241,14 +242,20 @@ class _Search:
                 asked = [s for s in self.strategies if s != "single"]
                 if asked and len(asked) == len(self.strategies):
                     self.note(f"one GPU: {', '.join(asked)} shard and replicate nothing there; priced as one GPU alone")
-            for plan in layout_plans(
-                n,
-                self.strategies,
-                gpus_per_node=self.gpus_per_node,
-                expert_degree=self.expert_degree,
-                offload=self.offload,
-                model_parallel=self.model_parallel,
-            ):
+            plans, dropped = runnable_plans(
+                layout_plans(
+                    n,
+                    self.strategies,
+                    gpus_per_node=self.gpus_per_node,
+                    expert_degree=self.expert_degree,
+                    offload=self.offload,
+                    model_parallel=self.model_parallel,
+                ),
+                self.needs.framework,
+            )
+            for line in dropped:
+                self.note(line)
+            for plan in plans:
                 first = self.needs.memory(plan, 1)
                 fits_one = fit_verdict(first.nvidia_smi_bytes, gpu.usable_memory_bytes, self.margin) == "yes"
                 fewest = found.get(_layout_key(plan))

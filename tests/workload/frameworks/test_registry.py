@@ -162,3 +162,24 @@ def test_the_hf_stack_searches_tp_without_sequence_parallelism_and_no_pipeline()
     assert runnable_layouts(searched, "llamafactory-v1") == [ModelParallel()]
     assert runnable_layouts(searched, "llamafactory-megatron") == searched  # Megatron Core runs them all
     assert runnable_layouts([tp_sp, tp], "accelerate") == [tp]  # one layout, not two alike
+
+
+def test_the_hf_stack_runs_tp_beside_fsdp2_and_zero_0_to_2_only() -> None:
+    """DeepSpeed AutoTP trains with ZeRO stages 0 to 2; accelerate's ParallelismConfig shards with FSDP2: no TP
+    beside FSDP1 or ZeRO-3 for the HF stack, any beside them for the frameworks that run every layout."""
+    from tunecost.workload.frameworks.registry import runnable_plans
+    from tunecost.workload.parallel import ParallelPlan
+
+    plans = [ParallelPlan(num_gpus=8, strategy=s, tp=t) for t in (1, 2) for s in ("fsdp1", "fsdp2", "zero2", "zero3")]
+    kept, notes = runnable_plans(plans, "hf-training-args")
+    assert [(p.tp, p.strategy) for p in kept] == [(1, s) for s in ("fsdp1", "fsdp2", "zero2", "zero3")] + [
+        (2, "fsdp2"),
+        (2, "zero2"),
+    ]
+    assert notes == [
+        "tp beside fsdp1, zero3: not searched, transformers TrainingArguments / TRL SFTConfig's TP runs beside "
+        "single, ddp, fsdp2, fsdp2-shard-grad-op, hsdp, zero1, zero2 only"
+    ]
+    assert [p.strategy for p in runnable_plans(plans, "deepspeed")[0] if p.tp == 2] == ["zero2"]
+    assert [p.strategy for p in runnable_plans(plans, "accelerate")[0] if p.tp == 2] == ["fsdp2"]
+    assert runnable_plans(plans, "torchtitan") == runnable_plans(plans, None) == (plans, [])

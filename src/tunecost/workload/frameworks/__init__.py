@@ -130,6 +130,7 @@ class Framework:
     strategies_why: str = ""
     model_parallel: tuple[str, ...] | None = None  # the TP/PP/CP dimensions it runs ("tp", "pp", "cp"; None: all)
     tp_shards_norms: bool = True  # its TP runs sequence parallelism; False: transformers' tp_plan, DeepSpeed AutoTP
+    tp_strategies: tuple[str, ...] | None = None  # the data-parallel strategies its TP runs beside (None: every one)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -19,7 +19,13 @@ from typing import Any
 
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, Framework, KnownKeys, dotted_keys
 from tunecost.workload.frameworks.hf import not_modelled
-from tunecost.workload.frameworks.hf_common import Part, fp8_options, truthy
+from tunecost.workload.frameworks.hf_common import (
+    AUTOTP_STRATEGIES,
+    PARALLELISM_CONFIG_STRATEGIES,
+    Part,
+    fp8_options,
+    truthy,
+)
 from tunecost.workload.parallel import config_node_size
 
 ACCELERATE, DEEPSPEED = "accelerate's", "DeepSpeed's"
@@ -357,6 +363,7 @@ FRAMEWORK_ACCELERATE = Framework(
     read=_read_accelerate,
     model_parallel=("tp", "cp"),  # parallelism_config
     tp_shards_norms=False,
+    tp_strategies=PARALLELISM_CONFIG_STRATEGIES,
 )
 FRAMEWORK_DEEPSPEED = Framework(
     name="deepspeed",
@@ -366,5 +373,6 @@ FRAMEWORK_DEEPSPEED = Framework(
     read=_read_deepspeed,
     model_parallel=("tp",),  # tensor_parallel.autotp_size (AutoTP training)
     tp_shards_norms=False,
+    tp_strategies=AUTOTP_STRATEGIES,
 )
 FRAMEWORKS = (FRAMEWORK_ACCELERATE, FRAMEWORK_DEEPSPEED)

@@ -16,6 +16,7 @@ from tunecost.workload.frameworks import (
     steps_options,
 )
 from tunecost.workload.frameworks.hf_common import (
+    HF_TP_STRATEGIES,
     INT8,
     VISION_MODEL,
     compile_options,
@@ -374,4 +375,5 @@ FRAMEWORK = Framework(
     read=_read,
     model_parallel=("tp", "cp"),  # tensor_parallel_size, context_parallel_size (`_model_parallel`)
     tp_shards_norms=False,
+    tp_strategies=HF_TP_STRATEGIES,
 )

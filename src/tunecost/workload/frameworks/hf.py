@@ -27,6 +27,7 @@ from tunecost.workload.frameworks import (
     steps_options,
 )
 from tunecost.workload.frameworks.hf_common import (
+    HF_TP_STRATEGIES,
     Part,
     compile_options,
     fsdp_options,
@@ -372,5 +373,6 @@ FRAMEWORK_TRAINING_ARGS = Framework(
     read=_read_training_args,
     model_parallel=("tp", "cp"),  # parallelism_config: accelerate's ParallelismConfig
     tp_shards_norms=False,
+    tp_strategies=HF_TP_STRATEGIES,
 )
 FRAMEWORKS = (FRAMEWORK_TRAINING_ARGS,)

@@ -17,6 +17,11 @@ from tunecost.workload.job import group_targets
 Part = tuple[dict[str, Any], list[str]]  # options and assumption lines
 VISION_MODEL = re.compile(r"(?i)vision|llava|internvl|(?<![a-z])vl(?![a-z])")
 SHARDS = ("full_shard", "shard_grad_op", "hybrid_shard", "hybrid_shard_zero2", "no_shard")
+# what the HF stack's TP runs beside (`Framework.tp_strategies`): DeepSpeed AutoTP with ZeRO stages 0 to 2, and
+# accelerate's ParallelismConfig with FSDP2 or DDP
+AUTOTP_STRATEGIES = ("single", "ddp", "zero1", "zero2")
+PARALLELISM_CONFIG_STRATEGIES = ("single", "ddp", "fsdp2", "fsdp2-shard-grad-op", "hsdp")
+HF_TP_STRATEGIES = (*PARALLELISM_CONFIG_STRATEGIES, "zero1", "zero2")
 
 
 def truthy(value: Any) -> bool:

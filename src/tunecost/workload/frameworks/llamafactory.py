@@ -7,6 +7,7 @@ from typing import Any
 
 from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.hf_common import (
+    AUTOTP_STRATEGIES,
     INT8,
     VISION_MODEL,
     compile_options,
@@ -235,4 +236,5 @@ FRAMEWORK = Framework(
     read=_read,
     model_parallel=("tp",),  # DeepSpeed AutoTP (its Megatron backends: framework llamafactory-megatron)
     tp_shards_norms=False,
+    tp_strategies=AUTOTP_STRATEGIES,
 )

@@ -17,7 +17,7 @@ from tunecost.workload.frameworks import PASS_DEEPSPEED, ConfigFile, ConfigJob, 
 from tunecost.workload.frameworks.accelerate import FRAMEWORK_DEEPSPEED
 from tunecost.workload.frameworks.hf import BOTH_OFF
 from tunecost.workload.frameworks.llamafactory import UPCASTS
-from tunecost.workload.parallel import ModelParallel
+from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
 READER_MODULES = (
     "llamafactory",
@@ -67,6 +67,20 @@ def runnable_layouts(choices: Sequence[ModelParallel], framework: str | None) ->
         if runs.tp_shards_norms
         else list(dict.fromkeys(dataclasses.replace(c, sequence_parallel=False) for c in kept))
     )
+
+
+def runnable_plans(plans: Sequence[ParallelPlan], framework: str | None) -> tuple[list[ParallelPlan], list[str]]:
+    """Of `plans`, those whose TP the job's framework runs beside their data-parallel strategy (the HF stack's:
+    FSDP2, or DeepSpeed AutoTP with ZeRO 0 to 2), with a note on the rest."""
+    runs = _restricting(framework, lambda f: f.tp_strategies is not None)
+    if runs is None or runs.tp_strategies is None:
+        return list(plans), []
+    kept = [p for p in plans if p.tp == 1 or p.strategy in runs.tp_strategies]
+    dropped = sorted({p.strategy for p in plans if p not in kept})
+    if not dropped:
+        return kept, []
+    beside = ", ".join(runs.tp_strategies)
+    return kept, [f"tp beside {', '.join(dropped)}: not searched, {runs.title}'s TP runs beside {beside} only"]
 
 
 def _restricting(framework: str | None, restricts: Callable[[Framework], bool]) -> Framework | None:
