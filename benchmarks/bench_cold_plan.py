@@ -7,6 +7,7 @@ check both answer the same: the steps read off batch lines (`tunecost.simulate.b
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import subprocess
 import sys
@@ -54,6 +55,9 @@ def main() -> None:
     print(f"| tree | seconds |\n|---|---|\n| {args.base} | {base_s:.1f} |\n| this tree | {here_s:.1f} |")
     print(f"speed-up: {base_s / here_s:.2f}x; same answer: {'yes' if base_out == here_out else 'NO'}")
     if base_out != here_out:
+        sys.stdout.writelines(
+            difflib.unified_diff(base_out.splitlines(True), here_out.splitlines(True), args.base, "tree")
+        )
         sys.exit(1)
 
 
