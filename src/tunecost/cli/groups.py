@@ -101,7 +101,6 @@ class JobOptions:
         from tunecost.estimate.cost import estimate_job
         from tunecost.workload.job import parse_lora_targets, parse_names
 
-        lengths = data.lengths if data else self._full_rows(rows)
         return estimate_job(
             model,
             method=method,
@@ -110,7 +109,7 @@ class JobOptions:
             seq_len=self.seq_len,
             lora_targets=parse_lora_targets(self.lora_targets) if self.lora_targets is not None else None,
             stack=self.stack,
-            lengths=lengths,
+            lengths=data.lengths if data else self._full_rows(rows),
             gradient_checkpointing=self.gradient_checkpointing,
             selective_recompute=self.selective_recompute,
             recompute_layers=self.recompute_layers,

@@ -367,13 +367,6 @@ def _detect(data: Mapping[str, Any]) -> bool:
     return "base_model" in data and any(k in data for k in keys)
 
 
-FRAMEWORK = Framework(
-    name="axolotl",
-    title=TITLE,
-    suffixes=(".yaml", ".yml"),
-    detect=_detect,
-    read=_read,
-    model_parallel=("tp", "cp"),  # tensor_parallel_size, context_parallel_size (`_model_parallel`)
-    tp_shards_norms=False,
-    tp_strategies=HF_TP_STRATEGIES,
-)
+# model_parallel: tensor_parallel_size (transformers' tp_plan, DeepSpeed AutoTP) and context_parallel_size
+FRAMEWORK = Framework(name="axolotl", title=TITLE, suffixes=(".yaml", ".yml"), detect=_detect, read=_read,
+                      model_parallel=("tp", "cp"), tp_shards_norms=False, tp_strategies=HF_TP_STRATEGIES)  # fmt: skip

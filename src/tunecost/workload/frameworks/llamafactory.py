@@ -228,13 +228,7 @@ def _detect(data: Mapping[str, Any]) -> bool:
     return "model_name_or_path" in data and any(k in data for k in keys)
 
 
-FRAMEWORK = Framework(
-    name="llamafactory",
-    title=TITLE,
-    suffixes=(".yaml", ".yml", ".json"),
-    detect=_detect,
-    read=_read,
-    model_parallel=("tp",),  # DeepSpeed AutoTP (its Megatron backends: framework llamafactory-megatron)
-    tp_shards_norms=False,
-    tp_strategies=AUTOTP_STRATEGIES,
-)
+# model_parallel: DeepSpeed AutoTP (its Megatron backends are framework llamafactory-megatron, every layout)
+FRAMEWORK = Framework(name="llamafactory", title=TITLE, suffixes=(".yaml", ".yml", ".json"), detect=_detect,
+                      read=_read, model_parallel=("tp",), tp_shards_norms=False,
+                      tp_strategies=AUTOTP_STRATEGIES)  # fmt: skip
