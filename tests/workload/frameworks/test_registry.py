@@ -177,7 +177,7 @@ def test_the_hf_stack_runs_tp_beside_fsdp2_and_zero_0_to_2_only() -> None:
         (2, "zero2"),
     ]
     assert notes == [
-        "tp beside fsdp1, zero3: not searched, transformers TrainingArguments / TRL SFTConfig's TP runs beside "
+        "TP beside other strategies: not searched, transformers TrainingArguments / TRL SFTConfig's TP runs beside "
         "single, ddp, fsdp2, fsdp2-shard-grad-op, hsdp, zero1, zero2 only"
     ]
     assert [p.strategy for p in runnable_plans(plans, "deepspeed")[0] if p.tp == 2] == ["zero2"]

@@ -76,11 +76,10 @@ def runnable_plans(plans: Sequence[ParallelPlan], framework: str | None) -> tupl
     if runs is None or runs.tp_strategies is None:
         return list(plans), []
     kept = [p for p in plans if p.tp == 1 or p.strategy in runs.tp_strategies]
-    dropped = sorted({p.strategy for p in plans if p not in kept})
-    if not dropped:
+    if len(kept) == len(plans):
         return kept, []
-    beside = ", ".join(runs.tp_strategies)
-    return kept, [f"tp beside {', '.join(dropped)}: not searched, {runs.title}'s TP runs beside {beside} only"]
+    return kept, [f"TP beside other strategies: not searched, {runs.title}'s TP runs beside "
+                  f"{', '.join(runs.tp_strategies)} only"]  # fmt: skip
 
 
 def _restricting(framework: str | None, restricts: Callable[[Framework], bool]) -> Framework | None:
