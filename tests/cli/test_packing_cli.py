@@ -57,6 +57,7 @@ def test_packing_without_data_is_one_error_not_the_default_datasets_lengths(cli_
     assert "--max-steps" in line  # a run in steps needs no lengths
 
 
+@pytest.mark.long
 def test_packing_without_data_in_steps_prices_full_rows(cli_ok, cli_json) -> None:
     """A run counted in steps needs no lengths: each row full, one query, attention over the whole row (the most
     per-document attention can cost): what a query padded to seq_len costs."""

@@ -452,6 +452,7 @@ def test_an_moe_plan_weighs_expert_parallel_layouts() -> None:
     assert (twin.micro_batch, twin.cost.hours, twin.cost.usd) == (s.micro_batch, s.cost.hours, s.cost.usd)
 
 
+@pytest.mark.long
 def test_a_kept_global_batch_caps_the_micro_batch_search_at_a_ranks_share() -> None:
     """With a global batch kept, no micro-batch over a rank's share is simulated, and the setup is the uncapped
     search's at the share (the plan re-prices at a micro-batch dividing it either way)."""
