@@ -141,6 +141,7 @@ def test_the_optional_kernel_warning_of_bitsandbytes_is_dropped() -> None:
     assert not logger.filter(noise) and logger.filter(other)
 
 
+@pytest.mark.long
 def test_piped_tables_keep_every_name_whole(cli_runner) -> None:
     from tunecost.cli.main import app
 

@@ -98,6 +98,7 @@ def test_auto_searches_tensor_and_pipeline_layouts_for_a_dense_full_fine_tune(cl
     assert {(1, 1), (2, 1), (1, 2), (2, 2)} <= layouts
 
 
+@pytest.mark.long
 def test_the_stages_count_the_embedding_and_the_head_as_told(cli_runner) -> None:
     """4 layers over 4 stages: torchtitan's default (each counted as a layer) deals 1, 2, 1, 0, leaving the last
     stage the norm and head alone; Megatron's (neither counted) 1 each, so the last stage adds a layer to the head."""

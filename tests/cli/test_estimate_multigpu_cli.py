@@ -17,6 +17,7 @@ RUN = ["estimate", "--epochs", "1", "--queries", "100"]
 BASE = [*RUN, "--method", "lora"]
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_mixtral_lora_on_8_h100_fits_under_fsdp2_not_ddp(cli_runner):
     """DDP keeps the whole bf16 model (93.4 GB of frozen weights) on every rank: more than 80 GiB; FSDP2 keeps

@@ -17,6 +17,7 @@ def test_int8_weights_hold_one_byte_each_between_nf4_and_16_bits(cli_json) -> No
     assert int8["weights_8bit"] == 2 * nf4["weights_4bit"]  # the same matrices: a byte a weight, not half of one
 
 
+@pytest.mark.long
 def test_sharded_strategies_are_refused_or_left_out(cli_error, cli_json) -> None:
     args = ["estimate", "--model", "qwen2.5-0.5b", "--method", "qlora", "--quant-type", "int8", "--gpu", "A100-80GB"]
     line = cli_error([*args, "--gpus", "2", "--strategy", "fsdp2", "--queries", "1000", "--epochs", "1"])

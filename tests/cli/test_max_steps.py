@@ -209,6 +209,7 @@ def test_queries_beside_max_steps_is_one_error(cli_runner):
     assert result.exit_code == 2 and "give --queries or --max-steps, not both" in result.output
 
 
+@pytest.mark.long
 def test_plan_says_the_configs_layout_is_one_it_weighs(cli_runner, tmp_path):
     """A plan searches layouts: the ZeRO-2 a config's DeepSpeed file states is weighed among them, and said."""
     (tmp_path / "ds.json").write_text('{"zero_optimization": {"stage": 2}}')

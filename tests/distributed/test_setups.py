@@ -173,6 +173,7 @@ def test_a_lora_job_no_data_parallel_layout_holds_is_searched_with_tensor_parall
     assert all(s.plan.degree == 1 for s in short.setups)
 
 
+@pytest.mark.long
 def test_at_a_given_count_a_job_no_data_parallel_layout_holds_is_searched_with_tensor_parallelism():
     """The same job on the 8 L4s a user names (`--gpus 8`, no --tp): no data-parallel layout holds it, so the
     model-parallel layouts of those 8 GPUs are searched, and the note says how to name one."""

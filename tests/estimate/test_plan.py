@@ -120,6 +120,7 @@ def test_a_deadline_picks_the_cheapest_in_time() -> None:
     assert plan.goal == "cheapest within the deadline"
 
 
+@pytest.mark.long
 def test_the_front_is_the_options_nobody_beats() -> None:
     job = estimate_job("Qwen/Qwen2.5-0.5B", method="lora", seq_len=512)
     plan = make_plan([job], gpus=[resolve_gpu_name("H100").gpu], **SMALL)
