@@ -6,8 +6,11 @@ import json
 import os
 import tempfile
 
-# Idle OpenMP threads spin by default; with 2 cores that starves the next op. Set before torch loads.
+# Idle OpenMP threads spin by default; with 2 cores that starves the next op. Set before torch loads. One torch
+# thread per process: the tests' tensors are tiny and make test runs a worker per core (measured: 434 s against 475 s
+# with torch's default of a thread per core, one fresh-clone run each).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 # No test reaches the Hugging Face Hub (a model outside the catalog is fetched from a local stand-in:
 # tests/models/test_hub.py). Set before huggingface_hub loads.
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -169,19 +172,6 @@ def cli_json(cli_ok):
         return json.loads(cli_ok(command, **options, json=True).stdout)
 
     return run
-
-
-@pytest.fixture
-def one_torch_thread():
-    """Run a test on one torch thread and restore the setting after. For tiny tensors one thread is as fast, and
-    on a shared, busy 2-core CPU two intra-op threads mostly spin-wait on each other (measured: a 12 ms forward
-    took over 1 s; ~10x the CPU time per training step)."""
-    import torch
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 @pytest.fixture(scope="session")

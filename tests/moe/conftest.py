@@ -5,11 +5,6 @@ from __future__ import annotations
 import pytest
 
 
-@pytest.fixture(autouse=True)
-def _one_thread(one_torch_thread):
-    """These tests run tiny ops: one torch thread (tests/conftest.py)."""
-
-
 @pytest.fixture(scope="session")
 def moe_model(small_mixtral):
     """`moe_model(num_hidden_layers=2)`: a whole tiny Mixtral (vocabulary 128, width 64, two heads, 8 experts of

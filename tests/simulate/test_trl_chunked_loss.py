@@ -77,7 +77,7 @@ def test_where_trl_would_not_run_it_is_an_error(tiny_llama, changes, stack, mess
         simulate_step(_job(tiny_llama, **changes), stack=stack, behaviour=TRL, use_cache=False)
 
 
-def test_trls_own_chunked_loss_matches_the_simulated_one(tiny_llama, one_torch_thread) -> None:
+def test_trls_own_chunked_loss_matches_the_simulated_one(tiny_llama) -> None:
     """TRL's own code (trl.trainer.sft_trainer, the forward SFTTrainer patches in) on real CPU tensors: the same loss
     as tunecost's function, and the CPU allocator's peak of its step within 3 % of the simulated step's."""
     pytest.importorskip("trl")

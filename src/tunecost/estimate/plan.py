@@ -171,11 +171,10 @@ def _search(
 
 
 def _global_micro_batch(option: Option, global_batch: int) -> tuple[int, int] | str:
-    """(micro-batch, accumulation) that keep the optimisation's batch at `global_batch` over the data-parallel
-    ranks (a pipeline's micro-batches each; TP and CP ranks share theirs, as `setups.evaluate_setup` counts
-    samples) with the largest micro-batch that fits and divides a rank's share; or why none does."""
+    """(micro-batch, accumulation) that keep the optimisation's batch at `global_batch` over the plan's micro-batches
+    per step, with the largest micro-batch that fits and divides a rank's share; or why none does."""
     plan = option.setup.plan
-    per_step = plan.dp * plan.num_micro_batches
+    per_step = plan.micro_batches_per_step
     if global_batch % per_step:
         ranks = f"{plan.dp} data-parallel ranks"
         ranks += f" x {plan.num_micro_batches} pipeline micro-batches" if plan.num_micro_batches > 1 else ""

@@ -333,6 +333,12 @@ class ParallelPlan(ModelParallel, _DataParallel):
         return self.num_gpus // self.degree
 
     @property
+    def micro_batches_per_step(self) -> int:
+        """Micro-batches a step takes at accumulation 1, what a global batch is shared among: one per data-parallel
+        rank and pipeline micro-batch (TP and CP ranks share theirs, as `setups.evaluate_setup` counts samples)."""
+        return self.dp * self.num_micro_batches
+
+    @property
     def num_reduce_buckets(self) -> int:
         """DeepSpeed ZeRO-1/2's gradient buckets per backward: two with overlap_comm (double buffering), else one."""
         return 2 if self.overlap_comm else 1

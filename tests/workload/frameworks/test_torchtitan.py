@@ -150,6 +150,10 @@ def test_old_keys_and_defaults(tmp_path: Path) -> None:
     assert (o["strategy"], o["num_gpus"]) == ("fsdp2-shard-grad-op", 4)
     _named(job, "seq_len 2048", "gradient_checkpointing on", "training.dtype float32", "attention sdpa")
     assert any("flex attention modelled as SDPA" in a for a in job.assumptions)
+    assert "training.batch_size: read as training.local_batch_size, its name today" in job.assumptions
+    both = OLD_DEFAULTS.replace("batch_size = 4", "batch_size = 4\nlocal_batch_size = 2")
+    with pytest.raises(TunecostError, match=r"training.batch_size: and training.local_batch_size .* both set"):
+        _read(tmp_path, both)
 
 
 def test_a_toml_of_mid_2025_reads_as_todays(tmp_path: Path) -> None:

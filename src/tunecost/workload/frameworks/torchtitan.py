@@ -19,10 +19,11 @@ from tunecost.workload.frameworks.model_parallel import (
 from tunecost.workload.frameworks.nested import config_job, data_parallel_layout, nested_config, optimizer_name
 
 TITLE = "torchtitan"  # its defaults and where they were read: docs/configs.md, "torchtitan's defaults"
-# JobConfig's sections and fields; training.batch_size: local_batch_size's name before 2025-06-05
 SP_KEY = "enable_sequence_parallel"  # the Python configs' switch (2026-03-29), read when a TOML file has it
-# the TOML names of July to September 2025 (torchtitan 0.1, 0.2: 34d815c0, 8a2686c4) read as today's
+# older TOML names read as today's: training.batch_size (before 2025-06-05), July to September 2025 (torchtitan
+# 0.1, 0.2: 34d815c0, 8a2686c4)
 _RENAMED_TABLE = """
+    training.batch_size=training.local_batch_size
     job.print_args=job.print_config training.compile=compile.enable training.seed=debug.seed
     training.deterministic=debug.deterministic checkpoint.enable_checkpoint=checkpoint.enable
     memory_estimation.enabled=memory_estimation.enable validation.enabled=validation.enable
@@ -41,9 +42,7 @@ _DROPPED_TABLE = """
     fault_tolerance.fragment_update_alpha fault_tolerance.should_quantize fault_tolerance.sync_steps
 """
 DROPPED = tuple(_DROPPED_TABLE.split())
-KEYS = KnownKeys(
-    f"{TITLE}'s JobConfig", ("torchtitan",), extra=("training.batch_size", f"parallelism.{SP_KEY}", *DROPPED)
-)
+KEYS = KnownKeys(f"{TITLE}'s JobConfig", ("torchtitan",), extra=(f"parallelism.{SP_KEY}", *DROPPED))
 CUSTOM_CONFIG = ("job.custom_config_module", "experimental.custom_args_module")  # extend JobConfig: keys unknown
 # model.name/flavor -> hub id in tunecost's catalog (llama3's flavors are Llama 3.1's: hf_assets_path Llama-3.1-8B)
 _FLAVOR_TABLE = """
@@ -119,9 +118,8 @@ def _converters(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> 
 
 
 def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
-    key = "training.local_batch_size" if "training.batch_size" not in flat.data else "training.batch_size"
     line = f"batch_size 8: {TITLE}'s default (training.local_batch_size)"
-    options["batch_size"] = flat.or_default(key, int, 8, notes, line)
+    options["batch_size"] = flat.or_default("training.local_batch_size", int, 8, notes, line)
     options["seq_len"] = flat.or_default("training.seq_len", int, 2048, notes, f"seq_len 2048: {TITLE}'s default")
     line = f"training.dtype float32: {TITLE}'s default"
     dtype = DTYPES.get(flat.or_default("training.dtype", str, "float32", notes, line))
@@ -316,7 +314,7 @@ def _renamed(flat: ConfigFile) -> tuple[ConfigFile, list[str]]:
     older = [k for k in flat.data if k in RENAMED]
     both = [k for k in older if RENAMED[k] in flat.data]
     if both:
-        raise flat.error(both[0], f"and {RENAMED[both[0]]} (its name since October 2025) are both set")
+        raise flat.error(both[0], f"and {RENAMED[both[0]]} (its name today) are both set")
     data = {RENAMED.get(k, k): v for k, v in flat.data.items()}
     return ConfigFile(path=flat.path, data=data), [f"{k}: read as {RENAMED[k]}, its name today" for k in older]
 
