@@ -400,3 +400,33 @@ def test_nd_parallel_data_parallel_sizes(tmp_path):
     assert _read(tmp_path, fsdp2 + "dp_shard_size: 8\ndp_replicate_size: 1\n").options["strategy"] == "fsdp2"
     deepspeed = _read(tmp_path, "base_model: m\nmicro_batch_size: 1\ndp_shard_size: 2\ndp_replicate_size: 2\n")
     assert "strategy" not in deepspeed.options and deepspeed.options["num_gpus"] == 4
+
+
+@pytest.mark.parametrize(
+    ("extra", "layout"),
+    [
+        ("expert_parallel_size: 4\n", (4, "ddp", 4)),  # examples/expert_parallel/qwen3_30ba3b_ep_fft_4gpu.yaml
+        ("expert_parallel_size: 2\ndp_shard_size: 2\nfsdp_version: 2\nfsdp_config:\n  reshard_after_forward: true\n",
+         (4, "fsdp2", 2)),  # qwen3_30ba3b_ep_fsdp_fft_4gpu.yaml: experts over ep, the rest sharded over all four
+    ],
+)  # fmt: skip
+def test_expert_parallel_sets_the_gpus_and_the_experts_split(tmp_path, extra, layout):
+    """The EP plugin's GPUs are expert_parallel_size x dp_shard_size (x cp); alone it replicates the rest (DDP)."""
+    plugin = "plugins:\n  - axolotl.integrations.expert_parallel.ExpertParallelPlugin\n"
+    base = "base_model: Qwen/Qwen3-30B-A3B\nmicro_batch_size: 1\n" + plugin
+    o = _read(tmp_path, base + extra).options
+    assert (o["num_gpus"], o["strategy"], o["expert_parallel"]) == layout and "gpus_per_node" not in o
+
+
+@pytest.mark.parametrize(
+    ("extra", "said"),
+    [
+        ("tensor_parallel_size: 2\n", "expert_parallel_size: 2 beside tensor_parallel_size"),
+        ("dp_shard_size: 2\nfsdp_config:\n  offload_params: false\n", "expert_parallel_size: 2 under fsdp1"),
+        ("context_parallel_size: 2\n", "experts spread over context-parallel ranks are not modelled"),
+        ("dp_shard_size: 2\n", "expert_parallel_size: 2 under ddp with dp_shard_size 2"),
+    ],
+)
+def test_expert_parallel_layouts_the_plugin_does_not_run_are_one_error(tmp_path, extra, said):
+    with pytest.raises(TunecostError, match=said):
+        _read(tmp_path, "base_model: Qwen/Qwen3-30B-A3B\nmicro_batch_size: 1\nexpert_parallel_size: 2\n" + extra)

@@ -26,6 +26,7 @@ from tunecost.workload.frameworks.hf_common import (
     optimizer_options,
     peft_targets,
 )
+from tunecost.workload.frameworks.model_parallel import config_expert_parallel, positive
 from tunecost.workload.job import targets_text
 from tunecost.workload.known_datasets import FILE_SUFFIXES, catalog_dataset, config_dataset_option
 
@@ -240,10 +241,34 @@ def _model_parallel(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
     return options
 
 
+def _expert_parallel(cfg: ConfigFile, options: dict[str, Any], notes: list[str]) -> bool:
+    """expert_parallel_size (integrations/expert_parallel/plugin.py): the routed experts split over its ranks, the
+    GPUs ep x dp_shard_size x cp (the plugin's product); under FSDP2 the experts shard over dp_shard and the other
+    weights over every rank, as tunecost's EP does; alone, the rest is replicated (DDP). False where EP is off."""
+    ep, key = cfg.typed("expert_parallel_size", int), "expert_parallel_size"
+    if ep is None or ep == 1:
+        return False
+    if options.get("tp", 1) > 1 or (cfg.typed("dp_replicate_size", int) or 1) > 1:
+        raise cfg.error(key, f"{ep} beside tensor_parallel_size or dp_replicate_size: {TITLE}'s plugin composes "
+                        "expert parallelism with dp_shard_size and context_parallel_size only")  # fmt: skip
+    shard = positive(cfg, "dp_shard_size", cfg.typed("dp_shard_size", int))
+    config_expert_parallel(cfg, options | {"num_gpus": None}, key, None, etp_default=None)
+    strategy = options.setdefault("strategy", "ddp")  # dp_shard_size needs fsdp_config
+    if strategy not in ("ddp", "fsdp2") or (strategy == "ddp" and shard > 1):
+        raise cfg.error(key, f"{ep} under {strategy} with dp_shard_size {shard}: {TITLE}'s plugin runs expert "
+                        "parallelism alone or beside FSDP2 (fsdp_version 2) over dp_shard_size")  # fmt: skip
+    options.update(expert_parallel=ep, num_gpus=ep * shard * options.get("cp", 1))
+    notes.append(f"GPUs {options['num_gpus']}: expert_parallel_size x dp_shard_size x cp, {strategy} beside {TITLE}'s "
+                 "expert parallelism (the experts split over its ranks)")  # fmt: skip
+    return True
+
+
 def _data_parallel(cfg: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     """dp_shard_size and dp_replicate_size (accelerate's ParallelismConfig, utils/distributed.py
     _get_parallel_config_kwargs): both fix the GPUs; under FSDP, shard groups of more than one GPU replicated over
     the others are HSDP (tunecost's HSDP shards within a node), replicas of one GPU are DDP."""
+    if _expert_parallel(cfg, options, notes):
+        return
     shard, replicate = cfg.typed("dp_shard_size", int), cfg.typed("dp_replicate_size", int)
     for key, size in (("dp_shard_size", shard), ("dp_replicate_size", replicate)):
         if size is not None and size < 1:
