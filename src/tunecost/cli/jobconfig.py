@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 
+from tunecost.catalog.datasets import TRAIN_SPLIT, find_dataset_facts
 from tunecost.cli.common import err_console
 from tunecost.cli.options import CONFIG_OPTIONS, CONFIG_PATH, ParameterSource, get_current_context, opt
 from tunecost.errors import TunecostError
@@ -234,10 +235,11 @@ def _trained_queries(config: dict[str, Any], dataset_queries: int | None) -> int
 
     spec = config.get("dataset_split")
     if spec and dataset_queries is not None:
-        taken = sliced_queries(spec, dataset_queries)
+        counted = getattr(find_dataset_facts(str(config.get("dataset"))), "split", "") or TRAIN_SPLIT
+        taken = sliced_queries(spec, dataset_queries, counted)
         if taken is None:
-            err_console.print(f"assumed: {dataset_queries} queries per epoch: the train split's, not the config's "
-                              f"split {spec} (give --queries)")  # fmt: skip
+            err_console.print(f"assumed: {dataset_queries} queries per epoch: the {counted} split's, not the "
+                              f"config's split {spec} (give --queries)")  # fmt: skip
         elif taken < 1:
             raise TunecostError(f"the config's dataset split {spec} takes none of the {dataset_queries} queries")
         else:

@@ -284,7 +284,7 @@ class _Search:
         micro-batch), at least 1; the search's own limit without one."""
         if self.global_batch is None:
             return MAX_MICRO_BATCH
-        return max(1, self.global_batch // plan.micro_batches_per_step)
+        return max(1, self.global_batch // plan.micro_batch_slots)
 
     def within_epoch(self, plan: ParallelPlan, batch: int) -> int:
         """`batch`, cut to the most one optimizer step of `plan` can take from an epoch's queries (micro-batch x

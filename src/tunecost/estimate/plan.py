@@ -174,7 +174,7 @@ def _global_micro_batch(option: Option, global_batch: int) -> tuple[int, int] | 
     """(micro-batch, accumulation) that keep the optimisation's batch at `global_batch` over the plan's micro-batches
     per step, with the largest micro-batch that fits and divides a rank's share; or why none does."""
     plan = option.setup.plan
-    per_step = plan.micro_batches_per_step
+    per_step = plan.micro_batch_slots
     if global_batch % per_step:
         ranks = f"{plan.dp} data-parallel ranks"
         ranks += f" x {plan.num_micro_batches} pipeline micro-batches" if plan.num_micro_batches > 1 else ""

@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunecost.catalog.datasets import get_dataset_facts
+from tunecost.catalog.datasets import dataset_catalog, get_dataset_facts
 from tunecost.errors import TunecostError
 
 DATA_DIR_ENV = "TUNECOST_DATA_DIR"
@@ -124,11 +124,22 @@ def hub_cached(repo_id: str) -> bool:
     return (Path(constants.HF_HUB_CACHE) / f"datasets--{repo_id.replace('/', '--')}" / "snapshots").is_dir()
 
 
-def config_dataset_option(key: str, name: str) -> tuple[dict[str, str], list[str]]:
-    """What a framework config's dataset `name` (under `key`) gives a job: the catalog's row, else its copy in the
-    local Hugging Face cache, else no dataset and a note saying how to give the lengths."""
+def _catalog_split(known: str, split: str | None) -> dict[str, str]:
+    """The catalog row of dataset `known`'s `split` (its hub id's row of that split), else `known` with the split
+    (`dataset_split`: its queries are the row's split's where the split spec slices it, else said)."""
+    facts = get_dataset_facts(known)
+    if not split or not facts.split or split.strip() == facts.split:
+        return {"dataset": known}
+    rows = [f for f in dataset_catalog().values() if facts.hub_id and f.hub_id == facts.hub_id and f.split == split]
+    return {"dataset": rows[0].name} if len(rows) == 1 else {"dataset": known, "dataset_split": split.strip()}
+
+
+def config_dataset_option(key: str, name: str, split: str | None = None) -> tuple[dict[str, str], list[str]]:
+    """What a framework config's dataset `name` (under `key`) and the `split` it states give a job: the catalog's
+    row (of that split where it has one, else its own with the split to count), else its copy in the local Hugging
+    Face cache, else no dataset and a note saying how to give the lengths."""
     if known := catalog_dataset(name):
-        return {"dataset": known}, []
+        return _catalog_split(known, split), []
     if hub_cached(name):
         return {"dataset": name}, [f"{key} {name}: its copy in the local Hugging Face cache is counted"]
     fix = f"give --dataset FILE or --seq-len, or `hf download {name} --repo-type dataset`"

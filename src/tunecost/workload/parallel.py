@@ -333,9 +333,9 @@ class ParallelPlan(ModelParallel, _DataParallel):
         return self.num_gpus // self.degree
 
     @property
-    def micro_batches_per_step(self) -> int:
-        """Micro-batches a step takes at accumulation 1, what a global batch is shared among: one per data-parallel
-        rank and pipeline micro-batch (TP and CP ranks share theirs, as `setups.evaluate_setup` counts samples)."""
+    def micro_batch_slots(self) -> int:
+        """The micro-batches a step takes at accumulation 1, among which a global batch is shared: one per
+        data-parallel rank and pipeline micro-batch (TP and CP ranks share theirs: `setups.evaluate_setup`)."""
         return self.dp * self.num_micro_batches
 
     @property

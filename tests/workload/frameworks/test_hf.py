@@ -559,6 +559,30 @@ def test_trl_loads_the_model_in_fp32_unless_its_dtype_says(tmp_path: Path) -> No
     assert not _said(half, "TRL loads the model in fp32") and "dtype" not in half.not_modelled
 
 
+@pytest.mark.parametrize(
+    ("data", "dataset", "split"),
+    [
+        ("dataset_name: openai/gsm8k\ndataset_train_split: test\n", "gsm8k", None),  # the catalog's test row
+        ("dataset_name: openai/gsm8k\ndataset_train_split: train\n", "gsm8k-train", None),
+        ("dataset_name: openai/gsm8k\n", "gsm8k-train", None),  # no split stated: the hub id's train row
+        ("datasets:\n  - path: HuggingFaceH4/ultrachat_200k\n    split: test_sft\n", "ultrachat-200k", "test_sft"),
+        ("datasets:\n  - path: HuggingFaceH4/ultrachat_200k\n    split: train_sft[:10%]\n", "ultrachat-200k",
+         "train_sft[:10%]"),
+    ],
+)  # fmt: skip
+def test_the_split_a_config_names_picks_the_catalog_row_or_slices_it(tmp_path: Path, data, dataset, split) -> None:
+    """A catalog row of the named split is the job's data; a split the catalog has no row of is left to count."""
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", "model_name_or_path: Qwen/Qwen2.5-0.5B\n" + data)
+    assert (job.options["dataset"], job.options.get("dataset_split")) == (dataset, split)
+
+
+def test_the_handbooks_test_split_size_is_held_out(tmp_path: Path) -> None:
+    """dataset_mixture.test_split_size: train_test_split of the concatenated mixture (src/alignment/data.py)."""
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "config_full.yaml", HANDBOOK_SFT)
+    assert job.options["eval_split"] == 1000
+    assert _said(job, "dataset_mixture: only the first of 2 datasets gives the lengths and the queries per epoch")
+
+
 def test_trl_datasets_win_over_dataset_name(tmp_path: Path) -> None:
     """trl/scripts/sft.py loads `datasets` and ignores dataset_name beside it."""
     text = TRL_QLORA_YAML + "datasets:\n  - path: HuggingFaceH4/ultrachat_200k\n"

@@ -216,10 +216,12 @@ def _dataset(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
     if not isinstance(path, str):
         raise cfg.error("datasets", f"each entry needs a path, got {datasets[0]!r}")
     if len(datasets) > 1:
-        notes.append(f"datasets: only the first of {len(datasets)} gives the lengths")
+        notes.append(f"datasets: only the first of {len(datasets)} gives the lengths and the queries per epoch "
+                     "(--queries gives the mixture's)")  # fmt: skip
     if path.lower().endswith(FILE_SUFFIXES) and not catalog_dataset(path):
         return {"dataset": path}
-    option, lines = config_dataset_option("datasets[0].path", path)
+    split = first.get("split")
+    option, lines = config_dataset_option("datasets[0].path", path, split if isinstance(split, str) else None)
     notes += lines
     return option
 

@@ -30,6 +30,7 @@ from tunecost.workload.frameworks.hf_common import (
     HF_TP_STRATEGIES,
     Part,
     compile_options,
+    eval_split_of,
     fsdp_options,
     int8_options,
     liger_options,
@@ -294,20 +295,26 @@ def _sft(cfg: ConfigFile) -> Part:
 
 
 def _dataset(cfg: ConfigFile) -> Part:
-    """dataset_name, else the first of a mixture: TRL's `datasets` (DatasetMixtureConfig, each a `path`) or the
-    alignment handbook's `dataset_mixture.datasets` (each an `id`, src/alignment/configs.py)."""
-    key, mixture = "datasets", cfg.get("datasets")
+    """dataset_name (at dataset_train_split), else the first of a mixture: TRL's `datasets` (DatasetMixtureConfig,
+    each a `path`) or the alignment handbook's `dataset_mixture.datasets` (each an `id`, src/alignment/configs.py;
+    its test_split_size held out, as `datasets`' train_test_split takes it), at the split it names."""
+    key, mixture, held = "datasets", cfg.get("datasets"), {}
     if not mixture:
-        key, mixture = "dataset_mixture", _mapping(cfg, "dataset_mixture").get("datasets")
-    entries = (
-        [d.get("path") or d.get("id") for d in mixture if isinstance(d, dict)] if isinstance(mixture, list) else []
-    )
-    names: list[str] = list(dict.fromkeys(n for n in entries if isinstance(n, str)))
+        handbook = ConfigFile(path=f"{cfg.path}: dataset_mixture", data=_mapping(cfg, "dataset_mixture"))
+        key, mixture, held = "dataset_mixture", handbook.get("datasets"), eval_split_of(handbook, "test_split_size")
+    entries = [d for d in mixture if isinstance(d, dict)] if isinstance(mixture, list) else []
+    entries = [d for d in entries if isinstance(d.get("path") or d.get("id"), str)]
     name: str | None = cfg.typed("dataset_name", str)
-    if not names:  # trl/scripts/sft.py: `datasets` first, dataset_name ignored beside it
-        return config_dataset_option("dataset_name", name) if name is not None else ({}, [])
-    options, notes = config_dataset_option(key, names[0])
-    return options, [f"{key}: only the first of {len(names)} datasets gives the lengths"] * (len(names) > 1) + notes
+    if not entries:  # trl/scripts/sft.py: `datasets` first, dataset_name ignored beside it
+        split = cfg.typed("dataset_train_split", str)
+        return config_dataset_option("dataset_name", name, split) if name is not None else ({}, [])
+    split = entries[0].get("split")
+    first = str(entries[0].get("path") or entries[0].get("id"))
+    options, notes = config_dataset_option(key, first, split if isinstance(split, str) else None)
+    if len(entries) > 1:
+        notes.insert(0, f"{key}: only the first of {len(entries)} datasets gives the lengths and the queries per "
+                     "epoch (--queries gives the mixture's)")  # fmt: skip
+    return options | held, notes
 
 
 def _read_training_args(cfg: ConfigFile) -> ConfigJob:
