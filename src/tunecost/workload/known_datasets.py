@@ -127,11 +127,11 @@ def hub_cached(repo_id: str) -> bool:
 def _catalog_split(known: str, split: str | None) -> dict[str, str]:
     """The catalog row of dataset `known`'s `split` (its hub id's row of that split), else `known` with the split
     (`dataset_split`: its queries are the row's split's where the split spec slices it, else said)."""
-    facts = get_dataset_facts(known)
-    if not split or not facts.split or split.strip() == facts.split:
+    facts, split = get_dataset_facts(known), (split or "").strip()
+    if not split or not facts.split or split == facts.split:
         return {"dataset": known}
     rows = [f for f in dataset_catalog().values() if facts.hub_id and f.hub_id == facts.hub_id and f.split == split]
-    return {"dataset": rows[0].name} if len(rows) == 1 else {"dataset": known, "dataset_split": split.strip()}
+    return {"dataset": rows[0].name} if len(rows) == 1 else {"dataset": known, "dataset_split": split}
 
 
 def config_dataset_option(key: str, name: str, split: str | None = None) -> tuple[dict[str, str], list[str]]:
