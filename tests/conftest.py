@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 
 # Idle OpenMP threads spin by default; with 2 cores that starves the next op. Set before torch loads. One torch
-# thread per process: the tests' tensors are tiny and make test runs a worker per core (measured: 434 s against 475 s
-# with torch's default of a thread per core, one fresh-clone run each).
+# thread per process for make test's tests (tiny tensors, a worker per core: 434 s against 475 s with torch's default
+# of a thread per core, one fresh-clone run each); the `long` ones keep the default (`_long_tests_use_every_core`).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 # No test reaches the Hugging Face Hub (a model outside the catalog is fetched from a local stand-in:
@@ -36,6 +37,22 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker("slow") is None and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+@pytest.fixture(autouse=True)
+def _long_tests_use_every_core(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """A `long` test (CI: end-to-end and training runs, real launches) runs on torch's default of a thread per core, in
+    its process and the ones it starts: one thread for every test made CI slower. A count the caller set other than one
+    is left alone."""
+    mine = os.environ.get("OMP_NUM_THREADS") == "1"
+    threads = (os.cpu_count() or 1) if mine and request.node.get_closest_marker("long") is not None else 0
+    if threads:
+        monkeypatch.setenv("OMP_NUM_THREADS", str(threads))
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(threads)
+    yield
+    if threads and "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(1)
 
 
 @pytest.fixture(autouse=True, scope="session")
