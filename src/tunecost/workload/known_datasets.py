@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunecost.catalog.datasets import dataset_catalog, get_dataset_facts
+from tunecost.catalog.datasets import dataset_catalog, find_dataset_facts, get_dataset_facts
 from tunecost.errors import TunecostError
 
 DATA_DIR_ENV = "TUNECOST_DATA_DIR"
@@ -127,8 +127,9 @@ def hub_cached(repo_id: str) -> bool:
 def _catalog_split(known: str, split: str | None) -> dict[str, str]:
     """The catalog row of dataset `known`'s `split` (its hub id's row of that split), else `known` with the split
     (`dataset_split`: its queries are the row's split's where the split spec slices it, else said)."""
-    facts, split = get_dataset_facts(known), (split or "").strip()
-    if not split or not facts.split or split == facts.split:
+    split = (split or "").strip()
+    facts = find_dataset_facts(known) if split else None  # None too for a known dataset outside the catalog
+    if facts is None or not facts.split or split == facts.split:
         return {"dataset": known}
     rows = [f for f in dataset_catalog().values() if facts.hub_id and f.hub_id == facts.hub_id and f.split == split]
     return {"dataset": rows[0].name} if len(rows) == 1 else {"dataset": known, "dataset_split": split}

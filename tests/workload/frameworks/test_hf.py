@@ -566,6 +566,7 @@ def test_trl_loads_the_model_in_fp32_unless_its_dtype_says(tmp_path: Path) -> No
         ("dataset_name: openai/gsm8k\ndataset_train_split: train\n", "gsm8k-train", None),
         ("dataset_name: openai/gsm8k\n", "gsm8k-train", None),  # no split stated: the hub id's train row
         ("datasets:\n  - path: HuggingFaceH4/ultrachat_200k\n    split: test_sft\n", "ultrachat-200k", "test_sft"),
+        ("dataset_name: synthetic-arith\ndataset_train_split: test\n", "synthetic-arith", None),  # not a catalog row
         ("datasets:\n  - path: HuggingFaceH4/ultrachat_200k\n    split: train_sft[:10%]\n", "ultrachat-200k",
          "train_sft[:10%]"),
     ],

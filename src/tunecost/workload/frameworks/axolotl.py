@@ -254,12 +254,12 @@ def _expert_parallel(cfg: ConfigFile, options: dict[str, Any], notes: list[str])
         raise cfg.error(key, f"{ep} beside tensor_parallel_size or dp_replicate_size: {TITLE}'s plugin composes "
                         "expert parallelism with dp_shard_size and context_parallel_size only")  # fmt: skip
     shard = positive(cfg, "dp_shard_size", cfg.typed("dp_shard_size", int))
-    config_expert_parallel(cfg, options | {"num_gpus": None}, key, None, etp_default=None)
+    options["num_gpus"] = ep * shard * options.get("cp", 1)
+    config_expert_parallel(cfg, options, key, None, etp_default=None)
     strategy = options.setdefault("strategy", "ddp")  # dp_shard_size needs fsdp_config
     if strategy not in ("ddp", "fsdp2") or (strategy == "ddp" and shard > 1):
         raise cfg.error(key, f"{ep} under {strategy} with dp_shard_size {shard}: {TITLE}'s plugin runs expert "
                         "parallelism alone or beside FSDP2 (fsdp_version 2) over dp_shard_size")  # fmt: skip
-    options.update(expert_parallel=ep, num_gpus=ep * shard * options.get("cp", 1))
     notes.append(f"GPUs {options['num_gpus']}: expert_parallel_size x dp_shard_size x cp, {strategy} beside {TITLE}'s "
                  "expert parallelism (the experts split over its ranks)")  # fmt: skip
     return True

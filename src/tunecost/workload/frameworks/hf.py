@@ -302,8 +302,8 @@ def _dataset(cfg: ConfigFile) -> Part:
     if not mixture:
         handbook = ConfigFile(path=f"{cfg.path}: dataset_mixture", data=_mapping(cfg, "dataset_mixture"))
         key, mixture, held = "dataset_mixture", handbook.get("datasets"), eval_split_of(handbook, "test_split_size")
-    entries = [d for d in mixture if isinstance(d, dict)] if isinstance(mixture, list) else []
-    entries = [d for d in entries if isinstance(d.get("path") or d.get("id"), str)]
+    listed = mixture if isinstance(mixture, list) else []
+    entries = [d for d in listed if isinstance(d, dict) and isinstance(d.get("path") or d.get("id"), str)]
     name: str | None = cfg.typed("dataset_name", str)
     if not entries:  # trl/scripts/sft.py: `datasets` first, dataset_name ignored beside it
         split = cfg.typed("dataset_train_split", str)
