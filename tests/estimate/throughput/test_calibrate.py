@@ -3,6 +3,7 @@ synthetic points made by a known set of parameters."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from pathlib import Path
 
@@ -145,3 +146,19 @@ def test_bundled_and_fixture_copies_agree() -> None:
 
     strip = lambda p: [line for line in Path(p).read_text().splitlines() if not line.startswith("#")]  # noqa: E731
     assert strip(PAPER_A40_MEASUREMENTS) == strip(PAPER_A40_CSV)
+
+
+def test_a_methods_own_fit_speaks_only_for_the_models_it_measured(paper_model: CalibratedModel) -> None:
+    """The paper measured each method on one model (QLoRA: Mixtral, full: BlackMamba), so a method's own fit cannot
+    tell the method from the model: another model gets the fit of all points whatever its method, and its LoRA,
+    which does less work than its full fine-tune, is not priced slower than it."""
+    assert set(paper_model.stacks) == {"full", "qlora"}
+    shared = dataclasses.replace(paper_model, stacks={})
+    mixtral = _target()
+    assert paper_model.predict(mixtral).queries_per_s != shared.predict(mixtral).queries_per_s
+    assert paper_model.method_fit(job_for(mixtral)[0]) is paper_model.stacks["qlora"]
+    dense = {"model": "llama-3.1-8b", "dataset": None, "seq_len": 1024, "batch_size": 1}
+    qps = {m: paper_model.predict(_target(**dense, method=m)).queries_per_s for m in ("lora", "qlora", "full")}
+    for method, value in qps.items():
+        assert value == shared.predict(_target(**dense, method=method)).queries_per_s
+    assert qps["lora"] > qps["full"] and qps["lora"] > qps["qlora"]

@@ -86,9 +86,9 @@ class CalibratedModel:
     def predict(self, target: ThroughputTarget, run_queries: int | None = None) -> Prediction:
         gpu = resolve_gpu_name(target.gpu).gpu
         job, counts = job_for(target)
-        if job.method in self.stacks:  # its own stack's parameters; extrapolation judged on the whole calibration
+        if own := self.method_fit(job):  # extrapolation judged on the whole calibration
             reasons = self._extrapolation(job, counts, gpu)
-            pred = self.stacks[job.method].predict(target, run_queries)
+            pred = own.predict(target, run_queries)
             return replace(pred, extrapolation=bool(reasons), extrapolation_reasons=tuple(reasons))
         terms = self.terms_for(gpu, target.host_cpu)
         step = step_time(counts, terms, self.params)
@@ -136,6 +136,12 @@ class CalibratedModel:
             startup_s=self.run_overhead_s / terms.host_speed,
             interval_parts=tuple(parts),
         )
+
+    def method_fit(self, job: FineTuneJob) -> CalibratedModel | None:
+        """The parameters fitted on the points of the job's method alone, where they speak for its model: its model
+        among their points, or several models (measured on one other model, a method's fit is that model's too)."""
+        own = self.stacks.get(job.method)
+        return own if own is not None and (job.model in own.ranges or len(own.ranges) > 1) else None
 
     def _extrapolation(self, job: FineTuneJob, counts: AnalyticStepCounts, gpu: GPU) -> list[str]:
         reasons = []
