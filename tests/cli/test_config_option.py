@@ -15,6 +15,7 @@ process is stored under another cache key than the second, identical command loo
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -435,7 +436,8 @@ def test_plan_weighs_only_the_strategies_the_configs_framework_runs(cli_runner) 
 @pytest.mark.long  # a cold LoRA step of Qwen2.5-0.5B no other test shares (25 s): CI runs it
 def test_a_trl_split_is_counted_in_the_split_the_catalog_counts(cli_runner, tmp_path) -> None:
     """A slice of ultrachat_200k's train_sft (the split its catalog row counts) takes its share of the rows; a split
-    the catalog has no count of (test_sft) leaves the row's own count, said with the way to give the queries."""
+    the catalog has no count of (test_sft) leaves the row's own count, said with the way to give the queries; a
+    mixture of counted slices is priced at their sum, less its test_split_size."""
     from tunecost.cli.main import app
 
     text = "model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_peft: true\nper_device_train_batch_size: 2\n"
@@ -452,6 +454,13 @@ def test_a_trl_split_is_counted_in_the_split_the_catalog_counts(cli_runner, tmp_
     assert f"{whole} queries per epoch: the train_sft split's, not the config's split test_sft (give --queries)" in (
         unsliced
     )
+    mixed = text.format("train_sft[:10%]\n  - path: HuggingFaceH4/ultrachat_200k\n    split: train_sft[-5%:]")
+    path.write_text(mixed + "test_split_size: 0.1\n", encoding="utf-8")
+    result = cli_runner.invoke(app, ["estimate", "--gpu", "H100", "--json", "--config", str(path)])
+    assert result.exit_code == 0, result.output
+    total = round(0.1 * whole) + round(0.05 * whole)  # TRL's get_dataset: both slices, then train_test_split
+    assert json.loads(result.stdout)[0]["num_queries"] == total - math.ceil(0.1 * total)
+    assert f"datasets: {total} queries per epoch" in " ".join(result.stderr.split())
 
 
 def test_a_torchtune_split_slice_sets_the_queries_per_epoch(cli_runner, cli_error, tmp_path) -> None:

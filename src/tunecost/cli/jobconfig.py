@@ -229,10 +229,12 @@ def run_length(
 
 
 def _trained_queries(config: dict[str, Any], dataset_queries: int | None) -> int | None:
-    """The data's queries per epoch as the config loads them: its split's slice, cut to its max_samples, less its
-    evaluation split; each step said."""
+    """The data's queries per epoch as the config loads them: its mixture's, or its split's slice, cut to its
+    max_samples, less its evaluation split; each step said."""
     from tunecost.workload.run_length import sliced_queries, training_queries
 
+    if (mixed := config.get("mixture_queries")) is not None:
+        dataset_queries = mixed  # counted by the reader, each dataset at its split and weight
     spec = config.get("dataset_split")
     if spec and dataset_queries is not None:
         counted = getattr(find_dataset_facts(str(config.get("dataset"))), "split", "") or TRAIN_SPLIT

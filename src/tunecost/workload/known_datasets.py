@@ -8,8 +8,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from tunecost.catalog.datasets import dataset_catalog, find_dataset_facts, get_dataset_facts
+from tunecost.catalog.datasets import TRAIN_SPLIT, dataset_catalog, find_dataset_facts, get_dataset_facts
 from tunecost.errors import TunecostError
+from tunecost.workload.run_length import sliced_queries
 
 DATA_DIR_ENV = "TUNECOST_DATA_DIR"
 FILE_SUFFIXES = (".json", ".jsonl", ".csv", ".parquet")  # the data files tunecost reads
@@ -145,6 +146,34 @@ def config_dataset_option(key: str, name: str, split: str | None = None) -> tupl
         return {"dataset": name}, [f"{key} {name}: its copy in the local Hugging Face cache is counted"]
     fix = f"give --dataset FILE or --seq-len, or `hf download {name} --repo-type dataset`"
     return {}, [f"{key} {name}: a hub dataset or folder not in the local Hugging Face cache; {fix}"]
+
+
+def catalog_queries(name: str, split: str | None = None) -> int | None:
+    """The rows of the catalog's dataset `name` at the `split` a config loads (its row of that split, else the slice
+    the split takes of the row's split); None where the catalog does not count them."""
+    known = catalog_dataset(name)
+    chosen = _catalog_split(known, split) if known else {}
+    facts = find_dataset_facts(chosen["dataset"]) if chosen else None
+    if facts is None:
+        return None
+    if (spec := chosen.get("dataset_split")) is None:
+        return facts.num_queries
+    try:
+        return sliced_queries(spec, facts.num_queries, facts.split or TRAIN_SPLIT)
+    except ValueError:
+        return None
+
+
+def mixture_queries(parts: list[tuple[str, str | None, float]]) -> tuple[int, str] | None:
+    """A mixture's queries per epoch and how they add up, from its (dataset, split, weight) parts: each takes
+    `int(rows x weight)` of its split (the alignment handbook's subsampling); None where one is not counted."""
+    taken = []
+    for name, split, weight in parts:
+        if (rows := catalog_queries(name, split)) is None:
+            return None
+        share = f" x {weight:g}" if weight != 1 else ""
+        taken.append((int(rows * weight), f"{int(rows * weight)} of {name}{f' {split}' if split else ''}{share}"))
+    return sum(n for n, _ in taken), " + ".join(text for _, text in taken)
 
 
 def load_hub_rows(repo_id: str, config: str | None, split: str, *, allow_download: bool = False) -> list[dict]:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tunecost.catalog.datasets import get_dataset_facts
 from tunecost.errors import TunecostError
 from tunecost.workload.frameworks import ConfigFile, ConfigJob, parse_config_file
 from tunecost.workload.frameworks.adapters import FRAMEWORK_BNB, FRAMEWORK_PEFT_LORA
@@ -582,6 +583,34 @@ def test_the_handbooks_test_split_size_is_held_out(tmp_path: Path) -> None:
     job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "config_full.yaml", HANDBOOK_SFT)
     assert job.options["eval_split"] == 1000
     assert _said(job, "dataset_mixture: only the first of 2 datasets gives the lengths and the queries per epoch")
+
+
+def test_a_mixture_of_counted_datasets_is_priced_at_its_queries(tmp_path: Path) -> None:
+    """The handbook takes int(rows x weight) of each entry's split and concatenates them (src/alignment/data.py):
+    where the catalog counts every split, the mixture's queries are the job's; the first dataset gives the lengths."""
+    two = "  datasets:\n    - id: openai/gsm8k\n      split: train\n      weight: 0.5\n"
+    two += "    - id: openai/gsm8k\n      split: test\n"
+    text = HANDBOOK_SFT.replace(
+        HANDBOOK_SFT[HANDBOOK_SFT.index("  datasets:") : HANDBOOK_SFT.index("  test_split")], two
+    )
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "mix.yaml", text)
+    rows = {name: get_dataset_facts(name).num_queries for name in ("gsm8k-train", "gsm8k")}
+    assert job.options["mixture_queries"] == int(rows["gsm8k-train"] * 0.5) + rows["gsm8k"]
+    assert job.options["dataset"] == "gsm8k-train" and "dataset_split" not in job.options
+    assert _said(job, "dataset_mixture: 5055 queries per epoch", "x 0.5 +", "the first's lengths stand for all")
+    one = text.replace("    - id: openai/gsm8k\n      split: test\n", "")
+    assert (
+        _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "one.yaml", one).options["mixture_queries"] == rows["gsm8k-train"] // 2
+    )
+    with pytest.raises(TunecostError, match=r"bad\.yaml: dataset_mixture: datasets: weight of openai/gsm8k must be"):
+        _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "bad.yaml", text.replace("weight: 0.5", "weight: 2"))
+
+
+def test_trls_test_split_size_holds_out_part_of_its_datasets(tmp_path: Path) -> None:
+    """DatasetMixtureConfig.test_split_size (top level beside `datasets`): train_test_split of the mixture."""
+    text = "model_name_or_path: Qwen/Qwen2.5-0.5B\ndatasets:\n  - path: tatsu-lab/alpaca\ntest_split_size: 0.05\n"
+    job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "mix.yaml", text)
+    assert job.options["eval_split"] == 0.05 and "test_split_size" not in job.not_modelled
 
 
 def test_trl_datasets_win_over_dataset_name(tmp_path: Path) -> None:

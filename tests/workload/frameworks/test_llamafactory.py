@@ -415,6 +415,22 @@ def test_lora_target_and_dataset_may_be_yaml_lists(tmp_path):
     assert (job.options["lora_targets"], job.options["dataset"]) == ("q_proj,v_proj", "gsm8k")
 
 
+def test_several_catalog_datasets_are_concatenated(tmp_path):
+    """merge_dataset concatenates them (mix_strategy concat, the default), each cut to max_samples first: the
+    queries per epoch where the catalog counts each; interleaved or unknown ones leave one dataset's, said."""
+    from tunecost.catalog.datasets import get_dataset_facts
+
+    text = "model_name_or_path: meta-llama/Llama-3.1-8B\nstage: sft\nfinetuning_type: lora\n"
+    rows = get_dataset_facts("gsm8k").num_queries, get_dataset_facts("commonsense_15k").num_queries
+    job = _read(tmp_path, text + "dataset: gsm8k,commonsense_15k\nmax_samples: 5000\n")
+    assert job.options["mixture_queries"] == min(rows[0], 5000) + min(rows[1], 5000)
+    assert any(a.startswith("dataset: 6319 queries per epoch, its 2 datasets concatenated") for a in job.assumptions)
+    for extra, why in (("mix_strategy: interleave_under\n", "interleaves them"), ("", "not all in the catalog")):
+        names = "gsm8k,commonsense_15k" if extra else "gsm8k,my_own"
+        job = _read(tmp_path, text + f"dataset: {names}\n{extra}")
+        assert "mixture_queries" not in job.options and any(why in a for a in job.assumptions)
+
+
 def test_additional_target_and_resize_vocab_train_modules_fully(tmp_path):
     text = "model_name_or_path: meta-llama/Llama-3.1-8B\nstage: sft\nfinetuning_type: lora\n"
     job = _read(tmp_path, text + "additional_target: embed_tokens,lm_head\n")

@@ -39,7 +39,7 @@ from tunecost.workload.frameworks.hf_common import (
     truthy,
 )
 from tunecost.workload.job import targets_text
-from tunecost.workload.known_datasets import config_dataset_option
+from tunecost.workload.known_datasets import config_dataset_option, mixture_queries
 
 
 def words(text: str) -> tuple[str, ...]:
@@ -295,26 +295,40 @@ def _sft(cfg: ConfigFile) -> Part:
 
 
 def _dataset(cfg: ConfigFile) -> Part:
-    """dataset_name (at dataset_train_split), else the first of a mixture: TRL's `datasets` (DatasetMixtureConfig,
-    each a `path`) or the alignment handbook's `dataset_mixture.datasets` (each an `id`, src/alignment/configs.py;
-    its test_split_size held out, as `datasets`' train_test_split takes it), at the split it names."""
-    key, mixture, held = "datasets", cfg.get("datasets"), {}
+    """dataset_name (at dataset_train_split), else a mixture: TRL's `datasets` (DatasetMixtureConfig, each a `path`,
+    its test_split_size held out) or the alignment handbook's `dataset_mixture.datasets` (each an `id` and a weight,
+    src/alignment/configs.py and data.py). The first dataset gives the lengths; its queries are the mixture's."""
+    key, mixture, source = "datasets", cfg.get("datasets"), cfg
     if not mixture:
-        handbook = ConfigFile(path=f"{cfg.path}: dataset_mixture", data=_mapping(cfg, "dataset_mixture"))
-        key, mixture, held = "dataset_mixture", handbook.get("datasets"), eval_split_of(handbook, "test_split_size")
+        source = ConfigFile(path=f"{cfg.path}: dataset_mixture", data=_mapping(cfg, "dataset_mixture"))
+        key, mixture = "dataset_mixture", source.get("datasets")
     listed = mixture if isinstance(mixture, list) else []
     entries = [d for d in listed if isinstance(d, dict) and isinstance(d.get("path") or d.get("id"), str)]
     name: str | None = cfg.typed("dataset_name", str)
     if not entries:  # trl/scripts/sft.py: `datasets` first, dataset_name ignored beside it
         split = cfg.typed("dataset_train_split", str)
         return config_dataset_option("dataset_name", name, split) if name is not None else ({}, [])
-    split = entries[0].get("split")
-    first = str(entries[0].get("path") or entries[0].get("id"))
-    options, notes = config_dataset_option(key, first, split if isinstance(split, str) else None)
-    if len(entries) > 1:
-        notes.insert(0, f"{key}: only the first of {len(entries)} datasets gives the lengths and the queries per "
-                     "epoch (--queries gives the mixture's)")  # fmt: skip
-    return options | held, notes
+    parts = [_part(source, d, key) for d in entries]
+    first, notes = config_dataset_option(key, parts[0][0], parts[0][1])
+    options: dict[str, Any] = dict(first)
+    if len(parts) > 1 or parts[0][2] != 1:
+        if counted := mixture_queries(parts):
+            options = {"dataset": options["dataset"], "mixture_queries": counted[0]}
+            notes.insert(0, f"{key}: {counted[0]} queries per epoch ({counted[1]}); the first's lengths stand for all")
+        else:
+            said = f"only the first of {len(parts)} datasets gives the lengths and" if len(parts) > 1 else "its weight"
+            said += " the queries per epoch" if len(parts) > 1 else f" {parts[0][2]:g} is not counted in the queries"
+            notes.insert(0, f"{key}: {said} (--queries gives the mixture's)")
+    return options | eval_split_of(source, "test_split_size"), notes
+
+
+def _part(source: ConfigFile, entry: dict, key: str) -> tuple[str, str | None, float]:
+    """(dataset, split, weight) of a mixture entry: a handbook entry takes `int(len(ds) * weight)` rows of its split,
+    TRL's have no weight."""
+    split, weight = entry.get("split"), entry.get("weight") if key == "dataset_mixture" else None
+    if weight is not None and (isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= 1):
+        raise source.error("datasets", f"weight of {entry.get('id')} must be a share in (0, 1], got {weight!r}")
+    return str(entry.get("path") or entry.get("id")), split if isinstance(split, str) else None, float(weight or 1)
 
 
 def _read_training_args(cfg: ConfigFile) -> ConfigJob:
