@@ -176,6 +176,18 @@ def mixture_queries(parts: list[tuple[str, str | None, float]]) -> tuple[int, st
     return sum(n for n, _ in taken), " + ".join(text for _, text in taken)
 
 
+def mixture_option(key: str, parts: list[tuple[str, str | None, float]]) -> tuple[dict[str, int], str]:
+    """A config's mixture (under `key`) as a job option, its queries per epoch where the catalog counts every part,
+    and the line that says so (or that the first dataset's queries stand)."""
+    if counted := mixture_queries(parts):
+        return {"mixture_queries": counted[0]}, (
+            f"{key}: {counted[0]} queries per epoch ({counted[1]}); the first's lengths stand for all"
+        )
+    said = f"only the first of {len(parts)} datasets gives the lengths and the queries per epoch"
+    said = said if len(parts) > 1 else f"the weight {parts[0][2]:g} is not counted in the queries per epoch"
+    return {}, f"{key}: {said} (--queries gives the mixture's)"
+
+
 def load_hub_rows(repo_id: str, config: str | None, split: str, *, allow_download: bool = False) -> list[dict]:
     """Rows of a hub dataset split: from the local hub cache, or downloaded when `allow_download`."""
     try:

@@ -199,6 +199,19 @@ def test_qlora_fsdp(tmp_path):
     assert "pad_to_sequence_len" in job.not_modelled and "dataset_prepared_path" in job.not_modelled
 
 
+def test_datasets_the_catalog_counts_are_concatenated(tmp_path):
+    """merge_datasets (utils/data/shared.py) concatenates the entries: their queries where the catalog counts each."""
+    from tunecost.catalog.datasets import get_dataset_facts
+
+    two = "  - path: openai/gsm8k\n    type: alpaca\n  - path: openai/gsm8k\n    split: test\n    type: alpaca\n"
+    old = "  - path: tatsu-lab/alpaca\n    type: alpaca\n  - path: ./extra.parquet\n    type: alpaca\n"
+    assert old in FFT
+    job = _read(tmp_path, FFT.replace(old, two), "fft.yaml")
+    rows = get_dataset_facts("gsm8k-train").num_queries + get_dataset_facts("gsm8k").num_queries
+    assert (job.options["dataset"], job.options["mixture_queries"]) == ("gsm8k-train", rows)
+    assert any(a.startswith(f"datasets: {rows} queries per epoch (7473 of openai/gsm8k + ") for a in job.assumptions)
+
+
 def test_full_fine_tune(tmp_path):
     job = _read(tmp_path, FFT, "fft.yaml")
     opts = job.options
@@ -208,7 +221,8 @@ def test_full_fine_tune(tmp_path):
     for option in ("gradient_checkpointing off", "attention sdpa", "optimizer adamw", "epochs 1.0"):
         assert _defaulted(job, option), option
     assert "deepspeed config deepspeed_configs/zero3_bf16.json: pass it too with --config" in job.assumptions
-    assert any(a.startswith("datasets: only the first of 2 gives the lengths and the queries") for a in job.assumptions)
+    said = "datasets: only the first of 2 datasets gives the lengths and the queries"
+    assert any(a.startswith(said) for a in job.assumptions)
     assert "strategy" not in opts  # fsdp_version alone enables no FSDP
     assert {"special_tokens", "weight_decay", "fsdp_version"} <= set(job.not_modelled)
 

@@ -28,7 +28,7 @@ from tunecost.workload.frameworks.hf_common import (
 )
 from tunecost.workload.frameworks.model_parallel import config_expert_parallel, positive
 from tunecost.workload.job import targets_text
-from tunecost.workload.known_datasets import FILE_SUFFIXES, catalog_dataset, config_dataset_option
+from tunecost.workload.known_datasets import FILE_SUFFIXES, catalog_dataset, config_dataset_option, mixture_option
 
 TITLE = "axolotl"
 KEYS = KnownKeys(f"{TITLE}'s config", ("axolotl",))  # its pydantic schema and bundled plugins' args
@@ -215,15 +215,15 @@ def _dataset(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
     path = first.get("data_files") if isinstance(first.get("data_files"), str) else first.get("path")
     if not isinstance(path, str):
         raise cfg.error("datasets", f"each entry needs a path, got {datasets[0]!r}")
-    if len(datasets) > 1:
-        notes.append(f"datasets: only the first of {len(datasets)} gives the lengths and the queries per epoch "
-                     "(--queries gives the mixture's)")  # fmt: skip
+    entries = [d if isinstance(d, dict) else {} for d in datasets]
+    parts = [(str(d.get("path")), d["split"] if isinstance(d.get("split"), str) else None, 1.0) for d in entries]
+    mixed, line = mixture_option("datasets", parts) if len(parts) > 1 else ({}, "")  # merge_datasets: concatenated
+    notes += [line] if line else []
     if path.lower().endswith(FILE_SUFFIXES) and not catalog_dataset(path):
         return {"dataset": path}
-    split = first.get("split")
-    option, lines = config_dataset_option("datasets[0].path", path, split if isinstance(split, str) else None)
+    option, lines = config_dataset_option("datasets[0].path", path, parts[0][1])
     notes += lines
-    return option
+    return {"dataset": option["dataset"], **mixed} if mixed else option
 
 
 def _model_parallel(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:

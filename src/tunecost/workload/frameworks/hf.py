@@ -39,7 +39,7 @@ from tunecost.workload.frameworks.hf_common import (
     truthy,
 )
 from tunecost.workload.job import targets_text
-from tunecost.workload.known_datasets import config_dataset_option, mixture_queries
+from tunecost.workload.known_datasets import config_dataset_option, mixture_option
 
 
 def words(text: str) -> tuple[str, ...]:
@@ -312,13 +312,9 @@ def _dataset(cfg: ConfigFile) -> Part:
     first, notes = config_dataset_option(key, parts[0][0], parts[0][1])
     options: dict[str, Any] = dict(first)
     if len(parts) > 1 or parts[0][2] != 1:
-        if counted := mixture_queries(parts):
-            options = {"dataset": options["dataset"], "mixture_queries": counted[0]}
-            notes.insert(0, f"{key}: {counted[0]} queries per epoch ({counted[1]}); the first's lengths stand for all")
-        else:
-            said = f"only the first of {len(parts)} datasets gives the lengths and" if len(parts) > 1 else "its weight"
-            said += " the queries per epoch" if len(parts) > 1 else f" {parts[0][2]:g} is not counted in the queries"
-            notes.insert(0, f"{key}: {said} (--queries gives the mixture's)")
+        mixed, line = mixture_option(key, parts)
+        options = {"dataset": options["dataset"], **mixed} if mixed else options
+        notes.insert(0, line)
     return options | eval_split_of(source, "test_split_size"), notes
 
 
