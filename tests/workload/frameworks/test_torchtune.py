@@ -315,3 +315,21 @@ def test_the_optimizers_fused_flag_is_read(tmp_path: Path, line: str, fused: boo
     job = _read(tmp_path, FULL_DISTRIBUTED.replace("  lr: 2e-5\n", "  lr: 2e-5\n" + line))
     assert job.options.get("fused_adamw") is fused
     assert "optimizer.fused" not in job.not_modelled
+
+
+def test_a_list_of_datasets_is_concatenated(tmp_path):
+    """The recipes concatenate a `dataset` list (ConcatDataset): the first gives the lengths and its packing, the
+    queries are all of theirs where the catalog counts each; a builder tunecost does not read leaves the first's."""
+    from tunecost.catalog.datasets import get_dataset_facts
+
+    one = "dataset:\n  _component_: torchtune.datasets.alpaca_cleaned_dataset\n  packed: false\n"
+    assert one in LORA_SINGLE
+    two = "dataset:\n  - _component_: torchtune.datasets.instruct_dataset\n    source: openai/gsm8k\n"
+    two += "    split: train[:50%]\n  - _component_: torchtune.datasets.alpaca_cleaned_dataset\n"
+    job = _read(tmp_path, LORA_SINGLE.replace(one, two))
+    rows = get_dataset_facts("gsm8k-train").num_queries, get_dataset_facts("alpaca-cleaned").num_queries
+    assert job.options["dataset"] == "gsm8k-train" and "dataset_split" not in job.options
+    assert job.options["mixture_queries"] == round(rows[0] / 2) + rows[1] and "dataset" not in job.not_modelled
+    unread = _read(tmp_path, LORA_SINGLE.replace(one, two.replace("alpaca_cleaned_dataset", "text_completion_dataset")))
+    assert unread.options["dataset_split"] == "train[:50%]" and "mixture_queries" not in unread.options
+    assert any(a.startswith("dataset: only the first of 2 datasets gives the lengths") for a in unread.assumptions)

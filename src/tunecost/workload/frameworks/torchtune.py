@@ -20,7 +20,7 @@ from tunecost.workload.frameworks import (
 from tunecost.workload.frameworks.model_parallel import catalog_shape, check_layout, own_attention, positive
 from tunecost.workload.frameworks.nested import config_job, data_parallel_layout, nested_config, optimizer_name
 from tunecost.workload.job import group_targets, targets_text
-from tunecost.workload.known_datasets import catalog_dataset
+from tunecost.workload.known_datasets import catalog_dataset, mixture_option
 from tunecost.workload.run_length import sliced_queries
 
 # Defaults, pytorch/torchtune @ bd2a0fc7 (2026-04-23):
@@ -195,6 +195,33 @@ def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> No
         notes.append(f"tokenizer.max_seq_len unset: {TITLE} does not truncate (seq_len left to the data)")
     options["attention"], line = own_attention(TITLE, options.get("model"))
     notes.append(line)
+    _data(flat, options, notes)
+
+
+def _data(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
+    """One dataset builder, or a list of them, which the recipes concatenate (ConcatDataset): the first gives the
+    lengths and the packing (a mix of packed and unpacked is torchtune's error), all the queries where the catalog
+    counts each."""
+    listed = flat.get("dataset")
+    if not isinstance(listed, list):
+        _dataset(flat, options, notes)
+        return
+    parts = []
+    for i, entry in enumerate(listed):
+        own: dict[str, Any] = {}
+        item = ConfigFile(path=f"{flat.path}: dataset[{i}]", data={"dataset": entry if isinstance(entry, dict) else {}})
+        _dataset(nested_config(item), own, notes if i == 0 else [])
+        options |= own if i == 0 else {}
+        parts.append((str(own.get("dataset", "")), own.get("dataset_split"), 1.0))
+    if len(parts) > 1:
+        mixed, line = mixture_option("dataset", parts)
+        if mixed:  # the first's slice is counted in the mixture's queries
+            options.pop("dataset_split", None)
+        options |= mixed
+        notes.append(line)
+
+
+def _dataset(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     component = flat.typed("dataset._component_", str)
     files = flat.get("dataset.data_files")
     if isinstance(files, str) and flat.get("dataset.source") in ("json", "csv", "parquet", "text"):
