@@ -67,6 +67,13 @@ def test_listed_datasets_resolve_by_name_and_hub_id(spelling: str, hub_id: str, 
     assert get_dataset_facts(hub_id.rsplit("/", 1)[-1].upper()).hub_id == hub_id
 
 
+def test_a_hub_id_with_rows_of_several_splits_means_its_training_split() -> None:
+    """ultrachat_200k has rows of train_sft and test_sft, none named "train": the hub id is the one named after it."""
+    assert get_dataset_facts("HuggingFaceH4/ultrachat_200k").name == "ultrachat-200k"
+    test = get_dataset_facts("ultrachat-200k-test-sft")
+    assert (test.hub_id, test.split, test.num_queries) == ("HuggingFaceH4/ultrachat_200k", "test_sft", 23110)
+
+
 @pytest.mark.parametrize(("name", "num_queries"), LLM_ADAPTERS)
 def test_llm_adapters_sets_resolve(name: str, num_queries: int) -> None:
     facts = get_dataset_facts(name.replace("_", "-").upper())
@@ -227,7 +234,7 @@ def test_seq_len_sizes_memory_at_a_published_longest(catalog_with: Callable[...,
 
 def test_loader_rejects_inconsistent_rows(catalog_with: Callable[..., Path]) -> None:
     catalog_with("bad,10,,math,,train,,200,100,,,mistral-v1,x,x,2026-12-02")
-    with pytest.raises(TunecostError, match=r"row 16: dataset bad: median 200 tokens above p95 100"):
+    with pytest.raises(TunecostError, match=r"row 17: dataset bad: median 200 tokens above p95 100"):
         dataset_catalog()
     catalog_with("nolen-source,10,,math,,train,,100,,,,,,x,2026-12-02")
     with pytest.raises(TunecostError, match="need a tokenizer and a length_source"):

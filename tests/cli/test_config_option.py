@@ -436,14 +436,14 @@ def test_plan_weighs_only_the_strategies_the_configs_framework_runs(cli_runner) 
 @pytest.mark.long  # a cold LoRA step of Qwen2.5-0.5B no other test shares (25 s): CI runs it
 def test_a_trl_split_is_counted_in_the_split_the_catalog_counts(cli_runner, tmp_path) -> None:
     """A slice of ultrachat_200k's train_sft (the split its catalog row counts) takes its share of the rows; a split
-    the catalog has no count of (test_sft) leaves the row's own count, said with the way to give the queries; a
+    the catalog has no count of (train_gen) leaves the row's own count, said with the way to give the queries; a
     mixture of counted slices is priced at their sum, less its test_split_size."""
     from tunecost.cli.main import app
 
     text = "model_name_or_path: Qwen/Qwen2.5-0.5B\nuse_peft: true\nper_device_train_batch_size: 2\n"
     text += "datasets:\n  - path: HuggingFaceH4/ultrachat_200k\n    split: {}\n"
     answers = []
-    for split in ("train_sft[:10%]", "test_sft"):
+    for split in ("train_sft[:10%]", "train_gen"):
         path = tmp_path / "sft.yaml"
         path.write_text(text.format(split), encoding="utf-8")
         result = cli_runner.invoke(app, ["estimate", "--gpu", "H100", "--json", "--config", str(path)])
@@ -451,7 +451,7 @@ def test_a_trl_split_is_counted_in_the_split_the_catalog_counts(cli_runner, tmp_
         answers.append((json.loads(result.stdout)[0]["num_queries"], " ".join(result.stderr.split())))
     (sliced, said), (whole, unsliced) = answers
     assert sliced == round(0.1 * whole) and f"the config's split train_sft[:10%] of {whole}" in said
-    assert f"{whole} queries per epoch: the train_sft split's, not the config's split test_sft (give --queries)" in (
+    assert f"{whole} queries per epoch: the train_sft split's, not the config's split train_gen (give --queries)" in (
         unsliced
     )
     mixed = text.format("train_sft[:10%]\n  - path: HuggingFaceH4/ultrachat_200k\n    split: train_sft[-5%:]")

@@ -158,15 +158,19 @@ def dataset_catalog() -> dict[str, DatasetFacts]:
 
 
 def get_dataset_facts(name: str) -> DatasetFacts:
-    """The catalog row `name` names: by name or alias, else by hub id (the train split where rows share one)."""
+    """The catalog row `name` names: by name or alias, else by hub id (its train split where rows share one)."""
     catalog = dataset_catalog()
     key = lookup_key(name)
     for facts in catalog.values():
         if key in {lookup_key(s) for s in facts.spellings}:
             return facts
     by_hub = [f for f in catalog.values() if key in {lookup_key(s) for s in f.hub_spellings}]
-    if len(by_hub) > 1:
-        by_hub = [f for f in by_hub if f.split == TRAIN_SPLIT] or by_hub
+    if len(by_hub) > 1:  # "train", else a split named after it ("train_sft")
+        by_hub = (
+            [f for f in by_hub if f.split == TRAIN_SPLIT]
+            or [f for f in by_hub if f.split.startswith("train")]
+            or by_hub
+        )
     if len(by_hub) == 1:
         return by_hub[0]
     if by_hub:

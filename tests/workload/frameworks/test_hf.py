@@ -566,7 +566,8 @@ def test_trl_loads_the_model_in_fp32_unless_its_dtype_says(tmp_path: Path) -> No
         ("dataset_name: openai/gsm8k\ndataset_train_split: test\n", "gsm8k", None),  # the catalog's test row
         ("dataset_name: openai/gsm8k\ndataset_train_split: train\n", "gsm8k-train", None),
         ("dataset_name: openai/gsm8k\n", "gsm8k-train", None),  # no split stated: the hub id's train row
-        ("datasets:\n  - path: HuggingFaceH4/ultrachat_200k\n    split: test_sft\n", "ultrachat-200k", "test_sft"),
+        ("datasets:\n  - path: HuggingFaceH4/ultrachat_200k\n    split: test_sft\n", "ultrachat-200k-test-sft", None),
+        ("datasets:\n  - path: HuggingFaceH4/ultrachat_200k\n    split: train_gen\n", "ultrachat-200k", "train_gen"),
         ("dataset_name: synthetic-arith\ndataset_train_split: test\n", "synthetic-arith", None),  # not a catalog row
         ("datasets:\n  - path: HuggingFaceH4/ultrachat_200k\n    split: train_sft[:10%]\n", "ultrachat-200k",
          "train_sft[:10%]"),
@@ -582,7 +583,7 @@ def test_the_handbooks_test_split_size_is_held_out(tmp_path: Path) -> None:
     """dataset_mixture.test_split_size: train_test_split of the concatenated mixture (src/alignment/data.py)."""
     job = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "config_full.yaml", HANDBOOK_SFT)
     assert job.options["eval_split"] == 1000
-    assert _said(job, "dataset_mixture: only the first of 2 datasets gives the lengths and the queries per epoch")
+    assert _said(job, "dataset_mixture: 230975 queries per epoch (207865 of HuggingFaceH4/ultrachat_200k train_sft")
 
 
 def test_a_mixture_of_counted_datasets_is_priced_at_its_queries(tmp_path: Path) -> None:
