@@ -461,6 +461,11 @@ def test_a_trl_split_is_counted_in_the_split_the_catalog_counts(cli_runner, tmp_
     total = round(0.1 * whole) + round(0.05 * whole)  # TRL's get_dataset: both slices, then train_test_split
     assert json.loads(result.stdout)[0]["num_queries"] == total - math.ceil(0.1 * total)
     assert f"datasets: {total} queries per epoch" in " ".join(result.stderr.split())
+    result = cli_runner.invoke(
+        app, ["estimate", "--gpu", "H100", "--json", "--config", str(path), "--dataset", "ultrachat-200k"]
+    )
+    assert result.exit_code == 0, result.output  # the command line's data: its queries, less the config's test split
+    assert json.loads(result.stdout)[0]["num_queries"] == whole - math.ceil(0.1 * whole)
 
 
 def test_a_torchtune_split_slice_sets_the_queries_per_epoch(cli_runner, cli_error, tmp_path) -> None:
