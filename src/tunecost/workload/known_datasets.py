@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tunecost.catalog.datasets import TRAIN_SPLIT, dataset_catalog, find_dataset_facts, get_dataset_facts
 from tunecost.errors import TunecostError
@@ -148,7 +150,7 @@ def config_dataset_option(key: str, name: str, split: str | None = None) -> tupl
     return {}, [f"{key} {name}: a hub dataset or folder not in the local Hugging Face cache; {fix}"]
 
 
-def catalog_queries(name: str, split: str | None = None) -> int | None:
+def _catalog_queries(name: str, split: str | None = None) -> int | None:
     """The rows of the catalog's dataset `name` at the `split` a config loads (its row of that split, else the slice
     the split takes of the row's split); None where the catalog does not count them."""
     known = catalog_dataset(name)
@@ -164,28 +166,32 @@ def catalog_queries(name: str, split: str | None = None) -> int | None:
         return None
 
 
-def mixture_queries(parts: list[tuple[str, str | None, float]]) -> tuple[int, str] | None:
+def mixture_queries(parts: list[tuple[str, str | None, float]], cut: int | None = None) -> tuple[int, str] | None:
     """A mixture's queries per epoch and how they add up, from its (dataset, split, weight) parts: each takes
-    `int(rows x weight)` of its split (the alignment handbook's subsampling); None where one is not counted."""
+    `int(rows x weight)` of its split (the alignment handbook's subsampling), its rows first cut to `cut`
+    (LLaMA-Factory's max_samples); None where one is not counted."""
     taken = []
     for name, split, weight in parts:
-        if (rows := catalog_queries(name, split)) is None:
+        if (rows := _catalog_queries(name, split)) is None:
             return None
-        share = f" x {weight:g}" if weight != 1 else ""
-        taken.append((int(rows * weight), f"{int(rows * weight)} of {name}{f' {split}' if split else ''}{share}"))
+        n = int(min(rows, cut or rows) * weight)
+        taken.append((n, f"{n} of {name}{f' {split}' if split else ''}{f' x {weight:g}' if weight != 1 else ''}"))
     return sum(n for n, _ in taken), " + ".join(text for _, text in taken)
 
 
-def mixture_option(key: str, parts: list[tuple[str, str | None, float]]) -> tuple[dict[str, int], str]:
-    """A config's mixture (under `key`) as a job option, its queries per epoch where the catalog counts every part,
-    and the line that says so (or that the first dataset's queries stand)."""
+def mixture_option(
+    key: str, parts: list[tuple[str, str | None, float]], first: Mapping[str, Any]
+) -> tuple[dict[str, Any], str]:
+    """The job options of a config's mixture (under `key`) whose first dataset gives `first`: with its queries per
+    epoch where the catalog counts every part (the first's split then counted among them), else `first`; and the
+    line that says which."""
     if counted := mixture_queries(parts):
-        return {"mixture_queries": counted[0]}, (
-            f"{key}: {counted[0]} queries per epoch ({counted[1]}); the first's lengths stand for all"
-        )
+        kept = {k: v for k, v in first.items() if k != "dataset_split"}
+        line = f"{key}: {counted[0]} queries per epoch ({counted[1]}); the first's lengths stand for all"
+        return kept | {"mixture_queries": counted[0]}, line
     said = f"only the first of {len(parts)} datasets gives the lengths and the queries per epoch"
     said = said if len(parts) > 1 else f"the weight {parts[0][2]:g} is not counted in the queries per epoch"
-    return {}, f"{key}: {said} (--queries gives the mixture's)"
+    return dict(first), f"{key}: {said} (--queries gives the mixture's)"
 
 
 def load_hub_rows(repo_id: str, config: str | None, split: str, *, allow_download: bool = False) -> list[dict]:

@@ -217,13 +217,13 @@ def _dataset(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
         raise cfg.error("datasets", f"each entry needs a path, got {datasets[0]!r}")
     entries = [d if isinstance(d, dict) else {} for d in datasets]
     parts = [(str(d.get("path")), d["split"] if isinstance(d.get("split"), str) else None, 1.0) for d in entries]
-    mixed, line = mixture_option("datasets", parts) if len(parts) > 1 else ({}, "")  # merge_datasets: concatenated
-    notes += [line] if line else []
-    if path.lower().endswith(FILE_SUFFIXES) and not catalog_dataset(path):
-        return {"dataset": path}
-    option, lines = config_dataset_option("datasets[0].path", path, parts[0][1])
+    local = path.lower().endswith(FILE_SUFFIXES) and not catalog_dataset(path)  # a file: its own data
+    option, lines = ({"dataset": path}, []) if local else config_dataset_option("datasets[0].path", path, parts[0][1])
+    if len(parts) > 1:  # utils/data/shared.py merge_datasets: concatenated
+        option, line = mixture_option("datasets", parts, option)
+        notes.append(line)
     notes += lines
-    return {"dataset": option["dataset"], **mixed} if mixed else option
+    return option
 
 
 def _model_parallel(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:

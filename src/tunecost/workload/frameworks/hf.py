@@ -309,11 +309,9 @@ def _dataset(cfg: ConfigFile) -> Part:
         split = cfg.typed("dataset_train_split", str)
         return config_dataset_option("dataset_name", name, split) if name is not None else ({}, [])
     parts = [_part(source, d, key) for d in entries]
-    first, notes = config_dataset_option(key, parts[0][0], parts[0][1])
-    options: dict[str, Any] = dict(first)
+    options, notes = config_dataset_option(key, parts[0][0], parts[0][1])
     if len(parts) > 1 or parts[0][2] != 1:
-        mixed, line = mixture_option(key, parts)
-        options = {"dataset": options["dataset"], **mixed} if mixed else options
+        options, line = mixture_option(key, parts, options)
         notes.insert(0, line)
     return options | eval_split_of(source, "test_split_size"), notes
 

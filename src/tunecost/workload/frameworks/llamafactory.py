@@ -24,7 +24,7 @@ from tunecost.workload.frameworks.hf_common import (
 from tunecost.workload.frameworks.llamafactory_megatron import megatron_options
 from tunecost.workload.frameworks.model_parallel import soft_capped
 from tunecost.workload.job import targets_text
-from tunecost.workload.known_datasets import catalog_dataset, catalog_queries
+from tunecost.workload.known_datasets import catalog_dataset, mixture_queries
 
 TITLE = "LLaMA-Factory"
 # its hparams dataclasses and the transformers Seq2SeqTrainingArguments they extend (headers of keys/*.txt)
@@ -218,12 +218,11 @@ UPCASTS = "upcasts a full fine-tune's trainable parameters to fp32"  # not under
 def _merged(cfg: ConfigFile, names: list[str], cut: int | None, known: str | None, notes: list[str]) -> dict[str, Any]:
     """The queries per epoch of several datasets concatenated (mix_strategy concat, data/data_utils.py
     merge_dataset), each cut to max_samples (`cut`), where the catalog counts every one; else `known`'s."""
-    strategy, rows = cfg.typed("mix_strategy", str) or "concat", [catalog_queries(n) for n in names]
-    if strategy == "concat" and None not in rows:
-        taken = [min(r, cut or r) for r in rows if r is not None]
-        said = " + ".join(f"{t} of {n.strip()}" for t, n in zip(taken, names, strict=True))
-        notes.append(f"dataset: {sum(taken)} queries per epoch, its {len(names)} datasets concatenated ({said})")
-        return {"mixture_queries": sum(taken)}
+    strategy = cfg.typed("mix_strategy", str) or "concat"
+    counted = mixture_queries([(n, None, 1.0) for n in names], cut) if strategy == "concat" else None
+    if counted:
+        notes.append(f"dataset: {counted[0]} queries per epoch, its {len(names)} datasets concatenated ({counted[1]})")
+        return {"mixture_queries": counted[0]}
     if known:
         why = f"mix_strategy {strategy} interleaves them" if strategy != "concat" else "not all in the catalog"
         notes.append(f"dataset: {len(names)} datasets ({why}): {known}'s queries per epoch (--queries gives theirs)")

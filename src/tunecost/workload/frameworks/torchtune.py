@@ -206,19 +206,17 @@ def _data(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     if not isinstance(listed, list):
         _dataset(flat, options, notes)
         return
-    parts = []
+    owns: list[dict[str, Any]] = []
     for i, entry in enumerate(listed):
-        own: dict[str, Any] = {}
         item = ConfigFile(path=f"{flat.path}: dataset[{i}]", data={"dataset": entry if isinstance(entry, dict) else {}})
-        _dataset(nested_config(item), own, notes if i == 0 else [])
-        options |= own if i == 0 else {}
-        parts.append((str(own.get("dataset", "")), own.get("dataset_split"), 1.0))
-    if len(parts) > 1:
-        mixed, line = mixture_option("dataset", parts)
-        if mixed:  # the first's slice is counted in the mixture's queries
-            options.pop("dataset_split", None)
-        options |= mixed
+        owns.append({})
+        _dataset(nested_config(item), owns[-1], notes if i == 0 else [])
+    first = owns[0] if owns else {}
+    if len(owns) > 1:
+        parts = [(str(own.get("dataset", "")), own.get("dataset_split"), 1.0) for own in owns]
+        first, line = mixture_option("dataset", parts, first)
         notes.append(line)
+    options |= first
 
 
 def _dataset(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
