@@ -123,6 +123,16 @@ def test_llamafactory_max_samples_caps_the_queries_of_an_epoch(cli_runner, tmp_p
     assert {row["num_queries"] for row in json.loads(given.stdout)} == {5000}
 
 
+def test_an_oversampled_mixture_is_not_cut_to_max_samples_per_dataset(cli_runner, tmp_path):
+    """interleave_over draws past each dataset's max_samples rows (repeating them): the mixture's count stands."""
+    config = tmp_path / "train.yaml"
+    mix = "dataset: gsm8k,commonsense_15k\nmix_strategy: interleave_over\ninterleave_probs: 0.9,0.1\n"
+    config.write_text(LF.read_text() + "max_samples: 5000\n" + mix)
+    result = cli_runner.invoke(app, ["estimate", "--config", str(config), "--gpu", "H100", "--json"])
+    assert result.exit_code == 0, result.output
+    assert {row["num_queries"] for row in json.loads(result.stdout)} == {round(5000 / 0.1)}
+
+
 def test_grad_accum_on_the_command_line_sizes_the_steps_and_spreads_the_optimizer(cli_runner):
     """--grad-accum 16 over the config's 4: a step takes 16 micro-batches, and the optimizer's time is spread over
     them (the config's own accumulation by default, read from gradient_accumulation_steps)."""

@@ -249,7 +249,7 @@ def _trained_queries(config: dict[str, Any], dataset_queries: int | None) -> int
         else:
             err_console.print(f"assumed: {taken} queries per epoch: the config's split {spec} of {dataset_queries}")
             dataset_queries = taken
-    limit = config.get("max_queries")
+    limit = config.get("max_queries") if mixed is None else None  # a counted mixture is cut part by part
     if limit is not None and (dataset_queries is None or dataset_queries > limit):
         of = "" if dataset_queries is None else f" of {dataset_queries}"
         err_console.print(f"assumed: {limit} queries per epoch: the config cuts the data there{of}")

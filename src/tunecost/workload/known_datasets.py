@@ -166,16 +166,23 @@ def _catalog_queries(name: str, split: str | None = None) -> int | None:
         return None
 
 
-def mixture_queries(parts: list[tuple[str, str | None, float]], cut: int | None = None) -> tuple[int, str] | None:
-    """A mixture's queries per epoch and how they add up, from its (dataset, split, weight) parts: each takes
-    `int(rows x weight)` of its split (the alignment handbook's subsampling), its rows first cut to `cut`
-    (LLaMA-Factory's max_samples); None where one is not counted."""
+def mixture_parts(parts: list[tuple[str, str | None, float]], cut: int | None = None) -> list[tuple[int, str]] | None:
+    """Each part of a mixture, from its (dataset, split, weight): the `int(rows x weight)` it takes of its split (the
+    alignment handbook's subsampling), its rows first cut to `cut` (LLaMA-Factory's max_samples), and a text naming
+    them; None where one is not counted."""
     taken = []
     for name, split, weight in parts:
         if (rows := _catalog_queries(name, split)) is None:
             return None
         n = int(min(rows, cut or rows) * weight)
         taken.append((n, f"{n} of {name}{f' {split}' if split else ''}{f' x {weight:g}' if weight != 1 else ''}"))
+    return taken
+
+
+def mixture_queries(parts: list[tuple[str, str | None, float]], cut: int | None = None) -> tuple[int, str] | None:
+    """A mixture's queries per epoch, its parts (`mixture_parts`) concatenated, and how they add up."""
+    if (taken := mixture_parts(parts, cut)) is None:
+        return None
     return sum(n for n, _ in taken), " + ".join(text for _, text in taken)
 
 

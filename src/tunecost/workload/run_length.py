@@ -4,7 +4,7 @@ gradient accumulation x data-parallel ranks), and the frameworks' rules when ste
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,16 @@ def sliced_queries(split: str, split_queries: int, counted_split: str = "train")
             return None
         raise
     return sum(max(0, p.to - p.from_) for p in parts)
+
+
+def interleaved_queries(rows: Sequence[int], probabilities: Sequence[float] | None, *, over: bool) -> int:
+    """The examples `datasets.interleave_datasets` takes from datasets of `rows` examples until the first is
+    exhausted, or every one (`over`): taken in turn, the shortest's (longest's) rows from each; drawn with
+    `probabilities`, about the draws that take each of source i's rows (rows_i / p_i) at the soonest (latest)."""
+    if probabilities is None:
+        return len(rows) * (max(rows) if over else min(rows))
+    draws = [n / p for n, p in zip(rows, probabilities, strict=True) if p > 0]
+    return round(max(draws) if over else min(draws))
 
 
 def training_queries(dataset_queries: int, eval_split: float) -> int:

@@ -415,9 +415,9 @@ def test_lora_target_and_dataset_may_be_yaml_lists(tmp_path):
     assert (job.options["lora_targets"], job.options["dataset"]) == ("q_proj,v_proj", "gsm8k")
 
 
-def test_several_catalog_datasets_are_concatenated(tmp_path):
-    """merge_dataset concatenates them (mix_strategy concat, the default), each cut to max_samples first: the
-    queries per epoch where the catalog counts each; interleaved or unknown ones leave one dataset's, said."""
+def test_several_catalog_datasets_are_concatenated_or_interleaved(tmp_path):
+    """merge_dataset concatenates them (mix_strategy concat, the default) or interleaves them, each cut to
+    max_samples first: the queries per epoch where the catalog counts each; unknown ones leave one dataset's, said."""
     from tunecost.catalog.datasets import get_dataset_facts
 
     text = "model_name_or_path: meta-llama/Llama-3.1-8B\nstage: sft\nfinetuning_type: lora\n"
@@ -425,10 +425,30 @@ def test_several_catalog_datasets_are_concatenated(tmp_path):
     job = _read(tmp_path, text + "dataset: gsm8k,commonsense_15k\nmax_samples: 5000\n")
     assert job.options["mixture_queries"] == min(rows[0], 5000) + min(rows[1], 5000)
     assert any(a.startswith("dataset: 6319 queries per epoch, its 2 datasets concatenated") for a in job.assumptions)
-    for extra, why in (("mix_strategy: interleave_under\n", "interleaves them"), ("", "not all in the catalog")):
-        names = "gsm8k,commonsense_15k" if extra else "gsm8k,my_own"
-        job = _read(tmp_path, text + f"dataset: {names}\n{extra}")
-        assert "mixture_queries" not in job.options and any(why in a for a in job.assumptions)
+    both = text + "dataset: gsm8k,commonsense_15k\n"
+    assert _read(tmp_path, both + "mix_strategy: interleave_under\n").options["mixture_queries"] == 2 * min(rows)
+    assert _read(tmp_path, both + "mix_strategy: interleave_over\n").options["mixture_queries"] == 2 * max(rows)
+    drawn = _read(tmp_path, both + "mix_strategy: interleave_over\ninterleave_probs: 0.9,0.1\n")
+    assert drawn.options["mixture_queries"] == round(rows[1] / 0.1)
+    assert any("drawn with interleave_probs 0.9,0.1 until every one" in a for a in drawn.assumptions)
+    job = _read(tmp_path, text + "dataset: gsm8k,my_own\n")
+    assert "mixture_queries" not in job.options and any("not all in the catalog" in a for a in job.assumptions)
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        ("mix_strategy: interleave\n", "mix_strategy: interleave: one of concat, interleave_under"),
+        ("interleave_probs: 0.5,0.5\n", "interleave_probs: only valid with mix_strategy interleave_under"),
+        ("mix_strategy: interleave_under\ninterleave_probs: 0.5,0.4\n", "0.5,0.4: 2 probabilities, one per"),
+        ("mix_strategy: interleave_under\ninterleave_probs: '1'\n", "1: 2 probabilities"),
+        ("mix_strategy: interleave_under\ninterleave_probs: a,b\n", "a,b: numbers separated by commas"),
+    ],
+)
+def test_a_mixture_the_framework_refuses_is_one_error(tmp_path, extra, message):
+    text = "model_name_or_path: meta-llama/Llama-3.1-8B\nstage: sft\nfinetuning_type: lora\n"
+    with pytest.raises(TunecostError, match=message):
+        _read(tmp_path, text + "dataset: gsm8k,commonsense_15k\n" + extra)
 
 
 def test_additional_target_and_resize_vocab_train_modules_fully(tmp_path):

@@ -12,6 +12,7 @@ from tunecost.errors import TunecostError
 from tunecost.workload.frameworks.registry import read_config
 from tunecost.workload.run_length import (
     global_batch_of,
+    interleaved_queries,
     queries_for_steps,
     run_length,
     sliced_queries,
@@ -180,3 +181,27 @@ def test_a_split_slice_takes_its_share_of_the_counted_split() -> None:
     assert sliced_queries("test[:10%]", 1000) is None and sliced_queries("train[20:10]", 100) == 0
     with pytest.raises(ValueError, match="Unrecognized instruction format"):
         sliced_queries("train[:x]", 100)
+
+
+@pytest.mark.parametrize(
+    ("rows", "probs"),
+    [((3, 4, 5), None), ((7473, 15000), (0.5, 0.5)), ((5000, 5000), (0.3, 0.7)), ((900, 4000, 2500), (0.2, 0.5, 0.3))],
+)
+@pytest.mark.parametrize("over", [False, True])
+def test_interleaved_queries_are_what_datasets_interleaves(rows: tuple, probs: tuple | None, over: bool) -> None:
+    """datasets.interleave_datasets itself (seed 42, LLaMA-Factory's default): exact taken in turn; drawn, within
+    three standard deviations of the draws that exhaust the source that stops it (negative binomial)."""
+    import math
+
+    import numpy as np
+    from datasets import Dataset, interleave_datasets
+
+    parts = [Dataset.from_dict({"i": np.zeros(n, dtype=np.uint8)}) for n in rows]
+    until = "all_exhausted" if over else "first_exhausted"
+    drawn = len(interleave_datasets(parts, probabilities=probs and list(probs), seed=42, stopping_strategy=until))
+    counted = interleaved_queries(rows, probs, over=over)
+    if probs is None:
+        assert counted == drawn
+        return
+    n, p = (max if over else min)(zip(rows, probs, strict=True), key=lambda r: r[0] / r[1])
+    assert abs(counted - drawn) <= 3 * math.sqrt(n * (1 - p)) / p

@@ -24,9 +24,11 @@ from tunecost.workload.frameworks.hf_common import (
 from tunecost.workload.frameworks.llamafactory_megatron import megatron_options
 from tunecost.workload.frameworks.model_parallel import soft_capped
 from tunecost.workload.job import targets_text
-from tunecost.workload.known_datasets import catalog_dataset, mixture_queries
+from tunecost.workload.known_datasets import catalog_dataset, mixture_parts
+from tunecost.workload.run_length import interleaved_queries
 
 TITLE = "LLaMA-Factory"
+MIX_STRATEGIES = ("concat", "interleave_under", "interleave_over")  # hparams/data_args.py
 # its hparams dataclasses and the transformers Seq2SeqTrainingArguments they extend (headers of keys/*.txt)
 KEYS = KnownKeys(f"{TITLE}'s config", ("llamafactory", "hf_training_args", "hf_training_args_older", "hf_seq2seq_args"))
 
@@ -168,9 +170,10 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     names = name_list(cfg.typed("dataset", (str, list)))
     max_samples = cfg.typed("max_samples", int)
     if max_samples is not None:  # data/loader.py: each dataset cut to its first max_samples examples
-        options["max_queries"] = max_samples * max(1, len(names))
+        options["max_queries"] = max_samples * max(1, len(names))  # not a bound on an interleave_over mixture
+        at_most = "" if len(names) > 1 else f", at most {max_samples} queries per epoch"
         notes.append(f"max_samples {max_samples}: each of the {max(1, len(names))} dataset(s) cut to its first "
-                     f"{max_samples} examples, at most {options['max_queries']} queries per epoch")  # fmt: skip
+                     f"{max_samples} examples{at_most}")  # fmt: skip
     options |= eval_split_of(cfg, "val_size")  # data/data_utils.py split_dataset: train_test_split(test_size)
     if (workers := cfg.typed("ray_num_workers", int)) is not None and workers > 1:  # train/tuner.py, USE_RAY=1
         options["num_gpus"] = workers
@@ -216,17 +219,45 @@ UPCASTS = "upcasts a full fine-tune's trainable parameters to fp32"  # not under
 
 
 def _merged(cfg: ConfigFile, names: list[str], cut: int | None, known: str | None, notes: list[str]) -> dict[str, Any]:
-    """The queries per epoch of several datasets concatenated (mix_strategy concat, data/data_utils.py
-    merge_dataset), each cut to max_samples (`cut`), where the catalog counts every one; else `known`'s."""
+    """The queries per epoch of several datasets, each cut to max_samples (`cut`), as data/data_utils.py
+    merge_dataset mixes them (mix_strategy: concatenated, or interleaved with interleave_probs), where the catalog
+    counts every one; else `known`'s."""
     strategy = cfg.typed("mix_strategy", str) or "concat"
-    counted = mixture_queries([(n, None, 1.0) for n in names], cut) if strategy == "concat" else None
-    if counted:
-        notes.append(f"dataset: {counted[0]} queries per epoch, its {len(names)} datasets concatenated ({counted[1]})")
-        return {"mixture_queries": counted[0]}
-    if known:
-        why = f"mix_strategy {strategy} interleaves them" if strategy != "concat" else "not all in the catalog"
-        notes.append(f"dataset: {len(names)} datasets ({why}): {known}'s queries per epoch (--queries gives theirs)")
-    return {}
+    if strategy not in MIX_STRATEGIES:
+        raise cfg.error("mix_strategy", f"{strategy}: one of {', '.join(MIX_STRATEGIES)}")
+    probs = _interleave_probs(cfg, strategy, len(names))
+    parts = mixture_parts([(n, None, 1.0) for n in names], cut)
+    if parts is None:
+        if known:
+            notes.append(f"dataset: {len(names)} datasets (not all in the catalog): {known}'s queries per epoch "
+                         "(--queries gives theirs)")  # fmt: skip
+        return {}
+    text = " + ".join(t for _, t in parts)
+    if strategy == "concat":
+        n, how = sum(k for k, _ in parts), "concatenated"
+    else:  # datasets' interleave_datasets: first_exhausted (under), all_exhausted (over)
+        over = strategy == "interleave_over"
+        n = interleaved_queries([k for k, _ in parts], probs, over=over)
+        drawn = "in turn" if probs is None else f"drawn with interleave_probs {','.join(f'{p:g}' for p in probs)}"
+        how = f"interleaved {drawn} until {'every one' if over else 'the first'} is exhausted"
+    notes.append(f"dataset: {n} queries per epoch, its {len(names)} datasets {how} ({text})")
+    return {"mixture_queries": n}
+
+
+def _interleave_probs(cfg: ConfigFile, strategy: str, count: int) -> list[float] | None:
+    """interleave_probs as hparams/data_args.py reads it (commas), checked as it and numpy's choice check it."""
+    given = cfg.typed("interleave_probs", (str, list))
+    if given is None:
+        return None
+    if strategy == "concat":
+        raise cfg.error("interleave_probs", "only valid with mix_strategy interleave_under or interleave_over")
+    try:
+        probs = [float(p) for p in name_list(given)]
+    except ValueError:
+        raise cfg.error("interleave_probs", f"{given}: numbers separated by commas") from None
+    if len(probs) != count or min(probs) < 0 or abs(sum(probs) - 1) > 1e-8:
+        raise cfg.error("interleave_probs", f"{given}: {count} probabilities, one per dataset, >= 0 and summing to 1")
+    return probs
 
 
 def _upcast_note(cfg: ConfigFile, options: dict[str, Any]) -> list[str]:
