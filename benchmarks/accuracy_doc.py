@@ -21,11 +21,11 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from tunecost.catalog.held_out_errors import THROUGHPUT_QUANTITIES as THROUGHPUT
 from tunecost.io import atomic_write_text
+from tunecost.units import BYTES_PER_GIB
 from tunecost.validate import read_corpus, summarize, validate_rows
 from tunecost.validate.baselines import accelerate_estimate_bytes, deepspeed_estimate_bytes, rule_estimate_bytes
 from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES as PEAK
 from tunecost.validate.mapping import Skip, map_row
-from tunecost.validate.run import GIB
 from tunecost.validate.stacks import STACKS
 from tunecost.validate.summary import memory_totals, throughput_totals
 from tunecost.validate.throughput import AT_BOUND_REASON
@@ -78,7 +78,7 @@ def _compare(results, by_id) -> Comparison:
             mapped = mapped_of[r.id]
             measured = r.measured or 0.0
             for name in BASELINES:
-                est = baseline_bytes(name, mapped) / GIB
+                est = baseline_bytes(name, mapped) / BYTES_PER_GIB
                 errs[name].append(abs(est - measured) / measured * 100)
             errs["tunecost"].append(abs(r.error or 0.0))
         peak[quantity] = (len(sel), {n: _median(errs[n]) for n in ESTIMATORS})

@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunecost.io import atomic_write_text
+from tunecost.units import BYTES_PER_GIB
 from tunecost.validate import read_corpus, validate_rows
 from tunecost.validate.mapping import MEMORY_QUANTITIES, PEAK_MEMORY_QUANTITIES, MappedRow
-from tunecost.validate.run import GIB, outside_allocator_bytes, unit_bytes
 from tunecost.validate.run import _simulate as simulate_mapped  # validate's own simulation of a mapped row
+from tunecost.validate.run import outside_allocator_bytes, unit_bytes
 
 COMMAND = "PYTHONPATH=src .venv/bin/python benchmarks/memory_margin.py --write"
 MARGIN_PATH = Path(__file__).resolve().parent.parent / "src" / "tunecost" / "catalog" / "data" / "memory_margin.csv"
@@ -102,7 +103,7 @@ def memory_cases() -> list[MemoryCase]:
                 quantity=result.quantity,
                 measured=result.measured,
                 predicted=result.predicted,
-                measured_gib=None if unit is None else result.measured * unit / GIB,
+                measured_gib=None if unit is None else result.measured * unit / BYTES_PER_GIB,
                 validate_fits=result.fits,
                 need_bytes=need_bytes(sim),
                 card_bytes=mapped.gpu_memory_bytes,
@@ -145,12 +146,12 @@ def _residual_lines(groups: dict[str, list[MemoryCase]]) -> list[str]:
 
 def _need_line(c: MemoryCase, margin: float) -> str:
     assert c.card_bytes is not None
-    need = c.need_bytes / GIB
+    need = c.need_bytes / BYTES_PER_GIB
     with_margin = verdict(c.need_bytes, c.card_bytes, margin)
     measured = "OOM" if c.measured_gib is None else f"{c.measured_gib:.2f} {QUANTITY_LABELS[c.quantity]}"
     return (
         f"{c.id:<10} {c.model[:34]:<34} {c.gpu[:16]:<16} {c.num_gpus:>4d} {need:8.2f} {need * (1 + margin):8.2f} "
-        f"{c.card_bytes / GIB:7.2f} {'fits' if c.validate_fits else 'no':>8} {with_margin:>12}  {measured}"
+        f"{c.card_bytes / BYTES_PER_GIB:7.2f} {'fits' if c.validate_fits else 'no':>8} {with_margin:>12}  {measured}"
     )
 
 

@@ -24,6 +24,19 @@ MAX_GPU_MEMORY_BYTES = 10**13  # memory of one GPU (10 TB); the largest today ho
 MAX_LEARNING_RATE = 10.0  # fine-tuning rates are 1e-5 to 1e-2; past 10 any optimizer diverges
 MAX_LORA_ALPHA = 1e6  # LoRA scaling numerator; common values are 8 to 2 x rank
 MAX_STAGE_LAYERS = 100_000  # decoder layers of one pipeline stage; the deepest models have a few hundred
+MAX_SEED = 2**32 - 1  # numpy's and torch's seeds are 32-bit
+MAX_EXPERTS = 1024  # experts of one MoE layer; today's largest models have 256
+MAX_LAYERS = 10_000  # decoder layers of one model; today's largest have about 130
+MAX_LORA_RANK = 1 << 16  # a LoRA rank is at most the hidden size; today's largest are about 16k
+MAX_GPUS_PER_NODE = 1024  # GPUs of one node; servers hold 8 to 72
+MAX_DEGREE = 1024  # a tensor, pipeline or context parallel degree
+MAX_OWNED_GPUS = 1024  # GPUs of one kind a planner's user owns
+MAX_BUDGET_USD = 1e9  # one fine-tune's budget
+MAX_HIDDEN = 1 << 20  # hidden, expert and LoRA sizes; Mixtral-8x7B's largest is 14336
+MAX_THREADS = 4096  # CPU threads of one benchmark
+MAX_BINS = 10_000  # histogram bins; a figure shows a few dozen
+MAX_INT_OPTION = 2**31 - 1  # no count or size on the command line comes near it; past int64 torch overflows
+MAX_NPROC_PER_NODE = 64  # ranks torchrun starts on one machine
 
 
 def check_count(option: str, value: int | float | None, maximum: int, *, minimum: int = 1) -> int | None:

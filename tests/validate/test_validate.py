@@ -11,10 +11,11 @@ import pytest
 from tunecost.cli.main import app
 from tunecost.errors import TunecostError
 from tunecost.results.records import read_records
+from tunecost.units import BYTES_PER_GIB
 from tunecost.validate import OUTPUT_COLUMNS, read_corpus, summarize, validate_rows
 from tunecost.validate.corpus import DEFAULT_CORPUS_PATH, REQUIRED_COLUMNS
 from tunecost.validate.mapping import PEAK_MEMORY_QUANTITIES, Skip, lora_targets, map_row, modules_to_save
-from tunecost.validate.run import GIB, predicted_bytes
+from tunecost.validate.run import predicted_bytes
 from tunecost.validate.stacks import STACKS, stack_for
 from tunecost.validate.summary import memory_totals
 
@@ -78,7 +79,7 @@ def test_shipped_corpus_has_every_column() -> None:
 
 
 def test_skip_reasons(corpus) -> None:
-    fake = SimpleNamespace(peak_bytes=GIB, device_overhead_bytes=0)
+    fake = SimpleNamespace(peak_bytes=BYTES_PER_GIB, device_overhead_bytes=0)
     rows = _by_id(validate_rows(read_corpus([corpus]), simulate=lambda m: fake))
     expected = {
         "t-unknown-model": "not in the catalog",
@@ -111,7 +112,7 @@ def test_an_fsdp_row_is_one_rank_of_fsdp1(corpus) -> None:
     job = mapped.job.with_(stack="hf-peft")
     rank = rank_memory(single_gpu_step(job), job, ParallelPlan(num_gpus=2, gpus_per_node=2, strategy="fsdp1"))
     row = _by_id(validate_rows([multi]))["t-multi"]
-    assert (row.status, row.predicted) == ("ok", round(rank.peak_bytes / GIB, 3))
+    assert (row.status, row.predicted) == ("ok", round(rank.peak_bytes / BYTES_PER_GIB, 3))
     for cells, words in (
         ({"parallelism": "hybrid sharding"}, "not modelled"),
         ({"parallelism": "deepspeed"}, "not modelled"),
@@ -135,7 +136,7 @@ def test_an_fsdp_rows_nvidia_smi_is_the_ranks_replayed_reserve(corpus) -> None:
     assert rank.peak_reserved_bytes > rank.peak_bytes
     row = _by_id(validate_rows([smi]))["t-multi"]
     expected = rank.peak_reserved_bytes + rank.device_overhead_bytes + rank.nccl_bytes
-    assert (row.status, row.predicted) == ("ok", round(expected / GIB, 3))
+    assert (row.status, row.predicted) == ("ok", round(expected / BYTES_PER_GIB, 3))
 
 
 def test_lora_target_names() -> None:
@@ -304,7 +305,7 @@ def test_predictions_come_from_the_simulator(corpus) -> None:
         sim = simulate_step(mapped.job, stack=mapped.stack.simulator_stack, behaviour=mapped.behaviour)
         got = out[row_id]
         assert got.status == "ok", got
-        assert got.predicted == pytest.approx(predicted_bytes(quantity, sim) / GIB, abs=1e-3)
+        assert got.predicted == pytest.approx(predicted_bytes(quantity, sim) / BYTES_PER_GIB, abs=1e-3)
         assert got.error == pytest.approx((got.predicted - got.measured) / got.measured * 100, abs=0.01)
     # nvidia-smi: the replayed allocator's reserve plus the stated device overhead (the CUDA context)
     smi = map_row(next(r for r in rows if r.id == "t-smi"))
@@ -317,8 +318,8 @@ def test_predictions_come_from_the_simulator(corpus) -> None:
 
 def test_oom_prediction_compares_with_gpu_memory(corpus) -> None:
     rows = [r for r in read_corpus([corpus]) if r.id == "t-oom"]
-    huge = SimpleNamespace(peak_bytes=81 * GIB, device_overhead_bytes=GIB)
-    small = SimpleNamespace(peak_bytes=GIB, device_overhead_bytes=GIB)
+    huge = SimpleNamespace(peak_bytes=81 * BYTES_PER_GIB, device_overhead_bytes=BYTES_PER_GIB)
+    small = SimpleNamespace(peak_bytes=BYTES_PER_GIB, device_overhead_bytes=BYTES_PER_GIB)
     assert validate_rows(rows, simulate=lambda m: huge)[0].predicted == 1.0
     assert validate_rows(rows, simulate=lambda m: small)[0].predicted == 0.0
 
@@ -326,13 +327,22 @@ def test_oom_prediction_compares_with_gpu_memory(corpus) -> None:
 def test_reserved_is_capped_by_what_the_gpu_leaves_the_allocator() -> None:
     """Before it fails, the allocator releases its cached segments and retries: the reserve never exceeds the
     GPU's memory less what the allocator does not manage, and never falls below the allocated peak."""
-    sim = SimpleNamespace(peak_bytes=30 * GIB, peak_reserved_bytes=50 * GIB, device_overhead_bytes=GIB, nccl_bytes=0)
-    assert predicted_bytes("peak_reserved_gib", sim) == 50 * GIB
-    assert predicted_bytes("peak_reserved_gib", sim, 40 * GIB) == 39 * GIB
-    assert predicted_bytes("nvidia_smi_gib", sim, 40 * GIB) == 40 * GIB
-    assert predicted_bytes("peak_reserved_gib", sim, 20 * GIB) == 30 * GIB  # does not fit at all: allocated
-    rank = SimpleNamespace(peak_bytes=30 * GIB, device_overhead_bytes=GIB, nccl_bytes=GIB)  # no replayed reserve
-    assert predicted_bytes("nvidia_smi_gib", rank) == 32 * GIB
+    sim = SimpleNamespace(
+        peak_bytes=30 * BYTES_PER_GIB,
+        peak_reserved_bytes=50 * BYTES_PER_GIB,
+        device_overhead_bytes=BYTES_PER_GIB,
+        nccl_bytes=0,
+    )
+    assert predicted_bytes("peak_reserved_gib", sim) == 50 * BYTES_PER_GIB
+    assert predicted_bytes("peak_reserved_gib", sim, 40 * BYTES_PER_GIB) == 39 * BYTES_PER_GIB
+    assert predicted_bytes("nvidia_smi_gib", sim, 40 * BYTES_PER_GIB) == 40 * BYTES_PER_GIB
+    assert (
+        predicted_bytes("peak_reserved_gib", sim, 20 * BYTES_PER_GIB) == 30 * BYTES_PER_GIB
+    )  # does not fit at all: allocated
+    rank = SimpleNamespace(
+        peak_bytes=30 * BYTES_PER_GIB, device_overhead_bytes=BYTES_PER_GIB, nccl_bytes=BYTES_PER_GIB
+    )  # no replayed reserve
+    assert predicted_bytes("nvidia_smi_gib", rank) == 32 * BYTES_PER_GIB
 
 
 def test_simulation_failure_is_a_skipped_row(corpus) -> None:
@@ -346,7 +356,7 @@ def test_simulation_failure_is_a_skipped_row(corpus) -> None:
 
 
 def test_summary_per_quantity_and_stack(corpus) -> None:
-    fake = SimpleNamespace(peak_bytes=int(0.011 * GIB), device_overhead_bytes=0)
+    fake = SimpleNamespace(peak_bytes=int(0.011 * BYTES_PER_GIB), device_overhead_bytes=0)
     rows = validate_rows(read_corpus([corpus]), simulate=lambda m: fake)
     by_key = {(s.quantity, s.stack): s for s in summarize(rows)}
     alloc = by_key[("peak_allocated_gib", "all")]
@@ -362,7 +372,7 @@ def test_summary_per_quantity_and_stack(corpus) -> None:
 def test_fits_verdict_counts_peak_rows_that_ran_and_oom_rows(corpus, peak_gib, fits_right, oom_right) -> None:
     """A peak-memory row ran, so it fit its GPU: the verdict on its setting is right when tunecost says it fits.
     The fits/out-of-memory accuracy counts those rows beside the oom rows, with the same verdict."""
-    fake = SimpleNamespace(peak_bytes=int(peak_gib * GIB), device_overhead_bytes=0)
+    fake = SimpleNamespace(peak_bytes=int(peak_gib * BYTES_PER_GIB), device_overhead_bytes=0)
     rows = validate_rows(read_corpus([corpus]), simulate=lambda m: fake)
     peak = [r for r in rows if r.status == "ok" and r.quantity in PEAK_MEMORY_QUANTITIES]
     assert all(r.fits is (peak_gib < 1.0) for r in peak)
@@ -376,7 +386,7 @@ def test_fits_verdict_counts_peak_rows_that_ran_and_oom_rows(corpus, peak_gib, f
 def test_the_commands_verdict_with_the_margin(corpus, peak_gib, fit) -> None:
     """Each row also carries the verdict `memory` and `estimate` give (reserve + CUDA context, with the safety
     margin); the totals count out-of-memory rows called a fit and runs called out of memory."""
-    fake = SimpleNamespace(peak_bytes=int(peak_gib * GIB), device_overhead_bytes=0)
+    fake = SimpleNamespace(peak_bytes=int(peak_gib * BYTES_PER_GIB), device_overhead_bytes=0)
     rows = validate_rows(read_corpus([corpus]), simulate=lambda m: fake)
     judged = [r for r in rows if r.status == "ok" and r.fit is not None]
     assert judged and all(r.fit == fit for r in judged)
@@ -448,7 +458,14 @@ def test_memory_units_in_any_case() -> None:
     """GB, G and MB are read as GiB and MiB (the sources' G/M labels on binary figures), in any case."""
     from tunecost.validate.run import unit_bytes
 
-    assert [unit_bytes(u) for u in ("GiB", "gb", " GB ", "G", "MiB", "mb")] == [GIB, GIB, GIB, GIB, 2**20, 2**20]
+    assert [unit_bytes(u) for u in ("GiB", "gb", " GB ", "G", "MiB", "mb")] == [
+        BYTES_PER_GIB,
+        BYTES_PER_GIB,
+        BYTES_PER_GIB,
+        BYTES_PER_GIB,
+        2**20,
+        2**20,
+    ]
     assert unit_bytes("bytes") == 1
     assert unit_bytes("TB") is None and unit_bytes("") is None
 
@@ -848,7 +865,7 @@ def test_a_memory_value_that_cannot_be_measured_and_a_fractional_count_are_skipp
     from tunecost.validate.corpus import CorpusRow
 
     multi = next(r for r in read_corpus([corpus]) if r.id == "t-multi")
-    fake = SimpleNamespace(peak_bytes=GIB, device_overhead_bytes=0)
+    fake = SimpleNamespace(peak_bytes=BYTES_PER_GIB, device_overhead_bytes=0)
     rows = [
         CorpusRow(path=multi.path, line=multi.line, cells={**multi.cells, "id": f"v-{value}", "value": value})
         for value in ("nan", "inf", "0", "-5")

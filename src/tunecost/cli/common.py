@@ -22,6 +22,7 @@ import typer
 
 from tunecost.cli.options import blame_config
 from tunecost.errors import TunecostError, TunecostWarning
+from tunecost.limits import MAX_INT_OPTION
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -182,9 +183,6 @@ def cli_errors(func: F) -> F:
             raise typer.Exit(code=130) from None
 
     return wrapper  # type: ignore[return-value]
-
-
-MAX_INT_OPTION = 2**31 - 1  # no count or size on the command line comes near it; past int64 torch overflows
 
 
 def check_numbers(kwargs: dict[str, Any]) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated
 
-from tunecost.cli.options import MAX_EXPERTS, count_option, opt
+from tunecost.cli.options import count_option, opt
 from tunecost.errors import TunecostError
-from tunecost.limits import MAX_STAGE_LAYERS, check_count
+from tunecost.limits import MAX_DEGREE, MAX_EXPERTS, MAX_GPUS_PER_NODE, MAX_STAGE_LAYERS, check_count
 from tunecost.workload.parallel import (
     MAX_SEARCH_GPUS,
     MULTI_GPU_STRATEGIES,
@@ -18,7 +18,6 @@ from tunecost.workload.parallel import (
 if TYPE_CHECKING:
     from tunecost.cli.groups import MultiGpuOptions
 
-MAX_GPUS_PER_NODE = 1024
 NumGpus = Annotated[
     str | None, opt("--gpus", "Several GPUs: a number, or 'auto' for the fewest that fit and the cheapest setup.")
 ]
@@ -44,7 +43,6 @@ ExpertParallel = Annotated[
         "--expert-parallel", "Several GPUs, MoE: ranks that share the experts (divides experts, GPUs).", MAX_EXPERTS
     ),
 ]
-MAX_DEGREE = 1024
 TensorParallel = Annotated[int | None, count_option("--tp", "Several GPUs: tensor-parallel degree.", MAX_DEGREE)]
 PipelineParallel = Annotated[int | None, count_option("--pp", "Several GPUs: pipeline stages.", MAX_DEGREE)]
 ContextParallel = Annotated[int | None, count_option("--cp", "Several GPUs: context-parallel degree.", MAX_DEGREE)]

@@ -19,9 +19,13 @@ import typer
 from tunecost.limits import (
     MAX_BATCH_SIZE,
     MAX_EPOCHS,
+    MAX_EXPERTS,
     MAX_GRAD_ACCUM,
+    MAX_LAYERS,
     MAX_LORA_ALPHA,
+    MAX_LORA_RANK,
     MAX_QUERIES,
+    MAX_SEED,
     MAX_SEQ_LEN,
     MAX_STEPS,
 )
@@ -32,11 +36,6 @@ try:  # typer >= 0.22 carries its own copy of click
 except ImportError:  # pragma: no cover - older typer on the real click
     from click import get_current_context as get_current_context  # type: ignore[no-redef]
     from click.core import Command, Context, Parameter, ParameterSource  # type: ignore[assignment]
-
-MAX_SEED = 2**32 - 1  # numpy's and torch's seeds are 32-bit
-MAX_EXPERTS = 1024  # experts of one MoE layer; today's largest models have 256
-MAX_LAYERS = 10_000  # decoder layers of one model; today's largest have about 130
-MAX_LORA_RANK = 1 << 16  # a LoRA rank is at most the hidden size; today's largest are about 16k
 
 
 def _is_blank(value: Any) -> bool:

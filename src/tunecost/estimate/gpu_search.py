@@ -16,9 +16,10 @@ from tunecost.distributed.layouts import check_model_parallel, checked_counts, l
 from tunecost.distributed.rank_memory import STORED_SHARDED
 from tunecost.distributed.timing import Links, cpu_optimizer_note, default_links
 from tunecost.errors import TunecostError
-from tunecost.estimate.rank_needs import MAX_MICRO_BATCH, RankNeeds
+from tunecost.estimate.rank_needs import RankNeeds
 from tunecost.estimate.setups import COST_NOTE, MultiGpuEstimate, Setup, evaluate_setup
 from tunecost.estimate.simulated import Throughput
+from tunecost.limits import MAX_BATCH_SIZE
 from tunecost.models.catalog import resolve_model
 from tunecost.models.params import ParamCounts, count_parameters
 from tunecost.simulate.batch import default_margin_fraction, fit_verdict, margin_note
@@ -283,7 +284,7 @@ class _Search:
         """The largest micro-batch worth searching: a rank's share of the kept global batch (per pipeline
         micro-batch), at least 1; the search's own limit without one."""
         if self.global_batch is None:
-            return MAX_MICRO_BATCH
+            return MAX_BATCH_SIZE
         return max(1, self.global_batch // plan.micro_batch_slots)
 
     def within_epoch(self, plan: ParallelPlan, batch: int) -> int:

@@ -22,14 +22,14 @@ from tunecost.errors import TunecostError
 from tunecost.estimate.estimators import EstimateRequest, EstimatorOptions, sizing_seq_len
 from tunecost.estimate.simulated import Throughput, throughput_at
 from tunecost.io import atomic_write_json
+from tunecost.limits import MAX_BATCH_SIZE
 from tunecost.models.catalog import resolve_model
-from tunecost.simulate.batch import MAX_BATCH, search_with_margin
+from tunecost.simulate.batch import search_with_margin
 from tunecost.simulate.behaviour import runs_fused_adamw
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ParallelPlan
 
-MAX_MICRO_BATCH = MAX_BATCH  # the micro-batch search's cap per rank: one GPU's
 # of the rank memories kept on disk (`RankNeeds`; their key holds the step's LAYOUT_VERSION): bump when rank_memory
 # changes
 RANK_MEMORY_VERSION = "6"
@@ -168,7 +168,7 @@ class RankNeeds:
         self._dirty.clear()
 
     def largest_micro_batch(
-        self, plan: ParallelPlan, gpu: GPU, margin_fraction: float, most: int = MAX_MICRO_BATCH
+        self, plan: ParallelPlan, gpu: GPU, margin_fraction: float, most: int = MAX_BATCH_SIZE
     ) -> tuple[int, int]:
         """(largest micro-batch up to `most` that fits `gpu` with the margin, largest within it without): the search
         `memory` and `estimate` run on one GPU."""

@@ -11,12 +11,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tunecost.errors import TunecostError, unknown_name_error
-from tunecost.limits import check_count
+from tunecost.limits import MAX_NPROC_PER_NODE, check_count
 from tunecost.results.records import add_records, read_records, record
 from tunecost.workload.parallel import check_fsdp2_method
 
 RANK_STRATEGIES = ("fsdp2", "ddp")
-MAX_NPROC_PER_NODE = 64
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -8,6 +8,7 @@ import pandas as pd
 
 from tunecost.report.base import FigureResult, _need, _plt
 from tunecost.report.records import RunRecords
+from tunecost.units import BYTES_PER_GIB
 
 SETUP_COLUMNS = ("model", "method", "gpu", "strategy", "num_gpus", "fits", "need_bytes", "gpu_memory_bytes")
 RANK_COLUMNS = ("point_id", "rank", "world_size", "strategy", "device", "median_step_seconds", "comm_seconds")
@@ -84,7 +85,7 @@ def fig_ranks(records: RunRecords) -> FigureResult | str:
     if memory is None or memory.isna().all():
         memory = df.get("peak_rss_bytes", pd.Series([None] * len(df)))
     table = df[["point_id", "rank", "device", "median_step_seconds", "comm_seconds"]].copy()
-    table["peak GiB"] = (memory.astype(float) / 2**30).round(2)
+    table["peak GiB"] = (memory.astype(float) / BYTES_PER_GIB).round(2)
     table["collectives"] = [
         ", ".join(f"{op} {c['count']}x" for op, c in sorted((v or {}).items())) for v in df.get("collectives", [])
     ]

@@ -14,13 +14,12 @@ from tunecost.catalog.gpus import GPU, resolve_gpu_name
 from tunecost.catalog.memory_margin import default_memory_margin
 from tunecost.catalog.memory_margin import margin_note as memory_margin_note
 from tunecost.errors import DoesNotFit
+from tunecost.limits import MAX_BATCH_SIZE
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.simulator import StepSimulation, simulate_step
 from tunecost.units import format_bytes
 from tunecost.workload.job import FineTuneJob
-
-MAX_BATCH = 65536
 
 
 def device_need_bytes(peak_reserved_bytes: int, outside_allocator_bytes: int) -> int:
@@ -102,7 +101,7 @@ def max_batch_size(
     overhead: DeviceOverhead = DEFAULT_OVERHEAD,
     margin_fraction: float | None = None,
     num_layers_to_trace: int | None = None,
-    max_batch: int = MAX_BATCH,
+    max_batch: int = MAX_BATCH_SIZE,
     use_cache: bool = True,
     on_progress: Callable[[int, int, str], None] | None = None,
 ) -> MaxBatchResult:
@@ -166,7 +165,7 @@ def margin_note(margin_fraction: float) -> str:
 
 
 def search_with_margin(
-    need: Callable[[int], int], budget: int, margin_fraction: float, *, first: int = 1, max_batch: int = MAX_BATCH
+    need: Callable[[int], int], budget: int, margin_fraction: float, *, first: int = 1, max_batch: int = MAX_BATCH_SIZE
 ) -> tuple[int, int]:
     """(largest B that fits with the margin, largest B within `budget` without it): two boundaries of one
     need curve, the second search starting where the first ended (its simulations are shared)."""
@@ -179,7 +178,7 @@ def search_with_margin(
 
 
 def search_boundary(
-    need: Callable[[int], int], budget: int, *, first: int = 1, max_batch: int = MAX_BATCH
+    need: Callable[[int], int], budget: int, *, first: int = 1, max_batch: int = MAX_BATCH_SIZE
 ) -> tuple[int, dict[int, int]]:
     """Largest batch size B <= max_batch with need(B) <= budget (0 when B = 1 does not fit), and every need asked.
 

@@ -21,17 +21,17 @@ from tunecost.estimate.throughput.stack_priors import FITTED_PARAMETER, model_ki
 from tunecost.simulate import simulate_step
 from tunecost.simulate.batch import default_margin_fraction
 from tunecost.simulate.batch import fit_verdict as margin_verdict
+from tunecost.units import BYTES_PER_GIB
 from tunecost.validate import throughput as tp
 from tunecost.validate.cells import measured_value
 from tunecost.validate.corpus import CorpusRow
 from tunecost.validate.intervals import with_intervals
 from tunecost.validate.mapping import MappedRow, Skip, map_row
 
-GIB = 2**30
 OUTPUT_COLUMNS = ("id", "quantity", "measured", "predicted", "low", "high", "unit", "error", "status", "reason")
 # "GB", "G" (as some tables print it) and "MB" are read as binary units, as the corpus's sources use them
 _UNIT_BYTES = {
-    **dict.fromkeys(("gib", "gb", "g", "gi", "gbyte", "gbytes", "gigabyte", "gigabytes"), GIB),
+    **dict.fromkeys(("gib", "gb", "g", "gi", "gbyte", "gbytes", "gigabyte", "gigabytes"), BYTES_PER_GIB),
     **dict.fromkeys(("mib", "mb", "mi", "mbyte", "mbytes", "megabyte", "megabytes"), 2**20),
     **dict.fromkeys(("bytes", "byte", "b"), 1),
 }
@@ -192,7 +192,9 @@ def validate_row(row: CorpusRow, simulate: Callable[[MappedRow], object] = _simu
         predicted = 0.0 if fits else 1.0
         error = predicted - measured
     else:
-        predicted = round(predicted_bytes(quantity, sim, mapped.gpu_memory_bytes) / (unit_bytes(unit) or GIB), 3)
+        predicted = round(
+            predicted_bytes(quantity, sim, mapped.gpu_memory_bytes) / (unit_bytes(unit) or BYTES_PER_GIB), 3
+        )
         error = round((predicted - measured) / measured * 100.0, 2) if measured else None
     out = _outcome(
         row, measured, predicted=predicted, error=error, reason=mapped.note, stack=mapped.stack.name, fits=fits, fit=fit

@@ -8,11 +8,8 @@ from typing import Annotated, Any
 import typer
 
 from tunecost.cli.common import cli_errors, print_json, print_table, progress_callback, split_list
-from tunecost.cli.options import MAX_EXPERTS, JsonOut, count_option, opt
-from tunecost.limits import MAX_STEPS, MAX_TOKENS
-
-MAX_HIDDEN = 1 << 20  # hidden, expert and LoRA sizes; Mixtral-8x7B's largest is 14336
-MAX_THREADS = 4096
+from tunecost.cli.options import JsonOut, count_option, opt
+from tunecost.limits import MAX_EXPERTS, MAX_HIDDEN, MAX_STEPS, MAX_THREADS, MAX_TOKENS
 
 
 def _size(option: str, help: str, maximum: int = MAX_HIDDEN, minimum: int = 1) -> Any:

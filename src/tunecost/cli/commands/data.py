@@ -20,13 +20,12 @@ from tunecost.cli.options import (
     opt,
 )
 from tunecost.io import atomic_write_text
-from tunecost.limits import MAX_BATCH_SIZE
+from tunecost.limits import MAX_BATCH_SIZE, MAX_BINS
 from tunecost.results.records import SCHEMA_VERSION
 
 DATASET_HELP = (
     "A file (.json/.jsonl/.parquet/.csv), a known name (see `tunecost data list`), a hub id, or synthetic-arith."
 )
-MAX_BINS = 10_000  # histogram bins; a figure shows a few dozen
 
 data_app = typer.Typer(help="Datasets: sequence-length statistics and known names.", no_args_is_help=True)
 

@@ -18,20 +18,11 @@ from tunecost.cli.common import (
 )
 from tunecost.cli.groups import GpuMemory, JobOptions, StackFlags, option_groups
 from tunecost.cli.jobconfig import ConfigFiles, on_command_line, required
-from tunecost.cli.options import (
-    DEFAULT_SEQ_LEN,
-    MAX_LAYERS,
-    BatchSize,
-    ExpertsPerToken,
-    JsonOut,
-    MethodName,
-    count_option,
-    opt,
-)
+from tunecost.cli.options import DEFAULT_SEQ_LEN, BatchSize, ExpertsPerToken, JsonOut, MethodName, count_option, opt
 from tunecost.csvfile import check_input_file
 from tunecost.errors import TunecostError
 from tunecost.estimate.memory_interval import peak_interval_bytes
-from tunecost.limits import MAX_SEQ_LEN
+from tunecost.limits import MAX_LAYERS, MAX_SEQ_LEN
 
 if TYPE_CHECKING:
     from tunecost.workload.job import FineTuneJob, Method

@@ -21,7 +21,6 @@ from tunecost.cli.common import (
 )
 from tunecost.cli.jobconfig import ConfigFiles, on_command_line
 from tunecost.cli.options import (
-    MAX_LAYERS,
     Device,
     ExpertsImpl,
     JsonOut,
@@ -36,8 +35,15 @@ from tunecost.cli.options import (
     opt,
 )
 from tunecost.errors import TunecostError
-from tunecost.limits import MAX_BATCH_SIZE, MAX_QUERIES, MAX_SEQ_LEN, MAX_STEPS, check_count
-from tunecost.profile.ranks import MAX_NPROC_PER_NODE
+from tunecost.limits import (
+    MAX_BATCH_SIZE,
+    MAX_LAYERS,
+    MAX_NPROC_PER_NODE,
+    MAX_QUERIES,
+    MAX_SEQ_LEN,
+    MAX_STEPS,
+    check_count,
+)
 from tunecost.profile.threads import prepare_cpu_threads
 from tunecost.units import BYTES_PER_GIB as _GIB
 from tunecost.workload.known_datasets import canonical_name

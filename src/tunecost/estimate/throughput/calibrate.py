@@ -17,7 +17,7 @@ from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.catalog.gpus import GPU, resolve_gpu_name
 from tunecost.catalog.host_cpus import REFERENCE_HOST
 from tunecost.errors import TunecostError
-from tunecost.estimate.conformal import Halfwidth
+from tunecost.estimate.conformal import INTERVAL_LEVEL, Halfwidth
 from tunecost.estimate.throughput.counts import AnalyticStepCounts
 from tunecost.estimate.throughput.coverage import ModelRange, coverage_notes, model_ranges, setup_label
 from tunecost.estimate.throughput.disk_cache import (
@@ -51,7 +51,6 @@ from tunecost.workload.job import FineTuneJob
 FIT_NAMES = (*PARAM_NAMES, "run_overhead_s")
 MIN_POINTS = len(FIT_NAMES) + 1
 LOG_NOISE = 0.05  # assumed measurement noise on log throughput: weighs the data against the priors
-INTERVAL_LEVEL = 0.95
 
 
 @dataclass(frozen=True, kw_only=True)
