@@ -24,6 +24,7 @@ from tunecost.estimate.gpu_search import (
 from tunecost.estimate.rank_needs import RankNeeds
 from tunecost.estimate.setups import Setup, setup_cost
 from tunecost.estimate.throughput.stack_priors import framework_family
+from tunecost.units import BYTES_PER_GB
 from tunecost.workload.frameworks.registry import runnable_strategies
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.offload import OFFLOAD_CHOICES, OFFLOAD_STRATEGIES
@@ -255,8 +256,7 @@ def _does_not_fit(option: Option) -> str:
     s = option.setup
     if s.fits and s.not_timed:
         return s.not_timed
-    gb = 1e9
-    need, card = s.memory.nvidia_smi_bytes / gb, s.gpu.usable_memory_bytes / gb
+    need, card = s.memory.nvidia_smi_bytes / BYTES_PER_GB, s.gpu.usable_memory_bytes / BYTES_PER_GB
     if s.fit == "borderline":
         return f"borderline: {need:.1f} GB per rank of {card:.1f} GB, inside the {100 * s.margin_fraction:g} % margin"
     if s.fit == "no":

@@ -280,7 +280,7 @@ def max_batch_row(result: MaxBatchSearch, setup: Any, inputs: Any, *, gpu: str |
         "model": setup.model,
         "method": setup.method,
         "experts_impl": setup.resolved_experts_impl,
-        "experts_per_token": setup.experts_per_token or spec.default_experts_per_token,
+        "experts_per_token": spec.top_k(setup.experts_per_token),
         "batch_size": None,
         "seq_len": inputs.resolved_seq_lens[0],
         "dataset": inputs.dataset,

@@ -161,7 +161,7 @@ def build_training_model(setup: ModelSetup, *, spec: Any = None) -> PreparedMode
     spec = spec or resolve_profile_model(setup.model)
     if not spec.is_moe:
         raise TunecostError(f"{spec.name} is not a mixture-of-experts model: tunecost profile needs MoE layers")
-    k = setup.experts_per_token or spec.default_experts_per_token
+    k = spec.top_k(setup.experts_per_token)
     if not 1 <= k <= spec.num_experts:
         raise TunecostError(f"{spec.name}: experts per token must be between 1 and {spec.num_experts}, got {k}")
     dtype = torch_dtype(setup.resolved_dtype)

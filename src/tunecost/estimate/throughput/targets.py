@@ -67,7 +67,7 @@ def throughput_target(
     job = FineTuneJob(
         model=spec.name,
         method=chosen,
-        experts_per_token=experts_per_token or spec.default_experts_per_token,
+        experts_per_token=spec.top_k(experts_per_token),
         batch_size=batch_size,
         seq_len=seq_len,
         lengths=lengths,
