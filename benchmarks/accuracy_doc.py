@@ -274,7 +274,7 @@ def render(v: Validated) -> str:
         "several GPUs is its own single-GPU step plus the communication its compute does not hide "
         "(`distributed.timing`: FSDP's collectives over the GPU's node link, nccl-tests' bus bandwidths, prefetch "
         "overlap), its optimizer step over the rank's shard of the states (1/N under FSDP and ZeRO), with its "
-        "stack's single-GPU efficiency; it calibrates only a group without a single-GPU row.",
+        "stack's single-GPU efficiency; it calibrates only a group without a single-GPU row, on its fewest GPUs.",
         "",
     ]
     lines += _throughput_stack_lines(results)

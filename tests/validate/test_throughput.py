@@ -261,12 +261,13 @@ def test_exposed_communication_per_micro_batch_and_across_nodes() -> None:
         map_row(_fsdp(5, 12))
 
 
-def test_a_stack_and_gpu_with_rows_on_several_gpus_only_calibrates_on_one_of_them() -> None:
-    """Without a single-GPU row, the row with the most FLOPs calibrates with its communication in the step: the
-    efficiency reproduces its measured step exactly, and the other GPU count is predicted with it."""
-    rows = [_fsdp(0, 2, batch_size_per_gpu="2", value="2500"), _fsdp(1, 4, batch_size_per_gpu="4", value="2400")]
+def test_a_stack_and_gpu_with_rows_on_several_gpus_only_calibrates_on_its_fewest_gpus() -> None:
+    """Without a single-GPU row, the row on the fewest GPUs (the least communication in its step) calibrates, with
+    its communication in the step, although the other counts more FLOPs per optimizer step: the efficiency
+    reproduces its measured step exactly, and the other GPU count is predicted with it."""
+    rows = [_fsdp(0, 4, batch_size_per_gpu="4", value="2400"), _fsdp(1, 2, batch_size_per_gpu="2", value="2500")]
     out = validate_rows(rows, counts_fn=_gemm_only)
-    assert out[1].reason == "calibration row" and out[1].predicted == pytest.approx(2400, rel=1e-6)
+    assert out[1].reason == "calibration row" and out[1].predicted == pytest.approx(2500, rel=1e-6)
     assert out[0].status == "ok" and out[0].reason.endswith(" from r1") and out[0].error is not None
     terms = tp.gpu_terms(A100)
 
@@ -274,11 +275,11 @@ def test_a_stack_and_gpu_with_rows_on_several_gpus_only_calibrates_on_one_of_the
         mapped = map_row(row)
         return tp.row_step_fn(mapped, tp.step_counts(mapped, _gemm_only), terms, A100, _gemm_only)
 
-    eff = tp.gemm_efficiency_from(step_of(rows[1]), 4000 / 2400)  # 4 x 1000 tokens per GPU per step
-    assert eff is not None and step_of(rows[1])(eff) == pytest.approx(4000 / 2400, rel=1e-6)
+    eff = tp.gemm_efficiency_from(step_of(rows[1]), 2000 / 2500)  # 2 x 1000 tokens per GPU per step
+    assert eff is not None and step_of(rows[1])(eff) == pytest.approx(2000 / 2500, rel=1e-6)
     mapped = map_row(rows[0])
     assert step_of(rows[0])(eff) > tp.step_seconds(tp.step_counts(mapped, _gemm_only), terms, eff)  # + communication
-    assert out[0].predicted == pytest.approx(2000 / step_of(rows[0])(eff), rel=1e-4)
+    assert out[0].predicted == pytest.approx(4000 / step_of(rows[0])(eff), rel=1e-4)
 
 
 def test_the_trainer_reduces_gradients_once_per_optimizer_step_and_torchtune_every_micro_batch() -> None:

@@ -313,13 +313,12 @@ def _efficiency(key: tuple[str, str, str], eff: float) -> StackEfficiency:
 
 
 def _calibrate_group(key, members, steps, terms, out: dict[int, ValidationRow], *, record: bool) -> float | None:
-    """Fit the group's efficiency on its calibration row (a single-GPU row where the group has one: its step has
-    no communication in it; the most FLOPs per optimizer step; first in file order on a tie) and, with `record`,
+    """Fit the group's efficiency on its calibration row (of its rows on the fewest GPUs, whose steps hold the least
+    communication: none on one GPU; the most FLOPs per optimizer step; first in file order on a tie) and, with `record`,
     predict the other rows with it. Where no efficiency reproduces the calibration row, every row of the group,
     that one too, is predicted at the end of the range it lies beyond, the reason says why, and no efficiency is
     returned (a bound is not a fit)."""
-    single = [m for m in members if m[2].num_gpus == 1]
-    cal = max(single or members, key=lambda t: (t[4].total_flops, -t[0]))
+    cal = min(members, key=lambda t: (t[2].num_gpus, -t[4].total_flops, t[0]))
     i, row, mapped, measured, counts = cal
     measured_step_s = tp.to_step_seconds(row.get("quantity"), measured, tp.shape_of(mapped))
     fitted = tp.gemm_efficiency_from(steps[i], measured_step_s)
