@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import statistics
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 
@@ -278,19 +279,31 @@ def validate_throughput_rows(
             eff = _calibrate_group(key, members, steps, terms, out, record=not prior_only)
             if eff is not None:
                 calibrated.append(_efficiency(key, eff))
-    pool = calibrated if prior_only else [*calibrated, *(tp_priors() if priors is None else priors)]
+    shipped = [] if prior_only else (tp_priors() if priors is None else priors)
     for key, members, steps, terms in ready:
-        if len(members) == 1 or prior_only:
-            _predict_with_prior(key, members, steps, terms, pool, out, check_fit=not prior_only)
+        if len(members) == 1 or prior_only:  # this file's stack on other GPUs, else the shipped corpus's
+            own = (
+                None if prior_only else _other_gpus_efficiency(calibrated, key) or _other_gpus_efficiency(shipped, key)
+            )
+            _predict_with_prior(key, members, steps, terms, [*calibrated, *shipped], out, own, check_fit=not prior_only)
     return out
 
 
 def _predict_with_prior(
-    key, members, steps, terms: GpuTerms, pool, out: dict[int, ValidationRow], *, check_fit: bool
+    key,
+    members,
+    steps,
+    terms: GpuTerms,
+    pool,
+    out: dict[int, ValidationRow],
+    own: tuple[float, str] | None,
+    *,
+    check_fit: bool,
 ) -> None:
-    """The group's rows at its family's prior efficiency; with `check_fit`, the reason of a row no efficiency
-    reproduces says so."""
-    prior = prior_efficiency(pool, key[0], key[1])
+    """The group's rows at `own` (its stack's efficiency on other GPUs, and why; the efficiency is a fraction of
+    each GPU's achieved rates), else at its family's prior over `pool`; with `check_fit`, the reason of a row no
+    efficiency reproduces says so."""
+    prior = own or prior_efficiency(pool, key[0], key[1])
     if prior is None:
         for i, row, mapped, _, _ in members:
             out[i] = _skipped(row, "no calibration row and no stack to borrow a prior from", mapped.stack.name)
@@ -304,7 +317,18 @@ def _predict_with_prior(
         )
         why = f"{reason}; {failure}" if failure else reason
         predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), tp.shape_of(mapped))
-        out[i] = _throughput_ok(row, mapped, measured, predicted, why, prior=True)
+        out[i] = _throughput_ok(row, mapped, measured, predicted, why, prior=own is None)
+
+
+def _other_gpus_efficiency(pool: Sequence[StackEfficiency], key: tuple[str, str, str]) -> tuple[float, str] | None:
+    """The median efficiency of the group's stack (and stack cell) calibrated on other GPUs, and its reason."""
+    stack, cell, gpu = key
+    same = [e for e in pool if (e.stack, e.stack_cell) == (stack, cell) and e.gpu != gpu]
+    if not same:
+        return None
+    eff = statistics.median(e.gemm_efficiency for e in same)
+    gpus = ", ".join(sorted({e.gpu for e in same}))
+    return eff, f"{FITTED_PARAMETER} {eff:.3f}: {stack}'s calibrated on {gpus} (no calibration row on {gpu})"
 
 
 def _efficiency(key: tuple[str, str, str], eff: float) -> StackEfficiency:
