@@ -211,12 +211,13 @@ def test_unmodelled_settings_are_skipped_and_a_failed_calibration_shown_at_its_b
 
 def test_a_row_alone_on_its_gpu_takes_its_stacks_efficiency_calibrated_on_another() -> None:
     """The efficiency is a fraction of each GPU's achieved rates: a stack's row alone on an H100 is predicted at
-    the efficiency the file calibrated for that stack on an A100 (not a prior), before the shipped corpus's; the
-    same row under a stack calibrated nowhere takes its family's prior."""
+    the efficiency the file calibrated for that stack on an A100, before the shipped corpus's (borrowed from
+    outside its group: of the prior's kind); the same row under a stack calibrated nowhere takes its family's
+    prior."""
     rows = [_row(0, value="3000"), _row(1, batch_size_per_gpu="2", value="3200"), _row(2, gpu="H100", value="6000")]
     out = validate_rows(rows, counts_fn=_gemm_only)
     calibrated = [r for r in out if r.reason == "calibration row"]
-    assert [r.id for r in calibrated] == ["r1"] and not out[2].prior and out[2].error is not None
+    assert [r.id for r in calibrated] == ["r1"] and out[2].prior and out[2].error is not None
     assert "calibrated on A100-80GB-SXM (no calibration row on H100-80GB-SXM)" in out[2].reason
     alone = validate_rows(
         [_row(2, gpu="H100", stack="swift 2.x (hf-transformers+peft)", value="6000")], counts_fn=_gemm_only

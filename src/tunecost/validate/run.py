@@ -301,7 +301,8 @@ def _predict_with_prior(
     check_fit: bool,
 ) -> None:
     """The group's rows at `own` (its stack's efficiency on other GPUs, and why; the efficiency is a fraction of
-    each GPU's achieved rates), else at its family's prior over `pool`; with `check_fit`, the reason of a row no
+    each GPU's achieved rates), else at its family's prior over `pool`: either way borrowed from outside the group,
+    so of the prior's kind (its intervals and held-out errors); with `check_fit`, the reason of a row no
     efficiency reproduces says so."""
     prior = own or prior_efficiency(pool, key[0], key[1])
     if prior is None:
@@ -317,7 +318,7 @@ def _predict_with_prior(
         )
         why = f"{reason}; {failure}" if failure else reason
         predicted = tp.from_step_seconds(row.get("quantity"), steps[i](eff), tp.shape_of(mapped))
-        out[i] = _throughput_ok(row, mapped, measured, predicted, why, prior=own is None)
+        out[i] = _throughput_ok(row, mapped, measured, predicted, why, prior=True)
 
 
 def _other_gpus_efficiency(pool: Sequence[StackEfficiency], key: tuple[str, str, str]) -> tuple[float, str] | None:
