@@ -7,6 +7,7 @@ Used by the throughput model's intervals and by `validate`'s per-row intervals; 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,13 @@ MIN_STACK_ERRORS = 5
 class Halfwidth:
     value: float  # on the log scale of the quantity
     basis: str  # which errors set it, and how
+
+
+@dataclass(frozen=True)
+class ErrorInterval:
+    low: float  # bounds on a new ln(predicted / measured)
+    high: float
+    basis: str
 
 
 def normal_quantile(level: float) -> float:
@@ -50,3 +58,21 @@ def conformal_halfwidth(abs_errors: Sequence[float], source: str, level: float =
     rms = math.sqrt(sum(e * e for e in errors) / n)
     t = float(stdtrit(n, 0.5 + level / 2))
     return Halfwidth(t * rms * math.sqrt(1 + 1 / n), f"{source}: Student t on the RMS of {n} errors (too few to rank)")
+
+
+def error_interval(log_errors: Sequence[float], source: str, level: float = INTERVAL_LEVEL) -> ErrorInterval:
+    """Where a new ln(predicted / measured) lies with probability `level`, from held-out signed `log_errors`: within
+    the split-conformal |error| quantile of zero (valid whatever their sign); with too few to rank, the Student-t
+    prediction interval of a normal sample whose mean and spread are both estimated, so errors that share a sign
+    put it on their side of the prediction."""
+    n = len(log_errors)
+    if conformal_rank(n, level) is not None or n < 3:
+        ranked = conformal_halfwidth(log_errors, source, level)
+        return ErrorInterval(-ranked.value, ranked.value, ranked.basis)
+    mean, spread = statistics.fmean(log_errors), statistics.stdev(log_errors)
+    from scipy.special import stdtrit
+
+    h = float(stdtrit(n - 1, 0.5 + level / 2)) * spread * math.sqrt(1 + 1 / n)
+    return ErrorInterval(
+        mean - h, mean + h, f"{source}: Student t on the mean and spread of {n} errors (too few to rank)"
+    )

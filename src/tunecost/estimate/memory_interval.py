@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 
 from tunecost.catalog.held_out_errors import held_out_errors
-from tunecost.estimate.conformal import INTERVAL_LEVEL, MIN_STACK_ERRORS, conformal_halfwidth
+from tunecost.estimate.conformal import INTERVAL_LEVEL, MIN_STACK_ERRORS, error_interval
 
 
 def peak_interval_bytes(simulator_stack: str, peak_bytes: int, level: float = INTERVAL_LEVEL) -> tuple[int, int, str]:
@@ -20,5 +20,5 @@ def peak_interval_bytes(simulator_stack: str, peak_bytes: int, level: float = IN
         pool, what = own, f"{len(own)} published peaks of stacks the {simulator_stack} stack reproduces"
     else:
         pool, what = [e.log_error for e in errors], f"{len(errors)} published peaks of every stack (none of this one)"
-    h = conformal_halfwidth(pool, what, level)
-    return int(peak_bytes * math.exp(-h.value)), int(peak_bytes * math.exp(h.value)), h.basis
+    e = error_interval(pool, what, level)
+    return int(peak_bytes * math.exp(-e.high)), int(peak_bytes * math.exp(-e.low)), e.basis

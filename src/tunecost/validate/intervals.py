@@ -1,10 +1,10 @@
 """The 95 % interval of each validated row, from held-out errors of the shipped corpus's rows.
 
-A row's interval is the split-conformal quantile (`estimate.conformal`) of |ln(predicted / measured)| over rows
-of its quantity class: of its own stack where the corpus has `MIN_STACK_ERRORS` of them (the row itself left
-out), else of every other source (a stack the corpus has not validated); a row predicted from its family's prior
-takes the prior's errors of its kind of model (`stack_priors.prior_errors`). docs/throughput-model.md shows the
-coverage this reaches.
+A row's interval comes from ln(predicted / measured) of other rows of its quantity class
+(`estimate.conformal.error_interval`): of its own stack where the corpus has `MIN_STACK_ERRORS` of them (the row
+itself left out), else of every other source (a stack the corpus has not validated); a row predicted from its
+family's prior takes the prior's errors of its kind of model (`stack_priors.prior_errors`). docs/validation.md
+shows the coverage this reaches.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tunecost.catalog.held_out_errors import PRIOR_KIND, HeldOutError, held_out_errors, quantity_class
-from tunecost.estimate.conformal import INTERVAL_LEVEL, MIN_STACK_ERRORS, conformal_halfwidth
+from tunecost.estimate.conformal import INTERVAL_LEVEL, MIN_STACK_ERRORS, error_interval
 from tunecost.estimate.throughput.stack_priors import prior_errors
 
 if TYPE_CHECKING:
@@ -53,14 +53,14 @@ def with_intervals(
         if not pool:
             out.append(replace(row, interval=f"no held-out {kind} errors"))
             continue
-        h = conformal_halfwidth(pool, what, level)
+        e = error_interval(pool, what, level)
         assert row.predicted is not None
         out.append(
             replace(
                 row,
-                low=round(row.predicted * math.exp(-h.value), 4),
-                high=round(row.predicted * math.exp(h.value), 4),
-                interval=h.basis,
+                low=round(row.predicted * math.exp(-e.high), 4),
+                high=round(row.predicted * math.exp(-e.low), 4),
+                interval=e.basis,
             )
         )
     return out

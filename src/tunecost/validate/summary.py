@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -55,9 +56,10 @@ def _summary(quantity: str, stack: str, rows: list[ValidationRow]) -> Summary:
 
 
 def interval_coverage(rows: Iterable[ValidationRow]) -> dict[str, float | int | None]:
-    """How many rows carry an interval, how many measurements lie inside, and the median half-width in %."""
+    """How many rows carry an interval, how many measurements lie inside, and the median half-width in % (half the
+    interval's width on the log scale: sqrt(high / low) - 1)."""
     judged = [r for r in rows if r.inside is not None]
-    widths = [100.0 * (r.high / r.predicted - 1.0) for r in judged if r.high is not None and r.predicted]
+    widths = [100.0 * (math.sqrt(r.high / r.low) - 1.0) for r in judged if r.high is not None and r.low]
     inside = sum(1 for r in judged if r.inside)
     return {
         "with_interval": len(judged),

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import math
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
 
 from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.errors import TunecostError
-from tunecost.estimate.conformal import Halfwidth, conformal_halfwidth
+from tunecost.estimate.conformal import Halfwidth, conformal_halfwidth, error_interval
 from tunecost.estimate.throughput.calibrate import CalibratedModel, calibrate
 from tunecost.estimate.throughput.intervals import (
     HOST_CLOCK_CHAIN_LOG_HALFWIDTH,
@@ -158,6 +159,23 @@ def test_conformal_halfwidth_ranks_or_falls_back_to_student_t() -> None:
     assert few.value == pytest.approx(student_t.ppf(0.975, 2) * rms * math.sqrt(1.5)) and "Student t" in few.basis
     with pytest.raises(ValueError):
         conformal_halfwidth([], "s")
+
+
+def test_error_interval_follows_errors_that_share_a_sign() -> None:
+    from scipy.stats import t as student_t
+
+    # enough to rank: the conformal |error| quantile, on both sides of zero whatever the signs
+    ranked = error_interval([-0.1 * i for i in range(1, 20)], "s")
+    assert (ranked.low, ranked.high) == (pytest.approx(-1.9), pytest.approx(1.9))
+    # too few: centred on their mean, as wide as their spread (a normal sample's prediction interval)
+    biased = [-0.3, -0.35, -0.4, -0.25, -0.5, -0.3]
+    got = error_interval(biased, "s")
+    half = student_t.ppf(0.975, 5) * statistics.stdev(biased) * math.sqrt(1 + 1 / 6)
+    assert got.low == pytest.approx(statistics.fmean(biased) - half) and got.high < 0 < -got.low
+    assert "mean and spread of 6" in got.basis
+    # the same errors with their signs mixed give a narrower, zero-centred interval than the RMS of the biased ones
+    mixed = error_interval([e * (-1) ** i for i, e in enumerate(biased)], "s")
+    assert mixed.low < 0 < mixed.high and mixed.high - mixed.low < 2 * conformal_halfwidth(biased, "s").value
 
 
 def test_leave_one_gpu_out_predicts_the_a100_from_the_a40() -> None:
