@@ -225,7 +225,7 @@ def section_table3() -> None:
             )
             try:
                 # the paper measured the boundary itself: the largest batch that fits, no safety margin
-                r = max_batch_size(job, int(48 * GB), stack=stack, margin_fraction=0.0)
+                r = max_batch_size(job.with_(stack=stack), int(48 * GB), margin_fraction=0.0)
                 row.append(f"{r.batch_size:>4} (L={r.seq_len}, {r.bytes_per_sample / GB:.2f} GB/query)")
             except TunecostError as exc:
                 row.append("   0 (" + str(exc).split("short by ")[-1] + " short)")

@@ -28,7 +28,7 @@ DEFAULT_ROWS = ("fms-14", "fms-33", "fms-63", "fms-75", "qwen-01", "qwen-85", "s
 
 
 def _peaks(job, units: int, stack: str) -> tuple[int, int]:
-    trace = trace_step(prepared_model(job, units, stack), job.batch_size, job.worst_case_seq_len)
+    trace = trace_step(prepared_model(job.with_(stack=stack), units), job.batch_size, job.worst_case_seq_len)
     return max(s.total for s in trace.segments.values()), trace.peak_reserved_bytes
 
 
@@ -46,7 +46,7 @@ def main(row_ids: list[str]) -> None:
         start = time.perf_counter()
         (_, r1), (a2, r2), (af, rf) = (_peaks(job, u, stack) for u in (1, 2, full))
         affine = r1 + (r2 - r1) * (full - 1)
-        stated = simulate_step(job, stack=stack, use_cache=False).peak_reserved_bytes
+        stated = simulate_step(job.with_(stack=stack), use_cache=False).peak_reserved_bytes
         print(
             f"{row_id:10} {full:5d} {af / GIB:9.3f} {rf / GIB:9.3f} {affine / GIB:9.3f} {(af + r2 - a2) / GIB:9.3f} "
             f"{stated / GIB:9.3f} "

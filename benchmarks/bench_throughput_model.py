@@ -258,7 +258,7 @@ def simulator_report() -> None:
     from tunecost.workload.job import FineTuneJob
 
     job = FineTuneJob(model="mixtral-8x7b", method="qlora", experts_per_token=2, batch_size=2, seq_len=128)
-    sim = simulate_step(job, stack="hf-2024", use_cache=False).total_counts
+    sim = simulate_step(job.with_(stack="hf-2024"), use_cache=False).total_counts
     ours = analytic_step_counts(resolve_model("mixtral-8x7b"), job)
     print("\nanalytic counts vs the step simulator (hf-2024 stack), Mixtral-8x7B QLoRA top-2, batch 2 x 128 tokens:")
     print(f"  {'class':14s} {'GFLOP ours':>11s} {'sim':>11s} {'GB ours':>9s} {'sim':>9s}")
@@ -268,7 +268,7 @@ def simulator_report() -> None:
             f"{ours.bytes_by_class.get(cls, 0) / 1e9:9.2f} {sim.bytes_by_class.get(cls, 0) / 1e9:9.2f}"
         )
     for batch in (1, 4):  # how the simulator's element-wise traffic grows with the batch
-        counts = simulate_step(job.with_(batch_size=batch), stack="hf-2024", use_cache=False).total_counts
+        counts = simulate_step(job.with_(batch_size=batch, stack="hf-2024"), use_cache=False).total_counts
         ours_b = analytic_step_counts(resolve_model("mixtral-8x7b"), job.with_(batch_size=batch))
         print(
             f"  batch {batch} x 128: element-wise GB sim {counts.bytes_by_class.get('elementwise', 0) / 1e9:.1f}, "

@@ -168,7 +168,7 @@ def measure_cuda(job, stack: str = "tunecost", behaviour=None) -> dict:
     job = job.with_(liger_kernel=False) if liger else job
     trl = behaviour.loss_code == "trl-chunked-nll"  # TRL's own forward instead of the simulator's copy
     behaviour = DEFAULT_BEHAVIOUR if trl else behaviour
-    prepared = build_prepared(job, num_units=None, stack=stack, behaviour=behaviour, real=True, device="cuda")
+    prepared = build_prepared(job.with_(stack=stack), num_units=None, behaviour=behaviour, real=True, device="cuda")
     if trl:
         _real_trl_chunked(prepared.model)
     if job.method == "qlora" and job.quant_type == "int8":
@@ -229,7 +229,7 @@ def main() -> None:
             targets = extras.pop("lora", ("attention", "mlp"))
             lora = LoraConfig(rank=16, targets=targets) if dense else LoraConfig(rank=16)
             job = FineTuneJob(compute_dtype="bf16", lora=lora, **spec, **extras)
-            sim = simulate_step(job, num_layers_to_trace=999, stack=stack, behaviour=behaviour, use_cache=False)
+            sim = simulate_step(job.with_(stack=stack), num_layers_to_trace=999, behaviour=behaviour, use_cache=False)
             real = measure_cuda(job, stack, behaviour)
             err = sim.peak_bytes / real["max_allocated"] - 1
             device = sim.peak_reserved_bytes + sim.device_overhead_bytes

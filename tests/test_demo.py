@@ -85,7 +85,7 @@ def test_max_batch_rows_are_eq1_and_the_simulator(small_demo: Path) -> None:
     job = FineTuneJob(
         model="blackmamba-2.8b", method="full", experts_per_token=8, seq_len=512, gradient_checkpointing=False
     )
-    assert sim["max_batch_size"] == max_batch_size(job, 48 * BYTES_PER_GIB, stack="tunecost").batch_size > 0
+    assert sim["max_batch_size"] == max_batch_size(job.with_(stack="tunecost"), 48 * BYTES_PER_GIB).batch_size > 0
     assert {r["estimator"] for r in rows if r["model"] == "mixtral-8x7b"} == {
         "paper eq. (1)",
         "simulator, hf-2024 stack, checkpointing off",

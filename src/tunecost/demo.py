@@ -151,7 +151,7 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
                 )
                 for stack, checkpointing in setups:
                     mbs = fitting_batch_size(
-                        job.with_(gradient_checkpointing=checkpointing), bytes_from_gib(gb), stack=stack
+                        job.with_(gradient_checkpointing=checkpointing, stack=stack), bytes_from_gib(gb)
                     )
                     rows.append(
                         {

@@ -343,9 +343,9 @@ def test_the_vision_tower_left_out_is_said_with_the_simulated_step() -> None:
     spec = resolve_model("google/gemma-3-4b-it")
     assert spec.name == "gemma-3-4b" and "vision tower" in spec.not_modelled
     job = FineTuneJob(model=spec.name, method="lora", lora=LoraConfig(targets=("attention",)), seq_len=64)
-    sim = simulate_step(job, stack="hf-peft", use_cache=False)
+    sim = simulate_step(job.with_(stack="hf-peft"), use_cache=False)
     assert sim.assumptions[0] == f"gemma-3-4b: {spec.not_modelled}"
     assert not any(
         "vision tower" in a
-        for a in simulate_step(job.with_(model="gemma-3-1b"), stack="hf-peft", use_cache=False).assumptions
+        for a in simulate_step(job.with_(model="gemma-3-1b", stack="hf-peft"), use_cache=False).assumptions
     )

@@ -21,7 +21,7 @@ def fake_simulator(monkeypatch):
 
     calls = []
 
-    def fake(job, gpu, *, stack=None, behaviour=None):
+    def fake(job, gpu, *, behaviour=None):
         calls.append((job.model, job.method, job.seq_len, job.gradient_checkpointing, gpu.name, job.stack))
         return SimpleNamespace(batch_size=6, borderline_batch_size=6, margin_fraction=0.1)
 
@@ -60,8 +60,8 @@ def test_full_fine_tune_simulates_without_checkpointing(fake_simulator, make_req
 def test_does_not_fit_is_a_row_not_a_crash(monkeypatch, make_request) -> None:
     import tunecost.simulate.batch as batch
 
-    monkeypatch.setattr(batch, "gpu_max_batch", lambda job, gpu, *, stack=None, behaviour=None: None)
-    monkeypatch.setattr(simulated, "gpu_max_batch", lambda job, gpu, *, stack=None, behaviour=None: None)
+    monkeypatch.setattr(batch, "gpu_max_batch", lambda job, gpu, *, behaviour=None: None)
+    monkeypatch.setattr(simulated, "gpu_max_batch", lambda job, gpu, *, behaviour=None: None)
     point = simulated.simulate_estimator(make_request())
     assert point.max_batch_size == 0 and point.queries_per_s is None
     assert "does not fit" in point.notes[-1]
@@ -74,7 +74,7 @@ def test_real_simulation_of_a_tiny_model_on_a_small_gpu() -> None:
         EstimateRequest(job=estimate_job("tiny-mixtral", experts_per_token=2, dataset="math_14k", seq_len=128), gpu=gpu)
     )
     job = FineTuneJob(model="tiny-mixtral", method="qlora", experts_per_token=2, seq_len=128)
-    result = max_batch_size(job, gpu.usable_memory_bytes, stack="tunecost")
+    result = max_batch_size(job.with_(stack="tunecost"), gpu.usable_memory_bytes)
     assert point.max_batch_size == result.batch_size >= 1
     assert result.need_bytes * (1 + result.margin_fraction) <= gpu.usable_memory_bytes
     nxt = result.next_batch_need_bytes

@@ -88,7 +88,7 @@ def test_lora_targets_found_and_step_simulates(tmp_path, family) -> None:
     path = _config_file(tmp_path, family)
     job = dense_lora_job(path)
     model = build_model(resolve_model(str(path)), device="meta", dtype=torch.bfloat16)
-    transform(model, job, "tunecost")
+    transform(model, job)
     layer = model.model.layers[0]
     for target in TARGETS[family]:
         module = layer.get_submodule(target)

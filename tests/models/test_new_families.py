@@ -135,7 +135,7 @@ def test_lora_targets_found_and_steps_simulate(tmp_path, name) -> None:
     path = _config_file(tmp_path, name)
     job = dense_lora_job(path)
     model = build_model(resolve_model(str(path)), device="meta", dtype=torch.bfloat16)
-    transform(model, job, "tunecost")
+    transform(model, job)
     layer = decoder_layers(model)[0]
     for target in TARGETS[name]:
         module = layer.get_submodule(target)

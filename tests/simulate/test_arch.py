@@ -133,8 +133,8 @@ def test_gpt_oss_experts_compute_what_transformers_computes() -> None:
 @pytest.mark.parametrize("method", ["full", "lora", "qlora"])
 def test_scaling_matches_the_full_trace(config_path, name, method) -> None:
     job = _job(config_path, name, method=method)
-    full = simulate_step(job, num_layers_to_trace=99, stack="hf-peft", use_cache=False)
-    scaled = simulate_step(job, num_layers_to_trace=3, stack="hf-peft", use_cache=False)
+    full = simulate_step(job.with_(stack="hf-peft"), num_layers_to_trace=99, use_cache=False)
+    scaled = simulate_step(job.with_(stack="hf-peft"), num_layers_to_trace=3, use_cache=False)
     assert full.layers_traced == (5,) and scaled.layers_traced == (2, 3)
     assert scaled.peak_bytes == pytest.approx(full.peak_bytes, rel=0.01)
     assert scaled.flops_per_step == pytest.approx(full.flops_per_step, rel=1e-6)
@@ -156,6 +156,6 @@ def test_fused_attention_keeps_no_dropout_mask(config_path, write_file) -> None:
             job = FineTuneJob(
                 model=model, lora=lora, batch_size=4, seq_len=64, attention=attention, gradient_checkpointing=False
             )
-            peaks[attention, label] = simulate_step(job, stack="hf-peft", use_cache=False).peak_bytes
+            peaks[attention, label] = simulate_step(job.with_(stack="hf-peft"), use_cache=False).peak_bytes
     assert peaks["flash", "dropout"] == peaks["flash", "none"]
     assert peaks["eager", "dropout"] > peaks["eager", "none"]

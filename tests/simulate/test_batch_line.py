@@ -39,8 +39,8 @@ def _compare(job: FineTuneJob, stack: str, order=ORDER) -> tuple[int, BatchLine]
     """Trace `job` at each batch size of `order` with lines on, and again fresh; return how many steps the line
     answered and the line, after asserting every step equals the fresh trace."""
     seq = int(job.seq_len)
-    lined = build_prepared(job, num_units=1, stack=stack)
-    fresh = build_prepared(job, num_units=1, stack=stack)
+    lined = build_prepared(job.with_(stack=stack), num_units=1)
+    fresh = build_prepared(job.with_(stack=stack), num_units=1)
     read = 0
     for b in order:
         line = lined.batch_lines.get((seq, 512))

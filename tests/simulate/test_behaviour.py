@@ -95,7 +95,7 @@ def _activations_per_layer(job: FineTuneJob, behaviour: StackBehaviour) -> int:
     """Activations alive at the loss, three layers minus two: one more checkpointed layer input."""
     alive = {}
     for units in (2, 3):
-        prepared = build_prepared(job, num_units=units, stack="hf-peft", behaviour=behaviour)
+        prepared = build_prepared(job.with_(stack="hf-peft"), num_units=units, behaviour=behaviour)
         trace = trace_step(prepared, job.batch_size, int(job.seq_len or 0), round_bytes=1)
         alive[units] = trace.segments["forward:post"].by_category["activations"]
     return alive[3] - alive[2]
@@ -110,7 +110,7 @@ def test_fp32_norms_make_checkpointed_layer_inputs_fp32(tmp_path) -> None:
 
 def test_fp32_norms_cast_only_the_norms(tmp_path) -> None:
     prepared = build_prepared(
-        _tiny_qlora_job(tmp_path), num_units=2, stack="hf-peft", behaviour=StackBehaviour(kbit_fp32_norms=True)
+        _tiny_qlora_job(tmp_path).with_(stack="hf-peft"), num_units=2, behaviour=StackBehaviour(kbit_fp32_norms=True)
     )
     dtypes = {name: p.dtype for name, p in prepared.model.named_parameters()}
     assert all(dtypes[n] == torch.float32 for n in dtypes if "norm" in n)
@@ -136,13 +136,13 @@ def test_four_bit_layers_return_their_input_dtype() -> None:
 
 def test_default_behaviour_is_todays_simulation(tmp_path) -> None:
     job = _tiny_qlora_job(tmp_path)
-    plain = simulate_step(job, stack="hf-peft", use_cache=False)
-    explicit = simulate_step(job, stack="hf-peft", behaviour=StackBehaviour(), use_cache=False)
+    plain = simulate_step(job.with_(stack="hf-peft"), use_cache=False)
+    explicit = simulate_step(job.with_(stack="hf-peft"), behaviour=StackBehaviour(), use_cache=False)
     assert explicit.peak_bytes == plain.peak_bytes and explicit.breakdown_bytes == plain.breakdown_bytes
     assert cache.job_key(job, None, "hf-peft", DEFAULT_OVERHEAD) == cache.job_key(
         job, None, "hf-peft", DEFAULT_OVERHEAD, behaviour=DEFAULT_BEHAVIOUR
     )
-    older = simulate_step(job, stack="hf-peft", behaviour=StackBehaviour(loss_code=LOSS_TRANSFORMERS_446))
+    older = simulate_step(job.with_(stack="hf-peft"), behaviour=StackBehaviour(loss_code=LOSS_TRANSFORMERS_446))
     assert older.peak_bytes > plain.peak_bytes
     assert any(LOSS_TRANSFORMERS_446 in line for line in older.assumptions)
     with pytest.raises(TunecostError, match="loss code"):
@@ -165,7 +165,7 @@ def test_gradient_buckets_live_through_the_backward_only(tmp_path) -> None:
     zero2 = DeepSpeedZero2(reduce_bucket_elements=10_000, overlap_comm=True)
     peaks = {}
     for behaviour in (DEFAULT_BEHAVIOUR, StackBehaviour(deepspeed_zero2=zero2)):
-        prepared = build_prepared(job, num_units=2, stack="hf-peft", behaviour=behaviour)
+        prepared = build_prepared(job.with_(stack="hf-peft"), num_units=2, behaviour=behaviour)
         trace = trace_step(prepared, job.batch_size, int(job.seq_len or 0), round_bytes=1)
         peaks[behaviour] = {key: seg.total for key, seg in trace.segments.items()}
     plain, with_buckets = peaks.values()

@@ -31,8 +31,8 @@ def test_dense_scaling_matches_the_full_trace(tmp_path, family, stack) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps(config), encoding="utf-8")
     job = dense_lora_job(path)
-    full = simulate_step(job, num_layers_to_trace=99, stack=stack, use_cache=False)
-    scaled = simulate_step(job, num_layers_to_trace=3, stack=stack, use_cache=False)
+    full = simulate_step(job.with_(stack=stack), num_layers_to_trace=99, use_cache=False)
+    scaled = simulate_step(job.with_(stack=stack), num_layers_to_trace=3, use_cache=False)
     assert full.layers_traced == (5,) and scaled.layers_traced == (2, 3)
     assert scaled.peak_bytes == pytest.approx(full.peak_bytes, rel=0.01)
     assert scaled.flops_per_step == pytest.approx(full.flops_per_step, rel=1e-6)

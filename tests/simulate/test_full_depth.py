@@ -59,7 +59,7 @@ def _events(a: AllocationTrace) -> list:
 
 
 def _traced(job: FineTuneJob, units: int, stack: str) -> AllocationTrace:
-    allocations = trace_step(prepared_model(job, units, stack), job.batch_size, job.seq_len).allocations
+    allocations = trace_step(prepared_model(job.with_(stack=stack), units), job.batch_size, job.seq_len).allocations
     assert allocations is not None
     return allocations
 
@@ -107,7 +107,7 @@ def test_the_simulated_reserve_is_the_full_depth_replay() -> None:
     ):
         job = _job(config, "full", False)
         _, _, full_units = layer_pattern(resolve_model(job.model))
-        simulated = simulate_step(job, stack=stack, use_cache=False)
+        simulated = simulate_step(job.with_(stack=stack), use_cache=False)
         assert simulated.peak_reserved_bytes == _replay(_traced(job, full_units, stack))[0]
 
 
@@ -118,4 +118,4 @@ def test_the_multi_gpu_step_is_made_whole_by_the_same_rule() -> None:
     step = trace_single_gpu_step(job, 512)
     whole = AllocationTrace(**step.allocations)
     assert len(whole.forward_ops) == step.num_layers == resolve_model(job.model).num_layers
-    assert _replay(whole)[0] == simulate_step(job, stack="tunecost", use_cache=False).peak_reserved_bytes
+    assert _replay(whole)[0] == simulate_step(job.with_(stack="tunecost"), use_cache=False).peak_reserved_bytes

@@ -107,7 +107,7 @@ def _stored(sim, category: str) -> int:
 
 
 def _simulate(job: FineTuneJob):
-    return simulate_step(job, num_layers_to_trace=99, stack="hf-peft", use_cache=False, granule_bytes=1)
+    return simulate_step(job.with_(stack="hf-peft"), num_layers_to_trace=99, use_cache=False, granule_bytes=1)
 
 
 def _job(tmp_path, **kw) -> FineTuneJob:
@@ -162,6 +162,6 @@ def test_modules_to_save_adds_copy_grad_and_two_adamw_states(tmp_path) -> None:
 
 def test_modules_to_save_must_name_modules(tmp_path) -> None:
     with pytest.raises(TunecostError, match="no module named wte"):
-        simulate_step(_job(tmp_path, method="lora", modules_to_save=("wte",)), stack="hf-peft", use_cache=False)
+        simulate_step(_job(tmp_path, method="lora", modules_to_save=("wte",)).with_(stack="hf-peft"), use_cache=False)
     with pytest.raises(TunecostError, match="beside LoRA"):
         _job(tmp_path, method="full", modules_to_save=("lm_head",))

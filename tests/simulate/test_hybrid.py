@@ -75,7 +75,7 @@ def test_lora_reaches_both_token_mixers(config_path, name) -> None:
 
     job = _job(config_path(name))
     model = build_model(resolve_model(job.model), device="meta", dtype=torch.bfloat16)
-    transform(model, job, "tunecost")
+    transform(model, job)
     linear, attention = decoder_layers(model)[0], decoder_layers(model)[3]
     wrapped = [linear.get_submodule(p) for p in WRAPPED[name]]
     wrapped += [attention.get_submodule(f"self_attn.{p}") for p in ("q_proj", "o_proj")]

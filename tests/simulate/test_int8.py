@@ -120,4 +120,4 @@ def test_stacks_without_8bit_lora_refuse_it():
     job = FineTuneJob(model=str(TINY_LLAMA_4L), method="qlora", quant_type="int8", seq_len=16, lora=lora)
     for stack in ("hf-2024", "torchtune"):
         with pytest.raises(TunecostError, match=f"stack {stack} has no 8-bit .LLM.int8. LoRA"):
-            simulate_step(job, stack=stack, use_cache=False)
+            simulate_step(job.with_(stack=stack), use_cache=False)

@@ -26,10 +26,10 @@ def test_a_sampled_loop_leaves_the_record_of_the_whole_loop(tmp_path, monkeypatc
     repeated: list[bool] = []
     real = loops._repeat
     monkeypatch.setattr(loops, "_repeat", lambda *args: repeated.append(real(*args)) or repeated[-1])
-    sampled = trace_step(build_prepared(job, num_units=None, stack="hf-peft"), batch, seq)
+    sampled = trace_step(build_prepared(job.with_(stack="hf-peft"), num_units=None), batch, seq)
     assert repeated and all(repeated)  # the chunks, each norm's and MLP's row blocks
     monkeypatch.setattr(loops, "MIN_COUNT", 10**9)
-    whole = trace_step(build_prepared(job, num_units=None, stack="hf-peft"), batch, seq)
+    whole = trace_step(build_prepared(job.with_(stack="hf-peft"), num_units=None), batch, seq)
     assert dataclasses.replace(sampled, seconds=0.0) == dataclasses.replace(whole, seconds=0.0)
 
 
@@ -49,10 +49,10 @@ def test_trls_sampled_loss_chunks_and_their_backward_leave_the_whole_record(
     repeated: list[tuple[str, bool]] = []
     real = loops._alike
     monkeypatch.setattr(loops, "_alike", lambda rec, *a: repeated.append((rec.phase, real(rec, *a))) or repeated[-1][1])
-    sampled = trace_step(build_prepared(job, num_units=None, stack="hf-peft", behaviour=trl), 3, 600)
+    sampled = trace_step(build_prepared(job.with_(stack="hf-peft"), num_units=None, behaviour=trl), 3, 600)
     assert repeated == [("forward", True), ("backward", True)]
     monkeypatch.setattr(loops, "MIN_COUNT", 10**9)
-    whole = trace_step(build_prepared(job, num_units=None, stack="hf-peft", behaviour=trl), 3, 600)
+    whole = trace_step(build_prepared(job.with_(stack="hf-peft"), num_units=None, behaviour=trl), 3, 600)
     assert dataclasses.replace(sampled, seconds=0.0) == dataclasses.replace(whole, seconds=0.0)
 
 
@@ -67,10 +67,10 @@ def test_a_backward_that_differs_traces_the_step_whole(tmp_path, monkeypatch) ->
     monkeypatch.setattr(
         loops, "_alike", lambda rec, *a: asked.append(rec.phase) or (rec.phase != "backward" and real(rec, *a))
     )
-    retried = trace_step(build_prepared(job, num_units=None, stack="hf-peft", behaviour=trl), 3, 600)
+    retried = trace_step(build_prepared(job.with_(stack="hf-peft"), num_units=None, behaviour=trl), 3, 600)
     assert asked == ["forward", "backward"]  # sampled, differed, traced again whole
     monkeypatch.setattr(loops, "MIN_COUNT", 10**9)
-    whole = trace_step(build_prepared(job, num_units=None, stack="hf-peft", behaviour=trl), 3, 600)
+    whole = trace_step(build_prepared(job.with_(stack="hf-peft"), num_units=None, behaviour=trl), 3, 600)
     assert dataclasses.replace(retried, seconds=0.0) == dataclasses.replace(whole, seconds=0.0)
 
 

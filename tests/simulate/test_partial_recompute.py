@@ -26,7 +26,7 @@ JOB = FineTuneJob(
 
 
 def _measured_with_first_layers_checkpointed(k: int) -> int:
-    prepared = build_prepared(JOB, num_units=None, stack="tunecost", real=True, seed=0)
+    prepared = build_prepared(JOB.with_(stack="tunecost"), num_units=None, real=True, seed=0)
     layers = [m for m in prepared.model.modules() if type(m).__name__ == "LlamaDecoderLayer"]
     assert len(layers) == 4
     for layer in layers[k:]:

@@ -69,7 +69,7 @@ def test_the_job_takes_one_recomputation(config_path) -> None:
     assert default_gradient_checkpointing("lora")
     job = FineTuneJob(model="blackmamba-2.8b", method="full", selective_recompute=True, gradient_checkpointing=False)
     with pytest.raises(TunecostError, match="selective recomputation"):
-        check_supported(job, resolve_model(job.model), "tunecost")
+        check_supported(job, resolve_model(job.model))
 
 
 def test_the_flag_enters_the_cache_key_only_when_set(config_path, monkeypatch) -> None:

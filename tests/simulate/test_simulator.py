@@ -154,6 +154,6 @@ def test_unsupported_method_and_targets_are_named(config_path):
     with pytest.raises(TunecostError, match="dense model"):
         simulate_step(FineTuneJob(model="llama-3.1-8b", method="lora"), use_cache=False)
     with pytest.raises(TunecostError, match="unsupported software stack"):
-        simulate_step(_job(config_path), stack="hf-2019", use_cache=False)
+        simulate_step(_job(config_path).with_(stack="hf-2019"), use_cache=False)
     with pytest.raises(TunecostError, match="unsupported method"):
         FineTuneJob(model="mixtral-8x7b", method="dora")

@@ -63,9 +63,9 @@ def _job(tmp_path, **overrides) -> FineTuneJob:
 def test_simulated_peak_matches_cpu_allocator(tmp_path, method, checkpointing, behaviour, dtype) -> None:
     job = _job(tmp_path, method=method, gradient_checkpointing=checkpointing, compute_dtype=dtype)
     simulated = simulate_step(
-        job, num_layers_to_trace=99, stack="torchtune", behaviour=behaviour, granule_bytes=1, use_cache=False
+        job.with_(stack="torchtune"), num_layers_to_trace=99, behaviour=behaviour, granule_bytes=1, use_cache=False
     )
-    measured = measure_step_peak(job, stack="torchtune", behaviour=behaviour)
+    measured = measure_step_peak(job.with_(stack="torchtune"), behaviour=behaviour)
     assert measured.num_events > 100
     assert abs(simulated.peak_bytes - measured.peak_bytes) <= 0.03 * measured.peak_bytes
 
@@ -104,16 +104,16 @@ def test_loss_allocates_what_torchtunes_code_does() -> None:
 
 def test_adapters_are_in_the_compute_dtype(tmp_path) -> None:
     job = _job(tmp_path)
-    tune = build_prepared(job, num_units=1, stack="torchtune")
-    peft = build_prepared(job, num_units=1, stack="hf-peft")
+    tune = build_prepared(job.with_(stack="torchtune"), num_units=1)
+    peft = build_prepared(job.with_(stack="hf-peft"), num_units=1)
     assert {p.dtype for p in tune.trainable} == {torch.bfloat16}
     assert {p.dtype for p in peft.trainable} == {torch.float32}
 
 
 def test_activation_offload_moves_saved_tensors_off_the_device(tmp_path) -> None:
     job = _job(tmp_path, method="full", gradient_checkpointing=False)
-    kept = simulate_step(job, stack="torchtune", behaviour=CHUNKED, use_cache=False)
-    offloaded = simulate_step(job, stack="torchtune", behaviour=OFFLOAD, use_cache=False)
+    kept = simulate_step(job.with_(stack="torchtune"), behaviour=CHUNKED, use_cache=False)
+    offloaded = simulate_step(job.with_(stack="torchtune"), behaviour=OFFLOAD, use_cache=False)
     assert offloaded.peak_bytes < kept.peak_bytes
     assert any("activation offload" in line for line in offloaded.assumptions)
 
@@ -127,7 +127,7 @@ def test_optimizer_in_backward_frees_each_gradient(tmp_path) -> None:
     held = {}
     for in_backward in (False, True):
         behaviour = StackBehaviour(optimizer_in_backward=in_backward)
-        prepared = build_prepared(job, num_units=2, stack="torchtune", behaviour=behaviour)
+        prepared = build_prepared(job.with_(stack="torchtune"), num_units=2, behaviour=behaviour)
         largest = max(p.numel() * p.element_size() for p in prepared.trainable)
         trace = trace_step(prepared, B, 32, round_bytes=1)
         held[in_backward] = max(
@@ -139,6 +139,6 @@ def test_optimizer_in_backward_frees_each_gradient(tmp_path) -> None:
 def test_offload_and_torchtune_loss_need_the_torchtune_stack(tmp_path) -> None:
     job = _job(tmp_path)
     with pytest.raises(TunecostError, match="stack torchtune"):
-        simulate_step(job, stack="hf-peft", behaviour=OFFLOAD, use_cache=False)
+        simulate_step(job.with_(stack="hf-peft"), behaviour=OFFLOAD, use_cache=False)
     with pytest.raises(TunecostError, match="simulated only"):
-        measure_step_peak(job, stack="torchtune", behaviour=OFFLOAD)
+        measure_step_peak(job.with_(stack="torchtune"), behaviour=OFFLOAD)

@@ -55,10 +55,10 @@ def _job(path, **changes) -> FineTuneJob:
 @pytest.mark.parametrize("options", [dict(), dict(gradient_checkpointing=False), dict(method="full")])
 def test_simulated_peak_matches_cpu_allocator_and_drops_the_logits(tiny_llama, options) -> None:
     job = _job(tiny_llama, **options)
-    simulated = simulate_step(job, stack="hf-peft", behaviour=TRL, num_layers_to_trace=99, granule_bytes=1)
-    measured = measure_step_peak(job, stack="hf-peft", behaviour=TRL)
+    simulated = simulate_step(job.with_(stack="hf-peft"), behaviour=TRL, num_layers_to_trace=99, granule_bytes=1)
+    measured = measure_step_peak(job.with_(stack="hf-peft"), behaviour=TRL)
     assert abs(simulated.peak_bytes - measured.peak_bytes) <= 0.03 * measured.peak_bytes
-    full = simulate_step(job, stack="hf-peft", num_layers_to_trace=99, granule_bytes=1)
+    full = simulate_step(job.with_(stack="hf-peft"), num_layers_to_trace=99, granule_bytes=1)
     fp32_logits = 2 * 300 * TINY["vocab_size"] * 4
     assert full.peak_bytes - simulated.peak_bytes > fp32_logits
     assert any(a.startswith("loss of trl-chunked-nll") for a in simulated.assumptions)
@@ -74,7 +74,7 @@ def test_simulated_peak_matches_cpu_allocator_and_drops_the_logits(tiny_llama, o
 )
 def test_where_trl_would_not_run_it_is_an_error(tiny_llama, changes, stack, message) -> None:
     with pytest.raises(TunecostError, match=message):
-        simulate_step(_job(tiny_llama, **changes), stack=stack, behaviour=TRL, use_cache=False)
+        simulate_step(_job(tiny_llama, **changes).with_(stack=stack), behaviour=TRL, use_cache=False)
 
 
 def test_trls_own_chunked_loss_matches_the_simulated_one(tiny_llama) -> None:
@@ -98,12 +98,12 @@ def test_trls_own_chunked_loss_matches_the_simulated_one(tiny_llama) -> None:
     torch.testing.assert_close(trl_chunked_loss(hidden, head, labels, SimpleNamespace()), theirs)
 
     job = _job(tiny_llama)
-    prepared = build_prepared(job, num_units=None, stack="hf-peft", real=True)
+    prepared = build_prepared(job.with_(stack="hf-peft"), num_units=None, real=True)
     _patch_chunked_ce_lm_head(prepared.model, chunk_size=_CHUNKED_LM_HEAD_CHUNK_SIZE)
     batch = make_batch(TINY["vocab_size"], job.batch_size, job.worst_case_seq_len, None, 0)
     run_step(prepared, batch)  # warm-up
     measured = profile_step_peak(prepared, batch)
-    simulated = simulate_step(job, stack="hf-peft", behaviour=TRL, num_layers_to_trace=99, granule_bytes=1)
+    simulated = simulate_step(job.with_(stack="hf-peft"), behaviour=TRL, num_layers_to_trace=99, granule_bytes=1)
     assert abs(simulated.peak_bytes - measured.peak_bytes) <= 0.03 * measured.peak_bytes
 
 
@@ -114,8 +114,7 @@ def test_trls_activation_offloading_moves_what_forward_and_loss_save(tiny_llama,
     job = _job(tiny_llama, gradient_checkpointing=False)
     kept, offloaded = (
         simulate_step(
-            job,
-            stack="hf-peft",
+            job.with_(stack="hf-peft"),
             behaviour=StackBehaviour(loss_code=loss_code, activation_offload=on),
             num_layers_to_trace=99,
             use_cache=False,

@@ -302,14 +302,14 @@ def test_predictions_come_from_the_simulator(corpus) -> None:
     out = _by_id(validate_rows(rows))
     for row_id, quantity in (("t-alloc", "peak_allocated_gib"), ("t-smi", "nvidia_smi_gib")):
         mapped = map_row(next(r for r in rows if r.id == row_id))
-        sim = simulate_step(mapped.job, stack=mapped.stack.simulator_stack, behaviour=mapped.behaviour)
+        sim = simulate_step(mapped.job.with_(stack=mapped.stack.simulator_stack), behaviour=mapped.behaviour)
         got = out[row_id]
         assert got.status == "ok", got
         assert got.predicted == pytest.approx(predicted_bytes(quantity, sim) / BYTES_PER_GIB, abs=1e-3)
         assert got.error == pytest.approx((got.predicted - got.measured) / got.measured * 100, abs=0.01)
     # nvidia-smi: the replayed allocator's reserve plus the stated device overhead (the CUDA context)
     smi = map_row(next(r for r in rows if r.id == "t-smi"))
-    sim = simulate_step(smi.job, stack=smi.stack.simulator_stack, behaviour=smi.behaviour)
+    sim = simulate_step(smi.job.with_(stack=smi.stack.simulator_stack), behaviour=smi.behaviour)
     assert sim.peak_reserved_bytes >= sim.peak_bytes
     assert predicted_bytes("nvidia_smi_gib", sim) == sim.peak_reserved_bytes + sim.device_overhead_bytes
     # a tiny model fits an 80 GB card: predicted 0 where the row says it ran out of memory -> wrong (error -1)
@@ -495,8 +495,8 @@ def test_hf_peft_stack_keeps_the_cast_input(tmp_path, monkeypatch) -> None:
         batch_size=2,
         seq_len=64,
     )
-    lean = simulate_step(job, stack="tunecost")
-    peft = simulate_step(job, stack="hf-peft")
+    lean = simulate_step(job.with_(stack="tunecost"))
+    peft = simulate_step(job.with_(stack="hf-peft"))
     # at least one bf16 copy of a layer input (2 x 64 tokens x 64 hidden x 2 bytes) more is alive at the peak
     assert peft.peak_bytes - lean.peak_bytes >= 2 * 64 * 64 * 2
 
@@ -818,8 +818,8 @@ def test_grad_ckpt_cells_say_how_layers_are_recomputed(corpus) -> None:
     row = CorpusRow(path=base.path, line=base.line, cells={**base.cells, "grad_ckpt": "non-reentrant"})
     mapped = map_row(row)
     assert mapped.stack.simulator_stack == "hf-peft" and mapped.behaviour.reentrant_checkpointing is False
-    assert reentrant_checkpointing(mapped.simulator_job, "hf-peft")  # the stack's own default
-    assert not reentrant_checkpointing(mapped.simulator_job, "hf-peft", mapped.behaviour)
+    assert reentrant_checkpointing(mapped.simulator_job)  # the stack's own default
+    assert not reentrant_checkpointing(mapped.simulator_job, mapped.behaviour)
     # Megatron's selective recomputation: the core attention only, not the layer
     assert grad_ckpt_for("selective") == ("selective", None)
     job = map_row(CorpusRow(path=base.path, line=base.line, cells={**base.cells, "grad_ckpt": "selective"})).job

@@ -40,7 +40,7 @@ def model(tmp_path) -> str:
 )
 def test_adapters_are_on_the_named_projections_and_counted_as_such(model: str, targets, in_out: int, names) -> None:
     job = FineTuneJob(model=model, method="lora", lora=LoraConfig(rank=RANK, alpha=8, targets=targets), seq_len=16)
-    prepared = build_prepared(job, num_units=None, stack="hf-peft")
+    prepared = build_prepared(job.with_(stack="hf-peft"), num_units=None)
     adapted = {n.split(".")[-2] for n, p in prepared.model.named_parameters() if p.requires_grad}
     assert adapted == names
     assert sum(p.numel() for p in prepared.trainable) == LAYERS * RANK * in_out
@@ -64,4 +64,4 @@ def test_a_projection_the_model_does_not_have_is_an_error(tmp_path) -> None:
     )
     job = FineTuneJob(model=str(path), method="lora", lora=LoraConfig(targets=("q_proj",)), seq_len=16)
     with pytest.raises(TunecostError, match="no LoRA target among q_proj exists"):
-        build_prepared(job, num_units=None, stack="hf-peft")
+        build_prepared(job.with_(stack="hf-peft"), num_units=None)

@@ -23,6 +23,7 @@ import typer
 from tunecost.cli.options import blame_config
 from tunecost.errors import TunecostError, TunecostWarning
 from tunecost.limits import MAX_INT_OPTION
+from tunecost.workload.stacks import STACK_SPECS
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -365,7 +366,8 @@ def _stack_behaviour(
 ) -> Any:
     from tunecost.simulate.behaviour import LOSS_TRANSFORMERS_5, LOSS_TRL_CHUNKED, StackBehaviour, torchtune_behaviour
 
-    if stack == "hf-peft" and (chunked_loss or offload_activations) and not optimizer_in_backward:  # TRL's
+    own = STACK_SPECS.get(stack or "")
+    if own and own.hf_trainer and (chunked_loss or offload_activations) and not optimizer_in_backward:  # TRL's
         code = LOSS_TRL_CHUNKED if chunked_loss else LOSS_TRANSFORMERS_5
         return StackBehaviour(loss_code=code, activation_offload=offload_activations, reentrant_checkpointing=reentrant)
     flags = (
@@ -374,7 +376,7 @@ def _stack_behaviour(
         ("--optimizer-in-backward", optimizer_in_backward),
     )
     named = [flag for flag, on in flags if on]
-    if named and stack != "torchtune":
+    if named and not (own and own.torchtune_recipes):
         verb = "need" if len(named) > 1 else "needs"
         given = f"not {stack!r}" if stack else "none given"
         if optimizer_in_backward:

@@ -161,12 +161,12 @@ def trace_single_gpu_step(
     from tunecost.simulate.trace import trace_step
 
     spec = resolve_model(job.model)
-    check_supported(job, spec, job.stack)
+    check_supported(job, spec)
     behaviour = behaviour or DEFAULT_BEHAVIOUR
     linears: list[list[LinearShape]] = []
 
     def trace(units: int) -> TraceResult:
-        prepared = prepared_model(job, units, job.stack, behaviour)
+        prepared = prepared_model(job, units, behaviour)
         linears.append(fp8_linears(prepared.model.named_modules(), full=job.method == "full"))
         return trace_step(prepared, job.batch_size, job.worst_case_seq_len, round_bytes=granule_bytes)
 

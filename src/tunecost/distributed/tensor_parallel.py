@@ -49,7 +49,7 @@ def check_tp_supported(job: FineTuneJob, tp: int, *, sequence_parallel: bool) ->
             "--tp with --method qlora: tensor parallelism is simulated for full fine-tuning and LoRA, not quantized "
             "weights (their packed bytes would need a sharded layout of their own); use --method lora or full"
         )
-    if spec.is_moe and job.stack == "hf-2024":
+    if spec.is_moe and job.stack_spec.per_expert_loop:
         raise TunecostError(
             "--tp with stack hf-2024: its per-expert linears are not split by the TP plan; use the default stack"
         )
@@ -226,7 +226,6 @@ def prepare_tp_rank(
     sequence_parallel: bool,
     real: bool,
     num_units: int | None = None,
-    stack: str = "tunecost",
     seed: int = 0,
     loss_parallel: bool = True,
     before_tp: Callable[[nn.Module], None] | None = None,
@@ -248,7 +247,6 @@ def prepare_tp_rank(
     return build_prepared(
         job,
         num_units=num_units,
-        stack=stack,
         real=real,
         seed=seed,
         wrap=wrap,

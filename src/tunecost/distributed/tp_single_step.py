@@ -85,7 +85,7 @@ def tp_single_gpu_step(
     to full depth (or, `full_depth`, slow: traced at full depth). Cached as `single_step.single_gpu_step` is, with
     tp and sequence parallelism in the key."""
     spec = resolve_model(job.model)
-    check_supported(job, spec, job.stack)
+    check_supported(job, spec)
     check_tp_supported(job, tp, sequence_parallel=sequence_parallel)
     layout = tp_strategy(tp, sequence_parallel, loss_parallel)
     key = f"rank-{layout}-{TP_LAYOUT_VERSION}-{LAYOUT_VERSION}-" + cache.job_key(
@@ -111,7 +111,6 @@ def tp_single_gpu_step(
                     sequence_parallel=sequence_parallel,
                     real=False,
                     num_units=units,
-                    stack=job.stack,
                     loss_parallel=loss_parallel,
                 )
                 sp_tp = tp if sequence_parallel else 1

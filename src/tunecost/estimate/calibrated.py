@@ -99,7 +99,7 @@ def _simulated_sizing(req: EstimateRequest) -> Sizing:
     the model)."""
     job = req.sizing_job
     errors = []
-    stacks = dict.fromkeys((req.options.stack or job.stack, *SIMULATOR_STACKS))
+    stacks = dict.fromkeys((job.stack, *SIMULATOR_STACKS))
     for stack in stacks:
         try:
             return simulated_sizing(job.with_(stack=stack), req.gpu, req.options.behaviour)
@@ -147,7 +147,7 @@ def calibrated_estimator(req: EstimateRequest) -> EstimatePoint:
         *offload_notes,
         f"95 % interval: {pred.interval_kinds}",
         *(n for n in pred.notes if n.startswith("host ")),
-        *([prior.note] if prior else stack_note(req.options.stack or req.job.stack)),
+        *([prior.note] if prior else stack_note(req.job.stack)),
     ]
     return EstimatePoint(
         max_batch_size=sizing.max_batch_size,
@@ -225,7 +225,7 @@ def with_activation_offload(req: EstimateRequest, pred: Prediction) -> tuple[Pre
 def for_job_software(req: EstimateRequest, pred: Prediction) -> tuple[Prediction, StackPrior | None]:
     """The prediction for the job's software: as calibrated for the calibrated stack family (no prior); for another
     family, scaled by that family's prior and its interval widened (`stack_priors.stack_prior`), with the prior."""
-    prior = stack_prior(req.options.stack or req.job.stack, req.options.framework, kind=model_kind(req.job.model))
+    prior = stack_prior(req.job.stack, req.options.framework, kind=model_kind(req.job.model))
     if prior is None:
         return pred, None
     parts = (*pred.interval_parts, (INTERVAL_KIND, prior.log_halfwidth, prior.basis))
@@ -275,7 +275,7 @@ def request_target(req: EstimateRequest, batch_size: int) -> ThroughputTarget:
         method=req.job.method,
         host_cpu=req.options.host_cpu,
     )
-    family = job_family(req.options.stack or req.job.stack, req.options.framework)
+    family = job_family(req.job.stack, req.options.framework)
     target = with_setup(target, req.job)
     return replace(
         target,

@@ -50,8 +50,6 @@ class EstimatorOptions:
     run_queries: the throughput of runs of this many queries, start-up included in each (cross-GPU model; the
         paper's protocol is 1000); None: the job is one run, steady-state throughput with its start-up once.
     steady_state: steady-state throughput and no start-up at all.
-    stack: the software stack whose step simulation sizes the batch (`workload.job.STACKS`); None: the
-        estimator's default (calibrated: the paper's hf-2024, else tunecost's own; simulate: tunecost's own).
     host_cpu: the CPU of the machine that runs the GPU (`catalog.host_cpus`), for the cross-GPU throughput model;
         None: each GPU's default host.
     behaviour: the stack's recipe options that change what a step keeps (`simulate.behaviour.StackBehaviour`:
@@ -65,7 +63,6 @@ class EstimatorOptions:
     coefficient_set: str = "artifact"
     run_queries: int | None = None
     steady_state: bool = False
-    stack: str | None = None
     host_cpu: str | None = None
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
     framework: str | None = None

@@ -119,9 +119,7 @@ def throughput_at(req: EstimateRequest, batch_size: int) -> Throughput:
     "eq. (2) or the cross-GPU model for the throughput at it",
 )
 def simulate_estimator(req: EstimateRequest) -> EstimatePoint:
-    sizing = simulated_sizing(
-        req.sizing_job.with_(stack=req.options.stack or req.job.stack), req.gpu, req.options.behaviour
-    )
+    sizing = simulated_sizing(req.sizing_job, req.gpu, req.options.behaviour)
     if sizing.max_batch_size < 1 and not req.fixed_batch:
         return does_not_fit(sizing, "one query at this length needs more than the GPU has with the margin")
     batch, batch_notes = batch_to_price(req, sizing)

@@ -6,13 +6,10 @@ No torch import here, so the CLI can list the names without paying for torch.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tunecost.errors import TunecostError, unknown_name_error
-from tunecost.workload.job import MOE_LORA_TARGETS
-
-if TYPE_CHECKING:
-    from tunecost.workload.job import LoraConfig
+from tunecost.errors import unknown_name_error
+from tunecost.workload.job import MOE_LORA_TARGETS, LoraConfig
 
 # Names `install_experts` accepts (the profiler's `--experts-impl` choices).
 #   stock            transformers' own fused experts (its `experts_implementation`, grouped_mm by default);
@@ -50,12 +47,7 @@ class LoraSpec:
     expert_layout: str | None = None
 
     def __post_init__(self) -> None:
-        if self.rank < 1:
-            raise TunecostError(f"LoRA rank must be at least 1, got {self.rank}")
-        if self.alpha <= 0:
-            raise TunecostError(f"LoRA alpha must be positive, got {self.alpha}")
-        if not self.targets:
-            raise TunecostError("LoRA targets are empty: give 'experts', 'router' or both")
+        LoraConfig(rank=self.rank, alpha=self.alpha, targets=self.targets)  # a job's LoRA checks, then the MoE layers'
         for target in self.targets:
             if target not in MOE_LORA_TARGETS:
                 raise unknown_name_error("LoRA target", target, MOE_LORA_TARGETS)

@@ -96,7 +96,6 @@ def max_batch_size(
     job: FineTuneJob,
     gpu_memory_bytes: int,
     *,
-    stack: str | None = None,
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR,
     overhead: DeviceOverhead = DEFAULT_OVERHEAD,
     margin_fraction: float | None = None,
@@ -106,7 +105,7 @@ def max_batch_size(
     on_progress: Callable[[int, int, str], None] | None = None,
 ) -> MaxBatchResult:
     """Largest B whose need fits `gpu_memory_bytes` with the margin (default: `catalog.memory_margin`), and the
-    largest within it without; `DoesNotFit` when B=1 does not fit even without the margin. `stack`: the job's."""
+    largest within it without; `DoesNotFit` when B=1 does not fit even without the margin."""
     start = time.perf_counter()
     margin = default_margin_fraction() if margin_fraction is None else margin_fraction
     sims: dict[int, StepSimulation] = {}
@@ -118,7 +117,6 @@ def max_batch_size(
             sims[b] = simulate_step(
                 job.with_(batch_size=b),
                 num_layers_to_trace=num_layers_to_trace,
-                stack=stack or job.stack,
                 behaviour=behaviour,
                 overhead=overhead,
                 use_cache=use_cache,
@@ -278,31 +276,26 @@ def fitting_batch_size(
     job: FineTuneJob,
     gpu_memory_bytes: int,
     *,
-    stack: str | None = None,
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR,
 ) -> int:
     """Largest batch of `job` that fits `gpu_memory_bytes` with the margin, 0 when none does (not an error)."""
     try:
-        return max_batch_size(job, gpu_memory_bytes, stack=stack, behaviour=behaviour).batch_size
+        return max_batch_size(job, gpu_memory_bytes, behaviour=behaviour).batch_size
     except DoesNotFit:
         return 0
 
 
-def gpu_max_batch(
-    job: FineTuneJob, gpu, *, stack: str | None = None, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
-) -> MaxBatchResult | None:
+def gpu_max_batch(job: FineTuneJob, gpu, *, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR) -> MaxBatchResult | None:
     """`max_batch_size` against a catalog GPU (or its name): the memory CUDA reports for it (`usable_memory_bytes`);
     None when not even one query fits inside the card."""
     gpu_obj = gpu if isinstance(gpu, GPU) else resolve_gpu_name(str(gpu)).gpu
     try:
-        return max_batch_size(job, gpu_obj.usable_memory_bytes, stack=stack, behaviour=behaviour)
+        return max_batch_size(job, gpu_obj.usable_memory_bytes, behaviour=behaviour)
     except DoesNotFit:
         return None
 
 
-def simulated_max_batch_size(
-    job: FineTuneJob, gpu, *, stack: str | None = None, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
-) -> int:
+def simulated_max_batch_size(job: FineTuneJob, gpu, *, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR) -> int:
     """Largest batch of `job` that fits `gpu` with the margin, 0 when none does."""
-    best = gpu_max_batch(job, gpu, stack=stack, behaviour=behaviour)
+    best = gpu_max_batch(job, gpu, behaviour=behaviour)
     return best.batch_size if best is not None else 0

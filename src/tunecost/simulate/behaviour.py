@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tunecost.errors import TunecostError
+from tunecost.workload.stacks import STACK_SPECS
 
 if TYPE_CHECKING:  # torch is imported when a simulation runs, not when a behaviour is named
     import torch
@@ -167,9 +168,10 @@ def torchtune_behaviour(
 def stack_loss_code(stack: str, behaviour: StackBehaviour) -> str:
     """The loss code a step runs: the paper's 2024 stack always has transformers 4.40's; torchtune its own (the
     behaviour chooses chunked or not); every other stack the behaviour's."""
-    if stack == "hf-2024":
+    spec = STACK_SPECS[stack]
+    if spec.loss_upcast_in_model:
         return LOSS_TRANSFORMERS_440
-    if stack == "torchtune" and behaviour.loss_code not in TORCHTUNE_LOSS_CODES:
+    if spec.torchtune_recipes and behaviour.loss_code not in TORCHTUNE_LOSS_CODES:
         return LOSS_TORCHTUNE
     return behaviour.loss_code
 
@@ -177,7 +179,7 @@ def stack_loss_code(stack: str, behaviour: StackBehaviour) -> str:
 def stack_adamw_impl(stack: str, behaviour: StackBehaviour) -> str:
     """The AdamW a step runs: the behaviour's, else torchtune's configs' fused AdamW under stack torchtune, else the
     installed torch's multi-tensor one ("")."""
-    if not behaviour.adamw_impl and stack == "torchtune":
+    if not behaviour.adamw_impl and STACK_SPECS[stack].torchtune_recipes:
         return ADAMW_FUSED
     return behaviour.adamw_impl
 

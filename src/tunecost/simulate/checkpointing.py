@@ -9,12 +9,8 @@ from tunecost.models.catalog import ModelSpec, resolve_model
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, StackBehaviour
 from tunecost.workload.job import FineTuneJob
 
-_REENTRANT_STACKS = ("hf-2024", "hf-peft")
 
-
-def reentrant_checkpointing(
-    job: FineTuneJob, stack: str | None = None, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
-) -> bool:
+def reentrant_checkpointing(job: FineTuneJob, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR) -> bool:
     """True when the job's decoder layers are recomputed by re-entrant torch.utils.checkpoint: the behaviour's
     choice where it makes one (a Trainer passing `gradient_checkpointing_kwargs={"use_reentrant": ...}`), else the
     stack's (transformers' default, and the paper's LLaMA-Factory: re-entrant); BlackMamba checkpoints its blocks
@@ -23,12 +19,12 @@ def reentrant_checkpointing(
         return False
     if behaviour.reentrant_checkpointing is not None:
         return behaviour.reentrant_checkpointing
-    return (stack or job.stack) in _REENTRANT_STACKS
+    return job.stack_spec.reentrant_checkpointing
 
 
-def enable_checkpointing(model: Any, job: FineTuneJob, spec: ModelSpec, stack: str, behaviour: StackBehaviour) -> None:
+def enable_checkpointing(model: Any, job: FineTuneJob, spec: ModelSpec, behaviour: StackBehaviour) -> None:
     """Gradient checkpointing per decoder layer, re-entrant or not as the stack runs it."""
-    reentrant = reentrant_checkpointing(job, stack, behaviour)
+    reentrant = reentrant_checkpointing(job, behaviour)
     enable = getattr(model, "activation_checkpointing_enable", None)
     if spec.family == "blackmamba":
         model.gradient_checkpointing_enable()  # its own: non-reentrant per block

@@ -68,11 +68,11 @@ def profile_step_peak(prepared, batch: dict) -> MeasuredPeak:
 
 
 def measure_step_peak(
-    job: FineTuneJob, *, stack: str = "tunecost", behaviour: StackBehaviour = DEFAULT_BEHAVIOUR, seed: int = 0
+    job: FineTuneJob, *, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR, seed: int = 0
 ) -> MeasuredPeak:
     """Build `job`'s model at full depth with real random fp32-or-job-dtype CPU tensors, run one warm-up step,
     then measure the next step's peak."""
-    prepared = build_prepared(job, num_units=None, stack=stack, behaviour=behaviour, real=True, seed=seed)
+    prepared = build_prepared(job, num_units=None, behaviour=behaviour, real=True, seed=seed)
     config: Any = prepared.model.config  # a transformers or BlackMamba config
     vocab = int(config.vocab_size)
     batch = make_batch(vocab, job.batch_size, job.worst_case_seq_len, None, seed)

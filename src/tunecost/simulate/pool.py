@@ -16,22 +16,22 @@ _POOL_SIZE = 6
 _LINES: dict[str, dict] = {}  # shape key -> its steps' `batch_line.BatchLine`s: kept when the model is evicted
 
 
-def _shape_key(job: FineTuneJob, num_units: int, stack: str, behaviour: StackBehaviour) -> str:
+def _shape_key(job: FineTuneJob, num_units: int, behaviour: StackBehaviour) -> str:
     fields = asdict(job)
     for k in ("batch_size", "grad_accum", "seq_len", "lengths", "dataset", "fp8"):
         fields.pop(k, None)
-    return json.dumps([fields, num_units, stack, asdict(behaviour)], sort_keys=True, default=str)
+    return json.dumps([fields, num_units, asdict(behaviour)], sort_keys=True, default=str)
 
 
-def prepared_model(job: FineTuneJob, num_units: int, stack: str, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR):
+def prepared_model(job: FineTuneJob, num_units: int, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR):
     from tunecost.simulate.prepare import build_prepared
 
-    key = _shape_key(job, num_units, stack, behaviour)
+    key = _shape_key(job, num_units, behaviour)
     hit = _POOL.get(key)
     if hit is not None:
         _POOL.move_to_end(key)
         return hit
-    prepared = build_prepared(job, num_units=num_units, stack=stack, behaviour=behaviour)
+    prepared = build_prepared(job, num_units=num_units, behaviour=behaviour)
     prepared.batch_lines = _LINES.setdefault(key, {})
     _POOL[key] = prepared
     while len(_POOL) > _POOL_SIZE:

@@ -55,9 +55,6 @@ from tunecost.simulate.tensor_groups import module_info, static_tensors, to_fake
 from tunecost.workload.job import STACKS, FineTuneJob
 from tunecost.workload.liger import liger_loss_applies, liger_patches
 
-_LORA_STYLE = {"hf-2024": "peft-2024", "hf-peft": "peft", "torchtune": "torchtune"}  # see `SimLinear`
-
-
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
@@ -82,10 +79,9 @@ class Prepared:
     batch_lines: dict = field(default_factory=dict)  # (length, granule) -> `batch_line.BatchLine` of its steps
 
 
-def check_supported(
-    job: FineTuneJob, spec: ModelSpec, stack: str, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
-) -> None:
+def check_supported(job: FineTuneJob, spec: ModelSpec, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR) -> None:
     """Raise a one-line TunecostError naming exactly what is unsupported."""
+    stack = job.stack
     if stack not in STACKS:
         raise TunecostError(f"unsupported software stack {stack!r}; supported: {', '.join(STACKS)}")
     if spec.family not in SUPPORTED_FAMILIES:
@@ -121,26 +117,27 @@ def check_supported(
         raise TunecostError(
             f"{spec.name}: 8-bit (LLM.int8) base weights are simulated for dense models; use --quant-type nf4"
         )
-    if job.base_quant == "int8" and stack in ("hf-2024", "torchtune"):
+    own = job.stack_spec
+    if job.base_quant == "int8" and not own.int8_lora:
         raise TunecostError(f"stack {stack} has no 8-bit (LLM.int8) LoRA; use --quant-type nf4 or --stack hf-peft")
-    if job.base_quant == "gptq" and stack == "hf-2024":
+    if job.base_quant == "gptq" and not own.gptq:
         raise TunecostError("stack hf-2024 ran QLoRA on bitsandbytes 4-bit weights, not GPTQ")
-    if job.method == "qlora" and job.compute_dtype == "fp32" and stack == "hf-2024":
+    if job.method == "qlora" and job.compute_dtype == "fp32" and not own.fp32_qlora:
         raise TunecostError("stack hf-2024 ran QLoRA with bf16 compute only; use --dtype bf16 or the tunecost stack")
-    offload_elsewhere = behaviour.activation_offload and stack not in ("torchtune", "hf-peft")  # TRL's on hf-peft
+    offload_elsewhere = behaviour.activation_offload and not own.activation_offload
     torchtune_only = offload_elsewhere or behaviour.optimizer_in_backward
-    if (torchtune_only or behaviour.loss_code in TORCHTUNE_LOSS_CODES) and stack != "torchtune":
+    if (torchtune_only or behaviour.loss_code in TORCHTUNE_LOSS_CODES) and not own.torchtune_recipes:
         raise TunecostError(
             f"torchtune's loss, activation offload and optimizer in backward are simulated under stack torchtune, "
             f"not {stack}"
         )
-    if behaviour.loss_code == LOSS_TRL_CHUNKED and (stack not in ("tunecost", "hf-peft") or job.liger_kernel):
+    if behaviour.loss_code == LOSS_TRL_CHUNKED and (not own.trl_chunked_loss or job.liger_kernel):
         raise TunecostError(f"TRL's chunked_nll runs under stack hf-peft without Liger, not {stack}")
     if behaviour.loss_code == LOSS_TRL_CHUNKED and "lm_head" in job.modules_to_save:
         raise TunecostError(
             "TRL's chunked_nll reads the head's own weight: not modelled with lm_head in modules_to_save"
         )
-    if stack == "torchtune" and spec.family == "blackmamba":
+    if own.transformers_models_only and spec.family == "blackmamba":
         raise TunecostError(f"{spec.name}: stack torchtune is simulated for transformers' model families")
     if behaviour.kbit_fp32_norms and (job.method != "qlora" or job.attention == "eager"):
         raise TunecostError(
@@ -187,7 +184,7 @@ def _only(job: FineTuneJob, group: str) -> tuple[str, ...] | None:
     return None if group in job.lora.targets else job.lora.adapted(group)
 
 
-def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
+def transform(model: nn.Module, job: FineTuneJob) -> None:
     """Freeze, quantize and add LoRA in place (method full: every weight trainable, stack changes the experts)."""
     quant = (
         QuantSpec(job.quant_type, job.double_quant, job.gptq_group_size, job.gptq_kernel)
@@ -196,11 +193,11 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
     )
     lora = (job.lora.rank, job.lora.alpha)
     targets, p = set(job.lora.targets), job.lora.dropout  # dropout on the dense adapters (experts: none simulated)
-    style = _LORA_STYLE.get(stack, "tunecost")
+    style, loop = job.stack_spec.lora_style, job.stack_spec.per_expert_loop
     if job.method == "full":
         for layer in decoder_layers(model):
             mlp = layer_part(layer, FEED_FORWARD_NAMES)
-            if stack == "hf-2024" and mlp is not None and hasattr(mlp, "experts"):
+            if loop and mlp is not None and hasattr(mlp, "experts"):
                 mlp.experts = Loop2024Experts(mlp.experts, quant=None, lora_rank=None, lora_alpha=0.0, trainable=True)
         return
     model.requires_grad_(False)
@@ -217,7 +214,7 @@ def transform(model: nn.Module, job: FineTuneJob, stack: str) -> None:
             continue
         if hasattr(mlp, "experts"):
             experts_lora = lora if "experts" in targets else None
-            if stack == "hf-2024":
+            if loop:
                 mlp.experts = Loop2024Experts(
                     mlp.experts,
                     quant=quant,
@@ -261,7 +258,6 @@ def build_prepared(
     job: FineTuneJob,
     *,
     num_units: int | None,
-    stack: str = "tunecost",
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR,
     real: bool = False,
     seed: int = 0,
@@ -273,8 +269,8 @@ def build_prepared(
     `fully_shard` per layer) runs on the finished model before the optimizer is built over its parameters."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    spec = resolve_model(job.model)
-    check_supported(job, spec, stack, behaviour)
+    spec, stack = resolve_model(job.model), job.stack
+    check_supported(job, spec, behaviour)
     prefix, period, full_units = layer_pattern(spec)
     if num_units is None or num_units >= full_units:
         num_units = full_units
@@ -282,16 +278,14 @@ def build_prepared(
     experts_per_token = job.experts_per_token if spec.is_moe else None
     if job.experts_per_token is not None and not spec.is_moe:
         raise TunecostError(f"{spec.name} is a dense model: --experts-per-token does not apply")
-    model = _built_model(
-        job, spec, stack, behaviour, num_layers, experts_per_token, real=real, device=device, seed=seed
-    )
+    model = _built_model(job, spec, behaviour, num_layers, experts_per_token, real=real, device=device, seed=seed)
     fake_mode = None
     if not real:
         fake_mode = FakeTensorMode()
         to_fake(model, fake_mode)
     model.train()
     if job.gradient_checkpointing:
-        enable_checkpointing(model, job, spec, stack, behaviour)
+        enable_checkpointing(model, job, spec, behaviour)
     if wrap is not None:
         wrap(model)
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -323,7 +317,6 @@ def build_prepared(
 def _built_model(
     job: FineTuneJob,
     spec: ModelSpec,
-    stack: str,
     behaviour: StackBehaviour,
     num_layers: int,
     experts_per_token: int | None,
@@ -366,7 +359,7 @@ def _built_model(
         model.config._attn_implementation = mask_free_sdpa()
         if spec.family == "falcon":
             falcon_fused_attention(model)
-    transform(model, job, stack)
+    transform(model, job)
     if spec.family in MAMBA2_FAMILIES and not real and job.method != "qlora":
         install_mamba2_kernels(model)
     if spec.family in GATED_DELTA_FAMILIES and not real:

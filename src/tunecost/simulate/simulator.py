@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from tunecost.simulate.trace import SegmentPeak, TraceResult
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.gated_delta import GATED_DELTA_NOTE
-from tunecost.workload.job import DEFAULT_STACK, FineTuneJob
+from tunecost.workload.job import FineTuneJob
 from tunecost.workload.lengths import padded_length
 from tunecost.workload.liger import liger_note
 from tunecost.workload.ssd import MAMBA2_NOTE, MAMBA2_QLORA_NOTE
@@ -147,7 +147,7 @@ def _assumptions(
         "when scaled, the full-depth allocated peak plus the reserve's excess over it at the deeper traced depth",
         overhead.describe(),
     ]
-    if job.method != "full" and stack == "torchtune":
+    if job.method != "full" and job.stack_spec.torchtune_recipes:
         out.append(f"LoRA factors in {job.compute_dtype}, no autocast (torchtune builds the model in its dtype)")
     elif job.method != "full":
         out.append("LoRA factors stored in fp32 and cast to the compute dtype in forward (PEFT + autocast)")
@@ -179,7 +179,7 @@ def _assumptions(
     out += [GATED_DELTA_NOTE] if spec.family in GATED_DELTA_FAMILIES else []
     if spec.family in MAMBA2_FAMILIES:
         out.append(MAMBA2_QLORA_NOTE if job.method == "qlora" else MAMBA2_NOTE)
-    if spec.is_moe and (job.method == "qlora" or stack == "hf-2024"):
+    if spec.is_moe and (job.method == "qlora" or job.stack_spec.per_expert_loop):
         out.append(
             "routing is unknown without data: expert loops assume tokens spread evenly over experts "
             "(the memory of grouped or looped expert compute depends on the total routed tokens)"
@@ -243,14 +243,13 @@ def simulate_step(
     job: FineTuneJob,
     *,
     num_layers_to_trace: int | None = None,
-    stack: str = DEFAULT_STACK,
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR,
     overhead: DeviceOverhead = DEFAULT_OVERHEAD,
     granule_bytes: int = 512,
     use_cache: bool = True,
     on_progress: Callable[[int, int, str], None] | None = None,
 ) -> StepSimulation:
-    """Simulate one training step of `job` (its batch size at its worst-case padded length).
+    """Simulate one training step of `job` (its batch size at its worst-case padded length) on its stack.
 
     num_layers_to_trace: None traces one and two repeating units and scales; an integer traces that many layers
     (rounded to whole units) and one unit fewer; at or above the model's depth, the full model once.
@@ -267,7 +266,6 @@ def simulate_step(
         run = functools.partial(
             simulate_step,
             num_layers_to_trace=num_layers_to_trace,
-            stack=stack,
             behaviour=behaviour,
             overhead=overhead,
             granule_bytes=granule_bytes,
@@ -279,12 +277,12 @@ def simulate_step(
             return on
         off = run(every.with_(gradient_checkpointing=False))
         return partly_recomputed(off, on, job.recompute_layers, spec.num_layers)
-    key = _cache.job_key(job, num_layers_to_trace, stack, overhead, granule_bytes, behaviour)
+    key = _cache.job_key(job, num_layers_to_trace, job.stack, overhead, granule_bytes, behaviour)
     if use_cache:
         hit = _cache.load(key)
         if hit is not None:
             return hit
-    sim = _simulate_uncached(job, num_layers_to_trace, stack, overhead, granule_bytes, on_progress, behaviour)
+    sim = _simulate_uncached(job, num_layers_to_trace, overhead, granule_bytes, on_progress, behaviour)
     if use_cache:
         _cache.store(key, sim)
     return sim
@@ -326,18 +324,18 @@ def partly_recomputed(off: StepSimulation, on: StepSimulation, layers: int, num_
 
 
 def _simulate_uncached(
-    job, num_layers_to_trace, stack, overhead, granule_bytes, on_progress, behaviour=DEFAULT_BEHAVIOUR
+    job, num_layers_to_trace, overhead, granule_bytes, on_progress, behaviour=DEFAULT_BEHAVIOUR
 ) -> StepSimulation:
     from tunecost.models.anatomy import layer_pattern
     from tunecost.simulate.prepare import check_supported
     from tunecost.simulate.trace import trace_step
 
     start = time.perf_counter()
-    spec = resolve_model(job.model)
-    check_supported(job, spec, stack, behaviour)
+    spec, stack = resolve_model(job.model), job.stack
+    check_supported(job, spec, behaviour)
     prefix, period, full_units = layer_pattern(spec)
     seq_len = job.worst_case_seq_len
-    if stack == "hf-2024":
+    if job.stack_spec.pads_lengths:
         seq_len = padded_length(seq_len)
     if num_layers_to_trace is None:
         units_b = 2
@@ -348,7 +346,7 @@ def _simulate_uncached(
     for i, u in enumerate(units):
         if on_progress:
             on_progress(i, len(units), f"tracing {prefix + u * period} layers")
-        prepared = prepared_model(job, u, stack, behaviour)
+        prepared = prepared_model(job, u, behaviour)
         traces.append(trace_step(prepared, job.batch_size, seq_len, round_bytes=granule_bytes))
         linears.append(fp8_linears(prepared.model.named_modules(), full=job.method == "full"))
     if on_progress:
@@ -360,7 +358,7 @@ def _simulate_uncached(
             return None
         if on_progress:
             on_progress(len(units), len(units), f"tracing {prefix + units_c * period} layers")
-        prepared = prepared_model(job, units_c, stack, behaviour)
+        prepared = prepared_model(job, units_c, behaviour)
         return trace_step(prepared, job.batch_size, seq_len, round_bytes=granule_bytes)
 
     parts = combine(traces[0], traces[1] if len(traces) > 1 else None, full_units, spec.num_layers, deeper)

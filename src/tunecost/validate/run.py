@@ -152,7 +152,7 @@ def _simulate(mapped: MappedRow):
 
         return rank_memory(tp.rank_step(mapped), mapped.simulator_job, mapped.plan())
 
-    return simulate_step(mapped.job, stack=mapped.stack.simulator_stack or "tunecost", behaviour=mapped.behaviour)
+    return simulate_step(mapped.simulator_job, behaviour=mapped.behaviour)
 
 
 def _simulation_failed(exc: Exception) -> str:

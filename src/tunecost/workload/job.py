@@ -16,6 +16,7 @@ from typing import Any, Literal
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_GRAD_ACCUM, MAX_LORA_ALPHA, check_count
 from tunecost.workload.parallel import ParallelPlan
+from tunecost.workload.stacks import STACK_SPECS, StackSpec
 
 Method = Literal["full", "lora", "qlora"]
 METHODS: tuple[str, ...] = ("full", "lora", "qlora")
@@ -39,11 +40,8 @@ MOE_LORA_TARGETS: tuple[str, ...] = ("experts", "router")
 # adapt in a dense model (the attention projections q, k, v, o and the MLP's gate, up, down).
 DEFAULT_MOE_LORA_TARGETS: tuple[str, ...] = MOE_LORA_TARGETS
 DEFAULT_DENSE_LORA_TARGETS: tuple[str, ...] = ("attention", "mlp")
-# Named software stacks (library versions and their memory behaviour) the step simulator reproduces:
-# "tunecost" (today's transformers/PEFT with tunecost's experts), "hf-2024" (the paper's 2024 stack) and
-# "hf-peft" (transformers + PEFT LoRA without tunecost's experts; see tunecost.simulate.prepare) and "torchtune"
-# (torchtune's recipes: bf16 adapters, non-re-entrant checkpointing, its own loss; see tunecost.simulate.behaviour).
-STACKS: tuple[str, ...] = ("tunecost", "hf-2024", "hf-peft", "torchtune")
+# Named software stacks the step simulator reproduces (`workload.stacks`)
+STACKS: tuple[str, ...] = tuple(STACK_SPECS)
 DEFAULT_STACK = "tunecost"
 DTYPES: tuple[str, ...] = ("bf16", "fp16", "fp32")
 # bitsandbytes nf4/fp4; GPTQ int4 (auto-gptq layout); bitsandbytes LLM.int8 (load_in_8bit: 8-bit LoRA)
@@ -257,7 +255,7 @@ class FineTuneJob:
             raise TunecostError(
                 "--fp8: FP8 training does not apply to QLoRA (quantized base weights); use lora or full"
             )
-        if self.liger_kernel and self.stack in ("hf-2024", "torchtune"):
+        if self.liger_kernel and not self.stack_spec.liger:
             raise TunecostError(
                 f"--liger-kernel: Liger's kernels are applied by the HF Trainer (TRL, axolotl, LLaMA-Factory), not "
                 f"stack {self.stack}"
@@ -302,6 +300,11 @@ class FineTuneJob:
     def base_quant(self) -> str | None:
         """How the frozen base weights are stored: the quantization type under qlora, None otherwise."""
         return self.quant_type if self.method == "qlora" else None
+
+    @property
+    def stack_spec(self) -> StackSpec:
+        """What the job's software stack does differently (`workload.stacks`)."""
+        return STACK_SPECS[self.stack]
 
     @property
     def compute_bytes_per_element(self) -> int:

@@ -281,7 +281,7 @@ def test_analytic_counts_agree_with_the_step_simulator() -> None:
     from tunecost.simulate import simulate_step
 
     job = _mixtral_job(batch_size=2)
-    sim = simulate_step(job, stack="hf-2024", use_cache=False).total_counts
+    sim = simulate_step(job.with_(stack="hf-2024"), use_cache=False).total_counts
     ours = analytic_step_counts(resolve_model("mixtral-8x7b"), job)
     for cls in ("expert_matmul", "lm_head"):
         assert ours.flops_by_class[cls] == pytest.approx(sim.flops_by_class[cls], rel=1e-3)

@@ -114,9 +114,7 @@ def estimate(
             host_cpu=host_cpu,
         )
         return
-    options = estimator_options(
-        estimator, calibrate, run_queries, steady_state, job_options.stack, host_cpu, behaviour, framework
-    )
+    options = estimator_options(estimator, calibrate, run_queries, steady_state, host_cpu, behaviour, framework)
     rows = estimate_costs(
         job,
         gpus,
@@ -183,7 +181,6 @@ def estimator_options(
     calibrate: list[Path] | None,
     run_queries: int | None,
     steady_state: bool,
-    stack: str,
     host_cpu: str | None,
     behaviour,
     framework: str | None = None,
@@ -196,7 +193,6 @@ def estimator_options(
         calibrate=tuple(calibrate or ()),
         run_queries=run_queries,
         steady_state=steady_state,
-        stack=stack,
         host_cpu=checked_host_cpu(host_cpu),
         behaviour=behaviour,
         framework=framework,

@@ -119,9 +119,9 @@ def memory(
         gptq=(gptq_group_size, gptq_kernel),
     )
     gpu_bytes, gpu_name, gpu_note = _gpu_budget(gpu, gpu_memory, memory_bytes, fp8=job.fp8)
-    stack, behaviour = job_options.stack, stack_flags.behaviour(job_options.stack)
+    behaviour = stack_flags.behaviour(job.stack)
     with progress_callback("simulating", enabled=not json_out) as report:
-        common = {"stack": stack, "behaviour": behaviour, "use_cache": not no_cache, "on_progress": report}
+        common = {"behaviour": behaviour, "use_cache": not no_cache, "on_progress": report}
         sim = simulate_step(job, num_layers_to_trace=layers_to_trace, **common)
         best = None
         if gpu_bytes is not None:
