@@ -123,6 +123,16 @@ def test_llamafactory_max_samples_caps_the_queries_of_an_epoch(cli_runner, tmp_p
     assert {row["num_queries"] for row in json.loads(given.stdout)} == {5000}
 
 
+def test_a_dataset_on_the_command_line_is_cut_as_one_dataset(cli_runner, tmp_path):
+    """max_samples cuts each of the config's datasets; --dataset replaces them with one, cut to max_samples once."""
+    config = tmp_path / "train.yaml"
+    config.write_text(LF.read_text() + "max_samples: 1000\ndataset: alpaca_en_demo,identity\n")
+    base = ["estimate", "--config", str(config), "--gpu", "H100", "--json"]
+    result = cli_runner.invoke(app, [*base, "--dataset", "alpaca"])
+    assert result.exit_code == 0, result.output
+    assert {row["num_queries"] for row in json.loads(result.stdout)} == {1000}  # not 2 x 1000
+
+
 def test_an_oversampled_mixture_is_not_cut_to_max_samples_per_dataset(cli_runner, tmp_path):
     """interleave_over draws past each dataset's max_samples rows (repeating them): the mixture's count stands."""
     config = tmp_path / "train.yaml"

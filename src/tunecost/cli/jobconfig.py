@@ -233,8 +233,9 @@ def _trained_queries(config: dict[str, Any], dataset_queries: int | None) -> int
     max_samples, less its evaluation split; each step said."""
     from tunecost.workload.run_length import sliced_queries, training_queries
 
-    if on_command_line("dataset"):  # the command line's data: not the config's mixture or split of its own
+    if on_command_line("dataset"):  # the command line's data: one dataset, not the config's mixture or split
         config = {k: v for k, v in config.items() if k not in ("mixture_queries", "dataset_split")}
+        config["max_queries"] = config.get("max_queries_per_dataset", config.get("max_queries"))
     if (mixed := config.get("mixture_queries")) is not None:
         dataset_queries = mixed  # counted by the reader, each dataset at its split and weight
     spec = config.get("dataset_split")

@@ -134,6 +134,7 @@ def test_lora_sft(tmp_path):
         "grad_accum": 8,
         "epochs": 3.0,
         "max_queries": 2000,  # max_samples 1000 of each of the two datasets (LLaMA-Factory's data/loader.py)
+        "max_queries_per_dataset": 1000,
         "stack": "hf-peft",
     }
     assert any(line.startswith("max_samples 1000: each of the 2 dataset(s) cut") for line in job.assumptions)

@@ -67,7 +67,8 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "queries_per_step": int,  # the global batch the config states outright (NeMo, Megatron-LM)
     "dataset_split": str,  # the Hugging Face split spec the data is loaded as, where it slices ("train[:95%]")
     "mixture_queries": int,  # a mixture's queries per epoch, each dataset at its split and weight (first: lengths)
-    "max_queries": int,  # the data cut to at most this many queries (LLaMA-Factory's max_samples per dataset)
+    "max_queries": int,  # the data cut to at most this many queries (LLaMA-Factory's max_samples x datasets)
+    "max_queries_per_dataset": int,  # each dataset cut to this many (max_samples): the cap of one given dataset
     "eval_split": (int, float),  # then set aside for evaluation: a fraction below 1 or a count (val_size)
     "stack": str,
     "chunked_loss": bool,

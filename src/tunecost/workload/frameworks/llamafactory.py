@@ -171,6 +171,7 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     max_samples = cfg.typed("max_samples", int)
     if max_samples is not None:  # data/loader.py: each dataset cut to its first max_samples examples
         options["max_queries"] = max_samples * max(1, len(names))  # not a bound on an interleave_over mixture
+        options["max_queries_per_dataset"] = max_samples
         at_most = "" if len(names) > 1 else f", at most {max_samples} queries per epoch"
         notes.append(f"max_samples {max_samples}: each of the {max(1, len(names))} dataset(s) cut to its first "
                      f"{max_samples} examples{at_most}")  # fmt: skip
