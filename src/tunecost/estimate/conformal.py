@@ -28,6 +28,10 @@ class ErrorInterval:
     high: float
     basis: str
 
+    def measured_range(self, predicted: float) -> tuple[float, float]:
+        """Where the measurement of `predicted` lies: the error's high bound is the measurement's low one."""
+        return predicted * math.exp(-self.high), predicted * math.exp(-self.low)
+
 
 def normal_quantile(level: float) -> float:
     """Two-sided: the z with P(|Z| <= z) = level."""

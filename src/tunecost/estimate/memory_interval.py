@@ -5,8 +5,6 @@ The same evidence as `tunecost validate`'s intervals (catalog/held_out_errors.py
 
 from __future__ import annotations
 
-import math
-
 from tunecost.catalog.held_out_errors import held_out_errors
 from tunecost.estimate.conformal import INTERVAL_LEVEL, MIN_STACK_ERRORS, error_interval
 
@@ -21,4 +19,5 @@ def peak_interval_bytes(simulator_stack: str, peak_bytes: int, level: float = IN
     else:
         pool, what = [e.log_error for e in errors], f"{len(errors)} published peaks of every stack (none of this one)"
     e = error_interval(pool, what, level)
-    return int(peak_bytes * math.exp(-e.high)), int(peak_bytes * math.exp(-e.low)), e.basis
+    low, high = e.measured_range(peak_bytes)
+    return int(low), int(high), e.basis

@@ -52,7 +52,7 @@ from tunecost.simulate.quant4bit import QuantSpec
 from tunecost.simulate.recorder import LayerPlan
 from tunecost.simulate.step import optimizer_state_tensors, simulated_optimizer, warm_up_optimizer
 from tunecost.simulate.tensor_groups import module_info, static_tensors, to_fake
-from tunecost.workload.job import STACKS, FineTuneJob
+from tunecost.workload.job import FineTuneJob
 from tunecost.workload.liger import liger_loss_applies, liger_patches
 
 TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -81,9 +81,7 @@ class Prepared:
 
 def check_supported(job: FineTuneJob, spec: ModelSpec, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR) -> None:
     """Raise a one-line TunecostError naming exactly what is unsupported."""
-    stack = job.stack
-    if stack not in STACKS:
-        raise TunecostError(f"unsupported software stack {stack!r}; supported: {', '.join(STACKS)}")
+    stack = job.stack  # one of STACKS: `FineTuneJob` checks it
     if spec.family not in SUPPORTED_FAMILIES:
         raise TunecostError(
             f"{spec.name}: architecture {spec.family!r} is not supported by the step simulator; "

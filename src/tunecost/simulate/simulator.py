@@ -134,8 +134,9 @@ def _lora_dropout_note(job: FineTuneJob) -> list[str]:
 
 
 def _assumptions(
-    job: FineTuneJob, stack: str, seq_len: int, overhead: DeviceOverhead, behaviour: StackBehaviour, spec: ModelSpec
+    job: FineTuneJob, seq_len: int, overhead: DeviceOverhead, behaviour: StackBehaviour, spec: ModelSpec
 ) -> tuple[str, ...]:
+    stack = job.stack
     out = [
         *spec.not_modelled_notes,
         f"worst batch: {job.batch_size} x {seq_len} tokens, every position computed (padding to the longest "
@@ -377,6 +378,6 @@ def _simulate_uncached(
         seq_len=seq_len,
         device_overhead_bytes=overhead.overhead_bytes(),
         seconds_taken=time.perf_counter() - start,
-        assumptions=_assumptions(job, stack, seq_len, overhead, behaviour, spec),
+        assumptions=_assumptions(job, seq_len, overhead, behaviour, spec),
         **parts,
     )

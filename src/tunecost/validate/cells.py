@@ -10,7 +10,6 @@ from tunecost.limits import MAX_TOKENS
 from tunecost.simulate.behaviour import ADAMW_FUSED
 from tunecost.validate.corpus import CorpusRow
 from tunecost.workload.job import group_targets
-from tunecost.workload.stacks import STACK_SPECS
 
 
 class Skip(Exception):
@@ -90,7 +89,7 @@ def software_of(stack_cell: str, stated: str, stack: Any, throughput: bool) -> t
     compiled = "compile" in text and "compile off" not in text
     text = f"{stack_cell.lower()} ; {text}"
     liger = "liger" in text and not any(f"{no} liger" in text for no in ("no", "without", "not"))
-    if liger and stack.simulator_stack and not STACK_SPECS[stack.simulator_stack].liger:
+    if liger and not stack.simulator_spec.liger:
         raise Skip(f"--liger-kernel: Liger named under stack {stack.name}, which does not run it")
     if compiled and not throughput:
         raise Skip("torch.compile not modelled for memory (Inductor's partitioner chooses what the forward keeps)")

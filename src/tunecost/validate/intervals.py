@@ -9,7 +9,6 @@ shows the coverage this reaches.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -55,12 +54,6 @@ def with_intervals(
             continue
         e = error_interval(pool, what, level)
         assert row.predicted is not None
-        out.append(
-            replace(
-                row,
-                low=round(row.predicted * math.exp(-e.high), 4),
-                high=round(row.predicted * math.exp(-e.low), 4),
-                interval=e.basis,
-            )
-        )
+        low, high = e.measured_range(row.predicted)
+        out.append(replace(row, low=round(low, 4), high=round(high, 4), interval=e.basis))
     return out

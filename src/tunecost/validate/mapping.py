@@ -80,7 +80,7 @@ class MappedRow:
     @property
     def simulator_job(self) -> FineTuneJob:
         """The job under the simulator stack of the row's named stack (`tunecost` where it names none)."""
-        return self.job.with_(stack=self.stack.simulator_stack or "tunecost")
+        return self.job.with_(stack=self.stack.simulator_spec.name)
 
     def plan(self) -> ParallelPlan:
         """The row's data-parallel layout: one node up to `NODE_GPUS` GPUs, whole nodes of `NODE_GPUS` above; a

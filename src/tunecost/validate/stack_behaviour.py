@@ -17,7 +17,6 @@ from tunecost.simulate.behaviour import (
     torchtune_behaviour,
 )
 from tunecost.validate.stacks import Stack, torchtune_options
-from tunecost.workload.stacks import STACK_SPECS
 
 _QWEN_REMOTE_CODE = re.compile(r"^qwen/qwen-\d", re.IGNORECASE)  # Qwen (1.0): Qwen/Qwen-7B, Qwen/Qwen-1_8B-Chat
 _TRANSFORMERS_VERSION = re.compile(r"\btransformers\s+v?(\d+)\.(\d+)", re.IGNORECASE)
@@ -61,7 +60,7 @@ def behaviour_for(
     SFTTrainer skips the preparation for a 4-bit model loaded off the GPU, as under FSDP and ZeRO-3, see
     trl-sft-bnb; FSDP1's held layer inputs come with the fsdp1 strategy, `distributed.fsdp1`; DeepSpeed ZeRO-2 fp16
     for the single-GPU QLoRA rows of a stack that runs them so: see qwen-finetune)."""
-    if stack.simulator_stack and STACK_SPECS[stack.simulator_stack].torchtune_recipes:
+    if stack.simulator_spec.torchtune_recipes:
         options = torchtune_options(f"{stack_cell} ; {stack_versions}")
         return torchtune_behaviour(
             chunked_loss="chunked cross-entropy" in options,

@@ -13,6 +13,8 @@ from tunecost.simulate.behaviour import (
     ADAMW_TORCH_20,
     DeepSpeedZero2,
 )
+from tunecost.workload.job import DEFAULT_STACK
+from tunecost.workload.stacks import STACK_SPECS, StackSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,6 +41,11 @@ class Stack:
     # the training loop runs each micro-batch but an optimizer step's last under DDP / FSDP `no_sync` (transformers'
     # Trainer through accelerate's `no_sync`, DeepSpeed excepted): one gradient reduction per optimizer step
     no_sync_accumulation: bool = False
+
+    @property
+    def simulator_spec(self) -> StackSpec:
+        """The record of the simulator stack its rows run on (tunecost's where it names none)."""
+        return STACK_SPECS[self.simulator_stack or DEFAULT_STACK]
 
     def deepspeed_for(self, method: str, num_gpus: int) -> DeepSpeedZero2 | None:
         """The DeepSpeed ZeRO-2 engine a single-GPU row of `method` runs under this stack (None: no DeepSpeed)."""

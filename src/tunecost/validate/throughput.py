@@ -266,7 +266,7 @@ def unmodelled_settings(row: CorpusRow, mapped: MappedRow) -> str | None:
     if mapped.job.method == "full" and not stack.full_finetune_modelled:
         return f"full fine-tune under stack {stack.name} not modelled ({stack.full_skip_reason}: not torch AdamW)"
     if "activation offload" in torchtune_options(stated):
-        if not mapped.simulator_job.stack_spec.torchtune_recipes:
+        if not stack.simulator_spec.torchtune_recipes:
             return f"activation offload under stack {stack.name} not modelled (torchtune's OffloadActivations is)"
         if not mapped.behaviour.activation_offload:
             return "activation offload named in the notes only (validate reads it in the stack or stack_versions cell)"
