@@ -19,7 +19,7 @@ from tunecost.distributed.rank_memory import rank_memory, single_gpu_step
 from tunecost.distributed.rank_reserve import rank_allocations
 from tunecost.distributed.single_step import trace_single_gpu_step
 from tunecost.simulate.allocator import steady_state_replay
-from tunecost.simulate.records import AllocationTrace
+from tunecost.simulate.step_types import AllocationTrace
 from tunecost.validate.corpus import read_corpus
 from tunecost.validate.mapping import map_row
 from tunecost.workload.parallel import ParallelPlan

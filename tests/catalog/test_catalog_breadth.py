@@ -5,7 +5,7 @@ older Llama-family and Qwen2-family checkpoints (Yi, LLaMA 1, Code Llama 34B/70B
 parameter count `tunecost models` shows (tunecost.models.params.count_parameters) within 3 % of the size their
 publisher or the hub states.
 
-Left out, for want of simulator support for their architecture (tunecost.models.anatomy.SUPPORTED_FAMILIES):
+Left out, for want of simulator support for their architecture (tunecost.models.families.SUPPORTED_FAMILIES):
 microsoft/Phi-3-small-8k/128k-instruct (model_type phi3small: remote code, not in transformers),
 microsoft/Phi-3.5-MoE-instruct (phimoe), deepseek-ai/DeepSeek-V3 and -V3-Base (deepseek_v3) and
 deepseek-ai/deepseek-moe-16b-base/-chat (model_type deepseek: remote code, not in transformers).

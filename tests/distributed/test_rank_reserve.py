@@ -22,7 +22,7 @@ from tunecost.distributed.rank_reserve import (
     stream_peak_bytes,
 )
 from tunecost.simulate.allocator import KIND_STEP, KIND_WEIGHT, NEVER_FREED, steady_state_replay
-from tunecost.simulate.records import CATEGORIES, WEIGHT_CATEGORIES, AllocationTrace
+from tunecost.simulate.step_types import CATEGORIES, WEIGHT_CATEGORIES, AllocationTrace
 from tunecost.workload.job import FineTuneJob, LoraConfig
 from tunecost.workload.parallel import MULTI_GPU_STRATEGIES, ParallelPlan
 

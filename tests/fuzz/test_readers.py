@@ -109,7 +109,7 @@ record_rows = st.dictionaries(
 def test_run_records_and_meta(records: bytes, meta: bytes) -> None:
     from tunecost.io import read_jsonl
     from tunecost.report.html import _meta_html
-    from tunecost.report.records import load_run
+    from tunecost.report.run_dir import load_run
     from tunecost.report.summary import summary_lines
 
     path = _file(records, "throughput.jsonl")

@@ -11,6 +11,7 @@ from tiny_models import gqa_attention
 
 from tunecost.errors import TunecostError
 from tunecost.models import anatomy
+from tunecost.models.families import SUPPORTED_FAMILIES
 
 SIMULATE_CONFIGS = Path(__file__).parents[1] / "fixtures" / "simulate"
 # every Hugging Face family at one small size: 3 layers of width 32 (4 heads of 8, 2 key-value heads), MLP width 48
@@ -153,7 +154,7 @@ CASES = {
 
 
 def test_every_supported_family_is_tested():
-    assert set(CASES) == set(anatomy.SUPPORTED_FAMILIES)
+    assert set(CASES) == set(SUPPORTED_FAMILIES)
 
 
 def _routed(model) -> int:

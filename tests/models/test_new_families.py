@@ -13,10 +13,10 @@ import torch
 from tiny_models import dense_lora_job
 
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.arch import arch_of
 from tunecost.models.anatomy import decoder_layers
 from tunecost.models.build import build_model
 from tunecost.models.catalog import resolve_model
+from tunecost.models.families import arch_of
 from tunecost.models.params import count_parameters
 from tunecost.workload.job import FineTuneJob, LoraConfig
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tunecost.profile.callback import TunecostCallback
-from tunecost.profile.records import read_rows
+from tunecost.profile.point_rows import read_rows
 
 
 class _Rows(torch.utils.data.Dataset):

@@ -14,7 +14,7 @@ from tunecost.estimate.throughput.measured_split import read_measured_split
 from tunecost.profile.gpu_busy import device_intervals_seconds, measure_gpu_busy, union_seconds
 from tunecost.profile.model_setup import ModelSetup
 from tunecost.profile.point import MeasureOptions
-from tunecost.profile.records import read_rows
+from tunecost.profile.point_rows import read_rows
 from tunecost.profile.sweep import InputSpec, SweepSpec, run_sweep
 
 MICRO_DIR = Path(__file__).parents[1] / "fixtures" / "profile" / "micro-mixtral"

@@ -12,7 +12,7 @@ from tunecost.errors import TunecostError
 from tunecost.profile import point as point_module
 from tunecost.profile.model_setup import ModelSetup
 from tunecost.profile.point import MeasureOptions
-from tunecost.profile.records import KINDS, read_rows
+from tunecost.profile.point_rows import KINDS, read_rows
 from tunecost.profile.sweep import InputSpec, SweepSpec, run_sweep
 
 MICRO_DIR = Path(__file__).parents[1] / "fixtures" / "profile" / "micro-mixtral"

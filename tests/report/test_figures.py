@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tunecost.report.figures import SECTIONS, FigureResult
-from tunecost.report.records import load_run
+from tunecost.report.run_dir import load_run
 
 SECTION_KEYS = [s.key for s in SECTIONS]
 # The unit each section's axes must name (a label containing it), from the paper's figures.

@@ -19,7 +19,7 @@ from tunecost.estimate.cost import estimate_job
 from tunecost.estimate.plan import make_plan
 from tunecost.report.fig_plan import fig_plan
 from tunecost.report.html import build_report
-from tunecost.report.records import load_run
+from tunecost.report.run_dir import load_run
 from tunecost.results.plan_records import plan_rows, save_plan_records
 from tunecost.results.records import write_records
 

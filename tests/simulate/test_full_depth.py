@@ -16,7 +16,7 @@ from tunecost.simulate import simulate_step
 from tunecost.simulate.allocator import KIND_STEP, event_order, steady_state_replay
 from tunecost.simulate.full_depth import full_depth_allocations
 from tunecost.simulate.pool import prepared_model
-from tunecost.simulate.records import AllocationTrace
+from tunecost.simulate.step_types import AllocationTrace
 from tunecost.simulate.trace import trace_step
 from tunecost.workload.job import FineTuneJob, LoraConfig
 

@@ -15,11 +15,11 @@ import torch
 from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.estimate.calibrated import GATED_DELTA_TIME_NOTE, MAMBA2_TIME_NOTE, software_notes
 from tunecost.estimate.estimators import EstimateRequest
-from tunecost.estimate.throughput.arch import arch_of
 from tunecost.estimate.throughput.counts import analytic_step_counts
 from tunecost.models.anatomy import decoder_layers, layer_pattern
 from tunecost.models.build import build_model
 from tunecost.models.catalog import resolve_model
+from tunecost.models.families import arch_of
 from tunecost.models.params import count_parameters
 from tunecost.simulate import simulate_step
 from tunecost.workload.job import FineTuneJob, LoraConfig

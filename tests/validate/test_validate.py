@@ -504,7 +504,7 @@ def test_hf_peft_stack_keeps_the_cast_input(tmp_path, monkeypatch) -> None:
 def test_report_summary_states_the_validated_memory_error(corpus, cli_runner, tmp_path) -> None:
     from statistics import median
 
-    from tunecost.report.records import load_run
+    from tunecost.report.run_dir import load_run
     from tunecost.report.summary import summary_lines
 
     run = tmp_path / "run"

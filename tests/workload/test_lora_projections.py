@@ -8,9 +8,9 @@ import pytest
 from tiny_models import write_llama_config
 
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.arch import arch_of
 from tunecost.estimate.throughput.lora_counts import dense_lora_targets
 from tunecost.models.catalog import resolve_model
+from tunecost.models.families import arch_of
 from tunecost.simulate.prepare import build_prepared
 from tunecost.workload.job import FineTuneJob, LoraConfig, parse_lora_targets
 

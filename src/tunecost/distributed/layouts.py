@@ -11,8 +11,8 @@ from tunecost.catalog.gpus import GPU
 from tunecost.distributed import expert_parallel
 from tunecost.distributed.pipeline import uneven_split_note
 from tunecost.errors import TunecostError
-from tunecost.models.anatomy import HYBRID_FAMILIES
 from tunecost.models.catalog import resolve_model
+from tunecost.models.families import HYBRID_FAMILIES
 from tunecost.workload.frameworks.registry import runnable_layouts
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import (

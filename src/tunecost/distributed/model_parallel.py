@@ -12,7 +12,7 @@ from tunecost.distributed import megatron_sp
 from tunecost.distributed.pipeline import StageParts, stage_parts
 from tunecost.distributed.rank_memory import RankMemory, rank_memory
 from tunecost.distributed.single_step import ROOT_GROUPS, SingleGpuStep, single_gpu_step
-from tunecost.simulate.records import WEIGHT_CATEGORIES
+from tunecost.simulate.step_types import WEIGHT_CATEGORIES
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ModelParallel, ParallelPlan
 

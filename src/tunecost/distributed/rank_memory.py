@@ -14,7 +14,7 @@ from tunecost.distributed.single_step import single_gpu_step as single_gpu_step 
 from tunecost.models.catalog import resolve_model
 from tunecost.simulate.depth import lerp_byte_map, lerp_bytes
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
-from tunecost.simulate.records import WEIGHT_CATEGORIES
+from tunecost.simulate.step_types import WEIGHT_CATEGORIES
 from tunecost.units import BYTES_PER_GIB
 from tunecost.workload import offload
 from tunecost.workload.job import FineTuneJob

@@ -15,7 +15,7 @@ import numpy as np
 from tunecost.distributed.rank_memory import PARAM_SHARDED, STORED_SHARDED, rank_segment_bytes, reduce_bucket_bytes
 from tunecost.distributed.single_step import SingleGpuStep
 from tunecost.simulate.allocator import KIND_STEP, KIND_WEIGHT, NEVER_FREED, steady_state_replay
-from tunecost.simulate.records import CATEGORIES, AllocationTrace
+from tunecost.simulate.step_types import CATEGORIES, AllocationTrace
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import ParallelPlan
 

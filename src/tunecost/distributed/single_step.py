@@ -24,7 +24,7 @@ from tunecost.simulate.full_depth import whole_step
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
 from tunecost.simulate.pool import prepared_model
 from tunecost.simulate.prepare import check_supported
-from tunecost.simulate.records import WEIGHT_CATEGORIES
+from tunecost.simulate.step_types import WEIGHT_CATEGORIES
 from tunecost.workload.job import FineTuneJob
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class SingleGpuStep:
     hidden_size: int
     activation_bytes_per_element: int
     recompute: bool  # activation checkpointing: backward re-runs each layer's forward
-    allocations: dict  # the step's `simulate.records.AllocationTrace` made whole, as plain data ({}: none)
+    allocations: dict  # the step's `simulate.step_types.AllocationTrace` made whole, as plain data ({}: none)
     reentrant_checkpointing: bool = False  # layers recomputed by re-entrant torch.utils.checkpoint (`fsdp1`)
     fp8_bytes: dict[str, int] = field(default_factory=dict)  # FP8's bytes by category at full depth (`simulate.fp8`)
     # the bytes a rank gathers for "one layer" over the average layer's: 1 for identical layers; a repeating unit's

@@ -47,7 +47,7 @@ from tunecost.estimate.throughput.targets import (
     throughput_target,
     with_setup,
 )
-from tunecost.models.anatomy import GATED_DELTA_FAMILIES, MAMBA2_FAMILIES
+from tunecost.models.families import GATED_DELTA_FAMILIES, MAMBA2_FAMILIES
 from tunecost.simulate.behaviour import LOSS_TRL_CHUNKED
 from tunecost.workload.liger import liger_loss_applies, liger_note
 

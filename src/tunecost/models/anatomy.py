@@ -12,109 +12,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tunecost.errors import TunecostError
+from tunecost.models.families import FAMILIES
 
 if TYPE_CHECKING:
     from tunecost.models.catalog import ModelSpec
 
-
-@dataclass(frozen=True)
-class _Family:
-    layers: str  # attribute path of the decoder layers' ModuleList
-    block: str | None  # attribute of an MoE layer holding the MoE block (None: dense family)
-    router: str = "gate"
-    experts: tuple[str, ...] = ("experts",)
-    num_experts_keys: tuple[str, ...] = ()  # config attributes / config.json keys, first present wins
-    top_k_keys: tuple[str, ...] = ("num_experts_per_tok",)
-    # config keys of a table of learned absolute position embeddings (GPT-2's `wpe`): a sequence longer than it
-    # has no position to look up. Empty: positions are computed (rotary), so any length runs.
-    learned_positions_keys: tuple[str, ...] = ()
-
-
-# GraniteMoe: the MoE block is `block_sparse_moe` with a `router` (a `*TopKRouter`) and fused experts
-_GRANITE_MOE = _Family("model.layers", "block_sparse_moe", router="router", num_experts_keys=("num_local_experts",))
-_FAMILIES: dict[str, _Family] = {
-    "mixtral": _Family("model.layers", "mlp", num_experts_keys=("num_local_experts",)),
-    "olmoe": _Family("model.layers", "mlp", num_experts_keys=("num_experts", "num_local_experts")),
-    "qwen2_moe": _Family("model.layers", "mlp", num_experts_keys=("num_experts",)),
-    "qwen3_moe": _Family("model.layers", "mlp", num_experts_keys=("num_experts",)),
-    "deepseek_v2": _Family("model.layers", "mlp", num_experts_keys=("n_routed_experts", "num_experts")),
-    # DeepSeek-V3 (Kimi K2, Moonlight): V2's modules; its router's group-limited sigmoid scoring adds a buffer only
-    "deepseek_v3": _Family("model.layers", "mlp", num_experts_keys=("n_routed_experts", "num_experts")),
-    # GLM-4.5 / 4.6: DeepSeek-V3's MoE layout (dense prefix, shared experts, biased sigmoid router) under GQA attention
-    "glm4_moe": _Family("model.layers", "mlp", num_experts_keys=("n_routed_experts",)),
-    # tunecost's BlackMamba: `experts_per_token` on BlackMambaConfig; Zyphra's config.json says `mlp_router_topk`
-    # (Megatron's `moe_top_k` in some exports)
-    "blackmamba": _Family(
-        "decoder.layers",
-        "mixer",
-        router="router",
-        experts=("experts", "local_experts"),
-        num_experts_keys=("num_experts",),
-        top_k_keys=("experts_per_token", "mlp_router_topk", "moe_top_k"),
-    ),
-    "llama": _Family("model.layers", None),
-    "mistral": _Family("model.layers", None),
-    "qwen2": _Family("model.layers", None),
-    # dense families with the same layout (`self_attn`, `mlp` under `model.layers`); Phi-3 fuses q/k/v into
-    # `qkv_proj` and gate/up into `gate_up_proj`, Phi's MLP is `fc1`/`fc2` and its attention output `dense`
-    "qwen3": _Family("model.layers", None),
-    "gemma": _Family("model.layers", None),
-    "gemma2": _Family("model.layers", None),
-    "gemma3_text": _Family("model.layers", None),
-    "phi": _Family("model.layers", None),
-    "phi3": _Family("model.layers", None),
-    "granite": _Family("model.layers", None),  # dense Granite: Llama's layout with scaling multipliers
-    "granitemoe": _GRANITE_MOE,
-    # gpt-oss: a `router` with a bias, fused experts with biases (`gate_up_proj` (E, H, 2I), gate and up interleaved)
-    "gpt_oss": _Family(
-        "model.layers",
-        "mlp",
-        router="router",
-        num_experts_keys=("num_local_experts",),
-        top_k_keys=("num_experts_per_tok", "experts_per_token"),
-    ),
-    # GraniteMoeShared: GraniteMoe plus an always-on `shared_mlp` (fused `input_linear`, `output_linear`) in the layer
-    "granitemoeshared": _GRANITE_MOE,
-    # GPTBigCode (SantaCoder, StarCoder): GPT-2 layout, blocks at `transformer.h`, attention `attn`
-    # and learned absolute positions (`wpe`, `n_positions` rows; transformers' GPTBigCodeModel)
-    "gpt_bigcode": _Family("transformer.h", None, learned_positions_keys=("n_positions", "max_position_embeddings")),
-    # OLMo (parameter-free LayerNorms, optional q/k/v clipping) and OLMo 2 (post-norms, q/k RMSNorms over all heads):
-    # Llama's layout and projection names
-    "olmo": _Family("model.layers", None),
-    "olmo2": _Family("model.layers", None),
-    # OLMo 3: OLMo 2 with sliding-window layers; SmolLM3: Llama with some layers without rotary; EXAONE 4: per-head
-    # q/k norms and post-norms; ERNIE 4.5 (dense): Llama's layout; GLM and GLM-4: q/k/v biases and a fused
-    # `gate_up_proj` (GLM-4: two more norms per layer)
-    "olmo3": _Family("model.layers", None),
-    "smollm3": _Family("model.layers", None),
-    "exaone4": _Family("model.layers", None),
-    "ernie4_5": _Family("model.layers", None),
-    "glm": _Family("model.layers", None),
-    "glm4": _Family("model.layers", None),
-    # Ministral (8B, 2410): Mistral with `layer_types` windows; Ministral 3: Llama's layout; Seed-OSS: q/k/v biases
-    # (`attention_bias`), o's own flag; Hunyuan dense: per-head q/k norms
-    "ministral": _Family("model.layers", None),
-    "ministral3": _Family("model.layers", None),
-    "seed_oss": _Family("model.layers", None),
-    "hunyuan_v1_dense": _Family("model.layers", None),
-    # Qwen3.5: gated DeltaNet (`linear_attn`) and gated attention (`self_attn`) layers; the MoE adds a shared expert
-    "qwen3_5_text": _Family("model.layers", None),
-    "qwen3_5_moe_text": _Family("model.layers", "mlp", num_experts_keys=("num_experts",)),
-    "qwen3_next": _Family("model.layers", "mlp", num_experts_keys=("num_experts",)),  # fused in_proj_qkvz, in_proj_ba
-    # Granite 4.0 hybrid: Mamba2 (`mamba`) or attention layers, each with GraniteMoeShared's experts and shared MLP
-    "granitemoehybrid": _GRANITE_MOE,
-    # StarCoder2: Llama's layout, q/k/v/o with biases, a two-matrix GELU MLP `c_fc` / `c_proj`, LayerNorms
-    "starcoder2": _Family("model.layers", None),
-    # Falcon: blocks at `transformer.h`, attention `self_attention` (fused `query_key_value`, `dense`), MLP `mlp`
-    # (`dense_h_to_4h`, `dense_4h_to_h`); rotary positions (ALiBi variants have no position table either)
-    "falcon": _Family("transformer.h", None),
-    "nemotron": _Family("model.layers", None),  # Nemotron-4: Llama's layout, a squared-ReLU up_proj / down_proj MLP
-}
-SUPPORTED_FAMILIES = tuple(_FAMILIES)
-FUSED_QKV_FAMILIES = ("falcon", "phi3")  # transformers' attention fuses q, k and v into one linear
-GATED_DELTA_FAMILIES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next")  # linear-time layers among attention
-MAMBA2_FAMILIES = ("granitemoehybrid",)
-HYBRID_FAMILIES = (*GATED_DELTA_FAMILIES, *MAMBA2_FAMILIES)
 
 _ROUTER_NAMES = ("gate", "router")
 # A decoder layer's attention and feed-forward (dense MLP or MoE block) by attribute name, across families.
@@ -191,7 +93,7 @@ def model_family(model: Any) -> str | None:
         return "blackmamba"
     config = getattr(model, "config", None)
     family = getattr(config, "model_type", None)
-    if family in _FAMILIES and _attr_path(model, _FAMILIES[family].layers) is not None:
+    if family in FAMILIES and _attr_path(model, FAMILIES[family].layers) is not None:
         return family
     return None
 
@@ -232,7 +134,7 @@ def decoder_layers(model: Any) -> list[Any]:
 
     family = model_family(model)
     if family is not None:
-        return list(_attr_path(unwrap_peft(model), _FAMILIES[family].layers))
+        return list(_attr_path(unwrap_peft(model), FAMILIES[family].layers))
     best: list[Any] = []
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.ModuleList) and _LAYERS_NAME.search(name) and len(module) > len(best):
@@ -257,7 +159,7 @@ def moe_blocks(model: Any) -> list[MoeBlock]:
     for modules with a router (`gate` / `router`) and experts (`experts` / `local_experts`), itself included."""
     family = model_family(model)
     if family is not None:
-        spec = _FAMILIES[family]
+        spec = FAMILIES[family]
         if spec.block is None:
             return []
         names = {id(module): name for name, module in model.named_modules()}  # paths as `model` names them
@@ -303,10 +205,10 @@ def _config_value(config: Any, keys: tuple[str, ...]) -> int | None:
 
 
 def _from_config(model_or_config: Any, keys: str) -> tuple[str | None, Any, int | None]:
-    """(family, config, value): the value of the family's `keys` (a `_Family` field naming config keys) in the
+    """(family, config, value): the value of the family's `keys` (a `Family` field naming config keys) in the
     config, 1 for a dense family, None where the config does not say."""
     family, config = _config_of(model_or_config)
-    spec = _FAMILIES.get(family or "")
+    spec = FAMILIES.get(family or "")
     if spec is None:
         return family, config, None
     return family, config, 1 if spec.block is None else _config_value(config, getattr(spec, keys))
@@ -336,7 +238,7 @@ def learned_positions(model_or_config: Any) -> int | None:
     """Rows of the model's learned absolute position embeddings: the longest sequence it can take. None for a
     family whose positions are computed (rotary), where any length runs."""
     family, config = _config_of(model_or_config)
-    spec = _FAMILIES.get(family or "")
+    spec = FAMILIES.get(family or "")
     if spec is None or not spec.learned_positions_keys:
         return None
     return _config_value(config, spec.learned_positions_keys)
@@ -377,22 +279,22 @@ def set_top_k(model: Any, k: int) -> None:
 
 def layer_pattern(spec: ModelSpec) -> tuple[int, int, int]:
     """(prefix, period, num_units) of the decoder stack: layers that repeat identically can be traced a few at a
-    time and scaled. DeepSeek's (and GLM-4.5's) first dense layers form a prefix; BlackMamba alternates Mamba and
-    MoE (period 2)."""
+    time and scaled (the family's `pattern`)."""
     cfg = spec.config
     n = spec.num_layers
-    if spec.family in ("deepseek_v2", "deepseek_v3", "glm4_moe"):
+    pattern = FAMILIES[spec.family].pattern if spec.family in FAMILIES else "uniform"
+    if pattern == "dense_prefix":
         prefix = min(int(cfg.get("first_k_dense_replace") or 0), n)
         return prefix, 1, n - prefix
-    if spec.family == "blackmamba":
+    if pattern == "alternating":
         return 0, 2, n // 2
-    if spec.family in HYBRID_FAMILIES:  # the period of each layer's (token mixer, MoE or not)
+    if pattern == "hybrid":  # the period of each layer's (token mixer, MoE or not)
         step, dense = int(cfg.get("decoder_sparse_step") or 1), set(cfg.get("mlp_only_layers") or [])
         kinds = [(t, i not in dense and (i + 1) % step == 0) for i, t in enumerate(cfg.get("layer_types") or [])]
         repeats = (p for p in range(1, n + 1) if all(kinds[i] == kinds[i % p] for i in range(len(kinds))))
         period = next(p for p in repeats if n % p == 0)
         return 0, period, n // period
-    if spec.family in ("qwen2_moe", "qwen3_moe"):
+    if pattern == "sparse_step":
         if cfg.get("mlp_only_layers"):
             return n, 1, 0  # irregular: trace every layer
         step = int(cfg.get("decoder_sparse_step") or 1)

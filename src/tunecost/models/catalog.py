@@ -14,15 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError, unknown_name_error
-from tunecost.models.anatomy import SUPPORTED_FAMILIES, get_top_k, learned_positions, num_experts
+from tunecost.models.anatomy import get_top_k, learned_positions, num_experts
+from tunecost.models.families import FAMILIES, SUPPORTED_FAMILIES
 from tunecost.models.hub import hub_file
 
 MODEL_CATALOG_DIR = Path(__file__).parents[1] / "catalog" / "data" / "models"
 
-# Config keys that name the expert count and the top-k (validated as positive integers below; what they mean per
-# family is tunecost.models.anatomy's).
-_NUM_EXPERTS_KEYS = ("num_local_experts", "num_experts", "n_routed_experts")
-_TOP_K_KEYS = ("num_experts_per_tok", "moe_top_k", "experts_per_token")
+# Config keys that name the expert count or the top-k in some family (validated as positive integers below)
+_EXPERT_KEYS = tuple(dict.fromkeys(k for f in FAMILIES.values() for k in (*f.num_experts_keys, *f.top_k_keys)))
 # GPT-2 style config.json names of the same sizes (GPTBigCode's `attribute_map` in transformers).
 _LAYERS_KEYS = ("num_hidden_layers", "n_layer", "num_layers")
 _HIDDEN_KEYS = ("hidden_size", "n_embd")
@@ -188,8 +187,7 @@ _POSITIVE_SIZES = (
     "n_inner",
     "num_kv_heads",  # Falcon's key/value heads (new decoder architecture)
     "ffn_hidden_size",  # Falcon's MLP width
-    *_NUM_EXPERTS_KEYS,
-    *_TOP_K_KEYS,
+    *_EXPERT_KEYS,
 )
 # transformers' bookkeeping keys, not architecture facts: never filled in from its defaults.
 _NOT_DEFAULTED = frozenset(

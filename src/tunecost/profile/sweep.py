@@ -20,7 +20,7 @@ from tunecost.profile.inputs import BatchSource, dataset_source, synthetic_sourc
 from tunecost.profile.loop import TrainableSnapshot
 from tunecost.profile.model_setup import ModelSetup, build_training_model, resolve_profile_model
 from tunecost.profile.point import MeasureOptions, PointMeasurement, Workload, measure_point
-from tunecost.profile.records import finished_points, purge_unfinished, summary, write_point
+from tunecost.profile.point_rows import finished_points, purge_unfinished, summary, write_point
 from tunecost.results.meta import run_metadata, update_run_metadata
 
 ProgressFn = Callable[[int, int, str], None]

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from tunecost.errors import TunecostWarning
-from tunecost.report.records import RunRecords
+from tunecost.report.run_dir import RunRecords
 
 REQUIRED = "missing"
 

@@ -4,7 +4,7 @@ its dollar figure on it, cheapest first within a group."""
 from __future__ import annotations
 
 from tunecost.report.base import FigureResult, _need, _plt, routing_label
-from tunecost.report.records import RunRecords
+from tunecost.report.run_dir import RunRecords
 
 COLUMNS = (
     "model",

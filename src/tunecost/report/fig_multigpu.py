@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from tunecost.report.base import FigureResult, _need, _plt
-from tunecost.report.records import RunRecords
+from tunecost.report.run_dir import RunRecords
 from tunecost.units import BYTES_PER_GIB
 
 SETUP_COLUMNS = ("model", "method", "gpu", "strategy", "num_gpus", "fits", "need_bytes", "gpu_memory_bytes")

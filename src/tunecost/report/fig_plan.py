@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 
 from tunecost.report.base import FigureResult, _need, _panels, _plt
-from tunecost.report.records import RunRecords
+from tunecost.report.run_dir import RunRecords
 
 COLUMNS = ("model", "goal", "method", "gpu", "num_gpus", "strategy", "offload", "owned", "why_not", "on_front")
 VALUES = ("hours", "usd", "recommended")

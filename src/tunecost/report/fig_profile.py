@@ -19,7 +19,7 @@ from tunecost.report.base import (
     routing_label,
 )
 from tunecost.report.colors import kernel_colors
-from tunecost.report.records import RunRecords
+from tunecost.report.run_dir import RunRecords
 
 # --- Fig. 4: forward / backward / optimizer --------------------------------------------------------------------
 

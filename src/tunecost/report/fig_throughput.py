@@ -18,7 +18,7 @@ from tunecost.report.base import (
     is_dense,
     routing_label,
 )
-from tunecost.report.records import RunRecords
+from tunecost.report.run_dir import RunRecords
 
 # --- Fig. 14: eq. (2) fitted to measurements --------------------------------------------------------------
 

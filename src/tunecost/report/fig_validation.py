@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from tunecost.report.base import FigureResult, _need, _panels, _plt
-from tunecost.report.records import RunRecords
+from tunecost.report.run_dir import RunRecords
 
 REQUIRED = ("id", "quantity", "unit", "status")
 # empty when every row was skipped; `fits` (tunecost's verdict on a row's setting) only in runs since it was recorded

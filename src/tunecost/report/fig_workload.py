@@ -11,7 +11,7 @@ from tunecost.report.base import (
     _panels,
     _plt,
 )
-from tunecost.report.records import RunRecords
+from tunecost.report.run_dir import RunRecords
 
 # --- Fig. 3: accuracy per epoch -----------------------------------------------------------------------------------
 

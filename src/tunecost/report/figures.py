@@ -22,7 +22,7 @@ from tunecost.report.fig_profile import fig_counters, fig_expert_load, fig_kerne
 from tunecost.report.fig_throughput import fig_max_batch, fig_throughput, fig_throughput_fit
 from tunecost.report.fig_validation import fig_validation
 from tunecost.report.fig_workload import fig_lengths, fig_trainability
-from tunecost.report.records import RunRecords
+from tunecost.report.run_dir import RunRecords
 
 
 def table_costs(records: RunRecords) -> FigureResult | str:

@@ -17,7 +17,7 @@ from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_bytes, atomic_write_json, atomic_write_text
 from tunecost.outputs import check_output_path
 from tunecost.report.figures import SECTIONS, FigureResult
-from tunecost.report.records import RunRecords, load_run
+from tunecost.report.run_dir import RunRecords, load_run
 from tunecost.report.summary import summary_html
 
 _CSS = """

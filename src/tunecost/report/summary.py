@@ -8,7 +8,7 @@ import math
 
 import pandas as pd
 
-from tunecost.report.records import RunRecords
+from tunecost.report.run_dir import RunRecords
 
 
 def _num(value: object) -> float | None:

@@ -6,8 +6,8 @@ Sources and derivations: docs/memory-model.md, section `tunecost.simulate`.
 
 from tunecost.simulate.batch import MaxBatchResult, max_batch_size, simulated_max_batch_size
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
-from tunecost.simulate.records import StepCounts
 from tunecost.simulate.simulator import StepSimulation, simulate_step
+from tunecost.simulate.step_types import StepCounts
 
 __all__ = [
     "DEFAULT_OVERHEAD",

@@ -14,7 +14,7 @@ from tunecost.errors import TunecostError
 from tunecost.io import CACHE_ENV, atomic_write_json, cache_root  # noqa: F401 (CACHE_ENV: tests set it through here)
 from tunecost.models.catalog import resolve_model
 from tunecost.simulate.fp8 import FP8_MEMORY_VERSION
-from tunecost.simulate.records import SIMULATOR_VERSION, StepCounts, StepSimulation
+from tunecost.simulate.step_types import SIMULATOR_VERSION, StepCounts, StepSimulation
 
 _MEMORY: dict[str, object] = {}
 

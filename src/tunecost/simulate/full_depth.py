@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tunecost.simulate.allocator import KIND_STEP, NEVER_FREED, steady_state_replay
-from tunecost.simulate.records import AllocationTrace
+from tunecost.simulate.step_types import AllocationTrace
 
 if TYPE_CHECKING:
     from tunecost.simulate.trace import TraceResult

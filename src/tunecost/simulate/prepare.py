@@ -16,9 +16,6 @@ from tunecost.errors import TunecostError
 from tunecost.models.anatomy import (
     ATTENTION_NAMES,
     FEED_FORWARD_NAMES,
-    GATED_DELTA_FAMILIES,
-    MAMBA2_FAMILIES,
-    SUPPORTED_FAMILIES,
     decoder_layers,
     layer_part,
     layer_pattern,
@@ -26,6 +23,7 @@ from tunecost.models.anatomy import (
 )
 from tunecost.models.build import build_model
 from tunecost.models.catalog import ModelSpec, resolve_model
+from tunecost.models.families import GATED_DELTA_FAMILIES, MAMBA2_FAMILIES, SUPPORTED_FAMILIES
 from tunecost.simulate.behaviour import (
     DEFAULT_BEHAVIOUR,
     LOSS_TRL_CHUNKED,

@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from tunecost.errors import TunecostError
-from tunecost.models.anatomy import GATED_DELTA_FAMILIES, MAMBA2_FAMILIES
+from tunecost.models.families import GATED_DELTA_FAMILIES, MAMBA2_FAMILIES
 from tunecost.simulate import cache as _cache
 from tunecost.simulate.behaviour import ADAMW_IMPLS, DEFAULT_BEHAVIOUR, StackBehaviour, stack_adamw_impl
 from tunecost.simulate.depth import depth_scaled, depth_share, lerp_byte_map, lerp_bytes, peak_segment, scaled_segments
@@ -23,7 +23,7 @@ from tunecost.simulate.fp8 import fp8_depth_bytes, fp8_linears
 from tunecost.simulate.full_depth import whole_step
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.pool import prepared_model
-from tunecost.simulate.records import StepCounts, StepSimulation
+from tunecost.simulate.step_types import StepCounts, StepSimulation
 
 if TYPE_CHECKING:
     from tunecost.models.catalog import ModelSpec

@@ -25,8 +25,8 @@ from tunecost.simulate.allocator import (
 from tunecost.simulate.batch_line import BatchLine, LineStep
 from tunecost.simulate.loops import LoopMismatch
 from tunecost.simulate.recorder import StepRecorder
-from tunecost.simulate.records import CATEGORIES, WEIGHT_CATEGORIES, AllocationTrace
 from tunecost.simulate.step import make_batch, run_step
+from tunecost.simulate.step_types import CATEGORIES, WEIGHT_CATEGORIES, AllocationTrace
 from tunecost.simulate.tensor_groups import static_layers
 
 

@@ -14,8 +14,8 @@ from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.catalog.held_out_errors import THROUGHPUT_QUANTITIES
 from tunecost.errors import TunecostError
 from tunecost.estimate.throughput.lengths import SeqLengths
-from tunecost.models.anatomy import SUPPORTED_FAMILIES
 from tunecost.models.catalog import gptq_checkpoint, resolve_model
+from tunecost.models.families import SUPPORTED_FAMILIES
 from tunecost.simulate.behaviour import DEFAULT_BEHAVIOUR, DeepSpeedZero2, StackBehaviour
 from tunecost.validate.cells import (
     Skip,

@@ -15,26 +15,16 @@ from typing import Any, Literal
 
 from tunecost.errors import TunecostError
 from tunecost.limits import MAX_GRAD_ACCUM, MAX_LORA_ALPHA, check_count
+from tunecost.models.projections import PROJECTIONS
 from tunecost.workload.parallel import ParallelPlan
 from tunecost.workload.stacks import STACK_SPECS, StackSpec
 
 Method = Literal["full", "lora", "qlora"]
 METHODS: tuple[str, ...] = ("full", "lora", "qlora")
 # Parts of a model that can get LoRA adapters: four groups, or single projections of the attention and dense MLP
-# groups as Llama-style models name them (PEFT's target_modules). The simulator models all; the MoE installer that
-# a profile uses (tunecost.moe) puts adapters on the MoE layers only, so it accepts the MOE_LORA_TARGETS subset.
-PROJECTIONS: dict[str, tuple[str, ...]] = {
-    "attention": ("q_proj", "k_proj", "v_proj", "o_proj"),
-    "mlp": ("gate_proj", "up_proj", "down_proj"),
-}
-LORA_TARGETS: tuple[str, ...] = (
-    "attention",
-    "experts",
-    "router",
-    "mlp",
-    *PROJECTIONS["attention"],
-    *PROJECTIONS["mlp"],
-)
+# groups (`PROJECTIONS`). The simulator models all; the MoE installer that a profile uses (tunecost.moe) puts
+# adapters on the MoE layers only, so it accepts the MOE_LORA_TARGETS subset.
+LORA_TARGETS = ("attention", "experts", "router", "mlp", *PROJECTIONS["attention"], *PROJECTIONS["mlp"])
 MOE_LORA_TARGETS: tuple[str, ...] = ("experts", "router")
 # LoRA targets when none are named: the paper's for an MoE model (its experts and router), and what PEFT users
 # adapt in a dense model (the attention projections q, k, v, o and the MLP's gate, up, down).

@@ -7,7 +7,6 @@ from dataclasses import replace
 import pytest
 
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.arch import arch_of
 from tunecost.estimate.throughput.counts import (
     OP_CLASSES,
     SYNC_PER_MICRO_STEP,
@@ -23,6 +22,7 @@ from tunecost.estimate.throughput.quant_counts import (
     NF4_BYTES_PER_PARAM,
 )
 from tunecost.models.catalog import resolve_model
+from tunecost.models.families import arch_of
 from tunecost.workload.job import FineTuneJob
 
 # Mixtral-8x7B by hand (config: H 4096, I 14336, 32 layers, 32 q / 8 kv heads of 128, vocab 32000):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from tunecost.estimate.throughput.arch import arch_of
 from tunecost.estimate.throughput.counts import (
     FLCE_BYTES_PER_VOCAB,
     FLCE_KERNELS_PER_CHUNK,
@@ -16,6 +15,7 @@ from tunecost.estimate.throughput.counts import (
 )
 from tunecost.estimate.throughput.model import StackParams, overlapped_s, step_time
 from tunecost.models.catalog import resolve_model
+from tunecost.models.families import arch_of
 from tunecost.workload.job import FineTuneJob, LoraConfig
 
 # Mistral-7B by hand (config: H 4096, FFN 14336, 32 layers, 32 q / 8 kv heads of 128, vocab 32000, untied head):

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from tunecost.estimate.throughput.arch import arch_of
 from tunecost.estimate.throughput.counts import analytic_step_counts
 from tunecost.estimate.throughput.lengths import empirical_lengths, fixed_lengths
 from tunecost.estimate.throughput.mixers import windowed_sq_len_tokens2
 from tunecost.models.catalog import resolve_model
+from tunecost.models.families import arch_of
 from tunecost.workload.job import FineTuneJob, LoraConfig
 
 H, FFN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 64, 96, 4, 4, 2, 32, 200

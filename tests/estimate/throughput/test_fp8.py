@@ -8,7 +8,6 @@ import pytest
 from tunecost.catalog.gpu_achieved import achieved_catalog
 from tunecost.catalog.gpus import get_gpu
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.arch import arch_of
 from tunecost.estimate.throughput.counts import FP8_TENSOR_CORE, TENSOR_CORE, analytic_step_counts
 from tunecost.estimate.throughput.fp8 import fp8_cast_bytes
 from tunecost.estimate.throughput.model import (
@@ -18,6 +17,7 @@ from tunecost.estimate.throughput.model import (
     step_time,
 )
 from tunecost.models.catalog import resolve_model
+from tunecost.models.families import arch_of
 from tunecost.workload.job import FP8_RECIPES, FineTuneJob, LoraConfig
 
 MODEL = "meta-llama/Llama-3.1-8B"

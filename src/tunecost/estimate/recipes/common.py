@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from tunecost.errors import TunecostError
+from tunecost.models.projections import PROJECTIONS
 from tunecost.workload.job import (
     ATTENTION_IMPLS,
     DEFAULT_DENSE_LORA_TARGETS,
@@ -21,7 +22,6 @@ from tunecost.workload.job import (
     METHODS,
     OPTIMIZERS,
     PACKINGS,
-    PROJECTIONS,
 )
 from tunecost.workload.parallel import ParallelPlan
 

@@ -17,7 +17,8 @@ from tunecost.estimate.recipes.common import (
     _summary,
     _yaml,
 )
-from tunecost.workload.job import LOW_BIT_ADAMW, PROJECTIONS
+from tunecost.models.projections import PROJECTIONS
+from tunecost.workload.job import LOW_BIT_ADAMW
 
 # torchtune 0.6.1 (its last release): the configs of _recipe_registry.py for the lora/full recipes
 TORCHTUNE_CONFIGS = frozenset(

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from tunecost.catalog.interconnects import resolve_interconnect
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.arch import arch_of
 from tunecost.estimate.throughput.model import smooth_max
 from tunecost.models.catalog import ModelSpec
+from tunecost.models.families import arch_of
 from tunecost.workload import offload
 from tunecost.workload.job import FineTuneJob
 

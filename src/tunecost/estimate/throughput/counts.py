@@ -12,14 +12,15 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.arch import Arch, arch_of
 from tunecost.estimate.throughput.fp8 import fp8_cast_bytes, fp8_cast_kernels
 from tunecost.estimate.throughput.lengths import SeqLengths, empirical_lengths, fixed_lengths
 from tunecost.estimate.throughput.lora_counts import adapter_params, add_lora, saved_modules
 from tunecost.estimate.throughput.mixers import BWD_BYTES_PER_FWD_BYTE, BWD_KERNELS_PER_FWD_KERNEL, add_mixers
 from tunecost.estimate.throughput.packing import job_packed_lengths
 from tunecost.estimate.throughput.quant_counts import add_dequant, add_int8
+from tunecost.models.arch import Arch
 from tunecost.models.catalog import ModelSpec
+from tunecost.models.families import arch_of
 from tunecost.workload.job import TORCHAO_FP8_RECIPES, FineTuneJob
 from tunecost.workload.liger import flce_chunk_rows, liger_loss_applies, liger_patches
 from tunecost.workload.op_classes import OP_CLASSES

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tunecost.errors import TunecostError
-from tunecost.estimate.throughput.arch import Arch
+from tunecost.models.arch import Arch
 from tunecost.workload.job import FineTuneJob
 
 if TYPE_CHECKING:

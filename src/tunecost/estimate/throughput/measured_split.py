@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError
-from tunecost.profile.records import finished_points, read_rows
+from tunecost.profile.point_rows import finished_points, read_rows
 
 
 @dataclass(frozen=True, kw_only=True)

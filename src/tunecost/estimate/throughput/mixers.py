@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tunecost.estimate.throughput.arch import Arch
 from tunecost.estimate.throughput.lengths import SeqLengths
+from tunecost.models.arch import Arch
 from tunecost.workload.gated_delta import delta_rule_bytes, delta_rule_flops
 from tunecost.workload.ssd import ssd_bytes, ssd_flops
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from tunecost.estimate.throughput.arch import Arch
+from tunecost.models.arch import Arch
 from tunecost.workload.job import FineTuneJob
 
 if TYPE_CHECKING:

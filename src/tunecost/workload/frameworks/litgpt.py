@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecost.models.anatomy import FUSED_QKV_FAMILIES
 from tunecost.models.catalog import catalog_model
+from tunecost.models.families import FUSED_QKV_FAMILIES
+from tunecost.models.projections import PROJECTIONS
 from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framework, KnownKeys, accumulation_of
 from tunecost.workload.frameworks.model_parallel import own_attention
 from tunecost.workload.frameworks.nested import config_job, nested_config, optimizer_name
-from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
+from tunecost.workload.job import group_targets, targets_text
 from tunecost.workload.parallel import config_node_size
 
 # Defaults, Lightning-AI/litgpt @ 26857050 (2026-06-29), litgpt/finetune/lora.py and full.py setup():

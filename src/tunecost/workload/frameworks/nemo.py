@@ -3,8 +3,7 @@
 precision, micro- and global batch, sequence length and LoRA.
 
 Neither names a Hugging Face model: it is the tokenizer's or the architecture's (megatron_model.py), else --model.
-An OmegaConf interpolation of another key of the file (${model.x}) is that key's value; resolvers (${oc.env:...})
-are not run: give the resolved config (NeMo's hparams.yaml). NeMo 2's recipes are not read.
+An interpolation (${model.x}) is that key's value; resolvers (${oc.env:...}) are not run. NeMo 2 is not read.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ import dataclasses
 import re
 from typing import Any
 
+from tunecost.models.projections import PROJECTIONS
 from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framework, accumulation_of
 from tunecost.workload.frameworks.megatron_model import Architecture, file_model
 from tunecost.workload.frameworks.model_parallel import (
@@ -24,7 +24,7 @@ from tunecost.workload.frameworks.model_parallel import (
 )
 from tunecost.workload.frameworks.nemo_keys import MEGATRON, MEGATRON_FIXED_FLAGS, MEGATRON_LM, NEMO, TITLE, Dialect
 from tunecost.workload.frameworks.nested import config_job, nested_config
-from tunecost.workload.job import PROJECTIONS, group_targets, targets_text
+from tunecost.workload.job import group_targets, targets_text
 from tunecost.workload.parallel import config_node_size, fixed_split_note, micro_batches_per_step
 
 # optimizer name -> tunecost's, and whether it shards its states over the data-parallel group (ZeRO-1's layout)

@@ -1,6 +1,6 @@
 """Turn a point's measurements into the tidy rows of docs/dev/records.md and write them resumably.
 
-Sources and derivations: docs/profiling.md, section `tunecost.profile.records`.
+Sources and derivations: docs/profiling.md, section `tunecost.profile.point_rows`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Loading a run directory (tunecost.report.records): every kind read, bad or old files listed, never a traceback."""
+"""Loading a run directory (tunecost.report.run_dir): every kind read, bad or old files listed, never a traceback."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from tunecost.errors import TunecostError
 from tunecost.io import append_jsonl
-from tunecost.report.records import load_run
+from tunecost.report.run_dir import load_run
 
 
 def test_every_kind_is_read_with_its_rows(full_run: Path, rows) -> None:

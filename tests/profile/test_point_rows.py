@@ -1,4 +1,4 @@
-"""Record rows and the `tunecost profile` command (tunecost.profile.records, cli/commands/profile.py)."""
+"""Record rows and the `tunecost profile` command (tunecost.profile.point_rows, cli/commands/profile.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tunecost.profile.layers import LayerTimes
 from tunecost.profile.loop import StepResult
 from tunecost.profile.memory import PeakMemory
 from tunecost.profile.point import PointMeasurement, Workload, point_id
-from tunecost.profile.records import (
+from tunecost.profile.point_rows import (
     KINDS,
     finished_points,
     point_rows,

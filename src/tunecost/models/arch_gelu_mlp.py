@@ -1,15 +1,14 @@
 """`Arch` of the decoders whose MLP is two matrices with an activation between them: StarCoder2 and Falcon (GELU),
 Nemotron (squared ReLU).
 
-Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.throughput.arch_gelu_mlp`.
+Sources and derivations: docs/throughput-model.md, section `tunecost.models.arch_gelu_mlp`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from tunecost.estimate.throughput.arch import Arch, _bias_params, _decoder_arch, _get, _Shape
+from tunecost.models.arch import Arch, _bias_params, _decoder_arch, _get, _Shape
 
 _LAYER_NORM_PARAMS_PER_HIDDEN = 2  # a LayerNorm's weight and bias
 
@@ -28,7 +27,7 @@ def _two_matrix_mlp(config: dict[str, Any]) -> tuple[_Shape, list[tuple[int, int
     return shape, attention, [(hidden, inter, layers), (inter, hidden, layers)]
 
 
-def _starcoder2_arch(config: dict[str, Any]) -> Arch:
+def starcoder2_arch(config: dict[str, Any], family: str) -> Arch:
     shape, attention, mlp = _two_matrix_mlp(config)  # mlp: c_fc, c_proj
     hidden, layers, _, _, vocab = shape
     mats = attention + mlp
@@ -36,7 +35,7 @@ def _starcoder2_arch(config: dict[str, Any]) -> Arch:
     layer_norms = 2 * _LAYER_NORM_PARAMS_PER_HIDDEN * hidden  # input_layernorm, post_attention_layernorm
     window = int(config.get("sliding_window") or 0)
     return _decoder_arch(
-        "starcoder2",
+        family,
         mats,
         shape,
         tied=bool(config.get("tie_word_embeddings", True)),
@@ -46,7 +45,7 @@ def _starcoder2_arch(config: dict[str, Any]) -> Arch:
     )
 
 
-def _nemotron_arch(config: dict[str, Any]) -> Arch:
+def nemotron_arch(config: dict[str, Any], family: str) -> Arch:
     """Nemotron: StarCoder2's shape with the biases' own flags (`attention_bias`, `mlp_bias`) and an untied head."""
     shape, attention, mlp = _two_matrix_mlp(config)  # mlp: up_proj, down_proj
     hidden, layers, _, _, vocab = shape
@@ -54,7 +53,7 @@ def _nemotron_arch(config: dict[str, Any]) -> Arch:
         _bias_params(mlp) if config.get("mlp_bias") else 0
     )
     return _decoder_arch(
-        "nemotron",
+        family,
         attention + mlp,
         shape,
         tied=bool(config.get("tie_word_embeddings", False)),
@@ -83,7 +82,7 @@ def falcon_layer_norms(config: dict[str, Any]) -> int:
     return 2 if num_ln == 2 else 1
 
 
-def _falcon_arch(config: dict[str, Any]) -> Arch:
+def falcon_arch(config: dict[str, Any], family: str) -> Arch:
     hidden = int(_get(config, "hidden_size"))
     layers = int(_get(config, "num_hidden_layers"))
     heads = int(_get(config, "num_attention_heads"))
@@ -95,7 +94,7 @@ def _falcon_arch(config: dict[str, Any]) -> Arch:
     biases = _bias_params(mats) if config.get("bias") else 0
     num_norms = falcon_layer_norms(config)
     return _decoder_arch(
-        "falcon",
+        family,
         mats,
         _Shape(hidden, layers, heads, head_dim, vocab),
         tied=bool(config.get("tie_word_embeddings", True)),
@@ -107,10 +106,3 @@ def _falcon_arch(config: dict[str, Any]) -> Arch:
         num_attention_mats=2,  # the fused query_key_value and dense; dense_h_to_4h and dense_4h_to_h are the MLP
         num_layer_norms=num_norms,
     )
-
-
-GELU_MLP_ARCHES: dict[str, Callable[[dict[str, Any]], Arch]] = {
-    "starcoder2": _starcoder2_arch,
-    "falcon": _falcon_arch,
-    "nemotron": _nemotron_arch,
-}

@@ -1,6 +1,6 @@
 """The few architecture numbers the throughput model needs, read from a model's config (no torch).
 
-Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.throughput.arch`.
+Sources and derivations: docs/throughput-model.md, section `tunecost.models.arch`.
 """
 
 from __future__ import annotations
@@ -10,17 +10,8 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from tunecost.errors import TunecostError
-from tunecost.models.anatomy import GATED_DELTA_FAMILIES, HYBRID_FAMILIES, MAMBA2_FAMILIES
-from tunecost.models.catalog import ModelSpec
-from tunecost.workload.job import PROJECTIONS
+from tunecost.models.projections import PROJECTIONS
 
-TRANSFORMER_FAMILIES = (
-    *("mixtral", "olmoe", "qwen2_moe", "qwen3_moe", "granitemoe", "granitemoeshared", "gpt_oss"),
-    *("llama", "mistral", "qwen2"),
-    *("qwen3", "gemma", "gemma2", "gemma3_text", "phi3", "granite", "olmo", "olmo2"),
-    *("olmo3", "smollm3", "exaone4", "ernie4_5", "glm", "glm4"),
-    *("ministral", "ministral3", "seed_oss", "hunyuan_v1_dense"),
-)
 # transformers 5.23's config-class defaults where a config.json may leave the key out
 _HEAD_DIM_DEFAULTS = {"qwen3": 128, "gemma": 256, "gemma2": 256, "gemma3_text": 256}
 _HEAD_DIM_DEFAULTS |= {"ernie4_5": 128, "glm": 128, "glm4": 128, "ministral3": 128, "seed_oss": 128}
@@ -123,7 +114,7 @@ def _get(config: dict[str, Any], *keys: str, default: Any = None) -> Any:
     raise TunecostError(f"model config lacks {' / '.join(keys)}")
 
 
-def _blackmamba_arch(config: dict[str, Any]) -> Arch:
+def blackmamba_arch(config: dict[str, Any], family: str) -> Arch:
     hidden = int(_get(config, "hidden_size"))
     pattern = config.get("mamba_moe_layers") or (["r", "8"] * (int(_get(config, "num_layers")) // 2))
     num_mamba = sum(1 for t in pattern if str(t) == "r")
@@ -142,7 +133,7 @@ def _blackmamba_arch(config: dict[str, Any]) -> Arch:
     mamba_other = inner * conv + inner + inner + inner * state + inner
     norm_params = num_mamba * mamba_other + len(pattern) * hidden + 2 * hidden + num_moe * num_experts  # + router bias
     return Arch(
-        family="blackmamba",
+        family=family,
         hidden=hidden,
         num_layers=len(pattern),
         num_moe_layers=num_moe,
@@ -170,7 +161,7 @@ def _blackmamba_arch(config: dict[str, Any]) -> Arch:
     )
 
 
-def _transformer_arch(family: str, config: dict[str, Any]) -> Arch:
+def transformer_arch(config: dict[str, Any], family: str) -> Arch:
     hidden = int(_get(config, "hidden_size"))
     layers = int(_get(config, "num_hidden_layers"))
     heads = int(_get(config, "num_attention_heads"))
@@ -360,37 +351,4 @@ def _decoder_arch(
         num_layer_norms=num_layer_norms,
         num_window_layers=window[0],
         attention_window_tokens=window[1],
-    )
-
-
-def arch_of(spec: ModelSpec) -> Arch:
-    """The `Arch` of a catalog model (or any `ModelSpec` of a supported family)."""
-    # imported here: those modules build their `Arch` with this module's helpers
-    from tunecost.estimate.throughput.arch_deepseek import deepseek_v2_arch, glm4_moe_arch
-    from tunecost.estimate.throughput.arch_gelu_mlp import GELU_MLP_ARCHES
-    from tunecost.estimate.throughput.arch_hybrid import granite_hybrid_arch, qwen3_5_arch
-    from tunecost.estimate.throughput.arch_phi_bigcode import gpt_bigcode_arch, phi_arch
-
-    if spec.family == "blackmamba":
-        return _blackmamba_arch(spec.config)
-    if spec.family in ("deepseek_v2", "deepseek_v3"):
-        return deepseek_v2_arch(spec.config, spec.family)
-    if spec.family == "glm4_moe":
-        return glm4_moe_arch(spec.config)
-    if spec.family in MAMBA2_FAMILIES:
-        return granite_hybrid_arch(spec.config)
-    if spec.family in GATED_DELTA_FAMILIES:
-        return qwen3_5_arch(spec.config, spec.family)
-    if spec.family == "gpt_bigcode":
-        return gpt_bigcode_arch(spec.config)
-    if spec.family == "phi":
-        return phi_arch(spec.config)
-    if spec.family in TRANSFORMER_FAMILIES:
-        return _transformer_arch(spec.family, spec.config)
-    if spec.family in GELU_MLP_ARCHES:
-        return GELU_MLP_ARCHES[spec.family](spec.config)
-    raise TunecostError(
-        f"{spec.name}: the throughput model reads {', '.join(TRANSFORMER_FAMILIES)}, phi, gpt_bigcode, "
-        f"{', '.join(GELU_MLP_ARCHES)}, {', '.join(HYBRID_FAMILIES)}, deepseek_v2, deepseek_v3, glm4_moe and "
-        f"blackmamba configs, not {spec.family!r}"
     )

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecost.estimate.throughput.arch import Arch, _bias_params, _decoder_arch, _get, _Shape
+from tunecost.models.arch import Arch, _bias_params, _decoder_arch, _get, _Shape
 
 
-def gpt_bigcode_arch(config: dict[str, Any]) -> Arch:
+def gpt_bigcode_arch(config: dict[str, Any], family: str) -> Arch:
     """GPTBigCode (SantaCoder, StarCoder): one fused q/k/v projection `c_attn` (multi-query: one key/value head),
     `c_proj`, a two-matrix GELU MLP `c_fc` / `c_proj` of width `n_inner`, biases on every linear, LayerNorms with
     biases, learned positions (`wpe`); the head is tied to `wte` unless the config says otherwise."""
@@ -23,7 +23,7 @@ def gpt_bigcode_arch(config: dict[str, Any]) -> Arch:
     mats.append((inner, hidden, layers))
     layer_norms = 2 * 2 * hidden  # ln_1, ln_2: weight and bias
     return _decoder_arch(
-        "gpt_bigcode",
+        family,
         mats,
         _Shape(hidden, layers, heads, head_dim, vocab),
         tied=bool(config.get("tie_word_embeddings", True)),
@@ -33,7 +33,7 @@ def gpt_bigcode_arch(config: dict[str, Any]) -> Arch:
     )
 
 
-def phi_arch(config: dict[str, Any]) -> Arch:
+def phi_arch(config: dict[str, Any], family: str) -> Arch:
     """Phi (phi-1/1.5/2): attention and a two-matrix GELU MLP (`fc1`, `fc2`) side by side after ONE LayerNorm
     per layer, biases on every linear (q, k, v, `dense`, fc1, fc2 and the untied `lm_head`), LayerNorms with
     biases (optional per-head q/k LayerNorms under `qk_layernorm`), partial rotary (no parameters)."""
@@ -54,7 +54,7 @@ def phi_arch(config: dict[str, Any]) -> Arch:
     ]
     qk_layer_norms = 2 * 2 * head_dim if config.get("qk_layernorm") else 0
     return _decoder_arch(
-        "phi",
+        family,
         mats,
         _Shape(hidden, layers, heads, head_dim, vocab),
         tied=bool(config.get("tie_word_embeddings", False)),

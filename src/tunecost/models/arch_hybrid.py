@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from tunecost.estimate.throughput.arch import Arch, _bias_params, _decoder_arch, _get, _Shape
+from tunecost.models.arch import Arch, _bias_params, _decoder_arch, _get, _Shape
 
 _FULL_ATTENTION_INTERVAL = 4  # transformers 5.23's Qwen3_5TextConfig default
 
@@ -81,7 +81,7 @@ def qwen3_5_arch(config: dict[str, Any], family: str) -> Arch:
     )
 
 
-def granite_hybrid_arch(config: dict[str, Any]) -> Arch:
+def granite_hybrid_arch(config: dict[str, Any], family: str) -> Arch:
     """Granite 4.0's hybrid (`granitemoehybrid`) as transformers 5.23 builds it: per `layer_types`, Mamba2 layers
     (in_proj: hidden -> 2 x inner + 2 x groups x state + heads; a depthwise conv over x, B and C; dt_bias, A_log,
     D; a gated RMSNorm over inner; out_proj) or attention layers (q, k, v, o, no rotary under
@@ -120,9 +120,7 @@ def granite_hybrid_arch(config: dict[str, Any]) -> Arch:
     layout: dict[str, Any] = {"num_attention_mats": num_mixer_mats}
     if num_experts:
         layout |= {"num_moe": layers, "num_experts": num_experts, "ffn": int(_get(config, "intermediate_size"))}
-    arch = _decoder_arch(
-        "granitemoehybrid", mats, shape, tied=tied, embedding_params=vocab * hidden, norm_params=norms, **layout
-    )
+    arch = _decoder_arch(family, mats, shape, tied=tied, embedding_params=vocab * hidden, norm_params=norms, **layout)
     chunk = int(config.get("mamba_chunk_size") or 256)
     return dataclasses.replace(
         arch,

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecost.estimate.throughput.arch import Arch, _decoder_arch, _get, _Shape
+from tunecost.models.arch import Arch, _decoder_arch, _get, _Shape
 
 
-def deepseek_v2_arch(config: dict[str, Any], family: str = "deepseek_v2") -> Arch:
+def deepseek_v2_arch(config: dict[str, Any], family: str) -> Arch:
     """DeepSeek-V2 as transformers builds it: MLA (q_proj, or q_a_proj + q_b_proj under `q_lora_rank`;
     kv_a_proj_with_mqa, kv_b_proj, o_proj; RMSNorms on the latents), the first `first_k_dense_replace` layers a
     dense MLP, the rest `n_routed_experts` experts plus one always-on MLP of `n_shared_experts` experts' width.
@@ -35,7 +35,7 @@ def deepseek_v2_arch(config: dict[str, Any], family: str = "deepseek_v2") -> Arc
     return _prefix_moe_arch(family, config, mats, shape, layer_norm_params=2 * hidden + latent_norms)
 
 
-def glm4_moe_arch(config: dict[str, Any]) -> Arch:
+def glm4_moe_arch(config: dict[str, Any], family: str) -> Arch:
     """GLM-4.5 / 4.6 (`glm4_moe`): grouped-query attention (q, k, v with biases under `attention_bias`, a q and a k
     RMSNorm of one head's width under `use_qk_norm`) in DeepSeek-V3's MoE layout: a dense prefix of
     `first_k_dense_replace` layers, then routed experts beside `n_shared_experts` always-on ones."""
@@ -49,7 +49,7 @@ def glm4_moe_arch(config: dict[str, Any]) -> Arch:
     per_layer = 2 * hidden + (q_out + 2 * kv_out if config.get("attention_bias") else 0)
     per_layer += 2 * head_dim if config.get("use_qk_norm") else 0
     shape = _Shape(hidden, layers, heads, head_dim, int(_get(config, "vocab_size")))
-    return _prefix_moe_arch("glm4_moe", config, mats, shape, layer_norm_params=per_layer)
+    return _prefix_moe_arch(family, config, mats, shape, layer_norm_params=per_layer)
 
 
 def _prefix_moe_arch(
