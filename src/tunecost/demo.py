@@ -136,33 +136,35 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
         spec = resolve_model(model)
         for k in DENSE_SPARSE:
             job = FineTuneJob(model=model, method=method, experts_per_token=k, seq_len=seq_len)
-            keys = record("max_batch", **job.record_keys(), device="none")
+            keys = {**job.record_keys(), "device": "none"}
             for gb in MAX_BATCH_MEMORY_GB:
                 eq1, note = eq1_max_batch_size(spec, gpu_memory_gb=gb, experts_per_token=k, seq_len=seq_len)
                 rows.append(
-                    {
+                    record(
+                        "max_batch",
                         **keys,
-                        "gpu_memory_gb": gb,
-                        "max_batch_size": max(0, eq1),
-                        "source": "eq1",
-                        "estimator": "paper eq. (1)",
-                        "note": note,
-                    }
+                        gpu_memory_gb=gb,
+                        max_batch_size=max(0, eq1),
+                        source="eq1",
+                        estimator="paper eq. (1)",
+                        note=note,
+                    )
                 )
                 for stack, checkpointing in setups:
                     mbs = fitting_batch_size(
                         job.with_(gradient_checkpointing=checkpointing, stack=stack), bytes_from_gib(gb)
                     )
                     rows.append(
-                        {
+                        record(
+                            "max_batch",
                             **keys,
-                            "gpu_memory_gb": gb,
-                            "max_batch_size": mbs,
-                            "source": "simulated",
-                            "estimator": f"simulator, {stack} stack, checkpointing {'on' if checkpointing else 'off'}",
-                            "stack": stack,
-                            "gradient_checkpointing": checkpointing,
-                        }
+                            gpu_memory_gb=gb,
+                            max_batch_size=mbs,
+                            source="simulated",
+                            estimator=f"simulator, {stack} stack, checkpointing {'on' if checkpointing else 'off'}",
+                            stack=stack,
+                            gradient_checkpointing=checkpointing,
+                        )
                     )
                 done += 1
                 if on_progress:

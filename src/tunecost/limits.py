@@ -37,6 +37,13 @@ MAX_THREADS = 4096  # CPU threads of one benchmark
 MAX_BINS = 10_000  # histogram bins; a figure shows a few dozen
 MAX_INT_OPTION = 2**31 - 1  # no count or size on the command line comes near it; past int64 torch overflows
 MAX_NPROC_PER_NODE = 64  # ranks torchrun starts on one machine
+MAX_SEARCH_GPUS = 100_000  # GPUs a multi-GPU search weighs (every count up to it: arithmetic only)
+MAX_DEADLINE_HOURS = 1e6  # a planner's deadline
+MAX_PROFILED_KERNELS = 10**7  # kernels of one profile; a training step of Mixtral-8x7B launches about 10^4
+MAX_GPTQ_GROUP_SIZE = 2**20  # inputs per GPTQ group: more than any layer has
+MAX_LENGTHS_FILE_BYTES = 64 * 2**20  # a file of one length per line: millions of queries
+MAX_CORPUS_FILE_BYTES = 64 * 2**20  # a table of published measurements
+MAX_PROFILE_BYTES = 4 * 2**20  # a GPU profile is a few kB; refuse to parse anything this large
 
 
 def check_count(option: str, value: int | float | None, maximum: int, *, minimum: int = 1) -> int | None:

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from tunecost.cli.main import app
-from tunecost.limits import MAX_BATCH_SIZE
-from tunecost.workload.parallel import MAX_SEARCH_GPUS
+from tunecost.limits import MAX_BATCH_SIZE, MAX_SEARCH_GPUS
 
 TINY = str(Path(__file__).parents[1] / "fixtures" / "distributed" / "tiny-mixtral-2l.json")
 DENSE = str(Path(__file__).parents[1] / "fixtures" / "distributed" / "tiny-llama-2l.json")

@@ -12,7 +12,7 @@ from tunecost.profile.kernel_breakdown import KernelBreakdown, KernelClassTime
 from tunecost.profile.layers import LayerTimes
 from tunecost.profile.loop import StepResult
 from tunecost.profile.memory import PeakMemory
-from tunecost.profile.point import PointMeasurement, Workload, point_id
+from tunecost.profile.point import PointMeasurement, Workload
 from tunecost.profile.point_rows import (
     KINDS,
     finished_points,
@@ -23,6 +23,7 @@ from tunecost.profile.point_rows import (
     write_point,
 )
 from tunecost.profile.timers import StepTimes
+from tunecost.results.schema import point_id
 
 MICRO_DIR = Path(__file__).parents[1] / "fixtures" / "profile" / "micro-mixtral"
 

@@ -20,6 +20,8 @@ import numpy as np
 import pytest
 
 from tunecost.io import atomic_write_json
+from tunecost.results.records import record
+from tunecost.results.schema import point_id
 
 PROFILE_KINDS = ("throughput", "stages", "layers", "kernels", "expert_load")
 ALL_KINDS = (
@@ -33,13 +35,8 @@ GPU_DEVICE = "NVIDIA H100 80GB HBM3"
 PROFILE_MODELS = ("tiny-mixtral", "tiny-blackmamba")
 
 
-def _point_id(w: dict[str, Any]) -> str:
-    keys = ("model", "method", "experts_per_token", "batch_size", "seq_len", "dataset", "device")
-    return "|".join(f"{k}={w.get(k)}" for k in keys)
-
-
 def _row(kind: str, workload: dict[str, Any], **values: Any) -> dict[str, Any]:
-    return {"schema_version": 1, "kind": kind, **workload, "point_id": _point_id(workload), **values}
+    return record(kind, **workload, point_id=point_id(workload), **values)
 
 
 def _tiny(k: int, batch_size: int, model: str = "tiny-mixtral") -> dict[str, Any]:
@@ -59,6 +56,7 @@ def _throughput(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
                     tokens_per_s=qps * TINY["seq_len"],
                     num_queries=n,
                     seconds=n / qps,
+                    steps=8,
                 )
 
 
@@ -76,9 +74,7 @@ def _stages(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
                     }
                     parts["step"] = sum(parts.values())
                     for stage, seconds in parts.items():
-                        yield _row(
-                            "stages", _tiny(k, b, model), stage=stage, seconds=seconds, num_steps=5, repeat=repeat
-                        )
+                        yield _row("stages", _tiny(k, b, model), stage=stage, seconds=seconds, steps=5, repeat=repeat)
 
 
 def _layers(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
@@ -170,14 +166,15 @@ def _trainability(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
 def _lengths(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
     for dataset, median in (("commonsense_15k", 79.0), ("math_14k", 148.0)):
         for length in np.rint(rng.lognormal(math.log(median), 0.35, size=300)).astype(int):
-            yield {
-                "schema_version": 1,
-                "kind": "lengths",
-                "dataset": dataset,
-                "tokenizer": "mistral-7b-v0.1 (sentencepiece)",
-                "template": "alpaca",
-                "length": int(length),
-            }
+            yield record(
+                "lengths",
+                **{
+                    "dataset": dataset,
+                    "tokenizer": "mistral-7b-v0.1 (sentencepiece)",
+                    "template": "alpaca",
+                    "length": int(length),
+                },
+            )
 
 
 def _max_batch(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
@@ -187,21 +184,23 @@ def _max_batch(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
             for gpu, mem in gpus.items():
                 per_query_gb = 2.9 if k == 2 else 3.4
                 mbs = max(0, int(slack * (mem - 23.35) / per_query_gb))
-                yield {
-                    "schema_version": 1,
-                    "kind": "max_batch",
-                    "model": "mixtral-8x7b",
-                    "method": "qlora",
-                    "experts_per_token": k,
-                    "seq_len": 512,
-                    "dataset": "math_14k",
-                    "gpu": gpu,
-                    "gpu_memory_gb": mem,
-                    "memory_bytes": int(mem * 1e9),
-                    "max_batch_size": mbs,
-                    "source": source,
-                    "estimator": estimator,
-                }
+                yield record(
+                    "max_batch",
+                    **{
+                        "model": "mixtral-8x7b",
+                        "method": "qlora",
+                        "experts_per_token": k,
+                        "seq_len": 512,
+                        "dataset": "math_14k",
+                        "device": "none",
+                        "gpu": gpu,
+                        "gpu_memory_gb": mem,
+                        "memory_bytes": int(mem * 1e9),
+                        "max_batch_size": mbs,
+                        "source": source,
+                        "estimator": estimator,
+                    },
+                )
 
 
 def _counters(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
@@ -231,7 +230,7 @@ def _validation(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
     def row(i: int, quantity: str, measured: float | None, predicted: float | None, unit: str, **rest: Any):
         error = None if predicted is None or measured is None else 100.0 * (predicted - measured) / measured
         base = {"id": f"src-{i:02d}", "quantity": quantity, "measured": measured, "predicted": predicted}
-        return {"schema_version": 1, "kind": "validation", **base, "unit": unit, "error": error, **rest}
+        return record("validation", **base, unit=unit, error=error, **rest)
 
     for i in range(12):
         measured = float(rng.uniform(8.0, 70.0))
@@ -258,44 +257,46 @@ def _multi_gpu(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
         for n in (1, 2, 4, 8):
             need = 100e9 if strategy == "ddp" else 100e9 / n + 5e9
             fits = need <= 85.9e9
-            yield {
-                "schema_version": 1,
-                "kind": "multi_gpu",
-                "model": "mixtral-8x7b",
-                "method": "lora",
-                "batch_size": 1,
-                "seq_len": 512,
-                "gpu": "H100-80GB-SXM",
-                "strategy": strategy,
-                "num_gpus": n,
-                "gpus_per_node": 8,
-                "fits": fits,
-                "need_bytes": need,
-                "gpu_memory_bytes": 85.9e9,
-                "step_seconds": 1.0 + float(rng.uniform(0, 0.1)) if fits else None,
-                "exposed_comm_share": 0.01 if fits else None,
-                "usd": 90.0 + n if fits else None,
-            }
+            yield record(
+                "multi_gpu",
+                **{
+                    "model": "mixtral-8x7b",
+                    "method": "lora",
+                    "batch_size": 1,
+                    "seq_len": 512,
+                    "gpu": "H100-80GB-SXM",
+                    "strategy": strategy,
+                    "num_gpus": n,
+                    "gpus_per_node": 8,
+                    "fits": fits,
+                    "need_bytes": need,
+                    "gpu_memory_bytes": 85.9e9,
+                    "step_seconds": 1.0 + float(rng.uniform(0, 0.1)) if fits else None,
+                    "exposed_comm_share": 0.01 if fits else None,
+                    "usd": 90.0 + n if fits else None,
+                },
+            )
 
 
 def _ranks(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
     for rank in (0, 1):
         step = 2.0 + float(rng.uniform(0, 0.2))
-        yield {
-            "schema_version": 1,
-            "kind": "rank",
-            "point_id": "tiny-mixtral-lora-kmodel-fsdp2-n2-bs2-seq64",
-            "rank": rank,
-            "world_size": 2,
-            "strategy": "fsdp2",
-            "device": "cpu",
-            "median_step_seconds": step,
-            "comm_seconds": 0.2,
-            "peak_allocated_bytes": None,
-            "peak_rss_bytes": 1.0e9,
-            "collectives": {"all_gather": {"count": 10, "bytes": 2**20}},
-            "slowest": rank == 1,
-        }
+        yield record(
+            "rank",
+            **{
+                "point_id": "tiny-mixtral-lora-kmodel-fsdp2-n2-bs2-seq64",
+                "rank": rank,
+                "world_size": 2,
+                "strategy": "fsdp2",
+                "device": "cpu",
+                "median_step_seconds": step,
+                "comm_seconds": 0.2,
+                "peak_allocated_bytes": None,
+                "peak_rss_bytes": 1.0e9,
+                "collectives": {"all_gather": {"count": 10, "bytes": 2**20}},
+                "slowest": rank == 1,
+            },
+        )
 
 
 def _plan(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
@@ -324,23 +325,24 @@ def _plan(rng: np.random.Generator) -> Iterable[dict[str, Any]]:
             for k in ("hours", "usd")
             for e, f in (("low", 0.8), ("high", 1.25))
         }
-        yield {
-            "schema_version": 1,
-            "kind": "plan_option",
-            "model": "qwen2.5-0.5b",
-            "goal": "cheapest within the deadline",
-            **r,
-            **ends,
-            "strategy": "single" if r["num_gpus"] == 1 else "ddp",
-            "offload": "none",
-            "owned": False,
-            "micro_batch": 8,
-            "accumulation": 1,
-            "fits": r["hours"] is not None,
-            "provider": "cudo",
-            "on_front": any(r is f for f in front),
-            "recommended": r is front[0],
-        }
+        yield record(
+            "plan_option",
+            **{
+                "model": "qwen2.5-0.5b",
+                "goal": "cheapest within the deadline",
+                **r,
+                **ends,
+                "strategy": "single" if r["num_gpus"] == 1 else "ddp",
+                "offload": "none",
+                "owned": False,
+                "micro_batch": 8,
+                "accumulation": 1,
+                "fits": r["hours"] is not None,
+                "provider": "cudo",
+                "on_front": any(r is f for f in front),
+                "recommended": r is front[0],
+            },
+        )
 
 
 _WRITERS: dict[str, Callable[[np.random.Generator], Iterable[dict[str, Any]]]] = {

@@ -21,16 +21,18 @@ from tunecost.results.records import (
 
 
 def test_record_leads_with_version_and_kind() -> None:
-    row = record("fit", model="m", rmse=0.1)
+    fields = {"model": "m", "dataset": "d", "gpu": "A40", "form": "log", "coefficients": {}, "rmse": 0.1}
+    row = record("fit", **fields, mape=0.01, num_points=4)
     assert list(row)[:2] == ["schema_version", "kind"]
-    assert row == {"schema_version": SCHEMA_VERSION, "kind": "fit", "model": "m", "rmse": 0.1}
+    assert row == {"schema_version": SCHEMA_VERSION, "kind": "fit", **fields, "mape": 0.01, "num_points": 4}
     assert run_metadata(command="x", measured_on_device=False)["schema_version"] == SCHEMA_VERSION
 
 
 def test_add_records_keeps_others_and_refuses_repeats(tmp_path) -> None:
     path = tmp_path / "estimate.jsonl"
-    a = record("estimate", model="a", gpu="A40", usd=1.0)
-    b = record("estimate", model="b", gpu="A40", usd=2.0)
+    job = {"method": "qlora", "experts_per_token": 2, "dataset": None, "provider": None, "estimator": "calibrated"}
+    a = record("estimate", model="a", gpu="A40", usd=1.0, **job)
+    b = record("estimate", model="b", gpu="A40", usd=2.0, **job)
     add_records(path, [a], key=ESTIMATE_KEY)
     add_records(path, [b], key=ESTIMATE_KEY)
     assert [r["model"] for r in read_records(path)] == ["a", "b"]

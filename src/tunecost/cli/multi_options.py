@@ -6,9 +6,8 @@ from typing import TYPE_CHECKING, Annotated
 
 from tunecost.cli.options import count_option, opt
 from tunecost.errors import TunecostError
-from tunecost.limits import MAX_DEGREE, MAX_EXPERTS, MAX_GPUS_PER_NODE, MAX_STAGE_LAYERS, check_count
+from tunecost.limits import MAX_DEGREE, MAX_EXPERTS, MAX_GPUS_PER_NODE, MAX_SEARCH_GPUS, MAX_STAGE_LAYERS, check_count
 from tunecost.workload.parallel import (
-    MAX_SEARCH_GPUS,
     MULTI_GPU_STRATEGIES,
     PIPELINE_SCHEDULES,
     TP_IMPLS,

@@ -11,12 +11,12 @@ from tunecost.catalog.gpus import GPU
 from tunecost.distributed import expert_parallel
 from tunecost.distributed.pipeline import uneven_split_note
 from tunecost.errors import TunecostError
+from tunecost.limits import MAX_SEARCH_GPUS
 from tunecost.models.catalog import resolve_model
 from tunecost.models.families import HYBRID_FAMILIES
 from tunecost.workload.frameworks.registry import runnable_layouts
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import (
-    MAX_SEARCH_GPUS,
     NOT_WITH_PIPELINE,
     ModelParallel,
     ParallelPlan,

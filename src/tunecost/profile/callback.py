@@ -17,10 +17,10 @@ from tunecost.profile.inputs import Batch
 from tunecost.profile.layers import LayerTimer, LayerTimes
 from tunecost.profile.loop import forward_only
 from tunecost.profile.memory import PeakMemoryMeter
-from tunecost.profile.point import point_id
 from tunecost.profile.timers import StepTimes, make_clock, median_step_index
 from tunecost.results.meta import run_metadata
-from tunecost.results.records import SCHEMA_VERSION
+from tunecost.results.records import record
+from tunecost.results.schema import RECORD_KINDS, point_id
 
 
 def _method_of(model: Any) -> str:
@@ -155,18 +155,17 @@ class TunecostCallback(TrainerCallback):
         self._steps.append(step)
         self._layers.append(layers)
         append_jsonl(
-            self.out_dir / "trainer_steps.jsonl",
-            {
-                "schema_version": SCHEMA_VERSION,
-                "kind": "trainer_step",
+            self.out_dir / RECORD_KINDS["trainer_step"].file,
+            record(
+                "trainer_step",
                 **self._keys,
-                "point_id": self._point_id,
-                "step": state.global_step,
-                "forward_seconds": step.forward_seconds,
-                "backward_seconds": step.backward_seconds,
-                "optimizer_seconds": step.optimizer_seconds,
-                "step_seconds": step.step_seconds,
-            },
+                point_id=self._point_id,
+                step=state.global_step,
+                **{
+                    f"{stage}_seconds": step.stage_seconds(stage)
+                    for stage in ("forward", "backward", "optimizer", "step")
+                },
+            ),
         )
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -178,25 +177,25 @@ class TunecostCallback(TrainerCallback):
         after = self._after_load()
         if self._counter is not None:
             self._counter.detach()
-        base = {"schema_version": SCHEMA_VERSION, **self._keys, "point_id": self._point_id}
+        base = {**self._keys, "point_id": self._point_id}
         if self._steps:
             mid = median_step_index(self._steps)
             chosen = self._steps[mid]
             for stage in ("forward", "backward", "optimizer", "step"):
                 per_step = [s.stage_seconds(stage) for s in self._steps]
                 append_jsonl(
-                    self.out_dir / "stages.jsonl",
-                    {
+                    self.out_dir / RECORD_KINDS["stages"].file,
+                    record(
+                        "stages",
                         **base,
-                        "kind": "stages",
-                        "stage": stage,
-                        "seconds": chosen.stage_seconds(stage),
-                        "median_seconds": statistics.median(per_step),
-                        "per_step_seconds": per_step,
-                        "steps": len(self._steps),
-                        "timer": type(self._clock).__name__,
-                        "source": "TunecostCallback",
-                    },
+                        stage=stage,
+                        seconds=chosen.stage_seconds(stage),
+                        median_seconds=statistics.median(per_step),
+                        per_step_seconds=per_step,
+                        steps=len(self._steps),
+                        timer=type(self._clock).__name__,
+                        source="TunecostCallback",
+                    ),
                 )
             pass_total = {
                 "forward": chosen.forward_seconds,
@@ -205,32 +204,36 @@ class TunecostCallback(TrainerCallback):
             }
             for row in self._layers[mid].rows():
                 append_jsonl(
-                    self.out_dir / "layers.jsonl",
-                    {**base, "kind": "layers", **row, "step_pass_seconds": pass_total[row["pass"]]},
+                    self.out_dir / RECORD_KINDS["layers"].file,
+                    record("layers", **{**base, **row, "step_pass_seconds": pass_total[row["pass"]]}),
                 )
             seconds = sum(s.step_seconds for s in self._steps)
             queries = self._queries_per_step * len(self._steps)
             append_jsonl(
-                self.out_dir / "throughput.jsonl",
-                {
+                self.out_dir / RECORD_KINDS["throughput"].file,
+                record(
+                    "throughput",
                     **base,
-                    "kind": "throughput",
-                    "queries_per_s": queries / seconds,
-                    "num_queries": queries,
-                    "seconds": seconds,
-                    "steps": len(self._steps),
-                },
+                    queries_per_s=queries / seconds,
+                    num_queries=queries,
+                    seconds=seconds,
+                    steps=len(self._steps),
+                ),
             )
         for phase, load in (("before", self._before), ("after", after)):
             for row in load.rows() if load is not None else []:
-                append_jsonl(self.out_dir / "expert_load.jsonl", {**base, "kind": "expert_load", "phase": phase, **row})
+                append_jsonl(
+                    self.out_dir / RECORD_KINDS["expert_load"].file,
+                    record("expert_load", **{**base, "phase": phase, **row}),
+                )
         if peak is not None and peak.peak_bytes is not None:
             append_jsonl(
-                self.out_dir / "memory.jsonl",
-                {**base, "kind": "memory", "peak_bytes": peak.peak_bytes, "source": peak.source, **peak.detail},
+                self.out_dir / RECORD_KINDS["memory"].file,
+                record("memory", **{**base, "peak_bytes": peak.peak_bytes, "source": peak.source, **peak.detail}),
             )
         append_jsonl(
-            self.out_dir / "points.jsonl", {**base, "kind": "point", "status": "done", "global_step": state.global_step}
+            self.out_dir / RECORD_KINDS["point"].file,
+            record("point", **base, status="done", global_step=state.global_step),
         )
 
     # -- helpers --------------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from tunecost.models.catalog import resolve_model
 from tunecost.moe.ranges import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, is_moe_work
 from tunecost.profile.model_setup import ModelSetup
 from tunecost.profile.ncu import DEFAULT_METRICS, KernelCounterRow, parse_ncu_csv_file, time_weighted_utilization
-from tunecost.results.records import SCHEMA_VERSION
+from tunecost.results.records import record
 from tunecost.workload.job import FineTuneJob
 
 NO_CUDA_MESSAGE = (
@@ -198,14 +198,9 @@ def _row_from_dict(data: dict[str, Any]) -> KernelCounterRow:
 
 
 def _record(job: GpuCountersJob, row: KernelCounterRow, device: str) -> dict[str, Any]:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "counters",
-        "point_id": job.point_id(row.batch_size or 0),
-        **job.keys(),
-        "device": device,
-        **row.to_dict(),
-    }
+    return record(
+        "counters", point_id=job.point_id(row.batch_size or 0), **{**job.keys(), "device": device, **row.to_dict()}
+    )
 
 
 def _source_of(rows: Sequence[KernelCounterRow]) -> str:
@@ -229,18 +224,19 @@ def _write_results(
     atomic_write_text(out_dir / "counters.jsonl", "".join(line + "\n" for line in lines))
     atomic_write_json(
         out_dir / "utilization.json",
-        {
-            "schema_version": SCHEMA_VERSION,
-            "kind": "utilization",
-            **job.keys(),
-            "experts_impl": job.experts_impl,
-            "steps": job.steps,
-            "source": _source_of(rows),
-            "device": device,
-            "command": command,
-            "notes": notes,
-            "classes": [dataclasses.asdict(u) for u in utilization],
-        },
+        record(
+            "utilization",
+            **{
+                **job.keys(),
+                "experts_impl": job.experts_impl,
+                "steps": job.steps,
+                "source": _source_of(rows),
+                "device": device,
+                "command": command,
+                "notes": notes,
+                "classes": [dataclasses.asdict(u) for u in utilization],
+            },
+        ),
     )
     return utilization
 

@@ -13,10 +13,11 @@ from tunecost.catalog.gpus import resolve_gpu_name
 from tunecost.errors import TunecostError
 from tunecost.profile.loop import make_optimizer, train_step
 from tunecost.profile.model_setup import build_training_model, resolve_profile_model
-from tunecost.profile.point import is_out_of_memory, point_id, release_memory
+from tunecost.profile.point import is_out_of_memory, release_memory
 from tunecost.profile.sweep import make_source
 from tunecost.profile.timers import make_clock
-from tunecost.results.records import SCHEMA_VERSION
+from tunecost.results.records import record
+from tunecost.results.schema import point_id
 from tunecost.simulate.batch import default_margin_fraction, device_need_bytes, fits_with_margin, search_with_margin
 from tunecost.simulate.simulator import simulate_step
 from tunecost.units import format_bytes
@@ -286,22 +287,23 @@ def max_batch_row(result: MaxBatchSearch, setup: Any, inputs: Any, *, gpu: str |
         "dataset": inputs.dataset,
         "device": "cuda" if setup.device.startswith("cuda") else "cpu",
     }
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "max_batch",
-        **keys,
-        "point_id": point_id({**keys, "memory_bytes": result.memory_bytes}),
-        "max_batch_size": result.max_batch_size,
-        "borderline_batch_size": result.borderline_batch_size,
-        "margin_fraction": result.margin_fraction,
-        "gpu": gpu,
-        "memory_bytes": result.memory_bytes,
-        "source": result.source,
-        "estimator": result.estimator,
-        "probe_seq_len": result.seq_len,
-        "hit_limit": result.hit_limit,
-        "probes": [
-            {"batch_size": p.batch_size, "fits": p.fits, "peak_bytes": p.peak_bytes, "detail": p.detail}
-            for p in result.probes
-        ],
-    }
+    return record(
+        "max_batch",
+        **{
+            **keys,
+            "point_id": point_id({**keys, "memory_bytes": result.memory_bytes}),
+            "max_batch_size": result.max_batch_size,
+            "borderline_batch_size": result.borderline_batch_size,
+            "margin_fraction": result.margin_fraction,
+            "gpu": gpu,
+            "memory_bytes": result.memory_bytes,
+            "source": result.source,
+            "estimator": result.estimator,
+            "probe_seq_len": result.seq_len,
+            "hit_limit": result.hit_limit,
+            "probes": [
+                {"batch_size": p.batch_size, "fits": p.fits, "peak_bytes": p.peak_bytes, "detail": p.detail}
+                for p in result.probes
+            ],
+        },
+    )

@@ -23,6 +23,7 @@ from tunecost.profile.loop import DEFAULT_LR, StepResult, TrainableSnapshot, for
 from tunecost.profile.memory import PeakMemory, PeakMemoryMeter
 from tunecost.profile.model_setup import PreparedModel
 from tunecost.profile.timers import StepTimes, make_clock, median_step_index
+from tunecost.results.schema import point_id
 
 ProgressFn = Callable[[int, int, str], None]
 
@@ -87,15 +88,6 @@ class Workload:
     @property
     def point_id(self) -> str:
         return point_id(self.keys())
-
-
-def point_id(keys: dict[str, Any]) -> str:
-    """A stable string of the workload keys (same keys -> same id, whatever the order)."""
-    order = ("model", "method", "experts_impl", "experts_per_token", "batch_size", "seq_len", "dataset", "device")
-    parts = [f"{k}={'-' if keys.get(k) is None else keys.get(k)}" for k in order if k in keys]
-    extra = sorted(k for k in keys if k not in order)
-    parts += [f"{k}={keys[k]}" for k in extra]
-    return "|".join(parts)
 
 
 @dataclass

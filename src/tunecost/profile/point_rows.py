@@ -6,7 +6,7 @@ Sources and derivations: docs/profiling.md, section `tunecost.profile.point_rows
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +14,10 @@ from tunecost.io import append_jsonl, atomic_write_text, read_jsonl
 from tunecost.profile.point import PointMeasurement
 from tunecost.profile.timers import median_step_index
 from tunecost.results.records import record
+from tunecost.results.schema import RECORD_KINDS
 
 KINDS: tuple[str, ...] = ("throughput", "stages", "layers", "kernels", "expert_load", "memory", "overhead")
-POINTS_FILE = "points.jsonl"
+POINTS_FILE = RECORD_KINDS["point"].file
 
 
 def point_rows(m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
@@ -24,76 +25,66 @@ def point_rows(m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> d
     carries `num_experts` when `extra` gives it (what "dense", top-k == num_experts, is read from)."""
     num_experts = (extra or {}).get("num_experts")
 
-    def _base(kind: str, m: PointMeasurement) -> dict[str, Any]:
-        base = record(kind, **m.workload.keys(), point_id=m.workload.point_id)
-        return base if num_experts is None else {**base, "num_experts": num_experts}
+    base = {**m.workload.keys(), "point_id": m.workload.point_id}
+    base = base if num_experts is None else {**base, "num_experts": num_experts}
 
     rows: dict[str, list[dict[str, Any]]] = {k: [] for k in (*KINDS, "points")}
-    point = {
-        **_base("point", m),
-        "status": m.status,
-        "message": m.message,
-        "elapsed_seconds": m.elapsed_seconds,
-        **(extra or {}),
-    }
+    done = {"status": m.status, "message": m.message, "elapsed_seconds": m.elapsed_seconds}
+    point = record("point", **{**base, **done, **(extra or {})})
     rows["points"].append(point)
     if m.status == "done":
-        _measured_rows(rows, m, _base)
+        _measured_rows(rows, m, base)
     point["row_counts"] = {kind: len(rows[kind]) for kind in KINDS}
     return rows
 
 
-def _measured_rows(
-    rows: dict[str, list[dict[str, Any]]], m: PointMeasurement, base: Callable[[str, PointMeasurement], dict[str, Any]]
-) -> None:
+def _measured_rows(rows: dict[str, list[dict[str, Any]]], m: PointMeasurement, base: dict[str, Any]) -> None:
     _timing_rows(rows, m, base)
     _breakdown_rows(rows, m, base)
     _overhead_rows(rows, m, base)
 
 
-def _timing_rows(
-    rows: dict[str, list[dict[str, Any]]], m: PointMeasurement, base: Callable[[str, PointMeasurement], dict[str, Any]]
-) -> None:
+def _timing_rows(rows: dict[str, list[dict[str, Any]]], m: PointMeasurement, base: dict[str, Any]) -> None:
     """Throughput of the plain steps, and the stages of the median step."""
     steps = len(m.plain)
     plain_seconds = sum(s.wall_seconds for s in m.plain)
     rows["throughput"].append(
-        {
-            **base("throughput", m),
-            "queries_per_s": m.num_queries / plain_seconds,
-            "tokens_per_s": m.num_tokens / plain_seconds,
-            "num_queries": m.num_queries,
-            "num_tokens": m.num_tokens,
-            "padded_tokens": m.padded_tokens,
-            "seconds": plain_seconds,
-            "steps": steps,
-            "wall_step_seconds": statistics.median(s.wall_seconds for s in m.plain),
-            "gpu_busy_step_seconds": None if m.gpu_busy is None else m.gpu_busy.busy_seconds,
-            "gpu_busy_method": None if m.gpu_busy is None else m.gpu_busy.method,
-        }
+        record(
+            "throughput",
+            **base,
+            queries_per_s=m.num_queries / plain_seconds,
+            tokens_per_s=m.num_tokens / plain_seconds,
+            num_queries=m.num_queries,
+            num_tokens=m.num_tokens,
+            padded_tokens=m.padded_tokens,
+            seconds=plain_seconds,
+            steps=steps,
+            wall_step_seconds=statistics.median(s.wall_seconds for s in m.plain),
+            gpu_busy_step_seconds=None if m.gpu_busy is None else m.gpu_busy.busy_seconds,
+            gpu_busy_method=None if m.gpu_busy is None else m.gpu_busy.method,
+        )
     )
     times = [s.times for s in m.plain]
     mid = times[median_step_index(times)]
     for stage in ("forward", "backward", "optimizer", "step"):
         per_step = [t.stage_seconds(stage) for t in times]
         rows["stages"].append(
-            {
-                **base("stages", m),
-                "stage": stage,
-                "seconds": mid.stage_seconds(stage),
-                "median_seconds": statistics.median(per_step),
-                "mean_seconds": statistics.fmean(per_step),
-                "per_step_seconds": per_step,
-                "steps": steps,
-                "timer": m.timer,
-                "note": "seconds: the median step (by step time), so stages add up to it",
-            }
+            record(
+                "stages",
+                **base,
+                stage=stage,
+                seconds=mid.stage_seconds(stage),
+                median_seconds=statistics.median(per_step),
+                mean_seconds=statistics.fmean(per_step),
+                per_step_seconds=per_step,
+                steps=steps,
+                timer=m.timer,
+                note="seconds: the median step (by step time), so stages add up to it",
+            )
         )
 
 
-def _breakdown_rows(
-    rows: dict[str, list[dict[str, Any]]], m: PointMeasurement, base: Callable[[str, PointMeasurement], dict[str, Any]]
-) -> None:
+def _breakdown_rows(rows: dict[str, list[dict[str, Any]]], m: PointMeasurement, base: dict[str, Any]) -> None:
     """Layers, kernel classes, expert load and peak memory, where the point measured them."""
     if m.layers is not None and m.layers_step is not None:
         pass_total = {
@@ -103,63 +94,66 @@ def _breakdown_rows(
         }
         for row in m.layers.rows():
             rows["layers"].append(
-                {**base("layers", m), **row, "step_pass_seconds": pass_total[row["pass"]], "timer": m.timer}
+                record("layers", **{**base, **row, "step_pass_seconds": pass_total[row["pass"]], "timer": m.timer})
             )
     if m.kernels is not None:
         for c in m.kernels.classes:
             rows["kernels"].append(
-                {
-                    **base("kernels", m),
-                    "kernel_class": c.kernel_class,
-                    "seconds": c.seconds,
-                    "count": c.count,
-                    "source": m.kernels.source,
-                    "timing": m.kernels.timing,
-                    "scope": "moe_layer",
-                    "profiled_seconds": m.kernels.profiled_seconds,
-                }
+                record(
+                    "kernels",
+                    **base,
+                    kernel_class=c.kernel_class,
+                    seconds=c.seconds,
+                    count=c.count,
+                    source=m.kernels.source,
+                    timing=m.kernels.timing,
+                    scope="moe_layer",
+                    profiled_seconds=m.kernels.profiled_seconds,
+                )
             )
     for phase, load in (("before", m.load_before), ("after", m.load_after)):
         if load is not None:
             for row in load.rows():
                 rows["expert_load"].append(
-                    {**base("expert_load", m), "phase": phase, **row, "num_queries": m.num_queries}
+                    record("expert_load", **{**base, "phase": phase, **row, "num_queries": m.num_queries})
                 )
     if m.memory is not None and m.memory.peak_bytes is not None:
         rows["memory"].append(
-            {**base("memory", m), "peak_bytes": m.memory.peak_bytes, "source": m.memory.source, **m.memory.detail}
+            record(
+                "memory", **{**base, "peak_bytes": m.memory.peak_bytes, "source": m.memory.source, **m.memory.detail}
+            )
         )
 
 
-def _overhead_rows(
-    rows: dict[str, list[dict[str, Any]]], m: PointMeasurement, base: Callable[[str, PointMeasurement], dict[str, Any]]
-) -> None:
+def _overhead_rows(rows: dict[str, list[dict[str, Any]]], m: PointMeasurement, base: dict[str, Any]) -> None:
     """What the layer hooks and torch.profiler cost beside the plain steps."""
     steps = len(m.plain)
     plain_seconds = sum(s.wall_seconds for s in m.plain)
     if m.instrumented and len(m.instrumented) == len(m.plain):
         inst = sum(s.wall_seconds for s in m.instrumented)
         rows["overhead"].append(
-            {
-                **base("overhead", m),
-                "instrumentation": "layer-hooks",
-                "instrumented_seconds": inst,
-                "plain_seconds": plain_seconds,
-                "ratio": inst / plain_seconds,
-                "steps": steps,
-            }
+            record(
+                "overhead",
+                **base,
+                instrumentation="layer-hooks",
+                instrumented_seconds=inst,
+                plain_seconds=plain_seconds,
+                ratio=inst / plain_seconds,
+                steps=steps,
+            )
         )
     if m.kernels is not None:
         plain_median = statistics.median(s.wall_seconds for s in m.plain)
         rows["overhead"].append(
-            {
-                **base("overhead", m),
-                "instrumentation": "torch.profiler",
-                "instrumented_seconds": m.kernels.profiled_seconds,
-                "plain_seconds": plain_median,
-                "ratio": m.kernels.profiled_seconds / plain_median,
-                "steps": 1,
-            }
+            record(
+                "overhead",
+                **base,
+                instrumentation="torch.profiler",
+                instrumented_seconds=m.kernels.profiled_seconds,
+                plain_seconds=plain_median,
+                ratio=m.kernels.profiled_seconds / plain_median,
+                steps=1,
+            )
         )
 
 
@@ -169,7 +163,7 @@ def write_point(out_dir: str | Path, m: PointMeasurement, *, extra: dict[str, An
     rows = point_rows(m, extra=extra)
     for kind in KINDS:
         for row in rows[kind]:
-            append_jsonl(out / f"{kind}.jsonl", row)
+            append_jsonl(out / RECORD_KINDS[kind].file, row)
     for row in rows["points"]:
         append_jsonl(out / POINTS_FILE, row)
 

@@ -17,7 +17,7 @@ from typing import Any
 from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_text, read_jsonl
 from tunecost.outputs import check_output_folder
-from tunecost.results.schema import SCHEMA_VERSION
+from tunecost.results.schema import RECORD_KINDS, SCHEMA_VERSION
 
 # Fields that name what a row is about: a new row with the same values replaces an old one only with `force`.
 FIT_KEY = ("kind", "model", "dataset", "gpu", "form", "experts_per_token", "batch_size")
@@ -27,7 +27,14 @@ MULTI_GPU_KEY = ("kind", "model", "method", "batch_size", "seq_len", "gpu", "str
 
 
 def record(kind: str, **fields: Any) -> dict[str, Any]:
-    """One record row: the format version and kind first, then `fields`."""
+    """One record row of `kind` (`schema.RECORD_KINDS`): the format version and kind first, then `fields`. A row
+    without one of its kind's fields is its writer's bug (ValueError)."""
+    spec = RECORD_KINDS.get(kind)
+    if spec is None:
+        raise ValueError(f"unknown record kind {kind!r}; the kinds are {', '.join(RECORD_KINDS)}")
+    missing = [name for name in spec.fields if name not in fields]
+    if missing:
+        raise ValueError(f"a {kind!r} record lacks {', '.join(missing)}")
     return {"schema_version": SCHEMA_VERSION, "kind": kind, **fields}
 
 

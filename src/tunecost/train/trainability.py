@@ -23,7 +23,7 @@ from tunecost.models.anatomy import num_experts as num_experts_of
 from tunecost.models.anatomy import set_top_k
 from tunecost.models.build import default_tokenizer
 from tunecost.models.tiny import build_tiny_mixtral
-from tunecost.results.records import SCHEMA_VERSION
+from tunecost.results.records import record
 from tunecost.train.finetune import OptimConfig, make_batches, make_optimizer_with_schedule, train_epoch
 from tunecost.train.topk import routing_name
 from tunecost.workload.datasets import load_dataset
@@ -217,13 +217,13 @@ def run_trainability(
         done_steps += resumed * steps_per_epoch
         base = _run_keys(job, k, num_experts, device, (train_set, eval_set, tokenizer, template))
 
-        def record(epoch: int, train_loss: float | None, train_seconds: float, _model=model, _base=base) -> None:
+        def on_epoch(epoch: int, train_loss: float | None, train_seconds: float, _model=model, _base=base) -> None:
             _record_epoch(
                 rows_path, _base, _model, tokenizer, eval_set, template, job, epoch, train_loss, train_seconds
             )
 
         if 0 not in finished:
-            record(0, None, 0.0)  # before fine-tuning: the near-chance starting point
+            on_epoch(0, None, 0.0)  # before fine-tuning: the near-chance starting point
         for epoch in range(start_epoch, job.epochs + 1):
             # The data order depends on the seed and epoch only: dense and sparse see the same batches.
             batches = make_batches(encoded, batch_size, tokenizer.pad_id, seed=job.seed * 1000 + epoch)
@@ -252,7 +252,7 @@ def run_trainability(
             else:
                 _save_final(model, run_dir / "final", job, tokenizer)
             if epoch not in finished:
-                record(epoch, loss, seconds)
+                on_epoch(epoch, loss, seconds)
         state_path.unlink(missing_ok=True)  # the run is complete: only the final model is kept
 
     return [r for r in read_jsonl(rows_path) if r.get("run_key") in {job.run_key(k) for k in job.experts_per_token}]
@@ -291,8 +291,6 @@ def _run_keys(job: TrainabilityJob, k: int, num_experts: int, device: str, data:
     """The columns every row of one run (one top-k) shares; `data`: (train set, eval set, tokenizer, template)."""
     train_set, eval_set, tokenizer, template = data
     keys: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "trainability",
         "model": job.model,
         "method": "full",
         "experts_per_token": k,
@@ -339,16 +337,17 @@ def _record_epoch(
     )
     append_jsonl(
         rows_path,
-        {
+        record(
+            "trainability",
             **base,
-            "point_id": f"{base['run_key']}:epoch{epoch}",
-            "epoch": epoch,
-            "accuracy": result.accuracy,
-            "num_correct": result.num_correct,
-            "num_eval": result.num_eval,
-            "scorer": result.scorer,
-            "train_loss": train_loss,
-            "seconds": round(train_seconds, 3),
-            "eval_seconds": round(result.seconds, 3),
-        },
+            point_id=f"{base['run_key']}:epoch{epoch}",
+            epoch=epoch,
+            accuracy=result.accuracy,
+            num_correct=result.num_correct,
+            num_eval=result.num_eval,
+            scorer=result.scorer,
+            train_loss=train_loss,
+            seconds=round(train_seconds, 3),
+            eval_seconds=round(result.seconds, 3),
+        ),
     )

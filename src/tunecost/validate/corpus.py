@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tunecost.errors import TunecostError
+from tunecost.limits import MAX_CORPUS_FILE_BYTES
 
 DEFAULT_CORPUS_PATH = (
     Path(__file__).resolve().parent.parent / "catalog" / "data" / "validation" / ("published_measurements.csv")
@@ -39,7 +40,6 @@ REQUIRED_COLUMNS: tuple[str, ...] = (
     "value",
     "unit",
 )
-MAX_FILE_BYTES = 64 * 2**20
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,8 @@ class CorpusRow:
 def read_corpus_file(path: Path) -> list[CorpusRow]:
     if not path.is_file():
         raise TunecostError(f"no measurement file at {path}")
-    if path.stat().st_size > MAX_FILE_BYTES:
-        raise TunecostError(f"{path}: larger than {MAX_FILE_BYTES // 2**20} MiB; not a measurement table")
+    if path.stat().st_size > MAX_CORPUS_FILE_BYTES:
+        raise TunecostError(f"{path}: larger than {MAX_CORPUS_FILE_BYTES // 2**20} MiB; not a measurement table")
     try:
         text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:

@@ -31,7 +31,6 @@ TP_IMPLS = ("torchtitan", "megatron")
 DEEPSPEED_REDUCE_BUCKET_ELEMENTS = 500_000_000  # DeepSpeed's default zero_optimization.reduce_bucket_size
 DEFAULT_MAX_GPUS = 64  # --gpus auto: the most GPUs searched
 DEFAULT_GPUS_PER_NODE = 8  # a node's GPUs where neither --gpus-per-node nor a multi-node config says
-MAX_SEARCH_GPUS = 100_000  # every count up to the limit is evaluated (arithmetic only)
 
 
 def config_node_size(per_node: int, nodes: int) -> dict[str, int]:

@@ -21,7 +21,7 @@ from tunecost.cli.options import (
 )
 from tunecost.io import atomic_write_text
 from tunecost.limits import MAX_BATCH_SIZE, MAX_BINS
-from tunecost.results.records import SCHEMA_VERSION
+from tunecost.results.records import record
 
 DATASET_HELP = (
     "A file (.json/.jsonl/.parquet/.csv), a known name (see `tunecost data list`), a hub id, or synthetic-arith."
@@ -32,16 +32,12 @@ data_app = typer.Typer(help="Datasets: sequence-length statistics and known name
 
 def stats_rows(summary: dict, histogram: list[dict], padding: dict) -> list[dict]:
     """JSONL rows of kind "lengths" (docs/dev/records.md): one summary row and one row per histogram bin."""
-    keys = {
-        "schema_version": SCHEMA_VERSION,
-        "kind": "lengths",
-        "dataset": summary["dataset"],
-        "tokenizer": summary["tokenizer"],
-        "template": summary["template"],
-    }
-    rows = [{**keys, "record": "summary", **{k: v for k, v in summary.items() if k not in keys}, **padding}]
+    keys = {"dataset": summary["dataset"], "tokenizer": summary["tokenizer"], "template": summary["template"]}
+    rest = {k: v for k, v in summary.items() if k not in keys}
+    rows = [record("lengths", **{**keys, "record": "summary", **rest, **padding})]
     rows += [
-        {**keys, "record": "histogram", "bin_lo": b["lo"], "bin_hi": b["hi"], "count": b["count"]} for b in histogram
+        record("lengths", **keys, record="histogram", bin_lo=b["lo"], bin_hi=b["hi"], count=b["count"])
+        for b in histogram
     ]
     return rows
 

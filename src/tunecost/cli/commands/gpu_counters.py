@@ -27,10 +27,8 @@ from tunecost.cli.options import (
     count_option,
     opt,
 )
-from tunecost.limits import MAX_STEPS
+from tunecost.limits import MAX_PROFILED_KERNELS, MAX_STEPS
 from tunecost.workload.job import FineTuneJob, Method
-
-MAX_PROFILED_KERNELS = 10**7  # kernels of one profile; a training step of Mixtral-8x7B launches about 10^4
 
 
 def _pct(value: float | None) -> str:

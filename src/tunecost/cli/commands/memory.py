@@ -22,14 +22,13 @@ from tunecost.cli.options import DEFAULT_SEQ_LEN, BatchSize, ExpertsPerToken, Js
 from tunecost.csvfile import check_input_file
 from tunecost.errors import TunecostError
 from tunecost.estimate.memory_interval import peak_interval_bytes
-from tunecost.limits import MAX_LAYERS, MAX_SEQ_LEN
+from tunecost.limits import MAX_GPTQ_GROUP_SIZE, MAX_LAYERS, MAX_LENGTHS_FILE_BYTES, MAX_SEQ_LEN
 
 if TYPE_CHECKING:
     from tunecost.workload.job import FineTuneJob, Method
 from tunecost.limits import check_count
 from tunecost.units import format_bytes, gb_from_bytes
 
-MAX_LENGTHS_FILE_BYTES = 64 * 2**20  # one length per line: millions of queries
 LENGTHS_HELP = (
     "Token lengths of a dataset (JSON list or one per line): the worst batch (the longest query, padded) decides; "
     "overrides --seq-len."
@@ -39,7 +38,6 @@ QUANT_TYPE_HELP = (
     "4-bit type for qlora: nf4 | fp4 | gptq (default: gptq for a GPTQ checkpoint in the catalog, else nf4)."
 )
 GPTQ_GROUP_HELP = "GPTQ group size, -1 for one group (default: the checkpoint's quantize_config, else 128)."
-MAX_GPTQ_GROUP_SIZE = 2**20  # inputs per group: more than any layer has
 GPTQ_KERNEL_HELP = "GPTQ kernel: triton-v2 (de-quantized temporary) | torch (auto-gptq torch path, weight kept)."
 
 

@@ -39,14 +39,16 @@ from tunecost.errors import TunecostError
 from tunecost.limits import (
     MAX_BATCH_SIZE,
     MAX_BUDGET_USD,
+    MAX_DEADLINE_HOURS,
     MAX_EPOCHS,
     MAX_OWNED_GPUS,
     MAX_QUERIES,
+    MAX_SEARCH_GPUS,
     MAX_SEQ_LEN,
     check_count,
     check_positive,
 )
-from tunecost.workload.parallel import DEFAULT_GPUS_PER_NODE, DEFAULT_MAX_GPUS, MAX_SEARCH_GPUS
+from tunecost.workload.parallel import DEFAULT_GPUS_PER_NODE, DEFAULT_MAX_GPUS
 
 OWN_HELP = 'GPUs you own, e.g. "2xRTX-4090,1xA100-80GB": no rental cost, counted by their hours.'
 HOST_HELP = (
@@ -62,7 +64,6 @@ OUT_HELP = (
 )
 TARGET_HELP = "Recipe to emit: accelerate (HF Trainer + accelerate/DeepSpeed), torchtune, llamafactory, skypilot."
 FRONT_ROWS = 12
-MAX_DEADLINE_HOURS = 1e6
 
 
 def _workload(

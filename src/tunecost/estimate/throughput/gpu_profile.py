@@ -14,10 +14,10 @@ from typing import Any
 from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_json
+from tunecost.limits import MAX_PROFILE_BYTES
 
 SCHEMA_VERSION = 1
 KIND = "gpu_profile"
-MAX_PROFILE_BYTES = 4 * 2**20  # a profile is a few kB; refuse to parse anything this large
 REQUIRED_VALUES: tuple[str, ...] = ("matmul_flops_per_s", "fp32_flops_per_s", "memory_bytes_per_s")
 OPTIONAL_VALUES: tuple[str, ...] = ("matmul_half_rows", "dequant_bytes_per_s", "kernel_launch_s", "host_step_s")
 VALUE_FIELDS: tuple[str, ...] = REQUIRED_VALUES + OPTIONAL_VALUES
