@@ -175,7 +175,9 @@ def _assumptions(
             f"modules_to_save {', '.join(job.modules_to_save)}: frozen original kept, a trained copy in the model "
             "dtype with its gradient and optimizer states (PEFT ModulesToSaveWrapper)"
         )
-    out += _stack_notes(stack, behaviour, spec)
+    # the stack's own checkpointing, unless the behaviour names another (its own line, `StackBehaviour.describe`)
+    stack_note = job.stack_spec.describe(own_checkpointing=behaviour.reentrant_checkpointing is None, moe=spec.is_moe)
+    out += [stack_note] if stack_note else []
     out += [liger_note(spec.family)] if job.liger_kernel else []
     out += [GATED_DELTA_NOTE] if spec.family in GATED_DELTA_FAMILIES else []
     if spec.family in MAMBA2_FAMILIES:
@@ -211,31 +213,6 @@ def _base_weights_notes(job: FineTuneJob) -> list[str]:
         out.append(
             "4-bit weights de-quantized per matrix into a temporary that is freed after the matmul "
             "(forward and backward), as bitsandbytes does"
-        )
-    return out
-
-
-def _stack_notes(stack: str, behaviour: StackBehaviour, spec: ModelSpec) -> list[str]:
-    """What the named stack does beyond the defaults."""
-    out: list[str] = []
-    # the stack's own checkpointing, unless the behaviour names another (its own line, `StackBehaviour.describe`)
-    own = behaviour.reentrant_checkpointing is None
-    if stack == "hf-2024":
-        out.append(
-            "hf-2024 stack: per-expert loop, PEFT 0.7 Linear4bit LoRA (clone), fp32 logits copies in the "
-            "loss, " + ("re-entrant checkpointing, " if own else "") + "lengths padded to a multiple of 8"
-        )
-    if stack == "hf-peft":
-        out.append(
-            "hf-peft stack: PEFT >= 0.7 LoRA Linear under autocast (input cast to the fp32 adapter dtype and back, "
-            "update added out of place)" + (", re-entrant checkpointing (transformers' default)" if own else "")
-        )
-    if stack == "torchtune":
-        out.append(
-            "torchtune stack: its single-device recipes (LoRALinear with the update added out of place, "
-            + ("non-re-entrant checkpoint_wrapper per layer, " if own else "")
-            + "its loss); transformers' model code stands for torchtune's own"
-            + ("; routed experts as tunecost's grouped experts (fp32 adapters)" if spec.is_moe else "")
         )
     return out
 
