@@ -55,3 +55,13 @@ def test_what_a_stack_cannot_run_is_refused(stack: str) -> None:
         if not allowed:
             with pytest.raises(TunecostError, match=f"stack {stack}"):
                 simulate_step(_job(stack, **changes), use_cache=False)
+
+
+@pytest.mark.parametrize("stack", [s for s in STACKS if STACK_SPECS[s].checkpointing_note])
+def test_a_stack_names_its_checkpointing_only_where_the_job_checkpoints(stack: str) -> None:
+    note = STACK_SPECS[stack].checkpointing_note.strip(" ,")
+    for checkpointing in (True, False):
+        sim = simulate_step(_job(stack, gradient_checkpointing=checkpointing), use_cache=False)
+        stack_notes = [a for a in sim.assumptions if a.startswith(f"{stack} stack:")]
+        assert len(stack_notes) == 1
+        assert (note in stack_notes[0]) == checkpointing

@@ -175,8 +175,10 @@ def _assumptions(
             f"modules_to_save {', '.join(job.modules_to_save)}: frozen original kept, a trained copy in the model "
             "dtype with its gradient and optimizer states (PEFT ModulesToSaveWrapper)"
         )
-    # the stack's own checkpointing, unless the behaviour names another (its own line, `StackBehaviour.describe`)
-    stack_note = job.stack_spec.describe(own_checkpointing=behaviour.reentrant_checkpointing is None, moe=spec.is_moe)
+    # the stack's own checkpointing where the job checkpoints, unless the behaviour names another (its own line,
+    # `StackBehaviour.describe`)
+    own = job.gradient_checkpointing and behaviour.reentrant_checkpointing is None
+    stack_note = job.stack_spec.describe(own_checkpointing=own, moe=spec.is_moe)
     out += [stack_note] if stack_note else []
     out += [liger_note(spec.family)] if job.liger_kernel else []
     out += [GATED_DELTA_NOTE] if spec.family in GATED_DELTA_FAMILIES else []

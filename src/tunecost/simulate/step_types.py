@@ -85,8 +85,8 @@ class AllocationTrace:
     num_ops: int
 
 
-SIMULATOR_VERSION = "8"  # 3: allocator replay; 4: no dropout mask under fused kernels; 5: notes; 6: temporaries;
-# 7: a parameter's AccumulateGrad in its layer's backward
+SIMULATOR_VERSION = "9"  # 3: allocator replay; 4: no dropout mask under fused kernels; 5: notes; 6: temporaries;
+# 7: a parameter's AccumulateGrad in its layer's backward; 9: a stack's checkpointing noted only where the job has it
 
 
 @dataclass(frozen=True, kw_only=True)
