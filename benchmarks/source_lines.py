@@ -1,5 +1,6 @@
 """Source lines of `src/tunecost` at a base revision and in the working tree, per package, split into code,
-docstrings, comments and blank lines; `--modules` lists the modules the two have in common, side by side.
+docstrings, comments and blank lines; `--modules` lists the modules the two have in common side by side (a module
+git sees moved, under its new path).
 
     python benchmarks/source_lines.py --base 277e432 [--modules]
 """
@@ -59,6 +60,15 @@ def sources(rev: str | None) -> dict[str, str]:
     }
 
 
+def renames(rev: str) -> dict[str, str]:
+    """Module path at `rev` -> its path in the working tree, for the modules git sees moved since `rev`."""
+    out = subprocess.run(
+        ["git", "diff", "--name-status", "-M", rev, "--", SRC], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout
+    rows = (line.split("\t") for line in out.splitlines())
+    return {row[1]: row[2] for row in rows if row[0].startswith("R") and row[1].endswith(".py")}
+
+
 def package(path: str) -> str:
     parts = Path(path).relative_to(SRC).parts
     return parts[0] if len(parts) > 1 else "(top)"
@@ -90,12 +100,14 @@ def main() -> None:
     args = parser.parse_args()
     before, after = sources(args.base), sources(None)
     print_side_by_side(f"package (base {args.base})", totals(before, package), totals(after, package))
-    if args.modules:
+    if args.modules:  # a module git sees moved is compared under its new path
+        moved = renames(args.base)
+        before = {moved.get(p, p): t for p, t in before.items()}
         common = set(before) & set(after)
         print()
         name = lambda p: str(Path(p).relative_to(SRC))  # noqa: E731
         print_side_by_side(
-            "module in both",
+            f"module in both ({len(moved)} moved since the base)",
             totals({p: t for p, t in before.items() if p in common}, name),
             totals({p: t for p, t in after.items() if p in common}, name),
         )
