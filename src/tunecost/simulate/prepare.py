@@ -117,9 +117,9 @@ def check_supported(job: FineTuneJob, spec: ModelSpec, behaviour: StackBehaviour
     if job.base_quant == "int8" and not own.int8_lora:
         raise TunecostError(f"stack {stack} has no 8-bit (LLM.int8) LoRA; use --quant-type nf4 or --stack hf-peft")
     if job.base_quant == "gptq" and not own.gptq:
-        raise TunecostError("stack hf-2024 ran QLoRA on bitsandbytes 4-bit weights, not GPTQ")
+        raise TunecostError(f"stack {stack} ran QLoRA on bitsandbytes 4-bit weights, not GPTQ")
     if job.method == "qlora" and job.compute_dtype == "fp32" and not own.fp32_qlora:
-        raise TunecostError("stack hf-2024 ran QLoRA with bf16 compute only; use --dtype bf16 or the tunecost stack")
+        raise TunecostError(f"stack {stack} ran QLoRA with bf16 compute only; use --dtype bf16 or the tunecost stack")
     offload_elsewhere = behaviour.activation_offload and not own.activation_offload
     torchtune_only = offload_elsewhere or behaviour.optimizer_in_backward
     if (torchtune_only or behaviour.loss_code in TORCHTUNE_LOSS_CODES) and not own.torchtune_recipes:
@@ -134,7 +134,7 @@ def check_supported(job: FineTuneJob, spec: ModelSpec, behaviour: StackBehaviour
             "TRL's chunked_nll reads the head's own weight: not modelled with lm_head in modules_to_save"
         )
     if own.transformers_models_only and spec.family == "blackmamba":
-        raise TunecostError(f"{spec.name}: stack torchtune is simulated for transformers' model families")
+        raise TunecostError(f"{spec.name}: stack {stack} is simulated for transformers' model families")
     if behaviour.kbit_fp32_norms and (job.method != "qlora" or job.attention == "eager"):
         raise TunecostError(
             "prepare_model_for_kbit_training's fp32 norms are simulated for QLoRA with flash or SDPA attention only"
