@@ -139,8 +139,9 @@ def test_default_behaviour_is_todays_simulation(tmp_path) -> None:
     plain = simulate_step(job.with_(stack="hf-peft"), use_cache=False)
     explicit = simulate_step(job.with_(stack="hf-peft"), behaviour=StackBehaviour(), use_cache=False)
     assert explicit.peak_bytes == plain.peak_bytes and explicit.breakdown_bytes == plain.breakdown_bytes
-    assert cache.job_key(job, None, "hf-peft", DEFAULT_OVERHEAD) == cache.job_key(
-        job, None, "hf-peft", DEFAULT_OVERHEAD, behaviour=DEFAULT_BEHAVIOUR
+    peft = job.with_(stack="hf-peft")
+    assert cache.job_key(peft, None, DEFAULT_OVERHEAD) == cache.job_key(
+        peft, None, DEFAULT_OVERHEAD, behaviour=DEFAULT_BEHAVIOUR
     )
     older = simulate_step(job.with_(stack="hf-peft"), behaviour=StackBehaviour(loss_code=LOSS_TRANSFORMERS_446))
     assert older.peak_bytes > plain.peak_bytes

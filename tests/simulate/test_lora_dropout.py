@@ -67,7 +67,7 @@ def test_the_counts_move_the_dropout_and_the_key_holds_without_it(config_path, m
     with pytest.raises(TunecostError, match="--lora-dropout"):
         LoraConfig(dropout=1.0)
     job = _job(config_path, 0.0)
-    key = job_key(job, 2, "tunecost", DEFAULT_OVERHEAD)
+    key = job_key(job, 2, DEFAULT_OVERHEAD)
     asdict = dataclasses.asdict
 
     def without_dropout(obj):
@@ -77,6 +77,6 @@ def test_the_counts_move_the_dropout_and_the_key_holds_without_it(config_path, m
         return out
 
     monkeypatch.setattr(dataclasses, "asdict", without_dropout)
-    assert job_key(job, 2, "tunecost", DEFAULT_OVERHEAD) == key  # as before the field existed
+    assert job_key(job, 2, DEFAULT_OVERHEAD) == key  # as before the field existed
     monkeypatch.undo()
-    assert job_key(_job(config_path, 0.1), 2, "tunecost", DEFAULT_OVERHEAD) != key
+    assert job_key(_job(config_path, 0.1), 2, DEFAULT_OVERHEAD) != key

@@ -75,14 +75,14 @@ def test_the_job_takes_one_recomputation(config_path) -> None:
 def test_the_flag_enters_the_cache_key_only_when_set(config_path, monkeypatch) -> None:
     """A job without it hashes as before the option existed (its field left out), so cached results still hold."""
     job = _job(config_path)
-    key = job_key(job, 2, "tunecost", DEFAULT_OVERHEAD)
+    key = job_key(job, 2, DEFAULT_OVERHEAD)
     asdict = dataclasses.asdict
     monkeypatch.setattr(
         dataclasses, "asdict", lambda obj: {k: v for k, v in asdict(obj).items() if k != "selective_recompute"}
     )
-    assert job_key(job, 2, "tunecost", DEFAULT_OVERHEAD) == key
+    assert job_key(job, 2, DEFAULT_OVERHEAD) == key
     monkeypatch.undo()
-    assert job_key(job.with_(selective_recompute=True), 2, "tunecost", DEFAULT_OVERHEAD) != key
+    assert job_key(job.with_(selective_recompute=True), 2, DEFAULT_OVERHEAD) != key
 
 
 def test_the_step_counts_run_the_attention_forward_again() -> None:
@@ -99,10 +99,10 @@ def test_the_step_counts_run_the_attention_forward_again() -> None:
 def test_torch_compile_leaves_the_simulation_key_as_it_was(config_path, monkeypatch) -> None:
     """The simulated step is eager's under torch.compile too: one key for both, the key of before the field."""
     job = _job(config_path)
-    key = job_key(job, 2, "tunecost", DEFAULT_OVERHEAD)
-    assert job_key(job.with_(torch_compile=True), 2, "tunecost", DEFAULT_OVERHEAD) == key
+    key = job_key(job, 2, DEFAULT_OVERHEAD)
+    assert job_key(job.with_(torch_compile=True), 2, DEFAULT_OVERHEAD) == key
     asdict = dataclasses.asdict
     monkeypatch.setattr(
         dataclasses, "asdict", lambda obj: {k: v for k, v in asdict(obj).items() if k != "torch_compile"}
     )
-    assert job_key(job, 2, "tunecost", DEFAULT_OVERHEAD) == key
+    assert job_key(job, 2, DEFAULT_OVERHEAD) == key

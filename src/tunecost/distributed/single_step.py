@@ -130,7 +130,7 @@ def single_gpu_step(
     to the full depth, as `simulate.simulate_step` does for its peak (exact for identical units). Cached on disk
     beside the simulator's results (`simulate.cache`: the key hashes the job, the config and the versions).
     `behaviour`: library behaviours of the job's stack (`simulate.behaviour.StackBehaviour`; None: the default)."""
-    key = f"rank-{LAYOUT_VERSION}-" + cache.job_key(job, None, job.stack, DEFAULT_OVERHEAD, granule_bytes, behaviour)
+    key = f"rank-{LAYOUT_VERSION}-" + cache.job_key(job, None, DEFAULT_OVERHEAD, granule_bytes, behaviour)
     return cached_step(key, lambda: trace_single_gpu_step(job, granule_bytes, behaviour), use_cache=use_cache)
 
 

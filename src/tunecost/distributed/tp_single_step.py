@@ -89,7 +89,7 @@ def tp_single_gpu_step(
     check_tp_supported(job, tp, sequence_parallel=sequence_parallel)
     layout = tp_strategy(tp, sequence_parallel, loss_parallel)
     key = f"rank-{layout}-{TP_LAYOUT_VERSION}-{LAYOUT_VERSION}-" + cache.job_key(
-        job, None, job.stack, DEFAULT_OVERHEAD, granule_bytes, None
+        job, None, DEFAULT_OVERHEAD, granule_bytes, None
     )
     if full_depth:
         key += "-full"
@@ -97,7 +97,7 @@ def tp_single_gpu_step(
     def trace() -> SingleGpuStep:
         linears: list[list[LinearShape]] = []
         batchless = dataclasses.replace(job, batch_size=1)
-        shape = (layout, cache.job_key(batchless, None, job.stack, DEFAULT_OVERHEAD, granule_bytes, None))
+        shape = (layout, cache.job_key(batchless, None, DEFAULT_OVERHEAD, granule_bytes, None))
 
         def trace_units(units: int) -> TraceResult:
             line, unit_linears = _LINES.setdefault((*shape, units), (BatchLine(granule_bytes), []))

@@ -143,7 +143,7 @@ class RankNeeds:
         from tunecost.simulate import cache
 
         job = self.job_at(batch)
-        key = cache.job_key(job, None, job.stack, DEFAULT_OVERHEAD, 512, self.behaviour)
+        key = cache.job_key(job, None, DEFAULT_OVERHEAD, 512, self.behaviour)
         return cache.cache_dir() / f"rankmem-{RANK_MEMORY_VERSION}-{LAYOUT_VERSION}-{key}.json"
 
     def _saved(self, batch: int) -> dict[str, dict]:

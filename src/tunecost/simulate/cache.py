@@ -34,7 +34,7 @@ _UNSET = {
 }
 
 
-def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512, behaviour=None) -> str:
+def job_key(job, num_layers_to_trace, overhead, granule_bytes: int = 512, behaviour=None) -> str:
     """The cache key; `behaviour` (a `StackBehaviour`) enters it only when it is not the default, so the default
     simulation keeps its key."""
     spec = resolve_model(job.model)
@@ -46,7 +46,7 @@ def job_key(job, num_layers_to_trace, stack, overhead, granule_bytes: int = 512,
     payload = {
         "job": fields,
         "trace": num_layers_to_trace,
-        "stack": stack,
+        "stack": job.stack,  # also in the job: kept so that the keys of earlier runs hold
         "overhead": dataclasses.asdict(overhead),
         "granule": granule_bytes,
         "config": spec.config,

@@ -257,7 +257,7 @@ def simulate_step(
             return on
         off = run(every.with_(gradient_checkpointing=False))
         return partly_recomputed(off, on, job.recompute_layers, spec.num_layers)
-    key = _cache.job_key(job, num_layers_to_trace, job.stack, overhead, granule_bytes, behaviour)
+    key = _cache.job_key(job, num_layers_to_trace, overhead, granule_bytes, behaviour)
     if use_cache:
         hit = _cache.load(key)
         if hit is not None:
