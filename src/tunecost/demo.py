@@ -32,6 +32,7 @@ from tunecost.results.records import (
     validation_rows,
     write_records,
 )
+from tunecost.results.schema import record_path
 from tunecost.simulate.batch import fitting_batch_size
 from tunecost.train.trainability import TrainabilityJob, run_trainability
 from tunecost.units import bytes_from_gib
@@ -62,7 +63,7 @@ def _stage_fit(out: Path, on_progress: ProgressFn | None) -> None:
 
     points = load_measurements(PAPER_A40_MEASUREMENTS)
     fits = [f for form in ("artifact", "printed") for f in fit_all(points, form)]
-    write_records(out / "fit.jsonl", fit_rows(points, fits, source=PAPER_A40_SOURCE))
+    write_records(record_path(out, "fit"), fit_rows(points, fits, source=PAPER_A40_SOURCE))
 
 
 def _stage_estimate(out: Path, on_progress: ProgressFn | None) -> None:
@@ -86,7 +87,7 @@ def _stage_estimate(out: Path, on_progress: ProgressFn | None) -> None:
                 done += 1
                 if on_progress:
                     on_progress(done, total, f"estimate {model} top-{k} ({estimator})")
-    write_records(out / "estimate.jsonl", rows)
+    write_records(record_path(out, "estimate"), rows)
 
 
 DEMO_DATASET = "synthetic-arith"  # embedded: generated, no download
@@ -120,7 +121,7 @@ def _stage_lengths(out: Path, on_progress: ProgressFn | None) -> None:
         )
         for i, n in enumerate(dist.lengths)
     ]
-    write_records(out / "lengths.jsonl", rows)
+    write_records(record_path(out, "lengths"), rows)
 
 
 def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
@@ -169,7 +170,7 @@ def _stage_max_batch(out: Path, on_progress: ProgressFn | None) -> None:
                 done += 1
                 if on_progress:
                     on_progress(done, total, f"max batch {model} top-{k} at {gb} GB")
-    write_records(out / "max_batch.jsonl", rows)
+    write_records(record_path(out, "max_batch"), rows)
 
 
 def _stage_profile(out: Path, on_progress: ProgressFn | None) -> None:
@@ -209,7 +210,7 @@ def _stage_validate(out: Path, on_progress: ProgressFn | None) -> None:
     from tunecost.validate import read_corpus, validate_rows
 
     rows = validate_rows(read_corpus(None), on_progress=on_progress)
-    write_records(out / "validation.jsonl", validation_rows(rows))
+    write_records(record_path(out, "validation"), validation_rows(rows))
 
 
 MULTI_GPU_DEMO = ("mixtral-8x7b", "lora", ("H100-80GB-SXM", "A100-80GB-SXM"), ("ddp", "fsdp2"), 8)
@@ -234,7 +235,7 @@ def _stage_multi_gpu(out: Path, on_progress: ProgressFn | None) -> None:
         num_queries=get_dataset_facts("math_14k").num_queries,
         epochs=10,
     )
-    write_records(out / "multi_gpu.jsonl", multi_gpu_rows(answer))
+    write_records(record_path(out, "multi_gpu"), multi_gpu_rows(answer))
     tiny, tiny_method, strategy, ranks = RANKS_DEMO
     if on_progress:
         on_progress(1, 2, f"profile {tiny} ({tiny_method}) on {ranks} CPU ranks ({strategy})")

@@ -7,6 +7,7 @@ import torch
 
 from tunecost.profile.callback import TunecostCallback
 from tunecost.profile.point_rows import read_rows
+from tunecost.results.schema import record_path
 
 
 class _Rows(torch.utils.data.Dataset):
@@ -43,7 +44,7 @@ def test_trainer_run_records_stages_layers_and_expert_loads(tmp_path, small_mixt
     callback = TunecostCallback(out, warmup_steps=0, workload={"dataset": "random-ids", "seq_len": 16})
     Trainer(model=model, args=args, train_dataset=_Rows(8, 16, 256), callbacks=[callback]).train()
 
-    steps = read_rows(out, "trainer_steps") if (out / "trainer_steps.jsonl").exists() else []
+    steps = read_rows(out, "trainer_step") if record_path(out, "trainer_step").exists() else []
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
         parts = r["forward_seconds"] + r["backward_seconds"] + r["optimizer_seconds"]
@@ -65,4 +66,4 @@ def test_trainer_run_records_stages_layers_and_expert_loads(tmp_path, small_mixt
     row = read_rows(out, "throughput")[0]
     assert row["num_queries"] == 2 * 4 and row["queries_per_s"] > 0
     assert row["dataset"] == "random-ids" and row["method"] == "full" and row["experts_per_token"] == 2
-    assert (out / "meta.json").exists() and read_rows(out, "points")[0]["status"] == "done"
+    assert (out / "meta.json").exists() and read_rows(out, "point")[0]["status"] == "done"

@@ -83,10 +83,10 @@ def _measurement(batch_size: int = 2, status: str = "done") -> PointMeasurement:
 
 def test_point_rows_follow_the_record_format():
     rows = point_rows(_measurement())
-    assert set(rows) == {*KINDS, "points"}
+    assert set(rows) == {*KINDS, "point"}
     for kind, kind_rows in rows.items():
         for r in kind_rows:
-            assert r["schema_version"] == 1 and r["kind"] == ("point" if kind == "points" else kind)
+            assert r["schema_version"] == 1 and r["kind"] == kind
             assert r["point_id"] == point_id(
                 {
                     k: r[k]
@@ -126,7 +126,7 @@ def test_every_row_carries_the_number_of_experts():
 
 def test_oom_point_has_only_its_completion_row():
     rows = point_rows(_measurement(status="oom"))
-    assert len(rows["points"]) == 1 and rows["points"][0]["status"] == "oom"
+    assert len(rows["point"]) == 1 and rows["point"][0]["status"] == "oom"
     assert all(not rows[k] for k in KINDS)
 
 
@@ -180,7 +180,7 @@ def test_cli_profile_writes_records_and_prints_the_table(cli_runner, tmp_path):
     assert result.exit_code == 0, result.output
     text = " ".join(result.stdout.split())
     assert "lora (peft-fused) on cpu" in text and "measured 2 point(s)" in text and str(tmp_path / "run") in text
-    assert len(read_rows(tmp_path / "run", "points")) == 2
+    assert len(read_rows(tmp_path / "run", "point")) == 2
     again = cli_runner.invoke(app, [*_profile_args(tmp_path / "run"), "--json"])
     data = json.loads(again.stdout)
     assert data["measured"] == [] and len(data["skipped"]) == 2 and len(data["points"]) == 2
@@ -232,7 +232,7 @@ def test_cli_profile_interrupt_keeps_finished_points(cli_runner, tmp_path, monke
     assert result.exit_code == 130
     assert "1 finished point(s) are kept" in " ".join(result.stderr.split())
     assert "rerun the same command to resume" in " ".join(result.stderr.split())
-    assert len(read_rows(tmp_path / "run", "points")) == 1
+    assert len(read_rows(tmp_path / "run", "point")) == 1
 
 
 def _files_and_lines(out: Path) -> list[tuple[str, int]]:
@@ -277,7 +277,7 @@ def test_damaging_any_line_of_a_finished_point_reruns_that_point_only(tmp_path, 
         assert {r["point_id"] for r in kept} <= set(ids.values()) - {hit}
         assert user_row in read_rows(out, "throughput")  # never deleted
         for other in set(ids.values()) - {hit}:  # the other point is untouched, row for row
-            for kind in (*KINDS, "points"):
+            for kind in (*KINDS, "point"):
                 assert [r for r in read_rows(out, kind) if r.get("point_id") == other] == [
                     r for r in read_rows(reference, kind) if r.get("point_id") == other
                 ]

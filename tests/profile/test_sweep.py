@@ -81,7 +81,7 @@ def test_interrupted_sweep_resumes_without_redoing_points(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         run_sweep(spec, tmp_path, on_point=stop_after_two)
-    assert len({r["point_id"] for r in read_rows(tmp_path, "points")}) == 2
+    assert len({r["point_id"] for r in read_rows(tmp_path, "point")}) == 2
     # a kill between two files leaves rows of an unfinished point: they are dropped on resume
     torn = dict(read_rows(tmp_path, "throughput")[0], point_id="unfinished|point")
     with open(tmp_path / "throughput.jsonl", "a") as fh:
@@ -89,10 +89,10 @@ def test_interrupted_sweep_resumes_without_redoing_points(tmp_path):
     result = run_sweep(spec, tmp_path)
     assert set(result.skipped) == set(seen) and len(result.measured) == 2
     assert not set(result.measured) & set(seen)  # finished points are not recomputed
-    for kind in ("points", "throughput", "stages", "layers"):
+    for kind in ("point", "throughput", "stages", "layers"):
         ids = [r["point_id"] for r in read_rows(tmp_path, kind)]
         assert set(ids) == {p.point_id for p in result.points}, kind  # complete, and nothing else
-    assert len(read_rows(tmp_path, "points")) == 4 and len(read_rows(tmp_path, "throughput")) == 4
+    assert len(read_rows(tmp_path, "point")) == 4 and len(read_rows(tmp_path, "throughput")) == 4
     assert len(result.table) == 4
     again = run_sweep(spec, tmp_path)  # everything finished: nothing is built or measured
     assert not again.measured and len(again.skipped) == 4
@@ -122,7 +122,7 @@ def test_out_of_memory_point_is_a_recorded_boundary(tmp_path, monkeypatch):
     spec = _spec(ks=(2,), batch_sizes=(1, 2), kernels=False, steps=1, warmup_steps=0)
     result = run_sweep(spec, tmp_path)
     assert len(result.oom) == 1 and "batch_size=2" in result.oom[0]
-    status = {r["batch_size"]: r for r in read_rows(tmp_path, "points")}
+    status = {r["batch_size"]: r for r in read_rows(tmp_path, "point")}
     assert status[1]["status"] == "done" and status[2]["status"] == "oom"
     assert "out of memory at batch size 2" in status[2]["message"]
     assert [r["batch_size"] for r in read_rows(tmp_path, "throughput")] == [1]  # measured rows kept

@@ -83,6 +83,21 @@ def test_empty_and_non_object_files_are_listed(tmp_path: Path) -> None:
     assert sorted(records.skipped) == ["kernels.jsonl: empty", "layers.jsonl: holds lines that are not JSON objects"]
 
 
+def test_rows_of_a_kind_another_file_holds_are_listed_and_left_out(tmp_path: Path) -> None:
+    append_jsonl(tmp_path / "throughput.jsonl", {"schema_version": 1, "kind": "throughput", "queries_per_s": 2.0})
+    append_jsonl(tmp_path / "throughput.jsonl", {"schema_version": 1, "kind": "stages", "stage": "forward"})
+    append_jsonl(tmp_path / "throughput.jsonl", {"schema_version": 1, "kind": "nonsense"})
+    append_jsonl(tmp_path / "stages.jsonl", {"schema_version": 1, "queries_per_s": 1.0})  # no kind at all
+    records = load_run(tmp_path)
+    assert records.get("throughput")["queries_per_s"].tolist() == [2.0]
+    assert "stages" not in records.tables
+    assert records.skipped == [
+        "stages.jsonl: 1 record(s) of kind None, not a kind stages.jsonl holds (docs/dev/records.md); left out",
+        "throughput.jsonl: 2 record(s) of kind nonsense, stages, not a kind throughput.jsonl holds "
+        "(docs/dev/records.md); left out",
+    ]
+
+
 def test_torn_last_line_is_ignored(tmp_path: Path) -> None:
     for q in (1.0, 2.0):
         append_jsonl(tmp_path / "throughput.jsonl", {"schema_version": 1, "kind": "throughput", "queries_per_s": q})

@@ -8,7 +8,8 @@ from typer.testing import CliRunner
 
 from tunecost.errors import TunecostError
 from tunecost.io import read_jsonl
-from tunecost.train.trainability import ROWS_FILE, STATE_FILE, TrainabilityJob, run_trainability
+from tunecost.results.schema import record_path
+from tunecost.train.trainability import STATE_FILE, TrainabilityJob, run_trainability
 from tunecost.workload.job import FineTuneJob
 
 TINY_JOB = FineTuneJob(model="tiny-mixtral", method="full", dataset="synthetic-arith", seq_len=None, batch_size=16)
@@ -59,7 +60,7 @@ def test_rows_written_and_rerun_skips_everything(tmp_path):
     calls = []
     again = run_trainability(job, tmp_path, on_progress=lambda *a: calls.append(a))
     assert again == rows and calls == []  # nothing retrained
-    assert len(read_jsonl(tmp_path / ROWS_FILE)) == 6
+    assert len(read_jsonl(record_path(tmp_path, "trainability"))) == 6
 
 
 def test_resume_after_interruption_skips_finished_epochs(tmp_path):
@@ -73,7 +74,7 @@ def test_resume_after_interruption_skips_finished_epochs(tmp_path):
 
     with pytest.raises(KeyboardInterrupt):
         run_trainability(job, tmp_path, on_progress=stop_in_epoch_2)
-    assert [r["epoch"] for r in read_jsonl(tmp_path / ROWS_FILE)] == [0, 1]
+    assert [r["epoch"] for r in read_jsonl(record_path(tmp_path, "trainability"))] == [0, 1]
     assert (tmp_path / "sparse-k2" / STATE_FILE).is_file()
     labels.clear()
     rows = run_trainability(job, tmp_path, on_progress=lambda d, t, label: labels.append(label))

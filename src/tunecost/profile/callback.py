@@ -20,7 +20,7 @@ from tunecost.profile.memory import PeakMemoryMeter
 from tunecost.profile.timers import StepTimes, make_clock, median_step_index
 from tunecost.results.meta import run_metadata
 from tunecost.results.records import record
-from tunecost.results.schema import RECORD_KINDS, point_id
+from tunecost.results.schema import point_id, record_path
 
 
 def _method_of(model: Any) -> str:
@@ -155,7 +155,7 @@ class TunecostCallback(TrainerCallback):
         self._steps.append(step)
         self._layers.append(layers)
         append_jsonl(
-            self.out_dir / RECORD_KINDS["trainer_step"].file,
+            record_path(self.out_dir, "trainer_step"),
             record(
                 "trainer_step",
                 **self._keys,
@@ -184,7 +184,7 @@ class TunecostCallback(TrainerCallback):
             for stage in ("forward", "backward", "optimizer", "step"):
                 per_step = [s.stage_seconds(stage) for s in self._steps]
                 append_jsonl(
-                    self.out_dir / RECORD_KINDS["stages"].file,
+                    record_path(self.out_dir, "stages"),
                     record(
                         "stages",
                         **base,
@@ -204,13 +204,13 @@ class TunecostCallback(TrainerCallback):
             }
             for row in self._layers[mid].rows():
                 append_jsonl(
-                    self.out_dir / RECORD_KINDS["layers"].file,
+                    record_path(self.out_dir, "layers"),
                     record("layers", **{**base, **row, "step_pass_seconds": pass_total[row["pass"]]}),
                 )
             seconds = sum(s.step_seconds for s in self._steps)
             queries = self._queries_per_step * len(self._steps)
             append_jsonl(
-                self.out_dir / RECORD_KINDS["throughput"].file,
+                record_path(self.out_dir, "throughput"),
                 record(
                     "throughput",
                     **base,
@@ -223,16 +223,16 @@ class TunecostCallback(TrainerCallback):
         for phase, load in (("before", self._before), ("after", after)):
             for row in load.rows() if load is not None else []:
                 append_jsonl(
-                    self.out_dir / RECORD_KINDS["expert_load"].file,
+                    record_path(self.out_dir, "expert_load"),
                     record("expert_load", **{**base, "phase": phase, **row}),
                 )
         if peak is not None and peak.peak_bytes is not None:
             append_jsonl(
-                self.out_dir / RECORD_KINDS["memory"].file,
+                record_path(self.out_dir, "memory"),
                 record("memory", **{**base, "peak_bytes": peak.peak_bytes, "source": peak.source, **peak.detail}),
             )
         append_jsonl(
-            self.out_dir / RECORD_KINDS["point"].file,
+            record_path(self.out_dir, "point"),
             record("point", **base, status="done", global_step=state.global_step),
         )
 

@@ -23,6 +23,7 @@ from tunecost.moe.ranges import NCU_NVTX_EXCLUDE, NCU_NVTX_INCLUDE, is_moe_work
 from tunecost.profile.model_setup import ModelSetup
 from tunecost.profile.ncu import DEFAULT_METRICS, KernelCounterRow, parse_ncu_csv_file, time_weighted_utilization
 from tunecost.results.records import record
+from tunecost.results.schema import record_path
 from tunecost.workload.job import FineTuneJob
 
 NO_CUDA_MESSAGE = (
@@ -221,9 +222,9 @@ def _write_results(
     """Rewrite counters.jsonl (this job's rows after rows of other jobs found there) and utilization.json."""
     utilization = tuple(time_weighted_utilization(rows).values())
     lines = [json.dumps(r) for r in foreign] + [json.dumps(_record(job, r, device)) for r in rows]
-    atomic_write_text(out_dir / "counters.jsonl", "".join(line + "\n" for line in lines))
+    atomic_write_text(record_path(out_dir, "counters"), "".join(line + "\n" for line in lines))
     atomic_write_json(
-        out_dir / "utilization.json",
+        record_path(out_dir, "utilization"),
         record(
             "utilization",
             **{
@@ -317,7 +318,7 @@ def run_gpu_counters(
             "torch.profiler only, no SM/DRAM utilization"
         )
     ours = {job.point_id(b) for b in job.batch_sizes}
-    records = read_jsonl(out / "counters.jsonl")
+    records = read_jsonl(record_path(out, "counters"))
     foreign = [r for r in records if r.get("point_id") not in ours]  # other jobs' rows in this folder: kept
     rows = [_row_from_dict(r) for r in records if r.get("point_id") in ours]
     done = {r.batch_size for r in rows if r.batch_size is not None}

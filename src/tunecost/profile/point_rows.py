@@ -14,24 +14,23 @@ from tunecost.io import append_jsonl, atomic_write_text, read_jsonl
 from tunecost.profile.point import PointMeasurement
 from tunecost.profile.timers import median_step_index
 from tunecost.results.records import record
-from tunecost.results.schema import RECORD_KINDS
+from tunecost.results.schema import record_path
 
 KINDS: tuple[str, ...] = ("throughput", "stages", "layers", "kernels", "expert_load", "memory", "overhead")
-POINTS_FILE = RECORD_KINDS["point"].file
 
 
 def point_rows(m: PointMeasurement, *, extra: dict[str, Any] | None = None) -> dict[str, list[dict[str, Any]]]:
-    """All rows of one measured point, by kind (file stem). An "oom" point has only its `points` row. Every row
+    """All rows of one measured point, by record kind. An "oom" point has only its `point` row. Every row
     carries `num_experts` when `extra` gives it (what "dense", top-k == num_experts, is read from)."""
     num_experts = (extra or {}).get("num_experts")
 
     base = {**m.workload.keys(), "point_id": m.workload.point_id}
     base = base if num_experts is None else {**base, "num_experts": num_experts}
 
-    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in (*KINDS, "points")}
+    rows: dict[str, list[dict[str, Any]]] = {k: [] for k in (*KINDS, "point")}
     done = {"status": m.status, "message": m.message, "elapsed_seconds": m.elapsed_seconds}
     point = record("point", **{**base, **done, **(extra or {})})
-    rows["points"].append(point)
+    rows["point"].append(point)
     if m.status == "done":
         _measured_rows(rows, m, base)
     point["row_counts"] = {kind: len(rows[kind]) for kind in KINDS}
@@ -163,9 +162,9 @@ def write_point(out_dir: str | Path, m: PointMeasurement, *, extra: dict[str, An
     rows = point_rows(m, extra=extra)
     for kind in KINDS:
         for row in rows[kind]:
-            append_jsonl(out / RECORD_KINDS[kind].file, row)
-    for row in rows["points"]:
-        append_jsonl(out / POINTS_FILE, row)
+            append_jsonl(record_path(out, kind), row)
+    for row in rows["point"]:
+        append_jsonl(record_path(out, "point"), row)
 
 
 def _intact(
@@ -190,8 +189,8 @@ def _intact(
 def finished_points(out_dir: str | Path) -> dict[str, dict[str, Any]]:
     """point_id -> its completion row, for points whose rows are all intact."""
     out = Path(out_dir)
-    completions = {r["point_id"]: r for r in read_jsonl(out / POINTS_FILE) if "point_id" in r}
-    return _intact(completions, {kind: read_jsonl(out / f"{kind}.jsonl") for kind in KINDS})
+    completions = {r["point_id"]: r for r in read_jsonl(record_path(out, "point")) if "point_id" in r}
+    return _intact(completions, {kind: read_jsonl(record_path(out, kind)) for kind in KINDS})
 
 
 def purge_unfinished(out_dir: str | Path, kinds: Iterable[str] = KINDS) -> int:
@@ -201,10 +200,10 @@ def purge_unfinished(out_dir: str | Path, kinds: Iterable[str] = KINDS) -> int:
     import json
 
     out = Path(out_dir)
-    files = {kind: out / f"{kind}.jsonl" for kind in kinds} | {"points": out / POINTS_FILE}
+    files = {kind: record_path(out, kind) for kind in kinds} | {"point": record_path(out, "point")}
     rows = {kind: read_jsonl(path) for kind, path in files.items()}
-    completions = {r["point_id"]: r for r in rows["points"] if "point_id" in r}
-    done = set(_intact(completions, {k: v for k, v in rows.items() if k != "points"}))
+    completions = {r["point_id"]: r for r in rows["point"] if "point_id" in r}
+    done = set(_intact(completions, {k: v for k, v in rows.items() if k != "point"}))
     dropped = 0
     for kind, path in files.items():
         if not path.exists():
@@ -219,7 +218,8 @@ def purge_unfinished(out_dir: str | Path, kinds: Iterable[str] = KINDS) -> int:
 
 
 def read_rows(out_dir: str | Path, kind: str) -> list[dict[str, Any]]:
-    return read_jsonl(Path(out_dir) / (POINTS_FILE if kind == "points" else f"{kind}.jsonl"))
+    """The rows a run folder holds of one record kind (`schema.RECORD_KINDS`)."""
+    return read_jsonl(record_path(out_dir, kind))
 
 
 def summary(out_dir: str | Path, point_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tunecost.errors import TunecostError, unknown_name_error
 from tunecost.limits import MAX_NPROC_PER_NODE, check_count
 from tunecost.results.records import add_records, read_records, record
+from tunecost.results.schema import record_path
 from tunecost.workload.parallel import check_fsdp2_method
 
 RANK_STRATEGIES = ("fsdp2", "ddp")
@@ -214,9 +216,6 @@ def save_rank_profiles(
     """Add one point's rank profiles to `out_dir/ranks.jsonl` (one `rank` record per rank, atomically; the point
     is finished once its records exist: a rerun skips it) and return those records. The slowest rank is marked
     (`slowest`)."""
-    from dataclasses import asdict
-    from pathlib import Path
-
     slowest = slowest_rank(profiles).rank
     rows = [
         record(
@@ -228,15 +227,13 @@ def save_rank_profiles(
         )
         for p in profiles
     ]
-    add_records(Path(out_dir) / "ranks.jsonl", rows, key=RANK_KEY)
+    add_records(record_path(out_dir, "rank"), rows, key=RANK_KEY)
     return rows
 
 
 def load_rank_profiles(out_dir: str | os.PathLike[str]) -> dict[str, list[dict[str, Any]]]:
     """Every finished multi-rank point in a run folder (see `save_rank_profiles`): point id -> its rank records."""
-    from pathlib import Path
-
-    path = Path(out_dir) / "ranks.jsonl"
+    path = record_path(out_dir, "rank")
     points: dict[str, list[dict[str, Any]]] = {}
     for row in read_records(path) if path.is_file() else []:
         points.setdefault(str(row.get("point_id")), []).append(row)
@@ -258,8 +255,6 @@ def profile_point(
     """One point on `nproc_per_node` ranks, resumable: its records from `out_dir/ranks.jsonl` when finished, else
     measured (`profile_ranks`, rank logs in `out_dir/rank-logs`) and added. Returns the point id and its records by
     rank; `on_launch(point_id)` is called before ranks are launched."""
-    from pathlib import Path
-
     point = rank_point_id(
         setup, strategy=strategy, nproc_per_node=nproc_per_node, batch_size=batch_size, seq_len=seq_len
     )

@@ -11,7 +11,7 @@ import pandas as pd
 
 from tunecost.errors import TunecostError
 from tunecost.io import read_jsonl
-from tunecost.results.records import SCHEMA_VERSION
+from tunecost.results.schema import RECORD_KINDS, SCHEMA_VERSION
 
 
 @dataclass
@@ -47,6 +47,11 @@ def _read_meta(run_dir: Path) -> dict[str, Any]:
     return meta
 
 
+def _file_of(kind: Any) -> str | None:
+    spec = RECORD_KINDS.get(kind) if isinstance(kind, str) else None
+    return spec.file if spec is not None else None
+
+
 def load_run(run_dir: str | Path) -> RunRecords:
     """Every `*.jsonl` in the run directory and its immediate sub-directories, by kind (file stem)."""
     run_dir = Path(run_dir)
@@ -79,6 +84,16 @@ def load_run(run_dir: str | Path) -> RunRecords:
                 f"this tunecost reads version {SCHEMA_VERSION}; rerun the command that wrote it"
             )
             continue
+        strays = sorted({str(r.get("kind")) for r in rows if _file_of(r.get("kind")) != path.name})
+        kept = [r for r in rows if _file_of(r.get("kind")) == path.name]
+        if strays:  # a row of an unknown kind, or of a kind another file holds
+            skipped.append(
+                f"{path.relative_to(run_dir)}: {len(rows) - len(kept)} record(s) of kind {', '.join(strays)}, "
+                f"not a kind {path.name} holds (docs/dev/records.md); left out"
+            )
+        if not kept:
+            continue
+        rows = kept
         source = str(path.parent.relative_to(run_dir)) if path.parent != run_dir else "."
         rows_by_kind.setdefault(path.stem, []).extend({**r, "_source": source} for r in rows)
     if not rows_by_kind and not any_records:  # every file empty or garbage: a page would say nothing

@@ -17,6 +17,7 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.results.records import _note_run, add_records, record
+from tunecost.results.schema import record_path
 
 PLAN_KIND = "plan_option"
 PLAN_KEY = ("kind", "model")  # one plan per model in a run directory, replaced whole
@@ -107,6 +108,6 @@ def save_plan_records(
     rows = plan_rows(plan)
     if not rows:
         raise TunecostError(f"--out: the plan of {plan.model} weighed no setup; nothing to write")
-    path = add_records(Path(run_dir) / "plan.jsonl", rows, key=PLAN_KEY, force=force)
+    path = add_records(record_path(run_dir, "plan_option"), rows, key=PLAN_KEY, force=force)
     _note_run(run_dir, command)
     return path

@@ -17,7 +17,7 @@ from typing import Any
 from tunecost.errors import TunecostError
 from tunecost.io import atomic_write_text, read_jsonl
 from tunecost.outputs import check_output_folder
-from tunecost.results.schema import RECORD_KINDS, SCHEMA_VERSION
+from tunecost.results.schema import RECORD_KINDS, SCHEMA_VERSION, record_path
 
 # Fields that name what a row is about: a new row with the same values replaces an old one only with `force`.
 FIT_KEY = ("kind", "model", "dataset", "gpu", "form", "experts_per_token", "batch_size")
@@ -152,7 +152,7 @@ def save_fit_records(
 ) -> Path:
     """Add an eq. (2) fit and its measurements to `run_dir/fit.jsonl` (and `meta.json`): what `tunecost fit
     --out RUN_DIR` writes and `tunecost report RUN_DIR` draws as Fig. 14."""
-    path = add_records(Path(run_dir) / "fit.jsonl", fit_rows(points, fits, source=source), key=FIT_KEY, force=force)
+    path = add_records(record_path(run_dir, "fit"), fit_rows(points, fits, source=source), key=FIT_KEY, force=force)
     _note_run(run_dir, command)
     return path
 
@@ -169,7 +169,7 @@ def save_estimate_records(
     """Add a cost table to `run_dir/estimate.jsonl` (and `meta.json`): what `tunecost estimate --out RUN_DIR`
     writes and `tunecost report RUN_DIR` shows as the cost table (Table IV)."""
     rows = estimate_rows(cost_rows, method=method, experts_per_token=experts_per_token)
-    path = add_records(Path(run_dir) / "estimate.jsonl", rows, key=ESTIMATE_KEY, force=force)
+    path = add_records(record_path(run_dir, "estimate"), rows, key=ESTIMATE_KEY, force=force)
     _note_run(run_dir, command)
     return path
 
@@ -183,7 +183,7 @@ def save_validation_records(
 ) -> Path:
     """Add validated rows to `run_dir/validation.jsonl` (and `meta.json`): what `tunecost validate --out RUN_DIR`
     writes and `tunecost report RUN_DIR` shows as the accuracy table and the predicted-vs-measured plot."""
-    path = add_records(Path(run_dir) / "validation.jsonl", validation_rows(rows), key=VALIDATION_KEY, force=force)
+    path = add_records(record_path(run_dir, "validation"), validation_rows(rows), key=VALIDATION_KEY, force=force)
     _note_run(run_dir, command)
     return path
 
@@ -197,7 +197,7 @@ def save_multi_gpu_records(
 ) -> Path:
     """Add a multi-GPU estimate to `run_dir/multi_gpu.jsonl` (and `meta.json`): what `tunecost estimate --gpus ...
     --out RUN_DIR` writes and `tunecost report RUN_DIR` draws as memory per rank and cost vs number of GPUs."""
-    path = add_records(Path(run_dir) / "multi_gpu.jsonl", multi_gpu_rows(answer), key=MULTI_GPU_KEY, force=force)
+    path = add_records(record_path(run_dir, "multi_gpu"), multi_gpu_rows(answer), key=MULTI_GPU_KEY, force=force)
     _note_run(run_dir, command)
     return path
 

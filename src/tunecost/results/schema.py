@@ -4,8 +4,10 @@ a profiled point. docs/dev/records.md describes them; `results.records.record` c
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -68,6 +70,11 @@ RECORD_KINDS: dict[str, RecordKind] = {
         "plan.jsonl", ("model", "goal", "method", "gpu", "num_gpus", "strategy", "offload", "why_not", "on_front")
     ),
 }
+
+
+def record_path(run_dir: str | os.PathLike[str], kind: str) -> Path:
+    """The file of `run_dir` that rows of `kind` go to."""
+    return Path(run_dir) / RECORD_KINDS[kind].file
 
 
 def point_id(keys: Mapping[str, Any]) -> str:

@@ -24,6 +24,7 @@ from tunecost.models.anatomy import set_top_k
 from tunecost.models.build import default_tokenizer
 from tunecost.models.tiny import build_tiny_mixtral
 from tunecost.results.records import record
+from tunecost.results.schema import record_path
 from tunecost.train.finetune import OptimConfig, make_batches, make_optimizer_with_schedule, train_epoch
 from tunecost.train.topk import routing_name
 from tunecost.workload.datasets import load_dataset
@@ -32,7 +33,6 @@ from tunecost.workload.templates import encode_queries, template_by_name
 from tunecost.workload.tokenizers import subset_tokenizer, tokenizer_by_name
 
 ProgressFn = Callable[[int, int, str], None]
-ROWS_FILE = "trainability.jsonl"
 STATE_FILE = "resume_state.pt"
 
 TRAINABILITY_TINY_OVERRIDES: dict[str, Any] = dict(
@@ -190,7 +190,7 @@ def run_trainability(
     import torch
 
     out = Path(out_dir)
-    rows_path = out / ROWS_FILE
+    rows_path = record_path(out, "trainability")
     template, train_set, eval_set, tokenizer, encoded = _task_data(job)
     batch_size = job.job.batch_size
     steps_per_epoch = (len(encoded) + batch_size - 1) // batch_size

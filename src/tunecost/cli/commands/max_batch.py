@@ -16,6 +16,7 @@ from tunecost.errors import TunecostError
 from tunecost.io import append_jsonl
 from tunecost.limits import MAX_BATCH_SIZE
 from tunecost.profile.threads import prepare_cpu_threads
+from tunecost.results.schema import record_path
 from tunecost.units import BYTES_PER_GIB as _GIB
 from tunecost.workload.job import default_gradient_checkpointing
 
@@ -86,7 +87,7 @@ def max_batch(
     result = find_max_batch_size(setup, inputs, memory_bytes=memory_bytes, limit=limit, on_probe=on_probe)
     row = max_batch_row(result, setup, inputs, gpu=gpu_name)
     if out is not None:
-        append_jsonl(Path(out) / "max_batch.jsonl", row)
+        append_jsonl(record_path(out, "max_batch"), row)
     if json_out:
         print_json(row)
         return
@@ -100,7 +101,7 @@ def _check_out(out: Path | None) -> None:
     from tunecost.outputs import check_output_folder
 
     check_output_folder(out)
-    if (Path(out) / "max_batch.jsonl").is_dir():
+    if record_path(out, "max_batch").is_dir():
         raise TunecostError(f"--out {str(out)!r}: max_batch.jsonl there is a folder, not a file")
 
 

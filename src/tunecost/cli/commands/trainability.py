@@ -20,6 +20,7 @@ from tunecost.cli.options import (
 )
 from tunecost.errors import unknown_name_error
 from tunecost.limits import MAX_EPOCHS, MAX_LEARNING_RATE, MAX_QUERIES
+from tunecost.results.schema import record_path
 from tunecost.workload.job import FineTuneJob
 
 TOP_K_HELP = "Top-k values to compare, a comma list (default 2,8: sparse top-2 vs dense Mixtral)."
@@ -48,7 +49,7 @@ def trainability_command(
     """Fine-tune for E epochs per routing, evaluate after each epoch, write tidy rows."""
     from transformers.utils import logging as hf_logging
 
-    from tunecost.train.trainability import ROWS_FILE, TrainabilityJob, run_trainability
+    from tunecost.train.trainability import TrainabilityJob, run_trainability
 
     hf_logging.disable_progress_bar()  # our own bar; checkpoint writes would print theirs
     _check_dataset("--dataset", dataset)
@@ -89,7 +90,7 @@ def trainability_command(
             ]
             for r in rows
         ],
-        caption=f"rows: {out / ROWS_FILE}; tokenizer: {rows[0]['tokenizer'] if rows else '-'}",
+        caption=f"rows: {record_path(out, 'trainability')}; tokenizer: {rows[0]['tokenizer'] if rows else '-'}",
     )
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from tunecost.errors import TunecostError
 from tunecost.profile.point_rows import finished_points, read_rows
+from tunecost.results.schema import record_path
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,7 +70,7 @@ def _seconds(path: Path, row: dict[str, Any], field: str, *, optional: bool) -> 
 def read_measured_split(run_dir: str | Path) -> list[MeasuredSplit]:
     """One `MeasuredSplit` per finished point of a profile run directory (in the order of throughput.jsonl)."""
     run = Path(run_dir)
-    path = run / "throughput.jsonl"
+    path = record_path(run, "throughput")
     if not run.is_dir():
         raise TunecostError(f"profile run directory {run} not found")
     if not path.is_file():
