@@ -7,30 +7,33 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from tunecost.errors import TunecostError
 from tunecost.models.projections import PROJECTIONS
 
-# transformers 5.23's config-class defaults where a config.json may leave the key out
-_HEAD_DIM_DEFAULTS = {"qwen3": 128, "gemma": 256, "gemma2": 256, "gemma3_text": 256}
-_HEAD_DIM_DEFAULTS |= {"ernie4_5": 128, "glm": 128, "glm4": 128, "ministral3": 128, "seed_oss": 128}
-_TIED_DEFAULTS = {"gemma": True, "gemma2": True, "gemma3_text": True, "smollm3": True, "ernie4_5": True}
-# RMSNorms of `hidden` width per decoder layer (else 2: input, post-attention)
-_NORMS_PER_LAYER = {"gemma2": 4, "gemma3_text": 4, "glm4": 4}
-# families whose MLP fuses gate and up into one `gate_up_proj` (Phi-3 fuses q, k, v too)
-_FUSED_GATE_UP = ("phi3", "glm", "glm4")
-# families whose q, k and v (not o) have biases when `attention_bias` is set (GLM: set in its configs)
-_QKV_BIAS_FLAG_FAMILIES = ("glm", "glm4")
-# families whose norms have no weight (OLMo's `OlmoLayerNorm`: layer_norm without affine parameters)
-_PARAMETER_FREE_NORMS = ("olmo",)
-# families whose q, k, v, o follow `attention_bias` and whose MLP follows `mlp_bias` (Qwen2's biases are fixed)
-_BIAS_FLAG_FAMILIES = (
-    *("llama", "qwen3", "gemma", "gemma2", "gemma3_text", "granite", "gpt_oss", "olmo", "olmo2"),
-    *("olmo3", "smollm3", "hunyuan_v1_dense"),
-)
 # Gemma 3's default pattern: every sixth layer attends over the whole sequence, the others over the window
 _GEMMA3_SLIDING_WINDOW_PATTERN = 6
+
+
+@dataclass(frozen=True, kw_only=True)
+class Decoder:
+    """How a Llama-layout family's decoder departs from Llama's (a `models.families.Family` field), with
+    transformers 5.23's config-class defaults where a config.json may leave the key out."""
+
+    head_dim: int | None = None  # when the config gives none (else hidden / heads)
+    tied: bool = False  # `tie_word_embeddings` when the config gives none
+    norms_per_layer: int = 2  # RMSNorms of `hidden` width per layer (input, post-attention)
+    parameter_free_norms: bool = False  # OLMo's LayerNorm without affine parameters
+    fused_gate_up: bool = False  # the MLP's gate and up are one `gate_up_proj`
+    qk_norm: Literal["none", "per_head", "all_heads"] = "none"  # norms on q and k: one head's width, or all heads'
+    # none; q, k, v always (Qwen2); q, k, v when `attention_bias` (GLM); attention when `attention_bias` and MLP
+    # when `mlp_bias` (Llama); every linear but the head when `use_bias` (ERNIE 4.5); Seed-OSS's three flags
+    biases: Literal["none", "qkv", "qkv_flag", "flags", "use_bias", "seed_oss"] = "none"
+    # the layers attending over `sliding_window` only, where the config's `layer_types` does not list them:
+    # alternate ones (0, 2, ...), all but every `sliding_window_pattern`-th, all, those from `max_window_layers` on
+    window: Literal["none", "alternate", "all_but_every_nth", "all", "from_max_window_layers"] = "none"
+    window_switch: str | None = None  # a config flag without which no layer has a window (Qwen3's)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,12 +164,12 @@ def blackmamba_arch(config: dict[str, Any], family: str) -> Arch:
     )
 
 
-def transformer_arch(config: dict[str, Any], family: str) -> Arch:
+def transformer_arch(config: dict[str, Any], family: str, decoder: Decoder) -> Arch:
     hidden = int(_get(config, "hidden_size"))
     layers = int(_get(config, "num_hidden_layers"))
     heads = int(_get(config, "num_attention_heads"))
     kv_heads = int(_get(config, "num_key_value_heads", default=heads))
-    head_dim = int(config.get("head_dim") or _HEAD_DIM_DEFAULTS.get(family) or hidden // heads)
+    head_dim = int(config.get("head_dim") or decoder.head_dim or hidden // heads)
     vocab = int(_get(config, "vocab_size"))
     num_experts = int(_get(config, "num_local_experts", "num_experts", default=1))
     # (in, out, how many of them in the model): q, k, v, o in every layer (Phi-3: qkv fused, o), then the
@@ -199,29 +202,20 @@ def transformer_arch(config: dict[str, Any], family: str) -> Arch:
     num_mlp_layers = layers - num_moe
     if num_mlp_layers:
         inter = int(_get(config, "intermediate_size"))
-        if family in _FUSED_GATE_UP:
+        if decoder.fused_gate_up:
             mats += [(hidden, 2 * inter, num_mlp_layers), (inter, hidden, num_mlp_layers)]
         else:
             mats += [(hidden, inter, num_mlp_layers), (hidden, inter, num_mlp_layers), (inter, hidden, num_mlp_layers)]
-    qk_norm = {
-        "qwen3_moe": 2 * head_dim,
-        "qwen3": 2 * head_dim,
-        "gemma3_text": 2 * head_dim,
-        "olmoe": (heads + kv_heads) * head_dim,
-        "olmo2": (heads + kv_heads) * head_dim,
-        "olmo3": (heads + kv_heads) * head_dim,
-        "exaone4": 2 * head_dim,
-        "hunyuan_v1_dense": 2 * head_dim,
-    }.get(family, 0)
-    biases = _biases(family, config, mats, num_attention_mats, layers * (heads + 2 * kv_heads) * head_dim)
-    num_norms = _NORMS_PER_LAYER.get(family, 2)
-    norm_width = 0 if family in _PARAMETER_FREE_NORMS else hidden  # weights per norm (the final norm's too)
+    qk_norm = {"none": 0, "per_head": 2 * head_dim, "all_heads": (heads + kv_heads) * head_dim}[decoder.qk_norm]
+    biases = _biases(decoder, config, mats, num_attention_mats, layers * (heads + 2 * kv_heads) * head_dim)
+    num_norms = decoder.norms_per_layer
+    norm_width = 0 if decoder.parameter_free_norms else hidden  # weights per norm (the final norm's too)
     expert_bias, router_bias, sinks = _gpt_oss_extras(family, hidden, ffn, heads, layers)
     arch = _decoder_arch(
         family,
         mats,
         _Shape(hidden, layers, heads, head_dim, vocab),
-        tied=bool(config.get("tie_word_embeddings", _TIED_DEFAULTS.get(family, False))),
+        tied=bool(config.get("tie_word_embeddings", decoder.tied)),
         embedding_params=vocab * hidden,
         norm_params=layers * (num_norms * norm_width + qk_norm) + biases + norm_width + sinks,
         expert_bias_params=expert_bias,
@@ -231,29 +225,29 @@ def transformer_arch(config: dict[str, Any], family: str) -> Arch:
         ffn=ffn,
         num_attention_mats=num_attention_mats,
         num_layer_norms=num_norms,
-        window=_attention_window(family, config, layers),
+        window=_attention_window(decoder, config, layers),
     )
     attention = [] if family == "phi3" else list(zip(PROJECTIONS["attention"], mats[:4]))  # not a fused qkv
-    mlp = list(zip(PROJECTIONS["mlp"], mats[-3:])) if num_mlp_layers and family not in _FUSED_GATE_UP else []
+    mlp = list(zip(PROJECTIONS["mlp"], mats[-3:])) if num_mlp_layers and not decoder.fused_gate_up else []
     return replace(arch, projection_in_out=tuple((name, (i + o) * n, n) for name, (i, o, n) in attention + mlp))
 
 
-def _biases(family: str, config: dict[str, Any], mats: list, num_attention_mats: int, qkv_outputs: int) -> int:
-    """Bias parameters of the decoder's matmuls as the family's flags set them (`qkv_outputs`: q, k and v's
-    outputs over all layers, Qwen's fixed biases)."""
-    biases = qkv_outputs if family in ("qwen2", "qwen2_moe") else 0
-    if family in _QKV_BIAS_FLAG_FAMILIES and config.get("attention_bias"):
-        biases += _bias_params(mats[:3])
-    if family == "ernie4_5" and config.get("use_bias"):  # every linear but the head
-        biases += _bias_params(mats)
-    if family == "seed_oss":  # q, k, v follow attention_bias, o attention_out_bias, the MLP mlp_bias
-        biases += _bias_params(mats[:3]) if config.get("attention_bias") else 0
-        biases += _bias_params(mats[3:4]) if config.get("attention_out_bias") else 0
-        biases += _bias_params(mats[num_attention_mats:]) if config.get("mlp_bias") else 0
-    if family in _BIAS_FLAG_FAMILIES:
-        biases += _bias_params(mats[:num_attention_mats]) if config.get("attention_bias") else 0
-        biases += _bias_params(mats[num_attention_mats:]) if config.get("mlp_bias") else 0
-    return biases
+def _biases(decoder: Decoder, config: dict[str, Any], mats: list, num_attention_mats: int, qkv_outputs: int) -> int:
+    """Bias parameters of the decoder's matmuls as `decoder.biases` and the config's flags set them (`qkv_outputs`:
+    q, k and v's outputs over all layers, Qwen2's fixed biases)."""
+    attention, mlp = mats[:num_attention_mats], mats[num_attention_mats:]
+    if decoder.biases == "qkv":
+        return qkv_outputs
+    if decoder.biases == "qkv_flag":
+        return _bias_params(mats[:3]) if config.get("attention_bias") else 0
+    if decoder.biases == "use_bias":
+        return _bias_params(mats) if config.get("use_bias") else 0
+    if decoder.biases == "seed_oss":  # q, k, v follow attention_bias, o attention_out_bias, the MLP mlp_bias
+        flags = (("attention_bias", mats[:3]), ("attention_out_bias", mats[3:4]), ("mlp_bias", mlp))
+        return sum(_bias_params(m) for key, m in flags if config.get(key))
+    if decoder.biases == "flags":
+        return sum(_bias_params(m) for key, m in (("attention_bias", attention), ("mlp_bias", mlp)) if config.get(key))
+    return 0
 
 
 def _bias_params(mats: list[tuple[int, int, int]]) -> int:
@@ -261,25 +255,22 @@ def _bias_params(mats: list[tuple[int, int, int]]) -> int:
     return sum(out * n for _, out, n in mats)
 
 
-def _attention_window(family: str, config: dict[str, Any], layers: int) -> tuple[int, int]:
-    """(layers attending over a sliding window only, that window in tokens), as transformers 5.23 picks them:
-    the config's `layer_types` when given, else Gemma 2's alternate layers (0, 2, 4, ...), Gemma 3's every layer but
-    each `sliding_window_pattern`-th, Phi-3's every layer, Qwen3's layers from `max_window_layers` on when
-    `use_sliding_window`, gpt-oss's alternate layers (0, 2, 4, ...); (0, 0) for every other family."""
+def _attention_window(decoder: Decoder, config: dict[str, Any], layers: int) -> tuple[int, int]:
+    """(layers attending over a sliding window only, that window in tokens), as transformers 5.23 picks them: the
+    config's `layer_types` when given, else `decoder.window`'s layers; (0, 0) for a family without windows."""
     window = int(config.get("sliding_window") or 0)
-    windowed = ("gemma2", "gemma3_text", "phi3", "qwen3", "gpt_oss", "olmo3", "exaone4", "ministral")
-    if family not in windowed or not window:
+    if decoder.window == "none" or not window:
         return 0, 0
-    if family == "qwen3" and not config.get("use_sliding_window"):
+    if decoder.window_switch is not None and not config.get(decoder.window_switch):
         return 0, 0
     types = config.get("layer_types")
     if types:
         num = sum(1 for t in types if t == "sliding_attention")
-    elif family in ("gemma2", "gpt_oss"):
+    elif decoder.window == "alternate":
         num = (layers + 1) // 2
-    elif family == "gemma3_text":
+    elif decoder.window == "all_but_every_nth":
         num = layers - layers // int(config.get("sliding_window_pattern") or _GEMMA3_SLIDING_WINDOW_PATTERN)
-    elif family == "phi3":
+    elif decoder.window == "all":
         num = layers
     else:
         num = max(0, layers - int(config.get("max_window_layers") or layers))
