@@ -49,7 +49,8 @@ def conformal_rank(n: int, level: float = INTERVAL_LEVEL) -> int | None:
 
 def conformal_halfwidth(abs_errors: Sequence[float], source: str, level: float = INTERVAL_LEVEL) -> Halfwidth:
     """The split-conformal half-width of `abs_errors` (held-out |log errors|); with too few of them, the Student-t
-    prediction bound of their root mean square (n degrees of freedom: the errors are centred on zero)."""
+    prediction bound of their root mean square (n degrees of freedom: the errors are centred on zero), never less
+    than their largest (the conformal bound at level n / (n + 1), so a higher level is never narrower)."""
     from scipy.special import stdtrit
 
     errors = sorted(abs(e) for e in abs_errors)
@@ -61,14 +62,15 @@ def conformal_halfwidth(abs_errors: Sequence[float], source: str, level: float =
         return Halfwidth(errors[k - 1], f"{source}: split-conformal, error {k} of {n}")
     rms = math.sqrt(sum(e * e for e in errors) / n)
     t = float(stdtrit(n, 0.5 + level / 2))
-    return Halfwidth(t * rms * math.sqrt(1 + 1 / n), f"{source}: Student t on the RMS of {n} errors (too few to rank)")
+    bound = max(t * rms * math.sqrt(1 + 1 / n), errors[-1])
+    return Halfwidth(bound, f"{source}: Student t on the RMS of {n} errors (too few to rank)")
 
 
 def error_interval(log_errors: Sequence[float], source: str, level: float = INTERVAL_LEVEL) -> ErrorInterval:
     """Where a new ln(predicted / measured) lies with probability `level`, from held-out signed `log_errors`: within
     the split-conformal |error| quantile of zero (valid whatever their sign); with too few to rank, the Student-t
     prediction interval of a normal sample whose mean and spread are both estimated, so errors that share a sign
-    put it on their side of the prediction."""
+    put it on their side of the prediction, widened to hold every error (as a lower level's ranked bound does)."""
     n = len(log_errors)
     if conformal_rank(n, level) is not None or n < 3:
         ranked = conformal_halfwidth(log_errors, source, level)
@@ -78,5 +80,7 @@ def error_interval(log_errors: Sequence[float], source: str, level: float = INTE
 
     h = float(stdtrit(n - 1, 0.5 + level / 2)) * spread * math.sqrt(1 + 1 / n)
     return ErrorInterval(
-        mean - h, mean + h, f"{source}: Student t on the mean and spread of {n} errors (too few to rank)"
+        min(mean - h, min(log_errors)),
+        max(mean + h, max(log_errors)),
+        f"{source}: Student t on the mean and spread of {n} errors (too few to rank)",
     )

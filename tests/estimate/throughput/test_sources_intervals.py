@@ -9,10 +9,12 @@ import statistics
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tunecost.catalog.gpu_terms import GpuTerms
 from tunecost.errors import TunecostError
-from tunecost.estimate.conformal import Halfwidth, conformal_halfwidth, error_interval
+from tunecost.estimate.conformal import Halfwidth, conformal_halfwidth, conformal_rank, error_interval
 from tunecost.estimate.throughput.calibrate import CalibratedModel, calibrate
 from tunecost.estimate.throughput.intervals import (
     HOST_CLOCK_CHAIN_LOG_HALFWIDTH,
@@ -159,6 +161,20 @@ def test_conformal_halfwidth_ranks_or_falls_back_to_student_t() -> None:
     assert few.value == pytest.approx(student_t.ppf(0.975, 2) * rms * math.sqrt(1.5)) and "Student t" in few.basis
     with pytest.raises(ValueError):
         conformal_halfwidth([], "s")
+
+
+@given(
+    st.lists(st.floats(-3, 3, allow_nan=False), min_size=1, max_size=40),
+    st.sampled_from([0.5, 0.8, 0.9, 0.95]),
+    st.sampled_from([0.01, 0.04, 0.09]),
+)
+def test_a_higher_level_is_never_narrower(errors: list[float], level: float, step: float) -> None:
+    # a level too high to rank falls back to Student t, which must not undercut a lower level's ranked bound
+    higher = min(level + step, 0.99)
+    assert conformal_halfwidth(errors, "s", higher).value >= conformal_halfwidth(errors, "s", level).value
+    if conformal_rank(len(errors), higher) is None:
+        wide = error_interval(errors, "s", higher)
+        assert wide.low <= min(errors) and wide.high >= max(errors)
 
 
 def test_error_interval_follows_errors_that_share_a_sign() -> None:
