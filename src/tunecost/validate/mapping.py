@@ -262,8 +262,8 @@ def stack_and_layout(row: CorpusRow, num_gpus: int, throughput: bool) -> tuple[S
         raise Skip(f"unknown stack {row.get('stack')!r}")
     if stack.simulator_stack is None and not throughput:
         raise Skip(stack.skip_reason or f"stack {stack.name} not modelled")
-    if strategy == "fsdp1" and stack.name == "torchtune" and "fsdp1" not in row.get("parallelism").lower():
-        strategy = "fsdp2"  # torchtune's distributed recipes shard with FSDP2's fully_shard, not accelerate's FSDP1
+    if strategy == "fsdp1" and "fsdp1" not in row.get("parallelism").lower():
+        strategy = stack.fsdp  # "FSDP" without a version: the stack's own
     return stack, strategy, offload, quantization
 
 

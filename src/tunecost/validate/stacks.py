@@ -41,6 +41,7 @@ class Stack:
     # the training loop runs each micro-batch but an optimizer step's last under DDP / FSDP `no_sync` (transformers'
     # Trainer through accelerate's `no_sync`, DeepSpeed excepted): one gradient reduction per optimizer step
     no_sync_accumulation: bool = False
+    fsdp: str = "fsdp1"  # the FSDP its rows run where they say "FSDP" without a version (torchtune: FSDP2)
 
     @property
     def simulator_spec(self) -> StackSpec:
@@ -224,6 +225,7 @@ STACKS: dict[str, Stack] = {
     "torchtune": Stack(
         name="torchtune",
         simulator_stack="torchtune",
+        fsdp="fsdp2",  # its distributed recipes shard with FSDP2's fully_shard, not accelerate's FSDP1
         kept_for_backward="with activation checkpointing (`enable_activation_checkpointing`), each layer's input "
         "through torch's non-re-entrant checkpoint_wrapper and the recomputed layer's activations during its "
         "backward; SDPA keeps the attention output and its log-sum-exp; with activation offload "
