@@ -416,6 +416,37 @@ def test_lora_target_and_dataset_may_be_yaml_lists(tmp_path):
     assert (job.options["lora_targets"], job.options["dataset"]) == ("q_proj,v_proj", "gsm8k")
 
 
+def test_a_dataset_name_is_its_file_in_dataset_info_under_the_working_directory(tmp_path, monkeypatch):
+    """data/parser.py: dataset_dir (default data/) holds dataset_info.json, whose entry names the local file."""
+    import json
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "alpaca_en_demo.json").write_text(json.dumps([{"instruction": "Say hi", "input": "", "output": "Hi"}]))
+    (data / "chat.json").write_text("[]")
+    info = {
+        "alpaca_en_demo": {"file_name": "alpaca_en_demo.json"},
+        "chat": {"file_name": "chat.json", "formatting": "sharegpt", "columns": {"messages": "messages"}},
+        "hub": {"hf_hub_url": "someone/data", "file_name": "alpaca_en_demo.json"},
+        "missing": {"file_name": "missing.json"},
+    }
+    (data / "dataset_info.json").write_text(json.dumps(info))
+    monkeypatch.chdir(tmp_path)
+    text = "model_name_or_path: meta-llama/Llama-3.1-8B\nstage: sft\nfinetuning_type: lora\ndataset: "
+    job = _read(tmp_path, text + "alpaca_en_demo\n")
+    assert job.options["dataset"] == str(Path("data") / "alpaca_en_demo.json")
+    assert any(a.startswith("dataset alpaca_en_demo: data/alpaca_en_demo.json") for a in job.assumptions)
+    for name in ("chat", "hub", "missing", "unlisted"):  # renamed columns, a hub dataset, no file, no entry
+        job = _read(tmp_path, text + f"{name}\n")
+        assert "dataset" not in job.options and any("give --dataset FILE" in a for a in job.assumptions), name
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (data / "dataset_info.json").rename(other / "dataset_info.json")
+    (data / "alpaca_en_demo.json").rename(other / "alpaca_en_demo.json")
+    job = _read(tmp_path, text + f"alpaca_en_demo\ndataset_dir: {other}\n")
+    assert job.options["dataset"] == str(other / "alpaca_en_demo.json")
+
+
 def test_several_catalog_datasets_are_concatenated_or_interleaved(tmp_path):
     """merge_dataset concatenates them (mix_strategy concat, the default) or interleaves them, each cut to
     max_samples first: the queries per epoch where the catalog counts each; unknown ones leave one dataset's, said."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
@@ -24,7 +26,7 @@ from tunecost.workload.frameworks.hf_common import (
 from tunecost.workload.frameworks.llamafactory_megatron import megatron_options
 from tunecost.workload.frameworks.model_parallel import soft_capped
 from tunecost.workload.job import targets_text
-from tunecost.workload.known_datasets import catalog_dataset, mixture_parts
+from tunecost.workload.known_datasets import FILE_SUFFIXES, catalog_dataset, mixture_parts
 from tunecost.workload.run_length import interleaved_queries
 
 TITLE = "LLaMA-Factory"
@@ -182,6 +184,9 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     for name in names:
         if known := catalog_dataset(name):
             options["dataset"] = known
+        elif len(names) == 1 and (local := _dataset_info_file(cfg, name.strip())) is not None:
+            options["dataset"] = str(local)
+            notes.append(f"dataset {name.strip()}: {local}, its file in dataset_dir/dataset_info.json")
         elif name.strip():
             notes.append(f"dataset {name.strip()}: a {TITLE} dataset name, give --dataset FILE for its lengths")
     if len(names) > 1:
@@ -217,6 +222,26 @@ def _read(cfg: ConfigFile) -> ConfigJob:
 
 
 UPCASTS = "upcasts a full fine-tune's trainable parameters to fp32"  # not under ZeRO-3: `registry.merge_configs`
+
+
+def _dataset_info_file(cfg: ConfigFile, name: str) -> Path | None:
+    """The local file `name` stands for in dataset_dir/dataset_info.json (dataset_dir "data" under the working
+    directory, as data/parser.py reads it) where tunecost reads it as LLaMA-Factory does: a file of alpaca or
+    sharegpt rows under their default columns, not a hub or script dataset, nor sampled (`num_samples`)."""
+    folder = Path(cfg.typed("dataset_dir", str) or "data").expanduser()
+    try:
+        info = json.loads((folder / "dataset_info.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return None  # no dataset_info.json here: the name stays a name
+    entry = info.get(name) if isinstance(info, dict) else None
+    if not isinstance(entry, dict) or not isinstance(entry.get("file_name"), str):
+        return None
+    remote = any(k in entry for k in ("hf_hub_url", "ms_hub_url", "om_hub_url", "script_url", "cloud_file_name"))
+    recast = any(k in entry for k in ("columns", "tags", "num_samples")) or entry.get("ranking")
+    path = folder / entry["file_name"]
+    if remote or recast or entry.get("formatting", "alpaca") not in ("alpaca", "sharegpt"):
+        return None
+    return path if path.is_file() and path.suffix in FILE_SUFFIXES else None
 
 
 def _merged(cfg: ConfigFile, names: list[str], cut: int | None, known: str | None, notes: list[str]) -> dict[str, Any]:
