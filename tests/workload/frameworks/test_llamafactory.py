@@ -429,6 +429,7 @@ def test_a_dataset_name_is_its_file_in_dataset_info_under_the_working_directory(
         "chat": {"file_name": "chat.json", "formatting": "sharegpt", "columns": {"messages": "messages"}},
         "hub": {"hf_hub_url": "someone/data", "file_name": "alpaca_en_demo.json"},
         "missing": {"file_name": "missing.json"},
+        "gsm8k": {"file_name": "alpaca_en_demo.json"},  # its own gsm8k: not the catalog's
     }
     (data / "dataset_info.json").write_text(json.dumps(info))
     monkeypatch.chdir(tmp_path)
@@ -436,6 +437,7 @@ def test_a_dataset_name_is_its_file_in_dataset_info_under_the_working_directory(
     job = _read(tmp_path, text + "alpaca_en_demo\n")
     assert job.options["dataset"] == str(Path("data") / "alpaca_en_demo.json")
     assert any(a.startswith("dataset alpaca_en_demo: data/alpaca_en_demo.json") for a in job.assumptions)
+    assert _read(tmp_path, text + "gsm8k\n").options["dataset"] == str(Path("data") / "alpaca_en_demo.json")
     for name in ("chat", "hub", "missing", "unlisted"):  # renamed columns, a hub dataset, no file, no entry
         job = _read(tmp_path, text + f"{name}\n")
         assert "dataset" not in job.options and any("give --dataset FILE" in a for a in job.assumptions), name

@@ -181,12 +181,12 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     if (workers := cfg.typed("ray_num_workers", int)) is not None and workers > 1:  # train/tuner.py, USE_RAY=1
         options["num_gpus"] = workers
         notes.append(f"num_gpus {workers}: ray_num_workers, one GPU per Ray worker (a run launched with USE_RAY=1)")
-    for name in names:
-        if known := catalog_dataset(name):
-            options["dataset"] = known
-        elif len(names) == 1 and (local := _dataset_info_file(cfg, name.strip())) is not None:
+    for name in names:  # dataset_info.json's own file first: what LLaMA-Factory trains on
+        if len(names) == 1 and (local := _dataset_info_file(cfg, name.strip())) is not None:
             options["dataset"] = str(local)
             notes.append(f"dataset {name.strip()}: {local}, its file in dataset_dir/dataset_info.json")
+        elif known := catalog_dataset(name):
+            options["dataset"] = known
         elif name.strip():
             notes.append(f"dataset {name.strip()}: a {TITLE} dataset name, give --dataset FILE for its lengths")
     if len(names) > 1:
