@@ -36,6 +36,29 @@ def test_memory_json_with_gpu_memory(cli_json, config_path, write_file):
     assert best["need_bytes"] * (1 + best["margin_fraction"]) <= 0.8e9
 
 
+def test_memory_sizes_a_dataset_at_its_own_longest_query_cut_at_seq_len(cli_json, cli_error, config_path, write_file):
+    import json
+
+    from tunecost.workload.job_data import job_data
+
+    rows = [
+        {"instruction": "Name a colour " * (1 + i % 7), "input": "", "output": "Blue " * (2 + i)} for i in range(30)
+    ]
+    data = write_file("train.json", json.dumps(rows))
+    model = config_path("small-mixtral")
+    lengths = job_data(str(data), model=model).lengths
+    named = write_file("lengths.txt", "\n".join(map(str, lengths)))
+    common = {"model": model, "method": "lora", "lora_rank": 8, "batch_size": 2}
+    out = cli_json("memory", dataset=data, **common)
+    assert (
+        out["seq_len"] == max(lengths)
+        and out["peak_bytes"] == cli_json("memory", dataset_lengths=named, **common)["peak_bytes"]
+    )  # the same step as naming its lengths
+    assert cli_json("memory", dataset=data, seq_len=16, **common)["seq_len"] == 16  # cut as the trainer cuts
+    line = cli_error(["memory", "--model", model, "--dataset", str(data), "--dataset-lengths", str(named)])
+    assert line == "error: give --dataset or --dataset-lengths, not both"
+
+
 def test_memory_table_output(cli_ok, config_path):
     small = config_path("small-mixtral")
     result = cli_ok("memory", model=small, method="lora", seq_len=32, lora_rank=8, gradient_checkpointing=False)

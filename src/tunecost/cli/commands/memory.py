@@ -17,7 +17,7 @@ from tunecost.cli.common import (
     progress_callback,
 )
 from tunecost.cli.groups import GpuMemory, JobOptions, StackFlags, option_groups
-from tunecost.cli.jobconfig import ConfigFiles, on_command_line, required
+from tunecost.cli.jobconfig import ConfigFiles, config_data_file, on_command_line, required
 from tunecost.cli.options import DEFAULT_SEQ_LEN, BatchSize, ExpertsPerToken, JsonOut, MethodName, count_option, opt
 from tunecost.csvfile import check_input_file
 from tunecost.errors import TunecostError
@@ -32,6 +32,10 @@ from tunecost.units import format_bytes, gb_from_bytes
 LENGTHS_HELP = (
     "Token lengths of a dataset (JSON list or one per line): the worst batch (the longest query, padded) decides; "
     "overrides --seq-len."
+)
+DATASET_HELP = (
+    "Dataset (a file, or a catalog dataset with a local copy): the worst batch of its own token lengths, cut at "
+    "--seq-len, decides, as `estimate` sizes memory."
 )
 TRACE_HELP = "Trace this many layers (default: scale from one and two repeating units)."
 QUANT_TYPE_HELP = (
@@ -88,6 +92,7 @@ def memory(
     method: MethodName = "qlora",
     experts_per_token: ExpertsPerToken = None,
     batch_size: BatchSize = 1,
+    dataset: Annotated[str | None, opt("--dataset", DATASET_HELP)] = None,
     dataset_lengths: Annotated[Path | None, opt("--dataset-lengths", LENGTHS_HELP)] = None,
     gptq_group_size: Annotated[int | None, opt("--gptq-group-size", GPTQ_GROUP_HELP)] = None,
     gptq_kernel: Annotated[str, opt("--gptq-kernel", GPTQ_KERNEL_HELP)] = "triton-v2",
@@ -104,16 +109,23 @@ def memory(
     from tunecost.estimate.simulated import COMPILE_MEMORY_NOTE
     from tunecost.simulate import max_batch_size, simulate_step
 
-    required("model", job_options.model)
+    model = required("model", job_options.model)
     memory_bytes = gpu_memory.bytes_beside(gpu)
-    lengths = _read_lengths(dataset_lengths) if dataset_lengths else None
+    if dataset_lengths is not None and on_command_line("dataset"):
+        raise TunecostError("give --dataset or --dataset-lengths, not both")
+    lengths: tuple[int, ...] | None
+    name: str | None
+    if dataset_lengths is not None:
+        lengths, name = _read_lengths(dataset_lengths), str(dataset_lengths)
+    else:
+        lengths, name = _data_lengths(config_data_file(dataset), model, job_options.seq_len)
     job = memory_job(
         job_options,
         method=method,
         experts_per_token=experts_per_token,
         batch_size=batch_size,
         lengths=lengths,
-        dataset=str(dataset_lengths) if dataset_lengths else None,
+        dataset=name,
         gptq=(gptq_group_size, gptq_kernel),
     )
     gpu_bytes, gpu_name, gpu_note = _gpu_budget(gpu, gpu_memory, memory_bytes, fp8=job.fp8)
@@ -138,6 +150,17 @@ def memory(
         return
     notes = (COMPILE_MEMORY_NOTE,) if job.torch_compile else ()
     _render(sim, best, f"{gpu_name} ({gpu_note})" if gpu_note else gpu_name, notes)
+
+
+def _data_lengths(dataset: str | None, model: str, cutoff: int | None) -> tuple[tuple[int, ...] | None, str | None]:
+    """(token lengths, name) of `dataset` counted with `model`'s tokenizer and cut at `cutoff`, as `estimate` reads
+    them; (None, None) without a dataset or for a catalog dataset with no local copy (its facts only)."""
+    from tunecost.workload.job_data import job_data
+
+    data = job_data(dataset, model=model) if dataset else None
+    if data is None or data.lengths is None:
+        return None, None
+    return tuple(min(n, cutoff) if cutoff else n for n in data.lengths), data.name
 
 
 def memory_job(
