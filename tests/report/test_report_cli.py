@@ -97,3 +97,14 @@ def test_a_garbage_records_file_is_one_warning(tmp_path: Path, make_run, cli_run
         f"warning: {run / 'stages.jsonl'}: skipped 50 lines that are not JSON records (lines 1, 2, 3, 4, 5, ...); "
         "results on the other lines are used"
     ]
+
+
+def test_rows_left_out_are_one_warning_each_and_in_the_json(tmp_path: Path, make_run, cli_runner) -> None:
+    run = make_run(tmp_path / "run", kinds=("throughput", "stages"), schema_version={"stages": 0})
+    with open(run / "throughput.jsonl", "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"schema_version": 1, "kind": "stages", "stage": "forward"}) + "\n")
+    result = cli_runner.invoke(app, ["report", str(run), "--json"])
+    assert result.exit_code == 0, result.output
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
+    assert [w.split(":")[1].strip() for w in warnings] == ["stages.jsonl", "throughput.jsonl"]
+    assert json.loads(result.stdout)["records_skipped"] == [w.removeprefix("warning: ") for w in warnings]

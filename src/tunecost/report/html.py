@@ -40,6 +40,7 @@ class ReportResult:
     figure_paths: tuple[Path, ...]
     sections_shown: tuple[str, ...]
     sections_omitted: dict[str, str]
+    records_skipped: tuple[str, ...] = ()  # files or rows not read, with the reason (`RunRecords.skipped`)
 
 
 def _figure_bytes(fig: object, fmt: str) -> bytes:
@@ -122,7 +123,11 @@ def build_report(run_dir: str | Path, out: str | Path | None = None, *, force: b
     figure_paths = _write_figures(fig_dir, figures)
     atomic_write_text(html_path, page)
     return ReportResult(
-        html_path=html_path, figure_paths=tuple(figure_paths), sections_shown=tuple(shown), sections_omitted=omitted
+        html_path=html_path,
+        figure_paths=tuple(figure_paths),
+        sections_shown=tuple(shown),
+        sections_omitted=omitted,
+        records_skipped=tuple(records.skipped),
     )
 
 

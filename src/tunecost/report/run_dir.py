@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from tunecost.errors import TunecostError
+from tunecost.errors import TunecostError, TunecostWarning
 from tunecost.io import read_jsonl
 from tunecost.results.schema import RECORD_KINDS, SCHEMA_VERSION
 
@@ -47,6 +48,12 @@ def _read_meta(run_dir: Path) -> dict[str, Any]:
     return meta
 
 
+def _skip(skipped: list[str], why: str) -> None:
+    """Records of a readable file left out: listed in the report and said as one warning."""
+    skipped.append(why)
+    warnings.warn(why, TunecostWarning, stacklevel=3)
+
+
 def _file_of(kind: Any) -> str | None:
     spec = RECORD_KINDS.get(kind) if isinstance(kind, str) else None
     return spec.file if spec is not None else None
@@ -79,17 +86,19 @@ def load_run(run_dir: str | Path) -> RunRecords:
         raw_versions = [r.get("schema_version") for r in rows]
         versions = {str(v) for v in raw_versions}  # str: a version may be any JSON value, even a list
         if any(type(v) is not int or v != SCHEMA_VERSION for v in raw_versions):
-            skipped.append(
+            _skip(
+                skipped,
                 f"{path.relative_to(run_dir)}: records in format version {sorted(versions)}, "
-                f"this tunecost reads version {SCHEMA_VERSION}; rerun the command that wrote it"
+                f"this tunecost reads version {SCHEMA_VERSION}; rerun the command that wrote it",
             )
             continue
         strays = sorted({str(r.get("kind")) for r in rows if _file_of(r.get("kind")) != path.name})
         kept = [r for r in rows if _file_of(r.get("kind")) == path.name]
         if strays:  # a row of an unknown kind, or of a kind another file holds
-            skipped.append(
+            _skip(
+                skipped,
                 f"{path.relative_to(run_dir)}: {len(rows) - len(kept)} record(s) of kind {', '.join(strays)}, "
-                f"not a kind {path.name} holds (docs/dev/records.md); left out"
+                f"not a kind {path.name} holds (docs/dev/records.md); left out",
             )
         if not kept:
             continue
