@@ -59,6 +59,19 @@ def test_memory_sizes_a_dataset_at_its_own_longest_query_cut_at_seq_len(cli_json
     assert line == "error: give --dataset or --dataset-lengths, not both"
 
 
+def test_memory_says_when_a_catalog_dataset_has_no_copy_here(cli_runner, monkeypatch, tmp_path) -> None:
+    from tunecost.cli.main import app
+
+    monkeypatch.setenv("TUNECOST_DATA_DIR", str(tmp_path))  # no copy of commonsense_15k there
+    result = cli_runner.invoke(app, ["memory", "--model", "mistral-7b-v0.1", "--method", "lora", "--dataset",
+                                     "commonsense_15k", "--seq-len", "256", "--json"])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    said = (
+        "assumed: dataset commonsense_15k has no copy on this machine: its lengths are not read; sized at --seq-len 256"
+    )
+    assert "".join(result.stderr.split()) == "".join(said.split())  # rich wraps the line at its width
+
+
 def test_memory_table_output(cli_ok, config_path):
     small = config_path("small-mixtral")
     result = cli_ok("memory", model=small, method="lora", seq_len=32, lora_rank=8, gradient_checkpointing=False)

@@ -92,8 +92,9 @@ def load_run(run_dir: str | Path) -> RunRecords:
                 f"this tunecost reads version {SCHEMA_VERSION}; rerun the command that wrote it",
             )
             continue
-        strays = sorted({str(r.get("kind")) for r in rows if _file_of(r.get("kind")) != path.name})
-        kept = [r for r in rows if _file_of(r.get("kind")) == path.name]
+        held = [_file_of(r.get("kind")) == path.name for r in rows]
+        kept = [r for r, ok in zip(rows, held, strict=True) if ok]
+        strays = sorted({str(r.get("kind")) for r, ok in zip(rows, held, strict=True) if not ok})
         if strays:  # a row of an unknown kind, or of a kind another file holds
             _skip(
                 skipped,

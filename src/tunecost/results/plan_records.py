@@ -108,6 +108,6 @@ def save_plan_records(
     rows = plan_rows(plan)
     if not rows:
         raise TunecostError(f"--out: the plan of {plan.model} weighed no setup; nothing to write")
-    path = add_records(record_path(run_dir, "plan_option"), rows, key=PLAN_KEY, force=force)
+    path = add_records(record_path(run_dir, PLAN_KIND), rows, key=PLAN_KEY, force=force)
     _note_run(run_dir, command)
     return path

@@ -12,6 +12,7 @@ import typer
 from tunecost.cli.common import (
     cli_errors,
     console,
+    err_console,
     print_json,
     print_table,
     progress_callback,
@@ -158,7 +159,13 @@ def _data_lengths(dataset: str | None, model: str, cutoff: int | None) -> tuple[
     from tunecost.workload.job_data import job_data
 
     data = job_data(dataset, model=model) if dataset else None
-    if data is None or data.lengths is None:
+    if data is None:
+        return None, None
+    if data.lengths is None:
+        err_console.print(
+            f"assumed: dataset {data.name} has no copy on this machine: its lengths are not read; sized at "
+            f"--seq-len {cutoff or DEFAULT_SEQ_LEN}"
+        )
         return None, None
     return tuple(min(n, cutoff) if cutoff else n for n in data.lengths), data.name
 
