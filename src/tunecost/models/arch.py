@@ -164,7 +164,7 @@ def blackmamba_arch(config: dict[str, Any], family: str) -> Arch:
     )
 
 
-def transformer_arch(config: dict[str, Any], family: str, decoder: Decoder) -> Arch:
+def transformer_arch(config: dict[str, Any], family: str, decoder: Decoder, fused_qkv: bool = False) -> Arch:
     hidden = int(_get(config, "hidden_size"))
     layers = int(_get(config, "num_hidden_layers"))
     heads = int(_get(config, "num_attention_heads"))
@@ -172,10 +172,10 @@ def transformer_arch(config: dict[str, Any], family: str, decoder: Decoder) -> A
     head_dim = int(config.get("head_dim") or decoder.head_dim or hidden // heads)
     vocab = int(_get(config, "vocab_size"))
     num_experts = int(_get(config, "num_local_experts", "num_experts", default=1))
-    # (in, out, how many of them in the model): q, k, v, o in every layer (Phi-3: qkv fused, o), then the
+    # (in, out, how many of them in the model): q, k, v, o in every layer (or qkv fused, o), then the
     # non-routed MLP work.
     q_out, kv_out = heads * head_dim, kv_heads * head_dim
-    if family == "phi3":
+    if fused_qkv:
         mats = [(hidden, q_out + 2 * kv_out, layers), (q_out, hidden, layers)]
     else:
         mats = [(hidden, q_out, layers), (hidden, kv_out, layers), (hidden, kv_out, layers), (q_out, hidden, layers)]
@@ -227,7 +227,7 @@ def transformer_arch(config: dict[str, Any], family: str, decoder: Decoder) -> A
         num_layer_norms=num_norms,
         window=_attention_window(decoder, config, layers),
     )
-    attention = [] if family == "phi3" else list(zip(PROJECTIONS["attention"], mats[:4]))  # not a fused qkv
+    attention = [] if fused_qkv else list(zip(PROJECTIONS["attention"], mats[:4]))  # not a fused qkv
     mlp = list(zip(PROJECTIONS["mlp"], mats[-3:])) if num_mlp_layers and not decoder.fused_gate_up else []
     return replace(arch, projection_in_out=tuple((name, (i + o) * n, n) for name, (i, o, n) in attention + mlp))
 

@@ -163,5 +163,5 @@ def arch_of(spec: ModelSpec) -> Arch:
             f"{spec.name}: the throughput model reads {', '.join(FAMILIES)} configs, not {spec.family!r}"
         )
     if family.arch is None:
-        return transformer_arch(spec.config, spec.family, family.decoder)
+        return transformer_arch(spec.config, spec.family, family.decoder, family.fused_qkv)
     return family.arch(spec.config, spec.family)
