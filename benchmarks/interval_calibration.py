@@ -6,12 +6,14 @@
   (validate.intervals), per quantity class, and of every throughput row predicted from its stack family's prior
   (its own stack left out), per kind of model;
 - the throughput model (bundled A40 and A100-40GB points): each (model, dataset, GPU) group predicted by a
-  calibration without it, whose own held-out checks set the interval (nested leave-one-group-out), at 95 %.
+  calibration without it, whose own held-out checks set the interval (nested leave-one-group-out), at 95 %; and each
+  model's batches above 4 predicted by a calibration without them (the batch term beyond its held-out reach).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 from pathlib import Path
 
@@ -70,6 +72,31 @@ def throughput_model_coverage() -> list[tuple[tuple[str, str, str], int, int, fl
             widths.append(100 * (pred.queries_per_s_high / pred.queries_per_s - 1))
             kinds = ", ".join(k for k, _, _ in pred.interval_parts)
         out.append((key, len(held), inside, statistics.median(widths), kinds))
+    return out
+
+
+def batch_reach_coverage(cut: int = 4) -> list[tuple[str, int, int, int, float, float, float]]:
+    """Each model's batches above `cut` held out and predicted by a calibration on the rest, whose own held-out
+    checks (its larger batches held out) set the interval: (model, points, inside, inside had the batch term stayed
+    flat beyond its held-out reach, median half-width %, largest error %, farthest e-folds of batch beyond) at 95 %."""
+    points = [p for f in BUNDLED_MEASUREMENTS for p in load_calibration_points(f)]
+    out = []
+    for name in sorted({p.target.job.model for p in points}):
+        held = [p for p in points if p.target.job.model == name and p.target.job.batch_size > cut]
+        model = calibrate([p for p in points if p not in held], source=f"all but {name} batches above {cut}")
+        reach = max(model.evidence.batch.distances) if model.evidence and model.evidence.batch else 0.0
+        inside, flat_inside, widths, errors = 0, 0, [], []
+        for p in held:
+            pred = model.predict(p.target, run_queries=p.run_queries)
+            inside += pred.queries_per_s_low <= p.queries_per_s <= pred.queries_per_s_high
+            d = math.log(p.target.job.batch_size / cut)
+            scale = max(1.0, d / reach) if reach else 1.0
+            flat = [h / scale if kind == "batch beyond calibrated" else h for kind, h, _ in pred.interval_parts]
+            flat_inside += abs(math.log(pred.queries_per_s / p.queries_per_s)) <= math.hypot(*flat)
+            widths.append(100 * (pred.queries_per_s_high / pred.queries_per_s - 1))
+            errors.append(100 * (pred.queries_per_s / p.queries_per_s - 1))
+        far = max(math.log(p.target.job.batch_size / cut) for p in held)
+        out.append((name, len(held), inside, flat_inside, statistics.median(widths), max(errors, key=abs), far))
     return out
 
 
@@ -144,6 +171,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {'/'.join(key):40s} {inside:2d} of {n:2d} inside, median ±{width:.1f} %  ({kinds})")
     total, inside = sum(g[1] for g in groups), sum(g[2] for g in groups)
     print(f"  all: {inside} of {total} inside ({100 * inside / total:.1f} %)")
+    print("throughput model, each model's batches above 4 held out at 95 % (its calibration's own batch check):")
+    for name, n, ins, flat, width, worst, far in batch_reach_coverage():
+        print(
+            f"  {name:40s} {ins:2d} of {n:2d} inside ({flat} with the batch term flat beyond its held-out reach), "
+            f"median ±{width:.1f} %, largest error {worst:+.0f} %, up to {far:.2f} e-folds of batch beyond"
+        )
     if args.plot:
         plot(curves, inside / total, args.plot)
         print(f"wrote {args.plot}")

@@ -151,6 +151,30 @@ def test_interval_parts_by_hand() -> None:
     assert hosted[1] == ("other host CPU", pytest.approx(HOST_CLOCK_CHAIN_LOG_HALFWIDTH * 0.5), hosted[1][2])
 
 
+def test_batch_term_grows_beyond_the_farthest_held_out_batch() -> None:
+    terms = GpuTerms(name="A", matmul_flops_per_s=1e14, fp32_flops_per_s=1e13, memory_bytes_per_s=1e12, source="t")
+    errors = tuple(0.01 * i for i in range(1, 20))  # 19 errors: the largest (0.19) bounds a new one
+    held = HeldOut(kind="batch beyond calibrated", errors=errors, source="b", distances=(0.2, 0.5))
+    evidence = IntervalEvidence(transfer=None, workload=None, note="", batch=held)
+
+    def batch_part(batch: int) -> float:
+        parts = interval_parts(
+            in_sample=Halfwidth(0.05, "in"),
+            evidence=evidence,
+            target=terms,
+            calibrated=[terms],
+            workload_calibrated=True,
+            cross_architecture=False,
+            batch_size=batch,
+            calibrated_max_batch=8,
+        )
+        return dict((k, h) for k, h, _ in parts).get("batch beyond calibrated", 0.0)
+
+    assert batch_part(8) == 0.0
+    assert batch_part(9) == batch_part(13) == pytest.approx(0.19)  # within the held-out reach (ln(13/8) < 0.5)
+    assert batch_part(32) == pytest.approx(0.19 * math.log(4) / 0.5)  # beyond it: in proportion to the distance
+
+
 def test_conformal_halfwidth_ranks_or_falls_back_to_student_t() -> None:
     from scipy.stats import t as student_t
 

@@ -20,7 +20,7 @@ from tunecost.io import cache_root
 
 SHIPPED_CACHE = Path(__file__).resolve().parent / "data"
 FIT_VERSION = 1  # bump when the fit's model or priors change what the cached parameters mean
-EVIDENCE_VERSION = 3  # bump when what the held-out checks compute changes
+EVIDENCE_VERSION = 4  # bump when what the held-out checks compute changes
 
 
 def _path(folder: str, points: Sequence[Any], *parts: Any) -> Path:
@@ -68,6 +68,7 @@ def cached_evidence(path: Path) -> IntervalEvidence | None:
             errors=tuple(float(x) for x in h["errors"]),
             source=h["source"],
             cross_architecture=tuple(bool(x) for x in h["cross_architecture"]),
+            distances=tuple(float(x) for x in h["distances"]),
         )
 
     try:

@@ -47,6 +47,7 @@ class HeldOut:
     errors: tuple[float, ...]
     source: str  # how they were obtained (shown with the interval)
     cross_architecture: tuple[bool, ...] = ()  # transfers: the held-out GPU's architecture was not calibrated
+    distances: tuple[float, ...] = ()  # batches: e-folds of batch each held-out point lay beyond the rest's largest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,6 +146,7 @@ def batch_errors(points: Sequence[Any], calibrate_rest: Callable[[list[Any]], An
     """Each model's batches above its median batch held out and predicted by a calibration on the rest: the
     errors of extrapolating the batch (by up to the ratio the source states)."""
     errors: list[float] = []
+    distances: list[float] = []
     checks = []
     for model in sorted({p.target.job.model for p in points}):
         sizes = sorted({p.target.job.batch_size for p in points if p.target.job.model == model})
@@ -153,12 +155,14 @@ def batch_errors(points: Sequence[Any], calibrate_rest: Callable[[list[Any]], An
         if (done := _held_out(points, held, calibrate_rest, min_points)) is None:
             continue  # the rest cannot be calibrated: these batches cannot be held out
         errors += [abs(e) for e in done[1]]
+        distances += [math.log(p.target.job.batch_size / cut) for p in held]
         top = max(p.target.job.batch_size for p in held)
         checks.append(f"{model}: {len(held)} points of batch {cut + 1}-{top} from batches up to {cut}")
     return HeldOut(
         kind="batch beyond calibrated",
         errors=tuple(errors),
         source="larger batches held out (" + ("; ".join(checks) or "none") + ")",
+        distances=tuple(distances),
     )
 
 
@@ -205,7 +209,14 @@ def interval_parts(
         held = evidence.batch if evidence else None
         if held is not None and held.errors:
             h = conformal_halfwidth(held.errors, held.source)
-            part = (h.value, f"{h.basis}; batch {batch_size} beyond {calibrated_max_batch}")
+            # the errors grew with the distance: beyond the farthest held out, the bound grows in proportion
+            reach = max(held.distances, default=d_batch)
+            scale = max(1.0, d_batch / reach) if reach > 0 else 1.0
+            part = (
+                h.value * scale,
+                f"{h.basis}; batch {batch_size} beyond {calibrated_max_batch}"
+                + (f", x {scale:.2f}: {d_batch:.2f} e-folds beyond, held out up to {reach:.2f}" if scale > 1 else ""),
+            )
         else:
             z = normal_quantile(INTERVAL_LEVEL)
             part = (z * BATCH_SD_PER_LOG * d_batch, f"assumed: {BATCH_SD_PER_LOG} log-sd per e-fold beyond batch")
