@@ -83,3 +83,31 @@ def test_a_data_file_the_config_names_but_this_machine_lacks_is_said_not_fatal(c
 def test_a_folder_given_as_config_says_so(cli_error, tmp_path: Path) -> None:
     line = cli_error(["estimate", "--config", str(tmp_path), "--gpu", "H100"])
     assert f"{tmp_path}: a folder, not a config file" in line
+
+
+def test_an_error_blames_the_option_it_names_not_a_word_of_its_prose(cli_runner, tmp_path: Path) -> None:
+    """ "a run in optimizer steps" is about max_steps, not the optimizer the config also sets."""
+    from tunecost.cli.main import app
+
+    path = tmp_path / "args.json"
+    args = {"per_device_train_batch_size": 2, "num_train_epochs": 1, "max_steps": 10, "optim": "adamw_torch"}
+    path.write_text(json.dumps(args), encoding="utf-8")
+    model = str(Path(__file__).parents[1] / "fixtures" / "distributed" / "tiny-llama-2l.json")
+    args = [
+        "estimate",
+        "--config",
+        str(path),
+        "--model",
+        model,
+        "--method",
+        "full",
+        "--gpu",
+        "H100",
+        "--strategy",
+        "ddp",
+    ]
+    result = cli_runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("error:") and "(optimizer" not in line
+    assert f"(max_steps 10 from --config {path})" in " ".join(result.stderr.split())

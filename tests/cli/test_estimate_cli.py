@@ -378,3 +378,14 @@ def test_lora_targets_follow_the_models_anatomy(cli_runner, cli_error, monkeypat
         _args("estimate", {**dense, "--lora-targets": "attention,experts"})
     )
     assert "unsupported LoRA target 'qkv'" in cli_error(_args("estimate", {**dense, "--lora-targets": "qkv"}))
+
+
+def test_a_rows_notes_split_apart_where_they_were_joined_not_inside_parentheses() -> None:
+    from tunecost.cli.commands.estimate_table import _split_notes
+
+    joined = "AdamW: a fused kernel (DeepSpeed's FusedAdam; torch's fused=True): no temporaries; lengths: 512"
+    assert _split_notes(joined) == [
+        "AdamW: a fused kernel (DeepSpeed's FusedAdam; torch's fused=True): no temporaries",
+        "lengths: 512",
+    ]
+    assert _split_notes("") == [] and _split_notes("one") == ["one"]

@@ -42,6 +42,10 @@ BASE = ["estimate", "--epochs", "1", "--queries", "100", "--method", "full", "--
             "--pp-first-stage-layers 19 leave 61 of the model's 80 decoder layers to 3 other stage(s)",
         ),
         (["--model", "llama-2-70b", "--gpus", "8", "--pp-last-stage-layers", "8"], "with --pp 2 or more"),
+        (
+            ["--model", "llama-2-70b", "--gpus", "32", "--tp", "8", "--pp", "2", "--strategy", "zero3"],
+            "zero3 with --pp 2: DeepSpeed runs ZeRO-2 and ZeRO-3 without pipeline parallelism",
+        ),
     ],
 )
 def test_a_layout_that_does_not_divide_is_one_error_line(cli_runner, args, message):
@@ -96,6 +100,17 @@ def test_auto_searches_tensor_and_pipeline_layouts_for_a_dense_full_fine_tune(cl
     assert result.exit_code == 0, result.output
     layouts = {(s["plan"]["tp"], s["plan"]["pp"]) for s in json.loads(result.stdout)["setups"]}
     assert {(1, 1), (2, 1), (1, 2), (2, 2)} <= layouts
+
+
+def test_a_configs_layout_is_the_one_priced(cli_runner, tmp_path):
+    """A --config states the layout (here data parallelism alone): --gpus auto searches its GPU counts, not the
+    TP/PP layouts its framework was not told to run."""
+    config = tmp_path / "args.json"
+    config.write_text('{"per_device_train_batch_size": 2, "num_train_epochs": 1, "bf16": true}', encoding="utf-8")
+    args = [*BASE, "--model", DENSE, "--gpus", "auto", "--max-gpus", "4", "--seq-len", "64", "--strategy", "ddp"]
+    result = cli_runner.invoke(app, [*args, "--config", str(config), "--json"])
+    assert result.exit_code == 0, result.output
+    assert {(s["plan"]["tp"], s["plan"]["pp"]) for s in json.loads(result.stdout)["setups"]} == {(1, 1)}
 
 
 @pytest.mark.long

@@ -123,8 +123,28 @@ def _aliases(options: dict[str, Any], params: set[str]) -> dict[str, Any]:
 
 CONFIG_ARCHITECTURE = "tunecost.config_architecture"  # ctx.meta: the model's sizes the config states, or None
 CONFIG_NOTES = "tunecost.config_notes"  # ctx.meta: (option or None, line) printed before the command runs
+RUN_IN_RANK_STEPS = "tunecost.run_in_rank_steps"  # ctx.meta: the run's queries count the data-parallel ranks
 CONFIG_DEFAULTED = "tunecost.config_defaulted"  # ctx.meta: the job options the config left to its framework
 ConfigFiles = Annotated[list[Path] | None, opt("--config", CONFIG_HELP, is_eager=True, callback=_read_config)]
+
+
+def layout_is_fixed() -> bool:
+    """Whether the job's layout is the one stated (none stated: data-parallel only), not one to search: a --config
+    states it, whatever it leaves to defaults; a run in steps of a per-device batch counted its queries on it."""
+    meta = get_current_context().meta
+    return CONFIG_PATH in meta or bool(meta.get(RUN_IN_RANK_STEPS))
+
+
+def nothing_fits_hint(count_given: bool, layout_given: bool) -> str:
+    """What to try when no multi-GPU setup fits: more GPUs (unless the run's queries count the ranks), a
+    model-parallel layout where the search did not weigh one."""
+    hints = (
+        ["--gpus auto finds the counts that do"]
+        if count_given and not get_current_context().meta.get(RUN_IN_RANK_STEPS)
+        else []
+    )
+    hints += ["--tp, --pp or --cp name a model-parallel layout"] if layout_is_fixed() and not layout_given else []
+    return "".join(f"; {h}" for h in hints)
 
 
 def config_cuts_the_data() -> bool:
@@ -215,6 +235,7 @@ def run_length(
     how = None if global_batch is None else (global_batch, f"global batch {global_batch} (--global-batch)")
     if (max_steps or cap) and how is None and config.get("queries_per_step") is None:
         _check_rank_count(searching)
+        get_current_context().meta[RUN_IN_RANK_STEPS] = True
     length = queries_x_epochs(
         dataset_queries=dataset_queries,
         epochs=epochs,
@@ -291,8 +312,8 @@ def _check_rank_count(searching: bool) -> None:
         command = get_current_context().info_name
         instead = "the queries per step (--global-batch)" if command == "plan" else "the GPU count (--gpus N)"
         raise TunecostError(
-            f"{command}: a run in optimizer steps of a per-device batch takes more queries on more ranks, and the "
-            f"GPU count is searched; give {instead}, or the run's length as --epochs or --queries"
+            f"{command}: a run in optimizer steps (max_steps) of a per-device batch takes more queries on more "
+            f"ranks, and the GPU count is searched; give {instead}, or the run's length as --epochs or --queries"
         )
     gpus = get_current_context().params.get("num_gpus")
     if isinstance(gpus, str) and on_command_line("num_gpus") and not gpus.strip().isdigit():
@@ -300,6 +321,15 @@ def _check_rank_count(searching: bool) -> None:
             f"--gpus {gpus.strip()}: a run in optimizer steps of a per-device batch takes more queries on more "
             "ranks; give one count (--gpus N), or the run's length as --epochs or --queries"
         )
+
+
+def check_config_global_batch(num_gpus: int) -> None:
+    """The --config's global batch, where its framework refuses it on `num_gpus` GPUs: one error naming its key."""
+    from tunecost.workload.frameworks.registry import check_global_batch
+
+    ctx = get_current_context()
+    if config := ctx.meta.get(CONFIG_OPTIONS):
+        check_global_batch(ctx.params.get("framework"), _batch_options(config), num_gpus)
 
 
 def on_command_line(name: str) -> bool:

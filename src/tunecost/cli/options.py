@@ -317,7 +317,9 @@ def blame_config(message: str, ctx: Context | None = None) -> str:
         return message
     for name, value in ctx.meta.get(CONFIG_OPTIONS, {}).items():
         flag = "--" + name.replace("_", "-")
-        said = re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])|(?<![\w-]){name}(?![\w-])", message)
+        # the flag, or an option's own name where it is no English word ("seq_len", not "optimizer steps")
+        bare = rf"|(?<![\w-]){name}(?![\w-])" if "_" in name else ""
+        said = re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-]){bare}", message)
         if said and ctx.get_parameter_source(name) == ParameterSource.DEFAULT_MAP:
             return f"{message} ({name} {value!r} from --config {ctx.meta[CONFIG_PATH]})"
     return message

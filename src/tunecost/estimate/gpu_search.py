@@ -25,7 +25,13 @@ from tunecost.models.params import ParamCounts, count_parameters
 from tunecost.simulate.batch import default_margin_fraction, fit_verdict, margin_note
 from tunecost.workload.frameworks.registry import runnable_plans
 from tunecost.workload.job import FineTuneJob
-from tunecost.workload.parallel import DEFAULT_MAX_GPUS, ModelParallel, ParallelPlan
+from tunecost.workload.parallel import (
+    DEFAULT_MAX_GPUS,
+    NOT_WITH_PIPELINE,
+    ModelParallel,
+    ParallelPlan,
+    check_pipeline_strategy,
+)
 
 
 def estimate_multi_gpu(
@@ -60,7 +66,7 @@ def estimate_multi_gpu(
     count doubled, up to `max_gpus`), and fitting nothing is an error unless not `require_fit`. `needs`: the job's
     rank memory and throughputs already computed (the same job with another offload or count). `model_parallel`:
     the TP/PP/CP degrees (None: data parallelism, or, searching, `layouts.model_parallel_choices`)."""
-    strategies, int8_note = _holding_strategies(job, strategies)
+    strategies, int8_note = _holding_strategies(job, strategies, model_parallel)
     degree = model_parallel.degree if model_parallel is not None else 1
     counts_by_gpu, spec = checked_counts(
         job.model, gpus, strategies, num_gpus, gpus_per_node, max_gpus, expert_degree, offload, degree
@@ -147,14 +153,18 @@ def _fits_nothing(model: str, method: str, max_gpus: int, gpus: Sequence[GPU], s
     )
 
 
-def _holding_strategies(job: FineTuneJob, strategies: Sequence[str]) -> tuple[list[str], list[str]]:
-    """`unsharded_strategies`, none of them an error."""
+def _holding_strategies(
+    job: FineTuneJob, strategies: Sequence[str], model_parallel: ModelParallel | None
+) -> tuple[list[str], list[str]]:
+    """`unsharded_strategies`, none of them an error; one of them runs beside the layout's pipeline."""
     kept, note = unsharded_strategies(job, strategies)
     if not kept:
         raise TunecostError(
             f"--strategy {', '.join(strategies)}: 8-bit (LLM.int8) base weights cannot be sharded; "
             "use ddp, zero1 or zero2"
         )
+    if model_parallel is not None and set(kept) <= set(NOT_WITH_PIPELINE):
+        check_pipeline_strategy(kept[0], model_parallel.pp)
     return kept, note
 
 

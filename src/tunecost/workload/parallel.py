@@ -101,6 +101,15 @@ def micro_batches_per_step(global_batch: int, micro_batch: int, data_parallel: i
     return global_batch // (micro_batch * data_parallel)
 
 
+def check_pipeline_strategy(strategy: str, pp: int) -> None:
+    """DeepSpeed's ZeRO-2 and ZeRO-3 do not run beside pipeline parallelism: one error."""
+    if pp > 1 and strategy in NOT_WITH_PIPELINE:
+        raise TunecostError(
+            f"{strategy} with --pp {pp}: DeepSpeed runs ZeRO-2 and ZeRO-3 without pipeline parallelism "
+            "(its PipelineEngine asserts a stage below 2); use zero1, fsdp2 or ddp"
+        )
+
+
 def check_fsdp2_method(method: str, *, alternatives: str = "--method lora or full") -> None:
     """Refuse QLoRA where tunecost runs PyTorch's FSDP2 itself (the fake-process-group simulation of a rank and
     `tunecost profile --nproc-per-node`): FSDP2 shards 4-bit weights only when bitsandbytes stores them in a float
@@ -306,11 +315,7 @@ class ParallelPlan(ModelParallel, _DataParallel):
             where = f"the {self.num_gpus} GPUs" if self.dp == self.num_gpus else f"the data-parallel degree {self.dp}"
             raise TunecostError(f"expert-parallel degree {self.expert_parallel} must be at least 1 and divide {where}")
         check_offload(self.offload, self.strategy)
-        if self.pp > 1 and self.strategy in NOT_WITH_PIPELINE:
-            raise TunecostError(
-                f"{self.strategy} with --pp {self.pp}: DeepSpeed runs ZeRO-2 and ZeRO-3 without pipeline parallelism "
-                "(its PipelineEngine asserts a stage below 2); use zero1, fsdp2 or ddp"
-            )
+        check_pipeline_strategy(self.strategy, self.pp)
         if self.reduce_bucket_elements < 1:
             raise TunecostError(f"reduce_bucket_size must be at least 1 element, got {self.reduce_bucket_elements}")
 

@@ -396,19 +396,28 @@ def test_fp8_is_torchaos_tensorwise_float8(tmp_path):
     assert "fp8" not in _read(tmp_path, LORA + "fp8: false\n").options
 
 
+def test_batch_size_without_accumulation_sets_it(tmp_path):
+    """utils/config normalize_config: gradient_accumulation_steps = batch_size // micro_batch_size when unset."""
+    base = "base_model: meta-llama/Llama-3.1-8B\nmicro_batch_size: 2\n"
+    assert _read(tmp_path, base + "batch_size: 16\n").options["grad_accum"] == 8
+    stated = _read(tmp_path, base + "batch_size: 16\ngradient_accumulation_steps: 2\n").options
+    assert stated["grad_accum"] == 2  # the stated accumulation wins
+    with pytest.raises(TunecostError, match="batch_size: 1 is less than micro_batch_size 2"):
+        _read(tmp_path, base + "batch_size: 1\n")
+
+
 def test_nd_parallel_data_parallel_sizes(tmp_path):
     """examples/distributed-parallel: dp_shard_size x dp_replicate_size x tp fixes the GPUs; FSDP's shard groups
-    replicated over the rest are HSDP's (a shard group per node); dp_shard_size alone leaves the count open."""
+    replicated over the rest are HSDP's (a shard group per node); dp_shard_size alone is one shard group (axolotl
+    replicates only over GPUs beyond it, utils/distributed.py _get_parallel_config_kwargs)."""
     fsdp2 = "base_model: meta-llama/Llama-3.1-8B\nmicro_batch_size: 1\nfsdp_version: 2\n"
     fsdp2 += "fsdp_config:\n  offload_params: false\n"
     both = _read(tmp_path, fsdp2 + "dp_shard_size: 4\ndp_replicate_size: 2\ntensor_parallel_size: 2\n")
     o = both.options
     assert (o["num_gpus"], o["strategy"], o["gpus_per_node"], o["tp"]) == (16, "hsdp", 8, 2)
     shard = _read(tmp_path, fsdp2 + "dp_shard_size: 2\ncontext_parallel_size: 2\ntensor_parallel_size: 2\n")
-    assert (shard.options["strategy"], shard.options["gpus_per_node"]) == (
-        "hsdp",
-        8,
-    ) and "num_gpus" not in shard.options
+    assert (shard.options["strategy"], shard.options["num_gpus"]) == ("fsdp2", 8)
+    assert "gpus_per_node" not in shard.options
     ddp = _read(tmp_path, fsdp2 + "dp_shard_size: 1\ndp_replicate_size: 8\n").options  # replicas of one GPU
     assert (ddp["strategy"], ddp["num_gpus"], "gpus_per_node" in ddp) == ("ddp", 8, False)
     assert _read(tmp_path, fsdp2 + "dp_shard_size: 8\ndp_replicate_size: 1\n").options["strategy"] == "fsdp2"

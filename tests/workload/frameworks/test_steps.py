@@ -154,6 +154,24 @@ def test_torchtitan_global_batch_is_its_gradient_accumulation(tmp_path: Path) ->
     assert job.options["grad_accum"] == 2 and _queries(path).num_queries == 10000 * 32
 
 
+def test_torchtitan_refuses_a_global_batch_its_ranks_do_not_divide(tmp_path: Path) -> None:
+    """train.py asserts global_batch_size % (local_batch_size x data-parallel degree) == 0: on the GPUs the file
+    states, and (`registry.check_global_batch`) on a count given beside it."""
+    from tunecost.workload.frameworks.registry import check_global_batch
+
+    path = tmp_path / "titan.toml"
+    head = '[model]\nname = "llama3"\nflavor = "8B"\n[training]\nlocal_batch_size = 2\nglobal_batch_size = 24\n'
+    path.write_text(head + "[parallelism]\ndata_parallel_shard_degree = 8\n")
+    with pytest.raises(TunecostError, match="training.global_batch_size 24: not a multiple of micro-batch 2 x 8"):
+        read_config(path)
+    path.write_text(head)  # the launcher's GPUs
+    options = read_config(path).options
+    check_global_batch("torchtitan", options, 6)  # 24 = 2 x 6 x 2
+    with pytest.raises(TunecostError, match="x 8 data-parallel ranks on 8 GPUs, where torchtitan stops"):
+        check_global_batch("torchtitan", options, 8)
+    check_global_batch("litgpt", options, 8)  # litgpt floors the division: no check
+
+
 def test_an_evaluation_split_leaves_the_rest_to_train() -> None:
     """A fraction is rounded up as `datasets`' train_test_split rounds its test size; a count is taken as is."""
     assert training_queries(52002, 0.1) == 52002 - 5201

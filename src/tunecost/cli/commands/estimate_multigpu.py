@@ -14,6 +14,7 @@ from tunecost.workload.parallel import (
     DEFAULT_GPUS_PER_NODE,
     DEFAULT_MAX_GPUS,
     MULTI_GPU_STRATEGIES,
+    ModelParallel,
 )
 
 if TYPE_CHECKING:
@@ -48,6 +49,10 @@ def run_multi_gpu(
     named = strategy not in (None, "all")
     strategies = split_list(strategy, what="strategy") if named else _framework_strategies(every, framework)
     count = parse_gpu_counts(num_gpus, gpus)
+    if isinstance(count, int):
+        from tunecost.cli.jobconfig import check_config_global_batch
+
+        check_config_global_batch(count)
     if count is not None and max_gpus is not None:
         raise TunecostError(f"--max-gpus bounds the search of --gpus auto; --gpus {num_gpus} names the count")
     if batch_size is not None and not batch_size.strip().isdigit():
@@ -77,8 +82,11 @@ def run_multi_gpu(
     if output.json_out:
         print_json(answer)
         return
+    from tunecost.cli.jobconfig import nothing_fits_hint
+
     print_answer(
         answer,
+        hint=nothing_fits_hint(count is not None, model_parallel_option(options) is not None),
         count=count,
         limit=max_gpus or DEFAULT_MAX_GPUS,
         expert_degree=expert_degree,
@@ -118,13 +126,16 @@ def _searched(
     """`estimate_multi_gpu` of `job` at the expert-parallel degree given; searching the GPU counts of an MoE model
     without a degree, offload or TP/PP/CP given, at each degree `plan` weighs too (one answer)."""
     from tunecost.catalog.gpus import resolve_gpu_name
-    from tunecost.cli.jobconfig import pipeline_micro_batches
+    from tunecost.cli.jobconfig import layout_is_fixed, pipeline_micro_batches
     from tunecost.estimate import gpu_search
     from tunecost.estimate.estimators import sized_job
     from tunecost.estimate.rank_needs import RankNeeds
 
     sized, limit = sized_job(job), options.max_gpus or DEFAULT_MAX_GPUS
-    model_parallel = pipeline_micro_batches(model_parallel_option(options), count, batch_size)
+    stated = model_parallel_option(options)
+    if stated is None and layout_is_fixed():  # data-parallel only: no TP/PP/CP or expert-parallel layout searched
+        stated = ModelParallel()
+    model_parallel = pipeline_micro_batches(stated, count, batch_size)
     searching = count is None and options.expert_parallel is None and model_parallel is None
     more = gpu_search.searched_expert_degrees(sized, offload=offload, max_gpus=limit) if searching else []
     more = [e for e in more if gpu_search.expert_strategies(strategies, e)]
@@ -162,7 +173,7 @@ def _searched(
 
 
 def print_answer(
-    answer, *, count, limit: int, expert_degree: int | None, offload: str, verbose: bool, lengths: str = ""
+    answer, *, hint: str, count, limit: int, expert_degree: int | None, offload: str, verbose: bool, lengths: str = ""
 ) -> None:
     """The answer line, the best setups (every one with --verbose), why the rest do not fit, and the notes."""
     from tunecost.estimate.setups import cost_order
@@ -177,7 +188,6 @@ def print_answer(
         if best.plan.degree > 1:
             console.print(_model_parallel_line(best))
     elif not any(s.fits for s in answer.setups):
-        hint = "; --gpus auto finds the counts that do" if count is not None else ""
         console.print(f"answer: no setup fits with the safety margin{hint}")
     ranked = sorted(
         (s for s in answer.setups if s.cost is not None or s.fit != "no" or count is not None),
@@ -190,7 +200,9 @@ def print_answer(
     ep = f", expert parallel {expert_degree}" if expert_degree and expert_degree > 1 else ""
     ep += f", CPU offload: {offload}" if offload != "none" else ""
     what = (
-        f"fewest GPUs that fit and their power-of-two multiples (up to {limit})" if count is None else "GPUs as given"
+        f"per layout, the fewest GPUs that fit and their power-of-two multiples (up to {limit})"
+        if count is None
+        else "GPUs as given"
     )
     _print_setups(
         f"{answer.model} ({answer.method}{ep}), {answer.seq_len} tokens per query: {what}", shown, wide=verbose

@@ -121,11 +121,22 @@ def _best_rows(rows: list) -> list:
     return out[:SHOWN_ROWS] or rows[:SHOWN_ROWS]
 
 
+def _split_notes(text: str) -> list[str]:
+    """A row's notes, joined by "; ", apart again (a "; " inside a note's parentheses stays in it)."""
+    notes, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0 and text.startswith("; ", i):
+            notes.append(text[start:i])
+            start = i + 2
+    return [*notes, text[start:]] if text else []
+
+
 def _notes(rows: list) -> list[str]:
     """Every distinct note once, each prefixed by the GPUs it is about when it is not about all of them."""
     by_note: dict[str, list[str]] = {}
     for r in rows:
-        for note in r.notes.split("; ") if r.notes else ():
+        for note in _split_notes(r.notes):
             gpus = by_note.setdefault(note, [])
             if r.gpu not in gpus:
                 gpus.append(r.gpu)

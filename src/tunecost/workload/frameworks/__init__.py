@@ -133,6 +133,8 @@ class Framework:
     model_parallel: tuple[str, ...] | None = None  # the TP/PP/CP dimensions it runs ("tp", "pp", "cp"; None: all)
     tp_shards_norms: bool = True  # its TP runs sequence parallelism; False: transformers' tp_plan, DeepSpeed AutoTP
     tp_strategies: tuple[str, ...] | None = None  # the data-parallel strategies its TP runs beside (None: every one)
+    # its key of a global batch it stops on unless a multiple of micro-batch x data-parallel ranks (None: no check)
+    global_batch_key: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -310,6 +312,18 @@ def parse_config_file(path: str | Path) -> dict[str, Any]:
 
 
 DERIVED_ACCUMULATION = " / (micro-batch "  # the line of grad_accum derived from a stated global batch
+
+
+def global_batch_divides(key: str, title: str, options: dict[str, Any], num_gpus: int) -> None:
+    """The config's global batch (`key`) is a multiple of its micro-batch x the data-parallel ranks of `num_gpus`
+    GPUs, or one error naming the key (a framework that stops there: `Framework.global_batch_key`)."""
+    global_batch, micro = options.get("queries_per_step"), options.get("batch_size")
+    ranks = max(1, num_gpus // (options.get("tp", 1) * options.get("pp", 1) * options.get("cp", 1)))
+    if global_batch and micro and global_batch % (micro * ranks):
+        raise TunecostError(
+            f"{key} {global_batch}: not a multiple of micro-batch {micro} x {ranks} data-parallel ranks on "
+            f"{num_gpus} GPUs, where {title} stops"
+        )
 
 
 def accumulation_of(options: dict[str, Any], key: str) -> list[str]:

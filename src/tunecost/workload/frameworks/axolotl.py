@@ -91,15 +91,10 @@ def _method(cfg: ConfigFile, model: str | None, notes: list[str]) -> dict[str, A
             raise cfg.error("adapter", f"qlora needs load_in_4bit: true ({TITLE}'s own check)")
         bnb = cfg.typed("bnb_config_kwargs", dict) or {}
         for key, (option, default) in _BNB.items():
-            options[option] = bnb.get(key, default)
-            if key not in bnb:
-                notes.append(
-                    f"{option} {'on' if default is True else default}: {TITLE}'s default for qlora (loaders/model.py)"
-                )
-        if options["quant_type"] not in ("nf4", "fp4"):
-            raise cfg.error(
-                "bnb_config_kwargs", f"bnb_4bit_quant_type must be nf4 or fp4, got {options['quant_type']!r}"
-            )
+            options[option], said = bnb.get(key, default), "on" if default is True else default
+            notes += [] if key in bnb else [f"{option} {said}: {TITLE}'s default for qlora (loaders/model.py)"]
+        if (kind := options["quant_type"]) not in ("nf4", "fp4"):
+            raise cfg.error("bnb_config_kwargs", f"bnb_4bit_quant_type must be nf4 or fp4, got {kind!r}")
     elif cfg.typed("gptq", bool):
         options["method"] = "qlora"
         notes.append("gptq: a GPTQ 4-bit checkpoint, read as qlora (tunecost takes the 4-bit type from the model)")
@@ -181,12 +176,10 @@ def _training(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
         checkpointing = _get(cfg, notes, "gradient_checkpointing", bool)
     elif isinstance(checkpointing, str):
         if checkpointing not in ("offload", "offload_disk"):
-            raise cfg.error(
-                "gradient_checkpointing", f"must be true, false, offload or offload_disk, got {checkpointing!r}"
-            )
-        notes.append(
-            f"gradient_checkpointing {checkpointing}: modelled as checkpointing with the checkpoints on the GPU"
-        )
+            raise cfg.error("gradient_checkpointing", f"must be true, false, offload or offload_disk, "
+                            f"got {checkpointing!r}")  # fmt: skip
+        notes.append(f"gradient_checkpointing {checkpointing}: modelled as checkpointing with the checkpoints on "
+                     "the GPU")  # fmt: skip
     kwargs = cfg.typed("gradient_checkpointing_kwargs", dict)
     if checkpointing and kwargs is None and "reentrant" not in options:
         options["reentrant"] = True
@@ -201,6 +194,10 @@ def _training(cfg: ConfigFile, notes: list[str]) -> dict[str, Any]:
         "batch_size": _get(cfg, notes, "micro_batch_size", int),
     }
     options |= steps_options(cfg, ("max_steps", "gradient_accumulation_steps"), TITLE, notes)
+    if (batch := cfg.typed("batch_size", int)) is not None and "grad_accum" not in options:  # normalize_config
+        if batch < options["batch_size"]:
+            raise cfg.error("batch_size", f"{batch} is less than micro_batch_size {options['batch_size']}")
+        options["grad_accum"] = batch // options["batch_size"]
     if "max_steps" in options:
         cfg.typed("num_epochs", (int, float))
         return options
@@ -273,12 +270,16 @@ def _data_parallel(cfg: ConfigFile, options: dict[str, Any], notes: list[str]) -
         return
     shard, replicate = cfg.typed("dp_shard_size", int), cfg.typed("dp_replicate_size", int)
     for key, size in (("dp_shard_size", shard), ("dp_replicate_size", replicate)):
-        if size is not None and size < 1:
-            raise cfg.error(key, f"must be at least 1, got {size}")
+        positive(cfg, key, size)
     inner = options.get("tp", 1) * options.get("cp", 1)
     if shard is not None and replicate is not None:
         options["num_gpus"] = shard * replicate * inner
         notes.append(f"GPUs {options['num_gpus']}: dp_shard_size x dp_replicate_size x tp x cp")
+    elif shard is not None and shard > 1:  # replicas only on the GPUs beyond one shard group
+        options["num_gpus"] = shard * inner
+        notes.append(f"GPUs {shard * inner}: dp_shard_size x tp x cp, one shard group ({TITLE} replicates it over "
+                     "any GPUs beyond: --gpus)")  # fmt: skip
+        return
     if options.get("strategy") not in ("fsdp1", "fsdp2") or (shard or 1) * (replicate or 1) == 1 or replicate == 1:
         return  # FSDP over every data-parallel GPU
     if shard == 1:

@@ -209,7 +209,8 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     notes += _upcast_note(cfg, options)
     megatron = megatron_options(cfg, model, notes)
     if megatron:  # Megatron Core runs the model: the Trainer's checkpointing, attention and stack do not apply
-        hf_only = ("gradient_checkpointing ", "reentrant ", "attention ", "optimizer ", "stack hf-peft", "enable_liger")
+        hf_only = ("gradient_checkpointing ", "reentrant ", "attention ", "optimizer ", "stack hf-peft", "enable_liger",
+                   "parameters in ")  # fmt: skip
         notes = [n for n in notes if not n.startswith(hf_only)]
         hf_options = ("reentrant", "attention", "liger_kernel")
         options = {k: v for k, v in options.items() if k not in hf_options} | megatron

@@ -13,7 +13,15 @@ from typing import Any
 
 from tunecost.catalog.torchtune_configs import find_torchtune_config, torchtune_configs
 from tunecost.errors import TunecostError
-from tunecost.workload.frameworks import PASS_DEEPSPEED, ConfigFile, ConfigJob, Framework, parse_config_file, torchtune
+from tunecost.workload.frameworks import (
+    PASS_DEEPSPEED,
+    ConfigFile,
+    ConfigJob,
+    Framework,
+    global_batch_divides,
+    parse_config_file,
+    torchtune,
+)
 from tunecost.workload.frameworks.accelerate import FRAMEWORK_DEEPSPEED
 from tunecost.workload.frameworks.hf import BOTH_OFF
 from tunecost.workload.frameworks.llamafactory import UPCASTS
@@ -40,6 +48,13 @@ def frameworks() -> list[Framework]:
         module = importlib.import_module(f"tunecost.workload.frameworks.{name}")
         out += list(getattr(module, "FRAMEWORKS", ())) or [module.FRAMEWORK]
     return out
+
+
+def check_global_batch(framework: str | None, options: dict[str, Any], num_gpus: int) -> None:
+    """`frameworks.check_global_batch` for the framework named `framework` (none: no check)."""
+    known = next((f for f in frameworks() if f.name == framework), None)
+    if known is not None and known.global_batch_key is not None:
+        global_batch_divides(known.global_batch_key, known.title, options, num_gpus)
 
 
 def runnable_strategies(strategies: Sequence[str], framework: str | None) -> tuple[list[str], list[str]]:

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from tunecost.workload.frameworks import COMPILE_NOTE, ConfigFile, ConfigJob, Framework, KnownKeys, accumulation_of
+from tunecost.workload.frameworks import (
+    COMPILE_NOTE,
+    ConfigFile,
+    ConfigJob,
+    Framework,
+    KnownKeys,
+    accumulation_of,
+    global_batch_divides,
+)
 from tunecost.workload.frameworks.model_parallel import (
     ModelShape,
     catalog_shape,
@@ -295,8 +303,8 @@ def _mixed_precision(flat: ConfigFile, options: dict[str, Any], notes: list[str]
         notes.append(f"dtype fp32: TP or PP without FSDP: {TITLE} disables mixed precision (training.dtype float32)")
     elif "num_gpus" not in options:
         notes.append(
-            f"dtype bf16 assumed: on GPUs that leave a data-parallel shard of 1 (TP or PP without FSDP) {TITLE} trains "
-            "in training.dtype float32 throughout (--dtype fp32 prices that)"
+            f"dtype bf16: on GPUs that leave a data-parallel shard of 1 (TP or PP without FSDP) {TITLE} trains in "
+            "training.dtype float32 throughout (--dtype fp32 prices that)"
         )
 
 
@@ -334,6 +342,8 @@ def read(cfg: ConfigFile) -> ConfigJob:
     if options["gradient_checkpointing"] and flat.data.get("activation_checkpoint.mode", "selective") == "selective":
         _layer_checkpointing(flat, options, notes)
     _steps(flat, options, notes)
+    if options.get("num_gpus"):
+        global_batch_divides("training.global_batch_size", TITLE, options, options["num_gpus"])
     notes += accumulation_of(options, "training.global_batch_size")  # train.py's gradient_accumulation_steps
     return config_job(FRAMEWORK.name, flat, options, notes)
 
@@ -356,4 +366,5 @@ FRAMEWORK = Framework(
     read=read,
     strategies=("fsdp2", "fsdp2-shard-grad-op", "hsdp", "ddp"),
     strategies_why=f"{TITLE} shards and replicates with FSDP2's degrees",
+    global_batch_key="training.global_batch_size",  # train.py asserts the multiple
 )
