@@ -15,6 +15,7 @@ from tunecost.catalog.datasets import TRAIN_SPLIT, find_dataset_facts
 from tunecost.cli.common import err_console
 from tunecost.cli.options import CONFIG_OPTIONS, CONFIG_PATH, ParameterSource, get_current_context, opt
 from tunecost.errors import TunecostError
+from tunecost.workload.known_datasets import data_files
 from tunecost.workload.parallel import ModelParallel, micro_batches_per_step
 
 if TYPE_CHECKING:
@@ -187,7 +188,7 @@ def config_data_file(dataset: str | None) -> str | None:
         return dataset
     path = Path(dataset).expanduser()
     a_file = path.is_absolute() or dataset.startswith(".") or path.suffix in (".json", ".jsonl", ".csv", ".parquet")
-    if not a_file or path.exists():
+    if not a_file or path.exists() or data_files(dataset) is not None:
         return dataset
     err_console.print(
         f"assumed: dataset {dataset} (from --config {ctx.meta.get(CONFIG_PATH)}) is not on this machine: its size "

@@ -18,7 +18,14 @@ from tunecost.catalog.datasets import dataset_catalog, find_dataset_facts
 from tunecost.errors import TunecostError
 from tunecost.models.catalog import resolve_model
 from tunecost.workload.datasets import load_dataset
-from tunecost.workload.known_datasets import FILE_SUFFIXES, KNOWN_DATASETS, canonical_name, hub_cached, resolve_known
+from tunecost.workload.known_datasets import (
+    FILE_SUFFIXES,
+    KNOWN_DATASETS,
+    canonical_name,
+    data_files,
+    hub_cached,
+    resolve_known,
+)
 from tunecost.workload.lengths import LengthDistribution, length_distribution
 from tunecost.workload.templates import template_by_name
 from tunecost.workload.tokenizers import tokenizer_by_name
@@ -53,6 +60,8 @@ def job_data(dataset: str, *, model: str, allow_download: bool = False) -> JobDa
     path = Path(os.path.expanduser(dataset))
     if path.is_file():
         return _measured(dataset, str(path), model, allow_download)
+    if (files := data_files(dataset)) is not None:
+        return _concatenated(dataset, files, model, allow_download)
     facts = find_dataset_facts(dataset)
     known = canonical_name(dataset)
     local = resolve_known(known) if known is not None else None
@@ -74,6 +83,15 @@ def job_data(dataset: str, *, model: str, allow_download: bool = False) -> JobDa
         return _measured(known or dataset, dataset, model, allow_download)
     except TunecostError as exc:
         raise _unknown_dataset(dataset, known, exc) from None
+
+
+def _concatenated(name: str, files: list[Path], model: str, allow_download: bool) -> JobData:
+    """The examples of several files, one after the other (datasets' concatenate_datasets)."""
+    parts = [_measured(str(f), str(f), model, allow_download) for f in files]
+    lengths = tuple(n for p in parts for n in p.lengths or ())
+    counted = " + ".join(f"{p.num_queries:,} of {p.name}" for p in parts)
+    note = f"lengths of {len(parts)} files, their examples together ({counted}), max {max(lengths)} tokens"
+    return JobData(name=name, num_queries=len(lengths), lengths=lengths, tokenizer=parts[0].tokenizer, note=note)
 
 
 def _measured(name: str, source: str, model: str, allow_download: bool, split: str = "train") -> JobData:

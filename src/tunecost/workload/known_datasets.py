@@ -234,3 +234,10 @@ def catalog_dataset(name: str) -> str | None:
         return get_dataset_facts(name).name
     except TunecostError:
         return canonical_name(name)
+
+
+def data_files(dataset: str) -> list[Path] | None:
+    """The files of a comma-separated list of data files (a LLaMA-Factory config's several local datasets), None
+    where `dataset` is not such a list or one of them is not on this machine."""
+    parts = [Path(os.path.expanduser(p.strip())) for p in dataset.split(",")]
+    return parts if len(parts) > 1 and all(p.is_file() for p in parts) else None

@@ -507,3 +507,29 @@ def test_the_megatron_backend_counts_the_embedding_in_the_split_where_told(tmp_p
 def test_the_megatron_backend_reads_expert_parallelism(tmp_path) -> None:
     job = _read(tmp_path, MEGATRON_FULL.replace("sequence_parallel: true", "expert_model_parallel_size: 2"))
     assert job.options["expert_parallel"] == 2
+
+
+def test_several_local_datasets_are_counted_and_read_together(tmp_path, monkeypatch):
+    """LLaMA-Factory's examples train on `identity,alpaca_en_demo`, two files of dataset_info.json: each cut to
+    max_samples (data/loader.py), concatenated or interleaved (data/data_utils.py); their lengths are read together."""
+    import json
+
+    from tunecost.workload.job_data import job_data
+
+    data = tmp_path / "data"
+    data.mkdir()
+    row = {"instruction": "Say hi", "input": "", "output": "Hi there"}
+    (data / "a.json").write_text(json.dumps([row] * 3))
+    (data / "b.json").write_text(json.dumps([{**row, "output": "A much longer answer " * 20}]))
+    (data / "dataset_info.json").write_text(json.dumps({"a": {"file_name": "a.json"}, "b": {"file_name": "b.json"}}))
+    monkeypatch.chdir(tmp_path)
+    text = "model_name_or_path: meta-llama/Llama-3.1-8B\nstage: sft\nfinetuning_type: lora\ndataset: a,b\n"
+    job = _read(tmp_path, text + "max_samples: 2\n")
+    assert job.options["dataset"] == f"{Path('data') / 'a.json'},{Path('data') / 'b.json'}"
+    assert job.options["mixture_queries"] == 3  # 2 of a + 1 of b
+    assert _read(tmp_path, text + "mix_strategy: interleave_under\n").options["mixture_queries"] == 2
+    both = job_data(job.options["dataset"], model="mixtral-8x7b")
+    alone = [job_data(str(data / name), model="mixtral-8x7b") for name in ("a.json", "b.json")]
+    assert both.lengths == alone[0].lengths + alone[1].lengths and both.num_queries == 4
+    partly = _read(tmp_path, text.replace("a,b", "a,unlisted"))  # one is not a local file: names, as before
+    assert "mixture_queries" not in partly.options and partly.options.get("dataset") is None

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tunecost.workload.datasets import load_dataset
 from tunecost.workload.frameworks import SFT_ONLY, ConfigFile, ConfigJob, Framework, KnownKeys, steps_options
 from tunecost.workload.frameworks.hf_common import (
     AUTOTP_STRATEGIES,
@@ -181,16 +182,19 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     if (workers := cfg.typed("ray_num_workers", int)) is not None and workers > 1:  # train/tuner.py, USE_RAY=1
         options["num_gpus"] = workers
         notes.append(f"num_gpus {workers}: ray_num_workers, one GPU per Ray worker (a run launched with USE_RAY=1)")
-    for name in names:  # dataset_info.json's own file first: what LLaMA-Factory trains on
-        if len(names) == 1 and (local := _dataset_info_file(cfg, name.strip())) is not None:
-            options["dataset"] = str(local)
-            notes.append(f"dataset {name.strip()}: {local}, its file in dataset_dir/dataset_info.json")
-        elif known := catalog_dataset(name):
+    files = [_dataset_info_file(cfg, name.strip()) for name in names]
+    local = [f for f in files if f is not None] if None not in files else []
+    for name, file in zip(names, local):  # dataset_info.json's own files first: what LLaMA-Factory trains on
+        notes.append(f"dataset {name.strip()}: {file}, its file in dataset_dir/dataset_info.json")
+    if local:
+        options["dataset"] = ",".join(str(f) for f in local)
+    for name in names if not local else ():
+        if known := catalog_dataset(name):
             options["dataset"] = known
         elif name.strip():
             notes.append(f"dataset {name.strip()}: a {TITLE} dataset name, give --dataset FILE for its lengths")
     if len(names) > 1:
-        options |= _merged(cfg, names, max_samples, options.get("dataset"), notes)
+        options |= _merged(cfg, names, max_samples, options.get("dataset"), notes, local)
     if cfg.typed("neat_packing", bool):
         options["packing"] = "per-document"
         notes.append("packing per-document: neat_packing packs examples into cutoff_len-token rows, attention within "
@@ -245,15 +249,17 @@ def _dataset_info_file(cfg: ConfigFile, name: str) -> Path | None:
     return path if path.is_file() and path.suffix in FILE_SUFFIXES else None
 
 
-def _merged(cfg: ConfigFile, names: list[str], cut: int | None, known: str | None, notes: list[str]) -> dict[str, Any]:
+def _merged(
+    cfg: ConfigFile, names: list[str], cut: int | None, known: str | None, notes: list[str], files: list[Path]
+) -> dict[str, Any]:
     """The queries per epoch of several datasets, each cut to max_samples (`cut`), as data/data_utils.py
     merge_dataset mixes them (mix_strategy: concatenated, or interleaved with interleave_probs), where the catalog
-    counts every one; else `known`'s."""
+    (or their local `files`) counts every one; else `known`'s."""
     strategy = cfg.typed("mix_strategy", str) or "concat"
     if strategy not in MIX_STRATEGIES:
         raise cfg.error("mix_strategy", f"{strategy}: one of {', '.join(MIX_STRATEGIES)}")
     probs = _interleave_probs(cfg, strategy, len(names))
-    parts = mixture_parts([(n, None, 1.0) for n in names], cut)
+    parts = [_local_part(f, cut) for f in files] or mixture_parts([(n, None, 1.0) for n in names], cut)
     if parts is None:
         if known:
             notes.append(f"dataset: {len(names)} datasets (not all in the catalog): {known}'s queries per epoch "
@@ -269,6 +275,13 @@ def _merged(cfg: ConfigFile, names: list[str], cut: int | None, known: str | Non
         how = f"interleaved {drawn} until {'every one' if over else 'the first'} is exhausted"
     notes.append(f"dataset: {n} queries per epoch, its {len(names)} datasets {how} ({text})")
     return {"mixture_queries": n}
+
+
+def _local_part(file: Path, cut: int | None) -> tuple[int, str]:
+    """The examples LLaMA-Factory takes of a local data file (its first `cut`), and a text naming them."""
+    rows = len(load_dataset(str(file)))
+    n = min(rows, cut or rows)
+    return n, f"{n} of {file.name}"
 
 
 def _interleave_probs(cfg: ConfigFile, strategy: str, count: int) -> list[float] | None:
