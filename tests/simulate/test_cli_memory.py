@@ -40,6 +40,7 @@ def test_memory_sizes_a_dataset_at_its_own_longest_query_cut_at_seq_len(cli_json
     import json
 
     from tunecost.workload.job_data import job_data
+    from tunecost.workload.lengths import padded_length
 
     rows = [
         {"instruction": "Name a colour " * (1 + i % 7), "input": "", "output": "Blue " * (2 + i)} for i in range(30)
@@ -51,7 +52,7 @@ def test_memory_sizes_a_dataset_at_its_own_longest_query_cut_at_seq_len(cli_json
     common = {"model": model, "method": "lora", "lora_rank": 8, "batch_size": 2}
     out = cli_json("memory", dataset=data, **common)
     assert (
-        out["seq_len"] == max(lengths)
+        out["seq_len"] == padded_length(max(lengths))  # as estimate sizes it: padded as the collators pad
         and out["peak_bytes"] == cli_json("memory", dataset_lengths=named, **common)["peak_bytes"]
     )  # the same step as naming its lengths
     assert cli_json("memory", dataset=data, seq_len=16, **common)["seq_len"] == 16  # cut as the trainer cuts
@@ -60,16 +61,26 @@ def test_memory_sizes_a_dataset_at_its_own_longest_query_cut_at_seq_len(cli_json
 
 
 def test_memory_says_when_a_catalog_dataset_has_no_copy_here(cli_runner, monkeypatch, tmp_path) -> None:
-    from tunecost.cli.main import app
+    import json
 
-    monkeypatch.setenv("TUNECOST_DATA_DIR", str(tmp_path))  # no copy of commonsense_15k there
+    from tunecost.cli.main import app
+    from tunecost.estimate.throughput.lengths import catalog_longest_tokens
+    from tunecost.workload.lengths import padded_length
+
+    monkeypatch.setenv("TUNECOST_DATA_DIR", str(tmp_path))  # no copy of commonsense_15k or alpaca there
     result = cli_runner.invoke(app, ["memory", "--model", "mistral-7b-v0.1", "--method", "lora", "--dataset",
-                                     "commonsense_15k", "--seq-len", "256", "--json"])  # fmt: skip
+                                     "gsm8k-train", "--seq-len", "1024", "--json"])  # fmt: skip
     assert result.exit_code == 0, result.output
-    said = (
-        "assumed: dataset commonsense_15k has no copy on this machine: its lengths are not read; sized at --seq-len 256"
+    said = (  # the catalog's length statistic sizes it, as estimate sizes it: its longest query, padded
+        "assumed: dataset gsm8k-train has no copy on this machine: sized at its longest query, 568 tokens, from the "
+        "catalog's length statistic, as estimate sizes it"
     )
     assert "".join(result.stderr.split()) == "".join(said.split())  # rich wraps the line at its width
+    assert json.loads(result.stdout)["seq_len"] == padded_length(catalog_longest_tokens("gsm8k-train", 1024)) == 568
+    result = cli_runner.invoke(app, ["memory", "--model", "mistral-7b-v0.1", "--method", "lora", "--dataset",
+                                     "alpaca", "--seq-len", "256", "--json"])  # fmt: skip
+    said = "assumed: dataset alpaca has no copy on this machine: its lengths are not read; sized at --seq-len 256"
+    assert "".join(result.stderr.split()) == "".join(said.split())  # no length statistic in the catalog
 
 
 def test_memory_table_output(cli_ok, config_path):

@@ -23,6 +23,7 @@ from tunecost.cli.options import DEFAULT_SEQ_LEN, BatchSize, ExpertsPerToken, Js
 from tunecost.csvfile import check_input_file
 from tunecost.errors import TunecostError
 from tunecost.estimate.memory_interval import peak_interval_bytes
+from tunecost.estimate.throughput.lengths import has_length_statistic
 from tunecost.limits import MAX_GPTQ_GROUP_SIZE, MAX_LAYERS, MAX_LENGTHS_FILE_BYTES, MAX_SEQ_LEN
 
 if TYPE_CHECKING:
@@ -129,6 +130,7 @@ def memory(
         dataset=name,
         gptq=(gptq_group_size, gptq_kernel),
     )
+    job = sized_for_data(job, job_options.seq_len)
     gpu_bytes, gpu_name, gpu_note = _gpu_budget(gpu, gpu_memory, memory_bytes, fp8=job.fp8)
     behaviour = stack_flags.behaviour(job.stack)
     with progress_callback("simulating", enabled=not json_out) as report:
@@ -161,13 +163,29 @@ def _data_lengths(dataset: str | None, model: str, cutoff: int | None) -> tuple[
     data = job_data(dataset, model=model) if dataset else None
     if data is None:
         return None, None
-    if data.lengths is None:
+    if data.lengths is None and not has_length_statistic(data.name):
         err_console.print(
             f"assumed: dataset {data.name} has no copy on this machine: its lengths are not read; sized at "
             f"--seq-len {cutoff or DEFAULT_SEQ_LEN}"
         )
         return None, None
+    if data.lengths is None:  # the catalog's length statistic sizes it (`sized_for_data`)
+        return None, data.name
     return tuple(min(n, cutoff) if cutoff else n for n in data.lengths), data.name
+
+
+def sized_for_data(job: FineTuneJob, seq_len: int | None) -> FineTuneJob:
+    """`job` at the length `estimate` sizes a batch at when data is named (`seq_len`: the flag's or config's
+    cutoff): its longest query padded as the collators pad it, or the catalog's length statistic's longest."""
+    from tunecost.estimate.estimators import sizing_seq_len
+
+    if job.packing != "none" or job.dataset is None:
+        return job
+    sized = sizing_seq_len(job.with_(seq_len=seq_len))
+    if job.lengths is None:
+        err_console.print(f"assumed: dataset {job.dataset} has no copy on this machine: sized at its longest query, "
+                          f"{sized} tokens, from the catalog's length statistic, as estimate sizes it")  # fmt: skip
+    return job.with_(seq_len=sized)
 
 
 def memory_job(
