@@ -32,8 +32,8 @@ def test_every_shipped_config_reads_as_its_recipe_runs_it() -> None:
             assert gpus == [
                 f"num_gpus 1: `tune run {config.recipe}` trains on one (--gpus prices its distributed recipe)"
             ]
-        else:
-            assert all("give --gpus" in a for a in gpus), config.name
+        else:  # a distributed recipe: FSDP2 over every rank (data_parallel_shard_dim -1) where the file says no more
+            assert job.options.get("strategy") is not None and all("give --gpus" in a for a in gpus), config.name
 
 
 def test_a_name_reads_as_the_same_yaml_in_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

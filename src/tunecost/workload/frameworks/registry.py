@@ -113,10 +113,17 @@ def read_config(path: str | Path) -> ConfigJob:
         job = torchtune.FRAMEWORK.read(ConfigFile(path=f"torchtune's {shipped.name}", data=shipped.config))
         line = f"torchtune config {shipped.name}: as it ships for `tune run {shipped.recipe}` ({shipped.source})"
         notes = job.assumptions
+        options = job.options
         if shipped.recipe.endswith("_single_device"):  # the file leaves the GPUs to the recipe: here it is known
             one = f"num_gpus 1: `tune run {shipped.recipe}` trains on one (--gpus prices its distributed recipe)"
             notes = tuple(one if a == torchtune.GPUS_UNSAID else a for a in notes)
-        return dataclasses.replace(job, assumptions=(line, *notes))
+        elif torchtune.GPUS_UNSAID in notes:  # a distributed recipe: FSDP2 over every rank (data_parallel_shard_dim -1)
+            options = {**options, "strategy": "fsdp2"}
+            every = (
+                f"strategy fsdp2: `tune run {shipped.recipe}` shards over every GPU (--gpus N, or the fewest that fit)"
+            )
+            notes = tuple(every if a == torchtune.GPUS_UNSAID else a for a in notes)
+        return dataclasses.replace(job, options=options, assumptions=(line, *notes))
     if not Path(path).exists() and not Path(path).suffix:
         close = difflib.get_close_matches(str(path), torchtune_configs(), n=3)
         hint = f" (close: {', '.join(close)})" if close else ""
