@@ -60,7 +60,8 @@ def _read_config(ctx: typer.Context, paths: list[Path] | None) -> list[Path] | N
     if job.not_modelled:
         notes.append((None, f"warning: not modelled from {job.path}: {', '.join(job.not_modelled)}"))
     taken_elsewhere = (*PLAN_OPTIONS, "modules_to_save")  # options only some commands take (a layout: estimate)
-    ignored = [f"{k} {job.options[k]}" for k in taken_elsewhere if k in job.options and k not in params]
+    weighed = LAYOUT_OPTIONS if ctx.info_name == "plan" else ()  # plan weighs them among its layouts (`config_layout`)
+    ignored = [f"{k} {job.options[k]}" for k in taken_elsewhere if k in job.options and k not in (*params, *weighed)]
     if ignored:
         notes.append((None, f"warning: this command does not take {', '.join(ignored)} from {job.path} (ignored)"))
     ctx.meta[CONFIG_NOTES] = notes
@@ -151,6 +152,9 @@ def nothing_fits_hint(count_given: bool, layout_given: bool) -> str:
 def config_cuts_the_data() -> bool:
     """Whether the --config files cut the data to a number of queries (LLaMA-Factory's max_samples)."""
     return get_current_context().meta.get(CONFIG_OPTIONS, {}).get("max_queries") is not None
+
+
+LAYOUT_OPTIONS = ("strategy", "offload", "num_gpus")  # what `config_layout` names
 
 
 def config_layout() -> str:

@@ -93,6 +93,7 @@ def run_multi_gpu(
         offload=offload,
         verbose=verbose,
         lengths=lengths_note(job),
+        fp8=job.fp8,
     )
 
 
@@ -173,7 +174,16 @@ def _searched(
 
 
 def print_answer(
-    answer, *, hint: str, count, limit: int, expert_degree: int | None, offload: str, verbose: bool, lengths: str = ""
+    answer,
+    *,
+    hint: str,
+    count,
+    limit: int,
+    expert_degree: int | None,
+    offload: str,
+    verbose: bool,
+    lengths: str = "",
+    fp8: str = "none",
 ) -> None:
     """The answer line, the best setups (every one with --verbose), why the rest do not fit, and the notes."""
     from tunecost.estimate.setups import cost_order
@@ -199,6 +209,7 @@ def print_answer(
     shown = rows if verbose else rows[:SHOWN_ROWS]
     ep = f", expert parallel {expert_degree}" if expert_degree and expert_degree > 1 else ""
     ep += f", CPU offload: {offload}" if offload != "none" else ""
+    ep += f", FP8 {fp8}" if fp8 != "none" else ""
     what = (
         f"per layout, the fewest GPUs that fit and their power-of-two multiples (up to {limit})"
         if count is None
