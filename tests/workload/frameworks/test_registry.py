@@ -183,3 +183,19 @@ def test_the_hf_stack_runs_tp_beside_fsdp2_and_zero_0_to_2_only() -> None:
     assert [p.strategy for p in runnable_plans(plans, "deepspeed")[0] if p.tp == 2] == ["zero2"]
     assert [p.strategy for p in runnable_plans(plans, "accelerate")[0] if p.tp == 2] == ["fsdp2"]
     assert runnable_plans(plans, "torchtitan") == runnable_plans(plans, None) == (plans, [])
+
+
+def test_llamafactory_checkpoints_without_reentrance_under_accelerates_fsdp2(tmp_path: Path) -> None:
+    """model_utils/checkpointing.py sets use_reentrant_gc false when accelerate runs FSDP version 2."""
+    from tunecost.workload.frameworks.registry import read_configs
+
+    lf = tmp_path / "train.yaml"
+    lf.write_text("model_name_or_path: meta-llama/Llama-3.1-8B\nstage: sft\nfinetuning_type: lora\ncutoff_len: 512\n")
+    accelerate = tmp_path / "fsdp.yaml"
+    text = "distributed_type: FSDP\nnum_processes: 2\nmixed_precision: bf16\nfsdp_config:\n  fsdp_version: {}\n"
+    accelerate.write_text(text.format(2))
+    job = read_configs([lf, accelerate])
+    assert job.options["reentrant"] is False and not any(a.startswith("reentrant on") for a in job.assumptions)
+    assert any(a.startswith("reentrant off: LLaMA-Factory sets use_reentrant_gc false") for a in job.assumptions)
+    accelerate.write_text(text.format(1))
+    assert read_configs([lf, accelerate]).options["reentrant"] is True  # its default under FSDP1

@@ -163,6 +163,9 @@ def merge_configs(jobs: Sequence[ConfigJob]) -> ConfigJob:
             options[name], source[name] = value, job
     kept = {(name, id(job)) for name, job in source.items()}
     precision = _trainer_precision_first(jobs, options)
+    if any(j.framework == "llamafactory" for j in jobs) and options.get("strategy") == "fsdp2":
+        options["reentrant"] = False  # model_utils/checkpointing.py, under accelerate's FSDP_VERSION 2
+        precision.append(f"reentrant off: {FSDP2_NOT_REENTRANT}")
     return ConfigJob(
         framework="+".join(dict.fromkeys(j.framework for j in jobs)),
         path=", ".join(j.path for j in jobs),
@@ -247,9 +250,14 @@ def _other_deepspeed(jobs: Sequence[ConfigJob]) -> list[str]:
     return out
 
 
+FSDP2_NOT_REENTRANT = "LLaMA-Factory sets use_reentrant_gc false under FSDP2 (model_utils/checkpointing.py)"
+
+
 def _holds(assumption: str, options: dict[str, object]) -> bool:
     """LLaMA-Factory's fp32 upcast of a full fine-tune is skipped under ZeRO-3 (model/adapter.py), which a DeepSpeed
-    file read beside it can set."""
+    file read beside it can set; its re-entrant checkpointing under FSDP2."""
+    if assumption.startswith("reentrant on") and options.get("reentrant") is False:
+        return False
     return not (UPCASTS in assumption and options.get("strategy") == "zero3")
 
 
