@@ -301,7 +301,7 @@ class ParallelPlan(ModelParallel, _DataParallel):
         if self.num_gpus > self.node_size and self.num_gpus % self.node_size:
             raise TunecostError(
                 f"{self.num_gpus} GPUs cannot be split into whole nodes of {self.node_size} GPUs; "
-                f"use a multiple of {self.node_size}"
+                f"use a multiple of {self.node_size} (or --gpus-per-node for nodes of another size)"
             )
         if self.strategy not in STRATEGIES:
             raise TunecostError(f"unknown strategy {self.strategy!r}; supported: {', '.join(STRATEGIES)}")
