@@ -158,12 +158,8 @@ def batch_errors(points: Sequence[Any], calibrate_rest: Callable[[list[Any]], An
         distances += [math.log(p.target.job.batch_size / cut) for p in held]
         top = max(p.target.job.batch_size for p in held)
         checks.append(f"{model}: {len(held)} points of batch {cut + 1}-{top} from batches up to {cut}")
-    return HeldOut(
-        kind="batch beyond calibrated",
-        errors=tuple(errors),
-        source="larger batches held out (" + ("; ".join(checks) or "none") + ")",
-        distances=tuple(distances),
-    )
+    source = "larger batches held out (" + ("; ".join(checks) or "none") + ")"
+    return HeldOut(kind="batch beyond calibrated", errors=tuple(errors), source=source, distances=tuple(distances))
 
 
 def interval_parts(
