@@ -81,6 +81,12 @@ def test_memory_says_when_a_catalog_dataset_has_no_copy_here(cli_runner, monkeyp
                                      "alpaca", "--seq-len", "256", "--json"])  # fmt: skip
     said = "assumed: dataset alpaca has no copy on this machine: its lengths are not read; sized at --seq-len 256"
     assert "".join(result.stderr.split()) == "".join(said.split())  # no length statistic in the catalog
+    result = cli_runner.invoke(app, ["memory", "--model", "mixtral-8x7b", "--dataset", "math_14k", "--json"])
+    said = "assumed: dataset math_14k has no copy on this machine: its lengths are not read; sized at --seq-len 512"
+    assert "".join(result.stderr.split()) == "".join(
+        said.split()
+    )  # the paper's median only: eq. (1)'s 512, as estimate
+    assert json.loads(result.stdout)["seq_len"] == 512
 
 
 def test_memory_table_output(cli_ok, config_path):

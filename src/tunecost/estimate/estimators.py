@@ -130,16 +130,17 @@ def sizing_seq_len(job: FineTuneJob) -> int:
     """The padded length of a job's longest batch: what decides whether it fits (a packed job's full row)."""
     if job.lengths and job.packing == "none":  # padded to a multiple of 8, as the throughput's batches are
         return padded_length(min(max(job.lengths), job.seq_len or max(job.lengths)))
-    if job.packing == "none" and _modelled_lengths(job):  # the length model's longest query, cut at seq_len
+    if job.packing == "none" and modelled_lengths(job.dataset, job.seq_len):  # the length model's longest, cut
         return padded_length(catalog_longest_tokens(str(job.dataset), job.seq_len or PAPER_CUTOFF_TOKENS))
     return job.seq_len or EQ1_ARTIFACT_SEQ_LEN
 
 
-def _modelled_lengths(job: FineTuneJob) -> bool:
-    """A catalog dataset's length model sizes the job: given a seq_len, or not the paper's (eq. (1) sized at 512)."""
-    if not has_length_statistic(job.dataset):
+def modelled_lengths(dataset: str | None, seq_len: int | None) -> bool:
+    """A catalog dataset's length model sizes a job on it: given a seq_len, or not the paper's (eq. (1) sized at
+    512)."""
+    if not has_length_statistic(dataset):
         return False
-    return job.seq_len is not None or not get_dataset_facts(str(job.dataset)).has_paper_median
+    return seq_len is not None or not get_dataset_facts(str(dataset)).has_paper_median
 
 
 def sized_job(job: FineTuneJob) -> FineTuneJob:
@@ -160,7 +161,7 @@ def lengths_note(job: FineTuneJob) -> str:
             f"tokens per query: the data's own lengths{cut}, each batch padded to its longest (multiple of 8); "
             f"memory sized at the longest batch, {sizing_seq_len(job)} tokens"
         )
-    if _modelled_lengths(job):
+    if modelled_lengths(job.dataset, job.seq_len):
         facts = get_dataset_facts(str(job.dataset))
         cut = f"--seq-len {job.seq_len}" if job.seq_len else f"{PAPER_CUTOFF_TOKENS} (the paper's cutoff_len)"
         longest = "" if facts.max_tokens is not None else f" (the length model's longest of {facts.num_queries:,})"

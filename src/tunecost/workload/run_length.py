@@ -54,6 +54,11 @@ def training_queries(dataset_queries: int, eval_split: float) -> int:
     return dataset_queries - held
 
 
+def data_parallel_ranks(options: Mapping[str, Any], num_gpus: int) -> int:
+    """The data-parallel ranks of `num_gpus` GPUs under the options' TP, PP and CP degrees (at least 1)."""
+    return max(1, num_gpus // (options.get("tp", 1) * options.get("pp", 1) * options.get("cp", 1)))
+
+
 def global_batch_of(options: Mapping[str, Any]) -> tuple[int, str] | None:
     """(queries per optimizer step, how it was counted) from a config's job options: its stated global batch, else
     micro-batch x gradient accumulation (1 unless stated) x data-parallel ranks (its GPUs, 1 unless stated, over
@@ -67,8 +72,7 @@ def global_batch_of(options: Mapping[str, Any]) -> tuple[int, str] | None:
     if options.get("micro_batches") is not None and options.get("pp", 1) > 1:
         micro *= options["micro_batches"]  # a pipeline's micro-batches are its accumulation
     accumulation = options.get("grad_accum") or 1
-    model_parallel = options.get("tp", 1) * options.get("pp", 1) * options.get("cp", 1)
-    ranks = max(1, (options.get("num_gpus") or 1) // model_parallel)
+    ranks = data_parallel_ranks(options, options.get("num_gpus") or 1)
     how = f"global batch {micro * accumulation * ranks} (micro-batch {micro} x accumulation {accumulation} x {ranks} "
     how += f"data-parallel rank{'s' if ranks > 1 else ''}"
     unstated = "; the config leaves the GPU count to its launcher" if options.get("num_gpus") is None else ""

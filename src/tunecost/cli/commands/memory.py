@@ -23,7 +23,6 @@ from tunecost.cli.options import DEFAULT_SEQ_LEN, BatchSize, ExpertsPerToken, Js
 from tunecost.csvfile import check_input_file
 from tunecost.errors import TunecostError
 from tunecost.estimate.memory_interval import peak_interval_bytes
-from tunecost.estimate.throughput.lengths import has_length_statistic
 from tunecost.limits import MAX_GPTQ_GROUP_SIZE, MAX_LAYERS, MAX_LENGTHS_FILE_BYTES, MAX_SEQ_LEN
 
 if TYPE_CHECKING:
@@ -158,18 +157,19 @@ def memory(
 def _data_lengths(dataset: str | None, model: str, cutoff: int | None) -> tuple[tuple[int, ...] | None, str | None]:
     """(token lengths, name) of `dataset` counted with `model`'s tokenizer and cut at `cutoff`, as `estimate` reads
     them; (None, None) without a dataset or for a catalog dataset with no local copy (its facts only)."""
+    from tunecost.estimate.estimators import modelled_lengths
     from tunecost.workload.job_data import job_data
 
     data = job_data(dataset, model=model) if dataset else None
     if data is None:
         return None, None
-    if data.lengths is None and not has_length_statistic(data.name):
+    if data.lengths is None and not modelled_lengths(data.name, cutoff):
         err_console.print(
             f"assumed: dataset {data.name} has no copy on this machine: its lengths are not read; sized at "
             f"--seq-len {cutoff or DEFAULT_SEQ_LEN}"
         )
         return None, None
-    if data.lengths is None:  # the catalog's length statistic sizes it (`sized_for_data`)
+    if data.lengths is None:  # the catalog's length model sizes it (`sized_for_data`)
         return None, data.name
     return tuple(min(n, cutoff) if cutoff else n for n in data.lengths), data.name
 

@@ -206,8 +206,8 @@ def interval_parts(
         if held is not None and held.errors:
             h = conformal_halfwidth(held.errors, held.source)
             # the errors grew with the distance: beyond the farthest held out, the bound grows in proportion
-            reach = max(held.distances, default=d_batch)
-            scale = max(1.0, d_batch / reach) if reach > 0 else 1.0
+            reach = max(held.distances, default=d_batch)  # none recorded: the bound as measured
+            scale = max(1.0, d_batch / reach)
             part = (
                 h.value * scale,
                 f"{h.basis}; batch {batch_size} beyond {calibrated_max_batch}"

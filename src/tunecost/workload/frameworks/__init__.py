@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from tunecost.errors import TunecostError
+from tunecost.workload.run_length import data_parallel_ranks
 
 if TYPE_CHECKING:
     from tunecost.workload.frameworks.megatron_model import Architecture
@@ -317,8 +318,11 @@ DERIVED_ACCUMULATION = " / (micro-batch "  # the line of grad_accum derived from
 def global_batch_divides(key: str, title: str, options: dict[str, Any], num_gpus: int) -> None:
     """The config's global batch (`key`) is a multiple of its micro-batch x the data-parallel ranks of `num_gpus`
     GPUs, or one error naming the key (a framework that stops there: `Framework.global_batch_key`)."""
-    global_batch, micro = options.get("queries_per_step"), options.get("batch_size")
-    ranks = max(1, num_gpus // (options.get("tp", 1) * options.get("pp", 1) * options.get("cp", 1)))
+    global_batch, micro, ranks = (
+        options.get("queries_per_step"),
+        options.get("batch_size"),
+        data_parallel_ranks(options, num_gpus),
+    )
     if global_batch and micro and global_batch % (micro * ranks):
         raise TunecostError(
             f"{key} {global_batch}: not a multiple of micro-batch {micro} x {ranks} data-parallel ranks on "

@@ -51,7 +51,7 @@ def frameworks() -> list[Framework]:
 
 
 def check_global_batch(framework: str | None, options: dict[str, Any], num_gpus: int) -> None:
-    """`frameworks.check_global_batch` for the framework named `framework` (none: no check)."""
+    """`frameworks.global_batch_divides` for the framework named `framework` (none, or one without the check: none)."""
     known = next((f for f in frameworks() if f.name == framework), None)
     if known is not None and known.global_batch_key is not None:
         global_batch_divides(known.global_batch_key, known.title, options, num_gpus)

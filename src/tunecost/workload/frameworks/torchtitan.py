@@ -27,6 +27,7 @@ from tunecost.workload.frameworks.model_parallel import (
 from tunecost.workload.frameworks.nested import config_job, data_parallel_layout, nested_config, optimizer_name
 
 TITLE = "torchtitan"  # its defaults and where they were read: docs/configs.md, "torchtitan's defaults"
+GLOBAL_BATCH = "training.global_batch_size"  # -1: local batch x data-parallel ranks; else train.py asserts the multiple
 SP_KEY = "enable_sequence_parallel"  # the Python configs' switch (2026-03-29), read when a TOML file has it
 # older TOML names read as today's: training.batch_size (before 2025-06-05), July to September 2025 (torchtitan
 # 0.1, 0.2: 34d815c0, 8a2686c4)
@@ -343,8 +344,8 @@ def read(cfg: ConfigFile) -> ConfigJob:
         _layer_checkpointing(flat, options, notes)
     _steps(flat, options, notes)
     if options.get("num_gpus"):
-        global_batch_divides("training.global_batch_size", TITLE, options, options["num_gpus"])
-    notes += accumulation_of(options, "training.global_batch_size")  # train.py's gradient_accumulation_steps
+        global_batch_divides(GLOBAL_BATCH, TITLE, options, options["num_gpus"])
+    notes += accumulation_of(options, GLOBAL_BATCH)  # train.py's gradient_accumulation_steps
     return config_job(FRAMEWORK.name, flat, options, notes)
 
 
@@ -353,7 +354,7 @@ def _steps(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     batch x data-parallel ranks, no accumulation)."""
     line = f"max_steps 10000: {TITLE}'s default training.steps"
     options["max_steps"] = positive(flat, "training.steps", flat.or_default("training.steps", int, 10000, notes, line))
-    stated = flat.typed("training.global_batch_size", int)
+    stated = flat.typed(GLOBAL_BATCH, int)
     if stated is not None and stated > 0:
         options["queries_per_step"] = stated
 
@@ -366,5 +367,5 @@ FRAMEWORK = Framework(
     read=read,
     strategies=("fsdp2", "fsdp2-shard-grad-op", "hsdp", "ddp"),
     strategies_why=f"{TITLE} shards and replicates with FSDP2's degrees",
-    global_batch_key="training.global_batch_size",  # train.py asserts the multiple
+    global_batch_key=GLOBAL_BATCH,
 )
