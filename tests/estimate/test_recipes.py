@@ -665,3 +665,23 @@ def test_the_lora_dropout_reaches_every_recipe_and_reads_back(tmp_path: Path) ->
     assert read_config(tmp_path / "lf" / "llamafactory.yaml").options["lora_dropout"] == 0.05
     write_recipe(dataclasses.replace(job, strategy="fsdp2"), "torchtune", tmp_path / "tt")
     assert "model.lora_dropout=0.05" in launch_words(tmp_path / "tt" / "launch.sh")
+
+
+def test_a_full_fine_tunes_parameter_precision_reaches_the_hf_recipes_and_reads_back(tmp_path: Path) -> None:
+    """LLaMA-Factory upcasts a full fine-tune's parameters off DeepSpeed and FSDP: bf16 parameters as priced need
+    pure_bf16 (bf16 off), fp32 ones (`fp32_params`) its default; the Trainer recipe loads those in float32. Each
+    reader takes its recipe back."""
+    job = dataclasses.replace(make_job("ddp-lora"), method="full", lora_targets=())
+    for fp32, lf_keys, load in ((False, (False, True), "bfloat16"), (True, (True, None), "float32")):
+        planned = dataclasses.replace(job, fp32_params=fp32)
+        write_recipe(planned, "llamafactory", tmp_path / f"lf-{fp32}")
+        written = yaml.safe_load((tmp_path / f"lf-{fp32}" / "llamafactory.yaml").read_text())
+        assert (written["bf16"], written.get("pure_bf16")) == lf_keys
+        assert read_config(tmp_path / f"lf-{fp32}" / "llamafactory.yaml").options.get("fp32_params", False) is fp32
+        write_recipe(planned, "accelerate", tmp_path / f"acc-{fp32}")
+        assert json.loads((tmp_path / f"acc-{fp32}" / "train_args.json").read_text())["model"]["dtype"] == load
+    zero2 = dataclasses.replace(job, strategy="zero2")
+    write_recipe(zero2, "llamafactory", tmp_path / "z2")
+    assert "pure_bf16" not in yaml.safe_load((tmp_path / "z2" / "llamafactory.yaml").read_text())
+    with pytest.raises(TunecostError, match="llamafactory recipe: .*fp16 parameters of a full fine-tune"):
+        write_recipe(dataclasses.replace(job, dtype="fp16"), "llamafactory", tmp_path / "fp16")

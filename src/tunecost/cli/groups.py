@@ -71,6 +71,7 @@ class JobOptions:
     optimizer: cli.Optimizer = "adamw"
     modules_to_save: cli.ModulesToSave = ""
     dtype: cli.Dtype = None
+    fp32_params: cli.Fp32Params = False
     quant_type: cli.QuantType = None
     double_quant: cli.DoubleQuant = True
     stack: cli.Stack = cli.DEFAULT_STACK_NAME
@@ -90,6 +91,11 @@ class JobOptions:
             raise TunecostError(
                 f"{given[0]}: the base weights' type of --method qlora; --method {methods[0]} keeps them in the "
                 f"compute dtype (drop {given[0].split()[0]}, or --method qlora)"
+            )
+        if self.fp32_params and "full" not in methods:
+            raise TunecostError(
+                f"--fp32-params: a full fine-tune's parameters; --method {methods[0]} keeps its adapters in fp32 "
+                "already (drop it, or --method full)"
             )
         check_lora_options(*methods)
 
@@ -126,6 +132,7 @@ class JobOptions:
             double_quant=self.double_quant,
             fp8=self.fp8,
             fp8_params=self.fp8_params,
+            fp32_params=self.fp32_params and method == "full",  # plan's LoRA jobs beside it keep fp32 adapters
             modules_to_save=() if method == "full" else parse_names(self.modules_to_save),  # full trains them all
         ).with_(grad_accum=self.grad_accum or 1)
 

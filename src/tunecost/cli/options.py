@@ -198,6 +198,11 @@ LIGER_KERNEL_HELP = (
     "LLaMA-Factory enable_liger_kernel): RMSNorm, SwiGLU/GEGLU and RoPE fused, the fused linear cross-entropy "
     "keeps no logits."
 )
+FP32_PARAMS_HELP = (
+    "Full fine-tune: parameters, gradients and AdamW states in fp32, the step under --dtype autocast (torch AMP: "
+    "LLaMA-Factory without pure_bf16 upcasts so; a Trainer given an fp32 model with bf16 true). One GPU or DDP."
+)
+Fp32Params = Annotated[bool, opt("--fp32-params/--no-fp32-params", FP32_PARAMS_HELP)]
 LigerKernel = Annotated[bool, opt("--liger-kernel/--no-liger-kernel", LIGER_KERNEL_HELP)]
 RECOMPUTE_LAYERS_HELP = (
     "Under gradient checkpointing, how many decoder layers recompute their forward (Megatron's recompute_method "

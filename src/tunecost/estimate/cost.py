@@ -111,6 +111,7 @@ def estimate_job(
     double_quant: bool = True,
     fp8: str = "none",
     fp8_params: bool = False,
+    fp32_params: bool = False,
     modules_to_save: tuple[str, ...] = (),
 ) -> FineTuneJob:
     """The job `tunecost estimate` costs, with the paper's setups as defaults: gradient checkpointing for (Q)LoRA
@@ -153,6 +154,7 @@ def estimate_job(
         stack=stack or DEFAULT_STACK,
         fp8=fp8,
         fp8_params=fp8_params,
+        fp32_params=fp32_params,
     )
 
 

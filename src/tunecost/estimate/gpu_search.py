@@ -24,7 +24,7 @@ from tunecost.models.catalog import resolve_model
 from tunecost.models.params import ParamCounts, count_parameters
 from tunecost.simulate.batch import default_margin_fraction, fit_verdict, margin_note
 from tunecost.workload.frameworks.registry import runnable_plans
-from tunecost.workload.job import FineTuneJob
+from tunecost.workload.job import AMP_STRATEGIES, FineTuneJob
 from tunecost.workload.parallel import (
     DEFAULT_MAX_GPUS,
     NOT_WITH_PIPELINE,
@@ -158,6 +158,8 @@ def _holding_strategies(
 ) -> tuple[list[str], list[str]]:
     """`unsharded_strategies`, none of them an error; one of them runs beside the layout's pipeline."""
     kept, note = unsharded_strategies(job, strategies)
+    if not kept and job.fp32_params:
+        raise TunecostError(f"--strategy {', '.join(strategies)} with --fp32-params: use ddp (or drop --fp32-params)")
     if not kept:
         raise TunecostError(
             f"--strategy {', '.join(strategies)}: 8-bit (LLM.int8) base weights cannot be sharded; "
@@ -172,6 +174,10 @@ def unsharded_strategies(job: FineTuneJob, strategies: Sequence[str]) -> tuple[l
     """The strategies of `strategies` that can hold `job`'s weights, and a note on those left out: LLM.int8
     weights cannot be stored as shards (FSDP flattens or shards float parameters; ZeRO-3 partitions them without
     bitsandbytes' row scales)."""
+    if job.fp32_params and set(strategies) - set(AMP_STRATEGIES):
+        dropped = ", ".join(s for s in strategies if s not in AMP_STRATEGIES)
+        note = f"{dropped}: not searched, --fp32-params is one GPU or DDP (the others keep their own fp32 copy)"
+        return [s for s in strategies if s in AMP_STRATEGIES], [note]
     if job.base_quant != "int8" or not set(strategies) & set(STORED_SHARDED):
         return list(strategies), []
     dropped = ", ".join(s for s in strategies if s in STORED_SHARDED)
@@ -184,7 +190,7 @@ def _model_parallel_fallback(search: _Search, spec, job: FineTuneJob, setups: li
     it (`setups`), and its model has TP/PP layouts that shard its weights (`layouts.model_parallel_choices`), which
     `search` then takes. Searching GPU counts, a full fine-tune's were searched already and a LoRA job's come now;
     at the counts given, those of either."""
-    if any(s.fits for s in setups) or (search.searching and job.method != "lora"):
+    if any(s.fits for s in setups) or (search.searching and job.method != "lora") or job.fp32_params:
         return False
     lora = job.method == "lora"
     choices = model_parallel_choices(spec, job, given=None, searching=True, gpus_per_node=search.gpus_per_node,

@@ -59,6 +59,7 @@ def launch_job(
         quant_type=job.quant_type if job.quant_type in LAUNCH_QUANT_TYPES else "nf4",
         double_quant=job.double_quant,
         dtype=job.compute_dtype,
+        fp32_params=job.fp32_params,
         gradient_checkpointing=job.gradient_checkpointing,
         attention=job.attention,
         optimizer=job.optimizer,

@@ -31,6 +31,7 @@ _UNSET = {
     "recompute_layers": None,
     "packing": "none",
     "liger_kernel": False,
+    "fp32_params": False,
 }
 
 

@@ -74,6 +74,7 @@ class Prepared:
     top_k: int
     behaviour: StackBehaviour = DEFAULT_BEHAVIOUR
     liger_loss: bool = False  # the loss is Liger's fused linear cross-entropy on the last hidden states
+    autocast: torch.dtype | None = None  # forward and loss under torch.autocast in this dtype (fp32 parameters)
     batch_lines: dict = field(default_factory=dict)  # (length, granule) -> `batch_line.BatchLine` of its steps
 
 
@@ -307,6 +308,7 @@ def build_prepared(
         top_k=top_k,
         behaviour=behaviour,
         liger_loss=job.liger_kernel and liger_loss_applies(spec.family),
+        autocast=TORCH_DTYPES[job.compute_dtype] if job.fp32_params else None,
     )
 
 
@@ -333,7 +335,7 @@ def _built_model(
             overrides["output_router_logits"] = True
         if job.attention != "eager":
             overrides.update(fused_attention_dropout(spec))
-    dtype = TORCH_DTYPES[job.compute_dtype]
+    dtype = TORCH_DTYPES["fp32" if job.fp32_params else job.compute_dtype]  # fp32_params: autocast computes
     if spec.family == "blackmamba":
         if real:
             raise TunecostError("BlackMamba steps are simulated only (fused Mamba kernels), not measured on CPU")

@@ -152,6 +152,11 @@ def _assumptions(
         out.append(f"LoRA factors in {job.compute_dtype}, no autocast (torchtune builds the model in its dtype)")
     elif job.method != "full":
         out.append("LoRA factors stored in fp32 and cast to the compute dtype in forward (PEFT + autocast)")
+    elif job.fp32_params:
+        out.append(
+            f"full fine-tune with fp32 parameters, gradients and optimizer states, forward under {job.compute_dtype} "
+            "autocast (torch AMP): each weight's cast kept until the forward ends"
+        )
     else:
         out.append(
             f"full fine-tune in {job.compute_dtype}: parameters, gradients and optimizer states in "

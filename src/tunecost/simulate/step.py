@@ -313,6 +313,14 @@ def _activation_offload(prepared):
     return ActivationOffload([t for t, _category, _group in prepared.static])
 
 
+def _autocast(prepared):
+    """torch AMP over forward and loss (fp32 parameters): each weight's compute-dtype cast is cached until the
+    forward ends, as `torch.autocast` does on a GPU; CPU autocast runs the same casts on fake tensors."""
+    if prepared.autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast("cpu", dtype=prepared.autocast)
+
+
 def run_step(prepared, batch: dict, recorder=None) -> None:
     """Forward, backward, optimizer step, zero_grad; `recorder` (a StepRecorder) watches if given."""
     fake_ctx = prepared.fake_mode if prepared.fake_mode is not None else contextlib.nullcontext()
@@ -324,7 +332,8 @@ def run_step(prepared, batch: dict, recorder=None) -> None:
     try:
         with fake_ctx, rec_ctx:
             phase("forward")
-            loss = forward_loss(prepared, batch)
+            with _autocast(prepared):
+                loss = forward_loss(prepared, batch)
             phase("backward")
             buckets = gradient_buckets(prepared.behaviour.deepspeed_zero2, prepared.model)
             optimizer = prepared.optimizer

@@ -53,6 +53,7 @@ TORCHAO_FP8_RECIPES: tuple[str, ...] = ("tensorwise", "rowwise")  # torchao Floa
 # "cross-document" (one causal mask over the whole row).
 PACKINGS: tuple[str, ...] = ("none", "per-document", "cross-document")
 BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp32": 4}
+AMP_STRATEGIES = ("single", "ddp")  # the layouts a step under autocast with fp32 parameters runs on
 RECORD_KEYS = ("model", "method", "experts_per_token", "seq_len", "dataset")  # FineTuneJob.record_keys
 
 
@@ -184,6 +185,9 @@ class FineTuneJob:
     lora: LoraConfig = field(default_factory=LoraConfig)
     experts_per_token: int | None = None  # None: the model's own top-k; num_experts: dense
     compute_dtype: str = "bf16"
+    # full fine-tune: parameters, gradients and AdamW states in fp32, the step under autocast in compute_dtype
+    # (torch AMP: LLaMA-Factory's upcast without pure_bf16, a Trainer given an fp32 model and bf16)
+    fp32_params: bool = False
     quant_type: str = "nf4"  # base weights of qlora: nf4 / fp4 (bitsandbytes), gptq (a checkpoint), int8 (LLM.int8)
     double_quant: bool = True  # bitsandbytes only
     gptq_group_size: int = 128  # gptq only: inputs per scale/zero group (-1: one group over all inputs)
@@ -254,6 +258,7 @@ class FineTuneJob:
             raise TunecostError("--fp8-params: FP8 primary weights are Transformer Engine's; use --fp8 te-delayed")
         if self.fp8 != "none" and self.compute_dtype == "fp32":
             raise TunecostError("--fp8: FP8 training runs beside bf16/fp16 compute, not fp32; use --dtype bf16")
+        self._check_fp32_params()
         if self.selective_recompute and self.gradient_checkpointing:
             raise TunecostError(
                 "--selective-recompute recomputes the core attention only; gradient checkpointing already recomputes "
@@ -273,6 +278,22 @@ class FineTuneJob:
             raise TunecostError("modules_to_save applies beside LoRA; a full fine-tune already trains every module")
         if len(set(self.modules_to_save)) != len(self.modules_to_save):
             raise TunecostError(f"a module to save is named twice: {', '.join(self.modules_to_save)}")
+
+    def _check_fp32_params(self) -> None:
+        if not self.fp32_params:
+            return
+        if self.method != "full":
+            raise TunecostError("--fp32-params keeps a full fine-tune's parameters in fp32; (Q)LoRA adapters already "
+                                "are (PEFT): use --method full")  # fmt: skip
+        if self.compute_dtype == "fp32" or self.fp8 != "none":
+            raise TunecostError("--fp32-params runs the step under bf16 or fp16 autocast: use --dtype bf16 or fp16, "
+                                "without --fp8")  # fmt: skip
+        plan = self.parallel
+        if plan.strategy not in AMP_STRATEGIES or plan.tp * plan.pp * plan.cp * plan.expert_parallel > 1:
+            raise TunecostError(
+                f"--fp32-params with layout {plan.layout_name}: DeepSpeed, FSDP and Megatron keep their own fp32 "
+                "copy beside compute-dtype parameters; --fp32-params is one GPU or DDP"
+            )
 
     def recomputed_share(self, num_layers: int) -> float:
         """The share of the model's `num_layers` decoder layers whose forward runs again in backward."""
@@ -299,6 +320,11 @@ class FineTuneJob:
     @property
     def compute_bytes_per_element(self) -> int:
         return BYTES_PER_DTYPE[self.compute_dtype]
+
+    @property
+    def param_bytes_per_element(self) -> int:
+        """Bytes per trained parameter (and its gradient and each AdamW state) of a full fine-tune."""
+        return BYTES_PER_DTYPE["fp32"] if self.fp32_params else self.compute_bytes_per_element
 
     @property
     def worst_case_seq_len(self) -> int:

@@ -228,6 +228,21 @@ def test_lora_without_quantization_has_no_dequant_and_full_ft_trains_everything(
     assert full.bytes_by_class["optimizer"] > 100 * lora.bytes_by_class["optimizer"]
 
 
+def test_fp32_parameters_double_the_optimizer_traffic_and_add_the_weight_casts() -> None:
+    """torch AMP over fp32 parameters: AdamW over 4-byte parameters, and every matmul weight read in fp32 and
+    written in bf16 per forward and recompute, its bf16 gradient cast to fp32 once: 6 bytes per weight a pass."""
+    spec = resolve_model("llama-3.2-1b")
+    arch = arch_of(spec)
+    job = FineTuneJob(model="llama-3.2-1b", method="full", batch_size=2, seq_len=256)
+    bf16, amp = (analytic_step_counts(spec, job.with_(fp32_params=f)) for f in (False, True))
+    assert amp.bytes_by_class["optimizer"] == pytest.approx(2 * bf16.bytes_by_class["optimizer"])
+    cast = arch.total_params - arch.embedding_params + arch.lm_head_params  # tied: the head casts the table
+    embedding_grad = 2 * arch.embedding_params * 2  # its fp32 gradient's zero-fill and scatter, 2 bytes more
+    extra = amp.bytes_by_class["elementwise"] - bf16.bytes_by_class["elementwise"]
+    assert extra == pytest.approx(cast * 6 * (2 + 1) + embedding_grad)  # forward, recompute, gradient cast
+    assert amp.flops_by_class == bf16.flops_by_class
+
+
 def test_dense_routing_quadruples_expert_work() -> None:
     spec = resolve_model("mixtral-8x7b")
     sparse = analytic_step_counts(spec, _mixtral_job(experts_per_token=2))

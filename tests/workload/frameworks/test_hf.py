@@ -558,6 +558,12 @@ def test_trl_loads_the_model_in_fp32_unless_its_dtype_says(tmp_path: Path) -> No
     assert _said(job, "TRL loads the model in fp32", "TRL's default float32", "frozen weights")
     half = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", TRL_QLORA_YAML + "dtype: bfloat16\n")
     assert not _said(half, "TRL loads the model in fp32") and "dtype" not in half.not_modelled
+    # a full fine-tune of the fp32 model under bf16 autocast is torch AMP on one GPU or DDP; DeepSpeed casts it
+    text = "model_name_or_path: Qwen/Qwen2.5-0.5B\ndataset_name: trl-lib/Capybara\nbf16: true\n"
+    full = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", text)
+    assert full.options["fp32_params"] is True and _said(full, "fp32_params: TRL loads the model in fp32")
+    staged = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", text + "deepspeed: z2.json\n")
+    assert "fp32_params" not in staged.options and not _said(staged, "TRL loads the model in fp32")
 
 
 @pytest.mark.parametrize(

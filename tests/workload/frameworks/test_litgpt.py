@@ -156,7 +156,14 @@ def test_full_multi_node(tmp_path: Path) -> None:
     assert (o["strategy"], o["num_gpus"], o["gpus_per_node"], o["gradient_checkpointing"]) == ("fsdp1", 8, 4, True)
     assert "lora_rank" not in o
     _named(job, "method full", "precision bf16-mixed", "strategy fsdp1", "data Alpaca")
-    assert "resume" in job.not_modelled
+    assert "resume" in job.not_modelled and "fp32_params" not in o  # FSDP shards the fp32 weights
+
+
+def test_a_full_fine_tune_on_one_device_is_torch_amp_over_fp32_weights(tmp_path: Path) -> None:
+    """Fabric's bf16-mixed on one device: fp32 weights, gradients and AdamW states under bf16 autocast."""
+    job = _read(tmp_path, FULL.replace("devices: 4", "devices: 1").replace("num_nodes: 2", "num_nodes: 1"))
+    assert job.options["fp32_params"] is True and job.options["num_gpus"] == 1
+    _named(job, "fp32_params: precision bf16-mixed: litgpt keeps fp32 weights")
 
 
 def test_default_precision(tmp_path: Path) -> None:

@@ -393,13 +393,20 @@ def test_the_trainers_fsdp_arguments_set_the_strategy(tmp_path):
     assert (offload.options["strategy"], offload.options["offload"]) == ("fsdp1", "params")
 
 
-def test_a_full_fine_tune_says_its_parameters_are_upcast_unless_pure_bf16(tmp_path):
-    text = "model_name_or_path: meta-llama/Llama-3.1-8B\nstage: sft\nfinetuning_type: full\nbf16: true\n"
-    assert any(
-        "upcasts a full fine-tune's trainable parameters to fp32" in a for a in _read(tmp_path, text).assumptions
-    )
-    pure = _read(tmp_path, text + "pure_bf16: true\n")
-    assert not any("upcasts" in a for a in pure.assumptions)
+def test_a_full_fine_tune_keeps_fp32_parameters_under_autocast_unless_pure_bf16(tmp_path):
+    """model/adapter.py: a full fine-tune's parameters upcast to fp32 (torch AMP under bf16), unless pure_bf16 or
+    under DeepSpeed; without bf16 or fp16 the step itself is fp32, which the note says."""
+    text = "model_name_or_path: meta-llama/Llama-3.1-8B\nstage: sft\nfinetuning_type: full\n"
+    amp = _read(tmp_path, text + "bf16: true\n")
+    assert amp.options["fp32_params"] is True and amp.options["dtype"] == "bf16"
+    assert any(a.startswith("fp32_params: LLaMA-Factory upcasts") for a in amp.assumptions)
+    for other in ("bf16: true\npure_bf16: true\n", "bf16: true\ndeepspeed: ds_z0_config.json\n"):
+        job = _read(tmp_path, text + other)
+        assert "fp32_params" not in job.options and not any("upcasts" in a for a in job.assumptions)
+    plain = _read(tmp_path, text)
+    assert "fp32_params" not in plain.options
+    assert any("without bf16 or fp16, trains them in fp32" in a for a in plain.assumptions)
+    assert "fp32_params" not in _read(tmp_path, text.replace("full", "lora") + "bf16: true\n").options
 
 
 def test_flash_attn_auto_on_gemma2_is_not_sdpa(tmp_path):

@@ -71,7 +71,32 @@ def test_the_deepspeed_file_a_config_names_is_read_where_it_is(tmp_path: Path, m
     alone = read_configs([tmp_path / "lf.yaml"])
     assert "strategy" not in alone.options and alone.framework == "llamafactory"
     assert "deepspeed config missing.json: pass it too with --config" in alone.assumptions
-    assert any("upcasts a full fine-tune's trainable parameters to fp32" in a for a in alone.assumptions)
+    # a DeepSpeed engine, whatever its stage, casts the module back to bf16: LLaMA-Factory's upcast does not stand
+    assert "fp32_params" not in alone.options and not any("upcasts" in a for a in alone.assumptions)
+
+
+def test_llamafactorys_fp32_parameters_stand_on_one_gpu_or_ddp_only(tmp_path: Path) -> None:
+    """model/adapter.py upcasts a full fine-tune's parameters unless under ZeRO-3 or FSDP, and DeepSpeed's engine
+    casts its module to its dtype: an accelerate FSDP or DeepSpeed file beside the config drops `fp32_params`."""
+    from tunecost.workload.frameworks.registry import read_configs
+
+    lf = tmp_path / "lf.yaml"
+    lf.write_text("model_name_or_path: Qwen/Qwen2.5-0.5B\nstage: sft\nfinetuning_type: full\nbf16: true\n")
+    assert read_configs([lf]).options["fp32_params"] is True
+    ddp = tmp_path / "ddp.yaml"
+    ddp.write_text("distributed_type: MULTI_GPU\nnum_processes: 2\nmixed_precision: bf16\n")
+    assert read_configs([lf, ddp]).options["fp32_params"] is True
+    fsdp = tmp_path / "fsdp.yaml"
+    fsdp.write_text(
+        "distributed_type: FSDP\nnum_processes: 2\nmixed_precision: bf16\nfsdp_config:\n  fsdp_version: 2\n"
+    )
+    ds = tmp_path / "z2.json"
+    ds.write_text('{"zero_optimization": {"stage": 2}, "bf16": {"enabled": true}}')
+    for beside in (fsdp, ds):
+        job = read_configs([lf, beside])
+        assert "fp32_params" not in job.options and not any("upcasts" in a for a in job.assumptions)
+        sharded = "fp32 parameters sharded by fsdp2: tunecost simulates the shards in bf16"
+        assert any(a.startswith(sharded) for a in job.assumptions) == (beside is fsdp)
 
 
 def test_the_trainers_bf16_runs_before_accelerates_fp8(tmp_path: Path) -> None:

@@ -263,6 +263,7 @@ def memory_job(
         stack=options.stack,
         fp8=options.fp8,
         fp8_params=options.fp8_params,
+        fp32_params=options.fp32_params,
     )
 
 

@@ -127,7 +127,8 @@ def _train_args(job: LaunchJob) -> dict[str, Any]:
     training |= {"use_liger_kernel": True} if job.liger_kernel else {}
     if job.strategy == "ddp":
         training["ddp_find_unused_parameters"] = False
-    out: dict[str, Any] = {"model": {"pretrained_model_name_or_path": job.model, "dtype": TORCH_DTYPES[job.dtype]}}
+    load = "float32" if job.fp32_params else TORCH_DTYPES[job.dtype]  # fp32 parameters: bf16 is the autocast's
+    out: dict[str, Any] = {"model": {"pretrained_model_name_or_path": job.model, "dtype": load}}
     out["model"]["attn_implementation"] = HF_ATTENTION[job.attention]
     out |= {"max_seq_length": job.seq_len, "dataset": job.dataset or "CHANGE_ME", "training_args": training}
     if job.packing != "none":  # TRL SFTConfig(packing=True, packing_strategy=...): bfd keeps examples apart

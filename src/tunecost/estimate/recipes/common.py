@@ -60,6 +60,7 @@ class LaunchJob:
     quant_type: str = "nf4"  # qlora: nf4 | fp4 (4-bit) | int8 (LLM.int8, load_in_8bit)
     double_quant: bool = True
     dtype: str = "bf16"  # bf16 | fp16 | fp32
+    fp32_params: bool = False  # full fine-tune: fp32 parameters under `dtype` autocast (torch AMP)
     gradient_checkpointing: bool = True
     attention: str = "sdpa"  # flash | sdpa | eager
     optimizer: str = "adamw"  # adamw | adamw-8bit | adamw-4bit | sgd

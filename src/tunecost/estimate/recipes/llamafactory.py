@@ -62,6 +62,17 @@ PLANNED_KEYS = frozenset(
 )
 
 
+def _pure_bf16(job: LaunchJob) -> dict[str, Any]:
+    """model/adapter.py upcasts a full fine-tune's parameters to fp32 off DeepSpeed and FSDP: `pure_bf16` (bf16 off,
+    no autocast) keeps the bf16 parameters priced; fp32 parameters are its default."""
+    if job.method != "full" or job.fp32_params or job.dtype == "fp32" or job.strategy not in ("single", "ddp"):
+        return {}
+    if job.dtype == "fp16":
+        raise _cannot("llamafactory", "fp16 parameters of a full fine-tune: it upcasts them to fp32 off DeepSpeed "
+                      "and FSDP (pure_bf16 is bf16 only); plan with --fp32-params or --dtype bf16")  # fmt: skip
+    return {"bf16": False, "pure_bf16": True}
+
+
 def _llamafactory(job: LaunchJob) -> dict[str, str]:
     """LLaMA-Factory's training YAML (hparams/*_args.py); FSDP through accelerate (examples/accelerate/)."""
     if job.method != "full" and set(job.targets) - set(PEFT_MODULES):
@@ -88,6 +99,7 @@ def _llamafactory(job: LaunchJob) -> dict[str, str]:
         lf["neat_packing" if job.packing == "per-document" else "packing"] = True
     lf |= {"per_device_train_batch_size": job.micro_batch, "gradient_accumulation_steps": job.grad_accum}
     lf |= {"num_train_epochs": job.epochs, "bf16": job.dtype == "bf16", "fp16": job.dtype == "fp16"}
+    lf |= _pure_bf16(job)
     lf |= {"max_steps": job.max_steps} if job.max_steps else {}  # the Trainer's max_steps ends the run first
     optim = "adamw_torch_fused" if job.optimizer == "adamw" and job.fused_adamw else HF_OPTIM[job.optimizer]
     lf |= {"flash_attn": LLAMAFACTORY_ATTENTION[job.attention], "optim": optim}

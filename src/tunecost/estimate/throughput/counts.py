@@ -341,7 +341,18 @@ def _add_optimizer(acc: OpTally, arch: Arch, job: FineTuneJob, lora_compute_dtyp
     if saved_params:
         _add_adamw(acc, saved_params, w_bytes, launches=1)
     if job.method == "full" or embedding_saved:  # embedding gradient: zero-fill + scatter into vocab x hidden
-        acc.add("elementwise", bytes_=2.0 * arch.embedding_params * w_bytes, kernels=3)
+        grad_bytes = job.param_bytes_per_element if job.method == "full" else w_bytes
+        acc.add("elementwise", bytes_=2.0 * arch.embedding_params * grad_bytes, kernels=3)
+    if job.fp32_params:
+        _add_amp_casts(acc, arch, job, trainable_tensors)
+
+
+def _add_amp_casts(acc: OpTally, arch: Arch, job: FineTuneJob, tensors: int) -> None:
+    """torch AMP over fp32 parameters: every matmul weight (all but the embedding and the norms) cast to the compute
+    dtype once per forward and once per recomputed layer, and its compute-dtype gradient cast to fp32 in backward."""
+    cast = arch.total_params - arch.embedding_params + (arch.lm_head_params if arch.tied_embedding else 0)
+    passes = 2.0 + job.recomputed_share(arch.num_layers)  # forward, recompute, gradient cast
+    acc.add("elementwise", bytes_=cast * (4 + job.compute_bytes_per_element) * passes, kernels=tensors * passes)
 
 
 def _add_adamw(acc: OpTally, params: float, param_bytes: int, *, launches: int) -> None:
@@ -385,5 +396,5 @@ def _trainable(arch: Arch, job: FineTuneJob, lora_compute_dtype: bool) -> tuple[
             + 2 * arch.num_layers
             + 3
         )
-        return float(arch.total_params), tensors, job.compute_bytes_per_element
+        return float(arch.total_params), tensors, job.param_bytes_per_element
     return adapter_params(arch, job, lora_compute_dtype)

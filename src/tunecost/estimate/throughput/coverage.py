@@ -12,6 +12,7 @@ from typing import Any
 SETUP_FIELDS = (
     "lora",
     "compute_dtype",
+    "fp32_params",
     "quant_type",
     "double_quant",
     "gptq_group_size",
@@ -33,7 +34,8 @@ def setup_label(job: Any) -> str:
     torch.compile (what the counts read)."""
     recompute = "selective recompute" if job.selective_recompute else "no checkpointing"
     checkpointing = "checkpointing" + (f" of {job.recompute_layers} layers" if job.recompute_layers else "")
-    parts = [checkpointing if job.gradient_checkpointing else recompute, job.compute_dtype]
+    dtype = f"fp32 params, {job.compute_dtype} autocast" if job.fp32_params else job.compute_dtype
+    parts = [checkpointing if job.gradient_checkpointing else recompute, dtype]
     if job.method == "qlora":
         gptq = f"gptq g{job.gptq_group_size} {job.gptq_kernel}"
         double = " + double quant" * (job.double_quant and job.quant_type in ("nf4", "fp4"))

@@ -95,6 +95,7 @@ JOB_OPTIONS: dict[str, type | tuple[type, ...]] = {
     "last_stage_layers": int,  # ... and the last's
     "fp8": str,  # none | tensorwise | rowwise | te-delayed (FP8_RECIPES)
     "fp8_params": bool,  # te-delayed: the linears' weights kept in FP8 only
+    "fp32_params": bool,  # full fine-tune: fp32 parameters, the step under autocast (torch AMP)
 }
 
 

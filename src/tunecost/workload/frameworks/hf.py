@@ -38,7 +38,7 @@ from tunecost.workload.frameworks.hf_common import (
     peft_targets,
     truthy,
 )
-from tunecost.workload.job import targets_text
+from tunecost.workload.job import AMP_STRATEGIES, targets_text
 from tunecost.workload.known_datasets import config_dataset_option, mixture_option
 
 
@@ -246,17 +246,21 @@ def _trl_model(cfg: ConfigFile, model: str | None) -> Part:
     return ({**out, **quant}, notes + more) if four or eight else ({**out, "method": "lora"}, notes)
 
 
-def _trl_load_dtype(cfg: ConfigFile, out: dict[str, Any]) -> list[str]:
+def _trl_load_dtype(cfg: ConfigFile, out: dict[str, Any]) -> Part:
     """The dtype TRL loads the model in (ModelConfig.dtype, or model_init_kwargs' for SFTTrainer): float32 by
-    default (trl/trainer/model_config.py, utils.py create_model_from_path), computed under bf16/fp16 autocast."""
+    default (trl/trainer/model_config.py, utils.py create_model_from_path), computed under bf16/fp16 autocast: a
+    full fine-tune on one GPU or DDP is torch AMP (`fp32_params`); DeepSpeed casts its module to its dtype."""
     dtype = _trl_dtype(cfg)
-    if dtype in ("bfloat16", "float16", "auto") or out.get("dtype") == "fp32":
-        return []
+    if dtype in ("bfloat16", "float16", "auto") or out.get("dtype") == "fp32" or cfg.data.get("deepspeed"):
+        return {}, []
     said = "float32 stated" if dtype else "dtype unset: TRL's default float32"
+    if out.get("method") == "full" and out.get("strategy", "single") in AMP_STRATEGIES:
+        return {"fp32_params": True}, [f"fp32_params: TRL loads the model in fp32 ({said}), trained under "
+                                       f"{out.get('dtype', 'bf16')} autocast"]  # fmt: skip
     held = "weights, gradients and AdamW states" if out.get("method") == "full" else "frozen weights"
-    return [f"weights in {out.get('dtype', 'bf16')}: TRL loads the model in fp32 ({said}) under autocast, so its "
-            f"{held} are fp32; tunecost simulates them in {out.get('dtype', 'bf16')}: their memory is under-estimated "
-            "(2x for those; set dtype: bfloat16, or --dtype fp32 bounds it)"]  # fmt: skip
+    return {}, [f"weights in {out.get('dtype', 'bf16')}: TRL loads the model in fp32 ({said}) under autocast, so "
+                f"its {held} are fp32; tunecost simulates them in {out.get('dtype', 'bf16')}: their memory is "
+                "under-estimated (2x for those; set dtype: bfloat16, or --dtype fp32 bounds it)"]  # fmt: skip
 
 
 def _sft(cfg: ConfigFile) -> Part:
@@ -362,7 +366,9 @@ def _read_training_args(cfg: ConfigFile) -> ConfigJob:
     for options, lines in [*parts, _sft(cfg)] if whose == SFT else parts:
         out.update(options)
         notes += lines
-    notes += _trl_load_dtype(cfg, out) if whose == SFT else []
+    if whose == SFT:
+        amp, lines = _trl_load_dtype(cfg, out)
+        out, notes = out | amp, notes + lines
     if cfg.get("deepspeed"):
         where = cfg.data["deepspeed"] if isinstance(cfg.data["deepspeed"], str) else "inline (save it as a JSON file)"
         notes.append(f"deepspeed config {where} (its ZeRO stage is the strategy): {PASS_DEEPSPEED}")

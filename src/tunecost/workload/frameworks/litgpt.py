@@ -111,11 +111,24 @@ def _precision(flat: ConfigFile, method: str, options: dict[str, Any], notes: li
     if method == "qlora" and precision not in ("bf16-true", "16-true", "32-true"):
         raise flat.error("precision", f"{precision!r}: {TITLE} takes bf16-true, 16-true or 32-true with quantize")
     options["dtype"] = PRECISIONS[precision]
-    if precision in ("bf16-mixed", "bf16", "16-mixed", "16"):
-        notes.append(
-            f"precision {precision}: {TITLE} keeps fp32 weights (16-bit autocast); tunecost simulates 16-bit weights, "
-            "gradients and optimizer states (memory under-estimated; --dtype fp32 bounds it)"
-        )
+    if precision in ("bf16-mixed", "bf16", "16-mixed", "16") and method == "full":
+        options["fp32_params"] = True  # one device; `_layout` takes it back under FSDP
+        notes.append(f"fp32_params: precision {precision}: {TITLE} keeps fp32 weights under 16-bit autocast")
+    elif precision in ("bf16-mixed", "bf16", "16-mixed", "16"):
+        notes.append(_MIXED.format(precision=precision))
+
+
+_MIXED = (
+    f"precision {{precision}}: {TITLE} keeps fp32 weights (16-bit autocast); tunecost simulates 16-bit weights, "
+    "gradients and optimizer states (memory under-estimated; --dtype fp32 bounds it)"
+)
+
+
+def _sharded_mixed(options: dict[str, Any], notes: list[str]) -> None:
+    """Several devices shard litgpt's fp32 weights (FSDP): not torch AMP over whole fp32 parameters."""
+    if options.pop("fp32_params", False):
+        note = next(n for n in notes if n.startswith("fp32_params: precision "))
+        notes[notes.index(note)] = _MIXED.format(precision=note.split()[2].rstrip(":"))
 
 
 def _layout(flat: ConfigFile, method: str, options: dict[str, Any], notes: list[str]) -> None:
@@ -125,6 +138,7 @@ def _layout(flat: ConfigFile, method: str, options: dict[str, Any], notes: list[
     nodes = flat.or_default("num_nodes", int, 1, notes, f"num_nodes 1: {TITLE}'s default")
     if devices in ("auto", -1, "-1"):
         notes.append(f"devices {devices}: every visible GPU, not in the file (give --gpus); {TITLE} shards on several")
+        _sharded_mixed(options, notes)
         return
     if isinstance(devices, bool) or not isinstance(devices, (int, str)) or not str(devices).isdigit():
         raise flat.error("devices", f"must be a whole number or 'auto', got {devices!r}")
@@ -136,6 +150,7 @@ def _layout(flat: ConfigFile, method: str, options: dict[str, Any], notes: list[
         return
     if method == "qlora":
         raise flat.error("quantize", f"{TITLE} quantizes on one device only (devices 1, num_nodes 1)")
+    _sharded_mixed(options, notes)
     options["strategy"] = "fsdp2" if method == "lora" else "fsdp1"
     options.update(config_node_size(int(devices), nodes))
     how = "ModelParallelStrategy (FSDP2)" if method == "lora" else "FSDPStrategy (FSDP1 full shard)"

@@ -26,7 +26,7 @@ from tunecost.workload.frameworks.hf_common import (
 )
 from tunecost.workload.frameworks.llamafactory_megatron import megatron_options
 from tunecost.workload.frameworks.model_parallel import soft_capped
-from tunecost.workload.job import targets_text
+from tunecost.workload.job import AMP_STRATEGIES, targets_text
 from tunecost.workload.known_datasets import FILE_SUFFIXES, catalog_dataset, mixture_parts
 from tunecost.workload.run_length import interleaved_queries
 
@@ -210,13 +210,14 @@ def _read(cfg: ConfigFile) -> ConfigJob:
     liger, liger_notes = liger_options(cfg, "enable_liger_kernel")
     options |= ds_options | fsdp | compiled | liger | {"stack": "hf-peft"}
     notes += [*ds_notes, *fsdp_notes, *compile_notes, *liger_notes, f"stack hf-peft: {TITLE} runs transformers + PEFT"]
-    notes += _upcast_note(cfg, options)
+    upcast, upcast_notes = _upcast(cfg, options)
+    options, notes = options | upcast, notes + upcast_notes
     megatron = megatron_options(cfg, model, notes)
     if megatron:  # Megatron Core runs the model: the Trainer's checkpointing, attention and stack do not apply
         hf_only = ("gradient_checkpointing ", "reentrant ", "attention ", "optimizer ", "stack hf-peft", "enable_liger",
-                   "parameters in ")  # fmt: skip
+                   "parameters in ", "fp32_params")  # fmt: skip
         notes = [n for n in notes if not n.startswith(hf_only)]
-        hf_options = ("reentrant", "attention", "liger_kernel")
+        hf_options = ("reentrant", "attention", "liger_kernel", "fp32_params")
         options = {k: v for k, v in options.items() if k not in hf_options} | megatron
     elif cfg.typed("fp8", bool) or cfg.typed("fp8_enable_fsdp_float8_all_gather", bool):
         # train/fp8_utils.py: torchao rowwise (auto, torchao) or TE's HYBRID delayed recipe, forced into accelerate
@@ -226,7 +227,9 @@ def _read(cfg: ConfigFile) -> ConfigJob:
                      options=options, assumptions=tuple(notes), not_modelled=cfg.unused_keys())  # fmt: skip
 
 
-UPCASTS = "upcasts a full fine-tune's trainable parameters to fp32"  # not under ZeRO-3: `registry.merge_configs`
+UPCASTS = (
+    "upcasts a full fine-tune's trainable parameters to fp32"  # not under DeepSpeed/FSDP: `registry.merge_configs`
+)
 
 
 def _dataset_info_file(cfg: ConfigFile, name: str) -> Path | None:
@@ -300,14 +303,18 @@ def _interleave_probs(cfg: ConfigFile, strategy: str, count: int) -> list[float]
     return probs
 
 
-def _upcast_note(cfg: ConfigFile, options: dict[str, Any]) -> list[str]:
-    """model/adapter.py: a full fine-tune's trainable parameters are upcast to fp32 (bf16 autocast) unless
-    pure_bf16 (ZeRO-3 keeps its own fp32 copy); tunecost simulates them in the compute dtype."""
-    if options.get("method") != "full" or cfg.data.get("pure_bf16") or options.get("strategy") == "zero3":
-        return []
-    return [f"parameters in {options['dtype']}: {TITLE} {UPCASTS} "
-            "(pure_bf16 false), so its parameters, gradients and AdamW states are fp32; tunecost simulates them in "
-            f"{options['dtype']}: their memory is under-estimated about 2x (--dtype fp32 bounds it)"]  # fmt: skip
+def _upcast(cfg: ConfigFile, options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """model/adapter.py: a full fine-tune's trainable parameters are upcast to fp32 unless pure_bf16 or under
+    ZeRO-3/FSDP, and DeepSpeed's engine casts its module back to its own dtype (any stage): with bf16 or fp16 the
+    step is torch AMP over fp32 parameters (`fp32_params`); with neither, it trains in fp32."""
+    amp = options.get("strategy", "single") in AMP_STRATEGIES and not cfg.data.get("deepspeed")
+    if options.get("method") != "full" or cfg.data.get("pure_bf16") or not amp:
+        return {}, []
+    if cfg.data.get("bf16") or cfg.data.get("fp16"):
+        return {"fp32_params": True}, [f"fp32_params: {TITLE} {UPCASTS} (pure_bf16 false), trained under "
+                                       f"{options['dtype']} autocast (model/adapter.py)"]  # fmt: skip
+    return {}, [f"parameters in {options['dtype']}: {TITLE} {UPCASTS} and, without bf16 or fp16, trains them in "
+                "fp32 (no autocast): --dtype fp32 prices that"]  # fmt: skip
 
 
 def _detect(data: Mapping[str, Any]) -> bool:

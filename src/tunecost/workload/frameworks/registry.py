@@ -25,6 +25,7 @@ from tunecost.workload.frameworks import (
 from tunecost.workload.frameworks.accelerate import FRAMEWORK_DEEPSPEED
 from tunecost.workload.frameworks.hf import BOTH_OFF
 from tunecost.workload.frameworks.llamafactory import UPCASTS
+from tunecost.workload.job import AMP_STRATEGIES
 from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
 READER_MODULES = (
@@ -163,6 +164,8 @@ def merge_configs(jobs: Sequence[ConfigJob]) -> ConfigJob:
             options[name], source[name] = value, job
     kept = {(name, id(job)) for name, job in source.items()}
     precision = _trainer_precision_first(jobs, options)
+    if options.get("fp32_params") and not _amp_holds(jobs, options):
+        precision += _sharded_fp32(jobs, options)
     if any(j.framework == "llamafactory" for j in jobs) and options.get("strategy") == "fsdp2":
         options["reentrant"] = False  # model_utils/checkpointing.py, under accelerate's FSDP_VERSION 2
         precision.append(f"reentrant off: {FSDP2_NOT_REENTRANT}")
@@ -171,7 +174,12 @@ def merge_configs(jobs: Sequence[ConfigJob]) -> ConfigJob:
         path=", ".join(j.path for j in jobs),
         options=options,
         assumptions=(
-            *(a for j in jobs for a in j.assumptions if _kept(a, j, kept) and _asked(a, jobs) and _holds(a, options)),
+            *(
+                a
+                for j in jobs
+                for a in j.assumptions
+                if _kept(a, j, kept) and _asked(a, jobs) and _holds(a, jobs, options)
+            ),
             *precision,
             *_other_deepspeed(jobs),
         ),
@@ -253,12 +261,29 @@ def _other_deepspeed(jobs: Sequence[ConfigJob]) -> list[str]:
 FSDP2_NOT_REENTRANT = "LLaMA-Factory sets use_reentrant_gc false under FSDP2 (model_utils/checkpointing.py)"
 
 
-def _holds(assumption: str, options: dict[str, object]) -> bool:
-    """LLaMA-Factory's fp32 upcast of a full fine-tune is skipped under ZeRO-3 (model/adapter.py), which a DeepSpeed
-    file read beside it can set; its re-entrant checkpointing under FSDP2."""
+def _amp_holds(jobs: Sequence[ConfigJob], options: dict[str, object]) -> bool:
+    """Whether LLaMA-Factory's fp32 parameters stay so: one GPU or DDP, no DeepSpeed engine (which casts its module
+    to its own dtype) among the files."""
+    return options.get("strategy", "single") in AMP_STRATEGIES and not any(j.framework == "deepspeed" for j in jobs)
+
+
+def _sharded_fp32(jobs: Sequence[ConfigJob], options: dict[str, object]) -> list[str]:
+    """fp32 parameters under DeepSpeed, which casts its module to its own dtype, or sharded by FSDP, whose fp32
+    shards tunecost simulates in the compute dtype (a note); `fp32_params` is dropped either way."""
+    options.pop("fp32_params")
+    strategy, dtype = str(options.get("strategy", "")), options.get("dtype", "bf16")
+    if any(j.framework == "deepspeed" for j in jobs) or not strategy.startswith(("fsdp", "hsdp")):
+        return []
+    return [f"fp32 parameters sharded by {strategy}: tunecost simulates the shards in {dtype} (memory "
+            "under-estimated; --dtype fp32 bounds it)"]  # fmt: skip
+
+
+def _holds(assumption: str, jobs: Sequence[ConfigJob], options: dict[str, object]) -> bool:
+    """LLaMA-Factory's fp32 upcast of a full fine-tune holds only without DeepSpeed or FSDP (`_amp_holds`), which a
+    file read beside it can set; its re-entrant checkpointing not under FSDP2."""
     if assumption.startswith("reentrant on") and options.get("reentrant") is False:
         return False
-    return not (UPCASTS in assumption and options.get("strategy") == "zero3")
+    return not ((UPCASTS in assumption or assumption.startswith("fp32_params:")) and not _amp_holds(jobs, options))
 
 
 def _asked(assumption: str, jobs: Sequence[ConfigJob]) -> bool:

@@ -1,0 +1,88 @@
+"""A full fine-tune over fp32 parameters under autocast (torch AMP, `FineTuneJob.fp32_params`): fp32 weights,
+gradients and AdamW states, the simulated peak equal to the one the CPU allocator reports for the same step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tunecost.errors import TunecostError
+from tunecost.simulate import simulate_step
+from tunecost.simulate.measure import measure_step_peak
+from tunecost.workload.job import FineTuneJob
+from tunecost.workload.parallel import ParallelPlan
+
+LLAMA = {
+    "model_type": "llama",
+    "tie_word_embeddings": False,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 200,
+}
+
+
+@pytest.fixture
+def llama(tmp_path) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(LLAMA), encoding="utf-8")
+    return str(path)
+
+
+def _job(model: str, **changes) -> FineTuneJob:
+    return FineTuneJob(**{"model": model, "method": "full", "batch_size": 2, "seq_len": 16, **changes})
+
+
+@pytest.mark.parametrize("checkpointing", [True, False])
+def test_fp32_parameters_double_the_stored_bytes_and_match_the_cpu_allocator(llama, checkpointing) -> None:
+    bf16_job = _job(llama, gradient_checkpointing=checkpointing)
+    bf16 = simulate_step(bf16_job, num_layers_to_trace=99, granule_bytes=1, use_cache=False)
+    amp_job = _job(llama, gradient_checkpointing=checkpointing, fp32_params=True)
+    amp = simulate_step(amp_job, num_layers_to_trace=99, granule_bytes=1, use_cache=False)
+    for part in ("trainable_params", "optimizer_states"):
+        assert amp.breakdown_bytes[part] == pytest.approx(2 * bf16.breakdown_bytes[part], rel=0.01)
+    assert amp.peak_bytes > 1.5 * bf16.peak_bytes
+    assert any("torch AMP" in a for a in amp.assumptions)
+    measured = measure_step_peak(amp_job)  # real CPU tensors under CPU autocast, the allocator's own events
+    assert measured.num_events > 100
+    assert abs(amp.peak_bytes - measured.peak_bytes) <= 0.03 * measured.peak_bytes
+
+
+def test_the_layer_scaling_holds_under_autocast(llama) -> None:
+    job = _job(llama, fp32_params=True)
+    full = simulate_step(job, num_layers_to_trace=99, use_cache=False)
+    scaled = simulate_step(job, num_layers_to_trace=3, use_cache=False)
+    assert scaled.layers_traced == (2, 3) and scaled.peak_bytes == pytest.approx(full.peak_bytes, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        (dict(method="lora"), "use --method full"),
+        (dict(compute_dtype="fp32"), "bf16 or fp16 autocast"),
+        (dict(parallel=ParallelPlan(num_gpus=2, strategy="fsdp2")), "layout fsdp2: DeepSpeed, FSDP and Megatron"),
+    ],
+)
+def test_fp32_parameters_are_plain_amp_of_a_full_fine_tune(llama, changes, message) -> None:
+    with pytest.raises(TunecostError, match=message):
+        _job(llama, fp32_params=True, **changes)
+    _job(llama, fp32_params=True, parallel=ParallelPlan(num_gpus=2, strategy="ddp"))
+
+
+def test_the_cli_prices_fp32_parameters_and_refuses_them_where_they_do_not_apply(cli_json, cli_error, llama) -> None:
+    """`memory --fp32-params`: fp32 weights and states in the answer; beside a LoRA method or a sharding strategy,
+    one error line."""
+    options = dict(model=llama, method="full", batch_size=2, seq_len=16)
+    bf16, amp = cli_json("memory", **options), cli_json("memory", **options, fp32_params=True)
+    for part in ("optimizer_states", "gradients"):
+        assert amp["breakdown"][part] == pytest.approx(2 * bf16["breakdown"][part], rel=0.01)
+    assert "--method lora keeps its adapters in fp32" in cli_error(
+        ["estimate", "--model", "llama-3.2-1b", "--method", "lora", "--fp32-params", "--gpu", "H100"]
+    )
+    assert "--strategy fsdp2 with --fp32-params" in cli_error(
+        ["estimate", "--model", "llama-3.2-1b", "--method", "full", "--fp32-params", "--gpu", "H100", "--gpus", "2",
+         "--strategy", "fsdp2", "--seq-len", "512", "--epochs", "1", "--queries", "100"]
+    )  # fmt: skip
