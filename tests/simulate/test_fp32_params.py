@@ -86,3 +86,17 @@ def test_the_cli_prices_fp32_parameters_and_refuses_them_where_they_do_not_apply
         ["estimate", "--model", "llama-3.2-1b", "--method", "full", "--fp32-params", "--gpu", "H100", "--gpus", "2",
          "--strategy", "fsdp2", "--seq-len", "512", "--epochs", "1", "--queries", "100"]
     )  # fmt: skip
+
+
+def test_a_litgpt_config_on_one_device_is_priced_with_fp32_weights(cli_ok, tmp_path) -> None:
+    """litgpt's bf16-mixed on one device: `estimate` and `plan` price one GPU, though litgpt's several-device
+    strategies (FSDP) do not hold fp32 parameters under autocast."""
+    config = tmp_path / "full.yaml"
+    config.write_text(
+        "checkpoint_dir: checkpoints/meta-llama/Llama-3.2-1B\nprecision: bf16-mixed\ndevices: 1\n"
+        "train:\n  micro_batch_size: 2\n  max_seq_length: 256\n"
+    )
+    for command in ("estimate", "plan"):
+        result = cli_ok(command, config=str(config), gpu="H100", queries=100)
+        assert "fp32_params: precision bf16-mixed" in result.stderr
+        assert "1 x H100-80GB-SXM" in result.stdout.splitlines()[0], result.stdout

@@ -2,8 +2,7 @@
 
 Method x GPU (rented or owned) x count x layout (every strategy, with and without CPU offload) x micro-batch, each
 priced by the multi-GPU estimate (`estimate.gpu_search.estimate_multi_gpu`: memory per rank decides what fits
-before any time is estimated). The answer: the Pareto front of cost vs hours, one recommended setup, and why the
-others are out.
+first). The answer: the Pareto front of cost vs hours, one recommended setup, and why the others are out.
 """
 
 from __future__ import annotations
@@ -141,6 +140,8 @@ def _search(
     for offload, expert_degree in [(o, 1) for o in OFFLOAD_CHOICES] + [("none", e) for e in degrees]:
         strategies, _ = unsharded_strategies(job, layout_strategies(offload, expert_degree))
         strategies, _ = runnable_strategies(strategies, needs.framework)
+        one_gpu = not strategies and job.fp32_params and offload == "none" and expert_degree == 1
+        strategies, limit = (["ddp"], 1) if one_gpu else (strategies, max_gpus)  # fp32 weights it shards: one GPU
         if not strategies:  # 8-bit weights under the offload of sharded layouts only, or none the framework runs
             continue
         answer = estimate_multi_gpu(
@@ -148,7 +149,7 @@ def _search(
             gpus=gpus,
             strategies=strategies,
             gpus_per_node=gpus_per_node,
-            max_gpus=max_gpus,
+            max_gpus=limit,
             expert_degree=expert_degree,
             offload=offload,
             provider=None if owned else provider,
