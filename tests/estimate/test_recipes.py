@@ -685,3 +685,14 @@ def test_a_full_fine_tunes_parameter_precision_reaches_the_hf_recipes_and_reads_
     assert "pure_bf16" not in yaml.safe_load((tmp_path / "z2" / "llamafactory.yaml").read_text())
     with pytest.raises(TunecostError, match="llamafactory recipe: .*fp16 parameters of a full fine-tune"):
         write_recipe(dataclasses.replace(job, dtype="fp16"), "llamafactory", tmp_path / "fp16")
+
+
+def test_lora_over_fp32_weights_goes_to_the_trainer_recipe_only(tmp_path: Path) -> None:
+    """TRL loads the model in float32 as planned; LLaMA-Factory loads it in the compute dtype and torchtune builds
+    it in one dtype, so neither can run fp32 frozen weights under autocast."""
+    job = make_job("ddp-lora", fp32_params=True)
+    write_recipe(job, "accelerate", tmp_path / "acc")
+    assert json.loads((tmp_path / "acc" / "train_args.json").read_text())["model"]["dtype"] == "float32"
+    for target in ("llamafactory", "torchtune"):
+        with pytest.raises(TunecostError, match=f"{target} recipe: .*fp32 frozen weights under autocast"):
+            write_recipe(dataclasses.replace(job, strategy="fsdp2") if target == "torchtune" else job, target, tmp_path)

@@ -10,7 +10,7 @@ import pytest
 from tunecost.errors import TunecostError
 from tunecost.simulate import simulate_step
 from tunecost.simulate.measure import measure_step_peak
-from tunecost.workload.job import FineTuneJob
+from tunecost.workload.job import FineTuneJob, LoraConfig
 from tunecost.workload.parallel import ParallelPlan
 
 LLAMA = {
@@ -58,10 +58,23 @@ def test_the_layer_scaling_holds_under_autocast(llama) -> None:
     assert scaled.layers_traced == (2, 3) and scaled.peak_bytes == pytest.approx(full.peak_bytes, rel=0.01)
 
 
+def test_lora_over_fp32_frozen_weights_doubles_them_and_matches_the_cpu_allocator(llama) -> None:
+    """TRL's default fp32 load and litgpt's bf16-mixed under LoRA: the frozen weights fp32, each cast where used."""
+    lora = dict(method="lora", lora=LoraConfig(rank=8, targets=("attention", "mlp")))
+    bf16 = simulate_step(_job(llama, **lora), num_layers_to_trace=99, granule_bytes=1, use_cache=False)
+    amp_job = _job(llama, **lora, fp32_params=True)
+    amp = simulate_step(amp_job, num_layers_to_trace=99, granule_bytes=1, use_cache=False)
+    assert amp.breakdown_bytes["frozen_weights"] == pytest.approx(2 * bf16.breakdown_bytes["frozen_weights"], rel=0.01)
+    assert amp.breakdown_bytes["trainable_params"] == bf16.breakdown_bytes["trainable_params"]  # fp32 adapters
+    assert any("frozen weights in fp32" in a for a in amp.assumptions)
+    measured = measure_step_peak(amp_job)
+    assert abs(amp.peak_bytes - measured.peak_bytes) <= 0.03 * measured.peak_bytes
+
+
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        (dict(method="lora"), "use --method full"),
+        (dict(method="qlora"), "use --method full or lora"),
         (dict(compute_dtype="fp32"), "bf16 or fp16 autocast"),
         (dict(parallel=ParallelPlan(num_gpus=2, strategy="fsdp2")), "layout fsdp2: DeepSpeed, FSDP and Megatron"),
     ],
@@ -79,8 +92,8 @@ def test_the_cli_prices_fp32_parameters_and_refuses_them_where_they_do_not_apply
     bf16, amp = cli_json("memory", **options), cli_json("memory", **options, fp32_params=True)
     for part in ("optimizer_states", "gradients"):
         assert amp["breakdown"][part] == pytest.approx(2 * bf16["breakdown"][part], rel=0.01)
-    assert "--method lora keeps its adapters in fp32" in cli_error(
-        ["estimate", "--model", "llama-3.2-1b", "--method", "lora", "--fp32-params", "--gpu", "H100"]
+    assert "--method qlora stores them in 4 bits" in cli_error(
+        ["estimate", "--model", "llama-3.2-1b", "--method", "qlora", "--fp32-params", "--gpu", "H100"]
     )
     assert "--strategy fsdp2 with --fp32-params" in cli_error(
         ["estimate", "--model", "llama-3.2-1b", "--method", "full", "--fp32-params", "--gpu", "H100", "--gpus", "2",

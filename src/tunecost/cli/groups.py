@@ -92,11 +92,9 @@ class JobOptions:
                 f"{given[0]}: the base weights' type of --method qlora; --method {methods[0]} keeps them in the "
                 f"compute dtype (drop {given[0].split()[0]}, or --method qlora)"
             )
-        if self.fp32_params and "full" not in methods:
-            raise TunecostError(
-                f"--fp32-params: a full fine-tune's parameters; --method {methods[0]} keeps its adapters in fp32 "
-                "already (drop it, or --method full)"
-            )
+        if self.fp32_params and set(methods) == {"qlora"}:
+            raise TunecostError("--fp32-params: the model's weights in fp32; --method qlora stores them in 4 bits "
+                                "(drop it, or --method full or lora)")  # fmt: skip
         check_lora_options(*methods)
 
     def estimate_job(
@@ -132,7 +130,7 @@ class JobOptions:
             double_quant=self.double_quant,
             fp8=self.fp8,
             fp8_params=self.fp8_params,
-            fp32_params=self.fp32_params and method == "full",  # plan's LoRA jobs beside it keep fp32 adapters
+            fp32_params=self.fp32_params and method != "qlora",  # plan's QLoRA jobs beside it store 4-bit weights
             modules_to_save=() if method == "full" else parse_names(self.modules_to_save),  # full trains them all
         ).with_(grad_accum=self.grad_accum or 1)
 

@@ -199,8 +199,9 @@ LIGER_KERNEL_HELP = (
     "keeps no logits."
 )
 FP32_PARAMS_HELP = (
-    "Full fine-tune: parameters, gradients and AdamW states in fp32, the step under --dtype autocast (torch AMP: "
-    "LLaMA-Factory without pure_bf16 upcasts so; a Trainer given an fp32 model with bf16 true). One GPU or DDP."
+    "The model's weights in fp32 (a full fine-tune's gradients and AdamW states too), the step under --dtype "
+    "autocast (torch AMP: LLaMA-Factory's full fine-tune, TRL's default fp32 load, litgpt's bf16-mixed); one GPU "
+    "or DDP."
 )
 Fp32Params = Annotated[bool, opt("--fp32-params/--no-fp32-params", FP32_PARAMS_HELP)]
 LigerKernel = Annotated[bool, opt("--liger-kernel/--no-liger-kernel", LIGER_KERNEL_HELP)]

@@ -49,12 +49,13 @@ class SimLinear(nn.Module):
         lora_dtype: torch.dtype = torch.float32,
         style: str = "tunecost",
         lora_dropout: float = 0.0,
+        compute_dtype: torch.dtype | None = None,  # autocast's over fp32 weights (None: the weight's dtype)
     ) -> None:
         super().__init__()
         w = base.weight
         self.lora_dropout = lora_dropout
         self.out_features, self.in_features = w.shape
-        self.compute_dtype = w.dtype
+        self.compute_dtype = compute_dtype or w.dtype
         self.style = style
         dev = w.device
         self.qweight: Quantized4bit | None

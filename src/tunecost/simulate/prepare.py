@@ -81,6 +81,11 @@ class Prepared:
 def check_supported(job: FineTuneJob, spec: ModelSpec, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR) -> None:
     """Raise a one-line TunecostError naming exactly what is unsupported."""
     stack = job.stack  # one of STACKS: `FineTuneJob` checks it
+    if job.fp32_params and (spec.family == "blackmamba" or job.stack_spec.torchtune_recipes):
+        raise TunecostError(f"--fp32-params: torch AMP over fp32 weights is simulated on the HF stacks, not "
+                            f"{spec.family if spec.family == 'blackmamba' else 'stack ' + stack}")  # fmt: skip
+    if job.fp32_params and job.method == "lora" and spec.is_moe:
+        raise TunecostError(f"{spec.name}: LoRA over fp32 weights (--fp32-params) is simulated for dense models")
     if spec.family not in SUPPORTED_FAMILIES:
         raise TunecostError(
             f"{spec.name}: architecture {spec.family!r} is not supported by the step simulator; "
@@ -151,9 +156,10 @@ def _swap_linears(
     skip: tuple[str, ...] = (),
     dropout: float = 0.0,
     only: tuple[str, ...] | None = None,
+    autocast: torch.dtype | None = None,
 ) -> None:
     """Quantize (`quant`) every linear under `parent` and give it LoRA (`lora`: rank, alpha), or, with `only`, give
-    LoRA to the linears of those names only."""
+    LoRA to the linears of those names only; `autocast`: the dtype fp32 weights compute in."""
     for name, child in list(parent.named_children()):
         if name in skip:
             continue
@@ -170,10 +176,11 @@ def _swap_linears(
                 lora_dtype=lora_dtype,
                 style=style,
                 lora_dropout=dropout,
+                compute_dtype=autocast,
             )
             setattr(parent, name, sim)
         else:
-            _swap_linears(child, quant=quant, lora=lora, style=style, dropout=dropout, only=only)
+            _swap_linears(child, quant=quant, lora=lora, style=style, dropout=dropout, only=only, autocast=autocast)
 
 
 def _only(job: FineTuneJob, group: str) -> tuple[str, ...] | None:
@@ -198,10 +205,12 @@ def transform(model: nn.Module, job: FineTuneJob) -> None:
                 mlp.experts = Loop2024Experts(mlp.experts, quant=None, lora_rank=None, lora_alpha=0.0, trainable=True)
         return
     model.requires_grad_(False)
+    amp = TORCH_DTYPES[job.compute_dtype] if job.fp32_params else None  # frozen fp32 weights under autocast
     for layer in decoder_layers(model):
         attn = layer_part(layer, ATTENTION_NAMES)
         if attn is not None:
-            _swap_linears(attn, quant=quant, lora=lora, style=style, dropout=p, only=_only(job, "attention"))
+            _swap_linears(attn, quant=quant, lora=lora, style=style, dropout=p, only=_only(job, "attention"),
+                          autocast=amp)  # fmt: skip
         mlp = layer_part(layer, FEED_FORWARD_NAMES)
         shared_mlp = getattr(layer, "shared_mlp", None)  # GraniteMoeShared: the shared experts beside the block
         if shared_mlp is not None:  # Granite 4.0's dense models: the only MLP
@@ -231,7 +240,7 @@ def transform(model: nn.Module, job: FineTuneJob) -> None:
                 lora_router = SimLoraRouter(getattr(mlp, router), lora_rank=lora[0], lora_alpha=lora[1])
                 setattr(mlp, router, lora_router)
         else:
-            _swap_linears(mlp, quant=quant, lora=lora, style=style, dropout=p, only=_only(job, "mlp"))
+            _swap_linears(mlp, quant=quant, lora=lora, style=style, dropout=p, only=_only(job, "mlp"), autocast=amp)
     if not any(p.requires_grad for p in model.parameters()):
         raise TunecostError(f"no LoRA target among {', '.join(job.lora.targets)} exists in {job.model}")
     wrap_modules_to_save(model, job.modules_to_save)

@@ -152,6 +152,8 @@ def _assumptions(
         out.append(f"LoRA factors in {job.compute_dtype}, no autocast (torchtune builds the model in its dtype)")
     elif job.method != "full":
         out.append("LoRA factors stored in fp32 and cast to the compute dtype in forward (PEFT + autocast)")
+        if job.fp32_params:
+            out.append(f"frozen weights in fp32, each cast to {job.compute_dtype} where used (torch AMP)")
     elif job.fp32_params:
         out.append(
             f"full fine-tune with fp32 parameters, gradients and optimizer states, forward under {job.compute_dtype} "

@@ -185,8 +185,8 @@ class FineTuneJob:
     lora: LoraConfig = field(default_factory=LoraConfig)
     experts_per_token: int | None = None  # None: the model's own top-k; num_experts: dense
     compute_dtype: str = "bf16"
-    # full fine-tune: parameters, gradients and AdamW states in fp32, the step under autocast in compute_dtype
-    # (torch AMP: LLaMA-Factory's upcast without pure_bf16, a Trainer given an fp32 model and bf16)
+    # the model's weights in fp32 (a full fine-tune's gradients and AdamW states too), the step under autocast in
+    # compute_dtype (torch AMP: LLaMA-Factory's upcast without pure_bf16, TRL's fp32 load, litgpt's bf16-mixed)
     fp32_params: bool = False
     quant_type: str = "nf4"  # base weights of qlora: nf4 / fp4 (bitsandbytes), gptq (a checkpoint), int8 (LLM.int8)
     double_quant: bool = True  # bitsandbytes only
@@ -282,9 +282,9 @@ class FineTuneJob:
     def _check_fp32_params(self) -> None:
         if not self.fp32_params:
             return
-        if self.method != "full":
-            raise TunecostError("--fp32-params keeps a full fine-tune's parameters in fp32; (Q)LoRA adapters already "
-                                "are (PEFT): use --method full")  # fmt: skip
+        if self.method == "qlora":
+            raise TunecostError("--fp32-params keeps the model's weights in fp32; QLoRA's base weights are 4-bit: "
+                                "use --method full or lora")  # fmt: skip
         if self.compute_dtype == "fp32" or self.fp8 != "none":
             raise TunecostError("--fp32-params runs the step under bf16 or fp16 autocast: use --dtype bf16 or fp16, "
                                 "without --fp8")  # fmt: skip

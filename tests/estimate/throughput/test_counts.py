@@ -241,6 +241,11 @@ def test_fp32_parameters_double_the_optimizer_traffic_and_add_the_weight_casts()
     extra = amp.bytes_by_class["elementwise"] - bf16.bytes_by_class["elementwise"]
     assert extra == pytest.approx(cast * 6 * (2 + 1) + embedding_grad)  # forward, recompute, gradient cast
     assert amp.flops_by_class == bf16.flops_by_class
+    # LoRA over fp32 frozen weights: the same casts on forward and recompute, no gradient and no other optimizer
+    lora = job.with_(method="lora")
+    bf16, amp = (analytic_step_counts(spec, lora.with_(fp32_params=f)) for f in (False, True))
+    assert amp.bytes_by_class["optimizer"] == bf16.bytes_by_class["optimizer"]
+    assert amp.bytes_by_class["elementwise"] - bf16.bytes_by_class["elementwise"] == pytest.approx(cast * 6 * 2)
 
 
 def test_dense_routing_quadruples_expert_work() -> None:

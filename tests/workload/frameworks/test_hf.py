@@ -562,6 +562,8 @@ def test_trl_loads_the_model_in_fp32_unless_its_dtype_says(tmp_path: Path) -> No
     text = "model_name_or_path: Qwen/Qwen2.5-0.5B\ndataset_name: trl-lib/Capybara\nbf16: true\n"
     full = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", text)
     assert full.options["fp32_params"] is True and _said(full, "fp32_params: TRL loads the model in fp32")
+    lora = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", text + "use_peft: true\n")
+    assert lora.options["fp32_params"] is True and lora.options["method"] == "lora"  # fp32 frozen weights
     staged = _read(FRAMEWORK_TRAINING_ARGS, tmp_path, "sft.yaml", text + "deepspeed: z2.json\n")
     assert "fp32_params" not in staged.options and not _said(staged, "TRL loads the model in fp32")
 

@@ -164,6 +164,8 @@ def test_a_full_fine_tune_on_one_device_is_torch_amp_over_fp32_weights(tmp_path:
     job = _read(tmp_path, FULL.replace("devices: 4", "devices: 1").replace("num_nodes: 2", "num_nodes: 1"))
     assert job.options["fp32_params"] is True and job.options["num_gpus"] == 1
     _named(job, "fp32_params: precision bf16-mixed: litgpt keeps fp32 weights")
+    lora = _read(tmp_path, LORA.replace("precision: bf16-true", "precision: bf16-mixed"))
+    assert lora.options["fp32_params"] is True and lora.options["method"] == "lora"  # its frozen weights too
 
 
 def test_default_precision(tmp_path: Path) -> None:

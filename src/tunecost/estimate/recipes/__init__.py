@@ -43,6 +43,9 @@ def write_recipe(
         raise TunecostError("torchtune has no Liger kernels; plan --emit with --target llamafactory or accelerate")
     if job.fp8 != "none" and target != "llamafactory":  # the Trainer's bf16 wins over accelerate's fp8
         raise _cannot(target, "FP8; plan --emit with --target llamafactory")
+    # torchtune builds its model in one dtype; LLaMA-Factory loads it in the compute dtype (upcasting trained ones)
+    if job.fp32_params and (target == "torchtune" or (target == "llamafactory" and job.method != "full")):
+        raise _cannot(target, "fp32 frozen weights under autocast; plan --emit with --target accelerate")
     files = RENDERERS[target](job)
     paths = [check_output_path(Path(out_dir) / name, force=True, inputs=inputs, option="--emit") for name in files]
     taken = [str(p) for p in paths if p.exists() or p.is_symlink()]

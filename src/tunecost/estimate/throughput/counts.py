@@ -1,7 +1,5 @@
-"""Work per training step, split by op class: FLOPs, bytes moved, kernel launches, GEMM problem size.
-
-Sources and derivations: docs/throughput-model.md, section `tunecost.estimate.throughput.counts`.
-"""
+"""Work per training step, split by op class: FLOPs, bytes moved, kernel launches, GEMM problem size (sources and
+derivations: docs/throughput-model.md, section `tunecost.estimate.throughput.counts`)."""
 
 from __future__ import annotations
 
@@ -344,15 +342,16 @@ def _add_optimizer(acc: OpTally, arch: Arch, job: FineTuneJob, lora_compute_dtyp
         grad_bytes = job.param_bytes_per_element if job.method == "full" else w_bytes
         acc.add("elementwise", bytes_=2.0 * arch.embedding_params * grad_bytes, kernels=3)
     if job.fp32_params:
-        _add_amp_casts(acc, arch, job, trainable_tensors)
+        _add_amp_casts(acc, arch, job)
 
 
-def _add_amp_casts(acc: OpTally, arch: Arch, job: FineTuneJob, tensors: int) -> None:
-    """torch AMP over fp32 parameters: every matmul weight (all but the embedding and the norms) cast to the compute
-    dtype once per forward and once per recomputed layer, and its compute-dtype gradient cast to fp32 in backward."""
+def _add_amp_casts(acc: OpTally, arch: Arch, job: FineTuneJob) -> None:
+    """torch AMP over fp32 weights: every matmul weight (all but the embedding and the norms) cast to the compute
+    dtype once per forward and once per recomputed layer, and a trained one's gradient cast to fp32 in backward."""
     cast = arch.total_params - arch.embedding_params + (arch.lm_head_params if arch.tied_embedding else 0)
-    passes = 2.0 + job.recomputed_share(arch.num_layers)  # forward, recompute, gradient cast
-    acc.add("elementwise", bytes_=cast * (4 + job.compute_bytes_per_element) * passes, kernels=tensors * passes)
+    passes = 1.0 + job.recomputed_share(arch.num_layers) + (job.method == "full")  # forward, recompute, gradient
+    bytes_ = cast * (4 + job.compute_bytes_per_element) * passes
+    acc.add("elementwise", bytes_=bytes_, kernels=_weight_tensors(arch) * passes)
 
 
 def _add_adamw(acc: OpTally, params: float, param_bytes: int, *, launches: int) -> None:
@@ -387,14 +386,14 @@ def accumulated(counts: AnalyticStepCounts, grad_accum: int) -> AnalyticStepCoun
     )
 
 
+def _weight_tensors(arch: Arch) -> int:
+    """Expert matrices and routers, dense matrices, two norms a layer, embedding, final norm and head."""
+    experts = arch.num_moe_layers * (arch.num_experts * arch.num_expert_matrices + 1)
+    return experts + arch.num_dense_matrices + 2 * arch.num_layers + 3
+
+
 def _trainable(arch: Arch, job: FineTuneJob, lora_compute_dtype: bool) -> tuple[float, int, int]:
     """(trainable parameters, trainable tensors, bytes per trainable parameter)."""
     if job.method == "full":
-        tensors = (
-            arch.num_moe_layers * (arch.num_experts * arch.num_expert_matrices + 1)
-            + arch.num_dense_matrices
-            + 2 * arch.num_layers
-            + 3
-        )
-        return float(arch.total_params), tensors, job.param_bytes_per_element
+        return float(arch.total_params), _weight_tensors(arch), job.param_bytes_per_element
     return adapter_params(arch, job, lora_compute_dtype)

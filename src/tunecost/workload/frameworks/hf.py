@@ -248,13 +248,13 @@ def _trl_model(cfg: ConfigFile, model: str | None) -> Part:
 
 def _trl_load_dtype(cfg: ConfigFile, out: dict[str, Any]) -> Part:
     """The dtype TRL loads the model in (ModelConfig.dtype, or model_init_kwargs' for SFTTrainer): float32 by
-    default (trl/trainer/model_config.py, utils.py create_model_from_path), computed under bf16/fp16 autocast: a
-    full fine-tune on one GPU or DDP is torch AMP (`fp32_params`); DeepSpeed casts its module to its dtype."""
+    default (trl/trainer/model_config.py, utils.py create_model_from_path), computed under bf16/fp16 autocast: full
+    and LoRA fine-tunes on one GPU or DDP are torch AMP (`fp32_params`); DeepSpeed casts its module to its dtype."""
     dtype = _trl_dtype(cfg)
     if dtype in ("bfloat16", "float16", "auto") or out.get("dtype") == "fp32" or cfg.data.get("deepspeed"):
         return {}, []
     said = "float32 stated" if dtype else "dtype unset: TRL's default float32"
-    if out.get("method") == "full" and out.get("strategy", "single") in AMP_STRATEGIES:
+    if out.get("method") in ("full", "lora") and out.get("strategy", "single") in AMP_STRATEGIES:
         return {"fp32_params": True}, [f"fp32_params: TRL loads the model in fp32 ({said}), trained under "
                                        f"{out.get('dtype', 'bf16')} autocast"]  # fmt: skip
     held = "weights, gradients and AdamW states" if out.get("method") == "full" else "frozen weights"

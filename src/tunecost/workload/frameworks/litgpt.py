@@ -111,7 +111,7 @@ def _precision(flat: ConfigFile, method: str, options: dict[str, Any], notes: li
     if method == "qlora" and precision not in ("bf16-true", "16-true", "32-true"):
         raise flat.error("precision", f"{precision!r}: {TITLE} takes bf16-true, 16-true or 32-true with quantize")
     options["dtype"] = PRECISIONS[precision]
-    if precision in ("bf16-mixed", "bf16", "16-mixed", "16") and method == "full":
+    if precision in ("bf16-mixed", "bf16", "16-mixed", "16") and method in ("full", "lora"):
         options["fp32_params"] = True  # one device; `_layout` takes it back under FSDP
         notes.append(f"fp32_params: precision {precision}: {TITLE} keeps fp32 weights under 16-bit autocast")
     elif precision in ("bf16-mixed", "bf16", "16-mixed", "16"):
