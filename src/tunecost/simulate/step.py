@@ -314,8 +314,8 @@ def _activation_offload(prepared):
 
 
 def _autocast(prepared):
-    """torch AMP over forward and loss (fp32 parameters): each weight's compute-dtype cast is cached until the
-    forward ends, as `torch.autocast` does on a GPU; CPU autocast runs the same casts on fake tensors."""
+    """torch AMP over forward and loss (fp32 weights): a trained weight's compute-dtype cast cached until the forward
+    ends, a frozen one's made where it is used, as `torch.autocast` does on a GPU; CPU autocast casts fake tensors."""
     if prepared.autocast is None:
         return contextlib.nullcontext()
     return torch.autocast("cpu", dtype=prepared.autocast)
