@@ -171,9 +171,9 @@ def _holding_strategies(
 
 
 def unsharded_strategies(job: FineTuneJob, strategies: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The strategies of `strategies` that can hold `job`'s weights, and a note on those left out: LLM.int8
-    weights cannot be stored as shards (FSDP flattens or shards float parameters; ZeRO-3 partitions them without
-    bitsandbytes' row scales)."""
+    """The strategies of `strategies` that can hold `job`'s weights, and a note on those left out: fp32 weights
+    under autocast run on one GPU or DDP; LLM.int8 weights cannot be stored as shards (FSDP flattens or shards
+    float parameters; ZeRO-3 partitions them without bitsandbytes' row scales)."""
     if job.fp32_params and set(strategies) - set(AMP_STRATEGIES):
         dropped = ", ".join(s for s in strategies if s not in AMP_STRATEGIES)
         note = f"{dropped}: not searched, --fp32-params is one GPU or DDP (the others keep their own fp32 copy)"
@@ -190,7 +190,7 @@ def _model_parallel_fallback(search: _Search, spec, job: FineTuneJob, setups: li
     it (`setups`), and its model has TP/PP layouts that shard its weights (`layouts.model_parallel_choices`), which
     `search` then takes. Searching GPU counts, a full fine-tune's were searched already and a LoRA job's come now;
     at the counts given, those of either."""
-    if any(s.fits for s in setups) or (search.searching and job.method != "lora") or job.fp32_params:
+    if any(s.fits for s in setups) or (search.searching and job.method != "lora"):
         return False
     lora = job.method == "lora"
     choices = model_parallel_choices(spec, job, given=None, searching=True, gpus_per_node=search.gpus_per_node,

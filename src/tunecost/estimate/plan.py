@@ -140,8 +140,8 @@ def _search(
     for offload, expert_degree in [(o, 1) for o in OFFLOAD_CHOICES] + [("none", e) for e in degrees]:
         strategies, _ = unsharded_strategies(job, layout_strategies(offload, expert_degree))
         strategies, _ = runnable_strategies(strategies, needs.framework)
-        one_gpu = not strategies and job.fp32_params and offload == "none" and expert_degree == 1
-        strategies, limit = (["ddp"], 1) if one_gpu else (strategies, max_gpus)  # fp32 weights it shards: one GPU
+        one_gpu = not strategies and offload == "none" and expert_degree == 1  # one GPU needs no strategy
+        strategies, limit = ([MULTI_GPU_STRATEGIES[0]], 1) if one_gpu else (strategies, max_gpus)
         if not strategies:  # 8-bit weights under the offload of sharded layouts only, or none the framework runs
             continue
         answer = estimate_multi_gpu(

@@ -78,6 +78,11 @@ class Prepared:
     batch_lines: dict = field(default_factory=dict)  # (length, granule) -> `batch_line.BatchLine` of its steps
 
 
+def autocast_dtype(job: FineTuneJob) -> torch.dtype | None:
+    """The dtype torch.autocast computes a job with fp32 weights in (None: no autocast over its weights)."""
+    return TORCH_DTYPES[job.compute_dtype] if job.fp32_params else None
+
+
 def check_supported(job: FineTuneJob, spec: ModelSpec, behaviour: StackBehaviour = DEFAULT_BEHAVIOUR) -> None:
     """Raise a one-line TunecostError naming exactly what is unsupported."""
     stack = job.stack  # one of STACKS: `FineTuneJob` checks it
@@ -205,7 +210,7 @@ def transform(model: nn.Module, job: FineTuneJob) -> None:
                 mlp.experts = Loop2024Experts(mlp.experts, quant=None, lora_rank=None, lora_alpha=0.0, trainable=True)
         return
     model.requires_grad_(False)
-    amp = TORCH_DTYPES[job.compute_dtype] if job.fp32_params else None  # frozen fp32 weights under autocast
+    amp = autocast_dtype(job)  # frozen fp32 weights compute in it
     for layer in decoder_layers(model):
         attn = layer_part(layer, ATTENTION_NAMES)
         if attn is not None:
@@ -317,7 +322,7 @@ def build_prepared(
         top_k=top_k,
         behaviour=behaviour,
         liger_loss=job.liger_kernel and liger_loss_applies(spec.family),
-        autocast=TORCH_DTYPES[job.compute_dtype] if job.fp32_params else None,
+        autocast=autocast_dtype(job),
     )
 
 

@@ -9,7 +9,6 @@ from tunecost.cli.common import console, dim, err_console, format_hours, print_j
 from tunecost.cli.multi_options import model_parallel_option, parse_gpu_counts
 from tunecost.errors import TunecostError
 from tunecost.units import format_bytes
-from tunecost.workload.job import AMP_STRATEGIES
 from tunecost.workload.offload import OFFLOAD_STRATEGIES
 from tunecost.workload.parallel import (
     DEFAULT_GPUS_PER_NODE,
@@ -40,14 +39,14 @@ def run_multi_gpu(
 ) -> None:
     """Answer the multi-GPU question for `job` and print it, the answer first: each rank runs `batch_size` (else the
     largest micro-batch that fits with the margin) under `framework`, on `host_cpu` (else each GPU's default host)."""
-    from tunecost.estimate.gpu_search import expert_strategies
+    from tunecost.estimate.gpu_search import expert_strategies, unsharded_strategies
 
     num_gpus, strategy = options.num_gpus or "auto", options.strategy
     max_gpus, expert_degree = options.max_gpus, options.expert_parallel
     offload = (options.offload or "none").strip().lower()
     # "all": the strategies that take the offload and the expert-parallel degree asked for
     every = expert_strategies(OFFLOAD_STRATEGIES.get(offload, MULTI_GPU_STRATEGIES), expert_degree or 1)
-    every = [s for s in every if s in AMP_STRATEGIES] if job.fp32_params else every  # one GPU or DDP
+    every = unsharded_strategies(job, every)[0] if job.fp32_params else every  # one GPU or DDP
     named = strategy not in (None, "all")
     strategies = split_list(strategy, what="strategy") if named else _framework_strategies(every, framework)
     count = parse_gpu_counts(num_gpus, gpus)

@@ -170,6 +170,8 @@ def analytic_step_counts(
     liger = job.liger_kernel and liger_patches(spec.family) and not fused  # Liger's norm and rotary kernels
     add_mixers(acc, arch, lengths, gc=gc, w_bytes=w_bytes, fused=fused, liger=liger, selective=selective, eager=eager)
     _add_optimizer(acc, arch, job, lora_compute_dtype)
+    if job.fp32_params:
+        _add_amp_casts(acc, arch, job)
     if job.fp8 != "none":
         _add_fp8_casts(acc, arch, job, tokens=tokens, k=k, hit=hit, gc=gc)
     lora_rows = rows_expert if "experts" in job.lora.targets and arch.num_experts > 1 else tokens
@@ -341,8 +343,6 @@ def _add_optimizer(acc: OpTally, arch: Arch, job: FineTuneJob, lora_compute_dtyp
     if job.method == "full" or embedding_saved:  # embedding gradient: zero-fill + scatter into vocab x hidden
         grad_bytes = job.param_bytes_per_element if job.method == "full" else w_bytes
         acc.add("elementwise", bytes_=2.0 * arch.embedding_params * grad_bytes, kernels=3)
-    if job.fp32_params:
-        _add_amp_casts(acc, arch, job)
 
 
 def _add_amp_casts(acc: OpTally, arch: Arch, job: FineTuneJob) -> None:

@@ -124,11 +124,11 @@ _MIXED = (
 )
 
 
-def _sharded_mixed(options: dict[str, Any], notes: list[str]) -> None:
+def _sharded_mixed(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None:
     """Several devices shard litgpt's fp32 weights (FSDP): not torch AMP over whole fp32 parameters."""
     if options.pop("fp32_params", False):
-        note = next(n for n in notes if n.startswith("fp32_params: precision "))
-        notes[notes.index(note)] = _MIXED.format(precision=note.split()[2].rstrip(":"))
+        index = next(i for i, n in enumerate(notes) if n.startswith("fp32_params: precision "))
+        notes[index] = _MIXED.format(precision=flat.typed("precision", str) or "bf16-mixed")  # `_precision`'s
 
 
 def _layout(flat: ConfigFile, method: str, options: dict[str, Any], notes: list[str]) -> None:
@@ -138,7 +138,7 @@ def _layout(flat: ConfigFile, method: str, options: dict[str, Any], notes: list[
     nodes = flat.or_default("num_nodes", int, 1, notes, f"num_nodes 1: {TITLE}'s default")
     if devices in ("auto", -1, "-1"):
         notes.append(f"devices {devices}: every visible GPU, not in the file (give --gpus); {TITLE} shards on several")
-        _sharded_mixed(options, notes)
+        _sharded_mixed(flat, options, notes)
         return
     if isinstance(devices, bool) or not isinstance(devices, (int, str)) or not str(devices).isdigit():
         raise flat.error("devices", f"must be a whole number or 'auto', got {devices!r}")
@@ -150,7 +150,7 @@ def _layout(flat: ConfigFile, method: str, options: dict[str, Any], notes: list[
         return
     if method == "qlora":
         raise flat.error("quantize", f"{TITLE} quantizes on one device only (devices 1, num_nodes 1)")
-    _sharded_mixed(options, notes)
+    _sharded_mixed(flat, options, notes)
     options["strategy"] = "fsdp2" if method == "lora" else "fsdp1"
     options.update(config_node_size(int(devices), nodes))
     how = "ModelParallelStrategy (FSDP2)" if method == "lora" else "FSDPStrategy (FSDP1 full shard)"
