@@ -22,7 +22,7 @@ from tunecost.errors import TunecostError
 from tunecost.estimate import recipes
 from tunecost.estimate.recipes import TARGETS, LaunchJob, common, skypilot, torchtune_config, write_recipe
 from tunecost.estimate.recipes import torchtune as tt_recipe
-from tunecost.workload.frameworks.registry import read_config
+from tunecost.workload.frameworks.registry import read_config, read_configs
 
 KEYS_DIR = Path(recipes.__file__).parents[2] / "workload" / "frameworks" / "keys"
 BASE = {"seq_len": 2048, "micro_batch": 2, "grad_accum": 4}
@@ -668,7 +668,7 @@ def test_the_lora_dropout_reaches_every_recipe_and_reads_back(tmp_path: Path) ->
 
 
 def test_a_full_fine_tunes_parameter_precision_reaches_the_hf_recipes_and_reads_back(tmp_path: Path) -> None:
-    """LLaMA-Factory upcasts a full fine-tune's parameters off DeepSpeed and FSDP: bf16 parameters as priced need
+    """LLaMA-Factory upcasts a full fine-tune's parameters off DeepSpeed (FSDP included): bf16 parameters as priced need
     pure_bf16 (bf16 off), fp32 ones (`fp32_params`) its default; the Trainer recipe loads those in float32. Each
     reader takes its recipe back."""
     job = dataclasses.replace(make_job("ddp-lora"), method="full", lora_targets=())
@@ -680,6 +680,13 @@ def test_a_full_fine_tunes_parameter_precision_reaches_the_hf_recipes_and_reads_
         assert read_config(tmp_path / f"lf-{fp32}" / "llamafactory.yaml").options.get("fp32_params", False) is fp32
         write_recipe(planned, "accelerate", tmp_path / f"acc-{fp32}")
         assert json.loads((tmp_path / f"acc-{fp32}" / "train_args.json").read_text())["model"]["dtype"] == load
+    for fp32, lf_keys in ((False, (False, True)), (True, (True, None))):  # FSDP's mixed precision: upcast too
+        planned, out = dataclasses.replace(job, strategy="fsdp2", fp32_params=fp32), tmp_path / f"fsdp-{fp32}"
+        write_recipe(planned, "llamafactory", out)
+        written = yaml.safe_load((out / "llamafactory.yaml").read_text())
+        assert (written["bf16"], written.get("pure_bf16")) == lf_keys
+        both = read_configs([out / "llamafactory.yaml", out / "accelerate_config.yaml"]).options
+        assert (both["strategy"], both.get("fp32_params", False)) == ("fsdp2", fp32)
     zero2 = dataclasses.replace(job, strategy="zero2")
     write_recipe(zero2, "llamafactory", tmp_path / "z2")
     assert "pure_bf16" not in yaml.safe_load((tmp_path / "z2" / "llamafactory.yaml").read_text())

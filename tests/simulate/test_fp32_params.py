@@ -76,18 +76,25 @@ def test_lora_over_fp32_frozen_weights_doubles_them_and_matches_the_cpu_allocato
     [
         (dict(method="qlora"), "use --method full or lora"),
         (dict(compute_dtype="fp32"), "bf16 or fp16 autocast"),
-        (dict(parallel=ParallelPlan(num_gpus=2, strategy="fsdp2")), "layout fsdp2: DeepSpeed, FSDP and Megatron"),
+        (dict(parallel=ParallelPlan(num_gpus=2, strategy="zero3")), "layout zero3: DeepSpeed and Megatron"),
+        (
+            dict(parallel=ParallelPlan(num_gpus=4, strategy="fsdp2", tp=2)),
+            "layout tp2 fsdp2: fp32 parameters beside TP",
+        ),
+        (dict(method="lora", parallel=ParallelPlan(num_gpus=2, strategy="zero2")), "is one GPU, DDP or FSDP"),
     ],
 )
-def test_fp32_parameters_are_plain_amp_of_a_full_fine_tune(llama, changes, message) -> None:
+def test_fp32_parameters_are_amp_or_fsdp_mixed_precision(llama, changes, message) -> None:
     with pytest.raises(TunecostError, match=message):
         _job(llama, fp32_params=True, **changes)
-    _job(llama, fp32_params=True, parallel=ParallelPlan(num_gpus=2, strategy="ddp"))
+    for strategy in ("ddp", "fsdp2", "fsdp1", "hsdp"):
+        _job(llama, fp32_params=True, parallel=ParallelPlan(num_gpus=2, strategy=strategy))
+        _job(llama, fp32_params=True, method="lora", parallel=ParallelPlan(num_gpus=2, strategy=strategy))
 
 
 def test_the_cli_prices_fp32_parameters_and_refuses_them_where_they_do_not_apply(cli_json, cli_error, llama) -> None:
-    """`memory --fp32-params`: fp32 weights and states in the answer; beside a LoRA method or a sharding strategy,
-    one error line."""
+    """`memory --fp32-params`: fp32 weights and states in the answer; beside QLoRA or a DeepSpeed strategy, one
+    error line."""
     options = dict(model=llama, method="full", batch_size=2, seq_len=16)
     bf16, amp = cli_json("memory", **options), cli_json("memory", **options, fp32_params=True)
     for part in ("optimizer_states", "gradients"):
@@ -95,9 +102,13 @@ def test_the_cli_prices_fp32_parameters_and_refuses_them_where_they_do_not_apply
     assert "--method qlora stores them in 4 bits" in cli_error(
         ["estimate", "--model", "llama-3.2-1b", "--method", "qlora", "--fp32-params", "--gpu", "H100"]
     )
-    assert "--strategy fsdp2 with --fp32-params" in cli_error(
+    assert "--strategy zero3 with --fp32-params: use ddp or fsdp2 or fsdp1 or hsdp" in cli_error(
         ["estimate", "--model", "llama-3.2-1b", "--method", "full", "--fp32-params", "--gpu", "H100", "--gpus", "2",
-         "--strategy", "fsdp2", "--seq-len", "512", "--epochs", "1", "--queries", "100"]
+         "--strategy", "zero3", "--seq-len", "512", "--epochs", "1", "--queries", "100"]
+    )  # fmt: skip
+    assert "--offload params: CPU offload of fp32 parameters is not modelled; drop --offload" in cli_error(
+        ["estimate", "--model", "llama-3.2-1b", "--method", "full", "--fp32-params", "--gpu", "H100", "--gpus", "2",
+         "--offload", "params", "--seq-len", "512", "--epochs", "1", "--queries", "100"]
     )  # fmt: skip
 
 

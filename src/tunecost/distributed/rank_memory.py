@@ -17,7 +17,7 @@ from tunecost.simulate.overhead import DEFAULT_OVERHEAD, DeviceOverhead
 from tunecost.simulate.step_types import WEIGHT_CATEGORIES
 from tunecost.units import BYTES_PER_GIB
 from tunecost.workload import offload
-from tunecost.workload.job import FineTuneJob
+from tunecost.workload.job import BYTES_PER_DTYPE, FSDP_FP32_STRATEGIES, FineTuneJob
 from tunecost.workload.parallel import STRATEGIES, ParallelPlan
 
 ZERO_STRATEGIES = ("zero1", "zero2", "zero3")
@@ -82,6 +82,17 @@ def shard_group_size(plan: ParallelPlan) -> int:
 
 def _shard(nbytes: float, ranks: int) -> int:
     return math.ceil(nbytes / ranks)  # FSDP2 and ZeRO pad a flat shard up to a multiple of the ranks
+
+
+def fp32_state_factor(step: SingleGpuStep, job: FineTuneJob, plan: ParallelPlan, category: str) -> float:
+    """How much larger a weight or state of `category` is kept by FSDP over fp32 parameters than in `step`, traced in
+    the compute dtype its gathered copies compute in: frozen weights and a full fine-tune's states 4 bytes over the
+    compute dtype's (LoRA factors are fp32 either way); 1 for any other job."""
+    if not job.fp32_params or plan.strategy not in FSDP_FP32_STRATEGIES:
+        return 1.0
+    if category == "frozen_weights":
+        return BYTES_PER_DTYPE["fp32"] / job.compute_bytes_per_element
+    return job.param_bytes_per_element / step.trainable_bytes_per_param
 
 
 def zero_optimizer_state_bytes(step: SingleGpuStep, job: FineTuneJob, simulated_bytes: int) -> int:
@@ -171,6 +182,7 @@ def rank_segment_bytes(
             continue
         if kind in on_host:  # DeepSpeed CPU offload: this state lives in the host's memory
             continue
+        nbytes = round(nbytes * fp32_state_factor(step, job, plan, category))
         if ep == 1:
             out[category] = _shard(nbytes, factor[kind])
             continue
@@ -264,6 +276,13 @@ def rank_assumptions(job: FineTuneJob, plan: ParallelPlan, overhead: DeviceOverh
         out.append(
             "FSDP buffers: the root and the running layer unsharded, all-gather outputs of two layers in forward "
             "and one in backward, one layer's unsharded gradients before its reduce-scatter"
+        )
+    if job.fp32_params and plan.strategy in FSDP_FP32_STRATEGIES:
+        held = "parameters, gradients and AdamW states" if job.method == "full" else "frozen weights"
+        out.append(
+            f"FSDP mixed precision over fp32 parameters: the rank's fp32 shards of the {held}; each layer gathered "
+            f"and computed in {job.compute_dtype} (param_dtype), its gradients reduced in {job.compute_dtype} "
+            "(torch's default reduce_dtype), no autocast"
         )
     if plan.strategy == "fsdp1":
         out.append(

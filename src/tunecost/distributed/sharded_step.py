@@ -18,7 +18,7 @@ from torch import nn
 from tunecost.distributed.recorder import Collective, ShardedStepRecorder
 from tunecost.errors import TunecostError
 from tunecost.models.anatomy import decoder_layers
-from tunecost.simulate.prepare import build_prepared
+from tunecost.simulate.prepare import autocast_dtype, build_prepared
 from tunecost.simulate.step import make_batch, run_step
 from tunecost.workload.job import FineTuneJob
 from tunecost.workload.parallel import check_fsdp2_method
@@ -66,13 +66,15 @@ def check_fsdp_supported(job: FineTuneJob, strategy: str) -> None:
     check_fsdp2_method(job.method)
 
 
-def shard_model(model: nn.Module, mesh, *, reshard_after_forward: bool) -> None:
-    """`fully_shard` each decoder layer, then the root (torchtitan's layout)."""
-    from torch.distributed.fsdp import fully_shard
+def shard_model(model: nn.Module, mesh, *, reshard_after_forward: bool, param_dtype: torch.dtype | None = None) -> None:
+    """`fully_shard` each decoder layer, then the root (torchtitan's layout); `param_dtype`: the dtype the
+    gathered parameters compute in (MixedPrecisionPolicy; None: their own)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype)
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
 
 
 def prepare_fsdp_rank(job: FineTuneJob, strategy: str, *, real: bool, seed: int = 0):
@@ -82,14 +84,16 @@ def prepare_fsdp_rank(job: FineTuneJob, strategy: str, *, real: bool, seed: int 
 
     check_fsdp_supported(job, strategy)
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
-    reshard = FSDP_STRATEGIES[strategy]
-    return build_prepared(
+    reshard, dtype = FSDP_STRATEGIES[strategy], autocast_dtype(job)  # fp32 parameters: gathered in the compute dtype
+    prepared = build_prepared(
         job,
         num_units=None,
         real=real,
         seed=seed,
-        wrap=lambda model: shard_model(model, mesh, reshard_after_forward=reshard),
+        wrap=lambda model: shard_model(model, mesh, reshard_after_forward=reshard, param_dtype=dtype),
     )
+    prepared.autocast = None  # FSDP's mixed precision casts the gathered layers; no autocast
+    return prepared
 
 
 def _static_category(category: str) -> str:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from tunecost.simulate.trace import TraceResult
 
 ROOT_GROUPS = ("embedding", "lm_head/loss", "other")  # outside the decoder layers: FSDP2's root unit
-LAYOUT_VERSION = "6"  # of the cached `SingleGpuStep` (3: reentrant_checkpointing; 4: temporaries; 5, 6: whole)
+LAYOUT_VERSION = "7"  # of the cached `SingleGpuStep` (3: reentrant_checkpointing; 4: temporaries; 5, 6: whole; 7: fp32)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,7 +49,7 @@ class SingleGpuStep:
     layer_weight_bytes: int  # every stored weight of one decoder layer (frozen, 4-bit and trainable)
     trainable_bytes: int  # trainable parameters (their gradients have the same size)
     layer_trainable_bytes: int  # trainable parameters of one decoder layer
-    trainable_bytes_per_param: int  # 4 for LoRA factors (fp32), the compute dtype's size for a full fine-tune
+    trainable_bytes_per_param: int  # 4 for LoRA factors (fp32), the parameters' size for a full fine-tune
     flops_by_phase: dict[str, float]
     weight_bytes_by_key: dict[str, int]  # "group/category" -> bytes of the whole model's stored weights
     num_experts: int  # routed experts per MoE layer (1: dense)
@@ -253,7 +253,7 @@ def scaled_step(
         layer_weight_bytes=layer_weight_bytes,
         trainable_bytes=trainable,
         layer_trainable_bytes=(trainable - root_trainable) // spec.num_layers,
-        trainable_bytes_per_param=4 if job.method != "full" else job.compute_bytes_per_element,
+        trainable_bytes_per_param=4 if job.method != "full" else job.param_bytes_per_element,
         flops_by_phase=flops,
         weight_bytes_by_key=weights,
         num_experts=spec.num_experts,

@@ -24,7 +24,7 @@ from tunecost.models.catalog import resolve_model
 from tunecost.models.params import ParamCounts, count_parameters
 from tunecost.simulate.batch import default_margin_fraction, fit_verdict, margin_note
 from tunecost.workload.frameworks.registry import runnable_plans
-from tunecost.workload.job import AMP_STRATEGIES, FineTuneJob
+from tunecost.workload.job import FineTuneJob, fp32_strategies
 from tunecost.workload.parallel import (
     DEFAULT_MAX_GPUS,
     NOT_WITH_PIPELINE,
@@ -66,7 +66,7 @@ def estimate_multi_gpu(
     count doubled, up to `max_gpus`), and fitting nothing is an error unless not `require_fit`. `needs`: the job's
     rank memory and throughputs already computed (the same job with another offload or count). `model_parallel`:
     the TP/PP/CP degrees (None: data parallelism, or, searching, `layouts.model_parallel_choices`)."""
-    strategies, int8_note = _holding_strategies(job, strategies, model_parallel)
+    strategies, int8_note = _holding_strategies(job, strategies, model_parallel, offload)
     degree = model_parallel.degree if model_parallel is not None else 1
     counts_by_gpu, spec = checked_counts(
         job.model, gpus, strategies, num_gpus, gpus_per_node, max_gpus, expert_degree, offload, degree
@@ -154,12 +154,17 @@ def _fits_nothing(model: str, method: str, max_gpus: int, gpus: Sequence[GPU], s
 
 
 def _holding_strategies(
-    job: FineTuneJob, strategies: Sequence[str], model_parallel: ModelParallel | None
+    job: FineTuneJob, strategies: Sequence[str], model_parallel: ModelParallel | None, offload: str
 ) -> tuple[list[str], list[str]]:
-    """`unsharded_strategies`, none of them an error; one of them runs beside the layout's pipeline."""
-    kept, note = unsharded_strategies(job, strategies)
+    """`strategies_holding`, none of them an error; one of them runs beside the layout's pipeline."""
+    kept, note = strategies_holding(job, strategies, offload)
+    if not kept and job.fp32_params and offload != "none":
+        raise TunecostError(f"{note[0]}; drop --offload or --fp32-params")
     if not kept and job.fp32_params:
-        raise TunecostError(f"--strategy {', '.join(strategies)} with --fp32-params: use ddp (or drop --fp32-params)")
+        held = " or ".join(fp32_strategies(job.method)[1:])
+        raise TunecostError(
+            f"--strategy {', '.join(strategies)} with --fp32-params: use {held} (or drop --fp32-params)"
+        )
     if not kept:
         raise TunecostError(
             f"--strategy {', '.join(strategies)}: 8-bit (LLM.int8) base weights cannot be sharded; "
@@ -170,14 +175,20 @@ def _holding_strategies(
     return kept, note
 
 
-def unsharded_strategies(job: FineTuneJob, strategies: Sequence[str]) -> tuple[list[str], list[str]]:
-    """The strategies of `strategies` that can hold `job`'s weights, and a note on those left out: fp32 weights
-    under autocast run on one GPU or DDP; LLM.int8 weights cannot be stored as shards (FSDP flattens or shards
-    float parameters; ZeRO-3 partitions them without bitsandbytes' row scales)."""
-    if job.fp32_params and set(strategies) - set(AMP_STRATEGIES):
-        dropped = ", ".join(s for s in strategies if s not in AMP_STRATEGIES)
-        note = f"{dropped}: not searched, --fp32-params is one GPU or DDP (the others keep their own fp32 copy)"
-        return [s for s in strategies if s in AMP_STRATEGIES], [note]
+def strategies_holding(
+    job: FineTuneJob, strategies: Sequence[str], offload: str = "none"
+) -> tuple[list[str], list[str]]:
+    """The strategies of `strategies` that can hold `job`'s weights under `offload`, and a note on those left out:
+    fp32 weights run on one GPU or DDP under autocast or under FSDP's mixed precision (`fp32_strategies`), none
+    offloaded (not modelled); LLM.int8 weights cannot be stored as shards (FSDP flattens or shards float
+    parameters; ZeRO-3 partitions them without bitsandbytes' row scales)."""
+    if job.fp32_params and offload != "none":
+        return [], [f"--offload {offload}: CPU offload of fp32 parameters is not modelled"]
+    held = fp32_strategies(job.method)
+    if job.fp32_params and set(strategies) - set(held):
+        dropped = ", ".join(s for s in strategies if s not in held)
+        note = f"{dropped}: not searched, --fp32-params is one GPU, DDP or FSDP (DeepSpeed keeps its own fp32 copy)"
+        return [s for s in strategies if s in held], [note]
     if job.base_quant != "int8" or not set(strategies) & set(STORED_SHARDED):
         return list(strategies), []
     dropped = ", ".join(s for s in strategies if s in STORED_SHARDED)

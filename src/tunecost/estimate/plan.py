@@ -18,7 +18,7 @@ from tunecost.estimate.gpu_search import (
     estimate_multi_gpu,
     expert_strategies,
     searched_expert_degrees,
-    unsharded_strategies,
+    strategies_holding,
 )
 from tunecost.estimate.rank_needs import RankNeeds
 from tunecost.estimate.setups import Setup, setup_cost
@@ -138,11 +138,11 @@ def _search(
     notes: list[str] = runnable_strategies(MULTI_GPU_STRATEGIES, needs.framework)[1]
     degrees = searched_expert_degrees(job, offload="none", max_gpus=max_gpus)
     for offload, expert_degree in [(o, 1) for o in OFFLOAD_CHOICES] + [("none", e) for e in degrees]:
-        strategies, _ = unsharded_strategies(job, layout_strategies(offload, expert_degree))
+        strategies, _ = strategies_holding(job, layout_strategies(offload, expert_degree), offload)
         strategies, _ = runnable_strategies(strategies, needs.framework)
         one_gpu = not strategies and offload == "none" and expert_degree == 1  # one GPU needs no strategy
         strategies, limit = ([MULTI_GPU_STRATEGIES[0]], 1) if one_gpu else (strategies, max_gpus)
-        if not strategies:  # 8-bit weights under the offload of sharded layouts only, or none the framework runs
+        if not strategies:  # 8-bit weights offloaded from sharded layouts, fp32 ones offloaded, none the framework runs
             continue
         answer = estimate_multi_gpu(
             job,

@@ -27,12 +27,12 @@ from tunecost.models.catalog import resolve_model
 from tunecost.simulate.batch import search_with_margin
 from tunecost.simulate.behaviour import runs_fused_adamw
 from tunecost.simulate.overhead import DEFAULT_OVERHEAD
-from tunecost.workload.job import FineTuneJob
+from tunecost.workload.job import FSDP_FP32_STRATEGIES, FineTuneJob
 from tunecost.workload.parallel import ParallelPlan
 
 # of the rank memories kept on disk (`RankNeeds`; their key holds the step's LAYOUT_VERSION): bump when rank_memory
 # changes
-RANK_MEMORY_VERSION = "6"
+RANK_MEMORY_VERSION = "7"
 
 
 @lru_cache(maxsize=4096)
@@ -73,6 +73,7 @@ class RankNeeds:
         self._steps: dict[int, SingleGpuStep] = {}
         self._rank_steps: dict[tuple[int, bool, str, int, int], SingleGpuStep] = {}  # (tp, sp, tp_impl, cp, batch)
         self._memory: dict[tuple[ParallelPlan, int], RankMemory] = {}
+        self._compute: RankNeeds | None = None  # the job in its compute dtype: FSDP's over fp32 parameters
         self._disk: dict[int, dict[str, dict]] = {}  # batch -> plan key -> RankMemory fields
         self._dirty: set[int] = set()
         # (GPU, steady) -> (batch, a pipeline's micro-batches or None) -> the throughput and its note
@@ -106,7 +107,12 @@ class RankNeeds:
         return self._steps[batch]
 
     def rank_step(self, plan: ParallelPlan, batch: int) -> SingleGpuStep:
-        """The whole-model step of one TP/CP rank of `plan` (the single-GPU step without them)."""
+        """The whole-model step of one TP/CP rank of `plan` (the single-GPU step without them); under FSDP over fp32
+        parameters, the step in the compute dtype its gathered layers run in (no autocast)."""
+        if self.job.fp32_params and plan.strategy in FSDP_FP32_STRATEGIES:
+            if self._compute is None:
+                self._compute = RankNeeds(self.job.with_(fp32_params=False), self.behaviour)
+            return self._compute.step(batch)
         if plan.tp == 1 and plan.cp == 1:
             return self.step(batch)
         key = (plan.tp, plan.sequence_parallel, plan.tp_impl, plan.cp, batch)
@@ -130,7 +136,7 @@ class RankNeeds:
             else:
                 job = self.job_at(batch)
                 memory = (
-                    rank_memory(self.step(batch), job, plan)
+                    rank_memory(self.rank_step(plan, batch), job, plan)
                     if plan.degree == 1
                     else model_parallel.model_parallel_rank_memory(self.rank_step(plan, batch), job, plan)
                 )

@@ -54,6 +54,9 @@ TORCHAO_FP8_RECIPES: tuple[str, ...] = ("tensorwise", "rowwise")  # torchao Floa
 PACKINGS: tuple[str, ...] = ("none", "per-document", "cross-document")
 BYTES_PER_DTYPE = {"bf16": 2, "fp16": 2, "fp32": 4}
 AMP_STRATEGIES = ("single", "ddp")  # the layouts a step under autocast with fp32 parameters runs on
+# FSDP over fp32 parameters whose gathered copies compute in the compute dtype (MixedPrecisionPolicy param_dtype):
+# fp32 shards (a full fine-tune's gradients and AdamW states too), no autocast (docs/memory-model.md)
+FSDP_FP32_STRATEGIES = ("fsdp2", "fsdp1", "hsdp", "fsdp2-shard-grad-op")
 RECORD_KEYS = ("model", "method", "experts_per_token", "seq_len", "dataset")  # FineTuneJob.record_keys
 
 
@@ -62,6 +65,12 @@ def _check_choice(what: str, value: str, choices: tuple[str, ...]) -> None:
         close = difflib.get_close_matches(value, choices, n=1, cutoff=0.6)
         hint = f" did you mean {close[0]!r}?" if close else ""
         raise TunecostError(f"unsupported {what} {value!r};{hint} supported: {', '.join(choices)}")
+
+
+def fp32_strategies(method: str) -> tuple[str, ...]:
+    """The strategies that keep a job's parameters in fp32 (`FineTuneJob.fp32_params`): autocast on one GPU or
+    DDP, FSDP's mixed precision (full fine-tune and LoRA; QLoRA's base weights are 4-bit)."""
+    return () if method == "qlora" else (*AMP_STRATEGIES, *FSDP_FP32_STRATEGIES)
 
 
 def default_gradient_checkpointing(method: str, selective_recompute: bool = False) -> bool:
@@ -289,10 +298,15 @@ class FineTuneJob:
             raise TunecostError("--fp32-params runs the step under bf16 or fp16 autocast: use --dtype bf16 or fp16, "
                                 "without --fp8")  # fmt: skip
         plan = self.parallel
-        if plan.strategy not in AMP_STRATEGIES or plan.tp * plan.pp * plan.cp * plan.expert_parallel > 1:
+        if plan.strategy not in fp32_strategies(self.method):
             raise TunecostError(
-                f"--fp32-params with layout {plan.layout_name}: DeepSpeed, FSDP and Megatron keep their own fp32 "
-                "copy beside compute-dtype parameters; --fp32-params is one GPU or DDP"
+                f"--fp32-params with layout {plan.layout_name}: DeepSpeed and Megatron keep their own fp32 copy beside "
+                "compute-dtype parameters; --fp32-params is one GPU, DDP or FSDP"
+            )
+        if plan.tp * plan.pp * plan.cp * plan.expert_parallel > 1:
+            raise TunecostError(
+                f"--fp32-params with layout {plan.layout_name}: fp32 parameters beside TP, PP, CP or expert "
+                "parallelism are not modelled; drop --fp32-params (--dtype fp32 bounds them)"
             )
 
     def recomputed_share(self, num_layers: int) -> float:

@@ -249,7 +249,9 @@ def test_sft_config_yaml(tmp_path: Path) -> None:
         "seq_len": 2048,
         "packing": "per-document",  # TRL's default packing_strategy bfd: position ids, attention per example
         "chunked_loss": True,  # TRL >= 1.7's default loss_type chunked_nll
+        "fp32_params": True,  # TRL loads in fp32; FSDP gathers and computes the layers in bf16
     }
+    assert _said(job, "fp32_params: TRL loads the model in fp32")
     assert _said(job, "dtype bf16", "SFTConfig's default")  # TRL: bf16 unless fp16
     assert _said(job, "gradient_checkpointing on", "SFTConfig's default")
     assert _said(job, "packing per-document: packing_strategy bfd", "SFTConfig's default")

@@ -75,9 +75,10 @@ def test_the_deepspeed_file_a_config_names_is_read_where_it_is(tmp_path: Path, m
     assert "fp32_params" not in alone.options and not any("upcasts" in a for a in alone.assumptions)
 
 
-def test_llamafactorys_fp32_parameters_stand_on_one_gpu_or_ddp_only(tmp_path: Path) -> None:
-    """model/adapter.py upcasts a full fine-tune's parameters unless under ZeRO-3 or FSDP, and DeepSpeed's engine
-    casts its module to its dtype: an accelerate FSDP or DeepSpeed file beside the config drops `fp32_params`."""
+def test_llamafactorys_fp32_parameters_stand_without_deepspeed(tmp_path: Path) -> None:
+    """model/adapter.py upcasts a full fine-tune's parameters unless under ZeRO-3, and DeepSpeed's engine casts its
+    module to its dtype: a DeepSpeed file beside the config drops `fp32_params`; an accelerate FSDP file keeps them
+    (fp32 shards, layers gathered in bf16), and so does TRL's LoRA over its fp32 frozen weights."""
     from tunecost.workload.frameworks.registry import read_configs
 
     lf = tmp_path / "lf.yaml"
@@ -90,13 +91,22 @@ def test_llamafactorys_fp32_parameters_stand_on_one_gpu_or_ddp_only(tmp_path: Pa
     fsdp.write_text(
         "distributed_type: FSDP\nnum_processes: 2\nmixed_precision: bf16\nfsdp_config:\n  fsdp_version: 2\n"
     )
+    job = read_configs([lf, fsdp])
+    assert job.options["fp32_params"] is True and job.options["strategy"] == "fsdp2"
+    assert any("upcasts" in a for a in job.assumptions)
     ds = tmp_path / "z2.json"
     ds.write_text('{"zero_optimization": {"stage": 2}, "bf16": {"enabled": true}}')
-    for beside in (fsdp, ds):
-        job = read_configs([lf, beside])
-        assert "fp32_params" not in job.options and not any("upcasts" in a for a in job.assumptions)
-        sharded = "fp32 parameters sharded by fsdp2: tunecost simulates the shards in bf16"
-        assert any(a.startswith(sharded) for a in job.assumptions) == (beside is fsdp)
+    job = read_configs([lf, ds])
+    assert "fp32_params" not in job.options and not any("upcasts" in a for a in job.assumptions)
+    assert not any("sharded by" in a for a in job.assumptions)
+    trl = tmp_path / "trl.yaml"
+    trl.write_text(
+        "model_name_or_path: Qwen/Qwen2.5-0.5B\nper_device_train_batch_size: 2\noutput_dir: out\nuse_peft: true\n"
+    )
+    assert read_configs([trl]).options["fp32_params"] is True
+    job = read_configs([trl, fsdp])
+    assert job.options["fp32_params"] is True and job.options["method"] == "lora"
+    assert read_configs([trl, ds]).options.get("fp32_params") is None
 
 
 def test_the_trainers_bf16_runs_before_accelerates_fp8(tmp_path: Path) -> None:

@@ -122,8 +122,10 @@ def test_llama3_8b_fsdp(tmp_path: Path) -> None:
         "gradient_checkpointing": True,
         "strategy": "fsdp2",
         "max_steps": 1000,
+        "fp32_params": True,
     }
-    _named(job, "method full", "torchtitan's own model code", "training.dtype float32", "dtype bf16", "GPUs")
+    _named(job, "method full", "torchtitan's own model code", "training.dtype float32", "fp32_params", "GPUs")
+    assert any("by FSDP's mixed precision" in a for a in job.assumptions)
     _named(job, "training.mixed_precision_param bfloat16", "parallelism.fsdp_reshard_after_forward default")
     assert {"job", "metrics", "checkpoint", "model.hf_assets_path"} <= set(job.not_modelled)
 

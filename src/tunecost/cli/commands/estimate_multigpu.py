@@ -39,14 +39,14 @@ def run_multi_gpu(
 ) -> None:
     """Answer the multi-GPU question for `job` and print it, the answer first: each rank runs `batch_size` (else the
     largest micro-batch that fits with the margin) under `framework`, on `host_cpu` (else each GPU's default host)."""
-    from tunecost.estimate.gpu_search import expert_strategies, unsharded_strategies
+    from tunecost.estimate.gpu_search import expert_strategies, strategies_holding
 
     num_gpus, strategy = options.num_gpus or "auto", options.strategy
     max_gpus, expert_degree = options.max_gpus, options.expert_parallel
     offload = (options.offload or "none").strip().lower()
     # "all": the strategies that take the offload and the expert-parallel degree asked for
     every = expert_strategies(OFFLOAD_STRATEGIES.get(offload, MULTI_GPU_STRATEGIES), expert_degree or 1)
-    every = unsharded_strategies(job, every)[0] if job.fp32_params else every  # one GPU or DDP
+    every = strategies_holding(job, every, offload)[0] if job.fp32_params else every  # autocast or FSDP
     named = strategy not in (None, "all")
     strategies = split_list(strategy, what="strategy") if named else _framework_strategies(every, framework)
     count = parse_gpu_counts(num_gpus, gpus)

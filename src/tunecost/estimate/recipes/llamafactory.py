@@ -22,6 +22,7 @@ from tunecost.estimate.recipes.common import (
     _summary,
     _yaml,
 )
+from tunecost.workload.job import fp32_strategies
 
 LLAMAFACTORY_ATTENTION = {"flash": "fa2", "sdpa": "sdpa", "eager": "disabled"}  # extras/constants.py AttentionFunction
 # the keys the plan decides: a user's own YAML (`LaunchJob.base`) keeps every other key (data, template, schedule)
@@ -63,13 +64,13 @@ PLANNED_KEYS = frozenset(
 
 
 def _pure_bf16(job: LaunchJob) -> dict[str, Any]:
-    """model/adapter.py upcasts a full fine-tune's parameters to fp32 off DeepSpeed and FSDP: `pure_bf16` (bf16 off,
-    no autocast) keeps the bf16 parameters priced; fp32 parameters are its default."""
-    if job.method != "full" or job.fp32_params or job.dtype == "fp32" or job.strategy not in ("single", "ddp"):
+    """model/adapter.py upcasts a full fine-tune's parameters to fp32 off DeepSpeed: `pure_bf16` (bf16 off, no
+    autocast) keeps the bf16 parameters priced; fp32 parameters are its default."""
+    if job.method != "full" or job.fp32_params or job.dtype == "fp32" or job.strategy not in fp32_strategies("full"):
         return {}
     if job.dtype == "fp16":
         raise _cannot("llamafactory", "fp16 parameters of a full fine-tune: it upcasts them to fp32 off DeepSpeed "
-                      "and FSDP (pure_bf16 is bf16 only); plan with --fp32-params or --dtype bf16")  # fmt: skip
+                      "(pure_bf16 is bf16 only); plan with --fp32-params or --dtype bf16")  # fmt: skip
     return {"bf16": False, "pure_bf16": True}
 
 

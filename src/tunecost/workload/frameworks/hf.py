@@ -38,7 +38,7 @@ from tunecost.workload.frameworks.hf_common import (
     peft_targets,
     truthy,
 )
-from tunecost.workload.job import AMP_STRATEGIES, targets_text
+from tunecost.workload.job import fp32_strategies, targets_text
 from tunecost.workload.known_datasets import config_dataset_option, mixture_option
 
 
@@ -248,13 +248,14 @@ def _trl_model(cfg: ConfigFile, model: str | None) -> Part:
 
 def _trl_load_dtype(cfg: ConfigFile, out: dict[str, Any]) -> Part:
     """The dtype TRL loads the model in (ModelConfig.dtype, or model_init_kwargs' for SFTTrainer): float32 by
-    default (trl/trainer/model_config.py, utils.py create_model_from_path), computed under bf16/fp16 autocast: full
-    and LoRA fine-tunes on one GPU or DDP are torch AMP (`fp32_params`); DeepSpeed casts its module to its dtype."""
+    default (trl/trainer/model_config.py, utils.py create_model_from_path), computed in bf16/fp16: fp32 parameters
+    (`fp32_params`) where the layout keeps them (`fp32_strategies`); DeepSpeed casts its module to its dtype."""
     dtype = _trl_dtype(cfg)
     if dtype in ("bfloat16", "float16", "auto") or out.get("dtype") == "fp32" or cfg.data.get("deepspeed"):
         return {}, []
     said = "float32 stated" if dtype else "dtype unset: TRL's default float32"
-    if out.get("method") in ("full", "lora") and out.get("strategy", "single") in AMP_STRATEGIES:
+    method = str(out.get("method"))
+    if method in ("full", "lora") and out.get("strategy", "single") in fp32_strategies(method):
         return {"fp32_params": True}, [f"fp32_params: TRL loads the model in fp32 ({said}), trained under "
                                        f"{out.get('dtype', 'bf16')} autocast"]  # fmt: skip
     held = "weights, gradients and AdamW states" if out.get("method") == "full" else "frozen weights"

@@ -26,7 +26,7 @@ from tunecost.workload.frameworks.hf_common import (
 )
 from tunecost.workload.frameworks.llamafactory_megatron import megatron_options
 from tunecost.workload.frameworks.model_parallel import soft_capped
-from tunecost.workload.job import AMP_STRATEGIES, targets_text
+from tunecost.workload.job import fp32_strategies, targets_text
 from tunecost.workload.known_datasets import FILE_SUFFIXES, catalog_dataset, mixture_parts
 from tunecost.workload.run_length import interleaved_queries
 
@@ -305,9 +305,9 @@ def _interleave_probs(cfg: ConfigFile, strategy: str, count: int) -> list[float]
 
 def _upcast(cfg: ConfigFile, options: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """model/adapter.py: a full fine-tune's trainable parameters are upcast to fp32 unless pure_bf16 or under
-    ZeRO-3/FSDP, and DeepSpeed's engine casts its module back to its own dtype (any stage): with bf16 or fp16 the
-    step is torch AMP over fp32 parameters (`fp32_params`); with neither, it trains in fp32."""
-    amp = options.get("strategy", "single") in AMP_STRATEGIES and not cfg.data.get("deepspeed")
+    ZeRO-3, and DeepSpeed's engine casts its module back to its own dtype (any stage): with bf16 or fp16 the step
+    computes in it over fp32 parameters (`fp32_params`: autocast, or FSDP's mixed precision); else it trains in fp32."""
+    amp = options.get("strategy", "single") in fp32_strategies("full") and not cfg.data.get("deepspeed")
     if options.get("method") != "full" or cfg.data.get("pure_bf16") or not amp:
         return {}, []
     if cfg.data.get("bf16") or cfg.data.get("fp16"):

@@ -25,7 +25,7 @@ from tunecost.workload.frameworks import (
 from tunecost.workload.frameworks.accelerate import FRAMEWORK_DEEPSPEED
 from tunecost.workload.frameworks.hf import BOTH_OFF
 from tunecost.workload.frameworks.llamafactory import UPCASTS
-from tunecost.workload.job import AMP_STRATEGIES
+from tunecost.workload.job import fp32_strategies
 from tunecost.workload.parallel import ModelParallel, ParallelPlan
 
 READER_MODULES = (
@@ -165,7 +165,7 @@ def merge_configs(jobs: Sequence[ConfigJob]) -> ConfigJob:
     kept = {(name, id(job)) for name, job in source.items()}
     precision = _trainer_precision_first(jobs, options)
     if options.get("fp32_params") and not _amp_holds(jobs, options):
-        precision += _sharded_fp32(jobs, options)
+        options.pop("fp32_params")  # DeepSpeed's engine casts its module to its dtype
     if any(j.framework == "llamafactory" for j in jobs) and options.get("strategy") == "fsdp2":
         options["reentrant"] = False  # model_utils/checkpointing.py, under accelerate's FSDP_VERSION 2
         precision.append(f"reentrant off: {FSDP2_NOT_REENTRANT}")
@@ -262,20 +262,10 @@ FSDP2_NOT_REENTRANT = "LLaMA-Factory sets use_reentrant_gc false under FSDP2 (mo
 
 
 def _amp_holds(jobs: Sequence[ConfigJob], options: dict[str, object]) -> bool:
-    """Whether LLaMA-Factory's fp32 parameters stay so: one GPU or DDP, no DeepSpeed engine (which casts its module
-    to its own dtype) among the files."""
-    return options.get("strategy", "single") in AMP_STRATEGIES and not any(j.framework == "deepspeed" for j in jobs)
-
-
-def _sharded_fp32(jobs: Sequence[ConfigJob], options: dict[str, object]) -> list[str]:
-    """fp32 parameters under DeepSpeed, which casts its module to its own dtype, or sharded by FSDP, whose fp32
-    shards tunecost simulates in the compute dtype (a note); `fp32_params` is dropped either way."""
-    options.pop("fp32_params")
-    strategy, dtype = str(options.get("strategy", "")), options.get("dtype", "bf16")
-    if any(j.framework == "deepspeed" for j in jobs) or not strategy.startswith(("fsdp", "hsdp")):
-        return []
-    return [f"fp32 parameters sharded by {strategy}: tunecost simulates the shards in {dtype} (memory "
-            "under-estimated; --dtype fp32 bounds it)"]  # fmt: skip
+    """Whether fp32 parameters stay so: one GPU, DDP or FSDP (`fp32_strategies`), with no DeepSpeed engine (which
+    casts its module to its own dtype) among the files."""
+    held = fp32_strategies(str(options.get("method", "full")))
+    return options.get("strategy", "single") in held and not any(j.framework == "deepspeed" for j in jobs)
 
 
 def _holds(assumption: str, jobs: Sequence[ConfigJob], options: dict[str, object]) -> bool:

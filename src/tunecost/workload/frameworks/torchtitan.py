@@ -137,11 +137,8 @@ def _training(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> No
     if dtype is None or compute is None:
         raise flat.error("training.dtype" if dtype is None else "training.mixed_precision_param", "bfloat16 or float32")
     options["dtype"] = "bf16" if "bf16" in (dtype, compute) else "fp32"
-    if dtype == "fp32" and compute == "bf16":
-        notes.append(
-            f"dtype bf16: {TITLE}'s fp32 parameters, gradients and AdamW states with bf16 compute are simulated in "
-            "bf16 (their memory under-estimated; --dtype fp32 bounds it)"
-        )
+    if dtype == "fp32" and compute == "bf16":  # `_mixed_precision` keeps it where the layout holds it
+        options["fp32_params"] = True
     name = flat.or_default("optimizer.name", str, "AdamW", notes, f"optimizer AdamW: {TITLE}'s default")
     options["optimizer"] = optimizer_name(flat, "optimizer.name", name)
     if flat.data.get("optimizer.early_step_in_backward"):  # left among the keys not modelled
@@ -295,17 +292,25 @@ def _layout(flat: ConfigFile, options: dict[str, Any], notes: list[str]) -> None
 
 
 def _mixed_precision(flat: ConfigFile, options: dict[str, Any], notes: list[str], model_parallel: bool) -> None:
-    """torchtitan's maybe_enable_amp: mixed precision is FSDP's (or CP's); TP or PP without them trains in
-    training.dtype (fp32 by default) throughout (distributed/utils.py)."""
-    if not model_parallel or flat.data.get("training.dtype", "float32") != "float32" or options["dtype"] == "fp32":
+    """torchtitan's maybe_enable_amp: fp32 parameters computed in bf16 by FSDP's mixed precision, by autocast
+    without FSDP (one GPU, DDP); TP or PP without FSDP trains in training.dtype (fp32 by default) throughout
+    (distributed/utils.py). fp32 parameters beside TP, PP, CP or EP are simulated in bf16 (a note)."""
+    if not options.pop("fp32_params", False):
         return
-    if options.get("strategy") in ("single", "ddp"):
+    if model_parallel and options.get("strategy") in ("single", "ddp"):
         options["dtype"] = "fp32"
         notes.append(f"dtype fp32: TP or PP without FSDP: {TITLE} disables mixed precision (training.dtype float32)")
-    elif "num_gpus" not in options:
+    elif options.get("tp", 1) * options.get("pp", 1) * options.get("cp", 1) * options.get("expert_parallel", 1) > 1:
         notes.append(
-            f"dtype bf16: on GPUs that leave a data-parallel shard of 1 (TP or PP without FSDP) {TITLE} trains in "
-            "training.dtype float32 throughout (--dtype fp32 prices that)"
+            f"dtype bf16: {TITLE}'s fp32 parameters, gradients and AdamW states with bf16 compute are simulated in "
+            "bf16 beside TP, PP, CP or EP (their memory under-estimated; --dtype fp32 bounds it)"
+        )
+    else:
+        options["fp32_params"] = True
+        how = "FSDP's mixed precision" if options.get("strategy") not in ("single", "ddp") else "autocast"
+        notes.append(
+            f"fp32_params: {TITLE}'s training.dtype float32: fp32 parameters, gradients and AdamW states, the "
+            f"layers computed in bf16 by {how} (training.mixed_precision_param)"
         )
 
 
