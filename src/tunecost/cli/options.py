@@ -199,9 +199,9 @@ LIGER_KERNEL_HELP = (
     "keeps no logits."
 )
 FP32_PARAMS_HELP = (
-    "The model's weights in fp32 (a full fine-tune's gradients and AdamW states too), the step under --dtype "
-    "autocast (torch AMP: LLaMA-Factory's full fine-tune, TRL's default fp32 load, litgpt's bf16-mixed); one GPU "
-    "or DDP."
+    "The model's weights in fp32 (a full fine-tune's gradients and AdamW states too), computed in --dtype: autocast "
+    "on one GPU or DDP, FSDP's mixed precision (LLaMA-Factory's full fine-tune, TRL's default fp32 load, litgpt's "
+    "bf16-mixed, torchtitan's default)."
 )
 Fp32Params = Annotated[bool, opt("--fp32-params/--no-fp32-params", FP32_PARAMS_HELP)]
 LigerKernel = Annotated[bool, opt("--liger-kernel/--no-liger-kernel", LIGER_KERNEL_HELP)]

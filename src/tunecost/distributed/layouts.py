@@ -62,7 +62,7 @@ def model_parallel_choices(
     seq_len = job.worst_case_seq_len
     sharded = job.method == "full" or (lora and job.method == "lora")
     if not searching or not sharded or spec.family not in TP_SEARCH_FAMILIES or job.fp32_params:
-        return [ModelParallel()]  # fp32 parameters under autocast: one GPU or DDP
+        return [ModelParallel()]  # fp32 parameters: one GPU, DDP or FSDP
     intermediate = int(spec.config.get("intermediate_size") or 0)
     tps = [
         t
