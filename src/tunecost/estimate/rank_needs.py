@@ -134,11 +134,11 @@ class RankNeeds:
             if key in saved:
                 memory = RankMemory(**{**saved[key], "assumptions": tuple(saved[key]["assumptions"])})
             else:
-                job = self.job_at(batch)
+                job, step = self.job_at(batch), self.rank_step(plan, batch)
                 memory = (
-                    rank_memory(self.rank_step(plan, batch), job, plan)
+                    rank_memory(step, job, plan)
                     if plan.degree == 1
-                    else model_parallel.model_parallel_rank_memory(self.rank_step(plan, batch), job, plan)
+                    else model_parallel.model_parallel_rank_memory(step, job, plan)
                 )
                 saved[key] = dataclasses.asdict(memory)
                 self._dirty.add(batch)

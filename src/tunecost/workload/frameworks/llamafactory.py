@@ -307,8 +307,8 @@ def _upcast(cfg: ConfigFile, options: dict[str, Any]) -> tuple[dict[str, Any], l
     """model/adapter.py: a full fine-tune's trainable parameters are upcast to fp32 unless pure_bf16 or under
     ZeRO-3, and DeepSpeed's engine casts its module back to its own dtype (any stage): with bf16 or fp16 the step
     computes in it over fp32 parameters (`fp32_params`: autocast, or FSDP's mixed precision); else it trains in fp32."""
-    amp = options.get("strategy", "single") in fp32_strategies("full") and not cfg.data.get("deepspeed")
-    if options.get("method") != "full" or cfg.data.get("pure_bf16") or not amp:
+    held = options.get("strategy", "single") in fp32_strategies("full") and not cfg.data.get("deepspeed")
+    if options.get("method") != "full" or cfg.data.get("pure_bf16") or not held:
         return {}, []
     if cfg.data.get("bf16") or cfg.data.get("fp16"):
         return {"fp32_params": True}, [f"fp32_params: {TITLE} {UPCASTS} (pure_bf16 false), trained under "

@@ -164,7 +164,7 @@ def merge_configs(jobs: Sequence[ConfigJob]) -> ConfigJob:
             options[name], source[name] = value, job
     kept = {(name, id(job)) for name, job in source.items()}
     precision = _trainer_precision_first(jobs, options)
-    if options.get("fp32_params") and not _amp_holds(jobs, options):
+    if options.get("fp32_params") and not _fp32_holds(jobs, options):
         options.pop("fp32_params")  # DeepSpeed's engine casts its module to its dtype
     if any(j.framework == "llamafactory" for j in jobs) and options.get("strategy") == "fsdp2":
         options["reentrant"] = False  # model_utils/checkpointing.py, under accelerate's FSDP_VERSION 2
@@ -261,7 +261,7 @@ def _other_deepspeed(jobs: Sequence[ConfigJob]) -> list[str]:
 FSDP2_NOT_REENTRANT = "LLaMA-Factory sets use_reentrant_gc false under FSDP2 (model_utils/checkpointing.py)"
 
 
-def _amp_holds(jobs: Sequence[ConfigJob], options: dict[str, object]) -> bool:
+def _fp32_holds(jobs: Sequence[ConfigJob], options: dict[str, object]) -> bool:
     """Whether fp32 parameters stay so: one GPU, DDP or FSDP (`fp32_strategies`), with no DeepSpeed engine (which
     casts its module to its own dtype) among the files."""
     held = fp32_strategies(str(options.get("method", "full")))
@@ -269,11 +269,11 @@ def _amp_holds(jobs: Sequence[ConfigJob], options: dict[str, object]) -> bool:
 
 
 def _holds(assumption: str, jobs: Sequence[ConfigJob], options: dict[str, object]) -> bool:
-    """LLaMA-Factory's fp32 upcast of a full fine-tune holds only without DeepSpeed or FSDP (`_amp_holds`), which a
-    file read beside it can set; its re-entrant checkpointing not under FSDP2."""
+    """A config's fp32 parameters hold only without DeepSpeed (`_fp32_holds`), which a file read beside it can set;
+    LLaMA-Factory's re-entrant checkpointing not under FSDP2."""
     if assumption.startswith("reentrant on") and options.get("reentrant") is False:
         return False
-    return not ((UPCASTS in assumption or assumption.startswith("fp32_params:")) and not _amp_holds(jobs, options))
+    return not ((UPCASTS in assumption or assumption.startswith("fp32_params:")) and not _fp32_holds(jobs, options))
 
 
 def _asked(assumption: str, jobs: Sequence[ConfigJob]) -> bool:
